@@ -1,0 +1,38 @@
+"""Detects the CUDA toolkit at /usr/local/cuda (or $CUDA_PATH).
+
+Writes @local_cuda//:defs.bzl with CUDA_AVAILABLE. Where no toolkit exists (a CPU-only machine)
+the repository still exists, CUDA_AVAILABLE is False, and the CUDA targets are not defined, so
+`bazel build //...` succeeds without them.
+"""
+
+def _local_cuda_impl(ctx):
+    root = ctx.os.environ.get("CUDA_PATH", "/usr/local/cuda")
+    nvcc = ctx.path(root + "/bin/nvcc")
+    available = nvcc.exists
+    ctx.file("WORKSPACE", 'workspace(name = "%s")\n' % ctx.name)
+    ctx.file("defs.bzl", "CUDA_AVAILABLE = %s\nCUDA_ROOT = %s\n" % (available, repr(root)))
+    if not available:
+        ctx.file("BUILD.bazel", "# No CUDA toolkit at %s: CUDA targets are skipped.\n" % root)
+        return
+    ctx.symlink(root + "/include", "include")
+    ctx.file("BUILD.bazel", """
+package(default_visibility = ["//visibility:public"])
+
+cc_library(
+    name = "cuda_headers",
+    hdrs = glob(["include/**/*.h", "include/**/*.hpp"], exclude = ["include/cccl/**"]),
+    includes = ["include"],
+)
+
+cc_library(
+    name = "cuda_runtime",
+    linkopts = ["-L{root}/lib64", "-Wl,-rpath,{root}/lib64", "-lcudart", "-lcublasLt", "-lcublas", "-lnccl"],
+    deps = [":cuda_headers"],
+)
+""".format(root = root))
+
+local_cuda = repository_rule(
+    implementation = _local_cuda_impl,
+    local = True,
+    environ = ["CUDA_PATH"],
+)
