@@ -1,0 +1,293 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "common/json.h"
+#include "common/status_macros.h"
+
+namespace kvrm {
+namespace {
+
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+
+// Typed, non-throwing access to one JSON object's fields. Errors read
+// "<what>: <prefix><key> <problem>", so a nested key shows as "rope_scaling.factor".
+class Fields {
+ public:
+  Fields(const Json& obj, std::string_view what, std::string prefix = "")
+      : obj_(obj), what_(what), prefix_(std::move(prefix)) {}
+
+  // nullptr when the key is absent or JSON null (Transformers treats both as "use the default").
+  const Json* Get(const char* key) const {
+    auto it = obj_.find(key);
+    if (it == obj_.end() || it->is_null()) return nullptr;
+    return &*it;
+  }
+
+  std::string Name(const char* key) const { return absl::StrCat(prefix_, key); }
+
+  absl::Status Invalid(const char* key, std::string_view problem) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what_), ": ", Name(key), " ", std::string(problem)));
+  }
+  absl::Status Unimplemented(const char* key, std::string_view problem) const {
+    return absl::UnimplementedError(
+        absl::StrCat(std::string(what_), ": ", Name(key), " ", std::string(problem)));
+  }
+
+  // Integer in [min, max]; absent leaves *out alone unless `required`.
+  absl::Status Int(const char* key, bool required, int64_t min, int64_t max, int64_t* out) const {
+    const Json* v = Get(key);
+    if (v == nullptr) return required ? Invalid(key, "is missing") : absl::OkStatus();
+    if (!v->is_number_integer()) return Invalid(key, "must be an integer");
+    if (v->is_number_unsigned() && v->get<uint64_t>() > static_cast<uint64_t>(max)) {
+      return Invalid(key, absl::StrCat("(", v->get<uint64_t>(), ") must be at most ", max));
+    }
+    const int64_t x = v->get<int64_t>();
+    if (x < min || x > max) {
+      return Invalid(key, absl::StrCat("(", x, ") must be in [", min, ", ", max, "]"));
+    }
+    *out = x;
+    return absl::OkStatus();
+  }
+
+  absl::Status PositiveInt32(const char* key, bool required, int32_t* out) const {
+    int64_t x = *out;
+    RETURN_IF_ERROR(Int(key, required, 1, kInt32Max, &x));
+    *out = static_cast<int32_t>(x);
+    return absl::OkStatus();
+  }
+
+  // Finite number > 0 (or >= `min_inclusive` when given).
+  absl::Status PositiveDouble(const char* key, bool required, double* out,
+                              std::optional<double> min_inclusive = std::nullopt) const {
+    const Json* v = Get(key);
+    if (v == nullptr) return required ? Invalid(key, "is missing") : absl::OkStatus();
+    if (!v->is_number()) return Invalid(key, "must be a number");
+    const double x = v->get<double>();
+    if (!std::isfinite(x)) return Invalid(key, "must be finite");
+    if (min_inclusive.has_value() ? x < *min_inclusive : x <= 0) {
+      return Invalid(key, absl::StrCat("(", x, ") must be ",
+                                       min_inclusive ? absl::StrCat(">= ", *min_inclusive) : "> 0"));
+    }
+    *out = x;
+    return absl::OkStatus();
+  }
+
+  absl::Status Bool(const char* key, bool* out) const {
+    const Json* v = Get(key);
+    if (v == nullptr) return absl::OkStatus();
+    if (!v->is_boolean()) return Invalid(key, "must be true or false");
+    *out = v->get<bool>();
+    return absl::OkStatus();
+  }
+
+  absl::Status String(const char* key, bool required, std::string* out) const {
+    const Json* v = Get(key);
+    if (v == nullptr) return required ? Invalid(key, "is missing") : absl::OkStatus();
+    if (!v->is_string()) return Invalid(key, "must be a string");
+    *out = v->get_ref<const std::string&>();
+    return absl::OkStatus();
+  }
+
+ private:
+  const Json& obj_;
+  std::string_view what_;
+  std::string prefix_;
+};
+
+absl::Status ParseRopeScaling(const Json& root, std::string_view what, RopeScaling* out) {
+  auto it = root.find("rope_scaling");
+  if (it == root.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": rope_scaling must be an object or null"));
+  }
+  const Fields f(*it, what, "rope_scaling.");
+  const char* type_key = f.Get("rope_type") != nullptr ? "rope_type" : "type";
+  std::string type;
+  RETURN_IF_ERROR(f.String(type_key, /*required=*/true, &type));
+  if (type == "default") return absl::OkStatus();
+  if (type != "llama3" && type != "linear") {
+    return f.Unimplemented(type_key, absl::StrCat("\"", type, "\" is not supported (supported: "
+                                                               "llama3, linear, default)"));
+  }
+  out->type = type;
+  // Transformers' _validate_*_parameters require factor >= 1 for both.
+  RETURN_IF_ERROR(f.PositiveDouble("factor", /*required=*/true, &out->factor, 1.0));
+  if (type == "linear") return absl::OkStatus();
+  RETURN_IF_ERROR(f.PositiveDouble("low_freq_factor", true, &out->low_freq_factor));
+  RETURN_IF_ERROR(f.PositiveDouble("high_freq_factor", true, &out->high_freq_factor));
+  if (out->high_freq_factor <= out->low_freq_factor) {
+    // The smoothing divides by their difference.
+    return f.Invalid("high_freq_factor",
+                     absl::StrCat("(", out->high_freq_factor, ") must exceed low_freq_factor (",
+                                  out->low_freq_factor, ")"));
+  }
+  return f.Int("original_max_position_embeddings", true, 1, kInt32Max,
+               &out->original_max_position_embeddings);
+}
+
+// "bos_token_id" / "eos_token_id": an int, a list of ints (eos only), or null. Leaves the outputs
+// untouched when the key is absent, so generation_config.json overrides only what it names.
+absl::Status ParseTokenIds(const Json& root, std::string_view what, int32_t vocab_size,
+                           LlamaConfig* config) {
+  const Fields f(root, what);
+  const auto check_id = [&](const char* key, const Json& v) -> absl::StatusOr<int32_t> {
+    if (!v.is_number_integer()) return f.Invalid(key, "must be an integer or a list of integers");
+    // Unsigned values above INT64_MAX would wrap through get<int64_t>().
+    if (v.is_number_unsigned() ? v.get<uint64_t>() >= static_cast<uint64_t>(vocab_size)
+                               : (v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab_size)) {
+      return f.Invalid(key, absl::StrCat("(", v.dump(), ") is outside the vocabulary [0, ",
+                                         vocab_size, ")"));
+    }
+    return static_cast<int32_t>(v.get<int64_t>());
+  };
+  if (const Json* bos = f.Get("bos_token_id")) {
+    ASSIGN_OR_RETURN(config->bos_token_id, check_id("bos_token_id", *bos));
+  }
+  if (const Json* eos = f.Get("eos_token_id")) {
+    std::vector<int32_t> ids;
+    if (eos->is_array()) {
+      for (const Json& e : *eos) {
+        ASSIGN_OR_RETURN(int32_t id, check_id("eos_token_id", e));
+        ids.push_back(id);
+      }
+    } else {
+      ASSIGN_OR_RETURN(int32_t id, check_id("eos_token_id", *eos));
+      ids.push_back(id);
+    }
+    config->eos_token_ids = std::move(ids);
+  }
+  return absl::OkStatus();
+}
+
+// Features of other Llama-like architectures that this engine does not compute.
+absl::Status RejectUnsupported(const Fields& f, const LlamaConfig& c) {
+  for (const char* key : {"attention_bias", "mlp_bias"}) {
+    bool on = false;
+    RETURN_IF_ERROR(f.Bool(key, &on));
+    if (on) return f.Unimplemented(key, "is true: biased projections are not supported");
+  }
+  std::string act = "silu";
+  RETURN_IF_ERROR(f.String("hidden_act", false, &act));
+  if (act != "silu") {
+    return f.Unimplemented("hidden_act", absl::StrCat("\"", act, "\" is not supported (only silu)"));
+  }
+  int64_t window = 0;
+  RETURN_IF_ERROR(f.Int("sliding_window", false, 1, std::numeric_limits<int64_t>::max(), &window));
+  if (window != 0 && window < c.max_position_embeddings) {
+    return f.Unimplemented("sliding_window",
+                           absl::StrCat("(", window, ") shorter than max_position_embeddings (",
+                                        c.max_position_embeddings, ") is not supported"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
+  RETURN_IF_ERROR(f.PositiveInt32("vocab_size", true, &c->vocab_size));
+  RETURN_IF_ERROR(f.PositiveInt32("hidden_size", true, &c->hidden_size));
+  RETURN_IF_ERROR(f.PositiveInt32("intermediate_size", true, &c->intermediate_size));
+  RETURN_IF_ERROR(f.PositiveInt32("num_hidden_layers", true, &c->num_hidden_layers));
+  RETURN_IF_ERROR(f.PositiveInt32("num_attention_heads", true, &c->num_attention_heads));
+  RETURN_IF_ERROR(f.PositiveInt32("max_position_embeddings", true, &c->max_position_embeddings));
+  c->num_key_value_heads = c->num_attention_heads;
+  RETURN_IF_ERROR(f.PositiveInt32("num_key_value_heads", false, &c->num_key_value_heads));
+  if (c->num_attention_heads % c->num_key_value_heads != 0) {
+    return f.Invalid("num_key_value_heads",
+                     absl::StrCat("(", c->num_key_value_heads, ") must divide num_attention_heads (",
+                                  c->num_attention_heads, ")"));
+  }
+  const bool explicit_head_dim = f.Get("head_dim") != nullptr;
+  RETURN_IF_ERROR(f.PositiveInt32("head_dim", false, &c->head_dim));
+  if (!explicit_head_dim) {
+    if (c->hidden_size % c->num_attention_heads != 0) {
+      return f.Invalid("hidden_size",
+                       absl::StrCat("(", c->hidden_size, ") must be a multiple of num_attention_heads (",
+                                    c->num_attention_heads, ") when head_dim is not given"));
+    }
+    c->head_dim = c->hidden_size / c->num_attention_heads;
+  }
+  if (c->head_dim % 2 != 0) {
+    return f.Invalid("head_dim", absl::StrCat("(", c->head_dim, ") must be even for RoPE"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_view what) {
+  ASSIGN_OR_RETURN(Json root, ParseJson(json, what));
+  if (!root.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": not a JSON object"));
+  }
+  const Fields f(root, what);
+  LlamaConfig c;
+  RETURN_IF_ERROR(f.String("model_type", true, &c.model_type));
+  if (c.model_type != "llama" && c.model_type != "mistral") {
+    return f.Unimplemented("model_type",
+                           absl::StrCat("\"", c.model_type, "\" is not supported (llama, mistral)"));
+  }
+  RETURN_IF_ERROR(ParseSizes(f, &c));
+  RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
+  RETURN_IF_ERROR(f.PositiveDouble("rope_theta", false, &c.rope_theta));
+  RETURN_IF_ERROR(ParseRopeScaling(root, what, &c.rope_scaling));
+  RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
+  RETURN_IF_ERROR(f.String("torch_dtype", false, &c.torch_dtype));
+  if (c.torch_dtype.empty()) RETURN_IF_ERROR(f.String("dtype", false, &c.torch_dtype));
+  RETURN_IF_ERROR(RejectUnsupported(f, c));
+  RETURN_IF_ERROR(ParseTokenIds(root, what, c.vocab_size, &c));
+  return c;
+}
+
+absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& model_dir) {
+  const std::string config_path = model_dir + "/config.json";
+  ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));
+  ASSIGN_OR_RETURN(LlamaConfig config, ParseLlamaConfig(text, config_path));
+
+  const std::string gen_path = model_dir + "/generation_config.json";
+  absl::StatusOr<std::string> gen_text = ReadFileToString(gen_path);
+  if (absl::IsNotFound(gen_text.status())) return config;
+  if (!gen_text.ok()) return gen_text.status();
+  ASSIGN_OR_RETURN(Json gen, ParseJson(*gen_text, gen_path));
+  if (!gen.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(gen_path, ": not a JSON object"));
+  }
+  RETURN_IF_ERROR(ParseTokenIds(gen, gen_path, config.vocab_size, &config));
+  return config;
+}
+
+std::vector<double> RopeInverseFrequencies(const LlamaConfig& config) {
+  const int dim = config.head_dim;
+  std::vector<double> inv_freq(dim / 2);
+  for (int i = 0; i < dim / 2; ++i) {
+    inv_freq[i] = 1.0 / std::pow(config.rope_theta, static_cast<double>(2 * i) / dim);
+  }
+  const RopeScaling& s = config.rope_scaling;
+  if (s.type == "linear") {
+    for (double& f : inv_freq) f /= s.factor;
+  } else if (s.type == "llama3") {
+    // Wavelengths shorter than original/high_freq_factor keep their frequency, longer than
+    // original/low_freq_factor are divided by factor, and the band between is interpolated.
+    const double old_len = static_cast<double>(s.original_max_position_embeddings);
+    const double low_freq_wavelen = old_len / s.low_freq_factor;
+    const double high_freq_wavelen = old_len / s.high_freq_factor;
+    for (double& f : inv_freq) {
+      const double wavelen = 2 * M_PI / f;
+      if (wavelen > low_freq_wavelen) {
+        f /= s.factor;
+      } else if (wavelen >= high_freq_wavelen) {
+        const double smooth =
+            (old_len / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        f = (1 - smooth) * f / s.factor + smooth * f;
+      }
+    }
+  }
+  return inv_freq;
+}
+
+}  // namespace kvrm

@@ -1,0 +1,64 @@
+// Hugging Face config.json for Llama-family models (llama, mistral), validated on load.
+//
+// The file is untrusted: every size is checked before anyone allocates from it, and features the
+// engine does not implement (attention/MLP biases, unknown RoPE scalings, sliding windows shorter
+// than the context) fail with UNIMPLEMENTED rather than loading a model that would compute
+// something other than what Transformers computes.
+#ifndef KVRM_MODEL_CONFIG_H_
+#define KVRM_MODEL_CONFIG_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvrm {
+
+// HF "rope_scaling". The type comes from "rope_type" (newer files) or "type" (older ones).
+struct RopeScaling {
+  std::string type;  // "" = none; otherwise "llama3" or "linear"
+  double factor = 1;
+  double low_freq_factor = 1;   // llama3 only
+  double high_freq_factor = 4;  // llama3 only
+  int64_t original_max_position_embeddings = 8192;  // llama3 only
+};
+
+struct LlamaConfig {
+  std::string model_type;  // "llama" or "mistral" (same architecture without biases)
+  int32_t vocab_size = 0;
+  int32_t hidden_size = 0;
+  int32_t intermediate_size = 0;
+  int32_t num_hidden_layers = 0;
+  int32_t num_attention_heads = 0;
+  int32_t num_key_value_heads = 0;  // defaults to num_attention_heads, as in Transformers
+  int32_t head_dim = 0;             // defaults to hidden_size / num_attention_heads
+  int32_t max_position_embeddings = 0;
+  double rms_norm_eps = 1e-6;
+  double rope_theta = 10000;
+  RopeScaling rope_scaling;
+  bool tie_word_embeddings = false;
+  std::optional<int32_t> bos_token_id;
+  std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be an int or a list
+  std::string torch_dtype;             // informational ("torch_dtype", or "dtype" in newer files)
+};
+
+// Reads <model_dir>/config.json and, when present, <model_dir>/generation_config.json, whose
+// bos_token_id / eos_token_id override config.json's (as Transformers' generate() does).
+absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& model_dir);
+
+// Parses and validates config.json text; `what` names the source in error messages.
+// INVALID_ARGUMENT for malformed or inconsistent values, UNIMPLEMENTED for unsupported features;
+// both name the key.
+absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_view what);
+
+// RoPE inverse frequencies, one per rotated pair: [head_dim / 2]. Base theta^(-2i/head_dim), then
+// llama3 or linear scaling exactly as Transformers' _compute_llama3_parameters /
+// _compute_linear_scaling_rope_parameters, in double precision.
+std::vector<double> RopeInverseFrequencies(const LlamaConfig& config);
+
+}  // namespace kvrm
+
+#endif  // KVRM_MODEL_CONFIG_H_

@@ -1,0 +1,421 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "common/json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvrm {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// meta-llama/Llama-3.2-1B config.json as published (transformers 4.45).
+constexpr char kLlama32_1B[] = R"({
+  "architectures": ["LlamaForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 128000,
+  "eos_token_id": 128001,
+  "head_dim": 64,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 16,
+  "num_key_value_heads": 8,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {
+    "factor": 32.0,
+    "high_freq_factor": 4.0,
+    "low_freq_factor": 1.0,
+    "original_max_position_embeddings": 8192,
+    "rope_type": "llama3"
+  },
+  "rope_theta": 500000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.45.0.dev0",
+  "use_cache": true,
+  "vocab_size": 128256
+})";
+
+// meta-llama/Llama-2-7b-hf config.json: no head_dim, no rope_theta, rope_scaling null.
+constexpr char kLlama2_7B[] = R"({
+  "_name_or_path": "meta-llama/Llama-2-7b-hf",
+  "architectures": ["LlamaForCausalLM"],
+  "bos_token_id": 1,
+  "eos_token_id": 2,
+  "hidden_act": "silu",
+  "hidden_size": 4096,
+  "initializer_range": 0.02,
+  "intermediate_size": 11008,
+  "max_position_embeddings": 4096,
+  "model_type": "llama",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 32,
+  "pretraining_tp": 1,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "tie_word_embeddings": false,
+  "torch_dtype": "float16",
+  "transformers_version": "4.31.0.dev0",
+  "use_cache": true,
+  "vocab_size": 32000
+})";
+
+// Llama-3.2-1B-Instruct generation_config.json.
+constexpr char kInstructGenerationConfig[] = R"({
+  "bos_token_id": 128000,
+  "do_sample": true,
+  "eos_token_id": [128001, 128008, 128009],
+  "temperature": 0.6,
+  "top_p": 0.9,
+  "transformers_version": "4.45.0.dev0"
+})";
+
+// kLlama32_1B with `edit` applied.
+std::string Edited(const std::function<void(Json&)>& edit) {
+  Json j = Json::parse(kLlama32_1B);
+  edit(j);
+  return j.dump();
+}
+
+absl::Status ParseStatus(const std::string& json) {
+  return ParseLlamaConfig(json, "config.json").status();
+}
+
+void ExpectError(const absl::Status& s, absl::StatusCode code, const std::string& substr) {
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr(substr));
+  EXPECT_THAT(std::string(s.message()), HasSubstr("config.json"));
+}
+
+std::string MakeTempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  std::string dir = std::string(base != nullptr ? base : "/tmp") + "/" + name;
+  std::string cmd = "mkdir -p '" + dir + "'";
+  EXPECT_EQ(std::system(cmd.c_str()), 0);
+  return dir;
+}
+
+void WriteFile(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out << text;
+  ASSERT_TRUE(out.good()) << path;
+}
+
+TEST(ConfigTest, ParsesLlama32_1B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kLlama32_1B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "llama");
+  EXPECT_EQ(c->vocab_size, 128256);
+  EXPECT_EQ(c->hidden_size, 2048);
+  EXPECT_EQ(c->intermediate_size, 8192);
+  EXPECT_EQ(c->num_hidden_layers, 16);
+  EXPECT_EQ(c->num_attention_heads, 32);
+  EXPECT_EQ(c->num_key_value_heads, 8);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.low_freq_factor, 1.0);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.high_freq_factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->bos_token_id, 128000);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(128001));
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+}
+
+TEST(ConfigTest, ParsesLlama2_7BWithDefaults) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kLlama2_7B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->vocab_size, 32000);
+  EXPECT_EQ(c->hidden_size, 4096);
+  EXPECT_EQ(c->intermediate_size, 11008);
+  EXPECT_EQ(c->num_hidden_layers, 32);
+  EXPECT_EQ(c->num_key_value_heads, 32);
+  EXPECT_EQ(c->head_dim, 128);  // hidden_size / num_attention_heads
+  EXPECT_EQ(c->max_position_embeddings, 4096);
+  EXPECT_DOUBLE_EQ(c->rope_theta, 10000.0);  // Transformers' default
+  EXPECT_EQ(c->rope_scaling.type, "");
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->bos_token_id, 1);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2));
+  EXPECT_EQ(c->torch_dtype, "float16");
+}
+
+TEST(ConfigTest, KeyValueHeadsDefaultToAttentionHeads) {
+  absl::StatusOr<LlamaConfig> c =
+      ParseLlamaConfig(Edited([](Json& j) { j.erase("num_key_value_heads"); }), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_key_value_heads, 32);
+}
+
+TEST(ConfigTest, ExplicitHeadDimMayDifferFromHiddenOverHeads) {
+  // Mistral-Nemo style: 32 heads of 128 with hidden_size 5120.
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(Edited([](Json& j) {
+                                                     j["model_type"] = "mistral";
+                                                     j["hidden_size"] = 5120;
+                                                     j["head_dim"] = 128;
+                                                     j["sliding_window"] = nullptr;
+                                                   }),
+                                                   "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "mistral");
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->hidden_size, 5120);
+}
+
+TEST(ConfigTest, EosListAndOldStyleRopeTypeKey) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(Edited([](Json& j) {
+                                                     j["eos_token_id"] = {128001, 128008, 128009};
+                                                     j["rope_scaling"] = {{"type", "linear"},
+                                                                          {"factor", 4.0}};
+                                                   }),
+                                                   "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(128001, 128008, 128009));
+  EXPECT_EQ(c->rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 4.0);
+}
+
+TEST(ConfigTest, LoadsFromDirectoryWithGenerationConfigOverride) {
+  const std::string dir = MakeTempDir("gen_override");
+  WriteFile(dir + "/config.json", kLlama32_1B);
+  WriteFile(dir + "/generation_config.json", kInstructGenerationConfig);
+  absl::StatusOr<LlamaConfig> c = LoadLlamaConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->bos_token_id, 128000);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(128001, 128008, 128009));
+}
+
+TEST(ConfigTest, LoadsWithoutGenerationConfig) {
+  const std::string dir = MakeTempDir("no_gen");
+  WriteFile(dir + "/config.json", kLlama2_7B);
+  absl::StatusOr<LlamaConfig> c = LoadLlamaConfig(dir);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(2));
+}
+
+TEST(ConfigTest, GenerationConfigErrorsNameThatFile) {
+  const std::string dir = MakeTempDir("bad_gen");
+  WriteFile(dir + "/config.json", kLlama32_1B);
+  WriteFile(dir + "/generation_config.json", R"({"eos_token_id": [1, "x"]})");
+  absl::Status s = LoadLlamaConfig(dir).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("generation_config.json: eos_token_id"));
+}
+
+TEST(ConfigTest, MissingDirectoryIsNotFound) {
+  EXPECT_EQ(LoadLlamaConfig("/nonexistent/model").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(ConfigTest, KeyValueHeadsMustDivideHeads) {
+  absl::Status s = ParseStatus(Edited([](Json& j) {
+    j["num_attention_heads"] = 12;
+    j["num_key_value_heads"] = 5;
+  }));
+  ExpectError(s, absl::StatusCode::kInvalidArgument, "num_key_value_heads (5)");
+  s = ParseStatus(Edited([](Json& j) {
+    j["hidden_size"] = 768;
+    j["num_attention_heads"] = 12;
+    j["num_key_value_heads"] = 8;
+    j.erase("head_dim");
+  }));
+  EXPECT_EQ(s.message(), "config.json: num_key_value_heads (8) must divide num_attention_heads (12)");
+}
+
+TEST(ConfigTest, MissingZeroAndNegativeSizes) {
+  for (const char* key : {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                          "num_attention_heads", "max_position_embeddings"}) {
+    SCOPED_TRACE(key);
+    ExpectError(ParseStatus(Edited([&](Json& j) { j.erase(key); })),
+                absl::StatusCode::kInvalidArgument, std::string(key) + " is missing");
+    ExpectError(ParseStatus(Edited([&](Json& j) { j[key] = 0; })),
+                absl::StatusCode::kInvalidArgument, key);
+    ExpectError(ParseStatus(Edited([&](Json& j) { j[key] = -4; })),
+                absl::StatusCode::kInvalidArgument, key);
+    ExpectError(ParseStatus(Edited([&](Json& j) { j[key] = 1ull << 40; })),
+                absl::StatusCode::kInvalidArgument, key);
+  }
+  ExpectError(ParseStatus(Edited([](Json& j) { j["num_key_value_heads"] = 0; })),
+              absl::StatusCode::kInvalidArgument, "num_key_value_heads");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["head_dim"] = -64; })),
+              absl::StatusCode::kInvalidArgument, "head_dim");
+}
+
+TEST(ConfigTest, HiddenSizeMustBeHeadsTimesHeadDimWithoutExplicitHeadDim) {
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                j.erase("head_dim");
+                j["hidden_size"] = 2050;
+              })),
+              absl::StatusCode::kInvalidArgument, "hidden_size (2050)");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["head_dim"] = 63; })),
+              absl::StatusCode::kInvalidArgument, "head_dim (63) must be even");
+}
+
+TEST(ConfigTest, BiasesAreUnimplemented) {
+  ExpectError(ParseStatus(Edited([](Json& j) { j["attention_bias"] = true; })),
+              absl::StatusCode::kUnimplemented, "attention_bias");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["mlp_bias"] = true; })),
+              absl::StatusCode::kUnimplemented, "mlp_bias");
+}
+
+TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
+  ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
+              absl::StatusCode::kUnimplemented, "model_type \"gpt2\"");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
+              absl::StatusCode::kUnimplemented, "hidden_act");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["sliding_window"] = 4096; })),
+              absl::StatusCode::kUnimplemented, "sliding_window (4096)");
+  // A window covering the whole context changes nothing.
+  EXPECT_TRUE(ParseStatus(Edited([](Json& j) { j["sliding_window"] = 131072; })).ok());
+}
+
+TEST(ConfigTest, UnknownRopeTypeIsUnimplemented) {
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"]["rope_type"] = "yarn"; })),
+              absl::StatusCode::kUnimplemented, "rope_scaling.rope_type \"yarn\"");
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
+              })),
+              absl::StatusCode::kUnimplemented, "rope_scaling.type \"dynamic\"");
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(
+      Edited([](Json& j) { j["rope_scaling"] = {{"rope_type", "default"}}; }), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "");
+}
+
+TEST(ConfigTest, Llama3RopeParametersAreValidated) {
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"].erase("low_freq_factor"); })),
+              absl::StatusCode::kInvalidArgument, "rope_scaling.low_freq_factor is missing");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"]["high_freq_factor"] = 1.0; })),
+              absl::StatusCode::kInvalidArgument, "rope_scaling.high_freq_factor");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"]["factor"] = 0.5; })),
+              absl::StatusCode::kInvalidArgument, "rope_scaling.factor");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"]["rope_type"] = 3; })),
+              absl::StatusCode::kInvalidArgument, "rope_scaling.rope_type must be a string");
+}
+
+TEST(ConfigTest, WrongJsonTypesNameTheKey) {
+  ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_size"] = "2048"; })),
+              absl::StatusCode::kInvalidArgument, "hidden_size must be an integer");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_size"] = 2048.0; })),
+              absl::StatusCode::kInvalidArgument, "hidden_size must be an integer");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rms_norm_eps"] = "1e-5"; })),
+              absl::StatusCode::kInvalidArgument, "rms_norm_eps must be a number");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_theta"] = -1.0; })),
+              absl::StatusCode::kInvalidArgument, "rope_theta");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["tie_word_embeddings"] = "yes"; })),
+              absl::StatusCode::kInvalidArgument, "tie_word_embeddings must be true or false");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["attention_bias"] = 0; })),
+              absl::StatusCode::kInvalidArgument, "attention_bias");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"] = 5; })),
+              absl::StatusCode::kInvalidArgument, "rope_scaling must be an object");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["eos_token_id"] = "2"; })),
+              absl::StatusCode::kInvalidArgument, "eos_token_id");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["eos_token_id"] = {1, 2.5}; })),
+              absl::StatusCode::kInvalidArgument, "eos_token_id");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["eos_token_id"] = 128256; })),
+              absl::StatusCode::kInvalidArgument, "eos_token_id (128256) is outside the vocabulary");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["bos_token_id"] = -1; })),
+              absl::StatusCode::kInvalidArgument, "bos_token_id");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = nullptr; })),
+              absl::StatusCode::kInvalidArgument, "model_type is missing");
+  ExpectError(ParseStatus("[1, 2]"), absl::StatusCode::kInvalidArgument, "not a JSON object");
+  ExpectError(ParseStatus("{\"vocab_size\": "), absl::StatusCode::kInvalidArgument,
+              "invalid JSON");
+}
+
+// Meta's reference apply_scaling (llama/models/llama3/reference_impl/model.py), written per
+// frequency with explicit regions; returns the region for the test to count.
+enum class Region { kHigh, kMid, kLow };
+double ReferenceLlama3(double freq, Region* region) {
+  const double scale_factor = 32, low_freq_factor = 1, high_freq_factor = 4, old_context_len = 8192;
+  const double low_freq_wavelen = old_context_len / low_freq_factor;
+  const double high_freq_wavelen = old_context_len / high_freq_factor;
+  const double wavelen = 2 * M_PI / freq;
+  if (wavelen < high_freq_wavelen) {
+    *region = Region::kHigh;
+    return freq;
+  }
+  if (wavelen > low_freq_wavelen) {
+    *region = Region::kLow;
+    return freq / scale_factor;
+  }
+  *region = Region::kMid;
+  const double smooth = (old_context_len / wavelen - low_freq_factor) /
+                        (high_freq_factor - low_freq_factor);
+  return (1 - smooth) * freq / scale_factor + smooth * freq;
+}
+
+TEST(RopeTest, Llama3ScalingMatchesReferenceInAllThreeRegions) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kLlama32_1B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  const std::vector<double> inv = RopeInverseFrequencies(*c);
+  ASSERT_EQ(inv.size(), 32u);
+  int counts[3] = {0, 0, 0};
+  for (int i = 0; i < 32; ++i) {
+    const double base = std::exp(-std::log(500000.0) * (2.0 * i) / 64.0);
+    Region region;
+    const double want = ReferenceLlama3(base, &region);
+    ++counts[static_cast<int>(region)];
+    EXPECT_NEAR(inv[i], want, 1e-12 * want) << "pair " << i;
+    switch (region) {
+      case Region::kHigh:
+        EXPECT_NEAR(inv[i], base, 1e-12 * base) << "pair " << i << " should be unscaled";
+        break;
+      case Region::kLow:
+        EXPECT_NEAR(inv[i], base / 32, 1e-12 * base) << "pair " << i << " should be divided";
+        break;
+      case Region::kMid:
+        EXPECT_GT(inv[i], base / 32 * (1 + 1e-9)) << "pair " << i;
+        EXPECT_LT(inv[i], base * (1 - 1e-9)) << "pair " << i;
+        break;
+    }
+  }
+  // For head_dim 64 / theta 5e5 the bands are: pairs 0-14 high, 15-17 smoothed, 18-31 low.
+  EXPECT_EQ(counts[0], 15);
+  EXPECT_EQ(counts[1], 3);
+  EXPECT_EQ(counts[2], 14);
+  // Spot values computed separately in Python (float64).
+  EXPECT_NEAR(inv[14], 0.0032114459947525913, 1e-15);
+  EXPECT_NEAR(inv[15], 0.001290547928209264, 1e-15);
+  EXPECT_NEAR(inv[16], 0.00042955679655936815, 1e-16);
+  EXPECT_NEAR(inv[17], 9.70828780262767e-05, 1e-17);
+  EXPECT_NEAR(inv[31], 9.418306725434909e-08, 1e-19);
+}
+
+TEST(RopeTest, UnscaledAndLinear) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kLlama2_7B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  std::vector<double> inv = RopeInverseFrequencies(*c);
+  ASSERT_EQ(inv.size(), 64u);
+  EXPECT_DOUBLE_EQ(inv[0], 1.0);
+  EXPECT_NEAR(inv[1], std::pow(10000.0, -2.0 / 128), 1e-15);
+  EXPECT_NEAR(inv[63], std::pow(10000.0, -126.0 / 128), 1e-18);
+  c->rope_scaling.type = "linear";
+  c->rope_scaling.factor = 4;
+  const std::vector<double> scaled = RopeInverseFrequencies(*c);
+  for (int i = 0; i < 64; ++i) EXPECT_NEAR(scaled[i], inv[i] / 4, 1e-12 * inv[i]) << i;
+}
+
+}  // namespace
+}  // namespace kvrm

@@ -1,0 +1,100 @@
+// Read-only access to safetensors files (https://github.com/huggingface/safetensors), memory mapped.
+//
+// Layout: an 8-byte little-endian header length N, N bytes of JSON header
+// {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
+// then the data section; offsets are relative to its start. Files are untrusted: Open() checks
+// every entry (dtype, shape, sizes, bounds, overlaps) so a TensorView it returns always lies
+// inside the mapping and has exactly numel * DTypeSize(dtype) bytes.
+//
+// Alignment: data is only as aligned as the file makes it (our writer and the reference writer
+// keep tensors aligned to their element size; foreign files may not). Read through memcpy or
+// check alignment before casting.
+#ifndef KVRM_MODEL_SAFETENSORS_H_
+#define KVRM_MODEL_SAFETENSORS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+
+namespace kvrm {
+
+struct TensorView {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;  // into the read-only mapping; valid while its file/set lives
+  size_t nbytes = 0;
+  std::string file;  // the file it came from, for messages
+  int64_t numel() const;
+};
+
+// "[2, 3]" for messages.
+std::string ShapeToString(absl::Span<const int64_t> shape);
+
+// One memory-mapped .safetensors file. The mapping is PROT_READ / MAP_PRIVATE and is released
+// (munmap + close) by the destructor. Immutable after Open(), so safe to read from any thread.
+class SafetensorsFile {
+ public:
+  // NOT_FOUND when the file does not exist; INVALID_ARGUMENT naming the file (and tensor) for
+  // any malformed content.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFile>> Open(const std::string& path);
+
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  std::vector<std::string> TensorNames() const;  // sorted
+  const TensorView* Find(std::string_view name) const;  // nullptr if absent
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  size_t file_size() const { return size_; }
+
+ private:
+  SafetensorsFile(std::string path, int fd, const std::byte* base, size_t size);
+  absl::Status ParseHeader();
+
+  std::string path_;
+  int fd_ = -1;
+  const std::byte* base_ = nullptr;  // mapping of the whole file
+  size_t size_ = 0;
+  std::map<std::string, TensorView, std::less<>> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// The weights of one model directory: model.safetensors, or the shards listed in
+// model.safetensors.index.json's "weight_map" (only tensors the index lists are visible).
+class SafetensorsSet {
+ public:
+  // NOT_FOUND when the directory has neither file, a listed shard is missing, or no tensors.
+  static absl::StatusOr<std::unique_ptr<SafetensorsSet>> OpenDirectory(const std::string& dir);
+
+  // NOT_FOUND naming the tensor and directory when absent; INVALID_ARGUMENT naming the tensor,
+  // its file, and both shapes when `expected_shape` is non-empty and differs.
+  absl::StatusOr<TensorView> Get(std::string_view name,
+                                 absl::Span<const int64_t> expected_shape = {}) const;
+  std::vector<std::string> TensorNames() const;  // sorted
+  int64_t total_bytes() const { return total_bytes_; }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  SafetensorsSet() = default;
+  absl::Status AddFile(std::unique_ptr<SafetensorsFile> file);
+  absl::Status LoadIndex(const std::string& index_path);
+
+  std::string dir_;
+  std::vector<std::unique_ptr<SafetensorsFile>> files_;
+  std::map<std::string, const TensorView*, std::less<>> tensors_;  // point into files_
+  int64_t total_bytes_ = 0;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_MODEL_SAFETENSORS_H_
