@@ -1,0 +1,118 @@
+#include "kernels/cpu/matmul.h"
+
+#include <atomic>
+
+#include "common/logging.h"
+
+namespace kvrm {
+
+// Defined in matmul_{generic,avx2,avx512}.cc, each compiled with its own -m flags.
+void MatMulRows_generic(const float*, int64_t, int64_t, const WeightMatrix&, int64_t, int64_t,
+                        float*, int64_t, float*);
+void MatMulRows_avx2(const float*, int64_t, int64_t, const WeightMatrix&, int64_t, int64_t,
+                     float*, int64_t, float*);
+void MatMulRows_avx512(const float*, int64_t, int64_t, const WeightMatrix&, int64_t, int64_t,
+                       float*, int64_t, float*);
+
+namespace {
+
+bool Supports(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kGeneric:
+      return true;
+    case CpuIsa::kAvx2:
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+             __builtin_cpu_supports("f16c");
+    case CpuIsa::kAvx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  }
+  return false;
+}
+
+CpuIsa BestIsa() {
+  std::vector<CpuIsa> isas = AvailableCpuIsas();
+  return isas.back();
+}
+
+std::atomic<int> g_active_isa{-1};
+
+}  // namespace
+
+std::string_view CpuIsaName(CpuIsa isa) {
+  switch (isa) {
+    case CpuIsa::kGeneric: return "generic";
+    case CpuIsa::kAvx2: return "avx2";
+    case CpuIsa::kAvx512: return "avx512";
+  }
+  return "unknown";
+}
+
+std::vector<CpuIsa> AvailableCpuIsas() {
+  std::vector<CpuIsa> out;
+  for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+    if (Supports(isa)) out.push_back(isa);
+  }
+  return out;
+}
+
+CpuIsa ActiveCpuIsa() {
+  int v = g_active_isa.load(std::memory_order_relaxed);
+  if (v < 0) {
+    v = static_cast<int>(BestIsa());
+    g_active_isa.store(v, std::memory_order_relaxed);
+  }
+  return static_cast<CpuIsa>(v);
+}
+
+void SetActiveCpuIsa(CpuIsa isa) {
+  CHECK(Supports(isa)) << "instruction set " << CpuIsaName(isa) << " not supported here";
+  g_active_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
+}
+
+int64_t MatMulScratchFloats(int64_t cols) { return 4 * cols + 16; }
+
+void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
+                int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
+  switch (isa) {
+    case CpuIsa::kGeneric:
+      return MatMulRows_generic(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+    case CpuIsa::kAvx2:
+      return MatMulRows_avx2(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+    case CpuIsa::kAvx512:
+      return MatMulRows_avx512(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
+  LOG(FATAL) << "unsupported instruction set " << static_cast<int>(isa);
+}
+
+void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
+            float* y, int64_t ldy, float* scratch) {
+  const CpuIsa isa = ActiveCpuIsa();
+  const int64_t per_thread = MatMulScratchFloats(w.cols);
+  // Shares are whole row tiles; each thread widens into its own scratch.
+  pool.RunOnAll([&](int t) {
+    const int64_t tiles = (w.rows + 3) / 4;
+    const int nt = pool.num_threads();
+    const int64_t begin = std::min(w.rows, tiles * t / nt * 4);
+    const int64_t end = std::min(w.rows, tiles * (t + 1) / nt * 4);
+    if (begin < end) {
+      MatMulRows(isa, x, n, ldx, w, begin, end, y, ldy, scratch + t * per_thread);
+    }
+  });
+}
+
+float WeightAt(const WeightMatrix& w, int64_t r, int64_t i) {
+  const char* row = w.RowPtr(r);
+  switch (w.dtype) {
+    case DType::kF32: return reinterpret_cast<const float*>(row)[i];
+    case DType::kF16: return F16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
+    case DType::kBF16: return Bf16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
+  }
+  return 0;
+}
+
+void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
+  for (int64_t i = 0; i < w.cols; ++i) out[i] = WeightAt(w, r, i);
+}
+
+}  // namespace kvrm

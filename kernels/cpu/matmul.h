@@ -1,0 +1,42 @@
+// Products of activations with weight matrices: y[n][rows] = x[n][cols] * W^T, f32 accumulate.
+//
+// Weights stay in their stored dtype (f32, f16 or bf16) and are widened to f32 a few rows at a
+// time into per-thread scratch, so each weight byte is read from memory once per call whatever n
+// is: decode (n = active slots) is bound by weight bandwidth, as it should be.
+// Vectorised per instruction set (AVX-512, AVX2+FMA+F16C, portable), chosen at run time.
+#ifndef KVRM_KERNELS_CPU_MATMUL_H_
+#define KVRM_KERNELS_CPU_MATMUL_H_
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cpu/weight_matrix.h"
+
+namespace kvrm {
+
+enum class CpuIsa { kGeneric, kAvx2, kAvx512 };
+
+std::string_view CpuIsaName(CpuIsa isa);
+// The instruction sets this processor can run, best last.
+std::vector<CpuIsa> AvailableCpuIsas();
+// The path used by MatMul (the best available unless overridden, for tests and benchmarks).
+CpuIsa ActiveCpuIsa();
+void SetActiveCpuIsa(CpuIsa isa);  // CHECK-fails if unavailable
+
+// Scratch floats each pool thread needs for a matrix of `cols` columns.
+int64_t MatMulScratchFloats(int64_t cols);
+
+// y[i * ldy + r] = sum_c x[i * ldx + c] * W[r][c] for i < n, r < w.rows.
+// `scratch` holds pool.num_threads() * MatMulScratchFloats(w.cols) floats.
+void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
+            float* y, int64_t ldy, float* scratch);
+
+// Single-threaded kernel over rows [row_begin, row_end) (exposed for tests and TP shards).
+void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
+                int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch);
+
+}  // namespace kvrm
+
+#endif  // KVRM_KERNELS_CPU_MATMUL_H_

@@ -1,0 +1,30 @@
+// Elementwise and normalisation kernels of the Llama block, f32 activations.
+#ifndef KVRM_KERNELS_CPU_OPS_H_
+#define KVRM_KERNELS_CPU_OPS_H_
+
+#include <cstdint>
+
+#include "kernels/cpu/weight_matrix.h"
+
+namespace kvrm {
+
+// out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i] for one row of `dim` (HF LlamaRMSNorm:
+// the mean is taken in f32, the weight applied after normalising). `weight` is a 1 x dim matrix.
+void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out);
+
+// Rotary embedding in HF's rotate_half layout: pairs (i, i + head_dim/2). `cos_sin` holds
+// [head_dim/2] cos values followed by [head_dim/2] sin values for this position.
+void ApplyRope(float* heads, int64_t num_heads, int64_t head_dim, const float* cos_sin);
+
+// out[i] = silu(gate[i]) * up[i].
+void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+
+// In-place softmax over n values; returns the max (for log-sum-exp users).
+void SoftmaxInPlace(float* x, int64_t n);
+
+// dst[i] += src[i].
+void AddInPlace(float* dst, const float* src, int64_t n);
+
+}  // namespace kvrm
+
+#endif  // KVRM_KERNELS_CPU_OPS_H_
