@@ -1,0 +1,348 @@
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace kvrm {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr float kPosInf = std::numeric_limits<float>::infinity();
+
+uint64_t SplitMix64(uint64_t& state) {
+  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+// Strict weak order "a ranks before b": higher logit first, ties broken by lower id, so every
+// selection below is deterministic.
+struct RanksBefore {
+  const float* logits;
+  bool operator()(int32_t a, int32_t b) const {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  }
+};
+
+// Rounds of the bounded top-p selection: collect ids whose probability is at least this fraction
+// of the total; usually the first round already holds top_p of the mass and only a few dozen ids,
+// so we sort a few dozen entries instead of the vocabulary.
+constexpr double kTopPRoundFractions[] = {1.0 / 64, 1.0 / 4096, 1.0 / 262144};
+
+}  // namespace
+
+absl::Status ValidateSamplingConfig(const SamplingConfig& c) {
+  auto bad = [](absl::string_view field, double value, absl::string_view want) {
+    return absl::InvalidArgumentError(absl::StrCat(field, " = ", value, ": want ", want));
+  };
+  if (!std::isfinite(c.temperature) || c.temperature < 0) {
+    return bad("temperature", c.temperature, "finite and >= 0");
+  }
+  if (c.top_k < 0) return bad("top_k", c.top_k, ">= 0 (0 = off)");
+  if (!(c.top_p > 0 && c.top_p <= 1)) return bad("top_p", c.top_p, "in (0, 1]");
+  if (!(c.min_p >= 0 && c.min_p <= 1)) return bad("min_p", c.min_p, "in [0, 1]");
+  if (!std::isfinite(c.repetition_penalty) || c.repetition_penalty <= 0) {
+    return bad("repetition_penalty", c.repetition_penalty, "finite and > 0 (1 = off)");
+  }
+  if (!std::isfinite(c.presence_penalty)) {
+    return bad("presence_penalty", c.presence_penalty, "finite");
+  }
+  if (!std::isfinite(c.frequency_penalty)) {
+    return bad("frequency_penalty", c.frequency_penalty, "finite");
+  }
+  if (c.top_logprobs < 0 || c.top_logprobs > kMaxTopLogprobs) {
+    return bad("top_logprobs", c.top_logprobs, absl::StrCat("in [0, ", kMaxTopLogprobs, "]"));
+  }
+  return absl::OkStatus();
+}
+
+void Xoshiro256::Seed(uint64_t seed) {
+  for (uint64_t& word : s_) word = SplitMix64(seed);
+}
+
+uint64_t Xoshiro256::Next() {
+  const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
+  const uint64_t t = s_[1] << 17;
+  s_[2] ^= s_[0];
+  s_[3] ^= s_[1];
+  s_[1] ^= s_[2];
+  s_[0] ^= s_[3];
+  s_[2] ^= t;
+  s_[3] = Rotl(s_[3], 45);
+  return result;
+}
+
+Sampler::Sampler(int32_t vocab_size)
+    : vocab_size_(vocab_size),
+      seen_(vocab_size, 0),
+      gen_count_(vocab_size, 0),
+      probs_(vocab_size, 0.0f),
+      order_(vocab_size, 0) {
+  CHECK(vocab_size > 0) << "vocab_size " << vocab_size;
+  touched_.reserve(vocab_size);  // At most one entry per id, so push_back never reallocates.
+}
+
+void Sampler::Reset(const SamplingConfig& config, absl::Span<const int32_t> prompt_tokens) {
+  CHECK(ValidateSamplingConfig(config).ok()) << "validate SamplingConfig at admission";
+  config_ = config;
+  rng_.Seed(config.seed);
+  for (int32_t token : touched_) {
+    seen_[token] = 0;
+    gen_count_[token] = 0;
+  }
+  touched_.clear();  // Keeps capacity.
+  for (int32_t token : prompt_tokens) MarkSeen(token);
+}
+
+void Sampler::MarkSeen(int32_t token) {
+  CHECK(token >= 0 && token < vocab_size_) << "token " << token << " vocab " << vocab_size_;
+  if (seen_[token] == 0) {
+    seen_[token] = 1;
+    touched_.push_back(token);
+  }
+}
+
+void Sampler::Accept(int32_t token) {
+  MarkSeen(token);
+  ++gen_count_[token];
+}
+
+void Sampler::ApplyPenalties(absl::Span<float> logits) const {
+  const float rep = config_.repetition_penalty;
+  const float presence = config_.presence_penalty;
+  const float frequency = config_.frequency_penalty;
+  if (rep == 1.0f && presence == 0.0f && frequency == 0.0f) return;
+  // Every id with a nonzero count is also in touched_, so this visits all affected logits.
+  for (int32_t token : touched_) {
+    float x = logits[token];
+    if (rep != 1.0f) x = x > 0 ? x / rep : x * rep;
+    const int32_t count = gen_count_[token];
+    if (count > 0) x -= presence + frequency * static_cast<float>(count);
+    logits[token] = x;
+  }
+}
+
+float Sampler::Normalize(absl::Span<float> logits) const {
+  float max = kNegInf;
+  for (float& x : logits) {
+    if (std::isnan(x)) x = kNegInf;
+    max = std::max(max, x);
+  }
+  if (max == kPosInf) {
+    // The limit of softmax as the +inf entries grow together: uniform over them.
+    for (float& x : logits) x = x == kPosInf ? 0.0f : kNegInf;
+    max = 0;
+  }
+  return max;
+}
+
+SampleResult Sampler::Sample(absl::Span<float> logits) {
+  CHECK(static_cast<int32_t>(logits.size()) == vocab_size_)
+      << "logits " << logits.size() << " vocab " << vocab_size_;
+  ApplyPenalties(logits);
+  const float max = Normalize(logits);
+  SampleResult result;
+  if (max == kNegInf) {
+    // Every logit is -inf or NaN: there is no distribution. Token 0 keeps the engine going with a
+    // valid id; logprob -inf tells the client it was not a real choice.
+    result.token = 0;
+    result.logprob = kNegInf;
+    return result;
+  }
+  const bool want_top = config_.logprobs && config_.top_logprobs > 0;
+
+  if (config_.temperature <= 0) {
+    SampleGreedy(logits, max, want_top, result);
+    return result;
+  }
+
+  // Shifting by the max first keeps (x - max) / T <= 0, so a tiny temperature cannot overflow.
+  const float temperature = config_.temperature;
+  double total = 0;
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    const float x = (logits[i] - max) / temperature;
+    logits[i] = x;
+    const float p = std::exp(x);  // the max entry gets exactly 1
+    probs_[i] = p;
+    total += p;
+  }
+  const float log_z = static_cast<float>(std::log(total));
+  if (want_top) FillTopLogprobs(logits, 0.0f, log_z, result);
+
+  // n >= 0: the kept support is order_[0, n), sorted best first. n < 0: no sorted set was needed.
+  int32_t n = -1;
+  if (config_.top_k > 0 && config_.top_k < vocab_size_) n = SelectTopK(logits, config_.top_k);
+  if (config_.top_p < 1) {
+    double set_total = total;
+    if (n < 0) {
+      n = SelectTopPUnsorted(logits, total);
+    } else {
+      set_total = 0;
+      for (int32_t j = 0; j < n; ++j) set_total += probs_[order_[j]];
+    }
+    n = CutTopP(n, set_total);
+  }
+  if (n >= 0 && config_.min_p > 0) n = CutMinP(n);
+
+  if (n >= 0) {
+    result.token = DrawSorted(n);
+  } else if (config_.min_p > 0) {
+    result.token = DrawThreshold(config_.min_p, /*total=*/-1);
+  } else {
+    result.token = DrawThreshold(0.0f, total);
+  }
+  result.logprob = logits[result.token] - log_z;
+  if (n >= 0) {
+    MaskOutside(logits, n);
+  } else if (config_.min_p > 0) {
+    for (int32_t i = 0; i < vocab_size_; ++i) {
+      if (probs_[i] < config_.min_p) logits[i] = kNegInf;
+    }
+  }
+  return result;
+}
+
+void Sampler::SampleGreedy(absl::Span<const float> logits, float max, bool want_top,
+                           SampleResult& result) const {
+  // The first index of the max is the lowest id among ties.
+  int32_t best = 0;
+  while (logits[best] != max) ++best;
+  double z = 0;
+  for (float x : logits) z += std::exp(x - max);
+  const float log_z = static_cast<float>(std::log(z));
+  result.token = best;
+  result.logprob = -log_z;  // logits[best] - max == 0
+  if (want_top) FillTopLogprobs(logits, max, log_z, result);
+}
+
+int32_t Sampler::SelectTopK(absl::Span<const float> logits, int32_t k) {
+  for (int32_t i = 0; i < vocab_size_; ++i) order_[i] = i;
+  const RanksBefore before{logits.data()};
+  // O(vocab) selection, then sort only the k winners.
+  std::nth_element(order_.begin(), order_.begin() + (k - 1), order_.end(), before);
+  std::sort(order_.begin(), order_.begin() + k, before);
+  // Entries whose probability is 0 (-inf, or underflow) can never be drawn: drop them so the
+  // support we report and mask is the real one. The best entry has probability 1, so n >= 1.
+  int32_t n = k;
+  while (n > 1 && probs_[order_[n - 1]] == 0) --n;
+  return n;
+}
+
+int32_t Sampler::SelectTopPUnsorted(absl::Span<const float> logits, double total) {
+  const double target = config_.top_p * total;
+  // Ids below (1 - top_p) / vocab of the total together hold less than 1 - top_p, so the last
+  // round is guaranteed to contain the whole top-p prefix; earlier rounds usually suffice.
+  const double last_fraction = (1.0 - config_.top_p) / vocab_size_;
+  int32_t n = 0;
+  for (int round = 0; round <= 3; ++round) {
+    const double fraction =
+        round < 3 ? std::max(kTopPRoundFractions[round], last_fraction) : last_fraction;
+    const float threshold = static_cast<float>(fraction * total);
+    n = 0;
+    double mass = 0;
+    for (int32_t i = 0; i < vocab_size_; ++i) {
+      if (probs_[i] >= threshold && probs_[i] > 0) {
+        order_[n++] = i;
+        mass += probs_[i];
+      }
+    }
+    if (n > 0 && mass >= target) break;
+  }
+  // The max entry (probability 1 >= threshold, since threshold <= total / vocab <= 1) is always in.
+  std::sort(order_.begin(), order_.begin() + n, RanksBefore{logits.data()});
+  return n;
+}
+
+int32_t Sampler::CutTopP(int32_t n, double set_total) {
+  const double target = config_.top_p * set_total;
+  double cum = 0;
+  for (int32_t j = 0; j < n; ++j) {
+    cum += probs_[order_[j]];
+    if (cum >= target) return j + 1;
+  }
+  return n;  // Rounding left cum just short of the target: keep everything collected.
+}
+
+int32_t Sampler::CutMinP(int32_t n) const {
+  // order_[0] is the max with probability 1 (unnormalised), so min-p relative to the max prob
+  // is a plain threshold on probs_; renormalisation after top-k/p leaves that ratio unchanged.
+  int32_t kept = 1;
+  while (kept < n && probs_[order_[kept]] >= config_.min_p) ++kept;
+  return kept;
+}
+
+int32_t Sampler::DrawSorted(int32_t n) {
+  double total = 0;
+  for (int32_t j = 0; j < n; ++j) total += probs_[order_[j]];
+  const double target = rng_.NextDouble() * total;
+  double cum = 0;
+  for (int32_t j = 0; j < n; ++j) {
+    cum += probs_[order_[j]];
+    if (cum > target) return order_[j];
+  }
+  return order_[n - 1];  // Only reachable through rounding; it has probability > 0.
+}
+
+int32_t Sampler::DrawThreshold(float threshold, double total) {
+  if (total < 0) {
+    total = 0;
+    for (float p : probs_) {
+      if (p >= threshold) total += p;
+    }
+  }
+  const double target = rng_.NextDouble() * total;
+  double cum = 0;
+  int32_t last = 0;
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    const float p = probs_[i];
+    if (p > 0 && p >= threshold) {
+      cum += p;
+      last = i;
+      if (cum > target) return i;
+    }
+  }
+  return last;  // Only reachable through rounding.
+}
+
+void Sampler::MaskOutside(absl::Span<float> logits, int32_t n) const {
+  // The kept support is exactly the first n ids in RanksBefore order, so everything ranking after
+  // the last kept id is outside it.
+  const int32_t last = order_[n - 1];
+  const float last_x = logits[last];
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    if (logits[i] < last_x || (logits[i] == last_x && i > last)) logits[i] = kNegInf;
+  }
+}
+
+void Sampler::FillTopLogprobs(absl::Span<const float> logits, float shift, float log_z,
+                              SampleResult& result) const {
+  const int32_t want = std::min(config_.top_logprobs, kMaxTopLogprobs);
+  std::array<float, kMaxTopLogprobs>& vals = result.top_logprobs;
+  std::array<int32_t, kMaxTopLogprobs>& ids = result.top_ids;
+  int32_t count = 0;
+  // One pass with an insertion-sorted array of at most 20: most ids fail the first compare.
+  for (int32_t i = 0; i < vocab_size_; ++i) {
+    const float x = logits[i];
+    if (x == kNegInf) continue;
+    if (count == want && !(x > vals[count - 1])) continue;  // ties keep the lower id
+    int32_t pos = count < want ? count++ : want - 1;
+    while (pos > 0 && vals[pos - 1] < x) {
+      vals[pos] = vals[pos - 1];
+      ids[pos] = ids[pos - 1];
+      --pos;
+    }
+    vals[pos] = x;
+    ids[pos] = i;
+  }
+  for (int32_t j = 0; j < count; ++j) vals[j] = vals[j] - shift - log_z;
+  result.num_top = count;
+}
+
+}  // namespace kvrm

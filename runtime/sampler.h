@@ -1,0 +1,134 @@
+// Per-slot token sampler: logit penalties, temperature, top-k / top-p / min-p, seeded draw.
+//
+// Owner: the engine's scheduler thread. The engine creates one Sampler per decode slot at
+// start-up; `Reset` (admission) and `Sample` / `Accept` (every decode step) never allocate: all
+// buffers are sized to the vocabulary in the constructor and reused.
+//
+// Processing order (vLLM's): repetition penalty, presence/frequency penalties; then, if
+// temperature == 0, argmax (ties: lowest id); otherwise divide by temperature, top-k, top-p,
+// min-p, renormalise, and draw with the request's own RNG.
+#ifndef KVRM_RUNTIME_SAMPLER_H_
+#define KVRM_RUNTIME_SAMPLER_H_
+
+#include <array>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+
+namespace kvrm {
+
+inline constexpr int32_t kMaxTopLogprobs = 20;
+
+struct SamplingConfig {
+  float temperature = 0;  // 0 = greedy
+  int32_t top_k = 0;      // 0 = off
+  float top_p = 1;        // 1 = off
+  float min_p = 0;        // 0 = off
+  uint64_t seed = 0;      // The engine picks one when the request has none.
+  // CTRL/HF style over prompt+generated tokens: logit > 0 ? logit / p : logit * p. 1 = off.
+  float repetition_penalty = 1;
+  // Over generated tokens only (vLLM/OpenAI): logit -= presence * [count > 0] + frequency * count.
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  bool logprobs = false;
+  int32_t top_logprobs = 0;  // 0..kMaxTopLogprobs
+};
+
+// INVALID_ARGUMENT naming the field when `config` is outside the ranges above (negative
+// temperature, top_p outside (0, 1], non-positive repetition penalty, ...). Call at admission.
+absl::Status ValidateSamplingConfig(const SamplingConfig& config);
+
+struct SampleResult {
+  int32_t token = 0;
+  // Log-softmax of the processed logits (after penalties and temperature; for greedy,
+  // temperature 1) at `token`. Filtering (top-k/p, min-p) does not change it.
+  float logprob = 0;
+  // Filled when config.logprobs: the best min(top_logprobs, #finite logits) entries of the same
+  // distribution, best first (ties: lowest id).
+  int32_t num_top = 0;
+  std::array<int32_t, kMaxTopLogprobs> top_ids;
+  std::array<float, kMaxTopLogprobs> top_logprobs;
+};
+
+// xoshiro256** (Blackman & Vigna), seeded by splitmix64. Ours, not <random>'s distributions, so a
+// seed gives the same tokens on every machine and library version.
+class Xoshiro256 {
+ public:
+  explicit Xoshiro256(uint64_t seed = 0) { Seed(seed); }
+  void Seed(uint64_t seed);
+  uint64_t Next();
+  // Uniform in [0, 1) from the top 53 bits.
+  double NextDouble() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
+
+ private:
+  std::array<uint64_t, 4> s_;
+};
+
+class Sampler {
+ public:
+  explicit Sampler(int32_t vocab_size);
+  Sampler(const Sampler&) = delete;
+  Sampler& operator=(const Sampler&) = delete;
+
+  // Starts a request: takes its config, reseeds the RNG and records the prompt tokens for the
+  // repetition penalty. O(tokens seen by the previous request + prompt), no allocation.
+  // Token ids must be in [0, vocab_size) (validated at the edge; CHECKed here).
+  void Reset(const SamplingConfig& config, absl::Span<const int32_t> prompt_tokens);
+
+  // Processes `logits` ([vocab_size]) in place and draws a token. Afterwards `logits` holds the
+  // processed logits: penalised; for sampling also shifted so the max is 0, divided by the
+  // temperature, and -inf outside the kept support. NaN counts as -inf; if any logit is +inf the
+  // distribution is uniform over the +inf entries.
+  SampleResult Sample(absl::Span<float> logits);
+
+  // Records a generated token (penalty counts). Called by the engine after Sample for the token
+  // it keeps.
+  void Accept(int32_t token);
+
+  // The penalty stage of Sample alone (exposed for tests): O(distinct tokens seen), not O(vocab).
+  void ApplyPenalties(absl::Span<float> logits) const;
+
+  int32_t vocab_size() const { return vocab_size_; }
+  const SamplingConfig& config() const { return config_; }
+
+ private:
+  void MarkSeen(int32_t token);
+  // Sanitises NaN -> -inf, maps +inf to a finite distribution and returns the max logit.
+  float Normalize(absl::Span<float> logits) const;
+  // Temperature 0: argmax; logprobs at temperature 1.
+  void SampleGreedy(absl::Span<const float> logits, float max, bool want_top,
+                    SampleResult& result) const;
+  // Draws from order_[0, n) (sorted support) or from every id with probs_ >= threshold
+  // (`total`: their summed probs_, or < 0 to compute it).
+  int32_t DrawSorted(int32_t n);
+  int32_t DrawThreshold(float threshold, double total);
+  void FillTopLogprobs(absl::Span<const float> logits, float shift, float log_z,
+                       SampleResult& result) const;
+
+  // Candidate-set stages over order_[0, n): each returns the new n (sorted best first).
+  int32_t SelectTopK(absl::Span<const float> logits, int32_t k);
+  int32_t SelectTopPUnsorted(absl::Span<const float> logits, double total);
+  int32_t CutTopP(int32_t n, double set_total);
+  int32_t CutMinP(int32_t n) const;
+  void MaskOutside(absl::Span<float> logits, int32_t n) const;
+
+  const int32_t vocab_size_;
+  SamplingConfig config_;
+  Xoshiro256 rng_;
+
+  // Penalty state, [vocab_size] each. touched_ lists the ids with seen_ set (prompt or
+  // generated), so Reset clears O(tokens seen) entries instead of the whole vocabulary.
+  std::vector<uint8_t> seen_;
+  std::vector<int32_t> gen_count_;
+  std::vector<int32_t> touched_;  // capacity vocab_size: never reallocates
+
+  // Step scratch, [vocab_size] each.
+  std::vector<float> probs_;    // exp(processed logit), unnormalised (max entry is 1)
+  std::vector<int32_t> order_;  // candidate ids; a prefix is the sorted kept support
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_SAMPLER_H_

@@ -1,0 +1,123 @@
+#include "runtime/text_stream.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace kvrm {
+namespace {
+
+constexpr char kReplacement[] = "\xEF\xBF\xBD";  // U+FFFD in UTF-8
+
+bool EndsWithReplacement(const std::string& s) {
+  return s.size() >= 3 && s.compare(s.size() - 3, 3, kReplacement) == 0;
+}
+
+bool IsContinuationByte(char c) { return (static_cast<unsigned char>(c) & 0xC0) == 0x80; }
+
+// Dropping tokens before the prefix offset keeps tokens_ at the size of the decode window; doing it
+// only every so often keeps the erase cost amortised O(1) per token.
+constexpr size_t kCompactEvery = 256;
+
+}  // namespace
+
+TextStream::TextStream(DecodeFn decode, std::vector<std::string> stop_sequences,
+                       std::vector<int32_t> context_tokens)
+    : decode_(std::move(decode)), tokens_(std::move(context_tokens)) {
+  for (std::string& stop : stop_sequences) {
+    if (!stop.empty()) stops_.push_back(std::move(stop));
+  }
+  read_offset_ = tokens_.size();
+}
+
+TextStream::Delta TextStream::Push(int32_t token) {
+  if (stopped_ || finished_) return Delta{"", stopped_, matched_stop_};
+  tokens_.push_back(token);
+  const size_t search_from = pending_.size();
+  if (!DecodeNew(/*final=*/false)) return Delta{};
+  if (prefix_offset_ >= kCompactEvery) {
+    tokens_.erase(tokens_.begin(), tokens_.begin() + prefix_offset_);
+    read_offset_ -= prefix_offset_;
+    prefix_offset_ = 0;
+  }
+  return Release(search_from, /*final=*/false);
+}
+
+std::string TextStream::Finish() {
+  if (stopped_ || finished_) return "";
+  finished_ = true;
+  const size_t search_from = pending_.size();
+  DecodeNew(/*final=*/true);
+  return Release(search_from, /*final=*/true).text;
+}
+
+bool TextStream::DecodeNew(bool final) {
+  const absl::Span<const int32_t> window = absl::MakeConstSpan(tokens_).subspan(prefix_offset_);
+  const std::string prefix_text = decode_(window.subspan(0, read_offset_ - prefix_offset_));
+  const std::string new_text = decode_(window);
+  // At the end an incomplete character is final: decode renders it as U+FFFD, as the full decode
+  // does.
+  if (new_text.size() <= prefix_text.size() || (!final && EndsWithReplacement(new_text))) {
+    return false;
+  }
+  pending_.append(new_text, prefix_text.size(), std::string::npos);
+  prefix_offset_ = read_offset_;
+  read_offset_ = tokens_.size();
+  return true;
+}
+
+TextStream::Delta TextStream::Release(size_t search_from, bool final) {
+  Delta delta;
+  // Matches ending at or before search_from were looked for on earlier calls, so only look at
+  // occurrences that end in the new text.
+  size_t best_start = std::string::npos;
+  size_t best_end = std::string::npos;
+  const std::string* best = nullptr;
+  for (const std::string& stop : stops_) {
+    const size_t from = search_from >= stop.size() ? search_from - stop.size() + 1 : 0;
+    const size_t pos = pending_.find(stop, from);
+    if (pos == std::string::npos) continue;
+    const size_t end = pos + stop.size();
+    if (best == nullptr || end < best_end || (end == best_end && pos < best_start)) {
+      best_start = pos;
+      best_end = end;
+      best = &stop;
+    }
+  }
+  if (best != nullptr) {
+    stopped_ = true;
+    matched_stop_ = *best;
+    delta.stopped = true;
+    delta.matched_stop = *best;
+    Emit(best_start, delta);
+    pending_.clear();
+    return delta;
+  }
+  Emit(final ? pending_.size() : pending_.size() - LongestHeldSuffix(), delta);
+  return delta;
+}
+
+size_t TextStream::LongestHeldSuffix() const {
+  // Stop sequences are short (a few, tens of bytes), so the quadratic scan per stop is cheaper
+  // than building automata for them.
+  size_t held = 0;
+  for (const std::string& stop : stops_) {
+    for (size_t len = std::min(stop.size() - 1, pending_.size()); len > held; --len) {
+      if (pending_.compare(pending_.size() - len, len, stop, 0, len) == 0) {
+        held = len;
+        break;
+      }
+    }
+  }
+  return held;
+}
+
+void TextStream::Emit(size_t length, Delta& delta) {
+  // pending_ is whole characters and a valid UTF-8 stop starts on a character, so this only moves
+  // when a stop sequence itself starts mid-character; never send half a character.
+  while (length > 0 && length < pending_.size() && IsContinuationByte(pending_[length])) --length;
+  delta.text.assign(pending_, 0, length);
+  text_ += delta.text;
+  pending_.erase(0, length);
+}
+
+}  // namespace kvrm
