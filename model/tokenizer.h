@@ -1,0 +1,89 @@
+// The Hugging Face tokenizer.json tokenizer (BPE models: Llama 3, Llama 2 / Mistral, GPT-2,
+// Qwen2/3), matching HF `tokenizers` token for token.
+//
+// Pipeline per Encode, as HF runs it: added tokens are cut out of the raw text; the rest is
+// normalized, cut again on normalized added tokens, pre-tokenized into pieces, and each piece is
+// BPE-encoded; the post-processor adds special tokens when asked. Decode maps ids to token
+// strings and runs the decoder chain.
+//
+// Thread safety: immutable after FromJson; Encode and Decode are const and safe to call from any
+// number of threads at once (no caches, all scratch state is per call).
+#ifndef KVRM_MODEL_TOKENIZER_H_
+#define KVRM_MODEL_TOKENIZER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace kvrm {
+namespace tok {
+class AddedTokenMatcher;
+struct AddedToken;
+class BpeModel;
+class Decoder;
+class Normalizer;
+class PostProcessor;
+class PreTokenizer;
+}  // namespace tok
+
+class Tokenizer {
+ public:
+  // Parses a tokenizer.json (untrusted: every malformed case is an INVALID_ARGUMENT naming the
+  // file and key, never a crash; unsupported component types are UNIMPLEMENTED naming the type).
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+  // `what` names the source in errors.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json,
+                                                             std::string_view what);
+  ~Tokenizer();
+  Tokenizer(const Tokenizer&) = delete;
+  Tokenizer& operator=(const Tokenizer&) = delete;
+
+  // HF `tokenizer.encode(text, add_special_tokens=...)` ids. Added/special tokens written in the
+  // text are matched. INVALID_ARGUMENT naming "text" when `text` is not valid UTF-8.
+  absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const;
+
+  // HF `tokenizer.decode(ids, skip_special_tokens=...)`; always valid UTF-8. Ids that name no
+  // token are skipped.
+  std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
+
+  int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }  // max id + 1
+  std::optional<int32_t> TokenToId(std::string_view token) const;
+  std::string_view IdToToken(int32_t id) const;  // "" when no token has this id
+  bool IsSpecial(int32_t id) const;              // added token with special=true
+  std::optional<int32_t> bos_id() const;         // the token the post-processor prepends, if any
+
+ private:
+  Tokenizer();
+  absl::Status Load(std::string_view json, std::string_view what);
+  // Appends the ids of a text segment holding no raw-matched added token.
+  absl::Status EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const;
+
+  std::unique_ptr<tok::Normalizer> normalizer_;        // may be null
+  std::unique_ptr<tok::PreTokenizer> pre_tokenizer_;   // may be null
+  std::unique_ptr<tok::BpeModel> model_;
+  std::unique_ptr<tok::PostProcessor> post_processor_;  // may be null
+  std::unique_ptr<tok::Decoder> decoder_;               // may be null
+
+  std::vector<tok::AddedToken> added_tokens_;
+  std::unique_ptr<tok::AddedTokenMatcher> raw_matcher_;         // normalized=false tokens
+  std::unique_ptr<tok::AddedTokenMatcher> normalized_matcher_;  // normalized=true tokens
+  absl::flat_hash_map<std::string, int32_t> added_ids_;
+  absl::flat_hash_set<std::string> special_contents_;
+
+  // [vocab_size]: token string per id ("" for holes), and flags.
+  std::vector<std::string> id_to_token_;
+  std::vector<bool> has_token_;
+  std::vector<bool> is_special_;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_MODEL_TOKENIZER_H_

@@ -1,0 +1,33 @@
+// tokenizer.json "post_processor": the special tokens added around an encoded sequence when
+// add_special_tokens is set (HF `processors`). Only single sequences: kvrm never encodes pairs.
+#ifndef KVRM_MODEL_TOKENIZER_POSTPROCESSOR_H_
+#define KVRM_MODEL_TOKENIZER_POSTPROCESSOR_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/json.h"
+#include "model/tokenizer_text.h"
+
+namespace kvrm::tok {
+
+// Immutable after parsing; Process is thread-safe.
+class PostProcessor {
+ public:
+  virtual ~PostProcessor() = default;
+  virtual void Process(std::vector<int32_t>* ids) const = 0;
+  // The first id put before the sequence, if any (the BOS token).
+  virtual std::optional<int32_t> bos_id() const = 0;
+};
+
+// Supported: TemplateProcessing, ByteLevel (ids unchanged), Sequence, RobertaProcessing,
+// BertProcessing; other types are UNIMPLEMENTED naming the type.
+absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const Json& j, const JsonPath& at,
+                                                                  int depth = 0);
+
+}  // namespace kvrm::tok
+
+#endif  // KVRM_MODEL_TOKENIZER_POSTPROCESSOR_H_
