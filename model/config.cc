@@ -71,8 +71,9 @@ class Fields {
     const double x = v->get<double>();
     if (!std::isfinite(x)) return Invalid(key, "must be finite");
     if (min_inclusive.has_value() ? x < *min_inclusive : x <= 0) {
-      return Invalid(key, absl::StrCat("(", x, ") must be ",
-                                       min_inclusive ? absl::StrCat(">= ", *min_inclusive) : "> 0"));
+      return Invalid(key,
+                     absl::StrCat("(", x, ") must be ",
+                                  min_inclusive ? absl::StrCat(">= ", *min_inclusive) : "> 0"));
     }
     *out = x;
     return absl::OkStatus();
@@ -113,8 +114,9 @@ absl::Status ParseRopeScaling(const Json& root, std::string_view what, RopeScali
   RETURN_IF_ERROR(f.String(type_key, /*required=*/true, &type));
   if (type == "default") return absl::OkStatus();
   if (type != "llama3" && type != "linear") {
-    return f.Unimplemented(type_key, absl::StrCat("\"", type, "\" is not supported (supported: "
-                                                               "llama3, linear, default)"));
+    return f.Unimplemented(type_key, absl::StrCat("\"", type,
+                                                  "\" is not supported (supported: "
+                                                  "llama3, linear, default)"));
   }
   out->type = type;
   // Transformers' _validate_*_parameters require factor >= 1 for both.
@@ -142,8 +144,8 @@ absl::Status ParseTokenIds(const Json& root, std::string_view what, int32_t voca
     // Unsigned values above INT64_MAX would wrap through get<int64_t>().
     if (v.is_number_unsigned() ? v.get<uint64_t>() >= static_cast<uint64_t>(vocab_size)
                                : (v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab_size)) {
-      return f.Invalid(key, absl::StrCat("(", v.dump(), ") is outside the vocabulary [0, ",
-                                         vocab_size, ")"));
+      return f.Invalid(
+          key, absl::StrCat("(", v.dump(), ") is outside the vocabulary [0, ", vocab_size, ")"));
     }
     return static_cast<int32_t>(v.get<int64_t>());
   };
@@ -176,7 +178,8 @@ absl::Status RejectUnsupported(const Fields& f, const LlamaConfig& c) {
   std::string act = "silu";
   RETURN_IF_ERROR(f.String("hidden_act", false, &act));
   if (act != "silu") {
-    return f.Unimplemented("hidden_act", absl::StrCat("\"", act, "\" is not supported (only silu)"));
+    return f.Unimplemented("hidden_act",
+                           absl::StrCat("\"", act, "\" is not supported (only silu)"));
   }
   int64_t window = 0;
   RETURN_IF_ERROR(f.Int("sliding_window", false, 1, std::numeric_limits<int64_t>::max(), &window));
@@ -198,17 +201,18 @@ absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
   c->num_key_value_heads = c->num_attention_heads;
   RETURN_IF_ERROR(f.PositiveInt32("num_key_value_heads", false, &c->num_key_value_heads));
   if (c->num_attention_heads % c->num_key_value_heads != 0) {
-    return f.Invalid("num_key_value_heads",
-                     absl::StrCat("(", c->num_key_value_heads, ") must divide num_attention_heads (",
-                                  c->num_attention_heads, ")"));
+    return f.Invalid("num_key_value_heads", absl::StrCat("(", c->num_key_value_heads,
+                                                         ") must divide num_attention_heads (",
+                                                         c->num_attention_heads, ")"));
   }
   const bool explicit_head_dim = f.Get("head_dim") != nullptr;
   RETURN_IF_ERROR(f.PositiveInt32("head_dim", false, &c->head_dim));
   if (!explicit_head_dim) {
     if (c->hidden_size % c->num_attention_heads != 0) {
-      return f.Invalid("hidden_size",
-                       absl::StrCat("(", c->hidden_size, ") must be a multiple of num_attention_heads (",
-                                    c->num_attention_heads, ") when head_dim is not given"));
+      return f.Invalid(
+          "hidden_size",
+          absl::StrCat("(", c->hidden_size, ") must be a multiple of num_attention_heads (",
+                       c->num_attention_heads, ") when head_dim is not given"));
     }
     c->head_dim = c->hidden_size / c->num_attention_heads;
   }
@@ -229,8 +233,8 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   LlamaConfig c;
   RETURN_IF_ERROR(f.String("model_type", true, &c.model_type));
   if (c.model_type != "llama" && c.model_type != "mistral") {
-    return f.Unimplemented("model_type",
-                           absl::StrCat("\"", c.model_type, "\" is not supported (llama, mistral)"));
+    return f.Unimplemented(
+        "model_type", absl::StrCat("\"", c.model_type, "\" is not supported (llama, mistral)"));
   }
   RETURN_IF_ERROR(ParseSizes(f, &c));
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));

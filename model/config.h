@@ -21,8 +21,8 @@ namespace kvrm {
 struct RopeScaling {
   std::string type;  // "" = none; otherwise "llama3" or "linear"
   double factor = 1;
-  double low_freq_factor = 1;   // llama3 only
-  double high_freq_factor = 4;  // llama3 only
+  double low_freq_factor = 1;                       // llama3 only
+  double high_freq_factor = 4;                      // llama3 only
   int64_t original_max_position_embeddings = 8192;  // llama3 only
 };
 

@@ -185,12 +185,12 @@ TEST(ConfigTest, ExplicitHeadDimMayDifferFromHiddenOverHeads) {
 }
 
 TEST(ConfigTest, EosListAndOldStyleRopeTypeKey) {
-  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(Edited([](Json& j) {
-                                                     j["eos_token_id"] = {128001, 128008, 128009};
-                                                     j["rope_scaling"] = {{"type", "linear"},
-                                                                          {"factor", 4.0}};
-                                                   }),
-                                                   "config.json");
+  absl::StatusOr<LlamaConfig> c =
+      ParseLlamaConfig(Edited([](Json& j) {
+                         j["eos_token_id"] = {128001, 128008, 128009};
+                         j["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+                       }),
+                       "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_THAT(c->eos_token_ids, ElementsAre(128001, 128008, 128009));
   EXPECT_EQ(c->rope_scaling.type, "linear");
@@ -240,7 +240,8 @@ TEST(ConfigTest, KeyValueHeadsMustDivideHeads) {
     j["num_key_value_heads"] = 8;
     j.erase("head_dim");
   }));
-  EXPECT_EQ(s.message(), "config.json: num_key_value_heads (8) must divide num_attention_heads (12)");
+  EXPECT_EQ(s.message(),
+            "config.json: num_key_value_heads (8) must divide num_attention_heads (12)");
 }
 
 TEST(ConfigTest, MissingZeroAndNegativeSizes) {
@@ -297,8 +298,10 @@ TEST(ConfigTest, UnknownRopeTypeIsUnimplemented) {
                 j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
               })),
               absl::StatusCode::kUnimplemented, "rope_scaling.type \"dynamic\"");
-  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(
-      Edited([](Json& j) { j["rope_scaling"] = {{"rope_type", "default"}}; }), "config.json");
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(Edited([](Json& j) {
+                                                     j["rope_scaling"] = {{"rope_type", "default"}};
+                                                   }),
+                                                   "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->rope_scaling.type, "");
 }
@@ -331,17 +334,19 @@ TEST(ConfigTest, WrongJsonTypesNameTheKey) {
               absl::StatusCode::kInvalidArgument, "rope_scaling must be an object");
   ExpectError(ParseStatus(Edited([](Json& j) { j["eos_token_id"] = "2"; })),
               absl::StatusCode::kInvalidArgument, "eos_token_id");
-  ExpectError(ParseStatus(Edited([](Json& j) { j["eos_token_id"] = {1, 2.5}; })),
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                j["eos_token_id"] = {1, 2.5};
+              })),
               absl::StatusCode::kInvalidArgument, "eos_token_id");
   ExpectError(ParseStatus(Edited([](Json& j) { j["eos_token_id"] = 128256; })),
-              absl::StatusCode::kInvalidArgument, "eos_token_id (128256) is outside the vocabulary");
+              absl::StatusCode::kInvalidArgument,
+              "eos_token_id (128256) is outside the vocabulary");
   ExpectError(ParseStatus(Edited([](Json& j) { j["bos_token_id"] = -1; })),
               absl::StatusCode::kInvalidArgument, "bos_token_id");
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = nullptr; })),
               absl::StatusCode::kInvalidArgument, "model_type is missing");
   ExpectError(ParseStatus("[1, 2]"), absl::StatusCode::kInvalidArgument, "not a JSON object");
-  ExpectError(ParseStatus("{\"vocab_size\": "), absl::StatusCode::kInvalidArgument,
-              "invalid JSON");
+  ExpectError(ParseStatus("{\"vocab_size\": "), absl::StatusCode::kInvalidArgument, "invalid JSON");
 }
 
 // Meta's reference apply_scaling (llama/models/llama3/reference_impl/model.py), written per
@@ -361,8 +366,8 @@ double ReferenceLlama3(double freq, Region* region) {
     return freq / scale_factor;
   }
   *region = Region::kMid;
-  const double smooth = (old_context_len / wavelen - low_freq_factor) /
-                        (high_freq_factor - low_freq_factor);
+  const double smooth =
+      (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
   return (1 - smooth) * freq / scale_factor + smooth * freq;
 }
 

@@ -43,10 +43,14 @@ absl::Status ErrnoStatus(const std::string& path, int err) {
 }
 
 bool ParseDType(std::string_view s, DType* out) {
-  if (s == "F32") *out = DType::kF32;
-  else if (s == "F16") *out = DType::kF16;
-  else if (s == "BF16") *out = DType::kBF16;
-  else return false;
+  if (s == "F32")
+    *out = DType::kF32;
+  else if (s == "F16")
+    *out = DType::kF16;
+  else if (s == "BF16")
+    *out = DType::kBF16;
+  else
+    return false;
   return true;
 }
 
@@ -73,8 +77,8 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
   }
   const std::string& dtype = dtype_it->get_ref<const std::string&>();
   if (!ParseDType(dtype, &view->dtype)) {
-    return TensorError(path, name,
-                       absl::StrCat("unsupported dtype \"", dtype, "\" (supported: F32, F16, BF16)"));
+    return TensorError(
+        path, name, absl::StrCat("unsupported dtype \"", dtype, "\" (supported: F32, F16, BF16)"));
   }
   const auto shape_it = entry.find("shape");
   if (shape_it == entry.end() || !shape_it->is_array()) {
@@ -84,8 +88,8 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
   for (const Json& d : *shape_it) {
     uint64_t dim;
     if (!AsUint(d, &dim)) {
-      return TensorError(path, name, absl::StrCat("shape dimension ", d.dump(),
-                                                  " is not a non-negative integer"));
+      return TensorError(
+          path, name, absl::StrCat("shape dimension ", d.dump(), " is not a non-negative integer"));
     }
     if (dim > static_cast<uint64_t>(INT64_MAX) || __builtin_mul_overflow(numel, dim, &numel)) {
       return TensorError(path, name, absl::StrCat("shape ", shape_it->dump(), " overflows"));
@@ -106,14 +110,14 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
   if (range->end - range->begin != nbytes) {
     return TensorError(path, name,
                        absl::StrCat("shape mismatch: ", dtype, " ", ShapeToString(view->shape),
-                                    " needs ", nbytes, " bytes but data_offsets ",
-                                    off_it->dump(), " span ", range->end - range->begin));
+                                    " needs ", nbytes, " bytes but data_offsets ", off_it->dump(),
+                                    " span ", range->end - range->begin));
   }
   if (range->end > data_size) {
-    return TensorError(path, name,
-                       absl::StrCat("data_offsets ", off_it->dump(),
-                                    " run past the end of the data section (", data_size,
-                                    " bytes)"));
+    return TensorError(
+        path, name,
+        absl::StrCat("data_offsets ", off_it->dump(), " run past the end of the data section (",
+                     data_size, " bytes)"));
   }
   view->nbytes = nbytes;
   return absl::OkStatus();
@@ -139,10 +143,10 @@ absl::Status CheckNoOverlap(const std::string& path, std::vector<Range> ranges) 
   for (const Range& r : ranges) {
     if (r.begin == r.end) continue;
     if (furthest != nullptr && r.begin < furthest->end) {
-      return TensorError(path, *r.name,
-                         absl::StrCat("data_offsets [", r.begin, ", ", r.end,
-                                      "] overlap tensor \"", *furthest->name, "\" [",
-                                      furthest->begin, ", ", furthest->end, "]"));
+      return TensorError(
+          path, *r.name,
+          absl::StrCat("data_offsets [", r.begin, ", ", r.end, "] overlap tensor \"",
+                       *furthest->name, "\" [", furthest->begin, ", ", furthest->end, "]"));
     }
     if (furthest == nullptr || r.end > furthest->end) furthest = &r;
   }
@@ -311,9 +315,9 @@ absl::Status SafetensorsSet::LoadIndex(const std::string& index_path) {
   for (const auto& [tensor, shard] : map_it->items()) {
     if (!shard.is_string() || !IsPlainFileName(shard.get_ref<const std::string&>())) {
       // A path ("../x", "/etc/passwd") would let the index reach outside the model directory.
-      return FileError(index_path, absl::StrCat("weight_map entry for tensor \"", tensor,
-                                                "\" must be a file name in the directory, not ",
-                                                shard.dump()));
+      return FileError(index_path,
+                       absl::StrCat("weight_map entry for tensor \"", tensor,
+                                    "\" must be a file name in the directory, not ", shard.dump()));
     }
     by_shard[shard.get_ref<const std::string&>()].push_back(tensor);
   }
@@ -328,9 +332,9 @@ absl::Status SafetensorsSet::LoadIndex(const std::string& index_path) {
     for (const std::string& name : names) {
       const TensorView* view = (*file)->Find(name);
       if (view == nullptr) {
-        return absl::InvalidArgumentError(absl::StrCat(index_path, ": tensor \"", name,
-                                                       "\" is listed in weight_map but absent from ",
-                                                       shard_path));
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path, ": tensor \"", name,
+                         "\" is listed in weight_map but absent from ", shard_path));
       }
       tensors_.emplace(name, view);
       total_bytes_ += static_cast<int64_t>(view->nbytes);
@@ -349,9 +353,9 @@ absl::StatusOr<TensorView> SafetensorsSet::Get(std::string_view name,
   }
   const TensorView& view = *it->second;
   if (!expected_shape.empty() && absl::MakeConstSpan(view.shape) != expected_shape) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(view.file, ": tensor \"", view.name, "\" has shape ", ShapeToString(view.shape),
-                     ", expected ", ShapeToString(expected_shape)));
+    return absl::InvalidArgumentError(absl::StrCat(view.file, ": tensor \"", view.name,
+                                                   "\" has shape ", ShapeToString(view.shape),
+                                                   ", expected ", ShapeToString(expected_shape)));
   }
   return view;
 }

@@ -1,4 +1,4 @@
-// Read-only access to safetensors files (https://github.com/huggingface/safetensors), memory mapped.
+// Read-only, memory-mapped access to safetensors files (github.com/huggingface/safetensors).
 //
 // Layout: an 8-byte little-endian header length N, N bytes of JSON header
 // {"name": {"dtype": "F32", "shape": [..], "data_offsets": [begin, end]}, "__metadata__": {..}},
@@ -52,7 +52,7 @@ class SafetensorsFile {
   SafetensorsFile& operator=(const SafetensorsFile&) = delete;
 
   const std::string& path() const { return path_; }
-  std::vector<std::string> TensorNames() const;  // sorted
+  std::vector<std::string> TensorNames() const;         // sorted
   const TensorView* Find(std::string_view name) const;  // nullptr if absent
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
   size_t file_size() const { return size_; }

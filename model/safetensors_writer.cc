@@ -85,9 +85,10 @@ absl::Status CheckTensor(const TensorToWrite& t, std::set<std::string_view>* see
   }
   uint64_t nbytes;
   if (__builtin_mul_overflow(numel, DTypeSize(t.dtype), &nbytes) || nbytes != t.data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "safetensors writer: tensor \"", t.name, "\" has ", t.data.size(), " bytes of data, but ",
-        SafetensorsDTypeName(t.dtype), " with ", numel, " elements needs ", numel * DTypeSize(t.dtype)));
+    return absl::InvalidArgumentError(absl::StrCat("safetensors writer: tensor \"", t.name,
+                                                   "\" has ", t.data.size(), " bytes of data, but ",
+                                                   SafetensorsDTypeName(t.dtype), " with ", numel,
+                                                   " elements needs ", numel * DTypeSize(t.dtype)));
   }
   return absl::OkStatus();
 }
@@ -183,8 +184,8 @@ std::vector<int> AssignShards(absl::Span<const TensorToWrite> tensors, int num_s
   for (size_t i = 0; i < tensors.size(); ++i) {
     const size_t remaining = tensors.size() - i;
     const int shards_after = num_shards - 1 - shard;
-    const bool reached_mark =
-        static_cast<long double>(cumulative) * num_shards >= static_cast<long double>(total) * (shard + 1);
+    const bool reached_mark = static_cast<long double>(cumulative) * num_shards >=
+                              static_cast<long double>(total) * (shard + 1);
     if (!shard_empty && shards_after > 0 &&
         (reached_mark || remaining <= static_cast<size_t>(shards_after))) {
       ++shard;
@@ -209,8 +210,8 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorTo
   return WriteAtomically(path, pieces);
 }
 
-absl::Status WriteSafetensorsSharded(const std::string& dir, absl::Span<const TensorToWrite> tensors,
-                                     int num_shards) {
+absl::Status WriteSafetensorsSharded(const std::string& dir,
+                                     absl::Span<const TensorToWrite> tensors, int num_shards) {
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   if (num_shards < 1 || static_cast<size_t>(num_shards) > std::max<size_t>(tensors.size(), 1)) {
     return absl::InvalidArgumentError(absl::StrCat("safetensors writer: cannot split ",
@@ -230,7 +231,8 @@ absl::Status WriteSafetensorsSharded(const std::string& dir, absl::Span<const Te
   for (int shard = 0; shard < num_shards; ++shard) {
     size_t end = begin;
     while (end < tensors.size() && shard_of[end] == shard) ++end;
-    const std::string file = absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, num_shards);
+    const std::string file =
+        absl::StrFormat("model-%05d-of-%05d.safetensors", shard + 1, num_shards);
     RETURN_IF_ERROR(
         WriteSafetensors(dir + "/" + file, tensors.subspan(begin, end - begin), metadata));
     for (size_t i = begin; i < end; ++i) weight_map[tensors[i].name] = file;

@@ -38,8 +38,8 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorTo
 // model.safetensors.index.json {"metadata": {"total_size": bytes}, "weight_map": {name: file}}.
 // Every shard carries __metadata__ {"format": "pt"}, which from_pretrained expects.
 // num_shards == 1 writes model.safetensors alone. `dir` must exist.
-absl::Status WriteSafetensorsSharded(const std::string& dir, absl::Span<const TensorToWrite> tensors,
-                                     int num_shards);
+absl::Status WriteSafetensorsSharded(const std::string& dir,
+                                     absl::Span<const TensorToWrite> tensors, int num_shards);
 
 }  // namespace kvrm
 
