@@ -78,13 +78,25 @@ class IcuNormalizer : public Normalizer {
   std::string name_;
 };
 
+// Lowercases one character at a time, as Rust's char::to_lowercase (which HF maps over the
+// text) does: full mappings such as U+0130 -> "i\u0307", but no context, so a word-final capital
+// sigma becomes U+03C3, not the final form ICU would choose for the whole string.
 class LowercaseNormalizer : public Normalizer {
  public:
   absl::Status Normalize(std::string* text) const override {
-    icu::UnicodeString s = icu::UnicodeString::fromUTF8(*text);
-    s.toLower(icu::Locale::getRoot());
-    text->clear();
-    s.toUTF8String(*text);
+    std::string out;
+    out.reserve(text->size());
+    for (size_t i = 0; i < text->size();) {
+      const uint32_t cp = NextCodePoint(*text, &i);
+      if (cp < 0x80) {
+        out.push_back(static_cast<char>(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp));
+        continue;
+      }
+      icu::UnicodeString c(static_cast<UChar32>(cp));
+      c.toLower(icu::Locale::getRoot());
+      c.toUTF8String(out);
+    }
+    *text = std::move(out);
     return absl::OkStatus();
   }
 };

@@ -49,15 +49,28 @@ std::string TokenizerJson(const std::string& family) {
   return text;
 }
 
-// llama3_template is llama3/tokenizer.json with its post_processor replaced.
+// llama3_template is llama3/tokenizer.json with its post_processor replaced; synthetic/* are a
+// real file with the components in their patch.json replaced (see tools/tokenizer_vectors).
 std::string FamilyJson(const std::string& family) {
-  if (family != "llama3_template") return TokenizerJson(family);
-  absl::StatusOr<Json> j = ParseJson(TokenizerJson("llama3"), "llama3");
-  absl::StatusOr<Json> patch =
-      ReadJsonFile(absl::StrCat(kTestdata, "llama3_template/post_processor.json"));
-  if (!j.ok() || !patch.ok()) return "";
-  (*j)["post_processor"] = *patch;
-  return j->dump();
+  if (family == "llama3_template") {
+    absl::StatusOr<Json> j = ParseJson(TokenizerJson("llama3"), "llama3");
+    absl::StatusOr<Json> patch =
+        ReadJsonFile(absl::StrCat(kTestdata, "llama3_template/post_processor.json"));
+    if (!j.ok() || !patch.ok()) return "";
+    (*j)["post_processor"] = *patch;
+    return j->dump();
+  }
+  if (family.rfind("synthetic/", 0) == 0) {
+    absl::StatusOr<Json> patch = ReadJsonFile(absl::StrCat(kTestdata, family, "/patch.json"));
+    if (!patch.ok()) return "";
+    absl::StatusOr<Json> j = ParseJson(TokenizerJson((*patch)["base"]), family);
+    if (!j.ok()) return "";
+    for (const auto& [key, value] : patch->items()) {
+      if (key != "base") (*j)[key] = value;
+    }
+    return j->dump();
+  }
+  return TokenizerJson(family);
 }
 
 // Loading the large files takes a while; each is loaded once for the whole test binary.
@@ -128,7 +141,9 @@ TEST_P(VectorsTest, MatchesHuggingFace) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, VectorsTest,
-                         ::testing::Values("llama3", "llama2", "gpt2", "qwen3", "llama3_template"));
+                         ::testing::Values("llama3", "llama2", "gpt2", "qwen3", "llama3_template",
+                                           "synthetic/metaspace", "synthetic/metaspace_split",
+                                           "synthetic/splits", "synthetic/inverted"));
 
 // Random code points from the ranges real text mixes: ASCII (controls and whitespace included),
 // Latin-1, combining marks, CJK, emoji.

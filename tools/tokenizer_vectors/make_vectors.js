@@ -165,11 +165,67 @@ function decodeCases(json) {
   return cases.filter((c) => c.every((x) => x !== null && x !== undefined));
 }
 
+// Variants of the real files that exercise options the real files leave unused: Metaspace with
+// prepend_scheme "first", added tokens with lstrip/rstrip/single_word/normalized, Split
+// behaviours and invert, Digits, NFKC/Replace/Lowercase normalizers, RobertaProcessing.
+function syntheticVariants(byFamily) {
+  const llama2 = byFamily.llama2;
+  const gpt2 = byFamily.gpt2;
+  const extra = (first, specs) => specs.map((t, i) => Object.assign(
+      { id: first + i, single_word: false, lstrip: false, rstrip: false, normalized: false,
+        special: false }, t));
+  const metaspace = Object.assign({}, llama2, {
+    normalizer: null,
+    pre_tokenizer: { type: 'Metaspace', replacement: '▁', prepend_scheme: 'first', split: false },
+    decoder: { type: 'Sequence', decoders: [
+      { type: 'ByteFallback' }, { type: 'Metaspace', replacement: '▁', prepend_scheme: 'first',
+                                  split: false }] },
+    added_tokens: llama2.added_tokens.concat(extra(32000, [
+      { content: '<tool>', lstrip: true },
+      { content: '[SW]', single_word: true },
+      { content: 'xyz', normalized: true },
+      { content: '<end>', rstrip: true, special: true },
+    ])),
+  });
+  const metaspaceSplit = Object.assign({}, metaspace, {
+    pre_tokenizer: { type: 'Metaspace', replacement: '▁', prepend_scheme: 'always', split: true },
+  });
+  const splits = Object.assign({}, gpt2, {
+    normalizer: { type: 'Sequence', normalizers: [
+      { type: 'NFKC' }, { type: 'Replace', pattern: { Regex: ' {2,}' }, content: ' ' }] },
+    pre_tokenizer: { type: 'Sequence', pretokenizers: [
+      { type: 'Digits', individual_digits: true },
+      { type: 'Split', pattern: { Regex: '[,;]' }, behavior: 'MergedWithPrevious', invert: false },
+      { type: 'Split', pattern: { String: '-' }, behavior: 'MergedWithNext', invert: false },
+      { type: 'Split', pattern: { Regex: '\\t+' }, behavior: 'Removed', invert: false },
+      { type: 'ByteLevel', add_prefix_space: true, trim_offsets: true, use_regex: true }] },
+    post_processor: { type: 'RobertaProcessing', sep: ['<|endoftext|>', 50256],
+                      cls: ['<|endoftext|>', 50256], trim_offsets: true, add_prefix_space: true },
+  });
+  const inverted = Object.assign({}, gpt2, {
+    normalizer: { type: 'Lowercase' },
+    pre_tokenizer: { type: 'Sequence', pretokenizers: [
+      { type: 'Split', pattern: { Regex: '\\p{L}+' }, behavior: 'Contiguous', invert: true },
+      { type: 'Digits', individual_digits: false },
+      { type: 'ByteLevel', add_prefix_space: false, trim_offsets: true, use_regex: false }] },
+  });
+  return { metaspace, metaspace_split: metaspaceSplit, splits, inverted };
+}
+
+const kSyntheticTexts = [
+  '<tool> x', 'a <tool>b', '  <tool>  ', 'a<tool><tool>b', 'x [SW] y', 'x[SW]y', '[SW]', '[SW]x',
+  'é[SW] ', 'xyz', 'axyzb', ' xyz ', '<end>   next', '<end>\n\n<s>', 'x</s>  <end>', '<s> <s>',
+  '1,234;56-78 --9', 'a-b-c', 'x,,y;;z', 'tab\t\tsep\t', '  multiple   spaces  ', 'ﬁ ligature ① ２ ㎏',
+  'ÀÉÎÕÜ Straße İstanbul ΣΑΣ', 'MiXeD CaSe 123abc456', '3.14 and 2,718', '¹²³ ½', '',
+];
+
 async function main() {
+  const byFamily = {};
   for (const fam of kFamilies) {
     const src = require.resolve(`${fam.pkg}/models/tokenizer.json`);
     const text = fs.readFileSync(src, 'utf8');
     const json = JSON.parse(text);
+    byFamily[fam.name] = json;
     const dir = path.join(kOutRoot, fam.name);
     fs.mkdirSync(dir, { recursive: true });
     if (fam.gzip) {
@@ -192,6 +248,26 @@ async function main() {
       const m = await writeVectors(ttok, tdir, kCommonTexts.slice(0, 40).concat(specialTexts(fam.specials)), []);
       console.log(`llama3_template: ${m} vectors`);
     }
+  }
+  await writeSynthetic(byFamily);
+}
+
+async function writeSynthetic(byFamily) {
+  const variants = syntheticVariants(byFamily);
+  for (const [name, json] of Object.entries(variants)) {
+    const dir = path.join(kOutRoot, 'synthetic', name);
+    fs.mkdirSync(dir, { recursive: true });
+    // Only the parts that differ from the base file are stored; the test patches them in.
+    const base = name.startsWith('metaspace') ? 'llama2' : 'gpt2';
+    const patch = { base };
+    for (const key of ['normalizer', 'pre_tokenizer', 'post_processor', 'decoder', 'added_tokens']) {
+      patch[key] = json[key];
+    }
+    fs.writeFileSync(path.join(dir, 'patch.json'), JSON.stringify(patch, null, 2) + '\n');
+    const tok = Tokenizer.fromString(JSON.stringify(json));
+    const texts = kSyntheticTexts.concat(kCommonTexts.slice(0, 60), generatedTexts().slice(0, 10));
+    const n = await writeVectors(tok, dir, texts, []);
+    console.log(`synthetic/${name}: ${n} vectors`);
   }
 }
 
