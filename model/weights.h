@@ -1,0 +1,45 @@
+// The Llama weight set, as views into the memory-mapped safetensors files.
+#ifndef KVRM_MODEL_WEIGHTS_H_
+#define KVRM_MODEL_WEIGHTS_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace kvrm {
+
+struct LayerWeights {
+  WeightMatrix attn_norm;  // [1][hidden]
+  WeightMatrix wq;         // [heads * head_dim][hidden]
+  WeightMatrix wk;         // [kv_heads * head_dim][hidden]
+  WeightMatrix wv;         // [kv_heads * head_dim][hidden]
+  WeightMatrix wo;         // [hidden][heads * head_dim]
+  WeightMatrix mlp_norm;   // [1][hidden]
+  WeightMatrix w_gate;     // [ffn][hidden]
+  WeightMatrix w_up;       // [ffn][hidden]
+  WeightMatrix w_down;     // [hidden][ffn]
+};
+
+struct LlamaWeights {
+  WeightMatrix embed;       // [vocab][hidden]
+  WeightMatrix final_norm;  // [1][hidden]
+  WeightMatrix lm_head;     // [vocab][hidden]; the embedding when tied
+  std::vector<LayerWeights> layers;
+  DType dtype = DType::kF32;  // of the embedding: what ModelInfo reports
+  int64_t num_parameters = 0;
+  int64_t bytes = 0;
+};
+
+// Finds every tensor of `config` in `files` (HF names), checking each shape against the config.
+// The views stay valid while `files` lives.
+absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
+                                              const SafetensorsSet& files);
+
+}  // namespace kvrm
+
+#endif  // KVRM_MODEL_WEIGHTS_H_

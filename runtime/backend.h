@@ -1,0 +1,66 @@
+// The engine's device interface: one decode step over all slots, or one prefill chunk.
+//
+// A backend (CPU now, CUDA next) owns the activations and the KV pool memory; the engine owns
+// placement (the KvAllocator) and hands the backend plain data: the step descriptor.
+#ifndef KVRM_RUNTIME_BACKEND_H_
+#define KVRM_RUNTIME_BACKEND_H_
+
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/types/span.h"
+#include "kernels/cpu/attention.h"
+
+namespace kvrm {
+
+// Everything one decode step reads, with a fixed shape [max_slots][max_runs]: rows of inactive
+// slots are present but ignored, so the step's shape never changes.
+struct StepDescriptor {
+  int32_t max_slots = 0;
+  int32_t max_runs = 0;
+  std::vector<uint8_t> active;    // [max_slots]
+  std::vector<int32_t> position;  // [max_slots] position of the input token (= history length)
+  std::vector<int32_t> token;     // [max_slots] input token
+  std::vector<int32_t> num_runs;  // [max_slots]
+  std::vector<KvRun> runs;        // [max_slots][max_runs]
+
+  void Resize(int32_t slots, int32_t runs_per_slot) {
+    max_slots = slots;
+    max_runs = runs_per_slot;
+    active.assign(slots, 0);
+    position.assign(slots, 0);
+    token.assign(slots, 0);
+    num_runs.assign(slots, 0);
+    runs.assign(static_cast<size_t>(slots) * runs_per_slot, KvRun{});
+  }
+  absl::Span<KvRun> SlotRuns(int32_t slot) {
+    return absl::MakeSpan(runs).subspan(static_cast<size_t>(slot) * max_runs, max_runs);
+  }
+  const KvRun* SlotRunsData(int32_t slot) const { return runs.data() + slot * max_runs; }
+};
+
+// One chunk of one slot's prompt: tokens at positions [start, start + tokens.size()).
+struct PrefillChunk {
+  int32_t slot = 0;
+  int32_t start = 0;
+  absl::Span<const int32_t> tokens;
+  const KvRun* runs = nullptr;
+  int32_t num_runs = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  // Runs one step; writes logits of each active slot s to logits[s * vocab, (s + 1) * vocab).
+  virtual absl::Status Decode(const StepDescriptor& step, float* logits) = 0;
+  // Writes the chunk's K/V; when `last_logits` is non-null also the logits after its last token.
+  virtual absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) = 0;
+  virtual int32_t vocab_size() const = 0;
+  // Largest number of tokens Prefill takes at once.
+  virtual int32_t max_chunk_tokens() const = 0;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_BACKEND_H_

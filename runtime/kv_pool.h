@@ -1,0 +1,53 @@
+// The physical KV pool: fixed-size blocks of K and V for every layer, allocated once.
+//
+// Layout per layer, for K and for V: [kv_heads][num_blocks * block_tokens][head_dim] floats.
+// A block id is an index; a run of consecutive block ids is one contiguous stretch of tokens
+// per head, which is what the run-table attention reads (see kernels/cpu/attention.h).
+#ifndef KVRM_RUNTIME_KV_POOL_H_
+#define KVRM_RUNTIME_KV_POOL_H_
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/attention.h"
+
+namespace kvrm {
+
+struct KvPoolShape {
+  int32_t num_layers = 0;
+  int32_t kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t block_tokens = 16;
+  int64_t num_blocks = 0;
+
+  // K and V of one token across all layers and heads.
+  int64_t BytesPerToken() const {
+    return int64_t{2} * num_layers * kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+  }
+  int64_t BytesPerBlock() const { return BytesPerToken() * block_tokens; }
+};
+
+class KvPool {
+ public:
+  // RESOURCE_EXHAUSTED when the memory cannot be had.
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(const KvPoolShape& shape);
+  ~KvPool();
+  KvPool(const KvPool&) = delete;
+  KvPool& operator=(const KvPool&) = delete;
+
+  const KvPoolShape& shape() const { return shape_; }
+  KvLayerView Layer(int32_t layer) const;
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  KvPool(const KvPoolShape& shape, float* memory, int64_t bytes);
+
+  KvPoolShape shape_;
+  float* memory_;  // [layers][K|V][kv_heads][pool_tokens][head_dim]
+  int64_t bytes_;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_KV_POOL_H_

@@ -1,0 +1,72 @@
+// A validated, tokenized generation request as the engine sees it, and the sink its output
+// goes to. The server builds these from kvrm.v1 messages (server/request_validation.h).
+#ifndef KVRM_RUNTIME_REQUEST_H_
+#define KVRM_RUNTIME_REQUEST_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "runtime/sampler.h"
+
+namespace kvrm {
+
+enum class FinishReason { kLength, kEos, kStop, kCancelled, kTimeLimit, kError };
+
+const char* FinishReasonName(FinishReason reason);
+
+struct TokenLogprobs {
+  int32_t token = 0;
+  float logprob = 0;
+  int32_t num_top = 0;
+  std::array<int32_t, kMaxTopLogprobs> top_ids;
+  std::array<float, kMaxTopLogprobs> top_logprobs;
+};
+
+// Output produced by one engine step for one request.
+struct StreamChunk {
+  std::vector<int32_t> token_ids;
+  std::string text;
+  std::vector<TokenLogprobs> logprobs;  // one per token when asked for
+};
+
+struct FinishInfo {
+  FinishReason reason = FinishReason::kLength;
+  std::string matched_stop;
+  std::string error;
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  double queue_time_ms = 0;
+  double time_to_first_token_ms = 0;
+  double total_time_ms = 0;
+};
+
+// Where a request's output goes. Called on the engine thread only; must not block (a gRPC
+// reactor queues the message and returns). After OnFinished nothing more is called.
+class RequestSink {
+ public:
+  virtual ~RequestSink() = default;
+  virtual void OnChunk(StreamChunk chunk) = 0;
+  virtual void OnFinished(StreamChunk last, const FinishInfo& info) = 0;
+};
+
+struct GenerationRequest {
+  std::string request_id;
+  uint64_t handle = 0;  // assigned by Engine::Submit; used to cancel
+  std::vector<int32_t> prompt;
+  SamplingConfig sampling;
+  int32_t max_new_tokens = 16;
+  std::vector<std::string> stop_sequences;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  absl::Duration time_limit = absl::ZeroDuration();  // zero: none
+  int32_t priority = 0;
+  absl::Time arrival;
+  std::shared_ptr<RequestSink> sink;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_REQUEST_H_
