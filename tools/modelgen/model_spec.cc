@@ -1,0 +1,77 @@
+#include "tools/modelgen/model_spec.h"
+
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace kvrm {
+namespace {
+
+ModelSpec Tiny() {
+  ModelSpec s;
+  s.name = "tiny";  // ~1M parameters: unit tests.
+  s.hidden_size = 128;
+  s.num_layers = 4;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 32;
+  s.intermediate_size = 352;
+  s.vocab_size = 1024;
+  s.max_position_embeddings = 512;
+  s.rope_theta = 10000.0;
+  s.rope_scaling = Llama3RopeScaling{8.0, 1.0, 4.0, 128};
+  s.tie_word_embeddings = true;
+  return s;
+}
+
+ModelSpec Small() {
+  ModelSpec s;
+  s.name = "small";  // ~125M parameters: the benchmark shape.
+  s.hidden_size = 768;
+  s.num_layers = 12;
+  s.num_heads = 12;
+  s.num_kv_heads = 4;
+  s.head_dim = 64;
+  s.intermediate_size = 2048;
+  s.vocab_size = 32000;
+  s.max_position_embeddings = 4096;
+  s.rope_theta = 500000.0;
+  s.tie_word_embeddings = false;
+  return s;
+}
+
+const std::vector<ModelSpec>& Table() {
+  static const auto* table = new std::vector<ModelSpec>{Tiny(), Small()};
+  return *table;
+}
+
+}  // namespace
+
+int64_t ModelSpec::NumParameters() const {
+  const int64_t d = hidden_size;
+  const int64_t per_layer = 2 * d                      // input / post-attention norms
+                            + d * q_dim() * 2          // q_proj, o_proj
+                            + d * kv_dim() * 2         // k_proj, v_proj
+                            + d * intermediate_size * 3;  // gate, up, down
+  const int64_t embed = static_cast<int64_t>(vocab_size) * d;
+  return embed * (tie_word_embeddings ? 1 : 2) + per_layer * num_layers + d;
+}
+
+absl::StatusOr<ModelSpec> FindModelSpec(std::string_view name) {
+  for (const ModelSpec& spec : Table()) {
+    if (spec.name == name) return spec;
+  }
+  std::vector<std::string> names;
+  for (const ModelSpec& spec : Table()) names.emplace_back(spec.name);
+  return absl::InvalidArgumentError(absl::StrCat("unknown model size \"", std::string(name),
+                                                 "\"; known: ", absl::StrJoin(names, ", ")));
+}
+
+std::vector<std::string_view> ModelSpecNames() {
+  std::vector<std::string_view> names;
+  for (const ModelSpec& spec : Table()) names.push_back(spec.name);
+  return names;
+}
+
+}  // namespace kvrm

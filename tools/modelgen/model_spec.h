@@ -1,0 +1,52 @@
+// The named model shapes make_model can generate ("tiny", "small"), shared with tests and
+// benchmarks so they agree on dimensions without reading a config.json.
+#ifndef KVRM_TOOLS_MODELGEN_MODEL_SPEC_H_
+#define KVRM_TOOLS_MODELGEN_MODEL_SPEC_H_
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace kvrm {
+
+// Llama 3.1 style rope_scaling ("rope_type": "llama3").
+struct Llama3RopeScaling {
+  double factor = 8.0;
+  double low_freq_factor = 1.0;
+  double high_freq_factor = 4.0;
+  int original_max_position_embeddings = 8192;
+};
+
+struct ModelSpec {
+  std::string_view name;
+  int hidden_size = 0;
+  int num_layers = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int intermediate_size = 0;
+  int vocab_size = 0;  // Includes the special tokens, which take the last ids.
+  int max_position_embeddings = 0;
+  double rope_theta = 10000.0;
+  std::optional<Llama3RopeScaling> rope_scaling;
+  bool tie_word_embeddings = false;
+  double rms_norm_eps = 1e-5;
+  double initializer_range = 0.02;  // Written to config.json; see weight_init.h for the stds.
+
+  int q_dim() const { return num_heads * head_dim; }
+  int kv_dim() const { return num_kv_heads * head_dim; }
+  int64_t NumParameters() const;
+};
+
+// INVALID_ARGUMENT naming the known sizes when `name` is not one of them.
+absl::StatusOr<ModelSpec> FindModelSpec(std::string_view name);
+
+// All known names, in table order.
+std::vector<std::string_view> ModelSpecNames();
+
+}  // namespace kvrm
+
+#endif  // KVRM_TOOLS_MODELGEN_MODEL_SPEC_H_

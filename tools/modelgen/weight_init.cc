@@ -1,0 +1,70 @@
+#include "tools/modelgen/weight_init.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "tools/modelgen/prng.h"
+
+namespace kvrm::modelgen {
+namespace {
+
+constexpr double kNormStd = 0.1;
+
+double FanIn(int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); }
+
+}  // namespace
+
+int64_t TensorPlan::numel() const {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
+  const int64_t d = spec.hidden_size, q = spec.q_dim(), kv = spec.kv_dim();
+  const int64_t ffn = spec.intermediate_size, vocab = spec.vocab_size;
+  const double embed_std = 2.0 / std::sqrt(static_cast<double>(d));
+  std::vector<TensorPlan> plans;
+  plans.push_back({"model.embed_tokens.weight", {vocab, d}, 0.0, embed_std});
+  for (int i = 0; i < spec.num_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    plans.push_back({p + "input_layernorm.weight", {d}, 1.0, kNormStd});
+    plans.push_back({p + "self_attn.q_proj.weight", {q, d}, 0.0, FanIn(d)});
+    plans.push_back({p + "self_attn.k_proj.weight", {kv, d}, 0.0, FanIn(d)});
+    plans.push_back({p + "self_attn.v_proj.weight", {kv, d}, 0.0, FanIn(d)});
+    plans.push_back({p + "self_attn.o_proj.weight", {d, q}, 0.0, FanIn(q)});
+    plans.push_back({p + "post_attention_layernorm.weight", {d}, 1.0, kNormStd});
+    plans.push_back({p + "mlp.gate_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+    plans.push_back({p + "mlp.up_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+    plans.push_back({p + "mlp.down_proj.weight", {d, ffn}, 0.0, FanIn(ffn)});
+  }
+  plans.push_back({"model.norm.weight", {d}, 1.0, kNormStd});
+  if (!spec.tie_word_embeddings) plans.push_back({"lm_head.weight", {vocab, d}, 0.0, embed_std});
+  return plans;
+}
+
+void FillTensor(const TensorPlan& plan, uint64_t seed, DType dtype, std::byte* out) {
+  Rng rng(DeriveSeed(seed, plan.name));
+  const int64_t n = plan.numel();
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(plan.mean + plan.stddev * rng.Normal());
+    switch (dtype) {
+      case DType::kF32:
+        std::memcpy(out + i * 4, &v, 4);
+        break;
+      case DType::kBF16: {
+        const uint16_t h = FloatToBf16(v);
+        std::memcpy(out + i * 2, &h, 2);
+        break;
+      }
+      case DType::kF16: {
+        const uint16_t h = FloatToF16(v);
+        std::memcpy(out + i * 2, &h, 2);
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace kvrm::modelgen

@@ -1,0 +1,44 @@
+// The tensors of a generated Llama model (HF names and shapes) and their deterministic values.
+//
+// Standard deviations are chosen so the random model is a useful test subject rather than
+// matching training-time init (config.json's initializer_range 0.02 is metadata only):
+//   - every projection has std gain/sqrt(fan_in), so its output has ~unit RMS on a normed input
+//     and every layer moves the residual stream: a wrong attention or MLP in an engine changes
+//     the greedy output instead of being drowned by the embedding;
+//   - q/k gain 1 gives attention scores of std ~1 (peaked but not one-hot);
+//   - embed_tokens and lm_head have std 2/sqrt(hidden), so logits have std ~2: a varied,
+//     non-degenerate next-token distribution (with tied embeddings the residual added by the
+//     layers keeps the last input token from dominating its own logit);
+//   - RMSNorm weights are 1 + N(0, 0.1), not all ones, so a missing norm weight is visible.
+#ifndef KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
+#define KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/dtype.h"
+#include "tools/modelgen/model_spec.h"
+
+namespace kvrm::modelgen {
+
+struct TensorPlan {
+  std::string name;
+  std::vector<int64_t> shape;
+  double mean = 0.0;
+  double stddev = 0.0;
+  int64_t numel() const;
+};
+
+// In the order the checkpoint stores them: embed, layers 0..n-1, norm, lm_head (unless tied).
+std::vector<TensorPlan> PlanTensors(const ModelSpec& spec);
+
+// Writes numel() values mean + stddev * N(0, 1), drawn from a stream seeded by (seed, name),
+// converted to `dtype` with round-to-nearest-even, little-endian, into `out`
+// (numel() * DTypeSize(dtype) bytes).
+void FillTensor(const TensorPlan& plan, uint64_t seed, DType dtype, std::byte* out);
+
+}  // namespace kvrm::modelgen
+
+#endif  // KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
