@@ -95,7 +95,7 @@ void Engine::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
-absl::Status Engine::Submit(std::unique_ptr<GenerationRequest> request) {
+absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> request) {
   if (request->prompt.empty()) return absl::InvalidArgumentError("prompt: empty");
   if (static_cast<int64_t>(request->prompt.size()) >= options_.max_context) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -106,6 +106,7 @@ absl::Status Engine::Submit(std::unique_ptr<GenerationRequest> request) {
     std::random_device rd;
     request->sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
   }
+  uint64_t handle;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (draining_ || stop_) return absl::UnavailableError("server is draining");
@@ -113,14 +114,14 @@ absl::Status Engine::Submit(std::unique_ptr<GenerationRequest> request) {
       return absl::ResourceExhaustedError(
           absl::StrCat("queue full (", options_.max_queue, " waiting requests)"));
     }
-    request->handle = next_handle_++;
+    handle = request->handle = next_handle_++;
     ++queued_;
     ++outstanding_;
     ++requests_total_;
     posted_.push_back(std::move(request));
   }
   cv_.notify_one();
-  return absl::OkStatus();
+  return handle;
 }
 
 void Engine::Cancel(uint64_t handle) {

@@ -65,10 +65,10 @@ class Engine {
 
   void Start();
 
-  // Queues a request. RESOURCE_EXHAUSTED when the queue is full, UNAVAILABLE when draining,
-  // INVALID_ARGUMENT when the prompt cannot fit the context. On success the request's sink will
-  // see exactly one OnFinished.
-  absl::Status Submit(std::unique_ptr<GenerationRequest> request);
+  // Queues a request and returns its handle (for Cancel). RESOURCE_EXHAUSTED when the queue is
+  // full, UNAVAILABLE when draining, INVALID_ARGUMENT when the prompt cannot fit the context.
+  // On success the request's sink will see exactly one OnFinished.
+  absl::StatusOr<uint64_t> Submit(std::unique_ptr<GenerationRequest> request);
   // Ends the request at the next step boundary with CANCELLED (no-op if already finished).
   void Cancel(uint64_t handle);
 

@@ -1,0 +1,280 @@
+#include "server/kvrm_service.h"
+
+#include <deque>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+
+namespace kvrm {
+namespace {
+
+v1::FinishReason ToProto(FinishReason r) {
+  switch (r) {
+    case FinishReason::kLength: return v1::FINISH_REASON_LENGTH;
+    case FinishReason::kEos: return v1::FINISH_REASON_EOS;
+    case FinishReason::kStop: return v1::FINISH_REASON_STOP;
+    case FinishReason::kCancelled: return v1::FINISH_REASON_CANCELLED;
+    case FinishReason::kTimeLimit: return v1::FINISH_REASON_TIME_LIMIT;
+    case FinishReason::kError: return v1::FINISH_REASON_ERROR;
+  }
+  return v1::FINISH_REASON_UNSPECIFIED;
+}
+
+// One Generate call. Lifetime: two references, one held by gRPC until OnDone and one by the
+// engine's sink until the engine drops the request; the last one deletes the reactor.
+class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
+ public:
+  GenerateReactor(Engine* engine, const Tokenizer* tokenizer, std::string request_id,
+                  bool omit_token_ids, int32_t top_logprobs)
+      : engine_(engine),
+        tokenizer_(tokenizer),
+        request_id_(std::move(request_id)),
+        omit_token_ids_(omit_token_ids),
+        top_logprobs_(top_logprobs) {}
+
+  // The sink the engine calls on its own thread.
+  class Sink final : public RequestSink {
+   public:
+    explicit Sink(GenerateReactor* reactor) : reactor_(reactor) {}
+    ~Sink() override { reactor_->Unref(); }
+    void OnChunk(StreamChunk chunk) override { reactor_->Enqueue(std::move(chunk), nullptr); }
+    void OnFinished(StreamChunk last, const FinishInfo& info) override {
+      reactor_->Enqueue(std::move(last), &info);
+    }
+
+   private:
+    GenerateReactor* reactor_;
+  };
+
+  std::shared_ptr<RequestSink> MakeSink() {
+    refs_.fetch_add(1);
+    return std::make_shared<Sink>(this);
+  }
+
+  void set_handle(uint64_t handle) { handle_.store(handle); }
+
+  // Ends the call before it reached the engine.
+  void Reject(const grpc::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+    }
+    Finish(status);
+  }
+
+  void OnWriteDone(bool ok) override {
+    const v1::GenerateResponse* next = nullptr;
+    bool finish = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_.pop_front();
+      if (!ok) {
+        // The client is gone: stop writing, end the engine's work, close the call.
+        finished_ = true;
+        pending_.clear();
+      } else if (!pending_.empty()) {
+        next = &pending_.front();
+      } else {
+        writing_ = false;
+        if (last_queued_ && !finished_) finish = finished_ = true;
+      }
+    }
+    if (!ok) {
+      engine_->Cancel(handle_.load());
+      Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading"));
+    } else if (next) {
+      StartWrite(next);
+    } else if (finish) {
+      Finish(grpc::Status::OK);
+    }
+  }
+
+  void OnCancel() override { engine_->Cancel(handle_.load()); }
+
+  void OnDone() override { Unref(); }
+
+ private:
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  void Enqueue(StreamChunk chunk, const FinishInfo* info) {
+    v1::GenerateResponse msg;
+    msg.set_request_id(request_id_);
+    if (!omit_token_ids_) {
+      for (int32_t id : chunk.token_ids) msg.add_token_ids(id);
+    }
+    msg.set_text(std::move(chunk.text));
+    for (const TokenLogprobs& lp : chunk.logprobs) {
+      v1::TokenLogprob* out = msg.add_logprobs();
+      out->set_token_id(lp.token);
+      out->set_logprob(lp.logprob);
+      for (int32_t i = 0; i < std::min(lp.num_top, top_logprobs_); ++i) {
+        v1::TopLogprob* t = out->add_top();
+        t->set_token_id(lp.top_ids[i]);
+        t->set_logprob(lp.top_logprobs[i]);
+        t->set_text(tokenizer_->Decode({lp.top_ids[i]}, false));
+      }
+    }
+    if (info) {
+      v1::Finished* f = msg.mutable_finished();
+      f->set_reason(ToProto(info->reason));
+      f->set_matched_stop(info->matched_stop);
+      f->set_error(info->error);
+      f->mutable_usage()->set_prompt_tokens(info->prompt_tokens);
+      f->mutable_usage()->set_completion_tokens(info->completion_tokens);
+      f->set_queue_time_ms(info->queue_time_ms);
+      f->set_time_to_first_token_ms(info->time_to_first_token_ms);
+      f->set_total_time_ms(info->total_time_ms);
+    }
+    const v1::GenerateResponse* start = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      // deque::push_back keeps references to other elements valid: the one in flight stays put.
+      pending_.push_back(std::move(msg));
+      if (info) last_queued_ = true;
+      if (!writing_) {
+        writing_ = true;
+        start = &pending_.front();
+      }
+    }
+    if (start) StartWrite(start);
+  }
+
+  Engine* engine_;
+  const Tokenizer* tokenizer_;
+  const std::string request_id_;
+  const bool omit_token_ids_;
+  const int32_t top_logprobs_;
+  std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's
+  std::atomic<uint64_t> handle_{0};
+  std::mutex mu_;
+  std::deque<v1::GenerateResponse> pending_;  // guarded by mu_; front() is in flight if writing_
+  bool writing_ = false;                      // guarded by mu_
+  bool last_queued_ = false;                  // guarded by mu_
+  bool finished_ = false;                     // guarded by mu_: Finish called or about to be
+};
+
+grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
+                                      const grpc::Status& status) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(status);
+  return reactor;
+}
+
+}  // namespace
+
+grpc::Status ToGrpcStatus(const absl::Status& status) {
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()),
+                      std::string(status.message()));
+}
+
+KvrmService::KvrmService(Engine* engine, ServiceInfo info)
+    : engine_(engine), info_(std::move(info)), started_(absl::Now()) {
+  limits_.vocab_size = engine->model().config.vocab_size;
+  limits_.max_context = engine->options().max_context;
+  limits_.max_new_tokens = engine->options().max_new_tokens;
+}
+
+grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
+    grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
+  const absl::Time arrival = absl::Now();
+  std::string id = request->request_id().empty()
+                       ? absl::StrCat("req-", next_id_.fetch_add(1))
+                       : request->request_id();
+  auto* reactor = new GenerateReactor(engine_, engine_->model().tokenizer.get(), id,
+                                      request->response().omit_token_ids(),
+                                      request->response().top_logprobs());
+  absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
+      ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_);
+  if (!r.ok()) {
+    reactor->Reject(ToGrpcStatus(r.status()));
+    return reactor;
+  }
+  (*r)->request_id = std::move(id);
+  (*r)->arrival = arrival;
+  (*r)->sink = reactor->MakeSink();
+  absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(*r));
+  if (!handle.ok()) {
+    if (absl::IsResourceExhausted(handle.status())) {
+      context->AddTrailingMetadata("retry-after-ms", "1000");
+    }
+    reactor->Reject(ToGrpcStatus(handle.status()));
+    return reactor;
+  }
+  reactor->set_handle(*handle);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvrmService::Tokenize(grpc::CallbackServerContext* context,
+                                                const v1::TokenizeRequest* request,
+                                                v1::TokenizeResponse* response) {
+  if (static_cast<int64_t>(request->text().size()) > limits_.max_prompt_bytes) {
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                             "text: longer than the prompt limit"));
+  }
+  const Tokenizer& tok = *engine_->model().tokenizer;
+  absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(request->text(), request->add_bos());
+  if (!ids.ok()) {
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                             absl::StrCat("text: ", ids.status().message())));
+  }
+  for (int32_t id : *ids) {
+    response->add_token_ids(id);
+    if (request->return_pieces()) response->add_pieces(tok.Decode({id}, false));
+  }
+  return FinishUnary(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext* context,
+                                                    const v1::GetModelInfoRequest*,
+                                                    v1::ModelInfo* response) {
+  const ModelBundle& m = engine_->model();
+  const LlamaConfig& c = m.config;
+  response->set_name(m.name);
+  response->set_architecture("LlamaForCausalLM");
+  response->set_vocab_size(c.vocab_size);
+  response->set_max_context(engine_->options().max_context);
+  response->set_num_layers(c.num_hidden_layers);
+  response->set_hidden_size(c.hidden_size);
+  response->set_num_attention_heads(c.num_attention_heads);
+  response->set_num_key_value_heads(c.num_key_value_heads);
+  response->set_intermediate_size(c.intermediate_size);
+  response->set_dtype(std::string(DTypeName(m.weights.dtype)));
+  response->set_num_parameters(m.weights.num_parameters);
+  if (m.config.bos_token_id) response->set_bos_token_id(*m.config.bos_token_id);
+  for (int32_t e : c.eos_token_ids) response->add_eos_token_ids(e);
+  response->set_max_new_tokens_limit(engine_->options().max_new_tokens);
+  return FinishUnary(context, grpc::Status::OK);
+}
+
+grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext* context,
+                                                     const v1::GetServerInfoRequest*,
+                                                     v1::ServerInfo* response) {
+  const EngineStats s = engine_->Stats();
+  response->set_version(info_.version);
+  response->set_device(info_.device);
+  response->set_kv_mode(info_.kv_mode);
+  response->set_tensor_parallel(info_.tensor_parallel);
+  response->set_slots_total(s.slots_total);
+  response->set_slots_in_use(s.slots_in_use);
+  response->set_queue_depth(s.queue_depth);
+  response->set_queue_limit(engine_->options().max_queue);
+  v1::KvUsage* kv = response->mutable_kv();
+  kv->set_block_tokens(s.kv.block_tokens);
+  kv->set_blocks_total(s.kv.blocks_total);
+  kv->set_blocks_used(s.kv.blocks_used);
+  kv->set_blocks_reserved(s.kv.blocks_reserved);
+  kv->set_blocks_free(s.kv.blocks_free);
+  kv->set_bytes_per_block(s.kv.bytes_per_block);
+  kv->set_host_blocks_used(s.kv.host_blocks_used);
+  response->set_state(draining_.load() ? "DRAINING" : "SERVING");
+  response->set_requests_total(s.requests_total);
+  response->set_tokens_generated_total(s.tokens_generated_total);
+  response->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  return FinishUnary(context, grpc::Status::OK);
+}
+
+}  // namespace kvrm

@@ -1,0 +1,58 @@
+// The kvrm.v1.Kvrm gRPC service on the callback API.
+//
+// One reactor per call holds that call's state; reactors never block and only post into the
+// engine (Submit / Cancel). Output comes back from the engine thread through the reactor's sink,
+// which queues responses and keeps at most one write in flight.
+#ifndef KVRM_SERVER_KVRM_SERVICE_H_
+#define KVRM_SERVER_KVRM_SERVICE_H_
+
+#include <string>
+
+#include "absl/time/time.h"
+#include "kvrm/v1/kvrm.grpc.pb.h"
+#include "runtime/engine.h"
+#include "server/request_validation.h"
+
+namespace kvrm {
+
+struct ServiceInfo {
+  std::string version;
+  std::string device = "cpu";
+  std::string kv_mode = "static";
+  int32_t tensor_parallel = 1;
+};
+
+class KvrmService final : public v1::Kvrm::CallbackService {
+ public:
+  KvrmService(Engine* engine, ServiceInfo info);
+
+  grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
+      grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const v1::TokenizeRequest* request,
+                                     v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* GetModelInfo(grpc::CallbackServerContext* context,
+                                         const v1::GetModelInfoRequest* request,
+                                         v1::ModelInfo* response) override;
+  grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
+                                          const v1::GetServerInfoRequest* request,
+                                          v1::ServerInfo* response) override;
+
+  // Marks the service as draining (GetServerInfo reports it).
+  void SetDraining() { draining_.store(true); }
+
+ private:
+  Engine* engine_;
+  const ServiceInfo info_;
+  RequestLimits limits_;
+  const absl::Time started_;
+  std::atomic<bool> draining_{false};
+  std::atomic<uint64_t> next_id_{1};
+};
+
+// Converts an absl::Status to a grpc::Status (same codes).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+}  // namespace kvrm
+
+#endif  // KVRM_SERVER_KVRM_SERVICE_H_

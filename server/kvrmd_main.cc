@@ -1,0 +1,163 @@
+// kvrmd: the kvrm LLM serving daemon.
+//
+//   kvrmd --model=/path/to/hf-model-dir --listen=0.0.0.0:50051 --slots=8
+//   kvrmd                                # serves the built-in model, generated on first run
+//
+// SIGTERM / SIGINT drain: health NOT_SERVING at once, new requests UNAVAILABLE, in-flight ones
+// get --drain_grace_s to finish, then exit 0.
+#include <signal.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/matmul.h"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+#include "server/kvrm_server.h"
+#include "tools/modelgen/model_writer.h"
+
+ABSL_FLAG(std::string, model, "builtin:small",
+          "Hugging Face model directory, or builtin:tiny / builtin:small (generated into "
+          "--model_cache on first use)");
+ABSL_FLAG(std::string, model_cache, "",
+          "where built-in models are generated (default $KVRM_HOME/models or "
+          "~/.cache/kvrm/models)");
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address; port 0 picks a free port");
+ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port to this file once serving");
+ABSL_FLAG(int32_t, slots, 8, "fixed decode slots (rows of the decode step)");
+ABSL_FLAG(int32_t, max_context, 0, "max positions per request (0: the model's)");
+ABSL_FLAG(int32_t, max_new_tokens, 4096, "largest max_new_tokens a request may ask for");
+ABSL_FLAG(int32_t, max_queue, 256, "waiting requests beyond this get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, prefill_chunk, 256, "prompt tokens per prefill chunk");
+ABSL_FLAG(int32_t, kv_block_tokens, 16, "tokens per KV block");
+ABSL_FLAG(std::string, kv_mode, "static", "KV policy: static (max-context slots)");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all cores)");
+ABSL_FLAG(std::string, device, "cpu", "cpu (the CUDA backend is built separately)");
+ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish on SIGTERM");
+ABSL_FLAG(std::string, log_level, "info", "info, warning or error");
+
+namespace kvrm {
+namespace {
+
+constexpr char kVersion[] = "0.1.0";
+
+absl::StatusOr<std::string> ResolveModel(const std::string& spec) {
+  if (!absl::StartsWith(spec, "builtin:")) return spec;
+  const std::string size = spec.substr(8);
+  std::string cache = absl::GetFlag(FLAGS_model_cache);
+  if (cache.empty()) {
+    const char* home = std::getenv("KVRM_HOME");
+    const char* user_home = std::getenv("HOME");
+    cache = home ? absl::StrCat(home, "/models")
+                 : absl::StrCat(user_home ? user_home : "/tmp", "/.cache/kvrm/models");
+  }
+  const std::string dir = absl::StrCat(cache, "/kvrm-", size);
+  if (std::filesystem::exists(dir + "/config.json") &&
+      std::filesystem::exists(dir + "/tokenizer.json")) {
+    return dir;
+  }
+  LOG(INFO) << "generating built-in model '" << size << "' into " << dir;
+  modelgen::MakeModelOptions o;
+  o.size = size;
+  o.out_dir = dir;
+  o.dtype = DType::kBF16;
+  ASSIGN_OR_RETURN(modelgen::MakeModelSummary summary, modelgen::MakeModel(o));
+  LOG(INFO) << "generated " << summary.parameters << " parameters in " << summary.total_seconds
+            << " s";
+  return dir;
+}
+
+int Run() {
+  const std::string level = absl::GetFlag(FLAGS_log_level);
+  SetMinLogSeverity(level == "error"     ? LogSeverity::kError
+                    : level == "warning" ? LogSeverity::kWarning
+                                         : LogSeverity::kInfo);
+  if (absl::GetFlag(FLAGS_device) != "cpu") {
+    std::fprintf(stderr, "kvrmd: --device=%s is not available in this build (use cpu)\n",
+                 absl::GetFlag(FLAGS_device).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_kv_mode) != "static") {
+    std::fprintf(stderr, "kvrmd: --kv_mode=%s is not available (use static)\n",
+                 absl::GetFlag(FLAGS_kv_mode).c_str());
+    return 2;
+  }
+  // Signals are taken synchronously by this thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  absl::StatusOr<std::string> dir = ResolveModel(absl::GetFlag(FLAGS_model));
+  if (!dir.ok()) {
+    std::fprintf(stderr, "kvrmd: cannot prepare model: %s\n", dir.status().ToString().c_str());
+    return 1;
+  }
+  absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(*dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "kvrmd: cannot load model from %s: %s\n", dir->c_str(),
+                 model.status().ToString().c_str());
+    return 1;
+  }
+  EngineOptions eo;
+  eo.slots = absl::GetFlag(FLAGS_slots);
+  eo.max_context = absl::GetFlag(FLAGS_max_context);
+  eo.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  eo.max_queue = absl::GetFlag(FLAGS_max_queue);
+  eo.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  eo.block_tokens = absl::GetFlag(FLAGS_kv_block_tokens);
+  eo.threads = absl::GetFlag(FLAGS_threads);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model->get(), eo);
+  if (!engine.ok()) {
+    std::fprintf(stderr, "kvrmd: %s\n", engine.status().ToString().c_str());
+    return 1;
+  }
+  (*engine)->Start();
+  ServerOptions so;
+  so.listen = absl::GetFlag(FLAGS_listen);
+  so.info.version = kVersion;
+  so.info.device = "cpu";
+  so.info.kv_mode = absl::GetFlag(FLAGS_kv_mode);
+  absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine->get(), so);
+  if (!server.ok()) {
+    std::fprintf(stderr, "kvrmd: %s\n", server.status().ToString().c_str());
+    return 1;
+  }
+  const ModelBundle& m = **model;
+  LOG(INFO) << "kvrmd " << kVersion << " serving " << m.name << " (" << m.weights.num_parameters
+            << " parameters, " << DTypeName(m.weights.dtype) << ") on port " << (*server)->port()
+            << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
+            << ", kv-mode " << so.info.kv_mode << ", cpu " << CpuIsaName(ActiveCpuIsa());
+  const std::string port_file = absl::GetFlag(FLAGS_port_file);
+  if (!port_file.empty()) {
+    std::ofstream(port_file + ".tmp") << (*server)->port() << "\n";
+    std::filesystem::rename(port_file + ".tmp", port_file);
+  }
+  int sig = 0;
+  sigwait(&signals, &sig);
+  LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  (*server)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s)));
+  server->reset();
+  engine->reset();
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvrm
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage("kvrm LLM serving daemon. See README.md and docs/operations.md.");
+  absl::ParseCommandLine(argc, argv);
+  return kvrm::Run();
+}

@@ -1,0 +1,158 @@
+#include "server/request_validation.h"
+
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace kvrm {
+namespace {
+
+absl::Status Invalid(const char* field, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+bool Finite(float v) { return std::isfinite(v); }
+
+absl::Status ValidateRequestId(const std::string& id) {
+  if (id.size() > 128) return Invalid("request_id", "longer than 128 bytes");
+  for (unsigned char c : id) {
+    if (c < 0x20 || c > 0x7e) return Invalid("request_id", "must be printable ASCII");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSampling(const v1::SamplingParams& s, SamplingConfig* out) {
+  if (!Finite(s.temperature()) || s.temperature() < 0 || s.temperature() > 100) {
+    return Invalid("sampling.temperature", absl::StrCat(s.temperature(), " is outside [0, 100]"));
+  }
+  if (s.top_k() < 0) return Invalid("sampling.top_k", absl::StrCat(s.top_k(), " is negative"));
+  // 0 means unset (disabled); anything else must lie in (0, 1].
+  if (!Finite(s.top_p()) || s.top_p() < 0 || s.top_p() > 1) {
+    return Invalid("sampling.top_p", absl::StrCat(s.top_p(), " is outside (0, 1]"));
+  }
+  if (!Finite(s.min_p()) || s.min_p() < 0 || s.min_p() > 1) {
+    return Invalid("sampling.min_p", absl::StrCat(s.min_p(), " is outside [0, 1]"));
+  }
+  if (!Finite(s.repetition_penalty()) || s.repetition_penalty() < 0 ||
+      s.repetition_penalty() > 10) {
+    return Invalid("sampling.repetition_penalty",
+                   absl::StrCat(s.repetition_penalty(), " is outside (0, 10]"));
+  }
+  if (!Finite(s.presence_penalty()) || std::abs(s.presence_penalty()) > 2) {
+    return Invalid("sampling.presence_penalty",
+                   absl::StrCat(s.presence_penalty(), " is outside [-2, 2]"));
+  }
+  if (!Finite(s.frequency_penalty()) || std::abs(s.frequency_penalty()) > 2) {
+    return Invalid("sampling.frequency_penalty",
+                   absl::StrCat(s.frequency_penalty(), " is outside [-2, 2]"));
+  }
+  out->temperature = s.temperature();
+  out->top_k = s.top_k();
+  out->top_p = s.top_p() == 0 ? 1.0f : s.top_p();
+  out->min_p = s.min_p();
+  out->repetition_penalty = s.repetition_penalty() == 0 ? 1.0f : s.repetition_penalty();
+  out->presence_penalty = s.presence_penalty();
+  out->frequency_penalty = s.frequency_penalty();
+  // Seed 0 would mean "draw one" to the engine; an explicit 0 is remapped to a fixed constant
+  // so that it stays reproducible.
+  if (s.has_seed()) out->seed = s.seed() == 0 ? 0x9e3779b97f4a7c15ull : s.seed();
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
+    const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits) {
+  auto r = std::make_unique<GenerationRequest>();
+  RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
+  r->request_id = proto.request_id();
+
+  switch (proto.prompt_case()) {
+    case v1::GenerateRequest::kText: {
+      if (proto.text().empty()) return Invalid("text", "prompt is empty");
+      if (static_cast<int64_t>(proto.text().size()) > limits.max_prompt_bytes) {
+        return Invalid("text", absl::StrCat("prompt of ", proto.text().size(),
+                                            " bytes exceeds the limit of ",
+                                            limits.max_prompt_bytes));
+      }
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(proto.text(), !proto.skip_bos());
+      if (!ids.ok()) return Invalid("text", std::string(ids.status().message()));
+      r->prompt = std::move(*ids);
+      if (r->prompt.empty()) return Invalid("text", "prompt encodes to no tokens");
+      break;
+    }
+    case v1::GenerateRequest::kTokenIds: {
+      const auto& ids = proto.token_ids().ids();
+      if (ids.empty()) return Invalid("token_ids", "prompt is empty");
+      for (int i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
+          return Invalid("token_ids", absl::StrCat("id ", ids[i], " at index ", i,
+                                                   " is outside the vocabulary [0, ",
+                                                   limits.vocab_size, ")"));
+        }
+      }
+      r->prompt.assign(ids.begin(), ids.end());
+      break;
+    }
+    default:
+      return Invalid("prompt", "set text or token_ids");
+  }
+  if (static_cast<int64_t>(r->prompt.size()) >= limits.max_context) {
+    return Invalid(proto.has_token_ids() ? "token_ids" : "text",
+                   absl::StrCat("prompt of ", r->prompt.size(),
+                                " tokens does not fit the max context of ", limits.max_context,
+                                " (at least one token must be generated)"));
+  }
+
+  RETURN_IF_ERROR(ValidateSampling(proto.sampling(), &r->sampling));
+
+  const v1::StoppingCriteria& st = proto.stopping();
+  if (st.max_new_tokens() < 1 || st.max_new_tokens() > limits.max_new_tokens) {
+    return Invalid("stopping.max_new_tokens",
+                   absl::StrCat(st.max_new_tokens(), " is outside [1, ", limits.max_new_tokens,
+                                "]"));
+  }
+  r->max_new_tokens = st.max_new_tokens();
+  if (st.stop_sequences_size() > limits.max_stop_sequences) {
+    return Invalid("stopping.stop_sequences",
+                   absl::StrCat("more than ", limits.max_stop_sequences, " sequences"));
+  }
+  for (const std::string& s : st.stop_sequences()) {
+    if (s.empty() || static_cast<int32_t>(s.size()) > limits.max_stop_sequence_bytes) {
+      return Invalid("stopping.stop_sequences",
+                     absl::StrCat("each must be 1 to ", limits.max_stop_sequence_bytes, " bytes"));
+    }
+    r->stop_sequences.push_back(s);
+  }
+  if (st.stop_token_ids_size() > limits.max_stop_token_ids) {
+    return Invalid("stopping.stop_token_ids",
+                   absl::StrCat("more than ", limits.max_stop_token_ids, " ids"));
+  }
+  for (int32_t id : st.stop_token_ids()) {
+    if (id < 0 || id >= limits.vocab_size) {
+      return Invalid("stopping.stop_token_ids",
+                     absl::StrCat("id ", id, " is outside the vocabulary"));
+    }
+    r->stop_token_ids.push_back(id);
+  }
+  r->ignore_eos = st.ignore_eos();
+  r->time_limit = absl::Milliseconds(st.time_limit_ms());
+
+  const v1::ResponseOptions& ro = proto.response();
+  if (ro.top_logprobs() < 0 || ro.top_logprobs() > kMaxTopLogprobs) {
+    return Invalid("response.top_logprobs",
+                   absl::StrCat(ro.top_logprobs(), " is outside [0, ", kMaxTopLogprobs, "]"));
+  }
+  r->sampling.logprobs = ro.logprobs() || ro.top_logprobs() > 0;
+  r->sampling.top_logprobs = ro.top_logprobs();
+
+  if (proto.priority() < -100 || proto.priority() > 100) {
+    return Invalid("priority", absl::StrCat(proto.priority(), " is outside [-100, 100]"));
+  }
+  r->priority = proto.priority();
+  RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
+  return r;
+}
+
+}  // namespace kvrm

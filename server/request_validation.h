@@ -1,0 +1,30 @@
+// Turns a kvrm.v1.GenerateRequest into the engine's GenerationRequest, or INVALID_ARGUMENT whose
+// message names the offending field ("sampling.top_p: 1.5 is outside (0, 1]").
+#ifndef KVRM_SERVER_REQUEST_VALIDATION_H_
+#define KVRM_SERVER_REQUEST_VALIDATION_H_
+
+#include <memory>
+
+#include "absl/status/statusor.h"
+#include "kvrm/v1/kvrm.pb.h"
+#include "model/tokenizer.h"
+#include "runtime/request.h"
+
+namespace kvrm {
+
+struct RequestLimits {
+  int32_t vocab_size = 0;
+  int32_t max_context = 0;
+  int32_t max_new_tokens = 0;
+  int64_t max_prompt_bytes = 1 << 20;
+  int32_t max_stop_sequences = 16;
+  int32_t max_stop_sequence_bytes = 256;
+  int32_t max_stop_token_ids = 64;
+};
+
+absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
+    const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits);
+
+}  // namespace kvrm
+
+#endif  // KVRM_SERVER_REQUEST_VALIDATION_H_
