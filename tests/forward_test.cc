@@ -1,0 +1,368 @@
+// The CPU backend's forward pass against the float64 reference (tests/reference_llama.h), on the
+// generated `tiny` model in f32, f16 and bf16: chunked prefill, decode, several slots in one step
+// over fragmented run tables.
+//
+// Tolerance. The engine and the reference read the same stored weight values (both widen them
+// exactly), so every difference comes from the engine keeping activations, dot products, norms,
+// RoPE tables and softmax in f32: a relative error of a few 2^-24 * sqrt(n) per length-n reduction,
+// grown through 4 layers. The tiny model's logits reach |ref| ~ 9; measured on every matmul path
+// (generic, AVX2, AVX-512; 2 threads): max |diff| <= 8.1e-6, max |diff| / max(1, max |ref|) <=
+// 1.3e-6, alike in f32, f16 and bf16. We allow
+//   max |engine - ref| <= kRelTol * max(1, max |ref|),  kRelTol = 1e-5,
+// about 8x the measured error (printed by each test; --test_output=all shows it), while a real
+// mistake (interleaved instead of rotate_half RoPE, missing llama3 scaling, a wrong GQA head
+// mapping) moves logits by O(1): checked by breaking the reference on purpose, 5 orders above.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/matmul.h"
+#include "runtime/backend.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/kv_pool.h"
+#include "runtime/model_bundle.h"
+#include "tests/reference_llama.h"
+#include "tools/modelgen/model_writer.h"
+
+namespace kvrm {
+namespace {
+
+constexpr double kRelTol = 1e-5;
+
+// The tiny model of one dtype with its reference, generated once per test binary.
+struct TinyModel {
+  std::unique_ptr<ModelBundle> bundle;
+  std::unique_ptr<ReferenceLlama> ref;
+};
+
+const TinyModel& GetTiny(DType dtype) {
+  static auto* models = new std::map<DType, TinyModel>();
+  auto it = models->find(dtype);
+  if (it != models->end()) return it->second;
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  modelgen::MakeModelOptions options;
+  options.size = "tiny";
+  options.dtype = dtype;
+  options.out_dir = (std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
+                     absl::StrCat("tiny_", std::string(DTypeName(dtype))))
+                        .string();
+  const auto summary = modelgen::MakeModel(options);
+  CHECK_OK(summary.status());
+  auto bundle = ModelBundle::Load(options.out_dir);
+  CHECK_OK(bundle.status());
+  auto ref = ReferenceLlama::Create((*bundle)->config, *(*bundle)->files);
+  CHECK_OK(ref.status());
+  TinyModel& m = (*models)[dtype];
+  m.bundle = std::move(*bundle);
+  m.ref = std::move(*ref);
+  return m;
+}
+
+// Worst error seen by a test, printed at its end.
+struct ErrorStats {
+  double max_abs = 0;      // max |engine - ref| over all compared logits
+  double max_scaled = 0;   // max of max|diff| / max(1, max|ref|) over compared rows
+  double max_ref = 0;      // largest |ref| logit seen
+  int rows = 0;            // logit rows compared
+  int argmax_checked = 0;  // rows whose top-2 gap made the argmax check meaningful
+
+  void Print(const std::string& what) const {
+    std::printf(
+        "[%s] %d logit rows: max|diff| %.3g, max|diff|/max(1,max|ref|) %.3g (tol %.1g), "
+        "max|ref| %.3g, argmax checked on %d rows\n",
+        what.c_str(), rows, max_abs, max_scaled, kRelTol, max_ref, argmax_checked);
+  }
+};
+
+int32_t ArgMax(const float* x, int64_t n) {
+  int32_t best = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (x[i] > x[best]) best = static_cast<int32_t>(i);
+  }
+  return best;
+}
+
+// Checks one engine logit row against the reference row: the tolerance, and the greedy argmax
+// where the reference's top-2 gap exceeds twice the tolerance (so no in-tolerance error may
+// legitimately flip it).
+void ExpectLogitsClose(const float* got, const std::vector<double>& ref, const std::string& where,
+                       ErrorStats* stats) {
+  const int64_t n = static_cast<int64_t>(ref.size());
+  double max_ref = 0, max_diff = 0;
+  int32_t top1 = 0, top2 = -1;
+  for (int64_t i = 0; i < n; ++i) {
+    max_ref = std::max(max_ref, std::abs(ref[i]));
+    const double diff = std::abs(static_cast<double>(got[i]) - ref[i]);
+    // NaN compares false: make it count as an error.
+    max_diff =
+        std::max(max_diff, std::isnan(diff) ? std::numeric_limits<double>::infinity() : diff);
+    if (ref[i] > ref[top1]) {
+      top2 = top1;
+      top1 = static_cast<int32_t>(i);
+    } else if (i != top1 && (top2 < 0 || ref[i] > ref[top2])) {
+      top2 = static_cast<int32_t>(i);
+    }
+  }
+  const double tol = kRelTol * std::max(1.0, max_ref);
+  EXPECT_LE(max_diff, tol) << where;
+  stats->max_abs = std::max(stats->max_abs, max_diff);
+  stats->max_scaled = std::max(stats->max_scaled, max_diff / std::max(1.0, max_ref));
+  stats->max_ref = std::max(stats->max_ref, max_ref);
+  ++stats->rows;
+  if (ref[top1] - ref[top2] > 2 * tol) {
+    EXPECT_EQ(ArgMax(got, n), top1) << where;
+    ++stats->argmax_checked;
+  }
+}
+
+std::vector<int32_t> RandomTokens(std::mt19937* rng, int n, int vocab) {
+  std::uniform_int_distribution<int32_t> dist(0, vocab - 1);
+  std::vector<int32_t> tokens(n);
+  for (int32_t& t : tokens) t = dist(*rng);
+  return tokens;
+}
+
+// A backend over its own pool.
+struct Engine {
+  std::unique_ptr<KvPool> pool;
+  std::unique_ptr<CpuBackend> backend;
+};
+
+Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_blocks,
+                  int32_t max_slots, int32_t max_chunk_tokens) {
+  const LlamaConfig& c = model.bundle->config;
+  KvPoolShape shape;
+  shape.num_layers = c.num_hidden_layers;
+  shape.kv_heads = c.num_key_value_heads;
+  shape.head_dim = c.head_dim;
+  shape.block_tokens = block_tokens;
+  shape.num_blocks = num_blocks;
+  Engine e;
+  auto pool = KvPool::Create(shape);
+  CHECK_OK(pool.status());
+  e.pool = std::move(*pool);
+  CpuBackendOptions options;
+  options.max_slots = max_slots;
+  options.max_chunk_tokens = max_chunk_tokens;
+  options.max_context = 256;
+  options.num_threads = 2;
+  auto backend = CpuBackend::Create(c, &model.bundle->weights, e.pool.get(), options);
+  CHECK_OK(backend.status());
+  e.backend = std::move(*backend);
+  return e;
+}
+
+// Every weight dtype on every matmul path this processor runs.
+class ForwardTest : public testing::TestWithParam<std::tuple<DType, CpuIsa>> {
+ protected:
+  void SetUp() override { SetActiveCpuIsa(isa()); }
+  DType dtype() const { return std::get<0>(GetParam()); }
+  CpuIsa isa() const { return std::get<1>(GetParam()); }
+  std::string Name() const {
+    return absl::StrCat(std::string(DTypeName(dtype())), " ", std::string(CpuIsaName(isa())));
+  }
+};
+
+// One slot: prefill in chunks (checking the logits after every chunk), then teacher-forced decode
+// steps, each compared with the reference over the same token sequence.
+TEST_P(ForwardTest, ChunkedPrefillThenDecodeMatchesReference) {
+  const TinyModel& model = GetTiny(dtype());
+  const int32_t vocab = model.bundle->config.vocab_size;
+  constexpr int kDecodeSteps = 6;
+  constexpr int32_t kBlockTokens = 16;
+  // The slot's history: 11 blocks from block 3, so physical and logical positions differ. The
+  // longest sequence (156) passes original_max_position_embeddings (128), where llama3 scaling
+  // matters most.
+  const KvRun runs[] = {{3, 11}};
+  Engine engine = MakeEngine(model, kBlockTokens, 16, /*max_slots=*/2, /*max_chunk_tokens=*/160);
+  ErrorStats stats;
+  std::mt19937 rng(1234);
+  std::vector<float> logits(2 * vocab);
+  for (int prompt_len : {1, 7, 33, 100, 150}) {
+    const std::vector<int32_t> seq = RandomTokens(&rng, prompt_len + kDecodeSteps, vocab);
+    const std::vector<std::vector<double>> ref = model.ref->Forward(seq);
+    for (int chunk : {16, 64, prompt_len}) {
+      const std::string where = absl::StrCat("prompt ", prompt_len, " chunk ", chunk);
+      for (int start = 0; start < prompt_len; start += chunk) {
+        const int n = std::min(chunk, prompt_len - start);
+        PrefillChunk pc{0, start, absl::MakeConstSpan(seq).subspan(start, n), runs, 1};
+        std::fill(logits.begin(), logits.end(), NAN);
+        ASSERT_TRUE(engine.backend->Prefill(pc, logits.data()).ok());
+        ExpectLogitsClose(logits.data(), ref[start + n - 1],
+                          absl::StrCat(where, " prefill to ", start + n), &stats);
+      }
+      StepDescriptor step;
+      step.Resize(2, 4);
+      step.active[1] = 1;  // the other row of the step, so the batch is never trivially 1
+      step.position[1] = 0;
+      step.token[1] = 5;
+      step.num_runs[1] = 1;
+      step.SlotRuns(1)[0] = KvRun{0, 1};  // blocks 0..2 are not slot 0's
+      step.active[0] = 1;
+      step.num_runs[0] = 1;
+      step.SlotRuns(0)[0] = runs[0];
+      for (int k = 0; k < kDecodeSteps; ++k) {
+        const int pos = prompt_len + k;
+        step.position[0] = pos;
+        step.token[0] = seq[pos];
+        std::fill(logits.begin(), logits.end(), NAN);
+        ASSERT_TRUE(engine.backend->Decode(step, logits.data()).ok());
+        ExpectLogitsClose(logits.data(), ref[pos], absl::StrCat(where, " decode at ", pos), &stats);
+      }
+    }
+  }
+  stats.Print(absl::StrCat("single slot ", Name()));
+}
+
+// One slot of the multi-slot scenario.
+struct SlotPlan {
+  int prompt_len;
+  std::vector<KvRun> runs;
+  bool skip_odd_steps;  // inactive on odd decode steps: the step's shape holds an idle row
+};
+
+// Everything a scenario run produced, per slot, in order.
+struct ScenarioResult {
+  std::vector<std::vector<int32_t>> tokens;             // [slot] the sequence it consumed
+  std::vector<std::vector<int32_t>> logit_positions;    // [slot][i] position of logits i
+  std::vector<std::vector<std::vector<float>>> logits;  // [slot][i][vocab]
+};
+
+constexpr int kMultiDecodeSteps = 8;
+
+// Prefills every slot in chunks of 16, round-robin across slots, then runs decode steps with all
+// slots in one descriptor. Token streams come from a fixed seed, so two runs with different
+// layouts consume identical tokens.
+ScenarioResult RunScenario(const TinyModel& model, const std::vector<SlotPlan>& plans,
+                           int64_t num_blocks) {
+  constexpr int32_t kBlockTokens = 8, kChunk = 16, kMaxRuns = 6;
+  const int32_t slots = static_cast<int32_t>(plans.size());
+  const int32_t vocab = model.bundle->config.vocab_size;
+  Engine engine = MakeEngine(model, kBlockTokens, num_blocks, slots, kChunk);
+  std::mt19937 rng(99);
+  ScenarioResult r;
+  r.tokens.resize(slots);
+  r.logit_positions.resize(slots);
+  r.logits.resize(slots);
+  for (int32_t s = 0; s < slots; ++s) {
+    r.tokens[s] = RandomTokens(&rng, plans[s].prompt_len + kMultiDecodeSteps, vocab);
+  }
+  std::vector<float> logits(static_cast<size_t>(slots) * vocab);
+  std::vector<int> prefilled(slots, 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int32_t s = 0; s < slots; ++s) {
+      const int start = prefilled[s];
+      const int n = std::min(kChunk, plans[s].prompt_len - start);
+      if (n <= 0) continue;
+      PrefillChunk pc{s, start, absl::MakeConstSpan(r.tokens[s]).subspan(start, n),
+                      plans[s].runs.data(), static_cast<int32_t>(plans[s].runs.size())};
+      CHECK_OK(engine.backend->Prefill(pc, logits.data()));
+      r.logit_positions[s].push_back(start + n - 1);
+      r.logits[s].emplace_back(logits.begin(), logits.begin() + vocab);
+      prefilled[s] += n;
+      progress = true;
+    }
+  }
+  StepDescriptor step;
+  step.Resize(slots, kMaxRuns);
+  std::vector<int> position(prefilled);
+  for (int k = 0; k < kMultiDecodeSteps; ++k) {
+    for (int32_t s = 0; s < slots; ++s) {
+      step.active[s] = !(plans[s].skip_odd_steps && k % 2 == 1);
+      step.position[s] = position[s];
+      step.token[s] = r.tokens[s][position[s]];
+      step.num_runs[s] = static_cast<int32_t>(plans[s].runs.size());
+      for (size_t i = 0; i < plans[s].runs.size(); ++i) step.SlotRuns(s)[i] = plans[s].runs[i];
+    }
+    std::fill(logits.begin(), logits.end(), NAN);
+    CHECK_OK(engine.backend->Decode(step, logits.data()));
+    for (int32_t s = 0; s < slots; ++s) {
+      const float* row = logits.data() + static_cast<size_t>(s) * vocab;
+      if (!step.active[s]) {
+        // An idle row's logits are left alone.
+        EXPECT_TRUE(std::isnan(row[0]) && std::isnan(row[vocab - 1])) << "slot " << s;
+        continue;
+      }
+      r.logit_positions[s].push_back(position[s]);
+      r.logits[s].emplace_back(row, row + vocab);
+      ++position[s];
+    }
+  }
+  for (int32_t s = 0; s < slots; ++s) r.tokens[s].resize(position[s]);
+  return r;
+}
+
+// Four slots at different positions, in disjoint parts of an 8-token-block pool; slot 1's history
+// is fragmented over four runs out of block order.
+std::vector<SlotPlan> FragmentedPlans() {
+  return {
+      {5, {{30, 2}}, false},                            // 13 tokens max, 16 room
+      {40, {{9, 2}, {2, 3}, {20, 1}, {24, 2}}, false},  // 48 max, 64 room
+      {23, {{12, 5}}, true},                            // 27 max, 40 room
+      {1, {{17, 1}, {6, 2}}, false},                    // 9 max, 24 room
+  };
+}
+
+TEST_P(ForwardTest, MultiSlotDecodeMatchesPerSlotReference) {
+  const TinyModel& model = GetTiny(dtype());
+  const ScenarioResult r = RunScenario(model, FragmentedPlans(), /*num_blocks=*/32);
+  ErrorStats stats;
+  for (size_t s = 0; s < r.tokens.size(); ++s) {
+    const std::vector<std::vector<double>> ref = model.ref->Forward(r.tokens[s]);
+    ASSERT_FALSE(r.logits[s].empty());
+    for (size_t i = 0; i < r.logits[s].size(); ++i) {
+      const int pos = r.logit_positions[s][i];
+      ExpectLogitsClose(r.logits[s][i].data(), ref[pos],
+                        absl::StrCat("slot ", s, " position ", pos), &stats);
+    }
+  }
+  stats.Print(absl::StrCat("multi slot ", Name()));
+}
+
+// Where a history lives in the pool must not change a bit of the result: attention walks the
+// runs in logical order, so a fragmented table and a contiguous one sum in the same order.
+TEST_P(ForwardTest, FragmentedLayoutIsBitIdenticalToContiguous) {
+  const TinyModel& model = GetTiny(dtype());
+  std::vector<SlotPlan> fragmented = FragmentedPlans();
+  std::vector<SlotPlan> contiguous = fragmented;
+  contiguous[1].runs = {{40, 8}};
+  contiguous[3].runs = {{33, 3}};
+  const ScenarioResult a = RunScenario(model, fragmented, /*num_blocks=*/48);
+  const ScenarioResult b = RunScenario(model, contiguous, /*num_blocks=*/48);
+  ASSERT_EQ(a.tokens, b.tokens);
+  ASSERT_EQ(a.logit_positions, b.logit_positions);
+  for (size_t s = 0; s < a.logits.size(); ++s) {
+    for (size_t i = 0; i < a.logits[s].size(); ++i) {
+      EXPECT_TRUE(a.logits[s][i] == b.logits[s][i])
+          << "slot " << s << " position " << a.logit_positions[s][i];
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
+                         testing::Combine(testing::Values(DType::kF32, DType::kF16, DType::kBF16),
+                                          testing::ValuesIn(AvailableCpuIsas())),
+                         [](const testing::TestParamInfo<std::tuple<DType, CpuIsa>>& info) {
+                           return absl::StrCat(std::string(DTypeName(std::get<0>(info.param))), "_",
+                                               std::string(CpuIsaName(std::get<1>(info.param))));
+                         });
+
+}  // namespace
+}  // namespace kvrm

@@ -1,0 +1,183 @@
+#include "tests/reference_llama.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/status_macros.h"
+
+namespace kvrm {
+namespace {
+
+// Element i of a stored tensor, widened exactly (every f16/bf16/f32 value is a double).
+double ElementAt(const TensorView& t, int64_t i) {
+  const std::byte* p = t.data + i * static_cast<int64_t>(DTypeSize(t.dtype));
+  switch (t.dtype) {
+    case DType::kF32: {
+      float f;
+      std::memcpy(&f, p, sizeof(f));
+      return f;
+    }
+    case DType::kF16:
+    case DType::kBF16: {
+      uint16_t h;
+      std::memcpy(&h, p, sizeof(h));
+      return t.dtype == DType::kF16 ? F16ToFloat(h) : Bf16ToFloat(h);
+    }
+  }
+  return NAN;
+}
+
+double Silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+}  // namespace
+
+absl::StatusOr<ReferenceLlama::Matrix> ReferenceLlama::Load(const SafetensorsSet& files,
+                                                            const std::string& name, int64_t rows,
+                                                            int64_t cols) {
+  // 1-D tensors (norm weights) are loaded as one row.
+  std::vector<int64_t> shape =
+      rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
+  ASSIGN_OR_RETURN(TensorView t, files.Get(name, shape));
+  Matrix m;
+  m.rows = rows;
+  m.cols = cols;
+  m.data.resize(static_cast<size_t>(rows * cols));
+  for (int64_t i = 0; i < rows * cols; ++i) m.data[i] = ElementAt(t, i);
+  return m;
+}
+
+absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
+    const LlamaConfig& config, const SafetensorsSet& files) {
+  std::unique_ptr<ReferenceLlama> ref(new ReferenceLlama(config));
+  const int64_t d = config.hidden_size, hd = config.head_dim;
+  const int64_t qw = config.num_attention_heads * hd, kvw = config.num_key_value_heads * hd;
+  const int64_t ffn = config.intermediate_size, vocab = config.vocab_size;
+  ref->inv_freq_ = RopeInverseFrequencies(config);
+  ASSIGN_OR_RETURN(ref->embed_, Load(files, "model.embed_tokens.weight", vocab, d));
+  if (config.tie_word_embeddings) {
+    ref->lm_head_ = ref->embed_;  // HF ties lm_head to the embedding, ignoring lm_head.weight
+  } else {
+    ASSIGN_OR_RETURN(ref->lm_head_, Load(files, "lm_head.weight", vocab, d));
+  }
+  ASSIGN_OR_RETURN(Matrix final_norm, Load(files, "model.norm.weight", 1, d));
+  ref->final_norm_ = std::move(final_norm.data);
+  for (int32_t i = 0; i < config.num_hidden_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    Layer l;
+    ASSIGN_OR_RETURN(Matrix in_norm, Load(files, p + "input_layernorm.weight", 1, d));
+    ASSIGN_OR_RETURN(Matrix post_norm, Load(files, p + "post_attention_layernorm.weight", 1, d));
+    l.input_norm = std::move(in_norm.data);
+    l.post_attention_norm = std::move(post_norm.data);
+    ASSIGN_OR_RETURN(l.q, Load(files, p + "self_attn.q_proj.weight", qw, d));
+    ASSIGN_OR_RETURN(l.k, Load(files, p + "self_attn.k_proj.weight", kvw, d));
+    ASSIGN_OR_RETURN(l.v, Load(files, p + "self_attn.v_proj.weight", kvw, d));
+    ASSIGN_OR_RETURN(l.o, Load(files, p + "self_attn.o_proj.weight", d, qw));
+    ASSIGN_OR_RETURN(l.gate, Load(files, p + "mlp.gate_proj.weight", ffn, d));
+    ASSIGN_OR_RETURN(l.up, Load(files, p + "mlp.up_proj.weight", ffn, d));
+    ASSIGN_OR_RETURN(l.down, Load(files, p + "mlp.down_proj.weight", d, ffn));
+    ref->layers_.push_back(std::move(l));
+  }
+  return ref;
+}
+
+std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<double>& x) {
+  std::vector<double> y(w.rows);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const double* row = w.Row(r);
+    double s = 0;
+    for (int64_t c = 0; c < w.cols; ++c) s += row[c] * x[c];
+    y[r] = s;
+  }
+  return y;
+}
+
+std::vector<double> ReferenceLlama::RmsNorm(const std::vector<double>& x,
+                                            const std::vector<double>& w) const {
+  double ss = 0;
+  for (double v : x) ss += v * v;
+  const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + config_.rms_norm_eps);
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = w[i] * (x[i] * inv);
+  return y;
+}
+
+void ReferenceLlama::Rope(std::vector<double>& x, int64_t heads, int64_t position) const {
+  // HF: emb = cat(freqs, freqs); x * cos(emb) + rotate_half(x) * sin(emb), with
+  // rotate_half(x) = cat(-x[half:], x[:half]).
+  const int64_t hd = config_.head_dim, half = hd / 2;
+  for (int64_t h = 0; h < heads; ++h) {
+    double* v = x.data() + h * hd;
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(position) * inv_freq_[i];
+      const double c = std::cos(angle), s = std::sin(angle);
+      const double a = v[i], b = v[i + half];
+      v[i] = a * c - b * s;
+      v[i + half] = b * c + a * s;
+    }
+  }
+}
+
+std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_t> tokens) const {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t d = config_.hidden_size, hd = config_.head_dim;
+  const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
+  const int64_t n_rep = heads / kv_heads;  // HF repeat_kv: query head h reads KV head h / n_rep
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+
+  std::vector<std::vector<double>> x(n);  // residual stream, [T][hidden]
+  for (int64_t t = 0; t < n; ++t) {
+    const double* e = embed_.Row(tokens[t]);
+    x[t].assign(e, e + d);
+  }
+  for (const Layer& l : layers_) {
+    std::vector<std::vector<double>> q(n), k(n), v(n);
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<double> h = RmsNorm(x[t], l.input_norm);
+      q[t] = Linear(l.q, h);
+      k[t] = Linear(l.k, h);
+      v[t] = Linear(l.v, h);
+      Rope(q[t], heads, t);
+      Rope(k[t], kv_heads, t);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      std::vector<double> attn(heads * hd, 0.0);
+      std::vector<double> p(t + 1);
+      for (int64_t h = 0; h < heads; ++h) {
+        const int64_t g = h / n_rep;
+        const double* qh = q[t].data() + h * hd;
+        double mx = -INFINITY;
+        for (int64_t s = 0; s <= t; ++s) {  // causal: keys at positions <= t
+          double dot = 0;
+          for (int64_t i = 0; i < hd; ++i) dot += qh[i] * k[s][g * hd + i];
+          p[s] = dot * scale;
+          mx = std::max(mx, p[s]);
+        }
+        double sum = 0;
+        for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int64_t s = 0; s <= t; ++s) {
+          for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += p[s] / sum * v[s][g * hd + i];
+        }
+      }
+      const std::vector<double> o = Linear(l.o, attn);
+      for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<double> h = RmsNorm(x[t], l.post_attention_norm);
+      std::vector<double> gate = Linear(l.gate, h);
+      const std::vector<double> up = Linear(l.up, h);
+      for (size_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
+      const std::vector<double> down = Linear(l.down, gate);
+      for (int64_t i = 0; i < d; ++i) x[t][i] += down[i];
+    }
+  }
+  std::vector<std::vector<double>> logits(n);
+  for (int64_t t = 0; t < n; ++t) logits[t] = Linear(lm_head_, RmsNorm(x[t], final_norm_));
+  return logits;
+}
+
+}  // namespace kvrm

@@ -1,0 +1,72 @@
+// A deliberately naive float64 Llama forward pass, the yardstick for the engine's backends.
+//
+// Written from Hugging Face's modeling_llama (LlamaForCausalLM) rather than from kvrm's kernels,
+// so that a shared misreading cannot make both sides agree: weights are looked up by their HF
+// names straight from the safetensors files (not through BindLlamaWeights), widened to double,
+// and every step (RMSNorm, rotate_half RoPE, GQA attention with a causal mask, SwiGLU, final
+// norm, lm_head) is computed in double over the whole sequence at once. The only shared code is
+// config parsing and RopeInverseFrequencies (the llama3 / linear frequency scaling).
+//
+// Cost: O(layers * T * (params_per_layer + T * hidden)) per Forward; meant for T in the hundreds.
+#ifndef KVRM_TESTS_REFERENCE_LLAMA_H_
+#define KVRM_TESTS_REFERENCE_LLAMA_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace kvrm {
+
+class ReferenceLlama {
+ public:
+  // Copies every weight into double; `files` need not outlive the result. NOT_FOUND /
+  // INVALID_ARGUMENT from the safetensors set when a tensor is missing or has the wrong shape.
+  static absl::StatusOr<std::unique_ptr<ReferenceLlama>> Create(const LlamaConfig& config,
+                                                                const SafetensorsSet& files);
+
+  // Logits after each token of `tokens` (position t sees tokens[0..t]): [T][vocab].
+  std::vector<std::vector<double>> Forward(absl::Span<const int32_t> tokens) const;
+
+  const LlamaConfig& config() const { return config_; }
+
+ private:
+  // A dense row-major matrix [rows][cols] (HF nn.Linear layout: [out_features][in_features]).
+  struct Matrix {
+    int64_t rows = 0;
+    int64_t cols = 0;
+    std::vector<double> data;
+    const double* Row(int64_t r) const { return data.data() + r * cols; }
+  };
+  struct Layer {
+    std::vector<double> input_norm, post_attention_norm;  // [hidden]
+    Matrix q, k, v, o, gate, up, down;
+  };
+
+  explicit ReferenceLlama(const LlamaConfig& config) : config_(config) {}
+  static absl::StatusOr<Matrix> Load(const SafetensorsSet& files, const std::string& name,
+                                     int64_t rows, int64_t cols);
+
+  // y = W x for one vector.
+  static std::vector<double> Linear(const Matrix& w, const std::vector<double>& x);
+  // HF LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps).
+  std::vector<double> RmsNorm(const std::vector<double>& x, const std::vector<double>& w) const;
+  // Rotates each head of `x` ([heads][head_dim]) in place, rotate_half layout: pair (i, i + hd/2).
+  void Rope(std::vector<double>& x, int64_t heads, int64_t position) const;
+
+  LlamaConfig config_;
+  std::vector<double> inv_freq_;  // [head_dim / 2]
+  Matrix embed_;                  // [vocab][hidden]
+  Matrix lm_head_;                // [vocab][hidden]; a copy of embed_ when tied
+  std::vector<double> final_norm_;
+  std::vector<Layer> layers_;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_TESTS_REFERENCE_LLAMA_H_
