@@ -447,6 +447,8 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   slot.state = SlotState::kFree;
   slot.request.reset();
   slot.text.reset();
+  // Publish before `outstanding_` drops, so that a WaitIdle() caller sees the freed slot.
+  PublishStats();
   std::lock_guard<std::mutex> lock(mu_);
   if (--outstanding_ == 0) idle_cv_.notify_all();
 }

@@ -1,0 +1,322 @@
+// End to end through gRPC on a loopback port: streaming, seeded sampling, concurrency,
+// cancellation, stop conditions, overload and request validation.
+#include <atomic>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "gtest/gtest.h"
+#include "tests/test_server.h"
+
+namespace kvrm {
+namespace {
+
+EngineOptions Options(int slots, int max_queue = 64) {
+  EngineOptions o;
+  o.slots = slots;
+  o.max_queue = max_queue;
+  o.max_new_tokens = 256;
+  o.prefill_chunk = 32;
+  o.threads = 2;
+  return o;
+}
+
+class E2eTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new TestServer(Options(4)); }
+  static void TearDownTestSuite() {
+    delete server_;
+    server_ = nullptr;
+  }
+  v1::Kvrm::Stub& stub() { return server_->stub(); }
+  static TestServer* server_;
+};
+TestServer* E2eTest::server_ = nullptr;
+
+TEST_F(E2eTest, StreamsTokensThenFinishes) {
+  v1::GenerateRequest req = TextRequest("The quick brown fox", 24);
+  req.mutable_stopping()->set_ignore_eos(true);
+  req.set_request_id("stream-1");
+  StreamResult r = RunGenerate(stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  // One message per token, the last carrying `finished`.
+  EXPECT_EQ(r.messages.size(), 24u);
+  EXPECT_EQ(r.tokens.size(), 24u);
+  for (size_t i = 0; i + 1 < r.messages.size(); ++i) EXPECT_FALSE(r.messages[i].has_finished());
+  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(r.finished.usage().completion_tokens(), 24);
+  const std::vector<int32_t> prompt =
+      *server_->model().tokenizer->Encode("The quick brown fox", true);
+  EXPECT_EQ(r.finished.usage().prompt_tokens(), static_cast<int32_t>(prompt.size()));
+  EXPECT_GT(r.finished.time_to_first_token_ms(), 0);
+  EXPECT_GE(r.finished.total_time_ms(), r.finished.time_to_first_token_ms());
+  for (const auto& m : r.messages) EXPECT_EQ(m.request_id(), "stream-1");
+  // The streamed text is the decoding of the streamed tokens, given the prompt as context.
+  std::vector<int32_t> all = prompt;
+  all.insert(all.end(), r.tokens.begin(), r.tokens.end());
+  const std::string full = server_->model().tokenizer->Decode(all, true);
+  const std::string prompt_text = server_->model().tokenizer->Decode(prompt, true);
+  EXPECT_EQ(prompt_text + r.text, full);
+}
+
+TEST_F(E2eTest, GreedyIsDeterministicAndTokenPromptEqualsTextPrompt) {
+  v1::GenerateRequest a = TextRequest("Once upon a time", 16);
+  StreamResult ra = RunGenerate(stub(), a);
+  ASSERT_TRUE(ra.status.ok());
+  v1::GenerateRequest b;
+  const std::vector<int32_t> ids = *server_->model().tokenizer->Encode("Once upon a time", true);
+  for (int32_t id : ids) {
+    b.mutable_token_ids()->add_ids(id);
+  }
+  b.mutable_stopping()->set_max_new_tokens(16);
+  StreamResult rb = RunGenerate(stub(), b);
+  ASSERT_TRUE(rb.status.ok()) << rb.status.error_message();
+  EXPECT_EQ(ra.tokens, rb.tokens);
+}
+
+TEST_F(E2eTest, SeededSamplingIsReproducible) {
+  auto run = [&](uint64_t seed) {
+    v1::GenerateRequest req = TextRequest("In a hole in the ground", 32);
+    req.mutable_stopping()->set_ignore_eos(true);
+    req.mutable_sampling()->set_temperature(1.0f);
+    req.mutable_sampling()->set_top_p(0.95f);
+    req.mutable_sampling()->set_seed(seed);
+    StreamResult r = RunGenerate(stub(), req);
+    EXPECT_TRUE(r.status.ok());
+    return r.tokens;
+  };
+  const std::vector<int32_t> a = run(42), b = run(42), c = run(43);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, c);
+}
+
+TEST_F(E2eTest, SixteenConcurrentStreamsAllComplete) {
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0};
+  std::vector<std::vector<int32_t>> tokens(16);
+  for (int i = 0; i < 16; ++i) {
+    threads.emplace_back([&, i] {
+      v1::GenerateRequest req = TextRequest("Concurrent request number " + std::to_string(i % 4), 12);
+      req.mutable_stopping()->set_ignore_eos(true);
+      StreamResult r = RunGenerate(stub(), req);
+      if (r.status.ok() && r.finished.reason() == v1::FINISH_REASON_LENGTH &&
+          r.tokens.size() == 12) {
+        ++ok;
+      }
+      tokens[i] = r.tokens;
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(ok.load(), 16);
+  // Same prompt, greedy: same output whatever slot or batch it ran in.
+  for (int i = 4; i < 16; ++i) EXPECT_EQ(tokens[i], tokens[i % 4]) << i;
+}
+
+TEST_F(E2eTest, StopSequenceEndsTheStreamBeforeIt) {
+  v1::GenerateRequest req = TextRequest("A story about", 40);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult full = RunGenerate(stub(), req);
+  ASSERT_TRUE(full.status.ok());
+  ASSERT_GT(full.text.size(), 12u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  const size_t cut = full.text.find(stop);
+  req.mutable_stopping()->add_stop_sequences(stop);
+  StreamResult r = RunGenerate(stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.finished.matched_stop(), stop);
+  EXPECT_EQ(r.text, full.text.substr(0, cut));
+}
+
+TEST_F(E2eTest, StopTokenIdEndsTheStreamWithIt) {
+  v1::GenerateRequest req = TextRequest("Numbers:", 30);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult full = RunGenerate(stub(), req);
+  ASSERT_TRUE(full.status.ok());
+  const int32_t stop_id = full.tokens[10];
+  size_t first = 0;
+  while (full.tokens[first] != stop_id) ++first;
+  req.mutable_stopping()->add_stop_token_ids(stop_id);
+  StreamResult r = RunGenerate(stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + first + 1));
+}
+
+TEST_F(E2eTest, LogprobsAreReturnedPerToken) {
+  v1::GenerateRequest req = TextRequest("Logprobs please", 5);
+  req.mutable_response()->set_top_logprobs(3);
+  StreamResult r = RunGenerate(stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  int n = 0;
+  for (const auto& m : r.messages) {
+    ASSERT_EQ(m.logprobs_size(), m.token_ids_size());
+    for (const auto& lp : m.logprobs()) {
+      ++n;
+      EXPECT_LE(lp.logprob(), 0.0f);
+      ASSERT_EQ(lp.top_size(), 3);
+      // Greedy: the chosen token is the most likely one.
+      EXPECT_EQ(lp.top(0).token_id(), lp.token_id());
+      EXPECT_FLOAT_EQ(lp.top(0).logprob(), lp.logprob());
+      EXPECT_GE(lp.top(0).logprob(), lp.top(1).logprob());
+    }
+  }
+  EXPECT_EQ(n, static_cast<int>(r.tokens.size()));
+}
+
+TEST_F(E2eTest, BadRequestsGetInvalidArgumentNamingTheField) {
+  struct Case {
+    std::string name;
+    std::function<void(v1::GenerateRequest*)> mutate;
+    std::string field;
+  };
+  const int context = server_->engine().options().max_context;
+  std::vector<Case> cases = {
+      {"empty prompt", [](v1::GenerateRequest* r) { r->set_text(""); }, "text"},
+      {"no prompt", [](v1::GenerateRequest* r) { r->clear_prompt(); }, "prompt"},
+      {"max_new_tokens 0",
+       [](v1::GenerateRequest* r) { r->mutable_stopping()->set_max_new_tokens(0); },
+       "stopping.max_new_tokens"},
+      {"max_new_tokens above limit",
+       [](v1::GenerateRequest* r) { r->mutable_stopping()->set_max_new_tokens(100000); },
+       "stopping.max_new_tokens"},
+      {"negative temperature",
+       [](v1::GenerateRequest* r) { r->mutable_sampling()->set_temperature(-0.5f); },
+       "sampling.temperature"},
+      {"top_p above 1", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(1.5f); },
+       "sampling.top_p"},
+      {"top_p negative", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_p(-0.1f); },
+       "sampling.top_p"},
+      {"prompt longer than context",
+       [context](v1::GenerateRequest* r) {
+         r->clear_text();
+         for (int i = 0; i < context + 5; ++i) r->mutable_token_ids()->add_ids(7);
+       },
+       "token_ids"},
+      {"unknown token id",
+       [](v1::GenerateRequest* r) {
+         r->clear_text();
+         r->mutable_token_ids()->add_ids(5);
+         r->mutable_token_ids()->add_ids(999999);
+       },
+       "token_ids"},
+      {"negative top_k", [](v1::GenerateRequest* r) { r->mutable_sampling()->set_top_k(-1); },
+       "sampling.top_k"},
+      {"top_logprobs above 20",
+       [](v1::GenerateRequest* r) { r->mutable_response()->set_top_logprobs(21); },
+       "response.top_logprobs"},
+      {"empty stop sequence",
+       [](v1::GenerateRequest* r) { r->mutable_stopping()->add_stop_sequences(""); },
+       "stopping.stop_sequences"},
+      {"priority out of range", [](v1::GenerateRequest* r) { r->set_priority(1000); },
+       "priority"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest req = TextRequest("valid prompt", 4);
+    c.mutate(&req);
+    StreamResult r = RunGenerate(stub(), req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name;
+    EXPECT_TRUE(absl::StartsWith(r.status.error_message(), c.field + ":"))
+        << c.name << ": " << r.status.error_message();
+    EXPECT_TRUE(r.messages.empty()) << c.name;
+  }
+  // Still serving.
+  StreamResult ok = RunGenerate(stub(), TextRequest("still alive", 3));
+  EXPECT_TRUE(ok.status.ok());
+  EXPECT_EQ(ok.tokens.size() > 0, true);
+}
+
+TEST_F(E2eTest, TokenizeAndInfo) {
+  grpc::ClientContext c1;
+  v1::TokenizeRequest treq;
+  treq.set_text("hello world");
+  treq.set_add_bos(true);
+  treq.set_return_pieces(true);
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(stub().Tokenize(&c1, treq, &tresp).ok());
+  const std::vector<int32_t> expect = *server_->model().tokenizer->Encode("hello world", true);
+  EXPECT_EQ(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()), expect);
+  EXPECT_EQ(tresp.pieces_size(), tresp.token_ids_size());
+
+  grpc::ClientContext c2;
+  v1::ModelInfo mi;
+  ASSERT_TRUE(stub().GetModelInfo(&c2, v1::GetModelInfoRequest(), &mi).ok());
+  EXPECT_EQ(mi.vocab_size(), 1024);
+  EXPECT_EQ(mi.num_layers(), 4);
+  EXPECT_EQ(mi.num_key_value_heads(), 2);
+  EXPECT_EQ(mi.dtype(), "f32");
+
+  grpc::ClientContext c3;
+  v1::ServerInfo si;
+  ASSERT_TRUE(stub().GetServerInfo(&c3, v1::GetServerInfoRequest(), &si).ok());
+  EXPECT_EQ(si.slots_total(), 4);
+  EXPECT_EQ(si.state(), "SERVING");
+  EXPECT_EQ(si.kv().block_tokens(), 16);
+  EXPECT_GT(si.kv().blocks_total(), 0);
+}
+
+// With one slot: a cancelled stream frees it for the next request, and its blocks are returned.
+TEST(E2eCancelTest, CancelledStreamFreesItsSlot) {
+  TestServer server(Options(1));
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req = TextRequest("This will be cancelled", 200);
+  req.mutable_stopping()->set_ignore_eos(true);
+  auto reader = server.stub().Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(reader->Read(&msg));
+  ASSERT_TRUE(reader->Read(&msg));
+  ctx.TryCancel();
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  // The next request gets the single slot and completes.
+  StreamResult r = RunGenerate(server.stub(), TextRequest("Next in line", 5));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.finished.usage().completion_tokens() > 0, true);
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(10)));
+  const EngineStats s = server.engine().Stats();
+  EXPECT_EQ(s.slots_in_use, 0);
+  EXPECT_EQ(s.kv.blocks_used, 0);
+}
+
+// Beyond the queue bound a request is refused at once with RESOURCE_EXHAUSTED and a retry hint.
+TEST(E2eOverloadTest, FullQueueGetsResourceExhaustedAtOnce) {
+  TestServer server(Options(1, /*max_queue=*/1));
+  std::vector<std::thread> threads;
+  std::atomic<int> ok{0}, exhausted{0}, other{0};
+  for (int i = 0; i < 12; ++i) {
+    threads.emplace_back([&] {
+      v1::GenerateRequest req = TextRequest("overload", 40);
+      req.mutable_stopping()->set_ignore_eos(true);
+      StreamResult r = RunGenerate(server.stub(), req);
+      if (r.status.ok()) {
+        ++ok;
+      } else if (r.status.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++exhausted;
+        EXPECT_EQ(r.trailers.count("retry-after-ms"), 1u) << r.status.error_message();
+      } else {
+        ++other;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_GE(ok.load(), 1);
+  EXPECT_GE(exhausted.load(), 1);
+  EXPECT_EQ(other.load(), 0);
+  EXPECT_EQ(ok.load() + exhausted.load(), 12);
+}
+
+// A time limit ends the stream with TIME_LIMIT and the tokens produced so far.
+TEST(E2eTimeLimitTest, TimeLimitEndsTheStream) {
+  TestServer server(Options(1));
+  v1::GenerateRequest req = TextRequest("Slow and long", 250);
+  req.mutable_stopping()->set_ignore_eos(true);
+  req.mutable_stopping()->set_time_limit_ms(30);
+  StreamResult r = RunGenerate(server.stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_TIME_LIMIT);
+  EXPECT_LT(r.finished.usage().completion_tokens(), 250);
+  EXPECT_EQ(r.finished.usage().completion_tokens(), static_cast<int32_t>(r.tokens.size()));
+}
+
+}  // namespace
+}  // namespace kvrm

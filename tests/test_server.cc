@@ -1,0 +1,75 @@
+#include "tests/test_server.h"
+
+#include <cstdlib>
+#include <mutex>
+
+#include "common/logging.h"
+#include "tools/modelgen/model_writer.h"
+
+namespace kvrm {
+
+const std::string& TinyModelDir() {
+  static std::once_flag once;
+  static std::string dir;
+  std::call_once(once, [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir = std::string(tmp ? tmp : "/tmp") + "/kvrm-tiny";
+    modelgen::MakeModelOptions o;
+    o.size = "tiny";
+    o.out_dir = dir;
+    o.dtype = DType::kF32;
+    CHECK_OK(modelgen::MakeModel(o).status());
+  });
+  return dir;
+}
+
+TestServer::TestServer(EngineOptions options) {
+  absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(TinyModelDir());
+  CHECK_OK(model.status());
+  model_ = std::move(*model);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_.get(), options);
+  CHECK_OK(engine.status());
+  engine_ = std::move(*engine);
+  engine_->Start();
+  ServerOptions so;
+  so.listen = "127.0.0.1:0";
+  so.info.version = "test";
+  absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine_.get(), so);
+  CHECK_OK(server.status());
+  server_ = std::move(*server);
+  stub_ = v1::Kvrm::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(server_->port()), grpc::InsecureChannelCredentials()));
+}
+
+TestServer::~TestServer() {
+  server_.reset();
+  engine_.reset();
+}
+
+StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& request) {
+  StreamResult out;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub.Generate(&ctx, request);
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+    out.tokens.insert(out.tokens.end(), msg.token_ids().begin(), msg.token_ids().end());
+    out.text += msg.text();
+    if (msg.has_finished()) out.finished = msg.finished();
+    out.messages.push_back(msg);
+  }
+  out.status = reader->Finish();
+  for (const auto& [k, v] : ctx.GetServerTrailingMetadata()) {
+    out.trailers.emplace(std::string(k.data(), k.size()), std::string(v.data(), v.size()));
+  }
+  return out;
+}
+
+v1::GenerateRequest TextRequest(const std::string& prompt, int max_new_tokens) {
+  v1::GenerateRequest r;
+  r.set_text(prompt);
+  r.mutable_stopping()->set_max_new_tokens(max_new_tokens);
+  return r;
+}
+
+}  // namespace kvrm

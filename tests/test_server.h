@@ -1,0 +1,56 @@
+// An in-process kvrmd for end-to-end tests: the tiny model generated into TEST_TMPDIR, an engine,
+// and the gRPC server on a free loopback port, plus a stub connected to it.
+#ifndef KVRM_TESTS_TEST_SERVER_H_
+#define KVRM_TESTS_TEST_SERVER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "grpcpp/grpcpp.h"
+#include "kvrm/v1/kvrm.grpc.pb.h"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+#include "server/kvrm_server.h"
+
+namespace kvrm {
+
+// Generates (once per process) the tiny model and returns its directory.
+const std::string& TinyModelDir();
+
+class TestServer {
+ public:
+  explicit TestServer(EngineOptions options);
+  ~TestServer();
+
+  v1::Kvrm::Stub& stub() { return *stub_; }
+  Engine& engine() { return *engine_; }
+  KvrmServer& server() { return *server_; }
+  const ModelBundle& model() const { return *model_; }
+  int port() const { return server_->port(); }
+
+ private:
+  std::unique_ptr<ModelBundle> model_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<KvrmServer> server_;
+  std::unique_ptr<v1::Kvrm::Stub> stub_;
+};
+
+struct StreamResult {
+  grpc::Status status;
+  std::vector<v1::GenerateResponse> messages;
+  std::vector<int32_t> tokens;
+  std::string text;
+  v1::Finished finished;
+  std::multimap<std::string, std::string> trailers;  // copied: the context owns the refs
+};
+
+// Runs one Generate call to completion.
+StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& request);
+
+v1::GenerateRequest TextRequest(const std::string& prompt, int max_new_tokens);
+
+}  // namespace kvrm
+
+#endif  // KVRM_TESTS_TEST_SERVER_H_
