@@ -1,0 +1,149 @@
+// kvrmd as a process: start-up failures exit non-zero with a message naming the problem, and
+// SIGTERM drains (in-flight streams finish, new requests are refused, exit 0).
+#include <fcntl.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "common/json.h"
+#include "gtest/gtest.h"
+#include "tests/test_server.h"
+
+extern char** environ;
+
+namespace kvrm {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string TmpDir() {
+  const char* t = std::getenv("TEST_TMPDIR");
+  return t ? t : "/tmp";
+}
+
+struct Process {
+  pid_t pid = -1;
+  std::string log;
+
+  int Wait() {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+  std::string Output() const {
+    absl::StatusOr<std::string> s = ReadFileToString(log);
+    return s.ok() ? *s : "";
+  }
+};
+
+Process StartKvrmd(const std::vector<std::string>& args, const std::string& name) {
+  Process p;
+  p.log = TmpDir() + "/" + name + ".log";
+  std::vector<std::string> argv_s = {"server/kvrmd"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_adddup2(&actions, 1, 2);
+  EXPECT_EQ(posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
+  posix_spawn_file_actions_destroy(&actions);
+  return p;
+}
+
+TEST(KvrmdProcessTest, MissingModelExitsNonZeroNamingThePath) {
+  const std::string dir = TmpDir() + "/no-such-model";
+  Process p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "missing");
+  EXPECT_EQ(p.Wait(), 1);
+  EXPECT_TRUE(absl::StrContains(p.Output(), dir)) << p.Output();
+}
+
+TEST(KvrmdProcessTest, BrokenConfigExitsNonZeroNamingTheFile) {
+  const std::string dir = TmpDir() + "/broken-model";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(TinyModelDir())) {
+    fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
+  }
+  std::ofstream(dir + "/config.json") << "{\"hidden_size\": 128, ";  // truncated JSON
+  Process p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "broken");
+  EXPECT_EQ(p.Wait(), 1);
+  EXPECT_TRUE(absl::StrContains(p.Output(), "config.json")) << p.Output();
+}
+
+TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
+  const std::string port_file = TmpDir() + "/kvrmd.port";
+  fs::remove(port_file);
+  Process p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
+                          "--port_file=" + port_file, "--slots=4", "--threads=2",
+                          "--drain_grace_s=60"},
+                         "drain");
+  for (int i = 0; i < 300 && !fs::exists(port_file); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(fs::exists(port_file)) << p.Output();
+  int port = 0;
+  std::ifstream(port_file) >> port;
+  auto channel =
+      grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
+  auto stub = v1::Kvrm::NewStub(channel);
+
+  constexpr int kStreams = 8;
+  constexpr int kTokens = 150;
+  std::vector<std::thread> clients;
+  std::atomic<int> first_tokens{0};
+  std::vector<StreamResult> results(kStreams);
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      v1::GenerateRequest req = TextRequest("draining stream " + std::to_string(i), kTokens);
+      req.mutable_stopping()->set_ignore_eos(true);
+      grpc::ClientContext ctx;
+      auto reader = stub->Generate(&ctx, req);
+      v1::GenerateResponse msg;
+      bool counted = false;
+      while (reader->Read(&msg)) {
+        if (!counted) {
+          counted = true;
+          ++first_tokens;
+        }
+        results[i].tokens.insert(results[i].tokens.end(), msg.token_ids().begin(),
+                                 msg.token_ids().end());
+        if (msg.has_finished()) results[i].finished = msg.finished();
+      }
+      results[i].status = reader->Finish();
+    });
+  }
+  // SIGTERM once the first four streams (the slots) are producing.
+  for (int i = 0; i < 600 && first_tokens.load() < 4; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_GE(first_tokens.load(), 4);
+  kill(p.pid, SIGTERM);
+  // New work is refused with UNAVAILABLE while the in-flight streams finish.
+  bool refused = false;
+  for (int i = 0; i < 100 && !refused; ++i) {
+    StreamResult r = RunGenerate(*stub, TextRequest("late request", 4));
+    if (r.status.error_code() == grpc::StatusCode::UNAVAILABLE) refused = true;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(refused);
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_EQ(results[i].finished.reason(), v1::FINISH_REASON_LENGTH) << i;
+    EXPECT_EQ(results[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
+  }
+  EXPECT_EQ(p.Wait(), 0) << p.Output();
+  EXPECT_TRUE(absl::StrContains(p.Output(), "drained cleanly")) << p.Output();
+}
+
+}  // namespace
+}  // namespace kvrm
