@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# The main job: installs what is missing, builds kvrmd and the client, starts kvrmd on the
+# built-in model (generated on first run into ~/.cache/kvrm/models), streams a demo completion,
+# then keeps serving on localhost:50051 until Ctrl-C (SIGTERM/SIGINT drain it cleanly).
+#
+#   tools/demo.sh            # serve after the demo
+#   tools/demo.sh --once     # stop after the demo request
+#   KVRM_MODEL=/path/to/hf-model tools/demo.sh   # serve another Llama-family model
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+once=0
+[[ "${1:-}" == "--once" ]] && once=1
+port="${KVRM_PORT:-50051}"
+model="${KVRM_MODEL:-builtin:small}"
+
+bash tools/setup.sh
+bazel build //server:kvrmd //tools/cli:kvrm_cli
+bin="$(bazel info bazel-bin 2>/dev/null)"
+
+port_file="$(mktemp)"
+rm -f "$port_file"
+"$bin/server/kvrmd" --model="$model" --listen="127.0.0.1:${port}" --port_file="$port_file" &
+kvrmd_pid=$!
+trap 'kill -TERM $kvrmd_pid 2>/dev/null; wait $kvrmd_pid 2>/dev/null; rm -f "$port_file"' EXIT
+
+for _ in $(seq 1 600); do
+  [[ -s "$port_file" ]] && break
+  if ! kill -0 $kvrmd_pid 2>/dev/null; then echo "kvrmd exited during start-up" >&2; exit 1; fi
+  sleep 0.1
+done
+[[ -s "$port_file" ]] || { echo "kvrmd did not start" >&2; exit 1; }
+
+cli="$bin/tools/cli/kvrm_cli"
+echo
+"$cli" info --server="127.0.0.1:${port}"
+echo
+echo "== demo request: greedy, 64 tokens =="
+"$cli" generate --server="127.0.0.1:${port}" \
+  --prompt="The history of the printing press begins" --max_new_tokens=64
+echo
+echo "== demo request: sampled (temperature 0.8, top_p 0.95, seed 7) =="
+"$cli" generate --server="127.0.0.1:${port}" --prompt="Once upon a time" \
+  --max_new_tokens=48 --temperature=0.8 --top_p=0.95 --seed=7
+echo
+
+if [[ $once -eq 1 ]]; then exit 0; fi
+echo "kvrmd is serving on 127.0.0.1:${port} (Ctrl-C to stop). Try:"
+echo "  $cli generate --server=127.0.0.1:${port} --prompt='Hello' --max_new_tokens=32"
+wait $kvrmd_pid
