@@ -1,0 +1,144 @@
+#include "tools/cli/format.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace kvrm::cli {
+namespace {
+
+using Rows = std::vector<std::pair<std::string, std::string>>;
+
+void AppendSection(absl::string_view title, const Rows& rows, std::string* out) {
+  size_t width = 0;
+  for (const auto& row : rows) width = std::max(width, row.first.size());
+  absl::StrAppend(out, title, "\n");
+  for (const auto& [key, value] : rows) {
+    absl::StrAppendFormat(out, "  %-*s  %s\n", static_cast<int>(width), key, value);
+  }
+}
+
+// "873472 (0.87M)": exact for scripts reading the table, rounded for people.
+std::string WithMagnitude(int64_t n) {
+  if (n >= 1000000000) return absl::StrFormat("%d (%.2fB)", n, n / 1e9);
+  if (n >= 1000000) return absl::StrFormat("%d (%.2fM)", n, n / 1e6);
+  return absl::StrCat(n);
+}
+
+std::string Quoted(absl::string_view text) {
+  return absl::StrCat("\"", absl::Utf8SafeCEscape(text), "\"");
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ToJsonLine(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = false;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("JSON conversion failed: ", status.ToString()));
+  }
+  return json;
+}
+
+std::string FinishReasonName(v1::FinishReason reason) {
+  const std::string& name = v1::FinishReason_Name(reason);
+  if (name.empty()) return absl::StrCat("REASON_", static_cast<int>(reason));
+  return std::string(absl::StripPrefix(name, "FINISH_REASON_"));
+}
+
+std::string FormatSummary(const v1::Finished& finished) {
+  const double total_ms = finished.total_time_ms();
+  const int32_t completion = finished.usage().completion_tokens();
+  std::string line = absl::StrFormat(
+      "finish=%s prompt_tokens=%d completion_tokens=%d queue_ms=%.1f ttft_ms=%.1f total_ms=%.1f "
+      "tokens/s=%.1f",
+      FinishReasonName(finished.reason()), finished.usage().prompt_tokens(), completion,
+      finished.queue_time_ms(), finished.time_to_first_token_ms(), total_ms,
+      total_ms > 0 ? completion * 1000.0 / total_ms : 0.0);
+  if (!finished.matched_stop().empty()) {
+    absl::StrAppend(&line, " matched_stop=", Quoted(finished.matched_stop()));
+  }
+  if (!finished.error().empty()) absl::StrAppend(&line, " error=", Quoted(finished.error()));
+  return line;
+}
+
+std::string FormatLogprobs(absl::Span<const v1::TokenLogprob> logprobs) {
+  std::string out;
+  for (const v1::TokenLogprob& token : logprobs) {
+    absl::StrAppendFormat(&out, "token %d logprob %.4f", token.token_id(), token.logprob());
+    if (token.top_size() > 0) {
+      absl::StrAppend(&out, " top:");
+      for (const v1::TopLogprob& top : token.top()) {
+        absl::StrAppendFormat(&out, " %d %s %.4f", top.token_id(), Quoted(top.text()),
+                              top.logprob());
+      }
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+std::string FormatTokens(const v1::TokenizeResponse& response, bool pieces) {
+  if (!pieces) return absl::StrCat(absl::StrJoin(response.token_ids(), " "), "\n");
+  std::string out;
+  for (int i = 0; i < response.token_ids_size(); ++i) {
+    absl::StrAppendFormat(&out, "%d\t%d\t%s\n", i, response.token_ids(i),
+                          i < response.pieces_size() ? Quoted(response.pieces(i)) : "");
+  }
+  return out;
+}
+
+std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server) {
+  const Rows model_rows = {
+      {"name", model.name()},
+      {"architecture", model.architecture()},
+      {"dtype", model.dtype()},
+      {"parameters", WithMagnitude(model.num_parameters())},
+      {"layers", absl::StrCat(model.num_layers())},
+      {"hidden_size", absl::StrCat(model.hidden_size())},
+      {"intermediate_size", absl::StrCat(model.intermediate_size())},
+      {"attention_heads", absl::StrCat(model.num_attention_heads())},
+      {"key_value_heads", absl::StrCat(model.num_key_value_heads())},
+      {"vocab_size", absl::StrCat(model.vocab_size())},
+      {"max_context", absl::StrCat(model.max_context())},
+      {"bos_token_id", absl::StrCat(model.bos_token_id())},
+      {"eos_token_ids", absl::StrJoin(model.eos_token_ids(), ",")},
+      {"max_new_tokens_limit", absl::StrCat(model.max_new_tokens_limit())},
+  };
+  const v1::KvUsage& kv = server.kv();
+  const Rows server_rows = {
+      {"version", server.version()},
+      {"state", server.state()},
+      {"device", server.device()},
+      {"kv_mode", server.kv_mode()},
+      {"tensor_parallel", absl::StrCat(server.tensor_parallel())},
+      {"slots", absl::StrCat(server.slots_in_use(), " in use / ", server.slots_total())},
+      {"queue", absl::StrCat(server.queue_depth(), " waiting / limit ", server.queue_limit())},
+      {"kv_blocks", absl::StrCat(kv.blocks_used(), " used, ", kv.blocks_reserved(), " reserved, ",
+                                 kv.blocks_free(), " free / ", kv.blocks_total())},
+      {"kv_block", absl::StrCat(kv.block_tokens(), " tokens, ", kv.bytes_per_block(), " bytes")},
+      {"kv_host_blocks", absl::StrCat(kv.host_blocks_used())},
+      {"requests_total", absl::StrCat(server.requests_total())},
+      {"tokens_generated", absl::StrCat(server.tokens_generated_total())},
+      {"uptime_s", absl::StrFormat("%.1f", server.uptime_s())},
+  };
+  std::string out;
+  AppendSection("model", model_rows, &out);
+  AppendSection("server", server_rows, &out);
+  return out;
+}
+
+}  // namespace kvrm::cli

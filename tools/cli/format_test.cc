@@ -1,0 +1,103 @@
+#include "tools/cli/format.h"
+
+#include <string>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvrm::cli {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(FormatTest, FinishReasonNames) {
+  EXPECT_EQ(FinishReasonName(v1::FINISH_REASON_LENGTH), "LENGTH");
+  EXPECT_EQ(FinishReasonName(v1::FINISH_REASON_TIME_LIMIT), "TIME_LIMIT");
+  EXPECT_EQ(FinishReasonName(static_cast<v1::FinishReason>(42)), "REASON_42");
+}
+
+TEST(FormatTest, SummaryLine) {
+  v1::Finished finished;
+  finished.set_reason(v1::FINISH_REASON_STOP);
+  finished.set_matched_stop("\n###");
+  finished.mutable_usage()->set_prompt_tokens(5);
+  finished.mutable_usage()->set_completion_tokens(64);
+  finished.set_queue_time_ms(0.25);
+  finished.set_time_to_first_token_ms(12.04);
+  finished.set_total_time_ms(400);
+  EXPECT_EQ(FormatSummary(finished),
+            "finish=STOP prompt_tokens=5 completion_tokens=64 queue_ms=0.2 ttft_ms=12.0 "
+            "total_ms=400.0 tokens/s=160.0 matched_stop=\"\\n###\"");
+}
+
+TEST(FormatTest, SummaryWithErrorAndZeroTime) {
+  v1::Finished finished;
+  finished.set_reason(v1::FINISH_REASON_ERROR);
+  finished.set_error("device \"lost\"");
+  EXPECT_EQ(FormatSummary(finished),
+            "finish=ERROR prompt_tokens=0 completion_tokens=0 queue_ms=0.0 ttft_ms=0.0 "
+            "total_ms=0.0 tokens/s=0.0 error=\"device \\\"lost\\\"\"");
+}
+
+TEST(FormatTest, TokensPlainAndWithPieces) {
+  v1::TokenizeResponse response;
+  response.add_token_ids(1);
+  response.add_token_ids(345);
+  response.add_token_ids(9);
+  EXPECT_EQ(FormatTokens(response, false), "1 345 9\n");
+  response.add_pieces("<s>");
+  response.add_pieces("\xc3\xa9t\xc3\xa9");  // UTF-8 stays readable
+  response.add_pieces("\n\t");
+  EXPECT_EQ(FormatTokens(response, true),
+            "0\t1\t\"<s>\"\n1\t345\t\"\xc3\xa9t\xc3\xa9\"\n2\t9\t\"\\n\\t\"\n");
+}
+
+TEST(FormatTest, Logprobs) {
+  v1::TokenLogprob token;
+  token.set_token_id(7);
+  token.set_logprob(-0.5f);
+  v1::TopLogprob* top = token.add_top();
+  top->set_token_id(7);
+  top->set_logprob(-0.5f);
+  top->set_text("a");
+  const v1::TokenLogprob tokens[] = {token};
+  EXPECT_EQ(FormatLogprobs(tokens), "token 7 logprob -0.5000 top: 7 \"a\" -0.5000\n");
+}
+
+TEST(FormatTest, InfoTableIsAligned) {
+  v1::ModelInfo model;
+  model.set_name("tiny");
+  model.set_num_parameters(873472);
+  model.add_eos_token_ids(2);
+  model.add_eos_token_ids(3);
+  v1::ServerInfo server;
+  server.set_state("SERVING");
+  server.set_slots_total(8);
+  server.set_slots_in_use(2);
+  const std::string table = FormatInfo(model, server);
+  EXPECT_THAT(table, HasSubstr("model\n  name                  tiny\n"));
+  EXPECT_THAT(table, HasSubstr("  parameters            873472\n"));
+  EXPECT_THAT(table, HasSubstr("  eos_token_ids         2,3\n"));
+  EXPECT_THAT(table, HasSubstr("server\n  version           \n  state             SERVING\n"));
+  EXPECT_THAT(table, HasSubstr("  slots             2 in use / 8\n"));
+  model.set_num_parameters(124439808);
+  EXPECT_THAT(FormatInfo(model, server), HasSubstr("124439808 (124.44M)"));
+}
+
+TEST(FormatTest, JsonLineUsesProtoNamesAndPrintsDefaults) {
+  v1::GenerateResponse response;
+  response.set_text("hi\n");
+  response.add_token_ids(5);
+  response.mutable_finished()->set_reason(v1::FINISH_REASON_EOS);
+  absl::StatusOr<std::string> json = ToJsonLine(response);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->find('\n'), std::string::npos);
+  EXPECT_THAT(*json, HasSubstr("\"request_id\":\"\""));
+  EXPECT_THAT(*json, HasSubstr("\"text\":\"hi\\n\""));
+  EXPECT_THAT(*json, HasSubstr("\"token_ids\":[5]"));
+  EXPECT_THAT(*json, HasSubstr("\"reason\":\"FINISH_REASON_EOS\""));
+  EXPECT_THAT(*json, HasSubstr("\"time_to_first_token_ms\":0"));
+}
+
+}  // namespace
+}  // namespace kvrm::cli

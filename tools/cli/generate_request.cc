@@ -1,0 +1,89 @@
+#include "tools/cli/generate_request.h"
+
+#include "absl/status/status.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "common/status_macros.h"
+
+namespace kvrm::cli {
+
+absl::StatusOr<std::vector<int32_t>> ParseIdList(absl::string_view text, absl::string_view flag) {
+  std::vector<int32_t> ids;
+  if (absl::StripAsciiWhitespace(text).empty()) return ids;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    int32_t id = 0;
+    if (!absl::SimpleAtoi(piece, &id)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, ": '", piece, "' is not a token id"));
+    }
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+absl::StatusOr<std::vector<std::string>> ParseStopSequences(absl::Span<const std::string> values) {
+  std::vector<std::string> stops;
+  for (const std::string& value : values) {
+    if (value.empty()) continue;
+    for (absl::string_view piece : absl::StrSplit(value, ',')) {
+      std::string stop;
+      std::string error;
+      if (!absl::CUnescape(piece, &stop, &error)) {
+        return absl::InvalidArgumentError(absl::StrCat("--stop: '", piece, "': ", error));
+      }
+      if (stop.empty()) {
+        return absl::InvalidArgumentError(absl::StrCat("--stop: empty sequence in '", value, "'"));
+      }
+      stops.push_back(std::move(stop));
+    }
+  }
+  return stops;
+}
+
+absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options) {
+  v1::GenerateRequest request;
+  if (options.prompt.empty() == options.token_ids.empty()) {
+    return absl::InvalidArgumentError("give exactly one of --prompt and --token_ids");
+  }
+  if (!options.prompt.empty()) {
+    request.set_text(options.prompt);
+  } else {
+    ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIdList(options.token_ids, "token_ids"));
+    if (ids.empty()) return absl::InvalidArgumentError("--token_ids: no ids given");
+    request.mutable_token_ids()->mutable_ids()->Add(ids.begin(), ids.end());
+  }
+  request.set_request_id(options.request_id);
+  request.set_skip_bos(options.skip_bos);
+  request.set_priority(options.priority);
+
+  v1::SamplingParams* sampling = request.mutable_sampling();
+  sampling->set_temperature(options.temperature);
+  sampling->set_top_k(options.top_k);
+  sampling->set_top_p(options.top_p);
+  sampling->set_min_p(options.min_p);
+  if (options.seed.has_value()) sampling->set_seed(*options.seed);
+  sampling->set_repetition_penalty(options.repetition_penalty);
+  sampling->set_presence_penalty(options.presence_penalty);
+  sampling->set_frequency_penalty(options.frequency_penalty);
+
+  v1::StoppingCriteria* stopping = request.mutable_stopping();
+  stopping->set_max_new_tokens(options.max_new_tokens);
+  ASSIGN_OR_RETURN(std::vector<std::string> stops, ParseStopSequences(options.stop));
+  for (std::string& stop : stops) stopping->add_stop_sequences(std::move(stop));
+  ASSIGN_OR_RETURN(std::vector<int32_t> stop_ids,
+                   ParseIdList(options.stop_token_ids, "stop_token_ids"));
+  stopping->mutable_stop_token_ids()->Add(stop_ids.begin(), stop_ids.end());
+  stopping->set_ignore_eos(options.ignore_eos);
+  stopping->set_time_limit_ms(options.time_limit_ms);
+
+  if (options.logprobs >= 0) {
+    request.mutable_response()->set_logprobs(true);
+    request.mutable_response()->set_top_logprobs(options.logprobs);
+  }
+  return request;
+}
+
+}  // namespace kvrm::cli

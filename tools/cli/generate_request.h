@@ -1,0 +1,58 @@
+// Builds a kvrm.v1.GenerateRequest from kvrm_cli's generate flags.
+//
+// Only what the command line itself can get wrong is checked here (a prompt given twice, an id that
+// is not a number); ranges such as top_p in (0, 1] are the server's to check, so that the client
+// never disagrees with it.
+#ifndef KVRM_TOOLS_CLI_GENERATE_REQUEST_H_
+#define KVRM_TOOLS_CLI_GENERATE_REQUEST_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "kvrm/v1/kvrm.pb.h"
+
+namespace kvrm::cli {
+
+// The generate flags, as plain values (see kvrm_cli.cc for their help).
+struct GenerateOptions {
+  std::string prompt;
+  std::string token_ids;  // "1,2,3"; exclusive with prompt
+  bool skip_bos = false;
+  int32_t max_new_tokens = 64;
+  float temperature = 0;
+  int32_t top_k = 0;
+  float top_p = 0;
+  float min_p = 0;
+  std::optional<uint64_t> seed;
+  float repetition_penalty = 0;
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  // One entry per --stop given; each a comma-separated list of C-escaped sequences.
+  std::vector<std::string> stop;
+  std::string stop_token_ids;  // "1,2"
+  bool ignore_eos = false;
+  // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
+  int32_t logprobs = -1;
+  int32_t priority = 0;
+  uint32_t time_limit_ms = 0;
+  std::string request_id;
+};
+
+// Parses "1, 2,3" into ids. `flag` names the flag in errors. Empty text gives no ids.
+absl::StatusOr<std::vector<int32_t>> ParseIdList(absl::string_view text, absl::string_view flag);
+
+// Splits each --stop value at commas and C-unescapes the pieces ("\n" is a newline, "\x2c" a
+// comma). Empty values are skipped; an empty piece inside a list is an error.
+absl::StatusOr<std::vector<std::string>> ParseStopSequences(absl::Span<const std::string> values);
+
+// InvalidArgument (a usage error) when the options cannot form a request.
+absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options);
+
+}  // namespace kvrm::cli
+
+#endif  // KVRM_TOOLS_CLI_GENERATE_REQUEST_H_

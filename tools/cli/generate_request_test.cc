@@ -1,0 +1,124 @@
+#include "tools/cli/generate_request.h"
+
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvrm::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ParseIdListTest, ParsesWithSpacesAndRejectsJunk) {
+  EXPECT_THAT(*ParseIdList("1, 2 ,3", "x"), ElementsAre(1, 2, 3));
+  EXPECT_THAT(*ParseIdList("-5", "x"),
+              ElementsAre(-5));  // the server rejects it, not us
+  EXPECT_TRUE(ParseIdList("  ", "x")->empty());
+  for (const char* bad : {"1,,2", "1,a", "1.5", "99999999999", "1,"}) {
+    absl::StatusOr<std::vector<int32_t>> ids = ParseIdList(bad, "token_ids");
+    ASSERT_FALSE(ids.ok()) << bad;
+    EXPECT_THAT(std::string(ids.status().message()), HasSubstr("--token_ids"));
+  }
+}
+
+TEST(ParseStopSequencesTest, SplitsUnescapesAndKeepsOrder) {
+  absl::StatusOr<std::vector<std::string>> stops =
+      ParseStopSequences({"a,\\n\\n", "", "x\\x2cy", "END"});
+  ASSERT_TRUE(stops.ok()) << stops.status();
+  EXPECT_THAT(*stops, ElementsAre("a", "\n\n", "x,y", "END"));
+  EXPECT_FALSE(ParseStopSequences({"a,,b"}).ok());
+  EXPECT_FALSE(ParseStopSequences({"bad\\q"}).ok());
+}
+
+TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
+  GenerateOptions options;
+  options.prompt = "Once upon";
+  options.skip_bos = true;
+  options.max_new_tokens = 17;
+  options.temperature = 0.7f;
+  options.top_k = 40;
+  options.top_p = 0.9f;
+  options.min_p = 0.05f;
+  options.seed = 1234;
+  options.repetition_penalty = 1.1f;
+  options.presence_penalty = 0.5f;
+  options.frequency_penalty = -0.5f;
+  options.stop = {"\\n,THE END", "###"};
+  options.stop_token_ids = "5,6";
+  options.ignore_eos = true;
+  options.logprobs = 3;
+  options.priority = -7;
+  options.time_limit_ms = 2500;
+  options.request_id = "cli-1";
+  absl::StatusOr<v1::GenerateRequest> request = BuildGenerateRequest(options);
+  ASSERT_TRUE(request.ok()) << request.status();
+
+  EXPECT_EQ(request->prompt_case(), v1::GenerateRequest::kText);
+  EXPECT_EQ(request->text(), "Once upon");
+  EXPECT_TRUE(request->skip_bos());
+  EXPECT_EQ(request->request_id(), "cli-1");
+  EXPECT_EQ(request->priority(), -7);
+  const v1::SamplingParams& s = request->sampling();
+  EXPECT_FLOAT_EQ(s.temperature(), 0.7f);
+  EXPECT_EQ(s.top_k(), 40);
+  EXPECT_FLOAT_EQ(s.top_p(), 0.9f);
+  EXPECT_FLOAT_EQ(s.min_p(), 0.05f);
+  ASSERT_TRUE(s.has_seed());
+  EXPECT_EQ(s.seed(), 1234u);
+  EXPECT_FLOAT_EQ(s.repetition_penalty(), 1.1f);
+  EXPECT_FLOAT_EQ(s.presence_penalty(), 0.5f);
+  EXPECT_FLOAT_EQ(s.frequency_penalty(), -0.5f);
+  const v1::StoppingCriteria& stop = request->stopping();
+  EXPECT_EQ(stop.max_new_tokens(), 17);
+  EXPECT_THAT(stop.stop_sequences(), ElementsAre("\n", "THE END", "###"));
+  EXPECT_THAT(stop.stop_token_ids(), ElementsAre(5, 6));
+  EXPECT_TRUE(stop.ignore_eos());
+  EXPECT_EQ(stop.time_limit_ms(), 2500u);
+  EXPECT_TRUE(request->response().logprobs());
+  EXPECT_EQ(request->response().top_logprobs(), 3);
+}
+
+TEST(BuildGenerateRequestTest, DefaultsAreGreedyWithoutSeedOrLogprobs) {
+  GenerateOptions options;
+  options.token_ids = "1,2,3";
+  absl::StatusOr<v1::GenerateRequest> request = BuildGenerateRequest(options);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->prompt_case(), v1::GenerateRequest::kTokenIds);
+  EXPECT_THAT(request->token_ids().ids(), ElementsAre(1, 2, 3));
+  EXPECT_EQ(request->stopping().max_new_tokens(), 64);
+  EXPECT_FALSE(request->sampling().has_seed());
+  EXPECT_EQ(request->sampling().temperature(), 0);
+  EXPECT_FALSE(request->has_response());
+  EXPECT_TRUE(request->stopping().stop_sequences().empty());
+}
+
+TEST(BuildGenerateRequestTest, LogprobsZeroMeansSampledTokenOnly) {
+  GenerateOptions options;
+  options.prompt = "x";
+  options.logprobs = 0;
+  absl::StatusOr<v1::GenerateRequest> request = BuildGenerateRequest(options);
+  ASSERT_TRUE(request.ok());
+  EXPECT_TRUE(request->response().logprobs());
+  EXPECT_EQ(request->response().top_logprobs(), 0);
+}
+
+TEST(BuildGenerateRequestTest, NeedsExactlyOnePrompt) {
+  GenerateOptions neither;
+  EXPECT_EQ(BuildGenerateRequest(neither).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerateOptions both;
+  both.prompt = "x";
+  both.token_ids = "1";
+  EXPECT_EQ(BuildGenerateRequest(both).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerateOptions bad_ids;
+  bad_ids.token_ids = "1,x";
+  EXPECT_EQ(BuildGenerateRequest(bad_ids).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerateOptions blank_ids;
+  blank_ids.token_ids = " ";
+  EXPECT_EQ(BuildGenerateRequest(blank_ids).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvrm::cli

@@ -1,0 +1,381 @@
+// kvrm_cli: command-line client of kvrmd's kvrm.v1 gRPC API. See tools/cli/README.md.
+//
+// Exit status: 0 success; 1 an RPC failed, the generation failed, or health is not SERVING; 2 a
+// usage error; 130 interrupted by Ctrl-C.
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/notification.h"
+#include "absl/types/span.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/security/credentials.h"
+#include "kvrm/v1/kvrm.grpc.pb.h"
+#include "tools/cli/arg_parser.h"
+#include "tools/cli/format.h"
+#include "tools/cli/generate_request.h"
+#include "tools/cli/health_wire.h"
+#include "tools/cli/interrupt.h"
+
+ABSL_FLAG(std::string, server, "localhost:50051", "kvrmd address, host:port");
+ABSL_FLAG(double, timeout_s, 0, "deadline of each RPC in seconds; 0 = none");
+ABSL_FLAG(bool, json, false, "print each response message as one line of JSON");
+
+ABSL_FLAG(std::string, prompt, "", "prompt text (or give --token_ids)");
+ABSL_FLAG(std::string, token_ids, "", "prompt as token ids, e.g. 1,2,3 (no BOS is added)");
+ABSL_FLAG(bool, skip_bos, false, "do not prepend the BOS token to a text prompt");
+ABSL_FLAG(int32_t, max_new_tokens, 64, "upper bound on generated tokens");
+ABSL_FLAG(float, temperature, 0, "softmax temperature; 0 = greedy");
+ABSL_FLAG(int32_t, top_k, 0, "keep the k most likely tokens; 0 = off");
+ABSL_FLAG(float, top_p, 0, "nucleus sampling mass in (0, 1]; 0 = off");
+ABSL_FLAG(float, min_p, 0, "drop tokens below min_p times the best one's probability");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
+          "random seed; unset = server-drawn (not reproducible)");
+ABSL_FLAG(float, repetition_penalty, 0, "CTRL-style penalty over prompt and output; 0 = off");
+ABSL_FLAG(float, presence_penalty, 0, "OpenAI-style presence penalty in [-2, 2]");
+ABSL_FLAG(float, frequency_penalty, 0, "OpenAI-style frequency penalty in [-2, 2]");
+ABSL_FLAG(std::string, stop, "",
+          "stop sequences, comma-separated and C-escaped (\\n, \\x2c for a comma); repeatable");
+ABSL_FLAG(std::string, stop_token_ids, "", "token ids that end generation, e.g. 13,42");
+ABSL_FLAG(bool, ignore_eos, false, "keep generating past end-of-sequence tokens");
+ABSL_FLAG(int32_t, logprobs, -1,
+          "-1 off; 0 the sampled token's logprob; N also the top N alternatives (<= 20)");
+ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs first");
+ABSL_FLAG(uint32_t, time_limit_ms, 0, "server-side wall-clock limit in ms; 0 = none");
+ABSL_FLAG(std::string, request_id, "", "request id echoed in responses and server logs");
+
+ABSL_FLAG(std::string, text, "", "text to tokenize");
+ABSL_FLAG(bool, add_bos, false, "prepend the BOS token as generate does");
+ABSL_FLAG(bool, pieces, false, "also print each token's text");
+
+ABSL_FLAG(std::string, service, "", "service to ask about; empty = the whole server");
+
+namespace kvrm::cli {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+constexpr int kExitInterrupted = 130;
+
+struct Command {
+  absl::string_view name;
+  absl::string_view summary;
+  absl::Span<const absl::string_view> flags;
+  int (*run)(const ParsedFlags& flags);
+};
+
+int UsageError(absl::string_view message) {
+  fprintf(stderr, "error: %s\n", std::string(message).c_str());
+  return kExitUsage;
+}
+
+std::shared_ptr<grpc::Channel> MakeChannel() {
+  return grpc::CreateChannel(absl::GetFlag(FLAGS_server), grpc::InsecureChannelCredentials());
+}
+
+void SetDeadline(grpc::ClientContext* context) {
+  const double timeout_s = absl::GetFlag(FLAGS_timeout_s);
+  if (timeout_s <= 0) return;
+  context->set_deadline(std::chrono::system_clock::now() +
+                        std::chrono::microseconds(static_cast<int64_t>(timeout_s * 1e6)));
+}
+
+// Prints a failed call as "error: CODE: message" (with the server's retry hint when it gave one)
+// and returns the exit status.
+int ReportRpcError(const grpc::Status& status, const grpc::ClientContext& context,
+                   const CancelOnInterrupt& cancel) {
+  if (cancel.interrupted() && status.error_code() == grpc::StatusCode::CANCELLED) {
+    fprintf(stderr, "interrupted\n");
+    return kExitInterrupted;
+  }
+  std::string line = absl::StrCat(
+      "error: ", absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())), ": ",
+      status.error_message());
+  const auto& trailers = context.GetServerTrailingMetadata();
+  if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
+    absl::StrAppend(&line, " (retry after ",
+                    absl::string_view(it->second.data(), it->second.size()), " ms)");
+  }
+  fprintf(stderr, "%s\n", line.c_str());
+  return kExitFailure;
+}
+
+// Writes `text` to stdout and flushes, so tokens show as they arrive even through a pipe.
+void Emit(absl::string_view text) {
+  fwrite(text.data(), 1, text.size(), stdout);
+  fflush(stdout);
+}
+
+GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
+  GenerateOptions options;
+  options.prompt = absl::GetFlag(FLAGS_prompt);
+  options.token_ids = absl::GetFlag(FLAGS_token_ids);
+  options.skip_bos = absl::GetFlag(FLAGS_skip_bos);
+  options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  options.temperature = absl::GetFlag(FLAGS_temperature);
+  options.top_k = absl::GetFlag(FLAGS_top_k);
+  options.top_p = absl::GetFlag(FLAGS_top_p);
+  options.min_p = absl::GetFlag(FLAGS_min_p);
+  options.seed = absl::GetFlag(FLAGS_seed);
+  options.repetition_penalty = absl::GetFlag(FLAGS_repetition_penalty);
+  options.presence_penalty = absl::GetFlag(FLAGS_presence_penalty);
+  options.frequency_penalty = absl::GetFlag(FLAGS_frequency_penalty);
+  if (auto it = flags.given.find("stop"); it != flags.given.end()) options.stop = it->second;
+  options.stop_token_ids = absl::GetFlag(FLAGS_stop_token_ids);
+  options.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  options.logprobs = absl::GetFlag(FLAGS_logprobs);
+  options.priority = absl::GetFlag(FLAGS_priority);
+  options.time_limit_ms = absl::GetFlag(FLAGS_time_limit_ms);
+  options.request_id = absl::GetFlag(FLAGS_request_id);
+  return options;
+}
+
+int RunGenerate(const ParsedFlags& flags) {
+  absl::StatusOr<v1::GenerateRequest> request =
+      BuildGenerateRequest(GenerateOptionsFromFlags(flags));
+  if (!request.ok()) return UsageError(request.status().message());
+  const bool json = absl::GetFlag(FLAGS_json);
+
+  auto stub = v1::Kvrm::NewStub(MakeChannel());
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  CancelOnInterrupt cancel(&context);
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      stub->Generate(&context, *request);
+
+  v1::GenerateResponse response;
+  std::optional<v1::Finished> finished;
+  std::vector<v1::TokenLogprob> logprobs;
+  std::string last_text;  // only its last byte matters: did the output end a line?
+  while (reader->Read(&response)) {
+    if (json) {
+      absl::StatusOr<std::string> line = ToJsonLine(response);
+      if (line.ok()) {
+        Emit(absl::StrCat(*line, "\n"));
+      } else {
+        fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
+      }
+    } else {
+      Emit(response.text());
+      if (!response.text().empty()) last_text = response.text();
+      logprobs.insert(logprobs.end(), response.logprobs().begin(), response.logprobs().end());
+    }
+    if (response.has_finished()) finished = response.finished();
+  }
+  const grpc::Status status = reader->Finish();
+  // End the line for a terminal only: piped output stays byte-exact.
+  if (!json && isatty(STDOUT_FILENO) && !last_text.empty() && last_text.back() != '\n') {
+    Emit("\n");
+  }
+  if (!status.ok()) return ReportRpcError(status, context, cancel);
+  if (!finished.has_value()) {
+    fprintf(stderr, "error: the stream ended without a finished message\n");
+    return kExitFailure;
+  }
+  if (!json) {
+    fputs(FormatLogprobs(logprobs).c_str(), stderr);
+    fprintf(stderr, "%s\n", FormatSummary(*finished).c_str());
+  }
+  return finished->reason() == v1::FINISH_REASON_ERROR ? kExitFailure : kExitOk;
+}
+
+int RunTokenize(const ParsedFlags& flags) {
+  if (!flags.given.contains("text")) return UsageError("tokenize needs --text");
+  v1::TokenizeRequest request;
+  request.set_text(absl::GetFlag(FLAGS_text));
+  request.set_add_bos(absl::GetFlag(FLAGS_add_bos));
+  request.set_return_pieces(absl::GetFlag(FLAGS_pieces));
+
+  auto stub = v1::Kvrm::NewStub(MakeChannel());
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  CancelOnInterrupt cancel(&context);
+  v1::TokenizeResponse response;
+  const grpc::Status status = stub->Tokenize(&context, request, &response);
+  if (!status.ok()) return ReportRpcError(status, context, cancel);
+  if (absl::GetFlag(FLAGS_json)) {
+    absl::StatusOr<std::string> line = ToJsonLine(response);
+    if (!line.ok()) {
+      fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
+      return kExitFailure;
+    }
+    Emit(absl::StrCat(*line, "\n"));
+  } else {
+    Emit(FormatTokens(response, request.return_pieces()));
+  }
+  return kExitOk;
+}
+
+int RunInfo(const ParsedFlags&) {
+  auto stub = v1::Kvrm::NewStub(MakeChannel());
+  v1::ModelInfo model;
+  v1::ServerInfo server;
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    CancelOnInterrupt cancel(&context);
+    const grpc::Status status = stub->GetModelInfo(&context, v1::GetModelInfoRequest(), &model);
+    if (!status.ok()) return ReportRpcError(status, context, cancel);
+  }
+  {
+    grpc::ClientContext context;
+    SetDeadline(&context);
+    CancelOnInterrupt cancel(&context);
+    const grpc::Status status = stub->GetServerInfo(&context, v1::GetServerInfoRequest(), &server);
+    if (!status.ok()) return ReportRpcError(status, context, cancel);
+  }
+  if (!absl::GetFlag(FLAGS_json)) {
+    Emit(FormatInfo(model, server));
+    return kExitOk;
+  }
+  absl::StatusOr<std::string> model_json = ToJsonLine(model);
+  absl::StatusOr<std::string> server_json = ToJsonLine(server);
+  if (!model_json.ok() || !server_json.ok()) {
+    fprintf(stderr, "error: JSON conversion failed\n");
+    return kExitFailure;
+  }
+  Emit(absl::StrCat("{\"model\":", *model_json, ",\"server\":", *server_json, "}\n"));
+  return kExitOk;
+}
+
+int RunHealth(const ParsedFlags&) {
+  grpc::GenericStub stub(MakeChannel());
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  CancelOnInterrupt cancel(&context);
+  grpc::Slice slice(EncodeHealthCheckRequest(absl::GetFlag(FLAGS_service)));
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&context, kHealthCheckMethod, grpc::StubOptions(), &request, &response,
+                 [&status, &done](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) return ReportRpcError(status, context, cancel);
+
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
+  }
+  absl::StatusOr<int> serving = DecodeHealthCheckResponse(bytes);
+  if (!serving.ok()) {
+    fprintf(stderr, "error: %s\n", std::string(serving.status().message()).c_str());
+    return kExitFailure;
+  }
+  Emit(absl::StrCat(ServingStatusName(*serving), "\n"));
+  return *serving == static_cast<int>(ServingStatus::kServing) ? kExitOk : kExitFailure;
+}
+
+constexpr absl::string_view kGenerateFlags[] = {"prompt",
+                                                "token_ids",
+                                                "skip_bos",
+                                                "max_new_tokens",
+                                                "temperature",
+                                                "top_k",
+                                                "top_p",
+                                                "min_p",
+                                                "seed",
+                                                "repetition_penalty",
+                                                "presence_penalty",
+                                                "frequency_penalty",
+                                                "stop",
+                                                "stop_token_ids",
+                                                "ignore_eos",
+                                                "logprobs",
+                                                "priority",
+                                                "time_limit_ms",
+                                                "request_id",
+                                                "json",
+                                                "server",
+                                                "timeout_s"};
+constexpr absl::string_view kTokenizeFlags[] = {"text", "add_bos", "pieces",
+                                                "json", "server",  "timeout_s"};
+constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
+constexpr absl::string_view kHealthFlags[] = {"service", "server", "timeout_s"};
+
+constexpr Command kCommands[] = {
+    {"generate", "stream a completion: text to stdout, a summary line to stderr", kGenerateFlags,
+     RunGenerate},
+    {"tokenize", "encode text with the served model's tokenizer", kTokenizeFlags, RunTokenize},
+    {"info", "describe the served model and the server's live state", kInfoFlags, RunInfo},
+    {"health", "grpc.health.v1 check: prints SERVING or NOT_SERVING, exit 0 only if SERVING",
+     kHealthFlags, RunHealth},
+};
+
+void PrintUsage(FILE* out) {
+  fprintf(out, "usage: kvrm_cli <command> [flags]\n\ncommands:\n");
+  for (const Command& command : kCommands) {
+    fprintf(out, "  %-9s %s\n", std::string(command.name).c_str(),
+            std::string(command.summary).c_str());
+  }
+  fprintf(out, "\nkvrm_cli <command> --help lists the command's flags.\n");
+}
+
+void PrintCommandHelp(const Command& command) {
+  printf("usage: kvrm_cli %s [flags]\n%s\n\nflags:\n%s", std::string(command.name).c_str(),
+         std::string(command.summary).c_str(), FlagsHelp(command.flags).c_str());
+}
+
+const Command* FindCommand(absl::string_view name) {
+  for (const Command& command : kCommands) {
+    if (command.name == name) return &command;
+  }
+  return nullptr;
+}
+
+int Main(const std::vector<std::string>& args) {
+  if (args.empty()) {
+    PrintUsage(stderr);
+    return kExitUsage;
+  }
+  if (args[0] == "help" || args[0] == "--help" || args[0] == "-h") {
+    const Command* command = args.size() > 1 ? FindCommand(args[1]) : nullptr;
+    command != nullptr ? PrintCommandHelp(*command) : PrintUsage(stdout);
+    return kExitOk;
+  }
+  const Command* command = FindCommand(args[0]);
+  if (command == nullptr) {
+    UsageError(absl::StrCat("unknown command '", args[0], "'"));
+    PrintUsage(stderr);
+    return kExitUsage;
+  }
+  absl::StatusOr<ParsedFlags> flags =
+      ParseFlags(absl::MakeConstSpan(args).subspan(1), command->flags);
+  if (!flags.ok()) {
+    return UsageError(
+        absl::StrCat(flags.status().message(), " (see kvrm_cli ", command->name, " --help)"));
+  }
+  if (flags->help) {
+    PrintCommandHelp(*command);
+    return kExitOk;
+  }
+  return command->run(*flags);
+}
+
+}  // namespace
+}  // namespace kvrm::cli
+
+int main(int argc, char** argv) {
+  // Before any thread exists, so that gRPC's threads inherit the mask too.
+  kvrm::cli::BlockInterruptSignals();
+  return kvrm::cli::Main(std::vector<std::string>(argv + 1, argv + argc));
+}
