@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
+#include "runtime/kv_pool.h"
 
 namespace kvrm {
 
@@ -59,6 +60,10 @@ class Backend {
   virtual int32_t vocab_size() const = 0;
   // Largest number of tokens Prefill takes at once.
   virtual int32_t max_chunk_tokens() const = 0;
+  // The KV pools the backend owns: one per tensor-parallel rank, each holding that rank's share
+  // of KV heads for the same block ids. The transport copies blocks in every pool alike.
+  virtual int32_t num_kv_pools() const = 0;
+  virtual KvPool* kv_pool(int32_t rank) = 0;
 };
 
 }  // namespace kvrm

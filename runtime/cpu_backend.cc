@@ -13,7 +13,6 @@ namespace kvrm {
 
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig& config,
                                                                const LlamaWeights* weights,
-                                                               KvPool* pool,
                                                                const CpuBackendOptions& options) {
   if (options.max_slots <= 0 || options.max_chunk_tokens <= 0 || options.num_threads <= 0) {
     return absl::InvalidArgumentError("cpu backend: slots, chunk and threads must be positive");
@@ -25,14 +24,23 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   if (config.head_dim % 2 != 0) {
     return absl::InvalidArgumentError("head_dim must be even for rotary embeddings");
   }
-  return std::unique_ptr<CpuBackend>(new CpuBackend(config, weights, pool, options));
+  KvPoolShape shape;
+  shape.num_layers = config.num_hidden_layers;
+  shape.kv_heads = config.num_key_value_heads;
+  shape.head_dim = config.head_dim;
+  shape.block_tokens = options.kv_block_tokens;
+  shape.num_blocks = options.kv_blocks;
+  absl::StatusOr<std::unique_ptr<KvPool>> pool = KvPool::Create(shape);
+  if (!pool.ok()) return pool.status();
+  return std::unique_ptr<CpuBackend>(
+      new CpuBackend(config, weights, std::move(*pool), options));
 }
 
-CpuBackend::CpuBackend(const LlamaConfig& config, const LlamaWeights* weights, KvPool* pool,
-                       const CpuBackendOptions& options)
+CpuBackend::CpuBackend(const LlamaConfig& config, const LlamaWeights* weights,
+                       std::unique_ptr<KvPool> pool, const CpuBackendOptions& options)
     : config_(config),
       weights_(weights),
-      pool_(pool),
+      pool_(std::move(pool)),
       options_(options),
       threads_(options.num_threads),
       max_rows_(std::max(options.max_slots, options.max_chunk_tokens)) {

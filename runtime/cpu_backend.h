@@ -18,6 +18,8 @@
 namespace kvrm {
 
 struct CpuBackendOptions {
+  int64_t kv_blocks = 0;        // blocks in the KV pool
+  int32_t kv_block_tokens = 16;
   int32_t max_slots = 8;
   int32_t max_chunk_tokens = 256;
   int32_t max_context = 0;  // positions; <= the model's max_position_embeddings
@@ -26,16 +28,17 @@ struct CpuBackendOptions {
 
 class CpuBackend : public Backend {
  public:
-  // `weights` and `pool` must outlive the backend.
+  // `weights` must outlive the backend, which allocates its KV pool and buffers here.
   static absl::StatusOr<std::unique_ptr<CpuBackend>> Create(const LlamaConfig& config,
                                                             const LlamaWeights* weights,
-                                                            KvPool* pool,
                                                             const CpuBackendOptions& options);
 
   absl::Status Decode(const StepDescriptor& step, float* logits) override;
   absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
+  int32_t num_kv_pools() const override { return 1; }
+  KvPool* kv_pool(int32_t rank) override { return pool_.get(); }
 
  private:
   // One row of the batch: a token at a position of a slot's history.
@@ -46,15 +49,15 @@ class CpuBackend : public Backend {
     int32_t num_runs;
   };
 
-  CpuBackend(const LlamaConfig& config, const LlamaWeights* weights, KvPool* pool,
-             const CpuBackendOptions& options);
+  CpuBackend(const LlamaConfig& config, const LlamaWeights* weights,
+             std::unique_ptr<KvPool> pool, const CpuBackendOptions& options);
   // The forward pass over `n` rows (rows_[0, n)); logits for rows [first_logit_row, n).
   void Forward(int32_t n, int32_t first_logit_row, float* logits);
   void Attention(int32_t layer, int32_t n);
 
   const LlamaConfig config_;
   const LlamaWeights* weights_;
-  KvPool* pool_;
+  std::unique_ptr<KvPool> pool_;
   const CpuBackendOptions options_;
   ThreadPool threads_;
   const int32_t max_rows_;

@@ -48,29 +48,25 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   o.max_new_tokens = std::max(1, std::min(o.max_new_tokens, o.max_context));
   auto engine = std::unique_ptr<Engine>(new Engine(model, o));
 
-  KvPoolShape shape;
-  shape.num_layers = c.num_hidden_layers;
-  shape.kv_heads = c.num_key_value_heads;
-  shape.head_dim = c.head_dim;
-  shape.block_tokens = o.block_tokens;
   const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
-  shape.num_blocks = blocks_per_slot * o.slots;
-  ASSIGN_OR_RETURN(engine->pool_, KvPool::Create(shape));
-  engine->kv_ = std::make_unique<StaticKvAllocator>(o.slots, blocks_per_slot, o.block_tokens,
-                                                    shape.BytesPerBlock());
   CpuBackendOptions bo;
+  bo.kv_blocks = blocks_per_slot * o.slots;
+  bo.kv_block_tokens = o.block_tokens;
   bo.max_slots = o.slots;
   bo.max_chunk_tokens = o.prefill_chunk;
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
-  ASSIGN_OR_RETURN(engine->backend_,
-                   CpuBackend::Create(c, &model->weights, engine->pool_.get(), bo));
+  ASSIGN_OR_RETURN(engine->backend_, CpuBackend::Create(c, &model->weights, bo));
+  engine->kv_ = std::make_unique<StaticKvAllocator>(
+      o.slots, blocks_per_slot, o.block_tokens,
+      engine->backend_->kv_pool(0)->shape().BytesPerBlock() * engine->backend_->num_kv_pools());
   engine->PublishStats();
   return engine;
 }
 
 Engine::Engine(const ModelBundle* model, const EngineOptions& options)
-    : model_(model), options_(options) {
+    : model_(model), options_(options),
+      observer_(options.observer ? options.observer : &default_observer_) {
   slots_.resize(options.slots);
   samplers_.reserve(options.slots);
   for (int i = 0; i < options.slots; ++i) {
@@ -109,10 +105,16 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
   uint64_t handle;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (draining_ || stop_) return absl::UnavailableError("server is draining");
-    if (queued_ >= options_.max_queue) {
-      return absl::ResourceExhaustedError(
+    absl::Status refused;
+    if (draining_ || stop_) {
+      refused = absl::UnavailableError("server is draining");
+    } else if (queued_ >= options_.max_queue) {
+      refused = absl::ResourceExhaustedError(
           absl::StrCat("queue full (", options_.max_queue, " waiting requests)"));
+    }
+    if (!refused.ok()) {
+      observer_->OnRejected(refused);
+      return refused;
     }
     handle = request->handle = next_handle_++;
     ++queued_;
@@ -166,8 +168,13 @@ void Engine::PublishStats() {
   s.tokens_generated_total = tokens_generated_;
   s.steps_total = steps_;
   s.kv = kv_->Stats();
-  std::lock_guard<std::mutex> lock(mu_);
-  published_ = s;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    s.queue_depth = queued_;
+    s.requests_total = requests_total_;
+    published_ = s;
+  }
+  observer_->OnStats(s);
 }
 
 void Engine::Loop() {
@@ -290,6 +297,7 @@ void Engine::Admit(absl::Time now) {
     slot.position = 0;
     slot.generated = 0;
     slot.admitted = now;
+    observer_->OnAdmitted(*r, now - r->arrival);
     samplers_[i]->Reset(r->sampling, r->prompt);
     const Tokenizer* tok = model_->tokenizer.get();
     // The last prompt tokens give the first generated token's text its context.
@@ -324,7 +332,9 @@ bool Engine::PrefillOneChunk() {
   chunk.runs = step_.SlotRunsData(pick);
   chunk.num_runs = kv_->RunTable(pick, step_.SlotRuns(pick));
   float* logits = &logits_[static_cast<size_t>(pick) * backend_->vocab_size()];
+  const absl::Time t0 = absl::Now();
   const absl::Status st = backend_->Prefill(chunk, last ? logits : nullptr);
+  observer_->OnPrefillChunk(n, absl::Now() - t0);
   if (!st.ok()) {
     LOG(ERROR) << "prefill failed for " << slot.request->request_id << ": " << st;
     FinishSlot(pick, FinishReason::kError, {}, "", std::string(st.message()));
@@ -360,7 +370,9 @@ bool Engine::DecodeStep() {
     ++active;
   }
   if (active == 0) return false;
+  const absl::Time t0 = absl::Now();
   const absl::Status st = backend_->Decode(step_, logits_.data());
+  observer_->OnDecodeStep(active, absl::Now() - t0);
   if (!st.ok()) {
     LOG(ERROR) << "decode step failed: " << st;
     for (int32_t i = 0; i < options_.slots; ++i) {
@@ -386,7 +398,14 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
   samplers_[slot_index]->Accept(token);
   ++slot.generated;
   ++tokens_generated_;
-  if (slot.generated == 1) slot.first_token = absl::Now();
+  const absl::Time now = absl::Now();
+  if (slot.generated == 1) {
+    slot.first_token = now;
+    observer_->OnFirstToken(r, now - r.arrival);
+  } else {
+    observer_->OnNextToken(r, now - slot.last_token);
+  }
+  slot.last_token = now;
   slot.next_token = token;
 
   StreamChunk chunk;
@@ -442,6 +461,7 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   info.queue_time_ms = Ms(slot.admitted - r.arrival);
   info.time_to_first_token_ms = slot.generated > 0 ? Ms(slot.first_token - r.arrival) : 0;
   info.total_time_ms = Ms(now - r.arrival);
+  observer_->OnFinished(r, info);
   r.sink->OnFinished(std::move(last), info);
   kv_->Release(slot_index);
   slot.state = SlotState::kFree;
@@ -459,6 +479,7 @@ void Engine::FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReas
   info.prompt_tokens = static_cast<int32_t>(request->prompt.size());
   info.queue_time_ms = Ms(absl::Now() - request->arrival);
   info.total_time_ms = info.queue_time_ms;
+  observer_->OnFinished(*request, info);
   request->sink->OnFinished({}, info);
   std::lock_guard<std::mutex> lock(mu_);
   --queued_;

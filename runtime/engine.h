@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/backend.h"
+#include "runtime/engine_observer.h"
 #include "runtime/kv_allocator.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
@@ -40,6 +41,7 @@ struct EngineOptions {
   int32_t max_runs = 8;
   int32_t threads = 0;  // 0: hardware concurrency
   KvMode kv_mode = KvMode::kStatic;
+  EngineObserver* observer = nullptr;  // not owned; outlives the engine
 };
 
 struct EngineStats {
@@ -94,6 +96,7 @@ class Engine {
     int32_t generated = 0;
     absl::Time admitted;
     absl::Time first_token;
+    absl::Time last_token;
   };
 
   Engine(const ModelBundle* model, const EngineOptions& options);
@@ -112,11 +115,14 @@ class Engine {
   void FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReason reason);
   void PublishStats();
 
+  EngineObserver* observer() { return observer_; }
+
   const ModelBundle* model_;
   const EngineOptions options_;
-  std::unique_ptr<KvPool> pool_;
   std::unique_ptr<KvAllocator> kv_;
   std::unique_ptr<Backend> backend_;
+  EngineObserver default_observer_;  // no-op when options_.observer is null
+  EngineObserver* observer_;
 
   // Owner-thread state.
   std::vector<Slot> slots_;

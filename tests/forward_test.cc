@@ -138,31 +138,23 @@ std::vector<int32_t> RandomTokens(std::mt19937* rng, int n, int vocab) {
   return tokens;
 }
 
-// A backend over its own pool.
+// A backend with its own pool.
 struct Engine {
-  std::unique_ptr<KvPool> pool;
   std::unique_ptr<CpuBackend> backend;
 };
 
 Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_blocks,
                   int32_t max_slots, int32_t max_chunk_tokens) {
   const LlamaConfig& c = model.bundle->config;
-  KvPoolShape shape;
-  shape.num_layers = c.num_hidden_layers;
-  shape.kv_heads = c.num_key_value_heads;
-  shape.head_dim = c.head_dim;
-  shape.block_tokens = block_tokens;
-  shape.num_blocks = num_blocks;
   Engine e;
-  auto pool = KvPool::Create(shape);
-  CHECK_OK(pool.status());
-  e.pool = std::move(*pool);
   CpuBackendOptions options;
+  options.kv_blocks = num_blocks;
+  options.kv_block_tokens = block_tokens;
   options.max_slots = max_slots;
   options.max_chunk_tokens = max_chunk_tokens;
   options.max_context = 256;
   options.num_threads = 2;
-  auto backend = CpuBackend::Create(c, &model.bundle->weights, e.pool.get(), options);
+  auto backend = CpuBackend::Create(c, &model.bundle->weights, options);
   CHECK_OK(backend.status());
   e.backend = std::move(*backend);
   return e;

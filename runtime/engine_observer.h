@@ -1,0 +1,41 @@
+// Hooks the engine calls as requests and steps progress: the seam where metrics attach.
+//
+// Called on the engine's owner thread (except OnRejected, which runs on the submitting thread),
+// so implementations must be cheap, never block and be thread-safe for OnRejected (atomics).
+#ifndef KVRM_RUNTIME_ENGINE_OBSERVER_H_
+#define KVRM_RUNTIME_ENGINE_OBSERVER_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "runtime/request.h"
+
+namespace kvrm {
+
+struct EngineStats;
+
+class EngineObserver {
+ public:
+  virtual ~EngineObserver() = default;
+  // A request left the queue for a slot after `queue_time`.
+  virtual void OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {}
+  // A request produced its first token `ttft` after arrival.
+  virtual void OnFirstToken(const GenerationRequest& request, absl::Duration ttft) {}
+  // A request produced a later token, `gap` after its previous one (inter-token latency).
+  virtual void OnNextToken(const GenerationRequest& request, absl::Duration gap) {}
+  // A request ended (every submitted request ends exactly once).
+  virtual void OnFinished(const GenerationRequest& request, const FinishInfo& info) {}
+  // Submit refused a request (RESOURCE_EXHAUSTED or UNAVAILABLE). Any thread.
+  virtual void OnRejected(const absl::Status& status) {}
+  // One prefill chunk of `tokens` took `duration`.
+  virtual void OnPrefillChunk(int32_t tokens, absl::Duration duration) {}
+  // One decode step over `active_slots` took `duration`.
+  virtual void OnDecodeStep(int32_t active_slots, absl::Duration duration) {}
+  // After every engine iteration that did work, and when idle: the gauges' source.
+  virtual void OnStats(const EngineStats& stats) {}
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_ENGINE_OBSERVER_H_
