@@ -52,6 +52,12 @@ struct EngineStats {
   uint64_t tokens_generated_total = 0;
   uint64_t steps_total = 0;
   KvStats kv;
+  // KV-RM pager figures (cumulative; stay 0 under --kv_mode=static). Read by metrics/.
+  uint64_t transfer_groups_total = 0;       // merged host<->device copy groups issued
+  uint64_t transfer_bytes_total = 0;        // bytes those groups moved
+  double transport_wait_seconds_total = 0;  // time the step replay waited on transport
+  uint64_t descriptor_commits_total = 0;    // step descriptors committed (run tables changed)
+  uint64_t preemptions_total = 0;           // requests swapped out or recomputed
 };
 
 enum class SlotState { kFree, kPrefilling, kDecoding };
