@@ -1,0 +1,77 @@
+#include "runtime/block_space.h"
+
+#include "common/logging.h"
+
+namespace kvrm {
+
+BlockSpace::BlockSpace(int64_t num_blocks)
+    : num_blocks_(num_blocks), free_((num_blocks + 63) / 64, ~uint64_t{0}), free_count_(num_blocks) {
+  // Bits past the end are "used" so scans never run off the end.
+  if (num_blocks % 64 != 0) free_.back() = (uint64_t{1} << (num_blocks % 64)) - 1;
+}
+
+void BlockSpace::Take(int64_t block) {
+  DCHECK(IsFree(block));
+  free_[block >> 6] &= ~(uint64_t{1} << (block & 63));
+  --free_count_;
+}
+
+void BlockSpace::Give(int64_t block) {
+  DCHECK(!IsFree(block));
+  free_[block >> 6] |= uint64_t{1} << (block & 63);
+  ++free_count_;
+}
+
+void BlockSpace::TakeRange(int64_t start, int64_t length) {
+  for (int64_t b = start; b < start + length; ++b) Take(b);
+}
+
+int64_t BlockSpace::NextFree(int64_t block) const {
+  if (block >= num_blocks_) return num_blocks_;
+  int64_t w = block >> 6;
+  uint64_t bits = free_[w] & (~uint64_t{0} << (block & 63));
+  while (bits == 0) {
+    if (++w >= static_cast<int64_t>(free_.size())) return num_blocks_;
+    bits = free_[w];
+  }
+  return std::min<int64_t>(num_blocks_, (w << 6) + __builtin_ctzll(bits));
+}
+
+int64_t BlockSpace::FreeRunAt(int64_t block) const {
+  int64_t w = block >> 6;
+  const int bit = block & 63;
+  // Used bits from `block` on, in this word.
+  uint64_t used = ~free_[w] & (~uint64_t{0} << bit);
+  if (used != 0) return __builtin_ctzll(used) - bit;
+  int64_t run = 64 - bit;
+  while (++w < static_cast<int64_t>(free_.size())) {
+    if (free_[w] == ~uint64_t{0}) {
+      run += 64;
+      continue;
+    }
+    run += __builtin_ctzll(~free_[w]);
+    break;
+  }
+  return std::min(run, num_blocks_ - block);
+}
+
+Extent BlockSpace::LargestFree() const {
+  Extent best;
+  for (int64_t b = NextFree(0); b < num_blocks_;) {
+    const int64_t run = FreeRunAt(b);
+    if (run > best.length) best = Extent{b, run};
+    b = NextFree(b + run);
+  }
+  return best;
+}
+
+Extent BlockSpace::FirstFit(int64_t length) const {
+  for (int64_t b = NextFree(0); b < num_blocks_;) {
+    const int64_t run = FreeRunAt(b);
+    if (run >= length) return Extent{b, run};
+    b = NextFree(b + run);
+  }
+  return Extent{};
+}
+
+}  // namespace kvrm

@@ -1,0 +1,288 @@
+// Property tests of the KV-RM pager and the transfer planner over long random sequences of
+// admit / grow / EOS / cancel / compact / swap-out / swap-in, with a simulated transport that
+// runs each batch of moves some time after it was planned (as the real one may), checked
+// against a simple oracle: each slot's logical blocks hold the values written to them.
+#include "runtime/kv_pager.h"
+
+#include <deque>
+#include <random>
+
+#include "gtest/gtest.h"
+#include "runtime/transfer_plan.h"
+
+namespace kvrm {
+namespace {
+
+constexpr int32_t kBlockTokens = 16;
+
+// Values stand in for KV contents: block j of request r holds Value(r, j).
+uint64_t Value(uint64_t request, int64_t logical_block) {
+  return request * 1000003u + static_cast<uint64_t>(logical_block) * 7919u + 1;
+}
+
+struct Sim {
+  KvPagerOptions options;
+  std::unique_ptr<KvPager> pager;
+  std::vector<uint64_t> device, host;  // simulated contents per physical block
+  std::vector<uint64_t> request;       // per slot: 0 = free
+  std::vector<int64_t> tokens;         // per slot
+  std::deque<std::pair<uint64_t, std::vector<BlockMove>>> in_flight;  // planned, not yet copied
+  uint64_t next_fence = 1;
+  uint64_t next_request = 1;
+  int64_t groups = 0, moves = 0;
+
+  explicit Sim(KvPagerOptions o) : options(o), pager(std::make_unique<KvPager>(o)) {
+    device.assign(o.device_blocks, 0);
+    host.assign(std::max<int64_t>(1, o.host_blocks), 0);
+    request.assign(o.num_slots, 0);
+    tokens.assign(o.num_slots, 0);
+  }
+
+  std::vector<uint64_t>& Mem(KvTier t) { return t == KvTier::kDevice ? device : host; }
+
+  // Writes the oracle values into blocks [from, to) of the slot (as prefill/decode would).
+  void Write(int32_t slot, int64_t from_block) {
+    const std::vector<int32_t>& blocks = pager->Blocks(slot);
+    std::vector<uint64_t>& mem = Mem(pager->OnHost(slot) ? KvTier::kHost : KvTier::kDevice);
+    for (int64_t j = from_block; j < static_cast<int64_t>(blocks.size()); ++j) {
+      mem[blocks[j]] = Value(request[slot], j);
+    }
+  }
+
+  void Submit(std::vector<BlockMove> planned, uint64_t fence) {
+    if (planned.empty()) return;
+    // Planner properties: groups cover the moves exactly, are disjoint and maximal.
+    std::vector<BlockMove> copy = planned;
+    std::vector<TransferGroup> g;
+    PlanTransferGroups(absl::MakeSpan(copy), &g);
+    int64_t covered = 0;
+    for (size_t i = 0; i < g.size(); ++i) {
+      covered += g[i].num_blocks;
+      for (size_t k = 0; k < g.size(); ++k) {
+        if (k == i) continue;
+        const bool joinable = g[i].src_tier == g[k].src_tier && g[i].dst_tier == g[k].dst_tier &&
+                              g[i].src_first + g[i].num_blocks == g[k].src_first &&
+                              g[i].dst_first + g[i].num_blocks == g[k].dst_first;
+        ASSERT_FALSE(joinable) << "groups " << i << " and " << k << " could merge";
+        if (g[i].src_tier == g[k].src_tier) {
+          ASSERT_TRUE(g[i].src_first + g[i].num_blocks <= g[k].src_first ||
+                      g[k].src_first + g[k].num_blocks <= g[i].src_first) << "sources overlap";
+        }
+        if (g[i].dst_tier == g[k].dst_tier) {
+          ASSERT_TRUE(g[i].dst_first + g[i].num_blocks <= g[k].dst_first ||
+                      g[k].dst_first + g[k].num_blocks <= g[i].dst_first) << "dests overlap";
+        }
+      }
+    }
+    ASSERT_EQ(covered, static_cast<int64_t>(planned.size()));
+    groups += g.size();
+    moves += planned.size();
+    in_flight.emplace_back(fence, std::move(planned));
+  }
+
+  // Executes the oldest in-flight batch (copies, then retires its fence).
+  void RunOne() {
+    if (in_flight.empty()) return;
+    auto [fence, batch] = std::move(in_flight.front());
+    in_flight.pop_front();
+    for (const BlockMove& m : batch) Mem(m.dst_tier)[m.dst] = Mem(m.src_tier)[m.src];
+    pager->RetireUpTo(fence);
+  }
+  void RunAll() {
+    while (!in_flight.empty()) RunOne();
+  }
+
+  void CheckContents() {
+    for (int32_t s = 0; s < options.num_slots; ++s) {
+      if (request[s] == 0) continue;
+      const std::vector<int32_t>& blocks = pager->Blocks(s);
+      std::vector<uint64_t>& mem = Mem(pager->OnHost(s) ? KvTier::kHost : KvTier::kDevice);
+      for (size_t j = 0; j < blocks.size(); ++j) {
+        ASSERT_EQ(mem[blocks[j]], Value(request[s], j)) << "slot " << s << " block " << j;
+      }
+    }
+  }
+};
+
+KvPagerOptions Options(int32_t slots, int64_t device_blocks, int64_t host_blocks, int32_t runs) {
+  KvPagerOptions o;
+  o.num_slots = slots;
+  o.device_blocks = device_blocks;
+  o.host_blocks = host_blocks;
+  o.block_tokens = kBlockTokens;
+  o.max_runs = runs;
+  o.max_blocks_per_slot = 64;
+  o.bytes_per_block = 1024;
+  return o;
+}
+
+TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
+  for (uint32_t seed : {1u, 2u, 3u, 4u}) {
+    Sim sim(Options(12, 300, 200, 4));
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+    for (int op = 0; op < 6000; ++op) {
+      const int32_t s = pick(sim.options.num_slots);
+      KvPager& p = *sim.pager;
+      switch (pick(8)) {
+        case 0:
+        case 1: {  // admit a prompt into a free slot
+          if (sim.request[s] != 0) break;
+          const int64_t prompt = 1 + pick(300);
+          if (p.BlocksFor(prompt) > p.free_device_blocks()) break;
+          ASSERT_TRUE(p.Grow(s, prompt).ok());
+          sim.request[s] = sim.next_request++;
+          sim.tokens[s] = prompt;
+          sim.Write(s, 0);
+          break;
+        }
+        case 2:
+        case 3: {  // decode growth by a few tokens
+          if (sim.request[s] == 0 || p.OnHost(s)) break;
+          const int64_t before = p.NumBlocks(s);
+          const int64_t want = std::min<int64_t>(sim.tokens[s] + 1 + pick(40), 64 * kBlockTokens);
+          const absl::Status st = p.Grow(s, want);
+          if (!st.ok()) {
+            ASSERT_TRUE(absl::IsResourceExhausted(st) || absl::IsOutOfRange(st)) << st;
+            break;
+          }
+          sim.tokens[s] = want;
+          sim.Write(s, before);
+          break;
+        }
+        case 4: {  // EOS / stop / cancel
+          if (sim.request[s] == 0) break;
+          p.Release(s);
+          sim.request[s] = 0;
+          sim.tokens[s] = 0;
+          break;
+        }
+        case 5: {  // compaction when over max_runs
+          if (sim.request[s] == 0) break;
+          std::vector<BlockMove> m;
+          const uint64_t fence = sim.next_fence++;
+          if (p.PlanCompaction(s, fence, &m)) {
+            ASSERT_LE(p.NumRuns(s), sim.options.max_runs);
+          }
+          sim.Submit(std::move(m), fence);
+          break;
+        }
+        case 6: {  // swap out (pause) or back in (resume)
+          if (sim.request[s] == 0) break;
+          std::vector<BlockMove> m;
+          const uint64_t fence = sim.next_fence++;
+          const absl::Status st =
+              p.OnHost(s) ? p.PlanSwapIn(s, fence, &m) : p.PlanSwapOut(s, fence, &m);
+          ASSERT_TRUE(st.ok() || absl::IsResourceExhausted(st)) << st;
+          sim.Submit(std::move(m), fence);
+          break;
+        }
+        case 7:  // the transport catches up by one batch
+          sim.RunOne();
+          break;
+      }
+      ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants() << " op " << op;
+      if (op % 50 == 0) {
+        sim.RunAll();
+        sim.CheckContents();
+        if (HasFatalFailure()) return;
+      }
+    }
+    sim.RunAll();
+    sim.CheckContents();
+    // Every slot at most max_runs after its compaction is planned and done.
+    for (int32_t s = 0; s < sim.options.num_slots; ++s) {
+      if (sim.request[s] == 0 || sim.pager->OnHost(s)) continue;
+      std::vector<BlockMove> m;
+      const uint64_t fence = sim.next_fence++;
+      if (sim.pager->PlanCompaction(s, fence, &m)) {
+        EXPECT_LE(sim.pager->NumRuns(s), sim.options.max_runs);
+      }
+      sim.Submit(std::move(m), fence);
+    }
+    sim.RunAll();
+    sim.CheckContents();
+    // No block leaked when all requests end.
+    for (int32_t s = 0; s < sim.options.num_slots; ++s) sim.pager->Release(s);
+    sim.pager->RetireUpTo(sim.next_fence);
+    EXPECT_EQ(sim.pager->free_device_blocks(), 300);
+    EXPECT_EQ(sim.pager->free_host_blocks(), 200);
+    EXPECT_TRUE(sim.pager->CheckInvariants().ok());
+    // The sequence exercised the transport, and merging made groups rarer than moves.
+    EXPECT_GT(sim.moves, 500) << "seed " << seed;
+    EXPECT_LT(sim.groups, sim.moves) << "seed " << seed;
+  }
+}
+
+TEST(KvPagerTest, GrowsInPlaceAndPlacesPromptsAsOneExtent) {
+  KvPager p(Options(4, 256, 0, 4));
+  ASSERT_TRUE(p.Grow(0, 100).ok());  // 7 blocks
+  EXPECT_EQ(p.NumRuns(0), 1);
+  ASSERT_TRUE(p.Grow(1, 200).ok());  // 13 blocks, one extent
+  EXPECT_EQ(p.NumRuns(1), 1);
+  for (int64_t t = 101; t <= 600; t += 16) ASSERT_TRUE(p.Grow(0, t).ok());
+  EXPECT_EQ(p.NumRuns(0), 1) << "growth stays in place while the next block is free";
+  for (int64_t t = 201; t <= 600; t += 16) ASSERT_TRUE(p.Grow(1, t).ok());
+  ASSERT_TRUE(p.Grow(0, 600).ok());
+  ASSERT_TRUE(p.Grow(1, 600).ok());
+  EXPECT_EQ(p.NumRuns(0), 1);
+  EXPECT_EQ(p.NumRuns(1), 1);
+  const KvStats st = p.Stats();
+  EXPECT_EQ(st.blocks_used, 2 * p.BlocksFor(600));
+  EXPECT_EQ(st.blocks_used + st.blocks_free, 256);
+}
+
+TEST(KvPagerTest, ExhaustionIsResourceExhaustedAndChangesNothing) {
+  KvPager p(Options(2, 10, 0, 4));
+  ASSERT_TRUE(p.Grow(0, 8 * kBlockTokens).ok());
+  const absl::Status st = p.Grow(1, 3 * kBlockTokens);
+  EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
+  EXPECT_EQ(p.NumBlocks(1), 0);
+  EXPECT_EQ(p.free_device_blocks(), 2);
+}
+
+TEST(KvPagerTest, CompactionMergesTailRunsIntoOneAndHoldsSourcesUntilTheFence) {
+  KvPager p(Options(3, 64, 0, 2));
+  // Interleave two slots' growth on a pool with holes so slot 0 fragments.
+  ASSERT_TRUE(p.Grow(0, 16).ok());
+  ASSERT_TRUE(p.Grow(1, 16 * 30).ok());
+  ASSERT_TRUE(p.Grow(2, 16 * 30).ok());
+  for (int i = 2; i <= 3; ++i) ASSERT_TRUE(p.Grow(0, 16 * i).ok());
+  p.Release(1);
+  ASSERT_TRUE(p.Grow(0, 16 * 4).ok());
+  std::vector<BlockMove> m;
+  const int64_t free_before = p.free_device_blocks();
+  if (p.NumRuns(0) > 2) {
+    ASSERT_TRUE(p.PlanCompaction(0, 7, &m));
+    EXPECT_LE(p.NumRuns(0), 2);
+    EXPECT_FALSE(m.empty());
+    // Sources are not free until fence 7 retires.
+    EXPECT_EQ(p.free_device_blocks(), free_before - static_cast<int64_t>(m.size()));
+    p.RetireUpTo(6);
+    EXPECT_EQ(p.free_device_blocks(), free_before - static_cast<int64_t>(m.size()));
+    p.RetireUpTo(7);
+    EXPECT_EQ(p.free_device_blocks(), free_before);
+  }
+  EXPECT_TRUE(p.CheckInvariants().ok());
+}
+
+TEST(TransferPlanTest, MergesConsecutiveMovesIntoMaximalGroups) {
+  std::vector<BlockMove> moves = {
+      {KvTier::kDevice, 12, KvTier::kDevice, 42}, {KvTier::kDevice, 10, KvTier::kDevice, 40},
+      {KvTier::kDevice, 11, KvTier::kDevice, 41}, {KvTier::kDevice, 13, KvTier::kDevice, 50},
+      {KvTier::kDevice, 14, KvTier::kHost, 0},    {KvTier::kDevice, 15, KvTier::kHost, 1},
+  };
+  std::vector<TransferGroup> groups;
+  PlanTransferGroups(absl::MakeSpan(moves), &groups);
+  ASSERT_EQ(groups.size(), 3u);
+  EXPECT_EQ(groups[0].src_first, 10);
+  EXPECT_EQ(groups[0].dst_first, 40);
+  EXPECT_EQ(groups[0].num_blocks, 3);
+  EXPECT_EQ(groups[1].src_first, 13);
+  EXPECT_EQ(groups[1].num_blocks, 1);
+  EXPECT_EQ(groups[2].dst_tier, KvTier::kHost);
+  EXPECT_EQ(groups[2].num_blocks, 2);
+}
+
+}  // namespace
+}  // namespace kvrm

@@ -1,0 +1,67 @@
+#include "runtime/step_runner.h"
+
+#include "common/logging.h"
+
+namespace kvrm {
+
+StepRunner::StepRunner(Backend* backend) : backend_(backend) {
+  thread_ = std::thread([this] { Loop(); });
+}
+
+StepRunner::~StepRunner() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void StepRunner::Launch(const StepWork& work) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    CHECK(!running_) << "a step is already running";
+    work_ = work;
+    pending_ = true;
+    running_ = true;
+  }
+  cv_.notify_all();
+}
+
+StepResult StepRunner::Wait() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return !running_; });
+  return result_;
+}
+
+void StepRunner::Loop() {
+  for (;;) {
+    StepWork work;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return stop_ || pending_; });
+      if (stop_) return;
+      work = work_;
+      pending_ = false;
+    }
+    StepResult r;
+    if (work.chunk) {
+      const absl::Time t0 = absl::Now();
+      r.prefill_status = backend_->Prefill(*work.chunk, work.chunk_logits);
+      r.prefill_time = absl::Now() - t0;
+    }
+    if (work.step) {
+      const absl::Time t0 = absl::Now();
+      r.decode_status = backend_->Decode(*work.step, work.logits);
+      r.decode_time = absl::Now() - t0;
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result_ = r;
+      running_ = false;
+    }
+    cv_.notify_all();
+  }
+}
+
+}  // namespace kvrm

@@ -1,0 +1,60 @@
+// Runs the backend's work for one engine step (an optional prefill chunk, then the decode step
+// over the committed descriptor) on its own thread, so that the engine thread can build the
+// next step's descriptor and stage its transfers while this one runs. On a GPU this is the
+// stream the graph replays on; on the CPU it is this thread driving the kernel pool.
+#ifndef KVRM_RUNTIME_STEP_RUNNER_H_
+#define KVRM_RUNTIME_STEP_RUNNER_H_
+
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "runtime/backend.h"
+
+namespace kvrm {
+
+struct StepWork {
+  const PrefillChunk* chunk = nullptr;  // optional
+  float* chunk_logits = nullptr;        // logits after the chunk's last token, when wanted
+  const StepDescriptor* step = nullptr;  // optional; rows with active == 0 are skipped
+  float* logits = nullptr;
+};
+
+struct StepResult {
+  absl::Status prefill_status;
+  absl::Status decode_status;
+  absl::Duration prefill_time;
+  absl::Duration decode_time;
+};
+
+class StepRunner {
+ public:
+  explicit StepRunner(Backend* backend);
+  ~StepRunner();
+  StepRunner(const StepRunner&) = delete;
+  StepRunner& operator=(const StepRunner&) = delete;
+
+  // Starts `work` (which must stay valid until Wait returns). One step at a time.
+  void Launch(const StepWork& work);
+  // Blocks until the launched step is done.
+  StepResult Wait();
+
+ private:
+  void Loop();
+
+  Backend* backend_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  StepWork work_;       // guarded by mu_
+  StepResult result_;   // guarded by mu_
+  bool pending_ = false;  // guarded by mu_: launched, not yet taken by the thread
+  bool running_ = false;  // guarded by mu_: launched and not finished
+  bool stop_ = false;     // guarded by mu_
+  std::thread thread_;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_STEP_RUNNER_H_
