@@ -1,9 +1,20 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstring>
 
 #include "common/logging.h"
+
+// Attention is compiled for several instruction sets and picked by the loader (ifunc): its
+// loops are plain C++ that GCC vectorises for each clone.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KVRM_ATTENTION_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVRM_ATTENTION_CLONES
+#endif
 
 namespace kvrm {
 
@@ -22,8 +33,9 @@ int64_t PhysicalToken(const KvRun* runs, int32_t num_runs, int32_t block_tokens,
 
 namespace {
 
+constexpr int kLanes = 16;
+
 inline float Dot(const float* __restrict a, const float* __restrict b, int32_t n) {
-  constexpr int kLanes = 16;
   float acc[kLanes] = {};
   int32_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
@@ -35,47 +47,94 @@ inline float Dot(const float* __restrict a, const float* __restrict b, int32_t n
   return s;
 }
 
+// exp(x) for x <= 0 with ~1 ulp error: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the
+// degree-6 Taylor polynomial (truncation < 1.3e-7 relative). Branch-free so loops vectorise;
+// std::exp does not, and the softmax of a long context calls it once per token and head.
+inline float ExpNonPositive(float x) {
+  x = std::max(x, -87.0f);  // keeps 2^n normal; exp(-87) ~ 1.6e-38 is as good as 0 here
+  const float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+  const float t = x * 1.44269504088896341f + kShift;
+  const float n = t - kShift;
+  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
+  float p = 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const int32_t e = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
+  return p * std::bit_cast<float>((e + 127) << 23);
+}
+
+// Sum in 16 lanes then across them: a fixed order, vectorisable without -ffast-math.
+inline float Sum(const float* x, int64_t n) {
+  float acc[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) acc[j] += x[i + j];
+  }
+  float s = 0;
+  for (int j = 0; j < kLanes; ++j) s += acc[j];
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+int64_t RunTokens(const KvRun& run, const KvLayerView& kv, int64_t remaining) {
+  return std::min<int64_t>(static_cast<int64_t>(run.num_blocks) * kv.block_tokens, remaining);
+}
+
 }  // namespace
+
+KVRM_ATTENTION_CLONES
+void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                 const KvRun* runs, int32_t num_runs, int64_t seq_len, float scale, float* scores,
+                 float* out) {
+  const int32_t d = kv.head_dim;
+  DCHECK(group >= 1 && group <= kMaxAttentionGroup);
+  // Pass 1: scores[g][t], run by run (each run contiguous in memory), K rows read once.
+  int64_t t = 0;
+  for (int32_t r = 0; r < num_runs && t < seq_len; ++r) {
+    const int64_t n = RunTokens(runs[r], kv, seq_len - t);
+    const float* k = kv.KeyAt(kv_head, static_cast<int64_t>(runs[r].first_block) * kv.block_tokens);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int32_t g = 0; g < group; ++g) {
+        scores[g * seq_len + t + j] = Dot(q + g * d, k + j * d, d) * scale;
+      }
+    }
+    t += n;
+  }
+  DCHECK(t == seq_len);
+  float inv[kMaxAttentionGroup];
+  for (int32_t g = 0; g < group; ++g) {
+    float* s = scores + g * seq_len;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < seq_len; ++j) mx = std::max(mx, s[j]);
+    for (int64_t j = 0; j < seq_len; ++j) s[j] = ExpNonPositive(s[j] - mx);
+    inv[g] = 1.0f / Sum(s, seq_len);
+  }
+  // Pass 2: weighted sum of values, V rows read once.
+  std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
+  t = 0;
+  for (int32_t r = 0; r < num_runs && t < seq_len; ++r) {
+    const int64_t n = RunTokens(runs[r], kv, seq_len - t);
+    const float* v =
+        kv.ValueAt(kv_head, static_cast<int64_t>(runs[r].first_block) * kv.block_tokens);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* __restrict vj = v + j * d;
+      for (int32_t g = 0; g < group; ++g) {
+        const float p = scores[g * seq_len + t + j] * inv[g];
+        float* __restrict o = out + g * d;
+        for (int32_t i = 0; i < d; ++i) o[i] += p * vj[i];
+      }
+    }
+    t += n;
+  }
+}
 
 void AttendOneHead(const float* q, const KvLayerView& kv, int32_t kv_head, const KvRun* runs,
                    int32_t num_runs, int64_t seq_len, float scale, float* scores, float* out) {
-  const int32_t d = kv.head_dim;
-  // Pass 1: scores, run by run (each run contiguous in memory).
-  int64_t t = 0;
-  float mx = -INFINITY;
-  for (int32_t r = 0; r < num_runs && t < seq_len; ++r) {
-    const int64_t run_tokens =
-        std::min<int64_t>(static_cast<int64_t>(runs[r].num_blocks) * kv.block_tokens, seq_len - t);
-    const float* k = kv.KeyAt(kv_head, static_cast<int64_t>(runs[r].first_block) * kv.block_tokens);
-    for (int64_t j = 0; j < run_tokens; ++j) {
-      const float s = Dot(q, k + j * d, d) * scale;
-      scores[t + j] = s;
-      mx = std::max(mx, s);
-    }
-    t += run_tokens;
-  }
-  DCHECK(t == seq_len);
-  float sum = 0;
-  for (int64_t j = 0; j < seq_len; ++j) {
-    scores[j] = std::exp(scores[j] - mx);
-    sum += scores[j];
-  }
-  const float inv = 1.0f / sum;
-  // Pass 2: weighted sum of values.
-  std::fill(out, out + d, 0.0f);
-  t = 0;
-  for (int32_t r = 0; r < num_runs && t < seq_len; ++r) {
-    const int64_t run_tokens =
-        std::min<int64_t>(static_cast<int64_t>(runs[r].num_blocks) * kv.block_tokens, seq_len - t);
-    const float* v =
-        kv.ValueAt(kv_head, static_cast<int64_t>(runs[r].first_block) * kv.block_tokens);
-    for (int64_t j = 0; j < run_tokens; ++j) {
-      const float p = scores[t + j] * inv;
-      const float* vj = v + j * d;
-      for (int32_t i = 0; i < d; ++i) out[i] += p * vj[i];
-    }
-    t += run_tokens;
-  }
+  AttendGroup(q, 1, kv, kv_head, runs, num_runs, seq_len, scale, scores, out);
 }
 
 }  // namespace kvrm

@@ -39,6 +39,17 @@ int64_t PhysicalToken(const KvRun* runs, int32_t num_runs, int32_t block_tokens,
 void AttendOneHead(const float* q, const KvLayerView& kv, int32_t kv_head, const KvRun* runs,
                    int32_t num_runs, int64_t seq_len, float scale, float* scores, float* out);
 
+// The `group` query heads that share KV head `kv_head` (grouped-query attention), so each K and
+// V row is read from memory once for the whole group. q and out are [group][head_dim]
+// (consecutive heads); `scores` holds group * seq_len floats. Per head, the same sums as
+// AttendOneHead in the same order: results do not depend on the grouping or the run layout.
+void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                 const KvRun* runs, int32_t num_runs, int64_t seq_len, float scale, float* scores,
+                 float* out);
+
+// Largest query-head group AttendGroup takes.
+inline constexpr int32_t kMaxAttentionGroup = 16;
+
 }  // namespace kvrm
 
 #endif  // KVRM_KERNELS_CPU_ATTENTION_H_

@@ -1,5 +1,6 @@
 #include "kernels/cpu/matmul.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "common/logging.h"
@@ -85,19 +86,25 @@ void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const Weight
   LOG(FATAL) << "unsupported instruction set " << static_cast<int>(isa);
 }
 
+void MatMulShareBounds(int64_t rows, int thread, int num_threads, int64_t* begin, int64_t* end) {
+  const int64_t tiles = (rows + 3) / 4;
+  *begin = std::min(rows, tiles * thread / num_threads * 4);
+  *end = std::min(rows, tiles * (thread + 1) / num_threads * 4);
+}
+
+void MatMulShare(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
+                 float* y, int64_t ldy, int thread, int num_threads, float* scratch) {
+  int64_t begin, end;
+  MatMulShareBounds(w.rows, thread, num_threads, &begin, &end);
+  if (begin < end) MatMulRows(isa, x, n, ldx, w, begin, end, y, ldy, scratch);
+}
+
 void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
             float* y, int64_t ldy, float* scratch) {
   const CpuIsa isa = ActiveCpuIsa();
   const int64_t per_thread = MatMulScratchFloats(w.cols);
-  // Shares are whole row tiles; each thread widens into its own scratch.
   pool.RunOnAll([&](int t) {
-    const int64_t tiles = (w.rows + 3) / 4;
-    const int nt = pool.num_threads();
-    const int64_t begin = std::min(w.rows, tiles * t / nt * 4);
-    const int64_t end = std::min(w.rows, tiles * (t + 1) / nt * 4);
-    if (begin < end) {
-      MatMulRows(isa, x, n, ldx, w, begin, end, y, ldy, scratch + t * per_thread);
-    }
+    MatMulShare(isa, x, n, ldx, w, y, ldy, t, pool.num_threads(), scratch + t * per_thread);
   });
 }
 

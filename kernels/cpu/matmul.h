@@ -33,6 +33,15 @@ int64_t MatMulScratchFloats(int64_t cols);
 void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
             float* y, int64_t ldy, float* scratch);
 
+// Thread `thread` of `num_threads`'s share of MatMul: a contiguous range of whole row tiles.
+// For fusing several products (and their epilogues) into one parallel region: each thread calls
+// this for every product with its own `scratch` (MatMulScratchFloats(w.cols) floats).
+void MatMulShare(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
+                 float* y, int64_t ldy, int thread, int num_threads, float* scratch);
+
+// The rows [*begin, *end) of a `rows`-row matrix that MatMulShare gives thread `thread`.
+void MatMulShareBounds(int64_t rows, int thread, int num_threads, int64_t* begin, int64_t* end);
+
 // Single-threaded kernel over rows [row_begin, row_end) (exposed for tests and TP shards).
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch);

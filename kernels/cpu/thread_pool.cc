@@ -1,8 +1,25 @@
 #include "kernels/cpu/thread_pool.h"
 
 #include <algorithm>
+#include <chrono>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
 
 namespace kvrm {
+
+void SpinPause(int64_t iteration) {
+  // After a few thousand pauses (~tens of us) the other side is probably descheduled: yield so
+  // a shared, oversubscribed machine still makes progress.
+  if (iteration < 4096) {
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+  } else {
+    std::this_thread::yield();
+  }
+}
 
 ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads)) {
   workers_.reserve(num_threads_ - 1);
@@ -12,30 +29,40 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(std::max(1, num_threads))
 }
 
 ThreadPool::~ThreadPool() {
+  stop_.store(true);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
   }
   work_cv_.notify_all();
   for (std::thread& t : workers_) t.join();
 }
 
+bool ThreadPool::WaitForWork(uint64_t seen) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + std::chrono::microseconds(kSpinMicros);
+  for (int64_t i = 0;; ++i) {
+    if (generation_.load(std::memory_order_acquire) != seen) return true;
+    if (stop_.load(std::memory_order_relaxed)) return false;
+#if defined(__x86_64__) || defined(__i386__)
+    _mm_pause();
+#endif
+    if ((i & 63) == 63 && Clock::now() > deadline) break;
+  }
+  // Sleep. sleepers_ and generation_ are seq_cst: either the owner sees our increment and
+  // notifies under mu_, or we see its new generation before waiting.
+  std::unique_lock<std::mutex> lock(mu_);
+  sleepers_.fetch_add(1);
+  work_cv_.wait(lock, [&] { return stop_.load() || generation_.load() != seen; });
+  sleepers_.fetch_sub(1);
+  return !stop_.load();
+}
+
 void ThreadPool::WorkerLoop(int index) {
   uint64_t seen = 0;
-  for (;;) {
-    absl::FunctionRef<void(int)>* job;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      job = job_;
-    }
-    (*job)(index);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--pending_ == 0) done_cv_.notify_one();
-    }
+  while (WaitForWork(seen)) {
+    seen = generation_.load(std::memory_order_acquire);
+    (*job_)(index);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 
@@ -44,16 +71,15 @@ void ThreadPool::RunOnAll(absl::FunctionRef<void(int)> fn) {
     fn(0);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    job_ = &fn;
-    pending_ = num_threads_ - 1;
-    ++generation_;
+  job_ = &fn;
+  pending_.store(num_threads_ - 1, std::memory_order_relaxed);
+  generation_.fetch_add(1);  // seq_cst: publishes job_ and pending_
+  if (sleepers_.load() > 0) {
+    { std::lock_guard<std::mutex> lock(mu_); }
+    work_cv_.notify_all();
   }
-  work_cv_.notify_all();
   fn(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return pending_ == 0; });
+  for (int64_t i = 0; pending_.load(std::memory_order_acquire) != 0; ++i) SpinPause(i);
   job_ = nullptr;
 }
 

@@ -1,9 +1,14 @@
 // A persistent pool of worker threads for the CPU kernels.
 //
-// Created once at start-up; ParallelFor neither creates threads nor allocates, so it can run on
-// the decode step path. The calling thread takes part (it runs the first share), so a pool of
-// N threads uses N-1 workers. One ParallelFor at a time: the pool is owned by one engine thread
-// (or one rank thread under tensor parallelism).
+// Created once at start-up; RunOnAll / ParallelFor neither create threads nor allocate, so they
+// run on the decode step path. The calling thread takes part (it runs share 0), so a pool of N
+// threads uses N-1 workers. One RunOnAll at a time: the pool is owned by one thread (the engine
+// thread, or one rank thread under tensor parallelism).
+//
+// Wake-up latency matters: a decode step runs ~100 parallel regions, and a condition-variable
+// wake-up costs 10-50 us each. Workers therefore spin on an atomic generation counter for a
+// while after each region (kSpinMicros) before sleeping on the condition variable, and the
+// caller spins for completion. Between steps an idle pool sleeps, so it costs no CPU.
 #ifndef KVRM_KERNELS_CPU_THREAD_POOL_H_
 #define KVRM_KERNELS_CPU_THREAD_POOL_H_
 
@@ -18,8 +23,14 @@
 
 namespace kvrm {
 
+// Spins briefly (pause instructions), then yields; for waits that are usually short.
+void SpinPause(int64_t iteration);
+
 class ThreadPool {
  public:
+  // How long an idle worker keeps spinning before it sleeps.
+  static constexpr int64_t kSpinMicros = 300;
+
   // `num_threads` >= 1 counts the caller.
   explicit ThreadPool(int num_threads);
   ~ThreadPool();
@@ -37,17 +48,21 @@ class ThreadPool {
 
  private:
   void WorkerLoop(int index);
+  // Waits until generation_ differs from `seen` (or stop); returns false on stop.
+  bool WaitForWork(uint64_t seen);
 
   const int num_threads_;
   std::vector<std::thread> workers_;
+  // The current job; written by the owner before generation_ is bumped (release), read by
+  // workers after they observe the new generation (acquire).
+  absl::FunctionRef<void(int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};  // workers still running the current job
+  std::atomic<bool> stop_{false};
+  // Sleeping workers: the owner takes mu_ and notifies only when some may sleep.
+  std::atomic<int> sleepers_{0};
   std::mutex mu_;
   std::condition_variable work_cv_;
-  std::condition_variable done_cv_;
-  // Work of the current generation; valid while pending_ > 0.
-  absl::FunctionRef<void(int)>* job_ = nullptr;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stop_ = false;
 };
 
 }  // namespace kvrm

@@ -1,0 +1,145 @@
+#include "runtime/cpu_rank.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/ops.h"
+
+namespace kvrm {
+
+CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr<KvPool> pool,
+                 Communicator* comm, const float* rope, const CpuRankShape& shape)
+    : config_(config),
+      w_(std::move(weights)),
+      pool_(std::move(pool)),
+      comm_(comm),
+      rope_(rope),
+      shape_(shape),
+      threads_(shape.num_threads),
+      d_(config.hidden_size),
+      hd_(config.head_dim),
+      qw_(int64_t{w_.heads} * config.head_dim),
+      kvw_(int64_t{w_.kv_heads} * config.head_dim),
+      ffn_(w_.ffn),
+      scratch_per_thread_(MatMulScratchFloats(std::max({d_, qw_, ffn_}))) {
+  const int64_t rows = shape.max_rows;
+  x_.resize(rows * d_);
+  h_.resize(rows * d_);
+  q_.resize(rows * qw_);
+  k_.resize(rows * kvw_);
+  v_.resize(rows * kvw_);
+  attn_.resize(rows * qw_);
+  gate_.resize(rows * ffn_);
+  up_.resize(rows * ffn_);
+  const int64_t group = config.num_attention_heads / config.num_key_value_heads;
+  scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
+  scratch_.resize(threads_.num_threads() * scratch_per_thread_);
+}
+
+void CpuRank::Embed(const CpuRow* rows, int32_t n) {
+  for (int32_t i = 0; i < n; ++i) WeightRowToFloat(w_.embed, rows[i].token, &x_[i * d_]);
+}
+
+void CpuRank::NormRows(const WeightMatrix& norm, int32_t n) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  threads_.ParallelFor(n, 8, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) RmsNorm(&x_[i * d_], norm, d_, eps, &h_[i * d_]);
+  });
+}
+
+void CpuRank::AddRows(int32_t n) { AddInPlace(x_.data(), h_.data(), n * d_); }
+
+void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
+  const KvLayerView kv = pool_->Layer(layer);
+  for (int32_t i = 0; i < n; ++i) {
+    const CpuRow& r = rows[i];
+    const float* cs = rope_ + static_cast<int64_t>(r.position) * hd_;
+    ApplyRope(&q_[i * qw_], w_.heads, hd_, cs);
+    ApplyRope(&k_[i * kvw_], w_.kv_heads, hd_, cs);
+    // The new token's K/V go where the run table puts its position.
+    const int64_t phys = PhysicalToken(r.runs, r.num_runs, kv.block_tokens, r.position);
+    for (int64_t g = 0; g < w_.kv_heads; ++g) {
+      std::memcpy(kv.KeyAt(g, phys), &k_[i * kvw_ + g * hd_], hd_ * sizeof(float));
+      std::memcpy(kv.ValueAt(g, phys), &v_[i * kvw_ + g * hd_], hd_ * sizeof(float));
+    }
+  }
+}
+
+void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
+  const KvLayerView kv = pool_->Layer(layer);
+  const int32_t group = w_.heads / w_.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  const int64_t work = int64_t{n} * w_.kv_heads;  // (row, KV head) items
+  threads_.RunOnAll([&](int t) {
+    const int nt = threads_.num_threads();
+    float* scores = &scores_[static_cast<size_t>(t) * group * shape_.max_context];
+    // Interleaved items: a prefill chunk's later rows attend to longer histories, so
+    // contiguous shares would be unbalanced.
+    for (int64_t item = t; item < work; item += nt) {
+      const int64_t i = item / w_.kv_heads, g = item % w_.kv_heads;
+      const CpuRow& r = rows[i];
+      const int64_t offset = i * qw_ + g * group * hd_;
+      AttendGroup(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
+                  r.position + 1, scale, scores, &attn_[offset]);
+    }
+  });
+}
+
+void CpuRank::GateUpSilu(const LayerWeights& l, int32_t n) {
+  const CpuIsa isa = ActiveCpuIsa();
+  threads_.RunOnAll([&](int t) {
+    const int nt = threads_.num_threads();
+    float* scratch = &scratch_[t * scratch_per_thread_];
+    MatMulShare(isa, h_.data(), n, d_, l.w_gate, gate_.data(), ffn_, t, nt, scratch);
+    MatMulShare(isa, h_.data(), n, d_, l.w_up, up_.data(), ffn_, t, nt, scratch);
+    // SwiGLU on this thread's features while they are still in cache.
+    int64_t b, e;
+    MatMulShareBounds(ffn_, t, nt, &b, &e);
+    for (int32_t i = 0; i < n; ++i) {
+      SiluMul(&gate_[i * ffn_ + b], &up_[i * ffn_ + b], e - b, &gate_[i * ffn_ + b]);
+    }
+  });
+}
+
+absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row,
+                              float* logits) {
+  const CpuIsa isa = ActiveCpuIsa();
+  Embed(rows, n);
+  for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    const LayerWeights& l = w_.layers[layer];
+    NormRows(l.attn_norm, n);
+    threads_.RunOnAll([&](int t) {
+      const int nt = threads_.num_threads();
+      float* scratch = &scratch_[t * scratch_per_thread_];
+      MatMulShare(isa, h_.data(), n, d_, l.wq, q_.data(), qw_, t, nt, scratch);
+      MatMulShare(isa, h_.data(), n, d_, l.wk, k_.data(), kvw_, t, nt, scratch);
+      MatMulShare(isa, h_.data(), n, d_, l.wv, v_.data(), kvw_, t, nt, scratch);
+    });
+    RopeAndStoreKv(layer, rows, n);
+    Attention(layer, rows, n);
+    MatMul(threads_, attn_.data(), n, qw_, l.wo, h_.data(), d_, scratch_.data());
+    RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
+    AddRows(n);
+
+    NormRows(l.mlp_norm, n);
+    GateUpSilu(l, n);
+    MatMul(threads_, gate_.data(), n, ffn_, l.w_down, h_.data(), d_, scratch_.data());
+    RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
+    AddRows(n);
+  }
+  const int32_t m = n - first_logit_row;
+  if (m <= 0) return absl::OkStatus();
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  for (int32_t i = first_logit_row; i < n; ++i) {
+    RmsNorm(&x_[i * d_], w_.final_norm, d_, eps, &h_[(i - first_logit_row) * d_]);
+  }
+  MatMul(threads_, h_.data(), m, d_, w_.lm_head, logits + w_.vocab_begin, config_.vocab_size,
+         scratch_.data());
+  return absl::OkStatus();
+}
+
+}  // namespace kvrm

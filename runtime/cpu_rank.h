@@ -1,0 +1,83 @@
+// One tensor-parallel rank of the CPU backend: its weight shard, KV pool share, thread pool and
+// activation buffers, and the Llama forward pass over them as a fixed plan of parallel regions.
+//
+// With one rank this is the whole model. With several, each rank computes its query/KV heads and
+// intermediate features and all-reduces the partial outputs of O and down through its
+// Communicator, so every rank holds the same residual stream (bit for bit: the all-reduce sums
+// in rank order).
+//
+// Owner: the rank's thread (the engine thread for rank 0). Nothing here allocates after
+// construction.
+#ifndef KVRM_RUNTIME_CPU_RANK_H_
+#define KVRM_RUNTIME_CPU_RANK_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "kernels/cpu/attention.h"
+#include "kernels/cpu/thread_pool.h"
+#include "model/config.h"
+#include "runtime/communicator.h"
+#include "runtime/kv_pool.h"
+#include "runtime/tp_shard.h"
+
+namespace kvrm {
+
+// One row of a batch: a token at a position of a slot's history.
+struct CpuRow {
+  int32_t token = 0;
+  int32_t position = 0;
+  const KvRun* runs = nullptr;
+  int32_t num_runs = 0;
+};
+
+struct CpuRankShape {
+  int32_t max_rows = 0;     // max(slots, chunk tokens)
+  int32_t max_context = 0;  // positions
+  int32_t num_threads = 1;  // this rank's pool, the rank thread included
+};
+
+class CpuRank {
+ public:
+  // `rope` ([max_context][head_dim], cos half then sin half) and `comm` outlive the rank.
+  CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr<KvPool> pool,
+          Communicator* comm, const float* rope, const CpuRankShape& shape);
+
+  // The forward pass over rows[0, n); for rows [first_logit_row, n) writes this rank's
+  // vocabulary slice of the logits: logits[(i - first_logit_row) * vocab + v] for v in
+  // [vocab_begin, vocab_begin + share). Ranks write disjoint slices of the same buffer.
+  absl::Status Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row, float* logits);
+
+  KvPool* kv_pool() { return pool_.get(); }
+  const RankWeights& weights() const { return w_; }
+
+ private:
+  void Embed(const CpuRow* rows, int32_t n);
+  void NormRows(const WeightMatrix& norm, int32_t n);  // h_ = RmsNorm(x_)
+  void AddRows(int32_t n);                              // x_ += h_
+  void RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n);
+  void Attention(int32_t layer, const CpuRow* rows, int32_t n);
+  void GateUpSilu(const LayerWeights& l, int32_t n);
+
+  const LlamaConfig config_;
+  const RankWeights w_;
+  std::unique_ptr<KvPool> pool_;
+  Communicator* const comm_;
+  const float* const rope_;
+  const CpuRankShape shape_;
+  ThreadPool threads_;
+  // Widths of this rank's activations.
+  const int64_t d_, hd_, qw_, kvw_, ffn_;
+  const int64_t scratch_per_thread_;  // matmul widening floats per pool thread
+
+  // [max_rows][width] each; h_ is [max_rows][hidden].
+  std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
+  std::vector<float> scores_;   // [threads][group * max_context]
+  std::vector<float> scratch_;  // [threads][scratch_per_thread_]
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_CPU_RANK_H_

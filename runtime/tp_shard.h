@@ -1,0 +1,48 @@
+// One tensor-parallel rank's share of the Llama weights, Megatron style, cut at load time from
+// the same Hugging Face tensors every rank maps.
+//
+// Hugging Face stores nn.Linear weights [out][in]. Column-parallel products (Q, K, V by heads;
+// gate and up by intermediate features; lm_head by vocabulary rows) take a contiguous range of
+// rows: views into the mapped file. Row-parallel products (O by query heads, down by
+// intermediate features) take a range of input columns: strided in the file, so each rank copies
+// its shard into memory it owns, dense. Norms and the embedding are replicated (views).
+#ifndef KVRM_RUNTIME_TP_SHARD_H_
+#define KVRM_RUNTIME_TP_SHARD_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace kvrm {
+
+struct RankWeights {
+  int32_t rank = 0;
+  int32_t size = 1;
+  int32_t heads = 0;     // this rank's query heads: [rank * heads, (rank + 1) * heads)
+  int32_t kv_heads = 0;  // this rank's KV heads, likewise
+  int32_t ffn = 0;       // this rank's intermediate features
+  int32_t vocab_begin = 0;  // this rank's lm_head rows: [vocab_begin, vocab_begin + lm_head.rows)
+  WeightMatrix embed;       // replicated
+  WeightMatrix final_norm;  // replicated
+  WeightMatrix lm_head;     // [vocab share][hidden]
+  // Per layer: wq [heads * head_dim][hidden], wk/wv [kv_heads * head_dim][hidden],
+  // wo [hidden][heads * head_dim] (owned), gate/up [ffn][hidden], down [hidden][ffn] (owned).
+  std::vector<LayerWeights> layers;
+  // Memory of the copied (row-parallel) shards; empty when size == 1.
+  std::vector<std::unique_ptr<uint8_t[]>> owned;
+  int64_t owned_bytes = 0;
+};
+
+// INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`.
+absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
+                                              const LlamaWeights& weights, int32_t rank,
+                                              int32_t size);
+
+}  // namespace kvrm
+
+#endif  // KVRM_RUNTIME_TP_SHARD_H_
