@@ -1,0 +1,283 @@
+#include "metrics/kvrm_metrics.h"
+
+#include <algorithm>
+
+namespace kvrm {
+
+const std::vector<double>& TtftBuckets() {
+  // vLLM's time_to_first_token_seconds bounds (they already start at 1 ms).
+  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
+                                        0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+                                        20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+  return b;
+}
+
+const std::vector<double>& InterTokenBuckets() {
+  // vLLM's inter_token_latency_seconds bounds, with 1, 2.5 and 5 ms added below its 10 ms:
+  // a small model on a fast device decodes faster than vLLM's first bucket.
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
+                                        0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,
+                                        1.0,   2.5,    5.0,   7.5,  10.0,  20.0, 40.0, 80.0};
+  return b;
+}
+
+const std::vector<double>& RequestLatencyBuckets() {
+  // vLLM's request latency bounds (from 0.3 s) with finer ones below 300 ms, so short requests,
+  // queue times and prefill times resolve.
+  static const std::vector<double> b = {
+      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.2,   0.3,   0.5,   0.8,    1.0,   1.5,
+      2.0,   2.5,    5.0,   10.0, 15.0,  20.0, 30.0, 40.0,  50.0,  60.0,  120.0,  240.0, 480.0,
+      960.0, 1920.0, 7680.0};
+  return b;
+}
+
+const std::vector<double>& StepDurationBuckets() {
+  static const std::vector<double> b = {0.0005, 0.001, 0.002, 0.004, 0.008, 0.016, 0.032,
+                                        0.064,  0.128, 0.256, 0.512, 1.024, 2.048, 4.096};
+  return b;
+}
+
+namespace {
+
+const std::vector<double>& TransferGroupBuckets() {
+  static const std::vector<double> b = {0, 1, 2, 4, 8, 16, 32, 64, 128, 256};
+  return b;
+}
+
+const std::vector<double>& TransferByteBuckets() {
+  // 0, then 4 KiB to 4 GiB by factors of 4.
+  static const std::vector<double> b = [] {
+    std::vector<double> v = {0};
+    for (double x = 4096; x <= 4294967296.0; x *= 4) v.push_back(x);
+    return v;
+  }();
+  return b;
+}
+
+const std::vector<double>& TransportWaitBuckets() {
+  static const std::vector<double> b = {0,     0.0001, 0.00025, 0.0005, 0.001, 0.0025,
+                                        0.005, 0.01,   0.025,   0.05,   0.1,   0.25};
+  return b;
+}
+
+// vLLM's finished_reason values where they exist ("stop", "length", "abort").
+const char* SuccessReason(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::kLength: return "length";
+    case FinishReason::kEos: return "stop";
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kCancelled: return "abort";
+    case FinishReason::kTimeLimit: return "time_limit";
+    case FinishReason::kError: return "error";
+  }
+  return "error";
+}
+
+double Seconds(absl::Duration d) { return absl::ToDoubleSeconds(d); }
+
+// Growth of a cumulative total; 0 if it went backwards (never expected; keeps counters sane).
+double Delta(uint64_t now, uint64_t before) {
+  return now > before ? static_cast<double>(now - before) : 0.0;
+}
+
+}  // namespace
+
+KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
+  const std::vector<std::string> base = {"model_name", "kv_mode"};
+  auto labels = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = base;
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  auto values = [&](std::vector<std::string> extra) {
+    std::vector<std::string> all = {options.model_name, options.kv_mode};
+    all.insert(all.end(), extra.begin(), extra.end());
+    return all;
+  };
+  auto histogram = [&](const std::string& name, const std::string& help,
+                       const std::vector<double>& bounds) {
+    return &r->AddHistogram(name, help, base, bounds).WithLabels(values({}));
+  };
+  auto gauge = [&](const std::string& name, const std::string& help) {
+    return &r->AddGauge(name, help, base).WithLabels(values({}));
+  };
+  auto counter = [&](const std::string& name, const std::string& help) {
+    return &r->AddCounter(name, help, base).WithLabels(values({}));
+  };
+
+  ttft_ = histogram("kvrm:time_to_first_token_seconds",
+                    "Time from arrival to the first generated token, in seconds.", TtftBuckets());
+  inter_token_ = histogram("kvrm:inter_token_latency_seconds",
+                           "Time between consecutive generated tokens of a request, in seconds.",
+                           InterTokenBuckets());
+  time_per_output_token_ = histogram(
+      "kvrm:time_per_output_token_seconds",
+      "Same as kvrm:inter_token_latency_seconds (vLLM's former name, kept for dashboards).",
+      InterTokenBuckets());
+  e2e_ = histogram("kvrm:e2e_request_latency_seconds",
+                   "Time from arrival to the end of a request (any finish reason), in seconds.",
+                   RequestLatencyBuckets());
+  queue_time_ = histogram("kvrm:request_queue_time_seconds",
+                          "Time a request waited for a slot, in seconds.",
+                          RequestLatencyBuckets());
+  prefill_time_ = histogram("kvrm:request_prefill_time_seconds",
+                            "Time from admission to the first token, in seconds.",
+                            RequestLatencyBuckets());
+  decode_time_ = histogram("kvrm:request_decode_time_seconds",
+                           "Time from the first token to the end of a request, in seconds.",
+                           RequestLatencyBuckets());
+  running_ = gauge("kvrm:num_requests_running", "Requests holding a slot.");
+  waiting_ = gauge("kvrm:num_requests_waiting", "Requests queued for a slot.");
+  kv_usage_ = gauge("kvrm:kv_cache_usage_perc",
+                    "Fraction of device KV blocks holding live KV (0 to 1).");
+  prompt_tokens_ = counter("kvrm:prompt_tokens_total", "Prompt tokens of admitted requests.");
+  generation_tokens_ = counter("kvrm:generation_tokens_total", "Generated tokens.");
+  Family<Counter>& success = r->AddCounter(
+      "kvrm:request_success_total", "Finished requests by finish reason.",
+      labels({"finished_reason"}));
+  for (FinishReason f : {FinishReason::kLength, FinishReason::kEos, FinishReason::kStop,
+                         FinishReason::kCancelled, FinishReason::kTimeLimit,
+                         FinishReason::kError}) {
+    success_[static_cast<int>(f)] = &success.WithLabels(values({SuccessReason(f)}));
+  }
+  preemptions_ = counter("kvrm:num_preemptions_total",
+                         "Requests preempted (KV swapped to host or dropped for recompute).");
+  Family<Counter>& rejected =
+      r->AddCounter("kvrm:requests_rejected_total",
+                    "Requests refused at submission: queue_full (RESOURCE_EXHAUSTED), draining "
+                    "(UNAVAILABLE) or other.",
+                    labels({"reason"}));
+  rejected_ = {&rejected.WithLabels(values({"queue_full"})),
+               &rejected.WithLabels(values({"draining"})),
+               &rejected.WithLabels(values({"other"}))};
+
+  Family<Gauge>& reserved = r->AddGauge(
+      "kvrm:kv_reserved_bytes", "KV bytes set aside for requests, per tier.", labels({"tier"}));
+  Family<Gauge>& used = r->AddGauge("kvrm:kv_used_bytes", "KV bytes holding live KV, per tier.",
+                                    labels({"tier"}));
+  Family<Gauge>& free = r->AddGauge("kvrm:kv_free_bytes", "KV bytes free to reserve, per tier.",
+                                    labels({"tier"}));
+  for (Tier* t : {&device_, &host_}) {
+    const std::string tier = t == &device_ ? "device" : "host";
+    *t = Tier{&reserved.WithLabels(values({tier})), &used.WithLabels(values({tier})),
+              &free.WithLabels(values({tier}))};
+  }
+  transfer_groups_ = counter("kvrm:transfer_groups_total",
+                             "Merged KV copy groups issued between tiers.");
+  transfer_bytes_ = counter("kvrm:transfer_bytes_total", "KV bytes moved between tiers.");
+  transfer_groups_per_step_ = histogram("kvrm:transfer_groups_per_step",
+                                        "KV copy groups issued per engine step.",
+                                        TransferGroupBuckets());
+  transfer_bytes_per_step_ = histogram("kvrm:transfer_bytes_per_step",
+                                       "KV bytes moved per engine step.", TransferByteBuckets());
+  descriptor_commits_ = counter("kvrm:descriptor_commits_total",
+                                "Step descriptors committed with changed run tables.");
+  transport_wait_ = counter("kvrm:transport_wait_seconds_total",
+                            "Time the step replay waited on KV transport, in seconds.");
+  transport_wait_per_step_ = histogram("kvrm:step_transport_wait_seconds",
+                                       "Time one engine step waited on KV transport, in seconds.",
+                                       TransportWaitBuckets());
+  Family<Histogram>& step = r->AddHistogram(
+      "kvrm:step_duration_seconds",
+      "Duration of one engine forward pass: a prefill chunk or a decode step, in seconds.",
+      labels({"phase"}), StepDurationBuckets());
+  prefill_step_ = &step.WithLabels(values({"prefill"}));
+  decode_step_ = &step.WithLabels(values({"decode"}));
+  steps_ = counter("kvrm:engine_steps_total", "Engine loop iterations that did work.");
+  Family<Gauge>& slots =
+      r->AddGauge("kvrm:slots", "Decode slots by state.", labels({"state"}));
+  slots_free_ = &slots.WithLabels(values({"free"}));
+  slots_prefilling_ = &slots.WithLabels(values({"prefilling"}));
+  slots_decoding_ = &slots.WithLabels(values({"decoding"}));
+}
+
+void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {
+  queue_time_->Observe(Seconds(queue_time));
+  prompt_tokens_->Add(static_cast<double>(request.prompt.size()));
+}
+
+void KvrmMetrics::OnFirstToken(const GenerationRequest&, absl::Duration ttft) {
+  ttft_->Observe(Seconds(ttft));
+  generation_tokens_->Add();
+  ++decoding_;
+}
+
+void KvrmMetrics::OnNextToken(const GenerationRequest&, absl::Duration gap) {
+  const double s = Seconds(gap);
+  inter_token_->Observe(s);
+  time_per_output_token_->Observe(s);
+  generation_tokens_->Add();
+}
+
+void KvrmMetrics::OnFinished(const GenerationRequest&, const FinishInfo& info) {
+  success_[static_cast<int>(info.reason)]->Add();
+  e2e_->Observe(info.total_time_ms / 1e3);
+  if (info.completion_tokens > 0) {
+    // Only requests that reached a first token were decoding (FinishQueued and slots ended in
+    // prefill report none).
+    --decoding_;
+    prefill_time_->Observe(std::max(0.0, info.time_to_first_token_ms - info.queue_time_ms) / 1e3);
+    decode_time_->Observe(std::max(0.0, info.total_time_ms - info.time_to_first_token_ms) / 1e3);
+  }
+}
+
+void KvrmMetrics::OnRejected(const absl::Status& status) {
+  const int i = status.code() == absl::StatusCode::kResourceExhausted ? 0
+                : status.code() == absl::StatusCode::kUnavailable     ? 1
+                                                                      : 2;
+  rejected_[i]->Add();
+}
+
+void KvrmMetrics::OnPrefillChunk(int32_t, absl::Duration duration) {
+  prefill_step_->Observe(Seconds(duration));
+}
+
+void KvrmMetrics::OnDecodeStep(int32_t, absl::Duration duration) {
+  decode_step_->Observe(Seconds(duration));
+}
+
+void KvrmMetrics::OnStats(const EngineStats& s) {
+  running_->Set(s.slots_in_use);
+  waiting_->Set(s.queue_depth);
+  const KvStats& kv = s.kv;
+  kv_usage_->Set(kv.blocks_total > 0 ? static_cast<double>(kv.blocks_used) / kv.blocks_total
+                                     : 0.0);
+  const double block = static_cast<double>(kv.bytes_per_block);
+  device_.reserved->Set(block * kv.blocks_reserved);
+  device_.used->Set(block * kv.blocks_used);
+  device_.free->Set(block * kv.blocks_free);
+  // The host tier holds the KV of swapped-out requests: all of it is both reserved and live.
+  // KvStats reports no host capacity, so free stays 0.
+  host_.reserved->Set(block * kv.host_blocks_used);
+  host_.used->Set(block * kv.host_blocks_used);
+
+  const int32_t decoding = std::clamp(decoding_, 0, s.slots_in_use);
+  slots_decoding_->Set(decoding);
+  slots_prefilling_->Set(s.slots_in_use - decoding);
+  slots_free_->Set(s.slots_total - s.slots_in_use);
+
+  // Cumulative engine totals become counter increments. Per-step histograms get one
+  // observation per publication in which engine steps ran, of what moved since the last such
+  // publication (divided among the steps when several ran).
+  transfer_groups_->Add(Delta(s.transfer_groups_total, last_.transfer_groups_total));
+  transfer_bytes_->Add(Delta(s.transfer_bytes_total, last_.transfer_bytes_total));
+  transport_wait_->Add(
+      std::max(0.0, s.transport_wait_seconds_total - last_.transport_wait_seconds_total));
+  descriptor_commits_->Add(Delta(s.descriptor_commits_total, last_.descriptor_commits_total));
+  preemptions_->Add(Delta(s.preemptions_total, last_.preemptions_total));
+  if (s.steps_total > step_base_.steps_total) {
+    const double steps = Delta(s.steps_total, step_base_.steps_total);
+    steps_->Add(steps);
+    transfer_groups_per_step_->Observe(
+        Delta(s.transfer_groups_total, step_base_.transfer_groups_total) / steps);
+    transfer_bytes_per_step_->Observe(
+        Delta(s.transfer_bytes_total, step_base_.transfer_bytes_total) / steps);
+    transport_wait_per_step_->Observe(
+        std::max(0.0, s.transport_wait_seconds_total - step_base_.transport_wait_seconds_total) /
+        steps);
+    step_base_ = s;
+  }
+  last_ = s;
+}
+
+}  // namespace kvrm

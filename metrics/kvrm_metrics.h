@@ -1,0 +1,100 @@
+// kvrm's Prometheus metric set, fed by the engine's observer hooks.
+//
+// Names follow vLLM's (`vllm:` -> `kvrm:`) with vLLM's bucket bounds, extended below 300 ms, so
+// dashboards written for vLLM work after a prefix change; the KV-RM figures (KV bytes per tier,
+// transfer groups, descriptor commits, transport waits, slots by state) are kvrm's own. Every
+// series carries `model_name` and `kv_mode`. docs/metrics.md lists them all.
+//
+// Threading: the hooks run on the engine's owner thread except OnRejected (any thread); every
+// child is created in the constructor and recording only touches atomics, so no hook locks or
+// allocates. The owner-thread-only fields below are marked.
+#ifndef KVRM_METRICS_KVRM_METRICS_H_
+#define KVRM_METRICS_KVRM_METRICS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "metrics/registry.h"
+#include "runtime/engine.h"
+#include "runtime/engine_observer.h"
+
+namespace kvrm {
+
+struct KvrmMetricsOptions {
+  std::string model_name;
+  std::string kv_mode = "static";
+};
+
+// Bucket bounds, exposed for tests and the documentation.
+const std::vector<double>& TtftBuckets();
+const std::vector<double>& InterTokenBuckets();
+const std::vector<double>& RequestLatencyBuckets();
+const std::vector<double>& StepDurationBuckets();
+
+class KvrmMetrics : public EngineObserver {
+ public:
+  // Registers every family in `registry` (which must outlive this) and creates all children.
+  KvrmMetrics(MetricRegistry* registry, const KvrmMetricsOptions& options);
+
+  void OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) override;
+  void OnFirstToken(const GenerationRequest& request, absl::Duration ttft) override;
+  void OnNextToken(const GenerationRequest& request, absl::Duration gap) override;
+  void OnFinished(const GenerationRequest& request, const FinishInfo& info) override;
+  void OnRejected(const absl::Status& status) override;
+  void OnPrefillChunk(int32_t tokens, absl::Duration duration) override;
+  void OnDecodeStep(int32_t active_slots, absl::Duration duration) override;
+  void OnStats(const EngineStats& stats) override;
+
+ private:
+  // vLLM-compatible request figures.
+  Histogram* ttft_;
+  Histogram* inter_token_;
+  Histogram* time_per_output_token_;  // vLLM's former name for the inter-token latency
+  Histogram* e2e_;
+  Histogram* queue_time_;
+  Histogram* prefill_time_;
+  Histogram* decode_time_;
+  Gauge* running_;
+  Gauge* waiting_;
+  Gauge* kv_usage_;
+  Counter* prompt_tokens_;
+  Counter* generation_tokens_;
+  std::array<Counter*, 6> success_;  // [FinishReason]
+  Counter* preemptions_;
+  std::array<Counter*, 3> rejected_;  // queue_full, draining, other
+
+  // KV-RM figures.
+  struct Tier {
+    Gauge* reserved;
+    Gauge* used;
+    Gauge* free;
+  };
+  Tier device_;
+  Tier host_;
+  Counter* transfer_groups_;
+  Counter* transfer_bytes_;
+  Histogram* transfer_groups_per_step_;
+  Histogram* transfer_bytes_per_step_;
+  Counter* descriptor_commits_;
+  Counter* transport_wait_;
+  Histogram* transport_wait_per_step_;
+  Histogram* prefill_step_;
+  Histogram* decode_step_;
+  Counter* steps_;
+  Gauge* slots_free_;
+  Gauge* slots_prefilling_;
+  Gauge* slots_decoding_;
+
+  // Owner thread only: the cumulative totals of the last OnStats (counters advance by the
+  // difference) and of the last one in which steps ran (the per-step histograms' baseline);
+  // requests past their first token and not yet finished.
+  EngineStats last_;
+  EngineStats step_base_;
+  int32_t decoding_ = 0;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_METRICS_KVRM_METRICS_H_
