@@ -1,0 +1,333 @@
+// Decode and prefill throughput of the CPU backend on a generated model, beside the memory
+// roofline measured in the same run.
+//
+//   bazel run //bench:cpu_decode_bench -- [--size=small] [--dtypes=f32,bf16] [--slots=1,4,8,16]
+//       [--contexts=128,1024] [--prompts=128,1024] [--threads=2] [--tp=1] [--json=FILE]
+//
+// Roofline: a decode step reads every weight byte once (whatever the number of slots) plus each
+// active slot's KV history, so at best it takes (weight bytes + KV bytes) / B, where B is the read
+// bandwidth measured here by a STREAM-style kernel (a sum over a buffer much larger than the
+// caches, on all threads). Figures are noisy on shared machines: compare the ratio to the
+// roofline, measured side by side.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+#include "nlohmann/json.hpp"
+#include "runtime/backend.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/model_bundle.h"
+#include "tools/modelgen/model_writer.h"
+
+ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
+ABSL_FLAG(std::string, dtypes, "f32,bf16", "weight dtypes to measure");
+ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
+ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
+ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
+ABSL_FLAG(int32_t, chunk, 256, "prefill chunk tokens");
+ABSL_FLAG(int32_t, steps, 16, "timed decode steps per case (after 2 warm-up steps)");
+ABSL_FLAG(int32_t, threads, 2, "threads (all ranks together)");
+ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks");
+ABSL_FLAG(int64_t, stream_mb, 1024, "bandwidth test buffer, MiB");
+ABSL_FLAG(std::string, model_dir, "", "where to generate the models (default: a temp dir)");
+ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
+
+namespace kvrm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+std::vector<int32_t> IntList(const std::string& text) {
+  std::vector<int32_t> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int32_t v = 0;
+    CHECK(absl::SimpleAtoi(part, &v) && v > 0) << "bad list element: " << std::string(part);
+    out.push_back(v);
+  }
+  return out;
+}
+
+// Read bandwidth in bytes/s: every thread sums its share of a buffer far larger than the caches;
+// the best of several passes.
+double MeasureReadBandwidth(int threads, int64_t bytes) {
+  const int64_t n = bytes / sizeof(float);
+  std::vector<float> buffer(n);
+  ThreadPool pool(threads);
+  pool.ParallelFor(n, 4096, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) buffer[i] = static_cast<float>(i & 1023);
+  });
+  std::vector<float> sink(threads * 16);
+  double best = 0;
+  for (int pass = 0; pass < 6; ++pass) {
+    const auto t0 = Clock::now();
+    pool.RunOnAll([&](int t) {
+      const int64_t b = n * t / threads / 64 * 64, e = n * (t + 1) / threads / 64 * 64;
+      float acc[16] = {};
+      for (int64_t i = b; i < e; i += 16) {
+        for (int j = 0; j < 16; ++j) acc[j] += buffer[i + j];
+      }
+      std::copy(acc, acc + 16, &sink[t * 16]);
+    });
+    best = std::max(best, static_cast<double>(n / 64 * 64) * sizeof(float) /
+                              Seconds(t0, Clock::now()));
+  }
+  volatile float keep = sink[0];
+  (void)keep;
+  return best;
+}
+
+bool ParseDType(absl::string_view name, DType* out) {
+  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
+    if (name == absl::string_view(DTypeName(d).data(), DTypeName(d).size())) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
+}
+
+int64_t WeightBytesPerStep(const LlamaWeights& w) {
+  int64_t total = w.lm_head.bytes();
+  for (const LayerWeights& l : w.layers) {
+    total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() +
+             l.w_up.bytes() + l.w_down.bytes();
+  }
+  return total;
+}
+
+struct Loaded {
+  std::unique_ptr<ModelBundle> bundle;
+  std::unique_ptr<CpuBackend> backend;
+  int32_t blocks_per_slot = 0;
+  int64_t kv_bytes_per_token = 0;  // all ranks' pools
+};
+
+Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context) {
+  Loaded m;
+  auto bundle = ModelBundle::Load(dir);
+  CHECK_OK(bundle.status());
+  m.bundle = std::move(*bundle);
+  constexpr int32_t kBlockTokens = 16;
+  m.blocks_per_slot = (max_context + kBlockTokens - 1) / kBlockTokens;
+  CpuBackendOptions o;
+  o.kv_blocks = static_cast<int64_t>(m.blocks_per_slot) * max_slots;
+  o.kv_block_tokens = kBlockTokens;
+  o.max_slots = max_slots;
+  o.max_chunk_tokens = absl::GetFlag(FLAGS_chunk);
+  o.max_context = max_context;
+  o.num_threads = absl::GetFlag(FLAGS_threads);
+  o.tensor_parallel = absl::GetFlag(FLAGS_tp);
+  auto backend = CpuBackend::Create(m.bundle->config, &m.bundle->weights, o);
+  CHECK_OK(backend.status());
+  m.backend = std::move(*backend);
+  // Real data in every KV page: untouched anonymous pages all map the zero page, which would
+  // read from cache and flatter the attention.
+  for (int32_t r = 0; r < m.backend->num_kv_pools(); ++r) {
+    KvPool* pool = m.backend->kv_pool(r);
+    m.kv_bytes_per_token += pool->shape().BytesPerToken();
+    for (int32_t l = 0; l < pool->shape().num_layers; ++l) {
+      const KvLayerView v = pool->Layer(l);
+      const int64_t floats = v.head_stride * pool->shape().kv_heads;
+      for (float* base : {v.k, v.v}) {
+        for (int64_t i = 0; i < floats; ++i) base[i] = 0.01f * static_cast<float>(i % 97);
+      }
+    }
+  }
+  return m;
+}
+
+struct DecodeResult {
+  std::string dtype;
+  int32_t slots, context;
+  double tokens_per_s, step_ms, roofline_tokens_per_s, mb_per_step;
+};
+
+DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32_t context,
+                       double bandwidth) {
+  const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = 2;
+  const int32_t max_slots = m.backend->kv_pool(0)->shape().num_blocks / m.blocks_per_slot;
+  StepDescriptor step;
+  step.Resize(max_slots, 1);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(0, m.bundle->config.vocab_size - 1);
+  for (int32_t s = 0; s < slots; ++s) {
+    step.active[s] = 1;
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = KvRun{s * m.blocks_per_slot, m.blocks_per_slot};
+  }
+  std::vector<float> logits(static_cast<size_t>(max_slots) * m.bundle->config.vocab_size);
+  Clock::time_point t0;
+  for (int32_t k = 0; k < warmup + steps; ++k) {
+    if (k == warmup) t0 = Clock::now();
+    for (int32_t s = 0; s < slots; ++s) {
+      // Warm-up steps reuse the first timed position so the timed histories are `context` long.
+      step.position[s] = context + std::max(0, k - warmup);
+      step.token[s] = token(rng);
+    }
+    CHECK_OK(m.backend->Decode(step, logits.data()));
+  }
+  const double seconds = Seconds(t0, Clock::now());
+  DecodeResult r;
+  r.dtype = dtype;
+  r.slots = slots;
+  r.context = context;
+  r.step_ms = seconds / steps * 1e3;
+  r.tokens_per_s = slots * steps / seconds;
+  // Mean history read per step: positions context .. context + steps - 1, plus the new token.
+  const double kv_tokens = slots * (context + 0.5 * (steps - 1) + 1);
+  const double bytes =
+      WeightBytesPerStep(m.bundle->weights) + kv_tokens * m.kv_bytes_per_token;
+  r.mb_per_step = bytes / 1e6;
+  r.roofline_tokens_per_s = slots * bandwidth / bytes;
+  return r;
+}
+
+struct PrefillResult {
+  std::string dtype;
+  int32_t prompt;
+  double tokens_per_s, ms;
+};
+
+PrefillResult RunPrefill(Loaded& m, const std::string& dtype, int32_t prompt) {
+  const int32_t chunk = absl::GetFlag(FLAGS_chunk);
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<int32_t> token(0, m.bundle->config.vocab_size - 1);
+  std::vector<int32_t> tokens(prompt);
+  for (int32_t& t : tokens) t = token(rng);
+  const KvRun run{0, m.blocks_per_slot};
+  std::vector<float> logits(m.bundle->config.vocab_size);
+  double best = 1e30;
+  for (int rep = 0; rep < 2; ++rep) {
+    const auto t0 = Clock::now();
+    for (int32_t start = 0; start < prompt; start += chunk) {
+      const int32_t n = std::min(chunk, prompt - start);
+      PrefillChunk pc{0, start, absl::MakeConstSpan(tokens).subspan(start, n), &run, 1};
+      CHECK_OK(m.backend->Prefill(pc, start + n == prompt ? logits.data() : nullptr));
+    }
+    best = std::min(best, Seconds(t0, Clock::now()));
+  }
+  return PrefillResult{dtype, prompt, prompt / best, best * 1e3};
+}
+
+int Main() {
+  const std::vector<int32_t> slots = IntList(absl::GetFlag(FLAGS_slots));
+  const std::vector<int32_t> contexts = IntList(absl::GetFlag(FLAGS_contexts));
+  const std::vector<int32_t> prompts = IntList(absl::GetFlag(FLAGS_prompts));
+  const int32_t threads = absl::GetFlag(FLAGS_threads);
+  std::string dir = absl::GetFlag(FLAGS_model_dir);
+  if (dir.empty()) {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    dir = (std::filesystem::path(tmp ? tmp : std::filesystem::temp_directory_path().c_str()) /
+           absl::StrCat("kvrm_bench_", getpid()))
+              .string();
+  }
+  const int32_t max_slots = *std::max_element(slots.begin(), slots.end());
+  const int32_t max_context =
+      std::max(*std::max_element(contexts.begin(), contexts.end()) + absl::GetFlag(FLAGS_steps) +
+                   2,
+               *std::max_element(prompts.begin(), prompts.end()));
+
+  std::printf("measuring read bandwidth (%d threads, %lld MiB)...\n", threads,
+              static_cast<long long>(absl::GetFlag(FLAGS_stream_mb)));
+  const double bandwidth = MeasureReadBandwidth(threads, absl::GetFlag(FLAGS_stream_mb) << 20);
+  std::printf("read bandwidth: %.2f GB/s; matmul path: %s; threads %d; tp %d\n", bandwidth / 1e9,
+              std::string(CpuIsaName(ActiveCpuIsa())).c_str(), threads, absl::GetFlag(FLAGS_tp));
+
+  std::vector<DecodeResult> decode;
+  std::vector<PrefillResult> prefill;
+  for (absl::string_view dtype_name : absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',')) {
+    DType dtype;
+    CHECK(ParseDType(dtype_name, &dtype)) << "unknown dtype " << std::string(dtype_name);
+    modelgen::MakeModelOptions mo;
+    mo.size = absl::GetFlag(FLAGS_size);
+    mo.dtype = dtype;
+    mo.out_dir = (std::filesystem::path(dir) / std::string(dtype_name)).string();
+    mo.threads = threads;
+    if (!std::filesystem::exists(std::filesystem::path(mo.out_dir) / "config.json")) {
+      std::printf("generating %s %s model in %s...\n", mo.size.c_str(),
+                  std::string(dtype_name).c_str(), mo.out_dir.c_str());
+      CHECK_OK(modelgen::MakeModel(mo).status());
+    }
+    Loaded m = Load(mo.out_dir, max_slots, max_context);
+    for (int32_t context : contexts) {
+      for (int32_t s : slots) {
+        decode.push_back(RunDecode(m, std::string(dtype_name), s, context, bandwidth));
+      }
+    }
+    for (int32_t p : prompts) prefill.push_back(RunPrefill(m, std::string(dtype_name), p));
+  }
+
+  std::printf("\ndecode (%s model)\n", absl::GetFlag(FLAGS_size).c_str());
+  std::printf("%-6s %6s %8s %10s %9s %9s %10s %8s\n", "dtype", "slots", "context", "tok/s",
+              "step ms", "MB/step", "roofline", "of roof");
+  for (const DecodeResult& r : decode) {
+    std::printf("%-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%%\n", r.dtype.c_str(), r.slots,
+                r.context, r.tokens_per_s, r.step_ms, r.mb_per_step, r.roofline_tokens_per_s,
+                100 * r.tokens_per_s / r.roofline_tokens_per_s);
+  }
+  std::printf("\nprefill (chunks of %d)\n%-6s %8s %10s %10s\n", absl::GetFlag(FLAGS_chunk),
+              "dtype", "prompt", "tok/s", "ms");
+  for (const PrefillResult& r : prefill) {
+    std::printf("%-6s %8d %10.1f %10.1f\n", r.dtype.c_str(), r.prompt, r.tokens_per_s, r.ms);
+  }
+
+  if (!absl::GetFlag(FLAGS_json).empty()) {
+    nlohmann::json j;
+    j["model"] = absl::GetFlag(FLAGS_size);
+    j["threads"] = threads;
+    j["tensor_parallel"] = absl::GetFlag(FLAGS_tp);
+    j["isa"] = std::string(CpuIsaName(ActiveCpuIsa()));
+    j["read_bandwidth_gb_s"] = bandwidth / 1e9;
+    j["decode"] = nlohmann::json::array();
+    for (const DecodeResult& r : decode) {
+      j["decode"].push_back({{"dtype", r.dtype},
+                             {"slots", r.slots},
+                             {"context", r.context},
+                             {"tokens_per_s", r.tokens_per_s},
+                             {"step_ms", r.step_ms},
+                             {"mb_per_step", r.mb_per_step},
+                             {"roofline_tokens_per_s", r.roofline_tokens_per_s}});
+    }
+    j["prefill"] = nlohmann::json::array();
+    for (const PrefillResult& r : prefill) {
+      j["prefill"].push_back({{"dtype", r.dtype},
+                              {"prompt_tokens", r.prompt},
+                              {"tokens_per_s", r.tokens_per_s},
+                              {"ms", r.ms}});
+    }
+    std::ofstream out(absl::GetFlag(FLAGS_json));
+    out << j.dump(2) << "\n";
+    CHECK(out.good()) << "cannot write " << absl::GetFlag(FLAGS_json);
+  }
+  if (absl::GetFlag(FLAGS_model_dir).empty()) std::filesystem::remove_all(dir);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvrm
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kvrm::Main();
+}
