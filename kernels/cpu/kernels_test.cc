@@ -1,8 +1,11 @@
 // CPU kernels against float64 references on random shapes (odd sizes, not multiples of the
 // vector width), for each weight dtype and each instruction set this processor runs.
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -63,8 +66,11 @@ TEST_P(MatMulTest, MatchesFloat64Reference) {
   const CpuIsa saved = ActiveCpuIsa();
   SetActiveCpuIsa(isa);
   struct Shape { int64_t n, rows, cols; };
+  // Decode-sized n (in-register widening), prefill-sized n (widened tiles), several L2 activation
+  // blocks (70 rows of 4099), short row tiles and k tails shorter than a vector.
   for (Shape s : {Shape{1, 1, 1}, Shape{1, 7, 13}, Shape{3, 33, 31}, Shape{5, 130, 257},
-                  Shape{16, 67, 768}, Shape{2, 5, 1000}}) {
+                  Shape{16, 67, 768}, Shape{2, 5, 1000}, Shape{4, 6, 23}, Shape{70, 9, 4099},
+                  Shape{33, 13, 129}}) {
     StoredMatrix w = RandomMatrix(dtype, s.rows, s.cols, rng);
     std::vector<float> x = RandomVector(s.n * s.cols, rng);
     std::vector<float> y(s.n * s.rows, NAN);
@@ -102,6 +108,33 @@ INSTANTIATE_TEST_SUITE_P(
       return std::string(CpuIsaName(std::get<0>(info.param))) + "_" +
              std::string(DTypeName(std::get<1>(info.param)));
     });
+
+// A product split into shares over any number of threads gives the same bits as MatMul: every
+// output row is one dot product whatever the split.
+TEST(MatMulShareTest, SharesCoverRowsOnceAndMatchMatMul) {
+  std::mt19937 rng(77);
+  ThreadPool pool(2);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (int64_t n : {1, 9}) {
+      StoredMatrix w = RandomMatrix(dtype, 29, 45, rng);
+      std::vector<float> x = RandomVector(n * 45, rng);
+      std::vector<float> want(n * 29), got(n * 29, NAN);
+      std::vector<float> scratch(3 * MatMulScratchFloats(45));
+      MatMul(pool, x.data(), n, 45, w.view, want.data(), 29, scratch.data());
+      int64_t covered = 0;
+      for (int t = 0; t < 3; ++t) {
+        int64_t b, e;
+        MatMulShareBounds(29, t, 3, &b, &e);
+        EXPECT_EQ(b, covered);
+        covered = std::max(covered, e);
+        MatMulShare(ActiveCpuIsa(), x.data(), n, 45, w.view, got.data(), 29, t, 3,
+                    scratch.data() + t * MatMulScratchFloats(45));
+      }
+      EXPECT_EQ(covered, 29);
+      for (int64_t i = 0; i < n * 29; ++i) ASSERT_EQ(got[i], want[i]) << i;
+    }
+  }
+}
 
 TEST(OpsTest, RmsNormMatchesReference) {
   std::mt19937 rng(7);
@@ -190,6 +223,40 @@ TEST(AttentionTest, RunTableMatchesContiguousReference) {
       }
     }
   }
+}
+
+// Grouped-query attention gives each head exactly what AttendOneHead gives it (same sums, same
+// order), over a fragmented run table.
+TEST(AttentionTest, GroupEqualsOneHeadAtATime) {
+  std::mt19937 rng(11);
+  const int32_t block = 4, hd = 40, kv_heads = 2, group = 3;
+  const int64_t pool_tokens = 32 * block;
+  std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
+  std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
+  KvLayerView view{k.data(), v.data(), pool_tokens * hd, block, hd};
+  const KvRun runs[] = {{9, 2}, {2, 3}, {20, 1}, {14, 4}};
+  for (int64_t seq_len : {1, 6, 40}) {
+    std::vector<float> q = RandomVector(group * hd, rng), grouped(group * hd);
+    std::vector<float> scores(group * seq_len);
+    AttendGroup(q.data(), group, view, 1, runs, 4, seq_len, 0.125f, scores.data(), grouped.data());
+    for (int32_t g = 0; g < group; ++g) {
+      std::vector<float> one(hd), s1(seq_len);
+      AttendOneHead(&q[g * hd], view, 1, runs, 4, seq_len, 0.125f, s1.data(), one.data());
+      for (int i = 0; i < hd; ++i) ASSERT_EQ(grouped[g * hd + i], one[i]) << g << " " << i;
+    }
+  }
+}
+
+// Many regions back to back (workers spinning) and regions after the workers fell asleep.
+TEST(ThreadPoolTest, RunOnAllWakesSpinningAndSleepingWorkers) {
+  ThreadPool pool(3);
+  std::vector<int> runs(3, 0);
+  for (int k = 0; k < 2000; ++k) pool.RunOnAll([&](int t) { ++runs[t]; });
+  for (int k = 0; k < 3; ++k) {
+    std::this_thread::sleep_for(std::chrono::microseconds(3 * ThreadPool::kSpinMicros));
+    pool.RunOnAll([&](int t) { ++runs[t]; });
+  }
+  EXPECT_EQ(runs, std::vector<int>(3, 2003));
 }
 
 TEST(ThreadPoolTest, ParallelForCoversRangeOnce) {
