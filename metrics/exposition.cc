@@ -79,14 +79,12 @@ bool IsValidLabelName(absl::string_view name) {
 
 void AppendHeader(std::string* out, absl::string_view name, absl::string_view help,
                   absl::string_view type) {
-  absl::StrAppend(out, "# HELP ", name, " ", EscapeHelp(help), "\n# TYPE ", name, " ", type,
-                  "\n");
+  absl::StrAppend(out, "# HELP ", name, " ", EscapeHelp(help), "\n# TYPE ", name, " ", type, "\n");
 }
 
 void AppendSample(std::string* out, absl::string_view name,
                   absl::Span<const std::string> label_names,
-                  absl::Span<const std::string> label_values, absl::string_view le,
-                  double value) {
+                  absl::Span<const std::string> label_values, absl::string_view le, double value) {
   out->append(name.data(), name.size());
   const bool braces = !label_names.empty() || !le.empty();
   if (braces) out->push_back('{');

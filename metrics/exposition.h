@@ -30,8 +30,7 @@ void AppendHeader(std::string* out, absl::string_view name, absl::string_view he
 // when there are none. `le` is appended last when not empty.
 void AppendSample(std::string* out, absl::string_view name,
                   absl::Span<const std::string> label_names,
-                  absl::Span<const std::string> label_values, absl::string_view le,
-                  double value);
+                  absl::Span<const std::string> label_values, absl::string_view le, double value);
 
 }  // namespace kvrm
 

@@ -28,10 +28,9 @@ MHD_Result Reply(MHD_Connection* connection, unsigned int code, const std::strin
   return r;
 }
 
-MHD_Result AccessHandler(void* cls, MHD_Connection* connection, const char* url,
-                         const char* method, const char* /*version*/,
-                         const char* /*upload_data*/, size_t* /*upload_data_size*/,
-                         void** /*con_cls*/) {
+MHD_Result AccessHandler(void* cls, MHD_Connection* connection, const char* url, const char* method,
+                         const char* /*version*/, const char* /*upload_data*/,
+                         size_t* /*upload_data_size*/, void** /*con_cls*/) {
   return static_cast<MHD_Result>(
       static_cast<MetricsHttpServer*>(cls)->Handle(connection, url, method));
 }
@@ -88,8 +87,8 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
       static_cast<unsigned int>(options.connection_limit), MHD_OPTION_CONNECTION_TIMEOUT,
       static_cast<unsigned int>(options.connection_timeout_s), MHD_OPTION_END);
   if (server->daemon_ == nullptr) {
-    return absl::UnavailableError(absl::StrCat("cannot listen for metrics on ", options.host,
-                                               ":", options.port, " (port in use?)"));
+    return absl::UnavailableError(absl::StrCat("cannot listen for metrics on ", options.host, ":",
+                                               options.port, " (port in use?)"));
   }
   const MHD_DaemonInfo* info = MHD_get_daemon_info(server->daemon_, MHD_DAEMON_INFO_BIND_PORT);
   server->port_ = info != nullptr ? info->port : options.port;

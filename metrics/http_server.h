@@ -29,8 +29,8 @@ struct HttpServerOptions {
 class MetricsHttpServer {
  public:
   // Binds and starts serving. `registry` must outlive the server. Starts not ready.
-  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(
-      const MetricRegistry* registry, const HttpServerOptions& options);
+  static absl::StatusOr<std::unique_ptr<MetricsHttpServer>> Start(const MetricRegistry* registry,
+                                                                  const HttpServerOptions& options);
   ~MetricsHttpServer();  // stops the daemon: no handler runs after it returns
   MetricsHttpServer(const MetricsHttpServer&) = delete;
   MetricsHttpServer& operator=(const MetricsHttpServer&) = delete;

@@ -23,8 +23,8 @@ class HttpServerTest : public ::testing::Test {
     ASSERT_GT(server_->port(), 0);
   }
   HttpResponse Get(const std::string& path, const std::string& method = "GET") {
-    absl::StatusOr<HttpResponse> r = HttpGet("127.0.0.1", server_->port(), path,
-                                             absl::Seconds(5), method);
+    absl::StatusOr<HttpResponse> r =
+        HttpGet("127.0.0.1", server_->port(), path, absl::Seconds(5), method);
     EXPECT_TRUE(r.ok()) << r.status();
     return r.ok() ? *r : HttpResponse{};
   }

@@ -6,8 +6,8 @@ namespace kvrm {
 
 const std::vector<double>& TtftBuckets() {
   // vLLM's time_to_first_token_seconds bounds (they already start at 1 ms).
-  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
-                                        0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
+  static const std::vector<double> b = {0.001, 0.005, 0.01, 0.02,  0.04,  0.06,  0.08, 0.1,
+                                        0.25,  0.5,   0.75, 1.0,   2.5,   5.0,   7.5,  10.0,
                                         20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
   return b;
 }
@@ -15,19 +15,19 @@ const std::vector<double>& TtftBuckets() {
 const std::vector<double>& InterTokenBuckets() {
   // vLLM's inter_token_latency_seconds bounds, with 1, 2.5 and 5 ms added below its 10 ms:
   // a small model on a fast device decodes faster than vLLM's first bucket.
-  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075,
-                                        0.1,   0.15,   0.2,   0.3,  0.4,   0.5,  0.75,
-                                        1.0,   2.5,    5.0,   7.5,  10.0,  20.0, 40.0, 80.0};
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1,
+                                        0.15,  0.2,    0.3,   0.4,  0.5,   0.75, 1.0,   2.5,
+                                        5.0,   7.5,    10.0,  20.0, 40.0,  80.0};
   return b;
 }
 
 const std::vector<double>& RequestLatencyBuckets() {
   // vLLM's request latency bounds (from 0.3 s) with finer ones below 300 ms, so short requests,
   // queue times and prefill times resolve.
-  static const std::vector<double> b = {
-      0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,  0.2,   0.3,   0.5,   0.8,    1.0,   1.5,
-      2.0,   2.5,    5.0,   10.0, 15.0,  20.0, 30.0, 40.0,  50.0,  60.0,  120.0,  240.0, 480.0,
-      960.0, 1920.0, 7680.0};
+  static const std::vector<double> b = {0.001, 0.0025, 0.005, 0.01,   0.025, 0.05, 0.1,  0.2,
+                                        0.3,   0.5,    0.8,   1.0,    1.5,   2.0,  2.5,  5.0,
+                                        10.0,  15.0,   20.0,  30.0,   40.0,  50.0, 60.0, 120.0,
+                                        240.0, 480.0,  960.0, 1920.0, 7680.0};
   return b;
 }
 
@@ -63,12 +63,18 @@ const std::vector<double>& TransportWaitBuckets() {
 // vLLM's finished_reason values where they exist ("stop", "length", "abort").
 const char* SuccessReason(FinishReason reason) {
   switch (reason) {
-    case FinishReason::kLength: return "length";
-    case FinishReason::kEos: return "stop";
-    case FinishReason::kStop: return "stop";
-    case FinishReason::kCancelled: return "abort";
-    case FinishReason::kTimeLimit: return "time_limit";
-    case FinishReason::kError: return "error";
+    case FinishReason::kLength:
+      return "length";
+    case FinishReason::kEos:
+      return "stop";
+    case FinishReason::kStop:
+      return "stop";
+    case FinishReason::kCancelled:
+      return "abort";
+    case FinishReason::kTimeLimit:
+      return "time_limit";
+    case FinishReason::kError:
+      return "error";
   }
   return "error";
 }
@@ -118,26 +124,25 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
                    "Time from arrival to the end of a request (any finish reason), in seconds.",
                    RequestLatencyBuckets());
   queue_time_ = histogram("kvrm:request_queue_time_seconds",
-                          "Time a request waited for a slot, in seconds.",
-                          RequestLatencyBuckets());
-  prefill_time_ = histogram("kvrm:request_prefill_time_seconds",
-                            "Time from admission to the first token, in seconds.",
-                            RequestLatencyBuckets());
+                          "Time a request waited for a slot, in seconds.", RequestLatencyBuckets());
+  prefill_time_ =
+      histogram("kvrm:request_prefill_time_seconds",
+                "Time from admission to the first token, in seconds.", RequestLatencyBuckets());
   decode_time_ = histogram("kvrm:request_decode_time_seconds",
                            "Time from the first token to the end of a request, in seconds.",
                            RequestLatencyBuckets());
   running_ = gauge("kvrm:num_requests_running", "Requests holding a slot.");
   waiting_ = gauge("kvrm:num_requests_waiting", "Requests queued for a slot.");
-  kv_usage_ = gauge("kvrm:kv_cache_usage_perc",
-                    "Fraction of device KV blocks holding live KV (0 to 1).");
+  kv_usage_ =
+      gauge("kvrm:kv_cache_usage_perc", "Fraction of device KV blocks holding live KV (0 to 1).");
   prompt_tokens_ = counter("kvrm:prompt_tokens_total", "Prompt tokens of admitted requests.");
   generation_tokens_ = counter("kvrm:generation_tokens_total", "Generated tokens.");
-  Family<Counter>& success = r->AddCounter(
-      "kvrm:request_success_total", "Finished requests by finish reason.",
-      labels({"finished_reason"}));
-  for (FinishReason f : {FinishReason::kLength, FinishReason::kEos, FinishReason::kStop,
-                         FinishReason::kCancelled, FinishReason::kTimeLimit,
-                         FinishReason::kError}) {
+  Family<Counter>& success =
+      r->AddCounter("kvrm:request_success_total", "Finished requests by finish reason.",
+                    labels({"finished_reason"}));
+  for (FinishReason f :
+       {FinishReason::kLength, FinishReason::kEos, FinishReason::kStop, FinishReason::kCancelled,
+        FinishReason::kTimeLimit, FinishReason::kError}) {
     success_[static_cast<int>(f)] = &success.WithLabels(values({SuccessReason(f)}));
   }
   preemptions_ = counter("kvrm:num_preemptions_total",
@@ -148,35 +153,34 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
                     "(UNAVAILABLE) or other.",
                     labels({"reason"}));
   rejected_ = {&rejected.WithLabels(values({"queue_full"})),
-               &rejected.WithLabels(values({"draining"})),
-               &rejected.WithLabels(values({"other"}))};
+               &rejected.WithLabels(values({"draining"})), &rejected.WithLabels(values({"other"}))};
 
   Family<Gauge>& reserved = r->AddGauge(
       "kvrm:kv_reserved_bytes", "KV bytes set aside for requests, per tier.", labels({"tier"}));
-  Family<Gauge>& used = r->AddGauge("kvrm:kv_used_bytes", "KV bytes holding live KV, per tier.",
-                                    labels({"tier"}));
-  Family<Gauge>& free = r->AddGauge("kvrm:kv_free_bytes", "KV bytes free to reserve, per tier.",
-                                    labels({"tier"}));
+  Family<Gauge>& used =
+      r->AddGauge("kvrm:kv_used_bytes", "KV bytes holding live KV, per tier.", labels({"tier"}));
+  Family<Gauge>& free =
+      r->AddGauge("kvrm:kv_free_bytes", "KV bytes free to reserve, per tier.", labels({"tier"}));
   for (Tier* t : {&device_, &host_}) {
     const std::string tier = t == &device_ ? "device" : "host";
     *t = Tier{&reserved.WithLabels(values({tier})), &used.WithLabels(values({tier})),
               &free.WithLabels(values({tier}))};
   }
-  transfer_groups_ = counter("kvrm:transfer_groups_total",
-                             "Merged KV copy groups issued between tiers.");
+  transfer_groups_ =
+      counter("kvrm:transfer_groups_total", "Merged KV copy groups issued between tiers.");
   transfer_bytes_ = counter("kvrm:transfer_bytes_total", "KV bytes moved between tiers.");
-  transfer_groups_per_step_ = histogram("kvrm:transfer_groups_per_step",
-                                        "KV copy groups issued per engine step.",
-                                        TransferGroupBuckets());
+  transfer_groups_per_step_ =
+      histogram("kvrm:transfer_groups_per_step", "KV copy groups issued per engine step.",
+                TransferGroupBuckets());
   transfer_bytes_per_step_ = histogram("kvrm:transfer_bytes_per_step",
                                        "KV bytes moved per engine step.", TransferByteBuckets());
   descriptor_commits_ = counter("kvrm:descriptor_commits_total",
                                 "Step descriptors committed with changed run tables.");
   transport_wait_ = counter("kvrm:transport_wait_seconds_total",
                             "Time the step replay waited on KV transport, in seconds.");
-  transport_wait_per_step_ = histogram("kvrm:step_transport_wait_seconds",
-                                       "Time one engine step waited on KV transport, in seconds.",
-                                       TransportWaitBuckets());
+  transport_wait_per_step_ =
+      histogram("kvrm:step_transport_wait_seconds",
+                "Time one engine step waited on KV transport, in seconds.", TransportWaitBuckets());
   Family<Histogram>& step = r->AddHistogram(
       "kvrm:step_duration_seconds",
       "Duration of one engine forward pass: a prefill chunk or a decode step, in seconds.",
@@ -184,8 +188,7 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
   prefill_step_ = &step.WithLabels(values({"prefill"}));
   decode_step_ = &step.WithLabels(values({"decode"}));
   steps_ = counter("kvrm:engine_steps_total", "Engine loop iterations that did work.");
-  Family<Gauge>& slots =
-      r->AddGauge("kvrm:slots", "Decode slots by state.", labels({"state"}));
+  Family<Gauge>& slots = r->AddGauge("kvrm:slots", "Decode slots by state.", labels({"state"}));
   slots_free_ = &slots.WithLabels(values({"free"}));
   slots_prefilling_ = &slots.WithLabels(values({"prefilling"}));
   slots_decoding_ = &slots.WithLabels(values({"decoding"}));
@@ -240,8 +243,7 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
   running_->Set(s.slots_in_use);
   waiting_->Set(s.queue_depth);
   const KvStats& kv = s.kv;
-  kv_usage_->Set(kv.blocks_total > 0 ? static_cast<double>(kv.blocks_used) / kv.blocks_total
-                                     : 0.0);
+  kv_usage_->Set(kv.blocks_total > 0 ? static_cast<double>(kv.blocks_used) / kv.blocks_total : 0.0);
   const double block = static_cast<double>(kv.bytes_per_block);
   device_.reserved->Set(block * kv.blocks_reserved);
   device_.used->Set(block * kv.blocks_used);

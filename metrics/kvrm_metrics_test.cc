@@ -187,10 +187,9 @@ TEST_F(KvrmMetricsTest, BucketLayoutsKeepVllmBoundsAndResolveBelow300ms) {
     EXPECT_GE(below_300ms, 6);
   }
   // vLLM's request latency bounds are all present, so le-based dashboard queries still match.
-  for (double x : {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                   60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {
-    EXPECT_TRUE(std::count(RequestLatencyBuckets().begin(), RequestLatencyBuckets().end(), x))
-        << x;
+  for (double x : {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
+                   30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0}) {
+    EXPECT_TRUE(std::count(RequestLatencyBuckets().begin(), RequestLatencyBuckets().end(), x)) << x;
   }
 }
 

@@ -68,8 +68,7 @@ std::unique_ptr<Histogram> Family<Histogram>::Make() const {
 template <typename T>
 T& Family<T>::WithLabels(absl::Span<const std::string> values) {
   CHECK(values.size() == label_names_.size())
-      << name_ << ": " << values.size() << " label values for " << label_names_.size()
-      << " labels";
+      << name_ << ": " << values.size() << " label values for " << label_names_.size() << " labels";
   std::lock_guard<std::mutex> lock(*mu_);
   for (Child& c : children_) {
     if (std::equal(c.label_values.begin(), c.label_values.end(), values.begin())) {
@@ -91,9 +90,9 @@ void MetricRegistry::CheckNew(const std::string& name,
     CHECK(IsValidLabelName(l)) << name << ": invalid label name '" << l << "'";
   }
   for (const Entry& e : families_) {
-    const std::string& other = e.counter     ? e.counter->name()
-                               : e.gauge     ? e.gauge->name()
-                                             : e.histogram->name();
+    const std::string& other = e.counter ? e.counter->name()
+                               : e.gauge ? e.gauge->name()
+                                         : e.histogram->name();
     CHECK(other != name) << "metric '" << name << "' registered twice";
   }
 }
@@ -118,8 +117,7 @@ Family<Gauge>& MetricRegistry::AddGauge(const std::string& name, const std::stri
   return *families_.back().gauge;
 }
 
-Family<Histogram>& MetricRegistry::AddHistogram(const std::string& name,
-                                                const std::string& help,
+Family<Histogram>& MetricRegistry::AddHistogram(const std::string& name, const std::string& help,
                                                 std::vector<std::string> label_names,
                                                 std::vector<double> bounds) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -166,8 +164,7 @@ std::string MetricRegistry::Render() const {
         }
         AppendSample(&out, bucket, f.label_names_, c.label_values, "+Inf",
                      static_cast<double>(cum.back()));
-        AppendSample(&out, f.name_ + "_sum", f.label_names_, c.label_values, "",
-                     c.metric->Sum());
+        AppendSample(&out, f.name_ + "_sum", f.label_names_, c.label_values, "", c.metric->Sum());
         AppendSample(&out, f.name_ + "_count", f.label_names_, c.label_values, "",
                      static_cast<double>(cum.back()));
       }

@@ -56,7 +56,7 @@ class Histogram {
   const std::vector<double>& bounds() const { return *bounds_; }
 
  private:
-  const std::vector<double>* bounds_;  // owned by the family
+  const std::vector<double>* bounds_;                // owned by the family
   std::unique_ptr<std::atomic<uint64_t>[]> counts_;  // [bounds + 1]; the last is (max, +Inf]
   std::atomic<double> sum_{0.0};
 };
@@ -111,8 +111,7 @@ class MetricRegistry {
                           std::vector<std::string> label_names = {});
   // `bounds`: strictly increasing finite upper bounds.
   Family<Histogram>& AddHistogram(const std::string& name, const std::string& help,
-                                  std::vector<std::string> label_names,
-                                  std::vector<double> bounds);
+                                  std::vector<std::string> label_names, std::vector<double> bounds);
 
   // The text exposition of every family, in registration order, children in creation order.
   std::string Render() const;

@@ -5,6 +5,9 @@
 //
 // SIGTERM / SIGINT drain: health NOT_SERVING at once, new requests UNAVAILABLE, in-flight ones
 // get --drain_grace_s to finish, then exit 0.
+//
+// Plain HTTP on --metrics_port (default 9400): /metrics (Prometheus), /healthz, /readyz (503
+// from SIGTERM on). See docs/metrics.md.
 #include <signal.h>
 
 #include <cstdio>
@@ -21,6 +24,8 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/matmul.h"
+#include "metrics/http_server.h"
+#include "metrics/kvrm_metrics.h"
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
 #include "server/kvrm_server.h"
@@ -44,6 +49,9 @@ ABSL_FLAG(std::string, kv_mode, "static", "KV policy: static (max-context slots)
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, device, "cpu", "cpu (the CUDA backend is built separately)");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish on SIGTERM");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0", "host of the HTTP /metrics, /healthz, /readyz");
+ABSL_FLAG(int32_t, metrics_port, 9400, "HTTP metrics port; 0 picks a free port, -1 disables");
+ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(std::string, log_level, "info", "info, warning or error");
 
 namespace kvrm {
@@ -75,6 +83,13 @@ absl::StatusOr<std::string> ResolveModel(const std::string& spec) {
   LOG(INFO) << "generated " << summary.parameters << " parameters in " << summary.total_seconds
             << " s";
   return dir;
+}
+
+// Written atomically (rename), so a reader never sees a partial number.
+void WritePortFile(const std::string& path, int port) {
+  if (path.empty()) return;
+  std::ofstream(path + ".tmp") << port << "\n";
+  std::filesystem::rename(path + ".tmp", path);
 }
 
 int Run() {
@@ -118,6 +133,21 @@ int Run() {
   eo.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   eo.block_tokens = absl::GetFlag(FLAGS_kv_block_tokens);
   eo.threads = absl::GetFlag(FLAGS_threads);
+  // The registry and the observer outlive the engine and the HTTP server (declared first).
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, {(*model)->name, absl::GetFlag(FLAGS_kv_mode)});
+  eo.observer = &metrics;
+  std::unique_ptr<MetricsHttpServer> http;
+  if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> h = MetricsHttpServer::Start(
+        &registry, {absl::GetFlag(FLAGS_metrics_listen), absl::GetFlag(FLAGS_metrics_port)});
+    if (!h.ok()) {
+      std::fprintf(stderr, "kvrmd: %s\n", h.status().ToString().c_str());
+      return 1;
+    }
+    http = std::move(*h);
+    WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), http->port());
+  }
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model->get(), eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "kvrmd: %s\n", engine.status().ToString().c_str());
@@ -139,14 +169,17 @@ int Run() {
             << " parameters, " << DTypeName(m.weights.dtype) << ") on port " << (*server)->port()
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
             << ", kv-mode " << so.info.kv_mode << ", cpu " << CpuIsaName(ActiveCpuIsa());
-  const std::string port_file = absl::GetFlag(FLAGS_port_file);
-  if (!port_file.empty()) {
-    std::ofstream(port_file + ".tmp") << (*server)->port() << "\n";
-    std::filesystem::rename(port_file + ".tmp", port_file);
+  if (http) {
+    LOG(INFO) << "metrics on http://" << absl::GetFlag(FLAGS_metrics_listen) << ":" << http->port()
+              << "/metrics";
+    http->SetReady(true);
   }
+  WritePortFile(absl::GetFlag(FLAGS_port_file), (*server)->port());
   int sig = 0;
   sigwait(&signals, &sig);
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
+  // Probes see the drain at once; /metrics keeps answering until exit.
+  if (http) http->SetReady(false);
   (*server)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s)));
   server->reset();
   engine->reset();
