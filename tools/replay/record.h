@@ -18,6 +18,7 @@ struct RequestRecord {
   double finish_s = 0;      // when the stream's status arrived
   int input_tokens = 0;
   int output_tokens_requested = 0;
+  int server_completion_tokens = -1;  // Finished.usage.completion_tokens; -1: no final message
   bool clamped = false;
   int grpc_code = 0;           // grpc::StatusCode; 0 = OK
   std::string error;           // the status message, or Finished.error

@@ -108,16 +108,16 @@ Json SummaryToJson(const Summary& s) {
 std::string RecordsToCsv(absl::Span<const RequestRecord> records) {
   std::string out =
       "index,trace_s,scheduled_s,send_s,first_token_s,finish_s,input_tokens,"
-      "output_tokens_requested,output_tokens,ttft_ms,tpot_ms,e2e_ms,status,finish_reason,error,"
+      "output_tokens_requested,output_tokens,server_completion_tokens,ttft_ms,tpot_ms,e2e_ms,status,finish_reason,error,"
       "token_times_s\n";
   for (const RequestRecord& r : records) {
     std::vector<std::string> times;
     times.reserve(r.token_times_s.size());
     for (double t : r.token_times_s) times.push_back(absl::StrFormat("%.6f", t));
     absl::StrAppendFormat(
-        &out, "%d,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%.3f,%.3f,%.3f,%s,%s,%s,%s\n", r.index,
+        &out, "%d,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%.3f,%.3f,%.3f,%s,%s,%s,%s\n", r.index,
         r.trace_s, r.scheduled_s, r.send_s, r.first_token_s, r.finish_s, r.input_tokens,
-        r.output_tokens_requested, r.output_tokens(), TtftMs(r), TpotMs(r), E2eMs(r),
+        r.output_tokens_requested, r.output_tokens(), r.server_completion_tokens, TtftMs(r), TpotMs(r), E2eMs(r),
         absl::StatusCodeToString(static_cast<absl::StatusCode>(r.grpc_code)), r.finish_reason,
         CsvField(r.error), absl::StrJoin(times, " "));
   }

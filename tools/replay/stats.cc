@@ -48,7 +48,11 @@ absl::StatusOr<Slo> ParseSlo(absl::string_view text) {
   return slo;
 }
 
-bool Completed(const RequestRecord& r) { return r.grpc_code == 0 && r.finish_reason != "ERROR"; }
+bool Completed(const RequestRecord& r) {
+  // A stream that ends OK without its final message lost output (or the server broke the
+  // protocol): it did not complete.
+  return r.grpc_code == 0 && !r.finish_reason.empty() && r.finish_reason != "ERROR";
+}
 
 double TtftMs(const RequestRecord& r) {
   return r.first_token_s < 0 ? 0 : (r.first_token_s - r.send_s) * 1e3;
@@ -87,11 +91,11 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
     }
     if (!Completed(r)) {
       ++s.failed;
-      ++s.finish_reasons[r.finish_reason];
+      ++s.finish_reasons[r.finish_reason.empty() ? "NONE" : r.finish_reason];
       continue;
     }
     ++s.completed;
-    ++s.finish_reasons[r.finish_reason.empty() ? "NONE" : r.finish_reason];
+    ++s.finish_reasons[r.finish_reason];
     s.input_tokens += r.input_tokens;
     if (r.first_token_s >= 0) ttft.push_back(TtftMs(r));
     if (r.output_tokens() >= 2) tpot.push_back(TpotMs(r));

@@ -47,12 +47,12 @@ struct Window {
 
 struct Summary {
   int requests = 0;
-  int completed = 0;  // status OK and not FINISH_REASON_ERROR
+  int completed = 0;  // status OK with a final message whose reason is not ERROR
   int refused = 0;    // RESOURCE_EXHAUSTED (server full)
   int failed = 0;     // every other error
   int clamped = 0;
   std::map<std::string, int> status_codes;    // code name -> count, errors only
-  std::map<std::string, int> finish_reasons;  // of completed requests
+  std::map<std::string, int> finish_reasons;  // of OK streams; "NONE": no final message
   int64_t input_tokens = 0;   // of completed requests
   int64_t output_tokens = 0;  // received, all requests
   double duration_s = 0;      // first send to last finish

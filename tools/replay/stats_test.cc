@@ -155,6 +155,17 @@ TEST(SummaryTest, OneSecondWindows) {
   EXPECT_EQ(Summarize(KnownRun(), Slo{}, 0.5).windows.size(), 6u);
 }
 
+TEST(SummaryTest, StreamWithoutFinalMessageIsAFailure) {
+  RequestRecord lost = Ok(0, 0, {0.1, 0.2});
+  lost.finish_reason = "";  // status OK, but the final message never arrived
+  const Summary s = Summarize({lost}, Slo{});
+  EXPECT_EQ(s.completed, 0);
+  EXPECT_EQ(s.failed, 1);
+  EXPECT_EQ(s.finish_reasons.at("NONE"), 1);
+  EXPECT_EQ(s.good, 0);
+  EXPECT_EQ(s.ttft_ms.count, 0);
+}
+
 TEST(SummaryTest, EmptyRun) {
   const Summary s = Summarize({}, Slo{});
   EXPECT_EQ(s.requests, 0);
