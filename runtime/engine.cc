@@ -1,6 +1,9 @@
+// Engine: construction, the public thread-safe API, and the step loop. The per-slot logic
+// (admission, KV preparation, preemption, output) is in engine_slots.cc.
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -22,11 +25,17 @@ const char* FinishReasonName(FinishReason reason) {
   return "unknown";
 }
 
-namespace {
+const char* KvModeName(KvMode mode) { return mode == KvMode::kStatic ? "static" : "kvrm"; }
 
-double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
-
-}  // namespace
+const char* SlotStateName(SlotState state) {
+  switch (state) {
+    case SlotState::kFree: return "free";
+    case SlotState::kPrefilling: return "prefilling";
+    case SlotState::kDecoding: return "decoding";
+    case SlotState::kPaused: return "paused";
+  }
+  return "unknown";
+}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
                                                        const EngineOptions& options) {
@@ -34,7 +43,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   const LlamaConfig& c = model->config;
   if (o.max_context <= 0) o.max_context = c.max_position_embeddings;
   if (o.max_context > c.max_position_embeddings) {
-    return absl::InvalidArgumentError(absl::StrCat("--max-context ", o.max_context,
+    return absl::InvalidArgumentError(absl::StrCat("--max_context ", o.max_context,
                                                    " exceeds the model's ",
                                                    c.max_position_embeddings));
   }
@@ -46,35 +55,114 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
     return absl::InvalidArgumentError("block tokens, prefill chunk and max runs must be positive");
   }
   o.max_new_tokens = std::max(1, std::min(o.max_new_tokens, o.max_context));
-  auto engine = std::unique_ptr<Engine>(new Engine(model, o));
-
   const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
-  CpuBackendOptions bo;
-  bo.kv_blocks = blocks_per_slot * o.slots;
-  bo.kv_block_tokens = o.block_tokens;
-  bo.max_slots = o.slots;
-  bo.max_chunk_tokens = o.prefill_chunk;
-  bo.max_context = o.max_context;
-  bo.num_threads = o.threads;
-  ASSIGN_OR_RETURN(engine->backend_, CpuBackend::Create(c, &model->weights, bo));
-  engine->kv_ = std::make_unique<StaticKvAllocator>(
-      o.slots, blocks_per_slot, o.block_tokens,
-      engine->backend_->kv_pool(0)->shape().BytesPerBlock() * engine->backend_->num_kv_pools());
+  if (o.kv_blocks <= 0) o.kv_blocks = blocks_per_slot * o.slots;
+  if (o.kv_mode == KvMode::kStatic && o.kv_blocks < blocks_per_slot * o.slots) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--kv_blocks ", o.kv_blocks, ": static mode reserves max context for every slot and needs ",
+        blocks_per_slot * o.slots, " (", o.slots, " slots x ", blocks_per_slot, " blocks); at most ",
+        o.kv_blocks / blocks_per_slot, " slots fit"));
+  }
+  if (o.kv_blocks < blocks_per_slot) {
+    return absl::InvalidArgumentError(absl::StrCat("--kv_blocks ", o.kv_blocks,
+                                                   " cannot hold one request of max context (",
+                                                   blocks_per_slot, " blocks)"));
+  }
+  if (o.kv_host_blocks < 0) o.kv_host_blocks = o.kv_mode == KvMode::kKvrm ? o.kv_blocks : 0;
+  auto engine = std::unique_ptr<Engine>(new Engine(model, o));
+  RETURN_IF_ERROR(engine->Init());
   engine->PublishStats();
   return engine;
 }
 
 Engine::Engine(const ModelBundle* model, const EngineOptions& options)
-    : model_(model), options_(options),
+    : model_(model),
+      options_(options),
       observer_(options.observer ? options.observer : &default_observer_) {
   slots_.resize(options.slots);
   samplers_.reserve(options.slots);
   for (int i = 0; i < options.slots; ++i) {
     samplers_.push_back(std::make_unique<Sampler>(model->config.vocab_size));
   }
-  step_.Resize(options.slots, options.max_runs);
+  for (StepDescriptor& d : descriptors_) d.Resize(options.slots, options.max_runs);
   logits_.resize(static_cast<size_t>(options.slots) * model->config.vocab_size);
+  chunk_logits_.resize(model->config.vocab_size);
   eos_ids_ = model->config.eos_token_ids;
+}
+
+absl::Status Engine::Init() {
+  const LlamaConfig& c = model_->config;
+  const EngineOptions& o = options_;
+  const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
+  CpuBackendOptions bo;
+  bo.kv_blocks = o.kv_blocks;
+  bo.kv_block_tokens = o.block_tokens;
+  bo.max_slots = o.slots;
+  bo.max_chunk_tokens = o.prefill_chunk;
+  bo.max_context = o.max_context;
+  bo.num_threads = o.threads;
+  ASSIGN_OR_RETURN(backend_, CpuBackend::Create(c, &model_->weights, bo));
+  int64_t bytes_per_block = 0;
+  for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
+    bytes_per_block += backend_->kv_pool(r)->shape().BytesPerBlock();
+  }
+  if (o.kv_mode == KvMode::kStatic) {
+    kv_ = std::make_unique<StaticKvAllocator>(o.slots, blocks_per_slot, o.block_tokens,
+                                              bytes_per_block);
+  } else {
+    KvPagerOptions po;
+    po.num_slots = o.slots;
+    po.device_blocks = o.kv_blocks;
+    po.host_blocks = o.kv_host_blocks;
+    po.block_tokens = o.block_tokens;
+    po.max_runs = o.max_runs;
+    po.max_blocks_per_slot = static_cast<int32_t>(blocks_per_slot);
+    po.bytes_per_block = bytes_per_block;
+    auto pager = std::make_unique<KvPager>(po);
+    pager_ = pager.get();
+    kv_ = std::move(pager);
+    if (o.kv_host_blocks > 0) {
+      for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
+        KvPoolShape shape = backend_->kv_pool(r)->shape();
+        shape.num_blocks = o.kv_host_blocks;
+        ASSIGN_OR_RETURN(std::unique_ptr<KvPool> host, KvPool::Create(shape));
+        host_pools_.push_back(std::move(host));
+      }
+    }
+    const int64_t capacity = o.kv_blocks + std::max<int64_t>(1, o.kv_host_blocks);
+    moves_.reserve(capacity);
+    gated_moves_.reserve(capacity);
+    groups_.reserve(capacity);
+    transport_ = std::make_unique<Transport>(
+        [this](const TransferGroup& g) { return CopyGroup(g); }, bytes_per_block,
+        static_cast<int32_t>(std::min<int64_t>(capacity, 1 << 20)));
+  }
+  runner_ = std::make_unique<StepRunner>(backend_.get());
+  return absl::OkStatus();
+}
+
+absl::Status Engine::CopyGroup(const TransferGroup& g) {
+  // One transfer group = one contiguous token range per (rank, layer, K|V, head): the pool
+  // layout keeps consecutive blocks contiguous per head, so each is a single memcpy.
+  for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
+    KvPool* src = g.src_tier == KvTier::kDevice ? backend_->kv_pool(r) : host_pools_[r].get();
+    KvPool* dst = g.dst_tier == KvTier::kDevice ? backend_->kv_pool(r) : host_pools_[r].get();
+    if (src == nullptr || dst == nullptr) return absl::InternalError("transfer to a missing tier");
+    const KvPoolShape& shape = src->shape();
+    const int64_t bytes =
+        static_cast<int64_t>(g.num_blocks) * shape.block_tokens * shape.head_dim * sizeof(float);
+    for (int32_t layer = 0; layer < shape.num_layers; ++layer) {
+      const KvLayerView s = src->Layer(layer);
+      const KvLayerView d = dst->Layer(layer);
+      for (int32_t h = 0; h < shape.kv_heads; ++h) {
+        const int64_t src_tok = static_cast<int64_t>(g.src_first) * shape.block_tokens;
+        const int64_t dst_tok = static_cast<int64_t>(g.dst_first) * shape.block_tokens;
+        std::memcpy(d.KeyAt(h, dst_tok), s.KeyAt(h, src_tok), bytes);
+        std::memcpy(d.ValueAt(h, dst_tok), s.ValueAt(h, src_tok), bytes);
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 Engine::~Engine() {
@@ -164,10 +252,24 @@ EngineStats Engine::Stats() const {
 void Engine::PublishStats() {
   EngineStats s;
   s.slots_total = options_.slots;
-  for (const Slot& slot : slots_) s.slots_in_use += slot.state != SlotState::kFree;
+  for (const Slot& slot : slots_) {
+    s.slots_in_use += slot.state != SlotState::kFree;
+    s.slots_prefilling += slot.state == SlotState::kPrefilling;
+    s.slots_decoding += slot.state == SlotState::kDecoding;
+    s.slots_paused += slot.state == SlotState::kPaused;
+  }
   s.tokens_generated_total = tokens_generated_;
   s.steps_total = steps_;
   s.kv = kv_->Stats();
+  s.descriptor_commits_total = commits_;
+  s.preemptions_total = preemptions_;
+  s.transport_wait_seconds_total = absl::ToDoubleSeconds(transport_wait_);
+  if (transport_) {
+    const TransportStats t = transport_->Stats();
+    s.transfer_groups_total = t.groups_total;
+    s.transfer_bytes_total = t.bytes_total;
+    s.transfer_blocks_total = t.blocks_total;
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     s.queue_depth = queued_;
@@ -185,7 +287,7 @@ void Engine::Loop() {
     }
     if (!Step()) {
       std::unique_lock<std::mutex> lock(mu_);
-      // Wake for posts, or every 20 ms to enforce time limits of queued requests.
+      // Wake for posts, or every 20 ms to enforce time limits and resume paused requests.
       cv_.wait_for(lock, std::chrono::milliseconds(20), [&] {
         return stop_ || !posted_.empty() || !cancels_.empty() || cancel_all_;
       });
@@ -203,287 +305,68 @@ void Engine::Loop() {
   }
 }
 
+uint64_t Engine::SubmitTransfers(uint64_t gate_step) {
+  // Ungated moves (nothing running writes their blocks) go first; moves gated on the running
+  // step second. The pager planned every move with the later fence, so sources stay held until
+  // both batches are done.
+  groups_.clear();
+  PlanTransferGroups(absl::MakeSpan(moves_), &groups_);
+  uint64_t fence = transport_->Submit(groups_, 0);
+  groups_.clear();
+  PlanTransferGroups(absl::MakeSpan(gated_moves_), &groups_);
+  fence = transport_->Submit(groups_, gate_step);
+  moves_.clear();
+  gated_moves_.clear();
+  return fence;
+}
+
 bool Engine::Step() {
   TakePosted();
   const absl::Time now = absl::Now();
   ExpireDeadlines(now);
+  RetireTransfers();
+  ResumePaused();
   Admit(now);
-  bool worked = PrefillOneChunk();
-  worked |= DecodeStep();
-  if (worked) ++steps_;
+  const int32_t active = BuildDescriptor();
+  const bool prefill = PickPrefillChunk();
+  if (active == 0 && !prefill) {
+    PublishStats();
+    return false;
+  }
+  if (transport_ && (!moves_.empty() || !gated_moves_.empty())) {
+    required_fence_ = std::max(required_fence_, SubmitTransfers(0));
+  }
+  // Commit: the staged descriptor becomes the one this step reads (the epoch flip).
+  committed_ ^= 1;
+  ++commits_;
+  if (transport_ && required_fence_ > transport_->completed()) {
+    transport_wait_ += transport_->WaitFor(required_fence_);
+  }
+  StepWork work;
+  if (prefill) {
+    work.chunk = &chunk_;
+    work.chunk_logits = chunk_last_ && !slots_[chunk_slot_].recompute ? chunk_logits_.data()
+                                                                        : nullptr;
+  }
+  if (active > 0) {
+    work.step = &descriptors_[committed_];
+    work.logits = logits_.data();
+  }
+  const uint64_t step_id = ++steps_;
+  runner_->Launch(work);
+  PreStageNext(step_id);
+  const StepResult result = runner_->Wait();
+  if (transport_) transport_->StepDone(step_id);
+  if (prefill) {
+    observer_->OnPrefillChunk(static_cast<int32_t>(chunk_.tokens.size()), result.prefill_time);
+    FinishPrefillChunk(result);
+  }
+  if (active > 0) {
+    observer_->OnDecodeStep(active, result.decode_time);
+    FinishDecode(result);
+  }
   PublishStats();
-  return worked;
-}
-
-void Engine::TakePosted() {
-  std::vector<std::unique_ptr<GenerationRequest>> posted;
-  std::vector<uint64_t> cancels;
-  bool cancel_all;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    posted.swap(posted_);
-    cancels.swap(cancels_);
-    cancel_all = cancel_all_;
-    cancel_all_ = false;
-  }
-  for (auto& r : posted) waiting_.push_back(std::move(r));
-  auto cancelled = [&](uint64_t handle) {
-    return cancel_all || std::find(cancels.begin(), cancels.end(), handle) != cancels.end();
-  };
-  if (cancels.empty() && !cancel_all) return;
-  for (int32_t i = 0; i < options_.slots; ++i) {
-    if (slots_[i].state != SlotState::kFree && cancelled(slots_[i].request->handle)) {
-      FinishSlot(i, FinishReason::kCancelled, {});
-    }
-  }
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (cancelled((*it)->handle)) {
-      std::unique_ptr<GenerationRequest> r = std::move(*it);
-      it = waiting_.erase(it);
-      FinishQueued(std::move(r), FinishReason::kCancelled);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Engine::ExpireDeadlines(absl::Time now) {
-  auto expired = [&](const GenerationRequest& r) {
-    return r.time_limit > absl::ZeroDuration() && now - r.arrival >= r.time_limit;
-  };
-  for (int32_t i = 0; i < options_.slots; ++i) {
-    if (slots_[i].state != SlotState::kFree && expired(*slots_[i].request)) {
-      StreamChunk last;
-      if (slots_[i].text) last.text = slots_[i].text->Finish();
-      FinishSlot(i, FinishReason::kTimeLimit, std::move(last));
-    }
-  }
-  for (auto it = waiting_.begin(); it != waiting_.end();) {
-    if (expired(**it)) {
-      std::unique_ptr<GenerationRequest> r = std::move(*it);
-      it = waiting_.erase(it);
-      FinishQueued(std::move(r), FinishReason::kTimeLimit);
-    } else {
-      ++it;
-    }
-  }
-}
-
-void Engine::Admit(absl::Time now) {
-  for (int32_t i = 0; i < options_.slots && !waiting_.empty(); ++i) {
-    if (slots_[i].state != SlotState::kFree) continue;
-    // Highest priority first; FCFS within a priority (the deque is in arrival order).
-    auto best = waiting_.begin();
-    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
-      if ((*it)->priority > (*best)->priority) best = it;
-    }
-    std::unique_ptr<GenerationRequest> r = std::move(*best);
-    waiting_.erase(best);
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      --queued_;
-    }
-    Slot& slot = slots_[i];
-    const absl::Status grown = kv_->Grow(i, static_cast<int64_t>(r->prompt.size()));
-    if (!grown.ok()) {
-      // Cannot happen in static mode (Submit bounds the prompt); fail only this request.
-      slot.request = std::move(r);
-      slot.state = SlotState::kPrefilling;
-      FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
-      continue;
-    }
-    slot.state = SlotState::kPrefilling;
-    slot.prefilled = 0;
-    slot.position = 0;
-    slot.generated = 0;
-    slot.admitted = now;
-    observer_->OnAdmitted(*r, now - r->arrival);
-    samplers_[i]->Reset(r->sampling, r->prompt);
-    const Tokenizer* tok = model_->tokenizer.get();
-    // The last prompt tokens give the first generated token's text its context.
-    const size_t ctx = std::min<size_t>(5, r->prompt.size());
-    slot.text = std::make_unique<TextStream>(
-        [tok](absl::Span<const int32_t> ids) { return tok->Decode(ids, true); },
-        r->stop_sequences,
-        std::vector<int32_t>(r->prompt.end() - ctx, r->prompt.end()));
-    slot.request = std::move(r);
-  }
-}
-
-bool Engine::PrefillOneChunk() {
-  // The slot admitted first goes first, so prefill is FCFS across slots.
-  int32_t pick = -1;
-  for (int32_t i = 0; i < options_.slots; ++i) {
-    if (slots_[i].state == SlotState::kPrefilling &&
-        (pick < 0 || slots_[i].admitted < slots_[pick].admitted)) {
-      pick = i;
-    }
-  }
-  if (pick < 0) return false;
-  Slot& slot = slots_[pick];
-  const std::vector<int32_t>& prompt = slot.request->prompt;
-  const int32_t n = std::min<int32_t>(backend_->max_chunk_tokens(),
-                                      static_cast<int32_t>(prompt.size()) - slot.prefilled);
-  const bool last = slot.prefilled + n == static_cast<int32_t>(prompt.size());
-  PrefillChunk chunk;
-  chunk.slot = pick;
-  chunk.start = slot.prefilled;
-  chunk.tokens = absl::MakeConstSpan(prompt).subspan(slot.prefilled, n);
-  chunk.runs = step_.SlotRunsData(pick);
-  chunk.num_runs = kv_->RunTable(pick, step_.SlotRuns(pick));
-  float* logits = &logits_[static_cast<size_t>(pick) * backend_->vocab_size()];
-  const absl::Time t0 = absl::Now();
-  const absl::Status st = backend_->Prefill(chunk, last ? logits : nullptr);
-  observer_->OnPrefillChunk(n, absl::Now() - t0);
-  if (!st.ok()) {
-    LOG(ERROR) << "prefill failed for " << slot.request->request_id << ": " << st;
-    FinishSlot(pick, FinishReason::kError, {}, "", std::string(st.message()));
-    return true;
-  }
-  slot.prefilled += n;
-  slot.position = slot.prefilled;
-  if (last) {
-    slot.state = SlotState::kDecoding;
-    const SampleResult s = samplers_[pick]->Sample(
-        absl::MakeSpan(logits, backend_->vocab_size()));
-    EmitToken(pick, s);
-  }
   return true;
-}
-
-bool Engine::DecodeStep() {
-  int32_t active = 0;
-  for (int32_t i = 0; i < options_.slots; ++i) {
-    Slot& slot = slots_[i];
-    const bool on = slot.state == SlotState::kDecoding;
-    step_.active[i] = on;
-    if (!on) continue;
-    const absl::Status grown = kv_->Grow(i, slot.position + 1);
-    if (!grown.ok()) {
-      step_.active[i] = 0;
-      FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
-      continue;
-    }
-    step_.position[i] = slot.position;
-    step_.token[i] = slot.next_token;
-    step_.num_runs[i] = kv_->RunTable(i, step_.SlotRuns(i));
-    ++active;
-  }
-  if (active == 0) return false;
-  const absl::Time t0 = absl::Now();
-  const absl::Status st = backend_->Decode(step_, logits_.data());
-  observer_->OnDecodeStep(active, absl::Now() - t0);
-  if (!st.ok()) {
-    LOG(ERROR) << "decode step failed: " << st;
-    for (int32_t i = 0; i < options_.slots; ++i) {
-      if (step_.active[i]) FinishSlot(i, FinishReason::kError, {}, "", std::string(st.message()));
-    }
-    return true;
-  }
-  const int32_t vocab = backend_->vocab_size();
-  for (int32_t i = 0; i < options_.slots; ++i) {
-    if (!step_.active[i]) continue;
-    ++slots_[i].position;
-    const SampleResult s =
-        samplers_[i]->Sample(absl::MakeSpan(&logits_[static_cast<size_t>(i) * vocab], vocab));
-    EmitToken(i, s);
-  }
-  return true;
-}
-
-void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
-  Slot& slot = slots_[slot_index];
-  GenerationRequest& r = *slot.request;
-  const int32_t token = sample.token;
-  samplers_[slot_index]->Accept(token);
-  ++slot.generated;
-  ++tokens_generated_;
-  const absl::Time now = absl::Now();
-  if (slot.generated == 1) {
-    slot.first_token = now;
-    observer_->OnFirstToken(r, now - r.arrival);
-  } else {
-    observer_->OnNextToken(r, now - slot.last_token);
-  }
-  slot.last_token = now;
-  slot.next_token = token;
-
-  StreamChunk chunk;
-  chunk.token_ids.push_back(token);
-  if (r.sampling.logprobs) {
-    TokenLogprobs lp;
-    lp.token = token;
-    lp.logprob = sample.logprob;
-    lp.num_top = sample.num_top;
-    lp.top_ids = sample.top_ids;
-    lp.top_logprobs = sample.top_logprobs;
-    chunk.logprobs.push_back(lp);
-  }
-  const bool is_eos =
-      !r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
-  if (is_eos) {
-    chunk.text = slot.text->Finish();
-    FinishSlot(slot_index, FinishReason::kEos, std::move(chunk));
-    return;
-  }
-  TextStream::Delta delta = slot.text->Push(token);
-  chunk.text = std::move(delta.text);
-  if (delta.stopped) {
-    FinishSlot(slot_index, FinishReason::kStop, std::move(chunk), delta.matched_stop);
-    return;
-  }
-  if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
-      r.stop_token_ids.end()) {
-    chunk.text += slot.text->Finish();
-    FinishSlot(slot_index, FinishReason::kStop, std::move(chunk),
-               model_->tokenizer->Decode({token}, false));
-    return;
-  }
-  if (slot.generated >= r.max_new_tokens || slot.position + 1 >= options_.max_context) {
-    chunk.text += slot.text->Finish();
-    FinishSlot(slot_index, FinishReason::kLength, std::move(chunk));
-    return;
-  }
-  r.sink->OnChunk(std::move(chunk));
-}
-
-void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk last,
-                        std::string matched_stop, std::string error) {
-  Slot& slot = slots_[slot_index];
-  GenerationRequest& r = *slot.request;
-  const absl::Time now = absl::Now();
-  FinishInfo info;
-  info.reason = reason;
-  info.matched_stop = std::move(matched_stop);
-  info.error = std::move(error);
-  info.prompt_tokens = static_cast<int32_t>(r.prompt.size());
-  info.completion_tokens = slot.generated;
-  info.queue_time_ms = Ms(slot.admitted - r.arrival);
-  info.time_to_first_token_ms = slot.generated > 0 ? Ms(slot.first_token - r.arrival) : 0;
-  info.total_time_ms = Ms(now - r.arrival);
-  observer_->OnFinished(r, info);
-  r.sink->OnFinished(std::move(last), info);
-  kv_->Release(slot_index);
-  slot.state = SlotState::kFree;
-  slot.request.reset();
-  slot.text.reset();
-  // Publish before `outstanding_` drops, so that a WaitIdle() caller sees the freed slot.
-  PublishStats();
-  std::lock_guard<std::mutex> lock(mu_);
-  if (--outstanding_ == 0) idle_cv_.notify_all();
-}
-
-void Engine::FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReason reason) {
-  FinishInfo info;
-  info.reason = reason;
-  info.prompt_tokens = static_cast<int32_t>(request->prompt.size());
-  info.queue_time_ms = Ms(absl::Now() - request->arrival);
-  info.total_time_ms = info.queue_time_ms;
-  observer_->OnFinished(*request, info);
-  request->sink->OnFinished({}, info);
-  std::lock_guard<std::mutex> lock(mu_);
-  --queued_;
-  if (--outstanding_ == 0) idle_cv_.notify_all();
 }
 
 }  // namespace kvrm

@@ -21,11 +21,14 @@
 #include "runtime/backend.h"
 #include "runtime/engine_observer.h"
 #include "runtime/kv_allocator.h"
+#include "runtime/kv_pager.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
+#include "runtime/step_runner.h"
 #include "runtime/text_stream.h"
+#include "runtime/transport.h"
 
 namespace kvrm {
 
@@ -38,9 +41,12 @@ struct EngineOptions {
   int32_t max_queue = 256;        // waiting requests beyond this get RESOURCE_EXHAUSTED
   int32_t max_new_tokens = 4096;  // upper bound a request may ask for
   int32_t block_tokens = 16;
-  int32_t max_runs = 8;
+  int32_t max_runs = 8;           // R: the descriptor's run-table width per slot
+  // KV budget in blocks. 0: slots * ceil(max_context / block_tokens), what static mode needs.
+  int64_t kv_blocks = 0;
+  int64_t kv_host_blocks = -1;    // host tier (paused requests); -1: same as kv_blocks
   int32_t threads = 0;  // 0: hardware concurrency
-  KvMode kv_mode = KvMode::kStatic;
+  KvMode kv_mode = KvMode::kKvrm;
   EngineObserver* observer = nullptr;  // not owned; outlives the engine
 };
 
@@ -58,9 +64,18 @@ struct EngineStats {
   double transport_wait_seconds_total = 0;  // time the step replay waited on transport
   uint64_t descriptor_commits_total = 0;    // step descriptors committed (run tables changed)
   uint64_t preemptions_total = 0;           // requests swapped out or recomputed
+  uint64_t transfer_blocks_total = 0;
+  int32_t slots_prefilling = 0;
+  int32_t slots_decoding = 0;
+  int32_t slots_paused = 0;
 };
 
-enum class SlotState { kFree, kPrefilling, kDecoding };
+// A slot's life: kFree -> kPrefilling -> kDecoding -> kFree, with kPaused (KV in the host tier,
+// or dropped for recompute) between kDecoding and kPrefilling/kDecoding under KV pressure.
+enum class SlotState { kFree, kPrefilling, kDecoding, kPaused };
+
+const char* KvModeName(KvMode mode);
+const char* SlotStateName(SlotState state);
 
 class Engine {
  public:
@@ -96,37 +111,68 @@ class Engine {
     SlotState state = SlotState::kFree;
     std::unique_ptr<GenerationRequest> request;
     std::unique_ptr<TextStream> text;
-    int32_t prefilled = 0;   // prompt tokens whose KV is written
+    // Tokens whose KV must be in the history: the prompt, then every generated token but the
+    // last (which is the next input). Recompute after a dropped KV prefills from this.
+    std::vector<int32_t> history;
+    int32_t prefilled = 0;   // history tokens whose KV is written
     int32_t position = 0;    // history length = position of the next input token
     int32_t next_token = 0;  // input of the next decode step
     int32_t generated = 0;
+    bool recompute = false;  // paused with its KV dropped: prefill `history` again on resume
+    bool swapped = false;    // paused with its KV in the host tier
+    uint64_t resumed_step = 0;  // the step it was last resumed for
     absl::Time admitted;
     absl::Time first_token;
     absl::Time last_token;
   };
 
   Engine(const ModelBundle* model, const EngineOptions& options);
+  absl::Status Init();
   void Loop();
-  // One iteration of the loop; false when there was nothing to do.
+  // One iteration of the loop: one step of work; false when there was nothing to do.
   bool Step();
   void TakePosted();
   void ExpireDeadlines(absl::Time now);
   void Admit(absl::Time now);
-  bool PrefillOneChunk();
-  bool DecodeStep();
+  // kvrm: retires finished transfers and resumes paused slots when room returns.
+  void RetireTransfers();
+  void ResumePaused();
+  // Makes room for `slot`'s next input at `position` (growing its KV, preempting others if the
+  // pool is exhausted) and plans compaction past max_runs. Called with no step running. Returns
+  // false if `slot` itself had to be paused (or failed).
+  bool PrepareSlotKv(int32_t slot, int32_t position);
+  // Pauses the lowest-priority, most recently admitted decoding slot other than `except`.
+  bool PreemptOne(int32_t except);
+  // Moves a decoding slot's KV to the host tier (or drops it for recompute): kPaused.
+  void PauseSlot(int32_t slot);
+  // Submits the moves planned so far as their own batch (see engine_slots.cc).
+  void FlushMoves();
+  // Builds the staged descriptor for the decoding slots; returns the number active.
+  int32_t BuildDescriptor();
+  // Chooses this step's prefill chunk (FCFS over prefilling slots); false if none.
+  bool PickPrefillChunk();
+  // Turns the planned moves into transfer groups and queues them; returns the batch's fence.
+  uint64_t SubmitTransfers(uint64_t gate_step);
+  // While the step runs: reserve KV for every active slot's next position.
+  void PreStageNext(uint64_t running_step);
+  void FinishPrefillChunk(const StepResult& result);
+  void FinishDecode(const StepResult& result);
   // Applies a sampled token to the slot: output, stop checks, finish.
   void EmitToken(int32_t slot_index, const SampleResult& sample);
   void FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk last,
                   std::string matched_stop = "", std::string error = "");
   void FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReason reason);
   void PublishStats();
-
-  EngineObserver* observer() { return observer_; }
+  absl::Status CopyGroup(const TransferGroup& group);
 
   const ModelBundle* model_;
-  const EngineOptions options_;
-  std::unique_ptr<KvAllocator> kv_;
+  EngineOptions options_;
   std::unique_ptr<Backend> backend_;
+  std::unique_ptr<KvAllocator> kv_;
+  KvPager* pager_ = nullptr;  // == kv_ in kvrm mode, null in static mode
+  std::vector<std::unique_ptr<KvPool>> host_pools_;  // [ranks]: the host tier, kvrm mode
+  std::unique_ptr<Transport> transport_;              // kvrm mode
+  std::unique_ptr<StepRunner> runner_;
   EngineObserver default_observer_;  // no-op when options_.observer is null
   EngineObserver* observer_;
 
@@ -134,11 +180,25 @@ class Engine {
   std::vector<Slot> slots_;
   std::vector<std::unique_ptr<Sampler>> samplers_;  // [slots]
   std::deque<std::unique_ptr<GenerationRequest>> waiting_;
-  StepDescriptor step_;
-  std::vector<float> logits_;  // [slots][vocab]
+  // Double-buffered descriptor: `staged_` is built while the committed one runs; Commit flips.
+  StepDescriptor descriptors_[2];
+  int32_t committed_ = 0;
+  PrefillChunk chunk_;
+  int32_t chunk_slot_ = -1;
+  bool chunk_last_ = false;
+  std::vector<KvRun> prefill_runs_;       // a prefilling slot's runs when wider than a row
+  std::vector<BlockMove> moves_;          // planned this step; capacity reserved at start-up
+  std::vector<BlockMove> gated_moves_;    // ... that must wait for the running step
+  std::vector<TransferGroup> groups_;     // capacity reserved at start-up
+  uint64_t required_fence_ = 0;           // transfers the next launched step depends on
+  std::vector<float> logits_;             // [slots][vocab]
+  std::vector<float> chunk_logits_;       // [vocab]
   std::vector<int32_t> eos_ids_;
   uint64_t steps_ = 0;
   uint64_t tokens_generated_ = 0;
+  uint64_t commits_ = 0;
+  uint64_t preemptions_ = 0;
+  absl::Duration transport_wait_;
 
   // Posted by other threads.
   mutable std::mutex mu_;

@@ -29,7 +29,8 @@ struct TransferGroup {
 
 // Sorts `moves` and merges every chain of moves whose sources and destinations are both
 // consecutive into one group. Moves must be a partial injection (no block read twice or written
-// twice) and sources must not overlap destinations within a tier. Groups are maximal: no two of
+// twice) and no move may read a block another move of the same set writes: the groups run in
+// any order. Dependent moves go in separate batches (the transport runs batches in order). Groups are maximal: no two of
 // them could be joined. Appends to `groups` (reserve it: the planner itself does not allocate
 // beyond the output and the sort).
 void PlanTransferGroups(absl::Span<BlockMove> moves, std::vector<TransferGroup>* groups);

@@ -1,0 +1,488 @@
+// Engine: the per-slot logic on the owner thread. Every slot state transition happens here:
+// admission (kFree -> kPrefilling), prefill completion (-> kDecoding), preemption (-> kPaused),
+// resumption (kPaused -> kDecoding or kPrefilling), and finishing (-> kFree).
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "runtime/engine.h"
+
+namespace kvrm {
+namespace {
+
+double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
+
+// Physical block holding logical position `pos` of a slot, from a descriptor row.
+int32_t HotBlock(const StepDescriptor& d, int32_t slot, int32_t block_tokens) {
+  return static_cast<int32_t>(
+      PhysicalToken(d.SlotRunsData(slot), d.num_runs[slot], block_tokens, d.position[slot]) /
+      block_tokens);
+}
+
+}  // namespace
+
+void Engine::TakePosted() {
+  std::vector<std::unique_ptr<GenerationRequest>> posted;
+  std::vector<uint64_t> cancels;
+  bool cancel_all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    posted.swap(posted_);
+    cancels.swap(cancels_);
+    cancel_all = cancel_all_;
+    cancel_all_ = false;
+  }
+  for (auto& r : posted) waiting_.push_back(std::move(r));
+  if (cancels.empty() && !cancel_all) return;
+  auto cancelled = [&](uint64_t handle) {
+    return cancel_all || std::find(cancels.begin(), cancels.end(), handle) != cancels.end();
+  };
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    if (slots_[i].state != SlotState::kFree && cancelled(slots_[i].request->handle)) {
+      FinishSlot(i, FinishReason::kCancelled, {});
+    }
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (cancelled((*it)->handle)) {
+      std::unique_ptr<GenerationRequest> r = std::move(*it);
+      it = waiting_.erase(it);
+      FinishQueued(std::move(r), FinishReason::kCancelled);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::ExpireDeadlines(absl::Time now) {
+  auto expired = [&](const GenerationRequest& r) {
+    return r.time_limit > absl::ZeroDuration() && now - r.arrival >= r.time_limit;
+  };
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    if (slots_[i].state != SlotState::kFree && expired(*slots_[i].request)) {
+      StreamChunk last;
+      if (slots_[i].text) last.text = slots_[i].text->Finish();
+      FinishSlot(i, FinishReason::kTimeLimit, std::move(last));
+    }
+  }
+  for (auto it = waiting_.begin(); it != waiting_.end();) {
+    if (expired(**it)) {
+      std::unique_ptr<GenerationRequest> r = std::move(*it);
+      it = waiting_.erase(it);
+      FinishQueued(std::move(r), FinishReason::kTimeLimit);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void Engine::RetireTransfers() {
+  if (!transport_) return;
+  pager_->RetireUpTo(transport_->completed());
+  const absl::Status st = transport_->status();
+  if (!st.ok()) {
+    // A failed copy leaves some destination blocks undefined: fail the requests that own KV
+    // (their outputs can no longer be trusted); the engine keeps serving new ones.
+    LOG(ERROR) << "transport failed: " << st;
+    for (int32_t i = 0; i < options_.slots; ++i) {
+      if (slots_[i].state != SlotState::kFree && slots_[i].state != SlotState::kPrefilling) {
+        FinishSlot(i, FinishReason::kError, {}, "", std::string(st.message()));
+      }
+    }
+  }
+}
+
+void Engine::ResumePaused() {
+  if (!pager_) return;
+  // Decoding slots each need room for their next block; resume only beyond that, so a resumed
+  // request does not immediately push another one out.
+  int64_t headroom = 0;
+  for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
+  for (;;) {
+    int32_t pick = -1;
+    for (int32_t i = 0; i < options_.slots; ++i) {
+      const Slot& s = slots_[i];
+      if (s.state != SlotState::kPaused) continue;
+      if (pick < 0 || s.request->priority > slots_[pick].request->priority ||
+          (s.request->priority == slots_[pick].request->priority &&
+           s.admitted < slots_[pick].admitted)) {
+        pick = i;
+      }
+    }
+    if (pick < 0) return;
+    Slot& s = slots_[pick];
+    const int64_t need = s.swapped ? pager_->NumBlocks(pick) + 1
+                                   : pager_->BlocksFor(static_cast<int64_t>(s.history.size()) + 1);
+    if (pager_->free_device_blocks() < need + headroom) return;
+    if (s.swapped) {
+      const absl::Status st = pager_->PlanSwapIn(pick, transport_->next_fence() + 1, &moves_);
+      if (!st.ok()) return;
+      s.swapped = false;
+      s.state = SlotState::kDecoding;
+      s.resumed_step = steps_ + 1;
+    } else {
+      CHECK_OK(pager_->Grow(pick, static_cast<int64_t>(s.history.size())));
+      s.prefilled = 0;
+      s.state = SlotState::kPrefilling;
+      s.resumed_step = steps_ + 1;
+    }
+    ++headroom;
+  }
+}
+
+void Engine::Admit(absl::Time now) {
+  // Paused requests come back before new ones are let in (no starvation by newcomers).
+  if (pager_) {
+    for (const Slot& s : slots_) {
+      if (s.state == SlotState::kPaused) return;
+    }
+  }
+  for (int32_t i = 0; i < options_.slots && !waiting_.empty(); ++i) {
+    if (slots_[i].state != SlotState::kFree) continue;
+    // Highest priority first; FCFS within a priority (the deque is in arrival order).
+    auto best = waiting_.begin();
+    for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
+      if ((*it)->priority > (*best)->priority) best = it;
+    }
+    const int64_t prompt = static_cast<int64_t>((*best)->prompt.size());
+    if (pager_) {
+      int64_t headroom = 0;
+      for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
+      // The prompt, its first generated token, and one block of growth per decoding slot.
+      if (pager_->free_device_blocks() < pager_->BlocksFor(prompt + 1) + headroom) return;
+    }
+    std::unique_ptr<GenerationRequest> r = std::move(*best);
+    waiting_.erase(best);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      --queued_;
+    }
+    Slot& slot = slots_[i];
+    slot.request = std::move(r);
+    slot.state = SlotState::kPrefilling;
+    slot.admitted = now;
+    const absl::Status grown = kv_->Grow(i, prompt);
+    if (!grown.ok()) {
+      FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
+      continue;
+    }
+    GenerationRequest& req = *slot.request;
+    slot.history.clear();
+    slot.history.reserve(options_.max_context);
+    slot.history.assign(req.prompt.begin(), req.prompt.end());
+    slot.prefilled = 0;
+    slot.position = 0;
+    slot.generated = 0;
+    slot.recompute = false;
+    slot.swapped = false;
+    observer_->OnAdmitted(req, now - req.arrival);
+    samplers_[i]->Reset(req.sampling, req.prompt);
+    const Tokenizer* tok = model_->tokenizer.get();
+    // The last prompt tokens give the first generated token's text its context.
+    const size_t ctx = std::min<size_t>(5, req.prompt.size());
+    slot.text = std::make_unique<TextStream>(
+        [tok](absl::Span<const int32_t> ids) { return tok->Decode(ids, true); },
+        req.stop_sequences, std::vector<int32_t>(req.prompt.end() - ctx, req.prompt.end()));
+  }
+}
+
+bool Engine::PreemptOne(int32_t except) {
+  // The lowest priority, then the most recently admitted decoding slot.
+  int32_t victim = -1;
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    const Slot& s = slots_[i];
+    // A slot resumed in this step is not sent back at once (no thrash, and its swap-in is
+    // still being planned).
+    if (i == except || s.state != SlotState::kDecoding || s.resumed_step == steps_ + 1) continue;
+    if (victim < 0 || s.request->priority < slots_[victim].request->priority ||
+        (s.request->priority == slots_[victim].request->priority &&
+         s.admitted > slots_[victim].admitted)) {
+      victim = i;
+    }
+  }
+  if (victim < 0) return false;
+  PauseSlot(victim);
+  return true;
+}
+
+void Engine::FlushMoves() {
+  // Moves planned so far go out as their own batch, so that moves planned next may read what
+  // these write (a swap-in followed by a compaction or a swap-out of the same blocks): batches
+  // run in order, while the planner may reorder moves within one.
+  if (!moves_.empty()) required_fence_ = std::max(required_fence_, SubmitTransfers(0));
+}
+
+void Engine::PauseSlot(int32_t slot) {
+  FlushMoves();
+  Slot& v = slots_[slot];
+  // Swap its KV to the host tier as merged transfer groups; where the host tier is full, drop
+  // it and recompute on resume (a prefill of its history). Nothing is running when this is
+  // called (BuildDescriptor), so the moves need no gate.
+  if (pager_->PlanSwapOut(slot, transport_->next_fence() + 1, &moves_).ok()) {
+    v.swapped = true;
+  } else {
+    kv_->Release(slot);
+    v.recompute = true;
+  }
+  v.state = SlotState::kPaused;
+  ++preemptions_;
+  LOG(INFO) << "paused " << v.request->request_id << " (" << (v.swapped ? "swap" : "recompute")
+            << ") under KV pressure";
+}
+
+bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
+  absl::Status st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
+  while (absl::IsResourceExhausted(st) && pager_) {
+    if (!PreemptOne(slot)) break;
+    st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
+  }
+  if (absl::IsResourceExhausted(st) && pager_) {
+    // Nobody else to make room (others' KV is held until transfers land): this one waits.
+    PauseSlot(slot);
+    return false;
+  }
+  if (!st.ok()) {
+    FinishSlot(slot, FinishReason::kError, {}, "", std::string(st.message()));
+    return false;
+  }
+  if (pager_ && pager_->NumRuns(slot) > options_.max_runs) FlushMoves();
+  if (pager_ && pager_->NumRuns(slot) > options_.max_runs &&
+      !pager_->PlanCompaction(slot, transport_->next_fence() + 1, &moves_)) {
+    // No free extent can take the tail runs: wait in the host tier until one can.
+    PauseSlot(slot);
+    return false;
+  }
+  return true;
+}
+
+int32_t Engine::BuildDescriptor() {
+  StepDescriptor& d = descriptors_[committed_ ^ 1];
+  int32_t active = 0;
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    d.active[i] = 0;
+    Slot& slot = slots_[i];
+    if (slot.state != SlotState::kDecoding) continue;
+    if (!PrepareSlotKv(i, slot.position)) continue;
+    if (slot.state != SlotState::kDecoding) continue;
+    if (pager_ && pager_->NumRuns(i) > options_.max_runs) continue;  // waits for room
+    d.active[i] = 1;
+    d.position[i] = slot.position;
+    d.token[i] = slot.next_token;
+    d.num_runs[i] = kv_->RunTable(i, d.SlotRuns(i));
+    ++active;
+  }
+  // A slot paused while building later rows may have been marked active earlier: drop it.
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    if (d.active[i] && slots_[i].state != SlotState::kDecoding) {
+      d.active[i] = 0;
+      --active;
+    }
+  }
+  return active;
+}
+
+bool Engine::PickPrefillChunk() {
+  // The slot admitted first goes first, so prefill is FCFS across slots.
+  int32_t pick = -1;
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    if (slots_[i].state == SlotState::kPrefilling &&
+        (pick < 0 || slots_[i].admitted < slots_[pick].admitted)) {
+      pick = i;
+    }
+  }
+  chunk_slot_ = pick;
+  if (pick < 0) return false;
+  Slot& slot = slots_[pick];
+  const int32_t total = static_cast<int32_t>(slot.history.size());
+  const int32_t n = std::min<int32_t>(backend_->max_chunk_tokens(), total - slot.prefilled);
+  StepDescriptor& d = descriptors_[committed_ ^ 1];  // its row is free: the slot is not decoding
+  chunk_.slot = pick;
+  chunk_.start = slot.prefilled;
+  chunk_.tokens = absl::MakeConstSpan(slot.history).subspan(slot.prefilled, n);
+  chunk_.num_runs = kv_->RunTable(pick, absl::MakeSpan(d.runs).subspan(
+                                            static_cast<size_t>(pick) * d.max_runs, d.max_runs));
+  chunk_.runs = d.SlotRunsData(pick);
+  chunk_last_ = slot.prefilled + n == total;
+  if (pager_ && pager_->NumRuns(pick) > d.max_runs) {
+    // The run table is wider than the descriptor row: the CPU prefill reads runs through the
+    // pager's own table instead (same blocks, no width limit).
+    chunk_.runs = nullptr;
+  }
+  if (chunk_.runs == nullptr) {
+    prefill_runs_.resize(pager_->NumRuns(pick));
+    chunk_.num_runs = kv_->RunTable(pick, absl::MakeSpan(prefill_runs_));
+    chunk_.runs = prefill_runs_.data();
+  }
+  return true;
+}
+
+void Engine::PreStageNext(uint64_t running_step) {
+  if (!pager_) return;
+  // While the step runs: make room for every active slot's next position now, so the next
+  // descriptor is ready and its transfers are staged. Compaction moves that read the block the
+  // running step writes (the slot's hot block) wait for the step; the rest start at once.
+  const StepDescriptor& running = descriptors_[committed_];
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    if (!running.active[i] || slots_[i].state != SlotState::kDecoding) continue;
+    if (!kv_->Grow(i, static_cast<int64_t>(running.position[i]) + 2).ok()) continue;
+    if (pager_->NumRuns(i) <= options_.max_runs) continue;
+    const size_t before = moves_.size();
+    if (!pager_->PlanCompaction(i, transport_->next_fence() + 1, &moves_)) continue;
+    const int32_t hot = HotBlock(running, i, options_.block_tokens);
+    for (size_t m = before; m < moves_.size();) {
+      if (moves_[m].src_tier == KvTier::kDevice && moves_[m].src == hot) {
+        gated_moves_.push_back(moves_[m]);
+        moves_.erase(moves_.begin() + m);
+      } else {
+        ++m;
+      }
+    }
+  }
+  if (!moves_.empty() || !gated_moves_.empty()) {
+    required_fence_ = std::max(required_fence_, SubmitTransfers(running_step));
+  }
+}
+
+void Engine::FinishPrefillChunk(const StepResult& result) {
+  const int32_t pick = chunk_slot_;
+  Slot& slot = slots_[pick];
+  if (!result.prefill_status.ok()) {
+    LOG(ERROR) << "prefill failed for " << slot.request->request_id << ": "
+               << result.prefill_status;
+    FinishSlot(pick, FinishReason::kError, {}, "", std::string(result.prefill_status.message()));
+    return;
+  }
+  slot.prefilled += static_cast<int32_t>(chunk_.tokens.size());
+  slot.position = slot.prefilled;
+  if (!chunk_last_) return;
+  slot.state = SlotState::kDecoding;
+  if (slot.recompute) {
+    slot.recompute = false;  // the history is back; decoding resumes with next_token
+    return;
+  }
+  const SampleResult s =
+      samplers_[pick]->Sample(absl::MakeSpan(chunk_logits_.data(), backend_->vocab_size()));
+  EmitToken(pick, s);
+}
+
+void Engine::FinishDecode(const StepResult& result) {
+  const StepDescriptor& d = descriptors_[committed_];
+  if (!result.decode_status.ok()) {
+    LOG(ERROR) << "decode step failed: " << result.decode_status;
+    for (int32_t i = 0; i < options_.slots; ++i) {
+      if (d.active[i] && slots_[i].state != SlotState::kFree) {
+        FinishSlot(i, FinishReason::kError, {}, "",
+                   std::string(result.decode_status.message()));
+      }
+    }
+    return;
+  }
+  const int32_t vocab = backend_->vocab_size();
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    if (!d.active[i] || slots_[i].state == SlotState::kFree) continue;
+    Slot& slot = slots_[i];
+    slot.history.push_back(d.token[i]);  // its KV is now in the cache
+    ++slot.position;
+    const SampleResult s =
+        samplers_[i]->Sample(absl::MakeSpan(&logits_[static_cast<size_t>(i) * vocab], vocab));
+    EmitToken(i, s);
+  }
+}
+
+void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
+  Slot& slot = slots_[slot_index];
+  GenerationRequest& r = *slot.request;
+  const int32_t token = sample.token;
+  samplers_[slot_index]->Accept(token);
+  ++slot.generated;
+  ++tokens_generated_;
+  const absl::Time now = absl::Now();
+  if (slot.generated == 1) {
+    slot.first_token = now;
+    observer_->OnFirstToken(r, now - r.arrival);
+  } else {
+    observer_->OnNextToken(r, now - slot.last_token);
+  }
+  slot.last_token = now;
+  slot.next_token = token;
+
+  StreamChunk chunk;
+  chunk.token_ids.push_back(token);
+  if (r.sampling.logprobs) {
+    TokenLogprobs lp;
+    lp.token = token;
+    lp.logprob = sample.logprob;
+    lp.num_top = sample.num_top;
+    lp.top_ids = sample.top_ids;
+    lp.top_logprobs = sample.top_logprobs;
+    chunk.logprobs.push_back(lp);
+  }
+  const bool is_eos =
+      !r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  if (is_eos) {
+    chunk.text = slot.text->Finish();
+    FinishSlot(slot_index, FinishReason::kEos, std::move(chunk));
+    return;
+  }
+  TextStream::Delta delta = slot.text->Push(token);
+  chunk.text = std::move(delta.text);
+  if (delta.stopped) {
+    FinishSlot(slot_index, FinishReason::kStop, std::move(chunk), delta.matched_stop);
+    return;
+  }
+  if (std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) !=
+      r.stop_token_ids.end()) {
+    chunk.text += slot.text->Finish();
+    FinishSlot(slot_index, FinishReason::kStop, std::move(chunk),
+               model_->tokenizer->Decode({token}, false));
+    return;
+  }
+  if (slot.generated >= r.max_new_tokens || slot.position + 1 >= options_.max_context) {
+    chunk.text += slot.text->Finish();
+    FinishSlot(slot_index, FinishReason::kLength, std::move(chunk));
+    return;
+  }
+  r.sink->OnChunk(std::move(chunk));
+}
+
+void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk last,
+                        std::string matched_stop, std::string error) {
+  Slot& slot = slots_[slot_index];
+  GenerationRequest& r = *slot.request;
+  const absl::Time now = absl::Now();
+  FinishInfo info;
+  info.reason = reason;
+  info.matched_stop = std::move(matched_stop);
+  info.error = std::move(error);
+  info.prompt_tokens = static_cast<int32_t>(r.prompt.size());
+  info.completion_tokens = slot.generated;
+  info.queue_time_ms = Ms(slot.admitted - r.arrival);
+  info.time_to_first_token_ms = slot.generated > 0 ? Ms(slot.first_token - r.arrival) : 0;
+  info.total_time_ms = Ms(now - r.arrival);
+  observer_->OnFinished(r, info);
+  r.sink->OnFinished(std::move(last), info);
+  kv_->Release(slot_index);
+  slot.state = SlotState::kFree;
+  slot.request.reset();
+  slot.text.reset();
+  slot.recompute = false;
+  slot.swapped = false;
+  // Publish before `outstanding_` drops, so that a WaitIdle() caller sees the freed slot.
+  PublishStats();
+  std::lock_guard<std::mutex> lock(mu_);
+  if (--outstanding_ == 0) idle_cv_.notify_all();
+}
+
+void Engine::FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReason reason) {
+  FinishInfo info;
+  info.reason = reason;
+  info.prompt_tokens = static_cast<int32_t>(request->prompt.size());
+  info.queue_time_ms = Ms(absl::Now() - request->arrival);
+  info.total_time_ms = info.queue_time_ms;
+  observer_->OnFinished(*request, info);
+  request->sink->OnFinished({}, info);
+  std::lock_guard<std::mutex> lock(mu_);
+  --queued_;
+  if (--outstanding_ == 0) idle_cv_.notify_all();
+}
+
+}  // namespace kvrm
