@@ -45,7 +45,13 @@ ABSL_FLAG(int32_t, max_new_tokens, 4096, "largest max_new_tokens a request may a
 ABSL_FLAG(int32_t, max_queue, 256, "waiting requests beyond this get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, prefill_chunk, 256, "prompt tokens per prefill chunk");
 ABSL_FLAG(int32_t, kv_block_tokens, 16, "tokens per KV block");
-ABSL_FLAG(std::string, kv_mode, "static", "KV policy: static (max-context slots)");
+ABSL_FLAG(std::string, kv_mode, "kvrm",
+          "KV policy: kvrm (paged, extent placement, merge-staged transport) or static (every "
+          "slot reserves max context at start-up: the static-graph baseline)");
+ABSL_FLAG(int64_t, kv_blocks, 0,
+          "KV budget in blocks (0: slots x ceil(max_context / kv_block_tokens))");
+ABSL_FLAG(int64_t, kv_host_blocks, -1, "host-tier blocks for paused requests (-1: = kv_blocks)");
+ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, device, "cpu", "cpu (the CUDA backend is built separately)");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish on SIGTERM");
@@ -102,8 +108,8 @@ int Run() {
                  absl::GetFlag(FLAGS_device).c_str());
     return 2;
   }
-  if (absl::GetFlag(FLAGS_kv_mode) != "static") {
-    std::fprintf(stderr, "kvrmd: --kv_mode=%s is not available (use static)\n",
+  if (absl::GetFlag(FLAGS_kv_mode) != "static" && absl::GetFlag(FLAGS_kv_mode) != "kvrm") {
+    std::fprintf(stderr, "kvrmd: --kv_mode=%s: use kvrm or static\n",
                  absl::GetFlag(FLAGS_kv_mode).c_str());
     return 2;
   }
@@ -132,6 +138,10 @@ int Run() {
   eo.max_queue = absl::GetFlag(FLAGS_max_queue);
   eo.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   eo.block_tokens = absl::GetFlag(FLAGS_kv_block_tokens);
+  eo.kv_mode = absl::GetFlag(FLAGS_kv_mode) == "static" ? KvMode::kStatic : KvMode::kKvrm;
+  eo.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
+  eo.kv_host_blocks = absl::GetFlag(FLAGS_kv_host_blocks);
+  eo.max_runs = absl::GetFlag(FLAGS_kv_max_runs);
   eo.threads = absl::GetFlag(FLAGS_threads);
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
