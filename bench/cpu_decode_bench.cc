@@ -18,6 +18,7 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <sys/resource.h>
 #include <unistd.h>
 #include <vector>
 
@@ -55,6 +56,13 @@ namespace kvrm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// CPU seconds this process has used (all threads; spinning counts).
+double ProcessCpuSeconds() {
+  rusage u;
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -200,6 +208,9 @@ struct DecodeResult {
   int32_t slots, context;
   double tokens_per_s, step_ms, roofline_tokens_per_s, mb_per_step;
   double bytes_per_step, bandwidth_now;  // the roofline is filled in at the end from best()
+  // CPU time the process got during the fastest window / (wall time * threads): below 1 when
+  // other processes took the cores (the figures are then low by about that factor).
+  double cpu_share;
 };
 
 DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32_t context,
@@ -219,11 +230,15 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   // The best of several windows of `steps` steps, each from position `context`: on a shared
   // machine the fastest window is the one least disturbed by other processes.
   const double bandwidth_now = bandwidth->Measure(2);
-  double seconds = 1e30;
+  double seconds = 1e30, cpu_share = 0;
   for (int32_t window = 0; window < absl::GetFlag(FLAGS_windows); ++window) {
     Clock::time_point t0;
+    double cpu0 = 0;
     for (int32_t k = 0; k < warmup + steps; ++k) {
-      if (k == warmup) t0 = Clock::now();
+      if (k == warmup) {
+        t0 = Clock::now();
+        cpu0 = ProcessCpuSeconds();
+      }
       for (int32_t s = 0; s < slots; ++s) {
         // Warm-up steps reuse the first timed position so the timed histories start at
         // `context`.
@@ -232,7 +247,11 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
       }
       CHECK_OK(m.backend->Decode(step, logits.data()));
     }
-    seconds = std::min(seconds, Seconds(t0, Clock::now()));
+    const double wall = Seconds(t0, Clock::now());
+    if (wall < seconds) {
+      seconds = wall;
+      cpu_share = (ProcessCpuSeconds() - cpu0) / (wall * absl::GetFlag(FLAGS_threads));
+    }
   }
   DecodeResult r;
   r.dtype = dtype;
@@ -247,6 +266,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   r.mb_per_step = bytes / 1e6;
   r.bytes_per_step = bytes;
   r.bandwidth_now = bandwidth_now;
+  r.cpu_share = cpu_share;
   return r;
 }
 
@@ -341,13 +361,13 @@ int Main() {
   std::printf("\ndecode (%s model); roofline = slots * %.2f GB/s (best read bandwidth of the run) "
               "/ (weight + KV bytes per step); 'GB/s now' measured just before the case\n",
               absl::GetFlag(FLAGS_size).c_str(), bandwidth.best() / 1e9);
-  std::printf("%-6s %6s %8s %10s %9s %9s %10s %8s %9s\n", "dtype", "slots", "context", "tok/s",
-              "step ms", "MB/step", "roofline", "of roof", "GB/s now");
+  std::printf("%-6s %6s %8s %10s %9s %9s %10s %8s %9s %6s\n", "dtype", "slots", "context",
+              "tok/s", "step ms", "MB/step", "roofline", "of roof", "GB/s now", "cpu");
   for (const DecodeResult& r : decode) {
-    std::printf("%-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f\n", r.dtype.c_str(),
-                r.slots, r.context, r.tokens_per_s, r.step_ms, r.mb_per_step,
+    std::printf("%-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f %5.0f%%\n",
+                r.dtype.c_str(), r.slots, r.context, r.tokens_per_s, r.step_ms, r.mb_per_step,
                 r.roofline_tokens_per_s, 100 * r.tokens_per_s / r.roofline_tokens_per_s,
-                r.bandwidth_now / 1e9);
+                r.bandwidth_now / 1e9, 100 * r.cpu_share);
   }
   std::printf("\nprefill (chunks of %d)\n%-6s %8s %10s %10s\n", absl::GetFlag(FLAGS_chunk),
               "dtype", "prompt", "tok/s", "ms");
@@ -371,7 +391,8 @@ int Main() {
                              {"step_ms", r.step_ms},
                              {"mb_per_step", r.mb_per_step},
                              {"roofline_tokens_per_s", r.roofline_tokens_per_s},
-                             {"read_bandwidth_now_gb_s", r.bandwidth_now / 1e9}});
+                             {"read_bandwidth_now_gb_s", r.bandwidth_now / 1e9},
+                             {"cpu_share", r.cpu_share}});
     }
     j["prefill"] = nlohmann::json::array();
     for (const PrefillResult& r : prefill) {
