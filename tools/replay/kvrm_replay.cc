@@ -155,9 +155,9 @@ int Main() {
   fputs(FormatTable(summary).c_str(), stdout);
   fflush(stdout);
   const std::string title =
-      absl::StrCat("kvrm replay: ", absl::GetFlag(FLAGS_trace).empty()
-                                        ? absl::GetFlag(FLAGS_arrival)
-                                        : absl::GetFlag(FLAGS_trace),
+      absl::StrCat("kvrm replay: ",
+                   absl::GetFlag(FLAGS_trace).empty() ? absl::GetFlag(FLAGS_arrival)
+                                                      : absl::GetFlag(FLAGS_trace),
                    " (", summary.requests, " requests)");
   struct Output {
     std::string path;
@@ -167,8 +167,7 @@ int Main() {
       {absl::GetFlag(FLAGS_json),
        absl::GetFlag(FLAGS_json).empty() ? "" : SummaryToJson(summary).dump(2) + "\n"},
       {absl::GetFlag(FLAGS_csv), absl::GetFlag(FLAGS_csv).empty() ? "" : RecordsToCsv(records)},
-      {absl::GetFlag(FLAGS_svg),
-       absl::GetFlag(FLAGS_svg).empty() ? "" : RenderSvg(summary, title)},
+      {absl::GetFlag(FLAGS_svg), absl::GetFlag(FLAGS_svg).empty() ? "" : RenderSvg(summary, title)},
   };
   for (const Output& o : outputs) {
     if (o.path.empty()) continue;

@@ -49,8 +49,7 @@ pid_t Spawn(std::vector<std::string> args, const std::string& log, const std::st
   if (out.empty()) {
     posix_spawn_file_actions_adddup2(&actions, 2, 1);
   } else {
-    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                     0644);
+    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   }
   pid_t pid = -1;
   EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0) << args[0];
@@ -86,11 +85,11 @@ class KvrmdProcess {
     const std::string port_file = TmpDir() + "/kvrmd.port";
     fs::remove(port_file);
     log_ = TmpDir() + "/kvrmd.log";
-    pid_ = Spawn({"server/kvrmd", "--model=builtin:tiny", "--model_cache=" + TmpDir() + "/models",
-                  "--listen=127.0.0.1:0", "--port_file=" + port_file,
-                  "--slots=" + std::to_string(slots), "--max_queue=" + std::to_string(max_queue),
-                  "--threads=2"},
-                 log_);
+    pid_ = Spawn(
+        {"server/kvrmd", "--model=builtin:tiny", "--model_cache=" + TmpDir() + "/models",
+         "--listen=127.0.0.1:0", "--port_file=" + port_file, "--slots=" + std::to_string(slots),
+         "--max_queue=" + std::to_string(max_queue), "--threads=2"},
+        log_);
     for (int i = 0; i < 1200 && !fs::exists(port_file); ++i) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -127,13 +126,12 @@ TEST(ReplayE2eTest, ThirtySecondsOfAzureTraceAllAccountedFor) {
   const std::string log = TmpDir() + "/replay.log";
   const std::string out = TmpDir() + "/replay.out";
   const auto start = std::chrono::steady_clock::now();
-  const pid_t replay = Spawn({"tools/replay/kvrm_replay",
-                              "--server=127.0.0.1:" + std::to_string(kvrmd.port()),
-                              "--trace=" + trace, "--start=0", "--duration=30",
-                              "--time_scale=0.33", "--input_scale=0.1", "--output_scale=0.1",
-                              "--slo=1000,100", "--json=" + json, "--csv=" + csv, "--svg=" + svg,
-                              "--request_timeout_s=60"},
-                             log, out);
+  const pid_t replay =
+      Spawn({"tools/replay/kvrm_replay", "--server=127.0.0.1:" + std::to_string(kvrmd.port()),
+             "--trace=" + trace, "--start=0", "--duration=30", "--time_scale=0.33",
+             "--input_scale=0.1", "--output_scale=0.1", "--slo=1000,100", "--json=" + json,
+             "--csv=" + csv, "--svg=" + svg, "--request_timeout_s=60"},
+            log, out);
   ASSERT_EQ(Wait(replay), 0) << ReadAll(log) << ReadAll(out);
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -186,8 +184,8 @@ Json RunSynthetic(int port, const std::vector<std::string>& flags) {
   const std::string json = TmpDir() + "/synthetic.json";
   const std::string log = TmpDir() + "/synthetic.log";
   std::vector<std::string> args = {"tools/replay/kvrm_replay",
-                                   "--server=127.0.0.1:" + std::to_string(port),
-                                   "--json=" + json, "--request_timeout_s=60"};
+                                   "--server=127.0.0.1:" + std::to_string(port), "--json=" + json,
+                                   "--request_timeout_s=60"};
   args.insert(args.end(), flags.begin(), flags.end());
   const pid_t replay = Spawn(args, log);
   EXPECT_EQ(Wait(replay), 0) << ReadAll(log);
@@ -216,8 +214,8 @@ TEST(ReplayE2eTest, HundredsOfConcurrentStreamsComplete) {
 TEST(ReplayE2eTest, RefusalsAreCounted) {
   KvrmdProcess kvrmd(2, 4);
   ASSERT_GT(kvrmd.port(), 0) << kvrmd.Log();
-  const Json s = RunSynthetic(kvrmd.port(), {"--arrival=poisson", "--rate=1000",
-                                             "--num_requests=100", "--lengths=16:32"});
+  const Json s = RunSynthetic(
+      kvrmd.port(), {"--arrival=poisson", "--rate=1000", "--num_requests=100", "--lengths=16:32"});
   EXPECT_EQ(s["requests"], 100) << s.dump(2);
   EXPECT_GT(s["refused"].get<int>(), 0) << s.dump(2);
   EXPECT_GT(s["completed"].get<int>(), 0) << s.dump(2);

@@ -49,9 +49,9 @@ class Driver {
       if (next < plan_.size()) wait_s = std::min(wait_s, plan_[next].send_at_s - Elapsed());
       void* tag = nullptr;
       bool ok = false;
-      const auto deadline = std::chrono::system_clock::now() +
-                            std::chrono::microseconds(static_cast<int64_t>(
-                                std::max(0.0, wait_s) * 1e6));
+      const auto deadline =
+          std::chrono::system_clock::now() +
+          std::chrono::microseconds(static_cast<int64_t>(std::max(0.0, wait_s) * 1e6));
       if (cq_.AsyncNext(&tag, &ok, deadline) == grpc::CompletionQueue::GOT_EVENT) {
         Handle(static_cast<Call*>(tag), ok);
       }
@@ -67,13 +67,10 @@ class Driver {
   }
 
  private:
-  double Elapsed() const {
-    return std::chrono::duration<double>(Clock::now() - start_).count();
-  }
+  double Elapsed() const { return std::chrono::duration<double>(Clock::now() - start_).count(); }
 
   ProgressState Progress() const {
-    return {static_cast<int>(plan_.size()), sent_, done_, in_flight_, errors_, tokens_,
-            Elapsed()};
+    return {static_cast<int>(plan_.size()), sent_, done_, in_flight_, errors_, tokens_, Elapsed()};
   }
 
   void Send(size_t i) {
@@ -172,9 +169,9 @@ absl::StatusOr<v1::ModelInfo> FetchModelInfo(v1::Kvrm::Stub& stub, double timeou
                         absl::StrCat("GetModelInfo: ", status.error_message()));
   }
   if (info.max_context() < 2 || info.vocab_size() < 1) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "GetModelInfo: unusable model limits (max_context ", info.max_context(), ", vocab_size ",
-        info.vocab_size(), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("GetModelInfo: unusable model limits (max_context ", info.max_context(),
+                     ", vocab_size ", info.vocab_size(), ")"));
   }
   return info;
 }

@@ -19,7 +19,7 @@
 namespace kvrm::replay {
 
 struct ReplayOptions {
-  double request_timeout_s = 0;  // per-call deadline; 0 = none
+  double request_timeout_s = 0;          // per-call deadline; 0 = none
   ProgressReporter* progress = nullptr;  // optional
 };
 

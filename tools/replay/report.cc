@@ -38,10 +38,12 @@ std::string XmlEscape(absl::string_view s) {
 
 std::string FormatTable(const Summary& s) {
   std::string out;
-  absl::StrAppendFormat(&out, "requests %d: completed %d, refused (RESOURCE_EXHAUSTED) %d, "
+  absl::StrAppendFormat(&out,
+                        "requests %d: completed %d, refused (RESOURCE_EXHAUSTED) %d, "
                         "failed %d, clamped to the model %d\n",
                         s.requests, s.completed, s.refused, s.failed, s.clamped);
-  for (const auto& [code, n] : s.status_codes) absl::StrAppendFormat(&out, "  status %s: %d\n", code, n);
+  for (const auto& [code, n] : s.status_codes)
+    absl::StrAppendFormat(&out, "  status %s: %d\n", code, n);
   for (const auto& [reason, n] : s.finish_reasons) {
     absl::StrAppendFormat(&out, "  finish %s: %d\n", reason, n);
   }
@@ -57,7 +59,8 @@ std::string FormatTable(const Summary& s) {
   out += Row("inter-token latency", s.itl_ms);
   out += Row("end to end", s.e2e_ms);
   if (s.slo.enabled()) {
-    absl::StrAppendFormat(&out, "\ngoodput (TTFT <= %g ms, TPOT <= %g ms): %d of %d requests, "
+    absl::StrAppendFormat(&out,
+                          "\ngoodput (TTFT <= %g ms, TPOT <= %g ms): %d of %d requests, "
                           "%.2f req/s\n",
                           s.slo.ttft_ms, s.slo.tpot_ms, s.good, s.requests, s.goodput_rps);
   }
@@ -108,7 +111,8 @@ Json SummaryToJson(const Summary& s) {
 std::string RecordsToCsv(absl::Span<const RequestRecord> records) {
   std::string out =
       "index,trace_s,scheduled_s,send_s,first_token_s,finish_s,input_tokens,"
-      "output_tokens_requested,output_tokens,server_completion_tokens,ttft_ms,tpot_ms,e2e_ms,status,finish_reason,error,"
+      "output_tokens_requested,output_tokens,server_completion_tokens,ttft_ms,tpot_ms,e2e_ms,"
+      "status,finish_reason,error,"
       "token_times_s\n";
   for (const RequestRecord& r : records) {
     std::vector<std::string> times;
@@ -117,9 +121,9 @@ std::string RecordsToCsv(absl::Span<const RequestRecord> records) {
     absl::StrAppendFormat(
         &out, "%d,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%.3f,%.3f,%.3f,%s,%s,%s,%s\n", r.index,
         r.trace_s, r.scheduled_s, r.send_s, r.first_token_s, r.finish_s, r.input_tokens,
-        r.output_tokens_requested, r.output_tokens(), r.server_completion_tokens, TtftMs(r), TpotMs(r), E2eMs(r),
-        absl::StatusCodeToString(static_cast<absl::StatusCode>(r.grpc_code)), r.finish_reason,
-        CsvField(r.error), absl::StrJoin(times, " "));
+        r.output_tokens_requested, r.output_tokens(), r.server_completion_tokens, TtftMs(r),
+        TpotMs(r), E2eMs(r), absl::StatusCodeToString(static_cast<absl::StatusCode>(r.grpc_code)),
+        r.finish_reason, CsvField(r.error), absl::StrJoin(times, " "));
   }
   return out;
 }
@@ -217,16 +221,16 @@ std::string RenderSvg(const Summary& s, const std::string& title) {
                         "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">%d</text>"
                         "<text x=\"%g\" y=\"%g\" text-anchor=\"end\">0</text>"
                         "<text x=\"%g\" y=\"%g\">arrivals per %g s window</text>\n",
-                        kLeft - 6, kBarTop + 4, max_arrivals, kLeft - 6, kBarBottom,
-                        kLeft, kBarTop - 6, s.window_s);
+                        kLeft - 6, kBarTop + 4, max_arrivals, kLeft - 6, kBarBottom, kLeft,
+                        kBarTop - 6, s.window_s);
   // Time axis.
   const double step = std::max(1.0, std::pow(10.0, std::floor(std::log10(span_s / 2))));
   for (double t = 0; t <= span_s + 1e-9; t += step) {
     absl::StrAppendFormat(&out,
                           "<line x1=\"%.1f\" y1=\"%g\" x2=\"%.1f\" y2=\"%g\" stroke=\"#999\"/>"
                           "<text x=\"%.1f\" y=\"%g\" text-anchor=\"middle\">%g</text>\n",
-                          x_of(t), kBarBottom, x_of(t), kBarBottom + 4, x_of(t),
-                          kBarBottom + 18, t);
+                          x_of(t), kBarBottom, x_of(t), kBarBottom + 4, x_of(t), kBarBottom + 18,
+                          t);
   }
   absl::StrAppendFormat(&out,
                         "<text x=\"%g\" y=\"%g\" text-anchor=\"middle\">run time (s)</text>\n"

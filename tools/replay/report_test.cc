@@ -26,8 +26,7 @@ std::vector<RequestRecord> Records() {
 
 TEST(ReportTest, TableNamesTheNumbers) {
   const std::string t = FormatTable(Summarize(Records(), Slo{150, 0}));
-  EXPECT_TRUE(absl::StrContains(t, "requests 2: completed 1, refused (RESOURCE_EXHAUSTED) 1"))
-      << t;
+  EXPECT_TRUE(absl::StrContains(t, "requests 2: completed 1, refused (RESOURCE_EXHAUSTED) 1")) << t;
   EXPECT_TRUE(absl::StrContains(t, "time to first token")) << t;
   EXPECT_TRUE(absl::StrContains(t, "goodput (TTFT <= 150 ms")) << t;
 }

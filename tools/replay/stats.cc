@@ -131,7 +131,8 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
     for (size_t i = 0; i < r.token_times_s.size(); ++i) {
       const int w = window_of(r.token_times_s[i]);
       ++s.windows[w].tokens;
-      if (i > 0 && Completed(r)) w_itl[w].push_back((r.token_times_s[i] - r.token_times_s[i - 1]) * 1e3);
+      if (i > 0 && Completed(r))
+        w_itl[w].push_back((r.token_times_s[i] - r.token_times_s[i - 1]) * 1e3);
     }
     if (Completed(r) && r.first_token_s >= 0) w_ttft[window_of(r.scheduled_s)].push_back(TtftMs(r));
   }

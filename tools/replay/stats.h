@@ -39,10 +39,10 @@ absl::StatusOr<Slo> ParseSlo(absl::string_view text);
 // One window [start_s, start_s + width) of the run.
 struct Window {
   double start_s = 0;
-  int arrivals = 0;          // requests scheduled in the window
-  int64_t tokens = 0;        // tokens received in the window
-  Distribution itl_ms;       // gaps whose later token arrived in the window
-  Distribution ttft_ms;      // TTFT of the requests that arrived in the window
+  int arrivals = 0;      // requests scheduled in the window
+  int64_t tokens = 0;    // tokens received in the window
+  Distribution itl_ms;   // gaps whose later token arrived in the window
+  Distribution ttft_ms;  // TTFT of the requests that arrived in the window
 };
 
 struct Summary {
@@ -53,11 +53,11 @@ struct Summary {
   int clamped = 0;
   std::map<std::string, int> status_codes;    // code name -> count, errors only
   std::map<std::string, int> finish_reasons;  // of OK streams; "NONE": no final message
-  int64_t input_tokens = 0;   // of completed requests
-  int64_t output_tokens = 0;  // received, all requests
-  double duration_s = 0;      // first send to last finish
+  int64_t input_tokens = 0;                   // of completed requests
+  int64_t output_tokens = 0;                  // received, all requests
+  double duration_s = 0;                      // first send to last finish
   double output_tokens_per_s = 0;
-  double requests_per_s = 0;  // completed / duration
+  double requests_per_s = 0;   // completed / duration
   double max_send_lag_ms = 0;  // worst lateness of the open loop against its schedule
   Distribution ttft_ms, tpot_ms, itl_ms, e2e_ms;
   Slo slo;

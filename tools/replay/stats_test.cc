@@ -37,11 +37,9 @@ RequestRecord Failed(int index, double send, double finish, int code, std::strin
 //   C  send 1.2, token 1.3                  TTFT 100, no TPOT, e2e 100
 //   D  RESOURCE_EXHAUSTED at 2.0; E  finished with reason ERROR; F  UNAVAILABLE, ends at 3.0
 std::vector<RequestRecord> KnownRun() {
-  std::vector<RequestRecord> r = {Ok(0, 0.0, {0.1, 0.2, 0.3, 0.4}), Ok(1, 1.0, {1.5, 1.55}),
-                                  Ok(2, 1.2, {1.3}),
-                                  Failed(3, 2.0, 2.001, 8),
-                                  Failed(4, 2.5, 2.6, 0, "ERROR"),
-                                  Failed(5, 2.7, 3.0, 14)};
+  std::vector<RequestRecord> r = {
+      Ok(0, 0.0, {0.1, 0.2, 0.3, 0.4}), Ok(1, 1.0, {1.5, 1.55}),         Ok(2, 1.2, {1.3}),
+      Failed(3, 2.0, 2.001, 8),         Failed(4, 2.5, 2.6, 0, "ERROR"), Failed(5, 2.7, 3.0, 14)};
   r[1].scheduled_s = 0.98;
   r[2].clamped = true;
   return r;
@@ -124,7 +122,7 @@ TEST(SummaryTest, GoodputUnderSlo) {
 
 TEST(SummaryTest, OneSecondWindows) {
   const Summary s = Summarize(KnownRun(), Slo{});
-  ASSERT_EQ(s.windows.size(), 3u);  // [0,1) [1,2) [2,3]; the last finish at 3.0 is in the last
+  ASSERT_EQ(s.windows.size(), 3u);      // [0,1) [1,2) [2,3]; the last finish at 3.0 is in the last
   EXPECT_EQ(s.windows[0].arrivals, 2);  // A, and B which was due at 0.98
   EXPECT_EQ(s.windows[1].arrivals, 1);
   EXPECT_EQ(s.windows[2].arrivals, 3);
@@ -143,8 +141,8 @@ TEST(SummaryTest, OneSecondWindows) {
   EXPECT_NEAR(s.worst_window_itl_p99_over_median, 1.0, kTol);
 
   // A spike: one 1-second gap in window 2 of a steady 100 ms stream.
-  std::vector<RequestRecord> spiky = {Ok(0, 0, {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9,
-                                                1.0, 1.1, 1.2, 2.2})};
+  std::vector<RequestRecord> spiky = {
+      Ok(0, 0, {0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.2, 2.2})};
   const Summary t = Summarize(spiky, Slo{});
   EXPECT_NEAR(t.itl_ms.p50, 100, kTol);
   ASSERT_EQ(t.windows.size(), 3u);

@@ -170,8 +170,9 @@ absl::StatusOr<std::vector<TraceRequest>> ParseMooncakeJsonl(absl::string_view t
       return LineError(name, line.number, "\"timestamp\" must be a non-negative number (ms)");
     }
     r.arrival_s = ts->get<double>() / 1000.0;
-    for (const auto& [key, out] : {std::pair<const char*, int64_t*>{"input_length", &r.input_tokens},
-                                   {"output_length", &r.output_tokens}}) {
+    for (const auto& [key, out] :
+         {std::pair<const char*, int64_t*>{"input_length", &r.input_tokens},
+          {"output_length", &r.output_tokens}}) {
       if (!j.contains(key) || !j[key].is_number_integer() || j[key].get<int64_t>() < 0) {
         return LineError(name, line.number,
                          absl::StrCat("\"", key, "\" must be a non-negative integer"));

@@ -23,9 +23,9 @@ TEST(AzureTimestampTest, SevenFractionDigitsAndCalendar) {
   EXPECT_DOUBLE_EQ(*ParseAzureTimestamp("1970-01-02 00:00:01.5"), 86401.5);
   EXPECT_DOUBLE_EQ(*ParseAzureTimestamp("1970-01-01 00:00:00.0000001"), 1e-7);
   // 2024 is a leap year: Feb 29 then Mar 1 are one day apart.
-  EXPECT_DOUBLE_EQ(*ParseAzureTimestamp("2024-03-01 00:00:00") -
-                       *ParseAzureTimestamp("2024-02-29 00:00:00"),
-                   86400);
+  EXPECT_DOUBLE_EQ(
+      *ParseAzureTimestamp("2024-03-01 00:00:00") - *ParseAzureTimestamp("2024-02-29 00:00:00"),
+      86400);
   EXPECT_DOUBLE_EQ(*ParseAzureTimestamp("2023-11-16 18:15:46"), 1700158546);
   EXPECT_FALSE(ParseAzureTimestamp("2023-11-16T18:15:46").ok());
   EXPECT_FALSE(ParseAzureTimestamp("2023-11-16 18:15:46.").ok());
@@ -64,12 +64,12 @@ TEST(AzureCsvTest, CrlfAndTrailingNewlineAreAccepted) {
 
 TEST(AzureCsvTest, MalformedLinesNameFileAndLine) {
   const std::string header = "TIMESTAMP,ContextTokens,GeneratedTokens\n";
-  ExpectErrorAt(ParseAzureCsv(header + "2023-01-01 00:00:00,1,2\n2023-01-01 00:00:01,12\n",
-                              "a.csv"),
-                "a.csv:3", "expected 3 fields");
-  ExpectErrorAt(ParseAzureCsv(header + "2023-01-01 00:00:00,1,2\n\n2023-01-01 25:00:00,1,2",
-                              "a.csv"),
-                "a.csv:4", "timestamp");
+  ExpectErrorAt(
+      ParseAzureCsv(header + "2023-01-01 00:00:00,1,2\n2023-01-01 00:00:01,12\n", "a.csv"),
+      "a.csv:3", "expected 3 fields");
+  ExpectErrorAt(
+      ParseAzureCsv(header + "2023-01-01 00:00:00,1,2\n\n2023-01-01 25:00:00,1,2", "a.csv"),
+      "a.csv:4", "timestamp");
   ExpectErrorAt(ParseAzureCsv(header + "2023-01-01 00:00:00,-5,2\n", "a.csv"), "a.csv:2",
                 "ContextTokens");
   ExpectErrorAt(ParseAzureCsv(header + "2023-01-01 00:00:00,5,x\n", "a.csv"), "a.csv:2",
@@ -95,16 +95,17 @@ TEST(MooncakeTest, MalformedLinesNameFileAndLine) {
   const std::string ok = R"({"timestamp": 0, "input_length": 5, "output_length": 2})";
   ExpectErrorAt(ParseMooncakeJsonl(ok + "\n{\"timestamp\": 1, \"input_length\"\n", "m.jsonl"),
                 "m.jsonl:2", "");
-  ExpectErrorAt(ParseMooncakeJsonl(ok + "\n" + R"({"timestamp": 1, "output_length": 2})",
-                                   "m.jsonl"),
-                "m.jsonl:2", "input_length");
-  ExpectErrorAt(ParseMooncakeJsonl(
-                    R"({"timestamp": 1, "input_length": 5, "output_length": 2, "hash_ids": [1, "a"]})",
-                    "m.jsonl"),
-                "m.jsonl:1", "hash_ids");
-  ExpectErrorAt(ParseMooncakeJsonl(R"({"timestamp": "x", "input_length": 5, "output_length": 2})",
-                                   "m.jsonl"),
-                "m.jsonl:1", "timestamp");
+  ExpectErrorAt(
+      ParseMooncakeJsonl(ok + "\n" + R"({"timestamp": 1, "output_length": 2})", "m.jsonl"),
+      "m.jsonl:2", "input_length");
+  ExpectErrorAt(
+      ParseMooncakeJsonl(
+          R"({"timestamp": 1, "input_length": 5, "output_length": 2, "hash_ids": [1, "a"]})",
+          "m.jsonl"),
+      "m.jsonl:1", "hash_ids");
+  ExpectErrorAt(
+      ParseMooncakeJsonl(R"({"timestamp": "x", "input_length": 5, "output_length": 2})", "m.jsonl"),
+      "m.jsonl:1", "timestamp");
   ExpectErrorAt(ParseMooncakeJsonl("[1, 2]", "m.jsonl"), "m.jsonl:1", "object");
 }
 
@@ -121,7 +122,8 @@ TEST(BurstGptTest, ParsesRowsKeepingZeroOutputs) {
 }
 
 TEST(BurstGptTest, MalformedLinesNameFileAndLine) {
-  const std::string header = "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n";
+  const std::string header =
+      "Timestamp,Model,Request tokens,Response tokens,Total tokens,Log Type\n";
   ExpectErrorAt(ParseBurstGptCsv(header + "5,ChatGPT,1,2,3\n", "b.csv"), "b.csv:2",
                 "expected 6 fields");
   ExpectErrorAt(ParseBurstGptCsv(header + "5,ChatGPT,1,2,3,x\nnow,ChatGPT,1,2,3,x\n", "b.csv"),

@@ -25,10 +25,9 @@ absl::StatusOr<std::vector<PlannedRequest>> ShapeTrace(absl::Span<const TraceReq
     return absl::InvalidArgumentError("--input_scale and --output_scale must be > 0");
   }
   if (options.start_s < 0) return absl::InvalidArgumentError("--start must be >= 0");
-  const double end_s =
-      options.duration_s < 0 ? INFINITY : options.start_s + options.duration_s;
-  const int block_tokens = std::max(
-      1, static_cast<int>(std::round(kTraceHashBlockTokens * options.input_scale)));
+  const double end_s = options.duration_s < 0 ? INFINITY : options.start_s + options.duration_s;
+  const int block_tokens =
+      std::max(1, static_cast<int>(std::round(kTraceHashBlockTokens * options.input_scale)));
   std::vector<PlannedRequest> out;
   double first = -1;
   for (const TraceRequest& row : trace) {
@@ -110,10 +109,11 @@ absl::StatusOr<std::vector<LengthMixEntry>> ParseLengthMix(absl::string_view tex
   return mix;
 }
 
-absl::StatusOr<std::vector<PlannedRequest>> SyntheticRequests(
-    absl::Span<const double> arrivals, absl::Span<const LengthMixEntry> mix,
-    absl::Span<const TraceRequest> trace, double input_scale, double output_scale,
-    uint64_t seed) {
+absl::StatusOr<std::vector<PlannedRequest>> SyntheticRequests(absl::Span<const double> arrivals,
+                                                              absl::Span<const LengthMixEntry> mix,
+                                                              absl::Span<const TraceRequest> trace,
+                                                              double input_scale,
+                                                              double output_scale, uint64_t seed) {
   if (mix.empty() && trace.empty()) {
     return absl::InvalidArgumentError("synthetic arrivals need a length mix or a trace");
   }

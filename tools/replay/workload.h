@@ -33,7 +33,7 @@ struct ShapeOptions {
   double time_scale = 1.0;   // multiplies inter-arrival gaps (0.1 = ten times faster)
   double input_scale = 1.0;  // multiplies prompt lengths (and the hash block size)
   double output_scale = 1.0;
-  int max_requests = -1;     // < 0: no limit
+  int max_requests = -1;  // < 0: no limit
 };
 
 // What the server accepts (from GetModelInfo).
@@ -77,10 +77,11 @@ absl::StatusOr<std::vector<LengthMixEntry>> ParseLengthMix(absl::string_view tex
 // Requests at `arrivals` with lengths drawn from `mix`, or, when `mix` is empty, from the
 // empirical (input, output) pairs of `trace` (which must then be non-empty). Lengths are scaled
 // as ShapeTrace does; hash ids are not carried (arrivals no longer match the trace's sessions).
-absl::StatusOr<std::vector<PlannedRequest>> SyntheticRequests(
-    absl::Span<const double> arrivals, absl::Span<const LengthMixEntry> mix,
-    absl::Span<const TraceRequest> trace, double input_scale, double output_scale,
-    uint64_t seed);
+absl::StatusOr<std::vector<PlannedRequest>> SyntheticRequests(absl::Span<const double> arrivals,
+                                                              absl::Span<const LengthMixEntry> mix,
+                                                              absl::Span<const TraceRequest> trace,
+                                                              double input_scale,
+                                                              double output_scale, uint64_t seed);
 
 }  // namespace kvrm::replay
 

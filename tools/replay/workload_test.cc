@@ -11,7 +11,8 @@ namespace {
 std::vector<TraceRequest> Trace() {
   // Arrivals 0, 1, 2, ..., 9 s; lengths grow with the index.
   std::vector<TraceRequest> t;
-  for (int i = 0; i < 10; ++i) t.push_back({static_cast<double>(i), 100 * (i + 1), 10 * (i + 1), {}});
+  for (int i = 0; i < 10; ++i)
+    t.push_back({static_cast<double>(i), 100 * (i + 1), 10 * (i + 1), {}});
   return t;
 }
 
@@ -55,9 +56,9 @@ TEST(ShapeTraceTest, LengthScalingRoundsAndKeepsAtLeastOneToken) {
   o.output_scale = 0.01;
   auto plan = ShapeTrace(Trace(), o);
   ASSERT_TRUE(plan.ok());
-  EXPECT_EQ((*plan)[0].input_tokens, 13);   // 100 * 0.125 = 12.5 rounds to 13
-  EXPECT_EQ((*plan)[0].output_tokens, 1);   // 10 * 0.01 = 0.1, at least one
-  EXPECT_EQ((*plan)[9].output_tokens, 1);   // 100 * 0.01 = 1
+  EXPECT_EQ((*plan)[0].input_tokens, 13);       // 100 * 0.125 = 12.5 rounds to 13
+  EXPECT_EQ((*plan)[0].output_tokens, 1);       // 10 * 0.01 = 0.1, at least one
+  EXPECT_EQ((*plan)[9].output_tokens, 1);       // 100 * 0.01 = 1
   EXPECT_EQ((*plan)[0].hash_block_tokens, 64);  // 512 * 0.125: prefix blocks shrink too
 
   std::vector<TraceRequest> zero = {{0, 0, 0, {}}};
@@ -68,10 +69,10 @@ TEST(ShapeTraceTest, LengthScalingRoundsAndKeepsAtLeastOneToken) {
 
 TEST(ClampTest, OutputKeptPromptCutToFitContext) {
   std::vector<PlannedRequest> plan(4);
-  plan[0].input_tokens = 100, plan[0].output_tokens = 50;    // fits
-  plan[1].input_tokens = 500, plan[1].output_tokens = 100;   // prompt cut to 412
-  plan[2].input_tokens = 10, plan[2].output_tokens = 5000;   // output capped by the server limit
-  plan[3].input_tokens = 10, plan[3].output_tokens = 600;    // output over the context
+  plan[0].input_tokens = 100, plan[0].output_tokens = 50;   // fits
+  plan[1].input_tokens = 500, plan[1].output_tokens = 100;  // prompt cut to 412
+  plan[2].input_tokens = 10, plan[2].output_tokens = 5000;  // output capped by the server limit
+  plan[3].input_tokens = 10, plan[3].output_tokens = 600;   // output over the context
   ServerLimits limits{512, 300};
   EXPECT_EQ(ClampToServer(limits, &plan), 3);
   EXPECT_FALSE(plan[0].clamped);
@@ -94,9 +95,9 @@ TEST(ClampTest, OutputKeptPromptCutToFitContext) {
 
 TEST(SyntheticTest, PoissonRateAndGammaBurstiness) {
   constexpr int kN = 20000;
-  for (auto [process, cv] : {std::pair{ArrivalProcess::kPoisson, 1.0},
-                             std::pair{ArrivalProcess::kGamma, 3.0},
-                             std::pair{ArrivalProcess::kGamma, 0.5}}) {
+  for (auto [process, cv] :
+       {std::pair{ArrivalProcess::kPoisson, 1.0}, std::pair{ArrivalProcess::kGamma, 3.0},
+        std::pair{ArrivalProcess::kGamma, 0.5}}) {
     const std::vector<double> t = SyntheticArrivals(process, 4.0, cv, kN, 7);
     ASSERT_EQ(t.size(), static_cast<size_t>(kN));
     std::vector<double> gaps(kN);
