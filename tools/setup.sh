@@ -12,6 +12,20 @@ PACKAGES=(
   libmicrohttpd-dev prometheus
 )
 
+# The offline schema checks of deploy/ (//deploy:manifests_test) use pinned npm packages:
+# install them from the committed lock file when missing or older than it (needs npm and the
+# npm registry once; a failure here only fails those tests, with a message saying why).
+validate="$(dirname "$0")/../deploy/validate"
+if [[ ! -f "$validate/node_modules/.package-lock.json" || \
+      "$validate/package-lock.json" -nt "$validate/node_modules/.package-lock.json" ]]; then
+  if command -v npm >/dev/null 2>&1; then
+    npm ci --prefix "$validate" --no-audit --no-fund --loglevel=error ||
+      echo "setup: npm ci --prefix deploy/validate failed"
+  else
+    echo "setup: npm not found: //deploy tests will fail"
+  fi
+fi
+
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
