@@ -37,8 +37,8 @@ const char* SlotStateName(SlotState state) {
   return "unknown";
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
-                                                       const EngineOptions& options) {
+absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
+                                              const EngineOptions& options) {
   EngineOptions o = options;
   const LlamaConfig& c = model->config;
   if (o.max_context <= 0) o.max_context = c.max_position_embeddings;
@@ -69,8 +69,32 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
                                                    blocks_per_slot, " blocks)"));
   }
   if (o.kv_host_blocks < 0) o.kv_host_blocks = o.kv_mode == KvMode::kKvrm ? o.kv_blocks : 0;
+  if (o.step_token_budget <= 0) o.step_token_budget = o.slots + o.prefill_chunk;
+  if (o.recompute_max_tokens <= 0) o.recompute_max_tokens = o.prefill_chunk;
+  if (o.clock == nullptr) o.clock = Clock::Real();
+  return o;
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
+                                                       const EngineOptions& options) {
+  ASSIGN_OR_RETURN(EngineOptions o, Resolve(model, options));
+  CpuBackendOptions bo;
+  bo.kv_blocks = o.kv_blocks;
+  bo.kv_block_tokens = o.block_tokens;
+  bo.max_slots = o.slots;
+  bo.max_chunk_tokens = o.prefill_chunk;
+  bo.max_context = o.max_context;
+  bo.num_threads = o.threads;
+  ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
+                   CpuBackend::Create(model->config, &model->weights, bo));
+  return CreateWithBackend(model, o, std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::CreateWithBackend(
+    const ModelBundle* model, const EngineOptions& options, std::unique_ptr<Backend> backend) {
+  ASSIGN_OR_RETURN(EngineOptions o, Resolve(model, options));
   auto engine = std::unique_ptr<Engine>(new Engine(model, o));
-  RETURN_IF_ERROR(engine->Init());
+  RETURN_IF_ERROR(engine->Init(std::move(backend)));
   engine->PublishStats();
   return engine;
 }
@@ -78,7 +102,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
 Engine::Engine(const ModelBundle* model, const EngineOptions& options)
     : model_(model),
       options_(options),
-      observer_(options.observer ? options.observer : &default_observer_) {
+      observer_(options.observer ? options.observer : &default_observer_),
+      clock_(options.clock) {
   slots_.resize(options.slots);
   samplers_.reserve(options.slots);
   for (int i = 0; i < options.slots; ++i) {
@@ -90,18 +115,10 @@ Engine::Engine(const ModelBundle* model, const EngineOptions& options)
   eos_ids_ = model->config.eos_token_ids;
 }
 
-absl::Status Engine::Init() {
-  const LlamaConfig& c = model_->config;
+absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   const EngineOptions& o = options_;
   const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
-  CpuBackendOptions bo;
-  bo.kv_blocks = o.kv_blocks;
-  bo.kv_block_tokens = o.block_tokens;
-  bo.max_slots = o.slots;
-  bo.max_chunk_tokens = o.prefill_chunk;
-  bo.max_context = o.max_context;
-  bo.num_threads = o.threads;
-  ASSIGN_OR_RETURN(backend_, CpuBackend::Create(c, &model_->weights, bo));
+  backend_ = std::move(backend);
   int64_t bytes_per_block = 0;
   for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
     bytes_per_block += backend_->kv_pool(r)->shape().BytesPerBlock();
@@ -320,9 +337,15 @@ uint64_t Engine::SubmitTransfers(uint64_t gate_step) {
   return fence;
 }
 
+bool Engine::StepForTest() {
+  const bool worked = Step();
+  if (transport_ && transport_->next_fence() > 1) transport_->WaitFor(transport_->next_fence() - 1);
+  return worked;
+}
+
 bool Engine::Step() {
   TakePosted();
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   ExpireDeadlines(now);
   RetireTransfers();
   ResumePaused();
@@ -345,8 +368,10 @@ bool Engine::Step() {
   StepWork work;
   if (prefill) {
     work.chunk = &chunk_;
-    work.chunk_logits = chunk_last_ && !slots_[chunk_slot_].recompute ? chunk_logits_.data()
-                                                                        : nullptr;
+    // Logits only where a token is sampled: the end of a fresh prompt (a recomputed history
+    // resumes with the token it had already sampled).
+    work.chunk_logits =
+        chunk_last_ && slots_[chunk_slot_].generated == 0 ? chunk_logits_.data() : nullptr;
   }
   if (active > 0) {
     work.step = &descriptors_[committed_];

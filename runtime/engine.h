@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "runtime/backend.h"
+#include "runtime/clock.h"
 #include "runtime/engine_observer.h"
 #include "runtime/kv_allocator.h"
 #include "runtime/kv_pager.h"
@@ -34,6 +35,11 @@ namespace kvrm {
 
 enum class KvMode { kStatic, kKvrm };
 
+// What admission sets aside for a request (kvrm mode). kPrompt: only its prompt (the rest grows
+// on demand; under pressure others are paused). kPromptAndOutput: prompt + max_new_tokens, so an
+// admitted request never needs anyone paused (fewer requests fit at once).
+enum class ReservePolicy { kPrompt, kPromptAndOutput };
+
 struct EngineOptions {
   int32_t slots = 8;
   int32_t max_context = 0;        // 0: the model's max_position_embeddings
@@ -47,6 +53,14 @@ struct EngineOptions {
   int64_t kv_host_blocks = -1;    // host tier (paused requests); -1: same as kv_blocks
   int32_t threads = 0;  // 0: hardware concurrency
   KvMode kv_mode = KvMode::kKvrm;
+  ReservePolicy reserve = ReservePolicy::kPrompt;
+  // Tokens one step may process: decode rows + the prefill chunk. 0: slots + prefill_chunk.
+  // A long prompt therefore delays the others' next token by at most one chunk.
+  int32_t step_token_budget = 0;
+  // A paused request whose history is at most this many tokens is dropped and recomputed on
+  // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
+  int32_t recompute_max_tokens = 0;
+  Clock* clock = nullptr;  // null: the wall clock
   EngineObserver* observer = nullptr;  // not owned; outlives the engine
 };
 
@@ -70,9 +84,13 @@ struct EngineStats {
   int32_t slots_paused = 0;
 };
 
-// A slot's life: kFree -> kPrefilling -> kDecoding -> kFree, with kPaused (KV in the host tier,
-// or dropped for recompute) between kDecoding and kPrefilling/kDecoding under KV pressure.
-enum class SlotState { kFree, kPrefilling, kDecoding, kPaused };
+// A slot's life (requests wait in the queue, "queued", before they have a slot):
+//   kFree -> kPrefilling -> kDecoding -> kFinishing -> kFree
+//   kDecoding or kPrefilling -> kPaused (KV in the host tier, or dropped)
+//   kPaused -> kDecoding (swap-in) or kPrefilling (recompute)
+//   any state but kFree -> kFinishing (cancel, deadline, error)
+// Engine::SetState is the only place a state changes, and it checks the transition.
+enum class SlotState { kFree, kPrefilling, kDecoding, kPaused, kFinishing };
 
 const char* KvModeName(KvMode mode);
 const char* SlotStateName(SlotState state);
@@ -103,6 +121,15 @@ class Engine {
   void CancelAll();
 
   EngineStats Stats() const;
+
+  // Tests: runs one engine iteration on the calling thread (instead of Start()), then waits for
+  // the transport to finish what it has queued so the next iteration is deterministic.
+  bool StepForTest();
+  SlotState slot_state(int32_t slot) const { return slots_[slot].state; }
+
+  // Tests: an engine over a given backend (a scripted one) instead of the CPU backend.
+  static absl::StatusOr<std::unique_ptr<Engine>> CreateWithBackend(
+      const ModelBundle* model, const EngineOptions& options, std::unique_ptr<Backend> backend);
   const EngineOptions& options() const { return options_; }
   const ModelBundle& model() const { return *model_; }
 
@@ -121,13 +148,20 @@ class Engine {
     bool recompute = false;  // paused with its KV dropped: prefill `history` again on resume
     bool swapped = false;    // paused with its KV in the host tier
     uint64_t resumed_step = 0;  // the step it was last resumed for
+    int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)
     absl::Time admitted;
     absl::Time first_token;
     absl::Time last_token;
   };
 
   Engine(const ModelBundle* model, const EngineOptions& options);
-  absl::Status Init();
+  static absl::StatusOr<EngineOptions> Resolve(const ModelBundle* model,
+                                               const EngineOptions& options);
+  absl::Status Init(std::unique_ptr<Backend> backend);
+  void SetState(int32_t slot, SlotState to);
+  // Blocks set aside for a slot beyond what it holds (ReservePolicy::kPromptAndOutput).
+  int64_t UnallocatedReservation(int32_t slot) const;
+  int64_t UnallocatedReservations(int32_t except) const;
   void Loop();
   // One iteration of the loop: one step of work; false when there was nothing to do.
   bool Step();
@@ -141,8 +175,8 @@ class Engine {
   // pool is exhausted) and plans compaction past max_runs. Called with no step running. Returns
   // false if `slot` itself had to be paused (or failed).
   bool PrepareSlotKv(int32_t slot, int32_t position);
-  // Pauses the lowest-priority, most recently admitted decoding slot other than `except`.
-  bool PreemptOne(int32_t except);
+  // Pauses one request ranking below `requester` (see engine_slots.cc); false if none does.
+  bool PreemptOne(int32_t requester);
   // Moves a decoding slot's KV to the host tier (or drops it for recompute): kPaused.
   void PauseSlot(int32_t slot);
   // Submits the moves planned so far as their own batch (see engine_slots.cc).
@@ -175,6 +209,7 @@ class Engine {
   std::unique_ptr<StepRunner> runner_;
   EngineObserver default_observer_;  // no-op when options_.observer is null
   EngineObserver* observer_;
+  Clock* clock_;
 
   // Owner-thread state.
   std::vector<Slot> slots_;

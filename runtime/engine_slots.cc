@@ -21,6 +21,45 @@ int32_t HotBlock(const StepDescriptor& d, int32_t slot, int32_t block_tokens) {
 
 }  // namespace
 
+void Engine::SetState(int32_t slot, SlotState to) {
+  const SlotState from = slots_[slot].state;
+  bool ok = false;
+  switch (to) {
+    case SlotState::kPrefilling:  // admission, or resume by recompute
+      ok = from == SlotState::kFree || from == SlotState::kPaused;
+      break;
+    case SlotState::kDecoding:  // prompt done, or resume by swap-in
+      ok = from == SlotState::kPrefilling || from == SlotState::kPaused;
+      break;
+    case SlotState::kPaused:  // preemption under KV pressure
+      ok = from == SlotState::kDecoding || from == SlotState::kPrefilling;
+      break;
+    case SlotState::kFinishing:  // EOS, stop, length, cancel, deadline, error
+      ok = from != SlotState::kFree;
+      break;
+    case SlotState::kFree:  // output flushed, KV released
+      ok = from == SlotState::kFinishing;
+      break;
+  }
+  CHECK(ok) << "slot " << slot << ": no transition " << SlotStateName(from) << " -> "
+            << SlotStateName(to);
+  slots_[slot].state = to;
+}
+
+int64_t Engine::UnallocatedReservation(int32_t slot) const {
+  const Slot& s = slots_[slot];
+  if (s.state == SlotState::kFree || s.state == SlotState::kPaused || !pager_) return 0;
+  return std::max<int64_t>(0, s.reserve_blocks - pager_->NumBlocks(slot));
+}
+
+int64_t Engine::UnallocatedReservations(int32_t except) const {
+  int64_t total = 0;
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    if (i != except) total += UnallocatedReservation(i);
+  }
+  return total;
+}
+
 void Engine::TakePosted() {
   std::vector<std::unique_ptr<GenerationRequest>> posted;
   std::vector<uint64_t> cancels;
@@ -117,12 +156,12 @@ void Engine::ResumePaused() {
       const absl::Status st = pager_->PlanSwapIn(pick, transport_->next_fence() + 1, &moves_);
       if (!st.ok()) return;
       s.swapped = false;
-      s.state = SlotState::kDecoding;
+      SetState(pick, SlotState::kDecoding);
       s.resumed_step = steps_ + 1;
     } else {
       CHECK_OK(pager_->Grow(pick, static_cast<int64_t>(s.history.size())));
       s.prefilled = 0;
-      s.state = SlotState::kPrefilling;
+      SetState(pick, SlotState::kPrefilling);
       s.resumed_step = steps_ + 1;
     }
     ++headroom;
@@ -144,11 +183,20 @@ void Engine::Admit(absl::Time now) {
       if ((*it)->priority > (*best)->priority) best = it;
     }
     const int64_t prompt = static_cast<int64_t>((*best)->prompt.size());
+    int64_t reserve_blocks = 0;
     if (pager_) {
       int64_t headroom = 0;
       for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
-      // The prompt, its first generated token, and one block of growth per decoding slot.
-      if (pager_->free_device_blocks() < pager_->BlocksFor(prompt + 1) + headroom) return;
+      // The prompt, its first generated token, and one block of growth per decoding slot; under
+      // kPromptAndOutput the whole expected output, beside what others have set aside.
+      int64_t need = pager_->BlocksFor(prompt + 1);
+      if (options_.reserve == ReservePolicy::kPromptAndOutput) {
+        reserve_blocks = pager_->BlocksFor(
+            std::min<int64_t>(prompt + (*best)->max_new_tokens, options_.max_context));
+        need = reserve_blocks;
+        headroom = 0;
+      }
+      if (pager_->free_device_blocks() - UnallocatedReservations(-1) < need + headroom) return;
     }
     std::unique_ptr<GenerationRequest> r = std::move(*best);
     waiting_.erase(best);
@@ -158,8 +206,9 @@ void Engine::Admit(absl::Time now) {
     }
     Slot& slot = slots_[i];
     slot.request = std::move(r);
-    slot.state = SlotState::kPrefilling;
+    SetState(i, SlotState::kPrefilling);
     slot.admitted = now;
+    slot.reserve_blocks = reserve_blocks;
     const absl::Status grown = kv_->Grow(i, prompt);
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
@@ -185,19 +234,25 @@ void Engine::Admit(absl::Time now) {
   }
 }
 
-bool Engine::PreemptOne(int32_t except) {
-  // The lowest priority, then the most recently admitted decoding slot.
+bool Engine::PreemptOne(int32_t requester) {
+  // Only a request that ranks below the requester (lower priority, or the same priority and
+  // admitted later) may be paused for it: the oldest request of the highest priority then never
+  // waits, so the system always makes progress. Among those, the lowest priority and then the
+  // most recently admitted goes first. Prefilling requests count: their KV is cheap to rebuild.
+  const Slot& req = slots_[requester];
+  auto ranks_below = [](const Slot& a, const Slot& b) {  // a ranks below b
+    if (a.request->priority != b.request->priority) {
+      return a.request->priority < b.request->priority;
+    }
+    return a.admitted > b.admitted;
+  };
   int32_t victim = -1;
   for (int32_t i = 0; i < options_.slots; ++i) {
     const Slot& s = slots_[i];
-    // A slot resumed in this step is not sent back at once (no thrash, and its swap-in is
-    // still being planned).
-    if (i == except || s.state != SlotState::kDecoding || s.resumed_step == steps_ + 1) continue;
-    if (victim < 0 || s.request->priority < slots_[victim].request->priority ||
-        (s.request->priority == slots_[victim].request->priority &&
-         s.admitted > slots_[victim].admitted)) {
-      victim = i;
-    }
+    if (i == requester) continue;
+    if (s.state != SlotState::kDecoding && s.state != SlotState::kPrefilling) continue;
+    if (!ranks_below(s, req)) continue;
+    if (victim < 0 || ranks_below(s, slots_[victim])) victim = i;
   }
   if (victim < 0) return false;
   PauseSlot(victim);
@@ -214,16 +269,20 @@ void Engine::FlushMoves() {
 void Engine::PauseSlot(int32_t slot) {
   FlushMoves();
   Slot& v = slots_[slot];
-  // Swap its KV to the host tier as merged transfer groups; where the host tier is full, drop
-  // it and recompute on resume (a prefill of its history). Nothing is running when this is
-  // called (BuildDescriptor), so the moves need no gate.
-  if (pager_->PlanSwapOut(slot, transport_->next_fence() + 1, &moves_).ok()) {
+  // Swap its KV to the host tier as merged transfer groups, or drop it and recompute on resume
+  // (a prefill of its history) where that is cheaper (a short history) or the host tier is full.
+  // Nothing is running when this is called, so the moves need no gate.
+  const bool short_history =
+      static_cast<int64_t>(v.history.size()) <= options_.recompute_max_tokens;
+  if (v.state == SlotState::kDecoding && !short_history &&
+      pager_->PlanSwapOut(slot, transport_->next_fence() + 1, &moves_).ok()) {
     v.swapped = true;
   } else {
     kv_->Release(slot);
     v.recompute = true;
+    v.prefilled = 0;
   }
-  v.state = SlotState::kPaused;
+  SetState(slot, SlotState::kPaused);
   ++preemptions_;
   LOG(INFO) << "paused " << v.request->request_id << " (" << (v.swapped ? "swap" : "recompute")
             << ") under KV pressure";
@@ -232,11 +291,18 @@ void Engine::PauseSlot(int32_t slot) {
 bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
   absl::Status st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
   while (absl::IsResourceExhausted(st) && pager_) {
-    if (!PreemptOne(slot)) break;
+    if (pager_->pending_blocks() > 0) {
+      // Blocks held for copies in flight come back when the transport catches up: wait for it
+      // rather than pause anyone (rare: only under pressure, and copies take microseconds).
+      transport_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
+      pager_->RetireUpTo(transport_->completed());
+    } else if (!PreemptOne(slot)) {
+      break;
+    }
     st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
   }
   if (absl::IsResourceExhausted(st) && pager_) {
-    // Nobody else to make room (others' KV is held until transfers land): this one waits.
+    // Everyone else ranks above this request: it waits, paused, until they make room.
     PauseSlot(slot);
     return false;
   }
@@ -293,7 +359,13 @@ bool Engine::PickPrefillChunk() {
   if (pick < 0) return false;
   Slot& slot = slots_[pick];
   const int32_t total = static_cast<int32_t>(slot.history.size());
-  const int32_t n = std::min<int32_t>(backend_->max_chunk_tokens(), total - slot.prefilled);
+  // The step's token budget: decode rows first, the chunk gets the rest (at least one block's
+  // worth, so a prompt always progresses).
+  int32_t decoding = 0;
+  for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
+  const int32_t budget =
+      std::max(options_.block_tokens, options_.step_token_budget - decoding);
+  const int32_t n = std::min({backend_->max_chunk_tokens(), budget, total - slot.prefilled});
   StepDescriptor& d = descriptors_[committed_ ^ 1];  // its row is free: the slot is not decoding
   chunk_.slot = pick;
   chunk_.start = slot.prefilled;
@@ -354,11 +426,9 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   slot.prefilled += static_cast<int32_t>(chunk_.tokens.size());
   slot.position = slot.prefilled;
   if (!chunk_last_) return;
-  slot.state = SlotState::kDecoding;
-  if (slot.recompute) {
-    slot.recompute = false;  // the history is back; decoding resumes with next_token
-    return;
-  }
+  SetState(pick, SlotState::kDecoding);
+  slot.recompute = false;
+  if (slot.generated > 0) return;  // a recomputed history: decoding resumes with next_token
   const SampleResult s =
       samplers_[pick]->Sample(absl::MakeSpan(chunk_logits_.data(), backend_->vocab_size()));
   EmitToken(pick, s);
@@ -395,7 +465,7 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
   samplers_[slot_index]->Accept(token);
   ++slot.generated;
   ++tokens_generated_;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   if (slot.generated == 1) {
     slot.first_token = now;
     observer_->OnFirstToken(r, now - r.arrival);
@@ -448,7 +518,7 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
                         std::string matched_stop, std::string error) {
   Slot& slot = slots_[slot_index];
   GenerationRequest& r = *slot.request;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   FinishInfo info;
   info.reason = reason;
   info.matched_stop = std::move(matched_stop);
@@ -458,10 +528,12 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   info.queue_time_ms = Ms(slot.admitted - r.arrival);
   info.time_to_first_token_ms = slot.generated > 0 ? Ms(slot.first_token - r.arrival) : 0;
   info.total_time_ms = Ms(now - r.arrival);
+  SetState(slot_index, SlotState::kFinishing);
   observer_->OnFinished(r, info);
   r.sink->OnFinished(std::move(last), info);
   kv_->Release(slot_index);
-  slot.state = SlotState::kFree;
+  SetState(slot_index, SlotState::kFree);
+  slot.reserve_blocks = 0;
   slot.request.reset();
   slot.text.reset();
   slot.recompute = false;
@@ -476,7 +548,7 @@ void Engine::FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReas
   FinishInfo info;
   info.reason = reason;
   info.prompt_tokens = static_cast<int32_t>(request->prompt.size());
-  info.queue_time_ms = Ms(absl::Now() - request->arrival);
+  info.queue_time_ms = Ms(clock_->Now() - request->arrival);
   info.total_time_ms = info.queue_time_ms;
   observer_->OnFinished(*request, info);
   request->sink->OnFinished({}, info);

@@ -54,12 +54,28 @@ bool TextStream::DecodeNew(bool final) {
   const absl::Span<const int32_t> window = absl::MakeConstSpan(tokens_).subspan(prefix_offset_);
   const std::string prefix_text = decode_(window.subspan(0, read_offset_ - prefix_offset_));
   const std::string new_text = decode_(window);
+  // Normally prefix_text is a byte prefix of new_text. It is not when the window's first tokens
+  // end inside a UTF-8 character that later bytes complete (possible for the prompt context,
+  // whose last tokens may split a character): their U+FFFD turns into the character. Then new
+  // text starts at the first difference, moved back to a character boundary of new_text.
+  size_t start = prefix_text.size();
+  if (new_text.compare(0, start, prefix_text) != 0) {
+    start = 0;
+    while (start < prefix_text.size() && start < new_text.size() &&
+           prefix_text[start] == new_text[start]) {
+      ++start;
+    }
+    while (start > 0 && start < new_text.size() &&
+           (static_cast<unsigned char>(new_text[start]) & 0xC0) == 0x80) {
+      --start;
+    }
+  }
   // At the end an incomplete character is final: decode renders it as U+FFFD, as the full decode
   // does.
-  if (new_text.size() <= prefix_text.size() || (!final && EndsWithReplacement(new_text))) {
+  if (new_text.size() <= start || (!final && EndsWithReplacement(new_text))) {
     return false;
   }
-  pending_.append(new_text, prefix_text.size(), std::string::npos);
+  pending_.append(new_text, start, std::string::npos);
   prefix_offset_ = read_offset_;
   read_offset_ = tokens_.size();
   return true;

@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 
 namespace kvrm {
@@ -145,6 +146,20 @@ StreamRun Stream(TextStream::DecodeFn decode, const std::vector<int32_t>& ids,
   EXPECT_EQ(stream.text(), run.all);
   EXPECT_EQ(stream.Finish(), "");  // idempotent
   return run;
+}
+
+// The prompt context may end inside a character (random token-id prompts do): the generated
+// bytes that complete it must not make a delta start in the middle of a character.
+TEST(TextStreamTest, ContextEndingInsideACharacter) {
+  // Context ends with 0xF0 0x9F (half of U+1F600); generation brings 0x98 0x80, then "x".
+  const StreamRun run = Stream(ByteDecode, {6, 7, 18}, {}, /*context=*/{0, 4, 5});
+  for (const std::string& d : run.deltas) EXPECT_TRUE(IsValidUtf8(d)) << d;
+  EXPECT_TRUE(IsValidUtf8(run.all));
+  EXPECT_TRUE(absl::StrContains(run.all, "x"));
+  // Context ends with 0xC3 (half of é) and generation is plain text.
+  const StreamRun plain = Stream(ByteDecode, {0, 18}, {}, /*context=*/{8});
+  EXPECT_TRUE(IsValidUtf8(plain.all));
+  EXPECT_EQ(plain.all, "Hellox");
 }
 
 TEST(TextStreamTest, EmojiInFourByteTokensComesOutWhole) {

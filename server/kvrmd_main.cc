@@ -52,6 +52,11 @@ ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV budget in blocks (0: slots x ceil(max_context / kv_block_tokens))");
 ABSL_FLAG(int64_t, kv_host_blocks, -1, "host-tier blocks for paused requests (-1: = kv_blocks)");
 ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
+ABSL_FLAG(std::string, kv_reserve, "prompt",
+          "admission reservation (kvrm mode): prompt (grow on demand; pause others under "
+          "pressure) or prompt_output (set aside prompt + max_new_tokens)");
+ABSL_FLAG(int32_t, step_token_budget, 0,
+          "tokens per engine step, decode rows plus the prefill chunk (0: slots + prefill_chunk)");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all cores)");
 ABSL_FLAG(std::string, device, "cpu", "cpu (the CUDA backend is built separately)");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish on SIGTERM");
@@ -142,6 +147,14 @@ int Run() {
   eo.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   eo.kv_host_blocks = absl::GetFlag(FLAGS_kv_host_blocks);
   eo.max_runs = absl::GetFlag(FLAGS_kv_max_runs);
+  eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
+  if (absl::GetFlag(FLAGS_kv_reserve) == "prompt_output") {
+    eo.reserve = ReservePolicy::kPromptAndOutput;
+  } else if (absl::GetFlag(FLAGS_kv_reserve) != "prompt") {
+    std::fprintf(stderr, "kvrmd: --kv_reserve=%s: use prompt or prompt_output\n",
+                 absl::GetFlag(FLAGS_kv_reserve).c_str());
+    return 2;
+  }
   eo.threads = absl::GetFlag(FLAGS_threads);
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;

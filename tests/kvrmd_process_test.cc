@@ -1,5 +1,6 @@
 // kvrmd as a process: start-up failures exit non-zero with a message naming the problem, and
-// SIGTERM drains (in-flight streams finish, new requests are refused, exit 0).
+// SIGTERM drains (health NOT_SERVING at once, in-flight streams finish within the grace period,
+// new requests are refused, exit 0).
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
@@ -12,7 +13,9 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/synchronization/notification.h"
 #include "common/json.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/test_server.h"
 
@@ -46,7 +49,9 @@ struct Process {
 Process StartKvrmd(const std::vector<std::string>& args, const std::string& name) {
   Process p;
   p.log = TmpDir() + "/" + name + ".log";
-  std::vector<std::string> argv_s = {"server/kvrmd"};
+  // Metrics on a free loopback port, so concurrent test runs never collide on 9400.
+  std::vector<std::string> argv_s = {"server/kvrmd", "--metrics_listen=127.0.0.1",
+                                     "--metrics_port=0"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (std::string& a : argv_s) argv.push_back(a.data());
@@ -77,6 +82,35 @@ TEST(KvrmdProcessTest, BrokenConfigExitsNonZeroNamingTheFile) {
   Process p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "broken");
   EXPECT_EQ(p.Wait(), 1);
   EXPECT_TRUE(absl::StrContains(p.Output(), "config.json")) << p.Output();
+}
+
+// grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
+// ships no health.proto. The request is the empty message; the response is field 1 (varint).
+// Returns the ServingStatus (1 SERVING, 2 NOT_SERVING), or -1 when the call fails.
+int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
+  grpc::GenericStub stub(channel);
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  grpc::ByteBuffer request;
+  grpc::Slice empty("");
+  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer response;
+  grpc::Status status;
+  absl::Notification done;
+  stub.UnaryCall(&context, "/grpc.health.v1.Health/Check", grpc::StubOptions(), &request,
+                 &response, [&](grpc::Status s) {
+                   status = std::move(s);
+                   done.Notify();
+                 });
+  done.WaitForNotification();
+  if (!status.ok()) return -1;
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  if (response.Dump(&slices).ok()) {
+    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+  }
+  if (bytes.empty()) return 0;  // proto3 default: UNKNOWN
+  return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
 }
 
 TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
@@ -126,7 +160,16 @@ TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   ASSERT_GE(first_tokens.load(), 4);
+  EXPECT_EQ(HealthStatus(channel), 1);  // SERVING
+  const auto sigterm_at = std::chrono::steady_clock::now();
   kill(p.pid, SIGTERM);
+  // Health flips to NOT_SERVING at once (well inside a readiness probe period).
+  int health = HealthStatus(channel);
+  while (health != 2 && std::chrono::steady_clock::now() - sigterm_at < std::chrono::seconds(1)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    health = HealthStatus(channel);
+  }
+  EXPECT_EQ(health, 2) << "health not NOT_SERVING 1 s after SIGTERM";
   // New work is refused with UNAVAILABLE while the in-flight streams finish.
   bool refused = false;
   for (int i = 0; i < 100 && !refused; ++i) {
@@ -136,6 +179,8 @@ TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
   }
   EXPECT_TRUE(refused);
   for (auto& t : clients) t.join();
+  // Every stream finished on its own, inside --drain_grace_s (60 s).
+  EXPECT_LT(std::chrono::steady_clock::now() - sigterm_at, std::chrono::seconds(60));
   for (int i = 0; i < kStreams; ++i) {
     EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
     EXPECT_EQ(results[i].finished.reason(), v1::FINISH_REASON_LENGTH) << i;

@@ -87,7 +87,7 @@ class KvrmdProcess {
     log_ = TmpDir() + "/kvrmd.log";
     pid_ = Spawn(
         {"server/kvrmd", "--model=builtin:tiny", "--model_cache=" + TmpDir() + "/models",
-         "--listen=127.0.0.1:0", "--port_file=" + port_file, "--slots=" + std::to_string(slots),
+         "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1", "--metrics_port=0", "--port_file=" + port_file, "--slots=" + std::to_string(slots),
          "--max_queue=" + std::to_string(max_queue), "--threads=2"},
         log_);
     for (int i = 0; i < 1200 && !fs::exists(port_file); ++i) {
