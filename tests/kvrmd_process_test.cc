@@ -91,9 +91,8 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
   grpc::GenericStub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
-  grpc::ByteBuffer request;
   grpc::Slice empty("");
-  request = grpc::ByteBuffer(&empty, 1);
+  grpc::ByteBuffer request(&empty, 1);
   grpc::ByteBuffer response;
   grpc::Status status;
   absl::Notification done;
@@ -107,7 +106,9 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
   std::vector<grpc::Slice> slices;
   std::string bytes;
   if (response.Dump(&slices).ok()) {
-    for (const grpc::Slice& s : slices) bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    for (const grpc::Slice& s : slices) {
+      bytes.append(reinterpret_cast<const char*>(s.begin()), s.size());
+    }
   }
   if (bytes.empty()) return 0;  // proto3 default: UNKNOWN
   return bytes.size() == 2 && bytes[0] == 0x08 ? bytes[1] : -1;
