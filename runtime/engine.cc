@@ -85,6 +85,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   bo.max_chunk_tokens = o.prefill_chunk;
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
+  bo.tensor_parallel = o.tensor_parallel;
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model->config, &model->weights, bo));
   return CreateWithBackend(model, o, std::move(backend));

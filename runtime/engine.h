@@ -51,7 +51,8 @@ struct EngineOptions {
   // KV budget in blocks. 0: slots * ceil(max_context / block_tokens), what static mode needs.
   int64_t kv_blocks = 0;
   int64_t kv_host_blocks = -1;    // host tier (paused requests); -1: same as kv_blocks
-  int32_t threads = 0;  // 0: hardware concurrency
+  int32_t threads = 0;  // 0: hardware concurrency (all ranks together)
+  int32_t tensor_parallel = 1;  // ranks (--tp); CPU: rank threads with an in-process all-reduce
   KvMode kv_mode = KvMode::kKvrm;
   ReservePolicy reserve = ReservePolicy::kPrompt;
   // Tokens one step may process: decode rows + the prefill chunk. 0: slots + prefill_chunk.
@@ -149,6 +150,7 @@ class Engine {
     bool swapped = false;    // paused with its KV in the host tier
     uint64_t resumed_step = 0;  // the step it was last resumed for
     int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)
+    uint64_t admit_seq = 0;      // admission order (ties of the clock broken by it)
     absl::Time admitted;
     absl::Time first_token;
     absl::Time last_token;
@@ -233,6 +235,7 @@ class Engine {
   uint64_t tokens_generated_ = 0;
   uint64_t commits_ = 0;
   uint64_t preemptions_ = 0;
+  uint64_t admissions_ = 0;
   absl::Duration transport_wait_;
 
   // Posted by other threads.

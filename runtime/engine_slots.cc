@@ -143,7 +143,7 @@ void Engine::ResumePaused() {
       if (s.state != SlotState::kPaused) continue;
       if (pick < 0 || s.request->priority > slots_[pick].request->priority ||
           (s.request->priority == slots_[pick].request->priority &&
-           s.admitted < slots_[pick].admitted)) {
+           s.admit_seq < slots_[pick].admit_seq)) {
         pick = i;
       }
     }
@@ -209,6 +209,7 @@ void Engine::Admit(absl::Time now) {
     SetState(i, SlotState::kPrefilling);
     slot.admitted = now;
     slot.reserve_blocks = reserve_blocks;
+    slot.admit_seq = ++admissions_;
     const absl::Status grown = kv_->Grow(i, prompt);
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
@@ -244,7 +245,7 @@ bool Engine::PreemptOne(int32_t requester) {
     if (a.request->priority != b.request->priority) {
       return a.request->priority < b.request->priority;
     }
-    return a.admitted > b.admitted;
+    return a.admit_seq > b.admit_seq;
   };
   int32_t victim = -1;
   for (int32_t i = 0; i < options_.slots; ++i) {
@@ -292,10 +293,13 @@ bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
   absl::Status st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
   while (absl::IsResourceExhausted(st) && pager_) {
     if (pager_->pending_blocks() > 0) {
-      // Blocks held for copies in flight come back when the transport catches up: wait for it
-      // rather than pause anyone (rare: only under pressure, and copies take microseconds).
+      // Blocks held for copies (planned or in flight) come back once the transport has done
+      // them: send what is planned, wait, retire, rather than pause anyone. Rare: only under
+      // pressure, and the copies take microseconds.
+      FlushMoves();
       transport_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
       pager_->RetireUpTo(transport_->completed());
+      CHECK(pager_->pending_blocks() == 0) << "blocks still held after the transport drained";
     } else if (!PreemptOne(slot)) {
       break;
     }
@@ -351,7 +355,7 @@ bool Engine::PickPrefillChunk() {
   int32_t pick = -1;
   for (int32_t i = 0; i < options_.slots; ++i) {
     if (slots_[i].state == SlotState::kPrefilling &&
-        (pick < 0 || slots_[i].admitted < slots_[pick].admitted)) {
+        (pick < 0 || slots_[i].admit_seq < slots_[pick].admit_seq)) {
       pick = i;
     }
   }

@@ -57,7 +57,8 @@ ABSL_FLAG(std::string, kv_reserve, "prompt",
           "pressure) or prompt_output (set aside prompt + max_new_tokens)");
 ABSL_FLAG(int32_t, step_token_budget, 0,
           "tokens per engine step, decode rows plus the prefill chunk (0: slots + prefill_chunk)");
-ABSL_FLAG(int32_t, threads, 0, "CPU threads (0: all cores)");
+ABSL_FLAG(int32_t, threads, 0, "CPU threads, all ranks together (0: all cores)");
+ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks (Megatron split; CPU: rank threads)");
 ABSL_FLAG(std::string, device, "cpu", "cpu (the CUDA backend is built separately)");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish on SIGTERM");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0", "host of the HTTP /metrics, /healthz, /readyz");
@@ -156,6 +157,7 @@ int Run() {
     return 2;
   }
   eo.threads = absl::GetFlag(FLAGS_threads);
+  eo.tensor_parallel = absl::GetFlag(FLAGS_tp);
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
   KvrmMetrics metrics(&registry, {(*model)->name, absl::GetFlag(FLAGS_kv_mode)});
@@ -182,6 +184,7 @@ int Run() {
   so.info.version = kVersion;
   so.info.device = "cpu";
   so.info.kv_mode = absl::GetFlag(FLAGS_kv_mode);
+  so.info.tensor_parallel = eo.tensor_parallel;
   absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine->get(), so);
   if (!server.ok()) {
     std::fprintf(stderr, "kvrmd: %s\n", server.status().ToString().c_str());

@@ -156,9 +156,7 @@ function checkManifests(root) {
 // Flags the manifests may use before kvrmd has them. Each entry says why; drop it once kvrmd
 // defines the flag (the check prints a note when an entry is no longer needed).
 const PENDING_FLAGS = {
-  // Tensor parallelism across the pod's GPUs: being added to kvrmd alongside the CUDA backend.
-  // The gpu-tp2 overlay is written for it; until then that overlay cannot start on this build.
-  tp: "tensor-parallel degree, being added to kvrmd (gpu-tp2 overlay)",
+  // Flags the manifests use before kvrmd has them (none at present). Each entry says why.
 };
 
 // Parses `kvrmd --helpfull` (Abseil): "    --name (help); default: value;" -> {name: default}.
