@@ -58,10 +58,11 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
   if (o.kv_blocks <= 0) o.kv_blocks = blocks_per_slot * o.slots;
   if (o.kv_mode == KvMode::kStatic && o.kv_blocks < blocks_per_slot * o.slots) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--kv_blocks ", o.kv_blocks, ": static mode reserves max context for every slot and needs ",
-        blocks_per_slot * o.slots, " (", o.slots, " slots x ", blocks_per_slot, " blocks); at most ",
-        o.kv_blocks / blocks_per_slot, " slots fit"));
+    // What a static-graph executor does with a KV budget: every usable slot reserves max
+    // context, so only budget / max_context slots of the step can ever be filled.
+    LOG(WARNING) << "static mode: --kv_blocks " << o.kv_blocks << " holds "
+                 << o.kv_blocks / blocks_per_slot << " of " << o.slots
+                 << " slots at max context; the others stay empty";
   }
   if (o.kv_blocks < blocks_per_slot) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_blocks ", o.kv_blocks,
@@ -125,7 +126,8 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     bytes_per_block += backend_->kv_pool(r)->shape().BytesPerBlock();
   }
   if (o.kv_mode == KvMode::kStatic) {
-    kv_ = std::make_unique<StaticKvAllocator>(o.slots, blocks_per_slot, o.block_tokens,
+    static_slots_ = static_cast<int32_t>(std::min<int64_t>(o.slots, o.kv_blocks / blocks_per_slot));
+    kv_ = std::make_unique<StaticKvAllocator>(static_slots_, blocks_per_slot, o.block_tokens,
                                               bytes_per_block);
   } else {
     KvPagerOptions po;

@@ -206,6 +206,7 @@ class Engine {
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvAllocator> kv_;
   KvPager* pager_ = nullptr;  // == kv_ in kvrm mode, null in static mode
+  int32_t static_slots_ = 0;  // static mode: slots the KV budget can back (a prefix of slots_)
   std::vector<std::unique_ptr<KvPool>> host_pools_;  // [ranks]: the host tier, kvrm mode
   std::unique_ptr<Transport> transport_;              // kvrm mode
   std::unique_ptr<StepRunner> runner_;

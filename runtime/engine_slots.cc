@@ -175,7 +175,8 @@ void Engine::Admit(absl::Time now) {
       if (s.state == SlotState::kPaused) return;
     }
   }
-  for (int32_t i = 0; i < options_.slots && !waiting_.empty(); ++i) {
+  const int32_t usable = pager_ ? options_.slots : static_slots_;
+  for (int32_t i = 0; i < usable && !waiting_.empty(); ++i) {
     if (slots_[i].state != SlotState::kFree) continue;
     // Highest priority first; FCFS within a priority (the deque is in arrival order).
     auto best = waiting_.begin();

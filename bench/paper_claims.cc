@@ -1,0 +1,371 @@
+// The headline benchmark: the paper's four claims, kvrm vs the static baseline, side by side in
+// one run, at the same KV memory budget and the same slot count (the decode step has the same
+// rows in both modes; the static baseline reserves max context per slot, so the budget backs
+// only budget / max_context of them, which is what a static-graph executor does).
+//
+//   bazel build -c opt //bench:paper_claims //server:kvrmd
+//   bazel-bin/bench/paper_claims --kvrmd=bazel-bin/server/kvrmd --model=builtin:tiny \
+//       --traces=../shared/traces --json=docs/results-claims.json --markdown=docs/claims.md
+//
+// For each workload (three token-length families with Poisson arrivals, and windows of the two
+// real traces, time-compressed and length-scaled to the model) and each mode, it starts kvrmd,
+// replays the workload open loop (tools/replay), samples the server's reserved KV blocks every
+// 50 ms, stops kvrmd, and then prints the claims:
+//   1. decode throughput (output tokens/s) on the mixed family: kvrm / static;
+//   2. p99 TTFT and p99 TPOT: kvrm vs static;
+//   3. reserved KV memory (mean over the run): kvrm / static;
+//   4. burst spikes: the worst one-second p99 inter-token latency over the run's median.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "grpcpp/grpcpp.h"
+#include "kvrm/v1/kvrm.grpc.pb.h"
+#include "nlohmann/json.hpp"
+#include "tools/replay/prompt.h"
+#include "tools/replay/replayer.h"
+#include "tools/replay/report.h"
+#include "tools/replay/stats.h"
+#include "tools/replay/trace.h"
+#include "tools/replay/workload.h"
+
+extern char** environ;
+
+ABSL_FLAG(std::string, kvrmd, "bazel-bin/server/kvrmd", "the kvrmd binary");
+ABSL_FLAG(std::string, model, "builtin:tiny", "model for both modes");
+ABSL_FLAG(std::string, model_cache, "/tmp/kvrm-claims-models", "where builtin models go");
+ABSL_FLAG(std::string, traces, "../shared/traces", "folder with the two production traces");
+ABSL_FLAG(int32_t, slots, 16, "decode slots (both modes)");
+ABSL_FLAG(double, budget_fraction, 0.35,
+          "KV budget as a fraction of slots x max context (both modes)");
+ABSL_FLAG(int32_t, threads, 2, "kvrmd threads");
+ABSL_FLAG(std::string, kv_reserve, "prompt_output", "kvrm mode's --kv_reserve");
+ABSL_FLAG(int32_t, prefill_chunk, 32,
+          "kvrmd --prefill_chunk (both modes; small chunks keep inter-token latency smooth)");
+ABSL_FLAG(double, duration_s, 20, "seconds of arrivals per workload");
+ABSL_FLAG(double, rate, 0, "synthetic arrivals per second (0: chosen per family)");
+ABSL_FLAG(std::string, workloads, "short,mixed,long,azure,mooncake", "which workloads to run");
+ABSL_FLAG(double, input_scale, 1.0, "extra factor on every prompt length (CPU runs: < 1)");
+ABSL_FLAG(double, output_scale, 1.0, "extra factor on every output length");
+ABSL_FLAG(double, trace_time_scale, 1.0, "time compression of the trace windows");
+ABSL_FLAG(std::string, json, "", "write every summary and the claims as JSON");
+ABSL_FLAG(std::string, markdown, "", "write the claims table as Markdown");
+
+namespace kvrm {
+namespace {
+
+using replay::PlannedRequest;
+
+struct Workload {
+  std::string name;
+  std::string description;
+  std::vector<PlannedRequest> plan;
+};
+
+struct ModeResult {
+  replay::Summary summary;
+  double reserved_mean_bytes = 0;
+  double reserved_peak_bytes = 0;
+  uint64_t preemptions = 0;
+};
+
+// ---- kvrmd as a child process ---------------------------------------------------------------
+
+struct Daemon {
+  pid_t pid = -1;
+  int port = 0;
+};
+
+absl::StatusOr<Daemon> StartKvrmd(const std::string& mode, int64_t kv_blocks) {
+  const std::string dir = std::filesystem::temp_directory_path() / "kvrm-claims";
+  std::filesystem::create_directories(dir);
+  const std::string port_file = dir + "/port-" + mode;
+  std::filesystem::remove(port_file);
+  std::vector<std::string> args = {
+      absl::GetFlag(FLAGS_kvrmd),
+      "--model=" + absl::GetFlag(FLAGS_model),
+      "--model_cache=" + absl::GetFlag(FLAGS_model_cache),
+      "--listen=127.0.0.1:0",
+      "--port_file=" + port_file,
+      "--metrics_listen=127.0.0.1",
+      "--metrics_port=0",
+      "--kv_mode=" + mode,
+      "--kv_reserve=" + absl::GetFlag(FLAGS_kv_reserve),
+      absl::StrCat("--slots=", absl::GetFlag(FLAGS_slots)),
+      absl::StrCat("--kv_blocks=", kv_blocks),
+      absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
+      absl::StrCat("--prefill_chunk=", absl::GetFlag(FLAGS_prefill_chunk)),
+      "--max_queue=100000",
+      "--log_level=warning",
+  };
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  Daemon d;
+  if (posix_spawn(&d.pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
+    return absl::InternalError("cannot start " + args[0]);
+  }
+  for (int i = 0; i < 1200; ++i) {
+    std::ifstream in(port_file);
+    if (in >> d.port && d.port > 0) return d;
+    int status;
+    if (waitpid(d.pid, &status, WNOHANG) == d.pid) return absl::InternalError("kvrmd exited");
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  kill(d.pid, SIGKILL);
+  return absl::DeadlineExceededError("kvrmd did not start");
+}
+
+void StopKvrmd(const Daemon& d) {
+  kill(d.pid, SIGTERM);
+  int status;
+  waitpid(d.pid, &status, 0);
+}
+
+// ---- workloads ------------------------------------------------------------------------------
+
+absl::StatusOr<std::vector<PlannedRequest>> Family(const std::string& mix, double rate,
+                                                   double duration_s, double input_scale,
+                                                   double output_scale, uint64_t seed) {
+  auto entries = replay::ParseLengthMix(mix);
+  if (!entries.ok()) return entries.status();
+  const int n = std::max(1, static_cast<int>(rate * duration_s));
+  const std::vector<double> arrivals =
+      replay::SyntheticArrivals(replay::ArrivalProcess::kPoisson, rate, 1.0, n, seed);
+  return replay::SyntheticRequests(arrivals, *entries, {}, input_scale, output_scale, seed);
+}
+
+// The busiest `duration_s` window of a trace (most arrivals), compressed by `time_scale`.
+absl::StatusOr<std::vector<PlannedRequest>> TraceWindow(const std::string& path,
+                                                        replay::TraceFormat format,
+                                                        double duration_s, double time_scale,
+                                                        double input_scale, double output_scale,
+                                                        int max_requests) {
+  auto trace = replay::ReadTrace(path, format);
+  if (!trace.ok()) return trace.status();
+  const double span = duration_s / time_scale;  // window length in the trace's own clock
+  double best_start = 0;
+  size_t best = 0;
+  for (size_t i = 0, j = 0; i < trace->size(); ++i) {
+    while (j < trace->size() && (*trace)[j].arrival_s < (*trace)[i].arrival_s + span) ++j;
+    if (j - i > best) {
+      best = j - i;
+      best_start = (*trace)[i].arrival_s;
+    }
+  }
+  replay::ShapeOptions o;
+  o.start_s = best_start - (*trace)[0].arrival_s;
+  o.duration_s = span;
+  o.time_scale = time_scale;
+  o.input_scale = input_scale;
+  o.output_scale = output_scale;
+  o.max_requests = max_requests;
+  return replay::ShapeTrace(*trace, o);
+}
+
+// ---- one replay -----------------------------------------------------------------------------
+
+absl::StatusOr<ModeResult> RunMode(const std::string& mode, int64_t kv_blocks,
+                                   std::vector<PlannedRequest> plan) {
+  auto daemon = StartKvrmd(mode, kv_blocks);
+  if (!daemon.ok()) return daemon.status();
+  auto channel = grpc::CreateChannel(absl::StrCat("127.0.0.1:", daemon->port),
+                                     grpc::InsecureChannelCredentials());
+  auto stub = v1::Kvrm::NewStub(channel);
+  auto info = replay::FetchModelInfo(*stub, 30);
+  if (!info.ok()) {
+    StopKvrmd(*daemon);
+    return info.status();
+  }
+  replay::ServerLimits limits;
+  limits.max_context = info->max_context();
+  limits.max_new_tokens_limit = info->max_new_tokens_limit();
+  replay::ClampToServer(limits, &plan);
+  std::vector<int32_t> specials(info->eos_token_ids().begin(), info->eos_token_ids().end());
+  specials.push_back(info->bos_token_id());
+  auto prompts = replay::PromptSynthesizer::Create(info->vocab_size(), specials, 17);
+  if (!prompts.ok()) {
+    StopKvrmd(*daemon);
+    return prompts.status();
+  }
+  // Reserved KV sampled while the replay runs.
+  std::atomic<bool> done{false};
+  ModeResult result;
+  std::thread sampler([&] {
+    auto s = v1::Kvrm::NewStub(channel);
+    int samples = 0;
+    double sum = 0;
+    while (!done.load()) {
+      grpc::ClientContext ctx;
+      v1::ServerInfo si;
+      if (s->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &si).ok()) {
+        const double bytes =
+            static_cast<double>(si.kv().blocks_reserved()) * si.kv().bytes_per_block();
+        sum += bytes;
+        ++samples;
+        result.reserved_peak_bytes = std::max(result.reserved_peak_bytes, bytes);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    result.reserved_mean_bytes = samples > 0 ? sum / samples : 0;
+  });
+  replay::ReplayOptions ro;
+  ro.request_timeout_s = 600;
+  const std::vector<replay::RequestRecord> records = replay::Replay(*stub, plan, *prompts, ro);
+  done = true;
+  sampler.join();
+  {
+    grpc::ClientContext ctx;
+    v1::ServerInfo si;
+    if (stub->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &si).ok()) {
+      result.preemptions = 0;  // not in ServerInfo; see the metrics endpoint
+    }
+  }
+  StopKvrmd(*daemon);
+  result.summary = replay::Summarize(records, replay::Slo{});
+  return result;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const int32_t slots = absl::GetFlag(FLAGS_slots);
+  const double duration = absl::GetFlag(FLAGS_duration_s);
+  // The model's context decides the budget: ask a short-lived kvrmd.
+  auto probe = StartKvrmd("kvrm", 0);
+  if (!probe.ok()) {
+    std::fprintf(stderr, "%s\n", probe.status().ToString().c_str());
+    return 1;
+  }
+  auto probe_stub = v1::Kvrm::NewStub(grpc::CreateChannel(
+      absl::StrCat("127.0.0.1:", probe->port), grpc::InsecureChannelCredentials()));
+  auto info = replay::FetchModelInfo(*probe_stub, 30);
+  StopKvrmd(*probe);
+  if (!info.ok()) {
+    std::fprintf(stderr, "%s\n", info.status().ToString().c_str());
+    return 1;
+  }
+  const int ctx = info->max_context();
+  const int64_t blocks_per_slot = (ctx + 15) / 16;
+  const int64_t kv_blocks = std::max<int64_t>(
+      blocks_per_slot,
+      static_cast<int64_t>(absl::GetFlag(FLAGS_budget_fraction) * slots * blocks_per_slot));
+  // Lengths relative to the context (512 for tiny, 4096 for small).
+  const double k = ctx / 4096.0;
+  auto scaled = [&](int in, int out) {
+    return absl::StrCat(std::max(1, static_cast<int>(in * k)), ":",
+                        std::max(1, static_cast<int>(out * k)));
+  };
+  const double rate_flag = absl::GetFlag(FLAGS_rate);
+  std::vector<Workload> workloads;
+  const std::set<std::string> wanted = absl::StrSplit(absl::GetFlag(FLAGS_workloads), ',');
+  auto add_family = [&](const std::string& name, const std::string& desc, const std::string& mix,
+                        double rate) {
+    if (!wanted.count(name)) return;
+    auto plan = Family(mix, rate_flag > 0 ? rate_flag : rate, duration,
+                       absl::GetFlag(FLAGS_input_scale), absl::GetFlag(FLAGS_output_scale), 42);
+    if (!plan.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), plan.status().ToString().c_str());
+      return;
+    }
+    workloads.push_back({name, desc, *plan});
+  };
+  add_family("short", "short chat",
+             absl::StrCat(scaled(256, 256), ":2,", scaled(128, 384), ":1,", scaled(512, 128), ":1"),
+             30);
+  add_family("mixed", "mixed multi-hop",
+             absl::StrCat(scaled(300, 200), ":5,", scaled(1200, 250), ":3,", scaled(2800, 250),
+                          ":2"),
+             20);
+  add_family("long", "long-document QA",
+             absl::StrCat(scaled(1500, 100), ":1,", scaled(2000, 150), ":1"), 12);
+  const std::string traces = absl::GetFlag(FLAGS_traces);
+  if (wanted.count("azure")) {
+    auto plan = TraceWindow(traces + "/azure-conv-2023/AzureLLMInferenceTrace_conv.csv",
+                            replay::TraceFormat::kAzure, duration,
+                            absl::GetFlag(FLAGS_trace_time_scale),
+                            k * absl::GetFlag(FLAGS_input_scale),
+                            k * absl::GetFlag(FLAGS_output_scale), -1);
+    if (plan.ok()) {
+      workloads.push_back({"azure", "Azure conv 2023, busiest window", *plan});
+    } else {
+      std::fprintf(stderr, "azure: %s\n", plan.status().ToString().c_str());
+    }
+  }
+  if (wanted.count("mooncake")) {
+    auto plan = TraceWindow(traces + "/mooncake-conversation/conversation_trace.jsonl",
+                            replay::TraceFormat::kMooncake, duration,
+                            absl::GetFlag(FLAGS_trace_time_scale),
+                            k * 0.1 * absl::GetFlag(FLAGS_input_scale),
+                            k * absl::GetFlag(FLAGS_output_scale), -1);
+    if (plan.ok()) {
+      workloads.push_back({"mooncake", "Mooncake conversation, busiest window", *plan});
+    } else {
+      std::fprintf(stderr, "mooncake: %s\n", plan.status().ToString().c_str());
+    }
+  }
+
+  nlohmann::json out;
+  out["date"] = absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone());
+  out["model"] = info->name();
+  out["slots"] = slots;
+  out["max_context"] = ctx;
+  out["kv_blocks"] = kv_blocks;
+  out["static_usable_slots"] = kv_blocks / blocks_per_slot;
+  std::string md = absl::StrFormat(
+      "| workload | requests | tokens/s static | tokens/s kvrm | kvrm/static | p99 TTFT ms "
+      "static / kvrm | p99 TPOT ms static / kvrm | reserved KV kvrm/static | worst 1-s p99 ITL / "
+      "median, static / kvrm |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const Workload& w : workloads) {
+    std::fprintf(stderr, "== %s: %zu requests\n", w.name.c_str(), w.plan.size());
+    auto st = RunMode("static", kv_blocks, w.plan);
+    auto kv = RunMode("kvrm", kv_blocks, w.plan);
+    if (!st.ok() || !kv.ok()) {
+      std::fprintf(stderr, "%s failed: %s %s\n", w.name.c_str(), st.status().ToString().c_str(),
+                   kv.status().ToString().c_str());
+      continue;
+    }
+    const replay::Summary& a = st->summary;
+    const replay::Summary& b = kv->summary;
+    const double tput = a.output_tokens_per_s > 0 ? b.output_tokens_per_s / a.output_tokens_per_s : 0;
+    const double mem = st->reserved_mean_bytes > 0 ? kv->reserved_mean_bytes / st->reserved_mean_bytes : 0;
+    md += absl::StrFormat(
+        "| %s | %d | %.0f | %.0f | %.2fx | %.0f / %.0f | %.1f / %.1f | %.0f%% | %.2f / %.2f |\n",
+        w.description, a.requests, a.output_tokens_per_s, b.output_tokens_per_s, tput,
+        a.ttft_ms.p99, b.ttft_ms.p99, a.tpot_ms.p99, b.tpot_ms.p99, 100 * mem,
+        a.worst_window_itl_p99_over_median, b.worst_window_itl_p99_over_median);
+    nlohmann::json j;
+    j["workload"] = w.name;
+    j["description"] = w.description;
+    j["static"] = replay::SummaryToJson(a);
+    j["kvrm"] = replay::SummaryToJson(b);
+    j["static"]["reserved_mean_bytes"] = st->reserved_mean_bytes;
+    j["kvrm"]["reserved_mean_bytes"] = kv->reserved_mean_bytes;
+    j["throughput_kvrm_over_static"] = tput;
+    j["reserved_kvrm_over_static"] = mem;
+    out["workloads"].push_back(j);
+    std::printf("%s", md.c_str());
+    std::fflush(stdout);
+  }
+  std::printf("\n%s", md.c_str());
+  if (!absl::GetFlag(FLAGS_json).empty()) std::ofstream(absl::GetFlag(FLAGS_json)) << out.dump(2);
+  if (!absl::GetFlag(FLAGS_markdown).empty()) std::ofstream(absl::GetFlag(FLAGS_markdown)) << md;
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvrm
+
+int main(int argc, char** argv) { return kvrm::Main(argc, argv); }
