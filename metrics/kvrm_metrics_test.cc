@@ -9,24 +9,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/testing/alloc_counter.h"
 #include "gtest/gtest.h"
-
-// Counts heap allocations while `g_counting` is set, to prove the hooks never allocate.
-// (GCC flags malloc/free inside a replaced operator new/delete as mismatched; they are not.)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-namespace {
-std::atomic<bool> g_counting{false};
-std::atomic<int64_t> g_allocations{0};
-}  // namespace
-
-void* operator new(size_t size) {
-  if (g_counting.load(std::memory_order_relaxed)) g_allocations.fetch_add(1);
-  void* p = std::malloc(size == 0 ? 1 : size);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete(void* p, size_t) noexcept { std::free(p); }
 
 namespace kvrm {
 namespace {
@@ -202,8 +186,7 @@ TEST_F(KvrmMetricsTest, HooksDoNotAllocate) {
   info.reason = FinishReason::kLength;
   info.completion_tokens = 2;
   info.total_time_ms = 5;
-  g_allocations = 0;
-  g_counting = true;
+  const int64_t before = alloc_counter::AllocationCount();
   for (int i = 0; i < 100; ++i) {
     metrics_.OnAdmitted(request_, absl::Milliseconds(1));
     metrics_.OnFirstToken(request_, absl::Milliseconds(2));
@@ -215,13 +198,11 @@ TEST_F(KvrmMetricsTest, HooksDoNotAllocate) {
     metrics_.OnStats(s);
     metrics_.OnFinished(request_, info);
   }
-  g_counting = false;
-  EXPECT_EQ(g_allocations.load(), 0);
+  EXPECT_EQ(alloc_counter::AllocationCount() - before, 0);
   // A scrape, by contrast, does allocate: the counter is live.
-  g_counting = true;
+  const int64_t before_render = alloc_counter::AllocationCount();
   const std::string text = registry_.Render();
-  g_counting = false;
-  EXPECT_GT(g_allocations.load(), 0);
+  EXPECT_GT(alloc_counter::AllocationCount() - before_render, 0);
   EXPECT_TRUE(absl::StrContains(text, "kvrm:engine_steps_total{"));
 }
 

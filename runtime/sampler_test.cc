@@ -9,11 +9,9 @@
 #include <set>
 #include <vector>
 
+#include "common/testing/alloc_counter.h"
 #include "gtest/gtest.h"
 
-namespace kvrm::testing {
-int64_t AllocationCount();  // sampler_test_new_counter.cc
-}  // namespace kvrm::testing
 
 namespace kvrm {
 namespace {
@@ -485,13 +483,13 @@ TEST(SamplerTest, SampleAcceptAndResetDoNotAllocate) {
   Sampler sampler(kVocab);
 
   // The counter must see an allocation it cannot elide, or the zero below would prove nothing.
-  const int64_t probe = testing::AllocationCount();
+  const int64_t probe = alloc_counter::AllocationCount();
   auto probe_vec = std::make_unique<std::vector<int32_t>>(100);
   g_probe_sink = probe_vec.get();
-  ASSERT_GT(testing::AllocationCount(), probe);
+  ASSERT_GT(alloc_counter::AllocationCount(), probe);
 
   int64_t sink = 0;
-  const int64_t before = testing::AllocationCount();
+  const int64_t before = alloc_counter::AllocationCount();
   for (int i = 0; i < 1000; ++i) {
     if (i % 100 == 0) sampler.Reset(configs[(i / 100) % configs.size()], prompt);
     const std::vector<float>& src = (i / 50) % 2 ? flat : peaked;
@@ -500,7 +498,7 @@ TEST(SamplerTest, SampleAcceptAndResetDoNotAllocate) {
     sampler.Accept(r.token);
     sink += r.token + r.num_top;
   }
-  const int64_t after = testing::AllocationCount();
+  const int64_t after = alloc_counter::AllocationCount();
   EXPECT_EQ(after - before, 0);
   EXPECT_GT(sink, 0);
 }

@@ -30,6 +30,7 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "common/testing/alloc_counter.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
@@ -41,9 +42,6 @@
 #include "tools/modelgen/model_writer.h"
 
 namespace kvrm {
-namespace alloc_counter {
-int64_t AllocationCount();  // tests/forward_test_new_counter.cc
-}  // namespace alloc_counter
 namespace {
 
 constexpr double kRelTol = 1e-5;

@@ -1,5 +1,6 @@
-// Counting replacements of the global allocation functions, linked only into forward_test so it
-// can prove that CpuBackend::Decode and Prefill never allocate.
+// Counting replacements of the global allocation functions (see alloc_counter.h).
+#include "common/testing/alloc_counter.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
