@@ -1,6 +1,12 @@
 #include "server/kvrm_server.h"
 
+#include <openssl/bio.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "common/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -12,6 +18,83 @@ namespace {
 
 constexpr char kServiceName[] = "kvrm.v1.Kvrm";
 
+absl::Status BadFile(absl::string_view flag, const std::string& path, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": ", why));
+}
+
+// Reads a PEM file named by `flag`; errors name the flag and the path.
+absl::StatusOr<std::string> ReadPem(absl::string_view flag, const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return BadFile(flag, path, text.status().message());
+  if (text->empty()) return BadFile(flag, path, "empty file");
+  return text;
+}
+
+// Counts the X.509 certificates in a PEM bundle (0 when the first one does not parse).
+int CountCertificates(const std::string& pem) {
+  BIO* bio = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  int n = 0;
+  while (X509* cert = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr)) {
+    X509_free(cert);
+    ++n;
+  }
+  BIO_free(bio);
+  return n;
+}
+
+// gRPC only logs a malformed certificate or key when the port is bound, so check them here
+// where the error can name the file: the chain parses, the key parses and belongs to it.
+absl::Status CheckCertificateAndKey(const ServerOptions& o, const std::string& cert_pem,
+                                    const std::string& key_pem) {
+  BIO* cert_bio = BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size()));
+  X509* cert = PEM_read_bio_X509(cert_bio, nullptr, nullptr, nullptr);
+  BIO_free(cert_bio);
+  if (cert == nullptr) return BadFile("tls_cert", o.tls_cert, "no PEM certificate");
+  BIO* key_bio = BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size()));
+  EVP_PKEY* key = PEM_read_bio_PrivateKey(key_bio, nullptr, nullptr, nullptr);
+  BIO_free(key_bio);
+  absl::Status status;
+  if (key == nullptr) {
+    status = BadFile("tls_key", o.tls_key, "no PEM private key (or it is encrypted)");
+  } else if (X509_check_private_key(cert, key) != 1) {
+    status = BadFile("tls_key", o.tls_key,
+                     absl::StrCat("does not match the certificate in --tls_cert=", o.tls_cert));
+  }
+  EVP_PKEY_free(key);
+  X509_free(cert);
+  return status;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& o) {
+  if (o.tls_cert.empty() != o.tls_key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key must be given together");
+  }
+  if (o.tls_cert.empty()) {
+    if (!o.tls_client_ca.empty()) {
+      return absl::InvalidArgumentError("--tls_client_ca needs --tls_cert and --tls_key");
+    }
+    return grpc::InsecureServerCredentials();
+  }
+  absl::StatusOr<std::string> cert = ReadPem("tls_cert", o.tls_cert);
+  if (!cert.ok()) return cert.status();
+  absl::StatusOr<std::string> key = ReadPem("tls_key", o.tls_key);
+  if (!key.ok()) return key.status();
+  if (absl::Status s = CheckCertificateAndKey(o, *cert, *key); !s.ok()) return s;
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({*key, *cert});
+  if (!o.tls_client_ca.empty()) {
+    absl::StatusOr<std::string> ca = ReadPem("tls_client_ca", o.tls_client_ca);
+    if (!ca.ok()) return ca.status();
+    if (CountCertificates(*ca) == 0) {
+      return BadFile("tls_client_ca", o.tls_client_ca, "no PEM certificate");
+    }
+    ssl.pem_root_certs = *ca;
+    ssl.client_certificate_request = GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY;
+  }
+  return grpc::SslServerCredentials(ssl);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
@@ -20,9 +103,24 @@ absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   auto server = std::unique_ptr<KvrmServer>(new KvrmServer());
   server->engine_ = engine;
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeCredentials(options);
+  if (!credentials.ok()) return credentials.status();
   server->service_ = std::make_unique<KvrmService>(engine, options.info);
+  if (!options.auth_tokens_file.empty()) {
+    absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
+        TokenAuthenticator::FromFile(options.auth_tokens_file);
+    if (!auth.ok()) {
+      return BadFile("auth_tokens_file", options.auth_tokens_file, auth.status().message());
+    }
+    server->auth_ = std::move(*auth);
+    server->service_->SetAuthenticator(server->auth_.get());
+  }
+  if (options.max_message_bytes <= 0 || options.max_concurrent_streams <= 0) {
+    return absl::InvalidArgumentError(
+        "--max_message_bytes and --max_concurrent_streams must be positive");
+  }
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(options.listen, grpc::InsecureServerCredentials(), &server->port_);
+  builder.AddListeningPort(options.listen, *credentials, &server->port_);
   builder.RegisterService(server->service_.get());
   builder.SetMaxReceiveMessageSize(options.max_message_bytes);
   builder.SetMaxSendMessageSize(options.max_message_bytes);
@@ -34,6 +132,14 @@ absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   health->SetServingStatus(true);
   health->SetServingStatus(kServiceName, true);
+  LOG(INFO) << "gRPC on port " << server->port_ << ": "
+            << (options.tls_cert.empty()        ? "plaintext"
+                : options.tls_client_ca.empty() ? "TLS"
+                                                : "mutual TLS")
+            << (server->auth_ ? absl::StrCat(", bearer tokens (", server->auth_->num_tokens(), ")")
+                              : std::string(", no token check"))
+            << ", max message " << options.max_message_bytes << " B, max "
+            << options.max_concurrent_streams << " streams per connection";
   return server;
 }
 

@@ -1,5 +1,9 @@
 // kvrmd's gRPC server: the kvrm.v1 service, grpc.health.v1 and server reflection, over an
 // engine; and the drain sequence SIGTERM runs.
+//
+// Transport security (docs/security.md): TLS when tls_cert/tls_key are set, mutual TLS (client
+// certificates required and verified) when tls_client_ca is set too; bearer tokens for the
+// kvrm.v1.Kvrm methods when auth_tokens_file is set. Health and reflection stay open.
 #ifndef KVRM_SERVER_KVRM_SERVER_H_
 #define KVRM_SERVER_KVRM_SERVER_H_
 
@@ -10,6 +14,7 @@
 #include "absl/time/time.h"
 #include "grpcpp/server.h"
 #include "runtime/engine.h"
+#include "server/auth.h"
 #include "server/kvrm_service.h"
 
 namespace kvrm {
@@ -17,13 +22,20 @@ namespace kvrm {
 struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // port 0 picks a free port (see KvrmServer::port)
   int32_t max_message_bytes = 4 << 20;
-  int32_t max_concurrent_streams = 1024;
+  int32_t max_concurrent_streams = 1024;  // per HTTP/2 connection
+  // PEM files, read once by Start(). Empty: plaintext. The field names are kvrmd's flag names,
+  // and errors name them with the path ("--tls_cert=/x: ...").
+  std::string tls_cert;       // server certificate chain (needs tls_key)
+  std::string tls_key;        // its private key
+  std::string tls_client_ca;  // CA bundle that client certificates must chain to (needs TLS)
+  std::string auth_tokens_file;  // one bearer token per line; empty: no token check
   ServiceInfo info;
 };
 
 class KvrmServer {
  public:
-  // Binds and starts serving; health reports SERVING once this returns.
+  // Reads the TLS and token files, binds and starts serving; health reports SERVING once this
+  // returns. INVALID_ARGUMENT naming the option and path for a missing or malformed file.
   static absl::StatusOr<std::unique_ptr<KvrmServer>> Start(Engine* engine,
                                                            const ServerOptions& options);
   ~KvrmServer();
@@ -41,6 +53,7 @@ class KvrmServer {
   KvrmServer() = default;
 
   Engine* engine_ = nullptr;
+  std::unique_ptr<TokenAuthenticator> auth_;  // outlives service_ (declared first)
   std::unique_ptr<KvrmService> service_;
   std::unique_ptr<grpc::Server> server_;
   int port_ = 0;

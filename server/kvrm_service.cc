@@ -171,6 +171,14 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
                       std::string(status.message()));
 }
 
+grpc::Status KvrmService::CheckAuth(const grpc::CallbackServerContext* context) const {
+  if (auth_ == nullptr) return grpc::Status::OK;
+  const auto& md = context->client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) return ToGrpcStatus(auth_->Check(absl::string_view()));
+  return ToGrpcStatus(auth_->Check(absl::string_view(it->second.data(), it->second.size())));
+}
+
 KvrmService::KvrmService(Engine* engine, ServiceInfo info)
     : engine_(engine), info_(std::move(info)), started_(absl::Now()) {
   limits_.vocab_size = engine->model().config.vocab_size;
@@ -187,6 +195,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   auto* reactor = new GenerateReactor(engine_, engine_->model().tokenizer.get(), id,
                                       request->response().omit_token_ids(),
                                       request->response().top_logprobs());
+  if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
       ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_);
   if (!r.ok()) {
@@ -211,6 +220,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
 grpc::ServerUnaryReactor* KvrmService::Tokenize(grpc::CallbackServerContext* context,
                                                 const v1::TokenizeRequest* request,
                                                 v1::TokenizeResponse* response) {
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
   if (static_cast<int64_t>(request->text().size()) > limits_.max_prompt_bytes) {
     return FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                              "text: longer than the prompt limit"));
@@ -231,6 +241,7 @@ grpc::ServerUnaryReactor* KvrmService::Tokenize(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext* context,
                                                     const v1::GetModelInfoRequest*,
                                                     v1::ModelInfo* response) {
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
   const ModelBundle& m = engine_->model();
   const LlamaConfig& c = m.config;
   response->set_name(m.name);
@@ -253,6 +264,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext* context,
                                                      const v1::GetServerInfoRequest*,
                                                      v1::ServerInfo* response) {
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
   const EngineStats s = engine_->Stats();
   response->set_version(info_.version);
   response->set_device(info_.device);

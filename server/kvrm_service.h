@@ -11,6 +11,7 @@
 #include "absl/time/time.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
 #include "runtime/engine.h"
+#include "server/auth.h"
 #include "server/request_validation.h"
 
 namespace kvrm {
@@ -41,13 +42,20 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // Marks the service as draining (GetServerInfo reports it).
   void SetDraining() { draining_.store(true); }
 
+  // When set (before the server starts), every RPC of this service needs a valid bearer token.
+  void SetAuthenticator(const TokenAuthenticator* auth) { auth_ = auth; }
+
  private:
+  // OK, or UNAUTHENTICATED when an authenticator is set and the call's token is not valid.
+  grpc::Status CheckAuth(const grpc::CallbackServerContext* context) const;
+
   Engine* engine_;
   const ServiceInfo info_;
   RequestLimits limits_;
   const absl::Time started_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
+  const TokenAuthenticator* auth_ = nullptr;  // not owned; null: no authentication
 };
 
 // Converts an absl::Status to a grpc::Status (same codes).

@@ -65,6 +65,17 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0", "host of the HTTP /metrics, /h
 ABSL_FLAG(int32_t, metrics_port, 9400, "HTTP metrics port; 0 picks a free port, -1 disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
 ABSL_FLAG(std::string, log_level, "info", "info, warning or error");
+// Transport security and limits (docs/security.md).
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain: serve gRPC over TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA bundle: require client certificates signed by it (mutual TLS)");
+ABSL_FLAG(std::string, auth_tokens_file, "",
+          "bearer tokens, one per line (# comments): kvrm.v1.Kvrm calls need "
+          "'authorization: Bearer <token>'; health and reflection stay open");
+ABSL_FLAG(int32_t, max_message_bytes, 4 << 20,
+          "largest gRPC message either way; larger requests get RESOURCE_EXHAUSTED");
+ABSL_FLAG(int32_t, max_concurrent_streams, 1024, "concurrent gRPC streams per connection");
 
 namespace kvrm {
 namespace {
@@ -181,6 +192,12 @@ int Run() {
   (*engine)->Start();
   ServerOptions so;
   so.listen = absl::GetFlag(FLAGS_listen);
+  so.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+  so.tls_key = absl::GetFlag(FLAGS_tls_key);
+  so.tls_client_ca = absl::GetFlag(FLAGS_tls_client_ca);
+  so.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
+  so.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
+  so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   so.info.version = kVersion;
   so.info.device = "cpu";
   so.info.kv_mode = absl::GetFlag(FLAGS_kv_mode);
