@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# //fuzz:fuzz_test: builds the libFuzzer targets and runs each for ${KVRM_FUZZ_SECONDS:-60} s
+# (fuzz/run_fuzzers.sh) on a copy of the runfiles tree. Prints SKIPPED and passes where clang or
+# libFuzzer is not installed (Debian: apt-get install clang libclang-rt-14-dev).
+set -uo pipefail
+if ! command -v "${CXX:-clang++}" >/dev/null ||
+   ! echo 'extern "C" int LLVMFuzzerTestOneInput(const char*, unsigned long) { return 0; }' |
+     "${CXX:-clang++}" -x c++ -fsanitize=fuzzer,address - -o "$TEST_TMPDIR/probe" 2>/dev/null; then
+  echo "SKIPPED: clang++ with libFuzzer (-fsanitize=fuzzer) is not available"
+  exit 0
+fi
+src="$TEST_TMPDIR/src"
+mkdir -p "$src"
+cp -rL common model proto runtime server fuzz "$src/"
+# Not in the runfiles (private to //tools/replay): take them from the workspace the runfiles
+# link to. Bazel does not see them as inputs, so an edit there alone does not rerun this test.
+workspace="$(dirname "$(dirname "$(readlink -f fuzz/run_fuzzers.sh)")")"
+mkdir -p "$src/tools/replay"
+cp "$workspace/tools/replay/trace.cc" "$workspace/tools/replay/trace.h" "$src/tools/replay/" || {
+  echo "fuzz_test: cannot read tools/replay/trace.{cc,h} from $workspace"
+  exit 1
+}
+export KVRM_FUZZ_OUT="$TEST_TMPDIR/fuzz"
+exec bash "$src/fuzz/run_fuzzers.sh" "${KVRM_FUZZ_SECONDS:-60}"

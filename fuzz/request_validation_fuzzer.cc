@@ -1,0 +1,49 @@
+// Fuzzes ValidateGenerateRequest on a kvrm.v1.GenerateRequest parsed from the input bytes
+// (what a client controls), with the gpt2 tokenizer and kvrmd-like limits. Invariants on
+// success: the prompt fits the context with room for one token, its ids are in the vocabulary,
+// max_new_tokens and the stop conditions are within their limits, the time limit is not negative.
+#include <cstdint>
+#include <memory>
+
+#include "fuzz/fuzz_util.h"
+#include "kvrm/v1/kvrm.pb.h"
+#include "server/request_validation.h"
+
+namespace {
+kvrm::Tokenizer* tokenizer = nullptr;
+kvrm::RequestLimits limits;
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  tokenizer = kvrm::fuzz::LoadTokenizer("gpt2").release();
+  limits.vocab_size = tokenizer->vocab_size();
+  limits.max_context = 1024;
+  limits.max_new_tokens = 512;
+  limits.max_prompt_bytes = 64 << 10;
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  kvrm::v1::GenerateRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  absl::StatusOr<std::unique_ptr<kvrm::GenerationRequest>> r =
+      kvrm::ValidateGenerateRequest(request, *tokenizer, limits);
+  if (!r.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(r.status()) || absl::IsOutOfRange(r.status()) ||
+               absl::IsResourceExhausted(r.status()));
+    return 0;
+  }
+  const kvrm::GenerationRequest& g = **r;
+  FUZZ_CHECK(!g.prompt.empty());
+  FUZZ_CHECK(static_cast<int64_t>(g.prompt.size()) < limits.max_context);
+  for (int32_t id : g.prompt) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+  FUZZ_CHECK(g.max_new_tokens >= 1 && g.max_new_tokens <= limits.max_new_tokens);
+  FUZZ_CHECK(static_cast<int32_t>(g.stop_sequences.size()) <= limits.max_stop_sequences);
+  for (const std::string& s : g.stop_sequences) {
+    FUZZ_CHECK(!s.empty() && static_cast<int32_t>(s.size()) <= limits.max_stop_sequence_bytes);
+  }
+  FUZZ_CHECK(static_cast<int32_t>(g.stop_token_ids.size()) <= limits.max_stop_token_ids);
+  for (int32_t id : g.stop_token_ids) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+  FUZZ_CHECK(g.time_limit >= absl::ZeroDuration());
+  return 0;
+}
