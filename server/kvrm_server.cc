@@ -5,6 +5,7 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "common/logging.h"
@@ -18,7 +19,11 @@ namespace {
 
 constexpr char kServiceName[] = "kvrm.v1.Kvrm";
 
+// "--flag=path: why"; `why` from a file helper often starts with the path (and a line) already.
 absl::Status BadFile(absl::string_view flag, const std::string& path, absl::string_view why) {
+  if (absl::StartsWith(why, path)) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", why));
+  }
   return absl::InvalidArgumentError(absl::StrCat("--", flag, "=", path, ": ", why));
 }
 
