@@ -47,7 +47,9 @@ absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what, int
     // Re-parse with diagnostics off the hot path to report the byte offset.
     try {
       (void)Json::parse(text.begin(), text.end());
-    } catch (const Json::parse_error& e) {
+    } catch (const Json::exception& e) {
+      // parse_error, and out_of_range for numbers beyond a double ("1e999"): every failure of
+      // untrusted input must come back as a Status, never escape.
       return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": invalid JSON: ", e.what()));
     }
     return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": invalid JSON"));

@@ -12,13 +12,7 @@ fi
 src="$TEST_TMPDIR/src"
 mkdir -p "$src"
 cp -rL common model proto runtime server fuzz "$src/"
-# Not in the runfiles (private to //tools/replay): take them from the workspace the runfiles
-# link to. Bazel does not see them as inputs, so an edit there alone does not rerun this test.
-workspace="$(dirname "$(dirname "$(readlink -f fuzz/run_fuzzers.sh)")")"
 mkdir -p "$src/tools/replay"
-cp "$workspace/tools/replay/trace.cc" "$workspace/tools/replay/trace.h" "$src/tools/replay/" || {
-  echo "fuzz_test: cannot read tools/replay/trace.{cc,h} from $workspace"
-  exit 1
-}
+cp -L tools/replay/trace.cc tools/replay/trace.h "$src/tools/replay/"
 export KVRM_FUZZ_OUT="$TEST_TMPDIR/fuzz"
 exec bash "$src/fuzz/run_fuzzers.sh" "${KVRM_FUZZ_SECONDS:-60}"

@@ -9,6 +9,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler libabsl-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libonig-dev libicu-dev nlohmann-json3-dev
+  clang libclang-rt-14-dev
   libmicrohttpd-dev prometheus
 )
 

@@ -95,6 +95,8 @@ absl::StatusOr<int64_t> ParseAzureNanos(absl::string_view text) {
       !ParseDigits(text.substr(14, 2), &mi) || !ParseDigits(text.substr(17, 2), &s)) {
     return bad;
   }
+  // Years bound so that nanoseconds since 1970 fit in int64 (which ends in 2262).
+  if (y < 1970 || y > 2200) return bad;
   if (mo < 1 || mo > 12 || d < 1 || d > 31 || h > 23 || mi > 59 || s > 60) return bad;
   int64_t nanos = 0;
   absl::string_view rest = text.substr(19);

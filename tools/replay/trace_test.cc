@@ -22,6 +22,9 @@ void ExpectErrorAt(const absl::StatusOr<std::vector<TraceRequest>>& result,
 TEST(AzureTimestampTest, SevenFractionDigitsAndCalendar) {
   EXPECT_DOUBLE_EQ(*ParseAzureTimestamp("1970-01-02 00:00:01.5"), 86401.5);
   EXPECT_DOUBLE_EQ(*ParseAzureTimestamp("1970-01-01 00:00:00.0000001"), 1e-7);
+  // Years whose nanoseconds would overflow int64 (found by the trace fuzzer) are rejected.
+  EXPECT_FALSE(ParseAzureTimestamp("9023-11-16 00:00:00").ok());
+  EXPECT_FALSE(ParseAzureTimestamp("1969-12-31 23:59:59").ok());
   // 2024 is a leap year: Feb 29 then Mar 1 are one day apart.
   EXPECT_DOUBLE_EQ(
       *ParseAzureTimestamp("2024-03-01 00:00:00") - *ParseAzureTimestamp("2024-02-29 00:00:00"),
