@@ -162,6 +162,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
 }
 
 absl::Status Engine::CopyGroup(const TransferGroup& g) {
+  if (options_.transfer_fault) RETURN_IF_ERROR(options_.transfer_fault(g));
   // One transfer group = one contiguous token range per (rank, layer, K|V, head): the pool
   // layout keeps consecutive blocks contiguous per head, so each is a single memcpy.
   for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {

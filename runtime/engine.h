@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -62,6 +63,9 @@ struct EngineOptions {
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
   Clock* clock = nullptr;  // null: the wall clock
+  // Fault injection (tests only): called before each transfer group is copied; a non-OK status
+  // fails that copy as a real copy error would. It may also sleep (a slow transport).
+  std::function<absl::Status(const TransferGroup&)> transfer_fault;
   EngineObserver* observer = nullptr;  // not owned; outlives the engine
 };
 
@@ -177,8 +181,9 @@ class Engine {
   // pool is exhausted) and plans compaction past max_runs. Called with no step running. Returns
   // false if `slot` itself had to be paused (or failed).
   bool PrepareSlotKv(int32_t slot, int32_t position);
-  // Pauses one request ranking below `requester` (see engine_slots.cc); false if none does.
-  bool PreemptOne(int32_t requester);
+  // Pauses one request ranking below `requester` (see engine_slots.cc).
+  enum class PreemptResult { kPaused, kNone, kWait };
+  PreemptResult PreemptOne(int32_t requester);
   // Moves a decoding slot's KV to the host tier (or drops it for recompute): kPaused.
   void PauseSlot(int32_t slot);
   // Submits the moves planned so far as their own batch (see engine_slots.cc).
@@ -200,6 +205,8 @@ class Engine {
   void FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReason reason);
   void PublishStats();
   absl::Status CopyGroup(const TransferGroup& group);
+  // Records that moves planned now carry `slot`'s KV (to fail its request if a copy fails).
+  void NoteTransfer(int32_t slot);
 
   const ModelBundle* model_;
   EngineOptions options_;
@@ -229,6 +236,8 @@ class Engine {
   std::vector<BlockMove> gated_moves_;    // ... that must wait for the running step
   std::vector<TransferGroup> groups_;     // capacity reserved at start-up
   uint64_t required_fence_ = 0;           // transfers the next launched step depends on
+  // (planned fence, request handle) of requests whose KV is in planned or in-flight moves.
+  std::vector<std::pair<uint64_t, uint64_t>> transfer_owners_;
   std::vector<float> logits_;             // [slots][vocab]
   std::vector<float> chunk_logits_;       // [vocab]
   std::vector<int32_t> eos_ids_;

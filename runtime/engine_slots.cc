@@ -114,20 +114,35 @@ void Engine::ExpireDeadlines(absl::Time now) {
   }
 }
 
+void Engine::NoteTransfer(int32_t slot) {
+  transfer_owners_.emplace_back(transport_->next_fence() + 1, slots_[slot].request->handle);
+}
+
 void Engine::RetireTransfers() {
   if (!transport_) return;
-  pager_->RetireUpTo(transport_->completed());
-  const absl::Status st = transport_->status();
-  if (!st.ok()) {
-    // A failed copy leaves some destination blocks undefined: fail the requests that own KV
-    // (their outputs can no longer be trusted); the engine keeps serving new ones.
-    LOG(ERROR) << "transport failed: " << st;
-    for (int32_t i = 0; i < options_.slots; ++i) {
-      if (slots_[i].state != SlotState::kFree && slots_[i].state != SlotState::kPrefilling) {
-        FinishSlot(i, FinishReason::kError, {}, "", std::string(st.message()));
+  absl::Status error;
+  const std::vector<uint64_t> failed = transport_->TakeFailedFences(&error);
+  const uint64_t completed = transport_->completed();
+  if (!failed.empty()) {
+    // A failed copy leaves its destination blocks undefined: the requests whose KV it moved end
+    // with ERROR; everyone else goes on. Moves are planned with the later fence of a pair of
+    // batches (see SubmitTransfers), so a failure of fence f concerns plans recorded at f or f+1.
+    LOG(ERROR) << "transport: " << failed.size() << " batch(es) failed: " << error;
+    for (const auto& [fence, handle] : transfer_owners_) {
+      bool hit = false;
+      for (uint64_t f : failed) hit |= fence == f || fence == f + 1;
+      if (!hit) continue;
+      for (int32_t i = 0; i < options_.slots; ++i) {
+        if (slots_[i].state != SlotState::kFree && slots_[i].request->handle == handle) {
+          FinishSlot(i, FinishReason::kError, {}, "", std::string(error.message()));
+        }
       }
     }
   }
+  pager_->RetireUpTo(completed);
+  transfer_owners_.erase(std::remove_if(transfer_owners_.begin(), transfer_owners_.end(),
+                                        [&](const auto& e) { return e.first <= completed; }),
+                         transfer_owners_.end());
 }
 
 void Engine::ResumePaused() {
@@ -135,7 +150,7 @@ void Engine::ResumePaused() {
   // Decoding slots each need room for their next block; resume only beyond that, so a resumed
   // request does not immediately push another one out.
   int64_t headroom = 0;
-  for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
+  for (const Slot& s : slots_) headroom += 2 * (s.state == SlotState::kDecoding);
   for (;;) {
     int32_t pick = -1;
     for (int32_t i = 0; i < options_.slots; ++i) {
@@ -155,6 +170,7 @@ void Engine::ResumePaused() {
     if (s.swapped) {
       const absl::Status st = pager_->PlanSwapIn(pick, transport_->next_fence() + 1, &moves_);
       if (!st.ok()) return;
+      NoteTransfer(pick);
       s.swapped = false;
       SetState(pick, SlotState::kDecoding);
       s.resumed_step = steps_ + 1;
@@ -236,11 +252,14 @@ void Engine::Admit(absl::Time now) {
   }
 }
 
-bool Engine::PreemptOne(int32_t requester) {
+Engine::PreemptResult Engine::PreemptOne(int32_t requester) {
   // Only a request that ranks below the requester (lower priority, or the same priority and
   // admitted later) may be paused for it: the oldest request of the highest priority then never
   // waits, so the system always makes progress. Among those, the lowest priority and then the
   // most recently admitted goes first. Prefilling requests count: their KV is cheap to rebuild.
+  // A request resumed in the last few steps is left alone (no pause/resume thrash): if it is the
+  // only candidate, the requester waits a step instead.
+  constexpr uint64_t kResumeGraceSteps = 8;
   const Slot& req = slots_[requester];
   auto ranks_below = [](const Slot& a, const Slot& b) {  // a ranks below b
     if (a.request->priority != b.request->priority) {
@@ -249,16 +268,21 @@ bool Engine::PreemptOne(int32_t requester) {
     return a.admit_seq > b.admit_seq;
   };
   int32_t victim = -1;
+  bool recent = false;
   for (int32_t i = 0; i < options_.slots; ++i) {
     const Slot& s = slots_[i];
     if (i == requester) continue;
     if (s.state != SlotState::kDecoding && s.state != SlotState::kPrefilling) continue;
     if (!ranks_below(s, req)) continue;
+    if (s.resumed_step > 0 && steps_ + 1 - s.resumed_step < kResumeGraceSteps) {
+      recent = true;
+      continue;
+    }
     if (victim < 0 || ranks_below(s, slots_[victim])) victim = i;
   }
-  if (victim < 0) return false;
+  if (victim < 0) return recent ? PreemptResult::kWait : PreemptResult::kNone;
   PauseSlot(victim);
-  return true;
+  return PreemptResult::kPaused;
 }
 
 void Engine::FlushMoves() {
@@ -279,6 +303,7 @@ void Engine::PauseSlot(int32_t slot) {
   if (v.state == SlotState::kDecoding && !short_history &&
       pager_->PlanSwapOut(slot, transport_->next_fence() + 1, &moves_).ok()) {
     v.swapped = true;
+    NoteTransfer(slot);
   } else {
     kv_->Release(slot);
     v.recompute = true;
@@ -301,8 +326,10 @@ bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
       transport_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
       pager_->RetireUpTo(transport_->completed());
       CHECK(pager_->pending_blocks() == 0) << "blocks still held after the transport drained";
-    } else if (!PreemptOne(slot)) {
-      break;
+    } else {
+      const PreemptResult r = PreemptOne(slot);
+      if (r == PreemptResult::kWait) return false;  // stays decoding; tries again next step
+      if (r == PreemptResult::kNone) break;
     }
     st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
   }
@@ -316,11 +343,13 @@ bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
     return false;
   }
   if (pager_ && pager_->NumRuns(slot) > options_.max_runs) FlushMoves();
-  if (pager_ && pager_->NumRuns(slot) > options_.max_runs &&
-      !pager_->PlanCompaction(slot, transport_->next_fence() + 1, &moves_)) {
-    // No free extent can take the tail runs: wait in the host tier until one can.
-    PauseSlot(slot);
-    return false;
+  if (pager_ && pager_->NumRuns(slot) > options_.max_runs) {
+    if (!pager_->PlanCompaction(slot, transport_->next_fence() + 1, &moves_)) {
+      // No free extent can take the tail runs: wait in the host tier until one can.
+      PauseSlot(slot);
+      return false;
+    }
+    NoteTransfer(slot);
   }
   return true;
 }
@@ -404,6 +433,7 @@ void Engine::PreStageNext(uint64_t running_step) {
     if (pager_->NumRuns(i) <= options_.max_runs) continue;
     const size_t before = moves_.size();
     if (!pager_->PlanCompaction(i, transport_->next_fence() + 1, &moves_)) continue;
+    NoteTransfer(i);
     const int32_t hot = HotBlock(running, i, options_.block_tokens);
     for (size_t m = before; m < moves_.size();) {
       if (moves_[m].src_tier == KvTier::kDevice && moves_[m].src == hot) {

@@ -1,5 +1,7 @@
 #include "runtime/transport.h"
 
+#include <utility>
+
 #include "common/logging.h"
 
 namespace kvrm {
@@ -66,9 +68,11 @@ absl::Duration Transport::WaitFor(uint64_t fence) {
   return absl::Now() - t0;
 }
 
-absl::Status Transport::status() const {
+std::vector<uint64_t> Transport::TakeFailedFences(absl::Status* first_error) {
   std::lock_guard<std::mutex> lock(mu_);
-  return status_;
+  if (first_error) *first_error = first_error_;
+  first_error_ = absl::OkStatus();
+  return std::exchange(failed_fences_, {});
 }
 
 TransportStats Transport::Stats() const {
@@ -97,7 +101,12 @@ void Transport::Loop() {
     }
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (!st.ok() && status_.ok()) status_ = st;
+      if (!st.ok()) {
+        if (first_error_.ok()) first_error_ = st;
+        if (failed_fences_.empty() || failed_fences_.back() != batch.fence) {
+          failed_fences_.push_back(batch.fence);
+        }
+      }
       ring_tail_ += batch.count;
       ++batch_tail_;
       stats_.groups_total += batch.count;

@@ -52,8 +52,9 @@ class Transport {
   uint64_t completed() const { return completed_.load(std::memory_order_acquire); }
   // Waits until `fence` completed; returns how long it waited (zero when already done).
   absl::Duration WaitFor(uint64_t fence);
-  // First copy error, if any (the engine fails the affected requests).
-  absl::Status status() const;
+  // Fences of batches with a failed copy since the last call, and the first error among them
+  // (the engine fails the requests whose KV those batches moved; later batches still run).
+  std::vector<uint64_t> TakeFailedFences(absl::Status* first_error);
   TransportStats Stats() const;
 
  private:
@@ -81,7 +82,8 @@ class Transport {
   int64_t batch_tail_ = 0;       // guarded by mu_
   uint64_t steps_done_ = 0;      // guarded by mu_
   bool stop_ = false;            // guarded by mu_
-  absl::Status status_;          // guarded by mu_
+  std::vector<uint64_t> failed_fences_;  // guarded by mu_
+  absl::Status first_error_;             // guarded by mu_
   TransportStats stats_;         // guarded by mu_
   std::atomic<uint64_t> completed_{0};
   std::thread thread_;
