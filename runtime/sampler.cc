@@ -13,14 +13,7 @@ namespace {
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr float kPosInf = std::numeric_limits<float>::infinity();
 
-uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
 
-uint64_t Rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 // Strict weak order "a ranks before b": higher logit first, ties broken by lower id, so every
 // selection below is deterministic.
@@ -61,22 +54,6 @@ absl::Status ValidateSamplingConfig(const SamplingConfig& c) {
     return bad("top_logprobs", c.top_logprobs, absl::StrCat("in [0, ", kMaxTopLogprobs, "]"));
   }
   return absl::OkStatus();
-}
-
-void Xoshiro256::Seed(uint64_t seed) {
-  for (uint64_t& word : s_) word = SplitMix64(seed);
-}
-
-uint64_t Xoshiro256::Next() {
-  const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = Rotl(s_[3], 45);
-  return result;
 }
 
 Sampler::Sampler(int32_t vocab_size)

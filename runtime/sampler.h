@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "common/xoshiro.h"
 
 namespace kvrm {
 
@@ -50,20 +51,6 @@ struct SampleResult {
   int32_t num_top = 0;
   std::array<int32_t, kMaxTopLogprobs> top_ids;
   std::array<float, kMaxTopLogprobs> top_logprobs;
-};
-
-// xoshiro256** (Blackman & Vigna), seeded by splitmix64. Ours, not <random>'s distributions, so a
-// seed gives the same tokens on every machine and library version.
-class Xoshiro256 {
- public:
-  explicit Xoshiro256(uint64_t seed = 0) { Seed(seed); }
-  void Seed(uint64_t seed);
-  uint64_t Next();
-  // Uniform in [0, 1) from the top 53 bits.
-  double NextDouble() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
-
- private:
-  std::array<uint64_t, 4> s_;
 };
 
 class Sampler {

@@ -21,22 +21,6 @@ uint64_t DeriveSeed(uint64_t seed, std::string_view name) {
   return SplitMix64(state) ^ h;
 }
 
-Rng::Rng(uint64_t seed) {
-  uint64_t state = seed;
-  for (uint64_t& s : s_) s = SplitMix64(state);
-}
-
-uint64_t Rng::Next() {
-  const uint64_t result = Rotl(s_[1] * 5, 7) * 9;
-  const uint64_t t = s_[1] << 17;
-  s_[2] ^= s_[0];
-  s_[3] ^= s_[1];
-  s_[1] ^= s_[2];
-  s_[0] ^= s_[3];
-  s_[2] ^= t;
-  s_[3] = Rotl(s_[3], 45);
-  return result;
-}
 
 double PortableLog(double x) {
   // x = m * 2^e with m in [sqrt(1/2), sqrt(2)), read straight from the IEEE bits (x is a

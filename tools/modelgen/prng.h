@@ -11,26 +11,22 @@
 #include <cstdint>
 #include <string_view>
 
+#include "common/xoshiro.h"
+
 namespace kvrm::modelgen {
 
-// SplitMix64 step: used to expand seeds and to mix hashes.
-inline uint64_t SplitMix64(uint64_t& state) {
-  uint64_t z = (state += 0x9e3779b97f4a7c15ull);
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
+using ::kvrm::SplitMix64;
 
 // A stream seed derived from (seed, name): FNV-1a over the name, mixed with the seed. Tensors
 // are seeded by name so they can be generated in any order, on any number of threads.
 uint64_t DeriveSeed(uint64_t seed, std::string_view name);
 
-// xoshiro256** (Blackman & Vigna), seeded through SplitMix64.
+// xoshiro256** (common/xoshiro.h) with the distributions make_model needs.
 class Rng {
  public:
-  explicit Rng(uint64_t seed);
+  explicit Rng(uint64_t seed) : gen_(seed) {}
 
-  uint64_t Next();
+  uint64_t Next() { return gen_.Next(); }
   // Uniform in [0, 1) with 53 random bits.
   double Uniform() { return static_cast<double>(Next() >> 11) * 0x1.0p-53; }
   // Uniform integer in [0, n), n > 0 (multiply-shift; the bias is below 2^-32 for our n).
@@ -43,7 +39,7 @@ class Rng {
   double Normal();
 
  private:
-  uint64_t s_[4];
+  Xoshiro256 gen_;
   bool has_spare_ = false;
   double spare_ = 0.0;
 };
