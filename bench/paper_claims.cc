@@ -79,7 +79,6 @@ struct ModeResult {
   replay::Summary summary;
   double reserved_mean_bytes = 0;
   double reserved_peak_bytes = 0;
-  uint64_t preemptions = 0;
 };
 
 // ---- kvrmd as a child process ---------------------------------------------------------------
@@ -227,13 +226,6 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int64_t kv_blocks,
   const std::vector<replay::RequestRecord> records = replay::Replay(*stub, plan, *prompts, ro);
   done = true;
   sampler.join();
-  {
-    grpc::ClientContext ctx;
-    v1::ServerInfo si;
-    if (stub->GetServerInfo(&ctx, v1::GetServerInfoRequest(), &si).ok()) {
-      result.preemptions = 0;  // not in ServerInfo; see the metrics endpoint
-    }
-  }
   StopKvrmd(*daemon);
   result.summary = replay::Summarize(records, replay::Slo{});
   return result;

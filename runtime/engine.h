@@ -150,8 +150,7 @@ class Engine {
     int32_t position = 0;    // history length = position of the next input token
     int32_t next_token = 0;  // input of the next decode step
     int32_t generated = 0;
-    bool recompute = false;  // paused with its KV dropped: prefill `history` again on resume
-    bool swapped = false;    // paused with its KV in the host tier
+    bool swapped = false;    // paused with its KV in the host tier (else dropped: recompute)
     uint64_t resumed_step = 0;  // the step it was last resumed for
     int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)
     uint64_t admit_seq = 0;      // admission order (ties of the clock broken by it)

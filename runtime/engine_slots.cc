@@ -239,7 +239,6 @@ void Engine::Admit(absl::Time now) {
     slot.prefilled = 0;
     slot.position = 0;
     slot.generated = 0;
-    slot.recompute = false;
     slot.swapped = false;
     observer_->OnAdmitted(req, now - req.arrival);
     samplers_[i]->Reset(req.sampling, req.prompt);
@@ -306,7 +305,6 @@ void Engine::PauseSlot(int32_t slot) {
     NoteTransfer(slot);
   } else {
     kv_->Release(slot);
-    v.recompute = true;
     v.prefilled = 0;
   }
   SetState(slot, SlotState::kPaused);
@@ -462,7 +460,6 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   slot.position = slot.prefilled;
   if (!chunk_last_) return;
   SetState(pick, SlotState::kDecoding);
-  slot.recompute = false;
   if (slot.generated > 0) return;  // a recomputed history: decoding resumes with next_token
   const SampleResult s =
       samplers_[pick]->Sample(absl::MakeSpan(chunk_logits_.data(), backend_->vocab_size()));
@@ -571,7 +568,6 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   slot.reserve_blocks = 0;
   slot.request.reset();
   slot.text.reset();
-  slot.recompute = false;
   slot.swapped = false;
   // Publish before `outstanding_` drops, so that a WaitIdle() caller sees the freed slot.
   PublishStats();
