@@ -6,12 +6,14 @@
 #define KVRM_RUNTIME_BACKEND_H_
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
 #include "runtime/kv_pool.h"
+#include "runtime/transfer_plan.h"
 
 namespace kvrm {
 
@@ -64,6 +66,19 @@ class Backend {
   // of KV heads for the same block ids. The transport copies blocks in every pool alike.
   virtual int32_t num_kv_pools() const = 0;
   virtual KvPool* kv_pool(int32_t rank) = 0;
+
+  // The host tier (paused requests' KV, kvrm mode): `blocks` blocks per rank, same shape as the
+  // device pools. Called once at start-up, before any CopyGroup. The default allocates pageable
+  // host pools; a GPU backend allocates pinned memory its copy stream can reach.
+  virtual absl::Status CreateHostTier(int64_t blocks);
+  // Executes one transfer group on every rank: for each (layer, K|V, KV head) one contiguous
+  // token range (see kv_pool.h). Called on the transport thread while a step may be running; the
+  // transport never passes a group that touches a block that step reads or writes. Returns when
+  // the copy is complete. The default copies between kv_pool(r) and the host tier with memcpy.
+  virtual absl::Status CopyGroup(const TransferGroup& group);
+
+ protected:
+  std::vector<std::unique_ptr<KvPool>> host_tier_;  // [ranks], after CreateHostTier
 };
 
 }  // namespace kvrm

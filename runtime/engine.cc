@@ -33,6 +33,7 @@ const char* SlotStateName(SlotState state) {
     case SlotState::kPrefilling: return "prefilling";
     case SlotState::kDecoding: return "decoding";
     case SlotState::kPaused: return "paused";
+    case SlotState::kFinishing: return "finishing";
   }
   return "unknown";
 }
@@ -79,6 +80,10 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
                                                        const EngineOptions& options) {
   ASSIGN_OR_RETURN(EngineOptions o, Resolve(model, options));
+  if (o.backend_factory) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, o.backend_factory(*model, o));
+    return CreateWithBackend(model, o, std::move(backend));
+  }
   CpuBackendOptions bo;
   bo.kv_blocks = o.kv_blocks;
   bo.kv_block_tokens = o.block_tokens;
@@ -141,14 +146,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     auto pager = std::make_unique<KvPager>(po);
     pager_ = pager.get();
     kv_ = std::move(pager);
-    if (o.kv_host_blocks > 0) {
-      for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
-        KvPoolShape shape = backend_->kv_pool(r)->shape();
-        shape.num_blocks = o.kv_host_blocks;
-        ASSIGN_OR_RETURN(std::unique_ptr<KvPool> host, KvPool::Create(shape));
-        host_pools_.push_back(std::move(host));
-      }
-    }
+    if (o.kv_host_blocks > 0) RETURN_IF_ERROR(backend_->CreateHostTier(o.kv_host_blocks));
     const int64_t capacity = o.kv_blocks + std::max<int64_t>(1, o.kv_host_blocks);
     moves_.reserve(capacity);
     gated_moves_.reserve(capacity);
@@ -163,27 +161,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
 
 absl::Status Engine::CopyGroup(const TransferGroup& g) {
   if (options_.transfer_fault) RETURN_IF_ERROR(options_.transfer_fault(g));
-  // One transfer group = one contiguous token range per (rank, layer, K|V, head): the pool
-  // layout keeps consecutive blocks contiguous per head, so each is a single memcpy.
-  for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
-    KvPool* src = g.src_tier == KvTier::kDevice ? backend_->kv_pool(r) : host_pools_[r].get();
-    KvPool* dst = g.dst_tier == KvTier::kDevice ? backend_->kv_pool(r) : host_pools_[r].get();
-    if (src == nullptr || dst == nullptr) return absl::InternalError("transfer to a missing tier");
-    const KvPoolShape& shape = src->shape();
-    const int64_t bytes =
-        static_cast<int64_t>(g.num_blocks) * shape.block_tokens * shape.head_dim * sizeof(float);
-    for (int32_t layer = 0; layer < shape.num_layers; ++layer) {
-      const KvLayerView s = src->Layer(layer);
-      const KvLayerView d = dst->Layer(layer);
-      for (int32_t h = 0; h < shape.kv_heads; ++h) {
-        const int64_t src_tok = static_cast<int64_t>(g.src_first) * shape.block_tokens;
-        const int64_t dst_tok = static_cast<int64_t>(g.dst_first) * shape.block_tokens;
-        std::memcpy(d.KeyAt(h, dst_tok), s.KeyAt(h, src_tok), bytes);
-        std::memcpy(d.ValueAt(h, dst_tok), s.ValueAt(h, src_tok), bytes);
-      }
-    }
-  }
-  return absl::OkStatus();
+  return backend_->CopyGroup(g);
 }
 
 Engine::~Engine() {

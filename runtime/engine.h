@@ -67,6 +67,10 @@ struct EngineOptions {
   // fails that copy as a real copy error would. It may also sleep (a slow transport).
   std::function<absl::Status(const TransferGroup&)> transfer_fault;
   EngineObserver* observer = nullptr;  // not owned; outlives the engine
+  // Builds the backend from the resolved options (kvrmd's --device=cuda); null: the CPU backend.
+  std::function<absl::StatusOr<std::unique_ptr<Backend>>(const ModelBundle& model,
+                                                         const EngineOptions& resolved)>
+      backend_factory;
 };
 
 struct EngineStats {
@@ -213,7 +217,6 @@ class Engine {
   std::unique_ptr<KvAllocator> kv_;
   KvPager* pager_ = nullptr;  // == kv_ in kvrm mode, null in static mode
   int32_t static_slots_ = 0;  // static mode: slots the KV budget can back (a prefix of slots_)
-  std::vector<std::unique_ptr<KvPool>> host_pools_;  // [ranks]: the host tier, kvrm mode
   std::unique_ptr<Transport> transport_;              // kvrm mode
   std::unique_ptr<StepRunner> runner_;
   EngineObserver default_observer_;  // no-op when options_.observer is null

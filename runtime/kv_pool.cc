@@ -21,13 +21,20 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolShape& shape)
                                                      shape.num_blocks, " blocks): ",
                                                      std::strerror(errno)));
   }
-  return std::unique_ptr<KvPool>(new KvPool(shape, static_cast<float*>(p), bytes));
+  return std::unique_ptr<KvPool>(new KvPool(shape, static_cast<float*>(p), bytes, true));
 }
 
-KvPool::KvPool(const KvPoolShape& shape, float* memory, int64_t bytes)
-    : shape_(shape), memory_(memory), bytes_(bytes) {}
+std::unique_ptr<KvPool> KvPool::Wrap(const KvPoolShape& shape, float* memory) {
+  return std::unique_ptr<KvPool>(
+      new KvPool(shape, memory, shape.BytesPerBlock() * shape.num_blocks, false));
+}
 
-KvPool::~KvPool() { munmap(memory_, bytes_); }
+KvPool::KvPool(const KvPoolShape& shape, float* memory, int64_t bytes, bool owned)
+    : shape_(shape), memory_(memory), bytes_(bytes), owned_(owned) {}
+
+KvPool::~KvPool() {
+  if (owned_) munmap(memory_, bytes_);
+}
 
 KvLayerView KvPool::Layer(int32_t layer) const {
   const int64_t pool_tokens = shape_.num_blocks * shape_.block_tokens;
@@ -36,6 +43,24 @@ KvLayerView KvPool::Layer(int32_t layer) const {
   float* base = memory_ + layer * per_layer;
   return KvLayerView{base, base + shape_.kv_heads * head_stride, head_stride, shape_.block_tokens,
                      shape_.head_dim};
+}
+
+void CopyGroupBetweenPools(const KvPool& src, const KvPool& dst, const TransferGroup& g) {
+  // The pool layout keeps consecutive blocks contiguous per head, so a group is one memcpy per
+  // (layer, K|V, head).
+  const KvPoolShape& shape = src.shape();
+  const int64_t bytes =
+      static_cast<int64_t>(g.num_blocks) * shape.block_tokens * shape.head_dim * sizeof(float);
+  const int64_t src_tok = static_cast<int64_t>(g.src_first) * shape.block_tokens;
+  const int64_t dst_tok = static_cast<int64_t>(g.dst_first) * shape.block_tokens;
+  for (int32_t layer = 0; layer < shape.num_layers; ++layer) {
+    const KvLayerView s = src.Layer(layer);
+    const KvLayerView d = dst.Layer(layer);
+    for (int32_t h = 0; h < shape.kv_heads; ++h) {
+      std::memcpy(d.KeyAt(h, dst_tok), s.KeyAt(h, src_tok), bytes);
+      std::memcpy(d.ValueAt(h, dst_tok), s.ValueAt(h, src_tok), bytes);
+    }
+  }
 }
 
 }  // namespace kvrm

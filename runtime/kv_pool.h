@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu/attention.h"
+#include "runtime/transfer_plan.h"
 
 namespace kvrm {
 
@@ -36,17 +37,25 @@ class KvPool {
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
 
+  // A pool over memory the caller owns and frees (a GPU backend's device allocation): Layer()
+  // views then hold device pointers, for the backend's own kernels only.
+  static std::unique_ptr<KvPool> Wrap(const KvPoolShape& shape, float* memory);
+
   const KvPoolShape& shape() const { return shape_; }
   KvLayerView Layer(int32_t layer) const;
   int64_t bytes() const { return bytes_; }
 
  private:
-  KvPool(const KvPoolShape& shape, float* memory, int64_t bytes);
+  KvPool(const KvPoolShape& shape, float* memory, int64_t bytes, bool owned);
 
   KvPoolShape shape_;
   float* memory_;  // [layers][K|V][kv_heads][pool_tokens][head_dim]
   int64_t bytes_;
+  bool owned_;
 };
+
+// Copies `group` from `src` to `dst` (pools of one shape): one memcpy per (layer, K|V, head).
+void CopyGroupBetweenPools(const KvPool& src, const KvPool& dst, const TransferGroup& group);
 
 }  // namespace kvrm
 

@@ -1,0 +1,31 @@
+#include "runtime/backend.h"
+
+#include "common/status_macros.h"
+
+namespace kvrm {
+
+absl::Status Backend::CreateHostTier(int64_t blocks) {
+  if (!host_tier_.empty()) return absl::FailedPreconditionError("host tier created twice");
+  for (int32_t r = 0; r < num_kv_pools(); ++r) {
+    KvPoolShape shape = kv_pool(r)->shape();
+    shape.num_blocks = blocks;
+    ASSIGN_OR_RETURN(std::unique_ptr<KvPool> host, KvPool::Create(shape));
+    host_tier_.push_back(std::move(host));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CopyGroup(const TransferGroup& g) {
+  const bool host_side = g.src_tier == KvTier::kHost || g.dst_tier == KvTier::kHost;
+  if (host_side && host_tier_.size() != static_cast<size_t>(num_kv_pools())) {
+    return absl::InternalError("transfer to the host tier, which was not created");
+  }
+  for (int32_t r = 0; r < num_kv_pools(); ++r) {
+    const KvPool* src = g.src_tier == KvTier::kDevice ? kv_pool(r) : host_tier_[r].get();
+    const KvPool* dst = g.dst_tier == KvTier::kDevice ? kv_pool(r) : host_tier_[r].get();
+    CopyGroupBetweenPools(*src, *dst, g);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvrm
