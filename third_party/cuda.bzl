@@ -20,8 +20,10 @@ package(default_visibility = ["//visibility:public"])
 
 cc_library(
     name = "cuda_headers",
-    hdrs = glob(["include/**/*.h", "include/**/*.hpp"], exclude = ["include/cccl/**"]),
-    includes = ["include"],
+    # CUDA 13 keeps libcu++/CUB/Thrust (and nv/target, which cuda_fp16.h includes) under
+    # include/cccl, with extension-less headers.
+    hdrs = glob(["include/**"]),
+    includes = ["include", "include/cccl"],
 )
 
 cc_library(

@@ -1,0 +1,196 @@
+// Attention over run tables, split over the KV length then reduced (flash-decoding style):
+// device templates (one per head size), checked launch wrapper, explicit instantiation through
+// the head-size dispatch.
+//
+// Split kernel: one block per (split, KV head, row). Its warps stride over the split's positions
+// run by run (each run is contiguous memory per head), keep an online softmax per query head of
+// the group, then combine through shared memory into one partial (max, sum, output) per head.
+// Reduce kernel: one block per (query head, row) merges the splits. The grid covers every split
+// of max context, so the shape never changes; blocks past a row's length exit after writing an
+// empty partial.
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/device_math.cuh"
+#include "kernels/cuda/llama_kernels.h"
+
+namespace kvrm::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kMaxGroup = 8;
+
+template <int E>
+struct Vec;
+template <>
+struct Vec<2> {
+  using T = float2;
+  __device__ static void Load(const float* p, float* out) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+  }
+};
+template <>
+struct Vec<4> {
+  using T = float4;
+  __device__ static void Load(const float* p, float* out) {
+    const float4 v = *reinterpret_cast<const float4*>(p);
+    out[0] = v.x;
+    out[1] = v.y;
+    out[2] = v.z;
+    out[3] = v.w;
+  }
+};
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kWarps * 32)
+    AttentionSplitKernel(const float* __restrict__ qkv, StepInputs in, KvLayer kv, int32_t heads,
+                         int32_t kv_heads, int32_t group, float scale, AttentionWorkspace ws) {
+  constexpr int E = kHeadDim / 32;
+  const int32_t split = blockIdx.x, g = blockIdx.y, row = blockIdx.z;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t len = in.active[row] ? in.position[row] + 1 : 0;
+  const int32_t begin = split * ws.split_tokens;
+  const int32_t end = min(len, begin + ws.split_tokens);
+
+  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][E], q[kMaxGroup][E];
+#pragma unroll
+  for (int j = 0; j < kMaxGroup; ++j) {
+    m[j] = -INFINITY;
+    l[j] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) acc[j][e] = q[j][e] = 0.0f;
+  }
+  if (begin < end) {
+    const float* qrow = qkv + static_cast<int64_t>(row) * (heads + 2 * kv_heads) * kHeadDim +
+                        static_cast<int64_t>(g) * group * kHeadDim;
+#pragma unroll
+    for (int j = 0; j < kMaxGroup; ++j) {
+      if (j < group) {
+        Vec<E>::Load(qrow + j * kHeadDim + lane * E, q[j]);
+#pragma unroll
+        for (int e = 0; e < E; ++e) q[j][e] *= scale;
+      }
+    }
+    const int32_t table = in.table[row];
+    const int64_t base = static_cast<int64_t>(table) * in.max_runs;
+    const float* kbase = kv.k + g * kv.head_stride;
+    const float* vbase = kv.v + g * kv.head_stride;
+    for (int32_t r = 0; r < in.num_runs[table]; ++r) {
+      const int32_t rs = in.run_start[base + r];
+      const int32_t re = rs + in.run_blocks[base + r] * kv.block_tokens;
+      const int32_t lo = max(rs, begin), hi = min(re, end);
+      if (lo >= hi) continue;
+      // phys(pos) = run_first * block_tokens + (pos - rs)
+      const int64_t shift = static_cast<int64_t>(in.run_first[base + r]) * kv.block_tokens - rs;
+      for (int32_t pos = lo + warp; pos < hi; pos += kWarps) {
+        const int64_t at = (shift + pos) * kHeadDim + lane * E;
+        float kr[E], vr[E];
+        Vec<E>::Load(kbase + at, kr);
+        Vec<E>::Load(vbase + at, vr);
+#pragma unroll
+        for (int j = 0; j < kMaxGroup; ++j) {
+          if (j < group) {
+            float s = 0.0f;
+#pragma unroll
+            for (int e = 0; e < E; ++e) s += q[j][e] * kr[e];
+            s = WarpSum(s);
+            const float nm = fmaxf(m[j], s);
+            const float corr = __expf(m[j] - nm);  // m = -inf: 0
+            const float p = __expf(s - nm);
+            l[j] = l[j] * corr + p;
+#pragma unroll
+            for (int e = 0; e < E; ++e) acc[j][e] = acc[j][e] * corr + p * vr[e];
+            m[j] = nm;
+          }
+        }
+      }
+    }
+  }
+  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
+  __shared__ float s_acc[kWarps][kMaxGroup][kHeadDim];
+#pragma unroll
+  for (int j = 0; j < kMaxGroup; ++j) {
+    if (j < group) {
+      if (lane == 0) {
+        s_m[warp][j] = m[j];
+        s_l[warp][j] = l[j];
+      }
+#pragma unroll
+      for (int e = 0; e < E; ++e) s_acc[warp][j][lane * E + e] = acc[j][e];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < group * kHeadDim; idx += blockDim.x) {
+    const int j = idx / kHeadDim, d = idx % kHeadDim;
+    float mx = -INFINITY;
+    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][j]);
+    float sum = 0.0f, out = 0.0f;
+    if (mx != -INFINITY) {
+      for (int w = 0; w < kWarps; ++w) {
+        const float f = s_m[w][j] == -INFINITY ? 0.0f : __expf(s_m[w][j] - mx);
+        sum += f * s_l[w][j];
+        out += f * s_acc[w][j][d];
+      }
+    }
+    const int64_t slot =
+        (static_cast<int64_t>(row) * heads + g * group + j) * ws.splits + split;
+    ws.partial_out[slot * kHeadDim + d] = out;
+    if (d == 0) {
+      ws.partial_ml[slot * 2] = mx;
+      ws.partial_ml[slot * 2 + 1] = sum;
+    }
+  }
+}
+
+template <int kHeadDim>
+__global__ void AttentionReduceKernel(AttentionWorkspace ws, int32_t heads, bf16* __restrict__ out) {
+  const int32_t h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
+  const int64_t first = (static_cast<int64_t>(row) * heads + h) * ws.splits;
+  float mx = -INFINITY;
+  for (int32_t s = 0; s < ws.splits; ++s) mx = fmaxf(mx, ws.partial_ml[(first + s) * 2]);
+  float sum = 0.0f, acc = 0.0f;
+  if (mx != -INFINITY) {
+    for (int32_t s = 0; s < ws.splits; ++s) {
+      const float ms = ws.partial_ml[(first + s) * 2];
+      if (ms == -INFINITY) continue;
+      const float f = __expf(ms - mx);
+      sum += f * ws.partial_ml[(first + s) * 2 + 1];
+      acc += f * ws.partial_out[(first + s) * kHeadDim + d];
+    }
+  }
+  out[(static_cast<int64_t>(row) * heads + h) * kHeadDim + d] =
+      __float2bfloat16_rn(sum > 0.0f ? acc / sum : 0.0f);
+}
+
+template <int kHeadDim>
+absl::Status Run(const float* qkv, StepInputs in, KvLayer kv, int32_t heads, int32_t kv_heads,
+                 float scale, AttentionWorkspace ws, bf16* out, cudaStream_t stream) {
+  const dim3 grid(ws.splits, kv_heads, in.rows);
+  AttentionSplitKernel<kHeadDim><<<grid, kWarps * 32, 0, stream>>>(qkv, in, kv, heads, kv_heads,
+                                                                   heads / kv_heads, scale, ws);
+  KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  AttentionReduceKernel<kHeadDim><<<dim3(heads, in.rows), kHeadDim, 0, stream>>>(ws, heads, out);
+  KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer kv, int32_t heads,
+                             int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
+                             cudaStream_t stream) {
+  if (in.rows <= 0 || kv_heads <= 0 || heads % kv_heads != 0 ||
+      heads / kv_heads > kMaxGroup || ws.splits <= 0 || ws.split_tokens <= 0) {
+    return absl::InvalidArgumentError("attention: heads must be a multiple of KV heads (at most " +
+                                      std::to_string(kMaxGroup) + " per KV head)");
+  }
+  switch (kv.head_dim) {
+    case 64: return Run<64>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 128: return Run<128>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    default:
+      return absl::InvalidArgumentError("attention: head_dim " + std::to_string(kv.head_dim) +
+                                        " (the CUDA kernels take 64 or 128)");
+  }
+}
+
+}  // namespace kvrm::cuda

@@ -1,0 +1,101 @@
+// The Llama step's CUDA kernels, each behind a checked launch wrapper (INVALID_ARGUMENT on a bad
+// shape, INTERNAL naming the launch on a CUDA error). Activations are f32 except the inputs of
+// the cuBLASLt products, which are bf16 (written by the kernel before the product); weights bf16.
+//
+// Every kernel reads the step's rows through StepInputs (kernels/cuda/step_inputs.h) in device
+// memory, so the same launches serve every replay of a captured graph.
+#ifndef KVRM_KERNELS_CUDA_LLAMA_KERNELS_H_
+#define KVRM_KERNELS_CUDA_LLAMA_KERNELS_H_
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/step_inputs.h"
+
+namespace kvrm::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// x[r][:] = embed[token[r]][:] (f32), for every row (inactive rows read token 0).
+absl::Status LaunchEmbed(const bf16* embed, StepInputs in, int32_t hidden, float* x,
+                         cudaStream_t stream);
+
+// out[r][:] = x[r] / sqrt(mean(x[r]^2) + eps) * w. With `row_select` non-null, one row: x's row
+// *row_select goes to out row 0 (a prefill chunk's last token, chosen on the device).
+template <typename Out>
+absl::Status LaunchRmsNorm(const float* x, const bf16* weight, Out* out, int32_t rows,
+                           int32_t dim, float eps, const int32_t* row_select,
+                           cudaStream_t stream);
+
+// The K/V cache of one layer of one rank: [kv_heads][pool_tokens][head_dim] f32 each.
+struct KvLayer {
+  float* k = nullptr;
+  float* v = nullptr;
+  int64_t head_stride = 0;  // pool_tokens * head_dim
+  int32_t block_tokens = 0;
+  int32_t head_dim = 0;
+};
+
+// qkv: [rows][(heads + 2 * kv_heads) * head_dim] from the fused QKV product. Rotates Q and K in
+// place (RoPE, rotate-half; `rope` [max_context][head_dim]: cos half then sin half) and writes
+// K and V of each active row to the physical token its run table gives its position.
+absl::Status LaunchRopeAndStoreKv(float* qkv, StepInputs in, const float* rope, int32_t heads,
+                                  int32_t kv_heads, KvLayer kv, cudaStream_t stream);
+
+// Fixed-shape attention scratch for `rows` rows: splits of `split_tokens` KV positions.
+struct AttentionWorkspace {
+  float* partial_out = nullptr;  // [rows][heads][splits][head_dim]
+  float* partial_ml = nullptr;   // [rows][heads][splits][2]: running max and sum of exp
+  int32_t splits = 0;
+  int32_t split_tokens = 0;
+};
+inline int64_t AttentionPartialFloats(int32_t rows, int32_t heads, int32_t splits,
+                                      int32_t head_dim) {
+  return int64_t{rows} * heads * splits * head_dim;
+}
+
+// Attention of each active row's query heads over positions [0, position] of its run table
+// (grouped-query: heads / kv_heads query heads per KV head), split over the KV length and then
+// reduced. out: [rows][heads * head_dim] bf16 (zeros for inactive rows). head_dim 64 or 128,
+// at most 8 query heads per KV head.
+absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer kv, int32_t heads,
+                             int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
+                             cudaStream_t stream);
+
+// out[r][i] = silu(gate_up[r][i]) * gate_up[r][ffn + i] (bf16), gate_up [rows][2 * ffn].
+absl::Status LaunchSwiGlu(const float* gate_up, int32_t rows, int32_t ffn, bf16* out,
+                          cudaStream_t stream);
+
+// Per-slot sampling parameters (device memory, [rows]).
+struct SamplingRow {
+  float temperature = 0;   // 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;       // 0: off
+  float top_p = 1;         // 1: off
+  float min_p = 0;         // 0: off
+  float repetition_penalty = 1;
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  float uniform = 0;       // in [0, 1): the draw, from the request's own seeded generator
+};
+
+// Per-slot penalty state: counts[r][v] = times v was generated, seen[r][v] = 1 when v was in the
+// prompt or generated (uint8). Updated by the host between steps (or by LaunchAcceptTokens).
+// Samples one token per active row from logits [rows][vocab] (modified in place: penalised,
+// scaled, -inf outside the kept support) in vLLM's order: repetition, presence and frequency
+// penalties; temperature; top-k, top-p and min-p as thresholds on the probability (ties at a
+// threshold are all kept); then the inverse CDF at `uniform` over the kept ids in id order.
+// `probs` is [rows][vocab] scratch.
+absl::Status LaunchSample(float* logits, StepInputs in, int32_t vocab, const SamplingRow* params,
+                          const int32_t* counts, const uint8_t* seen, float* probs,
+                          int32_t* tokens_out, cudaStream_t stream);
+
+// counts[r][tokens[r]] += 1 and seen[r][tokens[r]] = 1 for each active row.
+absl::Status LaunchAcceptTokens(const int32_t* tokens, StepInputs in, int32_t vocab,
+                                int32_t* counts, uint8_t* seen, cudaStream_t stream);
+
+}  // namespace kvrm::cuda
+
+#endif  // KVRM_KERNELS_CUDA_LLAMA_KERNELS_H_

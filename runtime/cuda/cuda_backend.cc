@@ -1,0 +1,526 @@
+#include "runtime/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/cuda/llama_kernels.h"
+#include "runtime/cuda/cuda_raii.h"
+#include "runtime/cuda/lt_gemm.h"
+#include "runtime/cuda/nccl_communicator.h"
+#include "runtime/cuda/transfer_lowering.h"
+#include "runtime/tp_shard.h"
+
+namespace kvrm::cuda {
+namespace {
+
+constexpr size_t kGemmWorkspaceBytes = 32u << 20;
+
+int64_t RoundUp(int64_t n, int64_t to) { return (n + to - 1) / to * to; }
+
+// Converts `w` (any stored dtype, any row stride) to dense bf16 rows at `dst`.
+void ToBf16(const WeightMatrix& w, uint16_t* dst, std::vector<float>& row) {
+  row.resize(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    WeightRowToFloat(w, r, row.data());
+    for (int64_t i = 0; i < w.cols; ++i) dst[r * w.cols + i] = FloatToBf16(row[i]);
+  }
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+struct CudaBackend::Rank {
+  int32_t index = 0;
+  int device = 0;
+  int32_t heads = 0, kv_heads = 0, ffn = 0, vocab_begin = 0, vocab_share = 0;
+  StreamPtr stream, copy_stream;
+  LtHandlePtr lt;
+  DevicePtr gemm_workspace;
+
+  DevicePtr weights;  // one allocation; the pointers below point into it
+  bf16* embed = nullptr;
+  bf16* final_norm = nullptr;
+  bf16* lm_head = nullptr;
+  struct Layer {
+    bf16 *attn_norm, *mlp_norm, *wqkv, *wo, *wgu, *wdown;
+  };
+  std::vector<Layer> layers;
+
+  DevicePtr kv;
+  std::unique_ptr<KvPool> kv_view;
+  PinnedPtr host_tier;
+  DevicePtr rope;
+
+  DevicePtr activations;
+  float* x = nullptr;      // [rows][hidden]
+  bf16* xn = nullptr;      // [rows][hidden]
+  float* qkv = nullptr;    // [rows][(heads + 2 kv_heads) head_dim]
+  bf16* attn = nullptr;    // [rows][heads head_dim]
+  float* gu = nullptr;     // [rows][2 ffn]
+  bf16* act = nullptr;     // [rows][ffn]
+  float* logits = nullptr; // [rows][vocab share]
+  AttentionWorkspace decode_ws, prefill_ws;
+  DevicePtr decode_inputs, prefill_inputs;
+
+  struct Gemms {
+    std::unique_ptr<LtGemm> qkv, o, gu, down, lm;
+  };
+  Gemms decode_gemms, prefill_gemms;
+  GraphExecPtr decode_graph, prefill_graph;
+  PinnedPtr logits_host;  // [max rows][vocab share]
+  PinnedPtr inputs_host;  // rank 0 only: decode layout then prefill layout
+  Communicator* comm = nullptr;
+};
+
+CudaBackend::CudaBackend(const LlamaConfig& config, const CudaBackendOptions& options)
+    : config_(config),
+      options_(options),
+      rank_threads_(std::max(1, options.tensor_parallel)) {}
+
+CudaBackend::~CudaBackend() {
+  for (auto& r : ranks_) {
+    if (r == nullptr) continue;
+    cudaSetDevice(r->device);
+    if (r->stream) cudaStreamSynchronize(r->stream.get());
+    if (r->copy_stream) cudaStreamSynchronize(r->copy_stream.get());
+  }
+}
+
+KvPool* CudaBackend::kv_pool(int32_t rank) { return ranks_[rank]->kv_view.get(); }
+
+int64_t CudaBackend::kv_bytes_per_token_per_rank() const {
+  return int64_t{2} * config_.num_hidden_layers * ranks_[0]->kv_heads * config_.head_dim *
+         static_cast<int64_t>(sizeof(float));
+}
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
+    const LlamaConfig& config, const LlamaWeights* weights, const CudaBackendOptions& options) {
+  const int32_t tp = options.tensor_parallel;
+  if (tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
+  const int devices = CudaDeviceCount();
+  if (devices < tp) {
+    return absl::FailedPreconditionError(absl::StrCat("--device=cuda --tp=", tp, " needs ", tp,
+                                                      " GPUs; this process sees ", devices));
+  }
+  if (config.head_dim != 64 && config.head_dim != 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("head_dim ", config.head_dim, ": the CUDA kernels take 64 or 128"));
+  }
+  if (config.num_attention_heads / config.num_key_value_heads > 8) {
+    return absl::InvalidArgumentError("more than 8 query heads per KV head");
+  }
+  if (options.max_slots < 1 || options.max_chunk_tokens < 1 || options.max_context < 1 ||
+      options.kv_blocks < 1 || options.kv_block_tokens < 1 || options.max_runs < 1 ||
+      options.split_tokens < 1) {
+    return absl::InvalidArgumentError("CUDA backend: every size must be positive");
+  }
+  auto b = std::unique_ptr<CudaBackend>(new CudaBackend(config, options));
+  b->limits_ = PackLimits{options.kv_blocks, options.kv_block_tokens, options.max_context,
+                          config.vocab_size};
+  b->decode_layout_ = DecodeLayout(options.max_slots, options.max_runs);
+  b->prefill_layout_ = PrefillLayout(options.max_chunk_tokens, options.max_runs);
+  cudaDeviceProp prop{};
+  KVRM_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
+  b->device_name_ = prop.name;
+  if (tp > 1) {
+    std::vector<int> devs(tp);
+    for (int i = 0; i < tp; ++i) devs[i] = i;
+    ASSIGN_OR_RETURN(b->nccl_, NcclGroup::Create(devs));
+  }
+  b->ranks_.resize(tp);
+  b->rank_status_.resize(tp);
+  for (int32_t r = 0; r < tp; ++r) RETURN_IF_ERROR(b->InitRank(r, *weights));
+  // Capture on every rank's thread at once: NCCL collectives in the graphs are recorded, not
+  // run, but each rank's capture must see its own device.
+  for (bool prefill : {false, true}) {
+    b->rank_threads_.RunOnAll([&](int t) {
+      Rank& rank = *b->ranks_[t];
+      absl::Status st = CudaStatus(cudaSetDevice(rank.device), "cudaSetDevice", __FILE__, __LINE__);
+      if (st.ok()) st = b->Capture(rank, prefill);
+      b->rank_status_[t] = st;
+    });
+    for (const absl::Status& st : b->rank_status_) RETURN_IF_ERROR(st);
+  }
+  LOG(INFO) << "CUDA backend on " << tp << "x " << b->device_name_ << ": "
+            << b->weight_bytes_per_rank_ / (1 << 20) << " MiB of bf16 weights per rank, "
+            << options.kv_blocks << " KV blocks per rank, graphs "
+            << (options.use_graphs ? "captured" : "off");
+  return b;
+}
+
+absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
+  auto rank_owner = std::make_unique<Rank>();
+  Rank& rank = *rank_owner;
+  ranks_[r] = std::move(rank_owner);
+  rank.index = r;
+  rank.device = r;
+  KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
+  ASSIGN_OR_RETURN(RankWeights w, ShardLlamaWeights(config_, full, r, options_.tensor_parallel));
+  rank.heads = w.heads;
+  rank.kv_heads = w.kv_heads;
+  rank.ffn = w.ffn;
+  rank.vocab_begin = w.vocab_begin;
+  rank.vocab_share = static_cast<int32_t>(w.lm_head.rows);
+  ASSIGN_OR_RETURN(rank.stream, NewStream());
+  ASSIGN_OR_RETURN(rank.copy_stream, NewStream());
+  cublasLtHandle_t lt = nullptr;
+  KVRM_CUBLAS_RETURN_IF_ERROR(cublasLtCreate(&lt));
+  rank.lt.reset(lt);
+  ASSIGN_OR_RETURN(rank.gemm_workspace, DeviceAlloc(kGemmWorkspaceBytes, "cuBLASLt workspace"));
+  if (nccl_) {
+    rank.comm = nccl_->communicator(r);
+    nccl_->SetStream(r, rank.stream.get());
+  }
+
+  // ---- Weights: bf16, fused QKV and gate/up, one allocation.
+  const int64_t d = config_.hidden_size, hd = config_.head_dim;
+  const int64_t qw = int64_t{w.heads} * hd, kvw = int64_t{w.kv_heads} * hd, ffn = w.ffn;
+  const int64_t per_layer = 2 * d + (qw + 2 * kvw) * d + d * qw + 2 * ffn * d + d * ffn;
+  const int64_t total = w.embed.rows * d + d + w.lm_head.rows * d +
+                        per_layer * config_.num_hidden_layers;
+  weight_bytes_per_rank_ = total * 2;
+  ASSIGN_OR_RETURN(rank.weights, DeviceAlloc(total * 2, "weights"));
+  std::vector<uint16_t> host(total);
+  std::vector<float> row;
+  int64_t at = 0;
+  auto place = [&](const WeightMatrix& m) {
+    ToBf16(m, host.data() + at, row);
+    bf16* p = static_cast<bf16*>(rank.weights.get()) + at;
+    at += m.rows * m.cols;
+    return p;
+  };
+  rank.embed = place(w.embed);
+  rank.final_norm = place(w.final_norm);
+  rank.lm_head = place(w.lm_head);
+  for (const LayerWeights& l : w.layers) {
+    Rank::Layer dl{};
+    dl.attn_norm = place(l.attn_norm);
+    dl.mlp_norm = place(l.mlp_norm);
+    dl.wqkv = place(l.wq);  // wk and wv follow contiguously: one fused [q+k+v][hidden] matrix
+    place(l.wk);
+    place(l.wv);
+    dl.wo = place(l.wo);
+    dl.wgu = place(l.w_gate);  // up follows: one fused [2 ffn][hidden] matrix
+    place(l.w_up);
+    dl.wdown = place(l.w_down);
+    rank.layers.push_back(dl);
+  }
+  if (at != total) return absl::InternalError("weight packing size mismatch");
+  KVRM_CUDA_RETURN_IF_ERROR(
+      cudaMemcpy(rank.weights.get(), host.data(), total * 2, cudaMemcpyHostToDevice));
+
+  // ---- RoPE table, as the CPU backend builds it (same doubles, so the same floats).
+  {
+    std::vector<float> rope(static_cast<size_t>(options_.max_context) * hd);
+    std::vector<double> inv_freq = RopeInverseFrequencies(config_);
+    const int64_t half = hd / 2;
+    for (int64_t p = 0; p < options_.max_context; ++p) {
+      for (int64_t i = 0; i < half; ++i) {
+        const double angle = static_cast<double>(p) * inv_freq[i];
+        rope[p * hd + i] = static_cast<float>(std::cos(angle));
+        rope[p * hd + half + i] = static_cast<float>(std::sin(angle));
+      }
+    }
+    ASSIGN_OR_RETURN(rank.rope, DeviceAlloc(rope.size() * 4, "RoPE table"));
+    KVRM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(rank.rope.get(), rope.data(), rope.size() * 4, cudaMemcpyHostToDevice));
+  }
+
+  // ---- KV pool share.
+  KvPoolShape shape;
+  shape.num_layers = config_.num_hidden_layers;
+  shape.kv_heads = w.kv_heads;
+  shape.head_dim = config_.head_dim;
+  shape.block_tokens = options_.kv_block_tokens;
+  shape.num_blocks = options_.kv_blocks;
+  ASSIGN_OR_RETURN(rank.kv, DeviceAlloc(shape.BytesPerBlock() * shape.num_blocks, "KV pool"));
+  KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.kv.get(), 0, shape.BytesPerBlock() * shape.num_blocks));
+  rank.kv_view = KvPool::Wrap(shape, static_cast<float*>(rank.kv.get()));
+
+  // ---- Activations for max(slots, chunk) rows, and the attention scratch.
+  const int64_t rows = std::max(options_.max_slots, options_.max_chunk_tokens);
+  const int32_t splits =
+      static_cast<int32_t>((options_.max_context + options_.split_tokens - 1) / options_.split_tokens);
+  const int64_t partial = AttentionPartialFloats(rows, w.heads, splits, hd);
+  struct Part {
+    int64_t bytes;
+    void** out;
+  };
+  void* p_x; void* p_xn; void* p_qkv; void* p_attn; void* p_gu; void* p_act; void* p_logits;
+  void* p_po; void* p_ml;
+  const Part parts[] = {
+      {rows * d * 4, &p_x},           {rows * d * 2, &p_xn},
+      {rows * (qw + 2 * kvw) * 4, &p_qkv}, {rows * qw * 2, &p_attn},
+      {rows * 2 * ffn * 4, &p_gu},    {rows * ffn * 2, &p_act},
+      {rows * rank.vocab_share * 4, &p_logits}, {partial * 4, &p_po},
+      {partial / hd * 2 * 4, &p_ml},
+  };
+  int64_t act_bytes = 0;
+  for (const Part& part : parts) act_bytes += RoundUp(part.bytes, 256);
+  ASSIGN_OR_RETURN(rank.activations, DeviceAlloc(act_bytes, "activations"));
+  KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.activations.get(), 0, act_bytes));
+  char* base = static_cast<char*>(rank.activations.get());
+  for (const Part& part : parts) {
+    *part.out = base;
+    base += RoundUp(part.bytes, 256);
+  }
+  rank.x = static_cast<float*>(p_x);
+  rank.xn = static_cast<bf16*>(p_xn);
+  rank.qkv = static_cast<float*>(p_qkv);
+  rank.attn = static_cast<bf16*>(p_attn);
+  rank.gu = static_cast<float*>(p_gu);
+  rank.act = static_cast<bf16*>(p_act);
+  rank.logits = static_cast<float*>(p_logits);
+  rank.decode_ws = AttentionWorkspace{static_cast<float*>(p_po), static_cast<float*>(p_ml), splits,
+                                      options_.split_tokens};
+  rank.prefill_ws = rank.decode_ws;
+
+  // ---- Static input buffers and host staging.
+  ASSIGN_OR_RETURN(rank.decode_inputs, DeviceAlloc(decode_layout_.bytes(), "decode inputs"));
+  ASSIGN_OR_RETURN(rank.prefill_inputs, DeviceAlloc(prefill_layout_.bytes(), "prefill inputs"));
+  KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.decode_inputs.get(), 0, decode_layout_.bytes()));
+  KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.prefill_inputs.get(), 0, prefill_layout_.bytes()));
+  ASSIGN_OR_RETURN(rank.logits_host, PinnedAlloc(rows * rank.vocab_share * 4, "logits"));
+  if (r == 0) {
+    ASSIGN_OR_RETURN(rank.inputs_host,
+                     PinnedAlloc(decode_layout_.bytes() + prefill_layout_.bytes(), "step inputs"));
+    std::memset(rank.inputs_host.get(), 0, decode_layout_.bytes() + prefill_layout_.bytes());
+    decode_inputs_host_ = rank.inputs_host.get();
+    prefill_inputs_host_ = static_cast<char*>(rank.inputs_host.get()) + decode_layout_.bytes();
+  }
+
+  // ---- cuBLASLt plans for both graphs' shapes.
+  cublasLtHandle_t h = rank.lt.get();
+  auto plan = [&](int64_t m, Rank::Gemms& g, int64_t lm_rows) -> absl::Status {
+    ASSIGN_OR_RETURN(g.qkv, LtGemm::Create(h, m, d, qw + 2 * kvw, kGemmWorkspaceBytes));
+    ASSIGN_OR_RETURN(g.o, LtGemm::Create(h, m, qw, d, kGemmWorkspaceBytes));
+    ASSIGN_OR_RETURN(g.gu, LtGemm::Create(h, m, d, 2 * ffn, kGemmWorkspaceBytes));
+    ASSIGN_OR_RETURN(g.down, LtGemm::Create(h, m, ffn, d, kGemmWorkspaceBytes));
+    ASSIGN_OR_RETURN(g.lm, LtGemm::Create(h, lm_rows, d, rank.vocab_share, kGemmWorkspaceBytes));
+    return absl::OkStatus();
+  };
+  RETURN_IF_ERROR(plan(options_.max_slots, rank.decode_gemms, options_.max_slots));
+  RETURN_IF_ERROR(plan(options_.max_chunk_tokens, rank.prefill_gemms, 1));
+  KVRM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::EnqueueForward(Rank& rank, bool prefill) {
+  const StepInputLayout& layout = prefill ? prefill_layout_ : decode_layout_;
+  const StepInputs in = StepInputs::At(
+      layout, static_cast<const int32_t*>(prefill ? rank.prefill_inputs.get()
+                                                  : rank.decode_inputs.get()));
+  const Rank::Gemms& g = prefill ? rank.prefill_gemms : rank.decode_gemms;
+  const AttentionWorkspace& ws = prefill ? rank.prefill_ws : rank.decode_ws;
+  const int32_t rows = layout.rows;
+  const int32_t d = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  // Row-parallel products add into x on rank 0 only; the all-reduce then sums the partials of
+  // every rank onto the residual (x + p0 + p1 ...) on all ranks.
+  const float residual_beta = rank.index == 0 ? 1.0f : 0.0f;
+  cudaStream_t s = rank.stream.get();
+  void* wsp = rank.gemm_workspace.get();
+  const KvLayerView pool0 = rank.kv_view->Layer(0);
+
+  RETURN_IF_ERROR(LaunchEmbed(rank.embed, in, d, rank.x, s));
+  for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    const Rank::Layer& l = rank.layers[layer];
+    const KvLayerView view = rank.kv_view->Layer(layer);
+    const KvLayer kv{view.k, view.v, view.head_stride, pool0.block_tokens, pool0.head_dim};
+    RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.attn_norm, rank.xn, rows, d, eps, nullptr, s));
+    RETURN_IF_ERROR(g.qkv->Run(rank.xn, l.wqkv, rank.qkv, 0.0f, wsp, s));
+    RETURN_IF_ERROR(LaunchRopeAndStoreKv(rank.qkv, in, static_cast<const float*>(rank.rope.get()),
+                                         rank.heads, rank.kv_heads, kv, s));
+    RETURN_IF_ERROR(
+        LaunchAttention(rank.qkv, in, kv, rank.heads, rank.kv_heads, scale, ws, rank.attn, s));
+    RETURN_IF_ERROR(g.o->Run(rank.attn, l.wo, rank.x, residual_beta, wsp, s));
+    if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
+    RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.mlp_norm, rank.xn, rows, d, eps, nullptr, s));
+    RETURN_IF_ERROR(g.gu->Run(rank.xn, l.wgu, rank.gu, 0.0f, wsp, s));
+    RETURN_IF_ERROR(LaunchSwiGlu(rank.gu, rows, rank.ffn, rank.act, s));
+    RETURN_IF_ERROR(g.down->Run(rank.act, l.wdown, rank.x, residual_beta, wsp, s));
+    if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
+  }
+  if (prefill) {
+    RETURN_IF_ERROR(
+        LaunchRmsNorm<bf16>(rank.x, rank.final_norm, rank.xn, 1, d, eps, in.last_row, s));
+  } else {
+    RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, rank.final_norm, rank.xn, rows, d, eps, nullptr, s));
+  }
+  return g.lm->Run(rank.xn, rank.lm_head, rank.logits, 0.0f, wsp, s);
+}
+
+absl::Status CudaBackend::Capture(Rank& rank, bool prefill) {
+  // One eager pass over all-inactive inputs first: loads every module and cuBLASLt kernel
+  // outside the capture.
+  RETURN_IF_ERROR(EnqueueForward(rank, prefill));
+  RETURN_IF_ERROR(Wait(rank));
+  if (!options_.use_graphs) return absl::OkStatus();
+  cudaStream_t s = rank.stream.get();
+  KVRM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  const absl::Status enqueued = EnqueueForward(rank, prefill);
+  cudaGraph_t graph = nullptr;
+  const cudaError_t end = cudaStreamEndCapture(s, &graph);
+  GraphPtr graph_owner(graph);
+  RETURN_IF_ERROR(enqueued);
+  KVRM_CUDA_RETURN_IF_ERROR(end);
+  cudaGraphExec_t exec = nullptr;
+  KVRM_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
+  (prefill ? rank.prefill_graph : rank.decode_graph).reset(exec);
+  KVRM_CUDA_RETURN_IF_ERROR(cudaGraphUpload(exec, s));
+  return Wait(rank);
+}
+
+absl::Status CudaBackend::Wait(Rank& rank) {
+  // Poll rather than block: a collective that never completes (a peer died) must become an
+  // error, not a hung engine thread.
+  const auto deadline = std::chrono::steady_clock::now() +
+                        absl::ToChronoNanoseconds(options_.step_timeout);
+  int spins = 0;
+  while (true) {
+    const cudaError_t q = cudaStreamQuery(rank.stream.get());
+    if (q == cudaSuccess) return absl::OkStatus();
+    if (q != cudaErrorNotReady) {
+      if (nccl_) nccl_->Abort();
+      return CudaStatus(q, "step on the compute stream", __FILE__, __LINE__);
+    }
+    if (nccl_) {
+      absl::Status st = nccl_->AsyncError();
+      if (!st.ok()) {
+        nccl_->Abort();
+        return st;
+      }
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      if (nccl_) nccl_->Abort();
+      return absl::DeadlineExceededError(absl::StrCat(
+          "GPU step did not finish within ", absl::FormatDuration(options_.step_timeout),
+          nccl_ ? "; NCCL communicators aborted" : ""));
+    }
+    if (++spins > 64) std::this_thread::yield();
+  }
+}
+
+absl::Status CudaBackend::RunStep(bool prefill, int32_t logit_rows) {
+  const StepInputLayout& layout = prefill ? prefill_layout_ : decode_layout_;
+  const void* host_inputs = prefill ? prefill_inputs_host_ : decode_inputs_host_;
+  auto run = [&](int t) {
+    Rank& rank = *ranks_[t];
+    auto body = [&]() -> absl::Status {
+      KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
+      cudaStream_t s = rank.stream.get();
+      void* dev_inputs = prefill ? rank.prefill_inputs.get() : rank.decode_inputs.get();
+      KVRM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpyAsync(dev_inputs, host_inputs, layout.bytes(), cudaMemcpyHostToDevice, s));
+      if (options_.use_graphs) {
+        KVRM_CUDA_RETURN_IF_ERROR(
+            cudaGraphLaunch(prefill ? rank.prefill_graph.get() : rank.decode_graph.get(), s));
+      } else {
+        RETURN_IF_ERROR(EnqueueForward(rank, prefill));
+      }
+      KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rank.logits_host.get(), rank.logits,
+                                                int64_t{logit_rows} * rank.vocab_share * 4,
+                                                cudaMemcpyDeviceToHost, s));
+      return Wait(rank);
+    };
+    rank_status_[t] = body();
+  };
+  if (ranks_.size() == 1) {
+    run(0);
+  } else {
+    rank_threads_.RunOnAll(run);
+  }
+  for (const absl::Status& st : rank_status_) RETURN_IF_ERROR(st);
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Decode(const StepDescriptor& step, float* logits) {
+  if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
+  RETURN_IF_ERROR(PackDecodeInputs(step, decode_layout_, limits_,
+                                   static_cast<int32_t*>(decode_inputs_host_)));
+  // Logits back for rows up to the last active slot only.
+  int32_t rows = 0;
+  for (int32_t s = 0; s < step.max_slots; ++s) {
+    if (step.active[s]) rows = s + 1;
+  }
+  if (rows == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(RunStep(/*prefill=*/false, rows));
+  const int64_t vocab = config_.vocab_size;
+  for (const auto& rank : ranks_) {
+    const float* src = static_cast<const float*>(rank->logits_host.get());
+    for (int32_t s = 0; s < rows; ++s) {
+      if (!step.active[s]) continue;
+      std::memcpy(logits + s * vocab + rank->vocab_begin, src + int64_t{s} * rank->vocab_share,
+                  rank->vocab_share * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::Prefill(const PrefillChunk& chunk, float* last_logits) {
+  if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
+  RETURN_IF_ERROR(PackPrefillInputs(chunk, prefill_layout_, limits_,
+                                    static_cast<int32_t*>(prefill_inputs_host_)));
+  RETURN_IF_ERROR(RunStep(/*prefill=*/true, 1));
+  if (last_logits != nullptr) {
+    for (const auto& rank : ranks_) {
+      std::memcpy(last_logits + rank->vocab_begin, rank->logits_host.get(),
+                  rank->vocab_share * sizeof(float));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CreateHostTier(int64_t blocks) {
+  if (!host_tier_.empty()) return absl::FailedPreconditionError("host tier created twice");
+  for (auto& rank : ranks_) {
+    KvPoolShape shape = rank->kv_view->shape();
+    shape.num_blocks = blocks;
+    ASSIGN_OR_RETURN(rank->host_tier,
+                     PinnedAlloc(shape.BytesPerBlock() * blocks, "KV host tier"));
+    host_tier_.push_back(KvPool::Wrap(shape, static_cast<float*>(rank->host_tier.get())));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::CopyGroup(const TransferGroup& g) {
+  const bool host_side = g.src_tier == KvTier::kHost || g.dst_tier == KvTier::kHost;
+  if (host_side && host_tier_.size() != ranks_.size()) {
+    return absl::InternalError("transfer to the host tier, which was not created");
+  }
+  // Every rank's copy is enqueued before any is waited for: the ranks copy in parallel.
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = *ranks_[r];
+    const KvPool* src = g.src_tier == KvTier::kDevice ? rank.kv_view.get() : host_tier_[r].get();
+    const KvPool* dst = g.dst_tier == KvTier::kDevice ? rank.kv_view.get() : host_tier_[r].get();
+    ASSIGN_OR_RETURN(PoolCopy2D c, LowerTransferGroup(src->shape(), dst->shape(), g));
+    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
+    KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
+        reinterpret_cast<char*>(dst->Layer(0).k) + c.dst_offset, c.dst_pitch,
+        reinterpret_cast<const char*>(src->Layer(0).k) + c.src_offset, c.src_pitch, c.width,
+        c.height, cudaMemcpyDefault, rank.copy_stream.get()));
+  }
+  for (auto& rank : ranks_) {
+    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank->device));
+    KVRM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rank->copy_stream.get()));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace kvrm::cuda

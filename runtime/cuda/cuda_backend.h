@@ -1,0 +1,99 @@
+// The CUDA backend: the Llama step on one or two GPUs as captured CUDA graphs.
+//
+// Per rank (one GPU each; tensor parallel over ranks with NCCL, Megatron style as on the CPU):
+// bf16 weight shards (fused QKV and gate/up), the f32 KV pool share in device memory, activation
+// buffers for max(slots, chunk) rows, cuBLASLt products planned at start-up, and two graphs
+// captured at start-up over fixed shapes: the decode step for all slots, and one prefill chunk.
+// A step is: pack the committed descriptor on the host (runtime/cuda/step_packing.h), one
+// asynchronous copy into the graph's static input buffer, one graph launch, one copy of the
+// logits back. Transfer groups run on a separate copy stream (one 2-D copy per rank, see
+// runtime/cuda/transfer_lowering.h); the engine's transport orders them ahead of the step that
+// needs them and measures any wait.
+//
+// Owner: the engine thread (Decode, Prefill) and the transport thread (CopyGroup); each uses its
+// own streams. Nothing here allocates after Create.
+#ifndef KVRM_RUNTIME_CUDA_CUDA_BACKEND_H_
+#define KVRM_RUNTIME_CUDA_CUDA_BACKEND_H_
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/step_inputs.h"
+#include "model/config.h"
+#include "model/weights.h"
+#include "runtime/backend.h"
+#include "runtime/cuda/step_packing.h"
+
+namespace kvrm::cuda {
+
+struct CudaBackendOptions {
+  int64_t kv_blocks = 0;  // blocks in each rank's device pool
+  int32_t kv_block_tokens = 16;
+  int32_t max_slots = 8;
+  int32_t max_chunk_tokens = 256;
+  int32_t max_context = 0;
+  int32_t max_runs = 8;          // the descriptor's [slots][max runs] shape
+  int32_t tensor_parallel = 1;   // GPUs: devices 0 .. tensor_parallel - 1
+  int32_t split_tokens = 128;    // attention KV split length
+  bool use_graphs = true;        // false: launch the kernels each step (debugging, checks)
+  absl::Duration step_timeout = absl::Seconds(60);  // then NCCL is aborted and the step fails
+};
+
+// Number of CUDA devices usable by this process (0 when there is no driver or no GPU).
+int CudaDeviceCount();
+
+class CudaBackend : public Backend {
+ public:
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const LlamaConfig& config,
+                                                             const LlamaWeights* weights,
+                                                             const CudaBackendOptions& options);
+  ~CudaBackend() override;
+
+  absl::Status Decode(const StepDescriptor& step, float* logits) override;
+  absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override;
+  int32_t vocab_size() const override { return config_.vocab_size; }
+  int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
+  int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
+  // Views of device memory: shapes for the engine; pointers for this backend's kernels only.
+  KvPool* kv_pool(int32_t rank) override;
+  absl::Status CreateHostTier(int64_t blocks) override;
+  absl::Status CopyGroup(const TransferGroup& group) override;
+
+  // Bytes of weights and of KV each decode step reads on one rank at the given total history
+  // length (the roofline numerator of the device check).
+  int64_t weight_bytes_per_rank() const { return weight_bytes_per_rank_; }
+  int64_t kv_bytes_per_token_per_rank() const;
+  std::string device_name() const { return device_name_; }
+
+ private:
+  struct Rank;
+  CudaBackend(const LlamaConfig& config, const CudaBackendOptions& options);
+  absl::Status InitRank(int32_t r, const LlamaWeights& weights);
+  // Enqueues the forward pass over `rows` rows reading inputs at `in` (device memory).
+  absl::Status EnqueueForward(Rank& rank, bool prefill);
+  absl::Status Capture(Rank& rank, bool prefill);
+  // Runs the decode or prefill step on every rank (its own thread each) and waits.
+  absl::Status RunStep(bool prefill, int32_t logit_rows);
+  absl::Status Wait(Rank& rank);
+
+  const LlamaConfig config_;
+  const CudaBackendOptions options_;
+  PackLimits limits_;
+  StepInputLayout decode_layout_, prefill_layout_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<class NcclGroup> nccl_;
+  ThreadPool rank_threads_;
+  std::vector<absl::Status> rank_status_;
+  void* decode_inputs_host_ = nullptr;   // pinned, owned by ranks_[0]
+  void* prefill_inputs_host_ = nullptr;
+  int64_t weight_bytes_per_rank_ = 0;
+  std::string device_name_;
+};
+
+}  // namespace kvrm::cuda
+
+#endif  // KVRM_RUNTIME_CUDA_CUDA_BACKEND_H_

@@ -1,0 +1,123 @@
+#include "runtime/cuda/step_packing.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+
+namespace kvrm::cuda {
+namespace {
+
+// Copies one run table into table `t` and fills its logical starts; checks it against `limits`
+// and checks that it holds `position` (the token the row writes).
+absl::Status PackTable(const KvRun* runs, int32_t num_runs, int32_t position, int32_t t,
+                       const StepInputLayout& l, const PackLimits& limits,
+                       const std::string& what, int32_t* out) {
+  if (num_runs < 1 || num_runs > l.max_runs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".num_runs = ", num_runs, " outside [1, ", l.max_runs, "]"));
+  }
+  out[l.num_runs + t] = num_runs;
+  int64_t start = 0;
+  for (int32_t r = 0; r < num_runs; ++r) {
+    const KvRun& run = runs[r];
+    if (run.first_block < 0 || run.num_blocks < 1 ||
+        int64_t{run.first_block} + run.num_blocks > limits.pool_blocks) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".runs[", r, "] = blocks [",
+                                                     run.first_block, ", +", run.num_blocks,
+                                                     ") outside the pool of ",
+                                                     limits.pool_blocks, " blocks"));
+    }
+    const int64_t i = int64_t{t} * l.max_runs + r;
+    out[l.run_first + i] = run.first_block;
+    out[l.run_blocks + i] = run.num_blocks;
+    out[l.run_start + i] = static_cast<int32_t>(start);
+    start += int64_t{run.num_blocks} * limits.block_tokens;
+  }
+  if (position >= start) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": runs hold ", start,
+                                                   " tokens, position ", position,
+                                                   " has no block"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckRow(int32_t token, int32_t position, const PackLimits& limits,
+                      const std::string& what) {
+  if (token < 0 || token >= limits.vocab_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".token = ", token, " outside [0, ", limits.vocab_size, ")"));
+  }
+  if (position < 0 || position >= limits.max_context) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".position = ", position, " outside [0, ", limits.max_context, ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+StepInputLayout DecodeLayout(int32_t max_slots, int32_t max_runs) {
+  return StepInputLayout::Make(max_slots, max_slots, max_runs);
+}
+
+StepInputLayout PrefillLayout(int32_t max_chunk, int32_t max_runs) {
+  return StepInputLayout::Make(max_chunk, 1, max_runs);
+}
+
+absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout& l,
+                              const PackLimits& limits, int32_t* out) {
+  if (step.max_slots != l.rows || step.max_slots != l.tables || step.max_runs != l.max_runs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step descriptor shape [", step.max_slots, "][", step.max_runs,
+        "] differs from the graph's [", l.rows, "][", l.max_runs, "]"));
+  }
+  std::fill(out, out + l.total, 0);
+  for (int32_t s = 0; s < step.max_slots; ++s) {
+    out[l.table + s] = s;
+    if (!step.active[s]) continue;
+    const std::string what = absl::StrCat("slot ", s);
+    absl::Status st = CheckRow(step.token[s], step.position[s], limits, what);
+    if (st.ok()) {
+      st = PackTable(step.SlotRunsData(s), step.num_runs[s], step.position[s], s, l, limits,
+                     what, out);
+    }
+    if (!st.ok()) {
+      std::fill(out, out + l.total, 0);  // never leave a half-packed buffer behind
+      return st;
+    }
+    out[l.active + s] = 1;
+    out[l.token + s] = step.token[s];
+    out[l.position + s] = step.position[s];
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout& l,
+                               const PackLimits& limits, int32_t* out) {
+  const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+  if (n < 1 || n > l.rows || l.tables != 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prefill chunk of ", n, " tokens: the graph takes 1 to ", l.rows));
+  }
+  std::fill(out, out + l.total, 0);
+  const int32_t last = chunk.start + static_cast<int32_t>(n) - 1;
+  const std::string what = absl::StrCat("prefill chunk of slot ", chunk.slot);
+  absl::Status st = CheckRow(0, last, limits, what);
+  if (st.ok()) st = PackTable(chunk.runs, chunk.num_runs, last, 0, l, limits, what, out);
+  for (int64_t i = 0; st.ok() && i < n; ++i) {
+    st = CheckRow(chunk.tokens[i], chunk.start + static_cast<int32_t>(i), limits,
+                  absl::StrCat(what, " row ", i));
+    out[l.active + i] = 1;
+    out[l.token + i] = chunk.tokens[i];
+    out[l.position + i] = chunk.start + static_cast<int32_t>(i);
+  }
+  if (chunk.start < 0) st = absl::InvalidArgumentError(absl::StrCat(what, ".start < 0"));
+  if (!st.ok()) {
+    std::fill(out, out + l.total, 0);
+    return st;
+  }
+  out[l.last_row] = static_cast<int32_t>(n - 1);
+  return absl::OkStatus();
+}
+
+}  // namespace kvrm::cuda

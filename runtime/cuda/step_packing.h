@@ -1,0 +1,38 @@
+// Host side of the step graphs' input upload: packs the committed StepDescriptor (or a prefill
+// chunk) into the flat int32 layout of kernels/cuda/step_inputs.h, checking every index the
+// kernels will follow, so a bad descriptor is an error here and never an out-of-bounds access on
+// the device. No CUDA: built and tested on every machine.
+#ifndef KVRM_RUNTIME_CUDA_STEP_PACKING_H_
+#define KVRM_RUNTIME_CUDA_STEP_PACKING_H_
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "kernels/cuda/step_inputs.h"
+#include "runtime/backend.h"
+
+namespace kvrm::cuda {
+
+struct PackLimits {
+  int64_t pool_blocks = 0;   // physical blocks in the device pool
+  int32_t block_tokens = 0;
+  int32_t max_context = 0;   // positions
+  int32_t vocab_size = 0;
+};
+
+// Layout of a decode step over `step`'s shape: one row and one run table per slot.
+StepInputLayout DecodeLayout(int32_t max_slots, int32_t max_runs);
+// Layout of a prefill chunk: `max_chunk` rows sharing one run table.
+StepInputLayout PrefillLayout(int32_t max_chunk, int32_t max_runs);
+
+// Writes layout.total int32 values to `out` (every element: padding and inactive rows are
+// zero). INVALID_ARGUMENT naming the slot and field when an active row's token, position or run
+// table is out of range or its run table does not hold its position (the KV write target).
+absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout& layout,
+                              const PackLimits& limits, int32_t* out);
+absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout& layout,
+                               const PackLimits& limits, int32_t* out);
+
+}  // namespace kvrm::cuda
+
+#endif  // KVRM_RUNTIME_CUDA_STEP_PACKING_H_

@@ -1,0 +1,183 @@
+#include "runtime/cuda/step_packing.h"
+
+#include <algorithm>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
+
+namespace kvrm::cuda {
+namespace {
+
+TEST(StepInputLayoutTest, ArraysAlignedDisjointAndInside) {
+  std::mt19937 rng(7);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int32_t rows = 1 + rng() % 300, tables = 1 + rng() % 300, runs = 1 + rng() % 40;
+    const StepInputLayout l = StepInputLayout::Make(rows, tables, runs);
+    struct Range { int64_t at, n; };
+    std::vector<Range> ranges = {{l.active, rows},          {l.token, rows},
+                                 {l.position, rows},        {l.table, rows},
+                                 {l.num_runs, tables},      {l.run_first, int64_t{tables} * runs},
+                                 {l.run_blocks, int64_t{tables} * runs},
+                                 {l.run_start, int64_t{tables} * runs},
+                                 {l.last_row, 1}};
+    std::sort(ranges.begin(), ranges.end(), [](Range a, Range b) { return a.at < b.at; });
+    for (size_t i = 0; i < ranges.size(); ++i) {
+      EXPECT_EQ(ranges[i].at % kStepInputAlignInts, 0);
+      EXPECT_LE(ranges[i].at + ranges[i].n, i + 1 < ranges.size() ? ranges[i + 1].at : l.total);
+    }
+    EXPECT_EQ(l.bytes(), l.total * 4);
+  }
+}
+
+// A descriptor whose active slots own disjoint, fragmented run tables over a pool.
+StepDescriptor RandomStep(std::mt19937& rng, int32_t slots, int32_t max_runs, int64_t pool,
+                          int32_t block_tokens, int32_t vocab) {
+  StepDescriptor d;
+  d.Resize(slots, max_runs);
+  std::vector<int32_t> blocks(pool);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  size_t next = 0;
+  for (int32_t s = 0; s < slots; ++s) {
+    if (rng() % 4 == 0) continue;  // a free slot
+    const int32_t runs = 1 + rng() % max_runs;
+    int32_t tokens = 0;
+    for (int32_t r = 0; r < runs; ++r) {
+      // A run is a block picked at random and the free blocks physically after it.
+      const int32_t first = blocks[next++];
+      int32_t n = 1;
+      d.SlotRuns(s)[r] = KvRun{first, n};
+      tokens += n * block_tokens;
+    }
+    d.num_runs[s] = runs;
+    d.active[s] = 1;
+    d.token[s] = rng() % vocab;
+    d.position[s] = tokens - 1 - static_cast<int32_t>(rng() % block_tokens);
+  }
+  return d;
+}
+
+TEST(StepPackingTest, DecodeRowsResolveTokensLikeTheCpuRunTables) {
+  std::mt19937 rng(11);
+  const int32_t slots = 24, max_runs = 6, block_tokens = 16, vocab = 1000;
+  const int64_t pool = 400;
+  const PackLimits limits{pool, block_tokens, 4096, vocab};
+  const StepInputLayout l = DecodeLayout(slots, max_runs);
+  std::vector<int32_t> buf(l.total, -7);  // poisoned: packing must write every element
+  for (int iter = 0; iter < 50; ++iter) {
+    StepDescriptor d = RandomStep(rng, slots, max_runs, pool, block_tokens, vocab);
+    ASSERT_TRUE(PackDecodeInputs(d, l, limits, buf.data()).ok());
+    EXPECT_EQ(std::count(buf.begin(), buf.end(), -7), 0);
+    const StepInputs in = StepInputs::At(l, buf.data());
+    for (int32_t s = 0; s < slots; ++s) {
+      EXPECT_EQ(in.table[s], s);
+      EXPECT_EQ(in.active[s], d.active[s]);
+      if (!d.active[s]) {
+        EXPECT_EQ(in.num_runs[s], 0);
+        EXPECT_EQ(in.position[s], 0);
+        EXPECT_EQ(in.PhysicalToken(s, 0, block_tokens), -1);
+        continue;
+      }
+      EXPECT_EQ(in.token[s], d.token[s]);
+      EXPECT_EQ(in.position[s], d.position[s]);
+      for (int32_t p = 0; p <= d.position[s]; ++p) {
+        ASSERT_EQ(in.PhysicalToken(s, p, block_tokens),
+                  PhysicalToken(d.SlotRunsData(s), d.num_runs[s], block_tokens, p))
+            << "slot " << s << " position " << p;
+      }
+    }
+    std::fill(buf.begin(), buf.end(), -7);
+  }
+}
+
+TEST(StepPackingTest, BadDescriptorsNameSlotAndFieldAndLeaveZeros) {
+  std::mt19937 rng(3);
+  const int32_t slots = 8, max_runs = 4, block_tokens = 16, vocab = 100;
+  const PackLimits limits{64, block_tokens, 512, vocab};
+  const StepInputLayout l = DecodeLayout(slots, max_runs);
+  std::vector<int32_t> buf(l.total);
+  auto base = [&] {
+    StepDescriptor d;
+    d.Resize(slots, max_runs);
+    d.active[5] = 1;
+    d.token[5] = 42;
+    d.position[5] = 20;
+    d.num_runs[5] = 2;
+    d.SlotRuns(5)[0] = KvRun{10, 1};
+    d.SlotRuns(5)[1] = KvRun{30, 1};
+    return d;
+  };
+  ASSERT_TRUE(PackDecodeInputs(base(), l, limits, buf.data()).ok());
+  struct Case {
+    void (*mutate)(StepDescriptor&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](StepDescriptor& d) { d.token[5] = 100; }, "slot 5.token"},
+      {[](StepDescriptor& d) { d.token[5] = -1; }, "slot 5.token"},
+      {[](StepDescriptor& d) { d.position[5] = 512; }, "slot 5.position"},
+      {[](StepDescriptor& d) { d.position[5] = 32; }, "position 32 has no block"},
+      {[](StepDescriptor& d) { d.num_runs[5] = 0; }, "slot 5.num_runs"},
+      {[](StepDescriptor& d) { d.num_runs[5] = 5; }, "slot 5.num_runs"},
+      {[](StepDescriptor& d) { d.SlotRuns(5)[1] = KvRun{63, 2}; }, "slot 5.runs[1]"},
+      {[](StepDescriptor& d) { d.SlotRuns(5)[0] = KvRun{-1, 1}; }, "slot 5.runs[0]"},
+  };
+  for (const Case& c : cases) {
+    StepDescriptor d = base();
+    c.mutate(d);
+    std::fill(buf.begin(), buf.end(), 9);
+    const absl::Status st = PackDecodeInputs(d, l, limits, buf.data());
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(st.message().find(c.field), absl::string_view::npos) << st.message();
+    EXPECT_EQ(std::count(buf.begin(), buf.end(), 0), l.total) << c.field;
+  }
+  StepDescriptor wrong;
+  wrong.Resize(slots + 1, max_runs);
+  EXPECT_EQ(PackDecodeInputs(wrong, l, limits, buf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StepPackingTest, PrefillChunkRowsShareOneTableAndPadInactive) {
+  const int32_t chunk = 32, max_runs = 4, block_tokens = 16;
+  const PackLimits limits{64, block_tokens, 1024, 500};
+  const StepInputLayout l = PrefillLayout(chunk, max_runs);
+  std::vector<int32_t> tokens(19);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(7 * i + 3);
+  const KvRun runs[] = {{40, 2}, {5, 1}};
+  PrefillChunk c;
+  c.slot = 3;
+  c.start = 27;
+  c.tokens = tokens;
+  c.runs = runs;
+  c.num_runs = 2;
+  std::vector<int32_t> buf(l.total, -1);
+  ASSERT_TRUE(PackPrefillInputs(c, l, limits, buf.data()).ok());
+  const StepInputs in = StepInputs::At(l, buf.data());
+  EXPECT_EQ(in.last_row[0], 18);
+  for (int32_t i = 0; i < chunk; ++i) {
+    EXPECT_EQ(in.table[i], 0);
+    EXPECT_EQ(in.active[i], i < 19 ? 1 : 0);
+    if (i < 19) {
+      EXPECT_EQ(in.token[i], tokens[i]);
+      EXPECT_EQ(in.position[i], 27 + i);
+      EXPECT_EQ(in.PhysicalToken(0, 27 + i, block_tokens),
+                PhysicalToken(runs, 2, block_tokens, 27 + i));
+    }
+  }
+  // Positions 27..48: position 48 is past the 48 tokens the runs hold, so the chunk is refused.
+  tokens.resize(22);
+  c.tokens = tokens;
+  EXPECT_EQ(PackPrefillInputs(c, l, limits, buf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  tokens.assign(33, 1);  // more rows than the graph has
+  c.tokens = tokens;
+  c.start = 0;
+  EXPECT_EQ(PackPrefillInputs(c, l, limits, buf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace kvrm::cuda
