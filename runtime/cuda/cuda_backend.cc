@@ -487,6 +487,34 @@ absl::Status CudaBackend::Prefill(const PrefillChunk& chunk, float* last_logits)
   return absl::OkStatus();
 }
 
+absl::StatusOr<double> CudaBackend::TimeDecodeReplays(int iterations) {
+  if (!options_.use_graphs) return absl::FailedPreconditionError("graphs are off");
+  std::vector<EventPtr> start(ranks_.size()), stop(ranks_.size());
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[r]->device));
+    ASSIGN_OR_RETURN(start[r], NewEvent(true));
+    ASSIGN_OR_RETURN(stop[r], NewEvent(true));
+  }
+  rank_threads_.RunOnAll([&](int t) {
+    Rank& rank = *ranks_[t];
+    auto body = [&]() -> absl::Status {
+      KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
+      cudaStream_t s = rank.stream.get();
+      KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start[t].get(), s));
+      for (int i = 0; i < iterations; ++i) {
+        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(rank.decode_graph.get(), s));
+      }
+      KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop[t].get(), s));
+      return Wait(rank);
+    };
+    rank_status_[t] = body();
+  });
+  for (const absl::Status& st : rank_status_) RETURN_IF_ERROR(st);
+  float ms = 0;
+  KVRM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start[0].get(), stop[0].get()));
+  return static_cast<double>(ms) / iterations;
+}
+
 absl::Status CudaBackend::CreateHostTier(int64_t blocks) {
   if (!host_tier_.empty()) return absl::FailedPreconditionError("host tier created twice");
   for (auto& rank : ranks_) {

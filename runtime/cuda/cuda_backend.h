@@ -68,6 +68,10 @@ class CudaBackend : public Backend {
   int64_t weight_bytes_per_rank() const { return weight_bytes_per_rank_; }
   int64_t kv_bytes_per_token_per_rank() const;
   std::string device_name() const { return device_name_; }
+  // Replays the decode graph `iterations` times over the inputs of the last Decode (device
+  // check only: it rewrites those rows' KV) and returns milliseconds per replay (CUDA events,
+  // rank 0; every rank replays).
+  absl::StatusOr<double> TimeDecodeReplays(int iterations);
 
  private:
   struct Rank;

@@ -1,0 +1,772 @@
+// The GPU check of the CUDA backend, one program for a lent machine (tools/device_check.sh):
+//   1. the measured ceiling: device-to-device copy bandwidth (bytes read + written);
+//   2. every CUDA kernel and the cuBLASLt product against float64 CPU references on random
+//      inputs (fragmented run tables, inactive rows, histories longer than one split);
+//   3. the whole backend (captured graphs) against the CPU backend on a random model of the
+//      `small` shape: prefill and decode logits, greedy agreement; TP=2 where two GPUs exist;
+//   4. decode through the graph at several slot counts: step time, tokens/s, bytes read per
+//      step over the copy bandwidth, and the time the step waited on the copy-stream transport
+//      while compaction groups were pre-staged beside it.
+// Prints a table last; --json FILE writes the same figures. Exit 0 when every check passed,
+// 1 when one failed, 2 when there is no GPU.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "kernels/cuda/llama_kernels.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/cuda/cuda_backend.h"
+#include "runtime/cuda/cuda_raii.h"
+#include "runtime/cuda/lt_gemm.h"
+#include "runtime/cuda/step_packing.h"
+#include "runtime/transport.h"
+
+namespace kvrm::cuda {
+namespace {
+
+struct Check {
+  std::string name;
+  double error = 0;      // relative error (or mismatch fraction)
+  double threshold = 0;
+  bool ok = false;
+};
+
+struct BenchRow {
+  int tp = 1;
+  int slots = 0;
+  int context = 0;
+  double step_ms = 0;       // Decode() end to end: input upload, graph, logits download
+  double graph_ms = 0;      // graph replay alone (events)
+  double tokens_per_s = 0;
+  double bytes_per_step = 0;
+  double achieved_gbs = 0;  // bytes_per_step / graph time
+  double of_copy = 0;       // achieved / copy bandwidth
+  double transport_wait_share = 0;
+};
+
+std::mt19937_64 rng(20261130);
+
+double RelError(const std::vector<double>& ref, const std::vector<float>& got) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const double d = ref[i] - got[i];
+    if (std::isnan(got[i])) return INFINITY;
+    num += d * d;
+    den += ref[i] * ref[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-300));
+}
+
+std::vector<float> Random(size_t n, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Rounds to bf16 and back (what the device sees of a bf16 input).
+float Bf(float x) { return Bf16ToFloat(FloatToBf16(x)); }
+
+template <typename T>
+T* Upload(const std::vector<T>& host, std::vector<DevicePtr>& keep) {
+  void* p = nullptr;
+  CHECK(cudaMalloc(&p, host.size() * sizeof(T)) == cudaSuccess);
+  CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  keep.emplace_back(p);
+  return static_cast<T*>(p);
+}
+
+template <typename T>
+std::vector<T> Download(const T* dev, size_t n) {
+  std::vector<T> h(n);
+  CHECK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  return h;
+}
+
+std::vector<uint16_t> ToBf16Bits(const std::vector<float>& v) {
+  std::vector<uint16_t> b(v.size());
+  for (size_t i = 0; i < v.size(); ++i) b[i] = FloatToBf16(v[i]);
+  return b;
+}
+
+double CopyBandwidth() {
+  const size_t bytes = size_t{2} << 30;
+  void *a = nullptr, *b = nullptr;
+  CHECK(cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess);
+  CHECK(cudaMemset(a, 1, bytes) == cudaSuccess);
+  cudaEvent_t e0, e1;
+  cudaEventCreate(&e0);
+  cudaEventCreate(&e1);
+  for (int i = 0; i < 3; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+  std::vector<float> ms;
+  for (int i = 0; i < 10; ++i) {
+    cudaEventRecord(e0);
+    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+    cudaEventRecord(e1);
+    cudaEventSynchronize(e1);
+    float t = 0;
+    cudaEventElapsedTime(&t, e0, e1);
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  cudaFree(a);
+  cudaFree(b);
+  return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;  // GB/s, read + write
+}
+
+// A random fragmented run table holding `tokens` tokens: 1..max_runs runs, each placed at a
+// random free stretch of the pool (`free_mask`, updated).
+std::vector<KvRun> RandomRuns(std::vector<bool>& free_mask, int32_t tokens, int32_t block_tokens,
+                              int32_t max_runs) {
+  const int32_t need = (tokens + block_tokens - 1) / block_tokens;
+  const int32_t pieces = std::min<int32_t>(need, 1 + static_cast<int32_t>(rng() % max_runs));
+  std::vector<KvRun> runs;
+  int32_t left = need;
+  const int64_t pool = static_cast<int64_t>(free_mask.size());
+  for (int32_t p = 0; p < pieces; ++p) {
+    const int32_t n = p + 1 == pieces ? left : std::max<int32_t>(1, left / (pieces - p));
+    int64_t start = -1;
+    for (int attempt = 0; attempt < 100000 && start < 0; ++attempt) {
+      const int64_t s = static_cast<int64_t>(rng() % (pool - n + 1));
+      bool all_free = true;
+      for (int32_t b = 0; b < n && all_free; ++b) all_free = free_mask[s + b];
+      if (all_free) start = s;
+    }
+    CHECK(start >= 0) << "pool too small for the check's histories";
+    for (int32_t b = 0; b < n; ++b) free_mask[start + b] = false;
+    runs.push_back(KvRun{static_cast<int32_t>(start), n});
+    left -= n;
+  }
+  return runs;
+}
+
+// ---- Kernel checks -----------------------------------------------------------------------------
+
+Check CheckRmsNormAndEmbed() {
+  std::vector<DevicePtr> keep;
+  const int rows = 37, dim = 768, vocab = 1000;
+  const auto x = Random(rows * dim), w = Random(dim, 0.3f);
+  std::vector<float> wb(dim);
+  for (int i = 0; i < dim; ++i) wb[i] = Bf(1.0f + w[i]);
+  const float* dx = Upload(x, keep);
+  const bf16* dw = reinterpret_cast<const bf16*>(Upload(ToBf16Bits(wb), keep));
+  bf16* dout = reinterpret_cast<bf16*>(Upload(std::vector<uint16_t>(rows * dim, 0x7fc0), keep));
+  CHECK_OK(LaunchRmsNorm<bf16>(dx, dw, dout, rows, dim, 1e-5f, nullptr, nullptr));
+  const auto out = Download(reinterpret_cast<const uint16_t*>(dout), rows * dim);
+  std::vector<double> ref(rows * dim);
+  std::vector<float> got(rows * dim);
+  for (int r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int i = 0; i < dim; ++i) ss += double(x[r * dim + i]) * x[r * dim + i];
+    const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+    for (int i = 0; i < dim; ++i) {
+      ref[r * dim + i] = x[r * dim + i] * inv * wb[i];
+      got[r * dim + i] = Bf16ToFloat(out[r * dim + i]);
+    }
+  }
+  double err = RelError(ref, got);
+  // Embedding: exact bf16 -> f32 rows (inactive rows read token 0).
+  const auto table = ToBf16Bits(Random(vocab * dim));
+  const StepInputLayout l = StepInputLayout::Make(rows, 1, 1);
+  std::vector<int32_t> in(l.total, 0);
+  for (int r = 0; r < rows; ++r) {
+    in[l.active + r] = r % 5 != 0;
+    in[l.token + r] = static_cast<int32_t>(rng() % vocab);
+  }
+  const int32_t* din = Upload(in, keep);
+  float* dxe = Upload(std::vector<float>(rows * dim, NAN), keep);
+  CHECK_OK(LaunchEmbed(reinterpret_cast<const bf16*>(Upload(table, keep)),
+                       StepInputs::At(l, din), dim, dxe, nullptr));
+  const auto xe = Download(dxe, rows * dim);
+  for (int r = 0; r < rows; ++r) {
+    const int t = in[l.active + r] ? in[l.token + r] : 0;
+    for (int i = 0; i < dim; ++i) {
+      if (xe[r * dim + i] != Bf16ToFloat(table[int64_t{t} * dim + i])) err = INFINITY;
+    }
+  }
+  return {"rms_norm (bf16 out) + embed", err, 1e-2, err <= 1e-2};
+}
+
+Check CheckSwiGlu() {
+  std::vector<DevicePtr> keep;
+  const int rows = 19, ffn = 2048;
+  const auto gu = Random(rows * 2 * ffn, 2.0f);
+  bf16* dout = reinterpret_cast<bf16*>(Upload(std::vector<uint16_t>(rows * ffn, 0x7fc0), keep));
+  CHECK_OK(LaunchSwiGlu(Upload(gu, keep), rows, ffn, dout, nullptr));
+  const auto out = Download(reinterpret_cast<const uint16_t*>(dout), rows * ffn);
+  std::vector<double> ref(rows * ffn);
+  std::vector<float> got(rows * ffn);
+  for (int r = 0; r < rows; ++r) {
+    for (int i = 0; i < ffn; ++i) {
+      const double g = gu[r * 2 * ffn + i], u = gu[r * 2 * ffn + ffn + i];
+      ref[r * ffn + i] = g / (1 + std::exp(-g)) * u;
+      got[r * ffn + i] = Bf16ToFloat(out[r * ffn + i]);
+    }
+  }
+  const double err = RelError(ref, got);
+  return {"swiglu (bf16 out)", err, 1e-2, err <= 1e-2};
+}
+
+Check CheckGemm() {
+  std::vector<DevicePtr> keep;
+  const int64_t m = 61, k = 768, n = 2048 + 3 * 64;
+  std::vector<float> x = Random(m * k), w = Random(n * k, 0.05f), y0 = Random(m * n);
+  for (float& v : x) v = Bf(v);
+  for (float& v : w) v = Bf(v);
+  cublasLtHandle_t h;
+  CHECK(cublasLtCreate(&h) == CUBLAS_STATUS_SUCCESS);
+  LtHandlePtr owner(h);
+  auto ws = DeviceAlloc(32 << 20, "ws");
+  CHECK_OK(ws.status());
+  auto gemm = LtGemm::Create(h, m, k, n, 32 << 20);
+  CHECK_OK(gemm.status());
+  float* dy = Upload(y0, keep);
+  CHECK_OK((*gemm)->Run(reinterpret_cast<const bf16*>(Upload(ToBf16Bits(x), keep)),
+                        reinterpret_cast<const bf16*>(Upload(ToBf16Bits(w), keep)), dy, 1.0f,
+                        ws->get(), nullptr));
+  const auto y = Download(dy, m * n);
+  std::vector<double> ref(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      double s = y0[i * n + j];
+      for (int64_t t = 0; t < k; ++t) s += double(x[i * k + t]) * w[j * k + t];
+      ref[i * n + j] = s;
+    }
+  }
+  const double err = RelError(ref, y);
+  return {"cuBLASLt bf16 product + residual (beta 1)", err, 1e-4, err <= 1e-4};
+}
+
+// RoPE + KV write + attention over fragmented run tables, against float64.
+Check CheckAttention(int head_dim, int heads, int kv_heads) {
+  std::vector<DevicePtr> keep;
+  const int rows = 9, max_runs = 4, block_tokens = 16, max_context = 1100, split = 128;
+  const int64_t pool_blocks = 1200;
+  const int group = heads / kv_heads;
+  const int qkvw = (heads + 2 * kv_heads) * head_dim;
+  const StepInputLayout l = StepInputLayout::Make(rows, rows, max_runs);
+  std::vector<int32_t> in(l.total, 0);
+  std::vector<bool> free_blocks(pool_blocks, true);
+  std::vector<std::vector<KvRun>> tables(rows);
+  for (int r = 0; r < rows; ++r) {
+    in[l.table + r] = r;
+    if (r == 4) continue;  // an inactive row
+    const int32_t position = r == 0 ? 0 : static_cast<int32_t>(rng() % (max_context - 1));
+    tables[r] = RandomRuns(free_blocks, position + 1, block_tokens, max_runs);
+    in[l.active + r] = 1;
+    in[l.position + r] = position;
+    in[l.num_runs + r] = static_cast<int32_t>(tables[r].size());
+    int32_t start = 0;
+    for (size_t k = 0; k < tables[r].size(); ++k) {
+      in[l.run_first + r * max_runs + k] = tables[r][k].first_block;
+      in[l.run_blocks + r * max_runs + k] = tables[r][k].num_blocks;
+      in[l.run_start + r * max_runs + k] = start;
+      start += tables[r][k].num_blocks * block_tokens;
+    }
+  }
+  const StepInputs host_in = StepInputs::At(l, in.data());
+  // Random history in the pool, random new Q/K/V; RoPE table as the backend builds it.
+  const int64_t head_stride = pool_blocks * block_tokens * head_dim;
+  std::vector<float> k_pool = Random(kv_heads * head_stride), v_pool = Random(kv_heads * head_stride);
+  const std::vector<float> qkv = Random(rows * qkvw);
+  std::vector<float> rope(max_context * head_dim);
+  for (int p = 0; p < max_context; ++p) {
+    for (int i = 0; i < head_dim / 2; ++i) {
+      const double a = p * std::pow(10000.0, -2.0 * i / head_dim);
+      rope[p * head_dim + i] = static_cast<float>(std::cos(a));
+      rope[p * head_dim + head_dim / 2 + i] = static_cast<float>(std::sin(a));
+    }
+  }
+  float* dk = Upload(k_pool, keep);
+  float* dv = Upload(v_pool, keep);
+  float* dqkv = Upload(qkv, keep);
+  const int32_t* din = Upload(in, keep);
+  const StepInputs dev_in = StepInputs::At(l, din);
+  const KvLayer kv{dk, dv, head_stride, block_tokens, head_dim};
+  CHECK_OK(LaunchRopeAndStoreKv(dqkv, dev_in, Upload(rope, keep), heads, kv_heads, kv, nullptr));
+  const int splits = (max_context + split - 1) / split;
+  float* po = Upload(std::vector<float>(AttentionPartialFloats(rows, heads, splits, head_dim)), keep);
+  float* pml = Upload(std::vector<float>(int64_t{rows} * heads * splits * 2), keep);
+  bf16* dout = reinterpret_cast<bf16*>(Upload(std::vector<uint16_t>(rows * heads * head_dim, 0x7fc0), keep));
+  CHECK_OK(LaunchAttention(dqkv, dev_in, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
+                           AttentionWorkspace{po, pml, splits, split}, dout, nullptr));
+  const auto out = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
+  const auto k_after = Download(dk, k_pool.size());
+
+  // Reference: rotate, write, attend (float64).
+  std::vector<double> ref(rows * heads * head_dim, 0.0);
+  std::vector<float> got(out.size());
+  for (size_t i = 0; i < out.size(); ++i) got[i] = Bf16ToFloat(out[i]);
+  bool kv_written = true;
+  for (int r = 0; r < rows; ++r) {
+    if (!in[l.active + r]) continue;
+    const int32_t pos = in[l.position + r];
+    const float* cs = &rope[pos * head_dim];
+    std::vector<double> q(heads * head_dim), knew(kv_heads * head_dim);
+    auto rot = [&](const float* src, double* dst) {
+      const int half = head_dim / 2;
+      for (int i = 0; i < half; ++i) {
+        dst[i] = double(src[i]) * cs[i] - double(src[i + half]) * cs[half + i];
+        dst[i + half] = double(src[i + half]) * cs[i] + double(src[i]) * cs[half + i];
+      }
+    };
+    for (int h = 0; h < heads; ++h) rot(&qkv[r * qkvw + h * head_dim], &q[h * head_dim]);
+    for (int g = 0; g < kv_heads; ++g) {
+      rot(&qkv[r * qkvw + heads * head_dim + g * head_dim], &knew[g * head_dim]);
+    }
+    const int64_t phys_new = host_in.PhysicalToken(r, pos, block_tokens);
+    for (int g = 0; g < kv_heads; ++g) {
+      for (int d = 0; d < head_dim; ++d) {
+        if (std::abs(k_after[g * head_stride + phys_new * head_dim + d] - knew[g * head_dim + d]) >
+            1e-5 * (1 + std::abs(knew[g * head_dim + d]))) {
+          kv_written = false;
+        }
+      }
+    }
+    for (int h = 0; h < heads; ++h) {
+      const int g = h / group;
+      std::vector<double> s(pos + 1);
+      double mx = -1e300;
+      for (int t = 0; t <= pos; ++t) {
+        const int64_t phys = host_in.PhysicalToken(r, t, block_tokens);
+        double dot = 0;
+        for (int d = 0; d < head_dim; ++d) {
+          const double kd = t == pos ? knew[g * head_dim + d]
+                                     : k_pool[g * head_stride + phys * head_dim + d];
+          dot += q[h * head_dim + d] * kd;
+        }
+        s[t] = dot / std::sqrt(double(head_dim));
+        mx = std::max(mx, s[t]);
+      }
+      double z = 0;
+      for (double& v : s) z += (v = std::exp(v - mx));
+      for (int t = 0; t <= pos; ++t) {
+        const int64_t phys = host_in.PhysicalToken(r, t, block_tokens);
+        for (int d = 0; d < head_dim; ++d) {
+          const double vd = t == pos ? qkv[r * qkvw + (heads + kv_heads) * head_dim + g * head_dim + d]
+                                     : v_pool[g * head_stride + phys * head_dim + d];
+          ref[(r * heads + h) * head_dim + d] += s[t] / z * vd;
+        }
+      }
+    }
+  }
+  double err = RelError(ref, got);
+  if (!kv_written) err = INFINITY;
+  return {absl::StrFormat("rope + kv write + attention (hd %d, %d/%d heads)", head_dim, heads,
+                          kv_heads),
+          err, 1e-2, err <= 1e-2};
+}
+
+// Device sampling against the same procedure in float64 on the CPU.
+Check CheckSampling() {
+  std::vector<DevicePtr> keep;
+  const int rows = 48, vocab = 32000;
+  const StepInputLayout l = StepInputLayout::Make(rows, 1, 1);
+  std::vector<int32_t> in(l.total, 0);
+  for (int r = 0; r < rows; ++r) in[l.active + r] = r != 7;
+  std::vector<float> logits = Random(int64_t{rows} * vocab, 3.0f);
+  std::vector<SamplingRow> params(rows);
+  std::vector<int32_t> counts(int64_t{rows} * vocab, 0);
+  std::vector<uint8_t> seen(int64_t{rows} * vocab, 0);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  for (int r = 0; r < rows; ++r) {
+    SamplingRow& p = params[r];
+    const int kind = r % 6;
+    p.temperature = kind == 0 ? 0.0f : 0.5f + u01(rng);
+    p.top_k = kind == 2 ? 1 + static_cast<int>(rng() % 50) : 0;
+    p.top_p = kind == 3 ? 0.5f + 0.45f * u01(rng) : 1.0f;
+    p.min_p = kind == 4 ? 0.05f : 0.0f;
+    p.repetition_penalty = kind == 5 ? 1.3f : 1.0f;
+    p.presence_penalty = kind == 5 ? 0.5f : 0.0f;
+    p.frequency_penalty = kind == 5 ? 0.25f : 0.0f;
+    p.uniform = u01(rng);
+    for (int i = 0; i < 40; ++i) {
+      const int v = static_cast<int>(rng() % vocab);
+      seen[int64_t{r} * vocab + v] = 1;
+      if (i % 2) counts[int64_t{r} * vocab + v] += 1 + static_cast<int>(rng() % 3);
+    }
+  }
+  float* dl = Upload(logits, keep);
+  int32_t* dtok = Upload(std::vector<int32_t>(rows, -1), keep);
+  float* dprobs = Upload(std::vector<float>(int64_t{rows} * vocab), keep);
+  CHECK_OK(LaunchSample(dl, StepInputs::At(l, Upload(in, keep)), vocab,
+                        Upload(params, keep), Upload(counts, keep), Upload(seen, keep), dprobs,
+                        dtok, nullptr));
+  const auto tokens = Download(dtok, rows);
+  int mismatches = 0, compared = 0;
+  for (int r = 0; r < rows; ++r) {
+    if (!in[l.active + r]) continue;
+    const SamplingRow& p = params[r];
+    std::vector<double> x(vocab);
+    for (int v = 0; v < vocab; ++v) {
+      double val = logits[int64_t{r} * vocab + v];
+      if (seen[int64_t{r} * vocab + v] && p.repetition_penalty != 1) {
+        val = val > 0 ? val / p.repetition_penalty : val * p.repetition_penalty;
+      }
+      const int c = counts[int64_t{r} * vocab + v];
+      if (c > 0) val -= p.presence_penalty + p.frequency_penalty * c;
+      x[v] = val;
+    }
+    int expect = 0;
+    if (p.temperature == 0) {
+      expect = static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin());
+    } else {
+      const double mx = *std::max_element(x.begin(), x.end());
+      std::vector<double> pr(vocab);
+      for (int v = 0; v < vocab; ++v) pr[v] = std::exp((x[v] - mx) / p.temperature);
+      std::vector<double> sorted = pr;
+      std::sort(sorted.rbegin(), sorted.rend());
+      double thr = 0;
+      if (p.top_k > 0) thr = sorted[p.top_k - 1];
+      if (p.top_p < 1) {
+        double kept = 0;
+        for (double v : sorted) kept += v >= thr ? v : 0;
+        double acc = 0;
+        for (double v : sorted) {
+          if (v < thr) break;
+          acc += v;
+          if (acc >= p.top_p * kept) {
+            thr = std::max(thr, v);
+            break;
+          }
+        }
+      }
+      thr = std::max(thr, double(p.min_p));
+      double total = 0;
+      for (double v : pr) total += v >= thr ? v : 0;
+      const double target = p.uniform * total;
+      double c = 0;
+      for (int v = 0; v < vocab; ++v) {
+        if (pr[v] < thr) continue;
+        expect = v;
+        c += pr[v];
+        if (c > target) break;
+      }
+      // Skip draws within float rounding of a boundary: f32 and f64 may fairly disagree there.
+      if (std::abs(c - target) < 1e-5 * total || std::abs(c - pr[expect] - target) < 1e-5 * total) {
+        continue;
+      }
+    }
+    ++compared;
+    if (tokens[r] != expect) ++mismatches;
+  }
+  const double frac = compared ? double(mismatches) / compared : 1.0;
+  return {absl::StrFormat("device sampling (%d rows compared)", compared), frac, 0.0,
+          mismatches == 0 && compared > rows / 2};
+}
+
+// ---- Backend against the CPU backend ------------------------------------------------------------
+
+struct RandomModel {
+  LlamaConfig config;
+  LlamaWeights weights;
+  std::vector<std::vector<uint16_t>> storage;  // bf16 tensors
+
+  WeightMatrix Tensor(int64_t rows, int64_t cols, float scale, float mean = 0) {
+    std::vector<float> v = Random(rows * cols, scale);
+    for (float& x : v) x += mean;
+    storage.push_back(ToBf16Bits(v));
+    return WeightMatrix{DType::kBF16, storage.back().data(), rows, cols, cols};
+  }
+};
+
+// The `small` shape of tools/modelgen with random bf16 weights.
+std::unique_ptr<RandomModel> SmallModel() {
+  auto m = std::make_unique<RandomModel>();
+  LlamaConfig& c = m->config;
+  c.model_type = "llama";
+  c.vocab_size = 32000;
+  c.hidden_size = 768;
+  c.intermediate_size = 2048;
+  c.num_hidden_layers = 12;
+  c.num_attention_heads = 12;
+  c.num_key_value_heads = 4;
+  c.head_dim = 64;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5;
+  c.rope_theta = 10000;
+  m->storage.reserve(4 + 9 * c.num_hidden_layers);
+  const int64_t d = c.hidden_size, hd = c.head_dim, ffn = c.intermediate_size;
+  LlamaWeights& w = m->weights;
+  w.embed = m->Tensor(c.vocab_size, d, 0.5f);
+  w.final_norm = m->Tensor(1, d, 0.1f, 1.0f);
+  w.lm_head = m->Tensor(c.vocab_size, d, 1.0f / std::sqrt(float(d)));
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    LayerWeights l;
+    const float s = 1.0f / std::sqrt(float(d));
+    l.attn_norm = m->Tensor(1, d, 0.1f, 1.0f);
+    l.wq = m->Tensor(c.num_attention_heads * hd, d, s);
+    l.wk = m->Tensor(c.num_key_value_heads * hd, d, s);
+    l.wv = m->Tensor(c.num_key_value_heads * hd, d, s);
+    l.wo = m->Tensor(d, c.num_attention_heads * hd, s);
+    l.mlp_norm = m->Tensor(1, d, 0.1f, 1.0f);
+    l.w_gate = m->Tensor(ffn, d, s);
+    l.w_up = m->Tensor(ffn, d, s);
+    l.w_down = m->Tensor(d, ffn, 1.0f / std::sqrt(float(ffn)));
+    w.layers.push_back(l);
+  }
+  w.dtype = DType::kBF16;
+  return m;
+}
+
+Check CheckBackend(const RandomModel& m, int tp) {
+  const int32_t slots = 4, chunk = 64, max_context = 512, max_runs = 4, block_tokens = 16;
+  const int64_t kv_blocks = 200;
+  CudaBackendOptions co;
+  co.kv_blocks = kv_blocks;
+  co.kv_block_tokens = block_tokens;
+  co.max_slots = slots;
+  co.max_chunk_tokens = chunk;
+  co.max_context = max_context;
+  co.max_runs = max_runs;
+  co.tensor_parallel = tp;
+  auto gpu = CudaBackend::Create(m.config, &m.weights, co);
+  CHECK_OK(gpu.status());
+  CpuBackendOptions po;
+  po.kv_blocks = kv_blocks;
+  po.kv_block_tokens = block_tokens;
+  po.max_slots = slots;
+  po.max_chunk_tokens = chunk;
+  po.max_context = max_context;
+  po.num_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
+  auto cpu = CpuBackend::Create(m.config, &m.weights, po);
+  CHECK_OK(cpu.status());
+
+  const int32_t vocab = m.config.vocab_size;
+  std::vector<bool> free_blocks(kv_blocks, true);
+  StepDescriptor step;
+  step.Resize(slots, max_runs);
+  std::vector<std::vector<KvRun>> tables(slots);
+  std::vector<float> lg(vocab), lc(vocab);
+  double worst = 0;
+  int agree = 0, total = 0;
+  const int decode_steps = 24;
+  for (int32_t s = 0; s < slots; ++s) {
+    const int32_t prompt = 40 + static_cast<int32_t>(rng() % 150);
+    tables[s] = RandomRuns(free_blocks, prompt + decode_steps + 1, block_tokens, max_runs);
+    std::vector<int32_t> tokens(prompt);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    for (int32_t start = 0; start < prompt; start += chunk) {
+      PrefillChunk c;
+      c.slot = s;
+      c.start = start;
+      c.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, prompt - start));
+      c.runs = tables[s].data();
+      c.num_runs = static_cast<int32_t>(tables[s].size());
+      CHECK_OK((*gpu)->Prefill(c, lg.data()));
+      CHECK_OK((*cpu)->Prefill(c, lc.data()));
+    }
+    worst = std::max(worst, RelError(std::vector<double>(lc.begin(), lc.end()), lg));
+    step.active[s] = 1;
+    step.position[s] = prompt;
+    step.token[s] = static_cast<int32_t>(std::max_element(lc.begin(), lc.end()) - lc.begin());
+    step.num_runs[s] = static_cast<int32_t>(tables[s].size());
+    std::copy(tables[s].begin(), tables[s].end(), step.SlotRuns(s).begin());
+  }
+  std::vector<float> g(int64_t{slots} * vocab), c(int64_t{slots} * vocab);
+  for (int i = 0; i < decode_steps; ++i) {
+    if (i == decode_steps / 2) step.active[1] = 0;  // a slot leaves: its row goes inactive
+    CHECK_OK((*gpu)->Decode(step, g.data()));
+    CHECK_OK((*cpu)->Decode(step, c.data()));
+    for (int32_t s = 0; s < slots; ++s) {
+      if (!step.active[s]) continue;
+      std::vector<double> ref(c.begin() + int64_t{s} * vocab, c.begin() + int64_t{s + 1} * vocab);
+      std::vector<float> got(g.begin() + int64_t{s} * vocab, g.begin() + int64_t{s + 1} * vocab);
+      worst = std::max(worst, RelError(ref, got));
+      const int32_t tc = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
+      const int32_t tg = static_cast<int32_t>(std::max_element(got.begin(), got.end()) - got.begin());
+      agree += tc == tg;
+      ++total;
+      step.token[s] = tc;  // both continue from the CPU's token: histories stay identical
+      step.position[s] += 1;
+    }
+  }
+  const bool ok = worst <= 3e-2 && agree * 10 >= total * 9;
+  return {absl::StrFormat("backend tp=%d vs CPU: logits (greedy agree %d/%d)", tp, agree, total),
+          worst, 3e-2, ok};
+}
+
+BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy_gbs) {
+  const int32_t block_tokens = 16, chunk = 256, max_runs = 8;
+  const int32_t blocks_per_slot = (context + 64 + block_tokens - 1) / block_tokens;
+  const int64_t spare = 256;  // compaction traffic runs here, beside the slots' blocks
+  const int64_t kv_blocks = int64_t{slots} * blocks_per_slot + 2 * spare;
+  CudaBackendOptions co;
+  co.kv_blocks = kv_blocks;
+  co.kv_block_tokens = block_tokens;
+  co.max_slots = slots;
+  co.max_chunk_tokens = chunk;
+  co.max_context = context + 64;
+  co.max_runs = max_runs;
+  co.tensor_parallel = tp;
+  auto gpu = CudaBackend::Create(m.config, &m.weights, co);
+  CHECK_OK(gpu.status());
+  const int32_t vocab = m.config.vocab_size;
+  StepDescriptor step;
+  step.Resize(slots, max_runs);
+  std::vector<float> lg(vocab);
+  for (int32_t s = 0; s < slots; ++s) {
+    const KvRun run{s * blocks_per_slot, blocks_per_slot};
+    std::vector<int32_t> tokens(context);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    for (int32_t start = 0; start < context; start += chunk) {
+      PrefillChunk c;
+      c.slot = s;
+      c.start = start;
+      c.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, context - start));
+      c.runs = &run;
+      c.num_runs = 1;
+      CHECK_OK((*gpu)->Prefill(c, lg.data()));
+    }
+    step.active[s] = 1;
+    step.position[s] = context;
+    step.token[s] = static_cast<int32_t>(rng() % vocab);
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = run;
+  }
+  std::vector<float> logits(int64_t{slots} * vocab);
+  // The engine's pre-staging: each step's compaction group is submitted before the step runs
+  // and must be complete before the next one; the wait is what the replay lost to transport.
+  Transport transport([&](const TransferGroup& g) { return (*gpu)->CopyGroup(g); },
+                      (*gpu)->kv_pool(0)->shape().BytesPerBlock(), 64);
+  const int warmup = 20, steps = 200;
+  double wait_s = 0, total_s = 0;
+  uint64_t pending = 0;
+  const int64_t spare_base = int64_t{slots} * blocks_per_slot;
+  for (int i = 0; i < warmup + steps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    if (pending) {
+      const absl::Duration w = transport.WaitFor(pending);
+      if (i >= warmup) wait_s += absl::ToDoubleSeconds(w);
+    }
+    const TransferGroup g{KvTier::kDevice, static_cast<int32_t>(spare_base + (i % 2) * spare),
+                          KvTier::kDevice, static_cast<int32_t>(spare_base + ((i + 1) % 2) * spare),
+                          static_cast<int32_t>(std::min<int64_t>(spare, 32))};
+    pending = transport.Submit(absl::MakeConstSpan(&g, 1), 0);
+    CHECK_OK((*gpu)->Decode(step, logits.data()));
+    transport.StepDone(i + 1);
+    if (i >= warmup) total_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+  transport.WaitFor(pending);
+  BenchRow row;
+  row.tp = tp;
+  row.slots = slots;
+  row.context = context;
+  row.step_ms = total_s / steps * 1e3;
+  // Graph replay alone, with events (same inputs).
+  auto graph_ms = (*gpu)->TimeDecodeReplays(100);
+  CHECK_OK(graph_ms.status());
+  row.graph_ms = *graph_ms;
+  row.tokens_per_s = slots / (row.step_ms * 1e-3);
+  const double embed_bytes = double(m.config.vocab_size) * m.config.hidden_size * 2;
+  row.bytes_per_step = ((*gpu)->weight_bytes_per_rank() - embed_bytes) +
+                       double(slots) * (context + 1) * (*gpu)->kv_bytes_per_token_per_rank();
+  row.achieved_gbs = row.bytes_per_step / (row.graph_ms * 1e-3) / 1e9;
+  row.of_copy = row.achieved_gbs / copy_gbs;
+  row.transport_wait_share = wait_s / total_s;
+  return row;
+}
+
+}  // namespace
+}  // namespace kvrm::cuda
+
+int main(int argc, char** argv) {
+  using namespace kvrm::cuda;
+  std::string json_path;
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--json" && i + 1 < argc) json_path = argv[++i];
+    if (a == "--quick") quick = true;
+  }
+  const int devices = CudaDeviceCount();
+  if (devices == 0) {
+    std::printf("device_check: no CUDA device here; nothing to check\n");
+    return 2;
+  }
+  cudaDeviceProp prop{};
+  cudaGetDeviceProperties(&prop, 0);
+  std::printf("device_check: %d x %s (%d SMs, %.0f GiB)\n", devices, prop.name,
+              prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30));
+  const double copy_gbs = CopyBandwidth();
+  std::printf("device-to-device copy: %.0f GB/s (read + write)\n", copy_gbs);
+
+  std::vector<Check> checks;
+  auto run = [&](Check c) {
+    std::printf("  %-60s err %.3g (<= %.3g) %s\n", c.name.c_str(), c.error, c.threshold,
+                c.ok ? "ok" : "FAIL");
+    std::fflush(stdout);
+    checks.push_back(c);
+  };
+  run(CheckRmsNormAndEmbed());
+  run(CheckSwiGlu());
+  run(CheckGemm());
+  run(CheckAttention(64, 12, 4));
+  run(CheckAttention(128, 8, 8));
+  run(CheckAttention(128, 32, 4));
+  run(CheckSampling());
+  auto model = SmallModel();
+  run(CheckBackend(*model, 1));
+  if (devices >= 2) run(CheckBackend(*model, 2));
+
+  std::vector<BenchRow> rows;
+  const std::vector<int> slot_counts = quick ? std::vector<int>{64} : std::vector<int>{16, 64, 128};
+  for (int tp : devices >= 2 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
+    for (int slots : slot_counts) {
+      rows.push_back(Bench(*model, tp, slots, 512, copy_gbs));
+      std::fflush(stdout);
+    }
+  }
+
+  bool ok = true;
+  for (const Check& c : checks) ok = ok && c.ok;
+  std::printf("\n%s, copy bandwidth %.0f GB/s, small shape (bf16 weights, f32 KV), context 512\n",
+              prop.name, copy_gbs);
+  std::printf("| tp | slots | step ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait |\n");
+  std::printf("|---:|------:|--------:|---------:|---------:|--------:|-----:|--------:|---------------:|\n");
+  for (const BenchRow& r : rows) {
+    std::printf("| %d | %d | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% |\n", r.tp, r.slots,
+                r.step_ms, r.graph_ms, r.tokens_per_s, r.bytes_per_step / 1e6, r.achieved_gbs,
+                100 * r.of_copy, 100 * r.transport_wait_share);
+  }
+  std::printf("checks: %zu passed, %zu failed\n",
+              static_cast<size_t>(std::count_if(checks.begin(), checks.end(), [](const Check& c) { return c.ok; })),
+              static_cast<size_t>(std::count_if(checks.begin(), checks.end(), [](const Check& c) { return !c.ok; })));
+  if (!json_path.empty()) {
+    std::ofstream f(json_path);
+    f << "{\n  \"device\": \"" << prop.name << "\",\n  \"devices\": " << devices
+      << ",\n  \"copy_gbs\": " << copy_gbs << ",\n  \"checks\": [\n";
+    for (size_t i = 0; i < checks.size(); ++i) {
+      f << "    {\"name\": \"" << checks[i].name << "\", \"error\": " << checks[i].error
+        << ", \"threshold\": " << checks[i].threshold << ", \"ok\": " << (checks[i].ok ? "true" : "false")
+        << "}" << (i + 1 < checks.size() ? "," : "") << "\n";
+    }
+    f << "  ],\n  \"decode\": [\n";
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const BenchRow& r = rows[i];
+      f << "    {\"tp\": " << r.tp << ", \"slots\": " << r.slots << ", \"context\": " << r.context
+        << ", \"step_ms\": " << r.step_ms << ", \"graph_ms\": " << r.graph_ms
+        << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"bytes_per_step\": " << r.bytes_per_step
+        << ", \"achieved_gbs\": " << r.achieved_gbs << ", \"of_copy\": " << r.of_copy
+        << ", \"transport_wait_share\": " << r.transport_wait_share << "}"
+        << (i + 1 < rows.size() ? "," : "") << "\n";
+    }
+    f << "  ]\n}\n";
+  }
+  return ok ? 0 : 1;
+}

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The GPU check of the CUDA backend (runtime/cuda/device_check.cc), in two halves because the
+# lent GPU machine has no Bazel and none of the project's system libraries:
+#
+#   tools/device_check.sh prepare   # here: builds the check and packs it with the Abseil
+#                                   # (and libstdc++) libraries it needs into .device/
+#   tools/device_check.sh run       # on the GPU machine: finds the CUDA, cuBLASLt and NCCL
+#                                   # libraries there, runs the check, writes its log and JSON
+#                                   # to $OUT (or ./device-check-out), prints the table last
+#
+# Through the device tool, with the prepared folder carried:
+#   run(command="tools/device_check.sh run", carry=[".device"], timeout_s=420)
+# The check takes about 2-4 minutes on one H200 (kernel checks, backend vs CPU, decode at 16,
+# 64 and 128 slots); `run --quick` benchmarks 64 slots only.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-}
+shift || true
+
+case "$mode" in
+  prepare)
+    bazel build //runtime/cuda:device_check
+    bin=$(bazel info bazel-bin 2>/dev/null)/runtime/cuda/device_check
+    rm -rf .device && mkdir -p .device/lib .device/libstdcxx
+    cp "$bin" .device/device_check
+    chmod u+w .device/device_check
+    # Everything the binary links that is neither the C library nor CUDA's: Abseil (Debian's
+    # shared objects) here; libstdc++/libgcc apart, used only where the machine's are older.
+    ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
+      case "$(basename "$lib")" in
+        libabsl_*) cp -L "$lib" .device/lib/ ;;
+        libstdc++.so.6|libgcc_s.so.1) cp -L "$lib" .device/libstdcxx/ ;;
+      esac
+    done
+    grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
+    du -sh .device
+    echo "prepared .device/: carry it to the GPU machine and run: tools/device_check.sh run"
+    ;;
+  run)
+    [[ -x .device/device_check ]] || { echo "no .device/device_check: run 'tools/device_check.sh prepare' here first" >&2; exit 1; }
+    out=${OUT:-$PWD/device-check-out}
+    mkdir -p "$out"
+    libpath=$PWD/.device/lib
+    # CUDA runtime, cuBLASLt and NCCL: the toolkit's, else the pip wheels' (nvidia-*-cu13).
+    for name in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+      found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+      if [[ -z "$found" ]]; then
+        found=$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
+                  -name "$name" 2>/dev/null | head -1 || true)
+      fi
+      if [[ -z "$found" ]]; then echo "device_check: $name not found on this machine" >&2; exit 1; fi
+      libpath=$libpath:$(dirname "$found")
+    done
+    sys_cxx=$(ldconfig -p | awk '$1 == "libstdc++.so.6" {print $NF; exit}')
+    if ! grep -q GLIBCXX_3.4.30 "$sys_cxx" 2>/dev/null; then libpath=$libpath:$PWD/.device/libstdcxx; fi
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt" || true
+    set -o pipefail
+    LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      .device/device_check --json "$out/device_check.json" "$@" 2>&1 | tee "$out/device_check.log"
+    ;;
+  *)
+    echo "usage: tools/device_check.sh prepare|run [--quick]" >&2
+    exit 2
+    ;;
+esac
