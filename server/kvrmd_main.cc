@@ -28,6 +28,7 @@
 #include "metrics/kvrm_metrics.h"
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
+#include "server/device_backend.h"
 #include "server/kvrm_server.h"
 #include "tools/modelgen/model_writer.h"
 
@@ -59,7 +60,8 @@ ABSL_FLAG(int32_t, step_token_budget, 0,
           "tokens per engine step, decode rows plus the prefill chunk (0: slots + prefill_chunk)");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads, all ranks together (0: all cores)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks (Megatron split; CPU: rank threads)");
-ABSL_FLAG(std::string, device, "cpu", "cpu (the CUDA backend is built separately)");
+ABSL_FLAG(std::string, device, "auto",
+          "cpu, cuda (bf16 CUDA graphs; --tp GPUs) or auto (cuda when a GPU is visible)");
 ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish on SIGTERM");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0", "host of the HTTP /metrics, /healthz, /readyz");
 ABSL_FLAG(int32_t, metrics_port, 9400, "HTTP metrics port; 0 picks a free port, -1 disables");
@@ -120,9 +122,9 @@ int Run() {
   SetMinLogSeverity(level == "error"     ? LogSeverity::kError
                     : level == "warning" ? LogSeverity::kWarning
                                          : LogSeverity::kInfo);
-  if (absl::GetFlag(FLAGS_device) != "cpu") {
-    std::fprintf(stderr, "kvrmd: --device=%s is not available in this build (use cpu)\n",
-                 absl::GetFlag(FLAGS_device).c_str());
+  absl::StatusOr<DeviceChoice> device = ChooseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "kvrmd: %s\n", std::string(device.status().message()).c_str());
     return 2;
   }
   if (absl::GetFlag(FLAGS_kv_mode) != "static" && absl::GetFlag(FLAGS_kv_mode) != "kvrm") {
@@ -169,6 +171,7 @@ int Run() {
   }
   eo.threads = absl::GetFlag(FLAGS_threads);
   eo.tensor_parallel = absl::GetFlag(FLAGS_tp);
+  eo.backend_factory = device->factory;
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
   KvrmMetrics metrics(&registry, {(*model)->name, absl::GetFlag(FLAGS_kv_mode)});
@@ -199,7 +202,7 @@ int Run() {
   so.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
   so.info.version = kVersion;
-  so.info.device = "cpu";
+  so.info.device = device->device;
   so.info.kv_mode = absl::GetFlag(FLAGS_kv_mode);
   so.info.tensor_parallel = eo.tensor_parallel;
   absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine->get(), so);
@@ -211,7 +214,8 @@ int Run() {
   LOG(INFO) << "kvrmd " << kVersion << " serving " << m.name << " (" << m.weights.num_parameters
             << " parameters, " << DTypeName(m.weights.dtype) << ") on port " << (*server)->port()
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
-            << ", kv-mode " << so.info.kv_mode << ", cpu " << CpuIsaName(ActiveCpuIsa());
+            << ", kv-mode " << so.info.kv_mode << ", device " << device->device
+            << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
   if (http) {
     LOG(INFO) << "metrics on http://" << absl::GetFlag(FLAGS_metrics_listen) << ":" << http->port()
               << "/metrics";
