@@ -7,14 +7,28 @@
 namespace kvrm::cuda {
 namespace {
 
+// Names what an error is about ("slot 3", "prefill chunk of slot 3 row 7"); formatted only when
+// there is an error, so packing a good step never allocates.
+struct What {
+  bool prefill = false;
+  int32_t slot = 0;
+  int32_t row = -1;
+};
+
+std::string Describe(const What& w) {
+  std::string s = absl::StrCat(w.prefill ? "prefill chunk of slot " : "slot ", w.slot);
+  if (w.row >= 0) absl::StrAppend(&s, " row ", w.row);
+  return s;
+}
+
 // Copies one run table into table `t` and fills its logical starts; checks it against `limits`
 // and checks that it holds `position` (the token the row writes).
 absl::Status PackTable(const KvRun* runs, int32_t num_runs, int32_t position, int32_t t,
-                       const StepInputLayout& l, const PackLimits& limits,
-                       const std::string& what, int32_t* out) {
+                       const StepInputLayout& l, const PackLimits& limits, const What& what,
+                       int32_t* out) {
   if (num_runs < 1 || num_runs > l.max_runs) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ".num_runs = ", num_runs, " outside [1, ", l.max_runs, "]"));
+        absl::StrCat(Describe(what), ".num_runs = ", num_runs, " outside [1, ", l.max_runs, "]"));
   }
   out[l.num_runs + t] = num_runs;
   int64_t start = 0;
@@ -22,7 +36,7 @@ absl::Status PackTable(const KvRun* runs, int32_t num_runs, int32_t position, in
     const KvRun& run = runs[r];
     if (run.first_block < 0 || run.num_blocks < 1 ||
         int64_t{run.first_block} + run.num_blocks > limits.pool_blocks) {
-      return absl::InvalidArgumentError(absl::StrCat(what, ".runs[", r, "] = blocks [",
+      return absl::InvalidArgumentError(absl::StrCat(Describe(what), ".runs[", r, "] = blocks [",
                                                      run.first_block, ", +", run.num_blocks,
                                                      ") outside the pool of ",
                                                      limits.pool_blocks, " blocks"));
@@ -34,7 +48,7 @@ absl::Status PackTable(const KvRun* runs, int32_t num_runs, int32_t position, in
     start += int64_t{run.num_blocks} * limits.block_tokens;
   }
   if (position >= start) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": runs hold ", start,
+    return absl::InvalidArgumentError(absl::StrCat(Describe(what), ": runs hold ", start,
                                                    " tokens, position ", position,
                                                    " has no block"));
   }
@@ -42,14 +56,14 @@ absl::Status PackTable(const KvRun* runs, int32_t num_runs, int32_t position, in
 }
 
 absl::Status CheckRow(int32_t token, int32_t position, const PackLimits& limits,
-                      const std::string& what) {
+                      const What& what) {
   if (token < 0 || token >= limits.vocab_size) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ".token = ", token, " outside [0, ", limits.vocab_size, ")"));
+        absl::StrCat(Describe(what), ".token = ", token, " outside [0, ", limits.vocab_size, ")"));
   }
   if (position < 0 || position >= limits.max_context) {
     return absl::InvalidArgumentError(
-        absl::StrCat(what, ".position = ", position, " outside [0, ", limits.max_context, ")"));
+        absl::StrCat(Describe(what), ".position = ", position, " outside [0, ", limits.max_context, ")"));
   }
   return absl::OkStatus();
 }
@@ -75,7 +89,7 @@ absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout&
   for (int32_t s = 0; s < step.max_slots; ++s) {
     out[l.table + s] = s;
     if (!step.active[s]) continue;
-    const std::string what = absl::StrCat("slot ", s);
+    const What what{false, s, -1};
     absl::Status st = CheckRow(step.token[s], step.position[s], limits, what);
     if (st.ok()) {
       st = PackTable(step.SlotRunsData(s), step.num_runs[s], step.position[s], s, l, limits,
@@ -101,17 +115,17 @@ absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout&
   }
   std::fill(out, out + l.total, 0);
   const int32_t last = chunk.start + static_cast<int32_t>(n) - 1;
-  const std::string what = absl::StrCat("prefill chunk of slot ", chunk.slot);
+  const What what{true, chunk.slot, -1};
   absl::Status st = CheckRow(0, last, limits, what);
   if (st.ok()) st = PackTable(chunk.runs, chunk.num_runs, last, 0, l, limits, what, out);
   for (int64_t i = 0; st.ok() && i < n; ++i) {
     st = CheckRow(chunk.tokens[i], chunk.start + static_cast<int32_t>(i), limits,
-                  absl::StrCat(what, " row ", i));
+                  What{true, chunk.slot, static_cast<int32_t>(i)});
     out[l.active + i] = 1;
     out[l.token + i] = chunk.tokens[i];
     out[l.position + i] = chunk.start + static_cast<int32_t>(i);
   }
-  if (chunk.start < 0) st = absl::InvalidArgumentError(absl::StrCat(what, ".start < 0"));
+  if (chunk.start < 0) st = absl::InvalidArgumentError(Describe(what) + ".start < 0");
   if (!st.ok()) {
     std::fill(out, out + l.total, 0);
     return st;

@@ -5,6 +5,7 @@
 #include <random>
 #include <vector>
 
+#include "common/testing/alloc_counter.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
 
@@ -91,6 +92,19 @@ TEST(StepPackingTest, DecodeRowsResolveTokensLikeTheCpuRunTables) {
     }
     std::fill(buf.begin(), buf.end(), -7);
   }
+}
+
+TEST(StepPackingTest, PackingAGoodStepDoesNotAllocate) {
+  if (!alloc_counter::kAvailable) GTEST_SKIP() << "allocation counting is off under sanitizers";
+  std::mt19937 rng(17);
+  const int32_t slots = 64, max_runs = 8, block_tokens = 16;
+  const PackLimits limits{2000, block_tokens, 4096, 32000};
+  const StepInputLayout l = DecodeLayout(slots, max_runs);
+  std::vector<int32_t> buf(l.total);
+  StepDescriptor d = RandomStep(rng, slots, max_runs, 2000, block_tokens, 32000);
+  const int64_t before = alloc_counter::AllocationCount();
+  for (int i = 0; i < 10; ++i) ASSERT_TRUE(PackDecodeInputs(d, l, limits, buf.data()).ok());
+  EXPECT_EQ(alloc_counter::AllocationCount(), before);
 }
 
 TEST(StepPackingTest, BadDescriptorsNameSlotAndFieldAndLeaveZeros) {
