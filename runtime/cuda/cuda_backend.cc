@@ -133,7 +133,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   b->limits_ = PackLimits{options.kv_blocks, options.kv_block_tokens, options.max_context,
                           config.vocab_size};
   b->decode_layout_ = DecodeLayout(options.max_slots, options.max_runs);
-  b->prefill_layout_ = PrefillLayout(options.max_chunk_tokens, options.max_runs);
+  // A prompt's run table may be wider than the descriptor's rows while compaction is pending (the
+  // engine then passes the pager's full table), so the prefill graph's one table takes as many
+  // runs as a max-context history can have.
+  const int32_t context_blocks =
+      (options.max_context + options.kv_block_tokens - 1) / options.kv_block_tokens;
+  b->prefill_layout_ =
+      PrefillLayout(options.max_chunk_tokens, std::max(options.max_runs, context_blocks));
   cudaDeviceProp prop{};
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   b->device_name_ = prop.name;
