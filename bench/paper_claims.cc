@@ -16,8 +16,6 @@
 //   3. reserved KV memory (mean over the run): kvrm / static;
 //   4. burst spikes: the worst one-second p99 inter-token latency over the run's median.
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include <atomic>
 #include <cstdio>
@@ -32,6 +30,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "common/status_macros.h"
+#include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
 #include "nlohmann/json.hpp"
@@ -41,8 +41,6 @@
 #include "tools/replay/stats.h"
 #include "tools/replay/trace.h"
 #include "tools/replay/workload.h"
-
-extern char** environ;
 
 ABSL_FLAG(std::string, kvrmd, "bazel-bin/server/kvrmd", "the kvrmd binary");
 ABSL_FLAG(std::string, model, "builtin:tiny", "model for both modes");
@@ -84,7 +82,7 @@ struct ModeResult {
 // ---- kvrmd as a child process ---------------------------------------------------------------
 
 struct Daemon {
-  pid_t pid = -1;
+  Subprocess process;
   int port = 0;
 };
 
@@ -110,28 +108,15 @@ absl::StatusOr<Daemon> StartKvrmd(const std::string& mode, int64_t kv_blocks) {
       "--max_queue=100000",
       "--log_level=warning",
   };
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
   Daemon d;
-  if (posix_spawn(&d.pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) {
-    return absl::InternalError("cannot start " + args[0]);
-  }
-  for (int i = 0; i < 1200; ++i) {
-    std::ifstream in(port_file);
-    if (in >> d.port && d.port > 0) return d;
-    int status;
-    if (waitpid(d.pid, &status, WNOHANG) == d.pid) return absl::InternalError("kvrmd exited");
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  kill(d.pid, SIGKILL);
-  return absl::DeadlineExceededError("kvrmd did not start");
+  ASSIGN_OR_RETURN(d.process, Subprocess::Start(args, {dir + "/kvrmd-" + mode + ".log", ""}));
+  ASSIGN_OR_RETURN(d.port, d.process.WaitForPortFile(port_file, absl::Seconds(60)));
+  return d;
 }
 
-void StopKvrmd(const Daemon& d) {
-  kill(d.pid, SIGTERM);
-  int status;
-  waitpid(d.pid, &status, 0);
+void StopKvrmd(Daemon& d) {
+  d.process.Signal(SIGTERM);
+  d.process.Wait();
 }
 
 // ---- workloads ------------------------------------------------------------------------------

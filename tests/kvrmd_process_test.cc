@@ -1,11 +1,7 @@
 // kvrmd as a process: start-up failures exit non-zero with a message naming the problem, and
 // SIGTERM drains (health NOT_SERVING at once, in-flight streams finish within the grace period,
 // new requests are refused, exit 0).
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -15,61 +11,33 @@
 #include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
 #include "common/json.h"
+#include "common/subprocess.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
 #include "tests/test_server.h"
-
-extern char** environ;
 
 namespace kvrm {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string TmpDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
+std::string TmpDir() { return TestTmpDir(); }
 
-struct Process {
-  pid_t pid = -1;
-  std::string log;
-
-  int Wait() {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::string Output() const {
-    absl::StatusOr<std::string> s = ReadFileToString(log);
-    return s.ok() ? *s : "";
-  }
-};
-
-Process StartKvrmd(const std::vector<std::string>& args, const std::string& name) {
-  Process p;
-  p.log = TmpDir() + "/" + name + ".log";
+Subprocess StartKvrmd(const std::vector<std::string>& args, const std::string& name) {
   // Metrics on a free loopback port, so concurrent test runs never collide on 9400.
-  std::vector<std::string> argv_s = {"server/kvrmd", "--metrics_listen=127.0.0.1",
-                                     "--metrics_port=0"};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, p.log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  EXPECT_EQ(posix_spawn(&p.pid, argv[0], &actions, nullptr, argv.data(), environ), 0);
-  posix_spawn_file_actions_destroy(&actions);
-  return p;
+  std::vector<std::string> argv = {"server/kvrmd", "--metrics_listen=127.0.0.1",
+                                   "--metrics_port=0"};
+  argv.insert(argv.end(), args.begin(), args.end());
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, {TmpDir() + "/" + name + ".log", ""});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? std::move(*p) : Subprocess();
 }
 
 TEST(KvrmdProcessTest, MissingModelExitsNonZeroNamingThePath) {
   const std::string dir = TmpDir() + "/no-such-model";
-  Process p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "missing");
+  Subprocess p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "missing");
   EXPECT_EQ(p.Wait(), 1);
-  EXPECT_TRUE(absl::StrContains(p.Output(), dir)) << p.Output();
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), dir)) << p.LogTail();
 }
 
 TEST(KvrmdProcessTest, BrokenConfigExitsNonZeroNamingTheFile) {
@@ -79,9 +47,9 @@ TEST(KvrmdProcessTest, BrokenConfigExitsNonZeroNamingTheFile) {
     fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
   }
   std::ofstream(dir + "/config.json") << "{\"hidden_size\": 128, ";  // truncated JSON
-  Process p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "broken");
+  Subprocess p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "broken");
   EXPECT_EQ(p.Wait(), 1);
-  EXPECT_TRUE(absl::StrContains(p.Output(), "config.json")) << p.Output();
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "config.json")) << p.LogTail();
 }
 
 // grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
@@ -117,16 +85,13 @@ int HealthStatus(const std::shared_ptr<grpc::Channel>& channel) {
 TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
   const std::string port_file = TmpDir() + "/kvrmd.port";
   fs::remove(port_file);
-  Process p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
+  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
                           "--port_file=" + port_file, "--slots=4", "--threads=2",
                           "--drain_grace_s=60"},
                          "drain");
-  for (int i = 0; i < 300 && !fs::exists(port_file); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  ASSERT_TRUE(fs::exists(port_file)) << p.Output();
-  int port = 0;
-  std::ifstream(port_file) >> port;
+  absl::StatusOr<int> port_or = p.WaitForPortFile(port_file, absl::Seconds(60));
+  ASSERT_TRUE(port_or.ok()) << port_or.status();
+  const int port = *port_or;
   auto channel =
       grpc::CreateChannel("127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials());
   auto stub = v1::Kvrm::NewStub(channel);
@@ -163,7 +128,7 @@ TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
   ASSERT_GE(first_tokens.load(), 4);
   EXPECT_EQ(HealthStatus(channel), 1);  // SERVING
   const auto sigterm_at = std::chrono::steady_clock::now();
-  kill(p.pid, SIGTERM);
+  p.Signal(SIGTERM);
   // Health flips to NOT_SERVING at once (well inside a readiness probe period).
   int health = HealthStatus(channel);
   while (health != 2 && std::chrono::steady_clock::now() - sigterm_at < std::chrono::seconds(1)) {
@@ -187,8 +152,8 @@ TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
     EXPECT_EQ(results[i].finished.reason(), v1::FINISH_REASON_LENGTH) << i;
     EXPECT_EQ(results[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
   }
-  EXPECT_EQ(p.Wait(), 0) << p.Output();
-  EXPECT_TRUE(absl::StrContains(p.Output(), "drained cleanly")) << p.Output();
+  EXPECT_EQ(p.Wait(), 0) << p.LogTail();
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "drained cleanly")) << p.LogTail();
 }
 
 }  // namespace

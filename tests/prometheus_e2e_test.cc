@@ -2,12 +2,9 @@
 // linter and by a real Prometheus server on loopback, and the p99 time to first token read back
 // through Prometheus' HTTP API agrees with what the client measured, within one bucket. Also
 // checks /healthz and /readyz through a SIGTERM drain.
-#include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/socket.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,12 +20,11 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "metrics/http_get.h"
 #include "metrics/kvrm_metrics.h"
 #include "tests/test_server.h"
-
-extern char** environ;
 
 namespace kvrm {
 namespace {
@@ -36,44 +32,12 @@ namespace {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-std::string TmpDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
+std::string TmpDir() { return TestTmpDir(); }
 
-// A child process, killed (SIGKILL) and reaped on destruction unless waited for.
-struct Child {
-  pid_t pid = -1;
-  std::string log;
-  ~Child() {
-    if (pid > 0) {
-      kill(pid, SIGKILL);
-      waitpid(pid, nullptr, 0);
-    }
-  }
-  int Wait() {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    pid = -1;
-    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  }
-  std::string Output() const {
-    absl::StatusOr<std::string> s = ReadFileToString(log);
-    return s.ok() ? s->substr(s->size() > 4000 ? s->size() - 4000 : 0) : "";
-  }
-};
-
-void Spawn(Child* c, std::vector<std::string> argv_s, const std::string& name) {
-  c->log = TmpDir() + "/" + name + ".log";
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, c->log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&actions, 1, 2);
-  ASSERT_EQ(posix_spawn(&c->pid, argv[0], &actions, nullptr, argv.data(), environ), 0) << argv[0];
-  posix_spawn_file_actions_destroy(&actions);
+Subprocess Spawn(const std::vector<std::string>& argv, const std::string& name) {
+  absl::StatusOr<Subprocess> p = Subprocess::Start(argv, {TmpDir() + "/" + name + ".log", ""});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? std::move(*p) : Subprocess();
 }
 
 // Runs a shell command, returning its exit status and output.
@@ -87,14 +51,10 @@ std::pair<int, std::string> Shell(const std::string& command) {
   return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
 }
 
-int ReadPortFile(const std::string& path, const Child& c) {
-  for (int i = 0; i < 400 && !fs::exists(path); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  int port = 0;
-  std::ifstream(path) >> port;
-  EXPECT_GT(port, 0) << path << "\n" << c.Output();
-  return port;
+int ReadPortFile(const std::string& path, Subprocess& c) {
+  absl::StatusOr<int> port = c.WaitForPortFile(path, absl::Seconds(20));
+  EXPECT_TRUE(port.ok()) << port.status();
+  return port.ok() ? *port : 0;
 }
 
 // A port that was free a moment ago (Prometheus takes a fixed --web.listen-address).
@@ -154,9 +114,8 @@ TEST(PrometheusE2eTest, RealPrometheusScrapesKvrmdAndAgreesOnP99Ttft) {
   const std::string tmp = TmpDir();
   const std::string grpc_port_file = tmp + "/grpc.port";
   const std::string metrics_port_file = tmp + "/metrics.port";
-  Child kvrmd;
-  Spawn(&kvrmd,
-        {"server/kvrmd", "--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
+  Subprocess kvrmd =
+      Spawn({"server/kvrmd", "--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
          "--port_file=" + grpc_port_file, "--metrics_listen=127.0.0.1", "--metrics_port=0",
          "--metrics_port_file=" + metrics_port_file, "--slots=2", "--threads=2",
          "--drain_grace_s=30"},
@@ -178,9 +137,8 @@ TEST(PrometheusE2eTest, RealPrometheusScrapesKvrmdAndAgreesOnP99Ttft) {
   std::ofstream(config) << "global:\n  scrape_interval: 1s\n  evaluation_interval: 1s\n"
                         << "scrape_configs:\n  - job_name: kvrmd\n    static_configs:\n"
                         << "      - targets: ['127.0.0.1:" << metrics_port << "']\n";
-  Child prometheus;
-  Spawn(&prometheus,
-        {"/usr/bin/prometheus", "--config.file=" + config, "--storage.tsdb.path=" + tmp + "/tsdb",
+  Subprocess prometheus =
+      Spawn({"/usr/bin/prometheus", "--config.file=" + config, "--storage.tsdb.path=" + tmp + "/tsdb",
          "--web.listen-address=127.0.0.1:" + std::to_string(prom_port)},
         "prometheus");
 
@@ -221,7 +179,7 @@ TEST(PrometheusE2eTest, RealPrometheusScrapesKvrmdAndAgreesOnP99Ttft) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
     seen = QueryPrometheus(prom_port, count_query);
   }
-  ASSERT_EQ(seen, kRequests) << prometheus.Output();
+  ASSERT_EQ(seen, kRequests) << prometheus.LogTail();
 
   // Over the raw cumulative counts (all requests so far), the p99 Prometheus computes must
   // fall in the bucket of the client's p99 or a neighbouring one: the client's figure includes
@@ -261,7 +219,7 @@ TEST(PrometheusE2eTest, RealPrometheusScrapesKvrmdAndAgreesOnP99Ttft) {
   for (int i = 0; i < 500 && !first; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   ASSERT_TRUE(first.load());
-  kill(kvrmd.pid, SIGTERM);
+  kvrmd.Signal(SIGTERM);
   int ready = 200;
   for (int i = 0; i < 400 && ready == 200; ++i) {
     ready = probe("/readyz");
@@ -274,10 +232,10 @@ TEST(PrometheusE2eTest, RealPrometheusScrapesKvrmdAndAgreesOnP99Ttft) {
   }
   client.join();
   EXPECT_TRUE(long_status.ok()) << long_status.error_message();
-  EXPECT_EQ(kvrmd.Wait(), 0) << kvrmd.Output();
+  EXPECT_EQ(kvrmd.Wait(), 0) << kvrmd.LogTail();
 
-  kill(prometheus.pid, SIGTERM);
-  EXPECT_EQ(prometheus.Wait(), 0) << prometheus.Output();
+  prometheus.Signal(SIGTERM);
+  EXPECT_EQ(prometheus.Wait(), 0) << prometheus.LogTail();
 }
 
 }  // namespace

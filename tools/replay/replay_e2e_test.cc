@@ -1,11 +1,7 @@
 // End to end: kvrmd (the tiny model, 8 slots) started as a process, kvrm_replay run against it on
 // 30 seconds of the Azure conversation trace, time-compressed about three times with lengths
 // scaled to the tiny model. Every request of the window must be accounted for in the summary.
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -17,50 +13,30 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "common/subprocess.h"
 #include "gtest/gtest.h"
 #include "tools/replay/trace.h"
 #include "tools/replay/trace_files.h"
-
-extern char** environ;
 
 namespace kvrm::replay {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string TmpDir() {
-  const char* t = std::getenv("TEST_TMPDIR");
-  return t ? t : "/tmp";
-}
+std::string TmpDir() { return TestTmpDir(); }
 
 std::string ReadAll(const std::string& path) {
   absl::StatusOr<std::string> s = ReadFileToString(path);
   return s.ok() ? *s : "";
 }
 
-// Spawns argv with stdout and stderr to `log` (and stdout to `out` when given).
-pid_t Spawn(std::vector<std::string> args, const std::string& log, const std::string& out = "") {
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 2, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  if (out.empty()) {
-    posix_spawn_file_actions_adddup2(&actions, 2, 1);
-  } else {
-    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  }
-  pid_t pid = -1;
-  EXPECT_EQ(posix_spawn(&pid, argv[0], &actions, nullptr, argv.data(), environ), 0) << args[0];
-  posix_spawn_file_actions_destroy(&actions);
-  return pid;
-}
-
-int Wait(pid_t pid) {
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+// Runs argv to completion with stderr to `log` (and stdout too, unless `out` is given); its exit
+// code.
+int RunToExit(const std::vector<std::string>& args, const std::string& log,
+              const std::string& out = "") {
+  absl::StatusOr<Subprocess> p = Subprocess::Start(args, {log, out});
+  EXPECT_TRUE(p.ok()) << p.status();
+  return p.ok() ? p->Wait() : -1;
 }
 
 // Rows of the Azure CSV whose timestamp is within `seconds` of the first, counted directly from
@@ -84,31 +60,31 @@ class KvrmdProcess {
   explicit KvrmdProcess(int slots = 8, int max_queue = 256) {
     const std::string port_file = TmpDir() + "/kvrmd.port";
     fs::remove(port_file);
-    log_ = TmpDir() + "/kvrmd.log";
-    pid_ = Spawn(
+    absl::StatusOr<Subprocess> p = Subprocess::Start(
         {"server/kvrmd", "--model=builtin:tiny", "--model_cache=" + TmpDir() + "/models",
-         "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1", "--metrics_port=0", "--port_file=" + port_file, "--slots=" + std::to_string(slots),
+         "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1", "--metrics_port=0",
+         "--port_file=" + port_file, "--slots=" + std::to_string(slots),
          "--max_queue=" + std::to_string(max_queue), "--threads=2"},
-        log_);
-    for (int i = 0; i < 1200 && !fs::exists(port_file); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    std::ifstream(port_file) >> port_;
+        {TmpDir() + "/kvrmd.log", ""});
+    EXPECT_TRUE(p.ok()) << p.status();
+    if (!p.ok()) return;
+    process_ = std::move(*p);
+    absl::StatusOr<int> port = process_.WaitForPortFile(port_file, absl::Seconds(60));
+    EXPECT_TRUE(port.ok()) << port.status();
+    port_ = port.ok() ? *port : 0;
   }
   ~KvrmdProcess() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      Wait(pid_);
-    }
+    process_.Signal(SIGTERM);
+    process_.Wait();
   }
   int port() const { return port_; }
-  std::string Log() const { return ReadAll(log_); }
+  std::string Log() const { return process_.LogTail(1 << 20); }
 
  private:
-  pid_t pid_ = -1;
+  Subprocess process_;
   int port_ = 0;
-  std::string log_;
 };
+
 
 TEST(ReplayE2eTest, ThirtySecondsOfAzureTraceAllAccountedFor) {
   const std::string traces = FindTracesDir();
@@ -126,13 +102,13 @@ TEST(ReplayE2eTest, ThirtySecondsOfAzureTraceAllAccountedFor) {
   const std::string log = TmpDir() + "/replay.log";
   const std::string out = TmpDir() + "/replay.out";
   const auto start = std::chrono::steady_clock::now();
-  const pid_t replay =
-      Spawn({"tools/replay/kvrm_replay", "--server=127.0.0.1:" + std::to_string(kvrmd.port()),
+  const int replay_exit =
+      RunToExit({"tools/replay/kvrm_replay", "--server=127.0.0.1:" + std::to_string(kvrmd.port()),
              "--trace=" + trace, "--start=0", "--duration=30", "--time_scale=0.33",
              "--input_scale=0.1", "--output_scale=0.1", "--slo=1000,100", "--json=" + json,
              "--csv=" + csv, "--svg=" + svg, "--request_timeout_s=60"},
-            log, out);
-  ASSERT_EQ(Wait(replay), 0) << ReadAll(log) << ReadAll(out);
+          log, out);
+  ASSERT_EQ(replay_exit, 0) << ReadAll(log) << ReadAll(out);
   const double wall_s =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   // Open loop: the run lasts about the compressed window, 30 s * 0.33.
@@ -187,8 +163,7 @@ Json RunSynthetic(int port, const std::vector<std::string>& flags) {
                                    "--server=127.0.0.1:" + std::to_string(port), "--json=" + json,
                                    "--request_timeout_s=60"};
   args.insert(args.end(), flags.begin(), flags.end());
-  const pid_t replay = Spawn(args, log);
-  EXPECT_EQ(Wait(replay), 0) << ReadAll(log);
+  EXPECT_EQ(RunToExit(args, log), 0) << ReadAll(log);
   absl::StatusOr<Json> summary = ReadJsonFile(json);
   EXPECT_TRUE(summary.ok()) << summary.status() << ReadAll(log);
   return summary.ok() ? *summary : Json::object();
