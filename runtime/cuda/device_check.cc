@@ -7,8 +7,8 @@
 //   4. decode through the graph at several slot counts: step time, tokens/s, bytes read per
 //      step over the copy bandwidth, and the time the step waited on the copy-stream transport
 //      while compaction groups were pre-staged beside it.
-// Prints a table last; --json FILE writes the same figures. Exit 0 when every check passed,
-// 1 when one failed, 2 when there is no GPU.
+// Prints a table last; --json FILE writes the same figures; --checks_only skips step 4. Exit 0
+// when every check passed, 1 when one failed, 2 when there is no GPU.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -688,11 +688,12 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
 int main(int argc, char** argv) {
   using namespace kvrm::cuda;
   std::string json_path;
-  bool quick = false;
+  bool quick = false, checks_only = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     if (a == "--quick") quick = true;
+    if (a == "--checks_only") checks_only = true;  // correctness only (the requires-gpu test)
   }
   const int devices = CudaDeviceCount();
   if (devices == 0) {
@@ -725,7 +726,8 @@ int main(int argc, char** argv) {
   if (devices >= 2) run(CheckBackend(*model, 2));
 
   std::vector<BenchRow> rows;
-  const std::vector<int> slot_counts = quick ? std::vector<int>{64} : std::vector<int>{16, 64, 128};
+  std::vector<int> slot_counts = quick ? std::vector<int>{64} : std::vector<int>{16, 64, 128};
+  if (checks_only) slot_counts.clear();
   for (int tp : devices >= 2 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
     for (int slots : slot_counts) {
       rows.push_back(Bench(*model, tp, slots, 512, copy_gbs));
