@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
+#include "runtime/far_history.h"
 #include "runtime/kv_pool.h"
 #include "runtime/transfer_plan.h"
 
@@ -27,6 +28,17 @@ struct StepDescriptor {
   std::vector<int32_t> token;     // [max_slots] input token
   std::vector<int32_t> num_runs;  // [max_slots]
   std::vector<KvRun> runs;        // [max_slots][max_runs]
+  // Far-history summaries (runtime/far_history.h, docs/runtime.md): all zero when off, and then
+  // nothing above changes meaning. On, a row's run table lists its kept blocks only: logical
+  // blocks [0, far.sink_blocks), then those from far.sink_blocks + far_dropped on (the blocks in
+  // between were summarized and freed). The row attends to its sinks and to logical blocks from
+  // far.sink_blocks + far_summaries on exactly, and to summary entries [0, far_summaries) of its
+  // slot (entry j: the mean K and V of logical block far.sink_blocks + j, score + log(block
+  // tokens)). The step writes entries [far_dropped, far_summaries), from blocks still in the run
+  // table, before the layer's attention; the engine frees those blocks after the step.
+  FarHistoryShape far;
+  std::vector<int32_t> far_dropped;    // [max_slots]
+  std::vector<int32_t> far_summaries;  // [max_slots] = far.SummariesAt(position), >= far_dropped
 
   void Resize(int32_t slots, int32_t runs_per_slot) {
     max_slots = slots;
@@ -36,6 +48,8 @@ struct StepDescriptor {
     token.assign(slots, 0);
     num_runs.assign(slots, 0);
     runs.assign(static_cast<size_t>(slots) * runs_per_slot, KvRun{});
+    far_dropped.assign(slots, 0);
+    far_summaries.assign(slots, 0);
   }
   absl::Span<KvRun> SlotRuns(int32_t slot) {
     return absl::MakeSpan(runs).subspan(static_cast<size_t>(slot) * max_runs, max_runs);
@@ -50,6 +64,11 @@ struct PrefillChunk {
   absl::Span<const int32_t> tokens;
   const KvRun* runs = nullptr;
   int32_t num_runs = 0;
+  // Far history (see StepDescriptor; zero when off): row i attends like a decode row at
+  // start + i, far.SummariesAt(start + i) entries; the chunk writes entries [far_dropped,
+  // far.SummariesAt(start + tokens.size() - 1)) before each layer's attention.
+  FarHistoryShape far;
+  int32_t far_dropped = 0;
 };
 
 class Backend {
@@ -66,6 +85,9 @@ class Backend {
   // of KV heads for the same block ids. The transport copies blocks in every pool alike.
   virtual int32_t num_kv_pools() const = 0;
   virtual KvPool* kv_pool(int32_t rank) = 0;
+  // Whether Decode and Prefill implement the far-history fields (the engine refuses
+  // --far_history otherwise rather than compute something else).
+  virtual bool supports_far_history() const { return false; }
 
   // The host tier (paused requests' KV, kvrm mode): `blocks` blocks per rank, same shape as the
   // device pools. Called once at start-up, before any CopyGroup. The default allocates pageable

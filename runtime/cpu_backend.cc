@@ -48,6 +48,15 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
     b->ranks_.push_back(std::make_unique<CpuRank>(config, std::move(shard), std::move(kv),
                                                   b->comm_->communicator(r), b->rope_.data(),
                                                   shape));
+    if (options.far_history.enabled()) {
+      // The summary store: "block" s holds slot s's entries, so one slot's entries of one head
+      // are contiguous, as a run is.
+      pool.block_tokens = FarHistoryMaxSummaries(options.far_history, options.kv_block_tokens,
+                                                 options.max_context);
+      pool.num_blocks = options.max_slots;
+      ASSIGN_OR_RETURN(std::unique_ptr<KvPool> store, KvPool::Create(pool));
+      b->ranks_.back()->SetFarHistory(options.far_history, std::move(store));
+    }
   }
   return b;
 }
@@ -88,6 +97,20 @@ absl::Status CpuBackend::Forward(int32_t n, int32_t first_logit_row) {
   return absl::OkStatus();
 }
 
+absl::Status CpuBackend::CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
+                                         int32_t summaries) const {
+  if (dropped == 0 && summaries == 0) return absl::OkStatus();
+  if (far != options_.far_history || !far.enabled()) {
+    return absl::InvalidArgumentError("far-history fields set, but not the backend's far shape");
+  }
+  if (dropped < 0 || dropped > summaries ||
+      summaries > FarHistoryMaxSummaries(far, options_.kv_block_tokens, options_.max_context)) {
+    return absl::InvalidArgumentError(absl::StrCat("far history: ", dropped, " dropped blocks, ",
+                                                   summaries, " summaries"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
   int32_t n = 0;
   int32_t slot_of_row[1024];
@@ -99,7 +122,10 @@ absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
     if (step.position[s] >= options_.max_context) {
       return absl::OutOfRangeError(absl::StrCat("slot ", s, " position past max context"));
     }
-    rows_[n] = CpuRow{step.token[s], step.position[s], step.SlotRunsData(s), step.num_runs[s]};
+    const int32_t dropped = step.far_dropped[s], summaries = step.far_summaries[s];
+    RETURN_IF_ERROR(CheckFarHistory(step.far, dropped, summaries));
+    rows_[n] = CpuRow{step.token[s], step.position[s], step.SlotRunsData(s), step.num_runs[s],
+                      s, dropped, summaries};
     slot_of_row[n++] = s;
   }
   if (n == 0) return absl::OkStatus();
@@ -121,8 +147,17 @@ absl::Status CpuBackend::Prefill(const PrefillChunk& chunk, float* last_logits) 
   if (chunk.start + n > options_.max_context) {
     return absl::OutOfRangeError("prefill chunk past max context");
   }
+  if (chunk.far_dropped > chunk.far.SummariesAt(chunk.start, options_.kv_block_tokens)) {
+    return absl::InvalidArgumentError("prefill chunk: blocks dropped that its first row reads");
+  }
+  if (chunk.far.enabled() && (chunk.slot < 0 || chunk.slot >= options_.max_slots)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill chunk of slot ", chunk.slot));
+  }
   for (int32_t i = 0; i < n; ++i) {
-    rows_[i] = CpuRow{chunk.tokens[i], chunk.start + i, chunk.runs, chunk.num_runs};
+    const int32_t summaries = chunk.far.SummariesAt(chunk.start + i, options_.kv_block_tokens);
+    RETURN_IF_ERROR(CheckFarHistory(chunk.far, chunk.far_dropped, summaries));
+    rows_[i] = CpuRow{chunk.tokens[i], chunk.start + i, chunk.runs, chunk.num_runs,
+                      chunk.slot, chunk.far_dropped, summaries};
   }
   RETURN_IF_ERROR(Forward(n, last_logits ? n - 1 : n));
   if (last_logits) {

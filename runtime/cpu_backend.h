@@ -20,6 +20,7 @@
 #include "runtime/backend.h"
 #include "runtime/communicator.h"
 #include "runtime/cpu_rank.h"
+#include "runtime/far_history.h"
 #include "runtime/kv_pool.h"
 
 namespace kvrm {
@@ -32,6 +33,9 @@ struct CpuBackendOptions {
   int32_t max_context = 0;  // positions; <= the model's max_position_embeddings
   int32_t num_threads = 2;  // all threads, split evenly over the ranks (at least one each)
   int32_t tensor_parallel = 1;  // ranks; must divide heads, KV heads and intermediate size
+  // Far-history summaries (runtime/far_history.h): on when window_blocks > 0; then every rank
+  // holds a summary store of FarHistoryMaxSummaries entries per slot, allocated here.
+  FarHistoryShape far_history;
 };
 
 class CpuBackend : public Backend {
@@ -48,6 +52,7 @@ class CpuBackend : public Backend {
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
   KvPool* kv_pool(int32_t rank) override { return ranks_[rank]->kv_pool(); }
+  bool supports_far_history() const override { return true; }
 
   int32_t tensor_parallel() const { return static_cast<int32_t>(ranks_.size()); }
   // Bytes of weight shards the ranks copied at load time (row-parallel O and down).
@@ -55,6 +60,9 @@ class CpuBackend : public Backend {
 
  private:
   CpuBackend(const LlamaConfig& config, const CpuBackendOptions& options);
+  // The far-history fields of a step or chunk against the backend's shape (INVALID_ARGUMENT).
+  absl::Status CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
+                               int32_t summaries) const;
   // Runs every rank's forward over rows_[0, n) (logits for rows [first_logit_row, n)).
   absl::Status Forward(int32_t n, int32_t first_logit_row);
 

@@ -40,6 +40,12 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   scratch_.resize(threads_.num_threads() * scratch_per_thread_);
 }
 
+void CpuRank::SetFarHistory(const FarHistoryShape& shape, std::unique_ptr<KvPool> summaries) {
+  CHECK(summaries != nullptr && summaries->shape().kv_heads == w_.kv_heads);
+  far_ = shape;
+  summaries_ = std::move(summaries);
+}
+
 void CpuRank::Embed(const CpuRow* rows, int32_t n) {
   for (int32_t i = 0; i < n; ++i) WeightRowToFloat(w_.embed, rows[i].token, &x_[i * d_]);
 }
@@ -62,7 +68,9 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
     ApplyRope(&q_[i * qw_], w_.heads, hd_, cs);
     ApplyRope(&k_[i * kvw_], w_.kv_heads, hd_, cs);
     // The new token's K/V go where the run table puts its position.
-    const int64_t phys = PhysicalToken(r.runs, r.num_runs, kv.block_tokens, r.position);
+    const int64_t phys =
+        PhysicalToken(r.runs, r.num_runs, kv.block_tokens,
+                      KeptPosition(r.position, kv.block_tokens, far_.sink_blocks, r.far_dropped));
     for (int64_t g = 0; g < w_.kv_heads; ++g) {
       std::memcpy(kv.KeyAt(g, phys), &k_[i * kvw_ + g * hd_], hd_ * sizeof(float));
       std::memcpy(kv.ValueAt(g, phys), &v_[i * kvw_ + g * hd_], hd_ * sizeof(float));
@@ -70,10 +78,36 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
   }
 }
 
+void CpuRank::Summarize(int32_t layer, const CpuRow* rows, int32_t n) {
+  const KvLayerView kv = pool_->Layer(layer);
+  const KvLayerView store = summaries_->Layer(layer);
+  const int32_t bt = kv.block_tokens;
+  const int64_t entries = store.block_tokens;
+  // At most one new entry per decoding slot every block_tokens steps, a few per prefill chunk:
+  // a few thousand adds per entry and head, not worth a parallel region.
+  for (int32_t i = 0; i < n; ++i) {
+    const CpuRow& r = rows[i];
+    if (i + 1 < n && rows[i + 1].slot == r.slot) continue;  // the slot's last row decides
+    for (int32_t j = r.far_dropped; j < r.far_summaries; ++j) {
+      // Entry j summarizes logical block sink_blocks + j, still in the run table.
+      const int64_t logical = int64_t{far_.sink_blocks + j} * bt;
+      const int64_t phys = PhysicalToken(
+          r.runs, r.num_runs, bt, KeptPosition(logical, bt, far_.sink_blocks, r.far_dropped));
+      const int64_t entry = r.slot * entries + j;
+      for (int32_t g = 0; g < w_.kv_heads; ++g) {
+        SummarizeBlock(kv, g, phys, store.KeyAt(g, entry), store.ValueAt(g, entry));
+      }
+    }
+  }
+}
+
 void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
   const KvLayerView kv = pool_->Layer(layer);
+  const KvLayerView store = summaries_ ? summaries_->Layer(layer) : KvLayerView{};
   const int32_t group = w_.heads / w_.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  // A summary entry stands for one block's tokens: its score gets + log(block_tokens).
+  const float log_weight = std::log(static_cast<float>(kv.block_tokens));
   const int64_t work = int64_t{n} * w_.kv_heads;  // (row, KV head) items
   threads_.RunOnAll([&](int t) {
     const int nt = threads_.num_threads();
@@ -84,8 +118,21 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
       const int64_t i = item / w_.kv_heads, g = item % w_.kv_heads;
       const CpuRow& r = rows[i];
       const int64_t offset = i * qw_ + g * group * hd_;
-      AttendGroup(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
-                  r.position + 1, scale, scores, &attn_[offset]);
+      if (r.far_summaries == 0 && r.far_dropped == 0) {
+        AttendGroup(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
+                    r.position + 1, scale, scores, &attn_[offset]);
+        continue;
+      }
+      FarAttention far;
+      far.sink_blocks = far_.sink_blocks;
+      far.dropped = r.far_dropped;
+      far.num_summaries = r.far_summaries;
+      const int64_t entry = int64_t{r.slot} * store.block_tokens;
+      far.k_summary = store.KeyAt(g, entry);
+      far.v_summary = store.ValueAt(g, entry);
+      far.log_weight = log_weight;
+      AttendGroupFar(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
+                     r.position + 1, far, scale, scores, &attn_[offset]);
     }
   });
 }
@@ -121,6 +168,7 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
       MatMulShare(isa, h_.data(), n, d_, l.wv, v_.data(), kvw_, t, nt, scratch);
     });
     RopeAndStoreKv(layer, rows, n);
+    if (far_.enabled()) Summarize(layer, rows, n);
     Attention(layer, rows, n);
     MatMul(threads_, attn_.data(), n, qw_, l.wo, h_.data(), d_, scratch_.data());
     RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));

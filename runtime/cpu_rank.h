@@ -20,6 +20,7 @@
 #include "kernels/cpu/thread_pool.h"
 #include "model/config.h"
 #include "runtime/communicator.h"
+#include "runtime/far_history.h"
 #include "runtime/kv_pool.h"
 #include "runtime/tp_shard.h"
 
@@ -31,6 +32,13 @@ struct CpuRow {
   int32_t position = 0;
   const KvRun* runs = nullptr;
   int32_t num_runs = 0;
+  // Far history (runtime/far_history.h; zero when off): the slot (its summary entries), the
+  // blocks missing from `runs` after the sinks, and the summary entries this row attends to.
+  // Rows of one slot are consecutive; its last row's entries [far_dropped, far_summaries) are
+  // written before the layer's attention.
+  int32_t slot = 0;
+  int32_t far_dropped = 0;
+  int32_t far_summaries = 0;
 };
 
 struct CpuRankShape {
@@ -51,6 +59,10 @@ class CpuRank {
   absl::Status Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row, float* logits);
 
   KvPool* kv_pool() { return pool_.get(); }
+  // Far history on: `summaries` is this rank's summary store, a pool whose "block" s is slot s's
+  // entries ([layer][K|V][kv_heads][slots * entries][head_dim]). Called once, before Forward.
+  void SetFarHistory(const FarHistoryShape& shape, std::unique_ptr<KvPool> summaries);
+  const KvPool* summary_store() const { return summaries_.get(); }
   const RankWeights& weights() const { return w_; }
 
  private:
@@ -58,12 +70,16 @@ class CpuRank {
   void NormRows(const WeightMatrix& norm, int32_t n);  // h_ = RmsNorm(x_)
   void AddRows(int32_t n);                              // x_ += h_
   void RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n);
+  // Far history: writes the summary entries of each slot's last row (see CpuRow).
+  void Summarize(int32_t layer, const CpuRow* rows, int32_t n);
   void Attention(int32_t layer, const CpuRow* rows, int32_t n);
   void GateUpSilu(const LayerWeights& l, int32_t n);
 
   const LlamaConfig config_;
   const RankWeights w_;
   std::unique_ptr<KvPool> pool_;
+  FarHistoryShape far_;                // all zero: off
+  std::unique_ptr<KvPool> summaries_;  // far history on; see SetFarHistory
   Communicator* const comm_;
   const float* const rope_;
   const CpuRankShape shape_;

@@ -65,7 +65,22 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                  << o.kv_blocks / blocks_per_slot << " of " << o.slots
                  << " slots at max context; the others stay empty";
   }
-  if (o.kv_blocks < blocks_per_slot) {
+  ASSIGN_OR_RETURN(const FarHistoryShape far,
+                   ResolveFarHistory(o.far_history, o.block_tokens, o.max_context));
+  if (far.enabled() && o.kv_mode != KvMode::kKvrm) {
+    return absl::InvalidArgumentError(
+        "--far_history needs --kv_mode=kvrm (the static baseline keeps every block)");
+  }
+  const int64_t far_peak = FarHistoryPeakBlocks(far, o.block_tokens, o.prefill_chunk);
+  if (far.enabled() && far_peak < blocks_per_slot) {
+    // A slot never holds more than sinks + window + one chunk: the budget needs only that.
+    if (o.kv_blocks < far_peak) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv_blocks ", o.kv_blocks, " cannot hold one request's far-history working set (",
+          far.sink_blocks, " sink + ", far.window_blocks, " window + ",
+          far_peak - far.sink_blocks - far.window_blocks, " chunk blocks)"));
+    }
+  } else if (o.kv_blocks < blocks_per_slot) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_blocks ", o.kv_blocks,
                                                    " cannot hold one request of max context (",
                                                    blocks_per_slot, " blocks)"));
@@ -92,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
   bo.tensor_parallel = o.tensor_parallel;
+  ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens, o.max_context));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model->config, &model->weights, bo));
   return CreateWithBackend(model, o, std::move(backend));
@@ -116,7 +132,15 @@ Engine::Engine(const ModelBundle* model, const EngineOptions& options)
   for (int i = 0; i < options.slots; ++i) {
     samplers_.push_back(std::make_unique<Sampler>(model->config.vocab_size));
   }
-  for (StepDescriptor& d : descriptors_) d.Resize(options.slots, options.max_runs);
+  // Resolve() validated the far-history options already.
+  far_ = ResolveFarHistory(options.far_history, options.block_tokens, options.max_context)
+             .value_or(FarHistoryShape{});
+  far_peak_blocks_ = FarHistoryPeakBlocks(far_, options.block_tokens, options.prefill_chunk);
+  for (StepDescriptor& d : descriptors_) {
+    d.Resize(options.slots, options.max_runs);
+    d.far = far_;
+  }
+  chunk_.far = far_;
   logits_.resize(static_cast<size_t>(options.slots) * model->config.vocab_size);
   chunk_logits_.resize(model->config.vocab_size);
   eos_ids_ = model->config.eos_token_ids;
@@ -126,6 +150,10 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   const EngineOptions& o = options_;
   const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
   backend_ = std::move(backend);
+  if (far_.enabled() && !backend_->supports_far_history()) {
+    return absl::InvalidArgumentError(
+        "--far_history: this backend does not implement far-history summaries");
+  }
   int64_t bytes_per_block = 0;
   for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
     bytes_per_block += backend_->kv_pool(r)->shape().BytesPerBlock();
@@ -262,6 +290,7 @@ void Engine::PublishStats() {
   s.kv = kv_->Stats();
   s.descriptor_commits_total = commits_;
   s.preemptions_total = preemptions_;
+  s.far_blocks_summarized_total = far_summarized_;
   s.transport_wait_seconds_total = absl::ToDoubleSeconds(transport_wait_);
   if (transport_) {
     const TransportStats t = transport_->Stats();
@@ -332,8 +361,10 @@ bool Engine::Step() {
   RetireTransfers();
   ResumePaused();
   Admit(now);
-  const int32_t active = BuildDescriptor();
+  int32_t active = BuildDescriptor();
   const bool prefill = PickPrefillChunk();
+  // Far history grows a prompt chunk by chunk, which may have paused a slot built above.
+  if (far_.enabled()) active = RecountActiveRows();
   if (active == 0 && !prefill) {
     PublishStats();
     return false;

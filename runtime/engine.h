@@ -22,6 +22,7 @@
 #include "runtime/backend.h"
 #include "runtime/clock.h"
 #include "runtime/engine_observer.h"
+#include "runtime/far_history.h"
 #include "runtime/kv_allocator.h"
 #include "runtime/kv_pager.h"
 #include "runtime/kv_pool.h"
@@ -62,6 +63,10 @@ struct EngineOptions {
   // A paused request whose history is at most this many tokens is dropped and recomputed on
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
+  // Far-history summaries (--far_history; kvrm mode only): off (the default) every step attends
+  // over the full history; on, over sinks + a recent window + one summary per distant block,
+  // which is approximate and bounds a decoding slot's KV blocks (runtime/far_history.h).
+  FarHistoryOptions far_history;
   Clock* clock = nullptr;  // null: the wall clock
   // Fault injection (tests only): called before each transfer group is copied; a non-OK status
   // fails that copy as a real copy error would. It may also sleep (a slow transport).
@@ -91,6 +96,7 @@ struct EngineStats {
   int32_t slots_prefilling = 0;
   int32_t slots_decoding = 0;
   int32_t slots_paused = 0;
+  uint64_t far_blocks_summarized_total = 0;  // far history: distant blocks summarized and freed
 };
 
 // A slot's life (requests wait in the queue, "queued", before they have a slot):
@@ -140,6 +146,8 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> CreateWithBackend(
       const ModelBundle* model, const EngineOptions& options, std::unique_ptr<Backend> backend);
   const EngineOptions& options() const { return options_; }
+  // The resolved far-history policy, in blocks (all zero: off).
+  const FarHistoryShape& far_history() const { return far_; }
   const ModelBundle& model() const { return *model_; }
 
  private:
@@ -184,6 +192,8 @@ class Engine {
   // pool is exhausted) and plans compaction past max_runs. Called with no step running. Returns
   // false if `slot` itself had to be paused (or failed).
   bool PrepareSlotKv(int32_t slot, int32_t position);
+  // The growth part of PrepareSlotKv: room for `tokens` positions, preempting others if needed.
+  bool GrowSlotKv(int32_t slot, int64_t tokens);
   // Pauses one request ranking below `requester` (see engine_slots.cc).
   enum class PreemptResult { kPaused, kNone, kWait };
   PreemptResult PreemptOne(int32_t requester);
@@ -193,6 +203,15 @@ class Engine {
   void FlushMoves();
   // Builds the staged descriptor for the decoding slots; returns the number active.
   int32_t BuildDescriptor();
+  // Clears staged rows whose slot is no longer decoding (paused while later rows were built);
+  // returns the number active.
+  int32_t RecountActiveRows();
+  // Far history: blocks a history of `tokens` needs to be admitted or resumed (its next token
+  // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).
+  int64_t HistoryBlocksNeeded(int64_t tokens) const;
+  int64_t FirstGrowTokens(int64_t tokens) const;
+  // Far history: frees the slot's blocks whose summaries (entries below `summaries`) exist.
+  void DropSummarized(int32_t slot, int32_t summaries);
   // Chooses this step's prefill chunk (FCFS over prefilling slots); false if none.
   bool PickPrefillChunk();
   // Turns the planned moves into transfer groups and queues them; returns the batch's fence.
@@ -213,6 +232,8 @@ class Engine {
 
   const ModelBundle* model_;
   EngineOptions options_;
+  FarHistoryShape far_;          // resolved from options_.far_history; all zero: off
+  int64_t far_peak_blocks_ = 0;  // far history: the most device blocks one slot holds
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvAllocator> kv_;
   KvPager* pager_ = nullptr;  // == kv_ in kvrm mode, null in static mode
@@ -248,6 +269,7 @@ class Engine {
   uint64_t commits_ = 0;
   uint64_t preemptions_ = 0;
   uint64_t admissions_ = 0;
+  uint64_t far_summarized_ = 0;  // blocks replaced by summaries and freed
   absl::Duration transport_wait_;
 
   // Posted by other threads.

@@ -14,9 +14,10 @@ double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 // Physical block holding logical position `pos` of a slot, from a descriptor row.
 int32_t HotBlock(const StepDescriptor& d, int32_t slot, int32_t block_tokens) {
+  const int64_t kept =
+      KeptPosition(d.position[slot], block_tokens, d.far.sink_blocks, d.far_dropped[slot]);
   return static_cast<int32_t>(
-      PhysicalToken(d.SlotRunsData(slot), d.num_runs[slot], block_tokens, d.position[slot]) /
-      block_tokens);
+      PhysicalToken(d.SlotRunsData(slot), d.num_runs[slot], block_tokens, kept) / block_tokens);
 }
 
 }  // namespace
@@ -165,7 +166,7 @@ void Engine::ResumePaused() {
     if (pick < 0) return;
     Slot& s = slots_[pick];
     const int64_t need = s.swapped ? pager_->NumBlocks(pick) + 1
-                                   : pager_->BlocksFor(static_cast<int64_t>(s.history.size()) + 1);
+                                   : HistoryBlocksNeeded(static_cast<int64_t>(s.history.size()));
     if (pager_->free_device_blocks() < need + headroom) return;
     if (s.swapped) {
       const absl::Status st = pager_->PlanSwapIn(pick, transport_->next_fence() + 1, &moves_);
@@ -175,7 +176,7 @@ void Engine::ResumePaused() {
       SetState(pick, SlotState::kDecoding);
       s.resumed_step = steps_ + 1;
     } else {
-      CHECK_OK(pager_->Grow(pick, static_cast<int64_t>(s.history.size())));
+      CHECK_OK(pager_->Grow(pick, FirstGrowTokens(static_cast<int64_t>(s.history.size()))));
       s.prefilled = 0;
       SetState(pick, SlotState::kPrefilling);
       s.resumed_step = steps_ + 1;
@@ -206,10 +207,10 @@ void Engine::Admit(absl::Time now) {
       for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
       // The prompt, its first generated token, and one block of growth per decoding slot; under
       // kPromptAndOutput the whole expected output, beside what others have set aside.
-      int64_t need = pager_->BlocksFor(prompt + 1);
+      int64_t need = HistoryBlocksNeeded(prompt);
       if (options_.reserve == ReservePolicy::kPromptAndOutput) {
-        reserve_blocks = pager_->BlocksFor(
-            std::min<int64_t>(prompt + (*best)->max_new_tokens, options_.max_context));
+        reserve_blocks = HistoryBlocksNeeded(
+            std::min<int64_t>(prompt + (*best)->max_new_tokens, options_.max_context) - 1);
         need = reserve_blocks;
         headroom = 0;
       }
@@ -227,7 +228,7 @@ void Engine::Admit(absl::Time now) {
     slot.admitted = now;
     slot.reserve_blocks = reserve_blocks;
     slot.admit_seq = ++admissions_;
-    const absl::Status grown = kv_->Grow(i, prompt);
+    const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
       continue;
@@ -314,7 +315,21 @@ void Engine::PauseSlot(int32_t slot) {
 }
 
 bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
-  absl::Status st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
+  if (!GrowSlotKv(slot, static_cast<int64_t>(position) + 1)) return false;
+  if (pager_ && pager_->NumRuns(slot) > options_.max_runs) FlushMoves();
+  if (pager_ && pager_->NumRuns(slot) > options_.max_runs) {
+    if (!pager_->PlanCompaction(slot, transport_->next_fence() + 1, &moves_)) {
+      // No free extent can take the tail runs: wait in the host tier until one can.
+      PauseSlot(slot);
+      return false;
+    }
+    NoteTransfer(slot);
+  }
+  return true;
+}
+
+bool Engine::GrowSlotKv(int32_t slot, int64_t tokens) {
+  absl::Status st = kv_->Grow(slot, tokens);
   while (absl::IsResourceExhausted(st) && pager_) {
     if (pager_->pending_blocks() > 0) {
       // Blocks held for copies (planned or in flight) come back once the transport has done
@@ -329,7 +344,7 @@ bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
       if (r == PreemptResult::kWait) return false;  // stays decoding; tries again next step
       if (r == PreemptResult::kNone) break;
     }
-    st = kv_->Grow(slot, static_cast<int64_t>(position) + 1);
+    st = kv_->Grow(slot, tokens);
   }
   if (absl::IsResourceExhausted(st) && pager_) {
     // Everyone else ranks above this request: it waits, paused, until they make room.
@@ -339,15 +354,6 @@ bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
   if (!st.ok()) {
     FinishSlot(slot, FinishReason::kError, {}, "", std::string(st.message()));
     return false;
-  }
-  if (pager_ && pager_->NumRuns(slot) > options_.max_runs) FlushMoves();
-  if (pager_ && pager_->NumRuns(slot) > options_.max_runs) {
-    if (!pager_->PlanCompaction(slot, transport_->next_fence() + 1, &moves_)) {
-      // No free extent can take the tail runs: wait in the host tier until one can.
-      PauseSlot(slot);
-      return false;
-    }
-    NoteTransfer(slot);
   }
   return true;
 }
@@ -366,38 +372,73 @@ int32_t Engine::BuildDescriptor() {
     d.position[i] = slot.position;
     d.token[i] = slot.next_token;
     d.num_runs[i] = kv_->RunTable(i, d.SlotRuns(i));
+    if (far_.enabled()) {
+      d.far_dropped[i] = pager_->Dropped(i);
+      d.far_summaries[i] = far_.SummariesAt(slot.position, options_.block_tokens);
+    }
     ++active;
   }
   // A slot paused while building later rows may have been marked active earlier: drop it.
+  return RecountActiveRows();
+}
+
+int32_t Engine::RecountActiveRows() {
+  StepDescriptor& d = descriptors_[committed_ ^ 1];
+  int32_t active = 0;
   for (int32_t i = 0; i < options_.slots; ++i) {
-    if (d.active[i] && slots_[i].state != SlotState::kDecoding) {
-      d.active[i] = 0;
-      --active;
-    }
+    if (d.active[i] && slots_[i].state != SlotState::kDecoding) d.active[i] = 0;
+    active += d.active[i];
   }
   return active;
 }
 
+int64_t Engine::HistoryBlocksNeeded(int64_t tokens) const {
+  const int64_t need = pager_->BlocksFor(tokens + 1);
+  return far_.enabled() ? std::min(need, far_peak_blocks_) : need;
+}
+
+int64_t Engine::FirstGrowTokens(int64_t tokens) const {
+  // Far history: the prompt grows chunk by chunk (PickPrefillChunk) and its distant blocks go
+  // back to the pool as it goes, so a long prompt never holds more than its working set.
+  return far_.enabled() ? std::min<int64_t>(tokens, options_.prefill_chunk) : tokens;
+}
+
+void Engine::DropSummarized(int32_t slot, int32_t summaries) {
+  const int32_t before = pager_->Dropped(slot);
+  if (summaries <= before) return;
+  pager_->DropBlocks(slot, far_.sink_blocks, summaries);
+  far_summarized_ += summaries - before;
+}
+
 bool Engine::PickPrefillChunk() {
-  // The slot admitted first goes first, so prefill is FCFS across slots.
+  // The slot admitted first goes first, so prefill is FCFS across slots. Far history grows the
+  // prompt's KV here; a slot that cannot have it this step yields to the next one.
   int32_t pick = -1;
-  for (int32_t i = 0; i < options_.slots; ++i) {
-    if (slots_[i].state == SlotState::kPrefilling &&
-        (pick < 0 || slots_[i].admit_seq < slots_[pick].admit_seq)) {
-      pick = i;
+  int32_t n = 0;
+  for (uint64_t after = 0;;) {
+    pick = -1;
+    for (int32_t i = 0; i < options_.slots; ++i) {
+      if (slots_[i].state == SlotState::kPrefilling && slots_[i].admit_seq > after &&
+          (pick < 0 || slots_[i].admit_seq < slots_[pick].admit_seq)) {
+        pick = i;
+      }
     }
+    chunk_slot_ = pick;
+    if (pick < 0) return false;
+    const Slot& slot = slots_[pick];
+    const int32_t total = static_cast<int32_t>(slot.history.size());
+    // The step's token budget: decode rows first, the chunk gets the rest (at least one
+    // block's worth, so a prompt always progresses).
+    int32_t decoding = 0;
+    for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
+    const int32_t budget = std::max(options_.block_tokens, options_.step_token_budget - decoding);
+    n = std::min({backend_->max_chunk_tokens(), budget, total - slot.prefilled});
+    after = slot.admit_seq;
+    // No compaction for a prompt: a chunk reads a run table of any width (below).
+    if (!far_.enabled() || GrowSlotKv(pick, slot.prefilled + n)) break;
   }
-  chunk_slot_ = pick;
-  if (pick < 0) return false;
   Slot& slot = slots_[pick];
   const int32_t total = static_cast<int32_t>(slot.history.size());
-  // The step's token budget: decode rows first, the chunk gets the rest (at least one block's
-  // worth, so a prompt always progresses).
-  int32_t decoding = 0;
-  for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
-  const int32_t budget =
-      std::max(options_.block_tokens, options_.step_token_budget - decoding);
-  const int32_t n = std::min({backend_->max_chunk_tokens(), budget, total - slot.prefilled});
   StepDescriptor& d = descriptors_[committed_ ^ 1];  // its row is free: the slot is not decoding
   chunk_.slot = pick;
   chunk_.start = slot.prefilled;
@@ -406,6 +447,7 @@ bool Engine::PickPrefillChunk() {
                                             static_cast<size_t>(pick) * d.max_runs, d.max_runs));
   chunk_.runs = d.SlotRunsData(pick);
   chunk_last_ = slot.prefilled + n == total;
+  if (far_.enabled()) chunk_.far_dropped = pager_->Dropped(pick);
   if (pager_ && pager_->NumRuns(pick) > d.max_runs) {
     // The run table is wider than the descriptor row: the CPU prefill reads runs through the
     // pager's own table instead (same blocks, no width limit).
@@ -458,6 +500,10 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   }
   slot.prefilled += static_cast<int32_t>(chunk_.tokens.size());
   slot.position = slot.prefilled;
+  // The chunk wrote the summaries its last row reads: their blocks go back to the pool.
+  if (far_.enabled()) {
+    DropSummarized(pick, far_.SummariesAt(slot.prefilled - 1, options_.block_tokens));
+  }
   if (!chunk_last_) return;
   SetState(pick, SlotState::kDecoding);
   if (slot.generated > 0) return;  // a recomputed history: decoding resumes with next_token
@@ -484,6 +530,8 @@ void Engine::FinishDecode(const StepResult& result) {
     Slot& slot = slots_[i];
     slot.history.push_back(d.token[i]);  // its KV is now in the cache
     ++slot.position;
+    // The step summarized the blocks that left the window: they go back to the pool.
+    if (far_.enabled()) DropSummarized(i, d.far_summaries[i]);
     const SampleResult s =
         samplers_[i]->Sample(absl::MakeSpan(&logits_[static_cast<size_t>(i) * vocab], vocab));
     EmitToken(i, s);

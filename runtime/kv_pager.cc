@@ -57,7 +57,7 @@ absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
   if (s.tier != KvTier::kDevice) {
     return absl::FailedPreconditionError(absl::StrCat("slot ", slot, " is in the host tier"));
   }
-  int64_t need = BlocksFor(num_tokens) - static_cast<int64_t>(s.blocks.size());
+  int64_t need = BlocksFor(num_tokens) - s.dropped - static_cast<int64_t>(s.blocks.size());
   if (BlocksFor(num_tokens) > options_.max_blocks_per_slot) {
     return absl::OutOfRangeError(absl::StrCat("slot ", slot, ": ", num_tokens,
                                               " tokens exceed the max context"));
@@ -102,8 +102,31 @@ void KvPager::Release(int32_t slot) {
   s.blocks.clear();
   s.runs.clear();
   s.tokens = 0;
+  s.dropped = 0;
   s.tier = KvTier::kDevice;
   s.last_fence = 0;
+}
+
+void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
+  SlotKv& s = slots_[slot];
+  const int32_t n = dropped - s.dropped;
+  if (n <= 0) return;
+  CHECK(s.tier == KvTier::kDevice) << "slot " << slot << ": dropping blocks in the host tier";
+  CHECK(sink_blocks + n <= static_cast<int64_t>(s.blocks.size()))
+      << "slot " << slot << ": dropping " << n << " blocks after " << sink_blocks << " of "
+      << s.blocks.size();
+  // As in Release: a destination of a move still in flight retires with that move.
+  const bool in_flight = s.last_fence > retired_;
+  for (int32_t i = sink_blocks; i < sink_blocks + n; ++i) {
+    if (in_flight) {
+      pending_.push_back(Pending{s.last_fence, KvTier::kDevice, s.blocks[i]});
+    } else {
+      device_.Give(s.blocks[i]);
+    }
+  }
+  s.blocks.erase(s.blocks.begin() + sink_blocks, s.blocks.begin() + sink_blocks + n);
+  s.dropped = dropped;
+  RebuildRuns(s);
 }
 
 int32_t KvPager::RunTable(int32_t slot, absl::Span<KvRun> runs) const {
@@ -114,7 +137,8 @@ int32_t KvPager::RunTable(int32_t slot, absl::Span<KvRun> runs) const {
 }
 
 int64_t KvPager::Capacity(int32_t slot) const {
-  return static_cast<int64_t>(slots_[slot].blocks.size()) * options_.block_tokens;
+  const SlotKv& s = slots_[slot];
+  return (static_cast<int64_t>(s.blocks.size()) + s.dropped) * options_.block_tokens;
 }
 
 KvStats KvPager::Stats() const {
@@ -126,7 +150,7 @@ KvStats KvPager::Stats() const {
       st.host_blocks_used += static_cast<int64_t>(s.blocks.size());
       continue;
     }
-    st.blocks_used += BlocksFor(s.tokens);
+    st.blocks_used += BlocksFor(s.tokens) - s.dropped;
     st.blocks_reserved += static_cast<int64_t>(s.blocks.size());
   }
   for (const Pending& p : pending_) {

@@ -53,6 +53,14 @@ class KvPager final : public KvAllocator {
   bool OnHost(int32_t slot) const { return slots_[slot].tier == KvTier::kHost; }
   const std::vector<int32_t>& Blocks(int32_t slot) const { return slots_[slot].blocks; }
 
+  // Far-history summaries: frees the slot's kept blocks right after its first `sink_blocks` until
+  // `dropped` logical blocks after the sinks are gone in all (their summaries replace them). The
+  // run table then lists logical blocks [0, sink_blocks) and [sink_blocks + dropped, ...); Grow
+  // counts the dropped blocks as held. A block that is the destination of a move in flight is
+  // freed when that move's fence retires. Only for a slot in the device tier.
+  void DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped);
+  int32_t Dropped(int32_t slot) const { return slots_[slot].dropped; }
+
   // When `slot` has more than max_runs runs: moves its tail runs into one free extent, appends
   // the block moves to `moves`, points the slot at the destinations and holds the sources until
   // `fence` retires. Returns false when no extent can take them (the slot keeps its runs).
@@ -77,6 +85,7 @@ class KvPager final : public KvAllocator {
     std::vector<int32_t> blocks;  // logical -> physical; capacity reserved at start-up
     std::vector<KvRun> runs;      // maximal physically contiguous stretches of `blocks`
     int64_t tokens = 0;
+    int32_t dropped = 0;      // far history: logical blocks after the sinks no longer held
     uint64_t last_fence = 0;  // fence of the latest move into this slot's blocks
   };
   struct Pending {

@@ -266,6 +266,47 @@ TEST(KvPagerTest, CompactionMergesTailRunsIntoOneAndHoldsSourcesUntilTheFence) {
   EXPECT_TRUE(p.CheckInvariants().ok());
 }
 
+// Far history: a slot that decodes far past its pool share keeps sinks + window blocks, its run
+// table lists the kept blocks in logical order, and every freed block is reusable at once (or,
+// the destination of a move in flight, once its fence retires).
+TEST(KvPagerTest, DropBlocksBoundsAFarHistorySlot) {
+  constexpr int32_t kSinks = 1, kWindow = 3;
+  KvPager p(Options(2, 12, 8, 8));
+  ASSERT_TRUE(p.Grow(1, 3 * kBlockTokens).ok());  // a neighbour, so holes appear
+  int32_t dropped = 0;
+  for (int64_t tokens = 1; tokens <= 40 * kBlockTokens; ++tokens) {
+    ASSERT_TRUE(p.Grow(0, tokens).ok()) << tokens;
+    // The blocks that left the window (summarized) go, as the engine drops them after a step.
+    const int32_t current = static_cast<int32_t>((tokens - 1) / kBlockTokens);
+    dropped = std::max(dropped, current - kWindow + 1 - kSinks);
+    p.DropBlocks(0, kSinks, dropped);
+    ASSERT_EQ(p.Dropped(0), dropped);
+    ASSERT_LE(p.NumBlocks(0), kSinks + kWindow) << tokens;
+    ASSERT_EQ(p.Capacity(0), p.BlocksFor(tokens) * kBlockTokens);
+    ASSERT_TRUE(p.CheckInvariants().ok()) << tokens;
+  }
+  EXPECT_EQ(p.Stats().blocks_used, kSinks + kWindow + 3);  // slot 1 holds 3
+  EXPECT_EQ(p.Stats().blocks_free, 12 - (kSinks + kWindow) - 3);
+  // A dropped block that is the destination of a move in flight is held until its fence.
+  std::vector<BlockMove> moves;
+  ASSERT_TRUE(p.PlanSwapOut(0, 5, &moves).ok());
+  p.RetireUpTo(5);
+  moves.clear();
+  ASSERT_TRUE(p.PlanSwapIn(0, 6, &moves).ok());
+  EXPECT_EQ(p.Dropped(0), dropped) << "the host tier keeps the slot's summarized count";
+  ASSERT_TRUE(p.Grow(0, 41 * kBlockTokens).ok());
+  const int64_t free_before = p.free_device_blocks();
+  p.DropBlocks(0, kSinks, dropped + 1);
+  EXPECT_EQ(p.free_device_blocks(), free_before) << "held for fence 6";
+  p.RetireUpTo(6);
+  EXPECT_EQ(p.free_device_blocks(), free_before + 1);
+  p.Release(0);
+  p.Release(1);
+  EXPECT_EQ(p.free_device_blocks(), 12);
+  EXPECT_EQ(p.Dropped(0), 0);
+  EXPECT_TRUE(p.CheckInvariants().ok());
+}
+
 TEST(TransferPlanTest, MergesConsecutiveMovesIntoMaximalGroups) {
   std::vector<BlockMove> moves = {
       {KvTier::kDevice, 12, KvTier::kDevice, 42}, {KvTier::kDevice, 10, KvTier::kDevice, 40},

@@ -137,4 +137,119 @@ void AttendOneHead(const float* q, const KvLayerView& kv, int32_t kv_head, const
   AttendGroup(q, 1, kv, kv_head, runs, num_runs, seq_len, scale, scores, out);
 }
 
+namespace {
+
+// Calls fn(first_physical_token, n) for each physically contiguous stretch of `num_tokens`
+// tokens that starts at kept block `first_kept_block` of the run table, in logical order.
+template <typename Fn>
+inline void ForEachStretch(const KvRun* runs, int32_t num_runs, int32_t block_tokens,
+                           int64_t first_kept_block, int64_t num_tokens, Fn&& fn) {
+  int64_t skip = first_kept_block;
+  for (int32_t r = 0; r < num_runs && num_tokens > 0; ++r) {
+    if (skip >= runs[r].num_blocks) {
+      skip -= runs[r].num_blocks;
+      continue;
+    }
+    const int64_t n = std::min<int64_t>((runs[r].num_blocks - skip) * block_tokens, num_tokens);
+    fn((runs[r].first_block + skip) * block_tokens, n);
+    num_tokens -= n;
+    skip = 0;
+  }
+  DCHECK(num_tokens == 0);
+}
+
+}  // namespace
+
+KVRM_ATTENTION_CLONES
+void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                    const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
+                    float scale, float* scores, float* out) {
+  if (!far.active()) {
+    AttendGroup(q, group, kv, kv_head, runs, num_runs, seq_len, scale, scores, out);
+    return;
+  }
+  const int32_t d = kv.head_dim;
+  const int32_t bt = kv.block_tokens;
+  DCHECK(group >= 1 && group <= kMaxAttentionGroup);
+  DCHECK(far.dropped <= far.num_summaries);
+  // Columns: the sink tokens, the summaries, the window tokens. The window starts after the
+  // summarized blocks; in the run table, after the sinks and the blocks still listed there
+  // although summarized (num_summaries - dropped, the step that summarizes them).
+  const int64_t sink_tokens = std::min<int64_t>(int64_t{far.sink_blocks} * bt, seq_len);
+  const int64_t window_first = int64_t{far.sink_blocks + far.num_summaries} * bt;
+  DCHECK(window_first < seq_len);
+  const int64_t window_tokens = seq_len - window_first;
+  const int64_t window_kept_block = far.sink_blocks + far.num_summaries - far.dropped;
+  const int64_t ns = far.num_summaries;
+  const int64_t cols = sink_tokens + ns + window_tokens;
+  // Pass 1: scores[g][c]; K rows and summary keys read once.
+  int64_t c = 0;
+  auto score_keys = [&](int64_t first, int64_t n) {
+    const float* k = kv.KeyAt(kv_head, first);
+    for (int64_t j = 0; j < n; ++j) {
+      for (int32_t g = 0; g < group; ++g) {
+        scores[g * cols + c + j] = Dot(q + g * d, k + j * d, d) * scale;
+      }
+    }
+    c += n;
+  };
+  ForEachStretch(runs, num_runs, bt, 0, sink_tokens, score_keys);
+  for (int64_t j = 0; j < ns; ++j) {
+    for (int32_t g = 0; g < group; ++g) {
+      scores[g * cols + c + j] = Dot(q + g * d, far.k_summary + j * d, d) * scale + far.log_weight;
+    }
+  }
+  c += ns;
+  ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, score_keys);
+  DCHECK(c == cols);
+  float inv[kMaxAttentionGroup];
+  for (int32_t g = 0; g < group; ++g) {
+    float* s = scores + g * cols;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, s[j]);
+    for (int64_t j = 0; j < cols; ++j) s[j] = ExpNonPositive(s[j] - mx);
+    inv[g] = 1.0f / Sum(s, cols);
+  }
+  // Pass 2: weighted sum of values and summary values.
+  std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
+  c = 0;
+  auto add_values = [&](const float* v, int64_t n) {
+    for (int64_t j = 0; j < n; ++j) {
+      const float* __restrict vj = v + j * d;
+      for (int32_t g = 0; g < group; ++g) {
+        const float p = scores[g * cols + c + j] * inv[g];
+        float* __restrict o = out + g * d;
+        for (int32_t i = 0; i < d; ++i) o[i] += p * vj[i];
+      }
+    }
+    c += n;
+  };
+  auto add_stretch = [&](int64_t first, int64_t n) { add_values(kv.ValueAt(kv_head, first), n); };
+  ForEachStretch(runs, num_runs, bt, 0, sink_tokens, add_stretch);
+  add_values(far.v_summary, ns);
+  ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, add_stretch);
+}
+
+KVRM_ATTENTION_CLONES
+void SummarizeBlock(const KvLayerView& kv, int32_t kv_head, int64_t first_token, float* k_out,
+                    float* v_out) {
+  const int32_t d = kv.head_dim;
+  const float* k = kv.KeyAt(kv_head, first_token);
+  const float* v = kv.ValueAt(kv_head, first_token);
+  std::fill(k_out, k_out + d, 0.0f);
+  std::fill(v_out, v_out + d, 0.0f);
+  // Token by token, a fixed order: decode and a recompute's prefill get the same bits.
+  for (int32_t t = 0; t < kv.block_tokens; ++t) {
+    for (int32_t i = 0; i < d; ++i) {
+      k_out[i] += k[t * d + i];
+      v_out[i] += v[t * d + i];
+    }
+  }
+  const float inv = 1.0f / static_cast<float>(kv.block_tokens);
+  for (int32_t i = 0; i < d; ++i) {
+    k_out[i] *= inv;
+    v_out[i] *= inv;
+  }
+}
+
 }  // namespace kvrm

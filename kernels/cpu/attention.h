@@ -50,6 +50,48 @@ void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t k
 // Largest query-head group AttendGroup takes.
 inline constexpr int32_t kMaxAttentionGroup = 16;
 
+// ---- far-history summaries (runtime/far_history.h) ---------------------------------------------
+//
+// With far history on, a slot's run table lists only its kept blocks, in logical order: logical
+// blocks [0, sink_blocks) (the sinks), then logical blocks from sink_blocks + dropped on; the
+// `dropped` blocks in between were summarized and freed. One row attends to
+//   its sink tokens, exactly;
+//   summary entries [0, num_summaries) (entry j: logical block sink_blocks + j), whose scores get
+//     + log_weight (log of the tokens an entry stands for);
+//   logical tokens from (sink_blocks + num_summaries) * block_tokens to seq_len - 1, exactly.
+// num_summaries >= dropped: a block may still be in the run table while its summary is read (the
+// step that summarizes it).
+struct FarAttention {
+  int32_t sink_blocks = 0;
+  int32_t dropped = 0;
+  int32_t num_summaries = 0;
+  const float* k_summary = nullptr;  // [num_summaries][head_dim] of the KV head attended
+  const float* v_summary = nullptr;
+  float log_weight = 0;
+
+  bool active() const { return num_summaries > 0 || dropped > 0; }
+};
+
+// Where logical position `pos` sits in a run table that lacks `dropped` blocks after the first
+// `sink_blocks` (pass it to PhysicalToken). The identity when nothing was dropped.
+inline int64_t KeptPosition(int64_t pos, int32_t block_tokens, int32_t sink_blocks,
+                            int32_t dropped) {
+  const int64_t sink_tokens = int64_t{sink_blocks} * block_tokens;
+  return dropped == 0 || pos < sink_tokens ? pos : pos - int64_t{dropped} * block_tokens;
+}
+
+// AttendGroup over sinks + summaries + window (see FarAttention). With !far.active() it is
+// AttendGroup itself, bit for bit. `scores` holds group * seq_len floats (a row attends to at
+// most seq_len columns).
+void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                    const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
+                    float scale, float* scores, float* out);
+
+// One summary entry of KV head `kv_head`: the mean of the block_tokens keys and of the values
+// that start at physical token `first_token` (one block). k_out and v_out are [head_dim].
+void SummarizeBlock(const KvLayerView& kv, int32_t kv_head, int64_t first_token, float* k_out,
+                    float* v_out);
+
 }  // namespace kvrm
 
 #endif  // KVRM_KERNELS_CPU_ATTENTION_H_

@@ -1,0 +1,365 @@
+// Far-history summaries through the engine (runtime/far_history.h, docs/runtime.md):
+//  - on, with every history shorter than sinks + window, tokens are identical to off;
+//  - on, far past that, a slot's device blocks stay within sinks + window + 1 while decoding,
+//    histories longer than the whole pool complete, and every block comes back;
+//  - on, the same tokens whatever the KV pressure: swapping, drop-and-recompute (a chunked
+//    prefill over summaries) and compaction give the bits of an unpressured run;
+//  - bad options are refused naming the flag; the backend's far step does not allocate.
+// The kernel itself is checked against a float64 reference in kernels/cpu/kernels_test.
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "common/testing/alloc_counter.h"
+#include "gtest/gtest.h"
+#include "runtime/backend.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/engine.h"
+#include "runtime/far_history.h"
+#include "runtime/model_bundle.h"
+#include "tests/test_server.h"
+
+namespace kvrm {
+namespace {
+
+class CollectingSink : public RequestSink {
+ public:
+  void OnChunk(StreamChunk chunk) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_.insert(tokens_.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+  }
+  void OnFinished(StreamChunk last, const FinishInfo& info) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    tokens_.insert(tokens_.end(), last.token_ids.begin(), last.token_ids.end());
+    info_ = info;
+    done_ = true;
+    cv_.notify_all();
+  }
+  bool done() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+  std::vector<int32_t> Wait(FinishInfo* info) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    *info = info_;
+    return tokens_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  FinishInfo info_;
+  bool done_ = false;
+};
+
+struct Spec {
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens;
+  float temperature;
+};
+
+// Random prompts of 3..max_prompt tokens and 30..30+max_new outputs; every third request samples
+// (seeded), the rest are greedy.
+std::vector<Spec> Workload(int n, int max_prompt, int max_new, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Spec> specs;
+  for (int i = 0; i < n; ++i) {
+    Spec s;
+    const int len = 3 + static_cast<int>(rng() % max_prompt);
+    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % 1000));
+    s.max_new_tokens = 30 + static_cast<int32_t>(rng() % max_new);
+    s.temperature = i % 3 == 0 ? 0.9f : 0.0f;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::unique_ptr<GenerationRequest> MakeRequest(const Spec& spec, int i,
+                                               std::shared_ptr<CollectingSink> sink) {
+  auto r = std::make_unique<GenerationRequest>();
+  r->request_id = "r" + std::to_string(i);
+  r->prompt = spec.prompt;
+  r->max_new_tokens = spec.max_new_tokens;
+  r->ignore_eos = true;
+  r->sampling.temperature = spec.temperature;
+  r->sampling.seed = 1000 + i;
+  r->arrival = absl::Now();
+  r->sink = std::move(sink);
+  return r;
+}
+
+const ModelBundle& Tiny() {
+  static const ModelBundle* model = [] {
+    auto m = ModelBundle::Load(TinyModelDir());
+    CHECK_OK(m.status());
+    return m->release();
+  }();
+  return *model;
+}
+
+struct RunResult {
+  std::vector<std::vector<int32_t>> tokens;
+  EngineStats stats;
+};
+
+// Runs the workload on a started engine and waits until every block is back.
+RunResult RunWorkload(EngineOptions options, const std::vector<Spec>& specs) {
+  options.threads = 2;
+  options.max_new_tokens = 512;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Tiny(), options);
+  CHECK_OK(engine.status());
+  (*engine)->Start();
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    CHECK_OK((*engine)->Submit(MakeRequest(specs[i], static_cast<int>(i), sinks.back())).status());
+  }
+  RunResult out;
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    FinishInfo info;
+    out.tokens.push_back(sinks[i]->Wait(&info));
+    EXPECT_EQ(info.reason, FinishReason::kLength) << "request " << i << ": " << info.error;
+    EXPECT_EQ(static_cast<int32_t>(out.tokens.back().size()), specs[i].max_new_tokens) << i;
+  }
+  EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
+  // Blocks held for in-flight copies retire on the next idle iterations (every 20 ms).
+  for (int i = 0; i < 100; ++i) {
+    out.stats = (*engine)->Stats();
+    if (out.stats.kv.blocks_reserved == 0) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return out;
+}
+
+FarHistoryOptions Far(int32_t sinks, int32_t window) {
+  FarHistoryOptions f;
+  f.enabled = true;
+  f.sink_tokens = sinks;
+  f.window_tokens = window;
+  return f;
+}
+
+// Off is the full computation; on, while every history stays within sinks + window, no summary
+// exists and the engine takes the exact kernel path: the same tokens, bit for bit.
+TEST(FarHistoryTest, ShortHistoriesGiveTheTokensOfOff) {
+  const std::vector<Spec> specs = Workload(10, 300, 180, 2026);  // histories < 512 tokens
+  EngineOptions off;
+  off.slots = 4;
+  off.prefill_chunk = 64;
+  const RunResult exact = RunWorkload(off, specs);
+  EXPECT_EQ(exact.stats.far_blocks_summarized_total, 0u);
+
+  EngineOptions on = off;
+  on.far_history = Far(16, 496);  // sinks + window = 512 = max context
+  const RunResult far = RunWorkload(on, specs);
+  EXPECT_EQ(far.tokens, exact.tokens);
+  EXPECT_EQ(far.stats.far_blocks_summarized_total, 0u);
+  EXPECT_EQ(far.stats.kv.blocks_free, far.stats.kv.blocks_total);
+}
+
+// 8-token blocks, 1 sink block, a 4-block window, 16-token chunks: a decoding slot holds at
+// most 1 + 4 + 1 = 6 blocks, a prefilling one 1 + 4 + 2 = 7. Two requests of 340 and 420
+// tokens decode on a 16-block (128-token) pool, checked after every engine step.
+TEST(FarHistoryTest, DecodingFarPastThePoolKeepsBlocksBounded) {
+  constexpr int32_t kSinkBlocks = 1, kWindowBlocks = 4, kChunkBlocks = 2;
+  EngineOptions o;
+  o.slots = 2;
+  o.block_tokens = 8;
+  o.prefill_chunk = 16;
+  o.kv_blocks = 16;
+  o.kv_host_blocks = 16;
+  o.threads = 2;
+  o.max_new_tokens = 512;
+  o.far_history = Far(8, 32);
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Tiny(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  EXPECT_EQ((*engine)->far_history().sink_blocks, kSinkBlocks);
+  EXPECT_EQ((*engine)->far_history().window_blocks, kWindowBlocks);
+  std::vector<Spec> specs = Workload(2, 100, 1, 7);
+  specs[0].prompt.resize(40, 5);
+  specs[0].max_new_tokens = 300;
+  specs[1].prompt.resize(100, 9);
+  specs[1].max_new_tokens = 320;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 2; ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE((*engine)->Submit(MakeRequest(specs[i], i, sinks.back())).ok());
+  }
+  int steps = 0, decoding_steps = 0;
+  int64_t most_reserved = 0;
+  while (!sinks[0]->done() || !sinks[1]->done()) {
+    ASSERT_LT(++steps, 2000);
+    (*engine)->StepForTest();
+    int64_t bound = 0;
+    for (int32_t s = 0; s < 2; ++s) {
+      const SlotState st = (*engine)->slot_state(s);
+      if (st == SlotState::kDecoding) bound += kSinkBlocks + kWindowBlocks + 1;
+      if (st == SlotState::kPrefilling) bound += kSinkBlocks + kWindowBlocks + kChunkBlocks;
+    }
+    const EngineStats stats = (*engine)->Stats();
+    ASSERT_LE(stats.kv.blocks_reserved, bound) << "after step " << steps;
+    ASSERT_EQ(stats.slots_paused, 0);
+    decoding_steps += stats.slots_decoding == 2;
+    most_reserved = std::max(most_reserved, stats.kv.blocks_reserved);
+  }
+  for (int i = 0; i < 2; ++i) {
+    FinishInfo info;
+    const std::vector<int32_t> tokens = sinks[i]->Wait(&info);
+    EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
+    EXPECT_EQ(static_cast<int32_t>(tokens.size()), specs[i].max_new_tokens);
+  }
+  const EngineStats stats = (*engine)->Stats();
+  // 340 and 420 tokens = 43 + 53 blocks of history on a 16-block pool.
+  EXPECT_GT(decoding_steps, 250);
+  EXPECT_GE(stats.far_blocks_summarized_total, uint64_t{(43 - 5) + (53 - 5)});
+  EXPECT_EQ(stats.kv.blocks_used, 0);
+  EXPECT_EQ(stats.kv.blocks_reserved, 0);
+  EXPECT_EQ(stats.kv.blocks_free, 16);
+  EXPECT_EQ(stats.kv.host_blocks_used, 0);
+  std::printf("[far history] 2 slots decoded to 340 and 420 tokens on a 16-block pool: at most "
+              "%lld blocks held, %llu blocks summarized\n",
+              static_cast<long long>(most_reserved),
+              static_cast<unsigned long long>(stats.far_blocks_summarized_total));
+}
+
+// The far policy is a function of the position only, so KV pressure changes nothing: swapping
+// to the host tier keeps a slot's summaries, a recompute rebuilds them by chunked prefill, and
+// compaction moves kept blocks; all give the tokens of a run with room for everyone.
+TEST(FarHistoryTest, SwapRecomputeAndCompactionGiveIdenticalTokens) {
+  // Prompts of one chunk, so the pressure comes while decoding (victims are swapped, or
+  // recomputed over several chunks of summaries when there is no host tier).
+  const std::vector<Spec> specs = Workload(8, 14, 250, 99);
+  EngineOptions roomy;
+  roomy.slots = 4;
+  roomy.block_tokens = 8;
+  roomy.prefill_chunk = 16;
+  roomy.far_history = Far(8, 32);
+  const RunResult reference = RunWorkload(roomy, specs);
+  EXPECT_GT(reference.stats.far_blocks_summarized_total, 100u);
+  EXPECT_EQ(reference.stats.preemptions_total, 0u);
+  EXPECT_EQ(reference.stats.transfer_groups_total, 0u);
+
+  // 4 slots need up to 4 x 7 blocks at once. R = 8 >= the 6 kept blocks of a decoding slot:
+  // no compaction, only pauses.
+  EngineOptions tight = roomy;
+  tight.kv_blocks = 18;
+  const RunResult swapped = RunWorkload(tight, specs);
+  EXPECT_EQ(swapped.tokens, reference.tokens) << "swap";
+  EXPECT_GT(swapped.stats.preemptions_total, 0u);
+  EXPECT_GT(swapped.stats.transfer_groups_total, 0u);
+  EXPECT_EQ(swapped.stats.kv.blocks_free, 18);
+  EXPECT_EQ(swapped.stats.kv.host_blocks_used, 0);
+
+  EngineOptions recompute = tight;
+  recompute.kv_host_blocks = 0;
+  const RunResult recomputed = RunWorkload(recompute, specs);
+  EXPECT_EQ(recomputed.tokens, reference.tokens) << "drop and recompute";
+  EXPECT_GT(recomputed.stats.preemptions_total, 0u);
+  EXPECT_EQ(recomputed.stats.kv.blocks_free, 18);
+
+  // R = 3 < 6: a decoding slot's scattered window is compacted (moves gated on the step that
+  // writes the hot block, drops of blocks whose move is in flight).
+  EngineOptions compacted = roomy;
+  compacted.kv_blocks = 40;
+  compacted.max_runs = 3;
+  const RunResult compact = RunWorkload(compacted, specs);
+  EXPECT_EQ(compact.tokens, reference.tokens) << "compaction";
+  EXPECT_GT(compact.stats.transfer_groups_total, 0u);
+  EXPECT_EQ(compact.stats.kv.blocks_free, 40);
+}
+
+TEST(FarHistoryTest, BadOptionsAreRefusedNamingTheFlag) {
+  auto error = [](EngineOptions o) {
+    absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(&Tiny(), o);
+    EXPECT_FALSE(e.ok());
+    return e.ok() ? std::string() : std::string(e.status().message());
+  };
+  EngineOptions o;
+  o.slots = 2;
+  o.threads = 2;
+  o.far_history = Far(16, 0);
+  EXPECT_NE(error(o).find("--far_history_window"), std::string::npos);
+  o.far_history = Far(-1, 64);
+  EXPECT_NE(error(o).find("--far_history_sinks"), std::string::npos);
+  o.far_history = Far(16, 100000);
+  EXPECT_NE(error(o).find("--far_history_window"), std::string::npos);
+  o.far_history = Far(16, 64);
+  o.kv_mode = KvMode::kStatic;
+  EXPECT_NE(error(o).find("--kv_mode=kvrm"), std::string::npos);
+  o.kv_mode = KvMode::kKvrm;
+  o.kv_blocks = 10;  // 1 sink + 4 window + 16 chunk blocks do not fit
+  EXPECT_NE(error(o).find("--kv_blocks"), std::string::npos);
+  // A pool smaller than one max-context request is fine when it holds the working set.
+  o.kv_blocks = 21;
+  absl::StatusOr<std::unique_ptr<Engine>> ok = Engine::Create(&Tiny(), o);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+// The far step (summaries written and read, blocks missing from the run table) allocates
+// nothing, in decode and in prefill, with one and two tensor-parallel ranks.
+TEST(FarHistoryTest, BackendStepWithSummariesDoesNotAllocate) {
+  if (!alloc_counter::kAvailable) GTEST_SKIP() << "allocation counting is off under sanitizers";
+  const ModelBundle& m = Tiny();
+  const int32_t vocab = m.config.vocab_size;
+  FarHistoryShape far;
+  far.sink_blocks = 1;
+  far.window_blocks = 3;
+  for (int32_t tp : {1, 2}) {
+    CpuBackendOptions bo;
+    bo.kv_blocks = 64;
+    bo.kv_block_tokens = 8;
+    bo.max_slots = 2;
+    bo.max_chunk_tokens = 16;
+    bo.max_context = 256;
+    bo.num_threads = 2;
+    bo.tensor_parallel = tp;
+    bo.far_history = far;
+    absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
+        CpuBackend::Create(m.config, &m.weights, bo);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    std::vector<int32_t> tokens(16, 7);
+    std::vector<float> logits(2 * vocab);
+    // Slot s's history: 32 blocks from 32 * s, all still in the run table (nothing dropped).
+    const KvRun runs[2] = {{0, 32}, {32, 32}};
+    for (int32_t start = 0; start < 96; start += 16) {
+      PrefillChunk pc{0, start, absl::MakeConstSpan(tokens), &runs[0], 1};
+      pc.far = far;
+      ASSERT_TRUE((*backend)->Prefill(pc, logits.data()).ok());
+    }
+    StepDescriptor step;
+    step.Resize(2, 1);
+    step.far = far;
+    for (int32_t s = 0; s < 2; ++s) {
+      step.active[s] = 1;
+      step.num_runs[s] = 1;
+      step.SlotRuns(s)[0] = runs[s];
+    }
+    const int64_t before = alloc_counter::AllocationCount();
+    for (int k = 0; k < 3; ++k) {
+      PrefillChunk pc{0, 96 + 16 * k, absl::MakeConstSpan(tokens), &runs[0], 1};
+      pc.far = far;
+      pc.far_dropped = 2;  // the blocks of entries 0 and 1 are gone: the run table lacks them
+      const KvRun kept[2] = {{0, 1}, {3, 29}};
+      pc.runs = kept;
+      pc.num_runs = 2;
+      ASSERT_TRUE((*backend)->Prefill(pc, k == 1 ? nullptr : logits.data()).ok());
+      for (int32_t s = 0; s < 2; ++s) {
+        step.position[s] = 150 + k + s;
+        step.token[s] = 3 * s + k;
+        step.far_summaries[s] = far.SummariesAt(step.position[s], 8);
+        ASSERT_GT(step.far_summaries[s], 0);
+      }
+      ASSERT_TRUE((*backend)->Decode(step, logits.data()).ok());
+    }
+    EXPECT_EQ(alloc_counter::AllocationCount() - before, 0) << "tp=" << tp;
+  }
+}
+
+}  // namespace
+}  // namespace kvrm
