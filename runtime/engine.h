@@ -60,6 +60,12 @@ struct EngineOptions {
   // Tokens one step may process: decode rows + the prefill chunk. 0: slots + prefill_chunk.
   // A long prompt therefore delays the others' next token by at most one chunk.
   int32_t step_token_budget = 0;
+  // The most a prefill chunk may lengthen a step that also decodes, as a fraction of the
+  // decode-only step time (both measured as the engine runs: moving averages of the decode time
+  // and of the prefill time per token). 0.5: a decoding request's inter-token latency rises by
+  // at most half while prompts are being prefilled. 0: off (the chunk takes the token budget).
+  // A chunk is never cut below one token, so every prompt progresses.
+  double max_prefill_stall = 0;
   // A paused request whose history is at most this many tokens is dropped and recomputed on
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
@@ -213,6 +219,9 @@ class Engine {
   // Far history: frees the slot's blocks whose summaries (entries below `summaries`) exist.
   void DropSummarized(int32_t slot, int32_t summaries);
   // Chooses this step's prefill chunk (FCFS over prefilling slots); false if none.
+  // Tokens the next chunk may take beside `decoding` decode rows: the step token budget, cut to
+  // max_prefill_stall of a decode step when that is on.
+  int32_t PrefillTokenBudget(int32_t decoding) const;
   bool PickPrefillChunk();
   // Turns the planned moves into transfer groups and queues them; returns the batch's fence.
   uint64_t SubmitTransfers(uint64_t gate_step);
@@ -271,6 +280,10 @@ class Engine {
   uint64_t admissions_ = 0;
   uint64_t far_summarized_ = 0;  // blocks replaced by summaries and freed
   absl::Duration transport_wait_;
+  // Moving averages for max_prefill_stall (seconds; 0 until measured): a decode step, and the
+  // prefill time per token of a chunk.
+  double decode_step_avg_s_ = 0;
+  double prefill_token_avg_s_ = 0;
 
   // Posted by other threads.
   mutable std::mutex mu_;

@@ -410,6 +410,16 @@ void Engine::DropSummarized(int32_t slot, int32_t summaries) {
   far_summarized_ += summaries - before;
 }
 
+int32_t Engine::PrefillTokenBudget(int32_t decoding) const {
+  int32_t budget = std::max(options_.block_tokens, options_.step_token_budget - decoding);
+  if (options_.max_prefill_stall > 0 && decoding > 0 && decode_step_avg_s_ > 0 &&
+      prefill_token_avg_s_ > 0) {
+    const double cap = options_.max_prefill_stall * decode_step_avg_s_ / prefill_token_avg_s_;
+    budget = std::max(1, std::min(budget, static_cast<int32_t>(std::min(cap, 1e9))));
+  }
+  return budget;
+}
+
 bool Engine::PickPrefillChunk() {
   // The slot admitted first goes first, so prefill is FCFS across slots. Far history grows the
   // prompt's KV here; a slot that cannot have it this step yields to the next one.
@@ -431,7 +441,7 @@ bool Engine::PickPrefillChunk() {
     // block's worth, so a prompt always progresses).
     int32_t decoding = 0;
     for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
-    const int32_t budget = std::max(options_.block_tokens, options_.step_token_budget - decoding);
+    const int32_t budget = PrefillTokenBudget(decoding);
     n = std::min({backend_->max_chunk_tokens(), budget, total - slot.prefilled});
     after = slot.admit_seq;
     // No compaction for a prompt: a chunk reads a run table of any width (below).

@@ -4,7 +4,7 @@
 
 namespace kvrm {
 
-StepRunner::StepRunner(Backend* backend) : backend_(backend) {
+StepRunner::StepRunner(Backend* backend, Clock* clock) : backend_(backend), clock_(clock) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -46,14 +46,14 @@ void StepRunner::Loop() {
     }
     StepResult r;
     if (work.chunk) {
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = clock_->Now();
       r.prefill_status = backend_->Prefill(*work.chunk, work.chunk_logits);
-      r.prefill_time = absl::Now() - t0;
+      r.prefill_time = clock_->Now() - t0;
     }
     if (work.step) {
-      const absl::Time t0 = absl::Now();
+      const absl::Time t0 = clock_->Now();
       r.decode_status = backend_->Decode(*work.step, work.logits);
-      r.decode_time = absl::Now() - t0;
+      r.decode_time = clock_->Now() - t0;
     }
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "runtime/backend.h"
+#include "runtime/clock.h"
 
 namespace kvrm {
 
@@ -31,7 +32,8 @@ struct StepResult {
 
 class StepRunner {
  public:
-  explicit StepRunner(Backend* backend);
+  // Durations are measured on `clock` (the engine's: simulated in scheduler tests).
+  StepRunner(Backend* backend, Clock* clock);
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
@@ -45,6 +47,7 @@ class StepRunner {
   void Loop();
 
   Backend* backend_;
+  Clock* clock_;
   std::mutex mu_;
   std::condition_variable cv_;
   StepWork work_;       // guarded by mu_

@@ -58,6 +58,9 @@ ABSL_FLAG(std::string, kv_reserve, "prompt",
           "pressure) or prompt_output (set aside prompt + max_new_tokens)");
 ABSL_FLAG(int32_t, step_token_budget, 0,
           "tokens per engine step, decode rows plus the prefill chunk (0: slots + prefill_chunk)");
+ABSL_FLAG(double, max_prefill_stall, 0.5,
+          "most a prefill chunk may lengthen a step that also decodes, as a fraction of a "
+          "decode step (measured); 0: off, the chunk takes --step_token_budget");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads, all ranks together (0: all cores)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks (Megatron split; CPU: rank threads)");
 ABSL_FLAG(std::string, device, "auto",
@@ -162,6 +165,11 @@ int Run() {
   eo.kv_host_blocks = absl::GetFlag(FLAGS_kv_host_blocks);
   eo.max_runs = absl::GetFlag(FLAGS_kv_max_runs);
   eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
+  eo.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
+  if (eo.max_prefill_stall < 0) {
+    std::fprintf(stderr, "kvrmd: --max_prefill_stall=%g must be >= 0\n", eo.max_prefill_stall);
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_kv_reserve) == "prompt_output") {
     eo.reserve = ReservePolicy::kPromptAndOutput;
   } else if (absl::GetFlag(FLAGS_kv_reserve) != "prompt") {

@@ -291,6 +291,46 @@ TEST_F(SchedulerTest, ChunkedPrefillNeverStallsDecodeByMoreThanOneChunk) {
   ExpectIdle();
 }
 
+TEST_F(SchedulerTest, PrefillStallLimitCutsChunksWhileOthersDecode) {
+  // Simulated costs: a decode step 10 ms, a prefill token 0.1 ms. With a stall limit of 0.5 a
+  // chunk beside decode rows may add at most 5 ms: 50 tokens, once both costs are measured.
+  EngineOptions o = Options(3);
+  o.prefill_chunk = 64;
+  o.max_prefill_stall = 0.5;
+  Make(o);
+  auto a = Submit("a", 8, 150);
+  auto b = Submit("b", 8, 150);
+  for (int i = 0; i < 4; ++i) engine_->StepForTest();
+  backend_->TakeLog();
+  auto longp = Submit("long", 450, 4);
+  while (longp->tokens.empty()) engine_->StepForTest();
+  std::vector<int32_t> beside_decode;
+  for (const ScriptedBackend::StepLog& s : backend_->TakeLog()) {
+    if (s.prefill_tokens > 0 && s.decode_rows > 0) beside_decode.push_back(s.prefill_tokens);
+  }
+  ASSERT_GE(beside_decode.size(), 8u);
+  // Both costs were measured on a's and b's prompts and steps: every chunk keeps to the limit
+  // and still uses it (not a token at a time).
+  int32_t prefilled = 0;
+  for (size_t i = 0; i < beside_decode.size(); ++i) {
+    EXPECT_LE(beside_decode[i], 50) << "chunk " << i;
+    prefilled += beside_decode[i];
+    if (i + 1 < beside_decode.size()) EXPECT_GE(beside_decode[i], 40) << "chunk " << i;
+  }
+  EXPECT_EQ(prefilled, 450);
+  RunUntilDone({a, b, longp});
+  // Nobody decoding: a prompt takes full chunks (there is no inter-token latency to protect).
+  auto solo = Submit("solo", 300, 2);
+  RunUntilDone({solo});
+  std::vector<int32_t> alone;
+  for (const ScriptedBackend::StepLog& s : backend_->TakeLog()) {
+    if (s.prefill_slot >= 0 && s.decode_rows == 0) alone.push_back(s.prefill_tokens);
+  }
+  ASSERT_GE(alone.size(), 4u);
+  for (size_t i = 0; i + 1 < alone.size(); ++i) EXPECT_EQ(alone[i], 64) << "chunk " << i;
+  ExpectIdle();
+}
+
 TEST_F(SchedulerTest, PreemptsLowestPriorityMostRecentAndResumes) {
   EngineOptions o = Options(3);
   o.kv_blocks = 40;     // 640 tokens for three requests that grow to ~300 each
