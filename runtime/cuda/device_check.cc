@@ -36,6 +36,13 @@
 #include "runtime/cuda/step_packing.h"
 #include "runtime/transport.h"
 
+// Every CUDA call of the check itself is checked too: a failure aborts with the call's text.
+#define CK(expr)                                                                 \
+  do {                                                                           \
+    const cudaError_t ck_err_ = (expr);                                          \
+    CHECK(ck_err_ == cudaSuccess) << #expr << ": " << cudaGetErrorString(ck_err_); \
+  } while (0)
+
 namespace kvrm::cuda {
 namespace {
 
@@ -85,8 +92,8 @@ float Bf(float x) { return Bf16ToFloat(FloatToBf16(x)); }
 template <typename T>
 T* Upload(const std::vector<T>& host, std::vector<DevicePtr>& keep) {
   void* p = nullptr;
-  CHECK(cudaMalloc(&p, host.size() * sizeof(T)) == cudaSuccess);
-  CHECK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  CK(cudaMalloc(&p, host.size() * sizeof(T)));
+  CK(cudaMemcpy(p, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
   keep.emplace_back(p);
   return static_cast<T*>(p);
 }
@@ -94,7 +101,7 @@ T* Upload(const std::vector<T>& host, std::vector<DevicePtr>& keep) {
 template <typename T>
 std::vector<T> Download(const T* dev, size_t n) {
   std::vector<T> h(n);
-  CHECK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  CK(cudaMemcpy(h.data(), dev, n * sizeof(T), cudaMemcpyDeviceToHost));
   return h;
 }
 
@@ -107,25 +114,36 @@ std::vector<uint16_t> ToBf16Bits(const std::vector<float>& v) {
 double CopyBandwidth() {
   const size_t bytes = size_t{2} << 30;
   void *a = nullptr, *b = nullptr;
-  CHECK(cudaMalloc(&a, bytes) == cudaSuccess && cudaMalloc(&b, bytes) == cudaSuccess);
-  CHECK(cudaMemset(a, 1, bytes) == cudaSuccess);
+  CK(cudaMalloc(&a, bytes));
+  CK(cudaMalloc(&b, bytes));
+  // Random bytes, not zeros (METHOD.md: zeros can run faster than real data).
+  {
+    std::vector<uint32_t> host(bytes / 4 / 64);
+    for (uint32_t& v : host) v = static_cast<uint32_t>(rng());
+    for (size_t off = 0; off < bytes; off += host.size() * 4) {
+      CK(cudaMemcpy(static_cast<char*>(a) + off, host.data(), host.size() * 4,
+                    cudaMemcpyHostToDevice));
+    }
+  }
   cudaEvent_t e0, e1;
-  cudaEventCreate(&e0);
-  cudaEventCreate(&e1);
-  for (int i = 0; i < 3; ++i) cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
+  CK(cudaEventCreate(&e0));
+  CK(cudaEventCreate(&e1));
+  for (int i = 0; i < 3; ++i) CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
   std::vector<float> ms;
   for (int i = 0; i < 10; ++i) {
-    cudaEventRecord(e0);
-    cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice);
-    cudaEventRecord(e1);
-    cudaEventSynchronize(e1);
+    CK(cudaEventRecord(e0));
+    CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice));
+    CK(cudaEventRecord(e1));
+    CK(cudaEventSynchronize(e1));
     float t = 0;
-    cudaEventElapsedTime(&t, e0, e1);
+    CK(cudaEventElapsedTime(&t, e0, e1));
     ms.push_back(t);
   }
   std::sort(ms.begin(), ms.end());
-  cudaFree(a);
-  cudaFree(b);
+  CK(cudaEventDestroy(e0));
+  CK(cudaEventDestroy(e1));
+  CK(cudaFree(a));
+  CK(cudaFree(b));
   return 2.0 * bytes / (ms[ms.size() / 2] * 1e-3) / 1e9;  // GB/s, read + write
 }
 
@@ -701,7 +719,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   cudaDeviceProp prop{};
-  cudaGetDeviceProperties(&prop, 0);
+  CK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device_check: %d x %s (%d SMs, %.0f GiB)\n", devices, prop.name,
               prop.multiProcessorCount, prop.totalGlobalMem / double(1 << 30));
   const double copy_gbs = CopyBandwidth();
