@@ -192,6 +192,13 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
   slots_free_ = &slots.WithLabels(values({"free"}));
   slots_prefilling_ = &slots.WithLabels(values({"prefilling"}));
   slots_decoding_ = &slots.WithLabels(values({"decoding"}));
+  // Far-history summaries make attention approximate: say so where dashboards look.
+  gauge("kvrm:far_history_enabled",
+        "1 when far-history summaries are on (attention over distant blocks is approximate), "
+        "else 0.")
+      ->Set(options.far_history ? 1 : 0);
+  far_summarized_ = counter("kvrm:far_history_blocks_summarized_total",
+                            "KV blocks replaced by a far-history summary and freed.");
 }
 
 void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {
@@ -267,6 +274,8 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
       std::max(0.0, s.transport_wait_seconds_total - last_.transport_wait_seconds_total));
   descriptor_commits_->Add(Delta(s.descriptor_commits_total, last_.descriptor_commits_total));
   preemptions_->Add(Delta(s.preemptions_total, last_.preemptions_total));
+  far_summarized_->Add(
+      Delta(s.far_blocks_summarized_total, last_.far_blocks_summarized_total));
   if (s.steps_total > step_base_.steps_total) {
     const double steps = Delta(s.steps_total, step_base_.steps_total);
     steps_->Add(steps);

@@ -25,6 +25,7 @@ namespace kvrm {
 struct KvrmMetricsOptions {
   std::string model_name;
   std::string kv_mode = "static";
+  bool far_history = false;  // --far_history: kvrm:far_history_enabled reads 1
 };
 
 // Bucket bounds, exposed for tests and the documentation.
@@ -86,6 +87,7 @@ class KvrmMetrics : public EngineObserver {
   Gauge* slots_free_;
   Gauge* slots_prefilling_;
   Gauge* slots_decoding_;
+  Counter* far_summarized_;
 
   // Owner thread only: the cumulative totals of the last OnStats (counters advance by the
   // difference) and of the last one in which steps ran (the per-step histograms' baseline);

@@ -207,5 +207,27 @@ TEST_F(KvrmMetricsTest, HooksDoNotAllocate) {
   EXPECT_TRUE(absl::StrContains(text, "kvrm:engine_steps_total{"));
 }
 
+// Far-history summaries make attention approximate: the gauge says whether they are on, the
+// counter how many blocks they replaced.
+TEST_F(KvrmMetricsTest, FarHistoryOffByDefault) {
+  EXPECT_EQ(Get("kvrm:far_history_enabled"), 0);
+  EXPECT_EQ(Get("kvrm:far_history_blocks_summarized_total"), 0);
+}
+
+TEST(KvrmMetricsFarHistoryTest, EnabledGaugeAndSummarizedBlocks) {
+  MetricRegistry registry;
+  KvrmMetricsOptions options{"tiny", "kvrm"};
+  options.far_history = true;
+  KvrmMetrics metrics(&registry, options);
+  EngineStats s;
+  s.far_blocks_summarized_total = 12;
+  metrics.OnStats(s);
+  s.far_blocks_summarized_total = 15;
+  metrics.OnStats(s);
+  const std::string labels = "{model_name=\"tiny\",kv_mode=\"kvrm\"}";
+  EXPECT_EQ(Sample(registry.Render(), "kvrm:far_history_enabled" + labels), 1);
+  EXPECT_EQ(Sample(registry.Render(), "kvrm:far_history_blocks_summarized_total" + labels), 15);
+}
+
 }  // namespace
 }  // namespace kvrm

@@ -65,11 +65,15 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                  << o.kv_blocks / blocks_per_slot << " of " << o.slots
                  << " slots at max context; the others stay empty";
   }
-  ASSIGN_OR_RETURN(const FarHistoryShape far,
-                   ResolveFarHistory(o.far_history, o.block_tokens, o.max_context));
+  ASSIGN_OR_RETURN(const FarHistoryShape far, ResolveFarHistory(o.far_history, o.block_tokens));
   if (far.enabled() && o.kv_mode != KvMode::kKvrm) {
     return absl::InvalidArgumentError(
         "--far_history needs --kv_mode=kvrm (the static baseline keeps every block)");
+  }
+  if (far.enabled() &&
+      (int64_t{far.sink_blocks} + far.window_blocks) * o.block_tokens >= o.max_context) {
+    LOG(WARNING) << "--far_history: sinks + window cover max context " << o.max_context
+                 << ": no block will ever be summarized";
   }
   const int64_t far_peak = FarHistoryPeakBlocks(far, o.block_tokens, o.prefill_chunk);
   if (far.enabled() && far_peak < blocks_per_slot) {
@@ -107,7 +111,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
   bo.tensor_parallel = o.tensor_parallel;
-  ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens, o.max_context));
+  ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model->config, &model->weights, bo));
   return CreateWithBackend(model, o, std::move(backend));
@@ -133,8 +137,7 @@ Engine::Engine(const ModelBundle* model, const EngineOptions& options)
     samplers_.push_back(std::make_unique<Sampler>(model->config.vocab_size));
   }
   // Resolve() validated the far-history options already.
-  far_ = ResolveFarHistory(options.far_history, options.block_tokens, options.max_context)
-             .value_or(FarHistoryShape{});
+  far_ = ResolveFarHistory(options.far_history, options.block_tokens).value_or(FarHistoryShape{});
   far_peak_blocks_ = FarHistoryPeakBlocks(far_, options.block_tokens, options.prefill_chunk);
   for (StepDescriptor& d : descriptors_) {
     d.Resize(options.slots, options.max_runs);

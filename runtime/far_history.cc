@@ -5,22 +5,24 @@
 namespace kvrm {
 
 absl::StatusOr<FarHistoryShape> ResolveFarHistory(const FarHistoryOptions& options,
-                                                  int32_t block_tokens, int32_t max_context) {
+                                                  int32_t block_tokens) {
   if (!options.enabled) return FarHistoryShape{};
   if (block_tokens <= 0) return absl::InvalidArgumentError("block tokens must be positive");
-  if (options.sink_tokens < 0 || options.sink_tokens > max_context) {
-    return absl::InvalidArgumentError(absl::StrCat("--far_history_sinks ", options.sink_tokens,
-                                                   " must be in [0, max_context ", max_context,
-                                                   "]"));
+  // Sinks + window at or past max_context are allowed (summaries then never engage; the engine
+  // warns): the defaults must work on a short-context model.
+  if (options.sink_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--far_history_sinks ", options.sink_tokens, " must be >= 0"));
   }
-  if (options.window_tokens <= 0 || options.window_tokens > max_context) {
+  if (options.window_tokens <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("--far_history_window ", options.window_tokens,
-                                                   " must be in [1, max_context ", max_context,
-                                                   "]"));
+                                                   " must be >= 1 (tokens)"));
   }
   FarHistoryShape shape;
-  shape.sink_blocks = (options.sink_tokens + block_tokens - 1) / block_tokens;
-  shape.window_blocks = (options.window_tokens + block_tokens - 1) / block_tokens;
+  shape.sink_blocks =
+      static_cast<int32_t>((int64_t{options.sink_tokens} + block_tokens - 1) / block_tokens);
+  shape.window_blocks =
+      static_cast<int32_t>((int64_t{options.window_tokens} + block_tokens - 1) / block_tokens);
   return shape;
 }
 

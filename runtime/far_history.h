@@ -50,9 +50,9 @@ struct FarHistoryShape {
 };
 
 // Validates the options (INVALID_ARGUMENT naming the flag) and rounds them to blocks. Off gives
-// the all-zero shape.
+// the all-zero shape. Sinks + window may reach past max_context (then nothing is summarized).
 absl::StatusOr<FarHistoryShape> ResolveFarHistory(const FarHistoryOptions& options,
-                                                  int32_t block_tokens, int32_t max_context);
+                                                  int32_t block_tokens);
 
 // Summary entries one slot may need: SummariesAt(max_context - 1), at least 1 (store shape).
 int32_t FarHistoryMaxSummaries(const FarHistoryShape& shape, int32_t block_tokens,

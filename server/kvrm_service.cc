@@ -286,6 +286,12 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   response->set_requests_total(s.requests_total);
   response->set_tokens_generated_total(s.tokens_generated_total);
   response->set_uptime_s(absl::ToDoubleSeconds(absl::Now() - started_));
+  const FarHistoryShape& far = engine_->far_history();
+  v1::FarHistoryInfo* fh = response->mutable_far_history();
+  fh->set_enabled(far.enabled());
+  fh->set_sink_tokens(far.sink_blocks * engine_->options().block_tokens);
+  fh->set_window_tokens(far.window_blocks * engine_->options().block_tokens);
+  fh->set_blocks_summarized_total(s.far_blocks_summarized_total);
   return FinishUnary(context, grpc::Status::OK);
 }
 

@@ -56,6 +56,15 @@ ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(std::string, kv_reserve, "prompt",
           "admission reservation (kvrm mode): prompt (grow on demand; pause others under "
           "pressure) or prompt_output (set aside prompt + max_new_tokens)");
+ABSL_FLAG(bool, far_history, false,
+          "far-history summaries (kvrm mode; approximate, see docs/runtime.md): attend exactly to "
+          "the first --far_history_sinks and the last --far_history_window tokens and to one "
+          "summary (mean K and V) per block in between, so a decoding request holds at most "
+          "sinks + window + 1 KV blocks. Off: the full attention");
+ABSL_FLAG(int32_t, far_history_sinks, 16,
+          "--far_history: tokens at the start of a history always attended (rounded up to blocks)");
+ABSL_FLAG(int32_t, far_history_window, 1024,
+          "--far_history: most recent tokens attended exactly (rounded up to blocks)");
 ABSL_FLAG(int32_t, step_token_budget, 0,
           "tokens per engine step, decode rows plus the prefill chunk (0: slots + prefill_chunk)");
 ABSL_FLAG(double, max_prefill_stall, 0.5,
@@ -177,12 +186,16 @@ int Run() {
                  absl::GetFlag(FLAGS_kv_reserve).c_str());
     return 2;
   }
+  eo.far_history.enabled = absl::GetFlag(FLAGS_far_history);
+  eo.far_history.sink_tokens = absl::GetFlag(FLAGS_far_history_sinks);
+  eo.far_history.window_tokens = absl::GetFlag(FLAGS_far_history_window);
   eo.threads = absl::GetFlag(FLAGS_threads);
   eo.tensor_parallel = absl::GetFlag(FLAGS_tp);
   eo.backend_factory = device->factory;
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
-  KvrmMetrics metrics(&registry, {(*model)->name, absl::GetFlag(FLAGS_kv_mode)});
+  KvrmMetrics metrics(&registry, {(*model)->name, absl::GetFlag(FLAGS_kv_mode),
+                                  absl::GetFlag(FLAGS_far_history)});
   eo.observer = &metrics;
   std::unique_ptr<MetricsHttpServer> http;
   if (absl::GetFlag(FLAGS_metrics_port) >= 0) {
@@ -224,6 +237,11 @@ int Run() {
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
             << ", kv-mode " << so.info.kv_mode << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
+  if (const FarHistoryShape& far = (*engine)->far_history(); far.enabled()) {
+    LOG(INFO) << "far-history summaries ON (approximate attention): " << far.sink_blocks
+              << " sink + " << far.window_blocks << " window blocks of " << eo.block_tokens
+              << " tokens exact, one summary per block in between";
+  }
   if (http) {
     LOG(INFO) << "metrics on http://" << absl::GetFlag(FLAGS_metrics_listen) << ":" << http->port()
               << "/metrics";

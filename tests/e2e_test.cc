@@ -252,6 +252,7 @@ TEST_F(E2eTest, TokenizeAndInfo) {
   EXPECT_EQ(si.state(), "SERVING");
   EXPECT_EQ(si.kv().block_tokens(), 16);
   EXPECT_GT(si.kv().blocks_total(), 0);
+  EXPECT_FALSE(si.far_history().enabled()) << "off unless asked for";
 }
 
 // With one slot: a cancelled stream frees it for the next request, and its blocks are returned.

@@ -15,7 +15,9 @@
 
 #include "common/logging.h"
 #include "common/testing/alloc_counter.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kvrm/v1/kvrm.grpc.pb.h"
 #include "runtime/backend.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
@@ -287,8 +289,6 @@ TEST(FarHistoryTest, BadOptionsAreRefusedNamingTheFlag) {
   EXPECT_NE(error(o).find("--far_history_window"), std::string::npos);
   o.far_history = Far(-1, 64);
   EXPECT_NE(error(o).find("--far_history_sinks"), std::string::npos);
-  o.far_history = Far(16, 100000);
-  EXPECT_NE(error(o).find("--far_history_window"), std::string::npos);
   o.far_history = Far(16, 64);
   o.kv_mode = KvMode::kStatic;
   EXPECT_NE(error(o).find("--kv_mode=kvrm"), std::string::npos);
@@ -299,6 +299,34 @@ TEST(FarHistoryTest, BadOptionsAreRefusedNamingTheFlag) {
   o.kv_blocks = 21;
   absl::StatusOr<std::unique_ptr<Engine>> ok = Engine::Create(&Tiny(), o);
   EXPECT_TRUE(ok.ok()) << ok.status();
+  // The defaults (a 1024-token window) on a 512-token model: accepted, never engaged.
+  o.kv_blocks = 0;
+  o.far_history = FarHistoryOptions{};
+  o.far_history.enabled = true;
+  ok = Engine::Create(&Tiny(), o);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_EQ((*ok)->far_history().SummariesAt(511, 16), 0);
+}
+
+// When on, the server says so: attention is approximate.
+TEST(FarHistoryTest, ServerInfoReportsItOn) {
+  EngineOptions o;
+  o.slots = 2;
+  o.threads = 2;
+  o.far_history = Far(4, 100);  // rounded to 16-token blocks: 16 and 112
+  TestServer server(o);
+  v1::GenerateRequest req = TextRequest("far far away", 300);
+  req.mutable_stopping()->set_ignore_eos(true);
+  const StreamResult r = RunGenerate(server.stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens.size(), 300u);
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(server.stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_TRUE(info.far_history().enabled());
+  EXPECT_EQ(info.far_history().sink_tokens(), 16);
+  EXPECT_EQ(info.far_history().window_tokens(), 112);
+  EXPECT_GT(info.far_history().blocks_summarized_total(), 10u);
 }
 
 // The far step (summaries written and read, blocks missing from the run table) allocates
