@@ -54,9 +54,11 @@ absl::Status InProcessCommunicatorGroup::AllReduceSum(int rank, bool* sense, flo
   // Every rank checks the same published lengths, so all agree on the outcome.
   for (int r = 0; r < size_; ++r) {
     if (lengths_[r] != n) {
+      // Read before the barrier: past it, rank r may already publish its next call's length.
+      const int64_t theirs = lengths_[r];
       Barrier(sense);
       return absl::InternalError(absl::StrCat("all-reduce length mismatch: rank ", rank,
-                                              " has ", n, ", rank ", r, " has ", lengths_[r]));
+                                              " has ", n, ", rank ", r, " has ", theirs));
     }
   }
   // This rank reduces its own slice of the elements; slices are disjoint, so no element is

@@ -8,8 +8,11 @@
 #include "common/logging.h"
 
 // Attention is compiled for several instruction sets and picked by the loader (ifunc): its
-// loops are plain C++ that GCC vectorises for each clone.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// loops are plain C++ that GCC vectorises for each clone. Not under ThreadSanitizer: GCC
+// instruments the ifunc resolver too, and the loader runs it before the TSan runtime is up, so
+// every binary linking this crashed (SIGSEGV) before main.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define KVRM_ATTENTION_CLONES \
   __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
