@@ -123,6 +123,11 @@ void ReferenceLlama::Rope(std::vector<double>& x, int64_t heads, int64_t positio
 }
 
 std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_t> tokens) const {
+  return Forward(tokens, FarHistory{});
+}
+
+std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_t> tokens,
+                                                         const FarHistory& far) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t d = config_.hidden_size, hd = config_.head_dim;
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
@@ -147,9 +152,51 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
     for (int64_t t = 0; t < n; ++t) {
       std::vector<double> attn(heads * hd, 0.0);
       std::vector<double> p(t + 1);
+      const int64_t bt = far.block_tokens;
+      const int64_t summaries =
+          far.window_blocks == 0
+              ? 0
+              : std::max<int64_t>(0, t / bt - far.window_blocks + 1 - far.sink_blocks);
       for (int64_t h = 0; h < heads; ++h) {
         const int64_t g = h / n_rep;
         const double* qh = q[t].data() + h * hd;
+        if (summaries > 0) {
+          // Columns: (key, value, bias) for the sinks, the block means, the window.
+          std::vector<std::vector<double>> ck, cv;
+          std::vector<double> bias;
+          auto token = [&](int64_t s) {
+            ck.emplace_back(k[s].begin() + g * hd, k[s].begin() + (g + 1) * hd);
+            cv.emplace_back(v[s].begin() + g * hd, v[s].begin() + (g + 1) * hd);
+            bias.push_back(0);
+          };
+          for (int64_t s = 0; s < far.sink_blocks * bt; ++s) token(s);
+          for (int64_t b = far.sink_blocks; b < far.sink_blocks + summaries; ++b) {
+            std::vector<double> mk(hd, 0), mv(hd, 0);
+            for (int64_t s = b * bt; s < (b + 1) * bt; ++s) {
+              for (int64_t i = 0; i < hd; ++i) {
+                mk[i] += k[s][g * hd + i] / bt;
+                mv[i] += v[s][g * hd + i] / bt;
+              }
+            }
+            ck.push_back(mk);
+            cv.push_back(mv);
+            bias.push_back(std::log(static_cast<double>(bt)));
+          }
+          for (int64_t s = (far.sink_blocks + summaries) * bt; s <= t; ++s) token(s);
+          std::vector<double> w(ck.size());
+          double mx = -INFINITY, sum = 0;
+          for (size_t c = 0; c < ck.size(); ++c) {
+            double dot = 0;
+            for (int64_t i = 0; i < hd; ++i) dot += qh[i] * ck[c][i];
+            w[c] = dot * scale + bias[c];
+            mx = std::max(mx, w[c]);
+          }
+          for (double& x : w) sum += (x = std::exp(x - mx));
+          for (size_t c = 0; c < ck.size(); ++c) {
+            for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += w[c] / sum * cv[c][i];
+          }
+          continue;
+        }
         double mx = -INFINITY;
         for (int64_t s = 0; s <= t; ++s) {  // causal: keys at positions <= t
           double dot = 0;

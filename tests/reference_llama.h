@@ -33,6 +33,18 @@ class ReferenceLlama {
   // Logits after each token of `tokens` (position t sees tokens[0..t]): [T][vocab].
   std::vector<std::vector<double>> Forward(absl::Span<const int32_t> tokens) const;
 
+  // Far-history summaries as docs/runtime.md defines them, written here from that text: position
+  // t attends to keys [0, sink_blocks * B) and [(sink_blocks + n) * B, t] exactly, with
+  // n = max(0, t / B - window_blocks + 1 - sink_blocks), and to one (mean key, mean value) per
+  // block in between, its score + log(B). window_blocks = 0: the full attention (Forward above).
+  struct FarHistory {
+    int64_t block_tokens = 16;
+    int64_t sink_blocks = 0;
+    int64_t window_blocks = 0;
+  };
+  std::vector<std::vector<double>> Forward(absl::Span<const int32_t> tokens,
+                                           const FarHistory& far) const;
+
   const LlamaConfig& config() const { return config_; }
 
  private:
