@@ -325,17 +325,6 @@ TEST(FarHistoryTest, ForwardMatchesFloat64ReferenceOfTheSameApproximation) {
   FarHistoryShape far;
   far.sink_blocks = kSinkBlocks;
   far.window_blocks = kWindowBlocks;
-  CpuBackendOptions bo;
-  bo.kv_blocks = 2 * kBlocks;
-  bo.kv_block_tokens = kBlock;
-  bo.max_slots = 2;
-  bo.max_chunk_tokens = kChunk;
-  bo.max_context = 256;
-  bo.num_threads = 2;
-  bo.far_history = far;
-  absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
-      CpuBackend::Create(m.config, &m.weights, bo);
-  ASSERT_TRUE(backend.ok()) << backend.status();
   std::mt19937 rng(31);
   std::vector<int32_t> seq(kPrompt + kSteps);
   for (int32_t& t : seq) t = static_cast<int32_t>(rng() % vocab);
@@ -357,44 +346,59 @@ TEST(FarHistoryTest, ForwardMatchesFloat64ReferenceOfTheSameApproximation) {
   };
   auto dropped_at = [&](int32_t pos) { return pos == 0 ? 0 : far.SummariesAt(pos - 1, kBlock); };
   double worst = 0, approximation = 0;
-  auto check = [&](const float* got, int32_t pos) {
+  auto check = [&](const float* got, int32_t pos, int32_t tp) {
     double scale = 0, diff = 0, off = 0;
     for (int32_t i = 0; i < vocab; ++i) {
       scale = std::max(scale, std::abs(want[pos][i]));
       diff = std::max(diff, std::abs(got[i] - want[pos][i]));
       off = std::max(off, std::abs(exact[pos][i] - want[pos][i]));
     }
-    EXPECT_LE(diff, 1e-5 * std::max(1.0, scale)) << "position " << pos;
+    EXPECT_LE(diff, 1e-5 * std::max(1.0, scale)) << "position " << pos << " tp " << tp;
     worst = std::max(worst, diff / std::max(1.0, scale));
     approximation = std::max(approximation, off / std::max(1.0, scale));
   };
-  std::vector<float> logits(2 * vocab);
-  std::vector<KvRun> runs;
-  for (int32_t start = 0; start < kPrompt; start += kChunk) {
-    const int32_t n = std::min(kChunk, kPrompt - start);
-    PrefillChunk pc{1, start, absl::MakeConstSpan(seq).subspan(start, n), nullptr, 0};
-    pc.far = far;
-    pc.far_dropped = dropped_at(start);
-    kept_runs(pc.far_dropped, (start + n - 1) / kBlock, &runs);
-    pc.runs = runs.data();
-    pc.num_runs = static_cast<int32_t>(runs.size());
-    ASSERT_TRUE((*backend)->Prefill(pc, logits.data()).ok());
-    check(logits.data(), start + n - 1);
-  }
-  StepDescriptor step;
-  step.Resize(2, 2 * kBlocks);
-  step.far = far;
-  step.active[1] = 1;
-  for (int32_t pos = kPrompt; pos < kPrompt + kSteps; ++pos) {
-    step.position[1] = pos;
-    step.token[1] = seq[pos];
-    step.far_dropped[1] = dropped_at(pos);
-    step.far_summaries[1] = far.SummariesAt(pos, kBlock);
-    kept_runs(step.far_dropped[1], pos / kBlock, &runs);
-    std::copy(runs.begin(), runs.end(), step.SlotRuns(1).begin());
-    step.num_runs[1] = static_cast<int32_t>(runs.size());
-    ASSERT_TRUE((*backend)->Decode(step, logits.data()).ok());
-    check(logits.data() + vocab, pos);
+  // One rank, and two (each with its KV heads and its own summary store).
+  for (int32_t tp : {1, 2}) {
+    CpuBackendOptions bo;
+    bo.kv_blocks = 2 * kBlocks;
+    bo.kv_block_tokens = kBlock;
+    bo.max_slots = 2;
+    bo.max_chunk_tokens = kChunk;
+    bo.max_context = 256;
+    bo.num_threads = 2;
+    bo.tensor_parallel = tp;
+    bo.far_history = far;
+    absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
+        CpuBackend::Create(m.config, &m.weights, bo);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    std::vector<float> logits(2 * vocab);
+    std::vector<KvRun> runs;
+    for (int32_t start = 0; start < kPrompt; start += kChunk) {
+      const int32_t n = std::min(kChunk, kPrompt - start);
+      PrefillChunk pc{1, start, absl::MakeConstSpan(seq).subspan(start, n), nullptr, 0};
+      pc.far = far;
+      pc.far_dropped = dropped_at(start);
+      kept_runs(pc.far_dropped, (start + n - 1) / kBlock, &runs);
+      pc.runs = runs.data();
+      pc.num_runs = static_cast<int32_t>(runs.size());
+      ASSERT_TRUE((*backend)->Prefill(pc, logits.data()).ok());
+      check(logits.data(), start + n - 1, tp);
+    }
+    StepDescriptor step;
+    step.Resize(2, 2 * kBlocks);
+    step.far = far;
+    step.active[1] = 1;
+    for (int32_t pos = kPrompt; pos < kPrompt + kSteps; ++pos) {
+      step.position[1] = pos;
+      step.token[1] = seq[pos];
+      step.far_dropped[1] = dropped_at(pos);
+      step.far_summaries[1] = far.SummariesAt(pos, kBlock);
+      kept_runs(step.far_dropped[1], pos / kBlock, &runs);
+      std::copy(runs.begin(), runs.end(), step.SlotRuns(1).begin());
+      step.num_runs[1] = static_cast<int32_t>(runs.size());
+      ASSERT_TRUE((*backend)->Decode(step, logits.data()).ok());
+      check(logits.data() + vocab, pos, tp);
+    }
   }
   EXPECT_GT(approximation, 100 * 1e-5) << "the summaries must matter for the check to mean much";
   std::printf("[far history] forward vs float64 reference of the approximation: max|diff| / "
