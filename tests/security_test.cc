@@ -1,11 +1,14 @@
 // Transport security end to end on a loopback port: TLS, mutual TLS and bearer tokens, with
-// certificates made by this test (openssl), plus the gRPC message-size limit and start-up
-// errors for bad files. See docs/security.md.
+// certificates made by this test (openssl), plus the gRPC message-size and concurrent-stream
+// limits and start-up errors for bad files. See docs/security.md.
+#include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <unistd.h>
@@ -311,6 +314,75 @@ TEST_F(SecurityTest, OversizedMessageIsResourceExhausted) {
   req.set_text(std::string(1000, 'a'));
   grpc::ClientContext ctx2;
   EXPECT_TRUE(stub->Tokenize(&ctx2, req, &resp).ok());
+}
+
+// --max_concurrent_streams=2 with five Generate streams on one connection: the server never
+// holds more than two of them, and the other three start only as earlier ones finish. The
+// engine here is not started; the test steps it by hand, so a request stays open at the server
+// (counted by Stats(): queued plus in a slot) until the test lets it finish, however slow the
+// machine. The count is a lower bound of the open HTTP/2 streams, so "at most 2" holds by
+// construction when the limit works and never depends on timing.
+TEST_F(SecurityTest, MaxConcurrentStreamsLimitsStreamsPerConnection) {
+  constexpr int kLimit = 2;
+  constexpr int kStreams = 5;
+  EngineOptions eo;
+  eo.slots = kStreams;  // the engine is not what limits them
+  eo.max_queue = kStreams;
+  eo.max_new_tokens = 16;
+  eo.prefill_chunk = 32;
+  eo.threads = 1;
+  absl::StatusOr<std::unique_ptr<Engine>> created = Engine::Create(model_, eo);
+  ASSERT_TRUE(created.ok()) << created.status();
+  std::unique_ptr<Engine> engine = std::move(*created);
+  ServerOptions o;
+  o.listen = "127.0.0.1:0";
+  o.info.version = "test";
+  o.max_concurrent_streams = kLimit;
+  absl::StatusOr<std::unique_ptr<KvrmServer>> started = KvrmServer::Start(engine.get(), o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<KvrmServer> server = std::move(*started);
+  // One channel is one HTTP/2 connection. A unary call completes first, so the client has the
+  // server's SETTINGS (and the server its acknowledgement) before the streams open.
+  auto stub = Connect(server->port(), grpc::InsecureChannelCredentials());
+  ASSERT_TRUE(Call(*stub).ok());
+
+  std::vector<StreamResult> results(kStreams);
+  std::atomic<int> done{0};
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kStreams; ++i) {
+    clients.emplace_back([&, i] {
+      results[i] = RunGenerate(*stub, TextRequest(absl::StrCat("stream ", i), 8));
+      done.fetch_add(1);
+    });
+  }
+  auto held = [&] {
+    const EngineStats s = engine->Stats();  // queue_depth is live; slots as of the last step
+    return s.slots_in_use + s.queue_depth;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(120);
+  // Nothing is generated until the server holds the first kLimit requests.
+  while (held() < kLimit && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+  int most = held();
+  EXPECT_EQ(most, kLimit);
+  // Then one step at a time until every stream has finished; after each step, the requests the
+  // server holds (received and not finished) never exceed the limit.
+  while (done.load() < kStreams && most <= kLimit && absl::Now() < deadline) {
+    if (!engine->StepForTest()) absl::SleepFor(absl::Milliseconds(1));
+    most = std::max(most, held());
+  }
+  EXPECT_LE(most, kLimit) << "more streams reached the server than --max_concurrent_streams";
+  if (most <= kLimit) EXPECT_EQ(done.load(), kStreams) << "streams did not finish in time";
+  // Whatever happened above, let the owner thread end what is left so the clients return.
+  engine->Start();
+  for (std::thread& t : clients) t.join();
+  for (int i = 0; i < kStreams; ++i) {
+    EXPECT_TRUE(results[i].status.ok()) << i << ": " << results[i].status.error_message();
+    EXPECT_TRUE(results[i].finished.reason() == v1::FINISH_REASON_LENGTH ||
+                results[i].finished.reason() == v1::FINISH_REASON_EOS)
+        << i << ": " << results[i].finished.reason();
+  }
+  EXPECT_EQ(engine->Stats().requests_total, static_cast<uint64_t>(kStreams));
+  server.reset();
 }
 
 TEST_F(SecurityTest, BadFilesFailStartUpNamingTheFlagAndPath) {
