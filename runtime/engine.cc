@@ -406,8 +406,8 @@ bool Engine::Step() {
     update(&decode_step_avg_s_, absl::ToDoubleSeconds(result.decode_time));
   }
   if (prefill && result.prefill_status.ok() && !chunk_.tokens.empty()) {
-    update(&prefill_token_avg_s_,
-           absl::ToDoubleSeconds(result.prefill_time) / static_cast<double>(chunk_.tokens.size()));
+    prefill_cost_.Add(static_cast<double>(chunk_.tokens.size()),
+                      absl::ToDoubleSeconds(result.prefill_time));
   }
   if (prefill) {
     observer_->OnPrefillChunk(static_cast<int32_t>(chunk_.tokens.size()), result.prefill_time);

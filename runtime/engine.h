@@ -280,10 +280,17 @@ class Engine {
   uint64_t admissions_ = 0;
   uint64_t far_summarized_ = 0;  // blocks replaced by summaries and freed
   absl::Duration transport_wait_;
-  // Moving averages for max_prefill_stall (seconds; 0 until measured): a decode step, and the
-  // prefill time per token of a chunk.
+  // For max_prefill_stall: the moving average of a decode step (seconds; 0 until measured), and
+  // a decayed least-squares fit of a chunk's time as fixed + per_token * tokens (a chunk reads
+  // every weight once whatever its size, so small chunks cost far more per token than large).
   double decode_step_avg_s_ = 0;
-  double prefill_token_avg_s_ = 0;
+  struct PrefillCostFit {
+    double w = 0, n = 0, t = 0, nn = 0, nt = 0;  // decayed sums of 1, tokens, time, ...
+    void Add(double tokens, double seconds);
+    // False until a chunk was measured.
+    bool Estimate(double* fixed_s, double* per_token_s) const;
+  };
+  PrefillCostFit prefill_cost_;
 
   // Posted by other threads.
   mutable std::mutex mu_;

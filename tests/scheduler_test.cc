@@ -62,13 +62,15 @@ class ScriptedBackend : public Backend {
       std::fill(last_logits, last_logits + vocab_, 0.0f);
       last_logits[NextToken(chunk.tokens.back(), chunk.start + n - 1)] = 10.0f;
     }
-    clock_->Advance(kPrefillCostPerToken * n);
+    clock_->Advance(prefill_fixed_cost_ + kPrefillCostPerToken * n);
     std::lock_guard<std::mutex> lock(mu_);
     log_.push_back({chunk.slot, n, 0});
     return absl::OkStatus();
   }
   int32_t vocab_size() const override { return vocab_; }
   int32_t max_chunk_tokens() const override { return chunk_; }
+  // A cost every chunk pays whatever its size (a CPU chunk reads every weight once).
+  void set_prefill_fixed_cost(absl::Duration d) { prefill_fixed_cost_ = d; }
   int32_t num_kv_pools() const override { return 1; }
   KvPool* kv_pool(int32_t) override { return pool_.get(); }
 
@@ -81,6 +83,7 @@ class ScriptedBackend : public Backend {
   const int32_t vocab_;
   const int32_t chunk_;
   ManualClock* clock_;
+  absl::Duration prefill_fixed_cost_ = absl::ZeroDuration();
   std::unique_ptr<KvPool> pool_;
   std::mutex mu_;
   std::vector<StepLog> log_;
@@ -328,6 +331,34 @@ TEST_F(SchedulerTest, PrefillStallLimitCutsChunksWhileOthersDecode) {
   }
   ASSERT_GE(alone.size(), 4u);
   for (size_t i = 0; i + 1 < alone.size(); ++i) EXPECT_EQ(alone[i], 64) << "chunk " << i;
+  ExpectIdle();
+}
+
+TEST_F(SchedulerTest, PrefillStallLimitAccountsForAChunksFixedCost) {
+  // A chunk costs 2 ms + 0.1 ms per token, a decode step 10 ms: within a 5 ms stall a chunk
+  // takes (5 - 2) / 0.1 = 30 tokens. Per-token averages would say 14 (small chunks look dear)
+  // or 50 (fixed cost ignored); the fitted cost model gives 30.
+  EngineOptions o = Options(3);
+  o.prefill_chunk = 64;
+  o.max_prefill_stall = 0.5;
+  Make(o);
+  backend_->set_prefill_fixed_cost(absl::Milliseconds(2));
+  auto a = Submit("a", 8, 150);
+  auto b = Submit("b", 8, 150);
+  for (int i = 0; i < 4; ++i) engine_->StepForTest();
+  backend_->TakeLog();
+  auto longp = Submit("long", 450, 4);
+  while (longp->tokens.empty()) engine_->StepForTest();
+  int32_t at_cap = 0, prefilled = 0;
+  for (const ScriptedBackend::StepLog& s : backend_->TakeLog()) {
+    if (s.prefill_tokens == 0 || s.decode_rows == 0) continue;
+    EXPECT_LE(s.prefill_tokens, 30);
+    at_cap += s.prefill_tokens == 30;
+    prefilled += s.prefill_tokens;
+  }
+  EXPECT_EQ(prefilled, 450);
+  EXPECT_GE(at_cap, 12);
+  RunUntilDone({a, b, longp});
   ExpectIdle();
 }
 
