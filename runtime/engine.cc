@@ -369,6 +369,10 @@ bool Engine::Step() {
   // Far history grows a prompt chunk by chunk, which may have paused a slot built above.
   if (far_.enabled()) active = RecountActiveRows();
   if (active == 0 && !prefill) {
+    // Nothing to run, but a slot paused above (e.g. swapped out when its compaction found no
+    // free extent) may have left moves planned: send them, or their source blocks stay held,
+    // it can never resume and the engine idles for good.
+    FlushMoves();
     PublishStats();
     return false;
   }
