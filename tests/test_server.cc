@@ -46,10 +46,17 @@ TestServer::~TestServer() {
   engine_.reset();
 }
 
+int TestTimeoutScale() {
+  const char* s = std::getenv("KVRM_TEST_TIMEOUT_SCALE");
+  const int scale = s ? std::atoi(s) : 1;
+  return scale > 0 ? scale : 1;
+}
+
 StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& request) {
   StreamResult out;
   grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(120));
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::seconds(120 * TestTimeoutScale()));
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader = stub.Generate(&ctx, request);
   v1::GenerateResponse msg;
   while (reader->Read(&msg)) {

@@ -46,7 +46,11 @@ struct StreamResult {
   std::multimap<std::string, std::string> trailers;  // copied: the context owns the refs
 };
 
-// Runs one Generate call to completion.
+// Multiplier for tests' deadlines, from KVRM_TEST_TIMEOUT_SCALE (default 1): they are sized for
+// a plain build, and tools/sanitizers.sh raises it under ThreadSanitizer (5-15x slower).
+int TestTimeoutScale();
+
+// Runs one Generate call to completion (deadline 120 s x TestTimeoutScale()).
 StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& request);
 
 v1::GenerateRequest TextRequest(const std::string& prompt, int max_new_tokens);

@@ -2,6 +2,7 @@
 // 30 seconds of the Azure conversation trace, time-compressed about three times with lengths
 // scaled to the tiny model. Every request of the window must be accounted for in the summary.
 #include <signal.h>
+#include <stdlib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
 #include "common/subprocess.h"
@@ -24,6 +26,14 @@ namespace {
 namespace fs = std::filesystem;
 
 std::string TmpDir() { return TestTmpDir(); }
+
+// kvrm_replay's per-request deadline: 60 s, times KVRM_TEST_TIMEOUT_SCALE (tools/sanitizers.sh
+// raises it under ThreadSanitizer, where kvrmd runs 5-15x slower).
+std::string RequestTimeoutFlag() {
+  const char* s = std::getenv("KVRM_TEST_TIMEOUT_SCALE");
+  const int scale = s && std::atoi(s) > 0 ? std::atoi(s) : 1;
+  return absl::StrCat("--request_timeout_s=", 60 * scale);
+}
 
 std::string ReadAll(const std::string& path) {
   absl::StatusOr<std::string> s = ReadFileToString(path);
@@ -106,7 +116,7 @@ TEST(ReplayE2eTest, ThirtySecondsOfAzureTraceAllAccountedFor) {
       RunToExit({"tools/replay/kvrm_replay", "--server=127.0.0.1:" + std::to_string(kvrmd.port()),
              "--trace=" + trace, "--start=0", "--duration=30", "--time_scale=0.33",
              "--input_scale=0.1", "--output_scale=0.1", "--slo=1000,100", "--json=" + json,
-             "--csv=" + csv, "--svg=" + svg, "--request_timeout_s=60"},
+             "--csv=" + csv, "--svg=" + svg, RequestTimeoutFlag()},
           log, out);
   ASSERT_EQ(replay_exit, 0) << ReadAll(log) << ReadAll(out);
   const double wall_s =
@@ -161,7 +171,7 @@ Json RunSynthetic(int port, const std::vector<std::string>& flags) {
   const std::string log = TmpDir() + "/synthetic.log";
   std::vector<std::string> args = {"tools/replay/kvrm_replay",
                                    "--server=127.0.0.1:" + std::to_string(port), "--json=" + json,
-                                   "--request_timeout_s=60"};
+                                   RequestTimeoutFlag()};
   args.insert(args.end(), flags.begin(), flags.end());
   EXPECT_EQ(RunToExit(args, log), 0) << ReadAll(log);
   absl::StatusOr<Json> summary = ReadJsonFile(json);
