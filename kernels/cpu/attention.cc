@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "kernels/cpu/isa.h"
 
 // Attention is compiled for several instruction sets and picked by the loader (ifunc): its
 // loops are plain C++ that GCC vectorises for each clone. Not under ThreadSanitizer: GCC
@@ -20,6 +21,15 @@
 #endif
 
 namespace kvrm {
+
+namespace attention_avx512 {
+// kernels/cpu/attention_avx512.cc
+bool Handles(int32_t head_dim);
+void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const float* k, int64_t n,
+               float scale, float add, float* scores, int64_t ld);
+void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
+               const float* v, int64_t n, float* out);
+}  // namespace attention_avx512
 
 int64_t PhysicalToken(const KvRun* runs, int32_t num_runs, int32_t block_tokens, int64_t pos) {
   int64_t logical_block = pos / block_tokens;
@@ -83,57 +93,7 @@ inline float Sum(const float* x, int64_t n) {
   return s;
 }
 
-int64_t RunTokens(const KvRun& run, const KvLayerView& kv, int64_t remaining) {
-  return std::min<int64_t>(static_cast<int64_t>(run.num_blocks) * kv.block_tokens, remaining);
-}
-
 }  // namespace
-
-KVRM_ATTENTION_CLONES
-void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
-                 const KvRun* runs, int32_t num_runs, int64_t seq_len, float scale, float* scores,
-                 float* out) {
-  const int32_t d = kv.head_dim;
-  DCHECK(group >= 1 && group <= kMaxAttentionGroup);
-  // Pass 1: scores[g][t], run by run (each run contiguous in memory), K rows read once.
-  int64_t t = 0;
-  for (int32_t r = 0; r < num_runs && t < seq_len; ++r) {
-    const int64_t n = RunTokens(runs[r], kv, seq_len - t);
-    const float* k = kv.KeyAt(kv_head, static_cast<int64_t>(runs[r].first_block) * kv.block_tokens);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int32_t g = 0; g < group; ++g) {
-        scores[g * seq_len + t + j] = Dot(q + g * d, k + j * d, d) * scale;
-      }
-    }
-    t += n;
-  }
-  DCHECK(t == seq_len);
-  float inv[kMaxAttentionGroup];
-  for (int32_t g = 0; g < group; ++g) {
-    float* s = scores + g * seq_len;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < seq_len; ++j) mx = std::max(mx, s[j]);
-    for (int64_t j = 0; j < seq_len; ++j) s[j] = ExpNonPositive(s[j] - mx);
-    inv[g] = 1.0f / Sum(s, seq_len);
-  }
-  // Pass 2: weighted sum of values, V rows read once.
-  std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
-  t = 0;
-  for (int32_t r = 0; r < num_runs && t < seq_len; ++r) {
-    const int64_t n = RunTokens(runs[r], kv, seq_len - t);
-    const float* v =
-        kv.ValueAt(kv_head, static_cast<int64_t>(runs[r].first_block) * kv.block_tokens);
-    for (int64_t j = 0; j < n; ++j) {
-      const float* __restrict vj = v + j * d;
-      for (int32_t g = 0; g < group; ++g) {
-        const float p = scores[g * seq_len + t + j] * inv[g];
-        float* __restrict o = out + g * d;
-        for (int32_t i = 0; i < d; ++i) o[i] += p * vj[i];
-      }
-    }
-    t += n;
-  }
-}
 
 void AttendOneHead(const float* q, const KvLayerView& kv, int32_t kv_head, const KvRun* runs,
                    int32_t num_runs, int64_t seq_len, float scale, float* scores, float* out) {
@@ -161,51 +121,35 @@ inline void ForEachStretch(const KvRun* runs, int32_t num_runs, int32_t block_to
   DCHECK(num_tokens == 0);
 }
 
-}  // namespace
-
+// Pass 1 over one physically contiguous stretch of n keys:
+// scores[g * ld + j] = (q_g . k_j) * scale + add.
 KVRM_ATTENTION_CLONES
-void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
-                    const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
-                    float scale, float* scores, float* out) {
-  if (!far.active()) {
-    AttendGroup(q, group, kv, kv_head, runs, num_runs, seq_len, scale, scores, out);
-    return;
-  }
-  const int32_t d = kv.head_dim;
-  const int32_t bt = kv.block_tokens;
-  DCHECK(group >= 1 && group <= kMaxAttentionGroup);
-  DCHECK(far.dropped <= far.num_summaries);
-  // Columns: the sink tokens, the summaries, the window tokens. The window starts after the
-  // summarized blocks; in the run table, after the sinks and the blocks still listed there
-  // although summarized (num_summaries - dropped, the step that summarizes them).
-  const int64_t sink_tokens = std::min<int64_t>(int64_t{far.sink_blocks} * bt, seq_len);
-  const int64_t window_first = int64_t{far.sink_blocks + far.num_summaries} * bt;
-  DCHECK(window_first < seq_len);
-  const int64_t window_tokens = seq_len - window_first;
-  const int64_t window_kept_block = far.sink_blocks + far.num_summaries - far.dropped;
-  const int64_t ns = far.num_summaries;
-  const int64_t cols = sink_tokens + ns + window_tokens;
-  // Pass 1: scores[g][c]; K rows and summary keys read once.
-  int64_t c = 0;
-  auto score_keys = [&](int64_t first, int64_t n) {
-    const float* k = kv.KeyAt(kv_head, first);
-    for (int64_t j = 0; j < n; ++j) {
-      for (int32_t g = 0; g < group; ++g) {
-        scores[g * cols + c + j] = Dot(q + g * d, k + j * d, d) * scale;
-      }
-    }
-    c += n;
-  };
-  ForEachStretch(runs, num_runs, bt, 0, sink_tokens, score_keys);
-  for (int64_t j = 0; j < ns; ++j) {
+void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const float* k, int64_t n,
+                       float scale, float add, float* scores, int64_t ld) {
+  for (int64_t j = 0; j < n; ++j) {
     for (int32_t g = 0; g < group; ++g) {
-      scores[g * cols + c + j] = Dot(q + g * d, far.k_summary + j * d, d) * scale + far.log_weight;
+      scores[g * ld + j] = Dot(q + g * d, k + j * d, d) * scale + add;
     }
   }
-  c += ns;
-  ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, score_keys);
-  DCHECK(c == cols);
-  float inv[kMaxAttentionGroup];
+}
+
+// Pass 2 over one stretch of n values: out_g += sum_j (p[g * ld + j] * inv[g]) v_j, in order.
+KVRM_ATTENTION_CLONES
+void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d,
+                       const float* v, int64_t n, float* out) {
+  for (int64_t j = 0; j < n; ++j) {
+    const float* __restrict vj = v + j * d;
+    for (int32_t g = 0; g < group; ++g) {
+      const float pj = p[g * ld + j] * inv[g];
+      float* __restrict o = out + g * d;
+      for (int32_t i = 0; i < d; ++i) o[i] += pj * vj[i];
+    }
+  }
+}
+
+// Softmax of each group's row of scores; inv[g] = 1 / the row's sum (applied in pass 2).
+KVRM_ATTENTION_CLONES
+void ExpScores(float* scores, int32_t group, int64_t cols, float* inv) {
   for (int32_t g = 0; g < group; ++g) {
     float* s = scores + g * cols;
     float mx = -INFINITY;
@@ -213,23 +157,81 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
     for (int64_t j = 0; j < cols; ++j) s[j] = ExpNonPositive(s[j] - mx);
     inv[g] = 1.0f / Sum(s, cols);
   }
+}
+
+// The inner loops for this head size on the active instruction set.
+struct StretchOps {
+  explicit StretchOps(int32_t head_dim)
+      : avx512(ActiveCpuIsa() == CpuIsa::kAvx512 && attention_avx512::Handles(head_dim)),
+        d(head_dim) {}
+
+  void Score(const float* q, int32_t group, const float* k, int64_t n, float scale, float add,
+             float* scores, int64_t ld) const {
+    if (avx512) return attention_avx512::ScoreKeys(q, group, d, k, n, scale, add, scores, ld);
+    ScoreKeysPortable(q, group, d, k, n, scale, add, scores, ld);
+  }
+  void Add(const float* p, int64_t ld, const float* inv, int32_t group, const float* v, int64_t n,
+           float* out) const {
+    if (avx512) return attention_avx512::AddValues(p, ld, inv, group, d, v, n, out);
+    AddValuesPortable(p, ld, inv, group, d, v, n, out);
+  }
+
+  bool avx512;
+  int32_t d;
+};
+
+}  // namespace
+
+void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                 const KvRun* runs, int32_t num_runs, int64_t seq_len, float scale, float* scores,
+                 float* out) {
+  AttendGroupFar(q, group, kv, kv_head, runs, num_runs, seq_len, FarAttention{}, scale, scores,
+                 out);
+}
+
+void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                    const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
+                    float scale, float* scores, float* out) {
+  const StretchOps ops(kv.head_dim);
+  const int32_t d = kv.head_dim;
+  const int32_t bt = kv.block_tokens;
+  DCHECK(group >= 1 && group <= kMaxAttentionGroup);
+  DCHECK(far.dropped <= far.num_summaries);
+  // Columns: the sink tokens, the summaries, the window tokens. The window starts after the
+  // summarized blocks; in the run table, after the sinks and the blocks still listed there
+  // although summarized (num_summaries - dropped, the step that summarizes them). Without far
+  // history there are no sinks or summaries: the window is the whole history.
+  const int64_t sink_tokens = std::min<int64_t>(int64_t{far.sink_blocks} * bt, seq_len);
+  const int64_t window_first = int64_t{far.sink_blocks + far.num_summaries} * bt;
+  const int64_t window_tokens = far.active() ? seq_len - window_first : seq_len - sink_tokens;
+  DCHECK(window_tokens > 0 || !far.active());
+  const int64_t window_kept_block =
+      far.active() ? far.sink_blocks + far.num_summaries - far.dropped : far.sink_blocks;
+  const int64_t ns = far.active() ? far.num_summaries : 0;
+  const int64_t cols = sink_tokens + ns + window_tokens;
+  // Pass 1: scores[g][c]; K rows and summary keys read once.
+  int64_t c = 0;
+  auto score_keys = [&](int64_t first, int64_t n) {
+    ops.Score(q, group, kv.KeyAt(kv_head, first), n, scale, 0.0f, scores + c, cols);
+    c += n;
+  };
+  ForEachStretch(runs, num_runs, bt, 0, sink_tokens, score_keys);
+  if (ns > 0) ops.Score(q, group, far.k_summary, ns, scale, far.log_weight, scores + c, cols);
+  c += ns;
+  ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, score_keys);
+  DCHECK(c == cols);
+  float inv[kMaxAttentionGroup];
+  ExpScores(scores, group, cols, inv);
   // Pass 2: weighted sum of values and summary values.
   std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
   c = 0;
-  auto add_values = [&](const float* v, int64_t n) {
-    for (int64_t j = 0; j < n; ++j) {
-      const float* __restrict vj = v + j * d;
-      for (int32_t g = 0; g < group; ++g) {
-        const float p = scores[g * cols + c + j] * inv[g];
-        float* __restrict o = out + g * d;
-        for (int32_t i = 0; i < d; ++i) o[i] += p * vj[i];
-      }
-    }
+  auto add_stretch = [&](int64_t first, int64_t n) {
+    ops.Add(scores + c, cols, inv, group, kv.ValueAt(kv_head, first), n, out);
     c += n;
   };
-  auto add_stretch = [&](int64_t first, int64_t n) { add_values(kv.ValueAt(kv_head, first), n); };
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, add_stretch);
-  add_values(far.v_summary, ns);
+  if (ns > 0) ops.Add(scores + c, cols, inv, group, far.v_summary, ns, out);
+  c += ns;
   ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, add_stretch);
 }
 

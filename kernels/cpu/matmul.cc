@@ -1,7 +1,6 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
-#include <atomic>
 
 #include "common/logging.h"
 
@@ -14,62 +13,6 @@ void MatMulRows_avx2(const float*, int64_t, int64_t, const WeightMatrix&, int64_
                      float*, int64_t, float*);
 void MatMulRows_avx512(const float*, int64_t, int64_t, const WeightMatrix&, int64_t, int64_t,
                        float*, int64_t, float*);
-
-namespace {
-
-bool Supports(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kGeneric:
-      return true;
-    case CpuIsa::kAvx2:
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
-    case CpuIsa::kAvx512:
-      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
-  }
-  return false;
-}
-
-CpuIsa BestIsa() {
-  std::vector<CpuIsa> isas = AvailableCpuIsas();
-  return isas.back();
-}
-
-std::atomic<int> g_active_isa{-1};
-
-}  // namespace
-
-std::string_view CpuIsaName(CpuIsa isa) {
-  switch (isa) {
-    case CpuIsa::kGeneric: return "generic";
-    case CpuIsa::kAvx2: return "avx2";
-    case CpuIsa::kAvx512: return "avx512";
-  }
-  return "unknown";
-}
-
-std::vector<CpuIsa> AvailableCpuIsas() {
-  std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
-    if (Supports(isa)) out.push_back(isa);
-  }
-  return out;
-}
-
-CpuIsa ActiveCpuIsa() {
-  int v = g_active_isa.load(std::memory_order_relaxed);
-  if (v < 0) {
-    v = static_cast<int>(BestIsa());
-    g_active_isa.store(v, std::memory_order_relaxed);
-  }
-  return static_cast<CpuIsa>(v);
-}
-
-void SetActiveCpuIsa(CpuIsa isa) {
-  CHECK(Supports(isa)) << "instruction set " << CpuIsaName(isa) << " not supported here";
-  g_active_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
-}
 
 int64_t MatMulScratchFloats(int64_t cols) { return 4 * cols + 16; }
 

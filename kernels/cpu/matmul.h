@@ -8,22 +8,12 @@
 #define KVRM_KERNELS_CPU_MATMUL_H_
 
 #include <cstdint>
-#include <string_view>
-#include <vector>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cpu/weight_matrix.h"
 
 namespace kvrm {
-
-enum class CpuIsa { kGeneric, kAvx2, kAvx512 };
-
-std::string_view CpuIsaName(CpuIsa isa);
-// The instruction sets this processor can run, best last.
-std::vector<CpuIsa> AvailableCpuIsas();
-// The path used by MatMul (the best available unless overridden, for tests and benchmarks).
-CpuIsa ActiveCpuIsa();
-void SetActiveCpuIsa(CpuIsa isa);  // CHECK-fails if unavailable
 
 // Scratch floats each pool thread needs for a matrix of `cols` columns.
 int64_t MatMulScratchFloats(int64_t cols);

@@ -1,0 +1,131 @@
+// The two inner loops of attention (kernels/cpu/attention.cc) for AVX-512 and head_dim a multiple
+// of 16 up to 128, compiled with their own -m flags and called only where the processor has
+// AVX-512 (ActiveCpuIsa).
+//
+// Scores: 16 keys at a time, each dot product's 16 lanes kept in its own register, then one
+// transpose-and-add tree turns the 16 registers into the 16 scores: no horizontal sum per key.
+// Every key's lanes are added in the same tree order whatever its place among the 16, so a
+// score does not depend on how a history is cut into runs.
+// Values: the output rows of a few query heads stay in registers across the stretch.
+#include <immintrin.h>
+
+// GCC 12 warns inside its own unpack/shuffle intrinsics (the placeholder vector they pass to the
+// masked builtin): a false positive, not about this file's variables.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <algorithm>
+#include <cstdint>
+
+namespace kvrm {
+namespace attention_avx512 {
+namespace {
+
+// out lane t = sum of the 16 lanes of v[t].
+inline __m512 SumEach(const __m512* v) {
+  __m512 pairs[8];  // per 128-bit chunk: partials of v[2i] and v[2i+1], interleaved
+  for (int i = 0; i < 8; ++i) {
+    pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                             _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  __m512 quads[4];  // per 128-bit chunk: the partials of v[4i .. 4i+3], in order
+  for (int i = 0; i < 4; ++i) {
+    quads[i] = _mm512_add_ps(_mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0x44),
+                             _mm512_shuffle_ps(pairs[2 * i], pairs[2 * i + 1], 0xEE));
+  }
+  const __m512 a = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x44),
+                                 _mm512_shuffle_f32x4(quads[0], quads[1], 0xEE));
+  const __m512 b = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x44),
+                                 _mm512_shuffle_f32x4(quads[2], quads[3], 0xEE));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
+}
+
+template <int NV>
+void ScoreKeysT(const float* q, int32_t group, const float* k, int64_t n, float scale, float add,
+                float* scores, int64_t ld) {
+  constexpr int kDim = NV * 16;
+  const __m512 vscale = _mm512_set1_ps(scale), vadd = _mm512_set1_ps(add);
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {
+    const int m = static_cast<int>(std::min<int64_t>(16, n - j0));
+    const float* kb = k + j0 * kDim;
+    for (int32_t g = 0; g < group; ++g) {
+      __m512 qv[NV];
+      for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(q + g * kDim + v * 16);
+      __m512 acc[16];
+      for (int t = 0; t < 16; ++t) {
+        if (t < m) {
+          acc[t] = _mm512_mul_ps(_mm512_loadu_ps(kb + t * kDim), qv[0]);
+          for (int v = 1; v < NV; ++v) {
+            acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(kb + t * kDim + v * 16), qv[v], acc[t]);
+          }
+        } else {
+          acc[t] = _mm512_setzero_ps();
+        }
+      }
+      const __m512 s = _mm512_add_ps(_mm512_mul_ps(SumEach(acc), vscale), vadd);
+      _mm512_mask_storeu_ps(scores + g * ld + j0, static_cast<__mmask16>((1u << m) - 1), s);
+    }
+  }
+}
+
+template <int NV>
+void AddValuesT(const float* p, int64_t ld, const float* inv, int32_t group, const float* v,
+                int64_t n, float* out) {
+  constexpr int kDim = NV * 16;
+  constexpr int kHeads = std::max(1, 16 / NV);  // accumulators: kHeads * NV <= 16 registers
+  for (int32_t g0 = 0; g0 < group; g0 += kHeads) {
+    const int gc = std::min<int32_t>(kHeads, group - g0);
+    __m512 acc[kHeads][NV];
+    for (int g = 0; g < kHeads; ++g) {
+      for (int c = 0; c < NV; ++c) {
+        acc[g][c] = g < gc ? _mm512_loadu_ps(out + (g0 + g) * kDim + c * 16) : _mm512_setzero_ps();
+      }
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      __m512 vv[NV];
+      for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(v + j * kDim + c * 16);
+      for (int g = 0; g < kHeads; ++g) {
+        if (g >= gc) break;
+        const __m512 pj = _mm512_set1_ps(p[(g0 + g) * ld + j] * inv[g0 + g]);
+        for (int c = 0; c < NV; ++c) acc[g][c] = _mm512_fmadd_ps(pj, vv[c], acc[g][c]);
+      }
+    }
+    for (int g = 0; g < gc; ++g) {
+      for (int c = 0; c < NV; ++c) _mm512_storeu_ps(out + (g0 + g) * kDim + c * 16, acc[g][c]);
+    }
+  }
+}
+
+}  // namespace
+
+bool Handles(int32_t head_dim) { return head_dim % 16 == 0 && head_dim >= 16 && head_dim <= 128; }
+
+void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const float* k, int64_t n,
+               float scale, float add, float* scores, int64_t ld) {
+  switch (head_dim / 16) {
+    case 1: return ScoreKeysT<1>(q, group, k, n, scale, add, scores, ld);
+    case 2: return ScoreKeysT<2>(q, group, k, n, scale, add, scores, ld);
+    case 3: return ScoreKeysT<3>(q, group, k, n, scale, add, scores, ld);
+    case 4: return ScoreKeysT<4>(q, group, k, n, scale, add, scores, ld);
+    case 5: return ScoreKeysT<5>(q, group, k, n, scale, add, scores, ld);
+    case 6: return ScoreKeysT<6>(q, group, k, n, scale, add, scores, ld);
+    case 7: return ScoreKeysT<7>(q, group, k, n, scale, add, scores, ld);
+    case 8: return ScoreKeysT<8>(q, group, k, n, scale, add, scores, ld);
+  }
+}
+
+void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
+               const float* v, int64_t n, float* out) {
+  switch (head_dim / 16) {
+    case 1: return AddValuesT<1>(p, ld, inv, group, v, n, out);
+    case 2: return AddValuesT<2>(p, ld, inv, group, v, n, out);
+    case 3: return AddValuesT<3>(p, ld, inv, group, v, n, out);
+    case 4: return AddValuesT<4>(p, ld, inv, group, v, n, out);
+    case 5: return AddValuesT<5>(p, ld, inv, group, v, n, out);
+    case 6: return AddValuesT<6>(p, ld, inv, group, v, n, out);
+    case 7: return AddValuesT<7>(p, ld, inv, group, v, n, out);
+    case 8: return AddValuesT<8>(p, ld, inv, group, v, n, out);
+  }
+}
+
+}  // namespace attention_avx512
+}  // namespace kvrm

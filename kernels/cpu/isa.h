@@ -1,0 +1,22 @@
+// The instruction-set path of the CPU kernels (matmul, attention), chosen at run time: the best
+// this processor runs unless overridden (tests and benchmarks run every available path).
+#ifndef KVRM_KERNELS_CPU_ISA_H_
+#define KVRM_KERNELS_CPU_ISA_H_
+
+#include <string_view>
+#include <vector>
+
+namespace kvrm {
+
+enum class CpuIsa { kGeneric, kAvx2, kAvx512 };
+
+std::string_view CpuIsaName(CpuIsa isa);
+// The instruction sets this processor can run, best last.
+std::vector<CpuIsa> AvailableCpuIsas();
+// The path the kernels use (the best available unless overridden).
+CpuIsa ActiveCpuIsa();
+void SetActiveCpuIsa(CpuIsa isa);  // CHECK-fails if unavailable
+
+}  // namespace kvrm
+
+#endif  // KVRM_KERNELS_CPU_ISA_H_
