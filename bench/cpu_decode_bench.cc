@@ -2,7 +2,8 @@
 // roofline measured in the same run.
 //
 //   bazel run //bench:cpu_decode_bench -- [--size=small] [--dtypes=f32,bf16] [--slots=1,4,8,16]
-//       [--contexts=128,1024] [--prompts=128,1024] [--threads=2] [--tp=1] [--json=FILE]
+//       [--contexts=128,1024] [--prompts=128,1024] [--threads=2] [--tp=1] [--isa=auto]
+//       [--json=FILE]
 //
 // Roofline: a decode step reads every weight byte once (whatever the number of slots) plus each
 // active slot's KV history, so at best it takes (weight bytes + KV bytes) / B, where B is the read
@@ -51,6 +52,8 @@ ABSL_FLAG(int64_t, stream_mb, 512, "bandwidth test buffer, MiB");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the models (default: a temp dir)");
 ABSL_FLAG(bool, kernels, false, "also time single matmuls (GFLOP/s, GB/s) on the small shapes");
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
+ABSL_FLAG(std::string, isa, "auto",
+          "kernel path: auto (the best available), generic, avx2, avx512, avx512_bf16");
 
 namespace kvrm {
 namespace {
@@ -305,6 +308,19 @@ PrefillResult RunPrefill(Loaded& m, const std::string& dtype, int32_t prompt) {
 }
 
 int Main() {
+  if (const std::string isa = absl::GetFlag(FLAGS_isa); isa != "auto") {
+    bool found = false;
+    for (CpuIsa candidate : AvailableCpuIsas()) {
+      if (CpuIsaName(candidate) == isa) {
+        SetActiveCpuIsa(candidate);
+        found = true;
+      }
+    }
+    if (!found) {
+      std::fprintf(stderr, "--isa=%s is not available on this processor\n", isa.c_str());
+      return 2;
+    }
+  }
   const std::vector<int32_t> slots = IntList(absl::GetFlag(FLAGS_slots));
   const std::vector<int32_t> contexts = IntList(absl::GetFlag(FLAGS_contexts));
   const std::vector<int32_t> prompts = IntList(absl::GetFlag(FLAGS_prompts));

@@ -45,6 +45,12 @@ namespace kvrm {
 namespace {
 
 constexpr double kRelTol = 1e-5;
+// The avx512_bf16 path with bf16 weights rounds every linear layer's input to bf16 (as GPU bf16
+// GEMMs do). The reference rounds at the same places, but an input that lands within f32 noise of
+// a rounding boundary rounds the other way on one side, and such differences grow through the
+// layers to the bf16 noise level: measured on the tiny model max |diff| / max(1, max |ref|) up to
+// 5.8e-3. We allow 2e-2 there; a real mistake still moves logits by O(1) of a scale ~9.
+constexpr double kRoundedRelTol = 2e-2;
 
 // The tiny model of one dtype with its reference, generated once per test binary.
 struct TinyModel {
@@ -77,6 +83,7 @@ const TinyModel& GetTiny(DType dtype) {
 
 // Worst error seen by a test, printed at its end.
 struct ErrorStats {
+  double rel_tol = kRelTol;
   double max_abs = 0;      // max |engine - ref| over all compared logits
   double max_scaled = 0;   // max of max|diff| / max(1, max|ref|) over compared rows
   double max_ref = 0;      // largest |ref| logit seen
@@ -87,7 +94,7 @@ struct ErrorStats {
     std::printf(
         "[%s] %d logit rows: max|diff| %.3g, max|diff|/max(1,max|ref|) %.3g (tol %.1g), "
         "max|ref| %.3g, argmax checked on %d rows\n",
-        what.c_str(), rows, max_abs, max_scaled, kRelTol, max_ref, argmax_checked);
+        what.c_str(), rows, max_abs, max_scaled, rel_tol, max_ref, argmax_checked);
   }
 };
 
@@ -120,7 +127,7 @@ void ExpectLogitsClose(const float* got, const std::vector<double>& ref, const s
       top2 = static_cast<int32_t>(i);
     }
   }
-  const double tol = kRelTol * std::max(1.0, max_ref);
+  const double tol = stats->rel_tol * std::max(1.0, max_ref);
   EXPECT_LE(max_diff, tol) << where;
   stats->max_abs = std::max(stats->max_abs, max_diff);
   stats->max_scaled = std::max(stats->max_scaled, max_diff / std::max(1.0, max_ref));
@@ -165,11 +172,20 @@ Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_bloc
 // Every weight dtype on every matmul path this processor runs.
 class ForwardTest : public testing::TestWithParam<std::tuple<DType, CpuIsa>> {
  protected:
-  void SetUp() override { SetActiveCpuIsa(isa()); }
+  void SetUp() override {
+    SetActiveCpuIsa(isa());
+    // The reference rounds linear-layer inputs to bf16 exactly where this path does.
+    GetTiny(dtype()).ref->set_bf16_linear_inputs(MatMulRoundsActivations(isa(), dtype()));
+  }
   DType dtype() const { return std::get<0>(GetParam()); }
   CpuIsa isa() const { return std::get<1>(GetParam()); }
   std::string Name() const {
     return absl::StrCat(std::string(DTypeName(dtype())), " ", std::string(CpuIsaName(isa())));
+  }
+  ErrorStats Stats() const {
+    ErrorStats stats;
+    if (MatMulRoundsActivations(isa(), dtype())) stats.rel_tol = kRoundedRelTol;
+    return stats;
   }
 };
 
@@ -185,7 +201,7 @@ TEST_P(ForwardTest, ChunkedPrefillThenDecodeMatchesReference) {
   // matters most.
   const KvRun runs[] = {{3, 11}};
   Engine engine = MakeEngine(model, kBlockTokens, 16, /*max_slots=*/2, /*max_chunk_tokens=*/160);
-  ErrorStats stats;
+  ErrorStats stats = Stats();
   std::mt19937 rng(1234);
   std::vector<float> logits(2 * vocab);
   for (int prompt_len : {1, 7, 33, 100, 150}) {
@@ -318,7 +334,7 @@ std::vector<SlotPlan> FragmentedPlans() {
 TEST_P(ForwardTest, MultiSlotDecodeMatchesPerSlotReference) {
   const TinyModel& model = GetTiny(dtype());
   const ScenarioResult r = RunScenario(model, FragmentedPlans(), /*num_blocks=*/32);
-  ErrorStats stats;
+  ErrorStats stats = Stats();
   for (size_t s = 0; s < r.tokens.size(); ++s) {
     const std::vector<std::vector<double>> ref = model.ref->Forward(r.tokens[s]);
     ASSERT_FALSE(r.logits[s].empty());
@@ -360,7 +376,7 @@ TEST_P(ForwardTest, TwoRanksMatchReferenceAndOneRank) {
   const ScenarioResult two = RunScenario(model, FragmentedPlans(), /*num_blocks=*/32, 2);
   ASSERT_EQ(one.tokens, two.tokens);
   ASSERT_EQ(one.logit_positions, two.logit_positions);
-  ErrorStats vs_ref, vs_one;
+  ErrorStats vs_ref = Stats(), vs_one = Stats();
   for (size_t s = 0; s < two.tokens.size(); ++s) {
     const std::vector<std::vector<double>> ref = model.ref->Forward(two.tokens[s]);
     for (size_t i = 0; i < two.logits[s].size(); ++i) {
@@ -458,9 +474,14 @@ std::unique_ptr<CpuBackend> MakeSmallBackend(int32_t tp) {
 // Four slots with random prompts, prefilled in chunks, then 64 greedy decode steps of all four in
 // one descriptor, once with one rank and once with two, each run feeding back its own argmax.
 // The logits agree within kRelTol of their scale at every step (measured: ~1e-6, printed) and
-// the 4 x 64 greedy tokens are identical.
+// the 4 x 64 greedy tokens are identical. On the best path that keeps activations in f32: with
+// bf16-rounded activations (avx512_bf16) the two sums' last-bit differences flip roundings and
+// the runs drift apart at the bf16 noise level, as they do on GPUs (that path's TP=2 vs TP=1
+// agreement is checked within its tolerance by ForwardTest.TwoRanksMatchReferenceAndOneRank).
 TEST(SmallModelTensorParallelTest, TwoRanksGreedyTokensIdenticalOver64Steps) {
-  SetActiveCpuIsa(AvailableCpuIsas().back());
+  std::vector<CpuIsa> isas = AvailableCpuIsas();
+  while (isas.size() > 1 && MatMulRoundsActivations(isas.back(), DType::kBF16)) isas.pop_back();
+  SetActiveCpuIsa(isas.back());
   constexpr int kSlots = 4, kSteps = 64, kChunk = 32;
   const int32_t vocab = GetSmall().config.vocab_size;
   std::unique_ptr<CpuBackend> one = MakeSmallBackend(1), two = MakeSmallBackend(2);

@@ -51,6 +51,15 @@ TEST(KvrmdProcessTest, BrokenConfigExitsNonZeroNamingTheFile) {
   EXPECT_TRUE(absl::StrContains(p.LogTail(), "config.json")) << p.LogTail();
 }
 
+TEST(KvrmdProcessTest, UnknownCpuIsaExitsTwoNamingTheFlagAndTheChoices) {
+  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
+                             "--device=cpu", "--cpu_isa=sse9"},
+                            "bad-isa");
+  EXPECT_EQ(p.Wait(), 2);
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "--cpu_isa=sse9")) << p.LogTail();
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "generic")) << p.LogTail();
+}
+
 // grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
 // ships no health.proto. The request is the empty message; the response is field 1 (varint).
 // Returns the ServingStatus (1 SERVING, 2 NOT_SERVING), or -1 when the call fails.

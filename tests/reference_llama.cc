@@ -85,7 +85,15 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
   return ref;
 }
 
-std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<double>& x) {
+std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<double>& x_in) const {
+  std::vector<double> rounded;
+  if (bf16_linear_inputs_) {
+    rounded.resize(x_in.size());
+    for (size_t i = 0; i < x_in.size(); ++i) {
+      rounded[i] = Bf16ToFloat(FloatToBf16(static_cast<float>(x_in[i])));
+    }
+  }
+  const std::vector<double>& x = bf16_linear_inputs_ ? rounded : x_in;
   std::vector<double> y(w.rows);
   for (int64_t r = 0; r < w.rows; ++r) {
     const double* row = w.Row(r);

@@ -47,6 +47,11 @@ class ReferenceLlama {
 
   const LlamaConfig& config() const { return config_; }
 
+  // When on, every linear layer's input vector is rounded to bf16 (through float, to nearest
+  // even) before the product, as bf16 GEMMs on GPUs and the CPU's avx512_bf16 path take their
+  // activations; the products and sums stay in double. Off by default.
+  void set_bf16_linear_inputs(bool on) { bf16_linear_inputs_ = on; }
+
  private:
   // A dense row-major matrix [rows][cols] (HF nn.Linear layout: [out_features][in_features]).
   struct Matrix {
@@ -64,8 +69,8 @@ class ReferenceLlama {
   static absl::StatusOr<Matrix> Load(const SafetensorsSet& files, const std::string& name,
                                      int64_t rows, int64_t cols);
 
-  // y = W x for one vector.
-  static std::vector<double> Linear(const Matrix& w, const std::vector<double>& x);
+  // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs).
+  std::vector<double> Linear(const Matrix& w, const std::vector<double>& x) const;
   // HF LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps).
   std::vector<double> RmsNorm(const std::vector<double>& x, const std::vector<double>& w) const;
   // Rotates each head of `x` ([heads][head_dim]) in place, rotate_half layout: pair (i, i + hd/2).
@@ -77,6 +82,7 @@ class ReferenceLlama {
   Matrix lm_head_;                // [vocab][hidden]; a copy of embed_ when tied
   std::vector<double> final_norm_;
   std::vector<Layer> layers_;
+  bool bf16_linear_inputs_ = false;
 };
 
 }  // namespace kvrm

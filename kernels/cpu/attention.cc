@@ -162,7 +162,8 @@ void ExpScores(float* scores, int32_t group, int64_t cols, float* inv) {
 // The inner loops for this head size on the active instruction set.
 struct StretchOps {
   explicit StretchOps(int32_t head_dim)
-      : avx512(ActiveCpuIsa() == CpuIsa::kAvx512 && attention_avx512::Handles(head_dim)),
+      : avx512((ActiveCpuIsa() == CpuIsa::kAvx512 || ActiveCpuIsa() == CpuIsa::kAvx512Bf16) &&
+               attention_avx512::Handles(head_dim)),
         d(head_dim) {}
 
   void Score(const float* q, int32_t group, const float* k, int64_t n, float scale, float add,

@@ -17,6 +17,8 @@ bool Supports(CpuIsa isa) {
     case CpuIsa::kAvx512:
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+    case CpuIsa::kAvx512Bf16:
+      return Supports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16");
   }
   return false;
 }
@@ -30,13 +32,15 @@ std::string_view CpuIsaName(CpuIsa isa) {
     case CpuIsa::kGeneric: return "generic";
     case CpuIsa::kAvx2: return "avx2";
     case CpuIsa::kAvx512: return "avx512";
+    case CpuIsa::kAvx512Bf16: return "avx512_bf16";
   }
   return "unknown";
 }
 
 std::vector<CpuIsa> AvailableCpuIsas() {
   std::vector<CpuIsa> out;
-  for (CpuIsa isa : {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512}) {
+  for (CpuIsa isa :
+       {CpuIsa::kGeneric, CpuIsa::kAvx2, CpuIsa::kAvx512, CpuIsa::kAvx512Bf16}) {
     if (Supports(isa)) out.push_back(isa);
   }
   return out;

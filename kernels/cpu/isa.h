@@ -8,7 +8,9 @@
 
 namespace kvrm {
 
-enum class CpuIsa { kGeneric, kAvx2, kAvx512 };
+// kAvx512Bf16 is kAvx512 plus vdpbf16ps for bf16 weights, which rounds the activations to bf16
+// (as GPU bf16 GEMMs do); the other paths keep f32 activations.
+enum class CpuIsa { kGeneric, kAvx2, kAvx512, kAvx512Bf16 };
 
 std::string_view CpuIsaName(CpuIsa isa);
 // The instruction sets this processor can run, best last.

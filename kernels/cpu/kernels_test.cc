@@ -77,18 +77,26 @@ TEST_P(MatMulTest, MatchesFloat64Reference) {
     std::vector<float> y(s.n * s.rows, NAN);
     std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
     MatMul(pool, x.data(), s.n, s.cols, w.view, y.data(), s.rows, scratch.data());
+    // The avx512_bf16 path rounds the activations to bf16 (to nearest even) for bf16 weights:
+    // its exact reference uses the rounded activations, and it stays within bf16 rounding
+    // (2^-8 of the magnitude sum) of the unrounded product.
+    const bool rounds = MatMulRoundsActivations(isa, dtype);
     for (int64_t i = 0; i < s.n; ++i) {
       for (int64_t r = 0; r < s.rows; ++r) {
-        double ref = 0, mag = 0;
+        double ref = 0, unrounded = 0, mag = 0;
         for (int64_t c = 0; c < s.cols; ++c) {
-          ref += static_cast<double>(x[i * s.cols + c]) * w.exact[r * s.cols + c];
-          mag += std::abs(x[i * s.cols + c] * w.exact[r * s.cols + c]);
+          const float xc = x[i * s.cols + c];
+          const double xr = rounds ? Bf16ToFloat(FloatToBf16(xc)) : xc;
+          ref += xr * w.exact[r * s.cols + c];
+          unrounded += static_cast<double>(xc) * w.exact[r * s.cols + c];
+          mag += std::abs(xc * w.exact[r * s.cols + c]);
         }
         // f32 accumulation: error bounded by ~cols * eps * sum|terms|; 1e-6 relative to the
         // magnitude sum is well inside that for these sizes.
         ASSERT_NEAR(y[i * s.rows + r], ref, 2e-6 * mag + 1e-6)
             << "isa=" << CpuIsaName(isa) << " dtype=" << DTypeName(dtype) << " n=" << s.n
             << " rows=" << s.rows << " cols=" << s.cols << " at " << i << "," << r;
+        ASSERT_NEAR(y[i * s.rows + r], unrounded, (rounds ? 1.0 / 256 : 2e-6) * mag + 1e-6);
       }
     }
   }

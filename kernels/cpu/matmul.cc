@@ -13,8 +13,14 @@ void MatMulRows_avx2(const float*, int64_t, int64_t, const WeightMatrix&, int64_
                      float*, int64_t, float*);
 void MatMulRows_avx512(const float*, int64_t, int64_t, const WeightMatrix&, int64_t, int64_t,
                        float*, int64_t, float*);
+void MatMulRows_avx512_bf16(const float*, int64_t, int64_t, const WeightMatrix&, int64_t,
+                            int64_t, float*, int64_t, float*);
+int64_t MatMulScratchFloats_avx512_bf16(int64_t cols);
 
-int64_t MatMulScratchFloats(int64_t cols) { return 4 * cols + 16; }
+int64_t MatMulScratchFloats(int64_t cols) {
+  // Enough for every path, so a caller may switch paths (tests and benchmarks do).
+  return std::max<int64_t>(4 * cols + 16, MatMulScratchFloats_avx512_bf16(cols));
+}
 
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
@@ -25,6 +31,8 @@ void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const Weight
       return MatMulRows_avx2(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
     case CpuIsa::kAvx512:
       return MatMulRows_avx512(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+    case CpuIsa::kAvx512Bf16:
+      return MatMulRows_avx512_bf16(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   LOG(FATAL) << "unsupported instruction set " << static_cast<int>(isa);
 }

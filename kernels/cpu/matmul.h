@@ -15,6 +15,12 @@
 
 namespace kvrm {
 
+// Whether MatMul on `isa` rounds the activations to bf16 for weights of `dtype` (avx512_bf16 with
+// bf16 weights); every other path keeps them in f32.
+inline bool MatMulRoundsActivations(CpuIsa isa, DType dtype) {
+  return isa == CpuIsa::kAvx512Bf16 && dtype == DType::kBF16;
+}
+
 // Scratch floats each pool thread needs for a matrix of `cols` columns.
 int64_t MatMulScratchFloats(int64_t cols);
 
