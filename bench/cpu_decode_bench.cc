@@ -2,7 +2,7 @@
 // roofline measured in the same run.
 //
 //   bazel run //bench:cpu_decode_bench -- [--size=small] [--dtypes=f32,bf16] [--slots=1,4,8,16]
-//       [--contexts=128,1024] [--prompts=128,1024] [--threads=2] [--tp=1] [--isa=auto]
+//       [--contexts=128,1024] [--prompts=128,1024] [--threads=2] [--tp=1] [--isas=auto]
 //       [--json=FILE]
 //
 // Roofline: a decode step reads every weight byte once (whatever the number of slots) plus each
@@ -52,8 +52,9 @@ ABSL_FLAG(int64_t, stream_mb, 512, "bandwidth test buffer, MiB");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the models (default: a temp dir)");
 ABSL_FLAG(bool, kernels, false, "also time single matmuls (GFLOP/s, GB/s) on the small shapes");
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
-ABSL_FLAG(std::string, isa, "auto",
-          "kernel path: auto (the best available), generic, avx2, avx512, avx512_bf16");
+ABSL_FLAG(std::string, isas, "auto",
+          "kernel paths, comma-separated: auto (the best available), generic, avx2, avx512, "
+          "avx512_bf16; with several, every case runs on each back to back (side by side)");
 
 namespace kvrm {
 namespace {
@@ -161,12 +162,15 @@ void TimeMatMul(DType dtype, int64_t rows, int64_t cols, int64_t n, int threads)
   ThreadPool pool(threads);
   std::vector<float> scratch(threads * MatMulScratchFloats(cols));
   // Enough repetitions for ~0.2 s.
-  const int reps = static_cast<int>(std::max<int64_t>(3, 2e8 / (rows * cols * std::max<int64_t>(n, 8))));
+  const int reps =
+      static_cast<int>(std::max<int64_t>(3, 2e8 / (rows * cols * std::max<int64_t>(n, 8))));
   MatMul(pool, x.data(), n, cols, w, y.data(), rows, scratch.data());
   const auto t0 = Clock::now();
   for (int r = 0; r < reps; ++r) MatMul(pool, x.data(), n, cols, w, y.data(), rows, scratch.data());
   const double s = Seconds(t0, Clock::now()) / reps;
-  std::printf("matmul %-4s %5lld x %5lld  n=%4lld  threads=%d: %8.1f us  %7.1f GFLOP/s  %6.1f GB/s\n",
+  std::printf("matmul %-11s %-4s %5lld x %5lld  n=%4lld  threads=%d: %8.1f us  %7.1f GFLOP/s  "
+              "%6.1f GB/s\n",
+              std::string(CpuIsaName(ActiveCpuIsa())).c_str(),
               std::string(DTypeName(dtype)).c_str(), static_cast<long long>(rows),
               static_cast<long long>(cols), static_cast<long long>(n), threads, s * 1e6,
               2.0 * rows * cols * n / s / 1e9, w.bytes() / s / 1e9);
@@ -214,6 +218,7 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context) {
 }
 
 struct DecodeResult {
+  std::string isa;
   std::string dtype;
   int32_t slots, context;
   double tokens_per_s, step_ms, roofline_tokens_per_s, mb_per_step;
@@ -264,6 +269,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
     }
   }
   DecodeResult r;
+  r.isa = std::string(CpuIsaName(ActiveCpuIsa()));
   r.dtype = dtype;
   r.slots = slots;
   r.context = context;
@@ -281,6 +287,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
 }
 
 struct PrefillResult {
+  std::string isa;
   std::string dtype;
   int32_t prompt;
   double tokens_per_s, ms;
@@ -304,23 +311,32 @@ PrefillResult RunPrefill(Loaded& m, const std::string& dtype, int32_t prompt) {
     }
     best = std::min(best, Seconds(t0, Clock::now()));
   }
-  return PrefillResult{dtype, prompt, prompt / best, best * 1e3};
+  return PrefillResult{std::string(CpuIsaName(ActiveCpuIsa())), dtype, prompt, prompt / best,
+                       best * 1e3};
 }
 
 int Main() {
-  if (const std::string isa = absl::GetFlag(FLAGS_isa); isa != "auto") {
+  std::vector<CpuIsa> isas;
+  const std::vector<std::string> names =
+      absl::StrSplit(absl::GetFlag(FLAGS_isas), ',', absl::SkipEmpty());
+  for (const std::string& name : names) {
+    if (name == "auto") {
+      isas.push_back(ActiveCpuIsa());
+      continue;
+    }
     bool found = false;
     for (CpuIsa candidate : AvailableCpuIsas()) {
-      if (CpuIsaName(candidate) == isa) {
-        SetActiveCpuIsa(candidate);
+      if (CpuIsaName(candidate) == name) {
+        isas.push_back(candidate);
         found = true;
       }
     }
     if (!found) {
-      std::fprintf(stderr, "--isa=%s is not available on this processor\n", isa.c_str());
+      std::fprintf(stderr, "--isas: %s is not available on this processor\n", name.c_str());
       return 2;
     }
   }
+  if (isas.empty()) isas.push_back(ActiveCpuIsa());
   const std::vector<int32_t> slots = IntList(absl::GetFlag(FLAGS_slots));
   const std::vector<int32_t> contexts = IntList(absl::GetFlag(FLAGS_contexts));
   const std::vector<int32_t> prompts = IntList(absl::GetFlag(FLAGS_prompts));
@@ -341,14 +357,22 @@ int Main() {
   std::printf("measuring read bandwidth (%d threads, %lld MiB)...\n", threads,
               static_cast<long long>(absl::GetFlag(FLAGS_stream_mb)));
   ReadBandwidth bandwidth(threads, absl::GetFlag(FLAGS_stream_mb) << 20);
-  std::printf("read bandwidth: %.2f GB/s; matmul path: %s; threads %d; tp %d\n",
-              bandwidth.Measure(6) / 1e9,
-              std::string(CpuIsaName(ActiveCpuIsa())).c_str(), threads, absl::GetFlag(FLAGS_tp));
+  std::string isa_names;
+  for (CpuIsa isa : isas) {
+    isa_names += (isa_names.empty() ? "" : ", ") + std::string(CpuIsaName(isa));
+  }
+  std::printf("read bandwidth: %.2f GB/s; kernel paths: %s; threads %d; tp %d\n",
+              bandwidth.Measure(6) / 1e9, isa_names.c_str(), threads, absl::GetFlag(FLAGS_tp));
 
   if (absl::GetFlag(FLAGS_kernels)) {
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t n : {1, 4, 16, 128}) {
-        for (int t : {1, threads}) TimeMatMul(dtype, 2048, 768, n, t);
+        for (int t : {1, threads}) {
+          for (CpuIsa isa : isas) {
+            SetActiveCpuIsa(isa);
+            TimeMatMul(dtype, 2048, 768, n, t);
+          }
+        }
       }
     }
   }
@@ -372,10 +396,18 @@ int Main() {
     Loaded m = Load(mo.out_dir, max_slots, max_context);
     for (int32_t context : contexts) {
       for (int32_t s : slots) {
-        decode.push_back(RunDecode(m, std::string(dtype_name), s, context, &bandwidth));
+        for (CpuIsa isa : isas) {
+          SetActiveCpuIsa(isa);
+          decode.push_back(RunDecode(m, std::string(dtype_name), s, context, &bandwidth));
+        }
       }
     }
-    for (int32_t p : prompts) prefill.push_back(RunPrefill(m, std::string(dtype_name), p));
+    for (int32_t p : prompts) {
+      for (CpuIsa isa : isas) {
+        SetActiveCpuIsa(isa);
+        prefill.push_back(RunPrefill(m, std::string(dtype_name), p));
+      }
+    }
   }
 
   for (DecodeResult& r : decode) {
@@ -384,18 +416,20 @@ int Main() {
   std::printf("\ndecode (%s model); roofline = slots * %.2f GB/s (best read bandwidth of the run) "
               "/ (weight + KV bytes per step); 'GB/s now' measured just before the case\n",
               absl::GetFlag(FLAGS_size).c_str(), bandwidth.best() / 1e9);
-  std::printf("%-6s %6s %8s %10s %9s %9s %10s %8s %9s %6s\n", "dtype", "slots", "context",
-              "tok/s", "step ms", "MB/step", "roofline", "of roof", "GB/s now", "cpu");
+  std::printf("%-12s %-6s %6s %8s %10s %9s %9s %10s %8s %9s %6s\n", "path", "dtype", "slots",
+              "context", "tok/s", "step ms", "MB/step", "roofline", "of roof", "GB/s now", "cpu");
   for (const DecodeResult& r : decode) {
-    std::printf("%-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f %5.0f%%\n",
-                r.dtype.c_str(), r.slots, r.context, r.tokens_per_s, r.step_ms, r.mb_per_step,
+    std::printf("%-12s %-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f %5.0f%%\n",
+                r.isa.c_str(), r.dtype.c_str(), r.slots, r.context, r.tokens_per_s, r.step_ms,
+                r.mb_per_step,
                 r.roofline_tokens_per_s, 100 * r.tokens_per_s / r.roofline_tokens_per_s,
                 r.bandwidth_now / 1e9, 100 * r.cpu_share);
   }
-  std::printf("\nprefill (chunks of %d)\n%-6s %8s %10s %10s\n", absl::GetFlag(FLAGS_chunk),
-              "dtype", "prompt", "tok/s", "ms");
+  std::printf("\nprefill (chunks of %d)\n%-12s %-6s %8s %10s %10s\n",
+              absl::GetFlag(FLAGS_chunk), "path", "dtype", "prompt", "tok/s", "ms");
   for (const PrefillResult& r : prefill) {
-    std::printf("%-6s %8d %10.1f %10.1f\n", r.dtype.c_str(), r.prompt, r.tokens_per_s, r.ms);
+    std::printf("%-12s %-6s %8d %10.1f %10.1f\n", r.isa.c_str(), r.dtype.c_str(), r.prompt,
+                r.tokens_per_s, r.ms);
   }
 
   if (!absl::GetFlag(FLAGS_json).empty()) {
@@ -403,11 +437,13 @@ int Main() {
     j["model"] = absl::GetFlag(FLAGS_size);
     j["threads"] = threads;
     j["tensor_parallel"] = absl::GetFlag(FLAGS_tp);
-    j["isa"] = std::string(CpuIsaName(ActiveCpuIsa()));
+    j["isas"] = nlohmann::json::array();
+    for (CpuIsa isa : isas) j["isas"].push_back(std::string(CpuIsaName(isa)));
     j["read_bandwidth_gb_s"] = bandwidth.best() / 1e9;
     j["decode"] = nlohmann::json::array();
     for (const DecodeResult& r : decode) {
-      j["decode"].push_back({{"dtype", r.dtype},
+      j["decode"].push_back({{"isa", r.isa},
+                             {"dtype", r.dtype},
                              {"slots", r.slots},
                              {"context", r.context},
                              {"tokens_per_s", r.tokens_per_s},
@@ -419,7 +455,8 @@ int Main() {
     }
     j["prefill"] = nlohmann::json::array();
     for (const PrefillResult& r : prefill) {
-      j["prefill"].push_back({{"dtype", r.dtype},
+      j["prefill"].push_back({{"isa", r.isa},
+                              {"dtype", r.dtype},
                               {"prompt_tokens", r.prompt},
                               {"tokens_per_s", r.tokens_per_s},
                               {"ms", r.ms}});
