@@ -29,38 +29,6 @@
 namespace kvrm {
 namespace {
 
-class CollectingSink : public RequestSink {
- public:
-  void OnChunk(StreamChunk chunk) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens_.insert(tokens_.end(), chunk.token_ids.begin(), chunk.token_ids.end());
-  }
-  void OnFinished(StreamChunk last, const FinishInfo& info) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens_.insert(tokens_.end(), last.token_ids.begin(), last.token_ids.end());
-    info_ = info;
-    done_ = true;
-    cv_.notify_all();
-  }
-  bool done() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
-  std::vector<int32_t> Wait(FinishInfo* info) {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
-    *info = info_;
-    return tokens_;
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::vector<int32_t> tokens_;
-  FinishInfo info_;
-  bool done_ = false;
-};
-
 struct Spec {
   std::vector<int32_t> prompt;
   int32_t max_new_tokens;

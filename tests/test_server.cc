@@ -79,4 +79,29 @@ v1::GenerateRequest TextRequest(const std::string& prompt, int max_new_tokens) {
   return r;
 }
 
+void CollectingSink::OnChunk(StreamChunk chunk) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tokens_.insert(tokens_.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+}
+
+void CollectingSink::OnFinished(StreamChunk last, const FinishInfo& info) {
+  std::lock_guard<std::mutex> lock(mu_);
+  tokens_.insert(tokens_.end(), last.token_ids.begin(), last.token_ids.end());
+  info_ = info;
+  done_ = true;
+  cv_.notify_all();
+}
+
+bool CollectingSink::done() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+std::vector<int32_t> CollectingSink::Wait(FinishInfo* info) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] { return done_; });
+  *info = info_;
+  return tokens_;
+}
+
 }  // namespace kvrm

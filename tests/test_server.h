@@ -3,8 +3,10 @@
 #ifndef KVRM_TESTS_TEST_SERVER_H_
 #define KVRM_TESTS_TEST_SERVER_H_
 
+#include <condition_variable>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -54,6 +56,24 @@ int TestTimeoutScale();
 StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& request);
 
 v1::GenerateRequest TextRequest(const std::string& prompt, int max_new_tokens);
+
+// An engine-level sink that keeps every token a request streams and its finish, for tests that
+// submit straight to an Engine.
+class CollectingSink : public RequestSink {
+ public:
+  void OnChunk(StreamChunk chunk) override;
+  void OnFinished(StreamChunk last, const FinishInfo& info) override;
+  bool done();
+  // Blocks until the request finished; its tokens, and *info its finish.
+  std::vector<int32_t> Wait(FinishInfo* info);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<int32_t> tokens_;
+  FinishInfo info_;
+  bool done_ = false;
+};
 
 }  // namespace kvrm
 
