@@ -320,21 +320,13 @@ int Main() {
   const std::vector<std::string> names =
       absl::StrSplit(absl::GetFlag(FLAGS_isas), ',', absl::SkipEmpty());
   for (const std::string& name : names) {
-    if (name == "auto") {
-      isas.push_back(ActiveCpuIsa());
-      continue;
-    }
-    bool found = false;
-    for (CpuIsa candidate : AvailableCpuIsas()) {
-      if (CpuIsaName(candidate) == name) {
-        isas.push_back(candidate);
-        found = true;
-      }
-    }
-    if (!found) {
-      std::fprintf(stderr, "--isas: %s is not available on this processor\n", name.c_str());
+    CpuIsa isa = ActiveCpuIsa();
+    if (name != "auto" && !ParseCpuIsa(name, &isa)) {
+      std::fprintf(stderr, "--isas: %s is not one of this processor's: %s\n", name.c_str(),
+                   AvailableCpuIsaNames().c_str());
       return 2;
     }
+    isas.push_back(isa);
   }
   if (isas.empty()) isas.push_back(ActiveCpuIsa());
   const std::vector<int32_t> slots = IntList(absl::GetFlag(FLAGS_slots));
@@ -358,10 +350,8 @@ int Main() {
               static_cast<long long>(absl::GetFlag(FLAGS_stream_mb)));
   ReadBandwidth bandwidth(threads, absl::GetFlag(FLAGS_stream_mb) << 20);
   std::string isa_names;
-  for (CpuIsa isa : isas) {
-    isa_names += (isa_names.empty() ? "" : ", ") + std::string(CpuIsaName(isa));
-  }
-  std::printf("read bandwidth: %.2f GB/s; kernel paths: %s; threads %d; tp %d\n",
+  for (CpuIsa isa : isas) isa_names += " " + std::string(CpuIsaName(isa));
+  std::printf("read bandwidth: %.2f GB/s; kernel paths:%s; threads %d; tp %d\n",
               bandwidth.Measure(6) / 1e9, isa_names.c_str(), threads, absl::GetFlag(FLAGS_tp));
 
   if (absl::GetFlag(FLAGS_kernels)) {

@@ -143,21 +143,14 @@ int Run() {
     std::fprintf(stderr, "kvrmd: %s\n", std::string(device.status().message()).c_str());
     return 2;
   }
-  if (const std::string isa = absl::GetFlag(FLAGS_cpu_isa); isa != "auto") {
-    bool found = false;
-    std::string available;
-    for (CpuIsa candidate : AvailableCpuIsas()) {
-      available += (available.empty() ? "" : ", ") + std::string(CpuIsaName(candidate));
-      if (CpuIsaName(candidate) == isa) {
-        SetActiveCpuIsa(candidate);
-        found = true;
-      }
-    }
-    if (!found) {
-      std::fprintf(stderr, "kvrmd: --cpu_isa=%s: this processor runs auto, %s\n", isa.c_str(),
-                   available.c_str());
+  if (const std::string name = absl::GetFlag(FLAGS_cpu_isa); name != "auto") {
+    CpuIsa isa;
+    if (!ParseCpuIsa(name, &isa)) {
+      std::fprintf(stderr, "kvrmd: --cpu_isa=%s: this processor runs auto, %s\n", name.c_str(),
+                   AvailableCpuIsaNames().c_str());
       return 2;
     }
+    SetActiveCpuIsa(isa);
   }
   if (absl::GetFlag(FLAGS_kv_mode) != "static" && absl::GetFlag(FLAGS_kv_mode) != "kvrm") {
     std::fprintf(stderr, "kvrmd: --kv_mode=%s: use kvrm or static\n",

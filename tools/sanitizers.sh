@@ -110,43 +110,10 @@ targets=(//common/... //model/... //runtime/... //kernels/... //server/... //met
 "${bazel[@]}" test "${args[@]}" "${run_under[@]}" "$@" -- "${targets[@]}" 2>&1 | tee "$log"
 bazel_rc=${PIPESTATUS[0]}
 
-# ---- "N passed, N failed": GoogleTest cases from each target's test.xml (as tools/test.sh) -------
+# ---- "N passed, N failed", counted as tools/test.sh counts (tools/test_results.sh) ---------------
 testlogs=$("${bazel[@]}" info --config="$mode" bazel-testlogs 2>/dev/null)
-passed=0
-failed=0
-while read -r target status; do
-  xml="$testlogs/${target#//}"
-  xml="${xml/://}/test.xml"
-  if [[ "$status" == PASSED || "$status" == FAILED || "$status" == FLAKY ]] && [[ -f "$xml" ]]; then
-    line=$(grep -m1 -o '<testsuites[^>]*>' "$xml" || true)
-    tests=$(sed -n 's/.* tests="\([0-9]*\)".*/\1/p' <<<"$line")
-    fails=$(sed -n 's/.* failures="\([0-9]*\)".*/\1/p' <<<"$line")
-    errors=$(sed -n 's/.* errors="\([0-9]*\)".*/\1/p' <<<"$line")
-    if [[ -n "$tests" ]]; then
-      bad=$(( ${fails:-0} + ${errors:-0} ))
-      # A race report fails the target (exit 66) even when every case passed.
-      if [[ "$status" == FAILED && $bad -eq 0 ]]; then bad=1; fi
-      passed=$(( passed + tests - bad ))
-      failed=$(( failed + bad ))
-      continue
-    fi
-  fi
-  case "$status" in
-    PASSED|FLAKY) passed=$((passed + 1)) ;;
-    *) failed=$((failed + 1)) ;;
-  esac
-done < <(awk '/^\/\/[^ ]+ +/ {
-    status = "";
-    if ($0 ~ /FAILED TO BUILD/) status = "BUILD_FAILED";
-    else if ($0 ~ /NO STATUS/) status = "NO_STATUS";
-    else if ($0 ~ / PASSED /) status = "PASSED";
-    else if ($0 ~ / FLAKY/) status = "FLAKY";
-    else if ($0 ~ / TIMEOUT/) status = "TIMEOUT";
-    else if ($0 ~ / FAILED /) status = "FAILED";
-    else if ($0 ~ / INCOMPLETE/) status = "INCOMPLETE";
-    if (status != "") print $1, status;
-  }' "$log" | sort -u)
-if [[ $bazel_rc -ne 0 && $failed -eq 0 ]]; then failed=1; fi
+source "$root/tools/test_results.sh"
+count_test_results "$log" "$testlogs" "$bazel_rc"
 races=$(grep -c '^WARNING: ThreadSanitizer' "$log" || true)
 if [[ $mode == tsan ]]; then echo "sanitizers: $races ThreadSanitizer reports in failing tests' logs"; fi
 echo "${passed} passed, ${failed} failed"

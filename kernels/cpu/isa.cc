@@ -60,4 +60,22 @@ void SetActiveCpuIsa(CpuIsa isa) {
   g_active_isa.store(static_cast<int>(isa), std::memory_order_relaxed);
 }
 
+bool ParseCpuIsa(std::string_view name, CpuIsa* isa) {
+  for (CpuIsa candidate : AvailableCpuIsas()) {
+    if (CpuIsaName(candidate) == name) {
+      *isa = candidate;
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string AvailableCpuIsaNames() {
+  std::string out;
+  for (CpuIsa isa : AvailableCpuIsas()) {
+    out += (out.empty() ? "" : ", ") + std::string(CpuIsaName(isa));
+  }
+  return out;
+}
+
 }  // namespace kvrm

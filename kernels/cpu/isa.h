@@ -3,6 +3,7 @@
 #ifndef KVRM_KERNELS_CPU_ISA_H_
 #define KVRM_KERNELS_CPU_ISA_H_
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -18,6 +19,10 @@ std::vector<CpuIsa> AvailableCpuIsas();
 // The path the kernels use (the best available unless overridden).
 CpuIsa ActiveCpuIsa();
 void SetActiveCpuIsa(CpuIsa isa);  // CHECK-fails if unavailable
+// The available path named `name` (CpuIsaName); false when none is.
+bool ParseCpuIsa(std::string_view name, CpuIsa* isa);
+// The available paths' names, comma-separated (for error messages).
+std::string AvailableCpuIsaNames();
 
 }  // namespace kvrm
 
