@@ -44,7 +44,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
     pool.head_dim = config.head_dim;
     pool.block_tokens = options.kv_block_tokens;
     pool.num_blocks = options.kv_blocks;
-    ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(pool));
+    ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(pool, /*populate=*/true));
     b->ranks_.push_back(std::make_unique<CpuRank>(config, std::move(shard), std::move(kv),
                                                   b->comm_->communicator(r), b->rope_.data(),
                                                   shape));

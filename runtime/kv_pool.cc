@@ -8,14 +8,15 @@
 
 namespace kvrm {
 
-absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolShape& shape) {
+absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolShape& shape, bool populate) {
   if (shape.num_blocks <= 0 || shape.block_tokens <= 0 || shape.num_layers <= 0 ||
       shape.kv_heads <= 0 || shape.head_dim <= 0) {
     return absl::InvalidArgumentError("kv pool: every dimension must be positive");
   }
   const int64_t bytes = shape.BytesPerBlock() * shape.num_blocks;
-  // mmap: page-aligned, zero-filled lazily, and returned to the OS on destruction.
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  // mmap: page-aligned, zeroed, and returned to the OS on destruction.
+  const int flags = MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0);
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, flags, -1, 0);
   if (p == MAP_FAILED) {
     return absl::ResourceExhaustedError(absl::StrCat("kv pool: cannot map ", bytes, " bytes (",
                                                      shape.num_blocks, " blocks): ",

@@ -31,8 +31,12 @@ struct KvPoolShape {
 
 class KvPool {
  public:
-  // RESOURCE_EXHAUSTED when the memory cannot be had.
-  static absl::StatusOr<std::unique_ptr<KvPool>> Create(const KvPoolShape& shape);
+  // RESOURCE_EXHAUSTED when the memory cannot be had. `populate`: fault every page in now (the
+  // pool a step reads and writes: a block's first use must not pay the kernel for its ~100
+  // zeroed pages on the step path); otherwise pages come on first touch (a host tier that is
+  // rarely used costs nothing until it is).
+  static absl::StatusOr<std::unique_ptr<KvPool>> Create(const KvPoolShape& shape,
+                                                        bool populate = false);
   ~KvPool();
   KvPool(const KvPool&) = delete;
   KvPool& operator=(const KvPool&) = delete;
