@@ -28,8 +28,13 @@ void SpinPause(int64_t iteration);
 
 class ThreadPool {
  public:
-  // How long an idle worker keeps spinning before it sleeps.
-  static constexpr int64_t kSpinMicros = 300;
+  // How long an idle worker keeps spinning before it sleeps: longer than the gaps between a
+  // step's regions (a few us of serial work), shorter than the engine's host work between steps.
+  // 300 us kept a core busy through that host work, and on a machine where kvrmd's threads share
+  // the cores with its gRPC threads (and, in benchmarks, the load generator) the streams' tokens
+  // waited for the core: a replay's p99 inter-token latency fell ~10 % and its worst one-second
+  // window from 2.1-4.2x to 2.0-3.1x the median with 50 us (docs/benchmarks.md).
+  static constexpr int64_t kSpinMicros = 50;
 
   // `num_threads` >= 1 counts the caller.
   explicit ThreadPool(int num_threads);
