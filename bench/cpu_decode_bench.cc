@@ -371,7 +371,7 @@ int Main() {
   std::vector<PrefillResult> prefill;
   for (absl::string_view dtype_name :
        absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',', absl::SkipEmpty())) {
-    DType dtype;
+    DType dtype = DType::kF32;
     CHECK(ParseDType(dtype_name, &dtype)) << "unknown dtype " << std::string(dtype_name);
     modelgen::MakeModelOptions mo;
     mo.size = absl::GetFlag(FLAGS_size);

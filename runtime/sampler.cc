@@ -191,10 +191,13 @@ void Sampler::SampleGreedy(absl::Span<const float> logits, float max, bool want_
   // The first index of the max is the lowest id among ties.
   int32_t best = 0;
   while (logits[best] != max) ++best;
+  result.token = best;
+  // Greedy needs no normaliser: the vocab-wide exp sum (a third of a 16-row step's host time)
+  // runs only when the request asked for logprobs.
+  if (!config_.logprobs) return;
   double z = 0;
   for (float x : logits) z += std::exp(x - max);
   const float log_z = static_cast<float>(std::log(z));
-  result.token = best;
   result.logprob = -log_z;  // logits[best] - max == 0
   if (want_top) FillTopLogprobs(logits, max, log_z, result);
 }

@@ -44,7 +44,8 @@ absl::Status ValidateSamplingConfig(const SamplingConfig& config);
 struct SampleResult {
   int32_t token = 0;
   // Log-softmax of the processed logits (after penalties and temperature; for greedy,
-  // temperature 1) at `token`. Filtering (top-k/p, min-p) does not change it.
+  // temperature 1) at `token`. Filtering (top-k/p, min-p) does not change it. Greedy fills it
+  // only when config.logprobs (0 otherwise: computing it costs a pass over the vocabulary).
   float logprob = 0;
   // Filled when config.logprobs: the best min(top_logprobs, #finite logits) entries of the same
   // distribution, best first (ties: lowest id).

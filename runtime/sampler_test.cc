@@ -423,9 +423,11 @@ TEST(SamplerTest, LogprobsMatchReferenceLogSoftmax) {
 TEST(SamplerTest, NonFiniteLogits) {
   Sampler sampler(6);
   SamplingConfig greedy;
+  greedy.logprobs = true;  // greedy fills logprob only when asked
   SamplingConfig sample;
   sample.temperature = 1;
   sample.top_k = 4;
+  sample.logprobs = true;
   for (const SamplingConfig& c : {greedy, sample}) {
     sampler.Reset(c, {});
     // NaN is -inf: never chosen.

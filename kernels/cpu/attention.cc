@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "common/logging.h"
+#include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/isa.h"
 
 // Attention is compiled for several instruction sets and picked by the loader (ifunc): its
@@ -60,25 +61,8 @@ inline float Dot(const float* __restrict a, const float* __restrict b, int32_t n
   return s;
 }
 
-// exp(x) for x <= 0 with ~1 ulp error: 2^n * p(r), r = x - n ln2 in [-ln2/2, ln2/2], p the
-// degree-6 Taylor polynomial (truncation < 1.3e-7 relative). Branch-free so loops vectorise;
-// std::exp does not, and the softmax of a long context calls it once per token and head.
-inline float ExpNonPositive(float x) {
-  x = std::max(x, -87.0f);  // keeps 2^n normal; exp(-87) ~ 1.6e-38 is as good as 0 here
-  const float kShift = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = x * 1.44269504088896341f + kShift;
-  const float n = t - kShift;
-  const float r = (x - n * 0.693145751953125f) - n * 1.42860682030941723e-6f;
-  float p = 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const int32_t e = std::bit_cast<int32_t>(t) - std::bit_cast<int32_t>(kShift);
-  return p * std::bit_cast<float>((e + 127) << 23);
-}
+// exp(x) for the softmax: x <= 0 there.
+inline float ExpNonPositive(float x) { return FastExp(x); }
 
 // Sum in 16 lanes then across them: a fixed order, vectorisable without -ffast-math.
 inline float Sum(const float* x, int64_t n) {

@@ -1,6 +1,7 @@
 #include "kernels/cpu/matmul.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "common/logging.h"
 
@@ -70,7 +71,22 @@ float WeightAt(const WeightMatrix& w, int64_t r, int64_t i) {
 }
 
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
-  for (int64_t i = 0; i < w.cols; ++i) out[i] = WeightAt(w, r, i);
+  const char* row = w.RowPtr(r);
+  switch (w.dtype) {
+    case DType::kF32:
+      std::memcpy(out, row, w.cols * sizeof(float));
+      return;
+    case DType::kF16:
+    case DType::kBF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
+      if (w.dtype == DType::kF16) {
+        for (int64_t i = 0; i < w.cols; ++i) out[i] = F16ToFloat(h[i]);
+      } else {
+        for (int64_t i = 0; i < w.cols; ++i) out[i] = Bf16ToFloat(h[i]);
+      }
+      return;
+    }
+  }
 }
 
 }  // namespace kvrm
