@@ -1,5 +1,7 @@
 #include "runtime/block_space.h"
 
+#include <algorithm>
+
 #include "common/logging.h"
 
 namespace kvrm {
@@ -63,6 +65,21 @@ Extent BlockSpace::LargestFree() const {
     b = NextFree(b + run);
   }
   return best;
+}
+
+int64_t BlockSpace::LargestFreeSum(int32_t k) const {
+  k = std::clamp(k, 0, kMaxSumRuns);
+  int64_t top[kMaxSumRuns] = {};  // descending
+  for (int64_t b = NextFree(0); b < num_blocks_ && k > 0;) {
+    int64_t run = FreeRunAt(b);
+    b = NextFree(b + run);
+    for (int32_t i = 0; i < k; ++i) {
+      if (run > top[i]) std::swap(run, top[i]);
+    }
+  }
+  int64_t sum = 0;
+  for (int32_t i = 0; i < k; ++i) sum += top[i];
+  return sum;
 }
 
 Extent BlockSpace::FirstFit(int64_t length) const {

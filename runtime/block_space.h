@@ -32,6 +32,10 @@ class BlockSpace {
   Extent LargestFree() const;
   // The first run of at least `length` free blocks, or {-1, 0}.
   Extent FirstFit(int64_t length) const;
+  // Total length of the `k` longest free runs (k <= kMaxSumRuns): how many blocks an allocation
+  // taking the largest extents first places in at most k runs.
+  static constexpr int32_t kMaxSumRuns = 16;
+  int64_t LargestFreeSum(int32_t k) const;
 
  private:
   // Length of the free run starting at `block` (0 if it is used).

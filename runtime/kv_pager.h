@@ -47,6 +47,11 @@ class KvPager final : public KvAllocator {
     return (num_tokens + options_.block_tokens - 1) / options_.block_tokens;
   }
   int64_t free_device_blocks() const { return device_.free_count(); }
+  // Whether `blocks` new device blocks would land in at most `runs` runs now (Grow takes the
+  // largest free extents first).
+  bool FitsInRuns(int64_t blocks, int32_t runs) const {
+    return device_.LargestFreeSum(runs) >= blocks;
+  }
   int64_t free_host_blocks() const { return host_.free_count(); }
   int32_t NumRuns(int32_t slot) const { return static_cast<int32_t>(slots_[slot].runs.size()); }
   int64_t NumBlocks(int32_t slot) const { return static_cast<int64_t>(slots_[slot].blocks.size()); }

@@ -4,10 +4,13 @@
 // against a simple oracle: each slot's logical blocks hold the values written to them.
 #include "runtime/kv_pager.h"
 
+#include <algorithm>
 #include <deque>
+#include <memory>
 #include <random>
 
 #include "gtest/gtest.h"
+#include "runtime/block_space.h"
 #include "runtime/transfer_plan.h"
 
 namespace kvrm {
@@ -239,6 +242,65 @@ TEST(KvPagerTest, ExhaustionIsResourceExhaustedAndChangesNothing) {
   EXPECT_TRUE(absl::IsResourceExhausted(st)) << st;
   EXPECT_EQ(p.NumBlocks(1), 0);
   EXPECT_EQ(p.free_device_blocks(), 2);
+}
+
+// FitsInRuns predicts what Grow does: the k largest free extents, summed (a random free map
+// against a brute-force list of free runs; then a Grow of exactly that many blocks on a fresh
+// pager with the same holes lands in at most k runs, one more block in more).
+TEST(BlockSpaceTest, LargestFreeSumIsTheKLongestFreeRuns) {
+  std::mt19937 rng(5);
+  for (int trial = 0; trial < 200; ++trial) {
+    const int64_t n = 1 + static_cast<int64_t>(rng() % 300);
+    BlockSpace space(n);
+    for (int64_t b = 0; b < n; ++b) {
+      if (rng() % 3 == 0) space.Take(b);
+    }
+    std::vector<int64_t> runs;
+    for (int64_t b = 0; b < n;) {
+      if (!space.IsFree(b)) {
+        ++b;
+        continue;
+      }
+      int64_t e = b;
+      while (e < n && space.IsFree(e)) ++e;
+      runs.push_back(e - b);
+      b = e;
+    }
+    std::sort(runs.rbegin(), runs.rend());
+    for (int32_t k = 0; k <= 6; ++k) {
+      int64_t want = 0;
+      for (int32_t i = 0; i < k && i < static_cast<int32_t>(runs.size()); ++i) want += runs[i];
+      ASSERT_EQ(space.LargestFreeSum(k), want) << "trial " << trial << " k " << k;
+    }
+  }
+}
+
+TEST(KvPagerTest, FitsInRunsPredictsHowManyRunsGrowTakes) {
+  // Four slots take blocks, then two release theirs: the free space is in several holes.
+  auto fragmented = [] {
+    auto p = std::make_unique<KvPager>(Options(5, 40, 0, 8));
+    EXPECT_TRUE(p->Grow(0, 5 * kBlockTokens).ok());
+    EXPECT_TRUE(p->Grow(1, 3 * kBlockTokens).ok());
+    EXPECT_TRUE(p->Grow(2, 9 * kBlockTokens).ok());
+    EXPECT_TRUE(p->Grow(3, 13 * kBlockTokens).ok());
+    p->Release(0);
+    p->Release(2);
+    return p;
+  };
+  for (int32_t k = 1; k <= 3; ++k) {
+    std::unique_ptr<KvPager> p = fragmented();
+    int64_t most = 0;  // the most blocks FitsInRuns promises in k runs
+    while (p->FitsInRuns(most + 1, k)) ++most;
+    ASSERT_GT(most, 0);
+    if (k == 1) EXPECT_LT(most, p->free_device_blocks()) << "the space is in several holes";
+    ASSERT_TRUE(p->Grow(4, most * kBlockTokens).ok());
+    EXPECT_LE(p->NumRuns(4), k) << most << " blocks";
+    std::unique_ptr<KvPager> q = fragmented();
+    if (most < q->free_device_blocks()) {
+      ASSERT_TRUE(q->Grow(4, (most + 1) * kBlockTokens).ok());
+      EXPECT_GT(q->NumRuns(4), k) << most + 1 << " blocks";
+    }
+  }
 }
 
 TEST(KvPagerTest, CompactionMergesTailRunsIntoOneAndHoldsSourcesUntilTheFence) {
