@@ -91,7 +91,15 @@ inline void Tile(const uint16_t* const* rows, int nr, const uint16_t* xb, int64_
 // All n converted activation rows against one weight tile, kMaxActs at a time.
 inline void TileAllActs(const uint16_t* const* rows, int nr, const uint16_t* xb, int64_t n,
                         int64_t kp, int64_t k, float* y, int64_t ldy, int64_t ahead) {
+  // The pass that streams a weight tile from memory takes three activation rows, the passes
+  // that re-read it from L1 four. Measured, not derived: streaming with a full 4 x 4 tile ran
+  // ~10 % slower per step (4 slots: 5.5 ms against 4.9 with 3 + 1; 8 slots 5.9 against 5.4).
+  // Each (weight row, activation row) sum is the same whatever tile computes it.
   int64_t i = 0;
+  if (n >= kMaxActs) {
+    Tile<3>(rows, nr, xb, kp, k, y, ldy, ahead);
+    i = 3;
+  }
   for (; i + kMaxActs <= n; i += kMaxActs) {
     Tile<kMaxActs>(rows, nr, xb + i * kp, kp, k, y + i * ldy, ldy, ahead);
   }
