@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -131,6 +132,12 @@ std::string Subprocess::LogTail(size_t max_bytes) const {
 std::string TestTmpDir() {
   const char* t = std::getenv("TEST_TMPDIR");
   return t ? t : "/tmp";
+}
+
+int TestTimeoutScale() {
+  const char* s = std::getenv("KVRM_TEST_TIMEOUT_SCALE");
+  const int scale = s ? std::atoi(s) : 1;
+  return scale > 0 ? scale : 1;
 }
 
 }  // namespace kvrm

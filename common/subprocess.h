@@ -56,6 +56,10 @@ class Subprocess {
 // $TEST_TMPDIR under Bazel, else /tmp.
 std::string TestTmpDir();
 
+// Multiplier for tests' deadlines, from KVRM_TEST_TIMEOUT_SCALE (default 1): they are sized for
+// a plain build, and tools/sanitizers.sh raises it under ThreadSanitizer (5-15x slower).
+int TestTimeoutScale();
+
 }  // namespace kvrm
 
 #endif  // KVRM_COMMON_SUBPROCESS_H_

@@ -1,6 +1,5 @@
 #include "tests/test_server.h"
 
-#include <cstdlib>
 #include <mutex>
 
 #include "common/logging.h"
@@ -12,8 +11,7 @@ const std::string& TinyModelDir() {
   static std::once_flag once;
   static std::string dir;
   std::call_once(once, [] {
-    const char* tmp = std::getenv("TEST_TMPDIR");
-    dir = std::string(tmp ? tmp : "/tmp") + "/kvrm-tiny";
+    dir = TestTmpDir() + "/kvrm-tiny";
     modelgen::MakeModelOptions o;
     o.size = "tiny";
     o.out_dir = dir;
@@ -44,12 +42,6 @@ TestServer::TestServer(EngineOptions options) {
 TestServer::~TestServer() {
   server_.reset();
   engine_.reset();
-}
-
-int TestTimeoutScale() {
-  const char* s = std::getenv("KVRM_TEST_TIMEOUT_SCALE");
-  const int scale = s ? std::atoi(s) : 1;
-  return scale > 0 ? scale : 1;
 }
 
 StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& request) {

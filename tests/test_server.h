@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
 #include "runtime/engine.h"
@@ -47,10 +48,6 @@ struct StreamResult {
   v1::Finished finished;
   std::multimap<std::string, std::string> trailers;  // copied: the context owns the refs
 };
-
-// Multiplier for tests' deadlines, from KVRM_TEST_TIMEOUT_SCALE (default 1): they are sized for
-// a plain build, and tools/sanitizers.sh raises it under ThreadSanitizer (5-15x slower).
-int TestTimeoutScale();
 
 // Runs one Generate call to completion (deadline 120 s x TestTimeoutScale()).
 StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& request);

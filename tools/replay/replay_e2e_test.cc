@@ -2,7 +2,6 @@
 // 30 seconds of the Azure conversation trace, time-compressed about three times with lengths
 // scaled to the tiny model. Every request of the window must be accounted for in the summary.
 #include <signal.h>
-#include <stdlib.h>
 
 #include <chrono>
 #include <filesystem>
@@ -27,12 +26,10 @@ namespace fs = std::filesystem;
 
 std::string TmpDir() { return TestTmpDir(); }
 
-// kvrm_replay's per-request deadline: 60 s, times KVRM_TEST_TIMEOUT_SCALE (tools/sanitizers.sh
-// raises it under ThreadSanitizer, where kvrmd runs 5-15x slower).
+// kvrm_replay's per-request deadline: 60 s, times TestTimeoutScale() (raised under
+// ThreadSanitizer, where kvrmd runs 5-15x slower).
 std::string RequestTimeoutFlag() {
-  const char* s = std::getenv("KVRM_TEST_TIMEOUT_SCALE");
-  const int scale = s && std::atoi(s) > 0 ? std::atoi(s) : 1;
-  return absl::StrCat("--request_timeout_s=", 60 * scale);
+  return absl::StrCat("--request_timeout_s=", 60 * TestTimeoutScale());
 }
 
 std::string ReadAll(const std::string& path) {
