@@ -1,7 +1,6 @@
 #include "kernels/cpu/attention.h"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
 
@@ -9,17 +8,7 @@
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/isa.h"
 
-// Attention is compiled for several instruction sets and picked by the loader (ifunc): its
-// loops are plain C++ that GCC vectorises for each clone. Not under ThreadSanitizer: GCC
-// instruments the ifunc resolver too, and the loader runs it before the TSan runtime is up, so
-// every binary linking this crashed (SIGSEGV) before main.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define KVRM_ATTENTION_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVRM_ATTENTION_CLONES
-#endif
+// Attention's portable loops are compiled for several instruction sets (KVRM_CPU_CLONES).
 
 namespace kvrm {
 
@@ -60,9 +49,6 @@ inline float Dot(const float* __restrict a, const float* __restrict b, int32_t n
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }
-
-// exp(x) for the softmax: x <= 0 there.
-inline float ExpNonPositive(float x) { return FastExp(x); }
 
 // Sum in 16 lanes then across them: a fixed order, vectorisable without -ffast-math.
 inline float Sum(const float* x, int64_t n) {
@@ -107,7 +93,7 @@ inline void ForEachStretch(const KvRun* runs, int32_t num_runs, int32_t block_to
 
 // Pass 1 over one physically contiguous stretch of n keys:
 // scores[g * ld + j] = (q_g . k_j) * scale + add.
-KVRM_ATTENTION_CLONES
+KVRM_CPU_CLONES
 void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const float* k, int64_t n,
                        float scale, float add, float* scores, int64_t ld) {
   for (int64_t j = 0; j < n; ++j) {
@@ -118,7 +104,7 @@ void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const float* k,
 }
 
 // Pass 2 over one stretch of n values: out_g += sum_j (p[g * ld + j] * inv[g]) v_j, in order.
-KVRM_ATTENTION_CLONES
+KVRM_CPU_CLONES
 void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d,
                        const float* v, int64_t n, float* out) {
   for (int64_t j = 0; j < n; ++j) {
@@ -132,13 +118,13 @@ void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t gro
 }
 
 // Softmax of each group's row of scores; inv[g] = 1 / the row's sum (applied in pass 2).
-KVRM_ATTENTION_CLONES
+KVRM_CPU_CLONES
 void ExpScores(float* scores, int32_t group, int64_t cols, float* inv) {
   for (int32_t g = 0; g < group; ++g) {
     float* s = scores + g * cols;
     float mx = -INFINITY;
     for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, s[j]);
-    for (int64_t j = 0; j < cols; ++j) s[j] = ExpNonPositive(s[j] - mx);
+    for (int64_t j = 0; j < cols; ++j) s[j] = FastExp(s[j] - mx);  // <= 0
     inv[g] = 1.0f / Sum(s, cols);
   }
 }
@@ -220,7 +206,7 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, add_stretch);
 }
 
-KVRM_ATTENTION_CLONES
+KVRM_CPU_CLONES
 void SummarizeBlock(const KvLayerView& kv, int32_t kv_head, int64_t first_token, float* k_out,
                     float* v_out) {
   const int32_t d = kv.head_dim;

@@ -7,6 +7,19 @@
 #include <string_view>
 #include <vector>
 
+// For plain C++ loops (no intrinsics) that GCC should vectorise for each instruction set: the
+// function is compiled for x86-64-v4 (AVX-512), v3 (AVX2) and the baseline, and the loader picks
+// one (ifunc). Not under ThreadSanitizer: GCC instruments the ifunc resolver too, and the loader
+// runs it before the TSan runtime is up, so every binary linking such a function crashed
+// (SIGSEGV) before main.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
+#define KVRM_CPU_CLONES \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define KVRM_CPU_CLONES
+#endif
+
 namespace kvrm {
 
 // kAvx512Bf16 is kAvx512 plus vdpbf16ps for bf16 weights, which rounds the activations to bf16

@@ -4,18 +4,9 @@
 #include <cmath>
 
 #include "kernels/cpu/fast_math.h"
+#include "kernels/cpu/isa.h"
 
 namespace kvrm {
-
-// Compiled for several instruction sets, picked by the loader (as attention.cc; not under
-// ThreadSanitizer, whose runtime is not up when the ifunc resolvers run).
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_THREAD__)
-#define KVRM_OPS_CLONES \
-  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-#else
-#define KVRM_OPS_CLONES
-#endif
 
 namespace {
 
@@ -26,7 +17,7 @@ inline void ScaleByWeight(const float* x, float inv, const Widen& w, int64_t dim
 
 }  // namespace
 
-KVRM_OPS_CLONES
+KVRM_CPU_CLONES
 void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out) {
   // Squares summed in double (dim up to 8192 without drift), in 8 interleaved partial sums added
   // in a fixed order at the end: the loop vectorises, and the result does not depend on the row.
@@ -73,7 +64,7 @@ void ApplyRope(float* heads, int64_t num_heads, int64_t head_dim, const float* c
   }
 }
 
-KVRM_OPS_CLONES
+KVRM_CPU_CLONES
 void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
