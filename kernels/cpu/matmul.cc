@@ -60,16 +60,6 @@ void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const Weig
   });
 }
 
-float WeightAt(const WeightMatrix& w, int64_t r, int64_t i) {
-  const char* row = w.RowPtr(r);
-  switch (w.dtype) {
-    case DType::kF32: return reinterpret_cast<const float*>(row)[i];
-    case DType::kF16: return F16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
-    case DType::kBF16: return Bf16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
-  }
-  return 0;
-}
-
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   const char* row = w.RowPtr(r);
   switch (w.dtype) {
@@ -77,15 +67,15 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
       std::memcpy(out, row, w.cols * sizeof(float));
       return;
     case DType::kF16:
-    case DType::kBF16: {
-      const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
-      if (w.dtype == DType::kF16) {
-        for (int64_t i = 0; i < w.cols; ++i) out[i] = F16ToFloat(h[i]);
-      } else {
-        for (int64_t i = 0; i < w.cols; ++i) out[i] = Bf16ToFloat(h[i]);
+      for (int64_t i = 0; i < w.cols; ++i) {
+        out[i] = F16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
       }
       return;
-    }
+    case DType::kBF16:
+      for (int64_t i = 0; i < w.cols; ++i) {
+        out[i] = Bf16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
+      }
+      return;
   }
 }
 

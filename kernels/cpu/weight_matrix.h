@@ -26,10 +26,7 @@ struct WeightMatrix {
   int64_t bytes() const { return rows * cols * static_cast<int64_t>(DTypeSize(dtype)); }
 };
 
-// Element i of row r as float (slow path: references, embedding lookups).
-float WeightAt(const WeightMatrix& w, int64_t r, int64_t i);
-
-// Converts row r to float.
+// Converts row r to float (embedding lookups, references).
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out);
 
 }  // namespace kvrm
