@@ -112,6 +112,15 @@ class AdmissionLog : public EngineObserver {
   std::vector<std::string> order;
 };
 
+EngineOptions Options(int32_t slots) {
+  EngineOptions o;
+  o.slots = slots;
+  o.max_context = 512;
+  o.prefill_chunk = 64;
+  o.max_queue = 16;
+  return o;
+}
+
 class SchedulerTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -170,6 +179,30 @@ class SchedulerTest : public ::testing::Test {
     FAIL() << "requests did not finish within " << max_steps << " steps";
   }
 
+  // The prefill stall limit at 0.5 with prompt chunks of up to 64 tokens, a chunk costing
+  // `chunk_fixed_cost` + 0.1 ms a token and a decode step 10 ms: two short requests decode until
+  // both costs are measured, then a 450-token prompt arrives. Returns the sizes of its chunks
+  // that ran beside decode rows (in order) and leaves the other steps' log to the caller; the
+  // three requests are finished before returning.
+  std::vector<int32_t> LongPromptChunksBesideDecode(absl::Duration chunk_fixed_cost) {
+    EngineOptions o = Options(3);  // chunks of up to 64 tokens
+    o.max_prefill_stall = 0.5;
+    Make(o);
+    backend_->set_prefill_fixed_cost(chunk_fixed_cost);
+    auto a = Submit("a", 8, 150);
+    auto b = Submit("b", 8, 150);
+    for (int i = 0; i < 4; ++i) engine_->StepForTest();
+    backend_->TakeLog();
+    auto longp = Submit("long", 450, 4);
+    while (longp->tokens.empty()) engine_->StepForTest();
+    std::vector<int32_t> beside_decode;
+    for (const ScriptedBackend::StepLog& s : backend_->TakeLog()) {
+      if (s.prefill_tokens > 0 && s.decode_rows > 0) beside_decode.push_back(s.prefill_tokens);
+    }
+    RunUntilDone({a, b, longp});
+    return beside_decode;
+  }
+
   void ExpectIdle() {
     for (int i = 0; i < 3; ++i) engine_->StepForTest();  // retire in-flight copies
     const EngineStats s = engine_->Stats();
@@ -190,15 +223,6 @@ class SchedulerTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 ModelBundle* SchedulerTest::model_ = nullptr;
-
-EngineOptions Options(int32_t slots) {
-  EngineOptions o;
-  o.slots = slots;
-  o.max_context = 512;
-  o.prefill_chunk = 64;
-  o.max_queue = 16;
-  return o;
-}
 
 TEST_F(SchedulerTest, PriorityFirstThenFcfsWithinAPriority) {
   Make(Options(1));
@@ -297,20 +321,7 @@ TEST_F(SchedulerTest, ChunkedPrefillNeverStallsDecodeByMoreThanOneChunk) {
 TEST_F(SchedulerTest, PrefillStallLimitCutsChunksWhileOthersDecode) {
   // Simulated costs: a decode step 10 ms, a prefill token 0.1 ms. With a stall limit of 0.5 a
   // chunk beside decode rows may add at most 5 ms: 50 tokens, once both costs are measured.
-  EngineOptions o = Options(3);
-  o.prefill_chunk = 64;
-  o.max_prefill_stall = 0.5;
-  Make(o);
-  auto a = Submit("a", 8, 150);
-  auto b = Submit("b", 8, 150);
-  for (int i = 0; i < 4; ++i) engine_->StepForTest();
-  backend_->TakeLog();
-  auto longp = Submit("long", 450, 4);
-  while (longp->tokens.empty()) engine_->StepForTest();
-  std::vector<int32_t> beside_decode;
-  for (const ScriptedBackend::StepLog& s : backend_->TakeLog()) {
-    if (s.prefill_tokens > 0 && s.decode_rows > 0) beside_decode.push_back(s.prefill_tokens);
-  }
+  const std::vector<int32_t> beside_decode = LongPromptChunksBesideDecode(absl::ZeroDuration());
   ASSERT_GE(beside_decode.size(), 8u);
   // Both costs were measured on a's and b's prompts and steps: every chunk keeps to the limit
   // and still uses it (not a token at a time).
@@ -321,8 +332,8 @@ TEST_F(SchedulerTest, PrefillStallLimitCutsChunksWhileOthersDecode) {
     if (i + 1 < beside_decode.size()) EXPECT_GE(beside_decode[i], 40) << "chunk " << i;
   }
   EXPECT_EQ(prefilled, 450);
-  RunUntilDone({a, b, longp});
   // Nobody decoding: a prompt takes full chunks (there is no inter-token latency to protect).
+  backend_->TakeLog();
   auto solo = Submit("solo", 300, 2);
   RunUntilDone({solo});
   std::vector<int32_t> alone;
@@ -338,27 +349,14 @@ TEST_F(SchedulerTest, PrefillStallLimitAccountsForAChunksFixedCost) {
   // A chunk costs 2 ms + 0.1 ms per token, a decode step 10 ms: within a 5 ms stall a chunk
   // takes (5 - 2) / 0.1 = 30 tokens. Per-token averages would say 14 (small chunks look dear)
   // or 50 (fixed cost ignored); the fitted cost model gives 30.
-  EngineOptions o = Options(3);
-  o.prefill_chunk = 64;
-  o.max_prefill_stall = 0.5;
-  Make(o);
-  backend_->set_prefill_fixed_cost(absl::Milliseconds(2));
-  auto a = Submit("a", 8, 150);
-  auto b = Submit("b", 8, 150);
-  for (int i = 0; i < 4; ++i) engine_->StepForTest();
-  backend_->TakeLog();
-  auto longp = Submit("long", 450, 4);
-  while (longp->tokens.empty()) engine_->StepForTest();
   int32_t at_cap = 0, prefilled = 0;
-  for (const ScriptedBackend::StepLog& s : backend_->TakeLog()) {
-    if (s.prefill_tokens == 0 || s.decode_rows == 0) continue;
-    EXPECT_LE(s.prefill_tokens, 30);
-    at_cap += s.prefill_tokens == 30;
-    prefilled += s.prefill_tokens;
+  for (int32_t tokens : LongPromptChunksBesideDecode(absl::Milliseconds(2))) {
+    EXPECT_LE(tokens, 30);
+    at_cap += tokens == 30;
+    prefilled += tokens;
   }
   EXPECT_EQ(prefilled, 450);
   EXPECT_GE(at_cap, 12);
-  RunUntilDone({a, b, longp});
   ExpectIdle();
 }
 
