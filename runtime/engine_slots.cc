@@ -168,12 +168,6 @@ void Engine::ResumePaused() {
     const int64_t need = s.swapped ? pager_->NumBlocks(pick) + 1
                                    : HistoryBlocksNeeded(static_cast<int64_t>(s.history.size()));
     if (pager_->free_device_blocks() < need + headroom) return;
-    // A recomputed history must also land in few enough runs that its first decode steps need
-    // no compaction: one that paused because no extent could take its tail runs would otherwise
-    // be resumed into the same fragmented space, rebuild its KV, fail again and pause again,
-    // round after round (seen as a livelock under KV pressure). It waits until the space that
-    // the others free makes room.
-    if (!s.swapped && !pager_->FitsInRuns(need, std::max(1, options_.max_runs - 1))) return;
     if (s.swapped) {
       const absl::Status st = pager_->PlanSwapIn(pick, transport_->next_fence() + 1, &moves_);
       if (!st.ok()) return;
@@ -182,6 +176,12 @@ void Engine::ResumePaused() {
       SetState(pick, SlotState::kDecoding);
       s.resumed_step = steps_ + 1;
     } else {
+      // A recomputed history must also land in few enough runs that its first decode steps need
+      // no compaction: one that paused because no extent could take its tail runs would
+      // otherwise be resumed into the same fragmented space, rebuild its KV, fail again and pause
+      // again, round after round (seen as a livelock under KV pressure). It waits until the
+      // space that the others free makes room.
+      if (!pager_->FitsInRuns(need, std::max(1, options_.max_runs - 1))) return;
       CHECK_OK(pager_->Grow(pick, FirstGrowTokens(static_cast<int64_t>(s.history.size()))));
       s.prefilled = 0;
       SetState(pick, SlotState::kPrefilling);
