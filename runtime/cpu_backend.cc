@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/isa.h"
 #include "runtime/tp_shard.h"
 
 namespace kvrm {
@@ -38,6 +39,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   shape.num_threads = std::max(1, options.num_threads / tp);
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankWeights shard, ShardLlamaWeights(config, *weights, r, tp));
+    if (options.bf16_panels && AvailableCpuIsas().back() == CpuIsa::kAvx512Bf16) {
+      AttachBf16Panels(&shard);
+    }
     KvPoolShape pool;
     pool.num_layers = config.num_hidden_layers;
     pool.kv_heads = shard.kv_heads;
@@ -86,6 +90,12 @@ CpuBackend::~CpuBackend() = default;
 int64_t CpuBackend::owned_weight_bytes() const {
   int64_t total = 0;
   for (const auto& r : ranks_) total += r->weights().owned_bytes;
+  return total;
+}
+
+int64_t CpuBackend::panel_weight_bytes() const {
+  int64_t total = 0;
+  for (const auto& r : ranks_) total += r->weights().panel_bytes;
   return total;
 }
 

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/isa.h"
 #include "runtime/cpu_backend.h"
 
 namespace kvrm {
@@ -111,6 +112,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
   bo.tensor_parallel = o.tensor_parallel;
+  // The panel copy serves only the avx512_bf16 path: without it (kvrmd --cpu_isa) no second copy.
+  bo.bf16_panels = ActiveCpuIsa() == CpuIsa::kAvx512Bf16;
   ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model->config, &model->weights, bo));

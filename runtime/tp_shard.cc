@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/matmul.h"
 
 namespace kvrm {
 namespace {
@@ -63,6 +64,24 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
     out.layers.push_back(s);
   }
   return out;
+}
+
+void AttachBf16Panels(RankWeights* weights) {
+  auto attach = [weights](WeightMatrix& w) {
+    if (w.dtype != DType::kBF16 || w.panels != nullptr) return;
+    const int64_t bytes = PackedBf16PanelElems(w) * int64_t{sizeof(uint16_t)};
+    auto memory = std::make_unique<uint8_t[]>(bytes + 64);
+    const uintptr_t base = reinterpret_cast<uintptr_t>(memory.get());
+    uint16_t* panels = reinterpret_cast<uint16_t*>((base + 63) / 64 * 64);
+    PackBf16Panels(w, panels);
+    w.panels = panels;
+    weights->panel_bytes += bytes;
+    weights->owned.push_back(std::move(memory));
+  };
+  attach(weights->lm_head);
+  for (LayerWeights& l : weights->layers) {
+    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) attach(*w);
+  }
 }
 
 }  // namespace kvrm

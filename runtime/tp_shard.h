@@ -33,15 +33,21 @@ struct RankWeights {
   // Per layer: wq [heads * head_dim][hidden], wk/wv [kv_heads * head_dim][hidden],
   // wo [hidden][heads * head_dim] (owned), gate/up [ffn][hidden], down [hidden][ffn] (owned).
   std::vector<LayerWeights> layers;
-  // Memory of the copied (row-parallel) shards; empty when size == 1.
+  // Memory of the copied (row-parallel) shards (empty when size == 1) and of the panels.
   std::vector<std::unique_ptr<uint8_t[]>> owned;
-  int64_t owned_bytes = 0;
+  int64_t owned_bytes = 0;  // the copied shards
+  int64_t panel_bytes = 0;  // the panels (AttachBf16Panels)
 };
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`.
 absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);
+
+// Gives every bf16 linear weight of the rank (Q, K, V, O, gate, up, down, lm_head) its panel copy
+// for the avx512_bf16 matmul (WeightMatrix::panels), in memory `weights` owns. The row-major
+// views stay: the embedding, the norms and every other kernel path read them.
+void AttachBf16Panels(RankWeights* weights);
 
 }  // namespace kvrm
 

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <thread>
 #include <vector>
@@ -60,6 +61,25 @@ std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
 
 class MatMulTest : public ::testing::TestWithParam<std::tuple<CpuIsa, DType>> {};
 
+// The panel copy of a bf16 matrix (WeightMatrix::panels), 64-byte aligned as the backend's.
+struct Panels {
+  std::vector<uint16_t> memory;
+  Panels(const StoredMatrix& m, WeightMatrix* view) {
+    memory.resize(PackedBf16PanelElems(m.view) + 32);
+    uint16_t* aligned = reinterpret_cast<uint16_t*>(
+        (reinterpret_cast<uintptr_t>(memory.data()) + 63) / 64 * 64);
+    PackBf16Panels(m.view, aligned);
+    *view = m.view;
+    view->panels = aligned;
+  }
+};
+
+// The weight layouts a path reads: row-major, and for bf16 weights on avx512_bf16 the panels.
+std::vector<bool> Layouts(CpuIsa isa, DType dtype) {
+  if (isa == CpuIsa::kAvx512Bf16 && dtype == DType::kBF16) return {false, true};
+  return {false};
+}
+
 TEST_P(MatMulTest, MatchesFloat64Reference) {
   const auto [isa, dtype] = GetParam();
   std::mt19937 rng(1234 + static_cast<int>(isa) * 7 + static_cast<int>(dtype));
@@ -68,39 +88,112 @@ TEST_P(MatMulTest, MatchesFloat64Reference) {
   SetActiveCpuIsa(isa);
   struct Shape { int64_t n, rows, cols; };
   // Decode-sized n (in-register widening), prefill-sized n (widened tiles), several L2 activation
-  // blocks (70 rows of 4099), short row tiles and k tails shorter than a vector.
+  // blocks (70 rows of 4099), short row tiles and k tails shorter than a vector; for the panels,
+  // partial last panels (rows not a multiple of 16), odd columns, 1-16 activation rows per pass
+  // and more than one pass (17, 33, 70).
   for (Shape s : {Shape{1, 1, 1}, Shape{1, 7, 13}, Shape{3, 33, 31}, Shape{5, 130, 257},
                   Shape{16, 67, 768}, Shape{2, 5, 1000}, Shape{4, 6, 23}, Shape{70, 9, 4099},
-                  Shape{33, 13, 129}}) {
+                  Shape{33, 13, 129}, Shape{17, 50, 77}, Shape{11, 48, 64}, Shape{9, 21, 2}}) {
     StoredMatrix w = RandomMatrix(dtype, s.rows, s.cols, rng);
     std::vector<float> x = RandomVector(s.n * s.cols, rng);
-    std::vector<float> y(s.n * s.rows, NAN);
-    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
-    MatMul(pool, x.data(), s.n, s.cols, w.view, y.data(), s.rows, scratch.data());
-    // The avx512_bf16 path rounds the activations to bf16 (to nearest even) for bf16 weights:
-    // its exact reference uses the rounded activations, and it stays within bf16 rounding
-    // (2^-8 of the magnitude sum) of the unrounded product.
-    const bool rounds = MatMulRoundsActivations(isa, dtype);
-    for (int64_t i = 0; i < s.n; ++i) {
-      for (int64_t r = 0; r < s.rows; ++r) {
-        double ref = 0, unrounded = 0, mag = 0;
-        for (int64_t c = 0; c < s.cols; ++c) {
-          const float xc = x[i * s.cols + c];
-          const double xr = rounds ? Bf16ToFloat(FloatToBf16(xc)) : xc;
-          ref += xr * w.exact[r * s.cols + c];
-          unrounded += static_cast<double>(xc) * w.exact[r * s.cols + c];
-          mag += std::abs(xc * w.exact[r * s.cols + c]);
+    for (bool panels : Layouts(isa, dtype)) {
+      WeightMatrix view = w.view;
+      std::unique_ptr<Panels> packed;
+      if (panels) packed = std::make_unique<Panels>(w, &view);
+      std::vector<float> y(s.n * s.rows, NAN);
+      std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+      MatMul(pool, x.data(), s.n, s.cols, view, y.data(), s.rows, scratch.data());
+      // The avx512_bf16 path rounds the activations to bf16 (to nearest even) for bf16 weights:
+      // its exact reference uses the rounded activations, and it stays within bf16 rounding
+      // (2^-8 of the magnitude sum) of the unrounded product.
+      const bool rounds = MatMulRoundsActivations(isa, dtype);
+      for (int64_t i = 0; i < s.n; ++i) {
+        for (int64_t r = 0; r < s.rows; ++r) {
+          double ref = 0, unrounded = 0, mag = 0;
+          for (int64_t c = 0; c < s.cols; ++c) {
+            const float xc = x[i * s.cols + c];
+            const double xr = rounds ? Bf16ToFloat(FloatToBf16(xc)) : xc;
+            ref += xr * w.exact[r * s.cols + c];
+            unrounded += static_cast<double>(xc) * w.exact[r * s.cols + c];
+            mag += std::abs(xc * w.exact[r * s.cols + c]);
+          }
+          // f32 accumulation: error bounded by ~cols * eps * sum|terms|; 1e-6 relative to the
+          // magnitude sum is well inside that for these sizes.
+          ASSERT_NEAR(y[i * s.rows + r], ref, 2e-6 * mag + 1e-6)
+              << "isa=" << CpuIsaName(isa) << " dtype=" << DTypeName(dtype) << " n=" << s.n
+              << " rows=" << s.rows << " cols=" << s.cols << " panels=" << panels << " at " << i
+              << "," << r;
+          ASSERT_NEAR(y[i * s.rows + r], unrounded, (rounds ? 1.0 / 256 : 2e-6) * mag + 1e-6);
         }
-        // f32 accumulation: error bounded by ~cols * eps * sum|terms|; 1e-6 relative to the
-        // magnitude sum is well inside that for these sizes.
-        ASSERT_NEAR(y[i * s.rows + r], ref, 2e-6 * mag + 1e-6)
-            << "isa=" << CpuIsaName(isa) << " dtype=" << DTypeName(dtype) << " n=" << s.n
-            << " rows=" << s.rows << " cols=" << s.cols << " at " << i << "," << r;
-        ASSERT_NEAR(y[i * s.rows + r], unrounded, (rounds ? 1.0 / 256 : 2e-6) * mag + 1e-6);
       }
     }
   }
   SetActiveCpuIsa(saved);
+}
+
+// A row's product does not depend on the batch it was computed in: the same bits alone, in a
+// decode-sized batch and in a prefill-sized one (so a request's tokens do not change with the
+// load), on every path and layout.
+TEST_P(MatMulTest, RowResultDoesNotDependOnTheBatch) {
+  const auto [isa, dtype] = GetParam();
+  std::mt19937 rng(99 + static_cast<int>(isa) * 5 + static_cast<int>(dtype));
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  SetActiveCpuIsa(isa);
+  const int64_t rows = 45, cols = 301, n = 40;
+  StoredMatrix w = RandomMatrix(dtype, rows, cols, rng);
+  std::vector<float> x = RandomVector(n * cols, rng);
+  for (bool panels : Layouts(isa, dtype)) {
+    WeightMatrix view = w.view;
+    std::unique_ptr<Panels> packed;
+    if (panels) packed = std::make_unique<Panels>(w, &view);
+    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(cols));
+    std::vector<float> all(n * rows);
+    MatMul(pool, x.data(), n, cols, view, all.data(), rows, scratch.data());
+    for (int64_t batch : {1, 3, 4, 7, 16}) {
+      for (int64_t i0 = 0; i0 + batch <= n; i0 += 13) {
+        std::vector<float> part(batch * rows);
+        MatMul(pool, x.data() + i0 * cols, batch, cols, view, part.data(), rows,
+               scratch.data());
+        for (int64_t i = 0; i < batch * rows; ++i) {
+          ASSERT_EQ(part[i], all[i0 * rows + i])
+              << CpuIsaName(isa) << " " << DTypeName(dtype) << " panels=" << panels
+              << " batch " << batch << " at row " << i0 + i / rows << ", output " << i % rows;
+        }
+      }
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
+// Every element of a bf16 matrix lands where WeightMatrix::panels says, zeros elsewhere; a row
+// slice starting a panel keeps its panels.
+TEST(PanelTest, PackingPlacesEveryElement) {
+  std::mt19937 rng(5);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 45}, {16, 2}, {1, 1}, {48, 64}}) {
+    StoredMatrix w = RandomMatrix(DType::kBF16, rows, cols, rng);
+    WeightMatrix view;
+    Panels packed(w, &view);
+    const int64_t stride = view.PanelStride();
+    EXPECT_EQ(stride, (cols + 1) / 2 * 32);
+    EXPECT_EQ(PackedBf16PanelElems(view), (rows + 15) / 16 * stride);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(view.panels) % 64, 0u);
+    for (int64_t p = 0; p < (rows + 15) / 16; ++p) {
+      for (int64_t q = 0; q < (cols + 1) / 2; ++q) {
+        for (int64_t l = 0; l < 16; ++l) {
+          for (int64_t e = 0; e < 2; ++e) {
+            const int64_t r = 16 * p + l, c = 2 * q + e;
+            const uint16_t want = r < rows && c < cols ? w.half[r * cols + c] : 0;
+            ASSERT_EQ(view.panels[p * stride + q * 32 + l * 2 + e], want) << r << "," << c;
+          }
+        }
+      }
+    }
+    if (rows > 16) {
+      EXPECT_EQ(view.RowSlice(16, rows - 16).panels, view.panels + stride);
+      EXPECT_EQ(view.RowSlice(3, 5).panels, nullptr);  // not at a panel: row-major only
+    }
+  }
 }
 
 std::vector<std::tuple<CpuIsa, DType>> AllPaths() {

@@ -39,9 +39,10 @@ void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const Weight
 }
 
 void MatMulShareBounds(int64_t rows, int thread, int num_threads, int64_t* begin, int64_t* end) {
-  const int64_t tiles = (rows + 3) / 4;
-  *begin = std::min(rows, tiles * thread / num_threads * 4);
-  *end = std::min(rows, tiles * (thread + 1) / num_threads * 4);
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows;
+  const int64_t groups = (rows + kGroup - 1) / kGroup;
+  *begin = std::min(rows, groups * thread / num_threads * kGroup);
+  *end = std::min(rows, groups * (thread + 1) / num_threads * kGroup);
 }
 
 void MatMulShare(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
@@ -58,6 +59,26 @@ void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const Weig
   pool.RunOnAll([&](int t) {
     MatMulShare(isa, x, n, ldx, w, y, ldy, t, pool.num_threads(), scratch + t * per_thread);
   });
+}
+
+int64_t PackedBf16PanelElems(const WeightMatrix& w) {
+  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.PanelStride();
+}
+
+void PackBf16Panels(const WeightMatrix& w, uint16_t* out) {
+  CHECK(w.dtype == DType::kBF16) << "panels hold bf16 weights";
+  const int64_t stride = w.PanelStride(), pairs = stride / (2 * WeightMatrix::kPanelRows);
+  std::memset(out, 0, PackedBf16PanelElems(w) * sizeof(uint16_t));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint16_t* row = reinterpret_cast<const uint16_t*>(w.RowPtr(r));
+    uint16_t* panel = out + r / WeightMatrix::kPanelRows * stride;
+    const int64_t lane = r % WeightMatrix::kPanelRows;
+    for (int64_t q = 0; q < pairs; ++q) {
+      uint16_t* line = panel + q * 2 * WeightMatrix::kPanelRows + lane * 2;
+      line[0] = row[2 * q];
+      if (2 * q + 1 < w.cols) line[1] = row[2 * q + 1];
+    }
+  }
 }
 
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {

@@ -35,12 +35,18 @@ void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const Weig
 void MatMulShare(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                  float* y, int64_t ldy, int thread, int num_threads, float* scratch);
 
-// The rows [*begin, *end) of a `rows`-row matrix that MatMulShare gives thread `thread`.
+// The rows [*begin, *end) of a `rows`-row matrix that MatMulShare gives thread `thread`: whole
+// groups of WeightMatrix::kPanelRows rows, so every share starts a panel.
 void MatMulShareBounds(int64_t rows, int thread, int num_threads, int64_t* begin, int64_t* end);
 
 // Single-threaded kernel over rows [row_begin, row_end) (exposed for tests and TP shards).
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch);
+
+// The panel copy of a bf16 matrix (WeightMatrix::panels): PackedBf16PanelElems(w) elements,
+// written by PackBf16Panels into `out` (64-byte aligned). Only the avx512_bf16 path reads it.
+int64_t PackedBf16PanelElems(const WeightMatrix& w);
+void PackBf16Panels(const WeightMatrix& w, uint16_t* out);
 
 }  // namespace kvrm
 

@@ -1,5 +1,13 @@
 // A read-only weight matrix in its stored dtype, as Hugging Face stores nn.Linear weights:
 // [rows = out_features][cols = in_features], row-major, rows `row_stride` elements apart.
+//
+// A bf16 matrix may also carry `panels`: a second copy of the same values laid out for the
+// avx512_bf16 kernel (PackBf16Panels in matmul.h). Output rows go in groups of kPanelRows = 16;
+// panel p holds, for every column pair q, the group's 16 rows x 2 columns as one 64-byte line:
+//   panels[p * PanelStride() + q * 32 + l * 2 + e] = W[16 p + l][2 q + e]
+// (zero past the last row or column). That line is the operand vdpbf16ps takes against a
+// broadcast pair of activations, so the product needs no horizontal sums and reads the matrix
+// front to back as one stream. Every other path reads `data`.
 #ifndef KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 #define KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 
@@ -15,13 +23,22 @@ struct WeightMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride = 0;  // in elements; == cols when dense
+  const uint16_t* panels = nullptr;  // optional, bf16 only; 64-byte aligned
+
+  static constexpr int64_t kPanelRows = 16;
+  // Elements of one panel: 16 rows x cols rounded up to a pair.
+  int64_t PanelStride() const { return (cols + 1) / 2 * 2 * kPanelRows; }
 
   const char* RowPtr(int64_t r) const {
     return static_cast<const char*>(data) + r * row_stride * DTypeSize(dtype);
   }
   // Rows [begin, begin + count) as a matrix (a tensor-parallel shard of the output features).
+  // The panels come along when `begin` starts a panel.
   WeightMatrix RowSlice(int64_t begin, int64_t count) const {
-    return WeightMatrix{dtype, RowPtr(begin), count, cols, row_stride};
+    const uint16_t* sliced = panels != nullptr && begin % kPanelRows == 0
+                                 ? panels + begin / kPanelRows * PanelStride()
+                                 : nullptr;
+    return WeightMatrix{dtype, RowPtr(begin), count, cols, row_stride, sliced};
   }
   int64_t bytes() const { return rows * cols * static_cast<int64_t>(DTypeSize(dtype)); }
 };
