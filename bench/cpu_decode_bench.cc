@@ -154,10 +154,19 @@ int64_t WeightBytesPerStep(const LlamaWeights& w) {
 void TimeMatMul(DType dtype, int64_t rows, int64_t cols, int64_t n, int threads) {
   std::vector<uint16_t> half(rows * cols, 0x3c00);
   std::vector<float> full(rows * cols, 0.5f);
-  const WeightMatrix w{dtype,
-                       dtype == DType::kF32 ? static_cast<const void*>(full.data())
-                                            : static_cast<const void*>(half.data()),
-                       rows, cols, cols};
+  WeightMatrix w{dtype,
+                 dtype == DType::kF32 ? static_cast<const void*>(full.data())
+                                      : static_cast<const void*>(half.data()),
+                 rows, cols, cols};
+  // The panel copy the CPU backend packs for the best path, where this path reads it.
+  std::vector<char> panels;
+  if (MatMulReadsPanels(ActiveCpuIsa(), dtype)) {
+    panels.resize(PanelBytes(w) + 64);
+    void* aligned = reinterpret_cast<void*>(
+        (reinterpret_cast<uintptr_t>(panels.data()) + 63) / 64 * 64);
+    PackPanels(w, aligned);
+    w.panels = aligned;
+  }
   std::vector<float> x(n * cols, 0.25f), y(n * rows);
   ThreadPool pool(threads);
   std::vector<float> scratch(threads * MatMulScratchFloats(cols));
@@ -168,12 +177,13 @@ void TimeMatMul(DType dtype, int64_t rows, int64_t cols, int64_t n, int threads)
   const auto t0 = Clock::now();
   for (int r = 0; r < reps; ++r) MatMul(pool, x.data(), n, cols, w, y.data(), rows, scratch.data());
   const double s = Seconds(t0, Clock::now()) / reps;
-  std::printf("matmul %-11s %-4s %5lld x %5lld  n=%4lld  threads=%d: %8.1f us  %7.1f GFLOP/s  "
+  std::printf("matmul %-11s %-4s %-6s %5lld x %5lld  n=%4lld  threads=%d: %8.1f us  %7.1f GFLOP/s  "
               "%6.1f GB/s\n",
               std::string(CpuIsaName(ActiveCpuIsa())).c_str(),
-              std::string(DTypeName(dtype)).c_str(), static_cast<long long>(rows),
-              static_cast<long long>(cols), static_cast<long long>(n), threads, s * 1e6,
-              2.0 * rows * cols * n / s / 1e9, w.bytes() / s / 1e9);
+              std::string(DTypeName(dtype)).c_str(), w.panels != nullptr ? "panels" : "rows",
+              static_cast<long long>(rows), static_cast<long long>(cols),
+              static_cast<long long>(n), threads, s * 1e6, 2.0 * rows * cols * n / s / 1e9,
+              w.bytes() / s / 1e9);
 }
 
 struct Loaded {

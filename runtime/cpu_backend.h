@@ -36,10 +36,11 @@ struct CpuBackendOptions {
   // Far-history summaries (runtime/far_history.h): on when window_blocks > 0; then every rank
   // holds a summary store of FarHistoryMaxSummaries entries per slot, allocated here.
   FarHistoryShape far_history;
-  // Pack the bf16 linear weights into panels (AttachBf16Panels) when this processor has the
-  // avx512_bf16 path: the fast kernel for batched decode and prefill, at the cost of a second
-  // copy of those weights. kvrmd turns it off when another path is chosen.
-  bool bf16_panels = true;
+  // Pack the linear weights into panels (AttachPanels) for the best path this processor has:
+  // bf16 with avx512_bf16, f32 with avx512. The panel kernels are the fast ones for decode and
+  // prefill, at the cost of a second copy of those weights; the engine turns this off when
+  // another path is chosen (kvrmd --cpu_isa).
+  bool weight_panels = true;
 };
 
 class CpuBackend : public Backend {
@@ -61,7 +62,7 @@ class CpuBackend : public Backend {
   int32_t tensor_parallel() const { return static_cast<int32_t>(ranks_.size()); }
   // Bytes of weight shards the ranks copied at load time (row-parallel O and down).
   int64_t owned_weight_bytes() const;
-  // Bytes of the ranks' bf16 panel copies (0 without them).
+  // Bytes of the ranks' panel copies (0 without them).
   int64_t panel_weight_bytes() const;
 
  private:

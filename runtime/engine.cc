@@ -112,8 +112,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
   bo.tensor_parallel = o.tensor_parallel;
-  // The panel copy serves only the avx512_bf16 path: without it (kvrmd --cpu_isa) no second copy.
-  bo.bf16_panels = ActiveCpuIsa() == CpuIsa::kAvx512Bf16;
+  // Panels serve the best path only: another one chosen (kvrmd --cpu_isa), no second copy.
+  bo.weight_panels = ActiveCpuIsa() == AvailableCpuIsas().back();
   ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model->config, &model->weights, bo));

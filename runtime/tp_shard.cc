@@ -1,5 +1,6 @@
 #include "runtime/tp_shard.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -66,14 +67,17 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   return out;
 }
 
-void AttachBf16Panels(RankWeights* weights) {
-  auto attach = [weights](WeightMatrix& w) {
-    if (w.dtype != DType::kBF16 || w.panels != nullptr) return;
-    const int64_t bytes = PackedBf16PanelElems(w) * int64_t{sizeof(uint16_t)};
+void AttachPanels(RankWeights* weights, const std::vector<DType>& dtypes) {
+  auto attach = [&](WeightMatrix& w) {
+    if (w.panels != nullptr || std::find(dtypes.begin(), dtypes.end(), w.dtype) == dtypes.end() ||
+        !HasPanelLayout(w.dtype)) {
+      return;
+    }
+    const int64_t bytes = PanelBytes(w);
     auto memory = std::make_unique<uint8_t[]>(bytes + 64);
     const uintptr_t base = reinterpret_cast<uintptr_t>(memory.get());
-    uint16_t* panels = reinterpret_cast<uint16_t*>((base + 63) / 64 * 64);
-    PackBf16Panels(w, panels);
+    void* panels = reinterpret_cast<void*>((base + 63) / 64 * 64);
+    PackPanels(w, panels);
     w.panels = panels;
     weights->panel_bytes += bytes;
     weights->owned.push_back(std::move(memory));

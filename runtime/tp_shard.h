@@ -36,7 +36,7 @@ struct RankWeights {
   // Memory of the copied (row-parallel) shards (empty when size == 1) and of the panels.
   std::vector<std::unique_ptr<uint8_t[]>> owned;
   int64_t owned_bytes = 0;  // the copied shards
-  int64_t panel_bytes = 0;  // the panels (AttachBf16Panels)
+  int64_t panel_bytes = 0;  // the panels (AttachPanels)
 };
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`.
@@ -44,10 +44,10 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);
 
-// Gives every bf16 linear weight of the rank (Q, K, V, O, gate, up, down, lm_head) its panel copy
-// for the avx512_bf16 matmul (WeightMatrix::panels), in memory `weights` owns. The row-major
-// views stay: the embedding, the norms and every other kernel path read them.
-void AttachBf16Panels(RankWeights* weights);
+// Gives every linear weight of the rank (Q, K, V, O, gate, up, down, lm_head) of a dtype in
+// `dtypes` its panel copy for the AVX-512 matmuls (WeightMatrix::panels), in memory `weights`
+// owns. The row-major views stay: the embedding, the norms and the other kernel paths read them.
+void AttachPanels(RankWeights* weights, const std::vector<DType>& dtypes);
 
 }  // namespace kvrm
 

@@ -61,22 +61,23 @@ std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
 
 class MatMulTest : public ::testing::TestWithParam<std::tuple<CpuIsa, DType>> {};
 
-// The panel copy of a bf16 matrix (WeightMatrix::panels), 64-byte aligned as the backend's.
+// The panel copy of a matrix (WeightMatrix::panels), 64-byte aligned as the backend's.
 struct Panels {
-  std::vector<uint16_t> memory;
+  std::vector<char> memory;
   Panels(const StoredMatrix& m, WeightMatrix* view) {
-    memory.resize(PackedBf16PanelElems(m.view) + 32);
-    uint16_t* aligned = reinterpret_cast<uint16_t*>(
+    memory.resize(PanelBytes(m.view) + 64);
+    void* aligned = reinterpret_cast<void*>(
         (reinterpret_cast<uintptr_t>(memory.data()) + 63) / 64 * 64);
-    PackBf16Panels(m.view, aligned);
+    PackPanels(m.view, aligned);
     *view = m.view;
     view->panels = aligned;
   }
 };
 
-// The weight layouts a path reads: row-major, and for bf16 weights on avx512_bf16 the panels.
+// Without and with panels: read where the path has a panel kernel (MatMulReadsPanels), ignored
+// elsewhere (also checked).
 std::vector<bool> Layouts(CpuIsa isa, DType dtype) {
-  if (isa == CpuIsa::kAvx512Bf16 && dtype == DType::kBF16) return {false, true};
+  if (HasPanelLayout(dtype)) return {false, true};
   return {false};
 }
 
@@ -166,32 +167,41 @@ TEST_P(MatMulTest, RowResultDoesNotDependOnTheBatch) {
   SetActiveCpuIsa(saved);
 }
 
-// Every element of a bf16 matrix lands where WeightMatrix::panels says, zeros elsewhere; a row
-// slice starting a panel keeps its panels.
+// Every element of a matrix lands where WeightMatrix::panels says, zeros elsewhere; a row slice
+// starting a panel keeps its panels.
 TEST(PanelTest, PackingPlacesEveryElement) {
   std::mt19937 rng(5);
-  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 45}, {16, 2}, {1, 1}, {48, 64}}) {
-    StoredMatrix w = RandomMatrix(DType::kBF16, rows, cols, rng);
-    WeightMatrix view;
-    Panels packed(w, &view);
-    const int64_t stride = view.PanelStride();
-    EXPECT_EQ(stride, (cols + 1) / 2 * 32);
-    EXPECT_EQ(PackedBf16PanelElems(view), (rows + 15) / 16 * stride);
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(view.panels) % 64, 0u);
-    for (int64_t p = 0; p < (rows + 15) / 16; ++p) {
-      for (int64_t q = 0; q < (cols + 1) / 2; ++q) {
-        for (int64_t l = 0; l < 16; ++l) {
-          for (int64_t e = 0; e < 2; ++e) {
-            const int64_t r = 16 * p + l, c = 2 * q + e;
-            const uint16_t want = r < rows && c < cols ? w.half[r * cols + c] : 0;
-            ASSERT_EQ(view.panels[p * stride + q * 32 + l * 2 + e], want) << r << "," << c;
+  for (DType dtype : {DType::kBF16, DType::kF32}) {
+    const int64_t per_line = dtype == DType::kBF16 ? 2 : 1;  // columns per 64-byte line
+    for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 45}, {16, 2}, {1, 1}, {48, 64}}) {
+      StoredMatrix w = RandomMatrix(dtype, rows, cols, rng);
+      WeightMatrix view;
+      Panels packed(w, &view);
+      const int64_t lines = (cols + per_line - 1) / per_line, stride = view.PanelStride();
+      EXPECT_EQ(stride, lines * per_line * 16);
+      EXPECT_EQ(PanelBytes(view), (rows + 15) / 16 * stride * int64_t{DTypeSize(dtype)});
+      EXPECT_EQ(reinterpret_cast<uintptr_t>(view.panels) % 64, 0u);
+      for (int64_t p = 0; p < (rows + 15) / 16; ++p) {
+        for (int64_t q = 0; q < lines; ++q) {
+          for (int64_t l = 0; l < 16; ++l) {
+            for (int64_t e = 0; e < per_line; ++e) {
+              const int64_t r = 16 * p + l, c = q * per_line + e;
+              const int64_t at = p * stride + q * 16 * per_line + l * per_line + e;
+              if (dtype == DType::kBF16) {
+                const uint16_t want = r < rows && c < cols ? w.half[r * cols + c] : 0;
+                ASSERT_EQ(static_cast<const uint16_t*>(view.panels)[at], want) << r << "," << c;
+              } else {
+                const float want = r < rows && c < cols ? w.f32[r * cols + c] : 0.0f;
+                ASSERT_EQ(static_cast<const float*>(view.panels)[at], want) << r << "," << c;
+              }
+            }
           }
         }
       }
-    }
-    if (rows > 16) {
-      EXPECT_EQ(view.RowSlice(16, rows - 16).panels, view.panels + stride);
-      EXPECT_EQ(view.RowSlice(3, 5).panels, nullptr);  // not at a panel: row-major only
+      if (rows > 16) {
+        EXPECT_EQ(view.RowSlice(16, rows - 16).panels, view.PanelPtr(1));
+        EXPECT_EQ(view.RowSlice(3, 5).panels, nullptr);  // not at a panel: row-major only
+      }
     }
   }
 }

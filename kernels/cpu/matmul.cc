@@ -61,22 +61,29 @@ void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const Weig
   });
 }
 
-int64_t PackedBf16PanelElems(const WeightMatrix& w) {
-  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.PanelStride();
+bool HasPanelLayout(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
+
+int64_t PanelBytes(const WeightMatrix& w) {
+  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.PanelStride() *
+         static_cast<int64_t>(DTypeSize(w.dtype));
 }
 
-void PackBf16Panels(const WeightMatrix& w, uint16_t* out) {
-  CHECK(w.dtype == DType::kBF16) << "panels hold bf16 weights";
-  const int64_t stride = w.PanelStride(), pairs = stride / (2 * WeightMatrix::kPanelRows);
-  std::memset(out, 0, PackedBf16PanelElems(w) * sizeof(uint16_t));
+void PackPanels(const WeightMatrix& w, void* out) {
+  CHECK(HasPanelLayout(w.dtype)) << "panels hold f32 or bf16 weights";
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows;
+  const int64_t stride = w.PanelStride(), elem = DTypeSize(w.dtype);
+  // Elements per line: one column (f32) or a column pair (bf16) of the group's 16 rows.
+  const int64_t per_line = w.dtype == DType::kBF16 ? 2 : 1;
+  std::memset(out, 0, PanelBytes(w));
+  char* base = static_cast<char*>(out);
   for (int64_t r = 0; r < w.rows; ++r) {
-    const uint16_t* row = reinterpret_cast<const uint16_t*>(w.RowPtr(r));
-    uint16_t* panel = out + r / WeightMatrix::kPanelRows * stride;
-    const int64_t lane = r % WeightMatrix::kPanelRows;
-    for (int64_t q = 0; q < pairs; ++q) {
-      uint16_t* line = panel + q * 2 * WeightMatrix::kPanelRows + lane * 2;
-      line[0] = row[2 * q];
-      if (2 * q + 1 < w.cols) line[1] = row[2 * q + 1];
+    const char* row = w.RowPtr(r);
+    char* panel = base + r / kGroup * stride * elem;
+    const int64_t lane = r % kGroup;
+    for (int64_t c = 0; c < w.cols; ++c) {
+      const int64_t line = c / per_line, within = c % per_line;
+      std::memcpy(panel + (line * kGroup * per_line + lane * per_line + within) * elem,
+                  row + c * elem, elem);
     }
   }
 }

@@ -1,13 +1,15 @@
 // A read-only weight matrix in its stored dtype, as Hugging Face stores nn.Linear weights:
 // [rows = out_features][cols = in_features], row-major, rows `row_stride` elements apart.
 //
-// A bf16 matrix may also carry `panels`: a second copy of the same values laid out for the
-// avx512_bf16 kernel (PackBf16Panels in matmul.h). Output rows go in groups of kPanelRows = 16;
-// panel p holds, for every column pair q, the group's 16 rows x 2 columns as one 64-byte line:
-//   panels[p * PanelStride() + q * 32 + l * 2 + e] = W[16 p + l][2 q + e]
-// (zero past the last row or column). That line is the operand vdpbf16ps takes against a
-// broadcast pair of activations, so the product needs no horizontal sums and reads the matrix
-// front to back as one stream. Every other path reads `data`.
+// A bf16 or f32 matrix may also carry `panels`: a second copy of the same values laid out for
+// the AVX-512 kernels (PackPanels in matmul.h). Output rows go in groups of kPanelRows = 16, and
+// each 64-byte line of a panel holds the group's 16 rows at one column (f32) or column pair
+// (bf16):
+//   f32:  panels[p * PanelStride() + c * 16 + l]         = W[16 p + l][c]
+//   bf16: panels[p * PanelStride() + q * 32 + l * 2 + e] = W[16 p + l][2 q + e]
+// (zero past the last row or column). A line is what one FMA (vdpbf16ps for bf16) multiplies by
+// a broadcast activation (pair) into 16 output sums, so the product needs no horizontal sums and
+// reads the matrix front to back as one stream. Paths that do not use panels read `data`.
 #ifndef KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 #define KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 
@@ -23,11 +25,16 @@ struct WeightMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride = 0;  // in elements; == cols when dense
-  const uint16_t* panels = nullptr;  // optional, bf16 only; 64-byte aligned
+  const void* panels = nullptr;  // optional, f32 or bf16; 64-byte aligned
 
   static constexpr int64_t kPanelRows = 16;
-  // Elements of one panel: 16 rows x cols rounded up to a pair.
-  int64_t PanelStride() const { return (cols + 1) / 2 * 2 * kPanelRows; }
+  // Elements of one panel: 16 rows x cols (bf16: cols rounded up to a pair).
+  int64_t PanelStride() const {
+    return (dtype == DType::kBF16 ? (cols + 1) / 2 * 2 : cols) * kPanelRows;
+  }
+  const char* PanelPtr(int64_t p) const {
+    return static_cast<const char*>(panels) + p * PanelStride() * DTypeSize(dtype);
+  }
 
   const char* RowPtr(int64_t r) const {
     return static_cast<const char*>(data) + r * row_stride * DTypeSize(dtype);
@@ -35,9 +42,8 @@ struct WeightMatrix {
   // Rows [begin, begin + count) as a matrix (a tensor-parallel shard of the output features).
   // The panels come along when `begin` starts a panel.
   WeightMatrix RowSlice(int64_t begin, int64_t count) const {
-    const uint16_t* sliced = panels != nullptr && begin % kPanelRows == 0
-                                 ? panels + begin / kPanelRows * PanelStride()
-                                 : nullptr;
+    const void* sliced =
+        panels != nullptr && begin % kPanelRows == 0 ? PanelPtr(begin / kPanelRows) : nullptr;
     return WeightMatrix{dtype, RowPtr(begin), count, cols, row_stride, sliced};
   }
   int64_t bytes() const { return rows * cols * static_cast<int64_t>(DTypeSize(dtype)); }
