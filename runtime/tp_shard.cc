@@ -74,7 +74,7 @@ void AttachPanels(RankWeights* weights, const std::vector<DType>& dtypes) {
       return;
     }
     const int64_t bytes = PanelBytes(w);
-    auto memory = std::make_unique<uint8_t[]>(bytes + 64);
+    std::unique_ptr<uint8_t[]> memory(new uint8_t[bytes + 64]);  // PackPanels fills it all
     const uintptr_t base = reinterpret_cast<uintptr_t>(memory.get());
     void* panels = reinterpret_cast<void*>((base + 63) / 64 * 64);
     PackPanels(w, panels);

@@ -152,7 +152,8 @@ struct Engine {
 };
 
 Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_blocks,
-                  int32_t max_slots, int32_t max_chunk_tokens, int32_t tensor_parallel = 1) {
+                  int32_t max_slots, int32_t max_chunk_tokens, int32_t tensor_parallel = 1,
+                  bool weight_panels = true) {
   const LlamaConfig& c = model.bundle->config;
   Engine e;
   CpuBackendOptions options;
@@ -163,6 +164,7 @@ Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_bloc
   options.max_context = 256;
   options.num_threads = 2;
   options.tensor_parallel = tensor_parallel;
+  options.weight_panels = weight_panels;
   auto backend = CpuBackend::Create(c, &model.bundle->weights, options);
   CHECK_OK(backend.status());
   e.backend = std::move(*backend);
@@ -435,6 +437,32 @@ TEST(StaticPlanTest, DecodeAndPrefillDoNotAllocate) {
     // The counter itself works: a vector allocates.
     std::vector<int> probe(10);
     EXPECT_GT(alloc_counter::AllocationCount() - before, 0);
+  }
+}
+
+// ---- weight panels ----------------------------------------------------------------------------
+
+// The backend packs every linear weight the best path reads panels of (MatMulReadsPanels), on
+// every rank, and nothing when told not to (the engine, when another path is chosen). Whether
+// the panel kernels compute the right thing is ForwardTest's and kernels_test's.
+TEST(WeightPanelsTest, PackedForTheBestPathOnly) {
+  for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
+    const TinyModel& model = GetTiny(dtype);
+    const LlamaWeights& w = model.bundle->weights;
+    int64_t linear = PanelBytes(w.lm_head);  // TP=1: whole matrices
+    for (const LayerWeights& l : w.layers) {
+      for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        linear += PanelBytes(*m);
+      }
+    }
+    const bool reads = MatMulReadsPanels(AvailableCpuIsas().back(), dtype);
+    for (bool panels : {true, false}) {
+      Engine engine = MakeEngine(model, 16, 16, 2, 16, /*tensor_parallel=*/1, panels);
+      EXPECT_EQ(engine.backend->panel_weight_bytes(), panels && reads ? linear : 0)
+          << DTypeName(dtype) << " panels=" << panels;
+    }
+    Engine two = MakeEngine(model, 16, 16, 2, 16, /*tensor_parallel=*/2);
+    EXPECT_EQ(two.backend->panel_weight_bytes() > 0, reads) << DTypeName(dtype);
   }
 }
 

@@ -68,24 +68,28 @@ int64_t PanelBytes(const WeightMatrix& w) {
          static_cast<int64_t>(DTypeSize(w.dtype));
 }
 
+namespace {
+
+// Elem: float (one column per line) or uint16_t (bf16: a column pair per line).
+template <typename Elem>
+void PackPanelsOf(const WeightMatrix& w, Elem* out) {
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows;
+  constexpr int64_t kPerLine = sizeof(Elem) == 2 ? 2 : 1;
+  const int64_t stride = w.PanelStride();
+  std::memset(out, 0, PanelBytes(w));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const Elem* row = reinterpret_cast<const Elem*>(w.RowPtr(r));
+    Elem* lane = out + r / kGroup * stride + r % kGroup * kPerLine;
+    for (int64_t c = 0; c < w.cols; ++c) lane[c / kPerLine * kGroup * kPerLine + c % kPerLine] = row[c];
+  }
+}
+
+}  // namespace
+
 void PackPanels(const WeightMatrix& w, void* out) {
   CHECK(HasPanelLayout(w.dtype)) << "panels hold f32 or bf16 weights";
-  constexpr int64_t kGroup = WeightMatrix::kPanelRows;
-  const int64_t stride = w.PanelStride(), elem = DTypeSize(w.dtype);
-  // Elements per line: one column (f32) or a column pair (bf16) of the group's 16 rows.
-  const int64_t per_line = w.dtype == DType::kBF16 ? 2 : 1;
-  std::memset(out, 0, PanelBytes(w));
-  char* base = static_cast<char*>(out);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    const char* row = w.RowPtr(r);
-    char* panel = base + r / kGroup * stride * elem;
-    const int64_t lane = r % kGroup;
-    for (int64_t c = 0; c < w.cols; ++c) {
-      const int64_t line = c / per_line, within = c % per_line;
-      std::memcpy(panel + (line * kGroup * per_line + lane * per_line + within) * elem,
-                  row + c * elem, elem);
-    }
-  }
+  if (w.dtype == DType::kF32) return PackPanelsOf(w, static_cast<float*>(out));
+  PackPanelsOf(w, static_cast<uint16_t*>(out));
 }
 
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
