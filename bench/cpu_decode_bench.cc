@@ -101,15 +101,17 @@ class ReadBandwidth {
     const int threads = pool_.num_threads();
     for (int pass = 0; pass < passes; ++pass) {
       const auto t0 = Clock::now();
-      // Odd passes prefetch ahead in software as the decode matmul does: the roofline is the
-      // better of the two ways to read, so a kernel cannot beat it by reading smarter.
-      const bool prefetch = pass % 2 == 1;
+      // Passes take turns: no software prefetch, 8 KiB ahead (the row-major decode tiles) and
+      // 32 KiB ahead (about a panel of the small model, as the panel kernels do): the roofline
+      // is the best way to read, so a kernel cannot beat it by reading smarter.
+      constexpr int64_t kAheadFloats[] = {0, 2048, 8192};
+      const int64_t ahead = kAheadFloats[pass % 3];
       pool_.RunOnAll([&](int t) {
         const int64_t b = n_ * t / threads / 64 * 64, e = n_ * (t + 1) / threads / 64 * 64;
         float acc[64] = {};
         for (int64_t i = b; i < e; i += 64) {
-          if (prefetch) {
-            for (int j = 0; j < 64; j += 16) __builtin_prefetch(&buffer_[i + j] + 2048, 0, 0);
+          if (ahead != 0) {
+            for (int j = 0; j < 64; j += 16) __builtin_prefetch(&buffer_[i + j] + ahead, 0, 0);
           }
           for (int j = 0; j < 64; ++j) acc[j] += buffer_[i + j];
         }
@@ -254,7 +256,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   std::vector<float> logits(static_cast<size_t>(max_slots) * m.bundle->config.vocab_size);
   // The best of several windows of `steps` steps, each from position `context`: on a shared
   // machine the fastest window is the one least disturbed by other processes.
-  const double bandwidth_now = bandwidth->Measure(2);
+  const double bandwidth_now = bandwidth->Measure(3);
   double seconds = 1e30, cpu_share = 0;
   for (int32_t window = 0; window < absl::GetFlag(FLAGS_windows); ++window) {
     Clock::time_point t0;
