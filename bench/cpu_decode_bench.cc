@@ -52,6 +52,9 @@ ABSL_FLAG(int64_t, stream_mb, 512, "bandwidth test buffer, MiB");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the models (default: a temp dir)");
 ABSL_FLAG(bool, kernels, false, "also time single matmuls (GFLOP/s, GB/s) on the small shapes");
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
+ABSL_FLAG(std::string, layouts, "panels",
+          "weight layouts: panels (as kvrmd loads them for the best path), rows (row-major "
+          "only); with both, every case runs on each back to back (side by side)");
 ABSL_FLAG(std::string, isas, "auto",
           "kernel paths, comma-separated: auto (the best available), generic, avx2, avx512, "
           "avx512_bf16; with several, every case runs on each back to back (side by side)");
@@ -195,7 +198,7 @@ struct Loaded {
   int64_t kv_bytes_per_token = 0;  // all ranks' pools
 };
 
-Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context) {
+Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels) {
   Loaded m;
   auto bundle = ModelBundle::Load(dir);
   CHECK_OK(bundle.status());
@@ -210,6 +213,7 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context) {
   o.max_context = max_context;
   o.num_threads = absl::GetFlag(FLAGS_threads);
   o.tensor_parallel = absl::GetFlag(FLAGS_tp);
+  o.weight_panels = panels;
   auto backend = CpuBackend::Create(m.bundle->config, &m.bundle->weights, o);
   CHECK_OK(backend.status());
   m.backend = std::move(*backend);
@@ -229,8 +233,18 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context) {
   return m;
 }
 
+// "panels" when this path reads the backend's weight panels, else "rows".
+std::string WeightLayout(const Loaded& m, const std::string& dtype_name) {
+  DType dtype = DType::kF32;
+  CHECK(ParseDType(dtype_name, &dtype));
+  return m.backend->panel_weight_bytes() > 0 && MatMulReadsPanels(ActiveCpuIsa(), dtype)
+             ? "panels"
+             : "rows";
+}
+
 struct DecodeResult {
   std::string isa;
+  std::string layout;  // of the weights: panels or rows
   std::string dtype;
   int32_t slots, context;
   double tokens_per_s, step_ms, roofline_tokens_per_s, mb_per_step;
@@ -282,6 +296,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   }
   DecodeResult r;
   r.isa = std::string(CpuIsaName(ActiveCpuIsa()));
+  r.layout = WeightLayout(m, dtype);
   r.dtype = dtype;
   r.slots = slots;
   r.context = context;
@@ -300,6 +315,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
 
 struct PrefillResult {
   std::string isa;
+  std::string layout;
   std::string dtype;
   int32_t prompt;
   double tokens_per_s, ms;
@@ -323,8 +339,8 @@ PrefillResult RunPrefill(Loaded& m, const std::string& dtype, int32_t prompt) {
     }
     best = std::min(best, Seconds(t0, Clock::now()));
   }
-  return PrefillResult{std::string(CpuIsaName(ActiveCpuIsa())), dtype, prompt, prompt / best,
-                       best * 1e3};
+  return PrefillResult{std::string(CpuIsaName(ActiveCpuIsa())), WeightLayout(m, dtype), dtype,
+                       prompt, prompt / best, best * 1e3};
 }
 
 int Main() {
@@ -341,6 +357,13 @@ int Main() {
     isas.push_back(isa);
   }
   if (isas.empty()) isas.push_back(ActiveCpuIsa());
+  std::vector<bool> layouts;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_layouts), ',', absl::SkipEmpty())) {
+    CHECK(name == "panels" || name == "rows") << "unknown layout " << std::string(name);
+    layouts.push_back(name == "panels");
+  }
+  CHECK(!layouts.empty()) << "--layouts names none";
   const std::vector<int32_t> slots = IntList(absl::GetFlag(FLAGS_slots));
   const std::vector<int32_t> contexts = IntList(absl::GetFlag(FLAGS_contexts));
   const std::vector<int32_t> prompts = IntList(absl::GetFlag(FLAGS_prompts));
@@ -395,19 +418,24 @@ int Main() {
                   std::string(dtype_name).c_str(), mo.out_dir.c_str());
       CHECK_OK(modelgen::MakeModel(mo).status());
     }
-    Loaded m = Load(mo.out_dir, max_slots, max_context);
+    std::vector<Loaded> loaded;
+    for (bool panels : layouts) loaded.push_back(Load(mo.out_dir, max_slots, max_context, panels));
     for (int32_t context : contexts) {
       for (int32_t s : slots) {
         for (CpuIsa isa : isas) {
           SetActiveCpuIsa(isa);
-          decode.push_back(RunDecode(m, std::string(dtype_name), s, context, &bandwidth));
+          for (Loaded& m : loaded) {
+            decode.push_back(RunDecode(m, std::string(dtype_name), s, context, &bandwidth));
+          }
         }
       }
     }
     for (int32_t p : prompts) {
       for (CpuIsa isa : isas) {
         SetActiveCpuIsa(isa);
-        prefill.push_back(RunPrefill(m, std::string(dtype_name), p));
+        for (Loaded& m : loaded) {
+          prefill.push_back(RunPrefill(m, std::string(dtype_name), p));
+        }
       }
     }
   }
@@ -418,20 +446,22 @@ int Main() {
   std::printf("\ndecode (%s model); roofline = slots * %.2f GB/s (best read bandwidth of the run) "
               "/ (weight + KV bytes per step); 'GB/s now' measured just before the case\n",
               absl::GetFlag(FLAGS_size).c_str(), bandwidth.best() / 1e9);
-  std::printf("%-12s %-6s %6s %8s %10s %9s %9s %10s %8s %9s %6s\n", "path", "dtype", "slots",
-              "context", "tok/s", "step ms", "MB/step", "roofline", "of roof", "GB/s now", "cpu");
+  std::printf("%-12s %-7s %-6s %6s %8s %10s %9s %9s %10s %8s %9s %6s\n", "path", "weights",
+              "dtype", "slots", "context", "tok/s", "step ms", "MB/step", "roofline", "of roof",
+              "GB/s now", "cpu");
   for (const DecodeResult& r : decode) {
-    std::printf("%-12s %-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f %5.0f%%\n",
-                r.isa.c_str(), r.dtype.c_str(), r.slots, r.context, r.tokens_per_s, r.step_ms,
+    std::printf("%-12s %-7s %-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f %5.0f%%\n",
+                r.isa.c_str(), r.layout.c_str(), r.dtype.c_str(), r.slots, r.context,
+                r.tokens_per_s, r.step_ms,
                 r.mb_per_step,
                 r.roofline_tokens_per_s, 100 * r.tokens_per_s / r.roofline_tokens_per_s,
                 r.bandwidth_now / 1e9, 100 * r.cpu_share);
   }
-  std::printf("\nprefill (chunks of %d)\n%-12s %-6s %8s %10s %10s\n",
-              absl::GetFlag(FLAGS_chunk), "path", "dtype", "prompt", "tok/s", "ms");
+  std::printf("\nprefill (chunks of %d)\n%-12s %-7s %-6s %8s %10s %10s\n",
+              absl::GetFlag(FLAGS_chunk), "path", "weights", "dtype", "prompt", "tok/s", "ms");
   for (const PrefillResult& r : prefill) {
-    std::printf("%-12s %-6s %8d %10.1f %10.1f\n", r.isa.c_str(), r.dtype.c_str(), r.prompt,
-                r.tokens_per_s, r.ms);
+    std::printf("%-12s %-7s %-6s %8d %10.1f %10.1f\n", r.isa.c_str(), r.layout.c_str(),
+                r.dtype.c_str(), r.prompt, r.tokens_per_s, r.ms);
   }
 
   if (!absl::GetFlag(FLAGS_json).empty()) {
@@ -445,6 +475,7 @@ int Main() {
     j["decode"] = nlohmann::json::array();
     for (const DecodeResult& r : decode) {
       j["decode"].push_back({{"isa", r.isa},
+                             {"weights", r.layout},
                              {"dtype", r.dtype},
                              {"slots", r.slots},
                              {"context", r.context},
@@ -458,6 +489,7 @@ int Main() {
     j["prefill"] = nlohmann::json::array();
     for (const PrefillResult& r : prefill) {
       j["prefill"].push_back({{"isa", r.isa},
+                              {"weights", r.layout},
                               {"dtype", r.dtype},
                               {"prompt_tokens", r.prompt},
                               {"tokens_per_s", r.tokens_per_s},
