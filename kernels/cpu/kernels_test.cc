@@ -171,8 +171,8 @@ TEST_P(MatMulTest, RowResultDoesNotDependOnTheBatch) {
 // starting a panel keeps its panels.
 TEST(PanelTest, PackingPlacesEveryElement) {
   std::mt19937 rng(5);
-  for (DType dtype : {DType::kBF16, DType::kF32}) {
-    const int64_t per_line = dtype == DType::kBF16 ? 2 : 1;  // columns per 64-byte line
+  for (DType dtype : {DType::kBF16, DType::kF32, DType::kF16}) {
+    const int64_t per_line = dtype == DType::kBF16 ? 2 : 1;  // columns per line
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 45}, {16, 2}, {1, 1}, {48, 64}}) {
       StoredMatrix w = RandomMatrix(dtype, rows, cols, rng);
       WeightMatrix view;
@@ -187,7 +187,7 @@ TEST(PanelTest, PackingPlacesEveryElement) {
             for (int64_t e = 0; e < per_line; ++e) {
               const int64_t r = 16 * p + l, c = q * per_line + e;
               const int64_t at = p * stride + q * 16 * per_line + l * per_line + e;
-              if (dtype == DType::kBF16) {
+              if (dtype != DType::kF32) {
                 const uint16_t want = r < rows && c < cols ? w.half[r * cols + c] : 0;
                 ASSERT_EQ(static_cast<const uint16_t*>(view.panels)[at], want) << r << "," << c;
               } else {

@@ -61,7 +61,9 @@ void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const Weig
   });
 }
 
-bool HasPanelLayout(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
+bool HasPanelLayout(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
 
 int64_t PanelBytes(const WeightMatrix& w) {
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.PanelStride() *
@@ -70,11 +72,10 @@ int64_t PanelBytes(const WeightMatrix& w) {
 
 namespace {
 
-// Elem: float (one column per line) or uint16_t (bf16: a column pair per line).
-template <typename Elem>
+// kPerLine columns of the group's 16 rows per line: 2 for bf16 (vdpbf16ps pairs), else 1.
+template <typename Elem, int64_t kPerLine>
 void PackPanelsOf(const WeightMatrix& w, Elem* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows;
-  constexpr int64_t kPerLine = sizeof(Elem) == 2 ? 2 : 1;
   const int64_t stride = w.PanelStride();
   std::memset(out, 0, PanelBytes(w));
   for (int64_t r = 0; r < w.rows; ++r) {
@@ -87,9 +88,11 @@ void PackPanelsOf(const WeightMatrix& w, Elem* out) {
 }  // namespace
 
 void PackPanels(const WeightMatrix& w, void* out) {
-  CHECK(HasPanelLayout(w.dtype)) << "panels hold f32 or bf16 weights";
-  if (w.dtype == DType::kF32) return PackPanelsOf(w, static_cast<float*>(out));
-  PackPanelsOf(w, static_cast<uint16_t*>(out));
+  switch (w.dtype) {
+    case DType::kF32: return PackPanelsOf<float, 1>(w, static_cast<float*>(out));
+    case DType::kF16: return PackPanelsOf<uint16_t, 1>(w, static_cast<uint16_t*>(out));
+    case DType::kBF16: return PackPanelsOf<uint16_t, 2>(w, static_cast<uint16_t*>(out));
+  }
 }
 
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {

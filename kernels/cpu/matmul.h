@@ -43,13 +43,13 @@ void MatMulShareBounds(int64_t rows, int thread, int num_threads, int64_t* begin
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch);
 
-// The panel copy of an f32 or bf16 matrix (WeightMatrix::panels): PanelBytes(w) bytes, written
-// by PackPanels into `out` (64-byte aligned). The avx512 path reads f32 panels, avx512_bf16 both.
-bool HasPanelLayout(DType dtype);  // f32 and bf16
+// The panel copy of a matrix (WeightMatrix::panels): PanelBytes(w) bytes, written by PackPanels
+// into `out` (64-byte aligned). The avx512 path reads f32 and f16 panels, avx512_bf16 all three.
+bool HasPanelLayout(DType dtype);
 // Whether MatMul on `isa` reads the panels of a `dtype` matrix that has them.
 inline bool MatMulReadsPanels(CpuIsa isa, DType dtype) {
-  return (dtype == DType::kF32 && (isa == CpuIsa::kAvx512 || isa == CpuIsa::kAvx512Bf16)) ||
-         (dtype == DType::kBF16 && isa == CpuIsa::kAvx512Bf16);
+  if (isa == CpuIsa::kAvx512Bf16) return true;
+  return isa == CpuIsa::kAvx512 && dtype != DType::kBF16;
 }
 int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);

@@ -2,9 +2,10 @@
 // (16 of the 32 zmm registers hold accumulators). bf16 is widened exactly with a shift;
 // vdpbf16ps is not used because it would round the activations to bf16.
 //
-// f32 weights with panels (WeightMatrix::panels, packed by the CPU backend at load time) take
-// the panel kernel below instead: each 64-byte line holds one column of a 16-row group, and one
-// FMA against the broadcast activation adds it into the group's 16 output sums (up to 12
+// f32 and f16 weights with panels (WeightMatrix::panels, packed by the CPU backend at load time)
+// take the panel kernel below instead: each line (64 bytes; 32 for f16, widened with vcvtph2ps)
+// holds one column of a 16-row group, and one FMA against the broadcast activation adds it into
+// the group's 16 output sums (up to 12
 // activation rows per pass; no horizontal sums; the matrix read front to back with the next
 // panel prefetched), as the bf16 panels in matmul_avx512_bf16.cc.
 #include <immintrin.h>
@@ -47,20 +48,26 @@ constexpr int kPassRows = 12;
 
 // y[i * ldy + l] = sum over c < k of panel[c][l] * x[i * ldx + c] for l < nr; `ahead` elements
 // past each line are prefetched (the next panel), 0 for none.
-template <int R>
-inline void PanelTile(const float* panel, int64_t k, const float* x, int64_t ldx, float* y,
+// One line of a panel widened to f32: 16 floats, or 16 halves (f16 panels, 32 bytes a line).
+inline __m512 LoadLine(const float* line) { return _mm512_load_ps(line); }
+inline __m512 LoadLine(const uint16_t* line) {
+  return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(line)));
+}
+
+template <int R, typename Elem>
+inline void PanelTile(const Elem* panel, int64_t k, const float* x, int64_t ldx, float* y,
                       int64_t ldy, int nr, int64_t ahead) {
   __m512 even[R], odd[R];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i) even[i] = odd[i] = _mm512_setzero_ps();
   int64_t c = 0;
   for (; c + 2 <= k; c += 2) {
-    const float* line = panel + c * kGroup;
+    const Elem* line = panel + c * kGroup;
     if (ahead != 0) {
       __builtin_prefetch(line + ahead, 0, 0);
       __builtin_prefetch(line + kGroup + ahead, 0, 0);
     }
-    const __m512 w0 = _mm512_load_ps(line), w1 = _mm512_load_ps(line + kGroup);
+    const __m512 w0 = LoadLine(line), w1 = LoadLine(line + kGroup);
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) {
       even[i] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[i * ldx + c]), even[i]);
@@ -68,7 +75,7 @@ inline void PanelTile(const float* panel, int64_t k, const float* x, int64_t ldx
     }
   }
   if (c < k) {
-    const __m512 w0 = _mm512_load_ps(panel + c * kGroup);
+    const __m512 w0 = LoadLine(panel + c * kGroup);
 #pragma GCC unroll 16
     for (int i = 0; i < R; ++i) even[i] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[i * ldx + c]), even[i]);
   }
@@ -77,11 +84,12 @@ inline void PanelTile(const float* panel, int64_t k, const float* x, int64_t ldx
   for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, _mm512_add_ps(even[i], odd[i]));
 }
 
-inline void PanelRows(const float* panel, int64_t k, const float* x, int64_t n, int64_t ldx,
+template <typename Elem>
+inline void PanelRows(const Elem* panel, int64_t k, const float* x, int64_t n, int64_t ldx,
                       float* y, int64_t ldy, int nr, int64_t ahead) {
   switch (n) {
 #define KVRM_PANEL_CASE(R) \
-  case R: return PanelTile<R>(panel, k, x, ldx, y, ldy, nr, ahead);
+  case R: return PanelTile<R, Elem>(panel, k, x, ldx, y, ldy, nr, ahead);
     KVRM_PANEL_CASE(1) KVRM_PANEL_CASE(2) KVRM_PANEL_CASE(3) KVRM_PANEL_CASE(4)
     KVRM_PANEL_CASE(5) KVRM_PANEL_CASE(6) KVRM_PANEL_CASE(7) KVRM_PANEL_CASE(8)
     KVRM_PANEL_CASE(9) KVRM_PANEL_CASE(10) KVRM_PANEL_CASE(11) KVRM_PANEL_CASE(12)
@@ -93,6 +101,7 @@ inline void PanelRows(const float* panel, int64_t k, const float* x, int64_t n, 
 // Rows [row_begin, row_end) from the f32 panels; row_begin starts a panel. Activation rows in
 // blocks that stay in L2 (prefill); within a block, kPassRows rows per pass over a panel: the
 // first pass streams it from memory, the others find it in cache.
+template <typename Elem>
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
                  int64_t row_end, float* y, int64_t ldy) {
   const int64_t k = w.cols, stride = w.PanelStride();
@@ -100,7 +109,7 @@ void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, 
   for (int64_t i0 = 0; i0 < n; i0 += block) {
     const int64_t nb = std::min(block, n - i0);
     for (int64_t r0 = row_begin; r0 < row_end; r0 += kGroup) {
-      const float* panel = reinterpret_cast<const float*>(w.PanelPtr(r0 / kGroup));
+      const Elem* panel = reinterpret_cast<const Elem*>(w.PanelPtr(r0 / kGroup));
       const int nr = static_cast<int>(std::min<int64_t>(kGroup, row_end - r0));
       const int64_t ahead = r0 + kGroup < row_end ? stride : 0;
       for (int64_t i = 0; i < nb; i += kPassRows) {
@@ -115,9 +124,13 @@ void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, 
 
 void MatMulRows_avx512(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                        int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
-  if (w.dtype == DType::kF32 && w.panels != nullptr &&
-      row_begin % WeightMatrix::kPanelRows == 0) {
-    return matmul_avx512::PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy);
+  if (w.panels != nullptr && row_begin % WeightMatrix::kPanelRows == 0) {
+    if (w.dtype == DType::kF32) {
+      return matmul_avx512::PanelMatMul<float>(x, n, ldx, w, row_begin, row_end, y, ldy);
+    }
+    if (w.dtype == DType::kF16) {
+      return matmul_avx512::PanelMatMul<uint16_t>(x, n, ldx, w, row_begin, row_end, y, ldy);
+    }
   }
   matmul_avx512::MatMulRowsImpl(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
 }

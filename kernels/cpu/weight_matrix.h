@@ -1,12 +1,11 @@
 // A read-only weight matrix in its stored dtype, as Hugging Face stores nn.Linear weights:
 // [rows = out_features][cols = in_features], row-major, rows `row_stride` elements apart.
 //
-// A bf16 or f32 matrix may also carry `panels`: a second copy of the same values laid out for
-// the AVX-512 kernels (PackPanels in matmul.h). Output rows go in groups of kPanelRows = 16, and
-// each 64-byte line of a panel holds the group's 16 rows at one column (f32) or column pair
-// (bf16):
-//   f32:  panels[p * PanelStride() + c * 16 + l]         = W[16 p + l][c]
-//   bf16: panels[p * PanelStride() + q * 32 + l * 2 + e] = W[16 p + l][2 q + e]
+// A matrix may also carry `panels`: a second copy of the same values laid out for the AVX-512
+// kernels (PackPanels in matmul.h). Output rows go in groups of kPanelRows = 16, and each line
+// of a panel holds the group's 16 rows at one column (f32, f16) or column pair (bf16):
+//   f32, f16: panels[p * PanelStride() + c * 16 + l]         = W[16 p + l][c]
+//   bf16:     panels[p * PanelStride() + q * 32 + l * 2 + e] = W[16 p + l][2 q + e]
 // (zero past the last row or column). A line is what one FMA (vdpbf16ps for bf16) multiplies by
 // a broadcast activation (pair) into 16 output sums, so the product needs no horizontal sums and
 // reads the matrix front to back as one stream. Paths that do not use panels read `data`.
@@ -25,7 +24,7 @@ struct WeightMatrix {
   int64_t rows = 0;
   int64_t cols = 0;
   int64_t row_stride = 0;  // in elements; == cols when dense
-  const void* panels = nullptr;  // optional, f32 or bf16; 64-byte aligned
+  const void* panels = nullptr;  // optional; 64-byte aligned
 
   static constexpr int64_t kPanelRows = 16;
   // Elements of one panel: 16 rows x cols (bf16: cols rounded up to a pair).
