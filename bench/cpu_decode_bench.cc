@@ -17,6 +17,7 @@
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <sys/resource.h>
@@ -164,14 +165,8 @@ void TimeMatMul(DType dtype, int64_t rows, int64_t cols, int64_t n, int threads)
                                       : static_cast<const void*>(half.data()),
                  rows, cols, cols};
   // The panel copy the CPU backend packs for the best path, where this path reads it.
-  std::vector<char> panels;
-  if (MatMulReadsPanels(ActiveCpuIsa(), dtype)) {
-    panels.resize(PanelBytes(w) + 64);
-    void* aligned = reinterpret_cast<void*>(
-        (reinterpret_cast<uintptr_t>(panels.data()) + 63) / 64 * 64);
-    PackPanels(w, aligned);
-    w.panels = aligned;
-  }
+  std::optional<PanelCopy> panels;
+  if (MatMulReadsPanels(ActiveCpuIsa(), dtype)) w.panels = panels.emplace(w).data();
   std::vector<float> x(n * cols, 0.25f), y(n * rows);
   ThreadPool pool(threads);
   std::vector<float> scratch(threads * MatMulScratchFloats(cols));

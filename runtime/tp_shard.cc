@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "kernels/cpu/matmul.h"
 
 namespace kvrm {
 namespace {
@@ -73,14 +72,9 @@ void AttachPanels(RankWeights* weights, const std::vector<DType>& dtypes) {
         !HasPanelLayout(w.dtype)) {
       return;
     }
-    const int64_t bytes = PanelBytes(w);
-    std::unique_ptr<uint8_t[]> memory(new uint8_t[bytes + 64]);  // PackPanels fills it all
-    const uintptr_t base = reinterpret_cast<uintptr_t>(memory.get());
-    void* panels = reinterpret_cast<void*>((base + 63) / 64 * 64);
-    PackPanels(w, panels);
-    w.panels = panels;
-    weights->panel_bytes += bytes;
-    weights->owned.push_back(std::move(memory));
+    weights->panels.emplace_back(w);
+    w.panels = weights->panels.back().data();
+    weights->panel_bytes += weights->panels.back().bytes();
   };
   attach(weights->lm_head);
   for (LayerWeights& l : weights->layers) {

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/weight_matrix.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -33,10 +34,12 @@ struct RankWeights {
   // Per layer: wq [heads * head_dim][hidden], wk/wv [kv_heads * head_dim][hidden],
   // wo [hidden][heads * head_dim] (owned), gate/up [ffn][hidden], down [hidden][ffn] (owned).
   std::vector<LayerWeights> layers;
-  // Memory of the copied (row-parallel) shards (empty when size == 1) and of the panels.
+  // Memory of the copied (row-parallel) shards; empty when size == 1.
   std::vector<std::unique_ptr<uint8_t[]>> owned;
-  int64_t owned_bytes = 0;  // the copied shards
-  int64_t panel_bytes = 0;  // the panels (AttachPanels)
+  int64_t owned_bytes = 0;
+  // The panel copies (AttachPanels).
+  std::vector<PanelCopy> panels;
+  int64_t panel_bytes = 0;
 };
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`.

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <memory>
+#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -61,22 +61,20 @@ std::vector<float> RandomVector(int64_t n, std::mt19937& rng) {
 
 class MatMulTest : public ::testing::TestWithParam<std::tuple<CpuIsa, DType>> {};
 
-// The panel copy of a matrix (WeightMatrix::panels), 64-byte aligned as the backend's.
-struct Panels {
-  std::vector<char> memory;
-  Panels(const StoredMatrix& m, WeightMatrix* view) {
-    memory.resize(PanelBytes(m.view) + 64);
-    void* aligned = reinterpret_cast<void*>(
-        (reinterpret_cast<uintptr_t>(memory.data()) + 63) / 64 * 64);
-    PackPanels(m.view, aligned);
-    *view = m.view;
-    view->panels = aligned;
+// A stored matrix's view, with its panel copy (WeightMatrix::panels) when `panels`.
+struct Laid {
+  std::optional<PanelCopy> copy;
+  WeightMatrix view;
+  Laid(const StoredMatrix& m, bool panels) : view(m.view) {
+    if (!panels) return;
+    copy.emplace(m.view);
+    view.panels = copy->data();
   }
 };
 
 // Without and with panels: read where the path has a panel kernel (MatMulReadsPanels), ignored
 // elsewhere (also checked).
-std::vector<bool> Layouts(CpuIsa isa, DType dtype) {
+std::vector<bool> Layouts(DType dtype) {
   if (HasPanelLayout(dtype)) return {false, true};
   return {false};
 }
@@ -97,10 +95,9 @@ TEST_P(MatMulTest, MatchesFloat64Reference) {
                   Shape{33, 13, 129}, Shape{17, 50, 77}, Shape{11, 48, 64}, Shape{9, 21, 2}}) {
     StoredMatrix w = RandomMatrix(dtype, s.rows, s.cols, rng);
     std::vector<float> x = RandomVector(s.n * s.cols, rng);
-    for (bool panels : Layouts(isa, dtype)) {
-      WeightMatrix view = w.view;
-      std::unique_ptr<Panels> packed;
-      if (panels) packed = std::make_unique<Panels>(w, &view);
+    for (bool panels : Layouts(dtype)) {
+      const Laid laid(w, panels);
+      const WeightMatrix& view = laid.view;
       std::vector<float> y(s.n * s.rows, NAN);
       std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
       MatMul(pool, x.data(), s.n, s.cols, view, y.data(), s.rows, scratch.data());
@@ -144,10 +141,9 @@ TEST_P(MatMulTest, RowResultDoesNotDependOnTheBatch) {
   const int64_t rows = 45, cols = 301, n = 40;
   StoredMatrix w = RandomMatrix(dtype, rows, cols, rng);
   std::vector<float> x = RandomVector(n * cols, rng);
-  for (bool panels : Layouts(isa, dtype)) {
-    WeightMatrix view = w.view;
-    std::unique_ptr<Panels> packed;
-    if (panels) packed = std::make_unique<Panels>(w, &view);
+  for (bool panels : Layouts(dtype)) {
+    const Laid laid(w, panels);
+    const WeightMatrix& view = laid.view;
     std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(cols));
     std::vector<float> all(n * rows);
     MatMul(pool, x.data(), n, cols, view, all.data(), rows, scratch.data());
@@ -175,8 +171,8 @@ TEST(PanelTest, PackingPlacesEveryElement) {
     const int64_t per_line = dtype == DType::kBF16 ? 2 : 1;  // columns per line
     for (auto [rows, cols] : {std::pair<int64_t, int64_t>{37, 45}, {16, 2}, {1, 1}, {48, 64}}) {
       StoredMatrix w = RandomMatrix(dtype, rows, cols, rng);
-      WeightMatrix view;
-      Panels packed(w, &view);
+      const Laid laid(w, /*panels=*/true);
+      const WeightMatrix& view = laid.view;
       const int64_t lines = (cols + per_line - 1) / per_line, stride = view.PanelStride();
       EXPECT_EQ(stride, lines * per_line * 16);
       EXPECT_EQ(PanelBytes(view), (rows + 15) / 16 * stride * int64_t{DTypeSize(dtype)});

@@ -95,6 +95,12 @@ void PackPanels(const WeightMatrix& w, void* out) {
   }
 }
 
+PanelCopy::PanelCopy(const WeightMatrix& w)
+    : memory_(new uint8_t[PanelBytes(w) + 64]), bytes_(PanelBytes(w)) {  // PackPanels fills it
+  data_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory_.get()) + 63) / 64 * 64);
+  PackPanels(w, data_);
+}
+
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   const char* row = w.RowPtr(r);
   switch (w.dtype) {

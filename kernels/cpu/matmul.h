@@ -8,6 +8,7 @@
 #define KVRM_KERNELS_CPU_MATMUL_H_
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/thread_pool.h"
@@ -53,6 +54,19 @@ inline bool MatMulReadsPanels(CpuIsa isa, DType dtype) {
 }
 int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
+
+// A matrix's panel copy in memory it owns (64-byte aligned); movable, the data stays put.
+class PanelCopy {
+ public:
+  explicit PanelCopy(const WeightMatrix& w);
+  const void* data() const { return data_; }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> memory_;
+  void* data_ = nullptr;
+  int64_t bytes_ = 0;
+};
 
 }  // namespace kvrm
 
