@@ -13,13 +13,14 @@
 //   16 output sums. Up to 12 activation rows per pass (a 16-slot step: 12 streaming the panel
 //   from memory, 4 from L1); the sums land as whole vectors (no horizontal reductions) and the
 //   matrix is read front to back, the next panel prefetched.
-//   Measured against the row-major kernel: in-cache 2048 x 768 at 16 activation rows 693 against
-//   530 GFLOP/s, and streamed from memory the 16-row product ran at about twice the rate
-//   (docs/benchmarks.md).
+//   Measured against the row-major kernel (docs/benchmarks.md, "weight panels"): in cache,
+//   2048 x 768 at 16 activation rows 696 against 530 GFLOP/s; a 16-slot decode step 8.7 -> 7.1
+//   ms, one slot at the read roofline.
 // - Row-major (a matrix without panels, or a row range that does not start a panel): as
 //   matmul_impl.inc, kRowTile weight rows x up to kMaxActs activation rows of accumulators.
 // In both, each (weight row, activation row) sum runs over the columns in the same order
-// whatever the tile, so a row's result does not depend on the batch it was computed in.
+// whatever the tile or pass, so a row's result does not depend on the batch it was computed in
+// (the two kernels differ from each other in the last bits).
 #include <immintrin.h>
 
 #include <algorithm>
