@@ -53,6 +53,8 @@ ABSL_FLAG(int64_t, stream_mb, 512, "bandwidth test buffer, MiB");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the models (default: a temp dir)");
 ABSL_FLAG(bool, kernels, false, "also time single matmuls (GFLOP/s, GB/s) on the small shapes");
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
+ABSL_FLAG(std::string, kv_dtypes, "f32",
+          "KV cache dtypes (f32, bf16); with both, every case runs on each back to back");
 ABSL_FLAG(std::string, layouts, "panels",
           "weight layouts: panels (as kvrmd loads them for the best path), rows (row-major "
           "only); with both, every case runs on each back to back (side by side)");
@@ -191,9 +193,11 @@ struct Loaded {
   std::unique_ptr<CpuBackend> backend;
   int32_t blocks_per_slot = 0;
   int64_t kv_bytes_per_token = 0;  // all ranks' pools
+  DType kv_dtype = DType::kF32;
 };
 
-Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels) {
+Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels,
+            DType kv_dtype) {
   Loaded m;
   auto bundle = ModelBundle::Load(dir);
   CHECK_OK(bundle.status());
@@ -209,6 +213,8 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
   o.num_threads = absl::GetFlag(FLAGS_threads);
   o.tensor_parallel = absl::GetFlag(FLAGS_tp);
   o.weight_panels = panels;
+  o.kv_dtype = kv_dtype;
+  m.kv_dtype = kv_dtype;
   auto backend = CpuBackend::Create(m.bundle->config, &m.bundle->weights, o);
   CHECK_OK(backend.status());
   m.backend = std::move(*backend);
@@ -219,9 +225,16 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
     m.kv_bytes_per_token += pool->shape().BytesPerToken();
     for (int32_t l = 0; l < pool->shape().num_layers; ++l) {
       const KvLayerView v = pool->Layer(l);
-      const int64_t floats = v.head_stride * pool->shape().kv_heads;
-      for (float* base : {v.k, v.v}) {
-        for (int64_t i = 0; i < floats; ++i) base[i] = 0.01f * static_cast<float>(i % 97);
+      const int64_t elems = v.head_stride * pool->shape().kv_heads;
+      for (void* base : {v.k, v.v}) {
+        for (int64_t i = 0; i < elems; ++i) {
+          const float x = 0.01f * static_cast<float>(i % 97);
+          if (v.dtype == DType::kBF16) {
+            static_cast<uint16_t*>(base)[i] = FloatToBf16(x);
+          } else {
+            static_cast<float*>(base)[i] = x;
+          }
+        }
       }
     }
   }
@@ -240,6 +253,7 @@ std::string WeightLayout(const Loaded& m, const std::string& dtype_name) {
 struct DecodeResult {
   std::string isa;
   std::string layout;  // of the weights: panels or rows
+  std::string kv;      // KV cache dtype
   std::string dtype;
   int32_t slots, context;
   double tokens_per_s, step_ms, roofline_tokens_per_s, mb_per_step;
@@ -292,6 +306,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   DecodeResult r;
   r.isa = std::string(CpuIsaName(ActiveCpuIsa()));
   r.layout = WeightLayout(m, dtype);
+  r.kv = std::string(DTypeName(m.kv_dtype));
   r.dtype = dtype;
   r.slots = slots;
   r.context = context;
@@ -311,6 +326,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
 struct PrefillResult {
   std::string isa;
   std::string layout;
+  std::string kv;
   std::string dtype;
   int32_t prompt;
   double tokens_per_s, ms;
@@ -334,8 +350,9 @@ PrefillResult RunPrefill(Loaded& m, const std::string& dtype, int32_t prompt) {
     }
     best = std::min(best, Seconds(t0, Clock::now()));
   }
-  return PrefillResult{std::string(CpuIsaName(ActiveCpuIsa())), WeightLayout(m, dtype), dtype,
-                       prompt, prompt / best, best * 1e3};
+  return PrefillResult{std::string(CpuIsaName(ActiveCpuIsa())), WeightLayout(m, dtype),
+                       std::string(DTypeName(m.kv_dtype)), dtype, prompt, prompt / best,
+                       best * 1e3};
 }
 
 int Main() {
@@ -359,6 +376,14 @@ int Main() {
     layouts.push_back(name == "panels");
   }
   CHECK(!layouts.empty()) << "--layouts names none";
+  std::vector<DType> kv_dtypes;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',', absl::SkipEmpty())) {
+    DType kv = DType::kF32;
+    CHECK(ParseDType(name, &kv) && kv != DType::kF16) << "kv dtype f32 or bf16: " << std::string(name);
+    kv_dtypes.push_back(kv);
+  }
+  CHECK(!kv_dtypes.empty()) << "--kv_dtypes names none";
   const std::vector<int32_t> slots = IntList(absl::GetFlag(FLAGS_slots));
   const std::vector<int32_t> contexts = IntList(absl::GetFlag(FLAGS_contexts));
   const std::vector<int32_t> prompts = IntList(absl::GetFlag(FLAGS_prompts));
@@ -414,7 +439,11 @@ int Main() {
       CHECK_OK(modelgen::MakeModel(mo).status());
     }
     std::vector<Loaded> loaded;
-    for (bool panels : layouts) loaded.push_back(Load(mo.out_dir, max_slots, max_context, panels));
+    for (DType kv : kv_dtypes) {
+      for (bool panels : layouts) {
+        loaded.push_back(Load(mo.out_dir, max_slots, max_context, panels, kv));
+      }
+    }
     for (int32_t context : contexts) {
       for (int32_t s : slots) {
         for (CpuIsa isa : isas) {
@@ -441,22 +470,23 @@ int Main() {
   std::printf("\ndecode (%s model); roofline = slots * %.2f GB/s (best read bandwidth of the run) "
               "/ (weight + KV bytes per step); 'GB/s now' measured just before the case\n",
               absl::GetFlag(FLAGS_size).c_str(), bandwidth.best() / 1e9);
-  std::printf("%-12s %-7s %-6s %6s %8s %10s %9s %9s %10s %8s %9s %6s\n", "path", "weights",
-              "dtype", "slots", "context", "tok/s", "step ms", "MB/step", "roofline", "of roof",
-              "GB/s now", "cpu");
+  std::printf("%-12s %-7s %-6s %-4s %6s %8s %10s %9s %9s %10s %8s %9s %6s\n", "path",
+              "weights", "dtype", "kv", "slots", "context", "tok/s", "step ms", "MB/step",
+              "roofline", "of roof", "GB/s now", "cpu");
   for (const DecodeResult& r : decode) {
-    std::printf("%-12s %-7s %-6s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f %5.0f%%\n",
-                r.isa.c_str(), r.layout.c_str(), r.dtype.c_str(), r.slots, r.context,
+    std::printf("%-12s %-7s %-6s %-4s %6d %8d %10.1f %9.2f %9.1f %10.1f %7.0f%% %9.1f %5.0f%%\n",
+                r.isa.c_str(), r.layout.c_str(), r.dtype.c_str(), r.kv.c_str(), r.slots, r.context,
                 r.tokens_per_s, r.step_ms,
                 r.mb_per_step,
                 r.roofline_tokens_per_s, 100 * r.tokens_per_s / r.roofline_tokens_per_s,
                 r.bandwidth_now / 1e9, 100 * r.cpu_share);
   }
-  std::printf("\nprefill (chunks of %d)\n%-12s %-7s %-6s %8s %10s %10s\n",
-              absl::GetFlag(FLAGS_chunk), "path", "weights", "dtype", "prompt", "tok/s", "ms");
+  std::printf("\nprefill (chunks of %d)\n%-12s %-7s %-6s %-4s %8s %10s %10s\n",
+              absl::GetFlag(FLAGS_chunk), "path", "weights", "dtype", "kv", "prompt", "tok/s",
+              "ms");
   for (const PrefillResult& r : prefill) {
-    std::printf("%-12s %-7s %-6s %8d %10.1f %10.1f\n", r.isa.c_str(), r.layout.c_str(),
-                r.dtype.c_str(), r.prompt, r.tokens_per_s, r.ms);
+    std::printf("%-12s %-7s %-6s %-4s %8d %10.1f %10.1f\n", r.isa.c_str(), r.layout.c_str(),
+                r.dtype.c_str(), r.kv.c_str(), r.prompt, r.tokens_per_s, r.ms);
   }
 
   if (!absl::GetFlag(FLAGS_json).empty()) {
@@ -471,6 +501,7 @@ int Main() {
     for (const DecodeResult& r : decode) {
       j["decode"].push_back({{"isa", r.isa},
                              {"weights", r.layout},
+                             {"kv_dtype", r.kv},
                              {"dtype", r.dtype},
                              {"slots", r.slots},
                              {"context", r.context},
@@ -485,6 +516,7 @@ int Main() {
     for (const PrefillResult& r : prefill) {
       j["prefill"].push_back({{"isa", r.isa},
                               {"weights", r.layout},
+                              {"kv_dtype", r.kv},
                               {"dtype", r.dtype},
                               {"prompt_tokens", r.prompt},
                               {"tokens_per_s", r.tokens_per_s},

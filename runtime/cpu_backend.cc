@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
     pool.head_dim = config.head_dim;
     pool.block_tokens = options.kv_block_tokens;
     pool.num_blocks = options.kv_blocks;
+    pool.dtype = options.kv_dtype;
     ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(pool, /*populate=*/true));
     b->ranks_.push_back(std::make_unique<CpuRank>(config, std::move(shard), std::move(kv),
                                                   b->comm_->communicator(r), b->rope_.data(),
@@ -70,6 +71,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
       pool.block_tokens = FarHistoryMaxSummaries(options.far_history, options.kv_block_tokens,
                                                  options.max_context);
       pool.num_blocks = options.max_slots;
+      pool.dtype = DType::kF32;  // summaries are means: kept in f32 whatever the pool's dtype
       ASSIGN_OR_RETURN(std::unique_ptr<KvPool> store, KvPool::Create(pool));
       b->ranks_.back()->SetFarHistory(options.far_history, std::move(store));
     }

@@ -72,8 +72,7 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
         PhysicalToken(r.runs, r.num_runs, kv.block_tokens,
                       KeptPosition(r.position, kv.block_tokens, far_.sink_blocks, r.far_dropped));
     for (int64_t g = 0; g < w_.kv_heads; ++g) {
-      std::memcpy(kv.KeyAt(g, phys), &k_[i * kvw_ + g * hd_], hd_ * sizeof(float));
-      std::memcpy(kv.ValueAt(g, phys), &v_[i * kvw_ + g * hd_], hd_ * sizeof(float));
+      StoreKv(kv, g, phys, &k_[i * kvw_ + g * hd_], &v_[i * kvw_ + g * hd_]);
     }
   }
 }

@@ -107,6 +107,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   CpuBackendOptions bo;
   bo.kv_blocks = o.kv_blocks;
   bo.kv_block_tokens = o.block_tokens;
+  bo.kv_dtype = o.kv_dtype;
   bo.max_slots = o.slots;
   bo.max_chunk_tokens = o.prefill_chunk;
   bo.max_context = o.max_context;

@@ -53,6 +53,9 @@ struct EngineOptions {
   // KV budget in blocks. 0: slots * ceil(max_context / block_tokens), what static mode needs.
   int64_t kv_blocks = 0;
   int64_t kv_host_blocks = -1;    // host tier (paused requests); -1: same as kv_blocks
+  // KV element type: f32, or bf16 (half the bytes per token: twice the tokens in the same
+  // memory, half the attention reads; CPU device). Both tiers use it.
+  DType kv_dtype = DType::kF32;
   int32_t threads = 0;  // 0: hardware concurrency (all ranks together)
   int32_t tensor_parallel = 1;  // ranks (--tp); CPU: rank threads with an in-process all-reduce
   KvMode kv_mode = KvMode::kKvrm;

@@ -21,10 +21,11 @@ struct KvPoolShape {
   int32_t head_dim = 0;
   int32_t block_tokens = 16;
   int64_t num_blocks = 0;
+  DType dtype = DType::kF32;  // of the K and V elements: f32 or bf16 (--kv_dtype)
 
   // K and V of one token across all layers and heads.
   int64_t BytesPerToken() const {
-    return int64_t{2} * num_layers * kv_heads * head_dim * static_cast<int64_t>(sizeof(float));
+    return int64_t{2} * num_layers * kv_heads * head_dim * static_cast<int64_t>(DTypeSize(dtype));
   }
   int64_t BytesPerBlock() const { return BytesPerToken() * block_tokens; }
 };
@@ -43,17 +44,17 @@ class KvPool {
 
   // A pool over memory the caller owns and frees (a GPU backend's device allocation): Layer()
   // views then hold device pointers, for the backend's own kernels only.
-  static std::unique_ptr<KvPool> Wrap(const KvPoolShape& shape, float* memory);
+  static std::unique_ptr<KvPool> Wrap(const KvPoolShape& shape, void* memory);
 
   const KvPoolShape& shape() const { return shape_; }
   KvLayerView Layer(int32_t layer) const;
   int64_t bytes() const { return bytes_; }
 
  private:
-  KvPool(const KvPoolShape& shape, float* memory, int64_t bytes, bool owned);
+  KvPool(const KvPoolShape& shape, void* memory, int64_t bytes, bool owned);
 
   KvPoolShape shape_;
-  float* memory_;  // [layers][K|V][kv_heads][pool_tokens][head_dim]
+  char* memory_;  // [layers][K|V][kv_heads][pool_tokens][head_dim] of shape_.dtype
   int64_t bytes_;
   bool owned_;
 };

@@ -5,6 +5,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstring>
+#include <vector>
 #include <fstream>
 
 #include "gtest/gtest.h"
@@ -56,6 +58,58 @@ TEST(KvPoolTest, BadShapeIsInvalidArgument) {
   KvPoolShape shape = Shape64MiB();
   shape.num_blocks = 0;
   EXPECT_EQ(KvPool::Create(shape).status().code(), absl::StatusCode::kInvalidArgument);
+  shape = Shape64MiB();
+  shape.dtype = DType::kF16;  // the pool holds f32 or bf16
+  EXPECT_EQ(KvPool::Create(shape).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// A bf16 pool: half the bytes of an f32 one of the same shape, its layers laid out in its own
+// element size, and a transfer group moves exactly the group's blocks of every (layer, K|V,
+// head) with the rest untouched.
+TEST(KvPoolTest, Bf16PoolIsHalfTheBytesAndCopiesGroups) {
+  KvPoolShape shape = Shape64MiB();
+  shape.num_blocks = 8;
+  shape.dtype = DType::kBF16;
+  EXPECT_EQ(shape.BytesPerBlock(), (int64_t{64} << 10) / 2);
+  auto src = KvPool::Create(shape), dst = KvPool::Create(shape);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  EXPECT_EQ((*src)->bytes(), shape.BytesPerBlock() * 8);
+  // Every element of src gets a value that moves with its position (16 bits, wrapping).
+  uint16_t next = 1;
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    const KvLayerView v = (*src)->Layer(l);
+    EXPECT_EQ(v.dtype, DType::kBF16);
+    for (int32_t h = 0; h < shape.kv_heads; ++h) {
+      for (int64_t t = 0; t < shape.num_blocks * shape.block_tokens; ++t) {
+        for (char* row : {v.KeyBytes(h, t), v.ValueBytes(h, t)}) {
+          uint16_t* e = reinterpret_cast<uint16_t*>(row);
+          for (int32_t i = 0; i < shape.head_dim; ++i) e[i] = next++;
+        }
+      }
+    }
+  }
+  TransferGroup g;
+  g.src_first = 5;
+  g.dst_first = 1;
+  g.num_blocks = 2;
+  CopyGroupBetweenPools(**src, **dst, g);
+  for (int32_t l = 0; l < shape.num_layers; ++l) {
+    const KvLayerView s = (*src)->Layer(l), d = (*dst)->Layer(l);
+    for (int32_t h = 0; h < shape.kv_heads; ++h) {
+      for (int64_t t = 0; t < shape.num_blocks * shape.block_tokens; ++t) {
+        const int64_t block = t / shape.block_tokens;
+        const bool copied = block >= 1 && block < 3;
+        const int64_t from = t + (g.src_first - g.dst_first) * shape.block_tokens;
+        for (bool key : {true, false}) {
+          const char* got = key ? d.KeyBytes(h, t) : d.ValueBytes(h, t);
+          const std::vector<char> zero(shape.head_dim * 2, 0);
+          const char* want = !copied ? zero.data() : key ? s.KeyBytes(h, from) : s.ValueBytes(h, from);
+          ASSERT_EQ(std::memcmp(got, want, shape.head_dim * 2), 0)
+              << "layer " << l << " head " << h << " token " << t << (key ? " K" : " V");
+        }
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -49,6 +49,9 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
   choice.device = "cuda";
   choice.factory = [](const ModelBundle& model,
                       const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    if (o.kv_dtype != DType::kF32) {
+      return absl::UnimplementedError("--kv_dtype=bf16: the CUDA backend keeps an f32 KV pool");
+    }
     cuda::CudaBackendOptions co;
     co.kv_blocks = o.kv_blocks;
     co.kv_block_tokens = o.block_tokens;

@@ -52,6 +52,9 @@ ABSL_FLAG(std::string, kv_mode, "kvrm",
 ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV budget in blocks (0: slots x ceil(max_context / kv_block_tokens))");
 ABSL_FLAG(int64_t, kv_host_blocks, -1, "host-tier blocks for paused requests (-1: = kv_blocks)");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "KV cache element type: f32, or bf16 (half the bytes per token: twice the tokens per "
+          "block of memory, half the attention reads; CPU device)");
 ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(std::string, kv_reserve, "prompt",
           "admission reservation (kvrm mode): prompt (grow on demand; pause others under "
@@ -185,6 +188,12 @@ int Run() {
   eo.kv_mode = absl::GetFlag(FLAGS_kv_mode) == "static" ? KvMode::kStatic : KvMode::kKvrm;
   eo.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   eo.kv_host_blocks = absl::GetFlag(FLAGS_kv_host_blocks);
+  if (const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype); kv_dtype == "bf16") {
+    eo.kv_dtype = DType::kBF16;
+  } else if (kv_dtype != "f32") {
+    std::fprintf(stderr, "kvrmd: --kv_dtype=%s: use f32 or bf16\n", kv_dtype.c_str());
+    return 2;
+  }
   eo.max_runs = absl::GetFlag(FLAGS_kv_max_runs);
   eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
   eo.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);

@@ -95,10 +95,13 @@ class KvModesTest : public ::testing::Test {
 };
 ModelBundle* KvModesTest::model_ = nullptr;
 
-TEST_F(KvModesTest, IdenticalTokensUnderEveryKvPolicyAndLayout) {
+// Static, kvrm, fragmented with swaps to the host tier, and recompute, all with KV of
+// `kv_dtype`: the same greedy tokens.
+void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle* model_, DType kv_dtype) {
   EngineOptions base;
   base.slots = 4;
   base.prefill_chunk = 64;
+  base.kv_dtype = kv_dtype;
 
   EngineOptions static_mode = base;
   static_mode.kv_mode = KvMode::kStatic;
@@ -135,6 +138,16 @@ TEST_F(KvModesTest, IdenticalTokensUnderEveryKvPolicyAndLayout) {
   EXPECT_EQ(rec.tokens, reference.tokens) << "kvrm, recompute";
   EXPECT_GT(rec.stats.preemptions_total, 0u);
   EXPECT_EQ(rec.stats.kv.blocks_free, 200);
+}
+
+TEST_F(KvModesTest, IdenticalTokensUnderEveryKvPolicyAndLayout) {
+  ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(model_, DType::kF32);
+}
+
+// A bf16 pool (--kv_dtype=bf16): transfer groups, the host tier and recompute move and rebuild
+// bf16 KV as faithfully as f32.
+TEST_F(KvModesTest, Bf16KvIdenticalTokensUnderEveryKvPolicyAndLayout) {
+  ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(model_, DType::kBF16);
 }
 
 }  // namespace

@@ -156,6 +156,11 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
       v[t] = Linear(l.v, h);
       Rope(q[t], heads, t);
       Rope(k[t], kv_heads, t);
+      if (bf16_kv_) {
+        for (std::vector<double>* kv : {&k[t], &v[t]}) {
+          for (double& e : *kv) e = Bf16ToFloat(FloatToBf16(static_cast<float>(e)));
+        }
+      }
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<double> attn(heads * hd, 0.0);

@@ -51,6 +51,9 @@ class ReferenceLlama {
   // even) before the product, as bf16 GEMMs on GPUs and the CPU's avx512_bf16 path take their
   // activations; the products and sums stay in double. Off by default.
   void set_bf16_linear_inputs(bool on) { bf16_linear_inputs_ = on; }
+  // When on, every key (after RoPE) and value is rounded to bf16 (through float, to nearest even)
+  // before attention reads it, as a bf16 KV cache (--kv_dtype=bf16) stores them. Off by default.
+  void set_bf16_kv(bool on) { bf16_kv_ = on; }
 
  private:
   // A dense row-major matrix [rows][cols] (HF nn.Linear layout: [out_features][in_features]).
@@ -83,6 +86,7 @@ class ReferenceLlama {
   std::vector<double> final_norm_;
   std::vector<Layer> layers_;
   bool bf16_linear_inputs_ = false;
+  bool bf16_kv_ = false;
 };
 
 }  // namespace kvrm

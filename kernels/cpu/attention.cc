@@ -19,6 +19,10 @@ void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const float* k, 
                float scale, float add, float* scores, int64_t ld);
 void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
                const float* v, int64_t n, float* out);
+void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const uint16_t* k, int64_t n,
+               float scale, float add, float* scores, int64_t ld);
+void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
+               const uint16_t* v, int64_t n, float* out);
 }  // namespace attention_avx512
 
 int64_t PhysicalToken(const KvRun* runs, int32_t num_runs, int32_t block_tokens, int64_t pos) {
@@ -38,15 +42,21 @@ namespace {
 
 constexpr int kLanes = 16;
 
-inline float Dot(const float* __restrict a, const float* __restrict b, int32_t n) {
+// A KV element as f32 (bf16 pools widen exactly).
+inline float Widen(float x) { return x; }
+inline float Widen(uint16_t x) { return Bf16ToFloat(x); }
+
+template <typename Elem>
+__attribute__((always_inline)) inline float Dot(const float* __restrict a,
+                                                const Elem* __restrict b, int32_t n) {
   float acc[kLanes] = {};
   int32_t i = 0;
   for (; i + kLanes <= n; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+    for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * Widen(b[i + j]);
   }
   float s = 0;
   for (int j = 0; j < kLanes; ++j) s += acc[j];
-  for (; i < n; ++i) s += a[i] * b[i];
+  for (; i < n; ++i) s += a[i] * Widen(b[i]);
   return s;
 }
 
@@ -93,9 +103,10 @@ inline void ForEachStretch(const KvRun* runs, int32_t num_runs, int32_t block_to
 
 // Pass 1 over one physically contiguous stretch of n keys:
 // scores[g * ld + j] = (q_g . k_j) * scale + add.
-KVRM_CPU_CLONES
-void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const float* k, int64_t n,
-                       float scale, float add, float* scores, int64_t ld) {
+template <typename Elem>
+__attribute__((always_inline)) inline void ScoreKeysImpl(const float* q, int32_t group, int32_t d,
+                                                         const Elem* k, int64_t n, float scale,
+                                                         float add, float* scores, int64_t ld) {
   for (int64_t j = 0; j < n; ++j) {
     for (int32_t g = 0; g < group; ++g) {
       scores[g * ld + j] = Dot(q + g * d, k + j * d, d) * scale + add;
@@ -104,17 +115,41 @@ void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const float* k,
 }
 
 // Pass 2 over one stretch of n values: out_g += sum_j (p[g * ld + j] * inv[g]) v_j, in order.
-KVRM_CPU_CLONES
-void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d,
-                       const float* v, int64_t n, float* out) {
+template <typename Elem>
+__attribute__((always_inline)) inline void AddValuesImpl(const float* p, int64_t ld,
+                                                         const float* inv, int32_t group,
+                                                         int32_t d, const Elem* v, int64_t n,
+                                                         float* out) {
   for (int64_t j = 0; j < n; ++j) {
-    const float* __restrict vj = v + j * d;
+    const Elem* __restrict vj = v + j * d;
     for (int32_t g = 0; g < group; ++g) {
       const float pj = p[g * ld + j] * inv[g];
       float* __restrict o = out + g * d;
-      for (int32_t i = 0; i < d; ++i) o[i] += pj * vj[i];
+      for (int32_t i = 0; i < d; ++i) o[i] += pj * Widen(vj[i]);
     }
   }
+}
+
+// The loops compiled per instruction set (KVRM_CPU_CLONES), for each KV dtype.
+KVRM_CPU_CLONES
+void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const float* k, int64_t n,
+                       float scale, float add, float* scores, int64_t ld) {
+  ScoreKeysImpl(q, group, d, k, n, scale, add, scores, ld);
+}
+KVRM_CPU_CLONES
+void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const uint16_t* k, int64_t n,
+                       float scale, float add, float* scores, int64_t ld) {
+  ScoreKeysImpl(q, group, d, k, n, scale, add, scores, ld);
+}
+KVRM_CPU_CLONES
+void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d,
+                       const float* v, int64_t n, float* out) {
+  AddValuesImpl(p, ld, inv, group, d, v, n, out);
+}
+KVRM_CPU_CLONES
+void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d,
+                       const uint16_t* v, int64_t n, float* out) {
+  AddValuesImpl(p, ld, inv, group, d, v, n, out);
 }
 
 // Softmax of each group's row of scores; inv[g] = 1 / the row's sum (applied in pass 2).
@@ -136,12 +171,15 @@ struct StretchOps {
                attention_avx512::Handles(head_dim)),
         d(head_dim) {}
 
-  void Score(const float* q, int32_t group, const float* k, int64_t n, float scale, float add,
+  // Elem: float (f32 pools and the summaries) or uint16_t (bf16 pools).
+  template <typename Elem>
+  void Score(const float* q, int32_t group, const Elem* k, int64_t n, float scale, float add,
              float* scores, int64_t ld) const {
     if (avx512) return attention_avx512::ScoreKeys(q, group, d, k, n, scale, add, scores, ld);
     ScoreKeysPortable(q, group, d, k, n, scale, add, scores, ld);
   }
-  void Add(const float* p, int64_t ld, const float* inv, int32_t group, const float* v, int64_t n,
+  template <typename Elem>
+  void Add(const float* p, int64_t ld, const float* inv, int32_t group, const Elem* v, int64_t n,
            float* out) const {
     if (avx512) return attention_avx512::AddValues(p, ld, inv, group, d, v, n, out);
     AddValuesPortable(p, ld, inv, group, d, v, n, out);
@@ -182,8 +220,14 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   const int64_t cols = sink_tokens + ns + window_tokens;
   // Pass 1: scores[g][c]; K rows and summary keys read once.
   int64_t c = 0;
+  const bool bf16 = kv.dtype == DType::kBF16;
   auto score_keys = [&](int64_t first, int64_t n) {
-    ops.Score(q, group, kv.KeyAt(kv_head, first), n, scale, 0.0f, scores + c, cols);
+    const char* k = kv.KeyBytes(kv_head, first);
+    if (bf16) {
+      ops.Score(q, group, reinterpret_cast<const uint16_t*>(k), n, scale, 0.0f, scores + c, cols);
+    } else {
+      ops.Score(q, group, reinterpret_cast<const float*>(k), n, scale, 0.0f, scores + c, cols);
+    }
     c += n;
   };
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, score_keys);
@@ -197,7 +241,12 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
   c = 0;
   auto add_stretch = [&](int64_t first, int64_t n) {
-    ops.Add(scores + c, cols, inv, group, kv.ValueAt(kv_head, first), n, out);
+    const char* v = kv.ValueBytes(kv_head, first);
+    if (bf16) {
+      ops.Add(scores + c, cols, inv, group, reinterpret_cast<const uint16_t*>(v), n, out);
+    } else {
+      ops.Add(scores + c, cols, inv, group, reinterpret_cast<const float*>(v), n, out);
+    }
     c += n;
   };
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, add_stretch);
@@ -206,26 +255,57 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, add_stretch);
 }
 
-KVRM_CPU_CLONES
-void SummarizeBlock(const KvLayerView& kv, int32_t kv_head, int64_t first_token, float* k_out,
-                    float* v_out) {
-  const int32_t d = kv.head_dim;
-  const float* k = kv.KeyAt(kv_head, first_token);
-  const float* v = kv.ValueAt(kv_head, first_token);
+namespace {
+
+template <typename Elem>
+__attribute__((always_inline)) inline void SummarizeImpl(const Elem* k, const Elem* v,
+                                                         int32_t block_tokens, int32_t d,
+                                                         float* k_out, float* v_out) {
   std::fill(k_out, k_out + d, 0.0f);
   std::fill(v_out, v_out + d, 0.0f);
   // Token by token, a fixed order: decode and a recompute's prefill get the same bits.
-  for (int32_t t = 0; t < kv.block_tokens; ++t) {
+  for (int32_t t = 0; t < block_tokens; ++t) {
     for (int32_t i = 0; i < d; ++i) {
-      k_out[i] += k[t * d + i];
-      v_out[i] += v[t * d + i];
+      k_out[i] += Widen(k[t * d + i]);
+      v_out[i] += Widen(v[t * d + i]);
     }
   }
-  const float inv = 1.0f / static_cast<float>(kv.block_tokens);
+  const float inv = 1.0f / static_cast<float>(block_tokens);
   for (int32_t i = 0; i < d; ++i) {
     k_out[i] *= inv;
     v_out[i] *= inv;
   }
+}
+
+}  // namespace
+
+KVRM_CPU_CLONES
+void SummarizeBlock(const KvLayerView& kv, int32_t kv_head, int64_t first_token, float* k_out,
+                    float* v_out) {
+  const char* k = kv.KeyBytes(kv_head, first_token);
+  const char* v = kv.ValueBytes(kv_head, first_token);
+  if (kv.dtype == DType::kBF16) {
+    return SummarizeImpl(reinterpret_cast<const uint16_t*>(k), reinterpret_cast<const uint16_t*>(v),
+                         kv.block_tokens, kv.head_dim, k_out, v_out);
+  }
+  SummarizeImpl(reinterpret_cast<const float*>(k), reinterpret_cast<const float*>(v),
+                kv.block_tokens, kv.head_dim, k_out, v_out);
+}
+
+void StoreKv(const KvLayerView& kv, int64_t head, int64_t physical_token, const float* key,
+             const float* value) {
+  const int32_t d = kv.head_dim;
+  if (kv.dtype == DType::kBF16) {
+    uint16_t* k = reinterpret_cast<uint16_t*>(kv.KeyBytes(head, physical_token));
+    uint16_t* v = reinterpret_cast<uint16_t*>(kv.ValueBytes(head, physical_token));
+    for (int32_t i = 0; i < d; ++i) {
+      k[i] = FloatToBf16(key[i]);
+      v[i] = FloatToBf16(value[i]);
+    }
+    return;
+  }
+  std::memcpy(kv.KeyBytes(head, physical_token), key, d * sizeof(float));
+  std::memcpy(kv.ValueBytes(head, physical_token), value, d * sizeof(float));
 }
 
 }  // namespace kvrm

@@ -8,6 +8,9 @@
 
 #include <cstdint>
 
+#include "common/dtype.h"
+#include "common/logging.h"
+
 namespace kvrm {
 
 // A maximal stretch of a slot's logical blocks that is physically contiguous.
@@ -17,19 +20,38 @@ struct KvRun {
 };
 
 struct KvLayerView {
-  float* k = nullptr;        // [kv_heads][pool_tokens][head_dim]
-  float* v = nullptr;
-  int64_t head_stride = 0;   // pool_tokens * head_dim
+  void* k = nullptr;  // [kv_heads][pool_tokens][head_dim] of `dtype`
+  void* v = nullptr;
+  int64_t head_stride = 0;  // pool_tokens * head_dim
   int32_t block_tokens = 0;
   int32_t head_dim = 0;
+  DType dtype = DType::kF32;  // f32, or bf16 (--kv_dtype=bf16: half the bytes per token)
 
+  int64_t Offset(int64_t head, int64_t physical_token) const {
+    return head * head_stride + physical_token * head_dim;
+  }
+  // f32 pools.
   float* KeyAt(int64_t head, int64_t physical_token) const {
-    return k + head * head_stride + physical_token * head_dim;
+    DCHECK(dtype == DType::kF32);
+    return static_cast<float*>(k) + Offset(head, physical_token);
   }
   float* ValueAt(int64_t head, int64_t physical_token) const {
-    return v + head * head_stride + physical_token * head_dim;
+    DCHECK(dtype == DType::kF32);
+    return static_cast<float*>(v) + Offset(head, physical_token);
+  }
+  // Either dtype: the first byte of a token's key (value) row.
+  char* KeyBytes(int64_t head, int64_t physical_token) const {
+    return static_cast<char*>(k) + Offset(head, physical_token) * DTypeSize(dtype);
+  }
+  char* ValueBytes(int64_t head, int64_t physical_token) const {
+    return static_cast<char*>(v) + Offset(head, physical_token) * DTypeSize(dtype);
   }
 };
+
+// Writes one token's key and value rows (head_dim floats each) into `kv` at (head, physical
+// token), rounded to nearest even for a bf16 pool.
+void StoreKv(const KvLayerView& kv, int64_t head, int64_t physical_token, const float* key,
+             const float* value);
 
 // Physical token index of logical position `pos` of a history laid out by `runs`.
 int64_t PhysicalToken(const KvRun* runs, int32_t num_runs, int32_t block_tokens, int64_t pos);

@@ -7,6 +7,7 @@
 // Every key's lanes are added in the same tree order whatever its place among the 16, so a
 // score does not depend on how a history is cut into runs.
 // Values: the output rows of a few query heads stay in registers across the stretch.
+// K and V in f32 or bf16 (a bf16 pool, --kv_dtype=bf16: widened exactly in registers).
 #include <immintrin.h>
 
 // GCC 12 warns inside its own unpack/shuffle intrinsics (the placeholder vector they pass to the
@@ -39,23 +40,30 @@ inline __m512 SumEach(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x88), _mm512_shuffle_f32x4(a, b, 0xDD));
 }
 
-template <int NV>
-void ScoreKeysT(const float* q, int32_t group, const float* k, int64_t n, float scale, float add,
+// 16 KV elements as f32: f32 as is, bf16 widened exactly (a 16-bit shift).
+inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 Load16(const uint16_t* p) {
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+template <int NV, typename Elem>
+void ScoreKeysT(const float* q, int32_t group, const Elem* k, int64_t n, float scale, float add,
                 float* scores, int64_t ld) {
   constexpr int kDim = NV * 16;
   const __m512 vscale = _mm512_set1_ps(scale), vadd = _mm512_set1_ps(add);
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int m = static_cast<int>(std::min<int64_t>(16, n - j0));
-    const float* kb = k + j0 * kDim;
+    const Elem* kb = k + j0 * kDim;
     for (int32_t g = 0; g < group; ++g) {
       __m512 qv[NV];
       for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(q + g * kDim + v * 16);
       __m512 acc[16];
       for (int t = 0; t < 16; ++t) {
         if (t < m) {
-          acc[t] = _mm512_mul_ps(_mm512_loadu_ps(kb + t * kDim), qv[0]);
+          acc[t] = _mm512_mul_ps(Load16(kb + t * kDim), qv[0]);
           for (int v = 1; v < NV; ++v) {
-            acc[t] = _mm512_fmadd_ps(_mm512_loadu_ps(kb + t * kDim + v * 16), qv[v], acc[t]);
+            acc[t] = _mm512_fmadd_ps(Load16(kb + t * kDim + v * 16), qv[v], acc[t]);
           }
         } else {
           acc[t] = _mm512_setzero_ps();
@@ -67,8 +75,8 @@ void ScoreKeysT(const float* q, int32_t group, const float* k, int64_t n, float 
   }
 }
 
-template <int NV>
-void AddValuesT(const float* p, int64_t ld, const float* inv, int32_t group, const float* v,
+template <int NV, typename Elem>
+void AddValuesT(const float* p, int64_t ld, const float* inv, int32_t group, const Elem* v,
                 int64_t n, float* out) {
   constexpr int kDim = NV * 16;
   constexpr int kHeads = std::max(1, 16 / NV);  // accumulators: kHeads * NV <= 16 registers
@@ -82,7 +90,7 @@ void AddValuesT(const float* p, int64_t ld, const float* inv, int32_t group, con
     }
     for (int64_t j = 0; j < n; ++j) {
       __m512 vv[NV];
-      for (int c = 0; c < NV; ++c) vv[c] = _mm512_loadu_ps(v + j * kDim + c * 16);
+      for (int c = 0; c < NV; ++c) vv[c] = Load16(v + j * kDim + c * 16);
       for (int g = 0; g < kHeads; ++g) {
         if (g >= gc) break;
         const __m512 pj = _mm512_set1_ps(p[(g0 + g) * ld + j] * inv[g0 + g]);
@@ -99,32 +107,49 @@ void AddValuesT(const float* p, int64_t ld, const float* inv, int32_t group, con
 
 bool Handles(int32_t head_dim) { return head_dim % 16 == 0 && head_dim >= 16 && head_dim <= 128; }
 
-void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const float* k, int64_t n,
-               float scale, float add, float* scores, int64_t ld) {
+namespace {
+
+template <typename Elem>
+void ScoreKeysFor(const float* q, int32_t group, int32_t head_dim, const Elem* k, int64_t n,
+                  float scale, float add, float* scores, int64_t ld) {
   switch (head_dim / 16) {
-    case 1: return ScoreKeysT<1>(q, group, k, n, scale, add, scores, ld);
-    case 2: return ScoreKeysT<2>(q, group, k, n, scale, add, scores, ld);
-    case 3: return ScoreKeysT<3>(q, group, k, n, scale, add, scores, ld);
-    case 4: return ScoreKeysT<4>(q, group, k, n, scale, add, scores, ld);
-    case 5: return ScoreKeysT<5>(q, group, k, n, scale, add, scores, ld);
-    case 6: return ScoreKeysT<6>(q, group, k, n, scale, add, scores, ld);
-    case 7: return ScoreKeysT<7>(q, group, k, n, scale, add, scores, ld);
-    case 8: return ScoreKeysT<8>(q, group, k, n, scale, add, scores, ld);
+#define KVRM_SCORE_CASE(NV) \
+  case NV: return ScoreKeysT<NV, Elem>(q, group, k, n, scale, add, scores, ld);
+    KVRM_SCORE_CASE(1) KVRM_SCORE_CASE(2) KVRM_SCORE_CASE(3) KVRM_SCORE_CASE(4)
+    KVRM_SCORE_CASE(5) KVRM_SCORE_CASE(6) KVRM_SCORE_CASE(7) KVRM_SCORE_CASE(8)
+#undef KVRM_SCORE_CASE
   }
 }
 
+template <typename Elem>
+void AddValuesFor(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
+                  const Elem* v, int64_t n, float* out) {
+  switch (head_dim / 16) {
+#define KVRM_ADD_CASE(NV) \
+  case NV: return AddValuesT<NV, Elem>(p, ld, inv, group, v, n, out);
+    KVRM_ADD_CASE(1) KVRM_ADD_CASE(2) KVRM_ADD_CASE(3) KVRM_ADD_CASE(4)
+    KVRM_ADD_CASE(5) KVRM_ADD_CASE(6) KVRM_ADD_CASE(7) KVRM_ADD_CASE(8)
+#undef KVRM_ADD_CASE
+  }
+}
+
+}  // namespace
+
+void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const float* k, int64_t n,
+               float scale, float add, float* scores, int64_t ld) {
+  ScoreKeysFor(q, group, head_dim, k, n, scale, add, scores, ld);
+}
+void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const uint16_t* k, int64_t n,
+               float scale, float add, float* scores, int64_t ld) {
+  ScoreKeysFor(q, group, head_dim, k, n, scale, add, scores, ld);
+}
 void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
                const float* v, int64_t n, float* out) {
-  switch (head_dim / 16) {
-    case 1: return AddValuesT<1>(p, ld, inv, group, v, n, out);
-    case 2: return AddValuesT<2>(p, ld, inv, group, v, n, out);
-    case 3: return AddValuesT<3>(p, ld, inv, group, v, n, out);
-    case 4: return AddValuesT<4>(p, ld, inv, group, v, n, out);
-    case 5: return AddValuesT<5>(p, ld, inv, group, v, n, out);
-    case 6: return AddValuesT<6>(p, ld, inv, group, v, n, out);
-    case 7: return AddValuesT<7>(p, ld, inv, group, v, n, out);
-    case 8: return AddValuesT<8>(p, ld, inv, group, v, n, out);
-  }
+  AddValuesFor(p, ld, inv, group, head_dim, v, n, out);
+}
+void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
+               const uint16_t* v, int64_t n, float* out) {
+  AddValuesFor(p, ld, inv, group, head_dim, v, n, out);
 }
 
 }  // namespace attention_avx512

@@ -366,36 +366,50 @@ TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
   const int64_t pool_tokens = 24 * block;
   for (CpuIsa isa : AvailableCpuIsas()) {
     SetActiveCpuIsa(isa);
-    for (int32_t hd : {64, 128, 48, 40}) {
-      std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
-      std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
-      KvLayerView view{k.data(), v.data(), pool_tokens * hd, block, hd};
-      const KvRun runs[] = {{17, 3}, {2, 5}, {11, 1}, {7, 4}};  // 13 blocks = 208 tokens
-      for (int32_t group : {1, 3, 8}) {
-        for (int64_t seq_len : {1, 15, 16, 17, 100, 208}) {
-          std::vector<float> q = RandomVector(group * hd, rng), out(group * hd);
-          std::vector<float> scores(group * seq_len);
-          const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-          AttendGroup(q.data(), group, view, 1, runs, 4, seq_len, scale, scores.data(),
-                      out.data());
-          for (int32_t g = 0; g < group; ++g) {
-            std::vector<double> p(seq_len);
-            double mx = -1e300, sum = 0;
-            for (int64_t t = 0; t < seq_len; ++t) {
-              const float* kt = view.KeyAt(1, PhysicalToken(runs, 4, block, t));
-              double dot = 0;
-              for (int i = 0; i < hd; ++i) dot += static_cast<double>(q[g * hd + i]) * kt[i];
-              mx = std::max(mx, p[t] = dot * scale);
-            }
-            for (double& x : p) sum += (x = std::exp(x - mx));
-            for (int i = 0; i < hd; ++i) {
-              double ref = 0;
+    // A bf16 pool (--kv_dtype=bf16) against float64 over the values it holds.
+    for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+      for (int32_t hd : {64, 128, 48, 40}) {
+        std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
+        std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
+        std::vector<uint16_t> kb(k.size()), vb(v.size());
+        KvLayerView view{k.data(), v.data(), pool_tokens * hd, block, hd};
+        if (kv_dtype == DType::kBF16) {
+          for (size_t i = 0; i < k.size(); ++i) {
+            kb[i] = FloatToBf16(k[i]);
+            vb[i] = FloatToBf16(v[i]);
+            k[i] = Bf16ToFloat(kb[i]);  // the reference reads what the pool holds
+            v[i] = Bf16ToFloat(vb[i]);
+          }
+          view = KvLayerView{kb.data(), vb.data(), pool_tokens * hd, block, hd, DType::kBF16};
+        }
+        const KvRun runs[] = {{17, 3}, {2, 5}, {11, 1}, {7, 4}};  // 13 blocks = 208 tokens
+        for (int32_t group : {1, 3, 8}) {
+          for (int64_t seq_len : {1, 15, 16, 17, 100, 208}) {
+            std::vector<float> q = RandomVector(group * hd, rng), out(group * hd);
+            std::vector<float> scores(group * seq_len);
+            const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+            AttendGroup(q.data(), group, view, 1, runs, 4, seq_len, scale, scores.data(),
+                        out.data());
+            for (int32_t g = 0; g < group; ++g) {
+              std::vector<double> p(seq_len);
+              double mx = -1e300, sum = 0;
               for (int64_t t = 0; t < seq_len; ++t) {
-                ref += p[t] / sum * view.ValueAt(1, PhysicalToken(runs, 4, block, t))[i];
+                const float* kt = k.data() + view.Offset(1, PhysicalToken(runs, 4, block, t));
+                double dot = 0;
+                for (int i = 0; i < hd; ++i) dot += static_cast<double>(q[g * hd + i]) * kt[i];
+                mx = std::max(mx, p[t] = dot * scale);
               }
-              ASSERT_NEAR(out[g * hd + i], ref, 2e-5)
-                  << CpuIsaName(isa) << " hd=" << hd << " group=" << group
-                  << " seq_len=" << seq_len << " head=" << g << " i=" << i;
+              for (double& x : p) sum += (x = std::exp(x - mx));
+              for (int i = 0; i < hd; ++i) {
+                double ref = 0;
+                for (int64_t t = 0; t < seq_len; ++t) {
+                  ref += p[t] / sum * v[view.Offset(1, PhysicalToken(runs, 4, block, t)) + i];
+                }
+                ASSERT_NEAR(out[g * hd + i], ref, 2e-5)
+                    << CpuIsaName(isa) << " kv " << DTypeName(kv_dtype) << " hd=" << hd
+                    << " group=" << group << " seq_len=" << seq_len << " head=" << g
+                    << " i=" << i;
+              }
             }
           }
         }
@@ -403,6 +417,37 @@ TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
     }
   }
   SetActiveCpuIsa(saved);
+}
+
+// StoreKv rounds to the pool's dtype (to nearest even for bf16); SummarizeBlock of a bf16 pool
+// is the mean of the values it holds.
+TEST(AttentionTest, Bf16PoolStoresRoundedAndSummarizesWhatItHolds) {
+  std::mt19937 rng(31);
+  const int32_t block = 8, hd = 24;
+  const int64_t pool_tokens = 4 * block;
+  std::vector<uint16_t> kb(2 * pool_tokens * hd), vb(kb.size());
+  const KvLayerView view{kb.data(), vb.data(), pool_tokens * hd, block, hd, DType::kBF16};
+  std::vector<std::vector<float>> keys, values;
+  for (int32_t t = 0; t < block; ++t) {
+    keys.push_back(RandomVector(hd, rng));
+    values.push_back(RandomVector(hd, rng));
+    StoreKv(view, 1, 2 * block + t, keys.back().data(), values.back().data());
+  }
+  std::vector<float> mk(hd), mv(hd);
+  SummarizeBlock(view, 1, 2 * block, mk.data(), mv.data());
+  for (int32_t i = 0; i < hd; ++i) {
+    double sk = 0, sv = 0;
+    for (int32_t t = 0; t < block; ++t) {
+      const int64_t at = view.Offset(1, 2 * block + t) + i;
+      ASSERT_EQ(kb[at], FloatToBf16(keys[t][i]));
+      ASSERT_EQ(vb[at], FloatToBf16(values[t][i]));
+      sk += Bf16ToFloat(kb[at]);
+      sv += Bf16ToFloat(vb[at]);
+    }
+    EXPECT_NEAR(mk[i], sk / block, 1e-6);
+    EXPECT_NEAR(mv[i], sv / block, 1e-6);
+  }
+  EXPECT_EQ(kb[view.Offset(0, 2 * block)], 0);  // head 0 untouched
 }
 
 // On every path the result does not depend on how the history is cut into runs: the same 100

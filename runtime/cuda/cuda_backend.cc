@@ -348,7 +348,8 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, bool prefill) {
   for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     const Rank::Layer& l = rank.layers[layer];
     const KvLayerView view = rank.kv_view->Layer(layer);
-    const KvLayer kv{view.k, view.v, view.head_stride, pool0.block_tokens, pool0.head_dim};
+    const KvLayer kv{static_cast<float*>(view.k), static_cast<float*>(view.v), view.head_stride,
+                     pool0.block_tokens, pool0.head_dim};  // an f32 pool (CudaBackend::Create)
     RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.attn_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.qkv->Run(rank.xn, l.wqkv, rank.qkv, 0.0f, wsp, s));
     RETURN_IF_ERROR(LaunchRopeAndStoreKv(rank.qkv, in, static_cast<const float*>(rank.rope.get()),

@@ -9,7 +9,8 @@ namespace kvrm::cuda {
 absl::StatusOr<PoolCopy2D> LowerTransferGroup(const KvPoolShape& src, const KvPoolShape& dst,
                                               const TransferGroup& g) {
   if (src.num_layers != dst.num_layers || src.kv_heads != dst.kv_heads ||
-      src.head_dim != dst.head_dim || src.block_tokens != dst.block_tokens) {
+      src.head_dim != dst.head_dim || src.block_tokens != dst.block_tokens ||
+      src.dtype != dst.dtype) {
     return absl::InvalidArgumentError("transfer between pools of different shapes");
   }
   if (g.num_blocks < 1 || g.src_first < 0 || g.dst_first < 0 ||
@@ -20,7 +21,7 @@ absl::StatusOr<PoolCopy2D> LowerTransferGroup(const KvPoolShape& src, const KvPo
         g.num_blocks, ") outside pools of ", src.num_blocks, " and ", dst.num_blocks,
         " blocks"));
   }
-  const int64_t token_bytes = int64_t{src.head_dim} * static_cast<int64_t>(sizeof(float));
+  const int64_t token_bytes = int64_t{src.head_dim} * static_cast<int64_t>(DTypeSize(src.dtype));
   PoolCopy2D c;
   c.src_tier = g.src_tier;
   c.dst_tier = g.dst_tier;

@@ -13,7 +13,7 @@ std::unique_ptr<KvPool> RandomPool(const KvPoolShape& shape, std::mt19937& rng) 
   auto pool = KvPool::Create(shape);
   EXPECT_TRUE(pool.ok());
   std::uniform_real_distribution<float> u(-1, 1);
-  float* base = (*pool)->Layer(0).k;
+  float* base = static_cast<float*>((*pool)->Layer(0).k);
   const int64_t n = (*pool)->bytes() / 4;
   for (int64_t i = 0; i < n; ++i) base[i] = u(rng);
   return std::move(*pool);
