@@ -512,13 +512,27 @@ std::vector<KvRun> KeptRuns(const std::vector<int32_t>& logical, int32_t sinks, 
 // reference in double, over <= 120 columns of N(0, 1) data: measured max |diff| ~2e-7 (printed);
 // we allow 2e-6, while a wrong column (a summary without its log weight, an off-by-one block of
 // the window) moves outputs by > 1e-2.
-TEST(AttentionTest, FarHistoryMatchesFloat64Reference) {
+// Sinks, summaries and window against float64, over an f32 pool and a bf16 one (the reference
+// reads the values the pool holds; summaries stay f32).
+void FarHistoryMatchesFloat64(DType kv_dtype) {
   std::mt19937 rng(12);
   const int32_t block = 4, hd = 24, kv_heads = 2, group = 3, pool_blocks = 40;
   const int64_t pool_tokens = pool_blocks * block;
   std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
   std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
+  std::vector<uint16_t> kb(k.size()), vb(v.size());
   KvLayerView view{k.data(), v.data(), pool_tokens * hd, block, hd};
+  if (kv_dtype == DType::kBF16) {
+    for (size_t i = 0; i < k.size(); ++i) {
+      kb[i] = FloatToBf16(k[i]);
+      vb[i] = FloatToBf16(v[i]);
+      k[i] = Bf16ToFloat(kb[i]);
+      v[i] = Bf16ToFloat(vb[i]);
+    }
+    view = KvLayerView{kb.data(), vb.data(), pool_tokens * hd, block, hd, DType::kBF16};
+  }
+  auto key = [&](int64_t head, int64_t phys) { return k.data() + view.Offset(head, phys); };
+  auto value = [&](int64_t head, int64_t phys) { return v.data() + view.Offset(head, phys); };
   std::vector<int32_t> logical(pool_blocks);  // a shuffled pool: runs of 1-3 blocks
   for (int32_t b = 0; b < pool_blocks; ++b) logical[b] = b;
   for (int32_t b = 0; b + 3 < pool_blocks; b += 3) std::swap(logical[b], logical[b + 3]);
@@ -557,8 +571,8 @@ TEST(AttentionTest, FarHistoryMatchesFloat64Reference) {
         std::vector<double> col_bias;
         auto add_token = [&](int64_t t) {
           const int64_t phys = int64_t{logical[t / block]} * block + t % block;
-          col_k.emplace_back(view.KeyAt(h, phys), view.KeyAt(h, phys) + hd);
-          col_v.emplace_back(view.ValueAt(h, phys), view.ValueAt(h, phys) + hd);
+          col_k.emplace_back(key(h, phys), key(h, phys) + hd);
+          col_v.emplace_back(value(h, phys), value(h, phys) + hd);
           col_bias.push_back(0);
         };
         for (int64_t t = 0; t < int64_t{c.sinks} * block; ++t) add_token(t);
@@ -567,8 +581,8 @@ TEST(AttentionTest, FarHistoryMatchesFloat64Reference) {
           for (int32_t t = 0; t < block; ++t) {
             const int64_t phys = int64_t{logical[c.sinks + j]} * block + t;
             for (int32_t i = 0; i < hd; ++i) {
-              mk[i] += view.KeyAt(h, phys)[i] / block;
-              mv[i] += view.ValueAt(h, phys)[i] / block;
+              mk[i] += key(h, phys)[i] / block;
+              mv[i] += value(h, phys)[i] / block;
             }
           }
           col_k.push_back(mk);
@@ -600,8 +614,13 @@ TEST(AttentionTest, FarHistoryMatchesFloat64Reference) {
       }
     }
   }
-  std::printf("[far history] %d cases: max |kernel - float64 reference| %.3g (tol 2e-6)\n",
-              cases, max_err);
+  std::printf("[far history, %s KV] %d cases: max |kernel - float64 reference| %.3g (tol 2e-6)\n",
+              std::string(DTypeName(kv_dtype)).c_str(), cases, max_err);
+}
+
+TEST(AttentionTest, FarHistoryMatchesFloat64Reference) { FarHistoryMatchesFloat64(DType::kF32); }
+TEST(AttentionTest, FarHistoryOverBf16KvMatchesFloat64Reference) {
+  FarHistoryMatchesFloat64(DType::kBF16);
 }
 
 // No summaries and nothing dropped: AttendGroupFar is AttendGroup, bit for bit (far history
