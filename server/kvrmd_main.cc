@@ -257,7 +257,8 @@ int Run() {
   LOG(INFO) << "kvrmd " << kVersion << " serving " << m.name << " (" << m.weights.num_parameters
             << " parameters, " << DTypeName(m.weights.dtype) << ") on port " << (*server)->port()
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
-            << ", kv-mode " << so.info.kv_mode << ", device " << device->device
+            << ", kv-mode " << so.info.kv_mode << ", kv " << DTypeName(eo.kv_dtype)
+            << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
   if (const FarHistoryShape& far = (*engine)->far_history(); far.enabled()) {
     LOG(INFO) << "far-history summaries ON (approximate attention): " << far.sink_blocks

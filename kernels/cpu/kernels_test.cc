@@ -175,7 +175,8 @@ TEST(PanelTest, PackingPlacesEveryElement) {
       const WeightMatrix& view = laid.view;
       const int64_t lines = (cols + per_line - 1) / per_line, stride = view.PanelStride();
       EXPECT_EQ(stride, lines * per_line * 16);
-      EXPECT_EQ(PanelBytes(view), (rows + 15) / 16 * stride * int64_t{DTypeSize(dtype)});
+      const int64_t elem = static_cast<int64_t>(DTypeSize(dtype));
+      EXPECT_EQ(PanelBytes(view), (rows + 15) / 16 * stride * elem);
       EXPECT_EQ(reinterpret_cast<uintptr_t>(view.panels) % 64, 0u);
       for (int64_t p = 0; p < (rows + 15) / 16; ++p) {
         for (int64_t q = 0; q < lines; ++q) {
