@@ -252,7 +252,31 @@ TEST_F(E2eTest, TokenizeAndInfo) {
   EXPECT_EQ(si.state(), "SERVING");
   EXPECT_EQ(si.kv().block_tokens(), 16);
   EXPECT_GT(si.kv().blocks_total(), 0);
+  EXPECT_EQ(si.kv_dtype(), "f32");
   EXPECT_FALSE(si.far_history().enabled()) << "off unless asked for";
+}
+
+// --kv_dtype=bf16: the server says so, a block takes half the bytes, and requests are served.
+TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
+  EngineOptions o = Options(2);
+  TestServer f32(o);
+  o.kv_dtype = DType::kBF16;
+  TestServer bf16(o);
+  grpc::ClientContext c1, c2;
+  v1::ServerInfo a, b;
+  ASSERT_TRUE(f32.stub().GetServerInfo(&c1, v1::GetServerInfoRequest(), &a).ok());
+  ASSERT_TRUE(bf16.stub().GetServerInfo(&c2, v1::GetServerInfoRequest(), &b).ok());
+  EXPECT_EQ(b.kv_dtype(), "bf16");
+  EXPECT_EQ(2 * b.kv().bytes_per_block(), a.kv().bytes_per_block());
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req = TextRequest("a bf16 cache", 12);
+  req.mutable_stopping()->set_ignore_eos(true);
+  auto reader = bf16.stub().Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  int tokens = 0;
+  while (reader->Read(&msg)) tokens += msg.token_ids_size();
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 12);
 }
 
 // With one slot: a cancelled stream frees it for the next request, and its blocks are returned.
