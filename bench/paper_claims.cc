@@ -51,6 +51,7 @@ ABSL_FLAG(double, budget_fraction, 0.35,
           "KV budget as a fraction of slots x max context (both modes)");
 ABSL_FLAG(int32_t, threads, 2, "kvrmd threads");
 ABSL_FLAG(std::string, kv_reserve, "prompt_output", "kvrm mode's --kv_reserve");
+ABSL_FLAG(std::string, kv_dtype, "f32", "kvrmd --kv_dtype (both modes): f32 or bf16");
 ABSL_FLAG(int32_t, prefill_chunk, 32,
           "kvrmd --prefill_chunk (both modes; small chunks keep inter-token latency smooth)");
 ABSL_FLAG(double, duration_s, 20, "seconds of arrivals per workload");
@@ -101,6 +102,7 @@ absl::StatusOr<Daemon> StartKvrmd(const std::string& mode, int64_t kv_blocks) {
       "--metrics_port=0",
       "--kv_mode=" + mode,
       "--kv_reserve=" + absl::GetFlag(FLAGS_kv_reserve),
+      "--kv_dtype=" + absl::GetFlag(FLAGS_kv_dtype),
       absl::StrCat("--slots=", absl::GetFlag(FLAGS_slots)),
       absl::StrCat("--kv_blocks=", kv_blocks),
       absl::StrCat("--threads=", absl::GetFlag(FLAGS_threads)),
