@@ -46,9 +46,8 @@ KvLayerView KvPool::Layer(int32_t layer) const {
   const int64_t elem = DTypeSize(shape_.dtype);
   const int64_t per_layer = 2 * shape_.kv_heads * head_stride * elem;  // bytes
   char* base = memory_ + layer * per_layer;
-  return KvLayerView{base,         base + shape_.kv_heads * head_stride * elem,
-                     head_stride,  shape_.block_tokens,
-                     shape_.head_dim, shape_.dtype};
+  char* values = base + shape_.kv_heads * head_stride * elem;
+  return KvLayerView{base, values, head_stride, shape_.block_tokens, shape_.head_dim, shape_.dtype};
 }
 
 void CopyGroupBetweenPools(const KvPool& src, const KvPool& dst, const TransferGroup& g) {

@@ -360,6 +360,27 @@ TEST(AttentionTest, GroupEqualsOneHeadAtATime) {
 // for multiples of 16 up to 128; 40 takes the portable loops everywhere), several query-head
 // groups and history lengths around the 16-key batches, against float64: each head's output
 // within 2e-5 (values are N(0, 1): outputs are O(1)).
+// A KV layer over k and v: f32 as given, or a bf16 copy (k and v are then rounded in place to
+// what the bf16 pool holds, for the float64 reference).
+struct TestKv {
+  std::vector<uint16_t> kb, vb;
+  KvLayerView view;
+  TestKv(std::vector<float>& k, std::vector<float>& v, int64_t head_stride, int32_t block,
+         int32_t hd, DType dtype)
+      : view{k.data(), v.data(), head_stride, block, hd} {
+    if (dtype != DType::kBF16) return;
+    kb.resize(k.size());
+    vb.resize(v.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      kb[i] = FloatToBf16(k[i]);
+      vb[i] = FloatToBf16(v[i]);
+      k[i] = Bf16ToFloat(kb[i]);
+      v[i] = Bf16ToFloat(vb[i]);
+    }
+    view = KvLayerView{kb.data(), vb.data(), head_stride, block, hd, DType::kBF16};
+  }
+};
+
 TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
   const CpuIsa saved = ActiveCpuIsa();
   std::mt19937 rng(12);
@@ -372,17 +393,8 @@ TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
       for (int32_t hd : {64, 128, 48, 40}) {
         std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
         std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
-        std::vector<uint16_t> kb(k.size()), vb(v.size());
-        KvLayerView view{k.data(), v.data(), pool_tokens * hd, block, hd};
-        if (kv_dtype == DType::kBF16) {
-          for (size_t i = 0; i < k.size(); ++i) {
-            kb[i] = FloatToBf16(k[i]);
-            vb[i] = FloatToBf16(v[i]);
-            k[i] = Bf16ToFloat(kb[i]);  // the reference reads what the pool holds
-            v[i] = Bf16ToFloat(vb[i]);
-          }
-          view = KvLayerView{kb.data(), vb.data(), pool_tokens * hd, block, hd, DType::kBF16};
-        }
+        const TestKv kv(k, v, pool_tokens * hd, block, hd, kv_dtype);
+        const KvLayerView& view = kv.view;
         const KvRun runs[] = {{17, 3}, {2, 5}, {11, 1}, {7, 4}};  // 13 blocks = 208 tokens
         for (int32_t group : {1, 3, 8}) {
           for (int64_t seq_len : {1, 15, 16, 17, 100, 208}) {
@@ -521,17 +533,8 @@ void FarHistoryMatchesFloat64(DType kv_dtype) {
   const int64_t pool_tokens = pool_blocks * block;
   std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
   std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
-  std::vector<uint16_t> kb(k.size()), vb(v.size());
-  KvLayerView view{k.data(), v.data(), pool_tokens * hd, block, hd};
-  if (kv_dtype == DType::kBF16) {
-    for (size_t i = 0; i < k.size(); ++i) {
-      kb[i] = FloatToBf16(k[i]);
-      vb[i] = FloatToBf16(v[i]);
-      k[i] = Bf16ToFloat(kb[i]);
-      v[i] = Bf16ToFloat(vb[i]);
-    }
-    view = KvLayerView{kb.data(), vb.data(), pool_tokens * hd, block, hd, DType::kBF16};
-  }
+  const TestKv kv(k, v, pool_tokens * hd, block, hd, kv_dtype);
+  const KvLayerView& view = kv.view;
   auto key = [&](int64_t head, int64_t phys) { return k.data() + view.Offset(head, phys); };
   auto value = [&](int64_t head, int64_t phys) { return v.data() + view.Offset(head, phys); };
   std::vector<int32_t> logical(pool_blocks);  // a shuffled pool: runs of 1-3 blocks
