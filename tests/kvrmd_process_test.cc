@@ -60,6 +60,15 @@ TEST(KvrmdProcessTest, UnknownCpuIsaExitsTwoNamingTheFlagAndTheChoices) {
   EXPECT_TRUE(absl::StrContains(p.LogTail(), "generic")) << p.LogTail();
 }
 
+TEST(KvrmdProcessTest, UnknownKvDtypeExitsTwoNamingTheFlagAndTheChoices) {
+  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
+                             "--device=cpu", "--kv_dtype=fp8"},
+                            "bad-kv-dtype");
+  EXPECT_EQ(p.Wait(), 2);
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "--kv_dtype=fp8")) << p.LogTail();
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "bf16")) << p.LogTail();
+}
+
 // grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
 // ships no health.proto. The request is the empty message; the response is field 1 (varint).
 // Returns the ServingStatus (1 SERVING, 2 NOT_SERVING), or -1 when the call fails.
