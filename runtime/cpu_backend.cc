@@ -12,19 +12,6 @@
 
 namespace kvrm {
 
-namespace {
-
-// The weight dtypes whose panels `isa`'s matmul reads.
-std::vector<DType> PanelDTypes(CpuIsa isa) {
-  std::vector<DType> out;
-  for (DType d : {DType::kF32, DType::kF16, DType::kBF16}) {
-    if (MatMulReadsPanels(isa, d)) out.push_back(d);
-  }
-  return out;
-}
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig& config,
                                                                const LlamaWeights* weights,
                                                                const CpuBackendOptions& options) {
@@ -53,7 +40,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   shape.num_threads = std::max(1, options.num_threads / tp);
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankWeights shard, ShardLlamaWeights(config, *weights, r, tp));
-    if (options.weight_panels) AttachPanels(&shard, PanelDTypes(AvailableCpuIsas().back()));
+    if (options.weight_panels) AttachPanels(&shard, AvailableCpuIsas().back());
     KvPoolShape pool;
     pool.num_layers = config.num_hidden_layers;
     pool.kv_heads = shard.kv_heads;

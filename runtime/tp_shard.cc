@@ -1,6 +1,5 @@
 #include "runtime/tp_shard.h"
 
-#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -66,12 +65,9 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   return out;
 }
 
-void AttachPanels(RankWeights* weights, const std::vector<DType>& dtypes) {
+void AttachPanels(RankWeights* weights, CpuIsa isa) {
   auto attach = [&](WeightMatrix& w) {
-    if (w.panels != nullptr || std::find(dtypes.begin(), dtypes.end(), w.dtype) == dtypes.end() ||
-        !HasPanelLayout(w.dtype)) {
-      return;
-    }
+    if (w.panels != nullptr || !MatMulReadsPanels(isa, w.dtype)) return;
     weights->panels.emplace_back(w);
     w.panels = weights->panels.back().data();
     weights->panel_bytes += weights->panels.back().bytes();

@@ -47,10 +47,11 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);
 
-// Gives every linear weight of the rank (Q, K, V, O, gate, up, down, lm_head) of a dtype in
-// `dtypes` its panel copy for the AVX-512 matmuls (WeightMatrix::panels), in memory `weights`
-// owns. The row-major views stay: the embedding, the norms and the other kernel paths read them.
-void AttachPanels(RankWeights* weights, const std::vector<DType>& dtypes);
+// Gives every linear weight of the rank (Q, K, V, O, gate, up, down, lm_head) whose panels
+// `isa`'s matmul reads (MatMulReadsPanels) its panel copy (WeightMatrix::panels), in memory
+// `weights` owns. The row-major views stay: the embedding, the norms and the other kernel paths
+// read them.
+void AttachPanels(RankWeights* weights, CpuIsa isa);
 
 }  // namespace kvrm
 

@@ -61,10 +61,6 @@ void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const Weig
   });
 }
 
-bool HasPanelLayout(DType dtype) {
-  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
-}
-
 int64_t PanelBytes(const WeightMatrix& w) {
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.PanelStride() *
          static_cast<int64_t>(DTypeSize(w.dtype));
@@ -81,7 +77,9 @@ void PackPanelsOf(const WeightMatrix& w, Elem* out) {
   for (int64_t r = 0; r < w.rows; ++r) {
     const Elem* row = reinterpret_cast<const Elem*>(w.RowPtr(r));
     Elem* lane = out + r / kGroup * stride + r % kGroup * kPerLine;
-    for (int64_t c = 0; c < w.cols; ++c) lane[c / kPerLine * kGroup * kPerLine + c % kPerLine] = row[c];
+    for (int64_t c = 0; c < w.cols; ++c) {
+      lane[c / kPerLine * kGroup * kPerLine + c % kPerLine] = row[c];
+    }
   }
 }
 

@@ -1,9 +1,10 @@
 // Products of activations with weight matrices: y[n][rows] = x[n][cols] * W^T, f32 accumulate.
 //
-// Weights stay in their stored dtype (f32, f16 or bf16) and are widened to f32 a few rows at a
-// time into per-thread scratch, so each weight byte is read from memory once per call whatever n
-// is: decode (n = active slots) is bound by weight bandwidth, as it should be.
-// Vectorised per instruction set (AVX-512, AVX2+FMA+F16C, portable), chosen at run time.
+// Weights stay in their stored dtype (f32, f16 or bf16), row-major or also in panels
+// (WeightMatrix::panels) for the AVX-512 paths, and each weight byte is read from memory once per
+// call whatever n is: decode (n = active slots) is bound by weight bandwidth, as it should be.
+// Vectorised per instruction set (AVX-512 with or without BF16 dot products, AVX2+FMA+F16C,
+// portable), chosen at run time.
 #ifndef KVRM_KERNELS_CPU_MATMUL_H_
 #define KVRM_KERNELS_CPU_MATMUL_H_
 
@@ -44,14 +45,15 @@ void MatMulShareBounds(int64_t rows, int thread, int num_threads, int64_t* begin
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch);
 
-// The panel copy of a matrix (WeightMatrix::panels): PanelBytes(w) bytes, written by PackPanels
-// into `out` (64-byte aligned). The avx512 path reads f32 and f16 panels, avx512_bf16 all three.
-bool HasPanelLayout(DType dtype);
-// Whether MatMul on `isa` reads the panels of a `dtype` matrix that has them.
+// Whether MatMul on `isa` reads the panels of a `dtype` matrix that has them: avx512 reads f32
+// and f16 panels, avx512_bf16 all three; the other paths read the row-major data only.
 inline bool MatMulReadsPanels(CpuIsa isa, DType dtype) {
   if (isa == CpuIsa::kAvx512Bf16) return true;
   return isa == CpuIsa::kAvx512 && dtype != DType::kBF16;
 }
+
+// The panel copy of a matrix of any dtype (WeightMatrix::panels): PanelBytes(w) bytes, written by
+// PackPanels into `out` (64-byte aligned).
 int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
 
