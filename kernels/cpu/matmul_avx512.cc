@@ -46,14 +46,14 @@ constexpr int64_t kGroup = WeightMatrix::kPanelRows;
 // kernel: one FMA latency per two lines for a single row, and the same sums whatever the pass.
 constexpr int kPassRows = 12;
 
-// y[i * ldy + l] = sum over c < k of panel[c][l] * x[i * ldx + c] for l < nr; `ahead` elements
-// past each line are prefetched (the next panel), 0 for none.
 // One line of a panel widened to f32: 16 floats, or 16 halves (f16 panels, 32 bytes a line).
 inline __m512 LoadLine(const float* line) { return _mm512_load_ps(line); }
 inline __m512 LoadLine(const uint16_t* line) {
   return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(line)));
 }
 
+// y[i * ldy + l] = sum over c < k of panel[c][l] * x[i * ldx + c] for l < nr; `ahead` elements
+// past each line are prefetched (the next panel), 0 for none.
 template <int R, typename Elem>
 inline void PanelTile(const Elem* panel, int64_t k, const float* x, int64_t ldx, float* y,
                       int64_t ldy, int nr, int64_t ahead) {
@@ -77,13 +77,18 @@ inline void PanelTile(const Elem* panel, int64_t k, const float* x, int64_t ldx,
   if (c < k) {
     const __m512 w0 = LoadLine(panel + c * kGroup);
 #pragma GCC unroll 16
-    for (int i = 0; i < R; ++i) even[i] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[i * ldx + c]), even[i]);
+    for (int i = 0; i < R; ++i) {
+      even[i] = _mm512_fmadd_ps(w0, _mm512_set1_ps(x[i * ldx + c]), even[i]);
+    }
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
 #pragma GCC unroll 16
-  for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, _mm512_add_ps(even[i], odd[i]));
+  for (int i = 0; i < R; ++i) {
+    _mm512_mask_storeu_ps(y + i * ldy, mask, _mm512_add_ps(even[i], odd[i]));
+  }
 }
 
+// Up to kPassRows activation rows against one panel.
 template <typename Elem>
 inline void PanelRows(const Elem* panel, int64_t k, const float* x, int64_t n, int64_t ldx,
                       float* y, int64_t ldy, int nr, int64_t ahead) {
@@ -98,9 +103,9 @@ inline void PanelRows(const Elem* panel, int64_t k, const float* x, int64_t n, i
   static_assert(kPassRows == 12, "extend the cases");
 }
 
-// Rows [row_begin, row_end) from the f32 panels; row_begin starts a panel. Activation rows in
-// blocks that stay in L2 (prefill); within a block, kPassRows rows per pass over a panel: the
-// first pass streams it from memory, the others find it in cache.
+// Rows [row_begin, row_end) from the f32 or f16 panels; row_begin starts a panel. Activation
+// rows in blocks that stay in L2 (prefill); within a block, kPassRows rows per pass over a panel:
+// the first pass streams it from memory, the others find it in cache.
 template <typename Elem>
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
                  int64_t row_end, float* y, int64_t ldy) {

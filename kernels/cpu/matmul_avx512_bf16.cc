@@ -141,8 +141,9 @@ inline void PanelTile(const uint16_t* panel, int64_t pairs, const uint32_t* xb, 
   __m512 even[R], odd[R];
 #pragma GCC unroll 16
   for (int i = 0; i < R; ++i) even[i] = odd[i] = _mm512_setzero_ps();
-  auto pair = [&](int64_t q) {
-    return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(q)));
+  // An activation pair (two bf16 in 32 bits) in every lane.
+  auto pair = [](uint32_t bits) {
+    return reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(bits)));
   };
   int64_t q = 0;
   for (; q + 2 <= pairs; q += 2) {
@@ -161,11 +162,15 @@ inline void PanelTile(const uint16_t* panel, int64_t pairs, const uint32_t* xb, 
   if (q < pairs) {
     const __m512bh w0 = Load(panel + q * kLine);
 #pragma GCC unroll 16
-    for (int i = 0; i < R; ++i) even[i] = _mm512_dpbf16_ps(even[i], w0, pair(xb[i * ldx + q]));
+    for (int i = 0; i < R; ++i) {
+      even[i] = _mm512_dpbf16_ps(even[i], w0, pair(xb[i * ldx + q]));
+    }
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << nr) - 1);
 #pragma GCC unroll 16
-  for (int i = 0; i < R; ++i) _mm512_mask_storeu_ps(y + i * ldy, mask, _mm512_add_ps(even[i], odd[i]));
+  for (int i = 0; i < R; ++i) {
+    _mm512_mask_storeu_ps(y + i * ldy, mask, _mm512_add_ps(even[i], odd[i]));
+  }
 }
 
 // Up to kPassRows activation rows against one panel.
@@ -188,8 +193,8 @@ void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, 
   const int64_t k = w.cols, kp = Padded(k), stride = w.PanelStride();
   const int64_t pairs = stride / (2 * kGroup);
   const uint32_t* xb2 = reinterpret_cast<const uint32_t*>(xb);
-  // Activation rows per block: all of a decode step's (up to one group); for prefill, as many
-  // groups as fit in L2 beside the panel.
+  // Activation rows per block, converted to bf16 once: as many whole groups as fit in L2 beside
+  // the panel (at least one), so a decode step is one block.
   const int64_t block = std::max<int64_t>(kGroup, kActBlockBytes / (kp * 2) / kGroup * kGroup);
   for (int64_t i0 = 0; i0 < n; i0 += block) {
     const int64_t nb = std::min(block, n - i0);
