@@ -242,10 +242,9 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
 }
 
 // "panels" when this path reads the backend's weight panels, else "rows".
-std::string WeightLayout(const Loaded& m, const std::string& dtype_name) {
-  DType dtype = DType::kF32;
-  CHECK(ParseDType(dtype_name, &dtype));
-  return m.backend->panel_weight_bytes() > 0 && MatMulReadsPanels(ActiveCpuIsa(), dtype)
+std::string WeightLayout(const Loaded& m) {
+  return m.backend->panel_weight_bytes() > 0 &&
+                 MatMulReadsPanels(ActiveCpuIsa(), m.bundle->weights.dtype)
              ? "panels"
              : "rows";
 }
@@ -305,7 +304,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   }
   DecodeResult r;
   r.isa = std::string(CpuIsaName(ActiveCpuIsa()));
-  r.layout = WeightLayout(m, dtype);
+  r.layout = WeightLayout(m);
   r.kv = std::string(DTypeName(m.kv_dtype));
   r.dtype = dtype;
   r.slots = slots;
@@ -350,7 +349,7 @@ PrefillResult RunPrefill(Loaded& m, const std::string& dtype, int32_t prompt) {
     }
     best = std::min(best, Seconds(t0, Clock::now()));
   }
-  return PrefillResult{std::string(CpuIsaName(ActiveCpuIsa())), WeightLayout(m, dtype),
+  return PrefillResult{std::string(CpuIsaName(ActiveCpuIsa())), WeightLayout(m),
                        std::string(DTypeName(m.kv_dtype)), dtype, prompt, prompt / best,
                        best * 1e3};
 }
@@ -380,7 +379,8 @@ int Main() {
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',', absl::SkipEmpty())) {
     DType kv = DType::kF32;
-    CHECK(ParseDType(name, &kv) && kv != DType::kF16) << "kv dtype f32 or bf16: " << std::string(name);
+    CHECK(ParseDType(name, &kv) && kv != DType::kF16)
+        << "kv dtype f32 or bf16: " << std::string(name);
     kv_dtypes.push_back(kv);
   }
   CHECK(!kv_dtypes.empty()) << "--kv_dtypes names none";

@@ -97,7 +97,7 @@ ModelBundle* KvModesTest::model_ = nullptr;
 
 // Static, kvrm, fragmented with swaps to the host tier, and recompute, all with KV of
 // `kv_dtype`: the same greedy tokens.
-void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle* model_, DType kv_dtype) {
+void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle& model, DType kv_dtype) {
   EngineOptions base;
   base.slots = 4;
   base.prefill_chunk = 64;
@@ -105,11 +105,11 @@ void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle* model_,
 
   EngineOptions static_mode = base;
   static_mode.kv_mode = KvMode::kStatic;
-  const RunResult reference = RunWorkload(*model_, static_mode);
+  const RunResult reference = RunWorkload(model, static_mode);
 
   EngineOptions kvrm = base;
   kvrm.kv_mode = KvMode::kKvrm;
-  const RunResult plain = RunWorkload(*model_, kvrm);
+  const RunResult plain = RunWorkload(model, kvrm);
   EXPECT_EQ(plain.tokens, reference.tokens) << "kvrm, no pressure";
   EXPECT_EQ(plain.stats.kv.blocks_used, 0);
   EXPECT_EQ(plain.stats.kv.blocks_free, plain.stats.kv.blocks_total);
@@ -122,7 +122,7 @@ void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle* model_,
   fragmented.block_tokens = 4;
   fragmented.max_runs = 2;
   fragmented.kv_blocks = 200;  // 6 slots of up to ~85 blocks each do not fit at once
-  const RunResult frag = RunWorkload(*model_, fragmented);
+  const RunResult frag = RunWorkload(model, fragmented);
   EXPECT_EQ(frag.tokens, reference.tokens) << "kvrm, fragmented + swapped";
   EXPECT_GT(frag.stats.transfer_groups_total, 0u);
   EXPECT_GT(frag.stats.preemptions_total, 0u);
@@ -134,20 +134,20 @@ void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle* model_,
   // No host tier: pauses drop the KV and recompute it on resume.
   EngineOptions recompute = fragmented;
   recompute.kv_host_blocks = 0;
-  const RunResult rec = RunWorkload(*model_, recompute);
+  const RunResult rec = RunWorkload(model, recompute);
   EXPECT_EQ(rec.tokens, reference.tokens) << "kvrm, recompute";
   EXPECT_GT(rec.stats.preemptions_total, 0u);
   EXPECT_EQ(rec.stats.kv.blocks_free, 200);
 }
 
 TEST_F(KvModesTest, IdenticalTokensUnderEveryKvPolicyAndLayout) {
-  ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(model_, DType::kF32);
+  ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(*model_, DType::kF32);
 }
 
 // A bf16 pool (--kv_dtype=bf16): transfer groups, the host tier and recompute move and rebuild
 // bf16 KV as faithfully as f32.
 TEST_F(KvModesTest, Bf16KvIdenticalTokensUnderEveryKvPolicyAndLayout) {
-  ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(model_, DType::kBF16);
+  ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(*model_, DType::kBF16);
 }
 
 }  // namespace
