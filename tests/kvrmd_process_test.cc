@@ -51,22 +51,22 @@ TEST(KvrmdProcessTest, BrokenConfigExitsNonZeroNamingTheFile) {
   EXPECT_TRUE(absl::StrContains(p.LogTail(), "config.json")) << p.LogTail();
 }
 
+// kvrmd given one bad flag exits 2, naming the flag as given and one of the valid choices.
+void ExpectBadFlagExitsTwo(const std::string& flag, const std::string& a_choice) {
+  Subprocess p =
+      StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0", "--device=cpu", flag},
+                 "bad-" + flag.substr(2, flag.find('=') - 2));
+  EXPECT_EQ(p.Wait(), 2) << flag;
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), flag)) << p.LogTail();
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), a_choice)) << p.LogTail();
+}
+
 TEST(KvrmdProcessTest, UnknownCpuIsaExitsTwoNamingTheFlagAndTheChoices) {
-  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
-                             "--device=cpu", "--cpu_isa=sse9"},
-                            "bad-isa");
-  EXPECT_EQ(p.Wait(), 2);
-  EXPECT_TRUE(absl::StrContains(p.LogTail(), "--cpu_isa=sse9")) << p.LogTail();
-  EXPECT_TRUE(absl::StrContains(p.LogTail(), "generic")) << p.LogTail();
+  ExpectBadFlagExitsTwo("--cpu_isa=sse9", "generic");
 }
 
 TEST(KvrmdProcessTest, UnknownKvDtypeExitsTwoNamingTheFlagAndTheChoices) {
-  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
-                             "--device=cpu", "--kv_dtype=fp8"},
-                            "bad-kv-dtype");
-  EXPECT_EQ(p.Wait(), 2);
-  EXPECT_TRUE(absl::StrContains(p.LogTail(), "--kv_dtype=fp8")) << p.LogTail();
-  EXPECT_TRUE(absl::StrContains(p.LogTail(), "bf16")) << p.LogTail();
+  ExpectBadFlagExitsTwo("--kv_dtype=fp8", "bf16");
 }
 
 // grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
