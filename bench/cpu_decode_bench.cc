@@ -21,7 +21,9 @@
 #include <random>
 #include <string>
 #include <sys/resource.h>
+#include <tuple>
 #include <unistd.h>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -29,6 +31,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/compute_peak.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "kernels/cpu/matmul.h"
@@ -409,7 +412,26 @@ int Main() {
   std::printf("read bandwidth: %.2f GB/s; kernel paths:%s; threads %d; tp %d\n",
               bandwidth.Measure(6) / 1e9, isa_names.c_str(), threads, absl::GetFlag(FLAGS_tp));
 
+  // The multiply-add peak beside the read bandwidth: the other side of the roofline.
+  std::vector<std::pair<std::string, double>> compute_peaks;  // (instruction, GFLOP/s, all threads)
   if (absl::GetFlag(FLAGS_kernels)) {
+    const std::vector<CpuIsa> available = AvailableCpuIsas();
+    auto has = [&](CpuIsa isa) {
+      return std::find(available.begin(), available.end(), isa) != available.end();
+    };
+    ThreadPool pool(threads);
+    const std::tuple<PeakKind, const char*, CpuIsa> kinds[] = {
+        {PeakKind::kFmaF32, "vfmadd231ps", CpuIsa::kAvx512},
+        {PeakKind::kDpBf16, "vdpbf16ps", CpuIsa::kAvx512Bf16}};
+    for (const auto& [kind, name, isa] : kinds) {
+      if (!has(isa)) continue;
+      std::vector<double> flops(threads);
+      pool.RunOnAll([&](int t) { flops[t] = PeakFlopsOneThread(kind, 30'000'000); });
+      double total = 0;
+      for (double f : flops) total += f;
+      compute_peaks.emplace_back(name, total / 1e9);
+      std::printf("compute peak %-12s %d threads: %7.1f GFLOP/s\n", name, threads, total / 1e9);
+    }
     for (DType dtype : {DType::kF32, DType::kBF16}) {
       for (int64_t n : {1, 4, 16, 128}) {
         for (int t : {1, threads}) {
@@ -497,6 +519,7 @@ int Main() {
     j["isas"] = nlohmann::json::array();
     for (CpuIsa isa : isas) j["isas"].push_back(std::string(CpuIsaName(isa)));
     j["read_bandwidth_gb_s"] = bandwidth.best() / 1e9;
+    for (const auto& [name, gflops] : compute_peaks) j["compute_peak_gflops"][name] = gflops;
     j["decode"] = nlohmann::json::array();
     for (const DecodeResult& r : decode) {
       j["decode"].push_back({{"isa", r.isa},
