@@ -183,10 +183,12 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
                 "Time one engine step waited on KV transport, in seconds.", TransportWaitBuckets());
   Family<Histogram>& step = r->AddHistogram(
       "kvrm:step_duration_seconds",
-      "Duration of one engine forward pass: a prefill chunk or a decode step, in seconds.",
+      "Duration of one engine forward pass: a prefill chunk, a decode step, or both in one "
+      "pass (mixed), in seconds.",
       labels({"phase"}), StepDurationBuckets());
   prefill_step_ = &step.WithLabels(values({"prefill"}));
   decode_step_ = &step.WithLabels(values({"decode"}));
+  mixed_step_ = &step.WithLabels(values({"mixed"}));
   steps_ = counter("kvrm:engine_steps_total", "Engine loop iterations that did work.");
   Family<Gauge>& slots = r->AddGauge("kvrm:slots", "Decode slots by state.", labels({"state"}));
   slots_free_ = &slots.WithLabels(values({"free"}));
@@ -244,6 +246,10 @@ void KvrmMetrics::OnPrefillChunk(int32_t, absl::Duration duration) {
 
 void KvrmMetrics::OnDecodeStep(int32_t, absl::Duration duration) {
   decode_step_->Observe(Seconds(duration));
+}
+
+void KvrmMetrics::OnMixedStep(int32_t, int32_t, absl::Duration duration) {
+  mixed_step_->Observe(Seconds(duration));
 }
 
 void KvrmMetrics::OnStats(const EngineStats& s) {

@@ -46,6 +46,7 @@ class KvrmMetrics : public EngineObserver {
   void OnRejected(const absl::Status& status) override;
   void OnPrefillChunk(int32_t tokens, absl::Duration duration) override;
   void OnDecodeStep(int32_t active_slots, absl::Duration duration) override;
+  void OnMixedStep(int32_t active_slots, int32_t chunk_tokens, absl::Duration duration) override;
   void OnStats(const EngineStats& stats) override;
 
  private:
@@ -83,6 +84,7 @@ class KvrmMetrics : public EngineObserver {
   Histogram* transport_wait_per_step_;
   Histogram* prefill_step_;
   Histogram* decode_step_;
+  Histogram* mixed_step_;
   Counter* steps_;
   Gauge* slots_free_;
   Gauge* slots_prefilling_;

@@ -157,8 +157,11 @@ TEST_F(KvrmMetricsTest, StepDurationsByPhase) {
   metrics_.OnPrefillChunk(64, absl::Milliseconds(30));
   metrics_.OnDecodeStep(4, absl::Microseconds(900));
   metrics_.OnDecodeStep(4, absl::Microseconds(1100));
+  metrics_.OnMixedStep(4, 16, absl::Milliseconds(7));
   EXPECT_EQ(Get("kvrm:step_duration_seconds_count", "phase=\"prefill\""), 1);
   EXPECT_EQ(Get("kvrm:step_duration_seconds_count", "phase=\"decode\""), 2);
+  EXPECT_EQ(Get("kvrm:step_duration_seconds_count", "phase=\"mixed\""), 1);
+  EXPECT_DOUBLE_EQ(Get("kvrm:step_duration_seconds_sum", "phase=\"mixed\""), 0.007);
   EXPECT_EQ(Get("kvrm:step_duration_seconds_bucket", "phase=\"decode\",le=\"0.001\""), 1);
 }
 

@@ -4,6 +4,10 @@
 
 namespace kvrm {
 
+absl::Status Backend::DecodeWithChunk(const PrefillChunk&, float*, const StepDescriptor&, float*) {
+  return absl::UnimplementedError("this backend runs a prefill chunk and a decode step apart");
+}
+
 absl::Status Backend::CreateHostTier(int64_t blocks) {
   if (!host_tier_.empty()) return absl::FailedPreconditionError("host tier created twice");
   for (int32_t r = 0; r < num_kv_pools(); ++r) {

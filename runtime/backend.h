@@ -78,6 +78,14 @@ class Backend {
   virtual absl::Status Decode(const StepDescriptor& step, float* logits) = 0;
   // Writes the chunk's K/V; when `last_logits` is non-null also the logits after its last token.
   virtual absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) = 0;
+  // Whether DecodeWithChunk is implemented: the chunk's rows ride along with the decode rows in
+  // one pass (as vLLM's mixed batches and Sarathi's piggybacked chunks do), so the weights are
+  // read once for both. Engines without it run Prefill, then Decode.
+  virtual bool fuses_prefill() const { return false; }
+  // Prefill(chunk, last_logits) and Decode(step, logits) as one pass, with the same results
+  // (`chunk.slot` must not be active in `step`).
+  virtual absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
+                                       const StepDescriptor& step, float* logits);
   virtual int32_t vocab_size() const = 0;
   // Largest number of tokens Prefill takes at once.
   virtual int32_t max_chunk_tokens() const = 0;

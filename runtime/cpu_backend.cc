@@ -35,7 +35,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   std::unique_ptr<CpuBackend> b(new CpuBackend(config, options));
   ASSIGN_OR_RETURN(b->comm_, InProcessCommunicatorGroup::Create(tp));
   CpuRankShape shape;
-  shape.max_rows = std::max(options.max_slots, options.max_chunk_tokens);
+  shape.max_rows = options.max_slots + options.max_chunk_tokens;  // a chunk beside a step
   shape.max_context = options.max_context;
   shape.num_threads = std::max(1, options.num_threads / tp);
   for (int32_t r = 0; r < tp; ++r) {
@@ -71,8 +71,9 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
       options_(options),
       rank_threads_(options.tensor_parallel),
       rank_status_(options.tensor_parallel),
-      rows_(std::max(options.max_slots, options.max_chunk_tokens)),
-      logits_(static_cast<size_t>(options.max_slots) * config.vocab_size) {
+      rows_(options.max_slots + options.max_chunk_tokens),
+      slot_of_row_(options.max_slots),
+      logits_(static_cast<size_t>(options.max_slots + 1) * config.vocab_size) {
   // RoPE table in double, rounded once: [position][cos(half) | sin(half)].
   const int64_t hd = config.head_dim, half = hd / 2;
   const std::vector<double> inv_freq = RopeInverseFrequencies(config);
@@ -122,12 +123,12 @@ absl::Status CpuBackend::CheckFarHistory(const FarHistoryShape& far, int32_t dro
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
-  int32_t n = 0;
-  int32_t slot_of_row[1024];
-  if (step.max_slots > options_.max_slots || step.max_slots > 1024) {
+absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRow* rows,
+                                                int32_t* slot_of_row) const {
+  if (step.max_slots > options_.max_slots) {
     return absl::InvalidArgumentError("step descriptor wider than the backend's slots");
   }
+  int32_t n = 0;
   for (int32_t s = 0; s < step.max_slots; ++s) {
     if (!step.active[s]) continue;
     if (step.position[s] >= options_.max_context) {
@@ -135,21 +136,14 @@ absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
     }
     const int32_t dropped = step.far_dropped[s], summaries = step.far_summaries[s];
     RETURN_IF_ERROR(CheckFarHistory(step.far, dropped, summaries));
-    rows_[n] = CpuRow{step.token[s], step.position[s], step.SlotRunsData(s), step.num_runs[s],
-                      s, dropped, summaries};
+    rows[n] = CpuRow{step.token[s], step.position[s], step.SlotRunsData(s), step.num_runs[s],
+                     s, dropped, summaries};
     slot_of_row[n++] = s;
   }
-  if (n == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(Forward(n, 0));
-  const int64_t vocab = config_.vocab_size;
-  for (int32_t i = 0; i < n; ++i) {
-    std::memcpy(logits + slot_of_row[i] * vocab, logits_.data() + i * vocab,
-                vocab * sizeof(float));
-  }
-  return absl::OkStatus();
+  return n;
 }
 
-absl::Status CpuBackend::Prefill(const PrefillChunk& chunk, float* last_logits) {
+absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow* rows) const {
   const int32_t n = static_cast<int32_t>(chunk.tokens.size());
   if (n <= 0 || n > options_.max_chunk_tokens) {
     return absl::InvalidArgumentError(absl::StrCat("prefill chunk of ", n, " tokens; max ",
@@ -167,13 +161,58 @@ absl::Status CpuBackend::Prefill(const PrefillChunk& chunk, float* last_logits) 
   for (int32_t i = 0; i < n; ++i) {
     const int32_t summaries = chunk.far.SummariesAt(chunk.start + i, options_.kv_block_tokens);
     RETURN_IF_ERROR(CheckFarHistory(chunk.far, chunk.far_dropped, summaries));
-    rows_[i] = CpuRow{chunk.tokens[i], chunk.start + i, chunk.runs, chunk.num_runs,
-                      chunk.slot, chunk.far_dropped, summaries};
+    rows[i] = CpuRow{chunk.tokens[i], chunk.start + i, chunk.runs, chunk.num_runs,
+                     chunk.slot, chunk.far_dropped, summaries};
   }
+  return n;
+}
+
+void CpuBackend::ScatterLogits(int32_t first, int32_t n, float* logits) const {
+  const int64_t vocab = config_.vocab_size;
+  for (int32_t i = 0; i < n; ++i) {
+    std::memcpy(logits + slot_of_row_[i] * vocab, logits_.data() + (first + i) * vocab,
+                vocab * sizeof(float));
+  }
+}
+
+absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
+  ASSIGN_OR_RETURN(const int32_t n, DecodeRows(step, rows_.data(), slot_of_row_.data()));
+  if (n == 0) return absl::OkStatus();
+  RETURN_IF_ERROR(Forward(n, 0));
+  ScatterLogits(0, n, logits);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::Prefill(const PrefillChunk& chunk, float* last_logits) {
+  ASSIGN_OR_RETURN(const int32_t n, ChunkRows(chunk, rows_.data()));
   RETURN_IF_ERROR(Forward(n, last_logits ? n - 1 : n));
   if (last_logits) {
     std::memcpy(last_logits, logits_.data(), config_.vocab_size * sizeof(float));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
+                                         const StepDescriptor& step, float* logits) {
+  // Rows: the chunk's, then the decode rows, so that the logits wanted (the chunk's last row
+  // when asked for, every decode row) are one contiguous range. Every row's result is the same
+  // as in its own pass: the products compute a row alike whatever the batch
+  // (MatMulTest.RowResultDoesNotDependOnTheBatch), and attention and the norms are per row; the
+  // chunk writes only its own slot's blocks, which no decode row reads.
+  ASSIGN_OR_RETURN(const int32_t c, ChunkRows(chunk, rows_.data()));
+  ASSIGN_OR_RETURN(const int32_t d, DecodeRows(step, rows_.data() + c, slot_of_row_.data()));
+  for (int32_t i = 0; i < d; ++i) {
+    if (slot_of_row_[i] == chunk.slot) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", chunk.slot, " both decodes and prefills in one step"));
+    }
+  }
+  const int32_t first = last_logits ? c - 1 : c;
+  RETURN_IF_ERROR(Forward(c + d, first));
+  if (last_logits) {
+    std::memcpy(last_logits, logits_.data(), config_.vocab_size * sizeof(float));
+  }
+  ScatterLogits(c - first, d, logits);
   return absl::OkStatus();
 }
 

@@ -54,6 +54,9 @@ class CpuBackend : public Backend {
 
   absl::Status Decode(const StepDescriptor& step, float* logits) override;
   absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override;
+  bool fuses_prefill() const override { return true; }
+  absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
+                               const StepDescriptor& step, float* logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
@@ -71,6 +74,13 @@ class CpuBackend : public Backend {
   // The far-history fields of a step or chunk against the backend's shape (INVALID_ARGUMENT).
   absl::Status CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
                                int32_t summaries) const;
+  // The rows of a step's active slots (their slots in slot_of_row) or of a chunk; return how
+  // many, or INVALID_ARGUMENT / OUT_OF_RANGE naming what is wrong.
+  absl::StatusOr<int32_t> DecodeRows(const StepDescriptor& step, CpuRow* rows,
+                                     int32_t* slot_of_row) const;
+  absl::StatusOr<int32_t> ChunkRows(const PrefillChunk& chunk, CpuRow* rows) const;
+  // Copies logits_ rows [first, first + n) to their slots (slot_of_row_[0, n)) in `logits`.
+  void ScatterLogits(int32_t first, int32_t n, float* logits) const;
   // Runs every rank's forward over rows_[0, n) (logits for rows [first_logit_row, n)).
   absl::Status Forward(int32_t n, int32_t first_logit_row);
 
@@ -81,8 +91,9 @@ class CpuBackend : public Backend {
   std::vector<std::unique_ptr<CpuRank>> ranks_;
   ThreadPool rank_threads_;            // thread r runs rank r
   std::vector<absl::Status> rank_status_;  // [ranks] of the last Forward
-  std::vector<CpuRow> rows_;           // [max(slots, chunk)]
-  std::vector<float> logits_;          // [max_slots][vocab] before scattering to slots
+  std::vector<CpuRow> rows_;           // [slots + chunk]: a chunk's rows, then decode rows
+  std::vector<int32_t> slot_of_row_;   // [slots]: the slot of each decode row
+  std::vector<float> logits_;          // [slots + 1][vocab] before scattering to slots
 };
 
 }  // namespace kvrm

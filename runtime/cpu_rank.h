@@ -42,7 +42,7 @@ struct CpuRow {
 };
 
 struct CpuRankShape {
-  int32_t max_rows = 0;     // max(slots, chunk tokens)
+  int32_t max_rows = 0;     // slots + chunk tokens (a chunk may ride with a decode step)
   int32_t max_context = 0;  // positions
   int32_t num_threads = 1;  // this rank's pool, the rank thread included
 };

@@ -191,6 +191,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
         static_cast<int32_t>(std::min<int64_t>(capacity, 1 << 20)));
   }
   runner_ = std::make_unique<StepRunner>(backend_.get(), clock_);
+  fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
   return absl::OkStatus();
 }
 
@@ -294,6 +295,7 @@ void Engine::PublishStats() {
   }
   s.tokens_generated_total = tokens_generated_;
   s.steps_total = steps_;
+  s.mixed_steps_total = mixed_steps_;
   s.kv = kv_->Stats();
   s.descriptor_commits_total = commits_;
   s.preemptions_total = preemptions_;
@@ -401,30 +403,38 @@ bool Engine::Step() {
     work.step = &descriptors_[committed_];
     work.logits = logits_.data();
   }
+  work.fused = fuse_prefill_ && work.chunk && work.step;
+  mixed_steps_ += work.fused;
   const uint64_t step_id = ++steps_;
   runner_->Launch(work);
   PreStageNext(step_id);
   const StepResult result = runner_->Wait();
   if (transport_) transport_->StepDone(step_id);
-  // Moving averages (weight 1/8) of what a decode step and a prefill token cost.
-  auto update = [](double* avg, double sample) {
-    *avg = *avg > 0 ? *avg + 0.125 * (sample - *avg) : sample;
-  };
-  if (active > 0 && result.decode_status.ok()) {
-    update(&decode_step_avg_s_, absl::ToDoubleSeconds(result.decode_time));
+  // What a decode step and a prefill chunk cost, for max_prefill_stall (PrefillTokenBudget).
+  const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;
+  if (work.fused) {
+    if (result.decode_status.ok()) {
+      step_cost_.Add(active + chunk_tokens, absl::ToDoubleSeconds(result.decode_time));
+    }
+  } else {
+    if (active > 0 && result.decode_status.ok()) {
+      const double t = absl::ToDoubleSeconds(result.decode_time);
+      // A moving average (weight 1/8).
+      decode_step_avg_s_ = decode_step_avg_s_ > 0 ? decode_step_avg_s_ + 0.125 * (t - decode_step_avg_s_) : t;
+      step_cost_.Add(active, t);
+    }
+    if (prefill && result.prefill_status.ok() && chunk_tokens > 0) {
+      prefill_cost_.Add(chunk_tokens, absl::ToDoubleSeconds(result.prefill_time));
+    }
   }
-  if (prefill && result.prefill_status.ok() && !chunk_.tokens.empty()) {
-    prefill_cost_.Add(static_cast<double>(chunk_.tokens.size()),
-                      absl::ToDoubleSeconds(result.prefill_time));
+  if (work.fused) {
+    observer_->OnMixedStep(active, chunk_tokens, result.decode_time);
+  } else {
+    if (prefill) observer_->OnPrefillChunk(chunk_tokens, result.prefill_time);
+    if (active > 0) observer_->OnDecodeStep(active, result.decode_time);
   }
-  if (prefill) {
-    observer_->OnPrefillChunk(static_cast<int32_t>(chunk_.tokens.size()), result.prefill_time);
-    FinishPrefillChunk(result);
-  }
-  if (active > 0) {
-    observer_->OnDecodeStep(active, result.decode_time);
-    FinishDecode(result);
-  }
+  if (prefill) FinishPrefillChunk(result);
+  if (active > 0) FinishDecode(result);
   PublishStats();
   return true;
 }

@@ -69,6 +69,11 @@ struct EngineOptions {
   // at most half while prompts are being prefilled. 0: off (the chunk takes the token budget).
   // A chunk is never cut below one token, so every prompt progresses.
   double max_prefill_stall = 0;
+  // Run a step's prefill chunk in the same pass as its decode rows where the backend can
+  // (Backend::fuses_prefill: the CPU backend): the weights are read once for both, so the chunk
+  // costs the decode rows only its own arithmetic. Off, or on a backend without it: the chunk
+  // runs first, then the decode step. Results are the same either way.
+  bool fuse_prefill = true;
   // A paused request whose history is at most this many tokens is dropped and recomputed on
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
@@ -94,6 +99,7 @@ struct EngineStats {
   uint64_t requests_total = 0;
   uint64_t tokens_generated_total = 0;
   uint64_t steps_total = 0;
+  uint64_t mixed_steps_total = 0;  // of those, a prefill chunk and decode rows in one pass
   KvStats kv;
   // KV-RM pager figures (cumulative; stay 0 under --kv_mode=static). Read by metrics/.
   uint64_t transfer_groups_total = 0;       // merged host<->device copy groups issued
@@ -277,23 +283,30 @@ class Engine {
   std::vector<float> chunk_logits_;       // [vocab]
   std::vector<int32_t> eos_ids_;
   uint64_t steps_ = 0;
+  uint64_t mixed_steps_ = 0;
   uint64_t tokens_generated_ = 0;
   uint64_t commits_ = 0;
   uint64_t preemptions_ = 0;
   uint64_t admissions_ = 0;
   uint64_t far_summarized_ = 0;  // blocks replaced by summaries and freed
   absl::Duration transport_wait_;
-  // For max_prefill_stall: the moving average of a decode step (seconds; 0 until measured), and
-  // a decayed least-squares fit of a chunk's time as fixed + per_token * tokens (a chunk reads
-  // every weight once whatever its size, so small chunks cost far more per token than large).
+  // For max_prefill_stall. Chunks apart from the step: the moving average of a decode step
+  // (seconds; 0 until measured), and a fit of a chunk's time as fixed + per_token * tokens (a
+  // chunk reads every weight once whatever its size, so small chunks cost far more per token
+  // than large). Fused chunks: a fit of a step's time as fixed + per_row * (decode rows + chunk
+  // tokens), over every step that decodes.
   double decode_step_avg_s_ = 0;
-  struct PrefillCostFit {
-    double w = 0, n = 0, t = 0, nn = 0, nt = 0;  // decayed sums of 1, tokens, time, ...
-    void Add(double tokens, double seconds);
-    // False until a chunk was measured.
-    bool Estimate(double* fixed_s, double* per_token_s) const;
+  // A decayed least-squares fit of time = fixed + per_unit * units.
+  struct CostFit {
+    double w = 0, n = 0, t = 0, nn = 0, nt = 0;  // decayed sums of 1, units, time, ...
+    void Add(double units, double seconds);
+    // False until something was measured. Until samples of different sizes were, the whole
+    // cost is put per unit (fixed 0) and `*split` (if given) is false.
+    bool Estimate(double* fixed_s, double* per_unit_s, bool* split = nullptr) const;
   };
-  PrefillCostFit prefill_cost_;
+  CostFit prefill_cost_;
+  CostFit step_cost_;
+  bool fuse_prefill_ = false;  // options_.fuse_prefill and the backend can
 
   // Posted by other threads.
   mutable std::mutex mu_;

@@ -32,6 +32,9 @@ class EngineObserver {
   virtual void OnPrefillChunk(int32_t tokens, absl::Duration duration) {}
   // One decode step over `active_slots` took `duration`.
   virtual void OnDecodeStep(int32_t active_slots, absl::Duration duration) {}
+  // One pass ran a prefill chunk of `chunk_tokens` with a decode step over `active_slots`
+  // (EngineOptions::fuse_prefill) and took `duration`; neither callback above is called for it.
+  virtual void OnMixedStep(int32_t active_slots, int32_t chunk_tokens, absl::Duration duration) {}
   // After every engine iteration that did work, and when idle: the gauges' source.
   virtual void OnStats(const EngineStats& stats) {}
 };

@@ -416,43 +416,55 @@ void Engine::DropSummarized(int32_t slot, int32_t summaries) {
   far_summarized_ += summaries - before;
 }
 
-void Engine::PrefillCostFit::Add(double tokens, double seconds) {
-  constexpr double kKeep = 0.875;  // weight 1/8 for the newest chunk
+void Engine::CostFit::Add(double units, double seconds) {
+  constexpr double kKeep = 0.875;  // weight 1/8 for the newest sample
   w = kKeep * w + 1;
-  n = kKeep * n + tokens;
+  n = kKeep * n + units;
   t = kKeep * t + seconds;
-  nn = kKeep * nn + tokens * tokens;
-  nt = kKeep * nt + tokens * seconds;
+  nn = kKeep * nn + units * units;
+  nt = kKeep * nt + units * seconds;
 }
 
-bool Engine::PrefillCostFit::Estimate(double* fixed_s, double* per_token_s) const {
+bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s, bool* split) const {
   if (w <= 0 || n <= 0) return false;
   const double mean_n = n / w, mean_t = t / w;
   const double var = nn / w - mean_n * mean_n;
   const double cov = nt / w - mean_n * mean_t;
+  if (split) *split = var > 1.0 && cov > 0;
   if (var > 1.0 && cov > 0) {
-    *per_token_s = cov / var;
-    *fixed_s = std::max(0.0, mean_t - *per_token_s * mean_n);
-  } else {  // chunks all of one size so far: no way to split the cost
-    *per_token_s = mean_t / mean_n;
+    *per_unit_s = cov / var;
+    *fixed_s = std::max(0.0, mean_t - *per_unit_s * mean_n);
+  } else {  // samples all of one size so far: no way to split the cost
+    *per_unit_s = mean_t / mean_n;
     *fixed_s = 0;
   }
-  return *per_token_s > 0;
+  return *per_unit_s > 0;
 }
 
 int32_t Engine::PrefillTokenBudget(int32_t decoding) const {
   int32_t budget = std::max(options_.block_tokens, options_.step_token_budget - decoding);
-  double fixed = 0, per_token = 0;
-  if (options_.max_prefill_stall > 0 && decoding > 0 && decode_step_avg_s_ > 0 &&
-      prefill_cost_.Estimate(&fixed, &per_token)) {
+  if (options_.max_prefill_stall <= 0 || decoding == 0) return budget;
+  double fixed = 0, per_unit = 0;
+  double cap = -1;
+  if (fuse_prefill_) {
+    // The chunk rides in the decode pass: it adds per_row a token, on a step that costs
+    // fixed + per_row * decoding without it. Reads are paid once whatever the rows, so while the
+    // step is read-bound (fixed large against per_row) a chunk is cheap. Until steps of different
+    // sizes were timed the two are not told apart: a block's worth then (which measures one).
+    bool split = false;
+    if (step_cost_.Estimate(&fixed, &per_unit, &split)) {
+      cap = split ? options_.max_prefill_stall * (fixed + per_unit * decoding) / per_unit
+                  : options_.block_tokens;
+    }
+  } else if (decode_step_avg_s_ > 0 && prefill_cost_.Estimate(&fixed, &per_unit)) {
     const double room = options_.max_prefill_stall * decode_step_avg_s_ - fixed;
     // When even a chunk's fixed cost exceeds the limit, a block's worth still goes through each
     // step (prompts must progress, and a tiny chunk would pay the fixed cost for nothing).
-    const double cap = room >= per_token ? room / per_token : options_.block_tokens;
-    // (+1e-6: a cap that is a whole number up to rounding of the fit keeps that number.)
-    budget = std::max(1, std::min(budget, static_cast<int32_t>(std::min(cap + 1e-6, 1e9))));
+    cap = room >= per_unit ? room / per_unit : options_.block_tokens;
   }
-  return budget;
+  if (cap < 0) return budget;  // nothing measured yet
+  // (+1e-6: a cap that is a whole number up to rounding of the fit keeps that number.)
+  return std::max(1, std::min(budget, static_cast<int32_t>(std::min(cap + 1e-6, 1e9))));
 }
 
 bool Engine::PickPrefillChunk() {

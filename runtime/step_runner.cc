@@ -45,12 +45,19 @@ void StepRunner::Loop() {
       pending_ = false;
     }
     StepResult r;
-    if (work.chunk) {
+    if (work.fused) {
+      const absl::Time t0 = clock_->Now();
+      r.decode_status =
+          backend_->DecodeWithChunk(*work.chunk, work.chunk_logits, *work.step, work.logits);
+      r.decode_time = clock_->Now() - t0;
+      r.prefill_status = r.decode_status;
+      r.prefill_time = r.decode_time;
+    } else if (work.chunk) {
       const absl::Time t0 = clock_->Now();
       r.prefill_status = backend_->Prefill(*work.chunk, work.chunk_logits);
       r.prefill_time = clock_->Now() - t0;
     }
-    if (work.step) {
+    if (work.step && !work.fused) {
       const absl::Time t0 = clock_->Now();
       r.decode_status = backend_->Decode(*work.step, work.logits);
       r.decode_time = clock_->Now() - t0;

@@ -21,8 +21,11 @@ struct StepWork {
   float* chunk_logits = nullptr;        // logits after the chunk's last token, when wanted
   const StepDescriptor* step = nullptr;  // optional; rows with active == 0 are skipped
   float* logits = nullptr;
+  // Chunk and step in one pass (Backend::DecodeWithChunk); both must be set.
+  bool fused = false;
 };
 
+// A fused step reports the pass's status and time as both the chunk's and the step's.
 struct StepResult {
   absl::Status prefill_status;
   absl::Status decode_status;

@@ -73,6 +73,9 @@ ABSL_FLAG(int32_t, step_token_budget, 0,
 ABSL_FLAG(double, max_prefill_stall, 0.5,
           "most a prefill chunk may lengthen a step that also decodes, as a fraction of a "
           "decode step (measured); 0: off, the chunk takes --step_token_budget");
+ABSL_FLAG(bool, fuse_prefill, true,
+          "run a step's prefill chunk in the same pass as its decode rows, reading the weights "
+          "once for both (CPU device; the CUDA graphs run them one after the other)");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads, all ranks together (0: all cores)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks (Megatron split; CPU: rank threads)");
 ABSL_FLAG(std::string, device, "auto",
@@ -197,6 +200,7 @@ int Run() {
   eo.max_runs = absl::GetFlag(FLAGS_kv_max_runs);
   eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
   eo.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
+  eo.fuse_prefill = absl::GetFlag(FLAGS_fuse_prefill);
   if (eo.max_prefill_stall < 0) {
     std::fprintf(stderr, "kvrmd: --max_prefill_stall=%g must be >= 0\n", eo.max_prefill_stall);
     return 2;

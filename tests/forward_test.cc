@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <limits>
 #include <map>
@@ -31,6 +32,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/testing/alloc_counter.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/matmul.h"
@@ -416,6 +418,129 @@ TEST_P(ForwardTest, TwoRanksMatchReferenceAndOneRank) {
   vs_one.Print(absl::StrCat("tp=2 vs tp=1 ", Name()));
 }
 
+// A prefill chunk riding with a decode step in one pass (DecodeWithChunk, --fuse_prefill) gives
+// every bit that the chunk then the step give apart: the decode rows' logits, the chunk's last
+// logits, and the whole KV pool of every rank. Slots 0-2 decode (slot 2 idle on odd steps) while
+// slot 3's 40-token prompt goes through in chunks of 16, 16 and 8 (logits only after the last),
+// in fragmented run tables; then all four decode. One and two ranks.
+TEST_P(ForwardTest, MixedStepIsBitIdenticalToChunkThenStep) {
+  const TinyModel& model = GetTiny(dtype());
+  const int32_t vocab = model.bundle->config.vocab_size;
+  constexpr int32_t kBlockTokens = 8, kChunk = 16, kMaxRuns = 6, kSlots = 4, kSteps = 5;
+  const std::vector<SlotPlan> plans = {
+      {5, {{30, 2}}, false},
+      {23, {{9, 2}, {2, 3}, {20, 1}}, false},
+      {11, {{12, 3}, {26, 1}}, true},
+      {40, {{15, 2}, {0, 2}, {17, 3}, {24, 2}}, false},
+  };
+  for (int32_t tp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(Name(), " tp=", tp));
+    Engine apart = MakeEngine(model, kBlockTokens, 32, kSlots, kChunk, tp);
+    Engine mixed = MakeEngine(model, kBlockTokens, 32, kSlots, kChunk, tp);
+    std::mt19937 rng(7);
+    std::vector<std::vector<int32_t>> tokens(kSlots);
+    for (int32_t s = 0; s < kSlots; ++s) {
+      tokens[s] = RandomTokens(&rng, plans[s].prompt_len + 2 * kSteps, vocab);
+    }
+    auto chunk_of = [&](int32_t s, int32_t start, int32_t n) {
+      return PrefillChunk{s, start, absl::MakeConstSpan(tokens[s]).subspan(start, n),
+                          plans[s].runs.data(), static_cast<int32_t>(plans[s].runs.size())};
+    };
+    std::vector<float> logits_a(kSlots * vocab), logits_b(kSlots * vocab);
+    std::vector<float> last_a(vocab), last_b(vocab);
+    // Slots 0-2 prefilled alike in both.
+    std::vector<int32_t> position(kSlots, 0);
+    for (int32_t s = 0; s < 3; ++s) {
+      for (; position[s] < plans[s].prompt_len; position[s] += kChunk) {
+        const PrefillChunk pc =
+            chunk_of(s, position[s], std::min(kChunk, plans[s].prompt_len - position[s]));
+        ASSERT_TRUE(apart.backend->Prefill(pc, nullptr).ok());
+        ASSERT_TRUE(mixed.backend->Prefill(pc, nullptr).ok());
+      }
+      position[s] = plans[s].prompt_len;
+    }
+    StepDescriptor step;
+    step.Resize(kSlots, kMaxRuns);
+    for (int32_t s = 0; s < kSlots; ++s) {
+      step.num_runs[s] = static_cast<int32_t>(plans[s].runs.size());
+      for (size_t i = 0; i < plans[s].runs.size(); ++i) step.SlotRuns(s)[i] = plans[s].runs[i];
+    }
+    int32_t prefilled = 0, mixed_steps = 0;
+    for (int k = 0; k < 2 * kSteps; ++k) {
+      const bool chunk = prefilled < plans[3].prompt_len;
+      for (int32_t s = 0; s < kSlots; ++s) {
+        step.active[s] = (s < 3 || !chunk) && !(plans[s].skip_odd_steps && k % 2 == 1);
+        step.position[s] = position[s];
+        step.token[s] = tokens[s][position[s]];
+      }
+      std::fill(logits_a.begin(), logits_a.end(), NAN);
+      std::fill(logits_b.begin(), logits_b.end(), NAN);
+      if (chunk) {
+        const int32_t n = std::min(kChunk, plans[3].prompt_len - prefilled);
+        const bool last = prefilled + n == plans[3].prompt_len;
+        const PrefillChunk pc = chunk_of(3, prefilled, n);
+        ASSERT_TRUE(apart.backend->Prefill(pc, last ? last_a.data() : nullptr).ok());
+        ASSERT_TRUE(apart.backend->Decode(step, logits_a.data()).ok());
+        ASSERT_TRUE(mixed.backend
+                        ->DecodeWithChunk(pc, last ? last_b.data() : nullptr, step,
+                                          logits_b.data())
+                        .ok());
+        if (last) EXPECT_TRUE(last_a == last_b) << "chunk logits, step " << k;
+        prefilled += n;
+        position[3] = prefilled;
+        ++mixed_steps;
+      } else {
+        ASSERT_TRUE(apart.backend->Decode(step, logits_a.data()).ok());
+        ASSERT_TRUE(mixed.backend->Decode(step, logits_b.data()).ok());
+      }
+      for (int32_t s = 0; s < kSlots; ++s) {
+        if (!step.active[s]) continue;
+        const size_t at = static_cast<size_t>(s) * vocab;
+        EXPECT_TRUE(std::equal(logits_a.begin() + at, logits_a.begin() + at + vocab,
+                               logits_b.begin() + at))
+            << "slot " << s << ", step " << k;
+        EXPECT_FALSE(std::isnan(logits_b[at]));
+        ++position[s];
+      }
+      // Idle rows (and the prefilling slot's) are left alone.
+      EXPECT_TRUE(std::isnan(logits_b[2 * vocab]) == !step.active[2]);
+      if (chunk) EXPECT_TRUE(std::isnan(logits_b[3 * vocab]));
+    }
+    EXPECT_EQ(mixed_steps, 3);
+    // Layer 0's K is the start of each pool ([layers][K|V]...): the whole pools are equal.
+    for (int32_t r = 0; r < tp; ++r) {
+      const KvPool* a = apart.backend->kv_pool(r);
+      const KvPool* b = mixed.backend->kv_pool(r);
+      ASSERT_EQ(a->bytes(), b->bytes());
+      EXPECT_EQ(std::memcmp(a->Layer(0).k, b->Layer(0).k, a->bytes()), 0) << "rank " << r;
+    }
+  }
+}
+
+// A slot cannot prefill and decode in one pass: refused, naming it.
+TEST(MixedStepTest, RefusesAChunkForASlotTheStepDecodes) {
+  const TinyModel& model = GetTiny(DType::kF32);
+  const int32_t vocab = model.bundle->config.vocab_size;
+  Engine engine = MakeEngine(model, 16, 8, /*max_slots=*/2, /*max_chunk_tokens=*/16);
+  std::vector<int32_t> tokens = {1, 2, 3};
+  const KvRun runs[] = {{0, 1}};
+  StepDescriptor step;
+  step.Resize(2, 1);
+  step.active[1] = 1;
+  step.position[1] = 4;
+  step.num_runs[1] = 1;
+  step.SlotRuns(1)[0] = KvRun{2, 1};
+  std::vector<float> logits(2 * vocab), last(vocab);
+  const absl::Status status = engine.backend->DecodeWithChunk(
+      PrefillChunk{1, 0, absl::MakeConstSpan(tokens), runs, 1}, last.data(), step, logits.data());
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(status.message()), testing::HasSubstr("slot 1"));
+  EXPECT_TRUE(engine.backend
+                  ->DecodeWithChunk(PrefillChunk{0, 0, absl::MakeConstSpan(tokens), runs, 1},
+                                    last.data(), step, logits.data())
+                  .ok());
+}
+
 INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
                          testing::Combine(testing::Values(DType::kF32, DType::kF16, DType::kBF16),
                                           testing::ValuesIn(AvailableCpuIsas())),
@@ -426,7 +551,7 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
 
 // ---- static plan: no allocation per step ------------------------------------------------------
 
-TEST(StaticPlanTest, DecodeAndPrefillDoNotAllocate) {
+TEST(StaticPlanTest, DecodePrefillAndMixedStepsDoNotAllocate) {
   if (!alloc_counter::kAvailable) GTEST_SKIP() << "allocation counting is off under sanitizers";
   SetActiveCpuIsa(AvailableCpuIsas().back());
   const TinyModel& model = GetTiny(DType::kBF16);
@@ -434,7 +559,7 @@ TEST(StaticPlanTest, DecodeAndPrefillDoNotAllocate) {
   for (int32_t tp : {1, 2}) {
     Engine engine = MakeEngine(model, 16, 16, /*max_slots=*/4, /*max_chunk_tokens=*/32, tp);
     std::vector<int32_t> tokens(32, 7);
-    std::vector<float> logits(4 * vocab);
+    std::vector<float> logits(4 * vocab), last(vocab);
     StepDescriptor step;
     step.Resize(4, 2);
     for (int32_t s = 0; s < 4; ++s) {
@@ -445,6 +570,7 @@ TEST(StaticPlanTest, DecodeAndPrefillDoNotAllocate) {
     }
     // One call of each kind first: nothing is lazily set up, but this keeps the count honest.
     const KvRun runs[] = {{0, 2}, {2, 2}};
+    const KvRun runs2[] = {{8, 2}, {10, 2}};
     PrefillChunk warm{0, 0, absl::MakeConstSpan(tokens), runs, 2};
     ASSERT_TRUE(engine.backend->Prefill(warm, logits.data()).ok());
     const int64_t before = alloc_counter::AllocationCount();
@@ -456,6 +582,9 @@ TEST(StaticPlanTest, DecodeAndPrefillDoNotAllocate) {
         step.token[s] = 3 * s + k;
       }
       ASSERT_TRUE(engine.backend->Decode(step, logits.data()).ok());
+      // Slot 2 (idle in the step) prefills into its own blocks beside it.
+      PrefillChunk mixed{2, 0, absl::MakeConstSpan(tokens).subspan(0, 5 + k), runs2, 2};
+      ASSERT_TRUE(engine.backend->DecodeWithChunk(mixed, last.data(), step, logits.data()).ok());
     }
     EXPECT_EQ(alloc_counter::AllocationCount() - before, 0) << "tp=" << tp;
     // The counter itself works: a vector allocates.

@@ -96,16 +96,26 @@ class KvModesTest : public ::testing::Test {
 ModelBundle* KvModesTest::model_ = nullptr;
 
 // Static, kvrm, fragmented with swaps to the host tier, and recompute, all with KV of
-// `kv_dtype`: the same greedy tokens.
+// `kv_dtype`, prefill chunks apart from or inside the decode pass: the same tokens.
 void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle& model, DType kv_dtype) {
   EngineOptions base;
   base.slots = 4;
   base.prefill_chunk = 64;
   base.kv_dtype = kv_dtype;
 
-  EngineOptions static_mode = base;
-  static_mode.kv_mode = KvMode::kStatic;
-  const RunResult reference = RunWorkload(model, static_mode);
+  // The reference runs each prefill chunk apart from the decode step; every other run rides
+  // chunks with decode steps in one pass (the default).
+  EngineOptions static_apart = base;
+  static_apart.kv_mode = KvMode::kStatic;
+  static_apart.fuse_prefill = false;
+  const RunResult reference = RunWorkload(model, static_apart);
+  EXPECT_EQ(reference.stats.mixed_steps_total, 0u);
+
+  EngineOptions static_mode = static_apart;
+  static_mode.fuse_prefill = true;
+  const RunResult static_mixed = RunWorkload(model, static_mode);
+  EXPECT_EQ(static_mixed.tokens, reference.tokens) << "static, chunks in the decode pass";
+  EXPECT_GT(static_mixed.stats.mixed_steps_total, 0u);
 
   EngineOptions kvrm = base;
   kvrm.kv_mode = KvMode::kKvrm;
@@ -124,6 +134,7 @@ void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle& model, 
   fragmented.kv_blocks = 200;  // 6 slots of up to ~85 blocks each do not fit at once
   const RunResult frag = RunWorkload(model, fragmented);
   EXPECT_EQ(frag.tokens, reference.tokens) << "kvrm, fragmented + swapped";
+  EXPECT_GT(frag.stats.mixed_steps_total, 0u);
   EXPECT_GT(frag.stats.transfer_groups_total, 0u);
   EXPECT_GT(frag.stats.preemptions_total, 0u);
   EXPECT_LT(frag.stats.transfer_groups_total, frag.stats.transfer_blocks_total)

@@ -17,6 +17,7 @@ namespace {
 
 constexpr absl::Duration kDecodeCost = absl::Milliseconds(10);
 constexpr absl::Duration kPrefillCostPerToken = absl::Microseconds(100);
+constexpr absl::Duration kRowCost = absl::Microseconds(100);  // a row of a fused pass
 
 // Tokens follow from (input token, position); the clock advances by each step's cost.
 class ScriptedBackend : public Backend {
@@ -50,11 +51,28 @@ class ScriptedBackend : public Backend {
       std::fill(l, l + vocab_, 0.0f);
       l[NextToken(step.token[s], step.position[s])] = 10.0f;
     }
-    clock_->Advance(kDecodeCost);
+    clock_->Advance(fused_ ? pass_fixed_cost_ + kRowCost * rows : kDecodeCost);
     std::lock_guard<std::mutex> lock(mu_);
     if (log_.empty() || log_.back().decode_rows != 0) log_.push_back({});
     log_.back().decode_rows = rows;
     return absl::OkStatus();
+  }
+  // Fused (set_fused): one pass costs a fixed part (its reads) plus kRowCost per row, decode
+  // rows and chunk tokens alike; logged as one step with both.
+  bool fuses_prefill() const override { return fused_; }
+  absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
+                               const StepDescriptor& step, float* logits) override {
+    const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+    if (last_logits) {
+      std::fill(last_logits, last_logits + vocab_, 0.0f);
+      last_logits[NextToken(chunk.tokens.back(), chunk.start + n - 1)] = 10.0f;
+    }
+    clock_->Advance(kRowCost * n);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      log_.push_back({chunk.slot, n, 0});
+    }
+    return Decode(step, logits);  // the fixed part and the decode rows' cost
   }
   absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override {
     const int32_t n = static_cast<int32_t>(chunk.tokens.size());
@@ -71,6 +89,10 @@ class ScriptedBackend : public Backend {
   int32_t max_chunk_tokens() const override { return chunk_; }
   // A cost every chunk pays whatever its size (a CPU chunk reads every weight once).
   void set_prefill_fixed_cost(absl::Duration d) { prefill_fixed_cost_ = d; }
+  void set_fused(absl::Duration pass_fixed_cost) {
+    fused_ = true;
+    pass_fixed_cost_ = pass_fixed_cost;
+  }
   int32_t num_kv_pools() const override { return 1; }
   KvPool* kv_pool(int32_t) override { return pool_.get(); }
 
@@ -84,6 +106,8 @@ class ScriptedBackend : public Backend {
   const int32_t chunk_;
   ManualClock* clock_;
   absl::Duration prefill_fixed_cost_ = absl::ZeroDuration();
+  bool fused_ = false;
+  absl::Duration pass_fixed_cost_ = absl::ZeroDuration();
   std::unique_ptr<KvPool> pool_;
   std::mutex mu_;
   std::vector<StepLog> log_;
@@ -130,7 +154,8 @@ class SchedulerTest : public ::testing::Test {
   }
   static void TearDownTestSuite() { delete model_; }
 
-  void Make(EngineOptions o) {
+  // `fused_pass_cost` > 0: the backend fuses chunks into the decode pass (set_fused).
+  void Make(EngineOptions o, absl::Duration fused_pass_cost = absl::ZeroDuration()) {
     o.clock = &clock_;
     o.observer = &admissions_;
     o.threads = 1;
@@ -140,6 +165,7 @@ class SchedulerTest : public ::testing::Test {
     const int64_t blocks = o.kv_blocks > 0 ? o.kv_blocks : blocks_per_slot * o.slots;
     auto backend = std::make_unique<ScriptedBackend>(1024, blocks, o.block_tokens,
                                                      o.prefill_chunk, &clock_);
+    if (fused_pass_cost > absl::ZeroDuration()) backend->set_fused(fused_pass_cost);
     backend_ = backend.get();
     auto e = Engine::CreateWithBackend(model_, o, std::move(backend));
     CHECK_OK(e.status());
@@ -184,10 +210,13 @@ class SchedulerTest : public ::testing::Test {
   // both costs are measured, then a 450-token prompt arrives. Returns the sizes of its chunks
   // that ran beside decode rows (in order) and leaves the other steps' log to the caller; the
   // three requests are finished before returning.
-  std::vector<int32_t> LongPromptChunksBesideDecode(absl::Duration chunk_fixed_cost) {
+  // `fused_pass_cost`: the backend runs chunks inside the decode pass instead, each pass costing
+  // that + 0.1 ms per row.
+  std::vector<int32_t> LongPromptChunksBesideDecode(
+      absl::Duration chunk_fixed_cost, absl::Duration fused_pass_cost = absl::ZeroDuration()) {
     EngineOptions o = Options(3);  // chunks of up to 64 tokens
     o.max_prefill_stall = 0.5;
-    Make(o);
+    Make(o, fused_pass_cost);
     backend_->set_prefill_fixed_cost(chunk_fixed_cost);
     auto a = Submit("a", 8, 150);
     auto b = Submit("b", 8, 150);
@@ -357,6 +386,23 @@ TEST_F(SchedulerTest, PrefillStallLimitAccountsForAChunksFixedCost) {
   }
   EXPECT_EQ(prefilled, 450);
   EXPECT_GE(at_cap, 12);
+  ExpectIdle();
+}
+
+TEST_F(SchedulerTest, PrefillStallLimitWithChunksInTheDecodePass) {
+  // A pass costs 8 ms + 0.1 ms a row: two decode rows 8.2 ms, so within a 0.5 stall a chunk
+  // riding along may take 4.1 ms: 41 tokens (apart, the 450 tokens would pay the 8 ms in each
+  // of 12+ chunks again). The fit has seen passes of 2 and 9 rows (b's prompt rode with a's
+  // decode) before the long prompt comes, so every chunk is at the cap but the last.
+  const uint64_t mixed_before = 1;  // b's prompt
+  const std::vector<int32_t> beside_decode =
+      LongPromptChunksBesideDecode(absl::ZeroDuration(), absl::Milliseconds(8));
+  ASSERT_EQ(beside_decode.size(), 11u);
+  for (size_t i = 0; i + 1 < beside_decode.size(); ++i) {
+    EXPECT_EQ(beside_decode[i], 41) << "chunk " << i;
+  }
+  EXPECT_EQ(beside_decode.back(), 450 - 10 * 41);
+  EXPECT_EQ(engine_->Stats().mixed_steps_total, mixed_before + beside_decode.size());
   ExpectIdle();
 }
 
