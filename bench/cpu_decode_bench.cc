@@ -48,6 +48,9 @@ ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
 ABSL_FLAG(int32_t, chunk, 256, "prefill chunk tokens");
+ABSL_FLAG(std::string, mixed_chunks, "32",
+          "chunk sizes for the mixed-step cases: a chunk beside each decode case, run apart "
+          "(Prefill, then Decode) and in one pass (DecodeWithChunk); empty: none");
 ABSL_FLAG(int32_t, steps, 8, "timed decode steps per window (after 2 warm-up steps)");
 ABSL_FLAG(int32_t, windows, 3, "timed windows per decode case; the fastest is reported");
 ABSL_FLAG(int32_t, threads, 2, "threads (all ranks together)");
@@ -195,6 +198,7 @@ struct Loaded {
   std::unique_ptr<ModelBundle> bundle;
   std::unique_ptr<CpuBackend> backend;
   int32_t blocks_per_slot = 0;
+  int32_t max_context = 0;
   int64_t kv_bytes_per_token = 0;  // all ranks' pools
   DType kv_dtype = DType::kF32;
 };
@@ -207,10 +211,12 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
   m.bundle = std::move(*bundle);
   constexpr int32_t kBlockTokens = 16;
   m.blocks_per_slot = (max_context + kBlockTokens - 1) / kBlockTokens;
+  m.max_context = max_context;
   CpuBackendOptions o;
-  o.kv_blocks = static_cast<int64_t>(m.blocks_per_slot) * max_slots;
+  // One slot more than the decode cases use: the mixed cases' chunk goes there.
+  o.kv_blocks = static_cast<int64_t>(m.blocks_per_slot) * (max_slots + 1);
   o.kv_block_tokens = kBlockTokens;
-  o.max_slots = max_slots;
+  o.max_slots = max_slots + 1;
   o.max_chunk_tokens = absl::GetFlag(FLAGS_chunk);
   o.max_context = max_context;
   o.num_threads = absl::GetFlag(FLAGS_threads);
@@ -323,6 +329,62 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   r.bandwidth_now = bandwidth_now;
   r.cpu_share = cpu_share;
   return r;
+}
+
+struct MixedResult {
+  std::string isa, layout, kv, dtype;
+  int32_t slots, context, chunk;
+  double decode_ms, apart_ms, mixed_ms;  // per step: decode alone, chunk then decode, one pass
+};
+
+// A `chunk`-token prompt chunk beside a decode step over `slots` slots at `context`: the step
+// alone, the chunk then the step (Prefill, Decode), and both in one pass (DecodeWithChunk). The
+// three are timed in turn within each window (best window each), so they see the same machine.
+MixedResult RunMixed(Loaded& m, const std::string& dtype, int32_t slots, int32_t context,
+                     int32_t chunk) {
+  const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = 2;
+  const int32_t max_slots = m.backend->kv_pool(0)->shape().num_blocks / m.blocks_per_slot;
+  const int32_t chunk_slot = max_slots - 1;  // never a decode case's
+  StepDescriptor step;
+  step.Resize(max_slots, 1);
+  std::mt19937 rng(13);
+  std::uniform_int_distribution<int32_t> token(0, m.bundle->config.vocab_size - 1);
+  for (int32_t s = 0; s < slots; ++s) {
+    step.active[s] = 1;
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = KvRun{s * m.blocks_per_slot, m.blocks_per_slot};
+    step.position[s] = context;
+    step.token[s] = token(rng);
+  }
+  std::vector<int32_t> tokens(chunk);
+  for (int32_t& t : tokens) t = token(rng);
+  const KvRun run{chunk_slot * m.blocks_per_slot, m.blocks_per_slot};
+  // A chunk in the middle of a prompt at `context`: it attends to as much history as the rows.
+  CHECK(chunk <= m.max_context) << "mixed chunk longer than the context";
+  const PrefillChunk pc{chunk_slot, std::min(context, m.max_context - chunk),
+                        absl::MakeConstSpan(tokens), &run, 1};
+  std::vector<float> logits(static_cast<size_t>(max_slots) * m.bundle->config.vocab_size);
+  double best[3] = {1e30, 1e30, 1e30};
+  for (int32_t window = 0; window < absl::GetFlag(FLAGS_windows); ++window) {
+    for (int variant = 0; variant < 3; ++variant) {
+      Clock::time_point t0;
+      for (int32_t k = 0; k < warmup + steps; ++k) {
+        if (k == warmup) t0 = Clock::now();
+        if (variant == 0) {
+          CHECK_OK(m.backend->Decode(step, logits.data()));
+        } else if (variant == 1) {
+          CHECK_OK(m.backend->Prefill(pc, nullptr));
+          CHECK_OK(m.backend->Decode(step, logits.data()));
+        } else {
+          CHECK_OK(m.backend->DecodeWithChunk(pc, nullptr, step, logits.data()));
+        }
+      }
+      best[variant] = std::min(best[variant], Seconds(t0, Clock::now()) / steps);
+    }
+  }
+  return MixedResult{std::string(CpuIsaName(ActiveCpuIsa())), WeightLayout(m),
+                     std::string(DTypeName(m.kv_dtype)), dtype, slots, context, chunk,
+                     best[0] * 1e3, best[1] * 1e3, best[2] * 1e3};
 }
 
 struct PrefillResult {
@@ -446,6 +508,8 @@ int Main() {
 
   std::vector<DecodeResult> decode;
   std::vector<PrefillResult> prefill;
+  std::vector<MixedResult> mixed;
+  const std::vector<int32_t> mixed_chunks = IntList(absl::GetFlag(FLAGS_mixed_chunks));
   for (absl::string_view dtype_name :
        absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',', absl::SkipEmpty())) {
     DType dtype = DType::kF32;
@@ -472,6 +536,18 @@ int Main() {
           SetActiveCpuIsa(isa);
           for (Loaded& m : loaded) {
             decode.push_back(RunDecode(m, std::string(dtype_name), s, context, &bandwidth));
+          }
+        }
+      }
+    }
+    for (int32_t context : contexts) {
+      for (int32_t s : slots) {
+        for (int32_t c : mixed_chunks) {
+          for (CpuIsa isa : isas) {
+            SetActiveCpuIsa(isa);
+            for (Loaded& m : loaded) {
+              mixed.push_back(RunMixed(m, std::string(dtype_name), s, context, c));
+            }
           }
         }
       }
@@ -511,6 +587,20 @@ int Main() {
                 r.dtype.c_str(), r.kv.c_str(), r.prompt, r.tokens_per_s, r.ms);
   }
 
+  if (!mixed.empty()) {
+    std::printf("\nmixed steps: a prompt chunk beside a decode step, apart (chunk, then step) "
+                "and in one pass; 'chunk adds' = ms over the step alone\n%-12s %-7s %-6s %-4s "
+                "%6s %8s %6s %9s %9s %9s %11s %11s %7s\n",
+                "path", "weights", "dtype", "kv", "slots", "context", "chunk", "step ms",
+                "apart ms", "one ms", "adds apart", "adds one", "one/apart");
+    for (const MixedResult& r : mixed) {
+      std::printf("%-12s %-7s %-6s %-4s %6d %8d %6d %9.2f %9.2f %9.2f %11.2f %11.2f %7.2f\n",
+                  r.isa.c_str(), r.layout.c_str(), r.dtype.c_str(), r.kv.c_str(), r.slots,
+                  r.context, r.chunk, r.decode_ms, r.apart_ms, r.mixed_ms,
+                  r.apart_ms - r.decode_ms, r.mixed_ms - r.decode_ms, r.mixed_ms / r.apart_ms);
+    }
+  }
+
   if (!absl::GetFlag(FLAGS_json).empty()) {
     nlohmann::json j;
     j["model"] = absl::GetFlag(FLAGS_size);
@@ -544,6 +634,19 @@ int Main() {
                               {"prompt_tokens", r.prompt},
                               {"tokens_per_s", r.tokens_per_s},
                               {"ms", r.ms}});
+    }
+    j["mixed"] = nlohmann::json::array();
+    for (const MixedResult& r : mixed) {
+      j["mixed"].push_back({{"isa", r.isa},
+                            {"weights", r.layout},
+                            {"kv_dtype", r.kv},
+                            {"dtype", r.dtype},
+                            {"slots", r.slots},
+                            {"context", r.context},
+                            {"chunk_tokens", r.chunk},
+                            {"decode_ms", r.decode_ms},
+                            {"apart_ms", r.apart_ms},
+                            {"one_pass_ms", r.mixed_ms}});
     }
     std::ofstream out(absl::GetFlag(FLAGS_json));
     out << j.dump(2) << "\n";
