@@ -360,7 +360,8 @@ MixedResult RunMixed(Loaded& m, const std::string& dtype, int32_t slots, int32_t
   for (int32_t& t : tokens) t = token(rng);
   const KvRun run{chunk_slot * m.blocks_per_slot, m.blocks_per_slot};
   // A chunk in the middle of a prompt at `context`: it attends to as much history as the rows.
-  CHECK(chunk <= m.max_context) << "mixed chunk longer than the context";
+  CHECK(chunk <= m.max_context && chunk <= absl::GetFlag(FLAGS_chunk))
+      << "--mixed_chunks: " << chunk << " tokens is longer than --chunk or the context";
   const PrefillChunk pc{chunk_slot, std::min(context, m.max_context - chunk),
                         absl::MakeConstSpan(tokens), &run, 1};
   std::vector<float> logits(static_cast<size_t>(max_slots) * m.bundle->config.vocab_size);
