@@ -49,9 +49,10 @@ std::string FormatTable(const Summary& s) {
   }
   absl::StrAppendFormat(&out,
                         "duration %.2f s, output %lld tokens (%.1f tok/s), %.2f req/s, "
-                        "max send lag %.1f ms\n",
+                        "%.2f requests decoding on average, max send lag %.1f ms\n",
                         s.duration_s, static_cast<long long>(s.output_tokens),
-                        s.output_tokens_per_s, s.requests_per_s, s.max_send_lag_ms);
+                        s.output_tokens_per_s, s.requests_per_s, s.mean_decoding,
+                        s.max_send_lag_ms);
   absl::StrAppendFormat(&out, "\n%-22s %8s %10s %10s %10s %10s %10s\n", "latency (ms)", "count",
                         "mean", "p50", "p90", "p99", "max");
   out += Row("time to first token", s.ttft_ms);
@@ -86,6 +87,7 @@ Json SummaryToJson(const Summary& s) {
   j["output_tokens_per_s"] = s.output_tokens_per_s;
   j["requests_per_s"] = s.requests_per_s;
   j["max_send_lag_ms"] = s.max_send_lag_ms;
+  j["mean_decoding"] = s.mean_decoding;
   j["ttft_ms"] = DistributionJson(s.ttft_ms, false);
   j["tpot_ms"] = DistributionJson(s.tpot_ms, false);
   j["itl_ms"] = DistributionJson(s.itl_ms, false);

@@ -72,7 +72,7 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
   s.requests = static_cast<int>(records.size());
   if (records.empty()) return s;
 
-  double start = INFINITY, end = 0;
+  double start = INFINITY, end = 0, decoding_s = 0;
   std::vector<double> ttft, tpot, itl, e2e;
   for (const RequestRecord& r : records) {
     start = std::min(start, r.send_s);
@@ -100,6 +100,7 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
     if (r.first_token_s >= 0) ttft.push_back(TtftMs(r));
     if (r.output_tokens() >= 2) tpot.push_back(TpotMs(r));
     e2e.push_back(E2eMs(r));
+    if (!r.token_times_s.empty()) decoding_s += r.token_times_s.back() - r.token_times_s.front();
     for (size_t i = 1; i < r.token_times_s.size(); ++i) {
       itl.push_back((r.token_times_s[i] - r.token_times_s[i - 1]) * 1e3);
     }
@@ -112,6 +113,7 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
     s.output_tokens_per_s = static_cast<double>(s.output_tokens) / s.duration_s;
     s.requests_per_s = s.completed / s.duration_s;
     s.goodput_rps = s.good / s.duration_s;
+    s.mean_decoding = decoding_s / s.duration_s;
   }
   s.ttft_ms = Distribute(std::move(ttft));
   s.tpot_ms = Distribute(std::move(tpot));

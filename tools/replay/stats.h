@@ -59,6 +59,11 @@ struct Summary {
   double output_tokens_per_s = 0;
   double requests_per_s = 0;   // completed / duration
   double max_send_lag_ms = 0;  // worst lateness of the open loop against its schedule
+  // Requests between their first and last token, averaged over the run (completed requests):
+  // by Little's law the token-weighted mean TPOT is this over the rate of tokens after the
+  // first, so a server that decodes more requests at once pays in TPOT unless its rate grows
+  // as much.
+  double mean_decoding = 0;
   Distribution ttft_ms, tpot_ms, itl_ms, e2e_ms;
   Slo slo;
   int good = 0;  // completed within the SLO (all completed when no SLO is set)

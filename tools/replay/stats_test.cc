@@ -81,6 +81,8 @@ TEST(SummaryTest, CountsLatenciesAndThroughput) {
   EXPECT_NEAR(s.output_tokens_per_s, 7 / 3.0, kTol);
   EXPECT_NEAR(s.requests_per_s, 1.0, kTol);
   EXPECT_NEAR(s.max_send_lag_ms, 20, kTol);
+  // First to last token: A 0.3 s, B 0.05 s, C 0; over 3 s.
+  EXPECT_NEAR(s.mean_decoding, 0.35 / 3.0, kTol);
 
   // TTFT {100, 100, 500}
   EXPECT_EQ(s.ttft_ms.count, 3);
