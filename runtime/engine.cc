@@ -414,14 +414,14 @@ bool Engine::Step() {
   const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;
   if (work.fused) {
     if (result.decode_status.ok()) {
-      step_cost_.Add(active + chunk_tokens, absl::ToDoubleSeconds(result.decode_time));
+      pass_cost_.Add(active, chunk_tokens, absl::ToDoubleSeconds(result.decode_time));
     }
   } else {
     if (active > 0 && result.decode_status.ok()) {
       const double t = absl::ToDoubleSeconds(result.decode_time);
       // A moving average (weight 1/8).
       decode_step_avg_s_ = decode_step_avg_s_ > 0 ? decode_step_avg_s_ + 0.125 * (t - decode_step_avg_s_) : t;
-      step_cost_.Add(active, t);
+      pass_cost_.Add(active, 0, t);
     }
     if (prefill && result.prefill_status.ok() && chunk_tokens > 0) {
       prefill_cost_.Add(chunk_tokens, absl::ToDoubleSeconds(result.prefill_time));

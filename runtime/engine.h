@@ -293,19 +293,28 @@ class Engine {
   // For max_prefill_stall. Chunks apart from the step: the moving average of a decode step
   // (seconds; 0 until measured), and a fit of a chunk's time as fixed + per_token * tokens (a
   // chunk reads every weight once whatever its size, so small chunks cost far more per token
-  // than large). Fused chunks: a fit of a step's time as fixed + per_row * (decode rows + chunk
-  // tokens), over every step that decodes.
+  // than large).
   double decode_step_avg_s_ = 0;
   // A decayed least-squares fit of time = fixed + per_unit * units.
   struct CostFit {
     double w = 0, n = 0, t = 0, nn = 0, nt = 0;  // decayed sums of 1, units, time, ...
     void Add(double units, double seconds);
-    // False until something was measured. Until samples of different sizes were, the whole
-    // cost is put per unit (fixed 0) and `*split` (if given) is false.
-    bool Estimate(double* fixed_s, double* per_unit_s, bool* split = nullptr) const;
+    // False until something was measured.
+    bool Estimate(double* fixed_s, double* per_unit_s) const;
   };
   CostFit prefill_cost_;
-  CostFit step_cost_;
+  // Chunks in the decode pass: a decayed least-squares fit of a pass's time as
+  // fixed + per_row * decode rows + per_token * chunk tokens over every pass that decodes. The
+  // two slopes differ: while the pass is read-bound a decode row costs little, while a chunk's
+  // tokens (many rows of one prompt) add their arithmetic.
+  struct PassCostFit {
+    double w = 0, d = 0, p = 0, t = 0, dd = 0, pp = 0, dp = 0, dt = 0, pt = 0;  // decayed sums
+    void Add(double rows, double tokens, double seconds);
+    // The pass's time with `rows` decode rows and no chunk, and the cost of a chunk token;
+    // false until passes with and without chunks of different sizes were measured.
+    bool Estimate(double rows, double* decode_s, double* per_token_s) const;
+  };
+  PassCostFit pass_cost_;
   bool fuse_prefill_ = false;  // options_.fuse_prefill and the backend can
 
   // Posted by other threads.

@@ -425,12 +425,11 @@ void Engine::CostFit::Add(double units, double seconds) {
   nt = kKeep * nt + units * seconds;
 }
 
-bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s, bool* split) const {
+bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s) const {
   if (w <= 0 || n <= 0) return false;
   const double mean_n = n / w, mean_t = t / w;
   const double var = nn / w - mean_n * mean_n;
   const double cov = nt / w - mean_n * mean_t;
-  if (split) *split = var > 1.0 && cov > 0;
   if (var > 1.0 && cov > 0) {
     *per_unit_s = cov / var;
     *fixed_s = std::max(0.0, mean_t - *per_unit_s * mean_n);
@@ -441,21 +440,54 @@ bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s, bool* split)
   return *per_unit_s > 0;
 }
 
+void Engine::PassCostFit::Add(double rows, double tokens, double seconds) {
+  constexpr double kKeep = 0.95;  // weight 1/20 for the newest pass: three unknowns
+  auto decay = [&](double* sum, double x) { *sum = kKeep * *sum + x; };
+  decay(&w, 1);
+  decay(&d, rows);
+  decay(&p, tokens);
+  decay(&t, seconds);
+  decay(&dd, rows * rows);
+  decay(&pp, tokens * tokens);
+  decay(&dp, rows * tokens);
+  decay(&dt, rows * seconds);
+  decay(&pt, tokens * seconds);
+}
+
+bool Engine::PassCostFit::Estimate(double rows, double* decode_s, double* per_token_s) const {
+  if (w <= 0) return false;
+  const double md = d / w, mp = p / w, mt = t / w;
+  const double vdd = dd / w - md * md, vpp = pp / w - mp * mp, vdp = dp / w - md * mp;
+  const double cdt = dt / w - md * mt, cpt = pt / w - mp * mt;
+  if (vpp <= 1.0) return false;  // no spread in chunk sizes yet
+  // Least squares for the two slopes; when the decode rows barely varied (the usual case under
+  // load: every slot busy) their slope cannot be told from the fixed part, and it is left 0,
+  // which still predicts the pass at the rows seen.
+  double per_row = 0, per_token = cpt / vpp;
+  const double det = vdd * vpp - vdp * vdp;
+  if (vdd > 1.0 && det > 1e-6 * vdd * vpp) {
+    per_row = (cdt * vpp - cpt * vdp) / det;
+    per_token = (cpt * vdd - cdt * vdp) / det;
+  }
+  if (per_token <= 0) return false;
+  *per_token_s = per_token;
+  *decode_s = mt + per_row * (rows - md) - per_token * mp;
+  return *decode_s > 0;
+}
+
 int32_t Engine::PrefillTokenBudget(int32_t decoding) const {
   int32_t budget = std::max(options_.block_tokens, options_.step_token_budget - decoding);
   if (options_.max_prefill_stall <= 0 || decoding == 0) return budget;
   double fixed = 0, per_unit = 0;
   double cap = -1;
   if (fuse_prefill_) {
-    // The chunk rides in the decode pass: it adds per_row a token, on a step that costs
-    // fixed + per_row * decoding without it. Reads are paid once whatever the rows, so while the
-    // step is read-bound (fixed large against per_row) a chunk is cheap. Until steps of different
-    // sizes were timed the two are not told apart: a block's worth then (which measures one).
-    bool split = false;
-    if (step_cost_.Estimate(&fixed, &per_unit, &split)) {
-      cap = split ? options_.max_prefill_stall * (fixed + per_unit * decoding) / per_unit
-                  : options_.block_tokens;
-    }
+    // The chunk rides in the decode pass and adds per_token a token to the pass's decode-only
+    // time (its reads are paid once). Until passes with different chunk sizes were timed: a
+    // block's worth (which times one).
+    double decode_s = 0;
+    cap = pass_cost_.Estimate(decoding, &decode_s, &per_unit)
+              ? options_.max_prefill_stall * decode_s / per_unit
+              : options_.block_tokens;
   } else if (decode_step_avg_s_ > 0 && prefill_cost_.Estimate(&fixed, &per_unit)) {
     const double room = options_.max_prefill_stall * decode_step_avg_s_ - fixed;
     // When even a chunk's fixed cost exceeds the limit, a block's worth still goes through each
