@@ -192,6 +192,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   }
   runner_ = std::make_unique<StepRunner>(backend_.get(), clock_);
   fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
+  pass_cost_.decode_s.assign(o.slots + 1, 0.0);
   return absl::OkStatus();
 }
 

@@ -303,18 +303,19 @@ class Engine {
     bool Estimate(double* fixed_s, double* per_unit_s) const;
   };
   CostFit prefill_cost_;
-  // Chunks in the decode pass: a decayed least-squares fit of a pass's time as
-  // fixed + per_row * decode rows + per_token * chunk tokens over every pass that decodes. The
-  // two slopes differ: while the pass is read-bound a decode row costs little, while a chunk's
-  // tokens (many rows of one prompt) add their arithmetic.
-  struct PassCostFit {
-    double w = 0, d = 0, p = 0, t = 0, dd = 0, pp = 0, dp = 0, dt = 0, pt = 0;  // decayed sums
-    void Add(double rows, double tokens, double seconds);
-    // The pass's time with `rows` decode rows and no chunk, and the cost of a chunk token;
-    // false until passes with and without chunks of different sizes were measured.
-    bool Estimate(double rows, double* decode_s, double* per_token_s) const;
+  // Chunks in the decode pass: what a pass costs with d decode rows and no chunk (a moving
+  // average per d, from the passes that had no chunk), and what a chunk token adds to it (a
+  // moving average of (time - that) / tokens over the passes that had one). The two differ by far
+  // on a CPU: while a pass is read-bound a decode row costs little, and its cost is not linear in
+  // the rows (flat, then compute-bound), while a chunk token adds its arithmetic.
+  struct PassCost {
+    std::vector<double> decode_s;  // [rows]: 0 until measured; capacity reserved at start-up
+    double per_token_s = 0;        // 0 until measured
+    // The decode-only time at `rows`, or at the nearest row count measured; 0 if none.
+    double DecodeAt(int32_t rows) const;
+    void Add(int32_t rows, int32_t tokens, double seconds);
   };
-  PassCostFit pass_cost_;
+  PassCost pass_cost_;
   bool fuse_prefill_ = false;  // options_.fuse_prefill and the backend can
 
   // Posted by other threads.

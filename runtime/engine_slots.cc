@@ -440,39 +440,28 @@ bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s) const {
   return *per_unit_s > 0;
 }
 
-void Engine::PassCostFit::Add(double rows, double tokens, double seconds) {
-  constexpr double kKeep = 0.95;  // weight 1/20 for the newest pass: three unknowns
-  auto decay = [&](double* sum, double x) { *sum = kKeep * *sum + x; };
-  decay(&w, 1);
-  decay(&d, rows);
-  decay(&p, tokens);
-  decay(&t, seconds);
-  decay(&dd, rows * rows);
-  decay(&pp, tokens * tokens);
-  decay(&dp, rows * tokens);
-  decay(&dt, rows * seconds);
-  decay(&pt, tokens * seconds);
+double Engine::PassCost::DecodeAt(int32_t rows) const {
+  const int32_t n = static_cast<int32_t>(decode_s.size());
+  for (int32_t k = 0; k < n; ++k) {  // rows, then rows - 1, rows + 1, rows - 2, ...
+    for (int32_t r : {rows - k, rows + k}) {
+      if (r >= 1 && r < n && decode_s[r] > 0) return decode_s[r];
+    }
+  }
+  return 0;
 }
 
-bool Engine::PassCostFit::Estimate(double rows, double* decode_s, double* per_token_s) const {
-  if (w <= 0) return false;
-  const double md = d / w, mp = p / w, mt = t / w;
-  const double vdd = dd / w - md * md, vpp = pp / w - mp * mp, vdp = dp / w - md * mp;
-  const double cdt = dt / w - md * mt, cpt = pt / w - mp * mt;
-  if (vpp <= 1.0) return false;  // no spread in chunk sizes yet
-  // Least squares for the two slopes; when the decode rows barely varied (the usual case under
-  // load: every slot busy) their slope cannot be told from the fixed part, and it is left 0,
-  // which still predicts the pass at the rows seen.
-  double per_row = 0, per_token = cpt / vpp;
-  const double det = vdd * vpp - vdp * vdp;
-  if (vdd > 1.0 && det > 1e-6 * vdd * vpp) {
-    per_row = (cdt * vpp - cpt * vdp) / det;
-    per_token = (cpt * vdd - cdt * vdp) / det;
+void Engine::PassCost::Add(int32_t rows, int32_t tokens, double seconds) {
+  auto update = [](double* avg, double sample) {  // weight 1/8
+    *avg = *avg > 0 ? *avg + 0.125 * (sample - *avg) : sample;
+  };
+  if (rows <= 0 || rows >= static_cast<int32_t>(decode_s.size())) return;
+  if (tokens == 0) {
+    update(&decode_s[rows], seconds);
+    return;
   }
-  if (per_token <= 0) return false;
-  *per_token_s = per_token;
-  *decode_s = mt + per_row * (rows - md) - per_token * mp;
-  return *decode_s > 0;
+  // A chunk token's cost, against the decode-only pass measured nearest this one's rows.
+  const double decode = DecodeAt(rows);
+  if (decode > 0) update(&per_token_s, std::max(0.0, seconds - decode) / tokens);
 }
 
 int32_t Engine::PrefillTokenBudget(int32_t decoding) const {
@@ -481,12 +470,11 @@ int32_t Engine::PrefillTokenBudget(int32_t decoding) const {
   double fixed = 0, per_unit = 0;
   double cap = -1;
   if (fuse_prefill_) {
-    // The chunk rides in the decode pass and adds per_token a token to the pass's decode-only
-    // time (its reads are paid once). Until passes with different chunk sizes were timed: a
-    // block's worth (which times one).
-    double decode_s = 0;
-    cap = pass_cost_.Estimate(decoding, &decode_s, &per_unit)
-              ? options_.max_prefill_stall * decode_s / per_unit
+    // The chunk rides in the decode pass and adds per_token_s a token to the pass's decode-only
+    // time (its reads are paid once). Until both were timed: a block's worth (which times one).
+    const double decode_s = pass_cost_.DecodeAt(decoding);
+    cap = decode_s > 0 && pass_cost_.per_token_s > 0
+              ? options_.max_prefill_stall * decode_s / pass_cost_.per_token_s
               : options_.block_tokens;
   } else if (decode_step_avg_s_ > 0 && prefill_cost_.Estimate(&fixed, &per_unit)) {
     const double room = options_.max_prefill_stall * decode_step_avg_s_ - fixed;

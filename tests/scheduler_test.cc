@@ -395,17 +395,20 @@ TEST_F(SchedulerTest, PrefillStallLimitAccountsForAChunksFixedCost) {
 TEST_F(SchedulerTest, PrefillStallLimitWithChunksInTheDecodePass) {
   // A pass costs 8 ms + 0.02 ms a decode row + 0.2 ms a chunk token: two decode rows 8.04 ms,
   // so within a 0.5 stall a chunk riding along may take 4.02 ms: 20 tokens. (Apart, each chunk
-  // would pay the 8 ms again; one per-row slope for both kinds of row would allow 41 at
-  // 0.1 ms a row and overshoot.) The fit has seen passes with and without a chunk before the
-  // long prompt comes (b's prompt rode with a's decode), so every chunk but the last is 20.
+  // would pay the 8 ms again; one slope for both kinds of row would overshoot.) The first chunk
+  // beside two decode rows is a block (16), which times a chunk token; every later one but the
+  // last takes the 20.
   const std::vector<int32_t> beside_decode =
       LongPromptChunksBesideDecode(absl::ZeroDuration(), absl::Milliseconds(8));
   SCOPED_TRACE(testing::PrintToString(beside_decode));
   ASSERT_GE(beside_decode.size(), 20u);
+  EXPECT_EQ(beside_decode[0], 16);
   int32_t prefilled = 0;
   for (size_t i = 0; i < beside_decode.size(); ++i) {
     prefilled += beside_decode[i];
-    if (i + 1 < beside_decode.size()) EXPECT_EQ(beside_decode[i], 20) << "chunk " << i;
+    if (i > 0 && i + 1 < beside_decode.size()) {
+      EXPECT_EQ(beside_decode[i], 20) << "chunk " << i;
+    }
   }
   EXPECT_EQ(prefilled, 450);
   EXPECT_EQ(engine_->Stats().mixed_steps_total, 1 + beside_decode.size());  // + b's prompt
