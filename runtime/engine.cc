@@ -192,7 +192,6 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   }
   runner_ = std::make_unique<StepRunner>(backend_.get(), clock_);
   fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
-  pass_cost_.decode_s.assign(o.slots + 1, 0.0);
   return absl::OkStatus();
 }
 
@@ -415,14 +414,15 @@ bool Engine::Step() {
   const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;
   if (work.fused) {
     if (result.decode_status.ok()) {
-      pass_cost_.Add(active, chunk_tokens, absl::ToDoubleSeconds(result.decode_time));
+      step_cost_.Add(active + chunk_tokens, absl::ToDoubleSeconds(result.decode_time));
     }
   } else {
     if (active > 0 && result.decode_status.ok()) {
       const double t = absl::ToDoubleSeconds(result.decode_time);
       // A moving average (weight 1/8).
-      decode_step_avg_s_ = decode_step_avg_s_ > 0 ? decode_step_avg_s_ + 0.125 * (t - decode_step_avg_s_) : t;
-      pass_cost_.Add(active, 0, t);
+      decode_step_avg_s_ =
+          decode_step_avg_s_ > 0 ? decode_step_avg_s_ + 0.125 * (t - decode_step_avg_s_) : t;
+      step_cost_.Add(active, t);
     }
     if (prefill && result.prefill_status.ok() && chunk_tokens > 0) {
       prefill_cost_.Add(chunk_tokens, absl::ToDoubleSeconds(result.prefill_time));

@@ -293,29 +293,24 @@ class Engine {
   // For max_prefill_stall. Chunks apart from the step: the moving average of a decode step
   // (seconds; 0 until measured), and a fit of a chunk's time as fixed + per_token * tokens (a
   // chunk reads every weight once whatever its size, so small chunks cost far more per token
-  // than large).
+  // than large). Fused chunks: a fit of a pass's time as fixed + per_row * (decode rows + chunk
+  // tokens) over every pass that decodes. A chunk token and a decode row are alike to the
+  // products (one row each); the line matches the compute-bound passes that carry chunks and
+  // puts the read-bound ones (few decode rows, no chunk) a little low, so a chunk beside them is
+  // kept a little shorter than the limit. (Cost models fitted apart for the two kinds of row, a
+  // plane or a per-row-count table, were tried: under kvrm's changing row counts both starved
+  // prefill; docs/benchmarks.md, "mixed steps".)
   double decode_step_avg_s_ = 0;
   // A decayed least-squares fit of time = fixed + per_unit * units.
   struct CostFit {
     double w = 0, n = 0, t = 0, nn = 0, nt = 0;  // decayed sums of 1, units, time, ...
     void Add(double units, double seconds);
-    // False until something was measured.
-    bool Estimate(double* fixed_s, double* per_unit_s) const;
+    // False until something was measured. Until samples of different sizes were, the whole
+    // cost is put per unit (fixed 0) and `*split` (if given) is false.
+    bool Estimate(double* fixed_s, double* per_unit_s, bool* split = nullptr) const;
   };
   CostFit prefill_cost_;
-  // Chunks in the decode pass: what a pass costs with d decode rows and no chunk (a moving
-  // average per d, from the passes that had no chunk), and what a chunk token adds to it (a
-  // moving average of (time - that) / tokens over the passes that had one). The two differ by far
-  // on a CPU: while a pass is read-bound a decode row costs little, and its cost is not linear in
-  // the rows (flat, then compute-bound), while a chunk token adds its arithmetic.
-  struct PassCost {
-    std::vector<double> decode_s;  // [rows]: 0 until measured; capacity reserved at start-up
-    double per_token_s = 0;        // 0 until measured
-    // The decode-only time at `rows`, or at the nearest row count measured; 0 if none.
-    double DecodeAt(int32_t rows) const;
-    void Add(int32_t rows, int32_t tokens, double seconds);
-  };
-  PassCost pass_cost_;
+  CostFit step_cost_;
   bool fuse_prefill_ = false;  // options_.fuse_prefill and the backend can
 
   // Posted by other threads.

@@ -425,11 +425,12 @@ void Engine::CostFit::Add(double units, double seconds) {
   nt = kKeep * nt + units * seconds;
 }
 
-bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s) const {
+bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s, bool* split) const {
   if (w <= 0 || n <= 0) return false;
   const double mean_n = n / w, mean_t = t / w;
   const double var = nn / w - mean_n * mean_n;
   const double cov = nt / w - mean_n * mean_t;
+  if (split) *split = var > 1.0 && cov > 0;
   if (var > 1.0 && cov > 0) {
     *per_unit_s = cov / var;
     *fixed_s = std::max(0.0, mean_t - *per_unit_s * mean_n);
@@ -440,42 +441,20 @@ bool Engine::CostFit::Estimate(double* fixed_s, double* per_unit_s) const {
   return *per_unit_s > 0;
 }
 
-double Engine::PassCost::DecodeAt(int32_t rows) const {
-  const int32_t n = static_cast<int32_t>(decode_s.size());
-  for (int32_t k = 0; k < n; ++k) {  // rows, then rows - 1, rows + 1, rows - 2, ...
-    for (int32_t r : {rows - k, rows + k}) {
-      if (r >= 1 && r < n && decode_s[r] > 0) return decode_s[r];
-    }
-  }
-  return 0;
-}
-
-void Engine::PassCost::Add(int32_t rows, int32_t tokens, double seconds) {
-  auto update = [](double* avg, double sample) {  // weight 1/8
-    *avg = *avg > 0 ? *avg + 0.125 * (sample - *avg) : sample;
-  };
-  if (rows <= 0 || rows >= static_cast<int32_t>(decode_s.size())) return;
-  if (tokens == 0) {
-    update(&decode_s[rows], seconds);
-    return;
-  }
-  // A chunk token's cost, against the decode-only pass measured nearest this one's rows.
-  const double decode = DecodeAt(rows);
-  if (decode > 0) update(&per_token_s, std::max(0.0, seconds - decode) / tokens);
-}
-
 int32_t Engine::PrefillTokenBudget(int32_t decoding) const {
   int32_t budget = std::max(options_.block_tokens, options_.step_token_budget - decoding);
   if (options_.max_prefill_stall <= 0 || decoding == 0) return budget;
   double fixed = 0, per_unit = 0;
   double cap = -1;
   if (fuse_prefill_) {
-    // The chunk rides in the decode pass and adds per_token_s a token to the pass's decode-only
-    // time (its reads are paid once). Until both were timed: a block's worth (which times one).
-    const double decode_s = pass_cost_.DecodeAt(decoding);
-    cap = decode_s > 0 && pass_cost_.per_token_s > 0
-              ? options_.max_prefill_stall * decode_s / pass_cost_.per_token_s
-              : options_.block_tokens;
+    // The chunk rides in the decode pass: it adds per_row a token, on a pass that costs
+    // fixed + per_row * decoding without it (engine.h: step_cost_). Until passes of different
+    // sizes were timed the two are not told apart: a block's worth then (which times one).
+    bool split = false;
+    if (step_cost_.Estimate(&fixed, &per_unit, &split)) {
+      cap = split ? options_.max_prefill_stall * (fixed + per_unit * decoding) / per_unit
+                  : options_.block_tokens;
+    }
   } else if (decode_step_avg_s_ > 0 && prefill_cost_.Estimate(&fixed, &per_unit)) {
     const double room = options_.max_prefill_stall * decode_step_avg_s_ - fixed;
     // When even a chunk's fixed cost exceeds the limit, a block's worth still goes through each
