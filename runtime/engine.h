@@ -161,6 +161,8 @@ class Engine {
   static absl::StatusOr<std::unique_ptr<Engine>> CreateWithBackend(
       const ModelBundle* model, const EngineOptions& options, std::unique_ptr<Backend> backend);
   const EngineOptions& options() const { return options_; }
+  // Whether prefill chunks run in the decode pass (options().fuse_prefill and the backend can).
+  bool fuses_prefill() const { return fuse_prefill_; }
   // The resolved far-history policy, in blocks (all zero: off).
   const FarHistoryShape& far_history() const { return far_; }
   const ModelBundle& model() const { return *model_; }

@@ -262,6 +262,7 @@ int Run() {
             << " parameters, " << DTypeName(m.weights.dtype) << ") on port " << (*server)->port()
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
             << ", kv-mode " << so.info.kv_mode << ", kv " << DTypeName(eo.kv_dtype)
+            << ", mixed steps " << ((*engine)->fuses_prefill() ? "on" : "off")
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
   if (const FarHistoryShape& far = (*engine)->far_history(); far.enabled()) {

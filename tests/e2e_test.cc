@@ -253,10 +253,22 @@ TEST_F(E2eTest, TokenizeAndInfo) {
   EXPECT_EQ(si.kv().block_tokens(), 16);
   EXPECT_GT(si.kv().blocks_total(), 0);
   EXPECT_EQ(si.kv_dtype(), "f32");
+  EXPECT_TRUE(si.mixed_steps()) << "the CPU backend runs chunks in the decode pass by default";
   EXPECT_FALSE(si.far_history().enabled()) << "off unless asked for";
 }
 
 // --kv_dtype=bf16: the server says so, a block takes half the bytes, and requests are served.
+// --fuse_prefill=false: the server says mixed steps are off (on by default, checked above).
+TEST(E2eMixedStepsTest, OffIsReported) {
+  EngineOptions o = Options(2);
+  o.fuse_prefill = false;
+  TestServer server(o);
+  grpc::ClientContext c;
+  v1::ServerInfo si;
+  ASSERT_TRUE(server.stub().GetServerInfo(&c, v1::GetServerInfoRequest(), &si).ok());
+  EXPECT_FALSE(si.mixed_steps());
+}
+
 TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
   EngineOptions o = Options(2);
   TestServer f32(o);

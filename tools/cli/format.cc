@@ -125,6 +125,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"device", server.device()},
       {"kv_mode", server.kv_mode()},
       {"kv_dtype", server.kv_dtype()},
+      {"mixed_steps", server.mixed_steps() ? "on" : "off"},
       {"tensor_parallel", absl::StrCat(server.tensor_parallel())},
       {"slots", absl::StrCat(server.slots_in_use(), " in use / ", server.slots_total())},
       {"queue", absl::StrCat(server.queue_depth(), " waiting / limit ", server.queue_limit())},
