@@ -88,41 +88,17 @@ inline void PanelTile(const Elem* panel, int64_t k, const float* x, int64_t ldx,
   }
 }
 
-// Up to kPassRows activation rows against one panel.
-template <typename Elem>
-inline void PanelRows(const Elem* panel, int64_t k, const float* x, int64_t n, int64_t ldx,
-                      float* y, int64_t ldy, int nr, int64_t ahead) {
-  switch (n) {
-#define KVRM_PANEL_CASE(R) \
-  case R: return PanelTile<R, Elem>(panel, k, x, ldx, y, ldy, nr, ahead);
-    KVRM_PANEL_CASE(1) KVRM_PANEL_CASE(2) KVRM_PANEL_CASE(3) KVRM_PANEL_CASE(4)
-    KVRM_PANEL_CASE(5) KVRM_PANEL_CASE(6) KVRM_PANEL_CASE(7) KVRM_PANEL_CASE(8)
-    KVRM_PANEL_CASE(9) KVRM_PANEL_CASE(10) KVRM_PANEL_CASE(11) KVRM_PANEL_CASE(12)
-#undef KVRM_PANEL_CASE
-  }
-  static_assert(kPassRows == 12, "extend the cases");
-}
+#include "kernels/cpu/matmul_panels.inc"
 
-// Rows [row_begin, row_end) from the f32 or f16 panels; row_begin starts a panel. Activation
-// rows in blocks that stay in L2 (prefill); within a block, kPassRows rows per pass over a panel:
-// the first pass streams it from memory, the others find it in cache.
+// Rows [row_begin, row_end) from the f32 or f16 panels; row_begin starts a panel.
 template <typename Elem>
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
                  int64_t row_end, float* y, int64_t ldy) {
-  const int64_t k = w.cols, stride = w.PanelStride();
+  const int64_t k = w.cols;
   const int64_t block = std::max<int64_t>(kGroup, kActBlockBytes / (k * 4) / kGroup * kGroup);
-  for (int64_t i0 = 0; i0 < n; i0 += block) {
-    const int64_t nb = std::min(block, n - i0);
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kGroup) {
-      const Elem* panel = reinterpret_cast<const Elem*>(w.PanelPtr(r0 / kGroup));
-      const int nr = static_cast<int>(std::min<int64_t>(kGroup, row_end - r0));
-      const int64_t ahead = r0 + kGroup < row_end ? stride : 0;
-      for (int64_t i = 0; i < nb; i += kPassRows) {
-        PanelRows(panel, k, x + (i0 + i) * ldx, std::min<int64_t>(kPassRows, nb - i), ldx,
-                  y + (i0 + i) * ldy + r0, ldy, nr, i == 0 ? ahead : 0);
-      }
-    }
-  }
+  PanelMatMulBlocks<Elem>(
+      w, n, block, k, ldx, [&](int64_t i0, int64_t) { return x + i0 * ldx; }, row_begin, row_end,
+      y, ldy);
 }
 
 }  // namespace matmul_avx512

@@ -173,44 +173,21 @@ inline void PanelTile(const uint16_t* panel, int64_t pairs, const uint32_t* xb, 
   }
 }
 
-// Up to kPassRows activation rows against one panel.
-inline void PanelRows(const uint16_t* panel, int64_t pairs, const uint32_t* xb, int64_t n,
-                      int64_t ldx, float* y, int64_t ldy, int nr, int64_t ahead) {
-  switch (n) {
-#define KVRM_PANEL_CASE(R) \
-  case R: return PanelTile<R>(panel, pairs, xb, ldx, y, ldy, nr, ahead);
-    KVRM_PANEL_CASE(1) KVRM_PANEL_CASE(2) KVRM_PANEL_CASE(3) KVRM_PANEL_CASE(4)
-    KVRM_PANEL_CASE(5) KVRM_PANEL_CASE(6) KVRM_PANEL_CASE(7) KVRM_PANEL_CASE(8)
-    KVRM_PANEL_CASE(9) KVRM_PANEL_CASE(10) KVRM_PANEL_CASE(11) KVRM_PANEL_CASE(12)
-#undef KVRM_PANEL_CASE
-  }
-  static_assert(kPassRows == 12, "extend the cases");
-}
+#include "kernels/cpu/matmul_panels.inc"
 
 // Rows [row_begin, row_end) from the panels; row_begin starts a panel.
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
                  int64_t row_end, float* y, int64_t ldy, uint16_t* xb) {
-  const int64_t k = w.cols, kp = Padded(k), stride = w.PanelStride();
-  const int64_t pairs = stride / (2 * kGroup);
-  const uint32_t* xb2 = reinterpret_cast<const uint32_t*>(xb);
+  const int64_t k = w.cols, kp = Padded(k);
   // Activation rows per block, converted to bf16 once: as many whole groups as fit in L2 beside
   // the panel (at least one), so a decode step is one block.
   const int64_t block = std::max<int64_t>(kGroup, kActBlockBytes / (kp * 2) / kGroup * kGroup);
-  for (int64_t i0 = 0; i0 < n; i0 += block) {
-    const int64_t nb = std::min(block, n - i0);
+  auto block_x = [&](int64_t i0, int64_t nb) {
     ToBf16(x + i0 * ldx, nb, ldx, k, xb);
-    for (int64_t r0 = row_begin; r0 < row_end; r0 += kGroup) {
-      const uint16_t* panel = reinterpret_cast<const uint16_t*>(w.PanelPtr(r0 / kGroup));
-      const int nr = static_cast<int>(std::min<int64_t>(kGroup, row_end - r0));
-      // The first pass streams the panel from memory and prefetches the next one (none past
-      // this share); the others find it in cache.
-      const int64_t ahead = r0 + kGroup < row_end ? stride : 0;
-      for (int64_t i = 0; i < nb; i += kPassRows) {
-        PanelRows(panel, pairs, xb2 + i * (kp / 2), std::min<int64_t>(kPassRows, nb - i), kp / 2,
-                  y + (i0 + i) * ldy + r0, ldy, nr, i == 0 ? ahead : 0);
-      }
-    }
-  }
+    return reinterpret_cast<const uint32_t*>(xb);  // activation pairs, kp / 2 a row
+  };
+  PanelMatMulBlocks<uint16_t>(w, n, block, w.PanelStride() / (2 * kGroup), kp / 2, block_x,
+                              row_begin, row_end, y, ldy);
 }
 
 }  // namespace
