@@ -271,19 +271,30 @@ struct DecodeResult {
   double cpu_share;
 };
 
-DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32_t context,
-                       ReadBandwidth* bandwidth) {
-  const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = 2;
-  const int32_t max_slots = m.backend->kv_pool(0)->shape().num_blocks / m.blocks_per_slot;
+// Slots the pool holds (each one run of blocks_per_slot blocks, slot s at block s * that).
+int32_t PoolSlots(const Loaded& m) {
+  return static_cast<int32_t>(m.backend->kv_pool(0)->shape().num_blocks / m.blocks_per_slot);
+}
+
+// A step over the pool's slots with slots [0, `slots`) active, each reading its own run.
+StepDescriptor DecodeStep(const Loaded& m, int32_t slots) {
   StepDescriptor step;
-  step.Resize(max_slots, 1);
-  std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> token(0, m.bundle->config.vocab_size - 1);
+  step.Resize(PoolSlots(m), 1);
   for (int32_t s = 0; s < slots; ++s) {
     step.active[s] = 1;
     step.num_runs[s] = 1;
     step.SlotRuns(s)[0] = KvRun{s * m.blocks_per_slot, m.blocks_per_slot};
   }
+  return step;
+}
+
+DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32_t context,
+                       ReadBandwidth* bandwidth) {
+  const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = 2;
+  const int32_t max_slots = PoolSlots(m);
+  StepDescriptor step = DecodeStep(m, slots);
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> token(0, m.bundle->config.vocab_size - 1);
   std::vector<float> logits(static_cast<size_t>(max_slots) * m.bundle->config.vocab_size);
   // The best of several windows of `steps` steps, each from position `context`: on a shared
   // machine the fastest window is the one least disturbed by other processes.
@@ -343,16 +354,12 @@ struct MixedResult {
 MixedResult RunMixed(Loaded& m, const std::string& dtype, int32_t slots, int32_t context,
                      int32_t chunk) {
   const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = 2;
-  const int32_t max_slots = m.backend->kv_pool(0)->shape().num_blocks / m.blocks_per_slot;
+  const int32_t max_slots = PoolSlots(m);
   const int32_t chunk_slot = max_slots - 1;  // never a decode case's
-  StepDescriptor step;
-  step.Resize(max_slots, 1);
+  StepDescriptor step = DecodeStep(m, slots);
   std::mt19937 rng(13);
   std::uniform_int_distribution<int32_t> token(0, m.bundle->config.vocab_size - 1);
   for (int32_t s = 0; s < slots; ++s) {
-    step.active[s] = 1;
-    step.num_runs[s] = 1;
-    step.SlotRuns(s)[0] = KvRun{s * m.blocks_per_slot, m.blocks_per_slot};
     step.position[s] = context;
     step.token[s] = token(rng);
   }
