@@ -410,11 +410,13 @@ bool Engine::Step() {
   PreStageNext(step_id);
   const StepResult result = runner_->Wait();
   if (transport_) transport_->StepDone(step_id);
-  // What a decode step and a prefill chunk cost, for max_prefill_stall (PrefillTokenBudget).
+  // What a decode step and a prefill chunk cost, for max_prefill_stall (PrefillTokenBudget):
+  // with chunks in the decode pass, every pass that decodes; apart, the two on their own.
   const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;
-  if (work.fused) {
-    if (result.decode_status.ok()) {
-      step_cost_.Add(active + chunk_tokens, absl::ToDoubleSeconds(result.decode_time));
+  if (fuse_prefill_) {
+    if (active > 0 && result.decode_status.ok()) {
+      step_cost_.Add(active + (work.fused ? chunk_tokens : 0),
+                     absl::ToDoubleSeconds(result.decode_time));
     }
   } else {
     if (active > 0 && result.decode_status.ok()) {
@@ -422,7 +424,6 @@ bool Engine::Step() {
       // A moving average (weight 1/8).
       decode_step_avg_s_ =
           decode_step_avg_s_ > 0 ? decode_step_avg_s_ + 0.125 * (t - decode_step_avg_s_) : t;
-      step_cost_.Add(active, t);
     }
     if (prefill && result.prefill_status.ok() && chunk_tokens > 0) {
       prefill_cost_.Add(chunk_tokens, absl::ToDoubleSeconds(result.prefill_time));
