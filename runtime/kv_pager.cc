@@ -18,6 +18,188 @@ KvPager::KvPager(const KvPagerOptions& options)
     s.runs.reserve(options.max_blocks_per_slot);
   }
   pending_.reserve(options.device_blocks + options.host_blocks);
+  refs_.assign(options.device_blocks, 0);
+  cached_.assign(options.device_blocks, 0);
+  if (options.prefix_cache) {
+    key_parent_.assign(options.device_blocks, -1);
+    key_parent_gen_.assign(options.device_blocks, 0);
+    gen_.assign(options.device_blocks, 0);
+    key_tokens_.assign(options.device_blocks * options.block_tokens, 0);
+    size_t n = 1;
+    while (n < static_cast<size_t>(options.device_blocks)) n <<= 1;
+    buckets_.assign(n, -1);
+    bucket_next_.assign(options.device_blocks, -1);
+    idle_prev_.assign(options.device_blocks, -1);
+    idle_next_.assign(options.device_blocks, -1);
+  }
+}
+
+void KvPager::Ref(int32_t block) {
+  if (refs_[block]++ > 0) ++shared_refs_;
+}
+
+void KvPager::Unref(int32_t block) {
+  DCHECK(refs_[block] > 0);
+  if (--refs_[block] > 0) {
+    --shared_refs_;
+    return;
+  }
+  if (cached_[block]) {
+    IdlePush(block);
+  } else {
+    device_.Give(block);
+  }
+}
+
+void KvPager::Drop(KvTier tier, int32_t block) {
+  if (tier == KvTier::kDevice) {
+    Unref(block);
+  } else {
+    host_.Give(block);
+  }
+}
+
+void KvPager::IdlePush(int32_t block) {
+  idle_prev_[block] = idle_tail_;
+  idle_next_[block] = -1;
+  if (idle_tail_ >= 0) {
+    idle_next_[idle_tail_] = block;
+  } else {
+    idle_head_ = block;
+  }
+  idle_tail_ = block;
+  ++idle_count_;
+}
+
+void KvPager::IdleRemove(int32_t block) {
+  const int32_t p = idle_prev_[block], n = idle_next_[block];
+  (p >= 0 ? idle_next_[p] : idle_head_) = n;
+  (n >= 0 ? idle_prev_[n] : idle_tail_) = p;
+  idle_prev_[block] = idle_next_[block] = -1;
+  --idle_count_;
+}
+
+void KvPager::Evict(int32_t block) {
+  IdleRemove(block);
+  const size_t h = KeyHash(key_parent_[block], key_parent_gen_[block],
+                           &key_tokens_[static_cast<size_t>(block) * options_.block_tokens]) &
+                   (buckets_.size() - 1);
+  for (int32_t* link = &buckets_[h]; *link >= 0; link = &bucket_next_[*link]) {
+    if (*link == block) {
+      *link = bucket_next_[block];
+      break;
+    }
+  }
+  bucket_next_[block] = -1;
+  cached_[block] = 0;
+  ++gen_[block];
+  --cached_count_;
+  ++evictions_;
+  device_.Give(block);
+}
+
+bool KvPager::EvictOldest() {
+  if (idle_head_ < 0) return false;
+  Evict(idle_head_);
+  return true;
+}
+
+bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {
+  while (!FitsInRuns(blocks, runs)) {
+    if (!EvictOldest()) return false;
+  }
+  return true;
+}
+
+uint64_t KvPager::KeyHash(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const {
+  // splitmix64 steps over the key's words.
+  auto mix = [](uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+  };
+  uint64_t h = mix((static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | parent_gen);
+  for (int32_t i = 0; i < options_.block_tokens; ++i) {
+    h = mix(h ^ static_cast<uint32_t>(tokens[i]));
+  }
+  return h;
+}
+
+int32_t KvPager::Find(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const {
+  const size_t bt = static_cast<size_t>(options_.block_tokens);
+  const size_t h = KeyHash(parent, parent_gen, tokens) & (buckets_.size() - 1);
+  for (int32_t b = buckets_[h]; b >= 0; b = bucket_next_[b]) {
+    if (key_parent_[b] == parent && key_parent_gen_[b] == parent_gen &&
+        std::equal(tokens, tokens + bt, &key_tokens_[b * bt])) {
+      return b;
+    }
+  }
+  return -1;
+}
+
+int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
+                             std::vector<int32_t>* out) const {
+  out->clear();
+  if (!options_.prefix_cache) return 0;
+  const int64_t bt = options_.block_tokens;
+  const int64_t n = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bt);
+  int32_t parent = -1;
+  uint32_t parent_gen = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t b = Find(parent, parent_gen, tokens.data() + j * bt);
+    if (b < 0) break;
+    out->push_back(b);
+    parent = b;
+    parent_gen = gen_[b];
+  }
+  return static_cast<int32_t>(out->size());
+}
+
+void KvPager::AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks) {
+  SlotKv& s = slots_[slot];
+  CHECK(s.blocks.empty() && s.tier == KvTier::kDevice && s.dropped == 0)
+      << "slot " << slot << ": a prefix goes into an empty device-tier slot";
+  for (int32_t b : blocks) {
+    CHECK(cached_[b]) << "block " << b << " is not in the prefix cache";
+    if (refs_[b] == 0) IdleRemove(b);
+    Ref(b);
+    Append(s, b);
+  }
+  s.tokens = static_cast<int64_t>(blocks.size()) * options_.block_tokens;
+}
+
+int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens) {
+  if (!options_.prefix_cache) return 0;
+  const SlotKv& s = slots_[slot];
+  if (s.tier != KvTier::kDevice || s.dropped > 0 || s.last_fence > retired_) return 0;
+  const size_t bt = static_cast<size_t>(options_.block_tokens);
+  const size_t n = std::min(tokens.size() / bt, s.blocks.size());
+  int32_t parent = -1;
+  uint32_t parent_gen = 0;
+  int32_t added = 0;
+  for (size_t j = 0; j < n; ++j) {
+    const int32_t b = s.blocks[j];
+    const int32_t* key = tokens.data() + j * bt;
+    if (cached_[b]) {
+      // Attached or registered before: its key is this chain's (a held block is never evicted).
+      DCHECK(key_parent_[b] == parent && key_parent_gen_[b] == parent_gen);
+    } else {
+      if (Find(parent, parent_gen, key) >= 0) break;  // the same content is cached elsewhere
+      cached_[b] = 1;
+      key_parent_[b] = parent;
+      key_parent_gen_[b] = parent_gen;
+      std::copy(key, key + bt, &key_tokens_[b * bt]);
+      const size_t h = KeyHash(parent, parent_gen, key) & (buckets_.size() - 1);
+      bucket_next_[b] = buckets_[h];
+      buckets_[h] = b;
+      ++cached_count_;
+      ++added;
+    }
+    parent = b;
+    parent_gen = gen_[b];
+  }
+  return added;
 }
 
 void KvPager::Append(SlotKv& s, int32_t block) {
@@ -62,24 +244,34 @@ absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
     return absl::OutOfRangeError(absl::StrCat("slot ", slot, ": ", num_tokens,
                                               " tokens exceed the max context"));
   }
-  if (need > device_.free_count()) {
+  if (need > free_device_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat("KV pool exhausted: slot ", slot, " needs ",
-                                                     need, " blocks, ", device_.free_count(),
+                                                     need, " blocks, ", free_device_blocks(),
                                                      " free"));
   }
   while (need > 0) {
     if (!s.blocks.empty()) {
       const int64_t next = static_cast<int64_t>(s.runs.back().first_block) + s.runs.back().num_blocks;
+      // Growing in place beats keeping an idle cached block there: one run fewer to read and
+      // nothing to compact later.
+      if (next < device_.size() && !device_.IsFree(next) && IdleCached(static_cast<int32_t>(next))) {
+        Evict(static_cast<int32_t>(next));
+      }
       if (next < device_.size() && device_.IsFree(next)) {
         device_.Take(next);
+        NewRef(static_cast<int32_t>(next));
         Append(s, static_cast<int32_t>(next));
         --need;
         continue;
       }
     }
+    if (device_.free_count() == 0) CHECK(EvictOldest());  // free_device_blocks() >= need
     const Extent e = TakeNewRun(device_, need);
-    CHECK(e.length > 0);  // free_count() >= need guarantees a free block
-    for (int64_t b = e.start; b < e.start + e.length; ++b) Append(s, static_cast<int32_t>(b));
+    CHECK(e.length > 0);
+    for (int64_t b = e.start; b < e.start + e.length; ++b) {
+      NewRef(static_cast<int32_t>(b));
+      Append(s, static_cast<int32_t>(b));
+    }
     need -= e.length;
   }
   s.tokens = std::max(s.tokens, num_tokens);
@@ -88,15 +280,16 @@ absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
 
 void KvPager::Release(int32_t slot) {
   SlotKv& s = slots_[slot];
-  BlockSpace& space = Space(s.tier);
   // Blocks that are destinations of a move still in flight must not be handed to anyone else
   // before the copy lands: they retire with that move's fence instead of being freed now.
+  // Last block first: cached blocks go idle in that order, so a history's tail is evicted before
+  // the prefix others are likelier to share.
   const bool in_flight = s.last_fence > retired_;
-  for (int32_t b : s.blocks) {
+  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) {
     if (in_flight) {
-      pending_.push_back(Pending{s.last_fence, s.tier, b});
+      pending_.push_back(Pending{s.last_fence, s.tier, *it});
     } else {
-      space.Give(b);
+      Drop(s.tier, *it);
     }
   }
   s.blocks.clear();
@@ -121,7 +314,7 @@ void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
     if (in_flight) {
       pending_.push_back(Pending{s.last_fence, KvTier::kDevice, s.blocks[i]});
     } else {
-      device_.Give(s.blocks[i]);
+      Unref(s.blocks[i]);
     }
   }
   s.blocks.erase(s.blocks.begin() + sink_blocks, s.blocks.begin() + sink_blocks + n);
@@ -151,12 +344,13 @@ KvStats KvPager::Stats() const {
       continue;
     }
     st.blocks_used += BlocksFor(s.tokens) - s.dropped;
-    st.blocks_reserved += static_cast<int64_t>(s.blocks.size());
   }
-  for (const Pending& p : pending_) {
-    if (p.tier == KvTier::kDevice) ++st.blocks_reserved;
-  }
-  st.blocks_free = device_.free_count();
+  // A block several histories share holds its KV once (shared_refs_ also counts the rare move
+  // still reading a shared block: used is then low by that many until the move retires).
+  st.blocks_used = std::max<int64_t>(0, st.blocks_used - shared_refs_);
+  st.blocks_reserved = options_.device_blocks - device_.free_count() - idle_count_;
+  st.blocks_free = free_device_blocks();
+  st.blocks_cached = idle_count_;
   st.bytes_per_block = options_.bytes_per_block;
   return st;
 }
@@ -170,8 +364,10 @@ bool KvPager::PlanCompaction(int32_t slot, uint64_t fence, std::vector<BlockMove
   const int32_t keep = options_.max_runs - 1;
   int64_t tail_blocks = 0;
   for (int32_t r = keep; r < runs; ++r) tail_blocks += s.runs[r].num_blocks;
+  while (device_.LargestFree().length < tail_blocks) {
+    if (!EvictOldest()) return false;
+  }
   const Extent e = device_.LargestFree();
-  if (e.length < tail_blocks) return false;
   const int64_t spare = e.length - tail_blocks;
   const int64_t start = e.start == 0 ? 0 : e.start + spare / 2;
   device_.TakeRange(start, tail_blocks);
@@ -181,7 +377,8 @@ bool KvPager::PlanCompaction(int32_t slot, uint64_t fence, std::vector<BlockMove
     const int32_t src = s.blocks[logical + i];
     const int32_t dst = static_cast<int32_t>(start + i);
     moves->push_back(BlockMove{KvTier::kDevice, src, KvTier::kDevice, dst});
-    pending_.push_back(Pending{fence, KvTier::kDevice, src});
+    pending_.push_back(Pending{fence, KvTier::kDevice, src});  // takes over the slot's reference
+    NewRef(dst);
     s.blocks[logical + i] = dst;
   }
   s.last_fence = fence;
@@ -218,10 +415,11 @@ absl::Status KvPager::PlanSwapIn(int32_t slot, uint64_t fence, std::vector<Block
   SlotKv& s = slots_[slot];
   if (s.tier != KvTier::kHost) return absl::FailedPreconditionError("not on host");
   const int64_t n = static_cast<int64_t>(s.blocks.size());
-  if (n > device_.free_count()) {
+  if (n > free_device_blocks()) {
     return absl::ResourceExhaustedError(absl::StrCat("KV pool exhausted: swap-in needs ", n,
-                                                     " blocks, ", device_.free_count(), " free"));
+                                                     " blocks, ", free_device_blocks(), " free"));
   }
+  while (device_.free_count() < n) CHECK(EvictOldest());
   int64_t i = 0;
   while (i < n) {
     const Extent e = TakeNewRun(device_, n - i);
@@ -230,6 +428,7 @@ absl::Status KvPager::PlanSwapIn(int32_t slot, uint64_t fence, std::vector<Block
                                  static_cast<int32_t>(e.start + j)});
       pending_.push_back(Pending{fence, KvTier::kHost, s.blocks[i]});
       s.blocks[i] = static_cast<int32_t>(e.start + j);
+      NewRef(s.blocks[i]);
     }
   }
   s.tier = KvTier::kDevice;
@@ -243,7 +442,7 @@ void KvPager::RetireUpTo(uint64_t completed) {
   size_t keep = 0;
   for (size_t i = 0; i < pending_.size(); ++i) {
     if (pending_[i].fence <= completed) {
-      Space(pending_[i].tier).Give(pending_[i].block);
+      Drop(pending_[i].tier, pending_[i].block);
     } else {
       pending_[keep++] = pending_[i];
     }
@@ -253,17 +452,24 @@ void KvPager::RetireUpTo(uint64_t completed) {
 
 absl::Status KvPager::CheckInvariants() const {
   for (KvTier tier : {KvTier::kDevice, KvTier::kHost}) {
-    const BlockSpace& space = tier == KvTier::kDevice ? device_ : host_;
+    const bool dev = tier == KvTier::kDevice;
+    const BlockSpace& space = dev ? device_ : host_;
     std::vector<int> owners(space.size(), 0);
-    int64_t owned = 0;
     for (size_t i = 0; i < slots_.size(); ++i) {
       const SlotKv& s = slots_[i];
       if (s.tier != tier) continue;
+      std::vector<int32_t> mine = s.blocks;
+      std::sort(mine.begin(), mine.end());
+      if (std::adjacent_find(mine.begin(), mine.end()) != mine.end()) {
+        return absl::InternalError(absl::StrCat("slot ", i, " holds a block twice"));
+      }
       for (int32_t b : s.blocks) {
         if (b < 0 || b >= space.size()) return absl::InternalError("block id out of range");
         if (space.IsFree(b)) return absl::InternalError(absl::StrCat("slot ", i, " owns free block ", b));
-        if (++owners[b] > 1) return absl::InternalError(absl::StrCat("block ", b, " owned twice"));
-        ++owned;
+        // Only the prefix cache shares device blocks, and only registered ones.
+        if (++owners[b] > 1 && !(dev && cached_[b])) {
+          return absl::InternalError(absl::StrCat("block ", b, " owned twice"));
+        }
       }
       std::vector<KvRun> runs;
       for (int32_t b : s.blocks) {
@@ -284,15 +490,48 @@ absl::Status KvPager::CheckInvariants() const {
     for (const Pending& p : pending_) {
       if (p.tier != tier) continue;
       if (space.IsFree(p.block)) return absl::InternalError("pending block is free");
-      if (++owners[p.block] > 1) return absl::InternalError(absl::StrCat("pending block ", p.block, " also owned"));
-      ++owned;
+      if (++owners[p.block] > 1 && !(dev && cached_[p.block])) {
+        return absl::InternalError(absl::StrCat("pending block ", p.block, " also owned"));
+      }
     }
-    const int64_t total = tier == KvTier::kDevice ? options_.device_blocks
-                                                  : std::max<int64_t>(1, options_.host_blocks);
-    const int64_t reserved_empty = tier == KvTier::kHost && options_.host_blocks == 0 ? 1 : 0;
-    if (owned + space.free_count() + reserved_empty != total) {
-      return absl::InternalError(absl::StrCat("tier ", static_cast<int>(tier), ": owned ", owned,
-                                              " + free ", space.free_count(), " != total ", total));
+    int64_t held = 0, idle = 0, cached = 0;
+    for (int64_t b = 0; b < space.size(); ++b) {
+      held += owners[b] > 0;
+      if (!dev) continue;
+      if (owners[b] != refs_[b]) {
+        return absl::InternalError(absl::StrCat("block ", b, ": ", refs_[b], " references, ",
+                                                owners[b], " holders"));
+      }
+      if (cached_[b]) {
+        ++cached;
+        if (space.IsFree(b)) return absl::InternalError(absl::StrCat("cached block ", b, " is free"));
+        if (Find(key_parent_[b], key_parent_gen_[b],
+                 &key_tokens_[b * static_cast<size_t>(options_.block_tokens)]) != b) {
+          return absl::InternalError(absl::StrCat("cached block ", b, " is not found by its key"));
+        }
+        idle += owners[b] == 0;
+      } else if (owners[b] == 0 && !space.IsFree(b)) {
+        return absl::InternalError(absl::StrCat("block ", b, " is held by no one and not free"));
+      }
+    }
+    if (dev) {
+      int64_t listed = 0;
+      for (int32_t b = idle_head_; b >= 0; b = idle_next_[b]) {
+        if (!IdleCached(b)) return absl::InternalError(absl::StrCat("idle list holds block ", b));
+        if (++listed > idle) break;
+      }
+      if (listed != idle || idle != idle_count_ || cached != cached_count_) {
+        return absl::InternalError(absl::StrCat("idle list ", listed, ", idle ", idle, " (counted ",
+                                                idle_count_, "), cached ", cached, " (counted ",
+                                                cached_count_, ")"));
+      }
+    }
+    const int64_t total = dev ? options_.device_blocks : std::max<int64_t>(1, options_.host_blocks);
+    const int64_t reserved_empty = !dev && options_.host_blocks == 0 ? 1 : 0;
+    if (held + idle + space.free_count() + reserved_empty != total) {
+      return absl::InternalError(absl::StrCat("tier ", static_cast<int>(tier), ": held ", held,
+                                              " + idle ", idle, " + free ", space.free_count(),
+                                              " != total ", total));
     }
   }
   return absl::OkStatus();

@@ -8,6 +8,17 @@
 //  - when a slot has more than max_runs runs, PlanCompaction moves its tail runs into one extent.
 // Blocks that are the source of a planned move stay allocated until the transport's fence for
 // that move completes (RetireUpTo), so no one can be given a block still being copied.
+//
+// Prefix cache (KvPagerOptions::prefix_cache; what vLLM calls automatic prefix caching, on the
+// pager's blocks): a full device block whose K/V is final can be registered under its tokens and
+// its parent (the block before it in the history, itself registered), so that a later history
+// starting with the same tokens attaches the block instead of prefilling those tokens again.
+// Device blocks are reference counted (slots holding them, moves reading them); a registered
+// block that nobody holds stays in the cache, idle, until its space is wanted (least recently
+// released first), and counts as free to everyone asking for room. Registered blocks are never
+// written again: a history only writes past its attached blocks (the engine matches at most the
+// blocks before the one holding a prompt's last token), and a compaction or swap of a shared
+// block copies it out and leaves the original where it is.
 #ifndef KVRM_RUNTIME_KV_PAGER_H_
 #define KVRM_RUNTIME_KV_PAGER_H_
 
@@ -15,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/types/span.h"
 #include "runtime/block_space.h"
 #include "runtime/kv_allocator.h"
 #include "runtime/transfer_plan.h"
@@ -29,6 +41,7 @@ struct KvPagerOptions {
   int32_t max_runs = 8;
   int32_t max_blocks_per_slot = 0;  // ceil(max_context / block_tokens)
   int64_t bytes_per_block = 0;
+  bool prefix_cache = false;
 };
 
 class KvPager final : public KvAllocator {
@@ -46,12 +59,37 @@ class KvPager final : public KvAllocator {
   int64_t BlocksFor(int64_t num_tokens) const {
     return (num_tokens + options_.block_tokens - 1) / options_.block_tokens;
   }
-  int64_t free_device_blocks() const { return device_.free_count(); }
+  // Free device blocks, idle cached ones included (they are evicted when the space is taken).
+  int64_t free_device_blocks() const { return device_.free_count() + idle_count_; }
   // Whether `blocks` new device blocks would land in at most `runs` runs now (Grow takes the
   // largest free extents first).
   bool FitsInRuns(int64_t blocks, int32_t runs) const {
     return device_.LargestFreeSum(runs) >= blocks;
   }
+  // FitsInRuns, evicting idle cached blocks (least recently released first) until it holds or
+  // none are left.
+  bool MakeRoomInRuns(int64_t blocks, int32_t runs);
+
+  // Prefix cache (all no-ops returning 0 when options.prefix_cache is off).
+  // The longest chain of registered blocks holding tokens[0, n * block_tokens), n <= max_blocks:
+  // writes their ids to `out` (cleared first) and returns n.
+  int32_t MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
+                      std::vector<int32_t>* out) const;
+  // Makes `blocks` (a MatchPrefix result) the first blocks of `slot`, which must hold none.
+  void AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks);
+  // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
+  // block_tokens), whose K/V the caller has written. Stops at a block that cannot be registered
+  // (the same content is registered under another block already); registers nothing while a
+  // move into the slot's blocks is in flight or for a far-history or host-tier slot. Returns the
+  // blocks newly registered.
+  int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens);
+  // Whether a block is registered and held by no one (attaching it takes it out of the free
+  // count).
+  bool IdleCached(int32_t block) const { return cached_[block] && refs_[block] == 0; }
+  bool Registered(int32_t block) const { return cached_[block] != 0; }
+  int64_t idle_cached_blocks() const { return idle_count_; }
+  int64_t cached_blocks() const { return cached_count_; }
+  uint64_t evictions() const { return evictions_; }
   int64_t free_host_blocks() const { return host_.free_count(); }
   int32_t NumRuns(int32_t slot) const { return static_cast<int32_t>(slots_[slot].runs.size()); }
   int64_t NumBlocks(int32_t slot) const { return static_cast<int64_t>(slots_[slot].blocks.size()); }
@@ -99,7 +137,21 @@ class KvPager final : public KvAllocator {
     int32_t block;
   };
 
-  BlockSpace& Space(KvTier t) { return t == KvTier::kDevice ? device_ : host_; }
+  // Device block references: a new block starts at 1 (NewRef); Unref frees it at 0, or leaves a
+  // registered one idle in the cache.
+  void NewRef(int32_t block) { refs_[block] = 1; }
+  void Ref(int32_t block);
+  void Unref(int32_t block);
+  // Gives back a block of `tier` that was held (device: one reference).
+  void Drop(KvTier tier, int32_t block);
+  // Removes an idle cached block from the cache and frees it.
+  void Evict(int32_t block);
+  bool EvictOldest();
+  void IdlePush(int32_t block);
+  void IdleRemove(int32_t block);
+  uint64_t KeyHash(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const;
+  // The registered block with this key, or -1.
+  int32_t Find(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const;
   // Takes one new extent of up to `want` blocks (at least 1) for a new run, mid-largest-extent.
   Extent TakeNewRun(BlockSpace& space, int64_t want);
   void Append(SlotKv& s, int32_t block);
@@ -111,6 +163,24 @@ class KvPager final : public KvAllocator {
   std::vector<SlotKv> slots_;
   std::vector<Pending> pending_;  // capacity reserved at start-up
   uint64_t retired_ = 0;          // highest fence passed to RetireUpTo
+  // Per device block: holders (slots and pending moves), and the prefix cache's entry: whether
+  // it is registered, its key (parent block, the parent's generation, its tokens), its
+  // generation (bumped on eviction, so that a child registered under an evicted parent never
+  // matches the block's next content), the hash chain and the idle list (oldest first).
+  std::vector<int32_t> refs_;
+  int64_t shared_refs_ = 0;  // sum over blocks of refs - 1 where refs > 1
+  std::vector<uint8_t> cached_;
+  std::vector<int32_t> key_parent_;
+  std::vector<uint32_t> key_parent_gen_;
+  std::vector<uint32_t> gen_;
+  std::vector<int32_t> key_tokens_;  // [device_blocks][block_tokens]
+  std::vector<int32_t> buckets_;     // hash -> first block, -1: none
+  std::vector<int32_t> bucket_next_;
+  std::vector<int32_t> idle_prev_, idle_next_;
+  int32_t idle_head_ = -1, idle_tail_ = -1;
+  int64_t idle_count_ = 0;
+  int64_t cached_count_ = 0;
+  uint64_t evictions_ = 0;
 };
 
 }  // namespace kvrm

@@ -23,12 +23,23 @@ uint64_t Value(uint64_t request, int64_t logical_block) {
   return request * 1000003u + static_cast<uint64_t>(logical_block) * 7919u + 1;
 }
 
+// Prefix-cache runs: block j of a history stands for K/V computed from its tokens up to the
+// block's end, so a block attached from the cache must hold exactly what this history would have
+// written there.
+uint64_t TokenValue(const std::vector<int32_t>& seq, int64_t logical_block) {
+  uint64_t h = 1469598103934665603ull;
+  const int64_t end = std::min<int64_t>((logical_block + 1) * kBlockTokens, seq.size());
+  for (int64_t i = 0; i < end; ++i) h = (h ^ static_cast<uint32_t>(seq[i])) * 1099511628211ull;
+  return h;
+}
+
 struct Sim {
   KvPagerOptions options;
   std::unique_ptr<KvPager> pager;
   std::vector<uint64_t> device, host;  // simulated contents per physical block
   std::vector<uint64_t> request;       // per slot: 0 = free
   std::vector<int64_t> tokens;         // per slot
+  std::vector<std::vector<int32_t>> seq;  // per slot, prefix-cache runs: the whole history
   std::deque<std::pair<uint64_t, std::vector<BlockMove>>> in_flight;  // planned, not yet copied
   uint64_t next_fence = 1;
   uint64_t next_request = 1;
@@ -39,6 +50,11 @@ struct Sim {
     host.assign(std::max<int64_t>(1, o.host_blocks), 0);
     request.assign(o.num_slots, 0);
     tokens.assign(o.num_slots, 0);
+    seq.assign(o.num_slots, {});
+  }
+
+  uint64_t ValueOf(int32_t slot, int64_t j) const {
+    return seq[slot].empty() ? Value(request[slot], j) : TokenValue(seq[slot], j);
   }
 
   std::vector<uint64_t>& Mem(KvTier t) { return t == KvTier::kDevice ? device : host; }
@@ -48,7 +64,11 @@ struct Sim {
     const std::vector<int32_t>& blocks = pager->Blocks(slot);
     std::vector<uint64_t>& mem = Mem(pager->OnHost(slot) ? KvTier::kHost : KvTier::kDevice);
     for (int64_t j = from_block; j < static_cast<int64_t>(blocks.size()); ++j) {
-      mem[blocks[j]] = Value(request[slot], j);
+      // A registered block is never written again (whoever else holds it reads it).
+      if (!pager->OnHost(slot)) {
+        ASSERT_FALSE(pager->Registered(blocks[j])) << "block " << blocks[j];
+      }
+      mem[blocks[j]] = ValueOf(slot, j);
     }
   }
 
@@ -101,7 +121,7 @@ struct Sim {
       const std::vector<int32_t>& blocks = pager->Blocks(s);
       std::vector<uint64_t>& mem = Mem(pager->OnHost(s) ? KvTier::kHost : KvTier::kDevice);
       for (size_t j = 0; j < blocks.size(); ++j) {
-        ASSERT_EQ(mem[blocks[j]], Value(request[s], j)) << "slot " << s << " block " << j;
+        ASSERT_EQ(mem[blocks[j]], ValueOf(s, j)) << "slot " << s << " block " << j;
       }
     }
   }
@@ -215,6 +235,235 @@ TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
     EXPECT_GT(sim.moves, 500) << "seed " << seed;
     EXPECT_LT(sim.groups, sim.moves) << "seed " << seed;
   }
+}
+
+// Prefix cache, property test: histories drawn from a few shared system prompts and from earlier
+// conversations continued (as in multi-turn traffic), admitted through MatchPrefix/AttachPrefix,
+// registered as they fill and when they end, under compaction, swaps and a lagging transport,
+// on a pool small enough that the cache must evict. Every attached block holds exactly what the
+// history would have written (TokenValue), no registered block is written again, references
+// match holders, and all blocks come back at the end.
+TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
+  for (uint32_t seed : {11u, 12u, 13u}) {
+    KvPagerOptions o = Options(10, 260, 120, 4);
+    o.prefix_cache = true;
+    Sim sim(o);
+    std::mt19937 rng(seed);
+    auto pick = [&](int n) { return static_cast<int>(rng() % n); };
+    const int64_t max_tokens = o.max_blocks_per_slot * kBlockTokens;
+    std::vector<std::vector<int32_t>> systems(3);
+    for (auto& sys : systems) {
+      sys.resize(40 + pick(200));
+      for (int32_t& t : sys) t = pick(50000);
+    }
+    std::vector<std::vector<int32_t>> finished;  // conversations to continue
+    int64_t hit_blocks = 0, registered = 0;
+    std::vector<int32_t> match;
+    for (int op = 0; op < 6000; ++op) {
+      const int32_t s = pick(sim.options.num_slots);
+      KvPager& p = *sim.pager;
+      switch (pick(9)) {
+        case 0:
+        case 1: {  // admit: a system prompt or an earlier conversation, then new tokens
+          if (sim.request[s] != 0) break;
+          std::vector<int32_t> seq;
+          if (!finished.empty() && pick(2) == 0) {
+            seq = finished[pick(static_cast<int>(finished.size()))];
+          } else {
+            seq = systems[pick(3)];
+            seq.resize(pick(static_cast<int>(seq.size()) + 1));
+          }
+          const int64_t prompt = std::min<int64_t>(seq.size() + 1 + pick(120), max_tokens / 2);
+          while (static_cast<int64_t>(seq.size()) < max_tokens) seq.push_back(pick(50000));
+          // At most the blocks before the one that holds the prompt's last token.
+          const int32_t hits = p.MatchPrefix(absl::MakeConstSpan(seq).first(prompt),
+                                             static_cast<int32_t>((prompt - 1) / kBlockTokens),
+                                             &match);
+          int64_t idle = 0;
+          for (int32_t b : match) idle += p.IdleCached(b);
+          if (p.BlocksFor(prompt) - hits > p.free_device_blocks() - idle) break;
+          sim.request[s] = sim.next_request++;
+          sim.seq[s] = std::move(seq);
+          p.AttachPrefix(s, match);
+          ASSERT_TRUE(p.Grow(s, prompt).ok());
+          sim.tokens[s] = prompt;
+          hit_blocks += hits;
+          sim.Write(s, hits);
+          break;
+        }
+        case 2:
+        case 3: {  // decode growth by a few tokens, registering the full blocks
+          if (sim.request[s] == 0 || p.OnHost(s)) break;
+          const int64_t before = p.NumBlocks(s);
+          const int64_t want = std::min<int64_t>(sim.tokens[s] + 1 + pick(40), max_tokens);
+          const absl::Status st = p.Grow(s, want);
+          if (!st.ok()) {
+            ASSERT_TRUE(absl::IsResourceExhausted(st) || absl::IsOutOfRange(st)) << st;
+            break;
+          }
+          sim.Write(s, before);
+          sim.tokens[s] = want;
+          if (pick(2) == 0) {
+            registered += p.RegisterPrefix(s, absl::MakeConstSpan(sim.seq[s]).first(want));
+          }
+          break;
+        }
+        case 4: {  // EOS / stop / cancel; most register their history first
+          if (sim.request[s] == 0) break;
+          if (pick(4) != 0) {
+            registered +=
+                p.RegisterPrefix(s, absl::MakeConstSpan(sim.seq[s]).first(sim.tokens[s]));
+            finished.emplace_back(sim.seq[s].begin(), sim.seq[s].begin() + sim.tokens[s]);
+            if (finished.size() > 20) finished.erase(finished.begin());
+          }
+          p.Release(s);
+          sim.request[s] = 0;
+          sim.tokens[s] = 0;
+          sim.seq[s].clear();
+          break;
+        }
+        case 5: {  // compaction when over max_runs
+          if (sim.request[s] == 0) break;
+          std::vector<BlockMove> m;
+          const uint64_t fence = sim.next_fence++;
+          if (p.PlanCompaction(s, fence, &m)) {
+            ASSERT_LE(p.NumRuns(s), sim.options.max_runs);
+          }
+          sim.Submit(std::move(m), fence);
+          break;
+        }
+        case 6: {  // swap out (pause) or back in (resume)
+          if (sim.request[s] == 0) break;
+          std::vector<BlockMove> m;
+          const uint64_t fence = sim.next_fence++;
+          const absl::Status st =
+              p.OnHost(s) ? p.PlanSwapIn(s, fence, &m) : p.PlanSwapOut(s, fence, &m);
+          ASSERT_TRUE(st.ok() || absl::IsResourceExhausted(st)) << st;
+          sim.Submit(std::move(m), fence);
+          break;
+        }
+        case 7:
+        case 8:  // the transport catches up by one batch
+          sim.RunOne();
+          break;
+      }
+      ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants() << " op " << op;
+      if (op % 25 == 0) {
+        sim.RunAll();
+        sim.CheckContents();
+        if (HasFatalFailure()) return;
+      }
+    }
+    sim.RunAll();
+    sim.CheckContents();
+    for (int32_t s = 0; s < sim.options.num_slots; ++s) sim.pager->Release(s);
+    sim.pager->RetireUpTo(sim.next_fence);
+    EXPECT_EQ(sim.pager->free_device_blocks(), 260) << "idle cached blocks count as free";
+    EXPECT_EQ(sim.pager->idle_cached_blocks(), sim.pager->cached_blocks());
+    EXPECT_EQ(sim.pager->free_host_blocks(), 120);
+    EXPECT_TRUE(sim.pager->CheckInvariants().ok());
+    // The run shared, registered and evicted plenty.
+    EXPECT_GT(hit_blocks, 500) << "seed " << seed;
+    EXPECT_GT(registered, 500) << "seed " << seed;
+    EXPECT_GT(sim.pager->evictions(), 100u) << "seed " << seed;
+  }
+}
+
+std::vector<int32_t> RandomTokens(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> t(n);
+  for (int32_t& x : t) x = static_cast<int32_t>(rng() % 32000);
+  return t;
+}
+
+TEST(KvPagerTest, PrefixCacheSharesFullBlocksAndKeepsThemIdleAfterRelease) {
+  KvPagerOptions o = Options(3, 64, 0, 4);
+  o.prefix_cache = true;
+  KvPager p(o);
+  const std::vector<int32_t> prompt = RandomTokens(100, 1);  // 6 full blocks + 4 tokens
+  std::vector<int32_t> match;
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match), 0);
+  ASSERT_TRUE(p.Grow(0, 100).ok());
+  EXPECT_EQ(p.RegisterPrefix(0, prompt), 6);
+  EXPECT_EQ(p.RegisterPrefix(0, prompt), 0) << "registered once";
+  // The same prompt: all six full blocks, the same physical ones; none past max_blocks.
+  ASSERT_EQ(p.MatchPrefix(prompt, 6, &match), 6);
+  EXPECT_EQ(match, std::vector<int32_t>(p.Blocks(0).begin(), p.Blocks(0).begin() + 6));
+  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match), 4);
+  // A prompt that differs in its second block shares only the first; one that differs in its
+  // first shares nothing, even where later blocks are equal (the chain decides).
+  std::vector<int32_t> second = prompt;
+  second[20] ^= 1;
+  EXPECT_EQ(p.MatchPrefix(second, 6, &match), 1);
+  std::vector<int32_t> first = prompt;
+  first[3] ^= 1;
+  EXPECT_EQ(p.MatchPrefix(first, 6, &match), 0);
+  // Slot 1 attaches the prefix and grows its own tail after it.
+  ASSERT_EQ(p.MatchPrefix(prompt, 6, &match), 6);
+  p.AttachPrefix(1, match);
+  ASSERT_TRUE(p.Grow(1, 100).ok());
+  EXPECT_EQ(p.NumBlocks(1), 7);
+  EXPECT_NE(p.Blocks(1)[6], p.Blocks(0)[6]) << "the partial block is the slot's own";
+  EXPECT_EQ(p.Stats().blocks_used, 7 + 1) << "shared blocks hold their KV once";
+  EXPECT_EQ(p.free_device_blocks(), 64 - 8);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  p.Release(0);
+  EXPECT_EQ(p.idle_cached_blocks(), 0) << "slot 1 still holds them";
+  EXPECT_EQ(p.free_device_blocks(), 64 - 7);
+  p.Release(1);
+  EXPECT_EQ(p.idle_cached_blocks(), 6);
+  EXPECT_EQ(p.Stats().blocks_cached, 6);
+  EXPECT_EQ(p.Stats().blocks_reserved, 0);
+  EXPECT_EQ(p.free_device_blocks(), 64) << "idle cached blocks count as free";
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match), 6) << "and still match";
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+TEST(KvPagerTest, PrefixCacheEvictsLeastRecentlyReleasedTailFirst) {
+  KvPagerOptions o = Options(2, 16, 0, 4);
+  o.prefix_cache = true;
+  KvPager p(o);
+  const std::vector<int32_t> a = RandomTokens(8 * kBlockTokens, 2);
+  ASSERT_TRUE(p.Grow(0, 8 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, a), 8);
+  p.Release(0);
+  ASSERT_EQ(p.idle_cached_blocks(), 8);
+  // 12 blocks for another history: 8 free, so 4 cached ones go, the last of `a` first.
+  ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());
+  EXPECT_EQ(p.evictions(), 4u);
+  std::vector<int32_t> match;
+  EXPECT_EQ(p.MatchPrefix(a, 8, &match), 4) << "the head of the chain survives";
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  p.Release(1);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+TEST(KvPagerTest, PrefixCacheNeverRevivesTheChildrenOfAnEvictedBlock) {
+  // A block evicted while its child stays cached (growth in place takes it), then registered
+  // with other content: a history that continues the new content with the old child's tokens
+  // must not match the old child (its K/V was computed after the old content).
+  KvPagerOptions o = Options(2, 16, 0, 4);
+  o.prefix_cache = true;
+  KvPager p(o);
+  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
+  ASSERT_EQ(p.Blocks(0), std::vector<int32_t>{0});
+  ASSERT_TRUE(p.Grow(1, 15 * kBlockTokens).ok());
+  ASSERT_EQ(p.Blocks(1).front(), 1);
+  const std::vector<int32_t> old = RandomTokens(2 * kBlockTokens, 5);
+  ASSERT_EQ(p.RegisterPrefix(1, old), 2);  // blocks 1 (parent) and 2 (child)
+  p.Release(1);
+  // Growth in place beats keeping an idle cached block: slot 0 takes block 1, evicting it.
+  ASSERT_TRUE(p.Grow(0, 2 * kBlockTokens).ok());
+  ASSERT_EQ(p.Blocks(0), (std::vector<int32_t>{0, 1}));
+  EXPECT_EQ(p.evictions(), 1u);
+  EXPECT_TRUE(p.Registered(2)) << "the child is still cached";
+  const std::vector<int32_t> mine = RandomTokens(2 * kBlockTokens, 6);
+  ASSERT_EQ(p.RegisterPrefix(0, mine), 2);
+  std::vector<int32_t> probe = mine;
+  probe.insert(probe.end(), old.begin() + kBlockTokens, old.end());
+  std::vector<int32_t> match;
+  EXPECT_EQ(p.MatchPrefix(probe, 3, &match), 2);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
 TEST(KvPagerTest, GrowsInPlaceAndPlacesPromptsAsOneExtent) {
