@@ -91,6 +91,9 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                                                    blocks_per_slot, " blocks)"));
   }
   if (o.kv_host_blocks < 0) o.kv_host_blocks = o.kv_mode == KvMode::kKvrm ? o.kv_blocks : 0;
+  // The static baseline has no block table to share through; far history frees a prompt's
+  // distant blocks as it goes, so there is nothing to keep.
+  if (o.kv_mode != KvMode::kKvrm || far.enabled()) o.prefix_caching = false;
   if (o.step_token_budget <= 0) o.step_token_budget = o.slots + o.prefill_chunk;
   if (o.recompute_max_tokens <= 0) o.recompute_max_tokens = o.prefill_chunk;
   if (o.clock == nullptr) o.clock = Clock::Real();
@@ -178,12 +181,14 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     po.max_runs = o.max_runs;
     po.max_blocks_per_slot = static_cast<int32_t>(blocks_per_slot);
     po.bytes_per_block = bytes_per_block;
+    po.prefix_cache = o.prefix_caching;
     auto pager = std::make_unique<KvPager>(po);
     pager_ = pager.get();
     kv_ = std::move(pager);
     if (o.kv_host_blocks > 0) RETURN_IF_ERROR(backend_->CreateHostTier(o.kv_host_blocks));
     const int64_t capacity = o.kv_blocks + std::max<int64_t>(1, o.kv_host_blocks);
     moves_.reserve(capacity);
+    prefix_match_.reserve(blocks_per_slot);
     gated_moves_.reserve(capacity);
     groups_.reserve(capacity);
     transport_ = std::make_unique<Transport>(
@@ -300,6 +305,9 @@ void Engine::PublishStats() {
   s.descriptor_commits_total = commits_;
   s.preemptions_total = preemptions_;
   s.far_blocks_summarized_total = far_summarized_;
+  s.prefix_cache_queries_total = prefix_queries_;
+  s.prefix_cache_hits_total = prefix_hits_;
+  if (pager_) s.prefix_cache_evictions_total = pager_->evictions();
   s.transport_wait_seconds_total = absl::ToDoubleSeconds(transport_wait_);
   if (transport_) {
     const TransportStats t = transport_->Stats();

@@ -74,6 +74,12 @@ struct EngineOptions {
   // costs the decode rows only its own arithmetic. Off, or on a backend without it: the chunk
   // runs first, then the decode step. Results are the same either way.
   bool fuse_prefill = true;
+  // Prefix caching (kvrm mode; off with far history, whose prompts do not keep their blocks):
+  // a prompt that starts with the tokens of an earlier history (a shared system prompt, the
+  // previous turns of a conversation) reuses that history's KV blocks instead of prefilling
+  // them again, as vLLM's automatic prefix caching does (KvPager, "Prefix cache"). Finished
+  // histories stay in the pool until their blocks are wanted. Results are the same either way.
+  bool prefix_caching = true;
   // A paused request whose history is at most this many tokens is dropped and recomputed on
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
@@ -112,6 +118,11 @@ struct EngineStats {
   int32_t slots_decoding = 0;
   int32_t slots_paused = 0;
   uint64_t far_blocks_summarized_total = 0;  // far history: distant blocks summarized and freed
+  // Prefix caching: prompt tokens looked up at admission (and histories at a recompute), and
+  // those found in the cache (their prefill skipped).
+  uint64_t prefix_cache_queries_total = 0;
+  uint64_t prefix_cache_hits_total = 0;
+  uint64_t prefix_cache_evictions_total = 0;  // cached blocks whose space was taken
 };
 
 // A slot's life (requests wait in the queue, "queued", before they have a slot):
@@ -124,6 +135,12 @@ enum class SlotState { kFree, kPrefilling, kDecoding, kPaused, kFinishing };
 
 const char* KvModeName(KvMode mode);
 const char* SlotStateName(SlotState state);
+
+struct CachedPrefix {
+  int64_t blocks = 0;
+  int32_t runs = 0;
+  int64_t idle = 0;
+};
 
 class Engine {
  public:
@@ -179,6 +196,7 @@ class Engine {
     int32_t position = 0;    // history length = position of the next input token
     int32_t next_token = 0;  // input of the next decode step
     int32_t generated = 0;
+    int32_t cached_tokens = 0;  // prompt tokens admission found in the prefix cache
     bool swapped = false;    // paused with its KV in the host tier (else dropped: recompute)
     uint64_t resumed_step = 0;  // the step it was last resumed for
     int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)
@@ -227,6 +245,15 @@ class Engine {
   // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).
   int64_t HistoryBlocksNeeded(int64_t tokens) const;
   int64_t FirstGrowTokens(int64_t tokens) const;
+  // Prefix caching: the cached blocks that hold the start of `tokens` (at most those before the
+  // block of its last token, and in at most `max_runs` runs), left in prefix_match_; how many,
+  // in how many runs, and how many of them are idle (attaching them takes them out of the free
+  // count). Nothing when prefix caching is off.
+  CachedPrefix MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs);
+  // Attaches that prefix to empty `slot`; returns the tokens it holds.
+  int32_t AttachCachedPrefix(int32_t slot, absl::Span<const int32_t> tokens, int32_t max_runs);
+  // Registers the full blocks of the slot's written KV in the prefix cache.
+  void RegisterCachedPrefix(int32_t slot);
   // Far history: frees the slot's blocks whose summaries (entries below `summaries`) exist.
   void DropSummarized(int32_t slot, int32_t summaries);
   // Chooses this step's prefill chunk (FCFS over prefilling slots); false if none.
@@ -275,6 +302,9 @@ class Engine {
   int32_t chunk_slot_ = -1;
   bool chunk_last_ = false;
   std::vector<KvRun> prefill_runs_;       // a prefilling slot's runs when wider than a row
+  std::vector<int32_t> prefix_match_;     // capacity reserved at start-up
+  uint64_t prefix_queries_ = 0;           // tokens looked up in the prefix cache
+  uint64_t prefix_hits_ = 0;              // ... and found
   std::vector<BlockMove> moves_;          // planned this step; capacity reserved at start-up
   std::vector<BlockMove> gated_moves_;    // ... that must wait for the running step
   std::vector<TransferGroup> groups_;     // capacity reserved at start-up

@@ -165,10 +165,20 @@ void Engine::ResumePaused() {
     }
     if (pick < 0) return;
     Slot& s = slots_[pick];
-    const int64_t need = s.swapped ? pager_->NumBlocks(pick) + 1
-                                   : HistoryBlocksNeeded(static_cast<int64_t>(s.history.size()));
-    if (pager_->free_device_blocks() < need + headroom) return;
+    int64_t need = s.swapped ? pager_->NumBlocks(pick) + 1
+                             : HistoryBlocksNeeded(static_cast<int64_t>(s.history.size()));
+    // A resumed history must land in few enough runs that its first decode steps need no
+    // compaction: one that paused because no extent could take its tail runs would otherwise be
+    // resumed into the same fragmented space, fail again and pause again, round after round (a
+    // livelock under KV pressure). It waits until the space that the others free makes room.
+    // A cached prefix it attaches (recompute) brings its own runs: at most all but one.
+    const int32_t runs = std::max(1, options_.max_runs - 1);
+    const CachedPrefix prefix =
+        s.swapped ? CachedPrefix{} : MatchCachedPrefix(s.history, runs - 1);
+    need -= prefix.blocks;
+    if (pager_->free_device_blocks() - prefix.idle < need + headroom) return;
     if (s.swapped) {
+      if (!pager_->MakeRoomInRuns(pager_->NumBlocks(pick), runs)) return;
       const absl::Status st = pager_->PlanSwapIn(pick, transport_->next_fence() + 1, &moves_);
       if (!st.ok()) return;
       NoteTransfer(pick);
@@ -176,14 +186,16 @@ void Engine::ResumePaused() {
       SetState(pick, SlotState::kDecoding);
       s.resumed_step = steps_ + 1;
     } else {
-      // A recomputed history must also land in few enough runs that its first decode steps need
-      // no compaction: one that paused because no extent could take its tail runs would
-      // otherwise be resumed into the same fragmented space, rebuild its KV, fail again and pause
-      // again, round after round (seen as a livelock under KV pressure). It waits until the
-      // space that the others free makes room.
-      if (!pager_->FitsInRuns(need, std::max(1, options_.max_runs - 1))) return;
+      // (The cached prefix is attached first, so that making room cannot evict it.)
+      const int32_t cached_tokens = AttachCachedPrefix(pick, s.history, runs - 1);
+      if (!pager_->MakeRoomInRuns(need, runs - prefix.runs)) {
+        kv_->Release(pick);
+        return;
+      }
       CHECK_OK(pager_->Grow(pick, FirstGrowTokens(static_cast<int64_t>(s.history.size()))));
-      s.prefilled = 0;
+      prefix_queries_ += s.history.size();
+      prefix_hits_ += cached_tokens;
+      s.prefilled = cached_tokens;
       SetState(pick, SlotState::kPrefilling);
       s.resumed_step = steps_ + 1;
     }
@@ -220,7 +232,14 @@ void Engine::Admit(absl::Time now) {
         need = reserve_blocks;
         headroom = 0;
       }
-      if (pager_->free_device_blocks() - UnallocatedReservations(-1) < need + headroom) return;
+      // Blocks found in the prefix cache are not needed anew, but idle ones stop counting as
+      // free once attached.
+      // (A prompt prefills into any number of runs; compaction merges them before it decodes.)
+      const CachedPrefix prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs);
+      if (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1) <
+          need - prefix.blocks + headroom) {
+        return;
+      }
     }
     std::unique_ptr<GenerationRequest> r = std::move(*best);
     waiting_.erase(best);
@@ -234,17 +253,22 @@ void Engine::Admit(absl::Time now) {
     slot.admitted = now;
     slot.reserve_blocks = reserve_blocks;
     slot.admit_seq = ++admissions_;
+    slot.cached_tokens = AttachCachedPrefix(i, slot.request->prompt, options_.max_runs);
     const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
       continue;
     }
+    if (pager_ && options_.prefix_caching) {
+      prefix_queries_ += prompt;
+      prefix_hits_ += slot.cached_tokens;
+    }
     GenerationRequest& req = *slot.request;
     slot.history.clear();
     slot.history.reserve(options_.max_context);
     slot.history.assign(req.prompt.begin(), req.prompt.end());
-    slot.prefilled = 0;
-    slot.position = 0;
+    slot.prefilled = slot.cached_tokens;
+    slot.position = slot.cached_tokens;
     slot.generated = 0;
     slot.swapped = false;
     observer_->OnAdmitted(req, now - req.arrival);
@@ -311,6 +335,8 @@ void Engine::PauseSlot(int32_t slot) {
     v.swapped = true;
     NoteTransfer(slot);
   } else {
+    // What it had written stays in the prefix cache: the recompute may find it there.
+    RegisterCachedPrefix(slot);
     kv_->Release(slot);
     v.prefilled = 0;
   }
@@ -407,6 +433,47 @@ int64_t Engine::FirstGrowTokens(int64_t tokens) const {
   // Far history: the prompt grows chunk by chunk (PickPrefillChunk) and its distant blocks go
   // back to the pool as it goes, so a long prompt never holds more than its working set.
   return far_.enabled() ? std::min<int64_t>(tokens, options_.prefill_chunk) : tokens;
+}
+
+CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs) {
+  CachedPrefix m;
+  prefix_match_.clear();
+  if (!pager_ || !options_.prefix_caching || tokens.empty() || max_runs <= 0) return m;
+  // At most the blocks before the one holding the last token: that token is always prefilled
+  // (it gives the first output's logits), and the slot never writes into a shared block.
+  pager_->MatchPrefix(tokens, static_cast<int32_t>((tokens.size() - 1) / options_.block_tokens),
+                      &prefix_match_);
+  for (size_t i = 0; i < prefix_match_.size(); ++i) {
+    const bool new_run = i == 0 || prefix_match_[i] != prefix_match_[i - 1] + 1;
+    if (new_run && m.runs == max_runs) {
+      prefix_match_.resize(i);
+      break;
+    }
+    m.runs += new_run;
+    m.idle += pager_->IdleCached(prefix_match_[i]);
+  }
+  m.blocks = static_cast<int64_t>(prefix_match_.size());
+  return m;
+}
+
+int32_t Engine::AttachCachedPrefix(int32_t slot, absl::Span<const int32_t> tokens,
+                                   int32_t max_runs) {
+  const CachedPrefix m = MatchCachedPrefix(tokens, max_runs);
+  if (m.blocks == 0) return 0;
+  pager_->AttachPrefix(slot, prefix_match_);
+  return static_cast<int32_t>(m.blocks) * options_.block_tokens;
+}
+
+void Engine::RegisterCachedPrefix(int32_t slot) {
+  if (!pager_ || !options_.prefix_caching) return;
+  const Slot& s = slots_[slot];
+  // KV is written for the history's first `prefilled` tokens while prefilling, for all of it
+  // (every token but the next input) while decoding.
+  const int32_t written =
+      s.state == SlotState::kDecoding
+          ? std::min<int32_t>(s.position, static_cast<int32_t>(s.history.size()))
+          : s.state == SlotState::kPrefilling ? s.prefilled : 0;
+  pager_->RegisterPrefix(slot, absl::MakeConstSpan(s.history).first(written));
 }
 
 void Engine::DropSummarized(int32_t slot, int32_t summaries) {
@@ -556,6 +623,8 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   }
   slot.prefilled += static_cast<int32_t>(chunk_.tokens.size());
   slot.position = slot.prefilled;
+  // The prompt's full blocks are shareable from now on (by a request admitted next step).
+  RegisterCachedPrefix(pick);
   // The chunk wrote the summaries its last row reads: their blocks go back to the pool.
   if (far_.enabled()) {
     DropSummarized(pick, far_.SummariesAt(slot.prefilled - 1, options_.block_tokens));
@@ -661,9 +730,13 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   info.error = std::move(error);
   info.prompt_tokens = static_cast<int32_t>(r.prompt.size());
   info.completion_tokens = slot.generated;
+  info.cached_prompt_tokens = slot.cached_tokens;
   info.queue_time_ms = Ms(slot.admitted - r.arrival);
   info.time_to_first_token_ms = slot.generated > 0 ? Ms(slot.first_token - r.arrival) : 0;
   info.total_time_ms = Ms(now - r.arrival);
+  // A history that ends well stays in the prefix cache (the next turn of a conversation starts
+  // with it); after an error its KV is not trusted.
+  if (reason != FinishReason::kError) RegisterCachedPrefix(slot_index);
   SetState(slot_index, SlotState::kFinishing);
   observer_->OnFinished(r, info);
   r.sink->OnFinished(std::move(last), info);

@@ -184,8 +184,14 @@ int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens) 
     if (cached_[b]) {
       // Attached or registered before: its key is this chain's (a held block is never evicted).
       DCHECK(key_parent_[b] == parent && key_parent_gen_[b] == parent_gen);
+    } else if (const int32_t twin = Find(parent, parent_gen, key); twin >= 0) {
+      // The same content is cached in another block (two histories prefilled the same prompt
+      // at once): this one stays private and the chain goes on through its twin, so that the
+      // blocks after it are found after the twin (their K/V follows the same tokens).
+      parent = twin;
+      parent_gen = gen_[twin];
+      continue;
     } else {
-      if (Find(parent, parent_gen, key) >= 0) break;  // the same content is cached elsewhere
       cached_[b] = 1;
       key_parent_[b] = parent;
       key_parent_gen_[b] = parent_gen;
@@ -252,11 +258,6 @@ absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
   while (need > 0) {
     if (!s.blocks.empty()) {
       const int64_t next = static_cast<int64_t>(s.runs.back().first_block) + s.runs.back().num_blocks;
-      // Growing in place beats keeping an idle cached block there: one run fewer to read and
-      // nothing to compact later.
-      if (next < device_.size() && !device_.IsFree(next) && IdleCached(static_cast<int32_t>(next))) {
-        Evict(static_cast<int32_t>(next));
-      }
       if (next < device_.size() && device_.IsFree(next)) {
         device_.Take(next);
         NewRef(static_cast<int32_t>(next));

@@ -67,7 +67,8 @@ class KvPager final : public KvAllocator {
     return device_.LargestFreeSum(runs) >= blocks;
   }
   // FitsInRuns, evicting idle cached blocks (least recently released first) until it holds or
-  // none are left.
+  // none are left. (Growth itself evicts only when no block is free: a cached block saves a
+  // block's prefill, worth far more than the run it may cost, which compaction merges.)
   bool MakeRoomInRuns(int64_t blocks, int32_t runs);
 
   // Prefix cache (all no-ops returning 0 when options.prefix_cache is off).
@@ -78,10 +79,10 @@ class KvPager final : public KvAllocator {
   // Makes `blocks` (a MatchPrefix result) the first blocks of `slot`, which must hold none.
   void AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks);
   // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
-  // block_tokens), whose K/V the caller has written. Stops at a block that cannot be registered
-  // (the same content is registered under another block already); registers nothing while a
-  // move into the slot's blocks is in flight or for a far-history or host-tier slot. Returns the
-  // blocks newly registered.
+  // block_tokens), whose K/V the caller has written. A block whose content is registered under
+  // another block already (its twin) stays private and the blocks after it are registered as the
+  // twin's children. Registers nothing while a move into the slot's blocks is in flight or for a
+  // far-history or host-tier slot. Returns the blocks newly registered.
   int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
   // count).

@@ -439,30 +439,33 @@ TEST(KvPagerTest, PrefixCacheEvictsLeastRecentlyReleasedTailFirst) {
 }
 
 TEST(KvPagerTest, PrefixCacheNeverRevivesTheChildrenOfAnEvictedBlock) {
-  // A block evicted while its child stays cached (growth in place takes it), then registered
-  // with other content: a history that continues the new content with the old child's tokens
-  // must not match the old child (its K/V was computed after the old content).
-  KvPagerOptions o = Options(2, 16, 0, 4);
+  // A block evicted while a child registered under it stays cached (the child's history chained
+  // through it as a twin), then reused and registered with other content: a history that
+  // continues the new content with the old child's tokens must not match the old child (its K/V
+  // was computed after the old content).
+  KvPagerOptions o = Options(3, 16, 0, 4);
   o.prefix_cache = true;
   KvPager p(o);
-  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
-  ASSERT_EQ(p.Blocks(0), std::vector<int32_t>{0});
-  ASSERT_TRUE(p.Grow(1, 15 * kBlockTokens).ok());
-  ASSERT_EQ(p.Blocks(1).front(), 1);
   const std::vector<int32_t> old = RandomTokens(2 * kBlockTokens, 5);
-  ASSERT_EQ(p.RegisterPrefix(1, old), 2);  // blocks 1 (parent) and 2 (child)
-  p.Release(1);
-  // Growth in place beats keeping an idle cached block: slot 0 takes block 1, evicting it.
-  ASSERT_TRUE(p.Grow(0, 2 * kBlockTokens).ok());
-  ASSERT_EQ(p.Blocks(0), (std::vector<int32_t>{0, 1}));
-  EXPECT_EQ(p.evictions(), 1u);
-  EXPECT_TRUE(p.Registered(2)) << "the child is still cached";
-  const std::vector<int32_t> mine = RandomTokens(2 * kBlockTokens, 6);
-  ASSERT_EQ(p.RegisterPrefix(0, mine), 2);
+  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(old).first(kBlockTokens)), 1);
+  const int32_t parent = p.Blocks(0)[0];
+  ASSERT_TRUE(p.Grow(1, 2 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(1, old), 1) << "its first block is a twin; its second is a child";
+  std::vector<int32_t> match;
+  ASSERT_EQ(p.MatchPrefix(old, 2, &match), 2);
+  EXPECT_EQ(match, (std::vector<int32_t>{parent, p.Blocks(1)[1]}));
+  p.Release(0);
+  ASSERT_TRUE(p.IdleCached(parent));
+  // Slot 2 takes every block: the free ones, then the parent, evicted last.
+  ASSERT_TRUE(p.Grow(2, 14 * kBlockTokens).ok());
+  ASSERT_EQ(p.evictions(), 1u);
+  ASSERT_EQ(p.Blocks(2).back(), parent);
+  const std::vector<int32_t> mine = RandomTokens(14 * kBlockTokens, 6);
+  ASSERT_EQ(p.RegisterPrefix(2, mine), 14);
   std::vector<int32_t> probe = mine;
   probe.insert(probe.end(), old.begin() + kBlockTokens, old.end());
-  std::vector<int32_t> match;
-  EXPECT_EQ(p.MatchPrefix(probe, 3, &match), 2);
+  EXPECT_EQ(p.MatchPrefix(probe, 15, &match), 14);
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 

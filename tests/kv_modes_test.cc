@@ -40,16 +40,12 @@ std::vector<Spec> Workload() {
 
 struct RunResult {
   std::vector<std::vector<int32_t>> tokens;
+  std::vector<FinishInfo> infos;
   EngineStats stats;
 };
 
-RunResult RunWorkload(const ModelBundle& model, EngineOptions options) {
-  options.threads = 2;
-  options.max_new_tokens = 256;
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&model, options);
-  CHECK_OK(engine.status());
-  (*engine)->Start();
-  const std::vector<Spec> specs = Workload();
+// Runs `specs` on `engine` (all submitted at once) and returns their tokens and finishes.
+void RunSpecs(Engine& engine, const std::vector<Spec>& specs, RunResult* out) {
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (size_t i = 0; i < specs.size(); ++i) {
     auto r = std::make_unique<GenerationRequest>();
@@ -64,24 +60,46 @@ RunResult RunWorkload(const ModelBundle& model, EngineOptions options) {
     auto sink = std::make_shared<CollectingSink>();
     r->sink = sink;
     sinks.push_back(sink);
-    CHECK_OK((*engine)->Submit(std::move(r)).status());
+    CHECK_OK(engine.Submit(std::move(r)).status());
   }
-  RunResult out;
   for (size_t i = 0; i < sinks.size(); ++i) {
     FinishInfo info;
-    out.tokens.push_back(sinks[i]->Wait(&info));
+    out->tokens.push_back(sinks[i]->Wait(&info));
     EXPECT_EQ(info.reason, FinishReason::kLength) << "request " << i << ": " << info.error;
-    EXPECT_EQ(static_cast<int32_t>(out.tokens.back().size()), specs[i].max_new_tokens) << i;
+    EXPECT_EQ(static_cast<int32_t>(out->tokens.back().size()), specs[i].max_new_tokens) << i;
+    out->infos.push_back(info);
   }
-  EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
-  // Blocks held for in-flight copies retire on the next idle iterations (every 20 ms).
+}
+
+std::unique_ptr<Engine> StartEngine(const ModelBundle& model, EngineOptions options) {
+  options.threads = 2;
+  options.max_new_tokens = 256;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&model, options);
+  CHECK_OK(engine.status());
+  (*engine)->Start();
+  return std::move(*engine);
+}
+
+// Waits until blocks held for in-flight copies retired (the next idle iterations, every 20 ms).
+EngineStats SettledStats(Engine& engine) {
+  EXPECT_TRUE(engine.WaitIdle(absl::Seconds(10)));
+  EngineStats stats;
   for (int i = 0; i < 100; ++i) {
-    out.stats = (*engine)->Stats();
-    if (out.stats.kv.blocks_reserved == 0 || options.kv_mode == KvMode::kStatic) break;
+    stats = engine.Stats();
+    if (stats.kv.blocks_reserved == 0 || engine.options().kv_mode == KvMode::kStatic) break;
     absl::SleepFor(absl::Milliseconds(10));
   }
+  return stats;
+}
+
+RunResult RunWorkload(const ModelBundle& model, EngineOptions options) {
+  std::unique_ptr<Engine> engine = StartEngine(model, options);
+  RunResult out;
+  RunSpecs(*engine, Workload(), &out);
+  out.stats = SettledStats(*engine);
   return out;
 }
+
 
 class KvModesTest : public ::testing::Test {
  protected:
@@ -159,6 +177,111 @@ TEST_F(KvModesTest, IdenticalTokensUnderEveryKvPolicyAndLayout) {
 // bf16 KV as faithfully as f32.
 TEST_F(KvModesTest, Bf16KvIdenticalTokensUnderEveryKvPolicyAndLayout) {
   ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(*model_, DType::kBF16);
+}
+
+// Prefix caching: conversations whose first turns share three system prompts, then the second
+// turn of each (its prompt: the first turn's prompt, its output and a new message), decode to the
+// same tokens with the cache off, on, and on in a tight pool that must evict, compact and swap;
+// and the cache serves what it holds: a second turn finds its whole first-turn history (every
+// full block of it) unless that was evicted.
+std::vector<Spec> FirstTurns() {
+  std::mt19937 rng(77);
+  std::vector<std::vector<int32_t>> systems(3);
+  for (auto& sys : systems) {
+    const int len = 40 + static_cast<int>(rng() % 80);
+    for (int t = 0; t < len; ++t) sys.push_back(static_cast<int32_t>(rng() % 1000));
+  }
+  std::vector<Spec> specs;
+  for (int i = 0; i < 12; ++i) {
+    Spec s;
+    s.prompt = systems[i % 3];
+    const int len = 5 + static_cast<int>(rng() % 55);
+    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % 1000));
+    s.max_new_tokens = 20 + static_cast<int32_t>(rng() % 40);
+    s.temperature = i % 3 == 0 ? 0.9f : 0.0f;
+    s.seed = 500 + i;
+    s.priority = 0;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::vector<Spec> SecondTurns(const std::vector<Spec>& first, const RunResult& out) {
+  std::mt19937 rng(78);
+  std::vector<Spec> specs;
+  for (size_t i = 0; i < first.size(); ++i) {
+    Spec s = first[i];
+    s.prompt.insert(s.prompt.end(), out.tokens[i].begin(), out.tokens[i].end());
+    const int len = 3 + static_cast<int>(rng() % 28);
+    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % 1000));
+    s.seed += 100;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+RunResult RunConversations(const ModelBundle& model, const EngineOptions& options) {
+  std::unique_ptr<Engine> engine = StartEngine(model, options);
+  RunResult out;
+  const std::vector<Spec> first = FirstTurns();
+  RunSpecs(*engine, first, &out);
+  EXPECT_TRUE(engine->WaitIdle(absl::Seconds(10)));
+  RunSpecs(*engine, SecondTurns(first, out), &out);
+  out.stats = SettledStats(*engine);
+  return out;
+}
+
+TEST_F(KvModesTest, PrefixCachingServesSharedPromptsAndConversationsWithIdenticalTokens) {
+  EngineOptions base;
+  base.slots = 4;
+  base.prefill_chunk = 64;
+  base.kv_mode = KvMode::kKvrm;
+  EngineOptions off = base;
+  off.prefix_caching = false;
+  const RunResult reference = RunConversations(*model_, off);
+  EXPECT_EQ(reference.stats.prefix_cache_hits_total, 0u);
+  for (const FinishInfo& info : reference.infos) EXPECT_EQ(info.cached_prompt_tokens, 0);
+
+  // Room for every history at once: nothing is evicted, so every second turn finds all of its
+  // first turn's full blocks.
+  EngineOptions roomy = base;
+  roomy.kv_blocks = 512;
+  const RunResult cached = RunConversations(*model_, roomy);
+  EXPECT_EQ(cached.tokens, reference.tokens) << "prefix caching on";
+  EXPECT_EQ(cached.stats.prefix_cache_evictions_total, 0u);
+  const std::vector<Spec> first = FirstTurns();
+  const int32_t bt = base.block_tokens;
+  int64_t got = 0;
+  for (size_t i = 0; i < first.size(); ++i) {
+    // The first turn's history with KV: its prompt and every output token but the last.
+    const int64_t history =
+        static_cast<int64_t>(first[i].prompt.size()) + first[i].max_new_tokens - 1;
+    const int32_t c = cached.infos[first.size() + i].cached_prompt_tokens;
+    EXPECT_EQ(c, history / bt * bt) << "conversation " << i;
+    got += c;
+  }
+  int64_t first_turn_hits = 0;
+  for (size_t i = 0; i < first.size(); ++i) first_turn_hits += cached.infos[i].cached_prompt_tokens;
+  EXPECT_GT(first_turn_hits, 0) << "first turns shared their system prompts";
+  EXPECT_EQ(cached.stats.prefix_cache_hits_total, static_cast<uint64_t>(got + first_turn_hits));
+  EXPECT_GT(cached.stats.prefix_cache_queries_total, cached.stats.prefix_cache_hits_total);
+  EXPECT_EQ(cached.stats.kv.blocks_reserved, 0);
+  EXPECT_GT(cached.stats.kv.blocks_cached, 0) << "finished histories stay cached";
+  EXPECT_EQ(cached.stats.kv.blocks_free, cached.stats.kv.blocks_total);
+
+  // A tight pool of small blocks: the cache must give way (evictions), histories fragment and
+  // compact, and requests pause to the host tier, still with the same tokens.
+  EngineOptions tight = base;
+  tight.slots = 6;
+  tight.block_tokens = 4;
+  tight.max_runs = 2;
+  tight.kv_blocks = 160;
+  const RunResult pressed = RunConversations(*model_, tight);
+  EXPECT_EQ(pressed.tokens, reference.tokens) << "prefix caching on, tight pool";
+  EXPECT_GT(pressed.stats.prefix_cache_evictions_total, 0u);
+  EXPECT_GT(pressed.stats.prefix_cache_hits_total, 0u);
+  EXPECT_GT(pressed.stats.transfer_groups_total, 0u);
+  EXPECT_EQ(pressed.stats.kv.blocks_free, 160);
 }
 
 }  // namespace
