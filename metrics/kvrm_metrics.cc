@@ -201,6 +201,16 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
       ->Set(options.far_history ? 1 : 0);
   far_summarized_ = counter("kvrm:far_history_blocks_summarized_total",
                             "KV blocks replaced by a far-history summary and freed.");
+  // Prefix caching (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens): the hit rate
+  // is hits / queries.
+  prefix_queries_ = counter("kvrm:prefix_cache_queries_total",
+                            "Prompt tokens looked up in the prefix cache.");
+  prefix_hits_ = counter("kvrm:prefix_cache_hits_total",
+                         "Prompt tokens found in the prefix cache (their prefill skipped).");
+  prefix_evictions_ = counter("kvrm:prefix_cache_evictions_total",
+                              "Cached KV blocks whose space was taken for other KV.");
+  prefix_cached_ = gauge("kvrm:prefix_cache_bytes",
+                         "KV bytes of finished histories kept for reuse (also counted free).");
 }
 
 void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {
@@ -282,6 +292,11 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
   preemptions_->Add(Delta(s.preemptions_total, last_.preemptions_total));
   far_summarized_->Add(
       Delta(s.far_blocks_summarized_total, last_.far_blocks_summarized_total));
+  prefix_queries_->Add(Delta(s.prefix_cache_queries_total, last_.prefix_cache_queries_total));
+  prefix_hits_->Add(Delta(s.prefix_cache_hits_total, last_.prefix_cache_hits_total));
+  prefix_evictions_->Add(
+      Delta(s.prefix_cache_evictions_total, last_.prefix_cache_evictions_total));
+  prefix_cached_->Set(block * kv.blocks_cached);
   if (s.steps_total > step_base_.steps_total) {
     const double steps = Delta(s.steps_total, step_base_.steps_total);
     steps_->Add(steps);

@@ -90,6 +90,10 @@ class KvrmMetrics : public EngineObserver {
   Gauge* slots_prefilling_;
   Gauge* slots_decoding_;
   Counter* far_summarized_;
+  Counter* prefix_queries_;
+  Counter* prefix_hits_;
+  Counter* prefix_evictions_;
+  Gauge* prefix_cached_;
 
   // Owner thread only: the cumulative totals of the last OnStats (counters advance by the
   // difference) and of the last one in which steps ran (the per-step histograms' baseline);

@@ -232,5 +232,27 @@ TEST(KvrmMetricsFarHistoryTest, EnabledGaugeAndSummarizedBlocks) {
   EXPECT_EQ(Sample(registry.Render(), "kvrm:far_history_blocks_summarized_total" + labels), 15);
 }
 
+TEST(KvrmMetricsPrefixCacheTest, CountsQueriedAndHitTokensEvictionsAndCachedBytes) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, KvrmMetricsOptions{"tiny", "kvrm"});
+  EngineStats s;
+  s.kv.bytes_per_block = 1000;
+  s.prefix_cache_queries_total = 300;
+  s.prefix_cache_hits_total = 128;
+  s.kv.blocks_cached = 7;
+  metrics.OnStats(s);
+  s.prefix_cache_queries_total = 450;
+  s.prefix_cache_hits_total = 160;
+  s.prefix_cache_evictions_total = 3;
+  s.kv.blocks_cached = 5;
+  metrics.OnStats(s);
+  const std::string text = registry.Render();
+  const std::string labels = "{model_name=\"tiny\",kv_mode=\"kvrm\"}";
+  EXPECT_EQ(Sample(text, "kvrm:prefix_cache_queries_total" + labels), 450);
+  EXPECT_EQ(Sample(text, "kvrm:prefix_cache_hits_total" + labels), 160);
+  EXPECT_EQ(Sample(text, "kvrm:prefix_cache_evictions_total" + labels), 3);
+  EXPECT_EQ(Sample(text, "kvrm:prefix_cache_bytes" + labels), 5000);
+}
+
 }  // namespace
 }  // namespace kvrm

@@ -148,6 +148,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       f->set_error(info->error);
       f->mutable_usage()->set_prompt_tokens(info->prompt_tokens);
       f->mutable_usage()->set_completion_tokens(info->completion_tokens);
+      f->mutable_usage()->set_cached_prompt_tokens(info->cached_prompt_tokens);
       f->set_queue_time_ms(info->queue_time_ms);
       f->set_time_to_first_token_ms(info->time_to_first_token_ms);
       f->set_total_time_ms(info->total_time_ms);
@@ -322,6 +323,12 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   fh->set_sink_tokens(far.sink_blocks * engine_->options().block_tokens);
   fh->set_window_tokens(far.window_blocks * engine_->options().block_tokens);
   fh->set_blocks_summarized_total(s.far_blocks_summarized_total);
+  v1::PrefixCacheInfo* pc = response->mutable_prefix_cache();
+  pc->set_enabled(engine_->options().prefix_caching);
+  pc->set_queried_tokens_total(s.prefix_cache_queries_total);
+  pc->set_hit_tokens_total(s.prefix_cache_hits_total);
+  pc->set_cached_blocks(s.kv.blocks_cached);
+  pc->set_evicted_blocks_total(s.prefix_cache_evictions_total);
   return FinishUnary(context, grpc::Status::OK);
 }
 

@@ -76,6 +76,9 @@ ABSL_FLAG(double, max_prefill_stall, 0.5,
 ABSL_FLAG(bool, fuse_prefill, true,
           "run a step's prefill chunk in the same pass as its decode rows, reading the weights "
           "once for both (CPU device; the CUDA graphs run them one after the other)");
+ABSL_FLAG(bool, prefix_caching, true,
+          "reuse the KV of earlier histories for prompts that start with the same tokens "
+          "(kvrm mode; off with --far_history)");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads, all ranks together (0: all cores)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks (Megatron split; CPU: rank threads)");
 ABSL_FLAG(std::string, device, "auto",
@@ -201,6 +204,7 @@ int Run() {
   eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
   eo.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
   eo.fuse_prefill = absl::GetFlag(FLAGS_fuse_prefill);
+  eo.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   if (eo.max_prefill_stall < 0) {
     std::fprintf(stderr, "kvrmd: --max_prefill_stall=%g must be >= 0\n", eo.max_prefill_stall);
     return 2;
@@ -263,6 +267,7 @@ int Run() {
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
             << ", kv-mode " << so.info.kv_mode << ", kv " << DTypeName(eo.kv_dtype)
             << ", mixed steps " << ((*engine)->fuses_prefill() ? "on" : "off")
+            << ", prefix caching " << ((*engine)->options().prefix_caching ? "on" : "off")
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
   if (const FarHistoryShape& far = (*engine)->far_history(); far.enabled()) {

@@ -1,6 +1,7 @@
 // End to end through gRPC on a loopback port: streaming, seeded sampling, concurrency,
 // cancellation, stop conditions, overload and request validation.
 #include <atomic>
+#include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -267,6 +268,68 @@ TEST(E2eMixedStepsTest, OffIsReported) {
   v1::ServerInfo si;
   ASSERT_TRUE(server.stub().GetServerInfo(&c, v1::GetServerInfoRequest(), &si).ok());
   EXPECT_FALSE(si.mixed_steps());
+}
+
+// Prefix caching through the API: a second request whose prompt repeats the first's (a system
+// prompt) and adds a question reports the cached tokens in its usage, decodes as it would
+// without the cache (a server with --prefix_caching=false gives the same tokens), and the server
+// info counts the hits; the static baseline reports the cache off.
+std::vector<int32_t> GreedyTokens(TestServer& server, const std::vector<int32_t>& prompt,
+                                  v1::Usage* usage) {
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req;
+  for (int32_t t : prompt) req.mutable_token_ids()->add_ids(t);
+  req.mutable_stopping()->set_max_new_tokens(16);
+  req.mutable_stopping()->set_ignore_eos(true);
+  auto reader = server.stub().Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  std::vector<int32_t> out;
+  while (reader->Read(&msg)) {
+    out.insert(out.end(), msg.token_ids().begin(), msg.token_ids().end());
+    if (msg.has_finished()) *usage = msg.finished().usage();
+  }
+  EXPECT_TRUE(reader->Finish().ok());
+  return out;
+}
+
+TEST(E2ePrefixCacheTest, CachedTokensAreReportedAndChangeNothing) {
+  std::mt19937 rng(9);
+  std::vector<int32_t> system(150);
+  for (int32_t& t : system) t = static_cast<int32_t>(rng() % 500) + 10;
+  std::vector<int32_t> second = system;
+  for (int i = 0; i < 20; ++i) second.push_back(static_cast<int32_t>(rng() % 500) + 10);
+
+  EngineOptions o = Options(2);
+  TestServer cached(o);
+  v1::Usage u1, u2;
+  GreedyTokens(cached, system, &u1);
+  EXPECT_EQ(u1.cached_prompt_tokens(), 0);
+  const std::vector<int32_t> with_cache = GreedyTokens(cached, second, &u2);
+  EXPECT_EQ(u2.prompt_tokens(), 170);
+  EXPECT_EQ(u2.cached_prompt_tokens(), 144) << "the first request's 9 full blocks";
+  grpc::ClientContext c;
+  v1::ServerInfo si;
+  ASSERT_TRUE(cached.stub().GetServerInfo(&c, v1::GetServerInfoRequest(), &si).ok());
+  EXPECT_TRUE(si.prefix_cache().enabled());
+  EXPECT_EQ(si.prefix_cache().queried_tokens_total(), 320u);
+  EXPECT_EQ(si.prefix_cache().hit_tokens_total(), 144u);
+  EXPECT_GT(si.prefix_cache().cached_blocks(), 0);
+
+  o.prefix_caching = false;
+  TestServer plain(o);
+  v1::Usage u3;
+  EXPECT_EQ(GreedyTokens(plain, second, &u3), with_cache);
+  EXPECT_EQ(u3.cached_prompt_tokens(), 0);
+  grpc::ClientContext c2;
+  ASSERT_TRUE(plain.stub().GetServerInfo(&c2, v1::GetServerInfoRequest(), &si).ok());
+  EXPECT_FALSE(si.prefix_cache().enabled());
+
+  EngineOptions st = Options(2);
+  st.kv_mode = KvMode::kStatic;
+  TestServer baseline(st);
+  grpc::ClientContext c3;
+  ASSERT_TRUE(baseline.stub().GetServerInfo(&c3, v1::GetServerInfoRequest(), &si).ok());
+  EXPECT_FALSE(si.prefix_cache().enabled()) << "the static baseline has no block table to share";
 }
 
 TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {

@@ -59,6 +59,14 @@ std::string FinishReasonName(v1::FinishReason reason) {
   return std::string(absl::StripPrefix(name, "FINISH_REASON_"));
 }
 
+std::string FormatPrefixCache(const v1::PrefixCacheInfo& pc) {
+  if (!pc.enabled()) return "off";
+  const uint64_t q = pc.queried_tokens_total();
+  return absl::StrFormat("on, %d of %d prompt tokens hit (%.1f%%), %d blocks cached, %d evicted",
+                         pc.hit_tokens_total(), q, q > 0 ? 100.0 * pc.hit_tokens_total() / q : 0.0,
+                         pc.cached_blocks(), pc.evicted_blocks_total());
+}
+
 std::string FormatSummary(const v1::Finished& finished) {
   const double total_ms = finished.total_time_ms();
   const int32_t completion = finished.usage().completion_tokens();
@@ -68,6 +76,9 @@ std::string FormatSummary(const v1::Finished& finished) {
       FinishReasonName(finished.reason()), finished.usage().prompt_tokens(), completion,
       finished.queue_time_ms(), finished.time_to_first_token_ms(), total_ms,
       total_ms > 0 ? completion * 1000.0 / total_ms : 0.0);
+  if (finished.usage().cached_prompt_tokens() > 0) {
+    absl::StrAppend(&line, " cached_prompt_tokens=", finished.usage().cached_prompt_tokens());
+  }
   if (!finished.matched_stop().empty()) {
     absl::StrAppend(&line, " matched_stop=", Quoted(finished.matched_stop()));
   }
@@ -126,6 +137,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"kv_mode", server.kv_mode()},
       {"kv_dtype", server.kv_dtype()},
       {"mixed_steps", server.mixed_steps() ? "on" : "off"},
+      {"prefix_cache", FormatPrefixCache(server.prefix_cache())},
       {"tensor_parallel", absl::StrCat(server.tensor_parallel())},
       {"slots", absl::StrCat(server.slots_in_use(), " in use / ", server.slots_total())},
       {"queue", absl::StrCat(server.queue_depth(), " waiting / limit ", server.queue_limit())},

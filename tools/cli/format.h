@@ -21,6 +21,8 @@ std::string FinishReasonName(v1::FinishReason reason);
 // The generate summary line (no trailing newline), e.g. "finish=LENGTH prompt_tokens=5
 // completion_tokens=64 queue_ms=0.1 ttft_ms=12.0 total_ms=400.0 tokens/s=160.0". tokens/s counts
 // completion tokens over the whole time since arrival.
+// "off", or "on, H of Q prompt tokens hit (P%), N blocks cached, E evicted".
+std::string FormatPrefixCache(const v1::PrefixCacheInfo& prefix_cache);
 std::string FormatSummary(const v1::Finished& finished);
 
 // One line per generated token: id, logprob and the top alternatives.

@@ -30,6 +30,31 @@ TEST(FormatTest, SummaryLine) {
             "total_ms=400.0 tokens/s=160.0 matched_stop=\"\\n###\"");
 }
 
+TEST(FormatTest, SummaryNamesCachedPromptTokensWhenThereAreAny) {
+  v1::Finished finished;
+  finished.set_reason(v1::FINISH_REASON_LENGTH);
+  finished.mutable_usage()->set_prompt_tokens(300);
+  finished.mutable_usage()->set_completion_tokens(10);
+  finished.mutable_usage()->set_cached_prompt_tokens(256);
+  finished.set_total_time_ms(100);
+  EXPECT_EQ(FormatSummary(finished),
+            "finish=LENGTH prompt_tokens=300 completion_tokens=10 queue_ms=0.0 ttft_ms=0.0 "
+            "total_ms=100.0 tokens/s=100.0 cached_prompt_tokens=256");
+}
+
+TEST(FormatTest, PrefixCacheLine) {
+  v1::PrefixCacheInfo pc;
+  EXPECT_EQ(FormatPrefixCache(pc), "off");
+  pc.set_enabled(true);
+  EXPECT_EQ(FormatPrefixCache(pc), "on, 0 of 0 prompt tokens hit (0.0%), 0 blocks cached, 0 evicted");
+  pc.set_queried_tokens_total(400);
+  pc.set_hit_tokens_total(100);
+  pc.set_cached_blocks(12);
+  pc.set_evicted_blocks_total(3);
+  EXPECT_EQ(FormatPrefixCache(pc),
+            "on, 100 of 400 prompt tokens hit (25.0%), 12 blocks cached, 3 evicted");
+}
+
 TEST(FormatTest, SummaryWithErrorAndZeroTime) {
   v1::Finished finished;
   finished.set_reason(v1::FINISH_REASON_ERROR);
