@@ -19,6 +19,7 @@ struct RequestRecord {
   int input_tokens = 0;
   int output_tokens_requested = 0;
   int server_completion_tokens = -1;  // Finished.usage.completion_tokens; -1: no final message
+  int server_cached_prompt_tokens = 0;  // Finished.usage.cached_prompt_tokens (prefix cache)
   bool clamped = false;
   int grpc_code = 0;          // grpc::StatusCode; 0 = OK
   std::string error;          // the status message, or Finished.error

@@ -140,6 +140,7 @@ class Driver {
     if (m.has_finished()) {
       r->finish_reason = FinishReasonName(m.finished().reason());
       r->server_completion_tokens = m.finished().usage().completion_tokens();
+      r->server_cached_prompt_tokens = m.finished().usage().cached_prompt_tokens();
       if (!m.finished().error().empty()) r->error = m.finished().error();
     }
   }

@@ -53,6 +53,12 @@ std::string FormatTable(const Summary& s) {
                         s.duration_s, static_cast<long long>(s.output_tokens),
                         s.output_tokens_per_s, s.requests_per_s, s.mean_decoding,
                         s.max_send_lag_ms);
+  if (s.cached_input_tokens > 0) {
+    absl::StrAppendFormat(&out, "prompt tokens %lld, %lld (%.1f%%) from the server's prefix cache\n",
+                          static_cast<long long>(s.input_tokens),
+                          static_cast<long long>(s.cached_input_tokens),
+                          100.0 * s.cached_input_tokens / std::max<int64_t>(1, s.input_tokens));
+  }
   absl::StrAppendFormat(&out, "\n%-22s %8s %10s %10s %10s %10s %10s\n", "latency (ms)", "count",
                         "mean", "p50", "p90", "p99", "max");
   out += Row("time to first token", s.ttft_ms);
@@ -82,6 +88,7 @@ Json SummaryToJson(const Summary& s) {
   j["status_codes"] = s.status_codes;
   j["finish_reasons"] = s.finish_reasons;
   j["input_tokens"] = s.input_tokens;
+  j["cached_input_tokens"] = s.cached_input_tokens;
   j["output_tokens"] = s.output_tokens;
   j["duration_s"] = s.duration_s;
   j["output_tokens_per_s"] = s.output_tokens_per_s;
@@ -113,17 +120,18 @@ Json SummaryToJson(const Summary& s) {
 std::string RecordsToCsv(absl::Span<const RequestRecord> records) {
   std::string out =
       "index,trace_s,scheduled_s,send_s,first_token_s,finish_s,input_tokens,"
-      "output_tokens_requested,output_tokens,server_completion_tokens,ttft_ms,tpot_ms,e2e_ms,"
-      "status,finish_reason,error,"
+      "output_tokens_requested,output_tokens,server_completion_tokens,"
+      "server_cached_prompt_tokens,ttft_ms,tpot_ms,e2e_ms,status,finish_reason,error,"
       "token_times_s\n";
   for (const RequestRecord& r : records) {
     std::vector<std::string> times;
     times.reserve(r.token_times_s.size());
     for (double t : r.token_times_s) times.push_back(absl::StrFormat("%.6f", t));
     absl::StrAppendFormat(
-        &out, "%d,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%.3f,%.3f,%.3f,%s,%s,%s,%s\n", r.index,
+        &out, "%d,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%d,%.3f,%.3f,%.3f,%s,%s,%s,%s\n", r.index,
         r.trace_s, r.scheduled_s, r.send_s, r.first_token_s, r.finish_s, r.input_tokens,
-        r.output_tokens_requested, r.output_tokens(), r.server_completion_tokens, TtftMs(r),
+        r.output_tokens_requested, r.output_tokens(), r.server_completion_tokens,
+        r.server_cached_prompt_tokens, TtftMs(r),
         TpotMs(r), E2eMs(r), absl::StatusCodeToString(static_cast<absl::StatusCode>(r.grpc_code)),
         r.finish_reason, CsvField(r.error), absl::StrJoin(times, " "));
   }

@@ -21,7 +21,7 @@ Json SummaryToJson(const Summary& summary);
 
 // Header plus one row per request: index, trace_s, scheduled_s, send_s, first_token_s, finish_s,
 // input_tokens, output_tokens_requested, output_tokens,
-// server_completion_tokens, ttft_ms, tpot_ms, e2e_ms, status,
+// server_completion_tokens, server_cached_prompt_tokens, ttft_ms, tpot_ms, e2e_ms, status,
 // finish_reason, error, token_times_s (space-separated, seconds).
 std::string RecordsToCsv(absl::Span<const RequestRecord> records);
 

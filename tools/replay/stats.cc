@@ -97,6 +97,7 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
     ++s.completed;
     ++s.finish_reasons[r.finish_reason];
     s.input_tokens += r.input_tokens;
+    s.cached_input_tokens += r.server_cached_prompt_tokens;
     if (r.first_token_s >= 0) ttft.push_back(TtftMs(r));
     if (r.output_tokens() >= 2) tpot.push_back(TpotMs(r));
     e2e.push_back(E2eMs(r));

@@ -54,6 +54,7 @@ struct Summary {
   std::map<std::string, int> status_codes;    // code name -> count, errors only
   std::map<std::string, int> finish_reasons;  // of OK streams; "NONE": no final message
   int64_t input_tokens = 0;                   // of completed requests
+  int64_t cached_input_tokens = 0;  // ... that the server found in its prefix cache
   int64_t output_tokens = 0;                  // received, all requests
   double duration_s = 0;                      // first send to last finish
   double output_tokens_per_s = 0;

@@ -42,6 +42,8 @@ std::vector<RequestRecord> KnownRun() {
       Failed(3, 2.0, 2.001, 8),         Failed(4, 2.5, 2.6, 0, "ERROR"), Failed(5, 2.7, 3.0, 14)};
   r[1].scheduled_s = 0.98;
   r[2].clamped = true;
+  r[1].server_cached_prompt_tokens = 8;
+  r[4].server_cached_prompt_tokens = 16;  // failed: not counted
   return r;
 }
 
@@ -77,6 +79,7 @@ TEST(SummaryTest, CountsLatenciesAndThroughput) {
   EXPECT_EQ(s.finish_reasons.at("ERROR"), 1);
   EXPECT_EQ(s.output_tokens, 7);
   EXPECT_EQ(s.input_tokens, 30);
+  EXPECT_EQ(s.cached_input_tokens, 8);
   EXPECT_NEAR(s.duration_s, 3.0, kTol);
   EXPECT_NEAR(s.output_tokens_per_s, 7 / 3.0, kTol);
   EXPECT_NEAR(s.requests_per_s, 1.0, kTol);
