@@ -143,23 +143,61 @@ TEST(ReplayE2eTest, ThirtySecondsOfAzureTraceAllAccountedFor) {
   ASSERT_EQ(rows.size(), static_cast<size_t>(expected) + 1);
   for (size_t i = 1; i < rows.size(); ++i) {
     const std::vector<std::string> f = absl::StrSplit(rows[i], ',');
-    ASSERT_GE(f.size(), 15u) << rows[i];
-    int input = 0, requested = 0, got = 0;
+    ASSERT_GE(f.size(), 16u) << rows[i];
+    int input = 0, requested = 0, got = 0, cached = -1;
     ASSERT_TRUE(absl::SimpleAtoi(f[6], &input) && absl::SimpleAtoi(f[7], &requested) &&
-                absl::SimpleAtoi(f[8], &got))
+                absl::SimpleAtoi(f[8], &got) && absl::SimpleAtoi(f[10], &cached))
         << rows[i];
     EXPECT_LE(input + requested, 512) << rows[i];
-    if (f[13] == "OK") {
+    // Azure rows carry no hash ids: the synthesized prompts share no 16-token block.
+    EXPECT_EQ(cached, 0) << rows[i];
+    if (f[14] == "OK") {
       EXPECT_EQ(got, requested) << rows[i];
       EXPECT_EQ(f[9], std::to_string(requested)) << rows[i];  // the server's own count
-      EXPECT_EQ(f[14], "LENGTH") << rows[i];
+      EXPECT_EQ(f[15], "LENGTH") << rows[i];
     } else {
-      EXPECT_EQ(f[13], "RESOURCE_EXHAUSTED") << rows[i];
+      EXPECT_EQ(f[14], "RESOURCE_EXHAUSTED") << rows[i];
     }
   }
   const std::string plot = ReadAll(svg);
   EXPECT_NE(plot.find("</svg>"), std::string::npos);
   EXPECT_NE(ReadAll(out).find("time to first token"), std::string::npos);
+}
+
+// Conversations in Mooncake's format (testdata/mooncake_conversations.jsonl): two of them whose
+// turns repeat the previous turn's hash ids (the same 512-token blocks, 32 tokens at
+// --input_scale=0.0625) and share block 0 (a system prompt). Against kvrmd (prefix caching on by
+// default) each turn finds what came before it in the server's prefix cache, 16-token blocks
+// at a time: B1 the system prompt (32), A2 and B2 their first turns' prompts (96 each; the
+// outputs that followed differ from the new blocks), A3 A2's prompt (160). The summary says so.
+TEST(ReplayE2eTest, ConversationTurnsHitThePrefixCache) {
+  KvrmdProcess kvrmd;
+  ASSERT_GT(kvrmd.port(), 0) << kvrmd.Log();
+  const std::string json = TmpDir() + "/conversations.json";
+  const std::string csv = TmpDir() + "/conversations.csv";
+  const std::string log = TmpDir() + "/conversations.log";
+  ASSERT_EQ(RunToExit({"tools/replay/kvrm_replay",
+                       "--server=127.0.0.1:" + std::to_string(kvrmd.port()),
+                       "--trace=tools/replay/testdata/mooncake_conversations.jsonl",
+                       "--input_scale=0.0625", "--output_scale=0.0625", "--json=" + json,
+                       "--csv=" + csv, RequestTimeoutFlag()},
+                      log),
+            0)
+      << ReadAll(log);
+  absl::StatusOr<Json> summary = ReadJsonFile(json);
+  ASSERT_TRUE(summary.ok()) << summary.status() << ReadAll(log);
+  const Json& s = *summary;
+  EXPECT_EQ(s["completed"].get<int>(), 5) << s.dump(2);
+  EXPECT_EQ(s["input_tokens"].get<int64_t>(), 96 + 96 + 160 + 128 + 224) << s.dump(2);
+  EXPECT_EQ(s["cached_input_tokens"].get<int64_t>(), 32 + 96 + 96 + 160) << s.dump(2);
+  const std::vector<std::string> rows = absl::StrSplit(ReadAll(csv), '\n', absl::SkipEmpty());
+  ASSERT_EQ(rows.size(), 6u);
+  const std::vector<std::string> expected = {"0", "32", "96", "96", "160"};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const std::vector<std::string> f = absl::StrSplit(rows[i + 1], ',');
+    ASSERT_GT(f.size(), 10u) << rows[i + 1];
+    EXPECT_EQ(f[10], expected[i]) << rows[i + 1];
+  }
 }
 
 // Runs kvrm_replay with synthetic arrivals and returns its JSON summary.
