@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, kv_dtype, "f32", "kvrmd --kv_dtype (both modes): f32 or b
 ABSL_FLAG(int32_t, prefill_chunk, 32,
           "kvrmd --prefill_chunk (both modes; small chunks keep inter-token latency smooth)");
 ABSL_FLAG(bool, fuse_prefill, true, "kvrmd --fuse_prefill (both modes)");
+ABSL_FLAG(int32_t, prefix_len, 0,
+          "a shared system prompt of this many tokens before every prompt of the three "
+          "families (replay --prefix_len); the traces keep their own");
 ABSL_FLAG(bool, prefix_caching, true,
           "kvrmd --prefix_caching (kvrm mode; the static baseline has no block table to share)");
 ABSL_FLAG(double, duration_s, 20, "seconds of arrivals per workload");
@@ -268,6 +271,7 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", name.c_str(), plan.status().ToString().c_str());
       return;
     }
+    replay::PrependSharedPrefix(absl::GetFlag(FLAGS_prefix_len), &*plan);
     workloads.push_back({name, desc, *plan});
   };
   add_family("short", "short chat",

@@ -32,6 +32,9 @@ ABSL_FLAG(double, duration, -1, "window length in seconds (trace time); < 0 = to
 ABSL_FLAG(double, time_scale, 1.0, "multiplies inter-arrival gaps; 0.1 = ten times faster");
 ABSL_FLAG(double, input_scale, 1.0, "multiplies prompt lengths (and the 512-token hash blocks)");
 ABSL_FLAG(double, output_scale, 1.0, "multiplies output lengths");
+ABSL_FLAG(int32_t, prefix_len, 0,
+          "a shared system prompt: this many tokens, the same for every request without the "
+          "trace's hash ids, before its own prompt (as vLLM's benchmark --random-prefix-len)");
 ABSL_FLAG(int32_t, max_requests, -1, "send at most this many requests; < 0 = all");
 ABSL_FLAG(std::string, arrival, "trace",
           "trace (the trace's own arrival times), poisson or gamma (synthetic)");
@@ -114,7 +117,11 @@ int Main() {
   if (!(absl::GetFlag(FLAGS_window_s) > 0)) {
     return Fail(kExitUsage, absl::InvalidArgumentError("--window_s must be > 0"));
   }
+  if (absl::GetFlag(FLAGS_prefix_len) < 0) {
+    return Fail(kExitUsage, absl::InvalidArgumentError("--prefix_len must be >= 0"));
+  }
   absl::StatusOr<std::vector<PlannedRequest>> plan = Plan();
+  if (plan.ok()) PrependSharedPrefix(absl::GetFlag(FLAGS_prefix_len), &*plan);
   if (!plan.ok()) {
     const bool usage = plan.status().code() == absl::StatusCode::kInvalidArgument &&
                        absl::GetFlag(FLAGS_trace).empty();

@@ -64,5 +64,25 @@ TEST(PromptTest, EqualLeadingHashIdsGiveIdenticalLeadingBlocks) {
   EXPECT_NE(other->Synthesize(Request(3, 100)), d);
 }
 
+// --prefix_len: every request without hash ids starts with the same tokens, then its own.
+TEST(PromptTest, SharedPrefixLeadsEveryPromptWithoutHashIds) {
+  auto prompts = PromptSynthesizer::Create(1024, std::vector<int32_t>{1, 2}, 3);
+  ASSERT_TRUE(prompts.ok());
+  std::vector<PlannedRequest> plan = {Request(0, 50), Request(1, 80), Request(2, 70, {5, 6}, 32)};
+  PrependSharedPrefix(100, &plan);
+  EXPECT_EQ(plan[0].input_tokens, 150);
+  EXPECT_EQ(plan[1].input_tokens, 180);
+  EXPECT_EQ(plan[2].input_tokens, 70) << "a trace's own hash ids are kept";
+  const auto a = prompts->Synthesize(plan[0]);
+  const auto b = prompts->Synthesize(plan[1]);
+  ASSERT_EQ(a.size(), 150u);
+  ASSERT_EQ(b.size(), 180u);
+  EXPECT_TRUE(std::equal(a.begin(), a.begin() + 100, b.begin()));
+  EXPECT_NE(std::vector<int32_t>(a.begin() + 100, a.begin() + 150),
+            std::vector<int32_t>(b.begin() + 100, b.begin() + 150));
+  const auto c = prompts->Synthesize(plan[2]);
+  EXPECT_FALSE(std::equal(c.begin(), c.begin() + 32, a.begin()));
+}
+
 }  // namespace
 }  // namespace kvrm::replay

@@ -146,4 +146,14 @@ absl::StatusOr<std::vector<PlannedRequest>> SyntheticRequests(absl::Span<const d
   return out;
 }
 
+void PrependSharedPrefix(int tokens, std::vector<PlannedRequest>* plan) {
+  if (tokens <= 0) return;
+  for (PlannedRequest& r : *plan) {
+    if (!r.hash_ids.empty()) continue;
+    r.hash_ids = {kSharedPrefixHashId};
+    r.hash_block_tokens = tokens;
+    r.input_tokens += tokens;
+  }
+}
+
 }  // namespace kvrm::replay

@@ -83,6 +83,12 @@ absl::StatusOr<std::vector<PlannedRequest>> SyntheticRequests(absl::Span<const d
                                                               double input_scale,
                                                               double output_scale, uint64_t seed);
 
+// A shared system prompt, as vLLM's benchmark random-prefix-len: every request without hash ids
+// gets the same `tokens` tokens before its own prompt (input_tokens grows by that many), so a
+// server with prefix caching can reuse their KV. Requests with hash ids keep the trace's.
+void PrependSharedPrefix(int tokens, std::vector<PlannedRequest>* plan);
+inline constexpr int64_t kSharedPrefixHashId = -1;  // trace hash ids are >= 0
+
 }  // namespace kvrm::replay
 
 #endif  // KVRM_TOOLS_REPLAY_WORKLOAD_H_
