@@ -2,9 +2,13 @@
 //  1. descriptor build + commit per step (pager growth, run tables, epoch flip) at 16, 64 and
 //     256 slots, against one decode step of the `small` model at 16 slots (must be < 1%);
 //  2. the transfer planner on a fragmented pool: moves in, groups out, bytes per group;
-//  3. reserved KV bytes per mode (static vs kvrm) over three workload families.
+//  3. reserved KV bytes per mode (static vs kvrm) over three workload families;
+//  4. the prefix cache's hit rate on the Mooncake conversation trace by KV pool size (the
+//     pager alone, at the trace's full lengths): how much of the trace's prefix reuse a pool of
+//     each size keeps.
 //
 //   bazel run -c opt //bench:kv_runtime_bench -- [--json=FILE] [--model_dir=DIR] [--quick]
+//       [--mooncake=TRACE.jsonl]
 //
 // 1 and 2 are Google Benchmark microbenchmarks; the decode step and the reserved-bytes
 // simulation are timed/computed directly; everything is summarised in one table.
@@ -13,6 +17,7 @@
 #include <fstream>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -30,11 +35,15 @@
 #include "runtime/model_bundle.h"
 #include "runtime/transfer_plan.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/replay/trace.h"
 
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
 ABSL_FLAG(std::string, model_dir, "", "where the small model is generated (default: a temp dir)");
 ABSL_FLAG(bool, quick, false, "short runs (smoke test): tiny model, fewer steps");
 ABSL_FLAG(int32_t, threads, 2, "threads for the decode step");
+ABSL_FLAG(std::string, mooncake,
+          "../shared/traces/mooncake-conversation/conversation_trace.jsonl",
+          "Mooncake trace for the prefix-cache table (skipped when missing)");
 
 namespace kvrm {
 namespace {
@@ -325,6 +334,104 @@ ReservedResult SimulateReserved(const Family& f, int32_t slots, int32_t steps,
   return r;
 }
 
+// ---- 4. prefix cache hit rate on a trace ---------------------------------------------------------
+
+// A token id standing for position `i` of the block named `key` (a hash id, or a request's own).
+int32_t TokenOf(uint64_t key, int64_t i) {
+  uint64_t x = key * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) + 1;
+  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
+  return static_cast<int32_t>((x ^ (x >> 29)) % 100000);
+}
+
+// A request's prompt as the replay synthesizes it: 512 tokens per hash id, derived from the id
+// alone, then its own tokens; and its outputs, its own.
+std::vector<int32_t> HistoryOf(const replay::TraceRequest& r, size_t index, int64_t max_tokens) {
+  std::vector<int32_t> t;
+  const int64_t total = std::min<int64_t>(r.input_tokens + r.output_tokens, max_tokens);
+  t.reserve(total);
+  for (int64_t h : r.hash_ids) {
+    for (int i = 0; i < replay::kTraceHashBlockTokens; ++i) {
+      t.push_back(TokenOf(static_cast<uint64_t>(h) + 1, i));
+    }
+  }
+  t.resize(std::min<int64_t>(t.size(), r.input_tokens));
+  while (static_cast<int64_t>(t.size()) < total) {
+    t.push_back(TokenOf(~static_cast<uint64_t>(index), static_cast<int64_t>(t.size())));
+  }
+  return t;
+}
+
+struct PrefixCacheResult {
+  int64_t pool_tokens = 0;
+  int64_t prompt_tokens = 0;
+  int64_t hit_tokens = 0;
+  uint64_t evictions = 0;
+  int64_t refused = 0;  // did not fit beside the live ones
+};
+
+// The trace's requests in arrival order through the pager with its prefix cache, `live` of them
+// at once (each ends when the live-th after it arrives), as the engine drives it: a request
+// attaches the cached blocks that start its prompt (all but the block of its last prompt token),
+// grows to its prompt, registers the prompt's full blocks (prefilled), grows to prompt + output,
+// and registers its whole history when it ends.
+PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& trace,
+                                      int64_t pool_blocks, int32_t live, int64_t max_tokens) {
+  KvPagerOptions o;
+  o.num_slots = live;
+  o.device_blocks = pool_blocks;
+  o.block_tokens = kBlockTokens;
+  o.max_runs = kMaxRuns;
+  o.max_blocks_per_slot = static_cast<int32_t>((max_tokens + kBlockTokens - 1) / kBlockTokens);
+  o.bytes_per_block = kSmallBytesPerBlock;
+  o.prefix_cache = true;
+  KvPager pager(o);
+  PrefixCacheResult r;
+  r.pool_tokens = pool_blocks * kBlockTokens;
+  std::vector<std::vector<int32_t>> history(live);
+  std::vector<int32_t> match;
+  for (size_t i = 0; i < trace.size(); ++i) {
+    const int32_t s = static_cast<int32_t>(i % live);
+    if (!history[s].empty()) {  // the request that held this slot ends
+      pager.RegisterPrefix(s, history[s]);
+      pager.Release(s);
+      history[s].clear();
+    }
+    std::vector<int32_t> h = HistoryOf(trace[i], i, max_tokens);
+    const int64_t prompt = std::min<int64_t>(trace[i].input_tokens, static_cast<int64_t>(h.size()));
+    if (prompt <= 0) continue;
+    pager.MatchPrefix(absl::MakeConstSpan(h).first(prompt),
+                      static_cast<int32_t>((prompt - 1) / kBlockTokens), &match);
+    pager.AttachPrefix(s, match);
+    if (!pager.Grow(s, prompt).ok() || !pager.Grow(s, static_cast<int64_t>(h.size())).ok()) {
+      pager.Release(s);
+      ++r.refused;
+      continue;
+    }
+    pager.RegisterPrefix(s, absl::MakeConstSpan(h).first(prompt));
+    r.prompt_tokens += prompt;
+    r.hit_tokens += static_cast<int64_t>(match.size()) * kBlockTokens;
+    history[s] = std::move(h);
+  }
+  r.evictions = pager.evictions();
+  return r;
+}
+
+// What an unbounded cache would find: each request's leading hash ids seen before, 512 tokens
+// each, up to the block of its last prompt token.
+double UnboundedHitRate(const std::vector<replay::TraceRequest>& trace, int64_t max_tokens) {
+  std::set<int64_t> seen;
+  int64_t prompt = 0, hit = 0;
+  for (const replay::TraceRequest& r : trace) {
+    const int64_t p = std::min<int64_t>(r.input_tokens, max_tokens);
+    int64_t k = 0;
+    while (k < static_cast<int64_t>(r.hash_ids.size()) && seen.count(r.hash_ids[k])) ++k;
+    seen.insert(r.hash_ids.begin(), r.hash_ids.end());
+    prompt += p;
+    hit += std::min(k * replay::kTraceHashBlockTokens, (p - 1) / kBlockTokens * kBlockTokens);
+  }
+  return prompt > 0 ? static_cast<double>(hit) / prompt : 0;
+}
+
 int Main(int argc, char** argv) {
   // Google Benchmark takes its --benchmark_* flags out of argv first; absl parses the rest.
   std::vector<char*> args(argv, argv + argc);
@@ -401,6 +508,45 @@ int Main(int argc, char** argv) {
                                            {"kvrm_mean_bytes", r.kvrm_mean_bytes},
                                            {"kvrm_peak_bytes", r.kvrm_peak_bytes},
                                            {"kvrm_over_static", ratio}});
+  }
+  if (auto trace = replay::ReadTrace(absl::GetFlag(FLAGS_mooncake), replay::TraceFormat::kMooncake);
+      !trace.ok()) {
+    std::printf("\nPrefix cache: no trace (%s): skipped\n", trace.status().ToString().c_str());
+  } else {
+    if (quick && trace->size() > 400) trace->resize(400);
+    constexpr int32_t kLive = 32;
+    int64_t max_tokens = 0;
+    for (const replay::TraceRequest& r : *trace) {
+      max_tokens = std::max(max_tokens, r.input_tokens + r.output_tokens);
+    }
+    max_tokens = std::min<int64_t>(max_tokens, 131072);
+    const double unbounded = UnboundedHitRate(*trace, max_tokens);
+    std::printf("\nPrefix cache on %s: %zu requests in arrival order, %d at once, full lengths "
+                "(prompt tokens found in the cache; unbounded cache: %.1f%%)\n",
+                absl::GetFlag(FLAGS_mooncake).c_str(), trace->size(), kLive, 100 * unbounded);
+    std::printf("%-14s %12s %14s %12s %10s\n", "pool tokens", "hit rate", "of unbounded",
+                "evictions", "refused");
+    out["prefix_cache"]["trace"] = absl::GetFlag(FLAGS_mooncake);
+    out["prefix_cache"]["requests"] = trace->size();
+    out["prefix_cache"]["live"] = kLive;
+    out["prefix_cache"]["unbounded_hit_rate"] = unbounded;
+    const std::vector<int64_t> pools = quick ? std::vector<int64_t>{1 << 19, 1 << 21}
+                                             : std::vector<int64_t>{1 << 19, 1 << 20, 1 << 21,
+                                                                    1 << 22, 1 << 23};
+    for (int64_t tokens : pools) {
+      const PrefixCacheResult p =
+          SimulatePrefixCache(*trace, tokens / kBlockTokens, kLive, max_tokens);
+      const double rate = p.prompt_tokens > 0 ? static_cast<double>(p.hit_tokens) / p.prompt_tokens : 0;
+      std::printf("%-14lld %11.1f%% %13.0f%% %12llu %10lld\n", static_cast<long long>(tokens),
+                  100 * rate, unbounded > 0 ? 100 * rate / unbounded : 0,
+                  static_cast<unsigned long long>(p.evictions), static_cast<long long>(p.refused));
+      out["prefix_cache"]["pools"].push_back({{"pool_tokens", tokens},
+                                              {"prompt_tokens", p.prompt_tokens},
+                                              {"hit_tokens", p.hit_tokens},
+                                              {"hit_rate", rate},
+                                              {"evictions", p.evictions},
+                                              {"refused", p.refused}});
+    }
   }
   const std::string json = absl::GetFlag(FLAGS_json);
   if (!json.empty()) std::ofstream(json) << out.dump(2) << "\n";

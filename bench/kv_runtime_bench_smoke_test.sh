@@ -3,8 +3,9 @@
 # section; the figures themselves are recorded in docs/benchmarks.md from full runs.
 set -euo pipefail
 out="${TEST_TMPDIR}/kv.json"
-bench/kv_runtime_bench --quick --model_dir="${TEST_TMPDIR}/models" --json="$out" >/dev/null
-for key in descriptor planner reserved decode_step_seconds_16_slots; do
+bench/kv_runtime_bench --quick --model_dir="${TEST_TMPDIR}/models" --json="$out" \
+  --mooncake=tools/replay/testdata/mooncake_conversations.jsonl >/dev/null
+for key in descriptor planner reserved decode_step_seconds_16_slots prefix_cache hit_rate; do
   grep -q "\"$key\"" "$out" || { echo "missing $key in $out"; exit 1; }
 done
 echo ok
