@@ -249,8 +249,11 @@ class Engine {
   // block of its last token, and in at most `max_runs` runs), left in prefix_match_; how many,
   // in how many runs, and how many of them are idle (attaching them takes them out of the free
   // count). Nothing when prefix caching is off.
-  CachedPrefix MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs);
-  // Attaches that prefix to empty `slot`; returns the tokens it holds.
+  // Only blocks registered under the same `salt` (GenerationRequest::cache_salt) match.
+  CachedPrefix MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs,
+                                 uint64_t salt);
+  // Attaches that prefix (under the slot's request's salt) to empty `slot`; returns the tokens
+  // it holds.
   int32_t AttachCachedPrefix(int32_t slot, absl::Span<const int32_t> tokens, int32_t max_runs);
   // Registers the full blocks of the slot's written KV in the prefix cache.
   void RegisterCachedPrefix(int32_t slot);

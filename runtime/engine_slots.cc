@@ -174,7 +174,8 @@ void Engine::ResumePaused() {
     // A cached prefix it attaches (recompute) brings its own runs: at most all but one.
     const int32_t runs = std::max(1, options_.max_runs - 1);
     const CachedPrefix prefix =
-        s.swapped ? CachedPrefix{} : MatchCachedPrefix(s.history, runs - 1);
+        s.swapped ? CachedPrefix{}
+                  : MatchCachedPrefix(s.history, runs - 1, s.request->cache_salt);
     need -= prefix.blocks;
     if (pager_->free_device_blocks() - prefix.idle < need + headroom) return;
     if (s.swapped) {
@@ -235,7 +236,8 @@ void Engine::Admit(absl::Time now) {
       // Blocks found in the prefix cache are not needed anew, but idle ones stop counting as
       // free once attached.
       // (A prompt prefills into any number of runs; compaction merges them before it decodes.)
-      const CachedPrefix prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs);
+      const CachedPrefix prefix =
+          MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt);
       if (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1) <
           need - prefix.blocks + headroom) {
         return;
@@ -435,14 +437,15 @@ int64_t Engine::FirstGrowTokens(int64_t tokens) const {
   return far_.enabled() ? std::min<int64_t>(tokens, options_.prefill_chunk) : tokens;
 }
 
-CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs) {
+CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs,
+                                       uint64_t salt) {
   CachedPrefix m;
   prefix_match_.clear();
   if (!pager_ || !options_.prefix_caching || tokens.empty() || max_runs <= 0) return m;
   // At most the blocks before the one holding the last token: that token is always prefilled
   // (it gives the first output's logits), and the slot never writes into a shared block.
   pager_->MatchPrefix(tokens, static_cast<int32_t>((tokens.size() - 1) / options_.block_tokens),
-                      &prefix_match_);
+                      &prefix_match_, salt);
   for (size_t i = 0; i < prefix_match_.size(); ++i) {
     const bool new_run = i == 0 || prefix_match_[i] != prefix_match_[i - 1] + 1;
     if (new_run && m.runs == max_runs) {
@@ -458,7 +461,7 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
 
 int32_t Engine::AttachCachedPrefix(int32_t slot, absl::Span<const int32_t> tokens,
                                    int32_t max_runs) {
-  const CachedPrefix m = MatchCachedPrefix(tokens, max_runs);
+  const CachedPrefix m = MatchCachedPrefix(tokens, max_runs, slots_[slot].request->cache_salt);
   if (m.blocks == 0) return 0;
   pager_->AttachPrefix(slot, prefix_match_);
   return static_cast<int32_t>(m.blocks) * options_.block_tokens;
@@ -473,7 +476,8 @@ void Engine::RegisterCachedPrefix(int32_t slot) {
       s.state == SlotState::kDecoding
           ? std::min<int32_t>(s.position, static_cast<int32_t>(s.history.size()))
           : s.state == SlotState::kPrefilling ? s.prefilled : 0;
-  pager_->RegisterPrefix(slot, absl::MakeConstSpan(s.history).first(written));
+  pager_->RegisterPrefix(slot, absl::MakeConstSpan(s.history).first(written),
+                         s.request->cache_salt);
 }
 
 void Engine::DropSummarized(int32_t slot, int32_t summaries) {

@@ -111,7 +111,7 @@ bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {
   return true;
 }
 
-uint64_t KvPager::KeyHash(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const {
+uint64_t KvPager::KeyHash(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
   // splitmix64 steps over the key's words.
   auto mix = [](uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -119,14 +119,14 @@ uint64_t KvPager::KeyHash(int32_t parent, uint32_t parent_gen, const int32_t* to
     x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
     return x ^ (x >> 31);
   };
-  uint64_t h = mix((static_cast<uint64_t>(static_cast<uint32_t>(parent)) << 32) | parent_gen);
+  uint64_t h = mix(mix(static_cast<uint32_t>(parent)) ^ parent_gen);
   for (int32_t i = 0; i < options_.block_tokens; ++i) {
     h = mix(h ^ static_cast<uint32_t>(tokens[i]));
   }
   return h;
 }
 
-int32_t KvPager::Find(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const {
+int32_t KvPager::Find(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
   const size_t bt = static_cast<size_t>(options_.block_tokens);
   const size_t h = KeyHash(parent, parent_gen, tokens) & (buckets_.size() - 1);
   for (int32_t b = buckets_[h]; b >= 0; b = bucket_next_[b]) {
@@ -139,13 +139,13 @@ int32_t KvPager::Find(int32_t parent, uint32_t parent_gen, const int32_t* tokens
 }
 
 int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
-                             std::vector<int32_t>* out) const {
+                             std::vector<int32_t>* out, uint64_t salt) const {
   out->clear();
   if (!options_.prefix_cache) return 0;
   const int64_t bt = options_.block_tokens;
   const int64_t n = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bt);
   int32_t parent = -1;
-  uint32_t parent_gen = 0;
+  uint64_t parent_gen = salt;
   for (int64_t j = 0; j < n; ++j) {
     const int32_t b = Find(parent, parent_gen, tokens.data() + j * bt);
     if (b < 0) break;
@@ -169,14 +169,14 @@ void KvPager::AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks) {
   s.tokens = static_cast<int64_t>(blocks.size()) * options_.block_tokens;
 }
 
-int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens) {
+int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt) {
   if (!options_.prefix_cache) return 0;
   const SlotKv& s = slots_[slot];
   if (s.tier != KvTier::kDevice || s.dropped > 0 || s.last_fence > retired_) return 0;
   const size_t bt = static_cast<size_t>(options_.block_tokens);
   const size_t n = std::min(tokens.size() / bt, s.blocks.size());
   int32_t parent = -1;
-  uint32_t parent_gen = 0;
+  uint64_t parent_gen = salt;
   int32_t added = 0;
   for (size_t j = 0; j < n; ++j) {
     const int32_t b = s.blocks[j];

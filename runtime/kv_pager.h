@@ -74,8 +74,9 @@ class KvPager final : public KvAllocator {
   // Prefix cache (all no-ops returning 0 when options.prefix_cache is off).
   // The longest chain of registered blocks holding tokens[0, n * block_tokens), n <= max_blocks:
   // writes their ids to `out` (cleared first) and returns n.
+  // `salt` namespaces the cache (requests share only under the same salt; 0: the default).
   int32_t MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
-                      std::vector<int32_t>* out) const;
+                      std::vector<int32_t>* out, uint64_t salt = 0) const;
   // Makes `blocks` (a MatchPrefix result) the first blocks of `slot`, which must hold none.
   void AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks);
   // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
@@ -83,7 +84,7 @@ class KvPager final : public KvAllocator {
   // another block already (its twin) stays private and the blocks after it are registered as the
   // twin's children. Registers nothing while a move into the slot's blocks is in flight or for a
   // far-history or host-tier slot. Returns the blocks newly registered.
-  int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens);
+  int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
   // count).
   bool IdleCached(int32_t block) const { return cached_[block] && refs_[block] == 0; }
@@ -150,9 +151,10 @@ class KvPager final : public KvAllocator {
   bool EvictOldest();
   void IdlePush(int32_t block);
   void IdleRemove(int32_t block);
-  uint64_t KeyHash(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const;
+  // A key's parent is (block, its generation), or (-1, the salt) for a history's first block.
+  uint64_t KeyHash(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
   // The registered block with this key, or -1.
-  int32_t Find(int32_t parent, uint32_t parent_gen, const int32_t* tokens) const;
+  int32_t Find(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
   // Takes one new extent of up to `want` blocks (at least 1) for a new run, mid-largest-extent.
   Extent TakeNewRun(BlockSpace& space, int64_t want);
   void Append(SlotKv& s, int32_t block);
@@ -172,7 +174,7 @@ class KvPager final : public KvAllocator {
   int64_t shared_refs_ = 0;  // sum over blocks of refs - 1 where refs > 1
   std::vector<uint8_t> cached_;
   std::vector<int32_t> key_parent_;
-  std::vector<uint32_t> key_parent_gen_;
+  std::vector<uint64_t> key_parent_gen_;  // a root's: the salt
   std::vector<uint32_t> gen_;
   std::vector<int32_t> key_tokens_;  // [device_blocks][block_tokens]
   std::vector<int32_t> buckets_;     // hash -> first block, -1: none

@@ -419,6 +419,25 @@ TEST(KvPagerTest, PrefixCacheSharesFullBlocksAndKeepsThemIdleAfterRelease) {
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
+TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
+  KvPagerOptions o = Options(3, 64, 0, 4);
+  o.prefix_cache = true;
+  KvPager p(o);
+  const std::vector<int32_t> prompt = RandomTokens(64, 7);
+  ASSERT_TRUE(p.Grow(0, 64).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, prompt, /*salt=*/111), 4);
+  std::vector<int32_t> match;
+  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 111), 4);
+  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 222), 0) << "another tenant's salt";
+  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match), 0) << "the default namespace";
+  // The same content under another salt is its own chain, in its own blocks.
+  ASSERT_TRUE(p.Grow(1, 64).ok());
+  EXPECT_EQ(p.RegisterPrefix(1, prompt, 222), 4);
+  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 222), 4);
+  EXPECT_EQ(match, p.Blocks(1));
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
 TEST(KvPagerTest, PrefixCacheEvictsLeastRecentlyReleasedTailFirst) {
   KvPagerOptions o = Options(2, 16, 0, 4);
   o.prefix_cache = true;

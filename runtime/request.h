@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -64,9 +65,20 @@ struct GenerationRequest {
   bool ignore_eos = false;
   absl::Duration time_limit = absl::ZeroDuration();  // zero: none
   int32_t priority = 0;
+  // Prefix-cache namespace (CacheSaltKey of the request's cache_salt; 0: the shared default):
+  // cached KV is shared only between requests with the same key.
+  uint64_t cache_salt = 0;
   absl::Time arrival;
   std::shared_ptr<RequestSink> sink;
 };
+
+// The prefix-cache key of a cache_salt string: 0 for "", else a 64-bit FNV-1a hash (never 0).
+inline uint64_t CacheSaltKey(std::string_view salt) {
+  if (salt.empty()) return 0;
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
 
 }  // namespace kvrm
 

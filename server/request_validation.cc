@@ -151,6 +151,10 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     return Invalid("priority", absl::StrCat(proto.priority(), " is outside [-100, 100]"));
   }
   r->priority = proto.priority();
+  if (proto.cache_salt().size() > 256) {
+    return Invalid("cache_salt", absl::StrCat(proto.cache_salt().size(), " bytes; at most 256"));
+  }
+  r->cache_salt = CacheSaltKey(proto.cache_salt());
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
   return r;
 }

@@ -210,6 +210,8 @@ TEST_F(E2eTest, BadRequestsGetInvalidArgumentNamingTheField) {
        "stopping.stop_sequences"},
       {"priority out of range", [](v1::GenerateRequest* r) { r->set_priority(1000); },
        "priority"},
+      {"cache_salt too long",
+       [](v1::GenerateRequest* r) { r->set_cache_salt(std::string(257, 's')); }, "cache_salt"},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest req = TextRequest("valid prompt", 4);
@@ -275,9 +277,10 @@ TEST(E2eMixedStepsTest, OffIsReported) {
 // without the cache (a server with --prefix_caching=false gives the same tokens), and the server
 // info counts the hits; the static baseline reports the cache off.
 std::vector<int32_t> GreedyTokens(TestServer& server, const std::vector<int32_t>& prompt,
-                                  v1::Usage* usage) {
+                                  v1::Usage* usage, const std::string& salt = "") {
   grpc::ClientContext ctx;
   v1::GenerateRequest req;
+  req.set_cache_salt(salt);
   for (int32_t t : prompt) req.mutable_token_ids()->add_ids(t);
   req.mutable_stopping()->set_max_new_tokens(16);
   req.mutable_stopping()->set_ignore_eos(true);
@@ -314,6 +317,13 @@ TEST(E2ePrefixCacheTest, CachedTokensAreReportedAndChangeNothing) {
   EXPECT_EQ(si.prefix_cache().queried_tokens_total(), 320u);
   EXPECT_EQ(si.prefix_cache().hit_tokens_total(), 144u);
   EXPECT_GT(si.prefix_cache().cached_blocks(), 0);
+
+  // cache_salt: another tenant's identical prompt finds nothing; its own second request does.
+  v1::Usage u4, u5;
+  EXPECT_EQ(GreedyTokens(cached, second, &u4, "tenant-b"), with_cache);
+  EXPECT_EQ(u4.cached_prompt_tokens(), 0) << "another salt shares nothing";
+  GreedyTokens(cached, second, &u5, "tenant-b");
+  EXPECT_EQ(u5.cached_prompt_tokens(), 160) << "its own history: the 10 full blocks of 170";
 
   o.prefix_caching = false;
   TestServer plain(o);
