@@ -58,6 +58,7 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   request.set_request_id(options.request_id);
   request.set_skip_bos(options.skip_bos);
   request.set_priority(options.priority);
+  request.set_cache_salt(options.cache_salt);
 
   v1::SamplingParams* sampling = request.mutable_sampling();
   sampling->set_temperature(options.temperature);

@@ -39,6 +39,7 @@ struct GenerateOptions {
   // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
   int32_t logprobs = -1;
   int32_t priority = 0;
+  std::string cache_salt;
   uint32_t time_limit_ms = 0;
   std::string request_id;
 };

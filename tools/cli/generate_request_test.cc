@@ -51,6 +51,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   options.ignore_eos = true;
   options.logprobs = 3;
   options.priority = -7;
+  options.cache_salt = "tenant-7";
   options.time_limit_ms = 2500;
   options.request_id = "cli-1";
   absl::StatusOr<v1::GenerateRequest> request = BuildGenerateRequest(options);
@@ -61,6 +62,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   EXPECT_TRUE(request->skip_bos());
   EXPECT_EQ(request->request_id(), "cli-1");
   EXPECT_EQ(request->priority(), -7);
+  EXPECT_EQ(request->cache_salt(), "tenant-7");
   const v1::SamplingParams& s = request->sampling();
   EXPECT_FLOAT_EQ(s.temperature(), 0.7f);
   EXPECT_EQ(s.top_k(), 40);

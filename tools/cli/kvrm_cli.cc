@@ -53,6 +53,8 @@ ABSL_FLAG(bool, ignore_eos, false, "keep generating past end-of-sequence tokens"
 ABSL_FLAG(int32_t, logprobs, -1,
           "-1 off; 0 the sampled token's logprob; N also the top N alternatives (<= 20)");
 ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs first");
+ABSL_FLAG(std::string, cache_salt, "",
+          "prefix-cache namespace: cached KV is shared only with requests of the same salt");
 ABSL_FLAG(uint32_t, time_limit_ms, 0, "server-side wall-clock limit in ms; 0 = none");
 ABSL_FLAG(std::string, request_id, "", "request id echoed in responses and server logs");
 
@@ -138,6 +140,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
   options.priority = absl::GetFlag(FLAGS_priority);
+  options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   options.time_limit_ms = absl::GetFlag(FLAGS_time_limit_ms);
   options.request_id = absl::GetFlag(FLAGS_request_id);
   return options;
@@ -309,6 +312,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "ignore_eos",
                                                 "logprobs",
                                                 "priority",
+                                                "cache_salt",
                                                 "time_limit_ms",
                                                 "request_id",
                                                 "json",
