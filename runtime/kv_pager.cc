@@ -79,8 +79,17 @@ void KvPager::IdleRemove(int32_t block) {
   --idle_count_;
 }
 
-void KvPager::Evict(int32_t block) {
-  IdleRemove(block);
+void KvPager::Link(int32_t block, int32_t parent, uint64_t parent_gen, const int32_t* tokens) {
+  const size_t bt = static_cast<size_t>(options_.block_tokens);
+  key_parent_[block] = parent;
+  key_parent_gen_[block] = parent_gen;
+  std::copy(tokens, tokens + bt, &key_tokens_[block * bt]);
+  const size_t h = KeyHash(parent, parent_gen, tokens) & (buckets_.size() - 1);
+  bucket_next_[block] = buckets_[h];
+  buckets_[h] = block;
+}
+
+void KvPager::Unlink(int32_t block) {
   const size_t h = KeyHash(key_parent_[block], key_parent_gen_[block],
                            &key_tokens_[static_cast<size_t>(block) * options_.block_tokens]) &
                    (buckets_.size() - 1);
@@ -91,6 +100,11 @@ void KvPager::Evict(int32_t block) {
     }
   }
   bucket_next_[block] = -1;
+}
+
+void KvPager::Evict(int32_t block) {
+  IdleRemove(block);
+  Unlink(block);
   cached_[block] = 0;
   ++gen_[block];
   --cached_count_;
@@ -181,9 +195,8 @@ int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, 
   for (size_t j = 0; j < n; ++j) {
     const int32_t b = s.blocks[j];
     const int32_t* key = tokens.data() + j * bt;
-    if (cached_[b]) {
-      // Attached or registered before: its key is this chain's (a held block is never evicted).
-      DCHECK(key_parent_[b] == parent && key_parent_gen_[b] == parent_gen);
+    if (cached_[b] && key_parent_[b] == parent && key_parent_gen_[b] == parent_gen) {
+      // Attached, or registered before on this chain.
     } else if (const int32_t twin = Find(parent, parent_gen, key); twin >= 0) {
       // The same content is cached in another block (two histories prefilled the same prompt
       // at once): this one stays private and the chain goes on through its twin, so that the
@@ -191,14 +204,15 @@ int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, 
       parent = twin;
       parent_gen = gen_[twin];
       continue;
+    } else if (cached_[b]) {
+      // Registered under a chain that is gone (a twin it followed was evicted since, and the
+      // block before it is registered now in the twin's place): the same tokens lead to it, so
+      // it moves to this chain's key. Its own children stay keyed under it.
+      Unlink(b);
+      Link(b, parent, parent_gen, key);
     } else {
       cached_[b] = 1;
-      key_parent_[b] = parent;
-      key_parent_gen_[b] = parent_gen;
-      std::copy(key, key + bt, &key_tokens_[b * bt]);
-      const size_t h = KeyHash(parent, parent_gen, key) & (buckets_.size() - 1);
-      bucket_next_[b] = buckets_[h];
-      buckets_[h] = b;
+      Link(b, parent, parent_gen, key);
       ++cached_count_;
       ++added;
     }

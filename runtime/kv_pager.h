@@ -146,6 +146,9 @@ class KvPager final : public KvAllocator {
   void Unref(int32_t block);
   // Gives back a block of `tier` that was held (device: one reference).
   void Drop(KvTier tier, int32_t block);
+  // Enters / removes a registered block's key in the hash table.
+  void Link(int32_t block, int32_t parent, uint64_t parent_gen, const int32_t* tokens);
+  void Unlink(int32_t block);
   // Removes an idle cached block from the cache and frees it.
   void Evict(int32_t block);
   bool EvictOldest();

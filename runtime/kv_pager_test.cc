@@ -419,6 +419,31 @@ TEST(KvPagerTest, PrefixCacheSharesFullBlocksAndKeepsThemIdleAfterRelease) {
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
+TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
+  // Slot 1's first block is a twin of slot 0's, so its second block is registered after slot
+  // 0's first. Slot 0's block is evicted; slot 1 registers again (as it does after every chunk
+  // and when it ends): its first block takes the twin's place and its second moves under it, so
+  // its history is found whole again.
+  KvPagerOptions o = Options(3, 8, 0, 4);
+  o.prefix_cache = true;
+  KvPager p(o);
+  const std::vector<int32_t> tokens = RandomTokens(2 * kBlockTokens, 8);
+  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(tokens).first(kBlockTokens)), 1);
+  ASSERT_TRUE(p.Grow(1, 2 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(1, tokens), 1);
+  std::vector<int32_t> match;
+  ASSERT_EQ(p.MatchPrefix(tokens, 2, &match), 2);
+  p.Release(0);
+  ASSERT_TRUE(p.Grow(2, 6 * kBlockTokens).ok());  // every free block and the idle twin
+  ASSERT_EQ(p.evictions(), 1u);
+  EXPECT_EQ(p.MatchPrefix(tokens, 2, &match), 0);
+  EXPECT_EQ(p.RegisterPrefix(1, tokens), 1) << "the first block, in its twin's place";
+  ASSERT_EQ(p.MatchPrefix(tokens, 2, &match), 2);
+  EXPECT_EQ(match, p.Blocks(1));
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
 TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
   KvPagerOptions o = Options(3, 64, 0, 4);
   o.prefix_cache = true;
