@@ -115,6 +115,42 @@ struct Sim {
     while (!in_flight.empty()) RunOne();
   }
 
+  // After each random operation: the pager's invariants; every `every` operations the transport
+  // catches up and every slot's contents are checked.
+  void CheckAfter(int op, int every) {
+    ASSERT_TRUE(pager->CheckInvariants().ok()) << pager->CheckInvariants() << " op " << op;
+    if (op % every == 0) {
+      RunAll();
+      CheckContents();
+    }
+  }
+
+  // Ends every request and retires every move.
+  void ReleaseAll() {
+    for (int32_t s = 0; s < options.num_slots; ++s) pager->Release(s);
+    pager->RetireUpTo(next_fence);
+  }
+
+  // Plans the slot's compaction (when it has more than max_runs runs) and submits the moves.
+  void Compact(int32_t slot) {
+    std::vector<BlockMove> m;
+    const uint64_t fence = next_fence++;
+    if (pager->PlanCompaction(slot, fence, &m)) {
+      ASSERT_LE(pager->NumRuns(slot), options.max_runs);
+    }
+    Submit(std::move(m), fence);
+  }
+
+  // Swaps the slot out (a pause), or back in when it is in the host tier (a resume).
+  void Swap(int32_t slot) {
+    std::vector<BlockMove> m;
+    const uint64_t fence = next_fence++;
+    const absl::Status st = pager->OnHost(slot) ? pager->PlanSwapIn(slot, fence, &m)
+                                                : pager->PlanSwapOut(slot, fence, &m);
+    ASSERT_TRUE(st.ok() || absl::IsResourceExhausted(st)) << st;
+    Submit(std::move(m), fence);
+  }
+
   void CheckContents() {
     for (int32_t s = 0; s < options.num_slots; ++s) {
       if (request[s] == 0) continue;
@@ -180,54 +216,29 @@ TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
           sim.tokens[s] = 0;
           break;
         }
-        case 5: {  // compaction when over max_runs
-          if (sim.request[s] == 0) break;
-          std::vector<BlockMove> m;
-          const uint64_t fence = sim.next_fence++;
-          if (p.PlanCompaction(s, fence, &m)) {
-            ASSERT_LE(p.NumRuns(s), sim.options.max_runs);
-          }
-          sim.Submit(std::move(m), fence);
+        case 5:  // compaction when over max_runs
+          if (sim.request[s] != 0) sim.Compact(s);
           break;
-        }
-        case 6: {  // swap out (pause) or back in (resume)
-          if (sim.request[s] == 0) break;
-          std::vector<BlockMove> m;
-          const uint64_t fence = sim.next_fence++;
-          const absl::Status st =
-              p.OnHost(s) ? p.PlanSwapIn(s, fence, &m) : p.PlanSwapOut(s, fence, &m);
-          ASSERT_TRUE(st.ok() || absl::IsResourceExhausted(st)) << st;
-          sim.Submit(std::move(m), fence);
+        case 6:  // swap out (pause) or back in (resume)
+          if (sim.request[s] != 0) sim.Swap(s);
           break;
-        }
         case 7:  // the transport catches up by one batch
           sim.RunOne();
           break;
       }
-      ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants() << " op " << op;
-      if (op % 50 == 0) {
-        sim.RunAll();
-        sim.CheckContents();
-        if (HasFatalFailure()) return;
-      }
+      sim.CheckAfter(op, 50);
+      if (HasFatalFailure()) return;
     }
     sim.RunAll();
     sim.CheckContents();
     // Every slot at most max_runs after its compaction is planned and done.
     for (int32_t s = 0; s < sim.options.num_slots; ++s) {
-      if (sim.request[s] == 0 || sim.pager->OnHost(s)) continue;
-      std::vector<BlockMove> m;
-      const uint64_t fence = sim.next_fence++;
-      if (sim.pager->PlanCompaction(s, fence, &m)) {
-        EXPECT_LE(sim.pager->NumRuns(s), sim.options.max_runs);
-      }
-      sim.Submit(std::move(m), fence);
+      if (sim.request[s] != 0 && !sim.pager->OnHost(s)) sim.Compact(s);
     }
     sim.RunAll();
     sim.CheckContents();
     // No block leaked when all requests end.
-    for (int32_t s = 0; s < sim.options.num_slots; ++s) sim.pager->Release(s);
-    sim.pager->RetireUpTo(sim.next_fence);
+    sim.ReleaseAll();
     EXPECT_EQ(sim.pager->free_device_blocks(), 300);
     EXPECT_EQ(sim.pager->free_host_blocks(), 200);
     EXPECT_TRUE(sim.pager->CheckInvariants().ok());
@@ -322,42 +333,23 @@ TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
           sim.seq[s].clear();
           break;
         }
-        case 5: {  // compaction when over max_runs
-          if (sim.request[s] == 0) break;
-          std::vector<BlockMove> m;
-          const uint64_t fence = sim.next_fence++;
-          if (p.PlanCompaction(s, fence, &m)) {
-            ASSERT_LE(p.NumRuns(s), sim.options.max_runs);
-          }
-          sim.Submit(std::move(m), fence);
+        case 5:  // compaction when over max_runs
+          if (sim.request[s] != 0) sim.Compact(s);
           break;
-        }
-        case 6: {  // swap out (pause) or back in (resume)
-          if (sim.request[s] == 0) break;
-          std::vector<BlockMove> m;
-          const uint64_t fence = sim.next_fence++;
-          const absl::Status st =
-              p.OnHost(s) ? p.PlanSwapIn(s, fence, &m) : p.PlanSwapOut(s, fence, &m);
-          ASSERT_TRUE(st.ok() || absl::IsResourceExhausted(st)) << st;
-          sim.Submit(std::move(m), fence);
+        case 6:  // swap out (pause) or back in (resume)
+          if (sim.request[s] != 0) sim.Swap(s);
           break;
-        }
         case 7:
         case 8:  // the transport catches up by one batch
           sim.RunOne();
           break;
       }
-      ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants() << " op " << op;
-      if (op % 25 == 0) {
-        sim.RunAll();
-        sim.CheckContents();
-        if (HasFatalFailure()) return;
-      }
+      sim.CheckAfter(op, 25);
+      if (HasFatalFailure()) return;
     }
     sim.RunAll();
     sim.CheckContents();
-    for (int32_t s = 0; s < sim.options.num_slots; ++s) sim.pager->Release(s);
-    sim.pager->RetireUpTo(sim.next_fence);
+    sim.ReleaseAll();
     EXPECT_EQ(sim.pager->free_device_blocks(), 260) << "idle cached blocks count as free";
     EXPECT_EQ(sim.pager->idle_cached_blocks(), sim.pager->cached_blocks());
     EXPECT_EQ(sim.pager->free_host_blocks(), 120);
@@ -376,10 +368,23 @@ std::vector<int32_t> RandomTokens(int64_t n, uint32_t seed) {
   return t;
 }
 
-TEST(KvPagerTest, PrefixCacheSharesFullBlocksAndKeepsThemIdleAfterRelease) {
-  KvPagerOptions o = Options(3, 64, 0, 4);
+KvPagerOptions CacheOptions(int32_t slots, int64_t device_blocks) {
+  KvPagerOptions o = Options(slots, device_blocks, 0, 4);
   o.prefix_cache = true;
-  KvPager p(o);
+  return o;
+}
+
+// Slot 0 holds `tokens`' first block, registered; slot 1 holds both blocks of `tokens`: its first
+// is a twin of slot 0's (not registered), its second registered after slot 0's.
+void RegisterTwinChain(KvPager& p, const std::vector<int32_t>& tokens) {
+  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(tokens).first(kBlockTokens)), 1);
+  ASSERT_TRUE(p.Grow(1, 2 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(1, tokens), 1) << "its first block is a twin; its second a child";
+}
+
+TEST(KvPagerTest, PrefixCacheSharesFullBlocksAndKeepsThemIdleAfterRelease) {
+  KvPager p(CacheOptions(3, 64));
   const std::vector<int32_t> prompt = RandomTokens(100, 1);  // 6 full blocks + 4 tokens
   std::vector<int32_t> match;
   EXPECT_EQ(p.MatchPrefix(prompt, 6, &match), 0);
@@ -424,14 +429,10 @@ TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
   // 0's first. Slot 0's block is evicted; slot 1 registers again (as it does after every chunk
   // and when it ends): its first block takes the twin's place and its second moves under it, so
   // its history is found whole again.
-  KvPagerOptions o = Options(3, 8, 0, 4);
-  o.prefix_cache = true;
-  KvPager p(o);
+  KvPager p(CacheOptions(3, 8));
   const std::vector<int32_t> tokens = RandomTokens(2 * kBlockTokens, 8);
-  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
-  ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(tokens).first(kBlockTokens)), 1);
-  ASSERT_TRUE(p.Grow(1, 2 * kBlockTokens).ok());
-  ASSERT_EQ(p.RegisterPrefix(1, tokens), 1);
+  RegisterTwinChain(p, tokens);
+  if (HasFatalFailure()) return;
   std::vector<int32_t> match;
   ASSERT_EQ(p.MatchPrefix(tokens, 2, &match), 2);
   p.Release(0);
@@ -445,9 +446,7 @@ TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
 }
 
 TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
-  KvPagerOptions o = Options(3, 64, 0, 4);
-  o.prefix_cache = true;
-  KvPager p(o);
+  KvPager p(CacheOptions(3, 64));
   const std::vector<int32_t> prompt = RandomTokens(64, 7);
   ASSERT_TRUE(p.Grow(0, 64).ok());
   ASSERT_EQ(p.RegisterPrefix(0, prompt, /*salt=*/111), 4);
@@ -464,9 +463,7 @@ TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
 }
 
 TEST(KvPagerTest, PrefixCacheEvictsLeastRecentlyReleasedTailFirst) {
-  KvPagerOptions o = Options(2, 16, 0, 4);
-  o.prefix_cache = true;
-  KvPager p(o);
+  KvPager p(CacheOptions(2, 16));
   const std::vector<int32_t> a = RandomTokens(8 * kBlockTokens, 2);
   ASSERT_TRUE(p.Grow(0, 8 * kBlockTokens).ok());
   ASSERT_EQ(p.RegisterPrefix(0, a), 8);
@@ -487,15 +484,11 @@ TEST(KvPagerTest, PrefixCacheNeverRevivesTheChildrenOfAnEvictedBlock) {
   // through it as a twin), then reused and registered with other content: a history that
   // continues the new content with the old child's tokens must not match the old child (its K/V
   // was computed after the old content).
-  KvPagerOptions o = Options(3, 16, 0, 4);
-  o.prefix_cache = true;
-  KvPager p(o);
+  KvPager p(CacheOptions(3, 16));
   const std::vector<int32_t> old = RandomTokens(2 * kBlockTokens, 5);
-  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
-  ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(old).first(kBlockTokens)), 1);
+  RegisterTwinChain(p, old);
+  if (HasFatalFailure()) return;
   const int32_t parent = p.Blocks(0)[0];
-  ASSERT_TRUE(p.Grow(1, 2 * kBlockTokens).ok());
-  ASSERT_EQ(p.RegisterPrefix(1, old), 1) << "its first block is a twin; its second is a child";
   std::vector<int32_t> match;
   ASSERT_EQ(p.MatchPrefix(old, 2, &match), 2);
   EXPECT_EQ(match, (std::vector<int32_t>{parent, p.Blocks(1)[1]}));
