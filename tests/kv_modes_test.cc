@@ -269,6 +269,18 @@ TEST_F(KvModesTest, PrefixCachingServesSharedPromptsAndConversationsWithIdentica
   EXPECT_GT(cached.stats.kv.blocks_cached, 0) << "finished histories stay cached";
   EXPECT_EQ(cached.stats.kv.blocks_free, cached.stats.kv.blocks_total);
 
+  // Two tensor-parallel ranks: one pager, the same block ids in both ranks' pools, so a block
+  // one request wrote on both is read by another on both (tp=2 against tp=2: the all-reduce
+  // may round differently from one rank).
+  EngineOptions tp2_off = off;
+  tp2_off.tensor_parallel = 2;
+  EngineOptions tp2 = roomy;
+  tp2.tensor_parallel = 2;
+  const RunResult tp2_reference = RunConversations(*model_, tp2_off);
+  const RunResult tp2_cached = RunConversations(*model_, tp2);
+  EXPECT_EQ(tp2_cached.tokens, tp2_reference.tokens) << "prefix caching on, two ranks";
+  EXPECT_GT(tp2_cached.stats.prefix_cache_hits_total, 0u);
+
   // A tight pool of small blocks: the cache must give way (evictions), histories fragment and
   // compact, and requests pause to the host tier, still with the same tokens.
   EngineOptions tight = base;
