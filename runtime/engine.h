@@ -252,9 +252,11 @@ class Engine {
   // Only blocks registered under the same `salt` (GenerationRequest::cache_salt) match.
   CachedPrefix MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs,
                                  uint64_t salt);
-  // Attaches that prefix (under the slot's request's salt) to empty `slot`; returns the tokens
-  // it holds.
-  int32_t AttachCachedPrefix(int32_t slot, absl::Span<const int32_t> tokens, int32_t max_runs);
+  // Attaches the prefix the last MatchCachedPrefix left in prefix_match_ to empty `slot`
+  // (nothing may change the cache in between); returns the tokens it holds.
+  int32_t AttachCachedPrefix(int32_t slot);
+  // Counts a lookup of `tokens` tokens that found `cached_tokens` (when prefix caching is on).
+  void CountPrefixLookup(size_t tokens, int32_t cached_tokens);
   // Registers the full blocks of the slot's written KV in the prefix cache.
   void RegisterCachedPrefix(int32_t slot);
   // Far history: frees the slot's blocks whose summaries (entries below `summaries`) exist.

@@ -188,14 +188,13 @@ void Engine::ResumePaused() {
       s.resumed_step = steps_ + 1;
     } else {
       // (The cached prefix is attached first, so that making room cannot evict it.)
-      const int32_t cached_tokens = AttachCachedPrefix(pick, s.history, runs - 1);
+      const int32_t cached_tokens = AttachCachedPrefix(pick);
       if (!pager_->MakeRoomInRuns(need, runs - prefix.runs)) {
         kv_->Release(pick);
         return;
       }
       CHECK_OK(pager_->Grow(pick, FirstGrowTokens(static_cast<int64_t>(s.history.size()))));
-      prefix_queries_ += s.history.size();
-      prefix_hits_ += cached_tokens;
+      CountPrefixLookup(s.history.size(), cached_tokens);
       s.prefilled = cached_tokens;
       SetState(pick, SlotState::kPrefilling);
       s.resumed_step = steps_ + 1;
@@ -221,6 +220,9 @@ void Engine::Admit(absl::Time now) {
     }
     const int64_t prompt = static_cast<int64_t>((*best)->prompt.size());
     int64_t reserve_blocks = 0;
+    // Leaves the match in prefix_match_ for AttachCachedPrefix below.
+    const CachedPrefix prefix =
+        MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt);
     if (pager_) {
       int64_t headroom = 0;
       for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
@@ -236,8 +238,6 @@ void Engine::Admit(absl::Time now) {
       // Blocks found in the prefix cache are not needed anew, but idle ones stop counting as
       // free once attached.
       // (A prompt prefills into any number of runs; compaction merges them before it decodes.)
-      const CachedPrefix prefix =
-          MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt);
       if (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1) <
           need - prefix.blocks + headroom) {
         return;
@@ -255,16 +255,13 @@ void Engine::Admit(absl::Time now) {
     slot.admitted = now;
     slot.reserve_blocks = reserve_blocks;
     slot.admit_seq = ++admissions_;
-    slot.cached_tokens = AttachCachedPrefix(i, slot.request->prompt, options_.max_runs);
+    slot.cached_tokens = AttachCachedPrefix(i);
     const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
       continue;
     }
-    if (pager_ && options_.prefix_caching) {
-      prefix_queries_ += prompt;
-      prefix_hits_ += slot.cached_tokens;
-    }
+    CountPrefixLookup(prompt, slot.cached_tokens);
     GenerationRequest& req = *slot.request;
     slot.history.clear();
     slot.history.reserve(options_.max_context);
@@ -459,12 +456,16 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
   return m;
 }
 
-int32_t Engine::AttachCachedPrefix(int32_t slot, absl::Span<const int32_t> tokens,
-                                   int32_t max_runs) {
-  const CachedPrefix m = MatchCachedPrefix(tokens, max_runs, slots_[slot].request->cache_salt);
-  if (m.blocks == 0) return 0;
+int32_t Engine::AttachCachedPrefix(int32_t slot) {
+  if (prefix_match_.empty()) return 0;
   pager_->AttachPrefix(slot, prefix_match_);
-  return static_cast<int32_t>(m.blocks) * options_.block_tokens;
+  return static_cast<int32_t>(prefix_match_.size()) * options_.block_tokens;
+}
+
+void Engine::CountPrefixLookup(size_t tokens, int32_t cached_tokens) {
+  if (!pager_ || !options_.prefix_caching) return;
+  prefix_queries_ += tokens;
+  prefix_hits_ += cached_tokens;
 }
 
 void Engine::RegisterCachedPrefix(int32_t slot) {

@@ -84,15 +84,14 @@ void KvPager::Link(int32_t block, int32_t parent, uint64_t parent_gen, const int
   key_parent_[block] = parent;
   key_parent_gen_[block] = parent_gen;
   std::copy(tokens, tokens + bt, &key_tokens_[block * bt]);
-  const size_t h = KeyHash(parent, parent_gen, tokens) & (buckets_.size() - 1);
+  const size_t h = Bucket(parent, parent_gen, tokens);
   bucket_next_[block] = buckets_[h];
   buckets_[h] = block;
 }
 
 void KvPager::Unlink(int32_t block) {
-  const size_t h = KeyHash(key_parent_[block], key_parent_gen_[block],
-                           &key_tokens_[static_cast<size_t>(block) * options_.block_tokens]) &
-                   (buckets_.size() - 1);
+  const size_t h = Bucket(key_parent_[block], key_parent_gen_[block],
+                          &key_tokens_[static_cast<size_t>(block) * options_.block_tokens]);
   for (int32_t* link = &buckets_[h]; *link >= 0; link = &bucket_next_[*link]) {
     if (*link == block) {
       *link = bucket_next_[block];
@@ -125,7 +124,7 @@ bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {
   return true;
 }
 
-uint64_t KvPager::KeyHash(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
+size_t KvPager::Bucket(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
   // splitmix64 steps over the key's words.
   auto mix = [](uint64_t x) {
     x += 0x9e3779b97f4a7c15ull;
@@ -137,13 +136,12 @@ uint64_t KvPager::KeyHash(int32_t parent, uint64_t parent_gen, const int32_t* to
   for (int32_t i = 0; i < options_.block_tokens; ++i) {
     h = mix(h ^ static_cast<uint32_t>(tokens[i]));
   }
-  return h;
+  return h & (buckets_.size() - 1);
 }
 
 int32_t KvPager::Find(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
   const size_t bt = static_cast<size_t>(options_.block_tokens);
-  const size_t h = KeyHash(parent, parent_gen, tokens) & (buckets_.size() - 1);
-  for (int32_t b = buckets_[h]; b >= 0; b = bucket_next_[b]) {
+  for (int32_t b = buckets_[Bucket(parent, parent_gen, tokens)]; b >= 0; b = bucket_next_[b]) {
     if (key_parent_[b] == parent && key_parent_gen_[b] == parent_gen &&
         std::equal(tokens, tokens + bt, &key_tokens_[b * bt])) {
       return b;

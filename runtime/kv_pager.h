@@ -82,7 +82,8 @@ class KvPager final : public KvAllocator {
   // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
   // block_tokens), whose K/V the caller has written. A block whose content is registered under
   // another block already (its twin) stays private and the blocks after it are registered as the
-  // twin's children. Registers nothing while a move into the slot's blocks is in flight or for a
+  // twin's children; a registered block whose chain is gone (its twin was evicted) moves to this
+  // chain's key. Registers nothing while a move into the slot's blocks is in flight or for a
   // far-history or host-tier slot. Returns the blocks newly registered.
   int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
@@ -154,8 +155,9 @@ class KvPager final : public KvAllocator {
   bool EvictOldest();
   void IdlePush(int32_t block);
   void IdleRemove(int32_t block);
-  // A key's parent is (block, its generation), or (-1, the salt) for a history's first block.
-  uint64_t KeyHash(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
+  // The hash-table bucket of a key. A key's parent is (block, its generation), or (-1, the salt)
+  // for a history's first block.
+  size_t Bucket(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
   // The registered block with this key, or -1.
   int32_t Find(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
   // Takes one new extent of up to `want` blocks (at least 1) for a new run, mid-largest-extent.
