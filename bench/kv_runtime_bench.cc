@@ -35,6 +35,7 @@
 #include "runtime/model_bundle.h"
 #include "runtime/transfer_plan.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/replay/prompt.h"
 #include "tools/replay/trace.h"
 
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
@@ -336,27 +337,26 @@ ReservedResult SimulateReserved(const Family& f, int32_t slots, int32_t steps,
 
 // ---- 4. prefix cache hit rate on a trace ---------------------------------------------------------
 
-// A token id standing for position `i` of the block named `key` (a hash id, or a request's own).
-int32_t TokenOf(uint64_t key, int64_t i) {
-  uint64_t x = key * 0x9e3779b97f4a7c15ull + static_cast<uint64_t>(i) + 1;
-  x = (x ^ (x >> 31)) * 0xbf58476d1ce4e5b9ull;
-  return static_cast<int32_t>((x ^ (x >> 29)) % 100000);
-}
-
-// A request's prompt as the replay synthesizes it: 512 tokens per hash id, derived from the id
-// alone, then its own tokens; and its outputs, its own.
-std::vector<int32_t> HistoryOf(const replay::TraceRequest& r, size_t index, int64_t max_tokens) {
-  std::vector<int32_t> t;
+// Request `index`'s history, as the replay synthesizes it (replay::PromptSynthesizer): its prompt
+// (512 tokens per hash id, derived from the id alone, then its own), then its outputs, its own
+// (a request of another index, past every prompt's); `*prompt` is set to the prompt's length.
+std::vector<int32_t> HistoryOf(const replay::PromptSynthesizer& synth,
+                               const replay::TraceRequest& r, size_t index, size_t requests,
+                               int64_t max_tokens, int64_t* prompt) {
   const int64_t total = std::min<int64_t>(r.input_tokens + r.output_tokens, max_tokens);
-  t.reserve(total);
-  for (int64_t h : r.hash_ids) {
-    for (int i = 0; i < replay::kTraceHashBlockTokens; ++i) {
-      t.push_back(TokenOf(static_cast<uint64_t>(h) + 1, i));
-    }
-  }
-  t.resize(std::min<int64_t>(t.size(), r.input_tokens));
-  while (static_cast<int64_t>(t.size()) < total) {
-    t.push_back(TokenOf(~static_cast<uint64_t>(index), static_cast<int64_t>(t.size())));
+  replay::PlannedRequest p;
+  p.index = static_cast<int>(index);
+  p.input_tokens = static_cast<int>(std::min<int64_t>(r.input_tokens, total));
+  p.hash_ids = r.hash_ids;
+  p.hash_block_tokens = replay::kTraceHashBlockTokens;
+  std::vector<int32_t> t = synth.Synthesize(p);
+  *prompt = p.input_tokens;
+  replay::PlannedRequest out;
+  out.index = static_cast<int>(requests + index);
+  out.input_tokens = static_cast<int>(total - p.input_tokens);
+  if (out.input_tokens > 0) {
+    const std::vector<int32_t> o = synth.Synthesize(out);
+    t.insert(t.end(), o.begin(), o.end());
   }
   return t;
 }
@@ -375,6 +375,7 @@ struct PrefixCacheResult {
 // grows to its prompt, registers the prompt's full blocks (prefilled), grows to prompt + output,
 // and registers its whole history when it ends.
 PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& trace,
+                                      const replay::PromptSynthesizer& synth,
                                       int64_t pool_blocks, int32_t live, int64_t max_tokens) {
   KvPagerOptions o;
   o.num_slots = live;
@@ -396,8 +397,8 @@ PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& t
       pager.Release(s);
       history[s].clear();
     }
-    std::vector<int32_t> h = HistoryOf(trace[i], i, max_tokens);
-    const int64_t prompt = std::min<int64_t>(trace[i].input_tokens, static_cast<int64_t>(h.size()));
+    int64_t prompt = 0;
+    std::vector<int32_t> h = HistoryOf(synth, trace[i], i, trace.size(), max_tokens, &prompt);
     if (prompt <= 0) continue;
     pager.MatchPrefix(absl::MakeConstSpan(h).first(prompt),
                       static_cast<int32_t>((prompt - 1) / kBlockTokens), &match);
@@ -520,6 +521,9 @@ int Main(int argc, char** argv) {
       max_tokens = std::max(max_tokens, r.input_tokens + r.output_tokens);
     }
     max_tokens = std::min<int64_t>(max_tokens, 131072);
+    // The replay's synthesizer over a 128k vocabulary with no special ids.
+    const auto synth = replay::PromptSynthesizer::Create(1 << 17, {}, 17);
+    CHECK_OK(synth.status());
     const double unbounded = UnboundedHitRate(*trace, max_tokens);
     std::printf("\nPrefix cache on %s: %zu requests in arrival order, %d at once, full lengths "
                 "(prompt tokens found in the cache; unbounded cache: %.1f%%)\n",
@@ -535,7 +539,7 @@ int Main(int argc, char** argv) {
                                                                     1 << 22, 1 << 23};
     for (int64_t tokens : pools) {
       const PrefixCacheResult p =
-          SimulatePrefixCache(*trace, tokens / kBlockTokens, kLive, max_tokens);
+          SimulatePrefixCache(*trace, *synth, tokens / kBlockTokens, kLive, max_tokens);
       const double rate = p.prompt_tokens > 0 ? static_cast<double>(p.hit_tokens) / p.prompt_tokens : 0;
       std::printf("%-14lld %11.1f%% %13.0f%% %12llu %10lld\n", static_cast<long long>(tokens),
                   100 * rate, unbounded > 0 ? 100 * rate / unbounded : 0,
