@@ -11,7 +11,10 @@
 // real traces, time-compressed and length-scaled to the model) and each mode, it starts kvrmd,
 // replays the workload open loop (tools/replay), samples the server's reserved KV blocks every
 // 50 ms, stops kvrmd, and then prints the claims:
-//   1. decode throughput (output tokens/s) on the mixed family: kvrm / static;
+//   1. decode throughput (output tokens/s) on the mixed family: kvrm / static, at saturation
+//      (the family's requests all queued at once, so each mode runs at its capacity; at the
+//      family's own rate a mode that keeps up serves the offered load, which the first table
+//      also shows);
 //   2. p99 TTFT and p99 TPOT: kvrm vs static;
 //   3. reserved KV memory (mean over the run): kvrm / static;
 //   4. burst spikes: the worst one-second p99 inter-token latency over the run's median.
@@ -70,6 +73,10 @@ ABSL_FLAG(double, trace_time_scale, 1.0, "time compression of the trace windows"
 ABSL_FLAG(int32_t, repeats, 1,
           "runs of each workload in both modes (their order alternating); the table shows the "
           "run with the median throughput ratio, the JSON and a line per workload all of them");
+ABSL_FLAG(bool, saturation, true,
+          "also measure claim 1's throughput at saturation: each family's requests all queued at "
+          "once (vLLM's --request-rate inf), so the figure is each mode's capacity; at the "
+          "families' own rates a mode that keeps up serves only the offered load");
 ABSL_FLAG(std::string, json, "", "write every summary and the claims as JSON");
 ABSL_FLAG(std::string, markdown, "", "write the claims table as Markdown");
 
@@ -82,6 +89,7 @@ struct Workload {
   std::string name;
   std::string description;
   std::vector<PlannedRequest> plan;
+  bool family = false;  // a synthetic token-length family (measured at saturation too)
 };
 
 struct ModeResult {
@@ -230,6 +238,44 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int64_t kv_blocks,
   return result;
 }
 
+// (static, kvrm) per run, and the run with the median throughput ratio.
+struct PairedRuns {
+  std::vector<std::pair<ModeResult, ModeResult>> runs;
+  size_t median = 0;
+};
+
+double ThroughputRatio(const std::pair<ModeResult, ModeResult>& run) {
+  const double s = run.first.summary.output_tokens_per_s;
+  return s > 0 ? run.second.summary.output_tokens_per_s / s : 0;
+}
+
+// Both modes on the same plan, `repeats` times; odd runs start with kvrm, so a drift of the
+// machine's speed during a workload does not favour one mode.
+absl::StatusOr<PairedRuns> RunPaired(int64_t kv_blocks, const std::vector<PlannedRequest>& plan,
+                                     int32_t repeats) {
+  PairedRuns out;
+  for (int32_t r = 0; r < repeats; ++r) {
+    absl::StatusOr<ModeResult> st, kv;
+    if (r % 2 == 0) {
+      st = RunMode("static", kv_blocks, plan);
+      kv = RunMode("kvrm", kv_blocks, plan);
+    } else {
+      kv = RunMode("kvrm", kv_blocks, plan);
+      st = RunMode("static", kv_blocks, plan);
+    }
+    if (!st.ok()) return st.status();
+    if (!kv.ok()) return kv.status();
+    out.runs.emplace_back(std::move(*st), std::move(*kv));
+  }
+  std::vector<size_t> order(out.runs.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](size_t x, size_t y) {
+    return ThroughputRatio(out.runs[x]) < ThroughputRatio(out.runs[y]);
+  });
+  out.median = order[(order.size() - 1) / 2];
+  return out;
+}
+
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int32_t slots = absl::GetFlag(FLAGS_slots);
@@ -272,7 +318,7 @@ int Main(int argc, char** argv) {
       return;
     }
     replay::PrependSharedPrefix(absl::GetFlag(FLAGS_prefix_len), &*plan);
-    workloads.push_back({name, desc, *plan});
+    workloads.push_back({name, desc, *plan, /*family=*/true});
   };
   add_family("short", "short chat",
              absl::StrCat(scaled(256, 256), ":2,", scaled(128, 384), ":1,", scaled(512, 128), ":1"),
@@ -331,44 +377,24 @@ int Main(int argc, char** argv) {
   std::string spread;  // with --repeats: every run's throughput ratio per workload
   for (const Workload& w : workloads) {
     std::fprintf(stderr, "== %s: %zu requests\n", w.name.c_str(), w.plan.size());
-    // (static, kvrm) per run; odd runs start with kvrm, so a drift of the machine's speed
-    // during a workload does not favour one mode.
-    std::vector<std::pair<ModeResult, ModeResult>> runs;
-    absl::Status failed;
-    for (int32_t r = 0; r < repeats && failed.ok(); ++r) {
-      absl::StatusOr<ModeResult> st, kv;
-      if (r % 2 == 0) {
-        st = RunMode("static", kv_blocks, w.plan);
-        kv = RunMode("kvrm", kv_blocks, w.plan);
-      } else {
-        kv = RunMode("kvrm", kv_blocks, w.plan);
-        st = RunMode("static", kv_blocks, w.plan);
-      }
-      failed = !st.ok() ? st.status() : kv.status();
-      if (failed.ok()) runs.emplace_back(std::move(*st), std::move(*kv));
-    }
-    if (!failed.ok()) {
-      std::fprintf(stderr, "%s failed: %s\n", w.name.c_str(), failed.ToString().c_str());
+    auto paired = RunPaired(kv_blocks, w.plan, repeats);
+    if (!paired.ok()) {
+      std::fprintf(stderr, "%s failed: %s\n", w.name.c_str(), paired.status().ToString().c_str());
       continue;
     }
-    auto ratio = [](const std::pair<ModeResult, ModeResult>& run) {
-      const double s = run.first.summary.output_tokens_per_s;
-      return s > 0 ? run.second.summary.output_tokens_per_s / s : 0;
-    };
-    std::vector<size_t> order(runs.size());
-    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(),
-              [&](size_t x, size_t y) { return ratio(runs[x]) < ratio(runs[y]); });
-    const size_t median = order[(order.size() - 1) / 2];
+    const std::vector<std::pair<ModeResult, ModeResult>>& runs = paired->runs;
+    const size_t median = paired->median;
     const ModeResult* st = &runs[median].first;
     const ModeResult* kv = &runs[median].second;
     const replay::Summary& a = st->summary;
     const replay::Summary& b = kv->summary;
-    const double tput = ratio(runs[median]);
+    const double tput = ThroughputRatio(runs[median]);
     const double mem = st->reserved_mean_bytes > 0 ? kv->reserved_mean_bytes / st->reserved_mean_bytes : 0;
     if (repeats > 1) {
       spread += absl::StrCat(w.description, ": kvrm/static throughput");
-      for (const auto& run : runs) absl::StrAppend(&spread, absl::StrFormat(" %.2fx", ratio(run)));
+      for (const auto& run : runs) {
+        absl::StrAppend(&spread, absl::StrFormat(" %.2fx", ThroughputRatio(run)));
+      }
       absl::StrAppend(&spread, absl::StrFormat(" (run %d of %d in the table)\n", median + 1,
                                                repeats));
     }
@@ -391,7 +417,7 @@ int Main(int argc, char** argv) {
       for (const auto& run : runs) {
         j["runs"].push_back({{"static", replay::SummaryToJson(run.first.summary)},
                              {"kvrm", replay::SummaryToJson(run.second.summary)},
-                             {"throughput_kvrm_over_static", ratio(run)}});
+                             {"throughput_kvrm_over_static", ThroughputRatio(run)}});
       }
     }
     out["workloads"].push_back(j);
@@ -404,10 +430,63 @@ int Main(int argc, char** argv) {
     std::printf("%s", md.c_str());
     std::fflush(stdout);
   }
-  std::printf("\n%s\n%s\n%s", md.c_str(), little.c_str(), spread.c_str());
+  // Claim 1 at saturation: the same requests, all queued at t = 0, so each mode decodes as many
+  // rows as it can hold until the queue drains and the throughput is its capacity. At a
+  // family's own rate a mode that keeps up finishes about when the arrivals stop, and its
+  // tokens/s is the offered load, whatever its capacity.
+  std::string saturated;
+  if (absl::GetFlag(FLAGS_saturation)) {
+    saturated = absl::StrFormat(
+        "| workload at saturation | requests | makespan s static / kvrm | requests decoding "
+        "static / kvrm | tokens/s static | tokens/s kvrm | kvrm/static |\n"
+        "|---|---|---|---|---|---|---|\n");
+    for (const Workload& w : workloads) {
+      if (!w.family) continue;
+      std::vector<PlannedRequest> plan = w.plan;
+      for (PlannedRequest& r : plan) r.send_at_s = 0;
+      std::fprintf(stderr, "== %s at saturation: %zu requests queued at once\n", w.name.c_str(),
+                   plan.size());
+      auto paired = RunPaired(kv_blocks, plan, repeats);
+      if (!paired.ok()) {
+        std::fprintf(stderr, "%s at saturation failed: %s\n", w.name.c_str(),
+                     paired.status().ToString().c_str());
+        continue;
+      }
+      const std::pair<ModeResult, ModeResult>& run = paired->runs[paired->median];
+      const replay::Summary& a = run.first.summary;
+      const replay::Summary& b = run.second.summary;
+      saturated += absl::StrFormat("| %s | %d | %.1f / %.1f | %.1f / %.1f | %.0f | %.0f | %.2fx |\n",
+                                   w.description, a.requests, a.duration_s, b.duration_s,
+                                   a.mean_decoding, b.mean_decoding, a.output_tokens_per_s,
+                                   b.output_tokens_per_s, ThroughputRatio(run));
+      nlohmann::json j;
+      j["workload"] = w.name;
+      j["description"] = w.description;
+      j["static"] = replay::SummaryToJson(a);
+      j["kvrm"] = replay::SummaryToJson(b);
+      j["throughput_kvrm_over_static"] = ThroughputRatio(run);
+      if (repeats > 1) {
+        j["median_run"] = paired->median;
+        absl::StrAppend(&spread, w.description, " at saturation: kvrm/static throughput");
+        for (const auto& r : paired->runs) {
+          absl::StrAppend(&spread, absl::StrFormat(" %.2fx", ThroughputRatio(r)));
+          j["runs"].push_back({{"static", replay::SummaryToJson(r.first.summary)},
+                               {"kvrm", replay::SummaryToJson(r.second.summary)},
+                               {"throughput_kvrm_over_static", ThroughputRatio(r)}});
+        }
+        absl::StrAppend(&spread, absl::StrFormat(" (run %d of %d in the table)\n",
+                                                 paired->median + 1, repeats));
+      }
+      out["saturation"].push_back(j);
+      std::printf("%s", saturated.c_str());
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\n%s\n%s\n%s\n%s", md.c_str(), little.c_str(), saturated.c_str(), spread.c_str());
   if (!absl::GetFlag(FLAGS_json).empty()) std::ofstream(absl::GetFlag(FLAGS_json)) << out.dump(2);
   if (!absl::GetFlag(FLAGS_markdown).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_markdown)) << md << "\n" << little << "\n" << spread;
+    std::ofstream(absl::GetFlag(FLAGS_markdown))
+        << md << "\n" << little << "\n" << saturated << "\n" << spread;
   }
   return 0;
 }
