@@ -38,7 +38,9 @@ ABSL_FLAG(int32_t, prefix_len, 0,
 ABSL_FLAG(int32_t, max_requests, -1, "send at most this many requests; < 0 = all");
 ABSL_FLAG(std::string, arrival, "trace",
           "trace (the trace's own arrival times), poisson or gamma (synthetic)");
-ABSL_FLAG(double, rate, 1.0, "synthetic arrivals: mean requests per second");
+ABSL_FLAG(double, rate, 1.0,
+          "synthetic arrivals: mean requests per second (inf: all queued at once, to measure "
+          "the server's capacity)");
 ABSL_FLAG(double, cv, 1.0, "gamma arrivals: coefficient of variation of the gaps");
 ABSL_FLAG(int32_t, num_requests, 100, "synthetic arrivals: how many requests");
 ABSL_FLAG(std::string, lengths, "",

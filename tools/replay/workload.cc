@@ -79,6 +79,10 @@ std::vector<double> SyntheticArrivals(ArrivalProcess process, double rate, doubl
   std::vector<double> out;
   out.reserve(n);
   double t = 0;
+  if (std::isinf(rate)) {
+    out.assign(n, 0.0);  // everything queued at once (a saturation run)
+    return out;
+  }
   if (process == ArrivalProcess::kPoisson || cv <= 0) {
     std::exponential_distribution<double> gap(rate);
     for (int i = 0; i < n; ++i) out.push_back(t += gap(rng));

@@ -1,6 +1,7 @@
 #include "tools/replay/workload.h"
 
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "gtest/gtest.h"
@@ -113,6 +114,13 @@ TEST(SyntheticTest, PoissonRateAndGammaBurstiness) {
   // Same seed, same arrivals.
   EXPECT_EQ(SyntheticArrivals(ArrivalProcess::kGamma, 2, 2, 50, 3),
             SyntheticArrivals(ArrivalProcess::kGamma, 2, 2, 50, 3));
+}
+
+TEST(SyntheticArrivalsTest, InfiniteRateQueuesEverythingAtOnce) {
+  const double inf = std::numeric_limits<double>::infinity();
+  for (ArrivalProcess process : {ArrivalProcess::kPoisson, ArrivalProcess::kGamma}) {
+    EXPECT_EQ(SyntheticArrivals(process, inf, 2, 5, 3), std::vector<double>(5, 0.0));
+  }
 }
 
 TEST(SyntheticTest, LengthsFromMixOrTrace) {
