@@ -272,6 +272,9 @@ class Engine {
   void PreStageNext(uint64_t running_step);
   void FinishPrefillChunk(const StepResult& result);
   void FinishDecode(const StepResult& result);
+  // Samples the slot's next token from its logits (in place), masking its stop tokens first
+  // while it has fewer than min_tokens.
+  SampleResult SampleNext(int32_t slot_index, absl::Span<float> logits);
   // Applies a sampled token to the slot: output, stop checks, finish.
   void EmitToken(int32_t slot_index, const SampleResult& sample);
   void FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk last,

@@ -2,6 +2,7 @@
 // admission (kFree -> kPrefilling), prefill completion (-> kDecoding), preemption (-> kPaused),
 // resumption (kPaused -> kDecoding or kPrefilling), and finishing (-> kFree).
 #include <algorithm>
+#include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -637,9 +638,7 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   if (!chunk_last_) return;
   SetState(pick, SlotState::kDecoding);
   if (slot.generated > 0) return;  // a recomputed history: decoding resumes with next_token
-  const SampleResult s =
-      samplers_[pick]->Sample(absl::MakeSpan(chunk_logits_.data(), backend_->vocab_size()));
-  EmitToken(pick, s);
+  EmitToken(pick, SampleNext(pick, absl::MakeSpan(chunk_logits_.data(), backend_->vocab_size())));
 }
 
 void Engine::FinishDecode(const StepResult& result) {
@@ -662,10 +661,24 @@ void Engine::FinishDecode(const StepResult& result) {
     ++slot.position;
     // The step summarized the blocks that left the window: they go back to the pool.
     if (far_.enabled()) DropSummarized(i, d.far_summaries[i]);
-    const SampleResult s =
-        samplers_[i]->Sample(absl::MakeSpan(&logits_[static_cast<size_t>(i) * vocab], vocab));
-    EmitToken(i, s);
+    EmitToken(i, SampleNext(i, absl::MakeSpan(&logits_[static_cast<size_t>(i) * vocab], vocab)));
   }
+}
+
+SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
+  const Slot& slot = slots_[slot_index];
+  const GenerationRequest& r = *slot.request;
+  if (slot.generated < r.min_tokens) {
+    constexpr float kMasked = -std::numeric_limits<float>::infinity();
+    const auto mask = [&](int32_t id) {
+      if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[id] = kMasked;
+    };
+    if (!r.ignore_eos) {
+      for (int32_t id : eos_ids_) mask(id);
+    }
+    for (int32_t id : r.stop_token_ids) mask(id);
+  }
+  return samplers_[slot_index]->Sample(logits);
 }
 
 void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
@@ -703,7 +716,8 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
     FinishSlot(slot_index, FinishReason::kEos, std::move(chunk));
     return;
   }
-  TextStream::Delta delta = slot.text->Push(token);
+  // Text of the tokens before the min_tokens-th is not searched for stop sequences.
+  TextStream::Delta delta = slot.text->Push(token, slot.generated >= r.min_tokens);
   chunk.text = std::move(delta.text);
   if (delta.stopped) {
     FinishSlot(slot_index, FinishReason::kStop, std::move(chunk), delta.matched_stop);

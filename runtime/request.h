@@ -60,6 +60,9 @@ struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingConfig sampling;
   int32_t max_new_tokens = 16;
+  // Until this many tokens are generated the EOS ids (unless ignore_eos) and stop_token_ids
+  // cannot be sampled, and stop_sequences are not matched in their text (vLLM's min_tokens).
+  int32_t min_tokens = 0;
   std::vector<std::string> stop_sequences;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

@@ -50,6 +50,15 @@ absl::Status ValidateSamplingConfig(const SamplingConfig& c) {
   if (!std::isfinite(c.frequency_penalty)) {
     return bad("frequency_penalty", c.frequency_penalty, "finite");
   }
+  if (c.num_logit_bias < 0 || c.num_logit_bias > kMaxLogitBias) {
+    return bad("num_logit_bias", c.num_logit_bias, absl::StrCat("in [0, ", kMaxLogitBias, "]"));
+  }
+  for (int32_t i = 0; i < c.num_logit_bias; ++i) {
+    if (c.logit_bias[i].token < 0) return bad("logit_bias token", c.logit_bias[i].token, ">= 0");
+    if (!std::isfinite(c.logit_bias[i].bias)) {
+      return bad("logit_bias value", c.logit_bias[i].bias, "finite");
+    }
+  }
   if (c.top_logprobs < 0 || c.top_logprobs > kMaxTopLogprobs) {
     return bad("top_logprobs", c.top_logprobs, absl::StrCat("in [0, ", kMaxTopLogprobs, "]"));
   }
@@ -76,6 +85,10 @@ void Sampler::Reset(const SamplingConfig& config, absl::Span<const int32_t> prom
   }
   touched_.clear();  // Keeps capacity.
   for (int32_t token : prompt_tokens) MarkSeen(token);
+  for (int32_t i = 0; i < config.num_logit_bias; ++i) {
+    CHECK(config.logit_bias[i].token < vocab_size_)
+        << "logit_bias token " << config.logit_bias[i].token << " vocab " << vocab_size_;
+  }
 }
 
 void Sampler::MarkSeen(int32_t token) {
@@ -106,6 +119,12 @@ void Sampler::ApplyPenalties(absl::Span<float> logits) const {
   }
 }
 
+void Sampler::ApplyLogitBias(absl::Span<float> logits) const {
+  for (int32_t i = 0; i < config_.num_logit_bias; ++i) {
+    logits[config_.logit_bias[i].token] += config_.logit_bias[i].bias;
+  }
+}
+
 float Sampler::Normalize(absl::Span<float> logits) const {
   float max = kNegInf;
   for (float& x : logits) {
@@ -123,6 +142,7 @@ float Sampler::Normalize(absl::Span<float> logits) const {
 SampleResult Sampler::Sample(absl::Span<float> logits) {
   CHECK(static_cast<int32_t>(logits.size()) == vocab_size_)
       << "logits " << logits.size() << " vocab " << vocab_size_;
+  ApplyLogitBias(logits);
   ApplyPenalties(logits);
   const float max = Normalize(logits);
   SampleResult result;

@@ -4,9 +4,10 @@
 // start-up; `Reset` (admission) and `Sample` / `Accept` (every decode step) never allocate: all
 // buffers are sized to the vocabulary in the constructor and reused.
 //
-// Processing order (vLLM's): repetition penalty, presence/frequency penalties; then, if
-// temperature == 0, argmax (ties: lowest id); otherwise divide by temperature, top-k, top-p,
-// min-p, renormalise, and draw with the request's own RNG.
+// Processing order (vLLM's): logit bias, repetition penalty, presence/frequency penalties;
+// then, if temperature == 0, argmax (ties: lowest id); otherwise divide by temperature, top-k,
+// top-p, min-p, renormalise, and draw with the request's own RNG. (min_tokens masks a request's
+// stop tokens before all of this: the engine does it, it knows the stop tokens.)
 #ifndef KVRM_RUNTIME_SAMPLER_H_
 #define KVRM_RUNTIME_SAMPLER_H_
 
@@ -21,6 +22,12 @@
 namespace kvrm {
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
+inline constexpr int32_t kMaxLogitBias = 300;
+
+struct LogitBias {
+  int32_t token = 0;
+  float bias = 0;
+};
 
 struct SamplingConfig {
   float temperature = 0;  // 0 = greedy
@@ -33,6 +40,10 @@ struct SamplingConfig {
   // Over generated tokens only (vLLM/OpenAI): logit -= presence * [count > 0] + frequency * count.
   float presence_penalty = 0;
   float frequency_penalty = 0;
+  // OpenAI / vLLM logit_bias: added to these tokens' logits before the penalties. Ids in
+  // [0, vocab_size), values finite. Fixed capacity, so copying a config never allocates.
+  std::array<LogitBias, kMaxLogitBias> logit_bias{};
+  int32_t num_logit_bias = 0;
   bool logprobs = false;
   int32_t top_logprobs = 0;  // 0..kMaxTopLogprobs
 };
@@ -77,6 +88,8 @@ class Sampler {
 
   // The penalty stage of Sample alone (exposed for tests): O(distinct tokens seen), not O(vocab).
   void ApplyPenalties(absl::Span<float> logits) const;
+  // The logit-bias stage of Sample alone (before the penalties): O(entries).
+  void ApplyLogitBias(absl::Span<float> logits) const;
 
   int32_t vocab_size() const { return vocab_size_; }
   const SamplingConfig& config() const { return config_; }

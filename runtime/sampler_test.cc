@@ -235,6 +235,43 @@ TEST(SamplerTest, EachPenaltyChangesExactlyTheExpectedLogits) {
   }());
 }
 
+TEST(SamplerTest, LogitBiasIsAddedBeforeThePenalties) {
+  const std::vector<int32_t> prompt = {1, 2, 3};
+  const std::vector<float> logits = RandomLogits(64, 7, -3, 3);
+  SamplingConfig c;
+  c.repetition_penalty = 1.5f;
+  c.presence_penalty = 0.3f;
+  const std::vector<std::pair<int32_t, float>> bias = {{2, 4.5f}, {40, -2.25f}, {63, 100.0f}};
+  for (const auto& [token, value] : bias) c.logit_bias[c.num_logit_bias++] = {token, value};
+  Sampler sampler(64);
+  sampler.Reset(c, prompt);
+  sampler.Accept(40);
+  std::vector<float> out = logits;
+  sampler.ApplyLogitBias(absl::MakeSpan(out));
+  sampler.ApplyPenalties(absl::MakeSpan(out));
+  // Reference in double: bias first, then the penalties of the biased value.
+  std::vector<float> biased = logits;
+  for (const auto& [token, value] : bias) biased[token] += value;
+  const std::vector<double> ref = RefPenalties(biased, c, prompt, {40});
+  for (int32_t i = 0; i < 64; ++i) EXPECT_NEAR(out[i], ref[i], 1e-5) << i;
+  // Sample applies it: +100 makes token 63 the greedy choice, and a sampled one (p ~ 1).
+  for (float temperature : {0.0f, 1.0f}) {
+    c.temperature = temperature;
+    sampler.Reset(c, prompt);
+    std::vector<float> l = logits;
+    EXPECT_EQ(sampler.Sample(absl::MakeSpan(l)).token, 63) << temperature;
+  }
+  // Bad entries are refused by validation.
+  SamplingConfig bad;
+  bad.num_logit_bias = 1;
+  bad.logit_bias[0] = {-1, 1.0f};
+  EXPECT_FALSE(ValidateSamplingConfig(bad).ok());
+  bad.logit_bias[0] = {5, std::numeric_limits<float>::infinity()};
+  EXPECT_FALSE(ValidateSamplingConfig(bad).ok());
+  bad.num_logit_bias = kMaxLogitBias + 1;
+  EXPECT_FALSE(ValidateSamplingConfig(bad).ok());
+}
+
 TEST(SamplerTest, PenaltyFlipsGreedyChoiceAndResetForgetsOldTokens) {
   Sampler sampler(8);
   SamplingConfig c;

@@ -29,7 +29,7 @@ TextStream::TextStream(DecodeFn decode, std::vector<std::string> stop_sequences,
   read_offset_ = tokens_.size();
 }
 
-TextStream::Delta TextStream::Push(int32_t token) {
+TextStream::Delta TextStream::Push(int32_t token, bool match_stops) {
   if (stopped_ || finished_) return Delta{"", stopped_, matched_stop_};
   tokens_.push_back(token);
   const size_t search_from = pending_.size();
@@ -38,6 +38,11 @@ TextStream::Delta TextStream::Push(int32_t token) {
     tokens_.erase(tokens_.begin(), tokens_.begin() + prefix_offset_);
     read_offset_ -= prefix_offset_;
     prefix_offset_ = 0;
+  }
+  if (!match_stops) {
+    Delta delta;
+    Emit(pending_.size(), delta);  // pending_ is empty after: nothing held for a later match
+    return delta;
   }
   return Release(search_from, /*final=*/false);
 }

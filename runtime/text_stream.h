@@ -48,8 +48,10 @@ class TextStream {
   };
 
   // Adds one generated token. After a stop has matched (or after Finish) it returns an empty delta
-  // with the stop state.
-  Delta Push(int32_t token);
+  // with the stop state. With `match_stops` false (a request's tokens before its min_tokens-th)
+  // the new text is released whole and never searched for stops, nor is it part of a later
+  // match: a stop must lie entirely in text pushed with `match_stops`.
+  Delta Push(int32_t token, bool match_stops = true);
 
   // End of generation (length/eos/...): releases any text held back (but never past a stop
   // sequence, which can still complete in this last text; see stopped()). Idempotent.

@@ -121,12 +121,14 @@ struct StreamRun {
   std::string matched_stop;
 };
 
+// The first `unmatched` ids are pushed with match_stops = false (a request's min_tokens).
 StreamRun Stream(TextStream::DecodeFn decode, const std::vector<int32_t>& ids,
-                 std::vector<std::string> stops, std::vector<int32_t> context = {}) {
+                 std::vector<std::string> stops, std::vector<int32_t> context = {},
+                 size_t unmatched = 0) {
   TextStream stream(std::move(decode), std::move(stops), std::move(context));
   StreamRun run;
-  for (int32_t id : ids) {
-    TextStream::Delta d = stream.Push(id);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    TextStream::Delta d = stream.Push(ids[i], /*match_stops=*/i >= unmatched);
     EXPECT_TRUE(IsValidUtf8(d.text)) << "delta splits a character";
     run.deltas.push_back(d.text);
     run.all += d.text;
@@ -237,6 +239,21 @@ TEST(TextStreamTest, PartialStopThenDivergeReleasesHeldText) {
   EXPECT_EQ(held.deltas, (std::vector<std::string>{"x", ""}));
   EXPECT_EQ(held.finish, "ab");
   EXPECT_FALSE(held.stopped);
+}
+
+TEST(TextStreamTest, TextBeforeMinTokensIsNeverPartOfAStop) {
+  // "x", "Hello", " world", "!". "ll" would stop inside "Hello"; pushed unmatched, it comes out
+  // whole at once (nothing held back) and the stream goes on.
+  EXPECT_TRUE(Stream(ByteDecode, {18, 0, 1}, {"ll"}).stopped);
+  const StreamRun held = Stream(ByteDecode, {18, 0, 1}, {"ll"}, {}, /*unmatched=*/2);
+  EXPECT_EQ(held.deltas, (std::vector<std::string>{"x", "Hello", " world"}));
+  EXPECT_FALSE(held.stopped);
+  // A stop straddling the boundary is not matched either ("o w": "o" is unmatched text).
+  EXPECT_FALSE(Stream(ByteDecode, {18, 0, 1}, {"o w"}, {}, 2).stopped);
+  // One wholly after it is.
+  const StreamRun after = Stream(ByteDecode, {18, 0, 1, 2}, {"d!"}, {}, 2);
+  EXPECT_TRUE(after.stopped);
+  EXPECT_EQ(after.all, "xHello worl");
 }
 
 TEST(TextStreamTest, ShorterStopThatCompletesFirstWins) {

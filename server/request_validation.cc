@@ -22,7 +22,8 @@ absl::Status ValidateRequestId(const std::string& id) {
   return absl::OkStatus();
 }
 
-absl::Status ValidateSampling(const v1::SamplingParams& s, SamplingConfig* out) {
+absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
+                              SamplingConfig* out) {
   if (!Finite(s.temperature()) || s.temperature() < 0 || s.temperature() > 100) {
     return Invalid("sampling.temperature", absl::StrCat(s.temperature(), " is outside [0, 100]"));
   }
@@ -46,6 +47,23 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, SamplingConfig* out) 
   if (!Finite(s.frequency_penalty()) || std::abs(s.frequency_penalty()) > 2) {
     return Invalid("sampling.frequency_penalty",
                    absl::StrCat(s.frequency_penalty(), " is outside [-2, 2]"));
+  }
+  if (s.logit_bias_size() > kMaxLogitBias) {
+    return Invalid("sampling.logit_bias",
+                   absl::StrCat(s.logit_bias_size(), " entries; at most ", kMaxLogitBias));
+  }
+  out->num_logit_bias = 0;
+  for (const auto& [token, bias] : s.logit_bias()) {
+    if (token < 0 || token >= vocab_size) {
+      return Invalid("sampling.logit_bias", absl::StrCat("token id ", token,
+                                                         " is outside the vocabulary [0, ",
+                                                         vocab_size, ")"));
+    }
+    if (!Finite(bias) || std::abs(bias) > 100) {
+      return Invalid("sampling.logit_bias",
+                     absl::StrCat("value ", bias, " for token ", token, " is outside [-100, 100]"));
+    }
+    out->logit_bias[out->num_logit_bias++] = LogitBias{token, bias};
   }
   out->temperature = s.temperature();
   out->top_k = s.top_k();
@@ -105,7 +123,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
                                 " (at least one token must be generated)"));
   }
 
-  RETURN_IF_ERROR(ValidateSampling(proto.sampling(), &r->sampling));
+  RETURN_IF_ERROR(ValidateSampling(proto.sampling(), limits.vocab_size, &r->sampling));
 
   const v1::StoppingCriteria& st = proto.stopping();
   if (st.max_new_tokens() < 1 || st.max_new_tokens() > limits.max_new_tokens) {
@@ -114,6 +132,12 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
                                 "]"));
   }
   r->max_new_tokens = st.max_new_tokens();
+  if (st.min_tokens() < 0 || st.min_tokens() > st.max_new_tokens()) {
+    return Invalid("stopping.min_tokens",
+                   absl::StrCat(st.min_tokens(), " is outside [0, max_new_tokens = ",
+                                st.max_new_tokens(), "]"));
+  }
+  r->min_tokens = st.min_tokens();
   if (st.stop_sequences_size() > limits.max_stop_sequences) {
     return Invalid("stopping.stop_sequences",
                    absl::StrCat("more than ", limits.max_stop_sequences, " sequences"));

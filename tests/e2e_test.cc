@@ -1,6 +1,8 @@
 // End to end through gRPC on a loopback port: streaming, seeded sampling, concurrency,
 // cancellation, stop conditions, overload and request validation.
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <random>
 #include <thread>
 
@@ -143,6 +145,93 @@ TEST_F(E2eTest, StopTokenIdEndsTheStreamWithIt) {
   EXPECT_EQ(r.tokens, std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + first + 1));
 }
 
+TEST_F(E2eTest, LogitBiasBansAndForcesTokens) {
+  v1::GenerateRequest req = TextRequest("Numbers:", 8);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult full = RunGenerate(stub(), req);
+  ASSERT_TRUE(full.status.ok());
+  ASSERT_EQ(full.tokens.size(), 8u);
+  // -100 on the greedy first token: another one is chosen.
+  v1::GenerateRequest banned = req;
+  (*banned.mutable_sampling()->mutable_logit_bias())[full.tokens[0]] = -100;
+  StreamResult b = RunGenerate(stub(), banned);
+  ASSERT_TRUE(b.status.ok());
+  EXPECT_NE(b.tokens[0], full.tokens[0]);
+  // +100 on a token the model did not pick: greedy picks it every step, sampling too.
+  int32_t forced = 3;
+  while (std::find(full.tokens.begin(), full.tokens.end(), forced) != full.tokens.end()) ++forced;
+  for (float temperature : {0.0f, 0.8f}) {
+    v1::GenerateRequest f = req;
+    f.mutable_sampling()->set_temperature(temperature);
+    f.mutable_sampling()->set_seed(11);
+    (*f.mutable_sampling()->mutable_logit_bias())[forced] = 100;
+    StreamResult r = RunGenerate(stub(), f);
+    ASSERT_TRUE(r.status.ok()) << temperature;
+    EXPECT_EQ(r.tokens, std::vector<int32_t>(8, forced)) << temperature;
+  }
+}
+
+TEST_F(E2eTest, MinTokensHoldsOffEosStopTokensAndStopSequences) {
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  ASSERT_GT(info.eos_token_ids_size(), 0);
+  const int32_t eos = info.eos_token_ids(0);
+  // EOS forced by a +100 bias: the first token ends the stream; with min_tokens = 4 it cannot be
+  // sampled for the first four, and the fifth is EOS.
+  for (int min_tokens : {0, 4}) {
+    v1::GenerateRequest req = TextRequest("Once upon a time", 12);
+    (*req.mutable_sampling()->mutable_logit_bias())[eos] = 100;
+    req.mutable_stopping()->set_min_tokens(min_tokens);
+    StreamResult r = RunGenerate(stub(), req);
+    ASSERT_TRUE(r.status.ok()) << min_tokens;
+    EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_EOS) << min_tokens;
+    ASSERT_EQ(r.tokens.size(), static_cast<size_t>(min_tokens + 1)) << min_tokens;
+    for (int i = 0; i < min_tokens; ++i) EXPECT_NE(r.tokens[i], eos) << i;
+    EXPECT_EQ(r.tokens.back(), eos);
+  }
+  v1::GenerateRequest req = TextRequest("Numbers:", 30);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult full = RunGenerate(stub(), req);
+  ASSERT_TRUE(full.status.ok());
+  ASSERT_EQ(full.tokens.size(), 30u);
+  // A stop token: the greedy first one. Without min_tokens the stream is that token alone; with
+  // min_tokens = 6 none of the first six is it, and the stream stops at its first use after.
+  v1::GenerateRequest stop_id = req;
+  stop_id.mutable_stopping()->add_stop_token_ids(full.tokens[0]);
+  StreamResult one = RunGenerate(stub(), stop_id);
+  ASSERT_TRUE(one.status.ok());
+  EXPECT_EQ(one.tokens, std::vector<int32_t>{full.tokens[0]});
+  stop_id.mutable_stopping()->set_min_tokens(6);
+  StreamResult held = RunGenerate(stub(), stop_id);
+  ASSERT_TRUE(held.status.ok());
+  ASSERT_GE(held.tokens.size(), 6u);
+  for (size_t i = 0; i < held.tokens.size(); ++i) {
+    if (i < 6 || i + 1 < held.tokens.size()) {
+      EXPECT_NE(held.tokens[i], full.tokens[0]) << i;
+    }
+  }
+  if (held.finished.reason() == v1::FINISH_REASON_STOP) {
+    EXPECT_EQ(held.tokens.back(), full.tokens[0]);
+  } else {
+    EXPECT_EQ(held.finished.reason(), v1::FINISH_REASON_LENGTH);
+  }
+  // A stop sequence at the very start of the text: it would end the stream with no text; with
+  // min_tokens = 8 the first eight tokens come out as they did without the stop.
+  v1::GenerateRequest stop_seq = req;
+  stop_seq.mutable_stopping()->add_stop_sequences(full.text.substr(0, 2));
+  StreamResult none = RunGenerate(stub(), stop_seq);
+  ASSERT_TRUE(none.status.ok());
+  EXPECT_EQ(none.finished.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(none.text, "");
+  stop_seq.mutable_stopping()->set_min_tokens(8);
+  StreamResult later = RunGenerate(stub(), stop_seq);
+  ASSERT_TRUE(later.status.ok());
+  ASSERT_GE(later.tokens.size(), 8u);
+  EXPECT_EQ(std::vector<int32_t>(later.tokens.begin(), later.tokens.begin() + 8),
+            std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + 8));
+}
+
 TEST_F(E2eTest, LogprobsAreReturnedPerToken) {
   v1::GenerateRequest req = TextRequest("Logprobs please", 5);
   req.mutable_response()->set_top_logprobs(3);
@@ -212,6 +301,28 @@ TEST_F(E2eTest, BadRequestsGetInvalidArgumentNamingTheField) {
        "priority"},
       {"cache_salt too long",
        [](v1::GenerateRequest* r) { r->set_cache_salt(std::string(257, 's')); }, "cache_salt"},
+      {"min_tokens above max_new_tokens",
+       [](v1::GenerateRequest* r) { r->mutable_stopping()->set_min_tokens(5); },
+       "stopping.min_tokens"},
+      {"negative min_tokens",
+       [](v1::GenerateRequest* r) { r->mutable_stopping()->set_min_tokens(-1); },
+       "stopping.min_tokens"},
+      {"logit_bias token outside the vocabulary",
+       [](v1::GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[999999] = 1; },
+       "sampling.logit_bias"},
+      {"logit_bias value above 100",
+       [](v1::GenerateRequest* r) { (*r->mutable_sampling()->mutable_logit_bias())[5] = 101; },
+       "sampling.logit_bias"},
+      {"logit_bias value NaN",
+       [](v1::GenerateRequest* r) {
+         (*r->mutable_sampling()->mutable_logit_bias())[5] = std::nanf("");
+       },
+       "sampling.logit_bias"},
+      {"logit_bias with 301 entries",
+       [](v1::GenerateRequest* r) {
+         for (int i = 0; i < 301; ++i) (*r->mutable_sampling()->mutable_logit_bias())[i] = 1;
+       },
+       "sampling.logit_bias"},
   };
   for (const Case& c : cases) {
     v1::GenerateRequest req = TextRequest("valid prompt", 4);

@@ -43,6 +43,22 @@ absl::StatusOr<std::vector<std::string>> ParseStopSequences(absl::Span<const std
   return stops;
 }
 
+absl::StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(absl::string_view text) {
+  std::vector<std::pair<int32_t, float>> bias;
+  if (absl::StripAsciiWhitespace(text).empty()) return bias;
+  for (absl::string_view piece : absl::StrSplit(text, ',')) {
+    const std::vector<absl::string_view> f = absl::StrSplit(piece, ':');
+    int32_t id = 0;
+    float value = 0;
+    if (f.size() != 2 || !absl::SimpleAtoi(f[0], &id) || !absl::SimpleAtof(f[1], &value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--logit_bias: '", piece, "' is not token_id:bias"));
+    }
+    bias.emplace_back(id, value);
+  }
+  return bias;
+}
+
 absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options) {
   v1::GenerateRequest request;
   if (options.prompt.empty() == options.token_ids.empty()) {
@@ -69,6 +85,8 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   sampling->set_repetition_penalty(options.repetition_penalty);
   sampling->set_presence_penalty(options.presence_penalty);
   sampling->set_frequency_penalty(options.frequency_penalty);
+  ASSIGN_OR_RETURN(const auto bias, ParseLogitBias(options.logit_bias));
+  for (const auto& [id, value] : bias) (*sampling->mutable_logit_bias())[id] = value;
 
   v1::StoppingCriteria* stopping = request.mutable_stopping();
   stopping->set_max_new_tokens(options.max_new_tokens);
@@ -78,6 +96,7 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
                    ParseIdList(options.stop_token_ids, "stop_token_ids"));
   stopping->mutable_stop_token_ids()->Add(stop_ids.begin(), stop_ids.end());
   stopping->set_ignore_eos(options.ignore_eos);
+  stopping->set_min_tokens(options.min_tokens);
   stopping->set_time_limit_ms(options.time_limit_ms);
 
   if (options.logprobs >= 0) {

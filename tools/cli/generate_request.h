@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -36,6 +37,8 @@ struct GenerateOptions {
   std::vector<std::string> stop;
   std::string stop_token_ids;  // "1,2"
   bool ignore_eos = false;
+  int32_t min_tokens = 0;
+  std::string logit_bias;  // "id:bias,..." e.g. "13:-100,42:2.5"
   // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
   int32_t logprobs = -1;
   int32_t priority = 0;
@@ -50,6 +53,9 @@ absl::StatusOr<std::vector<int32_t>> ParseIdList(absl::string_view text, absl::s
 // Splits each --stop value at commas and C-unescapes the pieces ("\n" is a newline, "\x2c" a
 // comma). Empty values are skipped; an empty piece inside a list is an error.
 absl::StatusOr<std::vector<std::string>> ParseStopSequences(absl::Span<const std::string> values);
+
+// Parses "13:-100, 42:2.5" into (token id, bias) pairs. Empty text gives none.
+absl::StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(absl::string_view text);
 
 // InvalidArgument (a usage error) when the options cannot form a request.
 absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options);

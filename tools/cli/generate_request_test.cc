@@ -49,6 +49,8 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   options.stop = {"\\n,THE END", "###"};
   options.stop_token_ids = "5,6";
   options.ignore_eos = true;
+  options.min_tokens = 4;
+  options.logit_bias = "13:-100, 42:2.5";
   options.logprobs = 3;
   options.priority = -7;
   options.cache_salt = "tenant-7";
@@ -73,11 +75,15 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   EXPECT_FLOAT_EQ(s.repetition_penalty(), 1.1f);
   EXPECT_FLOAT_EQ(s.presence_penalty(), 0.5f);
   EXPECT_FLOAT_EQ(s.frequency_penalty(), -0.5f);
+  ASSERT_EQ(s.logit_bias_size(), 2);
+  EXPECT_FLOAT_EQ(s.logit_bias().at(13), -100.0f);
+  EXPECT_FLOAT_EQ(s.logit_bias().at(42), 2.5f);
   const v1::StoppingCriteria& stop = request->stopping();
   EXPECT_EQ(stop.max_new_tokens(), 17);
   EXPECT_THAT(stop.stop_sequences(), ElementsAre("\n", "THE END", "###"));
   EXPECT_THAT(stop.stop_token_ids(), ElementsAre(5, 6));
   EXPECT_TRUE(stop.ignore_eos());
+  EXPECT_EQ(stop.min_tokens(), 4);
   EXPECT_EQ(stop.time_limit_ms(), 2500u);
   EXPECT_TRUE(request->response().logprobs());
   EXPECT_EQ(request->response().top_logprobs(), 3);
@@ -105,6 +111,16 @@ TEST(BuildGenerateRequestTest, LogprobsZeroMeansSampledTokenOnly) {
   ASSERT_TRUE(request.ok());
   EXPECT_TRUE(request->response().logprobs());
   EXPECT_EQ(request->response().top_logprobs(), 0);
+}
+
+TEST(ParseLogitBiasTest, ParsesPairsAndRejectsJunk) {
+  absl::StatusOr<std::vector<std::pair<int32_t, float>>> bias = ParseLogitBias(" 7:-1.5,9:100 ");
+  ASSERT_TRUE(bias.ok()) << bias.status();
+  EXPECT_EQ(*bias, (std::vector<std::pair<int32_t, float>>{{7, -1.5f}, {9, 100.0f}}));
+  EXPECT_TRUE(ParseLogitBias("").ok());
+  for (const char* junk : {"7", "7:", ":1", "x:1", "7:1:2", "7:1,"}) {
+    EXPECT_EQ(ParseLogitBias(junk).status().code(), absl::StatusCode::kInvalidArgument) << junk;
+  }
 }
 
 TEST(BuildGenerateRequestTest, NeedsExactlyOnePrompt) {

@@ -50,6 +50,10 @@ ABSL_FLAG(std::string, stop, "",
           "stop sequences, comma-separated and C-escaped (\\n, \\x2c for a comma); repeatable");
 ABSL_FLAG(std::string, stop_token_ids, "", "token ids that end generation, e.g. 13,42");
 ABSL_FLAG(bool, ignore_eos, false, "keep generating past end-of-sequence tokens");
+ABSL_FLAG(int32_t, min_tokens, 0,
+          "generate at least this many tokens before EOS, stop ids or stop sequences end it");
+ABSL_FLAG(std::string, logit_bias, "",
+          "token_id:bias pairs added to the logits, e.g. 13:-100,42:2.5 (bias in [-100, 100])");
 ABSL_FLAG(int32_t, logprobs, -1,
           "-1 off; 0 the sampled token's logprob; N also the top N alternatives (<= 20)");
 ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs first");
@@ -138,6 +142,8 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   if (auto it = flags.given.find("stop"); it != flags.given.end()) options.stop = it->second;
   options.stop_token_ids = absl::GetFlag(FLAGS_stop_token_ids);
   options.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+  options.min_tokens = absl::GetFlag(FLAGS_min_tokens);
+  options.logit_bias = absl::GetFlag(FLAGS_logit_bias);
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
   options.priority = absl::GetFlag(FLAGS_priority);
   options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
@@ -310,6 +316,8 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "stop",
                                                 "stop_token_ids",
                                                 "ignore_eos",
+                                                "min_tokens",
+                                                "logit_bias",
                                                 "logprobs",
                                                 "priority",
                                                 "cache_salt",
