@@ -6,7 +6,10 @@
 #                                   # (and libstdc++) libraries it needs into .device/
 #   tools/device_check.sh run       # on the GPU machine: finds the CUDA, cuBLASLt and NCCL
 #                                   # libraries there, runs the check, writes its log and JSON
-#                                   # to $OUT (or ./device-check-out), prints the table last
+#                                   # to $OUT (or ./device-check-out), prints the table last;
+#                                   # then the claims in process on the GPU (bench/engine_claims:
+#                                   # static vs kvrm through the real engine, every request
+#                                   # queued at once), its table and JSON beside
 #
 # Through the device tool, with the prepared folder carried:
 #   run(command="tools/device_check.sh run", carry=[".device"], timeout_s=420)
@@ -19,18 +22,21 @@ shift || true
 
 case "$mode" in
   prepare)
-    bazel build //runtime/cuda:device_check
-    bin=$(bazel info bazel-bin 2>/dev/null)/runtime/cuda/device_check
+    bazel build -c opt //runtime/cuda:device_check //bench:engine_claims
+    bindir=$(bazel info -c opt bazel-bin 2>/dev/null)
     rm -rf .device && mkdir -p .device/lib .device/libstdcxx
-    cp "$bin" .device/device_check
-    chmod u+w .device/device_check
-    # Everything the binary links that is neither the C library nor CUDA's: Abseil (Debian's
-    # shared objects) here; libstdc++/libgcc apart, used only where the machine's are older.
-    ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
-      case "$(basename "$lib")" in
-        libabsl_*) cp -L "$lib" .device/lib/ ;;
-        libstdc++.so.6|libgcc_s.so.1) cp -L "$lib" .device/libstdcxx/ ;;
-      esac
+    for bin in "$bindir/runtime/cuda/device_check" "$bindir/bench/engine_claims"; do
+      cp "$bin" .device/
+      chmod u+w ".device/$(basename "$bin")"
+      # Everything the binaries link that is neither the C library nor CUDA's: Abseil, and the
+      # tokenizer's Oniguruma and ICU (Debian's shared objects); libstdc++/libgcc apart, used
+      # only where the machine's are older.
+      ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
+        case "$(basename "$lib")" in
+          libabsl_*|libonig.so.*|libicu*) cp -L "$lib" .device/lib/ ;;
+          libstdc++.so.6|libgcc_s.so.1) cp -L "$lib" .device/libstdcxx/ ;;
+        esac
+      done
     done
     grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
     du -sh .device
@@ -55,8 +61,18 @@ case "$mode" in
     if ! grep -q GLIBCXX_3.4.30 "$sys_cxx" 2>/dev/null; then libpath=$libpath:$PWD/.device/libstdcxx; fi
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt" || true
     set -o pipefail
+    status=0
     LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-      .device/device_check --json "$out/device_check.json" "$@" 2>&1 | tee "$out/device_check.log"
+      .device/device_check --json "$out/device_check.json" "$@" 2>&1 | tee "$out/device_check.log" || status=$?
+    # The claims through the engine on the GPU: the paper_claims families at full length.
+    if [[ -x .device/engine_claims ]]; then
+      LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+        timeout 240 .device/engine_claims --device=cuda --families=short,mixed \
+          --model_dir="$out/models" --json "$out/engine_claims.json" 2>&1 \
+          | grep -v '^W' | tee "$out/engine_claims.log" || status=$?
+      rm -rf "$out/models"
+    fi
+    exit $status
     ;;
   *)
     echo "usage: tools/device_check.sh prepare|run [--quick]" >&2

@@ -1,0 +1,339 @@
+// The paper's claims in process: the same requests through the engine in --kv_mode=static and
+// --kv_mode=kvrm, at the same KV budget and slot count, on one backend (--device=cpu|cuda|auto).
+// paper_claims measures the same thing through kvrmd and gRPC on the CPU machines; this one needs
+// no gRPC, so the prepared GPU check (tools/device_check.sh) runs it on a lent GPU, where it is
+// also the engine's end-to-end test on the device: chunked prefill, decode graphs, the pager's
+// transfer groups on the copy stream, sampling, all driven by the real scheduler.
+//
+//   bazel build -c opt //bench:engine_claims
+//   bazel-bin/bench/engine_claims --device=cpu --families=mixed --input_scale=0.1
+//       --output_scale=0.5 --prefill_chunk=32 --json=/tmp/engine-claims.json
+//
+// Each family's requests (lengths drawn from the paper_claims mixes, prompts of random ids) are
+// queued at once by default (--rate=0: saturation, the decode throughput of claim 1); --rate=R
+// sends them as Poisson arrivals instead. Per mode it reports output tokens/s, p99 TTFT and TPOT,
+// requests decoding at once, reserved KV (sampled every 5 ms) and the worst one-second p99
+// inter-token latency over the run's median; then the kvrm / static ratios, and how many greedy
+// outputs are identical in the two modes (all of them on the CPU, whose kernels give a row the
+// same result in any batch; on a GPU the products' reduction order may depend on the batch).
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "nlohmann/json.hpp"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+#include "server/device_backend.h"
+#include "tools/modelgen/model_writer.h"
+#include "tools/replay/prompt.h"
+#include "tools/replay/record.h"
+#include "tools/replay/report.h"
+#include "tools/replay/stats.h"
+#include "tools/replay/workload.h"
+
+ABSL_FLAG(std::string, device, "auto", "backend: cpu, cuda or auto");
+ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
+ABSL_FLAG(std::string, model_dir, "", "where to generate the model (default: a temp dir)");
+ABSL_FLAG(int32_t, slots, 16, "decode slots (both modes)");
+ABSL_FLAG(double, budget_fraction, 0.35,
+          "KV budget as a fraction of slots x max context (both modes), as paper_claims");
+ABSL_FLAG(int32_t, requests, 200, "requests per family");
+ABSL_FLAG(std::string, families, "short,mixed", "families to run: short, mixed, long");
+ABSL_FLAG(double, input_scale, 1.0, "factor on every prompt length");
+ABSL_FLAG(double, output_scale, 1.0, "factor on every output length");
+ABSL_FLAG(double, rate, 0, "Poisson arrivals per second; 0: every request queued at once");
+ABSL_FLAG(int32_t, prefill_chunk, 256, "engine prefill chunk (both modes)");
+ABSL_FLAG(double, max_prefill_stall, 0.5, "engine max_prefill_stall (kvrmd's default)");
+ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores)");
+ABSL_FLAG(std::string, json, "", "also write the results as JSON");
+
+namespace kvrm {
+namespace {
+
+struct Mode {
+  replay::Summary summary;
+  double reserved_mean_blocks = 0;
+  uint64_t transfer_groups = 0;
+  uint64_t preemptions = 0;
+  std::vector<std::vector<int32_t>> tokens;  // per request
+};
+
+// Keeps one request's token times (seconds since `t0`) and tokens. Called on the engine thread.
+class TimingSink final : public RequestSink {
+ public:
+  TimingSink(std::chrono::steady_clock::time_point t0, replay::RequestRecord* record,
+             std::vector<int32_t>* tokens, absl::Mutex* mu, int* done)
+      : t0_(t0), record_(record), tokens_(tokens), mu_(mu), done_(done) {}
+
+  void OnChunk(StreamChunk chunk) override {
+    const double t = Now();
+    for (int32_t id : chunk.token_ids) {
+      if (record_->first_token_s < 0) record_->first_token_s = t;
+      record_->token_times_s.push_back(t);
+      tokens_->push_back(id);
+    }
+  }
+  void OnFinished(StreamChunk last, const FinishInfo& info) override {
+    OnChunk(std::move(last));
+    absl::MutexLock lock(mu_);
+    record_->finish_s = Now();
+    record_->server_completion_tokens = info.completion_tokens;
+    record_->server_cached_prompt_tokens = info.cached_prompt_tokens;
+    record_->finish_reason = absl::AsciiStrToUpper(FinishReasonName(info.reason));
+    record_->error = info.error;
+    ++*done_;
+  }
+
+ private:
+  double Now() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count();
+  }
+  const std::chrono::steady_clock::time_point t0_;
+  replay::RequestRecord* const record_;
+  std::vector<int32_t>* const tokens_;
+  absl::Mutex* const mu_;
+  int* const done_;
+};
+
+absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
+                             const std::vector<replay::PlannedRequest>& plan,
+                             const std::vector<std::vector<int32_t>>& prompts) {
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&model, options));
+  engine->Start();
+  const size_t n = plan.size();
+  std::vector<replay::RequestRecord> records(n);
+  Mode mode;
+  mode.tokens.resize(n);
+  absl::Mutex mu;
+  int done = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto now = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
+  double reserved_sum = 0;
+  int samples = 0;
+  auto sample = [&] {
+    reserved_sum += static_cast<double>(engine->Stats().kv.blocks_reserved);
+    ++samples;
+  };
+  for (size_t i = 0; i < n; ++i) {
+    while (now() < plan[i].send_at_s) {
+      sample();
+      std::this_thread::sleep_for(std::chrono::microseconds(
+          std::clamp<int64_t>(static_cast<int64_t>((plan[i].send_at_s - now()) * 1e6), 1, 5000)));
+    }
+    replay::RequestRecord& rec = records[i];
+    rec.index = static_cast<int>(i);
+    rec.scheduled_s = plan[i].send_at_s;
+    rec.input_tokens = plan[i].input_tokens;
+    rec.output_tokens_requested = plan[i].output_tokens;
+    auto r = std::make_unique<GenerationRequest>();
+    r->request_id = absl::StrCat("r", i);
+    r->prompt = prompts[i];
+    r->max_new_tokens = plan[i].output_tokens;
+    r->ignore_eos = true;  // exact output lengths, as the replay asks
+    r->arrival = absl::Now();
+    r->sink = std::make_shared<TimingSink>(t0, &rec, &mode.tokens[i], &mu, &done);
+    rec.send_s = now();
+    absl::StatusOr<uint64_t> handle = engine->Submit(std::move(r));
+    if (!handle.ok()) {
+      absl::MutexLock lock(&mu);
+      rec.grpc_code = static_cast<int>(handle.status().code());
+      rec.error = std::string(handle.status().message());
+      rec.finish_s = now();
+      ++done;
+    }
+  }
+  for (;;) {
+    {
+      absl::MutexLock lock(&mu);
+      if (done == static_cast<int>(n)) break;
+    }
+    sample();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  const EngineStats stats = engine->Stats();
+  mode.transfer_groups = stats.transfer_groups_total;
+  mode.preemptions = stats.preemptions_total;
+  engine.reset();
+  mode.summary = replay::Summarize(records, replay::Slo{});
+  mode.reserved_mean_blocks = samples > 0 ? reserved_sum / samples : 0;
+  return mode;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  // The model: generated in the Hugging Face layout and loaded by the real loader.
+  std::string dir = absl::GetFlag(FLAGS_model_dir);
+  if (dir.empty()) dir = std::filesystem::temp_directory_path() / "kvrm-engine-claims";
+  dir = absl::StrCat(dir, "/", absl::GetFlag(FLAGS_size));
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    modelgen::MakeModelOptions mo;
+    mo.size = absl::GetFlag(FLAGS_size);
+    mo.out_dir = dir;
+    mo.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (auto made = modelgen::MakeModel(mo); !made.ok()) {
+      std::fprintf(stderr, "make model: %s\n", made.status().ToString().c_str());
+      return 1;
+    }
+  }
+  auto model = ModelBundle::Load(dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  auto device = ChooseDevice(absl::GetFlag(FLAGS_device));
+  if (!device.ok()) {
+    std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
+    return 1;
+  }
+  const int32_t slots = absl::GetFlag(FLAGS_slots);
+  const int32_t ctx = (*model)->config.max_position_embeddings;
+  const int64_t blocks_per_slot = (ctx + 15) / 16;
+  const int64_t kv_blocks = std::max<int64_t>(
+      blocks_per_slot,
+      static_cast<int64_t>(absl::GetFlag(FLAGS_budget_fraction) * slots * blocks_per_slot));
+
+  // The paper_claims families, lengths relative to a 4096-token context.
+  const double k = ctx / 4096.0;
+  auto scaled = [&](int in, int out, int weight) {
+    return absl::StrCat(std::max(1, static_cast<int>(in * k)), ":",
+                        std::max(1, static_cast<int>(out * k)), ":", weight);
+  };
+  const std::vector<std::pair<std::string, std::string>> all = {
+      {"short", absl::StrCat(scaled(256, 256, 2), ",", scaled(128, 384, 1), ",",
+                             scaled(512, 128, 1))},
+      {"mixed", absl::StrCat(scaled(300, 200, 5), ",", scaled(1200, 250, 3), ",",
+                             scaled(2800, 250, 2))},
+      {"long", absl::StrCat(scaled(1500, 100, 1), ",", scaled(2000, 150, 1))},
+  };
+  const std::set<std::string> wanted = absl::StrSplit(absl::GetFlag(FLAGS_families), ',');
+  const double rate = absl::GetFlag(FLAGS_rate);
+  std::vector<int32_t> specials((*model)->config.eos_token_ids.begin(),
+                                (*model)->config.eos_token_ids.end());
+  if ((*model)->config.bos_token_id.has_value()) {
+    specials.push_back(*(*model)->config.bos_token_id);
+  }
+  auto synth = replay::PromptSynthesizer::Create((*model)->config.vocab_size, specials, 17);
+  if (!synth.ok()) {
+    std::fprintf(stderr, "%s\n", synth.status().ToString().c_str());
+    return 1;
+  }
+
+  std::printf("engine claims: %s model, device %s, tp %d, %d slots, KV budget %lld blocks "
+              "(static backs %lld slots of %d tokens), %s\n",
+              absl::GetFlag(FLAGS_size).c_str(), device->device.c_str(),
+              absl::GetFlag(FLAGS_tp), slots, static_cast<long long>(kv_blocks),
+              static_cast<long long>(kv_blocks / blocks_per_slot), ctx,
+              rate > 0 ? absl::StrFormat("Poisson arrivals at %.1f/s", rate).c_str()
+                       : "every request queued at once");
+  std::printf("| family | mode | tokens/s | p99 TTFT ms | p99 TPOT ms | mean TPOT ms | decoding | "
+              "reserved KV blocks | worst 1-s p99 ITL / median | transfer groups |\n"
+              "|---|---|---|---|---|---|---|---|---|---|\n");
+  nlohmann::json out;
+  out["device"] = device->device;
+  out["model"] = absl::GetFlag(FLAGS_size);
+  out["slots"] = slots;
+  out["kv_blocks"] = kv_blocks;
+  out["rate"] = rate;
+  std::string ratios;
+  bool all_completed = true;
+  for (const auto& [name, mix] : all) {
+    if (!wanted.count(name)) continue;
+    auto entries = replay::ParseLengthMix(mix);
+    CHECK_OK(entries.status());
+    const int n = absl::GetFlag(FLAGS_requests);
+    const std::vector<double> arrivals = replay::SyntheticArrivals(
+        replay::ArrivalProcess::kPoisson,
+        rate > 0 ? rate : std::numeric_limits<double>::infinity(), 1.0, n, 42);
+    auto plan = replay::SyntheticRequests(arrivals, *entries, {}, absl::GetFlag(FLAGS_input_scale),
+                                          absl::GetFlag(FLAGS_output_scale), 42);
+    CHECK_OK(plan.status());
+    std::vector<std::vector<int32_t>> prompts;
+    for (replay::PlannedRequest& r : *plan) {
+      r.input_tokens = std::min(r.input_tokens, ctx - r.output_tokens - 1);
+      prompts.push_back(synth->Synthesize(r));
+    }
+    nlohmann::json fam;
+    fam["family"] = name;
+    Mode modes[2];
+    for (int m = 0; m < 2; ++m) {
+      EngineOptions o;
+      o.kv_mode = m == 0 ? KvMode::kStatic : KvMode::kKvrm;
+      o.reserve = ReservePolicy::kPromptAndOutput;  // as paper_claims' --kv_reserve
+      o.slots = slots;
+      o.kv_blocks = kv_blocks;
+      o.max_queue = n + 1;
+      o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+      o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
+      o.tensor_parallel = absl::GetFlag(FLAGS_tp);
+      o.threads = absl::GetFlag(FLAGS_threads);
+      o.backend_factory = device->factory;
+      auto result = RunMode(**model, o, *plan, prompts);
+      if (!result.ok()) {
+        std::fprintf(stderr, "%s %s: %s\n", name.c_str(), KvModeName(o.kv_mode),
+                     result.status().ToString().c_str());
+        return 1;
+      }
+      modes[m] = std::move(*result);
+      const replay::Summary& s = modes[m].summary;
+      all_completed = all_completed && s.completed == s.requests;
+      std::printf("| %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f | %.2f | %llu |\n",
+                  name.c_str(), KvModeName(o.kv_mode), s.output_tokens_per_s, s.ttft_ms.p99,
+                  s.tpot_ms.p99, s.tpot_ms.mean, s.mean_decoding, modes[m].reserved_mean_blocks,
+                  s.worst_window_itl_p99_over_median,
+                  static_cast<unsigned long long>(modes[m].transfer_groups));
+      std::fflush(stdout);
+      nlohmann::json j = replay::SummaryToJson(s);
+      j["reserved_mean_blocks"] = modes[m].reserved_mean_blocks;
+      j["transfer_groups"] = modes[m].transfer_groups;
+      j["preemptions"] = modes[m].preemptions;
+      fam[KvModeName(o.kv_mode)] = j;
+    }
+    int same = 0;
+    for (size_t i = 0; i < prompts.size(); ++i) same += modes[0].tokens[i] == modes[1].tokens[i];
+    const replay::Summary &a = modes[0].summary, &b = modes[1].summary;
+    const double tput = a.output_tokens_per_s > 0 ? b.output_tokens_per_s / a.output_tokens_per_s : 0;
+    const double mem = modes[0].reserved_mean_blocks > 0
+                           ? modes[1].reserved_mean_blocks / modes[0].reserved_mean_blocks
+                           : 0;
+    absl::StrAppend(&ratios,
+                    absl::StrFormat("%s: kvrm/static throughput %.2fx, p99 TTFT %.2fx, p99 TPOT "
+                                    "%.2fx, reserved KV %.0f%%; greedy outputs identical in both "
+                                    "modes: %d of %zu\n",
+                                    name, tput, a.ttft_ms.p99 > 0 ? b.ttft_ms.p99 / a.ttft_ms.p99 : 0,
+                                    a.tpot_ms.p99 > 0 ? b.tpot_ms.p99 / a.tpot_ms.p99 : 0,
+                                    100 * mem, same, prompts.size()));
+    fam["throughput_kvrm_over_static"] = tput;
+    fam["reserved_kvrm_over_static"] = mem;
+    fam["identical_outputs"] = same;
+    out["families"].push_back(fam);
+  }
+  std::printf("\n%s", ratios.c_str());
+  if (!absl::GetFlag(FLAGS_json).empty()) std::ofstream(absl::GetFlag(FLAGS_json)) << out.dump(2);
+  return all_completed ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kvrm
+
+int main(int argc, char** argv) { return kvrm::Main(argc, argv); }

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs the in-process claims on the CPU (tiny model, a few requests per family, every request
+# queued at once) and checks its JSON: both modes complete every request, and every greedy output
+# is the same in both (the CPU kernels give a row the same result in any batch).
+set -euo pipefail
+out="${TEST_TMPDIR}/engine-claims.json"
+bench/engine_claims --device=cpu --size=tiny --model_dir="${TEST_TMPDIR}/models" --slots=4 \
+  --requests=12 --families=short,mixed --prefill_chunk=32 --threads=2 --json="$out"
+python3 - "$out" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["device"] == "cpu", d["device"]
+names = [f["family"] for f in d["families"]]
+assert names == ["short", "mixed"], names
+for f in d["families"]:
+    for mode in ("static", "kvrm"):
+        s = f[mode]
+        assert s["requests"] == 12 and s["completed"] == 12 and s["failed"] == 0, (f["family"], mode, s)
+        assert s["output_tokens_per_s"] > 0 and s["reserved_mean_blocks"] > 0, (f["family"], mode)
+    assert f["identical_outputs"] == 12, (f["family"], f["identical_outputs"])
+    assert f["reserved_kvrm_over_static"] < 1, (f["family"], f["reserved_kvrm_over_static"])
+print("ok")
+PY
