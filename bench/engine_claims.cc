@@ -62,6 +62,7 @@ ABSL_FLAG(double, output_scale, 1.0, "factor on every output length");
 ABSL_FLAG(double, rate, 0, "Poisson arrivals per second; 0: every request queued at once");
 ABSL_FLAG(int32_t, prefill_chunk, 256, "engine prefill chunk (both modes)");
 ABSL_FLAG(double, max_prefill_stall, 0.5, "engine max_prefill_stall (kvrmd's default)");
+ABSL_FLAG(bool, prefix_caching, true, "engine prefix_caching (kvrm mode; kvrmd's default)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON");
@@ -73,6 +74,7 @@ struct Mode {
   replay::Summary summary;
   double reserved_mean_blocks = 0;
   uint64_t transfer_groups = 0;
+  uint64_t transfer_blocks = 0;
   uint64_t preemptions = 0;
   std::vector<std::vector<int32_t>> tokens;  // per request
 };
@@ -173,6 +175,7 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
   }
   const EngineStats stats = engine->Stats();
   mode.transfer_groups = stats.transfer_groups_total;
+  mode.transfer_blocks = stats.transfer_blocks_total;
   mode.preemptions = stats.preemptions_total;
   engine.reset();
   mode.summary = replay::Summarize(records, replay::Slo{});
@@ -247,7 +250,7 @@ int Main(int argc, char** argv) {
               rate > 0 ? absl::StrFormat("Poisson arrivals at %.1f/s", rate).c_str()
                        : "every request queued at once");
   std::printf("| family | mode | tokens/s | p99 TTFT ms | p99 TPOT ms | mean TPOT ms | decoding | "
-              "reserved KV blocks | worst 1-s p99 ITL / median | transfer groups |\n"
+              "reserved KV blocks | worst 1-s p99 ITL / median | transfer groups / blocks |\n"
               "|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::json out;
   out["device"] = device->device;
@@ -285,6 +288,7 @@ int Main(int argc, char** argv) {
       o.max_queue = n + 1;
       o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
       o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
+      o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
       o.tensor_parallel = absl::GetFlag(FLAGS_tp);
       o.threads = absl::GetFlag(FLAGS_threads);
       o.backend_factory = device->factory;
@@ -297,15 +301,17 @@ int Main(int argc, char** argv) {
       modes[m] = std::move(*result);
       const replay::Summary& s = modes[m].summary;
       all_completed = all_completed && s.completed == s.requests;
-      std::printf("| %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f | %.2f | %llu |\n",
+      std::printf("| %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f | %.2f | %llu / %llu |\n",
                   name.c_str(), KvModeName(o.kv_mode), s.output_tokens_per_s, s.ttft_ms.p99,
                   s.tpot_ms.p99, s.tpot_ms.mean, s.mean_decoding, modes[m].reserved_mean_blocks,
                   s.worst_window_itl_p99_over_median,
-                  static_cast<unsigned long long>(modes[m].transfer_groups));
+                  static_cast<unsigned long long>(modes[m].transfer_groups),
+                  static_cast<unsigned long long>(modes[m].transfer_blocks));
       std::fflush(stdout);
       nlohmann::json j = replay::SummaryToJson(s);
       j["reserved_mean_blocks"] = modes[m].reserved_mean_blocks;
       j["transfer_groups"] = modes[m].transfer_groups;
+      j["transfer_blocks"] = modes[m].transfer_blocks;
       j["preemptions"] = modes[m].preemptions;
       fam[KvModeName(o.kv_mode)] = j;
     }

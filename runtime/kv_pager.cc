@@ -31,6 +31,8 @@ KvPager::KvPager(const KvPagerOptions& options)
     bucket_next_.assign(options.device_blocks, -1);
     idle_prev_.assign(options.device_blocks, -1);
     idle_next_.assign(options.device_blocks, -1);
+    idle_stamp_.assign(options.device_blocks, 0);
+    window_ring_.assign(options.device_blocks, 0);
   }
 }
 
@@ -68,6 +70,7 @@ void KvPager::IdlePush(int32_t block) {
     idle_head_ = block;
   }
   idle_tail_ = block;
+  idle_stamp_[block] = ++idle_clock_;
   ++idle_count_;
 }
 
@@ -114,6 +117,48 @@ void KvPager::Evict(int32_t block) {
 bool KvPager::EvictOldest() {
   if (idle_head_ < 0) return false;
   Evict(idle_head_);
+  return true;
+}
+
+bool KvPager::EvictWindow(int64_t length) {
+  if (idle_count_ == 0 || length <= 0) return false;
+  const int64_t total = options_.device_blocks;
+  auto usable = [&](int64_t b) { return device_.IsFree(b) || IdleCached(static_cast<int32_t>(b)); };
+  auto stamp = [&](int64_t b) { return device_.IsFree(b) ? uint64_t{0} : idle_stamp_[b]; };
+  // Every window of `length` blocks, each free or idle: a sliding window keeps its maximum
+  // release stamp (a monotonic deque of positions in a buffer sized at start-up; a free block
+  // counts 0) and its number of idle blocks. Least-recently-released eviction would free the
+  // window with the smallest maximum first; this evicts that window's idle blocks only.
+  int64_t best_start = -1, best_idle = 0;
+  uint64_t best_stamp = 0;
+  int64_t head = 0, tail = 0, idle_in = 0, stretch_start = 0;
+  for (int64_t b = 0; b < total; ++b) {
+    if (!usable(b)) {
+      head = tail = 0;
+      idle_in = 0;
+      stretch_start = b + 1;
+      continue;
+    }
+    const uint64_t st = stamp(b);
+    while (tail > head && stamp(window_ring_[tail - 1]) <= st) --tail;
+    window_ring_[tail++] = b;
+    idle_in += st != 0;
+    const int64_t start = b - length + 1;
+    if (start < stretch_start) continue;
+    if (start > stretch_start) idle_in -= stamp(start - 1) != 0;
+    while (window_ring_[head] < start) ++head;
+    const uint64_t window_max = stamp(window_ring_[head]);
+    if (best_start < 0 || window_max < best_stamp ||
+        (window_max == best_stamp && idle_in < best_idle)) {
+      best_start = start;
+      best_stamp = window_max;
+      best_idle = idle_in;
+    }
+  }
+  if (best_start < 0) return false;
+  for (int64_t b = best_start; b < best_start + length; ++b) {
+    if (!device_.IsFree(b)) Evict(static_cast<int32_t>(b));
+  }
   return true;
 }
 
@@ -377,9 +422,7 @@ bool KvPager::PlanCompaction(int32_t slot, uint64_t fence, std::vector<BlockMove
   const int32_t keep = options_.max_runs - 1;
   int64_t tail_blocks = 0;
   for (int32_t r = keep; r < runs; ++r) tail_blocks += s.runs[r].num_blocks;
-  while (device_.LargestFree().length < tail_blocks) {
-    if (!EvictOldest()) return false;
-  }
+  if (device_.LargestFree().length < tail_blocks && !EvictWindow(tail_blocks)) return false;
   const Extent e = device_.LargestFree();
   const int64_t spare = e.length - tail_blocks;
   const int64_t start = e.start == 0 ? 0 : e.start + spare / 2;

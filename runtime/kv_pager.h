@@ -153,6 +153,12 @@ class KvPager final : public KvAllocator {
   // Removes an idle cached block from the cache and frees it.
   void Evict(int32_t block);
   bool EvictOldest();
+  // Frees `length` contiguous device blocks, each free or idle cached, by evicting the idle
+  // ones: the window least-recently-released eviction would free first (its most recently
+  // released block the earliest of all windows'), without evicting the older blocks elsewhere
+  // that order would take on the way; of equals, the one with the fewest idle blocks. O(device
+  // blocks). False (nothing evicted) when no such window exists.
+  bool EvictWindow(int64_t length);
   void IdlePush(int32_t block);
   void IdleRemove(int32_t block);
   // The hash-table bucket of a key. A key's parent is (block, its generation), or (-1, the salt)
@@ -185,10 +191,13 @@ class KvPager final : public KvAllocator {
   std::vector<int32_t> buckets_;     // hash -> first block, -1: none
   std::vector<int32_t> bucket_next_;
   std::vector<int32_t> idle_prev_, idle_next_;
+  std::vector<uint64_t> idle_stamp_;  // when each idle block was released (idle_clock_)
+  uint64_t idle_clock_ = 0;
   int32_t idle_head_ = -1, idle_tail_ = -1;
   int64_t idle_count_ = 0;
   int64_t cached_count_ = 0;
   uint64_t evictions_ = 0;
+  std::vector<int64_t> window_ring_;  // EvictWindow's deque, sized at start-up
 };
 
 }  // namespace kvrm

@@ -5,6 +5,7 @@
 #include "runtime/kv_pager.h"
 
 #include <algorithm>
+#include <set>
 #include <deque>
 #include <memory>
 #include <random>
@@ -494,15 +495,55 @@ TEST(KvPagerTest, PrefixCacheNeverRevivesTheChildrenOfAnEvictedBlock) {
   EXPECT_EQ(match, (std::vector<int32_t>{parent, p.Blocks(1)[1]}));
   p.Release(0);
   ASSERT_TRUE(p.IdleCached(parent));
-  // Slot 2 takes every block: the free ones, then the parent, evicted last.
+  // Slot 2 takes every block: the free ones and the parent, evicted for them.
   ASSERT_TRUE(p.Grow(2, 14 * kBlockTokens).ok());
   ASSERT_EQ(p.evictions(), 1u);
-  ASSERT_EQ(p.Blocks(2).back(), parent);
+  const std::vector<int32_t>& taken = p.Blocks(2);
+  const int64_t j = std::find(taken.begin(), taken.end(), parent) - taken.begin();
+  ASSERT_LT(j, 14) << "the parent's space went to slot 2";
   const std::vector<int32_t> mine = RandomTokens(14 * kBlockTokens, 6);
   ASSERT_EQ(p.RegisterPrefix(2, mine), 14);
-  std::vector<int32_t> probe = mine;
+  // Slot 2's history up to the parent's new content, then the old child's tokens.
+  std::vector<int32_t> probe(mine.begin(), mine.begin() + (j + 1) * kBlockTokens);
   probe.insert(probe.end(), old.begin() + kBlockTokens, old.end());
-  EXPECT_EQ(p.MatchPrefix(probe, 15, &match), 14);
+  EXPECT_EQ(p.MatchPrefix(probe, static_cast<int32_t>(j) + 2, &match), j + 1);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+TEST(KvPagerTest, PrefixCacheCompactionEvictsOnlyTheWindowItTakes) {
+  // Eight histories of 4 blocks fill the pool and go idle in an order unrelated to where they
+  // lie. A new 12-block history evicts the 12 least recently released blocks one by one (12
+  // runs); compaction then needs one free extent for its tail runs. It evicts the idle blocks of
+  // one window only: the window least-recently-released eviction would have freed first,
+  // without evicting the older blocks elsewhere that order would have taken on the way.
+  KvPager p(CacheOptions(9, 32));
+  for (int32_t s = 0; s < 8; ++s) {
+    ASSERT_TRUE(p.Grow(s, 4 * kBlockTokens).ok());
+    ASSERT_EQ(p.RegisterPrefix(s, RandomTokens(4 * kBlockTokens, 100 + s)), 4);
+  }
+  for (int32_t s : {5, 2, 7, 0, 3, 6, 1, 4}) p.Release(s);
+  ASSERT_EQ(p.idle_cached_blocks(), 32);
+  ASSERT_TRUE(p.Grow(8, 12 * kBlockTokens).ok());
+  ASSERT_EQ(p.evictions(), 12u);
+  ASSERT_GT(p.NumRuns(8), 4);
+  std::vector<bool> idle(32);
+  for (int32_t b = 0; b < 32; ++b) idle[b] = p.IdleCached(b);
+  std::vector<BlockMove> moves;
+  ASSERT_TRUE(p.PlanCompaction(8, /*fence=*/1, &moves));
+  EXPECT_LE(p.NumRuns(8), 4);
+  int32_t lo = 32, hi = -1;
+  for (const BlockMove& m : moves) {
+    lo = std::min(lo, m.dst);
+    hi = std::max(hi, m.dst);
+  }
+  ASSERT_EQ(hi - lo + 1, static_cast<int32_t>(moves.size())) << "one destination extent";
+  int64_t idle_in_window = 0;
+  for (int32_t b = lo; b <= hi; ++b) idle_in_window += idle[b];
+  EXPECT_EQ(p.evictions(), 12u + idle_in_window) << "nothing evicted outside the window";
+  for (int32_t b = 0; b < 32; ++b) {
+    if (b < lo || b > hi) EXPECT_EQ(p.IdleCached(b), idle[b]) << b;
+  }
+  p.RetireUpTo(1);
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
