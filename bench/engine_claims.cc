@@ -36,6 +36,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
+#include "bench/families.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -216,19 +217,6 @@ int Main(int argc, char** argv) {
       blocks_per_slot,
       static_cast<int64_t>(absl::GetFlag(FLAGS_budget_fraction) * slots * blocks_per_slot));
 
-  // The paper_claims families, lengths relative to a 4096-token context.
-  const double k = ctx / 4096.0;
-  auto scaled = [&](int in, int out, int weight) {
-    return absl::StrCat(std::max(1, static_cast<int>(in * k)), ":",
-                        std::max(1, static_cast<int>(out * k)), ":", weight);
-  };
-  const std::vector<std::pair<std::string, std::string>> all = {
-      {"short", absl::StrCat(scaled(256, 256, 2), ",", scaled(128, 384, 1), ",",
-                             scaled(512, 128, 1))},
-      {"mixed", absl::StrCat(scaled(300, 200, 5), ",", scaled(1200, 250, 3), ",",
-                             scaled(2800, 250, 2))},
-      {"long", absl::StrCat(scaled(1500, 100, 1), ",", scaled(2000, 150, 1))},
-  };
   const std::set<std::string> wanted = absl::StrSplit(absl::GetFlag(FLAGS_families), ',');
   const double rate = absl::GetFlag(FLAGS_rate);
   std::vector<int32_t> specials((*model)->config.eos_token_ids.begin(),
@@ -260,9 +248,10 @@ int Main(int argc, char** argv) {
   out["rate"] = rate;
   std::string ratios;
   bool all_completed = true;
-  for (const auto& [name, mix] : all) {
+  for (const bench::Family& family : bench::PaperFamilies(ctx)) {
+    const std::string& name = family.name;
     if (!wanted.count(name)) continue;
-    auto entries = replay::ParseLengthMix(mix);
+    auto entries = replay::ParseLengthMix(family.mix);
     CHECK_OK(entries.status());
     const int n = absl::GetFlag(FLAGS_requests);
     const std::vector<double> arrivals = replay::SyntheticArrivals(

@@ -34,6 +34,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "bench/families.h"
 #include "common/status_macros.h"
 #include "common/subprocess.h"
 #include "grpcpp/grpcpp.h"
@@ -301,34 +302,20 @@ int Main(int argc, char** argv) {
       static_cast<int64_t>(absl::GetFlag(FLAGS_budget_fraction) * slots * blocks_per_slot));
   // Lengths relative to the context (512 for tiny, 4096 for small).
   const double k = ctx / 4096.0;
-  auto scaled = [&](int in, int out) {
-    return absl::StrCat(std::max(1, static_cast<int>(in * k)), ":",
-                        std::max(1, static_cast<int>(out * k)));
-  };
   const double rate_flag = absl::GetFlag(FLAGS_rate);
   std::vector<Workload> workloads;
   const std::set<std::string> wanted = absl::StrSplit(absl::GetFlag(FLAGS_workloads), ',');
-  auto add_family = [&](const std::string& name, const std::string& desc, const std::string& mix,
-                        double rate) {
-    if (!wanted.count(name)) return;
-    auto plan = Family(mix, rate_flag > 0 ? rate_flag : rate, duration,
+  for (const bench::Family& f : bench::PaperFamilies(ctx)) {
+    if (!wanted.count(f.name)) continue;
+    auto plan = Family(f.mix, rate_flag > 0 ? rate_flag : f.rate, duration,
                        absl::GetFlag(FLAGS_input_scale), absl::GetFlag(FLAGS_output_scale), 42);
     if (!plan.ok()) {
-      std::fprintf(stderr, "%s: %s\n", name.c_str(), plan.status().ToString().c_str());
-      return;
+      std::fprintf(stderr, "%s: %s\n", f.name.c_str(), plan.status().ToString().c_str());
+      continue;
     }
     replay::PrependSharedPrefix(absl::GetFlag(FLAGS_prefix_len), &*plan);
-    workloads.push_back({name, desc, *plan, /*family=*/true});
-  };
-  add_family("short", "short chat",
-             absl::StrCat(scaled(256, 256), ":2,", scaled(128, 384), ":1,", scaled(512, 128), ":1"),
-             30);
-  add_family("mixed", "mixed multi-hop",
-             absl::StrCat(scaled(300, 200), ":5,", scaled(1200, 250), ":3,", scaled(2800, 250),
-                          ":2"),
-             20);
-  add_family("long", "long-document QA",
-             absl::StrCat(scaled(1500, 100), ":1,", scaled(2000, 150), ":1"), 12);
+    workloads.push_back({f.name, f.description, *plan, /*family=*/true});
+  }
   const std::string traces = absl::GetFlag(FLAGS_traces);
   if (wanted.count("azure")) {
     auto plan = TraceWindow(traces + "/azure-conv-2023/AzureLLMInferenceTrace_conv.csv",
