@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the in-process claims on the CPU (tiny model, a few requests per family, every request
-# queued at once) and checks its JSON: both modes complete every request, and every greedy output
-# is the same in both (the CPU kernels give a row the same result in any batch).
+# queued at once, then at 1.2x static's rate there) and checks its JSON: both modes complete every
+# request, and every greedy output is the same in both (the CPU kernels give a row the same
+# result in any batch).
 set -euo pipefail
 out="${TEST_TMPDIR}/engine-claims.json"
 bench/engine_claims --device=cpu --size=tiny --model_dir="${TEST_TMPDIR}/models" --slots=4 \
@@ -19,5 +20,11 @@ for f in d["families"]:
         assert s["output_tokens_per_s"] > 0 and s["reserved_mean_blocks"] > 0, (f["family"], mode)
     assert f["identical_outputs"] == 12, (f["family"], f["identical_outputs"])
     assert f["reserved_kvrm_over_static"] < 1, (f["family"], f["reserved_kvrm_over_static"])
+    # The same requests again at 1.2x the request rate static sustained at saturation.
+    load = f["at_load"]
+    assert load["load_factor"] == 1.2 and load["rate"] > 0, load
+    for mode in ("static", "kvrm"):
+        assert load[mode]["completed"] == 12, (f["family"], mode, load[mode])
+    assert load["identical_outputs"] == 12, (f["family"], load["identical_outputs"])
 print("ok")
 PY
