@@ -218,10 +218,10 @@ int Main(int argc, char** argv) {
   }
   const int32_t slots = absl::GetFlag(FLAGS_slots);
   const int32_t ctx = (*model)->config.max_position_embeddings;
-  const int64_t blocks_per_slot = (ctx + 15) / 16;
-  const int64_t kv_blocks = std::max<int64_t>(
-      blocks_per_slot,
-      static_cast<int64_t>(absl::GetFlag(FLAGS_budget_fraction) * slots * blocks_per_slot));
+  const bench::KvBudget budget =
+      bench::ClaimsKvBudget(ctx, slots, absl::GetFlag(FLAGS_budget_fraction));
+  const int64_t blocks_per_slot = budget.blocks_per_slot;
+  const int64_t kv_blocks = budget.kv_blocks;
 
   const std::set<std::string> wanted = absl::StrSplit(absl::GetFlag(FLAGS_families), ',');
   const double rate = absl::GetFlag(FLAGS_rate);

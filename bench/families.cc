@@ -23,4 +23,12 @@ std::vector<Family> PaperFamilies(int max_context) {
   };
 }
 
+KvBudget ClaimsKvBudget(int max_context, int slots, double fraction) {
+  KvBudget b;
+  b.blocks_per_slot = (max_context + 15) / 16;
+  b.kv_blocks = std::max<int64_t>(b.blocks_per_slot,
+                                  static_cast<int64_t>(fraction * slots * b.blocks_per_slot));
+  return b;
+}
+
 }  // namespace kvrm::bench

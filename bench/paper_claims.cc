@@ -277,6 +277,33 @@ absl::StatusOr<PairedRuns> RunPaired(int64_t kv_blocks, const std::vector<Planne
   return out;
 }
 
+// A workload's paired runs as JSON (the median run's summaries and throughput ratio; with
+// several runs, all of them), and with several runs a line of every run's ratio, labelled
+// `label`, on `spread`.
+nlohmann::json PairedJson(const Workload& w, const PairedRuns& paired, const std::string& label,
+                          std::string* spread) {
+  const std::pair<ModeResult, ModeResult>& median = paired.runs[paired.median];
+  nlohmann::json j;
+  j["workload"] = w.name;
+  j["description"] = w.description;
+  j["static"] = replay::SummaryToJson(median.first.summary);
+  j["kvrm"] = replay::SummaryToJson(median.second.summary);
+  j["throughput_kvrm_over_static"] = ThroughputRatio(median);
+  if (paired.runs.size() > 1) {
+    j["median_run"] = paired.median;
+    absl::StrAppend(spread, label, ": kvrm/static throughput");
+    for (const auto& run : paired.runs) {
+      absl::StrAppend(spread, absl::StrFormat(" %.2fx", ThroughputRatio(run)));
+      j["runs"].push_back({{"static", replay::SummaryToJson(run.first.summary)},
+                           {"kvrm", replay::SummaryToJson(run.second.summary)},
+                           {"throughput_kvrm_over_static", ThroughputRatio(run)}});
+    }
+    absl::StrAppend(spread, absl::StrFormat(" (run %d of %d in the table)\n", paired.median + 1,
+                                            paired.runs.size()));
+  }
+  return j;
+}
+
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   const int32_t slots = absl::GetFlag(FLAGS_slots);
@@ -296,10 +323,10 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const int ctx = info->max_context();
-  const int64_t blocks_per_slot = (ctx + 15) / 16;
-  const int64_t kv_blocks = std::max<int64_t>(
-      blocks_per_slot,
-      static_cast<int64_t>(absl::GetFlag(FLAGS_budget_fraction) * slots * blocks_per_slot));
+  const bench::KvBudget budget =
+      bench::ClaimsKvBudget(ctx, slots, absl::GetFlag(FLAGS_budget_fraction));
+  const int64_t blocks_per_slot = budget.blocks_per_slot;
+  const int64_t kv_blocks = budget.kv_blocks;
   // Lengths relative to the context (512 for tiny, 4096 for small).
   const double k = ctx / 4096.0;
   const double rate_flag = absl::GetFlag(FLAGS_rate);
@@ -369,44 +396,22 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "%s failed: %s\n", w.name.c_str(), paired.status().ToString().c_str());
       continue;
     }
-    const std::vector<std::pair<ModeResult, ModeResult>>& runs = paired->runs;
-    const size_t median = paired->median;
-    const ModeResult* st = &runs[median].first;
-    const ModeResult* kv = &runs[median].second;
+    const std::pair<ModeResult, ModeResult>& median = paired->runs[paired->median];
+    const ModeResult* st = &median.first;
+    const ModeResult* kv = &median.second;
     const replay::Summary& a = st->summary;
     const replay::Summary& b = kv->summary;
-    const double tput = ThroughputRatio(runs[median]);
+    const double tput = ThroughputRatio(median);
     const double mem = st->reserved_mean_bytes > 0 ? kv->reserved_mean_bytes / st->reserved_mean_bytes : 0;
-    if (repeats > 1) {
-      spread += absl::StrCat(w.description, ": kvrm/static throughput");
-      for (const auto& run : runs) {
-        absl::StrAppend(&spread, absl::StrFormat(" %.2fx", ThroughputRatio(run)));
-      }
-      absl::StrAppend(&spread, absl::StrFormat(" (run %d of %d in the table)\n", median + 1,
-                                               repeats));
-    }
     md += absl::StrFormat(
         "| %s | %d | %.0f | %.0f | %.2fx | %.0f / %.0f | %.1f / %.1f | %.0f%% | %.2f / %.2f |\n",
         w.description, a.requests, a.output_tokens_per_s, b.output_tokens_per_s, tput,
         a.ttft_ms.p99, b.ttft_ms.p99, a.tpot_ms.p99, b.tpot_ms.p99, 100 * mem,
         a.worst_window_itl_p99_over_median, b.worst_window_itl_p99_over_median);
-    nlohmann::json j;
-    j["workload"] = w.name;
-    j["description"] = w.description;
-    j["static"] = replay::SummaryToJson(a);
-    j["kvrm"] = replay::SummaryToJson(b);
+    nlohmann::json j = PairedJson(w, *paired, w.description, &spread);
     j["static"]["reserved_mean_bytes"] = st->reserved_mean_bytes;
     j["kvrm"]["reserved_mean_bytes"] = kv->reserved_mean_bytes;
-    j["throughput_kvrm_over_static"] = tput;
     j["reserved_kvrm_over_static"] = mem;
-    if (repeats > 1) {
-      j["median_run"] = median;
-      for (const auto& run : runs) {
-        j["runs"].push_back({{"static", replay::SummaryToJson(run.first.summary)},
-                             {"kvrm", replay::SummaryToJson(run.second.summary)},
-                             {"throughput_kvrm_over_static", ThroughputRatio(run)}});
-      }
-    }
     out["workloads"].push_back(j);
     little += absl::StrFormat(
         "| %s | %.1f / %.1f | %.2fx | %.2fx | %.1f / %.1f | %.0f%% |\n", w.description,
@@ -446,25 +451,8 @@ int Main(int argc, char** argv) {
                                    w.description, a.requests, a.duration_s, b.duration_s,
                                    a.mean_decoding, b.mean_decoding, a.output_tokens_per_s,
                                    b.output_tokens_per_s, ThroughputRatio(run));
-      nlohmann::json j;
-      j["workload"] = w.name;
-      j["description"] = w.description;
-      j["static"] = replay::SummaryToJson(a);
-      j["kvrm"] = replay::SummaryToJson(b);
-      j["throughput_kvrm_over_static"] = ThroughputRatio(run);
-      if (repeats > 1) {
-        j["median_run"] = paired->median;
-        absl::StrAppend(&spread, w.description, " at saturation: kvrm/static throughput");
-        for (const auto& r : paired->runs) {
-          absl::StrAppend(&spread, absl::StrFormat(" %.2fx", ThroughputRatio(r)));
-          j["runs"].push_back({{"static", replay::SummaryToJson(r.first.summary)},
-                               {"kvrm", replay::SummaryToJson(r.second.summary)},
-                               {"throughput_kvrm_over_static", ThroughputRatio(r)}});
-        }
-        absl::StrAppend(&spread, absl::StrFormat(" (run %d of %d in the table)\n",
-                                                 paired->median + 1, repeats));
-      }
-      out["saturation"].push_back(j);
+      out["saturation"].push_back(
+          PairedJson(w, *paired, absl::StrCat(w.description, " at saturation"), &spread));
       std::printf("%s", saturated.c_str());
       std::fflush(stdout);
     }
