@@ -8,6 +8,10 @@ absl::Status Backend::DecodeWithChunk(const PrefillChunk&, float*, const StepDes
   return absl::UnimplementedError("this backend runs a prefill chunk and a decode step apart");
 }
 
+absl::Status Backend::DecodeAndSample(const StepDescriptor&, float*, int32_t*) {
+  return absl::UnimplementedError("this backend does not sample on the device");
+}
+
 absl::Status Backend::CreateHostTier(int64_t blocks) {
   if (!host_tier_.empty()) return absl::FailedPreconditionError("host tier created twice");
   for (int32_t r = 0; r < num_kv_pools(); ++r) {

@@ -18,6 +18,21 @@
 
 namespace kvrm {
 
+// How the backend samples one decode row itself (Backend::samples_on_device; vLLM's and
+// TensorRT-LLM's sampling on the GPU): temperature, then top-k, top-p and min-p as thresholds on
+// the probability relative to the row's max, then the inverse CDF at `uniform` over the kept ids
+// in id order (the procedure of runtime/device_sampling.h). The engine sends a row here only when
+// nothing else applies to it: no penalties, no logit bias, no logprobs, no min_tokens mask; the
+// rest are sampled on the host from their logits, as before.
+struct DeviceSampling {
+  uint8_t on_device = 0;  // 0: the row's logits come back and the host samples it
+  float temperature = 0;  // 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;      // 0: off
+  float top_p = 1;        // 1: off
+  float min_p = 0;        // 0: off
+  float uniform = 0;      // in [0, 1): drawn from the request's own seeded generator
+};
+
 // Everything one decode step reads, with a fixed shape [max_slots][max_runs]: rows of inactive
 // slots are present but ignored, so the step's shape never changes.
 struct StepDescriptor {
@@ -39,6 +54,9 @@ struct StepDescriptor {
   FarHistoryShape far;
   std::vector<int32_t> far_dropped;    // [max_slots]
   std::vector<int32_t> far_summaries;  // [max_slots] = far.SummariesAt(position), >= far_dropped
+  // [max_slots] Which active rows the backend samples (Backend::DecodeAndSample); all off for
+  // Decode, and for backends that do not sample.
+  std::vector<DeviceSampling> sampling;
 
   void Resize(int32_t slots, int32_t runs_per_slot) {
     max_slots = slots;
@@ -50,6 +68,7 @@ struct StepDescriptor {
     runs.assign(static_cast<size_t>(slots) * runs_per_slot, KvRun{});
     far_dropped.assign(slots, 0);
     far_summaries.assign(slots, 0);
+    sampling.assign(slots, DeviceSampling{});
   }
   absl::Span<KvRun> SlotRuns(int32_t slot) {
     return absl::MakeSpan(runs).subspan(static_cast<size_t>(slot) * max_runs, max_runs);
@@ -86,6 +105,14 @@ class Backend {
   // (`chunk.slot` must not be active in `step`).
   virtual absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                        const StepDescriptor& step, float* logits);
+  // Whether DecodeAndSample is implemented: the step samples the rows marked in
+  // step.sampling itself, and only their tokens come back (no logits copy, no host pass over the
+  // vocabulary for those rows).
+  virtual bool samples_on_device() const { return false; }
+  // Decode(step, logits), except that each active row with step.sampling[s].on_device gets its
+  // token in tokens[s] and its logits row is left unwritten. Default: UNIMPLEMENTED.
+  virtual absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
+                                       int32_t* tokens);
   virtual int32_t vocab_size() const = 0;
   // Largest number of tokens Prefill takes at once.
   virtual int32_t max_chunk_tokens() const = 0;

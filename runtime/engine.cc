@@ -100,13 +100,8 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   return o;
 }
 
-absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
-                                                       const EngineOptions& options) {
-  ASSIGN_OR_RETURN(EngineOptions o, Resolve(model, options));
-  if (o.backend_factory) {
-    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, o.backend_factory(*model, o));
-    return CreateWithBackend(model, o, std::move(backend));
-  }
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model,
+                                                        const EngineOptions& o) {
   CpuBackendOptions bo;
   bo.kv_blocks = o.kv_blocks;
   bo.kv_block_tokens = o.block_tokens;
@@ -120,7 +115,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
   bo.weight_panels = ActiveCpuIsa() == AvailableCpuIsas().back();
   ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
-                   CpuBackend::Create(model->config, &model->weights, bo));
+                   CpuBackend::Create(model.config, &model.weights, bo));
+  return std::unique_ptr<Backend>(std::move(backend));
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
+                                                       const EngineOptions& options) {
+  ASSIGN_OR_RETURN(EngineOptions o, Resolve(model, options));
+  if (o.backend_factory) {
+    ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, o.backend_factory(*model, o));
+    return CreateWithBackend(model, o, std::move(backend));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCpuBackend(*model, o));
   return CreateWithBackend(model, o, std::move(backend));
 }
 
@@ -197,6 +203,8 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   }
   runner_ = std::make_unique<StepRunner>(backend_.get(), clock_);
   fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
+  device_sampling_ = o.device_sampling && backend_->samples_on_device();
+  sampled_tokens_.assign(o.slots, 0);
   return absl::OkStatus();
 }
 
@@ -301,6 +309,7 @@ void Engine::PublishStats() {
   s.tokens_generated_total = tokens_generated_;
   s.steps_total = steps_;
   s.mixed_steps_total = mixed_steps_;
+  s.device_sampled_tokens_total = device_sampled_;
   s.kv = kv_->Stats();
   s.descriptor_commits_total = commits_;
   s.preemptions_total = preemptions_;
@@ -413,6 +422,9 @@ bool Engine::Step() {
   }
   work.fused = fuse_prefill_ && work.chunk && work.step;
   mixed_steps_ += work.fused;
+  if (device_sampling_ && work.step != nullptr && MarkDeviceSampling(!work.fused)) {
+    work.tokens = sampled_tokens_.data();
+  }
   const uint64_t step_id = ++steps_;
   runner_->Launch(work);
   PreStageNext(step_id);

@@ -74,6 +74,13 @@ struct EngineOptions {
   // costs the decode rows only its own arithmetic. Off, or on a backend without it: the chunk
   // runs first, then the decode step. Results are the same either way.
   bool fuse_prefill = true;
+  // Sample decode rows inside the step where the backend can (Backend::samples_on_device: the
+  // CUDA backend at --tp=1): only their tokens come back, not [slots][vocab] logits, and the
+  // engine thread makes no pass over the vocabulary for them. Rows with penalties, logit bias,
+  // logprobs or a pending min_tokens mask are always sampled on the host. Greedy results are the
+  // same either way; seeded sampling is reproducible on each path, not across the two (the
+  // device keeps top-k/top-p ties at the threshold and draws in id order).
+  bool device_sampling = true;
   // Prefix caching (kvrm mode; off with far history, whose prompts do not keep their blocks):
   // a prompt that starts with the tokens of an earlier history (a shared system prompt, the
   // previous turns of a conversation) reuses that history's KV blocks instead of prefilling
@@ -98,6 +105,11 @@ struct EngineOptions {
       backend_factory;
 };
 
+// The CPU backend Engine::Create builds for `resolved` options (when there is no
+// backend_factory); for a factory that wraps it.
+absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model,
+                                                        const EngineOptions& resolved);
+
 struct EngineStats {
   int32_t slots_total = 0;
   int32_t slots_in_use = 0;
@@ -106,6 +118,7 @@ struct EngineStats {
   uint64_t tokens_generated_total = 0;
   uint64_t steps_total = 0;
   uint64_t mixed_steps_total = 0;  // of those, a prefill chunk and decode rows in one pass
+  uint64_t device_sampled_tokens_total = 0;  // tokens the backend sampled (device_sampling)
   KvStats kv;
   // KV-RM pager figures (cumulative; stay 0 under --kv_mode=static). Read by metrics/.
   uint64_t transfer_groups_total = 0;       // merged host<->device copy groups issued
@@ -241,6 +254,11 @@ class Engine {
   // Clears staged rows whose slot is no longer decoding (paused while later rows were built);
   // returns the number active.
   int32_t RecountActiveRows();
+  // Marks the committed descriptor's rows the backend samples (all off unless `enable`): those
+  // whose request needs nothing the host sampler alone does, each with a uniform from its own
+  // generator. Returns whether any row is marked.
+  bool MarkDeviceSampling(bool enable);
+  bool SampledOnDevice(int32_t slot_index) const;
   // Far history: blocks a history of `tokens` needs to be admitted or resumed (its next token
   // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).
   int64_t HistoryBlocksNeeded(int64_t tokens) const;
@@ -324,6 +342,9 @@ class Engine {
   std::vector<int32_t> eos_ids_;
   uint64_t steps_ = 0;
   uint64_t mixed_steps_ = 0;
+  uint64_t device_sampled_ = 0;
+  bool device_sampling_ = false;  // options_.device_sampling && the backend samples
+  std::vector<int32_t> sampled_tokens_;  // [slots] DecodeAndSample's tokens
   uint64_t tokens_generated_ = 0;
   uint64_t commits_ = 0;
   uint64_t preemptions_ = 0;

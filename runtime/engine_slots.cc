@@ -424,6 +424,40 @@ int32_t Engine::RecountActiveRows() {
   return active;
 }
 
+bool Engine::SampledOnDevice(int32_t i) const {
+  const Slot& slot = slots_[i];
+  const GenerationRequest& r = *slot.request;
+  const SamplingConfig& c = r.sampling;
+  if (c.logprobs || c.num_logit_bias > 0 || c.repetition_penalty != 1.0f ||
+      c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
+    return false;
+  }
+  // While min_tokens holds, EOS and the stop tokens are masked (SampleNext): on the host.
+  const bool masks = (!r.ignore_eos && !eos_ids_.empty()) || !r.stop_token_ids.empty();
+  return !(masks && slot.generated < r.min_tokens);
+}
+
+bool Engine::MarkDeviceSampling(bool enable) {
+  StepDescriptor& d = descriptors_[committed_];
+  bool any = false;
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    DeviceSampling& ds = d.sampling[i];
+    ds = DeviceSampling{};
+    if (!enable || !d.active[i] || !SampledOnDevice(i)) continue;
+    const SamplingConfig& c = slots_[i].request->sampling;
+    ds.on_device = 1;
+    ds.temperature = c.temperature;
+    if (c.temperature > 0) {
+      ds.top_k = c.top_k;
+      ds.top_p = c.top_p;
+      ds.min_p = c.min_p;
+      ds.uniform = samplers_[i]->DrawUniform();
+    }
+    any = true;
+  }
+  return any;
+}
+
 int64_t Engine::HistoryBlocksNeeded(int64_t tokens) const {
   const int64_t need = pager_->BlocksFor(tokens + 1);
   return far_.enabled() ? std::min(need, far_peak_blocks_) : need;
@@ -661,6 +695,19 @@ void Engine::FinishDecode(const StepResult& result) {
     ++slot.position;
     // The step summarized the blocks that left the window: they go back to the pool.
     if (far_.enabled()) DropSummarized(i, d.far_summaries[i]);
+    if (d.sampling[i].on_device) {
+      const int32_t token = sampled_tokens_[i];
+      if (token < 0 || token >= vocab) {
+        FinishSlot(i, FinishReason::kError, {}, "",
+                   absl::StrCat("the backend sampled token ", token, ", outside the vocabulary"));
+        continue;
+      }
+      ++device_sampled_;
+      SampleResult sample;
+      sample.token = token;
+      EmitToken(i, sample);
+      continue;
+    }
     EmitToken(i, SampleNext(i, absl::MakeSpan(&logits_[static_cast<size_t>(i) * vocab], vocab)));
   }
 }

@@ -99,6 +99,11 @@ void Sampler::MarkSeen(int32_t token) {
   }
 }
 
+float Sampler::DrawUniform() {
+  // Rounding to float may reach 1.0f; the draw must stay below it.
+  return std::min(static_cast<float>(rng_.NextDouble()), std::nextafter(1.0f, 0.0f));
+}
+
 void Sampler::Accept(int32_t token) {
   MarkSeen(token);
   ++gen_count_[token];

@@ -82,6 +82,10 @@ class Sampler {
   // distribution is uniform over the +inf entries.
   SampleResult Sample(absl::Span<float> logits);
 
+  // A uniform in [0, 1) from this request's generator, for a draw made elsewhere (the backend's
+  // device sampling): one draw per sampled token, as Sample makes.
+  float DrawUniform();
+
   // Records a generated token (penalty counts). Called by the engine after Sample for the token
   // it keeps.
   void Accept(int32_t token);

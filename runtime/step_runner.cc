@@ -59,7 +59,9 @@ void StepRunner::Loop() {
     }
     if (work.step && !work.fused) {
       const absl::Time t0 = clock_->Now();
-      r.decode_status = backend_->Decode(*work.step, work.logits);
+      r.decode_status = work.tokens != nullptr
+                            ? backend_->DecodeAndSample(*work.step, work.logits, work.tokens)
+                            : backend_->Decode(*work.step, work.logits);
       r.decode_time = clock_->Now() - t0;
     }
     {

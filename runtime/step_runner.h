@@ -21,6 +21,9 @@ struct StepWork {
   float* chunk_logits = nullptr;        // logits after the chunk's last token, when wanted
   const StepDescriptor* step = nullptr;  // optional; rows with active == 0 are skipped
   float* logits = nullptr;
+  // Set when the step's descriptor marks rows for sampling on the device
+  // (Backend::DecodeAndSample): their tokens land here, [max_slots]. Never with `fused`.
+  int32_t* tokens = nullptr;
   // Chunk and step in one pass (Backend::DecodeWithChunk); both must be set.
   bool fused = false;
 };
