@@ -70,6 +70,9 @@ ABSL_FLAG(double, load_factor, 1.2,
 ABSL_FLAG(int32_t, prefill_chunk, 256, "engine prefill chunk (both modes)");
 ABSL_FLAG(double, max_prefill_stall, 0.5, "engine max_prefill_stall (kvrmd's default)");
 ABSL_FLAG(bool, prefix_caching, true, "engine prefix_caching (kvrm mode; kvrmd's default)");
+ABSL_FLAG(bool, device_sampling, true,
+          "engine device_sampling: greedy rows sampled inside the CUDA decode graph (kvrmd's "
+          "default; no effect on the CPU)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON");
@@ -83,6 +86,7 @@ struct Mode {
   uint64_t transfer_groups = 0;
   uint64_t transfer_blocks = 0;
   uint64_t preemptions = 0;
+  uint64_t device_sampled = 0;  // tokens sampled inside the step (CUDA, --device_sampling)
   std::vector<std::vector<int32_t>> tokens;  // per request
 };
 
@@ -184,6 +188,7 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
   mode.transfer_groups = stats.transfer_groups_total;
   mode.transfer_blocks = stats.transfer_blocks_total;
   mode.preemptions = stats.preemptions_total;
+  mode.device_sampled = stats.device_sampled_tokens_total;
   engine.reset();
   mode.summary = replay::Summarize(records, replay::Slo{});
   mode.reserved_mean_blocks = samples > 0 ? reserved_sum / samples : 0;
@@ -287,6 +292,7 @@ int Main(int argc, char** argv) {
         o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
         o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
         o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+        o.device_sampling = absl::GetFlag(FLAGS_device_sampling);
         o.tensor_parallel = absl::GetFlag(FLAGS_tp);
         o.threads = absl::GetFlag(FLAGS_threads);
         o.backend_factory = device->factory;
@@ -311,6 +317,7 @@ int Main(int argc, char** argv) {
         js["transfer_groups"] = modes[m].transfer_groups;
         js["transfer_blocks"] = modes[m].transfer_blocks;
         js["preemptions"] = modes[m].preemptions;
+        js["device_sampled_tokens"] = modes[m].device_sampled;
         j[KvModeName(o.kv_mode)] = js;
       }
       int same = 0;

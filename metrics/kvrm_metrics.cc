@@ -145,6 +145,9 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
         FinishReason::kTimeLimit, FinishReason::kError}) {
     success_[static_cast<int>(f)] = &success.WithLabels(values({SuccessReason(f)}));
   }
+  device_sampled_ = counter("kvrm:device_sampled_tokens_total",
+                            "Tokens sampled inside the decode step on the device "
+                            "(--device_sampling); the rest were sampled on the host.");
   preemptions_ = counter("kvrm:num_preemptions_total",
                          "Requests preempted (KV swapped to host or dropped for recompute).");
   Family<Counter>& rejected =
@@ -290,6 +293,8 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
       std::max(0.0, s.transport_wait_seconds_total - last_.transport_wait_seconds_total));
   descriptor_commits_->Add(Delta(s.descriptor_commits_total, last_.descriptor_commits_total));
   preemptions_->Add(Delta(s.preemptions_total, last_.preemptions_total));
+  device_sampled_->Add(
+      Delta(s.device_sampled_tokens_total, last_.device_sampled_tokens_total));
   far_summarized_->Add(
       Delta(s.far_blocks_summarized_total, last_.far_blocks_summarized_total));
   prefix_queries_->Add(Delta(s.prefix_cache_queries_total, last_.prefix_cache_queries_total));

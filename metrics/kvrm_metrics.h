@@ -65,6 +65,7 @@ class KvrmMetrics : public EngineObserver {
   Counter* generation_tokens_;
   std::array<Counter*, 6> success_;  // [FinishReason]
   Counter* preemptions_;
+  Counter* device_sampled_;
   std::array<Counter*, 3> rejected_;  // queue_full, draining, other
 
   // KV-RM figures.

@@ -119,6 +119,7 @@ TEST_F(KvrmMetricsTest, StatsBecomeGaugesSlotStatesAndCounterIncrements) {
   s.transport_wait_seconds_total = 0.002;
   s.descriptor_commits_total = 9;
   s.preemptions_total = 1;
+  s.device_sampled_tokens_total = 11;
   metrics_.OnFirstToken(request_, absl::Milliseconds(1));  // one slot decoding
   metrics_.OnStats(s);
   EXPECT_EQ(Get("kvrm:num_requests_running"), 3);
@@ -137,6 +138,7 @@ TEST_F(KvrmMetricsTest, StatsBecomeGaugesSlotStatesAndCounterIncrements) {
   EXPECT_DOUBLE_EQ(Get("kvrm:transport_wait_seconds_total"), 0.002);
   EXPECT_EQ(Get("kvrm:descriptor_commits_total"), 9);
   EXPECT_EQ(Get("kvrm:num_preemptions_total"), 1);
+  EXPECT_EQ(Get("kvrm:device_sampled_tokens_total"), 11);
 
   // A publication without a step adds to the counters but not to the per-step histograms.
   s.transfer_groups_total = 6;

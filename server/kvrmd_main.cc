@@ -76,6 +76,10 @@ ABSL_FLAG(double, max_prefill_stall, 0.5,
 ABSL_FLAG(bool, fuse_prefill, true,
           "run a step's prefill chunk in the same pass as its decode rows, reading the weights "
           "once for both (CPU device; the CUDA graphs run them one after the other)");
+ABSL_FLAG(bool, device_sampling, true,
+          "sample decode rows inside the decode graph where the backend can (CUDA, --tp=1): "
+          "tokens come back instead of logits; rows with penalties, logit_bias, logprobs or a "
+          "pending min_tokens are sampled on the host");
 ABSL_FLAG(bool, prefix_caching, true,
           "reuse the KV of earlier histories for prompts that start with the same tokens "
           "(kvrm mode; off with --far_history)");
@@ -204,6 +208,7 @@ int Run() {
   eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
   eo.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
   eo.fuse_prefill = absl::GetFlag(FLAGS_fuse_prefill);
+  eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   if (eo.max_prefill_stall < 0) {
     std::fprintf(stderr, "kvrmd: --max_prefill_stall=%g must be >= 0\n", eo.max_prefill_stall);

@@ -69,20 +69,11 @@ absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer kv, int32_
 absl::Status LaunchSwiGlu(const float* gate_up, int32_t rows, int32_t ffn, bf16* out,
                           cudaStream_t stream);
 
-// Per-slot sampling parameters (device memory, [rows]).
-struct SamplingRow {
-  float temperature = 0;   // 0: greedy (argmax, lowest id on ties)
-  int32_t top_k = 0;       // 0: off
-  float top_p = 1;         // 1: off
-  float min_p = 0;         // 0: off
-  float repetition_penalty = 1;
-  float presence_penalty = 0;
-  float frequency_penalty = 0;
-  float uniform = 0;       // in [0, 1): the draw, from the request's own seeded generator
-};
 
 // Per-slot penalty state: counts[r][v] = times v was generated, seen[r][v] = 1 when v was in the
 // prompt or generated (uint8). Updated by the host between steps (or by LaunchAcceptTokens).
+// Both null: no penalties (the rows' penalty parameters must then be off), nothing is read.
+// `params` is [rows] SamplingRow (kernels/cuda/step_inputs.h), e.g. in.sample_params.
 // Samples one token per active row from logits [rows][vocab] (modified in place: penalised,
 // scaled, -inf outside the kept support) in vLLM's order: repetition, presence and frequency
 // penalties; temperature; top-k, top-p and min-p as thresholds on the probability (ties at a

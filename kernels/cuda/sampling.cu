@@ -48,19 +48,23 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) tokens_out[row] = 0;  // overwritten below; only a degenerate row keeps it
   float* x = logits + static_cast<int64_t>(row) * vocab;
   float* p = probs + static_cast<int64_t>(row) * vocab;
-  const int32_t* cnt = counts + static_cast<int64_t>(row) * vocab;
-  const uint8_t* sn = seen + static_cast<int64_t>(row) * vocab;
+  // No penalty state (null arrays): nothing to read per id but the logit.
+  const bool penalize = counts != nullptr && seen != nullptr;
+  const int32_t* cnt = penalize ? counts + static_cast<int64_t>(row) * vocab : nullptr;
+  const uint8_t* sn = penalize ? seen + static_cast<int64_t>(row) * vocab : nullptr;
 
   // Penalties; NaN counts as -inf.
   float local_max = -INFINITY;
   for (int32_t v = threadIdx.x; v < vocab; v += blockDim.x) {
     float val = x[v];
     if (isnan(val)) val = -INFINITY;
-    if (sn[v] && P.repetition_penalty != 1.0f) {
-      val = val > 0.0f ? val / P.repetition_penalty : val * P.repetition_penalty;
+    if (penalize) {
+      if (P.repetition_penalty != 1.0f && sn[v]) {
+        val = val > 0.0f ? val / P.repetition_penalty : val * P.repetition_penalty;
+      }
+      const int32_t c = cnt[v];
+      if (c > 0) val -= P.presence_penalty + P.frequency_penalty * static_cast<float>(c);
     }
-    const int32_t c = cnt[v];
-    if (c > 0) val -= P.presence_penalty + P.frequency_penalty * static_cast<float>(c);
     x[v] = val;
     local_max = fmaxf(local_max, val);
   }

@@ -25,6 +25,21 @@ namespace kvrm::cuda {
 // check offsets without knowing the packing order.
 inline constexpr int64_t kStepInputAlignInts = 16;
 
+// Per-row sampling parameters (the decode layout's sample_params, or any [rows] array).
+struct SamplingRow {
+  float temperature = 0;   // 0: greedy (argmax, lowest id on ties)
+  int32_t top_k = 0;       // 0: off
+  float top_p = 1;         // 1: off
+  float min_p = 0;         // 0: off
+  float repetition_penalty = 1;
+  float presence_penalty = 0;
+  float frequency_penalty = 0;
+  float uniform = 0;       // in [0, 1): the draw, from the request's own seeded generator
+};
+inline constexpr int64_t kSamplingRowInts = 8;
+static_assert(sizeof(SamplingRow) == kSamplingRowInts * sizeof(int32_t),
+              "SamplingRow is packed as 8 int32 words");
+
 struct StepInputLayout {
   int32_t rows = 0;
   int32_t tables = 0;
@@ -39,6 +54,8 @@ struct StepInputLayout {
   int64_t run_blocks = 0; // [tables][max_runs] blocks in the run
   int64_t run_start = 0;  // [tables][max_runs] logical token where the run starts
   int64_t last_row = 0;   // [1] the row whose logits a prefill chunk returns
+  int64_t sample = 0;     // [rows] 1 = the step samples this row on the device
+  int64_t sample_params = 0;  // [rows][kSamplingRowInts] the row's SamplingRow
   int64_t total = 0;      // int32 elements in the buffer
 
   static StepInputLayout Make(int32_t rows, int32_t tables, int32_t max_runs) {
@@ -61,6 +78,8 @@ struct StepInputLayout {
     l.run_blocks = take(int64_t{tables} * max_runs);
     l.run_start = take(int64_t{tables} * max_runs);
     l.last_row = take(1);
+    l.sample = take(rows);
+    l.sample_params = take(int64_t{rows} * kSamplingRowInts);
     l.total = at;
     return l;
   }
@@ -78,6 +97,8 @@ struct StepInputs {
   const int32_t* run_blocks = nullptr;
   const int32_t* run_start = nullptr;
   const int32_t* last_row = nullptr;
+  const int32_t* sample = nullptr;
+  const SamplingRow* sample_params = nullptr;
   int32_t rows = 0;
   int32_t max_runs = 0;
 
@@ -92,6 +113,8 @@ struct StepInputs {
     s.run_blocks = base + l.run_blocks;
     s.run_start = base + l.run_start;
     s.last_row = base + l.last_row;
+    s.sample = base + l.sample;
+    s.sample_params = reinterpret_cast<const SamplingRow*>(base + l.sample_params);
     s.rows = l.rows;
     s.max_runs = l.max_runs;
     return s;

@@ -83,6 +83,12 @@ struct CudaBackend::Rank {
   Gemms decode_gemms, prefill_gemms;
   GraphExecPtr decode_graph, prefill_graph;
   PinnedPtr logits_host;  // [max rows][vocab share]
+  // Device sampling (samples_on_device): probabilities scratch [slots][vocab], the sampled
+  // tokens [slots] on the device and pinned on the host.
+  DevicePtr sample_scratch;
+  float* probs = nullptr;
+  int32_t* sampled = nullptr;
+  PinnedPtr sampled_host;
   PinnedPtr inputs_host;  // rank 0 only: decode layout then prefill layout
   Communicator* comm = nullptr;
 };
@@ -151,6 +157,7 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   b->ranks_.resize(tp);
   b->rank_status_.resize(tp);
   for (int32_t r = 0; r < tp; ++r) RETURN_IF_ERROR(b->InitRank(r, *weights));
+  b->logit_ranges_.reserve(options.max_slots);
   // Capture on every rank's thread at once: NCCL collectives in the graphs are recorded, not
   // run, but each rank's capture must see its own device.
   for (bool prefill : {false, true}) {
@@ -320,6 +327,15 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     ASSIGN_OR_RETURN(g.lm, LtGemm::Create(h, lm_rows, d, rank.vocab_share, kGemmWorkspaceBytes));
     return absl::OkStatus();
   };
+  if (options_.device_sampling && options_.tensor_parallel == 1) {
+    const int64_t probs_bytes = RoundUp(int64_t{options_.max_slots} * rank.vocab_share * 4, 256);
+    ASSIGN_OR_RETURN(rank.sample_scratch,
+                     DeviceAlloc(probs_bytes + int64_t{options_.max_slots} * 4, "sampling"));
+    rank.probs = static_cast<float*>(rank.sample_scratch.get());
+    rank.sampled = reinterpret_cast<int32_t*>(static_cast<char*>(rank.sample_scratch.get()) +
+                                              probs_bytes);
+    ASSIGN_OR_RETURN(rank.sampled_host, PinnedAlloc(int64_t{options_.max_slots} * 4, "tokens"));
+  }
   RETURN_IF_ERROR(plan(options_.max_slots, rank.decode_gemms, options_.max_slots));
   RETURN_IF_ERROR(plan(options_.max_chunk_tokens, rank.prefill_gemms, 1));
   KVRM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
@@ -370,7 +386,16 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, bool prefill) {
   } else {
     RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, rank.final_norm, rank.xn, rows, d, eps, nullptr, s));
   }
-  return g.lm->Run(rank.xn, rank.lm_head, rank.logits, 0.0f, wsp, s);
+  RETURN_IF_ERROR(g.lm->Run(rank.xn, rank.lm_head, rank.logits, 0.0f, wsp, s));
+  if (!prefill && rank.sampled != nullptr) {
+    // The rows the step marks (in.sample) are sampled in place; the others are left alone.
+    StepInputs marked = in;
+    marked.active = in.sample;
+    RETURN_IF_ERROR(LaunchSample(rank.logits, marked, rank.vocab_share, in.sample_params,
+                                 /*counts=*/nullptr, /*seen=*/nullptr, rank.probs, rank.sampled,
+                                 s));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::Capture(Rank& rank, bool prefill) {
@@ -424,7 +449,8 @@ absl::Status CudaBackend::Wait(Rank& rank) {
   }
 }
 
-absl::Status CudaBackend::RunStep(bool prefill, int32_t logit_rows) {
+absl::Status CudaBackend::RunStep(bool prefill, absl::Span<const RowRange> logit_rows,
+                                  bool sampled) {
   const StepInputLayout& layout = prefill ? prefill_layout_ : decode_layout_;
   const void* host_inputs = prefill ? prefill_inputs_host_ : decode_inputs_host_;
   auto run = [&](int t) {
@@ -441,9 +467,18 @@ absl::Status CudaBackend::RunStep(bool prefill, int32_t logit_rows) {
       } else {
         RETURN_IF_ERROR(EnqueueForward(rank, prefill));
       }
-      KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rank.logits_host.get(), rank.logits,
-                                                int64_t{logit_rows} * rank.vocab_share * 4,
-                                                cudaMemcpyDeviceToHost, s));
+      const int64_t row_bytes = int64_t{rank.vocab_share} * 4;
+      for (const RowRange& r : logit_rows) {
+        KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+            static_cast<char*>(rank.logits_host.get()) + r.first * row_bytes,
+            reinterpret_cast<const char*>(rank.logits) + r.first * row_bytes,
+            (r.end - r.first) * row_bytes, cudaMemcpyDeviceToHost, s));
+      }
+      if (sampled) {
+        KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rank.sampled_host.get(), rank.sampled,
+                                                  int64_t{layout.rows} * 4,
+                                                  cudaMemcpyDeviceToHost, s));
+      }
       return Wait(rank);
     };
     rank_status_[t] = body();
@@ -457,24 +492,58 @@ absl::Status CudaBackend::RunStep(bool prefill, int32_t logit_rows) {
   return absl::OkStatus();
 }
 
+bool CudaBackend::samples_on_device() const { return ranks_[0]->sampled != nullptr; }
+
 absl::Status CudaBackend::Decode(const StepDescriptor& step, float* logits) {
-  if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
-  RETURN_IF_ERROR(PackDecodeInputs(step, decode_layout_, limits_,
-                                   static_cast<int32_t*>(decode_inputs_host_)));
-  // Logits back for rows up to the last active slot only.
-  int32_t rows = 0;
-  for (int32_t s = 0; s < step.max_slots; ++s) {
-    if (step.active[s]) rows = s + 1;
+  return DecodeRows(step, logits, nullptr);
+}
+
+absl::Status CudaBackend::DecodeAndSample(const StepDescriptor& step, float* logits,
+                                          int32_t* tokens) {
+  if (!samples_on_device()) {
+    return absl::FailedPreconditionError("device sampling is off (--tp > 1 or disabled)");
   }
-  if (rows == 0) return absl::OkStatus();
-  RETURN_IF_ERROR(RunStep(/*prefill=*/false, rows));
+  return DecodeRows(step, logits, tokens);
+}
+
+absl::Status CudaBackend::DecodeRows(const StepDescriptor& step, float* logits,
+                                     int32_t* tokens) {
+  if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
+  const bool sample = tokens != nullptr;
+  RETURN_IF_ERROR(PackDecodeInputs(step, decode_layout_, limits_,
+                                   static_cast<int32_t*>(decode_inputs_host_), sample));
+  // Logits back for the host's rows only, as few copies as there are runs of such rows (gaps of
+  // inactive rows are bridged: a copy costs more than a few idle rows).
+  const auto host_row = [&](int32_t s) {
+    return step.active[s] && !(sample && step.sampling[s].on_device);
+  };
+  logit_ranges_.clear();
+  bool any_active = false, any_sampled = false;
+  for (int32_t s = 0; s < step.max_slots; ++s) {
+    any_active |= step.active[s] != 0;
+    any_sampled |= step.active[s] && sample && step.sampling[s].on_device;
+    if (!host_row(s)) continue;
+    if (!logit_ranges_.empty() && s - logit_ranges_.back().end <= 2) {
+      logit_ranges_.back().end = s + 1;
+    } else {
+      logit_ranges_.push_back(RowRange{s, s + 1});
+    }
+  }
+  if (!any_active) return absl::OkStatus();
+  RETURN_IF_ERROR(RunStep(/*prefill=*/false, logit_ranges_, any_sampled));
   const int64_t vocab = config_.vocab_size;
   for (const auto& rank : ranks_) {
     const float* src = static_cast<const float*>(rank->logits_host.get());
-    for (int32_t s = 0; s < rows; ++s) {
-      if (!step.active[s]) continue;
+    for (int32_t s = 0; s < step.max_slots; ++s) {
+      if (!host_row(s)) continue;
       std::memcpy(logits + s * vocab + rank->vocab_begin, src + int64_t{s} * rank->vocab_share,
                   rank->vocab_share * sizeof(float));
+    }
+  }
+  if (any_sampled) {
+    const int32_t* got = static_cast<const int32_t*>(ranks_[0]->sampled_host.get());
+    for (int32_t s = 0; s < step.max_slots; ++s) {
+      if (step.active[s] && step.sampling[s].on_device) tokens[s] = got[s];
     }
   }
   return absl::OkStatus();
@@ -484,7 +553,8 @@ absl::Status CudaBackend::Prefill(const PrefillChunk& chunk, float* last_logits)
   if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
   RETURN_IF_ERROR(PackPrefillInputs(chunk, prefill_layout_, limits_,
                                     static_cast<int32_t*>(prefill_inputs_host_)));
-  RETURN_IF_ERROR(RunStep(/*prefill=*/true, 1));
+  const RowRange first{0, 1};
+  RETURN_IF_ERROR(RunStep(/*prefill=*/true, absl::MakeConstSpan(&first, 1), false));
   if (last_logits != nullptr) {
     for (const auto& rank : ranks_) {
       std::memcpy(last_logits + rank->vocab_begin, rank->logits_host.get(),

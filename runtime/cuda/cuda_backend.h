@@ -21,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/step_inputs.h"
 #include "model/config.h"
@@ -40,6 +41,9 @@ struct CudaBackendOptions {
   int32_t tensor_parallel = 1;   // GPUs: devices 0 .. tensor_parallel - 1
   int32_t split_tokens = 128;    // attention KV split length
   bool use_graphs = true;        // false: launch the kernels each step (debugging, checks)
+  // Sample rows inside the decode graph (DecodeAndSample) at tensor_parallel 1; with more ranks
+  // each holds a share of the vocabulary and the engine samples on the host.
+  bool device_sampling = true;
   absl::Duration step_timeout = absl::Seconds(60);  // then NCCL is aborted and the step fails
 };
 
@@ -55,6 +59,11 @@ class CudaBackend : public Backend {
 
   absl::Status Decode(const StepDescriptor& step, float* logits) override;
   absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override;
+  bool samples_on_device() const override;
+  // The decode graph ends with the sampling kernel over the rows the step marks; their tokens
+  // come back (4 bytes a row) and only the other rows' logits are copied.
+  absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
+                               int32_t* tokens) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
@@ -80,8 +89,15 @@ class CudaBackend : public Backend {
   // Enqueues the forward pass over `rows` rows reading inputs at `in` (device memory).
   absl::Status EnqueueForward(Rank& rank, bool prefill);
   absl::Status Capture(Rank& rank, bool prefill);
-  // Runs the decode or prefill step on every rank (its own thread each) and waits.
-  absl::Status RunStep(bool prefill, int32_t logit_rows);
+  // Runs the decode or prefill step on every rank (its own thread each) and waits: one input
+  // upload, the graph, then copies of the logits of rows [first, end) for each range in
+  // `logit_rows` and, with `sampled`, of the sampled tokens.
+  struct RowRange {
+    int32_t first = 0, end = 0;
+  };
+  absl::Status RunStep(bool prefill, absl::Span<const RowRange> logit_rows, bool sampled);
+  // Shared by Decode and DecodeAndSample.
+  absl::Status DecodeRows(const StepDescriptor& step, float* logits, int32_t* tokens);
   absl::Status Wait(Rank& rank);
 
   const LlamaConfig config_;
@@ -92,6 +108,7 @@ class CudaBackend : public Backend {
   std::unique_ptr<class NcclGroup> nccl_;
   ThreadPool rank_threads_;
   std::vector<absl::Status> rank_status_;
+  std::vector<RowRange> logit_ranges_;   // reserved to max_slots: no allocation per step
   void* decode_inputs_host_ = nullptr;   // pinned, owned by ranks_[0]
   void* prefill_inputs_host_ = nullptr;
   int64_t weight_bytes_per_rank_ = 0;

@@ -34,6 +34,7 @@
 #include "runtime/cuda/cuda_raii.h"
 #include "runtime/cuda/lt_gemm.h"
 #include "runtime/cuda/step_packing.h"
+#include "runtime/device_sampling.h"
 #include "runtime/transport.h"
 
 // Every CUDA call of the check itself is checked too: a failure aborts with the call's text.
@@ -58,6 +59,7 @@ struct BenchRow {
   int slots = 0;
   int context = 0;
   double step_ms = 0;       // Decode() end to end: input upload, graph, logits download
+  double sampled_step_ms = 0;  // DecodeAndSample(), every row greedy on the device (tp 1)
   double graph_ms = 0;      // graph replay alone (events)
   double tokens_per_s = 0;
   double bytes_per_step = 0;
@@ -542,7 +544,62 @@ std::unique_ptr<RandomModel> SmallModel() {
   return m;
 }
 
-Check CheckBackend(const RandomModel& m, int tp) {
+// Sampling inside the decode graph (tp 1): the same step replayed with every row marked (the
+// replay rewrites the same KV, so the logits are those of the plain Decode before it); each
+// token against the procedure in float64 on those logits, rows within rounding of a boundary
+// skipped. One row stays on the host: its logits must come back unchanged.
+Check CheckGraphSampling(CudaBackend& gpu, StepDescriptor step, int32_t vocab) {
+  const int32_t slots = step.max_slots;
+  std::vector<float> plain(int64_t{slots} * vocab), logits(int64_t{slots} * vocab, NAN);
+  std::vector<int32_t> tokens(slots, -1);
+  std::uniform_real_distribution<float> u01(0.0f, 1.0f);
+  std::vector<double> scratch;
+  int compared = 0, mismatches = 0, host_rows = 0;
+  bool host_row_ok = true;
+  for (int round = 0; round < 12; ++round) {
+    CHECK_OK(gpu.Decode(step, plain.data()));
+    int32_t host = -1;
+    for (int32_t s = 0; s < slots; ++s) {
+      DeviceSampling& p = step.sampling[s];
+      p = DeviceSampling{};
+      if (!step.active[s]) continue;
+      if (host < 0 && round % 3 == 0) {
+        host = s;  // left to the host
+        continue;
+      }
+      const int kind = (round + s) % 5;
+      p.on_device = 1;
+      p.temperature = kind == 0 ? 0.0f : 0.6f + u01(rng);
+      p.top_k = kind == 2 ? 1 + static_cast<int32_t>(rng() % 60) : 0;
+      p.top_p = kind == 3 ? 0.5f + 0.45f * u01(rng) : 1.0f;
+      p.min_p = kind == 4 ? 0.02f : 0.0f;
+      p.uniform = std::min(u01(rng), std::nextafter(1.0f, 0.0f));
+    }
+    CHECK_OK(gpu.DecodeAndSample(step, logits.data(), tokens.data()));
+    for (int32_t s = 0; s < slots; ++s) {
+      if (!step.active[s]) continue;
+      const auto row = absl::MakeConstSpan(plain).subspan(int64_t{s} * vocab, vocab);
+      if (s == host) {
+        ++host_rows;
+        const std::vector<double> want(row.begin(), row.end());
+        const std::vector<float> got(logits.begin() + int64_t{s} * vocab,
+                                     logits.begin() + int64_t{s + 1} * vocab);
+        host_row_ok &= RelError(want, got) <= 1e-5;  // the same replay: equal up to reordering
+        continue;
+      }
+      const DeviceSampleResult want = SampleLikeDevice(row, step.sampling[s], scratch);
+      if (want.margin < 1e-4) continue;
+      ++compared;
+      mismatches += tokens[s] != want.token;
+    }
+  }
+  return {absl::StrFormat("sampling in the decode graph (%d rows, %d host rows)", compared,
+                          host_rows),
+          compared ? double(mismatches) / compared : 1.0, 0.0,
+          mismatches == 0 && compared >= 20 && host_row_ok};
+}
+
+Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
   const int32_t slots = 4, chunk = 64, max_context = 512, max_runs = 4, block_tokens = 16;
   const int64_t kv_blocks = 200;
   CudaBackendOptions co;
@@ -615,6 +672,7 @@ Check CheckBackend(const RandomModel& m, int tp) {
     }
   }
   const bool ok = worst <= 3e-2 && agree * 10 >= total * 9;
+  if ((*gpu)->samples_on_device()) also->push_back(CheckGraphSampling(**gpu, step, vocab));
   return {absl::StrFormat("backend tp=%d vs CPU: logits (greedy agree %d/%d)", tp, agree, total),
           worst, 3e-2, ok};
 }
@@ -682,6 +740,18 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   }
   transport.WaitFor(pending);
   BenchRow row;
+  if ((*gpu)->samples_on_device()) {
+    // The engine's step with sampling in the graph: every row greedy, tokens back instead of
+    // [slots][vocab] logits.
+    for (int32_t s = 0; s < slots; ++s) step.sampling[s] = DeviceSampling{1, 0.0f};
+    std::vector<int32_t> tokens(slots);
+    for (int i = 0; i < 10; ++i) CHECK_OK((*gpu)->DecodeAndSample(step, logits.data(), tokens.data()));
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 100; ++i) CHECK_OK((*gpu)->DecodeAndSample(step, logits.data(), tokens.data()));
+    row.sampled_step_ms =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 100 * 1e3;
+    for (int32_t s = 0; s < slots; ++s) step.sampling[s] = DeviceSampling{};
+  }
   row.tp = tp;
   row.slots = slots;
   row.context = context;
@@ -740,8 +810,10 @@ int main(int argc, char** argv) {
   run(CheckAttention(128, 32, 4));
   run(CheckSampling());
   auto model = SmallModel();
-  run(CheckBackend(*model, 1));
-  if (devices >= 2) run(CheckBackend(*model, 2));
+  std::vector<Check> also;
+  run(CheckBackend(*model, 1, &also));
+  if (devices >= 2) run(CheckBackend(*model, 2, &also));
+  for (const Check& c : also) run(c);
 
   std::vector<BenchRow> rows;
   std::vector<int> slot_counts = quick ? std::vector<int>{64} : std::vector<int>{16, 64, 128};
@@ -757,12 +829,13 @@ int main(int argc, char** argv) {
   for (const Check& c : checks) ok = ok && c.ok;
   std::printf("\n%s, copy bandwidth %.0f GB/s, small shape (bf16 weights, f32 KV), context 512\n",
               prop.name, copy_gbs);
-  std::printf("| tp | slots | step ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait |\n");
-  std::printf("|---:|------:|--------:|---------:|---------:|--------:|-----:|--------:|---------------:|\n");
+  std::printf("| tp | slots | step ms | step+sample ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait |\n");
+  std::printf("|---:|------:|--------:|---------------:|---------:|---------:|--------:|-----:|--------:|---------------:|\n");
   for (const BenchRow& r : rows) {
-    std::printf("| %d | %d | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% |\n", r.tp, r.slots,
-                r.step_ms, r.graph_ms, r.tokens_per_s, r.bytes_per_step / 1e6, r.achieved_gbs,
-                100 * r.of_copy, 100 * r.transport_wait_share);
+    std::printf("| %d | %d | %.3f | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% |\n", r.tp,
+                r.slots, r.step_ms, r.sampled_step_ms, r.graph_ms, r.tokens_per_s,
+                r.bytes_per_step / 1e6, r.achieved_gbs, 100 * r.of_copy,
+                100 * r.transport_wait_share);
   }
   std::printf("checks: %zu passed, %zu failed\n",
               static_cast<size_t>(std::count_if(checks.begin(), checks.end(), [](const Check& c) { return c.ok; })),
@@ -780,7 +853,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const BenchRow& r = rows[i];
       f << "    {\"tp\": " << r.tp << ", \"slots\": " << r.slots << ", \"context\": " << r.context
-        << ", \"step_ms\": " << r.step_ms << ", \"graph_ms\": " << r.graph_ms
+        << ", \"step_ms\": " << r.step_ms << ", \"sampled_step_ms\": " << r.sampled_step_ms
+        << ", \"graph_ms\": " << r.graph_ms
         << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"bytes_per_step\": " << r.bytes_per_step
         << ", \"achieved_gbs\": " << r.achieved_gbs << ", \"of_copy\": " << r.of_copy
         << ", \"transport_wait_share\": " << r.transport_wait_share << "}"

@@ -1,6 +1,8 @@
 #include "runtime/cuda/step_packing.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 
@@ -68,6 +70,21 @@ absl::Status CheckRow(int32_t token, int32_t position, const PackLimits& limits,
   return absl::OkStatus();
 }
 
+absl::Status CheckSampling(const DeviceSampling& p, const PackLimits& limits, const What& what) {
+  auto bad = [&](const char* field, double value, const char* range) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(Describe(what), ".sampling.", field, " = ", value, " outside ", range));
+  };
+  if (!(p.temperature >= 0.0f) || std::isinf(p.temperature)) {
+    return bad("temperature", p.temperature, "[0, inf)");
+  }
+  if (p.top_k < 0 || p.top_k > limits.vocab_size) return bad("top_k", p.top_k, "[0, vocab]");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return bad("top_p", p.top_p, "(0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("min_p", p.min_p, "[0, 1]");
+  if (!(p.uniform >= 0.0f && p.uniform < 1.0f)) return bad("uniform", p.uniform, "[0, 1)");
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 StepInputLayout DecodeLayout(int32_t max_slots, int32_t max_runs) {
@@ -79,7 +96,7 @@ StepInputLayout PrefillLayout(int32_t max_chunk, int32_t max_runs) {
 }
 
 absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout& l,
-                              const PackLimits& limits, int32_t* out) {
+                              const PackLimits& limits, int32_t* out, bool with_sampling) {
   if (step.max_slots != l.rows || step.max_slots != l.tables || step.max_runs != l.max_runs) {
     return absl::InvalidArgumentError(absl::StrCat(
         "step descriptor shape [", step.max_slots, "][", step.max_runs,
@@ -95,6 +112,8 @@ absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout&
       st = PackTable(step.SlotRunsData(s), step.num_runs[s], step.position[s], s, l, limits,
                      what, out);
     }
+    const bool sample = with_sampling && step.sampling[s].on_device;
+    if (st.ok() && sample) st = CheckSampling(step.sampling[s], limits, what);
     if (!st.ok()) {
       std::fill(out, out + l.total, 0);  // never leave a half-packed buffer behind
       return st;
@@ -102,6 +121,17 @@ absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout&
     out[l.active + s] = 1;
     out[l.token + s] = step.token[s];
     out[l.position + s] = step.position[s];
+    if (sample) {
+      const DeviceSampling& p = step.sampling[s];
+      SamplingRow row;
+      row.temperature = p.temperature;
+      row.top_k = p.top_k;
+      row.top_p = p.top_p;
+      row.min_p = p.min_p;
+      row.uniform = p.uniform;
+      out[l.sample + s] = 1;
+      std::memcpy(out + l.sample_params + int64_t{s} * kSamplingRowInts, &row, sizeof(row));
+    }
   }
   return absl::OkStatus();
 }

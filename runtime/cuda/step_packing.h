@@ -28,8 +28,11 @@ StepInputLayout PrefillLayout(int32_t max_chunk, int32_t max_runs);
 // Writes layout.total int32 values to `out` (every element: padding and inactive rows are
 // zero). INVALID_ARGUMENT naming the slot and field when an active row's token, position or run
 // table is out of range or its run table does not hold its position (the KV write target).
+// With `with_sampling`, active rows marked in step.sampling are packed for sampling on the
+// device (sample = 1 and their SamplingRow), checked likewise (temperature finite and >= 0,
+// top_k in [0, vocab], top_p in (0, 1], min_p in [0, 1], uniform in [0, 1)); without, no row is.
 absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout& layout,
-                              const PackLimits& limits, int32_t* out);
+                              const PackLimits& limits, int32_t* out, bool with_sampling = false);
 absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout& layout,
                                const PackLimits& limits, int32_t* out);
 

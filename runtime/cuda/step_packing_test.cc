@@ -1,10 +1,12 @@
 #include "runtime/cuda/step_packing.h"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
 #include <random>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/testing/alloc_counter.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/attention.h"
@@ -23,7 +25,9 @@ TEST(StepInputLayoutTest, ArraysAlignedDisjointAndInside) {
                                  {l.num_runs, tables},      {l.run_first, int64_t{tables} * runs},
                                  {l.run_blocks, int64_t{tables} * runs},
                                  {l.run_start, int64_t{tables} * runs},
-                                 {l.last_row, 1}};
+                                 {l.last_row, 1},
+                                 {l.sample, rows},
+                                 {l.sample_params, int64_t{rows} * kSamplingRowInts}};
     std::sort(ranges.begin(), ranges.end(), [](Range a, Range b) { return a.at < b.at; });
     for (size_t i = 0; i < ranges.size(); ++i) {
       EXPECT_EQ(ranges[i].at % kStepInputAlignInts, 0);
@@ -152,6 +156,79 @@ TEST(StepPackingTest, BadDescriptorsNameSlotAndFieldAndLeaveZeros) {
   wrong.Resize(slots + 1, max_runs);
   EXPECT_EQ(PackDecodeInputs(wrong, l, limits, buf.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(StepPackingTest, SamplingRowsArePackedOnlyWhenAskedAndOnlyForActiveMarkedRows) {
+  std::mt19937 rng(23);
+  const int32_t slots = 16, max_runs = 4, block_tokens = 16, vocab = 500;
+  const PackLimits limits{300, block_tokens, 1024, vocab};
+  const StepInputLayout l = DecodeLayout(slots, max_runs);
+  std::vector<int32_t> buf(l.total);
+  StepDescriptor d = RandomStep(rng, slots, max_runs, 300, block_tokens, vocab);
+  for (int32_t s = 0; s < slots; ++s) {
+    DeviceSampling& p = d.sampling[s];
+    p.on_device = s % 3 != 0;  // also marks some inactive rows: those must stay unsampled
+    p.temperature = s % 2 ? 0.0f : 0.25f * s;
+    p.top_k = s;
+    p.top_p = 1.0f - 0.03f * s;
+    p.min_p = 0.01f * s;
+    p.uniform = 0.06f * s;
+  }
+  ASSERT_TRUE(PackDecodeInputs(d, l, limits, buf.data()).ok());
+  EXPECT_EQ(std::count(buf.begin() + l.sample, buf.begin() + l.sample + slots, 1), 0)
+      << "Decode (no sampling) packs no row for the device";
+  ASSERT_TRUE(PackDecodeInputs(d, l, limits, buf.data(), /*with_sampling=*/true).ok());
+  const StepInputs in = StepInputs::At(l, buf.data());
+  int marked = 0;
+  for (int32_t s = 0; s < slots; ++s) {
+    const bool want = d.active[s] && d.sampling[s].on_device;
+    ASSERT_EQ(in.sample[s], want ? 1 : 0) << "slot " << s;
+    const SamplingRow& row = in.sample_params[s];
+    if (!want) {
+      EXPECT_EQ(row.temperature, 0.0f);
+      EXPECT_EQ(row.uniform, 0.0f);
+      continue;
+    }
+    ++marked;
+    EXPECT_EQ(row.temperature, d.sampling[s].temperature);
+    EXPECT_EQ(row.top_k, d.sampling[s].top_k);
+    EXPECT_EQ(row.top_p, d.sampling[s].top_p);
+    EXPECT_EQ(row.min_p, d.sampling[s].min_p);
+    EXPECT_EQ(row.uniform, d.sampling[s].uniform);
+    // No penalties on the device path: the kernel gets no penalty state.
+    EXPECT_EQ(row.repetition_penalty, 1.0f);
+    EXPECT_EQ(row.presence_penalty, 0.0f);
+  }
+  EXPECT_GT(marked, 4);
+
+  // Out-of-range parameters name the slot and the field, and leave nothing packed.
+  const int32_t s = static_cast<int32_t>(std::find(d.active.begin(), d.active.end(), 1) -
+                                         d.active.begin());
+  d.sampling[s] = DeviceSampling{1, 0.7f, 0, 1.0f, 0.0f, 0.5f};
+  ASSERT_TRUE(PackDecodeInputs(d, l, limits, buf.data(), true).ok());
+  struct Case {
+    void (*mutate)(DeviceSampling&);
+    const char* field;
+  };
+  const Case cases[] = {
+      {[](DeviceSampling& p) { p.temperature = -1; }, "sampling.temperature"},
+      {[](DeviceSampling& p) { p.temperature = std::nanf(""); }, "sampling.temperature"},
+      {[](DeviceSampling& p) { p.top_k = 501; }, "sampling.top_k"},
+      {[](DeviceSampling& p) { p.top_p = 0; }, "sampling.top_p"},
+      {[](DeviceSampling& p) { p.min_p = 1.5f; }, "sampling.min_p"},
+      {[](DeviceSampling& p) { p.uniform = 1.0f; }, "sampling.uniform"},
+  };
+  for (const Case& c : cases) {
+    StepDescriptor bad = d;
+    c.mutate(bad.sampling[s]);
+    const absl::Status st = PackDecodeInputs(bad, l, limits, buf.data(), true);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << c.field;
+    EXPECT_NE(st.message().find(absl::StrCat("slot ", s, ".", c.field)), absl::string_view::npos)
+        << st.message();
+    EXPECT_EQ(std::count(buf.begin(), buf.end(), 0), l.total) << c.field;
+    // Without sampling the same descriptor packs: the parameters are not read.
+    EXPECT_TRUE(PackDecodeInputs(bad, l, limits, buf.data()).ok()) << c.field;
+  }
 }
 
 TEST(StepPackingTest, PrefillChunkRowsShareOneTableAndPadInactive) {
