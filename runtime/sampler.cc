@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "runtime/sampler_kernels.h"
 
 namespace kvrm {
 namespace {
@@ -28,6 +30,9 @@ struct RanksBefore {
 // of the total; usually the first round already holds top_p of the mass and only a few dozen ids,
 // so we sort a few dozen entries instead of the vocabulary.
 constexpr double kTopPRoundFractions[] = {1.0 / 64, 1.0 / 4096, 1.0 / 262144};
+
+// Top-k up to this many is selected with a heap in one pass; larger k with nth_element.
+constexpr int32_t kHeapTopKMax = 1024;
 
 }  // namespace
 
@@ -70,7 +75,8 @@ Sampler::Sampler(int32_t vocab_size)
       seen_(vocab_size, 0),
       gen_count_(vocab_size, 0),
       probs_(vocab_size, 0.0f),
-      order_(vocab_size, 0) {
+      order_(vocab_size, 0),
+      keys_(vocab_size, 0) {
   CHECK(vocab_size > 0) << "vocab_size " << vocab_size;
   touched_.reserve(vocab_size);  // At most one entry per id, so push_back never reallocates.
 }
@@ -131,11 +137,7 @@ void Sampler::ApplyLogitBias(absl::Span<float> logits) const {
 }
 
 float Sampler::Normalize(absl::Span<float> logits) const {
-  float max = kNegInf;
-  for (float& x : logits) {
-    if (std::isnan(x)) x = kNegInf;
-    max = std::max(max, x);
-  }
+  float max = sampler_kernels::SanitizeAndMax(logits.data(), static_cast<int32_t>(logits.size()));
   if (max == kPosInf) {
     // The limit of softmax as the +inf entries grow together: uniform over them.
     for (float& x : logits) x = x == kPosInf ? 0.0f : kNegInf;
@@ -166,15 +168,9 @@ SampleResult Sampler::Sample(absl::Span<float> logits) {
   }
 
   // Shifting by the max first keeps (x - max) / T <= 0, so a tiny temperature cannot overflow.
-  const float temperature = config_.temperature;
-  double total = 0;
-  for (int32_t i = 0; i < vocab_size_; ++i) {
-    const float x = (logits[i] - max) / temperature;
-    logits[i] = x;
-    const float p = std::exp(x);  // the max entry gets exactly 1
-    probs_[i] = p;
-    total += p;
-  }
+  // The max entry gets exactly 1; entries below exp's f32 range get 0.
+  const double total = sampler_kernels::ShiftScaleExp(logits.data(), max, 1.0f / config_.temperature,
+                                                      probs_.data(), vocab_size_);
   const float log_z = static_cast<float>(std::log(total));
   if (want_top) FillTopLogprobs(logits, 0.0f, log_z, result);
 
@@ -214,8 +210,7 @@ SampleResult Sampler::Sample(absl::Span<float> logits) {
 void Sampler::SampleGreedy(absl::Span<const float> logits, float max, bool want_top,
                            SampleResult& result) const {
   // The first index of the max is the lowest id among ties.
-  int32_t best = 0;
-  while (logits[best] != max) ++best;
+  const int32_t best = sampler_kernels::FirstIndexOf(logits.data(), vocab_size_, max);
   result.token = best;
   // Greedy needs no normaliser: the vocab-wide exp sum (a third of a 16-row step's host time)
   // runs only when the request asked for logprobs.
@@ -228,11 +223,29 @@ void Sampler::SampleGreedy(absl::Span<const float> logits, float max, bool want_
 }
 
 int32_t Sampler::SelectTopK(absl::Span<const float> logits, int32_t k) {
-  for (int32_t i = 0; i < vocab_size_; ++i) order_[i] = i;
   const RanksBefore before{logits.data()};
-  // O(vocab) selection, then sort only the k winners.
-  std::nth_element(order_.begin(), order_.begin() + (k - 1), order_.end(), before);
-  std::sort(order_.begin(), order_.begin() + k, before);
+  if (k > kHeapTopKMax) {
+    // O(vocab) selection, then sort only the k winners.
+    for (int32_t i = 0; i < vocab_size_; ++i) order_[i] = i;
+    std::nth_element(order_.begin(), order_.begin() + (k - 1), order_.end(), before);
+    std::sort(order_.begin(), order_.begin() + k, before);
+  } else {
+    // One pass keeping the k best in a heap whose top is the one ranking last: an id enters
+    // only when its logit beats that one's (ids come in increasing order, so an equal logit
+    // never ranks before it), which after the first few hundred ids almost never happens.
+    const auto first = order_.begin(), end = order_.begin() + k;
+    for (int32_t i = 0; i < k; ++i) order_[i] = i;
+    std::make_heap(first, end, before);
+    float worst = logits[order_[0]];
+    for (int32_t i = k; i < vocab_size_; ++i) {
+      if (!(logits[i] > worst)) continue;
+      std::pop_heap(first, end, before);
+      order_[k - 1] = i;
+      std::push_heap(first, end, before);
+      worst = logits[order_[0]];
+    }
+    std::sort_heap(first, end, before);  // best first
+  }
   // Entries whose probability is 0 (-inf, or underflow) can never be drawn: drop them so the
   // support we report and mask is the real one. The best entry has probability 1, so n >= 1.
   int32_t n = k;
@@ -261,8 +274,22 @@ int32_t Sampler::SelectTopPUnsorted(absl::Span<const float> logits, double total
     if (n > 0 && mass >= target) break;
   }
   // The max entry (probability 1 >= threshold, since threshold <= total / vocab <= 1) is always in.
-  std::sort(order_.begin(), order_.begin() + n, RanksBefore{logits.data()});
+  SortByRank(logits, n);
   return n;
+}
+
+void Sampler::SortByRank(absl::Span<const float> logits, int32_t n) {
+  // RanksBefore as one integer compare: the logits here are shifted so the max is +0 and the
+  // rest negative (or -inf), and for those a higher value has a smaller bit pattern; the id
+  // breaks ties. Sorting these keys avoids the comparator's two indirect loads per compare.
+  for (int32_t j = 0; j < n; ++j) {
+    const int32_t id = order_[j];
+    uint32_t bits;
+    std::memcpy(&bits, &logits[id], sizeof(bits));
+    keys_[j] = (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(id);
+  }
+  std::sort(keys_.begin(), keys_.begin() + n);
+  for (int32_t j = 0; j < n; ++j) order_[j] = static_cast<int32_t>(keys_[j] & 0xffffffffu);
 }
 
 int32_t Sampler::CutTopP(int32_t n, double set_total) {
@@ -296,24 +323,11 @@ int32_t Sampler::DrawSorted(int32_t n) {
 }
 
 int32_t Sampler::DrawThreshold(float threshold, double total) {
-  if (total < 0) {
-    total = 0;
-    for (float p : probs_) {
-      if (p >= threshold) total += p;
-    }
-  }
+  if (total < 0) total = sampler_kernels::SumAtLeast(probs_.data(), vocab_size_, threshold);
   const double target = rng_.NextDouble() * total;
-  double cum = 0;
-  int32_t last = 0;
-  for (int32_t i = 0; i < vocab_size_; ++i) {
-    const float p = probs_[i];
-    if (p > 0 && p >= threshold) {
-      cum += p;
-      last = i;
-      if (cum > target) return i;
-    }
-  }
-  return last;  // Only reachable through rounding.
+  const int32_t pick =
+      sampler_kernels::DrawAtLeast(probs_.data(), vocab_size_, threshold, target);
+  return std::max(pick, 0);  // -1 only if nothing is kept, which the max entry (p = 1) rules out
 }
 
 void Sampler::MaskOutside(absl::Span<float> logits, int32_t n) const {

@@ -115,6 +115,8 @@ class Sampler {
   // Candidate-set stages over order_[0, n): each returns the new n (sorted best first).
   int32_t SelectTopK(absl::Span<const float> logits, int32_t k);
   int32_t SelectTopPUnsorted(absl::Span<const float> logits, double total);
+  // Sorts order_[0, n) by RanksBefore; `logits` shifted so that none is positive.
+  void SortByRank(absl::Span<const float> logits, int32_t n);
   int32_t CutTopP(int32_t n, double set_total);
   int32_t CutMinP(int32_t n) const;
   void MaskOutside(absl::Span<float> logits, int32_t n) const;
@@ -132,6 +134,7 @@ class Sampler {
   // Step scratch, [vocab_size] each.
   std::vector<float> probs_;    // exp(processed logit), unnormalised (max entry is 1)
   std::vector<int32_t> order_;  // candidate ids; a prefix is the sorted kept support
+  std::vector<uint64_t> keys_;  // SortByRank's scratch
 };
 
 }  // namespace kvrm

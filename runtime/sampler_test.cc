@@ -384,6 +384,27 @@ TEST(SamplerTest, TopPOverLargeVocabularyFlatAndPeaked) {
   }
 }
 
+TEST(SamplerTest, TopKAndTopPKeepTheLowestIdsAmongTiedLogits) {
+  // Logits on a coarse grid: every cut falls inside a run of equal logits, so the kept support
+  // depends on the tie rule (lower id first), for the one-pass heap (k <= 1024) and the
+  // nth_element path (larger k) alike.
+  std::vector<float> grid = RandomLogits(3000, 17, -3, 3);
+  for (float& x : grid) x = std::round(x * 2) / 2;
+  for (int32_t k : {1, 7, 64, 1024, 1025, 2000}) {
+    SamplingConfig c;
+    c.temperature = 1.0f;
+    c.top_k = k;
+    c.seed = 40 + k;
+    SCOPED_TRACE(::testing::Message() << "top_k " << k);
+    CheckDistribution(grid, c, 2000);
+  }
+  SamplingConfig c;
+  c.temperature = 0.7f;
+  c.top_p = 0.3f;
+  c.seed = 9;
+  CheckDistribution(grid, c, 2000);
+}
+
 // ---- reproducibility -------------------------------------------------------------------------
 
 std::vector<int32_t> Generate(Sampler& sampler, const SamplingConfig& c, int steps) {
