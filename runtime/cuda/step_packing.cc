@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kvrm::cuda {
 namespace {
@@ -95,14 +96,15 @@ StepInputLayout PrefillLayout(int32_t max_chunk, int32_t max_runs) {
   return StepInputLayout::Make(max_chunk, 1, max_runs);
 }
 
-absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout& l,
-                              const PackLimits& limits, int32_t* out, bool with_sampling) {
-  if (step.max_slots != l.rows || step.max_slots != l.tables || step.max_runs != l.max_runs) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step descriptor shape [", step.max_slots, "][", step.max_runs,
-        "] differs from the graph's [", l.rows, "][", l.max_runs, "]"));
-  }
-  std::fill(out, out + l.total, 0);
+StepInputLayout MixedLayout(int32_t max_slots, int32_t max_chunk, int32_t max_runs) {
+  return StepInputLayout::Make(max_slots + max_chunk, max_slots + 1, max_runs);
+}
+
+namespace {
+
+// The decode rows and tables [0, step.max_slots) of a zeroed buffer.
+absl::Status PackDecodeRows(const StepDescriptor& step, const StepInputLayout& l,
+                            const PackLimits& limits, int32_t* out, bool with_sampling) {
   for (int32_t s = 0; s < step.max_slots; ++s) {
     out[l.table + s] = s;
     if (!step.active[s]) continue;
@@ -114,10 +116,7 @@ absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout&
     }
     const bool sample = with_sampling && step.sampling[s].on_device;
     if (st.ok() && sample) st = CheckSampling(step.sampling[s], limits, what);
-    if (!st.ok()) {
-      std::fill(out, out + l.total, 0);  // never leave a half-packed buffer behind
-      return st;
-    }
+    if (!st.ok()) return st;
     out[l.active + s] = 1;
     out[l.token + s] = step.token[s];
     out[l.position + s] = step.position[s];
@@ -136,6 +135,49 @@ absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout&
   return absl::OkStatus();
 }
 
+// The chunk's rows [first_row, first_row + n) of a zeroed buffer, all reading table `table`;
+// last_row names the chunk's last row.
+absl::Status PackChunkRows(const PrefillChunk& chunk, const StepInputLayout& l,
+                           const PackLimits& limits, int32_t first_row, int32_t table,
+                           int32_t* out) {
+  const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+  const What what{true, chunk.slot, -1};
+  if (chunk.start < 0) return absl::InvalidArgumentError(Describe(what) + ".start < 0");
+  const int32_t last = chunk.start + static_cast<int32_t>(n) - 1;
+  RETURN_IF_ERROR(CheckRow(0, last, limits, what));
+  RETURN_IF_ERROR(PackTable(chunk.runs, chunk.num_runs, last, table, l, limits, what, out));
+  for (int64_t i = 0; i < n; ++i) {
+    RETURN_IF_ERROR(CheckRow(chunk.tokens[i], chunk.start + static_cast<int32_t>(i), limits,
+                             What{true, chunk.slot, static_cast<int32_t>(i)}));
+    const int64_t row = first_row + i;
+    out[l.active + row] = 1;
+    out[l.token + row] = chunk.tokens[i];
+    out[l.position + row] = chunk.start + static_cast<int32_t>(i);
+    out[l.table + row] = table;
+  }
+  out[l.last_row] = first_row + static_cast<int32_t>(n - 1);
+  return absl::OkStatus();
+}
+
+// Zeroes the whole buffer on an error: never a half-packed buffer behind.
+absl::Status ZeroOnError(absl::Status st, const StepInputLayout& l, int32_t* out) {
+  if (!st.ok()) std::fill(out, out + l.total, 0);
+  return st;
+}
+
+}  // namespace
+
+absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout& l,
+                              const PackLimits& limits, int32_t* out, bool with_sampling) {
+  if (step.max_slots != l.rows || step.max_slots != l.tables || step.max_runs != l.max_runs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step descriptor shape [", step.max_slots, "][", step.max_runs,
+        "] differs from the graph's [", l.rows, "][", l.max_runs, "]"));
+  }
+  std::fill(out, out + l.total, 0);
+  return ZeroOnError(PackDecodeRows(step, l, limits, out, with_sampling), l, out);
+}
+
 absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout& l,
                                const PackLimits& limits, int32_t* out) {
   const int64_t n = static_cast<int64_t>(chunk.tokens.size());
@@ -144,24 +186,31 @@ absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout&
         absl::StrCat("prefill chunk of ", n, " tokens: the graph takes 1 to ", l.rows));
   }
   std::fill(out, out + l.total, 0);
-  const int32_t last = chunk.start + static_cast<int32_t>(n) - 1;
-  const What what{true, chunk.slot, -1};
-  absl::Status st = CheckRow(0, last, limits, what);
-  if (st.ok()) st = PackTable(chunk.runs, chunk.num_runs, last, 0, l, limits, what, out);
-  for (int64_t i = 0; st.ok() && i < n; ++i) {
-    st = CheckRow(chunk.tokens[i], chunk.start + static_cast<int32_t>(i), limits,
-                  What{true, chunk.slot, static_cast<int32_t>(i)});
-    out[l.active + i] = 1;
-    out[l.token + i] = chunk.tokens[i];
-    out[l.position + i] = chunk.start + static_cast<int32_t>(i);
+  return ZeroOnError(PackChunkRows(chunk, l, limits, 0, 0, out), l, out);
+}
+
+absl::Status PackMixedInputs(const PrefillChunk& chunk, const StepDescriptor& step,
+                             const StepInputLayout& l, const PackLimits& limits, int32_t* out,
+                             bool with_sampling) {
+  const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+  if (step.max_slots + 1 != l.tables || step.max_runs != l.max_runs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step descriptor shape [", step.max_slots, "][", step.max_runs,
+        "] differs from the mixed graph's [", l.tables - 1, "][", l.max_runs, "]"));
   }
-  if (chunk.start < 0) st = absl::InvalidArgumentError(Describe(what) + ".start < 0");
-  if (!st.ok()) {
-    std::fill(out, out + l.total, 0);
-    return st;
+  if (n < 1 || n > l.rows - step.max_slots) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill chunk of ", n,
+                                                   " tokens: the mixed graph takes 1 to ",
+                                                   l.rows - step.max_slots));
   }
-  out[l.last_row] = static_cast<int32_t>(n - 1);
-  return absl::OkStatus();
+  if (chunk.slot >= 0 && chunk.slot < step.max_slots && step.active[chunk.slot]) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "prefill chunk of slot ", chunk.slot, ": the slot also decodes in this step"));
+  }
+  std::fill(out, out + l.total, 0);
+  absl::Status st = PackDecodeRows(step, l, limits, out, with_sampling);
+  if (st.ok()) st = PackChunkRows(chunk, l, limits, step.max_slots, step.max_slots, out);
+  return ZeroOnError(st, l, out);
 }
 
 }  // namespace kvrm::cuda

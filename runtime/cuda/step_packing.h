@@ -24,6 +24,10 @@ struct PackLimits {
 StepInputLayout DecodeLayout(int32_t max_slots, int32_t max_runs);
 // Layout of a prefill chunk: `max_chunk` rows sharing one run table.
 StepInputLayout PrefillLayout(int32_t max_chunk, int32_t max_runs);
+// Layout of a mixed step (a prefill chunk riding with the decode rows in one pass): rows
+// [0, max_slots) and tables [0, max_slots) as DecodeLayout; then up to `max_chunk` chunk rows
+// sharing table max_slots, whose width is max_runs too (a wider prompt table runs apart).
+StepInputLayout MixedLayout(int32_t max_slots, int32_t max_chunk, int32_t max_runs);
 
 // Writes layout.total int32 values to `out` (every element: padding and inactive rows are
 // zero). INVALID_ARGUMENT naming the slot and field when an active row's token, position or run
@@ -35,6 +39,12 @@ absl::Status PackDecodeInputs(const StepDescriptor& step, const StepInputLayout&
                               const PackLimits& limits, int32_t* out, bool with_sampling = false);
 absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout& layout,
                                const PackLimits& limits, int32_t* out);
+// The decode step as PackDecodeInputs and the chunk after it (last_row: the chunk's last row),
+// checked likewise; also INVALID_ARGUMENT when the chunk's slot decodes in `step` or its run
+// table is wider than the layout's.
+absl::Status PackMixedInputs(const PrefillChunk& chunk, const StepDescriptor& step,
+                             const StepInputLayout& layout, const PackLimits& limits,
+                             int32_t* out, bool with_sampling = false);
 
 }  // namespace kvrm::cuda
 

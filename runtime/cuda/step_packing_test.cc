@@ -270,5 +270,104 @@ TEST(StepPackingTest, PrefillChunkRowsShareOneTableAndPadInactive) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A mixed step is the decode step's packing plus the chunk's rows after it: the same decode rows
+// (and sampling) as PackDecodeInputs, the chunk's rows resolving through their own table as
+// PackPrefillInputs does, and last_row pointing into the combined rows.
+TEST(StepPackingTest, MixedStepIsTheDecodeRowsThenTheChunkRows) {
+  std::mt19937 rng(31);
+  const int32_t slots = 12, chunk = 24, max_runs = 5, block_tokens = 16, vocab = 700;
+  const int64_t pool = 500;
+  const PackLimits limits{pool, block_tokens, 2048, vocab};
+  const StepInputLayout dl = DecodeLayout(slots, max_runs);
+  const StepInputLayout ml = MixedLayout(slots, chunk, max_runs);
+  EXPECT_EQ(ml.rows, slots + chunk);
+  EXPECT_EQ(ml.tables, slots + 1);
+  std::vector<int32_t> dbuf(dl.total), mbuf(ml.total, -7);
+  for (int iter = 0; iter < 20; ++iter) {
+    StepDescriptor d = RandomStep(rng, slots, max_runs, pool, block_tokens, vocab);
+    for (int32_t s = 0; s < slots; ++s) {
+      d.sampling[s] = DeviceSampling{static_cast<uint8_t>(s % 2), 0.5f, 3, 0.9f, 0.0f, 0.25f};
+    }
+    int32_t free_slot = -1;
+    for (int32_t s = 0; s < slots && free_slot < 0; ++s) {
+      if (!d.active[s]) free_slot = s;
+    }
+    if (free_slot < 0) d.active[free_slot = 0] = 0;
+    // The chunk's table (packing checks bounds, not that tables are disjoint).
+    const KvRun runs[] = {{400, 2}, {450, 3}};
+    std::vector<int32_t> tokens(1 + rng() % chunk);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    PrefillChunk c;
+    c.slot = free_slot;
+    c.start = static_cast<int32_t>(rng() % 40);
+    c.tokens = tokens;
+    c.runs = runs;
+    c.num_runs = 2;
+    ASSERT_TRUE(PackMixedInputs(c, d, ml, limits, mbuf.data(), true).ok());
+    EXPECT_EQ(std::count(mbuf.begin(), mbuf.end(), -7), 0);
+    ASSERT_TRUE(PackDecodeInputs(d, dl, limits, dbuf.data(), true).ok());
+    const StepInputs m = StepInputs::At(ml, mbuf.data()), o = StepInputs::At(dl, dbuf.data());
+    for (int32_t s = 0; s < slots; ++s) {
+      EXPECT_EQ(m.active[s], o.active[s]);
+      EXPECT_EQ(m.token[s], o.token[s]);
+      EXPECT_EQ(m.position[s], o.position[s]);
+      EXPECT_EQ(m.table[s], s);
+      EXPECT_EQ(m.sample[s], o.sample[s]);
+      EXPECT_EQ(m.sample_params[s].uniform, o.sample_params[s].uniform);
+      for (int32_t p = 0; d.active[s] && p <= d.position[s]; ++p) {
+        ASSERT_EQ(m.PhysicalToken(s, p, block_tokens), o.PhysicalToken(s, p, block_tokens));
+      }
+    }
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    EXPECT_EQ(m.last_row[0], slots + n - 1);
+    for (int32_t i = 0; i < chunk; ++i) {
+      const int32_t row = slots + i;
+      EXPECT_EQ(m.active[row], i < n ? 1 : 0);
+      EXPECT_EQ(m.sample[row], 0);
+      if (i >= n) continue;
+      EXPECT_EQ(m.table[row], slots);
+      EXPECT_EQ(m.token[row], tokens[i]);
+      EXPECT_EQ(m.position[row], c.start + i);
+      EXPECT_EQ(m.PhysicalToken(slots, c.start + i, block_tokens),
+                PhysicalToken(runs, 2, block_tokens, c.start + i));
+    }
+    std::fill(mbuf.begin(), mbuf.end(), -7);
+  }
+
+  // Refused, with nothing left packed: the chunk's slot decoding too, a chunk longer than the
+  // graph's chunk rows, a chunk table wider than the layout's.
+  StepDescriptor d;
+  d.Resize(slots, max_runs);
+  d.active[2] = 1;
+  d.token[2] = 1;
+  d.position[2] = 3;
+  d.num_runs[2] = 1;
+  d.SlotRuns(2)[0] = KvRun{0, 1};
+  std::vector<int32_t> tokens(4, 1);
+  KvRun wide[6];
+  for (int32_t r = 0; r < 6; ++r) wide[r] = KvRun{100 + 2 * r, 1};
+  PrefillChunk c;
+  c.slot = 2;
+  c.tokens = tokens;
+  c.runs = wide;
+  c.num_runs = 1;
+  EXPECT_EQ(PackMixedInputs(c, d, ml, limits, mbuf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  c.slot = 3;
+  ASSERT_TRUE(PackMixedInputs(c, d, ml, limits, mbuf.data()).ok());
+  c.num_runs = 6;
+  std::fill(mbuf.begin(), mbuf.end(), 9);
+  const absl::Status st = PackMixedInputs(c, d, ml, limits, mbuf.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("prefill chunk of slot 3.num_runs"), absl::string_view::npos)
+      << st.message();
+  EXPECT_EQ(std::count(mbuf.begin(), mbuf.end(), 0), ml.total);
+  std::vector<int32_t> long_tokens(chunk + 1, 1);
+  c.num_runs = 1;
+  c.tokens = long_tokens;
+  EXPECT_EQ(PackMixedInputs(c, d, ml, limits, mbuf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kvrm::cuda
