@@ -12,6 +12,11 @@ absl::Status Backend::DecodeAndSample(const StepDescriptor&, float*, int32_t*) {
   return absl::UnimplementedError("this backend does not sample on the device");
 }
 
+absl::Status Backend::DecodeWithChunkAndSample(const PrefillChunk&, float*,
+                                               const StepDescriptor&, float*, int32_t*) {
+  return absl::UnimplementedError("this backend does not sample a mixed step on the device");
+}
+
 absl::Status Backend::CreateHostTier(int64_t blocks) {
   if (!host_tier_.empty()) return absl::FailedPreconditionError("host tier created twice");
   for (int32_t r = 0; r < num_kv_pools(); ++r) {

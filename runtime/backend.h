@@ -105,14 +105,21 @@ class Backend {
   // (`chunk.slot` must not be active in `step`).
   virtual absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                        const StepDescriptor& step, float* logits);
-  // Whether DecodeAndSample is implemented: the step samples the rows marked in
-  // step.sampling itself, and only their tokens come back (no logits copy, no host pass over the
+  // Whether this chunk can ride in the decode pass (a backend with fixed shapes may take only
+  // chunks whose run table fits its graph); the engine runs the others apart.
+  virtual bool CanFuse(const PrefillChunk& chunk) const { return fuses_prefill(); }
+  // Whether DecodeAndSample (and, with fuses_prefill, DecodeWithChunkAndSample) is implemented:
+  // the step samples the rows marked in step.sampling itself, and only their tokens come back (no logits copy, no host pass over the
   // vocabulary for those rows).
   virtual bool samples_on_device() const { return false; }
   // Decode(step, logits), except that each active row with step.sampling[s].on_device gets its
   // token in tokens[s] and its logits row is left unwritten. Default: UNIMPLEMENTED.
   virtual absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
                                        int32_t* tokens);
+  // DecodeWithChunk with the decode rows sampled as DecodeAndSample does. Default: UNIMPLEMENTED.
+  virtual absl::Status DecodeWithChunkAndSample(const PrefillChunk& chunk, float* last_logits,
+                                                const StepDescriptor& step, float* logits,
+                                                int32_t* tokens);
   virtual int32_t vocab_size() const = 0;
   // Largest number of tokens Prefill takes at once.
   virtual int32_t max_chunk_tokens() const = 0;

@@ -420,9 +420,9 @@ bool Engine::Step() {
     work.step = &descriptors_[committed_];
     work.logits = logits_.data();
   }
-  work.fused = fuse_prefill_ && work.chunk && work.step;
+  work.fused = fuse_prefill_ && work.chunk && work.step && backend_->CanFuse(chunk_);
   mixed_steps_ += work.fused;
-  if (device_sampling_ && work.step != nullptr && MarkDeviceSampling(!work.fused)) {
+  if (device_sampling_ && work.step != nullptr && MarkDeviceSampling()) {
     work.tokens = sampled_tokens_.data();
   }
   const uint64_t step_id = ++steps_;

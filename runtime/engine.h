@@ -254,10 +254,10 @@ class Engine {
   // Clears staged rows whose slot is no longer decoding (paused while later rows were built);
   // returns the number active.
   int32_t RecountActiveRows();
-  // Marks the committed descriptor's rows the backend samples (all off unless `enable`): those
-  // whose request needs nothing the host sampler alone does, each with a uniform from its own
-  // generator. Returns whether any row is marked.
-  bool MarkDeviceSampling(bool enable);
+  // Marks the committed descriptor's rows the backend samples: those whose request needs
+  // nothing the host sampler alone does, each with a uniform from its own generator (the others
+  // are cleared). Returns whether any row is marked.
+  bool MarkDeviceSampling();
   bool SampledOnDevice(int32_t slot_index) const;
   // Far history: blocks a history of `tokens` needs to be admitted or resumed (its next token
   // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).

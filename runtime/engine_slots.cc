@@ -437,13 +437,13 @@ bool Engine::SampledOnDevice(int32_t i) const {
   return !(masks && slot.generated < r.min_tokens);
 }
 
-bool Engine::MarkDeviceSampling(bool enable) {
+bool Engine::MarkDeviceSampling() {
   StepDescriptor& d = descriptors_[committed_];
   bool any = false;
   for (int32_t i = 0; i < options_.slots; ++i) {
     DeviceSampling& ds = d.sampling[i];
     ds = DeviceSampling{};
-    if (!enable || !d.active[i] || !SampledOnDevice(i)) continue;
+    if (!d.active[i] || !SampledOnDevice(i)) continue;
     const SamplingConfig& c = slots_[i].request->sampling;
     ds.on_device = 1;
     ds.temperature = c.temperature;

@@ -48,7 +48,10 @@ void StepRunner::Loop() {
     if (work.fused) {
       const absl::Time t0 = clock_->Now();
       r.decode_status =
-          backend_->DecodeWithChunk(*work.chunk, work.chunk_logits, *work.step, work.logits);
+          work.tokens != nullptr
+              ? backend_->DecodeWithChunkAndSample(*work.chunk, work.chunk_logits, *work.step,
+                                                   work.logits, work.tokens)
+              : backend_->DecodeWithChunk(*work.chunk, work.chunk_logits, *work.step, work.logits);
       r.decode_time = clock_->Now() - t0;
       r.prefill_status = r.decode_status;
       r.prefill_time = r.decode_time;

@@ -22,7 +22,8 @@ struct StepWork {
   const StepDescriptor* step = nullptr;  // optional; rows with active == 0 are skipped
   float* logits = nullptr;
   // Set when the step's descriptor marks rows for sampling on the device
-  // (Backend::DecodeAndSample): their tokens land here, [max_slots]. Never with `fused`.
+  // (Backend::DecodeAndSample, or DecodeWithChunkAndSample when fused): their tokens land
+  // here, [max_slots].
   int32_t* tokens = nullptr;
   // Chunk and step in one pass (Backend::DecodeWithChunk); both must be set.
   bool fused = false;
