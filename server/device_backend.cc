@@ -60,6 +60,8 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
     co.max_context = o.max_context;
     co.max_runs = o.max_runs;
     co.tensor_parallel = o.tensor_parallel;
+    co.mixed_graph = o.fuse_prefill;        // no third graph when chunks run apart anyway
+    co.device_sampling = o.device_sampling;  // nor sampling scratch when the host samples
     absl::StatusOr<std::unique_ptr<cuda::CudaBackend>> b =
         cuda::CudaBackend::Create(model.config, &model.weights, co);
     if (!b.ok()) return b.status();

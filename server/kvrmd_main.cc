@@ -75,7 +75,7 @@ ABSL_FLAG(double, max_prefill_stall, 0.5,
           "decode step (measured); 0: off, the chunk takes --step_token_budget");
 ABSL_FLAG(bool, fuse_prefill, true,
           "run a step's prefill chunk in the same pass as its decode rows, reading the weights "
-          "once for both (CPU device; the CUDA graphs run them one after the other)");
+          "once for both (CPU: one pass; CUDA: the mixed graph)");
 ABSL_FLAG(bool, device_sampling, true,
           "sample decode rows inside the decode graph where the backend can (CUDA, --tp=1): "
           "tokens come back instead of logits; rows with penalties, logit_bias, logprobs or a "

@@ -74,14 +74,18 @@ struct CudaBackend::Rank {
   float* gu = nullptr;     // [rows][2 ffn]
   bf16* act = nullptr;     // [rows][ffn]
   float* logits = nullptr; // [rows][vocab share]
-  AttentionWorkspace decode_ws, prefill_ws;
-  DevicePtr decode_inputs, prefill_inputs;
+  AttentionWorkspace ws;  // sized for the largest pass; passes run one at a time
 
   struct Gemms {
     std::unique_ptr<LtGemm> qkv, o, gu, down, lm;
   };
-  Gemms decode_gemms, prefill_gemms;
-  GraphExecPtr decode_graph, prefill_graph;
+  // Per pass (Pass): the static input buffer, the products planned for its rows, its graph.
+  struct PassState {
+    DevicePtr inputs;
+    Gemms gemms;
+    GraphExecPtr graph;
+  };
+  PassState passes[kPasses];
   PinnedPtr logits_host;  // [max rows][vocab share]
   // Device sampling (samples_on_device): probabilities scratch [slots][vocab], the sampled
   // tokens [slots] on the device and pinned on the host.
@@ -89,7 +93,7 @@ struct CudaBackend::Rank {
   float* probs = nullptr;
   int32_t* sampled = nullptr;
   PinnedPtr sampled_host;
-  PinnedPtr inputs_host;  // rank 0 only: decode layout then prefill layout
+  PinnedPtr inputs_host;  // rank 0 only: each pass's layout, one after the other
   Communicator* comm = nullptr;
 };
 
@@ -138,14 +142,16 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   auto b = std::unique_ptr<CudaBackend>(new CudaBackend(config, options));
   b->limits_ = PackLimits{options.kv_blocks, options.kv_block_tokens, options.max_context,
                           config.vocab_size};
-  b->decode_layout_ = DecodeLayout(options.max_slots, options.max_runs);
+  b->layouts_[kDecodePass] = DecodeLayout(options.max_slots, options.max_runs);
   // A prompt's run table may be wider than the descriptor's rows while compaction is pending (the
   // engine then passes the pager's full table), so the prefill graph's one table takes as many
   // runs as a max-context history can have.
   const int32_t context_blocks =
       (options.max_context + options.kv_block_tokens - 1) / options.kv_block_tokens;
-  b->prefill_layout_ =
+  b->layouts_[kPrefillPass] =
       PrefillLayout(options.max_chunk_tokens, std::max(options.max_runs, context_blocks));
+  b->layouts_[kMixedPass] =
+      MixedLayout(options.max_slots, options.max_chunk_tokens, options.max_runs);
   cudaDeviceProp prop{};
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&prop, 0));
   b->device_name_ = prop.name;
@@ -157,14 +163,15 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   b->ranks_.resize(tp);
   b->rank_status_.resize(tp);
   for (int32_t r = 0; r < tp; ++r) RETURN_IF_ERROR(b->InitRank(r, *weights));
-  b->logit_ranges_.reserve(options.max_slots);
+  b->logit_ranges_.reserve(options.max_slots + 1);  // decode rows and a chunk's last row
   // Capture on every rank's thread at once: NCCL collectives in the graphs are recorded, not
   // run, but each rank's capture must see its own device.
-  for (bool prefill : {false, true}) {
+  for (Pass pass : {kDecodePass, kPrefillPass, kMixedPass}) {
+    if (pass == kMixedPass && !options.mixed_graph) continue;
     b->rank_threads_.RunOnAll([&](int t) {
       Rank& rank = *b->ranks_[t];
       absl::Status st = CudaStatus(cudaSetDevice(rank.device), "cudaSetDevice", __FILE__, __LINE__);
-      if (st.ok()) st = b->Capture(rank, prefill);
+      if (st.ok()) st = b->Capture(rank, pass);
       b->rank_status_[t] = st;
     });
     for (const absl::Status& st : b->rank_status_) RETURN_IF_ERROR(st);
@@ -265,8 +272,11 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.kv.get(), 0, shape.BytesPerBlock() * shape.num_blocks));
   rank.kv_view = KvPool::Wrap(shape, static_cast<float*>(rank.kv.get()));
 
-  // ---- Activations for max(slots, chunk) rows, and the attention scratch.
-  const int64_t rows = std::max(options_.max_slots, options_.max_chunk_tokens);
+  // ---- Activations for the largest pass (slots + chunk rows with the mixed graph, else
+  // max(slots, chunk)), and the attention scratch.
+  const int64_t rows =
+      options_.mixed_graph ? int64_t{options_.max_slots} + options_.max_chunk_tokens
+                           : std::max(options_.max_slots, options_.max_chunk_tokens);
   const int32_t splits =
       static_cast<int32_t>((options_.max_context + options_.split_tokens - 1) / options_.split_tokens);
   const int64_t partial = AttentionPartialFloats(rows, w.heads, splits, hd);
@@ -299,25 +309,29 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   rank.gu = static_cast<float*>(p_gu);
   rank.act = static_cast<bf16*>(p_act);
   rank.logits = static_cast<float*>(p_logits);
-  rank.decode_ws = AttentionWorkspace{static_cast<float*>(p_po), static_cast<float*>(p_ml), splits,
-                                      options_.split_tokens};
-  rank.prefill_ws = rank.decode_ws;
+  rank.ws = AttentionWorkspace{static_cast<float*>(p_po), static_cast<float*>(p_ml), splits,
+                                options_.split_tokens};
 
   // ---- Static input buffers and host staging.
-  ASSIGN_OR_RETURN(rank.decode_inputs, DeviceAlloc(decode_layout_.bytes(), "decode inputs"));
-  ASSIGN_OR_RETURN(rank.prefill_inputs, DeviceAlloc(prefill_layout_.bytes(), "prefill inputs"));
-  KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.decode_inputs.get(), 0, decode_layout_.bytes()));
-  KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.prefill_inputs.get(), 0, prefill_layout_.bytes()));
+  int64_t host_bytes = 0;
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int64_t bytes = layouts_[pass].bytes();
+    ASSIGN_OR_RETURN(rank.passes[pass].inputs, DeviceAlloc(bytes, "step inputs"));
+    KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.passes[pass].inputs.get(), 0, bytes));
+    host_bytes += RoundUp(bytes, 256);
+  }
   ASSIGN_OR_RETURN(rank.logits_host, PinnedAlloc(rows * rank.vocab_share * 4, "logits"));
   if (r == 0) {
-    ASSIGN_OR_RETURN(rank.inputs_host,
-                     PinnedAlloc(decode_layout_.bytes() + prefill_layout_.bytes(), "step inputs"));
-    std::memset(rank.inputs_host.get(), 0, decode_layout_.bytes() + prefill_layout_.bytes());
-    decode_inputs_host_ = rank.inputs_host.get();
-    prefill_inputs_host_ = static_cast<char*>(rank.inputs_host.get()) + decode_layout_.bytes();
+    ASSIGN_OR_RETURN(rank.inputs_host, PinnedAlloc(host_bytes, "step inputs"));
+    std::memset(rank.inputs_host.get(), 0, host_bytes);
+    char* at = static_cast<char*>(rank.inputs_host.get());
+    for (int pass = 0; pass < kPasses; ++pass) {
+      inputs_host_[pass] = at;
+      at += RoundUp(layouts_[pass].bytes(), 256);
+    }
   }
 
-  // ---- cuBLASLt plans for both graphs' shapes.
+  // ---- cuBLASLt plans for every pass's shapes.
   cublasLtHandle_t h = rank.lt.get();
   auto plan = [&](int64_t m, Rank::Gemms& g, int64_t lm_rows) -> absl::Status {
     ASSIGN_OR_RETURN(g.qkv, LtGemm::Create(h, m, d, qw + 2 * kvw, kGemmWorkspaceBytes));
@@ -336,19 +350,24 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
                                               probs_bytes);
     ASSIGN_OR_RETURN(rank.sampled_host, PinnedAlloc(int64_t{options_.max_slots} * 4, "tokens"));
   }
-  RETURN_IF_ERROR(plan(options_.max_slots, rank.decode_gemms, options_.max_slots));
-  RETURN_IF_ERROR(plan(options_.max_chunk_tokens, rank.prefill_gemms, 1));
+  RETURN_IF_ERROR(plan(options_.max_slots, rank.passes[kDecodePass].gemms, options_.max_slots));
+  RETURN_IF_ERROR(plan(options_.max_chunk_tokens, rank.passes[kPrefillPass].gemms, 1));
+  if (options_.mixed_graph) {
+    // The decode rows' logits and the chunk's last row's, after them.
+    RETURN_IF_ERROR(plan(layouts_[kMixedPass].rows, rank.passes[kMixedPass].gemms,
+                         options_.max_slots + 1));
+  }
   KVRM_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::EnqueueForward(Rank& rank, bool prefill) {
-  const StepInputLayout& layout = prefill ? prefill_layout_ : decode_layout_;
-  const StepInputs in = StepInputs::At(
-      layout, static_cast<const int32_t*>(prefill ? rank.prefill_inputs.get()
-                                                  : rank.decode_inputs.get()));
-  const Rank::Gemms& g = prefill ? rank.prefill_gemms : rank.decode_gemms;
-  const AttentionWorkspace& ws = prefill ? rank.prefill_ws : rank.decode_ws;
+absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
+  const StepInputLayout& layout = layouts_[pass];
+  const StepInputs in =
+      StepInputs::At(layout, static_cast<const int32_t*>(rank.passes[pass].inputs.get()));
+  const Rank::Gemms& g = rank.passes[pass].gemms;
+  const AttentionWorkspace& ws = rank.ws;
+  const int32_t slots = options_.max_slots;
   const int32_t rows = layout.rows;
   const int32_t d = config_.hidden_size;
   const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -380,17 +399,21 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, bool prefill) {
     RETURN_IF_ERROR(g.down->Run(rank.act, l.wdown, rank.x, residual_beta, wsp, s));
     if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
   }
-  if (prefill) {
-    RETURN_IF_ERROR(
-        LaunchRmsNorm<bf16>(rank.x, rank.final_norm, rank.xn, 1, d, eps, in.last_row, s));
-  } else {
-    RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, rank.final_norm, rank.xn, rows, d, eps, nullptr, s));
+  // The rows whose logits are wanted: every decode row, and a chunk's last row (after the decode
+  // rows in a mixed pass).
+  if (pass != kPrefillPass) {
+    RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, rank.final_norm, rank.xn, slots, d, eps, nullptr, s));
+  }
+  if (pass != kDecodePass) {
+    bf16* last = rank.xn + (pass == kMixedPass ? int64_t{slots} * d : 0);
+    RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, rank.final_norm, last, 1, d, eps, in.last_row, s));
   }
   RETURN_IF_ERROR(g.lm->Run(rank.xn, rank.lm_head, rank.logits, 0.0f, wsp, s));
-  if (!prefill && rank.sampled != nullptr) {
-    // The rows the step marks (in.sample) are sampled in place; the others are left alone.
+  if (pass != kPrefillPass && rank.sampled != nullptr) {
+    // The decode rows the step marks (in.sample) are sampled in place; the others are left alone.
     StepInputs marked = in;
     marked.active = in.sample;
+    marked.rows = slots;
     RETURN_IF_ERROR(LaunchSample(rank.logits, marked, rank.vocab_share, in.sample_params,
                                  /*counts=*/nullptr, /*seen=*/nullptr, rank.probs, rank.sampled,
                                  s));
@@ -398,15 +421,15 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, bool prefill) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Capture(Rank& rank, bool prefill) {
+absl::Status CudaBackend::Capture(Rank& rank, Pass pass) {
   // One eager pass over all-inactive inputs first: loads every module and cuBLASLt kernel
   // outside the capture.
-  RETURN_IF_ERROR(EnqueueForward(rank, prefill));
+  RETURN_IF_ERROR(EnqueueForward(rank, pass));
   RETURN_IF_ERROR(Wait(rank));
   if (!options_.use_graphs) return absl::OkStatus();
   cudaStream_t s = rank.stream.get();
   KVRM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  const absl::Status enqueued = EnqueueForward(rank, prefill);
+  const absl::Status enqueued = EnqueueForward(rank, pass);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(s, &graph);
   GraphPtr graph_owner(graph);
@@ -414,7 +437,7 @@ absl::Status CudaBackend::Capture(Rank& rank, bool prefill) {
   KVRM_CUDA_RETURN_IF_ERROR(end);
   cudaGraphExec_t exec = nullptr;
   KVRM_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
-  (prefill ? rank.prefill_graph : rank.decode_graph).reset(exec);
+  rank.passes[pass].graph.reset(exec);
   KVRM_CUDA_RETURN_IF_ERROR(cudaGraphUpload(exec, s));
   return Wait(rank);
 }
@@ -449,23 +472,22 @@ absl::Status CudaBackend::Wait(Rank& rank) {
   }
 }
 
-absl::Status CudaBackend::RunStep(bool prefill, absl::Span<const RowRange> logit_rows,
+absl::Status CudaBackend::RunStep(Pass pass, absl::Span<const RowRange> logit_rows,
                                   bool sampled) {
-  const StepInputLayout& layout = prefill ? prefill_layout_ : decode_layout_;
-  const void* host_inputs = prefill ? prefill_inputs_host_ : decode_inputs_host_;
+  const StepInputLayout& layout = layouts_[pass];
+  const void* host_inputs = inputs_host_[pass];
   auto run = [&](int t) {
     Rank& rank = *ranks_[t];
     auto body = [&]() -> absl::Status {
       KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
       cudaStream_t s = rank.stream.get();
-      void* dev_inputs = prefill ? rank.prefill_inputs.get() : rank.decode_inputs.get();
+      void* dev_inputs = rank.passes[pass].inputs.get();
       KVRM_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(dev_inputs, host_inputs, layout.bytes(), cudaMemcpyHostToDevice, s));
       if (options_.use_graphs) {
-        KVRM_CUDA_RETURN_IF_ERROR(
-            cudaGraphLaunch(prefill ? rank.prefill_graph.get() : rank.decode_graph.get(), s));
+        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(rank.passes[pass].graph.get(), s));
       } else {
-        RETURN_IF_ERROR(EnqueueForward(rank, prefill));
+        RETURN_IF_ERROR(EnqueueForward(rank, pass));
       }
       const int64_t row_bytes = int64_t{rank.vocab_share} * 4;
       for (const RowRange& r : logit_rows) {
@@ -476,7 +498,7 @@ absl::Status CudaBackend::RunStep(bool prefill, absl::Span<const RowRange> logit
       }
       if (sampled) {
         KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rank.sampled_host.get(), rank.sampled,
-                                                  int64_t{layout.rows} * 4,
+                                                  int64_t{options_.max_slots} * 4,
                                                   cudaMemcpyDeviceToHost, s));
       }
       return Wait(rank);
@@ -495,7 +517,7 @@ absl::Status CudaBackend::RunStep(bool prefill, absl::Span<const RowRange> logit
 bool CudaBackend::samples_on_device() const { return ranks_[0]->sampled != nullptr; }
 
 absl::Status CudaBackend::Decode(const StepDescriptor& step, float* logits) {
-  return DecodeRows(step, logits, nullptr);
+  return DecodeRows(nullptr, nullptr, step, logits, nullptr);
 }
 
 absl::Status CudaBackend::DecodeAndSample(const StepDescriptor& step, float* logits,
@@ -503,25 +525,58 @@ absl::Status CudaBackend::DecodeAndSample(const StepDescriptor& step, float* log
   if (!samples_on_device()) {
     return absl::FailedPreconditionError("device sampling is off (--tp > 1 or disabled)");
   }
-  return DecodeRows(step, logits, tokens);
+  return DecodeRows(nullptr, nullptr, step, logits, tokens);
 }
 
-absl::Status CudaBackend::DecodeRows(const StepDescriptor& step, float* logits,
+absl::Status CudaBackend::DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
+                                          const StepDescriptor& step, float* logits) {
+  return DecodeRows(&chunk, last_logits, step, logits, nullptr);
+}
+
+absl::Status CudaBackend::DecodeWithChunkAndSample(const PrefillChunk& chunk, float* last_logits,
+                                                   const StepDescriptor& step, float* logits,
+                                                   int32_t* tokens) {
+  if (!samples_on_device()) {
+    return absl::FailedPreconditionError("device sampling is off (--tp > 1 or disabled)");
+  }
+  return DecodeRows(&chunk, last_logits, step, logits, tokens);
+}
+
+bool CudaBackend::CanFuse(const PrefillChunk& chunk) const {
+  return options_.mixed_graph && chunk.num_runs <= options_.max_runs &&
+         static_cast<int64_t>(chunk.tokens.size()) <= options_.max_chunk_tokens;
+}
+
+absl::Status CudaBackend::DecodeRows(const PrefillChunk* chunk, float* last_logits,
+                                     const StepDescriptor& step, float* logits,
                                      int32_t* tokens) {
   if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
+  if (chunk != nullptr && !options_.mixed_graph) {
+    return absl::UnimplementedError("the mixed graph is off (CudaBackendOptions::mixed_graph)");
+  }
   const bool sample = tokens != nullptr;
-  RETURN_IF_ERROR(PackDecodeInputs(step, decode_layout_, limits_,
-                                   static_cast<int32_t*>(decode_inputs_host_), sample));
+  const Pass pass = chunk != nullptr ? kMixedPass : kDecodePass;
+  int32_t* host_inputs = static_cast<int32_t*>(inputs_host_[pass]);
+  if (chunk != nullptr) {
+    RETURN_IF_ERROR(PackMixedInputs(*chunk, step, layouts_[pass], limits_, host_inputs, sample));
+  } else {
+    RETURN_IF_ERROR(PackDecodeInputs(step, layouts_[pass], limits_, host_inputs, sample));
+  }
   // Logits back for the host's rows only, as few copies as there are runs of such rows (gaps of
-  // inactive rows are bridged: a copy costs more than a few idle rows).
+  // inactive rows are bridged: a copy costs more than a few idle rows). In a mixed pass the
+  // chunk's last row's logits are row max_slots.
+  const int32_t chunk_row = step.max_slots;
   const auto host_row = [&](int32_t s) {
+    if (s == chunk_row) return chunk != nullptr && last_logits != nullptr;
     return step.active[s] && !(sample && step.sampling[s].on_device);
   };
   logit_ranges_.clear();
-  bool any_active = false, any_sampled = false;
-  for (int32_t s = 0; s < step.max_slots; ++s) {
-    any_active |= step.active[s] != 0;
-    any_sampled |= step.active[s] && sample && step.sampling[s].on_device;
+  bool any_active = chunk != nullptr, any_sampled = false;
+  for (int32_t s = 0; s <= chunk_row; ++s) {
+    if (s < chunk_row) {
+      any_active |= step.active[s] != 0;
+      any_sampled |= step.active[s] && sample && step.sampling[s].on_device;
+    }
     if (!host_row(s)) continue;
     if (!logit_ranges_.empty() && s - logit_ranges_.back().end <= 2) {
       logit_ranges_.back().end = s + 1;
@@ -530,13 +585,14 @@ absl::Status CudaBackend::DecodeRows(const StepDescriptor& step, float* logits,
     }
   }
   if (!any_active) return absl::OkStatus();
-  RETURN_IF_ERROR(RunStep(/*prefill=*/false, logit_ranges_, any_sampled));
+  RETURN_IF_ERROR(RunStep(pass, logit_ranges_, any_sampled));
   const int64_t vocab = config_.vocab_size;
   for (const auto& rank : ranks_) {
     const float* src = static_cast<const float*>(rank->logits_host.get());
-    for (int32_t s = 0; s < step.max_slots; ++s) {
+    for (int32_t s = 0; s <= chunk_row; ++s) {
       if (!host_row(s)) continue;
-      std::memcpy(logits + s * vocab + rank->vocab_begin, src + int64_t{s} * rank->vocab_share,
+      float* dst = s == chunk_row ? last_logits : logits + s * vocab;
+      std::memcpy(dst + rank->vocab_begin, src + int64_t{s} * rank->vocab_share,
                   rank->vocab_share * sizeof(float));
     }
   }
@@ -551,10 +607,10 @@ absl::Status CudaBackend::DecodeRows(const StepDescriptor& step, float* logits,
 
 absl::Status CudaBackend::Prefill(const PrefillChunk& chunk, float* last_logits) {
   if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
-  RETURN_IF_ERROR(PackPrefillInputs(chunk, prefill_layout_, limits_,
-                                    static_cast<int32_t*>(prefill_inputs_host_)));
+  RETURN_IF_ERROR(PackPrefillInputs(chunk, layouts_[kPrefillPass], limits_,
+                                    static_cast<int32_t*>(inputs_host_[kPrefillPass])));
   const RowRange first{0, 1};
-  RETURN_IF_ERROR(RunStep(/*prefill=*/true, absl::MakeConstSpan(&first, 1), false));
+  RETURN_IF_ERROR(RunStep(kPrefillPass, absl::MakeConstSpan(&first, 1), false));
   if (last_logits != nullptr) {
     for (const auto& rank : ranks_) {
       std::memcpy(last_logits + rank->vocab_begin, rank->logits_host.get(),
@@ -579,7 +635,7 @@ absl::StatusOr<double> CudaBackend::TimeDecodeReplays(int iterations) {
       cudaStream_t s = rank.stream.get();
       KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start[t].get(), s));
       for (int i = 0; i < iterations; ++i) {
-        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(rank.decode_graph.get(), s));
+        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(rank.passes[kDecodePass].graph.get(), s));
       }
       KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop[t].get(), s));
       return Wait(rank);

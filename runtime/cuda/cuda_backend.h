@@ -2,11 +2,14 @@
 //
 // Per rank (one GPU each; tensor parallel over ranks with NCCL, Megatron style as on the CPU):
 // bf16 weight shards (fused QKV and gate/up), the f32 KV pool share in device memory, activation
-// buffers for max(slots, chunk) rows, cuBLASLt products planned at start-up, and two graphs
-// captured at start-up over fixed shapes: the decode step for all slots, and one prefill chunk.
-// A step is: pack the committed descriptor on the host (runtime/cuda/step_packing.h), one
-// asynchronous copy into the graph's static input buffer, one graph launch, one copy of the
-// logits back. Transfer groups run on a separate copy stream (one 2-D copy per rank, see
+// buffers for the largest pass, cuBLASLt products planned at start-up, and three graphs captured
+// at start-up over fixed shapes: the decode step for all slots, one prefill chunk, and the two in
+// one pass (mixed: the chunk's rows after the decode rows, so a step that carries a chunk reads
+// the weights once). A step is: pack the committed descriptor on the host
+// (runtime/cuda/step_packing.h), one asynchronous copy into the graph's static input buffer, one
+// graph launch, then copies of what the host needs: the sampled tokens (at --tp=1 the decode
+// graph ends with the sampling kernel over the rows the engine marks) and the other rows' logits.
+// Transfer groups run on a separate copy stream (one 2-D copy per rank, see
 // runtime/cuda/transfer_lowering.h); the engine's transport orders them ahead of the step that
 // needs them and measures any wait.
 //
@@ -44,6 +47,9 @@ struct CudaBackendOptions {
   // Sample rows inside the decode graph (DecodeAndSample) at tensor_parallel 1; with more ranks
   // each holds a share of the vocabulary and the engine samples on the host.
   bool device_sampling = true;
+  // A third graph over max_slots + max_chunk_tokens rows: a prefill chunk rides in the decode
+  // pass (fuses_prefill), so a step that carries one reads the weights once, not twice.
+  bool mixed_graph = true;
   absl::Duration step_timeout = absl::Seconds(60);  // then NCCL is aborted and the step fails
 };
 
@@ -60,6 +66,14 @@ class CudaBackend : public Backend {
   absl::Status Decode(const StepDescriptor& step, float* logits) override;
   absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override;
   bool samples_on_device() const override;
+  bool fuses_prefill() const override { return options_.mixed_graph; }
+  // Chunks whose run table fits the mixed graph's (max_runs; a wider prompt table runs apart).
+  bool CanFuse(const PrefillChunk& chunk) const override;
+  absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
+                               const StepDescriptor& step, float* logits) override;
+  absl::Status DecodeWithChunkAndSample(const PrefillChunk& chunk, float* last_logits,
+                                        const StepDescriptor& step, float* logits,
+                                        int32_t* tokens) override;
   // The decode graph ends with the sampling kernel over the rows the step marks; their tokens
   // come back (4 bytes a row) and only the other rows' logits are copied.
   absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
@@ -84,33 +98,37 @@ class CudaBackend : public Backend {
 
  private:
   struct Rank;
+  // The captured passes: the decode step, a prefill chunk alone, and both in one (mixed).
+  enum Pass : int { kDecodePass = 0, kPrefillPass = 1, kMixedPass = 2 };
+  static constexpr int kPasses = 3;
   CudaBackend(const LlamaConfig& config, const CudaBackendOptions& options);
   absl::Status InitRank(int32_t r, const LlamaWeights& weights);
   // Enqueues the forward pass over `rows` rows reading inputs at `in` (device memory).
-  absl::Status EnqueueForward(Rank& rank, bool prefill);
-  absl::Status Capture(Rank& rank, bool prefill);
+  absl::Status EnqueueForward(Rank& rank, Pass pass);
+  absl::Status Capture(Rank& rank, Pass pass);
   // Runs the decode or prefill step on every rank (its own thread each) and waits: one input
   // upload, the graph, then copies of the logits of rows [first, end) for each range in
   // `logit_rows` and, with `sampled`, of the sampled tokens.
   struct RowRange {
     int32_t first = 0, end = 0;
   };
-  absl::Status RunStep(bool prefill, absl::Span<const RowRange> logit_rows, bool sampled);
-  // Shared by Decode and DecodeAndSample.
-  absl::Status DecodeRows(const StepDescriptor& step, float* logits, int32_t* tokens);
+  absl::Status RunStep(Pass pass, absl::Span<const RowRange> logit_rows, bool sampled);
+  // Shared by Decode, DecodeAndSample and (with a chunk: the mixed pass) the DecodeWithChunk
+  // pair.
+  absl::Status DecodeRows(const PrefillChunk* chunk, float* last_logits,
+                          const StepDescriptor& step, float* logits, int32_t* tokens);
   absl::Status Wait(Rank& rank);
 
   const LlamaConfig config_;
   const CudaBackendOptions options_;
   PackLimits limits_;
-  StepInputLayout decode_layout_, prefill_layout_;
+  StepInputLayout layouts_[kPasses];  // the mixed one is allocated even when its graph is off
   std::vector<std::unique_ptr<Rank>> ranks_;
   std::unique_ptr<class NcclGroup> nccl_;
   ThreadPool rank_threads_;
   std::vector<absl::Status> rank_status_;
   std::vector<RowRange> logit_ranges_;   // reserved to max_slots: no allocation per step
-  void* decode_inputs_host_ = nullptr;   // pinned, owned by ranks_[0]
-  void* prefill_inputs_host_ = nullptr;
+  void* inputs_host_[kPasses] = {};      // pinned, owned by ranks_[0]
   int64_t weight_bytes_per_rank_ = 0;
   std::string device_name_;
 };

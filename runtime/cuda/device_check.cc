@@ -60,6 +60,10 @@ struct BenchRow {
   int context = 0;
   double step_ms = 0;       // Decode() end to end: input upload, graph, logits download
   double sampled_step_ms = 0;  // DecodeAndSample(), every row greedy on the device (tp 1)
+  // A step carrying a full prefill chunk beside slots - 1 decode rows: Prefill then Decode (two
+  // graphs, the weights read twice) against DecodeWithChunk (the mixed graph).
+  double chunk_apart_ms = 0;
+  double chunk_mixed_ms = 0;
   double graph_ms = 0;      // graph replay alone (events)
   double tokens_per_s = 0;
   double bytes_per_step = 0;
@@ -633,7 +637,8 @@ Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
   const int decode_steps = 24;
   for (int32_t s = 0; s < slots; ++s) {
     const int32_t prompt = 40 + static_cast<int32_t>(rng() % 150);
-    tables[s] = RandomRuns(free_blocks, prompt + decode_steps + 1, block_tokens, max_runs);
+    // Room for the decode steps and the mixed-graph check's three more.
+    tables[s] = RandomRuns(free_blocks, prompt + decode_steps + 8, block_tokens, max_runs);
     std::vector<int32_t> tokens(prompt);
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
     for (int32_t start = 0; start < prompt; start += chunk) {
@@ -672,6 +677,47 @@ Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
     }
   }
   const bool ok = worst <= 3e-2 && agree * 10 >= total * 9;
+  if ((*gpu)->fuses_prefill()) {
+    // The mixed graph: a new prompt for the slot that left, chunk by chunk, each chunk riding
+    // with the other slots' decode rows in one pass, on both backends (the CPU's mixed pass is
+    // checked against its apart one by the CPU tests); every decode row's logits and the
+    // chunk's last logits against the CPU, both continuing from the CPU's tokens.
+    const int32_t s1 = 1;
+    const int32_t prompt = 2 * chunk + 17;
+    const std::vector<KvRun> table = RandomRuns(free_blocks, prompt + 1, block_tokens, max_runs);
+    std::vector<int32_t> tokens(prompt);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    double mixed_worst = 0;
+    int mixed_agree = 0, mixed_total = 0;
+    for (int32_t start = 0; start < prompt; start += chunk) {
+      PrefillChunk ch;
+      ch.slot = s1;
+      ch.start = start;
+      ch.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, prompt - start));
+      ch.runs = table.data();
+      ch.num_runs = static_cast<int32_t>(table.size());
+      CHECK((*gpu)->CanFuse(ch));
+      CHECK_OK((*gpu)->DecodeWithChunk(ch, lg.data(), step, g.data()));
+      CHECK_OK((*cpu)->DecodeWithChunk(ch, lc.data(), step, c.data()));
+      mixed_worst =
+          std::max(mixed_worst, RelError(std::vector<double>(lc.begin(), lc.end()), lg));
+      for (int32_t s = 0; s < slots; ++s) {
+        if (!step.active[s]) continue;
+        std::vector<double> ref(c.begin() + int64_t{s} * vocab, c.begin() + int64_t{s + 1} * vocab);
+        std::vector<float> got(g.begin() + int64_t{s} * vocab, g.begin() + int64_t{s + 1} * vocab);
+        mixed_worst = std::max(mixed_worst, RelError(ref, got));
+        const int32_t tc = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
+        const int32_t tg = static_cast<int32_t>(std::max_element(got.begin(), got.end()) - got.begin());
+        mixed_agree += tc == tg;
+        ++mixed_total;
+        step.token[s] = tc;
+        step.position[s] += 1;
+      }
+    }
+    also->push_back({absl::StrFormat("mixed graph tp=%d vs CPU: logits (greedy agree %d/%d)", tp,
+                                     mixed_agree, mixed_total),
+                     mixed_worst, 3e-2, mixed_worst <= 3e-2 && mixed_agree * 10 >= mixed_total * 9});
+  }
   if ((*gpu)->samples_on_device()) also->push_back(CheckGraphSampling(**gpu, step, vocab));
   return {absl::StrFormat("backend tp=%d vs CPU: logits (greedy agree %d/%d)", tp, agree, total),
           worst, 3e-2, ok};
@@ -740,6 +786,33 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   }
   transport.WaitFor(pending);
   BenchRow row;
+  if ((*gpu)->fuses_prefill()) {
+    // The last slot's history is prefilled again as a full chunk while the others decode.
+    const int32_t last = slots - 1;
+    step.active[last] = 0;
+    const KvRun run{last * blocks_per_slot, blocks_per_slot};
+    std::vector<int32_t> tokens(chunk);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    PrefillChunk c;
+    c.slot = last;
+    c.start = 0;
+    c.tokens = tokens;
+    c.runs = &run;
+    c.num_runs = 1;
+    auto time_ms = [&](auto&& body) {
+      for (int i = 0; i < 5; ++i) body();
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int i = 0; i < 50; ++i) body();
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 50 * 1e3;
+    };
+    row.chunk_apart_ms = time_ms([&] {
+      CHECK_OK((*gpu)->Prefill(c, lg.data()));
+      CHECK_OK((*gpu)->Decode(step, logits.data()));
+    });
+    row.chunk_mixed_ms = time_ms([&] { CHECK_OK((*gpu)->DecodeWithChunk(c, lg.data(), step, logits.data())); });
+    step.active[last] = 1;
+    CHECK_OK((*gpu)->Decode(step, logits.data()));  // TimeDecodeReplays replays the full step
+  }
   if ((*gpu)->samples_on_device()) {
     // The engine's step with sampling in the graph: every row greedy, tokens back instead of
     // [slots][vocab] logits.
@@ -829,13 +902,13 @@ int main(int argc, char** argv) {
   for (const Check& c : checks) ok = ok && c.ok;
   std::printf("\n%s, copy bandwidth %.0f GB/s, small shape (bf16 weights, f32 KV), context 512\n",
               prop.name, copy_gbs);
-  std::printf("| tp | slots | step ms | step+sample ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait |\n");
-  std::printf("|---:|------:|--------:|---------------:|---------:|---------:|--------:|-----:|--------:|---------------:|\n");
+  std::printf("| tp | slots | step ms | step+sample ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait | chunk apart ms | chunk mixed ms |\n");
+  std::printf("|---:|------:|--------:|---------------:|---------:|---------:|--------:|-----:|--------:|---------------:|---------------:|---------------:|\n");
   for (const BenchRow& r : rows) {
-    std::printf("| %d | %d | %.3f | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% |\n", r.tp,
-                r.slots, r.step_ms, r.sampled_step_ms, r.graph_ms, r.tokens_per_s,
+    std::printf("| %d | %d | %.3f | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% | %.3f | %.3f |\n",
+                r.tp, r.slots, r.step_ms, r.sampled_step_ms, r.graph_ms, r.tokens_per_s,
                 r.bytes_per_step / 1e6, r.achieved_gbs, 100 * r.of_copy,
-                100 * r.transport_wait_share);
+                100 * r.transport_wait_share, r.chunk_apart_ms, r.chunk_mixed_ms);
   }
   std::printf("checks: %zu passed, %zu failed\n",
               static_cast<size_t>(std::count_if(checks.begin(), checks.end(), [](const Check& c) { return c.ok; })),
@@ -857,7 +930,9 @@ int main(int argc, char** argv) {
         << ", \"graph_ms\": " << r.graph_ms
         << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"bytes_per_step\": " << r.bytes_per_step
         << ", \"achieved_gbs\": " << r.achieved_gbs << ", \"of_copy\": " << r.of_copy
-        << ", \"transport_wait_share\": " << r.transport_wait_share << "}"
+        << ", \"transport_wait_share\": " << r.transport_wait_share
+        << ", \"chunk_apart_ms\": " << r.chunk_apart_ms << ", \"chunk_mixed_ms\": " << r.chunk_mixed_ms
+        << "}"
         << (i + 1 < rows.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
