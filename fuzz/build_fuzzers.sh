@@ -20,7 +20,7 @@ SOURCES=(
   model/tokenizer.cc model/tokenizer_added.cc model/tokenizer_bpe.cc model/tokenizer_decoder.cc
   model/tokenizer_normalizer.cc model/tokenizer_postprocessor.cc
   model/tokenizer_pretokenizer.cc model/tokenizer_text.cc
-  runtime/sampler.cc
+  runtime/sampler.cc runtime/sampler_kernels.cc
   server/request_validation.cc
   tools/replay/trace.cc
 )
