@@ -12,6 +12,8 @@ fi
 src="$TEST_TMPDIR/src"
 mkdir -p "$src"
 cp -rL common model proto runtime server fuzz "$src/"
+mkdir -p "$src/kernels/cpu"
+cp -L kernels/cpu/fast_math.h kernels/cpu/isa.h "$src/kernels/cpu/"
 mkdir -p "$src/tools/replay"
 cp -L tools/replay/trace.cc tools/replay/trace.h "$src/tools/replay/"
 export KVRM_FUZZ_OUT="$TEST_TMPDIR/fuzz"
