@@ -3,7 +3,9 @@
 # lent GPU machine has no Bazel and none of the project's system libraries:
 #
 #   tools/device_check.sh prepare   # here: builds the check and packs it with the Abseil
-#                                   # (and libstdc++) libraries it needs into .device/
+#                                   # (and libstdc++) libraries it needs into .device/pack.tar.gz
+#                                   # (compressed: the carry, with the working tree, must stay
+#                                   # under 64 MiB; ICU's data library alone is 30 MiB)
 #   tools/device_check.sh run       # on the GPU machine: finds the CUDA, cuBLASLt and NCCL
 #                                   # libraries there, runs the check, writes its log and JSON
 #                                   # to $OUT (or ./device-check-out), prints the table last;
@@ -24,32 +26,39 @@ case "$mode" in
   prepare)
     bazel build -c opt //runtime/cuda:device_check //bench:engine_claims
     bindir=$(bazel info -c opt bazel-bin 2>/dev/null)
-    rm -rf .device && mkdir -p .device/lib .device/libstdcxx
+    stage=$(mktemp -d)
+    mkdir -p "$stage/lib" "$stage/libstdcxx"
     for bin in "$bindir/runtime/cuda/device_check" "$bindir/bench/engine_claims"; do
-      cp "$bin" .device/
-      chmod u+w ".device/$(basename "$bin")"
+      cp "$bin" "$stage/"
+      chmod u+w "$stage/$(basename "$bin")"
       # Everything the binaries link that is neither the C library nor CUDA's: Abseil, and the
       # tokenizer's Oniguruma and ICU (Debian's shared objects); libstdc++/libgcc apart, used
       # only where the machine's are older.
       ldd "$bin" | awk '/=> \// {print $3}' | while read -r lib; do
         case "$(basename "$lib")" in
-          libabsl_*|libonig.so.*|libicu*) cp -L "$lib" .device/lib/ ;;
-          libstdc++.so.6|libgcc_s.so.1) cp -L "$lib" .device/libstdcxx/ ;;
+          libabsl_*|libonig.so.*|libicu*) cp -L "$lib" "$stage/lib/" ;;
+          libstdc++.so.6|libgcc_s.so.1) cp -L "$lib" "$stage/libstdcxx/" ;;
         esac
       done
     done
+    rm -rf .device && mkdir -p .device
+    tar -C "$stage" -czf .device/pack.tar.gz .
+    rm -rf "$stage"
     grep -qx '/.device/' .git/info/exclude 2>/dev/null || echo '/.device/' >> .git/info/exclude
     du -sh .device
     echo "prepared .device/: carry it to the GPU machine and run: tools/device_check.sh run"
     ;;
   run)
-    [[ -x .device/device_check ]] || { echo "no .device/device_check: run 'tools/device_check.sh prepare' here first" >&2; exit 1; }
+    [[ -f .device/pack.tar.gz ]] || { echo "no .device/pack.tar.gz: run 'tools/device_check.sh prepare' here first" >&2; exit 1; }
     out=${OUT:-$PWD/device-check-out}
     mkdir -p "$out"
-    libpath=$PWD/.device/lib
+    pack=${TMPDIR:-/tmp}/kvrm-device
+    rm -rf "$pack" && mkdir -p "$pack" && tar -C "$pack" -xzf .device/pack.tar.gz
+    libpath=$pack/lib
     # CUDA runtime, cuBLASLt and NCCL: the toolkit's, else the pip wheels' (nvidia-*-cu13).
     for name in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
-      found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n {print $NF; exit}')
+      # awk reads to the end (no `exit`): ldconfig must not die of SIGPIPE under pipefail.
+      found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n && !f {print $NF; f = 1}')
       if [[ -z "$found" ]]; then
         found=$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
                   -name "$name" 2>/dev/null | head -1 || true)
@@ -57,20 +66,20 @@ case "$mode" in
       if [[ -z "$found" ]]; then echo "device_check: $name not found on this machine" >&2; exit 1; fi
       libpath=$libpath:$(dirname "$found")
     done
-    sys_cxx=$(ldconfig -p | awk '$1 == "libstdc++.so.6" {print $NF; exit}')
-    if ! grep -q GLIBCXX_3.4.30 "$sys_cxx" 2>/dev/null; then libpath=$libpath:$PWD/.device/libstdcxx; fi
+    sys_cxx=$(ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && !f {print $NF; f = 1}')
+    if ! grep -q GLIBCXX_3.4.30 "$sys_cxx" 2>/dev/null; then libpath=$libpath:$pack/libstdcxx; fi
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt" || true
     set -o pipefail
     status=0
     LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-      .device/device_check --json "$out/device_check.json" "$@" 2>&1 | tee "$out/device_check.log" || status=$?
+      "$pack/device_check" --json "$out/device_check.json" "$@" 2>&1 | tee "$out/device_check.log" || status=$?
     # The claims through the engine on the GPU: the paper_claims families at full length.
-    if [[ -x .device/engine_claims ]]; then
+    if [[ -x "$pack/engine_claims" ]]; then
+      # The generated model stays out of $OUT (hundreds of MB that would not come back).
       LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
-        timeout 240 .device/engine_claims --device=cuda --families=short,mixed \
-          --model_dir="$out/models" --json "$out/engine_claims.json" 2>&1 \
+        timeout 240 "$pack/engine_claims" --device=cuda --families=short,mixed \
+          --model_dir="$pack/models" --json "$out/engine_claims.json" 2>&1 \
           | grep -v '^W' | tee "$out/engine_claims.log" || status=$?
-      rm -rf "$out/models"
     fi
     exit $status
     ;;
