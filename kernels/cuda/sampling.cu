@@ -39,13 +39,17 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float s_chunk[kThreads];
   __shared__ int s_best_id[32];
   __shared__ float s_best_val[32];
+  __shared__ int s_first_max;  // lowest id at the max logit: always kept, the draw's fallback
   const int32_t row = blockIdx.x;
   if (!in.active[row]) {
     if (threadIdx.x == 0) tokens_out[row] = 0;
     return;
   }
   const SamplingRow P = params[row];
-  if (threadIdx.x == 0) tokens_out[row] = 0;  // overwritten below; only a degenerate row keeps it
+  if (threadIdx.x == 0) {
+    tokens_out[row] = 0;  // overwritten below; only a degenerate row keeps it
+    s_first_max = 0x7fffffff;  // published by BlockMax's barriers below
+  }
   float* x = logits + static_cast<int64_t>(row) * vocab;
   float* p = probs + static_cast<int64_t>(row) * vocab;
   // No penalty state (null arrays): nothing to read per id but the logit.
@@ -109,6 +113,7 @@ __global__ void __launch_bounds__(kThreads)
   const bool has_inf = mx == INFINITY;
   for (int32_t v = threadIdx.x; v < vocab; v += blockDim.x) {
     p[v] = has_inf ? (x[v] == INFINITY ? 1.0f : 0.0f) : __expf((x[v] - mx) / P.temperature);
+    if (x[v] == mx) atomicMin(&s_first_max, v);
   }
   __syncthreads();
   float threshold = 0.0f;
@@ -146,6 +151,11 @@ __global__ void __launch_bounds__(kThreads)
   const float through = s_chunk[threadIdx.x];
   // Exactly one chunk holds the target (chunks without mass have before == through); when
   // rounding puts the target at the total, the last chunk with mass takes it.
+  // The scan's prefix sums come from different addition trees, so a chunk without mass may still
+  // span a sliver of rounding; if the target lands there no chunk holds it, and the row keeps
+  // the max logit's id (always kept) rather than an id outside the support.
+  if (threadIdx.x == 0) tokens_out[row] = s_first_max == 0x7fffffff ? 0 : s_first_max;
+  __syncthreads();
   const bool holds = mine > 0.0f && before <= target && target < through;
   const bool last = mine > 0.0f && target >= total && through >= total && before < total;
   if (holds || last) {
@@ -157,7 +167,7 @@ __global__ void __launch_bounds__(kThreads)
       c += p[v];
       if (c > target) break;
     }
-    tokens_out[row] = pick;
+    if (pick >= 0) tokens_out[row] = pick;
   }
   // The processed logits, as the CPU sampler leaves them.
   for (int32_t v = threadIdx.x; v < vocab; v += blockDim.x) {

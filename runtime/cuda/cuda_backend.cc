@@ -103,11 +103,14 @@ CudaBackend::CudaBackend(const LlamaConfig& config, const CudaBackendOptions& op
       rank_threads_(std::max(1, options.tensor_parallel)) {}
 
 CudaBackend::~CudaBackend() {
+  // Each rank's resources go with its own device current, and before the NCCL communicators
+  // (nccl_, destroyed after this body): its graphs hold captured collectives on them.
   for (auto& r : ranks_) {
     if (r == nullptr) continue;
     cudaSetDevice(r->device);
     if (r->stream) cudaStreamSynchronize(r->stream.get());
     if (r->copy_stream) cudaStreamSynchronize(r->copy_stream.get());
+    r.reset();
   }
 }
 
@@ -210,37 +213,56 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   // ---- Weights: bf16, fused QKV and gate/up, one allocation.
   const int64_t d = config_.hidden_size, hd = config_.head_dim;
   const int64_t qw = int64_t{w.heads} * hd, kvw = int64_t{w.kv_heads} * hd, ffn = w.ffn;
-  const int64_t per_layer = 2 * d + (qw + 2 * kvw) * d + d * qw + 2 * ffn * d + d * ffn;
-  const int64_t total = w.embed.rows * d + d + w.lm_head.rows * d +
-                        per_layer * config_.num_hidden_layers;
-  weight_bytes_per_rank_ = total * 2;
-  ASSIGN_OR_RETURN(rank.weights, DeviceAlloc(total * 2, "weights"));
-  std::vector<uint16_t> host(total);
-  std::vector<float> row;
-  int64_t at = 0;
-  auto place = [&](const WeightMatrix& m) {
-    ToBf16(m, host.data() + at, row);
-    bf16* p = static_cast<bf16*>(rank.weights.get()) + at;
-    at += m.rows * m.cols;
-    return p;
+  // Offsets first (every operand of a product starts 256-byte aligned, as cuBLASLt's heuristic
+  // assumes by default; q/k/v and gate/up stay contiguous: each is one fused matrix), then one
+  // allocation and one copy.
+  struct Placed {
+    const WeightMatrix* m;
+    int64_t at;
   };
-  rank.embed = place(w.embed);
-  rank.final_norm = place(w.final_norm);
-  rank.lm_head = place(w.lm_head);
+  std::vector<Placed> placed;
+  int64_t at = 0, unpadded = 0;
+  auto place = [&](const WeightMatrix& m, bool aligned) {
+    if (aligned) at = RoundUp(at, 128);  // elements: 256 bytes
+    placed.push_back({&m, at});
+    at += m.rows * m.cols;
+    unpadded += m.rows * m.cols;
+    return at - m.rows * m.cols;
+  };
+  struct LayerAt {
+    int64_t attn_norm, mlp_norm, wqkv, wo, wgu, wdown;
+  };
+  const int64_t embed_at = place(w.embed, true);
+  const int64_t final_norm_at = place(w.final_norm, true);
+  const int64_t lm_head_at = place(w.lm_head, true);
+  std::vector<LayerAt> layer_at;
   for (const LayerWeights& l : w.layers) {
-    Rank::Layer dl{};
-    dl.attn_norm = place(l.attn_norm);
-    dl.mlp_norm = place(l.mlp_norm);
-    dl.wqkv = place(l.wq);  // wk and wv follow contiguously: one fused [q+k+v][hidden] matrix
-    place(l.wk);
-    place(l.wv);
-    dl.wo = place(l.wo);
-    dl.wgu = place(l.w_gate);  // up follows: one fused [2 ffn][hidden] matrix
-    place(l.w_up);
-    dl.wdown = place(l.w_down);
-    rank.layers.push_back(dl);
+    LayerAt la{};
+    la.attn_norm = place(l.attn_norm, true);
+    la.mlp_norm = place(l.mlp_norm, true);
+    la.wqkv = place(l.wq, true);  // wk and wv follow contiguously: one fused [q+k+v][hidden]
+    place(l.wk, false);
+    place(l.wv, false);
+    la.wo = place(l.wo, true);
+    la.wgu = place(l.w_gate, true);  // up follows: one fused [2 ffn][hidden] matrix
+    place(l.w_up, false);
+    la.wdown = place(l.w_down, true);
+    layer_at.push_back(la);
   }
-  if (at != total) return absl::InternalError("weight packing size mismatch");
+  const int64_t total = at;
+  weight_bytes_per_rank_ = unpadded * 2;
+  ASSIGN_OR_RETURN(rank.weights, DeviceAlloc(total * 2, "weights"));
+  std::vector<uint16_t> host(total, 0);
+  std::vector<float> row;
+  for (const Placed& p : placed) ToBf16(*p.m, host.data() + p.at, row);
+  bf16* wbase = static_cast<bf16*>(rank.weights.get());
+  rank.embed = wbase + embed_at;
+  rank.final_norm = wbase + final_norm_at;
+  rank.lm_head = wbase + lm_head_at;
+  for (const LayerAt& la : layer_at) {
+    rank.layers.push_back(Rank::Layer{wbase + la.attn_norm, wbase + la.mlp_norm, wbase + la.wqkv,
+                                      wbase + la.wo, wbase + la.wgu, wbase + la.wdown});
+  }
   KVRM_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(rank.weights.get(), host.data(), total * 2, cudaMemcpyHostToDevice));
 

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -708,15 +709,22 @@ Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
         mixed_worst = std::max(mixed_worst, RelError(ref, got));
         const int32_t tc = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
         const int32_t tg = static_cast<int32_t>(std::max_element(got.begin(), got.end()) - got.begin());
-        mixed_agree += tc == tg;
-        ++mixed_total;
+        // Only rows whose best two CPU logits are apart by more than bf16 rounding can be
+        // expected to agree (9 rows: one near-tie must not fail the run).
+        std::vector<double> top(ref);
+        std::nth_element(top.begin(), top.begin() + 1, top.end(), std::greater<double>());
+        if (top[0] - top[1] > 2e-2 * std::max(1.0, std::abs(top[0]))) {
+          mixed_agree += tc == tg;
+          ++mixed_total;
+        }
         step.token[s] = tc;
         step.position[s] += 1;
       }
     }
     also->push_back({absl::StrFormat("mixed graph tp=%d vs CPU: logits (greedy agree %d/%d)", tp,
                                      mixed_agree, mixed_total),
-                     mixed_worst, 3e-2, mixed_worst <= 3e-2 && mixed_agree * 10 >= mixed_total * 9});
+                     mixed_worst, 3e-2,
+                     mixed_worst <= 3e-2 && mixed_total >= 1 && mixed_agree * 10 >= mixed_total * 9});
   }
   if ((*gpu)->samples_on_device()) also->push_back(CheckGraphSampling(**gpu, step, vocab));
   return {absl::StrFormat("backend tp=%d vs CPU: logits (greedy agree %d/%d)", tp, agree, total),
