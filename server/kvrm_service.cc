@@ -35,38 +35,57 @@ v1::FinishReason ToProto(FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
-// One Generate call. Lifetime: two references, one held by gRPC until OnDone and one by the
-// engine's sink until the engine drops the request; the last one deletes the reactor.
+// One Generate call: n completions (GenerateRequest.n), each an engine request whose messages
+// carry its index. Completion 0 (the leader) is submitted at once; the others when the leader
+// has its first token, so that its prompt's KV is in the prefix cache and they attach it instead
+// of prefilling it again (vLLM forks n samples after the prompt likewise). Lifetime: one
+// reference held by gRPC until OnDone and one per engine sink until the engine drops that
+// request; the last one deletes the reactor.
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(Engine* engine, const Tokenizer* tokenizer, std::string request_id,
-                  bool omit_token_ids, int32_t top_logprobs)
+                  bool omit_token_ids, int32_t top_logprobs, int32_t n)
       : engine_(engine),
         tokenizer_(tokenizer),
         request_id_(std::move(request_id)),
         omit_token_ids_(omit_token_ids),
-        top_logprobs_(top_logprobs) {}
+        top_logprobs_(top_logprobs),
+        n_(n),
+        handles_(n, 0) {}
 
-  // The sink the engine calls on its own thread.
+  // The sink the engine calls on its own thread, for completion `index`.
   class Sink final : public RequestSink {
    public:
-    explicit Sink(GenerateReactor* reactor) : reactor_(reactor) {}
+    Sink(GenerateReactor* reactor, int32_t index) : reactor_(reactor), index_(index) {}
     ~Sink() override { reactor_->Unref(); }
-    void OnChunk(StreamChunk chunk) override { reactor_->Enqueue(std::move(chunk), nullptr); }
+    void OnChunk(StreamChunk chunk) override {
+      reactor_->Enqueue(index_, std::move(chunk), nullptr);
+    }
     void OnFinished(StreamChunk last, const FinishInfo& info) override {
-      reactor_->Enqueue(std::move(last), &info);
+      reactor_->Enqueue(index_, std::move(last), &info);
     }
 
    private:
     GenerateReactor* reactor_;
+    const int32_t index_;
   };
 
-  std::shared_ptr<RequestSink> MakeSink() {
+  std::shared_ptr<RequestSink> MakeSink(int32_t index) {
     refs_.fetch_add(1);
-    return std::make_shared<Sink>(this);
+    return std::make_shared<Sink>(this, index);
   }
 
-  void set_handle(uint64_t handle) { handle_.store(handle); }
+  // The validated request the other n - 1 completions are copied from (before the leader is
+  // submitted; its sink is not copied).
+  void set_follower_template(const GenerationRequest& leader) {
+    follower_ = std::make_unique<GenerationRequest>(leader);
+    follower_->sink.reset();
+  }
+
+  void set_handle(int32_t index, uint64_t handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    handles_[index] = handle;
+  }
 
   // Ends the call before it reached the engine.
   void Reject(const grpc::Status& status) {
@@ -89,17 +108,18 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       if (!ok) {
         // The client is gone: stop writing, end the engine's work, close the call.
         finished_ = true;
+        cancelled_ = true;
         pending_.clear();
       } else if (!pending_.empty()) {
         next = &pending_.front();
       } else {
         writing_ = false;
-        if (last_queued_ && !finished_) finish = finished_ = true;
+        if (finals_queued_ == n_ && !finished_) finish = finished_ = true;
       }
     }
     KVRM_GRPC_HANDOFF(this);
     if (!ok) {
-      engine_->Cancel(handle_.load());
+      CancelAll();
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading"));
     } else if (next) {
       StartWrite(next);
@@ -110,7 +130,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 
   void OnCancel() override {
     KVRM_GRPC_CALLBACK(this);
-    engine_->Cancel(handle_.load());
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+    }
+    CancelAll();
   }
 
   void OnDone() override {
@@ -123,9 +147,56 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
-  void Enqueue(StreamChunk chunk, const FinishInfo* info) {
+  void CancelAll() {
+    std::vector<uint64_t> handles;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handles = handles_;
+    }
+    for (uint64_t h : handles) {
+      if (h != 0) engine_->Cancel(h);
+    }
+  }
+
+  // Called on the engine thread (inside the leader's sink) at the leader's first message:
+  // submits completions 1 .. n-1. One the engine refuses ends at once with that error.
+  void SubmitFollowers() {
+    for (int32_t i = 1; i < n_; ++i) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        if (cancelled_) {
+          // Never submitted: no final message will come for these.
+          finals_queued_ += n_ - i;
+          return;
+        }
+      }
+      auto r = std::make_unique<GenerationRequest>(*follower_);
+      if (r->sampling.seed != 0) r->sampling.seed += static_cast<uint64_t>(i);
+      r->request_id = absl::StrCat(request_id_, "/", i);
+      r->sink = MakeSink(i);
+      absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(r));
+      if (handle.ok()) {
+        set_handle(i, *handle);
+        bool cancelled;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          cancelled = cancelled_;
+        }
+        if (cancelled) engine_->Cancel(*handle);  // the client left while it was submitted
+        continue;
+      }
+      FinishInfo info;
+      info.reason = FinishReason::kError;
+      info.error = std::string(handle.status().message());
+      Enqueue(i, StreamChunk{}, &info);
+    }
+  }
+
+  void Enqueue(int32_t index, StreamChunk chunk, const FinishInfo* info) {
+    if (index == 0 && n_ > 1 && !followers_submitted_.exchange(true)) SubmitFollowers();
     v1::GenerateResponse msg;
     msg.set_request_id(request_id_);
+    msg.set_index(index);
     if (!omit_token_ids_) {
       for (int32_t id : chunk.token_ids) msg.add_token_ids(id);
     }
@@ -157,9 +228,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (finished_) return;
+      if (info) ++finals_queued_;
       // deque::push_back keeps references to other elements valid: the one in flight stays put.
       pending_.push_back(std::move(msg));
-      if (info) last_queued_ = true;
       if (!writing_) {
         writing_ = true;
         start = &pending_.front();
@@ -176,12 +247,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   const std::string request_id_;
   const bool omit_token_ids_;
   const int32_t top_logprobs_;
+  const int32_t n_;
+  std::unique_ptr<GenerationRequest> follower_;  // set before the leader is submitted
+  std::atomic<bool> followers_submitted_{false};
   std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's
-  std::atomic<uint64_t> handle_{0};
   std::mutex mu_;
+  std::vector<uint64_t> handles_;             // guarded by mu_; 0: not submitted
   std::deque<v1::GenerateResponse> pending_;  // guarded by mu_; front() is in flight if writing_
   bool writing_ = false;                      // guarded by mu_
-  bool last_queued_ = false;                  // guarded by mu_
+  int32_t finals_queued_ = 0;                 // guarded by mu_: completions whose end is queued
+  bool cancelled_ = false;                    // guarded by mu_: the client cancelled or left
   bool finished_ = false;                     // guarded by mu_: Finish called or about to be
 };
 
@@ -222,7 +297,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
                        : request->request_id();
   auto* reactor = new GenerateReactor(engine_, engine_->model().tokenizer.get(), id,
                                       request->response().omit_token_ids(),
-                                      request->response().top_logprobs());
+                                      request->response().top_logprobs(),
+                                      std::max(1, request->n()));
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
       ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_);
@@ -232,7 +308,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   }
   (*r)->request_id = std::move(id);
   (*r)->arrival = arrival;
-  (*r)->sink = reactor->MakeSink();
+  if (request->n() > 1) reactor->set_follower_template(**r);
+  (*r)->sink = reactor->MakeSink(0);
   absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(*r));
   if (!handle.ok()) {
     if (absl::IsResourceExhausted(handle.status())) {
@@ -241,7 +318,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
     reactor->Reject(ToGrpcStatus(handle.status()));
     return reactor;
   }
-  reactor->set_handle(*handle);
+  reactor->set_handle(0, *handle);
   KVRM_GRPC_HANDOFF(reactor);
   return reactor;
 }

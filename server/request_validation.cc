@@ -179,6 +179,9 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     return Invalid("cache_salt", absl::StrCat(proto.cache_salt().size(), " bytes; at most 256"));
   }
   r->cache_salt = CacheSaltKey(proto.cache_salt());
+  if (proto.n() < 0 || proto.n() > limits.max_n) {
+    return Invalid("n", absl::StrCat(proto.n(), " is outside [1, ", limits.max_n, "] (0: 1)"));
+  }
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
   return r;
 }

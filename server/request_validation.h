@@ -20,6 +20,7 @@ struct RequestLimits {
   int32_t max_stop_sequences = 16;
   int32_t max_stop_sequence_bytes = 256;
   int32_t max_stop_token_ids = 64;
+  int32_t max_n = 16;  // completions per request (GenerateRequest.n)
 };
 
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(

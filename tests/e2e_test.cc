@@ -475,6 +475,111 @@ TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
   EXPECT_EQ(tokens, 12);
 }
 
+// Per completion of an n > 1 call: its tokens and its finish (messages grouped by index).
+struct Completions {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<v1::Finished> finished;
+  std::vector<int> finishes;  // final messages seen per index (exactly one each)
+};
+
+Completions ByIndex(const StreamResult& r, int n) {
+  Completions c;
+  c.tokens.resize(n);
+  c.finished.resize(n);
+  c.finishes.assign(n, 0);
+  for (const v1::GenerateResponse& m : r.messages) {
+    EXPECT_GE(m.index(), 0);
+    EXPECT_LT(m.index(), n);
+    if (m.index() < 0 || m.index() >= n) continue;
+    c.tokens[m.index()].insert(c.tokens[m.index()].end(), m.token_ids().begin(),
+                               m.token_ids().end());
+    if (m.has_finished()) {
+      c.finished[m.index()] = m.finished();
+      ++c.finishes[m.index()];
+    }
+  }
+  return c;
+}
+
+// n completions: each streams under its index and finishes once; completion i is the one a
+// single request with seed + i gives; the prompt is prefilled once (the others attach its
+// cached blocks: every full block before the one holding the prompt's last token).
+TEST(E2eParallelSamplingTest, NCompletionsShareThePromptPrefill) {
+  TestServer server(Options(4));
+  std::mt19937 rng(4242);
+  v1::GenerateRequest req;
+  for (int i = 0; i < 70; ++i) req.mutable_token_ids()->add_ids(static_cast<int32_t>(rng() % 900) + 20);
+  req.mutable_stopping()->set_max_new_tokens(12);
+  req.mutable_stopping()->set_ignore_eos(true);
+  req.mutable_sampling()->set_temperature(0.9f);
+  req.mutable_sampling()->set_seed(77);
+  req.set_n(3);
+  StreamResult r = RunGenerate(server.stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const Completions c = ByIndex(r, 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(c.finishes[i], 1) << i;
+    EXPECT_EQ(c.tokens[i].size(), 12u) << i;
+    EXPECT_EQ(c.finished[i].reason(), v1::FINISH_REASON_LENGTH) << i;
+    EXPECT_EQ(c.finished[i].usage().prompt_tokens(), 70) << i;
+  }
+  EXPECT_EQ(c.finished[0].usage().cached_prompt_tokens(), 0);
+  EXPECT_EQ(c.finished[1].usage().cached_prompt_tokens(), 64);
+  EXPECT_EQ(c.finished[2].usage().cached_prompt_tokens(), 64);
+  EXPECT_TRUE(c.tokens[0] != c.tokens[1] || c.tokens[1] != c.tokens[2]);
+  // Completion i is seed + i's.
+  for (int i = 0; i < 3; ++i) {
+    v1::GenerateRequest one = req;
+    one.set_n(1);
+    one.mutable_sampling()->set_seed(77 + i);
+    StreamResult single = RunGenerate(server.stub(), one);
+    ASSERT_TRUE(single.status.ok()) << single.status.error_message();
+    EXPECT_EQ(single.tokens, c.tokens[i]) << "completion " << i;
+    for (const auto& m : single.messages) EXPECT_EQ(m.index(), 0);
+  }
+  // Greedy: n identical completions.
+  req.mutable_sampling()->set_temperature(0);
+  req.set_n(2);
+  const Completions g = ByIndex(RunGenerate(server.stub(), req), 2);
+  EXPECT_EQ(g.tokens[0], g.tokens[1]);
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(10)));
+  EXPECT_EQ(server.engine().Stats().slots_in_use, 0);
+}
+
+TEST(E2eParallelSamplingTest, NOutOfRangeIsInvalidArgumentNamingTheField) {
+  TestServer server(Options(1));
+  for (int n : {-1, 17}) {
+    v1::GenerateRequest req = TextRequest("hello", 4);
+    req.set_n(n);
+    StreamResult r = RunGenerate(server.stub(), req);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << n;
+    EXPECT_TRUE(absl::StartsWith(r.status.error_message(), "n:")) << r.status.error_message();
+  }
+}
+
+// Cancelling an n = 4 call ends every completion: submitted or not, nothing is left running.
+TEST(E2eParallelSamplingTest, CancellingTheCallEndsEveryCompletion) {
+  TestServer server(Options(2));
+  for (int reads : {0, 1, 6}) {
+    grpc::ClientContext ctx;
+    v1::GenerateRequest req = TextRequest("Four completions, then a cancel", 200);
+    req.mutable_stopping()->set_ignore_eos(true);
+    req.mutable_sampling()->set_temperature(1.0f);
+    req.set_n(4);
+    auto reader = server.stub().Generate(&ctx, req);
+    v1::GenerateResponse msg;
+    for (int i = 0; i < reads; ++i) ASSERT_TRUE(reader->Read(&msg));
+    ctx.TryCancel();
+    while (reader->Read(&msg)) {
+    }
+    EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED) << reads;
+    ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(20))) << reads;
+    const EngineStats s = server.engine().Stats();
+    EXPECT_EQ(s.slots_in_use, 0) << reads;
+    EXPECT_EQ(s.queue_depth, 0) << reads;
+  }
+}
+
 // With one slot: a cancelled stream frees it for the next request, and its blocks are returned.
 TEST(E2eCancelTest, CancelledStreamFreesItsSlot) {
   TestServer server(Options(1));

@@ -98,6 +98,7 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   stopping->set_ignore_eos(options.ignore_eos);
   stopping->set_min_tokens(options.min_tokens);
   stopping->set_time_limit_ms(options.time_limit_ms);
+  if (options.n != 1) request.set_n(options.n);  // the server checks the range
 
   if (options.logprobs >= 0) {
     request.mutable_response()->set_logprobs(true);

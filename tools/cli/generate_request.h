@@ -41,6 +41,7 @@ struct GenerateOptions {
   std::string logit_bias;  // "id:bias,..." e.g. "13:-100,42:2.5"
   // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
   int32_t logprobs = -1;
+  int32_t n = 1;  // completions (GenerateRequest.n)
   int32_t priority = 0;
   std::string cache_salt;
   uint32_t time_limit_ms = 0;

@@ -53,6 +53,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   options.logit_bias = "13:-100, 42:2.5";
   options.logprobs = 3;
   options.priority = -7;
+  options.n = 3;
   options.cache_salt = "tenant-7";
   options.time_limit_ms = 2500;
   options.request_id = "cli-1";
@@ -85,6 +86,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   EXPECT_TRUE(stop.ignore_eos());
   EXPECT_EQ(stop.min_tokens(), 4);
   EXPECT_EQ(stop.time_limit_ms(), 2500u);
+  EXPECT_EQ(request->n(), 3);
   EXPECT_TRUE(request->response().logprobs());
   EXPECT_EQ(request->response().top_logprobs(), 3);
 }

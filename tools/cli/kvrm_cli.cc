@@ -56,6 +56,9 @@ ABSL_FLAG(std::string, logit_bias, "",
           "token_id:bias pairs added to the logits, e.g. 13:-100,42:2.5 (bias in [-100, 100])");
 ABSL_FLAG(int32_t, logprobs, -1,
           "-1 off; 0 the sampled token's logprob; N also the top N alternatives (<= 20)");
+ABSL_FLAG(int32_t, n, 1,
+          "completions of the prompt, in [1, 16] (prefilled once); with n > 1 each is printed "
+          "after the call, under a header, with its own summary");
 ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs first");
 ABSL_FLAG(std::string, cache_salt, "",
           "prefix-cache namespace: cached KV is shared only with requests of the same salt");
@@ -145,6 +148,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.min_tokens = absl::GetFlag(FLAGS_min_tokens);
   options.logit_bias = absl::GetFlag(FLAGS_logit_bias);
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
+  options.n = absl::GetFlag(FLAGS_n);
   options.priority = absl::GetFlag(FLAGS_priority);
   options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   options.time_limit_ms = absl::GetFlag(FLAGS_time_limit_ms);
@@ -165,11 +169,23 @@ int RunGenerate(const ParsedFlags& flags) {
   std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
       stub->Generate(&context, *request);
 
+  // One completion streams to stdout as it arrives; n > 1 are collected and printed after.
+  const int32_t n = std::max(1, request->n());
+  struct Completion {
+    std::string text;
+    std::optional<v1::Finished> finished;
+    std::vector<v1::TokenLogprob> logprobs;
+  };
+  std::vector<Completion> completions(n);
   v1::GenerateResponse response;
-  std::optional<v1::Finished> finished;
-  std::vector<v1::TokenLogprob> logprobs;
   std::string last_text;  // only its last byte matters: did the output end a line?
   while (reader->Read(&response)) {
+    const int32_t index = response.index();
+    if (index < 0 || index >= n) {
+      fprintf(stderr, "error: a message for completion %d of %d\n", index, n);
+      continue;
+    }
+    Completion& c = completions[index];
     if (json) {
       absl::StatusOr<std::string> line = ToJsonLine(response);
       if (line.ok()) {
@@ -178,27 +194,37 @@ int RunGenerate(const ParsedFlags& flags) {
         fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
       }
     } else {
-      Emit(response.text());
+      if (n == 1) Emit(response.text());
+      c.text += response.text();
       if (!response.text().empty()) last_text = response.text();
-      logprobs.insert(logprobs.end(), response.logprobs().begin(), response.logprobs().end());
+      c.logprobs.insert(c.logprobs.end(), response.logprobs().begin(), response.logprobs().end());
     }
-    if (response.has_finished()) finished = response.finished();
+    if (response.has_finished()) c.finished = response.finished();
   }
   const grpc::Status status = reader->Finish();
   // End the line for a terminal only: piped output stays byte-exact.
-  if (!json && isatty(STDOUT_FILENO) && !last_text.empty() && last_text.back() != '\n') {
+  if (!json && n == 1 && isatty(STDOUT_FILENO) && !last_text.empty() && last_text.back() != '\n') {
     Emit("\n");
   }
   if (!status.ok()) return ReportRpcError(status, context, cancel);
-  if (!finished.has_value()) {
-    fprintf(stderr, "error: the stream ended without a finished message\n");
-    return kExitFailure;
+  bool failed = false;
+  for (int32_t i = 0; i < n; ++i) {
+    const Completion& c = completions[i];
+    if (!c.finished.has_value()) {
+      fprintf(stderr, "error: completion %d ended without a finished message\n", i);
+      return kExitFailure;
+    }
+    failed = failed || c.finished->reason() == v1::FINISH_REASON_ERROR;
+    if (json) continue;
+    if (n > 1) {
+      Emit(absl::StrCat("--- completion ", i, " ---\n", c.text,
+                        !c.text.empty() && c.text.back() != '\n' ? "\n" : ""));
+    }
+    fputs(FormatLogprobs(c.logprobs).c_str(), stderr);
+    fprintf(stderr, "%s%s\n", n > 1 ? absl::StrCat("[", i, "] ").c_str() : "",
+            FormatSummary(*c.finished).c_str());
   }
-  if (!json) {
-    fputs(FormatLogprobs(logprobs).c_str(), stderr);
-    fprintf(stderr, "%s\n", FormatSummary(*finished).c_str());
-  }
-  return finished->reason() == v1::FINISH_REASON_ERROR ? kExitFailure : kExitOk;
+  return failed ? kExitFailure : kExitOk;
 }
 
 int RunTokenize(const ParsedFlags& flags) {
@@ -319,6 +345,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "min_tokens",
                                                 "logit_bias",
                                                 "logprobs",
+                                                "n",
                                                 "priority",
                                                 "cache_salt",
                                                 "time_limit_ms",
