@@ -227,7 +227,8 @@ void Engine::Start() {
   thread_ = std::thread([this] { Loop(); });
 }
 
-absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> request) {
+absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> request,
+                                        bool admitted_call) {
   if (request->prompt.empty()) return absl::InvalidArgumentError("prompt: empty");
   if (static_cast<int64_t>(request->prompt.size()) >= options_.max_context) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -242,9 +243,9 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
   {
     std::lock_guard<std::mutex> lock(mu_);
     absl::Status refused;
-    if (draining_ || stop_) {
+    if (stop_ || (draining_ && !admitted_call)) {
       refused = absl::UnavailableError("server is draining");
-    } else if (queued_ >= options_.max_queue) {
+    } else if (queued_ >= options_.max_queue && !admitted_call) {
       refused = absl::ResourceExhaustedError(
           absl::StrCat("queue full (", options_.max_queue, " waiting requests)"));
     }

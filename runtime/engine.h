@@ -169,7 +169,11 @@ class Engine {
   // Queues a request and returns its handle (for Cancel). RESOURCE_EXHAUSTED when the queue is
   // full, UNAVAILABLE when draining, INVALID_ARGUMENT when the prompt cannot fit the context.
   // On success the request's sink will see exactly one OnFinished.
-  absl::StatusOr<uint64_t> Submit(std::unique_ptr<GenerationRequest> request);
+  // `admitted_call`: the request belongs to a call already admitted (the other completions of
+  // a Generate with n > 1): it is not refused for a full queue or while draining, so an
+  // accepted call is served whole (the queue may then exceed max_queue by those requests).
+  absl::StatusOr<uint64_t> Submit(std::unique_ptr<GenerationRequest> request,
+                                  bool admitted_call = false);
   // Ends the request at the next step boundary with CANCELLED (no-op if already finished).
   void Cancel(uint64_t handle);
 

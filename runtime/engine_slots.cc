@@ -446,6 +446,7 @@ bool Engine::MarkDeviceSampling() {
     if (!d.active[i] || !SampledOnDevice(i)) continue;
     const SamplingConfig& c = slots_[i].request->sampling;
     ds.on_device = 1;
+    sampled_tokens_[i] = -1;  // a backend that leaves the row unwritten fails it, not repeats
     ds.temperature = c.temperature;
     if (c.temperature > 0) {
       ds.top_k = c.top_k;

@@ -169,7 +169,7 @@ SampleResult Sampler::Sample(absl::Span<float> logits) {
 
   // Shifting by the max first keeps (x - max) / T <= 0, so a tiny temperature cannot overflow.
   // The max entry gets exactly 1; entries below exp's f32 range get 0.
-  const double total = sampler_kernels::ShiftScaleExp(logits.data(), max, 1.0f / config_.temperature,
+  const double total = sampler_kernels::ShiftScaleExp(logits.data(), max, config_.temperature,
                                                       probs_.data(), vocab_size_);
   const float log_z = static_cast<float>(std::log(total));
   if (want_top) FillTopLogprobs(logits, 0.0f, log_z, result);
@@ -284,8 +284,9 @@ void Sampler::SortByRank(absl::Span<const float> logits, int32_t n) {
   // breaks ties. Sorting these keys avoids the comparator's two indirect loads per compare.
   for (int32_t j = 0; j < n; ++j) {
     const int32_t id = order_[j];
+    const float x = logits[id] + 0.0f;  // -0 ranks as +0 (RanksBefore compares values)
     uint32_t bits;
-    std::memcpy(&bits, &logits[id], sizeof(bits));
+    std::memcpy(&bits, &x, sizeof(bits));
     keys_[j] = (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(id);
   }
   std::sort(keys_.begin(), keys_.begin() + n);

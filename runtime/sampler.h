@@ -78,8 +78,10 @@ class Sampler {
 
   // Processes `logits` ([vocab_size]) in place and draws a token. Afterwards `logits` holds the
   // processed logits: penalised; for sampling also shifted so the max is 0, divided by the
-  // temperature, and -inf outside the kept support. NaN counts as -inf; if any logit is +inf the
-  // distribution is uniform over the +inf entries.
+  // temperature, and -inf outside the kept support of top-k / top-p / min-p. NaN counts as -inf;
+  // if any logit is +inf the distribution is uniform over the +inf entries. An entry whose
+  // processed logit is below -87 (where exp leaves f32's normal range) has probability 0 and is
+  // never drawn, though its logit stays finite when no filter applies.
   SampleResult Sample(absl::Span<float> logits);
 
   // A uniform in [0, 1) from this request's generator, for a draw made elsewhere (the backend's

@@ -1,6 +1,7 @@
 // The Sampler's passes over the vocabulary, written as plain loops that vectorise (compiled for
 // AVX-512, AVX2 and the baseline; the loader picks one, see kernels/cpu/isa.h). Each is a fixed
-// sequence of f32 operations, so a request's draws are reproducible on one machine.
+// sequence of f32 operations (compiled without FMA contraction, so every clone gives the same
+// bits), and the sums run in a fixed lane order: a request's draws are the same on any x86-64.
 #ifndef KVRM_RUNTIME_SAMPLER_KERNELS_H_
 #define KVRM_RUNTIME_SAMPLER_KERNELS_H_
 
@@ -11,9 +12,9 @@ namespace kvrm::sampler_kernels {
 // NaN -> -inf in place; returns the largest entry (-inf for an empty or all -inf/NaN row).
 float SanitizeAndMax(float* x, int32_t n);
 
-// x[i] = (x[i] - shift) * scale and p[i] = exp(x[i]) (0 where x[i] < -87, where exp underflows
-// f32 normals, and for -inf); returns the sum of p in double.
-double ShiftScaleExp(float* x, float shift, float scale, float* p, int32_t n);
+// x[i] = (x[i] - shift) / divisor (never -0) and p[i] = exp(x[i]) (0 where x[i] < -87, where exp
+// underflows f32 normals, and for -inf); returns the sum of p in double.
+double ShiftScaleExp(float* x, float shift, float divisor, float* p, int32_t n);
 
 // The first i with x[i] == v; n when there is none.
 int32_t FirstIndexOf(const float* x, int32_t n, float v);

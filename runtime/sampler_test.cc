@@ -514,6 +514,32 @@ TEST(SamplerTest, NonFiniteLogits) {
   }
 }
 
+// A temperature far below 1 (validation takes any value in [0, 100]) is all but greedy: the
+// argmax, with every filter, and never an id outside the vocabulary. (1 / T is inf here: the
+// scaling must divide, or the max entry becomes 0 * inf = NaN.)
+TEST(SamplerTest, TinyTemperatureIsTheArgmax) {
+  const std::vector<float> logits = RandomLogits(3000, 23, -4, 4);
+  const int32_t best =
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  for (float t : {1e-40f, 1e-30f, 1e-6f}) {
+    for (int kind = 0; kind < 4; ++kind) {
+      SamplingConfig c;
+      c.temperature = t;
+      c.top_k = kind == 1 ? 50 : kind == 3 ? 2000 : 0;
+      c.top_p = kind == 2 ? 0.9f : 1.0f;
+      c.min_p = kind == 3 ? 0.1f : 0.0f;
+      c.logprobs = true;
+      c.seed = 5;
+      Sampler sampler(3000);
+      sampler.Reset(c, {});
+      std::vector<float> work = logits;
+      const SampleResult r = sampler.Sample(absl::MakeSpan(work));
+      EXPECT_EQ(r.token, best) << "T " << t << " kind " << kind;
+      EXPECT_EQ(r.logprob, 0.0f) << "T " << t << " kind " << kind;
+    }
+  }
+}
+
 // ---- no allocation on the step path ----------------------------------------------------------
 
 TEST(SamplerTest, SampleAcceptAndResetDoNotAllocate) {

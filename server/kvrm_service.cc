@@ -174,7 +174,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       if (r->sampling.seed != 0) r->sampling.seed += static_cast<uint64_t>(i);
       r->request_id = absl::StrCat(request_id_, "/", i);
       r->sink = MakeSink(i);
-      absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(r));
+      // Part of a call the server accepted: not refused for a full queue or a drain.
+      absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(r), /*admitted_call=*/true);
       if (handle.ok()) {
         set_handle(i, *handle);
         bool cancelled;
@@ -298,7 +299,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   auto* reactor = new GenerateReactor(engine_, engine_->model().tokenizer.get(), id,
                                       request->response().omit_token_ids(),
                                       request->response().top_logprobs(),
-                                      std::max(1, request->n()));
+                                      // Validated below; clamped here, before anything is
+                                      // sized from it.
+                                      std::clamp(request->n(), 1, limits_.max_n));
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
       ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <random>
 #include <thread>
 
@@ -548,7 +549,7 @@ TEST(E2eParallelSamplingTest, NCompletionsShareThePromptPrefill) {
 
 TEST(E2eParallelSamplingTest, NOutOfRangeIsInvalidArgumentNamingTheField) {
   TestServer server(Options(1));
-  for (int n : {-1, 17}) {
+  for (int n : {-1, 17, std::numeric_limits<int32_t>::max()}) {
     v1::GenerateRequest req = TextRequest("hello", 4);
     req.set_n(n);
     StreamResult r = RunGenerate(server.stub(), req);
@@ -557,10 +558,30 @@ TEST(E2eParallelSamplingTest, NOutOfRangeIsInvalidArgumentNamingTheField) {
   }
 }
 
-// Cancelling an n = 4 call ends every completion: submitted or not, nothing is left running.
+// A call admitted with n > 1 is served whole: its other completions are not refused because the
+// queue filled up meanwhile (here: one slot, room for one waiting request).
+TEST(E2eParallelSamplingTest, TheOtherCompletionsAreNotRefusedByAFullQueue) {
+  TestServer server(Options(1, /*max_queue=*/1));
+  v1::GenerateRequest req = TextRequest("All of them, please", 8);
+  req.mutable_stopping()->set_ignore_eos(true);
+  req.mutable_sampling()->set_temperature(0.7f);
+  req.set_n(4);
+  StreamResult r = RunGenerate(server.stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const Completions c = ByIndex(r, 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.finished[i].reason(), v1::FINISH_REASON_LENGTH)
+        << i << ": " << c.finished[i].error();
+    EXPECT_EQ(c.tokens[i].size(), 8u) << i;
+  }
+}
+
+// Cancelling an n = 4 call ends every completion, submitted or not: nothing goes on generating
+// (each would run to 200 tokens; together they stop after a few).
 TEST(E2eParallelSamplingTest, CancellingTheCallEndsEveryCompletion) {
   TestServer server(Options(2));
   for (int reads : {0, 1, 6}) {
+    const uint64_t tokens_before = server.engine().Stats().tokens_generated_total;
     grpc::ClientContext ctx;
     v1::GenerateRequest req = TextRequest("Four completions, then a cancel", 200);
     req.mutable_stopping()->set_ignore_eos(true);
@@ -577,6 +598,8 @@ TEST(E2eParallelSamplingTest, CancellingTheCallEndsEveryCompletion) {
     const EngineStats s = server.engine().Stats();
     EXPECT_EQ(s.slots_in_use, 0) << reads;
     EXPECT_EQ(s.queue_depth, 0) << reads;
+    // One completion left running alone would have produced 200.
+    EXPECT_LT(s.tokens_generated_total - tokens_before, 150u) << reads;
   }
 }
 

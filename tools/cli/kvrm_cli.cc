@@ -170,7 +170,8 @@ int RunGenerate(const ParsedFlags& flags) {
       stub->Generate(&context, *request);
 
   // One completion streams to stdout as it arrives; n > 1 are collected and printed after.
-  const int32_t n = std::max(1, request->n());
+  // The server refuses n outside [1, 16] before any message: sized from the clamped value.
+  const int32_t n = std::clamp(request->n(), 1, 16);
   struct Completion {
     std::string text;
     std::optional<v1::Finished> finished;
