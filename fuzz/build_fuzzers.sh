@@ -24,7 +24,7 @@ SOURCES=(
   server/request_validation.cc
   tools/replay/trace.cc
 )
-FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer)
+FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer)
 
 mkdir -p "$out/gen" "$out/obj" "$out/bin"
 # Only the message classes are needed (request validation); no gRPC stubs.

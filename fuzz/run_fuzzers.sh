@@ -16,7 +16,8 @@ shift || true
 out="${KVRM_FUZZ_OUT:-${TMPDIR:-/tmp}/kvrm-fuzz}"
 targets=("$@")
 if ((${#targets[@]} == 0)); then
-  targets=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer)
+  targets=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer
+    sampler_fuzzer)
 fi
 
 bash fuzz/build_fuzzers.sh "$out" || { echo "fuzz: build failed"; exit 1; }
