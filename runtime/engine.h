@@ -197,6 +197,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   // Whether prefill chunks run in the decode pass (options().fuse_prefill and the backend can).
   bool fuses_prefill() const { return fuse_prefill_; }
+  bool samples_on_device() const { return device_sampling_; }
   // The resolved far-history policy, in blocks (all zero: off).
   const FarHistoryShape& far_history() const { return far_; }
   const ModelBundle& model() const { return *model_; }

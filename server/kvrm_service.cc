@@ -380,6 +380,7 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   response->set_kv_mode(info_.kv_mode);
   response->set_kv_dtype(std::string(DTypeName(engine_->options().kv_dtype)));
   response->set_mixed_steps(engine_->fuses_prefill());
+  response->set_device_sampling(engine_->samples_on_device());
   response->set_tensor_parallel(info_.tensor_parallel);
   response->set_slots_total(s.slots_total);
   response->set_slots_in_use(s.slots_in_use);

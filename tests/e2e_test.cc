@@ -369,6 +369,7 @@ TEST_F(E2eTest, TokenizeAndInfo) {
   EXPECT_GT(si.kv().blocks_total(), 0);
   EXPECT_EQ(si.kv_dtype(), "f32");
   EXPECT_TRUE(si.mixed_steps()) << "the CPU backend runs chunks in the decode pass by default";
+  EXPECT_FALSE(si.device_sampling()) << "the CPU backend samples on the host";
   EXPECT_FALSE(si.far_history().enabled()) << "off unless asked for";
 }
 

@@ -137,6 +137,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"kv_mode", server.kv_mode()},
       {"kv_dtype", server.kv_dtype()},
       {"mixed_steps", server.mixed_steps() ? "on" : "off"},
+      {"device_sampling", server.device_sampling() ? "on" : "off"},
       {"prefix_cache", FormatPrefixCache(server.prefix_cache())},
       {"tensor_parallel", absl::StrCat(server.tensor_parallel())},
       {"slots", absl::StrCat(server.slots_in_use(), " in use / ", server.slots_total())},
