@@ -434,59 +434,26 @@ Check CheckSampling() {
                         dtok, nullptr));
   const auto tokens = Download(dtok, rows);
   int mismatches = 0, compared = 0;
+  std::vector<double> scratch;
   for (int r = 0; r < rows; ++r) {
     if (!in[l.active + r]) continue;
     const SamplingRow& p = params[r];
-    std::vector<double> x(vocab);
+    // The penalties as the kernel applies them (f32), then the procedure in float64.
+    std::vector<float> x(vocab);
     for (int v = 0; v < vocab; ++v) {
-      double val = logits[int64_t{r} * vocab + v];
+      float val = logits[int64_t{r} * vocab + v];
       if (seen[int64_t{r} * vocab + v] && p.repetition_penalty != 1) {
         val = val > 0 ? val / p.repetition_penalty : val * p.repetition_penalty;
       }
       const int c = counts[int64_t{r} * vocab + v];
-      if (c > 0) val -= p.presence_penalty + p.frequency_penalty * c;
+      if (c > 0) val -= p.presence_penalty + p.frequency_penalty * static_cast<float>(c);
       x[v] = val;
     }
-    int expect = 0;
-    if (p.temperature == 0) {
-      expect = static_cast<int>(std::max_element(x.begin(), x.end()) - x.begin());
-    } else {
-      const double mx = *std::max_element(x.begin(), x.end());
-      std::vector<double> pr(vocab);
-      for (int v = 0; v < vocab; ++v) pr[v] = std::exp((x[v] - mx) / p.temperature);
-      std::vector<double> sorted = pr;
-      std::sort(sorted.rbegin(), sorted.rend());
-      double thr = 0;
-      if (p.top_k > 0) thr = sorted[p.top_k - 1];
-      if (p.top_p < 1) {
-        double kept = 0;
-        for (double v : sorted) kept += v >= thr ? v : 0;
-        double acc = 0;
-        for (double v : sorted) {
-          if (v < thr) break;
-          acc += v;
-          if (acc >= p.top_p * kept) {
-            thr = std::max(thr, v);
-            break;
-          }
-        }
-      }
-      thr = std::max(thr, double(p.min_p));
-      double total = 0;
-      for (double v : pr) total += v >= thr ? v : 0;
-      const double target = p.uniform * total;
-      double c = 0;
-      for (int v = 0; v < vocab; ++v) {
-        if (pr[v] < thr) continue;
-        expect = v;
-        c += pr[v];
-        if (c > target) break;
-      }
-      // Skip draws within float rounding of a boundary: f32 and f64 may fairly disagree there.
-      if (std::abs(c - target) < 1e-5 * total || std::abs(c - pr[expect] - target) < 1e-5 * total) {
-        continue;
-      }
-    }
+    const DeviceSampleResult want = SampleLikeDevice(
+        x, DeviceSampling{1, p.temperature, p.top_k, p.top_p, p.min_p, p.uniform}, scratch);
+    // Skip draws within float rounding of a boundary: f32 and f64 may fairly disagree there.
+    if (want.margin < 1e-5) continue;
+    const int expect = want.token;
     ++compared;
     if (tokens[r] != expect) ++mismatches;
   }
