@@ -75,7 +75,7 @@ struct EngineOptions {
   // runs first, then the decode step. Results are the same either way.
   bool fuse_prefill = true;
   // Sample decode rows inside the step where the backend can (Backend::samples_on_device: the
-  // CUDA backend at --tp=1): only their tokens come back, not [slots][vocab] logits, and the
+  // CUDA backend): only their tokens come back, not [slots][vocab] logits, and the
   // engine thread makes no pass over the vocabulary for them. Rows with penalties, logit bias,
   // logprobs or a pending min_tokens mask are always sampled on the host. Greedy results are the
   // same either way; seeded sampling is reproducible on each path, not across the two (the

@@ -77,7 +77,7 @@ ABSL_FLAG(bool, fuse_prefill, true,
           "run a step's prefill chunk in the same pass as its decode rows, reading the weights "
           "once for both (CPU: one pass; CUDA: the mixed graph)");
 ABSL_FLAG(bool, device_sampling, true,
-          "sample decode rows inside the decode graph where the backend can (CUDA, --tp=1): "
+          "sample decode rows inside the decode graph where the backend can (CUDA): "
           "tokens come back instead of logits; rows with penalties, logit_bias, logprobs or a "
           "pending min_tokens are sampled on the host");
 ABSL_FLAG(bool, prefix_caching, true,

@@ -1,4 +1,4 @@
-// Sampling inside the step (Backend::DecodeAndSample, the CUDA backend's path at --tp=1), tested
+// Sampling inside the step (Backend::DecodeAndSample, the CUDA backend's path), tested
 // without a GPU: the procedure itself (runtime/device_sampling.h, the kernel's reference) against
 // an independent computation of the kept distribution, and the engine's side through a CPU
 // backend that samples the rows the engine marks with that procedure and poisons their logits,

@@ -83,6 +83,12 @@ absl::Status LaunchSample(float* logits, StepInputs in, int32_t vocab, const Sam
                           const int32_t* counts, const uint8_t* seen, float* probs,
                           int32_t* tokens_out, cudaStream_t stream);
 
+// Tensor parallelism: rank k's logits for vocabulary ids [k * share, (k + 1) * share), gathered
+// as gathered[k][row][j], laid out as full[row][k * share + j] for `rows` rows (what the sampling
+// kernel reads).
+absl::Status LaunchInterleaveShards(const float* gathered, int32_t ranks, int32_t rows,
+                                    int32_t share, float* full, cudaStream_t stream);
+
 // counts[r][tokens[r]] += 1 and seen[r][tokens[r]] = 1 for each active row.
 absl::Status LaunchAcceptTokens(const int32_t* tokens, StepInputs in, int32_t vocab,
                                 int32_t* counts, uint8_t* seen, cudaStream_t stream);

@@ -1,6 +1,7 @@
 // Sampling on the device: one block per row over the row's logits (penalties, temperature,
 // top-k / top-p / min-p as probability thresholds found by bisection on the float bit pattern,
 // inverse CDF at the row's uniform). Device template, checked launch wrapper.
+#include <algorithm>
 #include <cstdint>
 
 #include "kernels/cuda/cuda_check.h"
@@ -175,6 +176,18 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+__global__ void InterleaveShardsKernel(const float* __restrict__ gathered, int32_t ranks,
+                                       int32_t rows, int32_t share, float* __restrict__ full) {
+  const int64_t per_rank = static_cast<int64_t>(rows) * share;
+  const int64_t total = per_rank * ranks;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t k = i / per_rank, rest = i - k * per_rank;
+    const int64_t row = rest / share, j = rest - row * share;
+    full[row * (static_cast<int64_t>(ranks) * share) + k * share + j] = gathered[i];
+  }
+}
+
 __global__ void AcceptKernel(const int32_t* __restrict__ tokens, StepInputs in, int32_t vocab,
                              int32_t* __restrict__ counts, uint8_t* __restrict__ seen) {
   const int32_t row = blockIdx.x * blockDim.x + threadIdx.x;
@@ -193,6 +206,18 @@ absl::Status LaunchSample(float* logits, StepInputs in, int32_t vocab, const Sam
   if (in.rows <= 0 || vocab <= 0) return absl::InvalidArgumentError("sample: empty shape");
   SampleKernel<<<in.rows, kThreads, 0, stream>>>(logits, in, vocab, params, counts, seen, probs,
                                                  tokens_out);
+  KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
+  return absl::OkStatus();
+}
+
+absl::Status LaunchInterleaveShards(const float* gathered, int32_t ranks, int32_t rows,
+                                    int32_t share, float* full, cudaStream_t stream) {
+  if (ranks <= 0 || rows <= 0 || share <= 0) {
+    return absl::InvalidArgumentError("interleave shards: empty shape");
+  }
+  const int64_t total = static_cast<int64_t>(ranks) * rows * share;
+  const int blocks = static_cast<int>(std::min<int64_t>((total + 255) / 256, 4096));
+  InterleaveShardsKernel<<<blocks, 256, 0, stream>>>(gathered, ranks, rows, share, full);
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -88,10 +88,14 @@ struct CudaBackend::Rank {
   PassState passes[kPasses];
   PinnedPtr logits_host;  // [max rows][vocab share]
   // Device sampling (samples_on_device): probabilities scratch [slots][vocab], the sampled
-  // tokens [slots] on the device and pinned on the host.
+  // tokens [slots] on the device and pinned on the host. With more than one rank also the
+  // gathered shards [ranks][slots][share] and the whole rows [slots][vocab] they make (every
+  // rank samples the same rows from the same logits; rank 0's tokens are read).
   DevicePtr sample_scratch;
   float* probs = nullptr;
   int32_t* sampled = nullptr;
+  float* gathered = nullptr;
+  float* full_logits = nullptr;
   PinnedPtr sampled_host;
   PinnedPtr inputs_host;  // rank 0 only: each pass's layout, one after the other
   Communicator* comm = nullptr;
@@ -363,13 +367,24 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     ASSIGN_OR_RETURN(g.lm, LtGemm::Create(h, lm_rows, d, rank.vocab_share, kGemmWorkspaceBytes));
     return absl::OkStatus();
   };
-  if (options_.device_sampling && options_.tensor_parallel == 1) {
-    const int64_t probs_bytes = RoundUp(int64_t{options_.max_slots} * rank.vocab_share * 4, 256);
+  // Sampling in the graph: at one rank over its logits; over several, after an all-gather of
+  // the shards, which needs them equal (a vocabulary the ranks divide evenly).
+  const bool tp = options_.tensor_parallel > 1;
+  if (options_.device_sampling &&
+      (!tp || config_.vocab_size % options_.tensor_parallel == 0)) {
+    const int64_t row_floats = int64_t{options_.max_slots} * config_.vocab_size;
+    const int64_t probs_bytes = RoundUp(row_floats * 4, 256);
+    const int64_t tokens_bytes = RoundUp(int64_t{options_.max_slots} * 4, 256);
+    const int64_t tp_bytes = tp ? 2 * probs_bytes : 0;  // gathered shards, then whole rows
     ASSIGN_OR_RETURN(rank.sample_scratch,
-                     DeviceAlloc(probs_bytes + int64_t{options_.max_slots} * 4, "sampling"));
-    rank.probs = static_cast<float*>(rank.sample_scratch.get());
-    rank.sampled = reinterpret_cast<int32_t*>(static_cast<char*>(rank.sample_scratch.get()) +
-                                              probs_bytes);
+                     DeviceAlloc(probs_bytes + tokens_bytes + tp_bytes, "sampling"));
+    char* at = static_cast<char*>(rank.sample_scratch.get());
+    rank.probs = reinterpret_cast<float*>(at);
+    rank.sampled = reinterpret_cast<int32_t*>(at + probs_bytes);
+    if (tp) {
+      rank.gathered = reinterpret_cast<float*>(at + probs_bytes + tokens_bytes);
+      rank.full_logits = reinterpret_cast<float*>(at + 2 * probs_bytes + tokens_bytes);
+    }
     ASSIGN_OR_RETURN(rank.sampled_host, PinnedAlloc(int64_t{options_.max_slots} * 4, "tokens"));
   }
   RETURN_IF_ERROR(plan(options_.max_slots, rank.passes[kDecodePass].gemms, options_.max_slots));
@@ -432,11 +447,22 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
   }
   RETURN_IF_ERROR(g.lm->Run(rank.xn, rank.lm_head, rank.logits, 0.0f, wsp, s));
   if (pass != kPrefillPass && rank.sampled != nullptr) {
-    // The decode rows the step marks (in.sample) are sampled in place; the others are left alone.
+    // The decode rows the step marks (in.sample) are sampled; the others are left alone. One
+    // rank samples its logits in place; several first gather every rank's share of the decode
+    // rows and lay them out as whole rows (the host rows' shares stay as they were).
     StepInputs marked = in;
     marked.active = in.sample;
     marked.rows = slots;
-    RETURN_IF_ERROR(LaunchSample(rank.logits, marked, rank.vocab_share, in.sample_params,
+    float* rows_logits = rank.logits;
+    if (nccl_) {
+      const int32_t ranks = static_cast<int32_t>(ranks_.size());
+      RETURN_IF_ERROR(nccl_->AllGather(rank.index, rank.logits, rank.gathered,
+                                       int64_t{slots} * rank.vocab_share));
+      RETURN_IF_ERROR(
+          LaunchInterleaveShards(rank.gathered, ranks, slots, rank.vocab_share, rank.full_logits, s));
+      rows_logits = rank.full_logits;
+    }
+    RETURN_IF_ERROR(LaunchSample(rows_logits, marked, config_.vocab_size, in.sample_params,
                                  /*counts=*/nullptr, /*seen=*/nullptr, rank.probs, rank.sampled,
                                  s));
   }
@@ -545,7 +571,8 @@ absl::Status CudaBackend::Decode(const StepDescriptor& step, float* logits) {
 absl::Status CudaBackend::DecodeAndSample(const StepDescriptor& step, float* logits,
                                           int32_t* tokens) {
   if (!samples_on_device()) {
-    return absl::FailedPreconditionError("device sampling is off (--tp > 1 or disabled)");
+    return absl::FailedPreconditionError(
+        "device sampling is off (disabled, or a vocabulary the ranks do not divide evenly)");
   }
   return DecodeRows(nullptr, nullptr, step, logits, tokens);
 }
@@ -559,7 +586,8 @@ absl::Status CudaBackend::DecodeWithChunkAndSample(const PrefillChunk& chunk, fl
                                                    const StepDescriptor& step, float* logits,
                                                    int32_t* tokens) {
   if (!samples_on_device()) {
-    return absl::FailedPreconditionError("device sampling is off (--tp > 1 or disabled)");
+    return absl::FailedPreconditionError(
+        "device sampling is off (disabled, or a vocabulary the ranks do not divide evenly)");
   }
   return DecodeRows(&chunk, last_logits, step, logits, tokens);
 }

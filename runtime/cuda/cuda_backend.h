@@ -7,8 +7,9 @@
 // one pass (mixed: the chunk's rows after the decode rows, so a step that carries a chunk reads
 // the weights once). A step is: pack the committed descriptor on the host
 // (runtime/cuda/step_packing.h), one asynchronous copy into the graph's static input buffer, one
-// graph launch, then copies of what the host needs: the sampled tokens (at --tp=1 the decode
-// graph ends with the sampling kernel over the rows the engine marks) and the other rows' logits.
+// graph launch, then copies of what the host needs: the sampled tokens (the decode graph
+// ends with the sampling kernel over the rows the engine marks, after an all-gather of the
+// ranks' vocabulary shares at --tp=2) and the other rows' logits.
 // Transfer groups run on a separate copy stream (one 2-D copy per rank, see
 // runtime/cuda/transfer_lowering.h); the engine's transport orders them ahead of the step that
 // needs them and measures any wait.
@@ -44,8 +45,9 @@ struct CudaBackendOptions {
   int32_t tensor_parallel = 1;   // GPUs: devices 0 .. tensor_parallel - 1
   int32_t split_tokens = 128;    // attention KV split length
   bool use_graphs = true;        // false: launch the kernels each step (debugging, checks)
-  // Sample rows inside the decode graph (DecodeAndSample) at tensor_parallel 1; with more ranks
-  // each holds a share of the vocabulary and the engine samples on the host.
+  // Sample rows inside the decode graph (DecodeAndSample). With more ranks each computes a share
+  // of the vocabulary's logits: the graph all-gathers the decode rows' shares first (only when
+  // the ranks divide the vocabulary evenly; otherwise the engine samples on the host).
   bool device_sampling = true;
   // A third graph over max_slots + max_chunk_tokens rows: a prefill chunk rides in the decode
   // pass (fuses_prefill), so a step that carries one reads the weights once, not twice.

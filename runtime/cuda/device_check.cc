@@ -60,7 +60,7 @@ struct BenchRow {
   int slots = 0;
   int context = 0;
   double step_ms = 0;       // Decode() end to end: input upload, graph, logits download
-  double sampled_step_ms = 0;  // DecodeAndSample(), every row greedy on the device (tp 1)
+  double sampled_step_ms = 0;  // DecodeAndSample(), every row greedy on the device
   // A step carrying a full prefill chunk beside slots - 1 decode rows: Prefill then Decode (two
   // graphs, the weights read twice) against DecodeWithChunk (the mixed graph).
   double chunk_apart_ms = 0;
@@ -516,7 +516,7 @@ std::unique_ptr<RandomModel> SmallModel() {
   return m;
 }
 
-// Sampling inside the decode graph (tp 1): the same step replayed with every row marked (the
+// Sampling inside the decode graph (at tp 2 after the all-gather of the shards): the same step replayed with every row marked (the
 // replay rewrites the same KV, so the logits are those of the plain Decode before it); each
 // token against the procedure in float64 on those logits, rows within rounding of a boundary
 // skipped. One row stays on the host: its logits must come back unchanged.

@@ -17,6 +17,13 @@ class NcclGroup::Endpoint : public Communicator {
     return absl::OkStatus();
   }
   void set_stream(cudaStream_t s) { stream_ = s; }
+  absl::Status AllGather(const float* send, float* recv, int64_t n) {
+    if (group_->aborted()) return absl::UnavailableError("NCCL communicator was aborted");
+    if (stream_ == nullptr) return absl::FailedPreconditionError("NCCL endpoint has no stream");
+    KVRM_NCCL_RETURN_IF_ERROR(ncclAllGather(send, recv, static_cast<size_t>(n), ncclFloat32,
+                                            group_->comms_[rank_], stream_));
+    return absl::OkStatus();
+  }
 
  private:
   NcclGroup* const group_;
@@ -46,6 +53,10 @@ NcclGroup::~NcclGroup() {
 
 void NcclGroup::SetStream(int rank, cudaStream_t stream) {
   static_cast<Endpoint*>(endpoints_[rank].get())->set_stream(stream);
+}
+
+absl::Status NcclGroup::AllGather(int rank, const float* send, float* recv, int64_t n) {
+  return static_cast<Endpoint*>(endpoints_[rank].get())->AllGather(send, recv, n);
 }
 
 absl::Status NcclGroup::AsyncError() const {

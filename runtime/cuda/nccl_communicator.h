@@ -34,6 +34,9 @@ class NcclGroup {
   // `stream` (set before the first call, the rank's compute stream).
   Communicator* communicator(int rank) { return endpoints_[rank].get(); }
   void SetStream(int rank, cudaStream_t stream);
+  // Rank `rank`'s part of an all-gather on its stream (capturable): recv[k * n + i] = rank k's
+  // send[i], for n device floats per rank.
+  absl::Status AllGather(int rank, const float* send, float* recv, int64_t n);
 
   // First asynchronous error of any rank's communicator (OK while none).
   absl::Status AsyncError() const;
