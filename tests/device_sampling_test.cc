@@ -299,7 +299,9 @@ TEST_F(DeviceSamplingTest, GreedyRowsAreSampledInTheStepWithTheHostsTokens) {
     // Every token but a request's first (sampled from the prefill chunk's logits), in plain
     // steps and in steps that carry a chunk in the same pass alike.
     EXPECT_EQ(dev.backend_rows, TokensAfterTheFirst(dev));
-    if (fuse) EXPECT_GT(dev.stats.mixed_steps_total, 0u);
+    if (fuse) {
+      EXPECT_GT(dev.stats.mixed_steps_total, 0u);
+    }
   }
 }
 
