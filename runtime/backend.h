@@ -109,8 +109,8 @@ class Backend {
   // chunks whose run table fits its graph); the engine runs the others apart.
   virtual bool CanFuse(const PrefillChunk& chunk) const { return fuses_prefill(); }
   // Whether DecodeAndSample (and, with fuses_prefill, DecodeWithChunkAndSample) is implemented:
-  // the step samples the rows marked in step.sampling itself, and only their tokens come back (no logits copy, no host pass over the
-  // vocabulary for those rows).
+  // the step samples the rows marked in step.sampling itself, and only their tokens come back
+  // (no logits copy, no host pass over the vocabulary for those rows).
   virtual bool samples_on_device() const { return false; }
   // Decode(step, logits), except that each active row with step.sampling[s].on_device gets its
   // token in tokens[s] and its logits row is left unwritten. Default: UNIMPLEMENTED.

@@ -264,6 +264,9 @@ class Engine {
   // are cleared). Returns whether any row is marked.
   bool MarkDeviceSampling();
   bool SampledOnDevice(int32_t slot_index) const;
+  // Whether the slot's EOS ids (unless ignore_eos) and stop tokens are masked from sampling now:
+  // it has any and fewer than min_tokens generated.
+  bool MasksStopTokens(int32_t slot_index) const;
   // Far history: blocks a history of `tokens` needs to be admitted or resumed (its next token
   // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).
   int64_t HistoryBlocksNeeded(int64_t tokens) const;

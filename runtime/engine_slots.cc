@@ -425,16 +425,20 @@ int32_t Engine::RecountActiveRows() {
 }
 
 bool Engine::SampledOnDevice(int32_t i) const {
-  const Slot& slot = slots_[i];
-  const GenerationRequest& r = *slot.request;
-  const SamplingConfig& c = r.sampling;
+  const SamplingConfig& c = slots_[i].request->sampling;
   if (c.logprobs || c.num_logit_bias > 0 || c.repetition_penalty != 1.0f ||
       c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
     return false;
   }
   // While min_tokens holds, EOS and the stop tokens are masked (SampleNext): on the host.
-  const bool masks = (!r.ignore_eos && !eos_ids_.empty()) || !r.stop_token_ids.empty();
-  return !(masks && slot.generated < r.min_tokens);
+  return !MasksStopTokens(i);
+}
+
+bool Engine::MasksStopTokens(int32_t i) const {
+  const Slot& slot = slots_[i];
+  const GenerationRequest& r = *slot.request;
+  const bool has_stops = (!r.ignore_eos && !eos_ids_.empty()) || !r.stop_token_ids.empty();
+  return has_stops && slot.generated < r.min_tokens;
 }
 
 bool Engine::MarkDeviceSampling() {
@@ -714,9 +718,8 @@ void Engine::FinishDecode(const StepResult& result) {
 }
 
 SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
-  const Slot& slot = slots_[slot_index];
-  const GenerationRequest& r = *slot.request;
-  if (slot.generated < r.min_tokens) {
+  if (MasksStopTokens(slot_index)) {
+    const GenerationRequest& r = *slots_[slot_index].request;
     constexpr float kMasked = -std::numeric_limits<float>::infinity();
     const auto mask = [&](int32_t id) {
       if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[id] = kMasked;

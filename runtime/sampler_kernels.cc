@@ -69,9 +69,9 @@ KVRM_CPU_CLONES float SanitizeAndMax(float* x, int32_t n) {
 KVRM_CPU_CLONES double ShiftScaleExp(float* x, float shift, float divisor, float* p, int32_t n) {
   // The map vectorises as it stands (FastExp is branch-free); the sum follows in lane order. A
   // division, not a product with 1 / divisor: for a tiny temperature that reciprocal is inf and
-  // the max entry would become 0 * inf = NaN. `+ 0.0f` makes -0 (a -0 logit at a +0 max) +0.
+  // the max entry would become 0 * inf = NaN.
   for (int32_t i = 0; i < n; ++i) {
-    const float v = (x[i] - shift) / divisor + 0.0f;
+    const float v = (x[i] - shift) / divisor;
     x[i] = v;
     p[i] = v < -87.0f ? 0.0f : FastExp(v);
   }

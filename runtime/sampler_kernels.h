@@ -12,7 +12,7 @@ namespace kvrm::sampler_kernels {
 // NaN -> -inf in place; returns the largest entry (-inf for an empty or all -inf/NaN row).
 float SanitizeAndMax(float* x, int32_t n);
 
-// x[i] = (x[i] - shift) / divisor (never -0) and p[i] = exp(x[i]) (0 where x[i] < -87, where exp
+// x[i] = (x[i] - shift) / divisor and p[i] = exp(x[i]) (0 where x[i] < -87, where exp
 // underflows f32 normals, and for -inf); returns the sum of p in double.
 double ShiftScaleExp(float* x, float shift, float divisor, float* p, int32_t n);
 

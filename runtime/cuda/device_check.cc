@@ -516,10 +516,11 @@ std::unique_ptr<RandomModel> SmallModel() {
   return m;
 }
 
-// Sampling inside the decode graph (at tp 2 after the all-gather of the shards): the same step replayed with every row marked (the
-// replay rewrites the same KV, so the logits are those of the plain Decode before it); each
-// token against the procedure in float64 on those logits, rows within rounding of a boundary
-// skipped. One row stays on the host: its logits must come back unchanged.
+// Sampling inside the decode graph (at tp 2 after the all-gather of the shards): the same step
+// replayed with every row marked (the replay rewrites the same KV, so the logits are those of
+// the plain Decode before it); each token against the procedure in float64 on those logits,
+// rows within rounding of a boundary skipped. One row stays on the host: its logits must come
+// back unchanged.
 Check CheckGraphSampling(CudaBackend& gpu, StepDescriptor step, int32_t vocab) {
   const int32_t slots = step.max_slots;
   std::vector<float> plain(int64_t{slots} * vocab), logits(int64_t{slots} * vocab, NAN);
@@ -627,22 +628,37 @@ Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
     std::copy(tables[s].begin(), tables[s].end(), step.SlotRuns(s).begin());
   }
   std::vector<float> g(int64_t{slots} * vocab), c(int64_t{slots} * vocab);
-  for (int i = 0; i < decode_steps; ++i) {
-    if (i == decode_steps / 2) step.active[1] = 0;  // a slot leaves: its row goes inactive
-    CHECK_OK((*gpu)->Decode(step, g.data()));
-    CHECK_OK((*cpu)->Decode(step, c.data()));
+  // After a step on both backends: each active row's logits (GPU `g` against CPU `c`) into
+  // `*err`, greedy agreement into `*same` of `*compared` (with `skip_ties`, only rows whose best
+  // two CPU logits are apart by more than bf16 rounding), and both continue from the CPU's token
+  // so that the histories stay identical.
+  auto compare_rows = [&](bool skip_ties, double* err, int* same, int* compared) {
     for (int32_t s = 0; s < slots; ++s) {
       if (!step.active[s]) continue;
       std::vector<double> ref(c.begin() + int64_t{s} * vocab, c.begin() + int64_t{s + 1} * vocab);
       std::vector<float> got(g.begin() + int64_t{s} * vocab, g.begin() + int64_t{s + 1} * vocab);
-      worst = std::max(worst, RelError(ref, got));
+      *err = std::max(*err, RelError(ref, got));
       const int32_t tc = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
       const int32_t tg = static_cast<int32_t>(std::max_element(got.begin(), got.end()) - got.begin());
-      agree += tc == tg;
-      ++total;
-      step.token[s] = tc;  // both continue from the CPU's token: histories stay identical
+      bool counted = true;
+      if (skip_ties) {
+        std::vector<double> top(ref);
+        std::nth_element(top.begin(), top.begin() + 1, top.end(), std::greater<double>());
+        counted = top[0] - top[1] > 2e-2 * std::max(1.0, std::abs(top[0]));
+      }
+      if (counted) {
+        *same += tc == tg;
+        ++*compared;
+      }
+      step.token[s] = tc;
       step.position[s] += 1;
     }
+  };
+  for (int i = 0; i < decode_steps; ++i) {
+    if (i == decode_steps / 2) step.active[1] = 0;  // a slot leaves: its row goes inactive
+    CHECK_OK((*gpu)->Decode(step, g.data()));
+    CHECK_OK((*cpu)->Decode(step, c.data()));
+    compare_rows(/*skip_ties=*/false, &worst, &agree, &total);
   }
   const bool ok = worst <= 3e-2 && agree * 10 >= total * 9;
   if ((*gpu)->fuses_prefill()) {
@@ -669,24 +685,8 @@ Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
       CHECK_OK((*cpu)->DecodeWithChunk(ch, lc.data(), step, c.data()));
       mixed_worst =
           std::max(mixed_worst, RelError(std::vector<double>(lc.begin(), lc.end()), lg));
-      for (int32_t s = 0; s < slots; ++s) {
-        if (!step.active[s]) continue;
-        std::vector<double> ref(c.begin() + int64_t{s} * vocab, c.begin() + int64_t{s + 1} * vocab);
-        std::vector<float> got(g.begin() + int64_t{s} * vocab, g.begin() + int64_t{s + 1} * vocab);
-        mixed_worst = std::max(mixed_worst, RelError(ref, got));
-        const int32_t tc = static_cast<int32_t>(std::max_element(ref.begin(), ref.end()) - ref.begin());
-        const int32_t tg = static_cast<int32_t>(std::max_element(got.begin(), got.end()) - got.begin());
-        // Only rows whose best two CPU logits are apart by more than bf16 rounding can be
-        // expected to agree (9 rows: one near-tie must not fail the run).
-        std::vector<double> top(ref);
-        std::nth_element(top.begin(), top.begin() + 1, top.end(), std::greater<double>());
-        if (top[0] - top[1] > 2e-2 * std::max(1.0, std::abs(top[0]))) {
-          mixed_agree += tc == tg;
-          ++mixed_total;
-        }
-        step.token[s] = tc;
-        step.position[s] += 1;
-      }
+      // 9 rows in all: one near-tie must not fail the run.
+      compare_rows(/*skip_ties=*/true, &mixed_worst, &mixed_agree, &mixed_total);
     }
     also->push_back({absl::StrFormat("mixed graph tp=%d vs CPU: logits (greedy agree %d/%d)", tp,
                                      mixed_agree, mixed_total),
