@@ -203,11 +203,7 @@ struct Outcome {
 
 class DeviceSamplingTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto m = ModelBundle::Load(TinyModelDir());
-    CHECK_OK(m.status());
-    model_ = m->release();
-  }
+  static void SetUpTestSuite() { model_ = LoadTinyModel(); }
   static void TearDownTestSuite() { delete model_; }
 
   static std::vector<Req> Plain(int n, float temperature) {

@@ -66,11 +66,7 @@ std::unique_ptr<GenerationRequest> MakeRequest(const Spec& spec, int i,
 }
 
 const ModelBundle& Tiny() {
-  static const ModelBundle* model = [] {
-    auto m = ModelBundle::Load(TinyModelDir());
-    CHECK_OK(m.status());
-    return m->release();
-  }();
+  static const ModelBundle* model = LoadTinyModel();
   return *model;
 }
 

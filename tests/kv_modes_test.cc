@@ -103,11 +103,7 @@ RunResult RunWorkload(const ModelBundle& model, EngineOptions options) {
 
 class KvModesTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto m = ModelBundle::Load(TinyModelDir());
-    CHECK_OK(m.status());
-    model_ = m->release();
-  }
+  static void SetUpTestSuite() { model_ = LoadTinyModel(); }
   static void TearDownTestSuite() { delete model_; }
   static ModelBundle* model_;
 };

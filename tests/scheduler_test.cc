@@ -147,11 +147,7 @@ EngineOptions Options(int32_t slots) {
 
 class SchedulerTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    auto m = ModelBundle::Load(TinyModelDir());
-    CHECK_OK(m.status());
-    model_ = m->release();
-  }
+  static void SetUpTestSuite() { model_ = LoadTinyModel(); }
   static void TearDownTestSuite() { delete model_; }
 
   // `fused_pass_cost` > 0: the backend fuses chunks into the decode pass (set_fused).

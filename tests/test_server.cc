@@ -21,10 +21,14 @@ const std::string& TinyModelDir() {
   return dir;
 }
 
-TestServer::TestServer(EngineOptions options) {
+ModelBundle* LoadTinyModel() {
   absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(TinyModelDir());
   CHECK_OK(model.status());
-  model_ = std::move(*model);
+  return model->release();
+}
+
+TestServer::TestServer(EngineOptions options) {
+  model_.reset(LoadTinyModel());
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_.get(), options);
   CHECK_OK(engine.status());
   engine_ = std::move(*engine);

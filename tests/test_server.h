@@ -21,6 +21,9 @@ namespace kvrm {
 
 // Generates (once per process) the tiny model and returns its directory.
 const std::string& TinyModelDir();
+// Loads the tiny model (CHECK-fails on error); the caller owns it (test suites keep one for all
+// their tests).
+ModelBundle* LoadTinyModel();
 
 class TestServer {
  public:
