@@ -23,6 +23,7 @@ struct KvStats {
   int64_t bytes_per_block = 0;
   int64_t host_blocks_used = 0;
   int64_t blocks_cached = 0;  // prefix cache: registered blocks nobody holds (counted in free)
+  int64_t host_blocks_cached = 0;  // prefix cache offloaded to the host tier
 };
 
 class KvAllocator {

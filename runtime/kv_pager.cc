@@ -17,22 +17,23 @@ KvPager::KvPager(const KvPagerOptions& options)
     s.blocks.reserve(options.max_blocks_per_slot);
     s.runs.reserve(options.max_blocks_per_slot);
   }
-  pending_.reserve(options.device_blocks + options.host_blocks);
+  // Every device block and host block once, plus a host block each onboarding slot reads.
+  pending_.reserve(options.device_blocks + options.host_blocks +
+                   (options.host_prefix_cache ? int64_t{options.num_slots} *
+                                                     options.max_blocks_per_slot
+                                              : 0));
   refs_.assign(options.device_blocks, 0);
-  cached_.assign(options.device_blocks, 0);
-  if (options.prefix_cache) {
-    key_parent_.assign(options.device_blocks, -1);
-    key_parent_gen_.assign(options.device_blocks, 0);
-    gen_.assign(options.device_blocks, 0);
-    key_tokens_.assign(options.device_blocks * options.block_tokens, 0);
-    size_t n = 1;
-    while (n < static_cast<size_t>(options.device_blocks)) n <<= 1;
-    buckets_.assign(n, -1);
-    bucket_next_.assign(options.device_blocks, -1);
-    idle_prev_.assign(options.device_blocks, -1);
-    idle_next_.assign(options.device_blocks, -1);
-    idle_stamp_.assign(options.device_blocks, 0);
-    window_ring_.assign(options.device_blocks, 0);
+  cache_.Init(options.device_blocks, options.block_tokens, options.prefix_cache);
+  const bool offload = options.prefix_cache && options.host_prefix_cache && options.host_blocks > 0;
+  host_cache_.Init(host_.size(), options.block_tokens, offload);
+  if (options.prefix_cache) window_ring_.assign(options.device_blocks, 0);
+  if (offload) {
+    host_refs_.assign(options.host_blocks, 0);
+    host_written_at_.assign(options.host_blocks, 0);
+    host_copy_.assign(options.device_blocks, -1);
+    host_copy_gen_.assign(options.device_blocks, 0);
+    offload_moves_.reserve(options.device_blocks);
+    offload_chain_.assign(options.device_blocks, 0);
   }
 }
 
@@ -46,8 +47,8 @@ void KvPager::Unref(int32_t block) {
     --shared_refs_;
     return;
   }
-  if (cached_[block]) {
-    IdlePush(block);
+  if (cache_.registered(block)) {
+    cache_.IdlePush(block);
   } else {
     device_.Give(block);
   }
@@ -56,75 +57,140 @@ void KvPager::Unref(int32_t block) {
 void KvPager::Drop(KvTier tier, int32_t block) {
   if (tier == KvTier::kDevice) {
     Unref(block);
+  } else if (host_cache_.registered(block)) {  // a cached block an onboarding copy was reading
+    if (--host_refs_[block] == 0) host_cache_.IdlePush(block);
   } else {
     host_.Give(block);
   }
 }
 
-void KvPager::IdlePush(int32_t block) {
-  idle_prev_[block] = idle_tail_;
-  idle_next_[block] = -1;
-  if (idle_tail_ >= 0) {
-    idle_next_[idle_tail_] = block;
-  } else {
-    idle_head_ = block;
-  }
-  idle_tail_ = block;
-  idle_stamp_[block] = ++idle_clock_;
-  ++idle_count_;
-}
-
-void KvPager::IdleRemove(int32_t block) {
-  const int32_t p = idle_prev_[block], n = idle_next_[block];
-  (p >= 0 ? idle_next_[p] : idle_head_) = n;
-  (n >= 0 ? idle_prev_[n] : idle_tail_) = p;
-  idle_prev_[block] = idle_next_[block] = -1;
-  --idle_count_;
-}
-
-void KvPager::Link(int32_t block, int32_t parent, uint64_t parent_gen, const int32_t* tokens) {
-  const size_t bt = static_cast<size_t>(options_.block_tokens);
-  key_parent_[block] = parent;
-  key_parent_gen_[block] = parent_gen;
-  std::copy(tokens, tokens + bt, &key_tokens_[block * bt]);
-  const size_t h = Bucket(parent, parent_gen, tokens);
-  bucket_next_[block] = buckets_[h];
-  buckets_[h] = block;
-}
-
-void KvPager::Unlink(int32_t block) {
-  const size_t h = Bucket(key_parent_[block], key_parent_gen_[block],
-                          &key_tokens_[static_cast<size_t>(block) * options_.block_tokens]);
-  for (int32_t* link = &buckets_[h]; *link >= 0; link = &bucket_next_[*link]) {
-    if (*link == block) {
-      *link = bucket_next_[block];
-      break;
-    }
-  }
-  bucket_next_[block] = -1;
-}
-
 void KvPager::Evict(int32_t block) {
-  IdleRemove(block);
-  Unlink(block);
-  cached_[block] = 0;
-  ++gen_[block];
-  --cached_count_;
+  Offload(block);
+  cache_.IdleRemove(block);
+  cache_.Remove(block);
   ++evictions_;
   device_.Give(block);
 }
 
 bool KvPager::EvictOldest() {
-  if (idle_head_ < 0) return false;
-  Evict(idle_head_);
+  if (cache_.idle_head() < 0) return false;
+  Evict(cache_.idle_head());
   return true;
 }
 
+int32_t KvPager::HostCopy(int32_t block) const {
+  if (host_copy_.empty()) return -1;
+  const int32_t h = host_copy_[block];
+  return h >= 0 && host_cache_.registered(h) && host_cache_.gen(h) == host_copy_gen_[block] ? h
+                                                                                             : -1;
+}
+
+void KvPager::Offload(int32_t block) {
+  if (host_copy_.empty()) return;
+  // The chain up from `block` to the first ancestor already on the host (or the root). A block
+  // whose parent was evicted since it was registered is unreachable: nothing to keep.
+  int32_t n = 0;
+  for (int32_t x = block; x >= 0 && HostCopy(x) < 0; x = cache_.parent(x)) {
+    if (!cache_.ParentCurrent(x)) return;
+    offload_chain_[n++] = x;
+  }
+  // Host blocks this call places (idle stamps from first_stamp on) are not evicted for its own
+  // later blocks.
+  uint64_t first_stamp = ~uint64_t{0};
+  for (int32_t i = n - 1; i >= 0; --i) {
+    const int32_t x = offload_chain_[i];
+    const int32_t p = cache_.parent(x);
+    const int32_t hp = p < 0 ? -1 : HostCopy(p);
+    if (p >= 0 && hp < 0) return;  // the parent's copy was evicted for a block of this chain
+    const uint64_t hp_gen = p < 0 ? cache_.parent_gen(x) : host_cache_.gen(hp);
+    int32_t h = host_cache_.Find(hp, hp_gen, cache_.tokens(x));
+    if (h < 0) {
+      h = TakeHostBlock(first_stamp);
+      if (h < 0) return;
+      host_cache_.Insert(h, hp, hp_gen, cache_.tokens(x));
+      host_cache_.IdlePush(h);
+      first_stamp = std::min(first_stamp, host_cache_.idle_stamp(h));
+      host_written_at_[h] = kUnsubmitted;
+      offload_moves_.push_back(BlockMove{KvTier::kDevice, x, KvTier::kHost, h});
+      last_offload_dst_ = h;
+      ++offloaded_;
+      // The parent's copy may have been the block just evicted to make room.
+      if (p >= 0 && HostCopy(p) != hp) {
+        host_cache_.IdleRemove(h);
+        host_cache_.Remove(h);
+        host_.Give(h);
+        offload_moves_.pop_back();
+        --offloaded_;
+        return;
+      }
+    }
+    host_copy_[x] = h;
+    host_copy_gen_[x] = host_cache_.gen(h);
+  }
+}
+
+int32_t KvPager::TakeHostBlock(uint64_t stamp_limit) {
+  if (host_.free_count() == 0) return EvictHostBlock(stamp_limit);
+  int64_t h = last_offload_dst_ + 1;
+  if (last_offload_dst_ < 0 || h >= host_.size() || !host_.IsFree(h)) h = host_.LargestFree().start;
+  host_.Take(h);
+  return static_cast<int32_t>(h);
+}
+
+int32_t KvPager::EvictHostBlock(uint64_t stamp_limit) {
+  for (int32_t h = host_cache_.idle_head(); h >= 0 && host_cache_.idle_stamp(h) < stamp_limit;
+       h = host_cache_.idle_next(h)) {
+    if (host_written_at_[h] > retired_) continue;  // its offload copy may still be writing it
+    host_cache_.IdleRemove(h);
+    host_cache_.Remove(h);
+    ++host_evictions_;
+    return h;
+  }
+  return -1;
+}
+
+bool KvPager::MakeHostRoom(int64_t n) {
+  if (n > free_host_blocks()) return false;
+  while (host_.free_count() < n) {
+    const int32_t h = EvictHostBlock(~uint64_t{0});
+    if (h < 0) return false;
+    host_.Give(h);
+  }
+  return true;
+}
+
+void KvPager::OffloadSubmitted(uint64_t fence) {
+  for (const BlockMove& m : offload_moves_) host_written_at_[m.dst] = fence;
+  offload_moves_.clear();
+}
+
+void KvPager::DiscardFailedOffloads(absl::Span<const uint64_t> failed) {
+  if (host_written_at_.empty()) return;
+  for (int32_t h = 0; h < static_cast<int32_t>(host_written_at_.size()); ++h) {
+    if (!host_cache_.registered(h) ||
+        std::find(failed.begin(), failed.end(), host_written_at_[h]) == failed.end()) {
+      continue;
+    }
+    if (host_refs_[h] == 0) {
+      host_cache_.IdleRemove(h);
+      host_cache_.Remove(h);
+      host_.Give(h);
+    } else {
+      // A move reading it gives it back when its fence retires; until then it stays registered
+      // under a key no lookup asks for (parent -2), and its children never match (new gen).
+      const std::vector<int32_t> key(host_cache_.tokens(h),
+                                     host_cache_.tokens(h) + options_.block_tokens);
+      host_cache_.Rekey(h, -2, 0, key.data());
+      host_cache_.BumpGen(h);
+    }
+  }
+}
+
 bool KvPager::EvictWindow(int64_t length) {
-  if (idle_count_ == 0 || length <= 0) return false;
+  if (cache_.idle_count() == 0 || length <= 0) return false;
   const int64_t total = options_.device_blocks;
   auto usable = [&](int64_t b) { return device_.IsFree(b) || IdleCached(static_cast<int32_t>(b)); };
-  auto stamp = [&](int64_t b) { return device_.IsFree(b) ? uint64_t{0} : idle_stamp_[b]; };
+  auto stamp = [&](int64_t b) { return device_.IsFree(b) ? uint64_t{0} : cache_.idle_stamp(b); };
   // Every window of `length` blocks, each free or idle: a sliding window keeps its maximum
   // release stamp (a monotonic deque of positions in a buffer sized at start-up; a free block
   // counts 0) and its number of idle blocks. Least-recently-released eviction would free the
@@ -169,48 +235,39 @@ bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {
   return true;
 }
 
-size_t KvPager::Bucket(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
-  // splitmix64 steps over the key's words.
-  auto mix = [](uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  };
-  uint64_t h = mix(mix(static_cast<uint32_t>(parent)) ^ parent_gen);
-  for (int32_t i = 0; i < options_.block_tokens; ++i) {
-    h = mix(h ^ static_cast<uint32_t>(tokens[i]));
-  }
-  return h & (buckets_.size() - 1);
-}
-
-int32_t KvPager::Find(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
-  const size_t bt = static_cast<size_t>(options_.block_tokens);
-  for (int32_t b = buckets_[Bucket(parent, parent_gen, tokens)]; b >= 0; b = bucket_next_[b]) {
-    if (key_parent_[b] == parent && key_parent_gen_[b] == parent_gen &&
-        std::equal(tokens, tokens + bt, &key_tokens_[b * bt])) {
-      return b;
-    }
-  }
-  return -1;
-}
-
 int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
-                             std::vector<int32_t>* out, uint64_t salt) const {
+                             std::vector<int32_t>* out, uint64_t salt,
+                             std::vector<int32_t>* host_out) const {
   out->clear();
+  if (host_out) host_out->clear();
   if (!options_.prefix_cache) return 0;
   const int64_t bt = options_.block_tokens;
   const int64_t n = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bt);
   int32_t parent = -1;
   uint64_t parent_gen = salt;
-  for (int64_t j = 0; j < n; ++j) {
-    const int32_t b = Find(parent, parent_gen, tokens.data() + j * bt);
+  int64_t j = 0;
+  for (; j < n; ++j) {
+    const int32_t b = cache_.Find(parent, parent_gen, tokens.data() + j * bt);
     if (b < 0) break;
     out->push_back(b);
     parent = b;
-    parent_gen = gen_[b];
+    parent_gen = cache_.gen(b);
   }
-  return static_cast<int32_t>(out->size());
+  if (host_out == nullptr || host_copy_.empty() || j == n) return static_cast<int32_t>(j);
+  // The host index goes on from the host copy of the last device block (or from the root).
+  if (parent >= 0) {
+    parent = HostCopy(parent);
+    if (parent < 0) return static_cast<int32_t>(j);
+    parent_gen = host_cache_.gen(parent);
+  }
+  for (; j < n; ++j) {
+    const int32_t h = host_cache_.Find(parent, parent_gen, tokens.data() + j * bt);
+    if (h < 0) break;
+    host_out->push_back(h);
+    parent = h;
+    parent_gen = host_cache_.gen(h);
+  }
+  return static_cast<int32_t>(j);
 }
 
 void KvPager::AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks) {
@@ -218,12 +275,43 @@ void KvPager::AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks) {
   CHECK(s.blocks.empty() && s.tier == KvTier::kDevice && s.dropped == 0)
       << "slot " << slot << ": a prefix goes into an empty device-tier slot";
   for (int32_t b : blocks) {
-    CHECK(cached_[b]) << "block " << b << " is not in the prefix cache";
-    if (refs_[b] == 0) IdleRemove(b);
+    CHECK(cache_.registered(b)) << "block " << b << " is not in the prefix cache";
+    if (refs_[b] == 0) cache_.IdleRemove(b);
     Ref(b);
     Append(s, b);
   }
   s.tokens = static_cast<int64_t>(blocks.size()) * options_.block_tokens;
+}
+
+absl::Status KvPager::OnboardPrefix(int32_t slot, absl::Span<const int32_t> host_blocks,
+                                    uint64_t fence, std::vector<BlockMove>* moves) {
+  if (host_blocks.empty()) return absl::OkStatus();
+  SlotKv& s = slots_[slot];
+  CHECK(s.tier == KvTier::kDevice && s.dropped == 0 && s.last_fence <= retired_)
+      << "slot " << slot << ": onboarding goes into a device-tier slot with no move in flight";
+  for (int32_t h : host_blocks) {
+    CHECK(host_cache_.registered(h)) << "host block " << h << " is not in the prefix cache";
+  }
+  // Held first, so that the growth below (which may offload evicted device blocks into the host
+  // tier) cannot evict them.
+  for (int32_t h : host_blocks) {
+    if (host_refs_[h]++ == 0) host_cache_.IdleRemove(h);
+  }
+  const size_t first = s.blocks.size();
+  const int64_t tokens = static_cast<int64_t>(first + host_blocks.size()) * options_.block_tokens;
+  if (absl::Status st = Grow(slot, tokens); !st.ok()) {
+    for (int32_t h : host_blocks) Drop(KvTier::kHost, h);
+    return st;
+  }
+  for (size_t i = 0; i < host_blocks.size(); ++i) {
+    const int32_t dst = s.blocks[first + i];
+    moves->push_back(BlockMove{KvTier::kHost, host_blocks[i], KvTier::kDevice, dst});
+    pending_.push_back(Pending{fence, KvTier::kHost, host_blocks[i]});  // takes the reference
+    host_copy_[dst] = host_blocks[i];
+    host_copy_gen_[dst] = host_cache_.gen(host_blocks[i]);
+  }
+  s.last_fence = fence;
+  return absl::OkStatus();
 }
 
 int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt) {
@@ -238,29 +326,26 @@ int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, 
   for (size_t j = 0; j < n; ++j) {
     const int32_t b = s.blocks[j];
     const int32_t* key = tokens.data() + j * bt;
-    if (cached_[b] && key_parent_[b] == parent && key_parent_gen_[b] == parent_gen) {
+    if (cache_.registered(b) && cache_.parent(b) == parent && cache_.parent_gen(b) == parent_gen) {
       // Attached, or registered before on this chain.
-    } else if (const int32_t twin = Find(parent, parent_gen, key); twin >= 0) {
+    } else if (const int32_t twin = cache_.Find(parent, parent_gen, key); twin >= 0) {
       // The same content is cached in another block (two histories prefilled the same prompt
       // at once): this one stays private and the chain goes on through its twin, so that the
       // blocks after it are found after the twin (their K/V follows the same tokens).
       parent = twin;
-      parent_gen = gen_[twin];
+      parent_gen = cache_.gen(twin);
       continue;
-    } else if (cached_[b]) {
+    } else if (cache_.registered(b)) {
       // Registered under a chain that is gone (a twin it followed was evicted since, and the
       // block before it is registered now in the twin's place): the same tokens lead to it, so
       // it moves to this chain's key. Its own children stay keyed under it.
-      Unlink(b);
-      Link(b, parent, parent_gen, key);
+      cache_.Rekey(b, parent, parent_gen, key);
     } else {
-      cached_[b] = 1;
-      Link(b, parent, parent_gen, key);
-      ++cached_count_;
+      cache_.Insert(b, parent, parent_gen, key);
       ++added;
     }
     parent = b;
-    parent_gen = gen_[b];
+    parent_gen = cache_.gen(b);
   }
   return added;
 }
@@ -406,9 +491,10 @@ KvStats KvPager::Stats() const {
   // A block several histories share holds its KV once (shared_refs_ also counts the rare move
   // still reading a shared block: used is then low by that many until the move retires).
   st.blocks_used = std::max<int64_t>(0, st.blocks_used - shared_refs_);
-  st.blocks_reserved = options_.device_blocks - device_.free_count() - idle_count_;
+  st.blocks_reserved = options_.device_blocks - device_.free_count() - cache_.idle_count();
   st.blocks_free = free_device_blocks();
-  st.blocks_cached = idle_count_;
+  st.blocks_cached = cache_.idle_count();
+  st.host_blocks_cached = host_cache_.count();
   st.bytes_per_block = options_.bytes_per_block;
   return st;
 }
@@ -446,7 +532,8 @@ absl::Status KvPager::PlanSwapOut(int32_t slot, uint64_t fence, std::vector<Bloc
   SlotKv& s = slots_[slot];
   if (s.tier != KvTier::kDevice) return absl::FailedPreconditionError("already on host");
   const int64_t n = static_cast<int64_t>(s.blocks.size());
-  if (n > host_.free_count()) {
+  // Cached host blocks make room for a paused request (its KV is worth more than a cache entry).
+  if (!MakeHostRoom(n)) {
     return absl::ResourceExhaustedError(absl::StrCat("host KV tier full: ", n, " blocks needed, ",
                                                      host_.free_count(), " free"));
   }
@@ -510,6 +597,8 @@ absl::Status KvPager::CheckInvariants() const {
   for (KvTier tier : {KvTier::kDevice, KvTier::kHost}) {
     const bool dev = tier == KvTier::kDevice;
     const BlockSpace& space = dev ? device_ : host_;
+    const PrefixIndex& index = dev ? cache_ : host_cache_;
+    const char* name = dev ? "device" : "host";
     std::vector<int> owners(space.size(), 0);
     for (size_t i = 0; i < slots_.size(); ++i) {
       const SlotKv& s = slots_[i];
@@ -522,9 +611,10 @@ absl::Status KvPager::CheckInvariants() const {
       for (int32_t b : s.blocks) {
         if (b < 0 || b >= space.size()) return absl::InternalError("block id out of range");
         if (space.IsFree(b)) return absl::InternalError(absl::StrCat("slot ", i, " owns free block ", b));
-        // Only the prefix cache shares device blocks, and only registered ones.
-        if (++owners[b] > 1 && !(dev && cached_[b])) {
-          return absl::InternalError(absl::StrCat("block ", b, " owned twice"));
+        // Only the prefix cache shares device blocks, and only registered ones; a slot never
+        // holds a host block of the cache.
+        if ((++owners[b] > 1 && !(dev && cache_.registered(b))) || (!dev && index.registered(b))) {
+          return absl::InternalError(absl::StrCat(name, " block ", b, " owned twice"));
         }
       }
       std::vector<KvRun> runs;
@@ -546,48 +636,47 @@ absl::Status KvPager::CheckInvariants() const {
     for (const Pending& p : pending_) {
       if (p.tier != tier) continue;
       if (space.IsFree(p.block)) return absl::InternalError("pending block is free");
-      if (++owners[p.block] > 1 && !(dev && cached_[p.block])) {
-        return absl::InternalError(absl::StrCat("pending block ", p.block, " also owned"));
+      if (++owners[p.block] > 1 && !index.registered(p.block)) {
+        return absl::InternalError(absl::StrCat("pending ", name, " block ", p.block, " also owned"));
       }
     }
+    const int64_t reserved_empty = !dev && options_.host_blocks == 0 ? 1 : 0;  // its block 0
     int64_t held = 0, idle = 0, cached = 0;
     for (int64_t b = 0; b < space.size(); ++b) {
       held += owners[b] > 0;
-      if (!dev) continue;
-      if (owners[b] != refs_[b]) {
-        return absl::InternalError(absl::StrCat("block ", b, ": ", refs_[b], " references, ",
+      const int32_t refs = dev ? refs_[b] : index.registered(b) ? host_refs_[b] : owners[b];
+      if (owners[b] != refs) {
+        return absl::InternalError(absl::StrCat(name, " block ", b, ": ", refs, " references, ",
                                                 owners[b], " holders"));
       }
-      if (cached_[b]) {
+      if (index.registered(b)) {
         ++cached;
-        if (space.IsFree(b)) return absl::InternalError(absl::StrCat("cached block ", b, " is free"));
-        if (Find(key_parent_[b], key_parent_gen_[b],
-                 &key_tokens_[b * static_cast<size_t>(options_.block_tokens)]) != b) {
-          return absl::InternalError(absl::StrCat("cached block ", b, " is not found by its key"));
+        if (space.IsFree(b)) return absl::InternalError(absl::StrCat("cached ", name, " block ", b, " is free"));
+        if (index.parent(b) != -2 &&
+            index.Find(index.parent(b), index.parent_gen(b), index.tokens(b)) != b) {
+          return absl::InternalError(absl::StrCat("cached ", name, " block ", b, " is not found by its key"));
         }
         idle += owners[b] == 0;
-      } else if (owners[b] == 0 && !space.IsFree(b)) {
-        return absl::InternalError(absl::StrCat("block ", b, " is held by no one and not free"));
+      } else if (owners[b] == 0 && !space.IsFree(b) && reserved_empty == 0) {
+        return absl::InternalError(absl::StrCat(name, " block ", b, " is held by no one and not free"));
       }
     }
-    if (dev) {
-      int64_t listed = 0;
-      for (int32_t b = idle_head_; b >= 0; b = idle_next_[b]) {
-        if (!IdleCached(b)) return absl::InternalError(absl::StrCat("idle list holds block ", b));
-        if (++listed > idle) break;
+    int64_t listed = 0;
+    for (int32_t b = index.idle_head(); b >= 0; b = index.idle_next(b)) {
+      if (!index.registered(b) || owners[b] != 0) {
+        return absl::InternalError(absl::StrCat(name, " idle list holds block ", b));
       }
-      if (listed != idle || idle != idle_count_ || cached != cached_count_) {
-        return absl::InternalError(absl::StrCat("idle list ", listed, ", idle ", idle, " (counted ",
-                                                idle_count_, "), cached ", cached, " (counted ",
-                                                cached_count_, ")"));
-      }
+      if (++listed > idle) break;
     }
-    const int64_t total = dev ? options_.device_blocks : std::max<int64_t>(1, options_.host_blocks);
-    const int64_t reserved_empty = !dev && options_.host_blocks == 0 ? 1 : 0;
-    if (held + idle + space.free_count() + reserved_empty != total) {
-      return absl::InternalError(absl::StrCat("tier ", static_cast<int>(tier), ": held ", held,
-                                              " + idle ", idle, " + free ", space.free_count(),
-                                              " != total ", total));
+    if (listed != idle || idle != index.idle_count() || cached != index.count()) {
+      return absl::InternalError(absl::StrCat(name, " idle list ", listed, ", idle ", idle, " (counted ",
+                                              index.idle_count(), "), cached ", cached, " (counted ",
+                                              index.count(), ")"));
+    }
+    if (held + idle + space.free_count() + reserved_empty != space.size()) {
+      return absl::InternalError(absl::StrCat(name, " tier: held ", held, " + idle ", idle,
+                                              " + free ", space.free_count(), " != total ",
+                                              space.size()));
     }
   }
   return absl::OkStatus();

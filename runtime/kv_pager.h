@@ -19,6 +19,17 @@
 // written again: a history only writes past its attached blocks (the engine matches at most the
 // blocks before the one holding a prompt's last token), and a compaction or swap of a shared
 // block copies it out and leaves the original where it is.
+//
+// Offload to the host tier (KvPagerOptions::host_prefix_cache; what vLLM calls KV offloading
+// and TensorRT-LLM secondary offloading): a device block evicted from the cache is first copied
+// to a host block, with every ancestor in its chain that has no host copy yet (so the host keeps
+// whole chains), and registered there under the same tokens in a second index over the host
+// tier. MatchPrefix goes on in the host index where the device chain ends; OnboardPrefix gives
+// the slot new device blocks for those and copies them back. The host tier is shared with
+// paused requests, which evict cached host blocks (least recently used first) when they need
+// room. An offload copy reads a device block that is free again as soon as it is planned: the
+// engine submits offloads as their own batch ahead of everything planned after them, and every
+// step waits for every batch submitted before it, so no one can write the block first.
 #ifndef KVRM_RUNTIME_KV_PAGER_H_
 #define KVRM_RUNTIME_KV_PAGER_H_
 
@@ -29,6 +40,7 @@
 #include "absl/types/span.h"
 #include "runtime/block_space.h"
 #include "runtime/kv_allocator.h"
+#include "runtime/prefix_index.h"
 #include "runtime/transfer_plan.h"
 
 namespace kvrm {
@@ -42,6 +54,9 @@ struct KvPagerOptions {
   int32_t max_blocks_per_slot = 0;  // ceil(max_context / block_tokens)
   int64_t bytes_per_block = 0;
   bool prefix_cache = false;
+  // Offload evicted cache blocks to the host tier and bring them back on a hit (needs
+  // prefix_cache and host_blocks > 0).
+  bool host_prefix_cache = false;
 };
 
 class KvPager final : public KvAllocator {
@@ -60,7 +75,7 @@ class KvPager final : public KvAllocator {
     return (num_tokens + options_.block_tokens - 1) / options_.block_tokens;
   }
   // Free device blocks, idle cached ones included (they are evicted when the space is taken).
-  int64_t free_device_blocks() const { return device_.free_count() + idle_count_; }
+  int64_t free_device_blocks() const { return device_.free_count() + cache_.idle_count(); }
   // Whether `blocks` new device blocks would land in at most `runs` runs now (Grow takes the
   // largest free extents first).
   bool FitsInRuns(int64_t blocks, int32_t runs) const {
@@ -75,10 +90,20 @@ class KvPager final : public KvAllocator {
   // The longest chain of registered blocks holding tokens[0, n * block_tokens), n <= max_blocks:
   // writes their ids to `out` (cleared first) and returns n.
   // `salt` namespaces the cache (requests share only under the same salt; 0: the default).
+  // With `host_out` (and host_prefix_cache on), the chain goes on in the host tier's index
+  // where the device one ends: the host blocks holding the next tokens go to `host_out`
+  // (cleared first; n counts them too).
   int32_t MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
-                      std::vector<int32_t>* out, uint64_t salt = 0) const;
+                      std::vector<int32_t>* out, uint64_t salt = 0,
+                      std::vector<int32_t>* host_out = nullptr) const;
   // Makes `blocks` (a MatchPrefix result) the first blocks of `slot`, which must hold none.
   void AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks);
+  // Brings the host blocks of a MatchPrefix back after the slot's attached prefix: the slot grows
+  // by as many new device blocks, each the destination of a move from its host block (appended
+  // to `moves`, with `fence`); the host blocks are held until the fence retires.
+  // RESOURCE_EXHAUSTED (nothing changed) when the device tier has no room.
+  absl::Status OnboardPrefix(int32_t slot, absl::Span<const int32_t> host_blocks, uint64_t fence,
+                             std::vector<BlockMove>* moves);
   // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
   // block_tokens), whose K/V the caller has written. A block whose content is registered under
   // another block already (its twin) stays private and the blocks after it are registered as the
@@ -88,12 +113,28 @@ class KvPager final : public KvAllocator {
   int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
   // count).
-  bool IdleCached(int32_t block) const { return cached_[block] && refs_[block] == 0; }
-  bool Registered(int32_t block) const { return cached_[block] != 0; }
-  int64_t idle_cached_blocks() const { return idle_count_; }
-  int64_t cached_blocks() const { return cached_count_; }
+  bool IdleCached(int32_t block) const { return cache_.registered(block) && refs_[block] == 0; }
+  bool Registered(int32_t block) const { return cache_.registered(block); }
+  int64_t idle_cached_blocks() const { return cache_.idle_count(); }
+  int64_t cached_blocks() const { return cache_.count(); }
   uint64_t evictions() const { return evictions_; }
-  int64_t free_host_blocks() const { return host_.free_count(); }
+  // Free host blocks, idle cached ones included (evicted when a paused request needs room).
+  int64_t free_host_blocks() const { return host_.free_count() + host_cache_.idle_count(); }
+  // Host tier cache: blocks registered there, blocks copied there (offloads), blocks evicted
+  // from it.
+  int64_t host_cached_blocks() const { return host_cache_.count(); }
+  uint64_t offloaded_blocks() const { return offloaded_; }
+  uint64_t host_evictions() const { return host_evictions_; }
+  bool HostRegistered(int32_t host_block) const { return host_cache_.registered(host_block); }
+
+  // Offload copies planned since the last OffloadSubmitted (device -> host). The engine submits
+  // them as a batch of their own ahead of any other move planned after them, then calls
+  // OffloadSubmitted with that batch's fence.
+  absl::Span<BlockMove> offload_moves() { return absl::MakeSpan(offload_moves_); }
+  void OffloadSubmitted(uint64_t fence);
+  // The transport failed these fences: host blocks an offload in them was writing leave the
+  // cache (their content is undefined).
+  void DiscardFailedOffloads(absl::Span<const uint64_t> failed);
   int32_t NumRuns(int32_t slot) const { return static_cast<int32_t>(slots_[slot].runs.size()); }
   int64_t NumBlocks(int32_t slot) const { return static_cast<int64_t>(slots_[slot].blocks.size()); }
   bool OnHost(int32_t slot) const { return slots_[slot].tier == KvTier::kHost; }
@@ -142,16 +183,30 @@ class KvPager final : public KvAllocator {
 
   // Device block references: a new block starts at 1 (NewRef); Unref frees it at 0, or leaves a
   // registered one idle in the cache.
-  void NewRef(int32_t block) { refs_[block] = 1; }
+  void NewRef(int32_t block) {
+    refs_[block] = 1;
+    if (!host_copy_.empty()) host_copy_[block] = -1;
+  }
   void Ref(int32_t block);
   void Unref(int32_t block);
   // Gives back a block of `tier` that was held (device: one reference).
   void Drop(KvTier tier, int32_t block);
-  // Enters / removes a registered block's key in the hash table.
-  void Link(int32_t block, int32_t parent, uint64_t parent_gen, const int32_t* tokens);
-  void Unlink(int32_t block);
-  // Removes an idle cached block from the cache and frees it.
+  // Removes an idle cached block from the cache (offloading it first) and frees it.
   void Evict(int32_t block);
+  // The valid host copy of a registered device block, or -1.
+  int32_t HostCopy(int32_t block) const;
+  // Copies `block` and its ancestors without a host copy to the host tier (root first), as far
+  // as the host tier has room without evicting what this call placed.
+  void Offload(int32_t block);
+  // A host block for an offload: a free one (after the previous offload's destination when
+  // that is free, so chains merge into long copies), else the least recently used idle cached
+  // one released before `stamp_limit` whose own offload write is done. -1: none.
+  int32_t TakeHostBlock(uint64_t stamp_limit);
+  // Takes the least recently used idle cached host block released before `stamp_limit` whose
+  // offload write is done out of the cache (it stays taken in host_). -1: none.
+  int32_t EvictHostBlock(uint64_t stamp_limit);
+  // Frees host blocks (evicting idle cached ones) until `n` are free; false when it cannot.
+  bool MakeHostRoom(int64_t n);
   bool EvictOldest();
   // Frees `length` contiguous device blocks, each free or idle cached, by evicting the idle
   // ones: the window least-recently-released eviction would free first (its most recently
@@ -159,13 +214,6 @@ class KvPager final : public KvAllocator {
   // that order would take on the way; of equals, the one with the fewest idle blocks. O(device
   // blocks). False (nothing evicted) when no such window exists.
   bool EvictWindow(int64_t length);
-  void IdlePush(int32_t block);
-  void IdleRemove(int32_t block);
-  // The hash-table bucket of a key. A key's parent is (block, its generation), or (-1, the salt)
-  // for a history's first block.
-  size_t Bucket(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
-  // The registered block with this key, or -1.
-  int32_t Find(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
   // Takes one new extent of up to `want` blocks (at least 1) for a new run, mid-largest-extent.
   Extent TakeNewRun(BlockSpace& space, int64_t want);
   void Append(SlotKv& s, int32_t block);
@@ -177,26 +225,25 @@ class KvPager final : public KvAllocator {
   std::vector<SlotKv> slots_;
   std::vector<Pending> pending_;  // capacity reserved at start-up
   uint64_t retired_ = 0;          // highest fence passed to RetireUpTo
-  // Per device block: holders (slots and pending moves), and the prefix cache's entry: whether
-  // it is registered, its key (parent block, the parent's generation, its tokens), its
-  // generation (bumped on eviction, so that a child registered under an evicted parent never
-  // matches the block's next content), the hash chain and the idle list (oldest first).
+  // Per device block: holders (slots and pending moves).
   std::vector<int32_t> refs_;
   int64_t shared_refs_ = 0;  // sum over blocks of refs - 1 where refs > 1
-  std::vector<uint8_t> cached_;
-  std::vector<int32_t> key_parent_;
-  std::vector<uint64_t> key_parent_gen_;  // a root's: the salt
-  std::vector<uint32_t> gen_;
-  std::vector<int32_t> key_tokens_;  // [device_blocks][block_tokens]
-  std::vector<int32_t> buckets_;     // hash -> first block, -1: none
-  std::vector<int32_t> bucket_next_;
-  std::vector<int32_t> idle_prev_, idle_next_;
-  std::vector<uint64_t> idle_stamp_;  // when each idle block was released (idle_clock_)
-  uint64_t idle_clock_ = 0;
-  int32_t idle_head_ = -1, idle_tail_ = -1;
-  int64_t idle_count_ = 0;
-  int64_t cached_count_ = 0;
+  PrefixIndex cache_;        // the device tier's prefix cache
   uint64_t evictions_ = 0;
+  // Host tier cache: its index, per host block the moves reading it and the fence of its
+  // offload write (kUnsubmitted until the engine submits it); per device block its host copy
+  // and that copy's generation (a copy evicted from the host since is not its copy any more).
+  static constexpr uint64_t kUnsubmitted = ~uint64_t{0};
+  PrefixIndex host_cache_;
+  std::vector<int32_t> host_refs_;
+  std::vector<uint64_t> host_written_at_;
+  std::vector<int32_t> host_copy_;
+  std::vector<uint32_t> host_copy_gen_;
+  std::vector<BlockMove> offload_moves_;  // capacity reserved at start-up
+  std::vector<int32_t> offload_chain_;    // Offload's scratch, sized at start-up
+  int32_t last_offload_dst_ = -1;
+  uint64_t offloaded_ = 0;
+  uint64_t host_evictions_ = 0;
   std::vector<int64_t> window_ring_;  // EvictWindow's deque, sized at start-up
 };
 
