@@ -94,6 +94,7 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   // The static baseline has no block table to share through; far history frees a prompt's
   // distant blocks as it goes, so there is nothing to keep.
   if (o.kv_mode != KvMode::kKvrm || far.enabled()) o.prefix_caching = false;
+  if (!o.prefix_caching || o.kv_host_blocks == 0) o.prefix_cache_offload = false;
   if (o.step_token_budget <= 0) o.step_token_budget = o.slots + o.prefill_chunk;
   if (o.recompute_max_tokens <= 0) o.recompute_max_tokens = o.prefill_chunk;
   if (o.clock == nullptr) o.clock = Clock::Real();
@@ -188,6 +189,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     po.max_blocks_per_slot = static_cast<int32_t>(blocks_per_slot);
     po.bytes_per_block = bytes_per_block;
     po.prefix_cache = o.prefix_caching;
+    po.host_prefix_cache = o.prefix_cache_offload;
     auto pager = std::make_unique<KvPager>(po);
     pager_ = pager.get();
     kv_ = std::move(pager);
@@ -195,6 +197,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     const int64_t capacity = o.kv_blocks + std::max<int64_t>(1, o.kv_host_blocks);
     moves_.reserve(capacity);
     prefix_match_.reserve(blocks_per_slot);
+    host_prefix_match_.reserve(blocks_per_slot);
     gated_moves_.reserve(capacity);
     groups_.reserve(capacity);
     transport_ = std::make_unique<Transport>(
@@ -317,7 +320,12 @@ void Engine::PublishStats() {
   s.far_blocks_summarized_total = far_summarized_;
   s.prefix_cache_queries_total = prefix_queries_;
   s.prefix_cache_hits_total = prefix_hits_;
-  if (pager_) s.prefix_cache_evictions_total = pager_->evictions();
+  if (pager_) {
+    s.prefix_cache_evictions_total = pager_->evictions();
+    s.prefix_cache_host_hits_total = prefix_host_hits_;
+    s.prefix_cache_offloaded_blocks_total = pager_->offloaded_blocks();
+    s.prefix_cache_host_evictions_total = pager_->host_evictions();
+  }
   s.transport_wait_seconds_total = absl::ToDoubleSeconds(transport_wait_);
   if (transport_) {
     const TransportStats t = transport_->Stats();
@@ -360,13 +368,22 @@ void Engine::Loop() {
   }
 }
 
+bool Engine::MovesPlanned() const {
+  return pager_ && (!moves_.empty() || !gated_moves_.empty() || !pager_->offload_moves().empty());
+}
+
 uint64_t Engine::SubmitTransfers(uint64_t gate_step) {
-  // Ungated moves (nothing running writes their blocks) go first; moves gated on the running
-  // step second. The pager planned every move with the later fence, so sources stay held until
-  // both batches are done.
+  // The pager's offloads first: they read device blocks evicted from the prefix cache, which
+  // moves planned after them (and the next step) may write. Then the ungated moves (nothing
+  // running writes their blocks); moves gated on the running step last. Every move was planned
+  // with the last batch's fence (PlanFence), so sources stay held until all three are done.
+  groups_.clear();
+  PlanTransferGroups(pager_->offload_moves(), &groups_);
+  uint64_t fence = transport_->Submit(groups_, 0);
+  pager_->OffloadSubmitted(fence);
   groups_.clear();
   PlanTransferGroups(absl::MakeSpan(moves_), &groups_);
-  uint64_t fence = transport_->Submit(groups_, 0);
+  fence = transport_->Submit(groups_, 0);
   groups_.clear();
   PlanTransferGroups(absl::MakeSpan(gated_moves_), &groups_);
   fence = transport_->Submit(groups_, gate_step);
@@ -395,14 +412,12 @@ bool Engine::Step() {
   if (active == 0 && !prefill) {
     // Nothing to run, but a slot paused above (e.g. swapped out when its compaction found no
     // free extent) may have left moves planned: send them, or their source blocks stay held,
-    // it can never resume and the engine idles for good.
-    FlushMoves();
+    // it can never resume and the engine idles for good. (Offloads too: evicted blocks.)
+    if (MovesPlanned()) required_fence_ = std::max(required_fence_, SubmitTransfers(0));
     PublishStats();
     return false;
   }
-  if (transport_ && (!moves_.empty() || !gated_moves_.empty())) {
-    required_fence_ = std::max(required_fence_, SubmitTransfers(0));
-  }
+  if (MovesPlanned()) required_fence_ = std::max(required_fence_, SubmitTransfers(0));
   // Commit: the staged descriptor becomes the one this step reads (the epoch flip).
   committed_ ^= 1;
   ++commits_;

@@ -87,6 +87,13 @@ struct EngineOptions {
   // them again, as vLLM's automatic prefix caching does (KvPager, "Prefix cache"). Finished
   // histories stay in the pool until their blocks are wanted. Results are the same either way.
   bool prefix_caching = true;
+  // Offload of the prefix cache to the host tier (with prefix_caching and a host tier): a cached
+  // block evicted from the device is copied to the host tier first (with the blocks before it
+  // in its history), and a later prompt that matches it there copies it back instead of
+  // prefilling it again, as vLLM's KV offloading and TensorRT-LLM's secondary offloading do.
+  // The host tier is shared with paused requests, which take its space first. Results are the
+  // same either way.
+  bool prefix_cache_offload = true;
   // A paused request whose history is at most this many tokens is dropped and recomputed on
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
@@ -136,6 +143,11 @@ struct EngineStats {
   uint64_t prefix_cache_queries_total = 0;
   uint64_t prefix_cache_hits_total = 0;
   uint64_t prefix_cache_evictions_total = 0;  // cached blocks whose space was taken
+  // Offload: prompt tokens brought back from the host tier (counted in hits too), blocks copied
+  // there, and blocks evicted from there.
+  uint64_t prefix_cache_host_hits_total = 0;
+  uint64_t prefix_cache_offloaded_blocks_total = 0;
+  uint64_t prefix_cache_host_evictions_total = 0;
 };
 
 // A slot's life (requests wait in the queue, "queued", before they have a slot):
@@ -150,9 +162,10 @@ const char* KvModeName(KvMode mode);
 const char* SlotStateName(SlotState state);
 
 struct CachedPrefix {
-  int64_t blocks = 0;
-  int32_t runs = 0;
-  int64_t idle = 0;
+  int64_t blocks = 0;       // device blocks
+  int32_t runs = 0;         // ... in how many runs
+  int64_t idle = 0;         // ... of them idle
+  int64_t host_blocks = 0;  // host blocks after them (brought back into new device blocks)
 };
 
 class Engine {
@@ -276,11 +289,15 @@ class Engine {
   // in how many runs, and how many of them are idle (attaching them takes them out of the free
   // count). Nothing when prefix caching is off.
   // Only blocks registered under the same `salt` (GenerationRequest::cache_salt) match.
+  // With `host` (and offload on), the match goes on in the host tier (host_prefix_match_).
   CachedPrefix MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs,
-                                 uint64_t salt);
+                                 uint64_t salt, bool host = false);
   // Attaches the prefix the last MatchCachedPrefix left in prefix_match_ to empty `slot`
-  // (nothing may change the cache in between); returns the tokens it holds.
+  // (nothing may change the cache in between) and plans the copies of its host part into new
+  // blocks after it; returns the tokens it holds.
   int32_t AttachCachedPrefix(int32_t slot);
+  // The fence to plan moves with: the last of the three batches SubmitTransfers sends.
+  uint64_t PlanFence() const { return transport_->next_fence() + 2; }
   // Counts a lookup of `tokens` tokens that found `cached_tokens` (when prefix caching is on).
   void CountPrefixLookup(size_t tokens, int32_t cached_tokens);
   // Registers the full blocks of the slot's written KV in the prefix cache.
@@ -292,8 +309,11 @@ class Engine {
   // max_prefill_stall of a decode step when that is on.
   int32_t PrefillTokenBudget(int32_t decoding) const;
   bool PickPrefillChunk();
-  // Turns the planned moves into transfer groups and queues them; returns the batch's fence.
+  // Turns the planned moves into transfer groups and queues them as three batches (the pager's
+  // offloads, the ungated moves, the moves gated on `gate_step`); returns the last one's fence.
   uint64_t SubmitTransfers(uint64_t gate_step);
+  // Whether any move is planned and not yet submitted.
+  bool MovesPlanned() const;
   // While the step runs: reserve KV for every active slot's next position.
   void PreStageNext(uint64_t running_step);
   void FinishPrefillChunk(const StepResult& result);
@@ -337,6 +357,8 @@ class Engine {
   bool chunk_last_ = false;
   std::vector<KvRun> prefill_runs_;       // a prefilling slot's runs when wider than a row
   std::vector<int32_t> prefix_match_;     // capacity reserved at start-up
+  std::vector<int32_t> host_prefix_match_;  // ... its continuation in the host tier
+  uint64_t prefix_host_hits_ = 0;           // tokens brought back from the host tier
   uint64_t prefix_queries_ = 0;           // tokens looked up in the prefix cache
   uint64_t prefix_hits_ = 0;              // ... and found
   std::vector<BlockMove> moves_;          // planned this step; capacity reserved at start-up

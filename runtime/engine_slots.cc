@@ -117,7 +117,7 @@ void Engine::ExpireDeadlines(absl::Time now) {
 }
 
 void Engine::NoteTransfer(int32_t slot) {
-  transfer_owners_.emplace_back(transport_->next_fence() + 1, slots_[slot].request->handle);
+  transfer_owners_.emplace_back(PlanFence(), slots_[slot].request->handle);
 }
 
 void Engine::RetireTransfers() {
@@ -127,12 +127,14 @@ void Engine::RetireTransfers() {
   const uint64_t completed = transport_->completed();
   if (!failed.empty()) {
     // A failed copy leaves its destination blocks undefined: the requests whose KV it moved end
-    // with ERROR; everyone else goes on. Moves are planned with the later fence of a pair of
-    // batches (see SubmitTransfers), so a failure of fence f concerns plans recorded at f or f+1.
+    // with ERROR; everyone else goes on. Moves are planned with the last fence of three batches
+    // (see SubmitTransfers), so a failure of fence f concerns plans recorded at f, f+1 or f+2.
+    // Host blocks a failed offload was writing leave the prefix cache.
     LOG(ERROR) << "transport: " << failed.size() << " batch(es) failed: " << error;
+    pager_->DiscardFailedOffloads(failed);
     for (const auto& [fence, handle] : transfer_owners_) {
       bool hit = false;
-      for (uint64_t f : failed) hit |= fence == f || fence == f + 1;
+      for (uint64_t f : failed) hit |= fence >= f && fence <= f + 2;
       if (!hit) continue;
       for (int32_t i = 0; i < options_.slots; ++i) {
         if (slots_[i].state != SlotState::kFree && slots_[i].request->handle == handle) {
@@ -181,7 +183,7 @@ void Engine::ResumePaused() {
     if (pager_->free_device_blocks() - prefix.idle < need + headroom) return;
     if (s.swapped) {
       if (!pager_->MakeRoomInRuns(pager_->NumBlocks(pick), runs)) return;
-      const absl::Status st = pager_->PlanSwapIn(pick, transport_->next_fence() + 1, &moves_);
+      const absl::Status st = pager_->PlanSwapIn(pick, PlanFence(), &moves_);
       if (!st.ok()) return;
       NoteTransfer(pick);
       s.swapped = false;
@@ -222,8 +224,8 @@ void Engine::Admit(absl::Time now) {
     const int64_t prompt = static_cast<int64_t>((*best)->prompt.size());
     int64_t reserve_blocks = 0;
     // Leaves the match in prefix_match_ for AttachCachedPrefix below.
-    const CachedPrefix prefix =
-        MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt);
+    const CachedPrefix prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs,
+                                                  (*best)->cache_salt, /*host=*/true);
     if (pager_) {
       int64_t headroom = 0;
       for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
@@ -237,7 +239,7 @@ void Engine::Admit(absl::Time now) {
         headroom = 0;
       }
       // Blocks found in the prefix cache are not needed anew, but idle ones stop counting as
-      // free once attached.
+      // free once attached. (Those found in the host tier need new device blocks.)
       // (A prompt prefills into any number of runs; compaction merges them before it decodes.)
       if (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1) <
           need - prefix.blocks + headroom) {
@@ -319,7 +321,9 @@ void Engine::FlushMoves() {
   // Moves planned so far go out as their own batch, so that moves planned next may read what
   // these write (a swap-in followed by a compaction or a swap-out of the same blocks): batches
   // run in order, while the planner may reorder moves within one.
-  if (!moves_.empty()) required_fence_ = std::max(required_fence_, SubmitTransfers(0));
+  if (!moves_.empty() || (pager_ && !pager_->offload_moves().empty())) {
+    required_fence_ = std::max(required_fence_, SubmitTransfers(0));
+  }
 }
 
 void Engine::PauseSlot(int32_t slot) {
@@ -331,7 +335,7 @@ void Engine::PauseSlot(int32_t slot) {
   const bool short_history =
       static_cast<int64_t>(v.history.size()) <= options_.recompute_max_tokens;
   if (v.state == SlotState::kDecoding && !short_history &&
-      pager_->PlanSwapOut(slot, transport_->next_fence() + 1, &moves_).ok()) {
+      pager_->PlanSwapOut(slot, PlanFence(), &moves_).ok()) {
     v.swapped = true;
     NoteTransfer(slot);
   } else {
@@ -350,7 +354,7 @@ bool Engine::PrepareSlotKv(int32_t slot, int32_t position) {
   if (!GrowSlotKv(slot, static_cast<int64_t>(position) + 1)) return false;
   if (pager_ && pager_->NumRuns(slot) > options_.max_runs) FlushMoves();
   if (pager_ && pager_->NumRuns(slot) > options_.max_runs) {
-    if (!pager_->PlanCompaction(slot, transport_->next_fence() + 1, &moves_)) {
+    if (!pager_->PlanCompaction(slot, PlanFence(), &moves_)) {
       // No free extent can take the tail runs: wait in the host tier until one can.
       PauseSlot(slot);
       return false;
@@ -475,18 +479,23 @@ int64_t Engine::FirstGrowTokens(int64_t tokens) const {
 }
 
 CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs,
-                                       uint64_t salt) {
+                                       uint64_t salt, bool host) {
   CachedPrefix m;
   prefix_match_.clear();
+  host_prefix_match_.clear();
   if (!pager_ || !options_.prefix_caching || tokens.empty() || max_runs <= 0) return m;
   // At most the blocks before the one holding the last token: that token is always prefilled
   // (it gives the first output's logits), and the slot never writes into a shared block.
   pager_->MatchPrefix(tokens, static_cast<int32_t>((tokens.size() - 1) / options_.block_tokens),
-                      &prefix_match_, salt);
+                      &prefix_match_, salt,
+                      host && options_.prefix_cache_offload ? &host_prefix_match_ : nullptr);
+  m.host_blocks = static_cast<int64_t>(host_prefix_match_.size());
   for (size_t i = 0; i < prefix_match_.size(); ++i) {
     const bool new_run = i == 0 || prefix_match_[i] != prefix_match_[i - 1] + 1;
     if (new_run && m.runs == max_runs) {
       prefix_match_.resize(i);
+      host_prefix_match_.clear();  // it goes on from the last device block
+      m.host_blocks = 0;
       break;
     }
     m.runs += new_run;
@@ -497,9 +506,19 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
 }
 
 int32_t Engine::AttachCachedPrefix(int32_t slot) {
-  if (prefix_match_.empty()) return 0;
+  if (prefix_match_.empty() && host_prefix_match_.empty()) return 0;
   pager_->AttachPrefix(slot, prefix_match_);
-  return static_cast<int32_t>(prefix_match_.size()) * options_.block_tokens;
+  int64_t blocks = static_cast<int64_t>(prefix_match_.size());
+  if (!host_prefix_match_.empty()) {
+    // Copied back ahead of the step that prefills the rest (which waits for every batch).
+    const absl::Status st = pager_->OnboardPrefix(slot, host_prefix_match_, PlanFence(), &moves_);
+    if (st.ok()) {
+      NoteTransfer(slot);
+      blocks += static_cast<int64_t>(host_prefix_match_.size());
+      prefix_host_hits_ += host_prefix_match_.size() * options_.block_tokens;
+    }
+  }
+  return static_cast<int32_t>(blocks) * options_.block_tokens;
 }
 
 void Engine::CountPrefixLookup(size_t tokens, int32_t cached_tokens) {
@@ -640,7 +659,7 @@ void Engine::PreStageNext(uint64_t running_step) {
     if (!kv_->Grow(i, static_cast<int64_t>(running.position[i]) + 2).ok()) continue;
     if (pager_->NumRuns(i) <= options_.max_runs) continue;
     const size_t before = moves_.size();
-    if (!pager_->PlanCompaction(i, transport_->next_fence() + 1, &moves_)) continue;
+    if (!pager_->PlanCompaction(i, PlanFence(), &moves_)) continue;
     NoteTransfer(i);
     const int32_t hot = HotBlock(running, i, options_.block_tokens);
     for (size_t m = before; m < moves_.size();) {
@@ -652,9 +671,7 @@ void Engine::PreStageNext(uint64_t running_step) {
       }
     }
   }
-  if (!moves_.empty() || !gated_moves_.empty()) {
-    required_fence_ = std::max(required_fence_, SubmitTransfers(running_step));
-  }
+  if (MovesPlanned()) required_fence_ = std::max(required_fence_, SubmitTransfers(running_step));
 }
 
 void Engine::FinishPrefillChunk(const StepResult& result) {

@@ -254,11 +254,24 @@ int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_block
     parent_gen = cache_.gen(b);
   }
   if (host_out == nullptr || host_copy_.empty() || j == n) return static_cast<int32_t>(j);
-  // The host index goes on from the host copy of the last device block (or from the root).
+  // The host index goes on from the host copy of the last device block; when that has none
+  // (its content was prefilled again after the copy was evicted from the device), from the host
+  // chain of the same tokens, looked up from the root.
   if (parent >= 0) {
-    parent = HostCopy(parent);
-    if (parent < 0) return static_cast<int32_t>(j);
-    parent_gen = host_cache_.gen(parent);
+    const int32_t copy = HostCopy(parent);
+    parent = -1;
+    parent_gen = salt;
+    if (copy >= 0) {
+      parent = copy;
+      parent_gen = host_cache_.gen(copy);
+    } else {
+      for (int64_t k = 0; k < j; ++k) {
+        const int32_t h = host_cache_.Find(parent, parent_gen, tokens.data() + k * bt);
+        if (h < 0) return static_cast<int32_t>(j);
+        parent = h;
+        parent_gen = host_cache_.gen(h);
+      }
+    }
   }
   for (; j < n; ++j) {
     const int32_t h = host_cache_.Find(parent, parent_gen, tokens.data() + j * bt);

@@ -5,6 +5,7 @@
 #include "runtime/kv_pager.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <set>
 #include <deque>
 #include <memory>
@@ -115,6 +116,28 @@ struct Sim {
   void RunAll() {
     while (!in_flight.empty()) RunOne();
   }
+  // Runs batches until `fence` is done (as a step waits for every batch submitted before it).
+  void RunUpTo(uint64_t fence) {
+    while (!in_flight.empty() && in_flight.front().first <= fence) RunOne();
+  }
+  // The offloads planned so far go out as one batch with `fence`, ahead of the moves planned
+  // after them (as the engine submits them).
+  void SubmitOffloads(uint64_t fence) {
+    std::vector<BlockMove> m(pager->offload_moves().begin(), pager->offload_moves().end());
+    pager->OffloadSubmitted(fence);
+    Submit(std::move(m), fence);
+  }
+  // A growth that may evict (and so offload): the offloads run before anything writes the
+  // evicted blocks.
+  absl::Status GrowAndWrite(int32_t slot, int64_t tokens) {
+    const int64_t before = pager->NumBlocks(slot);
+    const absl::Status st = pager->Grow(slot, tokens);
+    const uint64_t fence = next_fence++;
+    SubmitOffloads(fence);
+    RunUpTo(fence);
+    if (st.ok()) Write(slot, before);
+    return st;
+  }
 
   // After each random operation: the pager's invariants; every `every` operations the transport
   // catches up and every slot's contents are checked.
@@ -133,22 +156,27 @@ struct Sim {
   }
 
   // Plans the slot's compaction (when it has more than max_runs runs) and submits the moves.
+  // (Fences come in pairs: the offloads a plan's evictions make go out first.)
   void Compact(int32_t slot) {
     std::vector<BlockMove> m;
-    const uint64_t fence = next_fence++;
-    if (pager->PlanCompaction(slot, fence, &m)) {
+    const uint64_t fence = next_fence + 1;
+    next_fence += 2;
+    if (pager->PlanCompaction(slot, fence, &m) && !pager->OnHost(slot)) {
       ASSERT_LE(pager->NumRuns(slot), options.max_runs);
     }
+    SubmitOffloads(fence - 1);
     Submit(std::move(m), fence);
   }
 
   // Swaps the slot out (a pause), or back in when it is in the host tier (a resume).
   void Swap(int32_t slot) {
     std::vector<BlockMove> m;
-    const uint64_t fence = next_fence++;
+    const uint64_t fence = next_fence + 1;
+    next_fence += 2;
     const absl::Status st = pager->OnHost(slot) ? pager->PlanSwapIn(slot, fence, &m)
                                                 : pager->PlanSwapOut(slot, fence, &m);
     ASSERT_TRUE(st.ok() || absl::IsResourceExhausted(st)) << st;
+    SubmitOffloads(fence - 1);
     Submit(std::move(m), fence);
   }
 
@@ -228,7 +256,7 @@ TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
           break;
       }
       sim.CheckAfter(op, 50);
-      if (HasFatalFailure()) return;
+      if (::testing::Test::HasFatalFailure()) return;
     }
     sim.RunAll();
     sim.CheckContents();
@@ -255,10 +283,14 @@ TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
 // on a pool small enough that the cache must evict. Every attached block holds exactly what the
 // history would have written (TokenValue), no registered block is written again, references
 // match holders, and all blocks come back at the end.
-TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
+// With `offload`, evicted blocks go to the host tier (shared with swapped-out requests) and
+// admissions bring matched host blocks back: those must hold exactly what the history would have
+// written too, though the device blocks they were copied from were handed out long before.
+void PrefixCacheRandomOperations(bool offload) {
   for (uint32_t seed : {11u, 12u, 13u}) {
     KvPagerOptions o = Options(10, 260, 120, 4);
     o.prefix_cache = true;
+    o.host_prefix_cache = offload;
     Sim sim(o);
     std::mt19937 rng(seed);
     auto pick = [&](int n) { return static_cast<int>(rng() % n); };
@@ -269,8 +301,8 @@ TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
       for (int32_t& t : sys) t = pick(50000);
     }
     std::vector<std::vector<int32_t>> finished;  // conversations to continue
-    int64_t hit_blocks = 0, registered = 0;
-    std::vector<int32_t> match;
+    int64_t hit_blocks = 0, host_hit_blocks = 0, registered = 0;
+    std::vector<int32_t> match, host_match;
     for (int op = 0; op < 6000; ++op) {
       const int32_t s = pick(sim.options.num_slots);
       KvPager& p = *sim.pager;
@@ -290,30 +322,44 @@ TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
           // At most the blocks before the one that holds the prompt's last token.
           const int32_t hits = p.MatchPrefix(absl::MakeConstSpan(seq).first(prompt),
                                              static_cast<int32_t>((prompt - 1) / kBlockTokens),
-                                             &match);
+                                             &match, 0, offload ? &host_match : nullptr);
+          ASSERT_EQ(hits, static_cast<int32_t>(match.size() + (offload ? host_match.size() : 0)));
           int64_t idle = 0;
           for (int32_t b : match) idle += p.IdleCached(b);
-          if (p.BlocksFor(prompt) - hits > p.free_device_blocks() - idle) break;
+          const int64_t device_hits = static_cast<int64_t>(match.size());
+          if (p.BlocksFor(prompt) - device_hits > p.free_device_blocks() - idle) break;
           sim.request[s] = sim.next_request++;
           sim.seq[s] = std::move(seq);
           p.AttachPrefix(s, match);
+          // Offloads (fence f), then the copies back (f + 1), then the prompt's own blocks are
+          // written once the offloads have read what the growth evicted.
+          const uint64_t fence = sim.next_fence + 1;
+          sim.next_fence += 2;
+          std::vector<BlockMove> onboard;
+          if (offload) {
+            ASSERT_TRUE(p.OnboardPrefix(s, host_match, fence, &onboard).ok());
+          }
+          const int64_t before = p.NumBlocks(s);
+          ASSERT_EQ(before, hits);
           ASSERT_TRUE(p.Grow(s, prompt).ok());
+          sim.SubmitOffloads(fence - 1);
+          sim.Submit(std::move(onboard), fence);
+          sim.RunUpTo(fence - 1);
           sim.tokens[s] = prompt;
           hit_blocks += hits;
+          host_hit_blocks += hits - device_hits;
           sim.Write(s, hits);
           break;
         }
         case 2:
         case 3: {  // decode growth by a few tokens, registering the full blocks
           if (sim.request[s] == 0 || p.OnHost(s)) break;
-          const int64_t before = p.NumBlocks(s);
           const int64_t want = std::min<int64_t>(sim.tokens[s] + 1 + pick(40), max_tokens);
-          const absl::Status st = p.Grow(s, want);
+          const absl::Status st = sim.GrowAndWrite(s, want);
           if (!st.ok()) {
             ASSERT_TRUE(absl::IsResourceExhausted(st) || absl::IsOutOfRange(st)) << st;
             break;
           }
-          sim.Write(s, before);
           sim.tokens[s] = want;
           if (pick(2) == 0) {
             registered += p.RegisterPrefix(s, absl::MakeConstSpan(sim.seq[s]).first(want));
@@ -346,7 +392,7 @@ TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
           break;
       }
       sim.CheckAfter(op, 25);
-      if (HasFatalFailure()) return;
+      if (::testing::Test::HasFatalFailure()) return;
     }
     sim.RunAll();
     sim.CheckContents();
@@ -359,7 +405,26 @@ TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
     EXPECT_GT(hit_blocks, 500) << "seed " << seed;
     EXPECT_GT(registered, 500) << "seed " << seed;
     EXPECT_GT(sim.pager->evictions(), 100u) << "seed " << seed;
+    if (offload) {
+      EXPECT_GT(sim.pager->offloaded_blocks(), 200u) << "seed " << seed;
+      EXPECT_GT(host_hit_blocks, 30) << "seed " << seed;
+      EXPECT_GT(sim.pager->host_evictions(), 0u) << "seed " << seed;
+    } else {
+      EXPECT_EQ(sim.pager->offloaded_blocks(), 0u);
+      EXPECT_EQ(host_hit_blocks, 0);
+    }
+    std::printf("seed %u: %lld blocks from the cache (%lld from the host tier), %llu offloaded\n",
+                seed, static_cast<long long>(hit_blocks), static_cast<long long>(host_hit_blocks),
+                static_cast<unsigned long long>(sim.pager->offloaded_blocks()));
   }
+}
+
+TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
+  PrefixCacheRandomOperations(false);
+}
+
+TEST(KvPagerTest, HostPrefixCacheRandomOperationsKeepEveryInvariant) {
+  PrefixCacheRandomOperations(true);
 }
 
 std::vector<int32_t> RandomTokens(int64_t n, uint32_t seed) {

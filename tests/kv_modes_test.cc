@@ -2,6 +2,7 @@
 // under the static baseline and under KV-RM, with and without fragmentation, compaction,
 // swapping to the host tier, and drop-and-recompute. And every block comes back at the end.
 #include <condition_variable>
+#include <cstdio>
 #include <mutex>
 #include <random>
 
@@ -216,15 +217,46 @@ std::vector<Spec> SecondTurns(const std::vector<Spec>& first, const RunResult& o
   return specs;
 }
 
-RunResult RunConversations(const ModelBundle& model, const EngineOptions& options) {
+// Unrelated requests, enough to push every first turn out of a small device pool.
+std::vector<Spec> Flush() {
+  std::mt19937 rng(79);
+  std::vector<Spec> specs;
+  for (int i = 0; i < 12; ++i) {
+    Spec s;
+    const int len = 200 + static_cast<int>(rng() % 60);
+    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % 1000));
+    s.max_new_tokens = 30;
+    s.temperature = 0.0f;
+    s.seed = 900 + i;
+    s.priority = 0;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+// With `flush`, the Flush() requests run between the two turns (their results are not kept).
+RunResult RunConversations(const ModelBundle& model, const EngineOptions& options,
+                           bool flush = false) {
   std::unique_ptr<Engine> engine = StartEngine(model, options);
   RunResult out;
   const std::vector<Spec> first = FirstTurns();
   RunSpecs(*engine, first, &out);
   EXPECT_TRUE(engine->WaitIdle(absl::Seconds(10)));
+  if (flush) {
+    RunResult flushed;
+    RunSpecs(*engine, Flush(), &flushed);
+    EXPECT_TRUE(engine->WaitIdle(absl::Seconds(10)));
+  }
   RunSpecs(*engine, SecondTurns(first, out), &out);
   out.stats = SettledStats(*engine);
   return out;
+}
+
+// The first turn's history with KV (its prompt and every output token but the last), in full
+// blocks: what a second turn finds when the cache kept all of it.
+int64_t FirstTurnBlockTokens(const Spec& first, int32_t block_tokens) {
+  const int64_t history = static_cast<int64_t>(first.prompt.size()) + first.max_new_tokens - 1;
+  return history / block_tokens * block_tokens;
 }
 
 TEST_F(KvModesTest, PrefixCachingServesSharedPromptsAndConversationsWithIdenticalTokens) {
@@ -249,11 +281,8 @@ TEST_F(KvModesTest, PrefixCachingServesSharedPromptsAndConversationsWithIdentica
   const int32_t bt = base.block_tokens;
   int64_t got = 0;
   for (size_t i = 0; i < first.size(); ++i) {
-    // The first turn's history with KV: its prompt and every output token but the last.
-    const int64_t history =
-        static_cast<int64_t>(first[i].prompt.size()) + first[i].max_new_tokens - 1;
     const int32_t c = cached.infos[first.size() + i].cached_prompt_tokens;
-    EXPECT_EQ(c, history / bt * bt) << "conversation " << i;
+    EXPECT_EQ(c, FirstTurnBlockTokens(first[i], bt)) << "conversation " << i;
     got += c;
   }
   int64_t first_turn_hits = 0;
@@ -290,6 +319,62 @@ TEST_F(KvModesTest, PrefixCachingServesSharedPromptsAndConversationsWithIdentica
   EXPECT_GT(pressed.stats.prefix_cache_hits_total, 0u);
   EXPECT_GT(pressed.stats.transfer_groups_total, 0u);
   EXPECT_EQ(pressed.stats.kv.blocks_free, 160);
+}
+
+// Offload to the host tier: unrelated requests between the two turns push every first turn out
+// of a device pool that holds about a third of them. Without offload the second turns find
+// little; with it, each finds its whole first-turn history (on the device or copied back from
+// the host tier), and every turn decodes the same tokens as with no cache at all.
+TEST_F(KvModesTest, PrefixCacheOffloadBringsEvictedHistoriesBackFromTheHostTier) {
+  EngineOptions base;
+  base.slots = 4;
+  base.prefill_chunk = 64;
+  base.kv_mode = KvMode::kKvrm;
+  base.kv_blocks = 64;
+  EngineOptions off = base;
+  off.prefix_caching = false;
+  const RunResult reference = RunConversations(*model_, off);
+
+  EngineOptions device_only = base;
+  device_only.prefix_cache_offload = false;
+  const RunResult dropped = RunConversations(*model_, device_only, /*flush=*/true);
+  EXPECT_EQ(dropped.tokens, reference.tokens) << "prefix caching on, no offload";
+  EXPECT_EQ(dropped.stats.prefix_cache_offloaded_blocks_total, 0u);
+  EXPECT_EQ(dropped.stats.prefix_cache_host_hits_total, 0u);
+
+  EngineOptions offload = base;
+  offload.kv_host_blocks = 1024;  // room for everything evicted
+  const RunResult kept = RunConversations(*model_, offload, /*flush=*/true);
+  EXPECT_EQ(kept.tokens, reference.tokens) << "prefix caching on, offload";
+  const std::vector<Spec> first = FirstTurns();
+  int64_t found = 0, found_without = 0;
+  for (size_t i = 0; i < first.size(); ++i) {
+    const int32_t c = kept.infos[first.size() + i].cached_prompt_tokens;
+    EXPECT_EQ(c, FirstTurnBlockTokens(first[i], base.block_tokens)) << "conversation " << i;
+    found += c;
+    found_without += dropped.infos[first.size() + i].cached_prompt_tokens;
+  }
+  EXPECT_LT(found_without * 2, found) << "without offload most first turns are gone";
+  EXPECT_GT(kept.stats.prefix_cache_offloaded_blocks_total, 64u);
+  EXPECT_GT(kept.stats.prefix_cache_host_hits_total, static_cast<uint64_t>(found / 2));
+  EXPECT_EQ(kept.stats.kv.blocks_reserved, 0) << "every block came back";
+  EXPECT_GT(kept.stats.kv.host_blocks_cached, 64);
+  EXPECT_GT(kept.stats.transfer_groups_total, 0u);
+  std::printf("second turns found %lld prompt tokens cached with offload (%llu from the host "
+              "tier), %lld without\n",
+              static_cast<long long>(found),
+              static_cast<unsigned long long>(kept.stats.prefix_cache_host_hits_total),
+              static_cast<long long>(found_without));
+
+  // Two ranks: the host tier holds both ranks' shares under the same block ids.
+  EngineOptions tp2_off = off;
+  tp2_off.tensor_parallel = 2;
+  EngineOptions tp2 = offload;
+  tp2.tensor_parallel = 2;
+  const RunResult tp2_reference = RunConversations(*model_, tp2_off);
+  const RunResult tp2_kept = RunConversations(*model_, tp2, /*flush=*/true);
+  EXPECT_EQ(tp2_kept.tokens, tp2_reference.tokens) << "offload, two ranks";
+  EXPECT_GT(tp2_kept.stats.prefix_cache_host_hits_total, 0u);
 }
 
 }  // namespace
