@@ -363,6 +363,9 @@ std::vector<int32_t> HistoryOf(const replay::PromptSynthesizer& synth,
 
 struct PrefixCacheResult {
   int64_t pool_tokens = 0;
+  int64_t host_tokens = 0;
+  int64_t host_hit_tokens = 0;  // of hit_tokens, copied back from the host tier
+  uint64_t offloaded = 0;       // blocks copied to the host tier
   int64_t prompt_tokens = 0;
   int64_t hit_tokens = 0;
   uint64_t evictions = 0;
@@ -373,10 +376,12 @@ struct PrefixCacheResult {
 // at once (each ends when the live-th after it arrives), as the engine drives it: a request
 // attaches the cached blocks that start its prompt (all but the block of its last prompt token),
 // grows to its prompt, registers the prompt's full blocks (prefilled), grows to prompt + output,
-// and registers its whole history when it ends.
+// and registers its whole history when it ends. With `host_blocks`, evicted cached blocks are
+// offloaded to a host tier of that size and matched ones come back (every copy done at once).
 PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& trace,
                                       const replay::PromptSynthesizer& synth,
-                                      int64_t pool_blocks, int32_t live, int64_t max_tokens) {
+                                      int64_t pool_blocks, int32_t live, int64_t max_tokens,
+                                      int64_t host_blocks = 0) {
   KvPagerOptions o;
   o.num_slots = live;
   o.device_blocks = pool_blocks;
@@ -385,11 +390,21 @@ PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& t
   o.max_blocks_per_slot = static_cast<int32_t>((max_tokens + kBlockTokens - 1) / kBlockTokens);
   o.bytes_per_block = kSmallBytesPerBlock;
   o.prefix_cache = true;
+  o.host_blocks = host_blocks;
+  o.host_prefix_cache = host_blocks > 0;
   KvPager pager(o);
   PrefixCacheResult r;
   r.pool_tokens = pool_blocks * kBlockTokens;
+  r.host_tokens = host_blocks * kBlockTokens;
   std::vector<std::vector<int32_t>> history(live);
-  std::vector<int32_t> match;
+  std::vector<int32_t> match, host_match;
+  std::vector<BlockMove> moves;
+  uint64_t fence = 0;
+  auto copies_done = [&] {  // the transport runs the offloads, then the copies back
+    pager.OffloadSubmitted(++fence);
+    pager.RetireUpTo(++fence);
+    moves.clear();
+  };
   for (size_t i = 0; i < trace.size(); ++i) {
     const int32_t s = static_cast<int32_t>(i % live);
     if (!history[s].empty()) {  // the request that held this slot ends
@@ -401,19 +416,28 @@ PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& t
     std::vector<int32_t> h = HistoryOf(synth, trace[i], i, trace.size(), max_tokens, &prompt);
     if (prompt <= 0) continue;
     pager.MatchPrefix(absl::MakeConstSpan(h).first(prompt),
-                      static_cast<int32_t>((prompt - 1) / kBlockTokens), &match);
+                      static_cast<int32_t>((prompt - 1) / kBlockTokens), &match, 0,
+                      host_blocks > 0 ? &host_match : nullptr);
     pager.AttachPrefix(s, match);
-    if (!pager.Grow(s, prompt).ok() || !pager.Grow(s, static_cast<int64_t>(h.size())).ok()) {
+    const bool onboarded =
+        host_blocks == 0 || pager.OnboardPrefix(s, host_match, fence + 2, &moves).ok();
+    if (!onboarded || !pager.Grow(s, prompt).ok() ||
+        !pager.Grow(s, static_cast<int64_t>(h.size())).ok()) {
       pager.Release(s);
+      copies_done();
       ++r.refused;
       continue;
     }
+    copies_done();
     pager.RegisterPrefix(s, absl::MakeConstSpan(h).first(prompt));
     r.prompt_tokens += prompt;
-    r.hit_tokens += static_cast<int64_t>(match.size()) * kBlockTokens;
+    const int64_t from_host = host_blocks > 0 ? static_cast<int64_t>(host_match.size()) : 0;
+    r.hit_tokens += (static_cast<int64_t>(match.size()) + from_host) * kBlockTokens;
+    r.host_hit_tokens += from_host * kBlockTokens;
     history[s] = std::move(h);
   }
   r.evictions = pager.evictions();
+  r.offloaded = pager.offloaded_blocks();
   return r;
 }
 
@@ -528,27 +552,39 @@ int Main(int argc, char** argv) {
     std::printf("\nPrefix cache on %s: %zu requests in arrival order, %d at once, full lengths "
                 "(prompt tokens found in the cache; unbounded cache: %.1f%%)\n",
                 absl::GetFlag(FLAGS_mooncake).c_str(), trace->size(), kLive, 100 * unbounded);
-    std::printf("%-14s %12s %14s %12s %10s\n", "pool tokens", "hit rate", "of unbounded",
-                "evictions", "refused");
+    std::printf("%-14s %-14s %12s %14s %14s %12s %12s %10s\n", "pool tokens", "host tokens",
+                "hit rate", "of unbounded", "from the host", "evictions", "offloaded", "refused");
     out["prefix_cache"]["trace"] = absl::GetFlag(FLAGS_mooncake);
     out["prefix_cache"]["requests"] = trace->size();
     out["prefix_cache"]["live"] = kLive;
     out["prefix_cache"]["unbounded_hit_rate"] = unbounded;
-    const std::vector<int64_t> pools = quick ? std::vector<int64_t>{1 << 19, 1 << 21}
-                                             : std::vector<int64_t>{1 << 19, 1 << 20, 1 << 21,
-                                                                    1 << 22, 1 << 23};
-    for (int64_t tokens : pools) {
-      const PrefixCacheResult p =
-          SimulatePrefixCache(*trace, *synth, tokens / kBlockTokens, kLive, max_tokens);
+    // (device pool, host tier) in tokens: device pools alone, then a 1M-token device pool
+    // with host tiers that bring the total to the last two device-only pools'.
+    const std::vector<std::pair<int64_t, int64_t>> pools =
+        quick ? std::vector<std::pair<int64_t, int64_t>>{{1 << 19, 0}, {1 << 21, 0},
+                                                         {1 << 19, 3 << 19}}
+              : std::vector<std::pair<int64_t, int64_t>>{
+                    {1 << 19, 0}, {1 << 20, 0}, {1 << 21, 0}, {1 << 22, 0}, {1 << 23, 0},
+                    {1 << 20, 3 << 20}, {1 << 20, 7 << 20}};
+    for (const auto& [tokens, host_tokens] : pools) {
+      const PrefixCacheResult p = SimulatePrefixCache(*trace, *synth, tokens / kBlockTokens, kLive,
+                                                      max_tokens, host_tokens / kBlockTokens);
       const double rate = p.prompt_tokens > 0 ? static_cast<double>(p.hit_tokens) / p.prompt_tokens : 0;
-      std::printf("%-14lld %11.1f%% %13.0f%% %12llu %10lld\n", static_cast<long long>(tokens),
-                  100 * rate, unbounded > 0 ? 100 * rate / unbounded : 0,
-                  static_cast<unsigned long long>(p.evictions), static_cast<long long>(p.refused));
+      const double host_share =
+          p.hit_tokens > 0 ? static_cast<double>(p.host_hit_tokens) / p.hit_tokens : 0;
+      std::printf("%-14lld %-14lld %11.1f%% %13.0f%% %13.0f%% %12llu %12llu %10lld\n",
+                  static_cast<long long>(tokens), static_cast<long long>(host_tokens), 100 * rate,
+                  unbounded > 0 ? 100 * rate / unbounded : 0, 100 * host_share,
+                  static_cast<unsigned long long>(p.evictions),
+                  static_cast<unsigned long long>(p.offloaded), static_cast<long long>(p.refused));
       out["prefix_cache"]["pools"].push_back({{"pool_tokens", tokens},
+                                              {"host_tokens", host_tokens},
                                               {"prompt_tokens", p.prompt_tokens},
                                               {"hit_tokens", p.hit_tokens},
+                                              {"host_hit_tokens", p.host_hit_tokens},
                                               {"hit_rate", rate},
                                               {"evictions", p.evictions},
+                                              {"offloaded_blocks", p.offloaded},
                                               {"refused", p.refused}});
     }
   }

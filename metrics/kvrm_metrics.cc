@@ -214,6 +214,14 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
                               "Cached KV blocks whose space was taken for other KV.");
   prefix_cached_ = gauge("kvrm:prefix_cache_bytes",
                          "KV bytes of finished histories kept for reuse (also counted free).");
+  // Offload to the host tier (--prefix_cache_offload).
+  prefix_host_hits_ = counter("kvrm:prefix_cache_host_hits_total",
+                              "Prompt tokens copied back from the host tier's prefix cache "
+                              "(also counted in kvrm:prefix_cache_hits_total).");
+  prefix_offloaded_ = counter("kvrm:prefix_cache_offloaded_blocks_total",
+                              "Prefix-cache KV blocks copied to the host tier on eviction.");
+  prefix_host_cached_ = gauge("kvrm:prefix_cache_host_bytes",
+                              "KV bytes of the prefix cache held in the host tier.");
 }
 
 void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {
@@ -302,6 +310,11 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
   prefix_evictions_->Add(
       Delta(s.prefix_cache_evictions_total, last_.prefix_cache_evictions_total));
   prefix_cached_->Set(block * kv.blocks_cached);
+  prefix_host_hits_->Add(
+      Delta(s.prefix_cache_host_hits_total, last_.prefix_cache_host_hits_total));
+  prefix_offloaded_->Add(Delta(s.prefix_cache_offloaded_blocks_total,
+                               last_.prefix_cache_offloaded_blocks_total));
+  prefix_host_cached_->Set(block * kv.host_blocks_cached);
   if (s.steps_total > step_base_.steps_total) {
     const double steps = Delta(s.steps_total, step_base_.steps_total);
     steps_->Add(steps);

@@ -95,6 +95,9 @@ class KvrmMetrics : public EngineObserver {
   Counter* prefix_hits_;
   Counter* prefix_evictions_;
   Gauge* prefix_cached_;
+  Counter* prefix_host_hits_;
+  Counter* prefix_offloaded_;
+  Gauge* prefix_host_cached_;
 
   // Owner thread only: the cumulative totals of the last OnStats (counters advance by the
   // difference) and of the last one in which steps ran (the per-step histograms' baseline);

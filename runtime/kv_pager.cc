@@ -94,6 +94,7 @@ void KvPager::Offload(int32_t block) {
     if (!cache_.ParentCurrent(x)) return;
     offload_chain_[n++] = x;
   }
+  if (n == 0) return;  // already there (its chain was copied when a block after it left)
   // Host blocks this call places (idle stamps from first_stamp on) are not evicted for its own
   // later blocks.
   uint64_t first_stamp = ~uint64_t{0};
@@ -126,6 +127,15 @@ void KvPager::Offload(int32_t block) {
     }
     host_copy_[x] = h;
     host_copy_gen_[x] = host_cache_.gen(h);
+  }
+  // Host eviction order: the chain's tail the oldest, its root the youngest (as a released
+  // history goes idle on the device), so the host evicts a chain from its end and never orphans
+  // its blocks by evicting their parents first. Ancestors already there are refreshed too.
+  for (int32_t x = block; x >= 0 && cache_.ParentCurrent(x); x = cache_.parent(x)) {
+    const int32_t h = HostCopy(x);
+    if (h < 0 || host_refs_[h] > 0) continue;
+    host_cache_.IdleRemove(h);
+    host_cache_.IdlePush(h);
   }
 }
 

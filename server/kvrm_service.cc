@@ -410,6 +410,10 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   pc->set_hit_tokens_total(s.prefix_cache_hits_total);
   pc->set_cached_blocks(s.kv.blocks_cached);
   pc->set_evicted_blocks_total(s.prefix_cache_evictions_total);
+  pc->set_offload_enabled(engine_->options().prefix_cache_offload);
+  pc->set_host_hit_tokens_total(s.prefix_cache_host_hits_total);
+  pc->set_host_cached_blocks(s.kv.host_blocks_cached);
+  pc->set_offloaded_blocks_total(s.prefix_cache_offloaded_blocks_total);
   return FinishUnary(context, grpc::Status::OK);
 }
 

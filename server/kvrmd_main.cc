@@ -83,6 +83,9 @@ ABSL_FLAG(bool, device_sampling, true,
 ABSL_FLAG(bool, prefix_caching, true,
           "reuse the KV of earlier histories for prompts that start with the same tokens "
           "(kvrm mode; off with --far_history)");
+ABSL_FLAG(bool, prefix_cache_offload, true,
+          "copy prefix-cache blocks evicted from the device to the host tier "
+          "(--kv_host_blocks, shared with paused requests) and back on a hit");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads, all ranks together (0: all cores)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks (Megatron split; CPU: rank threads)");
 ABSL_FLAG(std::string, device, "auto",
@@ -210,6 +213,7 @@ int Run() {
   eo.fuse_prefill = absl::GetFlag(FLAGS_fuse_prefill);
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+  eo.prefix_cache_offload = absl::GetFlag(FLAGS_prefix_cache_offload);
   if (eo.max_prefill_stall < 0) {
     std::fprintf(stderr, "kvrmd: --max_prefill_stall=%g must be >= 0\n", eo.max_prefill_stall);
     return 2;
@@ -272,7 +276,10 @@ int Run() {
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
             << ", kv-mode " << so.info.kv_mode << ", kv " << DTypeName(eo.kv_dtype)
             << ", mixed steps " << ((*engine)->fuses_prefill() ? "on" : "off")
-            << ", prefix caching " << ((*engine)->options().prefix_caching ? "on" : "off")
+            << ", prefix caching "
+            << (!(*engine)->options().prefix_caching        ? "off"
+                : (*engine)->options().prefix_cache_offload ? "on (+ host tier)"
+                                                            : "on")
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
   if (const FarHistoryShape& far = (*engine)->far_history(); far.enabled()) {

@@ -455,6 +455,54 @@ TEST(E2ePrefixCacheTest, CachedTokensAreReportedAndChangeNothing) {
   EXPECT_FALSE(si.prefix_cache().enabled()) << "the static baseline has no block table to share";
 }
 
+// Offload: a history pushed out of a small device pool by other requests comes back from the
+// host tier; the reply is the same and ServerInfo says where the tokens came from.
+TEST(E2ePrefixCacheTest, OffloadedHistoryComesBackFromTheHostTier) {
+  std::mt19937 rng(10);
+  std::vector<int32_t> first(150);
+  for (int32_t& t : first) t = static_cast<int32_t>(rng() % 500) + 10;
+  std::vector<int32_t> second = first;
+  for (int i = 0; i < 20; ++i) second.push_back(static_cast<int32_t>(rng() % 500) + 10);
+
+  EngineOptions o = Options(2);
+  o.kv_blocks = 64;
+  o.kv_host_blocks = 512;
+  TestServer server(o);
+  v1::Usage u;
+  const std::vector<int32_t> reference = GreedyTokens(server, second, &u);  // cached nothing
+  EXPECT_EQ(u.cached_prompt_tokens(), 0);
+  GreedyTokens(server, first, &u);
+  EXPECT_EQ(u.cached_prompt_tokens(), 144) << "second's first 9 blocks";
+  for (int i = 0; i < 6; ++i) {  // 6 x 15 blocks of other histories: more than the pool
+    std::vector<int32_t> other(230);
+    for (int32_t& t : other) t = static_cast<int32_t>(rng() % 500) + 10;
+    GreedyTokens(server, other, &u);
+  }
+  v1::ServerInfo before;
+  grpc::ClientContext c1;
+  ASSERT_TRUE(server.stub().GetServerInfo(&c1, v1::GetServerInfoRequest(), &before).ok());
+  EXPECT_TRUE(before.prefix_cache().offload_enabled());
+  EXPECT_GT(before.prefix_cache().offloaded_blocks_total(), 0u);
+  EXPECT_GT(before.prefix_cache().host_cached_blocks(), 0);
+  EXPECT_GT(before.prefix_cache().evicted_blocks_total(), 0u);
+
+  EXPECT_EQ(GreedyTokens(server, second, &u), reference);
+  EXPECT_EQ(u.cached_prompt_tokens(), 160) << "second's own 10 full blocks, from the host tier";
+  v1::ServerInfo after;
+  grpc::ClientContext c2;
+  ASSERT_TRUE(server.stub().GetServerInfo(&c2, v1::GetServerInfoRequest(), &after).ok());
+  EXPECT_EQ(after.prefix_cache().host_hit_tokens_total() -
+                before.prefix_cache().host_hit_tokens_total(),
+            160u);
+
+  o.kv_host_blocks = 0;  // no host tier: nothing to offload to
+  TestServer no_host(o);
+  grpc::ClientContext c3;
+  ASSERT_TRUE(no_host.stub().GetServerInfo(&c3, v1::GetServerInfoRequest(), &after).ok());
+  EXPECT_TRUE(after.prefix_cache().enabled());
+  EXPECT_FALSE(after.prefix_cache().offload_enabled());
+}
+
 TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
   EngineOptions o = Options(2);
   TestServer f32(o);

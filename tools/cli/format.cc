@@ -62,9 +62,16 @@ std::string FinishReasonName(v1::FinishReason reason) {
 std::string FormatPrefixCache(const v1::PrefixCacheInfo& pc) {
   if (!pc.enabled()) return "off";
   const uint64_t q = pc.queried_tokens_total();
-  return absl::StrFormat("on, %d of %d prompt tokens hit (%.1f%%), %d blocks cached, %d evicted",
-                         pc.hit_tokens_total(), q, q > 0 ? 100.0 * pc.hit_tokens_total() / q : 0.0,
-                         pc.cached_blocks(), pc.evicted_blocks_total());
+  std::string line =
+      absl::StrFormat("on, %d of %d prompt tokens hit (%.1f%%), %d blocks cached, %d evicted",
+                      pc.hit_tokens_total(), q, q > 0 ? 100.0 * pc.hit_tokens_total() / q : 0.0,
+                      pc.cached_blocks(), pc.evicted_blocks_total());
+  if (pc.offload_enabled()) {
+    absl::StrAppendFormat(&line, "; host tier: %d tokens hit, %d blocks cached, %d offloaded",
+                          pc.host_hit_tokens_total(), pc.host_cached_blocks(),
+                          pc.offloaded_blocks_total());
+  }
+  return line;
 }
 
 std::string FormatSummary(const v1::Finished& finished) {
