@@ -123,8 +123,11 @@ void Engine::NoteTransfer(int32_t slot) {
 void Engine::RetireTransfers() {
   if (!transport_) return;
   absl::Status error;
-  const std::vector<uint64_t> failed = transport_->TakeFailedFences(&error);
+  // completed() first: the transport records a batch's failure before it counts the batch as
+  // completed, so every failed batch up to `completed` is in `failed` (in the other order a
+  // batch failing in between would be retired unreported).
   const uint64_t completed = transport_->completed();
+  const std::vector<uint64_t> failed = transport_->TakeFailedFences(&error);
   if (!failed.empty()) {
     // A failed copy leaves its destination blocks undefined: the requests whose KV it moved end
     // with ERROR; everyone else goes on. Moves are planned with the last fence of three batches
@@ -511,9 +514,14 @@ int32_t Engine::AttachCachedPrefix(int32_t slot) {
   int64_t blocks = static_cast<int64_t>(prefix_match_.size());
   if (!host_prefix_match_.empty()) {
     // Copied back ahead of the step that prefills the rest (which waits for every batch).
-    const absl::Status st = pager_->OnboardPrefix(slot, host_prefix_match_, PlanFence(), &moves_);
+    uint64_t written_at = 0;
+    const absl::Status st =
+        pager_->OnboardPrefix(slot, host_prefix_match_, PlanFence(), &moves_, &written_at);
     if (st.ok()) {
       NoteTransfer(slot);
+      // A host block whose offload is still in flight: if that copy fails, so does this request
+      // (it would prefill on top of undefined KV).
+      if (written_at > 0) transfer_owners_.emplace_back(written_at, slots_[slot].request->handle);
       blocks += static_cast<int64_t>(host_prefix_match_.size());
       prefix_host_hits_ += host_prefix_match_.size() * options_.block_tokens;
     }

@@ -17,11 +17,11 @@ KvPager::KvPager(const KvPagerOptions& options)
     s.blocks.reserve(options.max_blocks_per_slot);
     s.runs.reserve(options.max_blocks_per_slot);
   }
-  // Every device block and host block once, plus a host block each onboarding slot reads.
-  pending_.reserve(options.device_blocks + options.host_blocks +
-                   (options.host_prefix_cache ? int64_t{options.num_slots} *
-                                                     options.max_blocks_per_slot
-                                              : 0));
+  // Sources held for copies and blocks retiring with a released slot's moves: a block at most
+  // twice per tier, plus a shared block once per slot that moves it, plus the host blocks each
+  // onboarding slot reads.
+  pending_.reserve(2 * (options.device_blocks + options.host_blocks) +
+                   2 * int64_t{options.num_slots} * options.max_blocks_per_slot);
   refs_.assign(options.device_blocks, 0);
   cache_.Init(options.device_blocks, options.block_tokens, options.prefix_cache);
   const bool offload = options.prefix_cache && options.host_prefix_cache && options.host_blocks > 0;
@@ -81,16 +81,26 @@ bool KvPager::EvictOldest() {
 int32_t KvPager::HostCopy(int32_t block) const {
   if (host_copy_.empty()) return -1;
   const int32_t h = host_copy_[block];
-  return h >= 0 && host_cache_.registered(h) && host_cache_.gen(h) == host_copy_gen_[block] ? h
-                                                                                             : -1;
+  return h >= 0 && host_cache_.registered(h) && host_cache_.gen(h) == host_copy_gen_[block] &&
+                 host_cache_.ParentCurrent(h)
+             ? h
+             : -1;
 }
 
 void KvPager::Offload(int32_t block) {
   if (host_copy_.empty()) return;
   // The chain up from `block` to the first ancestor already on the host (or the root). A block
   // whose parent was evicted since it was registered is unreachable: nothing to keep.
+  // (A copy planned in this submission window counts even if its host parent was evicted since:
+  // a batch must not read a block twice.)
+  auto copied = [&](int32_t x) {
+    if (HostCopy(x) >= 0) return true;
+    const int32_t h = host_copy_[x];
+    return h >= 0 && host_cache_.registered(h) && host_cache_.gen(h) == host_copy_gen_[x] &&
+           host_written_at_[h] == kUnsubmitted;
+  };
   int32_t n = 0;
-  for (int32_t x = block; x >= 0 && HostCopy(x) < 0; x = cache_.parent(x)) {
+  for (int32_t x = block; x >= 0 && !copied(x); x = cache_.parent(x)) {
     if (!cache_.ParentCurrent(x)) return;
     offload_chain_[n++] = x;
   }
@@ -101,7 +111,7 @@ void KvPager::Offload(int32_t block) {
   for (int32_t i = n - 1; i >= 0; --i) {
     const int32_t x = offload_chain_[i];
     const int32_t p = cache_.parent(x);
-    const int32_t hp = p < 0 ? -1 : HostCopy(p);
+    const int32_t hp = p < 0 ? -1 : copied(p) ? host_copy_[p] : -1;
     if (p >= 0 && hp < 0) return;  // the parent's copy was evicted for a block of this chain
     const uint64_t hp_gen = p < 0 ? cache_.parent_gen(x) : host_cache_.gen(hp);
     int32_t h = host_cache_.Find(hp, hp_gen, cache_.tokens(x));
@@ -116,7 +126,7 @@ void KvPager::Offload(int32_t block) {
       last_offload_dst_ = h;
       ++offloaded_;
       // The parent's copy may have been the block just evicted to make room.
-      if (p >= 0 && HostCopy(p) != hp) {
+      if (p >= 0 && (!copied(p) || host_copy_[p] != hp)) {
         host_cache_.IdleRemove(h);
         host_cache_.Remove(h);
         host_.Give(h);
@@ -160,7 +170,13 @@ int32_t KvPager::EvictHostBlock(uint64_t stamp_limit) {
 }
 
 bool KvPager::MakeHostRoom(int64_t n) {
-  if (n > free_host_blocks()) return false;
+  // Count first what can be evicted now (not blocks whose offload write is not done), so that a
+  // request that cannot fit does not cost the cache anything.
+  int64_t room = host_.free_count();
+  for (int32_t h = host_cache_.idle_head(); h >= 0 && room < n; h = host_cache_.idle_next(h)) {
+    room += host_written_at_[h] <= retired_;
+  }
+  if (room < n) return false;
   while (host_.free_count() < n) {
     const int32_t h = EvictHostBlock(~uint64_t{0});
     if (h < 0) return false;
@@ -307,7 +323,9 @@ void KvPager::AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks) {
 }
 
 absl::Status KvPager::OnboardPrefix(int32_t slot, absl::Span<const int32_t> host_blocks,
-                                    uint64_t fence, std::vector<BlockMove>* moves) {
+                                    uint64_t fence, std::vector<BlockMove>* moves,
+                                    uint64_t* written_at) {
+  if (written_at) *written_at = 0;
   if (host_blocks.empty()) return absl::OkStatus();
   SlotKv& s = slots_[slot];
   CHECK(s.tier == KvTier::kDevice && s.dropped == 0 && s.last_fence <= retired_)
@@ -322,16 +340,22 @@ absl::Status KvPager::OnboardPrefix(int32_t slot, absl::Span<const int32_t> host
   }
   const size_t first = s.blocks.size();
   const int64_t tokens = static_cast<int64_t>(first + host_blocks.size()) * options_.block_tokens;
+  // Given back tail first (here and when the fence retires), so that they go idle in the host's
+  // eviction order: a chain's tail the oldest.
   if (absl::Status st = Grow(slot, tokens); !st.ok()) {
-    for (int32_t h : host_blocks) Drop(KvTier::kHost, h);
+    for (size_t i = host_blocks.size(); i-- > 0;) Drop(KvTier::kHost, host_blocks[i]);
     return st;
   }
-  for (size_t i = 0; i < host_blocks.size(); ++i) {
+  for (size_t i = host_blocks.size(); i-- > 0;) {
+    const int32_t h = host_blocks[i];
     const int32_t dst = s.blocks[first + i];
-    moves->push_back(BlockMove{KvTier::kHost, host_blocks[i], KvTier::kDevice, dst});
-    pending_.push_back(Pending{fence, KvTier::kHost, host_blocks[i]});  // takes the reference
-    host_copy_[dst] = host_blocks[i];
-    host_copy_gen_[dst] = host_cache_.gen(host_blocks[i]);
+    moves->push_back(BlockMove{KvTier::kHost, h, KvTier::kDevice, dst});
+    pending_.push_back(Pending{fence, KvTier::kHost, h});  // takes the reference
+    host_copy_[dst] = h;
+    host_copy_gen_[dst] = host_cache_.gen(h);
+    if (written_at && host_written_at_[h] > retired_) {
+      *written_at = std::max(*written_at, host_written_at_[h]);
+    }
   }
   s.last_fence = fence;
   return absl::OkStatus();

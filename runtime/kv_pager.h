@@ -100,10 +100,12 @@ class KvPager final : public KvAllocator {
   void AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks);
   // Brings the host blocks of a MatchPrefix back after the slot's attached prefix: the slot grows
   // by as many new device blocks, each the destination of a move from its host block (appended
-  // to `moves`, with `fence`); the host blocks are held until the fence retires.
-  // RESOURCE_EXHAUSTED (nothing changed) when the device tier has no room.
+  // to `moves`, with `fence`); the host blocks are held until the fence retires. `written_at`
+  // (optional) gets the latest fence of an offload still writing one of them (0: none; if that
+  // fence fails, the slot's KV is undefined). RESOURCE_EXHAUSTED (nothing changed) when the
+  // device tier has no room.
   absl::Status OnboardPrefix(int32_t slot, absl::Span<const int32_t> host_blocks, uint64_t fence,
-                             std::vector<BlockMove>* moves);
+                             std::vector<BlockMove>* moves, uint64_t* written_at = nullptr);
   // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
   // block_tokens), whose K/V the caller has written. A block whose content is registered under
   // another block already (its twin) stays private and the blocks after it are registered as the
@@ -193,7 +195,9 @@ class KvPager final : public KvAllocator {
   void Drop(KvTier tier, int32_t block);
   // Removes an idle cached block from the cache (offloading it first) and frees it.
   void Evict(int32_t block);
-  // The valid host copy of a registered device block, or -1.
+  // The valid host copy of a registered device block, or -1: registered under the same
+  // generation, and a child of its host parent's current content (a copy whose parent was
+  // evicted from the host is copied again with a chain that leads to it).
   int32_t HostCopy(int32_t block) const;
   // Copies `block` and its ancestors without a host copy to the host tier (root first), as far
   // as the host tier has room without evicting what this call placed.

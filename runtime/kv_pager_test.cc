@@ -511,6 +511,70 @@ TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
+// Offload, by hand: an evicted history goes to the host tier (one copy per block, ancestors
+// first), a matching prompt finds it there after its device part, onboarding reports the offload
+// still writing it, and a failed offload takes its blocks out of the host cache.
+TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
+  KvPagerOptions o = CacheOptions(2, 12);
+  o.host_blocks = 16;
+  o.host_prefix_cache = true;
+  KvPager p(o);
+  const std::vector<int32_t> prompt = RandomTokens(100, 5);  // 6 full blocks + 4 tokens
+  ASSERT_TRUE(p.Grow(0, 100).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, prompt), 6);
+  p.Release(0);
+  EXPECT_EQ(p.idle_cached_blocks(), 6);
+  EXPECT_TRUE(p.offload_moves().empty()) << "nothing copied until a block is evicted";
+  // 12 blocks for another history: all six cached blocks go, each copied to the host first.
+  ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());
+  EXPECT_EQ(p.evictions(), 6u);
+  ASSERT_EQ(p.offload_moves().size(), 6u);
+  EXPECT_EQ(p.offloaded_blocks(), 6u);
+  std::set<int32_t> sources, dests;
+  for (const BlockMove& m : p.offload_moves()) {
+    EXPECT_EQ(m.src_tier, KvTier::kDevice);
+    EXPECT_EQ(m.dst_tier, KvTier::kHost);
+    sources.insert(m.src);
+    dests.insert(m.dst);
+  }
+  EXPECT_EQ(sources.size(), 6u);
+  EXPECT_EQ(*dests.rbegin() - *dests.begin(), 5) << "one contiguous host range: one group";
+  p.OffloadSubmitted(7);
+  EXPECT_EQ(p.host_cached_blocks(), 6);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  p.Release(1);
+
+  // The prompt again: nothing on the device, all six on the host; with max_blocks 4, four.
+  std::vector<int32_t> match, host;
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, &host), 6);
+  EXPECT_TRUE(match.empty());
+  ASSERT_EQ(host.size(), 6u);
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, nullptr), 0) << "host matches only when asked";
+  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 0, &host), 4);
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, /*salt=*/9, &host), 0) << "salts apply there too";
+  ASSERT_EQ(p.MatchPrefix(prompt, 6, &match, 0, &host), 6);
+  std::vector<BlockMove> moves;
+  uint64_t written_at = 0;
+  ASSERT_TRUE(p.OnboardPrefix(0, host, 9, &moves, &written_at).ok());
+  EXPECT_EQ(written_at, 7u) << "the offload writing them has not retired";
+  ASSERT_EQ(moves.size(), 6u);
+  EXPECT_EQ(p.NumBlocks(0), 6);
+  for (const BlockMove& m : moves) EXPECT_EQ(m.src_tier, KvTier::kHost);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  EXPECT_EQ(p.RegisterPrefix(0, prompt), 0) << "nothing registered while the copies are in flight";
+
+  // The offload failed: its host blocks leave the cache (the onboarding's reads still hold them
+  // until their own fence), and nothing matches there any more.
+  p.DiscardFailedOffloads({7});
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, &host), 0);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  p.Release(0);
+  p.RetireUpTo(9);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  EXPECT_EQ(p.free_host_blocks(), 16);
+  EXPECT_EQ(p.free_device_blocks(), 12);
+}
+
 TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
   KvPager p(CacheOptions(3, 64));
   const std::vector<int32_t> prompt = RandomTokens(64, 7);
