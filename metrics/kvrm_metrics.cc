@@ -222,6 +222,10 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
                               "Prefix-cache KV blocks copied to the host tier on eviction.");
   prefix_host_cached_ = gauge("kvrm:prefix_cache_host_bytes",
                               "KV bytes of the prefix cache held in the host tier.");
+  stream_chunks_merged_ =
+      counter("kvrm:stream_chunks_merged_total",
+              "Output chunks merged into a queued response message because the client read "
+              "its stream slower than its tokens came.");
 }
 
 void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {

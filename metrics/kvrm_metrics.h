@@ -49,6 +49,10 @@ class KvrmMetrics : public EngineObserver {
   void OnMixedStep(int32_t active_slots, int32_t chunk_tokens, absl::Duration duration) override;
   void OnStats(const EngineStats& stats) override;
 
+  // The server's: output chunks merged into a queued message because a client read slower than
+  // its tokens came (server/response_queue.h). Thread-safe.
+  Counter* stream_chunks_merged() const { return stream_chunks_merged_; }
+
  private:
   // vLLM-compatible request figures.
   Histogram* ttft_;
@@ -65,6 +69,7 @@ class KvrmMetrics : public EngineObserver {
   Counter* generation_tokens_;
   std::array<Counter*, 6> success_;  // [FinishReason]
   Counter* preemptions_;
+  Counter* stream_chunks_merged_;
   Counter* device_sampled_;
   std::array<Counter*, 3> rejected_;  // queue_full, draining, other
 

@@ -1,5 +1,7 @@
 #include "server/kvrm_server.h"
 
+#include <algorithm>
+
 #include <openssl/bio.h>
 #include <openssl/evp.h>
 #include <openssl/pem.h>
@@ -111,6 +113,10 @@ absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials = MakeCredentials(options);
   if (!credentials.ok()) return credentials.status();
   server->service_ = std::make_unique<KvrmService>(engine, options.info);
+  server->service_->SetMergedChunksCounter(options.merged_chunks_counter);
+  // Output merged for a slow reader stays far below the send limit.
+  server->service_->SetMaxMergedMessageBytes(
+      std::min<size_t>(64 << 10, std::max(options.max_message_bytes, 4) / 4));
   if (!options.auth_tokens_file.empty()) {
     absl::StatusOr<std::unique_ptr<TokenAuthenticator>> auth =
         TokenAuthenticator::FromFile(options.auth_tokens_file);

@@ -30,6 +30,9 @@ struct ServerOptions {
   std::string tls_client_ca;  // CA bundle that client certificates must chain to (needs TLS)
   std::string auth_tokens_file;  // one bearer token per line; empty: no token check
   ServiceInfo info;
+  // Counts output chunks merged into a queued message for clients reading slower than their
+  // tokens come (kvrm:stream_chunks_merged_total); not owned, may be null.
+  Counter* merged_chunks_counter = nullptr;
 };
 
 class KvrmServer {

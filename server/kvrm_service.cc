@@ -1,10 +1,10 @@
 #include "server/kvrm_service.h"
 
-#include <deque>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "server/response_queue.h"
 
 // gRPC passes a reactor between threads (the handler, whoever calls StartWrite or Finish, the
 // threads that run its callbacks) with synchronisation inside libgrpc, which ThreadSanitizer
@@ -44,14 +44,17 @@ v1::FinishReason ToProto(FinishReason r) {
 class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateResponse> {
  public:
   GenerateReactor(Engine* engine, const Tokenizer* tokenizer, std::string request_id,
-                  bool omit_token_ids, int32_t top_logprobs, int32_t n)
+                  bool omit_token_ids, int32_t top_logprobs, int32_t n,
+                  Counter* merged_chunks_counter, size_t max_merged_bytes)
       : engine_(engine),
         tokenizer_(tokenizer),
         request_id_(std::move(request_id)),
         omit_token_ids_(omit_token_ids),
         top_logprobs_(top_logprobs),
         n_(n),
-        handles_(n, 0) {}
+        merged_chunks_counter_(merged_chunks_counter),
+        handles_(n, 0),
+        queue_(max_merged_bytes) {}
 
   // The sink the engine calls on its own thread, for completion `index`.
   class Sink final : public RequestSink {
@@ -104,17 +107,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     bool finish = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      pending_.pop_front();
       if (!ok) {
         // The client is gone: stop writing, end the engine's work, close the call.
         finished_ = true;
         cancelled_ = true;
-        pending_.clear();
-      } else if (!pending_.empty()) {
-        next = &pending_.front();
+        queue_.DropQueued();
+        queue_.WriteDone();
       } else {
-        writing_ = false;
-        if (finals_queued_ == n_ && !finished_) finish = finished_ = true;
+        next = queue_.WriteDone();
+        if (!next && finals_queued_ == n_ && !finished_) finish = finished_ = true;
       }
     }
     KVRM_GRPC_HANDOFF(this);
@@ -226,17 +227,16 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       f->set_total_time_ms(info->total_time_ms);
     }
     const v1::GenerateResponse* start = nullptr;
+    bool merged = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (finished_) return;
       if (info) ++finals_queued_;
-      // deque::push_back keeps references to other elements valid: the one in flight stays put.
-      pending_.push_back(std::move(msg));
-      if (!writing_) {
-        writing_ = true;
-        start = &pending_.front();
-      }
+      const uint64_t before = queue_.merged_chunks();
+      start = queue_.Push(std::move(msg));
+      merged = queue_.merged_chunks() != before;
     }
+    if (merged && merged_chunks_counter_ != nullptr) merged_chunks_counter_->Add();
     if (start) {
       KVRM_GRPC_HANDOFF(this);
       StartWrite(start);
@@ -249,13 +249,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   const bool omit_token_ids_;
   const int32_t top_logprobs_;
   const int32_t n_;
+  Counter* const merged_chunks_counter_;  // null: not counted
   std::unique_ptr<GenerationRequest> follower_;  // set before the leader is submitted
   std::atomic<bool> followers_submitted_{false};
   std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's
   std::mutex mu_;
   std::vector<uint64_t> handles_;             // guarded by mu_; 0: not submitted
-  std::deque<v1::GenerateResponse> pending_;  // guarded by mu_; front() is in flight if writing_
-  bool writing_ = false;                      // guarded by mu_
+  ResponseQueue queue_;                       // guarded by mu_
   int32_t finals_queued_ = 0;                 // guarded by mu_: completions whose end is queued
   bool cancelled_ = false;                    // guarded by mu_: the client cancelled or left
   bool finished_ = false;                     // guarded by mu_: Finish called or about to be
@@ -301,7 +301,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
                                       request->response().top_logprobs(),
                                       // Validated below; clamped here, before anything is
                                       // sized from it.
-                                      std::clamp(request->n(), 1, limits_.max_n));
+                                      std::clamp(request->n(), 1, limits_.max_n),
+                                      merged_chunks_counter_, max_merged_bytes_);
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
       ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_);

@@ -2,7 +2,7 @@
 //
 // One reactor per call holds that call's state; reactors never block and only post into the
 // engine (Submit / Cancel). Output comes back from the engine thread through the reactor's sink,
-// which queues responses and keeps at most one write in flight.
+// which queues responses and keeps at most one write in flight (server/response_queue.h).
 #ifndef KVRM_SERVER_KVRM_SERVICE_H_
 #define KVRM_SERVER_KVRM_SERVICE_H_
 
@@ -10,6 +10,7 @@
 
 #include "absl/time/time.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
+#include "metrics/registry.h"
 #include "runtime/engine.h"
 #include "server/auth.h"
 #include "server/request_validation.h"
@@ -45,6 +46,14 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // When set (before the server starts), every RPC of this service needs a valid bearer token.
   void SetAuthenticator(const TokenAuthenticator* auth) { auth_ = auth; }
 
+  // When set (before the server starts), counts the chunks merged into a queued message because
+  // a client read slower than its tokens came (server/response_queue.h).
+  void SetMergedChunksCounter(Counter* counter) { merged_chunks_counter_ = counter; }
+
+  // Before the server starts: the most serialized bytes of output merged into one message
+  // (kept under the server's send limit).
+  void SetMaxMergedMessageBytes(size_t bytes) { max_merged_bytes_ = bytes; }
+
  private:
   // OK, or UNAUTHENTICATED when an authenticator is set and the call's token is not valid.
   grpc::Status CheckAuth(const grpc::CallbackServerContext* context) const;
@@ -56,6 +65,8 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
   const TokenAuthenticator* auth_ = nullptr;  // not owned; null: no authentication
+  Counter* merged_chunks_counter_ = nullptr;  // not owned; null: not counted
+  size_t max_merged_bytes_ = 64 << 10;
 };
 
 // Converts an absl::Status to a grpc::Status (same codes).

@@ -1,8 +1,11 @@
 // Faults end in a clear error or a recovered state, never a crash, a hang or a leaked block:
-// a slow transport, a failing copy, and a client that never reads its stream.
+// a slow transport, a failing copy, and a client that never reads its stream (or reads it late).
 #include <atomic>
+#include <cstdio>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+#include "grpcpp/create_channel.h"
 #include "gtest/gtest.h"
 #include "tests/test_server.h"
 
@@ -135,6 +138,72 @@ TEST(FaultTest, ClientThatNeverReadsDoesNotBlockOthers) {
   // The client goes away without ever reading: the call ends, nothing leaks.
   stuck_ctx.TryCancel();
   stuck_reader->Finish();
+  ExpectIdle(server);
+}
+
+}  // namespace
+}  // namespace kvrm
+
+namespace kvrm {
+namespace {
+
+// A client that reads its stream only after the model has finished: while its writes wait on
+// flow control the reactor merges the chunks (server/response_queue.h), so the client gets the
+// whole completion, token for token, logprob for logprob, in fewer messages than tokens, the
+// same as a client that read as it went.
+TEST(FaultTest, ClientThatReadsLateGetsTheWholeStreamMerged) {
+  EngineOptions o;
+  o.slots = 2;
+  o.max_new_tokens = 512;
+  o.threads = 2;
+  TestServer server(o);
+  v1::GenerateRequest req = TextRequest("read me later", 400);
+  req.mutable_stopping()->set_ignore_eos(true);
+  req.mutable_response()->set_top_logprobs(20);  // ~400 bytes a token: past the stream window
+  // Read as it comes.
+  StreamResult eager = RunGenerate(server.stub(), req);
+  ASSERT_TRUE(eager.status.ok()) << eager.status.error_message();
+  ASSERT_EQ(eager.tokens.size(), 400u);
+  // Read after the engine has finished the request, on a channel whose stream window stays
+  // small (16 KiB, no BDP growth) as a slow client's would: the server's writes wait on it.
+  grpc::ChannelArguments args;
+  args.SetInt("grpc.http2.lookahead_bytes", 16 << 10);
+  args.SetInt("grpc.http2.bdp_probe", 0);
+  auto stub = v1::Kvrm::NewStub(grpc::CreateCustomChannel(
+      absl::StrCat("127.0.0.1:", server.port()), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse first;
+  ASSERT_TRUE(reader->Read(&first));  // the call is under way
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(120)));
+  std::vector<v1::GenerateResponse> messages{first};
+  for (v1::GenerateResponse m; reader->Read(&m);) messages.push_back(m);
+  ASSERT_TRUE(reader->Finish().ok());
+  std::vector<int32_t> tokens;
+  std::string text;
+  int finished = 0;
+  for (const v1::GenerateResponse& m : messages) {
+    ASSERT_EQ(m.logprobs_size(), m.token_ids_size()) << "one logprob entry per token";
+    for (int i = 0; i < m.token_ids_size(); ++i) {
+      EXPECT_EQ(m.logprobs(i).token_id(), m.token_ids(i));
+      EXPECT_EQ(m.logprobs(i).top_size(), 20);
+    }
+    tokens.insert(tokens.end(), m.token_ids().begin(), m.token_ids().end());
+    text += m.text();
+    if (m.has_finished()) {
+      ++finished;
+      EXPECT_EQ(m.finished().usage().completion_tokens(), 400);
+      EXPECT_EQ(m.finished().reason(), v1::FINISH_REASON_LENGTH);
+    }
+  }
+  EXPECT_EQ(finished, 1);
+  EXPECT_TRUE(messages.back().has_finished()) << "the final message comes last";
+  EXPECT_EQ(tokens, eager.tokens) << "greedy: the same completion";
+  EXPECT_EQ(text, eager.text);
+  EXPECT_GE(eager.messages.size(), 200u) << "read as it went: about one message a token";
+  EXPECT_LT(messages.size(), eager.messages.size() / 2) << "read late: chunks merged";
+  std::fprintf(stderr, "read late: %zu messages for 400 tokens (read as it went: %zu)\n",
+               messages.size(), eager.messages.size());
   ExpectIdle(server);
 }
 

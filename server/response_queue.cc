@@ -1,0 +1,43 @@
+#include "server/response_queue.h"
+
+#include <utility>
+
+namespace kvrm {
+const v1::GenerateResponse* ResponseQueue::Push(v1::GenerateResponse msg) {
+  const size_t bytes = msg.ByteSizeLong();
+  if (!writing_) {
+    entries_.push_back(Entry{std::move(msg), bytes});
+    writing_ = true;
+    return &entries_.front().msg;
+  }
+  // The completion's last queued message (never the one in flight, entries_.front()).
+  for (size_t k = entries_.size(); k-- > 1;) {
+    Entry& e = entries_[k];
+    if (e.msg.index() != msg.index()) continue;
+    if (e.msg.has_finished() || e.bytes + bytes > max_merged_bytes_) break;
+    e.msg.mutable_token_ids()->MergeFrom(msg.token_ids());
+    e.msg.mutable_text()->append(msg.text());
+    e.msg.mutable_logprobs()->MergeFrom(msg.logprobs());
+    if (msg.has_finished()) *e.msg.mutable_finished() = std::move(*msg.mutable_finished());
+    e.bytes += bytes;
+    ++merged_chunks_;
+    return nullptr;
+  }
+  entries_.push_back(Entry{std::move(msg), bytes});
+  return nullptr;
+}
+
+const v1::GenerateResponse* ResponseQueue::WriteDone() {
+  if (!entries_.empty()) entries_.pop_front();
+  if (entries_.empty()) {
+    writing_ = false;
+    return nullptr;
+  }
+  return &entries_.front().msg;
+}
+
+void ResponseQueue::DropQueued() {
+  while (entries_.size() > (writing_ ? 1u : 0u)) entries_.pop_back();
+}
+
+}  // namespace kvrm
