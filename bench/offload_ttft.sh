@@ -11,10 +11,13 @@
 #
 #   bench/offload_ttft.sh [--rounds=5] [--prompt=1536] [--followup=64] [--flush=3]
 #                         [--model=builtin:small] [--json=FILE]
+#                         [--bin=DIR]           (kvrmd and kvrm_cli already built under DIR:
+#                                                DIR/server/kvrmd, DIR/tools/cli/kvrm_cli)
+#                         [--model_cache=DIR]   (kvrmd's, for built-in models)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-rounds=5 prompt=1536 followup=64 flush=3 model=builtin:small json=""
+rounds=5 prompt=1536 followup=64 flush=3 model=builtin:small json="" bin="" model_cache=""
 for arg in "$@"; do
   case "$arg" in
     --rounds=*) rounds=${arg#*=} ;;
@@ -23,13 +26,19 @@ for arg in "$@"; do
     --flush=*) flush=${arg#*=} ;;
     --model=*) model=${arg#*=} ;;
     --json=*) json=${arg#*=} ;;
+    --bin=*) bin=${arg#*=} ;;
+    --model_cache=*) model_cache=${arg#*=} ;;
     *) echo "unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
 
-bazel build -c opt //server:kvrmd //tools/cli:kvrm_cli >/dev/null 2>&1 ||
-  bazel build -c opt //server:kvrmd //tools/cli:kvrm_cli
-bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+if [[ -z "$bin" ]]; then
+  bazel build -c opt //server:kvrmd //tools/cli:kvrm_cli >/dev/null 2>&1 ||
+    bazel build -c opt //server:kvrmd //tools/cli:kvrm_cli
+  bin="$(bazel info -c opt bazel-bin 2>/dev/null)"
+fi
+cache_flag=()
+[[ -n "$model_cache" ]] && cache_flag=(--model_cache="$model_cache")
 cli="$bin/tools/cli/kvrm_cli"
 work="$(mktemp -d)"
 pids=()
@@ -44,7 +53,7 @@ start() {  # start NAME offload
   "$bin/server/kvrmd" --model="$model" --listen=127.0.0.1:0 --port_file="$work/$1.port" \
     --slots=2 --max_context="$max_context" --kv_blocks="$kv_blocks" \
     --kv_host_blocks=$((kv_blocks * 8)) --prefix_cache_offload="$2" --metrics_port=0 \
-    >"$work/$1.log" 2>&1 &
+    "${cache_flag[@]}" >"$work/$1.log" 2>&1 &
   pids+=($!)
 }
 # One after the other: the first generates a built-in model if the cache lacks it.
