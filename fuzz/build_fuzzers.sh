@@ -6,7 +6,8 @@
 # Plain clang++ rather than Bazel: switching Bazel's toolchain to clang would rebuild everything
 # in another configuration, offline. The sources below are the transitive sources of the four
 # libraries under test (`bazel query 'kind("source file", deps(//model:safetensors +
-# //model:tokenizer + //tools/replay:trace + //server:request_validation))'`); keep this list,
+# //model:tokenizer + //model:chat_template + //tools/replay:trace +
+# //server:request_validation))'`); keep this list,
 # and the data of //fuzz:fuzz_test, in step with it. System libraries (absl, protobuf, ICU,
 # oniguruma) are linked uninstrumented. Objects are rebuilt only when their source is newer.
 set -euo pipefail
@@ -17,6 +18,8 @@ CXX="${CXX:-clang++}"
 SOURCES=(
   common/json.cc common/logging.cc
   model/safetensors.cc
+  model/chat_config.cc model/chat_template.cc model/chat_template_parser.cc
+  model/chat_template_value.cc
   model/tokenizer.cc model/tokenizer_added.cc model/tokenizer_bpe.cc model/tokenizer_decoder.cc
   model/tokenizer_normalizer.cc model/tokenizer_postprocessor.cc
   model/tokenizer_pretokenizer.cc model/tokenizer_text.cc
@@ -24,7 +27,8 @@ SOURCES=(
   server/request_validation.cc
   tools/replay/trace.cc
 )
-FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer)
+FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer
+  chat_template_fuzzer)
 
 mkdir -p "$out/gen" "$out/obj" "$out/bin"
 # Only the message classes are needed (request validation); no gRPC stubs.

@@ -2,6 +2,7 @@
 // (what a client controls), with the gpt2 tokenizer and kvrmd-like limits. Invariants on
 // success: the prompt fits the context with room for one token, its ids are in the vocabulary,
 // max_new_tokens and the stop conditions are within their limits, the time limit is not negative.
+// Chat prompts are rendered with a Llama-3-style template that raises on unknown roles.
 #include <cstdint>
 #include <memory>
 
@@ -12,6 +13,13 @@
 namespace {
 kvrm::Tokenizer* tokenizer = nullptr;
 kvrm::RequestLimits limits;
+kvrm::ChatConfig* chat = nullptr;
+constexpr char kTemplate[] =
+    "{{- bos_token }}{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{- raise_exception('unknown role: ' + message['role']) }}{%- endif %}"
+    "{{- message['role'] + ':\\n' + message['content'] | trim + '<|endoftext|>' }}"
+    "{%- endfor %}{%- if add_generation_prompt %}{{- 'assistant:\\n' }}{%- endif %}";
 }  // namespace
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {
@@ -20,6 +28,12 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   limits.max_context = 1024;
   limits.max_new_tokens = 512;
   limits.max_prompt_bytes = 64 << 10;
+  chat = new kvrm::ChatConfig();
+  absl::StatusOr<kvrm::ChatTemplate> t = kvrm::ChatTemplate::Parse(kTemplate);
+  FUZZ_CHECK(t.ok());
+  chat->chat_template = std::make_shared<const kvrm::ChatTemplate>(*std::move(t));
+  chat->status = absl::OkStatus();
+  chat->bos_token = "<|endoftext|>";
   return 0;
 }
 
@@ -27,7 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvrm::v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   absl::StatusOr<std::unique_ptr<kvrm::GenerationRequest>> r =
-      kvrm::ValidateGenerateRequest(request, *tokenizer, limits);
+      kvrm::ValidateGenerateRequest(request, *tokenizer, limits, chat);
   if (!r.ok()) {
     FUZZ_CHECK(absl::IsInvalidArgument(r.status()) || absl::IsOutOfRange(r.status()) ||
                absl::IsResourceExhausted(r.status()));

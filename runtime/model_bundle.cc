@@ -27,6 +27,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
         absl::StrCat(dir, "/tokenizer.json: ", bundle->tokenizer->vocab_size(),
                      " tokens but config.json vocab_size is ", bundle->config.vocab_size));
   }
+  ASSIGN_OR_RETURN(bundle->chat, LoadChatConfig(dir));
   return bundle;
 }
 

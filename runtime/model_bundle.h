@@ -6,6 +6,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "model/chat_config.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
@@ -20,6 +21,7 @@ struct ModelBundle {
   std::unique_ptr<SafetensorsSet> files;
   LlamaWeights weights;  // views into `files`
   std::unique_ptr<Tokenizer> tokenizer;
+  ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
 
   // Every error names the file and what is wrong with it.
   static absl::StatusOr<std::unique_ptr<ModelBundle>> Load(const std::string& dir);

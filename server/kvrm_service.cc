@@ -305,7 +305,8 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
                                       merged_chunks_counter_, max_merged_bytes_);
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
-      ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_);
+      ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_,
+                              &engine_->model().chat);
   if (!r.ok()) {
     reactor->Reject(ToGrpcStatus(r.status()));
     return reactor;
@@ -368,6 +369,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   if (m.config.bos_token_id) response->set_bos_token_id(*m.config.bos_token_id);
   for (int32_t e : c.eos_token_ids) response->add_eos_token_ids(e);
   response->set_max_new_tokens_limit(engine_->options().max_new_tokens);
+  response->set_chat_template(m.chat.chat_template != nullptr);
   return FinishUnary(context, grpc::Status::OK);
 }
 

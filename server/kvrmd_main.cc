@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, model, "builtin:small",
 ABSL_FLAG(std::string, model_cache, "",
           "where built-in models are generated (default $KVRM_HOME/models or "
           "~/.cache/kvrm/models)");
+ABSL_FLAG(std::string, chat_template, "",
+          "Jinja2 chat template file for GenerateRequest.chat, instead of the model's "
+          "(tokenizer_config.json's chat_template or chat_template.jinja)");
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address; port 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port to this file once serving");
 ABSL_FLAG(int32_t, slots, 8, "fixed decode slots (rows of the decode step)");
@@ -191,6 +194,12 @@ int Run() {
                  model.status().ToString().c_str());
     return 1;
   }
+  if (const std::string path = absl::GetFlag(FLAGS_chat_template); !path.empty()) {
+    if (absl::Status st = OverrideChatTemplate(path, &(*model)->chat); !st.ok()) {
+      std::fprintf(stderr, "kvrmd: %s\n", std::string(st.message()).c_str());
+      return 1;
+    }
+  }
   EngineOptions eo;
   eo.slots = absl::GetFlag(FLAGS_slots);
   eo.max_context = absl::GetFlag(FLAGS_max_context);
@@ -283,6 +292,11 @@ int Run() {
                                                             : "on")
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
+  if (m.chat.chat_template != nullptr) {
+    LOG(INFO) << "chat requests use the chat template from " << m.chat.source;
+  } else {
+    LOG(INFO) << "chat requests are refused: " << m.chat.status.message();
+  }
   if (const FarHistoryShape& far = (*engine)->far_history(); far.enabled()) {
     LOG(INFO) << "far-history summaries ON (approximate attention): " << far.sink_blocks
               << " sink + " << far.window_blocks << " window blocks of " << eo.block_tokens

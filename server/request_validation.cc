@@ -78,10 +78,47 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
   return absl::OkStatus();
 }
 
+// The prompt text of a chat request: the messages checked, then rendered by the template.
+absl::StatusOr<std::string> RenderChat(const v1::ChatPrompt& chat, const ChatConfig* config,
+                                       const RequestLimits& limits) {
+  if (chat.messages_size() == 0) return Invalid("chat.messages", "no messages");
+  if (chat.messages_size() > limits.max_chat_messages) {
+    return Invalid("chat.messages", absl::StrCat(chat.messages_size(), " messages; at most ",
+                                                 limits.max_chat_messages));
+  }
+  ChatTemplateInputs inputs;
+  inputs.add_generation_prompt =
+      chat.has_add_generation_prompt() ? chat.add_generation_prompt() : true;
+  int64_t bytes = 0;
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const v1::ChatMessage& m = chat.messages(i);
+    const std::string field = absl::StrCat("chat.messages[", i, "].role");
+    if (m.role().empty() || m.role().size() > 64) {
+      return Invalid(field.c_str(), "must be 1 to 64 bytes");
+    }
+    for (unsigned char c : m.role()) {
+      if (c < 0x20 || c > 0x7e) return Invalid(field.c_str(), "must be printable ASCII");
+    }
+    bytes += static_cast<int64_t>(m.content().size() + m.role().size());
+    inputs.messages.push_back(ChatMessage{m.role(), m.content()});
+  }
+  if (bytes > limits.max_prompt_bytes) {
+    return Invalid("chat.messages", absl::StrCat("messages of ", bytes,
+                                                 " bytes exceed the limit of ",
+                                                 limits.max_prompt_bytes));
+  }
+  if (config == nullptr) return Invalid("chat", "the server has no chat template");
+  // Errors from here name "chat: ..." (a missing template, or the template's own message).
+  ASSIGN_OR_RETURN(std::string text, config->Render(std::move(inputs)));
+  if (text.empty()) return Invalid("chat", "the template rendered an empty prompt");
+  return text;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
-    const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits) {
+    const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
+    const ChatConfig* chat) {
   auto r = std::make_unique<GenerationRequest>();
   RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
   r->request_id = proto.request_id();
@@ -113,11 +150,21 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
       r->prompt.assign(ids.begin(), ids.end());
       break;
     }
+    case v1::GenerateRequest::kChat: {
+      ASSIGN_OR_RETURN(std::string text, RenderChat(proto.chat(), chat, limits));
+      // The template writes BOS and every other special token itself (transformers tokenizes
+      // apply_chat_template's text with add_special_tokens=False).
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, /*add_bos=*/false);
+      if (!ids.ok()) return Invalid("chat", std::string(ids.status().message()));
+      r->prompt = std::move(*ids);
+      if (r->prompt.empty()) return Invalid("chat", "the rendered prompt encodes to no tokens");
+      break;
+    }
     default:
-      return Invalid("prompt", "set text or token_ids");
+      return Invalid("prompt", "set text, token_ids or chat");
   }
   if (static_cast<int64_t>(r->prompt.size()) >= limits.max_context) {
-    return Invalid(proto.has_token_ids() ? "token_ids" : "text",
+    return Invalid(proto.has_token_ids() ? "token_ids" : proto.has_chat() ? "chat" : "text",
                    absl::StrCat("prompt of ", r->prompt.size(),
                                 " tokens does not fit the max context of ", limits.max_context,
                                 " (at least one token must be generated)"));

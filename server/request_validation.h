@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "kvrm/v1/kvrm.pb.h"
+#include "model/chat_config.h"
 #include "model/tokenizer.h"
 #include "runtime/request.h"
 
@@ -21,10 +22,13 @@ struct RequestLimits {
   int32_t max_stop_sequence_bytes = 256;
   int32_t max_stop_token_ids = 64;
   int32_t max_n = 16;  // completions per request (GenerateRequest.n)
+  int32_t max_chat_messages = 1024;
 };
 
+// `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
-    const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits);
+    const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
+    const ChatConfig* chat = nullptr);
 
 }  // namespace kvrm
 

@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "gtest/gtest.h"
+#include "server/request_validation.h"
 #include "tests/test_server.h"
 
 namespace kvrm {
@@ -371,6 +372,100 @@ TEST_F(E2eTest, TokenizeAndInfo) {
   EXPECT_TRUE(si.mixed_steps()) << "the CPU backend runs chunks in the decode pass by default";
   EXPECT_FALSE(si.device_sampling()) << "the CPU backend samples on the host";
   EXPECT_FALSE(si.far_history().enabled()) << "off unless asked for";
+}
+
+v1::GenerateRequest ChatRequest(std::vector<std::pair<std::string, std::string>> turns,
+                                int max_new_tokens) {
+  v1::GenerateRequest r;
+  r.mutable_chat();  // set even with no turns
+  for (auto& [role, content] : turns) {
+    v1::ChatMessage* m = r.mutable_chat()->add_messages();
+    m->set_role(role);
+    m->set_content(content);
+  }
+  r.mutable_stopping()->set_max_new_tokens(max_new_tokens);
+  return r;
+}
+
+// A chat request is the text its template renders (the built-in model's: Llama 3's layout with
+// plain-text headers, tools/modelgen/tokenizer_json.h), tokenized with its special tokens and no
+// second BOS: the same prompt tokens, and so the same greedy completion, as that text sent with
+// skip_bos.
+TEST_F(E2eTest, ChatRequestIsTheTemplatesTextAndEndsAtTheTurnsEnd) {
+  grpc::ClientContext c0;
+  v1::ModelInfo mi;
+  ASSERT_TRUE(stub().GetModelInfo(&c0, v1::GetModelInfoRequest(), &mi).ok());
+  EXPECT_TRUE(mi.chat_template());
+
+  v1::GenerateRequest chat = ChatRequest(
+      {{"system", "  Be brief.\n"}, {"user", "What is a KV cache?"}, {"assistant", "A cache."},
+       {"user", "Of what?"}},
+      40);
+  const std::string rendered =
+      "<|begin_of_text|>system:\nBe brief.<|eot_id|>user:\nWhat is a KV cache?<|eot_id|>"
+      "assistant:\nA cache.<|eot_id|>user:\nOf what?<|eot_id|>assistant:\n";
+  v1::GenerateRequest text = TextRequest(rendered, 40);
+  text.set_skip_bos(true);
+  const StreamResult a = RunGenerate(stub(), chat);
+  const StreamResult b = RunGenerate(stub(), text);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  const std::vector<int32_t> ids = *server_->model().tokenizer->Encode(rendered, false);
+  EXPECT_EQ(ids[0], *server_->model().config.bos_token_id) << "one BOS, the template's";
+  EXPECT_NE(ids[1], *server_->model().config.bos_token_id);
+  EXPECT_EQ(a.finished.usage().prompt_tokens(), static_cast<int32_t>(ids.size()));
+  EXPECT_EQ(b.finished.usage().prompt_tokens(), static_cast<int32_t>(ids.size()));
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_FALSE(a.tokens.empty());
+
+  // Without the generation prompt the last turn is continued: the rendering stops at its end.
+  v1::GenerateRequest cont = ChatRequest({{"user", "Hi"}}, 8);
+  cont.mutable_chat()->set_add_generation_prompt(false);
+  const StreamResult c = RunGenerate(stub(), cont);
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.finished.usage().prompt_tokens(),
+            static_cast<int32_t>(
+                server_->model().tokenizer->Encode("<|begin_of_text|>user:\nHi<|eot_id|>", false)
+                    ->size()));
+}
+
+TEST_F(E2eTest, BadChatRequestsGetInvalidArgumentNamingTheFieldOrTheTemplatesError) {
+  struct Case {
+    v1::GenerateRequest request;
+    std::string message_prefix;
+  };
+  std::vector<Case> cases;
+  cases.push_back({ChatRequest({}, 8), "chat.messages: no messages"});
+  cases.push_back({ChatRequest({{"", "hello"}}, 8), "chat.messages[0].role: must be 1 to 64"});
+  cases.push_back({ChatRequest({{"user", "a"}, {std::string(65, 'r'), "b"}}, 8),
+                   "chat.messages[1].role: must be 1 to 64"});
+  cases.push_back({ChatRequest({{"user\n", "a"}}, 8), "chat.messages[0].role: must be printable"});
+  // The template's own raise_exception, as its message.
+  cases.push_back({ChatRequest({{"user", "a"}, {"tool", "{}"}}, 8),
+                   "chat: unknown role: tool (this template takes system, user and assistant)"});
+  // Too long once rendered.
+  cases.push_back({ChatRequest({{"user", std::string(5000, 'x')}}, 8), "chat: prompt of"});
+  for (const Case& c : cases) {
+    const StreamResult r = RunGenerate(stub(), c.request);
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.message_prefix << ": " << r.status.error_message();
+    EXPECT_TRUE(absl::StartsWith(r.status.error_message(), c.message_prefix))
+        << "expected '" << c.message_prefix << "...', got '" << r.status.error_message() << "'";
+  }
+  // A model without a template refuses chat requests and says why (the validation the service
+  // runs, with the ChatConfig of such a model).
+  const ChatConfig none;
+  RequestLimits limits;
+  limits.vocab_size = 1024;
+  limits.max_context = 512;
+  limits.max_new_tokens = 64;
+  absl::StatusOr<std::unique_ptr<GenerationRequest>> r = ValidateGenerateRequest(
+      ChatRequest({{"user", "hi"}}, 8), *server_->model().tokenizer, limits, &none);
+  EXPECT_TRUE(absl::IsInvalidArgument(r.status()));
+  EXPECT_EQ(r.status().message(), "chat: the model has no chat template");
+  // The server is unharmed.
+  const StreamResult ok = RunGenerate(stub(), ChatRequest({{"user", "still there?"}}, 4));
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
 }
 
 // --kv_dtype=bf16: the server says so, a block takes half the bytes, and requests are served.

@@ -43,6 +43,11 @@ echo "== demo request: sampled (temperature 0.8, top_p 0.95, seed 7) =="
 "$cli" generate --server="127.0.0.1:${port}" --prompt="Once upon a time" \
   --max_new_tokens=48 --temperature=0.8 --top_p=0.95 --seed=7
 echo
+echo "== demo request: chat, rendered by the model's chat template =="
+"$cli" generate --server="127.0.0.1:${port}" --system="You are a helpful assistant." \
+  --message="user:What does a KV cache hold?" --max_new_tokens=48 ||
+  echo "(no chat: the model has no chat template; see kvrmd --chat_template)"
+echo
 
 if [[ $once -eq 1 ]]; then exit 0; fi
 echo "kvrmd is serving on 127.0.0.1:${port} (Ctrl-C to stop). Try:"

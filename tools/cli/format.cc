@@ -135,6 +135,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"bos_token_id", absl::StrCat(model.bos_token_id())},
       {"eos_token_ids", absl::StrJoin(model.eos_token_ids(), ",")},
       {"max_new_tokens_limit", absl::StrCat(model.max_new_tokens_limit())},
+      {"chat_template", model.chat_template() ? "yes" : "no (chat requests refused)"},
   };
   const v1::KvUsage& kv = server.kv();
   const Rows server_rows = {

@@ -61,10 +61,33 @@ absl::StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(absl::stri
 
 absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options) {
   v1::GenerateRequest request;
-  if (options.prompt.empty() == options.token_ids.empty()) {
-    return absl::InvalidArgumentError("give exactly one of --prompt and --token_ids");
+  const bool chat = !options.messages.empty() || !options.system.empty();
+  if (static_cast<int>(!options.prompt.empty()) + static_cast<int>(!options.token_ids.empty()) +
+          static_cast<int>(chat) != 1) {
+    return absl::InvalidArgumentError(
+        "give exactly one of --prompt, --token_ids and --message (with --system)");
   }
-  if (!options.prompt.empty()) {
+  if (chat) {
+    if (options.messages.empty()) {
+      return absl::InvalidArgumentError("--system needs a --message after it");
+    }
+    v1::ChatPrompt* prompt = request.mutable_chat();
+    if (!options.system.empty()) {
+      v1::ChatMessage* m = prompt->add_messages();
+      m->set_role("system");
+      m->set_content(options.system);
+    }
+    for (const std::string& turn : options.messages) {
+      const size_t colon = turn.find(':');
+      if (colon == std::string::npos || colon == 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--message: '", turn, "' is not role:content (user:Hello)"));
+      }
+      v1::ChatMessage* m = prompt->add_messages();
+      m->set_role(turn.substr(0, colon));
+      m->set_content(turn.substr(colon + 1));
+    }
+  } else if (!options.prompt.empty()) {
     request.set_text(options.prompt);
   } else {
     ASSIGN_OR_RETURN(std::vector<int32_t> ids, ParseIdList(options.token_ids, "token_ids"));

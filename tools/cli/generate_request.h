@@ -23,6 +23,10 @@ namespace kvrm::cli {
 struct GenerateOptions {
   std::string prompt;
   std::string token_ids;  // "1,2,3"; exclusive with prompt
+  // Chat turns, each "role:content" in order (one per --message given); exclusive with prompt
+  // and token_ids. `system`, when set, is a first "system" turn.
+  std::vector<std::string> messages;
+  std::string system;
   bool skip_bos = false;
   int32_t max_new_tokens = 64;
   float temperature = 0;

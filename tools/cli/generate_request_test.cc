@@ -140,5 +140,38 @@ TEST(BuildGenerateRequestTest, NeedsExactlyOnePrompt) {
   EXPECT_EQ(BuildGenerateRequest(blank_ids).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(BuildGenerateRequestTest, MessagesBecomeChatTurnsInOrder) {
+  GenerateOptions options;
+  options.system = "Be brief.";
+  options.messages = {"user:Hi: there", "assistant:Hello.", "user:"};
+  absl::StatusOr<v1::GenerateRequest> r = BuildGenerateRequest(options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->has_chat());
+  ASSERT_EQ(r->chat().messages_size(), 4);
+  EXPECT_EQ(r->chat().messages(0).role(), "system");
+  EXPECT_EQ(r->chat().messages(0).content(), "Be brief.");
+  EXPECT_EQ(r->chat().messages(1).role(), "user");
+  EXPECT_EQ(r->chat().messages(1).content(), "Hi: there");  // split at the first colon only
+  EXPECT_EQ(r->chat().messages(2).role(), "assistant");
+  EXPECT_EQ(r->chat().messages(3).content(), "");
+  EXPECT_FALSE(r->chat().has_add_generation_prompt()) << "the server's default (true)";
+
+  GenerateOptions no_role;
+  no_role.messages = {":Hi"};
+  EXPECT_THAT(std::string(BuildGenerateRequest(no_role).status().message()),
+              HasSubstr("--message: ':Hi' is not role:content"));
+  no_role.messages = {"Hi"};
+  EXPECT_EQ(BuildGenerateRequest(no_role).status().code(), absl::StatusCode::kInvalidArgument);
+  GenerateOptions system_only;
+  system_only.system = "x";
+  EXPECT_THAT(std::string(BuildGenerateRequest(system_only).status().message()),
+              HasSubstr("--system needs a --message"));
+  GenerateOptions chat_and_text;
+  chat_and_text.prompt = "x";
+  chat_and_text.messages = {"user:y"};
+  EXPECT_EQ(BuildGenerateRequest(chat_and_text).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 }  // namespace
 }  // namespace kvrm::cli

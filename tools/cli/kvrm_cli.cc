@@ -35,6 +35,10 @@ ABSL_FLAG(bool, json, false, "print each response message as one line of JSON");
 
 ABSL_FLAG(std::string, prompt, "", "prompt text (or give --token_ids)");
 ABSL_FLAG(std::string, token_ids, "", "prompt as token ids, e.g. 1,2,3 (no BOS is added)");
+ABSL_FLAG(std::string, message, "",
+          "a chat turn, role:content (user:Hello), rendered by the model's chat template; "
+          "repeatable, in order (instead of --prompt)");
+ABSL_FLAG(std::string, system, "", "with --message: a first system turn");
 ABSL_FLAG(bool, skip_bos, false, "do not prepend the BOS token to a text prompt");
 ABSL_FLAG(int32_t, max_new_tokens, 64, "upper bound on generated tokens");
 ABSL_FLAG(float, temperature, 0, "softmax temperature; 0 = greedy");
@@ -132,6 +136,8 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   GenerateOptions options;
   options.prompt = absl::GetFlag(FLAGS_prompt);
   options.token_ids = absl::GetFlag(FLAGS_token_ids);
+  if (auto it = flags.given.find("message"); it != flags.given.end()) options.messages = it->second;
+  options.system = absl::GetFlag(FLAGS_system);
   options.skip_bos = absl::GetFlag(FLAGS_skip_bos);
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.temperature = absl::GetFlag(FLAGS_temperature);
@@ -330,6 +336,8 @@ int RunHealth(const ParsedFlags&) {
 
 constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "token_ids",
+                                                "message",
+                                                "system",
                                                 "skip_bos",
                                                 "max_new_tokens",
                                                 "temperature",

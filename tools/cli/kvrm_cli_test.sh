@@ -38,8 +38,10 @@ expect 0 "--service=" -- help health
 expect 2 "unknown command 'bogus'" -- bogus
 expect 2 "unknown flag --port" -- health --port=1
 expect 2 "flag --prompt does not apply" -- info --prompt=x
-expect 2 "give exactly one of --prompt and --token_ids" -- generate
-expect 2 "give exactly one of --prompt and --token_ids" -- generate --prompt=a --token_ids=1
+expect 2 "give exactly one of --prompt, --token_ids and --message" -- generate
+expect 2 "give exactly one of --prompt, --token_ids and --message" -- generate --prompt=a --token_ids=1
+expect 2 "give exactly one of --prompt, --token_ids and --message" -- generate --prompt=a --message=user:b
+expect 2 "--message: 'hello' is not role:content" -- generate --message=hello
 expect 2 "'x' is not a token id" -- generate --token_ids=1,x
 expect 2 "max_new_tokens" -- generate --prompt=a --max_new_tokens=abc
 expect 2 "--stop: empty sequence" -- generate --prompt=a --stop=a,,b

@@ -19,6 +19,7 @@
 #include "model/tokenizer.h"
 #include "tools/modelgen/model_spec.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/modelgen/tokenizer_json.h"
 
 namespace kvrm::modelgen {
 namespace {
@@ -119,6 +120,7 @@ TEST(MakeModelTest, ConfigLoadsWithTinyValues) {
   EXPECT_EQ((*tok_config)["tokenizer_class"], "PreTrainedTokenizerFast");
   EXPECT_EQ((*tok_config)["bos_token"], "<|begin_of_text|>");
   EXPECT_EQ((*tok_config)["eos_token"], "<|end_of_text|>");
+  EXPECT_EQ((*tok_config)["chat_template"], std::string(kChatTemplate));
 }
 
 struct Expected {

@@ -118,6 +118,7 @@ std::string BuildTokenizerConfigJson(const BpeModel& bpe, int model_max_length) 
   OJson c;
   c["added_tokens_decoder"] = std::move(decoder_entries);
   c["bos_token"] = std::string(kSpecialTokens[kBosIndex]);
+  c["chat_template"] = std::string(kChatTemplate);
   // False: Transformers' clean-up would drop spaces before punctuation, breaking round trips.
   c["clean_up_tokenization_spaces"] = false;
   c["eos_token"] = std::string(kSpecialTokens[kEosIndex]);

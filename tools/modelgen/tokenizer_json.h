@@ -20,6 +20,22 @@ inline constexpr int kEosIndex = 1;
 inline constexpr int kEotIndex = 2;
 inline constexpr int kPadIndex = 3;
 
+// The chat template written into tokenizer_config.json: Llama 3's layout with plain-text role
+// headers (the vocabulary has no header tokens), each turn ended by <|eot_id|> (an EOS id in
+// config.json, so a reply stops at its turn's end); an unknown role is the template's error.
+// [system "Be brief.", user "Hi"] renders
+// "<|begin_of_text|>system:\nBe brief.<|eot_id|>user:\nHi<|eot_id|>assistant:\n".
+inline constexpr std::string_view kChatTemplate =
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{- raise_exception('unknown role: ' + message['role'] + "
+    "' (this template takes system, user and assistant)') }}"
+    "{%- endif %}"
+    "{{- message['role'] + ':\n' + message['content'] | trim + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- 'assistant:\n' }}{%- endif %}";
+
 // Id of special token `index` given the BPE model (they follow its tokens).
 inline int SpecialTokenId(const BpeModel& bpe, int index) {
   return static_cast<int>(bpe.tokens.size()) + index;
