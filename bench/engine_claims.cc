@@ -39,6 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/families.h"
+#include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
@@ -74,6 +75,9 @@ ABSL_FLAG(bool, device_sampling, true,
           "engine device_sampling: greedy rows sampled inside the CUDA decode graph (kvrmd's "
           "default; no effect on the CPU)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "KV cache element type (both modes): f32 or bf16 (half the bytes per token, same block "
+          "count)");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON");
 
@@ -221,6 +225,13 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
   }
+  DType kv_dtype = DType::kF32;
+  if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); kv == "bf16") {
+    kv_dtype = DType::kBF16;
+  } else if (kv != "f32") {
+    std::fprintf(stderr, "--kv_dtype=%s: use f32 or bf16\n", kv.c_str());
+    return 1;
+  }
   const int32_t slots = absl::GetFlag(FLAGS_slots);
   const int32_t ctx = (*model)->config.max_position_embeddings;
   const bench::KvBudget budget =
@@ -241,10 +252,11 @@ int Main(int argc, char** argv) {
     return 1;
   }
 
-  std::printf("engine claims: %s model, device %s, tp %d, %d slots, KV budget %lld blocks "
+  std::printf("engine claims: %s model, device %s, tp %d, %d slots, KV budget %lld %s blocks "
               "(static backs %lld slots of %d tokens), %s\n",
               absl::GetFlag(FLAGS_size).c_str(), device->device.c_str(),
               absl::GetFlag(FLAGS_tp), slots, static_cast<long long>(kv_blocks),
+              std::string(DTypeName(kv_dtype)).c_str(),
               static_cast<long long>(kv_blocks / blocks_per_slot), ctx,
               rate > 0 ? absl::StrFormat("Poisson arrivals at %.1f/s", rate).c_str()
                        : "every request queued at once");
@@ -256,6 +268,7 @@ int Main(int argc, char** argv) {
   out["model"] = absl::GetFlag(FLAGS_size);
   out["slots"] = slots;
   out["kv_blocks"] = kv_blocks;
+  out["kv_dtype"] = std::string(DTypeName(kv_dtype));
   out["rate"] = rate;
   std::string ratios;
   bool all_completed = true;
@@ -294,6 +307,7 @@ int Main(int argc, char** argv) {
         o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
         o.device_sampling = absl::GetFlag(FLAGS_device_sampling);
         o.tensor_parallel = absl::GetFlag(FLAGS_tp);
+        o.kv_dtype = kv_dtype;
         o.threads = absl::GetFlag(FLAGS_threads);
         o.backend_factory = device->factory;
         auto result = RunMode(**model, o, p, prompts);

@@ -11,6 +11,7 @@ python3 - "$out" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 assert d["device"] == "cpu", d["device"]
+assert d["kv_dtype"] == "f32", d["kv_dtype"]
 names = [f["family"] for f in d["families"]]
 assert names == ["short", "mixed"], names
 for f in d["families"]:

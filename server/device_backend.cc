@@ -49,12 +49,10 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
   choice.device = "cuda";
   choice.factory = [](const ModelBundle& model,
                       const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    if (o.kv_dtype != DType::kF32) {
-      return absl::UnimplementedError("--kv_dtype=bf16: the CUDA backend keeps an f32 KV pool");
-    }
     cuda::CudaBackendOptions co;
     co.kv_blocks = o.kv_blocks;
     co.kv_block_tokens = o.block_tokens;
+    co.kv_dtype = o.kv_dtype;  // f32 or bf16 (the device pool and the pinned host tier)
     co.max_slots = o.slots;
     co.max_chunk_tokens = o.prefill_chunk;
     co.max_context = o.max_context;

@@ -57,7 +57,7 @@ ABSL_FLAG(int64_t, kv_blocks, 0,
 ABSL_FLAG(int64_t, kv_host_blocks, -1, "host-tier blocks for paused requests (-1: = kv_blocks)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "KV cache element type: f32, or bf16 (half the bytes per token: twice the tokens per "
-          "block of memory, half the attention reads; CPU device)");
+          "block of memory, half the attention reads; CPU and CUDA devices)");
 ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(std::string, kv_reserve, "prompt",
           "admission reservation (kvrm mode): prompt (grow on demand; pause others under "

@@ -15,8 +15,9 @@
 #
 # Through the device tool, with the prepared folder carried:
 #   run(command="tools/device_check.sh run", carry=[".device"], timeout_s=420)
-# The check takes about 2-4 minutes on one H200 (kernel checks, backend vs CPU, decode at 16,
-# 64 and 128 slots); `run --quick` benchmarks 64 slots only.
+# The check takes about 2-4 minutes on one H200 (kernel checks, backend vs CPU with f32 and bf16
+# KV pools, decode at 16, 64 and 128 slots and at 64 with a bf16 pool); `run --quick`
+# benchmarks 64 slots only (f32 and bf16 KV).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}

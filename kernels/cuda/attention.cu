@@ -1,6 +1,7 @@
 // Attention over run tables, split over the KV length then reduced (flash-decoding style):
-// device templates (one per head size), checked launch wrapper, explicit instantiation through
-// the head-size dispatch.
+// device templates (per KV element type and head size), checked launch wrapper (a template on the
+// KV element type), explicit instantiations for f32 and bf16 pools, each instantiating its head
+// sizes through the head-size dispatch.
 //
 // Split kernel: one block per (split, KV head, row). Its warps stride over the split's positions
 // run by run (each run is contiguous memory per head), keep an online softmax per query head of
@@ -8,6 +9,12 @@
 // Reduce kernel: one block per (query head, row) merges the splits. The grid covers every split
 // of max context, so the shape never changes; blocks past a row's length exit after writing an
 // empty partial.
+//
+// K and V are loaded as E = head_dim / 32 consecutive elements per lane (lane * E onwards) and
+// widened to f32 (exactly, for bf16): f32 pools with float2/float4 loads, bf16 pools with one
+// 32-bit (E = 2) or 64-bit (E = 4) load, aligned because a token's row starts at a multiple of
+// head_dim elements from a 256-byte aligned pool and each lane's E elements at lane * E. All
+// arithmetic is f32 whatever the pool's type.
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/llama_kernels.h"
@@ -18,11 +25,11 @@ namespace {
 constexpr int kWarps = 4;
 constexpr int kMaxGroup = 8;
 
-template <int E>
+// E consecutive floats (Q, f32 K/V) or bf16 (bf16 K/V) at p, widened to f32.
+template <typename T, int E>
 struct Vec;
 template <>
-struct Vec<2> {
-  using T = float2;
+struct Vec<float, 2> {
   __device__ static void Load(const float* p, float* out) {
     const float2 v = *reinterpret_cast<const float2*>(p);
     out[0] = v.x;
@@ -30,8 +37,7 @@ struct Vec<2> {
   }
 };
 template <>
-struct Vec<4> {
-  using T = float4;
+struct Vec<float, 4> {
   __device__ static void Load(const float* p, float* out) {
     const float4 v = *reinterpret_cast<const float4*>(p);
     out[0] = v.x;
@@ -40,11 +46,26 @@ struct Vec<4> {
     out[3] = v.w;
   }
 };
+template <>
+struct Vec<bf16, 2> {  // 4 bytes: p is 4-byte aligned (an even element index)
+  __device__ static void Load(const bf16* p, float* out) {
+    WidenBf16x2(*reinterpret_cast<const unsigned int*>(p), out);
+  }
+};
+template <>
+struct Vec<bf16, 4> {  // 8 bytes: p is 8-byte aligned (an element index that is a multiple of 4)
+  __device__ static void Load(const bf16* p, float* out) {
+    const uint2 w = *reinterpret_cast<const uint2*>(p);
+    WidenBf16x2(w.x, out);
+    WidenBf16x2(w.y, out + 2);
+  }
+};
 
-template <int kHeadDim>
+template <typename Kv, int kHeadDim>
 __global__ void __launch_bounds__(kWarps * 32)
-    AttentionSplitKernel(const float* __restrict__ qkv, StepInputs in, KvLayer kv, int32_t heads,
-                         int32_t kv_heads, int32_t group, float scale, AttentionWorkspace ws) {
+    AttentionSplitKernel(const float* __restrict__ qkv, StepInputs in, KvLayer<Kv> kv,
+                         int32_t heads, int32_t kv_heads, int32_t group, float scale,
+                         AttentionWorkspace ws) {
   constexpr int E = kHeadDim / 32;
   const int32_t split = blockIdx.x, g = blockIdx.y, row = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -66,15 +87,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 #pragma unroll
     for (int j = 0; j < kMaxGroup; ++j) {
       if (j < group) {
-        Vec<E>::Load(qrow + j * kHeadDim + lane * E, q[j]);
+        Vec<float, E>::Load(qrow + j * kHeadDim + lane * E, q[j]);
 #pragma unroll
         for (int e = 0; e < E; ++e) q[j][e] *= scale;
       }
     }
     const int32_t table = in.table[row];
     const int64_t base = static_cast<int64_t>(table) * in.max_runs;
-    const float* kbase = kv.k + g * kv.head_stride;
-    const float* vbase = kv.v + g * kv.head_stride;
+    const Kv* kbase = kv.k + g * kv.head_stride;
+    const Kv* vbase = kv.v + g * kv.head_stride;
     for (int32_t r = 0; r < in.num_runs[table]; ++r) {
       const int32_t rs = in.run_start[base + r];
       const int32_t re = rs + in.run_blocks[base + r] * kv.block_tokens;
@@ -85,8 +106,8 @@ __global__ void __launch_bounds__(kWarps * 32)
       for (int32_t pos = lo + warp; pos < hi; pos += kWarps) {
         const int64_t at = (shift + pos) * kHeadDim + lane * E;
         float kr[E], vr[E];
-        Vec<E>::Load(kbase + at, kr);
-        Vec<E>::Load(vbase + at, vr);
+        Vec<Kv, E>::Load(kbase + at, kr);
+        Vec<Kv, E>::Load(vbase + at, vr);
 #pragma unroll
         for (int j = 0; j < kMaxGroup; ++j) {
           if (j < group) {
@@ -162,12 +183,13 @@ __global__ void AttentionReduceKernel(AttentionWorkspace ws, int32_t heads, bf16
       __float2bfloat16_rn(sum > 0.0f ? acc / sum : 0.0f);
 }
 
-template <int kHeadDim>
-absl::Status Run(const float* qkv, StepInputs in, KvLayer kv, int32_t heads, int32_t kv_heads,
-                 float scale, AttentionWorkspace ws, bf16* out, cudaStream_t stream) {
+template <typename Kv, int kHeadDim>
+absl::Status Run(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
+                 int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
+                 cudaStream_t stream) {
   const dim3 grid(ws.splits, kv_heads, in.rows);
-  AttentionSplitKernel<kHeadDim><<<grid, kWarps * 32, 0, stream>>>(qkv, in, kv, heads, kv_heads,
-                                                                   heads / kv_heads, scale, ws);
+  AttentionSplitKernel<Kv, kHeadDim><<<grid, kWarps * 32, 0, stream>>>(
+      qkv, in, kv, heads, kv_heads, heads / kv_heads, scale, ws);
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   AttentionReduceKernel<kHeadDim><<<dim3(heads, in.rows), kHeadDim, 0, stream>>>(ws, heads, out);
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
@@ -176,7 +198,8 @@ absl::Status Run(const float* qkv, StepInputs in, KvLayer kv, int32_t heads, int
 
 }  // namespace
 
-absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer kv, int32_t heads,
+template <typename Kv>
+absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
                              int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
                              cudaStream_t stream) {
   if (in.rows <= 0 || kv_heads <= 0 || heads % kv_heads != 0 ||
@@ -184,13 +207,26 @@ absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer kv, int32_
     return absl::InvalidArgumentError("attention: heads must be a multiple of KV heads (at most " +
                                       std::to_string(kMaxGroup) + " per KV head)");
   }
+  // The vector loads: every head's rows start 16-byte aligned (a pool from cudaMalloc, strides
+  // in whole rows of 64 or 128 elements).
+  if (reinterpret_cast<uintptr_t>(kv.k) % 16 != 0 || reinterpret_cast<uintptr_t>(kv.v) % 16 != 0 ||
+      (kv.head_stride * static_cast<int64_t>(sizeof(Kv))) % 16 != 0) {
+    return absl::InvalidArgumentError("attention: K/V not 16-byte aligned");
+  }
   switch (kv.head_dim) {
-    case 64: return Run<64>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 128: return Run<128>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 64: return Run<Kv, 64>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 128: return Run<Kv, 128>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
     default:
       return absl::InvalidArgumentError("attention: head_dim " + std::to_string(kv.head_dim) +
                                         " (the CUDA kernels take 64 or 128)");
   }
 }
+
+template absl::Status LaunchAttention<float>(const float*, StepInputs, KvLayer<float>, int32_t,
+                                             int32_t, float, AttentionWorkspace, bf16*,
+                                             cudaStream_t);
+template absl::Status LaunchAttention<bf16>(const float*, StepInputs, KvLayer<bf16>, int32_t,
+                                            int32_t, float, AttentionWorkspace, bf16*,
+                                            cudaStream_t);
 
 }  // namespace kvrm::cuda

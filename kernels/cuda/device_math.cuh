@@ -4,6 +4,8 @@
 
 #include <cuda_bf16.h>
 
+#include "kernels/cuda/bf16_bits.h"
+
 namespace kvrm::cuda {
 
 __device__ __forceinline__ float ToFloat(float v) { return v; }
@@ -16,6 +18,19 @@ __device__ __forceinline__ float FromFloat<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ __nv_bfloat16 FromFloat<__nv_bfloat16>(float v) {
   return __float2bfloat16_rn(v);
+}
+
+// f32 -> bf16 bit for bit as the CPU's FloatToBf16 (common/dtype.h): RoundF32BitsToBf16
+// (kernels/cuda/bf16_bits.h, tested against it on the CPU). What the KV write stores in a bf16
+// pool; not __float2bfloat16_rn, whose NaN differs.
+__device__ __forceinline__ __nv_bfloat16 RoundToBf16(float f) {
+  return __ushort_as_bfloat16(RoundF32BitsToBf16(__float_as_uint(f)));
+}
+
+// Two bf16 packed in a 32-bit word (the lower address in the low half), widened exactly.
+__device__ __forceinline__ void WidenBf16x2(unsigned int w, float* out) {
+  out[0] = __uint_as_float(w << 16);
+  out[1] = __uint_as_float(w & 0xffff0000u);
 }
 
 __device__ __forceinline__ float WarpSum(float v) {

@@ -1,6 +1,7 @@
 // The Llama step's CUDA kernels, each behind a checked launch wrapper (INVALID_ARGUMENT on a bad
 // shape, INTERNAL naming the launch on a CUDA error). Activations are f32 except the inputs of
-// the cuBLASLt products, which are bf16 (written by the kernel before the product); weights bf16.
+// the cuBLASLt products, which are bf16 (written by the kernel before the product); weights bf16;
+// the KV pool f32 or bf16 (the KV kernels are templates on its element type).
 //
 // Every kernel reads the step's rows through StepInputs (kernels/cuda/step_inputs.h) in device
 // memory, so the same launches serve every replay of a captured graph.
@@ -30,20 +31,27 @@ absl::Status LaunchRmsNorm(const float* x, const bf16* weight, Out* out, int32_t
                            int32_t dim, float eps, const int32_t* row_select,
                            cudaStream_t stream);
 
-// The K/V cache of one layer of one rank: [kv_heads][pool_tokens][head_dim] f32 each.
+// The K/V cache of one layer of one rank: [kv_heads][pool_tokens][head_dim] each, of `Kv`: float
+// (the default f32 pool) or bf16 (--kv_dtype=bf16, half the bytes per token). The backend picks
+// the instantiation from the pool's DType (runtime/cuda/cuda_backend.cc).
+template <typename Kv>
 struct KvLayer {
-  float* k = nullptr;
-  float* v = nullptr;
-  int64_t head_stride = 0;  // pool_tokens * head_dim
+  Kv* k = nullptr;
+  Kv* v = nullptr;
+  int64_t head_stride = 0;  // pool_tokens * head_dim (elements)
   int32_t block_tokens = 0;
   int32_t head_dim = 0;
 };
 
 // qkv: [rows][(heads + 2 * kv_heads) * head_dim] from the fused QKV product. Rotates Q and K in
 // place (RoPE, rotate-half; `rope` [max_context][head_dim]: cos half then sin half) and writes
-// K and V of each active row to the physical token its run table gives its position.
+// K and V of each active row to the physical token its run table gives its position. A bf16
+// pool stores them rounded to nearest even exactly as the CPU's FloatToBf16 (common/dtype.h)
+// does, so the two backends' pools hold the same bits for the same f32 K and V.
+// Instantiated for Kv = float and bf16.
+template <typename Kv>
 absl::Status LaunchRopeAndStoreKv(float* qkv, StepInputs in, const float* rope, int32_t heads,
-                                  int32_t kv_heads, KvLayer kv, cudaStream_t stream);
+                                  int32_t kv_heads, KvLayer<Kv> kv, cudaStream_t stream);
 
 // Fixed-shape attention scratch for `rows` rows: splits of `split_tokens` KV positions.
 struct AttentionWorkspace {
@@ -60,8 +68,11 @@ inline int64_t AttentionPartialFloats(int32_t rows, int32_t heads, int32_t split
 // Attention of each active row's query heads over positions [0, position] of its run table
 // (grouped-query: heads / kv_heads query heads per KV head), split over the KV length and then
 // reduced. out: [rows][heads * head_dim] bf16 (zeros for inactive rows). head_dim 64 or 128,
-// at most 8 query heads per KV head.
-absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer kv, int32_t heads,
+// at most 8 query heads per KV head. K and V are widened to f32 as they are loaded (exactly, for
+// bf16); scores, softmax and the weighted sum are f32 whatever Kv is. Instantiated for Kv =
+// float and bf16.
+template <typename Kv>
+absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
                              int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
                              cudaStream_t stream);
 

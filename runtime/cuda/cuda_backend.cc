@@ -33,6 +33,18 @@ void ToBf16(const WeightMatrix& w, uint16_t* dst, std::vector<float>& row) {
   }
 }
 
+// One layer's RoPE + KV write and attention over a pool of `Kv` elements (float or bf16): the
+// view's untyped pointers as the kernels' typed layer.
+template <typename Kv>
+absl::Status RopeKvAndAttention(const KvLayerView& view, float* qkv, const StepInputs& in,
+                                const float* rope, int32_t heads, int32_t kv_heads, float scale,
+                                const AttentionWorkspace& ws, bf16* out, cudaStream_t s) {
+  const KvLayer<Kv> kv{static_cast<Kv*>(view.k), static_cast<Kv*>(view.v), view.head_stride,
+                       view.block_tokens, view.head_dim};
+  RETURN_IF_ERROR(LaunchRopeAndStoreKv(qkv, in, rope, heads, kv_heads, kv, s));
+  return LaunchAttention(qkv, in, kv, heads, kv_heads, scale, ws, out, s);
+}
+
 }  // namespace
 
 int CudaDeviceCount() {
@@ -121,8 +133,7 @@ CudaBackend::~CudaBackend() {
 KvPool* CudaBackend::kv_pool(int32_t rank) { return ranks_[rank]->kv_view.get(); }
 
 int64_t CudaBackend::kv_bytes_per_token_per_rank() const {
-  return int64_t{2} * config_.num_hidden_layers * ranks_[0]->kv_heads * config_.head_dim *
-         static_cast<int64_t>(sizeof(float));
+  return ranks_[0]->kv_view->shape().BytesPerToken();
 }
 
 absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
@@ -145,6 +156,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
       options.kv_blocks < 1 || options.kv_block_tokens < 1 || options.max_runs < 1 ||
       options.split_tokens < 1) {
     return absl::InvalidArgumentError("CUDA backend: every size must be positive");
+  }
+  if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA backend: KV dtype ", std::string(DTypeName(options.kv_dtype)), " (f32 or bf16)"));
   }
   auto b = std::unique_ptr<CudaBackend>(new CudaBackend(config, options));
   b->limits_ = PackLimits{options.kv_blocks, options.kv_block_tokens, options.max_context,
@@ -185,7 +200,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   LOG(INFO) << "CUDA backend on " << tp << "x " << b->device_name_ << ": "
             << b->weight_bytes_per_rank_ / (1 << 20) << " MiB of bf16 weights per rank, "
-            << options.kv_blocks << " KV blocks per rank, graphs "
+            << options.kv_blocks << " " << DTypeName(options.kv_dtype)
+            << " KV blocks per rank, graphs "
             << (options.use_graphs ? "captured" : "off");
   return b;
 }
@@ -294,9 +310,10 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   shape.head_dim = config_.head_dim;
   shape.block_tokens = options_.kv_block_tokens;
   shape.num_blocks = options_.kv_blocks;
+  shape.dtype = options_.kv_dtype;  // BytesPerBlock counts DTypeSize: 2 bytes an element for bf16
   ASSIGN_OR_RETURN(rank.kv, DeviceAlloc(shape.BytesPerBlock() * shape.num_blocks, "KV pool"));
   KVRM_CUDA_RETURN_IF_ERROR(cudaMemset(rank.kv.get(), 0, shape.BytesPerBlock() * shape.num_blocks));
-  rank.kv_view = KvPool::Wrap(shape, static_cast<float*>(rank.kv.get()));
+  rank.kv_view = KvPool::Wrap(shape, rank.kv.get());
 
   // ---- Activations for the largest pass (slots + chunk rows with the mixed graph, else
   // max(slots, chunk)), and the attention scratch.
@@ -414,20 +431,20 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
   const float residual_beta = rank.index == 0 ? 1.0f : 0.0f;
   cudaStream_t s = rank.stream.get();
   void* wsp = rank.gemm_workspace.get();
-  const KvLayerView pool0 = rank.kv_view->Layer(0);
+  const float* rope = static_cast<const float*>(rank.rope.get());
 
   RETURN_IF_ERROR(LaunchEmbed(rank.embed, in, d, rank.x, s));
   for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     const Rank::Layer& l = rank.layers[layer];
     const KvLayerView view = rank.kv_view->Layer(layer);
-    const KvLayer kv{static_cast<float*>(view.k), static_cast<float*>(view.v), view.head_stride,
-                     pool0.block_tokens, pool0.head_dim};  // an f32 pool (CudaBackend::Create)
     RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.attn_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.qkv->Run(rank.xn, l.wqkv, rank.qkv, 0.0f, wsp, s));
-    RETURN_IF_ERROR(LaunchRopeAndStoreKv(rank.qkv, in, static_cast<const float*>(rank.rope.get()),
-                                         rank.heads, rank.kv_heads, kv, s));
-    RETURN_IF_ERROR(
-        LaunchAttention(rank.qkv, in, kv, rank.heads, rank.kv_heads, scale, ws, rank.attn, s));
+    // The pool's element type picks the kernels' instantiation (f32 or bf16; Create checked it).
+    RETURN_IF_ERROR(view.dtype == DType::kBF16
+                        ? RopeKvAndAttention<bf16>(view, rank.qkv, in, rope, rank.heads,
+                                                   rank.kv_heads, scale, ws, rank.attn, s)
+                        : RopeKvAndAttention<float>(view, rank.qkv, in, rope, rank.heads,
+                                                    rank.kv_heads, scale, ws, rank.attn, s));
     RETURN_IF_ERROR(g.o->Run(rank.attn, l.wo, rank.x, residual_beta, wsp, s));
     if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
     RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.mlp_norm, rank.xn, rows, d, eps, nullptr, s));
@@ -705,7 +722,7 @@ absl::Status CudaBackend::CreateHostTier(int64_t blocks) {
     shape.num_blocks = blocks;
     ASSIGN_OR_RETURN(rank->host_tier,
                      PinnedAlloc(shape.BytesPerBlock() * blocks, "KV host tier"));
-    host_tier_.push_back(KvPool::Wrap(shape, static_cast<float*>(rank->host_tier.get())));
+    host_tier_.push_back(KvPool::Wrap(shape, rank->host_tier.get()));  // the device pool's dtype
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,8 @@
 // The CUDA backend: the Llama step on one or two GPUs as captured CUDA graphs.
 //
 // Per rank (one GPU each; tensor parallel over ranks with NCCL, Megatron style as on the CPU):
-// bf16 weight shards (fused QKV and gate/up), the f32 KV pool share in device memory, activation
+// bf16 weight shards (fused QKV and gate/up), the KV pool share in device memory (f32, or bf16
+// with kv_dtype: half the bytes per token, rounded as the CPU backend's bf16 pool), activation
 // buffers for the largest pass, cuBLASLt products planned at start-up, and three graphs captured
 // at start-up over fixed shapes: the decode step for all slots, one prefill chunk, and the two in
 // one pass (mixed: the chunk's rows after the decode rows, so a step that carries a chunk reads
@@ -26,6 +27,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "common/dtype.h"
 #include "kernels/cpu/thread_pool.h"
 #include "kernels/cuda/step_inputs.h"
 #include "model/config.h"
@@ -38,6 +40,9 @@ namespace kvrm::cuda {
 struct CudaBackendOptions {
   int64_t kv_blocks = 0;  // blocks in each rank's device pool
   int32_t kv_block_tokens = 16;
+  // K and V elements of the device pool and the pinned host tier: f32, or bf16 (--kv_dtype=bf16:
+  // half the bytes per token; stored rounded to nearest even, attention still sums in f32).
+  DType kv_dtype = DType::kF32;
   int32_t max_slots = 8;
   int32_t max_chunk_tokens = 256;
   int32_t max_context = 0;

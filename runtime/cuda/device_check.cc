@@ -1,12 +1,14 @@
 // The GPU check of the CUDA backend, one program for a lent machine (tools/device_check.sh):
 //   1. the measured ceiling: device-to-device copy bandwidth (bytes read + written);
 //   2. every CUDA kernel and the cuBLASLt product against float64 CPU references on random
-//      inputs (fragmented run tables, inactive rows, histories longer than one split);
+//      inputs (fragmented run tables, inactive rows, histories longer than one split; the KV
+//      write and attention over f32 and bf16 pools);
 //   3. the whole backend (captured graphs) against the CPU backend on a random model of the
 //      `small` shape: prefill and decode logits, greedy agreement; TP=2 where two GPUs exist;
+//      again with bf16 KV pools on both; a transfer group through the host tier and back;
 //   4. decode through the graph at several slot counts: step time, tokens/s, bytes read per
 //      step over the copy bandwidth, and the time the step waited on the copy-stream transport
-//      while compaction groups were pre-staged beside it.
+//      while compaction groups were pre-staged beside it; one more row with a bf16 KV pool.
 // Prints a table last; --json FILE writes the same figures; --checks_only skips step 4. Exit 0
 // when every check passed, 1 when one failed, 2 when there is no GPU.
 #include <cuda_runtime_api.h>
@@ -23,6 +25,7 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -58,6 +61,7 @@ struct Check {
 struct BenchRow {
   int tp = 1;
   int slots = 0;
+  std::string kv = "f32";  // the KV pool's element type
   int context = 0;
   double step_ms = 0;       // Decode() end to end: input upload, graph, logits download
   double sampled_step_ms = 0;  // DecodeAndSample(), every row greedy on the device
@@ -277,8 +281,66 @@ Check CheckGemm() {
   return {"cuBLASLt bf16 product + residual (beta 1)", err, 1e-4, err <= 1e-4};
 }
 
-// RoPE + KV write + attention over fragmented run tables, against float64.
+// A K/V element as a pool of `Kv` holds it, on the host: f32 as is; bf16 rounded as the CPU's
+// bf16 pool rounds (FloatToBf16) and widened back.
+template <typename Kv>
+float AsStored(float x) {
+  return std::is_same_v<Kv, bf16> ? Bf(x) : x;
+}
+
+// A pool's elements on the host as the device holds them: floats, or their bf16 bit patterns.
+template <typename Kv>
+Kv* UploadPool(const std::vector<float>& v, std::vector<DevicePtr>& keep) {
+  if constexpr (std::is_same_v<Kv, bf16>) {
+    return reinterpret_cast<bf16*>(Upload(ToBf16Bits(v), keep));
+  } else {
+    return Upload(v, keep);
+  }
+}
+
+// The pool read back as bit patterns (bf16: 16 bits; f32: 32), for exact checks.
+template <typename Kv>
+std::vector<uint32_t> DownloadPoolBits(const Kv* dev, size_t n) {
+  std::vector<uint32_t> bits(n);
+  if constexpr (std::is_same_v<Kv, bf16>) {
+    const auto h = Download(reinterpret_cast<const uint16_t*>(dev), n);
+    std::copy(h.begin(), h.end(), bits.begin());
+  } else {
+    const auto h = Download(dev, n);
+    std::memcpy(bits.data(), h.data(), n * 4);
+  }
+  return bits;
+}
+template <typename Kv>
+float BitsToFloat(uint32_t b) {
+  if constexpr (std::is_same_v<Kv, bf16>) {
+    return Bf16ToFloat(static_cast<uint16_t>(b));
+  } else {
+    float f;
+    std::memcpy(&f, &b, 4);
+    return f;
+  }
+}
+template <typename Kv>
+uint32_t StoredBits(float x) {
+  if constexpr (std::is_same_v<Kv, bf16>) {
+    return FloatToBf16(x);
+  } else {
+    uint32_t b;
+    std::memcpy(&b, &x, 4);
+    return b;
+  }
+}
+
+// RoPE + KV write + attention over fragmented run tables, against float64, on a pool of `Kv`
+// (float or bf16). A bf16 pool's history is random bf16 values and the reference reads every K
+// and V rounded as the pool stores them (the new token's K rounded from its float64 rotation), so
+// the threshold is the f32 pool's. The new V rows must be stored bit for bit as the CPU's
+// FloatToBf16 rounds them (random values, and rounding ties and subnormals put in on purpose);
+// the new K rows within rounding of the float64 rotation.
+template <typename Kv>
 Check CheckAttention(int head_dim, int heads, int kv_heads) {
+  constexpr bool kBf16 = std::is_same_v<Kv, bf16>;
   std::vector<DevicePtr> keep;
   const int rows = 9, max_runs = 4, block_tokens = 16, max_context = 1100, split = 128;
   const int64_t pool_blocks = 1200;
@@ -305,10 +367,24 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
     }
   }
   const StepInputs host_in = StepInputs::At(l, in.data());
-  // Random history in the pool, random new Q/K/V; RoPE table as the backend builds it.
+  // Random history in the pool (as the pool stores it), random new Q/K/V; RoPE table as the
+  // backend builds it.
   const int64_t head_stride = pool_blocks * block_tokens * head_dim;
   std::vector<float> k_pool = Random(kv_heads * head_stride), v_pool = Random(kv_heads * head_stride);
-  const std::vector<float> qkv = Random(rows * qkvw);
+  for (float& x : k_pool) x = AsStored<Kv>(x);
+  for (float& x : v_pool) x = AsStored<Kv>(x);
+  std::vector<float> qkv = Random(rows * qkvw);
+  if (kBf16) {
+    // Rounding cases in the first new V elements of every row: ties to even (down and up, both
+    // signs), just past a tie, a subnormal tie, a negative subnormal that rounds to -0.
+    const uint32_t cases[] = {0x3f808000u, 0x3f818000u, 0xbf818000u, 0x3f80ffffu,
+                              0x00018000u, 0x80008000u};
+    for (int r = 0; r < rows; ++r) {
+      for (int i = 0; i < 6; ++i) {
+        std::memcpy(&qkv[r * qkvw + (heads + kv_heads) * head_dim + i], &cases[i], 4);
+      }
+    }
+  }
   std::vector<float> rope(max_context * head_dim);
   for (int p = 0; p < max_context; ++p) {
     for (int i = 0; i < head_dim / 2; ++i) {
@@ -317,12 +393,12 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
       rope[p * head_dim + head_dim / 2 + i] = static_cast<float>(std::sin(a));
     }
   }
-  float* dk = Upload(k_pool, keep);
-  float* dv = Upload(v_pool, keep);
+  Kv* dk = UploadPool<Kv>(k_pool, keep);
+  Kv* dv = UploadPool<Kv>(v_pool, keep);
   float* dqkv = Upload(qkv, keep);
   const int32_t* din = Upload(in, keep);
   const StepInputs dev_in = StepInputs::At(l, din);
-  const KvLayer kv{dk, dv, head_stride, block_tokens, head_dim};
+  const KvLayer<Kv> kv{dk, dv, head_stride, block_tokens, head_dim};
   CHECK_OK(LaunchRopeAndStoreKv(dqkv, dev_in, Upload(rope, keep), heads, kv_heads, kv, nullptr));
   const int splits = (max_context + split - 1) / split;
   float* po = Upload(std::vector<float>(AttentionPartialFloats(rows, heads, splits, head_dim)), keep);
@@ -331,9 +407,10 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   CHECK_OK(LaunchAttention(dqkv, dev_in, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
                            AttentionWorkspace{po, pml, splits, split}, dout, nullptr));
   const auto out = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
-  const auto k_after = Download(dk, k_pool.size());
+  const auto k_after = DownloadPoolBits(dk, k_pool.size());
+  const auto v_after = DownloadPoolBits(dv, v_pool.size());
 
-  // Reference: rotate, write, attend (float64).
+  // Reference: rotate, write (rounded as the pool stores), attend (float64).
   std::vector<double> ref(rows * heads * head_dim, 0.0);
   std::vector<float> got(out.size());
   for (size_t i = 0; i < out.size(); ++i) got[i] = Bf16ToFloat(out[i]);
@@ -354,13 +431,16 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
     for (int g = 0; g < kv_heads; ++g) {
       rot(&qkv[r * qkvw + heads * head_dim + g * head_dim], &knew[g * head_dim]);
     }
+    const float* vnew = &qkv[r * qkvw + (heads + kv_heads) * head_dim];
     const int64_t phys_new = host_in.PhysicalToken(r, pos, block_tokens);
     for (int g = 0; g < kv_heads; ++g) {
       for (int d = 0; d < head_dim; ++d) {
-        if (std::abs(k_after[g * head_stride + phys_new * head_dim + d] - knew[g * head_dim + d]) >
-            1e-5 * (1 + std::abs(knew[g * head_dim + d]))) {
-          kv_written = false;
-        }
+        const int64_t at = g * head_stride + phys_new * head_dim + d;
+        const double want = knew[g * head_dim + d];
+        // f32: the rotation's f32 rounding; bf16: one rounding to 8 significant bits on top.
+        const double tol = kBf16 ? 4e-3 * std::abs(want) + 1e-6 : 1e-5 * (1 + std::abs(want));
+        if (std::abs(BitsToFloat<Kv>(k_after[at]) - want) > tol) kv_written = false;
+        if (v_after[at] != StoredBits<Kv>(vnew[g * head_dim + d])) kv_written = false;
       }
     }
     for (int h = 0; h < heads; ++h) {
@@ -371,8 +451,10 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
         const int64_t phys = host_in.PhysicalToken(r, t, block_tokens);
         double dot = 0;
         for (int d = 0; d < head_dim; ++d) {
-          const double kd = t == pos ? knew[g * head_dim + d]
-                                     : k_pool[g * head_stride + phys * head_dim + d];
+          const double kd =
+              t == pos ? (kBf16 ? double(Bf(static_cast<float>(knew[g * head_dim + d])))
+                                : knew[g * head_dim + d])
+                       : k_pool[g * head_stride + phys * head_dim + d];
           dot += q[h * head_dim + d] * kd;
         }
         s[t] = dot / std::sqrt(double(head_dim));
@@ -383,7 +465,7 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
       for (int t = 0; t <= pos; ++t) {
         const int64_t phys = host_in.PhysicalToken(r, t, block_tokens);
         for (int d = 0; d < head_dim; ++d) {
-          const double vd = t == pos ? qkv[r * qkvw + (heads + kv_heads) * head_dim + g * head_dim + d]
+          const double vd = t == pos ? AsStored<Kv>(vnew[g * head_dim + d])
                                      : v_pool[g * head_stride + phys * head_dim + d];
           ref[(r * heads + h) * head_dim + d] += s[t] / z * vd;
         }
@@ -392,8 +474,8 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   }
   double err = RelError(ref, got);
   if (!kv_written) err = INFINITY;
-  return {absl::StrFormat("rope + kv write + attention (hd %d, %d/%d heads)", head_dim, heads,
-                          kv_heads),
+  return {absl::StrFormat("rope + kv write + attention (hd %d, %d/%d heads, %s KV)", head_dim,
+                          heads, kv_heads, kBf16 ? "bf16" : "f32"),
           err, 1e-2, err <= 1e-2};
 }
 
@@ -572,12 +654,64 @@ Check CheckGraphSampling(CudaBackend& gpu, StepDescriptor step, int32_t vocab) {
           mismatches == 0 && compared >= 20 && host_row_ok};
 }
 
-Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
+// A transfer group from the device pool to the host tier and back to other device blocks: the
+// 2-D copies' offsets, widths and pitches in bytes of the pool's element size (the tiers differ in
+// block count, so in pitch). The blocks that came back must equal the ones that left, byte for
+// byte, in every (layer, K|V, head) row.
+Check CheckTransferRoundTrip(CudaBackend& gpu, KvRun from, std::vector<bool>& free_blocks) {
+  const KvPoolShape shape = gpu.kv_pool(0)->shape();
+  const int32_t n = std::min<int32_t>(from.num_blocks, 8);
+  int32_t to = -1;
+  for (int32_t b = 0; b + n <= static_cast<int32_t>(free_blocks.size()) && to < 0; ++b) {
+    bool all_free = true;
+    for (int32_t i = 0; i < n && all_free; ++i) all_free = free_blocks[b + i];
+    if (all_free) to = b;
+  }
+  CHECK(to >= 0) << "no free stretch for the transfer check";
+  for (int32_t i = 0; i < n; ++i) free_blocks[to + i] = false;
+  const int64_t host_blocks = 3 + n + 5;
+  CHECK_OK(gpu.CreateHostTier(host_blocks));
+  CHECK_OK(gpu.CopyGroup(TransferGroup{KvTier::kDevice, from.first_block, KvTier::kHost, 3, n}));
+  CHECK_OK(gpu.CopyGroup(TransferGroup{KvTier::kHost, 3, KvTier::kDevice, to, n}));
+  const KvPool& pool = *gpu.kv_pool(0);
+  std::vector<char> bytes(pool.bytes());
+  CK(cudaMemcpy(bytes.data(), pool.Layer(0).k, pool.bytes(), cudaMemcpyDeviceToHost));
+  auto copy = KvPool::Wrap(shape, bytes.data());
+  const int64_t row_bytes = int64_t{n} * shape.block_tokens * shape.head_dim *
+                            static_cast<int64_t>(DTypeSize(shape.dtype));
+  const int64_t src_tok = int64_t{from.first_block} * shape.block_tokens;
+  const int64_t dst_tok = int64_t{to} * shape.block_tokens;
+  int64_t differ = 0, rows = 0;
+  bool nonzero = false;
+  for (int32_t layer = 0; layer < shape.num_layers; ++layer) {
+    const KvLayerView v = copy->Layer(layer);
+    for (int32_t h = 0; h < shape.kv_heads; ++h) {
+      for (const bool key : {true, false}) {
+        const char* a = key ? v.KeyBytes(h, src_tok) : v.ValueBytes(h, src_tok);
+        const char* b = key ? v.KeyBytes(h, dst_tok) : v.ValueBytes(h, dst_tok);
+        differ += std::memcmp(a, b, row_bytes) != 0;
+        for (int64_t i = 0; i < row_bytes && !nonzero; ++i) nonzero = a[i] != 0;
+        ++rows;
+      }
+    }
+  }
+  return {absl::StrFormat("transfer group device->host->device, %s KV (%lld rows differ)",
+                          std::string(DTypeName(shape.dtype)), static_cast<long long>(differ)),
+          static_cast<double>(differ) / rows, 0.0, differ == 0 && nonzero};
+}
+
+// With kv_dtype bf16 both backends keep bf16 pools (each rounds its own f32 K and V to nearest
+// even, as FloatToBf16 does); the thresholds are the f32 pools' (3e-2 relative on logits, greedy
+// agreement >= 90 %).
+Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling,
+                   std::vector<Check>* also) {
   const int32_t slots = 4, chunk = 64, max_context = 512, max_runs = 4, block_tokens = 16;
   const int64_t kv_blocks = 200;
+  const std::string kv_name(DTypeName(kv_dtype));
   CudaBackendOptions co;
   co.kv_blocks = kv_blocks;
   co.kv_block_tokens = block_tokens;
+  co.kv_dtype = kv_dtype;
   co.max_slots = slots;
   co.max_chunk_tokens = chunk;
   co.max_context = max_context;
@@ -588,6 +722,7 @@ Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
   CpuBackendOptions po;
   po.kv_blocks = kv_blocks;
   po.kv_block_tokens = block_tokens;
+  po.kv_dtype = kv_dtype;
   po.max_slots = slots;
   po.max_chunk_tokens = chunk;
   po.max_context = max_context;
@@ -688,17 +823,22 @@ Check CheckBackend(const RandomModel& m, int tp, std::vector<Check>* also) {
       // 9 rows in all: one near-tie must not fail the run.
       compare_rows(/*skip_ties=*/true, &mixed_worst, &mixed_agree, &mixed_total);
     }
-    also->push_back({absl::StrFormat("mixed graph tp=%d vs CPU: logits (greedy agree %d/%d)", tp,
-                                     mixed_agree, mixed_total),
+    also->push_back({absl::StrFormat("mixed graph tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)",
+                                     tp, kv_name, mixed_agree, mixed_total),
                      mixed_worst, 3e-2,
                      mixed_worst <= 3e-2 && mixed_total >= 1 && mixed_agree * 10 >= mixed_total * 9});
   }
-  if ((*gpu)->samples_on_device()) also->push_back(CheckGraphSampling(**gpu, step, vocab));
-  return {absl::StrFormat("backend tp=%d vs CPU: logits (greedy agree %d/%d)", tp, agree, total),
+  if (sampling && (*gpu)->samples_on_device()) {
+    also->push_back(CheckGraphSampling(**gpu, step, vocab));
+  }
+  if (tp == 1) also->push_back(CheckTransferRoundTrip(**gpu, tables[0][0], free_blocks));
+  return {absl::StrFormat("backend tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)", tp, kv_name,
+                          agree, total),
           worst, 3e-2, ok};
 }
 
-BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy_gbs) {
+BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy_gbs,
+               DType kv_dtype = DType::kF32) {
   const int32_t block_tokens = 16, chunk = 256, max_runs = 8;
   const int32_t blocks_per_slot = (context + 64 + block_tokens - 1) / block_tokens;
   const int64_t spare = 256;  // compaction traffic runs here, beside the slots' blocks
@@ -711,6 +851,7 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   co.max_context = context + 64;
   co.max_runs = max_runs;
   co.tensor_parallel = tp;
+  co.kv_dtype = kv_dtype;
   auto gpu = CudaBackend::Create(m.config, &m.weights, co);
   CHECK_OK(gpu.status());
   const int32_t vocab = m.config.vocab_size;
@@ -802,6 +943,7 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   }
   row.tp = tp;
   row.slots = slots;
+  row.kv = std::string(DTypeName(kv_dtype));
   row.context = context;
   row.step_ms = total_s / steps * 1e3;
   // Graph replay alone, with events (same inputs).
@@ -810,6 +952,7 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   row.graph_ms = *graph_ms;
   row.tokens_per_s = slots / (row.step_ms * 1e-3);
   const double embed_bytes = double(m.config.vocab_size) * m.config.hidden_size * 2;
+  // KV bytes at the pool's element size (2 a K or V element with a bf16 pool).
   row.bytes_per_step = ((*gpu)->weight_bytes_per_rank() - embed_bytes) +
                        double(slots) * (context + 1) * (*gpu)->kv_bytes_per_token_per_rank();
   row.achieved_gbs = row.bytes_per_step / (row.graph_ms * 1e-3) / 1e9;
@@ -853,14 +996,18 @@ int main(int argc, char** argv) {
   run(CheckRmsNormAndEmbed());
   run(CheckSwiGlu());
   run(CheckGemm());
-  run(CheckAttention(64, 12, 4));
-  run(CheckAttention(128, 8, 8));
-  run(CheckAttention(128, 32, 4));
+  run(CheckAttention<float>(64, 12, 4));
+  run(CheckAttention<float>(128, 8, 8));
+  run(CheckAttention<float>(128, 32, 4));
+  run(CheckAttention<bf16>(64, 12, 4));  // both load widths (head_dim 64: 4 bytes, 128: 8)
+  run(CheckAttention<bf16>(128, 32, 4));
   run(CheckSampling());
   auto model = SmallModel();
   std::vector<Check> also;
-  run(CheckBackend(*model, 1, &also));
-  if (devices >= 2) run(CheckBackend(*model, 2, &also));
+  run(CheckBackend(*model, 1, kvrm::DType::kF32, /*sampling=*/true, &also));
+  if (devices >= 2) run(CheckBackend(*model, 2, kvrm::DType::kF32, /*sampling=*/true, &also));
+  // The bf16 pool against the CPU's bf16 pool (sampling reads logits, whatever the pool: once).
+  run(CheckBackend(*model, 1, kvrm::DType::kBF16, /*sampling=*/false, &also));
   for (const Check& c : also) run(c);
 
   std::vector<BenchRow> rows;
@@ -872,16 +1019,18 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
     }
   }
+  // A bf16 KV pool at 64 slots: half the KV bytes a step reads.
+  if (!checks_only) rows.push_back(Bench(*model, 1, 64, 512, copy_gbs, kvrm::DType::kBF16));
 
   bool ok = true;
   for (const Check& c : checks) ok = ok && c.ok;
-  std::printf("\n%s, copy bandwidth %.0f GB/s, small shape (bf16 weights, f32 KV), context 512\n",
+  std::printf("\n%s, copy bandwidth %.0f GB/s, small shape (bf16 weights), context 512\n",
               prop.name, copy_gbs);
-  std::printf("| tp | slots | step ms | step+sample ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait | chunk apart ms | chunk mixed ms |\n");
-  std::printf("|---:|------:|--------:|---------------:|---------:|---------:|--------:|-----:|--------:|---------------:|---------------:|---------------:|\n");
+  std::printf("| tp | slots | kv | step ms | step+sample ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait | chunk apart ms | chunk mixed ms |\n");
+  std::printf("|---:|------:|:---|--------:|---------------:|---------:|---------:|--------:|-----:|--------:|---------------:|---------------:|---------------:|\n");
   for (const BenchRow& r : rows) {
-    std::printf("| %d | %d | %.3f | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% | %.3f | %.3f |\n",
-                r.tp, r.slots, r.step_ms, r.sampled_step_ms, r.graph_ms, r.tokens_per_s,
+    std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% | %.3f | %.3f |\n",
+                r.tp, r.slots, r.kv.c_str(), r.step_ms, r.sampled_step_ms, r.graph_ms, r.tokens_per_s,
                 r.bytes_per_step / 1e6, r.achieved_gbs, 100 * r.of_copy,
                 100 * r.transport_wait_share, r.chunk_apart_ms, r.chunk_mixed_ms);
   }
@@ -900,7 +1049,8 @@ int main(int argc, char** argv) {
     f << "  ],\n  \"decode\": [\n";
     for (size_t i = 0; i < rows.size(); ++i) {
       const BenchRow& r = rows[i];
-      f << "    {\"tp\": " << r.tp << ", \"slots\": " << r.slots << ", \"context\": " << r.context
+      f << "    {\"tp\": " << r.tp << ", \"slots\": " << r.slots << ", \"kv_dtype\": \"" << r.kv
+        << "\", \"context\": " << r.context
         << ", \"step_ms\": " << r.step_ms << ", \"sampled_step_ms\": " << r.sampled_step_ms
         << ", \"graph_ms\": " << r.graph_ms
         << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"bytes_per_step\": " << r.bytes_per_step

@@ -1,6 +1,7 @@
 // Lowering of a transfer group to one strided copy per rank.
 //
-// A pool is [layers][K|V][kv_heads][pool_tokens][head_dim] floats (runtime/kv_pool.h), so the
+// A pool is [layers][K|V][kv_heads][pool_tokens][head_dim] elements of its dtype (f32 or bf16,
+// runtime/kv_pool.h; offsets, widths and pitches are bytes: DTypeSize per element), so the
 // token range of a group is, in every (layer, K|V, head) row of the pool, one contiguous stretch
 // at the same offset: the whole group is one 2-D copy (height layers * 2 * kv_heads, the pools'
 // row pitches as strides), i.e. one cudaMemcpy2DAsync on the copy stream. The host tier may have
