@@ -28,9 +28,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   inputs.eos_token = "</s>";
   inputs.now = absl::FromUnixSeconds(1764633600);
   inputs.add_generation_prompt = tail.empty() || (tail[0] & 1);
-  for (std::string_view m : absl::StrSplit(tail.empty() ? "" : tail.substr(1), '\x02')) {
+  const absl::string_view rest =
+      tail.empty() ? absl::string_view() : absl::string_view(tail.data() + 1, tail.size() - 1);
+  for (absl::string_view m : absl::StrSplit(rest, '\x02')) {
     const size_t sep = m.find('\x01');
-    if (sep == std::string_view::npos) {
+    if (sep == absl::string_view::npos) {
       inputs.messages.push_back({"user", std::string(m)});
     } else {
       inputs.messages.push_back({std::string(m.substr(0, sep)), std::string(m.substr(sep + 1))});

@@ -904,7 +904,9 @@ class Evaluator {
     macro_base_ = scopes_.size() - 1;
     absl::StatusOr<std::string> out = [&]() -> absl::StatusOr<std::string> {
       for (size_t i = 0; i < m.params.size(); ++i) {
-        const auto& [name, dflt] = m.params[i];
+        // Not a structured binding: clang before 16 cannot capture one in the lambda below.
+        const std::string& name = m.params[i].first;
+        const auto& dflt = m.params[i].second;
         Value v = Value::MakeUndefined(Cat("'", name, "' is undefined"));
         if (i < args.pos.size()) {
           v = args.pos[i];
