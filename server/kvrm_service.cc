@@ -337,7 +337,20 @@ grpc::ServerUnaryReactor* KvrmService::Tokenize(grpc::CallbackServerContext* con
                                              "text: longer than the prompt limit"));
   }
   const Tokenizer& tok = *engine_->model().tokenizer;
-  absl::StatusOr<std::vector<int32_t>> ids = tok.Encode(request->text(), request->add_bos());
+  absl::StatusOr<std::vector<int32_t>> ids;
+  if (request->has_chat()) {
+    if (!request->text().empty()) {
+      return FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                               "chat: set text or chat, not both"));
+    }
+    absl::StatusOr<std::string> prompt =
+        RenderChatPrompt(request->chat(), &engine_->model().chat, limits_);
+    if (!prompt.ok()) return FinishUnary(context, ToGrpcStatus(prompt.status()));
+    ids = tok.Encode(*prompt, /*add_bos=*/false);
+    response->set_prompt(*std::move(prompt));
+  } else {
+    ids = tok.Encode(request->text(), request->add_bos());
+  }
   if (!ids.ok()) {
     return FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                              absl::StrCat("text: ", ids.status().message())));

@@ -78,9 +78,10 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
   return absl::OkStatus();
 }
 
-// The prompt text of a chat request: the messages checked, then rendered by the template.
-absl::StatusOr<std::string> RenderChat(const v1::ChatPrompt& chat, const ChatConfig* config,
-                                       const RequestLimits& limits) {
+}  // namespace
+
+absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const ChatConfig* config,
+                                             const RequestLimits& limits) {
   if (chat.messages_size() == 0) return Invalid("chat.messages", "no messages");
   if (chat.messages_size() > limits.max_chat_messages) {
     return Invalid("chat.messages", absl::StrCat(chat.messages_size(), " messages; at most ",
@@ -113,8 +114,6 @@ absl::StatusOr<std::string> RenderChat(const v1::ChatPrompt& chat, const ChatCon
   if (text.empty()) return Invalid("chat", "the template rendered an empty prompt");
   return text;
 }
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
@@ -151,7 +150,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
       break;
     }
     case v1::GenerateRequest::kChat: {
-      ASSIGN_OR_RETURN(std::string text, RenderChat(proto.chat(), chat, limits));
+      ASSIGN_OR_RETURN(std::string text, RenderChatPrompt(proto.chat(), chat, limits));
       // The template writes BOS and every other special token itself (transformers tokenizes
       // apply_chat_template's text with add_special_tokens=False).
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, /*add_bos=*/false);

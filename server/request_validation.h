@@ -25,6 +25,11 @@ struct RequestLimits {
   int32_t max_chat_messages = 1024;
 };
 
+// The prompt text of a chat prompt: its messages checked (INVALID_ARGUMENT naming
+// "chat.messages[i].role" ...), then rendered by `chat` (null: refused).
+absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& prompt, const ChatConfig* chat,
+                                             const RequestLimits& limits);
+
 // `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,

@@ -418,6 +418,22 @@ TEST_F(E2eTest, ChatRequestIsTheTemplatesTextAndEndsAtTheTurnsEnd) {
   EXPECT_EQ(a.tokens, b.tokens);
   EXPECT_FALSE(a.tokens.empty());
 
+  // Tokenize shows the rendered prompt and the same ids.
+  grpc::ClientContext ct;
+  v1::TokenizeRequest treq;
+  *treq.mutable_chat() = chat.chat();
+  v1::TokenizeResponse tresp;
+  ASSERT_TRUE(stub().Tokenize(&ct, treq, &tresp).ok());
+  EXPECT_EQ(tresp.prompt(), rendered);
+  EXPECT_EQ(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()), ids);
+  grpc::ClientContext cbad;
+  v1::TokenizeRequest bad;
+  bad.mutable_chat()->add_messages()->set_role("tool");
+  const grpc::Status bad_status = stub().Tokenize(&cbad, bad, &tresp);
+  EXPECT_EQ(bad_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(absl::StartsWith(bad_status.error_message(), "chat: unknown role: tool"))
+      << bad_status.error_message();
+
   // Without the generation prompt the last turn is continued: the rendering stops at its end.
   v1::GenerateRequest cont = ChatRequest({{"user", "Hi"}}, 8);
   cont.mutable_chat()->set_add_generation_prompt(false);

@@ -59,6 +59,28 @@ absl::StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(absl::stri
   return bias;
 }
 
+absl::StatusOr<v1::ChatPrompt> BuildChatPrompt(const std::string& system,
+                                               absl::Span<const std::string> messages) {
+  if (messages.empty()) return absl::InvalidArgumentError("--system needs a --message after it");
+  v1::ChatPrompt prompt;
+  if (!system.empty()) {
+    v1::ChatMessage* m = prompt.add_messages();
+    m->set_role("system");
+    m->set_content(system);
+  }
+  for (const std::string& turn : messages) {
+    const size_t colon = turn.find(':');
+    if (colon == std::string::npos || colon == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--message: '", turn, "' is not role:content (user:Hello)"));
+    }
+    v1::ChatMessage* m = prompt.add_messages();
+    m->set_role(turn.substr(0, colon));
+    m->set_content(turn.substr(colon + 1));
+  }
+  return prompt;
+}
+
 absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options) {
   v1::GenerateRequest request;
   const bool chat = !options.messages.empty() || !options.system.empty();
@@ -68,25 +90,7 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
         "give exactly one of --prompt, --token_ids and --message (with --system)");
   }
   if (chat) {
-    if (options.messages.empty()) {
-      return absl::InvalidArgumentError("--system needs a --message after it");
-    }
-    v1::ChatPrompt* prompt = request.mutable_chat();
-    if (!options.system.empty()) {
-      v1::ChatMessage* m = prompt->add_messages();
-      m->set_role("system");
-      m->set_content(options.system);
-    }
-    for (const std::string& turn : options.messages) {
-      const size_t colon = turn.find(':');
-      if (colon == std::string::npos || colon == 0) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("--message: '", turn, "' is not role:content (user:Hello)"));
-      }
-      v1::ChatMessage* m = prompt->add_messages();
-      m->set_role(turn.substr(0, colon));
-      m->set_content(turn.substr(colon + 1));
-    }
+    ASSIGN_OR_RETURN(*request.mutable_chat(), BuildChatPrompt(options.system, options.messages));
   } else if (!options.prompt.empty()) {
     request.set_text(options.prompt);
   } else {

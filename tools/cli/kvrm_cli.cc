@@ -235,9 +235,21 @@ int RunGenerate(const ParsedFlags& flags) {
 }
 
 int RunTokenize(const ParsedFlags& flags) {
-  if (!flags.given.contains("text")) return UsageError("tokenize needs --text");
+  const bool chat = flags.given.contains("message") || flags.given.contains("system");
+  if (flags.given.contains("text") == chat) {
+    return UsageError("tokenize needs --text, or --message (with --system) for a chat prompt");
+  }
   v1::TokenizeRequest request;
-  request.set_text(absl::GetFlag(FLAGS_text));
+  if (chat) {
+    std::vector<std::string> messages;
+    if (auto it = flags.given.find("message"); it != flags.given.end()) messages = it->second;
+    absl::StatusOr<v1::ChatPrompt> prompt =
+        BuildChatPrompt(absl::GetFlag(FLAGS_system), messages);
+    if (!prompt.ok()) return UsageError(std::string(prompt.status().message()));
+    *request.mutable_chat() = *std::move(prompt);
+  } else {
+    request.set_text(absl::GetFlag(FLAGS_text));
+  }
   request.set_add_bos(absl::GetFlag(FLAGS_add_bos));
   request.set_return_pieces(absl::GetFlag(FLAGS_pieces));
 
@@ -256,6 +268,8 @@ int RunTokenize(const ParsedFlags& flags) {
     }
     Emit(absl::StrCat(*line, "\n"));
   } else {
+    // A chat prompt: the text the template rendered, then its tokens.
+    if (chat) Emit(absl::StrCat(response.prompt(), "\n"));
     Emit(FormatTokens(response, request.return_pieces()));
   }
   return kExitOk;
@@ -362,15 +376,18 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "json",
                                                 "server",
                                                 "timeout_s"};
-constexpr absl::string_view kTokenizeFlags[] = {"text", "add_bos", "pieces",
-                                                "json", "server",  "timeout_s"};
+constexpr absl::string_view kTokenizeFlags[] = {"text", "message", "system", "add_bos",
+                                                "pieces", "json", "server", "timeout_s"};
 constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
 constexpr absl::string_view kHealthFlags[] = {"service", "server", "timeout_s"};
 
 constexpr Command kCommands[] = {
     {"generate", "stream a completion: text to stdout, a summary line to stderr", kGenerateFlags,
      RunGenerate},
-    {"tokenize", "encode text with the served model's tokenizer", kTokenizeFlags, RunTokenize},
+    {"tokenize",
+     "encode text with the served model's tokenizer (or a chat prompt: --message, with the text "
+     "its template renders)",
+     kTokenizeFlags, RunTokenize},
     {"info", "describe the served model and the server's live state", kInfoFlags, RunInfo},
     {"health", "grpc.health.v1 check: prints SERVING or NOT_SERVING, exit 0 only if SERVING",
      kHealthFlags, RunHealth},

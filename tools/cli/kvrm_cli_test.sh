@@ -47,6 +47,8 @@ expect 2 "max_new_tokens" -- generate --prompt=a --max_new_tokens=abc
 expect 2 "--stop: empty sequence" -- generate --prompt=a --stop=a,,b
 expect 2 "needs a value" -- generate --prompt
 expect 2 "tokenize needs --text" -- tokenize
+expect 2 "tokenize needs --text, or --message" -- tokenize --text=a --message=user:b
+expect 2 "--system needs a --message" -- tokenize --system=x
 
 for cmd in "generate --prompt=hi" "generate --token_ids=1,2 --json" "tokenize --text=hi" \
            "info" "info --json" "health" "health --service=kvrm.v1.Kvrm"; do
