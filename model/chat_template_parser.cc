@@ -14,6 +14,7 @@
 #include "absl/strings/numbers.h"
 #include "common/status_macros.h"
 #include "model/chat_template.h"
+#include "model/tokenizer_text.h"
 
 namespace kvrm::jinja {
 namespace {
@@ -43,23 +44,10 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 bool IsNameStart(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'; }
 bool IsNameChar(char c) { return IsNameStart(c) || IsDigit(c); }
 
-void AppendUtf8(uint32_t cp, std::string* out) {
+// A \u escape's code point as UTF-8; a lone surrogate or one past U+10FFFF becomes U+FFFD.
+void AppendEscapedCodePoint(uint32_t cp, std::string* out) {
   if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) cp = 0xFFFD;
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
+  tok::AppendUtf8(cp, out);
 }
 
 // ---- lexer ------------------------------------------------------------------------------------
@@ -418,15 +406,15 @@ class Lexer {
           break;
         case 'x':
           if (!hex(2, &cp)) return Error(p, "invalid \\x escape");
-          AppendUtf8(cp, &out);
+          AppendEscapedCodePoint(cp, &out);
           break;
         case 'u':
           if (!hex(4, &cp)) return Error(p, "invalid \\u escape");
-          AppendUtf8(cp, &out);
+          AppendEscapedCodePoint(cp, &out);
           break;
         case 'U':
           if (!hex(8, &cp) || cp > 0x10FFFF) return Error(p, "invalid \\U escape");
-          AppendUtf8(cp, &out);
+          AppendEscapedCodePoint(cp, &out);
           break;
         case 'N':
           return Error(p, "\\N{...} escapes are not supported");
@@ -436,7 +424,7 @@ class Lexer {
             for (int i = 0; i < 2 && p < n && src_[p] >= '0' && src_[p] <= '7'; ++i, ++p) {
               cp = cp * 8 + (src_[p] - '0');
             }
-            AppendUtf8(cp, &out);
+            AppendEscapedCodePoint(cp, &out);
           } else {
             out.push_back('\\');  // Python keeps unknown escapes as written
             out.push_back(e);
