@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -88,8 +89,12 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
                                                  limits.max_chat_messages));
   }
   ChatTemplateInputs inputs;
-  inputs.add_generation_prompt =
-      chat.has_add_generation_prompt() ? chat.add_generation_prompt() : true;
+  if (chat.continue_final_message() && chat.add_generation_prompt()) {
+    return Invalid("chat.continue_final_message", "not with add_generation_prompt true");
+  }
+  inputs.add_generation_prompt = chat.has_add_generation_prompt()
+                                     ? chat.add_generation_prompt()
+                                     : !chat.continue_final_message();
   int64_t bytes = 0;
   for (int i = 0; i < chat.messages_size(); ++i) {
     const v1::ChatMessage& m = chat.messages(i);
@@ -111,6 +116,19 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
   if (config == nullptr) return Invalid("chat", "the server has no chat template");
   // Errors from here name "chat: ..." (a missing template, or the template's own message).
   ASSIGN_OR_RETURN(std::string text, config->Render(std::move(inputs)));
+  if (chat.continue_final_message()) {
+    // vLLM's rule: cut after the last occurrence of the final message's stripped content.
+    const absl::string_view content =
+        absl::StripAsciiWhitespace(chat.messages(chat.messages_size() - 1).content());
+    const size_t at =
+        content.empty() ? std::string::npos : text.rfind(content.data(), std::string::npos,
+                                                         content.size());
+    if (at == std::string::npos) {
+      return Invalid("chat.continue_final_message",
+                     "the chat template does not write the last message's content verbatim");
+    }
+    text.resize(at + content.size());
+  }
   if (text.empty()) return Invalid("chat", "the template rendered an empty prompt");
   return text;
 }

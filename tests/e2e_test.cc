@@ -434,15 +434,37 @@ TEST_F(E2eTest, ChatRequestIsTheTemplatesTextAndEndsAtTheTurnsEnd) {
   EXPECT_TRUE(absl::StartsWith(bad_status.error_message(), "chat: unknown role: tool"))
       << bad_status.error_message();
 
-  // Without the generation prompt the last turn is continued: the rendering stops at its end.
-  v1::GenerateRequest cont = ChatRequest({{"user", "Hi"}}, 8);
-  cont.mutable_chat()->set_add_generation_prompt(false);
-  const StreamResult c = RunGenerate(stub(), cont);
+  // Without the generation prompt the rendering stops after the last turn's end.
+  v1::GenerateRequest no_header = ChatRequest({{"user", "Hi"}}, 8);
+  no_header.mutable_chat()->set_add_generation_prompt(false);
+  const StreamResult c = RunGenerate(stub(), no_header);
   ASSERT_TRUE(c.status.ok()) << c.status.error_message();
   EXPECT_EQ(c.finished.usage().prompt_tokens(),
             static_cast<int32_t>(
                 server_->model().tokenizer->Encode("<|begin_of_text|>user:\nHi<|eot_id|>", false)
                     ->size()));
+
+  // Continuing the final message: the prompt ends inside the assistant's partial reply, the same
+  // tokens (and greedy completion) as that text sent as is.
+  v1::GenerateRequest cont =
+      ChatRequest({{"user", "Name a colour."}, {"assistant", "  The colour is "}}, 16);
+  cont.mutable_chat()->set_continue_final_message(true);
+  const std::string partial =
+      "<|begin_of_text|>user:\nName a colour.<|eot_id|>assistant:\nThe colour is";
+  v1::GenerateRequest partial_text = TextRequest(partial, 16);
+  partial_text.set_skip_bos(true);
+  const StreamResult d = RunGenerate(stub(), cont);
+  const StreamResult e = RunGenerate(stub(), partial_text);
+  ASSERT_TRUE(d.status.ok()) << d.status.error_message();
+  ASSERT_TRUE(e.status.ok()) << e.status.error_message();
+  EXPECT_EQ(d.finished.usage().prompt_tokens(),
+            static_cast<int32_t>(server_->model().tokenizer->Encode(partial, false)->size()));
+  EXPECT_EQ(d.tokens, e.tokens);
+  grpc::ClientContext ct2;
+  v1::TokenizeRequest treq2;
+  *treq2.mutable_chat() = cont.chat();
+  ASSERT_TRUE(stub().Tokenize(&ct2, treq2, &tresp).ok());
+  EXPECT_EQ(tresp.prompt(), partial);
 }
 
 TEST_F(E2eTest, BadChatRequestsGetInvalidArgumentNamingTheFieldOrTheTemplatesError) {
@@ -459,6 +481,15 @@ TEST_F(E2eTest, BadChatRequestsGetInvalidArgumentNamingTheFieldOrTheTemplatesErr
   // The template's own raise_exception, as its message.
   cases.push_back({ChatRequest({{"user", "a"}, {"tool", "{}"}}, 8),
                    "chat: unknown role: tool (this template takes system, user and assistant)"});
+  {
+    v1::GenerateRequest both = ChatRequest({{"user", "a"}, {"assistant", "b"}}, 8);
+    both.mutable_chat()->set_continue_final_message(true);
+    both.mutable_chat()->set_add_generation_prompt(true);
+    cases.push_back({both, "chat.continue_final_message: not with add_generation_prompt true"});
+    v1::GenerateRequest empty_last = ChatRequest({{"user", "a"}, {"assistant", "  "}}, 8);
+    empty_last.mutable_chat()->set_continue_final_message(true);
+    cases.push_back({empty_last, "chat.continue_final_message: the chat template does not write"});
+  }
   // Too long once rendered.
   cases.push_back({ChatRequest({{"user", std::string(5000, 'x')}}, 8), "chat: prompt of"});
   for (const Case& c : cases) {
