@@ -43,10 +43,15 @@ TEST_F(E2eTest, StreamsTokensThenFinishes) {
   req.set_request_id("stream-1");
   StreamResult r = RunGenerate(stub(), req);
   ASSERT_TRUE(r.status.ok()) << r.status.error_message();
-  // One message per token, the last carrying `finished`.
-  EXPECT_EQ(r.messages.size(), 24u);
+  // A message per step that produced a token (several merged into one when the client falls
+  // behind, server/response_queue.h), the last carrying `finished`.
   EXPECT_EQ(r.tokens.size(), 24u);
-  for (size_t i = 0; i + 1 < r.messages.size(); ++i) EXPECT_FALSE(r.messages[i].has_finished());
+  EXPECT_GE(r.messages.size(), 1u);
+  EXPECT_LE(r.messages.size(), 24u);
+  for (size_t i = 0; i + 1 < r.messages.size(); ++i) {
+    EXPECT_FALSE(r.messages[i].has_finished());
+    EXPECT_GE(r.messages[i].token_ids_size(), 1) << "no empty message before the last";
+  }
   EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_LENGTH);
   EXPECT_EQ(r.finished.usage().completion_tokens(), 24);
   const std::vector<int32_t> prompt =

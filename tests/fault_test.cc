@@ -200,8 +200,8 @@ TEST(FaultTest, ClientThatReadsLateGetsTheWholeStreamMerged) {
   EXPECT_TRUE(messages.back().has_finished()) << "the final message comes last";
   EXPECT_EQ(tokens, eager.tokens) << "greedy: the same completion";
   EXPECT_EQ(text, eager.text);
-  EXPECT_GE(eager.messages.size(), 200u) << "read as it went: about one message a token";
-  EXPECT_LT(messages.size(), eager.messages.size() / 2) << "read late: chunks merged";
+  // Unmerged, 400 messages; the 16 KiB window holds ~40 of these, the rest merge into a few.
+  EXPECT_LE(messages.size(), 100u) << "read late: chunks merged";
   std::fprintf(stderr, "read late: %zu messages for 400 tokens (read as it went: %zu)\n",
                messages.size(), eager.messages.size());
   ExpectIdle(server);
