@@ -91,6 +91,9 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   }
   if (chat) {
     ASSIGN_OR_RETURN(*request.mutable_chat(), BuildChatPrompt(options.system, options.messages));
+    request.mutable_chat()->set_continue_final_message(options.continue_final_message);
+  } else if (options.continue_final_message) {
+    return absl::InvalidArgumentError("--continue_final_message needs --message");
   } else if (!options.prompt.empty()) {
     request.set_text(options.prompt);
   } else {

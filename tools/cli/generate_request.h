@@ -27,6 +27,7 @@ struct GenerateOptions {
   // and token_ids. `system`, when set, is a first "system" turn.
   std::vector<std::string> messages;
   std::string system;
+  bool continue_final_message = false;  // the model goes on with the last --message
   bool skip_bos = false;
   int32_t max_new_tokens = 64;
   float temperature = 0;

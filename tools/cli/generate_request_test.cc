@@ -166,6 +166,17 @@ TEST(BuildGenerateRequestTest, MessagesBecomeChatTurnsInOrder) {
   system_only.system = "x";
   EXPECT_THAT(std::string(BuildGenerateRequest(system_only).status().message()),
               HasSubstr("--system needs a --message"));
+  GenerateOptions cont;
+  cont.messages = {"user:Hi", "assistant:Hel"};
+  cont.continue_final_message = true;
+  absl::StatusOr<v1::GenerateRequest> c = BuildGenerateRequest(cont);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->chat().continue_final_message());
+  GenerateOptions cont_text;
+  cont_text.prompt = "x";
+  cont_text.continue_final_message = true;
+  EXPECT_THAT(std::string(BuildGenerateRequest(cont_text).status().message()),
+              HasSubstr("--continue_final_message needs --message"));
   GenerateOptions chat_and_text;
   chat_and_text.prompt = "x";
   chat_and_text.messages = {"user:y"};

@@ -39,6 +39,9 @@ ABSL_FLAG(std::string, message, "",
           "a chat turn, role:content (user:Hello), rendered by the model's chat template; "
           "repeatable, in order (instead of --prompt)");
 ABSL_FLAG(std::string, system, "", "with --message: a first system turn");
+ABSL_FLAG(bool, continue_final_message, false,
+          "with --message: the model continues the last message (e.g. a partial "
+          "assistant:... reply) instead of starting a new turn");
 ABSL_FLAG(bool, skip_bos, false, "do not prepend the BOS token to a text prompt");
 ABSL_FLAG(int32_t, max_new_tokens, 64, "upper bound on generated tokens");
 ABSL_FLAG(float, temperature, 0, "softmax temperature; 0 = greedy");
@@ -138,6 +141,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.token_ids = absl::GetFlag(FLAGS_token_ids);
   if (auto it = flags.given.find("message"); it != flags.given.end()) options.messages = it->second;
   options.system = absl::GetFlag(FLAGS_system);
+  options.continue_final_message = absl::GetFlag(FLAGS_continue_final_message);
   options.skip_bos = absl::GetFlag(FLAGS_skip_bos);
   options.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   options.temperature = absl::GetFlag(FLAGS_temperature);
@@ -246,6 +250,7 @@ int RunTokenize(const ParsedFlags& flags) {
     absl::StatusOr<v1::ChatPrompt> prompt =
         BuildChatPrompt(absl::GetFlag(FLAGS_system), messages);
     if (!prompt.ok()) return UsageError(std::string(prompt.status().message()));
+    prompt->set_continue_final_message(absl::GetFlag(FLAGS_continue_final_message));
     *request.mutable_chat() = *std::move(prompt);
   } else {
     request.set_text(absl::GetFlag(FLAGS_text));
@@ -352,6 +357,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "token_ids",
                                                 "message",
                                                 "system",
+                                                "continue_final_message",
                                                 "skip_bos",
                                                 "max_new_tokens",
                                                 "temperature",
@@ -376,8 +382,10 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "json",
                                                 "server",
                                                 "timeout_s"};
-constexpr absl::string_view kTokenizeFlags[] = {"text", "message", "system", "add_bos",
-                                                "pieces", "json", "server", "timeout_s"};
+constexpr absl::string_view kTokenizeFlags[] = {"text",   "message", "system",
+                                                "continue_final_message",
+                                                "add_bos", "pieces", "json",
+                                                "server", "timeout_s"};
 constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
 constexpr absl::string_view kHealthFlags[] = {"service", "server", "timeout_s"};
 
