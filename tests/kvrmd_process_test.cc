@@ -51,6 +51,30 @@ TEST(KvrmdProcessTest, BrokenConfigExitsNonZeroNamingTheFile) {
   EXPECT_TRUE(absl::StrContains(p.LogTail(), "config.json")) << p.LogTail();
 }
 
+// A model whose tokenizer_config.json is not JSON stops start-up (naming the file); a chat
+// template given with --chat_template that does not parse stops it too, naming the flag, the path
+// and where the template is wrong.
+TEST(KvrmdProcessTest, BrokenTokenizerConfigOrChatTemplateExitsNonZeroNamingIt) {
+  const std::string dir = TmpDir() + "/broken-tokenizer-config";
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(TinyModelDir())) {
+    fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
+  }
+  std::ofstream(dir + "/tokenizer_config.json") << "{\"chat_template\": ";  // truncated JSON
+  Subprocess p = StartKvrmd({"--model=" + dir, "--listen=127.0.0.1:0"}, "broken-tokcfg");
+  EXPECT_EQ(p.Wait(), 1);
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "tokenizer_config.json")) << p.LogTail();
+
+  const std::string tmpl = TmpDir() + "/bad.jinja";
+  std::ofstream(tmpl) << "{{ bos_token }}\n{% for m in messages %}{{ m.content }";
+  Subprocess q = StartKvrmd(
+      {"--model=" + TinyModelDir(), "--listen=127.0.0.1:0", "--chat_template=" + tmpl},
+      "bad-chat-template");
+  EXPECT_EQ(q.Wait(), 1);
+  EXPECT_TRUE(absl::StrContains(q.LogTail(), "--chat_template=" + tmpl + ": chat_template: line 2"))
+      << q.LogTail();
+}
+
 // kvrmd given one bad flag exits 2, naming the flag as given and one of the valid choices.
 void ExpectBadFlagExitsTwo(const std::string& flag, const std::string& a_choice) {
   Subprocess p =
