@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <set>
 #include <string>
 #include <vector>
@@ -121,6 +122,27 @@ TEST(MakeModelTest, ConfigLoadsWithTinyValues) {
   EXPECT_EQ((*tok_config)["bos_token"], "<|begin_of_text|>");
   EXPECT_EQ((*tok_config)["eos_token"], "<|end_of_text|>");
   EXPECT_EQ((*tok_config)["chat_template"], std::string(kChatTemplate));
+}
+
+// A directory written before the chat template existed gets it, and nothing else changes.
+TEST(MakeModelTest, UpgradeAddsTheChatTemplateToAnOlderDirectoryOnce) {
+  const std::string dir = MakeTiny("upgrade", DType::kBF16);
+  const std::string path = dir + "/tokenizer_config.json";
+  auto current = ReadJsonFile(path);
+  ASSERT_TRUE(current.ok());
+  EXPECT_FALSE(*UpgradeModelDir(dir)) << "a current directory is left as it is";
+  Json old = *current;
+  old.erase("chat_template");
+  std::ofstream(path) << old.dump(2);
+  absl::StatusOr<bool> upgraded = UpgradeModelDir(dir);
+  ASSERT_TRUE(upgraded.ok()) << upgraded.status();
+  EXPECT_TRUE(*upgraded);
+  auto after = ReadJsonFile(path);
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(*after, *current);
+  EXPECT_FALSE(*UpgradeModelDir(dir));
+  std::ofstream(path) << "[1, 2]";
+  EXPECT_FALSE(UpgradeModelDir(dir).ok());
 }
 
 struct Expected {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "common/status_macros.h"
 #include "model/safetensors_writer.h"
 #include "tools/modelgen/hf_config.h"
@@ -127,6 +128,23 @@ absl::StatusOr<MakeModelSummary> MakeModel(const MakeModelOptions& options) {
   summary.num_merges = static_cast<int>(bpe->merges.size());
   summary.total_seconds = Seconds(start);
   return summary;
+}
+
+absl::StatusOr<bool> UpgradeModelDir(const std::string& dir) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "tokenizer_config.json";
+  ASSIGN_OR_RETURN(Json config, ReadJsonFile(path.string()));
+  if (!config.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path.string(), ": expected a JSON object"));
+  }
+  if (config.contains("chat_template")) return false;
+  config["chat_template"] = std::string(kChatTemplate);
+  // Written beside and renamed over, so a reader never sees half a file.
+  const std::filesystem::path tmp = path.string() + ".tmp";
+  RETURN_IF_ERROR(WriteTextFile(tmp, config.dump(2) + "\n"));
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path.string(), ": ", ec.message()));
+  return true;
 }
 
 }  // namespace kvrm::modelgen
