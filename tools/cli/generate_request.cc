@@ -60,7 +60,8 @@ absl::StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(absl::stri
 }
 
 absl::StatusOr<v1::ChatPrompt> BuildChatPrompt(const std::string& system,
-                                               absl::Span<const std::string> messages) {
+                                               absl::Span<const std::string> messages,
+                                               bool continue_final_message) {
   if (messages.empty()) return absl::InvalidArgumentError("--system needs a --message after it");
   v1::ChatPrompt prompt;
   if (!system.empty()) {
@@ -78,6 +79,7 @@ absl::StatusOr<v1::ChatPrompt> BuildChatPrompt(const std::string& system,
     m->set_role(turn.substr(0, colon));
     m->set_content(turn.substr(colon + 1));
   }
+  prompt.set_continue_final_message(continue_final_message);
   return prompt;
 }
 
@@ -90,8 +92,9 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
         "give exactly one of --prompt, --token_ids and --message (with --system)");
   }
   if (chat) {
-    ASSIGN_OR_RETURN(*request.mutable_chat(), BuildChatPrompt(options.system, options.messages));
-    request.mutable_chat()->set_continue_final_message(options.continue_final_message);
+    ASSIGN_OR_RETURN(*request.mutable_chat(),
+                     BuildChatPrompt(options.system, options.messages,
+                                     options.continue_final_message));
   } else if (options.continue_final_message) {
     return absl::InvalidArgumentError("--continue_final_message needs --message");
   } else if (!options.prompt.empty()) {

@@ -63,9 +63,11 @@ absl::StatusOr<std::vector<std::string>> ParseStopSequences(absl::Span<const std
 // Parses "13:-100, 42:2.5" into (token id, bias) pairs. Empty text gives none.
 absl::StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(absl::string_view text);
 
-// The chat prompt of --system and --message values ("role:content", split at the first colon).
+// The chat prompt of --system and --message values ("role:content", split at the first colon)
+// and --continue_final_message.
 absl::StatusOr<v1::ChatPrompt> BuildChatPrompt(const std::string& system,
-                                               absl::Span<const std::string> messages);
+                                               absl::Span<const std::string> messages,
+                                               bool continue_final_message);
 
 // InvalidArgument (a usage error) when the options cannot form a request.
 absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options);

@@ -247,10 +247,9 @@ int RunTokenize(const ParsedFlags& flags) {
   if (chat) {
     std::vector<std::string> messages;
     if (auto it = flags.given.find("message"); it != flags.given.end()) messages = it->second;
-    absl::StatusOr<v1::ChatPrompt> prompt =
-        BuildChatPrompt(absl::GetFlag(FLAGS_system), messages);
+    absl::StatusOr<v1::ChatPrompt> prompt = BuildChatPrompt(
+        absl::GetFlag(FLAGS_system), messages, absl::GetFlag(FLAGS_continue_final_message));
     if (!prompt.ok()) return UsageError(std::string(prompt.status().message()));
-    prompt->set_continue_final_message(absl::GetFlag(FLAGS_continue_final_message));
     *request.mutable_chat() = *std::move(prompt);
   } else {
     request.set_text(absl::GetFlag(FLAGS_text));
