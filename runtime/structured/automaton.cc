@@ -1,0 +1,358 @@
+#include "runtime/structured/automaton.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "common/logging.h"
+
+namespace kvrm::structured {
+namespace {
+
+void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<std::vector<ByteRange>>* out) {
+  // First by encoded length: both ends must take the same number of bytes.
+  for (uint32_t boundary : {0x7Fu, 0x7FFu, 0xFFFFu}) {
+    if (lo <= boundary && hi > boundary) {
+      SplitUtf8(lo, boundary, out);
+      SplitUtf8(boundary + 1, hi, out);
+      return;
+    }
+  }
+  if (hi < 0x80) {
+    out->push_back({{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)}});
+    return;
+  }
+  // Then until every continuation byte below the first that differs spans its whole range.
+  for (int i = 1; i < 4; ++i) {
+    const uint32_t max = (1u << (6 * i)) - 1;
+    if ((lo & ~max) != (hi & ~max)) {
+      if ((lo & max) != 0) {
+        SplitUtf8(lo, lo | max, out);
+        SplitUtf8((lo | max) + 1, hi, out);
+        return;
+      }
+      if ((hi & max) != max) {
+        SplitUtf8(lo, (hi & ~max) - 1, out);
+        SplitUtf8(hi & ~max, hi, out);
+        return;
+      }
+    }
+  }
+  auto encode = [](uint32_t c, uint8_t* b) {
+    if (c < 0x800) {
+      b[0] = static_cast<uint8_t>(0xC0 | (c >> 6));
+      b[1] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+      return 2;
+    }
+    if (c < 0x10000) {
+      b[0] = static_cast<uint8_t>(0xE0 | (c >> 12));
+      b[1] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
+      b[2] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+      return 3;
+    }
+    b[0] = static_cast<uint8_t>(0xF0 | (c >> 18));
+    b[1] = static_cast<uint8_t>(0x80 | ((c >> 12) & 0x3F));
+    b[2] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
+    b[3] = static_cast<uint8_t>(0x80 | (c & 0x3F));
+    return 4;
+  };
+  uint8_t a[4], b[4];
+  const int n = encode(lo, a);
+  encode(hi, b);
+  std::vector<ByteRange> seq(n);
+  for (int k = 0; k < n; ++k) seq[k] = {a[k], b[k]};
+  out->push_back(std::move(seq));
+}
+
+// Thompson NFA over bytes, built back to front: each piece is compiled knowing the state that
+// follows it, so no dangling edges need patching.
+class Nfa {
+ public:
+  enum Kind : uint8_t { kByte, kFork, kMatch };
+  struct State {
+    Kind kind = kMatch;
+    uint8_t lo = 0, hi = 0;  // kByte
+    int32_t out = -1;        // kByte
+    int32_t fork_begin = 0, fork_end = 0;  // kFork: forks_[begin, end)
+  };
+
+  int32_t AddMatch() { return Add(State{.kind = kMatch}); }
+
+  int32_t Compile(const Regex& r, int32_t next) {
+    switch (r->kind) {
+      case RegexNode::Kind::kNothing:
+        return AddFork({});  // no way out: matches nothing
+      case RegexNode::Kind::kEmpty:
+        return next;
+      case RegexNode::Kind::kLiteral: {
+        int32_t s = next;
+        for (size_t i = r->text.size(); i-- > 0;) {
+          const uint8_t b = static_cast<uint8_t>(r->text[i]);
+          s = AddByte(b, b, s);
+        }
+        return s;
+      }
+      case RegexNode::Kind::kClass: {
+        std::vector<int32_t> starts;
+        for (const CodePointRange& range : r->set.ranges()) {
+          for (const std::vector<ByteRange>& seq : Utf8Sequences(range.lo, range.hi)) {
+            int32_t s = next;
+            for (size_t k = seq.size(); k-- > 0;) s = AddByte(seq[k].lo, seq[k].hi, s);
+            starts.push_back(s);
+          }
+        }
+        return starts.size() == 1 ? starts[0] : AddFork(starts);
+      }
+      case RegexNode::Kind::kConcat: {
+        int32_t s = next;
+        for (size_t k = r->children.size(); k-- > 0;) s = Compile(r->children[k], s);
+        return s;
+      }
+      case RegexNode::Kind::kAlt: {
+        std::vector<int32_t> starts;
+        starts.reserve(r->children.size());
+        for (const Regex& child : r->children) starts.push_back(Compile(child, next));
+        return AddFork(starts);
+      }
+      case RegexNode::Kind::kRepeat: {
+        const Regex& x = r->children[0];
+        int32_t s = next;
+        if (r->max < 0) {
+          // loop: fork{x -> loop, next}
+          const int32_t loop = Add(State{.kind = kFork});
+          const int32_t body = Compile(x, loop);
+          SetFork(loop, {body, next});
+          s = loop;
+        } else {
+          for (int32_t k = r->min; k < r->max; ++k) s = AddFork({Compile(x, s), next});
+        }
+        for (int32_t k = 0; k < r->min; ++k) s = Compile(x, s);
+        return s;
+      }
+    }
+    return next;
+  }
+
+  const State& state(int32_t i) const { return states_[i]; }
+  int32_t size() const { return static_cast<int32_t>(states_.size()); }
+  absl::Span<const int32_t> ForkOuts(const State& s) const {
+    return absl::MakeConstSpan(forks_.data() + s.fork_begin, s.fork_end - s.fork_begin);
+  }
+
+ private:
+  int32_t Add(State s) {
+    states_.push_back(s);
+    return static_cast<int32_t>(states_.size()) - 1;
+  }
+  int32_t AddByte(uint8_t lo, uint8_t hi, int32_t out) {
+    return Add(State{.kind = kByte, .lo = lo, .hi = hi, .out = out});
+  }
+  int32_t AddFork(const std::vector<int32_t>& outs) {
+    const int32_t id = Add(State{.kind = kFork});
+    SetFork(id, outs);
+    return id;
+  }
+  void SetFork(int32_t id, const std::vector<int32_t>& outs) {
+    states_[id].fork_begin = static_cast<int32_t>(forks_.size());
+    forks_.insert(forks_.end(), outs.begin(), outs.end());
+    states_[id].fork_end = static_cast<int32_t>(forks_.size());
+  }
+
+  std::vector<State> states_;
+  std::vector<int32_t> forks_;
+};
+
+// Epsilon closures as sorted sets of the states that matter (kByte and kMatch).
+class Closure {
+ public:
+  explicit Closure(const Nfa& nfa) : nfa_(nfa), mark_(nfa.size(), 0) {}
+
+  // Adds the closure of `s` to the set being built.
+  void Add(int32_t s) {
+    stack_.push_back(s);
+    while (!stack_.empty()) {
+      const int32_t t = stack_.back();
+      stack_.pop_back();
+      if (mark_[t] == stamp_) continue;
+      mark_[t] = stamp_;
+      const Nfa::State& st = nfa_.state(t);
+      if (st.kind == Nfa::kFork) {
+        const auto outs = nfa_.ForkOuts(st);
+        for (size_t k = outs.size(); k-- > 0;) stack_.push_back(outs[k]);
+      } else {
+        set_.push_back(t);
+      }
+    }
+  }
+  void Begin() {
+    set_.clear();
+    if (++stamp_ == 0) {
+      std::fill(mark_.begin(), mark_.end(), 0);
+      stamp_ = 1;
+    }
+  }
+  std::vector<int32_t> Take() {
+    std::sort(set_.begin(), set_.end());
+    return set_;
+  }
+
+ private:
+  const Nfa& nfa_;
+  std::vector<uint32_t> mark_;
+  uint32_t stamp_ = 0;
+  std::vector<int32_t> stack_;
+  std::vector<int32_t> set_;
+};
+
+}  // namespace
+
+std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi) {
+  std::vector<std::vector<ByteRange>> out;
+  if (lo <= hi) SplitUtf8(lo, std::min(hi, kMaxCodePoint), &out);
+  return out;
+}
+
+absl::StatusOr<Dfa> Dfa::Compile(const Regex& regex, const DfaLimits& limits) {
+  if (regex->size > limits.max_nfa_states) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the constraint is too large: about ", regex->size,
+                     " automaton states before determinising (limit ", limits.max_nfa_states,
+                     "); lower repeat counts or string lengths"));
+  }
+  Nfa nfa;
+  const int32_t match = nfa.AddMatch();
+  const int32_t nfa_start = nfa.Compile(regex, match);
+
+  // Byte classes: bytes on the same side of every range boundary behave alike.
+  std::array<bool, 257> cut{};
+  cut[0] = true;
+  for (int32_t i = 0; i < nfa.size(); ++i) {
+    const Nfa::State& s = nfa.state(i);
+    if (s.kind != Nfa::kByte) continue;
+    cut[s.lo] = true;
+    cut[s.hi + 1] = true;
+  }
+  Dfa dfa;
+  std::array<uint8_t, 256> class_first{};  // a byte of each class
+  int32_t classes = 0;
+  for (int b = 0; b < 256; ++b) {
+    if (cut[b]) class_first[classes++] = static_cast<uint8_t>(b);
+    dfa.class_of_[b] = static_cast<uint8_t>(classes - 1);
+  }
+  dfa.num_classes_ = classes;
+
+  Closure closure(nfa);
+  absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
+  std::vector<std::vector<int32_t>> sets;
+  auto intern = [&](std::vector<int32_t> set) -> absl::StatusOr<int32_t> {
+    if (set.empty()) return kDead;
+    auto it = ids.find(set);
+    if (it != ids.end()) return it->second;
+    if (static_cast<int32_t>(sets.size()) >= limits.max_states) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("the constraint needs more than ", limits.max_states,
+                       " automaton states; simplify it (fewer alternatives, shorter bounded "
+                       "repeats)"));
+    }
+    const int32_t id = static_cast<int32_t>(sets.size());
+    ids.emplace(set, id);
+    sets.push_back(std::move(set));
+    return id;
+  };
+  closure.Begin();
+  closure.Add(nfa_start);
+  auto start = intern(closure.Take());
+  if (!start.ok()) return start.status();
+  if (*start == kDead) return absl::InvalidArgumentError("the constraint matches no text at all");
+
+  // Subset construction. Each member's target goes to every class its range covers, then each
+  // class's targets are closed once.
+  std::vector<std::vector<int32_t>> targets(classes);
+  std::vector<int32_t> table;
+  std::vector<uint8_t> accepting;
+  for (size_t d = 0; d < sets.size(); ++d) {
+    for (auto& t : targets) t.clear();
+    bool accepts = false;
+    for (int32_t s : sets[d]) {
+      const Nfa::State& st = nfa.state(s);
+      if (st.kind == Nfa::kMatch) {
+        accepts = true;
+        continue;
+      }
+      for (int32_t c = dfa.class_of_[st.lo]; c < classes && class_first[c] <= st.hi; ++c) {
+        targets[c].push_back(st.out);
+      }
+    }
+    accepting.push_back(accepts ? 1 : 0);
+    for (int32_t c = 0; c < classes; ++c) {
+      closure.Begin();
+      for (int32_t t : targets[c]) closure.Add(t);
+      auto next = intern(closure.Take());
+      if (!next.ok()) return next.status();
+      table.push_back(*next);  // sets may have grown: index by d, not by reference
+    }
+  }
+
+  // Keep only states from which an accepting state is reachable.
+  const int32_t n = static_cast<int32_t>(sets.size());
+  std::vector<std::vector<int32_t>> preds(n);
+  for (int32_t d = 0; d < n; ++d) {
+    for (int32_t c = 0; c < classes; ++c) {
+      const int32_t t = table[static_cast<size_t>(d) * classes + c];
+      if (t != kDead) preds[t].push_back(d);
+    }
+  }
+  std::vector<uint8_t> live(n, 0);
+  std::vector<int32_t> stack;
+  for (int32_t d = 0; d < n; ++d) {
+    if (accepting[d]) {
+      live[d] = 1;
+      stack.push_back(d);
+    }
+  }
+  while (!stack.empty()) {
+    const int32_t d = stack.back();
+    stack.pop_back();
+    for (int32_t p : preds[d]) {
+      if (!live[p]) {
+        live[p] = 1;
+        stack.push_back(p);
+      }
+    }
+  }
+  if (!live[*start]) return absl::InvalidArgumentError("the constraint matches no text at all");
+  std::vector<int32_t> renumber(n, kDead);
+  int32_t kept = 0;
+  for (int32_t d = 0; d < n; ++d) {
+    if (live[d]) renumber[d] = kept++;
+  }
+  dfa.table_.assign(static_cast<size_t>(kept) * classes, kDead);
+  dfa.accepting_.assign(kept, 0);
+  dfa.has_next_.assign(kept, 0);
+  for (int32_t d = 0; d < n; ++d) {
+    if (!live[d]) continue;
+    const int32_t to = renumber[d];
+    dfa.accepting_[to] = accepting[d];
+    for (int32_t c = 0; c < classes; ++c) {
+      const int32_t t = table[static_cast<size_t>(d) * classes + c];
+      const int32_t r = t == kDead ? kDead : renumber[t];
+      dfa.table_[static_cast<size_t>(to) * classes + c] = r;
+      if (r != kDead) dfa.has_next_[to] = 1;
+    }
+  }
+  dfa.start_ = renumber[*start];
+  return dfa;
+}
+
+bool Dfa::Matches(std::string_view text) const {
+  int32_t s = start_;
+  for (char ch : text) {
+    s = Next(s, static_cast<uint8_t>(ch));
+    if (s == kDead) return false;
+  }
+  return accepting(s);
+}
+
+}  // namespace kvrm::structured

@@ -1,0 +1,80 @@
+// Regex tree -> deterministic automaton over bytes: the structured-output constraint that the
+// token masks (grammar.h) are computed from.
+//
+// Built once per constraint, off the engine thread: the tree is lowered to a Thompson NFA over
+// bytes (code point classes become UTF-8 byte-range sequences), then determinised by subset
+// construction over byte classes (bytes no transition tells apart share a column). States from
+// which no accepting state can be reached are dropped, so every transition that exists leads to a
+// completion: a generation that follows the automaton can always finish.
+//
+// Immutable after Compile; Next and accepting are O(1) table reads, safe from any thread.
+#ifndef KVRM_RUNTIME_STRUCTURED_AUTOMATON_H_
+#define KVRM_RUNTIME_STRUCTURED_AUTOMATON_H_
+
+#include <array>
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "runtime/structured/regex_ast.h"
+
+namespace kvrm::structured {
+
+struct DfaLimits {
+  // Deterministic states; a constraint that needs more is refused (INVALID_ARGUMENT).
+  int32_t max_states = 20000;
+  // Nondeterministic states (the tree's size) accepted before determinising.
+  int64_t max_nfa_states = 2000000;
+};
+
+class Dfa {
+ public:
+  static constexpr int32_t kDead = -1;
+
+  // INVALID_ARGUMENT when the language is empty (nothing can match), or the automaton would be
+  // larger than `limits`.
+  static absl::StatusOr<Dfa> Compile(const Regex& regex, const DfaLimits& limits = {});
+
+  int32_t start() const { return start_; }
+  int32_t num_states() const { return static_cast<int32_t>(accepting_.size()); }
+  int32_t num_classes() const { return num_classes_; }
+  // The state after `byte`, or kDead when no completion of the text starts that way.
+  int32_t Next(int32_t state, uint8_t byte) const {
+    return table_[static_cast<size_t>(state) * num_classes_ + class_of_[byte]];
+  }
+  bool accepting(int32_t state) const { return accepting_[state] != 0; }
+  // True when some byte leads on from `state` (false: the match can only end here).
+  bool HasNext(int32_t state) const { return has_next_[state] != 0; }
+  // Whole-text match (for tests and validation).
+  bool Matches(std::string_view text) const;
+
+  // The byte class of each byte, and the table by class: what token masks walk.
+  const std::array<uint8_t, 256>& class_of() const { return class_of_; }
+  int32_t NextByClass(int32_t state, int32_t cls) const {
+    return table_[static_cast<size_t>(state) * num_classes_ + cls];
+  }
+
+ private:
+  Dfa() = default;
+
+  std::array<uint8_t, 256> class_of_{};
+  int32_t num_classes_ = 0;
+  int32_t start_ = 0;
+  std::vector<int32_t> table_;      // [states][classes]
+  std::vector<uint8_t> accepting_;  // [states]
+  std::vector<uint8_t> has_next_;   // [states]
+};
+
+// The UTF-8 encodings of the code points in [lo, hi] (no surrogates inside) as sequences of
+// byte ranges: every byte string of the union, and no other, matches one sequence position by
+// position. Exposed for tests.
+struct ByteRange {
+  uint8_t lo = 0;
+  uint8_t hi = 0;
+};
+std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi);
+
+}  // namespace kvrm::structured
+
+#endif  // KVRM_RUNTIME_STRUCTURED_AUTOMATON_H_
