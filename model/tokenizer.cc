@@ -178,7 +178,8 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
   return ids;
 }
 
-std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const {
+std::vector<std::string> Tokenizer::IdsToTokens(absl::Span<const int32_t> ids,
+                                                bool skip_special_tokens) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (const int32_t id : ids) {
@@ -188,18 +189,89 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special_t
     if (skip_special_tokens && special_contents_.contains(token)) continue;
     tokens.push_back(token);
   }
+  return tokens;
+}
+
+std::string Tokenizer::DecodeTokens(std::vector<std::string>* tokens, bool lossy) const {
   std::string out;
   if (decoder_ != nullptr) {
-    decoder_->DecodeChain(&tokens);
-    for (const std::string& t : tokens) out += t;
+    decoder_->DecodeChain(tokens, lossy);
+    for (const std::string& t : *tokens) out += t;
   } else {
-    for (size_t i = 0; i < tokens.size(); ++i) {
+    for (size_t i = 0; i < tokens->size(); ++i) {
       if (i > 0) out += ' ';
-      out += tokens[i];
+      out += (*tokens)[i];
     }
   }
+  return out;
+}
+
+std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens = IdsToTokens(ids, skip_special_tokens);
+  std::string out = DecodeTokens(&tokens, /*lossy=*/true);
   // Decoders only emit valid UTF-8 today; this keeps the promise if one ever does not.
   return tok::IsValidUtf8(out) ? out : tok::Utf8Lossy(out);
+}
+
+std::string Tokenizer::DecodeBytes(absl::Span<const int32_t> ids, bool skip_special_tokens) const {
+  std::vector<std::string> tokens = IdsToTokens(ids, skip_special_tokens);
+  return DecodeTokens(&tokens, /*lossy=*/false);
+}
+
+// The context should be plain text that no decoder step rewrites or merges with what follows, so
+// the token after it gets the mid-text treatment (Metaspace's rule for later tokens; a Strip of
+// the text's first space finds none, since the context does not start with one) and nothing
+// else. In order:
+//  1. a token that is spelled as, and decodes to, a single ASCII letter ("a" in every supported
+//     vocabulary; spelled as itself rules out a byte-fallback "<0x61>", whose run would merge
+//     with following byte tokens);
+//  2. the first token that decodes to non-empty printable ASCII with no whitespace;
+//  3. the first token that decodes to anything non-empty not starting with ASCII whitespace;
+//  4. none: each token is decoded alone, so a decoder that drops a first token's leading space
+//     makes the entries the text-start forms. Only a vocabulary without any such token gets here.
+// Special tokens, and tokens spelled like one, are never the context.
+std::optional<int32_t> Tokenizer::ContinuationContext() const {
+  auto usable = [&](int32_t id) {
+    return id >= 0 && id < vocab_size() && has_token_[id] && !is_special_[id] &&
+           !special_contents_.contains(id_to_token_[id]);
+  };
+  for (const char* letters : {"abcdefghijklmnopqrstuvwxyz", "ABCDEFGHIJKLMNOPQRSTUVWXYZ"}) {
+    for (const char* c = letters; *c != '\0'; ++c) {
+      const std::string letter(1, *c);
+      const std::optional<int32_t> id = TokenToId(letter);
+      if (id.has_value() && usable(*id) && DecodeBytes({*id}, false) == letter) return *id;
+    }
+  }
+  std::optional<int32_t> any_text;
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    if (!usable(id)) continue;
+    const std::string text = DecodeBytes({id}, false);
+    if (text.empty() || text[0] == ' ' || (text[0] >= '\t' && text[0] <= '\r')) continue;
+    bool printable_ascii = true;
+    for (const char c : text) printable_ascii = printable_ascii && c > ' ' && c < 0x7F;
+    if (printable_ascii) return id;
+    if (!any_text.has_value()) any_text = id;
+  }
+  return any_text;
+}
+
+std::vector<std::optional<std::string>> Tokenizer::TokenContinuationBytes() const {
+  std::vector<std::optional<std::string>> out(vocab_size());
+  const std::optional<int32_t> context = ContinuationContext();
+  const std::string prefix = context.has_value() ? DecodeBytes({*context}, false) : "";
+  std::vector<std::string> tokens;
+  for (int32_t id = 0; id < vocab_size(); ++id) {
+    const std::string& token = id_to_token_[id];
+    if (!has_token_[id] || is_special_[id] || special_contents_.contains(token)) continue;
+    tokens.clear();
+    if (context.has_value()) tokens.push_back(id_to_token_[*context]);
+    tokens.push_back(token);
+    std::string bytes = DecodeTokens(&tokens, /*lossy=*/false);
+    if (bytes.compare(0, prefix.size(), prefix) != 0) continue;  // no well-defined difference
+    bytes.erase(0, prefix.size());
+    out[id] = std::move(bytes);
+  }
+  return out;
 }
 
 std::optional<int32_t> Tokenizer::TokenToId(std::string_view token) const {

@@ -6,8 +6,9 @@
 // BPE-encoded; the post-processor adds special tokens when asked. Decode maps ids to token
 // strings and runs the decoder chain.
 //
-// Thread safety: immutable after FromJson; Encode and Decode are const and safe to call from any
-// number of threads at once (no caches, all scratch state is per call).
+// Thread safety: immutable after FromJson; Encode, Decode, DecodeBytes and TokenContinuationBytes
+// are const and safe to call from any number of threads at once (no caches, all scratch state is
+// per call).
 #ifndef KVRM_MODEL_TOKENIZER_H_
 #define KVRM_MODEL_TOKENIZER_H_
 
@@ -54,6 +55,28 @@ class Tokenizer {
   // token are skipped.
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
 
+  // Decode without the UTF-8 repairs: the exact bytes the decoder produces, which may be
+  // ill-formed UTF-8 (a token holding half a character is its raw bytes, not U+FFFD). Byte-level
+  // decoders keep the joined bytes as they are and "<0xAB>" byte-fallback runs that are not valid
+  // UTF-8 keep their bytes; everything else is as in Decode, so wherever the result is valid UTF-8
+  // it equals Decode's.
+  std::string DecodeBytes(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
+
+  // For every id in [0, vocab_size): the raw bytes (as DecodeBytes) the token adds to decoded
+  // text when it is not the first token, for structured-output token masks. This is not the
+  // token's own decode: Llama 2's "▁the" decodes to "the" at the start of a text but adds " the"
+  // after other text. Computed as DecodeBytes({ctx, id}) minus the prefix DecodeBytes({ctx}) for
+  // one neutral context token (see ContinuationContext in tokenizer.cc), so for the decoders the
+  // supported models use, DecodeBytes(ids) == DecodeBytes({ids[0]}) + the entries of ids[1..],
+  // provided DecodeBytes({ids[0]}) is not empty (a Strip decoder strips the text's first space,
+  // wherever it is). The one exception known: where ByteFallback runs ahead of Metaspace, byte
+  // tokens that together spell "▁" become " " only as a run, so no single token adds that.
+  // std::nullopt for ids that name no token, special tokens and tokens spelled like a special
+  // token (what they add depends on skip_special_tokens), and any token after which the context's
+  // bytes are not a prefix of the decode. A token that adds nothing is an empty string. One pass
+  // over the vocabulary, two-token decodes each: meant to run once per model.
+  std::vector<std::optional<std::string>> TokenContinuationBytes() const;
+
   int32_t vocab_size() const { return static_cast<int32_t>(id_to_token_.size()); }  // max id + 1
   std::optional<int32_t> TokenToId(std::string_view token) const;
   std::string_view IdToToken(int32_t id) const;  // "" when no token has this id
@@ -65,6 +88,13 @@ class Tokenizer {
   absl::Status Load(std::string_view json, std::string_view what);
   // Appends the ids of a text segment holding no raw-matched added token.
   absl::Status EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const;
+  // The token strings Decode feeds the decoder chain for `ids`.
+  std::vector<std::string> IdsToTokens(absl::Span<const int32_t> ids,
+                                       bool skip_special_tokens) const;
+  // Runs the decoder chain (or the space join when there is none) and joins the result.
+  std::string DecodeTokens(std::vector<std::string>* tokens, bool lossy) const;
+  // The token TokenContinuationBytes decodes ahead of each id, if any.
+  std::optional<int32_t> ContinuationContext() const;
 
   std::unique_ptr<tok::Normalizer> normalizer_;        // may be null
   std::unique_ptr<tok::PreTokenizer> pre_tokenizer_;   // may be null

@@ -1,5 +1,6 @@
 #include "model/tokenizer_decoder.h"
 
+#include <string_view>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -10,11 +11,26 @@ namespace {
 
 constexpr int kMaxNesting = 16;
 
+// What NextUnit returns for an ill-formed byte: no code point, so no decoder's character matches.
+constexpr uint32_t kIllFormed = 0xFFFFFFFF;
+
+// NextCodePoint for text that may be ill-formed (non-lossy decoding): a byte that starts no
+// well-formed character is one unit of its own, so the raw bytes survive a step unchanged and are
+// never mistaken for (or merged into) a character. Identical to NextCodePoint on valid UTF-8.
+uint32_t NextUnit(std::string_view s, size_t* i) {
+  const size_t n = Utf8Len(static_cast<unsigned char>(s[*i]));
+  if (*i + n > s.size() || !IsValidUtf8(s.substr(*i, n))) {
+    ++*i;
+    return kIllFormed;
+  }
+  return NextCodePoint(s, i);
+}
+
 class SequenceDecoder : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> steps) : steps_(std::move(steps)) {}
-  void DecodeChain(std::vector<std::string>* tokens) const override {
-    for (const auto& step : steps_) step->DecodeChain(tokens);
+  void DecodeChain(std::vector<std::string>* tokens, bool lossy) const override {
+    for (const auto& step : steps_) step->DecodeChain(tokens, lossy);
   }
 
  private:
@@ -23,17 +39,18 @@ class SequenceDecoder : public Decoder {
 
 // Maps byte-level characters back to bytes; a token with any character outside the byte alphabet
 // (an added token like "<|eot_id|>" is fine, "héllo" is not) passes through as its UTF-8. The
-// bytes of all tokens are joined and made valid UTF-8 the way Rust's from_utf8_lossy does.
+// bytes of all tokens are joined and, when lossy, made valid UTF-8 the way Rust's
+// from_utf8_lossy does.
 class ByteLevelDecoder : public Decoder {
  public:
-  void DecodeChain(std::vector<std::string>* tokens) const override {
+  void DecodeChain(std::vector<std::string>* tokens, bool lossy) const override {
     std::string bytes;
     std::string token_bytes;
     for (const std::string& t : *tokens) {
       token_bytes.clear();
       bool all_mapped = true;
       for (size_t i = 0; i < t.size() && all_mapped;) {
-        const int b = CharToByte(NextCodePoint(t, &i));
+        const int b = CharToByte(NextUnit(t, &i));
         if (b < 0) {
           all_mapped = false;
         } else {
@@ -42,7 +59,7 @@ class ByteLevelDecoder : public Decoder {
       }
       bytes += all_mapped ? token_bytes : t;
     }
-    tokens->assign(1, Utf8Lossy(bytes));
+    tokens->assign(1, lossy ? Utf8Lossy(bytes) : std::move(bytes));
   }
 };
 
@@ -50,20 +67,41 @@ class ReplaceDecoder : public Decoder {
  public:
   ReplaceDecoder(std::unique_ptr<Pattern> pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  void DecodeChain(std::vector<std::string>* tokens) const override {
-    for (std::string& t : *tokens) t = ReplaceAll(*pattern_, t, content_);
+  void DecodeChain(std::vector<std::string>* tokens, bool /*lossy*/) const override {
+    for (std::string& t : *tokens) {
+      t = IsValidUtf8(t) ? ReplaceAll(*pattern_, t, content_) : ReplaceInValidRuns(t);
+    }
   }
 
  private:
+  // Only non-lossy decoding gets here. Oniguruma must not scan ill-formed UTF-8, and a match can
+  // never span an ill-formed byte anyway, so each maximal well-formed run is replaced on its own
+  // and the ill-formed bytes pass through.
+  std::string ReplaceInValidRuns(std::string_view t) const {
+    std::string out;
+    size_t run_start = 0;
+    for (size_t i = 0; i < t.size();) {
+      const size_t begin = i;
+      if (NextUnit(t, &i) == kIllFormed) {
+        out += ReplaceAll(*pattern_, t.substr(run_start, begin - run_start), content_);
+        out.append(t, begin, i - begin);
+        run_start = i;
+      }
+    }
+    out += ReplaceAll(*pattern_, t.substr(run_start), content_);
+    return out;
+  }
+
   std::unique_ptr<Pattern> pattern_;
   std::string content_;
 };
 
 // Runs of "<0xAB>" tokens become their bytes when those form valid UTF-8, else one U+FFFD per
-// byte (HF's rule, not from_utf8_lossy's).
+// byte (HF's rule, not from_utf8_lossy's) when lossy, or one token per raw byte when not: a token
+// per byte either way, so later steps see the same token positions.
 class ByteFallbackDecoder : public Decoder {
  public:
-  void DecodeChain(std::vector<std::string>* tokens) const override {
+  void DecodeChain(std::vector<std::string>* tokens, bool lossy) const override {
     std::vector<std::string> out;
     out.reserve(tokens->size());
     std::string pending;
@@ -71,8 +109,10 @@ class ByteFallbackDecoder : public Decoder {
       if (pending.empty()) return;
       if (IsValidUtf8(pending)) {
         out.push_back(pending);
-      } else {
+      } else if (lossy) {
         for (size_t i = 0; i < pending.size(); ++i) out.push_back("\xEF\xBF\xBD");
+      } else {
+        for (const char byte : pending) out.push_back(std::string(1, byte));
       }
       pending.clear();
     };
@@ -105,7 +145,7 @@ class ByteFallbackDecoder : public Decoder {
 
 class FuseDecoder : public Decoder {
  public:
-  void DecodeChain(std::vector<std::string>* tokens) const override {
+  void DecodeChain(std::vector<std::string>* tokens, bool /*lossy*/) const override {
     std::string joined;
     for (const std::string& t : *tokens) joined += t;
     tokens->assign(1, std::move(joined));
@@ -117,18 +157,18 @@ class StripDecoder : public Decoder {
  public:
   StripDecoder(uint32_t content, int64_t start, int64_t stop)
       : content_(content), start_(start), stop_(stop) {}
-  void DecodeChain(std::vector<std::string>* tokens) const override {
+  void DecodeChain(std::vector<std::string>* tokens, bool /*lossy*/) const override {
     for (std::string& t : *tokens) {
       std::vector<size_t> bounds;  // byte offset of each character, plus the end
       for (size_t i = 0; i < t.size();) {
         bounds.push_back(i);
-        NextCodePoint(t, &i);
+        NextUnit(t, &i);
       }
       const size_t n = bounds.size();
       bounds.push_back(t.size());
       auto char_at = [&](size_t k) {
         size_t i = bounds[k];
-        return NextCodePoint(t, &i);
+        return NextUnit(t, &i);
       };
       size_t start_cut = 0;
       for (size_t k = 0; k < n && static_cast<int64_t>(k) < start_; ++k) {
@@ -156,14 +196,14 @@ class StripDecoder : public Decoder {
 class MetaspaceDecoder : public Decoder {
  public:
   MetaspaceDecoder(uint32_t replacement, bool prepends) : replacement_(replacement), prepends_(prepends) {}
-  void DecodeChain(std::vector<std::string>* tokens) const override {
+  void DecodeChain(std::vector<std::string>* tokens, bool /*lossy*/) const override {
     for (size_t k = 0; k < tokens->size(); ++k) {
       std::string& t = (*tokens)[k];
       std::string out;
       out.reserve(t.size());
       for (size_t i = 0; i < t.size();) {
         const size_t begin = i;
-        if (NextCodePoint(t, &i) == replacement_) {
+        if (NextUnit(t, &i) == replacement_) {
           if (!(k == 0 && prepends_)) out.push_back(' ');
         } else {
           out.append(t, begin, i - begin);

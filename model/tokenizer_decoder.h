@@ -14,10 +14,18 @@ namespace kvrm::tok {
 
 // Immutable after parsing; DecodeChain is thread-safe. HF's `decode_chain`: tokens in, tokens
 // out; the caller concatenates the result.
+//
+// `lossy` true is HF's behaviour: ByteLevel makes the joined bytes valid UTF-8 the way
+// from_utf8_lossy does, and ByteFallback writes one U+FFFD per byte of a "<0xAB>" run that is not
+// valid UTF-8. `lossy` false keeps those raw bytes instead (and ByteFallback emits each byte of
+// such a run as its own token, where lossy mode emits its U+FFFD), so the output may be ill-formed
+// UTF-8: structured output needs the exact bytes a token contributes, and a lone UTF-8 lead byte
+// must not turn into U+FFFD. Every step accepts ill-formed input (ill-formed bytes match no
+// character) and treats valid input exactly as in lossy mode, which is the only mode HF has.
 class Decoder {
  public:
   virtual ~Decoder() = default;
-  virtual void DecodeChain(std::vector<std::string>* tokens) const = 0;
+  virtual void DecodeChain(std::vector<std::string>* tokens, bool lossy) const = 0;
 };
 
 // Supported: Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace; other types are

@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
@@ -135,6 +136,14 @@ TEST_P(VectorsTest, MatchesHuggingFace) {
     check(decoded_skip == (*v)["decoded_skip"].get<std::string>(),
           absl::StrCat("decode(", Json(ids_special).dump(), ", skip) = ", Json(decoded_skip).dump(),
                        " want ", (*v)["decoded_skip"].dump()));
+    // DecodeBytes differs from HF's decode only where HF had to repair bytes.
+    for (const bool skip : {false, true}) {
+      const std::string raw = tok.DecodeBytes(ids_special, skip);
+      const std::string& want = skip ? decoded_skip : decoded;
+      check(tok::IsValidUtf8(raw) ? raw == want : want.find("\xEF\xBF\xBD") != std::string::npos,
+            absl::StrCat("decode_bytes(", Json(ids_special).dump(), ", ", skip, ") = ",
+                         Json(tok::Utf8Lossy(raw)).dump(), " (lossy) vs ", Json(want).dump()));
+    }
   }
   EXPECT_GT(lines, 80);
   EXPECT_EQ(failures, 0) << "of " << lines << " vectors";
@@ -230,6 +239,324 @@ TEST(TokenizerTest, DecodeSkipsUnknownIdsAndRepairsBytes) {
   ASSERT_TRUE(c3.has_value());
   EXPECT_EQ(tok.Decode({*c3}, false), "\xEF\xBF\xBD");
 }
+
+// ---- DecodeBytes and TokenContinuationBytes ----
+
+constexpr char kReplacementChar[] = "\xEF\xBF\xBD";
+
+TEST(DecodeBytesTest, KeepsRawBytesWhereDecodeRepairs) {
+  const Tokenizer& llama3 = Get("llama3");
+  const int32_t c3 = *llama3.TokenToId("Ã");  // byte 0xC3: the lead of a two-byte character
+  const int32_t a9 = *llama3.TokenToId("©");  // byte 0xA9: "é" is C3 A9
+  EXPECT_EQ(llama3.Decode({c3}, false), kReplacementChar);
+  EXPECT_EQ(llama3.DecodeBytes({c3}, false), "\xC3");
+  EXPECT_EQ(llama3.Decode({c3, a9}, false), "é");
+  EXPECT_EQ(llama3.DecodeBytes({c3, a9}, false), "é");
+  const int32_t n = llama3.vocab_size();
+  EXPECT_EQ(llama3.DecodeBytes({-1, c3, n}, false), "\xC3");  // unknown ids skipped, as in Decode
+  const int32_t eot = *llama3.TokenToId("<|eot_id|>");
+  EXPECT_EQ(llama3.DecodeBytes({c3, eot}, false), "\xC3<|eot_id|>");
+  EXPECT_EQ(llama3.DecodeBytes({c3, eot}, true), "\xC3");
+
+  // Byte fallback: HF writes one U+FFFD per byte of a run that is not valid UTF-8.
+  const Tokenizer& llama2 = Get("llama2");
+  const int32_t e4 = *llama2.TokenToId("<0xE4>"), b8 = *llama2.TokenToId("<0xB8>"),
+                ad = *llama2.TokenToId("<0xAD>"), the = *llama2.TokenToId("▁the");
+  EXPECT_EQ(llama2.Decode({e4, b8}, false), absl::StrCat(kReplacementChar, kReplacementChar));
+  EXPECT_EQ(llama2.DecodeBytes({e4, b8}, false), "\xE4\xB8");
+  EXPECT_EQ(llama2.Decode({e4, b8, ad}, false), "中");
+  EXPECT_EQ(llama2.DecodeBytes({e4, b8, ad}, false), "中");
+  EXPECT_EQ(llama2.Decode({the, e4, the}, false), absl::StrCat("the", kReplacementChar, " the"));
+  EXPECT_EQ(llama2.DecodeBytes({the, e4, the}, false), "the\xE4 the");  // Strip still applies
+  EXPECT_EQ(llama2.DecodeBytes({1, the}, true), "the");
+  EXPECT_EQ(llama2.DecodeBytes({1, the}, false), "<s> the");
+
+  const Tokenizer& metaspace = Get("synthetic/metaspace");  // ByteFallback, then Metaspace
+  EXPECT_EQ(metaspace.Decode({the, e4, the}, false), absl::StrCat("the", kReplacementChar, " the"));
+  EXPECT_EQ(metaspace.DecodeBytes({the, e4, the}, false), "the\xE4 the");
+  // E2 96 81 is "▁", but E2 96 81 FF is not valid UTF-8: Decode gives four U+FFFD, so the bytes
+  // stay four separate bytes in DecodeBytes too, and Metaspace never sees a "▁" to turn into " ".
+  std::vector<int32_t> run = {the};
+  for (const char* b : {"<0xE2>", "<0x96>", "<0x81>", "<0xFF>"}) {
+    run.push_back(*llama2.TokenToId(b));
+  }
+  EXPECT_EQ(metaspace.Decode(run, false),
+            absl::StrCat("the", kReplacementChar, kReplacementChar, kReplacementChar,
+                         kReplacementChar));
+  EXPECT_EQ(metaspace.DecodeBytes(run, false), "the\xE2\x96\x81\xFF");
+}
+
+// Replace and Strip after the bytes are joined see ill-formed UTF-8 in non-lossy mode: they must
+// keep those bytes and still do their work on the text around them.
+TEST(DecodeBytesTest, LaterStepsKeepIllFormedBytes) {
+  auto tok = Tokenizer::FromJson(R"({
+    "added_tokens": [{"id": 9, "content": "<s>", "special": true}],
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "ByteFallback"}, {"type": "Fuse"},
+      {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+      {"type": "Strip", "content": " ", "start": 1, "stop": 1}]},
+    "model": {"type": "BPE", "vocab": {"<0xE4>": 0, "<0x20>": 1, "▁a": 2, "a": 3, "▁": 4},
+              "merges": []}})",
+                                 "raw.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const Tokenizer& t = **tok;
+  EXPECT_EQ(t.Decode({2, 0, 2, 4}, false), absl::StrCat("a", kReplacementChar, " a"));
+  EXPECT_EQ(t.DecodeBytes({2, 0, 2, 4}, false), "a\xE4 a");
+  // The trailing space right after the ill-formed byte is still a character of its own.
+  EXPECT_EQ(t.Decode({2, 0, 4}, false), absl::StrCat("a", kReplacementChar));
+  EXPECT_EQ(t.DecodeBytes({2, 0, 4}, false), "a\xE4");
+  // A run of " " and 0xE4 is not valid UTF-8: HF turns both bytes into U+FFFD.
+  EXPECT_EQ(t.Decode({1, 0, 2}, false), absl::StrCat(kReplacementChar, kReplacementChar, " a"));
+  EXPECT_EQ(t.DecodeBytes({1, 0, 2}, false), "\xE4 a");
+  const auto cont = t.TokenContinuationBytes();
+  ASSERT_EQ(cont.size(), 10u);
+  EXPECT_EQ(cont[0], "\xE4");
+  EXPECT_EQ(cont[2], " a");
+  EXPECT_EQ(cont[3], "a");
+  // Strip's stop=1 takes the space off the end of "a" + " ", so nothing of "▁" is left: the
+  // context "a" is still a prefix, and the token adds "" there (not nullopt).
+  EXPECT_EQ(cont[4], "");
+  EXPECT_FALSE(cont[9].has_value());
+  for (int id = 5; id < 9; ++id) EXPECT_FALSE(cont[id].has_value()) << id;  // holes
+}
+
+TEST(TokenContinuationBytesTest, KnownTokens) {
+  const Tokenizer& llama3 = Get("llama3");
+  const auto l3 = llama3.TokenContinuationBytes();
+  ASSERT_EQ(l3.size(), static_cast<size_t>(llama3.vocab_size()));
+  EXPECT_EQ(l3[*llama3.TokenToId("Ġthe")], " the");
+  EXPECT_EQ(l3[*llama3.TokenToId("the")], "the");
+  EXPECT_EQ(l3[*llama3.TokenToId("Ã")], "\xC3");  // partial UTF-8: the raw lead byte
+  EXPECT_EQ(l3[*llama3.TokenToId("©")], "\xA9");
+  EXPECT_EQ(l3[*llama3.TokenToId("Ċ")], "\n");
+  int specials = 0;
+  for (int32_t id = 0; id < llama3.vocab_size(); ++id) {
+    if (llama3.IsSpecial(id)) {
+      ++specials;
+      EXPECT_FALSE(l3[id].has_value()) << id;
+    } else {
+      EXPECT_TRUE(l3[id].has_value()) << id;
+    }
+  }
+  EXPECT_EQ(specials, 256);
+
+  const Tokenizer& gpt2 = Get("gpt2");
+  const auto g2 = gpt2.TokenContinuationBytes();
+  EXPECT_EQ(g2[*gpt2.TokenToId("Ġthe")], " the");
+  EXPECT_FALSE(g2[*gpt2.TokenToId("<|endoftext|>")].has_value());
+
+  const Tokenizer& qwen3 = Get("qwen3");
+  const auto q3 = qwen3.TokenContinuationBytes();
+  EXPECT_EQ(q3[*qwen3.TokenToId("Ġthe")], " the");
+  EXPECT_EQ(q3[*qwen3.TokenToId("<think>")], "<think>");  // added but not special
+  EXPECT_FALSE(q3[*qwen3.TokenToId("<|im_end|>")].has_value());
+  EXPECT_FALSE(q3[*qwen3.TokenToId("<|endoftext|>")].has_value());
+
+  // Llama 2 / Mistral: the decoder strips the text's first space, so "▁the" decodes to "the" on
+  // its own but adds " the" after other text.
+  const Tokenizer& llama2 = Get("llama2");
+  const auto l2 = llama2.TokenContinuationBytes();
+  const int32_t the = *llama2.TokenToId("▁the");
+  EXPECT_EQ(llama2.Decode({the}, false), "the");
+  EXPECT_EQ(l2[the], " the");
+  EXPECT_EQ(l2[*llama2.TokenToId("▁")], " ");
+  EXPECT_EQ(l2[*llama2.TokenToId("<0xE4>")], "\xE4");
+  EXPECT_EQ(l2[*llama2.TokenToId("<0x0A>")], "\n");
+  EXPECT_EQ(l2[*llama2.TokenToId("<0x20>")], " ");
+  for (const char* special : {"<unk>", "<s>", "</s>"}) {
+    EXPECT_FALSE(l2[*llama2.TokenToId(special)].has_value()) << special;
+  }
+  // Every one of the 256 byte tokens adds exactly its byte.
+  for (int b = 0; b < 256; ++b) {
+    char name[8];
+    snprintf(name, sizeof(name), "<0x%02X>", b);
+    EXPECT_EQ(l2[*llama2.TokenToId(name)], std::string(1, static_cast<char>(b))) << name;
+  }
+
+  // Metaspace drops the replacement character only in the first token.
+  const Tokenizer& metaspace = Get("synthetic/metaspace");
+  const auto ms = metaspace.TokenContinuationBytes();
+  EXPECT_EQ(metaspace.Decode({the}, false), "the");
+  EXPECT_EQ(ms[the], " the");
+  EXPECT_EQ(ms[*metaspace.TokenToId("<0xE4>")], "\xE4");
+}
+
+TEST(TokenContinuationBytesTest, HolesAndNoDecoder) {
+  // No decoder: HF joins the tokens with spaces, so a token after other text adds " " + itself.
+  // Ids 5 and 7 name no token; 8 is special; 6 is added but not special.
+  auto tok = Tokenizer::FromJson(R"({
+    "added_tokens": [{"id": 8, "content": "<s>", "special": true},
+                     {"id": 6, "content": "<x>", "special": false}],
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2, "c": 3, "abc": 4},
+              "merges": ["a b", "ab c"]}})",
+                                 "holes.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const auto cont = (*tok)->TokenContinuationBytes();
+  ASSERT_EQ(cont.size(), 9u);
+  EXPECT_EQ(cont[0], " a");
+  EXPECT_EQ(cont[4], " abc");
+  EXPECT_FALSE(cont[5].has_value());
+  EXPECT_EQ(cont[6], " <x>");
+  EXPECT_FALSE(cont[7].has_value());
+  EXPECT_FALSE(cont[8].has_value());
+  EXPECT_EQ((*tok)->DecodeBytes({0, 4, 6}, false), "a abc <x>");
+}
+
+TEST(TokenContinuationBytesTest, NulloptWhenContextIsNotAPrefix) {
+  // The decoder rewrites "ab" after fusing, so after the context "a" the token "b" turns the
+  // context's own bytes into something else: what "b" adds is not defined.
+  auto tok = Tokenizer::FromJson(R"({
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Fuse"}, {"type": "Replace", "pattern": {"String": "ab"}, "content": "X"}]},
+    "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3}, "merges": ["a b"]}})",
+                                 "rewrite.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const auto cont = (*tok)->TokenContinuationBytes();
+  ASSERT_EQ(cont.size(), 4u);
+  EXPECT_EQ(cont[0], "a");
+  EXPECT_FALSE(cont[1].has_value());
+  EXPECT_EQ(cont[2], "c");
+  EXPECT_EQ(cont[3], "X");  // "aab" -> "aX"
+}
+
+TEST(TokenContinuationBytesTest, ContextWithoutAsciiLetters) {
+  // No ASCII letter anywhere: the context falls back to another non-space token ("é").
+  auto tok = Tokenizer::FromJson(R"({
+    "decoder": {"type": "Sequence", "decoders": [
+      {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+      {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+    "model": {"type": "BPE", "vocab": {"▁": 0, "é": 1, "▁é": 2}, "merges": ["▁ é"]}})",
+                                 "accents.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const auto cont = (*tok)->TokenContinuationBytes();
+  ASSERT_EQ(cont.size(), 3u);
+  EXPECT_EQ((*tok)->DecodeBytes({2}, false), "é");
+  EXPECT_EQ(cont[0], " ");
+  EXPECT_EQ(cont[1], "é");
+  EXPECT_EQ(cont[2], " é");
+}
+
+TEST(TokenContinuationBytesTest, FastOnLargeVocabularies) {
+  for (const std::string family : {"llama3", "qwen3"}) {
+    const Tokenizer& tok = Get(family);
+    const auto start = std::chrono::steady_clock::now();
+    const auto cont = tok.TokenContinuationBytes();
+    const double ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+    std::cout << family << " TokenContinuationBytes (" << cont.size() << " ids): " << ms << " ms\n";
+    // The target is well under a second; the bound leaves room for a loaded CI machine.
+    EXPECT_LT(ms, 2000.0) << family;
+  }
+}
+
+class ContinuationTest : public ::testing::TestWithParam<std::string> {};
+
+// Random id sequences: the first token's own bytes plus the continuation bytes of the rest must be
+// the sequence's bytes. A third of the ids are single-byte tokens (byte-level characters or
+// "<0xAB>") and some runs spell a whole multi-byte character in byte tokens, so both ill-formed
+// and valid non-ASCII byte sequences come up.
+TEST_P(ContinuationTest, ConcatenationMatchesDecodeBytes) {
+  const Tokenizer& tok = Get(GetParam());
+  const auto cont = tok.TokenContinuationBytes();
+  ASSERT_EQ(cont.size(), static_cast<size_t>(tok.vocab_size()));
+  std::vector<int32_t> pool;
+  std::vector<int32_t> byte_token(256, -1);  // a token adding exactly that byte
+  for (int32_t id = 0; id < tok.vocab_size(); ++id) {
+    if (tok.IsSpecial(id)) {
+      EXPECT_FALSE(cont[id].has_value()) << id;
+      continue;
+    }
+    if (!cont[id].has_value()) continue;
+    pool.push_back(id);
+    if (cont[id]->size() == 1) {
+      int32_t& slot = byte_token[static_cast<unsigned char>((*cont[id])[0])];
+      if (slot < 0) slot = id;
+    }
+  }
+  // Every non-special token of these vocabularies has a well-defined continuation.
+  ASSERT_GT(pool.size(), static_cast<size_t>(tok.vocab_size()) * 99 / 100);
+  for (int b = 0x80; b < 0x100; ++b) {
+    ASSERT_GE(byte_token[b], 0) << GetParam() << " has no token for byte " << b;
+  }
+
+  const bool byte_level =
+      GetParam() != "llama2" && GetParam().find("metaspace") == std::string::npos;
+  std::mt19937 rng(4242);
+  std::uniform_int_distribution<size_t> pick(0, pool.size() - 1);
+  std::uniform_int_distribution<int> kind(0, 5);
+  std::uniform_int_distribution<int> len_dist(2, 12);
+  std::uniform_int_distribution<int> high_byte(0x80, 0xFF);
+  std::uniform_int_distribution<uint32_t> cjk(0x4E00, 0x9FFF);
+  int failures = 0, ill_formed = 0, valid_non_ascii = 0, mid_text_differs = 0;
+  for (int i = 0; i < 3000; ++i) {
+    std::vector<int32_t> ids;
+    // The first token must add something of its own: a Strip decoder strips the text's first
+    // space, which would otherwise be the second token's.
+    do {
+      ids.assign(1, pool[pick(rng)]);
+    } while (tok.DecodeBytes(ids, false).empty());
+    const int len = len_dist(rng);
+    while (static_cast<int>(ids.size()) < len) {
+      const int k = kind(rng);
+      if (k <= 3) {
+        ids.push_back(pool[pick(rng)]);
+      } else if (k == 4) {
+        ids.push_back(byte_token[high_byte(rng)]);
+      } else {
+        std::string ch;
+        tok::AppendUtf8(cjk(rng), &ch);
+        for (const char c : ch) ids.push_back(byte_token[static_cast<unsigned char>(c)]);
+      }
+    }
+    std::string got = tok.DecodeBytes({ids[0]}, false);
+    for (size_t k = 1; k < ids.size(); ++k) {
+      got += *cont[ids[k]];
+      if (*cont[ids[k]] != tok.DecodeBytes({ids[k]}, false)) ++mid_text_differs;
+    }
+    const std::string want = tok.DecodeBytes(ids, false);
+    if (got != want && ++failures <= 5) {
+      ADD_FAILURE() << GetParam() << ": " << Json(ids).dump() << " pieces give "
+                    << Json(tok::Utf8Lossy(got)).dump() << " (lossy), DecodeBytes "
+                    << Json(tok::Utf8Lossy(want)).dump() << " (lossy)";
+    }
+    const std::string decoded = tok.Decode(ids, false);
+    if (tok::IsValidUtf8(want)) {
+      EXPECT_EQ(decoded, want) << Json(ids).dump();
+      for (const char c : want) {
+        if (static_cast<unsigned char>(c) >= 0x80) {
+          ++valid_non_ascii;
+          break;
+        }
+      }
+    } else {
+      ++ill_formed;
+      EXPECT_TRUE(tok::IsValidUtf8(decoded));
+      // A byte-level decoder's only repair is from_utf8_lossy of the joined bytes.
+      if (byte_level) {
+        EXPECT_EQ(decoded, tok::Utf8Lossy(want)) << Json(ids).dump();
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+  // Both kinds of text came up often enough to mean something.
+  EXPECT_GT(ill_formed, 300) << GetParam();
+  EXPECT_GT(valid_non_ascii, 300) << GetParam();
+  std::cout << GetParam() << ": " << ill_formed << " ill-formed, " << valid_non_ascii
+            << " valid non-ASCII, " << mid_text_differs
+            << " mid-text pieces unlike their own decode\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, ContinuationTest,
+                         ::testing::Values("llama3", "llama2", "gpt2", "qwen3", "llama3_template",
+                                           "synthetic/metaspace", "synthetic/metaspace_split",
+                                           "synthetic/splits", "synthetic/inverted"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                           std::string name = info.param;
+                           for (char& c : name) {
+                             if (c == '/') c = '_';
+                           }
+                           return name;
+                         });
 
 TEST(TokenizerTest, Accessors) {
   const Tokenizer& llama3 = Get("llama3");

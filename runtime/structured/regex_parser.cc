@@ -260,8 +260,10 @@ class Parser {
         pos_ += 2;
         RETURN_IF_ERROR(SkipGroupName());
       } else if (kind == '=' || kind == '!' || kind == '<') {
+        pos_ = open;
         return Error("lookaround is not supported");
       } else {
+        pos_ = open;
         return Error("inline flags and other (? groups are not supported");
       }
     }
