@@ -228,6 +228,7 @@ class Engine {
     int32_t next_token = 0;  // input of the next decode step
     int32_t generated = 0;
     int32_t cached_tokens = 0;  // prompt tokens admission found in the prefix cache
+    int32_t grammar_state = 0;  // the request's structured-output automaton state, if it has one
     bool swapped = false;    // paused with its KV in the host tier (else dropped: recompute)
     uint64_t resumed_step = 0;  // the step it was last resumed for
     int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)

@@ -276,6 +276,7 @@ void Engine::Admit(absl::Time now) {
     slot.position = slot.cached_tokens;
     slot.generated = 0;
     slot.swapped = false;
+    slot.grammar_state = req.grammar ? req.grammar->start() : 0;
     observer_->OnAdmitted(req, now - req.arrival);
     samplers_[i]->Reset(req.sampling, req.prompt);
     const Tokenizer* tok = model_->tokenizer.get();
@@ -437,6 +438,8 @@ bool Engine::SampledOnDevice(int32_t i) const {
       c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
     return false;
   }
+  // A structured output's token mask is applied on the host.
+  if (slots_[i].request->grammar) return false;
   // While min_tokens holds, EOS and the stop tokens are masked (SampleNext): on the host.
   return !MasksStopTokens(i);
 }
@@ -743,8 +746,8 @@ void Engine::FinishDecode(const StepResult& result) {
 }
 
 SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
+  const GenerationRequest& r = *slots_[slot_index].request;
   if (MasksStopTokens(slot_index)) {
-    const GenerationRequest& r = *slots_[slot_index].request;
     constexpr float kMasked = -std::numeric_limits<float>::infinity();
     const auto mask = [&](int32_t id) {
       if (id >= 0 && static_cast<size_t>(id) < logits.size()) logits[id] = kMasked;
@@ -753,6 +756,10 @@ SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
       for (int32_t id : eos_ids_) mask(id);
     }
     for (int32_t id : r.stop_token_ids) mask(id);
+  }
+  if (r.grammar) {
+    // After the min_tokens mask: an end token it masked stays masked.
+    r.grammar->MaskLogits(slots_[slot_index].grammar_state, logits, eos_ids_, !r.ignore_eos);
   }
   return samplers_[slot_index]->Sample(logits);
 }
@@ -787,6 +794,21 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
   }
   const bool is_eos =
       !r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();
+  bool grammar_done = false;
+  if (r.grammar) {
+    // The mask admits only tokens that continue a match (and the end where it is whole); a
+    // token outside it can only come from a row whose every logit was -inf or NaN.
+    const int32_t next = is_eos ? slot.grammar_state : r.grammar->Next(slot.grammar_state, token);
+    if (next == structured::Grammar::kDead || (is_eos && !r.grammar->accepting(next))) {
+      chunk.text = slot.text->Finish();
+      FinishSlot(slot_index, FinishReason::kError, std::move(chunk), "",
+                 absl::StrCat("structured output: token ", token,
+                              " does not continue the constraint (no token could be sampled)"));
+      return;
+    }
+    slot.grammar_state = next;
+    grammar_done = r.grammar->terminal(next);
+  }
   if (is_eos) {
     chunk.text = slot.text->Finish();
     FinishSlot(slot_index, FinishReason::kEos, std::move(chunk));
@@ -804,6 +826,12 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
     chunk.text += slot.text->Finish();
     FinishSlot(slot_index, FinishReason::kStop, std::move(chunk),
                model_->tokenizer->Decode({token}, false));
+    return;
+  }
+  if (grammar_done) {
+    // The text is a whole match and no token can follow: done, without a step for the end token.
+    chunk.text += slot.text->Finish();
+    FinishSlot(slot_index, FinishReason::kStop, std::move(chunk));
     return;
   }
   if (slot.generated >= r.max_new_tokens || slot.position + 1 >= options_.max_context) {

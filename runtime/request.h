@@ -11,6 +11,7 @@
 
 #include "absl/time/time.h"
 #include "runtime/sampler.h"
+#include "runtime/structured/grammar.h"
 
 namespace kvrm {
 
@@ -71,6 +72,11 @@ struct GenerationRequest {
   // Prefix-cache namespace (CacheSaltKey of the request's cache_salt; 0: the shared default):
   // cached KV is shared only between requests with the same key.
   uint64_t cache_salt = 0;
+  // Structured output (null: none): the completion's text must be a whole match of this
+  // constraint when it ends. Tokens that cannot continue a match are masked before sampling, the
+  // end-of-sequence tokens are allowed only where the text is a whole match, and the completion
+  // ends (kStop) as soon as no token can follow. Shared, immutable (runtime/structured).
+  std::shared_ptr<const structured::Grammar> grammar;
   absl::Time arrival;
   std::shared_ptr<RequestSink> sink;
 };

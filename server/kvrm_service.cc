@@ -283,11 +283,22 @@ grpc::Status KvrmService::CheckAuth(const grpc::CallbackServerContext* context) 
   return ToGrpcStatus(auth_->Check(absl::string_view(it->second.data(), it->second.size())));
 }
 
+std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model) {
+  std::vector<std::optional<std::string>> bytes = model.tokenizer->TokenContinuationBytes();
+  bytes.resize(model.config.vocab_size);
+  for (int32_t id : model.config.eos_token_ids) {
+    if (id >= 0 && id < model.config.vocab_size) bytes[id].reset();
+  }
+  return bytes;
+}
+
 KvrmService::KvrmService(Engine* engine, ServiceInfo info)
     : engine_(engine), info_(std::move(info)), started_(absl::Now()) {
   limits_.vocab_size = engine->model().config.vocab_size;
   limits_.max_context = engine->options().max_context;
   limits_.max_new_tokens = engine->options().max_new_tokens;
+  structured_ = std::make_unique<structured::ConstraintCompiler>(
+      StructuredTokenBytes(engine->model()));
 }
 
 grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
@@ -306,7 +317,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
       ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_,
-                              &engine_->model().chat);
+                              &engine_->model().chat, structured_.get());
   if (!r.ok()) {
     reactor->Reject(ToGrpcStatus(r.status()));
     return reactor;

@@ -40,6 +40,9 @@ class KvrmService final : public v1::Kvrm::CallbackService {
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
 
+  // Structured outputs' compiler and grammar cache for the served model (stats for metrics).
+  const structured::ConstraintCompiler& structured_outputs() const { return *structured_; }
+
   // Marks the service as draining (GetServerInfo reports it).
   void SetDraining() { draining_.store(true); }
 
@@ -61,6 +64,7 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   Engine* engine_;
   const ServiceInfo info_;
   RequestLimits limits_;
+  std::unique_ptr<structured::ConstraintCompiler> structured_;
   const absl::Time started_;
   std::atomic<bool> draining_{false};
   std::atomic<uint64_t> next_id_{1};
@@ -68,6 +72,11 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   Counter* merged_chunks_counter_ = nullptr;  // not owned; null: not counted
   size_t max_merged_bytes_ = 64 << 10;
 };
+
+// What each token adds to the text, as structured outputs see it: TokenContinuationBytes sized to
+// the model's logits (ids the tokenizer lacks add nothing), the end-of-sequence tokens apart
+// (they end the text instead of adding to it).
+std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model);
 
 // Converts an absl::Status to a grpc::Status (same codes).
 grpc::Status ToGrpcStatus(const absl::Status& status);

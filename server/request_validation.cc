@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -133,9 +134,51 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
   return text;
 }
 
+absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
+    const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler) {
+  using Kind = structured::ConstraintSpec::Kind;
+  structured::ConstraintSpec spec;
+  const char* field = "structured";
+  switch (proto.constraint_case()) {
+    case v1::StructuredOutput::kRegex:
+      spec.kind = Kind::kRegex;
+      spec.text = proto.regex();
+      field = "structured.regex";
+      break;
+    case v1::StructuredOutput::kJsonSchema:
+      spec.kind = Kind::kJsonSchema;
+      spec.text = proto.json_schema();
+      field = "structured.json_schema";
+      break;
+    case v1::StructuredOutput::kJsonObject:
+      if (!proto.json_object()) return Invalid("structured.json_object", "set it to true");
+      spec.kind = Kind::kJsonObject;
+      field = "structured.json_object";
+      break;
+    case v1::StructuredOutput::kChoice:
+      spec.kind = Kind::kChoice;
+      spec.choices.assign(proto.choice().choices().begin(), proto.choice().choices().end());
+      field = "structured.choice";
+      break;
+    default:
+      return Invalid("structured", "set regex, json_schema, json_object or choice");
+  }
+  spec.whitespace_pattern = proto.whitespace_pattern();
+  if (compiler == nullptr) return Invalid("structured", "this server has no structured outputs");
+  absl::StatusOr<std::shared_ptr<const structured::Grammar>> grammar = compiler->Compile(spec);
+  if (!grammar.ok()) {
+    // The compiler's messages about the whitespace pattern name it ("whitespace_pattern: ...").
+    const absl::string_view why = grammar.status().message();
+    return absl::InvalidArgumentError(absl::StartsWith(why, "whitespace_pattern")
+                                          ? absl::StrCat("structured.", why)
+                                          : absl::StrCat(field, ": ", why));
+  }
+  return grammar;
+}
+
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
-    const ChatConfig* chat) {
+    const ChatConfig* chat, structured::ConstraintCompiler* structured) {
   auto r = std::make_unique<GenerationRequest>();
   RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
   r->request_id = proto.request_id();
@@ -247,6 +290,9 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     return Invalid("n", absl::StrCat(proto.n(), " is outside [1, ", limits.max_n, "] (0: 1)"));
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
+  if (proto.has_structured()) {
+    ASSIGN_OR_RETURN(r->grammar, CompileStructuredOutput(proto.structured(), structured));
+  }
   return r;
 }
 

@@ -10,6 +10,7 @@
 #include "model/chat_config.h"
 #include "model/tokenizer.h"
 #include "runtime/request.h"
+#include "runtime/structured/compiler.h"
 
 namespace kvrm {
 
@@ -30,10 +31,17 @@ struct RequestLimits {
 absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& prompt, const ChatConfig* chat,
                                              const RequestLimits& limits);
 
+// The request's structured-output constraint compiled by `compiler` (null: refused), or
+// INVALID_ARGUMENT naming the field ("structured.json_schema: /properties/age: ...").
+absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
+    const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler);
+
 // `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
+// `structured`: compiles GenerateRequest.structured (null: such requests are refused); it runs
+// last, after every cheaper check.
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
-    const ChatConfig* chat = nullptr);
+    const ChatConfig* chat = nullptr, structured::ConstraintCompiler* structured = nullptr);
 
 }  // namespace kvrm
 

@@ -468,6 +468,8 @@ std::optional<std::vector<uint32_t>> DecodeUtf8(std::string_view text) {
 
 }  // namespace
 
+bool IsValidUtf8(std::string_view text) { return DecodeUtf8(text).has_value(); }
+
 absl::StatusOr<Regex> ParseRegex(std::string_view pattern) {
   auto chars = DecodeUtf8(pattern);
   if (!chars) return absl::InvalidArgumentError("regex: not valid UTF-8");

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/json.h"
 #include "common/status_macros.h"
 
 namespace kvrm::cli {
@@ -83,6 +84,47 @@ absl::StatusOr<v1::ChatPrompt> BuildChatPrompt(const std::string& system,
   return prompt;
 }
 
+namespace {
+
+absl::Status SetStructuredOutput(const GenerateOptions& options, v1::StructuredOutput* out) {
+  const int given = !options.regex.empty() + !options.json_schema.empty() + options.json_object +
+                    !options.choice.empty();
+  if (given > 1) {
+    return absl::InvalidArgumentError(
+        "give at most one of --regex, --json_schema, --json_object and --choice");
+  }
+  if (!options.whitespace_pattern.empty() && options.json_schema.empty() &&
+      !options.json_object) {
+    return absl::InvalidArgumentError(
+        "--whitespace_pattern goes with --json_schema or --json_object");
+  }
+  if (!options.regex.empty()) out->set_regex(options.regex);
+  if (options.json_object) out->set_json_object(true);
+  if (!options.json_schema.empty()) {
+    if (options.json_schema[0] == '@') {
+      absl::StatusOr<std::string> text = ReadFileToString(options.json_schema.substr(1));
+      if (!text.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat("--json_schema: ", text.status().message()));
+      }
+      out->set_json_schema(*std::move(text));
+    } else {
+      out->set_json_schema(options.json_schema);
+    }
+  }
+  if (!options.choice.empty()) {
+    absl::StatusOr<std::vector<std::string>> choices = ParseStopSequences(options.choice);
+    if (!choices.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--choice", absl::StripPrefix(choices.status().message(), "--stop")));
+    }
+    for (std::string& c : *choices) out->mutable_choice()->add_choices(std::move(c));
+  }
+  if (!options.whitespace_pattern.empty()) out->set_whitespace_pattern(options.whitespace_pattern);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options) {
   v1::GenerateRequest request;
   const bool chat = !options.messages.empty() || !options.system.empty();
@@ -136,6 +178,11 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   if (options.logprobs >= 0) {
     request.mutable_response()->set_logprobs(true);
     request.mutable_response()->set_top_logprobs(options.logprobs);
+  }
+  RETURN_IF_ERROR(SetStructuredOutput(options, request.mutable_structured()));
+  if (!request.structured().has_regex() && !request.structured().has_json_schema() &&
+      !request.structured().has_json_object() && !request.structured().has_choice()) {
+    request.clear_structured();
   }
   return request;
 }

@@ -51,6 +51,13 @@ struct GenerateOptions {
   std::string cache_salt;
   uint32_t time_limit_ms = 0;
   std::string request_id;
+  // Structured output: at most one of regex, json_schema (JSON text, or @FILE), json_object and
+  // choice (one entry per --choice given, each a comma-separated C-escaped list as --stop).
+  std::string regex;
+  std::string json_schema;
+  bool json_object = false;
+  std::vector<std::string> choice;
+  std::string whitespace_pattern;
 };
 
 // Parses "1, 2,3" into ids. `flag` names the flag in errors. Empty text gives no ids.

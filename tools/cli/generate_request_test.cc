@@ -1,5 +1,7 @@
 #include "tools/cli/generate_request.h"
 
+#include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -182,6 +184,55 @@ TEST(BuildGenerateRequestTest, MessagesBecomeChatTurnsInOrder) {
   chat_and_text.messages = {"user:y"};
   EXPECT_EQ(BuildGenerateRequest(chat_and_text).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST(BuildGenerateRequestTest, StructuredOutputFlags) {
+  GenerateOptions options;
+  options.prompt = "x";
+  absl::StatusOr<v1::GenerateRequest> none = BuildGenerateRequest(options);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->has_structured());
+
+  options.regex = "[0-9]+";
+  absl::StatusOr<v1::GenerateRequest> regex = BuildGenerateRequest(options);
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  EXPECT_EQ(regex->structured().regex(), "[0-9]+");
+
+  options.regex.clear();
+  options.choice = {"yes,no", "maybe\\x2c later"};
+  absl::StatusOr<v1::GenerateRequest> choice = BuildGenerateRequest(options);
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  EXPECT_THAT(choice->structured().choice().choices(), ElementsAre("yes", "no", "maybe, later"));
+
+  options.choice.clear();
+  const std::string path = std::string(getenv("TEST_TMPDIR")) + "/schema.json";
+  {
+    std::ofstream f(path);
+    f << R"({"type": "integer"})";
+  }
+  options.json_schema = "@" + path;
+  options.whitespace_pattern = "[ \\n]{0,4}";
+  absl::StatusOr<v1::GenerateRequest> schema = BuildGenerateRequest(options);
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  EXPECT_EQ(schema->structured().json_schema(), R"({"type": "integer"})");
+  EXPECT_EQ(schema->structured().whitespace_pattern(), "[ \\n]{0,4}");
+
+  options.json_schema = "@" + path + ".missing";
+  absl::StatusOr<v1::GenerateRequest> missing = BuildGenerateRequest(options);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(missing.status().message().find("--json_schema"), absl::string_view::npos);
+
+  options.json_schema = R"({"type": "integer"})";
+  options.json_object = true;
+  absl::StatusOr<v1::GenerateRequest> two = BuildGenerateRequest(options);
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(two.status().message().find("at most one"), absl::string_view::npos);
+
+  GenerateOptions ws;
+  ws.prompt = "x";
+  ws.regex = "a";
+  ws.whitespace_pattern = " ";
+  EXPECT_EQ(BuildGenerateRequest(ws).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -71,6 +71,17 @@ ABSL_FLAG(std::string, cache_salt, "",
           "prefix-cache namespace: cached KV is shared only with requests of the same salt");
 ABSL_FLAG(uint32_t, time_limit_ms, 0, "server-side wall-clock limit in ms; 0 = none");
 ABSL_FLAG(std::string, request_id, "", "request id echoed in responses and server logs");
+ABSL_FLAG(std::string, regex, "", "structured output: the completion must match this regex");
+ABSL_FLAG(std::string, json_schema, "",
+          "structured output: a JSON Schema (inline JSON, or @FILE) the completion must be an "
+          "instance of");
+ABSL_FLAG(bool, json_object, false, "structured output: the completion is a JSON object");
+ABSL_FLAG(std::string, choice, "",
+          "structured output: the completion is exactly one of these, comma-separated and "
+          "C-escaped as --stop; repeatable");
+ABSL_FLAG(std::string, whitespace_pattern, "",
+          "with --json_schema / --json_object: a regex for the whitespace between JSON tokens "
+          "(default: at most one space)");
 
 ABSL_FLAG(std::string, text, "", "text to tokenize");
 ABSL_FLAG(bool, add_bos, false, "prepend the BOS token as generate does");
@@ -163,6 +174,11 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   options.time_limit_ms = absl::GetFlag(FLAGS_time_limit_ms);
   options.request_id = absl::GetFlag(FLAGS_request_id);
+  options.regex = absl::GetFlag(FLAGS_regex);
+  options.json_schema = absl::GetFlag(FLAGS_json_schema);
+  options.json_object = absl::GetFlag(FLAGS_json_object);
+  if (auto it = flags.given.find("choice"); it != flags.given.end()) options.choice = it->second;
+  options.whitespace_pattern = absl::GetFlag(FLAGS_whitespace_pattern);
   return options;
 }
 
@@ -378,6 +394,11 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "cache_salt",
                                                 "time_limit_ms",
                                                 "request_id",
+                                                "regex",
+                                                "json_schema",
+                                                "json_object",
+                                                "choice",
+                                                "whitespace_pattern",
                                                 "json",
                                                 "server",
                                                 "timeout_s"};

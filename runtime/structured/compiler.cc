@@ -1,0 +1,131 @@
+#include "runtime/structured/compiler.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/json.h"
+#include "common/status_macros.h"
+#include "runtime/structured/json_schema.h"
+#include "runtime/structured/regex_parser.h"
+
+namespace kvrm::structured {
+namespace {
+
+// One string per spec: the kind, then length-prefixed fields, so no two specs share a key.
+std::string CacheKey(const ConstraintSpec& spec) {
+  std::string key = absl::StrCat(static_cast<int>(spec.kind), ":", spec.whitespace_pattern.size(),
+                                 ":", spec.whitespace_pattern, ":", spec.text.size(), ":",
+                                 spec.text);
+  for (const std::string& c : spec.choices) absl::StrAppend(&key, ":", c.size(), ":", c);
+  return key;
+}
+
+absl::Status Invalid(absl::string_view what) { return absl::InvalidArgumentError(what); }
+
+}  // namespace
+
+ConstraintCompiler::ConstraintCompiler(absl::Span<const std::optional<std::string>> token_bytes,
+                                       CompilerOptions options)
+    : options_(std::move(options)), trie_(std::make_shared<const TokenTrie>(token_bytes)) {}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncached(
+    const ConstraintSpec& spec) const {
+  int64_t bytes = static_cast<int64_t>(spec.text.size() + spec.whitespace_pattern.size());
+  for (const std::string& c : spec.choices) bytes += static_cast<int64_t>(c.size());
+  if (bytes > options_.max_spec_bytes) {
+    return Invalid(absl::StrCat(bytes, " bytes; at most ", options_.max_spec_bytes));
+  }
+  JsonSchemaOptions json;
+  json.max_depth = options_.json_max_depth;
+  if (!spec.whitespace_pattern.empty()) {
+    if (spec.kind != ConstraintSpec::Kind::kJsonSchema &&
+        spec.kind != ConstraintSpec::Kind::kJsonObject) {
+      return Invalid("whitespace_pattern applies to json_schema and json_object only");
+    }
+    auto ws = ParseRegex(spec.whitespace_pattern);
+    if (!ws.ok()) return Invalid(absl::StrCat("whitespace_pattern: ", ws.status().message()));
+    json.whitespace = *std::move(ws);
+  }
+  Regex regex;
+  switch (spec.kind) {
+    case ConstraintSpec::Kind::kRegex: {
+      ASSIGN_OR_RETURN(regex, ParseRegex(spec.text));
+      break;
+    }
+    case ConstraintSpec::Kind::kJsonSchema: {
+      // From the text: the properties come in the order the schema writes them.
+      ASSIGN_OR_RETURN(regex, JsonSchemaTextToRegex(spec.text, json));
+      break;
+    }
+    case ConstraintSpec::Kind::kJsonObject:
+      regex = AnyJsonObject(json);
+      break;
+    case ConstraintSpec::Kind::kChoice: {
+      if (spec.choices.empty()) return Invalid("no choices");
+      if (static_cast<int32_t>(spec.choices.size()) > options_.max_choices) {
+        return Invalid(absl::StrCat(spec.choices.size(), " choices; at most ",
+                                    options_.max_choices));
+      }
+      std::vector<Regex> options;
+      for (size_t i = 0; i < spec.choices.size(); ++i) {
+        // Literal() takes UTF-8: text that is not could only be spelled by raw byte tokens.
+        if (!IsValidUtf8(spec.choices[i])) {
+          return Invalid(absl::StrCat("choice ", i, " is not valid UTF-8"));
+        }
+        options.push_back(Literal(spec.choices[i]));
+      }
+      regex = Alt(std::move(options));
+      break;
+    }
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar,
+                   Grammar::Compile(regex, trie_, options_.limits));
+  if (grammar->terminal(grammar->start())) {
+    return Invalid("the constraint only matches the empty text");
+  }
+  return grammar;
+}
+
+absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::Compile(
+    const ConstraintSpec& spec) {
+  std::string key = CacheKey(spec);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = index_.find(key);
+    if (it != index_.end()) {
+      lru_.splice(lru_.begin(), lru_, it->second);
+      ++stats_.hits;
+      return it->second->result;
+    }
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::shared_ptr<const Grammar>> result = CompileUncached(spec);
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  const int64_t bytes = result.ok() ? (*result)->memory_bytes() : 0;
+
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.misses;
+  stats_.compile_seconds += seconds;
+  if (!result.ok()) ++stats_.refusals;
+  if (index_.contains(key) || bytes > options_.cache_bytes) return result;
+  lru_.push_front(Entry{std::move(key), result, bytes});
+  index_.emplace(lru_.front().key, lru_.begin());
+  stats_.bytes += bytes;
+  while (static_cast<int32_t>(lru_.size()) > options_.cache_entries ||
+         stats_.bytes > options_.cache_bytes) {
+    // Evicting drops the cache's reference only: requests holding the grammar keep it alive.
+    stats_.bytes -= lru_.back().bytes;
+    index_.erase(lru_.back().key);
+    lru_.pop_back();
+  }
+  stats_.entries = static_cast<int32_t>(lru_.size());
+  return result;
+}
+
+ConstraintCompiler::Stats ConstraintCompiler::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace kvrm::structured

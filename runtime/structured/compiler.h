@@ -1,0 +1,89 @@
+// Turns a request's structured-output constraint (a regex, a JSON Schema, any JSON object, or a
+// list of choices) into a Grammar for the served model's vocabulary, and keeps the results: a
+// service sees the same few schemas again and again, and compiling one costs far more than a
+// step.
+//
+// Thread safety: Compile may be called from any number of gRPC threads at once; the cache is
+// under a mutex that is never held while compiling (two threads asking for the same new
+// constraint at once may both compile it; the first result is kept). Refusals are cached too, so
+// a client repeating a constraint that is too large does not cost a compile each time.
+#ifndef KVRM_RUNTIME_STRUCTURED_COMPILER_H_
+#define KVRM_RUNTIME_STRUCTURED_COMPILER_H_
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "runtime/structured/grammar.h"
+
+namespace kvrm::structured {
+
+struct ConstraintSpec {
+  enum class Kind { kRegex, kJsonSchema, kJsonObject, kChoice };
+  Kind kind = Kind::kRegex;
+  std::string text;                  // kRegex: the pattern; kJsonSchema: the schema as JSON text
+  std::vector<std::string> choices;  // kChoice: the completion is exactly one of these
+  // kJsonSchema / kJsonObject: a regex for the whitespace allowed between JSON tokens; empty:
+  // the default, at most one space.
+  std::string whitespace_pattern;
+};
+
+struct CompilerOptions {
+  GrammarLimits limits;
+  int64_t max_spec_bytes = 64 << 10;  // pattern, schema, or all choices together
+  int32_t max_choices = 1024;
+  int32_t json_max_depth = 4;         // nesting of values a schema leaves open, and of json_object
+  int32_t cache_entries = 256;
+  int64_t cache_bytes = int64_t{1} << 30;  // compiled grammars kept, all together
+};
+
+class ConstraintCompiler {
+ public:
+  // `token_bytes`: TokenContinuationBytes of the tokenizer, sized to the model's logits (ids
+  // past the tokenizer nullopt), with the end-of-sequence ids set to nullopt (they end the text).
+  ConstraintCompiler(absl::Span<const std::optional<std::string>> token_bytes,
+                     CompilerOptions options = {});
+
+  // INVALID_ARGUMENT whose message says what is wrong with the constraint (the caller names
+  // the field). A grammar whose start is already terminal (the constraint matches only "") is
+  // refused: such a completion could write nothing.
+  absl::StatusOr<std::shared_ptr<const Grammar>> Compile(const ConstraintSpec& spec);
+
+  struct Stats {
+    int64_t hits = 0;
+    int64_t misses = 0;     // compiles
+    int64_t refusals = 0;   // compiles that failed
+    double compile_seconds = 0;
+    int32_t entries = 0;
+    int64_t bytes = 0;      // compiled grammars kept
+  };
+  Stats stats() const;
+  const TokenTrie& trie() const { return *trie_; }
+
+ private:
+  absl::StatusOr<std::shared_ptr<const Grammar>> CompileUncached(const ConstraintSpec& spec) const;
+
+  struct Entry {
+    std::string key;
+    absl::StatusOr<std::shared_ptr<const Grammar>> result;
+    int64_t bytes = 0;
+  };
+
+  const CompilerOptions options_;
+  const std::shared_ptr<const TokenTrie> trie_;
+  mutable std::mutex mu_;
+  std::list<Entry> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
+  absl::flat_hash_map<std::string, std::list<Entry>::iterator> index_ ABSL_GUARDED_BY(mu_);
+  Stats stats_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace kvrm::structured
+
+#endif  // KVRM_RUNTIME_STRUCTURED_COMPILER_H_
