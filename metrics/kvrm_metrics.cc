@@ -37,6 +37,12 @@ const std::vector<double>& StepDurationBuckets() {
   return b;
 }
 
+const std::vector<double>& CompileBuckets() {
+  static const auto* b =
+      new std::vector<double>{0.0001, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0};
+  return *b;
+}
+
 namespace {
 
 const std::vector<double>& TransferGroupBuckets() {
@@ -226,6 +232,25 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
       counter("kvrm:stream_chunks_merged_total",
               "Output chunks merged into a queued response message because the client read "
               "its stream slower than its tokens came.");
+  Family<Counter>& structured =
+      r->AddCounter("kvrm:structured_output_requests_total",
+                    "Requests with a structured-output constraint, by kind.", labels({"kind"}));
+  structured_.requests = {&structured.WithLabels(values({"regex"})),
+                          &structured.WithLabels(values({"json_schema"})),
+                          &structured.WithLabels(values({"json_object"})),
+                          &structured.WithLabels(values({"choice"}))};
+  structured_.compiles = counter("kvrm:structured_output_compiles_total",
+                                 "Structured-output constraints compiled into token masks (cache "
+                                 "misses), refused ones included.");
+  structured_.refusals = counter("kvrm:structured_output_refusals_total",
+                                 "Structured-output constraints refused at compile "
+                                 "(INVALID_ARGUMENT: malformed, unsupported or too large).");
+  structured_.cache_hits = counter("kvrm:structured_output_cache_hits_total",
+                                   "Structured-output constraints found already compiled.");
+  structured_.compile_seconds =
+      histogram("kvrm:structured_output_compile_seconds",
+                "Time to compile one structured-output constraint, in seconds.",
+                CompileBuckets());
 }
 
 void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {

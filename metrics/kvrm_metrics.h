@@ -28,11 +28,22 @@ struct KvrmMetricsOptions {
   bool far_history = false;  // --far_history: kvrm:far_history_enabled reads 1
 };
 
+// Structured outputs, recorded by the server where requests are validated (any thread).
+struct StructuredOutputMetrics {
+  // kvrm:structured_output_requests_total{kind}: [regex, json_schema, json_object, choice].
+  std::array<Counter*, 4> requests{};
+  Counter* compiles = nullptr;    // constraints compiled (cache misses), refusals included
+  Counter* refusals = nullptr;    // of those, refused (INVALID_ARGUMENT)
+  Counter* cache_hits = nullptr;  // constraints found compiled in the cache
+  Histogram* compile_seconds = nullptr;
+};
+
 // Bucket bounds, exposed for tests and the documentation.
 const std::vector<double>& TtftBuckets();
 const std::vector<double>& InterTokenBuckets();
 const std::vector<double>& RequestLatencyBuckets();
 const std::vector<double>& StepDurationBuckets();
+const std::vector<double>& CompileBuckets();
 
 class KvrmMetrics : public EngineObserver {
  public:
@@ -52,6 +63,7 @@ class KvrmMetrics : public EngineObserver {
   // The server's: output chunks merged into a queued message because a client read slower than
   // its tokens came (server/response_queue.h). Thread-safe.
   Counter* stream_chunks_merged() const { return stream_chunks_merged_; }
+  const StructuredOutputMetrics& structured_outputs() const { return structured_; }
 
  private:
   // vLLM-compatible request figures.
@@ -70,6 +82,7 @@ class KvrmMetrics : public EngineObserver {
   std::array<Counter*, 6> success_;  // [FinishReason]
   Counter* preemptions_;
   Counter* stream_chunks_merged_;
+  StructuredOutputMetrics structured_;
   Counter* device_sampled_;
   std::array<Counter*, 3> rejected_;  // queue_full, draining, other
 

@@ -33,6 +33,8 @@ struct ServerOptions {
   // Counts output chunks merged into a queued message for clients reading slower than their
   // tokens come (kvrm:stream_chunks_merged_total); not owned, may be null.
   Counter* merged_chunks_counter = nullptr;
+  // Structured-output requests and compiles (kvrm:structured_output_*); not owned, may be null.
+  const StructuredOutputMetrics* structured_metrics = nullptr;
 };
 
 class KvrmServer {

@@ -301,6 +301,20 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
       StructuredTokenBytes(engine->model()));
 }
 
+void KvrmService::SetStructuredOutputMetrics(const StructuredOutputMetrics* metrics) {
+  structured_metrics_ = metrics;
+  if (metrics == nullptr) return;
+  structured_->SetObserver([metrics](const structured::ConstraintCompiler::Event& e) {
+    if (e.cache_hit) {
+      metrics->cache_hits->Add();
+      return;
+    }
+    metrics->compiles->Add();
+    if (e.refused) metrics->refusals->Add();
+    metrics->compile_seconds->Observe(e.seconds);
+  });
+}
+
 grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
     grpc::CallbackServerContext* context, const v1::GenerateRequest* request) {
   const absl::Time arrival = absl::Now();
@@ -321,6 +335,11 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   if (!r.ok()) {
     reactor->Reject(ToGrpcStatus(r.status()));
     return reactor;
+  }
+  if (structured_metrics_ != nullptr && request->has_structured()) {
+    // The constraint case numbers are regex = 1 ... choice = 4, the metric's kinds in order.
+    const int kind = static_cast<int>(request->structured().constraint_case()) - 1;
+    if (kind >= 0 && kind < 4) structured_metrics_->requests[kind]->Add();
   }
   (*r)->request_id = std::move(id);
   (*r)->arrival = arrival;

@@ -10,6 +10,7 @@
 
 #include "absl/time/time.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
+#include "metrics/kvrm_metrics.h"
 #include "metrics/registry.h"
 #include "runtime/engine.h"
 #include "server/auth.h"
@@ -53,6 +54,9 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // a client read slower than its tokens came (server/response_queue.h).
   void SetMergedChunksCounter(Counter* counter) { merged_chunks_counter_ = counter; }
 
+  // When set (before the server starts), records structured-output requests and compiles.
+  void SetStructuredOutputMetrics(const StructuredOutputMetrics* metrics);
+
   // Before the server starts: the most serialized bytes of output merged into one message
   // (kept under the server's send limit).
   void SetMaxMergedMessageBytes(size_t bytes) { max_merged_bytes_ = bytes; }
@@ -70,6 +74,7 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   std::atomic<uint64_t> next_id_{1};
   const TokenAuthenticator* auth_ = nullptr;  // not owned; null: no authentication
   Counter* merged_chunks_counter_ = nullptr;  // not owned; null: not counted
+  const StructuredOutputMetrics* structured_metrics_ = nullptr;  // not owned; null: not counted
   size_t max_merged_bytes_ = 64 << 10;
 };
 

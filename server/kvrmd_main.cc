@@ -278,6 +278,7 @@ int Run() {
   so.info.kv_mode = absl::GetFlag(FLAGS_kv_mode);
   so.info.tensor_parallel = eo.tensor_parallel;
   so.merged_chunks_counter = metrics.stream_chunks_merged();
+  so.structured_metrics = &metrics.structured_outputs();
   absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine->get(), so);
   if (!server.ok()) {
     std::fprintf(stderr, "kvrmd: %s\n", server.status().ToString().c_str());

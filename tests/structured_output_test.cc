@@ -6,7 +6,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "metrics/kvrm_metrics.h"
+#include "metrics/registry.h"
 #include "gtest/gtest.h"
 #include "runtime/structured/automaton.h"
 #include "runtime/structured/compiler.h"
@@ -296,6 +301,52 @@ TEST_F(StructuredOutputTest, BadConstraintsGetInvalidArgumentNamingTheField) {
   // The server still serves after all of these.
   const StreamResult ok = RunGenerate(stub(), TextRequest("x", 4));
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+}
+
+// The service's structured-output metrics: requests by kind, compiles (one per distinct
+// constraint), cache hits for repeats, refusals, and the compile-time histogram.
+TEST(StructuredOutputMetricsTest, RequestsCompilesHitsAndRefusalsAreCounted) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, KvrmMetricsOptions{"tiny", "kvrm"});
+  ServerOptions so;
+  so.structured_metrics = &metrics.structured_outputs();
+  TestServer server(Options(2), so);
+  const std::string schema = R"({"type": "object", "properties": {"n": {"type": "integer"}}})";
+  for (int k = 0; k < 3; ++k) {
+    v1::GenerateRequest req = TextRequest("x", 8);
+    req.mutable_structured()->set_json_schema(schema);
+    EXPECT_TRUE(RunGenerate(server.stub(), req).status.ok());
+  }
+  v1::GenerateRequest choice = TextRequest("x", 8);
+  choice.mutable_structured()->mutable_choice()->add_choices("a");
+  EXPECT_TRUE(RunGenerate(server.stub(), choice).status.ok());
+  v1::GenerateRequest bad = TextRequest("x", 8);
+  bad.mutable_structured()->set_regex("(?i)x");
+  EXPECT_FALSE(RunGenerate(server.stub(), bad).status.ok());
+  EXPECT_FALSE(RunGenerate(server.stub(), bad).status.ok());  // refused again, from the cache
+
+  const std::string text = registry.Render();
+  auto sample = [&](const std::string& series) {
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::StartsWith(line, series + " ")) {
+        double v = 0;
+        EXPECT_TRUE(absl::SimpleAtod(line.substr(series.size() + 1), &v)) << line;
+        return v;
+      }
+    }
+    ADD_FAILURE() << "no sample " << series << " in\n" << text;
+    return -1.0;
+  };
+  const std::string labels = "model_name=\"tiny\",kv_mode=\"kvrm\"";
+  EXPECT_EQ(sample("kvrm:structured_output_requests_total{" + labels + ",kind=\"json_schema\"}"), 3);
+  EXPECT_EQ(sample("kvrm:structured_output_requests_total{" + labels + ",kind=\"choice\"}"), 1);
+  EXPECT_EQ(sample("kvrm:structured_output_requests_total{" + labels + ",kind=\"regex\"}"), 0);
+  // Three distinct constraints compiled (the schema, the choice, the refused regex) ...
+  EXPECT_EQ(sample("kvrm:structured_output_compiles_total{" + labels + "}"), 3);
+  EXPECT_EQ(sample("kvrm:structured_output_refusals_total{" + labels + "}"), 1);
+  // ... and found again for the second and third schema request and the repeated regex.
+  EXPECT_EQ(sample("kvrm:structured_output_cache_hits_total{" + labels + "}"), 3);
+  EXPECT_EQ(sample("kvrm:structured_output_compile_seconds_count{" + labels + "}"), 3);
 }
 
 // The same seeded, constrained requests give the same completions whatever the engine does below

@@ -27,13 +27,12 @@ ModelBundle* LoadTinyModel() {
   return model->release();
 }
 
-TestServer::TestServer(EngineOptions options) {
+TestServer::TestServer(EngineOptions options, ServerOptions so) {
   model_.reset(LoadTinyModel());
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_.get(), options);
   CHECK_OK(engine.status());
   engine_ = std::move(*engine);
   engine_->Start();
-  ServerOptions so;
   so.listen = "127.0.0.1:0";
   so.info.version = "test";
   absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine_.get(), so);

@@ -27,7 +27,8 @@ ModelBundle* LoadTinyModel();
 
 class TestServer {
  public:
-  explicit TestServer(EngineOptions options);
+  // `server`: options for the gRPC server beyond its address and version (metrics hooks ...).
+  explicit TestServer(EngineOptions options, ServerOptions server = {});
   ~TestServer();
 
   v1::Kvrm::Stub& stub() { return *stub_; }

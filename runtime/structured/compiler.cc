@@ -1,10 +1,10 @@
 #include "runtime/structured/compiler.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
-#include "common/json.h"
 #include "common/status_macros.h"
 #include "runtime/structured/json_schema.h"
 #include "runtime/structured/regex_parser.h"
@@ -90,18 +90,24 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
 absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::Compile(
     const ConstraintSpec& spec) {
   std::string key = CacheKey(spec);
+  std::optional<absl::StatusOr<std::shared_ptr<const Grammar>>> cached;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = index_.find(key);
     if (it != index_.end()) {
       lru_.splice(lru_.begin(), lru_, it->second);
       ++stats_.hits;
-      return it->second->result;
+      cached = it->second->result;
     }
+  }
+  if (cached) {
+    if (observer_) observer_(Event{.cache_hit = true, .refused = !cached->ok()});
+    return *std::move(cached);
   }
   const absl::Time start = absl::Now();
   absl::StatusOr<std::shared_ptr<const Grammar>> result = CompileUncached(spec);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (observer_) observer_(Event{.refused = !result.ok(), .seconds = seconds});
   const int64_t bytes = result.ok() ? (*result)->memory_bytes() : 0;
 
   std::lock_guard<std::mutex> lock(mu_);

@@ -11,6 +11,7 @@
 #define KVRM_RUNTIME_STRUCTURED_COMPILER_H_
 
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <mutex>
@@ -56,6 +57,16 @@ class ConstraintCompiler {
   // refused: such a completion could write nothing.
   absl::StatusOr<std::shared_ptr<const Grammar>> Compile(const ConstraintSpec& spec);
 
+  // Called after every Compile (from the calling thread, outside the lock): whether the cache
+  // had it, whether it was refused, and the compile's time (0 for a hit). Set before the first
+  // Compile (metrics).
+  struct Event {
+    bool cache_hit = false;
+    bool refused = false;
+    double seconds = 0;
+  };
+  void SetObserver(std::function<void(const Event&)> observer) { observer_ = std::move(observer); }
+
   struct Stats {
     int64_t hits = 0;
     int64_t misses = 0;     // compiles
@@ -77,6 +88,7 @@ class ConstraintCompiler {
   };
 
   const CompilerOptions options_;
+  std::function<void(const Event&)> observer_;
   const std::shared_ptr<const TokenTrie> trie_;
   mutable std::mutex mu_;
   std::list<Entry> lru_ ABSL_GUARDED_BY(mu_);  // most recently used first
