@@ -23,12 +23,12 @@ namespace {
 using OJson = nlohmann::ordered_json;
 
 // Bounds on the work one schema can cause (it comes from a request).
-constexpr size_t kMaxProperties = 256;        // per object, and prefixItems per array
-constexpr size_t kMaxEnumValues = 1024;       // per enum keyword
+constexpr size_t kMaxProperties = 256;   // per object, and prefixItems per array
+constexpr size_t kMaxEnumValues = 1024;  // per enum keyword
 constexpr size_t kMaxEnumBytes = size_t{1} << 20;
-constexpr size_t kMaxConjunction = 64;        // schemas in force at one place (allOf, $ref)
-constexpr size_t kMaxBranches = 256;          // per anyOf / oneOf
-constexpr int64_t kMaxSteps = 20000;          // subschema translations in all
+constexpr size_t kMaxConjunction = 64;         // schemas in force at one place (allOf, $ref)
+constexpr size_t kMaxBranches = 256;           // per anyOf / oneOf
+constexpr int64_t kMaxSteps = 20000;           // subschema translations in all
 constexpr int32_t kMaxNestedSubschemas = 256;  // recursion of the translator
 constexpr int32_t kMaxDepthOption = 64;
 // Enum values are checked against their sibling keywords with an automaton each: bounded.
@@ -93,8 +93,8 @@ std::string Child(const std::string& pointer, size_t index) {
 }
 
 absl::Status SchemaError(const std::string& pointer, absl::string_view message) {
-  return absl::InvalidArgumentError(
-      absl::StrCat("JSON schema ", pointer.empty() ? std::string("(root)") : pointer, ": ", message));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "JSON schema ", pointer.empty() ? std::string("(root)") : pointer, ": ", message));
 }
 
 // Compact serialization; invalid UTF-8 (only possible in a Json built in code) is replaced
@@ -107,7 +107,9 @@ Regex L(const char* text) { return Literal(text); }
 
 CodePointSet SetOf(const char* chars) {
   CodePointSet s;
-  for (const char* p = chars; *p != '\0'; ++p) s.Add(static_cast<uint8_t>(*p), static_cast<uint8_t>(*p));
+  for (const char* p = chars; *p != '\0'; ++p) {
+    s.Add(static_cast<uint8_t>(*p), static_cast<uint8_t>(*p));
+  }
   return s;
 }
 Regex Chars(const char* chars) { return Class(SetOf(chars)); }
@@ -154,8 +156,8 @@ Regex JsonStringChar() {
     const Regex hex = HexDigit();
     CodePointSet not_d = HexSet();
     not_d = Intersect(not_d, SetOf("dD").Complement());
-    const Regex bmp = Alt({Concat({Class(not_d), hex, hex, hex}),
-                           Concat({Chars("dD"), Range('0', '7'), hex, hex})});
+    const Regex bmp = Alt(
+        {Concat({Class(not_d), hex, hex, hex}), Concat({Chars("dD"), Range('0', '7'), hex, hex})});
     const Regex high = Concat({Chars("dD"), Chars("89abAB"), hex, hex});
     const Regex low = Concat({Chars("dD"), Chars("cdefCDEF"), hex, hex});
     return Alt({Class(UnescapedSet()), Concat({L("\\"), Chars("\"\\/bfnrt")}),
@@ -212,14 +214,29 @@ uint32_t NextUtf8(const std::string& text, size_t* i) {
 // A character as it stands inside a JSON string, escaped the one way nlohmann writes it.
 void AppendJsonChar(uint32_t c, std::string* out) {
   switch (c) {
-    case '"': *out += "\\\""; return;
-    case '\\': *out += "\\\\"; return;
-    case '\b': *out += "\\b"; return;
-    case '\f': *out += "\\f"; return;
-    case '\n': *out += "\\n"; return;
-    case '\r': *out += "\\r"; return;
-    case '\t': *out += "\\t"; return;
-    default: break;
+    case '"':
+      *out += "\\\"";
+      return;
+    case '\\':
+      *out += "\\\\";
+      return;
+    case '\b':
+      *out += "\\b";
+      return;
+    case '\f':
+      *out += "\\f";
+      return;
+    case '\n':
+      *out += "\\n";
+      return;
+    case '\r':
+      *out += "\\r";
+      return;
+    case '\t':
+      *out += "\\t";
+      return;
+    default:
+      break;
   }
   if (c < 0x20) {
     static constexpr char kHex[] = "0123456789abcdef";
@@ -316,7 +333,8 @@ Regex DateRegex() {
   const Regex by4 = Alt({Concat({L("0"), Chars("48")}), Concat({Chars("2468"), Chars("048")}),
                          Concat({Chars("13579"), Chars("26")})});
   // Gregorian: divisible by 4, and centuries only when divisible by 400.
-  const Regex leap_year = Alt({Concat({Digit(), Digit(), by4}), Concat({Alt({by4, L("00")}), L("00")})});
+  const Regex leap_year =
+      Alt({Concat({Digit(), Digit(), by4}), Concat({Alt({by4, L("00")}), L("00")})});
   const Regex long_month = Alt({L("01"), L("03"), L("05"), L("07"), L("08"), L("10"), L("12")});
   const Regex short_month = Alt({L("04"), L("06"), L("09"), L("11")});
   return Alt({Concat({year, L("-"), long_month, L("-"), SameLength("01", "31")}),
@@ -343,9 +361,9 @@ std::optional<Format> FormatRegex(const std::string& name) {
                   36, 36};
   }
   if (name == "ipv4") {
-    const Regex octet = Alt({Concat({L("25"), Range('0', '5')}), Concat({L("2"), Range('0', '4'), Digit()}),
-                             Concat({L("1"), Digit(), Digit()}), Concat({Range('1', '9'), Digit()}),
-                             Digit()});
+    const Regex octet =
+        Alt({Concat({L("25"), Range('0', '5')}), Concat({L("2"), Range('0', '4'), Digit()}),
+             Concat({L("1"), Digit(), Digit()}), Concat({Range('1', '9'), Digit()}), Digit()});
     return Format{Concat({octet, L("."), octet, L("."), octet, L("."), octet}), 7, 15};
   }
   CodePointSet alnum = CodePointSet::Range('0', '9');
@@ -359,9 +377,9 @@ std::optional<Format> FormatRegex(const std::string& name) {
     CodePointSet ldh = alnum;
     ldh.Add('-', '-');
     const Regex label = Concat({Class(alnum), Optional(Concat({Star(Class(ldh)), Class(alnum)}))});
-    return Format{Concat({atom, Star(Concat({L("."), atom})), L("@"), label,
-                          Plus(Concat({L("."), label}))}),
-                  5};
+    return Format{
+        Concat({atom, Star(Concat({L("."), atom})), L("@"), label, Plus(Concat({L("."), label}))}),
+        5};
   }
   if (name == "uri") {
     // Loose: a scheme, then unreserved, reserved and %-encoded characters, one optional fragment.
@@ -398,7 +416,8 @@ Regex UnsignedRange(uint64_t a, uint64_t b) {
     options.push_back(SameLength(from, to));
   }
   if (!bounded) {
-    options.push_back(Concat({Range('1', '9'), Repeat(Digit(), static_cast<int32_t>(low.size()), -1)}));
+    options.push_back(
+        Concat({Range('1', '9'), Repeat(Digit(), static_cast<int32_t>(low.size()), -1)}));
   }
   return Alt(std::move(options));
 }
@@ -447,7 +466,9 @@ Regex DecimalMagnitude(MagnitudeBound a, std::optional<MagnitudeBound> b) {
     if (a.value + 1 <= b->value - 1) {
       options.push_back(Concat({UnsignedRange(a.value + 1, b->value - 1), any_fraction}));
     }
-    if (!b->exclusive) options.push_back(Concat({Literal(std::to_string(b->value)), zero_fraction}));
+    if (!b->exclusive) {
+      options.push_back(Concat({Literal(std::to_string(b->value)), zero_fraction}));
+    }
   }
   return Alt(std::move(options));
 }
@@ -470,8 +491,9 @@ Regex BoundedNumber(std::optional<NumberBound> lo, std::optional<NumberBound> hi
     options.push_back(DecimalMagnitude(a, b));
   }
   if (!lo || lo->value < 0) {
-    const MagnitudeBound a = hi && hi->value < 0 ? MagnitudeBound{Magnitude(hi->value), hi->exclusive}
-                                                 : MagnitudeBound{0, true};
+    const MagnitudeBound a = hi && hi->value < 0
+                                 ? MagnitudeBound{Magnitude(hi->value), hi->exclusive}
+                                 : MagnitudeBound{0, true};
     std::optional<MagnitudeBound> b;
     if (lo) b = MagnitudeBound{Magnitude(lo->value), lo->exclusive};
     options.push_back(Concat({L("-"), DecimalMagnitude(a, b)}));
@@ -483,11 +505,13 @@ Regex BoundedNumber(std::optional<NumberBound> lo, std::optional<NumberBound> hi
 struct JsonNumberValue {
   bool integral = false;  // `integer` holds the value
   __int128 integer = 0;
-  double real = 0;        // otherwise
+  double real = 0;  // otherwise
 };
 
 absl::StatusOr<JsonNumberValue> ReadNumber(const OJson& v, const std::string& pointer) {
-  if (v.is_number_unsigned()) return JsonNumberValue{true, static_cast<__int128>(v.get<uint64_t>())};
+  if (v.is_number_unsigned()) {
+    return JsonNumberValue{true, static_cast<__int128>(v.get<uint64_t>())};
+  }
   if (v.is_number_integer()) return JsonNumberValue{true, static_cast<__int128>(v.get<int64_t>())};
   if (v.is_number_float()) {
     const double d = v.get<double>();
@@ -498,9 +522,10 @@ absl::StatusOr<JsonNumberValue> ReadNumber(const OJson& v, const std::string& po
     return JsonNumberValue{false, 0, d};
   }
   if (v.is_boolean()) {
-    return SchemaError(pointer,
-                       "a boolean exclusiveMinimum/exclusiveMaximum (draft 4) is not supported; use "
-                       "the bound itself as the keyword's value (draft 6 and later)");
+    return SchemaError(
+        pointer,
+        "a boolean exclusiveMinimum/exclusiveMaximum (draft 4) is not supported; use "
+        "the bound itself as the keyword's value (draft 6 and later)");
   }
   return SchemaError(pointer, "must be a number");
 }
@@ -542,18 +567,56 @@ bool OneOf(const std::string& k, std::initializer_list<const char*> names) {
 }
 
 KeywordKind Classify(const std::string& k) {
-  if (OneOf(k, {"type", "enum", "const", "$ref", "allOf", "anyOf", "oneOf", "properties", "required",
-                "additionalProperties", "minProperties", "maxProperties", "items", "prefixItems",
-                "additionalItems", "minItems", "maxItems", "uniqueItems", "minLength", "maxLength",
-                "pattern", "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) {
+  if (OneOf(k, {"type",
+                "enum",
+                "const",
+                "$ref",
+                "allOf",
+                "anyOf",
+                "oneOf",
+                "properties",
+                "required",
+                "additionalProperties",
+                "minProperties",
+                "maxProperties",
+                "items",
+                "prefixItems",
+                "additionalItems",
+                "minItems",
+                "maxItems",
+                "uniqueItems",
+                "minLength",
+                "maxLength",
+                "pattern",
+                "format",
+                "minimum",
+                "maximum",
+                "exclusiveMinimum",
+                "exclusiveMaximum"})) {
     return KeywordKind::kHandled;
   }
   // Assertions this translation does not express: refused rather than ignored, so that nobody
   // believes the output obeys them.
-  if (OneOf(k, {"not", "if", "then", "else", "patternProperties", "dependentRequired",
-                "dependentSchemas", "dependencies", "multipleOf", "divisibleBy", "contains",
-                "minContains", "maxContains", "propertyNames", "unevaluatedProperties",
-                "unevaluatedItems", "$dynamicRef", "$recursiveRef", "extends", "disallow"})) {
+  if (OneOf(k, {"not",
+                "if",
+                "then",
+                "else",
+                "patternProperties",
+                "dependentRequired",
+                "dependentSchemas",
+                "dependencies",
+                "multipleOf",
+                "divisibleBy",
+                "contains",
+                "minContains",
+                "maxContains",
+                "propertyNames",
+                "unevaluatedProperties",
+                "unevaluatedItems",
+                "$dynamicRef",
+                "$recursiveRef",
+                "extends",
+                "disallow"})) {
     return KeywordKind::kUnsupported;
   }
   // Annotations ($schema, $id, title, description, default, examples, $comment, deprecated,
@@ -565,11 +628,15 @@ KeywordKind Classify(const std::string& k) {
 // The types a type-specific keyword applies to (a schema without "type" is taken to mean those).
 uint8_t KeywordTypes(const std::string& k) {
   if (OneOf(k, {"minLength", "maxLength", "pattern", "format"})) return kString;
-  if (OneOf(k, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) return kNumber | kInteger;
-  if (OneOf(k, {"properties", "required", "additionalProperties", "minProperties", "maxProperties"})) {
+  if (OneOf(k, {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"})) {
+    return kNumber | kInteger;
+  }
+  if (OneOf(k,
+            {"properties", "required", "additionalProperties", "minProperties", "maxProperties"})) {
     return kObject;
   }
-  if (OneOf(k, {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"})) {
+  if (OneOf(k,
+            {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "uniqueItems"})) {
     return kArray;
   }
   return 0;
@@ -633,11 +700,16 @@ class Translator {
   // `item` are read in lockstep (one state set) where the other form gives each copy its own
   // states, doubling them at every level of nesting.
   Regex SeparatedList(const Regex& item, int32_t min = 1, int32_t max = -1) const {
-    return Concat({Repeat(Concat({item, Sep()}), std::max(0, min - 1), max < 0 ? -1 : max - 1), item});
+    return Concat(
+        {Repeat(Concat({item, Sep()}), std::max(0, min - 1), max < 0 ? -1 : max - 1), item});
   }
   absl::StatusOr<Loc> ResolveRef(const OJson& ref, const std::string& pointer) const;
-  absl::StatusOr<Regex> Base(const Conj& conj, Ctx ctx, bool ignore_enum);
-  absl::StatusOr<Regex> EnumValues(const Conj& conj, Ctx ctx, const std::vector<const OJson*>& values,
+  // The keywords of `conj` other than the combinators (already applied). With `ignore_enum`,
+  // also other than enum/const, for the types in `allowed` only, without inferring types.
+  absl::StatusOr<Regex> Base(const Conj& conj, Ctx ctx, bool ignore_enum,
+                             uint8_t allowed = kAllTypes);
+  absl::StatusOr<Regex> EnumValues(const Conj& conj, Ctx ctx,
+                                   const std::vector<const OJson*>& values,
                                    const std::string& pointer);
   absl::StatusOr<Regex> StringValue(const Conj& conj);
   absl::StatusOr<Regex> IntegerValue(const Conj& conj);
@@ -649,7 +721,7 @@ class Translator {
   const int32_t max_depth_;
   Regex ws_;
   bool compact_ = false;  // ws_ is Empty() while enum values are checked against their siblings
-  std::vector<Regex> any_cache_[2];  // AnyValue by budget, [compact_]
+  std::vector<Regex> any_cache_[2];      // AnyValue by budget, [compact_]
   std::vector<const OJson*> ref_stack_;  // $ref targets being expanded on the current path
   int64_t steps_ = 0;
   int32_t enum_checks_ = 0;
@@ -659,9 +731,10 @@ absl::StatusOr<Loc> Translator::ResolveRef(const OJson& ref, const std::string& 
   if (!ref.is_string()) return SchemaError(pointer, "must be a string");
   const std::string& text = ref.get_ref<const std::string&>();
   if (text.empty() || text[0] != '#') {
-    return SchemaError(pointer, absl::StrCat("\"", text,
-                                             "\": only references into this schema (\"#\", "
-                                             "\"#/$defs/...\", \"#/definitions/...\") are supported"));
+    return SchemaError(pointer,
+                       absl::StrCat("\"", text,
+                                    "\": only references into this schema (\"#\", "
+                                    "\"#/$defs/...\", \"#/definitions/...\") are supported"));
   }
   // The fragment is URI-encoded: %XX first, then the JSON pointer's ~0 ~1.
   std::string fragment;
@@ -671,8 +744,10 @@ absl::StatusOr<Loc> Translator::ResolveRef(const OJson& ref, const std::string& 
       continue;
     }
     auto hex = [](char c) {
-      return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10
-                                          : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      return c >= '0' && c <= '9'   ? c - '0'
+             : c >= 'a' && c <= 'f' ? c - 'a' + 10
+             : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                    : -1;
     };
     if (i + 2 >= text.size() || hex(text[i + 1]) < 0 || hex(text[i + 2]) < 0) {
       return SchemaError(pointer, absl::StrCat("\"", text, "\": bad %-escape"));
@@ -681,13 +756,15 @@ absl::StatusOr<Loc> Translator::ResolveRef(const OJson& ref, const std::string& 
     i += 2;
   }
   if (!fragment.empty() && fragment[0] != '/') {
-    return SchemaError(pointer, absl::StrCat("\"", text, "\": anchors are not supported, only JSON pointers"));
+    return SchemaError(
+        pointer, absl::StrCat("\"", text, "\": anchors are not supported, only JSON pointers"));
   }
   const OJson* node = &root_;
   size_t pos = 0;
   while (pos < fragment.size()) {
     const size_t next = fragment.find('/', pos + 1);
-    const std::string raw = fragment.substr(pos + 1, next == std::string::npos ? std::string::npos : next - pos - 1);
+    const std::string raw =
+        fragment.substr(pos + 1, next == std::string::npos ? std::string::npos : next - pos - 1);
     std::string token;
     for (size_t i = 0; i < raw.size(); ++i) {
       if (raw[i] != '~') {
@@ -695,7 +772,8 @@ absl::StatusOr<Loc> Translator::ResolveRef(const OJson& ref, const std::string& 
       } else if (i + 1 < raw.size() && (raw[i + 1] == '0' || raw[i + 1] == '1')) {
         token.push_back(raw[++i] == '0' ? '~' : '/');
       } else {
-        return SchemaError(pointer, absl::StrCat("\"", text, "\": bad ~ escape in the JSON pointer"));
+        return SchemaError(pointer,
+                           absl::StrCat("\"", text, "\": bad ~ escape in the JSON pointer"));
       }
     }
     const OJson* child = nullptr;
@@ -703,12 +781,15 @@ absl::StatusOr<Loc> Translator::ResolveRef(const OJson& ref, const std::string& 
       auto it = node->find(token);
       if (it != node->end()) child = &*it;
     } else if (node->is_array() && !token.empty() && token.size() < 10 &&
-               std::all_of(token.begin(), token.end(), [](char c) { return c >= '0' && c <= '9'; })) {
-      const size_t index = std::stoul(token);
+               std::all_of(token.begin(), token.end(),
+                           [](char c) { return c >= '0' && c <= '9'; })) {
+      size_t index = 0;
+      for (char c : token) index = index * 10 + static_cast<size_t>(c - '0');
       if (index < node->size()) child = &(*node)[index];
     }
     if (child == nullptr) {
-      return SchemaError(pointer, absl::StrCat("\"", text, "\" does not resolve inside the schema"));
+      return SchemaError(pointer,
+                         absl::StrCat("\"", text, "\" does not resolve inside the schema"));
     }
     node = child;
     if (next == std::string::npos) break;
@@ -723,7 +804,9 @@ absl::StatusOr<Regex> Translator::Translate(Conj conj, Ctx ctx) {
     return SchemaError(where, absl::StrCat("schema too complex: more than ", kMaxSteps,
                                            " subschemas to translate"));
   }
-  if (++ctx.nesting > kMaxNestedSubschemas) return SchemaError(where, "subschemas nested too deeply");
+  if (++ctx.nesting > kMaxNestedSubschemas) {
+    return SchemaError(where, "subschemas nested too deeply");
+  }
   // The $ref targets this call expands stay on the stack for the values inside it.
   struct PopRefs {
     std::vector<const OJson*>* stack;
@@ -738,7 +821,9 @@ absl::StatusOr<Regex> Translator::Translate(Conj conj, Ctx ctx) {
       if (!s.get<bool>()) return Nothing();
       continue;
     }
-    if (!s.is_object()) return SchemaError(conj[i].pointer, "a schema must be an object or a boolean");
+    if (!s.is_object()) {
+      return SchemaError(conj[i].pointer, "a schema must be an object or a boolean");
+    }
     if (!(conj[i].done & kRefDone)) {
       conj[i].done |= kRefDone;
       auto it = s.find("$ref");
@@ -765,14 +850,17 @@ absl::StatusOr<Regex> Translator::Translate(Conj conj, Ctx ctx) {
       auto it = s.find("allOf");
       if (it != s.end()) {
         const std::string pointer = Child(conj[i].pointer, "allOf");
-        if (!it->is_array() || it->empty()) return SchemaError(pointer, "must be a non-empty array of schemas");
+        if (!it->is_array() || it->empty()) {
+          return SchemaError(pointer, "must be a non-empty array of schemas");
+        }
         size_t j = 0;
         for (const OJson& sub : *it) conj.push_back(Loc{&sub, Child(pointer, j++)});
       }
     }
     if (conj.size() > kMaxConjunction) {
-      return SchemaError(conj[i].pointer, absl::StrCat("more than ", kMaxConjunction,
-                                                       " schemas in force at one place (allOf, $ref)"));
+      return SchemaError(conj[i].pointer,
+                         absl::StrCat("more than ", kMaxConjunction,
+                                      " schemas in force at one place (allOf, $ref)"));
     }
   }
 
@@ -786,7 +874,9 @@ absl::StatusOr<Regex> Translator::Translate(Conj conj, Ctx ctx) {
       auto it = s.find(keyword);
       if (it == s.end()) continue;
       const std::string pointer = Child(conj[i].pointer, keyword);
-      if (!it->is_array() || it->empty()) return SchemaError(pointer, "must be a non-empty array of schemas");
+      if (!it->is_array() || it->empty()) {
+        return SchemaError(pointer, "must be a non-empty array of schemas");
+      }
       if (it->size() > kMaxBranches) {
         return SchemaError(pointer, absl::StrCat("more than ", kMaxBranches, " alternatives"));
       }
@@ -807,9 +897,10 @@ absl::StatusOr<Regex> Translator::Translate(Conj conj, Ctx ctx) {
     if (!m.schema->is_object()) continue;
     for (auto it = m.schema->begin(); it != m.schema->end(); ++it) {
       if (Classify(it.key()) == KeywordKind::kUnsupported) {
-        return SchemaError(Child(m.pointer, it.key()),
-                           absl::StrCat("keyword \"", it.key(),
-                                        "\" is not supported (its constraint could not be enforced)"));
+        return SchemaError(
+            Child(m.pointer, it.key()),
+            absl::StrCat("keyword \"", it.key(),
+                         "\" is not supported (its constraint could not be enforced)"));
       }
     }
   }
@@ -824,15 +915,17 @@ Regex Translator::AnyValue(int32_t budget) {
   Regex value = Alt({JsonString(), JsonNumber(), L("true"), L("false"), L("null")});
   if (budget > 0) {
     const Regex inner = AnyValue(budget - 1);
-    const Regex array = Concat({L("["), ws_, Optional(Concat({SeparatedList(inner), ws_})), L("]")});
+    const Regex array =
+        Concat({L("["), ws_, Optional(Concat({SeparatedList(inner), ws_})), L("]")});
     value = Alt({value, AnyObjectOf(inner), array});
   }
   any_cache_[compact_ ? 1 : 0][budget] = value;
   return value;
 }
 
-absl::StatusOr<Regex> Translator::Base(const Conj& conj, Ctx ctx, bool ignore_enum) {
-  uint8_t types = kAllTypes;
+absl::StatusOr<Regex> Translator::Base(const Conj& conj, Ctx ctx, bool ignore_enum,
+                                       uint8_t allowed) {
+  uint8_t types = allowed;
   bool explicit_type = false;
   uint8_t implied = 0;
   std::optional<std::vector<const OJson*>> candidates;
@@ -925,18 +1018,22 @@ absl::StatusOr<Regex> Translator::EnumValues(const Conj& conj, Ctx ctx,
       }
     }
   }
+  // Integers are checked as integers (exact bounds); 2.0 is an integer too, but written as a
+  // number.
   auto type_of = [](const OJson& v) -> uint8_t {
     if (v.is_null()) return kNull;
     if (v.is_boolean()) return kBoolean;
     if (v.is_number_integer()) return kInteger;
     if (v.is_number_float()) {
       const double d = v.get<double>();
-      return std::isfinite(d) && std::floor(d) == d ? kInteger : kNumber;
+      return std::isfinite(d) && std::floor(d) == d ? kInteger | kNumber : kNumber;
     }
     if (v.is_string()) return kString;
     if (v.is_array()) return kArray;
     return kObject;
   };
+  uint8_t value_types = 0;
+  for (const OJson* v : values) value_types |= type_of(*v);
   std::optional<Dfa> others;
   if (constrained) {
     if (++enum_checks_ > kMaxEnumChecks) {
@@ -947,7 +1044,8 @@ absl::StatusOr<Regex> Translator::EnumValues(const Conj& conj, Ctx ctx,
     const bool saved_compact = compact_;
     ws_ = Empty();
     compact_ = true;
-    absl::StatusOr<Regex> rest = Base(conj, ctx, /*ignore_enum=*/true);
+    // Only the values' own types: a smaller automaton to build.
+    absl::StatusOr<Regex> rest = Base(conj, ctx, /*ignore_enum=*/true, value_types & types);
     ws_ = saved_ws;
     compact_ = saved_compact;
     if (!rest.ok()) return rest.status();
@@ -956,8 +1054,9 @@ absl::StatusOr<Regex> Translator::EnumValues(const Conj& conj, Ctx ctx,
     limits.max_states = kMaxEnumCheckStates;
     absl::StatusOr<Dfa> dfa = Dfa::Compile(*rest, limits);
     if (!dfa.ok()) {
-      return SchemaError(pointer, absl::StrCat("cannot check the values against the other keywords: ",
-                                               dfa.status().message()));
+      return SchemaError(pointer,
+                         absl::StrCat("cannot check the values against the other keywords: ",
+                                      dfa.status().message()));
     }
     others.emplace(*std::move(dfa));
   }
@@ -968,7 +1067,8 @@ absl::StatusOr<Regex> Translator::EnumValues(const Conj& conj, Ctx ctx,
     if ((type_of(*v) & types) == 0 || (others && !others->Matches(text))) continue;
     bytes += text.size();
     if (bytes > kMaxEnumBytes) {
-      return SchemaError(pointer, absl::StrCat("values longer than ", kMaxEnumBytes, " bytes in all"));
+      return SchemaError(pointer,
+                         absl::StrCat("values longer than ", kMaxEnumBytes, " bytes in all"));
     }
     options.push_back(Literal(text));
   }
@@ -1012,7 +1112,8 @@ absl::StatusOr<Regex> Translator::StringValue(const Conj& conj) {
   if (max_length && min_length > *max_length) return Nothing();
   if (pattern != nullptr) {
     if (min_length > 0 || max_length) {
-      return SchemaError(pattern_pointer, "pattern together with minLength/maxLength is not supported");
+      return SchemaError(pattern_pointer,
+                         "pattern together with minLength/maxLength is not supported");
     }
     const std::string& text = pattern->get_ref<const std::string&>();
     absl::StatusOr<Regex> tree = ParseRegex(text);
@@ -1029,7 +1130,8 @@ absl::StatusOr<Regex> Translator::StringValue(const Conj& conj) {
     }
   }
   if (min_length > static_cast<uint64_t>(kJsonSchemaMaxCount)) {
-    return SchemaError(min_pointer, absl::StrCat("minLength above ", kJsonSchemaMaxCount, " is not supported"));
+    return SchemaError(min_pointer,
+                       absl::StrCat("minLength above ", kJsonSchemaMaxCount, " is not supported"));
   }
   const int32_t max =
       max_length ? static_cast<int32_t>(std::min<uint64_t>(*max_length, kJsonSchemaMaxCount)) : -1;
@@ -1067,9 +1169,14 @@ absl::StatusOr<Regex> Translator::IntegerValue(const Conj& conj) {
   constexpr __int128 kMin = std::numeric_limits<int64_t>::min();
   constexpr __int128 kMax = std::numeric_limits<int64_t>::max();
   if (lo && hi && *lo > *hi) return Nothing();
-  if (lo && *lo > kMax) return SchemaError(lo_pointer, "a lower bound above the 64-bit range is not supported");
-  if (hi && *hi < kMin) return SchemaError(hi_pointer, "an upper bound below the 64-bit range is not supported");
-  // Bounds beyond the 64-bit range are narrowed to it: every integer generated still satisfies them.
+  if (lo && *lo > kMax) {
+    return SchemaError(lo_pointer, "a lower bound above the 64-bit range is not supported");
+  }
+  if (hi && *hi < kMin) {
+    return SchemaError(hi_pointer, "an upper bound below the 64-bit range is not supported");
+  }
+  // Bounds beyond the 64-bit range are narrowed to it: every integer generated still satisfies
+  // them.
   std::optional<int64_t> lo64, hi64;
   if (lo) lo64 = static_cast<int64_t>(std::max(*lo, kMin));
   if (hi) hi64 = static_cast<int64_t>(std::min(*hi, kMax));
@@ -1094,7 +1201,8 @@ absl::StatusOr<Regex> Translator::NumberValue(const Conj& conj) {
                            "bits (use \"type\": \"integer\" or an integer bound)");
       }
       const std::string k = keyword;
-      const NumberBound b{static_cast<int64_t>(n.integer), k == "exclusiveMinimum" || k == "exclusiveMaximum"};
+      const NumberBound b{static_cast<int64_t>(n.integer),
+                          k == "exclusiveMinimum" || k == "exclusiveMaximum"};
       if (k == "minimum" || k == "exclusiveMinimum") {
         if (!lo || b.value > lo->value || (b.value == lo->value && b.exclusive)) lo = b;
       } else {
@@ -1132,7 +1240,9 @@ absl::StatusOr<Regex> Translator::ArrayValue(const Conj& conj, Ctx ctx) {
       const std::string pointer = Child(m.pointer, "items");
       if (it->is_array()) {
         // Draft 7 tuples: items as an array, additionalItems for the rest.
-        if (p.prefix != nullptr) return SchemaError(pointer, "an array of items together with prefixItems");
+        if (p.prefix != nullptr) {
+          return SchemaError(pointer, "an array of items together with prefixItems");
+        }
         p.prefix = &*it;
         p.prefix_pointer = pointer;
         if (auto extra = s.find("additionalItems"); extra != s.end()) {
@@ -1156,24 +1266,30 @@ absl::StatusOr<Regex> Translator::ArrayValue(const Conj& conj, Ctx ctx) {
       max_items = std::min(n, max_items.value_or(n));
     }
     if (auto it = s.find("uniqueItems"); it != s.end()) {
-      if (!it->is_boolean()) return SchemaError(Child(m.pointer, "uniqueItems"), "must be a boolean");
+      if (!it->is_boolean()) {
+        return SchemaError(Child(m.pointer, "uniqueItems"), "must be a boolean");
+      }
       if (it->get<bool>()) unique_pointer = Child(m.pointer, "uniqueItems");
     }
     if (p.prefix != nullptr && p.prefix->size() > kMaxProperties) {
-      return SchemaError(p.prefix_pointer, absl::StrCat("more than ", kMaxProperties, " positions"));
+      return SchemaError(p.prefix_pointer,
+                         absl::StrCat("more than ", kMaxProperties, " positions"));
     }
     parts.push_back(std::move(p));
   }
   if (max_items && min_items > *max_items) return Nothing();
   if (!unique_pointer.empty() && !(max_items && *max_items <= 1)) {
-    return SchemaError(unique_pointer,
-                       "keyword \"uniqueItems\": true is not supported (its constraint could not be enforced)");
+    return SchemaError(
+        unique_pointer,
+        "keyword \"uniqueItems\": true is not supported (its constraint could not be enforced)");
   }
   if (min_items > static_cast<uint64_t>(kJsonSchemaMaxCount)) {
-    return SchemaError(min_pointer, absl::StrCat("minItems above ", kJsonSchemaMaxCount, " is not supported"));
+    return SchemaError(min_pointer,
+                       absl::StrCat("minItems above ", kJsonSchemaMaxCount, " is not supported"));
   }
   const int64_t mn = static_cast<int64_t>(min_items);
-  const int64_t hi = max_items ? static_cast<int64_t>(std::min<uint64_t>(*max_items, kJsonSchemaMaxCount)) : -1;
+  const int64_t hi =
+      max_items ? static_cast<int64_t>(std::min<uint64_t>(*max_items, kJsonSchemaMaxCount)) : -1;
   int64_t k = 0;
   for (const Positional& p : parts) {
     if (p.prefix != nullptr) k = std::max<int64_t>(k, static_cast<int64_t>(p.prefix->size()));
@@ -1187,7 +1303,8 @@ absl::StatusOr<Regex> Translator::ArrayValue(const Conj& conj, Ctx ctx) {
     Conj c;
     for (const Positional& p : parts) {
       if (p.prefix != nullptr && static_cast<size_t>(j) < p.prefix->size()) {
-        c.push_back(Loc{&(*p.prefix)[static_cast<size_t>(j)], Child(p.prefix_pointer, static_cast<size_t>(j))});
+        c.push_back(Loc{&(*p.prefix)[static_cast<size_t>(j)],
+                        Child(p.prefix_pointer, static_cast<size_t>(j))});
       } else if (p.rest != nullptr) {
         c.push_back(Loc{p.rest, p.rest_pointer});
       }
@@ -1218,7 +1335,8 @@ absl::StatusOr<Regex> Translator::ArrayValue(const Conj& conj, Ctx ctx) {
     }
     non_empty = Concat({element[0], tail});
   } else if (hi != 0) {
-    non_empty = SeparatedList(rest, static_cast<int32_t>(std::max<int64_t>(1, mn)), static_cast<int32_t>(hi));
+    non_empty = SeparatedList(rest, static_cast<int32_t>(std::max<int64_t>(1, mn)),
+                              static_cast<int32_t>(hi));
   }
   return Alt({mn == 0 ? Concat({L("["), ws_, L("]")}) : Nothing(),
               hi != 0 ? Concat({L("["), ws_, non_empty, ws_, L("]")}) : Nothing()});
@@ -1276,7 +1394,9 @@ absl::StatusOr<Regex> Translator::ObjectValue(const Conj& conj, Ctx ctx) {
     additional.push_back(schema);
     auto own = m.schema->find("properties");
     for (Property& p : properties) {
-      if (own == m.schema->end() || !own->is_object() || !own->contains(p.key)) p.schemas.push_back(schema);
+      if (own == m.schema->end() || !own->is_object() || !own->contains(p.key)) {
+        p.schemas.push_back(schema);
+      }
     }
   }
   uint64_t min_properties = 0;
@@ -1310,17 +1430,22 @@ absl::StatusOr<Regex> Translator::ObjectValue(const Conj& conj, Ctx ctx) {
     // Free-form: any keys, values under every additionalProperties in force. Keys are not kept
     // apart, and a repeated key counts once where the object is read.
     if (min_properties > 1) {
-      return SchemaError(min_pointer, "minProperties above 1 is not supported without listed properties");
+      return SchemaError(min_pointer,
+                         "minProperties above 1 is not supported without listed properties");
     }
     const int64_t mn = static_cast<int64_t>(min_properties);
     const int64_t mx =
-        max_properties ? static_cast<int64_t>(std::min<uint64_t>(*max_properties, kJsonSchemaMaxCount)) : -1;
+        max_properties
+            ? static_cast<int64_t>(std::min<uint64_t>(*max_properties, kJsonSchemaMaxCount))
+            : -1;
     ASSIGN_OR_RETURN(const Regex value, Translate(std::move(additional), inner));
     const Regex pair = Concat({JsonString(), ws_, L(":"), ws_, value});
     const Regex non_empty =
         mx == 0 ? Nothing()
-                : SeparatedList(pair, static_cast<int32_t>(std::max<int64_t>(1, mn)), static_cast<int32_t>(mx));
-    return Alt({mn == 0 ? Concat({open, ws_, close}) : Nothing(), Concat({open, ws_, non_empty, ws_, close})});
+                : SeparatedList(pair, static_cast<int32_t>(std::max<int64_t>(1, mn)),
+                                static_cast<int32_t>(mx));
+    return Alt({mn == 0 ? Concat({open, ws_, close}) : Nothing(),
+                Concat({open, ws_, non_empty, ws_, close})});
   }
 
   // Listed keys only, in order, optional ones free to be left out.
@@ -1329,9 +1454,10 @@ absl::StatusOr<Regex> Translator::ObjectValue(const Conj& conj, Ctx ctx) {
   if (max_properties && *max_properties < required) return Nothing();
   if (min_properties > properties.size()) return Nothing();
   if (min_properties > required) {
-    return SchemaError(min_pointer,
-                       "minProperties above the number of required properties is not supported with "
-                       "listed properties");
+    return SchemaError(
+        min_pointer,
+        "minProperties above the number of required properties is not supported with "
+        "listed properties");
   }
   if (max_properties && *max_properties < properties.size()) {
     return SchemaError(max_pointer,
@@ -1354,13 +1480,16 @@ absl::StatusOr<Regex> Translator::ObjectValue(const Conj& conj, Ctx ctx) {
     const Regex starting_here = Concat({member[j], tail[j + 1]});
     first[j] = properties[j].required ? starting_here : Alt({starting_here, first[j + 1]});
   }
-  return Alt({required == 0 ? Concat({open, ws_, close}) : Nothing(), Concat({open, ws_, first[0], ws_, close})});
+  return Alt({required == 0 ? Concat({open, ws_, close}) : Nothing(),
+              Concat({open, ws_, first[0], ws_, close})});
 }
 
 absl::StatusOr<Regex> Translate(const OJson& schema, const JsonSchemaOptions& options) {
   Translator translator(schema, options);
   ASSIGN_OR_RETURN(Regex r, translator.TranslateRoot());
-  if (r->kind == RegexNode::Kind::kNothing) return SchemaError("", "the schema accepts no JSON value");
+  if (r->kind == RegexNode::Kind::kNothing) {
+    return SchemaError("", "the schema accepts no JSON value");
+  }
   return r;
 }
 
@@ -1395,7 +1524,8 @@ absl::StatusOr<Regex> JsonSchemaToRegex(const Json& schema, const JsonSchemaOpti
   return Translate(OJson(schema), options);
 }
 
-absl::StatusOr<Regex> JsonSchemaTextToRegex(std::string_view schema_text, const JsonSchemaOptions& options) {
+absl::StatusOr<Regex> JsonSchemaTextToRegex(std::string_view schema_text,
+                                            const JsonSchemaOptions& options) {
   // ParseJson bounds the nesting before nlohmann's recursive parser runs, and says where malformed
   // text goes wrong; the second parse keeps the keys in order.
   ASSIGN_OR_RETURN(const Json checked, ParseJson(schema_text, "JSON schema"));

@@ -7,21 +7,26 @@
 //   - Whitespace between tokens is JsonSchemaOptions::whitespace; the value starts and ends the
 //     text (no leading or trailing whitespace).
 //   - An object whose schema lists properties (or requires keys) gets exactly those keys, in the
-//     schema's order, each at most once, optional ones free to be left out; keys the schema does not
-//     list are never generated, whatever additionalProperties says (as outlines does). Only an
-//     object with no listed keys takes free-form "key": value pairs (shaped by additionalProperties).
+//     schema's order, each at most once, optional ones free to be left out; keys the schema does
+//     not list are never generated, whatever additionalProperties says (as outlines does). Only an
+//     object with no listed keys takes free-form "key": value pairs (shaped by
+//     additionalProperties).
 //   - "pattern" is matched against the whole string (as outlines and xgrammar do, where JSON Schema
 //     searches): a full match is also a match. Pattern characters that JSON must escape are
 //     generated as their one canonical escape (\" \\ \n ... \u001f, as nlohmann writes them);
 //     other escapes are not generated inside patterned strings.
-//   - Numbers under bounds are written without an exponent; "-0" is never generated under bounds.
+//   - Numbers under bounds are written without an exponent; integers and bounded numbers never
+//     as "-0"; integer-valued numbers under "type": "integer" never as 2.0.
 //   - oneOf is generated as anyOf (its exclusivity is not enforced).
 //   - Count bounds above kJsonSchemaMaxCount (maxLength, maxItems, maxProperties) are lowered to
 //     it.
 //   - Values the schema leaves open nest at most max_depth levels; recursive $refs unfold at most
 //     max_depth times (below that the recursive branch is dropped).
 //   - enum/const values are generated in their compact serialization, and only those that the
-//     sibling keywords accept in that form.
+//     sibling keywords accept in that form (an object value whose keys are not in the schema's
+//     order is dropped, say).
+//   - A schema without "type" is taken to be of the types its keywords are for ({"properties": ...}
+//     is an object, {"minimum": 0} a number); of any type when it has none.
 // Keywords are refused (INVALID_ARGUMENT naming the JSON pointer of the keyword) when they
 // constrain values in a way not translated (not, if/then/else, patternProperties, multipleOf,
 // contains, uniqueItems: true, dependentRequired, propertyNames, unevaluated*, ...), so nobody
@@ -35,10 +40,11 @@
 // integer values; array: items, prefixItems (and draft 7 items-array/additionalItems), minItems,
 // maxItems; object: properties, required, additionalProperties, minProperties/maxProperties
 // (maxProperties and minProperties <= 1 on free-form objects; on listed properties only where the
-// required and listed keys already satisfy them); anyOf, oneOf, allOf (as a
-// conjunction: merged keyword by keyword); $ref to "#", "#/$defs/X", "#/definitions/X" or any
-// other pointer into the document. A schema without "type" takes the types its keywords are for
-// ({"properties": ...} is an object), any type when it has none.
+// required and listed keys already satisfy them); anyOf, oneOf, allOf and $ref with siblings (as a
+// conjunction: every keyword of every schema in force applies, e.g. one schema's
+// additionalProperties to another's properties); $ref to "#", "#/$defs/X", "#/definitions/X" or
+// any other JSON pointer into the document (~0 ~1 and %XX decoded). Pattern and length together,
+// two different patterns, and non-integer bounds on numbers are refused.
 #ifndef KVRM_RUNTIME_STRUCTURED_JSON_SCHEMA_H_
 #define KVRM_RUNTIME_STRUCTURED_JSON_SCHEMA_H_
 
@@ -58,8 +64,9 @@ namespace kvrm::structured {
 inline constexpr int32_t kJsonSchemaMaxCount = 256;
 
 struct JsonSchemaOptions {
-  // Whitespace allowed wherever JSON allows it (after { [ , : and before } ] , :). Default: at
-  // most one space, as outlines' default, so a model cannot pad forever.
+  // Whitespace allowed wherever JSON allows it (after { [ , : and before } ] , :); must match
+  // only JSON whitespace (space, \t, \n, \r). Default: at most one space, as outlines' default,
+  // so a model cannot pad forever.
   Regex whitespace = Optional(Literal(" "));
   // Nesting levels allowed for values the schema leaves open (no "type", {}, true,
   // additionalProperties: true, items absent ...), counted from the root of the document, and the

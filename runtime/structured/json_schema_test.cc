@@ -30,8 +30,12 @@ void ExpectLanguage(const std::string& schema, const std::vector<std::string>& a
                     const std::vector<std::string>& reject, const JsonSchemaOptions& options = {}) {
   absl::StatusOr<Dfa> dfa = SchemaDfa(schema, options);
   ASSERT_TRUE(dfa.ok()) << schema << ": " << dfa.status();
-  for (const std::string& text : accept) EXPECT_TRUE(dfa->Matches(text)) << schema << " should accept " << text;
-  for (const std::string& text : reject) EXPECT_FALSE(dfa->Matches(text)) << schema << " should reject " << text;
+  for (const std::string& text : accept) {
+    EXPECT_TRUE(dfa->Matches(text)) << schema << " should accept " << text;
+  }
+  for (const std::string& text : reject) {
+    EXPECT_FALSE(dfa->Matches(text)) << schema << " should reject " << text;
+  }
 }
 
 std::string SchemaError(const std::string& schema, const JsonSchemaOptions& options = {}) {
@@ -45,11 +49,12 @@ std::string SchemaError(const std::string& schema, const JsonSchemaOptions& opti
 // --- (a) Each feature: valid instances in, invalid ones out -----------------------------------
 
 TEST(JsonSchemaTest, Scalars) {
-  ExpectLanguage(R"({"type":"string"})",
-                 {R"("")", R"("abc")", R"("a\"b")", R"("\\")", R"("\/")", R"("\u00e9")", R"("\u00E9")",
-                  R"("\ud83d\ude00")", "\"\xC3\xA9\"", "\"\xF0\x9F\x98\x80\"", R"("\b\f\n\r\t")"},
-                 {"abc", R"("a)", R"("\x")", R"("\u12")", R"("\ud800")", R"("\ude00")", "\"a\nb\"",
-                  "\"a\x01\"", R"("a""b")", R"("\")", "1", "null", " \"a\""});
+  ExpectLanguage(
+      R"({"type":"string"})",
+      {R"("")", R"("abc")", R"("a\"b")", R"("\\")", R"("\/")", R"("\u00e9")", R"("\u00E9")",
+       R"("\ud83d\ude00")", "\"\xC3\xA9\"", "\"\xF0\x9F\x98\x80\"", R"("\b\f\n\r\t")"},
+      {"abc", R"("a)", R"("\x")", R"("\u12")", R"("\ud800")", R"("\ude00")", "\"a\nb\"",
+       "\"a\x01\"", R"("a""b")", R"("\")", "1", "null", " \"a\""});
   ExpectLanguage(R"({"type":"integer"})", {"0", "-1", "123", "-9876543210123456789012"},
                  {"01", "-01", "1.0", "1e2", "+1", "", "-", "0x1", " 1", "--1", "-0"});
   ExpectLanguage(R"({"type":"number"})",
@@ -58,7 +63,8 @@ TEST(JsonSchemaTest, Scalars) {
   ExpectLanguage(R"({"type":"boolean"})", {"true", "false"}, {"True", "1", "null", "\"true\""});
   ExpectLanguage(R"({"type":"null"})", {"null"}, {"Null", "nil", "0", "\"\""});
   ExpectLanguage(R"({"type":["string","null"]})", {R"("a")", "null"}, {"1", "true", "[]"});
-  for (const char* open : {"true", "{}", R"({"description":"anything","title":"x","$comment":"c"})"}) {
+  for (const char* open :
+       {"true", "{}", R"({"description":"anything","title":"x","$comment":"c"})"}) {
     ExpectLanguage(open, {"1", "null", R"("s")", R"({"a":[1,{"b":null}]})", "[true,false]", "{}"},
                    {"", "nul", "[1,]", "{\"a\"}", "{1:2}"});
   }
@@ -70,78 +76,101 @@ TEST(JsonSchemaTest, EnumAndConst) {
                  {R"("red")", R"("green")", "1", "null", R"({"a":[1,2]})", "2.5", "true"},
                  {R"("blue")", "2", R"({"a":[1]})", "false", R"("Red")", "1.0"});
   ExpectLanguage(R"({"const":"x"})", {R"("x")"}, {R"("y")", "x", R"("x" )"});
-  ExpectLanguage(R"({"const":{"k":[true,{"n":null}]}})", {R"({"k":[true,{"n":null}]})"}, {R"({"k":[true]})"});
+  ExpectLanguage(R"({"const":{"k":[true,{"n":null}]}})", {R"({"k":[true,{"n":null}]})"},
+                 {R"({"k":[true]})"});
   // Values the sibling keywords refuse are left out.
   ExpectLanguage(R"({"type":"string","enum":["a",1,"bb"]})", {R"("a")", R"("bb")"}, {"1"});
   ExpectLanguage(R"({"enum":["a","abcdef",7],"maxLength":3})", {R"("a")", "7"}, {R"("abcdef")"});
   ExpectLanguage(R"({"type":"integer","enum":[1,50,99],"maximum":60})", {"1", "50"}, {"99"});
   ExpectLanguage(R"({"type":"integer","enum":[1,2.0,2.5,"3"]})", {"1", "2.0"}, {"2.5", R"("3")"});
   ExpectLanguage(R"({"type":"number","enum":[1,2.5,"3"]})", {"1", "2.5"}, {R"("3")"});
+  ExpectLanguage(R"({"enum":[1,2,3],"minimum":1.5})", {"2", "3"}, {"1"});
+  ExpectLanguage(R"({"enum":[{"a":1},{"a":"x"},[1]],"properties":{"a":{"type":"integer"}}})",
+                 {R"({"a":1})", "[1]"}, {R"({"a":"x"})"});
   // Several enums in force: the values they share.
   ExpectLanguage(R"({"allOf":[{"enum":[1,2,3]},{"enum":[2,3,4]}]})", {"2", "3"}, {"1", "4"});
-  EXPECT_NE(SchemaError(R"({"type":"string","enum":[1,2]})").find("accepts no JSON value"), std::string::npos);
+  EXPECT_NE(SchemaError(R"({"type":"string","enum":[1,2]})").find("accepts no JSON value"),
+            std::string::npos);
 }
 
 TEST(JsonSchemaTest, StringLengthCountsCharacters) {
-  ExpectLanguage(R"({"type":"string","minLength":2,"maxLength":3})",
-                 {R"("ab")", R"("abc")", R"("a\nb")", R"("\ud83d\ude00x")", "\"\xC3\xA9\xC3\xA9\"",
-                  R"("\u0041\"")", "\"\xF0\x9F\x98\x80\xF0\x9F\x98\x80\""},
-                 {R"("a")", R"("abcd")", R"("\n\n\n\n")", R"("")", "\"\xC3\xA9\"", R"("\ud83d\ude00")"});
+  ExpectLanguage(
+      R"({"type":"string","minLength":2,"maxLength":3})",
+      {R"("ab")", R"("abc")", R"("a\nb")", R"("\ud83d\ude00x")", "\"\xC3\xA9\xC3\xA9\"",
+       R"("\u0041\"")", "\"\xF0\x9F\x98\x80\xF0\x9F\x98\x80\""},
+      {R"("a")", R"("abcd")", R"("\n\n\n\n")", R"("")", "\"\xC3\xA9\"", R"("\ud83d\ude00")"});
   ExpectLanguage(R"({"type":"string","maxLength":0})", {R"("")"}, {R"("a")"});
   // Above kJsonSchemaMaxCount the bound is lowered to it: still never longer than asked.
   absl::StatusOr<Dfa> dfa = SchemaDfa(R"({"type":"string","maxLength":100000})");
   ASSERT_TRUE(dfa.ok()) << dfa.status();
   EXPECT_TRUE(dfa->Matches("\"" + std::string(kJsonSchemaMaxCount, 'a') + "\""));
   EXPECT_FALSE(dfa->Matches("\"" + std::string(kJsonSchemaMaxCount + 1, 'a') + "\""));
-  EXPECT_NE(SchemaError(R"({"type":"string","minLength":5000})").find("/minLength"), std::string::npos);
+  EXPECT_NE(SchemaError(R"({"type":"string","minLength":5000})").find("/minLength"),
+            std::string::npos);
 }
 
 TEST(JsonSchemaTest, Pattern) {
-  ExpectLanguage(R"({"type":"string","pattern":"^[a-z]+@[a-z]+\\.com$"})", {R"("ab@cd.com")"},
-                 {R"("AB@cd.com")", R"("ab@.com")", R"("ab@cd.comx")", R"("xab@cd.com ")", "ab@cd.com"});
+  ExpectLanguage(
+      R"({"type":"string","pattern":"^[a-z]+@[a-z]+\\.com$"})", {R"("ab@cd.com")"},
+      {R"("AB@cd.com")", R"("ab@.com")", R"("ab@cd.comx")", R"("xab@cd.com ")", "ab@cd.com"});
   // Characters JSON escapes come out escaped, the canonical way.
   ExpectLanguage(R"({"type":"string","pattern":"a\"b\\\\c"})", {R"("a\"b\\c")"},
                  {R"("a"b\\c")", R"("a\"b\c")", R"("a\u0022b\\c")"});
   ExpectLanguage(R"({"type":"string","pattern":"a.b"})",
-                 {R"("axb")", R"("a\tb")", R"("a\u0001b")", R"("a\"b")", "\"a\xC3\xA9" "b\""},
-                 {R"("a\nb")", R"("a\rb")", "\"a\xE2\x80\xA8" "b\"", R"("ab")", R"("a\u0009b")"});
-  ExpectLanguage(R"({"type":"string","pattern":"[0-9]{3}","format":"date"})", {R"("123")"}, {R"("2024-01-01")"});
+                 {R"("axb")", R"("a\tb")", R"("a\u0001b")", R"("a\"b")",
+                  "\"a\xC3\xA9"
+                  "b\""},
+                 {R"("a\nb")", R"("a\rb")",
+                  "\"a\xE2\x80\xA8"
+                  "b\"",
+                  R"("ab")", R"("a\u0009b")"});
+  ExpectLanguage(R"({"type":"string","pattern":"[0-9]{3}","format":"date"})", {R"("123")"},
+                 {R"("2024-01-01")"});
   EXPECT_NE(SchemaError(R"({"type":"string","pattern":"(a"})").find("/pattern"), std::string::npos);
-  EXPECT_NE(SchemaError(R"({"type":"string","pattern":"a","maxLength":3})").find("/pattern"), std::string::npos);
+  EXPECT_NE(SchemaError(R"({"type":"string","pattern":"a","maxLength":3})").find("/pattern"),
+            std::string::npos);
 }
 
 TEST(JsonSchemaTest, Formats) {
   ExpectLanguage(R"({"type":"string","format":"date"})",
-                 {R"("2024-02-29")", R"("2023-12-31")", R"("2000-02-29")", R"("0000-02-29")", R"("2023-04-30")"},
-                 {R"("2023-02-29")", R"("1900-02-29")", R"("2023-04-31")", R"("2023-13-01")", R"("2023-00-10")",
-                  R"("2023-01-00")", R"("2023-1-01")", R"("20230101")"});
+                 {R"("2024-02-29")", R"("2023-12-31")", R"("2000-02-29")", R"("0000-02-29")",
+                  R"("2023-04-30")"},
+                 {R"("2023-02-29")", R"("1900-02-29")", R"("2023-04-31")", R"("2023-13-01")",
+                  R"("2023-00-10")", R"("2023-01-00")", R"("2023-1-01")", R"("20230101")"});
   ExpectLanguage(R"({"type":"string","format":"date-time"})",
-                 {R"("2024-01-01T12:34:56Z")", R"("2024-01-01T23:59:59.789+05:30")", R"("1999-12-31T00:00:00-12:00")"},
-                 {R"("2024-01-01 12:34:56Z")", R"("2024-01-01T24:00:00Z")", R"("2024-01-01T12:60:00Z")",
-                  R"("2024-01-01T12:00:00")", R"("2024-01-01")"});
-  ExpectLanguage(R"({"type":"string","format":"time"})", {R"("08:30:00Z")", R"("08:30:00.5+01:00")"},
-                 {R"("8:30:00Z")", R"("08:30Z")"});
-  ExpectLanguage(R"({"type":"string","format":"uuid"})", {R"("123e4567-e89b-12d3-A456-426614174000")"},
-                 {R"("123e4567e89b12d3a456426614174000")", R"("123e4567-e89b-12d3-a456-42661417400")",
-                  R"("g23e4567-e89b-12d3-a456-426614174000")"});
-  ExpectLanguage(R"({"type":"string","format":"email"})", {R"("a.b+c@example.co.uk")", R"("x@y.z")"},
+                 {R"("2024-01-01T12:34:56Z")", R"("2024-01-01T23:59:59.789+05:30")",
+                  R"("1999-12-31T00:00:00-12:00")"},
+                 {R"("2024-01-01 12:34:56Z")", R"("2024-01-01T24:00:00Z")",
+                  R"("2024-01-01T12:60:00Z")", R"("2024-01-01T12:00:00")", R"("2024-01-01")"});
+  ExpectLanguage(R"({"type":"string","format":"time"})",
+                 {R"("08:30:00Z")", R"("08:30:00.5+01:00")"}, {R"("8:30:00Z")", R"("08:30Z")"});
+  ExpectLanguage(
+      R"({"type":"string","format":"uuid"})", {R"("123e4567-e89b-12d3-A456-426614174000")"},
+      {R"("123e4567e89b12d3a456426614174000")", R"("123e4567-e89b-12d3-a456-42661417400")",
+       R"("g23e4567-e89b-12d3-a456-426614174000")"});
+  ExpectLanguage(R"({"type":"string","format":"email"})",
+                 {R"("a.b+c@example.co.uk")", R"("x@y.z")"},
                  {R"("a@b")", R"("@b.com")", R"("a..b@c.com")", R"("a@-b.com")", R"("a b@c.com")"});
-  ExpectLanguage(R"({"type":"string","format":"ipv4"})", {R"("192.168.0.1")", R"("0.0.0.0")", R"("255.255.255.255")"},
+  ExpectLanguage(R"({"type":"string","format":"ipv4"})",
+                 {R"("192.168.0.1")", R"("0.0.0.0")", R"("255.255.255.255")"},
                  {R"("256.1.1.1")", R"("01.1.1.1")", R"("1.1.1")", R"("1.1.1.1.")"});
-  ExpectLanguage(R"({"type":"string","format":"uri"})", {R"("https://example.com/a?b=c#d")", R"("urn:isbn:123")"},
+  ExpectLanguage(R"({"type":"string","format":"uri"})",
+                 {R"("https://example.com/a?b=c#d")", R"("urn:isbn:123")"},
                  {R"("no scheme")", R"("/relative/path")", R"("http://a b")"});
   // Unknown formats are annotations.
   ExpectLanguage(R"({"type":"string","format":"hostname"})", {R"("any thing")"}, {"1"});
   // A format fits inside the lengths: kept; cut by them: the lengths win.
-  ExpectLanguage(R"({"type":"string","format":"date","maxLength":10})", {R"("2024-01-31")"}, {R"("abc")"});
-  ExpectLanguage(R"({"type":"string","format":"date","maxLength":3})", {R"("abc")"}, {R"("2024-01-31")"});
+  ExpectLanguage(R"({"type":"string","format":"date","maxLength":10})", {R"("2024-01-31")"},
+                 {R"("abc")"});
+  ExpectLanguage(R"({"type":"string","format":"date","maxLength":3})", {R"("abc")"},
+                 {R"("2024-01-31")"});
   // No "type": a string keyword means a string.
   ExpectLanguage(R"({"format":"date"})", {R"("2024-01-31")"}, {"1", "null"});
 }
 
 TEST(JsonSchemaTest, IntegerBounds) {
-  ExpectLanguage(R"({"type":"integer","minimum":5})", {"5", "9", "10", "12345", "99999999999999999999"},
-                 {"4", "0", "-5", "05", "-10"});
+  ExpectLanguage(R"({"type":"integer","minimum":5})",
+                 {"5", "9", "10", "12345", "99999999999999999999"}, {"4", "0", "-5", "05", "-10"});
   ExpectLanguage(R"({"type":"integer","exclusiveMinimum":-3,"exclusiveMaximum":12})",
                  {"-2", "-1", "0", "9", "11"}, {"-3", "12", "-4", "13", "100"});
   ExpectLanguage(R"({"type":"integer","minimum":1.5,"maximum":3.5})", {"2", "3"}, {"1", "4"});
@@ -155,10 +184,12 @@ TEST(JsonSchemaTest, NumberBounds) {
                  {"1.1", "1.0001", "-0.1", "2", "1e-3", "-0", "10"});
   ExpectLanguage(R"({"type":"number","exclusiveMinimum":0})", {"0.1", "7", "0.001", "123.5"},
                  {"0", "0.0", "-1", "-0.5"});
-  ExpectLanguage(R"({"type":"number","maximum":-2})", {"-2", "-2.0", "-3.5", "-100"}, {"-1.99", "0", "-1", "2"});
+  ExpectLanguage(R"({"type":"number","maximum":-2})", {"-2", "-2.0", "-3.5", "-100"},
+                 {"-1.99", "0", "-1", "2"});
   ExpectLanguage(R"({"minimum":-1})", {"-1", "-0.5", "0", "5.25"}, {"-1.5", "-2", "\"a\""});
   EXPECT_NE(SchemaError(R"({"type":"number","minimum":0.5})").find("/minimum"), std::string::npos);
-  EXPECT_NE(SchemaError(R"({"type":"number","exclusiveMinimum":true,"minimum":0})").find("/exclusiveMinimum"),
+  EXPECT_NE(SchemaError(R"({"type":"number","exclusiveMinimum":true,"minimum":0})")
+                .find("/exclusiveMinimum"),
             std::string::npos);
   // Draft 4's false is no constraint.
   ExpectLanguage(R"({"type":"integer","minimum":0,"exclusiveMinimum":false})", {"0"}, {"-1"});
@@ -168,115 +199,136 @@ TEST(JsonSchemaTest, Arrays) {
   ExpectLanguage(R"({"type":"array","items":{"type":"integer"},"minItems":1,"maxItems":3})",
                  {"[1]", "[1,2,3]", "[1, 2]", "[ 1 ]", "[1 ,2]"},
                  {"[]", "[1,2,3,4]", "[1,]", "[,1]", R"(["a"])", "[1  ,2]", "[  1]", "[1 2]", "1"});
-  ExpectLanguage(R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"items":false})",
-                 {"[]", R"(["a"])", R"(["a",1])"}, {"[1]", R"(["a",1,2])", R"(["a","b"])"});
-  ExpectLanguage(R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"minItems":2,
+  ExpectLanguage(
+      R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"items":false})",
+      {"[]", R"(["a"])", R"(["a",1])"}, {"[1]", R"(["a",1,2])", R"(["a","b"])"});
+  ExpectLanguage(
+      R"({"type":"array","prefixItems":[{"type":"string"},{"type":"integer"}],"minItems":2,
                      "items":{"type":"boolean"}})",
-                 {R"(["a",1])", R"(["a",1,true,false])"}, {R"(["a"])", R"(["a",1,2])"});
-  ExpectLanguage(R"({"type":"array","items":[{"type":"null"}],"additionalItems":false})", {"[]", "[null]"},
-                 {"[null,null]", "[1]"});
+      {R"(["a",1])", R"(["a",1,true,false])"}, {R"(["a"])", R"(["a",1,2])"});
+  ExpectLanguage(R"({"type":"array","items":[{"type":"null"}],"additionalItems":false})",
+                 {"[]", "[null]"}, {"[null,null]", "[1]"});
   ExpectLanguage(R"({"type":"array"})", {"[]", R"([1,"a",[{}],null])"}, {"[1,]", "{}"});
   ExpectLanguage(R"({"type":"array","maxItems":0})", {"[]"}, {"[1]"});
   ExpectLanguage(R"({"type":"array","uniqueItems":false,"maxItems":2})", {"[1,1]"}, {"[1,1,1]"});
-  EXPECT_NE(SchemaError(R"({"type":"array","uniqueItems":true})").find("/uniqueItems"), std::string::npos);
+  EXPECT_NE(SchemaError(R"({"type":"array","uniqueItems":true})").find("/uniqueItems"),
+            std::string::npos);
 }
 
 TEST(JsonSchemaTest, Objects) {
   const std::string person =
-      R"({"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer","minimum":0}},
+      R"({"type":"object",
+          "properties":{"name":{"type":"string"},"age":{"type":"integer","minimum":0}},
           "required":["name"]})";
   ExpectLanguage(person,
                  {R"({"name":"a"})", R"({"name":"a","age":3})", R"({ "name" : "a" , "age" : 3 })"},
                  {"{}", R"({"age":3})", R"({"name":"a","extra":1})", R"({"name":"a","age":-1})",
                   R"({"age":3,"name":"a"})", R"({"name":"a",})", R"({"name":"a","name":"b"})",
-                  R"({"name":1})", R"({"name":"a"  })", R"({"name":"a"})" " "});
+                  R"({"name":1})", R"({"name":"a"  })",
+                  R"({"name":"a"})"
+                  " "});
   // All optional: any subset, in order, commas right. No "type": the keywords say object.
-  ExpectLanguage(R"({"properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}}})",
-                 {"{}", R"({"a":1})", R"({"b":1})", R"({"c":1})", R"({"a":1,"c":2})", R"({"b":1,"c":2})",
-                  R"({"a":1,"b":2,"c":3})"},
-                 {R"({,"a":1})", R"({"a":1,})", R"({"c":1,"a":2})", R"({"a":1,,"b":2})", "1", R"({"d":1})"});
+  ExpectLanguage(
+      R"({"properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}}})",
+      {"{}", R"({"a":1})", R"({"b":1})", R"({"c":1})", R"({"a":1,"c":2})", R"({"b":1,"c":2})",
+       R"({"a":1,"b":2,"c":3})"},
+      {R"({,"a":1})", R"({"a":1,})", R"({"c":1,"a":2})", R"({"a":1,,"b":2})", "1", R"({"d":1})"});
   // A required property after optional ones.
-  ExpectLanguage(R"({"properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},
+  ExpectLanguage(
+      R"({"properties":{"a":{"type":"integer"},"b":{"type":"integer"},"c":{"type":"integer"}},
                      "required":["c"]})",
-                 {R"({"c":1})", R"({"a":1,"c":2})", R"({"b":1,"c":2})", R"({"a":1,"b":2,"c":3})"},
-                 {"{}", R"({"a":1})", R"({"a":1,"b":2})", R"({"c":1,"a":2})"});
+      {R"({"c":1})", R"({"a":1,"c":2})", R"({"b":1,"c":2})", R"({"a":1,"b":2,"c":3})"},
+      {"{}", R"({"a":1})", R"({"a":1,"b":2})", R"({"c":1,"a":2})"});
   // Free-form objects.
   ExpectLanguage(R"({"type":"object","additionalProperties":{"type":"integer"}})",
                  {"{}", R"({"x":1,"y":2})", R"({"":0,"x\"y":1})"}, {R"({"x":"a"})", R"({"x":1,})"});
   ExpectLanguage(R"({"type":"object","additionalProperties":false})", {"{}"}, {R"({"x":1})"});
-  ExpectLanguage(R"({"type":"object"})", {"{}", R"({"a":[1,{"b":null}],"c":"d"})"}, {"[]", R"({"a"})"});
+  ExpectLanguage(R"({"type":"object"})", {"{}", R"({"a":[1,{"b":null}],"c":"d"})"},
+                 {"[]", R"({"a"})"});
   ExpectLanguage(R"({"type":"object","minProperties":1,"maxProperties":2})",
                  {R"({"a":1})", R"({"a":1,"b":2})"}, {"{}", R"({"a":1,"b":2,"c":3})"});
   // A repeated key would count once: more than one property cannot be promised.
-  EXPECT_NE(SchemaError(R"({"type":"object","minProperties":2})").find("/minProperties"), std::string::npos);
+  EXPECT_NE(SchemaError(R"({"type":"object","minProperties":2})").find("/minProperties"),
+            std::string::npos);
   // Required keys the properties do not list are still generated (with additionalProperties).
   ExpectLanguage(R"({"type":"object","required":["id"],"additionalProperties":{"type":"integer"}})",
                  {R"({"id":1})"}, {"{}", R"({"id":"x"})", R"({"id":1,"x":2})"});
   // Keys that need escaping.
-  ExpectLanguage(R"({"properties":{"a\"b":{"type":"null"}},"required":["a\"b"]})", {R"({"a\"b":null})"},
-                 {R"({"a"b":null})", "{}"});
+  ExpectLanguage(R"({"properties":{"a\"b":{"type":"null"}},"required":["a\"b"]})",
+                 {R"({"a\"b":null})"}, {R"({"a"b":null})", "{}"});
   // Properties come out in the schema's order with the text API, in key order with Json.
   ExpectLanguage(R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})",
                  {R"({"z":null,"a":null})"}, {R"({"a":null,"z":null})"});
-  absl::StatusOr<Json> schema =
-      ParseJson(R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})", "test");
+  absl::StatusOr<Json> schema = ParseJson(
+      R"({"properties":{"z":{"type":"null"},"a":{"type":"null"}},"required":["z","a"]})", "test");
   ASSERT_TRUE(schema.ok());
   absl::StatusOr<Regex> sorted = JsonSchemaToRegex(*schema);
   ASSERT_TRUE(sorted.ok()) << sorted.status();
   absl::StatusOr<Dfa> dfa = Dfa::Compile(*sorted);
   ASSERT_TRUE(dfa.ok());
   EXPECT_TRUE(dfa->Matches(R"({"a":null,"z":null})"));
-  EXPECT_NE(SchemaError(R"({"properties":{"a":{},"b":{}},"maxProperties":1})").find("/maxProperties"),
-            std::string::npos);
+  EXPECT_NE(
+      SchemaError(R"({"properties":{"a":{},"b":{}},"maxProperties":1})").find("/maxProperties"),
+      std::string::npos);
 }
 
 TEST(JsonSchemaTest, Combinators) {
-  ExpectLanguage(R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":1}]})", {"1", R"("a")"},
-                 {R"("ab")", "1.5", "null"});
+  ExpectLanguage(R"({"anyOf":[{"type":"integer"},{"type":"string","maxLength":1}]})",
+                 {"1", R"("a")"}, {R"("ab")", "1.5", "null"});
   ExpectLanguage(R"({"oneOf":[{"type":"boolean"},{"type":"null"}]})", {"true", "null"}, {"1"});
-  ExpectLanguage(R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer"}}},{"required":["a"]}]})",
-                 {R"({"a":1})"}, {"{}", R"({"a":"x"})"});
+  ExpectLanguage(
+      R"({"allOf":[{"type":"object","properties":{"a":{"type":"integer"}}},{"required":["a"]}]})",
+      {R"({"a":1})"}, {"{}", R"({"a":"x"})"});
   // additionalProperties of one conjunct applies to the properties of another.
   ExpectLanguage(R"({"allOf":[{"properties":{"a":{}}},{"additionalProperties":false}]})", {"{}"},
                  {R"({"a":1})"});
-  ExpectLanguage(R"({"type":"integer","allOf":[{"minimum":0},{"maximum":10}]})", {"0", "10"}, {"-1", "11"});
+  ExpectLanguage(R"({"type":"integer","allOf":[{"minimum":0},{"maximum":10}]})", {"0", "10"},
+                 {"-1", "11"});
   ExpectLanguage(R"({"allOf":[{"type":["string","integer"]},{"type":["integer","null"]}]})", {"1"},
                  {R"("a")", "null"});
   ExpectLanguage(R"({"type":"number","allOf":[{"type":"integer"}]})", {"3"}, {"1.5"});
   // Siblings of anyOf hold in every branch.
   ExpectLanguage(R"({"type":"object","properties":{"k":{"type":"string"}},"required":["k"],
-                     "anyOf":[{"properties":{"k":{"maxLength":1}}},{"properties":{"k":{"minLength":3}}}]})",
+                     "anyOf":[{"properties":{"k":{"maxLength":1}}},
+                              {"properties":{"k":{"minLength":3}}}]})",
                  {R"({"k":"a"})", R"({"k":"abc"})"}, {R"({"k":"ab"})", R"({"k":1})"});
-  ExpectLanguage(R"({"anyOf":[{"type":"string"},{"type":"null"}],"default":null,"title":"Opt"})", {"null", R"("x")"},
-                 {"1"});
+  ExpectLanguage(R"({"anyOf":[{"type":"string"},{"type":"null"}],"default":null,"title":"Opt"})",
+                 {"null", R"("x")"}, {"1"});
 }
 
 TEST(JsonSchemaTest, References) {
   ExpectLanguage(R"({"$defs":{"pos":{"type":"integer","minimum":1}},"type":"object",
                      "properties":{"n":{"$ref":"#/$defs/pos"}},"required":["n"]})",
                  {R"({"n":1})"}, {R"({"n":0})", "{}"});
-  ExpectLanguage(R"({"definitions":{"a/b":{"type":"null"},"c~d":{"type":"boolean"},"e f":{"const":5}},
-                     "properties":{"x":{"$ref":"#/definitions/a~1b"},"y":{"$ref":"#/definitions/c~0d"},
-                                   "z":{"$ref":"#/definitions/e%20f"}},"required":["x","y","z"]})",
-                 {R"({"x":null,"y":true,"z":5})"}, {R"({"x":1,"y":true,"z":5})"});
+  ExpectLanguage(
+      R"({"definitions":{"a/b":{"type":"null"},"c~d":{"type":"boolean"},"e f":{"const":5}},
+                     "properties":{"x":{"$ref":"#/definitions/a~1b"},
+                                   "y":{"$ref":"#/definitions/c~0d"},
+                                   "z":{"$ref":"#/definitions/e%20f"}},
+                     "required":["x","y","z"]})",
+      {R"({"x":null,"y":true,"z":5})"}, {R"({"x":1,"y":true,"z":5})"});
   // $ref with siblings: both hold.
-  ExpectLanguage(R"({"$defs":{"s":{"type":"string"}},"$ref":"#/$defs/s","maxLength":2})", {R"("ab")"},
-                 {R"("abc")", "1"});
+  ExpectLanguage(R"({"$defs":{"s":{"type":"string"}},"$ref":"#/$defs/s","maxLength":2})",
+                 {R"("ab")"}, {R"("abc")", "1"});
   // Recursion unfolds max_depth times: a tree three nodes deep at max_depth 2, not four.
   const std::string tree =
-      R"({"type":"object","properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#"}}},
+      R"({"type":"object",
+          "properties":{"v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#"}}},
           "required":["v"]})";
   JsonSchemaOptions depth2;
   depth2.max_depth = 2;
-  ExpectLanguage(tree, {R"({"v":1})", R"({"v":1,"kids":[{"v":2,"kids":[{"v":3},{"v":4,"kids":[]}]}]})"},
+  ExpectLanguage(tree,
+                 {R"({"v":1})", R"({"v":1,"kids":[{"v":2,"kids":[{"v":3},{"v":4,"kids":[]}]}]})"},
                  {R"({"v":1,"kids":[{"v":2,"kids":[{"v":3,"kids":[{"v":4}]}]}]})"}, depth2);
   // A recursion that nests nothing still ends.
-  ExpectLanguage(R"({"$defs":{"a":{"anyOf":[{"type":"null"},{"$ref":"#/$defs/a"}]}},"$ref":"#/$defs/a"})",
-                 {"null"}, {"1"});
+  ExpectLanguage(
+      R"({"$defs":{"a":{"anyOf":[{"type":"null"},{"$ref":"#/$defs/a"}]}},"$ref":"#/$defs/a"})",
+      {"null"}, {"1"});
   // An infinite list has no finite instance.
-  EXPECT_NE(SchemaError(R"({"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]})")
-                .find("accepts no JSON value"),
-            std::string::npos);
+  EXPECT_NE(
+      SchemaError(R"({"type":"object","properties":{"next":{"$ref":"#"}},"required":["next"]})")
+          .find("accepts no JSON value"),
+      std::string::npos);
 }
 
 TEST(JsonSchemaTest, OpenValuesNestToMaxDepth) {
@@ -293,7 +345,8 @@ TEST(JsonSchemaTest, OpenValuesNestToMaxDepth) {
 std::string Int128ToString(__int128 v) {
   if (v == 0) return "0";
   const bool negative = v < 0;
-  unsigned __int128 m = negative ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
+  unsigned __int128 m =
+      negative ? -static_cast<unsigned __int128>(v) : static_cast<unsigned __int128>(v);
   std::string digits;
   while (m > 0) {
     digits.push_back(static_cast<char>('0' + static_cast<int>(m % 10)));
@@ -319,24 +372,48 @@ TEST(JsonSchemaIntegerTest, RandomRangesAreExact) {
     std::optional<int64_t> lo, hi;
     bool lo_exclusive = false, hi_exclusive = false;
     switch (trial % 6) {
-      case 0: lo = random_bound(); hi = random_bound(); break;
-      case 1: lo = random_bound(); break;
-      case 2: hi = random_bound(); break;
-      case 3: lo = static_cast<int64_t>(rng.Next() % 200) - 100; hi = *lo + static_cast<int64_t>(rng.Next() % 300); break;
-      case 4: lo = random_bound(); hi = random_bound(); lo_exclusive = true; hi_exclusive = rng.Next() % 2 == 0; break;
-      default: lo = static_cast<int64_t>(rng.Next() % 2000) - 1000; lo_exclusive = rng.Next() % 2 == 0; break;
+      case 0:
+        lo = random_bound();
+        hi = random_bound();
+        break;
+      case 1:
+        lo = random_bound();
+        break;
+      case 2:
+        hi = random_bound();
+        break;
+      case 3:
+        lo = static_cast<int64_t>(rng.Next() % 200) - 100;
+        hi = *lo + static_cast<int64_t>(rng.Next() % 300);
+        break;
+      case 4:
+        lo = random_bound();
+        hi = random_bound();
+        lo_exclusive = true;
+        hi_exclusive = rng.Next() % 2 == 0;
+        break;
+      default:
+        lo = static_cast<int64_t>(rng.Next() % 2000) - 1000;
+        lo_exclusive = rng.Next() % 2 == 0;
+        break;
     }
     if (lo && hi && *lo > *hi) std::swap(lo, hi);
     std::string schema = R"({"type":"integer")";
-    if (lo) absl::StrAppend(&schema, lo_exclusive ? R"(,"exclusiveMinimum":)" : R"(,"minimum":)", *lo);
-    if (hi) absl::StrAppend(&schema, hi_exclusive ? R"(,"exclusiveMaximum":)" : R"(,"maximum":)", *hi);
+    if (lo) {
+      absl::StrAppend(&schema, lo_exclusive ? R"(,"exclusiveMinimum":)" : R"(,"minimum":)", *lo);
+    }
+    if (hi) {
+      absl::StrAppend(&schema, hi_exclusive ? R"(,"exclusiveMaximum":)" : R"(,"maximum":)", *hi);
+    }
     schema += "}";
     auto in_range = [&](__int128 v) {
       if (lo && (lo_exclusive ? v <= *lo : v < *lo)) return false;
       if (hi && (hi_exclusive ? v >= *hi : v > *hi)) return false;
       return true;
     };
-    const bool empty = lo && hi && (static_cast<__int128>(*hi) - *lo < (lo_exclusive ? 1 : 0) + (hi_exclusive ? 1 : 0));
+    const bool empty =
+        lo && hi &&
+        (static_cast<__int128>(*hi) - *lo < (lo_exclusive ? 1 : 0) + (hi_exclusive ? 1 : 0));
     absl::StatusOr<Dfa> dfa = SchemaDfa(schema);
     if (empty) {
       EXPECT_FALSE(dfa.ok()) << schema;
@@ -368,19 +445,23 @@ TEST(JsonSchemaIntegerTest, RandomRangesAreExact) {
     const __int128 b = hi ? static_cast<__int128>(*hi) : kMax;
     for (int i = 0; i < 50; ++i) {
       const __int128 v = a + static_cast<__int128>(rng.Next()) % (b - a + 1);
-      ASSERT_EQ(dfa->Matches(Int128ToString(v)), in_range(v)) << schema << " on " << Int128ToString(v);
+      ASSERT_EQ(dfa->Matches(Int128ToString(v)), in_range(v))
+          << schema << " on " << Int128ToString(v);
     }
     EXPECT_GT(checked, 0);
   }
 }
 
 TEST(JsonSchemaIntegerTest, Int64Limits) {
-  ExpectLanguage(R"({"type":"integer","minimum":-9223372036854775808,"maximum":9223372036854775807})",
-                 {"9223372036854775807", "-9223372036854775808", "0"},
-                 {"9223372036854775808", "-9223372036854775809", "10000000000000000000"});
+  ExpectLanguage(
+      R"({"type":"integer","minimum":-9223372036854775808,"maximum":9223372036854775807})",
+      {"9223372036854775807", "-9223372036854775808", "0"},
+      {"9223372036854775808", "-9223372036854775809", "10000000000000000000"});
   // Beyond the 64-bit range, bounds narrow to it.
-  ExpectLanguage(R"({"type":"integer","maximum":1e300})", {"9223372036854775807"}, {"9223372036854775808"});
-  EXPECT_NE(SchemaError(R"({"type":"integer","minimum":1e20})").find("/minimum"), std::string::npos);
+  ExpectLanguage(R"({"type":"integer","maximum":1e300})", {"9223372036854775807"},
+                 {"9223372036854775808"});
+  EXPECT_NE(SchemaError(R"({"type":"integer","minimum":1e20})").find("/minimum"),
+            std::string::npos);
 }
 
 // Decimals near integer bounds, compared in thousandths: accepted iff in range (and not "-0...",
@@ -396,8 +477,12 @@ TEST(JsonSchemaNumberTest, DecimalsNearBoundsAreExact) {
     if (trial % 3 != 2) hi = static_cast<int64_t>(rng.Next() % 41) - 20;
     if (lo && hi && *lo > *hi) std::swap(lo, hi);
     std::string schema = R"({"type":"number")";
-    if (lo) absl::StrAppend(&schema, lo_exclusive ? R"(,"exclusiveMinimum":)" : R"(,"minimum":)", *lo);
-    if (hi) absl::StrAppend(&schema, hi_exclusive ? R"(,"exclusiveMaximum":)" : R"(,"maximum":)", *hi);
+    if (lo) {
+      absl::StrAppend(&schema, lo_exclusive ? R"(,"exclusiveMinimum":)" : R"(,"minimum":)", *lo);
+    }
+    if (hi) {
+      absl::StrAppend(&schema, hi_exclusive ? R"(,"exclusiveMaximum":)" : R"(,"maximum":)", *hi);
+    }
     schema += "}";
     absl::StatusOr<Dfa> dfa = SchemaDfa(schema);
     if (lo && hi && *lo == *hi && (lo_exclusive || hi_exclusive)) {
@@ -412,7 +497,8 @@ TEST(JsonSchemaNumberTest, DecimalsNearBoundsAreExact) {
           const int64_t magnitude = (whole < 0 ? -whole : whole) * 1000 + thousandths;
           const bool negative = whole < 0 || negative_zero;
           const int64_t value = negative ? -magnitude : magnitude;
-          const std::string text = (negative ? "-" : "") + std::to_string(whole < 0 ? -whole : whole) + fraction;
+          const std::string text =
+              (negative ? "-" : "") + std::to_string(whole < 0 ? -whole : whole) + fraction;
           bool expected = true;
           if (lo && (lo_exclusive ? value <= *lo * 1000 : value < *lo * 1000)) expected = false;
           if (hi && (hi_exclusive ? value >= *hi * 1000 : value > *hi * 1000)) expected = false;
@@ -467,9 +553,14 @@ class Validator {
       const std::string& text = v.get_ref<const std::string&>();
       size_t length = 0;
       for (unsigned char c : text) length += (c & 0xC0) != 0x80 ? 1 : 0;
-      if (auto it = s.find("minLength"); it != s.end() && length < it->get<uint64_t>()) return false;
-      if (auto it = s.find("maxLength"); it != s.end() && length > it->get<uint64_t>()) return false;
-      if (auto it = s.find("pattern"); it != s.end() &&
+      if (auto it = s.find("minLength"); it != s.end() && length < it->get<uint64_t>()) {
+        return false;
+      }
+      if (auto it = s.find("maxLength"); it != s.end() && length > it->get<uint64_t>()) {
+        return false;
+      }
+      if (auto it = s.find("pattern");
+          it != s.end() &&
           !std::regex_search(text, std::regex(it->get<std::string>(), std::regex::ECMAScript))) {
         return false;
       }
@@ -479,12 +570,20 @@ class Validator {
       const double x = v.get<double>();
       if (auto it = s.find("minimum"); it != s.end() && x < it->get<double>()) return false;
       if (auto it = s.find("maximum"); it != s.end() && x > it->get<double>()) return false;
-      if (auto it = s.find("exclusiveMinimum"); it != s.end() && x <= it->get<double>()) return false;
-      if (auto it = s.find("exclusiveMaximum"); it != s.end() && x >= it->get<double>()) return false;
+      if (auto it = s.find("exclusiveMinimum"); it != s.end() && x <= it->get<double>()) {
+        return false;
+      }
+      if (auto it = s.find("exclusiveMaximum"); it != s.end() && x >= it->get<double>()) {
+        return false;
+      }
     }
     if (v.is_array()) {
-      if (auto it = s.find("minItems"); it != s.end() && v.size() < it->get<uint64_t>()) return false;
-      if (auto it = s.find("maxItems"); it != s.end() && v.size() > it->get<uint64_t>()) return false;
+      if (auto it = s.find("minItems"); it != s.end() && v.size() < it->get<uint64_t>()) {
+        return false;
+      }
+      if (auto it = s.find("maxItems"); it != s.end() && v.size() > it->get<uint64_t>()) {
+        return false;
+      }
       size_t prefix = 0;
       if (auto it = s.find("prefixItems"); it != s.end()) {
         prefix = it->size();
@@ -499,8 +598,12 @@ class Validator {
       }
     }
     if (v.is_object()) {
-      if (auto it = s.find("minProperties"); it != s.end() && v.size() < it->get<uint64_t>()) return false;
-      if (auto it = s.find("maxProperties"); it != s.end() && v.size() > it->get<uint64_t>()) return false;
+      if (auto it = s.find("minProperties"); it != s.end() && v.size() < it->get<uint64_t>()) {
+        return false;
+      }
+      if (auto it = s.find("maxProperties"); it != s.end() && v.size() > it->get<uint64_t>()) {
+        return false;
+      }
       if (auto it = s.find("required"); it != s.end()) {
         for (const Json& key : *it) {
           if (!v.contains(key.get<std::string>())) return false;
@@ -562,7 +665,9 @@ class Validator {
 // with probability 1/2. Nullopt past `max_length` bytes.
 std::optional<std::string> RandomWalk(const Dfa& dfa, Xoshiro256& rng, size_t max_length) {
   std::vector<std::vector<uint8_t>> bytes_of_class(dfa.num_classes());
-  for (int b = 0; b < 256; ++b) bytes_of_class[dfa.class_of()[b]].push_back(static_cast<uint8_t>(b));
+  for (int b = 0; b < 256; ++b) {
+    bytes_of_class[dfa.class_of()[b]].push_back(static_cast<uint8_t>(b));
+  }
   std::string text;
   int32_t state = dfa.start();
   std::vector<int32_t> live;
@@ -588,31 +693,38 @@ TEST(JsonSchemaPropertyTest, RandomWalksAreValidInstances) {
   const std::vector<std::string> schemas = {
       // Five typed properties.
       R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},
-          "age":{"type":"integer","minimum":0,"maximum":150},"score":{"type":"number","minimum":-1,"maximum":1},
-          "active":{"type":"boolean"},"tag":{"enum":["a","b",null,3]}},
+            "age":{"type":"integer","minimum":0,"maximum":150},
+            "score":{"type":"number","minimum":-1,"maximum":1},
+            "active":{"type":"boolean"},"tag":{"enum":["a","b",null,3]}},
           "required":["name","age"],"additionalProperties":false})",
       // Tuples, dates, nullable bounded strings.
       R"({"type":"array","prefixItems":[{"type":"string","format":"date"},
           {"type":"integer","exclusiveMinimum":-5,"exclusiveMaximum":5}],
-          "items":{"type":"object","properties":{"k":{"type":["string","null"],"minLength":1,"maxLength":3}},
+          "items":{"type":"object",
+                   "properties":{"k":{"type":["string","null"],"minLength":1,"maxLength":3}},
                    "required":["k"]},
           "minItems":1,"maxItems":5})",
       // Recursion through $defs.
       R"({"$defs":{"node":{"type":"object","properties":{"value":{"type":"integer"},
-          "children":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":3}},"required":["value"]}},
+          "children":{"type":"array","items":{"$ref":"#/$defs/node"},"maxItems":3}},
+          "required":["value"]}},
           "anyOf":[{"$ref":"#/$defs/node"},{"type":"null"}]})",
       // Patterns, escapes inside them, lengths.
-      R"({"type":"object","properties":{"code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]{3}$"},
-          "quote":{"type":"string","pattern":"^a[\"\\\\\\n]b$"},"any":{"type":"string","minLength":2,"maxLength":4}},
+      R"({"type":"object","properties":{
+            "code":{"type":"string","pattern":"^[A-Z]{2}-[0-9]{3}$"},
+            "quote":{"type":"string","pattern":"^a[\"\\\\\\n]b$"},
+            "any":{"type":"string","minLength":2,"maxLength":4}},
           "required":["code","quote","any"]})",
       // Alternatives of ranges and constants.
       R"({"type":"array","items":{"anyOf":[{"type":"integer","minimum":-1000,"maximum":-10},
           {"type":"integer","minimum":10},{"const":{"x":[1,"y"]}}]},"maxItems":6})",
       // Free-form object with bounded count.
-      R"({"type":"object","additionalProperties":{"type":"integer","maximum":0},"maxProperties":3})",
+      R"({"type":"object","additionalProperties":{"type":"integer","maximum":0},
+          "maxProperties":3})",
       // allOf and optional properties.
-      R"({"allOf":[{"type":"object","properties":{"a":{"type":"string","maxLength":2},"b":{"type":"null"},
-          "c":{"type":"boolean"}}},{"required":["b"]}]})",
+      R"({"allOf":[{"type":"object","properties":{"a":{"type":"string","maxLength":2},
+                                                   "b":{"type":"null"},"c":{"type":"boolean"}}},
+                   {"required":["b"]}]})",
   };
   Xoshiro256 rng(4242);
   for (const std::string& text : schemas) {
@@ -627,8 +739,10 @@ TEST(JsonSchemaPropertyTest, RandomWalksAreValidInstances) {
       if (!instance) continue;
       ++finished;
       const Json value = Json::parse(*instance, nullptr, /*allow_exceptions=*/false);
-      ASSERT_FALSE(value.is_discarded()) << text << "\nproduced text that is not JSON: " << *instance;
-      ASSERT_TRUE(validator.Valid(value, *schema)) << text << "\nproduced an invalid instance: " << *instance;
+      ASSERT_FALSE(value.is_discarded())
+          << text << "\nproduced text that is not JSON: " << *instance;
+      ASSERT_TRUE(validator.Valid(value, *schema))
+          << text << "\nproduced an invalid instance: " << *instance;
     }
     EXPECT_GT(finished, 250) << text;
   }
@@ -684,7 +798,8 @@ TEST(JsonSchemaPropertyTest, AnyJsonValueWalksAreJsonWithinDepth) {
     JsonSchemaOptions options;
     options.max_depth = depth;
     for (const bool object : {false, true}) {
-      absl::StatusOr<Dfa> dfa = Dfa::Compile(object ? AnyJsonObject(options) : AnyJsonValue(options));
+      absl::StatusOr<Dfa> dfa =
+          Dfa::Compile(object ? AnyJsonObject(options) : AnyJsonValue(options));
       ASSERT_TRUE(dfa.ok()) << dfa.status();
       Xoshiro256 rng(depth * 2 + object);
       int finished = 0;
@@ -718,7 +833,8 @@ TEST(JsonSchemaTest, ErrorsNameThePointer) {
       {R"({"$ref":"#anchor"})", "/$ref"},
       {R"({"anyOf":[{"type":"string"},{"multipleOf":2}]})", "/anyOf/1/multipleOf"},
       {R"({"type":"array","items":{"if":{}}})", "/items/if"},
-      {R"({"$defs":{"x":{"patternProperties":{}}},"$ref":"#/$defs/x"})", "/$defs/x/patternProperties"},
+      {R"({"$defs":{"x":{"patternProperties":{}}},"$ref":"#/$defs/x"})",
+       "/$defs/x/patternProperties"},
       {R"({"type":"object","dependentRequired":{}})", "/dependentRequired"},
       {R"({"type":"object","propertyNames":{}})", "/propertyNames"},
       {R"({"type":"array","contains":{}})", "/contains"},
@@ -742,13 +858,15 @@ TEST(JsonSchemaTest, ErrorsNameThePointer) {
   for (int i = 0; i < 2000; ++i) absl::StrAppend(&many_values, i == 0 ? "" : ",", i);
   EXPECT_NE(SchemaError(many_values + "]}").find("/enum"), std::string::npos);
   std::string many_properties = R"({"properties":{)";
-  for (int i = 0; i < 300; ++i) absl::StrAppend(&many_properties, i == 0 ? "" : ",", "\"p", i, "\":{}");
+  for (int i = 0; i < 300; ++i) {
+    absl::StrAppend(&many_properties, i == 0 ? "" : ",", "\"p", i, "\":{}");
+  }
   EXPECT_NE(SchemaError(many_properties + "}}").find("/properties"), std::string::npos);
   // A tree with two recursive children per node at a large max_depth is refused, not built.
   JsonSchemaOptions deep;
   deep.max_depth = 64;
-  const std::string message = SchemaError(
-      R"({"type":"object","properties":{"l":{"$ref":"#"},"r":{"$ref":"#"}}})", deep);
+  const std::string message =
+      SchemaError(R"({"type":"object","properties":{"l":{"$ref":"#"},"r":{"$ref":"#"}}})", deep);
   EXPECT_NE(message.find("too complex"), std::string::npos) << message;
 }
 
@@ -757,13 +875,15 @@ TEST(JsonSchemaTest, ErrorsNameThePointer) {
 TEST(JsonSchemaTest, AnyJsonObjectNestsToMaxDepth) {
   absl::StatusOr<Dfa> dfa = Dfa::Compile(AnyJsonObject(JsonSchemaOptions{}));
   ASSERT_TRUE(dfa.ok()) << dfa.status();
-  for (const char* ok : {"{}", R"({"a":1})", R"({"a":{"b":{"c":{"d":1}}}})", R"({"a":[[[1]]]})",
-                         R"({ "a" : [ 1 , { "b" : null } ] , "c" : "\u00e9" })", R"({"a":1,"a":2})"}) {
+  for (const char* ok :
+       {"{}", R"({"a":1})", R"({"a":{"b":{"c":{"d":1}}}})", R"({"a":[[[1]]]})",
+        R"({ "a" : [ 1 , { "b" : null } ] , "c" : "\u00e9" })", R"({"a":1,"a":2})"}) {
     EXPECT_TRUE(dfa->Matches(ok)) << ok;
   }
-  for (const char* bad : {R"({"a":{"b":{"c":{"d":{}}}}})", R"({"a":[[[[1]]]]})", "[1]", "1", R"("s")", "null",
-                          R"({"a":1,})", R"({a:1})", R"({"a":01})", "{}  ", R"({"a" 1})", R"({"a"  :1})",
-                          R"({"a":  1})", R"({"a":1  ,"b":2})", R"({  })", R"({"a":[1,  2]})"}) {
+  for (const char* bad :
+       {R"({"a":{"b":{"c":{"d":{}}}}})", R"({"a":[[[[1]]]]})", "[1]", "1", R"("s")", "null",
+        R"({"a":1,})", R"({a:1})", R"({"a":01})", "{}  ", R"({"a" 1})", R"({"a"  :1})",
+        R"({"a":  1})", R"({"a":1  ,"b":2})", R"({  })", R"({"a":[1,  2]})"}) {
     EXPECT_FALSE(dfa->Matches(bad)) << bad;
   }
   absl::StatusOr<Dfa> value = Dfa::Compile(AnyJsonValue(JsonSchemaOptions{}));
@@ -783,9 +903,12 @@ TEST(JsonSchemaTest, AnyJsonObjectNestsToMaxDepth) {
 
 TEST(JsonSchemaTest, CustomWhitespaceAllowsPrettyPrinting) {
   const std::string schema =
-      R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"array","items":{"type":"string"}},
-          "c":{"type":"object"}},"required":["a","b"]})";
-  absl::StatusOr<Json> instance = ParseJson(R"({"a":1,"b":["x","y"],"c":{"d":[true,{}]}})", "instance");
+      R"({"type":"object","properties":{"a":{"type":"integer"},
+                                        "b":{"type":"array","items":{"type":"string"}},
+                                        "c":{"type":"object"}},
+          "required":["a","b"]})";
+  absl::StatusOr<Json> instance =
+      ParseJson(R"({"a":1,"b":["x","y"],"c":{"d":[true,{}]}})", "instance");
   ASSERT_TRUE(instance.ok());
   const std::string pretty = instance->dump(2);
   ASSERT_NE(pretty.find('\n'), std::string::npos);
@@ -812,26 +935,31 @@ TEST(JsonSchemaTest, StateCounts) {
   const std::vector<std::pair<std::string, std::string>> schemas = {
       {"object, 5 typed properties",
        R"({"type":"object","properties":{"name":{"type":"string","maxLength":32},
-           "age":{"type":"integer","minimum":0,"maximum":150},"email":{"type":"string","format":"email"},
-           "score":{"type":"number"},"active":{"type":"boolean"}},"required":["name","age","email"]})"},
+             "age":{"type":"integer","minimum":0,"maximum":150},
+             "email":{"type":"string","format":"email"},
+             "score":{"type":"number"},"active":{"type":"boolean"}},
+           "required":["name","age","email"]})"},
       {"object, 5 properties, all optional",
-       R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"},"c":{"type":"number"},
-           "d":{"type":"boolean"},"e":{"type":"null"}}})"},
+       R"({"type":"object","properties":{"a":{"type":"string"},"b":{"type":"integer"},
+             "c":{"type":"number"},"d":{"type":"boolean"},"e":{"type":"null"}}})"},
       {"date-time string", R"({"type":"string","format":"date-time"})"},
       {"integer in [-1000, 12345]", R"({"type":"integer","minimum":-1000,"maximum":12345})"},
       {"recursive tree (max_depth 4)",
        R"({"$defs":{"node":{"type":"object","properties":{"value":{"type":"integer"},
-           "children":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["value"]}},
+             "children":{"type":"array","items":{"$ref":"#/$defs/node"}}},
+             "required":["value"]}},
            "$ref":"#/$defs/node"})"},
       {"array of 1-10 objects",
        R"({"type":"array","items":{"type":"object","properties":{"id":{"type":"integer"},
-           "tags":{"type":"array","items":{"type":"string"}}},"required":["id"]},"minItems":1,"maxItems":10})"},
+             "tags":{"type":"array","items":{"type":"string"}}},"required":["id"]},
+           "minItems":1,"maxItems":10})"},
   };
   for (const auto& [name, schema] : schemas) {
     absl::StatusOr<Dfa> dfa = SchemaDfa(schema);
     ASSERT_TRUE(dfa.ok()) << name << ": " << dfa.status();
     EXPECT_LT(dfa->num_states(), 5000) << name;
-    std::cout << "states: " << dfa->num_states() << " classes: " << dfa->num_classes() << "  " << name << "\n";
+    std::cout << "states: " << dfa->num_states() << " classes: " << dfa->num_classes() << "  "
+              << name << "\n";
   }
   for (const int32_t depth : {2, 4}) {
     JsonSchemaOptions options;
