@@ -163,6 +163,20 @@ TEST(GrammarTest, MaskLogitsKeepsAllowedTokensAndTheEndOnlyWhereTheMatchIsWhole)
   }
   EXPECT_TRUE(g->accepting(state));
   EXPECT_FALSE(g->terminal(state));  // more digits may follow
+  // Digits allow few tokens; a free string most of them (whole words of the mask are -inf in
+  // the first case, single bits in the second): both must mask exactly.
+  EXPECT_LE(g->allowed_count(g->start()), g->vocab_size() / 16);
+  const auto dense = CompileOrDie("[^\"]{0,30}", trie);
+  EXPECT_GT(dense->allowed_count(dense->start()), g->vocab_size() / 16);
+  for (int32_t s = 0; s < dense->num_states(); s += 7) {
+    for (float& x : original) x = logit(rng);
+    logits = original;
+    dense->MaskLogits(s, absl::MakeSpan(logits), end, true);
+    for (int32_t id = 0; id < static_cast<int32_t>(vocab.size()); ++id) {
+      const bool keep = id == eos ? dense->accepting(s) : dense->Allows(s, id);
+      ASSERT_EQ(logits[id], keep ? original[id] : kNegInf) << "state " << s << " id " << id;
+    }
+  }
 }
 
 TEST(GrammarTest, MaskLogitsDoesNotAllocate) {
