@@ -48,6 +48,11 @@ echo "== demo request: chat, rendered by the model's chat template =="
   --message="user:What does a KV cache hold?" --max_new_tokens=48 ||
   echo "(no chat: the model has no chat template; see kvrmd --chat_template)"
 echo
+echo "== demo request: structured output, a JSON Schema (sampled, seed 3) =="
+"$cli" generate --server="127.0.0.1:${port}" --prompt="A person, as JSON:" \
+  --max_new_tokens=96 --temperature=0.9 --seed=3 \
+  --json_schema='{"type":"object","properties":{"name":{"type":"string","maxLength":16},"age":{"type":"integer","minimum":0,"maximum":120},"city":{"enum":["Paris","Lagos","Lima","Osaka"]}},"required":["name","age","city"]}'
+echo
 
 if [[ $once -eq 1 ]]; then exit 0; fi
 echo "kvrmd is serving on 127.0.0.1:${port} (Ctrl-C to stop). Try:"
