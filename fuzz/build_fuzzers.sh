@@ -7,7 +7,7 @@
 # in another configuration, offline. The sources below are the transitive sources of the four
 # libraries under test (`bazel query 'kind("source file", deps(//model:safetensors +
 # //model:tokenizer + //model:chat_template + //tools/replay:trace +
-# //server:request_validation))'`); keep this list,
+# //server:request_validation))'`, runtime/structured/ by a glob); keep this list,
 # and the data of //fuzz:fuzz_test, in step with it. System libraries (absl, protobuf, ICU,
 # oniguruma) are linked uninstrumented. Objects are rebuilt only when their source is newer.
 set -euo pipefail
@@ -27,8 +27,12 @@ SOURCES=(
   server/request_validation.cc
   tools/replay/trace.cc
 )
+# Structured outputs (request validation compiles constraints): every library source there.
+for src in runtime/structured/*.cc; do
+  [[ "$src" == *_test.cc ]] || SOURCES+=("$src")
+done
 FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer
-  chat_template_fuzzer)
+  chat_template_fuzzer structured_output_fuzzer)
 
 mkdir -p "$out/gen" "$out/obj" "$out/bin"
 # Only the message classes are needed (request validation); no gRPC stubs.

@@ -2,7 +2,9 @@
 // (what a client controls), with the gpt2 tokenizer and kvrmd-like limits. Invariants on
 // success: the prompt fits the context with room for one token, its ids are in the vocabulary,
 // max_new_tokens and the stop conditions are within their limits, the time limit is not negative.
-// Chat prompts are rendered with a Llama-3-style template that raises on unknown roles.
+// Chat prompts are rendered with a Llama-3-style template that raises on unknown roles;
+// structured outputs are compiled for the gpt2 vocabulary, with small state limits so that one
+// input stays well inside the fuzzer's time limit.
 #include <cstdint>
 #include <memory>
 
@@ -14,6 +16,7 @@ namespace {
 kvrm::Tokenizer* tokenizer = nullptr;
 kvrm::RequestLimits limits;
 kvrm::ChatConfig* chat = nullptr;
+kvrm::structured::ConstraintCompiler* structured = nullptr;
 constexpr char kTemplate[] =
     "{{- bos_token }}{%- for message in messages %}"
     "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
@@ -34,6 +37,14 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   chat->chat_template = std::make_shared<const kvrm::ChatTemplate>(*std::move(t));
   chat->status = absl::OkStatus();
   chat->bos_token = "<|endoftext|>";
+  std::vector<std::optional<std::string>> bytes = tokenizer->TokenContinuationBytes();
+  bytes[tokenizer->vocab_size() - 1].reset();  // <|endoftext|> ends the text
+  kvrm::structured::CompilerOptions options;
+  options.limits.dfa.max_states = 400;
+  options.limits.dfa.max_nfa_states = 100000;
+  options.max_spec_bytes = 4096;
+  options.cache_entries = 16;
+  structured = new kvrm::structured::ConstraintCompiler(bytes, options);
   return 0;
 }
 
@@ -41,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kvrm::v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   absl::StatusOr<std::unique_ptr<kvrm::GenerationRequest>> r =
-      kvrm::ValidateGenerateRequest(request, *tokenizer, limits, chat);
+      kvrm::ValidateGenerateRequest(request, *tokenizer, limits, chat, structured);
   if (!r.ok()) {
     FUZZ_CHECK(absl::IsInvalidArgument(r.status()) || absl::IsOutOfRange(r.status()) ||
                absl::IsResourceExhausted(r.status()));
@@ -59,5 +70,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(static_cast<int32_t>(g.stop_token_ids.size()) <= limits.max_stop_token_ids);
   for (int32_t id : g.stop_token_ids) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
   FUZZ_CHECK(g.time_limit >= absl::ZeroDuration());
+  FUZZ_CHECK(request.has_structured() == (g.grammar != nullptr));
+  if (g.grammar != nullptr) {
+    FUZZ_CHECK(g.grammar->vocab_size() == limits.vocab_size);
+    FUZZ_CHECK(!g.grammar->terminal(g.grammar->start()));
+  }
   return 0;
 }
