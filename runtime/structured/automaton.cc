@@ -206,6 +206,114 @@ class Closure {
   std::vector<int32_t> set_;
 };
 
+// Hopcroft's partition refinement over a complete automaton: states 0..n-1 and a sink n that
+// every missing transition goes to. Returns each state's block; states in one block accept the
+// same continuations. O(classes * n log n): each state enters a splitter at most log n times.
+std::vector<int32_t> MinimalBlocks(const std::vector<int32_t>& table,
+                                   const std::vector<uint8_t>& accepting, int32_t n,
+                                   int32_t classes) {
+  const int32_t total = n + 1;  // with the sink
+  auto next = [&](int32_t s, int32_t c) {
+    if (s == n) return n;
+    const int32_t t = table[static_cast<size_t>(s) * classes + c];
+    return t == Dfa::kDead ? n : t;
+  };
+  // Predecessors by target, each entry (class, source), grouped by target (CSR).
+  std::vector<int32_t> pred_begin(total + 1, 0);
+  for (int32_t s = 0; s < total; ++s) {
+    for (int32_t c = 0; c < classes; ++c) ++pred_begin[next(s, c) + 1];
+  }
+  for (int32_t t = 0; t < total; ++t) pred_begin[t + 1] += pred_begin[t];
+  std::vector<std::pair<int32_t, int32_t>> preds(pred_begin[total]);
+  {
+    std::vector<int32_t> fill(pred_begin.begin(), pred_begin.end() - 1);
+    for (int32_t s = 0; s < total; ++s) {
+      for (int32_t c = 0; c < classes; ++c) preds[fill[next(s, c)]++] = {c, s};
+    }
+  }
+
+  // The partition: elems_ ordered by block; block b is elems[first[b], end[b]); the states of
+  // a block being split are moved to its front ("marked").
+  std::vector<int32_t> elems(total), loc(total), block_of(total);
+  std::vector<int32_t> first, end, marked;
+  std::vector<uint8_t> in_work;
+  std::vector<int32_t> work;
+  auto new_block = [&](int32_t f, int32_t e) {
+    first.push_back(f);
+    end.push_back(e);
+    marked.push_back(0);
+    in_work.push_back(0);
+    return static_cast<int32_t>(first.size()) - 1;
+  };
+  {
+    int32_t k = 0;
+    for (int32_t s = 0; s < n; ++s) {
+      if (accepting[s]) elems[k++] = s;
+    }
+    const int32_t accepting_end = k;
+    for (int32_t s = 0; s <= n; ++s) {
+      if (s == n || !accepting[s]) elems[k++] = s;
+    }
+    for (int32_t i = 0; i < total; ++i) loc[elems[i]] = i;
+    const int32_t a = new_block(0, accepting_end);  // never empty: the start is live
+    const int32_t r = new_block(accepting_end, total);
+    for (int32_t i = 0; i < total; ++i) block_of[elems[i]] = i < accepting_end ? a : r;
+    const int32_t smaller = end[a] - first[a] <= end[r] - first[r] ? a : r;
+    in_work[smaller] = 1;
+    work.push_back(smaller);
+  }
+
+  std::vector<std::vector<int32_t>> by_class(classes);
+  std::vector<int32_t> touched;
+  while (!work.empty()) {
+    const int32_t splitter = work.back();
+    work.pop_back();
+    in_work[splitter] = 0;
+    for (auto& v : by_class) v.clear();
+    for (int32_t i = first[splitter]; i < end[splitter]; ++i) {
+      const int32_t t = elems[i];
+      for (int32_t k = pred_begin[t]; k < pred_begin[t + 1]; ++k) {
+        by_class[preds[k].first].push_back(preds[k].second);
+      }
+    }
+    for (int32_t c = 0; c < classes; ++c) {
+      if (by_class[c].empty()) continue;
+      touched.clear();
+      for (int32_t s : by_class[c]) {
+        const int32_t b = block_of[s];
+        const int32_t at = first[b] + marked[b];
+        if (loc[s] < at) continue;  // already marked
+        if (marked[b] == 0) touched.push_back(b);
+        // Swap s into the marked front of its block.
+        const int32_t other = elems[at];
+        elems[at] = s;
+        elems[loc[s]] = other;
+        loc[other] = loc[s];
+        loc[s] = at;
+        ++marked[b];
+      }
+      for (int32_t b : touched) {
+        const int32_t m = marked[b];
+        marked[b] = 0;
+        if (m == end[b] - first[b]) continue;  // the whole block: no split
+        // The marked front becomes a new block.
+        const int32_t nb = new_block(first[b], first[b] + m);
+        first[b] += m;
+        for (int32_t i = first[nb]; i < end[nb]; ++i) block_of[elems[i]] = nb;
+        if (in_work[b]) {
+          in_work[nb] = 1;
+          work.push_back(nb);
+        } else {
+          const int32_t smaller = end[nb] - first[nb] <= end[b] - first[b] ? nb : b;
+          in_work[smaller] = 1;
+          work.push_back(smaller);
+        }
+      }
+    }
+  }
+  return block_of;
+}
+
 }  // namespace
 
 std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi) {
@@ -343,7 +451,38 @@ absl::StatusOr<Dfa> Dfa::Compile(const Regex& regex, const DfaLimits& limits) {
     }
   }
   dfa.start_ = renumber[*start];
+  dfa.Minimize();
   return dfa;
+}
+
+void Dfa::Minimize() {
+  const int32_t n = num_states();
+  const std::vector<int32_t> block = MinimalBlocks(table_, accepting_, n, num_classes_);
+  // New ids in order of first appearance from state 0; the sink's block (it holds only the sink:
+  // every other state reaches acceptance) stays kDead.
+  const int32_t sink_block = block[n];
+  std::vector<int32_t> id(*std::max_element(block.begin(), block.end()) + 1, kDead);
+  int32_t kept = 0;
+  for (int32_t s = 0; s < n; ++s) {
+    CHECK(block[s] != sink_block) << "a live state merged with the dead sink";
+    if (id[block[s]] == kDead) id[block[s]] = kept++;
+  }
+  if (kept == n) return;  // already minimal
+  std::vector<int32_t> table(static_cast<size_t>(kept) * num_classes_, kDead);
+  std::vector<uint8_t> accepting(kept, 0), has_next(kept, 0);
+  for (int32_t s = 0; s < n; ++s) {
+    const int32_t to = id[block[s]];
+    accepting[to] = accepting_[s];
+    has_next[to] = has_next_[s];
+    for (int32_t c = 0; c < num_classes_; ++c) {
+      const int32_t t = table_[static_cast<size_t>(s) * num_classes_ + c];
+      table[static_cast<size_t>(to) * num_classes_ + c] = t == kDead ? kDead : id[block[t]];
+    }
+  }
+  table_ = std::move(table);
+  accepting_ = std::move(accepting);
+  has_next_ = std::move(has_next);
+  start_ = id[block[start_]];
 }
 
 bool Dfa::Matches(std::string_view text) const {

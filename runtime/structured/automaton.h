@@ -5,7 +5,9 @@
 // bytes (code point classes become UTF-8 byte-range sequences), then determinised by subset
 // construction over byte classes (bytes no transition tells apart share a column). States from
 // which no accepting state can be reached are dropped, so every transition that exists leads to a
-// completion: a generation that follows the automaton can always finish.
+// completion: a generation that follows the automaton can always finish. Last, equivalent states
+// are merged (the minimal automaton: the UTF-8 paths of a class and the copies a translator
+// writes for optional parts collapse).
 //
 // Immutable after Compile; Next and accepting are O(1) table reads, safe from any thread.
 #ifndef KVRM_RUNTIME_STRUCTURED_AUTOMATON_H_
@@ -57,6 +59,9 @@ class Dfa {
 
  private:
   Dfa() = default;
+  // Merges states that accept the same continuations (Hopcroft), so that equal languages give
+  // equal automata and token masks are computed once per distinct future.
+  void Minimize();
 
   std::array<uint8_t, 256> class_of_{};
   int32_t num_classes_ = 0;

@@ -285,5 +285,20 @@ TEST(DfaTest, ClassesMatchWholeCharactersOnly) {
   EXPECT_FALSE(negated.Matches("\xFF"));  // not UTF-8
 }
 
+TEST(DfaTest, AutomataAreMinimal) {
+  // Textbook minimal sizes (live states only: the dead state is implicit).
+  EXPECT_EQ(CompileOrDie("(a|b)*abb").num_states(), 4);
+  EXPECT_EQ(CompileOrDie("[ab]*a[ab]{3}").num_states(), 16);
+  EXPECT_EQ(CompileOrDie("[a-c]{40}").num_states(), 41);
+  // Equal languages, written differently, give automata of the same size.
+  EXPECT_EQ(CompileOrDie("ab|ac|ad").num_states(), CompileOrDie("a[b-d]").num_states());
+  EXPECT_EQ(CompileOrDie("(x|xy)(z|yz)").num_states(), CompileOrDie("xz|xyz|xyyz").num_states());
+  // A character class's UTF-8 paths collapse: one position of any character but \n needs the
+  // start, the end and one state per continuation byte still owed (plus the lead bytes whose
+  // second byte is narrowed: E0, ED, F0, F4), not a state per byte-range sequence.
+  EXPECT_LE(CompileOrDie("[^\\n]").num_states(), 9);
+  EXPECT_LE(CompileOrDie("[^\\n]{10}").num_states(), 10 * 8 + 1);
+}
+
 }  // namespace
 }  // namespace kvrm::structured
