@@ -35,6 +35,8 @@ v1::FinishReason ToProto(FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+}  // namespace
+
 // One Generate call: n completions (GenerateRequest.n), each an engine request whose messages
 // carry its index. Completion 0 (the leader) is submitted at once; the others when the leader
 // has its first token, so that its prompt's KV is in the prefix cache and they attach it instead
@@ -83,6 +85,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void set_follower_template(const GenerationRequest& leader) {
     follower_ = std::make_unique<GenerationRequest>(leader);
     follower_->sink.reset();
+  }
+
+  // The client cancelled (before anything was submitted, for a call that waited to compile).
+  bool cancelled() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return cancelled_;
   }
 
   void set_handle(int32_t index, uint64_t handle) {
@@ -261,6 +269,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finished_ = false;                     // guarded by mu_: Finish called or about to be
 };
 
+namespace {
+
 grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
                                       const grpc::Status& status) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -299,6 +309,7 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   limits_.max_new_tokens = engine->options().max_new_tokens;
   structured_ = std::make_unique<structured::ConstraintCompiler>(
       StructuredTokenBytes(engine->model()));
+  compile_queue_ = std::make_unique<WorkQueue>(kCompileThreads, kCompileQueue);
 }
 
 void KvrmService::SetStructuredOutputMetrics(const StructuredOutputMetrics* metrics) {
@@ -329,21 +340,51 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
                                       std::clamp(request->n(), 1, limits_.max_n),
                                       merged_chunks_counter_, max_merged_bytes_);
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
+  if (request->has_structured()) {
+    absl::StatusOr<StructuredField> f = StructuredSpecFromProto(request->structured());
+    if (f.ok() && !structured_->Contains(f->spec)) {
+      // A constraint not compiled yet can take up to a second: off the gRPC thread, which must
+      // never block. The request proto and context live until the call is finished.
+      const bool posted = compile_queue_->TryPost([this, context, request, reactor,
+                                                   id = std::move(id), arrival]() mutable {
+        if (reactor->cancelled()) {
+          reactor->Reject(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+          return;
+        }
+        ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
+      });
+      if (!posted) {
+        context->AddTrailingMetadata("retry-after-ms", "1000");
+        reactor->Reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                     "structured: too many new constraints waiting to compile"));
+        return reactor;
+      }
+      KVRM_GRPC_HANDOFF(reactor);
+      return reactor;
+    }
+  }
+  ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
+  return reactor;
+}
+
+void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
+                                    const v1::GenerateRequest& request, GenerateReactor* reactor,
+                                    std::string id, absl::Time arrival) {
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
-      ValidateGenerateRequest(*request, *engine_->model().tokenizer, limits_,
+      ValidateGenerateRequest(request, *engine_->model().tokenizer, limits_,
                               &engine_->model().chat, structured_.get());
   if (!r.ok()) {
     reactor->Reject(ToGrpcStatus(r.status()));
-    return reactor;
+    return;
   }
-  if (structured_metrics_ != nullptr && request->has_structured()) {
+  if (structured_metrics_ != nullptr && request.has_structured()) {
     // The constraint case numbers are regex = 1 ... choice = 4, the metric's kinds in order.
-    const int kind = static_cast<int>(request->structured().constraint_case()) - 1;
+    const int kind = static_cast<int>(request.structured().constraint_case()) - 1;
     if (kind >= 0 && kind < 4) structured_metrics_->requests[kind]->Add();
   }
   (*r)->request_id = std::move(id);
   (*r)->arrival = arrival;
-  if (request->n() > 1) reactor->set_follower_template(**r);
+  if (request.n() > 1) reactor->set_follower_template(**r);
   (*r)->sink = reactor->MakeSink(0);
   absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(*r));
   if (!handle.ok()) {
@@ -351,11 +392,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
       context->AddTrailingMetadata("retry-after-ms", "1000");
     }
     reactor->Reject(ToGrpcStatus(handle.status()));
-    return reactor;
+    return;
   }
   reactor->set_handle(0, *handle);
   KVRM_GRPC_HANDOFF(reactor);
-  return reactor;
 }
 
 grpc::ServerUnaryReactor* KvrmService::Tokenize(grpc::CallbackServerContext* context,

@@ -15,8 +15,11 @@
 #include "runtime/engine.h"
 #include "server/auth.h"
 #include "server/request_validation.h"
+#include "server/work_queue.h"
 
 namespace kvrm {
+
+class GenerateReactor;
 
 struct ServiceInfo {
   std::string version;
@@ -62,6 +65,16 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   void SetMaxMergedMessageBytes(size_t bytes) { max_merged_bytes_ = bytes; }
 
  private:
+  // Constraints compile on these threads, this many calls waiting at most (then
+  // RESOURCE_EXHAUSTED): a burst of new schemas cannot take the gRPC threads.
+  static constexpr int32_t kCompileThreads = 2;
+  static constexpr int32_t kCompileQueue = 64;
+
+  // Validates `request` (compiling its constraint) and submits it to the engine, or rejects the
+  // call. On the gRPC thread, or on a compile thread for a constraint not yet compiled.
+  void ValidateAndSubmit(grpc::CallbackServerContext* context, const v1::GenerateRequest& request,
+                         GenerateReactor* reactor, std::string id, absl::Time arrival);
+
   // OK, or UNAUTHENTICATED when an authenticator is set and the call's token is not valid.
   grpc::Status CheckAuth(const grpc::CallbackServerContext* context) const;
 
@@ -76,6 +89,8 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   Counter* merged_chunks_counter_ = nullptr;  // not owned; null: not counted
   const StructuredOutputMetrics* structured_metrics_ = nullptr;  // not owned; null: not counted
   size_t max_merged_bytes_ = 64 << 10;
+  // Last: destroyed first, so that calls still waiting to compile finish while the rest exists.
+  std::unique_ptr<WorkQueue> compile_queue_;
 };
 
 // What each token adds to the text, as structured outputs see it: TokenContinuationBytes sized to

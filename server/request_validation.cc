@@ -134,44 +134,49 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
   return text;
 }
 
-absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
-    const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler) {
+absl::StatusOr<StructuredField> StructuredSpecFromProto(const v1::StructuredOutput& proto) {
   using Kind = structured::ConstraintSpec::Kind;
-  structured::ConstraintSpec spec;
-  const char* field = "structured";
+  StructuredField out;
+  structured::ConstraintSpec& spec = out.spec;
   switch (proto.constraint_case()) {
     case v1::StructuredOutput::kRegex:
       spec.kind = Kind::kRegex;
       spec.text = proto.regex();
-      field = "structured.regex";
+      out.field = "structured.regex";
       break;
     case v1::StructuredOutput::kJsonSchema:
       spec.kind = Kind::kJsonSchema;
       spec.text = proto.json_schema();
-      field = "structured.json_schema";
+      out.field = "structured.json_schema";
       break;
     case v1::StructuredOutput::kJsonObject:
       if (!proto.json_object()) return Invalid("structured.json_object", "set it to true");
       spec.kind = Kind::kJsonObject;
-      field = "structured.json_object";
+      out.field = "structured.json_object";
       break;
     case v1::StructuredOutput::kChoice:
       spec.kind = Kind::kChoice;
       spec.choices.assign(proto.choice().choices().begin(), proto.choice().choices().end());
-      field = "structured.choice";
+      out.field = "structured.choice";
       break;
     default:
       return Invalid("structured", "set regex, json_schema, json_object or choice");
   }
   spec.whitespace_pattern = proto.whitespace_pattern();
+  return out;
+}
+
+absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
+    const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler) {
+  ASSIGN_OR_RETURN(const StructuredField f, StructuredSpecFromProto(proto));
   if (compiler == nullptr) return Invalid("structured", "this server has no structured outputs");
-  absl::StatusOr<std::shared_ptr<const structured::Grammar>> grammar = compiler->Compile(spec);
+  absl::StatusOr<std::shared_ptr<const structured::Grammar>> grammar = compiler->Compile(f.spec);
   if (!grammar.ok()) {
     // The compiler's messages about the whitespace pattern name it ("whitespace_pattern: ...").
     const absl::string_view why = grammar.status().message();
     return absl::InvalidArgumentError(absl::StartsWith(why, "whitespace_pattern")
                                           ? absl::StrCat("structured.", why)
-                                          : absl::StrCat(field, ": ", why));
+                                          : absl::StrCat(f.field, ": ", why));
   }
   return grammar;
 }

@@ -31,6 +31,14 @@ struct RequestLimits {
 absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& prompt, const ChatConfig* chat,
                                              const RequestLimits& limits);
 
+// The constraint of `proto` as the compiler takes it, and the field its errors name
+// ("structured.regex"); INVALID_ARGUMENT when no constraint is set.
+struct StructuredField {
+  structured::ConstraintSpec spec;
+  const char* field = "structured";
+};
+absl::StatusOr<StructuredField> StructuredSpecFromProto(const v1::StructuredOutput& proto);
+
 // The request's structured-output constraint compiled by `compiler` (null: refused), or
 // INVALID_ARGUMENT naming the field ("structured.json_schema: /properties/age: ...").
 absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(

@@ -8,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
 #include "metrics/kvrm_metrics.h"
@@ -301,6 +302,42 @@ TEST_F(StructuredOutputTest, BadConstraintsGetInvalidArgumentNamingTheField) {
   // The server still serves after all of these.
   const StreamResult ok = RunGenerate(stub(), TextRequest("x", 4));
   EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+}
+
+// New constraints compile on the service's compile threads, with a bounded queue: a burst of
+// distinct constraints gets answers (served, or RESOURCE_EXHAUSTED with retry-after-ms), never
+// another error, and every served one holds its constraint.
+TEST_F(StructuredOutputTest, ABurstOfNewConstraintsIsServedOrRefusedForRetry) {
+  constexpr int kCalls = 96;
+  std::vector<StreamResult> results(kCalls);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = t; k < kCalls; k += 8) {
+        v1::GenerateRequest req = Sampled("x", 24, k);
+        // Distinct, and not tiny: a free-text field of k + 8 characters then a number.
+        req.mutable_structured()->set_regex(absl::StrCat("[^\\n]{", k + 8, "} #[0-9]{", 1 + k % 3, "}"));
+        results[k] = RunGenerate(stub(), req);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int served = 0;
+  for (int k = 0; k < kCalls; ++k) {
+    const StreamResult& r = results[k];
+    if (r.status.ok()) {
+      ++served;
+      const Dfa dfa = RegexDfa(absl::StrCat("[^\\n]{", k + 8, "} #[0-9]{", 1 + k % 3, "}"));
+      EXPECT_TRUE(IsViablePrefix(dfa, r.text)) << k << ": " << r.text;
+      continue;
+    }
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << k << ": " << r.status.error_message();
+    EXPECT_EQ(r.trailers.count("retry-after-ms"), 1u);
+  }
+  EXPECT_GT(served, 0);
+  const StreamResult after = RunGenerate(stub(), TextRequest("x", 4));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
 }
 
 // The service's structured-output metrics: requests by kind, compiles (one per distinct

@@ -129,6 +129,12 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::Compile(
   return result;
 }
 
+bool ConstraintCompiler::Contains(const ConstraintSpec& spec) const {
+  const std::string key = CacheKey(spec);
+  std::lock_guard<std::mutex> lock(mu_);
+  return index_.contains(key);
+}
+
 ConstraintCompiler::Stats ConstraintCompiler::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

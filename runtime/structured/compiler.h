@@ -67,6 +67,9 @@ class ConstraintCompiler {
   };
   void SetObserver(std::function<void(const Event&)> observer) { observer_ = std::move(observer); }
 
+  // Whether Compile(spec) would be answered from the cache (a hint: it may be evicted meanwhile).
+  bool Contains(const ConstraintSpec& spec) const;
+
   struct Stats {
     int64_t hits = 0;
     int64_t misses = 0;     // compiles

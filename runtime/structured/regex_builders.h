@@ -1,0 +1,33 @@
+// Shorthands over regex_ast.h's builders for hand-written grammars (the JSON grammars of
+// json_strings.h, json_number_ranges.h and json_string_formats.h): classes from lists of ASCII
+// characters, digits, fixed repeats, and the set algebra CodePointSet leaves out.
+//
+// Pure functions of their arguments; every result is an ordinary regex_ast.h tree.
+#ifndef KVRM_RUNTIME_STRUCTURED_REGEX_BUILDERS_H_
+#define KVRM_RUNTIME_STRUCTURED_REGEX_BUILDERS_H_
+
+#include <cstdint>
+
+#include "runtime/structured/regex_ast.h"
+
+namespace kvrm::structured {
+
+// The set of the (ASCII) characters of `chars`, and the class of one of them.
+CodePointSet SetOf(const char* chars);
+Regex Chars(const char* chars);
+// One character in [lo, hi].
+Regex Range(uint32_t lo, uint32_t hi);
+// [0-9], and [0-9a-fA-F] as a set and a class.
+Regex Digit();
+CodePointSet HexSet();
+Regex HexDigit();
+// `r` exactly n times.
+Regex Times(Regex r, int32_t n);
+
+// a ∩ b, and whether a and b hold the same code points.
+CodePointSet Intersect(const CodePointSet& a, const CodePointSet& b);
+bool SameSet(const CodePointSet& a, const CodePointSet& b);
+
+}  // namespace kvrm::structured
+
+#endif  // KVRM_RUNTIME_STRUCTURED_REGEX_BUILDERS_H_
