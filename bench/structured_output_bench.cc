@@ -27,6 +27,7 @@ ABSL_FLAG(std::string, tokenizer, "model/testdata/tokenizers/llama3/tokenizer.js
 ABSL_FLAG(int32_t, walks, 20, "random constrained generations per constraint");
 ABSL_FLAG(int32_t, max_tokens, 64, "tokens per walk at most");
 ABSL_FLAG(std::string, only, "", "run only the constraint of this name");
+ABSL_FLAG(int32_t, threads, 1, "threads walking the automaton states of one compile");
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
 
 namespace kvrm {
@@ -107,7 +108,9 @@ int Main(int argc, char** argv) {
   auto t0 = Clock::now();
   std::vector<std::optional<std::string>> bytes = (*tokenizer)->TokenContinuationBytes();
   for (int32_t id : end_ids) bytes[id].reset();
-  structured::ConstraintCompiler compiler(bytes);
+  structured::CompilerOptions options;
+  options.limits.threads = absl::GetFlag(FLAGS_threads);
+  structured::ConstraintCompiler compiler(bytes, options);
   const double vocab_ms = Us(Clock::now() - t0) / 1000;
   std::printf("vocabulary: %d tokens, %lld trie nodes, %.1f MiB, built in %.0f ms\n", vocab,
               static_cast<long long>(compiler.trie().num_nodes()),
@@ -188,6 +191,7 @@ int Main(int argc, char** argv) {
               "host sampler's greedy pass over the same row; ratio = (mask + next) / greedy.\n");
   if (!absl::GetFlag(FLAGS_json).empty()) {
     nlohmann::json out = {{"tokenizer", absl::GetFlag(FLAGS_tokenizer)},
+                          {"threads", absl::GetFlag(FLAGS_threads)},
                           {"vocab", vocab},
                           {"trie_nodes", compiler.trie().num_nodes()},
                           {"vocabulary_ms", vocab_ms},

@@ -1,6 +1,7 @@
 #include "server/kvrm_service.h"
 
 #include <mutex>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -307,8 +308,13 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   limits_.vocab_size = engine->model().config.vocab_size;
   limits_.max_context = engine->options().max_context;
   limits_.max_new_tokens = engine->options().max_new_tokens;
+  structured::CompilerOptions compile;
+  // A quarter of the cores walk one constraint's states (results do not depend on it); the
+  // rest stay with the engine, which on the CPU backend uses them all.
+  compile.limits.threads =
+      std::clamp(static_cast<int32_t>(std::thread::hardware_concurrency()) / 4, 1, 8);
   structured_ = std::make_unique<structured::ConstraintCompiler>(
-      StructuredTokenBytes(engine->model()));
+      StructuredTokenBytes(engine->model()), compile);
   compile_queue_ = std::make_unique<WorkQueue>(kCompileThreads, kCompileQueue);
 }
 

@@ -5,12 +5,14 @@
 #include <cstring>
 #include <limits>
 #include <numeric>
+#include <thread>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace kvrm::structured {
 namespace {
@@ -98,8 +100,14 @@ absl::Status Grammar::ComputeMasks(const GrammarLimits& limits) {
   std::vector<uint8_t> node_class(nodes);
   for (int64_t i = 0; i < nodes; ++i) node_class[i] = dfa_.class_of()[t.node_byte_[i]];
 
-  std::vector<int32_t> at(t.max_depth_ + 1);  // automaton state after each depth of the path
-  std::vector<uint64_t> scratch(words_);
+  // States are walked in batches, each batch split over the threads (every walk reads only
+  // the trie and the automaton, and writes its own mask), then its masks are de-duplicated in
+  // order, so the result does not depend on the thread count.
+  const int32_t threads = std::max(1, std::min(limits.threads, 64));
+  constexpr int32_t kBatch = 256;
+  std::vector<uint64_t> batch(static_cast<size_t>(kBatch) * words_);
+  std::vector<int32_t> batch_count(kBatch);
+  std::vector<std::vector<int32_t>> at(threads, std::vector<int32_t>(t.max_depth_ + 1));
   // States where no token can go on and the match is not complete: tokens must not lead there
   // (possible when the vocabulary cannot spell some byte). Found by iterating to a fixpoint;
   // with a vocabulary that has every byte the first pass finds none and the loop ends.
@@ -109,50 +117,25 @@ absl::Status Grammar::ComputeMasks(const GrammarLimits& limits) {
     mask_of_.assign(states, 0);
     allowed_count_.assign(states, 0);
     absl::flat_hash_map<uint64_t, std::vector<int32_t>> by_hash;
-    for (int32_t s = 0; s < states; ++s) {
-      std::fill(scratch.begin(), scratch.end(), 0);
-      int32_t count = 0;
-      at[0] = s;
-      for (int64_t i = 0; i < nodes;) {
-        const int32_t q = dfa_.NextByClass(at[t.node_depth_[i] - 1], node_class[i]);
-        if (q == kDead) {
-          i = t.subtree_end_[i];
-          continue;
+    for (int32_t first = 0; first < states; first += kBatch) {
+      const int32_t n = std::min(kBatch, states - first);
+      auto walk = [&](int32_t worker) {
+        for (int32_t k = worker; k < n; k += threads) {
+          uint64_t* mask = batch.data() + static_cast<size_t>(k) * words_;
+          batch_count[k] = WalkState(first + k, node_class, stuck, at[worker].data(), mask);
         }
-        at[t.node_depth_[i]] = q;
-        if (!stuck[q]) {
-          for (int32_t k = t.token_begin_[i]; k < t.token_begin_[i + 1]; ++k) {
-            const int32_t token = t.tokens_[k];
-            scratch[token >> 6] |= uint64_t{1} << (token & 63);
-            ++count;
-          }
-        }
-        ++i;
+      };
+      std::vector<std::thread> helpers;
+      for (int32_t w = 1; w < threads && w < n; ++w) helpers.emplace_back(walk, w);
+      walk(0);
+      for (std::thread& h : helpers) h.join();
+      for (int32_t k = 0; k < n; ++k) {
+        const int32_t s = first + k;
+        allowed_count_[s] = batch_count[k];
+        ASSIGN_OR_RETURN(mask_of_[s],
+                         InternMask(batch.data() + static_cast<size_t>(k) * words_, limits,
+                                    &by_hash));
       }
-      allowed_count_[s] = count;
-      // Equal masks are stored once.
-      const uint64_t h = absl::HashOf(std::string_view(
-          reinterpret_cast<const char*>(scratch.data()), scratch.size() * sizeof(uint64_t)));
-      std::vector<int32_t>& same = by_hash[h];
-      int32_t found = -1;
-      for (int32_t m : same) {
-        if (std::memcmp(masks_.data() + static_cast<size_t>(m) * words_, scratch.data(),
-                        words_ * sizeof(uint64_t)) == 0) {
-          found = m;
-          break;
-        }
-      }
-      if (found < 0) {
-        found = static_cast<int32_t>(masks_.size() / words_);
-        if (static_cast<int64_t>(masks_.size() + words_) * 8 > limits.max_mask_bytes) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "the constraint needs more than ", limits.max_mask_bytes >> 20,
-              " MiB of token masks (", states, " automaton states); simplify it"));
-        }
-        masks_.insert(masks_.end(), scratch.begin(), scratch.end());
-        same.push_back(found);
-      }
-      mask_of_[s] = found;
     }
     bool grew = false;
     for (int32_t s = 0; s < states; ++s) {
@@ -168,6 +151,55 @@ absl::Status Grammar::ComputeMasks(const GrammarLimits& limits) {
         "no text the model's vocabulary can write matches the constraint");
   }
   return absl::OkStatus();
+}
+
+int32_t Grammar::WalkState(int32_t s, const std::vector<uint8_t>& node_class,
+                           const std::vector<uint8_t>& stuck, int32_t* at, uint64_t* mask) const {
+  const TokenTrie& t = *trie_;
+  const int64_t nodes = t.num_nodes();
+  std::fill(mask, mask + words_, 0);
+  int32_t count = 0;
+  at[0] = s;  // at[d]: the automaton state after the path's first d bytes
+  for (int64_t i = 0; i < nodes;) {
+    const int32_t q = dfa_.NextByClass(at[t.node_depth_[i] - 1], node_class[i]);
+    if (q == kDead) {
+      i = t.subtree_end_[i];
+      continue;
+    }
+    at[t.node_depth_[i]] = q;
+    if (!stuck[q]) {
+      for (int32_t k = t.token_begin_[i]; k < t.token_begin_[i + 1]; ++k) {
+        const int32_t token = t.tokens_[k];
+        mask[token >> 6] |= uint64_t{1} << (token & 63);
+        ++count;
+      }
+    }
+    ++i;
+  }
+  return count;
+}
+
+absl::StatusOr<int32_t> Grammar::InternMask(
+    const uint64_t* mask, const GrammarLimits& limits,
+    absl::flat_hash_map<uint64_t, std::vector<int32_t>>* by_hash) {
+  const uint64_t h = absl::HashOf(
+      std::string_view(reinterpret_cast<const char*>(mask), words_ * sizeof(uint64_t)));
+  std::vector<int32_t>& same = (*by_hash)[h];
+  for (int32_t m : same) {
+    if (std::memcmp(masks_.data() + static_cast<size_t>(m) * words_, mask,
+                    words_ * sizeof(uint64_t)) == 0) {
+      return m;
+    }
+  }
+  const int32_t id = num_distinct_masks();
+  if (static_cast<int64_t>(masks_.size() + words_) * 8 > limits.max_mask_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the constraint needs more than ", limits.max_mask_bytes >> 20,
+                     " MiB of token masks (", num_states(), " automaton states); simplify it"));
+  }
+  masks_.insert(masks_.end(), mask, mask + words_);
+  same.push_back(id);
+  return id;
 }
 
 int32_t Grammar::Next(int32_t state, int32_t token) const {

@@ -25,6 +25,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "runtime/structured/automaton.h"
@@ -70,6 +71,8 @@ struct GrammarLimits {
   DfaLimits dfa;
   // Memory of the distinct masks together; a constraint that needs more is refused.
   int64_t max_mask_bytes = int64_t{256} << 20;
+  // Threads walking the automaton's states at once (the result is the same for any count).
+  int32_t threads = 1;
 };
 
 class Grammar {
@@ -112,6 +115,14 @@ class Grammar {
     return masks_.data() + static_cast<size_t>(mask_of_[state]) * words_;
   }
   absl::Status ComputeMasks(const GrammarLimits& limits);
+  // The tokens allowed in state `s` into `mask` ([words_]), tokens into `stuck` states left
+  // out; returns how many. `at`: [trie depth + 1] scratch. Reads only: safe on several threads.
+  int32_t WalkState(int32_t s, const std::vector<uint8_t>& node_class,
+                    const std::vector<uint8_t>& stuck, int32_t* at, uint64_t* mask) const;
+  // The index of `mask` among the distinct masks, adding it if new (INVALID_ARGUMENT past
+  // limits.max_mask_bytes).
+  absl::StatusOr<int32_t> InternMask(const uint64_t* mask, const GrammarLimits& limits,
+                                     absl::flat_hash_map<uint64_t, std::vector<int32_t>>* by_hash);
 
   Dfa dfa_;
   std::shared_ptr<const TokenTrie> trie_;

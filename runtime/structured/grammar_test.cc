@@ -91,7 +91,9 @@ TEST(GrammarTest, MasksAreExactlyTheTokensThatKeepAMatchFinishable) {
   auto trie = std::make_shared<const TokenTrie>(vocab);
   for (std::string_view pattern :
        {"\\{\"a\": (true|[0-9]+)(, \"b\": \"[a-c]*\")?\\}", "(ab|c)*é{2,3}", "[^\"\\\\]{0,6}\"",
-        "(a|b)*abb", "true|truth|tr?ue"}) {
+        "(a|b)*abb", "true|truth|tr?ue",
+        // More states than one batch of the parallel walk (256).
+        "\\{\"k\": \"[a-c]{0,300}\"\\}"}) {
     auto regex = ParseRegex(pattern);
     ASSERT_TRUE(regex.ok());
     auto dfa = Dfa::Compile(*regex);
@@ -112,6 +114,16 @@ TEST(GrammarTest, MasksAreExactlyTheTokensThatKeepAMatchFinishable) {
       allowed_total += count;
     }
     EXPECT_GT(allowed_total, g->num_states()) << pattern;  // not trivially empty
+    // Walking the states on several threads gives the same grammar, masks numbered alike.
+    auto parallel = Grammar::Compile(*regex, trie, GrammarLimits{.threads = 3});
+    ASSERT_TRUE(parallel.ok()) << parallel.status();
+    ASSERT_EQ((*parallel)->num_distinct_masks(), g->num_distinct_masks());
+    for (int32_t s = 0; s < g->num_states(); ++s) {
+      ASSERT_EQ((*parallel)->allowed_count(s), g->allowed_count(s));
+      for (int32_t id = 0; id < static_cast<int32_t>(vocab.size()); ++id) {
+        ASSERT_EQ((*parallel)->Allows(s, id), g->Allows(s, id)) << pattern << " " << s;
+      }
+    }
   }
 }
 
