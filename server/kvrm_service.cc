@@ -506,6 +506,14 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   pc->set_host_hit_tokens_total(s.prefix_cache_host_hits_total);
   pc->set_host_cached_blocks(s.kv.host_blocks_cached);
   pc->set_offloaded_blocks_total(s.prefix_cache_offloaded_blocks_total);
+  const structured::ConstraintCompiler::Stats so = structured_->stats();
+  v1::StructuredOutputInfo* si = response->mutable_structured_output();
+  si->set_cached_constraints(so.entries);
+  si->set_cached_bytes(so.bytes);
+  si->set_compiles_total(static_cast<uint64_t>(so.misses));
+  si->set_refusals_total(static_cast<uint64_t>(so.refusals));
+  si->set_cache_hits_total(static_cast<uint64_t>(so.hits));
+  si->set_compile_seconds_total(so.compile_seconds);
   return FinishUnary(context, grpc::Status::OK);
 }
 

@@ -384,6 +384,18 @@ TEST(StructuredOutputMetricsTest, RequestsCompilesHitsAndRefusalsAreCounted) {
   // ... and found again for the second and third schema request and the repeated regex.
   EXPECT_EQ(sample("kvrm:structured_output_cache_hits_total{" + labels + "}"), 3);
   EXPECT_EQ(sample("kvrm:structured_output_compile_seconds_count{" + labels + "}"), 3);
+
+  // GetServerInfo reports the same from the grammar cache.
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(server.stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  const v1::StructuredOutputInfo& cache = info.structured_output();
+  EXPECT_EQ(cache.cached_constraints(), 3);  // the refusal is cached too
+  EXPECT_GT(cache.cached_bytes(), 0);
+  EXPECT_EQ(cache.compiles_total(), 3u);
+  EXPECT_EQ(cache.refusals_total(), 1u);
+  EXPECT_EQ(cache.cache_hits_total(), 3u);
+  EXPECT_GT(cache.compile_seconds_total(), 0);
 }
 
 // The same seeded, constrained requests give the same completions whatever the engine does below

@@ -119,6 +119,14 @@ std::string FormatTokens(const v1::TokenizeResponse& response, bool pieces) {
   return out;
 }
 
+std::string FormatStructuredOutput(const v1::StructuredOutputInfo& info) {
+  return absl::StrFormat("%d constraints cached (%.1f MiB); %d compiled (%d refused) in %.2f s, "
+                         "%d cache hits",
+                         info.cached_constraints(), info.cached_bytes() / 1048576.0,
+                         info.compiles_total(), info.refusals_total(),
+                         info.compile_seconds_total(), info.cache_hits_total());
+}
+
 std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server) {
   const Rows model_rows = {
       {"name", model.name()},
@@ -147,6 +155,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"mixed_steps", server.mixed_steps() ? "on" : "off"},
       {"device_sampling", server.device_sampling() ? "on" : "off"},
       {"prefix_cache", FormatPrefixCache(server.prefix_cache())},
+      {"structured", FormatStructuredOutput(server.structured_output())},
       {"tensor_parallel", absl::StrCat(server.tensor_parallel())},
       {"slots", absl::StrCat(server.slots_in_use(), " in use / ", server.slots_total())},
       {"queue", absl::StrCat(server.queue_depth(), " waiting / limit ", server.queue_limit())},

@@ -23,6 +23,8 @@ std::string FinishReasonName(v1::FinishReason reason);
 // completion tokens over the whole time since arrival.
 // "off", or "on, H of Q prompt tokens hit (P%), N blocks cached, E evicted".
 std::string FormatPrefixCache(const v1::PrefixCacheInfo& prefix_cache);
+// "3 constraints cached (1.2 MiB); 4 compiled (1 refused) in 0.12 s, 9 cache hits".
+std::string FormatStructuredOutput(const v1::StructuredOutputInfo& info);
 std::string FormatSummary(const v1::Finished& finished);
 
 // One line per generated token: id, logprob and the top alternatives.

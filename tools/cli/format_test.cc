@@ -55,6 +55,20 @@ TEST(FormatTest, PrefixCacheLine) {
             "on, 100 of 400 prompt tokens hit (25.0%), 12 blocks cached, 3 evicted");
 }
 
+TEST(FormatTest, StructuredOutputLine) {
+  v1::StructuredOutputInfo info;
+  EXPECT_EQ(FormatStructuredOutput(info),
+            "0 constraints cached (0.0 MiB); 0 compiled (0 refused) in 0.00 s, 0 cache hits");
+  info.set_cached_constraints(3);
+  info.set_cached_bytes(3 << 20);
+  info.set_compiles_total(4);
+  info.set_refusals_total(1);
+  info.set_compile_seconds_total(0.125);
+  info.set_cache_hits_total(9);
+  EXPECT_EQ(FormatStructuredOutput(info),
+            "3 constraints cached (3.0 MiB); 4 compiled (1 refused) in 0.12 s, 9 cache hits");
+}
+
 TEST(FormatTest, SummaryWithErrorAndZeroTime) {
   v1::Finished finished;
   finished.set_reason(v1::FINISH_REASON_ERROR);
