@@ -1,6 +1,7 @@
 #include "runtime/sampler.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -25,11 +26,6 @@ struct RanksBefore {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   }
 };
-
-// Rounds of the bounded top-p selection: collect ids whose probability is at least this fraction
-// of the total; usually the first round already holds top_p of the mass and only a few dozen ids,
-// so we sort a few dozen entries instead of the vocabulary.
-constexpr double kTopPRoundFractions[] = {1.0 / 64, 1.0 / 4096, 1.0 / 262144};
 
 // Top-k up to this many is selected with a heap in one pass; larger k with nth_element.
 constexpr int32_t kHeapTopKMax = 1024;
@@ -76,7 +72,8 @@ Sampler::Sampler(int32_t vocab_size)
       gen_count_(vocab_size, 0),
       probs_(vocab_size, 0.0f),
       order_(vocab_size, 0),
-      keys_(vocab_size, 0) {
+      keys_(vocab_size, 0),
+      spare_keys_(vocab_size, 0) {
   CHECK(vocab_size > 0) << "vocab_size " << vocab_size;
   touched_.reserve(vocab_size);  // At most one entry per id, so push_back never reallocates.
 }
@@ -174,23 +171,25 @@ SampleResult Sampler::Sample(absl::Span<float> logits) {
   const float log_z = static_cast<float>(std::log(total));
   if (want_top) FillTopLogprobs(logits, 0.0f, log_z, result);
 
-  // n >= 0: the kept support is order_[0, n), sorted best first. n < 0: no sorted set was needed.
+  // n >= 0: the kept support is order_[0, n) (sorted best first when `sorted`). n < 0: no
+  // candidate set was needed.
   int32_t n = -1;
+  bool sorted = true;
   if (config_.top_k > 0 && config_.top_k < vocab_size_) n = SelectTopK(logits, config_.top_k);
   if (config_.top_p < 1) {
-    double set_total = total;
     if (n < 0) {
-      n = SelectTopPUnsorted(logits, total);
+      n = SelectTopP(logits, total);
+      sorted = false;
     } else {
-      set_total = 0;
+      double set_total = 0;
       for (int32_t j = 0; j < n; ++j) set_total += probs_[order_[j]];
+      n = CutTopP(n, set_total);
     }
-    n = CutTopP(n, set_total);
   }
-  if (n >= 0 && config_.min_p > 0) n = CutMinP(n);
+  if (n >= 0 && config_.min_p > 0) n = CutMinP(n, sorted);
 
   if (n >= 0) {
-    result.token = DrawSorted(n);
+    result.token = DrawFrom(n);
   } else if (config_.min_p > 0) {
     result.token = DrawThreshold(config_.min_p, /*total=*/-1);
   } else {
@@ -198,7 +197,7 @@ SampleResult Sampler::Sample(absl::Span<float> logits) {
   }
   result.logprob = logits[result.token] - log_z;
   if (n >= 0) {
-    MaskOutside(logits, n);
+    MaskOutside(logits, n, sorted);
   } else if (config_.min_p > 0) {
     for (int32_t i = 0; i < vocab_size_; ++i) {
       if (probs_[i] < config_.min_p) logits[i] = kNegInf;
@@ -253,44 +252,112 @@ int32_t Sampler::SelectTopK(absl::Span<const float> logits, int32_t k) {
   return n;
 }
 
-int32_t Sampler::SelectTopPUnsorted(absl::Span<const float> logits, double total) {
-  const double target = config_.top_p * total;
-  // Ids below (1 - top_p) / vocab of the total together hold less than 1 - top_p, so the last
-  // round is guaranteed to contain the whole top-p prefix; earlier rounds usually suffice.
-  const double last_fraction = (1.0 - config_.top_p) / vocab_size_;
-  int32_t n = 0;
-  for (int round = 0; round <= 3; ++round) {
-    const double fraction =
-        round < 3 ? std::max(kTopPRoundFractions[round], last_fraction) : last_fraction;
-    const float threshold = static_cast<float>(fraction * total);
-    n = 0;
-    double mass = 0;
-    for (int32_t i = 0; i < vocab_size_; ++i) {
-      if (probs_[i] >= threshold && probs_[i] > 0) {
-        order_[n++] = i;
-        mass += probs_[i];
-      }
-    }
-    if (n > 0 && mass >= target) break;
-  }
-  // The max entry (probability 1 >= threshold, since threshold <= total / vocab <= 1) is always in.
-  SortByRank(logits, n);
-  return n;
+namespace {
+
+// RanksBefore as one integer: the logits here are shifted so the max is +0 and the rest negative
+// (or -inf), and for those a higher value has a smaller bit pattern; the id breaks ties. Keys
+// compare (and sort, and split by byte) without the comparator's two indirect loads.
+uint64_t RankKey(absl::Span<const float> logits, int32_t id) {
+  const float x = logits[id] + 0.0f;  // -0 ranks as +0 (RanksBefore compares values)
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  return (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(id);
 }
 
+int32_t KeyId(uint64_t key) { return static_cast<int32_t>(key & 0xffffffffu); }
+
+// Below this many candidates the rest of a radix select is a sort.
+constexpr int32_t kRadixSmall = 48;
+
+}  // namespace
+
 void Sampler::SortByRank(absl::Span<const float> logits, int32_t n) {
-  // RanksBefore as one integer compare: the logits here are shifted so the max is +0 and the
-  // rest negative (or -inf), and for those a higher value has a smaller bit pattern; the id
-  // breaks ties. Sorting these keys avoids the comparator's two indirect loads per compare.
-  for (int32_t j = 0; j < n; ++j) {
-    const int32_t id = order_[j];
-    const float x = logits[id] + 0.0f;  // -0 ranks as +0 (RanksBefore compares values)
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    keys_[j] = (static_cast<uint64_t>(bits) << 32) | static_cast<uint32_t>(id);
-  }
+  for (int32_t j = 0; j < n; ++j) keys_[j] = RankKey(logits, order_[j]);
   std::sort(keys_.begin(), keys_.begin() + n);
-  for (int32_t j = 0; j < n; ++j) order_[j] = static_cast<int32_t>(keys_[j] & 0xffffffffu);
+  for (int32_t j = 0; j < n; ++j) order_[j] = KeyId(keys_[j]);
+}
+
+int32_t Sampler::CutRanked(int32_t m, int32_t kept, double mass, double target) {
+  uint64_t* cur = keys_.data();
+  uint64_t* next = spare_keys_.data();
+  // Invariant: every candidate ranking before those in cur[0, m) is kept (order_[0, kept)),
+  // with `mass` their summed probabilities, below the target; the cut lies inside cur[0, m).
+  for (int shift = 56; shift >= 0 && m > kRadixSmall; shift -= 8) {
+    std::array<double, 256> bucket_mass{};
+    for (int32_t j = 0; j < m; ++j) {
+      bucket_mass[(cur[j] >> shift) & 0xff] += probs_[KeyId(cur[j])];
+    }
+    int32_t cut = 0;
+    while (cut < 256 && mass + bucket_mass[cut] < target) mass += bucket_mass[cut++];
+    if (cut == 256) {
+      // Rounding left the whole set just short of the target: keep everything, as CutTopP.
+      for (int32_t j = 0; j < m; ++j) order_[kept++] = KeyId(cur[j]);
+      return kept;
+    }
+    int32_t left = 0;
+    for (int32_t j = 0; j < m; ++j) {
+      const int32_t b = static_cast<int32_t>((cur[j] >> shift) & 0xff);
+      if (b < cut) {
+        order_[kept++] = KeyId(cur[j]);
+      } else if (b == cut) {
+        next[left++] = cur[j];
+      }
+    }
+    std::swap(cur, next);
+    m = left;
+  }
+  // The last few in rank order, up to and including the one whose mass reaches the target.
+  std::sort(cur, cur + m);
+  for (int32_t j = 0; j < m; ++j) {
+    const int32_t id = KeyId(cur[j]);
+    order_[kept++] = id;
+    mass += probs_[id];
+    if (mass >= target) break;
+  }
+  return kept;
+}
+
+int32_t Sampler::SelectTopP(absl::Span<const float> logits, double total) {
+  const double target = config_.top_p * total;
+  // One pass: the mass per probability bucket (exponent and 3 mantissa bits of the positive
+  // float, so buckets order as the probabilities do), two interleaved copies so that ids in one
+  // bucket do not chain their additions. Probabilities are monotone in the logits, so every id
+  // of a higher bucket ranks before every id of a lower one.
+  constexpr int kShift = 20, kBuckets = 1 << (31 - kShift);
+  std::array<std::array<double, kBuckets>, 2> mass{};
+  const float* p = probs_.data();
+  auto bucket = [](float v) {
+    uint32_t bits;
+    std::memcpy(&bits, &v, sizeof(bits));
+    return bits >> kShift;
+  };
+  int32_t i = 0;
+  for (; i + 1 < vocab_size_; i += 2) {
+    mass[0][bucket(p[i])] += p[i];
+    mass[1][bucket(p[i + 1])] += p[i + 1];
+  }
+  if (i < vocab_size_) mass[0][bucket(p[i])] += p[i];
+  // The bucket where the cumulative mass from the top reaches the target.
+  double above = 0;
+  int32_t cut = kBuckets - 1;
+  for (; cut > 0; --cut) {
+    const double m = mass[0][cut] + mass[1][cut];
+    if (above + m >= target) break;
+    above += m;
+  }
+  // Ids above the cut bucket are kept; those in it are ranked to find the cut. (Bucket 0 holds
+  // the ids of probability 0, never kept; reaching it means rounding kept everything else.)
+  int32_t kept = 0, m = 0;
+  for (int32_t id = 0; id < vocab_size_; ++id) {
+    if (!(p[id] > 0)) continue;
+    const int32_t b = static_cast<int32_t>(bucket(p[id]));
+    if (b > cut) {
+      order_[kept++] = id;
+    } else if (b == cut && cut > 0) {
+      keys_[m++] = RankKey(logits, id);
+    }
+  }
+  return CutRanked(m, kept, above, target);
 }
 
 int32_t Sampler::CutTopP(int32_t n, double set_total) {
@@ -303,15 +370,23 @@ int32_t Sampler::CutTopP(int32_t n, double set_total) {
   return n;  // Rounding left cum just short of the target: keep everything collected.
 }
 
-int32_t Sampler::CutMinP(int32_t n) const {
-  // order_[0] is the max with probability 1 (unnormalised), so min-p relative to the max prob
-  // is a plain threshold on probs_; renormalisation after top-k/p leaves that ratio unchanged.
-  int32_t kept = 1;
-  while (kept < n && probs_[order_[kept]] >= config_.min_p) ++kept;
+int32_t Sampler::CutMinP(int32_t n, bool sorted) {
+  // The max entry has probability 1 (unnormalised), so min-p relative to the max prob is a plain
+  // threshold on probs_; renormalisation after top-k/p leaves that ratio unchanged. The max is
+  // always kept (min_p <= 1).
+  if (sorted) {
+    int32_t kept = 1;
+    while (kept < n && probs_[order_[kept]] >= config_.min_p) ++kept;
+    return kept;
+  }
+  int32_t kept = 0;
+  for (int32_t j = 0; j < n; ++j) {
+    if (probs_[order_[j]] >= config_.min_p) order_[kept++] = order_[j];
+  }
   return kept;
 }
 
-int32_t Sampler::DrawSorted(int32_t n) {
+int32_t Sampler::DrawFrom(int32_t n) {
   double total = 0;
   for (int32_t j = 0; j < n; ++j) total += probs_[order_[j]];
   const double target = rng_.NextDouble() * total;
@@ -331,10 +406,15 @@ int32_t Sampler::DrawThreshold(float threshold, double total) {
   return std::max(pick, 0);  // -1 only if nothing is kept, which the max entry (p = 1) rules out
 }
 
-void Sampler::MaskOutside(absl::Span<float> logits, int32_t n) const {
+void Sampler::MaskOutside(absl::Span<float> logits, int32_t n, bool sorted) const {
   // The kept support is exactly the first n ids in RanksBefore order, so everything ranking after
   // the last kept id is outside it.
-  const int32_t last = order_[n - 1];
+  int32_t last = order_[n - 1];
+  if (!sorted) {
+    uint64_t worst = RankKey(logits, last);
+    for (int32_t j = 0; j < n - 1; ++j) worst = std::max(worst, RankKey(logits, order_[j]));
+    last = KeyId(worst);
+  }
   const float last_x = logits[last];
   for (int32_t i = 0; i < vocab_size_; ++i) {
     if (logits[i] < last_x || (logits[i] == last_x && i > last)) logits[i] = kNegInf;

@@ -107,21 +107,30 @@ class Sampler {
   // Temperature 0: argmax; logprobs at temperature 1.
   void SampleGreedy(absl::Span<const float> logits, float max, bool want_top,
                     SampleResult& result) const;
-  // Draws from order_[0, n) (sorted support) or from every id with probs_ >= threshold
-  // (`total`: their summed probs_, or < 0 to compute it).
-  int32_t DrawSorted(int32_t n);
+  // Draws from order_[0, n) (the kept support, in any order) or from every id with probs_ >=
+  // threshold (`total`: their summed probs_, or < 0 to compute it).
+  int32_t DrawFrom(int32_t n);
   int32_t DrawThreshold(float threshold, double total);
   void FillTopLogprobs(absl::Span<const float> logits, float shift, float log_z,
                        SampleResult& result) const;
 
-  // Candidate-set stages over order_[0, n): each returns the new n (sorted best first).
+  // Candidate-set stages over order_[0, n): each returns the new n. The kept support is always
+  // a prefix of the vocabulary in RanksBefore order; SelectTopK leaves it sorted best first,
+  // SelectTopP in no particular order (sorting a flat nucleus of thousands of ids was most of a
+  // top-p draw).
   int32_t SelectTopK(absl::Span<const float> logits, int32_t k);
-  int32_t SelectTopPUnsorted(absl::Span<const float> logits, double total);
+  int32_t SelectTopP(absl::Span<const float> logits, double total);
   // Sorts order_[0, n) by RanksBefore; `logits` shifted so that none is positive.
   void SortByRank(absl::Span<const float> logits, int32_t n);
+  // Over a sorted order_[0, n): the shortest prefix holding top_p of `set_total`.
   int32_t CutTopP(int32_t n, double set_total);
-  int32_t CutMinP(int32_t n) const;
-  void MaskOutside(absl::Span<float> logits, int32_t n) const;
+  // The rest of SelectTopP's cut: order_[0, kept) are kept, holding `mass` (below `target`),
+  // and the cut lies among the candidates whose rank keys are in keys_[0, m). Found by a radix
+  // select over the keys (the mass per key byte, descending into the bucket where the cut
+  // falls) instead of a sort; the kept ids are appended to order_, unsorted. Returns kept.
+  int32_t CutRanked(int32_t m, int32_t kept, double mass, double target);
+  int32_t CutMinP(int32_t n, bool sorted);
+  void MaskOutside(absl::Span<float> logits, int32_t n, bool sorted) const;
 
   const int32_t vocab_size_;
   SamplingConfig config_;
@@ -136,7 +145,8 @@ class Sampler {
   // Step scratch, [vocab_size] each.
   std::vector<float> probs_;    // exp(processed logit), unnormalised (max entry is 1)
   std::vector<int32_t> order_;  // candidate ids; a prefix is the sorted kept support
-  std::vector<uint64_t> keys_;  // SortByRank's scratch
+  std::vector<uint64_t> keys_;  // SortByRank's and CutRanked's scratch
+  std::vector<uint64_t> spare_keys_;  // CutRanked's second buffer
 };
 
 }  // namespace kvrm
