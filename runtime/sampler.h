@@ -144,7 +144,7 @@ class Sampler {
 
   // Step scratch, [vocab_size] each.
   std::vector<float> probs_;    // exp(processed logit), unnormalised (max entry is 1)
-  std::vector<int32_t> order_;  // candidate ids; a prefix is the sorted kept support
+  std::vector<int32_t> order_;  // candidate ids; a prefix is the kept support
   std::vector<uint64_t> keys_;  // SortByRank's and CutRanked's scratch
   std::vector<uint64_t> spare_keys_;  // CutRanked's second buffer
 };
