@@ -9,7 +9,8 @@
 # //model:tokenizer + //model:chat_template + //tools/replay:trace +
 # //server:request_validation))'`, runtime/structured/ by a glob); keep this list,
 # and the data of //fuzz:fuzz_test, in step with it. System libraries (absl, protobuf, ICU,
-# oniguruma) are linked uninstrumented. Objects are rebuilt only when their source is newer.
+# oniguruma) are linked uninstrumented. Objects are rebuilt when their source, or any header, is
+# newer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -56,8 +57,14 @@ ABSL_PC=(absl_flags absl_status absl_statusor absl_str_format absl_strings absl_
   absl_time absl_hash absl_raw_hash_set absl_cord)
 read -r -a LIBS <<<"$(pkg-config --libs "${ABSL_PC[@]}" protobuf oniguruma icu-uc icu-i18n)"
 
+# Headers are not tracked per object: one newer than an object rebuilds it (a class that grew a
+# member must not meet objects compiled against its old layout).
+newest_header=$(find common model runtime server tools/replay kernels/cpu fuzz -name '*.h' \
+  -printf '%T@\n' | sort -n | tail -1)
 compile() {  # src obj
-  if [[ ! "$2" -nt "$1" ]]; then
+  local obj_time=0
+  [[ -e "$2" ]] && obj_time=$(stat -c '%.Y' "$2")
+  if [[ ! "$2" -nt "$1" ]] || awk -v o="$obj_time" -v h="$newest_header" 'BEGIN { exit !(o < h) }'; then
     mkdir -p "$(dirname "$2")"
     echo "  CXX $1"
     "$CXX" "${CXXFLAGS[@]}" -c "$1" -o "$2"
