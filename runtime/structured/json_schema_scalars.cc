@@ -68,8 +68,10 @@ struct IntegerBounds {
 // Draft 4's "exclusiveMinimum": false says the bound is inclusive: no constraint of its own.
 bool IsDraft4False(const OJson& v) { return v.is_boolean() && !v.get<bool>(); }
 
-absl::StatusOr<IntegerBounds> ReadIntegerBounds(const Conj& conj) {
-  IntegerBounds b;
+// Calls use(keyword, pointer, value) for each numeric bound keyword in force, in the
+// conjunction's order (draft 4's "exclusiveMinimum": false is no bound); an error stops it.
+template <typename F>
+absl::Status ForEachNumericBound(const Conj& conj, F use) {
   for (const Loc& m : conj) {
     if (!m.schema->is_object()) continue;
     for (const char* keyword : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
@@ -77,22 +79,31 @@ absl::StatusOr<IntegerBounds> ReadIntegerBounds(const Conj& conj) {
       if (it == m.schema->end() || IsDraft4False(*it)) continue;
       const std::string pointer = Child(m.pointer, keyword);
       ASSIGN_OR_RETURN(const JsonNumberValue n, ReadNumber(*it, pointer));
-      const std::string k = keyword;
-      if (k == "minimum" || k == "exclusiveMinimum") {
-        const __int128 v = k == "minimum" ? CeilOf(n) : FloorOf(n) + 1;
-        if (!b.lo || v > *b.lo) {
-          b.lo = v;
-          b.lo_pointer = pointer;
-        }
-      } else {
-        const __int128 v = k == "maximum" ? FloorOf(n) : CeilOf(n) - 1;
-        if (!b.hi || v < *b.hi) {
-          b.hi = v;
-          b.hi_pointer = pointer;
-        }
-      }
+      RETURN_IF_ERROR(use(std::string_view(keyword), pointer, n));
     }
   }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<IntegerBounds> ReadIntegerBounds(const Conj& conj) {
+  IntegerBounds b;
+  RETURN_IF_ERROR(ForEachNumericBound(
+      conj, [&](std::string_view k, const std::string& pointer, const JsonNumberValue& n) {
+        if (k == "minimum" || k == "exclusiveMinimum") {
+          const __int128 v = k == "minimum" ? CeilOf(n) : FloorOf(n) + 1;
+          if (!b.lo || v > *b.lo) {
+            b.lo = v;
+            b.lo_pointer = pointer;
+          }
+        } else {
+          const __int128 v = k == "maximum" ? FloorOf(n) : CeilOf(n) - 1;
+          if (!b.hi || v < *b.hi) {
+            b.hi = v;
+            b.hi_pointer = pointer;
+          }
+        }
+        return absl::OkStatus();
+      }));
   return b;
 }
 
@@ -150,29 +161,23 @@ absl::StatusOr<Regex> IntegerValue(const Conj& conj) {
 
 absl::StatusOr<Regex> NumberValue(const Conj& conj) {
   std::optional<NumberBound> lo, hi;
-  for (const Loc& m : conj) {
-    if (!m.schema->is_object()) continue;
-    for (const char* keyword : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
-      auto it = m.schema->find(keyword);
-      if (it == m.schema->end() || IsDraft4False(*it)) continue;
-      const std::string pointer = Child(m.pointer, keyword);
-      ASSIGN_OR_RETURN(const JsonNumberValue n, ReadNumber(*it, pointer));
-      if (!n.integral || n.integer < std::numeric_limits<int64_t>::min() ||
-          n.integer > std::numeric_limits<int64_t>::max()) {
-        return SchemaError(pointer,
-                           "bounds on numbers are only supported when they are integers within 64 "
-                           "bits (use \"type\": \"integer\" or an integer bound)");
-      }
-      const std::string k = keyword;
-      const NumberBound b{static_cast<int64_t>(n.integer),
-                          k == "exclusiveMinimum" || k == "exclusiveMaximum"};
-      if (k == "minimum" || k == "exclusiveMinimum") {
-        if (!lo || b.value > lo->value || (b.value == lo->value && b.exclusive)) lo = b;
-      } else {
-        if (!hi || b.value < hi->value || (b.value == hi->value && b.exclusive)) hi = b;
-      }
-    }
-  }
+  RETURN_IF_ERROR(ForEachNumericBound(
+      conj, [&](std::string_view k, const std::string& pointer, const JsonNumberValue& n) {
+        if (!n.integral || n.integer < std::numeric_limits<int64_t>::min() ||
+            n.integer > std::numeric_limits<int64_t>::max()) {
+          return SchemaError(pointer,
+                             "bounds on numbers are only supported when they are integers within "
+                             "64 bits (use \"type\": \"integer\" or an integer bound)");
+        }
+        const NumberBound b{static_cast<int64_t>(n.integer),
+                            k == "exclusiveMinimum" || k == "exclusiveMaximum"};
+        if (k == "minimum" || k == "exclusiveMinimum") {
+          if (!lo || b.value > lo->value || (b.value == lo->value && b.exclusive)) lo = b;
+        } else {
+          if (!hi || b.value < hi->value || (b.value == hi->value && b.exclusive)) hi = b;
+        }
+        return absl::OkStatus();
+      }));
   if (!lo && !hi) return JsonNumber();
   return BoundedNumber(lo, hi);
 }
