@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
+#include "model/tokenizer_text.h"
 #include "runtime/structured/automaton.h"
 #include "runtime/structured/grammar.h"
 #include "runtime/structured/json_schema.h"
@@ -75,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       while (from <= text.size()) {
         const size_t nl = std::min(text.find('\n', from), text.size());
         const std::string choice = text.substr(from, nl - from);
-        if (kvrm::structured::IsValidUtf8(choice)) {
+        if (kvrm::tok::IsValidUtf8(choice)) {
           options.push_back(kvrm::structured::Literal(choice));
         }
         from = nl + 1;

@@ -1,12 +1,14 @@
 #include "runtime/structured/automaton.h"
 
 #include <algorithm>
+#include <string>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/logging.h"
+#include "model/tokenizer_text.h"
 
 namespace kvrm::structured {
 namespace {
@@ -40,29 +42,13 @@ void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<std::vector<ByteRange>>* ou
       }
     }
   }
-  auto encode = [](uint32_t c, uint8_t* b) {
-    if (c < 0x800) {
-      b[0] = static_cast<uint8_t>(0xC0 | (c >> 6));
-      b[1] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-      return 2;
-    }
-    if (c < 0x10000) {
-      b[0] = static_cast<uint8_t>(0xE0 | (c >> 12));
-      b[1] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
-      b[2] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-      return 3;
-    }
-    b[0] = static_cast<uint8_t>(0xF0 | (c >> 18));
-    b[1] = static_cast<uint8_t>(0x80 | ((c >> 12) & 0x3F));
-    b[2] = static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F));
-    b[3] = static_cast<uint8_t>(0x80 | (c & 0x3F));
-    return 4;
-  };
-  uint8_t a[4], b[4];
-  const int n = encode(lo, a);
-  encode(hi, b);
-  std::vector<ByteRange> seq(n);
-  for (int k = 0; k < n; ++k) seq[k] = {a[k], b[k]};
+  std::string a, b;
+  tok::AppendUtf8(lo, &a);
+  tok::AppendUtf8(hi, &b);  // as long as a: both ends take the same number of bytes
+  std::vector<ByteRange> seq(a.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    seq[k] = {static_cast<uint8_t>(a[k]), static_cast<uint8_t>(b[k])};
+  }
   out->push_back(std::move(seq));
 }
 

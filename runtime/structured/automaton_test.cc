@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "model/tokenizer_text.h"
 #include "runtime/structured/regex_ast.h"
 #include "runtime/structured/regex_parser.h"
 
@@ -211,26 +212,6 @@ TEST(DfaTest, EmptyLanguageAndOversizedConstraintsAreRefused) {
   EXPECT_NE(states.status().message().find("5000"), std::string_view::npos) << states.status();
 }
 
-std::string EncodeUtf8(uint32_t c) {
-  std::string s;
-  if (c < 0x80) {
-    s.push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    s.push_back(static_cast<char>(0xC0 | (c >> 6)));
-    s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    s.push_back(static_cast<char>(0xE0 | (c >> 12)));
-    s.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    s.push_back(static_cast<char>(0xF0 | (c >> 18)));
-    s.push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    s.push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-  return s;
-}
-
 bool MatchesSequence(const std::vector<ByteRange>& seq, const std::string& bytes) {
   if (seq.size() != bytes.size()) return false;
   for (size_t k = 0; k < seq.size(); ++k) {
@@ -260,7 +241,8 @@ TEST(Utf8SequencesTest, MatchExactlyTheEncodingsOfTheRange) {
     for (int j = 0; j < 50; ++j) probes.push_back(lo + (hi - lo) / 50 * j);
     for (uint32_t c : probes) {
       if (c >= 0xD800 && c <= 0xDFFF) continue;  // not characters
-      const std::string bytes = EncodeUtf8(c);
+      std::string bytes;
+      tok::AppendUtf8(c, &bytes);
       int hits = 0;
       for (const auto& seq : seqs) hits += MatchesSequence(seq, bytes);
       EXPECT_EQ(hits, (c >= lo && c <= hi) ? 1 : 0)

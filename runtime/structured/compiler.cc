@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
+#include "model/tokenizer_text.h"
 #include "runtime/structured/json_schema.h"
 #include "runtime/structured/regex_parser.h"
 
@@ -70,7 +71,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
       std::vector<Regex> options;
       for (size_t i = 0; i < spec.choices.size(); ++i) {
         // Literal() takes UTF-8: text that is not could only be spelled by raw byte tokens.
-        if (!IsValidUtf8(spec.choices[i])) {
+        if (!tok::IsValidUtf8(spec.choices[i])) {
           return Invalid(absl::StrCat("choice ", i, " is not valid UTF-8"));
         }
         options.push_back(Literal(spec.choices[i]));

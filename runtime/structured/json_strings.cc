@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "model/tokenizer_text.h"
 #include "runtime/structured/regex_builders.h"
 
 namespace kvrm::structured {
@@ -19,36 +20,6 @@ CodePointSet UnescapedSet() {
   s.Add(0x23, 0x5B);
   s.Add(0x5D, kMaxCodePoint);
   return s;
-}
-
-void AppendUtf8(uint32_t c, std::string* out) {
-  if (c < 0x80) {
-    out->push_back(static_cast<char>(c));
-  } else if (c < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (c >> 6)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else if (c < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (c >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (c >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((c >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (c & 0x3F)));
-  }
-}
-
-// Decodes one code point of valid UTF-8 (a literal's text is) at text[*i].
-uint32_t NextUtf8(const std::string& text, size_t* i) {
-  const auto b0 = static_cast<unsigned char>(text[*i]);
-  const int len = b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
-  uint32_t c = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-  for (int k = 1; k < len && *i + k < text.size(); ++k) {
-    c = (c << 6) | (static_cast<unsigned char>(text[*i + k]) & 0x3F);
-  }
-  *i += len;
-  return c;
 }
 
 // A character as it stands inside a JSON string, escaped the one way nlohmann writes it.
@@ -85,7 +56,7 @@ void AppendJsonChar(uint32_t c, std::string* out) {
     out->push_back(kHex[c & 0xF]);
     return;
   }
-  AppendUtf8(c, out);
+  tok::AppendUtf8(c, out);
 }
 
 // One character of a pattern's class, as JSON string content: those a string holds as themselves
@@ -142,7 +113,7 @@ Regex PatternContent(const Regex& r) {
       return r;
     case RegexNode::Kind::kLiteral: {
       std::string out;
-      for (size_t i = 0; i < r->text.size();) AppendJsonChar(NextUtf8(r->text, &i), &out);
+      for (size_t i = 0; i < r->text.size();) AppendJsonChar(tok::NextCodePoint(r->text, &i), &out);
       return Literal(out);
     }
     case RegexNode::Kind::kClass:

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/logging.h"
+#include "model/tokenizer_text.h"
 
 namespace kvrm::structured {
 namespace {
@@ -40,18 +41,6 @@ void AppendCodePoint(uint32_t c, bool in_class, std::string* out) {
   absl::StrAppendFormat(out, "\\x{%X}", c);
 }
 
-// Decodes one code point of valid UTF-8 at text[*i].
-uint32_t NextUtf8(std::string_view text, size_t* i) {
-  const unsigned char b0 = static_cast<unsigned char>(text[*i]);
-  int len = b0 < 0x80 ? 1 : b0 < 0xE0 ? 2 : b0 < 0xF0 ? 3 : 4;
-  uint32_t c = len == 1 ? b0 : len == 2 ? (b0 & 0x1F) : len == 3 ? (b0 & 0x0F) : (b0 & 0x07);
-  for (int k = 1; k < len && *i + k < text.size(); ++k) {
-    c = (c << 6) | (static_cast<unsigned char>(text[*i + k]) & 0x3F);
-  }
-  *i += len;
-  return c;
-}
-
 void AppendPattern(const Regex& r, std::string* out);
 
 void AppendGrouped(const Regex& r, std::string* out) {
@@ -75,7 +64,7 @@ void AppendPattern(const Regex& r, std::string* out) {
       out->append("(?:)");
       return;
     case RegexNode::Kind::kLiteral:
-      for (size_t i = 0; i < r->text.size();) AppendCodePoint(NextUtf8(r->text, &i), false, out);
+      for (size_t i = 0; i < r->text.size();) AppendCodePoint(tok::NextCodePoint(r->text, &i), false, out);
       return;
     case RegexNode::Kind::kClass: {
       const auto& ranges = r->set.ranges();

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/tokenizer_text.h"
 
 namespace kvrm::structured {
 namespace {
@@ -434,46 +435,16 @@ class Parser {
   size_t end_ = 0;
 };
 
-// Decodes `text` strictly (no overlongs, surrogates or bytes past U+10FFFF); nullopt otherwise.
-std::optional<std::vector<uint32_t>> DecodeUtf8(std::string_view text) {
-  std::vector<uint32_t> out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size();) {
-    const unsigned char b0 = static_cast<unsigned char>(text[i]);
-    int len;
-    uint32_t c, min;
-    if (b0 < 0x80) {
-      len = 1, c = b0, min = 0;
-    } else if ((b0 & 0xE0) == 0xC0) {
-      len = 2, c = b0 & 0x1F, min = 0x80;
-    } else if ((b0 & 0xF0) == 0xE0) {
-      len = 3, c = b0 & 0x0F, min = 0x800;
-    } else if ((b0 & 0xF8) == 0xF0) {
-      len = 4, c = b0 & 0x07, min = 0x10000;
-    } else {
-      return std::nullopt;
-    }
-    if (i + len > text.size()) return std::nullopt;
-    for (int k = 1; k < len; ++k) {
-      const unsigned char b = static_cast<unsigned char>(text[i + k]);
-      if ((b & 0xC0) != 0x80) return std::nullopt;
-      c = (c << 6) | (b & 0x3F);
-    }
-    if (c < min || c > kMaxCodePoint || (c >= 0xD800 && c <= 0xDFFF)) return std::nullopt;
-    out.push_back(c);
-    i += len;
-  }
-  return out;
-}
-
 }  // namespace
 
-bool IsValidUtf8(std::string_view text) { return DecodeUtf8(text).has_value(); }
-
 absl::StatusOr<Regex> ParseRegex(std::string_view pattern) {
-  auto chars = DecodeUtf8(pattern);
-  if (!chars) return absl::InvalidArgumentError("regex: not valid UTF-8");
-  Parser parser(*std::move(chars));
+  // Strict (no overlong forms, surrogates or code points past U+10FFFF), so the decode below
+  // only sees whole characters.
+  if (!tok::IsValidUtf8(pattern)) return absl::InvalidArgumentError("regex: not valid UTF-8");
+  std::vector<uint32_t> chars;
+  chars.reserve(pattern.size());
+  for (size_t i = 0; i < pattern.size();) chars.push_back(tok::NextCodePoint(pattern, &i));
+  Parser parser(std::move(chars));
   return parser.ParseAll();
 }
 

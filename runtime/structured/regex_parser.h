@@ -28,9 +28,6 @@ inline constexpr int32_t kMaxNesting = 200;
 
 absl::StatusOr<Regex> ParseRegex(std::string_view pattern);
 
-// Strict UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-bool IsValidUtf8(std::string_view text);
-
 }  // namespace kvrm::structured
 
 #endif  // KVRM_RUNTIME_STRUCTURED_REGEX_PARSER_H_
