@@ -35,19 +35,18 @@ int NestingDepth(std::string_view text) {
   return max_depth;
 }
 
-}  // namespace
-
-absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what, int max_depth) {
+template <typename J>
+absl::StatusOr<J> ParseBounded(std::string_view text, std::string_view what, int max_depth) {
   if (NestingDepth(text) > max_depth) {
     return absl::InvalidArgumentError(
         absl::StrCat(std::string(what), ": JSON nested deeper than ", max_depth, " levels"));
   }
-  Json j = Json::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
+  J j = J::parse(text.begin(), text.end(), /*cb=*/nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded()) {
     // Re-parse with diagnostics off the hot path to report the byte offset.
     try {
-      (void)Json::parse(text.begin(), text.end());
-    } catch (const Json::exception& e) {
+      (void)J::parse(text.begin(), text.end());
+    } catch (const typename J::exception& e) {
       // parse_error, and out_of_range for numbers beyond a double ("1e999"): every failure of
       // untrusted input must come back as a Status, never escape.
       return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": invalid JSON: ", e.what()));
@@ -55,6 +54,17 @@ absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what, int
     return absl::InvalidArgumentError(absl::StrCat(std::string(what), ": invalid JSON"));
   }
   return j;
+}
+
+}  // namespace
+
+absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what, int max_depth) {
+  return ParseBounded<Json>(text, what, max_depth);
+}
+
+absl::StatusOr<OrderedJson> ParseOrderedJson(std::string_view text, std::string_view what,
+                                             int max_depth) {
+  return ParseBounded<OrderedJson>(text, what, max_depth);
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {

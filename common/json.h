@@ -15,6 +15,8 @@
 namespace kvrm {
 
 using Json = nlohmann::json;
+// Keeps object keys in the order they were written (JSON Schemas, tool-call arguments).
+using OrderedJson = nlohmann::ordered_json;
 
 inline constexpr int kMaxJsonDepth = 64;
 
@@ -22,6 +24,10 @@ inline constexpr int kMaxJsonDepth = 64;
 // INVALID_ARGUMENT on malformed JSON or nesting deeper than `max_depth`.
 absl::StatusOr<Json> ParseJson(std::string_view text, std::string_view what,
                                int max_depth = kMaxJsonDepth);
+
+// As ParseJson, keeping object keys in document order.
+absl::StatusOr<OrderedJson> ParseOrderedJson(std::string_view text, std::string_view what,
+                                             int max_depth = kMaxJsonDepth);
 
 // Reads and parses a file; errors name the path.
 absl::StatusOr<Json> ReadJsonFile(const std::string& path, int max_depth = kMaxJsonDepth);

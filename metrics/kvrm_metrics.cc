@@ -251,6 +251,17 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
       histogram("kvrm:structured_output_compile_seconds",
                 "Time to compile one structured-output constraint, in seconds.",
                 CompileBuckets());
+  Family<Counter>& tool_requests =
+      r->AddCounter("kvrm:tool_call_requests_total",
+                    "Chat requests that offered tools, by tool_choice.", labels({"choice"}));
+  tool_calls_.requests = {&tool_requests.WithLabels(values({"auto"})),
+                          &tool_requests.WithLabels(values({"none"})),
+                          &tool_requests.WithLabels(values({"required"})),
+                          &tool_requests.WithLabels(values({"function"}))};
+  tool_calls_.calls = counter("kvrm:tool_calls_total", "Function calls returned in replies.");
+  tool_calls_.parse_failures =
+      counter("kvrm:tool_call_parse_failures_total",
+              "Replies whose held function-call text did not parse and was returned as text.");
 }
 
 void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {

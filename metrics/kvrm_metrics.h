@@ -38,6 +38,15 @@ struct StructuredOutputMetrics {
   Histogram* compile_seconds = nullptr;
 };
 
+// Tool calling (chat.tools), recorded by the server (any thread).
+struct ToolCallMetrics {
+  // kvrm:tool_call_requests_total{choice}: [auto, none, required, function].
+  std::array<Counter*, 4> requests{};
+  Counter* calls = nullptr;           // kvrm:tool_calls_total: calls returned in replies
+  Counter* parse_failures = nullptr;  // kvrm:tool_call_parse_failures_total: held call text that
+                                      // did not parse, returned as text
+};
+
 // Bucket bounds, exposed for tests and the documentation.
 const std::vector<double>& TtftBuckets();
 const std::vector<double>& InterTokenBuckets();
@@ -64,6 +73,7 @@ class KvrmMetrics : public EngineObserver {
   // its tokens came (server/response_queue.h). Thread-safe.
   Counter* stream_chunks_merged() const { return stream_chunks_merged_; }
   const StructuredOutputMetrics& structured_outputs() const { return structured_; }
+  const ToolCallMetrics& tool_calls() const { return tool_calls_; }
 
  private:
   // vLLM-compatible request figures.
@@ -83,6 +93,7 @@ class KvrmMetrics : public EngineObserver {
   Counter* preemptions_;
   Counter* stream_chunks_merged_;
   StructuredOutputMetrics structured_;
+  ToolCallMetrics tool_calls_;
   Counter* device_sampled_;
   std::array<Counter*, 3> rejected_;  // queue_full, draining, other
 

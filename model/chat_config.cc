@@ -49,6 +49,7 @@ absl::StatusOr<std::string> TemplateSource(const Json& config, const std::string
 void SetTemplate(std::string_view source, std::string where, ChatConfig* config) {
   config->source = std::move(where);
   absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
+  config->tool_call_format = DetectToolCallFormat(source);
   if (parsed.ok()) {
     config->chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
     config->status = absl::OkStatus();
@@ -112,6 +113,7 @@ absl::Status OverrideChatTemplate(const std::string& path, ChatConfig* config) {
   config->chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
   config->status = absl::OkStatus();
   config->source = path;
+  config->tool_call_format = DetectToolCallFormat(*source);
   return absl::OkStatus();
 }
 

@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/chat_template.h"
+#include "model/tool_calls.h"
 
 namespace kvrm {
 
@@ -24,6 +25,9 @@ struct ChatConfig {
   std::string source;  // the file it came from, for logs
   std::string bos_token;
   std::string eos_token;
+  // How the template's model writes function calls (detected from the template's text; kvrmd's
+  // --tool_call_parser overrides it): what tool_choice "auto" parses.
+  ToolCallFormat tool_call_format = ToolCallFormat::kNone;
 
   // Renders `inputs` (bos_token and eos_token filled from this config); the error of a missing
   // or unparsable template, or the template's own (raise_exception), as INVALID_ARGUMENT.

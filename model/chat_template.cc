@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/json.h"
 #include "common/status_macros.h"
 #include "model/chat_template_parser.h"
 #include "model/chat_template_value.h"
@@ -63,17 +64,36 @@ class Evaluator {
   absl::StatusOr<std::string> Run(const Body& body) {
     std::vector<Value> messages;
     messages.reserve(in_.messages.size());
-    for (const ChatMessage& m : in_.messages) {
-      messages.push_back(
-          Value::Dict({{"role", Value::Str(m.role)}, {"content", Value::Str(m.content)}}));
+    for (size_t i = 0; i < in_.messages.size(); ++i) {
+      ASSIGN_OR_RETURN(Value m, MessageValue(in_.messages[i], i));
+      messages.push_back(std::move(m));
     }
     Scope& globals = scopes_.emplace_back();
     globals["messages"] = Value::List(std::move(messages));
     globals["add_generation_prompt"] = Value::Bool(in_.add_generation_prompt);
     globals["bos_token"] = Value::Str(in_.bos_token);
     globals["eos_token"] = Value::Str(in_.eos_token);
-    globals["tools"] = Value::None();  // as transformers passes them without tools/documents
+    // None without tools, as transformers passes them when none are given.
+    globals["tools"] = Value::None();
+    if (!in_.tools.empty()) {
+      std::vector<Value> tools;
+      for (size_t i = 0; i < in_.tools.size(); ++i) {
+        ASSIGN_OR_RETURN(Value t, JsonValue(in_.tools[i], Cat("tools[", i, "]")));
+        tools.push_back(std::move(t));
+      }
+      globals["tools"] = Value::List(std::move(tools));
+    }
     globals["documents"] = Value::None();
+    if (!in_.extra_variables.empty()) {
+      ASSIGN_OR_RETURN(Value extra, JsonValue(in_.extra_variables, "extra variables"));
+      if (!extra.is_dict()) return Err(0, "extra variables must be a JSON object");
+      for (const auto& [name, value] : extra.as_dict()) {
+        if (globals.contains(name)) {
+          return Err(0, Cat("extra variable '", name, "' would replace a standard one"));
+        }
+        globals[name] = value;
+      }
+    }
     std::string out;
     out_ = &out;
     ASSIGN_OR_RETURN(Flow flow, Exec(body));
@@ -84,9 +104,87 @@ class Evaluator {
  private:
   using Scope = absl::flat_hash_map<std::string, Value>;
 
+  // ---- inputs
+
+  // JSON text (depth bounded before parsing) as a template value, object keys in order.
+  absl::StatusOr<Value> JsonValue(std::string_view text, std::string_view what) {
+    absl::StatusOr<OrderedJson> json = ParseOrderedJson(text, what);
+    if (!json.ok()) return Err(0, std::string(json.status().message()));
+    return FromJson(*json, what);
+  }
+  absl::StatusOr<Value> FromJson(const OrderedJson& j, std::string_view what) {
+    switch (j.type()) {
+      case OrderedJson::value_t::null: return Value::None();
+      case OrderedJson::value_t::boolean: return Value::Bool(j.get<bool>());
+      case OrderedJson::value_t::number_integer: return Value::Int(j.get<int64_t>());
+      case OrderedJson::value_t::number_unsigned: {
+        const uint64_t u = j.get<uint64_t>();
+        if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+          return Value::Float(static_cast<double>(u));
+        }
+        return Value::Int(static_cast<int64_t>(u));
+      }
+      case OrderedJson::value_t::number_float: return Value::Float(j.get<double>());
+      case OrderedJson::value_t::string: {
+        std::string str = j.get<std::string>();
+        RETURN_IF_ERROR(Charge(0, static_cast<int64_t>(str.size())));
+        return Value::Str(std::move(str));
+      }
+      case OrderedJson::value_t::array: {
+        std::vector<Value> items;
+        items.reserve(j.size());
+        for (const OrderedJson& item : j) {
+          ASSIGN_OR_RETURN(Value v, FromJson(item, what));
+          items.push_back(std::move(v));
+        }
+        return MakeList(0, std::move(items));
+      }
+      case OrderedJson::value_t::object: {
+        Attrs items;
+        items.reserve(j.size());
+        for (const auto& [key, item] : j.items()) {
+          ASSIGN_OR_RETURN(Value v, FromJson(item, what));
+          SetAttr(items, key, std::move(v));  // parsing keeps one entry per key already
+        }
+        return MakeDict(0, std::move(items));
+      }
+      default: return Err(0, Cat(what, ": unsupported JSON value"));
+    }
+  }
+  // A message as transformers / vLLM hand it to the template.
+  absl::StatusOr<Value> MessageValue(const ChatMessage& m, size_t index) {
+    Attrs d{{"role", Value::Str(m.role)},
+            {"content", m.content.empty() && !m.tool_calls.empty() ? Value::None()
+                                                                   : Value::Str(m.content)}};
+    if (!m.tool_calls.empty()) {
+      std::vector<Value> calls;
+      for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+        const ChatToolCall& c = m.tool_calls[j];
+        Value arguments = Value::Dict({});
+        if (!c.arguments.empty()) {
+          ASSIGN_OR_RETURN(arguments,
+                           JsonValue(c.arguments, Cat("messages[", index, "].tool_calls[", j,
+                                                      "].arguments")));
+        }
+        Attrs call;
+        if (!c.id.empty()) call.emplace_back("id", Value::Str(c.id));
+        call.emplace_back("type", Value::Str("function"));
+        call.emplace_back("function", Value::Dict({{"name", Value::Str(c.name)},
+                                                   {"arguments", std::move(arguments)}}));
+        calls.push_back(Value::Dict(std::move(call)));
+      }
+      d.emplace_back("tool_calls", Value::List(std::move(calls)));
+    }
+    if (!m.tool_call_id.empty()) d.emplace_back("tool_call_id", Value::Str(m.tool_call_id));
+    if (!m.name.empty()) d.emplace_back("name", Value::Str(m.name));
+    return Value::Dict(std::move(d));
+  }
+
   // ---- errors and bounds
 
+  // Line 0: an input (tools, tool-call arguments, extra variables), not a template line.
   static absl::Status Err(int line, std::string_view msg) {
+    if (line <= 0) return absl::InvalidArgumentError(Cat(kErrorPrefix, msg));
     return absl::InvalidArgumentError(Cat(kErrorPrefix, "line ", line, ": ", msg));
   }
   static absl::Status At(int line, const absl::Status& s) {

@@ -11,10 +11,12 @@
 // namespace, strftime_now, range, dict. Unsupported constructs (call blocks, filter blocks,
 // include/extends/import, recursive loops, ...) are parse errors that name them.
 //
-// Context: messages (a list of {role, content}), add_generation_prompt, bos_token, eos_token;
-// tools and documents are none (as transformers passes them when not given). Other names are
-// undefined: empty when rendered, falsy, `is defined` false, and (more leniently than Jinja)
-// their attributes and items are undefined too.
+// Context: messages (a list of {role, content} and, when set, tool_calls, tool_call_id and name,
+// as transformers and vLLM pass OpenAI-style messages), add_generation_prompt, bos_token,
+// eos_token, tools (a list, or none when no tools are given, as transformers passes it),
+// documents (none), and the extra variables. Other names are undefined: empty when rendered,
+// falsy, `is defined` false, and (more leniently than Jinja) their attributes and items are
+// undefined too.
 //
 // Known gaps: lower/upper/title/capitalize map ASCII letters only; tuples are lists (rendered
 // [a, b]); dict keys are strings; integers are int64 (overflow is an error); no `%` string
@@ -47,13 +49,33 @@ namespace jinja {
 struct Program;
 }  // namespace jinja
 
+// A function call an assistant turn made (OpenAI's message.tool_calls[i]).
+struct ChatToolCall {
+  std::string id;         // the dict has no "id" when empty
+  std::string name;
+  std::string arguments;  // a JSON object as text; empty: {}
+};
+
 struct ChatMessage {
   std::string role;
   std::string content;
+  // The template sees each as {"id", "type": "function", "function": {"name", "arguments"}} with
+  // the arguments parsed into a dict (templates write them with tojson; vLLM parses them too).
+  // With calls and no content, content is none (as OpenAI clients send it).
+  std::vector<ChatToolCall> tool_calls;
+  std::string tool_call_id;  // role "tool": the call this answers; absent from the dict when empty
+  std::string name;          // absent from the dict when empty
 };
 
 struct ChatTemplateInputs {
   std::vector<ChatMessage> messages;
+  // The functions the model may call, each a JSON object as text (OpenAI's
+  // {"type": "function", "function": {"name", "description", "parameters"}}); empty: tools is
+  // none.
+  std::vector<std::string> tools;
+  // More template variables (vLLM's chat_template_kwargs, e.g. {"enable_thinking": false}): a JSON
+  // object as text, or empty. Its keys are set after the standard ones and may not replace them.
+  std::string extra_variables;
   bool add_generation_prompt = true;
   std::string bos_token;
   std::string eos_token;

@@ -316,6 +316,63 @@ TEST(ChatTemplateTest, Qwen25MultiLine) {
             "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
 }
 
+TEST(ChatTemplateTest, Qwen25WithToolsAndToolCalls) {
+  ChatTemplateInputs in = Inputs({{"system", "S"}, {"user", "Weather?"}});
+  ChatMessage call{"assistant", ""};
+  call.tool_calls.push_back({"call_1", "get_weather", R"({"city": "Lima", "days": [1, 2]})"});
+  in.messages.push_back(call);
+  ChatMessage result{"tool", "18C"};
+  result.tool_call_id = "call_1";
+  in.messages.push_back(result);
+  in.tools = {R"({"type": "function", "function": {"name": "get_weather", "parameters": )"
+              R"({"type": "object", "properties": {"city": {"type": "string"}}}}})"};
+  // As transformers renders it: tojson with Python's separators, the keys in their order, the
+  // arguments a dict (not a string), no content line for a call without content.
+  EXPECT_EQ(*Render(kQwen25, in),
+            "<|im_start|>system\nS\n\n# Tools\n\n<tools>\n"
+            "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"parameters\": "
+            "{\"type\": \"object\", \"properties\": {\"city\": {\"type\": \"string\"}}}}}\n"
+            "</tools><|im_end|>\n"
+            "<|im_start|>user\nWeather?<|im_end|>\n"
+            "<|im_start|>assistant\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+            "{\"city\": \"Lima\", \"days\": [1, 2]}}\n</tool_call><|im_end|>\n"
+            "<|im_start|>user\n<tool_response>\n18C\n</tool_response><|im_end|>\n"
+            "<|im_start|>assistant\n");
+}
+
+TEST(ChatTemplateTest, MessageFieldsToolsAndExtraVariables) {
+  constexpr char kShow[] =
+      "{%- for m in messages %}{{ m | tojson }}\n{% endfor %}"
+      "{{ tools is none }} {{ enable_thinking }} {{ opts.depth }} {{ opts.tags | join(',') }}";
+  ChatTemplateInputs in = Inputs({{"user", "hi"}});
+  ChatMessage call{"assistant", "Checking."};
+  call.tool_calls.push_back({"", "now", ""});
+  in.messages.push_back(call);
+  ChatMessage result{"tool", "12:00"};
+  result.tool_call_id = "c9";
+  result.name = "now";
+  in.messages.push_back(result);
+  in.extra_variables = R"({"enable_thinking": false, "opts": {"depth": 2, "tags": ["a", "b"]}})";
+  EXPECT_EQ(*Render(kShow, in),
+            "{\"role\": \"user\", \"content\": \"hi\"}\n"
+            "{\"role\": \"assistant\", \"content\": \"Checking.\", \"tool_calls\": [{\"type\": "
+            "\"function\", \"function\": {\"name\": \"now\", \"arguments\": {}}}]}\n"
+            "{\"role\": \"tool\", \"content\": \"12:00\", \"tool_call_id\": \"c9\", \"name\": "
+            "\"now\"}\n"
+            "True False 2 a,b");
+  // Bad inputs fail cleanly, naming what was wrong.
+  in.extra_variables = R"({"messages": []})";
+  EXPECT_THAT(ErrorOf(kShow, in), HasSubstr("would replace a standard one"));
+  in.extra_variables = "[1]";
+  EXPECT_THAT(ErrorOf(kShow, in), HasSubstr("must be a JSON object"));
+  in.extra_variables = "";
+  in.tools = {"{\"type\": "};
+  EXPECT_THAT(ErrorOf(kShow, in), HasSubstr("tools[0]: invalid JSON"));
+  in.tools.clear();
+  in.messages[1].tool_calls[0].arguments = "{";
+  EXPECT_THAT(ErrorOf(kShow, in), HasSubstr("messages[1].tool_calls[0].arguments"));
+}
+
 TEST(ChatTemplateTest, MistralAndAlternation) {
   EXPECT_EQ(
       *Render(kMistral, Inputs({{"user", "Hi"}, {"assistant", "Hello"}, {"user", "How are you?"}})),

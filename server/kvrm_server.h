@@ -35,6 +35,8 @@ struct ServerOptions {
   Counter* merged_chunks_counter = nullptr;
   // Structured-output requests and compiles (kvrm:structured_output_*); not owned, may be null.
   const StructuredOutputMetrics* structured_metrics = nullptr;
+  // Tool-calling requests, calls and parse failures (kvrm:tool_call*); not owned, may be null.
+  const ToolCallMetrics* tool_call_metrics = nullptr;
 };
 
 class KvrmServer {

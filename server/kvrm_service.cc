@@ -36,6 +36,12 @@ v1::FinishReason ToProto(FinishReason r) {
   return v1::FINISH_REASON_UNSPECIFIED;
 }
 
+// Replies that ended by themselves or at their length limit are read for calls; cancelled,
+// timed-out and failed ones give back what they held as text.
+bool ParsesToolCalls(FinishReason r) {
+  return r == FinishReason::kEos || r == FinishReason::kStop || r == FinishReason::kLength;
+}
+
 }  // namespace
 
 // One Generate call: n completions (GenerateRequest.n), each an engine request whose messages
@@ -86,6 +92,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void set_follower_template(const GenerationRequest& leader) {
     follower_ = std::make_unique<GenerationRequest>(leader);
     follower_->sink.reset();
+  }
+
+  // Before the leader is submitted: every completion's text is read for function calls.
+  void set_tool_calling(const ToolCalling& calling, const ToolCallSyntax* syntax,
+                        const ToolCallMetrics* metrics) {
+    tool_streams_.clear();
+    for (int32_t i = 0; i < n_; ++i) {
+      tool_streams_.push_back(
+          std::make_unique<ToolCallStream>(calling.mode, syntax, calling.function));
+    }
+    tool_metrics_ = metrics;
   }
 
   // The client cancelled (before anything was submitted, for a call that waited to compile).
@@ -211,7 +228,24 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     if (!omit_token_ids_) {
       for (int32_t id : chunk.token_ids) msg.add_token_ids(id);
     }
-    msg.set_text(std::move(chunk.text));
+    std::vector<ToolCall> calls;
+    if (tool_streams_.empty()) {
+      msg.set_text(std::move(chunk.text));
+    } else {
+      // Only the engine thread feeds a completion's stream (its sink, or SubmitFollowers there).
+      ToolCallStream& stream = *tool_streams_[index];
+      std::string text = stream.Feed(chunk.token_ids, chunk.text);
+      if (info) {
+        ToolCallStream::Result r = stream.Finish(ParsesToolCalls(info->reason));
+        text += r.text;
+        calls = std::move(r.calls);
+        if (tool_metrics_ != nullptr) {
+          if (!calls.empty()) tool_metrics_->calls->Add(static_cast<double>(calls.size()));
+          if (r.malformed) tool_metrics_->parse_failures->Add();
+        }
+      }
+      msg.set_text(std::move(text));
+    }
     for (const TokenLogprobs& lp : chunk.logprobs) {
       v1::TokenLogprob* out = msg.add_logprobs();
       out->set_token_id(lp.token);
@@ -234,6 +268,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       f->set_queue_time_ms(info->queue_time_ms);
       f->set_time_to_first_token_ms(info->time_to_first_token_ms);
       f->set_total_time_ms(info->total_time_ms);
+      if (!calls.empty()) {
+        f->set_reason(v1::FINISH_REASON_TOOL_CALLS);
+        for (ToolCall& c : calls) {
+          v1::ToolCall* out = f->add_tool_calls();
+          out->set_id(std::move(c.id));
+          out->set_name(std::move(c.name));
+          out->set_arguments(std::move(c.arguments));
+        }
+      }
     }
     const v1::GenerateResponse* start = nullptr;
     bool merged = false;
@@ -260,6 +303,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   const int32_t n_;
   Counter* const merged_chunks_counter_;  // null: not counted
   std::unique_ptr<GenerationRequest> follower_;  // set before the leader is submitted
+  // One per completion when the request offered tools (set before the leader is submitted;
+  // then only the engine thread touches them).
+  std::vector<std::unique_ptr<ToolCallStream>> tool_streams_;
+  const ToolCallMetrics* tool_metrics_ = nullptr;
   std::atomic<bool> followers_submitted_{false};
   std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's
   std::mutex mu_;
@@ -316,6 +363,17 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   structured_ = std::make_unique<structured::ConstraintCompiler>(
       StructuredTokenBytes(engine->model()), compile);
   compile_queue_ = std::make_unique<WorkQueue>(kCompileThreads, kCompileQueue);
+  // A marker that is a special token is skipped in decoded text: the stream watches its id.
+  const ToolCallFormat format = engine->model().chat.tool_call_format;
+  ToolCallSyntax probe = MakeToolCallSyntax(format, std::nullopt);
+  std::optional<int32_t> marker;
+  if (!probe.start.empty()) {
+    const Tokenizer& tok = *engine->model().tokenizer;
+    if (std::optional<int32_t> id = tok.TokenToId(probe.start); id && tok.IsSpecial(*id)) {
+      marker = id;
+    }
+  }
+  tool_syntax_ = MakeToolCallSyntax(format, marker);
 }
 
 void KvrmService::SetStructuredOutputMetrics(const StructuredOutputMetrics* metrics) {
@@ -346,9 +404,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
                                       std::clamp(request->n(), 1, limits_.max_n),
                                       merged_chunks_counter_, max_merged_bytes_);
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
-  if (request->has_structured()) {
-    absl::StatusOr<StructuredField> f = StructuredSpecFromProto(request->structured());
-    if (f.ok() && !structured_->Contains(f->spec)) {
+  if (request->has_structured() || request->has_chat()) {
+    absl::StatusOr<std::optional<StructuredField>> f = RequestConstraint(*request, limits_);
+    if (f.ok() && f->has_value() && !structured_->Contains((*f)->spec)) {
       // A constraint not compiled yet can take up to a second: off the gRPC thread, which must
       // never block. The request proto and context live until the call is finished.
       const bool posted = compile_queue_->TryPost([this, context, request, reactor,
@@ -382,6 +440,16 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   if (!r.ok()) {
     reactor->Reject(ToGrpcStatus(r.status()));
     return;
+  }
+  absl::StatusOr<std::optional<ToolCalling>> tools =
+      ToolCallingFromProto(request, tool_syntax_.format, limits_);
+  if (!tools.ok()) {
+    reactor->Reject(ToGrpcStatus(tools.status()));
+    return;
+  }
+  if (tools->has_value()) {
+    if ((*tools)->parse) reactor->set_tool_calling(**tools, &tool_syntax_, tool_metrics_);
+    if (tool_metrics_ != nullptr) tool_metrics_->requests[(*tools)->choice]->Add();
   }
   if (structured_metrics_ != nullptr && request.has_structured()) {
     // The constraint case numbers are regex = 1 ... choice = 4, the metric's kinds in order.
@@ -459,6 +527,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   for (int32_t e : c.eos_token_ids) response->add_eos_token_ids(e);
   response->set_max_new_tokens_limit(engine_->options().max_new_tokens);
   response->set_chat_template(m.chat.chat_template != nullptr);
+  response->set_tool_call_parser(std::string(ToolCallFormatName(tool_syntax_.format)));
   return FinishUnary(context, grpc::Status::OK);
 }
 

@@ -60,6 +60,9 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // When set (before the server starts), records structured-output requests and compiles.
   void SetStructuredOutputMetrics(const StructuredOutputMetrics* metrics);
 
+  // When set (before the server starts), records tool-calling requests, calls and parse failures.
+  void SetToolCallMetrics(const ToolCallMetrics* metrics) { tool_metrics_ = metrics; }
+
   // Before the server starts: the most serialized bytes of output merged into one message
   // (kept under the server's send limit).
   void SetMaxMergedMessageBytes(size_t bytes) { max_merged_bytes_ = bytes; }
@@ -88,6 +91,8 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   const TokenAuthenticator* auth_ = nullptr;  // not owned; null: no authentication
   Counter* merged_chunks_counter_ = nullptr;  // not owned; null: not counted
   const StructuredOutputMetrics* structured_metrics_ = nullptr;  // not owned; null: not counted
+  const ToolCallMetrics* tool_metrics_ = nullptr;                // not owned; null: not counted
+  ToolCallSyntax tool_syntax_;  // the served model's call format (tool_choice AUTO)
   size_t max_merged_bytes_ = 64 << 10;
   // Last: destroyed first, so that calls still waiting to compile finish while the rest exists.
   std::unique_ptr<WorkQueue> compile_queue_;

@@ -1,10 +1,12 @@
 #include "server/request_validation.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "common/status_macros.h"
 
 namespace kvrm {
@@ -12,6 +14,54 @@ namespace {
 
 absl::Status Invalid(const char* field, const std::string& why) {
   return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+absl::Status Invalid(const std::string& field, const std::string& why) {
+  return Invalid(field.c_str(), why);
+}
+
+// An optional identifier-like string: at most `max` printable ASCII bytes.
+absl::Status CheckPrintable(const std::string& field, const std::string& value, size_t max) {
+  if (value.size() > max) return Invalid(field, absl::StrCat("longer than ", max, " bytes"));
+  for (unsigned char c : value) {
+    if (c < 0x20 || c > 0x7e) return Invalid(field, "must be printable ASCII");
+  }
+  return absl::OkStatus();
+}
+
+// OpenAI's rule for function names: ^[A-Za-z0-9_-]{1,64}$.
+absl::Status CheckFunctionName(const std::string& field, const std::string& name) {
+  if (name.empty() || name.size() > 64) return Invalid(field, "must be 1 to 64 bytes");
+  for (unsigned char c : name) {
+    if (!absl::ascii_isalnum(c) && c != '_' && c != '-') {
+      return Invalid(field, "may hold only letters, digits, '_' and '-'");
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Empty, or a JSON object of at most `max` bytes.
+absl::Status CheckJsonObject(const std::string& field, const std::string& text, int32_t max) {
+  if (text.empty()) return absl::OkStatus();
+  if (static_cast<int64_t>(text.size()) > max) {
+    return Invalid(field, absl::StrCat(text.size(), " bytes; at most ", max));
+  }
+  absl::StatusOr<OrderedJson> json = ParseOrderedJson(text, "JSON");
+  if (!json.ok()) return Invalid(field, std::string(json.status().message()));
+  if (!json->is_object()) return Invalid(field, "must be a JSON object");
+  return absl::OkStatus();
+}
+
+// The template's own variables, which template_kwargs may not replace.
+constexpr const char* kStandardTemplateVariables[] = {
+    "messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents"};
+
+bool NamesFunction(const v1::ToolChoice& choice) {
+  return choice.choice_case() == v1::ToolChoice::kFunction;
+}
+bool ForcesCalls(const v1::ChatPrompt& chat) {
+  return chat.has_tool_choice() &&
+         (NamesFunction(chat.tool_choice()) ||
+          chat.tool_choice().mode() == v1::TOOL_CHOICE_MODE_REQUIRED);
 }
 
 bool Finite(float v) { return std::isfinite(v); }
@@ -99,15 +149,52 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
   int64_t bytes = 0;
   for (int i = 0; i < chat.messages_size(); ++i) {
     const v1::ChatMessage& m = chat.messages(i);
-    const std::string field = absl::StrCat("chat.messages[", i, "].role");
+    const std::string at = absl::StrCat("chat.messages[", i, "]");
+    const std::string field = at + ".role";
     if (m.role().empty() || m.role().size() > 64) {
       return Invalid(field.c_str(), "must be 1 to 64 bytes");
     }
     for (unsigned char c : m.role()) {
       if (c < 0x20 || c > 0x7e) return Invalid(field.c_str(), "must be printable ASCII");
     }
+    ChatMessage message{m.role(), m.content()};
+    RETURN_IF_ERROR(CheckPrintable(at + ".tool_call_id", m.tool_call_id(), 64));
+    RETURN_IF_ERROR(CheckPrintable(at + ".name", m.name(), 64));
+    message.tool_call_id = m.tool_call_id();
+    message.name = m.name();
+    if (m.tool_calls_size() > limits.max_tools) {
+      return Invalid(at + ".tool_calls",
+                     absl::StrCat(m.tool_calls_size(), " calls; at most ", limits.max_tools));
+    }
+    for (int j = 0; j < m.tool_calls_size(); ++j) {
+      const v1::ToolCall& c = m.tool_calls(j);
+      const std::string call = absl::StrCat(at, ".tool_calls[", j, "]");
+      RETURN_IF_ERROR(CheckFunctionName(call + ".name", c.name()));
+      RETURN_IF_ERROR(CheckPrintable(call + ".id", c.id(), 64));
+      RETURN_IF_ERROR(CheckJsonObject(call + ".arguments", c.arguments(),
+                                      limits.max_tool_json_bytes));
+      message.tool_calls.push_back(ChatToolCall{c.id(), c.name(), c.arguments()});
+      bytes += static_cast<int64_t>(c.name().size() + c.id().size() + c.arguments().size());
+    }
     bytes += static_cast<int64_t>(m.content().size() + m.role().size());
-    inputs.messages.push_back(ChatMessage{m.role(), m.content()});
+    inputs.messages.push_back(std::move(message));
+  }
+  ASSIGN_OR_RETURN(const std::vector<ToolSpec> tools, ToolsFromProto(chat, limits));
+  for (const ToolSpec& tool : tools) {
+    inputs.tools.push_back(ToolTemplateJson(tool));
+    bytes += static_cast<int64_t>(inputs.tools.back().size());
+  }
+  RETURN_IF_ERROR(CheckJsonObject("chat.template_kwargs", chat.template_kwargs(),
+                                  limits.max_tool_json_bytes));
+  if (!chat.template_kwargs().empty()) {
+    const OrderedJson kwargs = *ParseOrderedJson(chat.template_kwargs(), "JSON");
+    for (const char* name : kStandardTemplateVariables) {
+      if (kwargs.contains(name)) {
+        return Invalid("chat.template_kwargs",
+                       absl::StrCat("may not set the template's own variable '", name, "'"));
+      }
+    }
+    inputs.extra_variables = chat.template_kwargs();
   }
   if (bytes > limits.max_prompt_bytes) {
     return Invalid("chat.messages", absl::StrCat("messages of ", bytes,
@@ -166,9 +253,110 @@ absl::StatusOr<StructuredField> StructuredSpecFromProto(const v1::StructuredOutp
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
-    const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler) {
-  ASSIGN_OR_RETURN(const StructuredField f, StructuredSpecFromProto(proto));
+absl::StatusOr<std::vector<ToolSpec>> ToolsFromProto(const v1::ChatPrompt& chat,
+                                                     const RequestLimits& limits) {
+  if (chat.tools_size() > limits.max_tools) {
+    return Invalid("chat.tools",
+                   absl::StrCat(chat.tools_size(), " tools; at most ", limits.max_tools));
+  }
+  std::vector<ToolSpec> tools;
+  tools.reserve(chat.tools_size());
+  for (int i = 0; i < chat.tools_size(); ++i) {
+    const v1::Tool& t = chat.tools(i);
+    const std::string at = absl::StrCat("chat.tools[", i, "]");
+    RETURN_IF_ERROR(CheckFunctionName(at + ".name", t.name()));
+    for (int k = 0; k < i; ++k) {
+      if (chat.tools(k).name() == t.name()) {
+        return Invalid(at + ".name", absl::StrCat("'", t.name(), "' is also chat.tools[", k, "]"));
+      }
+    }
+    if (static_cast<int64_t>(t.description().size()) > limits.max_tool_json_bytes) {
+      return Invalid(at + ".description", absl::StrCat(t.description().size(), " bytes; at most ",
+                                                       limits.max_tool_json_bytes));
+    }
+    RETURN_IF_ERROR(
+        CheckJsonObject(at + ".parameters", t.parameters(), limits.max_tool_json_bytes));
+    tools.push_back(ToolSpec{t.name(), t.description(), t.parameters()});
+  }
+  return tools;
+}
+
+absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::GenerateRequest& proto,
+                                                                ToolCallFormat format,
+                                                                const RequestLimits& limits) {
+  if (!proto.has_chat()) return std::nullopt;
+  const v1::ChatPrompt& chat = proto.chat();
+  if (chat.tools_size() == 0) {
+    if (ForcesCalls(chat)) return Invalid("chat.tool_choice", "needs chat.tools");
+    return std::nullopt;
+  }
+  ToolCalling out;
+  if (chat.has_tool_choice() && NamesFunction(chat.tool_choice())) {
+    ASSIGN_OR_RETURN(const std::vector<ToolSpec> tools, ToolsFromProto(chat, limits));
+    const std::string& name = chat.tool_choice().function();
+    if (std::none_of(tools.begin(), tools.end(),
+                     [&](const ToolSpec& t) { return t.name == name; })) {
+      return Invalid("chat.tool_choice.function",
+                     absl::StrCat("'", name, "' is not one of chat.tools"));
+    }
+    out.mode = ToolCallStream::Mode::kNamed;
+    out.function = name;
+    out.choice = 3;
+    return out;
+  }
+  switch (chat.tool_choice().mode()) {
+    case v1::TOOL_CHOICE_MODE_NONE: out.choice = 1; out.parse = false; return out;
+    case v1::TOOL_CHOICE_MODE_REQUIRED:
+      out.mode = ToolCallStream::Mode::kRequired;
+      out.choice = 2;
+      return out;
+    case v1::TOOL_CHOICE_MODE_AUTO:
+      if (format == ToolCallFormat::kNone) {
+        return Invalid("chat.tool_choice",
+                       "AUTO needs the model's tool-call format, and this server has none (kvrmd "
+                       "--tool_call_parser); use REQUIRED, a named function or NONE");
+      }
+      return out;
+    default:
+      return Invalid("chat.tool_choice.mode",
+                     absl::StrCat(static_cast<int>(chat.tool_choice().mode()), " is not a mode"));
+  }
+}
+
+absl::StatusOr<std::optional<StructuredField>> RequestConstraint(const v1::GenerateRequest& proto,
+                                                                 const RequestLimits& limits) {
+  const bool forced = proto.has_chat() && ForcesCalls(proto.chat());
+  if (forced && proto.has_structured()) {
+    return Invalid("structured", "not with chat.tool_choice REQUIRED or a named function");
+  }
+  if (proto.has_structured()) {
+    ASSIGN_OR_RETURN(StructuredField f, StructuredSpecFromProto(proto.structured()));
+    return f;
+  }
+  if (!forced) return std::nullopt;
+  const v1::ChatPrompt& chat = proto.chat();
+  if (chat.tools_size() == 0) return Invalid("chat.tool_choice", "needs chat.tools");
+  ASSIGN_OR_RETURN(const std::vector<ToolSpec> tools, ToolsFromProto(chat, limits));
+  StructuredField f;
+  f.spec.kind = structured::ConstraintSpec::Kind::kJsonSchema;
+  f.field = "chat.tool_choice";
+  if (NamesFunction(chat.tool_choice())) {
+    auto it = std::find_if(tools.begin(), tools.end(), [&](const ToolSpec& t) {
+      return t.name == chat.tool_choice().function();
+    });
+    if (it == tools.end()) {
+      return Invalid("chat.tool_choice.function",
+                     absl::StrCat("'", chat.tool_choice().function(), "' is not one of chat.tools"));
+    }
+    f.spec.text = NamedToolCallSchema(*it);
+  } else {
+    f.spec.text = RequiredToolCallsSchema(tools);
+  }
+  return f;
+}
+
+absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileConstraint(
+    const StructuredField& f, structured::ConstraintCompiler* compiler) {
   if (compiler == nullptr) return Invalid("structured", "this server has no structured outputs");
   absl::StatusOr<std::shared_ptr<const structured::Grammar>> grammar = compiler->Compile(f.spec);
   if (!grammar.ok()) {
@@ -179,6 +367,12 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
                                           : absl::StrCat(f.field, ": ", why));
   }
   return grammar;
+}
+
+absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
+    const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler) {
+  ASSIGN_OR_RETURN(const StructuredField f, StructuredSpecFromProto(proto));
+  return CompileConstraint(f, compiler);
 }
 
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
@@ -295,8 +489,9 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     return Invalid("n", absl::StrCat(proto.n(), " is outside [1, ", limits.max_n, "] (0: 1)"));
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
-  if (proto.has_structured()) {
-    ASSIGN_OR_RETURN(r->grammar, CompileStructuredOutput(proto.structured(), structured));
+  ASSIGN_OR_RETURN(const std::optional<StructuredField> constraint, RequestConstraint(proto, limits));
+  if (constraint) {
+    ASSIGN_OR_RETURN(r->grammar, CompileConstraint(*constraint, structured));
   }
   return r;
 }

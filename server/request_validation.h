@@ -9,6 +9,7 @@
 #include "kvrm/v1/kvrm.pb.h"
 #include "model/chat_config.h"
 #include "model/tokenizer.h"
+#include "model/tool_calls.h"
 #include "runtime/request.h"
 #include "runtime/structured/compiler.h"
 
@@ -24,6 +25,9 @@ struct RequestLimits {
   int32_t max_stop_token_ids = 64;
   int32_t max_n = 16;  // completions per request (GenerateRequest.n)
   int32_t max_chat_messages = 1024;
+  int32_t max_tools = 128;                 // chat.tools, and tool_calls per message
+  int32_t max_tool_json_bytes = 64 << 10;  // one tool's parameters, one call's arguments,
+                                           // template_kwargs
 };
 
 // The prompt text of a chat prompt: its messages checked (INVALID_ARGUMENT naming
@@ -39,14 +43,41 @@ struct StructuredField {
 };
 absl::StatusOr<StructuredField> StructuredSpecFromProto(const v1::StructuredOutput& proto);
 
-// The request's structured-output constraint compiled by `compiler` (null: refused), or
-// INVALID_ARGUMENT naming the field ("structured.json_schema: /properties/age: ...").
+// A chat prompt's tools, checked (INVALID_ARGUMENT naming "chat.tools[i].name" ...).
+absl::StatusOr<std::vector<ToolSpec>> ToolsFromProto(const v1::ChatPrompt& chat,
+                                                     const RequestLimits& limits);
+
+// How a request's reply is read for function calls: only for a chat prompt with tools and a
+// tool_choice other than NONE.
+struct ToolCalling {
+  bool parse = true;  // false for NONE: the tools are shown, the reply is text
+  ToolCallStream::Mode mode = ToolCallStream::Mode::kAuto;
+  std::string function;  // kNamed
+  int choice = 0;        // for metrics: 0 auto, 1 none, 2 required, 3 function
+};
+// nullopt without tools. AUTO on a server whose model has no tool-call format is
+// INVALID_ARGUMENT, as is REQUIRED or a named function without tools.
+absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::GenerateRequest& proto,
+                                                                ToolCallFormat format,
+                                                                const RequestLimits& limits);
+
+// The constraint the request's reply is held to: its own `structured`, or the one a
+// tool_choice of REQUIRED or a named function implies (a JSON Schema built from the tools, its
+// errors naming "chat.tool_choice"); nullopt when neither. Both at once is INVALID_ARGUMENT.
+absl::StatusOr<std::optional<StructuredField>> RequestConstraint(const v1::GenerateRequest& proto,
+                                                                 const RequestLimits& limits);
+
+// `field`'s constraint compiled by `compiler` (null: refused), or INVALID_ARGUMENT naming the
+// field ("structured.json_schema: /properties/age: ...").
+absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileConstraint(
+    const StructuredField& field, structured::ConstraintCompiler* compiler);
+// The same for a StructuredOutput message.
 absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
     const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler);
 
 // `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
-// `structured`: compiles GenerateRequest.structured (null: such requests are refused); it runs
-// last, after every cheaper check.
+// `structured`: compiles GenerateRequest.structured or the constraint of chat.tool_choice (null:
+// such requests are refused); it runs last, after every cheaper check.
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
     const ChatConfig* chat = nullptr, structured::ConstraintCompiler* structured = nullptr);

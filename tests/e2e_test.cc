@@ -433,10 +433,10 @@ TEST_F(E2eTest, ChatRequestIsTheTemplatesTextAndEndsAtTheTurnsEnd) {
   EXPECT_EQ(std::vector<int32_t>(tresp.token_ids().begin(), tresp.token_ids().end()), ids);
   grpc::ClientContext cbad;
   v1::TokenizeRequest bad;
-  bad.mutable_chat()->add_messages()->set_role("tool");
+  bad.mutable_chat()->add_messages()->set_role("ipython");
   const grpc::Status bad_status = stub().Tokenize(&cbad, bad, &tresp);
   EXPECT_EQ(bad_status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-  EXPECT_TRUE(absl::StartsWith(bad_status.error_message(), "chat: unknown role: tool"))
+  EXPECT_TRUE(absl::StartsWith(bad_status.error_message(), "chat: unknown role: ipython"))
       << bad_status.error_message();
 
   // Without the generation prompt the rendering stops after the last turn's end.
@@ -484,8 +484,8 @@ TEST_F(E2eTest, BadChatRequestsGetInvalidArgumentNamingTheFieldOrTheTemplatesErr
                    "chat.messages[1].role: must be 1 to 64"});
   cases.push_back({ChatRequest({{"user\n", "a"}}, 8), "chat.messages[0].role: must be printable"});
   // The template's own raise_exception, as its message.
-  cases.push_back({ChatRequest({{"user", "a"}, {"tool", "{}"}}, 8),
-                   "chat: unknown role: tool (this template takes system, user and assistant)"});
+  cases.push_back({ChatRequest({{"user", "a"}, {"ipython", "{}"}}, 8),
+                   "chat: unknown role: ipython (this template takes system, user, assistant and tool)"});
   {
     v1::GenerateRequest both = ChatRequest({{"user", "a"}, {"assistant", "b"}}, 8);
     both.mutable_chat()->set_continue_final_message(true);

@@ -698,13 +698,8 @@ absl::StatusOr<Regex> JsonSchemaToRegex(const Json& schema, const JsonSchemaOpti
 
 absl::StatusOr<Regex> JsonSchemaTextToRegex(std::string_view schema_text,
                                             const JsonSchemaOptions& options) {
-  // ParseJson bounds the nesting before nlohmann's recursive parser runs, and says where malformed
-  // text goes wrong; the second parse keeps the keys in order.
-  ASSIGN_OR_RETURN(const Json checked, ParseJson(schema_text, "JSON schema"));
-  (void)checked;
-  const OJson schema = OJson::parse(schema_text.begin(), schema_text.end(), /*cb=*/nullptr,
-                                    /*allow_exceptions=*/false);
-  if (schema.is_discarded()) return absl::InvalidArgumentError("JSON schema: invalid JSON");
+  // Bounded before nlohmann's recursive parser runs; errors say where malformed text goes wrong.
+  ASSIGN_OR_RETURN(const OJson schema, ParseOrderedJson(schema_text, "JSON schema"));
   return Translate(schema, options);
 }
 

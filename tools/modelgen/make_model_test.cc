@@ -141,6 +141,17 @@ TEST(MakeModelTest, UpgradeAddsTheChatTemplateToAnOlderDirectoryOnce) {
   ASSERT_TRUE(after.ok());
   EXPECT_EQ(*after, *current);
   EXPECT_FALSE(*UpgradeModelDir(dir));
+  // The template from before tools is replaced; any other is someone's choice and stays.
+  Json v1 = *current;
+  v1["chat_template"] = std::string(kChatTemplateV1);
+  std::ofstream(path) << v1.dump(2);
+  ASSERT_TRUE(*UpgradeModelDir(dir));
+  EXPECT_EQ(*ReadJsonFile(path), *current);
+  Json custom = *current;
+  custom["chat_template"] = "{{ messages[0]['content'] }}";
+  std::ofstream(path) << custom.dump(2);
+  EXPECT_FALSE(*UpgradeModelDir(dir));
+  EXPECT_EQ(*ReadJsonFile(path), custom);
   std::ofstream(path) << "[1, 2]";
   EXPECT_FALSE(UpgradeModelDir(dir).ok());
 }

@@ -136,7 +136,12 @@ absl::StatusOr<bool> UpgradeModelDir(const std::string& dir) {
   if (!config.is_object()) {
     return absl::InvalidArgumentError(absl::StrCat(path.string(), ": expected a JSON object"));
   }
-  if (config.contains("chat_template")) return false;
+  // No template (written before chat support), or the built-in one from before tools.
+  if (config.contains("chat_template") &&
+      !(config["chat_template"].is_string() &&
+        config["chat_template"].get<std::string>() == kChatTemplateV1)) {
+    return false;
+  }
   config["chat_template"] = std::string(kChatTemplate);
   // Written beside and renamed over, so a reader never sees half a file.
   const std::filesystem::path tmp = path.string() + ".tmp";

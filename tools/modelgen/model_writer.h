@@ -36,8 +36,10 @@ struct MakeModelSummary {
 absl::StatusOr<MakeModelSummary> MakeModel(const MakeModelOptions& options);
 
 // Brings a directory MakeModel wrote in an earlier version up to what it writes now, without
-// regenerating it (kvrmd reuses a built-in model's cached directory): adds the chat template to a
-// tokenizer_config.json that has none. Returns whether anything changed.
+// regenerating it (kvrmd reuses a built-in model's cached directory): writes the chat template
+// into a tokenizer_config.json that has none or has the built-in one from before tools
+// (kChatTemplateV1); a template someone else put there is left alone. Returns whether anything
+// changed.
 absl::StatusOr<bool> UpgradeModelDir(const std::string& dir);
 
 // The tokenizer make_model trains for `spec` and `seed` (exposed for tests).

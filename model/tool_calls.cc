@@ -1,0 +1,392 @@
+#include "model/tool_calls.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/json.h"
+#include "common/status_macros.h"
+
+namespace kvrm {
+namespace {
+
+constexpr std::string_view kHermesStart = "<tool_call>";
+constexpr std::string_view kHermesEnd = "</tool_call>";
+constexpr std::string_view kPythonTag = "<|python_tag|>";
+constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
+
+absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+std::string_view Strip(std::string_view s) {
+  const absl::string_view t = absl::StripAsciiWhitespace(AV(s));
+  return std::string_view(t.data(), t.size());
+}
+
+size_t SkipSpace(std::string_view s, size_t i) {
+  while (i < s.size() && absl::ascii_isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return i;
+}
+
+// The end (one past the closing bracket) of the JSON array or object that starts at s[i], by
+// bracket depth outside strings; npos when it does not close. The text is parsed properly after.
+size_t JsonValueEnd(std::string_view s, size_t i) {
+  int depth = 0;
+  bool in_string = false;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+// A call object {"name": ..., <args_key>: {...}}; arguments may also be a JSON string holding an
+// object, and are returned compact, in the model's key order.
+absl::StatusOr<ToolCall> CallFromJson(const OrderedJson& j, std::string_view what) {
+  if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(AV(what), ": not an object"));
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(AV(what), ": no \"name\" string"));
+  }
+  auto args = j.find("arguments");
+  if (args == j.end()) args = j.find("parameters");
+  ToolCall call;
+  call.id = NewToolCallId();
+  call.name = name->get<std::string>();
+  if (args == j.end()) {
+    call.arguments = "{}";
+    return call;
+  }
+  if (args->is_string()) {
+    ASSIGN_OR_RETURN(const OrderedJson inner,
+                     ParseOrderedJson(args->get<std::string>(), absl::StrCat(AV(what), " arguments")));
+    if (!inner.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(AV(what), ": arguments are not an object"));
+    }
+    call.arguments = inner.dump();
+    return call;
+  }
+  if (!args->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(AV(what), ": arguments are not an object"));
+  }
+  call.arguments = args->dump();
+  return call;
+}
+
+absl::StatusOr<ToolCall> CallFromText(std::string_view text, std::string_view what) {
+  ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(text, what));
+  return CallFromJson(j, what);
+}
+
+void AppendLeftover(std::string_view piece, std::string* out) {
+  const std::string_view t = Strip(piece);
+  if (t.empty()) return;
+  if (!out->empty()) out->push_back('\n');
+  out->append(t);
+}
+
+absl::StatusOr<ParsedToolCalls> ParseHermes(std::string_view text) {
+  ParsedToolCalls out;
+  size_t pos = 0;
+  while (true) {
+    const size_t at = text.find(kHermesStart, pos);
+    if (at == std::string_view::npos) {
+      AppendLeftover(text.substr(pos), &out.text);
+      break;
+    }
+    AppendLeftover(text.substr(pos, at - pos), &out.text);
+    const size_t body = at + kHermesStart.size();
+    const size_t end = text.find(kHermesEnd, body);
+    // An unclosed last block is accepted when its JSON is whole (a model may end at EOS there).
+    ASSIGN_OR_RETURN(ToolCall call,
+                     CallFromText(Strip(text.substr(body, end == std::string_view::npos
+                                                              ? std::string_view::npos
+                                                              : end - body)),
+                                  absl::StrCat("tool call ", out.calls.size())));
+    out.calls.push_back(std::move(call));
+    if (end == std::string_view::npos) break;
+    pos = end + kHermesEnd.size();
+  }
+  return out;
+}
+
+// Llama 3: JSON objects separated by ";", optionally after <|python_tag|>.
+absl::StatusOr<ParsedToolCalls> ParseLlama3(std::string_view text) {
+  ParsedToolCalls out;
+  size_t i = SkipSpace(text, 0);
+  if (text.substr(i, kPythonTag.size()) == kPythonTag) i += kPythonTag.size();
+  while (true) {
+    i = SkipSpace(text, i);
+    if (i >= text.size()) break;
+    if (text[i] != '{') {
+      AppendLeftover(text.substr(i), &out.text);
+      break;
+    }
+    const size_t end = JsonValueEnd(text, i);
+    const std::string what = absl::StrCat("tool call ", out.calls.size());
+    if (end == std::string_view::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": unterminated JSON"));
+    }
+    ASSIGN_OR_RETURN(ToolCall call, CallFromText(text.substr(i, end - i), what));
+    out.calls.push_back(std::move(call));
+    i = SkipSpace(text, end);
+    if (i < text.size() && text[i] == ';') ++i;
+  }
+  return out;
+}
+
+// Mistral: [TOOL_CALLS] then a JSON array of call objects (or one object).
+absl::StatusOr<ParsedToolCalls> ParseMistral(std::string_view text) {
+  ParsedToolCalls out;
+  size_t i = SkipSpace(text, 0);
+  if (text.substr(i, kMistralStart.size()) == kMistralStart) i += kMistralStart.size();
+  i = SkipSpace(text, i);
+  if (i >= text.size() || (text[i] != '[' && text[i] != '{')) {
+    return absl::InvalidArgumentError("tool calls: expected a JSON array after [TOOL_CALLS]");
+  }
+  const size_t end = JsonValueEnd(text, i);
+  if (end == std::string_view::npos) {
+    return absl::InvalidArgumentError("tool calls: unterminated JSON");
+  }
+  ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(text.substr(i, end - i), "tool calls"));
+  if (j.is_object()) {
+    ASSIGN_OR_RETURN(ToolCall call, CallFromJson(j, "tool call 0"));
+    out.calls.push_back(std::move(call));
+  } else {
+    for (size_t k = 0; k < j.size(); ++k) {
+      ASSIGN_OR_RETURN(ToolCall call, CallFromJson(j[k], absl::StrCat("tool call ", k)));
+      out.calls.push_back(std::move(call));
+    }
+  }
+  AppendLeftover(text.substr(end), &out.text);
+  return out;
+}
+
+OrderedJson ParametersOrEmpty(const ToolSpec& tool) {
+  if (!tool.parameters.empty()) {
+    absl::StatusOr<OrderedJson> p = ParseOrderedJson(tool.parameters, "parameters");
+    if (p.ok() && p->is_object()) return *std::move(p);
+  }
+  // A function without arguments: exactly {}.
+  return OrderedJson{{"type", "object"},
+                     {"properties", OrderedJson::object()},
+                     {"additionalProperties", false}};
+}
+
+}  // namespace
+
+absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name) {
+  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
+                           ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+    if (name == ToolCallFormatName(f)) return f;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown tool-call format '", AV(name), "' (none, hermes, llama3_json, mistral)"));
+}
+
+std::string_view ToolCallFormatName(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kNone: return "none";
+    case ToolCallFormat::kHermes: return "hermes";
+    case ToolCallFormat::kLlama3Json: return "llama3_json";
+    case ToolCallFormat::kMistral: return "mistral";
+  }
+  return "none";
+}
+
+ToolCallFormat DetectToolCallFormat(std::string_view source) {
+  const absl::string_view s = AV(source);
+  if (absl::StrContains(s, AV(kHermesStart))) return ToolCallFormat::kHermes;
+  if (absl::StrContains(s, AV(kMistralStart))) return ToolCallFormat::kMistral;
+  if (absl::StrContains(s, AV(kPythonTag))) return ToolCallFormat::kLlama3Json;
+  return ToolCallFormat::kNone;
+}
+
+std::string ToolTemplateJson(const ToolSpec& tool) {
+  OrderedJson function{{"name", tool.name}};
+  if (!tool.description.empty()) function["description"] = tool.description;
+  if (absl::StatusOr<OrderedJson> p = ParseOrderedJson(tool.parameters, "parameters");
+      p.ok() && p->is_object()) {
+    function["parameters"] = *std::move(p);
+  } else {
+    function["parameters"] = OrderedJson{{"type", "object"}, {"properties", OrderedJson::object()}};
+  }
+  return OrderedJson{{"type", "function"}, {"function", std::move(function)}}.dump();
+}
+
+std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools) {
+  OrderedJson any = OrderedJson::array();
+  for (const ToolSpec& tool : tools) {
+    any.push_back(OrderedJson{
+        {"type", "object"},
+        {"properties", OrderedJson{{"name", OrderedJson{{"type", "string"},
+                                                        {"enum", OrderedJson::array({tool.name})}}},
+                                   {"parameters", ParametersOrEmpty(tool)}}},
+        {"required", OrderedJson::array({"name", "parameters"})},
+        {"additionalProperties", false}});
+  }
+  return OrderedJson{{"type", "array"}, {"minItems", 1}, {"items", OrderedJson{{"anyOf", any}}}}
+      .dump();
+}
+
+std::string NamedToolCallSchema(const ToolSpec& tool) { return ParametersOrEmpty(tool).dump(); }
+
+std::string NewToolCallId() {
+  thread_local absl::BitGen gen;
+  return absl::StrFormat("call_%08x%016x", absl::Uniform<uint32_t>(gen),
+                         absl::Uniform<uint64_t>(gen));
+}
+
+absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text) {
+  absl::StatusOr<ParsedToolCalls> out;
+  switch (format) {
+    case ToolCallFormat::kHermes: out = ParseHermes(text); break;
+    case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
+    case ToolCallFormat::kMistral: out = ParseMistral(text); break;
+    case ToolCallFormat::kNone:
+      return absl::InvalidArgumentError("tool calls: no tool-call format");
+  }
+  if (out.ok() && out->calls.empty()) return absl::InvalidArgumentError("tool calls: none found");
+  return out;
+}
+
+absl::StatusOr<std::vector<ToolCall>> ParseRequiredToolCalls(std::string_view text) {
+  ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(Strip(text), "tool calls"));
+  if (!j.is_array() || j.empty()) {
+    return absl::InvalidArgumentError("tool calls: expected a non-empty JSON array");
+  }
+  std::vector<ToolCall> calls;
+  for (size_t k = 0; k < j.size(); ++k) {
+    ASSIGN_OR_RETURN(ToolCall call, CallFromJson(j[k], absl::StrCat("tool call ", k)));
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+absl::StatusOr<ToolCall> ParseNamedToolCall(std::string_view name, std::string_view text) {
+  ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(Strip(text), "tool call arguments"));
+  if (!j.is_object()) {
+    return absl::InvalidArgumentError("tool call arguments: expected a JSON object");
+  }
+  return ToolCall{NewToolCallId(), std::string(name), j.dump()};
+}
+
+ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> start_token) {
+  ToolCallSyntax s;
+  s.format = format;
+  switch (format) {
+    case ToolCallFormat::kNone: return s;
+    case ToolCallFormat::kHermes: s.start = std::string(kHermesStart); break;
+    case ToolCallFormat::kLlama3Json: s.start = std::string(kPythonTag); break;
+    case ToolCallFormat::kMistral: s.start = std::string(kMistralStart); break;
+  }
+  s.start_token = start_token;
+  return s;
+}
+
+ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function)
+    : mode_(mode),
+      syntax_(syntax),
+      function_(std::move(function)),
+      // Llama 3's calls are the whole reply: whether one begins is known at its first non-space
+      // character.
+      state_(mode == Mode::kAuto && syntax->format == ToolCallFormat::kLlama3Json
+                 ? State::kLeading
+                 : State::kContent) {}
+
+std::string ToolCallStream::Feed(absl::Span<const int32_t> ids, std::string_view text) {
+  if (mode_ != Mode::kAuto || state_ == State::kCall) {
+    held_.append(text);
+    return "";
+  }
+  if (syntax_->start_token &&
+      std::find(ids.begin(), ids.end(), *syntax_->start_token) != ids.end()) {
+    // The marker token itself adds no text; this chunk's text is the call's.
+    std::string out = std::move(pending_);
+    pending_.clear();
+    held_.assign(text);
+    state_ = State::kCall;
+    return out;
+  }
+  pending_.append(text);
+  const std::string_view start = syntax_->start;
+  if (state_ == State::kLeading) {
+    const std::string_view lead = Strip(pending_);
+    if (lead.empty()) return "";
+    if (lead[0] == '{' || absl::StartsWith(AV(lead), AV(start))) {
+      held_ = std::move(pending_);
+      pending_.clear();
+      state_ = State::kCall;
+      return "";
+    }
+    if (lead.size() < start.size() && absl::StartsWith(AV(start), AV(lead))) return "";
+    state_ = State::kContent;
+  }
+  const size_t at = pending_.find(start);
+  if (at != std::string::npos) {
+    std::string out = pending_.substr(0, at);
+    held_ = pending_.substr(at);
+    pending_.clear();
+    state_ = State::kCall;
+    return out;
+  }
+  // Hold back the longest tail that could begin the marker.
+  size_t keep = std::min(pending_.size(), start.size() - 1);
+  while (keep > 0 && !absl::EndsWith(AV(pending_), AV(start.substr(0, keep)))) --keep;
+  std::string out = pending_.substr(0, pending_.size() - keep);
+  pending_.erase(0, pending_.size() - keep);
+  return out;
+}
+
+ToolCallStream::Result ToolCallStream::Finish(bool parse) {
+  Result r;
+  if (parse) {
+    switch (mode_) {
+      case Mode::kRequired:
+        if (absl::StatusOr<std::vector<ToolCall>> calls = ParseRequiredToolCalls(held_);
+            calls.ok()) {
+          r.calls = *std::move(calls);
+          return r;
+        }
+        break;
+      case Mode::kNamed:
+        if (absl::StatusOr<ToolCall> call = ParseNamedToolCall(function_, held_); call.ok()) {
+          r.calls.push_back(*std::move(call));
+          return r;
+        }
+        break;
+      case Mode::kAuto:
+        if (state_ == State::kCall) {
+          if (absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(syntax_->format, held_);
+              p.ok()) {
+            r.calls = std::move(p->calls);
+            r.text = std::move(p->text);
+            return r;
+          }
+        }
+        break;
+    }
+    r.malformed = mode_ != Mode::kAuto || state_ == State::kCall;
+  }
+  r.text = pending_ + held_;
+  pending_.clear();
+  held_.clear();
+  return r;
+}
+
+}  // namespace kvrm

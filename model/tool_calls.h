@@ -1,0 +1,132 @@
+// Function calling (OpenAI's tools): the formats models write their calls in, the parsers that
+// read calls out of a completion, and the filter that keeps call text out of the streamed reply.
+//
+// A chat request lists the functions the model may call (GenerateRequest.chat.tools); the chat
+// template shows them to the model, and the model answers with text, or with calls written in
+// its own format (vLLM's --tool-call-parser names the same formats):
+//   hermes       <tool_call>{"name": "f", "arguments": {...}}</tool_call>, one block per call,
+//                after optional text (Hermes 2/3, Qwen 2.5 / 3, and kvrm's built-in model)
+//   llama3_json  {"name": "f", "parameters": {...}} as the whole reply, calls separated by ";",
+//                optionally after <|python_tag|> (Llama 3.1 / 3.2 / 3.3 JSON tool calling)
+//   mistral      [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (Mistral v0.3, Nemo)
+// With tool_choice "required" or a named function the model's format does not matter: the reply
+// is constrained (structured outputs) to a JSON array of {"name", "parameters"} objects, or to the
+// named function's arguments, as vLLM does.
+//
+// Everything here is pure and allocation-bounded by its input; parsing never throws.
+#ifndef KVRM_MODEL_TOOL_CALLS_H_
+#define KVRM_MODEL_TOOL_CALLS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+
+namespace kvrm {
+
+enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral };
+
+// "none", "hermes", "llama3_json", "mistral" (INVALID_ARGUMENT naming the accepted ones).
+absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
+std::string_view ToolCallFormatName(ToolCallFormat format);
+
+// The format a chat template teaches: the one whose call marker its text writes
+// ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>"); kNone when it writes none of them.
+ToolCallFormat DetectToolCallFormat(std::string_view template_source);
+
+// A function the model may call: OpenAI's {"type": "function", "function": {...}}.
+struct ToolSpec {
+  std::string name;
+  std::string description;
+  std::string parameters;  // a JSON Schema (a JSON object as text); empty: takes no arguments
+};
+
+// The tool as the chat template sees it (OpenAI's shape), as JSON text; `parameters` must be a
+// JSON object or empty (the caller checked it), and empty is written {"type": "object",
+// "properties": {}}.
+std::string ToolTemplateJson(const ToolSpec& tool);
+
+// The JSON Schema of tool_choice "required": a non-empty array of {"name": one of the tools,
+// "parameters": that tool's arguments}. Parameters schemas must be JSON objects or empty.
+std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools);
+// The schema of a named tool_choice: the function's arguments (an object when it has none).
+std::string NamedToolCallSchema(const ToolSpec& tool);
+
+struct ToolCall {
+  std::string id;         // "call_" and 24 hex digits, unique per call
+  std::string name;
+  std::string arguments;  // a JSON object, compact, keys in the order the model wrote them
+};
+
+// A fresh call id ("call_" + 24 random hex digits).
+std::string NewToolCallId();
+
+// The calls written in `text` (a format's markup from its first marker on) and the text the
+// model wrote between and after them (whitespace dropped), or an error naming what is wrong
+// unless every call is well-formed and there is at least one. Arguments must be JSON objects (a
+// JSON string holding one is accepted too, as some models write it).
+struct ParsedToolCalls {
+  std::vector<ToolCall> calls;
+  std::string text;
+};
+absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text);
+// tool_choice "required": `text` is the JSON array RequiredToolCallsSchema describes.
+absl::StatusOr<std::vector<ToolCall>> ParseRequiredToolCalls(std::string_view text);
+// A named tool_choice: `text` is the function's arguments (a JSON object).
+absl::StatusOr<ToolCall> ParseNamedToolCall(std::string_view name, std::string_view text);
+
+// What a format starts its calls with, resolved against the served vocabulary: Llama 3's
+// <|python_tag|> and Mistral's [TOOL_CALLS] are special tokens, which decoded text skips, so the
+// stream also watches for the token itself.
+struct ToolCallSyntax {
+  ToolCallFormat format = ToolCallFormat::kNone;
+  std::string start;                   // the marker as text ("" for kNone)
+  std::optional<int32_t> start_token;  // the marker's token id, when it is a special token
+};
+ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> start_token);
+
+// One completion's text on its way to the client when the request offered tools. In kAuto the
+// text before the first call marker streams as usual (text that might begin a marker is held
+// back, as for stop sequences) and everything from the marker on is held; in the forced modes
+// (kRequired, kNamed) all of it is held. At the end the held text is parsed: well-formed calls
+// are returned instead of their text; anything else is released as text, so nothing the model
+// wrote is lost.
+class ToolCallStream {
+ public:
+  enum class Mode { kAuto, kRequired, kNamed };
+
+  // `syntax` (kAuto) must outlive the stream; `function` names the kNamed call.
+  ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function = "");
+
+  // The part of `text` (the text of `ids`) to send now.
+  std::string Feed(absl::Span<const int32_t> ids, std::string_view text);
+
+  struct Result {
+    std::string text;  // held text released (with calls: only the text around them)
+    std::vector<ToolCall> calls;
+    bool malformed = false;  // call text was held and parsed, but is not well-formed
+  };
+  // The completion ended. `parse`: it ended by itself or at its length limit (not cancelled,
+  // timed out or failed), so held calls are parsed; otherwise the held text is released.
+  Result Finish(bool parse);
+
+  bool holding_call() const { return state_ == State::kCall; }
+
+ private:
+  enum class State { kLeading, kContent, kCall };
+
+  Mode mode_;
+  const ToolCallSyntax* syntax_;
+  std::string function_;
+  State state_;
+  std::string pending_;  // kLeading / kContent: text that may begin a marker
+  std::string held_;     // kCall: from the marker on
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_MODEL_TOOL_CALLS_H_

@@ -1,0 +1,317 @@
+#include "model/tool_calls.h"
+
+#include <random>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace kvrm {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(ToolCallFormatTest, NamesRoundTripAndUnknownIsRefused) {
+  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
+                           ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+    EXPECT_EQ(*ToolCallFormatFromName(ToolCallFormatName(f)), f);
+  }
+  absl::StatusOr<ToolCallFormat> bad = ToolCallFormatFromName("pythonic");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_THAT(bad.status().message(), HasSubstr("hermes, llama3_json, mistral"));
+}
+
+TEST(ToolCallFormatTest, DetectedFromTheTemplatesMarker) {
+  EXPECT_EQ(DetectToolCallFormat("{{- '\\n<tool_call>\\n{\"name\": \"' }}"), ToolCallFormat::kHermes);
+  EXPECT_EQ(DetectToolCallFormat("{%- if builtin_tools %}{{- '<|python_tag|>' }}{% endif %}"),
+            ToolCallFormat::kLlama3Json);
+  EXPECT_EQ(DetectToolCallFormat("{{- '[TOOL_CALLS][' }}"), ToolCallFormat::kMistral);
+  EXPECT_EQ(DetectToolCallFormat("{% for m in messages %}{{ m.content }}{% endfor %}"),
+            ToolCallFormat::kNone);
+}
+
+// ---- parsers ----------------------------------------------------------------------------------
+
+TEST(ParseToolCallsTest, HermesBlocksKeepArgumentOrderAndTheTextAround) {
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(
+      ToolCallFormat::kHermes,
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\", \"unit\": "
+      "\"c\"}}\n</tool_call>\n<tool_call>{\"name\": \"time\", \"arguments\": {\"b\": 1, \"a\": "
+      "[2, {\"z\": null}]}}</tool_call>\nDone.");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->calls.size(), 2u);
+  EXPECT_EQ(p->calls[0].name, "get_weather");
+  EXPECT_EQ(p->calls[0].arguments, "{\"city\":\"Lima\",\"unit\":\"c\"}");
+  EXPECT_EQ(p->calls[1].name, "time");
+  EXPECT_EQ(p->calls[1].arguments, "{\"b\":1,\"a\":[2,{\"z\":null}]}");  // the model's order
+  EXPECT_EQ(p->text, "Done.");
+  EXPECT_NE(p->calls[0].id, p->calls[1].id);
+}
+
+TEST(ParseToolCallsTest, HermesAcceptsAnUnclosedLastBlockAndStringArguments) {
+  absl::StatusOr<ParsedToolCalls> p =
+      ParseToolCalls(ToolCallFormat::kHermes,
+                     "<tool_call>{\"name\": \"f\", \"arguments\": \"{\\\"x\\\": 1}\"}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->calls.size(), 1u);
+  EXPECT_EQ(p->calls[0].arguments, "{\"x\":1}");
+  // No arguments at all: a call without arguments.
+  p = ParseToolCalls(ToolCallFormat::kHermes, "<tool_call>{\"name\": \"now\"}</tool_call>");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].arguments, "{}");
+}
+
+TEST(ParseToolCallsTest, MalformedCallsAreErrors) {
+  for (const char* text : {
+           "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": 1}</tool_call>",  // unbalanced
+           "<tool_call>{\"arguments\": {}}</tool_call>",                         // no name
+           "<tool_call>{\"name\": \"\", \"arguments\": {}}</tool_call>",          // empty name
+           "<tool_call>{\"name\": 3}</tool_call>",                               // name not a string
+           "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>",       // not an object
+           "<tool_call>{\"name\": \"f\", \"arguments\": \"[1]\"}</tool_call>",   // string, not object
+           "<tool_call>[1, 2]</tool_call>",
+           "<tool_call>{\"name\": \"f\"} trailing</tool_call>",
+           "no calls here",
+       }) {
+    absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(ToolCallFormat::kHermes, text);
+    EXPECT_FALSE(p.ok()) << text;
+  }
+  // Nesting is bounded before the recursive parser runs.
+  std::string deep = "<tool_call>{\"name\": \"f\", \"arguments\": {\"a\": ";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  deep += "}}</tool_call>";
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(ToolCallFormat::kHermes, deep);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("nested deeper"));
+}
+
+TEST(ParseToolCallsTest, Llama3JsonWithPythonTagAndSemicolons) {
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(
+      ToolCallFormat::kLlama3Json,
+      "<|python_tag|>{\"name\": \"a\", \"parameters\": {\"q\": \"x;y}\"}}; "
+      "{\"name\": \"b\", \"parameters\": {}}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->calls.size(), 2u);
+  EXPECT_EQ(p->calls[0].name, "a");
+  EXPECT_EQ(p->calls[0].arguments, "{\"q\":\"x;y}\"}");  // brackets inside strings are text
+  EXPECT_EQ(p->calls[1].name, "b");
+  EXPECT_EQ(p->calls[1].arguments, "{}");
+  EXPECT_TRUE(p->text.empty());
+  // A JSON answer that is not a call, and JSON cut short, are errors (released as text).
+  EXPECT_FALSE(ParseToolCalls(ToolCallFormat::kLlama3Json, "{\"answer\": 42}").ok());
+  EXPECT_FALSE(ParseToolCalls(ToolCallFormat::kLlama3Json, "{\"name\": \"a\", \"para").ok());
+}
+
+TEST(ParseToolCallsTest, MistralArrayOrObject) {
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(
+      ToolCallFormat::kMistral,
+      "[TOOL_CALLS] [{\"name\": \"a\", \"arguments\": {\"n\": 1}}, {\"name\": \"b\", "
+      "\"arguments\": {\"s\": \"]\"}}]");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->calls.size(), 2u);
+  EXPECT_EQ(p->calls[1].arguments, "{\"s\":\"]\"}");
+  // After the marker token (skipped in text) the array comes alone.
+  p = ParseToolCalls(ToolCallFormat::kMistral, "{\"name\": \"a\", \"arguments\": {}}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls.size(), 1u);
+  EXPECT_FALSE(ParseToolCalls(ToolCallFormat::kMistral, "[TOOL_CALLS] sorry").ok());
+  EXPECT_FALSE(ParseToolCalls(ToolCallFormat::kMistral, "[]").ok());
+}
+
+TEST(ParseToolCallsTest, ForcedModes) {
+  absl::StatusOr<std::vector<ToolCall>> calls = ParseRequiredToolCalls(
+      " [{\"name\": \"a\", \"parameters\": {\"x\": 1}}, {\"name\": \"b\", \"parameters\": {}}] ");
+  ASSERT_TRUE(calls.ok()) << calls.status();
+  ASSERT_EQ(calls->size(), 2u);
+  EXPECT_EQ((*calls)[0].arguments, "{\"x\":1}");
+  EXPECT_FALSE(ParseRequiredToolCalls("[]").ok());
+  EXPECT_FALSE(ParseRequiredToolCalls("{\"name\": \"a\"}").ok());
+  absl::StatusOr<ToolCall> named = ParseNamedToolCall("get", "{\"k\": [true]}");
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->name, "get");
+  EXPECT_EQ(named->arguments, "{\"k\":[true]}");
+  EXPECT_FALSE(ParseNamedToolCall("get", "[1]").ok());
+  EXPECT_FALSE(ParseNamedToolCall("get", "{\"k\": ").ok());
+}
+
+TEST(ToolCallIdTest, FreshAndWellFormed) {
+  std::set<std::string> ids;
+  for (int i = 0; i < 1000; ++i) {
+    const std::string id = NewToolCallId();
+    ASSERT_EQ(id.size(), 29u) << id;
+    EXPECT_EQ(id.substr(0, 5), "call_");
+    EXPECT_EQ(id.find_first_not_of("0123456789abcdef", 5), std::string::npos) << id;
+    ids.insert(id);
+  }
+  EXPECT_EQ(ids.size(), 1000u);
+}
+
+// ---- schemas and the template's view ------------------------------------------------------------
+
+TEST(ToolSchemaTest, RequiredAndNamedSchemas) {
+  const std::vector<ToolSpec> tools = {
+      {"get_weather", "Weather now",
+       R"({"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]})"},
+      {"now", "", ""}};
+  absl::StatusOr<Json> required = ParseJson(RequiredToolCallsSchema(tools), "schema");
+  ASSERT_TRUE(required.ok()) << required.status();
+  EXPECT_EQ((*required)["type"], "array");
+  EXPECT_EQ((*required)["minItems"], 1);
+  const Json& any = (*required)["items"]["anyOf"];
+  ASSERT_EQ(any.size(), 2u);
+  EXPECT_EQ(any[0]["properties"]["name"]["enum"], Json::array({"get_weather"}));
+  EXPECT_EQ(any[0]["properties"]["parameters"]["required"], Json::array({"city"}));
+  EXPECT_EQ(any[1]["properties"]["parameters"]["additionalProperties"], false);
+  EXPECT_EQ(any[0]["required"], Json::array({"name", "parameters"}));
+  EXPECT_EQ(NamedToolCallSchema(tools[1]),
+            "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}");
+  // The template sees OpenAI's shape, the schema's keys in their order.
+  EXPECT_EQ(ToolTemplateJson(tools[0]),
+            "{\"type\":\"function\",\"function\":{\"name\":\"get_weather\",\"description\":"
+            "\"Weather now\",\"parameters\":{\"type\":\"object\",\"properties\":{\"city\":{"
+            "\"type\":\"string\"}},\"required\":[\"city\"]}}}");
+}
+
+// ---- the stream filter ----------------------------------------------------------------------------
+
+// Feeds `text` in random pieces; returns what was released while streaming and the result.
+struct Streamed {
+  std::string streamed;
+  ToolCallStream::Result result;
+};
+Streamed FeedInPieces(ToolCallStream& s, std::string_view text, std::mt19937& rng,
+                      bool parse = true) {
+  Streamed out;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t n = std::min(text.size() - i, static_cast<size_t>(rng() % 5 + 1));
+    const std::string piece(text.substr(i, n));
+    const std::string released = s.Feed({7}, piece);
+    out.streamed += released;
+    i += n;
+  }
+  out.result = s.Finish(parse);
+  return out;
+}
+
+TEST(ToolCallStreamTest, HermesStreamsTheContentAndHoldsTheCall) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const std::string content = "Let me check <tools> for you. ";
+  const std::string call =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}\n</tool_call>";
+  std::mt19937 rng(1);
+  for (int trial = 0; trial < 50; ++trial) {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, content + call, rng);
+    EXPECT_EQ(got.streamed, content);
+    ASSERT_EQ(got.result.calls.size(), 1u);
+    EXPECT_EQ(got.result.calls[0].name, "get_weather");
+    EXPECT_EQ(got.result.calls[0].arguments, "{\"city\":\"Lima\"}");
+    EXPECT_TRUE(got.result.text.empty());
+  }
+}
+
+TEST(ToolCallStreamTest, NothingIsLostWithoutACallOrWhenTheCallIsMalformed) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  std::mt19937 rng(2);
+  const std::string alphabet = "<tool_call>{}\" abc";
+  for (int trial = 0; trial < 300; ++trial) {
+    std::string text;
+    const int len = static_cast<int>(rng() % 40);
+    for (int i = 0; i < len; ++i) text += alphabet[rng() % alphabet.size()];
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, text, rng, /*parse=*/trial % 2 == 0);
+    if (!got.result.calls.empty()) continue;  // a random well-formed call is possible in theory
+    EXPECT_EQ(got.streamed + got.result.text, text) << text;
+    // Streamed text never holds the start of a call.
+    EXPECT_EQ(got.streamed.find("<tool_call>"), std::string::npos) << text;
+  }
+  // A marker prefix at the very end is released at the end.
+  ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+  EXPECT_EQ(s.Feed({1}, "a <tool_"), "a ");
+  const ToolCallStream::Result tail = s.Finish(true);
+  EXPECT_EQ(tail.text, "<tool_");
+  EXPECT_FALSE(tail.malformed);  // no call was begun
+  // Cancelled while holding a well-formed call: released as text, not parsed.
+  ToolCallStream c(ToolCallStream::Mode::kAuto, &syntax);
+  EXPECT_EQ(c.Feed({1}, "<tool_call>{\"name\": \"f\"}</tool_call>"), "");
+  EXPECT_TRUE(c.holding_call());
+  const ToolCallStream::Result r = c.Finish(/*parse=*/false);
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_FALSE(r.malformed);
+  EXPECT_EQ(r.text, "<tool_call>{\"name\": \"f\"}</tool_call>");
+}
+
+TEST(ToolCallStreamTest, SpecialMarkerTokenStartsTheCall) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kMistral, 5);
+  ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+  EXPECT_EQ(s.Feed({1}, "Calling "), "Calling ");
+  EXPECT_EQ(s.Feed({5}, ""), "");  // [TOOL_CALLS] decodes to nothing
+  EXPECT_EQ(s.Feed({9}, "[{\"name\": \"a\", "), "");
+  EXPECT_EQ(s.Feed({9}, "\"arguments\": {\"x\": 2}}]"), "");
+  const ToolCallStream::Result r = s.Finish(true);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, "{\"x\":2}");
+}
+
+TEST(ToolCallStreamTest, Llama3DecidesAtTheFirstCharacter) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kLlama3Json, std::nullopt);
+  std::mt19937 rng(3);
+  {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got =
+        FeedInPieces(s, "  {\"name\": \"search\", \"parameters\": {\"q\": \"kv\"}}", rng);
+    EXPECT_EQ(got.streamed, "");
+    ASSERT_EQ(got.result.calls.size(), 1u);
+    EXPECT_EQ(got.result.calls[0].arguments, "{\"q\":\"kv\"}");
+  }
+  {
+    // Prose streams at once; a brace later in the reply is only text.
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    EXPECT_EQ(s.Feed({1}, " "), "");
+    EXPECT_EQ(s.Feed({1}, "Sure {"), " Sure {");
+    EXPECT_EQ(s.Feed({1}, "\"name\": 1}"), "\"name\": 1}");
+    EXPECT_TRUE(s.Finish(true).calls.empty());
+  }
+  {
+    // A JSON reply that is not a call comes back whole, leading space included.
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, " {\"answer\": 42}", rng);
+    EXPECT_EQ(got.streamed, "");
+    EXPECT_TRUE(got.result.calls.empty());
+    EXPECT_EQ(got.result.text, " {\"answer\": 42}");
+  }
+}
+
+TEST(ToolCallStreamTest, ForcedModesHoldEverything) {
+  std::mt19937 rng(4);
+  {
+    ToolCallStream s(ToolCallStream::Mode::kNamed, nullptr, "get_weather");
+    const Streamed got = FeedInPieces(s, "{\"city\": \"Oslo\"}", rng);
+    EXPECT_EQ(got.streamed, "");
+    ASSERT_EQ(got.result.calls.size(), 1u);
+    EXPECT_EQ(got.result.calls[0].name, "get_weather");
+    EXPECT_EQ(got.result.calls[0].arguments, "{\"city\":\"Oslo\"}");
+  }
+  {
+    ToolCallStream s(ToolCallStream::Mode::kRequired, nullptr);
+    const Streamed got = FeedInPieces(s, "[{\"name\": \"now\", \"parameters\": {}}]", rng);
+    ASSERT_EQ(got.result.calls.size(), 1u);
+    EXPECT_EQ(got.result.calls[0].name, "now");
+  }
+  {
+    // Cut at the length limit: the partial JSON is released as text.
+    ToolCallStream s(ToolCallStream::Mode::kRequired, nullptr);
+    const Streamed got = FeedInPieces(s, "[{\"name\": \"now\", \"para", rng);
+    EXPECT_TRUE(got.result.calls.empty());
+    EXPECT_TRUE(got.result.malformed);
+    EXPECT_EQ(got.result.text, "[{\"name\": \"now\", \"para");
+  }
+}
+
+}  // namespace
+}  // namespace kvrm

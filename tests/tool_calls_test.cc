@@ -1,0 +1,372 @@
+// Tool calling end to end: chat requests with tools through gRPC on the tiny model, whose built-in
+// template teaches the Hermes format. Forced calls (REQUIRED, a named function) are sampled at
+// temperature 1 so that the random-weight model goes everywhere the constraint lets it; AUTO is
+// driven by a structured-output regex that makes the model write the markup.
+#include <functional>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "common/json.h"
+#include "gtest/gtest.h"
+#include "metrics/kvrm_metrics.h"
+#include "metrics/registry.h"
+#include "server/request_validation.h"
+#include "tests/test_server.h"
+
+namespace kvrm {
+namespace {
+
+constexpr char kWeatherSchema[] =
+    R"({"type": "object", "properties": {"city": {"enum": ["Lima", "Oslo"]}, )"
+    R"("days": {"type": "integer", "minimum": 1, "maximum": 7}}, "required": ["city"]})";
+
+EngineOptions Options(int slots) {
+  EngineOptions o;
+  o.slots = slots;
+  o.max_queue = 64;
+  o.max_new_tokens = 256;
+  o.prefill_chunk = 32;
+  o.threads = 2;
+  return o;
+}
+
+v1::GenerateRequest ToolRequest(int max_new_tokens, uint64_t seed) {
+  v1::GenerateRequest r;
+  v1::ChatMessage* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Weather in Lima?");
+  v1::Tool* t = r.mutable_chat()->add_tools();
+  t->set_name("get_weather");
+  t->set_description("Forecast.");
+  t->set_parameters(kWeatherSchema);
+  v1::Tool* now = r.mutable_chat()->add_tools();
+  now->set_name("now");
+  r.mutable_stopping()->set_max_new_tokens(max_new_tokens);
+  r.mutable_sampling()->set_temperature(1.0f);
+  r.mutable_sampling()->set_seed(seed);
+  return r;
+}
+
+// Checks a call against the two tools' schemas; returns whether it holds.
+bool ValidCall(const v1::ToolCall& call) {
+  EXPECT_TRUE(absl::StartsWith(call.id(), "call_")) << call.id();
+  absl::StatusOr<Json> args = ParseJson(call.arguments(), "arguments");
+  if (!args.ok() || !args->is_object()) {
+    ADD_FAILURE() << call.arguments();
+    return false;
+  }
+  if (call.name() == "now") return args->empty();
+  if (call.name() != "get_weather") return false;
+  for (const auto& [key, value] : args->items()) {
+    if (key == "city") {
+      if (!value.is_string()) return false;
+      const std::string c = value.get<std::string>();
+      if (c != "Lima" && c != "Oslo") return false;
+    } else if (key == "days") {
+      if (!value.is_number_integer()) return false;
+      const int64_t d = value.get<int64_t>();
+      if (d < 1 || d > 7) return false;
+    } else {
+      return false;  // additionalProperties: false
+    }
+  }
+  return args->contains("city");
+}
+
+std::string StreamedText(const StreamResult& r) {
+  std::string text;
+  for (const v1::GenerateResponse& m : r.messages) {
+    if (!m.has_finished()) text += m.text();
+  }
+  return text;
+}
+
+class ToolCallsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    registry_ = new MetricRegistry();
+    metrics_ = new KvrmMetrics(registry_, KvrmMetricsOptions{"tiny", "kvrm"});
+    ServerOptions so;
+    so.tool_call_metrics = &metrics_->tool_calls();
+    server_ = new TestServer(Options(4), so);
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete metrics_;
+    delete registry_;
+  }
+  v1::Kvrm::Stub& stub() { return server_->stub(); }
+
+  // The value of one sample in the registry's exposition.
+  static double Sample(const std::string& series) {
+    const std::string text = registry_->Render();
+    for (absl::string_view line : absl::StrSplit(text, '\n')) {
+      if (absl::StartsWith(line, series + " ")) {
+        double v = 0;
+        EXPECT_TRUE(absl::SimpleAtod(line.substr(series.size() + 1), &v)) << line;
+        return v;
+      }
+    }
+    ADD_FAILURE() << "no sample " << series;
+    return -1;
+  }
+
+  static MetricRegistry* registry_;
+  static KvrmMetrics* metrics_;
+  static TestServer* server_;
+};
+MetricRegistry* ToolCallsTest::registry_ = nullptr;
+KvrmMetrics* ToolCallsTest::metrics_ = nullptr;
+TestServer* ToolCallsTest::server_ = nullptr;
+
+TEST_F(ToolCallsTest, ModelInfoNamesTheParserAndTheTemplateShowsToolsAndCalls) {
+  grpc::ClientContext c0;
+  v1::ModelInfo mi;
+  ASSERT_TRUE(stub().GetModelInfo(&c0, v1::GetModelInfoRequest(), &mi).ok());
+  EXPECT_EQ(mi.tool_call_parser(), "hermes");
+  {
+    v1::TokenizeRequest probe;
+    *probe.mutable_chat() = ToolRequest(8, 1).chat();
+    grpc::ClientContext cp;
+    v1::TokenizeResponse pr;
+    ASSERT_TRUE(stub().Tokenize(&cp, probe, &pr).ok());
+    // The replies below need room in the tiny model's 512 positions.
+    ASSERT_LT(pr.token_ids_size(), 400);
+  }
+
+  // A second turn: the earlier call and its result go back into the prompt.
+  v1::TokenizeRequest req;
+  *req.mutable_chat() = ToolRequest(8, 1).chat();
+  v1::ChatMessage* call = req.mutable_chat()->add_messages();
+  call->set_role("assistant");
+  v1::ToolCall* tc = call->add_tool_calls();
+  tc->set_id("call_1");
+  tc->set_name("get_weather");
+  tc->set_arguments(R"({"city": "Lima", "days": 2})");
+  v1::ChatMessage* result = req.mutable_chat()->add_messages();
+  result->set_role("tool");
+  result->set_tool_call_id("call_1");
+  result->set_content("18C, sunny");
+  grpc::ClientContext c1;
+  v1::TokenizeResponse resp;
+  const grpc::Status st = stub().Tokenize(&c1, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.prompt(),
+            "<|begin_of_text|>system:\nFunctions you may call:\n<tools>\n"
+            "{\"type\": \"function\", \"function\": {\"name\": \"get_weather\", \"description\": "
+            "\"Forecast.\", \"parameters\": {\"type\": \"object\", \"properties\": {\"city\": "
+            "{\"enum\": [\"Lima\", \"Oslo\"]}, \"days\": {\"type\": \"integer\", \"minimum\": 1, "
+            "\"maximum\": 7}}, \"required\": [\"city\"]}}}\n"
+            "{\"type\": \"function\", \"function\": {\"name\": \"now\", \"parameters\": "
+            "{\"type\": \"object\", \"properties\": {}}}}\n"
+            "</tools>\nCall one as <tool_call>{\"name\": <name>, \"arguments\": <object>}"
+            "</tool_call>.<|eot_id|>"
+            "user:\nWeather in Lima?<|eot_id|>"
+            "assistant:\n<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+            "\"Lima\", \"days\": 2}}</tool_call><|eot_id|>"
+            "tool:\n<tool_response>18C, sunny</tool_response><|eot_id|>"
+            "assistant:\n");
+
+  // Without tools the built-in template renders as it did before tools existed.
+  v1::TokenizeRequest plain;
+  v1::ChatMessage* m = plain.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Hi");
+  grpc::ClientContext c2;
+  ASSERT_TRUE(stub().Tokenize(&c2, plain, &resp).ok());
+  EXPECT_EQ(resp.prompt(), "<|begin_of_text|>user:\nHi<|eot_id|>assistant:\n");
+}
+
+TEST_F(ToolCallsTest, RequiredRepliesAreWellFormedCallsAndStreamNoText) {
+  const double calls_before = Sample(
+      "kvrm:tool_calls_total{model_name=\"tiny\",kv_mode=\"kvrm\"}");
+  int with_calls = 0, returned = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    v1::GenerateRequest r = ToolRequest(192, seed);
+    r.mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+    const StreamResult got = RunGenerate(stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(StreamedText(got), "") << "call text is held back";
+    if (got.finished.reason() == v1::FINISH_REASON_TOOL_CALLS) {
+      ++with_calls;
+      EXPECT_GE(got.finished.tool_calls_size(), 1);
+      std::set<std::string> ids;
+      for (const v1::ToolCall& c : got.finished.tool_calls()) {
+        EXPECT_TRUE(ValidCall(c)) << c.name() << " " << c.arguments();
+        ids.insert(c.id());
+      }
+      EXPECT_EQ(ids.size(), static_cast<size_t>(got.finished.tool_calls_size()));
+      EXPECT_EQ(got.text, "");
+      returned += got.finished.tool_calls_size();
+    } else {
+      // Cut by the length limit inside the array: the partial JSON comes back as text.
+      EXPECT_EQ(got.finished.reason(), v1::FINISH_REASON_LENGTH);
+      EXPECT_EQ(got.finished.tool_calls_size(), 0);
+      EXPECT_TRUE(absl::StartsWith(got.text, "[")) << got.text;
+    }
+  }
+  EXPECT_GE(with_calls, 4) << "most replies should finish their calls in 192 tokens";
+  EXPECT_EQ(Sample("kvrm:tool_calls_total{model_name=\"tiny\",kv_mode=\"kvrm\"}"),
+            calls_before + returned);
+}
+
+TEST_F(ToolCallsTest, NamedFunctionRepliesAreItsArguments) {
+  for (uint64_t seed = 11; seed <= 14; ++seed) {
+    v1::GenerateRequest r = ToolRequest(96, seed);
+    r.mutable_chat()->mutable_tool_choice()->set_function("get_weather");
+    const StreamResult got = RunGenerate(stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    ASSERT_EQ(got.finished.reason(), v1::FINISH_REASON_TOOL_CALLS) << got.text;
+    ASSERT_EQ(got.finished.tool_calls_size(), 1);
+    EXPECT_EQ(got.finished.tool_calls(0).name(), "get_weather");
+    EXPECT_TRUE(ValidCall(got.finished.tool_calls(0))) << got.finished.tool_calls(0).arguments();
+    EXPECT_EQ(got.text, "");
+  }
+  // A function without parameters: exactly {}.
+  v1::GenerateRequest r = ToolRequest(32, 3);
+  r.mutable_chat()->mutable_tool_choice()->set_function("now");
+  const StreamResult got = RunGenerate(stub(), r);
+  ASSERT_EQ(got.finished.reason(), v1::FINISH_REASON_TOOL_CALLS);
+  EXPECT_EQ(got.finished.tool_calls(0).arguments(), "{}");
+}
+
+TEST_F(ToolCallsTest, AutoParsesTheModelsMarkupAndStreamsTheTextBeforeIt) {
+  v1::GenerateRequest r = ToolRequest(128, 5);
+  r.set_n(2);
+  r.mutable_structured()->set_regex(
+      "Let me check\\. <tool_call>\\{\"name\": \"get_weather\", \"arguments\": \\{\"city\": "
+      "\"(Lima|Oslo)\"\\}\\}</tool_call>");
+  const StreamResult got = RunGenerate(stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  int finished = 0;
+  for (int index = 0; index < 2; ++index) {
+    std::string streamed;
+    for (const v1::GenerateResponse& m : got.messages) {
+      if (m.index() != index) continue;
+      streamed += m.text();
+      if (!m.has_finished()) continue;
+      ++finished;
+      EXPECT_EQ(m.finished().reason(), v1::FINISH_REASON_TOOL_CALLS);
+      ASSERT_EQ(m.finished().tool_calls_size(), 1);
+      EXPECT_EQ(m.finished().tool_calls(0).name(), "get_weather");
+      EXPECT_TRUE(ValidCall(m.finished().tool_calls(0)));
+    }
+    EXPECT_EQ(streamed, "Let me check. ") << index;
+  }
+  EXPECT_EQ(finished, 2);
+}
+
+TEST_F(ToolCallsTest, MalformedMarkupComesBackAsTextAndNoneNeverParses) {
+  const std::string labels = "model_name=\"tiny\",kv_mode=\"kvrm\"";
+  const double failures = Sample("kvrm:tool_call_parse_failures_total{" + labels + "}");
+  const std::string bad = "<tool_call>{\"nam\": 1}</tool_call>";
+  v1::GenerateRequest r = ToolRequest(64, 6);
+  r.mutable_structured()->set_regex("<tool_call>\\{\"nam\": 1\\}</tool_call>");
+  StreamResult got = RunGenerate(stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.finished.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(got.finished.tool_calls_size(), 0);
+  EXPECT_EQ(got.text, bad) << "nothing the model wrote is lost";
+  EXPECT_EQ(StreamedText(got), "") << "held until the end";
+  EXPECT_EQ(Sample("kvrm:tool_call_parse_failures_total{" + labels + "}"), failures + 1);
+
+  const std::string good =
+      "<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
+  v1::GenerateRequest none = ToolRequest(64, 7);
+  none.mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_NONE);
+  none.mutable_structured()->set_regex(
+      "<tool_call>\\{\"name\": \"now\", \"arguments\": \\{\\}\\}</tool_call>");
+  got = RunGenerate(stub(), none);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.finished.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(got.finished.tool_calls_size(), 0);
+  EXPECT_EQ(got.text, good);
+  EXPECT_FALSE(StreamedText(got).empty()) << "NONE streams the markup as text";
+  EXPECT_GE(Sample("kvrm:tool_call_requests_total{" + labels + ",choice=\"none\"}"), 1);
+  EXPECT_GE(Sample("kvrm:tool_call_requests_total{" + labels + ",choice=\"auto\"}"), 1);
+}
+
+TEST_F(ToolCallsTest, BadToolRequestsGetInvalidArgumentNamingTheField) {
+  struct Case {
+    std::function<void(v1::GenerateRequest*)> edit;
+    std::string prefix;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::GenerateRequest* r) { r->mutable_chat()->mutable_tools(0)->set_name("get weather"); },
+       "chat.tools[0].name: may hold only letters"},
+      {[](v1::GenerateRequest* r) { r->mutable_chat()->mutable_tools(1)->set_name("get_weather"); },
+       "chat.tools[1].name: 'get_weather' is also chat.tools[0]"},
+      {[](v1::GenerateRequest* r) { r->mutable_chat()->mutable_tools(0)->set_parameters("[1]"); },
+       "chat.tools[0].parameters: must be a JSON object"},
+      {[](v1::GenerateRequest* r) { r->mutable_chat()->mutable_tools(0)->set_parameters("{"); },
+       "chat.tools[0].parameters: JSON: invalid JSON"},
+      {[](v1::GenerateRequest* r) { r->mutable_chat()->mutable_tool_choice()->set_function("x"); },
+       "chat.tool_choice.function: 'x' is not one of chat.tools"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_chat()->clear_tools();
+         r->mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+       },
+       "chat.tool_choice: needs chat.tools"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+         r->mutable_structured()->set_json_object(true);
+       },
+       "structured: not with chat.tool_choice REQUIRED"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_chat()->mutable_tools(0)->set_parameters(R"({"not": {"type": "string"}})");
+         r->mutable_chat()->mutable_tool_choice()->set_function("get_weather");
+       },
+       "chat.tool_choice: JSON schema"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_chat()->set_template_kwargs(R"({"tools": []})");
+       },
+       "chat.template_kwargs: may not set the template's own variable 'tools'"},
+      {[](v1::GenerateRequest* r) {
+         v1::ChatMessage* m = r->mutable_chat()->add_messages();
+         m->set_role("assistant");
+         m->add_tool_calls()->set_name("get_weather");
+         m->mutable_tool_calls(0)->set_arguments("{\"city\": ");
+       },
+       "chat.messages[1].tool_calls[0].arguments: JSON: invalid JSON"},
+      {[](v1::GenerateRequest* r) {
+         v1::ChatMessage* m = r->mutable_chat()->add_messages();
+         m->set_role("tool");
+         m->set_tool_call_id("call\n1");
+       },
+       "chat.messages[1].tool_call_id: must be printable ASCII"},
+      {[](v1::GenerateRequest* r) {
+         v1::ChatMessage* m = r->mutable_chat()->add_messages();
+         m->set_role("ipython");
+       },
+       "chat: unknown role: ipython (this template takes system, user, assistant and tool)"},
+  };
+  for (const Case& c : cases) {
+    v1::GenerateRequest r = ToolRequest(8, 1);
+    c.edit(&r);
+    const StreamResult got = RunGenerate(stub(), r);
+    EXPECT_EQ(got.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.prefix;
+    EXPECT_TRUE(absl::StartsWith(got.status.error_message(), c.prefix))
+        << got.status.error_message() << "\nexpected: " << c.prefix;
+  }
+  // A server whose model writes no known call format refuses AUTO, and serves the rest.
+  const RequestLimits limits;
+  v1::GenerateRequest r = ToolRequest(8, 1);
+  absl::StatusOr<std::optional<ToolCalling>> auto_none =
+      ToolCallingFromProto(r, ToolCallFormat::kNone, limits);
+  ASSERT_FALSE(auto_none.ok());
+  EXPECT_TRUE(absl::StartsWith(auto_none.status().message(), "chat.tool_choice: AUTO needs"));
+  r.mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+  absl::StatusOr<std::optional<ToolCalling>> required =
+      ToolCallingFromProto(r, ToolCallFormat::kNone, limits);
+  ASSERT_TRUE(required.ok()) << required.status();
+  ASSERT_TRUE(required->has_value());
+  EXPECT_EQ((*required)->mode, ToolCallStream::Mode::kRequired);
+}
+
+}  // namespace
+}  // namespace kvrm
