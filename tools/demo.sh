@@ -53,6 +53,11 @@ echo "== demo request: structured output, a JSON Schema (sampled, seed 3) =="
   --max_new_tokens=96 --temperature=0.9 --seed=3 \
   --json_schema='{"type":"object","properties":{"name":{"type":"string","maxLength":16},"age":{"type":"integer","minimum":0,"maximum":120},"city":{"enum":["Paris","Lagos","Lima","Osaka"]}},"required":["name","age","city"]}'
 echo
+echo "== demo request: tool calling, the model must call a function (sampled, seed 5) =="
+"$cli" generate --server="127.0.0.1:${port}" --message="user:Weather in Lima?" \
+  --max_new_tokens=64 --temperature=0.9 --seed=5 --tool_choice=required \
+  --tools='[{"type":"function","function":{"name":"get_weather","description":"Forecast.","parameters":{"type":"object","properties":{"city":{"enum":["Lima","Oslo"]},"days":{"type":"integer","minimum":1,"maximum":7}},"required":["city"]}}}]'
+echo
 
 if [[ $once -eq 1 ]]; then exit 0; fi
 echo "kvrmd is serving on 127.0.0.1:${port} (Ctrl-C to stop). Try:"

@@ -93,6 +93,14 @@ std::string FormatSummary(const v1::Finished& finished) {
   return line;
 }
 
+std::string FormatToolCalls(const v1::Finished& finished) {
+  std::string out;
+  for (const v1::ToolCall& c : finished.tool_calls()) {
+    absl::StrAppend(&out, "tool call ", c.name(), " ", c.arguments(), " (", c.id(), ")\n");
+  }
+  return out;
+}
+
 std::string FormatLogprobs(absl::Span<const v1::TokenLogprob> logprobs) {
   std::string out;
   for (const v1::TokenLogprob& token : logprobs) {
@@ -144,6 +152,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"eos_token_ids", absl::StrJoin(model.eos_token_ids(), ",")},
       {"max_new_tokens_limit", absl::StrCat(model.max_new_tokens_limit())},
       {"chat_template", model.chat_template() ? "yes" : "no (chat requests refused)"},
+      {"tool_call_parser", model.tool_call_parser()},
   };
   const v1::KvUsage& kv = server.kv();
   const Rows server_rows = {

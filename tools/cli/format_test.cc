@@ -78,6 +78,20 @@ TEST(FormatTest, SummaryWithErrorAndZeroTime) {
             "total_ms=0.0 tokens/s=0.0 error=\"device \\\"lost\\\"\"");
 }
 
+TEST(FormatTest, ToolCallsOneLineEach) {
+  v1::Finished finished;
+  EXPECT_EQ(FormatToolCalls(finished), "");
+  v1::ToolCall* c = finished.add_tool_calls();
+  c->set_id("call_1");
+  c->set_name("get_weather");
+  c->set_arguments(R"({"city":"Lima"})");
+  finished.add_tool_calls()->set_name("now");
+  finished.mutable_tool_calls(1)->set_arguments("{}");
+  finished.mutable_tool_calls(1)->set_id("call_2");
+  EXPECT_EQ(FormatToolCalls(finished),
+            "tool call get_weather {\"city\":\"Lima\"} (call_1)\ntool call now {} (call_2)\n");
+}
+
 TEST(FormatTest, TokensPlainAndWithPieces) {
   v1::TokenizeResponse response;
   response.add_token_ids(1);

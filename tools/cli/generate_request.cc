@@ -86,6 +86,64 @@ absl::StatusOr<v1::ChatPrompt> BuildChatPrompt(const std::string& system,
 
 namespace {
 
+// A flag's value, or the file it names with a leading '@'.
+absl::StatusOr<std::string> InlineOrFile(const std::string& value, absl::string_view flag) {
+  if (value.empty() || value[0] != '@') return value;
+  absl::StatusOr<std::string> text = ReadFileToString(value.substr(1));
+  if (!text.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", text.status().message()));
+  }
+  return text;
+}
+
+}  // namespace
+
+absl::Status AddToolOptions(const std::string& tools, const std::string& tool_choice,
+                            const std::string& template_kwargs, v1::ChatPrompt* prompt) {
+  if (!tools.empty()) {
+    ASSIGN_OR_RETURN(const std::string text, InlineOrFile(tools, "tools"));
+    // In order: the server keeps a schema's properties in the order they are written.
+    absl::StatusOr<OrderedJson> json = ParseOrderedJson(text, "--tools");
+    if (!json.ok()) return json.status();
+    if (!json->is_array()) return absl::InvalidArgumentError("--tools: expected a JSON array");
+    for (size_t i = 0; i < json->size(); ++i) {
+      const OrderedJson& entry = (*json)[i];
+      // OpenAI's {"type": "function", "function": {...}}, or the function object alone.
+      const OrderedJson& f =
+          entry.is_object() && entry.contains("function") ? entry["function"] : entry;
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--tools: entry ", i, " has no \"name\" string"));
+      }
+      v1::Tool* tool = prompt->add_tools();
+      tool->set_name(f["name"].get<std::string>());
+      if (f.contains("description") && f["description"].is_string()) {
+        tool->set_description(f["description"].get<std::string>());
+      }
+      if (f.contains("parameters")) tool->set_parameters(f["parameters"].dump());
+    }
+  }
+  if (!tool_choice.empty()) {
+    v1::ToolChoice* choice = prompt->mutable_tool_choice();
+    if (tool_choice == "auto") {
+      choice->set_mode(v1::TOOL_CHOICE_MODE_AUTO);
+    } else if (tool_choice == "none") {
+      choice->set_mode(v1::TOOL_CHOICE_MODE_NONE);
+    } else if (tool_choice == "required") {
+      choice->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+    } else {
+      choice->set_function(tool_choice);
+    }
+  }
+  if (!template_kwargs.empty()) {
+    ASSIGN_OR_RETURN(std::string text, InlineOrFile(template_kwargs, "template_kwargs"));
+    prompt->set_template_kwargs(std::move(text));
+  }
+  return absl::OkStatus();
+}
+
+namespace {
+
 absl::Status SetStructuredOutput(const GenerateOptions& options, v1::StructuredOutput* out) {
   const int given = !options.regex.empty() + !options.json_schema.empty() + options.json_object +
                     !options.choice.empty();
@@ -137,6 +195,12 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
     ASSIGN_OR_RETURN(*request.mutable_chat(),
                      BuildChatPrompt(options.system, options.messages,
                                      options.continue_final_message));
+    RETURN_IF_ERROR(AddToolOptions(options.tools, options.tool_choice, options.template_kwargs,
+                                   request.mutable_chat()));
+  } else if (!options.tools.empty() || !options.tool_choice.empty() ||
+             !options.template_kwargs.empty()) {
+    return absl::InvalidArgumentError(
+        "--tools, --tool_choice and --template_kwargs need --message");
   } else if (options.continue_final_message) {
     return absl::InvalidArgumentError("--continue_final_message needs --message");
   } else if (!options.prompt.empty()) {

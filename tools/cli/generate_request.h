@@ -58,6 +58,12 @@ struct GenerateOptions {
   bool json_object = false;
   std::vector<std::string> choice;
   std::string whitespace_pattern;
+  // Tool calling (chat only): tools as a JSON array (inline, or @FILE) of OpenAI tools
+  // ({"type": "function", "function": {...}}) or bare {"name", "description", "parameters"};
+  // tool_choice "auto", "none", "required" or a function's name; template_kwargs a JSON object.
+  std::string tools;
+  std::string tool_choice;
+  std::string template_kwargs;
 };
 
 // Parses "1, 2,3" into ids. `flag` names the flag in errors. Empty text gives no ids.
@@ -75,6 +81,10 @@ absl::StatusOr<std::vector<std::pair<int32_t, float>>> ParseLogitBias(absl::stri
 absl::StatusOr<v1::ChatPrompt> BuildChatPrompt(const std::string& system,
                                                absl::Span<const std::string> messages,
                                                bool continue_final_message);
+
+// Adds --tools, --tool_choice and --template_kwargs to a chat prompt (usage errors name the flag).
+absl::Status AddToolOptions(const std::string& tools, const std::string& tool_choice,
+                            const std::string& template_kwargs, v1::ChatPrompt* prompt);
 
 // InvalidArgument (a usage error) when the options cannot form a request.
 absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& options);

@@ -235,5 +235,46 @@ TEST(BuildGenerateRequestTest, StructuredOutputFlags) {
   EXPECT_EQ(BuildGenerateRequest(ws).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+TEST(BuildGenerateRequestTest, ToolFlags) {
+  GenerateOptions options;
+  options.messages = {"user:Weather?"};
+  // OpenAI's shape and the bare function object; the schema's keys stay in their order.
+  options.tools =
+      R"([{"type": "function", "function": {"name": "get_weather", "description": "Now.", )"
+      R"("parameters": {"type": "object", "properties": {"z": {}, "a": {}}}}}, {"name": "now"}])";
+  options.tool_choice = "get_weather";
+  options.template_kwargs = R"({"enable_thinking": false})";
+  absl::StatusOr<v1::GenerateRequest> r = BuildGenerateRequest(options);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->chat().tools_size(), 2);
+  EXPECT_EQ(r->chat().tools(0).name(), "get_weather");
+  EXPECT_EQ(r->chat().tools(0).description(), "Now.");
+  EXPECT_EQ(r->chat().tools(0).parameters(),
+            R"({"type":"object","properties":{"z":{},"a":{}}})");
+  EXPECT_EQ(r->chat().tools(1).name(), "now");
+  EXPECT_EQ(r->chat().tools(1).parameters(), "");
+  EXPECT_EQ(r->chat().tool_choice().function(), "get_weather");
+  EXPECT_EQ(r->chat().template_kwargs(), R"({"enable_thinking": false})");
+  for (const char* mode : {"auto", "none", "required"}) {
+    options.tool_choice = mode;
+    r = BuildGenerateRequest(options);
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r->chat().tool_choice().choice_case(), v1::ToolChoice::kMode) << mode;
+  }
+  EXPECT_EQ(r->chat().tool_choice().mode(), v1::TOOL_CHOICE_MODE_REQUIRED);
+
+  options.tools = R"({"name": "x"})";
+  EXPECT_THAT(BuildGenerateRequest(options).status().message(), HasSubstr("--tools: expected"));
+  options.tools = R"([{"description": "x"}])";
+  EXPECT_THAT(BuildGenerateRequest(options).status().message(),
+              HasSubstr("entry 0 has no \"name\""));
+  options.tools = "[";
+  EXPECT_THAT(BuildGenerateRequest(options).status().message(), HasSubstr("--tools"));
+  GenerateOptions text;
+  text.prompt = "x";
+  text.tool_choice = "required";
+  EXPECT_THAT(BuildGenerateRequest(text).status().message(), HasSubstr("need --message"));
+}
+
 }  // namespace
 }  // namespace kvrm::cli

@@ -82,6 +82,15 @@ ABSL_FLAG(std::string, choice, "",
 ABSL_FLAG(std::string, whitespace_pattern, "",
           "with --json_schema / --json_object: a regex for the whitespace between JSON tokens "
           "(default: at most one space)");
+ABSL_FLAG(std::string, tools, "",
+          "with --message: functions the model may call, a JSON array (inline, or @FILE) of "
+          "OpenAI tools ({\"type\": \"function\", \"function\": {\"name\", \"description\", "
+          "\"parameters\"}}); calls print as 'tool call NAME ARGUMENTS (ID)'");
+ABSL_FLAG(std::string, tool_choice, "",
+          "with --tools: auto (default), none, required, or the name of the function to call");
+ABSL_FLAG(std::string, template_kwargs, "",
+          "with --message: more chat-template variables, a JSON object (inline, or @FILE), e.g. "
+          "{\"enable_thinking\": false}");
 
 ABSL_FLAG(std::string, text, "", "text to tokenize");
 ABSL_FLAG(bool, add_bos, false, "prepend the BOS token as generate does");
@@ -179,6 +188,9 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.json_object = absl::GetFlag(FLAGS_json_object);
   if (auto it = flags.given.find("choice"); it != flags.given.end()) options.choice = it->second;
   options.whitespace_pattern = absl::GetFlag(FLAGS_whitespace_pattern);
+  options.tools = absl::GetFlag(FLAGS_tools);
+  options.tool_choice = absl::GetFlag(FLAGS_tool_choice);
+  options.template_kwargs = absl::GetFlag(FLAGS_template_kwargs);
   return options;
 }
 
@@ -247,6 +259,7 @@ int RunGenerate(const ParsedFlags& flags) {
       Emit(absl::StrCat("--- completion ", i, " ---\n", c.text,
                         !c.text.empty() && c.text.back() != '\n' ? "\n" : ""));
     }
+    Emit(FormatToolCalls(*c.finished));
     fputs(FormatLogprobs(c.logprobs).c_str(), stderr);
     fprintf(stderr, "%s%s\n", n > 1 ? absl::StrCat("[", i, "] ").c_str() : "",
             FormatSummary(*c.finished).c_str());
@@ -266,6 +279,12 @@ int RunTokenize(const ParsedFlags& flags) {
     absl::StatusOr<v1::ChatPrompt> prompt = BuildChatPrompt(
         absl::GetFlag(FLAGS_system), messages, absl::GetFlag(FLAGS_continue_final_message));
     if (!prompt.ok()) return UsageError(std::string(prompt.status().message()));
+    if (absl::Status st = AddToolOptions(absl::GetFlag(FLAGS_tools),
+                                         absl::GetFlag(FLAGS_tool_choice),
+                                         absl::GetFlag(FLAGS_template_kwargs), &*prompt);
+        !st.ok()) {
+      return UsageError(std::string(st.message()));
+    }
     *request.mutable_chat() = *std::move(prompt);
   } else {
     request.set_text(absl::GetFlag(FLAGS_text));
@@ -399,11 +418,15 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "json_object",
                                                 "choice",
                                                 "whitespace_pattern",
+                                                "tools",
+                                                "tool_choice",
+                                                "template_kwargs",
                                                 "json",
                                                 "server",
                                                 "timeout_s"};
 constexpr absl::string_view kTokenizeFlags[] = {"text",   "message", "system",
-                                                "continue_final_message",
+                                                "continue_final_message", "tools",
+                                                "tool_choice", "template_kwargs",
                                                 "add_bos", "pieces", "json",
                                                 "server", "timeout_s"};
 constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
