@@ -6,7 +6,7 @@
 # Plain clang++ rather than Bazel: switching Bazel's toolchain to clang would rebuild everything
 # in another configuration, offline. The sources below are the transitive sources of the four
 # libraries under test (`bazel query 'kind("source file", deps(//model:safetensors +
-# //model:tokenizer + //model:chat_template + //tools/replay:trace +
+# //model:tokenizer + //model:chat_template + //model:tool_calls + //tools/replay:trace +
 # //server:request_validation))'`, runtime/structured/ by a glob); keep this list,
 # and the data of //fuzz:fuzz_test, in step with it. System libraries (absl, protobuf, ICU,
 # oniguruma) are linked uninstrumented. Objects are rebuilt when their source, or any header, is
@@ -23,7 +23,7 @@ SOURCES=(
   model/chat_template_value.cc
   model/tokenizer.cc model/tokenizer_added.cc model/tokenizer_bpe.cc model/tokenizer_decoder.cc
   model/tokenizer_normalizer.cc model/tokenizer_postprocessor.cc
-  model/tokenizer_pretokenizer.cc model/tokenizer_text.cc
+  model/tokenizer_pretokenizer.cc model/tokenizer_text.cc model/tool_calls.cc
   runtime/sampler.cc runtime/sampler_kernels.cc
   server/request_validation.cc
   tools/replay/trace.cc
@@ -33,7 +33,7 @@ for src in runtime/structured/*.cc; do
   [[ "$src" == *_test.cc ]] || SOURCES+=("$src")
 done
 FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer
-  chat_template_fuzzer structured_output_fuzzer)
+  chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer)
 
 mkdir -p "$out/gen" "$out/obj" "$out/bin"
 # Only the message classes are needed (request validation); no gRPC stubs.
@@ -54,7 +54,7 @@ if ! echo '_Float16 h(float f) { return f; }' | "$CXX" -x c++ -fsyntax-only - 2>
   CXXFLAGS+=(-D_Float16=__fp16)
 fi
 ABSL_PC=(absl_flags absl_status absl_statusor absl_str_format absl_strings absl_synchronization
-  absl_time absl_hash absl_raw_hash_set absl_cord)
+  absl_time absl_hash absl_raw_hash_set absl_cord absl_random_random)
 read -r -a LIBS <<<"$(pkg-config --libs "${ABSL_PC[@]}" protobuf oniguruma icu-uc icu-i18n)"
 
 # Headers are not tracked per object: one newer than an object rebuilds it (a class that grew a

@@ -2,7 +2,9 @@
 // (what a client controls), with the gpt2 tokenizer and kvrmd-like limits. Invariants on
 // success: the prompt fits the context with room for one token, its ids are in the vocabulary,
 // max_new_tokens and the stop conditions are within their limits, the time limit is not negative.
-// Chat prompts are rendered with a Llama-3-style template that raises on unknown roles;
+// Chat prompts are rendered with a Llama-3-style template that raises on unknown roles and writes
+// tools and tool calls (so their JSON reaches the renderer); tool choices that force calls compile
+// their JSON Schema, as a request's own structured output does;
 // structured outputs are compiled for the gpt2 vocabulary, with small state limits so that one
 // input stays well inside the fuzzer's time limit.
 #include <cstdint>
@@ -18,10 +20,13 @@ kvrm::RequestLimits limits;
 kvrm::ChatConfig* chat = nullptr;
 kvrm::structured::ConstraintCompiler* structured = nullptr;
 constexpr char kTemplate[] =
-    "{{- bos_token }}{%- for message in messages %}"
-    "{%- if message['role'] not in ['system', 'user', 'assistant'] %}"
+    "{{- bos_token }}{%- if tools %}{%- for t in tools %}{{- t | tojson(indent=1) }}{%- endfor %}"
+    "{%- endif %}{%- for message in messages %}"
+    "{%- if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{- raise_exception('unknown role: ' + message['role']) }}{%- endif %}"
-    "{{- message['role'] + ':\\n' + message['content'] | trim + '<|endoftext|>' }}"
+    "{%- for c in message['tool_calls'] %}{{- c['function']['name'] }}"
+    "{{- c['function']['arguments'] | tojson }}{%- endfor %}"
+    "{{- message['role'] + ':\\n' + (message['content'] or '') | trim + '<|endoftext|>' }}"
     "{%- endfor %}{%- if add_generation_prompt %}{{- 'assistant:\\n' }}{%- endif %}";
 }  // namespace
 
@@ -70,7 +75,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(static_cast<int32_t>(g.stop_token_ids.size()) <= limits.max_stop_token_ids);
   for (int32_t id : g.stop_token_ids) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
   FUZZ_CHECK(g.time_limit >= absl::ZeroDuration());
-  FUZZ_CHECK(request.has_structured() == (g.grammar != nullptr));
+  const bool forced =
+      request.has_chat() && request.chat().has_tool_choice() &&
+      (request.chat().tool_choice().has_function() ||
+       request.chat().tool_choice().mode() == kvrm::v1::TOOL_CHOICE_MODE_REQUIRED);
+  FUZZ_CHECK((request.has_structured() || forced) == (g.grammar != nullptr));
+  // Whatever validated, the tool-calling settings are decided without a crash.
+  absl::StatusOr<std::optional<kvrm::ToolCalling>> tools =
+      kvrm::ToolCallingFromProto(request, kvrm::ToolCallFormat::kHermes, limits);
+  FUZZ_CHECK(tools.ok() || absl::IsInvalidArgument(tools.status()));
   if (g.grammar != nullptr) {
     FUZZ_CHECK(g.grammar->vocab_size() == limits.vocab_size);
     FUZZ_CHECK(!g.grammar->terminal(g.grammar->start()));

@@ -1,0 +1,91 @@
+// Fuzzes the tool-call parsers and the stream filter (model/tool_calls.h) with what a model can
+// write: the input's first byte picks the format (hermes, llama3_json, mistral) and the mode
+// (AUTO, REQUIRED, a named function); the rest is the reply, cut into chunks at 0x01 bytes, a
+// chunk starting with 0x02 carrying the format's special marker token. Invariants:
+//   - without calls, the text streamed plus the text released at the end is exactly the reply;
+//   - with calls, what was streamed is a prefix of the reply, no streamed text holds the start
+//     marker (AUTO), and every call has a name, a "call_" id and arguments that are one compact
+//     JSON object (parsing and printing it again gives the same text);
+//   - the parsers never crash on any text, and bound their nesting.
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/json.h"
+#include "fuzz/fuzz_util.h"
+#include "model/tool_calls.h"
+
+namespace {
+
+constexpr int32_t kMarkerToken = 7;
+
+void CheckCall(const kvrm::ToolCall& call) {
+  FUZZ_CHECK(!call.name.empty());
+  FUZZ_CHECK(call.id.rfind("call_", 0) == 0 && call.id.size() == 29);
+  absl::StatusOr<kvrm::OrderedJson> args = kvrm::ParseOrderedJson(call.arguments, "arguments");
+  FUZZ_CHECK(args.ok() && args->is_object());
+  FUZZ_CHECK(args->dump() == call.arguments);
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const kvrm::ToolCallFormat formats[] = {kvrm::ToolCallFormat::kHermes,
+                                          kvrm::ToolCallFormat::kLlama3Json,
+                                          kvrm::ToolCallFormat::kMistral};
+  const kvrm::ToolCallFormat format = formats[data[0] % 3];
+  const kvrm::ToolCallStream::Mode modes[] = {kvrm::ToolCallStream::Mode::kAuto,
+                                              kvrm::ToolCallStream::Mode::kRequired,
+                                              kvrm::ToolCallStream::Mode::kNamed};
+  const kvrm::ToolCallStream::Mode mode = modes[(data[0] / 3) % 3];
+  const bool marker_is_token = (data[0] / 9) % 2 == 1;
+  const bool parse = (data[0] / 18) % 2 == 0;
+  const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+
+  // The parsers alone, on the whole text.
+  for (kvrm::ToolCallFormat f : formats) {
+    absl::StatusOr<kvrm::ParsedToolCalls> p = kvrm::ParseToolCalls(f, body);
+    if (p.ok()) {
+      FUZZ_CHECK(!p->calls.empty());
+      for (const kvrm::ToolCall& c : p->calls) CheckCall(c);
+    }
+  }
+  if (absl::StatusOr<std::vector<kvrm::ToolCall>> r = kvrm::ParseRequiredToolCalls(body); r.ok()) {
+    for (const kvrm::ToolCall& c : *r) CheckCall(c);
+  }
+
+  const kvrm::ToolCallSyntax syntax = kvrm::MakeToolCallSyntax(
+      format, marker_is_token ? std::optional<int32_t>(kMarkerToken) : std::nullopt);
+  kvrm::ToolCallStream stream(mode, &syntax, "f");
+  std::string reply, streamed;
+  size_t start = 0;
+  while (start <= body.size()) {
+    size_t end = body.find('\x01', start);
+    if (end == std::string_view::npos) end = body.size();
+    std::string_view chunk = body.substr(start, end - start);
+    std::vector<int32_t> ids = {1};
+    if (!chunk.empty() && chunk[0] == '\x02') {
+      chunk.remove_prefix(1);
+      ids = {kMarkerToken};
+    }
+    reply.append(chunk);
+    const std::string out = stream.Feed(ids, chunk);
+    if (mode == kvrm::ToolCallStream::Mode::kAuto && format == kvrm::ToolCallFormat::kHermes) {
+      FUZZ_CHECK(out.find("<tool_call>") == std::string::npos);
+    }
+    streamed += out;
+    start = end + 1;
+  }
+  const kvrm::ToolCallStream::Result r = stream.Finish(parse);
+  FUZZ_CHECK(reply.compare(0, streamed.size(), streamed) == 0);
+  if (r.calls.empty()) {
+    FUZZ_CHECK(streamed + r.text == reply);
+  } else {
+    FUZZ_CHECK(parse && !r.malformed);
+    for (const kvrm::ToolCall& c : r.calls) CheckCall(c);
+    if (mode == kvrm::ToolCallStream::Mode::kNamed) FUZZ_CHECK(r.calls.size() == 1);
+  }
+  return 0;
+}
