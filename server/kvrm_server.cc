@@ -156,6 +156,13 @@ absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
   return server;
 }
 
+std::shared_ptr<grpc::Channel> KvrmServer::InProcessChannel() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(-1);
+  args.SetMaxSendMessageSize(-1);
+  return server_->InProcessChannel(args);
+}
+
 KvrmServer::~KvrmServer() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now());
 }

@@ -10,6 +10,7 @@
 // from SIGTERM on). See docs/metrics.md.
 #include <signal.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/matmul.h"
@@ -30,6 +32,7 @@
 #include "runtime/model_bundle.h"
 #include "server/device_backend.h"
 #include "server/kvrm_server.h"
+#include "server/openai_http.h"
 #include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, model, "builtin:small",
@@ -105,6 +108,14 @@ ABSL_FLAG(double, drain_grace_s, 30, "seconds in-flight requests get to finish o
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0", "host of the HTTP /metrics, /healthz, /readyz");
 ABSL_FLAG(int32_t, metrics_port, 9400, "HTTP metrics port; 0 picks a free port, -1 disables");
 ABSL_FLAG(std::string, metrics_port_file, "", "write the bound metrics port to this file");
+ABSL_FLAG(int32_t, http_port, 8000,
+          "OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, /v1/models); "
+          "0 picks a free port, -1 disables");
+ABSL_FLAG(std::string, http_listen, "0.0.0.0", "host of the OpenAI-compatible HTTP API");
+ABSL_FLAG(std::string, http_port_file, "", "write the bound HTTP API port to this file");
+ABSL_FLAG(std::string, served_model_name, "",
+          "the model's id in the HTTP API (requests' \"model\", /v1/models); default: the "
+          "model directory's name");
 ABSL_FLAG(std::string, log_level, "info", "info, warning or error");
 // Transport security and limits (docs/security.md).
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain: serve gRPC over TLS");
@@ -301,6 +312,40 @@ int Run() {
     return 1;
   }
   const ModelBundle& m = **model;
+  std::unique_ptr<OpenAiHttpServer> openai;
+  if (absl::GetFlag(FLAGS_http_port) >= 0) {
+    OpenAiHttpOptions ho;
+    ho.host = absl::GetFlag(FLAGS_http_listen);
+    ho.port = absl::GetFlag(FLAGS_http_port);
+    ho.served_model_name = absl::GetFlag(FLAGS_served_model_name);
+    if (ho.served_model_name.empty()) ho.served_model_name = m.name;
+    ho.max_context = (*engine)->options().max_context;
+    ho.defaults.chat_max_tokens = (*engine)->options().max_new_tokens;
+    ho.defaults.completion_max_tokens = std::min(16, (*engine)->options().max_new_tokens);
+    ho.tokenizer = m.tokenizer.get();
+    if (!so.tls_cert.empty()) {
+      if (!so.tls_client_ca.empty()) {
+        std::fprintf(stderr,
+                     "kvrmd: --tls_client_ca: the HTTP API does not verify client certificates; "
+                     "turn it off with --http_port=-1 to serve gRPC with mutual TLS\n");
+        return 1;
+      }
+      // Both files were read and checked by the gRPC server's start.
+      ho.tls_cert_pem = *ReadFileToString(so.tls_cert);
+      ho.tls_key_pem = *ReadFileToString(so.tls_key);
+    }
+    absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> h =
+        OpenAiHttpServer::Start((*server)->InProcessChannel(), ho);
+    if (!h.ok()) {
+      std::fprintf(stderr, "kvrmd: %s\n", h.status().ToString().c_str());
+      return 1;
+    }
+    openai = std::move(*h);
+    LOG(INFO) << "OpenAI-compatible HTTP API on " << (so.tls_cert.empty() ? "http" : "https")
+              << "://" << ho.host << ":" << openai->port() << "/v1, model \""
+              << ho.served_model_name << "\"";
+    WritePortFile(absl::GetFlag(FLAGS_http_port_file), openai->port());
+  }
   LOG(INFO) << "kvrmd " << kVersion << " serving " << m.name << " (" << m.weights.num_parameters
             << " parameters, " << DTypeName(m.weights.dtype) << ") on port " << (*server)->port()
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
@@ -335,6 +380,7 @@ int Run() {
   // Probes see the drain at once; /metrics keeps answering until exit.
   if (http) http->SetReady(false);
   (*server)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s)));
+  openai.reset();  // its calls ended with the drain; before the server its channel goes to
   server->reset();
   engine->reset();
   return 0;

@@ -1,0 +1,940 @@
+#include "server/openai_api.h"
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace kvrm {
+namespace {
+
+absl::Status Bad(absl::string_view param, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(param, ": ", why));
+}
+
+// OpenAI clients send null for parameters they leave unset: null is "absent" everywhere.
+const Json* Find(const Json& object, const char* key) {
+  auto it = object.find(key);
+  if (it == object.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+const char* TypeName(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "a boolean";
+    case Json::value_t::string: return "a string";
+    case Json::value_t::array: return "an array";
+    case Json::value_t::object: return "an object";
+    case Json::value_t::binary: return "binary";
+    case Json::value_t::discarded: return "invalid";
+    default: return "a number";
+  }
+}
+
+absl::Status WrongType(absl::string_view param, absl::string_view want, const Json& got) {
+  return Bad(param, absl::StrCat("must be ", want, ", not ", TypeName(got)));
+}
+
+absl::StatusOr<std::optional<double>> GetNumber(const Json& o, const char* key) {
+  const Json* j = Find(o, key);
+  if (j == nullptr) return std::optional<double>();
+  if (!j->is_number()) return WrongType(key, "a number", *j);
+  return std::optional<double>(j->get<double>());
+}
+
+// An integer; 3.0 is taken as 3 (JavaScript clients cannot tell them apart).
+absl::StatusOr<std::optional<int64_t>> IntegerOf(const Json& j, absl::string_view param) {
+  if (j.is_number_integer()) return std::optional<int64_t>(j.get<int64_t>());
+  if (j.is_number_float()) {
+    const double v = j.get<double>();
+    if (std::isfinite(v) && v == std::floor(v) && std::fabs(v) < 9e15) {
+      return std::optional<int64_t>(static_cast<int64_t>(v));
+    }
+  }
+  return WrongType(param, "an integer", j);
+}
+
+absl::StatusOr<std::optional<int64_t>> GetInt(const Json& o, const char* key) {
+  const Json* j = Find(o, key);
+  if (j == nullptr) return std::optional<int64_t>();
+  return IntegerOf(*j, key);
+}
+
+// Within int32 (the proto's range; validation then checks the real bounds).
+absl::StatusOr<std::optional<int32_t>> GetInt32(const Json& o, const char* key) {
+  ASSIGN_OR_RETURN(std::optional<int64_t> v, GetInt(o, key));
+  if (!v) return std::optional<int32_t>();
+  if (*v < INT32_MIN || *v > INT32_MAX) return Bad(key, absl::StrCat(*v, " is out of range"));
+  return std::optional<int32_t>(static_cast<int32_t>(*v));
+}
+
+absl::StatusOr<std::optional<bool>> GetBool(const Json& o, const char* key) {
+  const Json* j = Find(o, key);
+  if (j == nullptr) return std::optional<bool>();
+  if (!j->is_boolean()) return WrongType(key, "a boolean", *j);
+  return std::optional<bool>(j->get<bool>());
+}
+
+absl::StatusOr<std::optional<std::string>> GetString(const Json& o, const char* key) {
+  const Json* j = Find(o, key);
+  if (j == nullptr) return std::optional<std::string>();
+  if (!j->is_string()) return WrongType(key, "a string", *j);
+  return std::optional<std::string>(j->get<std::string>());
+}
+
+// A JSON value that may come as an object or as its text (guided_json, tool arguments).
+absl::StatusOr<std::string> JsonText(const Json& j, absl::string_view param) {
+  if (j.is_string()) return j.get<std::string>();
+  if (j.is_object()) return j.dump();
+  return WrongType(param, "an object or a JSON string", j);
+}
+
+// One GenerateRequest field set from a parameter, recorded for error messages.
+class Builder {
+ public:
+  Builder(OpenAiRequest* out, const Json& body) : out_(out), body_(body) {}
+
+  v1::GenerateRequest& g() { return out_->generate; }
+  void Param(const std::string& field, const std::string& param) { out_->params[field] = param; }
+
+  // The common sampling and stopping parameters of both endpoints.
+  absl::Status Sampling() {
+    v1::SamplingParams* s = g().mutable_sampling();
+    ASSIGN_OR_RETURN(std::optional<double> temperature, GetNumber(body_, "temperature"));
+    s->set_temperature(temperature ? static_cast<float>(*temperature) : 1.0f);  // OpenAI's default
+    Param("sampling.temperature", "temperature");
+    ASSIGN_OR_RETURN(std::optional<double> top_p, GetNumber(body_, "top_p"));
+    if (top_p) s->set_top_p(static_cast<float>(*top_p));
+    Param("sampling.top_p", "top_p");
+    ASSIGN_OR_RETURN(std::optional<int32_t> top_k, GetInt32(body_, "top_k"));
+    if (top_k) s->set_top_k(*top_k == -1 ? 0 : *top_k);  // vLLM: -1 is off
+    Param("sampling.top_k", "top_k");
+    ASSIGN_OR_RETURN(std::optional<double> min_p, GetNumber(body_, "min_p"));
+    if (min_p) s->set_min_p(static_cast<float>(*min_p));
+    Param("sampling.min_p", "min_p");
+    ASSIGN_OR_RETURN(std::optional<double> rep, GetNumber(body_, "repetition_penalty"));
+    if (rep) s->set_repetition_penalty(static_cast<float>(*rep));
+    Param("sampling.repetition_penalty", "repetition_penalty");
+    ASSIGN_OR_RETURN(std::optional<double> presence, GetNumber(body_, "presence_penalty"));
+    if (presence) s->set_presence_penalty(static_cast<float>(*presence));
+    Param("sampling.presence_penalty", "presence_penalty");
+    ASSIGN_OR_RETURN(std::optional<double> frequency, GetNumber(body_, "frequency_penalty"));
+    if (frequency) s->set_frequency_penalty(static_cast<float>(*frequency));
+    Param("sampling.frequency_penalty", "frequency_penalty");
+    ASSIGN_OR_RETURN(std::optional<int64_t> seed, GetInt(body_, "seed"));
+    if (seed) s->set_seed(static_cast<uint64_t>(*seed));  // negative seeds wrap, as numpy's do
+    if (const Json* bias = Find(body_, "logit_bias")) {
+      if (!bias->is_object()) return WrongType("logit_bias", "an object", *bias);
+      for (const auto& [key, value] : bias->items()) {
+        int32_t id = 0;
+        if (!absl::SimpleAtoi(key, &id)) {
+          return Bad("logit_bias", absl::StrCat("key \"", key, "\" is not a token id"));
+        }
+        if (!value.is_number()) {
+          return WrongType(absl::StrCat("logit_bias.", key), "a number", value);
+        }
+        (*s->mutable_logit_bias())[id] = value.get<float>();
+      }
+    }
+    Param("sampling.logit_bias", "logit_bias");
+
+    v1::StoppingCriteria* st = g().mutable_stopping();
+    if (const Json* stop = Find(body_, "stop")) {
+      if (stop->is_string()) {
+        st->add_stop_sequences(stop->get<std::string>());
+      } else if (stop->is_array()) {
+        for (size_t i = 0; i < stop->size(); ++i) {
+          if (!(*stop)[i].is_string()) {
+            return WrongType(absl::StrCat("stop[", i, "]"), "a string", (*stop)[i]);
+          }
+          st->add_stop_sequences((*stop)[i].get<std::string>());
+        }
+      } else {
+        return WrongType("stop", "a string or an array of strings", *stop);
+      }
+    }
+    Param("stopping.stop_sequences", "stop");
+    if (const Json* ids = Find(body_, "stop_token_ids")) {
+      if (!ids->is_array()) return WrongType("stop_token_ids", "an array", *ids);
+      for (size_t i = 0; i < ids->size(); ++i) {
+        ASSIGN_OR_RETURN(std::optional<int64_t> id,
+                         IntegerOf((*ids)[i], absl::StrCat("stop_token_ids[", i, "]")));
+        if (*id < INT32_MIN || *id > INT32_MAX) return Bad("stop_token_ids", "id out of range");
+        st->add_stop_token_ids(static_cast<int32_t>(*id));
+      }
+    }
+    Param("stopping.stop_token_ids", "stop_token_ids");
+    ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, GetBool(body_, "ignore_eos"));
+    if (ignore_eos) st->set_ignore_eos(*ignore_eos);
+    ASSIGN_OR_RETURN(std::optional<int32_t> min_tokens, GetInt32(body_, "min_tokens"));
+    if (min_tokens) st->set_min_tokens(*min_tokens);
+    Param("stopping.min_tokens", "min_tokens");
+
+    ASSIGN_OR_RETURN(std::optional<int32_t> n, GetInt32(body_, "n"));
+    if (n) g().set_n(*n);
+    Param("n", "n");
+    ASSIGN_OR_RETURN(std::optional<bool> stream, GetBool(body_, "stream"));
+    out_->stream = stream.value_or(false);
+    if (const Json* options = Find(body_, "stream_options")) {
+      if (!options->is_object()) return WrongType("stream_options", "an object", *options);
+      ASSIGN_OR_RETURN(std::optional<bool> usage, GetBool(*options, "include_usage"));
+      out_->include_usage = usage.value_or(false);
+    }
+    ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(body_, "model"));
+    out_->model = model.value_or("");
+    ASSIGN_OR_RETURN(std::optional<std::string> user, GetString(body_, "user"));  // not used
+    (void)user;
+    ASSIGN_OR_RETURN(std::optional<std::string> salt, GetString(body_, "cache_salt"));
+    if (salt) g().set_cache_salt(*salt);
+    Param("cache_salt", "cache_salt");
+    ASSIGN_OR_RETURN(std::optional<int32_t> priority, GetInt32(body_, "priority"));
+    if (priority) g().set_priority(*priority);
+    Param("priority", "priority");
+    ASSIGN_OR_RETURN(std::optional<std::string> request_id, GetString(body_, "request_id"));
+    if (request_id) g().set_request_id(*request_id);
+    Param("request_id", "request_id");
+    return absl::OkStatus();
+  }
+
+  // max_tokens (and chat's max_completion_tokens, which wins when both are sent).
+  absl::Status MaxTokens(int32_t fallback, bool chat) {
+    ASSIGN_OR_RETURN(std::optional<int32_t> max_tokens, GetInt32(body_, "max_tokens"));
+    std::optional<int32_t> max_completion;
+    if (chat) {
+      ASSIGN_OR_RETURN(max_completion, GetInt32(body_, "max_completion_tokens"));
+    }
+    if (max_completion) {
+      g().mutable_stopping()->set_max_new_tokens(*max_completion);
+      Param("stopping.max_new_tokens", "max_completion_tokens");
+    } else {
+      g().mutable_stopping()->set_max_new_tokens(max_tokens.value_or(fallback));
+      Param("stopping.max_new_tokens", "max_tokens");
+    }
+    return absl::OkStatus();
+  }
+
+  // response_format and vLLM's guided_* parameters; at most one of them.
+  absl::Status Structured() {
+    int set = 0;
+    std::string from;
+    v1::StructuredOutput structured;
+    if (const Json* format = Find(body_, "response_format")) {
+      if (!format->is_object()) return WrongType("response_format", "an object", *format);
+      ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(*format, "type"));
+      const std::string t = type.value_or("");
+      if (t == "json_object") {
+        structured.set_json_object(true);
+        ++set;
+        from = "response_format";
+      } else if (t == "json_schema") {
+        const Json* spec = Find(*format, "json_schema");
+        if (spec == nullptr || !spec->is_object()) {
+          return Bad("response_format.json_schema", "an object with \"schema\" is required");
+        }
+        const Json* schema = Find(*spec, "schema");
+        if (schema == nullptr) {
+          return Bad("response_format.json_schema.schema", "is required");
+        }
+        ASSIGN_OR_RETURN(std::string text,
+                         JsonText(*schema, "response_format.json_schema.schema"));
+        structured.set_json_schema(std::move(text));
+        ++set;
+        from = "response_format.json_schema.schema";
+      } else if (t != "text") {
+        return Bad("response_format.type",
+                   absl::StrCat("\"", t, "\": use text, json_object or json_schema"));
+      }
+    }
+    if (const Json* schema = Find(body_, "guided_json")) {
+      ASSIGN_OR_RETURN(std::string text, JsonText(*schema, "guided_json"));
+      structured.set_json_schema(std::move(text));
+      ++set;
+      from = "guided_json";
+    }
+    ASSIGN_OR_RETURN(std::optional<std::string> regex, GetString(body_, "guided_regex"));
+    if (regex) {
+      structured.set_regex(*regex);
+      ++set;
+      from = "guided_regex";
+    }
+    if (const Json* choice = Find(body_, "guided_choice")) {
+      if (!choice->is_array()) return WrongType("guided_choice", "an array of strings", *choice);
+      v1::Choices* c = structured.mutable_choice();
+      for (size_t i = 0; i < choice->size(); ++i) {
+        if (!(*choice)[i].is_string()) {
+          return WrongType(absl::StrCat("guided_choice[", i, "]"), "a string", (*choice)[i]);
+        }
+        c->add_choices((*choice)[i].get<std::string>());
+      }
+      ++set;
+      from = "guided_choice";
+    }
+    if (set > 1) {
+      return Bad(from, "only one of response_format, guided_json, guided_regex and "
+                       "guided_choice may be given");
+    }
+    ASSIGN_OR_RETURN(std::optional<std::string> ws, GetString(body_, "guided_whitespace_pattern"));
+    if (ws) {
+      if (set == 0) return Bad("guided_whitespace_pattern", "needs a JSON constraint");
+      structured.set_whitespace_pattern(*ws);
+    }
+    if (set == 1) {
+      *g().mutable_structured() = std::move(structured);
+      for (const char* field : {"structured", "structured.regex", "structured.json_schema",
+                                "structured.json_object", "structured.choice"}) {
+        Param(field, from);
+      }
+      Param("structured.whitespace_pattern", "guided_whitespace_pattern");
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  OpenAiRequest* out_;
+  const Json& body_;
+};
+
+// A list of token ids, or INVALID_ARGUMENT naming `param`.
+absl::Status TokenList(const Json& list, const std::string& param, v1::TokenIds* out) {
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string at = absl::StrCat(param, "[", i, "]");
+    ASSIGN_OR_RETURN(std::optional<int64_t> id, IntegerOf(list[i], at));
+    if (*id < 0 || *id > INT32_MAX) return Bad(at, absl::StrCat(*id, " is not a token id"));
+    out->add_ids(static_cast<int32_t>(*id));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CompletionPrompt(const Json& body, const OpenAiDefaults& defaults,
+                              OpenAiRequest* out) {
+  const Json* prompt = Find(body, "prompt");
+  if (prompt == nullptr) return Bad("prompt", "is required");
+  v1::GenerateRequest& g = out->generate;
+  out->params["text"] = "prompt";
+  out->params["token_ids"] = "prompt";
+  out->params["prompt"] = "prompt";
+  if (prompt->is_string()) {
+    g.set_text(prompt->get<std::string>());
+    return absl::OkStatus();
+  }
+  if (!prompt->is_array()) {
+    return WrongType("prompt", "a string, an array of strings or of token ids", *prompt);
+  }
+  if (prompt->empty()) return Bad("prompt", "is empty");
+  // [1, 2, 3] is one prompt of token ids; ["a"] and [[1, 2]] are lists of prompts.
+  if ((*prompt)[0].is_number()) return TokenList(*prompt, "prompt", g.mutable_token_ids());
+  if (static_cast<int64_t>(prompt->size()) > defaults.max_prompts) {
+    return Bad("prompt", absl::StrCat("a list of ", prompt->size(),
+                                      " prompts: send one prompt per request (or n for "
+                                      "several completions of one)"));
+  }
+  const Json& one = (*prompt)[0];
+  if (one.is_string()) {
+    g.set_text(one.get<std::string>());
+  } else if (one.is_array()) {
+    RETURN_IF_ERROR(TokenList(one, "prompt[0]", g.mutable_token_ids()));
+  } else {
+    return WrongType("prompt[0]", "a string or an array of token ids", one);
+  }
+  return absl::OkStatus();
+}
+
+// A message's content: a string, or OpenAI's list of parts of which only text is taken.
+absl::StatusOr<std::string> ContentText(const Json& content, const std::string& param) {
+  if (content.is_string()) return content.get<std::string>();
+  if (!content.is_array()) return WrongType(param, "a string or an array of parts", content);
+  std::string text;
+  for (size_t i = 0; i < content.size(); ++i) {
+    const std::string at = absl::StrCat(param, "[", i, "]");
+    const Json& part = content[i];
+    if (!part.is_object()) return WrongType(at, "an object", part);
+    ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(part, "type"));
+    if (type.value_or("") != "text") {
+      return Bad(absl::StrCat(at, ".type"),
+                 absl::StrCat("\"", type.value_or(""),
+                              "\" is not supported: this server's models take text only"));
+    }
+    const Json* t = Find(part, "text");
+    if (t == nullptr || !t->is_string()) return Bad(absl::StrCat(at, ".text"), "is required");
+    text += t->get<std::string>();  // parts are joined as vLLM joins them: without a separator
+  }
+  return text;
+}
+
+absl::Status ChatMessages(const Json& body, OpenAiRequest* out) {
+  const Json* messages = Find(body, "messages");
+  if (messages == nullptr) return Bad("messages", "is required");
+  if (!messages->is_array()) return WrongType("messages", "an array", *messages);
+  v1::ChatPrompt* chat = out->generate.mutable_chat();
+  for (size_t i = 0; i < messages->size(); ++i) {
+    const std::string at = absl::StrCat("messages[", i, "]");
+    const Json& m = (*messages)[i];
+    if (!m.is_object()) return WrongType(at, "an object", m);
+    v1::ChatMessage* msg = chat->add_messages();
+    const Json* role = Find(m, "role");
+    if (role == nullptr || !role->is_string()) return Bad(absl::StrCat(at, ".role"), "is required");
+    msg->set_role(role->get<std::string>());
+    if (const Json* content = Find(m, "content")) {
+      ASSIGN_OR_RETURN(std::string text, ContentText(*content, absl::StrCat(at, ".content")));
+      msg->set_content(std::move(text));
+    }
+    ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(m, "name"));
+    if (name) msg->set_name(*name);
+    ASSIGN_OR_RETURN(std::optional<std::string> call_id, GetString(m, "tool_call_id"));
+    if (call_id) msg->set_tool_call_id(*call_id);
+    if (const Json* calls = Find(m, "tool_calls")) {
+      if (!calls->is_array()) return WrongType(absl::StrCat(at, ".tool_calls"), "an array", *calls);
+      for (size_t c = 0; c < calls->size(); ++c) {
+        const std::string cat = absl::StrCat(at, ".tool_calls[", c, "]");
+        const Json& call = (*calls)[c];
+        if (!call.is_object()) return WrongType(cat, "an object", call);
+        const Json* fn = Find(call, "function");
+        if (fn == nullptr || !fn->is_object()) {
+          return Bad(absl::StrCat(cat, ".function"), "is required");
+        }
+        v1::ToolCall* tc = msg->add_tool_calls();
+        ASSIGN_OR_RETURN(std::optional<std::string> id, GetString(call, "id"));
+        if (id) tc->set_id(*id);
+        const Json* fname = Find(*fn, "name");
+        if (fname == nullptr || !fname->is_string()) {
+          return Bad(absl::StrCat(cat, ".function.name"), "is required");
+        }
+        tc->set_name(fname->get<std::string>());
+        if (const Json* args = Find(*fn, "arguments")) {
+          ASSIGN_OR_RETURN(std::string text, JsonText(*args, absl::StrCat(cat, ".function.arguments")));
+          tc->set_arguments(std::move(text));
+        }
+      }
+    }
+  }
+  out->params["chat.messages"] = "messages";
+  out->params["chat"] = "messages";
+  out->params["prompt"] = "messages";
+  return absl::OkStatus();
+}
+
+absl::Status ChatTools(const Json& body, OpenAiRequest* out) {
+  v1::ChatPrompt* chat = out->generate.mutable_chat();
+  if (const Json* tools = Find(body, "tools")) {
+    if (!tools->is_array()) return WrongType("tools", "an array", *tools);
+    for (size_t i = 0; i < tools->size(); ++i) {
+      const std::string at = absl::StrCat("tools[", i, "]");
+      const Json& t = (*tools)[i];
+      if (!t.is_object()) return WrongType(at, "an object", t);
+      ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(t, "type"));
+      if (type.value_or("function") != "function") {
+        return Bad(absl::StrCat(at, ".type"), absl::StrCat("\"", *type, "\": use function"));
+      }
+      const Json* fn = Find(t, "function");
+      if (fn == nullptr || !fn->is_object()) return Bad(absl::StrCat(at, ".function"), "is required");
+      v1::Tool* tool = chat->add_tools();
+      const Json* name = Find(*fn, "name");
+      if (name == nullptr || !name->is_string()) {
+        return Bad(absl::StrCat(at, ".function.name"), "is required");
+      }
+      tool->set_name(name->get<std::string>());
+      ASSIGN_OR_RETURN(std::optional<std::string> description, GetString(*fn, "description"));
+      if (description) tool->set_description(*description);
+      if (const Json* parameters = Find(*fn, "parameters")) {
+        ASSIGN_OR_RETURN(std::string text,
+                         JsonText(*parameters, absl::StrCat(at, ".function.parameters")));
+        tool->set_parameters(std::move(text));
+      }
+    }
+  }
+  out->params["chat.tools"] = "tools";
+  if (const Json* choice = Find(body, "tool_choice")) {
+    v1::ToolChoice* tc = chat->mutable_tool_choice();
+    if (choice->is_string()) {
+      const std::string mode = choice->get<std::string>();
+      if (mode == "auto") {
+        tc->set_mode(v1::TOOL_CHOICE_MODE_AUTO);
+      } else if (mode == "none") {
+        tc->set_mode(v1::TOOL_CHOICE_MODE_NONE);
+      } else if (mode == "required") {
+        tc->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+      } else {
+        return Bad("tool_choice", absl::StrCat("\"", mode, "\": use auto, none, required or "
+                                               "{\"type\": \"function\", ...}"));
+      }
+    } else if (choice->is_object()) {
+      const Json* fn = Find(*choice, "function");
+      const Json* name = fn != nullptr && fn->is_object() ? Find(*fn, "name") : nullptr;
+      if (name == nullptr || !name->is_string()) {
+        return Bad("tool_choice.function.name", "is required");
+      }
+      tc->set_function(name->get<std::string>());
+    } else {
+      return WrongType("tool_choice", "a string or an object", *choice);
+    }
+  }
+  out->params["chat.tool_choice"] = "tool_choice";
+  return absl::OkStatus();
+}
+
+absl::Status ChatOptions(const Json& body, OpenAiRequest* out) {
+  v1::ChatPrompt* chat = out->generate.mutable_chat();
+  ASSIGN_OR_RETURN(std::optional<bool> add, GetBool(body, "add_generation_prompt"));
+  if (add) chat->set_add_generation_prompt(*add);
+  ASSIGN_OR_RETURN(std::optional<bool> cont, GetBool(body, "continue_final_message"));
+  if (cont) chat->set_continue_final_message(*cont);
+  out->params["chat.continue_final_message"] = "continue_final_message";
+  if (const Json* kwargs = Find(body, "chat_template_kwargs")) {
+    if (!kwargs->is_object()) return WrongType("chat_template_kwargs", "an object", *kwargs);
+    chat->set_template_kwargs(kwargs->dump());
+  }
+  out->params["chat.template_kwargs"] = "chat_template_kwargs";
+  ASSIGN_OR_RETURN(std::optional<bool> logprobs, GetBool(body, "logprobs"));
+  ASSIGN_OR_RETURN(std::optional<int32_t> top, GetInt32(body, "top_logprobs"));
+  if (top && !logprobs.value_or(false)) return Bad("top_logprobs", "needs logprobs: true");
+  if (logprobs.value_or(false)) {
+    out->logprobs = top.value_or(0);
+    out->generate.mutable_response()->set_logprobs(true);
+    out->generate.mutable_response()->set_top_logprobs(top.value_or(0));
+  }
+  out->params["response.top_logprobs"] = "top_logprobs";
+  return absl::OkStatus();
+}
+
+absl::Status CompletionOptions(const Json& body, OpenAiRequest* out) {
+  ASSIGN_OR_RETURN(std::optional<std::string> suffix, GetString(body, "suffix"));
+  if (suffix && !suffix->empty()) return Bad("suffix", "is not supported");
+  ASSIGN_OR_RETURN(std::optional<int32_t> best_of, GetInt32(body, "best_of"));
+  if (best_of && *best_of != std::max(1, out->generate.n())) {
+    return Bad("best_of", "must equal n (completions are not ranked)");
+  }
+  ASSIGN_OR_RETURN(std::optional<bool> echo, GetBool(body, "echo"));
+  out->echo = echo.value_or(false);
+  ASSIGN_OR_RETURN(std::optional<int32_t> logprobs, GetInt32(body, "logprobs"));
+  if (logprobs) {
+    if (out->echo) return Bad("logprobs", "with echo (the prompt's logprobs) is not supported");
+    out->logprobs = *logprobs;
+    out->generate.mutable_response()->set_logprobs(true);
+    out->generate.mutable_response()->set_top_logprobs(*logprobs);
+  }
+  out->params["response.top_logprobs"] = "logprobs";
+  ASSIGN_OR_RETURN(std::optional<bool> add_special, GetBool(body, "add_special_tokens"));
+  if (add_special) out->generate.set_skip_bos(!*add_special);
+  return absl::OkStatus();
+}
+
+void AppendSse(const OrderedJson& event, std::string* out) {
+  absl::StrAppend(out, "data: ", event.dump(-1, ' ', false, Json::error_handler_t::replace),
+                  "\n\n");
+}
+
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+OrderedJson OpenAiToolCalls(const v1::Finished& finished, bool with_index) {
+  OrderedJson calls = OrderedJson::array();
+  for (int i = 0; i < finished.tool_calls_size(); ++i) {
+    const v1::ToolCall& c = finished.tool_calls(i);
+    OrderedJson call;
+    if (with_index) call["index"] = i;
+    call["id"] = c.id();
+    call["type"] = "function";
+    call["function"] = {{"name", c.name()}, {"arguments", c.arguments()}};
+    calls.push_back(std::move(call));
+  }
+  return calls;
+}
+
+OrderedJson StopReason(const v1::Finished& f) {
+  if (!f.matched_stop().empty()) return f.matched_stop();
+  return nullptr;
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::string_view body,
+                                                 const OpenAiDefaults& defaults) {
+  absl::StatusOr<Json> parsed = ParseJson(std::string_view(body.data(), body.size()), "request body");
+  if (!parsed.ok()) return absl::InvalidArgumentError(parsed.status().message());
+  if (!parsed->is_object()) return WrongType("request body", "a JSON object", *parsed);
+  OpenAiRequest out;
+  out.endpoint = endpoint;
+  Builder b(&out, *parsed);
+  RETURN_IF_ERROR(b.Sampling());
+  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  RETURN_IF_ERROR(
+      b.MaxTokens(chat ? defaults.chat_max_tokens : defaults.completion_max_tokens, chat));
+  RETURN_IF_ERROR(b.Structured());
+  if (chat) {
+    RETURN_IF_ERROR(ChatMessages(*parsed, &out));
+    RETURN_IF_ERROR(ChatTools(*parsed, &out));
+    RETURN_IF_ERROR(ChatOptions(*parsed, &out));
+  } else {
+    RETURN_IF_ERROR(CompletionPrompt(*parsed, defaults, &out));
+    RETURN_IF_ERROR(CompletionOptions(*parsed, &out));
+  }
+  return out;
+}
+
+std::string OpenAiError::Json() const {
+  OrderedJson error;
+  error["message"] = message;
+  error["type"] = type;
+  error["param"] = param.empty() ? OrderedJson(nullptr) : OrderedJson(param);
+  error["code"] = http_status;
+  OrderedJson body;
+  body["error"] = std::move(error);
+  return Dump(body);
+}
+
+OpenAiError ToOpenAiError(const absl::Status& status, const OpenAiRequest* request,
+                          int64_t retry_after_ms) {
+  OpenAiError e;
+  e.retry_after_ms = retry_after_ms;
+  switch (status.code()) {
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kFailedPrecondition:
+      e.http_status = 400;
+      e.type = "invalid_request_error";
+      break;
+    case absl::StatusCode::kUnauthenticated:
+      e.http_status = 401;
+      e.type = "authentication_error";
+      break;
+    case absl::StatusCode::kPermissionDenied:
+      e.http_status = 403;
+      e.type = "permission_error";
+      break;
+    case absl::StatusCode::kNotFound:
+      e.http_status = 404;
+      e.type = "not_found_error";
+      break;
+    case absl::StatusCode::kResourceExhausted:
+      e.http_status = 429;
+      e.type = "rate_limit_error";
+      break;
+    case absl::StatusCode::kUnavailable:
+      e.http_status = 503;
+      e.type = "service_unavailable";
+      break;
+    case absl::StatusCode::kDeadlineExceeded:
+      e.http_status = 504;
+      e.type = "timeout";
+      break;
+    case absl::StatusCode::kCancelled:
+      e.http_status = 499;
+      e.type = "cancelled";
+      break;
+    default:
+      e.http_status = 500;
+      e.type = "server_error";
+      break;
+  }
+  std::string message(status.message());
+  if (e.http_status == 400) {
+    // "field.path[i].x: why": the longest recorded field the path starts with names the param.
+    const size_t colon = message.find(": ");
+    const std::string path = colon == std::string::npos ? "" : message.substr(0, colon);
+    std::string best_field;
+    std::string best_param;
+    if (request != nullptr && !path.empty()) {
+      for (const auto& [field, param] : request->params) {
+        if (field.size() <= best_field.size() || !absl::StartsWith(path, field)) continue;
+        const char next = path.size() > field.size() ? path[field.size()] : '\0';
+        if (next != '\0' && next != '.' && next != '[') continue;
+        best_field = field;
+        best_param = param;
+      }
+    }
+    if (!best_field.empty()) {
+      std::string rest = path.substr(best_field.size());
+      // chat.tools[i].parameters is tools[i].function.parameters in OpenAI's shape.
+      if (best_param == "tools" && absl::StartsWith(rest, "[")) {
+        const size_t close = rest.find(']');
+        if (close != std::string::npos && close + 1 < rest.size() && rest[close + 1] == '.') {
+          rest.insert(close + 1, ".function");
+        }
+      }
+      e.param = best_param + rest;
+      message = absl::StrCat(e.param, message.substr(colon));
+    } else if (!path.empty() && path.find(' ') == std::string::npos) {
+      e.param = path;
+    }
+  }
+  e.message = std::move(message);
+  return e;
+}
+
+std::string OpenAiFinishReason(v1::FinishReason reason) {
+  switch (reason) {
+    case v1::FINISH_REASON_EOS:
+    case v1::FINISH_REASON_STOP:
+      return "stop";
+    case v1::FINISH_REASON_LENGTH:
+    case v1::FINISH_REASON_TIME_LIMIT:
+      return "length";
+    case v1::FINISH_REASON_TOOL_CALLS:
+      return "tool_calls";
+    case v1::FINISH_REASON_CANCELLED:
+      return "abort";
+    case v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "";
+  }
+}
+
+OpenAiReply::OpenAiReply(const OpenAiRequest& request, const Tokenizer* tokenizer, std::string id,
+                         int64_t created, std::string model, std::string prompt_text)
+    : request_(request),
+      tokenizer_(tokenizer),
+      id_(std::move(id)),
+      created_(created),
+      model_(std::move(model)),
+      prompt_text_(std::move(prompt_text)) {
+  choices_.resize(std::max(1, request.generate.n()));
+}
+
+OpenAiReply::Choice& OpenAiReply::At(int index) {
+  if (index < 0) index = 0;
+  if (index >= static_cast<int>(choices_.size())) choices_.resize(index + 1);
+  return choices_[index];
+}
+
+std::string OpenAiReply::TokenText(int32_t id, bool bytes) const {
+  if (tokenizer_ == nullptr) return "";
+  return bytes ? tokenizer_->DecodeBytes({id}, /*skip_special_tokens=*/false)
+               : tokenizer_->Decode({id}, /*skip_special_tokens=*/false);
+}
+
+namespace {
+
+// Completions' logprobs object for `entries`; `offset` is the text offset of the first token.
+OrderedJson CompletionLogprobs(const std::vector<v1::TokenLogprob>& entries,
+                               const std::function<std::string(int32_t, bool)>& text,
+                               size_t offset) {
+  OrderedJson tokens = OrderedJson::array();
+  OrderedJson token_logprobs = OrderedJson::array();
+  OrderedJson top = OrderedJson::array();
+  OrderedJson offsets = OrderedJson::array();
+  for (const v1::TokenLogprob& e : entries) {
+    const std::string t = text(e.token_id(), false);
+    tokens.push_back(t);
+    token_logprobs.push_back(e.logprob());
+    OrderedJson alternatives = OrderedJson::object();
+    for (const v1::TopLogprob& a : e.top()) alternatives[text(a.token_id(), false)] = a.logprob();
+    top.push_back(std::move(alternatives));
+    offsets.push_back(offset);
+    offset += t.size();
+  }
+  OrderedJson out;
+  out["tokens"] = std::move(tokens);
+  out["token_logprobs"] = std::move(token_logprobs);
+  out["top_logprobs"] = std::move(top);
+  out["text_offset"] = std::move(offsets);
+  return out;
+}
+
+OrderedJson ByteList(const std::string& s) {
+  OrderedJson b = OrderedJson::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+// Chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}, ...]}.
+// A token is spelled as text (partial UTF-8 repaired) and given as its exact bytes.
+OrderedJson ChatLogprobs(const std::vector<v1::TokenLogprob>& entries,
+                         const std::function<std::string(int32_t, bool)>& text) {
+  OrderedJson content = OrderedJson::array();
+  for (const v1::TokenLogprob& e : entries) {
+    OrderedJson top = OrderedJson::array();
+    for (const v1::TopLogprob& a : e.top()) {
+      top.push_back({{"token", text(a.token_id(), false)},
+                     {"logprob", a.logprob()},
+                     {"bytes", ByteList(text(a.token_id(), true))}});
+    }
+    content.push_back({{"token", text(e.token_id(), false)},
+                       {"logprob", e.logprob()},
+                       {"bytes", ByteList(text(e.token_id(), true))},
+                       {"top_logprobs", std::move(top)}});
+  }
+  OrderedJson out;
+  out["content"] = std::move(content);
+  return out;
+}
+
+}  // namespace
+
+OrderedJson OpenAiReply::Usage() const {
+  int64_t prompt = 0;
+  int64_t completion = 0;
+  int64_t cached = 0;
+  for (const Choice& c : choices_) {
+    const v1::Usage& u = c.finished.usage();
+    prompt = std::max<int64_t>(prompt, u.prompt_tokens());  // one prompt for the n completions
+    cached = std::max<int64_t>(cached, u.cached_prompt_tokens());
+    completion += u.completion_tokens();
+  }
+  OrderedJson usage;
+  usage["prompt_tokens"] = prompt;
+  usage["completion_tokens"] = completion;
+  usage["total_tokens"] = prompt + completion;
+  usage["prompt_tokens_details"] = {{"cached_tokens", cached}};
+  return usage;
+}
+
+std::string OpenAiReply::StreamStart() {
+  if (request_.endpoint != OpenAiEndpoint::kChatCompletions) return "";
+  std::string out;
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    OrderedJson chunk;
+    chunk["id"] = id_;
+    chunk["object"] = "chat.completion.chunk";
+    chunk["created"] = created_;
+    chunk["model"] = model_;
+    OrderedJson choice;
+    choice["index"] = i;
+    choice["delta"] = {{"role", "assistant"}, {"content", ""}};
+    choice["logprobs"] = nullptr;
+    choice["finish_reason"] = nullptr;
+    chunk["choices"] = OrderedJson::array({choice});
+    AppendSse(chunk, &out);
+  }
+  return out;
+}
+
+std::string OpenAiReply::Chunk(int index, const v1::GenerateResponse& m) {
+  Choice& c = At(index);
+  const bool chat = request_.endpoint == OpenAiEndpoint::kChatCompletions;
+  const auto text = [this](int32_t id, bool bytes) { return TokenText(id, bytes); };
+  std::string delta_text = m.text();
+  if (!chat && request_.echo && !c.echoed) {
+    delta_text = prompt_text_ + delta_text;
+    c.echoed = true;
+  }
+  const bool finished = m.has_finished();
+  const bool calls = finished && m.finished().tool_calls_size() > 0;
+  if (delta_text.empty() && m.logprobs_size() == 0 && !finished) return "";
+  OrderedJson chunk;
+  chunk["id"] = id_;
+  chunk["object"] = chat ? "chat.completion.chunk" : "text_completion";
+  chunk["created"] = created_;
+  chunk["model"] = model_;
+  OrderedJson choice;
+  choice["index"] = index;
+  const std::vector<v1::TokenLogprob> entries(m.logprobs().begin(), m.logprobs().end());
+  if (chat) {
+    OrderedJson delta = OrderedJson::object();
+    if (!delta_text.empty()) delta["content"] = delta_text;
+    if (calls) delta["tool_calls"] = OpenAiToolCalls(m.finished(), /*with_index=*/true);
+    choice["delta"] = std::move(delta);
+    choice["logprobs"] =
+        request_.logprobs >= 0 && !entries.empty() ? ChatLogprobs(entries, text) : nullptr;
+  } else {
+    choice["text"] = delta_text;
+    choice["logprobs"] = request_.logprobs >= 0 && !entries.empty()
+                             ? CompletionLogprobs(entries, text, c.text.size())
+                             : nullptr;
+  }
+  c.text += delta_text;
+  if (finished) {
+    choice["finish_reason"] = OpenAiFinishReason(m.finished().reason());
+    choice["stop_reason"] = StopReason(m.finished());
+  } else {
+    choice["finish_reason"] = nullptr;
+  }
+  chunk["choices"] = OrderedJson::array({std::move(choice)});
+  std::string out;
+  AppendSse(chunk, &out);
+  return out;
+}
+
+std::string OpenAiReply::StreamMessage(const v1::GenerateResponse& m) {
+  if (m.has_finished()) {
+    Choice& c = At(m.index());
+    c.finished = m.finished();
+    c.done = true;
+    if (m.finished().reason() == v1::FINISH_REASON_ERROR && engine_error_.empty()) {
+      engine_error_ = m.finished().error();
+    }
+  }
+  return Chunk(m.index(), m);
+}
+
+std::string OpenAiReply::StreamEnd() {
+  std::string out;
+  if (request_.include_usage) {
+    OrderedJson chunk;
+    chunk["id"] = id_;
+    chunk["object"] =
+        request_.endpoint == OpenAiEndpoint::kChatCompletions ? "chat.completion.chunk"
+                                                              : "text_completion";
+    chunk["created"] = created_;
+    chunk["model"] = model_;
+    chunk["choices"] = OrderedJson::array();
+    chunk["usage"] = Usage();
+    AppendSse(chunk, &out);
+  }
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+std::string OpenAiReply::StreamError(const OpenAiError& error) {
+  return absl::StrCat("data: ", error.Json(), "\n\n");
+}
+
+void OpenAiReply::Add(const v1::GenerateResponse& m) {
+  Choice& c = At(m.index());
+  c.text += m.text();
+  c.logprobs.insert(c.logprobs.end(), m.logprobs().begin(), m.logprobs().end());
+  if (m.has_finished()) {
+    c.finished = m.finished();
+    c.done = true;
+    if (m.finished().reason() == v1::FINISH_REASON_ERROR && engine_error_.empty()) {
+      engine_error_ = m.finished().error();
+    }
+  }
+}
+
+std::string OpenAiReply::Body() const {
+  const bool chat = request_.endpoint == OpenAiEndpoint::kChatCompletions;
+  const auto text = [this](int32_t id, bool bytes) { return TokenText(id, bytes); };
+  OrderedJson body;
+  body["id"] = id_;
+  body["object"] = chat ? "chat.completion" : "text_completion";
+  body["created"] = created_;
+  body["model"] = model_;
+  OrderedJson choices = OrderedJson::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    const Choice& c = choices_[i];
+    OrderedJson choice;
+    choice["index"] = i;
+    if (chat) {
+      OrderedJson message;
+      message["role"] = "assistant";
+      const bool calls = c.finished.tool_calls_size() > 0;
+      message["content"] = c.text.empty() && calls ? OrderedJson(nullptr) : OrderedJson(c.text);
+      if (calls) message["tool_calls"] = OpenAiToolCalls(c.finished, /*with_index=*/false);
+      choice["message"] = std::move(message);
+      choice["logprobs"] = request_.logprobs >= 0 ? ChatLogprobs(c.logprobs, text) : nullptr;
+    } else {
+      const std::string echo = request_.echo ? prompt_text_ : "";
+      choice["text"] = echo + c.text;
+      choice["logprobs"] =
+          request_.logprobs >= 0 ? CompletionLogprobs(c.logprobs, text, echo.size()) : nullptr;
+    }
+    choice["finish_reason"] = OpenAiFinishReason(c.finished.reason());
+    choice["stop_reason"] = StopReason(c.finished);
+    choices.push_back(std::move(choice));
+  }
+  body["choices"] = std::move(choices);
+  body["usage"] = Usage();
+  return Dump(body);
+}
+
+}  // namespace kvrm

@@ -1,0 +1,134 @@
+// The OpenAI-compatible HTTP API's JSON, translated to and from kvrm.v1 (docs/api.md, "OpenAI-
+// compatible HTTP API"). No I/O here: server/openai_http.h serves it.
+//
+// Requests: POST /v1/completions and /v1/chat/completions bodies become one GenerateRequest, with
+// OpenAI's parameters, vLLM's extra sampling parameters (top_k, min_p, repetition_penalty,
+// min_tokens, ignore_eos, stop_token_ids, guided_json / guided_regex / guided_choice,
+// chat_template_kwargs, ...) and kvrm's own (cache_salt, priority). A parameter of the wrong
+// JSON type, or one kvrm cannot honour (a batch of prompts, suffix, images), is refused naming
+// it; values are checked by the same validation as gRPC requests, whose messages are then
+// written with the OpenAI name of the field (`top_p: 1.5 is outside (0, 1]`, param "top_p").
+//
+// Responses: OpenAiReply turns the stream of GenerateResponse messages into either one
+// `text_completion` / `chat.completion` object, or server-sent events of `chat.completion.chunk`
+// / `text_completion` chunks ending with `data: [DONE]`, as OpenAI's and vLLM's servers write
+// them (choices by index, finish_reason, usage, logprobs in each endpoint's own shape, tool calls).
+#ifndef KVRM_SERVER_OPENAI_API_H_
+#define KVRM_SERVER_OPENAI_API_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "common/json.h"
+#include "kvrm/v1/kvrm.pb.h"
+#include "model/tokenizer.h"
+
+namespace kvrm {
+
+enum class OpenAiEndpoint { kCompletions, kChatCompletions };
+
+// What a request body leaves to the server.
+struct OpenAiDefaults {
+  // Completions default to OpenAI's 16 tokens; chat completions to as many as the server allows
+  // (the context cuts them short with finish_reason "length").
+  int32_t completion_max_tokens = 16;
+  int32_t chat_max_tokens = 4096;
+  int32_t max_prompts = 1;  // a list of prompts is one request per prompt: not taken (yet)
+};
+
+struct OpenAiRequest {
+  OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
+  v1::GenerateRequest generate;
+  std::string model;  // as sent; empty when absent
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  bool echo = false;           // completions: the prompt's text before the completion
+  // Completions: `logprobs` = n (0..20) gives per-token logprobs and the top n; -1 none.
+  // Chat: `logprobs: true` gives them, `top_logprobs` the alternatives.
+  int32_t logprobs = -1;
+  // Which OpenAI parameter set each GenerateRequest field, for error messages: "sampling.top_p"
+  // -> "top_p", "stopping.max_new_tokens" -> "max_completion_tokens" when that was the one sent.
+  std::map<std::string, std::string> params;
+};
+
+// Parses a request body. INVALID_ARGUMENT naming the parameter (`messages[1].content: ...`)
+// for malformed JSON, a wrong type, or a parameter that is not supported.
+absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::string_view body,
+                                                 const OpenAiDefaults& defaults);
+
+// An error as OpenAI writes it: HTTP status and {"error": {message, type, param, code}}.
+struct OpenAiError {
+  int http_status = 500;
+  std::string message;
+  std::string type;   // invalid_request_error, authentication_error, not_found_error, ...
+  std::string param;  // the OpenAI parameter at fault, when known
+  int64_t retry_after_ms = 0;  // 429 / 503: when to try again (a Retry-After header)
+
+  std::string Json() const;  // the body
+};
+
+// Maps a status (from parsing, or the gRPC service) to the HTTP error. A message that starts with
+// a kvrm.v1 field path ("sampling.top_p: ...") is rewritten with the OpenAI name the request used
+// for it, and `param` set; `request` may be null (the body did not parse).
+OpenAiError ToOpenAiError(const absl::Status& status, const OpenAiRequest* request,
+                          int64_t retry_after_ms = 0);
+
+// Builds the response from the service's stream. Not thread-safe: one per request.
+class OpenAiReply {
+ public:
+  // `id` is the response's id ("cmpl-..." / "chatcmpl-..."), `created` Unix seconds, `model` the
+  // served model's name; `tokenizer` spells the tokens of logprobs. `prompt_text` is what echo
+  // writes before a completion.
+  OpenAiReply(const OpenAiRequest& request, const Tokenizer* tokenizer, std::string id,
+              int64_t created, std::string model, std::string prompt_text = "");
+
+  // Streaming: the server-sent events for the start of the stream (chat: each choice's role),
+  // for one message of the service's stream, and for its end (the usage chunk when asked for,
+  // then `data: [DONE]`). An error after the stream started is one event {"error": ...}.
+  std::string StreamStart();
+  std::string StreamMessage(const v1::GenerateResponse& message);
+  std::string StreamEnd();
+  static std::string StreamError(const OpenAiError& error);
+
+  // Non-streaming: every message, then the whole object.
+  void Add(const v1::GenerateResponse& message);
+  std::string Body() const;
+
+  // A completion that ended with FINISH_REASON_ERROR (the engine's message), if any.
+  const std::string& engine_error() const { return engine_error_; }
+
+ private:
+  struct Choice {
+    std::string text;
+    std::vector<v1::TokenLogprob> logprobs;
+    v1::Finished finished;
+    bool done = false;
+    bool echoed = false;  // streaming: the echo has been sent
+  };
+  Choice& At(int index);
+  std::string Chunk(int index, const v1::GenerateResponse& message);
+  OrderedJson Usage() const;
+  // The token as text (bytes = false: partial UTF-8 repaired) or as its exact bytes.
+  std::string TokenText(int32_t id, bool bytes) const;
+
+  const OpenAiRequest& request_;
+  const Tokenizer* tokenizer_;
+  std::string id_;
+  int64_t created_;
+  std::string model_;
+  std::string prompt_text_;
+  std::vector<Choice> choices_;
+  std::string engine_error_;
+};
+
+// "stop", "length", "tool_calls", "abort" (cancelled); "" while running.
+std::string OpenAiFinishReason(v1::FinishReason reason);
+
+}  // namespace kvrm
+
+#endif  // KVRM_SERVER_OPENAI_API_H_

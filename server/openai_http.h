@@ -1,0 +1,83 @@
+// kvrmd's OpenAI-compatible HTTP API (kvrmd --http_port, default 8000): POST /v1/completions and
+// /v1/chat/completions (JSON, or server-sent events with "stream": true), GET /v1/models and
+// /health, on libmicrohttpd with a thread per connection (docs/api.md).
+//
+// Every request goes to the kvrm.v1 service through an in-process gRPC channel, so that it is
+// admitted, validated, authenticated (the Authorization header is passed on as metadata), counted
+// and drained exactly as a gRPC call is. The service's status becomes the HTTP status
+// (INVALID_ARGUMENT 400, UNAUTHENTICATED 401, RESOURCE_EXHAUSTED 429 with Retry-After,
+// UNAVAILABLE 503) before any byte of a reply is sent: the first message of the service's stream
+// is awaited before the response starts. A client that goes away mid-stream cancels its call
+// (its slot and KV blocks are freed at the next token).
+#ifndef KVRM_SERVER_OPENAI_HTTP_H_
+#define KVRM_SERVER_OPENAI_HTTP_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "grpcpp/channel.h"
+#include "kvrm/v1/kvrm.grpc.pb.h"
+#include "model/tokenizer.h"
+#include "server/openai_api.h"
+
+struct MHD_Daemon;
+struct MHD_Connection;
+
+namespace kvrm {
+
+class ActiveCalls;  // the calls in flight, cancelled when the server stops
+
+struct OpenAiHttpOptions {
+  std::string host = "0.0.0.0";  // numeric address or a resolvable name
+  int port = 8000;               // 0 picks a free port (see OpenAiHttpServer::port)
+  // Connections served at once (one thread each); beyond it new connections are refused.
+  int connection_limit = 512;
+  int idle_timeout_s = 120;  // a keep-alive connection with no request is closed after this
+  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  // The model's id in requests and /v1/models; a request naming another model gets 404.
+  std::string served_model_name;
+  int32_t max_context = 0;  // /v1/models' max_model_len
+  OpenAiDefaults defaults;
+  const Tokenizer* tokenizer = nullptr;  // spells logprob tokens; must outlive the server
+  // PEM texts: HTTPS when both are set (kvrmd passes its --tls_cert / --tls_key).
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+};
+
+class OpenAiHttpServer {
+ public:
+  // Binds and starts serving requests on `channel` (kvrmd's in-process channel).
+  static absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> Start(
+      std::shared_ptr<grpc::Channel> channel, const OpenAiHttpOptions& options);
+  // Closes the listening socket and every connection; waits for their threads (calls in flight
+  // are cancelled first).
+  ~OpenAiHttpServer();
+  OpenAiHttpServer(const OpenAiHttpServer&) = delete;
+  OpenAiHttpServer& operator=(const OpenAiHttpServer&) = delete;
+
+  int port() const { return port_; }
+
+  // The libmicrohttpd access handler (public only for the C callback's trampoline).
+  int Handle(MHD_Connection* connection, const char* url, const char* method,
+             const char* upload_data, size_t* upload_data_size, void** state);
+
+ private:
+  OpenAiHttpServer(std::shared_ptr<grpc::Channel> channel, OpenAiHttpOptions options);
+
+  int Models(MHD_Connection* connection, const std::string& path);
+  int Generate(MHD_Connection* connection, OpenAiEndpoint endpoint, const std::string& body);
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Kvrm::Stub> stub_;
+  OpenAiHttpOptions options_;
+  int64_t created_ = 0;  // /v1/models' "created": when the server started
+  std::unique_ptr<ActiveCalls> calls_;
+  MHD_Daemon* daemon_ = nullptr;
+  int port_ = 0;
+};
+
+}  // namespace kvrm
+
+#endif  // KVRM_SERVER_OPENAI_HTTP_H_
