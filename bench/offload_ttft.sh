@@ -52,7 +52,7 @@ kv_blocks=$(((max_context + 15) / 16 + 8))
 start() {  # start NAME offload
   "$bin/server/kvrmd" --model="$model" --listen=127.0.0.1:0 --port_file="$work/$1.port" \
     --slots=2 --max_context="$max_context" --kv_blocks="$kv_blocks" \
-    --kv_host_blocks=$((kv_blocks * 8)) --prefix_cache_offload="$2" --metrics_port=0 \
+    --kv_host_blocks=$((kv_blocks * 8)) --prefix_cache_offload="$2" --metrics_port=0 --http_port=-1 \
     "${cache_flag[@]}" >"$work/$1.log" 2>&1 &
   pids+=($!)
 }

@@ -119,6 +119,7 @@ absl::StatusOr<Daemon> StartKvrmd(const std::string& mode, int64_t kv_blocks) {
       "--port_file=" + port_file,
       "--metrics_listen=127.0.0.1",
       "--metrics_port=0",
+      "--http_port=-1",
       "--kv_mode=" + mode,
       "--kv_reserve=" + absl::GetFlag(FLAGS_kv_reserve),
       "--kv_dtype=" + absl::GetFlag(FLAGS_kv_dtype),

@@ -5,6 +5,8 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <cstdarg>
+#include <cstdio>
 #include <cstring>
 #include <set>
 #include <utility>
@@ -195,6 +197,15 @@ MHD_Result AccessHandler(void* cls, MHD_Connection* connection, const char* url,
                          size_t* upload_data_size, void** state) {
   return static_cast<MHD_Result>(static_cast<OpenAiHttpServer*>(cls)->Handle(
       connection, url, method, upload_data, upload_data_size, state));
+}
+
+// libmicrohttpd's own messages (a client gone mid-reply, a malformed request) into our log.
+void LogHttp(void* /*cls*/, const char* format, va_list args) {
+  char line[512];
+  std::vsnprintf(line, sizeof(line), format, args);
+  std::string text(line);
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  LOG(INFO) << "http: " << text;
 }
 
 void RequestCompleted(void* /*cls*/, MHD_Connection* /*connection*/, void** state,
@@ -421,6 +432,7 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
       {MHD_OPTION_CONNECTION_LIMIT, options.connection_limit, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, options.idle_timeout_s, nullptr},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&RequestCompleted), nullptr},
+      {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&LogHttp), nullptr},
   };
   if (tls) {
     items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(options.tls_cert_pem.c_str())});

@@ -13,6 +13,7 @@
 #include "common/subprocess.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "gtest/gtest.h"
+#include "tests/http_client.h"
 #include "tests/test_server.h"
 
 namespace kvrm {
@@ -23,9 +24,11 @@ namespace fs = std::filesystem;
 std::string TmpDir() { return TestTmpDir(); }
 
 Subprocess StartKvrmd(const std::vector<std::string>& args, const std::string& name) {
-  // Metrics on a free loopback port, so concurrent test runs never collide on 9400.
+  // Metrics and the HTTP API on free loopback ports, so concurrent test runs never collide on
+  // 9400 or 8000.
   std::vector<std::string> argv = {"server/kvrmd", "--metrics_listen=127.0.0.1",
-                                   "--metrics_port=0"};
+                                   "--metrics_port=0", "--http_listen=127.0.0.1",
+                                   "--http_port=0"};
   argv.insert(argv.end(), args.begin(), args.end());
   absl::StatusOr<Subprocess> p = Subprocess::Start(argv, {TmpDir() + "/" + name + ".log", ""});
   EXPECT_TRUE(p.ok()) << p.status();
@@ -198,6 +201,56 @@ TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
     EXPECT_EQ(results[i].finished.reason(), v1::FINISH_REASON_LENGTH) << i;
     EXPECT_EQ(results[i].tokens.size(), static_cast<size_t>(kTokens)) << i;
   }
+  EXPECT_EQ(p.Wait(), 0) << p.LogTail();
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "drained cleanly")) << p.LogTail();
+}
+
+// kvrmd's OpenAI-compatible HTTP API: served beside gRPC, and drained with it (a stream in flight
+// at SIGTERM runs to its end, a new request gets 503).
+TEST(KvrmdProcessTest, HttpApiServesAndDrainsWithTheServer) {
+  const std::string port_file = TmpDir() + "/kvrmd-http.port";
+  const std::string http_port_file = TmpDir() + "/kvrmd-http.http_port";
+  fs::remove(port_file);
+  fs::remove(http_port_file);
+  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
+                             "--port_file=" + port_file, "--http_port_file=" + http_port_file,
+                             "--served_model_name=tiny-chat", "--slots=2", "--threads=2",
+                             "--drain_grace_s=60"},
+                            "http");
+  ASSERT_TRUE(p.WaitForPortFile(port_file, absl::Seconds(60)).ok()) << p.LogTail();
+  absl::StatusOr<int> http_port = p.WaitForPortFile(http_port_file, absl::Seconds(5));
+  ASSERT_TRUE(http_port.ok()) << http_port.status();
+  HttpReply models = HttpCall(*http_port, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  EXPECT_TRUE(absl::StrContains(models.body, "\"id\":\"tiny-chat\"")) << models.body;
+  HttpReply r = HttpCall(*http_port, "POST", "/v1/chat/completions",
+                         R"({"model": "tiny-chat", "messages": [{"role": "user", "content": "Hi"}],
+                             "max_tokens": 5, "ignore_eos": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "\"completion_tokens\":5")) << r.body;
+
+  // A long stream, then SIGTERM while it runs.
+  HttpConnection stream(*http_port, "POST", "/v1/completions",
+                        R"({"prompt": "x", "max_tokens": 200, "ignore_eos": true,
+                            "stream": true})");
+  std::string got;
+  while (!absl::StrContains(got, "\"text\":")) {
+    const std::string more = stream.Read(30000);
+    ASSERT_FALSE(more.empty()) << got;
+    got += more;
+  }
+  p.Signal(SIGTERM);
+  bool refused = false;
+  for (int i = 0; i < 200 && !refused; ++i) {
+    HttpReply late = HttpCall(*http_port, "POST", "/v1/completions",
+                              R"({"prompt": "late", "max_tokens": 2})");
+    if (late.status == 503) refused = true;
+    else std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_TRUE(refused);
+  for (std::string more; !(more = stream.Read(30000)).empty();) got += more;
+  EXPECT_TRUE(absl::StrContains(got, "\"finish_reason\":\"length\"")) << got.substr(0, 400);
+  EXPECT_TRUE(absl::StrContains(got, "data: [DONE]")) << "the stream was cut at the drain";
   EXPECT_EQ(p.Wait(), 0) << p.LogTail();
   EXPECT_TRUE(absl::StrContains(p.LogTail(), "drained cleanly")) << p.LogTail();
 }

@@ -142,7 +142,7 @@ TEST(PrometheusE2eTest, RealPrometheusScrapesKvrmdAndAgreesOnP99Ttft) {
   Subprocess kvrmd =
       Spawn({"server/kvrmd", "--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
          "--port_file=" + grpc_port_file, "--metrics_listen=127.0.0.1", "--metrics_port=0",
-         "--metrics_port_file=" + metrics_port_file, "--slots=2", "--threads=2",
+         "--http_port=-1", "--metrics_port_file=" + metrics_port_file, "--slots=2", "--threads=2",
          "--drain_grace_s=30"},
         "kvrmd");
   const int grpc_port = ReadPortFile(grpc_port_file, kvrmd);

@@ -14,7 +14,7 @@ work="$(mktemp -d)"
 trap 'kill -TERM $pid 2>/dev/null || true; wait $pid 2>/dev/null || true' EXIT
 
 "$bin/server/kvrmd" --model=builtin:tiny --model_cache="$work/models" --listen=127.0.0.1:0 \
-  --port_file="$work/port" --metrics_listen=127.0.0.1 --metrics_port=0 --slots=8 \
+  --port_file="$work/port" --metrics_listen=127.0.0.1 --metrics_port=0 --http_port=-1 --slots=8 \
   --kv_blocks=120 --kv_block_tokens=8 --kv_max_runs=4 --max_queue=64 --threads=2 \
   --log_level=warning 2>"$work/kvrmd.log" &
 pid=$!

@@ -223,6 +223,9 @@ function checkDrift(root, kvrmd) {
           `${overlay}: --listen port ${listenPort} == containerPort grpc ${ports.grpc}`);
     check(metricsPort > 0 && ports.metrics === metricsPort,
           `${overlay}: --metrics_port ${metricsPort} == containerPort metrics ${ports.metrics}`);
+    const httpPort = Number(value("http_port"));
+    check(httpPort > 0 ? ports.http === httpPort : ports.http === undefined,
+          `${overlay}: --http_port ${httpPort} == containerPort http ${ports.http}`);
     for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
       const p = c[probe];
       check(p && p.grpc && p.grpc.port === listenPort,
@@ -240,7 +243,8 @@ function checkDrift(root, kvrmd) {
             `${overlay}: Service ${svc.metadata.name} selects the kvrmd pods`);
       for (const sp of svc.spec.ports) {
         const target = typeof sp.targetPort === "string" ? ports[sp.targetPort] : sp.targetPort;
-        check(target === (sp.name === "grpc" ? listenPort : sp.name === "metrics" ? metricsPort : -1),
+        const want = { grpc: listenPort, metrics: metricsPort, http: httpPort > 0 ? httpPort : -1 };
+        check(target === (sp.name in want ? want[sp.name] : -1),
               `${overlay}: Service ${svc.metadata.name} port ${sp.name} -> container port ${target}`);
       }
     }
@@ -354,7 +358,8 @@ function checkDocker(root) {
     check(Array.isArray(epArgs) && /\/kvrmd$/.test(epArgs[0]),
           `${file}: exec-form ENTRYPOINT runs kvrmd as PID 1 (${ep})`);
     const exposed = last.filter((i) => i.op === "EXPOSE").flatMap((i) => i.args.split(" "));
-    check(exposed.includes("50051") && exposed.includes("9400"), `${file}: EXPOSE ${exposed}`);
+    check(exposed.includes("50051") && exposed.includes("9400") && exposed.includes("8000"),
+          `${file}: EXPOSE ${exposed}`);
     const vols = last.filter((i) => i.op === "VOLUME").map((i) => i.args).join(" ");
     check(/\/models\b/.test(vols), `${file}: VOLUME /models`);
     check(last.some((i) => i.op === "COPY" && /--from=build/.test(i.args)),

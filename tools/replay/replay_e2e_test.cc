@@ -70,7 +70,7 @@ class KvrmdProcess {
     absl::StatusOr<Subprocess> p = Subprocess::Start(
         {"server/kvrmd", "--model=builtin:tiny", "--model_cache=" + TmpDir() + "/models",
          "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1", "--metrics_port=0",
-         "--port_file=" + port_file, "--slots=" + std::to_string(slots),
+         "--http_port=-1", "--port_file=" + port_file, "--slots=" + std::to_string(slots),
          "--max_queue=" + std::to_string(max_queue), "--threads=2"},
         {TmpDir() + "/kvrmd.log", ""});
     EXPECT_TRUE(p.ok()) << p.status();

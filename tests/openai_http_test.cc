@@ -1,0 +1,399 @@
+// The OpenAI-compatible HTTP API end to end: an in-process kvrmd (tiny model) with the HTTP server
+// on a free loopback port, driven by plain HTTP/1.1 requests. Checks that the HTTP API gives what
+// the gRPC API gives for the same request, the shapes OpenAI clients parse, the HTTP statuses of
+// refusals, and that a client hanging up frees its slot.
+#include <atomic>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/json.h"
+#include "gtest/gtest.h"
+#include "server/openai_http.h"
+#include "tests/http_client.h"
+#include "tests/test_server.h"
+
+namespace kvrm {
+namespace {
+
+EngineOptions Options(int slots, int max_queue = 64) {
+  EngineOptions o;
+  o.slots = slots;
+  o.max_queue = max_queue;
+  o.max_new_tokens = 256;
+  o.prefill_chunk = 32;
+  o.threads = 2;
+  o.kv_mode = KvMode::kKvrm;
+  return o;
+}
+
+// kvrmd's wiring: the HTTP server over the gRPC server's in-process channel.
+class Daemon {
+ public:
+  explicit Daemon(EngineOptions options, ServerOptions so = {}, size_t max_body = 8 << 20)
+      : server_(options, so) {
+    OpenAiHttpOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.served_model_name = "tiny";
+    o.max_context = server_.engine().options().max_context;
+    o.defaults.chat_max_tokens = options.max_new_tokens;
+    o.tokenizer = server_.model().tokenizer.get();
+    o.max_body_bytes = max_body;
+    absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> http =
+        OpenAiHttpServer::Start(server_.server().InProcessChannel(), o);
+    EXPECT_TRUE(http.ok()) << http.status();
+    http_ = std::move(*http);
+  }
+
+  HttpReply Post(const std::string& path, const std::string& body,
+                 const HttpHeaders& headers = {}) {
+    return HttpCall(http_->port(), "POST", path, body, headers);
+  }
+  int http_port() const { return http_->port(); }
+  TestServer& grpc() { return server_; }
+
+  // Waits until no slot is in use and nothing waits (the engine is idle again).
+  bool WaitIdle() {
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    while (absl::Now() < deadline) {
+      grpc::ClientContext context;
+      v1::ServerInfo info;
+      if (server_.stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
+          info.slots_in_use() == 0 && info.queue_depth() == 0) {
+        return true;
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return false;
+  }
+
+ private:
+  TestServer server_;
+  std::unique_ptr<OpenAiHttpServer> http_;
+};
+
+Json Body(const HttpReply& r) {
+  absl::StatusOr<Json> j = ParseJson(r.body, "reply");
+  EXPECT_TRUE(j.ok()) << r.status << " " << r.body;
+  return j.ok() ? *j : Json();
+}
+
+// The stream's JSON events (without the final [DONE], which is checked to be last).
+std::vector<Json> Events(const HttpReply& r) {
+  std::vector<std::string> data = SseData(r.body);
+  EXPECT_FALSE(data.empty());
+  EXPECT_EQ(data.empty() ? "" : data.back(), "[DONE]");
+  std::vector<Json> events;
+  for (size_t i = 0; i + 1 < data.size(); ++i) {
+    absl::StatusOr<Json> j = ParseJson(data[i], "event");
+    EXPECT_TRUE(j.ok()) << data[i];
+    if (j.ok()) events.push_back(*j);
+  }
+  return events;
+}
+
+TEST(OpenAiHttpTest, ModelsListsTheServedModel) {
+  Daemon d(Options(2));
+  HttpReply r = HttpCall(d.http_port(), "GET", "/v1/models");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.headers["content-type"], "application/json");
+  Json list = Body(r);
+  EXPECT_EQ(list["object"], "list");
+  ASSERT_EQ(list["data"].size(), 1u);
+  EXPECT_EQ(list["data"][0]["id"], "tiny");
+  EXPECT_EQ(list["data"][0]["object"], "model");
+  EXPECT_EQ(list["data"][0]["max_model_len"], d.grpc().engine().options().max_context);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models/tiny").status, 200);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models/gpt-4").status, 404);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/health").status, 200);
+}
+
+TEST(OpenAiHttpTest, CompletionIsWhatGrpcGivesForTheSameRequest) {
+  Daemon d(Options(2));
+  v1::GenerateRequest g = TextRequest("The capital of", 12);
+  g.mutable_stopping()->set_ignore_eos(true);
+  StreamResult want = RunGenerate(d.grpc().stub(), g);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+
+  HttpReply r = d.Post("/v1/completions", R"({"model": "tiny", "prompt": "The capital of",
+      "max_tokens": 12, "temperature": 0, "ignore_eos": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Body(r);
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_TRUE(absl::StartsWith(j["id"].get<std::string>(), "cmpl-"));
+  EXPECT_EQ(r.headers["x-request-id"], j["id"].get<std::string>());
+  EXPECT_EQ(j["model"], "tiny");
+  ASSERT_EQ(j["choices"].size(), 1u);
+  EXPECT_EQ(j["choices"][0]["text"], want.text);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], want.finished.usage().prompt_tokens());
+  EXPECT_EQ(j["usage"]["completion_tokens"], 12);
+  EXPECT_EQ(j["usage"]["total_tokens"], want.finished.usage().prompt_tokens() + 12);
+
+  // echo: the prompt, then the same completion.
+  r = d.Post("/v1/completions", R"({"prompt": "The capital of", "max_tokens": 12,
+      "temperature": 0, "ignore_eos": true, "echo": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["choices"][0]["text"], "The capital of" + want.text);
+}
+
+TEST(OpenAiHttpTest, StreamedChatIsTheNonStreamedChatInPieces) {
+  Daemon d(Options(2));
+  const std::string request = R"("messages": [{"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hello "},
+                                   {"type": "text", "text": "there"}]}],
+      "max_tokens": 24, "temperature": 1, "seed": 7, "n": 2, "logprobs": true,
+      "top_logprobs": 2)";
+  HttpReply whole = d.Post("/v1/chat/completions", absl::StrCat("{", request, "}"));
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  Json w = Body(whole);
+  EXPECT_EQ(w["object"], "chat.completion");
+  ASSERT_EQ(w["choices"].size(), 2u);
+
+  HttpReply streamed = d.Post(
+      "/v1/chat/completions",
+      absl::StrCat("{", request, R"(, "stream": true, "stream_options": {"include_usage": true}})"));
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  EXPECT_EQ(streamed.headers["content-type"], "text/event-stream");
+  EXPECT_EQ(streamed.headers["transfer-encoding"], "chunked");
+  std::vector<Json> events = Events(streamed);
+  ASSERT_GE(events.size(), 4u);
+  std::string text[2];
+  std::string finish[2];
+  int logprob_tokens[2] = {0, 0};
+  bool role[2] = {false, false};
+  for (size_t i = 0; i + 1 < events.size(); ++i) {
+    const Json& e = events[i];
+    EXPECT_EQ(e["object"], "chat.completion.chunk");
+    EXPECT_EQ(e["id"], events[0]["id"]);
+    ASSERT_EQ(e["choices"].size(), 1u) << e.dump();
+    const Json& c = e["choices"][0];
+    const int index = c["index"].get<int>();
+    ASSERT_TRUE(index == 0 || index == 1);
+    EXPECT_TRUE(finish[index].empty()) << "a chunk after the finish: " << e.dump();
+    if (c["delta"].contains("role")) {
+      EXPECT_EQ(c["delta"]["role"], "assistant");
+      EXPECT_TRUE(text[index].empty()) << "the role comes first";
+      role[index] = true;
+    }
+    if (c["delta"].contains("content")) text[index] += c["delta"]["content"].get<std::string>();
+    if (!c["logprobs"].is_null()) logprob_tokens[index] += c["logprobs"]["content"].size();
+    if (!c["finish_reason"].is_null()) finish[index] = c["finish_reason"].get<std::string>();
+  }
+  // The last event before [DONE] is the usage, with no choices.
+  const Json& usage = events.back();
+  EXPECT_TRUE(usage["choices"].empty());
+  EXPECT_EQ(usage["usage"], w["usage"]);
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    const Json& c = w["choices"][i];
+    EXPECT_TRUE(role[i]);
+    EXPECT_EQ(text[i], c["message"]["content"].get<std::string>());
+    EXPECT_EQ(finish[i], c["finish_reason"].get<std::string>());
+    // One logprob entry per token, each with two alternatives and the token's bytes.
+    const Json& lp = c["logprobs"]["content"];
+    EXPECT_EQ(logprob_tokens[i], static_cast<int>(lp.size()));
+    ASSERT_FALSE(lp.empty());
+    for (const Json& t : lp) {
+      EXPECT_LE(t["logprob"].get<double>(), 0.0);
+      EXPECT_EQ(t["top_logprobs"].size(), 2u);
+      EXPECT_FALSE(t["bytes"].empty());
+    }
+  }
+  const int completion = w["usage"]["completion_tokens"].get<int>();
+  EXPECT_EQ(completion, static_cast<int>(w["choices"][0]["logprobs"]["content"].size() +
+                                         w["choices"][1]["logprobs"]["content"].size()));
+}
+
+TEST(OpenAiHttpTest, ToolCallsComeBackInOpenAisShape) {
+  Daemon d(Options(2));
+  HttpReply r = d.Post("/v1/chat/completions", R"({
+      "messages": [{"role": "user", "content": "Weather in Lima?"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather",
+          "description": "Forecast.",
+          "parameters": {"type": "object", "properties": {"city": {"enum": ["Lima", "Oslo"]}},
+                         "required": ["city"], "additionalProperties": false}}}],
+      "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "max_tokens": 64, "temperature": 1, "seed": 3})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Body(r);
+  const Json& c = j["choices"][0];
+  EXPECT_EQ(c["finish_reason"], "tool_calls") << r.body;
+  EXPECT_TRUE(c["message"]["content"].is_null());
+  ASSERT_EQ(c["message"]["tool_calls"].size(), 1u);
+  const Json& call = c["message"]["tool_calls"][0];
+  EXPECT_TRUE(absl::StartsWith(call["id"].get<std::string>(), "call_"));
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  absl::StatusOr<Json> args = ParseJson(call["function"]["arguments"].get<std::string>(), "args");
+  ASSERT_TRUE(args.ok());
+  ASSERT_TRUE((*args)["city"] == "Lima" || (*args)["city"] == "Oslo") << args->dump();
+
+  // The call goes back as an assistant turn with its result; the reply is text.
+  const std::string turn2 = absl::StrCat(R"({"messages": [
+      {"role": "user", "content": "Weather in Lima?"},
+      {"role": "assistant", "content": null, "tool_calls": [)", call.dump(), R"(]},
+      {"role": "tool", "tool_call_id": )", call["id"].dump(), R"(, "content": "sunny"}],
+      "max_tokens": 4, "temperature": 0})");
+  r = d.Post("/v1/chat/completions", turn2);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_GT(Body(r)["usage"]["prompt_tokens"].get<int>(), 0);
+}
+
+TEST(OpenAiHttpTest, GuidedChoiceHoldsTheReplyToTheChoices) {
+  Daemon d(Options(2));
+  for (uint64_t seed = 0; seed < 4; ++seed) {
+    HttpReply r = d.Post("/v1/completions",
+                         absl::StrCat(R"({"prompt": "Sentiment:", "max_tokens": 8, "seed": )",
+                                      seed, R"(, "guided_choice": ["positive", "negative"]})"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string text = Body(r)["choices"][0]["text"].get<std::string>();
+    EXPECT_TRUE(text == "positive" || text == "negative") << text;
+  }
+}
+
+TEST(OpenAiHttpTest, RefusalsHaveHttpStatusesAndNameTheParameter) {
+  Daemon d(Options(2), {}, /*max_body=*/4096);
+  struct Case {
+    std::string path, body;
+    int status;
+    std::string param;
+  };
+  const std::vector<Case> cases = {
+      {"/v1/completions", R"({"prompt": "x", "top_p": 1.5})", 400, "top_p"},
+      {"/v1/completions", R"({"prompt": "x", "max_tokens": 100000})", 400, "max_tokens"},
+      {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature"},
+      {"/v1/completions", R"({"prompt": ["a", "b"]})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": "x")", 400, ""},
+      {"/v1/chat/completions", R"({"messages": [{"content": "x"}]})", 400, "messages[0].role"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+          "max_completion_tokens": 0})", 400, "max_completion_tokens"},
+      {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
+          "response_format": {"type": "json_schema",
+                              "json_schema": {"schema": {"type": "object", "not": {}}}}})",
+       400, "response_format.json_schema.schema"},
+      {"/v1/chat/completions", R"({"model": "gpt-4", "messages": []})", 404, "model"},
+      {"/v1/chat/completions", absl::StrCat(R"({"messages": [{"role": "user", "content": ")",
+                                            std::string(5000, 'a'), R"("}]})"),
+       413, ""},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.body.substr(0, 120));
+    HttpReply r = d.Post(c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << r.body;
+    Json j = Body(r);
+    ASSERT_TRUE(j.contains("error")) << r.body;
+    EXPECT_EQ(j["error"]["code"], c.status);
+    EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
+    if (!c.param.empty()) EXPECT_EQ(j["error"]["param"], c.param);
+    if (!c.param.empty() && c.status == 400) {
+      EXPECT_TRUE(absl::StartsWith(j["error"]["message"].get<std::string>(), c.param))
+          << j["error"]["message"];
+    }
+  }
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/completions").status, 405);
+  EXPECT_EQ(HttpCall(d.http_port(), "POST", "/v1/embeddings", "{}").status, 404);
+  // Nothing refused left anything behind.
+  EXPECT_TRUE(d.WaitIdle());
+}
+
+TEST(OpenAiHttpTest, BearerTokensGuardTheHttpApiToo) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string tokens = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/http_tokens");
+  std::ofstream(tokens) << "sesame\n";
+  ServerOptions so;
+  so.auth_tokens_file = tokens;
+  Daemon d(Options(2), so);
+  const std::string body = R"({"prompt": "x", "max_tokens": 2})";
+  HttpReply r = d.Post("/v1/completions", body);
+  EXPECT_EQ(r.status, 401) << r.body;
+  EXPECT_EQ(Body(r)["error"]["type"], "authentication_error");
+  EXPECT_EQ(d.Post("/v1/completions", body, {{"Authorization", "Bearer wrong"}}).status, 401);
+  EXPECT_EQ(d.Post("/v1/completions", body, {{"Authorization", "Bearer sesame"}}).status, 200);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models").status, 401);
+  EXPECT_EQ(
+      HttpCall(d.http_port(), "GET", "/v1/models", "", {{"Authorization", "Bearer sesame"}}).status,
+      200);
+}
+
+TEST(OpenAiHttpTest, AFullQueueIs429WithRetryAfter) {
+  Daemon d(Options(/*slots=*/1, /*max_queue=*/1));
+  constexpr int kClients = 6;
+  std::vector<HttpReply> replies(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back([&d, &replies, i] {
+      replies[i] = d.Post("/v1/completions",
+                          R"({"prompt": "x", "max_tokens": 200, "ignore_eos": true})");
+    });
+  }
+  for (std::thread& t : clients) t.join();
+  int ok = 0;
+  int refused = 0;
+  for (const HttpReply& r : replies) {
+    if (r.status == 200) {
+      ++ok;
+      EXPECT_EQ(Body(r)["usage"]["completion_tokens"], 200);
+    } else {
+      ASSERT_EQ(r.status, 429) << r.body;
+      ++refused;
+      EXPECT_EQ(Body(r)["error"]["type"], "rate_limit_error");
+      EXPECT_FALSE(r.headers.at("retry-after").empty());
+    }
+  }
+  EXPECT_GE(ok, 1);
+  EXPECT_GE(refused, 1) << "one slot and a queue of one took " << kClients << " at once";
+  EXPECT_TRUE(d.WaitIdle());
+}
+
+TEST(OpenAiHttpTest, AClientThatHangsUpMidStreamFreesItsSlot) {
+  Daemon d(Options(2));
+  {
+    HttpConnection c(d.http_port(), "POST", "/v1/chat/completions",
+                     R"({"messages": [{"role": "user", "content": "Go on"}], "stream": true,
+                         "max_tokens": 250, "ignore_eos": true})");
+    ASSERT_TRUE(c.connected());
+    std::string got;
+    while (!absl::StrContains(got, "\"content\":\"") && got.size() < (1 << 20)) {
+      const std::string more = c.Read(30000);
+      ASSERT_FALSE(more.empty()) << "no token came: " << got;
+      got += more;
+    }
+    EXPECT_TRUE(absl::StartsWith(got, "HTTP/1.1 200")) << got.substr(0, 80);
+  }  // hangs up after the first tokens
+  EXPECT_TRUE(d.WaitIdle()) << "the call was not cancelled";
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  // Every block is free again (the prefix cache's idle blocks count as free).
+  EXPECT_EQ(info.kv().blocks_reserved(), 0) << info.DebugString();
+  EXPECT_EQ(info.kv().blocks_free(), info.kv().blocks_total()) << info.DebugString();
+  EXPECT_LT(info.tokens_generated_total(), 250u) << "it ran to the end";
+  // The server goes on serving.
+  HttpReply r = d.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})");
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+TEST(OpenAiHttpTest, StoppingWithAStreamInFlightEndsIt) {
+  auto d = std::make_unique<Daemon>(Options(2));
+  std::atomic<bool> done{false};
+  HttpReply reply;
+  std::thread client([&] {
+    reply = d->Post("/v1/completions", R"({"prompt": "x", "max_tokens": 256, "stream": true,
+                                           "ignore_eos": true})");
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  d.reset();  // the HTTP server cancels its calls and joins its threads, then the engine stops
+  client.join();
+  EXPECT_TRUE(done);
+}
+
+}  // namespace
+}  // namespace kvrm
