@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The main job: installs what is missing, builds kvrmd and the client, starts kvrmd on the
 # built-in model (generated on first run into ~/.cache/kvrm/models), streams a demo completion,
-# then keeps serving on localhost:50051 until Ctrl-C (SIGTERM/SIGINT drain it cleanly).
+# then keeps serving on localhost:50051 (gRPC) and localhost:8000 (the OpenAI-compatible HTTP
+# API) until Ctrl-C (SIGTERM/SIGINT drain it cleanly).
 #
 #   tools/demo.sh            # serve after the demo
 #   tools/demo.sh --once     # stop after the demo request
@@ -12,6 +13,7 @@ cd "$(dirname "$0")/.."
 once=0
 [[ "${1:-}" == "--once" ]] && once=1
 port="${KVRM_PORT:-50051}"
+http_port="${KVRM_HTTP_PORT:-8000}"
 model="${KVRM_MODEL:-builtin:small}"
 
 bash tools/setup.sh
@@ -20,7 +22,8 @@ bin="$(bazel info bazel-bin 2>/dev/null)"
 
 port_file="$(mktemp)"
 rm -f "$port_file"
-"$bin/server/kvrmd" --model="$model" --listen="127.0.0.1:${port}" --port_file="$port_file" &
+"$bin/server/kvrmd" --model="$model" --listen="127.0.0.1:${port}" --port_file="$port_file" \
+  --http_listen=127.0.0.1 --http_port="$http_port" --served_model_name=kvrm &
 kvrmd_pid=$!
 trap 'kill -TERM $kvrmd_pid 2>/dev/null; wait $kvrmd_pid 2>/dev/null; rm -f "$port_file"' EXIT
 
@@ -58,8 +61,15 @@ echo "== demo request: tool calling, the model must call a function (sampled, se
   --max_new_tokens=64 --temperature=0.9 --seed=5 --tool_choice=required \
   --tools='[{"type":"function","function":{"name":"get_weather","description":"Forecast.","parameters":{"type":"object","properties":{"city":{"enum":["Lima","Oslo"]},"days":{"type":"integer","minimum":1,"maximum":7}},"required":["city"]}}}]'
 echo
+echo "== demo request: the OpenAI-compatible HTTP API (POST /v1/chat/completions) =="
+curl -sS "http://127.0.0.1:${http_port}/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model": "kvrm", "messages": [{"role": "user", "content": "What does a KV cache hold?"}], "max_tokens": 24, "temperature": 0}'
+echo
+echo
 
 if [[ $once -eq 1 ]]; then exit 0; fi
-echo "kvrmd is serving on 127.0.0.1:${port} (Ctrl-C to stop). Try:"
+echo "kvrmd is serving on 127.0.0.1:${port} (gRPC) and http://127.0.0.1:${http_port}/v1 (OpenAI API)"
+echo "(Ctrl-C to stop). Try:"
 echo "  $cli generate --server=127.0.0.1:${port} --prompt='Hello' --max_new_tokens=32"
+echo "  curl -N http://127.0.0.1:${http_port}/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 32, \"stream\": true}'"
 wait $kvrmd_pid

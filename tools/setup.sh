@@ -10,7 +10,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libonig-dev libicu-dev nlohmann-json3-dev
   clang libclang-rt-14-dev
-  libmicrohttpd-dev prometheus
+  libmicrohttpd-dev prometheus curl
 )
 
 # The offline schema checks of deploy/ (//deploy:manifests_test) use pinned npm packages:
