@@ -75,15 +75,17 @@ double Mean(const std::vector<double>& v) {
   return v.empty() ? 0 : s / v.size();
 }
 
-std::string Prompt(int i) {
-  return absl::StrCat("Request ", i, ": tell the story of the printing press, its makers and the ",
+// Each request's prompt starts with its own tag (API, round, index), so that no request finds an
+// earlier one's blocks in the prefix cache: every prompt is prefilled in full, through both APIs.
+std::string Prompt(const std::string& tag) {
+  return absl::StrCat(tag, ": tell the story of the printing press, its makers and the ",
                       "books that came from it, in order");
 }
 
-Sample GrpcOne(v1::Kvrm::Stub& stub, int i, int max_tokens) {
+Sample GrpcOne(v1::Kvrm::Stub& stub, const std::string& tag, int max_tokens) {
   Sample s;
   v1::GenerateRequest r;
-  r.set_text(Prompt(i));
+  r.set_text(Prompt(tag));
   r.mutable_stopping()->set_max_new_tokens(max_tokens);
   r.mutable_stopping()->set_ignore_eos(true);
   grpc::ClientContext context;
@@ -102,9 +104,9 @@ Sample GrpcOne(v1::Kvrm::Stub& stub, int i, int max_tokens) {
 
 // Streams /v1/completions; an event is one token (the stream's first and last events carry one
 // each as well: completions send no role chunk), counted as its "data: {" arrives.
-Sample HttpOne(int port, int i, int max_tokens) {
+Sample HttpOne(int port, const std::string& tag, int max_tokens) {
   Sample s;
-  const std::string body = nlohmann::json{{"prompt", Prompt(i)},
+  const std::string body = nlohmann::json{{"prompt", Prompt(tag)},
                                           {"max_tokens", max_tokens},
                                           {"temperature", 0},
                                           {"ignore_eos", true},
@@ -214,8 +216,8 @@ int Run() {
   const int max_tokens = absl::GetFlag(FLAGS_max_tokens);
   const int requests = absl::GetFlag(FLAGS_requests);
   // Warm-up through both, so that neither pays first-use costs in the figures.
-  GrpcOne(*stub, 0, 4);
-  HttpOne(*http_port, 0, 4);
+  GrpcOne(*stub, "warm-up grpc", 4);
+  HttpOne(*http_port, "warm-up http", 4);
 
   nlohmann::json out = {{"model", absl::GetFlag(FLAGS_model)},
                         {"max_tokens", max_tokens},
@@ -233,12 +235,21 @@ int Run() {
     double grpc_wall = 0, http_wall = 0;
     for (int round = 0; round < absl::GetFlag(FLAGS_rounds); ++round) {
       for (const Sample& s : RunRound(concurrency, requests,
-                                      [&](int i) { return GrpcOne(*stub, i, max_tokens); },
+                                      [&](int i) {
+                                        return GrpcOne(
+                                            *stub, absl::StrCat("grpc c", concurrency, " r", round, " #", i),
+                                            max_tokens);
+                                      },
                                       &grpc_wall)) {
         grpc_samples.push_back(s);
       }
       for (const Sample& s : RunRound(concurrency, requests,
-                                      [&](int i) { return HttpOne(*http_port, i, max_tokens); },
+                                      [&](int i) {
+                                        return HttpOne(
+                                            *http_port,
+                                            absl::StrCat("http c", concurrency, " r", round, " #", i),
+                                            max_tokens);
+                                      },
                                       &http_wall)) {
         http_samples.push_back(s);
       }
