@@ -113,6 +113,8 @@ ABSL_FLAG(int32_t, http_port, 8000,
           "0 picks a free port, -1 disables");
 ABSL_FLAG(std::string, http_listen, "0.0.0.0", "host of the OpenAI-compatible HTTP API");
 ABSL_FLAG(std::string, http_port_file, "", "write the bound HTTP API port to this file");
+ABSL_FLAG(int32_t, http_idle_timeout_s, 120,
+          "HTTP API: a keep-alive connection with no request in flight is closed after this");
 ABSL_FLAG(std::string, served_model_name, "",
           "the model's id in the HTTP API (requests' \"model\", /v1/models); default: the "
           "model directory's name");
@@ -317,6 +319,7 @@ int Run() {
     OpenAiHttpOptions ho;
     ho.host = absl::GetFlag(FLAGS_http_listen);
     ho.port = absl::GetFlag(FLAGS_http_port);
+    ho.idle_timeout_s = absl::GetFlag(FLAGS_http_idle_timeout_s);
     ho.served_model_name = absl::GetFlag(FLAGS_served_model_name);
     if (ho.served_model_name.empty()) ho.served_model_name = m.name;
     ho.max_context = (*engine)->options().max_context;
