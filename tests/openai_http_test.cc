@@ -384,9 +384,10 @@ TEST(OpenAiHttpTest, StoppingWithAStreamInFlightEndsIt) {
   auto d = std::make_unique<Daemon>(Options(2));
   std::atomic<bool> done{false};
   HttpReply reply;
+  const int port = d->http_port();  // the client never touches `d`, which goes away under it
   std::thread client([&] {
-    reply = d->Post("/v1/completions", R"({"prompt": "x", "max_tokens": 256, "stream": true,
-                                           "ignore_eos": true})");
+    reply = HttpCall(port, "POST", "/v1/completions",
+                     R"({"prompt": "x", "max_tokens": 256, "stream": true, "ignore_eos": true})");
     done = true;
   });
   absl::SleepFor(absl::Milliseconds(100));
