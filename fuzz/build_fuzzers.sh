@@ -7,7 +7,7 @@
 # in another configuration, offline. The sources below are the transitive sources of the four
 # libraries under test (`bazel query 'kind("source file", deps(//model:safetensors +
 # //model:tokenizer + //model:chat_template + //model:tool_calls + //tools/replay:trace +
-# //server:request_validation))'`, runtime/structured/ by a glob); keep this list,
+# //server:request_validation + //server:openai_api))'`, runtime/structured/ by a glob); keep this list,
 # and the data of //fuzz:fuzz_test, in step with it. System libraries (absl, protobuf, ICU,
 # oniguruma) are linked uninstrumented. Objects are rebuilt when their source, or any header, is
 # newer.
@@ -25,7 +25,7 @@ SOURCES=(
   model/tokenizer_normalizer.cc model/tokenizer_postprocessor.cc
   model/tokenizer_pretokenizer.cc model/tokenizer_text.cc model/tool_calls.cc
   runtime/sampler.cc runtime/sampler_kernels.cc
-  server/request_validation.cc
+  server/openai_api.cc server/request_validation.cc
   tools/replay/trace.cc
 )
 # Structured outputs (request validation compiles constraints): every library source there.
@@ -33,7 +33,7 @@ for src in runtime/structured/*.cc; do
   [[ "$src" == *_test.cc ]] || SOURCES+=("$src")
 done
 FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer
-  chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer)
+  chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer openai_request_fuzzer)
 
 mkdir -p "$out/gen" "$out/obj" "$out/bin"
 # Only the message classes are needed (request validation); no gRPC stubs.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# //fuzz:fuzz_test: builds the libFuzzer targets and runs each for ${KVRM_FUZZ_SECONDS:-35} s
+# //fuzz:fuzz_test: builds the libFuzzer targets and runs each for ${KVRM_FUZZ_SECONDS:-30} s
 # (fuzz/run_fuzzers.sh) on a copy of the runfiles tree. Prints SKIPPED and passes where clang or
 # libFuzzer is not installed (Debian: apt-get install clang libclang-rt-14-dev).
 set -uo pipefail
@@ -17,4 +17,4 @@ cp -L kernels/cpu/fast_math.h kernels/cpu/isa.h "$src/kernels/cpu/"
 mkdir -p "$src/tools/replay"
 cp -L tools/replay/trace.cc tools/replay/trace.h "$src/tools/replay/"
 export KVRM_FUZZ_OUT="$TEST_TMPDIR/fuzz"
-exec bash "$src/fuzz/run_fuzzers.sh" "${KVRM_FUZZ_SECONDS:-35}"
+exec bash "$src/fuzz/run_fuzzers.sh" "${KVRM_FUZZ_SECONDS:-30}"

@@ -1,0 +1,108 @@
+// Fuzzes the OpenAI-compatible HTTP API's request parser and reply builder (server/openai_api.h)
+// with what an HTTP client controls: byte 0 picks the endpoint (completions, chat completions),
+// the rest is the request body. Invariants: a body either parses into a GenerateRequest with the
+// endpoint's prompt kind, or fails with INVALID_ARGUMENT whose OpenAI error is a 400 with a JSON
+// body; a service error about any recorded field is written with that field's OpenAI name; the
+// replies built for a parsed request (whole and streamed, with logprobs and a tool call) are JSON
+// that parses, and the stream ends with [DONE].
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "fuzz/fuzz_util.h"
+#include "kvrm/v1/kvrm.pb.h"
+#include "server/openai_api.h"
+
+namespace {
+kvrm::Tokenizer* tokenizer = nullptr;
+
+bool IsJson(std::string_view text) {
+  return kvrm::ParseJson(text, "reply").ok();
+}
+}  // namespace
+
+extern "C" int LLVMFuzzerInitialize(int*, char***) {
+  tokenizer = kvrm::fuzz::LoadTokenizer("gpt2").release();
+  return 0;
+}
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const kvrm::OpenAiEndpoint endpoint = data[0] % 2 == 0
+                                            ? kvrm::OpenAiEndpoint::kCompletions
+                                            : kvrm::OpenAiEndpoint::kChatCompletions;
+  const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  kvrm::OpenAiDefaults defaults;
+  absl::StatusOr<kvrm::OpenAiRequest> r =
+      kvrm::ParseOpenAiRequest(endpoint, absl::string_view(body.data(), body.size()), defaults);
+  if (!r.ok()) {
+    FUZZ_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+    const kvrm::OpenAiError e = kvrm::ToOpenAiError(r.status(), nullptr);
+    FUZZ_CHECK(e.http_status == 400 && !e.message.empty());
+    FUZZ_CHECK(IsJson(e.Json()));
+    return 0;
+  }
+  const kvrm::v1::GenerateRequest& g = r->generate;
+  if (endpoint == kvrm::OpenAiEndpoint::kChatCompletions) {
+    FUZZ_CHECK(g.has_chat());
+  } else {
+    FUZZ_CHECK(g.has_text() || g.has_token_ids());
+  }
+  FUZZ_CHECK(r->logprobs < 0 || g.response().logprobs());
+  // Every recorded field's error is reported under the parameter's OpenAI name.
+  for (const auto& [field, param] : r->params) {
+    const kvrm::OpenAiError e = kvrm::ToOpenAiError(
+        absl::InvalidArgumentError(absl::StrCat(field, ": bad")), &*r);
+    FUZZ_CHECK(e.http_status == 400);
+    FUZZ_CHECK(absl::StartsWith(e.message, e.param) && !e.param.empty());
+    FUZZ_CHECK(IsJson(e.Json()));
+  }
+  // Replies for it: one token with logprobs, then the finish (with a tool call for chat).
+  kvrm::v1::GenerateResponse token;
+  token.add_token_ids(1);
+  token.set_text(std::string(body.substr(0, 8)));  // any bytes: the JSON writer must cope
+  kvrm::v1::TokenLogprob* lp = token.add_logprobs();
+  lp->set_token_id(static_cast<int32_t>(size % 50000));
+  lp->set_logprob(-0.5f);
+  kvrm::v1::TopLogprob* top = lp->add_top();
+  top->set_token_id(static_cast<int32_t>((size * 7) % 50000));
+  top->set_logprob(-1.0f);
+  kvrm::v1::GenerateResponse last;
+  last.mutable_finished()->set_reason(endpoint == kvrm::OpenAiEndpoint::kChatCompletions
+                                          ? kvrm::v1::FINISH_REASON_TOOL_CALLS
+                                          : kvrm::v1::FINISH_REASON_LENGTH);
+  last.mutable_finished()->mutable_usage()->set_prompt_tokens(3);
+  last.mutable_finished()->mutable_usage()->set_completion_tokens(1);
+  if (endpoint == kvrm::OpenAiEndpoint::kChatCompletions) {
+    kvrm::v1::ToolCall* call = last.mutable_finished()->add_tool_calls();
+    call->set_id("call_0");
+    call->set_name("f");
+    call->set_arguments("{}");
+  }
+  const int n = std::max(1, std::min(g.n(), 4));
+  kvrm::OpenAiReply whole(*r, tokenizer, "id", 0, "m", std::string(body.substr(0, 4)));
+  kvrm::OpenAiReply streamed(*r, tokenizer, "id", 0, "m", std::string(body.substr(0, 4)));
+  std::string events = streamed.StreamStart();
+  for (int i = 0; i < n; ++i) {
+    token.set_index(i);
+    last.set_index(i);
+    whole.Add(token);
+    whole.Add(last);
+    events += streamed.StreamMessage(token);
+    events += streamed.StreamMessage(last);
+  }
+  FUZZ_CHECK(IsJson(whole.Body()));
+  events += streamed.StreamEnd();
+  FUZZ_CHECK(absl::EndsWith(events, "data: [DONE]\n\n"));
+  for (absl::string_view e : absl::StrSplit(events, "\n\n", absl::SkipEmpty())) {
+    FUZZ_CHECK(absl::ConsumePrefix(&e, "data: "));
+    FUZZ_CHECK(e == "[DONE]" || IsJson(std::string_view(e.data(), e.size())));
+  }
+  return 0;
+}
