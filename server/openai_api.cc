@@ -52,6 +52,10 @@ absl::StatusOr<std::optional<double>> GetNumber(const Json& o, const char* key) 
 
 // An integer; 3.0 is taken as 3 (JavaScript clients cannot tell them apart).
 absl::StatusOr<std::optional<int64_t>> IntegerOf(const Json& j, absl::string_view param) {
+  // Above INT64_MAX: refused, not wrapped to a negative value.
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(INT64_MAX)) {
+    return Bad(param, absl::StrCat(j.get<uint64_t>(), " is out of range"));
+  }
   if (j.is_number_integer()) return std::optional<int64_t>(j.get<int64_t>());
   if (j.is_number_float()) {
     const double v = j.get<double>();
@@ -76,17 +80,24 @@ absl::StatusOr<std::optional<int32_t>> GetInt32(const Json& o, const char* key) 
   return std::optional<int32_t>(static_cast<int32_t>(*v));
 }
 
-absl::StatusOr<std::optional<bool>> GetBool(const Json& o, const char* key) {
+// `parent` is the path of a nested object `o` ("messages[0]"), for the parameter's name.
+std::string ParamName(absl::string_view parent, const char* key) {
+  return parent.empty() ? std::string(key) : absl::StrCat(parent, ".", key);
+}
+
+absl::StatusOr<std::optional<bool>> GetBool(const Json& o, const char* key,
+                                            absl::string_view parent = "") {
   const Json* j = Find(o, key);
   if (j == nullptr) return std::optional<bool>();
-  if (!j->is_boolean()) return WrongType(key, "a boolean", *j);
+  if (!j->is_boolean()) return WrongType(ParamName(parent, key), "a boolean", *j);
   return std::optional<bool>(j->get<bool>());
 }
 
-absl::StatusOr<std::optional<std::string>> GetString(const Json& o, const char* key) {
+absl::StatusOr<std::optional<std::string>> GetString(const Json& o, const char* key,
+                                                     absl::string_view parent = "") {
   const Json* j = Find(o, key);
   if (j == nullptr) return std::optional<std::string>();
-  if (!j->is_string()) return WrongType(key, "a string", *j);
+  if (!j->is_string()) return WrongType(ParamName(parent, key), "a string", *j);
   return std::optional<std::string>(j->get<std::string>());
 }
 
@@ -129,8 +140,13 @@ class Builder {
     ASSIGN_OR_RETURN(std::optional<double> frequency, GetNumber(body_, "frequency_penalty"));
     if (frequency) s->set_frequency_penalty(static_cast<float>(*frequency));
     Param("sampling.frequency_penalty", "frequency_penalty");
-    ASSIGN_OR_RETURN(std::optional<int64_t> seed, GetInt(body_, "seed"));
-    if (seed) s->set_seed(static_cast<uint64_t>(*seed));  // negative seeds wrap, as numpy's do
+    const Json* seed_json = Find(body_, "seed");
+    if (seed_json != nullptr && seed_json->is_number_unsigned()) {
+      s->set_seed(seed_json->get<uint64_t>());  // the whole uint64 range
+    } else {
+      ASSIGN_OR_RETURN(std::optional<int64_t> seed, GetInt(body_, "seed"));
+      if (seed) s->set_seed(static_cast<uint64_t>(*seed));  // negative seeds wrap, as numpy's do
+    }
     if (const Json* bias = Find(body_, "logit_bias")) {
       if (!bias->is_object()) return WrongType("logit_bias", "an object", *bias);
       for (const auto& [key, value] : bias->items()) {
@@ -185,7 +201,8 @@ class Builder {
     out_->stream = stream.value_or(false);
     if (const Json* options = Find(body_, "stream_options")) {
       if (!options->is_object()) return WrongType("stream_options", "an object", *options);
-      ASSIGN_OR_RETURN(std::optional<bool> usage, GetBool(*options, "include_usage"));
+      ASSIGN_OR_RETURN(std::optional<bool> usage,
+                       GetBool(*options, "include_usage", "stream_options"));
       out_->include_usage = usage.value_or(false);
     }
     ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(body_, "model"));
@@ -228,7 +245,8 @@ class Builder {
     v1::StructuredOutput structured;
     if (const Json* format = Find(body_, "response_format")) {
       if (!format->is_object()) return WrongType("response_format", "an object", *format);
-      ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(*format, "type"));
+      ASSIGN_OR_RETURN(std::optional<std::string> type,
+                       GetString(*format, "type", "response_format"));
       const std::string t = type.value_or("");
       if (t == "json_object") {
         structured.set_json_object(true);
@@ -356,7 +374,7 @@ absl::StatusOr<std::string> ContentText(const Json& content, const std::string& 
     const std::string at = absl::StrCat(param, "[", i, "]");
     const Json& part = content[i];
     if (!part.is_object()) return WrongType(at, "an object", part);
-    ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(part, "type"));
+    ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(part, "type", at));
     if (type.value_or("") != "text") {
       return Bad(absl::StrCat(at, ".type"),
                  absl::StrCat("\"", type.value_or(""),
@@ -386,9 +404,9 @@ absl::Status ChatMessages(const Json& body, OpenAiRequest* out) {
       ASSIGN_OR_RETURN(std::string text, ContentText(*content, absl::StrCat(at, ".content")));
       msg->set_content(std::move(text));
     }
-    ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(m, "name"));
+    ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(m, "name", at));
     if (name) msg->set_name(*name);
-    ASSIGN_OR_RETURN(std::optional<std::string> call_id, GetString(m, "tool_call_id"));
+    ASSIGN_OR_RETURN(std::optional<std::string> call_id, GetString(m, "tool_call_id", at));
     if (call_id) msg->set_tool_call_id(*call_id);
     if (const Json* calls = Find(m, "tool_calls")) {
       if (!calls->is_array()) return WrongType(absl::StrCat(at, ".tool_calls"), "an array", *calls);
@@ -401,7 +419,7 @@ absl::Status ChatMessages(const Json& body, OpenAiRequest* out) {
           return Bad(absl::StrCat(cat, ".function"), "is required");
         }
         v1::ToolCall* tc = msg->add_tool_calls();
-        ASSIGN_OR_RETURN(std::optional<std::string> id, GetString(call, "id"));
+        ASSIGN_OR_RETURN(std::optional<std::string> id, GetString(call, "id", cat));
         if (id) tc->set_id(*id);
         const Json* fname = Find(*fn, "name");
         if (fname == nullptr || !fname->is_string()) {
@@ -429,7 +447,7 @@ absl::Status ChatTools(const Json& body, OpenAiRequest* out) {
       const std::string at = absl::StrCat("tools[", i, "]");
       const Json& t = (*tools)[i];
       if (!t.is_object()) return WrongType(at, "an object", t);
-      ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(t, "type"));
+      ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(t, "type", at));
       if (type.value_or("function") != "function") {
         return Bad(absl::StrCat(at, ".type"), absl::StrCat("\"", *type, "\": use function"));
       }
@@ -441,7 +459,8 @@ absl::Status ChatTools(const Json& body, OpenAiRequest* out) {
         return Bad(absl::StrCat(at, ".function.name"), "is required");
       }
       tool->set_name(name->get<std::string>());
-      ASSIGN_OR_RETURN(std::optional<std::string> description, GetString(*fn, "description"));
+      ASSIGN_OR_RETURN(std::optional<std::string> description,
+                       GetString(*fn, "description", absl::StrCat(at, ".function")));
       if (description) tool->set_description(*description);
       if (const Json* parameters = Find(*fn, "parameters")) {
         ASSIGN_OR_RETURN(std::string text,
@@ -928,7 +947,8 @@ std::string OpenAiReply::Body() const {
       choice["logprobs"] =
           request_.logprobs >= 0 ? CompletionLogprobs(c.logprobs, text, echo.size()) : nullptr;
     }
-    choice["finish_reason"] = OpenAiFinishReason(c.finished.reason());
+    const std::string finish = OpenAiFinishReason(c.finished.reason());
+    choice["finish_reason"] = finish.empty() ? OrderedJson(nullptr) : OrderedJson(finish);
     choice["stop_reason"] = StopReason(c.finished);
     choices.push_back(std::move(choice));
   }

@@ -1,0 +1,1645 @@
+#include "server/openai_api.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/json.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "model/tokenizer.h"
+
+namespace kvrm {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+constexpr OpenAiEndpoint kCompletions = OpenAiEndpoint::kCompletions;
+constexpr OpenAiEndpoint kChat = OpenAiEndpoint::kChatCompletions;
+
+// GPT-2's real vocabulary (byte-level BPE), loaded once for the whole binary: logprob token texts
+// and bytes are then the ones a client sees.
+const Tokenizer& Gpt2() {
+  static const Tokenizer* tokenizer = [] {
+    auto t = Tokenizer::FromFile("model/testdata/tokenizers/gpt2/tokenizer.json");
+    if (!t.ok()) {
+      std::cerr << "cannot load the GPT-2 tokenizer: " << t.status() << "\n";
+      std::abort();
+    }
+    return t->release();
+  }();
+  return *tokenizer;
+}
+
+// The id of a text that GPT-2 encodes as exactly one token.
+int32_t OneToken(absl::string_view text) {
+  absl::StatusOr<std::vector<int32_t>> ids =
+      Gpt2().Encode(std::string_view(text.data(), text.size()), /*add_special_tokens=*/false);
+  EXPECT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(ids.ok() ? ids->size() : 0u, 1u) << "\"" << text << "\" is not one GPT-2 token";
+  return ids.ok() && !ids->empty() ? (*ids)[0] : -1;
+}
+
+absl::StatusOr<OpenAiRequest> Completions(const std::string& body,
+                                          const OpenAiDefaults& defaults = {}) {
+  return ParseOpenAiRequest(kCompletions, body, defaults);
+}
+
+absl::StatusOr<OpenAiRequest> Chat(const std::string& body, const OpenAiDefaults& defaults = {}) {
+  return ParseOpenAiRequest(kChat, body, defaults);
+}
+
+// A chat body with one user message and `more` (`"key": value, ...`) after it.
+std::string ChatBody(const std::string& more = "") {
+  return absl::StrCat(R"({"model": "m", "messages": [{"role": "user", "content": "hi"}])",
+                      more.empty() ? "" : ", ", more, "}");
+}
+
+std::string CompletionBody(const std::string& more = "") {
+  return absl::StrCat(R"({"model": "m", "prompt": "hi")", more.empty() ? "" : ", ", more, "}");
+}
+
+// The parse fails with INVALID_ARGUMENT whose message starts with "`param`: ".
+void ExpectRefused(OpenAiEndpoint endpoint, const std::string& body, const std::string& param,
+                   const std::string& why = "") {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(endpoint, body, OpenAiDefaults());
+  ASSERT_FALSE(r.ok()) << "accepted: " << body;
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << body;
+  EXPECT_THAT(std::string(r.status().message()), StartsWith(param + ": ")) << body;
+  if (!why.empty()) {
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(why)) << body;
+  }
+}
+
+// A string's bytes as a JSON array of numbers, as chat logprobs write them.
+Json Bytes(const std::string& s) {
+  Json out = Json::array();
+  for (unsigned char c : s) out.push_back(static_cast<int>(c));
+  return out;
+}
+
+Json Parse(const std::string& text) {
+  absl::StatusOr<Json> j = ParseJson(text, "test output");
+  EXPECT_TRUE(j.ok()) << j.status() << "\n" << text;
+  return j.ok() ? *j : Json();
+}
+
+// Splits server-sent events, checking each is framed "data: <payload>\n\n"; the payloads.
+std::vector<std::string> SsePayloads(const std::string& sse) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  while (at < sse.size()) {
+    const size_t end = sse.find("\n\n", at);
+    EXPECT_NE(end, std::string::npos) << "unterminated event in: " << sse;
+    if (end == std::string::npos) break;
+    const std::string event = sse.substr(at, end - at);
+    EXPECT_THAT(event, StartsWith("data: "));
+    EXPECT_EQ(event.find('\n'), std::string::npos) << "an event of more than one line: " << event;
+    out.push_back(event.substr(std::min<size_t>(6, event.size())));
+    at = end + 2;
+  }
+  return out;
+}
+
+// The chunks of server-sent events that are all JSON (no [DONE]).
+std::vector<Json> SseChunks(const std::string& sse) {
+  std::vector<Json> out;
+  for (const std::string& payload : SsePayloads(sse)) out.push_back(Parse(payload));
+  return out;
+}
+
+// ---- messages of the service's stream --------------------------------------------------------
+
+v1::GenerateResponse Delta(int index, const std::string& text) {
+  v1::GenerateResponse m;
+  m.set_request_id("req-1");
+  m.set_index(index);
+  m.set_text(text);
+  return m;
+}
+
+void AddLogprob(v1::GenerateResponse* m, int32_t id, float logprob,
+                const std::vector<std::pair<int32_t, float>>& top = {}) {
+  m->add_token_ids(id);
+  v1::TokenLogprob* lp = m->add_logprobs();
+  lp->set_token_id(id);
+  lp->set_logprob(logprob);
+  for (const auto& [alt, alt_logprob] : top) {
+    v1::TopLogprob* t = lp->add_top();
+    t->set_token_id(alt);
+    t->set_logprob(alt_logprob);
+  }
+}
+
+v1::GenerateResponse Final(int index, const std::string& text, v1::FinishReason reason,
+                           int prompt_tokens, int completion_tokens, int cached_tokens = 0,
+                           const std::string& matched_stop = "") {
+  v1::GenerateResponse m = Delta(index, text);
+  v1::Finished* f = m.mutable_finished();
+  f->set_reason(reason);
+  f->set_matched_stop(matched_stop);
+  f->mutable_usage()->set_prompt_tokens(prompt_tokens);
+  f->mutable_usage()->set_completion_tokens(completion_tokens);
+  f->mutable_usage()->set_cached_prompt_tokens(cached_tokens);
+  return m;
+}
+
+void AddToolCall(v1::GenerateResponse* m, const std::string& id, const std::string& name,
+                 const std::string& arguments) {
+  v1::ToolCall* c = m->mutable_finished()->add_tool_calls();
+  c->set_id(id);
+  c->set_name(name);
+  c->set_arguments(arguments);
+}
+
+// =============================================================================================
+// Completions requests
+
+TEST(CompletionsRequestTest, StringPromptIsText) {
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({"model": "gpt2", "prompt": "Hello"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->endpoint, kCompletions);
+  EXPECT_EQ(r->generate.prompt_case(), v1::GenerateRequest::kText);
+  EXPECT_EQ(r->generate.text(), "Hello");
+  EXPECT_EQ(r->model, "gpt2");
+  EXPECT_FALSE(r->stream);
+  EXPECT_FALSE(r->include_usage);
+  EXPECT_FALSE(r->echo);
+  EXPECT_EQ(r->logprobs, -1);
+  EXPECT_FALSE(r->generate.has_response());
+  EXPECT_FALSE(r->generate.skip_bos());
+}
+
+TEST(CompletionsRequestTest, TokenIdPromptIsTokenIds) {
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({"prompt": [1, 2, 3]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_EQ(r->generate.prompt_case(), v1::GenerateRequest::kTokenIds);
+  EXPECT_THAT(r->generate.token_ids().ids(), ::testing::ElementsAre(1, 2, 3));
+  EXPECT_EQ(r->model, "");  // absent
+}
+
+TEST(CompletionsRequestTest, SingleElementListsAreOnePrompt) {
+  absl::StatusOr<OpenAiRequest> ids = Completions(R"({"prompt": [[7, 8]]})");
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  ASSERT_EQ(ids->generate.prompt_case(), v1::GenerateRequest::kTokenIds);
+  EXPECT_THAT(ids->generate.token_ids().ids(), ::testing::ElementsAre(7, 8));
+
+  absl::StatusOr<OpenAiRequest> text = Completions(R"({"prompt": ["a b"]})");
+  ASSERT_TRUE(text.ok()) << text.status();
+  ASSERT_EQ(text->generate.prompt_case(), v1::GenerateRequest::kText);
+  EXPECT_EQ(text->generate.text(), "a b");
+}
+
+TEST(CompletionsRequestTest, ListsOfPromptsAreRefusedNamingPrompt) {
+  ExpectRefused(kCompletions, R"({"prompt": ["a", "b"]})", "prompt", "a list of 2 prompts");
+  ExpectRefused(kCompletions, R"({"prompt": [[1], [2], [3]]})", "prompt", "a list of 3 prompts");
+}
+
+TEST(CompletionsRequestTest, MissingOrMalformedPromptIsRefused) {
+  ExpectRefused(kCompletions, R"({"model": "m"})", "prompt", "is required");
+  ExpectRefused(kCompletions, R"({"prompt": null})", "prompt", "is required");
+  ExpectRefused(kCompletions, R"({"prompt": []})", "prompt", "is empty");
+  ExpectRefused(kCompletions, R"({"prompt": 5})", "prompt");
+  ExpectRefused(kCompletions, R"({"prompt": {"text": "a"}})", "prompt");
+  ExpectRefused(kCompletions, R"({"prompt": [1, "a"]})", "prompt[1]");
+  ExpectRefused(kCompletions, R"({"prompt": [1, 2.5]})", "prompt[1]");
+  ExpectRefused(kCompletions, R"({"prompt": [-1]})", "prompt[0]", "is not a token id");
+  ExpectRefused(kCompletions, R"({"prompt": [[1, -2]]})", "prompt[0][1]");
+  ExpectRefused(kCompletions, R"({"prompt": [true]})", "prompt[0]");
+}
+
+TEST(CompletionsRequestTest, DefaultsWhenAbsent) {
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({"prompt": "x"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::GenerateRequest& g = r->generate;
+  EXPECT_EQ(g.stopping().max_new_tokens(), 16);  // OpenAI's default for completions
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 1.0f);
+  EXPECT_EQ(g.sampling().top_k(), 0);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.0f);  // unset: disabled
+  EXPECT_FALSE(g.sampling().has_seed());
+  EXPECT_TRUE(g.sampling().logit_bias().empty());
+  EXPECT_TRUE(g.stopping().stop_sequences().empty());
+  EXPECT_EQ(g.n(), 0);
+  EXPECT_EQ(g.priority(), 0);
+  EXPECT_EQ(g.request_id(), "");
+  EXPECT_FALSE(g.has_structured());
+
+  OpenAiDefaults defaults;
+  defaults.completion_max_tokens = 7;
+  defaults.chat_max_tokens = 99;
+  absl::StatusOr<OpenAiRequest> d = Completions(R"({"prompt": "x"})", defaults);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->generate.stopping().max_new_tokens(), 7);
+}
+
+TEST(CompletionsRequestTest, MaxTokensAndTemperatureZeroAreKept) {
+  absl::StatusOr<OpenAiRequest> r =
+      Completions(R"({"prompt": "x", "max_tokens": 5, "temperature": 0})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.stopping().max_new_tokens(), 5);
+  EXPECT_FLOAT_EQ(r->generate.sampling().temperature(), 0.0f);
+  // Completions have no max_completion_tokens: max_tokens is the one taken.
+  absl::StatusOr<OpenAiRequest> both =
+      Completions(R"({"prompt": "x", "max_tokens": 5, "max_completion_tokens": 9})");
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->generate.stopping().max_new_tokens(), 5);
+}
+
+TEST(CompletionsRequestTest, EverySamplingParameterLandsInItsField) {
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({
+      "prompt": "x", "temperature": 0.5, "top_p": 0.25, "top_k": 40, "min_p": 0.125,
+      "repetition_penalty": 1.5, "presence_penalty": -0.5, "frequency_penalty": 0.75,
+      "seed": 1234, "logit_bias": {"50": -100, "7": 2.5}, "stop": ["\n", "END"],
+      "stop_token_ids": [11, 12], "ignore_eos": true, "min_tokens": 3, "n": 2,
+      "cache_salt": "tenant-a", "priority": -5, "request_id": "my-req",
+      "stream": true, "stream_options": {"include_usage": true}, "user": "u1"})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::GenerateRequest& g = r->generate;
+  EXPECT_FLOAT_EQ(g.sampling().temperature(), 0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().top_p(), 0.25f);
+  EXPECT_EQ(g.sampling().top_k(), 40);
+  EXPECT_FLOAT_EQ(g.sampling().min_p(), 0.125f);
+  EXPECT_FLOAT_EQ(g.sampling().repetition_penalty(), 1.5f);
+  EXPECT_FLOAT_EQ(g.sampling().presence_penalty(), -0.5f);
+  EXPECT_FLOAT_EQ(g.sampling().frequency_penalty(), 0.75f);
+  ASSERT_TRUE(g.sampling().has_seed());
+  EXPECT_EQ(g.sampling().seed(), 1234u);
+  ASSERT_EQ(g.sampling().logit_bias().size(), 2u);
+  EXPECT_FLOAT_EQ(g.sampling().logit_bias().at(50), -100.0f);
+  EXPECT_FLOAT_EQ(g.sampling().logit_bias().at(7), 2.5f);
+  EXPECT_THAT(g.stopping().stop_sequences(), ::testing::ElementsAre("\n", "END"));
+  EXPECT_THAT(g.stopping().stop_token_ids(), ::testing::ElementsAre(11, 12));
+  EXPECT_TRUE(g.stopping().ignore_eos());
+  EXPECT_EQ(g.stopping().min_tokens(), 3);
+  EXPECT_EQ(g.n(), 2);
+  EXPECT_EQ(g.cache_salt(), "tenant-a");
+  EXPECT_EQ(g.priority(), -5);
+  EXPECT_EQ(g.request_id(), "my-req");
+  EXPECT_TRUE(r->stream);
+  EXPECT_TRUE(r->include_usage);
+}
+
+TEST(CompletionsRequestTest, StopAsOneString) {
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("stop": "###")"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->generate.stopping().stop_sequences(), ::testing::ElementsAre("###"));
+}
+
+TEST(CompletionsRequestTest, TopKMinusOneIsOff) {
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("top_k": -1)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.sampling().top_k(), 0);
+  // Other negatives are passed on for validation to refuse.
+  absl::StatusOr<OpenAiRequest> neg = Completions(CompletionBody(R"("top_k": -2)"));
+  ASSERT_TRUE(neg.ok()) << neg.status();
+  EXPECT_EQ(neg->generate.sampling().top_k(), -2);
+}
+
+TEST(CompletionsRequestTest, NegativeSeedWraps) {
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("seed": -1)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.sampling().seed(), UINT64_MAX);
+  // The whole uint64 range is a seed.
+  absl::StatusOr<OpenAiRequest> big =
+      Completions(CompletionBody(R"("seed": 18446744073709551615)"));
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(big->generate.sampling().seed(), UINT64_MAX);
+}
+
+TEST(CompletionsRequestTest, IntegralFloatsAreIntegers) {
+  absl::StatusOr<OpenAiRequest> r =
+      Completions(CompletionBody(R"("max_tokens": 3.0, "n": 2.0, "prompt_ignored": 1)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.stopping().max_new_tokens(), 3);
+  EXPECT_EQ(r->generate.n(), 2);
+  ExpectRefused(kCompletions, CompletionBody(R"("max_tokens": 3.5)"), "max_tokens",
+                "must be an integer");
+}
+
+TEST(CompletionsRequestTest, OutOfRangeIntegersAreRefused) {
+  ExpectRefused(kCompletions, CompletionBody(R"("max_tokens": 3000000000)"), "max_tokens",
+                "out of range");
+  ExpectRefused(kCompletions, CompletionBody(R"("priority": -3000000000)"), "priority",
+                "out of range");
+  ExpectRefused(kCompletions, CompletionBody(R"("stop_token_ids": [3000000000])"),
+                "stop_token_ids");
+  // Beyond int64 (a JSON unsigned number) is out of range too, not wrapped to a negative value.
+  ExpectRefused(kCompletions, CompletionBody(R"("priority": 18446744073709551615)"), "priority",
+                "out of range");
+  ExpectRefused(kCompletions, CompletionBody(R"("top_k": 18446744073709551615)"), "top_k",
+                "out of range");
+  ExpectRefused(kCompletions, CompletionBody(R"("max_tokens": 9223372036854775808)"),
+                "max_tokens", ": 9223372036854775808 is out of range");
+  ExpectRefused(kCompletions, R"({"prompt": [18446744073709551615]})", "prompt[0]");
+  ExpectRefused(kCompletions, CompletionBody(R"("stop_token_ids": [18446744073709551615])"),
+                "stop_token_ids[0]", "out of range");
+}
+
+TEST(CompletionsRequestTest, LogprobsAsksForTopAlternatives) {
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("logprobs": 3)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->logprobs, 3);
+  EXPECT_TRUE(r->generate.response().logprobs());
+  EXPECT_EQ(r->generate.response().top_logprobs(), 3);
+
+  absl::StatusOr<OpenAiRequest> zero = Completions(CompletionBody(R"("logprobs": 0)"));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->logprobs, 0);
+  EXPECT_TRUE(zero->generate.response().logprobs());
+  EXPECT_EQ(zero->generate.response().top_logprobs(), 0);
+
+  ExpectRefused(kCompletions, CompletionBody(R"("logprobs": true)"), "logprobs");
+}
+
+TEST(CompletionsRequestTest, EchoAndItsLimits) {
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("echo": true)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->echo);
+  ExpectRefused(kCompletions, CompletionBody(R"("echo": true, "logprobs": 1)"), "logprobs",
+                "echo");
+  // echo false with logprobs is fine.
+  EXPECT_TRUE(Completions(CompletionBody(R"("echo": false, "logprobs": 1)")).ok());
+}
+
+TEST(CompletionsRequestTest, SuffixIsRefused) {
+  ExpectRefused(kCompletions, CompletionBody(R"("suffix": "tail")"), "suffix", "not supported");
+  EXPECT_TRUE(Completions(CompletionBody(R"("suffix": "")")).ok());
+  EXPECT_TRUE(Completions(CompletionBody(R"("suffix": null)")).ok());
+}
+
+TEST(CompletionsRequestTest, BestOfMustEqualN) {
+  ExpectRefused(kCompletions, CompletionBody(R"("best_of": 2)"), "best_of", "must equal n");
+  ExpectRefused(kCompletions, CompletionBody(R"("best_of": 3, "n": 2)"), "best_of");
+  EXPECT_TRUE(Completions(CompletionBody(R"("best_of": 1)")).ok());
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("best_of": 2, "n": 2)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.n(), 2);
+}
+
+TEST(CompletionsRequestTest, AddSpecialTokensFalseSkipsBos) {
+  absl::StatusOr<OpenAiRequest> off = Completions(CompletionBody(R"("add_special_tokens": false)"));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_TRUE(off->generate.skip_bos());
+  absl::StatusOr<OpenAiRequest> on = Completions(CompletionBody(R"("add_special_tokens": true)"));
+  ASSERT_TRUE(on.ok()) << on.status();
+  EXPECT_FALSE(on->generate.skip_bos());
+}
+
+TEST(CompletionsRequestTest, StructuredOutputsToo) {
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("guided_regex": "[0-9]+")"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_TRUE(r->generate.has_structured());
+  EXPECT_EQ(r->generate.structured().regex(), "[0-9]+");
+  EXPECT_EQ(r->params.at("structured.regex"), "guided_regex");
+}
+
+// =============================================================================================
+// Chat requests
+
+TEST(ChatRequestTest, StringAndTextPartContent) {
+  absl::StatusOr<OpenAiRequest> r = Chat(R"({"model": "m", "messages": [
+      {"role": "system", "content": "Be brief."},
+      {"role": "user", "content": [{"type": "text", "text": "Hello, "},
+                                   {"type": "text", "text": "world"}], "name": "ann"}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->endpoint, kChat);
+  ASSERT_EQ(r->generate.prompt_case(), v1::GenerateRequest::kChat);
+  const v1::ChatPrompt& chat = r->generate.chat();
+  ASSERT_EQ(chat.messages_size(), 2);
+  EXPECT_EQ(chat.messages(0).role(), "system");
+  EXPECT_EQ(chat.messages(0).content(), "Be brief.");
+  EXPECT_EQ(chat.messages(1).role(), "user");
+  EXPECT_EQ(chat.messages(1).content(), "Hello, world");  // joined without a separator
+  EXPECT_EQ(chat.messages(1).name(), "ann");
+  EXPECT_FALSE(chat.has_add_generation_prompt());
+  EXPECT_FALSE(chat.has_tool_choice());
+  EXPECT_EQ(chat.template_kwargs(), "");
+}
+
+TEST(ChatRequestTest, NonTextPartsAreRefusedNamingThePart) {
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": [
+      {"type": "image_url", "image_url": {"url": "http://x/y.png"}}]}]})",
+                "messages[0].content[0].type", "image_url");
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": "a"},
+      {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "input_audio"}]}]})",
+                "messages[1].content[1].type");
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": [{"type": "text"}]}]})",
+                "messages[0].content[0].text", "is required");
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": ["a"]}]})",
+                "messages[0].content[0]");
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": 3}]})",
+                "messages[0].content");
+}
+
+TEST(ChatRequestTest, RoleIsRequired) {
+  ExpectRefused(kChat, R"({"messages": [{"content": "hi"}]})", "messages[0].role", "is required");
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": "a"}, {"role": 1}]})",
+                "messages[1].role");
+  ExpectRefused(kChat, R"({"messages": ["hi"]})", "messages[0]");
+  ExpectRefused(kChat, R"({"model": "m"})", "messages", "is required");
+  ExpectRefused(kChat, R"({"messages": {"role": "user"}})", "messages");
+}
+
+TEST(ChatRequestTest, AssistantToolCallsAndToolResults) {
+  absl::StatusOr<OpenAiRequest> r = Chat(R"({"messages": [
+      {"role": "user", "content": "weather?"},
+      {"role": "assistant", "content": null, "tool_calls": [
+          {"id": "call_1", "type": "function",
+           "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
+          {"id": "call_2", "type": "function",
+           "function": {"name": "get_time", "arguments": {"tz": "CET", "fmt": 24}}}]},
+      {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "sunny"}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::ChatPrompt& chat = r->generate.chat();
+  ASSERT_EQ(chat.messages_size(), 3);
+  const v1::ChatMessage& assistant = chat.messages(1);
+  EXPECT_EQ(assistant.role(), "assistant");
+  EXPECT_EQ(assistant.content(), "");
+  ASSERT_EQ(assistant.tool_calls_size(), 2);
+  EXPECT_EQ(assistant.tool_calls(0).id(), "call_1");
+  EXPECT_EQ(assistant.tool_calls(0).name(), "get_weather");
+  EXPECT_EQ(assistant.tool_calls(0).arguments(), "{\"city\": \"Paris\"}");  // the string as sent
+  EXPECT_EQ(assistant.tool_calls(1).id(), "call_2");
+  EXPECT_EQ(assistant.tool_calls(1).name(), "get_time");
+  EXPECT_EQ(Parse(assistant.tool_calls(1).arguments()), Parse(R"({"tz": "CET", "fmt": 24})"));
+  const v1::ChatMessage& tool = chat.messages(2);
+  EXPECT_EQ(tool.role(), "tool");
+  EXPECT_EQ(tool.tool_call_id(), "call_1");
+  EXPECT_EQ(tool.name(), "get_weather");
+  EXPECT_EQ(tool.content(), "sunny");
+
+  ExpectRefused(kChat, R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]})",
+                "messages[0].tool_calls[0].function", "is required");
+  ExpectRefused(kChat,
+                R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {}}]}]})",
+                "messages[0].tool_calls[0].function.name");
+  ExpectRefused(kChat, R"({"messages": [{"role": "assistant", "tool_calls": [
+      {"function": {"name": "f", "arguments": 3}}]}]})",
+                "messages[0].tool_calls[0].function.arguments");
+  ExpectRefused(kChat, R"({"messages": [{"role": "assistant", "tool_calls": {}}]})",
+                "messages[0].tool_calls");
+}
+
+TEST(ChatRequestTest, ToolsBecomeChatTools) {
+  absl::StatusOr<OpenAiRequest> r = Chat(ChatBody(R"("tools": [
+      {"type": "function", "function": {"name": "get_weather", "description": "Weather now",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                       "required": ["city"]}}},
+      {"function": {"name": "noop", "parameters": "{\"type\": \"object\"}"}},
+      {"type": "function", "function": {"name": "bare"}}])"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::ChatPrompt& chat = r->generate.chat();
+  ASSERT_EQ(chat.tools_size(), 3);
+  EXPECT_EQ(chat.tools(0).name(), "get_weather");
+  EXPECT_EQ(chat.tools(0).description(), "Weather now");
+  EXPECT_EQ(Parse(chat.tools(0).parameters()),
+            Parse(R"({"type": "object", "properties": {"city": {"type": "string"}},
+                      "required": ["city"]})"));
+  EXPECT_EQ(chat.tools(1).name(), "noop");
+  EXPECT_EQ(chat.tools(1).parameters(), "{\"type\": \"object\"}");
+  EXPECT_EQ(chat.tools(2).name(), "bare");
+  EXPECT_EQ(chat.tools(2).parameters(), "");
+
+  ExpectRefused(kChat, ChatBody(R"("tools": [{"type": "retrieval", "function": {"name": "f"}}])"),
+                "tools[0].type", "retrieval");
+  ExpectRefused(kChat, ChatBody(R"("tools": [{"type": "function"}])"), "tools[0].function");
+  ExpectRefused(kChat, ChatBody(R"("tools": [{"function": {"parameters": {}}}])"),
+                "tools[0].function.name");
+  ExpectRefused(kChat, ChatBody(R"("tools": [{"function": {"name": "f", "parameters": [1]}}])"),
+                "tools[0].function.parameters");
+  ExpectRefused(kChat, ChatBody(R"("tools": {"function": {"name": "f"}})"), "tools");
+}
+
+TEST(ChatRequestTest, ToolChoice) {
+  const struct {
+    const char* json;
+    v1::ToolChoiceMode mode;
+  } modes[] = {{R"("auto")", v1::TOOL_CHOICE_MODE_AUTO},
+               {R"("none")", v1::TOOL_CHOICE_MODE_NONE},
+               {R"("required")", v1::TOOL_CHOICE_MODE_REQUIRED}};
+  for (const auto& m : modes) {
+    absl::StatusOr<OpenAiRequest> r = Chat(ChatBody(absl::StrCat(R"("tool_choice": )", m.json)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->generate.chat().has_tool_choice()) << m.json;
+    EXPECT_EQ(r->generate.chat().tool_choice().choice_case(), v1::ToolChoice::kMode) << m.json;
+    EXPECT_EQ(r->generate.chat().tool_choice().mode(), m.mode) << m.json;
+  }
+  absl::StatusOr<OpenAiRequest> named =
+      Chat(ChatBody(R"("tool_choice": {"type": "function", "function": {"name": "f"}})"));
+  ASSERT_TRUE(named.ok()) << named.status();
+  EXPECT_EQ(named->generate.chat().tool_choice().choice_case(), v1::ToolChoice::kFunction);
+  EXPECT_EQ(named->generate.chat().tool_choice().function(), "f");
+
+  ExpectRefused(kChat, ChatBody(R"("tool_choice": "any")"), "tool_choice", "\"any\"");
+  ExpectRefused(kChat, ChatBody(R"("tool_choice": 1)"), "tool_choice");
+  ExpectRefused(kChat, ChatBody(R"("tool_choice": {"type": "function"})"),
+                "tool_choice.function.name", "is required");
+  // Absent (or null): no choice set, the proto's default (AUTO).
+  absl::StatusOr<OpenAiRequest> none = Chat(ChatBody(R"("tool_choice": null)"));
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_FALSE(none->generate.chat().has_tool_choice());
+}
+
+TEST(ChatRequestTest, MaxCompletionTokensWinsOverMaxTokens) {
+  absl::StatusOr<OpenAiRequest> both =
+      Chat(ChatBody(R"("max_tokens": 10, "max_completion_tokens": 20)"));
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(both->generate.stopping().max_new_tokens(), 20);
+  EXPECT_EQ(both->params.at("stopping.max_new_tokens"), "max_completion_tokens");
+
+  absl::StatusOr<OpenAiRequest> old = Chat(ChatBody(R"("max_tokens": 10)"));
+  ASSERT_TRUE(old.ok()) << old.status();
+  EXPECT_EQ(old->generate.stopping().max_new_tokens(), 10);
+  EXPECT_EQ(old->params.at("stopping.max_new_tokens"), "max_tokens");
+
+  absl::StatusOr<OpenAiRequest> neither = Chat(ChatBody());
+  ASSERT_TRUE(neither.ok()) << neither.status();
+  EXPECT_EQ(neither->generate.stopping().max_new_tokens(), OpenAiDefaults().chat_max_tokens);
+  EXPECT_EQ(neither->generate.stopping().max_new_tokens(), 4096);
+  EXPECT_FLOAT_EQ(neither->generate.sampling().temperature(), 1.0f);
+
+  OpenAiDefaults defaults;
+  defaults.chat_max_tokens = 321;
+  defaults.completion_max_tokens = 5;
+  absl::StatusOr<OpenAiRequest> custom = Chat(ChatBody(), defaults);
+  ASSERT_TRUE(custom.ok()) << custom.status();
+  EXPECT_EQ(custom->generate.stopping().max_new_tokens(), 321);
+
+  ExpectRefused(kChat, ChatBody(R"("max_completion_tokens": "many")"), "max_completion_tokens");
+}
+
+TEST(ChatRequestTest, LogprobsAndTopLogprobs) {
+  absl::StatusOr<OpenAiRequest> r = Chat(ChatBody(R"("logprobs": true, "top_logprobs": 2)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->logprobs, 2);
+  EXPECT_TRUE(r->generate.response().logprobs());
+  EXPECT_EQ(r->generate.response().top_logprobs(), 2);
+
+  absl::StatusOr<OpenAiRequest> plain = Chat(ChatBody(R"("logprobs": true)"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->logprobs, 0);
+  EXPECT_TRUE(plain->generate.response().logprobs());
+  EXPECT_EQ(plain->generate.response().top_logprobs(), 0);
+
+  absl::StatusOr<OpenAiRequest> off = Chat(ChatBody(R"("logprobs": false)"));
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->logprobs, -1);
+  EXPECT_FALSE(off->generate.response().logprobs());
+
+  ExpectRefused(kChat, ChatBody(R"("top_logprobs": 2)"), "top_logprobs", "needs logprobs");
+  ExpectRefused(kChat, ChatBody(R"("logprobs": false, "top_logprobs": 2)"), "top_logprobs");
+  ExpectRefused(kChat, ChatBody(R"("logprobs": 3)"), "logprobs", "must be a boolean");
+}
+
+TEST(ChatRequestTest, TemplateOptions) {
+  absl::StatusOr<OpenAiRequest> r = Chat(ChatBody(
+      R"("chat_template_kwargs": {"enable_thinking": false, "depth": 2},
+         "add_generation_prompt": false, "continue_final_message": true)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::ChatPrompt& chat = r->generate.chat();
+  EXPECT_EQ(Parse(chat.template_kwargs()), Parse(R"({"enable_thinking": false, "depth": 2})"));
+  ASSERT_TRUE(chat.has_add_generation_prompt());
+  EXPECT_FALSE(chat.add_generation_prompt());
+  EXPECT_TRUE(chat.continue_final_message());
+
+  ExpectRefused(kChat, ChatBody(R"("chat_template_kwargs": "x")"), "chat_template_kwargs");
+  ExpectRefused(kChat, ChatBody(R"("add_generation_prompt": "yes")"), "add_generation_prompt");
+}
+
+TEST(ChatRequestTest, ResponseFormat) {
+  absl::StatusOr<OpenAiRequest> object =
+      Chat(ChatBody(R"("response_format": {"type": "json_object"})"));
+  ASSERT_TRUE(object.ok()) << object.status();
+  ASSERT_TRUE(object->generate.has_structured());
+  EXPECT_EQ(object->generate.structured().constraint_case(), v1::StructuredOutput::kJsonObject);
+  EXPECT_TRUE(object->generate.structured().json_object());
+
+  absl::StatusOr<OpenAiRequest> schema = Chat(ChatBody(R"("response_format": {
+      "type": "json_schema", "json_schema": {"name": "answer", "strict": true,
+        "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}})"));
+  ASSERT_TRUE(schema.ok()) << schema.status();
+  ASSERT_EQ(schema->generate.structured().constraint_case(), v1::StructuredOutput::kJsonSchema);
+  EXPECT_EQ(Parse(schema->generate.structured().json_schema()),
+            Parse(R"({"type": "object", "properties": {"a": {"type": "integer"}}})"));
+  EXPECT_EQ(schema->params.at("structured.json_schema"), "response_format.json_schema.schema");
+
+  absl::StatusOr<OpenAiRequest> text = Chat(ChatBody(R"("response_format": {"type": "text"})"));
+  ASSERT_TRUE(text.ok()) << text.status();
+  EXPECT_FALSE(text->generate.has_structured());
+
+  ExpectRefused(kChat, ChatBody(R"("response_format": {"type": "xml"})"), "response_format.type",
+                "\"xml\"");
+  ExpectRefused(kChat, ChatBody(R"("response_format": {"type": "json_schema"})"),
+                "response_format.json_schema");
+  ExpectRefused(kChat,
+                ChatBody(R"("response_format": {"type": "json_schema", "json_schema": {}})"),
+                "response_format.json_schema.schema", "is required");
+  ExpectRefused(kChat, ChatBody(R"("response_format": "json")"), "response_format");
+}
+
+TEST(ChatRequestTest, GuidedParameters) {
+  absl::StatusOr<OpenAiRequest> json = Chat(ChatBody(
+      R"("guided_json": {"type": "array"}, "guided_whitespace_pattern": "[ ]?")"));
+  ASSERT_TRUE(json.ok()) << json.status();
+  ASSERT_EQ(json->generate.structured().constraint_case(), v1::StructuredOutput::kJsonSchema);
+  EXPECT_EQ(Parse(json->generate.structured().json_schema()), Parse(R"({"type": "array"})"));
+  EXPECT_EQ(json->generate.structured().whitespace_pattern(), "[ ]?");
+  EXPECT_EQ(json->params.at("structured.json_schema"), "guided_json");
+
+  absl::StatusOr<OpenAiRequest> json_text =
+      Chat(ChatBody(R"("guided_json": "{\"type\": \"null\"}")"));
+  ASSERT_TRUE(json_text.ok()) << json_text.status();
+  EXPECT_EQ(json_text->generate.structured().json_schema(), "{\"type\": \"null\"}");
+
+  absl::StatusOr<OpenAiRequest> regex = Chat(ChatBody(R"j("guided_regex": "(yes|no)")j"));
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  ASSERT_EQ(regex->generate.structured().constraint_case(), v1::StructuredOutput::kRegex);
+  EXPECT_EQ(regex->generate.structured().regex(), "(yes|no)");
+
+  absl::StatusOr<OpenAiRequest> choice = Chat(ChatBody(R"("guided_choice": ["red", "blue"])"));
+  ASSERT_TRUE(choice.ok()) << choice.status();
+  ASSERT_EQ(choice->generate.structured().constraint_case(), v1::StructuredOutput::kChoice);
+  EXPECT_THAT(choice->generate.structured().choice().choices(),
+              ::testing::ElementsAre("red", "blue"));
+
+  ExpectRefused(kChat, ChatBody(R"("guided_regex": "a", "guided_choice": ["a"])"),
+                "guided_choice", "only one of");
+  ExpectRefused(kChat,
+                ChatBody(R"("response_format": {"type": "json_object"}, "guided_json": {})"),
+                "guided_json", "only one of");
+  ExpectRefused(kChat, ChatBody(R"("guided_choice": ["a", 1])"), "guided_choice[1]");
+  ExpectRefused(kChat, ChatBody(R"("guided_choice": "a")"), "guided_choice");
+  ExpectRefused(kChat, ChatBody(R"("guided_json": 5)"), "guided_json");
+  ExpectRefused(kChat, ChatBody(R"("guided_whitespace_pattern": " ")"),
+                "guided_whitespace_pattern", "needs a JSON constraint");
+}
+
+// =============================================================================================
+// JSON types, malformed bodies, nulls
+
+TEST(RequestTypesTest, WrongTypesAreRefusedNamingTheParameter) {
+  const struct {
+    const char* more;
+    const char* param;
+  } cases[] = {
+      {R"("temperature": "hot")", "temperature"},
+      {R"("temperature": true)", "temperature"},
+      {R"("top_p": [0.5])", "top_p"},
+      {R"("top_k": 1.5)", "top_k"},
+      {R"("top_k": "5")", "top_k"},
+      {R"("min_p": {})", "min_p"},
+      {R"("repetition_penalty": "1")", "repetition_penalty"},
+      {R"("presence_penalty": false)", "presence_penalty"},
+      {R"("frequency_penalty": "0")", "frequency_penalty"},
+      {R"("seed": "42")", "seed"},
+      {R"("seed": 1.5)", "seed"},
+      {R"("logit_bias": [1])", "logit_bias"},
+      {R"("logit_bias": {"5": "high"})", "logit_bias.5"},
+      {R"("stop": 3)", "stop"},
+      {R"("stop": ["a", 1])", "stop[1]"},
+      {R"("stop_token_ids": 3)", "stop_token_ids"},
+      {R"("stop_token_ids": [1, "2"])", "stop_token_ids[1]"},
+      {R"("ignore_eos": 1)", "ignore_eos"},
+      {R"("min_tokens": "2")", "min_tokens"},
+      {R"("n": "2")", "n"},
+      {R"("stream": "true")", "stream"},
+      {R"("stream_options": true)", "stream_options"},
+      {R"("stream_options": {"include_usage": "yes"})", "stream_options.include_usage"},
+      {R"("model": 3)", "model"},
+      {R"("user": 3)", "user"},
+      {R"("cache_salt": 3)", "cache_salt"},
+      {R"("priority": "high")", "priority"},
+      {R"("request_id": 7)", "request_id"},
+      {R"("max_tokens": "16")", "max_tokens"},
+      {R"("guided_regex": 1)", "guided_regex"},
+      {R"("response_format": {"type": 1})", "response_format.type"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.more);
+    ExpectRefused(kCompletions, CompletionBody(c.more), c.param, "must be");
+    ExpectRefused(kChat, ChatBody(c.more), c.param, "must be");
+  }
+  ExpectRefused(kCompletions, CompletionBody(R"("temperature": "hot")"), "temperature",
+                "must be a number, not a string");
+  ExpectRefused(kCompletions, CompletionBody(R"("logit_bias": {"abc": 1})"), "logit_bias",
+                "not a token id");
+  ExpectRefused(kCompletions, CompletionBody(R"("echo": "yes")"), "echo");
+  ExpectRefused(kCompletions, CompletionBody(R"("best_of": "1")"), "best_of");
+  ExpectRefused(kCompletions, CompletionBody(R"("suffix": 1)"), "suffix");
+  ExpectRefused(kCompletions, CompletionBody(R"("add_special_tokens": 0)"), "add_special_tokens");
+  ExpectRefused(kChat, ChatBody(R"("top_logprobs": "2", "logprobs": true)"), "top_logprobs");
+  ExpectRefused(kChat, ChatBody(R"("continue_final_message": 1)"), "continue_final_message");
+}
+
+TEST(RequestTypesTest, NestedWrongTypesNameTheirPath) {
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": "a", "name": 5}]})",
+                "messages[0].name", "must be a string");
+  ExpectRefused(kChat, R"({"messages": [{"role": "tool", "content": "a", "tool_call_id": 5}]})",
+                "messages[0].tool_call_id", "must be a string");
+  ExpectRefused(kChat, R"({"messages": [{"role": "assistant", "tool_calls": [
+      {"id": 5, "function": {"name": "f"}}]}]})",
+                "messages[0].tool_calls[0].id", "must be a string");
+  ExpectRefused(kChat, R"({"messages": [{"role": "user", "content": [{"type": 1}]}]})",
+                "messages[0].content[0].type", "must be a string");
+  ExpectRefused(kChat, ChatBody(R"("tools": [{"type": 1, "function": {"name": "f"}}])"),
+                "tools[0].type", "must be a string");
+  ExpectRefused(kChat,
+                ChatBody(R"("tools": [{"function": {"name": "f", "description": 1}}])"),
+                "tools[0].function.description", "must be a string");
+}
+
+TEST(RequestTypesTest, MalformedBodiesAreRefused) {
+  for (const char* body : {"", "{", R"({"prompt": "a",})", "not json", R"({"prompt": "a"} x)"}) {
+    absl::StatusOr<OpenAiRequest> r = Completions(body);
+    ASSERT_FALSE(r.ok()) << body;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << body;
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr("request body")) << body;
+  }
+  for (const char* body : {"[]", "\"prompt\"", "3", "null"}) {
+    ExpectRefused(kCompletions, body, "request body", "a JSON object");
+    ExpectRefused(kChat, body, "request body", "a JSON object");
+  }
+  // Nesting deeper than ParseJson's bound is refused, not recursed into.
+  std::string deep = R"({"prompt": "a", "logit_bias": )";
+  for (int i = 0; i < 10000; ++i) deep += "[";
+  absl::StatusOr<OpenAiRequest> r = Completions(deep);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(RequestTypesTest, NullsAreAbsent) {
+  absl::StatusOr<OpenAiRequest> c = Completions(R"({"prompt": "x", "model": null,
+      "temperature": null, "top_p": null, "top_k": null, "min_p": null, "seed": null,
+      "logit_bias": null, "stop": null, "stop_token_ids": null, "ignore_eos": null,
+      "max_tokens": null, "n": null, "stream": null, "stream_options": null, "user": null,
+      "cache_salt": null, "priority": null, "request_id": null, "suffix": null,
+      "best_of": null, "echo": null, "logprobs": null, "add_special_tokens": null,
+      "response_format": null, "guided_json": null, "guided_regex": null,
+      "guided_choice": null, "guided_whitespace_pattern": null, "presence_penalty": null,
+      "frequency_penalty": null, "repetition_penalty": null, "min_tokens": null})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FLOAT_EQ(c->generate.sampling().temperature(), 1.0f);
+  EXPECT_EQ(c->generate.stopping().max_new_tokens(), 16);
+  EXPECT_FALSE(c->generate.sampling().has_seed());
+  EXPECT_EQ(c->logprobs, -1);
+  EXPECT_FALSE(c->generate.has_structured());
+  EXPECT_EQ(c->model, "");
+
+  absl::StatusOr<OpenAiRequest> chat = Chat(R"({"messages": [
+      {"role": "user", "content": null, "name": null, "tool_calls": null,
+       "tool_call_id": null}], "tools": null, "tool_choice": null, "logprobs": null,
+      "top_logprobs": null, "max_completion_tokens": null, "max_tokens": null,
+      "chat_template_kwargs": null, "add_generation_prompt": null,
+      "continue_final_message": null})");
+  ASSERT_TRUE(chat.ok()) << chat.status();
+  EXPECT_EQ(chat->generate.stopping().max_new_tokens(), 4096);
+  EXPECT_EQ(chat->generate.chat().messages(0).content(), "");
+  EXPECT_EQ(chat->generate.chat().tools_size(), 0);
+  EXPECT_FALSE(chat->generate.chat().has_add_generation_prompt());
+  EXPECT_EQ(chat->logprobs, -1);
+}
+
+// =============================================================================================
+// Errors
+
+TEST(OpenAiErrorTest, StatusCodesMapToHttp) {
+  const struct {
+    absl::Status status;
+    int http;
+    const char* type;
+  } cases[] = {
+      {absl::InvalidArgumentError("bad"), 400, "invalid_request_error"},
+      {absl::OutOfRangeError("bad"), 400, "invalid_request_error"},
+      {absl::FailedPreconditionError("bad"), 400, "invalid_request_error"},
+      {absl::UnauthenticatedError("who"), 401, "authentication_error"},
+      {absl::PermissionDeniedError("no"), 403, "permission_error"},
+      {absl::NotFoundError("model"), 404, "not_found_error"},
+      {absl::ResourceExhaustedError("full"), 429, "rate_limit_error"},
+      {absl::UnavailableError("draining"), 503, "service_unavailable"},
+      {absl::DeadlineExceededError("slow"), 504, "timeout"},
+      {absl::CancelledError("gone"), 499, "cancelled"},
+      {absl::InternalError("boom"), 500, "server_error"},
+      {absl::UnknownError("?"), 500, "server_error"},
+  };
+  for (const auto& c : cases) {
+    const OpenAiError e = ToOpenAiError(c.status, nullptr);
+    EXPECT_EQ(e.http_status, c.http) << c.status;
+    EXPECT_EQ(e.type, c.type) << c.status;
+    EXPECT_EQ(e.message, c.status.message()) << c.status;
+    EXPECT_EQ(e.param, "") << c.status;
+    EXPECT_EQ(e.retry_after_ms, 0) << c.status;
+  }
+}
+
+// The message and param ToOpenAiError gives a service error for the request `body`.
+OpenAiError ServiceError(OpenAiEndpoint endpoint, const std::string& body,
+                         const std::string& message) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(endpoint, body, OpenAiDefaults());
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return OpenAiError();
+  return ToOpenAiError(absl::InvalidArgumentError(message), &*r);
+}
+
+TEST(OpenAiErrorTest, FieldPathsBecomeOpenAiParameters) {
+  OpenAiError e = ServiceError(kCompletions, CompletionBody(R"("top_p": 1.5)"),
+                               "sampling.top_p: 1.5 is outside (0, 1]");
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.message, "top_p: 1.5 is outside (0, 1]");
+  EXPECT_EQ(e.param, "top_p");
+
+  e = ServiceError(kChat, ChatBody(R"("max_completion_tokens": 0)"),
+                   "stopping.max_new_tokens: 0 is outside [1, 4096]");
+  EXPECT_EQ(e.message, "max_completion_tokens: 0 is outside [1, 4096]");
+  EXPECT_EQ(e.param, "max_completion_tokens");
+  e = ServiceError(kChat, ChatBody(R"("max_tokens": 0)"),
+                   "stopping.max_new_tokens: 0 is outside [1, 4096]");
+  EXPECT_EQ(e.message, "max_tokens: 0 is outside [1, 4096]");
+  EXPECT_EQ(e.param, "max_tokens");
+  e = ServiceError(kCompletions, CompletionBody(), "stopping.max_new_tokens: too many");
+  EXPECT_EQ(e.param, "max_tokens");
+
+  e = ServiceError(kChat, ChatBody(), "chat.messages[2].role: must be 1 to 64 bytes");
+  EXPECT_EQ(e.message, "messages[2].role: must be 1 to 64 bytes");
+  EXPECT_EQ(e.param, "messages[2].role");
+  e = ServiceError(kChat, ChatBody(), "chat: the server has no chat template");
+  EXPECT_EQ(e.param, "messages");
+  EXPECT_EQ(e.message, "messages: the server has no chat template");
+
+  e = ServiceError(kChat, ChatBody(R"("tools": [{"function": {"name": "f"}}])"),
+                   "chat.tools[0].parameters: must be a JSON object");
+  EXPECT_EQ(e.message, "tools[0].function.parameters: must be a JSON object");
+  EXPECT_EQ(e.param, "tools[0].function.parameters");
+  e = ServiceError(kChat, ChatBody(), "chat.tools: more than 128 tools");
+  EXPECT_EQ(e.param, "tools");
+  e = ServiceError(kChat, ChatBody(), "chat.tool_choice: needs chat.tools");
+  EXPECT_EQ(e.param, "tool_choice");
+  e = ServiceError(kChat, ChatBody(), "chat.template_kwargs: may not set 'messages'");
+  EXPECT_EQ(e.param, "chat_template_kwargs");
+
+  e = ServiceError(kChat, ChatBody(R"("guided_json": {"type": "object"})"),
+                   "structured.json_schema: keyword 'oneOf' is not supported");
+  EXPECT_EQ(e.message, "guided_json: keyword 'oneOf' is not supported");
+  EXPECT_EQ(e.param, "guided_json");
+  e = ServiceError(kChat, ChatBody(R"("response_format": {"type": "json_schema",
+                                      "json_schema": {"schema": {"type": "object"}}})"),
+                   "structured.json_schema.properties: not an object");
+  EXPECT_EQ(e.message, "response_format.json_schema.schema.properties: not an object");
+  EXPECT_EQ(e.param, "response_format.json_schema.schema.properties");
+  e = ServiceError(kChat, ChatBody(R"("guided_regex": "(")"), "structured.regex: unbalanced");
+  EXPECT_EQ(e.param, "guided_regex");
+
+  e = ServiceError(kCompletions, CompletionBody(R"("logprobs": 30)"),
+                   "response.top_logprobs: 30 is outside [0, 20]");
+  EXPECT_EQ(e.param, "logprobs");
+  e = ServiceError(kChat, ChatBody(R"("logprobs": true, "top_logprobs": 30)"),
+                   "response.top_logprobs: 30 is outside [0, 20]");
+  EXPECT_EQ(e.param, "top_logprobs");
+  e = ServiceError(kCompletions, CompletionBody(), "text: prompt is empty");
+  EXPECT_EQ(e.message, "prompt: prompt is empty");
+  EXPECT_EQ(e.param, "prompt");
+  e = ServiceError(kCompletions, CompletionBody(), "token_ids: id 99999 at index 0 is too big");
+  EXPECT_EQ(e.param, "prompt");
+  e = ServiceError(kCompletions, CompletionBody(R"("n": 40)"), "n: 40 is outside [1, 16] (0: 1)");
+  EXPECT_EQ(e.param, "n");
+  EXPECT_EQ(e.message, "n: 40 is outside [1, 16] (0: 1)");
+  e = ServiceError(kCompletions, CompletionBody(), "sampling.logit_bias: token id 1 is big");
+  EXPECT_EQ(e.param, "logit_bias");
+  e = ServiceError(kCompletions, CompletionBody(), "stopping.stop_sequences: more than 16");
+  EXPECT_EQ(e.param, "stop");
+}
+
+TEST(OpenAiErrorTest, PathsMatchWholeFieldNamesOnly) {
+  // "sampling.top_pp" is not "sampling.top_p" followed by more of a path.
+  OpenAiError e = ServiceError(kCompletions, CompletionBody(), "sampling.top_pp: odd");
+  EXPECT_EQ(e.message, "sampling.top_pp: odd");
+  EXPECT_EQ(e.param, "sampling.top_pp");  // no OpenAI name: the path as it is
+  // Without the request, or with a message that is not a field path, nothing is rewritten.
+  e = ToOpenAiError(absl::InvalidArgumentError("sampling.top_p: 1.5 is outside (0, 1]"), nullptr);
+  EXPECT_EQ(e.message, "sampling.top_p: 1.5 is outside (0, 1]");
+  EXPECT_EQ(e.param, "sampling.top_p");
+  e = ServiceError(kCompletions, CompletionBody(), "request body: not JSON");
+  EXPECT_EQ(e.message, "request body: not JSON");
+  EXPECT_EQ(e.param, "");
+  e = ServiceError(kCompletions, CompletionBody(), "no path here");
+  EXPECT_EQ(e.message, "no path here");
+  EXPECT_EQ(e.param, "");
+  // Not a 400: neither rewritten nor given a param.
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("top_p": 0.5)"));
+  ASSERT_TRUE(r.ok());
+  e = ToOpenAiError(absl::InternalError("sampling.top_p: device lost"), &*r);
+  EXPECT_EQ(e.http_status, 500);
+  EXPECT_EQ(e.message, "sampling.top_p: device lost");
+  EXPECT_EQ(e.param, "");
+}
+
+TEST(OpenAiErrorTest, ParseErrorsKeepTheirParameter) {
+  absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("temperature": "hot")"));
+  ASSERT_FALSE(r.ok());
+  OpenAiError e = ToOpenAiError(r.status(), nullptr);
+  EXPECT_EQ(e.http_status, 400);
+  EXPECT_EQ(e.param, "temperature");
+  EXPECT_THAT(e.message, StartsWith("temperature: "));
+
+  r = Chat(R"({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]})");
+  ASSERT_FALSE(r.ok());
+  e = ToOpenAiError(r.status(), nullptr);
+  EXPECT_EQ(e.param, "messages[0].content[0].type");
+}
+
+TEST(OpenAiErrorTest, RetryAfterIsCarried) {
+  OpenAiError e = ToOpenAiError(absl::ResourceExhaustedError("queue full"), nullptr, 250);
+  EXPECT_EQ(e.http_status, 429);
+  EXPECT_EQ(e.retry_after_ms, 250);
+  e = ToOpenAiError(absl::UnavailableError("draining"), nullptr, 1000);
+  EXPECT_EQ(e.http_status, 503);
+  EXPECT_EQ(e.retry_after_ms, 1000);
+}
+
+TEST(OpenAiErrorTest, JsonShape) {
+  OpenAiError e = ServiceError(kCompletions, CompletionBody(R"("top_p": 1.5)"),
+                               "sampling.top_p: 1.5 is outside (0, 1]");
+  Json j = Parse(e.Json());
+  ASSERT_TRUE(j.is_object());
+  ASSERT_EQ(j.size(), 1u);
+  const Json& error = j.at("error");
+  ASSERT_EQ(error.size(), 4u);
+  EXPECT_EQ(error.at("message"), "top_p: 1.5 is outside (0, 1]");
+  EXPECT_EQ(error.at("type"), "invalid_request_error");
+  EXPECT_EQ(error.at("param"), "top_p");
+  EXPECT_EQ(error.at("code"), 400);
+
+  Json none = Parse(ToOpenAiError(absl::UnavailableError("draining \"now\"\n"), nullptr).Json());
+  EXPECT_TRUE(none.at("error").at("param").is_null());
+  EXPECT_EQ(none.at("error").at("message"), "draining \"now\"\n");
+  EXPECT_EQ(none.at("error").at("type"), "service_unavailable");
+  EXPECT_EQ(none.at("error").at("code"), 503);
+
+  // A stream's error event is the same body, framed as one event.
+  const std::string event = OpenAiReply::StreamError(e);
+  EXPECT_EQ(event, absl::StrCat("data: ", e.Json(), "\n\n"));
+}
+
+TEST(OpenAiErrorTest, InvalidUtf8InAMessageStillMakesJson) {
+  OpenAiError e = ToOpenAiError(absl::InvalidArgumentError("text: bad byte \xff here"), nullptr);
+  const std::string body = e.Json();
+  Json j = Parse(body);
+  EXPECT_TRUE(j.at("error").at("message").is_string());
+}
+
+TEST(FinishReasonTest, Mapping) {
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_EOS), "stop");
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_STOP), "stop");
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_LENGTH), "length");
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_TIME_LIMIT), "length");
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_TOOL_CALLS), "tool_calls");
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_CANCELLED), "abort");
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_ERROR), "error");
+  EXPECT_EQ(OpenAiFinishReason(v1::FINISH_REASON_UNSPECIFIED), "");
+}
+
+// =============================================================================================
+// Non-streaming replies
+
+OpenAiRequest MustParse(OpenAiEndpoint endpoint, const std::string& body) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(endpoint, body, OpenAiDefaults());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *std::move(r) : OpenAiRequest();
+}
+
+TEST(OpenAiReplyTest, CompletionsBodyWithInterleavedChoices) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("n": 2)"));
+  OpenAiReply reply(request, &Gpt2(), "cmpl-1", 1700000000, "served");
+  reply.Add(Delta(0, "Hel"));
+  reply.Add(Delta(1, "Good"));
+  reply.Add(Delta(0, "lo"));
+  reply.Add(Final(1, "bye", v1::FINISH_REASON_LENGTH, 5, 2, 4));
+  reply.Add(Final(0, " world", v1::FINISH_REASON_STOP, 5, 3, 4, "\n\n"));
+  EXPECT_EQ(reply.engine_error(), "");
+
+  const Json body = Parse(reply.Body());
+  EXPECT_EQ(body.at("id"), "cmpl-1");
+  EXPECT_EQ(body.at("object"), "text_completion");
+  EXPECT_EQ(body.at("created"), 1700000000);
+  EXPECT_EQ(body.at("model"), "served");
+  const Json& choices = body.at("choices");
+  ASSERT_EQ(choices.size(), 2u);
+  EXPECT_EQ(choices[0].at("index"), 0);
+  EXPECT_EQ(choices[0].at("text"), "Hello world");
+  EXPECT_EQ(choices[0].at("finish_reason"), "stop");
+  EXPECT_EQ(choices[0].at("stop_reason"), "\n\n");
+  EXPECT_TRUE(choices[0].at("logprobs").is_null());
+  EXPECT_EQ(choices[1].at("index"), 1);
+  EXPECT_EQ(choices[1].at("text"), "Goodbye");
+  EXPECT_EQ(choices[1].at("finish_reason"), "length");
+  EXPECT_TRUE(choices[1].at("stop_reason").is_null());
+  const Json& usage = body.at("usage");
+  EXPECT_EQ(usage.at("prompt_tokens"), 5);  // one prompt for both completions
+  EXPECT_EQ(usage.at("completion_tokens"), 5);
+  EXPECT_EQ(usage.at("total_tokens"), 10);
+  EXPECT_EQ(usage.at("prompt_tokens_details").at("cached_tokens"), 4);
+}
+
+TEST(OpenAiReplyTest, FinishReasonsInTheBody) {
+  const struct {
+    v1::FinishReason reason;
+    const char* want;
+  } cases[] = {{v1::FINISH_REASON_EOS, "stop"},
+               {v1::FINISH_REASON_STOP, "stop"},
+               {v1::FINISH_REASON_LENGTH, "length"},
+               {v1::FINISH_REASON_TOOL_CALLS, "tool_calls"},
+               {v1::FINISH_REASON_CANCELLED, "abort"}};
+  for (const auto& c : cases) {
+    for (OpenAiEndpoint endpoint : {kCompletions, kChat}) {
+      const OpenAiRequest request =
+          MustParse(endpoint, endpoint == kChat ? ChatBody() : CompletionBody());
+      OpenAiReply reply(request, &Gpt2(), "id", 1, "m");
+      reply.Add(Final(0, "x", c.reason, 1, 1));
+      const Json body = Parse(reply.Body());
+      ASSERT_EQ(body.at("choices").size(), 1u);
+      EXPECT_EQ(body.at("choices")[0].at("finish_reason"), c.want) << c.want;
+      EXPECT_TRUE(body.at("choices")[0].at("stop_reason").is_null());
+    }
+  }
+}
+
+TEST(OpenAiReplyTest, UsageCountsThePromptOnceAndTheCompletionsTogether) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody(R"("n": 3)"));
+  OpenAiReply reply(request, nullptr, "chatcmpl-1", 1, "m");
+  reply.Add(Final(2, "c", v1::FINISH_REASON_EOS, 12, 7, 8));
+  reply.Add(Final(0, "a", v1::FINISH_REASON_EOS, 12, 1, 0));
+  reply.Add(Final(1, "b", v1::FINISH_REASON_EOS, 12, 4, 8));
+  const Json body = Parse(reply.Body());
+  ASSERT_EQ(body.at("choices").size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(body.at("choices")[i].at("index"), i);
+    EXPECT_EQ(body.at("choices")[i].at("message").at("content"), std::string(1, 'a' + i));
+  }
+  EXPECT_EQ(body.at("usage").at("prompt_tokens"), 12);
+  EXPECT_EQ(body.at("usage").at("completion_tokens"), 12);
+  EXPECT_EQ(body.at("usage").at("total_tokens"), 24);
+  EXPECT_EQ(body.at("usage").at("prompt_tokens_details").at("cached_tokens"), 8);
+}
+
+TEST(OpenAiReplyTest, ChatBody) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody());
+  OpenAiReply reply(request, &Gpt2(), "chatcmpl-7", 1700000001, "served");
+  reply.Add(Delta(0, "Hi"));
+  reply.Add(Delta(0, ""));
+  reply.Add(Final(0, " there.", v1::FINISH_REASON_EOS, 9, 3));
+  const Json body = Parse(reply.Body());
+  EXPECT_EQ(body.at("id"), "chatcmpl-7");
+  EXPECT_EQ(body.at("object"), "chat.completion");
+  EXPECT_EQ(body.at("created"), 1700000001);
+  EXPECT_EQ(body.at("model"), "served");
+  ASSERT_EQ(body.at("choices").size(), 1u);
+  const Json& choice = body.at("choices")[0];
+  EXPECT_EQ(choice.at("index"), 0);
+  EXPECT_EQ(choice.at("message").at("role"), "assistant");
+  EXPECT_EQ(choice.at("message").at("content"), "Hi there.");
+  EXPECT_FALSE(choice.at("message").contains("tool_calls"));
+  EXPECT_TRUE(choice.at("logprobs").is_null());
+  EXPECT_EQ(choice.at("finish_reason"), "stop");
+  EXPECT_EQ(body.at("usage").at("prompt_tokens"), 9);
+  EXPECT_EQ(body.at("usage").at("completion_tokens"), 3);
+  EXPECT_EQ(body.at("usage").at("total_tokens"), 12);
+  EXPECT_EQ(body.at("usage").at("prompt_tokens_details").at("cached_tokens"), 0);
+}
+
+TEST(OpenAiReplyTest, ChatToolCalls) {
+  const OpenAiRequest request =
+      MustParse(kChat, ChatBody(R"("n": 2, "tools": [{"function": {"name": "get_weather"}}])"));
+  OpenAiReply reply(request, nullptr, "chatcmpl-2", 1, "m");
+  v1::GenerateResponse calls = Final(0, "", v1::FINISH_REASON_TOOL_CALLS, 20, 15);
+  AddToolCall(&calls, "call_0123456789abcdef01234567", "get_weather", R"({"city":"Paris"})");
+  AddToolCall(&calls, "call_76543210fedcba9876543210", "get_weather", R"({"city":"Rome"})");
+  reply.Add(calls);
+  v1::GenerateResponse with_text =
+      Final(1, "Let me check.", v1::FINISH_REASON_TOOL_CALLS, 20, 10);
+  AddToolCall(&with_text, "call_x", "get_weather", "{}");
+  reply.Add(with_text);
+
+  const Json body = Parse(reply.Body());
+  ASSERT_EQ(body.at("choices").size(), 2u);
+  const Json& first = body.at("choices")[0];
+  EXPECT_EQ(first.at("finish_reason"), "tool_calls");
+  const Json& message = first.at("message");
+  EXPECT_EQ(message.at("role"), "assistant");
+  EXPECT_TRUE(message.at("content").is_null());  // no text: null, as OpenAI writes it
+  const Json& tool_calls = message.at("tool_calls");
+  ASSERT_EQ(tool_calls.size(), 2u);
+  EXPECT_EQ(tool_calls[0].at("id"), "call_0123456789abcdef01234567");
+  EXPECT_EQ(tool_calls[0].at("type"), "function");
+  EXPECT_EQ(tool_calls[0].at("function").at("name"), "get_weather");
+  EXPECT_EQ(tool_calls[0].at("function").at("arguments"), R"({"city":"Paris"})");  // a string
+  EXPECT_FALSE(tool_calls[0].contains("index"));  // only stream deltas have an index
+  EXPECT_EQ(tool_calls[1].at("id"), "call_76543210fedcba9876543210");
+  EXPECT_EQ(tool_calls[1].at("function").at("arguments"), R"({"city":"Rome"})");
+
+  const Json& second = body.at("choices")[1].at("message");
+  EXPECT_EQ(second.at("content"), "Let me check.");
+  ASSERT_EQ(second.at("tool_calls").size(), 1u);
+  EXPECT_EQ(second.at("tool_calls")[0].at("id"), "call_x");
+  EXPECT_EQ(body.at("usage").at("completion_tokens"), 25);
+}
+
+TEST(OpenAiReplyTest, CompletionsLogprobs) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("logprobs": 2)"));
+  const int32_t hello = OneToken("Hello");
+  const int32_t world = OneToken(" world");
+  const int32_t there = OneToken(" there");
+  const int32_t bang = OneToken("!");
+  OpenAiReply reply(request, &Gpt2(), "cmpl-2", 1, "m");
+  v1::GenerateResponse m1 = Delta(0, "Hello");
+  AddLogprob(&m1, hello, -0.5f, {{hello, -0.5f}, {there, -2.0f}});
+  reply.Add(m1);
+  v1::GenerateResponse m2 = Final(0, " world!", v1::FINISH_REASON_LENGTH, 3, 3);
+  AddLogprob(&m2, world, -1.25f, {{world, -1.25f}, {there, -1.5f}});
+  AddLogprob(&m2, bang, -0.25f, {{bang, -0.25f}, {world, -3.0f}});
+  reply.Add(m2);
+
+  const Json body = Parse(reply.Body());
+  const Json& choice = body.at("choices")[0];
+  EXPECT_EQ(choice.at("text"), "Hello world!");
+  const Json& lp = choice.at("logprobs");
+  ASSERT_TRUE(lp.is_object());
+  EXPECT_EQ(lp.at("tokens"), Json::array({"Hello", " world", "!"}));
+  ASSERT_EQ(lp.at("token_logprobs").size(), 3u);
+  EXPECT_FLOAT_EQ(lp.at("token_logprobs")[0].get<float>(), -0.5f);
+  EXPECT_FLOAT_EQ(lp.at("token_logprobs")[1].get<float>(), -1.25f);
+  EXPECT_FLOAT_EQ(lp.at("token_logprobs")[2].get<float>(), -0.25f);
+  const Json& top = lp.at("top_logprobs");
+  ASSERT_EQ(top.size(), 3u);
+  ASSERT_TRUE(top[0].is_object());
+  ASSERT_EQ(top[0].size(), 2u);
+  EXPECT_FLOAT_EQ(top[0].at("Hello").get<float>(), -0.5f);
+  EXPECT_FLOAT_EQ(top[0].at(" there").get<float>(), -2.0f);
+  EXPECT_FLOAT_EQ(top[1].at(" world").get<float>(), -1.25f);
+  EXPECT_FLOAT_EQ(top[1].at(" there").get<float>(), -1.5f);
+  EXPECT_FLOAT_EQ(top[2].at("!").get<float>(), -0.25f);
+  EXPECT_FLOAT_EQ(top[2].at(" world").get<float>(), -3.0f);
+  // Each token starts where the previous one's text ends.
+  EXPECT_EQ(lp.at("text_offset"), Json::array({0, 5, 11}));
+}
+
+TEST(OpenAiReplyTest, CompletionsLogprobsWithoutTopAlternatives) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("logprobs": 0)"));
+  OpenAiReply reply(request, &Gpt2(), "cmpl-3", 1, "m");
+  v1::GenerateResponse m = Final(0, "Hello", v1::FINISH_REASON_EOS, 1, 1);
+  AddLogprob(&m, OneToken("Hello"), -0.75f);
+  reply.Add(m);
+  const Json lp = Parse(reply.Body()).at("choices")[0].at("logprobs");
+  EXPECT_EQ(lp.at("tokens"), Json::array({"Hello"}));
+  ASSERT_EQ(lp.at("top_logprobs").size(), 1u);
+  EXPECT_TRUE(lp.at("top_logprobs")[0].is_object());
+  EXPECT_TRUE(lp.at("top_logprobs")[0].empty());
+  EXPECT_EQ(lp.at("text_offset"), Json::array({0}));
+}
+
+TEST(OpenAiReplyTest, ChatLogprobs) {
+  const OpenAiRequest request =
+      MustParse(kChat, ChatBody(R"("logprobs": true, "top_logprobs": 1)"));
+  const int32_t hello = OneToken("Hello");
+  const int32_t there = OneToken(" there");
+  // A byte-level token holding the first byte of a three-byte character (U+2019 is E2 80 99).
+  const std::optional<int32_t> lead = Gpt2().TokenToId("\xC3\xA2");  // "â" spells byte 0xE2
+  ASSERT_TRUE(lead.has_value());
+  ASSERT_EQ(Gpt2().DecodeBytes({*lead}, false), "\xE2");
+
+  OpenAiReply reply(request, &Gpt2(), "chatcmpl-3", 1, "m");
+  v1::GenerateResponse m1 = Delta(0, "Hello");
+  AddLogprob(&m1, hello, -0.5f, {{there, -1.0f}});
+  reply.Add(m1);
+  v1::GenerateResponse m2 = Final(0, "", v1::FINISH_REASON_LENGTH, 2, 2);
+  AddLogprob(&m2, *lead, -2.5f, {{hello, -3.0f}});
+  reply.Add(m2);
+
+  const Json body = Parse(reply.Body());
+  const Json& lp = body.at("choices")[0].at("logprobs");
+  ASSERT_TRUE(lp.is_object());
+  const Json& content = lp.at("content");
+  ASSERT_EQ(content.size(), 2u);
+  EXPECT_EQ(content[0].at("token"), "Hello");
+  EXPECT_FLOAT_EQ(content[0].at("logprob").get<float>(), -0.5f);
+  EXPECT_EQ(content[0].at("bytes"), Bytes("Hello"));
+  ASSERT_EQ(content[0].at("top_logprobs").size(), 1u);
+  EXPECT_EQ(content[0].at("top_logprobs")[0].at("token"), " there");
+  EXPECT_FLOAT_EQ(content[0].at("top_logprobs")[0].at("logprob").get<float>(), -1.0f);
+  EXPECT_EQ(content[0].at("top_logprobs")[0].at("bytes"),
+            Bytes(" there"));
+  EXPECT_FALSE(content[0].at("top_logprobs")[0].contains("top_logprobs"));
+  // Half a character: the text is repaired (valid UTF-8), the bytes are exact.
+  EXPECT_EQ(content[1].at("token"), Gpt2().Decode({*lead}, false));
+  EXPECT_NE(content[1].at("token"), "\xE2");
+  EXPECT_EQ(content[1].at("bytes"), Json::array({0xE2}));
+  EXPECT_FLOAT_EQ(content[1].at("logprob").get<float>(), -2.5f);
+  EXPECT_EQ(content[1].at("top_logprobs")[0].at("token"), "Hello");
+}
+
+TEST(OpenAiReplyTest, ChatLogprobsAskedButNoneCame) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody(R"("logprobs": true)"));
+  OpenAiReply reply(request, &Gpt2(), "chatcmpl-4", 1, "m");
+  reply.Add(Final(0, "ok", v1::FINISH_REASON_EOS, 1, 1));
+  const Json lp = Parse(reply.Body()).at("choices")[0].at("logprobs");
+  ASSERT_TRUE(lp.is_object());
+  EXPECT_TRUE(lp.at("content").is_array());
+  EXPECT_TRUE(lp.at("content").empty());
+}
+
+TEST(OpenAiReplyTest, NoTokenizerSpellsTokensEmpty) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody(R"("logprobs": true)"));
+  OpenAiReply reply(request, nullptr, "chatcmpl-5", 1, "m");
+  v1::GenerateResponse m = Final(0, "Hello", v1::FINISH_REASON_EOS, 1, 1);
+  AddLogprob(&m, 15496, -0.5f);
+  reply.Add(m);
+  const Json content = Parse(reply.Body()).at("choices")[0].at("logprobs").at("content");
+  ASSERT_EQ(content.size(), 1u);
+  EXPECT_EQ(content[0].at("token"), "");
+  EXPECT_TRUE(content[0].at("bytes").empty());
+  EXPECT_FLOAT_EQ(content[0].at("logprob").get<float>(), -0.5f);
+}
+
+TEST(OpenAiReplyTest, EchoPrependsThePrompt) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("echo": true, "n": 2)"));
+  OpenAiReply reply(request, &Gpt2(), "cmpl-4", 1, "m", "Once upon");
+  reply.Add(Delta(0, " a"));
+  reply.Add(Final(0, " time", v1::FINISH_REASON_LENGTH, 2, 2));
+  reply.Add(Final(1, " the", v1::FINISH_REASON_LENGTH, 2, 1));
+  const Json body = Parse(reply.Body());
+  EXPECT_EQ(body.at("choices")[0].at("text"), "Once upon a time");
+  EXPECT_EQ(body.at("choices")[1].at("text"), "Once upon the");
+
+  // Without echo the prompt text is not written.
+  const OpenAiRequest plain = MustParse(kCompletions, CompletionBody());
+  OpenAiReply no_echo(plain, &Gpt2(), "cmpl-5", 1, "m", "Once upon");
+  no_echo.Add(Final(0, " a time", v1::FINISH_REASON_LENGTH, 2, 2));
+  EXPECT_EQ(Parse(no_echo.Body()).at("choices")[0].at("text"), " a time");
+}
+
+TEST(OpenAiReplyTest, EngineErrorIsKept) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("n": 2)"));
+  OpenAiReply reply(request, nullptr, "cmpl-6", 1, "m");
+  reply.Add(Final(0, "ok", v1::FINISH_REASON_EOS, 1, 1));
+  EXPECT_EQ(reply.engine_error(), "");
+  v1::GenerateResponse failed = Final(1, "", v1::FINISH_REASON_ERROR, 1, 0);
+  failed.mutable_finished()->set_error("device lost");
+  reply.Add(failed);
+  EXPECT_EQ(reply.engine_error(), "device lost");
+  // The first error is the one kept.
+  v1::GenerateResponse later = Final(1, "", v1::FINISH_REASON_ERROR, 1, 0);
+  later.mutable_finished()->set_error("second");
+  reply.Add(later);
+  EXPECT_EQ(reply.engine_error(), "device lost");
+
+  // Streaming records it too.
+  OpenAiReply stream(request, nullptr, "cmpl-7", 1, "m");
+  const std::string sse = stream.StreamMessage(failed);
+  EXPECT_EQ(stream.engine_error(), "device lost");
+  const std::vector<Json> chunks = SseChunks(sse);
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].at("choices")[0].at("finish_reason"), "error");
+}
+
+TEST(OpenAiReplyTest, ChoicesWithoutMessagesStillAppear) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("n": 2)"));
+  OpenAiReply reply(request, nullptr, "cmpl-8", 1, "m");
+  reply.Add(Final(1, "only", v1::FINISH_REASON_EOS, 1, 1));
+  const Json body = Parse(reply.Body());
+  ASSERT_EQ(body.at("choices").size(), 2u);
+  EXPECT_EQ(body.at("choices")[0].at("index"), 0);
+  EXPECT_EQ(body.at("choices")[0].at("text"), "");
+  EXPECT_EQ(body.at("choices")[1].at("text"), "only");
+}
+
+// =============================================================================================
+// Streaming replies
+
+TEST(OpenAiStreamTest, ChatStartGivesEachChoiceItsRole) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody(R"("n": 2, "stream": true)"));
+  OpenAiReply reply(request, &Gpt2(), "chatcmpl-s", 1700000002, "served");
+  const std::vector<Json> chunks = SseChunks(reply.StreamStart());
+  ASSERT_EQ(chunks.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const Json& c = chunks[i];
+    EXPECT_EQ(c.at("id"), "chatcmpl-s");
+    EXPECT_EQ(c.at("object"), "chat.completion.chunk");
+    EXPECT_EQ(c.at("created"), 1700000002);
+    EXPECT_EQ(c.at("model"), "served");
+    ASSERT_EQ(c.at("choices").size(), 1u);
+    EXPECT_EQ(c.at("choices")[0].at("index"), i);
+    EXPECT_EQ(c.at("choices")[0].at("delta").at("role"), "assistant");
+    EXPECT_EQ(c.at("choices")[0].at("delta").value("content", std::string("x")), "");
+    EXPECT_TRUE(c.at("choices")[0].at("finish_reason").is_null());
+  }
+}
+
+TEST(OpenAiStreamTest, CompletionsStartIsEmpty) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("stream": true)"));
+  OpenAiReply reply(request, &Gpt2(), "cmpl-s", 1, "m");
+  EXPECT_EQ(reply.StreamStart(), "");
+}
+
+TEST(OpenAiStreamTest, ChatChunks) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody(R"("stream": true)"));
+  OpenAiReply reply(request, &Gpt2(), "chatcmpl-s", 5, "served");
+  const std::string first = reply.StreamMessage(Delta(0, "Hi"));
+  EXPECT_THAT(first, StartsWith("data: {"));
+  EXPECT_TRUE(absl::EndsWith(first, "}\n\n")) << first;
+  std::vector<Json> chunks = SseChunks(first);
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].at("id"), "chatcmpl-s");
+  EXPECT_EQ(chunks[0].at("object"), "chat.completion.chunk");
+  EXPECT_EQ(chunks[0].at("created"), 5);
+  EXPECT_EQ(chunks[0].at("model"), "served");
+  ASSERT_EQ(chunks[0].at("choices").size(), 1u);
+  const Json& choice = chunks[0].at("choices")[0];
+  EXPECT_EQ(choice.at("index"), 0);
+  EXPECT_EQ(choice.at("delta").at("content"), "Hi");
+  EXPECT_FALSE(choice.at("delta").contains("role"));
+  EXPECT_TRUE(choice.at("logprobs").is_null());
+  EXPECT_TRUE(choice.at("finish_reason").is_null());
+
+  // Nothing to say: no event at all.
+  EXPECT_EQ(reply.StreamMessage(Delta(0, "")), "");
+
+  chunks = SseChunks(reply.StreamMessage(Final(0, "", v1::FINISH_REASON_STOP, 3, 2, 0, "END")));
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& last = chunks[0].at("choices")[0];
+  EXPECT_TRUE(last.at("delta").is_object());
+  EXPECT_TRUE(last.at("delta").empty());
+  EXPECT_EQ(last.at("finish_reason"), "stop");
+  EXPECT_EQ(last.at("stop_reason"), "END");
+  EXPECT_FALSE(chunks[0].contains("usage"));
+}
+
+TEST(OpenAiStreamTest, CompletionsChunks) {
+  const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("stream": true)"));
+  OpenAiReply reply(request, &Gpt2(), "cmpl-s", 5, "served");
+  std::vector<Json> chunks = SseChunks(reply.StreamMessage(Delta(0, "Hel")));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].at("object"), "text_completion");
+  EXPECT_EQ(chunks[0].at("id"), "cmpl-s");
+  const Json& choice = chunks[0].at("choices")[0];
+  EXPECT_EQ(choice.at("index"), 0);
+  EXPECT_EQ(choice.at("text"), "Hel");
+  EXPECT_TRUE(choice.at("logprobs").is_null());
+  EXPECT_TRUE(choice.at("finish_reason").is_null());
+  EXPECT_EQ(reply.StreamMessage(Delta(0, "")), "");
+  chunks = SseChunks(reply.StreamMessage(Final(0, "lo", v1::FINISH_REASON_LENGTH, 1, 2)));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].at("choices")[0].at("text"), "lo");
+  EXPECT_EQ(chunks[0].at("choices")[0].at("finish_reason"), "length");
+  EXPECT_TRUE(chunks[0].at("choices")[0].at("stop_reason").is_null());
+}
+
+TEST(OpenAiStreamTest, ToolCallsInTheFinalDelta) {
+  const OpenAiRequest request = MustParse(
+      kChat, ChatBody(R"("stream": true, "tools": [{"function": {"name": "f"}}])"));
+  OpenAiReply reply(request, nullptr, "chatcmpl-t", 1, "m");
+  v1::GenerateResponse m = Final(0, "", v1::FINISH_REASON_TOOL_CALLS, 4, 9);
+  AddToolCall(&m, "call_a", "f", R"({"x":1})");
+  AddToolCall(&m, "call_b", "g", "{}");
+  const std::vector<Json> chunks = SseChunks(reply.StreamMessage(m));
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& choice = chunks[0].at("choices")[0];
+  EXPECT_EQ(choice.at("finish_reason"), "tool_calls");
+  EXPECT_FALSE(choice.at("delta").contains("content"));
+  const Json& calls = choice.at("delta").at("tool_calls");
+  ASSERT_EQ(calls.size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(calls[i].at("index"), i);
+    EXPECT_EQ(calls[i].at("type"), "function");
+  }
+  EXPECT_EQ(calls[0].at("id"), "call_a");
+  EXPECT_EQ(calls[0].at("function").at("name"), "f");
+  EXPECT_EQ(calls[0].at("function").at("arguments"), R"({"x":1})");
+  EXPECT_EQ(calls[1].at("id"), "call_b");
+  EXPECT_EQ(calls[1].at("function").at("name"), "g");
+}
+
+TEST(OpenAiStreamTest, EndWithUsage) {
+  const OpenAiRequest request = MustParse(
+      kChat, ChatBody(R"("n": 2, "stream": true, "stream_options": {"include_usage": true})"));
+  ASSERT_TRUE(request.include_usage);
+  OpenAiReply reply(request, nullptr, "chatcmpl-u", 3, "m");
+  reply.StreamMessage(Final(0, "a", v1::FINISH_REASON_EOS, 6, 2, 3));
+  reply.StreamMessage(Final(1, "b", v1::FINISH_REASON_LENGTH, 6, 5, 3));
+  const std::string end = reply.StreamEnd();
+  EXPECT_TRUE(absl::EndsWith(end, "data: [DONE]\n\n")) << end;
+  const std::vector<std::string> payloads = SsePayloads(end);
+  ASSERT_EQ(payloads.size(), 2u);
+  EXPECT_EQ(payloads[1], "[DONE]");
+  const Json usage_chunk = Parse(payloads[0]);
+  EXPECT_EQ(usage_chunk.at("id"), "chatcmpl-u");
+  EXPECT_EQ(usage_chunk.at("object"), "chat.completion.chunk");
+  EXPECT_TRUE(usage_chunk.at("choices").is_array());
+  EXPECT_TRUE(usage_chunk.at("choices").empty());
+  EXPECT_EQ(usage_chunk.at("usage").at("prompt_tokens"), 6);
+  EXPECT_EQ(usage_chunk.at("usage").at("completion_tokens"), 7);
+  EXPECT_EQ(usage_chunk.at("usage").at("total_tokens"), 13);
+  EXPECT_EQ(usage_chunk.at("usage").at("prompt_tokens_details").at("cached_tokens"), 3);
+
+  const OpenAiRequest completions = MustParse(
+      kCompletions, CompletionBody(R"("stream": true, "stream_options": {"include_usage": true})"));
+  OpenAiReply creply(completions, nullptr, "cmpl-u", 3, "m");
+  creply.StreamMessage(Final(0, "a", v1::FINISH_REASON_EOS, 2, 1));
+  const std::vector<std::string> cpayloads = SsePayloads(creply.StreamEnd());
+  ASSERT_EQ(cpayloads.size(), 2u);
+  EXPECT_EQ(Parse(cpayloads[0]).at("object"), "text_completion");
+  EXPECT_EQ(Parse(cpayloads[0]).at("usage").at("total_tokens"), 3);
+  EXPECT_EQ(cpayloads[1], "[DONE]");
+}
+
+TEST(OpenAiStreamTest, EndWithoutUsageIsOnlyDone) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody(R"("stream": true)"));
+  OpenAiReply reply(request, nullptr, "chatcmpl-d", 1, "m");
+  reply.StreamMessage(Final(0, "a", v1::FINISH_REASON_EOS, 1, 1));
+  EXPECT_EQ(reply.StreamEnd(), "data: [DONE]\n\n");
+  const OpenAiRequest off =
+      MustParse(kCompletions,
+                CompletionBody(R"("stream": true, "stream_options": {"include_usage": false})"));
+  OpenAiReply creply(off, nullptr, "cmpl-d", 1, "m");
+  EXPECT_EQ(creply.StreamEnd(), "data: [DONE]\n\n");
+}
+
+TEST(OpenAiStreamTest, StreamedLogprobs) {
+  const OpenAiRequest chat_request =
+      MustParse(kChat, ChatBody(R"("stream": true, "logprobs": true, "top_logprobs": 1)"));
+  const int32_t hello = OneToken("Hello");
+  const int32_t world = OneToken(" world");
+  OpenAiReply chat(chat_request, &Gpt2(), "chatcmpl-l", 1, "m");
+  v1::GenerateResponse m = Delta(0, "Hello");
+  AddLogprob(&m, hello, -0.5f, {{world, -1.5f}});
+  std::vector<Json> chunks = SseChunks(chat.StreamMessage(m));
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& content = chunks[0].at("choices")[0].at("logprobs").at("content");
+  ASSERT_EQ(content.size(), 1u);
+  EXPECT_EQ(content[0].at("token"), "Hello");
+  EXPECT_FLOAT_EQ(content[0].at("logprob").get<float>(), -0.5f);
+  EXPECT_EQ(content[0].at("top_logprobs")[0].at("token"), " world");
+
+  // A message with logprobs but no text (held back, e.g. half a character) is still sent.
+  v1::GenerateResponse held = Delta(0, "");
+  AddLogprob(&held, world, -0.125f);
+  chunks = SseChunks(chat.StreamMessage(held));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_FALSE(chunks[0].at("choices")[0].at("delta").contains("content"));
+  EXPECT_EQ(chunks[0].at("choices")[0].at("logprobs").at("content").size(), 1u);
+
+  const OpenAiRequest completion_request =
+      MustParse(kCompletions, CompletionBody(R"("stream": true, "logprobs": 1)"));
+  OpenAiReply completion(completion_request, &Gpt2(), "cmpl-l", 1, "m");
+  v1::GenerateResponse c1 = Delta(0, "Hello");
+  AddLogprob(&c1, hello, -0.5f, {{hello, -0.5f}});
+  v1::GenerateResponse c2 = Final(0, " world", v1::FINISH_REASON_LENGTH, 1, 2);
+  AddLogprob(&c2, world, -1.0f, {{world, -1.0f}});
+  chunks = SseChunks(completion.StreamMessage(c1));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].at("choices")[0].at("logprobs").at("tokens"), Json::array({"Hello"}));
+  EXPECT_EQ(chunks[0].at("choices")[0].at("logprobs").at("text_offset"), Json::array({0}));
+  chunks = SseChunks(completion.StreamMessage(c2));
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& lp = chunks[0].at("choices")[0].at("logprobs");
+  EXPECT_EQ(lp.at("tokens"), Json::array({" world"}));
+  EXPECT_EQ(lp.at("text_offset"), Json::array({5}));  // after the text streamed before
+  EXPECT_FLOAT_EQ(lp.at("top_logprobs")[0].at(" world").get<float>(), -1.0f);
+}
+
+TEST(OpenAiStreamTest, EchoIsStreamedOncePerChoice) {
+  const OpenAiRequest request =
+      MustParse(kCompletions, CompletionBody(R"("stream": true, "echo": true, "n": 2)"));
+  OpenAiReply reply(request, nullptr, "cmpl-e", 1, "m", "Say:");
+  std::vector<Json> chunks = SseChunks(reply.StreamMessage(Delta(0, " a")));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].at("choices")[0].at("text"), "Say: a");
+  chunks = SseChunks(reply.StreamMessage(Delta(0, " b")));
+  EXPECT_EQ(chunks[0].at("choices")[0].at("text"), " b");
+  // The other choice gets its own echo, even from a message with no text of its own.
+  chunks = SseChunks(reply.StreamMessage(Delta(1, "")));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_EQ(chunks[0].at("choices")[0].at("index"), 1);
+  EXPECT_EQ(chunks[0].at("choices")[0].at("text"), "Say:");
+  EXPECT_EQ(reply.StreamMessage(Delta(1, "")), "");
+}
+
+// The text a client rebuilds from the stream, per choice, equals Body()'s for the same messages.
+void ExpectStreamMatchesBody(OpenAiEndpoint endpoint, const std::string& body,
+                             const std::vector<v1::GenerateResponse>& messages,
+                             const std::string& prompt_text = "") {
+  const OpenAiRequest request = MustParse(endpoint, body);
+  const bool chat = endpoint == kChat;
+  OpenAiReply stream(request, &Gpt2(), "id", 1, "m", prompt_text);
+  OpenAiReply whole(request, &Gpt2(), "id", 1, "m", prompt_text);
+  std::string sse = stream.StreamStart();
+  for (const v1::GenerateResponse& m : messages) {
+    sse += stream.StreamMessage(m);
+    whole.Add(m);
+  }
+  sse += stream.StreamEnd();
+  ASSERT_TRUE(absl::EndsWith(sse, "data: [DONE]\n\n"));
+  std::vector<std::string> payloads = SsePayloads(sse);
+  ASSERT_FALSE(payloads.empty());
+  EXPECT_EQ(payloads.back(), "[DONE]");
+  payloads.pop_back();
+
+  std::map<int, std::string> texts;
+  std::map<int, std::string> finish;
+  std::map<int, std::vector<std::string>> tokens;
+  for (const std::string& p : payloads) {
+    const Json chunk = Parse(p);
+    EXPECT_EQ(chunk.at("object"), chat ? "chat.completion.chunk" : "text_completion");
+    for (const Json& c : chunk.at("choices")) {
+      const int index = c.at("index").get<int>();
+      if (chat) {
+        if (c.at("delta").contains("content")) {
+          texts[index] += c.at("delta").at("content").get<std::string>();
+        }
+      } else {
+        texts[index] += c.at("text").get<std::string>();
+      }
+      if (!c.at("finish_reason").is_null()) {
+        finish[index] = c.at("finish_reason").get<std::string>();
+      }
+      const Json& lp = c.at("logprobs");
+      if (!lp.is_null()) {
+        if (chat) {
+          for (const Json& e : lp.at("content")) {
+            tokens[index].push_back(e.at("token").get<std::string>());
+          }
+        } else {
+          for (const Json& t : lp.at("tokens")) tokens[index].push_back(t.get<std::string>());
+        }
+      }
+    }
+  }
+  const Json full = Parse(whole.Body());
+  ASSERT_EQ(full.at("choices").size(), texts.size());
+  for (const Json& c : full.at("choices")) {
+    const int index = c.at("index").get<int>();
+    SCOPED_TRACE(index);
+    const std::string text = chat ? c.at("message").at("content").get<std::string>()
+                                  : c.at("text").get<std::string>();
+    EXPECT_EQ(texts[index], text);
+    EXPECT_EQ(finish[index], c.at("finish_reason").get<std::string>());
+    std::vector<std::string> want;
+    if (!c.at("logprobs").is_null()) {
+      if (chat) {
+        for (const Json& e : c.at("logprobs").at("content")) {
+          want.push_back(e.at("token").get<std::string>());
+        }
+      } else {
+        for (const Json& t : c.at("logprobs").at("tokens")) want.push_back(t.get<std::string>());
+      }
+    }
+    EXPECT_EQ(tokens[index], want);
+  }
+}
+
+std::vector<v1::GenerateResponse> InterleavedMessages() {
+  std::vector<v1::GenerateResponse> out;
+  const char* const words[2][4] = {{"The", " cat", " sat", "."}, {"A", " dog", "", " ran"}};
+  for (int step = 0; step < 4; ++step) {
+    for (int index = 0; index < 2; ++index) {
+      const std::string word = words[index][step];
+      v1::GenerateResponse m =
+          step == 3 ? Final(index, word, index == 0 ? v1::FINISH_REASON_EOS
+                                                    : v1::FINISH_REASON_LENGTH,
+                            4, 4)
+                    : Delta(index, word);
+      if (!word.empty()) {
+        AddLogprob(&m, OneToken(word), -0.5f * (step + 1), {{OneToken(word), -0.5f}});
+      }
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+TEST(OpenAiStreamTest, StreamedDeltasAddUpToTheBody) {
+  ExpectStreamMatchesBody(kChat, ChatBody(R"("n": 2, "stream": true)"), InterleavedMessages());
+  ExpectStreamMatchesBody(kChat,
+                          ChatBody(R"("n": 2, "stream": true, "logprobs": true, "top_logprobs": 1,
+                                      "stream_options": {"include_usage": true})"),
+                          InterleavedMessages());
+  ExpectStreamMatchesBody(kCompletions, CompletionBody(R"("n": 2, "stream": true)"),
+                          InterleavedMessages());
+  ExpectStreamMatchesBody(kCompletions,
+                          CompletionBody(R"("n": 2, "stream": true, "logprobs": 1)"),
+                          InterleavedMessages());
+  ExpectStreamMatchesBody(kCompletions, CompletionBody(R"("n": 2, "stream": true, "echo": true)"),
+                          InterleavedMessages(), "Once:");
+}
+
+}  // namespace
+}  // namespace kvrm
