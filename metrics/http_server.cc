@@ -37,6 +37,26 @@ MHD_Result AccessHandler(void* cls, MHD_Connection* connection, const char* url,
 
 }  // namespace
 
+absl::Status ResolveListenAddress(const std::string& host, int port, const std::string& what,
+                                  sockaddr_storage* addr, bool* ipv6) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  const int gai = getaddrinfo(host.c_str(), service.c_str(), &hints, &found);
+  if (gai != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve ", what, " '", host, "': ", gai_strerror(gai)));
+  }
+  *addr = sockaddr_storage{};
+  std::memcpy(addr, found->ai_addr, found->ai_addrlen);
+  *ipv6 = found->ai_family == AF_INET6;
+  freeaddrinfo(found);
+  return absl::OkStatus();
+}
+
 int MetricsHttpServer::Handle(MHD_Connection* connection, const char* url, const char* method) {
   constexpr char kText[] = "text/plain; charset=utf-8";
   const bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0 ||
@@ -62,21 +82,13 @@ absl::StatusOr<std::unique_ptr<MetricsHttpServer>> MetricsHttpServer::Start(
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("metrics port ", options.port, " out of range"));
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(options.port);
-  const int gai = getaddrinfo(options.host.c_str(), port.c_str(), &hints, &found);
-  if (gai != 0 || found == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve metrics host '", options.host, "': ", gai_strerror(gai)));
-  }
   sockaddr_storage addr{};
-  std::memcpy(&addr, found->ai_addr, found->ai_addrlen);
-  const bool ipv6 = found->ai_family == AF_INET6;
-  freeaddrinfo(found);
+  bool ipv6 = false;
+  if (absl::Status s = ResolveListenAddress(options.host, options.port, "metrics host", &addr,
+                                            &ipv6);
+      !s.ok()) {
+    return s;
+  }
 
   std::unique_ptr<MetricsHttpServer> server(new MetricsHttpServer(registry));
   unsigned int flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;

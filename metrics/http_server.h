@@ -16,8 +16,15 @@
 
 struct MHD_Daemon;
 struct MHD_Connection;
+struct sockaddr_storage;
 
 namespace kvrm {
+
+// Resolves the address an HTTP listener binds (a numeric address or a name, and a port) for
+// libmicrohttpd's MHD_OPTION_SOCK_ADDR; *ipv6 says whether it needs MHD_USE_IPv6.
+// INVALID_ARGUMENT naming `what` (the flag) when the host does not resolve.
+absl::Status ResolveListenAddress(const std::string& host, int port, const std::string& what,
+                                  sockaddr_storage* addr, bool* ipv6);
 
 struct HttpServerOptions {
   std::string host = "0.0.0.0";  // numeric IPv4/IPv6 address or a resolvable name

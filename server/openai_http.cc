@@ -1,7 +1,6 @@
 #include "server/openai_http.h"
 
 #include <microhttpd.h>
-#include <netdb.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "grpcpp/client_context.h"
+#include "metrics/http_server.h"
 
 namespace kvrm {
 
@@ -397,21 +397,13 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   if (options.tls_cert_pem.empty() != options.tls_key_pem.empty()) {
     return absl::InvalidArgumentError("HTTPS needs both a certificate and its key");
   }
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string port = std::to_string(options.port);
-  const int gai = getaddrinfo(options.host.c_str(), port.c_str(), &hints, &found);
-  if (gai != 0 || found == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cannot resolve --http_listen '", options.host, "': ", gai_strerror(gai)));
-  }
   sockaddr_storage addr{};
-  std::memcpy(&addr, found->ai_addr, found->ai_addrlen);
-  const bool ipv6 = found->ai_family == AF_INET6;
-  freeaddrinfo(found);
+  bool ipv6 = false;
+  if (absl::Status s = ResolveListenAddress(options.host, options.port, "--http_listen", &addr,
+                                            &ipv6);
+      !s.ok()) {
+    return s;
+  }
 
   std::unique_ptr<OpenAiHttpServer> server(new OpenAiHttpServer(std::move(channel), options));
   // A thread per connection: a streamed reply blocks its thread on the call between tokens.
