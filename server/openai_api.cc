@@ -545,14 +545,13 @@ absl::Status CompletionOptions(const Json& body, OpenAiRequest* out) {
   return absl::OkStatus();
 }
 
-void AppendSse(const OrderedJson& event, std::string* out) {
-  absl::StrAppend(out, "data: ", event.dump(-1, ' ', false, Json::error_handler_t::replace),
-                  "\n\n");
-}
-
+// Invalid UTF-8 (a model's bytes, a client's) is written as U+FFFD rather than thrown on.
 std::string Dump(const OrderedJson& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
+
+// One server-sent event.
+std::string Sse(const std::string& data) { return absl::StrCat("data: ", data, "\n\n"); }
 
 OrderedJson OpenAiToolCalls(const v1::Finished& finished, bool with_index) {
   OrderedJson calls = OrderedJson::array();
@@ -807,22 +806,37 @@ OrderedJson OpenAiReply::Usage() const {
   return usage;
 }
 
+OrderedJson OpenAiReply::Head(bool chunk) const {
+  const bool chat = request_.endpoint == OpenAiEndpoint::kChatCompletions;
+  OrderedJson head;
+  head["id"] = id_;
+  head["object"] = !chat ? "text_completion" : chunk ? "chat.completion.chunk" : "chat.completion";
+  head["created"] = created_;
+  head["model"] = model_;
+  return head;
+}
+
+void OpenAiReply::NoteFinish(Choice& c, const v1::GenerateResponse& m) {
+  if (!m.has_finished()) return;
+  c.finished = m.finished();
+  c.done = true;
+  if (m.finished().reason() == v1::FINISH_REASON_ERROR && engine_error_.empty()) {
+    engine_error_ = m.finished().error();
+  }
+}
+
 std::string OpenAiReply::StreamStart() {
   if (request_.endpoint != OpenAiEndpoint::kChatCompletions) return "";
   std::string out;
   for (size_t i = 0; i < choices_.size(); ++i) {
-    OrderedJson chunk;
-    chunk["id"] = id_;
-    chunk["object"] = "chat.completion.chunk";
-    chunk["created"] = created_;
-    chunk["model"] = model_;
+    OrderedJson chunk = Head(/*chunk=*/true);
     OrderedJson choice;
     choice["index"] = i;
     choice["delta"] = {{"role", "assistant"}, {"content", ""}};
     choice["logprobs"] = nullptr;
     choice["finish_reason"] = nullptr;
     chunk["choices"] = OrderedJson::array({choice});
-    AppendSse(chunk, &out);
+    out += Sse(Dump(chunk));
   }
   return out;
 }
@@ -839,11 +853,7 @@ std::string OpenAiReply::Chunk(int index, const v1::GenerateResponse& m) {
   const bool finished = m.has_finished();
   const bool calls = finished && m.finished().tool_calls_size() > 0;
   if (delta_text.empty() && m.logprobs_size() == 0 && !finished) return "";
-  OrderedJson chunk;
-  chunk["id"] = id_;
-  chunk["object"] = chat ? "chat.completion.chunk" : "text_completion";
-  chunk["created"] = created_;
-  chunk["model"] = model_;
+  OrderedJson chunk = Head(/*chunk=*/true);
   OrderedJson choice;
   choice["index"] = index;
   const std::vector<v1::TokenLogprob> entries(m.logprobs().begin(), m.logprobs().end());
@@ -868,66 +878,41 @@ std::string OpenAiReply::Chunk(int index, const v1::GenerateResponse& m) {
     choice["finish_reason"] = nullptr;
   }
   chunk["choices"] = OrderedJson::array({std::move(choice)});
-  std::string out;
-  AppendSse(chunk, &out);
-  return out;
+  return Sse(Dump(chunk));
 }
 
 std::string OpenAiReply::StreamMessage(const v1::GenerateResponse& m) {
-  if (m.has_finished()) {
-    Choice& c = At(m.index());
-    c.finished = m.finished();
-    c.done = true;
-    if (m.finished().reason() == v1::FINISH_REASON_ERROR && engine_error_.empty()) {
-      engine_error_ = m.finished().error();
-    }
-  }
+  NoteFinish(At(m.index()), m);
   return Chunk(m.index(), m);
 }
 
 std::string OpenAiReply::StreamEnd() {
   std::string out;
   if (request_.include_usage) {
-    OrderedJson chunk;
-    chunk["id"] = id_;
-    chunk["object"] =
-        request_.endpoint == OpenAiEndpoint::kChatCompletions ? "chat.completion.chunk"
-                                                              : "text_completion";
-    chunk["created"] = created_;
-    chunk["model"] = model_;
+    OrderedJson chunk = Head(/*chunk=*/true);
     chunk["choices"] = OrderedJson::array();
     chunk["usage"] = Usage();
-    AppendSse(chunk, &out);
+    out += Sse(Dump(chunk));
   }
   out += "data: [DONE]\n\n";
   return out;
 }
 
 std::string OpenAiReply::StreamError(const OpenAiError& error) {
-  return absl::StrCat("data: ", error.Json(), "\n\n");
+  return Sse(error.Json());
 }
 
 void OpenAiReply::Add(const v1::GenerateResponse& m) {
   Choice& c = At(m.index());
   c.text += m.text();
   c.logprobs.insert(c.logprobs.end(), m.logprobs().begin(), m.logprobs().end());
-  if (m.has_finished()) {
-    c.finished = m.finished();
-    c.done = true;
-    if (m.finished().reason() == v1::FINISH_REASON_ERROR && engine_error_.empty()) {
-      engine_error_ = m.finished().error();
-    }
-  }
+  NoteFinish(c, m);
 }
 
 std::string OpenAiReply::Body() const {
   const bool chat = request_.endpoint == OpenAiEndpoint::kChatCompletions;
   const auto text = [this](int32_t id, bool bytes) { return TokenText(id, bytes); };
-  OrderedJson body;
-  body["id"] = id_;
-  body["object"] = chat ? "chat.completion" : "text_completion";
-  body["created"] = created_;
-  body["model"] = model_;
+  OrderedJson body = Head(/*chunk=*/false);
   OrderedJson choices = OrderedJson::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     const Choice& c = choices_[i];

@@ -111,6 +111,11 @@ class OpenAiReply {
     bool echoed = false;  // streaming: the echo has been sent
   };
   Choice& At(int index);
+  // id, object ("text_completion", "chat.completion" or, streamed, "chat.completion.chunk"),
+  // created, model: the fields every reply and chunk starts with.
+  OrderedJson Head(bool chunk) const;
+  // Keeps a finishing message's Finished (and an engine error) for its choice.
+  void NoteFinish(Choice& c, const v1::GenerateResponse& m);
   std::string Chunk(int index, const v1::GenerateResponse& message);
   OrderedJson Usage() const;
   // The token as text (bytes = false: partial UTF-8 repaired) or as its exact bytes.
