@@ -10,6 +10,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -86,16 +87,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     call->set_arguments("{}");
   }
   const int n = std::max(1, std::min(g.n(), 4));
-  kvrm::OpenAiReply whole(*r, tokenizer, "id", 0, "m", std::string(body.substr(0, 4)));
-  kvrm::OpenAiReply streamed(*r, tokenizer, "id", 0, "m", std::string(body.substr(0, 4)));
+  // A list of prompts: one call each (the calls keep every parameter), P*n choices.
+  const std::vector<kvrm::v1::GenerateRequest> calls = kvrm::OpenAiCalls(*r);
+  FUZZ_CHECK(calls.size() == 1 + r->more_prompts.size());
+  const int prompts = std::min<int>(static_cast<int>(calls.size()), 4);
+  std::vector<std::string> texts(calls.size(), std::string(body.substr(0, 4)));
+  kvrm::OpenAiReply whole(*r, tokenizer, "id", 0, "m", texts);
+  kvrm::OpenAiReply streamed(*r, tokenizer, "id", 0, "m", texts);
   std::string events = streamed.StreamStart();
-  for (int i = 0; i < n; ++i) {
-    token.set_index(i);
-    last.set_index(i);
-    whole.Add(token);
-    whole.Add(last);
-    events += streamed.StreamMessage(token);
-    events += streamed.StreamMessage(last);
+  for (int p = 0; p < prompts; ++p) {
+    FUZZ_CHECK(calls[p].n() == g.n());
+    for (int i = 0; i < n; ++i) {
+      token.set_index(i);
+      last.set_index(i);
+      whole.Add(token, p);
+      whole.Add(last, p);
+      events += streamed.StreamMessage(token, p);
+      events += streamed.StreamMessage(last, p);
+    }
   }
   FUZZ_CHECK(IsJson(whole.Body()));
   events += streamed.StreamEnd();

@@ -262,6 +262,62 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
   tool_calls_.parse_failures =
       counter("kvrm:tool_call_parse_failures_total",
               "Replies whose held function-call text did not parse and was returned as text.");
+
+  Family<Counter>& http_requests = r->AddCounter(
+      "kvrm:http_requests_total",
+      "Requests to the OpenAI-compatible HTTP API, by endpoint and HTTP status (499: the client "
+      "hung up before the reply began).",
+      labels({"endpoint", "code"}));
+  Family<Histogram>& http_duration = r->AddHistogram(
+      "kvrm:http_request_duration_seconds",
+      "Time from a request's headers to its reply's last byte (a stream's end), in seconds.",
+      labels({"endpoint"}), RequestLatencyBuckets());
+  http_api_.requests_family_ = &http_requests;
+  http_api_.base_values_ = values({});
+  for (int e = 0; e < kHttpRoutes; ++e) {
+    const std::string endpoint = HttpRouteName(static_cast<HttpRoute>(e));
+    for (size_t c = 0; c < HttpApiMetrics::kCodes.size(); ++c) {
+      http_api_.requests_[e][c] = &http_requests.WithLabels(
+          values({endpoint, std::to_string(HttpApiMetrics::kCodes[c])}));
+    }
+    http_api_.duration_[e] = &http_duration.WithLabels(values({endpoint}));
+  }
+  http_api_.connections_ =
+      gauge("kvrm:http_connections", "Open connections to the OpenAI-compatible HTTP API.");
+  http_api_.client_disconnects_ =
+      counter("kvrm:http_client_disconnects_total",
+              "HTTP API requests cancelled because the client hung up before their end.");
+}
+
+const char* HttpRouteName(HttpRoute route) {
+  switch (route) {
+    case HttpRoute::kChatCompletions:
+      return "chat_completions";
+    case HttpRoute::kCompletions:
+      return "completions";
+    case HttpRoute::kModels:
+      return "models";
+    case HttpRoute::kHealth:
+      return "health";
+    case HttpRoute::kOther:
+      break;
+  }
+  return "other";
+}
+
+void HttpApiMetrics::Record(HttpRoute route, int code, double seconds) const {
+  const int e = std::clamp(static_cast<int>(route), 0, kHttpRoutes - 1);
+  duration_[e]->Observe(seconds);
+  for (size_t c = 0; c < kCodes.size(); ++c) {
+    if (kCodes[c] == code) {
+      requests_[e][c]->Add();
+      return;
+    }
+  }
+  std::vector<std::string> v = base_values_;
+  v.push_back(HttpRouteName(route));
+  v.push_back(std::to_string(code));
+  requests_family_->WithLabels(v).Add();
 }
 
 void KvrmMetrics::OnAdmitted(const GenerationRequest& request, absl::Duration queue_time) {

@@ -47,6 +47,36 @@ struct ToolCallMetrics {
                                       // did not parse, returned as text
 };
 
+// The OpenAI-compatible HTTP API (server/openai_http.h), recorded by its connection threads.
+enum class HttpRoute { kChatCompletions, kCompletions, kModels, kHealth, kOther };
+constexpr int kHttpRoutes = 5;
+const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `endpoint` label)
+
+class HttpApiMetrics {
+ public:
+  // The statuses the server sends, created up front; 499 is nginx's "client closed request": the
+  // client hung up before the reply began.
+  static constexpr std::array<int, 10> kCodes = {200, 400, 401, 404, 405, 413, 429, 499, 500, 503};
+
+  // One finished request: kvrm:http_requests_total{endpoint, code} and
+  // kvrm:http_request_duration_seconds{endpoint}. Thread-safe; a status outside kCodes creates
+  // its series on first use (under the registry's lock).
+  void Record(HttpRoute route, int code, double seconds) const;
+  // kvrm:http_connections: open connections, against the server's connection limit.
+  Gauge* connections() const { return connections_; }
+  // kvrm:http_client_disconnects_total: calls cancelled because their client hung up.
+  Counter* client_disconnects() const { return client_disconnects_; }
+
+ private:
+  friend class KvrmMetrics;
+  Family<Counter>* requests_family_ = nullptr;
+  std::vector<std::string> base_values_;  // model_name, kv_mode
+  std::array<std::array<Counter*, kCodes.size()>, kHttpRoutes> requests_{};
+  std::array<Histogram*, kHttpRoutes> duration_{};
+  Gauge* connections_ = nullptr;
+  Counter* client_disconnects_ = nullptr;
+};
+
 // Bucket bounds, exposed for tests and the documentation.
 const std::vector<double>& TtftBuckets();
 const std::vector<double>& InterTokenBuckets();
@@ -74,6 +104,7 @@ class KvrmMetrics : public EngineObserver {
   Counter* stream_chunks_merged() const { return stream_chunks_merged_; }
   const StructuredOutputMetrics& structured_outputs() const { return structured_; }
   const ToolCallMetrics& tool_calls() const { return tool_calls_; }
+  const HttpApiMetrics& http_api() const { return http_api_; }
 
  private:
   // vLLM-compatible request figures.
@@ -94,6 +125,7 @@ class KvrmMetrics : public EngineObserver {
   Counter* stream_chunks_merged_;
   StructuredOutputMetrics structured_;
   ToolCallMetrics tool_calls_;
+  HttpApiMetrics http_api_;
   Counter* device_sampled_;
   std::array<Counter*, 3> rejected_;  // queue_full, draining, other
 

@@ -326,6 +326,7 @@ int Run() {
     ho.defaults.chat_max_tokens = (*engine)->options().max_new_tokens;
     ho.defaults.completion_max_tokens = std::min(16, (*engine)->options().max_new_tokens);
     ho.tokenizer = m.tokenizer.get();
+    ho.metrics = &metrics.http_api();
     if (!so.tls_cert.empty()) {
       if (!so.tls_client_ca.empty()) {
         std::fprintf(stderr,

@@ -349,18 +349,25 @@ absl::Status CompletionPrompt(const Json& body, const OpenAiDefaults& defaults,
   if (prompt->empty()) return Bad("prompt", "is empty");
   // [1, 2, 3] is one prompt of token ids; ["a"] and [[1, 2]] are lists of prompts.
   if ((*prompt)[0].is_number()) return TokenList(*prompt, "prompt", g.mutable_token_ids());
+  // A list of prompts: one call each (OpenAiCalls), the first in `generate`, the rest in
+  // `more_prompts`.
   if (static_cast<int64_t>(prompt->size()) > defaults.max_prompts) {
-    return Bad("prompt", absl::StrCat("a list of ", prompt->size(),
-                                      " prompts: send one prompt per request (or n for "
-                                      "several completions of one)"));
+    return Bad("prompt", absl::StrCat("a list of ", prompt->size(), " prompts: at most ",
+                                      defaults.max_prompts, " in one request"));
   }
-  const Json& one = (*prompt)[0];
-  if (one.is_string()) {
-    g.set_text(one.get<std::string>());
-  } else if (one.is_array()) {
-    RETURN_IF_ERROR(TokenList(one, "prompt[0]", g.mutable_token_ids()));
-  } else {
-    return WrongType("prompt[0]", "a string or an array of token ids", one);
+  for (size_t p = 0; p < prompt->size(); ++p) {
+    const Json& one = (*prompt)[p];
+    const std::string at = absl::StrCat("prompt[", p, "]");
+    v1::GenerateRequest* into = &g;
+    if (p > 0) into = &out->more_prompts.emplace_back();
+    if (one.is_string()) {
+      into->set_text(one.get<std::string>());
+    } else if (one.is_array()) {
+      if (one.empty()) return Bad(at, "is empty");
+      RETURN_IF_ERROR(TokenList(one, at, into->mutable_token_ids()));
+    } else {
+      return WrongType(at, "a string or an array of token ids", one);
+    }
   }
   return absl::OkStatus();
 }
@@ -707,21 +714,45 @@ std::string OpenAiFinishReason(v1::FinishReason reason) {
   }
 }
 
+std::vector<v1::GenerateRequest> OpenAiCalls(const OpenAiRequest& request) {
+  std::vector<v1::GenerateRequest> calls;
+  calls.reserve(1 + request.more_prompts.size());
+  calls.push_back(request.generate);
+  if (request.more_prompts.empty()) return calls;
+  const std::string& id = request.generate.request_id();
+  if (!id.empty()) calls[0].set_request_id(absl::StrCat(id, "-0"));
+  for (size_t p = 0; p < request.more_prompts.size(); ++p) {
+    v1::GenerateRequest& call = calls.emplace_back(request.generate);
+    call.clear_prompt();
+    call.MergeFrom(request.more_prompts[p]);
+    if (!id.empty()) call.set_request_id(absl::StrCat(id, "-", p + 1));
+  }
+  return calls;
+}
+
 OpenAiReply::OpenAiReply(const OpenAiRequest& request, const Tokenizer* tokenizer, std::string id,
-                         int64_t created, std::string model, std::string prompt_text)
+                         int64_t created, std::string model, std::vector<std::string> prompt_texts)
     : request_(request),
       tokenizer_(tokenizer),
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)),
-      prompt_text_(std::move(prompt_text)) {
-  choices_.resize(std::max(1, request.generate.n()));
+      prompt_texts_(std::move(prompt_texts)),
+      prompts_(1 + static_cast<int>(request.more_prompts.size())),
+      n_(std::max(1, request.generate.n())) {
+  choices_.resize(static_cast<size_t>(prompts_) * n_);
 }
 
-OpenAiReply::Choice& OpenAiReply::At(int index) {
-  if (index < 0) index = 0;
-  if (index >= static_cast<int>(choices_.size())) choices_.resize(index + 1);
-  return choices_[index];
+int OpenAiReply::ChoiceIndex(int prompt, int index) const {
+  prompt = std::clamp(prompt, 0, prompts_ - 1);
+  index = std::clamp(index, 0, n_ - 1);
+  return prompt * n_ + index;
+}
+
+const std::string& OpenAiReply::PromptText(int prompt) const {
+  static const std::string* const kNone = new std::string();
+  if (prompt < 0 || prompt >= static_cast<int>(prompt_texts_.size())) return *kNone;
+  return prompt_texts_[prompt];
 }
 
 std::string OpenAiReply::TokenText(int32_t id, bool bytes) const {
@@ -792,11 +823,17 @@ OrderedJson OpenAiReply::Usage() const {
   int64_t prompt = 0;
   int64_t completion = 0;
   int64_t cached = 0;
-  for (const Choice& c : choices_) {
-    const v1::Usage& u = c.finished.usage();
-    prompt = std::max<int64_t>(prompt, u.prompt_tokens());  // one prompt for the n completions
-    cached = std::max<int64_t>(cached, u.cached_prompt_tokens());
-    completion += u.completion_tokens();
+  for (int p = 0; p < prompts_; ++p) {
+    int64_t prompt_p = 0;  // one prompt for its n completions
+    int64_t cached_p = 0;
+    for (int j = 0; j < n_; ++j) {
+      const v1::Usage& u = choices_[p * n_ + j].finished.usage();
+      prompt_p = std::max<int64_t>(prompt_p, u.prompt_tokens());
+      cached_p = std::max<int64_t>(cached_p, u.cached_prompt_tokens());
+      completion += u.completion_tokens();
+    }
+    prompt += prompt_p;
+    cached += cached_p;
   }
   OrderedJson usage;
   usage["prompt_tokens"] = prompt;
@@ -841,13 +878,13 @@ std::string OpenAiReply::StreamStart() {
   return out;
 }
 
-std::string OpenAiReply::Chunk(int index, const v1::GenerateResponse& m) {
-  Choice& c = At(index);
+std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse& m) {
+  Choice& c = choices_[index];
   const bool chat = request_.endpoint == OpenAiEndpoint::kChatCompletions;
   const auto text = [this](int32_t id, bool bytes) { return TokenText(id, bytes); };
   std::string delta_text = m.text();
   if (!chat && request_.echo && !c.echoed) {
-    delta_text = prompt_text_ + delta_text;
+    delta_text = PromptText(prompt) + delta_text;
     c.echoed = true;
   }
   const bool finished = m.has_finished();
@@ -881,9 +918,10 @@ std::string OpenAiReply::Chunk(int index, const v1::GenerateResponse& m) {
   return Sse(Dump(chunk));
 }
 
-std::string OpenAiReply::StreamMessage(const v1::GenerateResponse& m) {
-  NoteFinish(At(m.index()), m);
-  return Chunk(m.index(), m);
+std::string OpenAiReply::StreamMessage(const v1::GenerateResponse& m, int prompt) {
+  const int index = ChoiceIndex(prompt, m.index());
+  NoteFinish(choices_[index], m);
+  return Chunk(prompt, index, m);
 }
 
 std::string OpenAiReply::StreamEnd() {
@@ -902,8 +940,8 @@ std::string OpenAiReply::StreamError(const OpenAiError& error) {
   return Sse(error.Json());
 }
 
-void OpenAiReply::Add(const v1::GenerateResponse& m) {
-  Choice& c = At(m.index());
+void OpenAiReply::Add(const v1::GenerateResponse& m, int prompt) {
+  Choice& c = choices_[ChoiceIndex(prompt, m.index())];
   c.text += m.text();
   c.logprobs.insert(c.logprobs.end(), m.logprobs().begin(), m.logprobs().end());
   NoteFinish(c, m);
@@ -927,7 +965,7 @@ std::string OpenAiReply::Body() const {
       choice["message"] = std::move(message);
       choice["logprobs"] = request_.logprobs >= 0 ? ChatLogprobs(c.logprobs, text) : nullptr;
     } else {
-      const std::string echo = request_.echo ? prompt_text_ : "";
+      const std::string echo = request_.echo ? PromptText(static_cast<int>(i) / n_) : "";
       choice["text"] = echo + c.text;
       choice["logprobs"] =
           request_.logprobs >= 0 ? CompletionLogprobs(c.logprobs, text, echo.size()) : nullptr;

@@ -1,11 +1,12 @@
 // The OpenAI-compatible HTTP API's JSON, translated to and from kvrm.v1 (docs/api.md, "OpenAI-
 // compatible HTTP API"). No I/O here: server/openai_http.h serves it.
 //
-// Requests: POST /v1/completions and /v1/chat/completions bodies become one GenerateRequest, with
+// Requests: POST /v1/completions and /v1/chat/completions bodies become a GenerateRequest (one
+// per prompt when a completions request sends a list of them), with
 // OpenAI's parameters, vLLM's extra sampling parameters (top_k, min_p, repetition_penalty,
 // min_tokens, ignore_eos, stop_token_ids, guided_json / guided_regex / guided_choice,
 // chat_template_kwargs, ...) and kvrm's own (cache_salt, priority). A parameter of the wrong
-// JSON type, or one kvrm cannot honour (a batch of prompts, suffix, images), is refused naming
+// JSON type, or one kvrm cannot honour (suffix, images), is refused naming
 // it; values are checked by the same validation as gRPC requests, whose messages are then
 // written with the OpenAI name of the field (`top_p: 1.5 is outside (0, 1]`, param "top_p").
 //
@@ -38,12 +39,16 @@ struct OpenAiDefaults {
   // (the context cuts them short with finish_reason "length").
   int32_t completion_max_tokens = 16;
   int32_t chat_max_tokens = 4096;
-  int32_t max_prompts = 1;  // a list of prompts is one request per prompt: not taken (yet)
+  // Completions: a list of prompts is one call per prompt, run at once; at most this many.
+  int32_t max_prompts = 64;
 };
 
 struct OpenAiRequest {
   OpenAiEndpoint endpoint = OpenAiEndpoint::kCompletions;
   v1::GenerateRequest generate;
+  // Completions with a list of prompts: the second and later prompts (only text or token_ids
+  // set), each one more call with `generate`'s parameters (OpenAiCalls).
+  std::vector<v1::GenerateRequest> more_prompts;
   std::string model;  // as sent; empty when absent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
@@ -60,6 +65,11 @@ struct OpenAiRequest {
 // for malformed JSON, a wrong type, or a parameter that is not supported.
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::string_view body,
                                                  const OpenAiDefaults& defaults);
+
+// The calls a request makes, one per prompt: `generate` itself, then for each of `more_prompts`
+// a copy of it with that prompt and the request id "<id>-<p>" (the first keeps "<id>-0" too, so
+// that a batch's calls are told apart in logs; a lone prompt keeps `generate`'s id unchanged).
+std::vector<v1::GenerateRequest> OpenAiCalls(const OpenAiRequest& request);
 
 // An error as OpenAI writes it: HTTP status and {"error": {message, type, param, code}}.
 struct OpenAiError {
@@ -82,21 +92,25 @@ OpenAiError ToOpenAiError(const absl::Status& status, const OpenAiRequest* reque
 class OpenAiReply {
  public:
   // `id` is the response's id ("cmpl-..." / "chatcmpl-..."), `created` Unix seconds, `model` the
-  // served model's name; `tokenizer` spells the tokens of logprobs. `prompt_text` is what echo
-  // writes before a completion.
+  // served model's name; `tokenizer` spells the tokens of logprobs. `prompt_texts` are what echo
+  // writes before each prompt's completions.
+  //
+  // A request of P prompts with n completions each has P*n choices: prompt p's completion j is
+  // choice p*n+j, as OpenAI and vLLM number them; the messages of prompt p's call are passed
+  // with `prompt` = p.
   OpenAiReply(const OpenAiRequest& request, const Tokenizer* tokenizer, std::string id,
-              int64_t created, std::string model, std::string prompt_text = "");
+              int64_t created, std::string model, std::vector<std::string> prompt_texts = {});
 
   // Streaming: the server-sent events for the start of the stream (chat: each choice's role),
   // for one message of the service's stream, and for its end (the usage chunk when asked for,
   // then `data: [DONE]`). An error after the stream started is one event {"error": ...}.
   std::string StreamStart();
-  std::string StreamMessage(const v1::GenerateResponse& message);
+  std::string StreamMessage(const v1::GenerateResponse& message, int prompt = 0);
   std::string StreamEnd();
   static std::string StreamError(const OpenAiError& error);
 
   // Non-streaming: every message, then the whole object.
-  void Add(const v1::GenerateResponse& message);
+  void Add(const v1::GenerateResponse& message, int prompt = 0);
   std::string Body() const;
 
   // A completion that ended with FINISH_REASON_ERROR (the engine's message), if any.
@@ -110,13 +124,15 @@ class OpenAiReply {
     bool done = false;
     bool echoed = false;  // streaming: the echo has been sent
   };
-  Choice& At(int index);
+  // Prompt `prompt`'s completion `index` (clamped to the request's shape).
+  int ChoiceIndex(int prompt, int index) const;
   // id, object ("text_completion", "chat.completion" or, streamed, "chat.completion.chunk"),
   // created, model: the fields every reply and chunk starts with.
   OrderedJson Head(bool chunk) const;
   // Keeps a finishing message's Finished (and an engine error) for its choice.
   void NoteFinish(Choice& c, const v1::GenerateResponse& m);
-  std::string Chunk(int index, const v1::GenerateResponse& message);
+  std::string Chunk(int prompt, int index, const v1::GenerateResponse& message);
+  const std::string& PromptText(int prompt) const;
   OrderedJson Usage() const;
   // The token as text (bytes = false: partial UTF-8 repaired) or as its exact bytes.
   std::string TokenText(int32_t id, bool bytes) const;
@@ -126,8 +142,10 @@ class OpenAiReply {
   std::string id_;
   int64_t created_;
   std::string model_;
-  std::string prompt_text_;
-  std::vector<Choice> choices_;
+  std::vector<std::string> prompt_texts_;
+  int prompts_ = 1;  // P
+  int n_ = 1;        // completions per prompt
+  std::vector<Choice> choices_;  // P*n
   std::string engine_error_;
 };
 

@@ -71,6 +71,12 @@ std::string CompletionBody(const std::string& more = "") {
   return absl::StrCat(R"({"model": "m", "prompt": "hi")", more.empty() ? "" : ", ", more, "}");
 }
 
+OpenAiRequest MustParse(OpenAiEndpoint endpoint, const std::string& body) {
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(endpoint, body, OpenAiDefaults());
+  EXPECT_TRUE(r.ok()) << r.status();
+  return r.ok() ? *std::move(r) : OpenAiRequest();
+}
+
 // The parse fails with INVALID_ARGUMENT whose message starts with "`param`: ".
 void ExpectRefused(OpenAiEndpoint endpoint, const std::string& body, const std::string& param,
                    const std::string& why = "") {
@@ -202,9 +208,47 @@ TEST(CompletionsRequestTest, SingleElementListsAreOnePrompt) {
   EXPECT_EQ(text->generate.text(), "a b");
 }
 
-TEST(CompletionsRequestTest, ListsOfPromptsAreRefusedNamingPrompt) {
-  ExpectRefused(kCompletions, R"({"prompt": ["a", "b"]})", "prompt", "a list of 2 prompts");
-  ExpectRefused(kCompletions, R"({"prompt": [[1], [2], [3]]})", "prompt", "a list of 3 prompts");
+TEST(CompletionsRequestTest, ListsOfPromptsAreOneCallEach) {
+  const OpenAiRequest r = MustParse(kCompletions, R"({"prompt": ["a b", [5, 6], "c"], "n": 2,
+                                                     "temperature": 0.5, "max_tokens": 7,
+                                                     "request_id": "batch"})");
+  EXPECT_EQ(r.generate.text(), "a b");
+  ASSERT_EQ(r.more_prompts.size(), 2u);
+  const std::vector<v1::GenerateRequest> calls = OpenAiCalls(r);
+  ASSERT_EQ(calls.size(), 3u);
+  EXPECT_EQ(calls[0].prompt_case(), v1::GenerateRequest::kText);
+  EXPECT_EQ(calls[0].text(), "a b");
+  ASSERT_EQ(calls[1].prompt_case(), v1::GenerateRequest::kTokenIds);
+  EXPECT_THAT(calls[1].token_ids().ids(), ::testing::ElementsAre(5, 6));
+  EXPECT_EQ(calls[2].text(), "c");
+  for (size_t p = 0; p < calls.size(); ++p) {
+    // Every call carries the request's parameters, under its own id.
+    EXPECT_EQ(calls[p].request_id(), absl::StrCat("batch-", p));
+    EXPECT_EQ(calls[p].n(), 2);
+    EXPECT_FLOAT_EQ(calls[p].sampling().temperature(), 0.5f);
+    EXPECT_EQ(calls[p].stopping().max_new_tokens(), 7);
+  }
+  // A lone prompt's call is `generate` itself, id unchanged.
+  const OpenAiRequest one = MustParse(kCompletions, R"({"prompt": ["x"], "request_id": "solo"})");
+  const std::vector<v1::GenerateRequest> solo = OpenAiCalls(one);
+  ASSERT_EQ(solo.size(), 1u);
+  EXPECT_EQ(solo[0].request_id(), "solo");
+  EXPECT_EQ(solo[0].text(), "x");
+}
+
+TEST(CompletionsRequestTest, ListsOfPromptsAreBoundedAndCheckedPerElement) {
+  OpenAiDefaults two;
+  two.max_prompts = 2;
+  absl::StatusOr<OpenAiRequest> r = Completions(R"({"prompt": ["a", "b", "c"]})", two);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(r.status().message()),
+              StartsWith("prompt: a list of 3 prompts: at most 2"));
+  EXPECT_TRUE(Completions(R"({"prompt": ["a", "b"]})", two).ok());
+  ExpectRefused(kCompletions, R"({"prompt": ["a", 3]})", "prompt[1]");
+  ExpectRefused(kCompletions, R"({"prompt": [[1], [2, -3]]})", "prompt[1][1]");
+  ExpectRefused(kCompletions, R"({"prompt": ["a", []]})", "prompt[1]", "is empty");
+  ExpectRefused(kCompletions, R"({"prompt": [[1], null]})", "prompt[1]");
 }
 
 TEST(CompletionsRequestTest, MissingOrMalformedPromptIsRefused) {
@@ -1012,12 +1056,6 @@ TEST(FinishReasonTest, Mapping) {
 // =============================================================================================
 // Non-streaming replies
 
-OpenAiRequest MustParse(OpenAiEndpoint endpoint, const std::string& body) {
-  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(endpoint, body, OpenAiDefaults());
-  EXPECT_TRUE(r.ok()) << r.status();
-  return r.ok() ? *std::move(r) : OpenAiRequest();
-}
-
 TEST(OpenAiReplyTest, CompletionsBodyWithInterleavedChoices) {
   const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("n": 2)"));
   OpenAiReply reply(request, &Gpt2(), "cmpl-1", 1700000000, "served");
@@ -1272,7 +1310,7 @@ TEST(OpenAiReplyTest, NoTokenizerSpellsTokensEmpty) {
 
 TEST(OpenAiReplyTest, EchoPrependsThePrompt) {
   const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("echo": true, "n": 2)"));
-  OpenAiReply reply(request, &Gpt2(), "cmpl-4", 1, "m", "Once upon");
+  OpenAiReply reply(request, &Gpt2(), "cmpl-4", 1, "m", {"Once upon"});
   reply.Add(Delta(0, " a"));
   reply.Add(Final(0, " time", v1::FINISH_REASON_LENGTH, 2, 2));
   reply.Add(Final(1, " the", v1::FINISH_REASON_LENGTH, 2, 1));
@@ -1282,7 +1320,7 @@ TEST(OpenAiReplyTest, EchoPrependsThePrompt) {
 
   // Without echo the prompt text is not written.
   const OpenAiRequest plain = MustParse(kCompletions, CompletionBody());
-  OpenAiReply no_echo(plain, &Gpt2(), "cmpl-5", 1, "m", "Once upon");
+  OpenAiReply no_echo(plain, &Gpt2(), "cmpl-5", 1, "m", {"Once upon"});
   no_echo.Add(Final(0, " a time", v1::FINISH_REASON_LENGTH, 2, 2));
   EXPECT_EQ(Parse(no_echo.Body()).at("choices")[0].at("text"), " a time");
 }
@@ -1519,7 +1557,7 @@ TEST(OpenAiStreamTest, StreamedLogprobs) {
 TEST(OpenAiStreamTest, EchoIsStreamedOncePerChoice) {
   const OpenAiRequest request =
       MustParse(kCompletions, CompletionBody(R"("stream": true, "echo": true, "n": 2)"));
-  OpenAiReply reply(request, nullptr, "cmpl-e", 1, "m", "Say:");
+  OpenAiReply reply(request, nullptr, "cmpl-e", 1, "m", {"Say:"});
   std::vector<Json> chunks = SseChunks(reply.StreamMessage(Delta(0, " a")));
   ASSERT_EQ(chunks.size(), 1u);
   EXPECT_EQ(chunks[0].at("choices")[0].at("text"), "Say: a");
@@ -1539,8 +1577,8 @@ void ExpectStreamMatchesBody(OpenAiEndpoint endpoint, const std::string& body,
                              const std::string& prompt_text = "") {
   const OpenAiRequest request = MustParse(endpoint, body);
   const bool chat = endpoint == kChat;
-  OpenAiReply stream(request, &Gpt2(), "id", 1, "m", prompt_text);
-  OpenAiReply whole(request, &Gpt2(), "id", 1, "m", prompt_text);
+  OpenAiReply stream(request, &Gpt2(), "id", 1, "m", {prompt_text});
+  OpenAiReply whole(request, &Gpt2(), "id", 1, "m", {prompt_text});
   std::string sse = stream.StreamStart();
   for (const v1::GenerateResponse& m : messages) {
     sse += stream.StreamMessage(m);
@@ -1639,6 +1677,79 @@ TEST(OpenAiStreamTest, StreamedDeltasAddUpToTheBody) {
                           InterleavedMessages());
   ExpectStreamMatchesBody(kCompletions, CompletionBody(R"("n": 2, "stream": true, "echo": true)"),
                           InterleavedMessages(), "Once:");
+}
+
+// =============================================================================================
+// Lists of prompts: P calls, P*n choices
+
+TEST(OpenAiReplyTest, ListOfPromptsNumbersChoicesPromptMajorAndSumsUsage) {
+  const OpenAiRequest request = MustParse(
+      kCompletions, R"({"prompt": ["A", "B", "C"], "n": 2, "logprobs": 0})");
+  OpenAiReply reply(request, &Gpt2(), "cmpl-b", 1, "m");
+  // Messages of different calls interleave, as they arrive.
+  reply.Add(Final(1, " c", v1::FINISH_REASON_LENGTH, 4, 1, /*cached_tokens=*/2), /*prompt=*/2);
+  reply.Add(Delta(0, " a"), /*prompt=*/0);
+  v1::GenerateResponse b0 = Final(0, " b", v1::FINISH_REASON_EOS, 3, 1);
+  AddLogprob(&b0, OneToken(" b"), -0.25f);
+  reply.Add(b0, /*prompt=*/1);
+  reply.Add(Final(0, "", v1::FINISH_REASON_LENGTH, 2, 2), /*prompt=*/0);
+  reply.Add(Final(1, " a2", v1::FINISH_REASON_LENGTH, 2, 1), /*prompt=*/0);
+  reply.Add(Final(1, " b2", v1::FINISH_REASON_LENGTH, 3, 1), /*prompt=*/1);
+  reply.Add(Final(0, " c1", v1::FINISH_REASON_LENGTH, 4, 1, /*cached_tokens=*/2), /*prompt=*/2);
+  const Json body = Parse(reply.Body());
+  const Json& choices = body.at("choices");
+  ASSERT_EQ(choices.size(), 6u);
+  const std::vector<std::string> texts = {" a", " a2", " b", " b2", " c1", " c"};
+  for (size_t i = 0; i < choices.size(); ++i) {
+    EXPECT_EQ(choices[i].at("index"), i);
+    EXPECT_EQ(choices[i].at("text"), texts[i]) << i;
+  }
+  EXPECT_EQ(choices[2].at("finish_reason"), "stop");
+  // Prompt 1's first completion has its own logprobs; the others none.
+  EXPECT_EQ(choices[2].at("logprobs").at("tokens"), Json::array({" b"}));
+  EXPECT_EQ(choices[2].at("logprobs").at("text_offset"), Json::array({0}));
+  EXPECT_TRUE(choices[3].at("logprobs").at("tokens").empty());
+  // Each prompt counted once for its n completions; completions all counted.
+  EXPECT_EQ(body.at("usage").at("prompt_tokens"), 2 + 3 + 4);
+  EXPECT_EQ(body.at("usage").at("completion_tokens"), 2 + 1 + 1 + 1 + 1 + 1);
+  EXPECT_EQ(body.at("usage").at("total_tokens"), 9 + 7);
+  EXPECT_EQ(body.at("usage").at("prompt_tokens_details").at("cached_tokens"), 2);
+}
+
+TEST(OpenAiStreamTest, ListOfPromptsStreamsEachCallUnderItsChoiceIndexes) {
+  const OpenAiRequest request = MustParse(
+      kCompletions,
+      R"({"prompt": ["A", "B"], "n": 2, "stream": true, "echo": true,
+          "stream_options": {"include_usage": true}})");
+  OpenAiReply reply(request, nullptr, "cmpl-s", 1, "m", {"A", "B"});
+  std::string sse = reply.StreamStart();
+  sse += reply.StreamMessage(Delta(1, " x"), /*prompt=*/1);
+  sse += reply.StreamMessage(Final(0, " y", v1::FINISH_REASON_LENGTH, 5, 1), /*prompt=*/0);
+  sse += reply.StreamMessage(Final(1, "", v1::FINISH_REASON_EOS, 6, 1), /*prompt=*/1);
+  sse += reply.StreamMessage(Final(0, " z", v1::FINISH_REASON_LENGTH, 6, 1), /*prompt=*/1);
+  sse += reply.StreamMessage(Final(1, " w", v1::FINISH_REASON_LENGTH, 5, 1), /*prompt=*/0);
+  sse += reply.StreamEnd();
+  std::vector<std::string> payloads = SsePayloads(sse);
+  ASSERT_EQ(payloads.back(), "[DONE]");
+  payloads.pop_back();
+  std::map<int, std::string> texts;
+  std::map<int, std::string> finish;
+  Json usage;
+  for (const std::string& p : payloads) {
+    const Json chunk = Parse(p);
+    if (chunk.contains("usage")) usage = chunk.at("usage");
+    for (const Json& c : chunk.at("choices")) {
+      const int index = c.at("index").get<int>();
+      texts[index] += c.at("text").get<std::string>();
+      if (!c.at("finish_reason").is_null()) finish[index] = c.at("finish_reason");
+    }
+  }
+  EXPECT_EQ(texts, (std::map<int, std::string>{{0, "A y"}, {1, "A w"}, {2, "B z"}, {3, "B x"}}));
+  EXPECT_EQ(finish, (std::map<int, std::string>{
+                        {0, "length"}, {1, "length"}, {2, "length"}, {3, "stop"}}));
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_EQ(usage.at("prompt_tokens"), 5 + 6);
+  EXPECT_EQ(usage.at("completion_tokens"), 4);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 #include "server/openai_http.h"
 
 #include <microhttpd.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
@@ -8,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <utility>
 #include <vector>
@@ -19,7 +21,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
+#include "grpc/support/time.h"
 #include "grpcpp/client_context.h"
+#include "grpcpp/completion_queue.h"
 #include "metrics/http_server.h"
 
 namespace kvrm {
@@ -53,12 +57,22 @@ namespace {
 
 constexpr char kJson[] = "application/json";
 
-// The body of a request being uploaded; libmicrohttpd keeps it in the connection's slot from the
-// first call of the access handler to the last.
+// One request: its body as it is uploaded, and what its metrics need. libmicrohttpd keeps it in
+// the request's slot from the first call of the access handler to RequestCompleted.
 struct Upload {
   std::string body;
   bool too_large = false;
+  HttpRoute route = HttpRoute::kOther;
+  absl::Time start;
 };
+
+HttpRoute RouteOf(const std::string& path) {
+  if (path == "/v1/chat/completions") return HttpRoute::kChatCompletions;
+  if (path == "/v1/completions") return HttpRoute::kCompletions;
+  if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) return HttpRoute::kModels;
+  if (path == "/health") return HttpRoute::kHealth;
+  return HttpRoute::kOther;
+}
 
 MHD_Result Queue(MHD_Connection* connection, unsigned int code, MHD_Response* response) {
   if (response == nullptr) return MHD_NO;
@@ -124,42 +138,207 @@ std::string RandomHex() {
                          absl::Uniform<uint64_t>(gen));
 }
 
-// One streamed reply: the call, and what is left to write of the events so far. Owned by the
-// libmicrohttpd response (freed by FreeStream when the response is done or the client gone).
-struct Stream {
-  ~Stream() {
-    if (registered) calls->Remove(context.get());
+// The calls of one HTTP request (one per prompt) on their own completion queue, driven by the
+// connection's thread. While it waits it watches the client's socket: a client that hangs up
+// (or resets) cancels every call, streaming or not, so that a request nobody will read does not
+// keep its slots and KV blocks until max_tokens.
+class CallGroup {
+ public:
+  // What Next() hands back: call `call`'s next message, or its end with `status`.
+  struct Event {
+    int call = 0;
+    bool message = false;
+    v1::GenerateResponse response;
+    grpc::Status status;
+  };
+
+  // `disconnects` (may be null) counts the requests cancelled because the client hung up.
+  CallGroup(ActiveCalls* active, int client_fd, Counter* disconnects)
+      : active_(active), client_fd_(client_fd), disconnects_(disconnects) {}
+  CallGroup(const CallGroup&) = delete;
+  CallGroup& operator=(const CallGroup&) = delete;
+
+  ~CallGroup() {
+    client_fd_ = -1;  // the connection may be closed by now, its number another connection's
+    if (!calls_.empty()) {
+      Cancel();
+      Event ignored;
+      while (Next(&ignored)) {
+      }
+      cq_.Shutdown();
+      void* tag;
+      bool ok;
+      while (cq_.Next(&tag, &ok)) {
+      }
+    }
+    for (Call& c : calls_) active_->Remove(c.context.get());
   }
-  ActiveCalls* calls = nullptr;
-  bool registered = false;
+
+  // Starts one call per request; false (nothing started) when the server is stopping.
+  bool Start(v1::Kvrm::Stub* stub, const std::vector<v1::GenerateRequest>& requests,
+             const char* authorization) {
+    calls_.resize(requests.size());
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Call& c = calls_[i];
+      c.context = std::make_unique<grpc::ClientContext>();
+      if (authorization != nullptr) c.context->AddMetadata("authorization", authorization);
+      if (!active_->Add(c.context.get())) {
+        for (size_t j = 0; j < i; ++j) active_->Remove(calls_[j].context.get());
+        calls_.clear();
+        return false;
+      }
+    }
+    for (size_t i = 0; i < requests.size(); ++i) {
+      Call& c = calls_[i];
+      c.reader = stub->PrepareAsyncGenerate(c.context.get(), requests[i], &cq_);
+      c.reader->StartCall(Tag(i));
+    }
+    live_ = static_cast<int>(calls_.size());
+    return true;
+  }
+
+  // Waits for the next event; false once every call has ended.
+  bool Next(Event* e) {
+    while (live_ > 0) {
+      void* tag = nullptr;
+      bool ok = false;
+      const gpr_timespec deadline = gpr_time_add(
+          gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(kWatchMs, GPR_TIMESPAN));
+      const grpc::CompletionQueue::NextStatus got = cq_.AsyncNext(&tag, &ok, deadline);
+      WatchClient();
+      if (got == grpc::CompletionQueue::TIMEOUT) continue;
+      if (got == grpc::CompletionQueue::SHUTDOWN) return false;
+      const size_t i = reinterpret_cast<uintptr_t>(tag) - 1;
+      Call& c = calls_[i];
+      switch (c.state) {
+        case Call::kStarting:
+        case Call::kReading:
+          if (ok && c.state == Call::kReading) {
+            e->call = static_cast<int>(i);
+            e->message = true;
+            e->response = std::move(c.message);
+            c.message.Clear();
+            c.reader->Read(&c.message, Tag(i));  // the next one, while this one is handled
+            return true;
+          }
+          if (ok) {  // started
+            c.state = Call::kReading;
+            c.reader->Read(&c.message, Tag(i));
+          } else {  // the stream is over (or never began): its status
+            c.state = Call::kFinishing;
+            c.reader->Finish(&c.status, Tag(i));
+          }
+          break;
+        case Call::kFinishing:
+          c.state = Call::kDone;
+          --live_;
+          e->call = static_cast<int>(i);
+          e->message = false;
+          e->status = c.status;
+          return true;
+        case Call::kDone:
+          break;
+      }
+    }
+    return false;
+  }
+
+  void Cancel() {
+    for (Call& c : calls_) c.context->TryCancel();
+  }
+
+  size_t size() const { return calls_.size(); }
+  const grpc::ClientContext& context(int call) const { return *calls_[call].context; }
+  // The client hung up while a call ran (its calls were cancelled).
+  bool client_gone() const { return client_gone_; }
+
+ private:
+  static constexpr int64_t kWatchMs = 50;  // how often the client's socket is looked at
+
+  struct Call {
+    enum State { kStarting, kReading, kFinishing, kDone };
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientAsyncReader<v1::GenerateResponse>> reader;
+    v1::GenerateResponse message;
+    grpc::Status status;
+    State state = kStarting;
+  };
+
+  static void* Tag(size_t call) { return reinterpret_cast<void*>(call + 1); }
+
+  // At most every kWatchMs: a peer that closed or reset its end cancels the calls. Bytes the
+  // client sent (a pipelined next request) are not a hang-up and are left to libmicrohttpd.
+  void WatchClient() {
+    if (client_fd_ < 0 || client_gone_) return;
+    const absl::Time now = absl::Now();
+    if (now - last_watch_ < absl::Milliseconds(kWatchMs)) return;
+    last_watch_ = now;
+    pollfd p{client_fd_, POLLRDHUP, 0};
+    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      client_gone_ = true;
+      if (disconnects_ != nullptr) disconnects_->Add();
+      Cancel();
+    }
+  }
+
+  ActiveCalls* active_;
+  int client_fd_;
+  Counter* disconnects_;
+  grpc::CompletionQueue cq_;
+  std::vector<Call> calls_;
+  int live_ = 0;
+  bool client_gone_ = false;
+  absl::Time last_watch_ = absl::InfinitePast();
+};
+
+// One reply being made: the request, its calls and the reply built from their messages. For a
+// stream, owned by the libmicrohttpd response (freed by FreeStream when it is done or the client
+// gone) and refilled by ReadStream on the connection's thread.
+struct Stream {
+  Stream(ActiveCalls* active, int client_fd, Counter* disconnects)
+      : calls(active, client_fd, disconnects) {}
   OpenAiRequest request;
-  std::unique_ptr<grpc::ClientContext> context;
-  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader;
+  CallGroup calls;
   std::unique_ptr<OpenAiReply> reply;
   std::string pending;  // events not yet handed to libmicrohttpd
   size_t sent = 0;      // bytes of `pending` handed over
-  bool ended = false;   // the call finished and its last events are in `pending`
+  bool ended = false;   // every call finished and the last events are in `pending`
+  OpenAiError error;    // the first call that failed after output began
+  bool failed = false;
 };
 
-// Refills `s->pending` with the next events, blocking on the call (this connection's thread).
+// The error a call's end means, or nullopt when it ended well.
+std::optional<OpenAiError> EndError(const CallGroup& calls, const CallGroup::Event& e,
+                                    const OpenAiRequest& request) {
+  if (e.status.ok()) return std::nullopt;
+  return ToOpenAiError(FromGrpc(e.status), &request, RetryAfterMs(calls.context(e.call)));
+}
+
+// Refills `s->pending` with the next events, blocking on the calls (this connection's thread).
 void NextEvents(Stream* s) {
   s->pending.clear();
   s->sent = 0;
-  v1::GenerateResponse message;
+  CallGroup::Event e;
   while (s->pending.empty() && !s->ended) {
-    if (s->reader->Read(&message)) {
-      s->pending = s->reply->StreamMessage(message);
+    if (s->calls.Next(&e)) {
+      if (e.message) {
+        s->pending = s->reply->StreamMessage(e.response, e.call);
+      } else if (std::optional<OpenAiError> error = EndError(s->calls, e, s->request);
+                 error && !s->failed) {
+        s->failed = true;
+        s->error = *std::move(error);
+        s->calls.Cancel();  // one prompt failing fails the request
+      }
       continue;
     }
-    const grpc::Status status = s->reader->Finish();
-    if (!status.ok()) {
-      s->pending = OpenAiReply::StreamError(
-          ToOpenAiError(FromGrpc(status), &s->request, RetryAfterMs(*s->context)));
+    if (s->calls.client_gone()) return;  // nobody to write to
+    if (s->failed) {
+      s->pending = OpenAiReply::StreamError(s->error);
     } else if (!s->reply->engine_error().empty()) {
-      OpenAiError e;
-      e.message = s->reply->engine_error();
-      e.type = "server_error";
-      s->pending = OpenAiReply::StreamError(e);
+      OpenAiError error;
+      error.message = s->reply->engine_error();
+      error.type = "server_error";
+      s->pending = OpenAiReply::StreamError(error);
     }
     s->pending += s->reply->StreamEnd();
     s->ended = true;
@@ -171,7 +350,7 @@ ssize_t ReadStream(void* cls, uint64_t /*pos*/, char* buf, size_t max) {
   if (s->sent == s->pending.size()) {
     if (s->ended) return MHD_CONTENT_READER_END_OF_STREAM;
     NextEvents(s);
-    if (s->pending.empty()) return MHD_CONTENT_READER_END_OF_STREAM;
+    if (s->pending.empty()) return MHD_CONTENT_READER_END_WITH_ERROR;  // the client is gone
   }
   const size_t n = std::min(max, s->pending.size() - s->sent);
   std::memcpy(buf, s->pending.data() + s->sent, n);
@@ -179,18 +358,9 @@ ssize_t ReadStream(void* cls, uint64_t /*pos*/, char* buf, size_t max) {
   return static_cast<ssize_t>(n);
 }
 
-void FreeStream(void* cls) {
-  auto* s = static_cast<Stream*>(cls);
-  if (!s->ended) {
-    // The client went away (or the server is stopping): cancel, and let the call end.
-    s->context->TryCancel();
-    v1::GenerateResponse ignored;
-    while (s->reader->Read(&ignored)) {
-    }
-    s->reader->Finish();
-  }
-  delete s;
-}
+// The client went away, the stream ended, or the server is stopping: ~CallGroup cancels what is
+// still running and lets it end.
+void FreeStream(void* cls) { delete static_cast<Stream*>(cls); }
 
 MHD_Result AccessHandler(void* cls, MHD_Connection* connection, const char* url,
                          const char* method, const char* /*version*/, const char* upload_data,
@@ -208,10 +378,27 @@ void LogHttp(void* /*cls*/, const char* format, va_list args) {
   LOG(INFO) << "http: " << text;
 }
 
-void RequestCompleted(void* /*cls*/, MHD_Connection* /*connection*/, void** state,
+// The request is done (its reply sent, or the connection gone): its metrics, then its state.
+void RequestCompleted(void* cls, MHD_Connection* connection, void** state,
                       MHD_RequestTerminationCode /*code*/) {
-  delete static_cast<Upload*>(*state);
+  auto* upload = static_cast<Upload*>(*state);
+  if (upload == nullptr) return;
+  const HttpApiMetrics* metrics = static_cast<const HttpApiMetrics*>(cls);
+  if (metrics != nullptr) {
+    const MHD_ConnectionInfo* info =
+        MHD_get_connection_info(connection, MHD_CONNECTION_INFO_HTTP_STATUS);
+    // No status queued: the client hung up before the reply began.
+    const int status = info != nullptr && info->http_status != 0 ? info->http_status : 499;
+    metrics->Record(upload->route, status, absl::ToDoubleSeconds(absl::Now() - upload->start));
+  }
+  delete upload;
   *state = nullptr;
+}
+
+void ConnectionChanged(void* cls, MHD_Connection* /*connection*/, void** /*socket_context*/,
+                       MHD_ConnectionNotificationCode code) {
+  Gauge* open = static_cast<Gauge*>(cls);
+  open->Add(code == MHD_CONNECTION_NOTIFY_STARTED ? 1.0 : -1.0);
 }
 
 }  // namespace
@@ -227,7 +414,10 @@ OpenAiHttpServer::OpenAiHttpServer(std::shared_ptr<grpc::Channel> channel,
 int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const char* method,
                              const char* upload_data, size_t* upload_data_size, void** state) {
   if (*state == nullptr) {  // the headers are in: the body (if any) comes in the next calls
-    *state = new Upload();
+    auto* upload = new Upload();
+    upload->route = RouteOf(url);
+    upload->start = absl::Now();
+    *state = upload;
     return MHD_YES;
   }
   auto* upload = static_cast<Upload*>(*state);
@@ -304,7 +494,11 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
                                const std::string& body) {
   absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, body, options_.defaults);
   if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
-  auto stream = std::make_unique<Stream>();
+  const MHD_ConnectionInfo* fd_info =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  auto stream = std::make_unique<Stream>(
+      calls_.get(), fd_info != nullptr ? fd_info->connect_fd : -1,
+      options_.metrics != nullptr ? options_.metrics->client_disconnects() : nullptr);
   stream->request = std::move(*parsed);
   OpenAiRequest& request = stream->request;
   if (!request.model.empty() && request.model != options_.served_model_name) {
@@ -325,49 +519,68 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
       generate.set_request_id(absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex()));
     }
   }
-  const std::string& id = generate.request_id();
-  std::string prompt_text;
+  const std::string id = generate.request_id();
+  const std::vector<v1::GenerateRequest> calls = OpenAiCalls(request);
+  std::vector<std::string> prompt_texts;
   if (request.echo) {
-    prompt_text = generate.has_token_ids() && options_.tokenizer != nullptr
-                      ? options_.tokenizer->Decode(generate.token_ids().ids(), false)
-                      : generate.text();
+    for (const v1::GenerateRequest& call : calls) {
+      prompt_texts.push_back(call.has_token_ids() && options_.tokenizer != nullptr
+                                 ? options_.tokenizer->Decode(call.token_ids().ids(), false)
+                                 : call.text());
+    }
   }
   stream->reply = std::make_unique<OpenAiReply>(
       request, options_.tokenizer, id, absl::ToUnixSeconds(absl::Now()),
-      request.model.empty() ? options_.served_model_name : request.model, prompt_text);
-  stream->context = std::make_unique<grpc::ClientContext>();
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
-    stream->context->AddMetadata("authorization", auth);
-  }
-  stream->calls = calls_.get();
-  if (!calls_->Add(stream->context.get())) {
+      request.model.empty() ? options_.served_model_name : request.model,
+      std::move(prompt_texts));
+  if (!stream->calls.Start(stub_.get(), calls,
+                           Header(connection, MHD_HTTP_HEADER_AUTHORIZATION))) {
     return ReplyError(connection, 503, "service_unavailable", "the server is stopping");
   }
-  stream->registered = true;
-  stream->reader = stub_->Generate(stream->context.get(), generate);
 
-  // The first message decides the status: refusals (bad values, a full queue, a draining
-  // server) come before any output.
-  v1::GenerateResponse first;
-  if (!stream->reader->Read(&first)) {
-    const grpc::Status status = stream->reader->Finish();
-    stream->ended = true;
-    absl::Status st = FromGrpc(status);
-    if (st.ok()) st = absl::InternalError("the stream ended without a message");
-    return ReplyError(connection,
-                      ToOpenAiError(st, &request, RetryAfterMs(*stream->context)));
+  // Each call's first message decides the status: refusals (bad values, a full queue, a draining
+  // server) come before any output. One prompt refused refuses the request.
+  std::vector<CallGroup::Event> firsts;
+  std::vector<bool> started(calls.size(), false);
+  size_t waiting = calls.size();
+  CallGroup::Event e;
+  while (waiting > 0 && stream->calls.Next(&e)) {
+    if (e.message) {
+      if (!started[e.call]) {
+        started[e.call] = true;
+        --waiting;
+      }
+      firsts.push_back(std::move(e));
+      continue;
+    }
+    if (stream->calls.client_gone()) return MHD_NO;
+    absl::Status st = FromGrpc(e.status);
+    if (st.ok() && !started[e.call]) st = absl::InternalError("the stream ended without a message");
+    if (!st.ok()) {
+      const OpenAiError error =
+          ToOpenAiError(st, &request, RetryAfterMs(stream->calls.context(e.call)));
+      stream.reset();  // cancels the others and waits for them
+      return ReplyError(connection, error);
+    }
   }
+  if (stream->calls.client_gone()) return MHD_NO;
+
   if (!request.stream) {
     OpenAiReply& reply = *stream->reply;
-    reply.Add(first);
-    v1::GenerateResponse message;
-    while (stream->reader->Read(&message)) reply.Add(message);
-    const grpc::Status status = stream->reader->Finish();
-    stream->ended = true;
-    if (!status.ok()) {
-      return ReplyError(connection,
-                        ToOpenAiError(FromGrpc(status), &request, RetryAfterMs(*stream->context)));
+    for (const CallGroup::Event& f : firsts) reply.Add(f.response, f.call);
+    std::optional<OpenAiError> failed;
+    while (stream->calls.Next(&e)) {
+      if (e.message) {
+        reply.Add(e.response, e.call);
+      } else if (std::optional<OpenAiError> error = EndError(stream->calls, e, request);
+                 error && !failed) {
+        failed = std::move(error);
+        stream->calls.Cancel();
+      }
     }
+    // A client that hung up gets nothing: closing the connection is the whole answer.
+    if (stream->calls.client_gone()) return MHD_NO;
+    if (failed) return ReplyError(connection, *failed);
     if (!reply.engine_error().empty()) {
       return ReplyError(connection, 500, "server_error", reply.engine_error());
     }
@@ -375,7 +588,10 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
     if (response != nullptr) MHD_add_response_header(response, "X-Request-Id", id.c_str());
     return Queue(connection, MHD_HTTP_OK, response);
   }
-  stream->pending = stream->reply->StreamStart() + stream->reply->StreamMessage(first);
+  stream->pending = stream->reply->StreamStart();
+  for (const CallGroup::Event& f : firsts) {
+    stream->pending += stream->reply->StreamMessage(f.response, f.call);
+  }
   Stream* s = stream.release();
   MHD_Response* response =
       MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 << 10, &ReadStream, s, &FreeStream);
@@ -423,9 +639,14 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
       {MHD_OPTION_SOCK_ADDR, 0, &addr},
       {MHD_OPTION_CONNECTION_LIMIT, options.connection_limit, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, options.idle_timeout_s, nullptr},
-      {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&RequestCompleted), nullptr},
+      {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&RequestCompleted),
+       const_cast<HttpApiMetrics*>(options.metrics)},
       {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&LogHttp), nullptr},
   };
+  if (options.metrics != nullptr) {
+    items.push_back({MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&ConnectionChanged),
+                     options.metrics->connections()});
+  }
   if (tls) {
     items.push_back({MHD_OPTION_HTTPS_MEM_CERT, 0, const_cast<char*>(options.tls_cert_pem.c_str())});
     items.push_back({MHD_OPTION_HTTPS_MEM_KEY, 0, const_cast<char*>(options.tls_key_pem.c_str())});

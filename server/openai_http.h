@@ -8,7 +8,9 @@
 // (INVALID_ARGUMENT 400, UNAUTHENTICATED 401, RESOURCE_EXHAUSTED 429 with Retry-After,
 // UNAVAILABLE 503) before any byte of a reply is sent: the first message of the service's stream
 // is awaited before the response starts. A client that goes away mid-stream cancels its call
-// (its slot and KV blocks are freed at the next token).
+// (its slot and KV blocks are freed at the next token); so does one that hangs up while waiting
+// for a whole (non-streamed) reply, noticed by watching its socket every 50 ms. A completions
+// request with a list of prompts is one call per prompt, run at once, in one reply.
 #ifndef KVRM_SERVER_OPENAI_HTTP_H_
 #define KVRM_SERVER_OPENAI_HTTP_H_
 
@@ -19,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
+#include "metrics/kvrm_metrics.h"
 #include "model/tokenizer.h"
 #include "server/openai_api.h"
 
@@ -41,6 +44,9 @@ struct OpenAiHttpOptions {
   int32_t max_context = 0;  // /v1/models' max_model_len
   OpenAiDefaults defaults;
   const Tokenizer* tokenizer = nullptr;  // spells logprob tokens; must outlive the server
+  // kvrm:http_* series (requests by endpoint and status, durations, connections, hang-ups);
+  // null records none. Must outlive the server.
+  const HttpApiMetrics* metrics = nullptr;
   // PEM texts: HTTPS when both are set (kvrmd passes its --tls_cert / --tls_key).
   std::string tls_cert_pem;
   std::string tls_key_pem;

@@ -9,6 +9,8 @@
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/json.h"
 #include "common/subprocess.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -210,10 +212,13 @@ TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
 TEST(KvrmdProcessTest, HttpApiServesAndDrainsWithTheServer) {
   const std::string port_file = TmpDir() + "/kvrmd-http.port";
   const std::string http_port_file = TmpDir() + "/kvrmd-http.http_port";
+  const std::string metrics_port_file = TmpDir() + "/kvrmd-http.metrics_port";
   fs::remove(port_file);
   fs::remove(http_port_file);
+  fs::remove(metrics_port_file);
   Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
                              "--port_file=" + port_file, "--http_port_file=" + http_port_file,
+                             "--metrics_port_file=" + metrics_port_file,
                              "--served_model_name=tiny-chat", "--slots=2", "--threads=2",
                              "--drain_grace_s=60"},
                             "http");
@@ -228,6 +233,18 @@ TEST(KvrmdProcessTest, HttpApiServesAndDrainsWithTheServer) {
                              "max_tokens": 5, "ignore_eos": true})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_TRUE(absl::StrContains(r.body, "\"completion_tokens\":5")) << r.body;
+  // kvrmd's /metrics counts the HTTP API's requests by endpoint and status.
+  absl::StatusOr<int> metrics_port = p.WaitForPortFile(metrics_port_file, absl::Seconds(5));
+  ASSERT_TRUE(metrics_port.ok()) << metrics_port.status();
+  std::string scrape;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);  // recorded after the last byte
+  while (!absl::StrContains(scrape, R"(endpoint="chat_completions",code="200"} 1)") &&
+         absl::Now() < deadline) {
+    scrape = HttpCall(*metrics_port, "GET", "/metrics").body;
+  }
+  EXPECT_TRUE(absl::StrContains(scrape, R"(endpoint="chat_completions",code="200"} 1)"))
+      << scrape.substr(0, 2000);
+  EXPECT_TRUE(absl::StrContains(scrape, R"(endpoint="models",code="200"} 1)"));
 
   // A long stream, then SIGTERM while it runs.
   HttpConnection stream(*http_port, "POST", "/v1/completions",

@@ -4,6 +4,7 @@
 // refusals, and that a client hanging up frees its slot.
 #include <atomic>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -11,9 +12,12 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
+#include "metrics/kvrm_metrics.h"
+#include "metrics/registry.h"
 #include "server/openai_http.h"
 #include "tests/http_client.h"
 #include "tests/test_server.h"
@@ -35,7 +39,8 @@ EngineOptions Options(int slots, int max_queue = 64) {
 // kvrmd's wiring: the HTTP server over the gRPC server's in-process channel.
 class Daemon {
  public:
-  explicit Daemon(EngineOptions options, ServerOptions so = {}, size_t max_body = 8 << 20)
+  explicit Daemon(EngineOptions options, ServerOptions so = {}, size_t max_body = 8 << 20,
+                  const HttpApiMetrics* metrics = nullptr)
       : server_(options, so) {
     OpenAiHttpOptions o;
     o.host = "127.0.0.1";
@@ -45,6 +50,7 @@ class Daemon {
     o.defaults.chat_max_tokens = options.max_new_tokens;
     o.tokenizer = server_.model().tokenizer.get();
     o.max_body_bytes = max_body;
+    o.metrics = metrics;
     absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> http =
         OpenAiHttpServer::Start(server_.server().InProcessChannel(), o);
     EXPECT_TRUE(http.ok()) << http.status();
@@ -258,6 +264,157 @@ TEST(OpenAiHttpTest, GuidedChoiceHoldsTheReplyToTheChoices) {
   }
 }
 
+TEST(OpenAiHttpTest, AListOfPromptsIsOneCallPerPromptInOneReply) {
+  Daemon d(Options(4));
+  const std::vector<std::string> prompts = {"The capital of", "Once upon a", "Rivers run"};
+  std::vector<StreamResult> want;
+  for (const std::string& p : prompts) {
+    v1::GenerateRequest g = TextRequest(p, 10);
+    g.mutable_stopping()->set_ignore_eos(true);
+    want.push_back(RunGenerate(d.grpc().stub(), g));
+    ASSERT_TRUE(want.back().status.ok()) << want.back().status.error_message();
+  }
+  const std::string list = R"(["The capital of", "Once upon a", "Rivers run"])";
+  // Greedy, n=2: prompt p's two completions are choices 2p and 2p+1, each gRPC's text.
+  HttpReply r = d.Post("/v1/completions",
+                       absl::StrCat(R"({"prompt": )", list, R"(, "n": 2, "max_tokens": 10,
+                           "temperature": 0, "ignore_eos": true, "request_id": "b7"})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Body(r);
+  EXPECT_EQ(j["id"], "b7");
+  ASSERT_EQ(j["choices"].size(), 6u);
+  int64_t prompt_tokens = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    prompt_tokens += want[p].finished.usage().prompt_tokens();
+    for (int k = 0; k < 2; ++k) {
+      const Json& c = j["choices"][2 * p + k];
+      EXPECT_EQ(c["index"], 2 * p + k);
+      EXPECT_EQ(c["text"], want[p].text) << "prompt " << p;
+      EXPECT_EQ(c["finish_reason"], "length");
+    }
+  }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 6 * 10);
+
+  // Streamed, with echo and usage: the same texts, rebuilt per index from interleaved chunks.
+  r = d.Post("/v1/completions",
+             absl::StrCat(R"({"prompt": )", list, R"(, "max_tokens": 10, "temperature": 0,
+                 "ignore_eos": true, "echo": true, "stream": true,
+                 "stream_options": {"include_usage": true}})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::map<int, std::string> texts;
+  Json usage;
+  for (const Json& e : Events(r)) {
+    if (e.contains("usage") && !e["usage"].is_null()) usage = e["usage"];
+    for (const Json& c : e["choices"]) texts[c["index"].get<int>()] += c["text"].get<std::string>();
+  }
+  ASSERT_EQ(texts.size(), prompts.size());
+  for (size_t p = 0; p < prompts.size(); ++p) EXPECT_EQ(texts[p], prompts[p] + want[p].text);
+  ASSERT_TRUE(usage.is_object());
+  EXPECT_EQ(usage["prompt_tokens"], prompt_tokens);
+  EXPECT_EQ(usage["completion_tokens"], 3 * 10);
+
+  // One prompt the service refuses (a token id outside the vocabulary) refuses the request and
+  // leaves nothing running.
+  r = d.Post("/v1/completions", R"({"prompt": [[1, 2, 3], [1, 2000000000]], "max_tokens": 200,
+                                     "ignore_eos": true})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Body(r)["error"]["param"], "prompt") << r.body;
+  EXPECT_TRUE(d.WaitIdle());
+}
+
+// The value of one series in a registry's exposition ("" when it is not there).
+std::string SeriesValue(const MetricRegistry& registry, const std::string& series) {
+  for (absl::string_view line : absl::StrSplit(registry.Render(), '\n')) {
+    if (absl::StartsWith(line, series + " ")) return std::string(line.substr(series.size() + 1));
+  }
+  return "";
+}
+
+std::string HttpRequests(const std::string& endpoint, int code) {
+  return absl::StrCat(R"(kvrm:http_requests_total{model_name="tiny",kv_mode="kvrm",endpoint=")",
+                      endpoint, R"(",code=")", code, R"("})");
+}
+
+constexpr char kDisconnects[] =
+    R"(kvrm:http_client_disconnects_total{model_name="tiny",kv_mode="kvrm"})";
+constexpr char kConnections[] = R"(kvrm:http_connections{model_name="tiny",kv_mode="kvrm"})";
+
+// Polls until the series reads `want` (the server records after the reply's last byte).
+bool WaitForSeries(const MetricRegistry& registry, const std::string& series,
+                   const std::string& want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    if (SeriesValue(registry, series) == want) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+TEST(OpenAiHttpTest, MetricsCountRequestsByEndpointAndStatus) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, {"tiny", "kvrm"});
+  Daemon d(Options(2), {}, 8 << 20, &metrics.http_api());
+  EXPECT_EQ(SeriesValue(registry, HttpRequests("completions", 200)), "0");
+  EXPECT_EQ(SeriesValue(registry, kConnections), "0");
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(d.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 2})").status, 200);
+  }
+  EXPECT_EQ(d.Post("/v1/completions", R"({"prompt": "x", "top_p": 7})").status, 400);
+  EXPECT_EQ(d.Post("/v1/chat/completions",
+                   R"({"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                       "stream": true})").status,
+            200);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models").status, 200);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/nope").status, 404);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/health").status, 200);
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("completions", 200), "3"));
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("completions", 400), "1"));
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("chat_completions", 200), "1"));
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("models", 200), "1"));
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("other", 404), "1"));
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("health", 200), "1"));
+  EXPECT_EQ(SeriesValue(registry, HttpRequests("completions", 429)), "0");
+  const std::string duration_count = absl::StrCat(
+      R"(kvrm:http_request_duration_seconds_count{model_name="tiny",kv_mode="kvrm",)",
+      R"(endpoint="completions"})");
+  EXPECT_EQ(SeriesValue(registry, duration_count), "4");
+  // Every connection was closed by its client (one request each): none left open.
+  EXPECT_TRUE(WaitForSeries(registry, kConnections, "0"));
+  EXPECT_EQ(SeriesValue(registry, kDisconnects), "0");
+}
+
+TEST(OpenAiHttpTest, AClientThatHangsUpBeforeAWholeReplyFreesItsSlot) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, {"tiny", "kvrm"});
+  Daemon d(Options(2), {}, 8 << 20, &metrics.http_api());
+  {
+    HttpConnection c(d.http_port(), "POST", "/v1/completions",
+                     R"({"prompt": "Go on", "max_tokens": 250, "ignore_eos": true})");
+    ASSERT_TRUE(c.connected());
+    // Hang up once the request is decoding.
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    bool running = false;
+    while (!running && absl::Now() < deadline) {
+      grpc::ClientContext context;
+      v1::ServerInfo info;
+      running = d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
+                info.tokens_generated_total() > 0;
+      if (!running) absl::SleepFor(absl::Milliseconds(5));
+    }
+    ASSERT_TRUE(running);
+  }
+  EXPECT_TRUE(d.WaitIdle()) << "the call was not cancelled";
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.kv().blocks_reserved(), 0) << info.DebugString();
+  EXPECT_LT(info.tokens_generated_total(), 250u) << "it ran to the end for nobody";
+  EXPECT_EQ(SeriesValue(registry, kDisconnects), "1");
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("completions", 499), "1"));
+  EXPECT_EQ(d.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})").status, 200);
+}
+
 TEST(OpenAiHttpTest, RefusalsHaveHttpStatusesAndNameTheParameter) {
   Daemon d(Options(2), {}, /*max_body=*/4096);
   struct Case {
@@ -269,7 +426,7 @@ TEST(OpenAiHttpTest, RefusalsHaveHttpStatusesAndNameTheParameter) {
       {"/v1/completions", R"({"prompt": "x", "top_p": 1.5})", 400, "top_p"},
       {"/v1/completions", R"({"prompt": "x", "max_tokens": 100000})", 400, "max_tokens"},
       {"/v1/completions", R"({"prompt": "x", "temperature": "hot"})", 400, "temperature"},
-      {"/v1/completions", R"({"prompt": ["a", "b"]})", 400, "prompt"},
+      {"/v1/completions", R"({"prompt": ["a", 3]})", 400, "prompt[1]"},
       {"/v1/completions", R"({"prompt": "x")", 400, ""},
       {"/v1/chat/completions", R"({"messages": [{"content": "x"}]})", 400, "messages[0].role"},
       {"/v1/chat/completions", R"({"messages": [{"role": "user", "content": "x"}],
