@@ -39,6 +39,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                             ? kvrm::OpenAiEndpoint::kCompletions
                                             : kvrm::OpenAiEndpoint::kChatCompletions;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  // vLLM's /tokenize and /detokenize bodies: parsed or refused naming a parameter, never thrown.
+  for (const absl::Status& st :
+       {kvrm::ParseTokenizeRequest(absl::string_view(body.data(), body.size())).status(),
+        kvrm::ParseDetokenizeRequest(absl::string_view(body.data(), body.size())).status()}) {
+    FUZZ_CHECK(st.ok() || (st.code() == absl::StatusCode::kInvalidArgument &&
+                           absl::StrContains(st.message(), ": ")));
+  }
   kvrm::OpenAiDefaults defaults;
   absl::StatusOr<kvrm::OpenAiRequest> r =
       kvrm::ParseOpenAiRequest(endpoint, absl::string_view(body.data(), body.size()), defaults);

@@ -297,8 +297,14 @@ const char* HttpRouteName(HttpRoute route) {
       return "completions";
     case HttpRoute::kModels:
       return "models";
+    case HttpRoute::kTokenize:
+      return "tokenize";
+    case HttpRoute::kDetokenize:
+      return "detokenize";
     case HttpRoute::kHealth:
       return "health";
+    case HttpRoute::kMetrics:
+      return "metrics";
     case HttpRoute::kOther:
       break;
   }

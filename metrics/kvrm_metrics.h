@@ -48,8 +48,17 @@ struct ToolCallMetrics {
 };
 
 // The OpenAI-compatible HTTP API (server/openai_http.h), recorded by its connection threads.
-enum class HttpRoute { kChatCompletions, kCompletions, kModels, kHealth, kOther };
-constexpr int kHttpRoutes = 5;
+enum class HttpRoute {
+  kChatCompletions,
+  kCompletions,
+  kModels,
+  kTokenize,
+  kDetokenize,
+  kHealth,   // /health, /ping
+  kMetrics,  // /metrics on the API port
+  kOther,    // /version, unknown paths
+};
+constexpr int kHttpRoutes = 8;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `endpoint` label)
 
 class HttpApiMetrics {

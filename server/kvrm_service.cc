@@ -506,6 +506,25 @@ grpc::ServerUnaryReactor* KvrmService::Tokenize(grpc::CallbackServerContext* con
   return FinishUnary(context, grpc::Status::OK);
 }
 
+grpc::ServerUnaryReactor* KvrmService::Detokenize(grpc::CallbackServerContext* context,
+                                                  const v1::DetokenizeRequest* request,
+                                                  v1::DetokenizeResponse* response) {
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  const int32_t vocab = engine_->model().config.vocab_size;
+  for (int i = 0; i < request->token_ids_size(); ++i) {
+    const int32_t id = request->token_ids(i);
+    if (id < 0 || id >= vocab) {
+      return FinishUnary(
+          context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                absl::StrCat("token_ids[", i, "]: ", id,
+                                             " is outside the vocabulary [0, ", vocab, ")")));
+    }
+  }
+  const std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
+  response->set_text(engine_->model().tokenizer->Decode(ids, request->skip_special_tokens()));
+  return FinishUnary(context, grpc::Status::OK);
+}
+
 grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext* context,
                                                     const v1::GetModelInfoRequest*,
                                                     v1::ModelInfo* response) {

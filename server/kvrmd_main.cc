@@ -115,6 +115,9 @@ ABSL_FLAG(std::string, http_listen, "0.0.0.0", "host of the OpenAI-compatible HT
 ABSL_FLAG(std::string, http_port_file, "", "write the bound HTTP API port to this file");
 ABSL_FLAG(int32_t, http_idle_timeout_s, 120,
           "HTTP API: a keep-alive connection with no request in flight is closed after this");
+ABSL_FLAG(bool, http_metrics, false,
+          "HTTP API: also serve GET /metrics on --http_port (where vLLM serves its metrics); "
+          "off by default so that metrics stay on the internal --metrics_port");
 ABSL_FLAG(std::string, served_model_name, "",
           "the model's id in the HTTP API (requests' \"model\", /v1/models); default: the "
           "model directory's name");
@@ -327,6 +330,8 @@ int Run() {
     ho.defaults.completion_max_tokens = std::min(16, (*engine)->options().max_new_tokens);
     ho.tokenizer = m.tokenizer.get();
     ho.metrics = &metrics.http_api();
+    if (absl::GetFlag(FLAGS_http_metrics)) ho.registry = &registry;
+    ho.version = kVersion;
     if (!so.tls_cert.empty()) {
       if (!so.tls_client_ca.empty()) {
         std::fprintf(stderr,

@@ -605,6 +605,78 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::
   return out;
 }
 
+namespace {
+
+absl::StatusOr<Json> ParseBody(absl::string_view body) {
+  absl::StatusOr<Json> parsed = ParseJson(std::string_view(body.data(), body.size()), "request body");
+  if (!parsed.ok()) return absl::InvalidArgumentError(parsed.status().message());
+  if (!parsed->is_object()) return WrongType("request body", "a JSON object", *parsed);
+  return parsed;
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiTokenize> ParseTokenizeRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
+  OpenAiTokenize out;
+  if (Find(parsed, "messages") != nullptr) {
+    // The chat prompt exactly as /v1/chat/completions renders it.
+    ASSIGN_OR_RETURN(out.request, ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, body, {}));
+    *out.tokenize.mutable_chat() = out.request.generate.chat();
+  } else {
+    out.request.endpoint = OpenAiEndpoint::kCompletions;
+    ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(parsed, "model"));
+    if (model) out.request.model = *model;
+    const Json* prompt = Find(parsed, "prompt");
+    if (prompt == nullptr) return Bad("prompt", "is required (or messages)");
+    if (!prompt->is_string()) return WrongType("prompt", "a string", *prompt);
+    out.tokenize.set_text(prompt->get<std::string>());
+    ASSIGN_OR_RETURN(std::optional<bool> add_special, GetBool(parsed, "add_special_tokens"));
+    out.tokenize.set_add_bos(add_special.value_or(true));
+    out.request.params["text"] = "prompt";
+  }
+  ASSIGN_OR_RETURN(std::optional<bool> strs, GetBool(parsed, "return_token_strs"));
+  out.tokenize.set_return_pieces(strs.value_or(false));
+  return out;
+}
+
+std::string TokenizeReplyJson(const v1::TokenizeResponse& response, int32_t max_model_len,
+                              bool token_strs) {
+  OrderedJson out;
+  out["count"] = response.token_ids_size();
+  out["max_model_len"] = max_model_len;
+  out["tokens"] = OrderedJson(std::vector<int32_t>(response.token_ids().begin(),
+                                                   response.token_ids().end()));
+  out["token_strs"] = token_strs ? OrderedJson(std::vector<std::string>(response.pieces().begin(),
+                                                                        response.pieces().end()))
+                                 : OrderedJson(nullptr);
+  return Dump(out);
+}
+
+absl::StatusOr<OpenAiDetokenize> ParseDetokenizeRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
+  OpenAiDetokenize out;
+  ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(parsed, "model"));
+  if (model) out.request.model = *model;
+  const Json* tokens = Find(parsed, "tokens");
+  if (tokens == nullptr) return Bad("tokens", "is required");
+  if (!tokens->is_array()) return WrongType("tokens", "an array of token ids", *tokens);
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    const std::string at = absl::StrCat("tokens[", i, "]");
+    ASSIGN_OR_RETURN(std::optional<int64_t> id, IntegerOf((*tokens)[i], at));
+    if (*id < 0 || *id > INT32_MAX) return Bad(at, absl::StrCat(*id, " is not a token id"));
+    out.detokenize.add_token_ids(static_cast<int32_t>(*id));
+  }
+  out.request.params["token_ids"] = "tokens";
+  return out;
+}
+
+std::string DetokenizeReplyJson(const v1::DetokenizeResponse& response) {
+  OrderedJson out;
+  out["prompt"] = response.text();
+  return Dump(out);
+}
+
 std::string OpenAiError::Json() const {
   OrderedJson error;
   error["message"] = message;

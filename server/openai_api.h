@@ -66,6 +66,27 @@ struct OpenAiRequest {
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::string_view body,
                                                  const OpenAiDefaults& defaults);
 
+// vLLM's POST /tokenize: {"prompt": "..."} (add_special_tokens, default true: BOS) or a chat
+// {"messages": [...]} with the chat parameters (tools, add_generation_prompt,
+// continue_final_message, chat_template_kwargs), and return_token_strs. `request` keeps the
+// parameter names for errors (ToOpenAiError).
+struct OpenAiTokenize {
+  v1::TokenizeRequest tokenize;
+  OpenAiRequest request;
+};
+absl::StatusOr<OpenAiTokenize> ParseTokenizeRequest(absl::string_view body);
+// {"count", "max_model_len", "tokens", "token_strs" (null unless asked for)}.
+std::string TokenizeReplyJson(const v1::TokenizeResponse& response, int32_t max_model_len,
+                              bool token_strs);
+
+// vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": "text"}.
+struct OpenAiDetokenize {
+  v1::DetokenizeRequest detokenize;
+  OpenAiRequest request;  // model, and the parameter names for errors
+};
+absl::StatusOr<OpenAiDetokenize> ParseDetokenizeRequest(absl::string_view body);
+std::string DetokenizeReplyJson(const v1::DetokenizeResponse& response);
+
 // The calls a request makes, one per prompt: `generate` itself, then for each of `more_prompts`
 // a copy of it with that prompt and the request id "<id>-<p>" (the first keeps "<id>-0" too, so
 // that a batch's calls are told apart in logs; a lone prompt keeps `generate`'s id unchanged).

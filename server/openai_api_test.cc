@@ -1752,5 +1752,96 @@ TEST(OpenAiStreamTest, ListOfPromptsStreamsEachCallUnderItsChoiceIndexes) {
   EXPECT_EQ(usage.at("completion_tokens"), 4);
 }
 
+// =============================================================================================
+// vLLM's /tokenize and /detokenize
+
+TEST(TokenizeRequestTest, PromptOrMessages) {
+  absl::StatusOr<OpenAiTokenize> t =
+      ParseTokenizeRequest(R"({"model": "m", "prompt": "Hello", "return_token_strs": true})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(t->tokenize.text(), "Hello");
+  EXPECT_TRUE(t->tokenize.add_bos());  // add_special_tokens defaults to true, as vLLM's
+  EXPECT_TRUE(t->tokenize.return_pieces());
+  EXPECT_EQ(t->request.model, "m");
+  t = ParseTokenizeRequest(R"({"prompt": "Hello", "add_special_tokens": false})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->tokenize.add_bos());
+  EXPECT_FALSE(t->tokenize.return_pieces());
+
+  t = ParseTokenizeRequest(R"({"messages": [{"role": "system", "content": "Be brief."},
+                                            {"role": "user", "content": "Hi"}],
+                               "add_generation_prompt": false,
+                               "chat_template_kwargs": {"enable_thinking": false}})");
+  ASSERT_TRUE(t.ok()) << t.status();
+  ASSERT_TRUE(t->tokenize.has_chat());
+  ASSERT_EQ(t->tokenize.chat().messages_size(), 2);
+  EXPECT_EQ(t->tokenize.chat().messages(1).content(), "Hi");
+  EXPECT_FALSE(t->tokenize.chat().add_generation_prompt());
+  EXPECT_TRUE(t->tokenize.text().empty());
+}
+
+TEST(TokenizeRequestTest, RefusalsNameTheParameter) {
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({})", "prompt"},
+           {R"({"prompt": ["a"]})", "prompt"},
+           {R"({"prompt": "a", "add_special_tokens": 1})", "add_special_tokens"},
+           {R"({"prompt": "a", "return_token_strs": "yes"})", "return_token_strs"},
+           {R"({"messages": [{"content": "x"}]})", "messages[0].role"},
+           {R"([1])", "request body"},
+       }) {
+    absl::StatusOr<OpenAiTokenize> t = ParseTokenizeRequest(body);
+    ASSERT_FALSE(t.ok()) << body;
+    EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(t.status().message()), StartsWith(param + ": ")) << body;
+  }
+  // The service's "text: ..." comes back as the prompt's.
+  const OpenAiTokenize t = *ParseTokenizeRequest(R"({"prompt": "a"})");
+  const OpenAiError e =
+      ToOpenAiError(absl::InvalidArgumentError("text: longer than the prompt limit"), &t.request);
+  EXPECT_EQ(e.param, "prompt");
+  EXPECT_EQ(e.message, "prompt: longer than the prompt limit");
+}
+
+TEST(TokenizeReplyTest, VllmShape) {
+  v1::TokenizeResponse r;
+  r.add_token_ids(15496);
+  r.add_token_ids(995);
+  r.add_pieces("Hello");
+  r.add_pieces(" world");
+  Json j = Parse(TokenizeReplyJson(r, 2048, /*token_strs=*/true));
+  EXPECT_EQ(j.at("count"), 2);
+  EXPECT_EQ(j.at("max_model_len"), 2048);
+  EXPECT_EQ(j.at("tokens"), Json::array({15496, 995}));
+  EXPECT_EQ(j.at("token_strs"), Json::array({"Hello", " world"}));
+  j = Parse(TokenizeReplyJson(r, 2048, /*token_strs=*/false));
+  EXPECT_TRUE(j.at("token_strs").is_null());
+}
+
+TEST(DetokenizeRequestTest, TokensAndRefusals) {
+  absl::StatusOr<OpenAiDetokenize> d = ParseDetokenizeRequest(R"({"model": "m", "tokens": [1, 2.0, 3]})");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_THAT(d->detokenize.token_ids(), ::testing::ElementsAre(1, 2, 3));
+  EXPECT_EQ(d->request.model, "m");
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({})", "tokens"},
+           {R"({"tokens": "1 2"})", "tokens"},
+           {R"({"tokens": [1, -2]})", "tokens[1]"},
+           {R"({"tokens": [1, 2.5]})", "tokens[1]"},
+           {R"({"tokens": [4294967296]})", "tokens[0]"},
+       }) {
+    absl::StatusOr<OpenAiDetokenize> bad = ParseDetokenizeRequest(body);
+    ASSERT_FALSE(bad.ok()) << body;
+    EXPECT_THAT(std::string(bad.status().message()), StartsWith(param + ": ")) << body;
+  }
+  // The service's field path becomes the request's name for it.
+  const OpenAiError e = ToOpenAiError(
+      absl::InvalidArgumentError("token_ids[2]: 99999 is outside the vocabulary [0, 512)"),
+      &d->request);
+  EXPECT_EQ(e.param, "tokens[2]");
+  v1::DetokenizeResponse r;
+  r.set_text("Hello world");
+  EXPECT_EQ(Parse(DetokenizeReplyJson(r)), Json::parse(R"({"prompt": "Hello world"})"));
+}
+
 }  // namespace
 }  // namespace kvrm

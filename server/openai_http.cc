@@ -70,7 +70,10 @@ HttpRoute RouteOf(const std::string& path) {
   if (path == "/v1/chat/completions") return HttpRoute::kChatCompletions;
   if (path == "/v1/completions") return HttpRoute::kCompletions;
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) return HttpRoute::kModels;
-  if (path == "/health") return HttpRoute::kHealth;
+  if (path == "/tokenize") return HttpRoute::kTokenize;
+  if (path == "/detokenize") return HttpRoute::kDetokenize;
+  if (path == "/health" || path == "/ping") return HttpRoute::kHealth;
+  if (path == "/metrics") return HttpRoute::kMetrics;
   return HttpRoute::kOther;
 }
 
@@ -203,7 +206,7 @@ class CallGroup {
       void* tag = nullptr;
       bool ok = false;
       const gpr_timespec deadline = gpr_time_add(
-          gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(kWatchMs, GPR_TIMESPAN));
+          gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(kIdleMs, GPR_TIMESPAN));
       const grpc::CompletionQueue::NextStatus got = cq_.AsyncNext(&tag, &ok, deadline);
       WatchClient();
       if (got == grpc::CompletionQueue::TIMEOUT) continue;
@@ -253,7 +256,10 @@ class CallGroup {
   bool client_gone() const { return client_gone_; }
 
  private:
-  static constexpr int64_t kWatchMs = 50;  // how often the client's socket is looked at
+  // The client's socket is looked at after each event, at most every kWatchMs, and at least every
+  // kIdleMs while no event comes (a request waiting in the queue).
+  static constexpr int64_t kWatchMs = 10;
+  static constexpr int64_t kIdleMs = 50;
 
   struct Call {
     enum State { kStarting, kReading, kFinishing, kDone };
@@ -266,7 +272,7 @@ class CallGroup {
 
   static void* Tag(size_t call) { return reinterpret_cast<void*>(call + 1); }
 
-  // At most every kWatchMs: a peer that closed or reset its end cancels the calls. Bytes the
+  // A peer that closed or reset its end cancels the calls. Bytes the
   // client sent (a pipelined next request) are not a hang-up and are left to libmicrohttpd.
   void WatchClient() {
     if (client_fd_ < 0 || client_gone_) return;
@@ -433,9 +439,32 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
   const std::string path = url;
   const bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0;
   const bool post = std::strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-  if (path == "/health") {
-    if (!get) return ReplyError(connection, 405, "invalid_request_error", "use GET");
+  if (path == "/health" || path == "/ping") {  // /ping: SageMaker's, GET or POST
+    if (!get && !(post && path == "/ping")) {
+      return ReplyError(connection, 405, "invalid_request_error", "use GET");
+    }
     return Queue(connection, MHD_HTTP_OK, Buffer("", "text/plain"));
+  }
+  if (path == "/version") {
+    if (!get) return ReplyError(connection, 405, "invalid_request_error", "use GET");
+    OrderedJson version;
+    version["version"] = options_.version;
+    return Queue(connection, MHD_HTTP_OK, Buffer(version.dump(), kJson));
+  }
+  if (path == "/metrics" && options_.registry != nullptr) {
+    if (!get) return ReplyError(connection, 405, "invalid_request_error", "use GET");
+    return Queue(connection, MHD_HTTP_OK,
+                 Buffer(options_.registry->Render(), "text/plain; version=0.0.4; charset=utf-8"));
+  }
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (!post) return ReplyError(connection, 405, "invalid_request_error", "use POST");
+    if (upload->too_large) {
+      return ReplyError(connection, 413, "invalid_request_error",
+                        absl::StrCat("request body larger than ", options_.max_body_bytes,
+                                     " bytes"));
+    }
+    return path == "/tokenize" ? Tokenize(connection, upload->body)
+                               : Detokenize(connection, upload->body);
   }
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) {
     if (!get) return ReplyError(connection, 405, "invalid_request_error", "use GET");
@@ -449,7 +478,7 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
   } else {
     return ReplyError(connection, 404, "not_found_error",
                       absl::StrCat("no route ", path, ": try /v1/chat/completions, "
-                                   "/v1/completions, /v1/models"));
+                                   "/v1/completions, /v1/models, /tokenize, /detokenize"));
   }
   if (!post) return ReplyError(connection, 405, "invalid_request_error", "use POST");
   if (upload->too_large) {
@@ -490,6 +519,56 @@ int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path
   return Queue(connection, MHD_HTTP_OK, Buffer(list.dump(), kJson));
 }
 
+std::optional<OpenAiError> OpenAiHttpServer::WrongModel(const std::string& model) const {
+  if (model.empty() || model == options_.served_model_name) return std::nullopt;
+  OpenAiError e;
+  e.http_status = 404;
+  e.type = "not_found_error";
+  e.param = "model";
+  e.message = absl::StrCat("The model `", model, "` does not exist (this server serves `",
+                           options_.served_model_name, "`).");
+  return e;
+}
+
+int OpenAiHttpServer::Tokenize(MHD_Connection* connection, const std::string& body) {
+  absl::StatusOr<OpenAiTokenize> parsed = ParseTokenizeRequest(body);
+  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
+  if (std::optional<OpenAiError> e = WrongModel(parsed->request.model)) {
+    return ReplyError(connection, *e);
+  }
+  grpc::ClientContext context;
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
+    context.AddMetadata("authorization", auth);
+  }
+  v1::TokenizeResponse response;
+  const grpc::Status status = stub_->Tokenize(&context, parsed->tokenize, &response);
+  if (!status.ok()) {
+    return ReplyError(connection, ToOpenAiError(FromGrpc(status), &parsed->request));
+  }
+  return Queue(connection, MHD_HTTP_OK,
+               Buffer(TokenizeReplyJson(response, options_.max_context,
+                                        parsed->tokenize.return_pieces()),
+                      kJson));
+}
+
+int OpenAiHttpServer::Detokenize(MHD_Connection* connection, const std::string& body) {
+  absl::StatusOr<OpenAiDetokenize> parsed = ParseDetokenizeRequest(body);
+  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
+  if (std::optional<OpenAiError> e = WrongModel(parsed->request.model)) {
+    return ReplyError(connection, *e);
+  }
+  grpc::ClientContext context;
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
+    context.AddMetadata("authorization", auth);
+  }
+  v1::DetokenizeResponse response;
+  const grpc::Status status = stub_->Detokenize(&context, parsed->detokenize, &response);
+  if (!status.ok()) {
+    return ReplyError(connection, ToOpenAiError(FromGrpc(status), &parsed->request));
+  }
+  return Queue(connection, MHD_HTTP_OK, Buffer(DetokenizeReplyJson(response), kJson));
+}
+
 int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoint,
                                const std::string& body) {
   absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, body, options_.defaults);
@@ -501,15 +580,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
       options_.metrics != nullptr ? options_.metrics->client_disconnects() : nullptr);
   stream->request = std::move(*parsed);
   OpenAiRequest& request = stream->request;
-  if (!request.model.empty() && request.model != options_.served_model_name) {
-    OpenAiError e;
-    e.http_status = 404;
-    e.type = "not_found_error";
-    e.param = "model";
-    e.message = absl::StrCat("The model `", request.model, "` does not exist (this server serves `",
-                             options_.served_model_name, "`).");
-    return ReplyError(connection, e);
-  }
+  if (std::optional<OpenAiError> e = WrongModel(request.model)) return ReplyError(connection, *e);
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
   v1::GenerateRequest& generate = request.generate;
   if (generate.request_id().empty()) {
@@ -636,12 +707,13 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   }
   // The HTTPS options are refused without MHD_USE_TLS, hence a list built to fit.
   std::vector<MHD_OptionItem> items = {
+      // First, so that libmicrohttpd's messages about the other options come here too.
+      {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&LogHttp), nullptr},
       {MHD_OPTION_SOCK_ADDR, 0, &addr},
       {MHD_OPTION_CONNECTION_LIMIT, options.connection_limit, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, options.idle_timeout_s, nullptr},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&RequestCompleted),
        const_cast<HttpApiMetrics*>(options.metrics)},
-      {MHD_OPTION_EXTERNAL_LOGGER, reinterpret_cast<intptr_t>(&LogHttp), nullptr},
   };
   if (options.metrics != nullptr) {
     items.push_back({MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&ConnectionChanged),

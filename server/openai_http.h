@@ -1,6 +1,7 @@
 // kvrmd's OpenAI-compatible HTTP API (kvrmd --http_port, default 8000): POST /v1/completions and
-// /v1/chat/completions (JSON, or server-sent events with "stream": true), GET /v1/models and
-// /health, on libmicrohttpd with a thread per connection (docs/api.md).
+// /v1/chat/completions (JSON, or server-sent events with "stream": true), GET /v1/models, vLLM's
+// POST /tokenize and /detokenize, GET /health, /ping, /version and /metrics, on libmicrohttpd
+// with a thread per connection (docs/api.md).
 //
 // Every request goes to the kvrm.v1 service through an in-process gRPC channel, so that it is
 // admitted, validated, authenticated (the Authorization header is passed on as metadata), counted
@@ -9,19 +10,21 @@
 // UNAVAILABLE 503) before any byte of a reply is sent: the first message of the service's stream
 // is awaited before the response starts. A client that goes away mid-stream cancels its call
 // (its slot and KV blocks are freed at the next token); so does one that hangs up while waiting
-// for a whole (non-streamed) reply, noticed by watching its socket every 50 ms. A completions
+// for a whole (non-streamed) reply, noticed by watching its socket (every 10 ms while tokens come, 50 ms while queued). A completions
 // request with a list of prompts is one call per prompt, run at once, in one reply.
 #ifndef KVRM_SERVER_OPENAI_HTTP_H_
 #define KVRM_SERVER_OPENAI_HTTP_H_
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "grpcpp/channel.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
 #include "metrics/kvrm_metrics.h"
+#include "metrics/registry.h"
 #include "model/tokenizer.h"
 #include "server/openai_api.h"
 
@@ -47,6 +50,9 @@ struct OpenAiHttpOptions {
   // kvrm:http_* series (requests by endpoint and status, durations, connections, hang-ups);
   // null records none. Must outlive the server.
   const HttpApiMetrics* metrics = nullptr;
+  // GET /metrics on this port too (vLLM serves its metrics beside its API), when set.
+  const MetricRegistry* registry = nullptr;
+  std::string version;  // GET /version
   // PEM texts: HTTPS when both are set (kvrmd passes its --tls_cert / --tls_key).
   std::string tls_cert_pem;
   std::string tls_key_pem;
@@ -74,6 +80,10 @@ class OpenAiHttpServer {
 
   int Models(MHD_Connection* connection, const std::string& path);
   int Generate(MHD_Connection* connection, OpenAiEndpoint endpoint, const std::string& body);
+  int Tokenize(MHD_Connection* connection, const std::string& body);
+  int Detokenize(MHD_Connection* connection, const std::string& body);
+  // A request naming a model other than the served one: the 404 to send (else nullopt).
+  std::optional<OpenAiError> WrongModel(const std::string& model) const;
 
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Kvrm::Stub> stub_;

@@ -40,7 +40,8 @@ EngineOptions Options(int slots, int max_queue = 64) {
 class Daemon {
  public:
   explicit Daemon(EngineOptions options, ServerOptions so = {}, size_t max_body = 8 << 20,
-                  const HttpApiMetrics* metrics = nullptr)
+                  const HttpApiMetrics* metrics = nullptr,
+                  const MetricRegistry* registry = nullptr)
       : server_(options, so) {
     OpenAiHttpOptions o;
     o.host = "127.0.0.1";
@@ -51,6 +52,8 @@ class Daemon {
     o.tokenizer = server_.model().tokenizer.get();
     o.max_body_bytes = max_body;
     o.metrics = metrics;
+    o.registry = registry;
+    o.version = "test-version";
     absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> http =
         OpenAiHttpServer::Start(server_.server().InProcessChannel(), o);
     EXPECT_TRUE(http.ok()) << http.status();
@@ -384,10 +387,20 @@ TEST(OpenAiHttpTest, MetricsCountRequestsByEndpointAndStatus) {
   EXPECT_EQ(SeriesValue(registry, kDisconnects), "0");
 }
 
+// Makes every decode step last at least 2 ms, so that a 250-token request takes half a second
+// on any machine: long enough to hang up in the middle of it.
+class SlowSteps : public EngineObserver {
+ public:
+  void OnDecodeStep(int32_t, absl::Duration) override { absl::SleepFor(absl::Milliseconds(2)); }
+};
+
 TEST(OpenAiHttpTest, AClientThatHangsUpBeforeAWholeReplyFreesItsSlot) {
   MetricRegistry registry;
   KvrmMetrics metrics(&registry, {"tiny", "kvrm"});
-  Daemon d(Options(2), {}, 8 << 20, &metrics.http_api());
+  SlowSteps slow;
+  EngineOptions options = Options(2);
+  options.observer = &slow;
+  Daemon d(options, {}, 8 << 20, &metrics.http_api());
   {
     HttpConnection c(d.http_port(), "POST", "/v1/completions",
                      R"({"prompt": "Go on", "max_tokens": 250, "ignore_eos": true})");
@@ -413,6 +426,81 @@ TEST(OpenAiHttpTest, AClientThatHangsUpBeforeAWholeReplyFreesItsSlot) {
   EXPECT_EQ(SeriesValue(registry, kDisconnects), "1");
   EXPECT_TRUE(WaitForSeries(registry, HttpRequests("completions", 499), "1"));
   EXPECT_EQ(d.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})").status, 200);
+}
+
+TEST(OpenAiHttpTest, TokenizeAndDetokenizeAreTheModelsTokenizer) {
+  Daemon d(Options(2));
+  const std::string text = "The capital of France is";
+  HttpReply r = d.Post("/tokenize", absl::StrCat(R"({"model": "tiny", "prompt": ")", text,
+                                                 R"(", "return_token_strs": true})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json j = Body(r);
+  // What gRPC's Tokenize gives (with BOS, add_special_tokens' default).
+  grpc::ClientContext context;
+  v1::TokenizeRequest want_request;
+  want_request.set_text(text);
+  want_request.set_add_bos(true);
+  want_request.set_return_pieces(true);
+  v1::TokenizeResponse want;
+  ASSERT_TRUE(d.grpc().stub().Tokenize(&context, want_request, &want).ok());
+  const std::vector<int32_t> ids(want.token_ids().begin(), want.token_ids().end());
+  ASSERT_GT(ids.size(), 2u);
+  EXPECT_EQ(j["tokens"].get<std::vector<int32_t>>(), ids);
+  EXPECT_EQ(j["count"], ids.size());
+  EXPECT_EQ(j["max_model_len"], d.grpc().engine().options().max_context);
+  EXPECT_EQ(j["token_strs"].size(), ids.size());
+  // Without BOS: one token fewer.
+  r = d.Post("/tokenize", absl::StrCat(R"({"prompt": ")", text, R"(", "add_special_tokens": false})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["count"], ids.size() - 1);
+  EXPECT_TRUE(Body(r)["token_strs"].is_null());
+
+  // Detokenize is the inverse; special tokens are written, as vLLM's (HF decode's default).
+  r = d.Post("/detokenize", absl::StrCat(R"({"tokens": )", j["tokens"].dump(), "}"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const std::string with_bos = Body(r)["prompt"].get<std::string>();
+  EXPECT_TRUE(absl::EndsWith(with_bos, text)) << with_bos;
+  EXPECT_GT(with_bos.size(), text.size()) << "no BOS spelt";
+  std::vector<int32_t> no_bos(ids.begin() + 1, ids.end());
+  r = d.Post("/detokenize", absl::StrCat(R"({"tokens": )", Json(no_bos).dump(), "}"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["prompt"], text);
+
+  // A chat's count is the prompt_tokens its completion reports.
+  const std::string messages = R"("messages": [{"role": "system", "content": "Be brief."},
+                                               {"role": "user", "content": "Hello there"}])";
+  r = d.Post("/tokenize", absl::StrCat("{", messages, "}"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  const int64_t chat_count = Body(r)["count"].get<int64_t>();
+  r = d.Post("/v1/chat/completions", absl::StrCat("{", messages, R"(, "max_tokens": 2})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["usage"]["prompt_tokens"], chat_count);
+
+  // Refusals name the parameter.
+  r = d.Post("/detokenize", R"({"tokens": [1, 2000000]})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Body(r)["error"]["param"], "tokens[1]") << r.body;
+  r = d.Post("/tokenize", R"({"prompt": 5})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Body(r)["error"]["param"], "prompt");
+  EXPECT_EQ(d.Post("/tokenize", R"({"model": "gpt-4", "prompt": "x"})").status, 404);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/tokenize").status, 405);
+}
+
+TEST(OpenAiHttpTest, PingVersionAndMetricsBesideTheApi) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, {"tiny", "kvrm"});
+  Daemon d(Options(2), {}, 8 << 20, &metrics.http_api(), &registry);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/ping").status, 200);
+  EXPECT_EQ(HttpCall(d.http_port(), "POST", "/ping").status, 200);
+  HttpReply v = HttpCall(d.http_port(), "GET", "/version");
+  ASSERT_EQ(v.status, 200);
+  EXPECT_EQ(Body(v)["version"], "test-version");
+  HttpReply m = HttpCall(d.http_port(), "GET", "/metrics");
+  ASSERT_EQ(m.status, 200);
+  EXPECT_TRUE(absl::StartsWith(m.headers["content-type"], "text/plain; version=0.0.4"));
+  EXPECT_TRUE(absl::StrContains(m.body, "# TYPE kvrm:http_requests_total counter")) << m.body;
+  EXPECT_TRUE(absl::StrContains(m.body, R"(endpoint="health",code="200"} 2)")) << m.body;
 }
 
 TEST(OpenAiHttpTest, RefusalsHaveHttpStatusesAndNameTheParameter) {
