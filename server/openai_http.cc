@@ -530,25 +530,38 @@ std::optional<OpenAiError> OpenAiHttpServer::WrongModel(const std::string& model
   return e;
 }
 
+namespace {
+
+// A unary call on the service for an HTTP request, its Authorization header passed on: the
+// error reply (parameters named as `names` spells them), or 200 with what `json` makes of the
+// response.
+template <typename Request, typename Response, typename ToJson>
+int UnaryCall(MHD_Connection* connection, v1::Kvrm::Stub* stub,
+              grpc::Status (v1::Kvrm::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
+              const Request& request, const OpenAiRequest& names, ToJson json) {
+  grpc::ClientContext context;
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
+    context.AddMetadata("authorization", auth);
+  }
+  Response response;
+  const grpc::Status status = (stub->*rpc)(&context, request, &response);
+  if (!status.ok()) return ReplyError(connection, ToOpenAiError(FromGrpc(status), &names));
+  return Queue(connection, MHD_HTTP_OK, Buffer(json(response), kJson));
+}
+
+}  // namespace
+
 int OpenAiHttpServer::Tokenize(MHD_Connection* connection, const std::string& body) {
   absl::StatusOr<OpenAiTokenize> parsed = ParseTokenizeRequest(body);
   if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
   if (std::optional<OpenAiError> e = WrongModel(parsed->request.model)) {
     return ReplyError(connection, *e);
   }
-  grpc::ClientContext context;
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
-    context.AddMetadata("authorization", auth);
-  }
-  v1::TokenizeResponse response;
-  const grpc::Status status = stub_->Tokenize(&context, parsed->tokenize, &response);
-  if (!status.ok()) {
-    return ReplyError(connection, ToOpenAiError(FromGrpc(status), &parsed->request));
-  }
-  return Queue(connection, MHD_HTTP_OK,
-               Buffer(TokenizeReplyJson(response, options_.max_context,
-                                        parsed->tokenize.return_pieces()),
-                      kJson));
+  const bool strs = parsed->tokenize.return_pieces();
+  return UnaryCall(connection, stub_.get(), &v1::Kvrm::Stub::Tokenize, parsed->tokenize,
+                   parsed->request, [&](const v1::TokenizeResponse& r) {
+                     return TokenizeReplyJson(r, options_.max_context, strs);
+                   });
 }
 
 int OpenAiHttpServer::Detokenize(MHD_Connection* connection, const std::string& body) {
@@ -557,16 +570,8 @@ int OpenAiHttpServer::Detokenize(MHD_Connection* connection, const std::string& 
   if (std::optional<OpenAiError> e = WrongModel(parsed->request.model)) {
     return ReplyError(connection, *e);
   }
-  grpc::ClientContext context;
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
-    context.AddMetadata("authorization", auth);
-  }
-  v1::DetokenizeResponse response;
-  const grpc::Status status = stub_->Detokenize(&context, parsed->detokenize, &response);
-  if (!status.ok()) {
-    return ReplyError(connection, ToOpenAiError(FromGrpc(status), &parsed->request));
-  }
-  return Queue(connection, MHD_HTTP_OK, Buffer(DetokenizeReplyJson(response), kJson));
+  return UnaryCall(connection, stub_.get(), &v1::Kvrm::Stub::Detokenize, parsed->detokenize,
+                   parsed->request, &DetokenizeReplyJson);
 }
 
 int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoint,
