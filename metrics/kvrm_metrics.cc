@@ -305,6 +305,8 @@ const char* HttpRouteName(HttpRoute route) {
       return "health";
     case HttpRoute::kMetrics:
       return "metrics";
+    case HttpRoute::kVersion:
+      return "version";
     case HttpRoute::kOther:
       break;
   }

@@ -55,10 +55,11 @@ enum class HttpRoute {
   kTokenize,
   kDetokenize,
   kHealth,   // /health, /ping
-  kMetrics,  // /metrics on the API port
-  kOther,    // /version, unknown paths
+  kMetrics,  // /metrics on the API port (when --http_metrics serves it)
+  kVersion,  // /version
+  kOther,    // unknown paths
 };
-constexpr int kHttpRoutes = 8;
+constexpr int kHttpRoutes = 9;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `endpoint` label)
 
 class HttpApiMetrics {

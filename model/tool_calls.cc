@@ -229,7 +229,7 @@ std::string ToolTemplateJson(const ToolSpec& tool) {
   return OrderedJson{{"type", "function"}, {"function", std::move(function)}}.dump();
 }
 
-std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools) {
+std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools, bool single_call) {
   OrderedJson any = OrderedJson::array();
   for (const ToolSpec& tool : tools) {
     any.push_back(OrderedJson{
@@ -240,8 +240,10 @@ std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools) {
         {"required", OrderedJson::array({"name", "parameters"})},
         {"additionalProperties", false}});
   }
-  return OrderedJson{{"type", "array"}, {"minItems", 1}, {"items", OrderedJson{{"anyOf", any}}}}
-      .dump();
+  OrderedJson schema{{"type", "array"}, {"minItems", 1}};
+  if (single_call) schema["maxItems"] = 1;
+  schema["items"] = OrderedJson{{"anyOf", any}};
+  return schema.dump();
 }
 
 std::string NamedToolCallSchema(const ToolSpec& tool) { return ParametersOrEmpty(tool).dump(); }
@@ -299,10 +301,12 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> 
   return s;
 }
 
-ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function)
+ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function,
+                               bool single_call)
     : mode_(mode),
       syntax_(syntax),
       function_(std::move(function)),
+      single_call_(single_call),
       // Llama 3's calls are the whole reply: whether one begins is known at its first non-space
       // character.
       state_(mode == Mode::kAuto && syntax->format == ToolCallFormat::kLlama3Json
@@ -354,6 +358,15 @@ std::string ToolCallStream::Feed(absl::Span<const int32_t> ids, std::string_view
 }
 
 ToolCallStream::Result ToolCallStream::Finish(bool parse) {
+  Result r = Parse(parse);
+  if (single_call_ && r.calls.size() > 1) {
+    r.dropped = static_cast<int32_t>(r.calls.size() - 1);
+    r.calls.resize(1);
+  }
+  return r;
+}
+
+ToolCallStream::Result ToolCallStream::Parse(bool parse) {
   Result r;
   if (parse) {
     switch (mode_) {

@@ -51,8 +51,9 @@ struct ToolSpec {
 std::string ToolTemplateJson(const ToolSpec& tool);
 
 // The JSON Schema of tool_choice "required": a non-empty array of {"name": one of the tools,
-// "parameters": that tool's arguments}. Parameters schemas must be JSON objects or empty.
-std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools);
+// "parameters": that tool's arguments}, of one item when `single_call` (OpenAI's
+// parallel_tool_calls false). Parameters schemas must be JSON objects or empty.
+std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools, bool single_call = false);
 // The schema of a named tool_choice: the function's arguments (an object when it has none).
 std::string NamedToolCallSchema(const ToolSpec& tool);
 
@@ -99,8 +100,11 @@ class ToolCallStream {
  public:
   enum class Mode { kAuto, kRequired, kNamed };
 
-  // `syntax` (kAuto) must outlive the stream; `function` names the kNamed call.
-  ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function = "");
+  // `syntax` (kAuto) must outlive the stream; `function` names the kNamed call. `single_call`
+  // (OpenAI's parallel_tool_calls false): a reply's first call is returned and those after it
+  // dropped, as vLLM does.
+  ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function = "",
+                 bool single_call = false);
 
   // The part of `text` (the text of `ids`) to send now.
   std::string Feed(absl::Span<const int32_t> ids, std::string_view text);
@@ -109,6 +113,7 @@ class ToolCallStream {
     std::string text;  // held text released (with calls: only the text around them)
     std::vector<ToolCall> calls;
     bool malformed = false;  // call text was held and parsed, but is not well-formed
+    int32_t dropped = 0;     // calls after the first, with single_call
   };
   // The completion ended. `parse`: it ended by itself or at its length limit (not cancelled,
   // timed out or failed), so held calls are parsed; otherwise the held text is released.
@@ -119,9 +124,12 @@ class ToolCallStream {
  private:
   enum class State { kLeading, kContent, kCall };
 
+  Result Parse(bool parse);  // Finish before single_call
+
   Mode mode_;
   const ToolCallSyntax* syntax_;
   std::string function_;
+  bool single_call_;
   State state_;
   std::string pending_;  // kLeading / kContent: text that may begin a marker
   std::string held_;     // kCall: from the marker on

@@ -167,6 +167,14 @@ TEST(ToolSchemaTest, RequiredAndNamedSchemas) {
   EXPECT_EQ(any[0]["properties"]["parameters"]["required"], Json::array({"city"}));
   EXPECT_EQ(any[1]["properties"]["parameters"]["additionalProperties"], false);
   EXPECT_EQ(any[0]["required"], Json::array({"name", "parameters"}));
+  EXPECT_FALSE(required->contains("maxItems"));
+  // parallel_tool_calls false: an array of exactly one call.
+  absl::StatusOr<Json> single =
+      ParseJson(RequiredToolCallsSchema(tools, /*single_call=*/true), "schema");
+  ASSERT_TRUE(single.ok()) << single.status();
+  EXPECT_EQ((*single)["minItems"], 1);
+  EXPECT_EQ((*single)["maxItems"], 1);
+  EXPECT_EQ((*single)["items"], (*required)["items"]);
   EXPECT_EQ(NamedToolCallSchema(tools[1]),
             "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}");
   // The template sees OpenAI's shape, the schema's keys in their order.
@@ -311,6 +319,34 @@ TEST(ToolCallStreamTest, ForcedModesHoldEverything) {
     EXPECT_TRUE(got.result.malformed);
     EXPECT_EQ(got.result.text, "[{\"name\": \"now\", \"para");
   }
+}
+
+TEST(ToolCallStreamTest, SingleCallKeepsTheFirstCallTheModelWrote) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const std::string text =
+      "Checking. <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}"
+      "</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
+  std::mt19937 rng(5);
+  for (bool single : {false, true}) {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax, "", single);
+    const Streamed got = FeedInPieces(s, text, rng);
+    EXPECT_EQ(got.streamed, "Checking. ");
+    ASSERT_EQ(got.result.calls.size(), single ? 1u : 2u);
+    EXPECT_EQ(got.result.calls[0].name, "get_weather");
+    EXPECT_EQ(got.result.dropped, single ? 1 : 0);
+    EXPECT_FALSE(got.result.malformed);
+  }
+  // Forced REQUIRED: the schema allows one item, and the stream holds to it as well.
+  ToolCallStream s(ToolCallStream::Mode::kRequired, nullptr, "", /*single_call=*/true);
+  const Streamed got = FeedInPieces(
+      s, "[{\"name\": \"now\", \"parameters\": {}}, {\"name\": \"now\", \"parameters\": {}}]",
+      rng);
+  ASSERT_EQ(got.result.calls.size(), 1u);
+  EXPECT_EQ(got.result.dropped, 1);
+  // One call with single_call: nothing dropped.
+  ToolCallStream one(ToolCallStream::Mode::kRequired, nullptr, "", /*single_call=*/true);
+  EXPECT_EQ(FeedInPieces(one, "[{\"name\": \"now\", \"parameters\": {}}]", rng).result.dropped,
+            0);
 }
 
 }  // namespace

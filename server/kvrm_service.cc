@@ -100,7 +100,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     tool_streams_.clear();
     for (int32_t i = 0; i < n_; ++i) {
       tool_streams_.push_back(
-          std::make_unique<ToolCallStream>(calling.mode, syntax, calling.function));
+          std::make_unique<ToolCallStream>(calling.mode, syntax, calling.function,
+                                           calling.single_call));
     }
     tool_metrics_ = metrics;
   }

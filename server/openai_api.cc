@@ -503,6 +503,8 @@ absl::Status ChatTools(const Json& body, OpenAiRequest* out) {
     }
   }
   out->params["chat.tool_choice"] = "tool_choice";
+  ASSIGN_OR_RETURN(std::optional<bool> parallel, GetBool(body, "parallel_tool_calls"));
+  if (parallel) chat->set_parallel_tool_calls(*parallel);
   return absl::OkStatus();
 }
 
@@ -667,6 +669,9 @@ absl::StatusOr<OpenAiDetokenize> ParseDetokenizeRequest(absl::string_view body) 
     if (*id < 0 || *id > INT32_MAX) return Bad(at, absl::StrCat(*id, " is not a token id"));
     out.detokenize.add_token_ids(static_cast<int32_t>(*id));
   }
+  // Special tokens are spelt unless asked otherwise (HF decode's default, as vLLM's /detokenize).
+  ASSIGN_OR_RETURN(std::optional<bool> skip, GetBool(parsed, "skip_special_tokens"));
+  out.detokenize.set_skip_special_tokens(skip.value_or(false));
   out.request.params["token_ids"] = "tokens";
   return out;
 }

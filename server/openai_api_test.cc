@@ -594,6 +594,18 @@ TEST(ChatRequestTest, ToolChoice) {
   absl::StatusOr<OpenAiRequest> none = Chat(ChatBody(R"("tool_choice": null)"));
   ASSERT_TRUE(none.ok()) << none.status();
   EXPECT_FALSE(none->generate.chat().has_tool_choice());
+  EXPECT_FALSE(none->generate.chat().has_parallel_tool_calls()) << "unset: the default, true";
+}
+
+TEST(ChatRequestTest, ParallelToolCalls) {
+  for (bool parallel : {false, true}) {
+    absl::StatusOr<OpenAiRequest> r = Chat(
+        ChatBody(absl::StrCat(R"("parallel_tool_calls": )", parallel ? "true" : "false")));
+    ASSERT_TRUE(r.ok()) << r.status();
+    ASSERT_TRUE(r->generate.chat().has_parallel_tool_calls());
+    EXPECT_EQ(r->generate.chat().parallel_tool_calls(), parallel);
+  }
+  ExpectRefused(kChat, ChatBody(R"("parallel_tool_calls": "no")"), "parallel_tool_calls");
 }
 
 TEST(ChatRequestTest, MaxCompletionTokensWinsOverMaxTokens) {

@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
 #include "grpc/support/time.h"
@@ -66,14 +67,17 @@ struct Upload {
   absl::Time start;
 };
 
-HttpRoute RouteOf(const std::string& path) {
+// The one place a path is matched: Handle dispatches on the route found here, and the metrics
+// label it. /metrics is a route only where this server serves it.
+HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
   if (path == "/v1/chat/completions") return HttpRoute::kChatCompletions;
   if (path == "/v1/completions") return HttpRoute::kCompletions;
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) return HttpRoute::kModels;
   if (path == "/tokenize") return HttpRoute::kTokenize;
   if (path == "/detokenize") return HttpRoute::kDetokenize;
   if (path == "/health" || path == "/ping") return HttpRoute::kHealth;
-  if (path == "/metrics") return HttpRoute::kMetrics;
+  if (path == "/version") return HttpRoute::kVersion;
+  if (path == "/metrics" && serves_metrics) return HttpRoute::kMetrics;
   return HttpRoute::kOther;
 }
 
@@ -421,7 +425,7 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
                              const char* upload_data, size_t* upload_data_size, void** state) {
   if (*state == nullptr) {  // the headers are in: the body (if any) comes in the next calls
     auto* upload = new Upload();
-    upload->route = RouteOf(url);
+    upload->route = RouteOf(url, options_.registry != nullptr);
     upload->start = absl::Now();
     *state = upload;
     return MHD_YES;
@@ -439,54 +443,50 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
   const std::string path = url;
   const bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0;
   const bool post = std::strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-  if (path == "/health" || path == "/ping") {  // /ping: SageMaker's, GET or POST
-    if (!get && !(post && path == "/ping")) {
-      return ReplyError(connection, 405, "invalid_request_error", "use GET");
-    }
-    return Queue(connection, MHD_HTTP_OK, Buffer("", "text/plain"));
-  }
-  if (path == "/version") {
-    if (!get) return ReplyError(connection, 405, "invalid_request_error", "use GET");
-    OrderedJson version;
-    version["version"] = options_.version;
-    return Queue(connection, MHD_HTTP_OK, Buffer(version.dump(), kJson));
-  }
-  if (path == "/metrics" && options_.registry != nullptr) {
-    if (!get) return ReplyError(connection, 405, "invalid_request_error", "use GET");
-    return Queue(connection, MHD_HTTP_OK,
-                 Buffer(options_.registry->Render(), "text/plain; version=0.0.4; charset=utf-8"));
-  }
-  if (path == "/tokenize" || path == "/detokenize") {
-    if (!post) return ReplyError(connection, 405, "invalid_request_error", "use POST");
-    if (upload->too_large) {
-      return ReplyError(connection, 413, "invalid_request_error",
-                        absl::StrCat("request body larger than ", options_.max_body_bytes,
-                                     " bytes"));
-    }
-    return path == "/tokenize" ? Tokenize(connection, upload->body)
-                               : Detokenize(connection, upload->body);
-  }
-  if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) {
-    if (!get) return ReplyError(connection, 405, "invalid_request_error", "use GET");
-    return Models(connection, path);
-  }
-  OpenAiEndpoint endpoint;
-  if (path == "/v1/completions") {
-    endpoint = OpenAiEndpoint::kCompletions;
-  } else if (path == "/v1/chat/completions") {
-    endpoint = OpenAiEndpoint::kChatCompletions;
-  } else {
-    return ReplyError(connection, 404, "not_found_error",
-                      absl::StrCat("no route ", path, ": try /v1/chat/completions, "
-                                   "/v1/completions, /v1/models, /tokenize, /detokenize"));
-  }
-  if (!post) return ReplyError(connection, 405, "invalid_request_error", "use POST");
-  if (upload->too_large) {
+  auto use = [&](const char* method_name) {
+    return ReplyError(connection, 405, "invalid_request_error", absl::StrCat("use ", method_name));
+  };
+  auto too_large = [&] {
     return ReplyError(connection, 413, "invalid_request_error",
-                      absl::StrCat("request body larger than ", options_.max_body_bytes,
-                                   " bytes"));
+                      absl::StrCat("request body larger than ", options_.max_body_bytes, " bytes"));
+  };
+  switch (upload->route) {
+    case HttpRoute::kHealth:  // /ping is SageMaker's: GET or POST
+      if (!get && !(post && path == "/ping")) return use("GET");
+      return Queue(connection, MHD_HTTP_OK, Buffer("", "text/plain"));
+    case HttpRoute::kVersion: {
+      if (!get) return use("GET");
+      OrderedJson version;
+      version["version"] = options_.version;
+      return Queue(connection, MHD_HTTP_OK, Buffer(version.dump(), kJson));
+    }
+    case HttpRoute::kMetrics:
+      if (!get) return use("GET");
+      return Queue(connection, MHD_HTTP_OK,
+                   Buffer(options_.registry->Render(), "text/plain; version=0.0.4; charset=utf-8"));
+    case HttpRoute::kModels:
+      if (!get) return use("GET");
+      return Models(connection, path);
+    case HttpRoute::kTokenize:
+    case HttpRoute::kDetokenize:
+      if (!post) return use("POST");
+      if (upload->too_large) return too_large();
+      return upload->route == HttpRoute::kTokenize ? Tokenize(connection, upload->body)
+                                                   : Detokenize(connection, upload->body);
+    case HttpRoute::kCompletions:
+    case HttpRoute::kChatCompletions:
+      if (!post) return use("POST");
+      if (upload->too_large) return too_large();
+      return Generate(connection,
+                      upload->route == HttpRoute::kCompletions ? OpenAiEndpoint::kCompletions
+                                                               : OpenAiEndpoint::kChatCompletions,
+                      upload->body);
+    case HttpRoute::kOther:
+      break;
   }
-  return Generate(connection, endpoint, upload->body);
+  return ReplyError(connection, 404, "not_found_error",
+                    absl::StrCat("no route ", path, ": try /v1/chat/completions, "
+                                 "/v1/completions, /v1/models, /tokenize, /detokenize"));
 }
 
 int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path) {

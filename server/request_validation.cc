@@ -291,6 +291,7 @@ absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::Genera
     return std::nullopt;
   }
   ToolCalling out;
+  out.single_call = chat.has_parallel_tool_calls() && !chat.parallel_tool_calls();
   if (chat.has_tool_choice() && NamesFunction(chat.tool_choice())) {
     ASSIGN_OR_RETURN(const std::vector<ToolSpec> tools, ToolsFromProto(chat, limits));
     const std::string& name = chat.tool_choice().function();
@@ -350,7 +351,8 @@ absl::StatusOr<std::optional<StructuredField>> RequestConstraint(const v1::Gener
     }
     f.spec.text = NamedToolCallSchema(*it);
   } else {
-    f.spec.text = RequiredToolCallsSchema(tools);
+    f.spec.text = RequiredToolCallsSchema(
+        tools, chat.has_parallel_tool_calls() && !chat.parallel_tool_calls());
   }
   return f;
 }

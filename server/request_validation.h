@@ -53,6 +53,7 @@ struct ToolCalling {
   bool parse = true;  // false for NONE: the tools are shown, the reply is text
   ToolCallStream::Mode mode = ToolCallStream::Mode::kAuto;
   std::string function;  // kNamed
+  bool single_call = false;  // chat.parallel_tool_calls false
   int choice = 0;        // for metrics: 0 auto, 1 none, 2 required, 3 function
 };
 // nullopt without tools. AUTO on a server whose model has no tool-call format is

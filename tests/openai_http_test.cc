@@ -461,6 +461,13 @@ TEST(OpenAiHttpTest, TokenizeAndDetokenizeAreTheModelsTokenizer) {
   const std::string with_bos = Body(r)["prompt"].get<std::string>();
   EXPECT_TRUE(absl::EndsWith(with_bos, text)) << with_bos;
   EXPECT_GT(with_bos.size(), text.size()) << "no BOS spelt";
+  r = d.Post("/detokenize", absl::StrCat(R"({"tokens": )", j["tokens"].dump(),
+                                         R"(, "skip_special_tokens": true})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["prompt"], text) << "BOS spelt though skipped";
+  r = d.Post("/detokenize", R"({"tokens": [1], "skip_special_tokens": "yes"})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Body(r)["error"]["param"], "skip_special_tokens") << r.body;
   std::vector<int32_t> no_bos(ids.begin() + 1, ids.end());
   r = d.Post("/detokenize", absl::StrCat(R"({"tokens": )", Json(no_bos).dump(), "}"));
   ASSERT_EQ(r.status, 200) << r.body;
@@ -501,6 +508,21 @@ TEST(OpenAiHttpTest, PingVersionAndMetricsBesideTheApi) {
   EXPECT_TRUE(absl::StartsWith(m.headers["content-type"], "text/plain; version=0.0.4"));
   EXPECT_TRUE(absl::StrContains(m.body, "# TYPE kvrm:http_requests_total counter")) << m.body;
   EXPECT_TRUE(absl::StrContains(m.body, R"(endpoint="health",code="200"} 2)")) << m.body;
+  EXPECT_TRUE(absl::StrContains(m.body, R"(endpoint="version",code="200"} 1)")) << m.body;
+  EXPECT_EQ(HttpCall(d.http_port(), "POST", "/version").status, 405);
+  EXPECT_EQ(HttpCall(d.http_port(), "DELETE", "/v1/completions").status, 405);
+  EXPECT_EQ(HttpCall(d.http_port(), "POST", "/health").status, 405);
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("version", 405), "1"));
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("completions", 405), "1"));
+}
+
+TEST(OpenAiHttpTest, MetricsIsNoRouteWhereTheServerDoesNotServeIt) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, {"tiny", "kvrm"});
+  Daemon d(Options(2), {}, 8 << 20, &metrics.http_api());  // no registry: no /metrics
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/metrics").status, 404);
+  EXPECT_TRUE(WaitForSeries(registry, HttpRequests("other", 404), "1"));
+  EXPECT_EQ(SeriesValue(registry, HttpRequests("metrics", 404)), "0");
 }
 
 TEST(OpenAiHttpTest, RefusalsHaveHttpStatusesAndNameTheParameter) {

@@ -261,6 +261,39 @@ TEST_F(ToolCallsTest, AutoParsesTheModelsMarkupAndStreamsTheTextBeforeIt) {
   EXPECT_EQ(finished, 2);
 }
 
+TEST_F(ToolCallsTest, ParallelToolCallsFalseMakesAtMostOneCall) {
+  // AUTO: the model writes two calls (a regex makes it); without parallel_tool_calls both come
+  // back, with it false only the first.
+  for (bool parallel : {true, false}) {
+    v1::GenerateRequest r = ToolRequest(160, 6);
+    r.mutable_chat()->set_parallel_tool_calls(parallel);
+    r.mutable_structured()->set_regex(
+        "<tool_call>\\{\"name\": \"get_weather\", \"arguments\": \\{\"city\": \"(Lima|Oslo)\"\\}\\}"
+        "</tool_call><tool_call>\\{\"name\": \"now\", \"arguments\": \\{\\}\\}</tool_call>");
+    const StreamResult got = RunGenerate(stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    ASSERT_EQ(got.finished.reason(), v1::FINISH_REASON_TOOL_CALLS) << got.text;
+    ASSERT_EQ(got.finished.tool_calls_size(), parallel ? 2 : 1);
+    EXPECT_EQ(got.finished.tool_calls(0).name(), "get_weather");
+    EXPECT_TRUE(ValidCall(got.finished.tool_calls(0)));
+    EXPECT_EQ(got.text, "");
+  }
+  // REQUIRED: the constraint is an array of one call, whatever the sampler draws.
+  int with_calls = 0;
+  for (uint64_t seed = 21; seed <= 26; ++seed) {
+    v1::GenerateRequest r = ToolRequest(160, seed);
+    r.mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+    r.mutable_chat()->set_parallel_tool_calls(false);
+    const StreamResult got = RunGenerate(stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    if (got.finished.reason() != v1::FINISH_REASON_TOOL_CALLS) continue;
+    ++with_calls;
+    ASSERT_EQ(got.finished.tool_calls_size(), 1) << seed;
+    EXPECT_TRUE(ValidCall(got.finished.tool_calls(0)));
+  }
+  EXPECT_GE(with_calls, 3);
+}
+
 TEST_F(ToolCallsTest, MalformedMarkupComesBackAsTextAndNoneNeverParses) {
   const std::string labels = "model_name=\"tiny\",kv_mode=\"kvrm\"";
   const double failures = Sample("kvrm:tool_call_parse_failures_total{" + labels + "}");

@@ -16,6 +16,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/notification.h"
 #include "absl/types/span.h"
@@ -95,6 +96,9 @@ ABSL_FLAG(std::string, template_kwargs, "",
 ABSL_FLAG(std::string, text, "", "text to tokenize");
 ABSL_FLAG(bool, add_bos, false, "prepend the BOS token as generate does");
 ABSL_FLAG(bool, pieces, false, "also print each token's text");
+ABSL_FLAG(std::string, tokens, "",
+          "token ids to detokenize, comma- or space-separated, e.g. 1,450,3");
+ABSL_FLAG(bool, skip_special_tokens, false, "leave BOS/EOS and other special tokens out");
 
 ABSL_FLAG(std::string, service, "", "service to ask about; empty = the whole server");
 
@@ -314,6 +318,38 @@ int RunTokenize(const ParsedFlags& flags) {
   return kExitOk;
 }
 
+int RunDetokenize(const ParsedFlags& flags) {
+  if (!flags.given.contains("tokens")) return UsageError("detokenize needs --tokens");
+  // Commas or whitespace between ids, so that tokenize's output can be passed back as it is.
+  const std::string tokens = absl::GetFlag(FLAGS_tokens);
+  const std::vector<absl::string_view> pieces =
+      absl::StrSplit(tokens, absl::ByAnyChar(", \t\n"), absl::SkipEmpty());
+  absl::StatusOr<std::vector<int32_t>> ids = ParseIdList(absl::StrJoin(pieces, ","), "tokens");
+  if (!ids.ok()) return UsageError(ids.status().message());
+  v1::DetokenizeRequest request;
+  request.mutable_token_ids()->Add(ids->begin(), ids->end());
+  request.set_skip_special_tokens(absl::GetFlag(FLAGS_skip_special_tokens));
+
+  auto stub = v1::Kvrm::NewStub(MakeChannel());
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  CancelOnInterrupt cancel(&context);
+  v1::DetokenizeResponse response;
+  const grpc::Status status = stub->Detokenize(&context, request, &response);
+  if (!status.ok()) return ReportRpcError(status, context, cancel);
+  if (absl::GetFlag(FLAGS_json)) {
+    absl::StatusOr<std::string> line = ToJsonLine(response);
+    if (!line.ok()) {
+      fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
+      return kExitFailure;
+    }
+    Emit(absl::StrCat(*line, "\n"));
+  } else {
+    Emit(absl::StrCat(response.text(), "\n"));
+  }
+  return kExitOk;
+}
+
 int RunInfo(const ParsedFlags&) {
   auto stub = v1::Kvrm::NewStub(MakeChannel());
   v1::ModelInfo model;
@@ -429,6 +465,8 @@ constexpr absl::string_view kTokenizeFlags[] = {"text",   "message", "system",
                                                 "tool_choice", "template_kwargs",
                                                 "add_bos", "pieces", "json",
                                                 "server", "timeout_s"};
+constexpr absl::string_view kDetokenizeFlags[] = {"tokens", "skip_special_tokens", "json",
+                                                  "server", "timeout_s"};
 constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
 constexpr absl::string_view kHealthFlags[] = {"service", "server", "timeout_s"};
 
@@ -439,6 +477,8 @@ constexpr Command kCommands[] = {
      "encode text with the served model's tokenizer (or a chat prompt: --message, with the text "
      "its template renders)",
      kTokenizeFlags, RunTokenize},
+    {"detokenize", "decode token ids to text with the served model's tokenizer", kDetokenizeFlags,
+     RunDetokenize},
     {"info", "describe the served model and the server's live state", kInfoFlags, RunInfo},
     {"health", "grpc.health.v1 check: prints SERVING or NOT_SERVING, exit 0 only if SERVING",
      kHealthFlags, RunHealth},
@@ -447,7 +487,7 @@ constexpr Command kCommands[] = {
 void PrintUsage(FILE* out) {
   fprintf(out, "usage: kvrm_cli <command> [flags]\n\ncommands:\n");
   for (const Command& command : kCommands) {
-    fprintf(out, "  %-9s %s\n", std::string(command.name).c_str(),
+    fprintf(out, "  %-10s %s\n", std::string(command.name).c_str(),
             std::string(command.summary).c_str());
   }
   fprintf(out, "\nkvrm_cli <command> --help lists the command's flags.\n");

@@ -32,7 +32,7 @@ expect() {
 CLOSED=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
 expect 2 "usage: kvrm_cli <command>" --
-expect 0 "generate  stream a completion" -- help
+expect 0 "generate   stream a completion" -- help
 expect 0 "--max_new_tokens=64" -- generate --help
 expect 0 "--service=" -- help health
 expect 2 "unknown command 'bogus'" -- bogus
@@ -49,9 +49,12 @@ expect 2 "needs a value" -- generate --prompt
 expect 2 "tokenize needs --text" -- tokenize
 expect 2 "tokenize needs --text, or --message" -- tokenize --text=a --message=user:b
 expect 2 "--system needs a --message" -- tokenize --system=x
+expect 2 "detokenize needs --tokens" -- detokenize
+expect 2 "'x' is not a token id" -- detokenize --tokens=1,x
+expect 2 "flag --text does not apply" -- detokenize --tokens=1 --text=a
 
 for cmd in "generate --prompt=hi" "generate --token_ids=1,2 --json" "tokenize --text=hi" \
-           "info" "info --json" "health" "health --service=kvrm.v1.Kvrm"; do
+           "detokenize --tokens=1,2" "info" "info --json" "health" "health --service=kvrm.v1.Kvrm"; do
   # shellcheck disable=SC2086
   expect 1 "error: UNAVAILABLE: " -- $cmd --server=127.0.0.1:$CLOSED --timeout_s=10
 done
