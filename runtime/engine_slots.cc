@@ -284,7 +284,8 @@ void Engine::Admit(absl::Time now) {
     const size_t ctx = std::min<size_t>(5, req.prompt.size());
     slot.text = std::make_unique<TextStream>(
         [tok](absl::Span<const int32_t> ids) { return tok->Decode(ids, true); },
-        req.stop_sequences, std::vector<int32_t>(req.prompt.end() - ctx, req.prompt.end()));
+        req.stop_sequences, std::vector<int32_t>(req.prompt.end() - ctx, req.prompt.end()),
+        req.include_stop_str_in_output);
   }
 }
 

@@ -65,6 +65,7 @@ struct GenerationRequest {
   // cannot be sampled, and stop_sequences are not matched in their text (vLLM's min_tokens).
   int32_t min_tokens = 0;
   std::vector<std::string> stop_sequences;
+  bool include_stop_str_in_output = false;  // the matched stop ends the text instead of being cut
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;
   absl::Duration time_limit = absl::ZeroDuration();  // zero: none

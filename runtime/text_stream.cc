@@ -21,8 +21,8 @@ constexpr size_t kCompactEvery = 256;
 }  // namespace
 
 TextStream::TextStream(DecodeFn decode, std::vector<std::string> stop_sequences,
-                       std::vector<int32_t> context_tokens)
-    : decode_(std::move(decode)), tokens_(std::move(context_tokens)) {
+                       std::vector<int32_t> context_tokens, bool include_stops)
+    : decode_(std::move(decode)), include_stops_(include_stops), tokens_(std::move(context_tokens)) {
   for (std::string& stop : stop_sequences) {
     if (!stop.empty()) stops_.push_back(std::move(stop));
   }
@@ -109,7 +109,7 @@ TextStream::Delta TextStream::Release(size_t search_from, bool final) {
     matched_stop_ = *best;
     delta.stopped = true;
     delta.matched_stop = *best;
-    Emit(best_start, delta);
+    Emit(include_stops_ ? best_end : best_start, delta);
     pending_.clear();
     return delta;
   }

@@ -38,12 +38,14 @@ class TextStream {
   // before the generation, e.g. the last few (vLLM uses 5) prompt tokens. They are decoded only as
   // context, so the first generated token's leading space comes out as it does in the full text;
   // their own text is never emitted or searched for stops.
+  // `include_stops`: a matched stop sequence is released too (the text ends right after it).
   TextStream(DecodeFn decode, std::vector<std::string> stop_sequences,
-             std::vector<int32_t> context_tokens = {});
+             std::vector<int32_t> context_tokens = {}, bool include_stops = false);
 
   struct Delta {
     std::string text;      // text safe to send now (whole UTF-8 characters)
-    bool stopped = false;  // a stop sequence matched: `text` ends right before it; generation ends
+    bool stopped = false;  // a stop sequence matched: `text` ends right before it (after it with
+                           // include_stops); generation ends
     std::string matched_stop;
   };
 
@@ -72,6 +74,7 @@ class TextStream {
 
   DecodeFn decode_;
   std::vector<std::string> stops_;
+  bool include_stops_ = false;
   // Tokens from the last prefix offset on (older ones are dropped as the stream advances).
   std::vector<int32_t> tokens_;
   size_t prefix_offset_ = 0;

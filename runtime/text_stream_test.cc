@@ -124,8 +124,8 @@ struct StreamRun {
 // The first `unmatched` ids are pushed with match_stops = false (a request's min_tokens).
 StreamRun Stream(TextStream::DecodeFn decode, const std::vector<int32_t>& ids,
                  std::vector<std::string> stops, std::vector<int32_t> context = {},
-                 size_t unmatched = 0) {
-  TextStream stream(std::move(decode), std::move(stops), std::move(context));
+                 size_t unmatched = 0, bool include_stops = false) {
+  TextStream stream(std::move(decode), std::move(stops), std::move(context), include_stops);
   StreamRun run;
   for (size_t i = 0; i < ids.size(); ++i) {
     TextStream::Delta d = stream.Push(ids[i], /*match_stops=*/i >= unmatched);
@@ -209,6 +209,23 @@ TEST(TextStreamTest, StopInsideOneToken) {
   EXPECT_EQ(run.all, "xHe");
   EXPECT_EQ(run.deltas.size(), 2u);  // generation ends at the token that completed the stop
   EXPECT_EQ(run.finish, "");
+}
+
+TEST(TextStreamTest, IncludedStopEndsTheTextAndWhatFollowsItIsDropped) {
+  // "xHe" + "ll" inside one token: the stop is released, the token's "o" after it is not.
+  const StreamRun inside = Stream(ByteDecode, {18, 0, 1}, {"ll"}, {}, 0, /*include_stops=*/true);
+  EXPECT_TRUE(inside.stopped);
+  EXPECT_EQ(inside.matched_stop, "ll");
+  EXPECT_EQ(inside.all, "xHell");
+  EXPECT_EQ(inside.deltas.size(), 2u);
+  // Spanning tokens: the held-back start of the stop is released with its end.
+  const StreamRun spanning = Stream(ByteDecode, {0, 1, 2}, {"o w"}, {}, 0, true);
+  const StreamRun cut = Stream(ByteDecode, {0, 1, 2}, {"o w"});
+  EXPECT_TRUE(spanning.stopped);
+  EXPECT_EQ(spanning.all, cut.all + "o w");
+  // No match: the same text as without the option.
+  EXPECT_EQ(Stream(ByteDecode, {0, 1, 2}, {"zz"}, {}, 0, true).all,
+            Stream(ByteDecode, {0, 1, 2}, {"zz"}).all);
 }
 
 TEST(TextStreamTest, StopSpanningTwoTokens) {

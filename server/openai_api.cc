@@ -193,6 +193,11 @@ class Builder {
     ASSIGN_OR_RETURN(std::optional<int32_t> min_tokens, GetInt32(body_, "min_tokens"));
     if (min_tokens) st->set_min_tokens(*min_tokens);
     Param("stopping.min_tokens", "min_tokens");
+    ASSIGN_OR_RETURN(std::optional<bool> include_stop, GetBool(body_, "include_stop_str_in_output"));
+    if (include_stop) st->set_include_stop_str_in_output(*include_stop);
+    ASSIGN_OR_RETURN(std::optional<int32_t> truncate, GetInt32(body_, "truncate_prompt_tokens"));
+    if (truncate) g().set_truncate_prompt_tokens(*truncate);
+    Param("truncate_prompt_tokens", "truncate_prompt_tokens");
 
     ASSIGN_OR_RETURN(std::optional<int32_t> n, GetInt32(body_, "n"));
     if (n) g().set_n(*n);

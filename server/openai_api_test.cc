@@ -307,6 +307,7 @@ TEST(CompletionsRequestTest, EverySamplingParameterLandsInItsField) {
       "repetition_penalty": 1.5, "presence_penalty": -0.5, "frequency_penalty": 0.75,
       "seed": 1234, "logit_bias": {"50": -100, "7": 2.5}, "stop": ["\n", "END"],
       "stop_token_ids": [11, 12], "ignore_eos": true, "min_tokens": 3, "n": 2,
+      "include_stop_str_in_output": true, "truncate_prompt_tokens": 100,
       "cache_salt": "tenant-a", "priority": -5, "request_id": "my-req",
       "stream": true, "stream_options": {"include_usage": true}, "user": "u1"})");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -327,6 +328,8 @@ TEST(CompletionsRequestTest, EverySamplingParameterLandsInItsField) {
   EXPECT_THAT(g.stopping().stop_token_ids(), ::testing::ElementsAre(11, 12));
   EXPECT_TRUE(g.stopping().ignore_eos());
   EXPECT_EQ(g.stopping().min_tokens(), 3);
+  EXPECT_TRUE(g.stopping().include_stop_str_in_output());
+  EXPECT_EQ(g.truncate_prompt_tokens(), 100);
   EXPECT_EQ(g.n(), 2);
   EXPECT_EQ(g.cache_salt(), "tenant-a");
   EXPECT_EQ(g.priority(), -5);
@@ -769,6 +772,8 @@ TEST(RequestTypesTest, WrongTypesAreRefusedNamingTheParameter) {
       {R"("stop_token_ids": [1, "2"])", "stop_token_ids[1]"},
       {R"("ignore_eos": 1)", "ignore_eos"},
       {R"("min_tokens": "2")", "min_tokens"},
+      {R"("include_stop_str_in_output": 1)", "include_stop_str_in_output"},
+      {R"("truncate_prompt_tokens": "8")", "truncate_prompt_tokens"},
       {R"("n": "2")", "n"},
       {R"("stream": "true")", "stream"},
       {R"("stream_options": true)", "stream_options"},

@@ -424,6 +424,19 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     default:
       return Invalid("prompt", "set text, token_ids or chat");
   }
+  if (const int32_t k = proto.truncate_prompt_tokens(); k != 0) {
+    int64_t keep = k;
+    if (k == -1) {
+      keep = std::max<int64_t>(1, limits.max_context - std::max(1, proto.stopping().max_new_tokens()));
+    } else if (k < 1 || k >= limits.max_context) {
+      return Invalid("truncate_prompt_tokens",
+                     absl::StrCat(k, " is outside [1, max context - 1 = ", limits.max_context - 1,
+                                  "] (or -1: what leaves room for max_new_tokens)"));
+    }
+    if (static_cast<int64_t>(r->prompt.size()) > keep) {
+      r->prompt.erase(r->prompt.begin(), r->prompt.end() - keep);
+    }
+  }
   if (static_cast<int64_t>(r->prompt.size()) >= limits.max_context) {
     return Invalid(proto.has_token_ids() ? "token_ids" : proto.has_chat() ? "chat" : "text",
                    absl::StrCat("prompt of ", r->prompt.size(),
@@ -457,6 +470,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     }
     r->stop_sequences.push_back(s);
   }
+  r->include_stop_str_in_output = st.include_stop_str_in_output();
   if (st.stop_token_ids_size() > limits.max_stop_token_ids) {
     return Invalid("stopping.stop_token_ids",
                    absl::StrCat("more than ", limits.max_stop_token_ids, " ids"));

@@ -137,6 +137,60 @@ TEST_F(E2eTest, StopSequenceEndsTheStreamBeforeIt) {
   EXPECT_EQ(r.text, full.text.substr(0, cut));
 }
 
+TEST_F(E2eTest, IncludedStopSequenceEndsTheText) {
+  v1::GenerateRequest req = TextRequest("A story about", 40);
+  req.mutable_stopping()->set_ignore_eos(true);
+  StreamResult full = RunGenerate(stub(), req);
+  ASSERT_TRUE(full.status.ok());
+  ASSERT_GT(full.text.size(), 12u);
+  const std::string stop = full.text.substr(full.text.size() / 2, 3);
+  const size_t cut = full.text.find(stop);
+  req.mutable_stopping()->add_stop_sequences(stop);
+  req.mutable_stopping()->set_include_stop_str_in_output(true);
+  StreamResult r = RunGenerate(stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_STOP);
+  EXPECT_EQ(r.finished.matched_stop(), stop);
+  EXPECT_EQ(r.text, full.text.substr(0, cut + stop.size()));
+}
+
+TEST_F(E2eTest, TruncatedPromptIsItsLastTokens) {
+  // A prompt of 60 random ids (fixed seed), truncated to its last 20: the same completion as the
+  // last 20 ids given directly, and usage counts 20.
+  std::mt19937 rng(17);
+  const int vocab = server_->engine().model().config.vocab_size;
+  v1::GenerateRequest whole;
+  for (int i = 0; i < 60; ++i) {
+    whole.mutable_token_ids()->add_ids(static_cast<int32_t>(rng() % (vocab - 8)) + 4);
+  }
+  whole.mutable_stopping()->set_max_new_tokens(12);
+  whole.mutable_stopping()->set_ignore_eos(true);
+  v1::GenerateRequest last = whole;
+  last.mutable_token_ids()->clear_ids();
+  for (int i = 40; i < 60; ++i) last.mutable_token_ids()->add_ids(whole.token_ids().ids(i));
+  whole.set_truncate_prompt_tokens(20);
+  const StreamResult a = RunGenerate(stub(), whole);
+  const StreamResult b = RunGenerate(stub(), last);
+  ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(a.finished.usage().prompt_tokens(), 20);
+  EXPECT_EQ(a.tokens, b.tokens);
+  // Longer than the prompt: nothing is cut.
+  whole.set_truncate_prompt_tokens(100);
+  EXPECT_EQ(RunGenerate(stub(), whole).finished.usage().prompt_tokens(), 60);
+  // -1: a prompt longer than the context keeps what leaves room for max_new_tokens.
+  const int context = server_->engine().options().max_context;
+  v1::GenerateRequest longer;
+  for (int i = 0; i < context + 30; ++i) {
+    longer.mutable_token_ids()->add_ids(static_cast<int32_t>(rng() % (vocab - 8)) + 4);
+  }
+  longer.mutable_stopping()->set_max_new_tokens(8);
+  longer.set_truncate_prompt_tokens(-1);
+  const StreamResult c = RunGenerate(stub(), longer);
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.finished.usage().prompt_tokens(), context - 8);
+}
+
 TEST_F(E2eTest, StopTokenIdEndsTheStreamWithIt) {
   v1::GenerateRequest req = TextRequest("Numbers:", 30);
   req.mutable_stopping()->set_ignore_eos(true);
@@ -325,6 +379,11 @@ TEST_F(E2eTest, BadRequestsGetInvalidArgumentNamingTheField) {
          (*r->mutable_sampling()->mutable_logit_bias())[5] = std::nanf("");
        },
        "sampling.logit_bias"},
+      {"truncate_prompt_tokens -2", [](v1::GenerateRequest* r) { r->set_truncate_prompt_tokens(-2); },
+       "truncate_prompt_tokens"},
+      {"truncate_prompt_tokens at the context",
+       [context](v1::GenerateRequest* r) { r->set_truncate_prompt_tokens(context); },
+       "truncate_prompt_tokens"},
       {"logit_bias with 301 entries",
        [](v1::GenerateRequest* r) {
          for (int i = 0; i < 301; ++i) (*r->mutable_sampling()->mutable_logit_bias())[i] = 1;

@@ -197,10 +197,13 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
                                      options.continue_final_message));
     RETURN_IF_ERROR(AddToolOptions(options.tools, options.tool_choice, options.template_kwargs,
                                    request.mutable_chat()));
+    if (options.parallel_tool_calls) {
+      request.mutable_chat()->set_parallel_tool_calls(*options.parallel_tool_calls);
+    }
   } else if (!options.tools.empty() || !options.tool_choice.empty() ||
-             !options.template_kwargs.empty()) {
+             !options.template_kwargs.empty() || options.parallel_tool_calls) {
     return absl::InvalidArgumentError(
-        "--tools, --tool_choice and --template_kwargs need --message");
+        "--tools, --tool_choice, --parallel_tool_calls and --template_kwargs need --message");
   } else if (options.continue_final_message) {
     return absl::InvalidArgumentError("--continue_final_message needs --message");
   } else if (!options.prompt.empty()) {
@@ -236,6 +239,8 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   stopping->mutable_stop_token_ids()->Add(stop_ids.begin(), stop_ids.end());
   stopping->set_ignore_eos(options.ignore_eos);
   stopping->set_min_tokens(options.min_tokens);
+  stopping->set_include_stop_str_in_output(options.include_stop_str_in_output);
+  request.set_truncate_prompt_tokens(options.truncate_prompt_tokens);
   stopping->set_time_limit_ms(options.time_limit_ms);
   if (options.n != 1) request.set_n(options.n);  // the server checks the range
 

@@ -43,6 +43,8 @@ struct GenerateOptions {
   std::string stop_token_ids;  // "1,2"
   bool ignore_eos = false;
   int32_t min_tokens = 0;
+  bool include_stop_str_in_output = false;
+  int32_t truncate_prompt_tokens = 0;  // 0 keeps the whole prompt, -1 what leaves room
   std::string logit_bias;  // "id:bias,..." e.g. "13:-100,42:2.5"
   // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
   int32_t logprobs = -1;
@@ -64,6 +66,7 @@ struct GenerateOptions {
   std::string tools;
   std::string tool_choice;
   std::string template_kwargs;
+  std::optional<bool> parallel_tool_calls;  // unset: the server's default (true)
 };
 
 // Parses "1, 2,3" into ids. `flag` names the flag in errors. Empty text gives no ids.

@@ -52,6 +52,8 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   options.stop_token_ids = "5,6";
   options.ignore_eos = true;
   options.min_tokens = 4;
+  options.include_stop_str_in_output = true;
+  options.truncate_prompt_tokens = -1;
   options.logit_bias = "13:-100, 42:2.5";
   options.logprobs = 3;
   options.priority = -7;
@@ -87,6 +89,8 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   EXPECT_THAT(stop.stop_token_ids(), ElementsAre(5, 6));
   EXPECT_TRUE(stop.ignore_eos());
   EXPECT_EQ(stop.min_tokens(), 4);
+  EXPECT_TRUE(stop.include_stop_str_in_output());
+  EXPECT_EQ(request->truncate_prompt_tokens(), -1);
   EXPECT_EQ(stop.time_limit_ms(), 2500u);
   EXPECT_EQ(request->n(), 3);
   EXPECT_TRUE(request->response().logprobs());
@@ -255,6 +259,12 @@ TEST(BuildGenerateRequestTest, ToolFlags) {
   EXPECT_EQ(r->chat().tools(1).parameters(), "");
   EXPECT_EQ(r->chat().tool_choice().function(), "get_weather");
   EXPECT_EQ(r->chat().template_kwargs(), R"({"enable_thinking": false})");
+  EXPECT_FALSE(r->chat().has_parallel_tool_calls());
+  options.parallel_tool_calls = false;
+  r = BuildGenerateRequest(options);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->chat().has_parallel_tool_calls());
+  EXPECT_FALSE(r->chat().parallel_tool_calls());
   for (const char* mode : {"auto", "none", "required"}) {
     options.tool_choice = mode;
     r = BuildGenerateRequest(options);

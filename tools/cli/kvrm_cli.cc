@@ -60,6 +60,10 @@ ABSL_FLAG(std::string, stop_token_ids, "", "token ids that end generation, e.g. 
 ABSL_FLAG(bool, ignore_eos, false, "keep generating past end-of-sequence tokens");
 ABSL_FLAG(int32_t, min_tokens, 0,
           "generate at least this many tokens before EOS, stop ids or stop sequences end it");
+ABSL_FLAG(bool, include_stop_str_in_output, false,
+          "end the text with the matched stop sequence instead of cutting it off");
+ABSL_FLAG(int32_t, truncate_prompt_tokens, 0,
+          "keep only the prompt's last N tokens; -1: what leaves room for --max_new_tokens");
 ABSL_FLAG(std::string, logit_bias, "",
           "token_id:bias pairs added to the logits, e.g. 13:-100,42:2.5 (bias in [-100, 100])");
 ABSL_FLAG(int32_t, logprobs, -1,
@@ -89,6 +93,8 @@ ABSL_FLAG(std::string, tools, "",
           "\"parameters\"}}); calls print as 'tool call NAME ARGUMENTS (ID)'");
 ABSL_FLAG(std::string, tool_choice, "",
           "with --tools: auto (default), none, required, or the name of the function to call");
+ABSL_FLAG(bool, parallel_tool_calls, true,
+          "with --tools: false holds the reply to at most one call");
 ABSL_FLAG(std::string, template_kwargs, "",
           "with --message: more chat-template variables, a JSON object (inline, or @FILE), e.g. "
           "{\"enable_thinking\": false}");
@@ -180,6 +186,11 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.stop_token_ids = absl::GetFlag(FLAGS_stop_token_ids);
   options.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
   options.min_tokens = absl::GetFlag(FLAGS_min_tokens);
+  options.include_stop_str_in_output = absl::GetFlag(FLAGS_include_stop_str_in_output);
+  options.truncate_prompt_tokens = absl::GetFlag(FLAGS_truncate_prompt_tokens);
+  if (flags.given.contains("parallel_tool_calls")) {
+    options.parallel_tool_calls = absl::GetFlag(FLAGS_parallel_tool_calls);
+  }
   options.logit_bias = absl::GetFlag(FLAGS_logit_bias);
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
   options.n = absl::GetFlag(FLAGS_n);
@@ -442,6 +453,8 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "stop_token_ids",
                                                 "ignore_eos",
                                                 "min_tokens",
+                                                "include_stop_str_in_output",
+                                                "truncate_prompt_tokens",
                                                 "logit_bias",
                                                 "logprobs",
                                                 "n",
@@ -456,6 +469,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "whitespace_pattern",
                                                 "tools",
                                                 "tool_choice",
+                                                "parallel_tool_calls",
                                                 "template_kwargs",
                                                 "json",
                                                 "server",
