@@ -92,6 +92,14 @@ void Sampler::Reset(const SamplingConfig& config, absl::Span<const int32_t> prom
     CHECK(config.logit_bias[i].token < vocab_size_)
         << "logit_bias token " << config.logit_bias[i].token << " vocab " << vocab_size_;
   }
+  if (config.allowed_tokens) {
+    CHECK(!config.allowed_tokens->empty() &&
+          config.allowed_tokens->size() <= static_cast<size_t>(vocab_size_))
+        << "allowed_tokens: " << config.allowed_tokens->size() << " ids, vocab " << vocab_size_;
+    for (int32_t token : *config.allowed_tokens) {
+      CHECK(token >= 0 && token < vocab_size_) << "allowed token " << token;
+    }
+  }
 }
 
 void Sampler::MarkSeen(int32_t token) {
@@ -127,6 +135,15 @@ void Sampler::ApplyPenalties(absl::Span<float> logits) const {
   }
 }
 
+void Sampler::ApplyAllowedTokens(absl::Span<float> logits) {
+  if (!config_.allowed_tokens) return;
+  const std::vector<int32_t>& ids = *config_.allowed_tokens;
+  // probs_ is free until the draw: it keeps the allowed logits while the rest become -inf.
+  for (size_t j = 0; j < ids.size(); ++j) probs_[j] = logits[ids[j]];
+  std::fill(logits.begin(), logits.end(), kNegInf);
+  for (size_t j = 0; j < ids.size(); ++j) logits[ids[j]] = probs_[j];
+}
+
 void Sampler::ApplyLogitBias(absl::Span<float> logits) const {
   for (int32_t i = 0; i < config_.num_logit_bias; ++i) {
     logits[config_.logit_bias[i].token] += config_.logit_bias[i].bias;
@@ -146,6 +163,7 @@ float Sampler::Normalize(absl::Span<float> logits) const {
 SampleResult Sampler::Sample(absl::Span<float> logits) {
   CHECK(static_cast<int32_t>(logits.size()) == vocab_size_)
       << "logits " << logits.size() << " vocab " << vocab_size_;
+  ApplyAllowedTokens(logits);
   ApplyLogitBias(logits);
   ApplyPenalties(logits);
   const float max = Normalize(logits);

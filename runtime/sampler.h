@@ -4,7 +4,7 @@
 // start-up; `Reset` (admission) and `Sample` / `Accept` (every decode step) never allocate: all
 // buffers are sized to the vocabulary in the constructor and reused.
 //
-// Processing order (vLLM's): logit bias, repetition penalty, presence/frequency penalties;
+// Processing order (vLLM's): allowed-token mask, logit bias, repetition penalty, presence/frequency penalties;
 // then, if temperature == 0, argmax (ties: lowest id); otherwise divide by temperature, top-k,
 // top-p, min-p, renormalise, and draw with the request's own RNG. (min_tokens masks a request's
 // stop tokens before all of this: the engine does it, it knows the stop tokens.)
@@ -13,6 +13,7 @@
 
 #include <array>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -44,6 +45,9 @@ struct SamplingConfig {
   // [0, vocab_size), values finite. Fixed capacity, so copying a config never allocates.
   std::array<LogitBias, kMaxLogitBias> logit_bias{};
   int32_t num_logit_bias = 0;
+  // vLLM's allowed_token_ids (null: every token): all other logits are -inf before the bias.
+  // Ids in [0, vocab_size); shared and immutable, so copying a config never allocates.
+  std::shared_ptr<const std::vector<int32_t>> allowed_tokens;
   bool logprobs = false;
   int32_t top_logprobs = 0;  // 0..kMaxTopLogprobs
 };
@@ -95,6 +99,7 @@ class Sampler {
   // The penalty stage of Sample alone (exposed for tests): O(distinct tokens seen), not O(vocab).
   void ApplyPenalties(absl::Span<float> logits) const;
   // The logit-bias stage of Sample alone (before the penalties): O(entries).
+  void ApplyAllowedTokens(absl::Span<float> logits);
   void ApplyLogitBias(absl::Span<float> logits) const;
 
   int32_t vocab_size() const { return vocab_size_; }

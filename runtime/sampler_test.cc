@@ -272,6 +272,65 @@ TEST(SamplerTest, LogitBiasIsAddedBeforeThePenalties) {
   EXPECT_FALSE(ValidateSamplingConfig(bad).ok());
 }
 
+TEST(SamplerTest, AllowedTokensAreTheOnlySupport) {
+  constexpr int32_t kVocab = 500;
+  const std::vector<float> logits = RandomLogits(kVocab, 9, -4, 4);
+  const std::vector<int32_t> allowed = {3, 77, 140, 141, 499, 77};  // a duplicate is harmless
+  SamplingConfig c;
+  c.allowed_tokens = std::make_shared<const std::vector<int32_t>>(allowed);
+  c.logprobs = true;
+  c.top_logprobs = 4;
+  // Reference in double: log-softmax over the distinct allowed ids only.
+  const std::vector<int32_t> distinct = {3, 77, 140, 141, 499};
+  auto reference = [&](double temperature) {
+    double max = -1e300;
+    for (int32_t t : distinct) max = std::max(max, logits[t] / temperature);
+    double z = 0;
+    for (int32_t t : distinct) z += std::exp(logits[t] / temperature - max);
+    std::vector<double> lp(kVocab, -std::numeric_limits<double>::infinity());
+    for (int32_t t : distinct) lp[t] = logits[t] / temperature - max - std::log(z);
+    return lp;
+  };
+  // Greedy: the best allowed id, with its logprob at temperature 1.
+  Sampler sampler(kVocab);
+  sampler.Reset(c, {});
+  std::vector<float> work = logits;
+  const SampleResult g = sampler.Sample(absl::MakeSpan(work));
+  int32_t best = distinct[0];
+  for (int32_t t : distinct) best = logits[t] > logits[best] ? t : best;
+  EXPECT_EQ(g.token, best);
+  const std::vector<double> ref1 = reference(1.0);
+  EXPECT_NEAR(g.logprob, ref1[best], 1e-5);
+  ASSERT_EQ(g.num_top, 4);
+  for (int32_t j = 0; j < g.num_top; ++j) {
+    EXPECT_TRUE(std::count(distinct.begin(), distinct.end(), g.top_ids[j])) << g.top_ids[j];
+    EXPECT_NEAR(g.top_logprobs[j], ref1[g.top_ids[j]], 1e-5);
+  }
+  // Sampling: every draw is allowed, logprobs against the reference, and every allowed id turns
+  // up over 2000 draws at temperature 2 (the least likely has p > 0.01 here: a miss has
+  // probability below e^-20).
+  c.temperature = 2.0f;
+  sampler.Reset(c, {});
+  const std::vector<double> ref2 = reference(2.0);
+  std::set<int32_t> seen;
+  for (int i = 0; i < 2000; ++i) {
+    work = logits;
+    const SampleResult r = sampler.Sample(absl::MakeSpan(work));
+    ASSERT_TRUE(std::count(distinct.begin(), distinct.end(), r.token)) << r.token;
+    EXPECT_NEAR(r.logprob, ref2[r.token], 1e-5);
+    seen.insert(r.token);
+  }
+  for (int32_t t : distinct) EXPECT_GT(std::exp(ref2[t]), 0.01) << t;
+  EXPECT_EQ(seen.size(), distinct.size());
+  // The bias applies after the mask: it cannot bring back a masked id.
+  c.temperature = 0;
+  c.logit_bias[c.num_logit_bias++] = {10, 100.0f};
+  c.logit_bias[c.num_logit_bias++] = {140, 50.0f};
+  sampler.Reset(c, {});
+  work = logits;
+  EXPECT_EQ(sampler.Sample(absl::MakeSpan(work)).token, 140);
+}
+
 TEST(SamplerTest, PenaltyFlipsGreedyChoiceAndResetForgetsOldTokens) {
   Sampler sampler(8);
   SamplingConfig c;
@@ -550,7 +609,7 @@ TEST(SamplerTest, SampleAcceptAndResetDoNotAllocate) {
   peaked[100] = peaked[200] = 12;
   std::vector<float> work(kVocab);
   const std::vector<int32_t> prompt = {5, 6, 7, 8, 9, 5, 100};
-  std::vector<SamplingConfig> configs(5);
+  std::vector<SamplingConfig> configs(6);
   configs[0].logprobs = true;  // greedy + top logprobs
   configs[0].top_logprobs = 20;
   configs[1].temperature = 0.8f;  // top-k + top-p + min-p + penalties
@@ -567,6 +626,9 @@ TEST(SamplerTest, SampleAcceptAndResetDoNotAllocate) {
   configs[4].temperature = 1;  // plain sampling with logprobs
   configs[4].logprobs = true;
   configs[4].top_logprobs = 3;
+  configs[5].temperature = 0.9f;  // allowed tokens (built once, shared by copies)
+  configs[5].allowed_tokens =
+      std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{1, 100, 200, 31999});
   Sampler sampler(kVocab);
 
   // The counter must see an allocation it cannot elide, or the zero below would prove nothing.

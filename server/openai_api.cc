@@ -161,6 +161,16 @@ class Builder {
       }
     }
     Param("sampling.logit_bias", "logit_bias");
+    if (const Json* allowed = Find(body_, "allowed_token_ids")) {
+      if (!allowed->is_array()) return WrongType("allowed_token_ids", "an array", *allowed);
+      for (size_t i = 0; i < allowed->size(); ++i) {
+        ASSIGN_OR_RETURN(std::optional<int64_t> id,
+                         IntegerOf((*allowed)[i], absl::StrCat("allowed_token_ids[", i, "]")));
+        if (*id < INT32_MIN || *id > INT32_MAX) return Bad("allowed_token_ids", "id out of range");
+        s->add_allowed_token_ids(static_cast<int32_t>(*id));
+      }
+    }
+    Param("sampling.allowed_token_ids", "allowed_token_ids");
 
     v1::StoppingCriteria* st = g().mutable_stopping();
     if (const Json* stop = Find(body_, "stop")) {

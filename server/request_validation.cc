@@ -117,6 +117,24 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
     }
     out->logit_bias[out->num_logit_bias++] = LogitBias{token, bias};
   }
+  out->allowed_tokens.reset();
+  if (s.allowed_token_ids_size() > 0) {
+    if (s.allowed_token_ids_size() > vocab_size) {
+      return Invalid("sampling.allowed_token_ids",
+                     absl::StrCat(s.allowed_token_ids_size(), " ids; at most the vocabulary's ",
+                                  vocab_size));
+    }
+    for (int i = 0; i < s.allowed_token_ids_size(); ++i) {
+      const int32_t token = s.allowed_token_ids(i);
+      if (token < 0 || token >= vocab_size) {
+        return Invalid("sampling.allowed_token_ids",
+                       absl::StrCat("id ", token, " at index ", i,
+                                    " is outside the vocabulary [0, ", vocab_size, ")"));
+      }
+    }
+    out->allowed_tokens = std::make_shared<const std::vector<int32_t>>(
+        s.allowed_token_ids().begin(), s.allowed_token_ids().end());
+  }
   out->temperature = s.temperature();
   out->top_k = s.top_k();
   out->top_p = s.top_p() == 0 ? 1.0f : s.top_p();

@@ -191,6 +191,23 @@ TEST_F(E2eTest, TruncatedPromptIsItsLastTokens) {
   EXPECT_EQ(c.finished.usage().prompt_tokens(), context - 8);
 }
 
+TEST_F(E2eTest, AllowedTokenIdsAreTheOnlyTokensSampled) {
+  const std::vector<int32_t> allowed = {37, 101, 205, 333, 480};
+  for (float temperature : {0.0f, 1.0f}) {
+    v1::GenerateRequest req = TextRequest("Once upon a time", 24);
+    req.mutable_stopping()->set_ignore_eos(true);
+    req.mutable_sampling()->set_temperature(temperature);
+    req.mutable_sampling()->set_seed(5);
+    for (int32_t id : allowed) req.mutable_sampling()->add_allowed_token_ids(id);
+    const StreamResult r = RunGenerate(stub(), req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.tokens.size(), 24u);
+    for (int32_t t : r.tokens) {
+      EXPECT_TRUE(std::count(allowed.begin(), allowed.end(), t)) << t << " at T=" << temperature;
+    }
+  }
+}
+
 TEST_F(E2eTest, StopTokenIdEndsTheStreamWithIt) {
   v1::GenerateRequest req = TextRequest("Numbers:", 30);
   req.mutable_stopping()->set_ignore_eos(true);
@@ -379,6 +396,9 @@ TEST_F(E2eTest, BadRequestsGetInvalidArgumentNamingTheField) {
          (*r->mutable_sampling()->mutable_logit_bias())[5] = std::nanf("");
        },
        "sampling.logit_bias"},
+      {"allowed token outside the vocabulary",
+       [](v1::GenerateRequest* r) { r->mutable_sampling()->add_allowed_token_ids(1 << 20); },
+       "sampling.allowed_token_ids"},
       {"truncate_prompt_tokens -2", [](v1::GenerateRequest* r) { r->set_truncate_prompt_tokens(-2); },
        "truncate_prompt_tokens"},
       {"truncate_prompt_tokens at the context",
