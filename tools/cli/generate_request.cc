@@ -229,6 +229,9 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   sampling->set_frequency_penalty(options.frequency_penalty);
   ASSIGN_OR_RETURN(const auto bias, ParseLogitBias(options.logit_bias));
   for (const auto& [id, value] : bias) (*sampling->mutable_logit_bias())[id] = value;
+  ASSIGN_OR_RETURN(const std::vector<int32_t> allowed,
+                   ParseIdList(options.allowed_token_ids, "allowed_token_ids"));
+  sampling->mutable_allowed_token_ids()->Add(allowed.begin(), allowed.end());
 
   v1::StoppingCriteria* stopping = request.mutable_stopping();
   stopping->set_max_new_tokens(options.max_new_tokens);

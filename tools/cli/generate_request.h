@@ -46,6 +46,7 @@ struct GenerateOptions {
   bool include_stop_str_in_output = false;
   int32_t truncate_prompt_tokens = 0;  // 0 keeps the whole prompt, -1 what leaves room
   std::string logit_bias;  // "id:bias,..." e.g. "13:-100,42:2.5"
+  std::string allowed_token_ids;  // "1,2"
   // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
   int32_t logprobs = -1;
   int32_t n = 1;  // completions (GenerateRequest.n)

@@ -55,6 +55,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   options.include_stop_str_in_output = true;
   options.truncate_prompt_tokens = -1;
   options.logit_bias = "13:-100, 42:2.5";
+  options.allowed_token_ids = "13,42,7";
   options.logprobs = 3;
   options.priority = -7;
   options.n = 3;
@@ -83,6 +84,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   ASSERT_EQ(s.logit_bias_size(), 2);
   EXPECT_FLOAT_EQ(s.logit_bias().at(13), -100.0f);
   EXPECT_FLOAT_EQ(s.logit_bias().at(42), 2.5f);
+  EXPECT_THAT(s.allowed_token_ids(), ElementsAre(13, 42, 7));
   const v1::StoppingCriteria& stop = request->stopping();
   EXPECT_EQ(stop.max_new_tokens(), 17);
   EXPECT_THAT(stop.stop_sequences(), ElementsAre("\n", "THE END", "###"));

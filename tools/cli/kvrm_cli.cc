@@ -64,6 +64,8 @@ ABSL_FLAG(bool, include_stop_str_in_output, false,
           "end the text with the matched stop sequence instead of cutting it off");
 ABSL_FLAG(int32_t, truncate_prompt_tokens, 0,
           "keep only the prompt's last N tokens; -1: what leaves room for --max_new_tokens");
+ABSL_FLAG(std::string, allowed_token_ids, "",
+          "only these token ids can be sampled, e.g. 13,42");
 ABSL_FLAG(std::string, logit_bias, "",
           "token_id:bias pairs added to the logits, e.g. 13:-100,42:2.5 (bias in [-100, 100])");
 ABSL_FLAG(int32_t, logprobs, -1,
@@ -192,6 +194,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
     options.parallel_tool_calls = absl::GetFlag(FLAGS_parallel_tool_calls);
   }
   options.logit_bias = absl::GetFlag(FLAGS_logit_bias);
+  options.allowed_token_ids = absl::GetFlag(FLAGS_allowed_token_ids);
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
   options.n = absl::GetFlag(FLAGS_n);
   options.priority = absl::GetFlag(FLAGS_priority);
@@ -456,6 +459,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "include_stop_str_in_output",
                                                 "truncate_prompt_tokens",
                                                 "logit_bias",
+                                                "allowed_token_ids",
                                                 "logprobs",
                                                 "n",
                                                 "priority",
