@@ -167,7 +167,7 @@ KvrmServer::~KvrmServer() {
   if (server_) server_->Shutdown(std::chrono::system_clock::now());
 }
 
-bool KvrmServer::Drain(absl::Duration grace) {
+bool KvrmServer::Drain(absl::Duration grace, const std::function<void()>& before_shutdown) {
   LOG(INFO) << "draining: NOT_SERVING, refusing new requests, grace " << grace;
   grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService();
   health->SetServingStatus(kServiceName, false);
@@ -180,6 +180,7 @@ bool KvrmServer::Drain(absl::Duration grace) {
     engine_->CancelAll();
     engine_->WaitIdle(absl::Seconds(5));
   }
+  if (before_shutdown) before_shutdown();
   // Streams have their final messages queued; give them a moment to flush, then close.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   LOG(INFO) << "drained " << (clean ? "cleanly" : "after cancelling stragglers");

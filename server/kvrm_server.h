@@ -7,6 +7,7 @@
 #ifndef KVRM_SERVER_KVRM_SERVER_H_
 #define KVRM_SERVER_KVRM_SERVER_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -50,9 +51,10 @@ class KvrmServer {
   int port() const { return port_; }
 
   // Health flips to NOT_SERVING at once and new Generate calls get UNAVAILABLE; in-flight
-  // requests get `grace` to finish, then are cancelled; then the server shuts down.
+  // requests get `grace` to finish, then are cancelled; then `before_shutdown` runs (kvrmd's
+  // HTTP API reads its calls' last messages there), then the server shuts down.
   // Returns true when everything finished within the grace period.
-  bool Drain(absl::Duration grace);
+  bool Drain(absl::Duration grace, const std::function<void()>& before_shutdown = nullptr);
 
   void Wait() { server_->Wait(); }
 

@@ -112,10 +112,27 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     return cancelled_;
   }
 
-  void set_handle(int32_t index, uint64_t handle) {
+  // Records completion `index`'s engine handle; true when the call was cancelled before it
+  // could be (OnCancel's CancelAll saw no handle): the caller cancels it then.
+  bool set_handle(int32_t index, uint64_t handle) {
     std::lock_guard<std::mutex> lock(mu_);
     handles_[index] = handle;
+    return cancelled_;
   }
+
+  // A reference for code that touches the reactor after handing it a sink (the compile thread
+  // between Submit and set_handle): the engine may finish the request and gRPC end the call
+  // meanwhile, which would otherwise delete it.
+  class Hold {
+   public:
+    explicit Hold(GenerateReactor* reactor) : reactor_(reactor) { reactor_->refs_.fetch_add(1); }
+    ~Hold() { reactor_->Unref(); }
+    Hold(const Hold&) = delete;
+    Hold& operator=(const Hold&) = delete;
+
+   private:
+    GenerateReactor* reactor_;
+  };
 
   // Ends the call before it reached the engine.
   void Reject(const grpc::Status& status) {
@@ -205,13 +222,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       // Part of a call the server accepted: not refused for a full queue or a drain.
       absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(r), /*admitted_call=*/true);
       if (handle.ok()) {
-        set_handle(i, *handle);
-        bool cancelled;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          cancelled = cancelled_;
-        }
-        if (cancelled) engine_->Cancel(*handle);  // the client left while it was submitted
+        // The client left while it was submitted.
+        if (set_handle(i, *handle)) engine_->Cancel(*handle);
         continue;
       }
       FinishInfo info;
@@ -461,6 +473,9 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   (*r)->arrival = arrival;
   if (request.n() > 1) reactor->set_follower_template(**r);
   (*r)->sink = reactor->MakeSink(0);
+  // From Submit on, the engine may finish the request and, off the gRPC thread (a compile
+  // thread), gRPC end the call before set_handle: held until this function returns.
+  GenerateReactor::Hold hold(reactor);
   absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(*r));
   if (!handle.ok()) {
     if (absl::IsResourceExhausted(handle.status())) {
@@ -469,7 +484,8 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     reactor->Reject(ToGrpcStatus(handle.status()));
     return;
   }
-  reactor->set_handle(0, *handle);
+  // Cancelled before its handle was known: OnCancel could not cancel it.
+  if (reactor->set_handle(0, *handle)) engine_->Cancel(*handle);
   KVRM_GRPC_HANDOFF(reactor);
 }
 

@@ -323,6 +323,8 @@ int Run() {
     ho.host = absl::GetFlag(FLAGS_http_listen);
     ho.port = absl::GetFlag(FLAGS_http_port);
     ho.idle_timeout_s = absl::GetFlag(FLAGS_http_idle_timeout_s);
+    // A body within the gRPC message limit makes calls within it (JSON is the larger encoding).
+    ho.max_body_bytes = static_cast<size_t>(so.max_message_bytes);
     ho.served_model_name = absl::GetFlag(FLAGS_served_model_name);
     if (ho.served_model_name.empty()) ho.served_model_name = m.name;
     ho.max_context = (*engine)->options().max_context;
@@ -388,7 +390,14 @@ int Run() {
   LOG(INFO) << "received " << (sig == SIGTERM ? "SIGTERM" : "SIGINT");
   // Probes see the drain at once; /metrics keeps answering until exit.
   if (http) http->SetReady(false);
-  (*server)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s)));
+  if (openai) openai->BeginDrain();
+  (*server)->Drain(absl::Seconds(absl::GetFlag(FLAGS_drain_grace_s)), [&openai] {
+    // The engine is idle: HTTP replies get to send their last events (and [DONE]) before the
+    // gRPC server's shutdown cancels the in-process calls they read them from.
+    if (openai && !openai->WaitIdle(absl::Seconds(5))) {
+      LOG(WARNING) << "HTTP replies still being sent after 5 s: closing them";
+    }
+  });
   openai.reset();  // its calls ended with the drain; before the server its channel goes to
   server->reset();
   engine->reset();

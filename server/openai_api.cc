@@ -619,6 +619,16 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::
     RETURN_IF_ERROR(CompletionPrompt(*parsed, defaults, &out));
     RETURN_IF_ERROR(CompletionOptions(*parsed, &out));
   }
+  // Bounded here, before the reply is sized from them (the service checks n again).
+  const int32_t n = out.generate.n();
+  if (n < 0 || n > defaults.max_n) {
+    return Bad("n", absl::StrCat(n, " is outside [1, ", defaults.max_n, "]"));
+  }
+  const int64_t choices = static_cast<int64_t>(std::max(1, n)) * (1 + out.more_prompts.size());
+  if (choices > defaults.max_choices) {
+    return Bad("n", absl::StrCat(choices, " completions (prompts times n); at most ",
+                                 defaults.max_choices, " in one request"));
+  }
   return out;
 }
 
@@ -732,8 +742,15 @@ OpenAiError ToOpenAiError(const absl::Status& status, const OpenAiRequest* reque
       e.type = "not_found_error";
       break;
     case absl::StatusCode::kResourceExhausted:
-      e.http_status = 429;
-      e.type = "rate_limit_error";
+      // gRPC's own message-size limit (kvrmd --max_message_bytes) is no overload: retrying
+      // cannot help.
+      if (absl::StrContains(status.message(), "message larger than max")) {
+        e.http_status = 413;
+        e.type = "invalid_request_error";
+      } else {
+        e.http_status = 429;
+        e.type = "rate_limit_error";
+      }
       break;
     case absl::StatusCode::kUnavailable:
       e.http_status = 503;

@@ -41,6 +41,8 @@ struct OpenAiDefaults {
   int32_t chat_max_tokens = 4096;
   // Completions: a list of prompts is one call per prompt, run at once; at most this many.
   int32_t max_prompts = 64;
+  int32_t max_n = 16;         // n per prompt (the service's limit)
+  int32_t max_choices = 256;  // prompts times n: the completions of one request
 };
 
 struct OpenAiRequest {

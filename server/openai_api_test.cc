@@ -976,7 +976,7 @@ TEST(OpenAiErrorTest, FieldPathsBecomeOpenAiParameters) {
   EXPECT_EQ(e.param, "prompt");
   e = ServiceError(kCompletions, CompletionBody(), "token_ids: id 99999 at index 0 is too big");
   EXPECT_EQ(e.param, "prompt");
-  e = ServiceError(kCompletions, CompletionBody(R"("n": 40)"), "n: 40 is outside [1, 16] (0: 1)");
+  e = ServiceError(kCompletions, CompletionBody(R"("n": 2)"), "n: 40 is outside [1, 16] (0: 1)");
   EXPECT_EQ(e.param, "n");
   EXPECT_EQ(e.message, "n: 40 is outside [1, 16] (0: 1)");
   e = ServiceError(kCompletions, CompletionBody(), "sampling.logit_bias: token id 1 is big");
@@ -1030,6 +1030,29 @@ TEST(OpenAiErrorTest, RetryAfterIsCarried) {
   e = ToOpenAiError(absl::UnavailableError("draining"), nullptr, 1000);
   EXPECT_EQ(e.http_status, 503);
   EXPECT_EQ(e.retry_after_ms, 1000);
+}
+
+TEST(CompletionsRequestTest, NIsBoundedAtParseTime) {
+  ExpectRefused(kCompletions, CompletionBody(R"("n": 40)"), "n", "40 is outside [1, 16]");
+  ExpectRefused(kChat, ChatBody(R"("n": 2147483647)"), "n", "is outside [1, 16]");
+  OpenAiDefaults d;
+  d.max_choices = 6;
+  absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+      kCompletions, R"({"prompt": ["a", "b", "c"], "n": 3})", d);
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(absl::StartsWith(r.status().message(), "n: 9 completions")) << r.status();
+  EXPECT_TRUE(ParseOpenAiRequest(kCompletions, R"({"prompt": ["a", "b", "c"], "n": 2})", d).ok());
+}
+
+TEST(OpenAiErrorTest, GrpcsMessageSizeLimitIs413NotARetry) {
+  // gRPC's own words when a message exceeds --max_message_bytes, either way.
+  for (const char* message : {"Received message larger than max (5242880 vs. 4194304)",
+                              "Sent message larger than max (6000000 vs. 4194304)"}) {
+    const OpenAiError e = ToOpenAiError(absl::ResourceExhaustedError(message), nullptr);
+    EXPECT_EQ(e.http_status, 413) << message;
+    EXPECT_EQ(e.type, "invalid_request_error");
+    EXPECT_EQ(e.message, message);
+  }
 }
 
 TEST(OpenAiErrorTest, JsonShape) {

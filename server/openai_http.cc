@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
@@ -31,6 +32,8 @@ namespace kvrm {
 
 class ActiveCalls {
  public:
+  explicit ActiveCalls(const HttpApiMetrics* metrics) : metrics_(metrics) {}
+
   // False once the server is stopping: the call must not start.
   bool Add(grpc::ClientContext* context) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -48,9 +51,29 @@ class ActiveCalls {
     for (grpc::ClientContext* c : calls_) c->TryCancel();
   }
 
+  // HTTP requests from their headers to RequestCompleted (their reply sent, or the client gone).
+  void RequestStarted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requests_;
+  }
+  void RequestEnded() {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (--requests_ == 0) idle_.notify_all();
+  }
+  bool WaitNoRequests(absl::Duration timeout) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return idle_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                          [this] { return requests_ == 0; });
+  }
+
+  const HttpApiMetrics* metrics() const { return metrics_; }
+
  private:
+  const HttpApiMetrics* const metrics_;
   std::mutex mu_;  // a pthread mutex: ThreadSanitizer sees it (Debian's Abseil is not instrumented)
+  std::condition_variable idle_;
   std::set<grpc::ClientContext*> calls_;
+  int64_t requests_ = 0;
   bool stopping_ = false;
 };
 
@@ -151,10 +174,12 @@ std::string RandomHex() {
 // keep its slots and KV blocks until max_tokens.
 class CallGroup {
  public:
-  // What Next() hands back: call `call`'s next message, or its end with `status`.
+  // What Next() hands back: call `call`'s next message, or its end with `status`; or, when
+  // `idle`, only that nothing came for the `idle_after` Next was given.
   struct Event {
     int call = 0;
     bool message = false;
+    bool idle = false;
     v1::GenerateResponse response;
     grpc::Status status;
   };
@@ -204,13 +229,23 @@ class CallGroup {
     return true;
   }
 
-  // Waits for the next event; false once every call has ended.
-  bool Next(Event* e) {
+  // Waits for the next event; false once every call has ended. With a finite `idle_at`, an
+  // idle event comes when that time passes before Next returns anything else.
+  bool Next(Event* e, absl::Time idle_at = absl::InfiniteFuture()) {
+    e->idle = false;
     while (live_ > 0) {
+      const absl::Time now = absl::Now();
+      if (now >= idle_at && !client_gone_) {
+        e->idle = true;
+        e->message = false;
+        return true;
+      }
       void* tag = nullptr;
       bool ok = false;
-      const gpr_timespec deadline = gpr_time_add(
-          gpr_now(GPR_CLOCK_MONOTONIC), gpr_time_from_millis(kIdleMs, GPR_TIMESPAN));
+      const int64_t wait_ms =
+          std::clamp<int64_t>(absl::ToInt64Milliseconds(idle_at - now), 0, kIdleMs);
+      const gpr_timespec deadline = gpr_time_add(gpr_now(GPR_CLOCK_MONOTONIC),
+                                                 gpr_time_from_millis(wait_ms, GPR_TIMESPAN));
       const grpc::CompletionQueue::NextStatus got = cq_.AsyncNext(&tag, &ok, deadline);
       WatchClient();
       if (got == grpc::CompletionQueue::TIMEOUT) continue;
@@ -313,6 +348,7 @@ struct Stream {
   std::string pending;  // events not yet handed to libmicrohttpd
   size_t sent = 0;      // bytes of `pending` handed over
   bool ended = false;   // every call finished and the last events are in `pending`
+  absl::Duration keepalive = absl::InfiniteDuration();  // an SSE comment after this long idle
   OpenAiError error;    // the first call that failed after output began
   bool failed = false;
 };
@@ -329,9 +365,14 @@ void NextEvents(Stream* s) {
   s->pending.clear();
   s->sent = 0;
   CallGroup::Event e;
+  // Counted from the last bytes handed over: messages that add nothing to send (held tool-call
+  // text) do not put it off.
+  const absl::Time idle_at = absl::Now() + s->keepalive;
   while (s->pending.empty() && !s->ended) {
-    if (s->calls.Next(&e)) {
-      if (e.message) {
+    if (s->calls.Next(&e, idle_at)) {
+      if (e.idle) {
+        s->pending = ": keep-alive\n\n";  // an SSE comment: clients skip it
+      } else if (e.message) {
         s->pending = s->reply->StreamMessage(e.response, e.call);
       } else if (std::optional<OpenAiError> error = EndError(s->calls, e, s->request);
                  error && !s->failed) {
@@ -393,8 +434,8 @@ void RequestCompleted(void* cls, MHD_Connection* connection, void** state,
                       MHD_RequestTerminationCode /*code*/) {
   auto* upload = static_cast<Upload*>(*state);
   if (upload == nullptr) return;
-  const HttpApiMetrics* metrics = static_cast<const HttpApiMetrics*>(cls);
-  if (metrics != nullptr) {
+  auto* active = static_cast<ActiveCalls*>(cls);
+  if (const HttpApiMetrics* metrics = active->metrics()) {
     const MHD_ConnectionInfo* info =
         MHD_get_connection_info(connection, MHD_CONNECTION_INFO_HTTP_STATUS);
     // No status queued: the client hung up before the reply began.
@@ -403,6 +444,36 @@ void RequestCompleted(void* cls, MHD_Connection* connection, void** state,
   }
   delete upload;
   *state = nullptr;
+  active->RequestEnded();
+}
+
+// A header value gRPC metadata can carry (printable ASCII): anything else would fail the call's
+// start, which gRPC's C++ API treats as a bug and aborts on.
+bool PrintableAscii(const char* s) {
+  for (; *s != '\0'; ++s) {
+    if (*s < 0x20 || *s > 0x7e) return false;
+  }
+  return true;
+}
+
+// The 400 / 401 for headers that are passed on to the service but cannot be.
+std::optional<OpenAiError> BadHeaders(MHD_Connection* connection) {
+  OpenAiError e;
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION);
+      auth != nullptr && !PrintableAscii(auth)) {
+    e.http_status = 401;
+    e.type = "authentication_error";
+    e.message = "the Authorization header holds bytes outside printable ASCII";
+    return e;
+  }
+  if (const char* id = Header(connection, "X-Request-Id"); id != nullptr && !PrintableAscii(id)) {
+    e.http_status = 400;
+    e.type = "invalid_request_error";
+    e.param = "request_id";
+    e.message = "the X-Request-Id header holds bytes outside printable ASCII";
+    return e;
+  }
+  return std::nullopt;
 }
 
 void ConnectionChanged(void* cls, MHD_Connection* /*connection*/, void** /*socket_context*/,
@@ -419,7 +490,7 @@ OpenAiHttpServer::OpenAiHttpServer(std::shared_ptr<grpc::Channel> channel,
       stub_(v1::Kvrm::NewStub(channel_)),
       options_(std::move(options)),
       created_(absl::ToUnixSeconds(absl::Now())),
-      calls_(std::make_unique<ActiveCalls>()) {}
+      calls_(std::make_unique<ActiveCalls>(options_.metrics)) {}
 
 int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const char* method,
                              const char* upload_data, size_t* upload_data_size, void** state) {
@@ -428,6 +499,17 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
     upload->route = RouteOf(url, options_.registry != nullptr);
     upload->start = absl::Now();
     *state = upload;
+    calls_->RequestStarted();
+    // A body announced larger than the limit is refused now, before "100 Continue" invites it.
+    uint64_t announced = 0;
+    if (const char* length = Header(connection, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        length != nullptr && absl::SimpleAtoi(length, &announced) &&
+        announced > options_.max_body_bytes) {
+      upload->too_large = true;
+      return ReplyError(connection, 413, "invalid_request_error",
+                        absl::StrCat("request body of ", announced, " bytes is larger than ",
+                                     options_.max_body_bytes, " bytes"));
+    }
     return MHD_YES;
   }
   auto* upload = static_cast<Upload*>(*state);
@@ -453,7 +535,9 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
   switch (upload->route) {
     case HttpRoute::kHealth:  // /ping is SageMaker's: GET or POST
       if (!get && !(post && path == "/ping")) return use("GET");
-      return Queue(connection, MHD_HTTP_OK, Buffer("", "text/plain"));
+      // Draining (SIGTERM): a balancer probing this port stops sending here.
+      return Queue(connection, draining_ ? MHD_HTTP_SERVICE_UNAVAILABLE : MHD_HTTP_OK,
+                   Buffer("", "text/plain"));
     case HttpRoute::kVersion: {
       if (!get) return use("GET");
       OrderedJson version;
@@ -466,17 +550,20 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
                    Buffer(options_.registry->Render(), "text/plain; version=0.0.4; charset=utf-8"));
     case HttpRoute::kModels:
       if (!get) return use("GET");
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return Models(connection, path);
     case HttpRoute::kTokenize:
     case HttpRoute::kDetokenize:
       if (!post) return use("POST");
       if (upload->too_large) return too_large();
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return upload->route == HttpRoute::kTokenize ? Tokenize(connection, upload->body)
                                                    : Detokenize(connection, upload->body);
     case HttpRoute::kCompletions:
     case HttpRoute::kChatCompletions:
       if (!post) return use("POST");
       if (upload->too_large) return too_large();
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return Generate(connection,
                       upload->route == HttpRoute::kCompletions ? OpenAiEndpoint::kCompletions
                                                                : OpenAiEndpoint::kChatCompletions,
@@ -596,6 +683,20 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
     }
   }
   const std::string id = generate.request_id();
+  if (!request.more_prompts.empty()) {
+    // Each call repeats the parameters: bounded before they are copied (the service would refuse
+    // most such requests, but only after the copies were made and sent).
+    size_t bytes = 0;
+    for (const v1::GenerateRequest& p : request.more_prompts) bytes += p.ByteSizeLong();
+    bytes += generate.ByteSizeLong() * (1 + request.more_prompts.size());
+    if (bytes > options_.max_fanout_bytes) {
+      return ReplyError(connection, 413, "invalid_request_error",
+                        absl::StrCat("the ", 1 + request.more_prompts.size(),
+                                     " prompts make calls of ", bytes, " bytes together (each "
+                                     "repeats the parameters); at most ",
+                                     options_.max_fanout_bytes, ": send fewer prompts a request"));
+    }
+  }
   const std::vector<v1::GenerateRequest> calls = OpenAiCalls(request);
   std::vector<std::string> prompt_texts;
   if (request.echo) {
@@ -664,6 +765,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
     if (response != nullptr) MHD_add_response_header(response, "X-Request-Id", id.c_str());
     return Queue(connection, MHD_HTTP_OK, response);
   }
+  stream->keepalive = options_.sse_keepalive;
   stream->pending = stream->reply->StreamStart();
   for (const CallGroup::Event& f : firsts) {
     stream->pending += stream->reply->StreamMessage(f.response, f.call);
@@ -718,7 +820,7 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
       {MHD_OPTION_CONNECTION_LIMIT, options.connection_limit, nullptr},
       {MHD_OPTION_CONNECTION_TIMEOUT, options.idle_timeout_s, nullptr},
       {MHD_OPTION_NOTIFY_COMPLETED, reinterpret_cast<intptr_t>(&RequestCompleted),
-       const_cast<HttpApiMetrics*>(options.metrics)},
+       server->calls_.get()},
   };
   if (options.metrics != nullptr) {
     items.push_back({MHD_OPTION_NOTIFY_CONNECTION, reinterpret_cast<intptr_t>(&ConnectionChanged),
@@ -740,6 +842,10 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   server->port_ = info != nullptr ? info->port : options.port;
   return server;
 }
+
+void OpenAiHttpServer::BeginDrain() { draining_ = true; }
+
+bool OpenAiHttpServer::WaitIdle(absl::Duration timeout) { return calls_->WaitNoRequests(timeout); }
 
 OpenAiHttpServer::~OpenAiHttpServer() {
   // Calls first: a connection thread blocked on one returns, and the daemon can join it.

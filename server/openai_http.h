@@ -15,12 +15,14 @@
 #ifndef KVRM_SERVER_OPENAI_HTTP_H_
 #define KVRM_SERVER_OPENAI_HTTP_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "grpcpp/channel.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
 #include "metrics/kvrm_metrics.h"
@@ -41,7 +43,16 @@ struct OpenAiHttpOptions {
   // Connections served at once (one thread each); beyond it new connections are refused.
   int connection_limit = 512;
   int idle_timeout_s = 120;  // a keep-alive connection with no request is closed after this
-  size_t max_body_bytes = 8 << 20;  // larger bodies get 413
+  // Larger bodies get 413 (announced ones before they are sent). kvrmd passes its
+  // --max_message_bytes: a body within it makes calls within the service's message limit.
+  size_t max_body_bytes = 8 << 20;
+  // A list of prompts is one call per prompt, each repeating the request's parameters: their
+  // bytes together, beyond which the request gets 413 rather than being fanned out.
+  size_t max_fanout_bytes = 64 << 20;
+  // A streamed reply with nothing to send for this long gets an SSE comment (": keep-alive"),
+  // so that neither the idle timeout nor a proxy closes it while text is held back (tool calls)
+  // or the request waits for a slot.
+  absl::Duration sse_keepalive = absl::Seconds(15);
   // The model's id in requests and /v1/models; a request naming another model gets 404.
   std::string served_model_name;
   int32_t max_context = 0;  // /v1/models' max_model_len
@@ -71,6 +82,13 @@ class OpenAiHttpServer {
 
   int port() const { return port_; }
 
+  // SIGTERM: /health and /ping answer 503 from now on (the service refuses new calls itself).
+  void BeginDrain();
+  // Waits until no HTTP request is in flight (each reply sent whole, or its client gone), at most
+  // `timeout`; whether none is. kvrmd calls it once the engine is idle, before the gRPC server
+  // shuts down, so that streams end with their last events and [DONE].
+  bool WaitIdle(absl::Duration timeout);
+
   // The libmicrohttpd access handler (public only for the C callback's trampoline).
   int Handle(MHD_Connection* connection, const char* url, const char* method,
              const char* upload_data, size_t* upload_data_size, void** state);
@@ -90,6 +108,7 @@ class OpenAiHttpServer {
   OpenAiHttpOptions options_;
   int64_t created_ = 0;  // /v1/models' "created": when the server started
   std::unique_ptr<ActiveCalls> calls_;
+  std::atomic<bool> draining_{false};
   MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;
 };

@@ -208,7 +208,7 @@ TEST(KvrmdProcessTest, SigtermDrainsInFlightStreamsAndExitsZero) {
 }
 
 // kvrmd's OpenAI-compatible HTTP API: served beside gRPC, and drained with it (a stream in flight
-// at SIGTERM runs to its end, a new request gets 503).
+// at SIGTERM runs to its end, a new request and the API port's /health get 503).
 TEST(KvrmdProcessTest, HttpApiServesAndDrainsWithTheServer) {
   const std::string port_file = TmpDir() + "/kvrmd-http.port";
   const std::string http_port_file = TmpDir() + "/kvrmd-http.http_port";
@@ -265,6 +265,7 @@ TEST(KvrmdProcessTest, HttpApiServesAndDrainsWithTheServer) {
     else std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_TRUE(refused);
+  EXPECT_EQ(HttpCall(*http_port, "GET", "/health").status, 503) << "health while draining";
   for (std::string more; !(more = stream.Read(30000)).empty();) got += more;
   EXPECT_TRUE(absl::StrContains(got, "\"finish_reason\":\"length\"")) << got.substr(0, 400);
   EXPECT_TRUE(absl::StrContains(got, "data: [DONE]")) << "the stream was cut at the drain";

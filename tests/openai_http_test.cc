@@ -4,6 +4,7 @@
 // refusals, and that a client hanging up frees its slot.
 #include <atomic>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -41,7 +42,8 @@ class Daemon {
  public:
   explicit Daemon(EngineOptions options, ServerOptions so = {}, size_t max_body = 8 << 20,
                   const HttpApiMetrics* metrics = nullptr,
-                  const MetricRegistry* registry = nullptr)
+                  const MetricRegistry* registry = nullptr,
+                  const std::function<void(OpenAiHttpOptions&)>& more = nullptr)
       : server_(options, so) {
     OpenAiHttpOptions o;
     o.host = "127.0.0.1";
@@ -54,6 +56,7 @@ class Daemon {
     o.metrics = metrics;
     o.registry = registry;
     o.version = "test-version";
+    if (more) more(o);
     absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> http =
         OpenAiHttpServer::Start(server_.server().InProcessChannel(), o);
     EXPECT_TRUE(http.ok()) << http.status();
@@ -66,6 +69,7 @@ class Daemon {
   }
   int http_port() const { return http_->port(); }
   TestServer& grpc() { return server_; }
+  OpenAiHttpServer& http() { return *http_; }
 
   // Waits until no slot is in use and nothing waits (the engine is idle again).
   bool WaitIdle() {
@@ -428,6 +432,125 @@ TEST(OpenAiHttpTest, AClientThatHangsUpBeforeAWholeReplyFreesItsSlot) {
   EXPECT_EQ(d.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})").status, 200);
 }
 
+TEST(OpenAiHttpTest, HeadersGrpcCannotCarryAreRefusedAndTheServerGoesOn) {
+  Daemon d(Options(2));
+  const std::string body = R"({"prompt": "x", "max_tokens": 2})";
+  // gRPC metadata is printable ASCII; passing these on would abort the process.
+  for (const std::string& auth : {std::string("Bearer\tabc"), std::string("Bearer \xc3\xa9"),
+                                  std::string("Bearer a\x7f")}) {
+    HttpReply r = d.Post("/v1/completions", body, {{"Authorization", auth}});
+    EXPECT_EQ(r.status, 401) << r.body;
+    EXPECT_EQ(Body(r)["error"]["type"], "authentication_error") << r.body;
+    EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models", "", {{"Authorization", auth}}).status,
+              401);
+    EXPECT_EQ(d.Post("/tokenize", R"({"prompt": "x"})", {{"Authorization", auth}}).status, 401);
+  }
+  HttpReply r = d.Post("/v1/completions", body, {{"X-Request-Id", "id\xc3\xa9"}});
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Body(r)["error"]["param"], "request_id") << r.body;
+  // A health probe does not pass headers on: unaffected.
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/health", "", {{"Authorization", "a\tb"}}).status,
+            200);
+  r = d.Post("/v1/completions", body, {{"X-Request-Id", "plain-id-1"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["id"], "plain-id-1");
+}
+
+TEST(OpenAiHttpTest, CompletionCountsAreBoundedBeforeTheReplyIsSized) {
+  Daemon d(Options(2));
+  // Sized from n before the service saw it, this reply would have been hundreds of GB.
+  HttpReply r = d.Post("/v1/completions", R"({"prompt": "x", "n": 2147483647})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Body(r)["error"]["param"], "n") << r.body;
+  EXPECT_EQ(d.Post("/v1/completions", R"({"prompt": "x", "n": -1})").status, 400);
+  // 64 prompts of n = 5: 320 completions, over the 256 of one request.
+  std::vector<std::string> prompts(64, "p");
+  r = d.Post("/v1/completions",
+             absl::StrCat(R"({"prompt": )", Json(prompts).dump(), R"(, "n": 5, "max_tokens": 1})"));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Body(r)["error"]["param"], "n");
+  EXPECT_TRUE(absl::StrContains(Body(r)["error"]["message"].get<std::string>(), "320"));
+  r = d.Post("/v1/completions",
+             absl::StrCat(R"({"prompt": )", Json(std::vector<std::string>(8, "p")).dump(),
+                          R"(, "n": 2, "max_tokens": 1})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["choices"].size(), 16u);
+}
+
+TEST(OpenAiHttpTest, AListOfPromptsWhoseCallsAreTooLargeTogetherIs413) {
+  Daemon d(Options(2), {}, 8 << 20, nullptr, nullptr,
+           [](OpenAiHttpOptions& o) { o.max_fanout_bytes = 64 << 10; });
+  // A 15 KB guided_choice list, repeated by each of 8 prompts' calls: over 64 KB together.
+  std::vector<std::string> choices;
+  for (int i = 0; i < 800; ++i) choices.push_back(absl::StrCat("choice-number-", i));
+  const std::string shared = absl::StrCat(R"("guided_choice": )", Json(choices).dump());
+  HttpReply r = d.Post("/v1/completions",
+                       absl::StrCat(R"({"prompt": )", Json(std::vector<std::string>(8, "p")).dump(),
+                                    ", ", shared, R"(, "max_tokens": 2})"));
+  EXPECT_EQ(r.status, 413) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "8 prompts")) << r.body;
+  // One prompt with the same parameters is one call: served.
+  r = d.Post("/v1/completions", absl::StrCat(R"({"prompt": "p", )", shared, R"(, "max_tokens": 2})"));
+  EXPECT_EQ(r.status, 200) << r.body;
+}
+
+TEST(OpenAiHttpTest, AStreamWithNothingToSendGetsKeepAliveComments) {
+  SlowSteps slow;  // 2 ms a step: 60 tokens of held tool-call text take over 120 ms
+  EngineOptions options = Options(2);
+  options.observer = &slow;
+  Daemon d(options, {}, 8 << 20, nullptr, nullptr,
+           [](OpenAiHttpOptions& o) { o.sse_keepalive = absl::Milliseconds(20); });
+  HttpReply r = d.Post("/v1/chat/completions", R"({
+      "messages": [{"role": "user", "content": "Weather in Lima?"}],
+      "tools": [{"type": "function", "function": {"name": "get_weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string",
+                                                                  "maxLength": 40}},
+                         "required": ["city"], "additionalProperties": false}}}],
+      "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "max_tokens": 60, "temperature": 1, "seed": 7, "stream": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, ": keep-alive\n\n")) << r.body;
+  // The comments are between events, and the stream is whole.
+  const std::vector<Json> events = Events(r);
+  ASSERT_FALSE(events.empty());
+  EXPECT_FALSE(events.back()["choices"][0]["finish_reason"].is_null()) << r.body;
+}
+
+TEST(OpenAiHttpTest, DrainingAnswersHealthWith503AndWaitsForReplies) {
+  SlowSteps slow;
+  EngineOptions options = Options(2);
+  options.observer = &slow;
+  Daemon d(options);
+  std::atomic<bool> done{false};
+  HttpReply streamed;
+  std::thread client([&] {
+    streamed = d.Post("/v1/completions", R"({"prompt": "Go on", "max_tokens": 100,
+                                             "ignore_eos": true, "stream": true})");
+    done = true;
+  });
+  // Once it is streaming, drain: health is 503 at once, WaitIdle returns when the reply is whole.
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  bool running = false;
+  while (!running && absl::Now() < deadline) {
+    grpc::ClientContext context;
+    v1::ServerInfo info;
+    running = d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
+              info.tokens_generated_total() > 0;
+    if (!running) absl::SleepFor(absl::Milliseconds(5));
+  }
+  ASSERT_TRUE(running);
+  d.http().BeginDrain();
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/health").status, 503);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/ping").status, 503);
+  EXPECT_FALSE(d.http().WaitIdle(absl::Milliseconds(1))) << "the stream is in flight";
+  EXPECT_TRUE(d.http().WaitIdle(absl::Seconds(60)));
+  client.join();
+  EXPECT_TRUE(done);
+  ASSERT_EQ(streamed.status, 200);
+  EXPECT_EQ(SseData(streamed.body).back(), "[DONE]");
+  EXPECT_TRUE(d.http().WaitIdle(absl::Milliseconds(1)));
+}
+
 TEST(OpenAiHttpTest, TokenizeAndDetokenizeAreTheModelsTokenizer) {
   Daemon d(Options(2));
   const std::string text = "The capital of France is";
@@ -558,7 +681,9 @@ TEST(OpenAiHttpTest, RefusalsHaveHttpStatusesAndNameTheParameter) {
     ASSERT_TRUE(j.contains("error")) << r.body;
     EXPECT_EQ(j["error"]["code"], c.status);
     EXPECT_FALSE(j["error"]["message"].get<std::string>().empty());
-    if (!c.param.empty()) EXPECT_EQ(j["error"]["param"], c.param);
+    if (!c.param.empty()) {
+      EXPECT_EQ(j["error"]["param"], c.param);
+    }
     if (!c.param.empty() && c.status == 400) {
       EXPECT_TRUE(absl::StartsWith(j["error"]["message"].get<std::string>(), c.param))
           << j["error"]["message"];
