@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "absl/strings/str_cat.h"
+
 namespace kvrm {
 namespace {
 
@@ -12,6 +14,21 @@ double Clean(float x) {
 }
 
 }  // namespace
+
+absl::Status CheckDeviceSampling(const DeviceSampling& p, int32_t vocab_size) {
+  auto bad = [](const char* field, double value, const char* range) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("sampling.", field, " = ", value, " outside ", range));
+  };
+  if (!(p.temperature >= 0.0f) || std::isinf(p.temperature)) {
+    return bad("temperature", p.temperature, "[0, inf)");
+  }
+  if (p.top_k < 0 || p.top_k > vocab_size) return bad("top_k", p.top_k, "[0, vocab]");
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return bad("top_p", p.top_p, "(0, 1]");
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("min_p", p.min_p, "[0, 1]");
+  if (!(p.uniform >= 0.0f && p.uniform < 1.0f)) return bad("uniform", p.uniform, "[0, 1)");
+  return absl::OkStatus();
+}
 
 DeviceSampleResult SampleLikeDevice(absl::Span<const float> logits, const DeviceSampling& p,
                                     std::vector<double>& pr) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "runtime/backend.h"
 
@@ -27,6 +28,12 @@ struct DeviceSampleResult {
   // may fairly pick a neighbour when this is below its rounding.
   double margin = 0;
 };
+
+// The ranges every backend may assume of a marked row's parameters (the engine's to keep): OK, or
+// INVALID_ARGUMENT "sampling.FIELD = value outside range". temperature in [0, inf), top_k in
+// [0, vocab_size] (0: off), top_p in (0, 1], min_p in [0, 1], uniform in [0, 1). Allocates
+// nothing when the row is good.
+absl::Status CheckDeviceSampling(const DeviceSampling& params, int32_t vocab_size);
 
 // `scratch` is resized to the vocabulary on first use (reuse it: then nothing allocates).
 DeviceSampleResult SampleLikeDevice(absl::Span<const float> logits, const DeviceSampling& params,

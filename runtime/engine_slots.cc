@@ -464,7 +464,9 @@ bool Engine::MarkDeviceSampling() {
     sampled_tokens_[i] = -1;  // a backend that leaves the row unwritten fails it, not repeats
     ds.temperature = c.temperature;
     if (c.temperature > 0) {
-      ds.top_k = c.top_k;
+      // The host sampler takes top_k >= vocab as off; the device's range is [0, vocab]
+      // (CheckDeviceSampling), and one row out of it would fail the whole step.
+      ds.top_k = c.top_k < model_->config.vocab_size ? c.top_k : 0;
       ds.top_p = c.top_p;
       ds.min_p = c.min_p;
       ds.uniform = samplers_[i]->DrawUniform();

@@ -150,16 +150,14 @@ class SamplingCpuBackend : public Backend {
                                         int32_t* tokens) override {
     ++calls;
     RETURN_IF_ERROR(inner_->DecodeWithChunk(chunk, last_logits, step, logits));
-    SampleMarked(step, logits, tokens);
-    return absl::OkStatus();
+    return SampleMarked(step, logits, tokens);
   }
   bool samples_on_device() const override { return true; }
   absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
                                int32_t* tokens) override {
     ++calls;
     RETURN_IF_ERROR(inner_->Decode(step, logits));
-    SampleMarked(step, logits, tokens);
-    return absl::OkStatus();
+    return SampleMarked(step, logits, tokens);
   }
   int32_t vocab_size() const override { return inner_->vocab_size(); }
   int32_t max_chunk_tokens() const override { return inner_->max_chunk_tokens(); }
@@ -172,8 +170,14 @@ class SamplingCpuBackend : public Backend {
   std::atomic<int64_t> rows{0};
 
  private:
-  void SampleMarked(const StepDescriptor& step, float* logits, int32_t* tokens) {
+  // Checks every marked row as the CUDA backend's packing does (a bad row fails the step), then
+  // samples them.
+  absl::Status SampleMarked(const StepDescriptor& step, float* logits, int32_t* tokens) {
     const int32_t vocab = inner_->vocab_size();
+    for (int32_t s = 0; s < step.max_slots; ++s) {
+      if (!step.active[s] || !step.sampling[s].on_device) continue;
+      RETURN_IF_ERROR(CheckDeviceSampling(step.sampling[s], vocab));
+    }
     for (int32_t s = 0; s < step.max_slots; ++s) {
       if (!step.active[s] || !step.sampling[s].on_device) continue;
       float* row = logits + static_cast<size_t>(s) * vocab;
@@ -181,6 +185,7 @@ class SamplingCpuBackend : public Backend {
       std::fill(row, row + vocab, std::numeric_limits<float>::quiet_NaN());
       ++rows;
     }
+    return absl::OkStatus();
   }
 
   std::unique_ptr<Backend> inner_;
@@ -341,6 +346,20 @@ TEST_F(DeviceSamplingTest, SeededSamplingInTheStepIsReproducibleAndSeedDependent
   int from_greedy = 0;
   for (size_t i = 0; i < reqs.size(); ++i) from_greedy += greedy.tokens[i] != a.tokens[i];
   EXPECT_GE(from_greedy, 6) << "temperature 0.9 samples";
+}
+
+TEST_F(DeviceSamplingTest, TopKBeyondTheVocabularyIsOffOnTheDeviceAsOnTheHost) {
+  // A client's top_k above the vocabulary is valid (off) for the host sampler; passed to the
+  // device as it is, it would fail the whole step and every request in it.
+  std::vector<Req> reqs = Plain(6, 0.9f);
+  for (size_t i = 0; i < reqs.size(); i += 2) reqs[i].sampling.top_k = 1 << 20;
+  EngineOptions o;
+  o.fuse_prefill = false;
+  const Outcome dev = Run(reqs, true, o);
+  EXPECT_EQ(dev.backend_rows, TokensAfterTheFirst(dev));
+  std::vector<Req> off = reqs;
+  for (size_t i = 0; i < off.size(); i += 2) off[i].sampling.top_k = 0;
+  EXPECT_EQ(dev.tokens, Run(off, true, o).tokens) << "top_k past the vocabulary is top_k off";
 }
 
 TEST_F(DeviceSamplingTest, OffItNeverAsksTheBackend) {

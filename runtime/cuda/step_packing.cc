@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "runtime/device_sampling.h"
 
 namespace kvrm::cuda {
 namespace {
@@ -72,18 +73,9 @@ absl::Status CheckRow(int32_t token, int32_t position, const PackLimits& limits,
 }
 
 absl::Status CheckSampling(const DeviceSampling& p, const PackLimits& limits, const What& what) {
-  auto bad = [&](const char* field, double value, const char* range) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(Describe(what), ".sampling.", field, " = ", value, " outside ", range));
-  };
-  if (!(p.temperature >= 0.0f) || std::isinf(p.temperature)) {
-    return bad("temperature", p.temperature, "[0, inf)");
-  }
-  if (p.top_k < 0 || p.top_k > limits.vocab_size) return bad("top_k", p.top_k, "[0, vocab]");
-  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return bad("top_p", p.top_p, "(0, 1]");
-  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) return bad("min_p", p.min_p, "[0, 1]");
-  if (!(p.uniform >= 0.0f && p.uniform < 1.0f)) return bad("uniform", p.uniform, "[0, 1)");
-  return absl::OkStatus();
+  absl::Status st = CheckDeviceSampling(p, limits.vocab_size);
+  if (st.ok()) return st;
+  return absl::InvalidArgumentError(absl::StrCat(Describe(what), ".", st.message()));
 }
 
 }  // namespace
