@@ -28,7 +28,7 @@ cc_library(
 
 cc_library(
     name = "cuda_runtime",
-    linkopts = ["-L{root}/lib64", "-Wl,-rpath,{root}/lib64", "-lcudart", "-lcublasLt", "-lcublas", "-lnccl"],
+    linkopts = ["-L{root}/lib64", "-Wl,-rpath,{root}/lib64", "-lcudart", "-lcublasLt", "-lnccl"],
     deps = [":cuda_headers"],
 )
 """.format(root = root))

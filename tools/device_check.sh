@@ -14,10 +14,11 @@
 #                                   # queued at once), its table and JSON beside
 #
 # Through the device tool, with the prepared folder carried:
-#   run(command="tools/device_check.sh run", carry=[".device"], timeout_s=420)
+#   run(command="tools/device_check.sh run --quick", carry=[".device"], timeout_s=540)
 # The check takes about 2-4 minutes on one H200 (kernel checks, backend vs CPU with f32 and bf16
 # KV pools, decode at 16, 64 and 128 slots and at 64 with a bf16 pool); `run --quick`
-# benchmarks 64 slots only (f32 and bf16 KV).
+# benchmarks 64 slots only (f32 and bf16 KV) and runs the engine claims on 50 requests a family
+# (at most 240 s either way). Exit status: the check's, else the claims' (3: they ran past 240 s).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
@@ -56,17 +57,35 @@ case "$mode" in
     pack=${TMPDIR:-/tmp}/kvrm-device
     rm -rf "$pack" && mkdir -p "$pack" && tar -C "$pack" -xzf .device/pack.tar.gz
     libpath=$pack/lib
-    # CUDA runtime, cuBLASLt and NCCL: the toolkit's, else the pip wheels' (nvidia-*-cu13).
-    for name in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2; do
+    # The CUDA runtime and cuBLASLt from one installation (a toolkit's cuBLASLt with a wheel's
+    # runtime, or the reverse, may not load): the toolkit's when it has both, else what
+    # ldconfig knows, else the pip wheels' (nvidia-*-cu13). NCCL apart: the toolkit rarely has it.
+    find_lib() {
+      local name=$1 found
       # awk reads to the end (no `exit`): ldconfig must not die of SIGPIPE under pipefail.
       found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n && !f {print $NF; f = 1}')
       if [[ -z "$found" ]]; then
         found=$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
                   -name "$name" 2>/dev/null | head -1 || true)
       fi
-      if [[ -z "$found" ]]; then echo "device_check: $name not found on this machine" >&2; exit 1; fi
-      libpath=$libpath:$(dirname "$found")
+      if [[ -z "$found" ]]; then echo "device_check: $name not found on this machine" >&2; return 1; fi
+      dirname "$found"
+    }
+    cuda_dir=""
+    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+      if [[ -e $d/libcudart.so.13 && -e $d/libcublasLt.so.13 ]]; then cuda_dir=$d; break; fi
     done
+    if [[ -n "$cuda_dir" ]]; then
+      libpath=$libpath:$cuda_dir
+    else
+      for name in libcudart.so.13 libcublasLt.so.13; do libpath=$libpath:$(find_lib "$name"); done
+    fi
+    if [[ -n "$cuda_dir" && -e $cuda_dir/libnccl.so.2 ]]; then
+      :
+    else
+      libpath=$libpath:$(find_lib libnccl.so.2)
+    fi
+    echo "device_check: libraries from ${libpath#"$pack/lib:"}"
     sys_cxx=$(ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && !f {print $NF; f = 1}')
     if ! grep -q GLIBCXX_3.4.30 "$sys_cxx" 2>/dev/null; then libpath=$libpath:$pack/libstdcxx; fi
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt" || true
@@ -74,13 +93,26 @@ case "$mode" in
     status=0
     LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
       "$pack/device_check" --json "$out/device_check.json" "$@" 2>&1 | tee "$out/device_check.log" || status=$?
-    # The claims through the engine on the GPU: the paper_claims families at full length.
+    # The claims through the engine on the GPU: the paper_claims families at full length (with
+    # --quick, 50 requests a family, so that the whole run stays well inside one device call).
+    quick=0
+    for a in "$@"; do [[ $a == --quick ]] && quick=1; done
+    claims_requests=200
+    [[ $quick -eq 1 ]] && claims_requests=50
     if [[ -x "$pack/engine_claims" ]]; then
       # The generated model stays out of $OUT (hundreds of MB that would not come back).
+      claims_status=0
       LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
         timeout 240 "$pack/engine_claims" --device=cuda --families=short,mixed \
-          --model_dir="$pack/models" --json "$out/engine_claims.json" 2>&1 \
-          | grep -v '^W' | tee "$out/engine_claims.log" || status=$?
+          --requests=$claims_requests --model_dir="$pack/models" \
+          --json "$out/engine_claims.json" 2>&1 \
+          | grep -v '^W' | tee "$out/engine_claims.log" || claims_status=$?
+      # Not 124: the device tool would read that as the whole command timing out.
+      if [[ $claims_status -eq 124 ]]; then
+        echo "device_check: engine_claims ran past its 240 s" >&2
+        claims_status=3
+      fi
+      [[ $status -eq 0 ]] && status=$claims_status
     fi
     exit $status
     ;;

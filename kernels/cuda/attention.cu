@@ -72,6 +72,18 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int32_t len = in.active[row] ? in.position[row] + 1 : 0;
   const int32_t begin = split * ws.split_tokens;
   const int32_t end = min(len, begin + ws.split_tokens);
+  if (begin >= end) {
+    // A split past the row's length (the whole block alike): only its -inf marker, on which the
+    // reduce skips it without reading its partial_out (64 slots at 4096 context would otherwise
+    // write ~6 MB of zeros a layer).
+    for (int j = threadIdx.x; j < group; j += blockDim.x) {
+      const int64_t slot =
+          (static_cast<int64_t>(row) * heads + g * group + j) * ws.splits + split;
+      ws.partial_ml[slot * 2] = -INFINITY;
+      ws.partial_ml[slot * 2 + 1] = 0.0f;
+    }
+    return;
+  }
 
   float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][E], q[kMaxGroup][E];
 #pragma unroll

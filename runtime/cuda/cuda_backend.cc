@@ -59,6 +59,7 @@ int CudaDeviceCount() {
 struct CudaBackend::Rank {
   int32_t index = 0;
   int device = 0;
+  int64_t max_pitch = 0;  // cudaDevAttrMaxPitch: cudaMemcpy2D refuses larger row pitches
   int32_t heads = 0, kv_heads = 0, ffn = 0, vocab_begin = 0, vocab_share = 0;
   StreamPtr stream, copy_stream;
   LtHandlePtr lt;
@@ -213,6 +214,9 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   rank.index = r;
   rank.device = r;
   KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
+  int max_pitch = 0;
+  KVRM_CUDA_RETURN_IF_ERROR(cudaDeviceGetAttribute(&max_pitch, cudaDevAttrMaxPitch, rank.device));
+  rank.max_pitch = max_pitch;
   ASSIGN_OR_RETURN(RankWeights w, ShardLlamaWeights(config_, full, r, options_.tensor_parallel));
   rank.heads = w.heads;
   rank.kv_heads = w.kv_heads;
@@ -739,10 +743,21 @@ absl::Status CudaBackend::CopyGroup(const TransferGroup& g) {
     const KvPool* dst = g.dst_tier == KvTier::kDevice ? rank.kv_view.get() : host_tier_[r].get();
     ASSIGN_OR_RETURN(PoolCopy2D c, LowerTransferGroup(src->shape(), dst->shape(), g));
     KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
-    KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(
-        reinterpret_cast<char*>(dst->Layer(0).k) + c.dst_offset, c.dst_pitch,
-        reinterpret_cast<const char*>(src->Layer(0).k) + c.src_offset, c.src_pitch, c.width,
-        c.height, cudaMemcpyDefault, rank.copy_stream.get()));
+    char* to = reinterpret_cast<char*>(dst->Layer(0).k) + c.dst_offset;
+    const char* from = reinterpret_cast<const char*>(src->Layer(0).k) + c.src_offset;
+    if (c.src_pitch <= rank.max_pitch && c.dst_pitch <= rank.max_pitch) {
+      KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(to, c.dst_pitch, from, c.src_pitch, c.width,
+                                                  c.height, cudaMemcpyDefault,
+                                                  rank.copy_stream.get()));
+    } else {
+      // A pool whose (layer, K|V, head) row is past the device's pitch limit (a large pool with
+      // few layers or KV heads a rank): the same rows one copy each.
+      for (int64_t row = 0; row < c.height; ++row) {
+        KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(to + row * c.dst_pitch, from + row * c.src_pitch,
+                                                  c.width, cudaMemcpyDefault,
+                                                  rank.copy_stream.get()));
+      }
+    }
   }
   for (auto& rank : ranks_) {
     KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank->device));

@@ -793,9 +793,11 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling,
     if (i == decode_steps / 2) step.active[1] = 0;  // a slot leaves: its row goes inactive
     CHECK_OK((*gpu)->Decode(step, g.data()));
     CHECK_OK((*cpu)->Decode(step, c.data()));
-    compare_rows(/*skip_ties=*/false, &worst, &agree, &total);
+    // Near-ties skipped: a random model's top two logits are ~0.2 apart, and bf16 products
+    // (against a CPU reference that may keep f32 inputs) can swap them without anything wrong.
+    compare_rows(/*skip_ties=*/true, &worst, &agree, &total);
   }
-  const bool ok = worst <= 3e-2 && agree * 10 >= total * 9;
+  const bool ok = worst <= 3e-2 && total >= decode_steps && agree * 10 >= total * 9;
   if ((*gpu)->fuses_prefill()) {
     // The mixed graph: a new prompt for the slot that left, chunk by chunk, each chunk riding
     // with the other slots' decode rows in one pass, on both backends (the CPU's mixed pass is
@@ -940,6 +942,8 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
     row.sampled_step_ms =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / 100 * 1e3;
     for (int32_t s = 0; s < slots; ++s) step.sampling[s] = DeviceSampling{};
+    // TimeDecodeReplays replays the last step's graph: the plain decode, not decode + sampling.
+    CHECK_OK((*gpu)->Decode(step, logits.data()));
   }
   row.tp = tp;
   row.slots = slots;

@@ -60,6 +60,7 @@ absl::Status NcclGroup::AllGather(int rank, const float* send, float* recv, int6
 }
 
 absl::Status NcclGroup::AsyncError() const {
+  std::lock_guard<std::mutex> lock(abort_mu_);
   if (aborted()) return absl::UnavailableError("NCCL communicator was aborted");
   for (ncclComm_t c : comms_) {
     ncclResult_t async = ncclSuccess;
@@ -73,6 +74,7 @@ absl::Status NcclGroup::AsyncError() const {
 }
 
 void NcclGroup::Abort() {
+  std::lock_guard<std::mutex> lock(abort_mu_);
   if (aborted_.exchange(true, std::memory_order_acq_rel)) return;
   for (ncclComm_t c : comms_) {
     if (c != nullptr) ncclCommAbort(c);

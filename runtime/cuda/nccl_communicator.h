@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -50,6 +51,9 @@ class NcclGroup {
   std::vector<ncclComm_t> comms_;
   std::vector<std::unique_ptr<Communicator>> endpoints_;
   std::atomic<bool> aborted_{false};
+  // Held by AsyncError's poll and by Abort: another rank's thread must not free the
+  // communicators (ncclCommAbort) while one polls them.
+  mutable std::mutex abort_mu_;
 };
 
 }  // namespace kvrm::cuda
