@@ -2,10 +2,13 @@
 // parameters that pass ValidateSamplingConfig (the server's own check), logits with NaN, +-inf,
 // denormals and huge values, a prompt and generated tokens for the penalties, logit-bias entries.
 // Invariants: every draw is an id inside the vocabulary, its logprob is never NaN, and a real
-// choice (logprob above -inf) is never an id whose logit was NaN or -inf.
+// choice (logprob above -inf) is never an id whose logit was NaN or -inf, nor one outside
+// allowed_token_ids when they are given.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "fuzz/fuzz_util.h"
@@ -54,6 +57,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     c.logit_bias[i].token = in.Take<uint16_t>() % vocab;
     c.logit_bias[i].bias = in.Take<float>();
   }
+  // allowed_token_ids: 0 (none, the common case) to 7 ids, sorted and without repeats as
+  // request validation leaves them.
+  std::vector<int32_t> allowed(in.Take<uint8_t>() % 8);
+  for (int32_t& t : allowed) t = in.Take<uint16_t>() % vocab;
+  std::sort(allowed.begin(), allowed.end());
+  allowed.erase(std::unique(allowed.begin(), allowed.end()), allowed.end());
+  if (!allowed.empty()) c.allowed_tokens = std::make_shared<const std::vector<int32_t>>(allowed);
   // The server's limits on top of the sampler's own (request_validation.cc).
   if (!kvrm::ValidateSamplingConfig(c).ok() || c.temperature > 100 ||
       c.repetition_penalty > 10 || std::abs(c.presence_penalty) > 2 ||
@@ -86,6 +96,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // Bias and penalties are finite, so an id whose logit was NaN or -inf stays out. (With no
       // drawable id at all the sampler returns id 0 with logprob -inf.)
       FUZZ_CHECK(!std::isnan(raw[r.token]) && raw[r.token] != -INFINITY);
+      if (!allowed.empty()) {
+        FUZZ_CHECK(std::find(allowed.begin(), allowed.end(), r.token) != allowed.end());
+      }
     }
     FUZZ_CHECK(r.num_top >= 0 && r.num_top <= kvrm::kMaxTopLogprobs);
     for (int32_t i = 0; i < r.num_top; ++i) FUZZ_CHECK(r.top_ids[i] >= 0 && r.top_ids[i] < vocab);

@@ -46,7 +46,8 @@ struct SamplingConfig {
   std::array<LogitBias, kMaxLogitBias> logit_bias{};
   int32_t num_logit_bias = 0;
   // vLLM's allowed_token_ids (null: every token): all other logits are -inf before the bias.
-  // Ids in [0, vocab_size); shared and immutable, so copying a config never allocates.
+  // Ids in [0, vocab_size), at most vocab_size of them (request validation sorts them and drops
+  // repeats); shared and immutable, so copying a config never allocates.
   std::shared_ptr<const std::vector<int32_t>> allowed_tokens;
   bool logprobs = false;
   int32_t top_logprobs = 0;  // 0..kMaxTopLogprobs

@@ -132,8 +132,11 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
                                     " is outside the vocabulary [0, ", vocab_size, ")"));
       }
     }
-    out->allowed_tokens = std::make_shared<const std::vector<int32_t>>(
-        s.allowed_token_ids().begin(), s.allowed_token_ids().end());
+    // Sorted and without repeats: at most the vocabulary, which is what the sampler holds.
+    std::vector<int32_t> ids(s.allowed_token_ids().begin(), s.allowed_token_ids().end());
+    std::sort(ids.begin(), ids.end());
+    ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+    out->allowed_tokens = std::make_shared<const std::vector<int32_t>>(std::move(ids));
   }
   out->temperature = s.temperature();
   out->top_k = s.top_k();
