@@ -313,6 +313,8 @@ class CallGroup {
 
   // A peer that closed or reset its end cancels the calls. Bytes the
   // client sent (a pipelined next request) are not a hang-up and are left to libmicrohttpd.
+  // A client that only shut down its sending side after the request (POLLRDHUP; HTTP/1.1
+  // clients do not) is taken as gone too, as nginx takes it by default.
   void WatchClient() {
     if (client_fd_ < 0 || client_gone_) return;
     const absl::Time now = absl::Now();
