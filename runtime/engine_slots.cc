@@ -261,6 +261,9 @@ void Engine::Admit(absl::Time now) {
     slot.admitted = now;
     slot.reserve_blocks = reserve_blocks;
     slot.admit_seq = ++admissions_;
+    // Fresh per request: the previous occupant's preemption grace and usage are not this one's.
+    slot.resumed_step = 0;
+    slot.generated = 0;
     slot.cached_tokens = AttachCachedPrefix(i);
     const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {
@@ -770,6 +773,17 @@ SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
 void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
   Slot& slot = slots_[slot_index];
   GenerationRequest& r = *slot.request;
+  if (sample.logprob == -std::numeric_limits<float>::infinity() && !r.grammar) {
+    // No distribution: every logit was masked (allowed_token_ids all held back by min_tokens,
+    // say) or not a number. The sampler's token 0 would be a token nobody chose (a constraint's
+    // own case is told apart below, with its state).
+    StreamChunk chunk;
+    chunk.text = slot.text->Finish();
+    FinishSlot(slot_index, FinishReason::kError, std::move(chunk), "",
+               "no token can be sampled: every logit is masked (allowed_token_ids, min_tokens, "
+               "stop_token_ids) or not a number");
+    return;
+  }
   const int32_t token = sample.token;
   samplers_[slot_index]->Accept(token);
   ++slot.generated;

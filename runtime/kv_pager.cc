@@ -353,7 +353,10 @@ absl::Status KvPager::OnboardPrefix(int32_t slot, absl::Span<const int32_t> host
     pending_.push_back(Pending{fence, KvTier::kHost, h});  // takes the reference
     host_copy_[dst] = h;
     host_copy_gen_[dst] = host_cache_.gen(h);
-    if (written_at && host_written_at_[h] > retired_) {
+    // An offload not submitted yet goes out in the same submission as this move, ahead of it
+    // (offloads first), so the move's own fence covers it; its kUnsubmitted stamp must not be
+    // handed out as a fence (the engine would keep that owner entry forever).
+    if (written_at && host_written_at_[h] > retired_ && host_written_at_[h] != kUnsubmitted) {
       *written_at = std::max(*written_at, host_written_at_[h]);
     }
   }

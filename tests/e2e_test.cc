@@ -208,6 +208,26 @@ TEST_F(E2eTest, AllowedTokenIdsAreTheOnlyTokensSampled) {
   }
 }
 
+TEST_F(E2eTest, AllowedTokensAllMaskedEndTheRequestWithAnError) {
+  // The only allowed token is EOS, which min_tokens holds back: nothing can be sampled, and the
+  // request ends with an error instead of streaming a token nobody allowed.
+  const std::vector<int32_t>& eos = server_->engine().model().config.eos_token_ids;
+  ASSERT_FALSE(eos.empty());
+  v1::GenerateRequest req = TextRequest("Once upon a time", 8);
+  req.mutable_sampling()->add_allowed_token_ids(eos[0]);
+  req.mutable_stopping()->set_min_tokens(3);
+  const StreamResult r = RunGenerate(stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_ERROR);
+  EXPECT_TRUE(absl::StrContains(r.finished.error(), "no token can be sampled"))
+      << r.finished.error();
+  EXPECT_TRUE(r.tokens.empty());
+  // Once min_tokens is 0, EOS is sampled and ends it.
+  req.mutable_stopping()->set_min_tokens(0);
+  const StreamResult ok = RunGenerate(stub(), req);
+  EXPECT_EQ(ok.finished.reason(), v1::FINISH_REASON_EOS);
+}
+
 TEST_F(E2eTest, StopTokenIdEndsTheStreamWithIt) {
   v1::GenerateRequest req = TextRequest("Numbers:", 30);
   req.mutable_stopping()->set_ignore_eos(true);
