@@ -101,17 +101,46 @@ absl::StatusOr<std::optional<std::string>> GetString(const Json& o, const char* 
   return std::optional<std::string>(j->get<std::string>());
 }
 
-// A JSON value that may come as an object or as its text (guided_json, tool arguments).
-absl::StatusOr<std::string> JsonText(const Json& j, absl::string_view param) {
+// The body again with its objects' keys in document order (Json sorts them), for the values
+// passed on as JSON text: a schema's properties are generated in the order they are written
+// ("reasoning" before "answer"), and a template shows tools and arguments as sent. Null where
+// the body has none of them (or, which cannot happen after Json parsed it, does not parse).
+std::optional<OrderedJson> OrderedBody(absl::string_view body) {
+  for (const char* key : {"\"schema\"", "\"guided_json\"", "\"parameters\"", "\"arguments\""}) {
+    if (!absl::StrContains(body, key)) continue;
+    absl::StatusOr<OrderedJson> j =
+        ParseOrderedJson(std::string_view(body.data(), body.size()), "request body");
+    if (j.ok() && j->is_object()) return *std::move(j);
+    break;
+  }
+  return std::nullopt;
+}
+
+// The ordered body's node at a key or an index of `o` (null when absent or `o` is null).
+const OrderedJson* At(const OrderedJson* o, const char* key) {
+  if (o == nullptr || !o->is_object()) return nullptr;
+  auto it = o->find(key);
+  return it == o->end() ? nullptr : &*it;
+}
+const OrderedJson* At(const OrderedJson* o, size_t index) {
+  if (o == nullptr || !o->is_array() || index >= o->size()) return nullptr;
+  return &(*o)[index];
+}
+
+// A JSON value that may come as an object or as its text (guided_json, tool arguments); an
+// object is written from `ordered` (the same value, keys in document order) when there is one.
+absl::StatusOr<std::string> JsonText(const Json& j, const OrderedJson* ordered,
+                                     absl::string_view param) {
   if (j.is_string()) return j.get<std::string>();
-  if (j.is_object()) return j.dump();
+  if (j.is_object()) return ordered != nullptr && ordered->is_object() ? ordered->dump() : j.dump();
   return WrongType(param, "an object or a JSON string", j);
 }
 
 // One GenerateRequest field set from a parameter, recorded for error messages.
 class Builder {
  public:
-  Builder(OpenAiRequest* out, const Json& body) : out_(out), body_(body) {}
+  Builder(OpenAiRequest* out, const Json& body, const OrderedJson* ordered)
+      : out_(out), body_(body), ordered_(ordered) {}
 
   v1::GenerateRequest& g() { return out_->generate; }
   void Param(const std::string& field, const std::string& param) { out_->params[field] = param; }
@@ -276,8 +305,10 @@ class Builder {
         if (schema == nullptr) {
           return Bad("response_format.json_schema.schema", "is required");
         }
-        ASSIGN_OR_RETURN(std::string text,
-                         JsonText(*schema, "response_format.json_schema.schema"));
+        ASSIGN_OR_RETURN(
+            std::string text,
+            JsonText(*schema, At(At(At(ordered_, "response_format"), "json_schema"), "schema"),
+                     "response_format.json_schema.schema"));
         structured.set_json_schema(std::move(text));
         ++set;
         from = "response_format.json_schema.schema";
@@ -287,7 +318,8 @@ class Builder {
       }
     }
     if (const Json* schema = Find(body_, "guided_json")) {
-      ASSIGN_OR_RETURN(std::string text, JsonText(*schema, "guided_json"));
+      ASSIGN_OR_RETURN(std::string text,
+                       JsonText(*schema, At(ordered_, "guided_json"), "guided_json"));
       structured.set_json_schema(std::move(text));
       ++set;
       from = "guided_json";
@@ -333,6 +365,7 @@ class Builder {
  private:
   OpenAiRequest* out_;
   const Json& body_;
+  const OrderedJson* ordered_;  // the body with keys in document order, or null
 };
 
 // A list of token ids, or INVALID_ARGUMENT naming `param`.
@@ -409,7 +442,7 @@ absl::StatusOr<std::string> ContentText(const Json& content, const std::string& 
   return text;
 }
 
-absl::Status ChatMessages(const Json& body, OpenAiRequest* out) {
+absl::Status ChatMessages(const Json& body, const OrderedJson* ordered, OpenAiRequest* out) {
   const Json* messages = Find(body, "messages");
   if (messages == nullptr) return Bad("messages", "is required");
   if (!messages->is_array()) return WrongType("messages", "an array", *messages);
@@ -449,7 +482,10 @@ absl::Status ChatMessages(const Json& body, OpenAiRequest* out) {
         }
         tc->set_name(fname->get<std::string>());
         if (const Json* args = Find(*fn, "arguments")) {
-          ASSIGN_OR_RETURN(std::string text, JsonText(*args, absl::StrCat(cat, ".function.arguments")));
+          const OrderedJson* ordered_args = At(
+              At(At(At(At(At(ordered, "messages"), i), "tool_calls"), c), "function"), "arguments");
+          ASSIGN_OR_RETURN(std::string text,
+                           JsonText(*args, ordered_args, absl::StrCat(cat, ".function.arguments")));
           tc->set_arguments(std::move(text));
         }
       }
@@ -461,7 +497,7 @@ absl::Status ChatMessages(const Json& body, OpenAiRequest* out) {
   return absl::OkStatus();
 }
 
-absl::Status ChatTools(const Json& body, OpenAiRequest* out) {
+absl::Status ChatTools(const Json& body, const OrderedJson* ordered, OpenAiRequest* out) {
   v1::ChatPrompt* chat = out->generate.mutable_chat();
   if (const Json* tools = Find(body, "tools")) {
     if (!tools->is_array()) return WrongType("tools", "an array", *tools);
@@ -485,8 +521,10 @@ absl::Status ChatTools(const Json& body, OpenAiRequest* out) {
                        GetString(*fn, "description", absl::StrCat(at, ".function")));
       if (description) tool->set_description(*description);
       if (const Json* parameters = Find(*fn, "parameters")) {
-        ASSIGN_OR_RETURN(std::string text,
-                         JsonText(*parameters, absl::StrCat(at, ".function.parameters")));
+        ASSIGN_OR_RETURN(
+            std::string text,
+            JsonText(*parameters, At(At(At(At(ordered, "tools"), i), "function"), "parameters"),
+                     absl::StrCat(at, ".function.parameters")));
         tool->set_parameters(std::move(text));
       }
     }
@@ -605,15 +643,17 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::
   if (!parsed->is_object()) return WrongType("request body", "a JSON object", *parsed);
   OpenAiRequest out;
   out.endpoint = endpoint;
-  Builder b(&out, *parsed);
+  const std::optional<OrderedJson> ordered = OrderedBody(body);
+  const OrderedJson* ordered_root = ordered ? &*ordered : nullptr;
+  Builder b(&out, *parsed, ordered_root);
   RETURN_IF_ERROR(b.Sampling());
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
   RETURN_IF_ERROR(
       b.MaxTokens(chat ? defaults.chat_max_tokens : defaults.completion_max_tokens, chat));
   RETURN_IF_ERROR(b.Structured());
   if (chat) {
-    RETURN_IF_ERROR(ChatMessages(*parsed, &out));
-    RETURN_IF_ERROR(ChatTools(*parsed, &out));
+    RETURN_IF_ERROR(ChatMessages(*parsed, ordered_root, &out));
+    RETURN_IF_ERROR(ChatTools(*parsed, ordered_root, &out));
     RETURN_IF_ERROR(ChatOptions(*parsed, &out));
   } else {
     RETURN_IF_ERROR(CompletionPrompt(*parsed, defaults, &out));

@@ -1032,6 +1032,33 @@ TEST(OpenAiErrorTest, RetryAfterIsCarried) {
   EXPECT_EQ(e.retry_after_ms, 1000);
 }
 
+TEST(ChatRequestTest, JsonPassedOnKeepsTheKeysInTheOrderSent) {
+  // A schema's properties are generated in the order written: "reasoning" before "answer".
+  const std::string props = R"({"type": "object", "properties": {"reasoning": {"type": "string"},
+                                 "answer": {"type": "integer"}}, "required": ["reasoning", "answer"]})";
+  absl::StatusOr<OpenAiRequest> r = Chat(ChatBody(absl::StrCat(
+      R"("response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": )",
+      props, "}}")));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string schema = r->generate.structured().json_schema();
+  EXPECT_LT(schema.find("reasoning"), schema.find("answer")) << schema;
+  EXPECT_LT(schema.find("\"type\""), schema.find("\"properties\"")) << schema;
+  r = Completions(CompletionBody(absl::StrCat(R"("guided_json": )", props)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_LT(r->generate.structured().json_schema().find("reasoning"),
+            r->generate.structured().json_schema().find("answer"));
+  // Tools' parameters and an earlier call's arguments as the template will show them.
+  r = Chat(absl::StrCat(R"({"messages": [{"role": "user", "content": "hi"},
+      {"role": "assistant", "tool_calls": [{"id": "c1", "type": "function",
+        "function": {"name": "f", "arguments": {"zeta": 1, "alpha": 2}}}]},
+      {"role": "tool", "tool_call_id": "c1", "content": "ok"}],
+      "tools": [{"type": "function", "function": {"name": "f", "parameters": )", props, "}}]}"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  const std::string params = r->generate.chat().tools(0).parameters();
+  EXPECT_LT(params.find("reasoning"), params.find("answer")) << params;
+  EXPECT_EQ(r->generate.chat().messages(1).tool_calls(0).arguments(), R"({"zeta":1,"alpha":2})");
+}
+
 TEST(CompletionsRequestTest, NIsBoundedAtParseTime) {
   ExpectRefused(kCompletions, CompletionBody(R"("n": 40)"), "n", "40 is outside [1, 16]");
   ExpectRefused(kChat, ChatBody(R"("n": 2147483647)"), "n", "is outside [1, 16]");
