@@ -315,6 +315,13 @@ void Engine::PublishStats() {
   s.mixed_steps_total = mixed_steps_;
   s.device_sampled_tokens_total = device_sampled_;
   s.kv = kv_->Stats();
+  if (pager_ && options_.reserve == ReservePolicy::kPromptAndOutput) {
+    // What admission set aside for prompt + output beyond the blocks already allocated is
+    // reserved too: no other request can be admitted into it (the claims' reserved-KV figure).
+    const int64_t aside = UnallocatedReservations(-1);
+    s.kv.blocks_reserved += aside;
+    s.kv.blocks_free = std::max<int64_t>(0, s.kv.blocks_free - aside);
+  }
   s.descriptor_commits_total = commits_;
   s.preemptions_total = preemptions_;
   s.far_blocks_summarized_total = far_summarized_;

@@ -298,10 +298,17 @@ TEST_F(SchedulerTest, ReservationPoliciesDecideHowManyRequestsFit) {
     engine_->StepForTest();
     engine_->StepForTest();
     const int32_t admitted = static_cast<int32_t>(admissions_.order.size());
+    const KvStats kv = engine_->Stats().kv;
     if (policy == ReservePolicy::kPrompt) {
       EXPECT_EQ(admitted, 2) << "prompt-only reservation admits both";
+      EXPECT_EQ(kv.blocks_reserved, kv.blocks_used) << "nothing set aside beyond what is held";
     } else {
       EXPECT_EQ(admitted, 1) << "prompt+output (15 blocks each) admits one at a time";
+      // The admitted request's whole prompt + output is reserved, though only its prompt's
+      // blocks (and a few) are allocated yet.
+      EXPECT_EQ(kv.blocks_reserved, 15) << kv.blocks_used << " used";
+      EXPECT_LT(kv.blocks_used, 15);
+      EXPECT_EQ(kv.blocks_free, kv.blocks_total - 15);
     }
     RunUntilDone({a, b});
     EXPECT_EQ(a->tokens.size(), 200u);
