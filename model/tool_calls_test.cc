@@ -175,6 +175,23 @@ TEST(ToolSchemaTest, RequiredAndNamedSchemas) {
   EXPECT_EQ((*single)["minItems"], 1);
   EXPECT_EQ((*single)["maxItems"], 1);
   EXPECT_EQ((*single)["items"], (*required)["items"]);
+  // Parameters with "$ref"s into their own document move to the root's $defs, the refs
+  // rewritten to point there (else "#/$defs/Unit" would not resolve and "#" would be the array).
+  const std::vector<ToolSpec> with_refs = {
+      {"convert", "",
+       R"({"$defs": {"Unit": {"enum": ["C", "F"]}}, "type": "object",
+           "properties": {"unit": {"$ref": "#/$defs/Unit"}, "next": {"$ref": "#"}}})"},
+      {"now", "", ""}};
+  absl::StatusOr<Json> moved = ParseJson(RequiredToolCallsSchema(with_refs), "schema");
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  const Json& items = (*moved)["items"]["anyOf"];
+  EXPECT_EQ(items[0]["properties"]["parameters"], Json({{"$ref", "#/$defs/kvrm_tool_0"}}));
+  const Json& def = (*moved)["$defs"]["kvrm_tool_0"];
+  EXPECT_EQ(def["properties"]["unit"]["$ref"], "#/$defs/kvrm_tool_0/$defs/Unit");
+  EXPECT_EQ(def["properties"]["next"]["$ref"], "#/$defs/kvrm_tool_0");
+  EXPECT_EQ(def["$defs"]["Unit"]["enum"], Json::array({"C", "F"}));
+  EXPECT_FALSE((*moved)["$defs"].contains("kvrm_tool_1")) << "no refs: left in place";
+  EXPECT_EQ(items[1]["properties"]["parameters"]["type"], "object");
   EXPECT_EQ(NamedToolCallSchema(tools[1]),
             "{\"type\":\"object\",\"properties\":{},\"additionalProperties\":false}");
   // The template sees OpenAI's shape, the schema's keys in their order.

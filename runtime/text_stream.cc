@@ -17,6 +17,8 @@ bool IsContinuationByte(char c) { return (static_cast<unsigned char>(c) & 0xC0) 
 // Dropping tokens before the prefix offset keeps tokens_ at the size of the decode window; doing it
 // only every so often keeps the erase cost amortised O(1) per token.
 constexpr size_t kCompactEvery = 256;
+// Tokens an incomplete character may wait on before its U+FFFD is released (see DecodeNew).
+constexpr size_t kMaxHeldTokens = 8;
 
 }  // namespace
 
@@ -76,8 +78,15 @@ bool TextStream::DecodeNew(bool final) {
     }
   }
   // At the end an incomplete character is final: decode renders it as U+FFFD, as the full decode
-  // does.
-  if (new_text.size() <= start || (!final && EndsWithReplacement(new_text))) {
+  // does. So is one still incomplete after kMaxHeldTokens more tokens (a character is at most
+  // 4 bytes): waiting on would re-decode an ever longer window at every token (a model, or
+  // allowed_token_ids, writing lone lead bytes over and over).
+  const bool held_long = tokens_.size() - read_offset_ > kMaxHeldTokens;
+  if (new_text.size() <= start || (!final && !held_long && EndsWithReplacement(new_text))) {
+    if (held_long) {  // nothing to send (tokens that decode to nothing): move on all the same
+      prefix_offset_ = read_offset_;
+      read_offset_ = tokens_.size();
+    }
     return false;
   }
   pending_.append(new_text, start, std::string::npos);

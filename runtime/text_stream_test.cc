@@ -188,6 +188,23 @@ TEST(TextStreamTest, IncompleteCharacterAtTheEndIsReleasedByFinish) {
   EXPECT_EQ(run.all, ByteDecode(ids));
 }
 
+TEST(TextStreamTest, LoneLeadBytesAreReleasedWithoutReDecodingAGrowingWindow) {
+  // 300 tokens that are each the lead byte of a 4-byte character: no character ever completes.
+  // The text is what the whole decode gives; each token costs a bounded decode, not one over
+  // everything since the first lead byte.
+  int64_t decoded = 0;
+  auto counting = [&decoded](absl::Span<const int32_t> ids) {
+    decoded += static_cast<int64_t>(ids.size());
+    return ByteDecode(ids);
+  };
+  const std::vector<int32_t> ids(300, 4);
+  const StreamRun run = Stream(counting, ids, {});
+  EXPECT_EQ(run.all, ByteDecode(ids));
+  EXPECT_LT(decoded, 300 * 40) << "quadratic: the held window kept growing";
+  // A character split over tokens still comes out whole.
+  EXPECT_EQ(Stream(ByteDecode, {0, 4, 5, 6, 7}, {}).all, "Hello\xF0\x9F\x98\x80");
+}
+
 TEST(TextStreamTest, SentencePieceSpacesSurvive) {
   const std::vector<int32_t> ids = {0, 1, 2, 3, 5, 6, 7, 8, 9};
   const StreamRun run = Stream(PieceDecode, ids, {});

@@ -51,9 +51,12 @@ absl::Status CheckJsonObject(const std::string& field, const std::string& text, 
   return absl::OkStatus();
 }
 
-// The template's own variables, which template_kwargs may not replace.
+// The template's own variables and functions, which template_kwargs may not replace (a
+// variable named raise_exception would turn a template's guard into a render error).
 constexpr const char* kStandardTemplateVariables[] = {
-    "messages", "tools", "add_generation_prompt", "bos_token", "eos_token", "documents"};
+    "messages",        "tools",     "add_generation_prompt", "bos_token", "eos_token",
+    "documents",       "raise_exception", "namespace",       "strftime_now", "range",
+    "dict"};
 
 bool NamesFunction(const v1::ToolChoice& choice) {
   return choice.choice_case() == v1::ToolChoice::kFunction;

@@ -121,7 +121,7 @@ TEST_F(E2eTest, SixteenConcurrentStreamsAllComplete) {
   for (int i = 4; i < 16; ++i) EXPECT_EQ(tokens[i], tokens[i % 4]) << i;
 }
 
-TEST_F(E2eTest, StopSequenceEndsTheStreamBeforeIt) {
+TEST_F(E2eTest, StopSequenceEndsTheStreamBeforeItOrWithIt) {
   v1::GenerateRequest req = TextRequest("A story about", 40);
   req.mutable_stopping()->set_ignore_eos(true);
   StreamResult full = RunGenerate(stub(), req);
@@ -130,28 +130,15 @@ TEST_F(E2eTest, StopSequenceEndsTheStreamBeforeIt) {
   const std::string stop = full.text.substr(full.text.size() / 2, 3);
   const size_t cut = full.text.find(stop);
   req.mutable_stopping()->add_stop_sequences(stop);
-  StreamResult r = RunGenerate(stub(), req);
-  ASSERT_TRUE(r.status.ok());
-  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_STOP);
-  EXPECT_EQ(r.finished.matched_stop(), stop);
-  EXPECT_EQ(r.text, full.text.substr(0, cut));
-}
-
-TEST_F(E2eTest, IncludedStopSequenceEndsTheText) {
-  v1::GenerateRequest req = TextRequest("A story about", 40);
-  req.mutable_stopping()->set_ignore_eos(true);
-  StreamResult full = RunGenerate(stub(), req);
-  ASSERT_TRUE(full.status.ok());
-  ASSERT_GT(full.text.size(), 12u);
-  const std::string stop = full.text.substr(full.text.size() / 2, 3);
-  const size_t cut = full.text.find(stop);
-  req.mutable_stopping()->add_stop_sequences(stop);
-  req.mutable_stopping()->set_include_stop_str_in_output(true);
-  StreamResult r = RunGenerate(stub(), req);
-  ASSERT_TRUE(r.status.ok());
-  EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_STOP);
-  EXPECT_EQ(r.finished.matched_stop(), stop);
-  EXPECT_EQ(r.text, full.text.substr(0, cut + stop.size()));
+  // include_stop_str_in_output: the text ends with the stop instead of before it.
+  for (bool include : {false, true}) {
+    req.mutable_stopping()->set_include_stop_str_in_output(include);
+    StreamResult r = RunGenerate(stub(), req);
+    ASSERT_TRUE(r.status.ok());
+    EXPECT_EQ(r.finished.reason(), v1::FINISH_REASON_STOP);
+    EXPECT_EQ(r.finished.matched_stop(), stop);
+    EXPECT_EQ(r.text, full.text.substr(0, cut + (include ? stop.size() : 0))) << include;
+  }
 }
 
 TEST_F(E2eTest, TruncatedPromptIsItsLastTokens) {

@@ -391,6 +391,21 @@ TEST(OpenAiHttpTest, MetricsCountRequestsByEndpointAndStatus) {
   EXPECT_EQ(SeriesValue(registry, kDisconnects), "0");
 }
 
+// Waits (at most 30 s) until the server has generated a token: a request is decoding.
+bool WaitUntilDecoding(Daemon& d) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    v1::ServerInfo info;
+    if (d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
+        info.tokens_generated_total() > 0) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
 // Makes every decode step last at least 2 ms, so that a 250-token request takes half a second
 // on any machine: long enough to hang up in the middle of it.
 class SlowSteps : public EngineObserver {
@@ -410,16 +425,7 @@ TEST(OpenAiHttpTest, AClientThatHangsUpBeforeAWholeReplyFreesItsSlot) {
                      R"({"prompt": "Go on", "max_tokens": 250, "ignore_eos": true})");
     ASSERT_TRUE(c.connected());
     // Hang up once the request is decoding.
-    const absl::Time deadline = absl::Now() + absl::Seconds(30);
-    bool running = false;
-    while (!running && absl::Now() < deadline) {
-      grpc::ClientContext context;
-      v1::ServerInfo info;
-      running = d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
-                info.tokens_generated_total() > 0;
-      if (!running) absl::SleepFor(absl::Milliseconds(5));
-    }
-    ASSERT_TRUE(running);
+    ASSERT_TRUE(WaitUntilDecoding(d));
   }
   EXPECT_TRUE(d.WaitIdle()) << "the call was not cancelled";
   grpc::ClientContext context;
@@ -529,16 +535,7 @@ TEST(OpenAiHttpTest, DrainingAnswersHealthWith503AndWaitsForReplies) {
     done = true;
   });
   // Once it is streaming, drain: health is 503 at once, WaitIdle returns when the reply is whole.
-  const absl::Time deadline = absl::Now() + absl::Seconds(30);
-  bool running = false;
-  while (!running && absl::Now() < deadline) {
-    grpc::ClientContext context;
-    v1::ServerInfo info;
-    running = d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
-              info.tokens_generated_total() > 0;
-    if (!running) absl::SleepFor(absl::Milliseconds(5));
-  }
-  ASSERT_TRUE(running);
+  ASSERT_TRUE(WaitUntilDecoding(d));
   d.http().BeginDrain();
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/health").status, 503);
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/ping").status, 503);

@@ -295,6 +295,11 @@ TEST_F(StructuredOutputTest, BadConstraintsGetInvalidArgumentNamingTheField) {
   });
   EXPECT_TRUE(has(m, "structured.whitespace_pattern: ")) << m;
   m = refused([](v1::StructuredOutput* s) {
+    s->set_json_object(true);
+    s->set_whitespace_pattern("x|,");  // would put an x or a stray comma between JSON tokens
+  });
+  EXPECT_TRUE(has(m, "structured.whitespace_pattern: matches more than JSON whitespace")) << m;
+  m = refused([](v1::StructuredOutput* s) {
     s->set_regex("[a-z]+");
     s->set_whitespace_pattern(" ");
   });

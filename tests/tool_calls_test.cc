@@ -294,6 +294,38 @@ TEST_F(ToolCallsTest, ParallelToolCallsFalseMakesAtMostOneCall) {
   EXPECT_GE(with_calls, 3);
 }
 
+TEST_F(ToolCallsTest, RequiredCallsOfToolsWithRefsInTheirParameters) {
+  // Pydantic writes nested models as $defs + $ref: under REQUIRED the parameters are embedded in
+  // the array-of-calls schema, where their refs must still resolve to their own $defs.
+  int with_calls = 0;
+  for (uint64_t seed = 31; seed <= 34; ++seed) {
+    v1::GenerateRequest r;
+    v1::ChatMessage* m = r.mutable_chat()->add_messages();
+    m->set_role("user");
+    m->set_content("Convert 20 degrees");
+    v1::Tool* t = r.mutable_chat()->add_tools();
+    t->set_name("convert");
+    t->set_parameters(R"({"$defs": {"Unit": {"enum": ["C", "F"]}}, "type": "object",
+        "properties": {"unit": {"$ref": "#/$defs/Unit"}}, "required": ["unit"],
+        "additionalProperties": false})");
+    r.mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+    r.mutable_chat()->set_parallel_tool_calls(false);  // one call: it ends within the budget
+    r.mutable_stopping()->set_max_new_tokens(160);
+    r.mutable_sampling()->set_temperature(1.0f);
+    r.mutable_sampling()->set_seed(seed);
+    const StreamResult got = RunGenerate(stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    if (got.finished.reason() != v1::FINISH_REASON_TOOL_CALLS) continue;
+    ++with_calls;
+    for (const v1::ToolCall& c : got.finished.tool_calls()) {
+      absl::StatusOr<Json> args = ParseJson(c.arguments(), "arguments");
+      ASSERT_TRUE(args.ok()) << c.arguments();
+      EXPECT_TRUE((*args)["unit"] == "C" || (*args)["unit"] == "F") << c.arguments();
+    }
+  }
+  EXPECT_GE(with_calls, 2);
+}
+
 TEST_F(ToolCallsTest, MalformedMarkupComesBackAsTextAndNoneNeverParses) {
   const std::string labels = "model_name=\"tiny\",kv_mode=\"kvrm\"";
   const double failures = Sample("kvrm:tool_call_parse_failures_total{" + labels + "}");
@@ -359,6 +391,10 @@ TEST_F(ToolCallsTest, BadToolRequestsGetInvalidArgumentNamingTheField) {
          r->mutable_chat()->set_template_kwargs(R"({"tools": []})");
        },
        "chat.template_kwargs: may not set the template's own variable 'tools'"},
+      {[](v1::GenerateRequest* r) {
+         r->mutable_chat()->set_template_kwargs(R"({"raise_exception": 1})");
+       },
+       "chat.template_kwargs: may not set the template's own variable 'raise_exception'"},
       {[](v1::GenerateRequest* r) {
          v1::ChatMessage* m = r->mutable_chat()->add_messages();
          m->set_role("assistant");

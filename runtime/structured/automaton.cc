@@ -5,6 +5,8 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/types/span.h"
 #include "common/logging.h"
@@ -153,7 +155,8 @@ class Nfa {
 // Epsilon closures as sorted sets of the states that matter (kByte and kMatch).
 class Closure {
  public:
-  explicit Closure(const Nfa& nfa) : nfa_(nfa), mark_(nfa.size(), 0) {}
+  // Counts every state it visits into `*work`.
+  Closure(const Nfa& nfa, int64_t* work) : nfa_(nfa), mark_(nfa.size(), 0), work_(work) {}
 
   // Adds the closure of `s` to the set being built.
   void Add(int32_t s) {
@@ -161,6 +164,7 @@ class Closure {
     while (!stack_.empty()) {
       const int32_t t = stack_.back();
       stack_.pop_back();
+      ++*work_;
       if (mark_[t] == stamp_) continue;
       mark_[t] = stamp_;
       const Nfa::State& st = nfa_.state(t);
@@ -187,6 +191,7 @@ class Closure {
  private:
   const Nfa& nfa_;
   std::vector<uint32_t> mark_;
+  int64_t* work_;
   uint32_t stamp_ = 0;
   std::vector<int32_t> stack_;
   std::vector<int32_t> set_;
@@ -300,6 +305,25 @@ std::vector<int32_t> MinimalBlocks(const std::vector<int32_t>& table,
   return block_of;
 }
 
+// The deterministic states' sets, each kept once: the index looks a set up by its contents
+// without a second copy as its key.
+using StateSets = std::vector<std::vector<int32_t>>;
+struct SetHash {
+  using is_transparent = void;
+  const StateSets* sets;
+  size_t operator()(int32_t i) const { return absl::Hash<std::vector<int32_t>>{}((*sets)[i]); }
+  size_t operator()(const std::vector<int32_t>& v) const {
+    return absl::Hash<std::vector<int32_t>>{}(v);
+  }
+};
+struct SetEq {
+  using is_transparent = void;
+  const StateSets* sets;
+  bool operator()(int32_t a, int32_t b) const { return a == b; }
+  bool operator()(int32_t a, const std::vector<int32_t>& v) const { return (*sets)[a] == v; }
+  bool operator()(const std::vector<int32_t>& v, int32_t a) const { return (*sets)[a] == v; }
+};
+
 }  // namespace
 
 std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi) {
@@ -337,22 +361,33 @@ absl::StatusOr<Dfa> Dfa::Compile(const Regex& regex, const DfaLimits& limits) {
   }
   dfa.num_classes_ = classes;
 
-  Closure closure(nfa);
-  absl::flat_hash_map<std::vector<int32_t>, int32_t> ids;
-  std::vector<std::vector<int32_t>> sets;
+  int64_t own_work = 0;
+  int64_t* const work = limits.work != nullptr ? limits.work : &own_work;
+  int64_t set_entries = 0;
+  Closure closure(nfa, work);
+  StateSets sets;
+  absl::flat_hash_set<int32_t, SetHash, SetEq> ids(16, SetHash{&sets}, SetEq{&sets});
+  const auto too_much = [&]() {
+    return absl::InvalidArgumentError(
+        "the constraint takes too much work to compile (its automaton's states are too large); "
+        "simplify it (fewer optional or nested repeats, shorter bounded repeats)");
+  };
   auto intern = [&](std::vector<int32_t> set) -> absl::StatusOr<int32_t> {
+    if (*work > limits.max_work) return too_much();
     if (set.empty()) return kDead;
     auto it = ids.find(set);
-    if (it != ids.end()) return it->second;
+    if (it != ids.end()) return *it;
     if (static_cast<int32_t>(sets.size()) >= limits.max_states) {
       return absl::InvalidArgumentError(
           absl::StrCat("the constraint needs more than ", limits.max_states,
                        " automaton states; simplify it (fewer alternatives, shorter bounded "
                        "repeats)"));
     }
+    set_entries += static_cast<int64_t>(set.size());
+    if (set_entries > limits.max_set_entries) return too_much();
     const int32_t id = static_cast<int32_t>(sets.size());
-    ids.emplace(set, id);
     sets.push_back(std::move(set));
+    ids.insert(id);
     return id;
   };
   closure.Begin();
@@ -369,6 +404,7 @@ absl::StatusOr<Dfa> Dfa::Compile(const Regex& regex, const DfaLimits& limits) {
   for (size_t d = 0; d < sets.size(); ++d) {
     for (auto& t : targets) t.clear();
     bool accepts = false;
+    *work += static_cast<int64_t>(sets[d].size());
     for (int32_t s : sets[d]) {
       const Nfa::State& st = nfa.state(s);
       if (st.kind == Nfa::kMatch) {

@@ -28,6 +28,14 @@ struct DfaLimits {
   int32_t max_states = 20000;
   // Nondeterministic states (the tree's size) accepted before determinising.
   int64_t max_nfa_states = 2000000;
+  // Work of determinising: nondeterministic states visited while building the deterministic
+  // states' sets (a few ns each), counted into `*work` when set (shared by several compiles: a
+  // schema's enum checks), else per compile. Few states can still be huge sets ((a?){1000}
+  // repeated), so states alone do not bound the time; past this the constraint is refused.
+  int64_t max_work = 200000000;
+  int64_t* work = nullptr;
+  // Nondeterministic states held in the deterministic states' sets, all together (4 bytes each).
+  int64_t max_set_entries = 16000000;
 };
 
 class Dfa {

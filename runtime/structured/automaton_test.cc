@@ -210,6 +210,22 @@ TEST(DfaTest, EmptyLanguageAndOversizedConstraintsAreRefused) {
   auto states = Dfa::Compile(*exponential, DfaLimits{.max_states = 5000});
   EXPECT_EQ(states.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(states.status().message().find("5000"), std::string_view::npos) << states.status();
+
+  // Few states, each a huge set: 20 bytes of regex, within the state and size limits, took
+  // 30 s and 7.6 GB before the work budget. Refused now within the budget, quickly.
+  auto sets = ParseRegex("(?:(?:a?){1000}){60}");
+  ASSERT_TRUE(sets.ok());
+  auto work = Dfa::Compile(*sets, DfaLimits{.max_work = 20000000});
+  EXPECT_EQ(work.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(work.status().message().find("too much work"), std::string_view::npos)
+      << work.status();
+  // A shared budget: what one compile spent counts against the next.
+  int64_t spent = 0;
+  auto small = ParseRegex("[ab]{1,40}");
+  ASSERT_TRUE(small.ok());
+  ASSERT_TRUE(Dfa::Compile(*small, DfaLimits{.work = &spent}).ok());
+  EXPECT_GT(spent, 0);
+  EXPECT_FALSE(Dfa::Compile(*small, DfaLimits{.max_work = spent, .work = &spent}).ok());
 }
 
 bool MatchesSequence(const std::vector<ByteRange>& seq, const std::string& bytes) {

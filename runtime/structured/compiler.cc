@@ -46,6 +46,20 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
     }
     auto ws = ParseRegex(spec.whitespace_pattern);
     if (!ws.ok()) return Invalid(absl::StrCat("whitespace_pattern: ", ws.status().message()));
+    // Between JSON tokens only JSON's whitespace is valid: a pattern that can write anything
+    // else ("x|,") would make the output not JSON.
+    absl::StatusOr<Dfa> ws_dfa = Dfa::Compile(*ws);
+    if (ws_dfa.ok()) {
+      for (int32_t st = 0; st < ws_dfa->num_states(); ++st) {
+        for (int b = 0; b < 256; ++b) {
+          if (b == ' ' || b == '\t' || b == '\n' || b == '\r') continue;
+          if (ws_dfa->Next(st, static_cast<uint8_t>(b)) != Dfa::kDead) {
+            return Invalid(
+                "whitespace_pattern: matches more than JSON whitespace (space, \\t, \\n, \\r)");
+          }
+        }
+      }
+    }
     json.whitespace = *std::move(ws);
   }
   Regex regex;
@@ -90,6 +104,10 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
 
 absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::Compile(
     const ConstraintSpec& spec) {
+  // An oversized spec is refused before its key (as large as the spec) is built or cached.
+  int64_t spec_bytes = static_cast<int64_t>(spec.text.size() + spec.whitespace_pattern.size());
+  for (const std::string& c : spec.choices) spec_bytes += static_cast<int64_t>(c.size());
+  if (spec_bytes > options_.max_spec_bytes) return CompileUncached(spec);
   std::string key = CacheKey(spec);
   std::optional<absl::StatusOr<std::shared_ptr<const Grammar>>> cached;
   {
@@ -109,7 +127,9 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::Compile(
   absl::StatusOr<std::shared_ptr<const Grammar>> result = CompileUncached(spec);
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (observer_) observer_(Event{.refused = !result.ok(), .seconds = seconds});
-  const int64_t bytes = result.ok() ? (*result)->memory_bytes() : 0;
+  // The key is held twice (the index's and the entry's): a refusal costs its key.
+  const int64_t bytes =
+      (result.ok() ? (*result)->memory_bytes() : 0) + 2 * static_cast<int64_t>(key.size());
 
   std::lock_guard<std::mutex> lock(mu_);
   ++stats_.misses;

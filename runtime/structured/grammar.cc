@@ -108,6 +108,9 @@ absl::Status Grammar::ComputeMasks(const GrammarLimits& limits) {
   std::vector<uint64_t> batch(static_cast<size_t>(kBatch) * words_);
   std::vector<int32_t> batch_count(kBatch);
   std::vector<std::vector<int32_t>> at(threads, std::vector<int32_t>(t.max_depth_ + 1));
+  // Trie nodes walked, per thread: states times the vocabulary's nodes they reach, which a small
+  // automaton over a large vocabulary can make billions of (checked after each batch).
+  std::vector<int64_t> visited(threads, 0);
   // States where no token can go on and the match is not complete: tokens must not lead there
   // (possible when the vocabulary cannot spell some byte). Found by iterating to a fixpoint;
   // with a vocabulary that has every byte the first pass finds none and the loop ends.
@@ -122,13 +125,22 @@ absl::Status Grammar::ComputeMasks(const GrammarLimits& limits) {
       auto walk = [&](int32_t worker) {
         for (int32_t k = worker; k < n; k += threads) {
           uint64_t* mask = batch.data() + static_cast<size_t>(k) * words_;
-          batch_count[k] = WalkState(first + k, node_class, stuck, at[worker].data(), mask);
+          batch_count[k] = WalkState(first + k, node_class, stuck, at[worker].data(), mask,
+                                     &visited[worker]);
         }
       };
       std::vector<std::thread> helpers;
       for (int32_t w = 1; w < threads && w < n; ++w) helpers.emplace_back(walk, w);
       walk(0);
       for (std::thread& h : helpers) h.join();
+      int64_t walked = 0;
+      for (int64_t v : visited) walked += v;
+      if (walked > limits.max_mask_work) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "the constraint takes too much work to compile against the vocabulary (", states,
+            " automaton states, each reaching most of its ", t.vocab_size(),
+            " tokens); simplify it (shorter bounded repeats)"));
+      }
       for (int32_t k = 0; k < n; ++k) {
         const int32_t s = first + k;
         allowed_count_[s] = batch_count[k];
@@ -154,13 +166,15 @@ absl::Status Grammar::ComputeMasks(const GrammarLimits& limits) {
 }
 
 int32_t Grammar::WalkState(int32_t s, const std::vector<uint8_t>& node_class,
-                           const std::vector<uint8_t>& stuck, int32_t* at, uint64_t* mask) const {
+                           const std::vector<uint8_t>& stuck, int32_t* at, uint64_t* mask,
+                           int64_t* visited) const {
   const TokenTrie& t = *trie_;
   const int64_t nodes = t.num_nodes();
   std::fill(mask, mask + words_, 0);
   int32_t count = 0;
   at[0] = s;  // at[d]: the automaton state after the path's first d bytes
   for (int64_t i = 0; i < nodes;) {
+    ++*visited;
     const int32_t q = dfa_.NextByClass(at[t.node_depth_[i] - 1], node_class[i]);
     if (q == kDead) {
       i = t.subtree_end_[i];

@@ -71,6 +71,8 @@ struct GrammarLimits {
   DfaLimits dfa;
   // Memory of the distinct masks together; a constraint that needs more is refused.
   int64_t max_mask_bytes = int64_t{256} << 20;
+  // Vocabulary-trie nodes walked to build the masks (about 2 ns each), all states together.
+  int64_t max_mask_work = 3000000000;
   // Threads walking the automaton's states at once (the result is the same for any count).
   int32_t threads = 1;
 };
@@ -117,8 +119,10 @@ class Grammar {
   absl::Status ComputeMasks(const GrammarLimits& limits);
   // The tokens allowed in state `s` into `mask` ([words_]), tokens into `stuck` states left
   // out; returns how many. `at`: [trie depth + 1] scratch. Reads only: safe on several threads.
+  // Adds the trie nodes it walks to `*visited`.
   int32_t WalkState(int32_t s, const std::vector<uint8_t>& node_class,
-                    const std::vector<uint8_t>& stuck, int32_t* at, uint64_t* mask) const;
+                    const std::vector<uint8_t>& stuck, int32_t* at, uint64_t* mask,
+                    int64_t* visited) const;
   // The index of `mask` among the distinct masks, adding it if new (INVALID_ARGUMENT past
   // limits.max_mask_bytes).
   absl::StatusOr<int32_t> InternMask(const uint64_t* mask, const GrammarLimits& limits,

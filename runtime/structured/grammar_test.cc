@@ -250,5 +250,21 @@ TEST(GrammarTest, EqualMasksAreStoredOnce) {
   EXPECT_LT(g->num_distinct_masks(), 12);
 }
 
+TEST(GrammarTest, MaskBuildingPastItsWorkBudgetIsRefused) {
+  // Every state of a long free string reaches every token: states x trie nodes of work.
+  std::mt19937 rng(2);
+  auto trie = std::make_shared<const TokenTrie>(RandomVocabulary(rng, 200));
+  auto regex = ParseRegex("[a-c]{300}");
+  ASSERT_TRUE(regex.ok());
+  GrammarLimits tight;
+  tight.max_mask_work = 10000;
+  auto refused = Grammar::Compile(*regex, trie, tight);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("too much work"), std::string_view::npos)
+      << refused.status();
+  EXPECT_TRUE(Grammar::Compile(*regex, trie, GrammarLimits{}).ok());
+}
+
 }  // namespace
 }  // namespace kvrm::structured

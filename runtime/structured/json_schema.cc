@@ -33,6 +33,8 @@ constexpr size_t kMaxEnumBytes = size_t{1} << 20;
 constexpr size_t kMaxConjunction = 64;         // schemas in force at one place (allOf, $ref)
 constexpr size_t kMaxBranches = 256;           // per anyOf / oneOf
 constexpr int64_t kMaxSteps = 20000;           // subschema translations in all
+// What Dfa::Compile accepts (DfaLimits::max_nfa_states): alternatives past it fail early.
+constexpr int64_t kMaxTranslatedSize = DfaLimits{}.max_nfa_states;
 constexpr int32_t kMaxNestedSubschemas = 256;  // recursion of the translator
 constexpr int32_t kMaxDepthOption = 64;
 // Enum values are checked against their sibling keywords with an automaton each: bounded.
@@ -189,9 +191,12 @@ absl::StatusOr<EnumSiblings> ReadEnumSiblings(const Conj& conj) {
 }
 
 // The automaton that checks enum values against their siblings' (compact) language.
-absl::StatusOr<Dfa> CompileEnumCheck(const Regex& language, const std::string& pointer) {
+// `work` is the translation's: its enum checks share one determinising budget.
+absl::StatusOr<Dfa> CompileEnumCheck(const Regex& language, const std::string& pointer,
+                                     int64_t* work) {
   DfaLimits limits;
   limits.max_states = kMaxEnumCheckStates;
+  limits.work = work;
   absl::StatusOr<Dfa> dfa = Dfa::Compile(language, limits);
   if (!dfa.ok()) {
     return SchemaError(pointer, absl::StrCat("cannot check the values against the other keywords: ",
@@ -317,6 +322,7 @@ class Translator {
   std::vector<const OJson*> ref_stack_;  // $ref targets being expanded on the current path
   int64_t steps_ = 0;
   int32_t enum_checks_ = 0;
+  int64_t enum_check_work_ = 0;  // DfaLimits::work of every enum check together
 };
 
 absl::StatusOr<Regex> Translator::Translate(Conj conj, Ctx ctx) {
@@ -408,10 +414,19 @@ absl::StatusOr<std::optional<Regex>> Translator::SplitAlternatives(Conj& conj, C
       conj[i].done |= bit;
       std::vector<Regex> options;
       size_t j = 0;
+      int64_t size = 0;
       for (const OJson& branch : *it) {
         Conj with_branch = conj;
         with_branch.push_back(Loc{&branch, Child(pointer, j++)});
         ASSIGN_OR_RETURN(Regex option, Translate(std::move(with_branch), ctx));
+        // Refused as soon as the alternatives together are past what an automaton may be built
+        // from, not after translating every one ($ref'd branches multiply fast).
+        size += option->size;
+        if (size > kMaxTranslatedSize) {
+          return SchemaError(pointer, absl::StrCat("schema too large: its alternatives need "
+                                                   "more than ", kMaxTranslatedSize,
+                                                   " automaton states"));
+        }
         options.push_back(std::move(option));
       }
       return Alt(std::move(options));
@@ -492,7 +507,7 @@ absl::StatusOr<Regex> Translator::EnumValues(const Conj& conj, Ctx ctx,
     ASSIGN_OR_RETURN(const Regex rest,
                      CompactSiblings(conj, ctx, value_types & siblings.types, pointer));
     if (rest->kind == RegexNode::Kind::kNothing) return Nothing();
-    ASSIGN_OR_RETURN(Dfa dfa, CompileEnumCheck(rest, pointer));
+    ASSIGN_OR_RETURN(Dfa dfa, CompileEnumCheck(rest, pointer, &enum_check_work_));
     check.emplace(std::move(dfa));
   }
   return EnumLiterals(values, siblings.types, check ? &*check : nullptr, pointer);

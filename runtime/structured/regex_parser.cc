@@ -145,6 +145,15 @@ class Parser {
 
   // Reads {n}, {n,}, {n,m} at pos_ when it is one; nullopt (pos_ unchanged) when the "{" is a
   // literal.
+  // "{,n}" at pos_: a quantifier in Python only.
+  bool OmitsLowerBound() const {
+    size_t p = pos_ + 1;
+    if (p >= end_ || s_[p] != ',') return false;
+    const size_t digits = ++p;
+    while (p < end_ && IsDigit(s_[p])) ++p;
+    return p > digits && p < end_ && s_[p] == '}';
+  }
+
   std::optional<std::pair<int64_t, int64_t>> ReadBraces() {
     size_t p = pos_ + 1;
     auto number = [&](int64_t* out) {
@@ -187,6 +196,10 @@ class Parser {
       } else if (c == '?') {
         lo = 0, hi = 1, ++pos_;
       } else if (c == '{') {
+        if (OmitsLowerBound()) {
+          return Error("{,n}: Python reads it as {0,n}, ECMAScript and RE2 as the text itself; "
+                       "write {0,n}, or \\{ for the text");
+        }
         auto braces = ReadBraces();
         if (!braces) break;  // a literal "{"
         lo = braces->first, hi = braces->second;

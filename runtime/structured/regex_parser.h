@@ -8,7 +8,8 @@
 //   POSIX classes ([:alpha:] ...), \d \D \w \W \s \S (ASCII), \n \t \r \f \v \0, \xHH, \x{H...},
 //   \uHHHH, \u{H...}, \ before any punctuation, groups (...) (?:...) (?P<n>...) (?<n>...),
 //   alternation |, quantifiers * + ? {n} {n,} {n,m} (lazy forms accepted: they match the same
-//   language). A "{" that does not start a quantifier is a literal, as in Python.
+//   language). A "{" that does not start a quantifier is a literal, as in Python; "{,n}", which
+//   Python reads as {0,n} and ECMAScript and RE2 as text, is refused.
 // Refused with INVALID_ARGUMENT naming the offset: what would need more than a finite automaton
 // (backreferences, lookaround, word boundaries, anchors inside the pattern, possessive
 // quantifiers), inline flags, counts above kMaxRepeat, nesting deeper than kMaxNesting, and text

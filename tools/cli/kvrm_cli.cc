@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -285,6 +286,33 @@ int RunGenerate(const ParsedFlags& flags) {
   return failed ? kExitFailure : kExitOk;
 }
 
+// One unary call of the service: its response as a JSON line with --json, else what `text`
+// makes of it; RPC errors reported as every command reports them.
+template <typename Request, typename Response>
+int UnaryCommand(grpc::Status (v1::Kvrm::Stub::*rpc)(grpc::ClientContext*, const Request&,
+                                                    Response*),
+                 const Request& request,
+                 const std::function<std::string(const Response&)>& text) {
+  auto stub = v1::Kvrm::NewStub(MakeChannel());
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  CancelOnInterrupt cancel(&context);
+  Response response;
+  const grpc::Status status = ((*stub).*rpc)(&context, request, &response);
+  if (!status.ok()) return ReportRpcError(status, context, cancel);
+  if (absl::GetFlag(FLAGS_json)) {
+    absl::StatusOr<std::string> line = ToJsonLine(response);
+    if (!line.ok()) {
+      fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
+      return kExitFailure;
+    }
+    Emit(absl::StrCat(*line, "\n"));
+  } else {
+    Emit(text(response));
+  }
+  return kExitOk;
+}
+
 int RunTokenize(const ParsedFlags& flags) {
   const bool chat = flags.given.contains("message") || flags.given.contains("system");
   if (flags.given.contains("text") == chat) {
@@ -310,26 +338,12 @@ int RunTokenize(const ParsedFlags& flags) {
   request.set_add_bos(absl::GetFlag(FLAGS_add_bos));
   request.set_return_pieces(absl::GetFlag(FLAGS_pieces));
 
-  auto stub = v1::Kvrm::NewStub(MakeChannel());
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  CancelOnInterrupt cancel(&context);
-  v1::TokenizeResponse response;
-  const grpc::Status status = stub->Tokenize(&context, request, &response);
-  if (!status.ok()) return ReportRpcError(status, context, cancel);
-  if (absl::GetFlag(FLAGS_json)) {
-    absl::StatusOr<std::string> line = ToJsonLine(response);
-    if (!line.ok()) {
-      fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
-      return kExitFailure;
-    }
-    Emit(absl::StrCat(*line, "\n"));
-  } else {
-    // A chat prompt: the text the template rendered, then its tokens.
-    if (chat) Emit(absl::StrCat(response.prompt(), "\n"));
-    Emit(FormatTokens(response, request.return_pieces()));
-  }
-  return kExitOk;
+  return UnaryCommand<v1::TokenizeRequest, v1::TokenizeResponse>(
+      &v1::Kvrm::Stub::Tokenize, request, [&](const v1::TokenizeResponse& response) {
+        // A chat prompt: the text the template rendered, then its tokens.
+        return absl::StrCat(chat ? absl::StrCat(response.prompt(), "\n") : "",
+                            FormatTokens(response, request.return_pieces()));
+      });
 }
 
 int RunDetokenize(const ParsedFlags& flags) {
@@ -344,24 +358,9 @@ int RunDetokenize(const ParsedFlags& flags) {
   request.mutable_token_ids()->Add(ids->begin(), ids->end());
   request.set_skip_special_tokens(absl::GetFlag(FLAGS_skip_special_tokens));
 
-  auto stub = v1::Kvrm::NewStub(MakeChannel());
-  grpc::ClientContext context;
-  SetDeadline(&context);
-  CancelOnInterrupt cancel(&context);
-  v1::DetokenizeResponse response;
-  const grpc::Status status = stub->Detokenize(&context, request, &response);
-  if (!status.ok()) return ReportRpcError(status, context, cancel);
-  if (absl::GetFlag(FLAGS_json)) {
-    absl::StatusOr<std::string> line = ToJsonLine(response);
-    if (!line.ok()) {
-      fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
-      return kExitFailure;
-    }
-    Emit(absl::StrCat(*line, "\n"));
-  } else {
-    Emit(absl::StrCat(response.text(), "\n"));
-  }
-  return kExitOk;
+  return UnaryCommand<v1::DetokenizeRequest, v1::DetokenizeResponse>(
+      &v1::Kvrm::Stub::Detokenize, request,
+      [](const v1::DetokenizeResponse& response) { return absl::StrCat(response.text(), "\n"); });
 }
 
 int RunInfo(const ParsedFlags&) {
