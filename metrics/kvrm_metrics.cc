@@ -184,7 +184,7 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
   transfer_bytes_per_step_ = histogram("kvrm:transfer_bytes_per_step",
                                        "KV bytes moved per engine step.", TransferByteBuckets());
   descriptor_commits_ = counter("kvrm:descriptor_commits_total",
-                                "Step descriptors committed with changed run tables.");
+                                "Step descriptors committed (one a step that runs).");
   transport_wait_ = counter("kvrm:transport_wait_seconds_total",
                             "Time the step replay waited on KV transport, in seconds.");
   transport_wait_per_step_ =

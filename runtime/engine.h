@@ -131,7 +131,7 @@ struct EngineStats {
   uint64_t transfer_groups_total = 0;       // merged host<->device copy groups issued
   uint64_t transfer_bytes_total = 0;        // bytes those groups moved
   double transport_wait_seconds_total = 0;  // time the step replay waited on transport
-  uint64_t descriptor_commits_total = 0;    // step descriptors committed (run tables changed)
+  uint64_t descriptor_commits_total = 0;    // step descriptors committed: one a step that runs
   uint64_t preemptions_total = 0;           // requests swapped out or recomputed
   uint64_t transfer_blocks_total = 0;
   int32_t slots_prefilling = 0;
