@@ -381,7 +381,10 @@ bool Engine::GrowSlotKv(int32_t slot, int64_t tokens) {
       // pressure, and the copies take microseconds.
       FlushMoves();
       transport_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
-      pager_->RetireUpTo(transport_->completed());
+      // The one retire path: failed copies first (their requests end, their host blocks leave
+      // the cache), so that no block a failed copy wrote is retired as good and registered.
+      RetireTransfers();
+      if (slots_[slot].state == SlotState::kFree) return false;  // its own copy failed
       CHECK(pager_->pending_blocks() == 0) << "blocks still held after the transport drained";
     } else {
       const PreemptResult r = PreemptOne(slot);
