@@ -413,7 +413,7 @@ bool Engine::Step() {
   ResumePaused();
   Admit(now);
   int32_t active = BuildDescriptor();
-  const bool prefill = PickPrefillChunk();
+  bool prefill = PickPrefillChunk();
   // Far history grows a prompt chunk by chunk, which may have paused a slot built above.
   if (far_.enabled()) active = RecountActiveRows();
   if (active == 0 && !prefill) {
@@ -425,12 +425,25 @@ bool Engine::Step() {
     return false;
   }
   if (MovesPlanned()) required_fence_ = std::max(required_fence_, SubmitTransfers(0));
+  if (transport_) {
+    if (required_fence_ > transport_->completed()) {
+      transport_wait_ += transport_->WaitFor(required_fence_);
+    }
+    // A copy this step reads may have failed since the top of the step (copies planned here, a
+    // compaction gated on the last step): its requests end now, before the step reads their
+    // undefined KV, and their rows (or chunk) leave the step.
+    if (RetireTransfers()) {
+      active = RecountActiveRows();
+      if (prefill && slots_[chunk_slot_].state != SlotState::kPrefilling) prefill = false;
+      if (active == 0 && !prefill) {
+        PublishStats();
+        return true;  // it did work: requests ended
+      }
+    }
+  }
   // Commit: the staged descriptor becomes the one this step reads (the epoch flip).
   committed_ ^= 1;
   ++commits_;
-  if (transport_ && required_fence_ > transport_->completed()) {
-    transport_wait_ += transport_->WaitFor(required_fence_);
-  }
   StepWork work;
   if (prefill) {
     work.chunk = &chunk_;

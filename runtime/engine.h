@@ -253,7 +253,9 @@ class Engine {
   void ExpireDeadlines(absl::Time now);
   void Admit(absl::Time now);
   // kvrm: retires finished transfers and resumes paused slots when room returns.
-  void RetireTransfers();
+  // Retires completed transfers; the requests a failed copy concerned end with ERROR first.
+  // Whether any did.
+  bool RetireTransfers();
   void ResumePaused();
   // Makes room for `slot`'s next input at `position` (growing its KV, preempting others if the
   // pool is exhausted) and plans compaction past max_runs. Called with no step running. Returns

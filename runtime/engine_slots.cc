@@ -120,8 +120,9 @@ void Engine::NoteTransfer(int32_t slot) {
   transfer_owners_.emplace_back(PlanFence(), slots_[slot].request->handle);
 }
 
-void Engine::RetireTransfers() {
-  if (!transport_) return;
+bool Engine::RetireTransfers() {
+  if (!transport_) return false;
+  bool failed_any = false;
   absl::Status error;
   // completed() first: the transport records a batch's failure before it counts the batch as
   // completed, so every failed batch up to `completed` is in `failed` (in the other order a
@@ -142,6 +143,7 @@ void Engine::RetireTransfers() {
       for (int32_t i = 0; i < options_.slots; ++i) {
         if (slots_[i].state != SlotState::kFree && slots_[i].request->handle == handle) {
           FinishSlot(i, FinishReason::kError, {}, "", std::string(error.message()));
+          failed_any = true;
         }
       }
     }
@@ -150,6 +152,7 @@ void Engine::RetireTransfers() {
   transfer_owners_.erase(std::remove_if(transfer_owners_.begin(), transfer_owners_.end(),
                                         [&](const auto& e) { return e.first <= completed; }),
                          transfer_owners_.end());
+  return failed_any;
 }
 
 void Engine::ResumePaused() {
