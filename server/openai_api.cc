@@ -136,6 +136,22 @@ absl::StatusOr<std::string> JsonText(const Json& j, const OrderedJson* ordered,
   return WrongType(param, "an object or a JSON string", j);
 }
 
+// The token ids of the array at `key` (absent: none) appended to `out`; errors name
+// "key[i]" (not an integer) or `key` (outside int32; the service checks the vocabulary).
+absl::Status TokenIds(const Json& body, const char* key,
+                      google::protobuf::RepeatedField<int32_t>* out) {
+  const Json* ids = Find(body, key);
+  if (ids == nullptr) return absl::OkStatus();
+  if (!ids->is_array()) return WrongType(key, "an array", *ids);
+  for (size_t i = 0; i < ids->size(); ++i) {
+    ASSIGN_OR_RETURN(std::optional<int64_t> id,
+                     IntegerOf((*ids)[i], absl::StrCat(key, "[", i, "]")));
+    if (*id < INT32_MIN || *id > INT32_MAX) return Bad(key, "id out of range");
+    out->Add(static_cast<int32_t>(*id));
+  }
+  return absl::OkStatus();
+}
+
 // One GenerateRequest field set from a parameter, recorded for error messages.
 class Builder {
  public:
@@ -190,15 +206,7 @@ class Builder {
       }
     }
     Param("sampling.logit_bias", "logit_bias");
-    if (const Json* allowed = Find(body_, "allowed_token_ids")) {
-      if (!allowed->is_array()) return WrongType("allowed_token_ids", "an array", *allowed);
-      for (size_t i = 0; i < allowed->size(); ++i) {
-        ASSIGN_OR_RETURN(std::optional<int64_t> id,
-                         IntegerOf((*allowed)[i], absl::StrCat("allowed_token_ids[", i, "]")));
-        if (*id < INT32_MIN || *id > INT32_MAX) return Bad("allowed_token_ids", "id out of range");
-        s->add_allowed_token_ids(static_cast<int32_t>(*id));
-      }
-    }
+    RETURN_IF_ERROR(TokenIds(body_, "allowed_token_ids", s->mutable_allowed_token_ids()));
     Param("sampling.allowed_token_ids", "allowed_token_ids");
 
     v1::StoppingCriteria* st = g().mutable_stopping();
@@ -217,15 +225,7 @@ class Builder {
       }
     }
     Param("stopping.stop_sequences", "stop");
-    if (const Json* ids = Find(body_, "stop_token_ids")) {
-      if (!ids->is_array()) return WrongType("stop_token_ids", "an array", *ids);
-      for (size_t i = 0; i < ids->size(); ++i) {
-        ASSIGN_OR_RETURN(std::optional<int64_t> id,
-                         IntegerOf((*ids)[i], absl::StrCat("stop_token_ids[", i, "]")));
-        if (*id < INT32_MIN || *id > INT32_MAX) return Bad("stop_token_ids", "id out of range");
-        st->add_stop_token_ids(static_cast<int32_t>(*id));
-      }
-    }
+    RETURN_IF_ERROR(TokenIds(body_, "stop_token_ids", st->mutable_stop_token_ids()));
     Param("stopping.stop_token_ids", "stop_token_ids");
     ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, GetBool(body_, "ignore_eos"));
     if (ignore_eos) st->set_ignore_eos(*ignore_eos);
