@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/json.h"
 #include "common/logging.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -183,6 +184,11 @@ bool KvrmServer::Drain(absl::Duration grace, const std::function<void()>& before
   if (before_shutdown) before_shutdown();
   // Streams have their final messages queued; give them a moment to flush, then close.
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  // Every call is done, but a client may not have read its last frames (the status) yet: a
+  // process that exits now closes sockets with the client's own frames unread, which resets
+  // them and can discard what the client had not read ("Broken pipe" instead of OK on a
+  // stream that got all its tokens). A moment keeps them open.
+  absl::SleepFor(absl::Milliseconds(500));
   LOG(INFO) << "drained " << (clean ? "cleanly" : "after cancelling stragglers");
   return clean;
 }
