@@ -231,35 +231,26 @@ std::string ToolTemplateJson(const ToolSpec& tool) {
 
 namespace {
 
-// Whether `j` has a "$ref" anywhere.
-bool HasRef(const OrderedJson& j) {
-  if (j.is_object()) {
-    for (auto it = j.begin(); it != j.end(); ++it) {
-      if (it.key() == "$ref" || HasRef(it.value())) return true;
-    }
-  } else if (j.is_array()) {
-    for (const OrderedJson& v : j) {
-      if (HasRef(v)) return true;
-    }
-  }
-  return false;
-}
-
 // Rewrites the document-local "$ref"s of a schema moved to `base` ("#/$defs/x") of another
-// document: "#" becomes `base`, "#/a/b" becomes base + "/a/b".
-void RebaseRefs(OrderedJson& j, const std::string& base) {
+// document: "#" becomes `base`, "#/a/b" becomes base + "/a/b". Whether it rewrote any.
+bool RebaseRefs(OrderedJson& j, const std::string& base) {
+  bool rewrote = false;
   if (j.is_object()) {
     for (auto it = j.begin(); it != j.end(); ++it) {
       if (it.key() == "$ref" && it.value().is_string()) {
         const std::string ref = it.value().get<std::string>();
-        if (!ref.empty() && ref[0] == '#') it.value() = base + ref.substr(1);
+        if (!ref.empty() && ref[0] == '#') {
+          it.value() = base + ref.substr(1);
+          rewrote = true;
+        }
       } else {
-        RebaseRefs(it.value(), base);
+        rewrote |= RebaseRefs(it.value(), base);
       }
     }
   } else if (j.is_array()) {
-    for (OrderedJson& v : j) RebaseRefs(v, base);
+    for (OrderedJson& v : j) rewrote |= RebaseRefs(v, base);
   }
+  return rewrote;
 }
 
 }  // namespace
@@ -270,11 +261,10 @@ std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools, bool singl
   for (size_t i = 0; i < tools.size(); ++i) {
     const ToolSpec& tool = tools[i];
     OrderedJson parameters = ParametersOrEmpty(tool);
-    if (HasRef(parameters)) {
-      // Its "$ref"s point into its own document ("#/$defs/Unit", "#" for recursion): moved to
-      // the root's $defs, with them rewritten to point there, they resolve as before.
-      const std::string name = absl::StrCat("kvrm_tool_", i);
-      RebaseRefs(parameters, absl::StrCat("#/$defs/", name));
+    // Its "$ref"s point into its own document ("#/$defs/Unit", "#" for recursion): moved to
+    // the root's $defs, with them rewritten to point there, they resolve as before.
+    const std::string name = absl::StrCat("kvrm_tool_", i);
+    if (RebaseRefs(parameters, absl::StrCat("#/$defs/", name))) {
       defs[name] = std::move(parameters);
       parameters = OrderedJson{{"$ref", absl::StrCat("#/$defs/", name)}};
     }

@@ -369,12 +369,13 @@ class Builder {
 };
 
 // A list of token ids, or INVALID_ARGUMENT naming `param`.
-absl::Status TokenList(const Json& list, const std::string& param, v1::TokenIds* out) {
+absl::Status TokenList(const Json& list, const std::string& param,
+                       google::protobuf::RepeatedField<int32_t>* out) {
   for (size_t i = 0; i < list.size(); ++i) {
     const std::string at = absl::StrCat(param, "[", i, "]");
     ASSIGN_OR_RETURN(std::optional<int64_t> id, IntegerOf(list[i], at));
     if (*id < 0 || *id > INT32_MAX) return Bad(at, absl::StrCat(*id, " is not a token id"));
-    out->add_ids(static_cast<int32_t>(*id));
+    out->Add(static_cast<int32_t>(*id));
   }
   return absl::OkStatus();
 }
@@ -396,7 +397,7 @@ absl::Status CompletionPrompt(const Json& body, const OpenAiDefaults& defaults,
   }
   if (prompt->empty()) return Bad("prompt", "is empty");
   // [1, 2, 3] is one prompt of token ids; ["a"] and [[1, 2]] are lists of prompts.
-  if ((*prompt)[0].is_number()) return TokenList(*prompt, "prompt", g.mutable_token_ids());
+  if ((*prompt)[0].is_number()) return TokenList(*prompt, "prompt", g.mutable_token_ids()->mutable_ids());
   // A list of prompts: one call each (OpenAiCalls), the first in `generate`, the rest in
   // `more_prompts`.
   if (static_cast<int64_t>(prompt->size()) > defaults.max_prompts) {
@@ -412,7 +413,7 @@ absl::Status CompletionPrompt(const Json& body, const OpenAiDefaults& defaults,
       into->set_text(one.get<std::string>());
     } else if (one.is_array()) {
       if (one.empty()) return Bad(at, "is empty");
-      RETURN_IF_ERROR(TokenList(one, at, into->mutable_token_ids()));
+      RETURN_IF_ERROR(TokenList(one, at, into->mutable_token_ids()->mutable_ids()));
     } else {
       return WrongType(at, "a string or an array of token ids", one);
     }
@@ -728,12 +729,7 @@ absl::StatusOr<OpenAiDetokenize> ParseDetokenizeRequest(absl::string_view body) 
   const Json* tokens = Find(parsed, "tokens");
   if (tokens == nullptr) return Bad("tokens", "is required");
   if (!tokens->is_array()) return WrongType("tokens", "an array of token ids", *tokens);
-  for (size_t i = 0; i < tokens->size(); ++i) {
-    const std::string at = absl::StrCat("tokens[", i, "]");
-    ASSIGN_OR_RETURN(std::optional<int64_t> id, IntegerOf((*tokens)[i], at));
-    if (*id < 0 || *id > INT32_MAX) return Bad(at, absl::StrCat(*id, " is not a token id"));
-    out.detokenize.add_token_ids(static_cast<int32_t>(*id));
-  }
+  RETURN_IF_ERROR(TokenList(*tokens, "tokens", out.detokenize.mutable_token_ids()));
   // Special tokens are spelt unless asked otherwise (HF decode's default, as vLLM's /detokenize).
   ASSIGN_OR_RETURN(std::optional<bool> skip, GetBool(parsed, "skip_special_tokens"));
   out.detokenize.set_skip_special_tokens(skip.value_or(false));

@@ -61,6 +61,10 @@ constexpr const char* kStandardTemplateVariables[] = {
 bool NamesFunction(const v1::ToolChoice& choice) {
   return choice.choice_case() == v1::ToolChoice::kFunction;
 }
+// OpenAI's parallel_tool_calls false: at most one call (unset is true).
+bool SingleToolCall(const v1::ChatPrompt& chat) {
+  return chat.has_parallel_tool_calls() && !chat.parallel_tool_calls();
+}
 bool ForcesCalls(const v1::ChatPrompt& chat) {
   return chat.has_tool_choice() &&
          (NamesFunction(chat.tool_choice()) ||
@@ -315,7 +319,7 @@ absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::Genera
     return std::nullopt;
   }
   ToolCalling out;
-  out.single_call = chat.has_parallel_tool_calls() && !chat.parallel_tool_calls();
+  out.single_call = SingleToolCall(chat);
   if (chat.has_tool_choice() && NamesFunction(chat.tool_choice())) {
     ASSIGN_OR_RETURN(const std::vector<ToolSpec> tools, ToolsFromProto(chat, limits));
     const std::string& name = chat.tool_choice().function();
@@ -375,8 +379,7 @@ absl::StatusOr<std::optional<StructuredField>> RequestConstraint(const v1::Gener
     }
     f.spec.text = NamedToolCallSchema(*it);
   } else {
-    f.spec.text = RequiredToolCallsSchema(
-        tools, chat.has_parallel_tool_calls() && !chat.parallel_tool_calls());
+    f.spec.text = RequiredToolCallsSchema(tools, SingleToolCall(chat));
   }
   return f;
 }

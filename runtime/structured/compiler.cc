@@ -32,11 +32,6 @@ ConstraintCompiler::ConstraintCompiler(absl::Span<const std::optional<std::strin
 
 absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncached(
     const ConstraintSpec& spec) const {
-  int64_t bytes = static_cast<int64_t>(spec.text.size() + spec.whitespace_pattern.size());
-  for (const std::string& c : spec.choices) bytes += static_cast<int64_t>(c.size());
-  if (bytes > options_.max_spec_bytes) {
-    return Invalid(absl::StrCat(bytes, " bytes; at most ", options_.max_spec_bytes));
-  }
   JsonSchemaOptions json;
   json.max_depth = options_.json_max_depth;
   if (!spec.whitespace_pattern.empty()) {
@@ -107,7 +102,9 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::Compile(
   // An oversized spec is refused before its key (as large as the spec) is built or cached.
   int64_t spec_bytes = static_cast<int64_t>(spec.text.size() + spec.whitespace_pattern.size());
   for (const std::string& c : spec.choices) spec_bytes += static_cast<int64_t>(c.size());
-  if (spec_bytes > options_.max_spec_bytes) return CompileUncached(spec);
+  if (spec_bytes > options_.max_spec_bytes) {
+    return Invalid(absl::StrCat(spec_bytes, " bytes; at most ", options_.max_spec_bytes));
+  }
   std::string key = CacheKey(spec);
   std::optional<absl::StatusOr<std::shared_ptr<const Grammar>>> cached;
   {

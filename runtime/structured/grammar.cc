@@ -172,9 +172,10 @@ int32_t Grammar::WalkState(int32_t s, const std::vector<uint8_t>& node_class,
   const int64_t nodes = t.num_nodes();
   std::fill(mask, mask + words_, 0);
   int32_t count = 0;
+  int64_t walked = 0;  // local: *visited may alias the mask words
   at[0] = s;  // at[d]: the automaton state after the path's first d bytes
   for (int64_t i = 0; i < nodes;) {
-    ++*visited;
+    ++walked;
     const int32_t q = dfa_.NextByClass(at[t.node_depth_[i] - 1], node_class[i]);
     if (q == kDead) {
       i = t.subtree_end_[i];
@@ -190,6 +191,7 @@ int32_t Grammar::WalkState(int32_t s, const std::vector<uint8_t>& node_class,
     }
     ++i;
   }
+  *visited += walked;
   return count;
 }
 
