@@ -284,11 +284,11 @@ int Main(int argc, char** argv) {
     auto plan = replay::SyntheticRequests(arrivals, *entries, {}, absl::GetFlag(FLAGS_input_scale),
                                           absl::GetFlag(FLAGS_output_scale), 42);
     CHECK_OK(plan.status());
+    // The replay's clamp (prompt + output within the context), so that both harnesses send
+    // the same requests.
+    replay::ClampToServer({ctx, 0}, &*plan);
     std::vector<std::vector<int32_t>> prompts;
-    for (replay::PlannedRequest& r : *plan) {
-      r.input_tokens = std::min(r.input_tokens, ctx - r.output_tokens - 1);
-      prompts.push_back(synth->Synthesize(r));
-    }
+    for (const replay::PlannedRequest& r : *plan) prompts.push_back(synth->Synthesize(r));
     nlohmann::json fam;
     fam["family"] = name;
     Mode modes[2];

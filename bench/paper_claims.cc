@@ -244,6 +244,7 @@ absl::StatusOr<ModeResult> RunMode(const std::string& mode, int64_t kv_blocks,
 struct PairedRuns {
   std::vector<std::pair<ModeResult, ModeResult>> runs;
   size_t median = 0;
+  bool kvrm_first = false;  // the first run started with kvrm
 };
 
 double ThroughputRatio(const std::pair<ModeResult, ModeResult>& run) {
@@ -251,14 +252,17 @@ double ThroughputRatio(const std::pair<ModeResult, ModeResult>& run) {
   return s > 0 ? run.second.summary.output_tokens_per_s / s : 0;
 }
 
-// Both modes on the same plan, `repeats` times; odd runs start with kvrm, so a drift of the
-// machine's speed during a workload does not favour one mode.
+// Both modes on the same plan, `repeats` times; the mode that goes first alternates from run to
+// run, starting with kvrm when `kvrm_first`, so a drift of the machine's speed during a
+// workload does not favour one mode (and with one run each, the callers alternate it from one
+// workload to the next).
 absl::StatusOr<PairedRuns> RunPaired(int64_t kv_blocks, const std::vector<PlannedRequest>& plan,
-                                     int32_t repeats) {
+                                     int32_t repeats, bool kvrm_first) {
   PairedRuns out;
+  out.kvrm_first = kvrm_first;
   for (int32_t r = 0; r < repeats; ++r) {
     absl::StatusOr<ModeResult> st, kv;
-    if (r % 2 == 0) {
+    if ((r % 2 == 0) != kvrm_first) {
       st = RunMode("static", kv_blocks, plan);
       kv = RunMode("kvrm", kv_blocks, plan);
     } else {
@@ -278,6 +282,14 @@ absl::StatusOr<PairedRuns> RunPaired(int64_t kv_blocks, const std::vector<Planne
   return out;
 }
 
+// A mode's summary and the KV it reserved (mean and peak of the samples).
+nlohmann::json ModeJson(const ModeResult& m) {
+  nlohmann::json j = replay::SummaryToJson(m.summary);
+  j["reserved_mean_bytes"] = m.reserved_mean_bytes;
+  j["reserved_peak_bytes"] = m.reserved_peak_bytes;
+  return j;
+}
+
 // A workload's paired runs as JSON (the median run's summaries and throughput ratio; with
 // several runs, all of them), and with several runs a line of every run's ratio, labelled
 // `label`, on `spread`.
@@ -287,16 +299,17 @@ nlohmann::json PairedJson(const Workload& w, const PairedRuns& paired, const std
   nlohmann::json j;
   j["workload"] = w.name;
   j["description"] = w.description;
-  j["static"] = replay::SummaryToJson(median.first.summary);
-  j["kvrm"] = replay::SummaryToJson(median.second.summary);
+  j["static"] = ModeJson(median.first);
+  j["kvrm"] = ModeJson(median.second);
+  j["kvrm_first"] = paired.kvrm_first;
   j["throughput_kvrm_over_static"] = ThroughputRatio(median);
   if (paired.runs.size() > 1) {
     j["median_run"] = paired.median;
     absl::StrAppend(spread, label, ": kvrm/static throughput");
     for (const auto& run : paired.runs) {
       absl::StrAppend(spread, absl::StrFormat(" %.2fx", ThroughputRatio(run)));
-      j["runs"].push_back({{"static", replay::SummaryToJson(run.first.summary)},
-                           {"kvrm", replay::SummaryToJson(run.second.summary)},
+      j["runs"].push_back({{"static", ModeJson(run.first)},
+                           {"kvrm", ModeJson(run.second)},
                            {"throughput_kvrm_over_static", ThroughputRatio(run)}});
     }
     absl::StrAppend(spread, absl::StrFormat(" (run %d of %d in the table)\n", paired.median + 1,
@@ -389,10 +402,35 @@ int Main(int argc, char** argv) {
       "TPOT ms static / kvrm (mean per request) | prompt tokens from kvrm's prefix cache |\n"
       "|---|---|---|---|---|---|\n");
   const int32_t repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  int runs_started = 0;  // workloads run so far: which mode goes first alternates over them
   std::string spread;  // with --repeats: every run's throughput ratio per workload
+  std::string saturated;
+  // The files are rewritten after every workload ("complete": false until the last), so that a
+  // run cut short (a timeout, a lost machine) keeps what it measured. Each write replaces the
+  // file whole (a temporary and a rename): a reader never sees half of one.
+  const auto write_outputs = [&](bool complete) {
+    out["complete"] = complete;
+    const auto replace = [](const std::string& path, const std::string& text) {
+      if (path.empty()) return;
+      const std::string tmp = path + ".tmp";
+      std::ofstream f(tmp);
+      f << text;
+      f.close();  // a flush that fails (a full disk) shows here: the old file stays
+      if (!f) {
+        std::fprintf(stderr, "cannot write %s\n", tmp.c_str());
+        return;
+      }
+      if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::fprintf(stderr, "cannot rename %s to %s\n", tmp.c_str(), path.c_str());
+      }
+    };
+    replace(absl::GetFlag(FLAGS_json), out.dump(2));
+    replace(absl::GetFlag(FLAGS_markdown),
+            absl::StrCat(md, "\n", little, "\n", saturated, "\n", spread));
+  };
   for (const Workload& w : workloads) {
     std::fprintf(stderr, "== %s: %zu requests\n", w.name.c_str(), w.plan.size());
-    auto paired = RunPaired(kv_blocks, w.plan, repeats);
+    auto paired = RunPaired(kv_blocks, w.plan, repeats, /*kvrm_first=*/(runs_started++ % 2) == 1);
     if (!paired.ok()) {
       std::fprintf(stderr, "%s failed: %s\n", w.name.c_str(), paired.status().ToString().c_str());
       continue;
@@ -404,14 +442,15 @@ int Main(int argc, char** argv) {
     const replay::Summary& b = kv->summary;
     const double tput = ThroughputRatio(median);
     const double mem = st->reserved_mean_bytes > 0 ? kv->reserved_mean_bytes / st->reserved_mean_bytes : 0;
-    md += absl::StrFormat(
+    const std::string row = absl::StrFormat(
         "| %s | %d | %.0f | %.0f | %.2fx | %.0f / %.0f | %.1f / %.1f | %.0f%% | %.2f / %.2f |\n",
         w.description, a.requests, a.output_tokens_per_s, b.output_tokens_per_s, tput,
         a.ttft_ms.p99, b.ttft_ms.p99, a.tpot_ms.p99, b.tpot_ms.p99, 100 * mem,
         a.worst_window_itl_p99_over_median, b.worst_window_itl_p99_over_median);
+    // The header with the first row, then each new row (the whole table is printed at the end).
+    std::printf("%s%s", runs_started == 1 ? md.c_str() : "", row.c_str());
+    md += row;
     nlohmann::json j = PairedJson(w, *paired, w.description, &spread);
-    j["static"]["reserved_mean_bytes"] = st->reserved_mean_bytes;
-    j["kvrm"]["reserved_mean_bytes"] = kv->reserved_mean_bytes;
     j["reserved_kvrm_over_static"] = mem;
     out["workloads"].push_back(j);
     little += absl::StrFormat(
@@ -420,14 +459,14 @@ int Main(int argc, char** argv) {
         a.mean_decoding > 0 ? b.mean_decoding / a.mean_decoding : 0, tput, a.tpot_ms.mean,
         b.tpot_ms.mean,
         b.input_tokens > 0 ? 100.0 * b.cached_input_tokens / b.input_tokens : 0.0);
-    std::printf("%s", md.c_str());
     std::fflush(stdout);
+    write_outputs(false);
   }
   // Claim 1 at saturation: the same requests, all queued at t = 0, so each mode decodes as many
   // rows as it can hold until the queue drains and the throughput is its capacity. At a
   // family's own rate a mode that keeps up finishes about when the arrivals stop, and its
   // tokens/s is the offered load, whatever its capacity.
-  std::string saturated;
+  int saturated_rows = 0;
   if (absl::GetFlag(FLAGS_saturation)) {
     saturated = absl::StrFormat(
         "| workload at saturation | requests | makespan s static / kvrm | requests decoding "
@@ -439,7 +478,7 @@ int Main(int argc, char** argv) {
       for (PlannedRequest& r : plan) r.send_at_s = 0;
       std::fprintf(stderr, "== %s at saturation: %zu requests queued at once\n", w.name.c_str(),
                    plan.size());
-      auto paired = RunPaired(kv_blocks, plan, repeats);
+      auto paired = RunPaired(kv_blocks, plan, repeats, /*kvrm_first=*/(runs_started++ % 2) == 1);
       if (!paired.ok()) {
         std::fprintf(stderr, "%s at saturation failed: %s\n", w.name.c_str(),
                      paired.status().ToString().c_str());
@@ -448,22 +487,21 @@ int Main(int argc, char** argv) {
       const std::pair<ModeResult, ModeResult>& run = paired->runs[paired->median];
       const replay::Summary& a = run.first.summary;
       const replay::Summary& b = run.second.summary;
-      saturated += absl::StrFormat("| %s | %d | %.1f / %.1f | %.1f / %.1f | %.0f | %.0f | %.2fx |\n",
-                                   w.description, a.requests, a.duration_s, b.duration_s,
-                                   a.mean_decoding, b.mean_decoding, a.output_tokens_per_s,
-                                   b.output_tokens_per_s, ThroughputRatio(run));
+      const std::string row = absl::StrFormat(
+          "| %s | %d | %.1f / %.1f | %.1f / %.1f | %.0f | %.0f | %.2fx |\n", w.description,
+          a.requests, a.duration_s, b.duration_s, a.mean_decoding, b.mean_decoding,
+          a.output_tokens_per_s, b.output_tokens_per_s, ThroughputRatio(run));
+      std::printf("%s%s", saturated_rows == 0 ? saturated.c_str() : "", row.c_str());
+      saturated += row;
+      ++saturated_rows;
       out["saturation"].push_back(
           PairedJson(w, *paired, absl::StrCat(w.description, " at saturation"), &spread));
-      std::printf("%s", saturated.c_str());
       std::fflush(stdout);
+      write_outputs(false);
     }
   }
   std::printf("\n%s\n%s\n%s\n%s", md.c_str(), little.c_str(), saturated.c_str(), spread.c_str());
-  if (!absl::GetFlag(FLAGS_json).empty()) std::ofstream(absl::GetFlag(FLAGS_json)) << out.dump(2);
-  if (!absl::GetFlag(FLAGS_markdown).empty()) {
-    std::ofstream(absl::GetFlag(FLAGS_markdown))
-        << md << "\n" << little << "\n" << saturated << "\n" << spread;
-  }
+  write_outputs(true);
   return 0;
 }
 

@@ -12,6 +12,10 @@ grep -q "workload at saturation" "${TEST_TMPDIR}/claims.txt"
 python3 - "$out" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
+assert d["complete"] is True, "the last write marks the file complete"
+# The mode that runs first alternates from one workload to the next.
+firsts = [e["kvrm_first"] for section in ("workloads", "saturation") for e in d[section]]
+assert firsts == [False, True, False, True], firsts
 for section in ("workloads", "saturation"):
     entries = d.get(section, [])
     names = sorted(e["workload"] for e in entries)
@@ -21,6 +25,12 @@ for section in ("workloads", "saturation"):
             s = e[mode]
             assert s["requests"] == 8 and s["completed"] == 8 and s["failed"] == 0, (section, e["workload"], mode, s)
             assert s["output_tokens_per_s"] > 0, (section, e["workload"], mode)
+            # Sampled every 50 ms: a saturation run of the tiny model can end before one.
+            assert s["reserved_peak_bytes"] >= s["reserved_mean_bytes"] >= 0, (section, mode)
+            if section == "workloads":
+                assert s["reserved_mean_bytes"] > 0, (section, e["workload"], mode)
         assert e["throughput_kvrm_over_static"] > 0
 print("ok")
 PY
+# Written whole each time (a temporary renamed over it): none is left behind.
+test ! -e "$out.tmp"

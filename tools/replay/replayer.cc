@@ -40,6 +40,14 @@ class Driver {
       : stub_(stub), plan_(plan), prompts_(prompts), options_(options), records_(plan.size()) {}
 
   std::vector<RequestRecord> Run() {
+    // Requests are built ahead of their time (prompt synthesis of a 100k-token prompt takes
+    // milliseconds), so that a burst's later requests do not go out late by the work of the
+    // earlier ones: the initial burst before the clock starts, the rest in idle moments.
+    built_.resize(plan_.size());
+    while (built_next_ < plan_.size() && built_next_ < kMaxBuiltAhead &&
+           plan_[built_next_].send_at_s <= kBuildHorizonS) {
+      BuildNext();
+    }
     start_ = Clock::now();
     size_t next = 0;
     while (next < plan_.size() || in_flight_ > 0) {
@@ -47,6 +55,13 @@ class Driver {
       while (next < plan_.size() && plan_[next].send_at_s <= Elapsed()) Send(next++);
       double wait_s = 0.1;  // bounds the progress refresh
       if (next < plan_.size()) wait_s = std::min(wait_s, plan_[next].send_at_s - Elapsed());
+      // One request built per turn while the next send is not due, so that building never
+      // holds up a send or the reading of streams for long.
+      if (built_next_ < plan_.size() && built_next_ < next + kMaxBuiltAhead &&
+          plan_[built_next_].send_at_s <= Elapsed() + kBuildHorizonS && wait_s > 1e-3) {
+        BuildNext();
+        wait_s = 0;
+      }
       void* tag = nullptr;
       bool ok = false;
       const auto deadline =
@@ -83,7 +98,8 @@ class Driver {
     r.output_tokens_requested = p.output_tokens;
     r.clamped = p.clamped;
     r.token_times_s.reserve(p.output_tokens);
-    const v1::GenerateRequest request = BuildRequest(p, prompts_);
+    while (built_next_ <= i) BuildNext();  // not built ahead: now
+    const std::unique_ptr<v1::GenerateRequest> request = std::move(built_[i]);
     auto* call = new Call;  // deleted when its Finish completes
     call->record = &r;
     if (options_.request_timeout_s > 0) {
@@ -91,12 +107,18 @@ class Driver {
           std::chrono::system_clock::now() +
           std::chrono::microseconds(static_cast<int64_t>(options_.request_timeout_s * 1e6)));
     }
-    call->reader = stub_.PrepareAsyncGenerate(&call->context, request, &cq_);
+    call->reader = stub_.PrepareAsyncGenerate(&call->context, *request, &cq_);
     r.send_s = Elapsed();
     call->op = Call::Op::kStart;
     call->reader->StartCall(call);
     ++sent_;
     ++in_flight_;
+  }
+
+  void BuildNext() {
+    built_[built_next_] =
+        std::make_unique<v1::GenerateRequest>(BuildRequest(plan_[built_next_], prompts_));
+    ++built_next_;
   }
 
   void Handle(Call* call, bool ok) {
@@ -149,7 +171,13 @@ class Driver {
   absl::Span<const PlannedRequest> plan_;
   const PromptSynthesizer& prompts_;
   const ReplayOptions& options_;
+  // How far ahead requests are built: those due within the horizon, at most this many unsent.
+  static constexpr double kBuildHorizonS = 2.0;
+  static constexpr size_t kMaxBuiltAhead = 1024;
+
   std::vector<RequestRecord> records_;  // [plan.size()], filled as requests are sent
+  std::vector<std::unique_ptr<v1::GenerateRequest>> built_;  // [plan.size()]; null once sent
+  size_t built_next_ = 0;                                    // built_[0, built_next_) were built
   grpc::CompletionQueue cq_;
   Clock::time_point start_;
   int sent_ = 0, done_ = 0, in_flight_ = 0, errors_ = 0;

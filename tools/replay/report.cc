@@ -71,10 +71,17 @@ std::string FormatTable(const Summary& s) {
                           "%.2f req/s\n",
                           s.slo.ttft_ms, s.slo.tpot_ms, s.good, s.requests, s.goodput_rps);
   }
-  absl::StrAppendFormat(&out,
-                        "worst %gs-window p99 inter-token latency / run median: %.2fx over %zu "
-                        "windows\n",
-                        s.window_s, s.worst_window_itl_p99_over_median, s.windows.size());
+  if (std::isnan(s.worst_window_itl_p99_over_median)) {
+    absl::StrAppendFormat(&out,
+                          "worst %gs-window p99 inter-token latency / run median: undefined (the "
+                          "median inter-token latency is %g ms)\n",
+                          s.window_s, s.itl_ms.p50);
+  } else {
+    absl::StrAppendFormat(&out,
+                          "worst %gs-window p99 inter-token latency / run median: %.2fx over %zu "
+                          "windows\n",
+                          s.window_s, s.worst_window_itl_p99_over_median, s.windows.size());
+  }
   return out;
 }
 
@@ -104,7 +111,10 @@ Json SummaryToJson(const Summary& s) {
   j["good"] = s.good;
   j["goodput_rps"] = s.goodput_rps;
   j["window_s"] = s.window_s;
-  j["worst_window_itl_p99_over_median"] = s.worst_window_itl_p99_over_median;
+  // null when undefined (JSON has no NaN).
+  j["worst_window_itl_p99_over_median"] =
+      std::isnan(s.worst_window_itl_p99_over_median) ? Json(nullptr)
+                                                     : Json(s.worst_window_itl_p99_over_median);
   Json windows = Json::array();
   for (const Window& w : s.windows) {
     windows.push_back({{"start_s", w.start_s},
@@ -123,16 +133,21 @@ std::string RecordsToCsv(absl::Span<const RequestRecord> records) {
       "output_tokens_requested,output_tokens,server_completion_tokens,"
       "server_cached_prompt_tokens,ttft_ms,tpot_ms,e2e_ms,status,finish_reason,error,"
       "token_times_s\n";
+  // Cells with no value (no token arrived, no gap to time) are empty, not 0.
+  const auto optional = [](bool has, double v, int digits) {
+    return has ? absl::StrFormat("%.*f", digits, v) : std::string();
+  };
   for (const RequestRecord& r : records) {
     std::vector<std::string> times;
     times.reserve(r.token_times_s.size());
     for (double t : r.token_times_s) times.push_back(absl::StrFormat("%.6f", t));
     absl::StrAppendFormat(
-        &out, "%d,%.6f,%.6f,%.6f,%.6f,%.6f,%d,%d,%d,%d,%d,%.3f,%.3f,%.3f,%s,%s,%s,%s\n", r.index,
-        r.trace_s, r.scheduled_s, r.send_s, r.first_token_s, r.finish_s, r.input_tokens,
-        r.output_tokens_requested, r.output_tokens(), r.server_completion_tokens,
-        r.server_cached_prompt_tokens, TtftMs(r),
-        TpotMs(r), E2eMs(r), absl::StatusCodeToString(static_cast<absl::StatusCode>(r.grpc_code)),
+        &out, "%d,%.6f,%.6f,%.6f,%s,%.6f,%d,%d,%d,%d,%d,%s,%s,%.3f,%s,%s,%s,%s\n", r.index,
+        r.trace_s, r.scheduled_s, r.send_s, optional(r.first_token_s >= 0, r.first_token_s, 6),
+        r.finish_s, r.input_tokens, r.output_tokens_requested, r.output_tokens(),
+        r.server_completion_tokens, r.server_cached_prompt_tokens,
+        optional(r.first_token_s >= 0, TtftMs(r), 3),
+        optional(r.output_tokens() >= 2, TpotMs(r), 3), E2eMs(r), absl::StatusCodeToString(static_cast<absl::StatusCode>(r.grpc_code)),
         r.finish_reason, CsvField(r.error), absl::StrJoin(times, " "));
   }
   return out;

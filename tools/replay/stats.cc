@@ -50,8 +50,11 @@ absl::StatusOr<Slo> ParseSlo(absl::string_view text) {
 
 bool Completed(const RequestRecord& r) {
   // A stream that ends OK without its final message lost output (or the server broke the
-  // protocol): it did not complete.
-  return r.grpc_code == 0 && !r.finish_reason.empty() && r.finish_reason != "ERROR";
+  // protocol): it did not complete. Nor did one cancelled (a drain) or cut by its time limit,
+  // nor one that ended without a token: none of them served what was asked.
+  static constexpr absl::string_view kDone[] = {"LENGTH", "EOS", "STOP", "TOOL_CALLS"};
+  return r.grpc_code == 0 && r.output_tokens() > 0 &&
+         std::find(std::begin(kDone), std::end(kDone), r.finish_reason) != std::end(kDone);
 }
 
 double TtftMs(const RequestRecord& r) {
@@ -61,8 +64,9 @@ double TtftMs(const RequestRecord& r) {
 double E2eMs(const RequestRecord& r) { return (r.finish_s - r.send_s) * 1e3; }
 
 double TpotMs(const RequestRecord& r) {
+  // First to last token (not to the stream's status, which comes a round trip later).
   const int n = r.output_tokens();
-  return n < 2 ? 0 : (E2eMs(r) - TtftMs(r)) / (n - 1);
+  return n < 2 ? 0 : (r.token_times_s.back() - r.token_times_s.front()) * 1e3 / (n - 1);
 }
 
 Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, double window_s) {
@@ -70,7 +74,10 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
   s.slo = slo;
   s.window_s = window_s;
   s.requests = static_cast<int>(records.size());
-  if (records.empty()) return s;
+  if (records.empty()) {
+    s.worst_window_itl_p99_over_median = std::nan("");
+    return s;
+  }
 
   double start = INFINITY, end = 0, decoding_s = 0;
   std::vector<double> ttft, tpot, itl, e2e;
@@ -139,6 +146,9 @@ Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, doubl
     }
     if (Completed(r) && r.first_token_s >= 0) w_ttft[window_of(r.scheduled_s)].push_back(TtftMs(r));
   }
+  // Undefined (NaN) without a positive median: no gaps at all, or most of them zero (tokens
+  // that arrived in one message), and then no window can be said to be within 3x of it.
+  s.worst_window_itl_p99_over_median = s.itl_ms.p50 > 0 ? 0 : std::nan("");
   for (int i = 0; i < n_windows; ++i) {
     s.windows[i].itl_ms = Distribute(std::move(w_itl[i]));
     s.windows[i].ttft_ms = Distribute(std::move(w_ttft[i]));

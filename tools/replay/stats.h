@@ -47,7 +47,7 @@ struct Window {
 
 struct Summary {
   int requests = 0;
-  int completed = 0;  // status OK with a final message whose reason is not ERROR
+  int completed = 0;  // status OK, a token or more, and finished by LENGTH, EOS, STOP or TOOL_CALLS
   int refused = 0;    // RESOURCE_EXHAUSTED (server full)
   int failed = 0;     // every other error
   int clamped = 0;
@@ -71,14 +71,15 @@ struct Summary {
   double goodput_rps = 0;
   double window_s = 1.0;
   std::vector<Window> windows;
-  // Worst window p99 inter-token latency over the run's median ITL (the burst-spike metric).
+  // Worst window p99 inter-token latency over the run's median ITL (the burst-spike metric);
+  // NaN when the median is not positive (no gaps, or mostly zero ones): undefined, not a pass.
   double worst_window_itl_p99_over_median = 0;
 };
 
 Summary Summarize(absl::Span<const RequestRecord> records, const Slo& slo, double window_s = 1.0);
 
-// TTFT, TPOT and end-to-end latency of a completed record, in ms; TPOT is
-// (e2e - ttft) / (n - 1) and 0 for a single-token output.
+// TTFT, TPOT and end-to-end latency of a completed record, in ms; TPOT is the first to the
+// last token over the n - 1 gaps between them, and 0 for a single-token output.
 double TtftMs(const RequestRecord& r);
 double E2eMs(const RequestRecord& r);
 double TpotMs(const RequestRecord& r);

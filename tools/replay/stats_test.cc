@@ -1,5 +1,7 @@
 #include "tools/replay/stats.h"
 
+#include <cmath>
+
 #include "gtest/gtest.h"
 
 namespace kvrm::replay {
@@ -167,6 +169,49 @@ TEST(SummaryTest, StreamWithoutFinalMessageIsAFailure) {
   EXPECT_EQ(s.finish_reasons.at("NONE"), 1);
   EXPECT_EQ(s.good, 0);
   EXPECT_EQ(s.ttft_ms.count, 0);
+}
+
+TEST(SummaryTest, CancelledTimedOutAndTokenlessStreamsDidNotComplete) {
+  // Status OK and a final message, but not what was asked: a drain's CANCELLED, a TIME_LIMIT,
+  // and a LENGTH with no token. None is completed, none is good, none has a TTFT of 0.
+  RequestRecord cancelled = Ok(0, 0, {0.1});
+  cancelled.finish_reason = "CANCELLED";
+  RequestRecord timed_out = Ok(1, 0, {0.1, 0.2});
+  timed_out.finish_reason = "TIME_LIMIT";
+  RequestRecord tokenless = Ok(2, 0, {});
+  const RequestRecord fine = Ok(3, 0, {0.3, 0.4});
+  const Summary s = Summarize({cancelled, timed_out, tokenless, fine}, Slo{1000, 1000});
+  EXPECT_EQ(s.completed, 1);
+  EXPECT_EQ(s.failed, 3);
+  EXPECT_EQ(s.good, 1);
+  EXPECT_EQ(s.finish_reasons.at("CANCELLED"), 1);
+  EXPECT_EQ(s.finish_reasons.at("TIME_LIMIT"), 1);
+  EXPECT_EQ(s.ttft_ms.count, 1);
+  EXPECT_NEAR(s.ttft_ms.p50, 300, kTol);
+  for (const char* reason : {"EOS", "STOP", "TOOL_CALLS", "LENGTH"}) {
+    RequestRecord r = Ok(0, 0, {0.1});
+    r.finish_reason = reason;
+    EXPECT_TRUE(Completed(r)) << reason;
+  }
+}
+
+TEST(SummaryTest, TpotEndsAtTheLastTokenNotTheStatus) {
+  // The status comes 300 ms after the last token: E2E includes it, TPOT does not.
+  RequestRecord r = Ok(0, 0, {0.1, 0.2, 0.3});
+  r.finish_s = 0.6;
+  EXPECT_NEAR(TpotMs(r), 100, kTol);
+  EXPECT_NEAR(E2eMs(r), 600, kTol);
+}
+
+TEST(SummaryTest, BurstRatioIsUndefinedWithoutAPositiveMedian) {
+  // Most tokens arrived together (one merged message each): the median gap is 0, and a ratio
+  // to it says nothing; it must not read as a pass (0).
+  const Summary merged = Summarize({Ok(0, 0, {0.1, 0.1, 0.1, 0.1, 0.9})}, Slo{});
+  EXPECT_DOUBLE_EQ(merged.itl_ms.p50, 0);
+  EXPECT_TRUE(std::isnan(merged.worst_window_itl_p99_over_median));
+  // One-token outputs: no gaps at all.
+  EXPECT_TRUE(std::isnan(Summarize({Ok(0, 0, {0.1}), Ok(1, 0, {0.2})}, Slo{})
+                             .worst_window_itl_p99_over_median));
 }
 
 TEST(SummaryTest, EmptyRun) {
