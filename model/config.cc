@@ -101,14 +101,11 @@ class Fields {
   std::string prefix_;
 };
 
-absl::Status ParseRopeScaling(const Json& root, std::string_view what, RopeScaling* out) {
-  auto it = root.find("rope_scaling");
-  if (it == root.end() || it->is_null()) return absl::OkStatus();
-  if (!it->is_object()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(std::string(what), ": rope_scaling must be an object or null"));
-  }
-  const Fields f(*it, what, "rope_scaling.");
+// One RoPE scaling object: `rope_scaling` (Transformers 4) or `rope_parameters` (Transformers
+// 5, which also carries rope_theta there). `prefix` names it in errors.
+absl::Status ParseScalingObject(const Json& obj, std::string_view what, const char* prefix,
+                                RopeScaling* out) {
+  const Fields f(obj, what, prefix);
   const char* type_key = f.Get("rope_type") != nullptr ? "rope_type" : "type";
   std::string type;
   RETURN_IF_ERROR(f.String(type_key, /*required=*/true, &type));
@@ -132,6 +129,54 @@ absl::Status ParseRopeScaling(const Json& root, std::string_view what, RopeScali
   }
   return f.Int("original_max_position_embeddings", true, 1, kInt32Max,
                &out->original_max_position_embeddings);
+}
+
+bool SameScaling(const RopeScaling& a, const RopeScaling& b) {
+  return a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
+         a.high_freq_factor == b.high_freq_factor &&
+         a.original_max_position_embeddings == b.original_max_position_embeddings;
+}
+
+// rope_theta and the scaling, from wherever the file keeps them. Transformers 5 writes
+// `rope_parameters` ({"rope_type", "rope_theta", and the type's fields}) and may drop the
+// top-level rope_theta or write it null; older files have top-level rope_theta and
+// `rope_scaling`. A file with both must agree: a wrong base frequency or a scaling left out
+// computes garbage without any other sign.
+absl::Status ParseRope(const Json& root, std::string_view what, LlamaConfig* c) {
+  const Fields f(root, what);
+  RETURN_IF_ERROR(f.PositiveDouble("rope_theta", false, &c->rope_theta));
+  if (const Json* scaling = f.Get("rope_scaling")) {
+    if (!scaling->is_object()) return f.Invalid("rope_scaling", "must be an object or null");
+    RETURN_IF_ERROR(ParseScalingObject(*scaling, what, "rope_scaling.", &c->rope_scaling));
+  }
+  const Json* params = f.Get("rope_parameters");
+  if (params == nullptr) return absl::OkStatus();
+  if (!params->is_object()) return f.Invalid("rope_parameters", "must be an object or null");
+  const Fields p(*params, what, "rope_parameters.");
+  if (p.Get("rope_type") == nullptr && p.Get("type") == nullptr &&
+      p.Get("rope_theta") == nullptr) {
+    // Keyed by layer type ({"full_attention": {...}, "sliding_attention": {...}}): models
+    // whose layers rotate differently, which this engine does not compute.
+    return f.Unimplemented("rope_parameters",
+                           "without rope_type or rope_theta (per layer type) is not supported");
+  }
+  double theta = c->rope_theta;
+  RETURN_IF_ERROR(p.PositiveDouble("rope_theta", false, &theta));
+  if (f.Get("rope_theta") != nullptr && theta != c->rope_theta) {
+    return f.Invalid("rope_theta", absl::StrCat("(", c->rope_theta,
+                                                ") disagrees with rope_parameters.rope_theta (",
+                                                theta, ")"));
+  }
+  c->rope_theta = theta;
+  RopeScaling scaling;
+  if (p.Get("rope_type") != nullptr || p.Get("type") != nullptr) {
+    RETURN_IF_ERROR(ParseScalingObject(*params, what, "rope_parameters.", &scaling));
+  }
+  if (f.Get("rope_scaling") != nullptr && !SameScaling(scaling, c->rope_scaling)) {
+    return f.Invalid("rope_scaling", "disagrees with rope_parameters");
+  }
+  c->rope_scaling = scaling;
+  return absl::OkStatus();
 }
 
 // "bos_token_id" / "eos_token_id": an int, a list of ints (eos only), or null. Leaves the outputs
@@ -181,12 +226,17 @@ absl::Status RejectUnsupported(const Fields& f, const LlamaConfig& c) {
     return f.Unimplemented("hidden_act",
                            absl::StrCat("\"", act, "\" is not supported (only silu)"));
   }
+  return absl::OkStatus();
+}
+
+// Mistral's sliding_window: kept when shorter than the model's context (the engine serves at
+// most that much, where windowed attention is full attention). Transformers' Llama ignores it.
+absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
+  if (c->model_type != "mistral") return absl::OkStatus();
   int64_t window = 0;
   RETURN_IF_ERROR(f.Int("sliding_window", false, 1, std::numeric_limits<int64_t>::max(), &window));
-  if (window != 0 && window < c.max_position_embeddings) {
-    return f.Unimplemented("sliding_window",
-                           absl::StrCat("(", window, ") shorter than max_position_embeddings (",
-                                        c.max_position_embeddings, ") is not supported"));
+  if (window != 0 && window < c->max_position_embeddings) {
+    c->sliding_window = static_cast<int32_t>(window);
   }
   return absl::OkStatus();
 }
@@ -238,12 +288,12 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   }
   RETURN_IF_ERROR(ParseSizes(f, &c));
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
-  RETURN_IF_ERROR(f.PositiveDouble("rope_theta", false, &c.rope_theta));
-  RETURN_IF_ERROR(ParseRopeScaling(root, what, &c.rope_scaling));
+  RETURN_IF_ERROR(ParseRope(root, what, &c));
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(f.String("torch_dtype", false, &c.torch_dtype));
   if (c.torch_dtype.empty()) RETURN_IF_ERROR(f.String("dtype", false, &c.torch_dtype));
   RETURN_IF_ERROR(RejectUnsupported(f, c));
+  RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
   RETURN_IF_ERROR(ParseTokenIds(root, what, c.vocab_size, &c));
   return c;
 }

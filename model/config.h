@@ -17,7 +17,8 @@
 
 namespace kvrm {
 
-// HF "rope_scaling". The type comes from "rope_type" (newer files) or "type" (older ones).
+// HF "rope_scaling" (Transformers 5: "rope_parameters"). The type comes from "rope_type" (newer
+// files) or "type" (older ones).
 struct RopeScaling {
   std::string type;  // "" = none; otherwise "llama3" or "linear"
   double factor = 1;
@@ -39,6 +40,10 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000;
   RopeScaling rope_scaling;
+  // Mistral's sliding-window attention span (0: none, or a Llama config, whose HF model ignores
+  // the key). Attention over at most this many positions is full causal attention, so a served
+  // context within it is exact; the engine keeps max_context within it.
+  int32_t sliding_window = 0;
   bool tie_word_embeddings = false;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be an int or a list

@@ -285,10 +285,111 @@ TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
               absl::StatusCode::kUnimplemented, "model_type \"gpt2\"");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
-  ExpectError(ParseStatus(Edited([](Json& j) { j["sliding_window"] = 4096; })),
-              absl::StatusCode::kUnimplemented, "sliding_window (4096)");
-  // A window covering the whole context changes nothing.
-  EXPECT_TRUE(ParseStatus(Edited([](Json& j) { j["sliding_window"] = 131072; })).ok());
+}
+
+TEST(ConfigTest, MistralSlidingWindowIsKeptLlamaIgnoresIt) {
+  // Mistral-7B-v0.1: a 4096 window in a 32768 context. Kept, for the engine to serve within.
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(Edited([](Json& j) {
+                                                     j["model_type"] = "mistral";
+                                                     j["sliding_window"] = 4096;
+                                                   }),
+                                                   "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 4096);
+  // A window covering the whole context changes nothing; null is none.
+  for (const Json& window : std::vector<Json>{131072, nullptr}) {
+    c = ParseLlamaConfig(Edited([&](Json& j) {
+                           j["model_type"] = "mistral";
+                           j["sliding_window"] = window;
+                         }),
+                         "config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->sliding_window, 0) << window;
+  }
+  // Transformers' Llama never reads the key.
+  c = ParseLlamaConfig(Edited([](Json& j) { j["sliding_window"] = 4096; }), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                j["model_type"] = "mistral";
+                j["sliding_window"] = 0;
+              })),
+              absl::StatusCode::kInvalidArgument, "sliding_window");
+}
+
+// Transformers 5 keeps rope_theta and the scaling in rope_parameters (and may write the
+// top-level rope_theta null or not at all): Llama 3.2 1B re-saved that way.
+TEST(ConfigTest, ReadsTransformers5RopeParameters) {
+  const auto v5 = [](Json& j) {
+    Json params = j["rope_scaling"];
+    params["rope_theta"] = 500000.0;
+    j["rope_parameters"] = params;
+    j.erase("rope_scaling");
+    j["rope_theta"] = nullptr;
+  };
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(Edited(v5), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 500000.0);
+  EXPECT_EQ(c->rope_scaling.type, "llama3");
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 8192);
+  // The same frequencies as the Transformers 4 file.
+  const absl::StatusOr<LlamaConfig> v4 = ParseLlamaConfig(kLlama32_1B, "config.json");
+  ASSERT_TRUE(v4.ok());
+  EXPECT_EQ(RopeInverseFrequencies(*c), RopeInverseFrequencies(*v4));
+
+  // Default rotation: only the base.
+  c = ParseLlamaConfig(Edited([](Json& j) {
+                         j.erase("rope_scaling");
+                         j.erase("rope_theta");
+                         j["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e6}};
+                       }),
+                       "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rope_scaling.type, "");
+
+  // Both places, agreeing (a file written for both versions): fine. Disagreeing: refused,
+  // naming the key, since either reading computes garbage for the other.
+  EXPECT_TRUE(ParseStatus(Edited([&](Json& j) {
+                Json params = j["rope_scaling"];
+                params["rope_theta"] = 500000.0;
+                j["rope_parameters"] = params;
+              })).ok());
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                Json params = j["rope_scaling"];
+                params["rope_theta"] = 10000.0;
+                j["rope_parameters"] = params;
+              })),
+              absl::StatusCode::kInvalidArgument, "rope_theta (500000) disagrees");
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                Json params = j["rope_scaling"];
+                params["factor"] = 8.0;
+                params["rope_theta"] = 500000.0;
+                j["rope_parameters"] = params;
+              })),
+              absl::StatusCode::kInvalidArgument, "rope_scaling disagrees with rope_parameters");
+  // Its fields are checked as rope_scaling's are, and named as its own.
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                j.erase("rope_scaling");
+                j["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}};
+              })),
+              absl::StatusCode::kInvalidArgument, "rope_parameters.low_freq_factor is missing");
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                j.erase("rope_scaling");
+                j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+              })),
+              absl::StatusCode::kUnimplemented, "rope_parameters.rope_type \"yarn\"");
+  // Per layer type (Gemma 3 style): not computed here.
+  ExpectError(ParseStatus(Edited([](Json& j) {
+                j.erase("rope_scaling");
+                j["rope_parameters"] = {
+                    {"full_attention", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+                    {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+              })),
+              absl::StatusCode::kUnimplemented, "rope_parameters without rope_type");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_parameters"] = 3; })),
+              absl::StatusCode::kInvalidArgument, "rope_parameters must be an object");
 }
 
 TEST(ConfigTest, UnknownRopeTypeIsUnimplemented) {

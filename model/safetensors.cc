@@ -283,9 +283,12 @@ absl::StatusOr<std::unique_ptr<SafetensorsSet>> SafetensorsSet::OpenDirectory(
   set->dir_ = dir;
   const std::string index_path = absl::StrCat(dir, "/", kIndexFile);
   const std::string single_path = absl::StrCat(dir, "/", kSingleFile);
-  if (Exists(index_path)) {
-    RETURN_IF_ERROR(set->LoadIndex(index_path));
-  } else if (Exists(single_path)) {
+  // The single file first, as Transformers' from_pretrained looks for it before the index.
+  if (Exists(single_path)) {
+    if (Exists(index_path)) {
+      LOG(WARNING) << dir << ": both " << kSingleFile << " and " << kIndexFile << ": loading "
+                   << kSingleFile << " (as Transformers does); the shards are ignored";
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single_path));
     for (const std::string& name : file->TensorNames()) {
       const TensorView* view = file->Find(name);
@@ -293,6 +296,8 @@ absl::StatusOr<std::unique_ptr<SafetensorsSet>> SafetensorsSet::OpenDirectory(
       set->total_bytes_ += static_cast<int64_t>(view->nbytes);
     }
     set->files_.push_back(std::move(file));
+  } else if (Exists(index_path)) {
+    RETURN_IF_ERROR(set->LoadIndex(index_path));
   } else {
     return absl::NotFoundError(
         absl::StrCat(dir, ": no ", kSingleFile, " or ", kIndexFile, " in the directory"));

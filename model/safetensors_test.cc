@@ -374,6 +374,22 @@ TEST_F(SetTest, MissingTensorAndShapeMismatchViaGet) {
   EXPECT_TRUE((*set)->Get("embed").ok());
 }
 
+TEST_F(SetTest, SingleFileWinsOverAnIndexAsInTransformers) {
+  // Shards of other values beside a single file: from_pretrained loads model.safetensors.
+  std::mt19937 rng(9);
+  std::vector<OwnedTensor> other = {RandomTensor(rng, "embed", DType::kBF16, {2, 3}),
+                                    RandomTensor(rng, "norm", DType::kF32, {3}),
+                                    RandomTensor(rng, "head", DType::kF16, {3, 2})};
+  ASSERT_TRUE(WriteSafetensorsSharded(dir_, ToWrite(other), 2).ok());
+  ASSERT_TRUE(WriteSafetensorsSharded(dir_, ToWrite(tensors_), 1).ok());
+  absl::StatusOr<std::unique_ptr<SafetensorsSet>> set = SafetensorsSet::OpenDirectory(dir_);
+  ASSERT_TRUE(set.ok()) << set.status();
+  absl::StatusOr<TensorView> embed = (*set)->Get("embed");
+  ASSERT_TRUE(embed.ok());
+  EXPECT_THAT(embed->file, HasSubstr("/model.safetensors"));
+  EXPECT_EQ(std::memcmp(embed->data, tensors_[0].bytes.data(), tensors_[0].bytes.size()), 0);
+}
+
 TEST_F(SetTest, IndexReferencingMissingShard) {
   ASSERT_TRUE(WriteSafetensorsSharded(dir_, ToWrite(tensors_), 3).ok());
   ASSERT_EQ(std::remove((dir_ + "/model-00002-of-00003.safetensors").c_str()), 0);

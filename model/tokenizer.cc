@@ -16,6 +16,8 @@
 namespace kvrm {
 namespace {
 
+static_assert(kTokenizerMaxIds == tok::kMaxTokenId);
+
 using tok::JsonPath;
 
 absl::StatusOr<std::vector<tok::AddedToken>> ParseAddedTokens(const Json& root,
@@ -55,19 +57,21 @@ absl::StatusOr<std::vector<tok::AddedToken>> ParseAddedTokens(const Json& root,
 Tokenizer::Tokenizer() = default;
 Tokenizer::~Tokenizer() = default;
 
-absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path) {
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFile(const std::string& path,
+                                                               int32_t vocab_limit) {
   ASSIGN_OR_RETURN(const std::string text, ReadFileToString(path));
-  return FromJson(text, path);
+  return FromJson(text, path, vocab_limit);
 }
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(std::string_view json,
-                                                               std::string_view what) {
+                                                               std::string_view what,
+                                                               int32_t vocab_limit) {
   std::unique_ptr<Tokenizer> t(new Tokenizer);
-  RETURN_IF_ERROR(t->Load(json, what));
+  RETURN_IF_ERROR(t->Load(json, what, vocab_limit));
   return t;
 }
 
-absl::Status Tokenizer::Load(std::string_view json, std::string_view what) {
+absl::Status Tokenizer::Load(std::string_view json, std::string_view what, int32_t vocab_limit) {
   ASSIGN_OR_RETURN(const Json root, ParseJson(json, what));
   const JsonPath at(std::string(what), "");
   if (!root.is_object()) return at.Invalid("expected a JSON object at the top level");
@@ -104,6 +108,11 @@ absl::Status Tokenizer::Load(std::string_view json, std::string_view what) {
   int32_t max_id = -1;
   for (const auto& [token, id] : model_->vocab()) max_id = std::max(max_id, id);
   for (const auto& t : added_tokens_) max_id = std::max(max_id, t.id);
+  if (max_id >= vocab_limit) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": token id ", max_id, " is outside the model's vocabulary of ",
+                     vocab_limit, " (config.json vocab_size)"));
+  }
   id_to_token_.assign(max_id + 1, std::string());
   has_token_.assign(max_id + 1, false);
   is_special_.assign(max_id + 1, false);
@@ -140,6 +149,18 @@ absl::Status Tokenizer::Load(std::string_view json, std::string_view what) {
   raw_matcher_ = std::make_unique<tok::AddedTokenMatcher>(std::move(raw), raw_patterns);
   normalized_matcher_ =
       std::make_unique<tok::AddedTokenMatcher>(std::move(normalized), normalized_patterns);
+  if (post_processor_ != nullptr) {
+    // Its ids go into every prompt with special tokens: one naming no token (beyond the
+    // vocabulary) would index past the embedding table.
+    std::vector<int32_t> inserted;
+    post_processor_->InsertedIds(&inserted);
+    for (int32_t id : inserted) {
+      if (id >= static_cast<int32_t>(has_token_.size()) || !has_token_[id]) {
+        return at.Key("post_processor")
+            .Invalid(absl::StrCat("id ", id, " names no token of the vocabulary"));
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

@@ -35,14 +35,20 @@ class PostProcessor;
 class PreTokenizer;
 }  // namespace tok
 
+// The most ids a tokenizer.json may hold (tok::kMaxTokenId): the bound without a model's.
+inline constexpr int32_t kTokenizerMaxIds = 1 << 24;
+
 class Tokenizer {
  public:
   // Parses a tokenizer.json (untrusted: every malformed case is an INVALID_ARGUMENT naming the
   // file and key, never a crash; unsupported component types are UNIMPLEMENTED naming the type).
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(const std::string& path);
+  // `vocab_limit`: ids must be below it (config.json's vocab_size: the embedding's rows), checked
+  // before the id tables are sized by them; the post-processor's ids must also name tokens.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFile(
+      const std::string& path, int32_t vocab_limit = kTokenizerMaxIds);
   // `what` names the source in errors.
-  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(std::string_view json,
-                                                             std::string_view what);
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromJson(
+      std::string_view json, std::string_view what, int32_t vocab_limit = kTokenizerMaxIds);
   ~Tokenizer();
   Tokenizer(const Tokenizer&) = delete;
   Tokenizer& operator=(const Tokenizer&) = delete;
@@ -85,7 +91,7 @@ class Tokenizer {
 
  private:
   Tokenizer();
-  absl::Status Load(std::string_view json, std::string_view what);
+  absl::Status Load(std::string_view json, std::string_view what, int32_t vocab_limit);
   // Appends the ids of a text segment holding no raw-matched added token.
   absl::Status EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const;
   // The token strings Decode feeds the decoder chain for `ids`.

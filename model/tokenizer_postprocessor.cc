@@ -37,6 +37,9 @@ class TemplateProcessor : public PostProcessor {
     if (parts_.empty() || parts_[0].is_sequence || parts_[0].ids.empty()) return std::nullopt;
     return parts_[0].ids[0];
   }
+  void InsertedIds(std::vector<int32_t>* out) const override {
+    for (const Part& p : parts_) out->insert(out->end(), p.ids.begin(), p.ids.end());
+  }
 
  private:
   std::vector<Part> parts_;
@@ -46,6 +49,7 @@ class IdentityProcessor : public PostProcessor {
  public:
   void Process(std::vector<int32_t>*) const override {}
   std::optional<int32_t> bos_id() const override { return std::nullopt; }
+  void InsertedIds(std::vector<int32_t>*) const override {}
 };
 
 class SequenceProcessor : public PostProcessor {
@@ -54,6 +58,9 @@ class SequenceProcessor : public PostProcessor {
       : steps_(std::move(steps)) {}
   void Process(std::vector<int32_t>* ids) const override {
     for (const auto& step : steps_) step->Process(ids);
+  }
+  void InsertedIds(std::vector<int32_t>* out) const override {
+    for (const auto& step : steps_) step->InsertedIds(out);
   }
   std::optional<int32_t> bos_id() const override {
     for (const auto& step : steps_) {

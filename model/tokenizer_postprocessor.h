@@ -21,6 +21,9 @@ class PostProcessor {
   virtual void Process(std::vector<int32_t>* ids) const = 0;
   // The first id put before the sequence, if any (the BOS token).
   virtual std::optional<int32_t> bos_id() const = 0;
+  // Appends every id this processor can insert (for the loader to check against the vocabulary:
+  // an id beyond it would index past the embedding table).
+  virtual void InsertedIds(std::vector<int32_t>* out) const = 0;
 };
 
 // Supported: TemplateProcessing, ByteLevel (ids unchanged), Sequence, RobertaProcessing,

@@ -694,6 +694,24 @@ TEST(TokenizerTest, MalformedFilesNameTheKey) {
                  {"Sequence": {"id": "A"}}], "special_tokens": {}})");
        },
        "post_processor.special_tokens.<s>"},
+      {"template id beyond the vocabulary",
+       [](Json& j) {
+         j["post_processor"] = Json::parse(
+             R"({"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}},
+                 {"Sequence": {"id": "A"}}],
+                 "special_tokens": {"<s>": {"id": "<s>", "ids": [200000], "tokens": ["<s>"]}}})");
+       },
+       "post_processor: id 200000 names no token"},
+      {"bert cls in a gap of the ids",
+       [](Json& j) {
+         j["model"]["vocab"].erase("c");  // id 3 is now no token
+         j["model"]["merges"] = Json::array({"a b"});
+         j["model"]["vocab"].erase("abc");
+         j["post_processor"] = {{"type", "BertProcessing"},
+                                {"cls", {"<s>", 3}},
+                                {"sep", {"<s>", 5}}};
+       },
+       "post_processor: id 3 names no token"},
       {"strip content two chars",
        [](Json& j) { j["decoder"] = {{"type", "Strip"}, {"content", "ab"}, {"start", 1}}; },
        "decoder.content"},
@@ -707,6 +725,19 @@ TEST(TokenizerTest, MalformedFilesNameTheKey) {
     EXPECT_THAT(std::string(s.message()), HasSubstr(c.want)) << c.name;
     EXPECT_THAT(std::string(s.message()), HasSubstr("tiny.json")) << c.name;
   }
+}
+
+TEST(TokenizerTest, IdsBeyondTheModelsVocabularyAreRefusedBeforeTablesAreSized) {
+  // The model's vocab_size bounds every id (an added token at 16M would otherwise size the id
+  // tables at 16M entries before anything else could refuse it).
+  Json j = *ParseJson(kTinyJson, "tiny");
+  EXPECT_TRUE(Tokenizer::FromJson(j.dump(), "tiny.json", 6).ok());
+  absl::Status s = Tokenizer::FromJson(j.dump(), "tiny.json", 5).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_THAT(std::string(s.message()), HasSubstr("token id 5 is outside the model's vocabulary of 5"));
+  j["added_tokens"][0]["id"] = (1 << 24) - 1;
+  s = Tokenizer::FromJson(j.dump(), "tiny.json", 32000).status();
+  EXPECT_THAT(std::string(s.message()), HasSubstr("token id 16777215 is outside"));
 }
 
 TEST(TokenizerTest, UnsupportedComponentsAreUnimplemented) {

@@ -43,11 +43,28 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                                               const EngineOptions& options) {
   EngineOptions o = options;
   const LlamaConfig& c = model->config;
-  if (o.max_context <= 0) o.max_context = c.max_position_embeddings;
+  if (o.max_context <= 0) {
+    o.max_context = c.max_position_embeddings;
+    if (c.sliding_window > 0) {
+      // Within the window, Mistral's sliding-window attention is full causal attention: serve
+      // that much, exactly, rather than something else beyond it.
+      o.max_context = c.sliding_window;
+      LOG(WARNING) << "the model's sliding_window is " << c.sliding_window
+                   << " (max_position_embeddings " << c.max_position_embeddings
+                   << "): serving max context " << o.max_context
+                   << ", where windowed attention is exact";
+    }
+  }
   if (o.max_context > c.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("--max_context ", o.max_context,
                                                    " exceeds the model's ",
                                                    c.max_position_embeddings));
+  }
+  if (c.sliding_window > 0 && o.max_context > c.sliding_window) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--max_context ", o.max_context, " exceeds the model's sliding_window (",
+        c.sliding_window, "): sliding-window attention is not computed; serve at most ",
+        c.sliding_window, " positions"));
   }
   if (o.slots <= 0 || o.slots > 1024) {
     return absl::InvalidArgumentError("--slots must be in [1, 1024]");
@@ -120,6 +137,28 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
   return std::unique_ptr<Backend>(std::move(backend));
 }
 
+absl::Status CheckKvFitsMemory(const LlamaConfig& config, const EngineOptions& o,
+                               bool pool_in_host_memory, const std::optional<MemoryLimit>& limit) {
+  // K and V of a block for every layer and KV head, all ranks together (a rank holds its
+  // share of the heads).
+  const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers *
+                                  config.num_key_value_heads * config.head_dim *
+                                  static_cast<int64_t>(DTypeSize(o.kv_dtype)) * o.block_tokens;
+  const int64_t pool = pool_in_host_memory ? o.kv_blocks * bytes_per_block : 0;
+  const int64_t host_tier = o.kv_host_blocks * bytes_per_block;
+  const std::string what = absl::StrCat(
+      "the KV cache (", o.kv_blocks, " blocks of ", o.block_tokens, " tokens, ",
+      bytes_per_block / 1024, " KiB each", pool_in_host_memory ? "" : ", on the device",
+      "; host tier ", o.kv_host_blocks, " blocks", pool_in_host_memory ? "" : ", pinned", ")");
+  const std::string advice = absl::StrCat(
+      "lower --kv_blocks or --kv_host_blocks, or --max_context (", o.max_context, ") and --slots (",
+      o.slots, ") which size --kv_blocks when it is 0",
+      o.kv_dtype == DType::kF32 ? ", or halve the bytes with --kv_dtype=bf16" : "");
+  // The CPU host tier is touched as it fills; a GPU backend pins its host tier at start-up.
+  return pool_in_host_memory ? CheckFitsMemory(pool, host_tier, limit, what, advice)
+                             : CheckFitsMemory(host_tier, 0, limit, what, advice);
+}
+
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
                                                        const EngineOptions& options) {
   ASSIGN_OR_RETURN(EngineOptions o, Resolve(model, options));
@@ -127,6 +166,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
     ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, o.backend_factory(*model, o));
     return CreateWithBackend(model, o, std::move(backend));
   }
+  RETURN_IF_ERROR(CheckKvFitsMemory(model->config, o, /*pool_in_host_memory=*/true,
+                                    o.memory_limit ? *o.memory_limit : ReadMemoryLimit()));
   ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, MakeCpuBackend(*model, o));
   return CreateWithBackend(model, o, std::move(backend));
 }

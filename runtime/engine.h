@@ -14,11 +14,13 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/memory_limit.h"
 #include "runtime/backend.h"
 #include "runtime/clock.h"
 #include "runtime/engine_observer.h"
@@ -110,12 +112,22 @@ struct EngineOptions {
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const ModelBundle& model,
                                                          const EngineOptions& resolved)>
       backend_factory;
+  // The memory the KV cache must fit (tests); unset: ReadMemoryLimit() (the container's).
+  std::optional<std::optional<MemoryLimit>> memory_limit;
 };
 
 // The CPU backend Engine::Create builds for `resolved` options (when there is no
 // backend_factory); for a factory that wraps it.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model,
                                                         const EngineOptions& resolved);
+
+// Whether the KV cache of `resolved` options fits `limit` (ReadMemoryLimit(): the container's
+// memory): the device pool when it lives in host memory (`pool_in_host_memory`, the CPU
+// backend, which faults it in at start-up), and the host tier, which a CPU backend touches as
+// it fills and a GPU backend pins at start-up. RESOURCE_EXHAUSTED naming the flags when what is
+// allocated at start-up exceeds the limit (instead of an out-of-memory kill part way through).
+absl::Status CheckKvFitsMemory(const LlamaConfig& config, const EngineOptions& resolved,
+                               bool pool_in_host_memory, const std::optional<MemoryLimit>& limit);
 
 struct EngineStats {
   int32_t slots_total = 0;

@@ -21,7 +21,8 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   ASSIGN_OR_RETURN(bundle->config, LoadLlamaConfig(dir));
   ASSIGN_OR_RETURN(bundle->files, SafetensorsSet::OpenDirectory(dir));
   ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files));
-  ASSIGN_OR_RETURN(bundle->tokenizer, Tokenizer::FromFile(dir + "/tokenizer.json"));
+  ASSIGN_OR_RETURN(bundle->tokenizer,
+                   Tokenizer::FromFile(dir + "/tokenizer.json", bundle->config.vocab_size));
   if (bundle->tokenizer->vocab_size() > bundle->config.vocab_size) {
     return absl::InvalidArgumentError(
         absl::StrCat(dir, "/tokenizer.json: ", bundle->tokenizer->vocab_size(),

@@ -60,6 +60,12 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
     co.tensor_parallel = o.tensor_parallel;
     co.mixed_graph = o.fuse_prefill;        // no third graph when chunks run apart anyway
     co.device_sampling = o.device_sampling;  // nor sampling scratch when the host samples
+    // The pinned host tier must fit the container's memory (the pool is on the GPUs).
+    if (absl::Status st = CheckKvFitsMemory(model.config, o, /*pool_in_host_memory=*/false,
+                                            ReadMemoryLimit());
+        !st.ok()) {
+      return st;
+    }
     absl::StatusOr<std::unique_ptr<cuda::CudaBackend>> b =
         cuda::CudaBackend::Create(model.config, &model.weights, co);
     if (!b.ok()) return b.status();

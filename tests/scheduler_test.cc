@@ -5,6 +5,7 @@
 #include <random>
 
 #include "common/logging.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "runtime/backend.h"
 #include "runtime/clock.h"
@@ -248,6 +249,58 @@ class SchedulerTest : public ::testing::Test {
   std::unique_ptr<Engine> engine_;
 };
 ModelBundle* SchedulerTest::model_ = nullptr;
+
+// A Mistral sliding window shorter than the model's positions: by default the engine serves
+// the window (where windowed attention is the full attention it computes); more is refused.
+TEST_F(SchedulerTest, SlidingWindowBoundsTheServedContext) {
+  const int32_t saved = model_->config.sliding_window;
+  model_->config.sliding_window = 256;  // the tiny model has 512 positions
+  const auto create = [&](int32_t max_context) {
+    EngineOptions o = Options(2);
+    o.max_context = max_context;
+    o.kv_blocks = 64;
+    o.clock = &clock_;
+    return Engine::CreateWithBackend(
+        model_, o, std::make_unique<ScriptedBackend>(1024, 64, 16, o.prefill_chunk, &clock_));
+  };
+  absl::StatusOr<std::unique_ptr<Engine>> e = create(0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->options().max_context, 256);
+  EXPECT_TRUE(create(200).ok());
+  e = create(512);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(e.status().message()),
+              ::testing::HasSubstr("exceeds the model's sliding_window (256)"));
+  model_->config.sliding_window = saved;
+}
+
+// A KV pool larger than the memory the process may use is refused at start-up, naming the
+// flags, instead of being faulted in until the out-of-memory killer ends the process.
+TEST_F(SchedulerTest, KvPoolBeyondTheMemoryLimitIsRefusedAtStart) {
+  EngineOptions o = Options(2);
+  o.threads = 1;
+  o.kv_blocks = 64;  // tiny model: 64 blocks of 16 tokens, a few MiB in f32
+  o.memory_limit = MemoryLimit{1 << 20, "the test's limit"};
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(model_, o);
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kResourceExhausted) << e.status();
+  EXPECT_THAT(std::string(e.status().message()),
+              ::testing::AllOf(::testing::HasSubstr("the KV cache (64 blocks of 16 tokens"),
+                               ::testing::HasSubstr("the test's limit (0.00 GiB)"),
+                               ::testing::HasSubstr("--kv_blocks"),
+                               ::testing::HasSubstr("--kv_dtype=bf16")));
+  // Within it (or with no limit known) the engine starts.
+  o.memory_limit = MemoryLimit{int64_t{1} << 40, "the test's limit"};
+  EXPECT_TRUE(Engine::Create(model_, o).ok());
+  o.memory_limit = std::optional<MemoryLimit>();
+  EXPECT_TRUE(Engine::Create(model_, o).ok());
+  // The bytes: 2 (K, V) x layers x KV heads x head_dim x 4 bytes x 16 tokens per block.
+  const LlamaConfig& c = model_->config;
+  const int64_t block = int64_t{2} * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4 * 16;
+  o.memory_limit = MemoryLimit{64 * block - 1, "the test's limit"};
+  EXPECT_EQ(Engine::Create(model_, o).status().code(), absl::StatusCode::kResourceExhausted);
+  o.memory_limit = MemoryLimit{64 * block, "the test's limit"};
+  EXPECT_TRUE(Engine::Create(model_, o).ok());
+}
 
 TEST_F(SchedulerTest, PriorityFirstThenFcfsWithinAPriority) {
   Make(Options(1));

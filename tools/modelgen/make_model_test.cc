@@ -77,6 +77,16 @@ TEST(MakeModelTest, OutputIsByteIdenticalAcrossRunsAndThreadCounts) {
   EXPECT_NE(*ReadFileToString(a + "/tokenizer.json"), *ReadFileToString(c + "/tokenizer.json"));
 }
 
+TEST(MakeModelTest, RegeneratingReplacesTheEarlierModelWhole) {
+  // Two shards, then one file of another seed into the same directory: the shards and their
+  // index go, so no loader can pick the old weights with the new config and tokenizer.
+  const std::string dir = MakeTiny("regen", DType::kBF16, /*shards=*/2, /*seed=*/0);
+  EXPECT_TRUE(fs::exists(dir + "/model.safetensors.index.json"));
+  MakeTiny("regen", DType::kF16, /*shards=*/1, /*seed=*/7);
+  const std::string fresh = MakeTiny("regen_fresh", DType::kF16, 1, 7);
+  ExpectSameFiles(dir, fresh);  // the same file list too: nothing left over, no temporaries
+}
+
 TEST(MakeModelTest, BinaryMatchesLibrary) {
   const std::string lib = MakeTiny("lib_f16", DType::kF16, 1, 3);
   const std::string bin = TmpDir("bin_f16");

@@ -8,6 +8,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "common/status_macros.h"
@@ -28,11 +29,38 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
+// Whole or not at all: a temporary renamed over `path`, so that a generation killed part way
+// never leaves a truncated file behind.
 absl::Status WriteTextFile(const std::filesystem::path& path, const std::string& text) {
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
+  std::filesystem::path tmp = path;
+  tmp += ".tmp";
+  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
   f.write(text.data(), static_cast<std::streamsize>(text.size()));
   f.close();
-  if (!f) return absl::InternalError(absl::StrCat("cannot write ", path.string()));
+  if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot write ", path.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
+// The files an earlier generation into `dir` may have left: config.json first (with it gone the
+// directory no longer reads as a finished model while this one is written), and every weights
+// file of either layout, so that a single file written now is not shadowed by old shards (or
+// the reverse) with a different seed or dtype.
+absl::Status RemoveEarlierModel(const std::filesystem::path& dir) {
+  std::error_code ec;
+  std::filesystem::remove(dir / "config.json", ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", (dir / "config.json").string()));
+  for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "model.safetensors" || name == "model.safetensors.index.json" ||
+        (absl::StartsWith(name, "model-") && absl::EndsWith(name, ".safetensors"))) {
+      std::filesystem::remove(entry.path(), ec);
+      if (ec) return absl::InternalError(absl::StrCat("cannot remove ", entry.path().string()));
+    }
+  }
+  if (ec) return absl::InternalError(absl::StrCat("cannot list ", dir.string(), ": ", ec.message()));
   return absl::OkStatus();
 }
 
@@ -89,6 +117,7 @@ absl::StatusOr<MakeModelSummary> MakeModel(const MakeModelOptions& options) {
     return absl::InternalError(absl::StrCat("cannot create ", options.out_dir, ": ", ec.message()));
   }
   const std::filesystem::path dir(options.out_dir);
+  RETURN_IF_ERROR(RemoveEarlierModel(dir));
   MakeModelSummary summary;
   summary.spec = spec;
 
@@ -119,12 +148,13 @@ absl::StatusOr<MakeModelSummary> MakeModel(const MakeModelOptions& options) {
   ids.bos = SpecialTokenId(*bpe, kBosIndex);
   ids.eos = {SpecialTokenId(*bpe, kEosIndex), SpecialTokenId(*bpe, kEotIndex)};
   ids.pad = SpecialTokenId(*bpe, kPadIndex);
-  RETURN_IF_ERROR(WriteTextFile(dir / "config.json", BuildConfigJson(spec, options.dtype, ids)));
   RETURN_IF_ERROR(
       WriteTextFile(dir / "generation_config.json", BuildGenerationConfigJson(ids)));
   RETURN_IF_ERROR(WriteTextFile(dir / "tokenizer.json", BuildTokenizerJson(*bpe)));
   RETURN_IF_ERROR(WriteTextFile(dir / "tokenizer_config.json",
                                 BuildTokenizerConfigJson(*bpe, spec.max_position_embeddings)));
+  // Last: its presence says the directory is complete (kvrmd's builtin: cache checks for it).
+  RETURN_IF_ERROR(WriteTextFile(dir / "config.json", BuildConfigJson(spec, options.dtype, ids)));
   summary.num_merges = static_cast<int>(bpe->merges.size());
   summary.total_seconds = Seconds(start);
   return summary;
