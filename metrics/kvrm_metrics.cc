@@ -265,13 +265,13 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
 
   Family<Counter>& http_requests = r->AddCounter(
       "kvrm:http_requests_total",
-      "Requests to the OpenAI-compatible HTTP API, by endpoint and HTTP status (499: the client "
+      "Requests to the OpenAI-compatible HTTP API, by handler (the route) and HTTP status (499: the client "
       "hung up before the reply began).",
-      labels({"endpoint", "code"}));
+      labels({"handler", "code"}));
   Family<Histogram>& http_duration = r->AddHistogram(
       "kvrm:http_request_duration_seconds",
       "Time from a request's headers to its reply's last byte (a stream's end), in seconds.",
-      labels({"endpoint"}), RequestLatencyBuckets());
+      labels({"handler"}), RequestLatencyBuckets());
   http_api_.requests_family_ = &http_requests;
   http_api_.base_values_ = values({});
   for (int e = 0; e < kHttpRoutes; ++e) {

@@ -60,7 +60,7 @@ enum class HttpRoute {
   kOther,    // unknown paths
 };
 constexpr int kHttpRoutes = 9;
-const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `endpoint` label)
+const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
 
 class HttpApiMetrics {
  public:
@@ -68,8 +68,8 @@ class HttpApiMetrics {
   // client hung up before the reply began.
   static constexpr std::array<int, 10> kCodes = {200, 400, 401, 404, 405, 413, 429, 499, 500, 503};
 
-  // One finished request: kvrm:http_requests_total{endpoint, code} and
-  // kvrm:http_request_duration_seconds{endpoint}. Thread-safe; a status outside kCodes creates
+  // One finished request: kvrm:http_requests_total{handler, code} and
+  // kvrm:http_request_duration_seconds{handler}. Thread-safe; a status outside kCodes creates
   // its series on first use (under the registry's lock).
   void Record(HttpRoute route, int code, double seconds) const;
   // kvrm:http_connections: open connections, against the server's connection limit.

@@ -4,10 +4,16 @@
 // start-up; `Reset` (admission) and `Sample` / `Accept` (every decode step) never allocate: all
 // buffers are sized to the vocabulary in the constructor and reused.
 //
-// Processing order (vLLM's): allowed-token mask, logit bias, repetition penalty, presence/frequency penalties;
-// then, if temperature == 0, argmax (ties: lowest id); otherwise divide by temperature, top-k,
-// top-p, min-p, renormalise, and draw with the request's own RNG. (min_tokens masks a request's
-// stop tokens before all of this: the engine does it, it knows the stop tokens.)
+// Processing order: allowed-token mask, logit bias, repetition penalty, presence/frequency
+// penalties (vLLM's order); then, if temperature == 0, argmax (ties: lowest id); otherwise divide
+// by temperature, top-k, top-p, min-p, renormalise, and draw with the request's own RNG.
+// (min_tokens masks a request's stop tokens before all of this: the engine does it, it knows
+// the stop tokens.) The cuts run in the order of Hugging Face's generate() warpers and of vLLM
+// v0; vLLM v1 applies min-p before top-k/top-p, so with both min_p and top_p set its nucleus is
+// top_p of the mass min-p left, and the two can keep different tokens (e.g. probabilities
+// 0.4/0.3/0.2/0.1, min_p 0.5, top_p 0.75: here {0, 1, 2}, vLLM v1 {0, 1}). The device sampler
+// (runtime/device_sampling.h) uses this same order. Top-k keeps exactly k tokens, the lowest
+// ids among ties at the k-th value; vLLM keeps every token tied with it.
 #ifndef KVRM_RUNTIME_SAMPLER_H_
 #define KVRM_RUNTIME_SAMPLER_H_
 

@@ -24,6 +24,10 @@ struct ServerOptions {
   std::string listen = "0.0.0.0:50051";  // port 0 picks a free port (see KvrmServer::port)
   int32_t max_message_bytes = 4 << 20;
   int32_t max_concurrent_streams = 1024;  // per HTTP/2 connection
+  // After this long a connection gets a GOAWAY: the streams on it finish, new calls open a new
+  // connection, and a client's DNS resolution (the headless Service's pod list) is redone, so
+  // that pods added later receive traffic from clients connected before. 0: never.
+  int32_t max_connection_age_s = 0;
   // PEM files, read once by Start(). Empty: plaintext. The field names are kvrmd's flag names,
   // and errors name them with the path ("--tls_cert=/x: ...").
   std::string tls_cert;       // server certificate chain (needs tls_key)

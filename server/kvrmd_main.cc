@@ -133,6 +133,10 @@ ABSL_FLAG(std::string, auth_tokens_file, "",
 ABSL_FLAG(int32_t, max_message_bytes, 4 << 20,
           "largest gRPC message either way; larger requests get RESOURCE_EXHAUSTED");
 ABSL_FLAG(int32_t, max_concurrent_streams, 1024, "concurrent gRPC streams per connection");
+ABSL_FLAG(int32_t, grpc_max_connection_age_s, 0,
+          "send each gRPC connection a GOAWAY after this long (streams on it finish; new calls "
+          "reconnect and re-resolve DNS, so replicas added later get traffic from existing "
+          "clients); 0: never");
 
 namespace kvrm {
 namespace {
@@ -304,6 +308,7 @@ int Run() {
   so.auth_tokens_file = absl::GetFlag(FLAGS_auth_tokens_file);
   so.max_message_bytes = absl::GetFlag(FLAGS_max_message_bytes);
   so.max_concurrent_streams = absl::GetFlag(FLAGS_max_concurrent_streams);
+  so.max_connection_age_s = absl::GetFlag(FLAGS_grpc_max_connection_age_s);
   so.info.version = kVersion;
   so.info.device = device->device;
   so.info.kv_mode = absl::GetFlag(FLAGS_kv_mode);

@@ -10,8 +10,10 @@
 // 1.3e-6, alike in f32, f16 and bf16. We allow
 //   max |engine - ref| <= kRelTol * max(1, max |ref|),  kRelTol = 1e-5,
 // about 8x the measured error (printed by each test; --test_output=all shows it), while a real
-// mistake (interleaved instead of rotate_half RoPE, missing llama3 scaling, a wrong GQA head
-// mapping) moves logits by O(1): checked by breaking the reference on purpose, 5 orders above.
+// mistake (interleaved instead of rotate_half RoPE, a wrong GQA head mapping) moves logits by
+// O(1): checked by breaking the reference on purpose, 5 orders above. (The reference and the
+// engine share RopeInverseFrequencies, so the llama3 scaling itself is checked against
+// Transformers' values in model/config_test.cc, not here.)
 #include <algorithm>
 #include <cmath>
 #include <cstdint>

@@ -238,13 +238,13 @@ TEST(KvrmdProcessTest, HttpApiServesAndDrainsWithTheServer) {
   ASSERT_TRUE(metrics_port.ok()) << metrics_port.status();
   std::string scrape;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);  // recorded after the last byte
-  while (!absl::StrContains(scrape, R"(endpoint="chat_completions",code="200"} 1)") &&
+  while (!absl::StrContains(scrape, R"(handler="chat_completions",code="200"} 1)") &&
          absl::Now() < deadline) {
     scrape = HttpCall(*metrics_port, "GET", "/metrics").body;
   }
-  EXPECT_TRUE(absl::StrContains(scrape, R"(endpoint="chat_completions",code="200"} 1)"))
+  EXPECT_TRUE(absl::StrContains(scrape, R"(handler="chat_completions",code="200"} 1)"))
       << scrape.substr(0, 2000);
-  EXPECT_TRUE(absl::StrContains(scrape, R"(endpoint="models",code="200"} 1)"));
+  EXPECT_TRUE(absl::StrContains(scrape, R"(handler="models",code="200"} 1)"));
 
   // A long stream, then SIGTERM while it runs.
   HttpConnection stream(*http_port, "POST", "/v1/completions",

@@ -339,7 +339,7 @@ std::string SeriesValue(const MetricRegistry& registry, const std::string& serie
 }
 
 std::string HttpRequests(const std::string& endpoint, int code) {
-  return absl::StrCat(R"(kvrm:http_requests_total{model_name="tiny",kv_mode="kvrm",endpoint=")",
+  return absl::StrCat(R"(kvrm:http_requests_total{model_name="tiny",kv_mode="kvrm",handler=")",
                       endpoint, R"(",code=")", code, R"("})");
 }
 
@@ -384,7 +384,7 @@ TEST(OpenAiHttpTest, MetricsCountRequestsByEndpointAndStatus) {
   EXPECT_EQ(SeriesValue(registry, HttpRequests("completions", 429)), "0");
   const std::string duration_count = absl::StrCat(
       R"(kvrm:http_request_duration_seconds_count{model_name="tiny",kv_mode="kvrm",)",
-      R"(endpoint="completions"})");
+      R"(handler="completions"})");
   EXPECT_EQ(SeriesValue(registry, duration_count), "4");
   // Every connection was closed by its client (one request each): none left open.
   EXPECT_TRUE(WaitForSeries(registry, kConnections, "0"));
@@ -627,8 +627,8 @@ TEST(OpenAiHttpTest, PingVersionAndMetricsBesideTheApi) {
   ASSERT_EQ(m.status, 200);
   EXPECT_TRUE(absl::StartsWith(m.headers["content-type"], "text/plain; version=0.0.4"));
   EXPECT_TRUE(absl::StrContains(m.body, "# TYPE kvrm:http_requests_total counter")) << m.body;
-  EXPECT_TRUE(absl::StrContains(m.body, R"(endpoint="health",code="200"} 2)")) << m.body;
-  EXPECT_TRUE(absl::StrContains(m.body, R"(endpoint="version",code="200"} 1)")) << m.body;
+  EXPECT_TRUE(absl::StrContains(m.body, R"(handler="health",code="200"} 2)")) << m.body;
+  EXPECT_TRUE(absl::StrContains(m.body, R"(handler="version",code="200"} 1)")) << m.body;
   EXPECT_EQ(HttpCall(d.http_port(), "POST", "/version").status, 405);
   EXPECT_EQ(HttpCall(d.http_port(), "DELETE", "/v1/completions").status, 405);
   EXPECT_EQ(HttpCall(d.http_port(), "POST", "/health").status, 405);

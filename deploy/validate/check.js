@@ -136,7 +136,7 @@ function checkManifests(root) {
   const dep = base.find((o) => o.kind === "Deployment");
   const broken = [
     ["a string containerPort", (d) => { d.spec.template.spec.containers[0].ports[0].containerPort = "grpc"; }],
-    ["a grpc probe with a named port", (d) => { d.spec.template.spec.containers[0].readinessProbe.grpc.port = "grpc"; }],
+    ["an httpGet probe without a port", (d) => { delete d.spec.template.spec.containers[0].readinessProbe.httpGet.port; }],
     ["no selector", (d) => { delete d.spec.selector; }],
     ["a container without a name", (d) => { delete d.spec.template.spec.containers[0].name; }],
   ];
@@ -226,14 +226,15 @@ function checkDrift(root, kvrmd) {
     const httpPort = Number(value("http_port"));
     check(httpPort > 0 ? ports.http === httpPort : ports.http === undefined,
           `${overlay}: --http_port ${httpPort} == containerPort http ${ports.http}`);
-    for (const probe of ["startupProbe", "readinessProbe", "livenessProbe"]) {
-      const p = c[probe];
-      check(p && p.grpc && p.grpc.port === listenPort,
-            `${overlay}: ${probe} is a grpc probe on the gRPC port ${listenPort}`);
-      if (p && p.grpc && p.grpc.service !== undefined) {
-        check(p.grpc.service === "" || p.grpc.service === "kvrm.v1.Kvrm",
-              `${overlay}: ${probe} checks a service kvrmd registers ("${p.grpc.service}")`);
-      }
+    // Probes: plain HTTP on the metrics port (they work whatever TLS the gRPC port has):
+    // /readyz (ready once every listener is up, 503 from SIGTERM) to start and route,
+    // /healthz to restart.
+    const wantPath = { startupProbe: "/readyz", readinessProbe: "/readyz", livenessProbe: "/healthz" };
+    for (const [probe, path] of Object.entries(wantPath)) {
+      const h = c[probe] && c[probe].httpGet;
+      const port = h && (typeof h.port === "string" ? ports[h.port] : h.port);
+      check(h && port === metricsPort && h.path === path,
+            `${overlay}: ${probe} is GET ${path} on the metrics port ${metricsPort}`);
     }
     // Services: every targetPort names a container port, and the numbers line up.
     for (const svc of objs.filter((o) => o.kind === "Service")) {
@@ -262,15 +263,17 @@ function checkDrift(root, kvrmd) {
       check(svc.spec.ports.some((p) => p.name === "metrics"),
             `${overlay}: ServiceMonitor selects Service ${svc.metadata.name} only if it has a metrics port`);
     }
-    // Drain: preStop sleep, then SIGTERM, then --drain_grace_s, all inside the grace period.
+    // Drain: preStop sleep, then SIGTERM, then --drain_grace_s, then kvrmd's teardown (at most
+    // 5 s for cancelled streams, 5 s for HTTP replies, 2 s of gRPC shutdown, 0.5 s for the
+    // last statuses: 12.5 s), all inside the grace period.
     const grace = Number(value("drain_grace_s"));
     const pre = c.lifecycle && c.lifecycle.preStop;
     const sleep = pre && pre.exec && pre.exec.command[0] === "sleep" ? Number(pre.exec.command[1])
                 : pre && pre.sleep ? Number(pre.sleep.seconds) : NaN;
     const tgps = pod.terminationGracePeriodSeconds;
     check(sleep > 0, `${overlay}: preStop sleeps ${sleep} s`);
-    check(grace > 0 && sleep + grace + 5 <= tgps,
-          `${overlay}: preStop ${sleep} s + --drain_grace_s ${grace} s + 5 s margin <= ` +
+    check(grace > 0 && sleep + grace + 12.5 <= tgps,
+          `${overlay}: preStop ${sleep} s + --drain_grace_s ${grace} s + 12.5 s teardown <= ` +
           `terminationGracePeriodSeconds ${tgps}`);
     // Model volume mounted where --model points.
     const model = value("model");

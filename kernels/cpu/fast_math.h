@@ -1,6 +1,9 @@
 // Branch-free exp for the CPU kernels: loops calling it vectorise (std::exp does not: one libm
-// call per element), and it is a fixed sequence of f32 operations, so every caller gets the same
-// bits for the same input.
+// call per element), and it is a fixed sequence of f32 operations, so callers compiled alike get
+// the same bits for the same input. Not across instruction sets: the loops that call it are
+// built in baseline, AVX2 and AVX-512 variants picked at load time (target_clones, whatever
+// --cpu_isa says, which picks the matmul and AVX-512 attention paths), and the FMA variants
+// may contract its multiply-adds, so the last bits of a softmax can differ between machines.
 #ifndef KVRM_KERNELS_CPU_FAST_MATH_H_
 #define KVRM_KERNELS_CPU_FAST_MATH_H_
 
