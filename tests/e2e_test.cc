@@ -2,12 +2,14 @@
 // cancellation, stop conditions, overload and request validation.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "server/request_validation.h"
 #include "tests/test_server.h"
@@ -616,6 +618,60 @@ TEST(E2eMixedStepsTest, OffIsReported) {
   v1::ServerInfo si;
   ASSERT_TRUE(server.stub().GetServerInfo(&c, v1::GetServerInfoRequest(), &si).ok());
   EXPECT_FALSE(si.mixed_steps());
+}
+
+// --grpc_max_connection_age_s: a connection older than that gets a GOAWAY, so the client's
+// channel leaves READY (and re-resolves) on its own; a stream open across the age finishes
+// whole, and the channel's next call reconnects transparently. Without the option the channel
+// stays connected.
+grpc_connectivity_state StateAfterIdle(int port, bool* streams_ok) {
+  auto channel =
+      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials());
+  auto stub = v1::Kvrm::NewStub(channel);
+  v1::GenerateRequest req = TextRequest("a stream read slowly", 48);
+  req.mutable_stopping()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  auto reader = stub->Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  int tokens = 0;
+  bool finished = false;
+  if (reader->Read(&msg)) {
+    tokens += msg.token_ids_size();
+    finished |= msg.has_finished();
+  }
+  EXPECT_EQ(channel->GetState(false), GRPC_CHANNEL_READY);
+  // Past the age (1 s, +-10 % jitter) with the stream still open on the old connection.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  while (reader->Read(&msg)) {
+    tokens += msg.token_ids_size();
+    finished |= msg.has_finished();
+  }
+  const grpc::Status status = reader->Finish();
+  const grpc_connectivity_state state = channel->GetState(false);
+  const StreamResult again = RunGenerate(*stub, TextRequest("and again", 4));
+  *streams_ok = status.ok() && finished && tokens == 48 && again.status.ok() &&
+                again.finished.reason() != v1::FINISH_REASON_UNSPECIFIED;
+  return state;
+}
+
+TEST(E2eConnectionAgeTest, OldConnectionsAreToldToGoAwayAndCallsReconnect) {
+  ServerOptions so;
+  so.max_connection_age_s = 1;
+  {
+    TestServer aged(Options(2), so);
+    bool ok = false;
+    EXPECT_NE(StateAfterIdle(aged.port(), &ok), GRPC_CHANNEL_READY);
+    EXPECT_TRUE(ok);
+    // Out of range is refused at start.
+    ServerOptions bad;
+    bad.listen = "127.0.0.1:0";
+    bad.max_connection_age_s = -1;
+    EXPECT_FALSE(KvrmServer::Start(&aged.engine(), bad).ok());
+  }
+  TestServer forever(Options(2));
+  bool ok = false;
+  EXPECT_EQ(StateAfterIdle(forever.port(), &ok), GRPC_CHANNEL_READY);
+  EXPECT_TRUE(ok);
 }
 
 // Prefix caching through the API: a second request whose prompt repeats the first's (a system
