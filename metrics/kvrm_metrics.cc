@@ -187,6 +187,10 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
                                 "Step descriptors committed (one a step that runs).");
   transport_wait_ = counter("kvrm:transport_wait_seconds_total",
                             "Time the step replay waited on KV transport, in seconds.");
+  transport_drain_wait_ = counter(
+      "kvrm:transport_drain_wait_seconds_total",
+      "Time KV growth waited for in-flight copies to give back the blocks they held (KV "
+      "pressure), in seconds; not counted in kvrm:transport_wait_seconds_total.");
   transport_wait_per_step_ =
       histogram("kvrm:step_transport_wait_seconds",
                 "Time one engine step waited on KV transport, in seconds.", TransportWaitBuckets());
@@ -403,6 +407,8 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
   transfer_bytes_->Add(Delta(s.transfer_bytes_total, last_.transfer_bytes_total));
   transport_wait_->Add(
       std::max(0.0, s.transport_wait_seconds_total - last_.transport_wait_seconds_total));
+  transport_drain_wait_->Add(std::max(
+      0.0, s.transport_drain_wait_seconds_total - last_.transport_drain_wait_seconds_total));
   descriptor_commits_->Add(Delta(s.descriptor_commits_total, last_.descriptor_commits_total));
   preemptions_->Add(Delta(s.preemptions_total, last_.preemptions_total));
   device_sampled_->Add(

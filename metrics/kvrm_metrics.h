@@ -153,6 +153,7 @@ class KvrmMetrics : public EngineObserver {
   Histogram* transfer_bytes_per_step_;
   Counter* descriptor_commits_;
   Counter* transport_wait_;
+  Counter* transport_drain_wait_;
   Histogram* transport_wait_per_step_;
   Histogram* prefill_step_;
   Histogram* decode_step_;

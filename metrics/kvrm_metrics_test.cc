@@ -117,6 +117,7 @@ TEST_F(KvrmMetricsTest, StatsBecomeGaugesSlotStatesAndCounterIncrements) {
   s.transfer_groups_total = 4;
   s.transfer_bytes_total = 8192;
   s.transport_wait_seconds_total = 0.002;
+  s.transport_drain_wait_seconds_total = 0.0005;
   s.descriptor_commits_total = 9;
   s.preemptions_total = 1;
   s.device_sampled_tokens_total = 11;
@@ -136,6 +137,7 @@ TEST_F(KvrmMetricsTest, StatsBecomeGaugesSlotStatesAndCounterIncrements) {
   EXPECT_EQ(Get("kvrm:transfer_groups_total"), 4);
   EXPECT_EQ(Get("kvrm:transfer_bytes_total"), 8192);
   EXPECT_DOUBLE_EQ(Get("kvrm:transport_wait_seconds_total"), 0.002);
+  EXPECT_DOUBLE_EQ(Get("kvrm:transport_drain_wait_seconds_total"), 0.0005);
   EXPECT_EQ(Get("kvrm:descriptor_commits_total"), 9);
   EXPECT_EQ(Get("kvrm:num_preemptions_total"), 1);
   EXPECT_EQ(Get("kvrm:device_sampled_tokens_total"), 11);

@@ -375,6 +375,7 @@ void Engine::PublishStats() {
     s.prefix_cache_host_evictions_total = pager_->host_evictions();
   }
   s.transport_wait_seconds_total = absl::ToDoubleSeconds(transport_wait_);
+  s.transport_drain_wait_seconds_total = absl::ToDoubleSeconds(transport_drain_wait_);
   if (transport_) {
     const TransportStats t = transport_->Stats();
     s.transfer_groups_total = t.groups_total;

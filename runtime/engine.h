@@ -143,6 +143,9 @@ struct EngineStats {
   uint64_t transfer_groups_total = 0;       // merged host<->device copy groups issued
   uint64_t transfer_bytes_total = 0;        // bytes those groups moved
   double transport_wait_seconds_total = 0;  // time the step replay waited on transport
+  // Time KV growth waited for copies in flight to give back the blocks they held (under KV
+  // pressure, instead of pausing a request): not a pre-staged copy the replay needed.
+  double transport_drain_wait_seconds_total = 0;
   uint64_t descriptor_commits_total = 0;    // step descriptors committed: one a step that runs
   uint64_t preemptions_total = 0;           // requests swapped out or recomputed
   uint64_t transfer_blocks_total = 0;
@@ -396,6 +399,7 @@ class Engine {
   uint64_t admissions_ = 0;
   uint64_t far_summarized_ = 0;  // blocks replaced by summaries and freed
   absl::Duration transport_wait_;
+  absl::Duration transport_drain_wait_;
   // For max_prefill_stall. Chunks apart from the step: the moving average of a decode step
   // (seconds; 0 until measured), and a fit of a chunk's time as fixed + per_token * tokens (a
   // chunk reads every weight once whatever its size, so small chunks cost far more per token

@@ -383,7 +383,7 @@ bool Engine::GrowSlotKv(int32_t slot, int64_t tokens) {
       // them: send what is planned, wait, retire, rather than pause anyone. Rare: only under
       // pressure, and the copies take microseconds.
       FlushMoves();
-      transport_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
+      transport_drain_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
       // The one retire path: failed copies first (their requests end, their host blocks leave
       // the cache), so that no block a failed copy wrote is retired as good and registered.
       RetireTransfers();
@@ -679,6 +679,9 @@ void Engine::PreStageNext(uint64_t running_step) {
   const StepDescriptor& running = descriptors_[committed_];
   for (int32_t i = 0; i < options_.slots; ++i) {
     if (!running.active[i] || slots_[i].state != SlotState::kDecoding) continue;
+    // The running step's token is this request's last (its max_new_tokens): no next position
+    // to make room for, nor runs to compact for a step it will not take.
+    if (slots_[i].generated + 1 >= slots_[i].request->max_new_tokens) continue;
     if (!kv_->Grow(i, static_cast<int64_t>(running.position[i]) + 2).ok()) continue;
     if (pager_->NumRuns(i) <= options_.max_runs) continue;
     const size_t before = moves_.size();
