@@ -88,6 +88,23 @@ absl::StatusOr<ChatConfig> LoadChatConfig(const std::string& dir) {
     }
     ASSIGN_OR_RETURN(config.bos_token, TokenString(json, "bos_token", config_path));
     ASSIGN_OR_RETURN(config.eos_token, TokenString(json, "eos_token", config_path));
+    if (auto it = json.find("tokenizer_class"); it != json.end() && !it->is_null()) {
+      if (!it->is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(config_path, ": tokenizer_class: expected a string"));
+      }
+      config.tokenizer_class = it->get<std::string>();
+    }
+    for (const auto& [key, out] : {std::pair{"add_bos_token", &config.add_bos_token},
+                                   std::pair{"add_eos_token", &config.add_eos_token}}) {
+      auto it = json.find(key);
+      if (it == json.end() || it->is_null()) continue;
+      if (!it->is_boolean()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(config_path, ": ", key, ": expected true or false"));
+      }
+      *out = it->get<bool>();
+    }
     ASSIGN_OR_RETURN(source, TemplateSource(json, config_path));
     if (!source.empty()) SetTemplate(source, "tokenizer_config.json", &config);
   }

@@ -10,6 +10,7 @@
 #define KVRM_MODEL_CHAT_CONFIG_H_
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -25,6 +26,12 @@ struct ChatConfig {
   std::string source;  // the file it came from, for logs
   std::string bos_token;
   std::string eos_token;
+  // tokenizer_config.json's tokenizer_class, add_bos_token and add_eos_token: Transformers'
+  // Llama tokenizers rebuild the post-processor from the two flags (see
+  // ModelBundle::Load).
+  std::string tokenizer_class;
+  std::optional<bool> add_bos_token;
+  std::optional<bool> add_eos_token;
   // How the template's model writes function calls (detected from the template's text; kvrmd's
   // --tool_call_parser overrides it): what tool_choice "auto" parses.
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;

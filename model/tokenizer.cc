@@ -164,6 +164,23 @@ absl::Status Tokenizer::Load(std::string_view json, std::string_view what, int32
   return absl::OkStatus();
 }
 
+absl::Status Tokenizer::SetSpecialTokensTemplate(std::optional<std::string_view> bos,
+                                                 std::optional<std::string_view> eos) {
+  std::optional<int32_t> ids[2];
+  const std::optional<std::string_view>* tokens[2] = {&bos, &eos};
+  for (int k = 0; k < 2; ++k) {
+    if (!tokens[k]->has_value()) continue;
+    ids[k] = TokenToId(**tokens[k]);
+    if (!ids[k]) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          k == 0 ? "bos_token \"" : "eos_token \"", std::string(**tokens[k]),
+          "\" is not a token of the vocabulary"));
+    }
+  }
+  post_processor_ = tok::MakeSingleTemplate(ids[0], ids[1]);
+  return absl::OkStatus();
+}
+
 absl::Status Tokenizer::EncodeSegment(std::string text, bool at_start,
                                       std::vector<int32_t>* ids) const {
   if (normalizer_ != nullptr) RETURN_IF_ERROR(normalizer_->Normalize(&text));

@@ -89,6 +89,12 @@ class Tokenizer {
   bool IsSpecial(int32_t id) const;              // added token with special=true
   std::optional<int32_t> bos_id() const;         // the token the post-processor prepends, if any
 
+  // Replaces the post-processor with [bos] $A [eos] (either may be absent): what Transformers'
+  // LlamaTokenizer(Fast) builds from tokenizer_config.json's add_bos_token / add_eos_token,
+  // whatever tokenizer.json says. INVALID_ARGUMENT naming a token that is not in the vocabulary.
+  absl::Status SetSpecialTokensTemplate(std::optional<std::string_view> bos,
+                                        std::optional<std::string_view> eos);
+
  private:
   Tokenizer();
   absl::Status Load(std::string_view json, std::string_view what, int32_t vocab_limit);

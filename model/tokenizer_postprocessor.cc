@@ -130,6 +130,15 @@ absl::StatusOr<std::unique_ptr<PostProcessor>> ParseClsSep(const Json& j, const 
 
 }  // namespace
 
+std::unique_ptr<PostProcessor> MakeSingleTemplate(std::optional<int32_t> prefix,
+                                                  std::optional<int32_t> suffix) {
+  std::vector<TemplateProcessor::Part> parts;
+  if (prefix) parts.push_back({false, {*prefix}});
+  parts.push_back({true, {}});
+  if (suffix) parts.push_back({false, {*suffix}});
+  return std::make_unique<TemplateProcessor>(std::move(parts));
+}
+
 absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const Json& j, const JsonPath& at,
                                                                   int depth) {
   if (depth > kMaxNesting) return at.Invalid("post-processors nested too deep");

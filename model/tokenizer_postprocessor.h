@@ -26,6 +26,11 @@ class PostProcessor {
   virtual void InsertedIds(std::vector<int32_t>* out) const = 0;
 };
 
+// The single-sequence template [prefix] $A [suffix] (Transformers' Llama tokenizers build it from
+// add_bos_token / add_eos_token).
+std::unique_ptr<PostProcessor> MakeSingleTemplate(std::optional<int32_t> prefix,
+                                                  std::optional<int32_t> suffix);
+
 // Supported: TemplateProcessing, ByteLevel (ids unchanged), Sequence, RobertaProcessing,
 // BertProcessing; other types are UNIMPLEMENTED naming the type.
 absl::StatusOr<std::unique_ptr<PostProcessor>> ParsePostProcessor(const Json& j, const JsonPath& at,

@@ -1,6 +1,9 @@
 #include "runtime/model_bundle.h"
 
+#include <algorithm>
 #include <filesystem>
+#include <optional>
+#include <string_view>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -29,6 +32,25 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
                      " tokens but config.json vocab_size is ", bundle->config.vocab_size));
   }
   ASSIGN_OR_RETURN(bundle->chat, LoadChatConfig(dir));
+  // Transformers' LlamaTokenizer and LlamaTokenizerFast (Llama 2, Mistral v0.1-v0.2, CodeLlama,
+  // TinyLlama) rebuild the post-processor when they load: BOS unless add_bos_token is false, EOS
+  // when add_eos_token is true, whatever tokenizer.json's post_processor says. Prompts here are
+  // encoded as theirs are.
+  static constexpr std::string_view kLlamaTokenizers[] = {
+      "LlamaTokenizer", "LlamaTokenizerFast", "CodeLlamaTokenizer", "CodeLlamaTokenizerFast"};
+  const ChatConfig& chat = bundle->chat;
+  if (std::find(std::begin(kLlamaTokenizers), std::end(kLlamaTokenizers), chat.tokenizer_class) !=
+      std::end(kLlamaTokenizers)) {
+    const bool add_bos = chat.add_bos_token.value_or(true);
+    const bool add_eos = chat.add_eos_token.value_or(false);
+    if (absl::Status st = bundle->tokenizer->SetSpecialTokensTemplate(
+            add_bos ? std::optional<std::string_view>(chat.bos_token) : std::nullopt,
+            add_eos ? std::optional<std::string_view>(chat.eos_token) : std::nullopt);
+        !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, "/tokenizer_config.json (",
+                                                     chat.tokenizer_class, "): ", st.message()));
+    }
+  }
   return bundle;
 }
 
