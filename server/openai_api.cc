@@ -637,6 +637,42 @@ OrderedJson StopReason(const v1::Finished& f) {
 
 }  // namespace
 
+// Parameters of OpenAI's or vLLM's API that this server cannot honour: refused by name rather
+// than ignored, so that a client relying on one learns at once (unknown parameters are ignored,
+// since SDKs send some that change nothing).
+absl::Status RefuseUnsupported(const Json& body, bool chat) {
+  const auto present = [&](const char* key) {
+    auto it = body.find(key);
+    return it != body.end() && !it->is_null();
+  };
+  if (present("guided_grammar")) {
+    return Bad("guided_grammar",
+               "is not supported (guided_json, guided_regex, guided_choice and response_format "
+               "are)");
+  }
+  if (auto it = body.find("prompt_logprobs");
+      it != body.end() && !it->is_null() && !(it->is_number_integer() && it->get<int64_t>() == 0)) {
+    return Bad("prompt_logprobs", "is not supported");
+  }
+  if (auto it = body.find("use_beam_search"); it != body.end() && it->is_boolean() && it->get<bool>()) {
+    return Bad("use_beam_search", "is not supported");
+  }
+  if (auto it = body.find("skip_special_tokens");
+      it != body.end() && it->is_boolean() && !it->get<bool>()) {
+    return Bad("skip_special_tokens", "false is not supported: special tokens are left out of the text");
+  }
+  if (chat) {
+    for (const char* key : {"functions", "function_call"}) {
+      if (present(key)) return Bad(key, "is not supported: use tools and tool_choice");
+    }
+    if (present("chat_template")) {
+      return Bad("chat_template",
+                 "per request is not supported: the server's is the model's or kvrmd --chat_template");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::string_view body,
                                                  const OpenAiDefaults& defaults) {
   absl::StatusOr<Json> parsed = ParseJson(std::string_view(body.data(), body.size()), "request body");
@@ -647,8 +683,9 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::
   const std::optional<OrderedJson> ordered = OrderedBody(body);
   const OrderedJson* ordered_root = ordered ? &*ordered : nullptr;
   Builder b(&out, *parsed, ordered_root);
-  RETURN_IF_ERROR(b.Sampling());
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  RETURN_IF_ERROR(RefuseUnsupported(*parsed, chat));
+  RETURN_IF_ERROR(b.Sampling());
   RETURN_IF_ERROR(
       b.MaxTokens(chat ? defaults.chat_max_tokens : defaults.completion_max_tokens, chat));
   RETURN_IF_ERROR(b.Structured());

@@ -173,6 +173,28 @@ void AddToolCall(v1::GenerateResponse* m, const std::string& id, const std::stri
 // =============================================================================================
 // Completions requests
 
+// What this server cannot honour is refused by name, not ignored: a client relying on it
+// learns at once. The neutral values (false, 0, null, true for skip_special_tokens) pass.
+TEST(RequestTest, UnsupportedParametersAreRefusedByName) {
+  for (OpenAiEndpoint e : {kChat, kCompletions}) {
+    const auto body = [&](const std::string& more) {
+      return e == kChat ? ChatBody(more) : CompletionBody(more);
+    };
+    ExpectRefused(e, body(R"("guided_grammar": "root ::= \"a\"")"), "guided_grammar",
+                  "guided_json");
+    ExpectRefused(e, body(R"("prompt_logprobs": 1)"), "prompt_logprobs");
+    ExpectRefused(e, body(R"("use_beam_search": true)"), "use_beam_search");
+    ExpectRefused(e, body(R"("skip_special_tokens": false)"), "skip_special_tokens");
+    for (const char* neutral : {R"("prompt_logprobs": 0)", R"("use_beam_search": false)",
+                                R"("skip_special_tokens": true)", R"("guided_grammar": null)"}) {
+      EXPECT_TRUE(ParseOpenAiRequest(e, body(neutral), OpenAiDefaults()).ok()) << neutral;
+    }
+  }
+  ExpectRefused(kChat, ChatBody(R"("functions": [{"name": "f"}])"), "functions", "tools");
+  ExpectRefused(kChat, ChatBody(R"("function_call": "auto")"), "function_call", "tool_choice");
+  ExpectRefused(kChat, ChatBody(R"("chat_template": "{{ messages }}")"), "chat_template");
+}
+
 TEST(CompletionsRequestTest, StringPromptIsText) {
   absl::StatusOr<OpenAiRequest> r = Completions(R"({"model": "gpt2", "prompt": "Hello"})");
   ASSERT_TRUE(r.ok()) << r.status();

@@ -13,6 +13,31 @@ PACKAGES=(
   libmicrohttpd-dev prometheus curl
 )
 
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+# Node.js and npm for the deploy/ schema checks, from Debian's archive only where no node is
+# installed already (a machine with another Node.js, e.g. NodeSource's, keeps it: Debian's npm
+# package would conflict with it).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
+fi
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+else
+  echo "setup: installing ${missing[*]}"
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  echo "setup: done"
+fi
+
 # The offline schema checks of deploy/ (//deploy:manifests_test) use pinned npm packages:
 # install them from the committed lock file when missing or older than it (needs npm and the
 # npm registry once; a failure here only fails those tests, with a message saying why).
@@ -27,22 +52,3 @@ if [[ ! -f "$validate/node_modules/.package-lock.json" || \
   fi
 fi
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
-    missing+=("$p")
-  fi
-done
-
-if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#PACKAGES[@]} packages present"
-  exit 0
-fi
-
-echo "setup: installing ${missing[*]}"
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-echo "setup: done"
