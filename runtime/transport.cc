@@ -42,6 +42,7 @@ uint64_t Transport::Submit(absl::Span<const TransferGroup> groups, uint64_t afte
     b.after_step = after_step;
     b.first = ring_head_;
     b.count = n;
+    b.last = done + n == groups.size();
     for (int32_t i = 0; i < n; ++i) ring_[(ring_head_ + i) % capacity_] = groups[done + i];
     ring_head_ += n;
     ++batch_head_;
@@ -113,10 +114,9 @@ void Transport::Loop() {
       stats_.blocks_total += blocks;
       stats_.bytes_total += blocks * bytes_per_block_;
       ++stats_.batches_total;
-      // The fence completes when no later part of the same batch is still queued.
-      const bool last_part = batch_tail_ == batch_head_ ||
-                             batches_[batch_tail_ % capacity_].fence != batch.fence;
-      if (last_part) completed_.store(batch.fence, std::memory_order_release);
+      // The fence completes with its Submit's last part (a part queued later, once the ring
+      // had room, may not be in the ring yet when an earlier one finishes).
+      if (batch.last) completed_.store(batch.fence, std::memory_order_release);
     }
     done_cv_.notify_all();
   }

@@ -63,6 +63,7 @@ class Transport {
     uint64_t after_step = 0;
     int64_t first = 0;  // index into ring_ (monotonic; modulo capacity)
     int32_t count = 0;
+    bool last = true;  // the last part of its Submit (only then does its fence complete)
   };
   void Loop();
 
