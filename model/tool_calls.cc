@@ -1,6 +1,7 @@
 #include "model/tool_calls.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "absl/random/random.h"
@@ -338,6 +339,184 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> 
   return s;
 }
 
+// Finds the calls in held reply text as it grows and cuts their arguments into pieces: a
+// bracket-depth scan outside strings (the text is parsed properly at the end). Call objects are
+// the objects at depth `base` (0; 1 inside an array, for Mistral's calls and the required
+// schema's), their "name" string and "arguments" / "parameters" object one level below.
+class ToolCallStream::Scanner {
+ public:
+  // `array`: the calls may sit in a JSON array (its first bracket says whether they do).
+  // `skip`: a marker the text starts with that holds brackets ("[TOOL_CALLS]").
+  Scanner(bool array, std::string_view skip) : array_(array), skip_(skip) {}
+
+  // Scans what `buf` (the held text, which only grows) gained since the last call; `piece`
+  // gets (call index, its name, the next piece of its arguments' text).
+  template <typename Piece>
+  void Scan(std::string_view buf, bool only_first, const Piece& piece) {
+    if (!skip_.empty()) {
+      if (buf.size() < skip_.size() && skip_.substr(0, buf.size()) == buf) return;
+      if (buf.substr(0, skip_.size()) == skip_) pos_ = skip_.size();
+      skip_ = {};
+    }
+    for (size_t i = pos_; i < buf.size(); ++i) Step(buf, i, only_first, piece);
+    pos_ = buf.size();
+    if (streaming_ && emit_from_ < buf.size()) {
+      piece(call_, *name_, buf.substr(emit_from_));
+      emit_from_ = buf.size();
+    }
+  }
+
+ private:
+  enum class Expect { kKey, kColon, kValue, kComma };
+
+  static bool IsArgsKey(std::string_view key) { return key == "arguments" || key == "parameters"; }
+
+  template <typename Piece>
+  void Step(std::string_view buf, size_t i, bool only_first, const Piece& piece) {
+    const char c = buf[i];
+    if (in_string_) {
+      if (escape_) {
+        escape_ = false;
+      } else if (c == '\\') {
+        escape_ = true;
+      } else if (c == '"') {
+        in_string_ = false;
+        if (reading_key_) {
+          reading_key_ = false;
+          key_ = std::string(buf.substr(string_start_ + 1, i - string_start_ - 1));
+          expect_ = Expect::kColon;
+        } else if (reading_name_) {
+          reading_name_ = false;
+          absl::StatusOr<Json> name =
+              ParseJson(buf.substr(string_start_, i + 1 - string_start_), "tool call name");
+          if (name.ok() && name->is_string()) name_ = name->get<std::string>();
+          expect_ = Expect::kComma;
+        } else if (in_call_ && depth_ == base_ + 1) {
+          expect_ = Expect::kComma;
+        }
+      }
+      return;
+    }
+    const bool top = in_call_ && depth_ == base_ + 1;  // at the call object's own level
+    switch (c) {
+      case '"':
+        in_string_ = true;
+        string_start_ = i;
+        if (top && expect_ == Expect::kKey) {
+          reading_key_ = true;
+        } else if (top && expect_ == Expect::kValue) {
+          if (key_ == "name") reading_name_ = true;
+          if (IsArgsKey(key_)) args_seen_ = true;  // a string holding the object: not streamed
+        }
+        return;
+      case '{':
+      case '[':
+        if (!in_call_) {
+          if (array_ && !base_known_ && depth_ == 0) {
+            base_ = c == '[' ? 1 : 0;
+            base_known_ = true;
+          }
+          if (c == '{' && depth_ == base_ && (!array_ || base_known_)) {
+            in_call_ = true;
+            ++call_;
+            expect_ = Expect::kKey;
+            name_.reset();
+            key_.clear();
+            args_seen_ = false;
+          }
+        } else if (top && expect_ == Expect::kValue) {
+          if (IsArgsKey(key_) && !args_seen_) {
+            args_seen_ = true;
+            if (c == '{' && name_ && (!only_first || call_ == 0)) {
+              streaming_ = true;
+              args_depth_ = depth_;
+              emit_from_ = i;
+            }
+          }
+          expect_ = Expect::kComma;
+        }
+        ++depth_;
+        return;
+      case '}':
+      case ']':
+        --depth_;
+        if (streaming_ && depth_ == args_depth_) {
+          piece(call_, *name_, buf.substr(emit_from_, i + 1 - emit_from_));
+          streaming_ = false;
+        }
+        if (in_call_ && depth_ == base_) in_call_ = false;
+        return;
+      case ':':
+        if (top && expect_ == Expect::kColon) expect_ = Expect::kValue;
+        return;
+      case ',':
+        if (top) expect_ = Expect::kKey;
+        return;
+      default:
+        if (top && expect_ == Expect::kValue && !absl::ascii_isspace(static_cast<unsigned char>(c))) {
+          if (IsArgsKey(key_)) args_seen_ = true;  // a scalar: not an object, not streamed
+          expect_ = Expect::kComma;
+        }
+        return;
+    }
+  }
+
+  const bool array_;
+  std::string_view skip_;
+  bool base_known_ = false;
+  int base_ = 0;
+  size_t pos_ = 0;
+  int depth_ = 0;
+  bool in_string_ = false, escape_ = false;
+  size_t string_start_ = 0;
+  bool reading_key_ = false, reading_name_ = false;
+  // The current call object.
+  bool in_call_ = false;
+  int call_ = -1;
+  Expect expect_ = Expect::kKey;
+  std::string key_;
+  std::optional<std::string> name_;
+  bool args_seen_ = false;  // its arguments value began (streamed or not)
+  bool streaming_ = false;
+  int args_depth_ = 0;      // depth_ outside the arguments object
+  size_t emit_from_ = 0;    // the arguments' text before this was given out
+};
+
+ToolCallStream::~ToolCallStream() = default;
+
+std::vector<ToolCallDelta> ToolCallStream::TakeDeltas() {
+  std::vector<ToolCallDelta> out;
+  out.swap(deltas_);
+  return out;
+}
+
+void ToolCallStream::Scan() {
+  const auto piece = [this](int index, const std::string& name, std::string_view text) {
+    if (text.empty()) return;
+    if (streamed_ids_.size() <= static_cast<size_t>(index)) streamed_ids_.resize(index + 1);
+    if (streamed_ids_[index].empty()) {
+      streamed_ids_[index] = NewToolCallId();
+      deltas_.push_back({index, streamed_ids_[index], name, std::string(text)});
+    } else if (!deltas_.empty() && deltas_.back().index == index) {
+      deltas_.back().arguments.append(text);
+    } else {
+      deltas_.push_back({index, "", "", std::string(text)});
+    }
+  };
+  if (mode_ == Mode::kNamed) {
+    // The whole reply is the arguments object.
+    piece(0, function_, std::string_view(held_).substr(named_emitted_));
+    named_emitted_ = held_.size();
+    return;
+  }
+  if (scanner_ == nullptr) {
+    const bool mistral = mode_ == Mode::kAuto && syntax_->format == ToolCallFormat::kMistral;
+    scanner_ = std::make_unique<Scanner>(
+        /*array=*/mode_ == Mode::kRequired || mistral, mistral ? kMistralStart : "");
+  }
+  scanner_->Scan(held_, single_call_, piece);
+}
+
 ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function,
                                bool single_call)
     : mode_(mode),
@@ -351,6 +530,12 @@ ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::str
                  : State::kContent) {}
 
 std::string ToolCallStream::Feed(absl::Span<const int32_t> ids, std::string_view text) {
+  std::string out = FeedText(ids, text);
+  if (mode_ != Mode::kAuto || state_ == State::kCall) Scan();
+  return out;
+}
+
+std::string ToolCallStream::FeedText(absl::Span<const int32_t> ids, std::string_view text) {
   if (mode_ != Mode::kAuto || state_ == State::kCall) {
     held_.append(text);
     return "";
@@ -396,6 +581,10 @@ std::string ToolCallStream::Feed(absl::Span<const int32_t> ids, std::string_view
 
 ToolCallStream::Result ToolCallStream::Finish(bool parse) {
   Result r = Parse(parse);
+  // A streamed call keeps the id its deltas carried (clients match the two).
+  for (size_t i = 0; i < r.calls.size() && i < streamed_ids_.size(); ++i) {
+    if (!streamed_ids_[i].empty()) r.calls[i].id = streamed_ids_[i];
+  }
   if (single_call_ && r.calls.size() > 1) {
     r.dropped = static_cast<int32_t>(r.calls.size() - 1);
     r.calls.resize(1);

@@ -18,6 +18,7 @@
 #define KVRM_MODEL_TOOL_CALLS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -63,6 +64,16 @@ struct ToolCall {
   std::string arguments;  // a JSON object, compact, keys in the order the model wrote them
 };
 
+// A piece of a call as it is generated (OpenAI's streamed `tool_calls` deltas): a call's first
+// delta carries its id and name, each delta the next piece of its arguments' JSON text; the
+// pieces of one call joined are its arguments as the model wrote them (spacing included).
+struct ToolCallDelta {
+  int32_t index = 0;  // the call's place in the reply's calls
+  std::string id;     // first delta of a call only
+  std::string name;   // first delta of a call only
+  std::string arguments;
+};
+
 // A fresh call id ("call_" + 24 random hex digits).
 std::string NewToolCallId();
 
@@ -94,8 +105,14 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> 
 // text before the first call marker streams as usual (text that might begin a marker is held
 // back, as for stop sequences) and everything from the marker on is held; in the forced modes
 // (kRequired, kNamed) all of it is held. At the end the held text is parsed: well-formed calls
-// are returned instead of their text; anything else is released as text, so nothing the model
-// wrote is lost.
+// are returned instead of their text; anything else is released as text.
+//
+// Held calls also stream as they are generated (TakeDeltas), as vLLM's tool parsers do: once a
+// call's name is known and its arguments object has begun, each new piece of the object is a
+// delta. A call whose arguments come before its name, or are not a JSON object (a string
+// holding one), is not streamed: it comes whole with Finish. A call streamed and then found
+// malformed (the reply cut by its length limit) cannot be taken back: its deltas were sent,
+// and Finish releases the held text as text.
 class ToolCallStream {
  public:
   enum class Mode { kAuto, kRequired, kNamed };
@@ -106,8 +123,12 @@ class ToolCallStream {
   ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function = "",
                  bool single_call = false);
 
+  ~ToolCallStream();
+
   // The part of `text` (the text of `ids`) to send now.
   std::string Feed(absl::Span<const int32_t> ids, std::string_view text);
+  // The call deltas the text fed so far added (moved out: each is returned once).
+  std::vector<ToolCallDelta> TakeDeltas();
 
   struct Result {
     std::string text;  // held text released (with calls: only the text around them)
@@ -116,7 +137,8 @@ class ToolCallStream {
     int32_t dropped = 0;     // calls after the first, with single_call
   };
   // The completion ended. `parse`: it ended by itself or at its length limit (not cancelled,
-  // timed out or failed), so held calls are parsed; otherwise the held text is released.
+  // timed out or failed), so held calls are parsed; otherwise the held text is released. A
+  // call that was streamed keeps the id its first delta carried.
   Result Finish(bool parse);
 
   bool holding_call() const { return state_ == State::kCall; }
@@ -124,7 +146,10 @@ class ToolCallStream {
  private:
   enum class State { kLeading, kContent, kCall };
 
+  class Scanner;
   Result Parse(bool parse);  // Finish before single_call
+  std::string FeedText(absl::Span<const int32_t> ids, std::string_view text);  // Feed's text
+  void Scan();               // held_'s new text into deltas_
 
   Mode mode_;
   const ToolCallSyntax* syntax_;
@@ -133,6 +158,10 @@ class ToolCallStream {
   State state_;
   std::string pending_;  // kLeading / kContent: text that may begin a marker
   std::string held_;     // kCall: from the marker on
+  std::unique_ptr<Scanner> scanner_;  // kAuto and kRequired: finds calls in held_
+  std::vector<std::string> streamed_ids_;  // [call index]: "" for a call not streamed
+  std::vector<ToolCallDelta> deltas_;
+  size_t named_emitted_ = 0;  // kNamed: held_ given out as arguments so far
 };
 
 }  // namespace kvrm

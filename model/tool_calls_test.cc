@@ -1,5 +1,6 @@
 #include "model/tool_calls.h"
 
+#include <map>
 #include <random>
 #include <set>
 #include <string>
@@ -207,6 +208,13 @@ TEST(ToolSchemaTest, RequiredAndNamedSchemas) {
 struct Streamed {
   std::string streamed;
   ToolCallStream::Result result;
+  std::vector<ToolCallDelta> deltas;  // every delta, in order
+  // Per call index: the id and name of its first delta, its arguments joined, its delta count.
+  struct Call {
+    std::string id, name, arguments;
+    int deltas = 0;
+  };
+  std::map<int, Call> calls;
 };
 Streamed FeedInPieces(ToolCallStream& s, std::string_view text, std::mt19937& rng,
                       bool parse = true) {
@@ -217,9 +225,21 @@ Streamed FeedInPieces(ToolCallStream& s, std::string_view text, std::mt19937& rn
     const std::string piece(text.substr(i, n));
     const std::string released = s.Feed({7}, piece);
     out.streamed += released;
+    for (ToolCallDelta& d : s.TakeDeltas()) {
+      Streamed::Call& c = out.calls[d.index];
+      if (c.deltas++ == 0) {
+        c.id = d.id;
+        c.name = d.name;
+      } else {
+        EXPECT_TRUE(d.id.empty() && d.name.empty()) << "only a call's first delta names it";
+      }
+      c.arguments += d.arguments;
+      out.deltas.push_back(std::move(d));
+    }
     i += n;
   }
   out.result = s.Finish(parse);
+  EXPECT_TRUE(s.TakeDeltas().empty()) << "Finish adds no deltas";
   return out;
 }
 
@@ -364,6 +384,129 @@ TEST(ToolCallStreamTest, SingleCallKeepsTheFirstCallTheModelWrote) {
   ToolCallStream one(ToolCallStream::Mode::kRequired, nullptr, "", /*single_call=*/true);
   EXPECT_EQ(FeedInPieces(one, "[{\"name\": \"now\", \"parameters\": {}}]", rng).result.dropped,
             0);
+}
+
+// ---- streamed calls --------------------------------------------------------------------
+
+// Each streamed call: its deltas' id is the one Finish returns, the name is the call's, and the
+// arguments joined are the model's text of the arguments object (which parses to the call's).
+void ExpectStreamedAsParsed(const Streamed& got, std::set<int> streamed) {
+  std::set<int> seen;
+  for (const auto& [index, c] : got.calls) {
+    seen.insert(index);
+    ASSERT_LT(static_cast<size_t>(index), got.result.calls.size());
+    const ToolCall& call = got.result.calls[index];
+    EXPECT_EQ(c.id, call.id) << index;
+    EXPECT_EQ(c.name, call.name) << index;
+    absl::StatusOr<Json> joined = ParseJson(c.arguments, "joined deltas");
+    ASSERT_TRUE(joined.ok()) << c.arguments;
+    EXPECT_EQ(*joined, *ParseJson(call.arguments, "arguments")) << c.arguments;
+  }
+  EXPECT_EQ(seen, streamed);
+}
+
+TEST(ToolCallStreamTest, HermesCallsStreamTheirArgumentsAsTheyAreWritten) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const std::string text =
+      "Checking. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São "
+      "Paulo\", \"days\": [1, 2, {\"x\": \"}]\\\"{\"}]}}\n</tool_call>\n<tool_call>\n{\"name\": "
+      "\"get_time\", \"arguments\": {}}\n</tool_call>";
+  std::mt19937 rng(3);
+  for (int trial = 0; trial < 100; ++trial) {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, text, rng);
+    EXPECT_EQ(got.streamed, "Checking. ");
+    ASSERT_EQ(got.result.calls.size(), 2u);
+    ExpectStreamedAsParsed(got, {0, 1});
+    // The arguments text exactly as written, brackets inside strings and all.
+    EXPECT_EQ(got.calls.at(0).arguments,
+              "{\"city\": \"São Paulo\", \"days\": [1, 2, {\"x\": \"}]\\\"{\"}]}");
+    EXPECT_GT(got.calls.at(0).deltas, 1) << "pieces of at most 5 bytes: several deltas";
+  }
+}
+
+TEST(ToolCallStreamTest, Llama3MistralAndRequiredCallsStream) {
+  std::mt19937 rng(4);
+  const ToolCallSyntax llama = MakeToolCallSyntax(ToolCallFormat::kLlama3Json, std::nullopt);
+  const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral, std::nullopt);
+  for (int trial = 0; trial < 50; ++trial) {
+    {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &llama);
+      const Streamed got = FeedInPieces(
+          s, "{\"name\": \"a\", \"parameters\": {\"q\": 1}}; {\"name\": \"b\", \"parameters\": {}}",
+          rng);
+      ASSERT_EQ(got.result.calls.size(), 2u);
+      ExpectStreamedAsParsed(got, {0, 1});
+    }
+    for (const char* calls : {"[TOOL_CALLS][{\"name\": \"a\", \"arguments\": {\"q\": [1]}}, "
+                              "{\"name\": \"b\", \"arguments\": {\"r\": {}}}]",
+                              "[TOOL_CALLS] {\"name\": \"a\", \"arguments\": {\"q\": 2}}"}) {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &mistral);
+      const Streamed got = FeedInPieces(s, std::string("Sure. ") + calls, rng);
+      EXPECT_EQ(got.streamed, "Sure. ");
+      ASSERT_FALSE(got.result.calls.empty()) << calls;
+      ExpectStreamedAsParsed(got, got.result.calls.size() == 2 ? std::set<int>{0, 1}
+                                                               : std::set<int>{0});
+    }
+    {
+      ToolCallStream s(ToolCallStream::Mode::kRequired, nullptr);
+      const Streamed got = FeedInPieces(
+          s, "[{\"name\": \"a\", \"parameters\": {\"q\": \"x\"}}, {\"name\": \"b\", \"parameters\": {}}]",
+          rng);
+      ASSERT_EQ(got.result.calls.size(), 2u);
+      ExpectStreamedAsParsed(got, {0, 1});
+    }
+  }
+}
+
+TEST(ToolCallStreamTest, NamedFunctionStreamsTheWholeReplyAsItsArguments) {
+  std::mt19937 rng(5);
+  ToolCallStream s(ToolCallStream::Mode::kNamed, nullptr, "get_weather");
+  const Streamed got = FeedInPieces(s, "{\"city\": \"Lima\", \"unit\": \"C\"}", rng);
+  ASSERT_EQ(got.result.calls.size(), 1u);
+  ExpectStreamedAsParsed(got, {0});
+  EXPECT_EQ(got.calls.at(0).name, "get_weather");
+  EXPECT_EQ(got.calls.at(0).arguments, "{\"city\": \"Lima\", \"unit\": \"C\"}");
+}
+
+TEST(ToolCallStreamTest, CallsThatCannotStreamComeWholeAtTheEnd) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  std::mt19937 rng(6);
+  // Arguments before the name, and arguments as a string holding the object: no deltas, the
+  // calls as Finish parses them; a streamable call after them still streams.
+  ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+  const Streamed got = FeedInPieces(
+      s,
+      "<tool_call>{\"arguments\": {\"a\": 1}, \"name\": \"f\"}</tool_call>"
+      "<tool_call>{\"name\": \"g\", \"arguments\": \"{\\\"b\\\": 2}\"}</tool_call>"
+      "<tool_call>{\"name\": \"h\", \"arguments\": {\"c\": 3}}</tool_call>",
+      rng);
+  ASSERT_EQ(got.result.calls.size(), 3u);
+  ExpectStreamedAsParsed(got, {2});
+  EXPECT_EQ(got.result.calls[0].arguments, "{\"a\":1}");
+  EXPECT_EQ(got.result.calls[1].arguments, "{\"b\":2}");
+}
+
+TEST(ToolCallStreamTest, SingleCallStreamsOnlyTheFirstAndACutCallStaysSent) {
+  std::mt19937 rng(7);
+  ToolCallStream one(ToolCallStream::Mode::kRequired, nullptr, "", /*single_call=*/true);
+  const Streamed got = FeedInPieces(
+      one, "[{\"name\": \"a\", \"parameters\": {\"q\": 1}}, {\"name\": \"b\", \"parameters\": {}}]",
+      rng);
+  ASSERT_EQ(got.result.calls.size(), 1u);
+  EXPECT_EQ(got.result.dropped, 1);
+  ExpectStreamedAsParsed(got, {0});
+  // Cut by the length limit inside its arguments: the deltas went out, the call is malformed
+  // and its text is released as text.
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  ToolCallStream cut(ToolCallStream::Mode::kAuto, &syntax);
+  const Streamed partial =
+      FeedInPieces(cut, "<tool_call>{\"name\": \"f\", \"arguments\": {\"long\": \"abc", rng);
+  EXPECT_TRUE(partial.result.calls.empty());
+  EXPECT_TRUE(partial.result.malformed);
+  ASSERT_EQ(partial.calls.count(0), 1u);
+  EXPECT_EQ(partial.calls.at(0).arguments, "{\"long\": \"abc");
+  EXPECT_THAT(partial.result.text, HasSubstr("\"long\": \"abc"));
 }
 
 }  // namespace

@@ -248,6 +248,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       // Only the engine thread feeds a completion's stream (its sink, or SubmitFollowers there).
       ToolCallStream& stream = *tool_streams_[index];
       std::string text = stream.Feed(chunk.token_ids, chunk.text);
+      for (ToolCallDelta& d : stream.TakeDeltas()) {
+        v1::ToolCallDelta* out = msg.add_tool_call_deltas();
+        out->set_index(d.index);
+        out->set_id(std::move(d.id));
+        out->set_name(std::move(d.name));
+        out->set_arguments(std::move(d.arguments));
+      }
       if (info) {
         ToolCallStream::Result r = stream.Finish(ParsesToolCalls(info->reason));
         text += r.text;

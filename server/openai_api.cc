@@ -616,9 +616,12 @@ std::string Dump(const OrderedJson& j) {
 // One server-sent event.
 std::string Sse(const std::string& data) { return absl::StrCat("data: ", data, "\n\n"); }
 
-OrderedJson OpenAiToolCalls(const v1::Finished& finished, bool with_index) {
+// `skip`: calls already streamed as deltas (a stream's last chunk sends only the others).
+OrderedJson OpenAiToolCalls(const v1::Finished& finished, bool with_index,
+                            const std::set<int32_t>& skip = {}) {
   OrderedJson calls = OrderedJson::array();
   for (int i = 0; i < finished.tool_calls_size(); ++i) {
+    if (skip.count(i) > 0) continue;
     const v1::ToolCall& c = finished.tool_calls(i);
     OrderedJson call;
     if (with_index) call["index"] = i;
@@ -1071,7 +1074,8 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
   }
   const bool finished = m.has_finished();
   const bool calls = finished && m.finished().tool_calls_size() > 0;
-  if (delta_text.empty() && m.logprobs_size() == 0 && !finished) return "";
+  const bool call_deltas = chat && m.tool_call_deltas_size() > 0;
+  if (delta_text.empty() && m.logprobs_size() == 0 && !finished && !call_deltas) return "";
   OrderedJson chunk = Head(/*chunk=*/true);
   OrderedJson choice;
   choice["index"] = index;
@@ -1079,7 +1083,31 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
   if (chat) {
     OrderedJson delta = OrderedJson::object();
     if (!delta_text.empty()) delta["content"] = delta_text;
-    if (calls) delta["tool_calls"] = OpenAiToolCalls(m.finished(), /*with_index=*/true);
+    // Calls as they are generated (OpenAI's shape: the first piece of a call has its id, type
+    // and name, each piece the next part of function.arguments); at the end, the calls that
+    // were not streamed, whole.
+    OrderedJson tool_calls = OrderedJson::array();
+    for (const v1::ToolCallDelta& d : m.tool_call_deltas()) {
+      OrderedJson call;
+      call["index"] = d.index();
+      OrderedJson function = OrderedJson::object();
+      if (!d.id().empty()) {
+        c.streamed_calls.insert(d.index());
+        call["id"] = d.id();
+        call["type"] = "function";
+        function["name"] = d.name();
+      }
+      function["arguments"] = d.arguments();
+      call["function"] = std::move(function);
+      tool_calls.push_back(std::move(call));
+    }
+    if (calls) {
+      for (OrderedJson& call :
+           OpenAiToolCalls(m.finished(), /*with_index=*/true, c.streamed_calls)) {
+        tool_calls.push_back(std::move(call));
+      }
+    }
+    if (!tool_calls.empty()) delta["tool_calls"] = std::move(tool_calls);
     choice["delta"] = std::move(delta);
     choice["logprobs"] =
         request_.logprobs >= 0 && !entries.empty() ? ChatLogprobs(entries, text) : nullptr;

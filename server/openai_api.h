@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -146,6 +147,7 @@ class OpenAiReply {
     v1::Finished finished;
     bool done = false;
     bool echoed = false;  // streaming: the echo has been sent
+    std::set<int32_t> streamed_calls;  // streaming: calls whose deltas were sent
   };
   // Prompt `prompt`'s completion `index` (clamped to the request's shape).
   int ChoiceIndex(int prompt, int index) const;

@@ -1534,6 +1534,59 @@ TEST(OpenAiStreamTest, CompletionsChunks) {
   EXPECT_TRUE(chunks[0].at("choices")[0].at("stop_reason").is_null());
 }
 
+// Calls streamed as they are generated: OpenAI's delta shape (the first piece with id, type and
+// name; then arguments pieces), joined by the client into the call; the final chunk carries
+// only the calls that were not streamed, so none arrives twice.
+TEST(OpenAiStreamTest, ToolCallDeltasStreamAndAreNotRepeatedAtTheEnd) {
+  const OpenAiRequest request = MustParse(
+      kChat, ChatBody(R"("stream": true, "tools": [{"function": {"name": "f"}}])"));
+  OpenAiReply reply(request, nullptr, "chatcmpl-d", 1, "m");
+  const auto delta = [](int index, const std::string& id, const std::string& name,
+                        const std::string& args) {
+    v1::GenerateResponse m = Delta(0, "");
+    v1::ToolCallDelta* d = m.add_tool_call_deltas();
+    d->set_index(index);
+    d->set_id(id);
+    d->set_name(name);
+    d->set_arguments(args);
+    return m;
+  };
+  std::vector<Json> chunks = SseChunks(reply.StreamMessage(delta(0, "call_a", "f", "{\"x\"")));
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& first = chunks[0].at("choices")[0].at("delta").at("tool_calls");
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0].at("index"), 0);
+  EXPECT_EQ(first[0].at("id"), "call_a");
+  EXPECT_EQ(first[0].at("type"), "function");
+  EXPECT_EQ(first[0].at("function").at("name"), "f");
+  EXPECT_EQ(first[0].at("function").at("arguments"), "{\"x\"");
+  EXPECT_TRUE(chunks[0].at("choices")[0].at("finish_reason").is_null());
+  chunks = SseChunks(reply.StreamMessage(delta(0, "", "", ": 1}")));
+  const Json& next = chunks[0].at("choices")[0].at("delta").at("tool_calls")[0];
+  EXPECT_EQ(next.at("index"), 0);
+  EXPECT_FALSE(next.contains("id"));
+  EXPECT_FALSE(next.contains("type"));
+  EXPECT_FALSE(next.at("function").contains("name"));
+  EXPECT_EQ(next.at("function").at("arguments"), ": 1}");
+  // The end: call 0 was streamed, call 1 (say its arguments came before its name) was not.
+  v1::GenerateResponse m = Final(0, "", v1::FINISH_REASON_TOOL_CALLS, 4, 9);
+  AddToolCall(&m, "call_a", "f", R"({"x":1})");
+  AddToolCall(&m, "call_b", "g", "{}");
+  chunks = SseChunks(reply.StreamMessage(m));
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& choice = chunks[0].at("choices")[0];
+  EXPECT_EQ(choice.at("finish_reason"), "tool_calls");
+  const Json& rest = choice.at("delta").at("tool_calls");
+  ASSERT_EQ(rest.size(), 1u);
+  EXPECT_EQ(rest[0].at("index"), 1);
+  EXPECT_EQ(rest[0].at("id"), "call_b");
+  EXPECT_EQ(rest[0].at("function").at("arguments"), "{}");
+  // Completions have no tool calls: deltas there (none are sent) would not make an event.
+  const OpenAiRequest completion = MustParse(kCompletions, CompletionBody(R"("stream": true)"));
+  OpenAiReply plain(completion, &Gpt2(), "cmpl-d", 1, "m");
+  EXPECT_EQ(plain.StreamMessage(delta(0, "call_a", "f", "{")), "");
+}
+
 TEST(OpenAiStreamTest, ToolCallsInTheFinalDelta) {
   const OpenAiRequest request = MustParse(
       kChat, ChatBody(R"("stream": true, "tools": [{"function": {"name": "f"}}])"));

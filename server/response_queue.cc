@@ -18,6 +18,15 @@ const v1::GenerateResponse* ResponseQueue::Push(v1::GenerateResponse msg) {
     e.msg.mutable_token_ids()->MergeFrom(msg.token_ids());
     e.msg.mutable_text()->append(msg.text());
     e.msg.mutable_logprobs()->MergeFrom(msg.logprobs());
+    for (v1::ToolCallDelta& d : *msg.mutable_tool_call_deltas()) {
+      // A call's next piece joins its previous one; a call's first delta stays its own entry.
+      const int n = e.msg.tool_call_deltas_size();
+      if (n > 0 && d.id().empty() && e.msg.tool_call_deltas(n - 1).index() == d.index()) {
+        e.msg.mutable_tool_call_deltas(n - 1)->mutable_arguments()->append(d.arguments());
+      } else {
+        *e.msg.add_tool_call_deltas() = std::move(d);
+      }
+    }
     if (msg.has_finished()) *e.msg.mutable_finished() = std::move(*msg.mutable_finished());
     e.bytes += bytes;
     ++merged_chunks_;

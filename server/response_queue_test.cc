@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 
 namespace kvrm {
@@ -116,6 +117,38 @@ TEST(ResponseQueueTest, ChunksArrivingDuringAWriteBecomeOneMessageInOrder) {
   EXPECT_EQ(got[0].top_ids, sent[0].top_ids);
   EXPECT_EQ(got[0].finished, 1);
   EXPECT_EQ(got[0].completion_tokens, 1234);
+}
+
+// Tool-call deltas merged into a queued message: each call's arguments arrive whole and in
+// order, a call's first delta (its id and name) stays an entry of its own, and a call's later
+// pieces join the entry before them.
+TEST(ResponseQueueTest, ToolCallDeltasMergeIntoWholeCallsInOrder) {
+  ResponseQueue q(1 << 30);
+  const auto delta = [](int index, const std::string& id, const std::string& args) {
+    v1::GenerateResponse m;
+    v1::ToolCallDelta* d = m.add_tool_call_deltas();
+    d->set_index(index);
+    d->set_id(id);
+    if (!id.empty()) d->set_name(absl::StrCat("f", index));
+    d->set_arguments(args);
+    return m;
+  };
+  ASSERT_NE(q.Push(delta(0, "call_a", "{")), nullptr);  // in flight
+  EXPECT_EQ(q.Push(delta(0, "", "\"x\": ")), nullptr);
+  EXPECT_EQ(q.Push(delta(0, "", "1}")), nullptr);
+  EXPECT_EQ(q.Push(delta(1, "call_b", "{\"y\"")), nullptr);
+  EXPECT_EQ(q.Push(delta(1, "", ": 2}")), nullptr);
+  EXPECT_EQ(q.size(), 2u);  // the four queued behind the write in flight are one message
+  const v1::GenerateResponse* next = q.WriteDone();
+  ASSERT_NE(next, nullptr);
+  ASSERT_EQ(next->tool_call_deltas_size(), 2);
+  EXPECT_EQ(next->tool_call_deltas(0).index(), 0);
+  EXPECT_EQ(next->tool_call_deltas(0).id(), "");
+  EXPECT_EQ(next->tool_call_deltas(0).arguments(), "\"x\": 1}");
+  EXPECT_EQ(next->tool_call_deltas(1).id(), "call_b");
+  EXPECT_EQ(next->tool_call_deltas(1).name(), "f1");
+  EXPECT_EQ(next->tool_call_deltas(1).arguments(), "{\"y\": 2}");
+  EXPECT_EQ(q.WriteDone(), nullptr);
 }
 
 // n completions interleaved, a reader completing writes at random: every completion arrives

@@ -259,6 +259,50 @@ TEST(OpenAiHttpTest, ToolCallsComeBackInOpenAisShape) {
   EXPECT_GT(Body(r)["usage"]["prompt_tokens"].get<int>(), 0);
 }
 
+// Streamed, the call arrives as OpenAI's deltas while it is generated: its id, type and name
+// first, then pieces of its arguments that join into the call's JSON; the final chunk has the
+// finish reason and does not send the call again.
+TEST(OpenAiHttpTest, StreamedToolCallsArriveAsDeltas) {
+  Daemon d(Options(2));
+  HttpReply r = d.Post("/v1/chat/completions", R"({
+      "messages": [{"role": "user", "content": "Weather in Lima?"}], "stream": true,
+      "tools": [{"type": "function", "function": {"name": "get_weather",
+          "parameters": {"type": "object", "properties": {"city": {"enum": ["Lima", "Oslo"]},
+                         "days": {"enum": [1, 2, 3]}},
+                         "required": ["city", "days"], "additionalProperties": false}}}],
+      "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
+      "max_tokens": 200, "temperature": 1, "seed": 5})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::string id, name, arguments, finish;
+  int pieces = 0, named = 0;
+  for (const Json& e : Events(r)) {
+    if (!e.contains("choices") || e["choices"].empty()) continue;
+    const Json& choice = e["choices"][0];
+    if (!choice["finish_reason"].is_null()) finish = choice["finish_reason"].get<std::string>();
+    if (!choice["delta"].contains("tool_calls")) continue;
+    for (const Json& call : choice["delta"]["tool_calls"]) {
+      EXPECT_EQ(call["index"], 0);
+      if (call.contains("id")) {
+        ++named;
+        id = call["id"].get<std::string>();
+        EXPECT_EQ(call["type"], "function");
+        name = call["function"]["name"].get<std::string>();
+      }
+      arguments += call["function"]["arguments"].get<std::string>();
+      ++pieces;
+    }
+  }
+  EXPECT_EQ(finish, "tool_calls") << r.body;
+  EXPECT_EQ(named, 1) << "the call is introduced once, never repeated at the end";
+  EXPECT_GT(pieces, 1) << "streamed in pieces: " << r.body;
+  EXPECT_TRUE(absl::StartsWith(id, "call_"));
+  EXPECT_EQ(name, "get_weather");
+  absl::StatusOr<Json> args = ParseJson(arguments, "joined arguments");
+  ASSERT_TRUE(args.ok()) << arguments;
+  EXPECT_TRUE((*args)["city"] == "Lima" || (*args)["city"] == "Oslo") << arguments;
+  EXPECT_TRUE((*args)["days"].is_number_integer()) << arguments;
+}
+
 TEST(OpenAiHttpTest, GuidedChoiceHoldsTheReplyToTheChoices) {
   Daemon d(Options(2));
   for (uint64_t seed = 0; seed < 4; ++seed) {
@@ -410,7 +454,11 @@ bool WaitUntilDecoding(Daemon& d) {
 // on any machine: long enough to hang up in the middle of it.
 class SlowSteps : public EngineObserver {
  public:
-  void OnDecodeStep(int32_t, absl::Duration) override { absl::SleepFor(absl::Milliseconds(2)); }
+  explicit SlowSteps(absl::Duration step = absl::Milliseconds(2)) : step_(step) {}
+  void OnDecodeStep(int32_t, absl::Duration) override { absl::SleepFor(step_); }
+
+ private:
+  const absl::Duration step_;
 };
 
 TEST(OpenAiHttpTest, AClientThatHangsUpBeforeAWholeReplyFreesItsSlot) {
@@ -501,25 +549,25 @@ TEST(OpenAiHttpTest, AListOfPromptsWhoseCallsAreTooLargeTogetherIs413) {
 }
 
 TEST(OpenAiHttpTest, AStreamWithNothingToSendGetsKeepAliveComments) {
-  SlowSteps slow;  // 2 ms a step: 60 tokens of held tool-call text take over 120 ms
+  SlowSteps slow(absl::Milliseconds(60));  // every token 60 ms after the last: silences of 60 ms
   EngineOptions options = Options(2);
   options.observer = &slow;
   Daemon d(options, {}, 8 << 20, nullptr, nullptr,
            [](OpenAiHttpOptions& o) { o.sse_keepalive = absl::Milliseconds(20); });
-  HttpReply r = d.Post("/v1/chat/completions", R"({
-      "messages": [{"role": "user", "content": "Weather in Lima?"}],
-      "tools": [{"type": "function", "function": {"name": "get_weather",
-          "parameters": {"type": "object", "properties": {"city": {"type": "string",
-                                                                  "maxLength": 40}},
-                         "required": ["city"], "additionalProperties": false}}}],
-      "tool_choice": {"type": "function", "function": {"name": "get_weather"}},
-      "max_tokens": 60, "temperature": 1, "seed": 7, "stream": true})");
+  HttpReply r = d.Post("/v1/completions", R"({"prompt": "Go on", "max_tokens": 6,
+                                              "ignore_eos": true, "stream": true})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_TRUE(absl::StrContains(r.body, ": keep-alive\n\n")) << r.body;
   // The comments are between events, and the stream is whole.
   const std::vector<Json> events = Events(r);
   ASSERT_FALSE(events.empty());
   EXPECT_FALSE(events.back()["choices"][0]["finish_reason"].is_null()) << r.body;
+  // Tokens arriving more often than that: none.
+  Daemon fast(Options(2), {}, 8 << 20, nullptr, nullptr,
+              [](OpenAiHttpOptions& o) { o.sse_keepalive = absl::Seconds(30); });
+  r = fast.Post("/v1/completions", R"({"prompt": "Go on", "max_tokens": 6, "stream": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(absl::StrContains(r.body, ": keep-alive")) << r.body;
 }
 
 TEST(OpenAiHttpTest, DrainingAnswersHealthWith503AndWaitsForReplies) {
