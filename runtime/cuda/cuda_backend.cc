@@ -736,9 +736,11 @@ absl::Status CudaBackend::CopyGroup(const TransferGroup& g) {
   if (host_side && host_tier_.size() != ranks_.size()) {
     return absl::InternalError("transfer to the host tier, which was not created");
   }
-  // Every rank's copy is enqueued before any is waited for: the ranks copy in parallel.
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    Rank& rank = *ranks_[r];
+  // Every rank's copy is enqueued before any is waited for: the ranks copy in parallel. Whatever
+  // fails, every copy stream that was given work is synchronized before returning: the caller
+  // takes a returned group as finished (its blocks are retired and reused), so no copy may still
+  // be running then.
+  const auto enqueue = [&](Rank& rank, size_t r) -> absl::Status {
     const KvPool* src = g.src_tier == KvTier::kDevice ? rank.kv_view.get() : host_tier_[r].get();
     const KvPool* dst = g.dst_tier == KvTier::kDevice ? rank.kv_view.get() : host_tier_[r].get();
     ASSIGN_OR_RETURN(PoolCopy2D c, LowerTransferGroup(src->shape(), dst->shape(), g));
@@ -758,12 +760,22 @@ absl::Status CudaBackend::CopyGroup(const TransferGroup& g) {
                                                   rank.copy_stream.get()));
       }
     }
+    return absl::OkStatus();
+  };
+  absl::Status status;
+  size_t enqueued = 0;  // ranks whose stream may hold copies of this group
+  for (; enqueued < ranks_.size() && status.ok(); ++enqueued) {
+    status = enqueue(*ranks_[enqueued], enqueued);
   }
-  for (auto& rank : ranks_) {
-    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank->device));
-    KVRM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(rank->copy_stream.get()));
+  for (size_t r = 0; r < enqueued; ++r) {
+    absl::Status synced = [&]() -> absl::Status {
+      KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[r]->device));
+      KVRM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ranks_[r]->copy_stream.get()));
+      return absl::OkStatus();
+    }();
+    if (status.ok()) status = std::move(synced);
   }
-  return absl::OkStatus();
+  return status;
 }
 
 }  // namespace kvrm::cuda
