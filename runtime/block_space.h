@@ -34,7 +34,7 @@ class BlockSpace {
   Extent FirstFit(int64_t length) const;
   // Total length of the `k` longest free runs (k <= kMaxSumRuns): how many blocks an allocation
   // taking the largest extents first places in at most k runs.
-  static constexpr int32_t kMaxSumRuns = 16;
+  static constexpr int32_t kMaxSumRuns = 64;  // the widest run table --kv_max_runs allows
   int64_t LargestFreeSum(int32_t k) const;
 
  private:

@@ -73,6 +73,12 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   if (o.block_tokens <= 0 || o.prefill_chunk <= 0 || o.max_queue < 0 || o.max_runs <= 0) {
     return absl::InvalidArgumentError("block tokens, prefill chunk and max runs must be positive");
   }
+  if (o.max_runs > BlockSpace::kMaxSumRuns) {
+    // Placement asks whether a history fits in that many of the largest free extents, and
+    // counts at most this many.
+    return absl::InvalidArgumentError(absl::StrCat("--kv_max_runs ", o.max_runs,
+                                                   " is above ", BlockSpace::kMaxSumRuns));
+  }
   o.max_new_tokens = std::max(1, std::min(o.max_new_tokens, o.max_context));
   const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
   if (o.kv_blocks <= 0) o.kv_blocks = blocks_per_slot * o.slots;
