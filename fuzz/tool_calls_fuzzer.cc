@@ -8,6 +8,7 @@
 //     JSON object (parsing and printing it again gives the same text);
 //   - the parsers never crash on any text, and bound their nesting.
 #include <cstdint>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -60,6 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       format, marker_is_token ? std::optional<int32_t>(kMarkerToken) : std::nullopt);
   kvrm::ToolCallStream stream(mode, &syntax, "f");
   std::string reply, streamed;
+  std::map<int32_t, std::string> delta_ids, delta_args;
   size_t start = 0;
   while (start <= body.size()) {
     size_t end = body.find('\x01', start);
@@ -72,6 +74,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     reply.append(chunk);
     const std::string out = stream.Feed(ids, chunk);
+    for (kvrm::ToolCallDelta& d : stream.TakeDeltas()) {
+      FUZZ_CHECK(d.index >= 0);
+      std::string& id = delta_ids[d.index];
+      // A call's first delta names it; later ones carry arguments only.
+      FUZZ_CHECK(id.empty() ? !d.id.empty() : d.id.empty() && d.name.empty());
+      if (id.empty()) id = d.id;
+      delta_args[d.index] += d.arguments;
+    }
     if (mode == kvrm::ToolCallStream::Mode::kAuto && format == kvrm::ToolCallFormat::kHermes) {
       FUZZ_CHECK(out.find("<tool_call>") == std::string::npos);
     }
@@ -79,7 +89,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     start = end + 1;
   }
   const kvrm::ToolCallStream::Result r = stream.Finish(parse);
+  FUZZ_CHECK(stream.TakeDeltas().empty());
   FUZZ_CHECK(reply.compare(0, streamed.size(), streamed) == 0);
+  // A call's pieces are the model's own text, in order: one stretch of the reply.
+  for (const auto& [index, args] : delta_args) FUZZ_CHECK(reply.find(args) != std::string::npos);
+  // A streamed call that Finish returns keeps its streamed id.
+  for (size_t i = 0; i < r.calls.size(); ++i) {
+    auto it = delta_ids.find(static_cast<int32_t>(i));
+    if (it != delta_ids.end()) FUZZ_CHECK(r.calls[i].id == it->second);
+  }
   if (r.calls.empty()) {
     FUZZ_CHECK(streamed + r.text == reply);
   } else {
