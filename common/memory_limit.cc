@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include "absl/strings/string_view.h"
 #include <vector>
@@ -108,9 +109,12 @@ absl::Status CheckFitsMemory(int64_t upfront_bytes, int64_t on_demand_bytes,
                                                      " at start-up, more than ", limit->source,
                                                      " (", gib(limit->bytes), "): ", advice));
   }
-  if (upfront_bytes + on_demand_bytes > limit->bytes) {
+  if (on_demand_bytes > limit->bytes - upfront_bytes) {  // the sum, without overflow
+    const int64_t total = on_demand_bytes > std::numeric_limits<int64_t>::max() - upfront_bytes
+                              ? std::numeric_limits<int64_t>::max()
+                              : upfront_bytes + on_demand_bytes;
     LOG(WARNING) << what << " needs " << gib(upfront_bytes) << " at start-up and up to "
-                 << gib(upfront_bytes + on_demand_bytes) << " as it fills, more than "
+                 << gib(total) << " as it fills, more than "
                  << limit->source << " (" << gib(limit->bytes)
                  << "): the process may be killed for memory under load; " << advice;
   }

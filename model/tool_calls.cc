@@ -342,23 +342,30 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> 
 // Finds the calls in held reply text as it grows and cuts their arguments into pieces: a
 // bracket-depth scan outside strings (the text is parsed properly at the end). Call objects are
 // the objects at depth `base` (0; 1 inside an array, for Mistral's calls and the required
-// schema's), their "name" string and "arguments" / "parameters" object one level below.
+// schema's) where the format's parser looks for calls, so that the scanner's call k is the
+// parser's call k: in Hermes the object right after each <tool_call>; in Llama 3's the objects
+// from the start, separated by ";" and space, until any other text; in Mistral's and the required
+// schema's the first top-level value only. Their "name" string and "arguments" / "parameters"
+// object are one level below.
 class ToolCallStream::Scanner {
  public:
-  // `array`: the calls may sit in a JSON array (its first bracket says whether they do).
-  // `skip`: a marker the text starts with that holds brackets ("[TOOL_CALLS]").
-  Scanner(bool array, std::string_view skip) : array_(array), skip_(skip) {}
+  enum class Layout { kHermes, kObjects, kOneValue };
+  // `skip`: a marker the text may start with (after space), skipped: "[TOOL_CALLS]" holds a
+  // bracket, "<|python_tag|>" is not a call's text.
+  Scanner(Layout layout, std::string_view skip) : layout_(layout), skip_(skip) {}
 
   // Scans what `buf` (the held text, which only grows) gained since the last call; `piece`
   // gets (call index, its name, the next piece of its arguments' text).
   template <typename Piece>
   void Scan(std::string_view buf, bool only_first, const Piece& piece) {
     if (!skip_.empty()) {
-      if (buf.size() < skip_.size() && skip_.substr(0, buf.size()) == buf) return;
-      if (buf.substr(0, skip_.size()) == skip_) pos_ = skip_.size();
+      const size_t k = SkipSpace(buf, 0);
+      const std::string_view rest = buf.substr(k);
+      if (rest.size() < skip_.size() && skip_.substr(0, rest.size()) == rest) return;
+      if (rest.substr(0, skip_.size()) == skip_) pos_ = k + skip_.size();
       skip_ = {};
     }
-    for (size_t i = pos_; i < buf.size(); ++i) Step(buf, i, only_first, piece);
+    for (size_t i = pos_; i < buf.size() && !done_; ++i) Step(buf, i, only_first, piece);
     pos_ = buf.size();
     if (streaming_ && emit_from_ < buf.size()) {
       piece(call_, *name_, buf.substr(emit_from_));
@@ -398,6 +405,24 @@ class ToolCallStream::Scanner {
       return;
     }
     const bool top = in_call_ && depth_ == base_ + 1;  // at the call object's own level
+    if (!in_call_ && depth_ == 0 && !absl::ascii_isspace(static_cast<unsigned char>(c))) {
+      // Between calls: what the format's parser accepts there, or no more calls.
+      if (layout_ == Layout::kObjects) {
+        if (c == ';' && after_call_) {
+          after_call_ = false;
+          return;
+        }
+        if (c != '{') {
+          done_ = true;
+          return;
+        }
+      } else if (layout_ == Layout::kOneValue) {
+        if (value_closed_ || (c != '[' && c != '{')) {
+          done_ = true;
+          return;
+        }
+      }
+    }
     switch (c) {
       case '"':
         in_string_ = true;
@@ -416,7 +441,9 @@ class ToolCallStream::Scanner {
             base_ = c == '[' ? 1 : 0;
             base_known_ = true;
           }
-          if (c == '{' && depth_ == base_ && (!array_ || base_known_)) {
+          const bool hermes_call =
+              layout_ != Layout::kHermes || AfterHermesMarker(buf, i);
+          if (c == '{' && depth_ == base_ && (!array_ || base_known_) && hermes_call) {
             in_call_ = true;
             ++call_;
             expect_ = Expect::kKey;
@@ -427,7 +454,7 @@ class ToolCallStream::Scanner {
         } else if (top && expect_ == Expect::kValue) {
           if (IsArgsKey(key_) && !args_seen_) {
             args_seen_ = true;
-            if (c == '{' && name_ && (!only_first || call_ == 0)) {
+            if (c == '{' && name_ && !name_->empty() && (!only_first || call_ == 0)) {
               streaming_ = true;
               args_depth_ = depth_;
               emit_from_ = i;
@@ -444,7 +471,11 @@ class ToolCallStream::Scanner {
           piece(call_, *name_, buf.substr(emit_from_, i + 1 - emit_from_));
           streaming_ = false;
         }
-        if (in_call_ && depth_ == base_) in_call_ = false;
+        if (in_call_ && depth_ == base_) {
+          in_call_ = false;
+          after_call_ = true;
+        }
+        if (depth_ == 0) value_closed_ = true;
         return;
       case ':':
         if (top && expect_ == Expect::kColon) expect_ = Expect::kValue;
@@ -461,8 +492,21 @@ class ToolCallStream::Scanner {
     }
   }
 
-  const bool array_;
+  // Whether `buf` before `i` ends, past space, with <tool_call>: Hermes' call object starts
+  // there and nowhere else (ParseHermes reads each block's body).
+  static bool AfterHermesMarker(std::string_view buf, size_t i) {
+    size_t j = i;
+    while (j > 0 && absl::ascii_isspace(static_cast<unsigned char>(buf[j - 1]))) --j;
+    return j >= kHermesStart.size() && buf.substr(j - kHermesStart.size(), kHermesStart.size()) ==
+                                           kHermesStart;
+  }
+
+  const Layout layout_;
+  const bool array_ = layout_ == Layout::kOneValue;
   std::string_view skip_;
+  bool done_ = false;          // past where the parser looks for calls
+  bool after_call_ = false;    // kObjects: a call just closed (one ";" may follow)
+  bool value_closed_ = false;  // a top-level value closed (kOneValue: the only one)
   bool base_known_ = false;
   int base_ = 0;
   size_t pos_ = 0;
@@ -493,10 +537,13 @@ std::vector<ToolCallDelta> ToolCallStream::TakeDeltas() {
 void ToolCallStream::Scan() {
   const auto piece = [this](int index, const std::string& name, std::string_view text) {
     if (text.empty()) return;
-    if (streamed_ids_.size() <= static_cast<size_t>(index)) streamed_ids_.resize(index + 1);
-    if (streamed_ids_[index].empty()) {
-      streamed_ids_[index] = NewToolCallId();
-      deltas_.push_back({index, streamed_ids_[index], name, std::string(text)});
+    if (streamed_.size() <= static_cast<size_t>(index)) streamed_.resize(index + 1);
+    Streamed& call = streamed_[index];
+    call.arguments.append(text);
+    if (call.id.empty()) {
+      call.id = NewToolCallId();
+      call.name = name;
+      deltas_.push_back({index, call.id, name, std::string(text)});
     } else if (!deltas_.empty() && deltas_.back().index == index) {
       deltas_.back().arguments.append(text);
     } else {
@@ -510,9 +557,15 @@ void ToolCallStream::Scan() {
     return;
   }
   if (scanner_ == nullptr) {
-    const bool mistral = mode_ == Mode::kAuto && syntax_->format == ToolCallFormat::kMistral;
+    using Layout = Scanner::Layout;
+    const ToolCallFormat format = mode_ == Mode::kAuto ? syntax_->format : ToolCallFormat::kNone;
     scanner_ = std::make_unique<Scanner>(
-        /*array=*/mode_ == Mode::kRequired || mistral, mistral ? kMistralStart : "");
+        format == ToolCallFormat::kHermes       ? Layout::kHermes
+        : format == ToolCallFormat::kLlama3Json ? Layout::kObjects
+                                                : Layout::kOneValue,
+        format == ToolCallFormat::kMistral      ? kMistralStart
+        : format == ToolCallFormat::kLlama3Json ? kPythonTag
+                                                : std::string_view());
   }
   scanner_->Scan(held_, single_call_, piece);
 }
@@ -581,9 +634,14 @@ std::string ToolCallStream::FeedText(absl::Span<const int32_t> ids, std::string_
 
 ToolCallStream::Result ToolCallStream::Finish(bool parse) {
   Result r = Parse(parse);
-  // A streamed call keeps the id its deltas carried (clients match the two).
-  for (size_t i = 0; i < r.calls.size() && i < streamed_ids_.size(); ++i) {
-    if (!streamed_ids_[i].empty()) r.calls[i].id = streamed_ids_[i];
+  // A streamed call keeps the id its deltas carried (clients match the two), when it is the call
+  // that was streamed: the same name, and the arguments its pieces spelled (a duplicated key
+  // parses to the last one, say). Otherwise it keeps a fresh id and goes out whole at the end.
+  for (size_t i = 0; i < r.calls.size() && i < streamed_.size(); ++i) {
+    const Streamed& s = streamed_[i];
+    if (s.id.empty() || s.name != r.calls[i].name) continue;
+    absl::StatusOr<OrderedJson> args = ParseOrderedJson(s.arguments, "streamed arguments");
+    if (args.ok() && args->dump() == r.calls[i].arguments) r.calls[i].id = s.id;
   }
   if (single_call_ && r.calls.size() > 1) {
     r.dropped = static_cast<int32_t>(r.calls.size() - 1);

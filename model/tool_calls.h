@@ -159,7 +159,12 @@ class ToolCallStream {
   std::string pending_;  // kLeading / kContent: text that may begin a marker
   std::string held_;     // kCall: from the marker on
   std::unique_ptr<Scanner> scanner_;  // kAuto and kRequired: finds calls in held_
-  std::vector<std::string> streamed_ids_;  // [call index]: "" for a call not streamed
+  struct Streamed {
+    std::string id;  // "" for a call not streamed
+    std::string name;
+    std::string arguments;  // the pieces so far, joined
+  };
+  std::vector<Streamed> streamed_;  // [call index]
   std::vector<ToolCallDelta> deltas_;
   size_t named_emitted_ = 0;  // kNamed: held_ given out as arguments so far
 };

@@ -509,5 +509,71 @@ TEST(ToolCallStreamTest, SingleCallStreamsOnlyTheFirstAndACutCallStaysSent) {
   EXPECT_THAT(partial.result.text, HasSubstr("\"long\": \"abc"));
 }
 
+// The scanner's call k is the parser's call k: objects the parser does not read as calls (text
+// between Hermes blocks, text after Llama 3's calls, a second Mistral array) are not streamed
+// as calls, and a call whose parse differs from what was streamed keeps a fresh id.
+TEST(ToolCallStreamTest, OnlyWhatTheParserReadsAsCallsStreams) {
+  std::mt19937 rng(8);
+  const ToolCallSyntax hermes = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const ToolCallSyntax llama = MakeToolCallSyntax(ToolCallFormat::kLlama3Json, std::nullopt);
+  const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral, std::nullopt);
+  for (int trial = 0; trial < 30; ++trial) {
+    {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &hermes);
+      const Streamed got = FeedInPieces(
+          s,
+          "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n{}\n"
+          "<tool_call>{\"name\":\"b\",\"arguments\":{\"x\":1}}</tool_call>",
+          rng);
+      ASSERT_EQ(got.result.calls.size(), 2u);
+      ExpectStreamedAsParsed(got, {0, 1});
+    }
+    {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &llama);
+      const Streamed got = FeedInPieces(
+          s, "{\"name\":\"a\",\"parameters\":{}} and {\"name\":\"b\",\"parameters\":{}}", rng);
+      ASSERT_EQ(got.result.calls.size(), 1u);
+      ExpectStreamedAsParsed(got, {0});
+    }
+    {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &llama);
+      const Streamed got = FeedInPieces(
+          s, " <|python_tag|>{\"name\":\"a\",\"parameters\":{\"q\":1}}", rng);
+      ASSERT_EQ(got.result.calls.size(), 1u);
+      ExpectStreamedAsParsed(got, {0});
+    }
+    {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &mistral);
+      const Streamed got = FeedInPieces(
+          s,
+          "[TOOL_CALLS][{\"name\":\"a\",\"arguments\":{}}][TOOL_CALLS][{\"name\":\"b\","
+          "\"arguments\":{}}]",
+          rng);
+      ASSERT_EQ(got.result.calls.size(), 1u);
+      ExpectStreamedAsParsed(got, {0});
+    }
+    {
+      // A duplicated arguments key: streamed as the first, parsed as the last. The call keeps a
+      // fresh id, so it is not taken for the streamed one.
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &hermes);
+      const Streamed got = FeedInPieces(
+          s, "<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":1},\"arguments\":{\"a\":2}}</tool_call>",
+          rng);
+      ASSERT_EQ(got.result.calls.size(), 1u);
+      ASSERT_EQ(got.calls.count(0), 1u);
+      EXPECT_EQ(got.calls.at(0).arguments, "{\"a\":1}");
+      EXPECT_EQ(got.result.calls[0].arguments, "{\"a\":2}");
+      EXPECT_NE(got.result.calls[0].id, got.calls.at(0).id);
+    }
+    {
+      // An empty name is no call: nothing streams.
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &hermes);
+      const Streamed got =
+          FeedInPieces(s, "<tool_call>{\"name\":\"\",\"arguments\":{\"a\":1}}</tool_call>", rng);
+      EXPECT_TRUE(got.deltas.empty());
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kvrm

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -150,8 +151,14 @@ absl::Status CheckKvFitsMemory(const LlamaConfig& config, const EngineOptions& o
   const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers *
                                   config.num_key_value_heads * config.head_dim *
                                   static_cast<int64_t>(DTypeSize(o.kv_dtype)) * o.block_tokens;
-  const int64_t pool = pool_in_host_memory ? o.kv_blocks * bytes_per_block : 0;
-  const int64_t host_tier = o.kv_host_blocks * bytes_per_block;
+  // Saturating: a budget whose bytes do not fit 64 bits fits no memory either.
+  const auto bytes_of = [&](int64_t blocks) {
+    return blocks > std::numeric_limits<int64_t>::max() / std::max<int64_t>(1, bytes_per_block)
+               ? std::numeric_limits<int64_t>::max()
+               : blocks * bytes_per_block;
+  };
+  const int64_t pool = pool_in_host_memory ? bytes_of(o.kv_blocks) : 0;
+  const int64_t host_tier = bytes_of(o.kv_host_blocks);
   const std::string what = absl::StrCat(
       "the KV cache (", o.kv_blocks, " blocks of ", o.block_tokens, " tokens, ",
       bytes_per_block / 1024, " KiB each", pool_in_host_memory ? "" : ", on the device",

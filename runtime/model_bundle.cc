@@ -6,6 +6,7 @@
 #include <string_view>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace kvrm {
@@ -43,10 +44,22 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
       std::end(kLlamaTokenizers)) {
     const bool add_bos = chat.add_bos_token.value_or(true);
     const bool add_eos = chat.add_eos_token.value_or(false);
-    if (absl::Status st = bundle->tokenizer->SetSpecialTokensTemplate(
-            add_bos ? std::optional<std::string_view>(chat.bos_token) : std::nullopt,
-            add_eos ? std::optional<std::string_view>(chat.eos_token) : std::nullopt);
-        !st.ok()) {
+    // The class's defaults where tokenizer_config.json names no token ("<s>", "</s>"). A token
+    // it names must be in the vocabulary; a default that is not leaves tokenizer.json's
+    // post-processor as it is.
+    const std::string bos = chat.bos_token.empty() ? "<s>" : chat.bos_token;
+    const std::string eos = chat.eos_token.empty() ? "</s>" : chat.eos_token;
+    const bool defaults_missing =
+        (add_bos && chat.bos_token.empty() && !bundle->tokenizer->TokenToId(bos)) ||
+        (add_eos && chat.eos_token.empty() && !bundle->tokenizer->TokenToId(eos));
+    if (defaults_missing) {
+      LOG(WARNING) << dir << "/tokenizer_config.json (" << chat.tokenizer_class
+                   << ") names no bos_token / eos_token and the vocabulary has no <s> / </s>: "
+                      "tokenizer.json's post-processor is kept";
+    } else if (absl::Status st = bundle->tokenizer->SetSpecialTokensTemplate(
+                   add_bos ? std::optional<std::string_view>(bos) : std::nullopt,
+                   add_eos ? std::optional<std::string_view>(eos) : std::nullopt);
+               !st.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(dir, "/tokenizer_config.json (",
                                                      chat.tokenizer_class, "): ", st.message()));
     }

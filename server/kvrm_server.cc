@@ -1,6 +1,7 @@
 #include "server/kvrm_server.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <openssl/bio.h>
 #include <openssl/evp.h>
@@ -133,8 +134,11 @@ absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
     return absl::InvalidArgumentError(
         "--max_message_bytes and --max_concurrent_streams must be positive");
   }
-  if (options.max_connection_age_s < 0 || options.max_connection_age_s > 24 * 3600 * 365) {
-    return absl::InvalidArgumentError("--grpc_max_connection_age_s must be in [0, one year]");
+  // gRPC takes milliseconds in an int: at most 2147483 s (24.8 days).
+  constexpr int32_t kMaxAgeS = std::numeric_limits<int32_t>::max() / 1000;
+  if (options.max_connection_age_s < 0 || options.max_connection_age_s > kMaxAgeS) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc_max_connection_age_s must be in [0, ", kMaxAgeS, "]"));
   }
   grpc::ServerBuilder builder;
   builder.AddListeningPort(options.listen, *credentials, &server->port_);

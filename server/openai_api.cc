@@ -616,15 +616,23 @@ std::string Dump(const OrderedJson& j) {
 // One server-sent event.
 std::string Sse(const std::string& data) { return absl::StrCat("data: ", data, "\n\n"); }
 
-// `skip`: calls already streamed as deltas (a stream's last chunk sends only the others).
+// `streamed_ids`: calls already streamed as deltas, which a stream's last chunk does not send
+// again; the others take their own index, or the next one no streamed call used (a call that
+// differs from what was streamed under its index comes again whole, under a fresh id).
 OrderedJson OpenAiToolCalls(const v1::Finished& finished, bool with_index,
-                            const std::set<int32_t>& skip = {}) {
+                            const std::set<std::string>& streamed_ids = {},
+                            std::set<int32_t> used_indices = {}) {
   OrderedJson calls = OrderedJson::array();
   for (int i = 0; i < finished.tool_calls_size(); ++i) {
-    if (skip.count(i) > 0) continue;
     const v1::ToolCall& c = finished.tool_calls(i);
+    if (streamed_ids.count(c.id()) > 0) continue;
     OrderedJson call;
-    if (with_index) call["index"] = i;
+    if (with_index) {
+      int32_t index = i;
+      while (used_indices.count(index) > 0) ++index;
+      used_indices.insert(index);
+      call["index"] = index;
+    }
     call["id"] = c.id();
     call["type"] = "function";
     call["function"] = {{"name", c.name()}, {"arguments", c.arguments()}};
@@ -1092,7 +1100,8 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
       call["index"] = d.index();
       OrderedJson function = OrderedJson::object();
       if (!d.id().empty()) {
-        c.streamed_calls.insert(d.index());
+        c.streamed_ids.insert(d.id());
+        c.streamed_indices.insert(d.index());
         call["id"] = d.id();
         call["type"] = "function";
         function["name"] = d.name();
@@ -1103,7 +1112,7 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
     }
     if (calls) {
       for (OrderedJson& call :
-           OpenAiToolCalls(m.finished(), /*with_index=*/true, c.streamed_calls)) {
+           OpenAiToolCalls(m.finished(), /*with_index=*/true, c.streamed_ids, c.streamed_indices)) {
         tool_calls.push_back(std::move(call));
       }
     }

@@ -147,7 +147,9 @@ class OpenAiReply {
     v1::Finished finished;
     bool done = false;
     bool echoed = false;  // streaming: the echo has been sent
-    std::set<int32_t> streamed_calls;  // streaming: calls whose deltas were sent
+    // Streaming: the calls whose deltas were sent, by id, and the indices they used.
+    std::set<std::string> streamed_ids;
+    std::set<int32_t> streamed_indices;
   };
   // Prompt `prompt`'s completion `index` (clamped to the request's shape).
   int ChoiceIndex(int prompt, int index) const;

@@ -1581,6 +1581,20 @@ TEST(OpenAiStreamTest, ToolCallDeltasStreamAndAreNotRepeatedAtTheEnd) {
   EXPECT_EQ(rest[0].at("index"), 1);
   EXPECT_EQ(rest[0].at("id"), "call_b");
   EXPECT_EQ(rest[0].at("function").at("arguments"), "{}");
+  // A call that differs from what was streamed under its index (a fresh id) comes whole under an
+  // index no streamed call used, so a client joining by index does not mix the two.
+  OpenAiReply other(request, nullptr, "chatcmpl-e", 1, "m");
+  other.StreamMessage(delta(0, "call_a", "f", "{\"x\":1}"));
+  v1::GenerateResponse changed = Final(0, "", v1::FINISH_REASON_TOOL_CALLS, 4, 9);
+  AddToolCall(&changed, "call_z", "f", R"({"x":2})");
+  AddToolCall(&changed, "call_b", "g", "{}");
+  chunks = SseChunks(other.StreamMessage(changed));
+  const Json& resent = chunks[0].at("choices")[0].at("delta").at("tool_calls");
+  ASSERT_EQ(resent.size(), 2u);
+  EXPECT_EQ(resent[0].at("id"), "call_z");
+  EXPECT_EQ(resent[0].at("index"), 1);
+  EXPECT_EQ(resent[1].at("id"), "call_b");
+  EXPECT_EQ(resent[1].at("index"), 2);
   // Completions have no tool calls: deltas there (none are sent) would not make an event.
   const OpenAiRequest completion = MustParse(kCompletions, CompletionBody(R"("stream": true)"));
   OpenAiReply plain(completion, &Gpt2(), "cmpl-d", 1, "m");

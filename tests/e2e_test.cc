@@ -667,6 +667,8 @@ TEST(E2eConnectionAgeTest, OldConnectionsAreToldToGoAwayAndCallsReconnect) {
     bad.listen = "127.0.0.1:0";
     bad.max_connection_age_s = -1;
     EXPECT_FALSE(KvrmServer::Start(&aged.engine(), bad).ok());
+    bad.max_connection_age_s = 2592000;  // 30 days: its milliseconds overflow gRPC's int
+    EXPECT_FALSE(KvrmServer::Start(&aged.engine(), bad).ok());
   }
   TestServer forever(Options(2));
   bool ok = false;

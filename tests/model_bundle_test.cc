@@ -68,6 +68,13 @@ TEST(ModelBundleTest, LlamaTokenizersTakeAddBosAndAddEosFromTokenizerConfig) {
                    })).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("bos_token \"<no such token>\""));
+  // No bos_token named: the class's default "<s>"; the tiny vocabulary has none, so
+  // tokenizer.json's post-processor stands (the model loads).
+  EXPECT_EQ(encode(EditedTinyModel("llama_no_named_bos", [](Json& j) {
+              j["tokenizer_class"] = "LlamaTokenizerFast";
+              j.erase("bos_token");
+            })),
+            *plain->tokenizer->Encode("hello there", true));
   s = ModelBundle::Load(EditedTinyModel("bad_flag", [](Json& j) { j["add_bos_token"] = "yes"; }))
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);

@@ -1,6 +1,7 @@
 // The scheduler on a simulated clock: a scripted backend (deterministic tokens, simulated step
 // costs that advance a ManualClock) under the real engine, stepped from the test thread. No
 // sleeps; every assertion is about order, states, budgets and accounting.
+#include <limits>
 #include <map>
 #include <random>
 
@@ -300,6 +301,10 @@ TEST_F(SchedulerTest, KvPoolBeyondTheMemoryLimitIsRefusedAtStart) {
   EXPECT_EQ(Engine::Create(model_, o).status().code(), absl::StatusCode::kResourceExhausted);
   o.memory_limit = MemoryLimit{64 * block, "the test's limit"};
   EXPECT_TRUE(Engine::Create(model_, o).ok());
+  // A budget whose bytes overflow 64 bits fits no memory (the product must not wrap to small).
+  o.kv_blocks = (std::numeric_limits<int64_t>::max() / block) * 2 + 3;
+  o.memory_limit = MemoryLimit{int64_t{1} << 40, "the test's limit"};
+  EXPECT_EQ(Engine::Create(model_, o).status().code(), absl::StatusCode::kResourceExhausted);
 }
 
 TEST_F(SchedulerTest, PriorityFirstThenFcfsWithinAPriority) {
