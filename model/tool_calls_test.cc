@@ -517,40 +517,31 @@ TEST(ToolCallStreamTest, OnlyWhatTheParserReadsAsCallsStreams) {
   const ToolCallSyntax hermes = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
   const ToolCallSyntax llama = MakeToolCallSyntax(ToolCallFormat::kLlama3Json, std::nullopt);
   const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral, std::nullopt);
+  struct Case {
+    const ToolCallSyntax* syntax;
+    std::string text;
+    size_t calls;            // what the parser returns
+    std::set<int> streamed;  // the calls streamed, by index
+  };
+  const std::vector<Case> cases = {
+      {&hermes,
+       "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n{}\n"
+       "<tool_call>{\"name\":\"b\",\"arguments\":{\"x\":1}}</tool_call>",
+       2, {0, 1}},
+      {&llama, "{\"name\":\"a\",\"parameters\":{}} and {\"name\":\"b\",\"parameters\":{}}", 1,
+       {0}},
+      {&llama, " <|python_tag|>{\"name\":\"a\",\"parameters\":{\"q\":1}}", 1, {0}},
+      {&mistral,
+       "[TOOL_CALLS][{\"name\":\"a\",\"arguments\":{}}][TOOL_CALLS][{\"name\":\"b\","
+       "\"arguments\":{}}]",
+       1, {0}},
+  };
   for (int trial = 0; trial < 30; ++trial) {
-    {
-      ToolCallStream s(ToolCallStream::Mode::kAuto, &hermes);
-      const Streamed got = FeedInPieces(
-          s,
-          "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>\n{}\n"
-          "<tool_call>{\"name\":\"b\",\"arguments\":{\"x\":1}}</tool_call>",
-          rng);
-      ASSERT_EQ(got.result.calls.size(), 2u);
-      ExpectStreamedAsParsed(got, {0, 1});
-    }
-    {
-      ToolCallStream s(ToolCallStream::Mode::kAuto, &llama);
-      const Streamed got = FeedInPieces(
-          s, "{\"name\":\"a\",\"parameters\":{}} and {\"name\":\"b\",\"parameters\":{}}", rng);
-      ASSERT_EQ(got.result.calls.size(), 1u);
-      ExpectStreamedAsParsed(got, {0});
-    }
-    {
-      ToolCallStream s(ToolCallStream::Mode::kAuto, &llama);
-      const Streamed got = FeedInPieces(
-          s, " <|python_tag|>{\"name\":\"a\",\"parameters\":{\"q\":1}}", rng);
-      ASSERT_EQ(got.result.calls.size(), 1u);
-      ExpectStreamedAsParsed(got, {0});
-    }
-    {
-      ToolCallStream s(ToolCallStream::Mode::kAuto, &mistral);
-      const Streamed got = FeedInPieces(
-          s,
-          "[TOOL_CALLS][{\"name\":\"a\",\"arguments\":{}}][TOOL_CALLS][{\"name\":\"b\","
-          "\"arguments\":{}}]",
-          rng);
-      ASSERT_EQ(got.result.calls.size(), 1u);
-      ExpectStreamedAsParsed(got, {0});
+    for (const Case& c : cases) {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, c.syntax);
+      const Streamed got = FeedInPieces(s, c.text, rng);
+      ASSERT_EQ(got.result.calls.size(), c.calls) << c.text;
+      ExpectStreamedAsParsed(got, c.streamed);
     }
     {
       // A duplicated arguments key: streamed as the first, parsed as the last. The call keeps a
