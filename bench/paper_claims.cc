@@ -403,6 +403,7 @@ int Main(int argc, char** argv) {
       "|---|---|---|---|---|---|\n");
   const int32_t repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   int runs_started = 0;  // workloads run so far: which mode goes first alternates over them
+  int rows = 0;          // rows of the table printed so far
   std::string spread;  // with --repeats: every run's throughput ratio per workload
   std::string saturated;
   // The files are rewritten after every workload ("complete": false until the last), so that a
@@ -448,8 +449,9 @@ int Main(int argc, char** argv) {
         a.ttft_ms.p99, b.ttft_ms.p99, a.tpot_ms.p99, b.tpot_ms.p99, 100 * mem,
         a.worst_window_itl_p99_over_median, b.worst_window_itl_p99_over_median);
     // The header with the first row, then each new row (the whole table is printed at the end).
-    std::printf("%s%s", runs_started == 1 ? md.c_str() : "", row.c_str());
+    std::printf("%s%s", rows == 0 ? md.c_str() : "", row.c_str());
     md += row;
+    ++rows;
     nlohmann::json j = PairedJson(w, *paired, w.description, &spread);
     j["reserved_kvrm_over_static"] = mem;
     out["workloads"].push_back(j);

@@ -147,10 +147,14 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
 absl::Status CheckKvFitsMemory(const LlamaConfig& config, const EngineOptions& o,
                                bool pool_in_host_memory, const std::optional<MemoryLimit>& limit) {
   // K and V of a block for every layer and KV head, all ranks together (a rank holds its
-  // share of the heads).
-  const int64_t bytes_per_block = int64_t{2} * config.num_hidden_layers *
-                                  config.num_key_value_heads * config.head_dim *
-                                  static_cast<int64_t>(DTypeSize(o.kv_dtype)) * o.block_tokens;
+  // share of the heads): the pool's own arithmetic, for the whole model.
+  KvPoolShape whole;
+  whole.num_layers = config.num_hidden_layers;
+  whole.kv_heads = config.num_key_value_heads;
+  whole.head_dim = config.head_dim;
+  whole.block_tokens = o.block_tokens;
+  whole.dtype = o.kv_dtype;
+  const int64_t bytes_per_block = whole.BytesPerBlock();
   // Saturating: a budget whose bytes do not fit 64 bits fits no memory either.
   const auto bytes_of = [&](int64_t blocks) {
     return blocks > std::numeric_limits<int64_t>::max() / std::max<int64_t>(1, bytes_per_block)
