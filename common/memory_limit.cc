@@ -1,17 +1,16 @@
 #include "common/memory_limit.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
-#include <sstream>
-#include "absl/strings/string_view.h"
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/json.h"
 #include "common/logging.h"
 
 namespace kvrm {
@@ -21,11 +20,9 @@ namespace {
 constexpr int64_t kUnlimited = int64_t{1} << 60;
 
 std::optional<std::string> ReadSmallFile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) return std::nullopt;
-  std::stringstream s;
-  s << f.rdbuf();
-  return s.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) return std::nullopt;
+  return *std::move(text);
 }
 
 // A limit file's value: bytes, or nullopt for "max", unlimited or unreadable.

@@ -25,13 +25,9 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   ASSIGN_OR_RETURN(bundle->config, LoadLlamaConfig(dir));
   ASSIGN_OR_RETURN(bundle->files, SafetensorsSet::OpenDirectory(dir));
   ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files));
+  // Every id is below config.json's vocab_size (the embedding's rows): the tokenizer checks it.
   ASSIGN_OR_RETURN(bundle->tokenizer,
                    Tokenizer::FromFile(dir + "/tokenizer.json", bundle->config.vocab_size));
-  if (bundle->tokenizer->vocab_size() > bundle->config.vocab_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(dir, "/tokenizer.json: ", bundle->tokenizer->vocab_size(),
-                     " tokens but config.json vocab_size is ", bundle->config.vocab_size));
-  }
   ASSIGN_OR_RETURN(bundle->chat, LoadChatConfig(dir));
   // Transformers' LlamaTokenizer and LlamaTokenizerFast (Llama 2, Mistral v0.1-v0.2, CodeLlama,
   // TinyLlama) rebuild the post-processor when they load: BOS unless add_bos_token is false, EOS

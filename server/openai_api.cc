@@ -652,31 +652,24 @@ OrderedJson StopReason(const v1::Finished& f) {
 // than ignored, so that a client relying on one learns at once (unknown parameters are ignored,
 // since SDKs send some that change nothing).
 absl::Status RefuseUnsupported(const Json& body, bool chat) {
-  const auto present = [&](const char* key) {
-    auto it = body.find(key);
-    return it != body.end() && !it->is_null();
-  };
-  if (present("guided_grammar")) {
+  if (Find(body, "guided_grammar") != nullptr) {
     return Bad("guided_grammar",
                "is not supported (guided_json, guided_regex, guided_choice and response_format "
                "are)");
   }
-  if (auto it = body.find("prompt_logprobs");
-      it != body.end() && !it->is_null() && !(it->is_number_integer() && it->get<int64_t>() == 0)) {
-    return Bad("prompt_logprobs", "is not supported");
-  }
-  if (auto it = body.find("use_beam_search"); it != body.end() && it->is_boolean() && it->get<bool>()) {
-    return Bad("use_beam_search", "is not supported");
-  }
-  if (auto it = body.find("skip_special_tokens");
-      it != body.end() && it->is_boolean() && !it->get<bool>()) {
+  ASSIGN_OR_RETURN(std::optional<int32_t> prompt_logprobs, GetInt32(body, "prompt_logprobs"));
+  if (prompt_logprobs.value_or(0) != 0) return Bad("prompt_logprobs", "is not supported");
+  ASSIGN_OR_RETURN(std::optional<bool> beam_search, GetBool(body, "use_beam_search"));
+  if (beam_search.value_or(false)) return Bad("use_beam_search", "is not supported");
+  ASSIGN_OR_RETURN(std::optional<bool> skip_special, GetBool(body, "skip_special_tokens"));
+  if (!skip_special.value_or(true)) {
     return Bad("skip_special_tokens", "false is not supported: special tokens are left out of the text");
   }
   if (chat) {
     for (const char* key : {"functions", "function_call"}) {
-      if (present(key)) return Bad(key, "is not supported: use tools and tool_choice");
+      if (Find(body, key) != nullptr) return Bad(key, "is not supported: use tools and tool_choice");
     }
-    if (present("chat_template")) {
+    if (Find(body, "chat_template") != nullptr) {
       return Bad("chat_template",
                  "per request is not supported: the server's is the model's or kvrmd --chat_template");
     }
