@@ -69,7 +69,7 @@ std::optional<MemoryLimit> ReadMemoryLimit(const std::string& root) {
       if (f.size() != 3) continue;
       const std::string path(f[2]);
       if (f[0] == "0" && f[1].empty()) {
-        for (const std::string mount : {base + "/sys/fs/cgroup", base + "/sys/fs/cgroup/unified"}) {
+        for (const std::string& mount : {base + "/sys/fs/cgroup", base + "/sys/fs/cgroup/unified"}) {
           consider(TightestAlongPath(mount, path, "memory.max"), "the cgroup's memory.max");
         }
       } else {

@@ -1,7 +1,8 @@
 // Fuzzes the tool-call parsers and the stream filter (model/tool_calls.h) with what a model can
 // write: the input's first byte picks the format (hermes, llama3_json, mistral) and the mode
 // (AUTO, REQUIRED, a named function); the rest is the reply, cut into chunks at 0x01 bytes, a
-// chunk starting with 0x02 carrying the format's special marker token. Invariants:
+// 0x02 byte standing for the format's start marker (a marker token arrives as its text, alone in
+// its chunk). Invariants:
 //   - without calls, the text streamed plus the text released at the end is exactly the reply;
 //   - with calls, what was streamed is a prefix of the reply, no streamed text holds the start
 //     marker (AUTO), and every call has a name, a "call_" id and arguments that are one compact
@@ -18,8 +19,6 @@
 #include "model/tool_calls.h"
 
 namespace {
-
-constexpr int32_t kMarkerToken = 7;
 
 void CheckCall(const kvrm::ToolCall& call) {
   FUZZ_CHECK(!call.name.empty());
@@ -41,8 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                               kvrm::ToolCallStream::Mode::kRequired,
                                               kvrm::ToolCallStream::Mode::kNamed};
   const kvrm::ToolCallStream::Mode mode = modes[(data[0] / 3) % 3];
-  const bool marker_is_token = (data[0] / 9) % 2 == 1;
-  const bool parse = (data[0] / 18) % 2 == 0;
+  const bool parse = (data[0] / 9) % 2 == 0;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
 
   // The parsers alone, on the whole text.
@@ -57,8 +55,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const kvrm::ToolCall& c : *r) CheckCall(c);
   }
 
-  const kvrm::ToolCallSyntax syntax = kvrm::MakeToolCallSyntax(
-      format, marker_is_token ? std::optional<int32_t>(kMarkerToken) : std::nullopt);
+  const kvrm::ToolCallSyntax syntax = kvrm::MakeToolCallSyntax(format);
   kvrm::ToolCallStream stream(mode, &syntax, "f");
   std::string reply, streamed;
   std::map<int32_t, std::string> delta_ids, delta_args;
@@ -66,14 +63,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   while (start <= body.size()) {
     size_t end = body.find('\x01', start);
     if (end == std::string_view::npos) end = body.size();
-    std::string_view chunk = body.substr(start, end - start);
-    std::vector<int32_t> ids = {1};
-    if (!chunk.empty() && chunk[0] == '\x02') {
-      chunk.remove_prefix(1);
-      ids = {kMarkerToken};
-    }
+    std::string chunk(body.substr(start, end - start));
+    if (chunk == "\x02") chunk = syntax.start;
     reply.append(chunk);
-    const std::string out = stream.Feed(ids, chunk);
+    const std::string out = stream.Feed(chunk);
     for (kvrm::ToolCallDelta& d : stream.TakeDeltas()) {
       FUZZ_CHECK(d.index >= 0);
       std::string& id = delta_ids[d.index];

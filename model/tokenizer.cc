@@ -1,5 +1,6 @@
 #include "model/tokenizer.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -217,14 +218,18 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
 }
 
 std::vector<std::string> Tokenizer::IdsToTokens(absl::Span<const int32_t> ids,
-                                                bool skip_special_tokens) const {
+                                                bool skip_special_tokens,
+                                                absl::Span<const int32_t> kept) const {
   std::vector<std::string> tokens;
   tokens.reserve(ids.size());
   for (const int32_t id : ids) {
     if (id < 0 || id >= vocab_size() || !has_token_[id]) continue;
     const std::string& token = id_to_token_[id];
     // HF skips by content: any token spelled like a special token.
-    if (skip_special_tokens && special_contents_.contains(token)) continue;
+    if (skip_special_tokens && special_contents_.contains(token) &&
+        std::find(kept.begin(), kept.end(), id) == kept.end()) {
+      continue;
+    }
     tokens.push_back(token);
   }
   return tokens;
@@ -248,6 +253,13 @@ std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special_t
   std::vector<std::string> tokens = IdsToTokens(ids, skip_special_tokens);
   std::string out = DecodeTokens(&tokens, /*lossy=*/true);
   // Decoders only emit valid UTF-8 today; this keeps the promise if one ever does not.
+  return tok::IsValidUtf8(out) ? out : tok::Utf8Lossy(out);
+}
+
+std::string Tokenizer::DecodeKeeping(absl::Span<const int32_t> ids,
+                                     absl::Span<const int32_t> kept) const {
+  std::vector<std::string> tokens = IdsToTokens(ids, /*skip_special_tokens=*/true, kept);
+  std::string out = DecodeTokens(&tokens, /*lossy=*/true);
   return tok::IsValidUtf8(out) ? out : tok::Utf8Lossy(out);
 }
 

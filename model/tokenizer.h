@@ -60,6 +60,10 @@ class Tokenizer {
   // HF `tokenizer.decode(ids, skip_special_tokens=...)`; always valid UTF-8. Ids that name no
   // token are skipped.
   std::string Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const;
+  // Decode(ids, true), except that the special tokens in `kept` keep their text: a request that
+  // offered tools reads its model's call markers (<tool_call>, [TOOL_CALLS], <|python_tag|>)
+  // where they are special tokens, as vLLM's tool parsers turn skip_special_tokens off.
+  std::string DecodeKeeping(absl::Span<const int32_t> ids, absl::Span<const int32_t> kept) const;
 
   // Decode without the UTF-8 repairs: the exact bytes the decoder produces, which may be
   // ill-formed UTF-8 (a token holding half a character is its raw bytes, not U+FFFD). Byte-level
@@ -101,8 +105,9 @@ class Tokenizer {
   // Appends the ids of a text segment holding no raw-matched added token.
   absl::Status EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const;
   // The token strings Decode feeds the decoder chain for `ids`.
-  std::vector<std::string> IdsToTokens(absl::Span<const int32_t> ids,
-                                       bool skip_special_tokens) const;
+  // With `skip_special_tokens`, the special tokens in `kept` stay.
+  std::vector<std::string> IdsToTokens(absl::Span<const int32_t> ids, bool skip_special_tokens,
+                                       absl::Span<const int32_t> kept = {}) const;
   // Runs the decoder chain (or the space join when there is none) and joins the result.
   std::string DecodeTokens(std::vector<std::string>* tokens, bool lossy) const;
   // The token TokenContinuationBytes decodes ahead of each id, if any.

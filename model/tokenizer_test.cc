@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -238,6 +239,24 @@ TEST(TokenizerTest, DecodeSkipsUnknownIdsAndRepairsBytes) {
   const auto c3 = tok.TokenToId("Ã");
   ASSERT_TRUE(c3.has_value());
   EXPECT_EQ(tok.Decode({*c3}, false), "\xEF\xBF\xBD");
+}
+
+// Llama 3.1 names 128010 <|python_tag|>; the 3.0 vocabulary here has a reserved token there.
+TEST(TokenizerTest, DecodeKeepingKeepsOnlyTheNamedSpecialTokens) {
+  const Tokenizer& tok = Get("llama3");
+  const std::optional<int32_t> marker = tok.TokenToId("<|reserved_special_token_5|>");
+  ASSERT_TRUE(marker.has_value());
+  ASSERT_TRUE(tok.IsSpecial(*marker));
+  absl::StatusOr<std::vector<int32_t>> ids =
+      tok.Encode("Hi<|reserved_special_token_5|>{\"a\": 1}<|eot_id|>", /*add_special_tokens=*/true);
+  ASSERT_TRUE(ids.ok()) << ids.status();
+  EXPECT_EQ(tok.Decode(*ids, true), "Hi{\"a\": 1}");
+  EXPECT_EQ(tok.DecodeKeeping(*ids, {*marker}), "Hi<|reserved_special_token_5|>{\"a\": 1}");
+  EXPECT_EQ(tok.DecodeKeeping(*ids, {}), tok.Decode(*ids, true));
+  // Keeping an ordinary token changes nothing: only special tokens are ever skipped.
+  const std::optional<int32_t> hi = tok.TokenToId("Hi");
+  ASSERT_TRUE(hi.has_value());
+  EXPECT_EQ(tok.DecodeKeeping(*ids, {*hi}), tok.Decode(*ids, true));
 }
 
 // ---- DecodeBytes and TokenContinuationBytes ----

@@ -326,7 +326,7 @@ absl::StatusOr<ToolCall> ParseNamedToolCall(std::string_view name, std::string_v
   return ToolCall{NewToolCallId(), std::string(name), j.dump()};
 }
 
-ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> start_token) {
+ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format) {
   ToolCallSyntax s;
   s.format = format;
   switch (format) {
@@ -335,8 +335,17 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> 
     case ToolCallFormat::kLlama3Json: s.start = std::string(kPythonTag); break;
     case ToolCallFormat::kMistral: s.start = std::string(kMistralStart); break;
   }
-  s.start_token = start_token;
   return s;
+}
+
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kNone: return {};
+    case ToolCallFormat::kHermes: return {kHermesStart, kHermesEnd};
+    case ToolCallFormat::kLlama3Json: return {kPythonTag};
+    case ToolCallFormat::kMistral: return {kMistralStart};
+  }
+  return {};
 }
 
 // Finds the calls in held reply text as it grows and cuts their arguments into pieces: a
@@ -582,25 +591,16 @@ ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::str
                  ? State::kLeading
                  : State::kContent) {}
 
-std::string ToolCallStream::Feed(absl::Span<const int32_t> ids, std::string_view text) {
-  std::string out = FeedText(ids, text);
+std::string ToolCallStream::Feed(std::string_view text) {
+  std::string out = FeedText(text);
   if (mode_ != Mode::kAuto || state_ == State::kCall) Scan();
   return out;
 }
 
-std::string ToolCallStream::FeedText(absl::Span<const int32_t> ids, std::string_view text) {
+std::string ToolCallStream::FeedText(std::string_view text) {
   if (mode_ != Mode::kAuto || state_ == State::kCall) {
     held_.append(text);
     return "";
-  }
-  if (syntax_->start_token &&
-      std::find(ids.begin(), ids.end(), *syntax_->start_token) != ids.end()) {
-    // The marker token itself adds no text; this chunk's text is the call's.
-    std::string out = std::move(pending_);
-    pending_.clear();
-    held_.assign(text);
-    state_ = State::kCall;
-    return out;
   }
   pending_.append(text);
   const std::string_view start = syntax_->start;

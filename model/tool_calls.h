@@ -91,15 +91,20 @@ absl::StatusOr<std::vector<ToolCall>> ParseRequiredToolCalls(std::string_view te
 // A named tool_choice: `text` is the function's arguments (a JSON object).
 absl::StatusOr<ToolCall> ParseNamedToolCall(std::string_view name, std::string_view text);
 
-// What a format starts its calls with, resolved against the served vocabulary: Llama 3's
-// <|python_tag|> and Mistral's [TOOL_CALLS] are special tokens, which decoded text skips, so the
-// stream also watches for the token itself.
+// What a format starts its calls with. Llama 3's <|python_tag|> and Mistral's [TOOL_CALLS] are
+// special tokens, and so are Hermes's <tool_call> and </tool_call> in some vocabularies (Hermes 2
+// Pro; not Qwen's): decoded text skips special tokens, so a request that offered tools keeps
+// these in its text (GenerationRequest::kept_special_tokens, what vLLM's skip_special_tokens
+// false does for its tool parsers) and the stream reads every marker as text.
 struct ToolCallSyntax {
   ToolCallFormat format = ToolCallFormat::kNone;
   std::string start;                   // the marker as text ("" for kNone)
-  std::optional<int32_t> start_token;  // the marker's token id, when it is a special token
+  std::vector<int32_t> marker_tokens;  // the format's markers that are special tokens, by id
 };
-ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format, std::optional<int32_t> start_token);
+// The strings a format writes its calls with: the start marker (and Hermes's end marker).
+std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format);
+// The syntax with no marker tokens (the caller resolves them against its vocabulary).
+ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format);
 
 // One completion's text on its way to the client when the request offered tools. In kAuto the
 // text before the first call marker streams as usual (text that might begin a marker is held
@@ -125,8 +130,8 @@ class ToolCallStream {
 
   ~ToolCallStream();
 
-  // The part of `text` (the text of `ids`) to send now.
-  std::string Feed(absl::Span<const int32_t> ids, std::string_view text);
+  // The part of `text` (the completion's next text, markers included) to send now.
+  std::string Feed(std::string_view text);
   // The call deltas the text fed so far added (moved out: each is returned once).
   std::vector<ToolCallDelta> TakeDeltas();
 
@@ -148,7 +153,7 @@ class ToolCallStream {
 
   class Scanner;
   Result Parse(bool parse);  // Finish before single_call
-  std::string FeedText(absl::Span<const int32_t> ids, std::string_view text);  // Feed's text
+  std::string FeedText(std::string_view text);  // Feed's text
   void Scan();               // held_'s new text into deltas_
 
   Mode mode_;

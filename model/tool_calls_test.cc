@@ -223,7 +223,7 @@ Streamed FeedInPieces(ToolCallStream& s, std::string_view text, std::mt19937& rn
   while (i < text.size()) {
     const size_t n = std::min(text.size() - i, static_cast<size_t>(rng() % 5 + 1));
     const std::string piece(text.substr(i, n));
-    const std::string released = s.Feed({7}, piece);
+    const std::string released = s.Feed(piece);
     out.streamed += released;
     for (ToolCallDelta& d : s.TakeDeltas()) {
       Streamed::Call& c = out.calls[d.index];
@@ -244,7 +244,7 @@ Streamed FeedInPieces(ToolCallStream& s, std::string_view text, std::mt19937& rn
 }
 
 TEST(ToolCallStreamTest, HermesStreamsTheContentAndHoldsTheCall) {
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes);
   const std::string content = "Let me check <tools> for you. ";
   const std::string call =
       "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}\n</tool_call>";
@@ -261,7 +261,7 @@ TEST(ToolCallStreamTest, HermesStreamsTheContentAndHoldsTheCall) {
 }
 
 TEST(ToolCallStreamTest, NothingIsLostWithoutACallOrWhenTheCallIsMalformed) {
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes);
   std::mt19937 rng(2);
   const std::string alphabet = "<tool_call>{}\" abc";
   for (int trial = 0; trial < 300; ++trial) {
@@ -277,13 +277,13 @@ TEST(ToolCallStreamTest, NothingIsLostWithoutACallOrWhenTheCallIsMalformed) {
   }
   // A marker prefix at the very end is released at the end.
   ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
-  EXPECT_EQ(s.Feed({1}, "a <tool_"), "a ");
+  EXPECT_EQ(s.Feed("a <tool_"), "a ");
   const ToolCallStream::Result tail = s.Finish(true);
   EXPECT_EQ(tail.text, "<tool_");
   EXPECT_FALSE(tail.malformed);  // no call was begun
   // Cancelled while holding a well-formed call: released as text, not parsed.
   ToolCallStream c(ToolCallStream::Mode::kAuto, &syntax);
-  EXPECT_EQ(c.Feed({1}, "<tool_call>{\"name\": \"f\"}</tool_call>"), "");
+  EXPECT_EQ(c.Feed("<tool_call>{\"name\": \"f\"}</tool_call>"), "");
   EXPECT_TRUE(c.holding_call());
   const ToolCallStream::Result r = c.Finish(/*parse=*/false);
   EXPECT_TRUE(r.calls.empty());
@@ -291,20 +291,47 @@ TEST(ToolCallStreamTest, NothingIsLostWithoutACallOrWhenTheCallIsMalformed) {
   EXPECT_EQ(r.text, "<tool_call>{\"name\": \"f\"}</tool_call>");
 }
 
-TEST(ToolCallStreamTest, SpecialMarkerTokenStartsTheCall) {
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kMistral, 5);
-  ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
-  EXPECT_EQ(s.Feed({1}, "Calling "), "Calling ");
-  EXPECT_EQ(s.Feed({5}, ""), "");  // [TOOL_CALLS] decodes to nothing
-  EXPECT_EQ(s.Feed({9}, "[{\"name\": \"a\", "), "");
-  EXPECT_EQ(s.Feed({9}, "\"arguments\": {\"x\": 2}}]"), "");
-  const ToolCallStream::Result r = s.Finish(true);
+// A marker that is a special token reaches the stream as its text (the request keeps it in the
+// decoded text), alone in its piece as a generated token is.
+TEST(ToolCallStreamTest, MarkerTokensArriveAsTheirText) {
+  EXPECT_EQ(ToolCallMarkers(ToolCallFormat::kHermes),
+            (std::vector<std::string_view>{"<tool_call>", "</tool_call>"}));
+  EXPECT_EQ(ToolCallMarkers(ToolCallFormat::kMistral),
+            (std::vector<std::string_view>{"[TOOL_CALLS]"}));
+  EXPECT_EQ(ToolCallMarkers(ToolCallFormat::kLlama3Json),
+            (std::vector<std::string_view>{"<|python_tag|>"}));
+  EXPECT_TRUE(ToolCallMarkers(ToolCallFormat::kNone).empty());
+
+  const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral);
+  ToolCallStream s(ToolCallStream::Mode::kAuto, &mistral);
+  EXPECT_EQ(s.Feed("Calling "), "Calling ");
+  EXPECT_EQ(s.Feed("[TOOL_CALLS]"), "");
+  EXPECT_EQ(s.Feed("[{\"name\": \"a\", "), "");
+  EXPECT_EQ(s.Feed("\"arguments\": {\"x\": 2}}]"), "");
+  ToolCallStream::Result r = s.Finish(true);
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, "{\"x\":2}");
+
+  // Two Hermes calls, each marker a piece of its own.
+  const ToolCallSyntax hermes = MakeToolCallSyntax(ToolCallFormat::kHermes);
+  ToolCallStream h(ToolCallStream::Mode::kAuto, &hermes);
+  std::string streamed;
+  for (std::string_view piece :
+       {"Both.", "<tool_call>", "{\"name\": \"a\", \"arguments\": {}}", "</tool_call>", "\n",
+        "<tool_call>", "{\"name\": \"b\", \"arguments\": {\"y\": [1]}}", "</tool_call>"}) {
+    streamed += h.Feed(piece);
+  }
+  EXPECT_EQ(streamed, "Both.");
+  r = h.Finish(true);
+  ASSERT_EQ(r.calls.size(), 2u);
+  EXPECT_EQ(r.calls[0].name, "a");
+  EXPECT_EQ(r.calls[1].name, "b");
+  EXPECT_EQ(r.calls[1].arguments, "{\"y\":[1]}");
+  EXPECT_FALSE(r.malformed);
 }
 
 TEST(ToolCallStreamTest, Llama3DecidesAtTheFirstCharacter) {
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kLlama3Json, std::nullopt);
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kLlama3Json);
   std::mt19937 rng(3);
   {
     ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
@@ -317,9 +344,9 @@ TEST(ToolCallStreamTest, Llama3DecidesAtTheFirstCharacter) {
   {
     // Prose streams at once; a brace later in the reply is only text.
     ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
-    EXPECT_EQ(s.Feed({1}, " "), "");
-    EXPECT_EQ(s.Feed({1}, "Sure {"), " Sure {");
-    EXPECT_EQ(s.Feed({1}, "\"name\": 1}"), "\"name\": 1}");
+    EXPECT_EQ(s.Feed(" "), "");
+    EXPECT_EQ(s.Feed("Sure {"), " Sure {");
+    EXPECT_EQ(s.Feed("\"name\": 1}"), "\"name\": 1}");
     EXPECT_TRUE(s.Finish(true).calls.empty());
   }
   {
@@ -359,7 +386,7 @@ TEST(ToolCallStreamTest, ForcedModesHoldEverything) {
 }
 
 TEST(ToolCallStreamTest, SingleCallKeepsTheFirstCallTheModelWrote) {
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes);
   const std::string text =
       "Checking. <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lima\"}}"
       "</tool_call>\n<tool_call>{\"name\": \"now\", \"arguments\": {}}</tool_call>";
@@ -406,7 +433,7 @@ void ExpectStreamedAsParsed(const Streamed& got, std::set<int> streamed) {
 }
 
 TEST(ToolCallStreamTest, HermesCallsStreamTheirArgumentsAsTheyAreWritten) {
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes);
   const std::string text =
       "Checking. <tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São "
       "Paulo\", \"days\": [1, 2, {\"x\": \"}]\\\"{\"}]}}\n</tool_call>\n<tool_call>\n{\"name\": "
@@ -427,8 +454,8 @@ TEST(ToolCallStreamTest, HermesCallsStreamTheirArgumentsAsTheyAreWritten) {
 
 TEST(ToolCallStreamTest, Llama3MistralAndRequiredCallsStream) {
   std::mt19937 rng(4);
-  const ToolCallSyntax llama = MakeToolCallSyntax(ToolCallFormat::kLlama3Json, std::nullopt);
-  const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral, std::nullopt);
+  const ToolCallSyntax llama = MakeToolCallSyntax(ToolCallFormat::kLlama3Json);
+  const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral);
   for (int trial = 0; trial < 50; ++trial) {
     {
       ToolCallStream s(ToolCallStream::Mode::kAuto, &llama);
@@ -470,7 +497,7 @@ TEST(ToolCallStreamTest, NamedFunctionStreamsTheWholeReplyAsItsArguments) {
 }
 
 TEST(ToolCallStreamTest, CallsThatCannotStreamComeWholeAtTheEnd) {
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes);
   std::mt19937 rng(6);
   // Arguments before the name, and arguments as a string holding the object: no deltas, the
   // calls as Finish parses them; a streamable call after them still streams.
@@ -498,7 +525,7 @@ TEST(ToolCallStreamTest, SingleCallStreamsOnlyTheFirstAndACutCallStaysSent) {
   ExpectStreamedAsParsed(got, {0});
   // Cut by the length limit inside its arguments: the deltas went out, the call is malformed
   // and its text is released as text.
-  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kHermes);
   ToolCallStream cut(ToolCallStream::Mode::kAuto, &syntax);
   const Streamed partial =
       FeedInPieces(cut, "<tool_call>{\"name\": \"f\", \"arguments\": {\"long\": \"abc", rng);
@@ -514,9 +541,9 @@ TEST(ToolCallStreamTest, SingleCallStreamsOnlyTheFirstAndACutCallStaysSent) {
 // as calls, and a call whose parse differs from what was streamed keeps a fresh id.
 TEST(ToolCallStreamTest, OnlyWhatTheParserReadsAsCallsStreams) {
   std::mt19937 rng(8);
-  const ToolCallSyntax hermes = MakeToolCallSyntax(ToolCallFormat::kHermes, std::nullopt);
-  const ToolCallSyntax llama = MakeToolCallSyntax(ToolCallFormat::kLlama3Json, std::nullopt);
-  const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral, std::nullopt);
+  const ToolCallSyntax hermes = MakeToolCallSyntax(ToolCallFormat::kHermes);
+  const ToolCallSyntax llama = MakeToolCallSyntax(ToolCallFormat::kLlama3Json);
+  const ToolCallSyntax mistral = MakeToolCallSyntax(ToolCallFormat::kMistral);
   struct Case {
     const ToolCallSyntax* syntax;
     std::string text;

@@ -3,6 +3,7 @@
 // resumption (kPaused -> kDecoding or kPrefilling), and finishing (-> kFree).
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -288,8 +289,16 @@ void Engine::Admit(absl::Time now) {
     const Tokenizer* tok = model_->tokenizer.get();
     // The last prompt tokens give the first generated token's text its context.
     const size_t ctx = std::min<size_t>(5, req.prompt.size());
+    TextStream::DecodeFn decode;
+    if (req.kept_special_tokens.empty()) {
+      decode = [tok](absl::Span<const int32_t> ids) { return tok->Decode(ids, true); };
+    } else {
+      decode = [tok, kept = req.kept_special_tokens](absl::Span<const int32_t> ids) {
+        return tok->DecodeKeeping(ids, kept);
+      };
+    }
     slot.text = std::make_unique<TextStream>(
-        [tok](absl::Span<const int32_t> ids) { return tok->Decode(ids, true); },
+        std::move(decode),
         req.stop_sequences, std::vector<int32_t>(req.prompt.end() - ctx, req.prompt.end()),
         req.include_stop_str_in_output);
   }

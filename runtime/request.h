@@ -67,6 +67,9 @@ struct GenerationRequest {
   std::vector<std::string> stop_sequences;
   bool include_stop_str_in_output = false;  // the matched stop ends the text instead of being cut
   std::vector<int32_t> stop_token_ids;
+  // Special tokens whose text the completion keeps (decoded text skips special tokens): the
+  // model's tool-call markers when the request offered tools and they are special tokens.
+  std::vector<int32_t> kept_special_tokens;
   bool ignore_eos = false;
   absl::Duration time_limit = absl::ZeroDuration();  // zero: none
   int32_t priority = 0;

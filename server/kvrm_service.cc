@@ -247,7 +247,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     } else {
       // Only the engine thread feeds a completion's stream (its sink, or SubmitFollowers there).
       ToolCallStream& stream = *tool_streams_[index];
-      std::string text = stream.Feed(chunk.token_ids, chunk.text);
+      std::string text = stream.Feed(chunk.text);
       for (ToolCallDelta& d : stream.TakeDeltas()) {
         v1::ToolCallDelta* out = msg.add_tool_call_deltas();
         out->set_index(d.index);
@@ -383,17 +383,14 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   structured_ = std::make_unique<structured::ConstraintCompiler>(
       StructuredTokenBytes(engine->model()), compile);
   compile_queue_ = std::make_unique<WorkQueue>(kCompileThreads, kCompileQueue);
-  // A marker that is a special token is skipped in decoded text: the stream watches its id.
-  const ToolCallFormat format = engine->model().chat.tool_call_format;
-  ToolCallSyntax probe = MakeToolCallSyntax(format, std::nullopt);
-  std::optional<int32_t> marker;
-  if (!probe.start.empty()) {
-    const Tokenizer& tok = *engine->model().tokenizer;
-    if (std::optional<int32_t> id = tok.TokenToId(probe.start); id && tok.IsSpecial(*id)) {
-      marker = id;
+  // Markers that are special tokens would be skipped in decoded text: requests keep them.
+  tool_syntax_ = MakeToolCallSyntax(engine->model().chat.tool_call_format);
+  const Tokenizer& tok = *engine->model().tokenizer;
+  for (std::string_view marker : ToolCallMarkers(tool_syntax_.format)) {
+    if (std::optional<int32_t> id = tok.TokenToId(marker); id && tok.IsSpecial(*id)) {
+      tool_syntax_.marker_tokens.push_back(*id);
     }
   }
-  tool_syntax_ = MakeToolCallSyntax(format, marker);
 }
 
 void KvrmService::SetStructuredOutputMetrics(const StructuredOutputMetrics* metrics) {
@@ -468,7 +465,12 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     return;
   }
   if (tools->has_value()) {
-    if ((*tools)->parse) reactor->set_tool_calling(**tools, &tool_syntax_, tool_metrics_);
+    if ((*tools)->parse) {
+      if ((*tools)->mode == ToolCallStream::Mode::kAuto) {
+        (*r)->kept_special_tokens = tool_syntax_.marker_tokens;
+      }
+      reactor->set_tool_calling(**tools, &tool_syntax_, tool_metrics_);
+    }
     if (tool_metrics_ != nullptr) tool_metrics_->requests[(*tools)->choice]->Add();
   }
   if (structured_metrics_ != nullptr && request.has_structured()) {

@@ -27,8 +27,13 @@ ModelBundle* LoadTinyModel() {
   return model->release();
 }
 
-TestServer::TestServer(EngineOptions options, ServerOptions so) {
-  model_.reset(LoadTinyModel());
+TestServer::TestServer(EngineOptions options, ServerOptions so)
+    : TestServer(std::unique_ptr<ModelBundle>(LoadTinyModel()), std::move(options),
+                 std::move(so)) {}
+
+TestServer::TestServer(std::unique_ptr<ModelBundle> model, EngineOptions options,
+                       ServerOptions so) {
+  model_ = std::move(model);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_.get(), options);
   CHECK_OK(engine.status());
   engine_ = std::move(*engine);

@@ -29,6 +29,8 @@ class TestServer {
  public:
   // `server`: options for the gRPC server beyond its address and version (metrics hooks ...).
   explicit TestServer(EngineOptions options, ServerOptions server = {});
+  // The same serving `model` (another model directory's bundle).
+  TestServer(std::unique_ptr<ModelBundle> model, EngineOptions options, ServerOptions server = {});
   ~TestServer();
 
   v1::Kvrm::Stub& stub() { return *stub_; }

@@ -2,10 +2,13 @@
 // template teaches the Hermes format. Forced calls (REQUIRED, a named function) are sampled at
 // temperature 1 so that the random-weight model goes everywhere the constraint lets it; AUTO is
 // driven by a structured-output regex that makes the model write the markup.
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -435,6 +438,66 @@ TEST_F(ToolCallsTest, BadToolRequestsGetInvalidArgumentNamingTheField) {
   ASSERT_TRUE(required.ok()) << required.status();
   ASSERT_TRUE(required->has_value());
   EXPECT_EQ((*required)->mode, ToolCallStream::Mode::kRequired);
+}
+
+// A vocabulary whose Hermes markers are special tokens (Hermes 2 Pro's): decoded text skips
+// special tokens, so a request offering tools keeps the markers in its text for the call parser,
+// and only such a request. The tiny model is copied with two of its last merges turned into
+// special <tool_call> and </tool_call> (added tokens take the ids over), and its replies are
+// restricted to <tool_call> with allowed_token_ids: the held call text then fails to parse and
+// is released as text, marker and all.
+TEST(ToolCallMarkerTokensTest, SpecialMarkersReachTheParserOnlyWhenToolsAreOffered) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(TestTmpDir()) / "kvrm-tiny-special-markers";
+  fs::remove_all(dir);
+  fs::copy(TinyModelDir(), dir, fs::copy_options::recursive);
+  absl::StatusOr<std::string> text = ReadFileToString((dir / "tokenizer.json").string());
+  ASSERT_TRUE(text.ok()) << text.status();
+  absl::StatusOr<Json> tok = ParseJson(*text, "tokenizer.json");
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const int32_t first_special = (*tok)["added_tokens"][0]["id"].get<int32_t>();
+  const int32_t start_id = first_special - 2, end_id = first_special - 1;
+  for (auto [id, content] : {std::pair<int32_t, const char*>{start_id, "<tool_call>"},
+                             {end_id, "</tool_call>"}}) {
+    (*tok)["added_tokens"].push_back({{"id", id}, {"content", content}, {"single_word", false},
+                                      {"lstrip", false}, {"rstrip", false},
+                                      {"normalized", false}, {"special", true}});
+  }
+  {
+    std::ofstream out(dir / "tokenizer.json", std::ios::trunc);
+    out << tok->dump(2);
+    ASSERT_TRUE(out.good());
+  }
+  absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(dir.string());
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->tokenizer->TokenToId("<tool_call>"), start_id);
+  ASSERT_TRUE((*model)->tokenizer->IsSpecial(start_id));
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, KvrmMetricsOptions{"tiny", "kvrm"});
+  ServerOptions so;
+  so.tool_call_metrics = &metrics.tool_calls();
+  TestServer server(std::move(*model), Options(2), so);
+
+  v1::GenerateRequest r = ToolRequest(2, 1);
+  r.mutable_sampling()->set_temperature(0.0f);
+  r.mutable_sampling()->add_allowed_token_ids(start_id);
+  StreamResult got = RunGenerate(server.stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, (std::vector<int32_t>{start_id, start_id}));
+  EXPECT_EQ(StreamedText(got), "") << "from the marker on, the reply is held";
+  EXPECT_EQ(got.finished.reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(got.finished.tool_calls_size(), 0);
+  EXPECT_EQ(got.text, "<tool_call><tool_call>");
+  EXPECT_NE(registry.Render().find(
+                "kvrm:tool_call_parse_failures_total{model_name=\"tiny\",kv_mode=\"kvrm\"} 1\n"),
+            std::string::npos);
+
+  // Without tools the same tokens are special tokens as ever: no text.
+  r.mutable_chat()->clear_tools();
+  got = RunGenerate(server.stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, (std::vector<int32_t>{start_id, start_id}));
+  EXPECT_EQ(got.text, "");
 }
 
 }  // namespace
