@@ -41,6 +41,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ int s_best_id[32];
   __shared__ float s_best_val[32];
   __shared__ int s_first_max;  // lowest id at the max logit: always kept, the draw's fallback
+  __shared__ int s_writer;     // the one thread that walks its chunk for the draw
   const int32_t row = blockIdx.x;
   if (!in.active[row]) {
     if (threadIdx.x == 0) tokens_out[row] = 0;
@@ -155,11 +156,18 @@ __global__ void __launch_bounds__(kThreads)
   // The scan's prefix sums come from different addition trees, so a chunk without mass may still
   // span a sliver of rounding; if the target lands there no chunk holds it, and the row keeps
   // the max logit's id (always kept) rather than an id outside the support.
-  if (threadIdx.x == 0) tokens_out[row] = s_first_max == 0x7fffffff ? 0 : s_first_max;
+  // Nor are the sums guaranteed monotonic, so two chunks' intervals may overlap at a rounding
+  // sliver: the lowest chunk that holds the target is the one that writes.
+  if (threadIdx.x == 0) {
+    tokens_out[row] = s_first_max == 0x7fffffff ? 0 : s_first_max;
+    s_writer = kThreads;
+  }
   __syncthreads();
   const bool holds = mine > 0.0f && before <= target && target < through;
   const bool last = mine > 0.0f && target >= total && through >= total && before < total;
-  if (holds || last) {
+  if (holds || last) atomicMin(&s_writer, static_cast<int>(threadIdx.x));
+  __syncthreads();
+  if (static_cast<int>(threadIdx.x) == s_writer) {
     float c = before;
     int32_t pick = -1;
     for (int32_t v = lo; v < hi; ++v) {

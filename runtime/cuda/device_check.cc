@@ -611,7 +611,7 @@ Check CheckGraphSampling(CudaBackend& gpu, StepDescriptor step, int32_t vocab) {
   std::vector<double> scratch;
   int compared = 0, mismatches = 0, host_rows = 0;
   bool host_row_ok = true;
-  for (int round = 0; round < 12; ++round) {
+  for (int round = 0; round < 24; ++round) {
     CHECK_OK(gpu.Decode(step, plain.data()));
     int32_t host = -1;
     for (int32_t s = 0; s < slots; ++s) {
@@ -643,7 +643,10 @@ Check CheckGraphSampling(CudaBackend& gpu, StepDescriptor step, int32_t vocab) {
         continue;
       }
       const DeviceSampleResult want = SampleLikeDevice(row, step.sampling[s], scratch);
-      if (want.margin < 1e-4) continue;
+      // As the kernel check: f32 prefix sums against float64 are within ~1e-6 of the total. The
+      // test model's logits spread a row's mass thinly (~1e-4 a token), so a wider skip would
+      // leave only greedy and top-k rows.
+      if (want.margin < 1e-5) continue;
       ++compared;
       mismatches += tokens[s] != want.token;
     }
@@ -1043,11 +1046,13 @@ int main(int argc, char** argv) {
               static_cast<size_t>(std::count_if(checks.begin(), checks.end(), [](const Check& c) { return !c.ok; })));
   if (!json_path.empty()) {
     std::ofstream f(json_path);
+    // JSON has no NaN or infinity: a check that produced one writes null.
+    auto num = [](double v) { return std::isfinite(v) ? absl::StrCat(v) : std::string("null"); };
     f << "{\n  \"device\": \"" << prop.name << "\",\n  \"devices\": " << devices
-      << ",\n  \"copy_gbs\": " << copy_gbs << ",\n  \"checks\": [\n";
+      << ",\n  \"copy_gbs\": " << num(copy_gbs) << ",\n  \"checks\": [\n";
     for (size_t i = 0; i < checks.size(); ++i) {
-      f << "    {\"name\": \"" << checks[i].name << "\", \"error\": " << checks[i].error
-        << ", \"threshold\": " << checks[i].threshold << ", \"ok\": " << (checks[i].ok ? "true" : "false")
+      f << "    {\"name\": \"" << checks[i].name << "\", \"error\": " << num(checks[i].error)
+        << ", \"threshold\": " << num(checks[i].threshold) << ", \"ok\": " << (checks[i].ok ? "true" : "false")
         << "}" << (i + 1 < checks.size() ? "," : "") << "\n";
     }
     f << "  ],\n  \"decode\": [\n";
@@ -1055,12 +1060,12 @@ int main(int argc, char** argv) {
       const BenchRow& r = rows[i];
       f << "    {\"tp\": " << r.tp << ", \"slots\": " << r.slots << ", \"kv_dtype\": \"" << r.kv
         << "\", \"context\": " << r.context
-        << ", \"step_ms\": " << r.step_ms << ", \"sampled_step_ms\": " << r.sampled_step_ms
-        << ", \"graph_ms\": " << r.graph_ms
-        << ", \"tokens_per_s\": " << r.tokens_per_s << ", \"bytes_per_step\": " << r.bytes_per_step
-        << ", \"achieved_gbs\": " << r.achieved_gbs << ", \"of_copy\": " << r.of_copy
-        << ", \"transport_wait_share\": " << r.transport_wait_share
-        << ", \"chunk_apart_ms\": " << r.chunk_apart_ms << ", \"chunk_mixed_ms\": " << r.chunk_mixed_ms
+        << ", \"step_ms\": " << num(r.step_ms) << ", \"sampled_step_ms\": " << num(r.sampled_step_ms)
+        << ", \"graph_ms\": " << num(r.graph_ms)
+        << ", \"tokens_per_s\": " << num(r.tokens_per_s) << ", \"bytes_per_step\": " << num(r.bytes_per_step)
+        << ", \"achieved_gbs\": " << num(r.achieved_gbs) << ", \"of_copy\": " << num(r.of_copy)
+        << ", \"transport_wait_share\": " << num(r.transport_wait_share)
+        << ", \"chunk_apart_ms\": " << num(r.chunk_apart_ms) << ", \"chunk_mixed_ms\": " << num(r.chunk_mixed_ms)
         << "}"
         << (i + 1 < rows.size() ? "," : "") << "\n";
     }
