@@ -254,7 +254,34 @@ bool KvPager::EvictWindow(int64_t length) {
   return true;
 }
 
+bool KvPager::FitsWithIdleEvicted(int64_t blocks, int32_t runs) const {
+  const int32_t k = std::clamp(runs, 0, BlockSpace::kMaxSumRuns);
+  int64_t top[BlockSpace::kMaxSumRuns] = {};  // descending
+  int64_t run = 0;
+  auto push = [&](int64_t r) {
+    for (int32_t i = 0; i < k; ++i) {
+      if (r > top[i]) std::swap(r, top[i]);
+    }
+  };
+  for (int64_t b = 0; b < options_.device_blocks; ++b) {
+    if (device_.IsFree(b) || IdleCached(static_cast<int32_t>(b))) {
+      ++run;
+    } else if (run > 0) {
+      push(run);
+      run = 0;
+    }
+  }
+  push(run);
+  int64_t sum = 0;
+  for (int32_t i = 0; i < k; ++i) sum += top[i];
+  return sum >= blocks;
+}
+
 bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {
+  if (FitsInRuns(blocks, runs)) return true;
+  // Evicting every idle block would not make it fit (the room is cut up by blocks in use):
+  // keep the cache rather than empty it for nothing, on every retry.
+  if (!FitsWithIdleEvicted(blocks, runs)) return false;
   while (!FitsInRuns(blocks, runs)) {
     if (!EvictOldest()) return false;
   }

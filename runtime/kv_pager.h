@@ -81,8 +81,8 @@ class KvPager final : public KvAllocator {
   bool FitsInRuns(int64_t blocks, int32_t runs) const {
     return device_.LargestFreeSum(runs) >= blocks;
   }
-  // FitsInRuns, evicting idle cached blocks (least recently released first) until it holds or
-  // none are left. (Growth itself evicts only when no block is free: a cached block saves a
+  // FitsInRuns, evicting idle cached blocks (least recently released first) until it holds;
+  // false, evicting nothing, when it would not hold with every idle block evicted. (Growth itself evicts only when no block is free: a cached block saves a
   // block's prefill, worth far more than the run it may cost, which compaction merges.)
   bool MakeRoomInRuns(int64_t blocks, int32_t runs);
 
@@ -212,6 +212,8 @@ class KvPager final : public KvAllocator {
   // Frees host blocks (evicting idle cached ones) until `n` are free; false when it cannot.
   bool MakeHostRoom(int64_t n);
   bool EvictOldest();
+  // Whether FitsInRuns would hold with every idle cached block free.
+  bool FitsWithIdleEvicted(int64_t blocks, int32_t runs) const;
   // Frees `length` contiguous device blocks, each free or idle cached, by evicting the idle
   // ones: the window least-recently-released eviction would free first (its most recently
   // released block the earliest of all windows'), without evicting the older blocks elsewhere

@@ -847,5 +847,52 @@ TEST(TransferPlanTest, MergesConsecutiveMovesIntoMaximalGroups) {
   EXPECT_EQ(groups[2].num_blocks, 2);
 }
 
+// MakeRoomInRuns evicts only when evicting can make the room: with the free space cut up by
+// blocks in use, a request that would not fit with every idle block gone leaves the cache alone
+// (a paused request retries this every step).
+TEST(KvPagerTest, MakeRoomInRunsKeepsTheCacheWhenEvictingCannotHelp) {
+  KvPagerOptions o;
+  o.num_slots = 4;
+  o.device_blocks = 16;
+  o.host_blocks = 0;
+  o.block_tokens = 16;
+  o.max_runs = 2;
+  o.max_blocks_per_slot = 16;
+  o.bytes_per_block = 1;
+  o.prefix_cache = true;
+  KvPager p(o);
+  ASSERT_TRUE(p.Grow(0, 16).ok());
+  ASSERT_TRUE(p.Grow(1, 16).ok());
+  ASSERT_TRUE(p.Grow(2, 16).ok());
+  ASSERT_TRUE(p.Grow(3, 48).ok());
+  std::vector<int32_t> tokens(48);
+  for (int i = 0; i < 48; ++i) tokens[i] = i + 1;
+  ASSERT_EQ(p.RegisterPrefix(3, tokens), 3);
+  p.Release(3);
+  ASSERT_EQ(p.idle_cached_blocks(), 3);
+  ASSERT_EQ(p.free_device_blocks(), 13);
+  // More than the free and idle blocks together: no eviction can help.
+  EXPECT_FALSE(p.MakeRoomInRuns(14, 2));
+  EXPECT_EQ(p.cached_blocks(), 3);
+  EXPECT_EQ(p.evictions(), 0u);
+  // Every size up to 13 in one or two runs: either it fits with what eviction frees (and then it
+  // does fit), or it fails having evicted nothing.
+  for (int32_t runs : {1, 2}) {
+    for (int64_t blocks = 1; blocks <= 13; ++blocks) {
+      const int64_t cached = p.cached_blocks();
+      if (p.MakeRoomInRuns(blocks, runs)) {
+        EXPECT_TRUE(p.FitsInRuns(blocks, runs)) << blocks << " in " << runs;
+      } else {
+        EXPECT_EQ(p.cached_blocks(), cached) << blocks << " in " << runs;
+      }
+      ASSERT_TRUE(p.CheckInvariants().ok());
+    }
+  }
+  // And it evicts where that makes the room: all 13 in four runs fit once the idle blocks are
+  // gone (the three slots' blocks cut the space into at most four stretches).
+  EXPECT_EQ(p.MakeRoomInRuns(13, 4), true);
+  EXPECT_EQ(p.cached_blocks(), 0);
+}
+
 }  // namespace
 }  // namespace kvrm

@@ -204,8 +204,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   // Called on the engine thread (inside the leader's sink) at the leader's first message:
-  // submits completions 1 .. n-1. One the engine refuses ends at once with that error.
-  void SubmitFollowers() {
+  // submits completions 1 .. n-1. One the engine refuses ends at once with that error. A
+  // leader that ended cancelled before its first token (the engine's CancelAll at a drain, or a
+  // Cancel of the request) ends them cancelled, unsubmitted: submitted after the CancelAll,
+  // they would run to their length through the drain.
+  void SubmitFollowers(bool leader_cancelled) {
     for (int32_t i = 1; i < n_; ++i) {
       {
         std::lock_guard<std::mutex> lock(mu_);
@@ -214,6 +217,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
           finals_queued_ += n_ - i;
           return;
         }
+      }
+      if (leader_cancelled) {
+        FinishInfo info;
+        info.reason = FinishReason::kCancelled;
+        Enqueue(i, StreamChunk{}, &info);
+        continue;
       }
       auto r = std::make_unique<GenerationRequest>(*follower_);
       if (r->sampling.seed != 0) r->sampling.seed += static_cast<uint64_t>(i);
@@ -234,7 +243,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   void Enqueue(int32_t index, StreamChunk chunk, const FinishInfo* info) {
-    if (index == 0 && n_ > 1 && !followers_submitted_.exchange(true)) SubmitFollowers();
+    if (index == 0 && n_ > 1 && !followers_submitted_.exchange(true)) {
+      SubmitFollowers(info != nullptr && info->reason == FinishReason::kCancelled);
+    }
     v1::GenerateResponse msg;
     msg.set_request_id(request_id_);
     msg.set_index(index);

@@ -943,6 +943,46 @@ TEST(E2eParallelSamplingTest, CancellingTheCallEndsEveryCompletion) {
   }
 }
 
+// A drain's CancelAll that finds an n = 4 call's first completion still queued ends the whole
+// call: the other three, submitted only at the first one's end, end cancelled too instead of
+// running to their length through the drain (each would make 200 tokens).
+TEST(E2eParallelSamplingTest, CancelAllBeforeTheFirstTokenEndsEveryCompletion) {
+  TestServer server(Options(1));
+  grpc::ClientContext blocker_ctx;
+  v1::GenerateRequest blocker = TextRequest("Holding the only slot", 200);
+  blocker.mutable_stopping()->set_ignore_eos(true);
+  auto blocker_reader = server.stub().Generate(&blocker_ctx, blocker);
+  v1::GenerateResponse msg;
+  ASSERT_TRUE(blocker_reader->Read(&msg));
+
+  v1::GenerateRequest req = TextRequest("Four completions, queued", 200);
+  req.mutable_stopping()->set_ignore_eos(true);
+  req.mutable_sampling()->set_temperature(1.0f);
+  req.set_n(4);
+  StreamResult r;
+  std::thread call([&] { r = RunGenerate(server.stub(), req); });
+  const absl::Time deadline = absl::Now() + absl::Seconds(20 * TestTimeoutScale());
+  while (server.engine().Stats().queue_depth < 1 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(2));
+  }
+  ASSERT_GE(server.engine().Stats().queue_depth, 1) << "the call's first completion waits";
+  const uint64_t tokens_before = server.engine().Stats().tokens_generated_total;
+  server.engine().BeginDrain();
+  server.engine().CancelAll();
+  call.join();
+  while (blocker_reader->Read(&msg)) {
+  }
+  blocker_reader->Finish();
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  const Completions c = ByIndex(r, 4);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(c.finishes[i], 1) << i;
+    EXPECT_EQ(c.finished[i].reason(), v1::FINISH_REASON_CANCELLED) << i;
+  }
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(10 * TestTimeoutScale())));
+  EXPECT_LT(server.engine().Stats().tokens_generated_total - tokens_before, 150u);
+}
+
 // With one slot: a cancelled stream frees it for the next request, and its blocks are returned.
 TEST(E2eCancelTest, CancelledStreamFreesItsSlot) {
   TestServer server(Options(1));
