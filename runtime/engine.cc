@@ -71,8 +71,14 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
     return absl::InvalidArgumentError("--slots must be in [1, 1024]");
   }
   if (o.threads <= 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
-  if (o.block_tokens <= 0 || o.prefill_chunk <= 0 || o.max_queue < 0 || o.max_runs <= 0) {
+  if (o.block_tokens <= 0 || o.prefill_chunk <= 0 || o.max_runs <= 0) {
     return absl::InvalidArgumentError("block tokens, prefill chunk and max runs must be positive");
+  }
+  if (o.max_queue < 1) {
+    // It counts every request not yet in a slot, those that arrived since the last step
+    // included: at 0 nothing could ever be admitted.
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_queue must be at least 1 (got ", o.max_queue, ")"));
   }
   if (o.max_runs > BlockSpace::kMaxSumRuns) {
     // Placement asks whether a history fits in that many of the largest free extents, and

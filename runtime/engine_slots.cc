@@ -214,10 +214,16 @@ void Engine::ResumePaused() {
 }
 
 void Engine::Admit(absl::Time now) {
-  // Paused requests come back before new ones are let in (no starvation by newcomers).
+  // Paused requests come back before new ones of their priority or lower are let in (no
+  // starvation by newcomers); a newcomer of a higher priority goes first, as it would have
+  // preempted them.
+  bool any_paused = false;
+  int32_t paused_priority = std::numeric_limits<int32_t>::min();
   if (pager_) {
     for (const Slot& s : slots_) {
-      if (s.state == SlotState::kPaused) return;
+      if (s.state != SlotState::kPaused) continue;
+      any_paused = true;
+      paused_priority = std::max(paused_priority, s.request->priority);
     }
   }
   const int32_t usable = pager_ ? options_.slots : static_slots_;
@@ -228,6 +234,7 @@ void Engine::Admit(absl::Time now) {
     for (auto it = waiting_.begin(); it != waiting_.end(); ++it) {
       if ((*it)->priority > (*best)->priority) best = it;
     }
+    if (any_paused && (*best)->priority <= paused_priority) return;
     const int64_t prompt = static_cast<int64_t>((*best)->prompt.size());
     int64_t reserve_blocks = 0;
     // Leaves the match in prefix_match_ for AttachCachedPrefix below.

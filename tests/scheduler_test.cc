@@ -571,5 +571,41 @@ TEST_F(SchedulerTest, NoStarvationUnderARandomBurst) {
   ExpectIdle();
 }
 
+// A request paused for lack of KV keeps newcomers of its priority or lower out until it is back
+// (no starvation by newcomers), but not one of a higher priority: with room for it, that one is
+// admitted and finishes while the paused one's peers still run. And --max_queue below 1 is
+// refused (it counts requests not yet in a slot: at 0 nothing could be admitted).
+TEST_F(SchedulerTest, AHigherPriorityNewcomerIsNotHeldBehindAPausedRequest) {
+  EngineOptions o = Options(3);
+  o.kv_blocks = 40;
+  o.kv_host_blocks = 64;
+  o.recompute_max_tokens = 1;  // paused requests swap out
+  Make(o);
+  auto a = Submit("a", 200, 300, 0);
+  auto b = Submit("b", 200, 300, 0);
+  bool paused = false;
+  for (int i = 0; i < 400 && !paused; ++i) {
+    engine_->StepForTest();
+    for (int s = 0; s < 3; ++s) paused |= engine_->slot_state(s) == SlotState::kPaused;
+  }
+  ASSERT_TRUE(paused);
+  auto low = Submit("low", 8, 4, /*priority=*/0);
+  auto high = Submit("high", 8, 4, /*priority=*/10);
+  for (int i = 0; i < 40 && !high->done; ++i) engine_->StepForTest();
+  EXPECT_TRUE(high->done) << "the priority-10 request waited behind the paused one";
+  EXPECT_FALSE(low->done) << "a newcomer of the paused request's priority waits for it";
+  EXPECT_FALSE(a->done && b->done);
+  RunUntilDone({a, b, low, high});
+
+  EngineOptions bad = Options(2);
+  bad.max_queue = 0;
+  bad.clock = &clock_;
+  auto e = Engine::CreateWithBackend(
+      model_, bad, std::make_unique<ScriptedBackend>(1024, 64, 16, bad.prefill_chunk, &clock_));
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("--max_queue"), absl::string_view::npos);
+}
+
 }  // namespace
 }  // namespace kvrm
