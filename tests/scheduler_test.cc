@@ -1,10 +1,12 @@
 // The scheduler on a simulated clock: a scripted backend (deterministic tokens, simulated step
 // costs that advance a ManualClock) under the real engine, stepped from the test thread. No
 // sleeps; every assertion is about order, states, budgets and accounting.
+#include <functional>
 #include <limits>
 #include <map>
 #include <random>
 
+#include "absl/strings/match.h"
 #include "common/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -605,6 +607,51 @@ TEST_F(SchedulerTest, AHigherPriorityNewcomerIsNotHeldBehindAPausedRequest) {
   ASSERT_FALSE(e.ok());
   EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(e.status().message().find("--max_queue"), absl::string_view::npos);
+}
+
+// Engine::Submit refuses what the sampler would CHECK-fail on, for callers that skip the front
+// ends' validation: the engine thread never sees it, and the engine serves on.
+TEST_F(SchedulerTest, SubmitRefusesTokensOutsideTheVocabulary) {
+  Make(Options(2));
+  auto submit = [&](const std::function<void(GenerationRequest&)>& edit) {
+    auto r = std::make_unique<GenerationRequest>();
+    r->request_id = "bad";
+    r->prompt = {10, 11, 12};
+    r->max_new_tokens = 4;
+    r->sampling.seed = 1;
+    r->arrival = clock_.Now();
+    r->sink = std::make_shared<RecordingSink>();
+    edit(*r);
+    return engine_->Submit(std::move(r)).status();
+  };
+  const int32_t vocab = model_->config.vocab_size;
+  for (const auto& [edit, field] :
+       std::vector<std::pair<std::function<void(GenerationRequest&)>, std::string>>{
+           {[&](GenerationRequest& r) { r.prompt[1] = vocab; }, "prompt[1]"},
+           {[&](GenerationRequest& r) { r.prompt[2] = -3; }, "prompt[2]"},
+           {[&](GenerationRequest& r) {
+              r.sampling.allowed_tokens = std::make_shared<const std::vector<int32_t>>(
+                  std::vector<int32_t>{5, vocab + 7});
+            },
+            "sampling.allowed_token_ids"},
+           {[&](GenerationRequest& r) {
+              r.sampling.allowed_tokens =
+                  std::make_shared<const std::vector<int32_t>>(std::vector<int32_t>{});
+            },
+            "sampling.allowed_token_ids"},
+           {[&](GenerationRequest& r) {
+              r.sampling.num_logit_bias = 1;
+              r.sampling.logit_bias[0] = {vocab, 1.0f};
+            },
+            "sampling.logit_bias"},
+       }) {
+    const absl::Status st = submit(edit);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << field << ": " << st;
+    EXPECT_TRUE(absl::StartsWith(st.message(), field)) << st;
+  }
+  auto ok = Submit("ok", 8, 4);
+  RunUntilDone({ok});
+  EXPECT_EQ(ok->tokens.size(), 4u);
 }
 
 }  // namespace
