@@ -115,6 +115,9 @@ ABSL_FLAG(std::string, http_listen, "0.0.0.0", "host of the OpenAI-compatible HT
 ABSL_FLAG(std::string, http_port_file, "", "write the bound HTTP API port to this file");
 ABSL_FLAG(int32_t, http_idle_timeout_s, 120,
           "HTTP API: a keep-alive connection with no request in flight is closed after this");
+ABSL_FLAG(int32_t, http_max_connections, 512,
+          "HTTP API: connections served at once (a thread each, idle keep-alive ones included "
+          "until --http_idle_timeout_s); beyond it new connections are refused");
 ABSL_FLAG(bool, http_metrics, false,
           "HTTP API: also serve GET /metrics on --http_port (where vLLM serves its metrics); "
           "off by default so that metrics stay on the internal --metrics_port");
@@ -328,6 +331,7 @@ int Run() {
     ho.host = absl::GetFlag(FLAGS_http_listen);
     ho.port = absl::GetFlag(FLAGS_http_port);
     ho.idle_timeout_s = absl::GetFlag(FLAGS_http_idle_timeout_s);
+    ho.connection_limit = absl::GetFlag(FLAGS_http_max_connections);
     // A body within the gRPC message limit makes calls within it (JSON is the larger encoding).
     ho.max_body_bytes = static_cast<size_t>(so.max_message_bytes);
     ho.served_model_name = absl::GetFlag(FLAGS_served_model_name);

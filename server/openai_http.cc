@@ -790,6 +790,15 @@ absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> OpenAiHttpServer::Start(
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--http_port=", options.port, " out of range"));
   }
+  if (options.connection_limit < 1 || options.connection_limit > 65536) {
+    return absl::InvalidArgumentError(absl::StrCat("--http_max_connections=",
+                                                   options.connection_limit,
+                                                   " must be in [1, 65536]"));
+  }
+  if (options.idle_timeout_s < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--http_idle_timeout_s=", options.idle_timeout_s, " must be at least 1"));
+  }
   if (options.tls_cert_pem.empty() != options.tls_key_pem.empty()) {
     return absl::InvalidArgumentError("HTTPS needs both a certificate and its key");
   }

@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -109,6 +110,32 @@ std::vector<Json> Events(const HttpReply& r) {
     if (j.ok()) events.push_back(*j);
   }
   return events;
+}
+
+// Start refuses connection limits and idle timeouts that would serve nothing, naming the flag.
+TEST(OpenAiHttpTest, StartRefusesBadConnectionOptions) {
+  EngineOptions eo;
+  eo.slots = 1;
+  eo.threads = 1;
+  TestServer server(eo);
+  for (const auto& [edit, flag] :
+       std::vector<std::pair<std::function<void(OpenAiHttpOptions&)>, std::string>>{
+           {[](OpenAiHttpOptions& o) { o.connection_limit = 0; }, "--http_max_connections=0"},
+           {[](OpenAiHttpOptions& o) { o.connection_limit = 70000; },
+            "--http_max_connections=70000"},
+           {[](OpenAiHttpOptions& o) { o.idle_timeout_s = 0; }, "--http_idle_timeout_s=0"},
+       }) {
+    OpenAiHttpOptions o;
+    o.host = "127.0.0.1";
+    o.port = 0;
+    o.tokenizer = server.model().tokenizer.get();
+    edit(o);
+    absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> http =
+        OpenAiHttpServer::Start(server.server().InProcessChannel(), o);
+    ASSERT_FALSE(http.ok()) << flag;
+    EXPECT_EQ(http.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_TRUE(absl::StartsWith(http.status().message(), flag)) << http.status();
+  }
 }
 
 TEST(OpenAiHttpTest, ModelsListsTheServedModel) {
