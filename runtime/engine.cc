@@ -264,6 +264,9 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     host_prefix_match_.reserve(blocks_per_slot);
     gated_moves_.reserve(capacity);
     groups_.reserve(capacity);
+    // Each entry owns at least one planned or in-flight move: NoteTransfer, called while a step
+    // runs (PreStageNext), need not grow it.
+    transfer_owners_.reserve(capacity);
     transport_ = std::make_unique<Transport>(
         [this](const TransferGroup& g) { return CopyGroup(g); }, bytes_per_block,
         static_cast<int32_t>(std::min<int64_t>(capacity, 1 << 20)));

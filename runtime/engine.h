@@ -383,7 +383,8 @@ class Engine {
   std::vector<BlockMove> gated_moves_;    // ... that must wait for the running step
   std::vector<TransferGroup> groups_;     // capacity reserved at start-up
   uint64_t required_fence_ = 0;           // transfers the next launched step depends on
-  // (planned fence, request handle) of requests whose KV is in planned or in-flight moves.
+  // (planned fence, request handle) of requests whose KV is in planned or in-flight moves;
+  // capacity reserved at start-up.
   std::vector<std::pair<uint64_t, uint64_t>> transfer_owners_;
   std::vector<float> logits_;             // [slots][vocab]
   std::vector<float> chunk_logits_;       // [vocab]
