@@ -249,18 +249,21 @@ std::string Tokenizer::DecodeTokens(std::vector<std::string>* tokens, bool lossy
   return out;
 }
 
-std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const {
-  std::vector<std::string> tokens = IdsToTokens(ids, skip_special_tokens);
+std::string Tokenizer::DecodeText(absl::Span<const int32_t> ids, bool skip_special_tokens,
+                                  absl::Span<const int32_t> kept) const {
+  std::vector<std::string> tokens = IdsToTokens(ids, skip_special_tokens, kept);
   std::string out = DecodeTokens(&tokens, /*lossy=*/true);
   // Decoders only emit valid UTF-8 today; this keeps the promise if one ever does not.
   return tok::IsValidUtf8(out) ? out : tok::Utf8Lossy(out);
 }
 
+std::string Tokenizer::Decode(absl::Span<const int32_t> ids, bool skip_special_tokens) const {
+  return DecodeText(ids, skip_special_tokens, {});
+}
+
 std::string Tokenizer::DecodeKeeping(absl::Span<const int32_t> ids,
                                      absl::Span<const int32_t> kept) const {
-  std::vector<std::string> tokens = IdsToTokens(ids, /*skip_special_tokens=*/true, kept);
-  std::string out = DecodeTokens(&tokens, /*lossy=*/true);
-  return tok::IsValidUtf8(out) ? out : tok::Utf8Lossy(out);
+  return DecodeText(ids, /*skip_special_tokens=*/true, kept);
 }
 
 std::string Tokenizer::DecodeBytes(absl::Span<const int32_t> ids, bool skip_special_tokens) const {

@@ -104,6 +104,9 @@ class Tokenizer {
   absl::Status Load(std::string_view json, std::string_view what, int32_t vocab_limit);
   // Appends the ids of a text segment holding no raw-matched added token.
   absl::Status EncodeSegment(std::string text, bool at_start, std::vector<int32_t>* ids) const;
+  // Decode and DecodeKeeping: with `skip_special_tokens`, the special tokens in `kept` stay.
+  std::string DecodeText(absl::Span<const int32_t> ids, bool skip_special_tokens,
+                         absl::Span<const int32_t> kept) const;
   // The token strings Decode feeds the decoder chain for `ids`.
   // With `skip_special_tokens`, the special tokens in `kept` stay.
   std::vector<std::string> IdsToTokens(absl::Span<const int32_t> ids, bool skip_special_tokens,

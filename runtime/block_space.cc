@@ -1,6 +1,7 @@
 #include "runtime/block_space.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "common/logging.h"
 
@@ -68,17 +69,27 @@ Extent BlockSpace::LargestFree() const {
 }
 
 int64_t BlockSpace::LargestFreeSum(int32_t k) const {
-  k = std::clamp(k, 0, kMaxSumRuns);
-  int64_t top[kMaxSumRuns] = {};  // descending
-  for (int64_t b = NextFree(0); b < num_blocks_ && k > 0;) {
-    int64_t run = FreeRunAt(b);
+  if (k <= 0) return 0;
+  LargestRunsSum top(k);
+  for (int64_t b = NextFree(0); b < num_blocks_;) {
+    const int64_t run = FreeRunAt(b);
     b = NextFree(b + run);
-    for (int32_t i = 0; i < k; ++i) {
-      if (run > top[i]) std::swap(run, top[i]);
-    }
+    top.Push(run);
   }
+  return top.sum();
+}
+
+LargestRunsSum::LargestRunsSum(int32_t k) : k_(std::clamp(k, 0, BlockSpace::kMaxSumRuns)) {}
+
+void LargestRunsSum::Push(int64_t run) {
+  for (int32_t i = 0; i < k_; ++i) {
+    if (run > top_[i]) std::swap(run, top_[i]);
+  }
+}
+
+int64_t LargestRunsSum::sum() const {
   int64_t sum = 0;
-  for (int32_t i = 0; i < k; ++i) sum += top[i];
+  for (int32_t i = 0; i < k_; ++i) sum += top_[i];
   return sum;
 }
 

@@ -48,6 +48,19 @@ class BlockSpace {
   int64_t free_count_;
 };
 
+// The total of the `k` largest run lengths pushed (k clamped to [0, kMaxSumRuns]), without
+// allocating: LargestFreeSum's arithmetic, for callers that find runs by their own rule.
+class LargestRunsSum {
+ public:
+  explicit LargestRunsSum(int32_t k);
+  void Push(int64_t run);
+  int64_t sum() const;
+
+ private:
+  int32_t k_;
+  int64_t top_[BlockSpace::kMaxSumRuns] = {};  // descending
+};
+
 }  // namespace kvrm
 
 #endif  // KVRM_RUNTIME_BLOCK_SPACE_H_

@@ -316,27 +316,7 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
     }
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(request->sampling));
-  const SamplingConfig& sc = request->sampling;
-  for (int32_t i = 0; i < sc.num_logit_bias; ++i) {
-    if (sc.logit_bias[i].token < 0 || sc.logit_bias[i].token >= vocab) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("sampling.logit_bias: token ", sc.logit_bias[i].token, " is not in [0, ",
-                       vocab, ")"));
-    }
-  }
-  if (sc.allowed_tokens) {
-    if (sc.allowed_tokens->empty() || sc.allowed_tokens->size() > static_cast<size_t>(vocab)) {
-      return absl::InvalidArgumentError(absl::StrCat("sampling.allowed_token_ids: ",
-                                                     sc.allowed_tokens->size(),
-                                                     " ids, must be 1 to ", vocab));
-    }
-    for (int32_t token : *sc.allowed_tokens) {
-      if (token < 0 || token >= vocab) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "sampling.allowed_token_ids: token ", token, " is not in [0, ", vocab, ")"));
-      }
-    }
-  }
+  RETURN_IF_ERROR(ValidateSamplingTokens(request->sampling, vocab));
   if (request->sampling.seed == 0) {
     std::random_device rd;
     request->sampling.seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();

@@ -296,16 +296,11 @@ void Engine::Admit(absl::Time now) {
     const Tokenizer* tok = model_->tokenizer.get();
     // The last prompt tokens give the first generated token's text its context.
     const size_t ctx = std::min<size_t>(5, req.prompt.size());
-    TextStream::DecodeFn decode;
-    if (req.kept_special_tokens.empty()) {
-      decode = [tok](absl::Span<const int32_t> ids) { return tok->Decode(ids, true); };
-    } else {
-      decode = [tok, kept = req.kept_special_tokens](absl::Span<const int32_t> ids) {
-        return tok->DecodeKeeping(ids, kept);
-      };
-    }
+    // DecodeKeeping with nothing kept is Decode(ids, skip_special_tokens=true).
     slot.text = std::make_unique<TextStream>(
-        std::move(decode),
+        [tok, kept = req.kept_special_tokens](absl::Span<const int32_t> ids) {
+          return tok->DecodeKeeping(ids, kept);
+        },
         req.stop_sequences, std::vector<int32_t>(req.prompt.end() - ctx, req.prompt.end()),
         req.include_stop_str_in_output);
   }

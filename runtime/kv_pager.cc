@@ -255,26 +255,18 @@ bool KvPager::EvictWindow(int64_t length) {
 }
 
 bool KvPager::FitsWithIdleEvicted(int64_t blocks, int32_t runs) const {
-  const int32_t k = std::clamp(runs, 0, BlockSpace::kMaxSumRuns);
-  int64_t top[BlockSpace::kMaxSumRuns] = {};  // descending
+  LargestRunsSum top(runs);
   int64_t run = 0;
-  auto push = [&](int64_t r) {
-    for (int32_t i = 0; i < k; ++i) {
-      if (r > top[i]) std::swap(r, top[i]);
-    }
-  };
   for (int64_t b = 0; b < options_.device_blocks; ++b) {
     if (device_.IsFree(b) || IdleCached(static_cast<int32_t>(b))) {
       ++run;
-    } else if (run > 0) {
-      push(run);
+    } else {
+      top.Push(run);
       run = 0;
     }
   }
-  push(run);
-  int64_t sum = 0;
-  for (int32_t i = 0; i < k; ++i) sum += top[i];
-  return sum >= blocks;
+  top.Push(run);
+  return top.sum() >= blocks;
 }
 
 bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {

@@ -851,22 +851,15 @@ TEST(TransferPlanTest, MergesConsecutiveMovesIntoMaximalGroups) {
 // blocks in use, a request that would not fit with every idle block gone leaves the cache alone
 // (a paused request retries this every step).
 TEST(KvPagerTest, MakeRoomInRunsKeepsTheCacheWhenEvictingCannotHelp) {
-  KvPagerOptions o;
-  o.num_slots = 4;
-  o.device_blocks = 16;
-  o.host_blocks = 0;
-  o.block_tokens = 16;
-  o.max_runs = 2;
-  o.max_blocks_per_slot = 16;
-  o.bytes_per_block = 1;
+  KvPagerOptions o = Options(/*slots=*/4, /*device_blocks=*/16, /*host_blocks=*/0, /*runs=*/2);
   o.prefix_cache = true;
   KvPager p(o);
-  ASSERT_TRUE(p.Grow(0, 16).ok());
-  ASSERT_TRUE(p.Grow(1, 16).ok());
-  ASSERT_TRUE(p.Grow(2, 16).ok());
-  ASSERT_TRUE(p.Grow(3, 48).ok());
-  std::vector<int32_t> tokens(48);
-  for (int i = 0; i < 48; ++i) tokens[i] = i + 1;
+  ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
+  ASSERT_TRUE(p.Grow(1, kBlockTokens).ok());
+  ASSERT_TRUE(p.Grow(2, kBlockTokens).ok());
+  ASSERT_TRUE(p.Grow(3, 3 * kBlockTokens).ok());
+  std::vector<int32_t> tokens(3 * kBlockTokens);
+  for (int i = 0; i < 3 * kBlockTokens; ++i) tokens[i] = i + 1;
   ASSERT_EQ(p.RegisterPrefix(3, tokens), 3);
   p.Release(3);
   ASSERT_EQ(p.idle_cached_blocks(), 3);

@@ -66,6 +66,29 @@ absl::Status ValidateSamplingConfig(const SamplingConfig& c) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateSamplingTokens(const SamplingConfig& c, int32_t vocab_size) {
+  for (int32_t i = 0; i < c.num_logit_bias; ++i) {
+    if (c.logit_bias[i].token < 0 || c.logit_bias[i].token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.logit_bias: token ",
+                                                     c.logit_bias[i].token, " is not in [0, ",
+                                                     vocab_size, ")"));
+    }
+  }
+  if (!c.allowed_tokens) return absl::OkStatus();
+  if (c.allowed_tokens->empty() || c.allowed_tokens->size() > static_cast<size_t>(vocab_size)) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling.allowed_token_ids: ",
+                                                   c.allowed_tokens->size(),
+                                                   " ids, must be 1 to ", vocab_size));
+  }
+  for (int32_t token : *c.allowed_tokens) {
+    if (token < 0 || token >= vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.allowed_token_ids: token ", token,
+                                                     " is not in [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 Sampler::Sampler(int32_t vocab_size)
     : vocab_size_(vocab_size),
       seen_(vocab_size, 0),
@@ -88,18 +111,8 @@ void Sampler::Reset(const SamplingConfig& config, absl::Span<const int32_t> prom
   }
   touched_.clear();  // Keeps capacity.
   for (int32_t token : prompt_tokens) MarkSeen(token);
-  for (int32_t i = 0; i < config.num_logit_bias; ++i) {
-    CHECK(config.logit_bias[i].token < vocab_size_)
-        << "logit_bias token " << config.logit_bias[i].token << " vocab " << vocab_size_;
-  }
-  if (config.allowed_tokens) {
-    CHECK(!config.allowed_tokens->empty() &&
-          config.allowed_tokens->size() <= static_cast<size_t>(vocab_size_))
-        << "allowed_tokens: " << config.allowed_tokens->size() << " ids, vocab " << vocab_size_;
-    for (int32_t token : *config.allowed_tokens) {
-      CHECK(token >= 0 && token < vocab_size_) << "allowed token " << token;
-    }
-  }
+  const absl::Status tokens = ValidateSamplingTokens(config, vocab_size_);
+  CHECK(tokens.ok()) << tokens;
 }
 
 void Sampler::MarkSeen(int32_t token) {

@@ -62,6 +62,10 @@ struct SamplingConfig {
 // INVALID_ARGUMENT naming the field when `config` is outside the ranges above (negative
 // temperature, top_p outside (0, 1], non-positive repetition penalty, ...). Call at admission.
 absl::Status ValidateSamplingConfig(const SamplingConfig& config);
+// INVALID_ARGUMENT naming the field when a logit_bias or allowed_tokens id is outside
+// [0, vocab_size), or allowed_tokens is empty or longer than the vocabulary: what a Sampler of
+// that vocabulary requires (Reset CHECKs it).
+absl::Status ValidateSamplingTokens(const SamplingConfig& config, int32_t vocab_size);
 
 struct SampleResult {
   int32_t token = 0;
