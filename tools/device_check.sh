@@ -15,9 +15,15 @@
 #
 # Through the device tool, with the prepared folder carried:
 #   run(command="tools/device_check.sh run --quick", carry=[".device"], timeout_s=540)
-# The check takes about 2-4 minutes on one H200 (kernel checks, backend vs CPU with f32 and bf16
-# KV pools, decode at 16, 64 and 128 slots and at 64 with a bf16 pool); `run --quick`
-# benchmarks 64 slots only (f32 and bf16 KV) and runs the engine claims on 50 requests a family.
+# On one H200 (2026-12-04) `run --quick` took 44 s and `run` about 2 minutes: kernel checks,
+# backend vs CPU with f32 and bf16 KV pools, decode at 16, 64 and 128 slots (context 512), at 64
+# slots with contexts 2048 and 4000, and with a bf16 pool; `run --quick` benchmarks 64 slots only
+# and runs the engine claims on 50 requests a family (200 without it).
+#
+#   tools/device_check.sh profile [--slots=a,b --contexts=a,b --split_tokens=a,b
+#                                  --token_sets=2,4 --kv=f32,bf16]
+#                                   # on the GPU machine: the checks, a sweep of those lists, and
+#                                   # ncu's per-kernel times of one 64-slot step (docs/perf)
 # Bounds: the check 210 s, the claims 80 s with --quick (240 s without), so `run --quick` ends
 # within 5 minutes. Exit status: the check's (4: it ran past 210 s), else the claims' (3: they
 # ran past their bound).
@@ -25,6 +31,46 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-}
 shift || true
+
+setup_libraries() {
+  [[ -f .device/pack.tar.gz ]] || { echo "no .device/pack.tar.gz: run 'tools/device_check.sh prepare' here first" >&2; exit 1; }
+  out=${OUT:-$PWD/device-check-out}
+  mkdir -p "$out"
+  pack=${TMPDIR:-/tmp}/kvrm-device
+  rm -rf "$pack" && mkdir -p "$pack" && tar -C "$pack" -xzf .device/pack.tar.gz
+  libpath=$pack/lib
+  # The CUDA runtime and cuBLASLt from one installation (a toolkit's cuBLASLt with a wheel's
+  # runtime, or the reverse, may not load): the toolkit's when it has both, else what
+  # ldconfig knows, else the pip wheels' (nvidia-*-cu13). NCCL apart: the toolkit rarely has it.
+  find_lib() {
+    local name=$1 found
+    # awk reads to the end (no `exit`): ldconfig must not die of SIGPIPE under pipefail.
+    found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n && !f {print $NF; f = 1}')
+    if [[ -z "$found" ]]; then
+      found=$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
+                -name "$name" 2>/dev/null | head -1 || true)
+    fi
+    if [[ -z "$found" ]]; then echo "device_check: $name not found on this machine" >&2; return 1; fi
+    dirname "$found"
+  }
+  cuda_dir=""
+  for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    if [[ -e $d/libcudart.so.13 && -e $d/libcublasLt.so.13 ]]; then cuda_dir=$d; break; fi
+  done
+  if [[ -n "$cuda_dir" ]]; then
+    libpath=$libpath:$cuda_dir
+  else
+    for name in libcudart.so.13 libcublasLt.so.13; do libpath=$libpath:$(find_lib "$name"); done
+  fi
+  if [[ -n "$cuda_dir" && -e $cuda_dir/libnccl.so.2 ]]; then
+    :
+  else
+    libpath=$libpath:$(find_lib libnccl.so.2)
+  fi
+  echo "device_check: libraries from ${libpath#"$pack/lib:"}"
+  sys_cxx=$(ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && !f {print $NF; f = 1}')
+  if ! grep -q GLIBCXX_3.4.30 "$sys_cxx" 2>/dev/null; then libpath=$libpath:$pack/libstdcxx; fi
+}
 
 case "$mode" in
   prepare)
@@ -53,43 +99,7 @@ case "$mode" in
     echo "prepared .device/: carry it to the GPU machine and run: tools/device_check.sh run"
     ;;
   run)
-    [[ -f .device/pack.tar.gz ]] || { echo "no .device/pack.tar.gz: run 'tools/device_check.sh prepare' here first" >&2; exit 1; }
-    out=${OUT:-$PWD/device-check-out}
-    mkdir -p "$out"
-    pack=${TMPDIR:-/tmp}/kvrm-device
-    rm -rf "$pack" && mkdir -p "$pack" && tar -C "$pack" -xzf .device/pack.tar.gz
-    libpath=$pack/lib
-    # The CUDA runtime and cuBLASLt from one installation (a toolkit's cuBLASLt with a wheel's
-    # runtime, or the reverse, may not load): the toolkit's when it has both, else what
-    # ldconfig knows, else the pip wheels' (nvidia-*-cu13). NCCL apart: the toolkit rarely has it.
-    find_lib() {
-      local name=$1 found
-      # awk reads to the end (no `exit`): ldconfig must not die of SIGPIPE under pipefail.
-      found=$(ldconfig -p 2>/dev/null | awk -v n="$name" '$1 == n && !f {print $NF; f = 1}')
-      if [[ -z "$found" ]]; then
-        found=$(find /usr/local /usr/lib /opt "$(python3 -c 'import site; print(site.getsitepackages()[0])' 2>/dev/null || echo /nonexistent)" \
-                  -name "$name" 2>/dev/null | head -1 || true)
-      fi
-      if [[ -z "$found" ]]; then echo "device_check: $name not found on this machine" >&2; return 1; fi
-      dirname "$found"
-    }
-    cuda_dir=""
-    for d in /usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
-      if [[ -e $d/libcudart.so.13 && -e $d/libcublasLt.so.13 ]]; then cuda_dir=$d; break; fi
-    done
-    if [[ -n "$cuda_dir" ]]; then
-      libpath=$libpath:$cuda_dir
-    else
-      for name in libcudart.so.13 libcublasLt.so.13; do libpath=$libpath:$(find_lib "$name"); done
-    fi
-    if [[ -n "$cuda_dir" && -e $cuda_dir/libnccl.so.2 ]]; then
-      :
-    else
-      libpath=$libpath:$(find_lib libnccl.so.2)
-    fi
-    echo "device_check: libraries from ${libpath#"$pack/lib:"}"
-    sys_cxx=$(ldconfig -p 2>/dev/null | awk '$1 == "libstdc++.so.6" && !f {print $NF; f = 1}')
-    if ! grep -q GLIBCXX_3.4.30 "$sys_cxx" 2>/dev/null; then libpath=$libpath:$pack/libstdcxx; fi
+    setup_libraries
     nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt" || true
     set -o pipefail
     status=0
@@ -128,8 +138,30 @@ case "$mode" in
     fi
     exit $status
     ;;
+  profile)
+    # Where the decode step's time goes (on the GPU machine): the correctness checks, a sweep
+    # (arguments: --slots, --contexts, --split_tokens, --kv lists), then ncu over two replays of
+    # a 64-slot, context-512 graph, each kernel apart (time, DRAM traffic, occupancy).
+    setup_libraries
+    nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv 2>&1 | tee "$out/nvidia-smi.txt" || true
+    # The correctness checks first: a sweep of wrong kernels would measure nothing.
+    LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      timeout 120 "$pack/device_check" --checks_only --json "$out/checks.json" 2>&1 \
+      | grep -v '^I' | tee "$out/checks.log" || true
+    LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      timeout 200 "$pack/device_check" --bench_only --json "$out/sweep.json" "$@" 2>&1 \
+      | grep -v '^I' | tee "$out/sweep.log" || true
+    ncu=$(command -v ncu || find /usr/local /opt -name ncu -type f 2>/dev/null | head -1 || true)
+    if [[ -z "$ncu" ]]; then echo "device_check: no ncu here" >&2; exit 1; fi
+    LD_LIBRARY_PATH=$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH} \
+      timeout 200 "$ncu" --clock-control none --profile-from-start off --csv \
+        --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__throughput.avg.pct_of_peak_sustained_elapsed,sm__warps_active.avg.pct_of_peak_sustained_active,launch__grid_size,launch__block_size,launch__registers_per_thread \
+        "$pack/device_check" --bench_only --profile --slots=64 --contexts=512 \
+        > "$out/ncu.csv" 2> "$out/ncu.err" || { echo "ncu failed"; tail -20 "$out/ncu.err"; }
+    wc -l "$out/ncu.csv"
+    ;;
   *)
-    echo "usage: tools/device_check.sh prepare|run [--quick]" >&2
+    echo "usage: tools/device_check.sh prepare|run [--quick]|profile [sweep flags]" >&2
     exit 2
     ;;
 esac

@@ -1,20 +1,27 @@
-// Attention over run tables, split over the KV length then reduced (flash-decoding style):
-// device templates (per KV element type and head size), checked launch wrapper (a template on the
-// KV element type), explicit instantiations for f32 and bf16 pools, each instantiating its head
-// sizes through the head-size dispatch.
+// Attention over run tables, split over the KV length then reduced (flash-decoding style), in
+// one launch: device template (per KV element type, head size, query heads per KV head and
+// token sets in flight), checked launch wrapper (a template on the KV element type), explicit
+// instantiations for f32 and bf16 pools, each instantiating the rest through the dispatch.
 //
-// Split kernel: one block per (split, KV head, row). Its warps stride over the split's positions
-// run by run (each run is contiguous memory per head), keep an online softmax per query head of
-// the group, then combine through shared memory into one partial (max, sum, output) per head.
-// Reduce kernel: one block per (query head, row) merges the splits. The grid covers every split
-// of max context, so the shape never changes; blocks past a row's length exit after writing an
-// empty partial.
+// One block per (split, KV head, row). A token's K (and V) row is read by a group of
+// head_dim / 8 lanes, 8 consecutive elements each (one 16-byte load for bf16, two for f32), so
+// a warp covers 32 / (head_dim / 8) tokens at once (4 at head_dim 64, 2 at 128), and each pass
+// of the loop issues the loads of kSets such sets before using any: the memory system sees
+// 8 to 16 tokens' K and V in flight per warp instead of one, which is what the decode step's
+// time is made of. A token's score is reduced over its lane group only (3 or 4 shuffles); each
+// lane keeps an online softmax per query head of the group for its tokens, one correction per
+// pass. Lane groups then merge within the warp (shuffles), warps through shared memory, into
+// one partial (max, sum, output) per head and split. The grid covers every split of max
+// context, so the shape never changes; a split past a row's length writes an empty partial.
 //
-// K and V are loaded as E = head_dim / 32 consecutive elements per lane (lane * E onwards) and
-// widened to f32 (exactly, for bf16): f32 pools with float2/float4 loads, bf16 pools with one
-// 32-bit (E = 2) or 64-bit (E = 4) load, aligned because a token's row starts at a multiple of
-// head_dim elements from a 256-byte aligned pool and each lane's E elements at lane * E. All
-// arithmetic is f32 whatever the pool's type.
+// The reduction: each block counts itself done for its (row, KV head) after its partials are
+// visible (a fence, then an atomic add); the block that brings the count to `splits` merges
+// every split's partials of its query heads into the bf16 output and puts the count back to
+// zero for the next launch (no second kernel, no reset between graph replays).
+//
+// Loads are aligned: a token's row starts at a multiple of head_dim elements from a 256-byte
+// aligned pool, and each lane's 8 elements at a multiple of 8 (32 bytes f32, 16 bytes bf16).
+// All arithmetic is f32 whatever the pool's type (bf16 is widened exactly).
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/device_math.cuh"
 #include "kernels/cuda/llama_kernels.h"
@@ -24,90 +31,78 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kMaxGroup = 8;
+constexpr int kLaneElems = 8;  // K/V (and Q) elements one lane holds of a token's row
 
-// E consecutive floats (Q, f32 K/V) or bf16 (bf16 K/V) at p, widened to f32.
-template <typename T, int E>
-struct Vec;
-template <>
-struct Vec<float, 2> {
-  __device__ static void Load(const float* p, float* out) {
-    const float2 v = *reinterpret_cast<const float2*>(p);
-    out[0] = v.x;
-    out[1] = v.y;
-  }
-};
-template <>
-struct Vec<float, 4> {
-  __device__ static void Load(const float* p, float* out) {
-    const float4 v = *reinterpret_cast<const float4*>(p);
-    out[0] = v.x;
-    out[1] = v.y;
-    out[2] = v.z;
-    out[3] = v.w;
-  }
-};
-template <>
-struct Vec<bf16, 2> {  // 4 bytes: p is 4-byte aligned (an even element index)
-  __device__ static void Load(const bf16* p, float* out) {
-    WidenBf16x2(*reinterpret_cast<const unsigned int*>(p), out);
-  }
-};
-template <>
-struct Vec<bf16, 4> {  // 8 bytes: p is 8-byte aligned (an element index that is a multiple of 4)
-  __device__ static void Load(const bf16* p, float* out) {
-    const uint2 w = *reinterpret_cast<const uint2*>(p);
-    WidenBf16x2(w.x, out);
-    WidenBf16x2(w.y, out + 2);
-  }
-};
+// 8 consecutive elements at p (32-byte aligned f32, 16-byte aligned bf16), widened to f32.
+__device__ __forceinline__ void Load8(const float* p, float* out) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  const float4 b = *reinterpret_cast<const float4*>(p + 4);
+  out[0] = a.x, out[1] = a.y, out[2] = a.z, out[3] = a.w;
+  out[4] = b.x, out[5] = b.y, out[6] = b.z, out[7] = b.w;
+}
+__device__ __forceinline__ void Load8(const bf16* p, float* out) {
+  const uint4 w = *reinterpret_cast<const uint4*>(p);
+  WidenBf16x2(w.x, out);
+  WidenBf16x2(w.y, out + 2);
+  WidenBf16x2(w.z, out + 4);
+  WidenBf16x2(w.w, out + 6);
+}
 
-template <typename Kv, int kHeadDim>
+// Folds state (om, ol, oacc) into (m, l, acc): the merge of two online softmaxes.
+__device__ __forceinline__ void Merge(float& m, float& l, float* acc, float om, float ol,
+                                      const float* oacc) {
+  const float nm = fmaxf(m, om);
+  if (nm == -INFINITY) return;  // both empty
+  const float a = __expf(m - nm), b = __expf(om - nm);  // an empty side (-inf) weighs 0
+  l = l * a + ol * b;
+#pragma unroll
+  for (int e = 0; e < kLaneElems; ++e) acc[e] = acc[e] * a + oacc[e] * b;
+  m = nm;
+}
+
+template <typename Kv, int kHeadDim, int kGroup, int kSets>
 __global__ void __launch_bounds__(kWarps * 32)
-    AttentionSplitKernel(const float* __restrict__ qkv, StepInputs in, KvLayer<Kv> kv,
-                         int32_t heads, int32_t kv_heads, int32_t group, float scale,
-                         AttentionWorkspace ws) {
-  constexpr int E = kHeadDim / 32;
+    AttentionKernel(const float* __restrict__ qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
+                    int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* __restrict__ out) {
+  constexpr int kLanesPerToken = kHeadDim / kLaneElems;  // 8 or 16
+  constexpr int kTokensPerWarp = 32 / kLanesPerToken;    // 4 or 2
+  constexpr int kStride = kWarps * kTokensPerWarp;       // tokens one set of the block covers
   const int32_t split = blockIdx.x, g = blockIdx.y, row = blockIdx.z;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int tg = lane / kLanesPerToken;              // the lane's token in the warp's set
+  const int li = lane % kLanesPerToken;              // its slice of the row: li * 8 onwards
   const int32_t len = in.active[row] ? in.position[row] + 1 : 0;
   const int32_t begin = split * ws.split_tokens;
   const int32_t end = min(len, begin + ws.split_tokens);
+  const int64_t first_slot = (static_cast<int64_t>(row) * heads + g * kGroup) * ws.splits;
   if (begin >= end) {
     // A split past the row's length (the whole block alike): only its -inf marker, on which the
-    // reduce skips it without reading its partial_out (64 slots at 4096 context would otherwise
-    // write ~6 MB of zeros a layer).
-    for (int j = threadIdx.x; j < group; j += blockDim.x) {
-      const int64_t slot =
-          (static_cast<int64_t>(row) * heads + g * group + j) * ws.splits + split;
+    // reduction skips it without reading its partial_out (64 slots at 4096 context would
+    // otherwise write ~6 MB of zeros a layer).
+    for (int j = threadIdx.x; j < kGroup; j += blockDim.x) {
+      const int64_t slot = first_slot + j * ws.splits + split;
       ws.partial_ml[slot * 2] = -INFINITY;
       ws.partial_ml[slot * 2 + 1] = 0.0f;
     }
-    return;
-  }
-
-  float m[kMaxGroup], l[kMaxGroup], acc[kMaxGroup][E], q[kMaxGroup][E];
-#pragma unroll
-  for (int j = 0; j < kMaxGroup; ++j) {
-    m[j] = -INFINITY;
-    l[j] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < E; ++e) acc[j][e] = q[j][e] = 0.0f;
-  }
-  if (begin < end) {
+  } else {
+    float m[kGroup], l[kGroup], acc[kGroup][kLaneElems], q[kGroup][kLaneElems];
     const float* qrow = qkv + static_cast<int64_t>(row) * (heads + 2 * kv_heads) * kHeadDim +
-                        static_cast<int64_t>(g) * group * kHeadDim;
+                        static_cast<int64_t>(g) * kGroup * kHeadDim;
 #pragma unroll
-    for (int j = 0; j < kMaxGroup; ++j) {
-      if (j < group) {
-        Vec<float, E>::Load(qrow + j * kHeadDim + lane * E, q[j]);
+    for (int j = 0; j < kGroup; ++j) {
+      m[j] = -INFINITY;
+      l[j] = 0.0f;
+      Load8(qrow + j * kHeadDim + li * kLaneElems, q[j]);
 #pragma unroll
-        for (int e = 0; e < E; ++e) q[j][e] *= scale;
+      for (int e = 0; e < kLaneElems; ++e) {
+        q[j][e] *= scale;
+        acc[j][e] = 0.0f;
       }
     }
     const int32_t table = in.table[row];
     const int64_t base = static_cast<int64_t>(table) * in.max_runs;
-    const Kv* kbase = kv.k + g * kv.head_stride;
-    const Kv* vbase = kv.v + g * kv.head_stride;
+    const Kv* kbase = kv.k + g * kv.head_stride + li * kLaneElems;
+    const Kv* vbase = kv.v + g * kv.head_stride + li * kLaneElems;
     for (int32_t r = 0; r < in.num_runs[table]; ++r) {
       const int32_t rs = in.run_start[base + r];
       const int32_t re = rs + in.run_blocks[base + r] * kv.block_tokens;
@@ -115,97 +110,174 @@ __global__ void __launch_bounds__(kWarps * 32)
       if (lo >= hi) continue;
       // phys(pos) = run_first * block_tokens + (pos - rs)
       const int64_t shift = static_cast<int64_t>(in.run_first[base + r]) * kv.block_tokens - rs;
-      for (int32_t pos = lo + warp; pos < hi; pos += kWarps) {
-        const int64_t at = (shift + pos) * kHeadDim + lane * E;
-        float kr[E], vr[E];
-        Vec<Kv, E>::Load(kbase + at, kr);
-        Vec<Kv, E>::Load(vbase + at, vr);
+      // Warp-uniform bounds (every lane takes part in the shuffles); a lane past hi loads
+      // nothing and scores -inf.
+      for (int32_t set = lo + warp * kTokensPerWarp; set < hi; set += kSets * kStride) {
+        float kr[kSets][kLaneElems], vr[kSets][kLaneElems];
+        bool ok[kSets];
 #pragma unroll
-        for (int j = 0; j < kMaxGroup; ++j) {
-          if (j < group) {
-            float s = 0.0f;
+        for (int t = 0; t < kSets; ++t) {
+          const int32_t p = set + t * kStride + tg;
+          ok[t] = p < hi;
 #pragma unroll
-            for (int e = 0; e < E; ++e) s += q[j][e] * kr[e];
-            s = WarpSum(s);
-            const float nm = fmaxf(m[j], s);
+          for (int e = 0; e < kLaneElems; ++e) kr[t][e] = vr[t][e] = 0.0f;
+          if (ok[t]) {
+            Load8(kbase + (shift + p) * kHeadDim, kr[t]);
+            Load8(vbase + (shift + p) * kHeadDim, vr[t]);
+          }
+        }
+#pragma unroll
+        for (int j = 0; j < kGroup; ++j) {
+          float sc[kSets];
+#pragma unroll
+          for (int t = 0; t < kSets; ++t) {
+            sc[t] = 0.0f;
+#pragma unroll
+            for (int e = 0; e < kLaneElems; ++e) sc[t] += q[j][e] * kr[t][e];
+          }
+#pragma unroll
+          for (int off = kLanesPerToken / 2; off > 0; off /= 2) {
+#pragma unroll
+            for (int t = 0; t < kSets; ++t) sc[t] += __shfl_xor_sync(0xffffffffu, sc[t], off);
+          }
+          float nm = m[j];
+#pragma unroll
+          for (int t = 0; t < kSets; ++t) {
+            sc[t] = ok[t] ? sc[t] : -INFINITY;
+            nm = fmaxf(nm, sc[t]);
+          }
+          if (nm != -INFINITY) {
             const float corr = __expf(m[j] - nm);  // m = -inf: 0
-            const float p = __expf(s - nm);
-            l[j] = l[j] * corr + p;
+            l[j] *= corr;
 #pragma unroll
-            for (int e = 0; e < E; ++e) acc[j][e] = acc[j][e] * corr + p * vr[e];
+            for (int e = 0; e < kLaneElems; ++e) acc[j][e] *= corr;
+#pragma unroll
+            for (int t = 0; t < kSets; ++t) {
+              const float w = __expf(sc[t] - nm);  // -inf (no token): 0
+              l[j] += w;
+#pragma unroll
+              for (int e = 0; e < kLaneElems; ++e) acc[j][e] += w * vr[t][e];
+            }
             m[j] = nm;
           }
         }
       }
     }
-  }
-  __shared__ float s_m[kWarps][kMaxGroup], s_l[kWarps][kMaxGroup];
-  __shared__ float s_acc[kWarps][kMaxGroup][kHeadDim];
+    // The warp's lane groups hold the same slices of different tokens: merge them (lanes li,
+    // li + kLanesPerToken, ... end alike).
 #pragma unroll
-  for (int j = 0; j < kMaxGroup; ++j) {
-    if (j < group) {
-      if (lane == 0) {
-        s_m[warp][j] = m[j];
-        s_l[warp][j] = l[j];
+    for (int off = kLanesPerToken; off < 32; off *= 2) {
+#pragma unroll
+      for (int j = 0; j < kGroup; ++j) {
+        float oacc[kLaneElems];
+        const float om = __shfl_xor_sync(0xffffffffu, m[j], off);
+        const float ol = __shfl_xor_sync(0xffffffffu, l[j], off);
+#pragma unroll
+        for (int e = 0; e < kLaneElems; ++e) {
+          oacc[e] = __shfl_xor_sync(0xffffffffu, acc[j][e], off);
+        }
+        Merge(m[j], l[j], acc[j], om, ol, oacc);
       }
+    }
+    __shared__ float s_m[kWarps][kGroup], s_l[kWarps][kGroup];
+    __shared__ float s_acc[kWarps][kGroup][kHeadDim];
+    if (tg == 0) {
 #pragma unroll
-      for (int e = 0; e < E; ++e) s_acc[warp][j][lane * E + e] = acc[j][e];
+      for (int j = 0; j < kGroup; ++j) {
+        if (li == 0) {
+          s_m[warp][j] = m[j];
+          s_l[warp][j] = l[j];
+        }
+#pragma unroll
+        for (int e = 0; e < kLaneElems; ++e) s_acc[warp][j][li * kLaneElems + e] = acc[j][e];
+      }
+    }
+    __syncthreads();
+    for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
+      const int j = idx / kHeadDim, d = idx % kHeadDim;
+      float mx = -INFINITY;
+      for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][j]);
+      float sum = 0.0f, o = 0.0f;
+      if (mx != -INFINITY) {
+        for (int w = 0; w < kWarps; ++w) {
+          const float f = s_m[w][j] == -INFINITY ? 0.0f : __expf(s_m[w][j] - mx);
+          sum += f * s_l[w][j];
+          o += f * s_acc[w][j][d];
+        }
+      }
+      const int64_t slot = first_slot + j * ws.splits + split;
+      ws.partial_out[slot * kHeadDim + d] = o;
+      if (d == 0) {
+        ws.partial_ml[slot * 2] = mx;
+        ws.partial_ml[slot * 2 + 1] = sum;
+      }
     }
   }
+
+  // Done: the last of the (row, KV head)'s splits to finish merges them all.
+  __shared__ bool s_last;
+  __threadfence();  // this block's partials, visible device-wide before it counts itself done
   __syncthreads();
-  for (int idx = threadIdx.x; idx < group * kHeadDim; idx += blockDim.x) {
+  int32_t* const done = ws.done + static_cast<int64_t>(row) * kv_heads + g;
+  if (threadIdx.x == 0) s_last = atomicAdd(done, 1) == ws.splits - 1;
+  __syncthreads();
+  if (!s_last) return;
+  __threadfence();  // the other blocks' partials: read below from L2 (__ldcg), never a stale L1
+  for (int idx = threadIdx.x; idx < kGroup * kHeadDim; idx += blockDim.x) {
     const int j = idx / kHeadDim, d = idx % kHeadDim;
+    const int64_t first = first_slot + j * ws.splits;
     float mx = -INFINITY;
-    for (int w = 0; w < kWarps; ++w) mx = fmaxf(mx, s_m[w][j]);
-    float sum = 0.0f, out = 0.0f;
+    for (int32_t sp = 0; sp < ws.splits; ++sp) mx = fmaxf(mx, __ldcg(ws.partial_ml + (first + sp) * 2));
+    float sum = 0.0f, o = 0.0f;
     if (mx != -INFINITY) {
-      for (int w = 0; w < kWarps; ++w) {
-        const float f = s_m[w][j] == -INFINITY ? 0.0f : __expf(s_m[w][j] - mx);
-        sum += f * s_l[w][j];
-        out += f * s_acc[w][j][d];
+      for (int32_t sp = 0; sp < ws.splits; ++sp) {
+        const float ms = __ldcg(ws.partial_ml + (first + sp) * 2);
+        if (ms == -INFINITY) continue;
+        const float f = __expf(ms - mx);
+        sum += f * __ldcg(ws.partial_ml + (first + sp) * 2 + 1);
+        o += f * __ldcg(ws.partial_out + (first + sp) * kHeadDim + d);
       }
     }
-    const int64_t slot =
-        (static_cast<int64_t>(row) * heads + g * group + j) * ws.splits + split;
-    ws.partial_out[slot * kHeadDim + d] = out;
-    if (d == 0) {
-      ws.partial_ml[slot * 2] = mx;
-      ws.partial_ml[slot * 2 + 1] = sum;
-    }
+    out[(static_cast<int64_t>(row) * heads + g * kGroup + j) * kHeadDim + d] =
+        __float2bfloat16_rn(sum > 0.0f ? o / sum : 0.0f);
   }
+  if (threadIdx.x == 0) *done = 0;  // for the next launch (kernel boundaries order it)
 }
 
-template <int kHeadDim>
-__global__ void AttentionReduceKernel(AttentionWorkspace ws, int32_t heads, bf16* __restrict__ out) {
-  const int32_t h = blockIdx.x, row = blockIdx.y, d = threadIdx.x;
-  const int64_t first = (static_cast<int64_t>(row) * heads + h) * ws.splits;
-  float mx = -INFINITY;
-  for (int32_t s = 0; s < ws.splits; ++s) mx = fmaxf(mx, ws.partial_ml[(first + s) * 2]);
-  float sum = 0.0f, acc = 0.0f;
-  if (mx != -INFINITY) {
-    for (int32_t s = 0; s < ws.splits; ++s) {
-      const float ms = ws.partial_ml[(first + s) * 2];
-      if (ms == -INFINITY) continue;
-      const float f = __expf(ms - mx);
-      sum += f * ws.partial_ml[(first + s) * 2 + 1];
-      acc += f * ws.partial_out[(first + s) * kHeadDim + d];
-    }
-  }
-  out[(static_cast<int64_t>(row) * heads + h) * kHeadDim + d] =
-      __float2bfloat16_rn(sum > 0.0f ? acc / sum : 0.0f);
-}
-
-template <typename Kv, int kHeadDim>
+template <typename Kv, int kHeadDim, int kGroup>
 absl::Status Run(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
                  int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
                  cudaStream_t stream) {
   const dim3 grid(ws.splits, kv_heads, in.rows);
-  AttentionSplitKernel<Kv, kHeadDim><<<grid, kWarps * 32, 0, stream>>>(
-      qkv, in, kv, heads, kv_heads, heads / kv_heads, scale, ws);
-  KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
-  AttentionReduceKernel<kHeadDim><<<dim3(heads, in.rows), kHeadDim, 0, stream>>>(ws, heads, out);
+  if (ws.token_sets == 4) {
+    AttentionKernel<Kv, kHeadDim, kGroup, 4><<<grid, kWarps * 32, 0, stream>>>(
+        qkv, in, kv, heads, kv_heads, scale, ws, out);
+  } else {
+    AttentionKernel<Kv, kHeadDim, kGroup, 2><<<grid, kWarps * 32, 0, stream>>>(
+        qkv, in, kv, heads, kv_heads, scale, ws, out);
+  }
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
+}
+
+// The query heads per KV head as a compile-time constant (the registers a lane holds scale
+// with it): 1 to kMaxGroup.
+template <typename Kv, int kHeadDim>
+absl::Status RunGroup(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
+                      int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
+                      cudaStream_t stream) {
+  switch (heads / kv_heads) {
+    case 1: return Run<Kv, kHeadDim, 1>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 2: return Run<Kv, kHeadDim, 2>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 3: return Run<Kv, kHeadDim, 3>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 4: return Run<Kv, kHeadDim, 4>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 5: return Run<Kv, kHeadDim, 5>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 6: return Run<Kv, kHeadDim, 6>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 7: return Run<Kv, kHeadDim, 7>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 8: return Run<Kv, kHeadDim, 8>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    default:
+      return absl::InvalidArgumentError("attention: more than 8 query heads per KV head");
+  }
 }
 
 }  // namespace
@@ -215,19 +287,22 @@ absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, in
                              int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
                              cudaStream_t stream) {
   if (in.rows <= 0 || kv_heads <= 0 || heads % kv_heads != 0 ||
-      heads / kv_heads > kMaxGroup || ws.splits <= 0 || ws.split_tokens <= 0) {
-    return absl::InvalidArgumentError("attention: heads must be a multiple of KV heads (at most " +
-                                      std::to_string(kMaxGroup) + " per KV head)");
+      heads / kv_heads > kMaxGroup || ws.splits <= 0 || ws.split_tokens <= 0 ||
+      ws.done == nullptr || (ws.token_sets != 2 && ws.token_sets != 4)) {
+    return absl::InvalidArgumentError(
+        "attention: heads must be a multiple of KV heads (at most " + std::to_string(kMaxGroup) +
+        " per KV head), with a workspace of splits, split counters and 2 or 4 token sets");
   }
   // The vector loads: every head's rows start 16-byte aligned (a pool from cudaMalloc, strides
-  // in whole rows of 64 or 128 elements).
+  // in whole rows of 64 or 128 elements), and so do Q's.
   if (reinterpret_cast<uintptr_t>(kv.k) % 16 != 0 || reinterpret_cast<uintptr_t>(kv.v) % 16 != 0 ||
-      (kv.head_stride * static_cast<int64_t>(sizeof(Kv))) % 16 != 0) {
-    return absl::InvalidArgumentError("attention: K/V not 16-byte aligned");
+      (kv.head_stride * static_cast<int64_t>(sizeof(Kv))) % 16 != 0 ||
+      reinterpret_cast<uintptr_t>(qkv) % 16 != 0) {
+    return absl::InvalidArgumentError("attention: Q, K or V not 16-byte aligned");
   }
   switch (kv.head_dim) {
-    case 64: return Run<Kv, 64>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 128: return Run<Kv, 128>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 64: return RunGroup<Kv, 64>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 128: return RunGroup<Kv, 128>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
     default:
       return absl::InvalidArgumentError("attention: head_dim " + std::to_string(kv.head_dim) +
                                         " (the CUDA kernels take 64 or 128)");

@@ -18,20 +18,65 @@ __global__ void EmbedKernel(const bf16* __restrict__ embed, StepInputs in, int32
   for (int32_t i = threadIdx.x; i < hidden; i += blockDim.x) dst[i] = __bfloat162float(src[i]);
 }
 
+// One warp per row (no block barrier: the step's norms are 64-row, latency-bound launches).
+// kVec: dim % 4 == 0, so each lane moves 4 elements at a time (16-byte x loads).
+constexpr int kNormWarps = 4;
+
 template <typename Out>
-__global__ void RmsNormKernel(const float* __restrict__ x, const bf16* __restrict__ weight,
-                              Out* __restrict__ out, int32_t dim, float eps,
-                              const int32_t* __restrict__ row_select) {
-  __shared__ float shared[32];
-  const int64_t src_row = row_select ? *row_select : blockIdx.x;
+__device__ __forceinline__ void Store4(Out* dst, float a, float b, float c, float d);
+template <>
+__device__ __forceinline__ void Store4<float>(float* dst, float a, float b, float c, float d) {
+  *reinterpret_cast<float4*>(dst) = make_float4(a, b, c, d);
+}
+template <>
+__device__ __forceinline__ void Store4<bf16>(bf16* dst, float a, float b, float c, float d) {
+  __nv_bfloat162 lo = __floats2bfloat162_rn(a, b), hi = __floats2bfloat162_rn(c, d);
+  uint2 w;
+  w.x = *reinterpret_cast<unsigned int*>(&lo);
+  w.y = *reinterpret_cast<unsigned int*>(&hi);
+  *reinterpret_cast<uint2*>(dst) = w;
+}
+
+template <typename Out, bool kVec>
+__global__ void __launch_bounds__(kNormWarps * 32)
+    RmsNormKernel(const float* __restrict__ x, const bf16* __restrict__ weight,
+                  Out* __restrict__ out, int32_t rows, int32_t dim, float eps,
+                  const int32_t* __restrict__ row_select) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int32_t r = blockIdx.x * kNormWarps + warp;
+  if (r >= rows) return;
+  const int64_t src_row = row_select ? *row_select : r;
   const float* row = x + src_row * dim;
-  Out* dst = out + static_cast<int64_t>(blockIdx.x) * dim;
+  Out* dst = out + static_cast<int64_t>(r) * dim;
   float ss = 0.0f;
-  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) ss += row[i] * row[i];
-  ss = BlockSum(ss, shared);
+  // Unrolled: the loads of a row (6 a lane at dim 768) go out together, not one per trip.
+  if constexpr (kVec) {
+#pragma unroll 4
+    for (int32_t i = lane * 4; i < dim; i += 128) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i);
+      ss += v.x * v.x + v.y * v.y + v.z * v.z + v.w * v.w;
+    }
+  } else {
+#pragma unroll 4
+    for (int32_t i = lane; i < dim; i += 32) ss += row[i] * row[i];
+  }
+  ss = WarpSum(ss);
   const float inv = rsqrtf(ss / dim + eps);
-  for (int32_t i = threadIdx.x; i < dim; i += blockDim.x) {
-    dst[i] = FromFloat<Out>(row[i] * inv * __bfloat162float(weight[i]));
+  if constexpr (kVec) {
+#pragma unroll 4
+    for (int32_t i = lane * 4; i < dim; i += 128) {
+      const float4 v = *reinterpret_cast<const float4*>(row + i);
+      const uint2 w = *reinterpret_cast<const uint2*>(weight + i);
+      float wf[4];
+      WidenBf16x2(w.x, wf);
+      WidenBf16x2(w.y, wf + 2);
+      Store4<Out>(dst + i, v.x * inv * wf[0], v.y * inv * wf[1], v.z * inv * wf[2],
+                  v.w * inv * wf[3]);
+    }
+  } else {
+    for (int32_t i = lane; i < dim; i += 32) {
+      dst[i] = FromFloat<Out>(row[i] * inv * __bfloat162float(weight[i]));
+    }
   }
 }
 
@@ -64,7 +109,18 @@ absl::Status LaunchRmsNorm(const float* x, const bf16* weight, Out* out, int32_t
   if (row_select != nullptr && rows != 1) {
     return absl::InvalidArgumentError("rms_norm: row_select normalises exactly one row");
   }
-  RmsNormKernel<Out><<<rows, kThreads, 0, stream>>>(x, weight, out, dim, eps, row_select);
+  const int blocks = (rows + kNormWarps - 1) / kNormWarps;
+  // The 4-wide path needs every row (and the weight) 16-byte aligned: dim % 4 and aligned bases.
+  const bool vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(out) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(weight) % 8 == 0;
+  if (vec) {
+    RmsNormKernel<Out, true><<<blocks, kNormWarps * 32, 0, stream>>>(x, weight, out, rows, dim, eps,
+                                                                    row_select);
+  } else {
+    RmsNormKernel<Out, false><<<blocks, kNormWarps * 32, 0, stream>>>(x, weight, out, rows, dim,
+                                                                     eps, row_select);
+  }
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

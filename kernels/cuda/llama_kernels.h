@@ -59,16 +59,26 @@ struct AttentionWorkspace {
   float* partial_ml = nullptr;   // [rows][heads][splits][2]: running max and sum of exp
   int32_t splits = 0;
   int32_t split_tokens = 0;
+  // [rows][kv_heads] counts of finished splits: zero before the first launch, and left zero by
+  // each launch (the last split of a (row, KV head) merges the splits and resets its count).
+  int32_t* done = nullptr;
+  // Sets of tokens whose K and V each warp loads before using them (2 or 4): more in flight per
+  // warp against more registers a thread (fewer blocks resident).
+  int32_t token_sets = 2;
 };
 inline int64_t AttentionPartialFloats(int32_t rows, int32_t heads, int32_t splits,
                                       int32_t head_dim) {
   return int64_t{rows} * heads * splits * head_dim;
 }
+inline int64_t AttentionCounterInts(int32_t rows, int32_t kv_heads) {
+  return int64_t{rows} * kv_heads;
+}
 
 // Attention of each active row's query heads over positions [0, position] of its run table
 // (grouped-query: heads / kv_heads query heads per KV head), split over the KV length and then
-// reduced. out: [rows][heads * head_dim] bf16 (zeros for inactive rows). head_dim 64 or 128,
-// at most 8 query heads per KV head. K and V are widened to f32 as they are loaded (exactly, for
+// reduced, in one launch (the last split block of each row and KV head reduces). out:
+// [rows][heads * head_dim] bf16 (zeros for inactive rows). head_dim 64 or 128, at most 8 query
+// heads per KV head. K and V are widened to f32 as they are loaded (exactly, for
 // bf16); scores, softmax and the weighted sum are f32 whatever Kv is. Instantiated for Kv =
 // float and bf16.
 template <typename Kv>

@@ -13,34 +13,44 @@ constexpr int kThreads = 128;
 __device__ __forceinline__ void StoreKvElement(float* dst, float v) { *dst = v; }
 __device__ __forceinline__ void StoreKvElement(bf16* dst, float v) { *dst = RoundToBf16(v); }
 
+// One thread per pair of elements (i, i + half) of a head: a Q pair is rotated in place, a K
+// pair rotated in place and stored to the pool, a V pair stored. Grid (items / kThreads, rows):
+// no loop and no barrier, so a 64-row step is one round of loads and one of stores.
 template <typename Kv>
 __global__ void RopeAndStoreKvKernel(float* __restrict__ qkv, StepInputs in,
                                      const float* __restrict__ rope, int32_t heads,
                                      int32_t kv_heads, KvLayer<Kv> kv) {
-  const int32_t row = blockIdx.x;
+  const int32_t row = blockIdx.y;
   if (!in.active[row]) return;
   const int32_t hd = kv.head_dim, half = hd / 2;
+  const int32_t p = blockIdx.x * blockDim.x + threadIdx.x;
+  const int32_t rotated = (heads + kv_heads) * half;  // Q and K pairs; V pairs after them
+  if (p >= rotated + kv_heads * half) return;
   const int32_t position = in.position[row];
   float* q = qkv + static_cast<int64_t>(row) * (heads + 2 * kv_heads) * hd;
-  float* k = q + heads * hd;
-  const float* v = k + kv_heads * hd;
-  const float* cs = rope + static_cast<int64_t>(position) * hd;
-  // Rotate-half pairs (i, i + half) of every Q and K head.
-  for (int32_t p = threadIdx.x; p < (heads + kv_heads) * half; p += blockDim.x) {
+  if (p < rotated) {
     const int32_t head = p / half, i = p % half;
     float* h = q + head * hd;  // K heads follow the Q heads contiguously
+    const float* cs = rope + static_cast<int64_t>(position) * hd;
     const float a = h[i], b = h[i + half];
-    h[i] = a * cs[i] - b * cs[half + i];
-    h[i + half] = b * cs[i] + a * cs[half + i];
-  }
-  __syncthreads();
-  const int64_t phys = in.PhysicalToken(in.table[row], position, kv.block_tokens);
-  if (phys < 0) return;  // the host packer guarantees a target; never write out of bounds
-  for (int32_t e = threadIdx.x; e < kv_heads * hd; e += blockDim.x) {
-    const int32_t g = e / hd, d = e % hd;
-    const int64_t at = g * kv.head_stride + phys * hd + d;
-    StoreKvElement(kv.k + at, k[e]);
-    StoreKvElement(kv.v + at, v[e]);
+    const float ra = a * cs[i] - b * cs[half + i];
+    const float rb = b * cs[i] + a * cs[half + i];
+    h[i] = ra;
+    h[i + half] = rb;
+    if (head < heads) return;
+    const int64_t phys = in.PhysicalToken(in.table[row], position, kv.block_tokens);
+    if (phys < 0) return;  // the host packer guarantees a target; never write out of bounds
+    const int64_t at = (head - heads) * kv.head_stride + phys * hd;
+    StoreKvElement(kv.k + at + i, ra);
+    StoreKvElement(kv.k + at + i + half, rb);
+  } else {
+    const int32_t g = (p - rotated) / half, i = (p - rotated) % half;
+    const int64_t phys = in.PhysicalToken(in.table[row], position, kv.block_tokens);
+    if (phys < 0) return;
+    const float* v = q + (heads + kv_heads + g) * hd;
+    const int64_t at = g * kv.head_stride + phys * hd;
+    StoreKvElement(kv.v + at + i, v[i]);
+    StoreKvElement(kv.v + at + i + half, v[i + half]);
   }
 }
 
@@ -52,7 +62,9 @@ absl::Status LaunchRopeAndStoreKv(float* qkv, StepInputs in, const float* rope, 
   if (in.rows <= 0 || heads <= 0 || kv_heads <= 0 || kv.head_dim <= 0 || kv.head_dim % 2) {
     return absl::InvalidArgumentError("rope_kv: bad shape");
   }
-  RopeAndStoreKvKernel<Kv><<<in.rows, kThreads, 0, stream>>>(qkv, in, rope, heads, kv_heads, kv);
+  const int32_t items = (heads + 2 * kv_heads) * (kv.head_dim / 2);
+  const dim3 grid((items + kThreads - 1) / kThreads, in.rows);
+  RopeAndStoreKvKernel<Kv><<<grid, kThreads, 0, stream>>>(qkv, in, rope, heads, kv_heads, kv);
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
 }

@@ -158,6 +158,9 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
       options.split_tokens < 1) {
     return absl::InvalidArgumentError("CUDA backend: every size must be positive");
   }
+  if (options.attention_token_sets != 2 && options.attention_token_sets != 4) {
+    return absl::InvalidArgumentError("CUDA backend: attention_token_sets must be 2 or 4");
+  }
   if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA backend: KV dtype ", std::string(DTypeName(options.kv_dtype)), " (f32 or bf16)"));
@@ -332,13 +335,14 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     void** out;
   };
   void* p_x; void* p_xn; void* p_qkv; void* p_attn; void* p_gu; void* p_act; void* p_logits;
-  void* p_po; void* p_ml;
+  void* p_po; void* p_ml; void* p_done;
   const Part parts[] = {
       {rows * d * 4, &p_x},           {rows * d * 2, &p_xn},
       {rows * (qw + 2 * kvw) * 4, &p_qkv}, {rows * qw * 2, &p_attn},
       {rows * 2 * ffn * 4, &p_gu},    {rows * ffn * 2, &p_act},
       {rows * rank.vocab_share * 4, &p_logits}, {partial * 4, &p_po},
       {partial / hd * 2 * 4, &p_ml},
+      {AttentionCounterInts(static_cast<int32_t>(rows), w.kv_heads) * 4, &p_done},  // zeroed below
   };
   int64_t act_bytes = 0;
   for (const Part& part : parts) act_bytes += RoundUp(part.bytes, 256);
@@ -357,7 +361,8 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   rank.act = static_cast<bf16*>(p_act);
   rank.logits = static_cast<float*>(p_logits);
   rank.ws = AttentionWorkspace{static_cast<float*>(p_po), static_cast<float*>(p_ml), splits,
-                                options_.split_tokens};
+                                options_.split_tokens, static_cast<int32_t*>(p_done),
+                                options_.attention_token_sets};
 
   // ---- Static input buffers and host staging.
   int64_t host_bytes = 0;
@@ -380,12 +385,30 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
 
   // ---- cuBLASLt plans for every pass's shapes.
   cublasLtHandle_t h = rank.lt.get();
+  // Each product's algorithm is the fastest of the heuristic's candidates on this rank's real
+  // operands (every layer's weights in turn, the step's buffers: their contents are rewritten by
+  // every pass).
+  std::vector<const bf16*> wqkv, wo, wgu, wdown;
+  for (const Rank::Layer& l : rank.layers) {
+    wqkv.push_back(l.wqkv);
+    wo.push_back(l.wo);
+    wgu.push_back(l.wgu);
+    wdown.push_back(l.wdown);
+  }
+  const std::vector<const bf16*> wlm{rank.lm_head};
+  void* wsp = rank.gemm_workspace.get();
+  cudaStream_t s = rank.stream.get();
   auto plan = [&](int64_t m, Rank::Gemms& g, int64_t lm_rows) -> absl::Status {
     ASSIGN_OR_RETURN(g.qkv, LtGemm::Create(h, m, d, qw + 2 * kvw, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.o, LtGemm::Create(h, m, qw, d, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.gu, LtGemm::Create(h, m, d, 2 * ffn, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.down, LtGemm::Create(h, m, ffn, d, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.lm, LtGemm::Create(h, lm_rows, d, rank.vocab_share, kGemmWorkspaceBytes));
+    RETURN_IF_ERROR(g.qkv->Tune(rank.xn, wqkv, rank.qkv, wsp, s).status());
+    RETURN_IF_ERROR(g.o->Tune(rank.attn, wo, rank.x, wsp, s).status());
+    RETURN_IF_ERROR(g.gu->Tune(rank.xn, wgu, rank.gu, wsp, s).status());
+    RETURN_IF_ERROR(g.down->Tune(rank.act, wdown, rank.x, wsp, s).status());
+    RETURN_IF_ERROR(g.lm->Tune(rank.xn, wlm, rank.logits, wsp, s).status());
     return absl::OkStatus();
   };
   // Sampling in the graph: at one rank over its logits; over several, after an all-gather of

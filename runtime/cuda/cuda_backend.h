@@ -48,7 +48,8 @@ struct CudaBackendOptions {
   int32_t max_context = 0;
   int32_t max_runs = 8;          // the descriptor's [slots][max runs] shape
   int32_t tensor_parallel = 1;   // GPUs: devices 0 .. tensor_parallel - 1
-  int32_t split_tokens = 128;    // attention KV split length
+  int32_t split_tokens = 256;    // attention KV split length
+  int32_t attention_token_sets = 2;  // tokens' K/V sets in flight per warp (2 or 4)
   bool use_graphs = true;        // false: launch the kernels each step (debugging, checks)
   // Sample rows inside the decode graph (DecodeAndSample). With more ranks each computes a share
   // of the vocabulary's logits: the graph all-gathers the decode rows' shares first (only when

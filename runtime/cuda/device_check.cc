@@ -11,6 +11,7 @@
 //      while compaction groups were pre-staged beside it; one more row with a bf16 KV pool.
 // Prints a table last; --json FILE writes the same figures; --checks_only skips step 4. Exit 0
 // when every check passed, 1 when one failed, 2 when there is no GPU.
+#include <cuda_profiler_api.h>
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -28,8 +29,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "kernels/cuda/llama_kernels.h"
@@ -63,6 +66,8 @@ struct BenchRow {
   int slots = 0;
   std::string kv = "f32";  // the KV pool's element type
   int context = 0;
+  int split_tokens = 0;  // attention's KV split length
+  int token_sets = 0;    // attention's K/V token sets in flight per warp
   double step_ms = 0;       // Decode() end to end: input upload, graph, logits download
   double sampled_step_ms = 0;  // DecodeAndSample(), every row greedy on the device
   // A step carrying a full prefill chunk beside slots - 1 decode rows: Prefill then Decode (two
@@ -403,10 +408,22 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   const int splits = (max_context + split - 1) / split;
   float* po = Upload(std::vector<float>(AttentionPartialFloats(rows, heads, splits, head_dim)), keep);
   float* pml = Upload(std::vector<float>(int64_t{rows} * heads * splits * 2), keep);
+  // Zero counters, as the backend allocates them; the check launches twice with each token-set
+  // count, so the second launch also shows the first left them zero.
+  int32_t* done = Upload(std::vector<int32_t>(AttentionCounterInts(rows, kv_heads), 0), keep);
   bf16* dout = reinterpret_cast<bf16*>(Upload(std::vector<uint16_t>(rows * heads * head_dim, 0x7fc0), keep));
-  CHECK_OK(LaunchAttention(dqkv, dev_in, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
-                           AttentionWorkspace{po, pml, splits, split}, dout, nullptr));
-  const auto out = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
+  // Both token-set counts, each launched twice: a second launch gives the same bits (the first
+  // left its split counters at zero).
+  std::vector<uint16_t> out, out4;
+  bool launches_agree = true;
+  for (int sets : {2, 2, 4, 4}) {
+    CHECK_OK(LaunchAttention(dqkv, dev_in, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
+                             AttentionWorkspace{po, pml, splits, split, done, sets}, dout, nullptr));
+    auto got_bits = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
+    std::vector<uint16_t>& keep_bits = sets == 2 ? out : out4;
+    if (!keep_bits.empty() && got_bits != keep_bits) launches_agree = false;
+    keep_bits = std::move(got_bits);
+  }
   const auto k_after = DownloadPoolBits(dk, k_pool.size());
   const auto v_after = DownloadPoolBits(dv, v_pool.size());
 
@@ -472,8 +489,10 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
       }
     }
   }
-  double err = RelError(ref, got);
-  if (!kv_written) err = INFINITY;
+  std::vector<float> got4(out4.size());
+  for (size_t i = 0; i < out4.size(); ++i) got4[i] = Bf16ToFloat(out4[i]);
+  double err = std::max(RelError(ref, got), RelError(ref, got4));
+  if (!kv_written || !launches_agree) err = INFINITY;
   return {absl::StrFormat("rope + kv write + attention (hd %d, %d/%d heads, %s KV)", head_dim,
                           heads, kv_heads, kBf16 ? "bf16" : "f32"),
           err, 1e-2, err <= 1e-2};
@@ -842,8 +861,11 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling,
           worst, 3e-2, ok};
 }
 
+// With `profile`, a few graph replays run between cudaProfilerStart and Stop, for
+// `ncu --profile-from-start off` (tools/device_check.sh profile): each kernel of the step apart.
 BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy_gbs,
-               DType kv_dtype = DType::kF32) {
+               DType kv_dtype = DType::kF32, int32_t split_tokens = 256, int token_sets = 2,
+               bool profile = false) {
   const int32_t block_tokens = 16, chunk = 256, max_runs = 8;
   const int32_t blocks_per_slot = (context + 64 + block_tokens - 1) / block_tokens;
   const int64_t spare = 256;  // compaction traffic runs here, beside the slots' blocks
@@ -857,6 +879,8 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   co.max_runs = max_runs;
   co.tensor_parallel = tp;
   co.kv_dtype = kv_dtype;
+  co.split_tokens = split_tokens;
+  co.attention_token_sets = token_sets;
   auto gpu = CudaBackend::Create(m.config, &m.weights, co);
   CHECK_OK(gpu.status());
   const int32_t vocab = m.config.vocab_size;
@@ -957,6 +981,13 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   auto graph_ms = (*gpu)->TimeDecodeReplays(100);
   CHECK_OK(graph_ms.status());
   row.graph_ms = *graph_ms;
+  row.split_tokens = split_tokens;
+  row.token_sets = token_sets;
+  if (profile) {
+    CK(cudaProfilerStart());
+    CHECK_OK((*gpu)->TimeDecodeReplays(2).status());
+    CK(cudaProfilerStop());
+  }
   row.tokens_per_s = slots / (row.step_ms * 1e-3);
   const double embed_bytes = double(m.config.vocab_size) * m.config.hidden_size * 2;
   // KV bytes at the pool's element size (2 a K or V element with a bf16 pool).
@@ -974,13 +1005,44 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
 int main(int argc, char** argv) {
   using namespace kvrm::cuda;
   std::string json_path;
-  bool quick = false, checks_only = false;
+  bool quick = false, checks_only = false, bench_only = false, profile = false;
+  // A sweep instead of the standard rows: every combination of these lists (comma-separated).
+  std::vector<int> sweep_slots, sweep_contexts, sweep_splits, sweep_sets;
+  std::vector<kvrm::DType> sweep_kv;
+  auto ints = [](const std::string& list) {
+    std::vector<int> v;
+    for (absl::string_view part : absl::StrSplit(list, ',')) {
+      int x = 0;
+      CHECK(absl::SimpleAtoi(part, &x) && x > 0) << "device_check: bad number in " << list;
+      v.push_back(x);
+    }
+    return v;
+  };
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
+    auto value = [&](const char* flag) -> const char* {
+      const size_t n = std::strlen(flag);
+      return a.size() > n + 1 && a.compare(0, n, flag) == 0 && a[n] == '=' ? a.c_str() + n + 1
+                                                                          : nullptr;
+    };
     if (a == "--json" && i + 1 < argc) json_path = argv[++i];
     if (a == "--quick") quick = true;
     if (a == "--checks_only") checks_only = true;  // correctness only (the requires-gpu test)
+    if (a == "--bench_only") bench_only = true;    // the decode table only
+    if (a == "--profile") profile = true;          // the first row's replays for ncu
+    if (const char* v = value("--slots")) sweep_slots = ints(v);
+    if (const char* v = value("--contexts")) sweep_contexts = ints(v);
+    if (const char* v = value("--split_tokens")) sweep_splits = ints(v);
+    if (const char* v = value("--token_sets")) sweep_sets = ints(v);
+    if (const char* v = value("--kv")) {
+      for (absl::string_view part : absl::StrSplit(v, ',')) {
+        CHECK(part == "f32" || part == "bf16") << "device_check: --kv takes f32 and bf16";
+        sweep_kv.push_back(part == "bf16" ? kvrm::DType::kBF16 : kvrm::DType::kF32);
+      }
+    }
   }
+  const bool sweep = !sweep_slots.empty() || !sweep_contexts.empty() || !sweep_splits.empty() ||
+                     !sweep_sets.empty() || !sweep_kv.empty();
   const int devices = CudaDeviceCount();
   if (devices == 0) {
     std::printf("device_check: no CUDA device here; nothing to check\n");
@@ -1000,6 +1062,7 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     checks.push_back(c);
   };
+  if (!bench_only) {
   run(CheckRmsNormAndEmbed());
   run(CheckSwiGlu());
   run(CheckGemm());
@@ -1009,35 +1072,71 @@ int main(int argc, char** argv) {
   run(CheckAttention<bf16>(64, 12, 4));  // both load widths (head_dim 64: 4 bytes, 128: 8)
   run(CheckAttention<bf16>(128, 32, 4));
   run(CheckSampling());
+  }
   auto model = SmallModel();
   std::vector<Check> also;
+  if (!bench_only) {
   run(CheckBackend(*model, 1, kvrm::DType::kF32, /*sampling=*/true, &also));
   if (devices >= 2) run(CheckBackend(*model, 2, kvrm::DType::kF32, /*sampling=*/true, &also));
   // The bf16 pool against the CPU's bf16 pool (sampling reads logits, whatever the pool: once).
   run(CheckBackend(*model, 1, kvrm::DType::kBF16, /*sampling=*/false, &also));
   for (const Check& c : also) run(c);
+  }
 
   std::vector<BenchRow> rows;
   std::vector<int> slot_counts = quick ? std::vector<int>{64} : std::vector<int>{16, 64, 128};
-  if (checks_only) slot_counts.clear();
+  if (checks_only || sweep) slot_counts.clear();
   for (int tp : devices >= 2 ? std::vector<int>{1, 2} : std::vector<int>{1}) {
     for (int slots : slot_counts) {
       rows.push_back(Bench(*model, tp, slots, 512, copy_gbs));
       std::fflush(stdout);
     }
   }
-  // A bf16 KV pool at 64 slots: half the KV bytes a step reads.
-  if (!checks_only) rows.push_back(Bench(*model, 1, 64, 512, copy_gbs, kvrm::DType::kBF16));
+  if (!checks_only && !sweep) {
+    // Longer histories at 64 slots: at context 512 the step is ~120 latency-bound launches
+    // around ~1 GB of reads; the KV reads, which the step's time should follow, dominate from
+    // a few thousand tokens on.
+    for (int context : {2048, 4000}) rows.push_back(Bench(*model, 1, 64, context, copy_gbs));
+    // A bf16 KV pool at 64 slots: half the KV bytes a step reads.
+    for (int context : {512, 4000}) {
+      rows.push_back(Bench(*model, 1, 64, context, copy_gbs, kvrm::DType::kBF16));
+    }
+  }
+  if (sweep && !checks_only) {
+    rows.clear();
+    if (sweep_slots.empty()) sweep_slots = {64};
+    if (sweep_contexts.empty()) sweep_contexts = {512};
+    if (sweep_splits.empty()) sweep_splits = {256};
+    if (sweep_sets.empty()) sweep_sets = {2};
+    if (sweep_kv.empty()) sweep_kv = {kvrm::DType::kF32};
+    for (kvrm::DType kv : sweep_kv) {
+      for (int slots : sweep_slots) {
+        for (int context : sweep_contexts) {
+          for (int split : sweep_splits) {
+            for (int sets : sweep_sets) {
+              CHECK(sets == 2 || sets == 4) << "device_check: --token_sets takes 2 and 4";
+              rows.push_back(Bench(*model, 1, slots, context, copy_gbs, kv, split, sets,
+                                   profile && rows.empty()));
+              const BenchRow& r = rows.back();
+              std::printf("  %s KV, %d slots, context %d, split %d, %d sets: graph %.3f ms, %.0f GB/s (%.0f%% of copy)\n",
+                          r.kv.c_str(), slots, context, split, sets, r.graph_ms, r.achieved_gbs,
+                          100 * r.of_copy);
+              std::fflush(stdout);
+            }
+          }
+        }
+      }
+    }
+  }
 
   bool ok = true;
   for (const Check& c : checks) ok = ok && c.ok;
-  std::printf("\n%s, copy bandwidth %.0f GB/s, small shape (bf16 weights), context 512\n",
-              prop.name, copy_gbs);
-  std::printf("| tp | slots | kv | step ms | step+sample ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait | chunk apart ms | chunk mixed ms |\n");
-  std::printf("|---:|------:|:---|--------:|---------------:|---------:|---------:|--------:|-----:|--------:|---------------:|---------------:|---------------:|\n");
+  std::printf("\n%s, copy bandwidth %.0f GB/s, small shape (bf16 weights)\n", prop.name, copy_gbs);
+  std::printf("| tp | slots | kv | context | split | sets | step ms | step+sample ms | graph ms | tokens/s | MB/step | GB/s | of copy | transport wait | chunk apart ms | chunk mixed ms |\n");
+  std::printf("|---:|------:|:---|--------:|------:|-----:|--------:|---------------:|---------:|---------:|--------:|-----:|--------:|---------------:|---------------:|---------------:|\n");
   for (const BenchRow& r : rows) {
-    std::printf("| %d | %d | %s | %.3f | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% | %.3f | %.3f |\n",
-                r.tp, r.slots, r.kv.c_str(), r.step_ms, r.sampled_step_ms, r.graph_ms, r.tokens_per_s,
+    std::printf("| %d | %d | %s | %d | %d | %d | %.3f | %.3f | %.3f | %.0f | %.1f | %.0f | %.0f%% | %.2f%% | %.3f | %.3f |\n",
+                r.tp, r.slots, r.kv.c_str(), r.context, r.split_tokens, r.token_sets, r.step_ms, r.sampled_step_ms, r.graph_ms, r.tokens_per_s,
                 r.bytes_per_step / 1e6, r.achieved_gbs, 100 * r.of_copy,
                 100 * r.transport_wait_share, r.chunk_apart_ms, r.chunk_mixed_ms);
   }
@@ -1059,7 +1158,8 @@ int main(int argc, char** argv) {
     for (size_t i = 0; i < rows.size(); ++i) {
       const BenchRow& r = rows[i];
       f << "    {\"tp\": " << r.tp << ", \"slots\": " << r.slots << ", \"kv_dtype\": \"" << r.kv
-        << "\", \"context\": " << r.context
+        << "\", \"context\": " << r.context << ", \"split_tokens\": " << r.split_tokens
+        << ", \"token_sets\": " << r.token_sets
         << ", \"step_ms\": " << num(r.step_ms) << ", \"sampled_step_ms\": " << num(r.sampled_step_ms)
         << ", \"graph_ms\": " << num(r.graph_ms)
         << ", \"tokens_per_s\": " << num(r.tokens_per_s) << ", \"bytes_per_step\": " << num(r.bytes_per_step)

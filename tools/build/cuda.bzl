@@ -29,8 +29,12 @@ def cuda_library(name, srcs, hdrs = [], deps = [], copts = [], visibility = None
             name = name + "_" + src.replace("/", "_").replace(".", "_"),
             srcs = [src] + hdrs,
             outs = [obj],
-            cmd = ("{nvcc} -c -O3 -std=c++17 {archs} -Xcompiler -fPIC -I. -I$(GENDIR) " +
-                   "--expt-relaxed-constexpr {copts} $(location {src}) -o $@").format(
+            # nvcc names its temporary files after its process id, which is the same (2) in
+            # every sandbox's PID namespace: two sandboxes sharing /tmp then collide ("cannot
+            # open module id file"). Each compile gets a private TMPDIR.
+            cmd = ("t=$$(mktemp -d) && TMPDIR=$$t {nvcc} -c -O3 -std=c++17 {archs} -Xcompiler " +
+                   "-fPIC -I. -I$(GENDIR) --expt-relaxed-constexpr {copts} $(location {src}) " +
+                   "-o $@; rc=$$?; rm -rf $$t; exit $$rc").format(
                 nvcc = CUDA_ROOT + "/bin/nvcc",
                 archs = " ".join(_ARCHS),
                 copts = " ".join(copts),
