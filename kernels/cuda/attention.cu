@@ -101,31 +101,42 @@ __global__ void __launch_bounds__(kWarps * 32)
     }
     const int32_t table = in.table[row];
     const int64_t base = static_cast<int64_t>(table) * in.max_runs;
+    const int32_t num_runs = in.num_runs[table];
     const Kv* kbase = kv.k + g * kv.head_stride + li * kLaneElems;
     const Kv* vbase = kv.v + g * kv.head_stride + li * kLaneElems;
-    for (int32_t r = 0; r < in.num_runs[table]; ++r) {
-      const int32_t rs = in.run_start[base + r];
-      const int32_t re = rs + in.run_blocks[base + r] * kv.block_tokens;
-      const int32_t lo = max(rs, begin), hi = min(re, end);
-      if (lo >= hi) continue;
-      // phys(pos) = run_first * block_tokens + (pos - rs)
-      const int64_t shift = static_cast<int64_t>(in.run_first[base + r]) * kv.block_tokens - rs;
-      // Warp-uniform bounds (every lane takes part in the shuffles); a lane past hi loads
-      // nothing and scores -inf.
-      for (int32_t set = lo + warp * kTokensPerWarp; set < hi; set += kSets * kStride) {
-        float kr[kSets][kLaneElems], vr[kSets][kLaneElems];
-        bool ok[kSets];
+    // Tokens go to lanes, sets and passes by logical position from the split's start, never by
+    // where the runs break: the sums are then added in the same order whatever the physical
+    // layout (one run, or fragments after compaction and swaps), so a row's output does not
+    // depend on it, bit for bit. Each lane follows its (rising) positions through the run table
+    // with a cursor: run, its logical [rs, re), and phys(pos) = pos + shift.
+    int32_t run = -1, rs = 0, re = 0;
+    int64_t shift = 0;
+    // Warp-uniform bounds (every lane takes part in the shuffles); a lane past the end, or on a
+    // position no run holds, loads nothing and scores -inf.
+    for (int32_t set = begin + warp * kTokensPerWarp; set < end; set += kSets * kStride) {
+      float kr[kSets][kLaneElems], vr[kSets][kLaneElems];
+      bool ok[kSets];
 #pragma unroll
-        for (int t = 0; t < kSets; ++t) {
-          const int32_t p = set + t * kStride + tg;
-          ok[t] = p < hi;
-#pragma unroll
-          for (int e = 0; e < kLaneElems; ++e) kr[t][e] = vr[t][e] = 0.0f;
-          if (ok[t]) {
-            Load8(kbase + (shift + p) * kHeadDim, kr[t]);
-            Load8(vbase + (shift + p) * kHeadDim, vr[t]);
+      for (int t = 0; t < kSets; ++t) {
+        const int32_t p = set + t * kStride + tg;
+        ok[t] = p < end;
+        if (ok[t]) {
+          while (p >= re && run + 1 < num_runs) {
+            ++run;
+            rs = in.run_start[base + run];
+            re = rs + in.run_blocks[base + run] * kv.block_tokens;
+            shift = static_cast<int64_t>(in.run_first[base + run]) * kv.block_tokens - rs;
           }
+          ok[t] = p >= rs && p < re;
         }
+#pragma unroll
+        for (int e = 0; e < kLaneElems; ++e) kr[t][e] = vr[t][e] = 0.0f;
+        if (ok[t]) {
+          Load8(kbase + (shift + p) * kHeadDim, kr[t]);
+          Load8(vbase + (shift + p) * kHeadDim, vr[t]);
+        }
+      }
+      {
 #pragma unroll
         for (int j = 0; j < kGroup; ++j) {
           float sc[kSets];

@@ -385,30 +385,12 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
 
   // ---- cuBLASLt plans for every pass's shapes.
   cublasLtHandle_t h = rank.lt.get();
-  // Each product's algorithm is the fastest of the heuristic's candidates on this rank's real
-  // operands (every layer's weights in turn, the step's buffers: their contents are rewritten by
-  // every pass).
-  std::vector<const bf16*> wqkv, wo, wgu, wdown;
-  for (const Rank::Layer& l : rank.layers) {
-    wqkv.push_back(l.wqkv);
-    wo.push_back(l.wo);
-    wgu.push_back(l.wgu);
-    wdown.push_back(l.wdown);
-  }
-  const std::vector<const bf16*> wlm{rank.lm_head};
-  void* wsp = rank.gemm_workspace.get();
-  cudaStream_t s = rank.stream.get();
   auto plan = [&](int64_t m, Rank::Gemms& g, int64_t lm_rows) -> absl::Status {
     ASSIGN_OR_RETURN(g.qkv, LtGemm::Create(h, m, d, qw + 2 * kvw, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.o, LtGemm::Create(h, m, qw, d, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.gu, LtGemm::Create(h, m, d, 2 * ffn, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.down, LtGemm::Create(h, m, ffn, d, kGemmWorkspaceBytes));
     ASSIGN_OR_RETURN(g.lm, LtGemm::Create(h, lm_rows, d, rank.vocab_share, kGemmWorkspaceBytes));
-    RETURN_IF_ERROR(g.qkv->Tune(rank.xn, wqkv, rank.qkv, wsp, s).status());
-    RETURN_IF_ERROR(g.o->Tune(rank.attn, wo, rank.x, wsp, s).status());
-    RETURN_IF_ERROR(g.gu->Tune(rank.xn, wgu, rank.gu, wsp, s).status());
-    RETURN_IF_ERROR(g.down->Tune(rank.act, wdown, rank.x, wsp, s).status());
-    RETURN_IF_ERROR(g.lm->Tune(rank.xn, wlm, rank.logits, wsp, s).status());
     return absl::OkStatus();
   };
   // Sampling in the graph: at one rank over its logits; over several, after an all-gather of

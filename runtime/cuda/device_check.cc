@@ -316,6 +316,16 @@ std::vector<uint32_t> DownloadPoolBits(const Kv* dev, size_t n) {
   }
   return bits;
 }
+// Bit patterns (as DownloadPoolBits gives them) written back over a device pool.
+template <typename Kv>
+void UploadPoolBits(const std::vector<uint32_t>& bits, Kv* dev) {
+  if constexpr (std::is_same_v<Kv, bf16>) {
+    std::vector<uint16_t> h(bits.begin(), bits.end());
+    CK(cudaMemcpy(dev, h.data(), h.size() * 2, cudaMemcpyHostToDevice));
+  } else {
+    CK(cudaMemcpy(dev, bits.data(), bits.size() * 4, cudaMemcpyHostToDevice));
+  }
+}
 template <typename Kv>
 float BitsToFloat(uint32_t b) {
   if constexpr (std::is_same_v<Kv, bf16>) {
@@ -348,7 +358,7 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   constexpr bool kBf16 = std::is_same_v<Kv, bf16>;
   std::vector<DevicePtr> keep;
   const int rows = 9, max_runs = 4, block_tokens = 16, max_context = 1100, split = 128;
-  const int64_t pool_blocks = 1200;
+  const int64_t pool_blocks = 2400;  // room for a second, differently fragmented copy
   const int group = heads / kv_heads;
   const int qkvw = (heads + 2 * kv_heads) * head_dim;
   const StepInputLayout l = StepInputLayout::Make(rows, rows, max_runs);
@@ -427,6 +437,48 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   const auto k_after = DownloadPoolBits(dk, k_pool.size());
   const auto v_after = DownloadPoolBits(dv, v_pool.size());
 
+  // Layout invariance: every row's history (the new token's K and V too) moved to other runs,
+  // fragmented differently, must attend to the same bits with either token-set count (the
+  // engine's outputs must not depend on where compaction or a swap put a request's blocks).
+  bool layout_invariant = true;
+  {
+    std::vector<int32_t> in2 = in;
+    const StepInputs host_in2 = StepInputs::At(l, in2.data());
+    std::vector<uint32_t> k2 = k_after, v2 = v_after;
+    for (int r = 0; r < rows; ++r) {
+      if (!in[l.active + r]) continue;
+      const int32_t pos = in[l.position + r];
+      const std::vector<KvRun> moved = RandomRuns(free_blocks, pos + 1, block_tokens, max_runs);
+      in2[l.num_runs + r] = static_cast<int32_t>(moved.size());
+      int32_t start = 0;
+      for (size_t k = 0; k < moved.size(); ++k) {
+        in2[l.run_first + r * max_runs + k] = moved[k].first_block;
+        in2[l.run_blocks + r * max_runs + k] = moved[k].num_blocks;
+        in2[l.run_start + r * max_runs + k] = start;
+        start += moved[k].num_blocks * block_tokens;
+      }
+      for (int32_t t = 0; t <= pos; ++t) {
+        const int64_t from = host_in.PhysicalToken(r, t, block_tokens);
+        const int64_t to = host_in2.PhysicalToken(r, t, block_tokens);
+        for (int g = 0; g < kv_heads; ++g) {
+          for (int d = 0; d < head_dim; ++d) {
+            k2[g * head_stride + to * head_dim + d] = k_after[g * head_stride + from * head_dim + d];
+            v2[g * head_stride + to * head_dim + d] = v_after[g * head_stride + from * head_dim + d];
+          }
+        }
+      }
+    }
+    UploadPoolBits(k2, dk);
+    UploadPoolBits(v2, dv);
+    const StepInputs dev_in2 = StepInputs::At(l, Upload(in2, keep));
+    for (int sets : {2, 4}) {
+      CHECK_OK(LaunchAttention(dqkv, dev_in2, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
+                               AttentionWorkspace{po, pml, splits, split, done, sets}, dout, nullptr));
+      const auto bits = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
+      if (bits != (sets == 2 ? out : out4)) layout_invariant = false;
+    }
+  }
+
   // Reference: rotate, write (rounded as the pool stores), attend (float64).
   std::vector<double> ref(rows * heads * head_dim, 0.0);
   std::vector<float> got(out.size());
@@ -492,7 +544,7 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   std::vector<float> got4(out4.size());
   for (size_t i = 0; i < out4.size(); ++i) got4[i] = Bf16ToFloat(out4[i]);
   double err = std::max(RelError(ref, got), RelError(ref, got4));
-  if (!kv_written || !launches_agree) err = INFINITY;
+  if (!kv_written || !launches_agree || !layout_invariant) err = INFINITY;
   return {absl::StrFormat("rope + kv write + attention (hd %d, %d/%d heads, %s KV)", head_dim,
                           heads, kv_heads, kBf16 ? "bf16" : "f32"),
           err, 1e-2, err <= 1e-2};

@@ -1,9 +1,7 @@
 #include "runtime/cuda/lt_gemm.h"
 
-#include <algorithm>
 #include <string>
 
-#include "common/status_macros.h"
 #include "runtime/cuda/cuda_raii.h"
 
 namespace kvrm::cuda {
@@ -37,60 +35,18 @@ absl::StatusOr<std::unique_ptr<LtGemm>> LtGemm::Create(cublasLtHandle_t handle, 
       pref_owner(pref, cublasLtMatmulPreferenceDestroy);
   KVRM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes, sizeof(workspace_bytes)));
-  cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
+  cublasLtMatmulHeuristicResult_t result{};
   int found = 0;
   KVRM_CUBLAS_RETURN_IF_ERROR(cublasLtMatmulAlgoGetHeuristic(handle, g->desc_, g->a_, g->b_,
-                                                             g->c_, g->c_, pref, kCandidates,
-                                                             results, &found));
-  for (int i = 0; i < found; ++i) {
-    if (results[i].state == CUBLAS_STATUS_SUCCESS) g->candidates_.push_back(results[i].algo);
-  }
-  if (g->candidates_.empty()) {
+                                                             g->c_, g->c_, pref, 1, &result,
+                                                             &found));
+  if (found < 1) {
     return absl::UnimplementedError("cuBLASLt has no algorithm for a " + std::to_string(rows) +
                                     "x" + std::to_string(in) + "x" + std::to_string(out) +
                                     " bf16 product");
   }
-  g->algo_ = g->candidates_[0];
+  g->algo_ = result.algo;
   return g;
-}
-
-absl::StatusOr<double> LtGemm::Tune(const __nv_bfloat16* x,
-                                    const std::vector<const __nv_bfloat16*>& weights, float* y,
-                                    void* workspace, cudaStream_t stream) {
-  if (weights.empty()) return absl::InvalidArgumentError("gemm tune: no weights");
-  constexpr int kWarmup = 3;
-  const int timed = std::max<int>(24, 2 * static_cast<int>(weights.size()));
-  ASSIGN_OR_RETURN(EventPtr start, NewEvent(true));
-  ASSIGN_OR_RETURN(EventPtr stop, NewEvent(true));
-  const float alpha = 1.0f, beta = 0.0f;
-  double best_us = -1;
-  for (size_t i = 0; i < candidates_.size(); ++i) {
-    auto run = [&](int k) {
-      return cublasLtMatmul(handle_, desc_, &alpha, weights[k % weights.size()], a_, x, b_, &beta,
-                            y, c_, y, c_, &candidates_[i], workspace, workspace_bytes_, stream);
-    };
-    // A candidate the library turns down on these operands is skipped, not an error.
-    if (run(0) != CUBLAS_STATUS_SUCCESS) continue;
-    for (int k = 1; k < kWarmup; ++k) KVRM_CUBLAS_RETURN_IF_ERROR(run(k));
-    KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start.get(), stream));
-    for (int k = 0; k < timed; ++k) KVRM_CUBLAS_RETURN_IF_ERROR(run(k));
-    KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop.get(), stream));
-    KVRM_CUDA_RETURN_IF_ERROR(cudaEventSynchronize(stop.get()));
-    float ms = 0;
-    KVRM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start.get(), stop.get()));
-    const double us = ms * 1e3 / timed;
-    if (best_us < 0 || us < best_us) {
-      best_us = us;
-      chosen_ = static_cast<int>(i);
-    }
-  }
-  if (best_us < 0) {
-    return absl::InternalError("cuBLASLt ran none of its candidates for a " +
-                               std::to_string(rows_) + "x" + std::to_string(in_) + "x" +
-                               std::to_string(out_) + " bf16 product");
-  }
-  algo_ = candidates_[chosen_];
-  return best_us;
 }
 
 LtGemm::~LtGemm() {
