@@ -7,9 +7,12 @@
 //   - with calls, what was streamed is a prefix of the reply, no streamed text holds the start
 //     marker (AUTO), and every call has a name, a "call_" id and arguments that are one compact
 //     JSON object (parsing and printing it again gives the same text);
+//   - a returned call carries its index's streamed id exactly when it is the call streamed
+//     there, else an id no streamed call has;
 //   - the parsers never crash on any text, and bound their nesting.
 #include <cstdint>
 #include <map>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -58,7 +61,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const kvrm::ToolCallSyntax syntax = kvrm::MakeToolCallSyntax(format);
   kvrm::ToolCallStream stream(mode, &syntax, "f");
   std::string reply, streamed;
-  std::map<int32_t, std::string> delta_ids, delta_args;
+  std::map<int32_t, std::string> delta_ids, delta_names, delta_args;
   size_t start = 0;
   while (start <= body.size()) {
     size_t end = body.find('\x01', start);
@@ -72,7 +75,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::string& id = delta_ids[d.index];
       // A call's first delta names it; later ones carry arguments only.
       FUZZ_CHECK(id.empty() ? !d.id.empty() : d.id.empty() && d.name.empty());
-      if (id.empty()) id = d.id;
+      if (id.empty()) {
+        id = d.id;
+        delta_names[d.index] = d.name;
+      }
       delta_args[d.index] += d.arguments;
     }
     if (mode == kvrm::ToolCallStream::Mode::kAuto && format == kvrm::ToolCallFormat::kHermes) {
@@ -86,10 +92,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(reply.compare(0, streamed.size(), streamed) == 0);
   // A call's pieces are the model's own text, in order: one stretch of the reply.
   for (const auto& [index, args] : delta_args) FUZZ_CHECK(reply.find(args) != std::string::npos);
-  // A streamed call that Finish returns keeps its streamed id.
+  // A returned call keeps its index's streamed id exactly when it is the call streamed there:
+  // the same name, and arguments whose pieces parse to the same object. Otherwise (a key given
+  // twice parses to its last value, "parameters" before "arguments" streams the first but
+  // parses as "arguments") it has a fresh id, never one a streamed call holds, so a client
+  // cannot take it for the streamed one.
+  std::set<std::string> streamed_ids;
+  for (const auto& [index, id] : delta_ids) streamed_ids.insert(id);
   for (size_t i = 0; i < r.calls.size(); ++i) {
-    auto it = delta_ids.find(static_cast<int32_t>(i));
-    if (it != delta_ids.end()) FUZZ_CHECK(r.calls[i].id == it->second);
+    const int32_t index = static_cast<int32_t>(i);
+    auto it = delta_ids.find(index);
+    if (it == delta_ids.end()) {
+      FUZZ_CHECK(streamed_ids.count(r.calls[i].id) == 0);
+      continue;
+    }
+    absl::StatusOr<kvrm::OrderedJson> args = kvrm::ParseOrderedJson(delta_args[index], "args");
+    const bool same = delta_names[index] == r.calls[i].name && args.ok() &&
+                      args->dump() == r.calls[i].arguments;
+    FUZZ_CHECK(same ? r.calls[i].id == it->second : streamed_ids.count(r.calls[i].id) == 0);
   }
   if (r.calls.empty()) {
     FUZZ_CHECK(streamed + r.text == reply);

@@ -583,6 +583,24 @@ TEST(ToolCallStreamTest, OnlyWhatTheParserReadsAsCallsStreams) {
       EXPECT_EQ(got.result.calls[0].arguments, "{\"a\":2}");
       EXPECT_NE(got.result.calls[0].id, got.calls.at(0).id);
     }
+    for (const std::string text :
+         {// "parameters" first streams; the parser prefers "arguments".
+          std::string("<tool_call>{\"name\":\"f\",\"parameters\":{\"a\":1},"
+                      "\"arguments\":{\"a\":2}}</tool_call>"),
+          // The name given again after the arguments streamed: the parser takes the last.
+          std::string("<tool_call>{\"name\":\"f\",\"arguments\":{\"a\":1},"
+                      "\"name\":\"g\"}</tool_call>")}) {
+      // Streamed as one call, parsed as another: the parsed call has a fresh id, not the
+      // streamed one (the fuzzer's invariant, fuzz/tool_calls_fuzzer.cc).
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &hermes);
+      const Streamed got = FeedInPieces(s, text, rng);
+      ASSERT_EQ(got.result.calls.size(), 1u) << text;
+      ASSERT_EQ(got.calls.count(0), 1u) << text;
+      EXPECT_NE(got.result.calls[0].id, got.calls.at(0).id) << text;
+      EXPECT_TRUE(got.result.calls[0].name != got.calls.at(0).name ||
+                  got.result.calls[0].arguments != got.calls.at(0).arguments)
+          << text;
+    }
     {
       // An empty name is no call: nothing streams.
       ToolCallStream s(ToolCallStream::Mode::kAuto, &hermes);
