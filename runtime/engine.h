@@ -278,6 +278,13 @@ class Engine {
   bool PrepareSlotKv(int32_t slot, int32_t position);
   // The growth part of PrepareSlotKv: room for `tokens` positions, preempting others if needed.
   bool GrowSlotKv(int32_t slot, int64_t tokens);
+  // A request resumed within this many steps is not paused again (no pause/resume thrash).
+  static constexpr uint64_t kResumeGraceSteps = 8;
+  // For a newcomer of `priority` short of `blocks` device blocks: pauses running requests of a
+  // lower priority (lowest, then latest admitted, first) until their blocks cover it, and
+  // drains their swap-outs. False, pausing none, when all of them together hold too few.
+  // `paused_priority` gets the lowest priority paused.
+  bool PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* paused_priority);
   // Pauses one request ranking below `requester` (see engine_slots.cc).
   enum class PreemptResult { kPaused, kNone, kWait };
   PreemptResult PreemptOne(int32_t requester);

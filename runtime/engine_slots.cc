@@ -241,8 +241,6 @@ void Engine::Admit(absl::Time now) {
     const CachedPrefix prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs,
                                                   (*best)->cache_salt, /*host=*/true);
     if (pager_) {
-      int64_t headroom = 0;
-      for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
       // The prompt, its first generated token, and one block of growth per decoding slot; under
       // kPromptAndOutput the whole expected output, beside what others have set aside.
       int64_t need = HistoryBlocksNeeded(prompt);
@@ -250,14 +248,26 @@ void Engine::Admit(absl::Time now) {
         reserve_blocks = HistoryBlocksNeeded(
             std::min<int64_t>(prompt + (*best)->max_new_tokens, options_.max_context) - 1);
         need = reserve_blocks;
-        headroom = 0;
       }
       // Blocks found in the prefix cache are not needed anew, but idle ones stop counting as
       // free once attached. (Those found in the host tier need new device blocks.)
       // (A prompt prefills into any number of runs; compaction merges them before it decodes.)
-      if (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1) <
-          need - prefix.blocks + headroom) {
-        return;
+      auto missing = [&] {
+        int64_t headroom = 0;
+        if (options_.reserve != ReservePolicy::kPromptAndOutput) {
+          for (const Slot& s : slots_) headroom += s.state == SlotState::kDecoding;
+        }
+        return need - prefix.blocks + headroom -
+               (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1));
+      };
+      if (const int64_t short_by = missing(); short_by > 0) {
+        // A newcomer that outranks running requests makes room by pausing them (lowest priority,
+        // then most recently admitted, first), as vLLM's priority scheduling preempts: it does
+        // not wait for lower-priority generations to finish. Equal priorities stay FCFS.
+        int32_t lowest = std::numeric_limits<int32_t>::max();
+        if (!PreemptForNewcomer((*best)->priority, short_by, &lowest) || missing() > 0) return;
+        any_paused = true;
+        paused_priority = std::max(paused_priority, lowest);
       }
     }
     std::unique_ptr<GenerationRequest> r = std::move(*best);
@@ -306,6 +316,43 @@ void Engine::Admit(absl::Time now) {
   }
 }
 
+bool Engine::PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* paused_priority) {
+  // The running requests of a lower priority, not resumed within the grace, lowest first.
+  std::vector<int32_t> victims;
+  int64_t held = 0;
+  for (int32_t i = 0; i < options_.slots; ++i) {
+    const Slot& s = slots_[i];
+    if (s.state != SlotState::kDecoding && s.state != SlotState::kPrefilling) continue;
+    if (s.request->priority >= priority) continue;
+    if (s.resumed_step > 0 && steps_ + 1 - s.resumed_step < kResumeGraceSteps) continue;
+    victims.push_back(i);
+    held += pager_->NumBlocks(i);
+  }
+  // All of them together could not make the room: pause none (the newcomer waits, as before).
+  if (held < blocks) return false;
+  std::sort(victims.begin(), victims.end(), [&](int32_t a, int32_t b) {
+    const Slot& x = slots_[a];
+    const Slot& y = slots_[b];
+    if (x.request->priority != y.request->priority) return x.request->priority < y.request->priority;
+    return x.admit_seq > y.admit_seq;
+  });
+  int64_t freed = 0;
+  for (int32_t v : victims) {
+    if (freed >= blocks) break;
+    freed += pager_->NumBlocks(v);
+    *paused_priority = std::min(*paused_priority, slots_[v].request->priority);
+    PauseSlot(v);
+  }
+  // A swap-out frees its device blocks once copied: send and wait now (nothing is running;
+  // the copies take microseconds on a GPU), then retire, as GrowSlotKv does.
+  if (pager_->pending_blocks() > 0) {
+    FlushMoves();
+    transport_drain_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
+    RetireTransfers();
+  }
+  return true;
+}
+
 Engine::PreemptResult Engine::PreemptOne(int32_t requester) {
   // Only a request that ranks below the requester (lower priority, or the same priority and
   // admitted later) may be paused for it: the oldest request of the highest priority then never
@@ -313,7 +360,6 @@ Engine::PreemptResult Engine::PreemptOne(int32_t requester) {
   // most recently admitted goes first. Prefilling requests count: their KV is cheap to rebuild.
   // A request resumed in the last few steps is left alone (no pause/resume thrash): if it is the
   // only candidate, the requester waits a step instead.
-  constexpr uint64_t kResumeGraceSteps = 8;
   const Slot& req = slots_[requester];
   auto ranks_below = [](const Slot& a, const Slot& b) {  // a ranks below b
     if (a.request->priority != b.request->priority) {
