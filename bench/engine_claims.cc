@@ -90,6 +90,13 @@ struct Mode {
   uint64_t transfer_groups = 0;
   uint64_t transfer_blocks = 0;
   uint64_t preemptions = 0;
+  // Where a mode's time went: steps run (those with a prefill chunk in the decode pass), the
+  // time the step waited on pre-staged copies and KV growth on copies in flight, and the
+  // prompt tokens prefilled (looked up in the prefix cache at admission or at a recompute and
+  // not found: above the input tokens, what recomputing paused requests cost).
+  uint64_t steps = 0, mixed_steps = 0;
+  double transport_wait_s = 0, drain_wait_s = 0;
+  uint64_t prefilled_tokens = 0;
   uint64_t device_sampled = 0;  // tokens sampled inside the step (CUDA, --device_sampling)
   std::vector<std::vector<int32_t>> tokens;  // per request
 };
@@ -192,6 +199,17 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
   mode.transfer_groups = stats.transfer_groups_total;
   mode.transfer_blocks = stats.transfer_blocks_total;
   mode.preemptions = stats.preemptions_total;
+  mode.steps = stats.steps_total;
+  mode.mixed_steps = stats.mixed_steps_total;
+  mode.transport_wait_s = stats.transport_wait_seconds_total;
+  mode.drain_wait_s = stats.transport_drain_wait_seconds_total;
+  // (Counted by the pager's prefix lookups; static mode has neither: it prefills each prompt
+  // once.)
+  if (options.kv_mode == KvMode::kKvrm && options.prefix_caching) {
+    mode.prefilled_tokens = stats.prefix_cache_queries_total - stats.prefix_cache_hits_total;
+  } else {
+    for (const std::vector<int32_t>& p : prompts) mode.prefilled_tokens += p.size();
+  }
   mode.device_sampled = stats.device_sampled_tokens_total;
   engine.reset();
   mode.summary = replay::Summarize(records, replay::Slo{});
@@ -261,8 +279,9 @@ int Main(int argc, char** argv) {
               rate > 0 ? absl::StrFormat("Poisson arrivals at %.1f/s", rate).c_str()
                        : "every request queued at once");
   std::printf("| family | mode | tokens/s | p99 TTFT ms | p99 TPOT ms | mean TPOT ms | decoding | "
-              "reserved KV blocks | worst 1-s p99 ITL / median | transfer groups / blocks |\n"
-              "|---|---|---|---|---|---|---|---|---|---|\n");
+              "reserved KV blocks | worst 1-s p99 ITL / median | transfer groups / blocks | "
+              "preemptions | steps (mixed) | transport wait s (drain) | prefilled tokens |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::json out;
   out["device"] = device->device;
   out["model"] = absl::GetFlag(FLAGS_size);
@@ -319,18 +338,29 @@ int Main(int argc, char** argv) {
         modes[m] = std::move(*result);
         const replay::Summary& s = modes[m].summary;
         all_completed = all_completed && s.completed == s.requests;
-        std::printf("| %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f | %.2f | %llu / %llu |\n",
+        std::printf("| %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f | %.2f | %llu / %llu | "
+                    "%llu | %llu (%llu) | %.2f (%.2f) | %llu |\n",
                     label.c_str(), KvModeName(o.kv_mode), s.output_tokens_per_s, s.ttft_ms.p99,
                     s.tpot_ms.p99, s.tpot_ms.mean, s.mean_decoding, modes[m].reserved_mean_blocks,
                     s.worst_window_itl_p99_over_median,
                     static_cast<unsigned long long>(modes[m].transfer_groups),
-                    static_cast<unsigned long long>(modes[m].transfer_blocks));
+                    static_cast<unsigned long long>(modes[m].transfer_blocks),
+                    static_cast<unsigned long long>(modes[m].preemptions),
+                    static_cast<unsigned long long>(modes[m].steps),
+                    static_cast<unsigned long long>(modes[m].mixed_steps),
+                    modes[m].transport_wait_s, modes[m].drain_wait_s,
+                    static_cast<unsigned long long>(modes[m].prefilled_tokens));
         std::fflush(stdout);
         nlohmann::json js = replay::SummaryToJson(s);
         js["reserved_mean_blocks"] = modes[m].reserved_mean_blocks;
         js["transfer_groups"] = modes[m].transfer_groups;
         js["transfer_blocks"] = modes[m].transfer_blocks;
         js["preemptions"] = modes[m].preemptions;
+        js["steps"] = modes[m].steps;
+        js["mixed_steps"] = modes[m].mixed_steps;
+        js["transport_wait_s"] = modes[m].transport_wait_s;
+        js["transport_drain_wait_s"] = modes[m].drain_wait_s;
+        js["prefilled_tokens"] = modes[m].prefilled_tokens;
         js["device_sampled_tokens"] = modes[m].device_sampled;
         j[KvModeName(o.kv_mode)] = js;
       }

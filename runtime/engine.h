@@ -283,8 +283,10 @@ class Engine {
   // For a newcomer of `priority` short of `blocks` device blocks: pauses running requests of a
   // lower priority (lowest, then latest admitted, first) until their blocks cover it, and
   // drains their swap-outs. False, pausing none, when all of them together hold too few.
-  // `paused_priority` gets the lowest priority paused.
+  // `paused_priority` is raised to the highest priority paused.
   bool PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* paused_priority);
+  // The device blocks (and reservation) pausing `slot` gives back.
+  int64_t FreedByPause(int32_t slot) const;
   // Pauses one request ranking below `requester` (see engine_slots.cc).
   enum class PreemptResult { kPaused, kNone, kWait };
   PreemptResult PreemptOne(int32_t requester);

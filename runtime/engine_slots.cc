@@ -162,6 +162,13 @@ void Engine::ResumePaused() {
   // request does not immediately push another one out.
   int64_t headroom = 0;
   for (const Slot& s : slots_) headroom += 2 * (s.state == SlotState::kDecoding);
+  // A waiting newcomer of a higher priority, with a slot free for it, goes first: Admit (next)
+  // admits it or pauses lower-priority requests for it, and a request resumed now would only be
+  // paused again once its grace ran out.
+  int32_t waiting_priority = std::numeric_limits<int32_t>::min();
+  for (const auto& r : waiting_) waiting_priority = std::max(waiting_priority, r->priority);
+  bool slot_free = false;
+  for (const Slot& s : slots_) slot_free |= s.state == SlotState::kFree;
   for (;;) {
     int32_t pick = -1;
     for (int32_t i = 0; i < options_.slots; ++i) {
@@ -174,6 +181,7 @@ void Engine::ResumePaused() {
       }
     }
     if (pick < 0) return;
+    if (slot_free && slots_[pick].request->priority < waiting_priority) return;
     Slot& s = slots_[pick];
     int64_t need = s.swapped ? pager_->NumBlocks(pick) + 1
                              : HistoryBlocksNeeded(static_cast<int64_t>(s.history.size()));
@@ -238,8 +246,8 @@ void Engine::Admit(absl::Time now) {
     const int64_t prompt = static_cast<int64_t>((*best)->prompt.size());
     int64_t reserve_blocks = 0;
     // Leaves the match in prefix_match_ for AttachCachedPrefix below.
-    const CachedPrefix prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs,
-                                                  (*best)->cache_salt, /*host=*/true);
+    CachedPrefix prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs,
+                                            (*best)->cache_salt, /*host=*/true);
     if (pager_) {
       // The prompt, its first generated token, and one block of growth per decoding slot; under
       // kPromptAndOutput the whole expected output, beside what others have set aside.
@@ -264,10 +272,15 @@ void Engine::Admit(absl::Time now) {
         // A newcomer that outranks running requests makes room by pausing them (lowest priority,
         // then most recently admitted, first), as vLLM's priority scheduling preempts: it does
         // not wait for lower-priority generations to finish. Equal priorities stay FCFS.
-        int32_t lowest = std::numeric_limits<int32_t>::max();
-        if (!PreemptForNewcomer((*best)->priority, short_by, &lowest) || missing() > 0) return;
+        int32_t highest_paused = std::numeric_limits<int32_t>::min();
+        if (!PreemptForNewcomer((*best)->priority, short_by, &highest_paused)) return;
         any_paused = true;
-        paused_priority = std::max(paused_priority, lowest);
+        paused_priority = std::max(paused_priority, highest_paused);
+        // The pauses changed the prefix cache under the match (released blocks became idle,
+        // a swap-out's room in the host tier evicted idle host blocks): match again.
+        prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt,
+                                   /*host=*/true);
+        if (missing() > 0) return;
       }
     }
     std::unique_ptr<GenerationRequest> r = std::move(*best);
@@ -316,6 +329,13 @@ void Engine::Admit(absl::Time now) {
   }
 }
 
+int64_t Engine::FreedByPause(int32_t slot) const {
+  // Its own device blocks (shared ones stay with their other holders: a block two victims
+  // share is counted for neither, which only errs towards pausing none), and under
+  // kPromptAndOutput what it had set aside beyond them.
+  return pager_->ExclusiveBlocks(slot) + UnallocatedReservation(slot);
+}
+
 bool Engine::PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* paused_priority) {
   // The running requests of a lower priority, not resumed within the grace, lowest first.
   std::vector<int32_t> victims;
@@ -326,7 +346,7 @@ bool Engine::PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* pause
     if (s.request->priority >= priority) continue;
     if (s.resumed_step > 0 && steps_ + 1 - s.resumed_step < kResumeGraceSteps) continue;
     victims.push_back(i);
-    held += pager_->NumBlocks(i);
+    held += FreedByPause(i);
   }
   // All of them together could not make the room: pause none (the newcomer waits, as before).
   if (held < blocks) return false;
@@ -339,8 +359,8 @@ bool Engine::PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* pause
   int64_t freed = 0;
   for (int32_t v : victims) {
     if (freed >= blocks) break;
-    freed += pager_->NumBlocks(v);
-    *paused_priority = std::min(*paused_priority, slots_[v].request->priority);
+    freed += FreedByPause(v);
+    *paused_priority = std::max(*paused_priority, slots_[v].request->priority);
     PauseSlot(v);
   }
   // A swap-out frees its device blocks once copied: send and wait now (nothing is running;

@@ -614,13 +614,15 @@ TEST_F(SchedulerTest, AHigherPriorityNewcomerIsNotHeldBehindAPausedRequest) {
 // tokens they would have had. Equal priorities stay first come, first served: a newcomer of the
 // running requests' priority waits for them.
 TEST_F(SchedulerTest, AHigherPriorityNewcomerPreemptsForItsKv) {
-  auto run_alone = [&](const std::string& id) {
+  // (Prompts of other lengths: Submit's prompt depends on its length only, and shared blocks
+  // are not what a pause frees.)
+  auto run_alone = [&](const std::string& id, int32_t prompt) {
     Make(Options(4));
-    auto s = Submit(id, 200, 250, 0);
+    auto s = Submit(id, prompt, 250, 0);
     RunUntilDone({s});
     return s->tokens;
   };
-  const std::vector<int32_t> a_alone = run_alone("a"), b_alone = run_alone("b");
+  const std::vector<int32_t> a_alone = run_alone("a", 200), b_alone = run_alone("b", 199);
 
   EngineOptions o = Options(4);  // slots to spare: KV is what runs out
   o.kv_blocks = 40;
@@ -628,7 +630,7 @@ TEST_F(SchedulerTest, AHigherPriorityNewcomerPreemptsForItsKv) {
   o.recompute_max_tokens = 1;  // paused requests swap out
   Make(o);
   auto a = Submit("a", 200, 250, 0);
-  auto b = Submit("b", 200, 250, 0);
+  auto b = Submit("b", 199, 250, 0);
   // Until a 100-token prompt (7 blocks, and a block of growth for each decoding request) no
   // longer fits, while both still decode (they collide, and one pauses, some 60 steps later).
   for (int i = 0; i < 400 && engine_->Stats().kv.blocks_free >= 9; ++i) engine_->StepForTest();
@@ -638,12 +640,15 @@ TEST_F(SchedulerTest, AHigherPriorityNewcomerPreemptsForItsKv) {
   const uint64_t preempted_before = engine_->Stats().preemptions_total;
   auto same = Submit("same", 100, 4, 0);
   auto high = Submit("high", 100, 4, 10);
+  engine_->StepForTest();
+  // b, admitted last, is the one paused; high took the free slot.
+  EXPECT_EQ(engine_->slot_state(0), SlotState::kDecoding);
+  EXPECT_EQ(engine_->slot_state(1), SlotState::kPaused);
+  EXPECT_NE(engine_->slot_state(2), SlotState::kFree);
   for (int i = 0; i < 20 && !high->done; ++i) engine_->StepForTest();
   EXPECT_TRUE(high->done) << "the priority-10 request waited for lower-priority KV";
   EXPECT_FALSE(same->done) << "a newcomer of the running requests' priority waits for them";
   EXPECT_EQ(engine_->Stats().preemptions_total, preempted_before + 1) << "one pause made room";
-  // b, admitted last, was the one paused.
-  EXPECT_EQ(engine_->slot_state(0), SlotState::kDecoding);
   RunUntilDone({a, b, same, high});
   for (const auto& s : {a, b, same, high}) EXPECT_EQ(s->info.reason, FinishReason::kLength);
   EXPECT_EQ(a->tokens, a_alone);

@@ -19,6 +19,10 @@
 // every split's partials of its query heads into the bf16 output and puts the count back to
 // zero for the next launch (no second kernel, no reset between graph replays).
 //
+// The run cursor needs each table's runs in logical order, each starting where the last ended
+// (run_start[r + 1] = run_start[r] + run_blocks[r] * block_tokens), as PackTable
+// (runtime/cuda/step_packing.cc) lays them out.
+//
 // Loads are aligned: a token's row starts at a multiple of head_dim elements from a 256-byte
 // aligned pool, and each lane's 8 elements at a multiple of 8 (32 bytes f32, 16 bytes bf16).
 // All arithmetic is f32 whatever the pool's type (bf16 is widened exactly).
@@ -230,7 +234,12 @@ __global__ void __launch_bounds__(kWarps * 32)
   __threadfence();  // this block's partials, visible device-wide before it counts itself done
   __syncthreads();
   int32_t* const done = ws.done + static_cast<int64_t>(row) * kv_heads + g;
-  if (threadIdx.x == 0) s_last = atomicAdd(done, 1) == ws.splits - 1;
+  if (threadIdx.x == 0) {
+    // Release by the counting thread too (after the barrier: cumulative over the block's writes),
+    // as the PTX memory model has it, not only by each writer before the barrier.
+    __threadfence();
+    s_last = atomicAdd(done, 1) == ws.splits - 1;
+  }
   __syncthreads();
   if (!s_last) return;
   __threadfence();  // the other blocks' partials: read below from L2 (__ldcg), never a stale L1

@@ -426,7 +426,11 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   // left its split counters at zero).
   std::vector<uint16_t> out, out4;
   bool launches_agree = true;
+  const size_t out_bytes = size_t{2} * rows * heads * head_dim;
   for (int sets : {2, 2, 4, 4}) {
+    // NaN first, every launch: a launch that writes nothing (its last split never counted) is
+    // not read as the previous launch's bits.
+    CK(cudaMemset(dout, 0xff, out_bytes));
     CHECK_OK(LaunchAttention(dqkv, dev_in, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
                              AttentionWorkspace{po, pml, splits, split, done, sets}, dout, nullptr));
     auto got_bits = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
@@ -472,11 +476,16 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
     UploadPoolBits(v2, dv);
     const StepInputs dev_in2 = StepInputs::At(l, Upload(in2, keep));
     for (int sets : {2, 4}) {
+      CK(cudaMemset(dout, 0xff, out_bytes));
       CHECK_OK(LaunchAttention(dqkv, dev_in2, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
                                AttentionWorkspace{po, pml, splits, split, done, sets}, dout, nullptr));
       const auto bits = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
       if (bits != (sets == 2 ? out : out4)) layout_invariant = false;
     }
+  }
+  // Every launch left its split counters at zero for the next.
+  for (int32_t c : Download(done, AttentionCounterInts(rows, kv_heads))) {
+    if (c != 0) launches_agree = false;
   }
 
   // Reference: rotate, write (rounded as the pool stores), attend (float64).
@@ -1121,6 +1130,8 @@ int main(int argc, char** argv) {
   run(CheckAttention<float>(64, 12, 4));
   run(CheckAttention<float>(128, 8, 8));
   run(CheckAttention<float>(128, 32, 4));
+  run(CheckAttention<float>(64, 8, 4));    // groups of 2
+  run(CheckAttention<float>(128, 16, 4));  // and 4 (Llama 3 8B's)
   run(CheckAttention<bf16>(64, 12, 4));  // both load widths (head_dim 64: 4 bytes, 128: 8)
   run(CheckAttention<bf16>(128, 32, 4));
   run(CheckSampling());
