@@ -853,7 +853,8 @@ SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
     // After the min_tokens mask: an end token it masked stays masked.
     r.grammar->MaskLogits(slots_[slot_index].grammar_state, logits, eos_ids_, !r.ignore_eos);
   }
-  return samplers_[slot_index]->Sample(logits);
+  // Nothing reads the row after the draw: the support's -inf mask is skipped.
+  return samplers_[slot_index]->Sample(logits, /*mask_support=*/false);
 }
 
 void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {

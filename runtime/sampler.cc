@@ -173,7 +173,7 @@ float Sampler::Normalize(absl::Span<float> logits) const {
   return max;
 }
 
-SampleResult Sampler::Sample(absl::Span<float> logits) {
+SampleResult Sampler::Sample(absl::Span<float> logits, bool mask_support) {
   CHECK(static_cast<int32_t>(logits.size()) == vocab_size_)
       << "logits " << logits.size() << " vocab " << vocab_size_;
   ApplyAllowedTokens(logits);
@@ -227,6 +227,7 @@ SampleResult Sampler::Sample(absl::Span<float> logits) {
     result.token = DrawThreshold(0.0f, total);
   }
   result.logprob = logits[result.token] - log_z;
+  if (!mask_support) return result;
   if (n >= 0) {
     MaskOutside(logits, n, sorted);
   } else if (config_.min_p > 0) {

@@ -97,7 +97,10 @@ class Sampler {
   // if any logit is +inf the distribution is uniform over the +inf entries. An entry whose
   // processed logit is below -87 (where exp leaves f32's normal range) has probability 0 and is
   // never drawn, though its logit stays finite when no filter applies.
-  SampleResult Sample(absl::Span<float> logits);
+  // `mask_support` false skips that last vocabulary-wide pass (-inf outside the support): the
+  // same token and logprobs, `logits` left only partly processed, for callers that read nothing
+  // after the draw (the engine: a fifth of a top-p row's time).
+  SampleResult Sample(absl::Span<float> logits, bool mask_support = true);
 
   // A uniform in [0, 1) from this request's generator, for a draw made elsewhere (the backend's
   // device sampling): one draw per sampled token, as Sample makes.

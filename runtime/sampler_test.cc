@@ -355,11 +355,19 @@ void CheckDistribution(const std::vector<float>& logits, const SamplingConfig& c
   const std::vector<double> ref = RefProbs(logits, c);
   Sampler sampler(n);
   sampler.Reset(c, {});
-  std::vector<float> work = logits;
+  // The same draws without the support mask (the engine's call): the same tokens and logprobs.
+  Sampler unmasked(n);
+  unmasked.Reset(c, {});
+  std::vector<float> work = logits, work_unmasked = logits;
   std::vector<int64_t> counts(n, 0);
   for (int d = 0; d < draws; ++d) {
     std::copy(logits.begin(), logits.end(), work.begin());
-    const int32_t t = sampler.Sample(absl::MakeSpan(work)).token;
+    std::copy(logits.begin(), logits.end(), work_unmasked.begin());
+    const SampleResult r = sampler.Sample(absl::MakeSpan(work));
+    const SampleResult u = unmasked.Sample(absl::MakeSpan(work_unmasked), /*mask_support=*/false);
+    ASSERT_EQ(u.token, r.token) << "draw " << d;
+    ASSERT_EQ(u.logprob, r.logprob) << "draw " << d;
+    const int32_t t = r.token;
     ASSERT_TRUE(t >= 0 && t < n);
     ASSERT_GT(ref[t], 0) << "token " << t << " is outside the reference support";
     ++counts[t];

@@ -1,0 +1,285 @@
+// The engine's own time per decode step: scheduling, the step descriptor, host sampling, the
+// tokens' detokenization and stop checks, the sinks and the published stats, everything the
+// engine thread does around the backend. Measured over a backend that computes nothing (its step
+// returns at once), through the real engine, tokenizer and sampler of the generated model.
+//
+// Why: the engine launches a step only after it has done this work for the last one, so on a
+// GPU, whose 64-slot decode step of the `small` model replays in ~0.82 ms (docs/cuda.md,
+// "Measured on an H200"), it is time the device sits idle every step. The CPU backend's step
+// takes tens of milliseconds and hides it.
+//
+//   bazel build -c opt //bench:engine_overhead
+//   bazel-bin/bench/engine_overhead --slots=16,64,128 --json=/tmp/engine-overhead.json
+//
+// Per slot count and sampling path, every slot decodes a request (a --prompt-token prompt,
+// ignore_eos) for --steps timed steps after a warm-up:
+//   device-greedy: the backend returns the tokens (DecodeAndSample; the CUDA graph's path for
+//                  greedy rows), the engine samples nothing;
+//   host-greedy:   the backend returns [slots][vocab] logits and the engine takes the argmax;
+//   host-top-p:    the same with temperature 0.8 and top-p 0.95 (a softmax over the vocabulary).
+// The backend's own time (copying the logits rows the host path reads: a GPU copies them by
+// DMA) is measured and taken out. The sinks only count what they get; a gRPC or HTTP front
+// end adds its message building on top (not measured here).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "nlohmann/json.hpp"
+#include "runtime/backend.h"
+#include "runtime/engine.h"
+#include "runtime/kv_pool.h"
+#include "runtime/model_bundle.h"
+#include "tools/modelgen/model_writer.h"
+
+ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
+ABSL_FLAG(std::string, model_dir, "", "where to generate the model (default: a temp dir)");
+ABSL_FLAG(std::string, slots, "16,64,128", "slot counts, comma-separated");
+ABSL_FLAG(int32_t, prompt, 256, "prompt tokens per request");
+ABSL_FLAG(int32_t, steps, 400, "timed decode steps per configuration");
+ABSL_FLAG(int32_t, warmup, 50, "decode steps before timing");
+ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
+
+namespace kvrm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Computes nothing: each active row's next token is a fixed function of its token and position,
+// returned as a token (device path) or as a logits row (host path): one of a few precomputed
+// rows of normal(0, 2) logits, a model-like spread for top-p to cut (a flat row would be its
+// worst case), with the next token raised above the rest. Its KV pool is one layer of one
+// 4-wide head: the engine's pager and transport run over it as over a real one.
+class NullBackend : public Backend {
+ public:
+  NullBackend(int32_t vocab, int64_t blocks, int32_t block_tokens, int32_t chunk, bool device)
+      : vocab_(vocab), chunk_(chunk), device_(device) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> normal(0.0f, 2.0f);
+    patterns_.resize(static_cast<size_t>(kPatterns) * vocab);
+    for (float& x : patterns_) x = normal(rng);
+    KvPoolShape shape;
+    shape.num_layers = 1;
+    shape.kv_heads = 1;
+    shape.head_dim = 4;
+    shape.block_tokens = block_tokens;
+    shape.num_blocks = blocks;
+    pool_ = *KvPool::Create(shape);
+  }
+  int32_t Next(int32_t token, int32_t position) const {
+    return 100 + (token * 31 + position * 7) % (vocab_ - 200);  // clear of the special ids
+  }
+  absl::Status Decode(const StepDescriptor& step, float* logits) override {
+    return DecodeAndSample(step, logits, nullptr);
+  }
+  bool samples_on_device() const override { return device_; }
+  absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
+                               int32_t* tokens) override {
+    const auto t0 = Clock::now();
+    for (int32_t s = 0; s < step.max_slots; ++s) {
+      if (!step.active[s]) continue;
+      const int32_t next = Next(step.token[s], step.position[s]);
+      if (tokens != nullptr && step.sampling[s].on_device) {
+        tokens[s] = next;
+        continue;
+      }
+      float* row = logits + static_cast<size_t>(s) * vocab_;
+      const float* pattern = patterns_.data() + static_cast<size_t>(next % kPatterns) * vocab_;
+      std::copy(pattern, pattern + vocab_, row);
+      row[next] = 12.0f;  // above every normal(0, 2) draw of the pattern (6 sigma)
+    }
+    backend_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
+    return absl::OkStatus();
+  }
+  absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override {
+    if (last_logits != nullptr) {
+      const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+      std::fill(last_logits, last_logits + vocab_, 0.0f);
+      last_logits[Next(chunk.tokens.back(), chunk.start + n - 1)] = 10.0f;
+    }
+    return absl::OkStatus();
+  }
+  int32_t vocab_size() const override { return vocab_; }
+  int32_t max_chunk_tokens() const override { return chunk_; }
+  int32_t num_kv_pools() const override { return 1; }
+  KvPool* kv_pool(int32_t) override { return pool_.get(); }
+  double backend_seconds() const { return backend_s_; }
+
+ private:
+  static constexpr int32_t kPatterns = 8;
+  const int32_t vocab_;
+  const int32_t chunk_;
+  const bool device_;
+  std::vector<float> patterns_;
+  std::unique_ptr<KvPool> pool_;
+  double backend_s_ = 0;
+};
+
+class CountingSink final : public RequestSink {
+ public:
+  void OnChunk(StreamChunk chunk) override {
+    tokens += static_cast<int64_t>(chunk.token_ids.size());
+    bytes += static_cast<int64_t>(chunk.text.size());
+  }
+  void OnFinished(StreamChunk last, const FinishInfo&) override {
+    tokens += static_cast<int64_t>(last.token_ids.size());
+    done = true;
+  }
+  int64_t tokens = 0, bytes = 0;
+  bool done = false;
+};
+
+struct Row {
+  std::string path;
+  int32_t slots = 0;
+  double step_us = 0;     // engine thread per step, the backend's time taken out
+  double token_us = 0;    // the same per token generated
+  double backend_us = 0;  // the null backend's own time per step (filling logits rows)
+  int64_t tokens = 0;
+};
+
+Row Measure(const ModelBundle& model, const std::string& path, int32_t slots) {
+  const int32_t prompt = absl::GetFlag(FLAGS_prompt);
+  const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
+  // The first slots decode while the last prompts still prefill (a chunk a step): room for those
+  // tokens too, so that no request ends before the timed steps do.
+  const int32_t early = slots * (prompt / 256 + 2) + 16;
+  EngineOptions o;
+  o.slots = slots;
+  o.kv_mode = KvMode::kKvrm;
+  o.block_tokens = 16;
+  o.max_context = prompt + early + warmup + steps + 64;
+  o.kv_blocks = int64_t{slots} * ((o.max_context + 15) / 16);
+  o.max_queue = slots + 1;
+  o.prefill_chunk = 256;
+  o.max_new_tokens = early + warmup + steps + 32;
+  o.threads = 1;
+  const bool device = path == "device-greedy";
+  o.device_sampling = device;
+  auto owned = std::make_unique<NullBackend>(model.config.vocab_size, o.kv_blocks, 16,
+                                             o.prefill_chunk, device);
+  NullBackend* null = owned.get();
+  auto engine = Engine::CreateWithBackend(&model, o, std::move(owned));
+  CHECK_OK(engine.status());
+  std::vector<std::shared_ptr<CountingSink>> sinks;
+  for (int32_t s = 0; s < slots; ++s) {
+    auto r = std::make_unique<GenerationRequest>();
+    r->request_id = absl::StrCat("r", s);
+    for (int32_t i = 0; i < prompt; ++i) {
+      r->prompt.push_back(100 + (i * 131 + s * 17) % (model.config.vocab_size - 200));
+    }
+    r->max_new_tokens = early + warmup + steps + 16;
+    r->ignore_eos = true;
+    r->sampling.seed = 1 + s;
+    if (path == "host-top-p") {
+      r->sampling.temperature = 0.8f;
+      r->sampling.top_p = 0.95f;
+    }
+    r->arrival = absl::Now();
+    auto sink = std::make_shared<CountingSink>();
+    r->sink = sink;
+    sinks.push_back(sink);
+    CHECK_OK((*engine)->Submit(std::move(r)).status());
+  }
+  // Until every slot decodes (the prompts prefill in a few steps), then the warm-up.
+  for (int i = 0; i < 10000; ++i) {
+    bool all = true;
+    for (int32_t s = 0; s < slots; ++s) all &= (*engine)->slot_state(s) == SlotState::kDecoding;
+    if (all) break;
+    (*engine)->StepForTest();
+  }
+  for (int i = 0; i < warmup; ++i) (*engine)->StepForTest();
+  int64_t before = 0;
+  for (const auto& s : sinks) before += s->tokens;
+  const double backend_before = null->backend_seconds();
+  const auto t0 = Clock::now();
+  for (int i = 0; i < steps; ++i) (*engine)->StepForTest();
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  int64_t after = 0;
+  for (const auto& s : sinks) after += s->tokens;
+  Row row;
+  row.path = path;
+  row.slots = slots;
+  row.tokens = after - before;
+  const double backend = null->backend_seconds() - backend_before;
+  row.backend_us = backend / steps * 1e6;
+  row.step_us = (wall - backend) / steps * 1e6;
+  row.token_us = row.tokens > 0 ? (wall - backend) / row.tokens * 1e6 : 0;
+  CHECK(row.tokens == int64_t{steps} * slots) << "every slot decodes every timed step";
+  return row;
+}
+
+int Main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  std::string dir = absl::GetFlag(FLAGS_model_dir);
+  if (dir.empty()) dir = std::filesystem::temp_directory_path() / "kvrm-engine-overhead";
+  dir = absl::StrCat(dir, "/", absl::GetFlag(FLAGS_size));
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    modelgen::MakeModelOptions mo;
+    mo.size = absl::GetFlag(FLAGS_size);
+    mo.out_dir = dir;
+    mo.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    if (auto made = modelgen::MakeModel(mo); !made.ok()) {
+      std::fprintf(stderr, "make model: %s\n", made.status().ToString().c_str());
+      return 1;
+    }
+  }
+  auto model = ModelBundle::Load(dir);
+  if (!model.ok()) {
+    std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
+    return 1;
+  }
+  std::vector<int32_t> slot_counts;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_slots), ',')) {
+    int32_t n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n < 1) {
+      std::fprintf(stderr, "--slots: '%s' is not a positive count\n", std::string(part).c_str());
+      return 1;
+    }
+    slot_counts.push_back(n);
+  }
+  std::printf("engine thread per decode step, %s model (vocab %d), null backend, %d timed steps\n",
+              absl::GetFlag(FLAGS_size).c_str(), (*model)->config.vocab_size,
+              absl::GetFlag(FLAGS_steps));
+  std::printf("| sampling | slots | engine µs / step | engine µs / token | null backend µs / step |\n"
+              "|---|---:|---:|---:|---:|\n");
+  nlohmann::json rows = nlohmann::json::array();
+  for (const std::string path : {"device-greedy", "host-greedy", "host-top-p"}) {
+    for (int32_t slots : slot_counts) {
+      const Row r = Measure(**model, path, slots);
+      std::printf("| %s | %d | %.1f | %.2f | %.1f |\n", r.path.c_str(), r.slots, r.step_us,
+                  r.token_us, r.backend_us);
+      std::fflush(stdout);
+      rows.push_back({{"sampling", r.path}, {"slots", r.slots}, {"engine_us_per_step", r.step_us},
+                      {"engine_us_per_token", r.token_us}, {"null_backend_us_per_step", r.backend_us},
+                      {"tokens", r.tokens}});
+    }
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    std::ofstream f(path);
+    f << nlohmann::json{{"model", absl::GetFlag(FLAGS_size)},
+                        {"steps", absl::GetFlag(FLAGS_steps)},
+                        {"prompt", absl::GetFlag(FLAGS_prompt)},
+                        {"rows", rows}}
+             .dump(2)
+      << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kvrm
+
+int main(int argc, char** argv) { return kvrm::Main(argc, argv); }
