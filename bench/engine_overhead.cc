@@ -50,6 +50,8 @@ ABSL_FLAG(std::string, slots, "16,64,128", "slot counts, comma-separated");
 ABSL_FLAG(int32_t, prompt, 256, "prompt tokens per request");
 ABSL_FLAG(int32_t, steps, 400, "timed decode steps per configuration");
 ABSL_FLAG(int32_t, warmup, 50, "decode steps before timing");
+ABSL_FLAG(std::string, paths, "device-greedy,host-greedy,host-top-p",
+          "sampling paths to measure, comma-separated");
 ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
 
 namespace kvrm {
@@ -256,7 +258,14 @@ int Main(int argc, char** argv) {
   std::printf("| sampling | slots | engine µs / step | engine µs / token | null backend µs / step |\n"
               "|---|---:|---:|---:|---:|\n");
   nlohmann::json rows = nlohmann::json::array();
-  for (const std::string path : {"device-greedy", "host-greedy", "host-top-p"}) {
+  const std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_paths), ',');
+  for (const std::string& path : paths) {
+    if (path != "device-greedy" && path != "host-greedy" && path != "host-top-p") {
+      std::fprintf(stderr, "--paths: '%s' (device-greedy, host-greedy, host-top-p)\n", path.c_str());
+      return 1;
+    }
+  }
+  for (const std::string& path : paths) {
     for (int32_t slots : slot_counts) {
       const Row r = Measure(**model, path, slots);
       std::printf("| %s | %d | %.1f | %.2f | %.1f |\n", r.path.c_str(), r.slots, r.step_us,
