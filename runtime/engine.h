@@ -280,13 +280,11 @@ class Engine {
   bool GrowSlotKv(int32_t slot, int64_t tokens);
   // A request resumed within this many steps is not paused again (no pause/resume thrash).
   static constexpr uint64_t kResumeGraceSteps = 8;
-  // For a newcomer of `priority` short of `blocks` device blocks: pauses running requests of a
-  // lower priority (lowest, then latest admitted, first) until their blocks cover it, and
-  // drains their swap-outs. False, pausing none, when all of them together hold too few.
-  // `paused_priority` is raised to the highest priority paused.
-  bool PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* paused_priority);
-  // The device blocks (and reservation) pausing `slot` gives back.
-  int64_t FreedByPause(int32_t slot) const;
+  // Priority preemption at admission (Admit): the running request a newcomer of `priority`
+  // would pause first (-1: none ranks below it), and in `freeable` what all such requests hold.
+  int32_t NewcomerVictim(int32_t priority, int64_t* freeable) const;
+  // Pauses `victim` for a newcomer and drains its swap-out, so that its blocks are free.
+  void PauseForNewcomer(int32_t victim);
   // Pauses one request ranking below `requester` (see engine_slots.cc).
   enum class PreemptResult { kPaused, kNone, kWait };
   PreemptResult PreemptOne(int32_t requester);

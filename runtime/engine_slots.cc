@@ -268,19 +268,27 @@ void Engine::Admit(absl::Time now) {
         return need - prefix.blocks + headroom -
                (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1));
       };
-      if (const int64_t short_by = missing(); short_by > 0) {
+      if (int64_t short_by = missing(); short_by > 0) {
         // A newcomer that outranks running requests makes room by pausing them (lowest priority,
         // then most recently admitted, first), as vLLM's priority scheduling preempts: it does
-        // not wait for lower-priority generations to finish. Equal priorities stay FCFS.
-        int32_t highest_paused = std::numeric_limits<int32_t>::min();
-        if (!PreemptForNewcomer((*best)->priority, short_by, &highest_paused)) return;
-        any_paused = true;
-        paused_priority = std::max(paused_priority, highest_paused);
-        // The pauses changed the prefix cache under the match (released blocks became idle,
-        // a swap-out's room in the host tier evicted idle host blocks): match again.
-        prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt,
-                                   /*host=*/true);
-        if (missing() > 0) return;
+        // not wait for lower-priority generations to finish. Equal priorities stay FCFS. None is
+        // paused when all of them together hold too little; otherwise one at a time, each
+        // pause's effect measured before the next (a block it shares with another request, or
+        // one the newcomer's own prompt matches, frees nothing for it).
+        int64_t freeable = 0;
+        if (NewcomerVictim((*best)->priority, &freeable) < 0 || freeable < short_by) return;
+        while (short_by > 0) {
+          const int32_t victim = NewcomerVictim((*best)->priority, &freeable);
+          if (victim < 0) return;  // those paused resume when room returns
+          any_paused = true;
+          paused_priority = std::max(paused_priority, slots_[victim].request->priority);
+          PauseForNewcomer(victim);
+          // The pause changed the prefix cache under the match (released blocks became idle, a
+          // swap-out's room in the host tier evicted idle host blocks): match again.
+          prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt,
+                                     /*host=*/true);
+          short_by = missing();
+        }
       }
     }
     std::unique_ptr<GenerationRequest> r = std::move(*best);
@@ -329,40 +337,30 @@ void Engine::Admit(absl::Time now) {
   }
 }
 
-int64_t Engine::FreedByPause(int32_t slot) const {
-  // Its own device blocks (shared ones stay with their other holders: a block two victims
-  // share is counted for neither, which only errs towards pausing none), and under
-  // kPromptAndOutput what it had set aside beyond them.
-  return pager_->ExclusiveBlocks(slot) + UnallocatedReservation(slot);
-}
-
-bool Engine::PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* paused_priority) {
-  // The running requests of a lower priority, not resumed within the grace, lowest first.
-  std::vector<int32_t> victims;
-  int64_t held = 0;
+int32_t Engine::NewcomerVictim(int32_t priority, int64_t* freeable) const {
+  // The running requests of a lower priority, not resumed within the grace: the lowest
+  // priority, then the latest admitted, is the victim; `freeable` gets what all of them hold
+  // (blocks and unallocated reservations: an upper bound on what pausing them all frees, shared
+  // and matched blocks included).
+  int32_t victim = -1;
+  *freeable = 0;
   for (int32_t i = 0; i < options_.slots; ++i) {
     const Slot& s = slots_[i];
     if (s.state != SlotState::kDecoding && s.state != SlotState::kPrefilling) continue;
     if (s.request->priority >= priority) continue;
     if (s.resumed_step > 0 && steps_ + 1 - s.resumed_step < kResumeGraceSteps) continue;
-    victims.push_back(i);
-    held += FreedByPause(i);
+    *freeable += pager_->NumBlocks(i) + UnallocatedReservation(i);
+    const Slot* v = victim < 0 ? nullptr : &slots_[victim];
+    if (v == nullptr || s.request->priority < v->request->priority ||
+        (s.request->priority == v->request->priority && s.admit_seq > v->admit_seq)) {
+      victim = i;
+    }
   }
-  // All of them together could not make the room: pause none (the newcomer waits, as before).
-  if (held < blocks) return false;
-  std::sort(victims.begin(), victims.end(), [&](int32_t a, int32_t b) {
-    const Slot& x = slots_[a];
-    const Slot& y = slots_[b];
-    if (x.request->priority != y.request->priority) return x.request->priority < y.request->priority;
-    return x.admit_seq > y.admit_seq;
-  });
-  int64_t freed = 0;
-  for (int32_t v : victims) {
-    if (freed >= blocks) break;
-    freed += FreedByPause(v);
-    *paused_priority = std::max(*paused_priority, slots_[v].request->priority);
-    PauseSlot(v);
-  }
+  return victim;
+}
+
+void Engine::PauseForNewcomer(int32_t victim) {
+  PauseSlot(victim);
   // A swap-out frees its device blocks once copied: send and wait now (nothing is running;
   // the copies take microseconds on a GPU), then retire, as GrowSlotKv does.
   if (pager_->pending_blocks() > 0) {
@@ -370,7 +368,6 @@ bool Engine::PreemptForNewcomer(int32_t priority, int64_t blocks, int32_t* pause
     transport_drain_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
     RetireTransfers();
   }
-  return true;
 }
 
 Engine::PreemptResult Engine::PreemptOne(int32_t requester) {

@@ -139,14 +139,6 @@ class KvPager final : public KvAllocator {
   void DiscardFailedOffloads(absl::Span<const uint64_t> failed);
   int32_t NumRuns(int32_t slot) const { return static_cast<int32_t>(slots_[slot].runs.size()); }
   int64_t NumBlocks(int32_t slot) const { return static_cast<int64_t>(slots_[slot].blocks.size()); }
-  // The slot's device blocks no one else holds: what pausing it (a swap-out or a release) gives
-  // back to the free count (a released cached one as idle, which counts as free).
-  int64_t ExclusiveBlocks(int32_t slot) const {
-    if (OnHost(slot)) return 0;
-    int64_t n = 0;
-    for (int32_t b : slots_[slot].blocks) n += refs_[b] == 1;
-    return n;
-  }
   bool OnHost(int32_t slot) const { return slots_[slot].tier == KvTier::kHost; }
   const std::vector<int32_t>& Blocks(int32_t slot) const { return slots_[slot].blocks; }
 

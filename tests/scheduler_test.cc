@@ -656,6 +656,32 @@ TEST_F(SchedulerTest, AHigherPriorityNewcomerPreemptsForItsKv) {
   ExpectIdle();
 }
 
+// A newcomer pauses no one when all the lower-priority requests together hold too little for it
+// (here it is short of what a request of its own priority holds): it waits, and they run on.
+TEST_F(SchedulerTest, APreemptionThatCannotMakeTheRoomPausesNoOne) {
+  EngineOptions o = Options(4);
+  o.kv_blocks = 40;
+  o.kv_host_blocks = 64;
+  o.recompute_max_tokens = 1;
+  Make(o);
+  auto big = Submit("big", 300, 150, /*priority=*/10);  // 19 blocks and growing
+  auto low = Submit("low", 100, 150, /*priority=*/0);   // 7
+  for (int i = 0; i < 12; ++i) engine_->StepForTest();
+  ASSERT_EQ(engine_->slot_state(0), SlotState::kDecoding);
+  ASSERT_EQ(engine_->slot_state(1), SlotState::kDecoding);
+  const uint64_t preempted_before = engine_->Stats().preemptions_total;
+  auto huge = Submit("huge", 450, 4, /*priority=*/10);  // 29 blocks: more than low could free
+  for (int i = 0; i < 10; ++i) {
+    engine_->StepForTest();
+    EXPECT_EQ(engine_->slot_state(1), SlotState::kDecoding) << "step " << i;
+    EXPECT_EQ(engine_->slot_state(2), SlotState::kFree) << "step " << i;
+  }
+  EXPECT_EQ(engine_->Stats().preemptions_total, preempted_before);
+  RunUntilDone({big, low, huge});
+  for (const auto& s : {big, low, huge}) EXPECT_EQ(s->info.reason, FinishReason::kLength);
+  ExpectIdle();
+}
+
 // Engine::Submit refuses what the sampler would CHECK-fail on, for callers that skip the front
 // ends' validation: the engine thread never sees it, and the engine serves on.
 TEST_F(SchedulerTest, SubmitRefusesTokensOutsideTheVocabulary) {
