@@ -18,8 +18,11 @@
 //   host-greedy:   the backend returns [slots][vocab] logits and the engine takes the argmax;
 //   host-top-p:    the same with temperature 0.8 and top-p 0.95 (a softmax over the vocabulary).
 // The backend's own time (copying the logits rows the host path reads: a GPU copies them by
-// DMA) is measured and taken out. The sinks only count what they get; a gRPC or HTTP front
-// end adds its message building on top (not measured here).
+// DMA) is measured and taken out; what remains includes the step runner's two thread handoffs
+// a step (a GPU waits for those too). The rows the host samples were just written by the null
+// backend and may still be in cache, where a GPU's DMA'd rows are not: host figures are a
+// floor. The sinks only count what they get; a gRPC or HTTP front end adds its message
+// building on top (not measured here).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
