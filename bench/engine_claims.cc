@@ -22,7 +22,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <memory>
@@ -39,6 +38,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/families.h"
+#include "bench/generated_model.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -46,7 +46,6 @@
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
 #include "server/device_backend.h"
-#include "tools/modelgen/model_writer.h"
 #include "tools/replay/prompt.h"
 #include "tools/replay/record.h"
 #include "tools/replay/report.h"
@@ -220,20 +219,8 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   // The model: generated in the Hugging Face layout and loaded by the real loader.
-  std::string dir = absl::GetFlag(FLAGS_model_dir);
-  if (dir.empty()) dir = std::filesystem::temp_directory_path() / "kvrm-engine-claims";
-  dir = absl::StrCat(dir, "/", absl::GetFlag(FLAGS_size));
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    modelgen::MakeModelOptions mo;
-    mo.size = absl::GetFlag(FLAGS_size);
-    mo.out_dir = dir;
-    mo.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    if (auto made = modelgen::MakeModel(mo); !made.ok()) {
-      std::fprintf(stderr, "make model: %s\n", made.status().ToString().c_str());
-      return 1;
-    }
-  }
-  auto model = ModelBundle::Load(dir);
+  auto model = bench::LoadGeneratedModel(absl::GetFlag(FLAGS_model_dir),
+                                         absl::GetFlag(FLAGS_size), "kvrm-engine-claims");
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;

@@ -26,12 +26,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -39,13 +37,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "bench/generated_model.h"
 #include "common/logging.h"
 #include "nlohmann/json.hpp"
 #include "runtime/backend.h"
 #include "runtime/engine.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
-#include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the model (default: a temp dir)");
@@ -228,20 +226,9 @@ Row Measure(const ModelBundle& model, const std::string& path, int32_t slots) {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  std::string dir = absl::GetFlag(FLAGS_model_dir);
-  if (dir.empty()) dir = std::filesystem::temp_directory_path() / "kvrm-engine-overhead";
-  dir = absl::StrCat(dir, "/", absl::GetFlag(FLAGS_size));
-  if (!std::filesystem::exists(dir + "/config.json")) {
-    modelgen::MakeModelOptions mo;
-    mo.size = absl::GetFlag(FLAGS_size);
-    mo.out_dir = dir;
-    mo.threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    if (auto made = modelgen::MakeModel(mo); !made.ok()) {
-      std::fprintf(stderr, "make model: %s\n", made.status().ToString().c_str());
-      return 1;
-    }
-  }
-  auto model = ModelBundle::Load(dir);
+  // The model: generated in the Hugging Face layout and loaded by the real loader.
+  auto model = bench::LoadGeneratedModel(absl::GetFlag(FLAGS_model_dir),
+                                         absl::GetFlag(FLAGS_size), "kvrm-engine-overhead");
   if (!model.ok()) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
