@@ -11,7 +11,8 @@
 //   bazel build -c opt //bench:engine_overhead
 //   bazel-bin/bench/engine_overhead --slots=16,64,128 --json=/tmp/engine-overhead.json
 //
-// Per slot count and sampling path, every slot decodes a request (a --prompt-token prompt,
+// Per slot count, sampling path and handoff spin (Backend::handoff_spin: 0 as the CPU backend,
+// 2000 µs as the CUDA backend), every slot decodes a request (a --prompt-token prompt,
 // ignore_eos) for --steps timed steps after a warm-up:
 //   device-greedy: the backend returns the tokens (DecodeAndSample; the CUDA graph's path for
 //                  greedy rows), the engine samples nothing;
@@ -51,6 +52,9 @@ ABSL_FLAG(std::string, slots, "16,64,128", "slot counts, comma-separated");
 ABSL_FLAG(int32_t, prompt, 256, "prompt tokens per request");
 ABSL_FLAG(int32_t, steps, 400, "timed decode steps per configuration");
 ABSL_FLAG(int32_t, warmup, 50, "decode steps before timing");
+ABSL_FLAG(std::string, handoff_spin_us, "0,2000",
+          "Backend::handoff_spin values to compare, in microseconds (0: the CPU backend's; 2000: "
+          "the CUDA backend's)");
 ABSL_FLAG(std::string, paths, "device-greedy,host-greedy,host-top-p",
           "sampling paths to measure, comma-separated");
 ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
@@ -67,8 +71,9 @@ using Clock = std::chrono::steady_clock;
 // 4-wide head: the engine's pager and transport run over it as over a real one.
 class NullBackend : public Backend {
  public:
-  NullBackend(int32_t vocab, int64_t blocks, int32_t block_tokens, int32_t chunk, bool device)
-      : vocab_(vocab), chunk_(chunk), device_(device) {
+  NullBackend(int32_t vocab, int64_t blocks, int32_t block_tokens, int32_t chunk, bool device,
+              absl::Duration spin)
+      : vocab_(vocab), chunk_(chunk), device_(device), spin_(spin) {
     std::mt19937 rng(7);
     std::normal_distribution<float> normal(0.0f, 2.0f);
     patterns_.resize(static_cast<size_t>(kPatterns) * vocab);
@@ -88,6 +93,7 @@ class NullBackend : public Backend {
     return DecodeAndSample(step, logits, nullptr);
   }
   bool samples_on_device() const override { return device_; }
+  absl::Duration handoff_spin() const override { return spin_; }
   absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
                                int32_t* tokens) override {
     const auto t0 = Clock::now();
@@ -125,6 +131,7 @@ class NullBackend : public Backend {
   const int32_t vocab_;
   const int32_t chunk_;
   const bool device_;
+  const absl::Duration spin_;
   std::vector<float> patterns_;
   std::unique_ptr<KvPool> pool_;
   double backend_s_ = 0;
@@ -147,13 +154,14 @@ class CountingSink final : public RequestSink {
 struct Row {
   std::string path;
   int32_t slots = 0;
+  int32_t spin_us = 0;
   double step_us = 0;     // engine thread per step, the backend's time taken out
   double token_us = 0;    // the same per token generated
   double backend_us = 0;  // the null backend's own time per step (filling logits rows)
   int64_t tokens = 0;
 };
 
-Row Measure(const ModelBundle& model, const std::string& path, int32_t slots) {
+Row Measure(const ModelBundle& model, const std::string& path, int32_t slots, int32_t spin_us) {
   const int32_t prompt = absl::GetFlag(FLAGS_prompt);
   const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
   // The first slots decode while the last prompts still prefill (a chunk a step): room for those
@@ -172,7 +180,8 @@ Row Measure(const ModelBundle& model, const std::string& path, int32_t slots) {
   const bool device = path == "device-greedy";
   o.device_sampling = device;
   auto owned = std::make_unique<NullBackend>(model.config.vocab_size, o.kv_blocks, 16,
-                                             o.prefill_chunk, device);
+                                             o.prefill_chunk, device,
+                                             absl::Microseconds(spin_us));
   NullBackend* null = owned.get();
   auto engine = Engine::CreateWithBackend(&model, o, std::move(owned));
   CHECK_OK(engine.status());
@@ -215,6 +224,7 @@ Row Measure(const ModelBundle& model, const std::string& path, int32_t slots) {
   Row row;
   row.path = path;
   row.slots = slots;
+  row.spin_us = spin_us;
   row.tokens = after - before;
   const double backend = null->backend_seconds() - backend_before;
   row.backend_us = backend / steps * 1e6;
@@ -241,13 +251,22 @@ int Main(int argc, char** argv) {
       return 1;
     }
     slot_counts.push_back(n);
+    // Every request stays in the model's context for the whole run (see Measure).
+    const int64_t context = int64_t{absl::GetFlag(FLAGS_prompt)} +
+                            n * (absl::GetFlag(FLAGS_prompt) / 256 + 2) + 16 +
+                            absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps) + 64;
+    if (absl::GetFlag(FLAGS_prompt) < 1 || absl::GetFlag(FLAGS_steps) < 1 ||
+        absl::GetFlag(FLAGS_warmup) < 0 || context > (*model)->config.max_position_embeddings) {
+      std::fprintf(stderr,
+                   "--prompt, --warmup and --steps at %d slots need %lld positions; the model has "
+                   "%d (fewer --steps, or a shorter --prompt)\n",
+                   n, static_cast<long long>(context), (*model)->config.max_position_embeddings);
+      return 1;
+    }
   }
   std::printf("engine thread per decode step, %s model (vocab %d), null backend, %d timed steps\n",
               absl::GetFlag(FLAGS_size).c_str(), (*model)->config.vocab_size,
               absl::GetFlag(FLAGS_steps));
-  std::printf("| sampling | slots | engine µs / step | engine µs / token | null backend µs / step |\n"
-              "|---|---:|---:|---:|---:|\n");
-  nlohmann::json rows = nlohmann::json::array();
   const std::vector<std::string> paths = absl::StrSplit(absl::GetFlag(FLAGS_paths), ',');
   for (const std::string& path : paths) {
     if (path != "device-greedy" && path != "host-greedy" && path != "host-top-p") {
@@ -255,15 +274,29 @@ int Main(int argc, char** argv) {
       return 1;
     }
   }
+  std::vector<int32_t> spins;
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_handoff_spin_us), ',')) {
+    int32_t us = 0;
+    if (!absl::SimpleAtoi(part, &us) || us < 0) {
+      std::fprintf(stderr, "--handoff_spin_us: '%s'\n", std::string(part).c_str());
+      return 1;
+    }
+    spins.push_back(us);
+  }
+  std::printf("| sampling | slots | handoff spin µs | engine µs / step | engine µs / token | "
+              "null backend µs / step |\n|---|---:|---:|---:|---:|---:|\n");
+  nlohmann::json rows = nlohmann::json::array();
   for (const std::string& path : paths) {
     for (int32_t slots : slot_counts) {
-      const Row r = Measure(**model, path, slots);
-      std::printf("| %s | %d | %.1f | %.2f | %.1f |\n", r.path.c_str(), r.slots, r.step_us,
-                  r.token_us, r.backend_us);
-      std::fflush(stdout);
-      rows.push_back({{"sampling", r.path}, {"slots", r.slots}, {"engine_us_per_step", r.step_us},
-                      {"engine_us_per_token", r.token_us}, {"null_backend_us_per_step", r.backend_us},
-                      {"tokens", r.tokens}});
+      for (int32_t spin : spins) {
+        const Row r = Measure(**model, path, slots, spin);
+        std::printf("| %s | %d | %d | %.1f | %.2f | %.1f |\n", r.path.c_str(), r.slots, r.spin_us,
+                    r.step_us, r.token_us, r.backend_us);
+        std::fflush(stdout);
+        rows.push_back({{"sampling", r.path}, {"slots", r.slots}, {"handoff_spin_us", r.spin_us},
+                        {"engine_us_per_step", r.step_us}, {"engine_us_per_token", r.token_us},
+                        {"null_backend_us_per_step", r.backend_us}, {"tokens", r.tokens}});
+      }
     }
   }
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {

@@ -4,13 +4,14 @@
 set -euo pipefail
 out="${TEST_TMPDIR}/engine-overhead.json"
 bench/engine_overhead --size=tiny --model_dir="${TEST_TMPDIR}/models" --slots=2,8 --prompt=40 \
-  --steps=30 --warmup=5 --json="$out"
+  --steps=30 --warmup=5 --handoff_spin_us=0,500 --json="$out"
 python3 - "$out" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
 rows = d["rows"]
-got = [(r["sampling"], r["slots"]) for r in rows]
-want = [(p, s) for p in ("device-greedy", "host-greedy", "host-top-p") for s in (2, 8)]
+got = [(r["sampling"], r["slots"], r["handoff_spin_us"]) for r in rows]
+want = [(p, s, u) for p in ("device-greedy", "host-greedy", "host-top-p") for s in (2, 8)
+        for u in (0, 500)]
 assert got == want, got
 for r in rows:
     assert r["tokens"] == 30 * r["slots"], r

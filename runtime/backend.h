@@ -131,6 +131,12 @@ class Backend {
   // --far_history otherwise rather than compute something else).
   virtual bool supports_far_history() const { return false; }
 
+  // How long the engine thread and the step runner busy-wait for each other before they sleep
+  // (StepRunner): a step's two thread handoffs each cost a futex wake-up (tens of microseconds),
+  // which matters where a step takes about a millisecond (a GPU graph replay), not where it
+  // takes tens and needs every core (the CPU backend: 0).
+  virtual absl::Duration handoff_spin() const { return absl::ZeroDuration(); }
+
   // The host tier (paused requests' KV, kvrm mode): `blocks` blocks per rank, same shape as the
   // device pools. Called once at start-up, before any CopyGroup. The default allocates pageable
   // host pools; a GPU backend allocates pinned memory its copy stream can reach.

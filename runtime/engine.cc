@@ -271,7 +271,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
         [this](const TransferGroup& g) { return CopyGroup(g); }, bytes_per_block,
         static_cast<int32_t>(std::min<int64_t>(capacity, 1 << 20)));
   }
-  runner_ = std::make_unique<StepRunner>(backend_.get(), clock_);
+  runner_ = std::make_unique<StepRunner>(backend_.get(), clock_, backend_->handoff_spin());
   fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
   device_sampling_ = o.device_sampling && backend_->samples_on_device();
   sampled_tokens_.assign(o.slots, 0);

@@ -1,10 +1,31 @@
 #include "runtime/step_runner.h"
 
+#include <chrono>
+
 #include "common/logging.h"
 
 namespace kvrm {
 
-StepRunner::StepRunner(Backend* backend, Clock* clock) : backend_(backend), clock_(clock) {
+namespace {
+
+// Polls `done` until it holds or `spin` has passed; whether it holds.
+template <typename Done>
+bool SpinUntil(absl::Duration spin, const Done& done) {
+  if (spin <= absl::ZeroDuration()) return done();
+  const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(spin);
+  while (!done()) {
+    if (std::chrono::steady_clock::now() >= until) return false;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  return true;
+}
+
+}  // namespace
+
+StepRunner::StepRunner(Backend* backend, Clock* clock, absl::Duration spin)
+    : backend_(backend), clock_(clock), spin_(spin) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -24,11 +45,15 @@ void StepRunner::Launch(const StepWork& work) {
     work_ = work;
     pending_ = true;
     running_ = true;
+    running_flag_.store(true, std::memory_order_relaxed);
+    pending_flag_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }
 
 StepResult StepRunner::Wait() {
+  // The flags only shorten the wait: the condition variable's predicate, under mu_, decides.
+  SpinUntil(spin_, [&] { return !running_flag_.load(std::memory_order_acquire); });
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return !running_; });
   return result_;
@@ -37,12 +62,14 @@ StepResult StepRunner::Wait() {
 void StepRunner::Loop() {
   for (;;) {
     StepWork work;
+    SpinUntil(spin_, [&] { return pending_flag_.load(std::memory_order_acquire); });
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [&] { return stop_ || pending_; });
       if (stop_) return;
       work = work_;
       pending_ = false;
+      pending_flag_.store(false, std::memory_order_relaxed);
     }
     StepResult r;
     if (work.fused) {
@@ -71,6 +98,7 @@ void StepRunner::Loop() {
       std::lock_guard<std::mutex> lock(mu_);
       result_ = r;
       running_ = false;
+      running_flag_.store(false, std::memory_order_release);
     }
     cv_.notify_all();
   }

@@ -5,6 +5,7 @@
 #ifndef KVRM_RUNTIME_STEP_RUNNER_H_
 #define KVRM_RUNTIME_STEP_RUNNER_H_
 
+#include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
@@ -40,7 +41,9 @@ struct StepResult {
 class StepRunner {
  public:
   // Durations are measured on `clock` (the engine's: simulated in scheduler tests).
-  StepRunner(Backend* backend, Clock* clock);
+  // `spin` (Backend::handoff_spin): Wait polls for the step's end, and the runner thread for
+  // the next Launch, that long before sleeping on the condition variable.
+  StepRunner(Backend* backend, Clock* clock, absl::Duration spin = absl::ZeroDuration());
   ~StepRunner();
   StepRunner(const StepRunner&) = delete;
   StepRunner& operator=(const StepRunner&) = delete;
@@ -55,6 +58,10 @@ class StepRunner {
 
   Backend* backend_;
   Clock* clock_;
+  const absl::Duration spin_;
+  // Mirrors of pending_ and running_ (written under mu_), polled without it while spinning.
+  std::atomic<bool> pending_flag_{false};
+  std::atomic<bool> running_flag_{false};
   std::mutex mu_;
   std::condition_variable cv_;
   StepWork work_;       // guarded by mu_
