@@ -104,6 +104,9 @@ Sampler::Sampler(int32_t vocab_size)
 void Sampler::Reset(const SamplingConfig& config, absl::Span<const int32_t> prompt_tokens) {
   CHECK(ValidateSamplingConfig(config).ok()) << "validate SamplingConfig at admission";
   config_ = config;
+  // The seen ids and generated counts serve only the penalties: without any, not kept.
+  tracks_penalties_ = config.repetition_penalty != 1.0f || config.presence_penalty != 0.0f ||
+                      config.frequency_penalty != 0.0f;
   rng_.Seed(config.seed);
   for (int32_t token : touched_) {
     seen_[token] = 0;
@@ -117,6 +120,7 @@ void Sampler::Reset(const SamplingConfig& config, absl::Span<const int32_t> prom
 
 void Sampler::MarkSeen(int32_t token) {
   CHECK(token >= 0 && token < vocab_size_) << "token " << token << " vocab " << vocab_size_;
+  if (!tracks_penalties_) return;
   if (seen_[token] == 0) {
     seen_[token] = 1;
     touched_.push_back(token);
@@ -130,7 +134,7 @@ float Sampler::DrawUniform() {
 
 void Sampler::Accept(int32_t token) {
   MarkSeen(token);
-  ++gen_count_[token];
+  if (tracks_penalties_) ++gen_count_[token];
 }
 
 void Sampler::ApplyPenalties(absl::Span<float> logits) const {

@@ -160,6 +160,7 @@ class Sampler {
   std::vector<uint8_t> seen_;
   std::vector<int32_t> gen_count_;
   std::vector<int32_t> touched_;  // capacity vocab_size: never reallocates
+  bool tracks_penalties_ = false;  // the config has a penalty: seen_ and gen_count_ are kept
 
   // Step scratch, [vocab_size] each.
   std::vector<float> probs_;    // exp(processed logit), unnormalised (max entry is 1)
