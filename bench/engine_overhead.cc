@@ -161,17 +161,25 @@ struct Row {
   int64_t tokens = 0;
 };
 
+// Tokens the first slots decode while the last prompts still prefill (a chunk a step): room for
+// them too, so that no request ends before the timed steps do.
+int32_t EarlyTokens(int32_t slots) { return slots * (absl::GetFlag(FLAGS_prompt) / 256 + 2) + 16; }
+
+// The context every request needs for the whole run at `slots` slots.
+int64_t ContextNeeded(int32_t slots) {
+  return int64_t{absl::GetFlag(FLAGS_prompt)} + EarlyTokens(slots) + absl::GetFlag(FLAGS_warmup) +
+         absl::GetFlag(FLAGS_steps) + 64;
+}
+
 Row Measure(const ModelBundle& model, const std::string& path, int32_t slots, int32_t spin_us) {
   const int32_t prompt = absl::GetFlag(FLAGS_prompt);
   const int32_t steps = absl::GetFlag(FLAGS_steps), warmup = absl::GetFlag(FLAGS_warmup);
-  // The first slots decode while the last prompts still prefill (a chunk a step): room for those
-  // tokens too, so that no request ends before the timed steps do.
-  const int32_t early = slots * (prompt / 256 + 2) + 16;
+  const int32_t early = EarlyTokens(slots);
   EngineOptions o;
   o.slots = slots;
   o.kv_mode = KvMode::kKvrm;
   o.block_tokens = 16;
-  o.max_context = prompt + early + warmup + steps + 64;
+  o.max_context = static_cast<int32_t>(ContextNeeded(slots));
   o.kv_blocks = int64_t{slots} * ((o.max_context + 15) / 16);
   o.max_queue = slots + 1;
   o.prefill_chunk = 256;
@@ -243,18 +251,28 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
   }
-  std::vector<int32_t> slot_counts;
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_slots), ',')) {
-    int32_t n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      std::fprintf(stderr, "--slots: '%s' is not a positive count\n", std::string(part).c_str());
-      return 1;
+  // A comma-separated list of integers of at least `min`, or an error naming the flag.
+  auto ints = [](const char* flag, const std::string& list, int32_t min,
+                 std::vector<int32_t>* out) {
+    for (absl::string_view part : absl::StrSplit(list, ',')) {
+      int32_t n = 0;
+      if (!absl::SimpleAtoi(part, &n) || n < min) {
+        std::fprintf(stderr, "--%s: '%s' is not an integer of at least %d\n", flag,
+                     std::string(part).c_str(), min);
+        return false;
+      }
+      out->push_back(n);
     }
-    slot_counts.push_back(n);
+    return true;
+  };
+  std::vector<int32_t> slot_counts, spins;
+  if (!ints("slots", absl::GetFlag(FLAGS_slots), 1, &slot_counts) ||
+      !ints("handoff_spin_us", absl::GetFlag(FLAGS_handoff_spin_us), 0, &spins)) {
+    return 1;
+  }
+  for (int32_t n : slot_counts) {
     // Every request stays in the model's context for the whole run (see Measure).
-    const int64_t context = int64_t{absl::GetFlag(FLAGS_prompt)} +
-                            n * (absl::GetFlag(FLAGS_prompt) / 256 + 2) + 16 +
-                            absl::GetFlag(FLAGS_warmup) + absl::GetFlag(FLAGS_steps) + 64;
+    const int64_t context = ContextNeeded(n);
     if (absl::GetFlag(FLAGS_prompt) < 1 || absl::GetFlag(FLAGS_steps) < 1 ||
         absl::GetFlag(FLAGS_warmup) < 0 || context > (*model)->config.max_position_embeddings) {
       std::fprintf(stderr,
@@ -273,15 +291,6 @@ int Main(int argc, char** argv) {
       std::fprintf(stderr, "--paths: '%s' (device-greedy, host-greedy, host-top-p)\n", path.c_str());
       return 1;
     }
-  }
-  std::vector<int32_t> spins;
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_handoff_spin_us), ',')) {
-    int32_t us = 0;
-    if (!absl::SimpleAtoi(part, &us) || us < 0) {
-      std::fprintf(stderr, "--handoff_spin_us: '%s'\n", std::string(part).c_str());
-      return 1;
-    }
-    spins.push_back(us);
   }
   std::printf("| sampling | slots | handoff spin µs | engine µs / step | engine µs / token | "
               "null backend µs / step |\n|---|---:|---:|---:|---:|---:|\n");

@@ -283,8 +283,13 @@ class Engine {
   // Priority preemption at admission (Admit): the running request a newcomer of `priority`
   // would pause first (-1: none ranks below it), and in `freeable` what all such requests hold.
   int32_t NewcomerVictim(int32_t priority, int64_t* freeable) const;
-  // Pauses `victim` for a newcomer and drains its swap-out, so that its blocks are free.
-  void PauseForNewcomer(int32_t victim);
+  // Whether `a` ranks below `b` for preemption: a lower priority, or the same and admitted later.
+  static bool RanksBelow(const Slot& a, const Slot& b);
+  // Whether `s` resumed within kResumeGraceSteps (not to be paused again yet).
+  bool InResumeGrace(const Slot& s) const;
+  // Sends the planned moves, waits for every copy in flight and retires them: the blocks they
+  // held come back. Nothing may be running.
+  void DrainTransfers();
   // Pauses one request ranking below `requester` (see engine_slots.cc).
   enum class PreemptResult { kPaused, kNone, kWait };
   PreemptResult PreemptOne(int32_t requester);

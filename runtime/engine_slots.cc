@@ -268,7 +268,7 @@ void Engine::Admit(absl::Time now) {
         return need - prefix.blocks + headroom -
                (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1));
       };
-      if (int64_t short_by = missing(); short_by > 0) {
+      if (const int64_t short_by = missing(); short_by > 0) {
         // A newcomer that outranks running requests makes room by pausing them (lowest priority,
         // then most recently admitted, first), as vLLM's priority scheduling preempts: it does
         // not wait for lower-priority generations to finish. Equal priorities stay FCFS. None is
@@ -276,18 +276,22 @@ void Engine::Admit(absl::Time now) {
         // pause's effect measured before the next (a block it shares with another request, or
         // one the newcomer's own prompt matches, frees nothing for it).
         int64_t freeable = 0;
-        if (NewcomerVictim((*best)->priority, &freeable) < 0 || freeable < short_by) return;
-        while (short_by > 0) {
-          const int32_t victim = NewcomerVictim((*best)->priority, &freeable);
-          if (victim < 0) return;  // those paused resume when room returns
+        int32_t victim = NewcomerVictim((*best)->priority, &freeable);
+        if (victim < 0 || freeable < short_by) return;
+        for (;;) {
           any_paused = true;
           paused_priority = std::max(paused_priority, slots_[victim].request->priority);
-          PauseForNewcomer(victim);
+          PauseSlot(victim);
+          // A swap-out frees its device blocks once copied: send and wait now (nothing is
+          // running; the copies take microseconds on a GPU).
+          if (pager_->pending_blocks() > 0) DrainTransfers();
           // The pause changed the prefix cache under the match (released blocks became idle, a
           // swap-out's room in the host tier evicted idle host blocks): match again.
           prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt,
                                      /*host=*/true);
-          short_by = missing();
+          if (missing() <= 0) break;
+          victim = NewcomerVictim((*best)->priority, &freeable);
+          if (victim < 0) return;  // those paused resume when room returns
         }
       }
     }
@@ -347,27 +351,28 @@ int32_t Engine::NewcomerVictim(int32_t priority, int64_t* freeable) const {
   for (int32_t i = 0; i < options_.slots; ++i) {
     const Slot& s = slots_[i];
     if (s.state != SlotState::kDecoding && s.state != SlotState::kPrefilling) continue;
-    if (s.request->priority >= priority) continue;
-    if (s.resumed_step > 0 && steps_ + 1 - s.resumed_step < kResumeGraceSteps) continue;
+    if (s.request->priority >= priority || InResumeGrace(s)) continue;
     *freeable += pager_->NumBlocks(i) + UnallocatedReservation(i);
-    const Slot* v = victim < 0 ? nullptr : &slots_[victim];
-    if (v == nullptr || s.request->priority < v->request->priority ||
-        (s.request->priority == v->request->priority && s.admit_seq > v->admit_seq)) {
-      victim = i;
-    }
+    if (victim < 0 || RanksBelow(s, slots_[victim])) victim = i;
   }
   return victim;
 }
 
-void Engine::PauseForNewcomer(int32_t victim) {
-  PauseSlot(victim);
-  // A swap-out frees its device blocks once copied: send and wait now (nothing is running;
-  // the copies take microseconds on a GPU), then retire, as GrowSlotKv does.
-  if (pager_->pending_blocks() > 0) {
-    FlushMoves();
-    transport_drain_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
-    RetireTransfers();
-  }
+bool Engine::RanksBelow(const Slot& a, const Slot& b) {
+  if (a.request->priority != b.request->priority) return a.request->priority < b.request->priority;
+  return a.admit_seq > b.admit_seq;
+}
+
+bool Engine::InResumeGrace(const Slot& s) const {
+  return s.resumed_step > 0 && steps_ + 1 - s.resumed_step < kResumeGraceSteps;
+}
+
+void Engine::DrainTransfers() {
+  FlushMoves();
+  transport_drain_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
+  // The one retire path: failed copies first (their requests end, their host blocks leave the
+  // cache), so that no block a failed copy wrote is retired as good and registered.
+  RetireTransfers();
 }
 
 Engine::PreemptResult Engine::PreemptOne(int32_t requester) {
@@ -378,24 +383,18 @@ Engine::PreemptResult Engine::PreemptOne(int32_t requester) {
   // A request resumed in the last few steps is left alone (no pause/resume thrash): if it is the
   // only candidate, the requester waits a step instead.
   const Slot& req = slots_[requester];
-  auto ranks_below = [](const Slot& a, const Slot& b) {  // a ranks below b
-    if (a.request->priority != b.request->priority) {
-      return a.request->priority < b.request->priority;
-    }
-    return a.admit_seq > b.admit_seq;
-  };
   int32_t victim = -1;
   bool recent = false;
   for (int32_t i = 0; i < options_.slots; ++i) {
     const Slot& s = slots_[i];
     if (i == requester) continue;
     if (s.state != SlotState::kDecoding && s.state != SlotState::kPrefilling) continue;
-    if (!ranks_below(s, req)) continue;
-    if (s.resumed_step > 0 && steps_ + 1 - s.resumed_step < kResumeGraceSteps) {
+    if (!RanksBelow(s, req)) continue;
+    if (InResumeGrace(s)) {
       recent = true;
       continue;
     }
-    if (victim < 0 || ranks_below(s, slots_[victim])) victim = i;
+    if (victim < 0 || RanksBelow(s, slots_[victim])) victim = i;
   }
   if (victim < 0) return recent ? PreemptResult::kWait : PreemptResult::kNone;
   PauseSlot(victim);
@@ -456,11 +455,7 @@ bool Engine::GrowSlotKv(int32_t slot, int64_t tokens) {
       // Blocks held for copies (planned or in flight) come back once the transport has done
       // them: send what is planned, wait, retire, rather than pause anyone. Rare: only under
       // pressure, and the copies take microseconds.
-      FlushMoves();
-      transport_drain_wait_ += transport_->WaitFor(transport_->next_fence() - 1);
-      // The one retire path: failed copies first (their requests end, their host blocks leave
-      // the cache), so that no block a failed copy wrote is retired as good and registered.
-      RetireTransfers();
+      DrainTransfers();
       if (slots_[slot].state == SlotState::kFree) return false;  // its own copy failed
       CHECK(pager_->pending_blocks() == 0) << "blocks still held after the transport drained";
     } else {

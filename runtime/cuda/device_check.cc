@@ -365,6 +365,17 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   std::vector<int32_t> in(l.total, 0);
   std::vector<bool> free_blocks(pool_blocks, true);
   std::vector<std::vector<KvRun>> tables(rows);
+  // Row r's run table (table r) in `dst`: runs in logical order, each starting where the last ends.
+  auto write_table = [&](std::vector<int32_t>& dst, int r, const std::vector<KvRun>& runs) {
+    dst[l.num_runs + r] = static_cast<int32_t>(runs.size());
+    int32_t start = 0;
+    for (size_t k = 0; k < runs.size(); ++k) {
+      dst[l.run_first + r * max_runs + k] = runs[k].first_block;
+      dst[l.run_blocks + r * max_runs + k] = runs[k].num_blocks;
+      dst[l.run_start + r * max_runs + k] = start;
+      start += runs[k].num_blocks * block_tokens;
+    }
+  };
   for (int r = 0; r < rows; ++r) {
     in[l.table + r] = r;
     if (r == 4) continue;  // an inactive row
@@ -372,14 +383,7 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
     tables[r] = RandomRuns(free_blocks, position + 1, block_tokens, max_runs);
     in[l.active + r] = 1;
     in[l.position + r] = position;
-    in[l.num_runs + r] = static_cast<int32_t>(tables[r].size());
-    int32_t start = 0;
-    for (size_t k = 0; k < tables[r].size(); ++k) {
-      in[l.run_first + r * max_runs + k] = tables[r][k].first_block;
-      in[l.run_blocks + r * max_runs + k] = tables[r][k].num_blocks;
-      in[l.run_start + r * max_runs + k] = start;
-      start += tables[r][k].num_blocks * block_tokens;
-    }
+    write_table(in, r, tables[r]);
   }
   const StepInputs host_in = StepInputs::At(l, in.data());
   // Random history in the pool (as the pool stores it), random new Q/K/V; RoPE table as the
@@ -452,15 +456,7 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
     for (int r = 0; r < rows; ++r) {
       if (!in[l.active + r]) continue;
       const int32_t pos = in[l.position + r];
-      const std::vector<KvRun> moved = RandomRuns(free_blocks, pos + 1, block_tokens, max_runs);
-      in2[l.num_runs + r] = static_cast<int32_t>(moved.size());
-      int32_t start = 0;
-      for (size_t k = 0; k < moved.size(); ++k) {
-        in2[l.run_first + r * max_runs + k] = moved[k].first_block;
-        in2[l.run_blocks + r * max_runs + k] = moved[k].num_blocks;
-        in2[l.run_start + r * max_runs + k] = start;
-        start += moved[k].num_blocks * block_tokens;
-      }
+      write_table(in2, r, RandomRuns(free_blocks, pos + 1, block_tokens, max_runs));
       for (int32_t t = 0; t <= pos; ++t) {
         const int64_t from = host_in.PhysicalToken(r, t, block_tokens);
         const int64_t to = host_in2.PhysicalToken(r, t, block_tokens);
