@@ -39,6 +39,7 @@
 #include "absl/synchronization/mutex.h"
 #include "bench/families.h"
 #include "bench/generated_model.h"
+#include "bench/null_backend.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -52,7 +53,10 @@
 #include "tools/replay/stats.h"
 #include "tools/replay/workload.h"
 
-ABSL_FLAG(std::string, device, "auto", "backend: cpu, cuda or auto");
+ABSL_FLAG(std::string, device, "auto",
+          "backend: cpu, cuda or auto; or null (bench/null_backend.h: computes nothing, so the "
+          "schedule's counts (steps, preemptions, transfers, recomputed prompt tokens) come in "
+          "seconds; its times are the engine's own)");
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the model (default: a temp dir)");
 ABSL_FLAG(int32_t, slots, 16, "decode slots (both modes)");
@@ -88,6 +92,7 @@ struct Mode {
   double reserved_mean_blocks = 0;
   uint64_t transfer_groups = 0;
   uint64_t transfer_blocks = 0;
+  uint64_t offloaded_blocks = 0;  // of those, evicted prefix-cache blocks copied to the host
   uint64_t preemptions = 0;
   // Where a mode's time went: steps run (those with a prefill chunk in the decode pass), the
   // time the step waited on pre-staged copies and KV growth on copies in flight, and the
@@ -141,7 +146,12 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
                              const std::vector<replay::PlannedRequest>& plan,
                              const std::vector<std::vector<int32_t>>& prompts) {
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&model, options));
-  engine->Start();
+  // Requests all sent at 0 are queued before the engine starts: it admits them in the same
+  // order each run, rather than as fast as this thread submits them (on the null backend a
+  // race that changes the schedule from run to run).
+  const bool at_once = std::all_of(plan.begin(), plan.end(),
+                                   [](const replay::PlannedRequest& r) { return r.send_at_s <= 0; });
+  if (!at_once) engine->Start();
   const size_t n = plan.size();
   std::vector<replay::RequestRecord> records(n);
   Mode mode;
@@ -186,6 +196,7 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
       ++done;
     }
   }
+  if (at_once) engine->Start();
   for (;;) {
     {
       absl::MutexLock lock(&mu);
@@ -197,6 +208,7 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
   const EngineStats stats = engine->Stats();
   mode.transfer_groups = stats.transfer_groups_total;
   mode.transfer_blocks = stats.transfer_blocks_total;
+  mode.offloaded_blocks = stats.prefix_cache_offloaded_blocks_total;
   mode.preemptions = stats.preemptions_total;
   mode.steps = stats.steps_total;
   mode.mixed_steps = stats.mixed_steps_total;
@@ -225,7 +237,17 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", model.status().ToString().c_str());
     return 1;
   }
-  auto device = ChooseDevice(absl::GetFlag(FLAGS_device));
+  absl::StatusOr<DeviceChoice> device;
+  if (absl::GetFlag(FLAGS_device) == "null") {
+    device = DeviceChoice{"null", [](const ModelBundle& m, const EngineOptions& o)
+                                      -> absl::StatusOr<std::unique_ptr<Backend>> {
+                            return std::make_unique<bench::NullBackend>(
+                                m.config.vocab_size, o.kv_blocks, o.block_tokens,
+                                o.prefill_chunk, o.device_sampling, absl::ZeroDuration());
+                          }};
+  } else {
+    device = ChooseDevice(absl::GetFlag(FLAGS_device));
+  }
   if (!device.ok()) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
@@ -266,7 +288,7 @@ int Main(int argc, char** argv) {
               rate > 0 ? absl::StrFormat("Poisson arrivals at %.1f/s", rate).c_str()
                        : "every request queued at once");
   std::printf("| family | mode | tokens/s | p99 TTFT ms | p99 TPOT ms | mean TPOT ms | decoding | "
-              "reserved KV blocks | worst 1-s p99 ITL / median | transfer groups / blocks | "
+              "reserved KV blocks | worst 1-s p99 ITL / median | transfer groups / blocks (offloaded) | "
               "preemptions | steps (mixed) | transport wait s (drain) | prefilled tokens |\n"
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::json out;
@@ -309,7 +331,10 @@ int Main(int argc, char** argv) {
         o.kv_blocks = kv_blocks;
         o.max_queue = n + 1;
         o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
-        o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
+        // (Off on the null backend: the limit works from timed steps, and the null backend's
+        // times are the engine's own, so the chunk sizes would follow the noise of this machine
+        // and the schedule would change from run to run.)
+        o.max_prefill_stall = device->device == "null" ? 0 : absl::GetFlag(FLAGS_max_prefill_stall);
         o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
         o.device_sampling = absl::GetFlag(FLAGS_device_sampling);
         o.tensor_parallel = absl::GetFlag(FLAGS_tp);
@@ -325,13 +350,14 @@ int Main(int argc, char** argv) {
         modes[m] = std::move(*result);
         const replay::Summary& s = modes[m].summary;
         all_completed = all_completed && s.completed == s.requests;
-        std::printf("| %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f | %.2f | %llu / %llu | "
+        std::printf("| %s | %s | %.0f | %.1f | %.2f | %.2f | %.1f | %.0f | %.2f | %llu / %llu (%llu) | "
                     "%llu | %llu (%llu) | %.2f (%.2f) | %llu |\n",
                     label.c_str(), KvModeName(o.kv_mode), s.output_tokens_per_s, s.ttft_ms.p99,
                     s.tpot_ms.p99, s.tpot_ms.mean, s.mean_decoding, modes[m].reserved_mean_blocks,
                     s.worst_window_itl_p99_over_median,
                     static_cast<unsigned long long>(modes[m].transfer_groups),
                     static_cast<unsigned long long>(modes[m].transfer_blocks),
+                    static_cast<unsigned long long>(modes[m].offloaded_blocks),
                     static_cast<unsigned long long>(modes[m].preemptions),
                     static_cast<unsigned long long>(modes[m].steps),
                     static_cast<unsigned long long>(modes[m].mixed_steps),
@@ -342,6 +368,7 @@ int Main(int argc, char** argv) {
         js["reserved_mean_blocks"] = modes[m].reserved_mean_blocks;
         js["transfer_groups"] = modes[m].transfer_groups;
         js["transfer_blocks"] = modes[m].transfer_blocks;
+        js["offloaded_blocks"] = modes[m].offloaded_blocks;
         js["preemptions"] = modes[m].preemptions;
         js["steps"] = modes[m].steps;
         js["mixed_steps"] = modes[m].mixed_steps;

@@ -29,7 +29,6 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -39,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "bench/generated_model.h"
+#include "bench/null_backend.h"
 #include "common/logging.h"
 #include "nlohmann/json.hpp"
 #include "runtime/backend.h"
@@ -63,79 +63,6 @@ namespace kvrm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// Computes nothing: each active row's next token is a fixed function of its token and position,
-// returned as a token (device path) or as a logits row (host path): one of a few precomputed
-// rows of normal(0, 2) logits, a model-like spread for top-p to cut (a flat row would be its
-// worst case), with the next token raised above the rest. Its KV pool is one layer of one
-// 4-wide head: the engine's pager and transport run over it as over a real one.
-class NullBackend : public Backend {
- public:
-  NullBackend(int32_t vocab, int64_t blocks, int32_t block_tokens, int32_t chunk, bool device,
-              absl::Duration spin)
-      : vocab_(vocab), chunk_(chunk), device_(device), spin_(spin) {
-    std::mt19937 rng(7);
-    std::normal_distribution<float> normal(0.0f, 2.0f);
-    patterns_.resize(static_cast<size_t>(kPatterns) * vocab);
-    for (float& x : patterns_) x = normal(rng);
-    KvPoolShape shape;
-    shape.num_layers = 1;
-    shape.kv_heads = 1;
-    shape.head_dim = 4;
-    shape.block_tokens = block_tokens;
-    shape.num_blocks = blocks;
-    pool_ = *KvPool::Create(shape);
-  }
-  int32_t Next(int32_t token, int32_t position) const {
-    return 100 + (token * 31 + position * 7) % (vocab_ - 200);  // clear of the special ids
-  }
-  absl::Status Decode(const StepDescriptor& step, float* logits) override {
-    return DecodeAndSample(step, logits, nullptr);
-  }
-  bool samples_on_device() const override { return device_; }
-  absl::Duration handoff_spin() const override { return spin_; }
-  absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
-                               int32_t* tokens) override {
-    const auto t0 = Clock::now();
-    for (int32_t s = 0; s < step.max_slots; ++s) {
-      if (!step.active[s]) continue;
-      const int32_t next = Next(step.token[s], step.position[s]);
-      if (tokens != nullptr && step.sampling[s].on_device) {
-        tokens[s] = next;
-        continue;
-      }
-      float* row = logits + static_cast<size_t>(s) * vocab_;
-      const float* pattern = patterns_.data() + static_cast<size_t>(next % kPatterns) * vocab_;
-      std::copy(pattern, pattern + vocab_, row);
-      row[next] = 12.0f;  // above every normal(0, 2) draw of the pattern (6 sigma)
-    }
-    backend_s_ += std::chrono::duration<double>(Clock::now() - t0).count();
-    return absl::OkStatus();
-  }
-  absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override {
-    if (last_logits != nullptr) {
-      const int32_t n = static_cast<int32_t>(chunk.tokens.size());
-      std::fill(last_logits, last_logits + vocab_, 0.0f);
-      last_logits[Next(chunk.tokens.back(), chunk.start + n - 1)] = 10.0f;
-    }
-    return absl::OkStatus();
-  }
-  int32_t vocab_size() const override { return vocab_; }
-  int32_t max_chunk_tokens() const override { return chunk_; }
-  int32_t num_kv_pools() const override { return 1; }
-  KvPool* kv_pool(int32_t) override { return pool_.get(); }
-  double backend_seconds() const { return backend_s_; }
-
- private:
-  static constexpr int32_t kPatterns = 8;
-  const int32_t vocab_;
-  const int32_t chunk_;
-  const bool device_;
-  const absl::Duration spin_;
-  std::vector<float> patterns_;
-  std::unique_ptr<KvPool> pool_;
-  double backend_s_ = 0;
-};
 
 class CountingSink final : public RequestSink {
  public:
@@ -187,10 +114,10 @@ Row Measure(const ModelBundle& model, const std::string& path, int32_t slots, in
   o.threads = 1;
   const bool device = path == "device-greedy";
   o.device_sampling = device;
-  auto owned = std::make_unique<NullBackend>(model.config.vocab_size, o.kv_blocks, 16,
+  auto owned = std::make_unique<bench::NullBackend>(model.config.vocab_size, o.kv_blocks, 16,
                                              o.prefill_chunk, device,
                                              absl::Microseconds(spin_us));
-  NullBackend* null = owned.get();
+  bench::NullBackend* null = owned.get();
   auto engine = Engine::CreateWithBackend(&model, o, std::move(owned));
   CHECK_OK(engine.status());
   std::vector<std::shared_ptr<CountingSink>> sinks;

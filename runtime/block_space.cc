@@ -102,4 +102,24 @@ Extent BlockSpace::FirstFit(int64_t length) const {
   return Extent{};
 }
 
+Extent BlockSpace::FreeRunAround(int64_t block) const {
+  if (!IsFree(block)) return Extent{};
+  int64_t start = block;
+  while (start > 0 && IsFree(start - 1)) --start;
+  return Extent{start, FreeRunAt(start)};
+}
+
+Extent BlockSpace::BestFit(int64_t length) const {
+  Extent best;
+  for (int64_t b = NextFree(0); b < num_blocks_;) {
+    const int64_t run = FreeRunAt(b);
+    if (run >= length && (best.length == 0 || run < best.length)) {
+      best = Extent{b, run};
+      if (run == length) break;
+    }
+    b = NextFree(b + run);
+  }
+  return best;
+}
+
 }  // namespace kvrm

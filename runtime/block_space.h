@@ -32,6 +32,19 @@ class BlockSpace {
   Extent LargestFree() const;
   // The first run of at least `length` free blocks, or {-1, 0}.
   Extent FirstFit(int64_t length) const;
+  // Calls f(Extent) for every maximal run of free blocks, in block order.
+  template <typename F>
+  void ForEachFreeRun(F&& f) const {
+    for (int64_t b = NextFree(0); b < num_blocks_;) {
+      const int64_t run = FreeRunAt(b);
+      f(Extent{b, run});
+      b = NextFree(b + run);
+    }
+  }
+  // The maximal run of free blocks that holds `block` ({-1, 0} when it is used).
+  Extent FreeRunAround(int64_t block) const;
+  // The shortest run of at least `length` free blocks (the first one among equals), or {-1, 0}.
+  Extent BestFit(int64_t length) const;
   // Total length of the `k` longest free runs (k <= kMaxSumRuns): how many blocks an allocation
   // taking the largest extents first places in at most k runs.
   static constexpr int32_t kMaxSumRuns = 64;  // the widest run table --kv_max_runs allows

@@ -294,6 +294,17 @@ void Engine::Admit(absl::Time now) {
           if (victim < 0) return;  // those paused resume when room returns
         }
       }
+      // Room in blocks is not room in runs. A prompt placed over more runs than the run table
+      // holds must be compacted into free extents before it decodes, and is paused to the host
+      // tier when none exist: its prefill spent, its KV copied out and back. It waits instead,
+      // as for blocks, while the requests running free whole runs as they finish (with none
+      // running, every block is free or idle and it fits). One run is left for its growth.
+      const int32_t runs = std::max(1, options_.max_runs - 1 - prefix.runs);
+      if (!pager_->CouldFitInRuns(HistoryBlocksNeeded(prompt) - prefix.blocks, runs)) {
+        bool running = false;
+        for (const Slot& s : slots_) running |= s.state != SlotState::kFree;
+        if (running) return;
+      }
     }
     std::unique_ptr<GenerationRequest> r = std::move(*best);
     waiting_.erase(best);
@@ -310,6 +321,12 @@ void Engine::Admit(absl::Time now) {
     // Fresh per request: the previous occupant's preemption grace and usage are not this one's.
     slot.resumed_step = 0;
     slot.generated = 0;
+    // Where the history may end: the pager places its runs to grow in place up to there. (Not
+    // under far history, whose slots hold a bounded window of blocks that they keep recycling.)
+    if (pager_ && !far_.enabled()) {
+      pager_->ExpectTokens(
+          i, std::min<int64_t>(prompt + slot.request->max_new_tokens, options_.max_context));
+    }
     slot.cached_tokens = AttachCachedPrefix(i);
     const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {

@@ -27,6 +27,8 @@ KvPager::KvPager(const KvPagerOptions& options)
   const bool offload = options.prefix_cache && options.host_prefix_cache && options.host_blocks > 0;
   host_cache_.Init(host_.size(), options.block_tokens, offload);
   if (options.prefix_cache) window_ring_.assign(options.device_blocks, 0);
+  claim_.assign(options.device_blocks, 0);
+  claimed_at_.reserve(options.num_slots);
   if (offload) {
     host_refs_.assign(options.host_blocks, 0);
     host_written_at_.assign(options.host_blocks, 0);
@@ -451,6 +453,75 @@ Extent KvPager::TakeNewRun(BlockSpace& space, int64_t want) {
   return Extent{start, n};
 }
 
+void KvPager::MarkClaims(int32_t except) {
+  for (int32_t i = 0; i < options_.num_slots; ++i) {
+    const SlotKv& o = slots_[i];
+    if (i == except || o.tier != KvTier::kDevice || o.runs.empty() || o.expected_tokens <= 0) {
+      continue;
+    }
+    const int64_t end = static_cast<int64_t>(o.runs.back().first_block) + o.runs.back().num_blocks;
+    const int64_t rest = std::min<int64_t>(BlocksFor(o.expected_tokens) - o.dropped,
+                                           options_.max_blocks_per_slot) -
+                         static_cast<int64_t>(o.blocks.size());
+    if (end >= device_.size() || rest <= 0) continue;
+    if (claim_[end] == 0) claimed_at_.push_back(static_cast<int32_t>(end));
+    claim_[end] = std::max(claim_[end], static_cast<int32_t>(rest));
+  }
+}
+
+void KvPager::ClearClaims() {
+  for (int32_t b : claimed_at_) claim_[b] = 0;
+  claimed_at_.clear();
+}
+
+Extent KvPager::Unclaimed(Extent e) const {
+  if (e.length <= 0) return e;
+  const int64_t c = std::min<int64_t>(claim_[e.start], e.length);
+  return Extent{e.start + c, e.length - c};
+}
+
+Extent KvPager::ShortestUnclaimed(int64_t length) const {
+  Extent fit;
+  device_.ForEachFreeRun([&](Extent e) {
+    const Extent u = Unclaimed(e);
+    if (u.length >= length && (fit.length == 0 || u.length < fit.length)) fit = u;
+  });
+  return fit;
+}
+
+Extent KvPager::PlaceRun(int32_t slot, int64_t held, int64_t want) {
+  const SlotKv& s = slots_[slot];
+  const int64_t expected =
+      std::min<int64_t>(BlocksFor(s.expected_tokens) - s.dropped, options_.max_blocks_per_slot);
+  const int64_t rest = expected - held;
+  if (s.expected_tokens > 0 && rest >= want) {
+    // The shortest free extent whose unclaimed part holds the rest, the run placed at that
+    // part's end: the spare room stays next to whatever precedes it (a history that may grow
+    // past its expected end); what follows an extent is a run's start, which grows nowhere.
+    MarkClaims(slot);
+    Extent fit = ShortestUnclaimed(rest);
+    // With the free space cut up, idle cached blocks make the room, evicted least recently
+    // released first until an extent holds the rest (when evicting them all would make one):
+    // under the prefix cache the pool fills with idle blocks, and growth that took its blocks
+    // where they were freed, one at a time, was scattered over as many runs. (In release order,
+    // a history's tail before its head: what stays cached of a chain is still reachable, and
+    // an offload keeps whole chains.)
+    if (fit.length == 0 && FitsWithIdleEvicted(rest, 1)) {
+      for (int32_t b = cache_.idle_head(); b >= 0 && fit.length == 0; b = cache_.idle_head()) {
+        Evict(b);
+        if (const Extent u = Unclaimed(device_.FreeRunAround(b)); u.length >= rest) fit = u;
+      }
+    }
+    ClearClaims();
+    if (fit.length > 0) {
+      const int64_t start = fit.start + fit.length - rest;
+      device_.TakeRange(start, want);
+      return Extent{start, want};
+    }
+  }
+  return TakeNewRun(device_, want);
+}
+
 absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
   SlotKv& s = slots_[slot];
   if (s.tier != KvTier::kDevice) {
@@ -466,6 +537,20 @@ absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
                                                      need, " blocks, ", free_device_blocks(),
                                                      " free"));
   }
+  // The blocks growth must take from the cache (the least recently released ones, as many as
+  // the free blocks fall short by) are evicted before any block is placed, so that they are
+  // placed as the extents they form. Evicted one at a time as the placement went, each would
+  // start a run of its own: a released history goes idle last block first, so the next block
+  // evicted is the one before the block just placed, never the one after it (a prompt placed so
+  // took a run per block, past what compaction can merge, and paused).
+  while (device_.free_count() < need) CHECK(EvictOldest());  // free_device_blocks() >= need
+  // Blocks scattered so thinly that the growth would take more runs than the run table has
+  // left: evict idle cached blocks (least recently released first) until it fits, when that
+  // can make it fit. The run table's width is a hard limit (past it the history must be
+  // compacted into an extent that may not exist, or paused), which a cached block is not worth.
+  const int32_t runs_left = std::max<int32_t>(
+      1, options_.max_runs - static_cast<int32_t>(s.runs.size()));
+  if (need > 1 && !FitsInRuns(need, runs_left)) MakeRoomInRuns(need, runs_left);
   while (need > 0) {
     if (!s.blocks.empty()) {
       const int64_t next = static_cast<int64_t>(s.runs.back().first_block) + s.runs.back().num_blocks;
@@ -477,8 +562,7 @@ absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
         continue;
       }
     }
-    if (device_.free_count() == 0) CHECK(EvictOldest());  // free_device_blocks() >= need
-    const Extent e = TakeNewRun(device_, need);
+    const Extent e = PlaceRun(slot, static_cast<int64_t>(s.blocks.size()), need);
     CHECK(e.length > 0);
     for (int64_t b = e.start; b < e.start + e.length; ++b) {
       NewRef(static_cast<int32_t>(b));
@@ -572,28 +656,118 @@ bool KvPager::PlanCompaction(int32_t slot, uint64_t fence, std::vector<BlockMove
   SlotKv& s = slots_[slot];
   const int32_t runs = static_cast<int32_t>(s.runs.size());
   if (s.tier != KvTier::kDevice || runs <= options_.max_runs) return true;
-  // Merge the tail runs (the most recent, usually the shortest) so that max_runs - 1 runs stay
-  // and one new run holds the rest. Try from the fewest runs moved upwards: fewer bytes.
-  const int32_t keep = options_.max_runs - 1;
-  int64_t tail_blocks = 0;
-  for (int32_t r = keep; r < runs; ++r) tail_blocks += s.runs[r].num_blocks;
-  if (device_.LargestFree().length < tail_blocks && !EvictWindow(tail_blocks)) return false;
-  const Extent e = device_.LargestFree();
-  const int64_t spare = e.length - tail_blocks;
-  const int64_t start = e.start == 0 ? 0 : e.start + spare / 2;
-  device_.TakeRange(start, tail_blocks);
-  int64_t logical = 0;
-  for (int32_t r = 0; r < keep; ++r) logical += s.runs[r].num_blocks;
-  for (int64_t i = 0; i < tail_blocks; ++i) {
-    const int32_t src = s.blocks[logical + i];
-    const int32_t dst = static_cast<int32_t>(start + i);
-    moves->push_back(BlockMove{KvTier::kDevice, src, KvTier::kDevice, dst});
-    pending_.push_back(Pending{fence, KvTier::kDevice, src});  // takes over the slot's reference
-    NewRef(dst);
-    s.blocks[logical + i] = dst;
+  const int64_t held = static_cast<int64_t>(s.blocks.size());
+  // Moves blocks [from, from + n) of the history to [dst, dst + n) (taken by the caller).
+  auto move = [&](int64_t from, int64_t n, int64_t dst) {
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t src = s.blocks[from + i];
+      const int32_t to = static_cast<int32_t>(dst + i);
+      moves->push_back(BlockMove{KvTier::kDevice, src, KvTier::kDevice, to});
+      pending_.push_back(Pending{fence, KvTier::kDevice, src});  // takes over the slot's reference
+      NewRef(to);
+      s.blocks[from + i] = to;
+    }
+  };
+  // One run too many (the usual case: growth that could not stay in place): where a run can
+  // move right next to its neighbour in the history, into free blocks there, the two merge at
+  // the cost of copying only the shorter one, with no extent of their total needed.
+  if (runs == options_.max_runs + 1) {
+    int32_t pick = -1;
+    int64_t pick_dst = 0, pick_first = 0, pick_len = 0, first = 0;
+    auto all_free = [&](int64_t start, int64_t n) {
+      if (start < 0 || start + n > device_.size()) return false;
+      for (int64_t b = start; b < start + n; ++b) {
+        if (!device_.IsFree(b)) return false;
+      }
+      return true;
+    };
+    for (int32_t r = 0; r + 1 < runs; ++r) {
+      const KvRun& a = s.runs[r];
+      const KvRun& b = s.runs[r + 1];
+      const int64_t a_end = static_cast<int64_t>(a.first_block) + a.num_blocks;
+      // b moves to right after a, or a to right before b.
+      if ((pick < 0 || b.num_blocks < pick_len) && all_free(a_end, b.num_blocks)) {
+        pick = r + 1, pick_dst = a_end, pick_first = first + a.num_blocks, pick_len = b.num_blocks;
+      }
+      if ((pick < 0 || a.num_blocks < pick_len) &&
+          all_free(static_cast<int64_t>(b.first_block) - a.num_blocks, a.num_blocks)) {
+        pick = r, pick_dst = static_cast<int64_t>(b.first_block) - a.num_blocks,
+        pick_first = first, pick_len = a.num_blocks;
+      }
+      first += a.num_blocks;
+    }
+    if (pick >= 0) {
+      device_.TakeRange(pick_dst, pick_len);
+      move(pick_first, pick_len, pick_dst);
+      s.last_fence = fence;
+      RebuildRuns(s);
+      CHECK(static_cast<int32_t>(s.runs.size()) <= options_.max_runs);
+      return true;
+    }
+  }
+  // Merge `w` consecutive runs into one new extent, so that max_runs runs stay: the window of
+  // them holding the fewest blocks (fewest bytes copied) among those a free extent can take,
+  // evicting idle cached blocks for the smallest window when none can. The tail run, the one
+  // growing, usually is the shortest: a window ending there gets room for the rest of the
+  // expected history where an extent has it.
+  const int32_t w = runs - options_.max_runs + 1;
+  int64_t window = 0;
+  for (int32_t r = 0; r < w; ++r) window += s.runs[r].num_blocks;
+  int64_t largest = device_.LargestFree().length;
+  int32_t best = -1, smallest = 0;
+  int64_t best_blocks = 0, smallest_blocks = window, first = 0, best_first = 0;
+  for (int32_t a = 0;; ++a) {
+    if (window <= largest && (best < 0 || window < best_blocks)) {
+      best = a;
+      best_blocks = window;
+      best_first = first;
+    }
+    if (window < smallest_blocks) {
+      smallest = a;
+      smallest_blocks = window;
+    }
+    if (a + w >= runs) break;
+    first += s.runs[a].num_blocks;
+    window += s.runs[a + w].num_blocks - s.runs[a].num_blocks;
+  }
+  if (best < 0 && EvictWindow(smallest_blocks)) {
+    best = smallest;
+    best_blocks = smallest_blocks;
+    best_first = 0;
+    for (int32_t r = 0; r < best; ++r) best_first += s.runs[r].num_blocks;
+  }
+  if (best >= 0) {
+    // (Outside other histories' growth room where that leaves an extent; at the start of what
+    // is left, the rest of a tail's expected history after it.)
+    MarkClaims(slot);
+    Extent e;
+    if (best + w == runs && s.expected_tokens > 0) {
+      const int64_t expected =
+          std::min<int64_t>(BlocksFor(s.expected_tokens) - s.dropped, options_.max_blocks_per_slot);
+      e = ShortestUnclaimed(std::max(best_blocks, expected - held + best_blocks));
+    }
+    if (e.length == 0) e = ShortestUnclaimed(best_blocks);
+    ClearClaims();
+    if (e.length == 0) e = device_.BestFit(best_blocks);
+    device_.TakeRange(e.start, best_blocks);
+    move(best_first, best_blocks, e.start);
+  } else {
+    // No extent takes any window: the whole history moves into the largest free extents, at
+    // most max_runs of them, evicting idle cached blocks for the room where that makes it
+    // (device to device: on a GPU far cheaper than pausing it to the host tier and back).
+    if (!MakeRoomInRuns(held, options_.max_runs)) return false;
+    int64_t i = 0;
+    while (i < held) {
+      const Extent e = TakeNewRun(device_, held - i);
+      CHECK(e.length > 0);
+      move(i, e.length, e.start);
+      i += e.length;
+    }
   }
   s.last_fence = fence;
   RebuildRuns(s);
+  CHECK(static_cast<int32_t>(s.runs.size()) <= options_.max_runs)
+      << s.runs.size() << " runs after compaction";
   return true;
 }
 
@@ -634,7 +808,7 @@ absl::Status KvPager::PlanSwapIn(int32_t slot, uint64_t fence, std::vector<Block
   while (device_.free_count() < n) CHECK(EvictOldest());
   int64_t i = 0;
   while (i < n) {
-    const Extent e = TakeNewRun(device_, n - i);
+    const Extent e = PlaceRun(slot, i, n - i);
     for (int64_t j = 0; j < e.length; ++j, ++i) {
       moves->push_back(BlockMove{KvTier::kHost, s.blocks[i], KvTier::kDevice,
                                  static_cast<int32_t>(e.start + j)});

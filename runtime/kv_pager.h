@@ -3,8 +3,11 @@
 //
 // Owner: the engine thread (no locking). Placement policy (extent style):
 //  - grow in place: a slot's next block is the one right after its last, when that is free;
-//  - a new run (a new prompt, or growth that cannot stay in place) goes in the middle of the
-//    largest free extent, leaving room both for the left neighbour and for itself to grow;
+//  - a new run (a new prompt, or growth that cannot stay in place) of a history whose expected
+//    end is known (ExpectTokens) goes at the start of the shortest free extent that holds all of
+//    the rest (best fit), so that it grows in place to its end;
+//  - otherwise, or when no extent holds that, in the middle of the largest free extent, leaving
+//    room both for the left neighbour and for itself to grow;
 //  - when a slot has more than max_runs runs, PlanCompaction moves its tail runs into one extent.
 // Blocks that are the source of a planned move stay allocated until the transport's fence for
 // that move completes (RetireUpTo), so no one can be given a block still being copied.
@@ -70,6 +73,13 @@ class KvPager final : public KvAllocator {
   int64_t Capacity(int32_t slot) const override;
   KvStats Stats() const override;
 
+  // Where `slot`'s history is expected to end (its prompt plus the tokens it may generate; 0:
+  // unknown), a placement hint that reserves nothing: a new run goes into the shortest free
+  // extent that holds the whole expected rest, so that the history grows in place to its end
+  // (one run, where placing each new block in the largest extent split that extent at every
+  // turn and left the pool in holes too small for the run table). Kept until set again.
+  void ExpectTokens(int32_t slot, int64_t num_tokens) { slots_[slot].expected_tokens = num_tokens; }
+
   // Blocks a history of `num_tokens` needs.
   int64_t BlocksFor(int64_t num_tokens) const {
     return (num_tokens + options_.block_tokens - 1) / options_.block_tokens;
@@ -85,6 +95,10 @@ class KvPager final : public KvAllocator {
   // false, evicting nothing, when it would not hold with every idle block evicted. (Growth itself evicts only when no block is free: a cached block saves a
   // block's prefill, worth far more than the run it may cost, which compaction merges.)
   bool MakeRoomInRuns(int64_t blocks, int32_t runs);
+  // Whether FitsInRuns holds now or would with every idle cached block evicted (evicts nothing).
+  bool CouldFitInRuns(int64_t blocks, int32_t runs) const {
+    return FitsInRuns(blocks, runs) || FitsWithIdleEvicted(blocks, runs);
+  }
 
   // Prefix cache (all no-ops returning 0 when options.prefix_cache is off).
   // The longest chain of registered blocks holding tokens[0, n * block_tokens), n <= max_blocks:
@@ -174,6 +188,7 @@ class KvPager final : public KvAllocator {
     std::vector<int32_t> blocks;  // logical -> physical; capacity reserved at start-up
     std::vector<KvRun> runs;      // maximal physically contiguous stretches of `blocks`
     int64_t tokens = 0;
+    int64_t expected_tokens = 0;  // ExpectTokens
     int32_t dropped = 0;      // far history: logical blocks after the sinks no longer held
     uint64_t last_fence = 0;  // fence of the latest move into this slot's blocks
   };
@@ -222,6 +237,20 @@ class KvPager final : public KvAllocator {
   bool EvictWindow(int64_t length);
   // Takes one new extent of up to `want` blocks (at least 1) for a new run, mid-largest-extent.
   Extent TakeNewRun(BlockSpace& space, int64_t want);
+  // A new device run of up to `want` blocks for `slot`, whose history then holds `held` blocks:
+  // where an extent takes the rest of its expected history (its ExpectTokens), else
+  // TakeNewRun's.
+  Extent PlaceRun(int32_t slot, int64_t held, int64_t want);
+  // Growth room: the free blocks right after a history's last run are that history's to grow
+  // into, up to its expected end. MarkClaims notes them for every device-tier history but
+  // `except`'s (in claim_, at the block after each last run), ClearClaims forgets them, and
+  // Unclaimed is the part of a free extent no claim covers (its end).
+  void MarkClaims(int32_t except);
+  void ClearClaims();
+  Extent Unclaimed(Extent e) const;
+  // The shortest free extent whose unclaimed part holds `length` blocks: that part ({-1, 0}:
+  // none). Claims must be marked.
+  Extent ShortestUnclaimed(int64_t length) const;
   void Append(SlotKv& s, int32_t block);
   static void RebuildRuns(SlotKv& s);
 
@@ -251,6 +280,8 @@ class KvPager final : public KvAllocator {
   uint64_t offloaded_ = 0;
   uint64_t host_evictions_ = 0;
   std::vector<int64_t> window_ring_;  // EvictWindow's deque, sized at start-up
+  std::vector<int32_t> claim_;        // MarkClaims: blocks claimed from here on (device blocks)
+  std::vector<int32_t> claimed_at_;   // ... where claim_ is set (capacity: one per slot)
 };
 
 }  // namespace kvrm

@@ -218,6 +218,8 @@ TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
           if (sim.request[s] != 0) break;
           const int64_t prompt = 1 + pick(300);
           if (p.BlocksFor(prompt) > p.free_device_blocks()) break;
+          // Half the requests say where they may end (a placement hint, not always right).
+          p.ExpectTokens(s, pick(2) == 0 ? 0 : prompt + pick(400));
           ASSERT_TRUE(p.Grow(s, prompt).ok());
           sim.request[s] = sim.next_request++;
           sim.tokens[s] = prompt;
@@ -341,6 +343,7 @@ void PrefixCacheRandomOperations(bool offload) {
           }
           const int64_t before = p.NumBlocks(s);
           ASSERT_EQ(before, hits);
+          p.ExpectTokens(s, pick(2) == 0 ? 0 : prompt + pick(400));
           ASSERT_TRUE(p.Grow(s, prompt).ok());
           sim.SubmitOffloads(fence - 1);
           sim.Submit(std::move(onboard), fence);
@@ -641,20 +644,24 @@ TEST(KvPagerTest, PrefixCacheNeverRevivesTheChildrenOfAnEvictedBlock) {
 
 TEST(KvPagerTest, PrefixCacheCompactionEvictsOnlyTheWindowItTakes) {
   // Eight histories of 4 blocks fill the pool and go idle in an order unrelated to where they
-  // lie. A new 12-block history evicts the 12 least recently released blocks one by one (12
-  // runs); compaction then needs one free extent for its tail runs. It evicts the idle blocks of
-  // one window only: the window least-recently-released eviction would have freed first,
-  // without evicting the older blocks elsewhere that order would have taken on the way.
-  KvPager p(CacheOptions(9, 32));
+  // lie. Two new histories grow a block at a time by turns, each growth evicting the least
+  // recently released block (a history's tail first), so each takes every other block: 6 runs
+  // of one block. Compaction then needs one free extent for three of them. It evicts the idle
+  // blocks of one window only: the window least-recently-released eviction would have freed
+  // first, without evicting the older blocks elsewhere that order would have taken on the way.
+  KvPager p(CacheOptions(10, 32));
   for (int32_t s = 0; s < 8; ++s) {
     ASSERT_TRUE(p.Grow(s, 4 * kBlockTokens).ok());
     ASSERT_EQ(p.RegisterPrefix(s, RandomTokens(4 * kBlockTokens, 100 + s)), 4);
   }
   for (int32_t s : {5, 2, 7, 0, 3, 6, 1, 4}) p.Release(s);
   ASSERT_EQ(p.idle_cached_blocks(), 32);
-  ASSERT_TRUE(p.Grow(8, 12 * kBlockTokens).ok());
+  for (int32_t b = 1; b <= 6; ++b) {
+    ASSERT_TRUE(p.Grow(8, b * kBlockTokens).ok());
+    ASSERT_TRUE(p.Grow(9, b * kBlockTokens).ok());
+  }
   ASSERT_EQ(p.evictions(), 12u);
-  ASSERT_GT(p.NumRuns(8), 4);
+  ASSERT_EQ(p.NumRuns(8), 6);
   std::vector<bool> idle(32);
   for (int32_t b = 0; b < 32; ++b) idle[b] = p.IdleCached(b);
   std::vector<BlockMove> moves;
@@ -850,6 +857,160 @@ TEST(TransferPlanTest, MergesConsecutiveMovesIntoMaximalGroups) {
 // MakeRoomInRuns evicts only when evicting can make the room: with the free space cut up by
 // blocks in use, a request that would not fit with every idle block gone leaves the cache alone
 // (a paused request retries this every step).
+// Growth into a pool of idle cached blocks evicts the least recently released ones it needs
+// before placing any: they are placed as the extents they form (a released history's blocks
+// lie together), not one run per block as evicting each while placing did (a history goes idle
+// tail first, so each evicted block lay before the one just placed).
+TEST(KvPagerTest, GrowthIntoIdleBlocksTakesThemAsTheExtentsTheyForm) {
+  KvPager p(CacheOptions(9, 32));
+  for (int32_t s = 0; s < 8; ++s) {
+    ASSERT_TRUE(p.Grow(s, 4 * kBlockTokens).ok());
+    ASSERT_EQ(p.RegisterPrefix(s, RandomTokens(4 * kBlockTokens, 100 + s)), 4);
+  }
+  // The 12 least recently released: histories 5, 2 and 7, each one extent.
+  std::vector<int32_t> want;
+  for (int32_t s : {5, 2, 7}) {
+    ASSERT_EQ(p.NumRuns(s), 1);
+    want.insert(want.end(), p.Blocks(s).begin(), p.Blocks(s).end());
+  }
+  std::sort(want.begin(), want.end());
+  for (int32_t s : {5, 2, 7, 0, 3, 6, 1, 4}) p.Release(s);
+  ASSERT_TRUE(p.Grow(8, 12 * kBlockTokens).ok());
+  EXPECT_EQ(p.evictions(), 12u);
+  EXPECT_LE(p.NumRuns(8), 3);
+  std::vector<int32_t> blocks = p.Blocks(8);
+  std::sort(blocks.begin(), blocks.end());
+  EXPECT_EQ(blocks, want);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+// A pool of `blocks` blocks each held by a one-block history: slot i (1..blocks) at block
+// blocks - i (a hinted run goes to the end of the extent it fits), so that releasing slots cuts
+// holes exactly where a test wants them. Slot 0 is free.
+std::unique_ptr<KvPager> SinglesPool(int64_t blocks, int32_t runs) {
+  auto p = std::make_unique<KvPager>(Options(static_cast<int32_t>(blocks) + 1, blocks, 0, runs));
+  for (int32_t i = 1; i <= blocks; ++i) {
+    p->ExpectTokens(i, kBlockTokens);
+    EXPECT_TRUE(p->Grow(i, kBlockTokens).ok());
+    EXPECT_EQ(p->Blocks(i).front(), blocks - i);
+  }
+  return p;
+}
+void FreeBlocks(KvPager& p, int64_t blocks, int64_t from, int64_t to) {
+  for (int64_t b = from; b < to; ++b) p.Release(static_cast<int32_t>(blocks - b));
+}
+
+// A history whose end is expected (ExpectTokens) goes to the shortest free extent that holds
+// all of it, at that extent's end, and grows there in place to its end: one run. Another
+// history's growth room (the free blocks after its last run, up to its expected end) is not
+// taken. Without a hint, the largest extent, as before.
+TEST(KvPagerTest, AnExpectedHistoryGoesToTheShortestExtentThatHoldsIt) {
+  constexpr int64_t kBlocks = 120;
+  std::unique_ptr<KvPager> pool = SinglesPool(kBlocks, 4);
+  KvPager& p = *pool;
+  // Holes of 50, 30 and 10 blocks.
+  FreeBlocks(p, kBlocks, 0, 50);
+  FreeBlocks(p, kBlocks, 60, 90);
+  FreeBlocks(p, kBlocks, 100, 110);
+  // Slot 0: a 5-block prompt, 25 blocks expected: the 30-block hole, at its end.
+  p.ExpectTokens(0, 25 * kBlockTokens);
+  ASSERT_TRUE(p.Grow(0, 5 * kBlockTokens).ok());
+  EXPECT_EQ(p.Blocks(0).front(), 65);
+  for (int64_t t = 5 * kBlockTokens + 1; t <= 25 * kBlockTokens; ++t) {
+    ASSERT_TRUE(p.Grow(0, t).ok());
+  }
+  EXPECT_EQ(p.NumRuns(0), 1) << "grown in place to its expected end";
+  p.Release(0);
+  // 40 expected: the 50-block hole, [10, 50). Then a history of 30 expected: [15, 50) is slot
+  // 0's growth room, so not the 35 blocks after its prompt but the 30-block hole.
+  p.ExpectTokens(0, 40 * kBlockTokens);
+  ASSERT_TRUE(p.Grow(0, 5 * kBlockTokens).ok());
+  EXPECT_EQ(p.Blocks(0).front(), 10);
+  const int32_t other = static_cast<int32_t>(kBlocks - 50);  // the slot that held block 50
+  p.Release(other);
+  p.ExpectTokens(other, 30 * kBlockTokens);
+  ASSERT_TRUE(p.Grow(other, 2 * kBlockTokens).ok());
+  EXPECT_EQ(p.Blocks(other).front(), 60);
+  for (int64_t t = 5 * kBlockTokens + 1; t <= 40 * kBlockTokens; ++t) {
+    ASSERT_TRUE(p.Grow(0, t).ok());
+  }
+  EXPECT_EQ(p.NumRuns(0), 1);
+  p.Release(0);
+  // No hint: the largest extent ([0, 50) again, from its start at the pool's start).
+  p.ExpectTokens(0, 0);
+  ASSERT_TRUE(p.Grow(0, 5 * kBlockTokens).ok());
+  EXPECT_EQ(p.Blocks(0).front(), 0);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+// With the pool full of idle cached blocks, an expected history evicts the least recently
+// released of them until one extent holds the rest of it, and then grows in place: one run
+// each for two histories growing by turns, where growth a block at a time took each block
+// wherever one was evicted (six runs each).
+TEST(KvPagerTest, AnExpectedHistoryEvictsIdleBlocksForOneExtent) {
+  KvPager p(CacheOptions(10, 32));
+  for (int32_t s = 0; s < 8; ++s) {
+    ASSERT_TRUE(p.Grow(s, 4 * kBlockTokens).ok());
+    ASSERT_EQ(p.RegisterPrefix(s, RandomTokens(4 * kBlockTokens, 100 + s)), 4);
+  }
+  for (int32_t s : {5, 2, 7, 0, 3, 6, 1, 4}) p.Release(s);
+  p.ExpectTokens(8, 12 * kBlockTokens);
+  p.ExpectTokens(9, 12 * kBlockTokens);
+  for (int32_t b = 1; b <= 12; ++b) {
+    ASSERT_TRUE(p.Grow(8, b * kBlockTokens).ok());
+    ASSERT_TRUE(p.Grow(9, b * kBlockTokens).ok());
+  }
+  EXPECT_EQ(p.NumRuns(8), 1);
+  EXPECT_EQ(p.NumRuns(9), 1);
+  EXPECT_GE(p.evictions(), 24u);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+// Slot 0 in three runs of two blocks, [2,4) [10,12) [20,22), with the table two wide. Where the
+// free blocks right after a run can take the next run, only that one moves (two blocks); where
+// no free extent takes any two runs, the whole history moves into the two largest extents
+// (device to device) instead of failing (and pausing it to the host tier and back).
+TEST(KvPagerTest, CompactionMovesARunNextToItsNeighbourOrTheWholeHistory) {
+  constexpr int64_t kBlocks = 40;
+  auto three_runs = [&](KvPager& p) {
+    FreeBlocks(p, kBlocks, 2, 4);
+    FreeBlocks(p, kBlocks, 10, 12);
+    FreeBlocks(p, kBlocks, 20, 22);
+    for (int32_t b = 1; b <= 6; ++b) ASSERT_TRUE(p.Grow(0, b * kBlockTokens).ok());
+    ASSERT_EQ(p.Blocks(0), (std::vector<int32_t>{2, 3, 10, 11, 20, 21}));
+  };
+  {
+    std::unique_ptr<KvPager> pool = SinglesPool(kBlocks, 2);
+    KvPager& p = *pool;
+    three_runs(p);
+    if (HasFatalFailure()) return;
+    FreeBlocks(p, kBlocks, 12, 14);  // right after the second run
+    std::vector<BlockMove> m;
+    ASSERT_TRUE(p.PlanCompaction(0, 1, &m));
+    EXPECT_EQ(m.size(), 2u);
+    EXPECT_EQ(p.Blocks(0), (std::vector<int32_t>{2, 3, 10, 11, 12, 13}));
+    EXPECT_EQ(p.NumRuns(0), 2);
+    p.RetireUpTo(1);
+    EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  }
+  {
+    std::unique_ptr<KvPager> pool = SinglesPool(kBlocks, 2);
+    KvPager& p = *pool;
+    three_runs(p);
+    if (HasFatalFailure()) return;
+    FreeBlocks(p, kBlocks, 30, 33);  // two 3-block extents: no two runs fit either
+    FreeBlocks(p, kBlocks, 35, 38);
+    std::vector<BlockMove> m;
+    ASSERT_TRUE(p.PlanCompaction(0, 1, &m));
+    EXPECT_EQ(m.size(), 6u);
+    EXPECT_EQ(p.Blocks(0), (std::vector<int32_t>{30, 31, 32, 35, 36, 37}));
+    EXPECT_EQ(p.NumRuns(0), 2);
+    p.RetireUpTo(1);
+    EXPECT_EQ(p.free_device_blocks(), 6) << "the sources are free once the copies retire";
+    EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  }
+}
+
 TEST(KvPagerTest, MakeRoomInRunsKeepsTheCacheWhenEvictingCannotHelp) {
   KvPagerOptions o = Options(/*slots=*/4, /*device_blocks=*/16, /*host_blocks=*/0, /*runs=*/2);
   o.prefix_cache = true;
