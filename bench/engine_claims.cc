@@ -57,6 +57,12 @@ ABSL_FLAG(std::string, device, "auto",
           "backend: cpu, cuda or auto; or null (bench/null_backend.h: computes nothing, so the "
           "schedule's counts (steps, preemptions, transfers, recomputed prompt tokens) come in "
           "seconds; its times are the engine's own)");
+ABSL_FLAG(std::string, device_timing, "none",
+          "with --device=null: none (no time), or h200 (each call takes what it takes on the H200 "
+          "of docs/cuda.md: a model of that GPU's run, bench/null_backend.h DeviceTiming)");
+ABSL_FLAG(double, timing_copy_host_gbs, 0,
+          "with --device_timing: the host<->device copy rate in GB/s instead of the preset's (its "
+          "least certain figure: what the sensitivity of a result to it is read from)");
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the model (default: a temp dir)");
 ABSL_FLAG(int32_t, slots, 16, "decode slots (both modes)");
@@ -102,6 +108,8 @@ struct Mode {
   double transport_wait_s = 0, drain_wait_s = 0;
   uint64_t prefilled_tokens = 0;
   uint64_t device_sampled = 0;  // tokens sampled inside the step (CUDA, --device_sampling)
+  // --device=null with a timing: the modelled device time, and how far the waits overshot it.
+  double modelled_s = 0, overshoot_s = 0;
   std::vector<std::vector<int32_t>> tokens;  // per request
 };
 
@@ -141,6 +149,9 @@ class TimingSink final : public RequestSink {
   absl::Mutex* const mu_;
   int* const done_;
 };
+
+// The null backend of the engine running now (--device=null), for its modelled time.
+std::atomic<bench::NullBackend*> g_null{nullptr};
 
 absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
                              const std::vector<replay::PlannedRequest>& plan,
@@ -222,6 +233,10 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
     for (const std::vector<int32_t>& p : prompts) mode.prefilled_tokens += p.size();
   }
   mode.device_sampled = stats.device_sampled_tokens_total;
+  if (bench::NullBackend* null = g_null.exchange(nullptr)) {
+    mode.modelled_s = null->modelled_seconds();
+    mode.overshoot_s = null->overshoot_seconds();
+  }
   engine.reset();
   mode.summary = replay::Summarize(records, replay::Slo{});
   mode.reserved_mean_blocks = samples > 0 ? reserved_sum / samples : 0;
@@ -238,13 +253,36 @@ int Main(int argc, char** argv) {
     return 1;
   }
   absl::StatusOr<DeviceChoice> device;
+  absl::StatusOr<bench::DeviceTiming> timing =
+      bench::DeviceTiming::Preset(absl::GetFlag(FLAGS_device_timing));
+  if (!timing.ok()) {
+    std::fprintf(stderr, "%s\n", timing.status().ToString().c_str());
+    return 1;
+  }
+  if (const double gbs = absl::GetFlag(FLAGS_timing_copy_host_gbs); gbs > 0) {
+    timing->copy_host_gbs = gbs;
+  }
   if (absl::GetFlag(FLAGS_device) == "null") {
-    device = DeviceChoice{"null", [](const ModelBundle& m, const EngineOptions& o)
-                                      -> absl::StatusOr<std::unique_ptr<Backend>> {
-                            return std::make_unique<bench::NullBackend>(
-                                m.config.vocab_size, o.kv_blocks, o.block_tokens,
-                                o.prefill_chunk, o.device_sampling, absl::ZeroDuration());
-                          }};
+    const bench::DeviceTiming t = *timing;
+    device = DeviceChoice{
+        t.enabled() ? "null (h200 timing)" : "null",
+        [t](const ModelBundle& m,
+            const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
+          bench::DeviceTiming timed = t;
+          timed.bytes_per_block = int64_t{2} * m.config.num_hidden_layers *
+                                  m.config.num_key_value_heads * m.config.head_dim *
+                                  o.block_tokens * static_cast<int64_t>(DTypeSize(o.kv_dtype));
+          // (The CUDA backend's handoff spin where the steps take a GPU's time.)
+          auto b = std::make_unique<bench::NullBackend>(
+              m.config.vocab_size, o.kv_blocks, o.block_tokens, o.prefill_chunk,
+              o.device_sampling, t.enabled() ? absl::Milliseconds(2) : absl::ZeroDuration(),
+              timed);
+          g_null = b.get();
+          return b;
+        }};
+  } else if (timing->enabled()) {
+    std::fprintf(stderr, "--device_timing is for --device=null\n");
+    return 1;
   } else {
     device = ChooseDevice(absl::GetFlag(FLAGS_device));
   }
@@ -293,6 +331,18 @@ int Main(int argc, char** argv) {
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   nlohmann::json out;
   out["device"] = device->device;
+  if (timing->enabled()) {
+    out["device_timing"] = {{"preset", absl::GetFlag(FLAGS_device_timing)},
+                            {"decode_fixed_us", timing->decode_fixed_us},
+                            {"decode_row_us", timing->decode_row_us},
+                            {"decode_kv_token_ns", timing->decode_kv_token_ns},
+                            {"chunk_apart_us", timing->chunk_apart_us},
+                            {"chunk_in_pass_us", timing->chunk_in_pass_us},
+                            {"chunk_attention_ns", timing->chunk_attention_ns},
+                            {"copy_group_us", timing->copy_group_us},
+                            {"copy_device_gbs", timing->copy_device_gbs},
+                            {"copy_host_gbs", timing->copy_host_gbs}};
+  }
   out["model"] = absl::GetFlag(FLAGS_size);
   out["slots"] = slots;
   out["kv_blocks"] = kv_blocks;
@@ -334,7 +384,8 @@ int Main(int argc, char** argv) {
         // (Off on the null backend: the limit works from timed steps, and the null backend's
         // times are the engine's own, so the chunk sizes would follow the noise of this machine
         // and the schedule would change from run to run.)
-        o.max_prefill_stall = device->device == "null" ? 0 : absl::GetFlag(FLAGS_max_prefill_stall);
+        o.max_prefill_stall =
+            device->device == "null" ? 0 : absl::GetFlag(FLAGS_max_prefill_stall);
         o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
         o.device_sampling = absl::GetFlag(FLAGS_device_sampling);
         o.tensor_parallel = absl::GetFlag(FLAGS_tp);
@@ -376,6 +427,10 @@ int Main(int argc, char** argv) {
         js["transport_drain_wait_s"] = modes[m].drain_wait_s;
         js["prefilled_tokens"] = modes[m].prefilled_tokens;
         js["device_sampled_tokens"] = modes[m].device_sampled;
+        if (modes[m].modelled_s > 0) {
+          js["modelled_device_s"] = modes[m].modelled_s;
+          js["timing_overshoot_s"] = modes[m].overshoot_s;
+        }
         j[KvModeName(o.kv_mode)] = js;
       }
       int same = 0;

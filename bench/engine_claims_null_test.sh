@@ -32,3 +32,28 @@ assert moved <= 8000, moved
 assert kvrm["mean_decoding"] > 2 * static["mean_decoding"], (kvrm["mean_decoding"], static["mean_decoding"])
 print("ok")
 PY
+# The same engine at a modelled H200's pace (--device_timing=h200): every call takes the device's
+# time, and what the model adds is recorded.
+timed="${TEST_TMPDIR}/engine-claims-h200.json"
+bench/engine_claims --device=null --device_timing=h200 --size=small \
+  --model_dir="${TEST_TMPDIR}/models" --requests=24 --families=short --load_factor=0 \
+  --json="$timed" > "${TEST_TMPDIR}/log-timed" 2>&1 || { cat "${TEST_TMPDIR}/log-timed"; exit 1; }
+python3 - "$timed" <<'PY'
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["device"] == "null (h200 timing)", d["device"]
+assert d["device_timing"]["decode_fixed_us"] == 610, d["device_timing"]
+(f,) = d["families"]
+for mode in ("static", "kvrm"):
+    s = f[mode]
+    assert s["completed"] == 24, (mode, s)
+    # Every step waited at least the modelled fixed cost: the run lasted at least that long, and
+    # the waits overshot their deadlines by little on average.
+    steps, modelled = s["steps"], s["modelled_device_s"]
+    assert modelled >= steps * 610e-6 * 0.99, (mode, steps, modelled)
+    assert s["duration_s"] >= modelled * 0.9, (mode, s["duration_s"], modelled)
+    print("%s: %d steps, %.2f s modelled device time, %.2f s run, overshoot %.1f us a call"
+          % (mode, steps, modelled, s["duration_s"], 1e6 * s["timing_overshoot_s"] / steps))
+assert f["identical_outputs"] == 24
+print("ok")
+PY
