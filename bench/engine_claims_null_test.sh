@@ -3,7 +3,7 @@
 # 200 requests (prompts up to 2.8k tokens, 16 slots, the KV budget 35% of static's), every
 # request queued at once, through the real engine and scheduler on the null backend
 # (bench/null_backend.h; the schedule's counts in seconds). Before the placement work of
-# 2026-12-04 kvrm paused 93 requests here and moved 33k blocks besides the prefix cache's
+# 2026-12-04 kvrm paused 133 requests here and moved 39k blocks besides the prefix cache's
 # offloads (a prompt scattered over a run per block, and compactions that found no extent);
 # on an H200 that made kvrm 0.68x static's throughput. Now: a handful of pauses, ~2.5k blocks.
 set -euo pipefail

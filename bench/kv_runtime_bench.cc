@@ -418,6 +418,7 @@ PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& t
     pager.MatchPrefix(absl::MakeConstSpan(h).first(prompt),
                       static_cast<int32_t>((prompt - 1) / kBlockTokens), &match, 0,
                       host_blocks > 0 ? &host_match : nullptr);
+    pager.ExpectTokens(s, static_cast<int64_t>(h.size()));  // as the engine: prompt + output
     pager.AttachPrefix(s, match);
     const bool onboarded =
         host_blocks == 0 || pager.OnboardPrefix(s, host_match, fence + 2, &moves).ok();

@@ -25,9 +25,11 @@ for section in ("workloads", "saturation"):
             s = e[mode]
             assert s["requests"] == 8 and s["completed"] == 8 and s["failed"] == 0, (section, e["workload"], mode, s)
             assert s["output_tokens_per_s"] > 0, (section, e["workload"], mode)
-            # Sampled every 50 ms: a saturation run of the tiny model can end before one.
+            # Sampled every 50 ms: a saturation run of the tiny model can end before one, and
+            # kvrm's requests (reserving only what they use) between two samples at these rates.
+            # Static mode sets its slots' share aside whatever runs.
             assert s["reserved_peak_bytes"] >= s["reserved_mean_bytes"] >= 0, (section, mode)
-            if section == "workloads":
+            if section == "workloads" and mode == "static":
                 assert s["reserved_mean_bytes"] > 0, (section, e["workload"], mode)
         assert e["throughput_kvrm_over_static"] > 0
 print("ok")

@@ -8,7 +8,8 @@
 //    the rest (best fit), so that it grows in place to its end;
 //  - otherwise, or when no extent holds that, in the middle of the largest free extent, leaving
 //    room both for the left neighbour and for itself to grow;
-//  - when a slot has more than max_runs runs, PlanCompaction moves its tail runs into one extent.
+//  - when a slot has more than max_runs runs, PlanCompaction moves the fewest blocks it can: a
+//    run next to its neighbour, a window of runs into one extent, or the whole history.
 // Blocks that are the source of a planned move stay allocated until the transport's fence for
 // that move completes (RetireUpTo), so no one can be given a block still being copied.
 //
@@ -164,9 +165,13 @@ class KvPager final : public KvAllocator {
   void DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped);
   int32_t Dropped(int32_t slot) const { return slots_[slot].dropped; }
 
-  // When `slot` has more than max_runs runs: moves its tail runs into one free extent, appends
-  // the block moves to `moves`, points the slot at the destinations and holds the sources until
-  // `fence` retires. Returns false when no extent can take them (the slot keeps its runs).
+  // When `slot` has more than max_runs runs, brings it to max_runs by moving the fewest blocks
+  // it finds a place for: with one run over, a run right next to its neighbour in the history
+  // (into free blocks there); else the window of consecutive runs with the fewest blocks, into
+  // one extent (evicting idle cached blocks for the smallest window when no extent takes any);
+  // else the whole history, into the largest extents. Appends the block moves to `moves`, points
+  // the slot at the destinations and holds the sources until `fence` retires. Returns false when
+  // none fits (the slot keeps its runs).
   bool PlanCompaction(int32_t slot, uint64_t fence, std::vector<BlockMove>* moves);
   // Moves every block of `slot` to the host tier (pausing it). RESOURCE_EXHAUSTED when the host
   // tier has no room.
