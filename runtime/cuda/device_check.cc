@@ -918,6 +918,72 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling,
           worst, 3e-2, ok};
 }
 
+// What a transfer group costs through CudaBackend::CopyGroup (the transport's path: one 2-D
+// copy per rank on the copy stream, then a synchronize), per direction and group size, on the
+// small shape's pool (f32: 393 KB a block in 96 rows of one block's width). The figure the
+// engine's H200 model (bench/null_backend.h, DeviceTiming) could not measure without a GPU:
+// the host copy rate decides whether kvrm's swaps and the prefix cache's offloads keep up.
+struct CopyRow {
+  std::string direction;
+  int32_t blocks = 0;       // per group
+  int32_t groups = 0;       // timed
+  double us_per_group = 0;  // wall, including the synchronize
+  double gbs = 0;           // bytes moved / time
+};
+
+std::vector<CopyRow> MeasureTransfers(const RandomModel& m) {
+  const int32_t block_tokens = 16;
+  const int64_t kv_blocks = 2048, host_blocks = 1024;
+  CudaBackendOptions co;
+  co.kv_blocks = kv_blocks;
+  co.kv_block_tokens = block_tokens;
+  co.max_slots = 4;
+  co.max_chunk_tokens = 64;
+  co.max_context = 1024;
+  co.max_runs = 8;
+  auto gpu = CudaBackend::Create(m.config, &m.weights, co);
+  CHECK_OK(gpu.status());
+  CHECK_OK((*gpu)->CreateHostTier(host_blocks));
+  const double bytes_per_block = static_cast<double>((*gpu)->kv_pool(0)->shape().BytesPerBlock());
+  std::vector<CopyRow> rows;
+  struct Dir {
+    const char* name;
+    KvTier src, dst;
+  };
+  for (const Dir d : {Dir{"device->host", KvTier::kDevice, KvTier::kHost},
+                      Dir{"host->device", KvTier::kHost, KvTier::kDevice},
+                      Dir{"device->device", KvTier::kDevice, KvTier::kDevice}}) {
+    for (const int32_t n : {1, 8, 64}) {
+      const int32_t groups = std::max(8, 512 / n);
+      // Sources and destinations walk disjoint halves of each tier, group after group.
+      auto group = [&](int32_t i) {
+        const int32_t src_span = static_cast<int32_t>(d.src == KvTier::kHost ? host_blocks / 2
+                                                                             : kv_blocks / 2);
+        const int32_t dst_span = static_cast<int32_t>(d.dst == KvTier::kHost ? host_blocks / 2
+                                                                             : kv_blocks / 2);
+        const int32_t src = (i * n) % (src_span - n + 1);
+        const int32_t dst = dst_span + (i * n) % (dst_span - n + 1);
+        return TransferGroup{d.src, src, d.dst, dst, n};
+      };
+      for (int32_t i = 0; i < 4; ++i) CHECK_OK((*gpu)->CopyGroup(group(i)));  // warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int32_t i = 0; i < groups; ++i) CHECK_OK((*gpu)->CopyGroup(group(i)));
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      CopyRow r;
+      r.direction = d.name;
+      r.blocks = n;
+      r.groups = groups;
+      r.us_per_group = s / groups * 1e6;
+      r.gbs = bytes_per_block * n * groups / s / 1e9;
+      std::printf("  transfer %s, %d-block groups: %.1f us a group, %.1f GB/s\n", d.name, n,
+                  r.us_per_group, r.gbs);
+      std::fflush(stdout);
+      rows.push_back(r);
+    }
+  }
+  return rows;
+}
+
 // With `profile`, a few graph replays run between cudaProfilerStart and Stop, for
 // `ncu --profile-from-start off` (tools/device_check.sh profile): each kernel of the step apart.
 BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy_gbs,
@@ -1161,6 +1227,8 @@ int main(int argc, char** argv) {
       rows.push_back(Bench(*model, 1, 64, context, copy_gbs, kvrm::DType::kBF16));
     }
   }
+  std::vector<CopyRow> copies;
+  if (!checks_only && !sweep) copies = MeasureTransfers(*model);
   if (sweep && !checks_only) {
     rows.clear();
     if (sweep_slots.empty()) sweep_slots = {64};
@@ -1199,6 +1267,13 @@ int main(int argc, char** argv) {
                 r.bytes_per_step / 1e6, r.achieved_gbs, 100 * r.of_copy,
                 100 * r.transport_wait_share, r.chunk_apart_ms, r.chunk_mixed_ms);
   }
+  if (!copies.empty()) {
+    std::printf("\n| transfer group | blocks | us a group | GB/s |\n|:--|---:|---:|---:|\n");
+    for (const CopyRow& c : copies) {
+      std::printf("| %s | %d | %.1f | %.1f |\n", c.direction.c_str(), c.blocks, c.us_per_group,
+                  c.gbs);
+    }
+  }
   std::printf("checks: %zu passed, %zu failed\n",
               static_cast<size_t>(std::count_if(checks.begin(), checks.end(), [](const Check& c) { return c.ok; })),
               static_cast<size_t>(std::count_if(checks.begin(), checks.end(), [](const Check& c) { return !c.ok; })));
@@ -1227,6 +1302,13 @@ int main(int argc, char** argv) {
         << ", \"chunk_apart_ms\": " << num(r.chunk_apart_ms) << ", \"chunk_mixed_ms\": " << num(r.chunk_mixed_ms)
         << "}"
         << (i + 1 < rows.size() ? "," : "") << "\n";
+    }
+    f << "  ],\n  \"transfers\": [\n";
+    for (size_t i = 0; i < copies.size(); ++i) {
+      const CopyRow& c = copies[i];
+      f << "    {\"direction\": \"" << c.direction << "\", \"blocks\": " << c.blocks
+        << ", \"groups\": " << c.groups << ", \"us_per_group\": " << num(c.us_per_group)
+        << ", \"gbs\": " << num(c.gbs) << "}" << (i + 1 < copies.size() ? "," : "") << "\n";
     }
     f << "  ]\n}\n";
   }
