@@ -104,8 +104,12 @@ Extent BlockSpace::FirstFit(int64_t length) const {
 
 Extent BlockSpace::FreeRunAround(int64_t block) const {
   if (!IsFree(block)) return Extent{};
-  int64_t start = block;
-  while (start > 0 && IsFree(start - 1)) --start;
+  // The last used block before `block`, a word at a time.
+  int64_t w = block >> 6;
+  const int bit = block & 63;
+  uint64_t used = bit == 0 ? 0 : ~free_[w] & ((uint64_t{1} << bit) - 1);
+  while (used == 0 && --w >= 0) used = ~free_[w];
+  const int64_t start = w < 0 ? 0 : (w << 6) + 64 - __builtin_clzll(used);
   return Extent{start, FreeRunAt(start)};
 }
 

@@ -259,7 +259,6 @@ void Engine::Admit(absl::Time now) {
       }
       // Blocks found in the prefix cache are not needed anew, but idle ones stop counting as
       // free once attached. (Those found in the host tier need new device blocks.)
-      // (A prompt prefills into any number of runs; compaction merges them before it decodes.)
       auto missing = [&] {
         int64_t headroom = 0;
         if (options_.reserve != ReservePolicy::kPromptAndOutput) {
@@ -268,42 +267,48 @@ void Engine::Admit(absl::Time now) {
         return need - prefix.blocks + headroom -
                (pager_->free_device_blocks() - prefix.idle - UnallocatedReservations(-1));
       };
-      if (const int64_t short_by = missing(); short_by > 0) {
-        // A newcomer that outranks running requests makes room by pausing them (lowest priority,
-        // then most recently admitted, first), as vLLM's priority scheduling preempts: it does
-        // not wait for lower-priority generations to finish. Equal priorities stay FCFS. None is
-        // paused when all of them together hold too little; otherwise one at a time, each
-        // pause's effect measured before the next (a block it shares with another request, or
-        // one the newcomer's own prompt matches, frees nothing for it).
-        int64_t freeable = 0;
-        int32_t victim = NewcomerVictim((*best)->priority, &freeable);
-        if (victim < 0 || freeable < short_by) return;
-        for (;;) {
-          any_paused = true;
-          paused_priority = std::max(paused_priority, slots_[victim].request->priority);
-          PauseSlot(victim);
-          // A swap-out frees its device blocks once copied: send and wait now (nothing is
-          // running; the copies take microseconds on a GPU).
-          if (pager_->pending_blocks() > 0) DrainTransfers();
-          // The pause changed the prefix cache under the match (released blocks became idle, a
-          // swap-out's room in the host tier evicted idle host blocks): match again.
-          prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt,
-                                     /*host=*/true);
-          if (missing() <= 0) break;
-          victim = NewcomerVictim((*best)->priority, &freeable);
-          if (victim < 0) return;  // those paused resume when room returns
-        }
-      }
       // Room in blocks is not room in runs. A prompt placed over more runs than the run table
       // holds must be compacted into free extents before it decodes, and is paused to the host
       // tier when none exist: its prefill spent, its KV copied out and back. It waits instead,
       // as for blocks, while the requests running free whole runs as they finish (with none
       // running, every block is free or idle and it fits). One run is left for its growth.
-      const int32_t runs = std::max(1, options_.max_runs - 1 - prefix.runs);
-      if (!pager_->CouldFitInRuns(HistoryBlocksNeeded(prompt) - prefix.blocks, runs)) {
-        bool running = false;
-        for (const Slot& s : slots_) running |= s.state != SlotState::kFree;
-        if (running) return;
+      auto fits_runs = [&] {
+        return pager_->CouldFitInRuns(HistoryBlocksNeeded(prompt) - prefix.blocks,
+                                      std::max(1, options_.max_runs - 1 - prefix.runs));
+      };
+      const int64_t short_by = missing();
+      if (short_by > 0 || !fits_runs()) {
+        // A newcomer that outranks running requests makes room by pausing them (lowest priority,
+        // then most recently admitted, first), as vLLM's priority scheduling preempts: it does
+        // not wait for lower-priority generations to finish. Equal priorities stay FCFS. None is
+        // paused when all of them together hold too few blocks; otherwise one at a time, each
+        // pause's effect measured before the next (a block it shares with another request, or
+        // one the newcomer's own prompt matches, frees nothing for it), until it has the room
+        // in blocks and in runs.
+        int64_t freeable = 0;
+        int32_t victim = NewcomerVictim((*best)->priority, &freeable);
+        if (victim < 0 || freeable < short_by) {
+          if (short_by > 0) return;
+          bool running = false;
+          for (const Slot& s : slots_) running |= s.state != SlotState::kFree;
+          if (running) return;
+        } else {
+          for (;;) {
+            any_paused = true;
+            paused_priority = std::max(paused_priority, slots_[victim].request->priority);
+            PauseSlot(victim);
+            // A swap-out frees its device blocks once copied: send and wait now (nothing is
+            // running; the copies take microseconds on a GPU).
+            if (pager_->pending_blocks() > 0) DrainTransfers();
+            // The pause changed the prefix cache under the match (released blocks became idle,
+            // a swap-out's room in the host tier evicted idle host blocks): match again.
+            prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt,
+                                       /*host=*/true);
+            if (missing() <= 0 && fits_runs()) break;
+            victim = NewcomerVictim((*best)->priority, &freeable);
+            if (victim < 0) return;  // those paused resume when room returns
+          }
+        }
       }
     }
     std::unique_ptr<GenerationRequest> r = std::move(*best);

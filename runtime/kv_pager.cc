@@ -489,6 +489,21 @@ Extent KvPager::ShortestUnclaimed(int64_t length) const {
   return fit;
 }
 
+bool KvPager::UnclaimedWithIdleEvicted(int64_t length) const {
+  int64_t start = -1;
+  for (int64_t b = 0; b <= options_.device_blocks; ++b) {
+    const bool usable = b < options_.device_blocks &&
+                        (device_.IsFree(b) || IdleCached(static_cast<int32_t>(b)));
+    if (usable) {
+      if (start < 0) start = b;
+      continue;
+    }
+    if (start >= 0 && b - start - claim_[start] >= length) return true;
+    start = -1;
+  }
+  return false;
+}
+
 Extent KvPager::PlaceRun(int32_t slot, int64_t held, int64_t want) {
   const SlotKv& s = slots_[slot];
   const int64_t expected =
@@ -506,8 +521,12 @@ Extent KvPager::PlaceRun(int32_t slot, int64_t held, int64_t want) {
     // where they were freed, one at a time, was scattered over as many runs. (In release order,
     // a history's tail before its head: what stays cached of a chain is still reachable, and
     // an offload keeps whole chains.)
-    if (fit.length == 0 && FitsWithIdleEvicted(rest, 1)) {
-      for (int32_t b = cache_.idle_head(); b >= 0 && fit.length == 0; b = cache_.idle_head()) {
+    // (At most twice the rest evicted for it: the expected end is an upper bound, and a
+    // placement is not worth the cache.)
+    if (fit.length == 0 && cache_.idle_count() > 0 && UnclaimedWithIdleEvicted(rest)) {
+      int64_t budget = 2 * rest;
+      for (int32_t b = cache_.idle_head(); b >= 0 && fit.length == 0 && budget-- > 0;
+           b = cache_.idle_head()) {
         Evict(b);
         if (const Extent u = Unclaimed(device_.FreeRunAround(b)); u.length >= rest) fit = u;
       }

@@ -4,8 +4,9 @@
 // Owner: the engine thread (no locking). Placement policy (extent style):
 //  - grow in place: a slot's next block is the one right after its last, when that is free;
 //  - a new run (a new prompt, or growth that cannot stay in place) of a history whose expected
-//    end is known (ExpectTokens) goes at the start of the shortest free extent that holds all of
-//    the rest (best fit), so that it grows in place to its end;
+//    end is known (ExpectTokens) goes at the end of the shortest free extent that holds all of
+//    the rest outside other histories' growth room (best fit), so that it grows in place to its
+//    end; with none, idle cached blocks are evicted (least recently released first) for one;
 //  - otherwise, or when no extent holds that, in the middle of the largest free extent, leaving
 //    room both for the left neighbour and for itself to grow;
 //  - when a slot has more than max_runs runs, PlanCompaction moves the fewest blocks it can: a
@@ -93,8 +94,7 @@ class KvPager final : public KvAllocator {
     return device_.LargestFreeSum(runs) >= blocks;
   }
   // FitsInRuns, evicting idle cached blocks (least recently released first) until it holds;
-  // false, evicting nothing, when it would not hold with every idle block evicted. (Growth itself evicts only when no block is free: a cached block saves a
-  // block's prefill, worth far more than the run it may cost, which compaction merges.)
+  // false, evicting nothing, when it would not hold with every idle block evicted.
   bool MakeRoomInRuns(int64_t blocks, int32_t runs);
   // Whether FitsInRuns holds now or would with every idle cached block evicted (evicts nothing).
   bool CouldFitInRuns(int64_t blocks, int32_t runs) const {
@@ -256,6 +256,9 @@ class KvPager final : public KvAllocator {
   // The shortest free extent whose unclaimed part holds `length` blocks: that part ({-1, 0}:
   // none). Claims must be marked.
   Extent ShortestUnclaimed(int64_t length) const;
+  // Whether a stretch of free or idle cached blocks, less the claim at its start, holds
+  // `length`: whether evicting idle blocks can make room for a run there. Claims must be marked.
+  bool UnclaimedWithIdleEvicted(int64_t length) const;
   void Append(SlotKv& s, int32_t block);
   static void RebuildRuns(SlotKv& s);
 

@@ -204,9 +204,9 @@ KvPagerOptions Options(int32_t slots, int64_t device_blocks, int64_t host_blocks
   return o;
 }
 
-TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
+void RandomOperations(int32_t max_runs) {
   for (uint32_t seed : {1u, 2u, 3u, 4u}) {
-    Sim sim(Options(12, 300, 200, 4));
+    Sim sim(Options(12, 300, 200, max_runs));
     std::mt19937 rng(seed);
     auto pick = [&](int n) { return static_cast<int>(rng() % n); };
     for (int op = 0; op < 6000; ++op) {
@@ -278,6 +278,12 @@ TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) {
     EXPECT_LT(sim.groups, sim.moves) << "seed " << seed;
   }
 }
+
+TEST(KvPagerTest, RandomOperationsKeepEveryInvariant) { RandomOperations(4); }
+
+// A table two runs wide: compaction takes its window and whole-history paths, not only the
+// neighbour's.
+TEST(KvPagerTest, RandomOperationsWithANarrowRunTableKeepEveryInvariant) { RandomOperations(2); }
 
 // Prefix cache, property test: histories drawn from a few shared system prompts and from earlier
 // conversations continued (as in multi-turn traffic), admitted through MatchPrefix/AttachPrefix,
@@ -862,7 +868,11 @@ TEST(TransferPlanTest, MergesConsecutiveMovesIntoMaximalGroups) {
 // lie together), not one run per block as evicting each while placing did (a history goes idle
 // tail first, so each evicted block lay before the one just placed).
 TEST(KvPagerTest, GrowthIntoIdleBlocksTakesThemAsTheExtentsTheyForm) {
-  KvPager p(CacheOptions(9, 32));
+  // A run table wide enough for one run per block: nothing but the order of eviction and
+  // placement keeps the growth in few runs.
+  KvPagerOptions o = CacheOptions(9, 32);
+  o.max_runs = 16;
+  KvPager p(o);
   for (int32_t s = 0; s < 8; ++s) {
     ASSERT_TRUE(p.Grow(s, 4 * kBlockTokens).ok());
     ASSERT_EQ(p.RegisterPrefix(s, RandomTokens(4 * kBlockTokens, 100 + s)), 4);
@@ -908,30 +918,30 @@ TEST(KvPagerTest, AnExpectedHistoryGoesToTheShortestExtentThatHoldsIt) {
   constexpr int64_t kBlocks = 120;
   std::unique_ptr<KvPager> pool = SinglesPool(kBlocks, 4);
   KvPager& p = *pool;
-  // Holes of 50, 30 and 10 blocks.
+  // Holes of 50, 40 and 10 blocks.
   FreeBlocks(p, kBlocks, 0, 50);
-  FreeBlocks(p, kBlocks, 60, 90);
+  FreeBlocks(p, kBlocks, 55, 95);
   FreeBlocks(p, kBlocks, 100, 110);
-  // Slot 0: a 5-block prompt, 25 blocks expected: the 30-block hole, at its end.
+  // Slot 0: a 5-block prompt, 25 blocks expected: the 40-block hole, at its end.
   p.ExpectTokens(0, 25 * kBlockTokens);
   ASSERT_TRUE(p.Grow(0, 5 * kBlockTokens).ok());
-  EXPECT_EQ(p.Blocks(0).front(), 65);
+  EXPECT_EQ(p.Blocks(0).front(), 70);
   for (int64_t t = 5 * kBlockTokens + 1; t <= 25 * kBlockTokens; ++t) {
     ASSERT_TRUE(p.Grow(0, t).ok());
   }
   EXPECT_EQ(p.NumRuns(0), 1) << "grown in place to its expected end";
   p.Release(0);
-  // 40 expected: the 50-block hole, [10, 50). Then a history of 30 expected: [15, 50) is slot
-  // 0's growth room, so not the 35 blocks after its prompt but the 30-block hole.
-  p.ExpectTokens(0, 40 * kBlockTokens);
+  // 45 expected: the 50-block hole, from block 5. Then a history of 38 expected: the 40 blocks
+  // after slot 0's prompt, [10, 50), are the shortest extent that holds it, but they are slot 0's
+  // growth room; the 40-block hole [55, 95) is not anyone's.
+  p.ExpectTokens(0, 45 * kBlockTokens);
   ASSERT_TRUE(p.Grow(0, 5 * kBlockTokens).ok());
-  EXPECT_EQ(p.Blocks(0).front(), 10);
-  const int32_t other = static_cast<int32_t>(kBlocks - 50);  // the slot that held block 50
-  p.Release(other);
-  p.ExpectTokens(other, 30 * kBlockTokens);
+  EXPECT_EQ(p.Blocks(0).front(), 5);
+  const int32_t other = static_cast<int32_t>(kBlocks);  // held block 0, released above
+  p.ExpectTokens(other, 38 * kBlockTokens);
   ASSERT_TRUE(p.Grow(other, 2 * kBlockTokens).ok());
-  EXPECT_EQ(p.Blocks(other).front(), 60);
-  for (int64_t t = 5 * kBlockTokens + 1; t <= 40 * kBlockTokens; ++t) {
+  EXPECT_EQ(p.Blocks(other).front(), 95 - 38) << "not 50 - 38: that is slot 0's room";
+  for (int64_t t = 5 * kBlockTokens + 1; t <= 45 * kBlockTokens; ++t) {
     ASSERT_TRUE(p.Grow(0, t).ok());
   }
   EXPECT_EQ(p.NumRuns(0), 1);
@@ -963,6 +973,30 @@ TEST(KvPagerTest, AnExpectedHistoryEvictsIdleBlocksForOneExtent) {
   EXPECT_EQ(p.NumRuns(8), 1);
   EXPECT_EQ(p.NumRuns(9), 1);
   EXPECT_GE(p.evictions(), 24u);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+// Room that only another history's growth room could make is not made: no idle block is
+// evicted for it beyond what the growth itself takes.
+TEST(KvPagerTest, AnExpectedHistoryEvictsNothingForRoomThatIsClaimed) {
+  KvPager p(CacheOptions(5, 100));
+  ASSERT_TRUE(p.Grow(0, 10 * kBlockTokens).ok());  // [0, 10): the pool's start
+  p.ExpectTokens(3, 30 * kBlockTokens);
+  ASSERT_TRUE(p.Grow(3, 30 * kBlockTokens).ok());  // [70, 100)
+  p.ExpectTokens(1, 60 * kBlockTokens);
+  ASSERT_TRUE(p.Grow(1, 60 * kBlockTokens).ok());  // [10, 70)
+  ASSERT_EQ(p.Blocks(1).front(), 10);
+  ASSERT_EQ(p.RegisterPrefix(1, RandomTokens(60 * kBlockTokens, 7)), 60);
+  ASSERT_EQ(p.RegisterPrefix(3, RandomTokens(30 * kBlockTokens, 8)), 30);
+  p.Release(1);  // all 90 idle, slot 1's tail the oldest
+  p.Release(3);
+  p.ExpectTokens(0, 60 * kBlockTokens);  // slot 0's room: [10, 60)
+  // 45 expected: [60, 100) is 40 blocks, so only slot 0's room could hold it.
+  p.ExpectTokens(2, 45 * kBlockTokens);
+  ASSERT_TRUE(p.Grow(2, 5 * kBlockTokens).ok());
+  EXPECT_EQ(p.evictions(), 5u) << "the 5 blocks the growth takes, no more";
+  for (int32_t b : p.Blocks(2)) EXPECT_GE(b, 60) << "not in slot 0's room";
+  EXPECT_EQ(p.idle_cached_blocks(), 85);
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
