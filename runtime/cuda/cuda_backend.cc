@@ -10,6 +10,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cuda/copy_rows.h"
 #include "kernels/cuda/llama_kernels.h"
 #include "runtime/cuda/cuda_raii.h"
 #include "runtime/cuda/lt_gemm.h"
@@ -77,6 +78,7 @@ struct CudaBackend::Rank {
   DevicePtr kv;
   std::unique_ptr<KvPool> kv_view;
   PinnedPtr host_tier;
+  char* host_tier_device = nullptr;  // host_tier as the device sees it (host_copy_kernel)
   DevicePtr rope;
 
   DevicePtr activations;
@@ -732,6 +734,13 @@ absl::Status CudaBackend::CreateHostTier(int64_t blocks) {
     ASSIGN_OR_RETURN(rank->host_tier,
                      PinnedAlloc(shape.BytesPerBlock() * blocks, "KV host tier"));
     host_tier_.push_back(KvPool::Wrap(shape, rank->host_tier.get()));  // the device pool's dtype
+    if (options_.host_copy_kernel) {
+      // Pinned memory is mapped into every device's address space under unified addressing.
+      KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank->device));
+      void* mapped = nullptr;
+      KVRM_CUDA_RETURN_IF_ERROR(cudaHostGetDevicePointer(&mapped, rank->host_tier.get(), 0));
+      rank->host_tier_device = static_cast<char*>(mapped);
+    }
   }
   return absl::OkStatus();
 }
@@ -752,7 +761,16 @@ absl::Status CudaBackend::CopyGroup(const TransferGroup& g) {
     KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
     char* to = reinterpret_cast<char*>(dst->Layer(0).k) + c.dst_offset;
     const char* from = reinterpret_cast<const char*>(src->Layer(0).k) + c.src_offset;
-    if (c.src_pitch <= rank.max_pitch && c.dst_pitch <= rank.max_pitch) {
+    if (host_side && rank.host_tier_device != nullptr) {
+      // The host tier's side through its device mapping (the same offset from its base).
+      char* const host = static_cast<char*>(rank.host_tier.get());
+      if (g.dst_tier == KvTier::kHost) to = rank.host_tier_device + (to - host);
+      if (g.src_tier == KvTier::kHost) {
+        from = rank.host_tier_device + (from - static_cast<const char*>(host));
+      }
+      RETURN_IF_ERROR(LaunchCopyRows(to, c.dst_pitch, from, c.src_pitch, c.width, c.height,
+                                     rank.copy_stream.get()));
+    } else if (c.src_pitch <= rank.max_pitch && c.dst_pitch <= rank.max_pitch) {
       KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpy2DAsync(to, c.dst_pitch, from, c.src_pitch, c.width,
                                                   c.height, cudaMemcpyDefault,
                                                   rank.copy_stream.get()));

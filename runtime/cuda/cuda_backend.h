@@ -59,6 +59,11 @@ struct CudaBackendOptions {
   // pass (fuses_prefill), so a step that carries one reads the weights once, not twice.
   bool mixed_graph = true;
   absl::Duration step_timeout = absl::Seconds(60);  // then NCCL is aborted and the step fails
+  // Host<->device transfer groups copied by a kernel on the copy stream (SM loads and stores
+  // through the pinned host tier's device mapping, kernels/cuda/copy_rows.h) instead of
+  // cudaMemcpy2DAsync's copy engine, one DMA descriptor per 4 KB row. Off until a GPU has
+  // measured both (tools/device_check.sh run: the "transfer group" table).
+  bool host_copy_kernel = false;
 };
 
 // Number of CUDA devices usable by this process (0 when there is no driver or no GPU).

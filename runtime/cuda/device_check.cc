@@ -779,6 +779,34 @@ Check CheckTransferRoundTrip(CudaBackend& gpu, KvRun from, std::vector<bool>& fr
           static_cast<double>(differ) / rows, 0.0, differ == 0 && nonzero};
 }
 
+// The same round trip with host_copy_kernel (kernels/cuda/copy_rows.h): the host tier read and
+// written by the SMs through its device mapping, over a pool of random bytes.
+Check CheckHostCopyKernel(const RandomModel& m) {
+  CudaBackendOptions co;
+  co.kv_blocks = 64;
+  co.kv_block_tokens = 16;
+  co.max_slots = 4;
+  co.max_chunk_tokens = 64;
+  co.max_context = 512;
+  co.max_runs = 4;
+  co.host_copy_kernel = true;
+  auto gpu = CudaBackend::Create(m.config, &m.weights, co);
+  CHECK_OK(gpu.status());
+  const KvPool& pool = *(*gpu)->kv_pool(0);
+  std::vector<uint64_t> noise(pool.bytes() / 8);
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (uint64_t& w : noise) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    w = x;
+  }
+  CK(cudaMemcpy(pool.Layer(0).k, noise.data(), noise.size() * 8, cudaMemcpyHostToDevice));
+  std::vector<bool> free_blocks(64, true);
+  for (int32_t b = 0; b < 8; ++b) free_blocks[b] = false;
+  Check c = CheckTransferRoundTrip(**gpu, KvRun{0, 8}, free_blocks);
+  c.name += " by the copy kernel";
+  return c;
+}
+
 // With kv_dtype bf16 both backends keep bf16 pools (each rounds its own f32 K and V to nearest
 // even, as FloatToBf16 does); the thresholds are the f32 pools' (3e-2 relative on logits, greedy
 // agreement >= 90 %).
@@ -931,7 +959,7 @@ struct CopyRow {
   double gbs = 0;           // bytes moved / time
 };
 
-std::vector<CopyRow> MeasureTransfers(const RandomModel& m) {
+std::vector<CopyRow> MeasureTransfers(const RandomModel& m, bool kernel) {
   const int32_t block_tokens = 16;
   const int64_t kv_blocks = 2048, host_blocks = 1024;
   CudaBackendOptions co;
@@ -941,6 +969,7 @@ std::vector<CopyRow> MeasureTransfers(const RandomModel& m) {
   co.max_chunk_tokens = 64;
   co.max_context = 1024;
   co.max_runs = 8;
+  co.host_copy_kernel = kernel;
   auto gpu = CudaBackend::Create(m.config, &m.weights, co);
   CHECK_OK(gpu.status());
   CHECK_OK((*gpu)->CreateHostTier(host_blocks));
@@ -950,9 +979,10 @@ std::vector<CopyRow> MeasureTransfers(const RandomModel& m) {
     const char* name;
     KvTier src, dst;
   };
-  for (const Dir d : {Dir{"device->host", KvTier::kDevice, KvTier::kHost},
-                      Dir{"host->device", KvTier::kHost, KvTier::kDevice},
-                      Dir{"device->device", KvTier::kDevice, KvTier::kDevice}}) {
+  std::vector<Dir> dirs = {Dir{"device->host", KvTier::kDevice, KvTier::kHost},
+                           Dir{"host->device", KvTier::kHost, KvTier::kDevice}};
+  if (!kernel) dirs.push_back(Dir{"device->device", KvTier::kDevice, KvTier::kDevice});
+  for (const Dir d : dirs) {
     for (const int32_t n : {1, 8, 64}) {
       const int32_t groups = std::max(8, 512 / n);
       // Sources and destinations walk disjoint halves of each tier, group after group.
@@ -970,13 +1000,13 @@ std::vector<CopyRow> MeasureTransfers(const RandomModel& m) {
       for (int32_t i = 0; i < groups; ++i) CHECK_OK((*gpu)->CopyGroup(group(i)));
       const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
       CopyRow r;
-      r.direction = d.name;
+      r.direction = d.src == d.dst || !kernel ? d.name : absl::StrCat(d.name, " (copy kernel)");
       r.blocks = n;
       r.groups = groups;
       r.us_per_group = s / groups * 1e6;
       r.gbs = bytes_per_block * n * groups / s / 1e9;
-      std::printf("  transfer %s, %d-block groups: %.1f us a group, %.1f GB/s\n", d.name, n,
-                  r.us_per_group, r.gbs);
+      std::printf("  transfer %s, %d-block groups: %.1f us a group, %.1f GB/s\n",
+                  r.direction.c_str(), n, r.us_per_group, r.gbs);
       std::fflush(stdout);
       rows.push_back(r);
     }
@@ -1206,6 +1236,7 @@ int main(int argc, char** argv) {
   // The bf16 pool against the CPU's bf16 pool (sampling reads logits, whatever the pool: once).
   run(CheckBackend(*model, 1, kvrm::DType::kBF16, /*sampling=*/false, &also));
   for (const Check& c : also) run(c);
+  run(CheckHostCopyKernel(*model));
   }
 
   std::vector<BenchRow> rows;
@@ -1228,7 +1259,11 @@ int main(int argc, char** argv) {
     }
   }
   std::vector<CopyRow> copies;
-  if (!checks_only && !sweep) copies = MeasureTransfers(*model);
+  if (!checks_only && !sweep) {
+    copies = MeasureTransfers(*model, /*kernel=*/false);
+    const std::vector<CopyRow> k = MeasureTransfers(*model, /*kernel=*/true);
+    copies.insert(copies.end(), k.begin(), k.end());
+  }
   if (sweep && !checks_only) {
     rows.clear();
     if (sweep_slots.empty()) sweep_slots = {64};
