@@ -80,6 +80,9 @@ ABSL_FLAG(double, load_factor, 1.2,
 ABSL_FLAG(int32_t, prefill_chunk, 256, "engine prefill chunk (both modes)");
 ABSL_FLAG(double, max_prefill_stall, 0.5, "engine max_prefill_stall (kvrmd's default)");
 ABSL_FLAG(bool, prefix_caching, true, "engine prefix_caching (kvrm mode; kvrmd's default)");
+ABSL_FLAG(bool, prefix_cache_offload, true,
+          "engine prefix_cache_offload: evicted cache blocks copied to the host tier (kvrmd's "
+          "default)");
 ABSL_FLAG(bool, device_sampling, true,
           "engine device_sampling: greedy rows sampled inside the CUDA decode graph (kvrmd's "
           "default; no effect on the CPU)");
@@ -387,6 +390,7 @@ int Main(int argc, char** argv) {
         o.max_prefill_stall =
             device->device == "null" ? 0 : absl::GetFlag(FLAGS_max_prefill_stall);
         o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
+        o.prefix_cache_offload = absl::GetFlag(FLAGS_prefix_cache_offload);
         o.device_sampling = absl::GetFlag(FLAGS_device_sampling);
         o.tensor_parallel = absl::GetFlag(FLAGS_tp);
         o.kv_dtype = kv_dtype;
