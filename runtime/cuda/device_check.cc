@@ -779,18 +779,25 @@ Check CheckTransferRoundTrip(CudaBackend& gpu, KvRun from, std::vector<bool>& fr
           static_cast<double>(differ) / rows, 0.0, differ == 0 && nonzero};
 }
 
-// The same round trip with host_copy_kernel (kernels/cuda/copy_rows.h): the host tier read and
-// written by the SMs through its device mapping, over a pool of random bytes.
-Check CheckHostCopyKernel(const RandomModel& m) {
+// A backend for transfer groups alone: `kv_blocks` blocks of 16 tokens, a small step around
+// them, host<->device groups by cudaMemcpy2DAsync or by the copy kernel.
+CudaBackendOptions TransferBackendOptions(int64_t kv_blocks, bool copy_kernel) {
   CudaBackendOptions co;
-  co.kv_blocks = 64;
+  co.kv_blocks = kv_blocks;
   co.kv_block_tokens = 16;
   co.max_slots = 4;
   co.max_chunk_tokens = 64;
   co.max_context = 512;
   co.max_runs = 4;
-  co.host_copy_kernel = true;
-  auto gpu = CudaBackend::Create(m.config, &m.weights, co);
+  co.host_copy_kernel = copy_kernel;
+  return co;
+}
+
+// The same round trip with host_copy_kernel (kernels/cuda/copy_rows.h): the host tier read and
+// written by the SMs through its device mapping, over a pool of random bytes.
+Check CheckHostCopyKernel(const RandomModel& m) {
+  auto gpu = CudaBackend::Create(m.config, &m.weights,
+                                 TransferBackendOptions(64, /*copy_kernel=*/true));
   CHECK_OK(gpu.status());
   const KvPool& pool = *(*gpu)->kv_pool(0);
   std::vector<uint64_t> noise(pool.bytes() / 8);
@@ -960,17 +967,8 @@ struct CopyRow {
 };
 
 std::vector<CopyRow> MeasureTransfers(const RandomModel& m, bool kernel) {
-  const int32_t block_tokens = 16;
   const int64_t kv_blocks = 2048, host_blocks = 1024;
-  CudaBackendOptions co;
-  co.kv_blocks = kv_blocks;
-  co.kv_block_tokens = block_tokens;
-  co.max_slots = 4;
-  co.max_chunk_tokens = 64;
-  co.max_context = 1024;
-  co.max_runs = 8;
-  co.host_copy_kernel = kernel;
-  auto gpu = CudaBackend::Create(m.config, &m.weights, co);
+  auto gpu = CudaBackend::Create(m.config, &m.weights, TransferBackendOptions(kv_blocks, kernel));
   CHECK_OK(gpu.status());
   CHECK_OK((*gpu)->CreateHostTier(host_blocks));
   const double bytes_per_block = static_cast<double>((*gpu)->kv_pool(0)->shape().BytesPerBlock());
