@@ -80,6 +80,8 @@ ABSL_FLAG(double, load_factor, 1.2,
 ABSL_FLAG(int32_t, prefill_chunk, 256, "engine prefill chunk (both modes)");
 ABSL_FLAG(double, max_prefill_stall, 0.5, "engine max_prefill_stall (kvrmd's default)");
 ABSL_FLAG(bool, prefix_caching, true, "engine prefix_caching (kvrm mode; kvrmd's default)");
+ABSL_FLAG(double, offload_shed_wait_share, 0,
+          "engine offload_shed_wait_share (kvrmd's --prefix_cache_offload_shed; 0: never)");
 ABSL_FLAG(bool, prefix_cache_offload, true,
           "engine prefix_cache_offload: evicted cache blocks copied to the host tier (kvrmd's "
           "default)");
@@ -102,6 +104,7 @@ struct Mode {
   uint64_t transfer_groups = 0;
   uint64_t transfer_blocks = 0;
   uint64_t offloaded_blocks = 0;  // of those, evicted prefix-cache blocks copied to the host
+  uint64_t offload_shed_blocks = 0;  // evicted blocks not offloaded: the transport's backlog
   uint64_t preemptions = 0;
   // Where a mode's time went: steps run (those with a prefill chunk in the decode pass), the
   // time the step waited on pre-staged copies and KV growth on copies in flight, and the
@@ -223,6 +226,7 @@ absl::StatusOr<Mode> RunMode(const ModelBundle& model, EngineOptions options,
   mode.transfer_groups = stats.transfer_groups_total;
   mode.transfer_blocks = stats.transfer_blocks_total;
   mode.offloaded_blocks = stats.prefix_cache_offloaded_blocks_total;
+  mode.offload_shed_blocks = stats.prefix_cache_offload_shed_blocks_total;
   mode.preemptions = stats.preemptions_total;
   mode.steps = stats.steps_total;
   mode.mixed_steps = stats.mixed_steps_total;
@@ -391,6 +395,7 @@ int Main(int argc, char** argv) {
             device->device == "null" ? 0 : absl::GetFlag(FLAGS_max_prefill_stall);
         o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
         o.prefix_cache_offload = absl::GetFlag(FLAGS_prefix_cache_offload);
+        o.offload_shed_wait_share = absl::GetFlag(FLAGS_offload_shed_wait_share);
         o.device_sampling = absl::GetFlag(FLAGS_device_sampling);
         o.tensor_parallel = absl::GetFlag(FLAGS_tp);
         o.kv_dtype = kv_dtype;
@@ -424,6 +429,7 @@ int Main(int argc, char** argv) {
         js["transfer_groups"] = modes[m].transfer_groups;
         js["transfer_blocks"] = modes[m].transfer_blocks;
         js["offloaded_blocks"] = modes[m].offloaded_blocks;
+        js["offload_shed_blocks"] = modes[m].offload_shed_blocks;
         js["preemptions"] = modes[m].preemptions;
         js["steps"] = modes[m].steps;
         js["mixed_steps"] = modes[m].mixed_steps;

@@ -3,6 +3,7 @@
 #include "runtime/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -410,6 +411,7 @@ void Engine::PublishStats() {
     s.prefix_cache_evictions_total = pager_->evictions();
     s.prefix_cache_host_hits_total = prefix_host_hits_;
     s.prefix_cache_offloaded_blocks_total = pager_->offloaded_blocks();
+    s.prefix_cache_offload_shed_blocks_total = pager_->shed_offloads();
     s.prefix_cache_host_evictions_total = pager_->host_evictions();
   }
   s.transport_wait_seconds_total = absl::ToDoubleSeconds(transport_wait_);
@@ -505,9 +507,12 @@ bool Engine::Step() {
     return false;
   }
   if (MovesPlanned()) required_fence_ = std::max(required_fence_, SubmitTransfers(0));
+  const auto step_start = std::chrono::steady_clock::now();
+  absl::Duration waited = absl::ZeroDuration();
   if (transport_) {
     if (required_fence_ > transport_->completed()) {
-      transport_wait_ += transport_->WaitFor(required_fence_);
+      waited = transport_->WaitFor(required_fence_);
+      transport_wait_ += waited;
     }
     // A copy this step reads may have failed since the top of the step (copies planned here, a
     // compaction gated on the last step): its requests end now, before the step reads their
@@ -546,6 +551,19 @@ bool Engine::Step() {
   PreStageNext(step_id);
   const StepResult result = runner_->Wait();
   if (transport_) transport_->StepDone(step_id);
+  if (pager_ && options_.offload_shed_wait_share > 0) {
+    // Offloads are a cache's write-back: where the host link is too slow for them and the
+    // steps wait on the transport (they wait for every batch sent before them), evicted
+    // blocks are dropped instead, as without offload, until the waits subside.
+    const double total =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - step_start).count();
+    const double share = total > 0 ? absl::ToDoubleSeconds(waited) / total : 0;
+    transport_wait_share_ = 0.95 * transport_wait_share_ + 0.05 * share;
+    if (transport_wait_share_ > options_.offload_shed_wait_share) pager_->ShedOffloads(true);
+    if (transport_wait_share_ < 0.4 * options_.offload_shed_wait_share) {
+      pager_->ShedOffloads(false);
+    }
+  }
   // What a decode step and a prefill chunk cost, for max_prefill_stall (PrefillTokenBudget):
   // with chunks in the decode pass, every pass that decodes; apart, the two on their own.
   const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;

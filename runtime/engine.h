@@ -96,6 +96,12 @@ struct EngineOptions {
   // The host tier is shared with paused requests, which take its space first. Results are the
   // same either way.
   bool prefix_cache_offload = true;
+  // Shed offloads (drop evicted blocks instead, as without offload) while the steps spend more
+  // than this share of their time waiting on the transport (a moving average; back on below
+  // 40 % of it): on a host link too slow for the offloads, the cache gives way to the copies
+  // the steps need. 0: never (the default until a GPU has measured it; docs/benchmarks.md,
+  // "2026-12-04 — the pager's placement under the claims' pressure").
+  double offload_shed_wait_share = 0;
   // A paused request whose history is at most this many tokens is dropped and recomputed on
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
@@ -162,6 +168,9 @@ struct EngineStats {
   // there, and blocks evicted from there.
   uint64_t prefix_cache_host_hits_total = 0;
   uint64_t prefix_cache_offloaded_blocks_total = 0;
+  // Evicted blocks not offloaded because the offloads already sent were a backlog on the
+  // transport (a slow host link): the cache gives way to the copies steps wait on.
+  uint64_t prefix_cache_offload_shed_blocks_total = 0;
   uint64_t prefix_cache_host_evictions_total = 0;
 };
 
@@ -398,6 +407,9 @@ class Engine {
   // (planned fence, request handle) of requests whose KV is in planned or in-flight moves;
   // capacity reserved at start-up.
   std::vector<std::pair<uint64_t, uint64_t>> transfer_owners_;
+  // The share of recent steps' time spent waiting on the transport (a moving average), for
+  // EngineOptions::offload_shed_wait_share.
+  double transport_wait_share_ = 0;
   std::vector<float> logits_;             // [slots][vocab]
   std::vector<float> chunk_logits_;       // [vocab]
   std::vector<int32_t> eos_ids_;

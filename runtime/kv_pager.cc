@@ -107,6 +107,10 @@ void KvPager::Offload(int32_t block) {
     offload_chain_[n++] = x;
   }
   if (n == 0) return;  // already there (its chain was copied when a block after it left)
+  if (shed_offloads_) {
+    ++shed_;
+    return;
+  }
   // Host blocks this call places (idle stamps from first_stamp on) are not evicted for its own
   // later blocks.
   uint64_t first_stamp = ~uint64_t{0};

@@ -141,6 +141,11 @@ class KvPager final : public KvAllocator {
   // from it.
   int64_t host_cached_blocks() const { return host_cache_.count(); }
   uint64_t offloaded_blocks() const { return offloaded_; }
+  // While set, an evicted block is not copied to the host tier (dropped, as without offload):
+  // the engine sheds offloads while those already sent are a backlog on the transport, so that a
+  // slow host link does not hold up the copies steps wait on. Blocks shed so far.
+  void ShedOffloads(bool shed) { shed_offloads_ = shed; }
+  uint64_t shed_offloads() const { return shed_; }
   uint64_t host_evictions() const { return host_evictions_; }
   bool HostRegistered(int32_t host_block) const { return host_cache_.registered(host_block); }
 
@@ -286,6 +291,8 @@ class KvPager final : public KvAllocator {
   std::vector<int32_t> offload_chain_;    // Offload's scratch, sized at start-up
   int32_t last_offload_dst_ = -1;
   uint64_t offloaded_ = 0;
+  bool shed_offloads_ = false;
+  uint64_t shed_ = 0;
   uint64_t host_evictions_ = 0;
   std::vector<int64_t> window_ring_;  // EvictWindow's deque, sized at start-up
   std::vector<int32_t> claim_;        // MarkClaims: blocks claimed from here on (device blocks)

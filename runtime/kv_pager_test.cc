@@ -523,6 +523,34 @@ TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
 // Offload, by hand: an evicted history goes to the host tier (one copy per block, ancestors
 // first), a matching prompt finds it there after its device part, onboarding reports the offload
 // still writing it, and a failed offload takes its blocks out of the host cache.
+// Shed offloads: evicted blocks are dropped as without offload (nothing copied, nothing on the
+// host to match), and counted; offloading resumes when shedding stops.
+TEST(KvPagerTest, ShedOffloadsDropsEvictedBlocksInsteadOfCopyingThem) {
+  KvPagerOptions o = CacheOptions(3, 12);
+  o.host_blocks = 16;
+  o.host_prefix_cache = true;
+  KvPager p(o);
+  const std::vector<int32_t> first = RandomTokens(6 * kBlockTokens, 5);
+  ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, first), 6);
+  p.Release(0);
+  p.ShedOffloads(true);
+  ASSERT_TRUE(p.Grow(1, 9 * kBlockTokens).ok());  // 6 free, 3 of the cached blocks evicted
+  EXPECT_EQ(p.evictions(), 3u);
+  EXPECT_TRUE(p.offload_moves().empty());
+  EXPECT_EQ(p.offloaded_blocks(), 0u);
+  EXPECT_EQ(p.shed_offloads(), 3u);
+  EXPECT_EQ(p.host_cached_blocks(), 0);
+  p.ShedOffloads(false);
+  ASSERT_TRUE(p.Grow(2, 3 * kBlockTokens).ok());  // the other 3
+  EXPECT_EQ(p.evictions(), 6u);
+  EXPECT_GT(p.offloaded_blocks(), 0u);
+  EXPECT_EQ(p.shed_offloads(), 3u);
+  p.OffloadSubmitted(1);
+  p.RetireUpTo(1);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
 TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
   KvPagerOptions o = CacheOptions(2, 12);
   o.host_blocks = 16;

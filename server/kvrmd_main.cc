@@ -96,6 +96,9 @@ ABSL_FLAG(bool, prefix_caching, true,
 ABSL_FLAG(bool, prefix_cache_offload, true,
           "copy prefix-cache blocks evicted from the device to the host tier "
           "(--kv_host_blocks, shared with paused requests) and back on a hit");
+ABSL_FLAG(double, prefix_cache_offload_shed, 0,
+          "drop evicted blocks instead of offloading them while steps spend more than this "
+          "share of their time waiting on copies (a slow host link); 0: never");
 ABSL_FLAG(int32_t, threads, 0, "CPU threads, all ranks together (0: all cores)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks (Megatron split; CPU: rank threads)");
 ABSL_FLAG(std::string, device, "auto",
@@ -264,6 +267,12 @@ int Run() {
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   eo.prefix_cache_offload = absl::GetFlag(FLAGS_prefix_cache_offload);
+  eo.offload_shed_wait_share = absl::GetFlag(FLAGS_prefix_cache_offload_shed);
+  if (eo.offload_shed_wait_share < 0 || eo.offload_shed_wait_share >= 1) {
+    std::fprintf(stderr, "kvrmd: --prefix_cache_offload_shed=%g must be in [0, 1)\n",
+                 eo.offload_shed_wait_share);
+    return 2;
+  }
   if (eo.max_prefill_stall < 0) {
     std::fprintf(stderr, "kvrmd: --max_prefill_stall=%g must be >= 0\n", eo.max_prefill_stall);
     return 2;
