@@ -98,6 +98,10 @@ TEST(KvrmdProcessTest, UnknownKvDtypeExitsTwoNamingTheFlagAndTheChoices) {
   ExpectBadFlagExitsTwo("--kv_dtype=fp8", "bf16");
 }
 
+TEST(KvrmdProcessTest, AnOffloadShedShareOutsideItsRangeExitsTwoNamingTheFlag) {
+  ExpectBadFlagExitsTwo("--prefix_cache_offload_shed=2", "[0, 1)");
+}
+
 // grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
 // ships no health.proto. The request is the empty message; the response is field 1 (varint).
 // Returns the ServingStatus (1 SERVING, 2 NOT_SERVING), or -1 when the call fails.
