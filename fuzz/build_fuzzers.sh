@@ -5,7 +5,7 @@
 #
 # Plain clang++ rather than Bazel: switching Bazel's toolchain to clang would rebuild everything
 # in another configuration, offline. The sources below are the transitive sources of the four
-# libraries under test (`bazel query 'kind("source file", deps(//model:safetensors +
+# libraries under test (`bazel query 'kind("source file", deps(//model:safetensors + //model:gguf_model +
 # //model:tokenizer + //model:chat_template + //model:tool_calls + //tools/replay:trace +
 # //server:request_validation + //server:openai_api))'`, runtime/structured/ by a glob); keep this list,
 # and the data of //fuzz:fuzz_test, in step with it. System libraries (absl, protobuf, ICU,
@@ -16,9 +16,11 @@ cd "$(dirname "$0")/.."
 
 out="${1:-${KVRM_FUZZ_OUT:-${TMPDIR:-/tmp}/kvrm-fuzz}}"
 CXX="${CXX:-clang++}"
+BUILTINS=()
 SOURCES=(
-  common/json.cc common/logging.cc
+  common/json.cc common/logging.cc common/mapped_file.cc
   model/safetensors.cc
+  model/config.cc model/weights.cc model/gguf.cc model/gguf_model.cc model/gguf_quants.cc
   model/chat_config.cc model/chat_template.cc model/chat_template_parser.cc
   model/chat_template_value.cc
   model/tokenizer.cc model/tokenizer_added.cc model/tokenizer_bpe.cc model/tokenizer_decoder.cc
@@ -33,7 +35,7 @@ for src in runtime/structured/*.cc; do
   [[ "$src" == *_test.cc ]] || SOURCES+=("$src")
 done
 FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer
-  chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer openai_request_fuzzer)
+  chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer openai_request_fuzzer gguf_fuzzer)
 
 mkdir -p "$out/gen" "$out/obj" "$out/bin"
 # Only the message classes are needed (request validation); no gRPC stubs.
@@ -52,10 +54,13 @@ CXXFLAGS=(-std=c++20 -g -O1 -fno-omit-frame-pointer -fsanitize=fuzzer-no-link,ad
 # clang's storage-only half type on every target and converts with the same rounding.
 if ! echo '_Float16 h(float f) { return f; }' | "$CXX" -x c++ -fsyntax-only - 2>/dev/null; then
   CXXFLAGS+=(-D_Float16=__fp16)
+  # Its float -> half conversion calls compiler-rt's __gnu_f2h_ieee (GGUF's block scales).
+  BUILTINS=("$("$CXX" -rtlib=compiler-rt -print-libgcc-file-name)")
 fi
 ABSL_PC=(absl_flags absl_status absl_statusor absl_str_format absl_strings absl_synchronization
   absl_time absl_hash absl_raw_hash_set absl_cord absl_random_random)
 read -r -a LIBS <<<"$(pkg-config --libs "${ABSL_PC[@]}" protobuf oniguruma icu-uc icu-i18n)"
+LIBS+=("${BUILTINS[@]}")
 
 # Headers are not tracked per object: one newer than an object rebuilds it (a class that grew a
 # member must not meet objects compiled against its old layout).

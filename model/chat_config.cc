@@ -46,7 +46,9 @@ absl::StatusOr<std::string> TemplateSource(const Json& config, const std::string
       absl::StrCat(file, ": chat_template: expected a string or a list of named templates"));
 }
 
-void SetTemplate(std::string_view source, std::string where, ChatConfig* config) {
+}  // namespace
+
+void SetChatTemplate(std::string_view source, std::string where, ChatConfig* config) {
   config->source = std::move(where);
   absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
   config->tool_call_format = DetectToolCallFormat(source);
@@ -60,8 +62,6 @@ void SetTemplate(std::string_view source, std::string where, ChatConfig* config)
         parsed.status().message()));
   }
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ChatConfig::Render(ChatTemplateInputs inputs) const {
   if (chat_template == nullptr) {
@@ -106,12 +106,12 @@ absl::StatusOr<ChatConfig> LoadChatConfig(const std::string& dir) {
       *out = it->get<bool>();
     }
     ASSIGN_OR_RETURN(source, TemplateSource(json, config_path));
-    if (!source.empty()) SetTemplate(source, "tokenizer_config.json", &config);
+    if (!source.empty()) SetChatTemplate(source, "tokenizer_config.json", &config);
   }
   const std::string jinja_path = dir + "/chat_template.jinja";
   if (std::filesystem::exists(jinja_path, ec)) {
     ASSIGN_OR_RETURN(source, ReadFileToString(jinja_path));
-    SetTemplate(source, "chat_template.jinja", &config);
+    SetChatTemplate(source, "chat_template.jinja", &config);
   }
   return config;
 }

@@ -12,6 +12,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -45,6 +46,10 @@ struct ChatConfig {
 // a tokenizer_config.json that is not JSON or whose fields have the wrong types (naming the file
 // and key); no template, or one that does not parse, is a ChatConfig whose `status` says so.
 absl::StatusOr<ChatConfig> LoadChatConfig(const std::string& dir);
+
+// Sets the config's template from its source text (`where` names it in logs and errors): a
+// template that does not parse leaves chat requests failing with that error.
+void SetChatTemplate(std::string_view source, std::string where, ChatConfig* config);
 
 // Replaces the template with the file at `path` (kvrmd's --chat_template). The operator asked for
 // it: a missing file or a template that does not parse is an error here (naming the path).

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 
 namespace kvrm {
@@ -324,6 +325,9 @@ std::vector<double> RopeInverseFrequencies(const LlamaConfig& config) {
   const RopeScaling& s = config.rope_scaling;
   if (s.type == "linear") {
     for (double& f : inv_freq) f /= s.factor;
+  } else if (s.type == "freq_factors") {
+    CHECK(s.freq_factors.size() == inv_freq.size()) << "rope freq_factors: one per rotated pair";
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] /= s.freq_factors[i];
   } else if (s.type == "llama3") {
     // Wavelengths shorter than original/high_freq_factor keep their frequency, longer than
     // original/low_freq_factor are divided by factor, and the band between is interpolated.

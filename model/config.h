@@ -20,11 +20,14 @@ namespace kvrm {
 // HF "rope_scaling" (Transformers 5: "rope_parameters"). The type comes from "rope_type" (newer
 // files) or "type" (older ones).
 struct RopeScaling {
-  std::string type;  // "" = none; otherwise "llama3" or "linear"
+  // "" = none; otherwise "llama3", "linear", or "freq_factors" (GGUF's rope_freqs.weight: each
+  // inverse frequency divided by its own factor, as llama.cpp applies it)
+  std::string type;
   double factor = 1;
   double low_freq_factor = 1;                       // llama3 only
   double high_freq_factor = 4;                      // llama3 only
   int64_t original_max_position_embeddings = 8192;  // llama3 only
+  std::vector<double> freq_factors;                 // freq_factors only: [head_dim / 2]
 };
 
 struct LlamaConfig {

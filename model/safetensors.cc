@@ -1,9 +1,6 @@
 #include "model/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -15,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "common/json.h"
 #include "common/logging.h"
+#include "common/mapped_file.h"
 #include "common/status_macros.h"
 
 namespace kvrm {
@@ -33,13 +31,6 @@ absl::Status TensorError(const std::string& path, const std::string& name,
                          std::string_view problem) {
   return absl::InvalidArgumentError(
       absl::StrCat(path, ": tensor \"", name, "\": ", std::string(problem)));
-}
-
-absl::Status ErrnoStatus(const std::string& path, int err) {
-  const std::string msg = absl::StrCat(path, ": ", std::strerror(err));
-  if (err == ENOENT) return absl::NotFoundError(msg);
-  if (err == EACCES || err == EPERM) return absl::PermissionDeniedError(msg);
-  return absl::FailedPreconditionError(msg);
 }
 
 bool ParseDType(std::string_view s, DType* out) {
@@ -177,45 +168,18 @@ std::string ShapeToString(absl::Span<const int64_t> shape) {
 
 // ---- SafetensorsFile ----------------------------------------------------------------------
 
-SafetensorsFile::SafetensorsFile(std::string path, int fd, const std::byte* base, size_t size)
-    : path_(std::move(path)), fd_(fd), base_(base), size_(size) {}
+SafetensorsFile::SafetensorsFile(std::unique_ptr<MappedFile> file)
+    : path_(file->path()), file_(std::move(file)), base_(file_->data()), size_(file_->size()) {}
 
-SafetensorsFile::~SafetensorsFile() {
-  if (base_ != nullptr && ::munmap(const_cast<std::byte*>(base_), size_) != 0) {
-    LOG(WARNING) << path_ << ": munmap failed: " << std::strerror(errno);
-  }
-  if (fd_ >= 0) ::close(fd_);
-}
+SafetensorsFile::~SafetensorsFile() = default;
 
 absl::StatusOr<std::unique_ptr<SafetensorsFile>> SafetensorsFile::Open(const std::string& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus(path, errno);
-  struct stat st;
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    return ErrnoStatus(path, err);
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    return FileError(path, "not a regular file");
-  }
-  const size_t size = static_cast<size_t>(st.st_size);
-  if (size < 8) {
-    ::close(fd);
-    return FileError(path, absl::StrCat("truncated header: file has ", size,
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> mapped, MappedFile::Open(path));
+  if (mapped->size() < 8) {
+    return FileError(path, absl::StrCat("truncated header: file has ", mapped->size(),
                                         " bytes, fewer than the 8-byte header length"));
   }
-  void* base = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (base == MAP_FAILED) {
-    const int err = errno;
-    ::close(fd);
-    return absl::ResourceExhaustedError(absl::StrCat(path, ": mmap failed: ", std::strerror(err)));
-  }
-  // Weights are read soon after opening; start the readahead now. Advisory, so errors are moot.
-  (void)::madvise(base, size, MADV_WILLNEED);
-  std::unique_ptr<SafetensorsFile> file(
-      new SafetensorsFile(path, fd, static_cast<const std::byte*>(base), size));
+  std::unique_ptr<SafetensorsFile> file(new SafetensorsFile(std::move(mapped)));
   RETURN_IF_ERROR(file->ParseHeader());
   return file;
 }

@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "common/mapped_file.h"
 
 namespace kvrm {
 
@@ -58,11 +59,11 @@ class SafetensorsFile {
   size_t file_size() const { return size_; }
 
  private:
-  SafetensorsFile(std::string path, int fd, const std::byte* base, size_t size);
+  explicit SafetensorsFile(std::unique_ptr<MappedFile> file);
   absl::Status ParseHeader();
 
   std::string path_;
-  int fd_ = -1;
+  std::unique_ptr<MappedFile> file_;
   const std::byte* base_ = nullptr;  // mapping of the whole file
   size_t size_ = 0;
   std::map<std::string, TensorView, std::less<>> tensors_;

@@ -9,7 +9,7 @@ namespace kvrm {
 namespace {
 
 absl::StatusOr<WeightMatrix> Bind(const SafetensorsSet& files, const std::string& name,
-                                  std::vector<int64_t> shape) {
+                                  const std::vector<int64_t>& shape) {
   ASSIGN_OR_RETURN(TensorView t, files.Get(name, shape));
   const int64_t rows = shape.size() == 2 ? shape[0] : 1;
   const int64_t cols = shape.back();
@@ -18,30 +18,39 @@ absl::StatusOr<WeightMatrix> Bind(const SafetensorsSet& files, const std::string
 
 }  // namespace
 
-absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const SafetensorsSet& files) {
+absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
+                                              const SafetensorsSet& files) {
+  return BindLlamaWeights(config,
+                          [&files](const std::string& name, const std::vector<int64_t>& shape) {
+                            return Bind(files, name, shape);
+                          });
+}
+
+absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaTensorBinder& bind) {
   LlamaWeights w;
   const int64_t d = c.hidden_size, hd = c.head_dim, ffn = c.intermediate_size;
   const int64_t q_rows = c.num_attention_heads * hd, kv_rows = c.num_key_value_heads * hd;
-  ASSIGN_OR_RETURN(w.embed, Bind(files, "model.embed_tokens.weight", {c.vocab_size, d}));
-  ASSIGN_OR_RETURN(w.final_norm, Bind(files, "model.norm.weight", {d}));
+  ASSIGN_OR_RETURN(w.embed, bind("model.embed_tokens.weight", {c.vocab_size, d}));
+  ASSIGN_OR_RETURN(w.final_norm, bind("model.norm.weight", {d}));
   if (c.tie_word_embeddings) {
     w.lm_head = w.embed;
   } else {
-    ASSIGN_OR_RETURN(w.lm_head, Bind(files, "lm_head.weight", {c.vocab_size, d}));
+    ASSIGN_OR_RETURN(w.lm_head, bind("lm_head.weight", {c.vocab_size, d}));
   }
-  w.layers.resize(c.num_hidden_layers);
+  // Layer by layer, each added once its tensors are found: a config that claims more layers
+  // than the files hold fails at the first missing tensor, not by allocating for the claim.
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    LayerWeights& l = w.layers[i];
-    ASSIGN_OR_RETURN(l.attn_norm, Bind(files, p + "input_layernorm.weight", {d}));
-    ASSIGN_OR_RETURN(l.wq, Bind(files, p + "self_attn.q_proj.weight", {q_rows, d}));
-    ASSIGN_OR_RETURN(l.wk, Bind(files, p + "self_attn.k_proj.weight", {kv_rows, d}));
-    ASSIGN_OR_RETURN(l.wv, Bind(files, p + "self_attn.v_proj.weight", {kv_rows, d}));
-    ASSIGN_OR_RETURN(l.wo, Bind(files, p + "self_attn.o_proj.weight", {d, q_rows}));
-    ASSIGN_OR_RETURN(l.mlp_norm, Bind(files, p + "post_attention_layernorm.weight", {d}));
-    ASSIGN_OR_RETURN(l.w_gate, Bind(files, p + "mlp.gate_proj.weight", {ffn, d}));
-    ASSIGN_OR_RETURN(l.w_up, Bind(files, p + "mlp.up_proj.weight", {ffn, d}));
-    ASSIGN_OR_RETURN(l.w_down, Bind(files, p + "mlp.down_proj.weight", {d, ffn}));
+    LayerWeights& l = w.layers.emplace_back();
+    ASSIGN_OR_RETURN(l.attn_norm, bind(p + "input_layernorm.weight", {d}));
+    ASSIGN_OR_RETURN(l.wq, bind(p + "self_attn.q_proj.weight", {q_rows, d}));
+    ASSIGN_OR_RETURN(l.wk, bind(p + "self_attn.k_proj.weight", {kv_rows, d}));
+    ASSIGN_OR_RETURN(l.wv, bind(p + "self_attn.v_proj.weight", {kv_rows, d}));
+    ASSIGN_OR_RETURN(l.wo, bind(p + "self_attn.o_proj.weight", {d, q_rows}));
+    ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "post_attention_layernorm.weight", {d}));
+    ASSIGN_OR_RETURN(l.w_gate, bind(p + "mlp.gate_proj.weight", {ffn, d}));
+    ASSIGN_OR_RETURN(l.w_up, bind(p + "mlp.up_proj.weight", {ffn, d}));
+    ASSIGN_OR_RETURN(l.w_down, bind(p + "mlp.down_proj.weight", {d, ffn}));
   }
   w.dtype = w.embed.dtype;
   auto count = [&](const WeightMatrix& m) {
@@ -52,8 +61,8 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const Safete
   count(w.final_norm);
   if (!c.tie_word_embeddings) count(w.lm_head);
   for (const LayerWeights& l : w.layers) {
-    for (const WeightMatrix* m : {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm,
-                                  &l.w_gate, &l.w_up, &l.w_down}) {
+    for (const WeightMatrix* m :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down}) {
       count(*m);
     }
   }

@@ -3,7 +3,9 @@
 #define KVRM_MODEL_WEIGHTS_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -34,6 +36,16 @@ struct LlamaWeights {
   int64_t num_parameters = 0;
   int64_t bytes = 0;
 };
+
+// Finds one tensor by its Hugging Face name ("model.layers.0.self_attn.q_proj.weight"), checked
+// against `shape` ([rows, cols], or [cols] for a norm): a view that stays valid while what it
+// comes from lives.
+using LlamaTensorBinder = std::function<absl::StatusOr<WeightMatrix>(
+    const std::string& hf_name, const std::vector<int64_t>& shape)>;
+
+// Binds every tensor of `config` through `bind`, and counts parameters and bytes.
+absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
+                                              const LlamaTensorBinder& bind);
 
 // Finds every tensor of `config` in `files` (HF names), checking each shape against the config.
 // The views stay valid while `files` lives.

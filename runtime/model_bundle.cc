@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 #include <string_view>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -11,11 +12,55 @@
 
 namespace kvrm {
 
-absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string& dir) {
+namespace {
+
+// The GGUF file `path` names: itself when it is a file; the one .gguf file of a directory that
+// has no config.json; "" for a Hugging Face directory.
+absl::StatusOr<std::string> GgufPath(const std::string& path) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  if (!std::filesystem::is_directory(dir, ec)) {
-    return absl::NotFoundError(absl::StrCat(dir, ": not a model directory"));
+  if (fs::is_regular_file(path, ec)) return path;
+  if (!fs::is_directory(path, ec)) {
+    return absl::NotFoundError(absl::StrCat(path, ": neither a model directory nor a GGUF file"));
   }
+  if (fs::exists(fs::path(path) / "config.json", ec)) return std::string();
+  std::vector<std::string> found;
+  for (const fs::directory_entry& e : fs::directory_iterator(path, ec)) {
+    if (e.path().extension() == ".gguf" && e.is_regular_file(ec)) found.push_back(e.path());
+  }
+  if (found.size() > 1) {
+    std::sort(found.begin(), found.end());
+    return absl::InvalidArgumentError(
+        absl::StrCat(path, ": ", found.size(), " GGUF files and no config.json (", found[0], ", ",
+                     found[1], found.size() > 2 ? ", ..." : "", "): give the file's path"));
+  }
+  return found.empty() ? std::string() : found[0];
+}
+
+absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path) {
+  auto bundle = std::make_unique<ModelBundle>();
+  bundle->dir = path;
+  bundle->name = std::filesystem::path(path).stem().string();
+  ASSIGN_OR_RETURN(bundle->gguf, LoadGgufModel(path));
+  GgufModel& g = *bundle->gguf;
+  bundle->config = g.config;
+  bundle->weights = g.weights;
+  ASSIGN_OR_RETURN(bundle->tokenizer,
+                   Tokenizer::FromJson(g.tokenizer_json, absl::StrCat(path, " (tokenizer)"),
+                                       g.config.vocab_size));
+  bundle->chat.bos_token = g.bos_token;
+  bundle->chat.eos_token = g.eos_token;
+  if (!g.chat_template.empty()) {
+    SetChatTemplate(g.chat_template, "tokenizer.chat_template", &bundle->chat);
+  }
+  return bundle;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string& dir) {
+  ASSIGN_OR_RETURN(const std::string gguf, GgufPath(dir));
+  if (!gguf.empty()) return LoadGguf(gguf);
   auto bundle = std::make_unique<ModelBundle>();
   bundle->dir = dir;
   bundle->name = std::filesystem::path(dir).lexically_normal().filename().string();

@@ -1,4 +1,5 @@
-// A loaded model: config, memory-mapped weights, and tokenizer, from a Hugging Face directory.
+// A loaded model: config, memory-mapped weights, and tokenizer, from a Hugging Face directory or
+// a GGUF file.
 #ifndef KVRM_RUNTIME_MODEL_BUNDLE_H_
 #define KVRM_RUNTIME_MODEL_BUNDLE_H_
 
@@ -8,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "model/chat_config.h"
 #include "model/config.h"
+#include "model/gguf_model.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
@@ -15,16 +17,19 @@
 namespace kvrm {
 
 struct ModelBundle {
-  std::string name;  // the directory's base name
-  std::string dir;
+  std::string name;  // the directory's base name, or the GGUF file's without ".gguf"
+  std::string dir;   // the path it was loaded from
   LlamaConfig config;
-  std::unique_ptr<SafetensorsSet> files;
-  LlamaWeights weights;  // views into `files`
+  std::unique_ptr<SafetensorsSet> files;  // a Hugging Face directory's
+  std::unique_ptr<GgufModel> gguf;        // a GGUF file's
+  LlamaWeights weights;  // views into `files` or `gguf`
   std::unique_ptr<Tokenizer> tokenizer;
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
 
-  // Every error names the file and what is wrong with it.
-  static absl::StatusOr<std::unique_ptr<ModelBundle>> Load(const std::string& dir);
+  // `path`: a Hugging Face model directory (config.json, safetensors, tokenizer.json), a GGUF
+  // file, or a directory with no config.json and one .gguf file. Every error names the file and
+  // what is wrong with it.
+  static absl::StatusOr<std::unique_ptr<ModelBundle>> Load(const std::string& path);
 };
 
 }  // namespace kvrm

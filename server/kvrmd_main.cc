@@ -36,7 +36,8 @@
 #include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, model, "builtin:small",
-          "Hugging Face model directory, or builtin:tiny / builtin:small (generated into "
+          "Hugging Face model directory, a GGUF file (llama.cpp's format; quantized weights are "
+          "dequantized to bf16 at load), or builtin:tiny / builtin:small (generated into "
           "--model_cache on first use)");
 ABSL_FLAG(std::string, model_cache, "",
           "where built-in models are generated (default $KVRM_HOME/models or "

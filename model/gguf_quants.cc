@@ -1,0 +1,409 @@
+#include "model/gguf_quants.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "common/dtype.h"
+#include "common/logging.h"
+
+namespace kvrm {
+namespace {
+
+constexpr int kQk = 32;    // elements of a q4_0 .. q8_0 block
+constexpr int kQkK = 256;  // elements of a K-quant super-block
+
+uint16_t LoadU16(const std::byte* p) {
+  uint16_t v;
+  std::memcpy(&v, p, 2);
+  return v;
+}
+float LoadHalf(const std::byte* p) { return F16ToFloat(LoadU16(p)); }
+void StoreHalf(std::byte* p, float f) {
+  const uint16_t h = FloatToF16(f);
+  std::memcpy(p, &h, 2);
+}
+const uint8_t* U8(const std::byte* p) { return reinterpret_cast<const uint8_t*>(p); }
+uint8_t* U8(std::byte* p) { return reinterpret_cast<uint8_t*>(p); }
+
+int NearestInt(float f) { return static_cast<int>(std::lrintf(f)); }
+
+// The 6-bit scale and min of K-quant sub-block j (0..7) from the 12 packed bytes.
+void GetScaleMinK4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
+  if (j < 4) {
+    *d = q[j] & 63;
+    *m = q[j + 4] & 63;
+  } else {
+    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
+    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
+  }
+}
+
+// The inverse: packs 8 scales and mins (each < 64) into 12 bytes.
+void PackScaleMinK4(const uint8_t* ls, const uint8_t* lm, uint8_t* q) {
+  std::memset(q, 0, 12);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      q[j] = ls[j];
+      q[j + 4] = lm[j];
+    } else {
+      q[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4);
+      q[j - 4] |= (ls[j] >> 4) << 6;
+      q[j] |= (lm[j] >> 4) << 6;
+    }
+  }
+}
+
+// ---- dequantization (ggml-quants.c's dequantize_row_*) ----------------------------------
+
+void DequantQ4_0(const std::byte* b, float* y) {
+  const float d = LoadHalf(b);
+  const uint8_t* qs = U8(b + 2);
+  for (int j = 0; j < kQk / 2; ++j) {
+    const int x0 = (qs[j] & 0x0F) - 8;
+    const int x1 = (qs[j] >> 4) - 8;
+    y[j] = x0 * d;
+    y[j + kQk / 2] = x1 * d;
+  }
+}
+
+void DequantQ4_1(const std::byte* b, float* y) {
+  const float d = LoadHalf(b), m = LoadHalf(b + 2);
+  const uint8_t* qs = U8(b + 4);
+  for (int j = 0; j < kQk / 2; ++j) {
+    const int x0 = qs[j] & 0x0F;
+    const int x1 = qs[j] >> 4;
+    y[j] = x0 * d + m;
+    y[j + kQk / 2] = x1 * d + m;
+  }
+}
+
+void DequantQ5_0(const std::byte* b, float* y) {
+  const float d = LoadHalf(b);
+  uint32_t qh;
+  std::memcpy(&qh, b + 2, 4);
+  const uint8_t* qs = U8(b + 6);
+  for (int j = 0; j < kQk / 2; ++j) {
+    const uint8_t xh_0 = ((qh >> (j + 0)) << 4) & 0x10;
+    const uint8_t xh_1 = ((qh >> (j + 12))) & 0x10;
+    const int32_t x0 = ((qs[j] & 0x0F) | xh_0) - 16;
+    const int32_t x1 = ((qs[j] >> 4) | xh_1) - 16;
+    y[j] = x0 * d;
+    y[j + kQk / 2] = x1 * d;
+  }
+}
+
+void DequantQ5_1(const std::byte* b, float* y) {
+  const float d = LoadHalf(b), m = LoadHalf(b + 2);
+  uint32_t qh;
+  std::memcpy(&qh, b + 4, 4);
+  const uint8_t* qs = U8(b + 8);
+  for (int j = 0; j < kQk / 2; ++j) {
+    const uint8_t xh_0 = ((qh >> (j + 0)) << 4) & 0x10;
+    const uint8_t xh_1 = ((qh >> (j + 12))) & 0x10;
+    const int x0 = (qs[j] & 0x0F) | xh_0;
+    const int x1 = (qs[j] >> 4) | xh_1;
+    y[j] = x0 * d + m;
+    y[j + kQk / 2] = x1 * d + m;
+  }
+}
+
+void DequantQ8_0(const std::byte* b, float* y) {
+  const float d = LoadHalf(b);
+  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
+  for (int j = 0; j < kQk; ++j) y[j] = qs[j] * d;
+}
+
+// Q4_K and Q5_K: 8 sub-blocks of 32 elements; each 64-element chunk is the low nibbles of 32
+// bytes, then their high nibbles. Q5_K adds a fifth bit from qh (the masks move, qh does not).
+void DequantQ45K(const std::byte* b, bool five, float* y) {
+  const float d = LoadHalf(b), min = LoadHalf(b + 2);
+  const uint8_t* scales = U8(b + 4);
+  const uint8_t* qh = five ? U8(b + 16) : nullptr;
+  const uint8_t* q = U8(b + (five ? 48 : 16));
+  int is = 0;
+  uint8_t u1 = 1, u2 = 2;
+  for (int j = 0; j < kQkK; j += 64) {
+    uint8_t sc, m;
+    GetScaleMinK4(is + 0, scales, &sc, &m);
+    const float d1 = d * sc, m1 = min * m;
+    GetScaleMinK4(is + 1, scales, &sc, &m);
+    const float d2 = d * sc, m2 = min * m;
+    for (int l = 0; l < 32; ++l) {
+      *y++ = d1 * ((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
+    }
+    for (int l = 0; l < 32; ++l) {
+      *y++ = d2 * ((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
+    }
+    q += 32;
+    is += 2;
+    u1 <<= 2;
+    u2 <<= 2;
+  }
+}
+
+void DequantQ6_K(const std::byte* b, float* y) {
+  const uint8_t* ql = U8(b);
+  const uint8_t* qh = U8(b + 128);
+  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
+  const float d = LoadHalf(b + 208);
+  for (int n = 0; n < kQkK; n += 128) {
+    for (int l = 0; l < 32; ++l) {
+      const int is = l / 16;
+      const int8_t q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      const int8_t q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      const int8_t q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      const int8_t q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+      y[l + 0] = d * sc[is + 0] * q1;
+      y[l + 32] = d * sc[is + 2] * q2;
+      y[l + 64] = d * sc[is + 4] * q3;
+      y[l + 96] = d * sc[is + 6] * q4;
+    }
+    y += 128;
+    ql += 64;
+    qh += 32;
+    sc += 8;
+  }
+}
+
+// ---- quantization -----------------------------------------------------------------------
+
+// The value of largest magnitude, sign kept (ggml's reference quantizers scale by it).
+float SignedAbsMax(const float* x, int n) {
+  float amax = 0, max = 0;
+  for (int j = 0; j < n; ++j) {
+    if (std::fabs(x[j]) > amax) {
+      amax = std::fabs(x[j]);
+      max = x[j];
+    }
+  }
+  return max;
+}
+
+void QuantQ8_0(const float* x, std::byte* b) {
+  float amax = 0;
+  for (int j = 0; j < kQk; ++j) amax = std::max(amax, std::fabs(x[j]));
+  const float d = amax / 127;
+  const float id = d != 0 ? 1 / d : 0;
+  StoreHalf(b, d);
+  int8_t* qs = reinterpret_cast<int8_t*>(b + 2);
+  for (int j = 0; j < kQk; ++j) qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
+}
+
+// Q4_0 (offset 8, 4 bits) and Q5_0 (offset 16, 5 bits): symmetric, scaled by the signed max.
+void QuantQx0(const float* x, int bits, std::byte* b) {
+  const int offset = 1 << (bits - 1), top = (1 << bits) - 1;
+  const float d = SignedAbsMax(x, kQk) / -offset;
+  const float id = d != 0 ? 1 / d : 0;
+  StoreHalf(b, d);
+  uint8_t* qs = U8(b + (bits == 4 ? 2 : 6));
+  uint32_t qh = 0;
+  for (int j = 0; j < kQk / 2; ++j) {
+    const int x0 = std::min(top, static_cast<int>(static_cast<int8_t>(x[j] * id + offset + 0.5f)));
+    const int x1 =
+        std::min(top, static_cast<int>(static_cast<int8_t>(x[j + kQk / 2] * id + offset + 0.5f)));
+    qs[j] = static_cast<uint8_t>((x0 & 0x0F) | ((x1 & 0x0F) << 4));
+    qh |= static_cast<uint32_t>((x0 & 0x10) >> 4) << (j + 0);
+    qh |= static_cast<uint32_t>((x1 & 0x10) >> 4) << (j + kQk / 2);
+  }
+  if (bits == 5) std::memcpy(b + 2, &qh, 4);
+}
+
+// Q4_1 and Q5_1: scale and min.
+void QuantQx1(const float* x, int bits, std::byte* b) {
+  const int top = (1 << bits) - 1;
+  float min = x[0], max = x[0];
+  for (int j = 1; j < kQk; ++j) {
+    min = std::min(min, x[j]);
+    max = std::max(max, x[j]);
+  }
+  const float d = (max - min) / top;
+  const float id = d != 0 ? 1 / d : 0;
+  StoreHalf(b, d);
+  StoreHalf(b + 2, min);
+  uint8_t* qs = U8(b + (bits == 4 ? 4 : 8));
+  uint32_t qh = 0;
+  for (int j = 0; j < kQk / 2; ++j) {
+    const int x0 = std::min(top, static_cast<int>((x[j] - min) * id + 0.5f));
+    const int x1 = std::min(top, static_cast<int>((x[j + kQk / 2] - min) * id + 0.5f));
+    qs[j] = static_cast<uint8_t>((x0 & 0x0F) | ((x1 & 0x0F) << 4));
+    qh |= static_cast<uint32_t>((x0 & 0x10) >> 4) << (j + 0);
+    qh |= static_cast<uint32_t>((x1 & 0x10) >> 4) << (j + kQk / 2);
+  }
+  if (bits == 5) std::memcpy(b + 4, &qh, 4);
+}
+
+// Q4_K and Q5_K: per 32-element sub-block a scale and a min (each fitted to its range, the min
+// at most 0), as 6-bit multiples of the super-block's d and dmin.
+void QuantQ45K(const float* x, bool five, std::byte* b) {
+  const int top = five ? 31 : 15;
+  float scale[8], mins[8], max_scale = 0, max_min = 0;
+  for (int s = 0; s < 8; ++s) {
+    float lo = 0, hi = x[s * 32];
+    for (int l = 0; l < 32; ++l) {
+      lo = std::min(lo, x[s * 32 + l]);
+      hi = std::max(hi, x[s * 32 + l]);
+    }
+    scale[s] = (hi - lo) / top;
+    mins[s] = -lo;
+    max_scale = std::max(max_scale, scale[s]);
+    max_min = std::max(max_min, mins[s]);
+  }
+  const float d = max_scale / 63, dmin = max_min / 63;
+  uint8_t ls[8], lm[8];
+  for (int s = 0; s < 8; ++s) {
+    ls[s] = static_cast<uint8_t>(std::clamp(d > 0 ? NearestInt(scale[s] / d) : 0, 0, 63));
+    lm[s] = static_cast<uint8_t>(std::clamp(dmin > 0 ? NearestInt(mins[s] / dmin) : 0, 0, 63));
+  }
+  StoreHalf(b, d);
+  StoreHalf(b + 2, dmin);
+  PackScaleMinK4(ls, lm, U8(b + 4));
+  const float dd = LoadHalf(b), dm = LoadHalf(b + 2);  // as stored
+  uint8_t* qh = five ? U8(b + 16) : nullptr;
+  uint8_t* qs = U8(b + (five ? 48 : 16));
+  if (five) std::memset(qh, 0, 32);
+  for (int s = 0; s < 8; ++s) {
+    const float dl = dd * ls[s], ml = dm * lm[s];
+    const int chunk = s / 2, high = s % 2;
+    for (int l = 0; l < 32; ++l) {
+      const int q = dl > 0 ? std::clamp(NearestInt((x[s * 32 + l] + ml) / dl), 0, top) : 0;
+      uint8_t& byte = qs[chunk * 32 + l];
+      byte = high ? static_cast<uint8_t>((byte & 0x0F) | ((q & 0xF) << 4))
+                  : static_cast<uint8_t>((byte & 0xF0) | (q & 0xF));
+      if (five && (q & 16)) qh[l] |= static_cast<uint8_t>(1u << s);
+    }
+  }
+}
+
+// Q6_K: 16 sub-blocks of 16 with int8 scales (multiples of d), values in [-32, 31].
+void QuantQ6_K(const float* x, std::byte* b) {
+  float scale[16], max_abs_scale = 0;
+  for (int s = 0; s < 16; ++s) {
+    float amax = 0;
+    for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(x[s * 16 + l]));
+    scale[s] = amax / 31;
+    max_abs_scale = std::max(max_abs_scale, scale[s]);
+  }
+  const float d = max_abs_scale / 127;
+  StoreHalf(b + 208, d);
+  const float dd = LoadHalf(b + 208);
+  int8_t* sc = reinterpret_cast<int8_t*>(b + 192);
+  uint8_t q[kQkK];
+  for (int s = 0; s < 16; ++s) {
+    sc[s] = static_cast<int8_t>(std::clamp(dd > 0 ? NearestInt(scale[s] / dd) : 0, -128, 127));
+    const float dl = dd * sc[s];
+    for (int l = 0; l < 16; ++l) {
+      const int v = dl != 0 ? std::clamp(NearestInt(x[s * 16 + l] / dl), -32, 31) : 0;
+      q[s * 16 + l] = static_cast<uint8_t>(v + 32);
+    }
+  }
+  uint8_t* ql = U8(b);
+  uint8_t* qh = U8(b + 128);
+  for (int n = 0; n < kQkK; n += 128) {
+    const uint8_t* qn = q + n;
+    for (int l = 0; l < 32; ++l) {
+      ql[l] = static_cast<uint8_t>((qn[l] & 0xF) | ((qn[l + 64] & 0xF) << 4));
+      ql[l + 32] = static_cast<uint8_t>((qn[l + 32] & 0xF) | ((qn[l + 96] & 0xF) << 4));
+      qh[l] = static_cast<uint8_t>((qn[l] >> 4) | ((qn[l + 32] >> 4) << 2) |
+                                   ((qn[l + 64] >> 4) << 4) | ((qn[l + 96] >> 4) << 6));
+    }
+    ql += 64;
+    qh += 32;
+  }
+}
+
+}  // namespace
+
+void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out) {
+  const GgmlTypeTraits& t = GgmlTraits(type);
+  CHECK(n % t.block_elems == 0) << t.name << ": " << n << " elements";
+  const int64_t blocks = n / t.block_elems;
+  for (int64_t i = 0; i < blocks; ++i) {
+    const std::byte* b = src + i * t.block_bytes;
+    float* y = out + i * t.block_elems;
+    switch (type) {
+      case GgmlType::kF32:
+        std::memcpy(y, b, 4);
+        break;
+      case GgmlType::kF16:
+        *y = LoadHalf(b);
+        break;
+      case GgmlType::kBF16:
+        *y = Bf16ToFloat(LoadU16(b));
+        break;
+      case GgmlType::kQ4_0:
+        DequantQ4_0(b, y);
+        break;
+      case GgmlType::kQ4_1:
+        DequantQ4_1(b, y);
+        break;
+      case GgmlType::kQ5_0:
+        DequantQ5_0(b, y);
+        break;
+      case GgmlType::kQ5_1:
+        DequantQ5_1(b, y);
+        break;
+      case GgmlType::kQ8_0:
+        DequantQ8_0(b, y);
+        break;
+      case GgmlType::kQ4_K:
+        DequantQ45K(b, /*five=*/false, y);
+        break;
+      case GgmlType::kQ5_K:
+        DequantQ45K(b, /*five=*/true, y);
+        break;
+      case GgmlType::kQ6_K:
+        DequantQ6_K(b, y);
+        break;
+    }
+  }
+}
+
+void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst) {
+  const GgmlTypeTraits& t = GgmlTraits(type);
+  CHECK(n % t.block_elems == 0) << t.name << ": " << n << " elements";
+  const int64_t blocks = n / t.block_elems;
+  for (int64_t i = 0; i < blocks; ++i) {
+    std::byte* b = dst + i * t.block_bytes;
+    const float* v = x + i * t.block_elems;
+    switch (type) {
+      case GgmlType::kF32:
+        std::memcpy(b, v, 4);
+        break;
+      case GgmlType::kF16:
+        StoreHalf(b, *v);
+        break;
+      case GgmlType::kBF16: {
+        const uint16_t h = FloatToBf16(*v);
+        std::memcpy(b, &h, 2);
+        break;
+      }
+      case GgmlType::kQ4_0:
+        QuantQx0(v, 4, b);
+        break;
+      case GgmlType::kQ4_1:
+        QuantQx1(v, 4, b);
+        break;
+      case GgmlType::kQ5_0:
+        QuantQx0(v, 5, b);
+        break;
+      case GgmlType::kQ5_1:
+        QuantQx1(v, 5, b);
+        break;
+      case GgmlType::kQ8_0:
+        QuantQ8_0(v, b);
+        break;
+      case GgmlType::kQ4_K:
+        QuantQ45K(v, /*five=*/false, b);
+        break;
+      case GgmlType::kQ5_K:
+        QuantQ45K(v, /*five=*/true, b);
+        break;
+      case GgmlType::kQ6_K:
+        QuantQ6_K(v, b);
+        break;
+    }
+  }
+}
+
+}  // namespace kvrm

@@ -1,0 +1,29 @@
+// ggml's block formats: dequantization (the loader) and quantization (make_model's GGUF writer
+// and the tests), for the types GgmlType lists.
+//
+// Dequantization follows ggml's reference dequantize_row_* exactly (ggml-quants.c): the same
+// bits, the same float operations in the same order. Quantization is a plain rounding of each
+// block to its format (ggml's reference for the 32-element types; for the K-quants a simple
+// min/max fit, not ggml's iterative search): what a test or a generated model needs, not what a
+// production quantizer would choose.
+#ifndef KVRM_MODEL_GGUF_QUANTS_H_
+#define KVRM_MODEL_GGUF_QUANTS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+#include "model/gguf.h"
+
+namespace kvrm {
+
+// Dequantizes `n` elements (a whole number of blocks of `type`) from `src` into `out`.
+void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out);
+
+// Quantizes `n` elements (a whole number of blocks) of `x` into `dst`, which holds
+// n / block_elems * block_bytes bytes. f32, f16 and bf16 are stored as they are (rounded to
+// nearest even for the 16-bit types).
+void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst);
+
+}  // namespace kvrm
+
+#endif  // KVRM_MODEL_GGUF_QUANTS_H_

@@ -1,0 +1,74 @@
+// Serving a GGUF file end to end: the engine, over gRPC, on the tiny model converted to GGUF
+// (tools/gguf) generates what it generates on the model directory the file came from.
+#include <filesystem>
+
+#include "common/logging.h"
+#include "common/subprocess.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "runtime/model_bundle.h"
+#include "tests/test_server.h"
+#include "tools/gguf/gguf_convert.h"
+
+namespace kvrm {
+namespace {
+
+std::string ConvertTiny(GgmlType type, const std::string& name) {
+  const std::string path = TestTmpDir() + "/" + name;
+  GgufConvertOptions options;
+  options.type = type;
+  CHECK_OK(ConvertToGguf(TinyModelDir(), path, options));
+  return path;
+}
+
+std::unique_ptr<ModelBundle> Load(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<ModelBundle>> m = ModelBundle::Load(path);
+  CHECK_OK(m.status());
+  return std::move(*m);
+}
+
+EngineOptions Options() {
+  EngineOptions o;
+  o.slots = 4;
+  o.max_context = 256;
+  o.threads = 2;
+  return o;
+}
+
+// Greedy tokens of a few prompts, served one at a time and then all at once.
+std::vector<std::vector<int32_t>> Generate(TestServer& server) {
+  const std::vector<std::string> prompts = {"Hello there", "The quick brown fox jumps", "1, 2, 3,",
+                                            "A much longer prompt that spans "
+                                            "more than one block of sixteen tokens, twice over."};
+  std::vector<std::vector<int32_t>> out;
+  for (const std::string& p : prompts) {
+    v1::GenerateRequest r = TextRequest(p, 24);
+    r.mutable_stopping()->set_ignore_eos(true);
+    const StreamResult res = RunGenerate(server.stub(), r);
+    EXPECT_TRUE(res.status.ok()) << res.status.error_message();
+    EXPECT_EQ(res.tokens.size(), 24u);
+    out.push_back(res.tokens);
+  }
+  return out;
+}
+
+TEST(GgufE2eTest, AnF32FileGeneratesWhatItsDirectoryGenerates) {
+  TestServer hf(Load(TinyModelDir()), Options());
+  TestServer gguf(Load(ConvertTiny(GgmlType::kF32, "tiny-f32.gguf")), Options());
+  // The only difference: Llama 3.1's RoPE factors as f32 (rope_freqs), ~1e-7 of each frequency.
+  EXPECT_EQ(Generate(gguf), Generate(hf));
+}
+
+TEST(GgufE2eTest, AQuantizedFileServes) {
+  TestServer gguf(Load(ConvertTiny(GgmlType::kQ4_0, "tiny-q4_0.gguf")), Options());
+  const std::vector<std::vector<int32_t>> tokens = Generate(gguf);
+  ASSERT_EQ(tokens.size(), 4u);
+  for (const std::vector<int32_t>& t : tokens) {
+    for (int32_t id : t) EXPECT_LT(id, gguf.model().config.vocab_size);
+  }
+  // The model info names the file's dtype as loaded (its quantized matrices became bf16).
+  EXPECT_EQ(gguf.model().weights.layers[0].wq.dtype, DType::kBF16);
+}
+
+}  // namespace
+}  // namespace kvrm

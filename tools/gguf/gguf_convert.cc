@@ -1,0 +1,234 @@
+#include "tools/gguf/gguf_convert.h"
+
+#include <cmath>
+#include <filesystem>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "model/gguf_model.h"
+#include "model/gguf_quants.h"
+#include "model/tokenizer.h"
+#include "runtime/model_bundle.h"
+
+namespace kvrm {
+namespace {
+
+// llama.h's llama_token_type.
+constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
+
+// The split regexes of the tokenizer.json byte-level BPEs llama.cpp names (as Transformers
+// writes them).
+constexpr absl::string_view kLlama3Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+constexpr absl::string_view kQwen2Split =
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
+// tokenizer.ggml.pre for a byte-level BPE's pre_tokenizer.
+absl::StatusOr<std::string> PreTokenizerName(const Json& pre) {
+  if (pre.is_object() && pre.value("type", "") == "ByteLevel" && pre.value("use_regex", false)) {
+    return std::string("gpt-2");
+  }
+  if (pre.is_object() && pre.value("type", "") == "Sequence") {
+    const Json& list = pre["pretokenizers"];
+    if (list.is_array() && list.size() == 2 && list[0].value("type", "") == "Split" &&
+        list[1].value("type", "") == "ByteLevel") {
+      const std::string regex = list[0]["pattern"].value("Regex", "");
+      if (regex == kLlama3Split) return std::string("llama-bpe");
+      if (regex == kQwen2Split) return std::string("qwen2");
+    }
+  }
+  return absl::UnimplementedError(
+      absl::StrCat("tokenizer.json pre_tokenizer ", pre.dump().substr(0, 200),
+                   ": no llama.cpp pre-tokenizer is known to match it"));
+}
+
+std::string MergeString(const Json& m) {
+  if (m.is_string()) return m.get<std::string>();
+  return absl::StrCat(m[0].get<std::string>(), " ", m[1].get<std::string>());
+}
+
+}  // namespace
+
+absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, GgufWriter* w) {
+  const Json& model = tj["model"];
+  if (!model.is_object() || model.value("type", "") != "BPE") {
+    return absl::UnimplementedError("tokenizer.json: only BPE models convert to GGUF");
+  }
+  const bool spm = model.value("byte_fallback", false);
+  // Tokens by id: the vocabulary, then the added tokens.
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  auto put = [&](int64_t id, const std::string& text, int32_t type) {
+    if (id >= static_cast<int64_t>(tokens.size())) {
+      for (int64_t i = tokens.size(); i <= id; ++i) {
+        tokens.push_back(absl::StrCat("[PAD", i, "]"));
+        types.push_back(kUnused);
+      }
+    }
+    tokens[id] = text;
+    types[id] = type;
+  };
+  for (const auto& [text, id] : model["vocab"].items()) {
+    const bool byte = spm && text.size() == 6 && text.rfind("<0x", 0) == 0 && text.back() == '>';
+    put(id.get<int64_t>(), text, byte ? kByte : kNormal);
+  }
+  const std::string unk =
+      model["unk_token"].is_string() ? model["unk_token"].get<std::string>() : "";
+  for (const Json& a : tj["added_tokens"]) {
+    const std::string text = a["content"].get<std::string>();
+    put(a["id"].get<int64_t>(), text,
+        text == unk                 ? kUnknown
+        : a.value("special", false) ? kControl
+                                    : kUserDefined);
+  }
+  absl::flat_hash_map<std::string, int64_t> rank;  // the first merge making each piece
+  std::vector<std::string> merges;
+  for (const Json& m : model["merges"]) {
+    merges.push_back(MergeString(m));
+    const size_t space = merges.back().find(' ');
+    std::string piece = merges.back();
+    piece.erase(space, 1);
+    rank.emplace(piece, static_cast<int64_t>(merges.size() - 1));
+  }
+  w->AddString("tokenizer.ggml.model", spm ? "llama" : "gpt2");
+  if (spm) {
+    w->AddString("tokenizer.ggml.pre", "default");
+    std::vector<float> scores(tokens.size(), 0.0f);
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (auto it = rank.find(tokens[i]); it != rank.end() && types[i] == kNormal) {
+        scores[i] = -static_cast<float>(it->second);
+      }
+    }
+    w->AddStringArray("tokenizer.ggml.tokens", tokens);
+    w->AddFloat32Array("tokenizer.ggml.scores", scores);
+    w->AddInt32Array("tokenizer.ggml.token_type", types);
+  } else {
+    ASSIGN_OR_RETURN(const std::string pre, PreTokenizerName(tj["pre_tokenizer"]));
+    w->AddString("tokenizer.ggml.pre", pre);
+    w->AddStringArray("tokenizer.ggml.tokens", tokens);
+    w->AddInt32Array("tokenizer.ggml.token_type", types);
+    w->AddStringArray("tokenizer.ggml.merges", merges);
+  }
+  if (bos_id >= 0) w->AddUint32("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(bos_id));
+  if (eos_id >= 0) w->AddUint32("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(eos_id));
+  if (spm) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      if (types[i] != kUnknown) continue;
+      w->AddUint32("tokenizer.ggml.unknown_token_id", static_cast<uint32_t>(i));
+      break;
+    }
+  }
+  // Whether the post-processor adds BOS / EOS: what encoding nothing with special tokens gives.
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                   Tokenizer::FromJson(tj.dump(), "tokenizer.json"));
+  ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode("", /*add_special_tokens=*/true));
+  w->AddBool("tokenizer.ggml.add_bos_token", !ids.empty() && ids.front() == bos_id);
+  w->AddBool("tokenizer.ggml.add_eos_token", !ids.empty() && ids.back() == eos_id);
+  return absl::OkStatus();
+}
+
+absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_path,
+                           const GgufConvertOptions& options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir));
+  if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
+  const LlamaConfig& c = model->config;
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddString("general.name", model->name);
+  w.AddUint32("general.quantization_version", 2);
+  w.AddUint32("llama.context_length", c.max_position_embeddings);
+  w.AddUint32("llama.embedding_length", c.hidden_size);
+  w.AddUint32("llama.block_count", c.num_hidden_layers);
+  w.AddUint32("llama.feed_forward_length", c.intermediate_size);
+  w.AddUint32("llama.attention.head_count", c.num_attention_heads);
+  w.AddUint32("llama.attention.head_count_kv", c.num_key_value_heads);
+  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
+  w.AddFloat32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
+  w.AddUint32("llama.rope.dimension_count", c.head_dim);
+  if (c.head_dim * c.num_attention_heads != c.hidden_size) {
+    w.AddUint32("llama.attention.key_length", c.head_dim);
+    w.AddUint32("llama.attention.value_length", c.head_dim);
+  }
+  w.AddUint32("llama.vocab_size", c.vocab_size);
+  if (c.rope_scaling.type == "linear") {
+    w.AddString("llama.rope.scaling.type", "linear");
+    w.AddFloat32("llama.rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+  } else if (!c.rope_scaling.type.empty() && c.rope_scaling.type != "llama3") {
+    return absl::UnimplementedError(
+        absl::StrCat(model_dir, ": RoPE scaling ", c.rope_scaling.type, " has no GGUF form here"));
+  }
+
+  ASSIGN_OR_RETURN(Json tokenizer, ReadJsonFile(model_dir + "/tokenizer.json"));
+  const int64_t bos = c.bos_token_id ? *c.bos_token_id : -1;
+  const int64_t eos = c.eos_token_ids.empty() ? -1 : c.eos_token_ids[0];
+  RETURN_IF_ERROR(AddGgufTokenizer(tokenizer, bos, eos, &w));
+  if (c.eos_token_ids.size() > 1) w.AddUint32("tokenizer.ggml.eot_token_id", c.eos_token_ids[1]);
+  // The chat template as the model's files give it (chat_template.jinja over tokenizer_config's).
+  std::string chat;
+  if (absl::StatusOr<std::string> jinja = ReadFileToString(model_dir + "/chat_template.jinja");
+      jinja.ok()) {
+    chat = *jinja;
+  } else if (absl::StatusOr<Json> tc = ReadJsonFile(model_dir + "/tokenizer_config.json");
+             tc.ok() && tc->contains("chat_template") && (*tc)["chat_template"].is_string()) {
+    chat = (*tc)["chat_template"].get<std::string>();
+  }
+  if (!chat.empty()) w.AddString("tokenizer.chat_template", chat);
+
+  // Llama 3.1's scaling as the converter writes it: a divisor per rotated pair.
+  if (c.rope_scaling.type == "llama3") {
+    LlamaConfig plain = c;
+    plain.rope_scaling = RopeScaling{};
+    const std::vector<double> base = RopeInverseFrequencies(plain);
+    const std::vector<double> scaled = RopeInverseFrequencies(c);
+    std::vector<std::byte> bytes(base.size() * 4);
+    std::vector<float> factors(base.size());
+    for (size_t i = 0; i < base.size(); ++i) factors[i] = static_cast<float>(base[i] / scaled[i]);
+    QuantizeRow(GgmlType::kF32, factors.data(), static_cast<int64_t>(factors.size()), bytes.data());
+    w.AddTensor("rope_freqs.weight", GgmlType::kF32, {static_cast<int64_t>(base.size())},
+                std::move(bytes));
+  }
+
+  // Each matrix row by row: to float, reordered where the converter permutes, then encoded.
+  auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows) {
+    const bool norm = m.rows == 1;
+    GgmlType type = norm ? GgmlType::kF32 : options.type;
+    if (m.cols % GgmlTraits(type).block_elems != 0) {
+      type =
+          m.cols % GgmlTraits(GgmlType::kQ8_0).block_elems == 0 ? GgmlType::kQ8_0 : GgmlType::kF16;
+    }
+    const GgmlTypeTraits& t = GgmlTraits(type);
+    const size_t row_bytes = static_cast<size_t>(m.cols / t.block_elems * t.block_bytes);
+    std::vector<std::byte> bytes(row_bytes * m.rows);
+    std::vector<float> row(m.cols);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      WeightRowToFloat(m, rope_rows ? GgufRopeRowToHf(r, c.head_dim) : r, row.data());
+      QuantizeRow(type, row.data(), m.cols, bytes.data() + r * row_bytes);
+    }
+    std::vector<int64_t> ne = {m.cols};
+    if (!norm) ne.push_back(m.rows);
+    w.AddTensor(name, type, std::move(ne), std::move(bytes));
+  };
+  const LlamaWeights& wt = model->weights;
+  add("token_embd.weight", wt.embed, false);
+  for (int i = 0; i < c.num_hidden_layers; ++i) {
+    const LayerWeights& l = wt.layers[i];
+    const std::string p = absl::StrCat("blk.", i, ".");
+    add(p + "attn_norm.weight", l.attn_norm, false);
+    add(p + "attn_q.weight", l.wq, true);
+    add(p + "attn_k.weight", l.wk, true);
+    add(p + "attn_v.weight", l.wv, false);
+    add(p + "attn_output.weight", l.wo, false);
+    add(p + "ffn_norm.weight", l.mlp_norm, false);
+    add(p + "ffn_gate.weight", l.w_gate, false);
+    add(p + "ffn_up.weight", l.w_up, false);
+    add(p + "ffn_down.weight", l.w_down, false);
+  }
+  add("output_norm.weight", wt.final_norm, false);
+  if (!c.tie_word_embeddings) add("output.weight", wt.lm_head, false);
+  return w.WriteFile(out_path);
+}
+
+}  // namespace kvrm

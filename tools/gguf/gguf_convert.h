@@ -1,0 +1,42 @@
+// Converts a Hugging Face Llama model directory into one GGUF file, as llama.cpp's
+// convert_hf_to_gguf.py (and llama-quantize, for the quantized types) lay it out: "llama"
+// metadata with the types llama.cpp reads, the tokenizer embedded (tokenizer.ggml.*), attn_q and
+// attn_k rows reordered for RoPE on adjacent pairs, norms in f32, Llama 3.1's RoPE scaling as
+// rope_freqs.weight. kvrm's GGUF loader reads it back (model/gguf_model.h); the tests use it to
+// check that loader against the safetensors one on the same weights, and to make GGUF files of
+// the built-in models (`bazel run //tools/gguf:to_gguf`).
+#ifndef KVRM_TOOLS_GGUF_GGUF_CONVERT_H_
+#define KVRM_TOOLS_GGUF_GGUF_CONVERT_H_
+
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "common/json.h"
+#include "model/gguf.h"
+#include "model/gguf_writer.h"
+
+namespace kvrm {
+
+struct GgufConvertOptions {
+  // The type of every matrix. A quantized type falls back to q8_0 for a matrix whose rows are
+  // not whole blocks of it (a 128-wide model has no whole 256-element K-quant blocks), and to
+  // f16 when they are not whole q8_0 blocks either; norms are always f32.
+  GgmlType type = GgmlType::kF16;
+};
+
+absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_path,
+                           const GgufConvertOptions& options = {});
+
+// The tokenizer.ggml.* metadata of a tokenizer.json (`tokenizer`): "gpt2" for a byte-level BPE
+// (the pre-tokenizer named after its split: "llama-bpe", "qwen2" or "gpt-2"), "llama" for a
+// SentencePiece-style BPE with byte fallback (scores from the merge order: a piece scores minus
+// the rank of the first merge that makes it). Ids the vocabulary skips become "[PAD<id>]" tokens.
+// `bos_id`, `eos_id` (-1: none) become the special-token keys; add_bos_token is whether the
+// post-processor adds BOS.
+absl::Status AddGgufTokenizer(const Json& tokenizer, int64_t bos_id, int64_t eos_id,
+                              GgufWriter* writer);
+
+}  // namespace kvrm
+
+#endif  // KVRM_TOOLS_GGUF_GGUF_CONVERT_H_

@@ -1,0 +1,434 @@
+// GGUF files made by the converter and read by kvrm's loader: the same model as the safetensors
+// directory it came from (config, every weight, tokenizer, chat template), quantized weights
+// within their formats' resolution, and the tokenizer.ggml.* translation of real vocabularies
+// (Llama 3, GPT-2, Qwen3, Llama 2) encoding and decoding as their tokenizer.json does.
+#include "tools/gguf/gguf_convert.h"
+
+#include <zlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "common/json.h"
+#include "common/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "model/gguf.h"
+#include "model/gguf_model.h"
+#include "model/gguf_writer.h"
+#include "model/tokenizer.h"
+#include "runtime/model_bundle.h"
+#include "tools/modelgen/model_writer.h"
+#include "unicode/normalizer2.h"
+
+namespace kvrm {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr char kTestdata[] = "model/testdata/tokenizers/";
+
+std::string TmpDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+std::string ReadMaybeGzipped(const std::string& path) {
+  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files unchanged
+  if (f == nullptr) return "";
+  std::string out;
+  char buf[1 << 16];
+  int n;
+  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, n);
+  gzclose(f);
+  return out;
+}
+
+std::string TokenizerJsonText(const std::string& family) {
+  const std::string base = absl::StrCat(kTestdata, family, "/tokenizer.json");
+  std::string text = ReadMaybeGzipped(base);
+  return text.empty() ? ReadMaybeGzipped(base + ".gz") : text;
+}
+
+std::string Nfc(const std::string& s) {
+  UErrorCode err = U_ZERO_ERROR;
+  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
+  std::string out;
+  n->normalize(icu::UnicodeString::fromUTF8(s), err).toUTF8String(out);
+  return out;
+}
+
+// Random text over ASCII words, spaces and newlines, digits, punctuation, and some non-ASCII
+// letters and symbols (each piece kind the pre-tokenizers split on).
+std::string RandomText(std::mt19937* rng) {
+  static const std::vector<std::string> pieces = {
+      "the",
+      " the",
+      "The",
+      " quick",
+      "brown",
+      "  ",
+      " ",
+      "\n",
+      "\n\n",
+      "\t",
+      "123",
+      "4567",
+      "'s",
+      "'ll",
+      "don't",
+      "!",
+      "?!",
+      "...",
+      "(x)",
+      "<tag>",
+      "caf\xc3\xa9",
+      " na\xc3\xafve",
+      "\xe6\x97\xa5\xe6\x9c\xac",
+      "\xf0\x9f\x98\x80",
+      "\xe2\x96\x81",
+      "a",
+      "Z",
+      "_",
+      "-",
+      "\xd0\x9f\xd1\x80\xd0\xb8\xd0\xb2\xd0\xb5\xd1\x82"};
+  std::string s;
+  const int n = std::uniform_int_distribution<int>(0, 12)(*rng);
+  for (int i = 0; i < n; ++i) s += pieces[(*rng)() % pieces.size()];
+  return s;
+}
+
+// The tokenizer a GGUF file made from `family`'s tokenizer.json gives, and the one the
+// tokenizer.json itself gives.
+struct TokenizerPair {
+  std::unique_ptr<Tokenizer> hf, gguf;
+};
+
+TokenizerPair MakePair(const std::string& family) {
+  const std::string text = TokenizerJsonText(family);
+  absl::StatusOr<Json> tj = ParseJson(text, family);
+  CHECK_OK(tj.status());
+  TokenizerPair pair;
+  absl::StatusOr<std::unique_ptr<Tokenizer>> hf = Tokenizer::FromJson(text, family);
+  CHECK_OK(hf.status());
+  pair.hf = std::move(*hf);
+  // BOS / EOS as the families' configs name them.
+  const std::map<std::string, std::pair<std::string, std::string>> specials = {
+      {"llama3", {"<|begin_of_text|>", "<|end_of_text|>"}},
+      {"gpt2", {"<|endoftext|>", "<|endoftext|>"}},
+      {"qwen3", {"", "<|endoftext|>"}},
+      {"llama2", {"<s>", "</s>"}}};
+  const auto& [bos, eos] = specials.at(family);
+  const int64_t bos_id = bos.empty() ? -1 : *pair.hf->TokenToId(bos);
+  const int64_t eos_id = *pair.hf->TokenToId(eos);
+  GgufWriter w;
+  CHECK_OK(AddGgufTokenizer(*tj, bos_id, eos_id, &w));
+  const std::string path = absl::StrCat(TmpDir(), "/", family, ".gguf");
+  CHECK_OK(w.WriteFile(path));
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  CHECK_OK(file.status());
+  absl::StatusOr<std::string> json = GgufTokenizerJson(**file);
+  CHECK_OK(json.status());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> g = Tokenizer::FromJson(*json, family + ".gguf");
+  CHECK_OK(g.status());
+  pair.gguf = std::move(*g);
+  return pair;
+}
+
+class GgufTokenizerTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GgufTokenizerTest, EncodesAndDecodesAsTokenizerJson) {
+  const std::string family = GetParam();
+  const TokenizerPair pair = MakePair(family);
+  // llama.cpp does not NFC-normalize Qwen's text (Transformers does): texts that change under
+  // NFC are left out for it.
+  const bool nfc = family == "qwen3";
+  std::vector<std::string> texts;
+  std::ifstream in(absl::StrCat(kTestdata, family, "/vectors.jsonl"));
+  std::string line;
+  while (std::getline(in, line)) {
+    absl::StatusOr<Json> v = ParseJson(line, "vectors.jsonl");
+    ASSERT_TRUE(v.ok()) << v.status();
+    if (v->contains("text")) texts.push_back((*v)["text"].get<std::string>());
+  }
+  ASSERT_GT(texts.size(), 50u);
+  std::mt19937 rng(99);
+  for (int i = 0; i < 2000; ++i) texts.push_back(RandomText(&rng));
+  int compared = 0, failures = 0;
+  for (const std::string& text : texts) {
+    if (nfc && Nfc(text) != text) continue;
+    ++compared;
+    for (const bool special : {false, true}) {
+      absl::StatusOr<std::vector<int32_t>> want = pair.hf->Encode(text, special);
+      absl::StatusOr<std::vector<int32_t>> got = pair.gguf->Encode(text, special);
+      ASSERT_TRUE(want.ok() && got.ok()) << want.status() << got.status();
+      if (*got != *want && ++failures <= 10) {
+        ADD_FAILURE() << family << ": encode(" << Json(text).dump() << ", " << special
+                      << ") = " << Json(*got).dump() << ", tokenizer.json: " << Json(*want).dump();
+      }
+      for (const bool skip : {false, true}) {
+        if (pair.gguf->Decode(*want, skip) != pair.hf->Decode(*want, skip) && ++failures <= 10) {
+          ADD_FAILURE() << family << ": decode(" << Json(*want).dump() << ", " << skip
+                        << ") = " << Json(pair.gguf->Decode(*want, skip)).dump()
+                        << ", tokenizer.json: " << Json(pair.hf->Decode(*want, skip)).dump();
+        }
+      }
+    }
+  }
+  EXPECT_GT(compared, 1000);
+  EXPECT_EQ(failures, 0) << "of " << compared << " texts";
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, GgufTokenizerTest,
+                         ::testing::Values("llama3", "gpt2", "qwen3", "llama2"));
+
+// ---- whole models -----------------------------------------------------------------------------
+
+const std::string& TinyDir() {
+  static const std::string* dir = [] {
+    auto* d = new std::string(TmpDir() + "/tiny-f32");
+    modelgen::MakeModelOptions o;
+    o.size = "tiny";
+    o.out_dir = *d;
+    o.dtype = DType::kF32;
+    CHECK_OK(modelgen::MakeModel(o).status());
+    return d;
+  }();
+  return *dir;
+}
+
+std::unique_ptr<ModelBundle> Load(const std::string& path) {
+  absl::StatusOr<std::unique_ptr<ModelBundle>> m = ModelBundle::Load(path);
+  CHECK_OK(m.status());
+  return std::move(*m);
+}
+
+std::string Convert(GgmlType type, const std::string& name) {
+  const std::string path = TmpDir() + "/" + name;
+  GgufConvertOptions options;
+  options.type = type;
+  CHECK_OK(ConvertToGguf(TinyDir(), path, options));
+  return path;
+}
+
+std::vector<const WeightMatrix*> Matrices(const LlamaWeights& w) {
+  std::vector<const WeightMatrix*> out = {&w.embed, &w.final_norm, &w.lm_head};
+  for (const LayerWeights& l : w.layers) {
+    for (const WeightMatrix* m :
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+      out.push_back(m);
+    }
+  }
+  return out;
+}
+
+// Relative RMS difference of two matrices of the same shape.
+double RmsShare(const WeightMatrix& a, const WeightMatrix& b) {
+  EXPECT_EQ(a.rows, b.rows);
+  EXPECT_EQ(a.cols, b.cols);
+  std::vector<float> ra(a.cols), rb(b.cols);
+  double err = 0, ref = 0;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    WeightRowToFloat(a, r, ra.data());
+    WeightRowToFloat(b, r, rb.data());
+    for (int64_t c = 0; c < a.cols; ++c) {
+      err += (double(ra[c]) - rb[c]) * (double(ra[c]) - rb[c]);
+      ref += double(ra[c]) * ra[c];
+    }
+  }
+  return std::sqrt(err / std::max(ref, 1e-300));
+}
+
+TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
+  const std::unique_ptr<ModelBundle> hf = Load(TinyDir());
+  const std::unique_ptr<ModelBundle> gguf = Load(Convert(GgmlType::kF32, "tiny-f32.gguf"));
+  ASSERT_NE(gguf->gguf, nullptr);
+  EXPECT_EQ(gguf->name, "tiny-f32");
+  const LlamaConfig &a = hf->config, &b = gguf->config;
+  EXPECT_EQ(b.vocab_size, a.vocab_size);
+  EXPECT_EQ(b.hidden_size, a.hidden_size);
+  EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+  EXPECT_EQ(b.num_hidden_layers, a.num_hidden_layers);
+  EXPECT_EQ(b.num_attention_heads, a.num_attention_heads);
+  EXPECT_EQ(b.num_key_value_heads, a.num_key_value_heads);
+  EXPECT_EQ(b.head_dim, a.head_dim);
+  EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+  EXPECT_FLOAT_EQ(b.rms_norm_eps, a.rms_norm_eps);
+  EXPECT_EQ(b.rope_theta, a.rope_theta);
+  EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+  EXPECT_EQ(b.bos_token_id, a.bos_token_id);
+  EXPECT_EQ(b.eos_token_ids, a.eos_token_ids);
+  // The tiny model's llama3 RoPE scaling arrives as rope_freqs (f32 divisors).
+  ASSERT_EQ(a.rope_scaling.type, "llama3");
+  EXPECT_EQ(b.rope_scaling.type, "freq_factors");
+  const std::vector<double> fa = RopeInverseFrequencies(a), fb = RopeInverseFrequencies(b);
+  ASSERT_EQ(fa.size(), fb.size());
+  for (size_t i = 0; i < fa.size(); ++i) EXPECT_NEAR(fb[i], fa[i], 1e-7 * fa[i]) << i;
+
+  // Every weight, exactly (attn_q and attn_k rows put back in HF's order).
+  const auto ma = Matrices(hf->weights), mb = Matrices(gguf->weights);
+  ASSERT_EQ(ma.size(), mb.size());
+  for (size_t i = 0; i < ma.size(); ++i) EXPECT_EQ(RmsShare(*ma[i], *mb[i]), 0.0) << "matrix " << i;
+  EXPECT_EQ(gguf->weights.num_parameters, hf->weights.num_parameters);
+
+  // The tokenizer and the chat template.
+  std::mt19937 rng(5);
+  for (int i = 0; i < 500; ++i) {
+    const std::string text = RandomText(&rng);
+    for (const bool special : {false, true}) {
+      EXPECT_EQ(*gguf->tokenizer->Encode(text, special), *hf->tokenizer->Encode(text, special))
+          << Json(text).dump();
+    }
+  }
+  EXPECT_EQ(gguf->chat.bos_token, hf->chat.bos_token);
+  EXPECT_EQ(gguf->chat.eos_token, hf->chat.eos_token);
+  ChatTemplateInputs inputs;
+  inputs.messages.push_back(ChatMessage{"system", "Be brief."});
+  inputs.messages.push_back(ChatMessage{"user", "Hello!"});
+  inputs.add_generation_prompt = true;
+  absl::StatusOr<std::string> ra = hf->chat.Render(inputs), rb = gguf->chat.Render(inputs);
+  ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
+  EXPECT_EQ(*rb, *ra);
+  EXPECT_EQ(gguf->chat.tool_call_format, hf->chat.tool_call_format);
+}
+
+// Quantized files: every matrix within its format's resolution of the original; norms exact
+// (f32 in every file). The tiny model's 128-wide rows are no whole K-quant block, so its
+// matrices take q8_0 there, as llama-quantize falls back.
+TEST(GgufModelTest, QuantizedFilesHoldTheWeightsWithinTheirFormatsResolution) {
+  const std::unique_ptr<ModelBundle> hf = Load(TinyDir());
+  const auto original = Matrices(hf->weights);
+  struct Case {
+    GgmlType type;
+    const char* name;
+    double max_share;
+  };
+  for (const Case& c : {Case{GgmlType::kQ8_0, "q8_0", 0.01}, Case{GgmlType::kQ4_0, "q4_0", 0.15},
+                        Case{GgmlType::kQ5_1, "q5_1", 0.06}, Case{GgmlType::kF16, "f16", 1e-3},
+                        Case{GgmlType::kQ4_K, "q4_K", 0.01}}) {
+    const std::string path = Convert(c.type, absl::StrCat("tiny-", c.name, ".gguf"));
+    for (const DType dq : {DType::kBF16, DType::kF32}) {
+      GgufLoadOptions options;
+      options.dequantized = dq;
+      absl::StatusOr<std::unique_ptr<GgufModel>> g = LoadGgufModel(path, options);
+      ASSERT_TRUE(g.ok()) << g.status();
+      const auto loaded = Matrices((*g)->weights);
+      for (size_t i = 0; i < loaded.size(); ++i) {
+        const bool norm = loaded[i]->rows == 1;
+        EXPECT_LT(RmsShare(*original[i], *loaded[i]), norm ? 1e-12 : c.max_share)
+            << c.name << " matrix " << i;
+        if (!norm && c.type != GgmlType::kF16) EXPECT_EQ(loaded[i]->dtype, dq) << c.name;
+      }
+    }
+  }
+}
+
+TEST(GgufModelTest, ADirectoryWithOneGgufFileLoadsIt) {
+  const std::string dir = TmpDir() + "/one-gguf";
+  fs::create_directories(dir);
+  fs::copy_file(Convert(GgmlType::kF16, "tiny-f16.gguf"), dir + "/model.gguf",
+                fs::copy_options::overwrite_existing);
+  const std::unique_ptr<ModelBundle> m = Load(dir);
+  EXPECT_NE(m->gguf, nullptr);
+  EXPECT_EQ(m->name, "model");
+  fs::copy_file(dir + "/model.gguf", dir + "/other.gguf", fs::copy_options::overwrite_existing);
+  absl::StatusOr<std::unique_ptr<ModelBundle>> two = ModelBundle::Load(dir);
+  EXPECT_EQ(two.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(two.status().message()), HasSubstr("2 GGUF files and no config.json"));
+  EXPECT_EQ(ModelBundle::Load(dir + "/absent.gguf").status().code(), absl::StatusCode::kNotFound);
+}
+
+// What the loader refuses names the key or tensor: another architecture, a tokenizer model it
+// does not implement, a pre-tokenizer llama.cpp would not know, a missing tensor.
+TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
+  auto load = [](const GgufWriter& w, const std::string& name) {
+    const std::string path = TmpDir() + "/" + name;
+    CHECK_OK(w.WriteFile(path));
+    return LoadGgufModel(path).status();
+  };
+  auto base = [](absl::string_view arch, absl::string_view tokenizer, absl::string_view pre) {
+    GgufWriter w;
+    w.AddString("general.architecture", arch);
+    w.AddUint32("llama.context_length", 64);
+    w.AddUint32("llama.embedding_length", 128);
+    w.AddUint32("llama.block_count", 2);
+    w.AddUint32("llama.feed_forward_length", 256);
+    w.AddUint32("llama.attention.head_count", 4);
+    w.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.AddString("tokenizer.ggml.model", tokenizer);
+    w.AddString("tokenizer.ggml.pre", pre);
+    w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "ab"});
+    w.AddStringArray("tokenizer.ggml.merges", {"a b"});
+    return w;
+  };
+  absl::Status st = load(base("qwen2", "gpt2", "qwen2"), "arch.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("general.architecture: \"qwen2\" is not supported"));
+  st = load(base("llama", "t5", "default"), "t5.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("tokenizer.ggml.model: \"t5\" is not supported"));
+  st = load(base("llama", "gpt2", "deepseek-coder"), "pre.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("tokenizer.ggml.pre: \"deepseek-coder\""));
+  st = load(base("llama", "gpt2", "llama-bpe"), "notensors.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("tensor \"token_embd.weight\" is missing"));
+  // A token text that is not UTF-8 (it used to throw out of the JSON writer: std::terminate).
+  GgufWriter bytes;
+  bytes.AddString("tokenizer.ggml.model", "gpt2");
+  bytes.AddStringArray("tokenizer.ggml.tokens", {"a", "\xff"});
+  bytes.AddStringArray("tokenizer.ggml.merges", {});
+  const std::string path = TmpDir() + "/bytes.gguf";
+  CHECK_OK(bytes.WriteFile(path));
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  st = GgufTokenizerJson(**file).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("tokenizer.ggml.tokens: token 1 is not UTF-8"));
+  GgufWriter partial = base("llama", "gpt2", "llama-bpe");
+  partial.AddUint32("llama.rope.dimension_count", 16);
+  st = load(partial, "partial.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("llama.rope.dimension_count: RoPE over 16"));
+}
+
+// A file whose metadata claims two billion layers fails at the first layer tensor it lacks,
+// without allocating for the claim (it used to size the layer table first: 864 GB).
+TEST(GgufModelTest, ClaimedLayersAreBoundByTheTensorsPresent) {
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddUint32("llama.context_length", 64);
+  w.AddUint32("llama.embedding_length", 128);
+  w.AddUint32("llama.block_count", 2000000000);
+  w.AddUint32("llama.feed_forward_length", 256);
+  w.AddUint32("llama.attention.head_count", 4);
+  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddString("tokenizer.ggml.pre", "gpt-2");
+  w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "ab"});
+  w.AddStringArray("tokenizer.ggml.merges", {"a b"});
+  w.AddTensor("token_embd.weight", GgmlType::kF32, {128, 3}, std::vector<std::byte>(128 * 3 * 4));
+  w.AddTensor("output_norm.weight", GgmlType::kF32, {128}, std::vector<std::byte>(128 * 4));
+  const std::string path = TmpDir() + "/many-layers.gguf";
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  const absl::Status st = LoadGgufModel(path).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("tensor \"blk.0.attn_norm.weight\" is missing"));
+}
+
+TEST(GgufModelTest, RopeRowsGoBackToTheirHuggingFaceOrder) {
+  // head_dim 8: GGUF rows 0..7 hold HF rows 0,4,1,5,2,6,3,7 (pairs (j, j + 4) made adjacent).
+  std::vector<int64_t> hf;
+  for (int64_t r = 0; r < 16; ++r) hf.push_back(GgufRopeRowToHf(r, 8));
+  EXPECT_THAT(hf, ::testing::ElementsAre(0, 4, 1, 5, 2, 6, 3, 7, 8, 12, 9, 13, 10, 14, 11, 15));
+}
+
+}  // namespace
+}  // namespace kvrm
