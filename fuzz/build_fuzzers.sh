@@ -21,6 +21,7 @@ SOURCES=(
   common/json.cc common/logging.cc common/mapped_file.cc
   model/safetensors.cc
   model/config.cc model/weights.cc model/gguf.cc model/gguf_model.cc model/gguf_quants.cc
+  model/gguf_tokenizer.cc
   model/chat_config.cc model/chat_template.cc model/chat_template_parser.cc
   model/chat_template_value.cc
   model/tokenizer.cc model/tokenizer_added.cc model/tokenizer_bpe.cc model/tokenizer_decoder.cc

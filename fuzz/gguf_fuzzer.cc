@@ -3,7 +3,8 @@
 // bytes its type and shape need (each row is dequantized: every byte is read, and every bit
 // pattern of a block must dequantize without undefined behaviour); every metadata value must
 // read back through the typed getters; the config, tokenizer and weight translations
-// (GgufLlamaConfig, GgufTokenizerJson, LoadGgufModel) may refuse the file but never crash.
+// (GgufLlamaConfig, ReadGgufSpecialTokens, LoadGgufTokenizer, LoadGgufModel) may refuse the file
+// but never crash.
 #include <unistd.h>
 
 #include <cstddef>
@@ -16,6 +17,7 @@
 #include "model/gguf.h"
 #include "model/gguf_model.h"
 #include "model/gguf_quants.h"
+#include "model/gguf_tokenizer.h"
 #include "model/tokenizer.h"
 
 namespace {
@@ -61,14 +63,15 @@ int TestOneInput(const uint8_t* data, size_t size) {
     if (numbers.ok()) FUZZ_CHECK(numbers->size() == f.Find(key)->count);
   }
   (void)kvrm::GgufLlamaConfig(f);
-  absl::StatusOr<std::string> json = kvrm::GgufTokenizerJson(f);
-  if (json.ok()) {
-    absl::StatusOr<std::unique_ptr<kvrm::Tokenizer>> tok =
-        kvrm::Tokenizer::FromJson(*json, "fuzz.gguf");
-    if (tok.ok()) {
-      absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode("Hello, world! 123 ", true);
-      if (ids.ok()) (void)(*tok)->Decode(*ids, false);
+  absl::StatusOr<kvrm::GgufSpecialTokens> special = kvrm::ReadGgufSpecialTokens(f);
+  absl::StatusOr<std::unique_ptr<kvrm::Tokenizer>> tok = kvrm::LoadGgufTokenizer(f);
+  if (tok.ok()) {
+    FUZZ_CHECK(special.ok());
+    for (int32_t id : special->end_of_generation) {
+      FUZZ_CHECK(id >= 0 && static_cast<size_t>(id) < f.Find("tokenizer.ggml.tokens")->count);
     }
+    absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode("Hello, world! 123 ", true);
+    if (ids.ok()) (void)(*tok)->Decode(*ids, false);
   }
   absl::StatusOr<std::unique_ptr<kvrm::GgufModel>> model = kvrm::LoadGgufModel(TempPath());
   if (model.ok()) {

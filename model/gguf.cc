@@ -288,6 +288,9 @@ absl::Status GgufFile::Parse() {
   RETURN_IF_ERROR(r.Scalar(&magic, "the magic"));
   if (magic != kMagic) return absl::InvalidArgumentError(absl::StrCat(p, ": not a GGUF file"));
   RETURN_IF_ERROR(r.Scalar(&version_, "the version"));
+  if ((version_ & 0xFFFF) == 0 && version_ != 0) {  // llama.cpp's test: a byte-swapped file
+    return absl::UnimplementedError(absl::StrCat(p, ": a big-endian GGUF file"));
+  }
   if (version_ != 2 && version_ != 3) {
     return absl::InvalidArgumentError(
         absl::StrCat(p, ": GGUF version ", version_, " (this loader reads versions 2 and 3)"));
@@ -316,7 +319,8 @@ absl::Status GgufFile::Parse() {
   if (Find("general.alignment") != nullptr) {
     ASSIGN_OR_RETURN(alignment, GetUint("general.alignment"));
     if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > (1u << 20)) {
-      return KeyError(p, "general.alignment", absl::StrCat(alignment, " is not a power of two"));
+      return KeyError(p, "general.alignment",
+                      absl::StrCat(alignment, " is not a power of two up to 1 MiB"));
     }
   }
 
@@ -433,6 +437,14 @@ absl::StatusOr<const GgufValue*> Need(const GgufFile& f, absl::string_view key) 
 }
 
 }  // namespace
+
+absl::Status GgufFile::Invalid(absl::string_view key, absl::string_view problem) const {
+  return KeyError(path(), key, problem);
+}
+
+absl::Status GgufFile::Unimplemented(absl::string_view key, absl::string_view problem) const {
+  return absl::UnimplementedError(absl::StrCat(path(), ": ", key, ": ", problem));
+}
 
 absl::StatusOr<uint64_t> GgufFile::GetUint(absl::string_view key) const {
   ASSIGN_OR_RETURN(const GgufValue* v, Need(*this, key));

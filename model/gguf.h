@@ -127,6 +127,10 @@ class GgufFile {
   // An array of numbers (any integer or float type), widened to double.
   absl::StatusOr<std::vector<double>> GetNumberArray(absl::string_view key) const;
 
+  // "<path>: <key>: <problem>" as INVALID_ARGUMENT (malformed) or UNIMPLEMENTED (not supported).
+  absl::Status Invalid(absl::string_view key, absl::string_view problem) const;
+  absl::Status Unimplemented(absl::string_view key, absl::string_view problem) const;
+
  private:
   explicit GgufFile(std::unique_ptr<MappedFile> file) : file_(std::move(file)) {}
   absl::Status Parse();

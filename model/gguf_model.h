@@ -3,45 +3,51 @@
 //
 // The file is translated into the Hugging Face forms the rest of kvrm already checks: its
 // metadata into a config.json (ParseLlamaConfig validates it), its embedded tokenizer into a
-// tokenizer.json (Tokenizer::FromJson reads it), its tensors into the HF weight set:
+// tokenizer.json (model/gguf_tokenizer.h), its tensors into the HF weight set:
 // - f32, f16 and bf16 tensors are used in place (memory-mapped), except attn_q and attn_k:
 //   llama.cpp's converter reorders their rows for RoPE on adjacent pairs, and the loader puts
 //   them back in HF's order (rotate_half) in a copy;
 // - quantized tensors (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K) are dequantized once at
 //   load, with ggml's formulas, into GgufLoadOptions::dequantized (bf16 by default: the CUDA
-//   backend's type, and half the memory of f32). The engine then computes in that type: the
-//   weights are the quantized file's values, not its arithmetic (llama.cpp multiplies the
-//   blocks themselves).
+//   backend's type, and half the memory of f32). bf16 keeps 8 significant bits, so the engine
+//   computes with the file's values rounded (a q8_0 element moves by up to a quarter of its
+//   step; f32 keeps them exact), and in its own arithmetic (llama.cpp multiplies the blocks
+//   themselves).
 // - rope_freqs.weight (Llama 3.1's RoPE scaling, as the converter writes it) becomes
 //   RopeScaling "freq_factors".
-// Architectures, tokenizers and tensor types it does not implement are UNIMPLEMENTED naming the
-// key or tensor; anything malformed is INVALID_ARGUMENT naming the file and the key or tensor.
+// Architectures, tokenizers, tensor types and split files it does not implement are
+// UNIMPLEMENTED naming the key or tensor; anything malformed is INVALID_ARGUMENT naming the file
+// and the key or tensor.
 #ifndef KVRM_MODEL_GGUF_MODEL_H_
 #define KVRM_MODEL_GGUF_MODEL_H_
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "common/dtype.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/tokenizer.h"
 #include "model/weights.h"
 
 namespace kvrm {
 
 struct GgufLoadOptions {
   DType dequantized = DType::kBF16;  // what quantized tensors become (kF32 or kBF16)
+  // Threads that dequantize (and reorder) a tensor's rows; the default is every core.
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
 };
 
 struct GgufModel {
   LlamaConfig config;
-  LlamaWeights weights;        // views into `file`, or into `converted`
-  std::string tokenizer_json;  // the embedded tokenizer, as tokenizer.json text
-  std::string chat_template;   // tokenizer.chat_template; empty when the file has none
-  std::string bos_token;       // the BOS and EOS texts (chat templates use them); empty if none
+  LlamaWeights weights;                  // views into `file`, or into `converted`
+  std::unique_ptr<Tokenizer> tokenizer;  // the embedded one (model/gguf_tokenizer.h)
+  std::string chat_template;             // tokenizer.chat_template; empty when the file has none
+  std::string bos_token;  // the BOS and EOS texts (chat templates use them); empty if none
   std::string eos_token;
   std::unique_ptr<GgufFile> file;
   std::vector<std::vector<std::byte>> converted;  // dequantized or reordered tensors
@@ -52,18 +58,6 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
 
 // The model's config.json, from the file's metadata and tensors (exposed for tests).
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& file);
-
-// The tokenizer.json equivalent of the file's embedded tokenizer (exposed for tests):
-// - "gpt2" (byte-level BPE: Llama 3, Qwen2, GPT-2): the vocabulary and merges as they are, and
-//   the pre-tokenizer llama.cpp uses for tokenizer.ggml.pre ("llama-bpe" also takes a word that
-//   is a whole token as it is, as Llama 3's tokenizer.json does);
-// - "llama" (SentencePiece BPE: Llama 2, Mistral): merges made from the scores as Transformers'
-//   converter makes them (by the merged piece's score, highest first), which is also the order
-//   llama.cpp merges in; spaces as U+2581 with one prepended, unknown bytes as <0xXX> tokens.
-// Control, user-defined and unknown tokens are added tokens (control and unknown special); BOS
-// and EOS are added as tokenizer.ggml.add_bos_token / add_eos_token say (llama.cpp's defaults
-// otherwise).
-absl::StatusOr<std::string> GgufTokenizerJson(const GgufFile& file);
 
 // The row of the Hugging Face layout that row `row` of a converted attn_q / attn_k tensor holds:
 // the converter wrote HF row h*hd + t*hd/2 + j as row h*hd + 2*j + t (`head_dim` = hd).

@@ -1,5 +1,5 @@
-// ggml's block formats: dequantization (the loader) and quantization (make_model's GGUF writer
-// and the tests), for the types GgmlType lists.
+// ggml's block formats: dequantization (the loader) and quantization (tools/gguf's converter and
+// the tests), for the types GgmlType lists.
 //
 // Dequantization follows ggml's reference dequantize_row_* exactly (ggml-quants.c): the same
 // bits, the same float operations in the same order. Quantization is a plain rounding of each

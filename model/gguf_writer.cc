@@ -83,7 +83,7 @@ void GgufWriter::AddTensor(absl::string_view name, GgmlType type, std::vector<in
   tensors_.push_back(Tensor{std::string(name), type, std::move(ne), std::move(data)});
 }
 
-std::string GgufWriter::Serialize() const {
+std::string GgufWriter::Header() const {
   std::string out;
   out.append("GGUF", 4);
   Put<uint32_t>(&out, 3);
@@ -100,6 +100,11 @@ std::string GgufWriter::Serialize() const {
     offset += Pad(t.data.size());
   }
   out.resize(Pad(out.size()), '\0');
+  return out;
+}
+
+std::string GgufWriter::Serialize() const {
+  std::string out = Header();
   for (const Tensor& t : tensors_) {
     out.append(reinterpret_cast<const char*>(t.data.data()), t.data.size());
     out.resize(Pad(out.size()), '\0');
@@ -109,8 +114,14 @@ std::string GgufWriter::Serialize() const {
 
 absl::Status GgufWriter::WriteFile(const std::string& path) const {
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  const std::string bytes = Serialize();
-  file.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::string header = Header();
+  file.write(header.data(), static_cast<std::streamsize>(header.size()));
+  const char zeros[kAlignment] = {};
+  for (const Tensor& t : tensors_) {
+    file.write(reinterpret_cast<const char*>(t.data.data()),
+               static_cast<std::streamsize>(t.data.size()));
+    file.write(zeros, static_cast<std::streamsize>(Pad(t.data.size()) - t.data.size()));
+  }
   file.close();
   if (!file) return absl::InternalError(absl::StrCat(path, ": write failed"));
   return absl::OkStatus();

@@ -1,6 +1,6 @@
 // Writes GGUF files (version 3) as llama.cpp's writers lay them out: the metadata in the order
 // added, the tensor infos, then each tensor's data at a multiple of the alignment (32), in the
-// order added. make_model's --gguf output and the tests use it.
+// order added. tools/gguf's converter and the tests use it.
 #ifndef KVRM_MODEL_GGUF_WRITER_H_
 #define KVRM_MODEL_GGUF_WRITER_H_
 
@@ -35,8 +35,9 @@ class GgufWriter {
   void AddTensor(absl::string_view name, GgmlType type, std::vector<int64_t> ne,
                  std::vector<std::byte> data);
 
-  // The whole file's bytes.
+  // The whole file's bytes (tests).
   std::string Serialize() const;
+  // Streams the file to `path` (the tensors are not copied again).
   absl::Status WriteFile(const std::string& path) const;
 
  private:
@@ -47,6 +48,8 @@ class GgufWriter {
     std::vector<std::byte> data;
   };
   void Key(absl::string_view key, uint32_t type);
+  // Everything before the first tensor's data, padded to the alignment.
+  std::string Header() const;
 
   std::string metadata_;  // encoded entries
   uint64_t entries_ = 0;

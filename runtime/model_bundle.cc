@@ -45,9 +45,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path) {
   GgufModel& g = *bundle->gguf;
   bundle->config = g.config;
   bundle->weights = g.weights;
-  ASSIGN_OR_RETURN(bundle->tokenizer,
-                   Tokenizer::FromJson(g.tokenizer_json, absl::StrCat(path, " (tokenizer)"),
-                                       g.config.vocab_size));
+  bundle->tokenizer = std::move(g.tokenizer);
   bundle->chat.bos_token = g.bos_token;
   bundle->chat.eos_token = g.eos_token;
   if (!g.chat_template.empty()) {
@@ -58,9 +56,10 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string& dir) {
-  ASSIGN_OR_RETURN(const std::string gguf, GgufPath(dir));
+absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string& path) {
+  ASSIGN_OR_RETURN(const std::string gguf, GgufPath(path));
   if (!gguf.empty()) return LoadGguf(gguf);
+  const std::string& dir = path;
   auto bundle = std::make_unique<ModelBundle>();
   bundle->dir = dir;
   bundle->name = std::filesystem::path(dir).lexically_normal().filename().string();
@@ -101,8 +100,8 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
                    add_bos ? std::optional<std::string_view>(bos) : std::nullopt,
                    add_eos ? std::optional<std::string_view>(eos) : std::nullopt);
                !st.ok()) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, "/tokenizer_config.json (",
-                                                     chat.tokenizer_class, "): ", st.message()));
+      return absl::InvalidArgumentError(
+          absl::StrCat(dir, "/tokenizer_config.json (", chat.tokenizer_class, "): ", st.message()));
     }
   }
   return bundle;

@@ -59,6 +59,8 @@ TEST(GgufE2eTest, AnF32FileGeneratesWhatItsDirectoryGenerates) {
   EXPECT_EQ(Generate(gguf), Generate(hf));
 }
 
+// A smoke test of the quantized path end to end (its numerics: //tools/gguf:gguf_convert_test,
+// the weights against the originals and the block formats against their layouts).
 TEST(GgufE2eTest, AQuantizedFileServes) {
   TestServer gguf(Load(ConvertTiny(GgmlType::kQ4_0, "tiny-q4_0.gguf")), Options());
   const std::vector<std::vector<int32_t>> tokens = Generate(gguf);

@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -10,21 +11,14 @@
 #include "kernels/cpu/weight_matrix.h"
 #include "model/gguf_model.h"
 #include "model/gguf_quants.h"
+#include "model/gguf_vocab.h"
 #include "model/tokenizer.h"
 #include "runtime/model_bundle.h"
 
 namespace kvrm {
 namespace {
 
-// llama.h's llama_token_type.
-constexpr int32_t kNormal = 1, kUnknown = 2, kControl = 3, kUserDefined = 4, kUnused = 5, kByte = 6;
-
-// The split regexes of the tokenizer.json byte-level BPEs llama.cpp names (as Transformers
-// writes them).
-constexpr absl::string_view kLlama3Split =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
-constexpr absl::string_view kQwen2Split =
-    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+using namespace gguf_vocab;  // NOLINT: the token types and splits
 
 // tokenizer.ggml.pre for a byte-level BPE's pre_tokenizer.
 absl::StatusOr<std::string> PreTokenizerName(const Json& pre) {
@@ -32,10 +26,11 @@ absl::StatusOr<std::string> PreTokenizerName(const Json& pre) {
     return std::string("gpt-2");
   }
   if (pre.is_object() && pre.value("type", "") == "Sequence") {
-    const Json& list = pre["pretokenizers"];
-    if (list.is_array() && list.size() == 2 && list[0].value("type", "") == "Split" &&
-        list[1].value("type", "") == "ByteLevel") {
-      const std::string regex = list[0]["pattern"].value("Regex", "");
+    const Json list = pre.value("pretokenizers", Json());
+    if (list.is_array() && list.size() == 2 && list[0].is_object() && list[1].is_object() &&
+        list[0].value("type", "") == "Split" && list[1].value("type", "") == "ByteLevel") {
+      const Json pattern = list[0].value("pattern", Json());
+      const std::string regex = pattern.is_object() ? pattern.value("Regex", "") : "";
       if (regex == kLlama3Split) return std::string("llama-bpe");
       if (regex == kQwen2Split) return std::string("qwen2");
     }
@@ -45,16 +40,41 @@ absl::StatusOr<std::string> PreTokenizerName(const Json& pre) {
                    ": no llama.cpp pre-tokenizer is known to match it"));
 }
 
+}  // namespace
+
+GgmlType FallbackType(GgmlType type, int64_t cols) {
+  if (cols % GgmlTraits(type).block_elems == 0) return type;
+  switch (type) {  // llama-quantize's (llama-quant.cpp) for rows of no whole 256-element block
+    case GgmlType::kQ4_K:
+      type = GgmlType::kQ5_0;
+      break;
+    case GgmlType::kQ5_K:
+      type = GgmlType::kQ5_1;
+      break;
+    case GgmlType::kQ6_K:
+      type = GgmlType::kQ8_0;
+      break;
+    default:
+      break;
+  }
+  return cols % GgmlTraits(type).block_elems == 0 ? type : GgmlType::kF16;
+}
+
+namespace {
+
 std::string MergeString(const Json& m) {
   if (m.is_string()) return m.get<std::string>();
-  return absl::StrCat(m[0].get<std::string>(), " ", m[1].get<std::string>());
+  return absl::StrCat(m.at(0).get<std::string>(), " ", m.at(1).get<std::string>());
 }
 
 }  // namespace
 
 absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, GgufWriter* w) {
-  const Json& model = tj["model"];
-  if (!model.is_object() || model.value("type", "") != "BPE") {
+  // Read by kvrm's tokenizer first: past it, the structure read below is known to be sound.
+  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
+                   Tokenizer::FromJson(tj.dump(), "tokenizer.json"));
+  const Json& model = tj.at("model");
+  if (model.value("type", "") != "BPE") {
     return absl::UnimplementedError("tokenizer.json: only BPE models convert to GGUF");
   }
   const bool spm = model.value("byte_fallback", false);
@@ -71,22 +91,22 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
     tokens[id] = text;
     types[id] = type;
   };
-  for (const auto& [text, id] : model["vocab"].items()) {
+  for (const auto& [text, id] : model.at("vocab").items()) {
     const bool byte = spm && text.size() == 6 && text.rfind("<0x", 0) == 0 && text.back() == '>';
     put(id.get<int64_t>(), text, byte ? kByte : kNormal);
   }
   const std::string unk =
-      model["unk_token"].is_string() ? model["unk_token"].get<std::string>() : "";
-  for (const Json& a : tj["added_tokens"]) {
-    const std::string text = a["content"].get<std::string>();
-    put(a["id"].get<int64_t>(), text,
+      model.value("unk_token", Json()).is_string() ? model.at("unk_token").get<std::string>() : "";
+  for (const Json& a : tj.value("added_tokens", Json::array())) {
+    const std::string text = a.at("content").get<std::string>();
+    put(a.at("id").get<int64_t>(), text,
         text == unk                 ? kUnknown
         : a.value("special", false) ? kControl
                                     : kUserDefined);
   }
   absl::flat_hash_map<std::string, int64_t> rank;  // the first merge making each piece
   std::vector<std::string> merges;
-  for (const Json& m : model["merges"]) {
+  for (const Json& m : model.value("merges", Json::array())) {
     merges.push_back(MergeString(m));
     const size_t space = merges.back().find(' ');
     std::string piece = merges.back();
@@ -106,7 +126,7 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
     w->AddFloat32Array("tokenizer.ggml.scores", scores);
     w->AddInt32Array("tokenizer.ggml.token_type", types);
   } else {
-    ASSIGN_OR_RETURN(const std::string pre, PreTokenizerName(tj["pre_tokenizer"]));
+    ASSIGN_OR_RETURN(const std::string pre, PreTokenizerName(tj.value("pre_tokenizer", Json())));
     w->AddString("tokenizer.ggml.pre", pre);
     w->AddStringArray("tokenizer.ggml.tokens", tokens);
     w->AddInt32Array("tokenizer.ggml.token_type", types);
@@ -122,8 +142,6 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
     }
   }
   // Whether the post-processor adds BOS / EOS: what encoding nothing with special tokens gives.
-  ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
-                   Tokenizer::FromJson(tj.dump(), "tokenizer.json"));
   ASSIGN_OR_RETURN(std::vector<int32_t> ids, tokenizer->Encode("", /*add_special_tokens=*/true));
   w->AddBool("tokenizer.ggml.add_bos_token", !ids.empty() && ids.front() == bos_id);
   w->AddBool("tokenizer.ggml.add_eos_token", !ids.empty() && ids.back() == eos_id);
@@ -163,9 +181,14 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
 
   ASSIGN_OR_RETURN(Json tokenizer, ReadJsonFile(model_dir + "/tokenizer.json"));
   const int64_t bos = c.bos_token_id ? *c.bos_token_id : -1;
-  const int64_t eos = c.eos_token_ids.empty() ? -1 : c.eos_token_ids[0];
+  // EOS as convert_hf_to_gguf takes it: tokenizer_config's eos_token (the end of a turn, for an
+  // instruct model), else config.json's first. The loader adds the other ends of generation
+  // llama.cpp knows by their text (<|eot_id|>, <|eom_id|>, <|end_of_text|>, ...).
+  int64_t eos = c.eos_token_ids.empty() ? -1 : c.eos_token_ids[0];
+  if (const std::optional<int32_t> id = model->tokenizer->TokenToId(model->chat.eos_token)) {
+    eos = *id;
+  }
   RETURN_IF_ERROR(AddGgufTokenizer(tokenizer, bos, eos, &w));
-  if (c.eos_token_ids.size() > 1) w.AddUint32("tokenizer.ggml.eot_token_id", c.eos_token_ids[1]);
   // The chat template as the model's files give it (chat_template.jinja over tokenizer_config's).
   std::string chat;
   if (absl::StatusOr<std::string> jinja = ReadFileToString(model_dir + "/chat_template.jinja");
@@ -194,11 +217,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // Each matrix row by row: to float, reordered where the converter permutes, then encoded.
   auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows) {
     const bool norm = m.rows == 1;
-    GgmlType type = norm ? GgmlType::kF32 : options.type;
-    if (m.cols % GgmlTraits(type).block_elems != 0) {
-      type =
-          m.cols % GgmlTraits(GgmlType::kQ8_0).block_elems == 0 ? GgmlType::kQ8_0 : GgmlType::kF16;
-    }
+    const GgmlType type = norm ? GgmlType::kF32 : FallbackType(options.type, m.cols);
     const GgmlTypeTraits& t = GgmlTraits(type);
     const size_t row_bytes = static_cast<size_t>(m.cols / t.block_elems * t.block_bytes);
     std::vector<std::byte> bytes(row_bytes * m.rows);

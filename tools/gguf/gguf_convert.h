@@ -19,11 +19,14 @@
 namespace kvrm {
 
 struct GgufConvertOptions {
-  // The type of every matrix. A quantized type falls back to q8_0 for a matrix whose rows are
-  // not whole blocks of it (a 128-wide model has no whole 256-element K-quant blocks), and to
-  // f16 when they are not whole q8_0 blocks either; norms are always f32.
+  // The type of every matrix but those FallbackType changes; norms are always f32.
   GgmlType type = GgmlType::kF16;
 };
+
+// The type a matrix with rows of `cols` elements takes for `type`: itself when its rows are whole
+// blocks; else what llama-quantize falls back to (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0: a
+// 128-wide model has no whole 256-element K-quant block), and f16 when that does not fit either.
+GgmlType FallbackType(GgmlType type, int64_t cols);
 
 absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_path,
                            const GgufConvertOptions& options = {});

@@ -7,8 +7,11 @@
 #include <zlib.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <optional>
 #include <random>
 
 #include "absl/strings/str_cat.h"
@@ -19,6 +22,8 @@
 #include "kernels/cpu/weight_matrix.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
+#include "model/gguf_quants.h"
+#include "model/gguf_tokenizer.h"
 #include "model/gguf_writer.h"
 #include "model/tokenizer.h"
 #include "runtime/model_bundle.h"
@@ -132,9 +137,7 @@ TokenizerPair MakePair(const std::string& family) {
   CHECK_OK(w.WriteFile(path));
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
   CHECK_OK(file.status());
-  absl::StatusOr<std::string> json = GgufTokenizerJson(**file);
-  CHECK_OK(json.status());
-  absl::StatusOr<std::unique_ptr<Tokenizer>> g = Tokenizer::FromJson(*json, family + ".gguf");
+  absl::StatusOr<std::unique_ptr<Tokenizer>> g = LoadGgufTokenizer(**file);
   CHECK_OK(g.status());
   pair.gguf = std::move(*g);
   return pair;
@@ -186,6 +189,71 @@ TEST_P(GgufTokenizerTest, EncodesAndDecodesAsTokenizerJson) {
 
 INSTANTIATE_TEST_SUITE_P(Families, GgufTokenizerTest,
                          ::testing::Values("llama3", "gpt2", "qwen3", "llama2"));
+
+// llama.cpp's ends of generation: a Llama 3 file whose EOS is <|eot_id|> alone (as converted from
+// an instruct model's tokenizer_config) also ends at <|end_of_text|>, as llama.cpp does.
+TEST(GgufSpecialTokensTest, EndsOfGenerationAreLlamaCpps) {
+  absl::StatusOr<Json> tj = ParseJson(TokenizerJsonText("llama3"), "llama3");
+  ASSERT_TRUE(tj.ok());
+  const TokenizerPair pair = MakePair("llama3");
+  const int32_t eot = *pair.hf->TokenToId("<|eot_id|>");
+  const int32_t end = *pair.hf->TokenToId("<|end_of_text|>");
+  GgufWriter w;
+  ASSERT_TRUE(AddGgufTokenizer(*tj, *pair.hf->TokenToId("<|begin_of_text|>"), eot, &w).ok());
+  const std::string path = TmpDir() + "/llama3-eot.gguf";
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  absl::StatusOr<GgufSpecialTokens> s = ReadGgufSpecialTokens(**file);
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(s->eos, eot);
+  EXPECT_THAT(s->end_of_generation, ::testing::ElementsAre(eot, end));
+}
+
+// A SentencePiece vocabulary with no id keys takes llama.cpp's defaults (BOS 1, EOS 2, BOS
+// added); add_space_prefix false leaves the text's start alone.
+TEST(GgufSpecialTokensTest, SentencePieceDefaultsAndSpacePrefix) {
+  std::vector<std::string> tokens = {"<unk>", "<s>", "</s>"};
+  std::vector<int32_t> types = {2, 3, 3};
+  for (int b = 0; b < 256; ++b) {
+    char hex[8];
+    std::snprintf(hex, sizeof(hex), "<0x%02X>", b);
+    tokens.push_back(hex);
+    types.push_back(6);
+  }
+  for (const char* piece : {"\xe2\x96\x81", "H", "i", "\xe2\x96\x81H", "Hi", "\xe2\x96\x81Hi"}) {
+    tokens.push_back(piece);
+    types.push_back(1);
+  }
+  std::vector<float> scores(tokens.size(), 0.0f);
+  for (size_t i = 259; i < tokens.size(); ++i) scores[i] = -static_cast<float>(i);
+  auto load = [&](std::optional<bool> space_prefix) {
+    GgufWriter w;
+    w.AddString("tokenizer.ggml.model", "llama");
+    w.AddStringArray("tokenizer.ggml.tokens", tokens);
+    w.AddFloat32Array("tokenizer.ggml.scores", scores);
+    w.AddInt32Array("tokenizer.ggml.token_type", types);
+    if (space_prefix) w.AddBool("tokenizer.ggml.add_space_prefix", *space_prefix);
+    const std::string path = TmpDir() + "/spm.gguf";
+    CHECK_OK(w.WriteFile(path));
+    absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+    CHECK_OK(file.status());
+    absl::StatusOr<GgufSpecialTokens> s = ReadGgufSpecialTokens(**file);
+    CHECK_OK(s.status());
+    EXPECT_EQ(s->bos, 1);
+    EXPECT_THAT(s->end_of_generation, ::testing::ElementsAre(2));
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = LoadGgufTokenizer(**file);
+    CHECK_OK(tok.status());
+    return std::move(*tok);
+  };
+  const std::unique_ptr<Tokenizer> prefixed = load(std::nullopt);
+  const int32_t space_hi = 258 + 6, hi = 258 + 5, bos = 1;
+  EXPECT_THAT(*prefixed->Encode("Hi", true), ::testing::ElementsAre(bos, space_hi));
+  EXPECT_EQ(prefixed->Decode({bos, space_hi}, true), "Hi");
+  const std::unique_ptr<Tokenizer> plain = load(false);
+  EXPECT_THAT(*plain->Encode("Hi", false), ::testing::ElementsAre(hi));
+  EXPECT_EQ(plain->Decode({hi}, true), "Hi");
+}
 
 // ---- whole models -----------------------------------------------------------------------------
 
@@ -262,7 +330,10 @@ TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
   EXPECT_EQ(b.rope_theta, a.rope_theta);
   EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
   EXPECT_EQ(b.bos_token_id, a.bos_token_id);
-  EXPECT_EQ(b.eos_token_ids, a.eos_token_ids);
+  // EOS is tokenizer_config's (as convert_hf_to_gguf takes it); the loader finds the other end of
+  // generation by its text, as llama.cpp does.
+  EXPECT_THAT(b.eos_token_ids, ::testing::UnorderedElementsAreArray(a.eos_token_ids));
+  EXPECT_EQ(b.eos_token_ids[0], *hf->tokenizer->TokenToId(hf->chat.eos_token));
   // The tiny model's llama3 RoPE scaling arrives as rope_freqs (f32 divisors).
   ASSERT_EQ(a.rope_scaling.type, "llama3");
   EXPECT_EQ(b.rope_scaling.type, "freq_factors");
@@ -298,8 +369,8 @@ TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
 }
 
 // Quantized files: every matrix within its format's resolution of the original; norms exact
-// (f32 in every file). The tiny model's 128-wide rows are no whole K-quant block, so its
-// matrices take q8_0 there, as llama-quantize falls back.
+// (f32 in every file). The tiny model's 128- and 352-wide rows are no whole K-quant block, so q4_K
+// falls back to q5_0 there, as llama-quantize does (K-quants through the loader: below).
 TEST(GgufModelTest, QuantizedFilesHoldTheWeightsWithinTheirFormatsResolution) {
   const std::unique_ptr<ModelBundle> hf = Load(TinyDir());
   const auto original = Matrices(hf->weights);
@@ -310,7 +381,7 @@ TEST(GgufModelTest, QuantizedFilesHoldTheWeightsWithinTheirFormatsResolution) {
   };
   for (const Case& c : {Case{GgmlType::kQ8_0, "q8_0", 0.01}, Case{GgmlType::kQ4_0, "q4_0", 0.15},
                         Case{GgmlType::kQ5_1, "q5_1", 0.06}, Case{GgmlType::kF16, "f16", 1e-3},
-                        Case{GgmlType::kQ4_K, "q4_K", 0.01}}) {
+                        Case{GgmlType::kQ4_K, "q4_K", 0.075}}) {
     const std::string path = Convert(c.type, absl::StrCat("tiny-", c.name, ".gguf"));
     for (const DType dq : {DType::kBF16, DType::kF32}) {
       GgufLoadOptions options;
@@ -318,7 +389,14 @@ TEST(GgufModelTest, QuantizedFilesHoldTheWeightsWithinTheirFormatsResolution) {
       absl::StatusOr<std::unique_ptr<GgufModel>> g = LoadGgufModel(path, options);
       ASSERT_TRUE(g.ok()) << g.status();
       const auto loaded = Matrices((*g)->weights);
+      // Rows are shared among threads: one thread converts the same bits.
+      options.threads = 1;
+      absl::StatusOr<std::unique_ptr<GgufModel>> one = LoadGgufModel(path, options);
+      ASSERT_TRUE(one.ok()) << one.status();
+      const auto serial = Matrices((*one)->weights);
       for (size_t i = 0; i < loaded.size(); ++i) {
+        ASSERT_EQ(std::memcmp(loaded[i]->data, serial[i]->data, loaded[i]->bytes()), 0)
+            << c.name << " matrix " << i;
         const bool norm = loaded[i]->rows == 1;
         EXPECT_LT(RmsShare(*original[i], *loaded[i]), norm ? 1e-12 : c.max_share)
             << c.name << " matrix " << i;
@@ -326,6 +404,15 @@ TEST(GgufModelTest, QuantizedFilesHoldTheWeightsWithinTheirFormatsResolution) {
       }
     }
   }
+}
+
+TEST(GgufConvertTest, KQuantsFallBackAsLlamaQuantizeDoes) {
+  EXPECT_EQ(FallbackType(GgmlType::kQ4_K, 4096), GgmlType::kQ4_K);
+  EXPECT_EQ(FallbackType(GgmlType::kQ4_K, 352), GgmlType::kQ5_0);
+  EXPECT_EQ(FallbackType(GgmlType::kQ5_K, 128), GgmlType::kQ5_1);
+  EXPECT_EQ(FallbackType(GgmlType::kQ6_K, 128), GgmlType::kQ8_0);
+  EXPECT_EQ(FallbackType(GgmlType::kQ8_0, 100), GgmlType::kF16);
+  EXPECT_EQ(FallbackType(GgmlType::kF32, 7), GgmlType::kF32);
 }
 
 TEST(GgufModelTest, ADirectoryWithOneGgufFileLoadsIt) {
@@ -389,9 +476,14 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   CHECK_OK(bytes.WriteFile(path));
   absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
   ASSERT_TRUE(file.ok());
-  st = GgufTokenizerJson(**file).status();
+  st = LoadGgufTokenizer(**file).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(st.message()), HasSubstr("tokenizer.ggml.tokens: token 1 is not UTF-8"));
+  GgufWriter split = base("llama", "gpt2", "llama-bpe");
+  split.AddUint32("split.count", 3);
+  st = load(split, "split.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("split.count: one part of 3"));
   GgufWriter partial = base("llama", "gpt2", "llama-bpe");
   partial.AddUint32("llama.rope.dimension_count", 16);
   st = load(partial, "partial.gguf");
@@ -421,6 +513,83 @@ TEST(GgufModelTest, ClaimedLayersAreBoundByTheTensorsPresent) {
   const absl::Status st = LoadGgufModel(path).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(st.message()), HasSubstr("tensor \"blk.0.attn_norm.weight\" is missing"));
+}
+
+// K-quant matrices through the loader (the tiny model has no 256-wide rows): a one-layer model
+// 256 wide in q4_K, q5_K and q6_K, loaded as f32, holds exactly the file's dequantized rows, with
+// attn_q and attn_k rows back in Hugging Face's order.
+TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
+  constexpr int64_t kD = 256, kHeads = 4, kKv = 2, kHd = 64, kFfn = 512, kVocab = 3;
+  GgufWriter w;
+  w.AddString("general.architecture", "llama");
+  w.AddUint32("llama.context_length", 64);
+  w.AddUint32("llama.embedding_length", kD);
+  w.AddUint32("llama.block_count", 1);
+  w.AddUint32("llama.feed_forward_length", kFfn);
+  w.AddUint32("llama.attention.head_count", kHeads);
+  w.AddUint32("llama.attention.head_count_kv", kKv);
+  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddString("tokenizer.ggml.pre", "gpt-2");
+  w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "ab"});
+  w.AddStringArray("tokenizer.ggml.merges", {"a b"});
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist(0.0f, 0.05f);
+  struct Matrix {
+    const char* name;
+    GgmlType type;
+    int64_t rows, cols;
+  };
+  const Matrix matrices[] = {{"token_embd.weight", GgmlType::kQ6_K, kVocab, kD},
+                             {"blk.0.attn_q.weight", GgmlType::kQ4_K, kHeads * kHd, kD},
+                             {"blk.0.attn_k.weight", GgmlType::kQ5_K, kKv * kHd, kD},
+                             {"blk.0.attn_v.weight", GgmlType::kQ6_K, kKv * kHd, kD},
+                             {"blk.0.attn_output.weight", GgmlType::kQ4_K, kD, kHeads * kHd},
+                             {"blk.0.ffn_gate.weight", GgmlType::kQ5_K, kFfn, kD},
+                             {"blk.0.ffn_up.weight", GgmlType::kQ4_K, kFfn, kD},
+                             {"blk.0.ffn_down.weight", GgmlType::kQ6_K, kD, kFfn}};
+  std::map<std::string, std::vector<std::byte>> encoded;
+  for (const Matrix& m : matrices) {
+    std::vector<float> x(m.rows * m.cols);
+    for (float& v : x) v = dist(rng);
+    const GgmlTypeTraits& t = GgmlTraits(m.type);
+    std::vector<std::byte> bytes(m.rows * m.cols / t.block_elems * t.block_bytes);
+    QuantizeRow(m.type, x.data(), m.rows * m.cols, bytes.data());
+    encoded[m.name] = bytes;
+    w.AddTensor(m.name, m.type, {m.cols, m.rows}, std::move(bytes));
+  }
+  for (const char* norm :
+       {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"}) {
+    w.AddTensor(norm, GgmlType::kF32, {kD}, std::vector<std::byte>(kD * 4));
+  }
+  const std::string path = TmpDir() + "/kquants.gguf";
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  GgufLoadOptions options;
+  options.dequantized = DType::kF32;
+  absl::StatusOr<std::unique_ptr<GgufModel>> g = LoadGgufModel(path, options);
+  ASSERT_TRUE(g.ok()) << g.status();
+  const LlamaWeights& lw = (*g)->weights;
+  const LayerWeights& l = lw.layers[0];
+  const std::map<std::string, const WeightMatrix*> loaded = {
+      {"token_embd.weight", &lw.embed},    {"blk.0.attn_q.weight", &l.wq},
+      {"blk.0.attn_k.weight", &l.wk},      {"blk.0.attn_v.weight", &l.wv},
+      {"blk.0.attn_output.weight", &l.wo}, {"blk.0.ffn_gate.weight", &l.w_gate},
+      {"blk.0.ffn_up.weight", &l.w_up},    {"blk.0.ffn_down.weight", &l.w_down}};
+  EXPECT_EQ(lw.lm_head.data, lw.embed.data);  // no output.weight: tied
+  for (const Matrix& m : matrices) {
+    const WeightMatrix& got = *loaded.at(m.name);
+    ASSERT_EQ(got.dtype, DType::kF32) << m.name;
+    const bool rope = std::string(m.name).find("attn_q") != std::string::npos ||
+                      std::string(m.name).find("attn_k") != std::string::npos;
+    const GgmlTypeTraits& t = GgmlTraits(m.type);
+    const size_t row_bytes = m.cols / t.block_elems * t.block_bytes;
+    std::vector<float> want(m.cols), row(m.cols);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      DequantizeRow(m.type, encoded[m.name].data() + r * row_bytes, m.cols, want.data());
+      WeightRowToFloat(got, rope ? GgufRopeRowToHf(r, kHd) : r, row.data());
+      ASSERT_EQ(row, want) << m.name << " row " << r;
+    }
+  }
 }
 
 TEST(GgufModelTest, RopeRowsGoBackToTheirHuggingFaceOrder) {
