@@ -158,10 +158,12 @@ bool IsFloat(GgufValueType t) {
   return t == GgufValueType::kFloat32 || t == GgufValueType::kFloat64;
 }
 
+}  // namespace
+
 // A cursor over the header that never reads past the mapping: every read checks what is left.
-class Reader {
+class GgufReader {
  public:
-  Reader(const std::string& path, const std::byte* base, size_t size)
+  GgufReader(const std::string& path, const std::byte* base, size_t size)
       : path_(path), base_(base), size_(size) {}
   size_t offset() const { return pos_; }
   size_t left() const { return size_ - pos_; }
@@ -199,6 +201,8 @@ class Reader {
   size_t pos_ = 0;
 };
 
+namespace {
+
 absl::Status KeyError(const std::string& path, absl::string_view key, absl::string_view problem) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", key, ": ", problem));
 }
@@ -208,7 +212,7 @@ absl::Status TensorError(const std::string& path, absl::string_view name,
   return absl::InvalidArgumentError(absl::StrCat(path, ": tensor \"", name, "\": ", problem));
 }
 
-absl::Status ReadValue(Reader& r, const std::string& path, absl::string_view key, uint32_t type,
+absl::Status ReadValue(GgufReader& r, const std::string& path, absl::string_view key, uint32_t type,
                        GgufValue* v) {
   if (!KnownValueType(type)) {
     return KeyError(path, key, absl::StrCat("unknown value type ", type));
@@ -283,7 +287,7 @@ absl::StatusOr<std::unique_ptr<GgufFile>> GgufFile::Open(const std::string& path
 
 absl::Status GgufFile::Parse() {
   const std::string& p = path();
-  Reader r(p, file_->data(), file_->size());
+  GgufReader r(p, file_->data(), file_->size());
   uint32_t magic;
   RETURN_IF_ERROR(r.Scalar(&magic, "the magic"));
   if (magic != kMagic) return absl::InvalidArgumentError(absl::StrCat(p, ": not a GGUF file"));
@@ -303,6 +307,27 @@ absl::Status GgufFile::Parse() {
     return absl::InvalidArgumentError(absl::StrCat(p, ": ", kv_count, " metadata entries and ",
                                                    tensor_count, " tensors cannot fit the file"));
   }
+  RETURN_IF_ERROR(ParseMetadata(r, kv_count));
+  uint64_t alignment = kDefaultAlignment;
+  if (Find("general.alignment") != nullptr) {
+    ASSIGN_OR_RETURN(alignment, GetUint("general.alignment"));
+    if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > (1u << 20)) {
+      return KeyError(p, "general.alignment",
+                      absl::StrCat(alignment, " is not a power of two up to 1 MiB"));
+    }
+  }
+  std::vector<TensorInfo> infos;
+  RETURN_IF_ERROR(ParseTensorInfos(r, tensor_count, &infos));
+  const uint64_t data_start = (r.offset() + alignment - 1) / alignment * alignment;
+  if (data_start > file_->size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(p, ": the data section starts past the end of the file"));
+  }
+  return PlaceTensors(data_start, alignment, infos);
+}
+
+absl::Status GgufFile::ParseMetadata(GgufReader& r, uint64_t kv_count) {
+  const std::string& p = path();
   keys_.reserve(kv_count);
   for (uint64_t k = 0; k < kv_count; ++k) {
     absl::string_view key;
@@ -315,20 +340,13 @@ absl::Status GgufFile::Parse() {
     if (!inserted) return KeyError(p, key, "duplicate key");
     keys_.push_back(it->first);
   }
-  uint64_t alignment = kDefaultAlignment;
-  if (Find("general.alignment") != nullptr) {
-    ASSIGN_OR_RETURN(alignment, GetUint("general.alignment"));
-    if (alignment == 0 || (alignment & (alignment - 1)) != 0 || alignment > (1u << 20)) {
-      return KeyError(p, "general.alignment",
-                      absl::StrCat(alignment, " is not a power of two up to 1 MiB"));
-    }
-  }
+  return absl::OkStatus();
+}
 
-  struct Info {
-    uint32_t type;
-    uint64_t offset;
-  };
-  std::vector<Info> infos(tensor_count);
+absl::Status GgufFile::ParseTensorInfos(GgufReader& r, uint64_t tensor_count,
+                                        std::vector<TensorInfo>* infos) {
+  const std::string& p = path();
+  infos->resize(tensor_count);
   tensors_.resize(tensor_count);
   for (uint64_t t = 0; t < tensor_count; ++t) {
     GgufTensor& tensor = tensors_[t];
@@ -351,25 +369,26 @@ absl::Status GgufFile::Parse() {
       }
       tensor.ne.push_back(static_cast<int64_t>(n));
     }
-    RETURN_IF_ERROR(r.Scalar(&infos[t].type, name));
-    RETURN_IF_ERROR(r.Scalar(&infos[t].offset, name));
+    RETURN_IF_ERROR(r.Scalar(&(*infos)[t].type, name));
+    RETURN_IF_ERROR(r.Scalar(&(*infos)[t].offset, name));
     if (!tensor_index_.emplace(tensor.name, t).second) {
       return TensorError(p, name, "duplicate tensor name");
     }
   }
-  const uint64_t data_start = (r.offset() + alignment - 1) / alignment * alignment;
-  if (data_start > file_->size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(p, ": the data section starts past the end of the file"));
-  }
+  return absl::OkStatus();
+}
+
+absl::Status GgufFile::PlaceTensors(uint64_t data_start, uint64_t alignment,
+                                    const std::vector<TensorInfo>& infos) {
+  const std::string& p = path();
   const uint64_t data_size = file_->size() - data_start;
   struct Range {
     uint64_t begin, end;
     size_t tensor;
   };
   std::vector<Range> ranges;
-  ranges.reserve(tensor_count);
-  for (uint64_t t = 0; t < tensor_count; ++t) {
+  ranges.reserve(infos.size());
+  for (size_t t = 0; t < infos.size(); ++t) {
     GgufTensor& tensor = tensors_[t];
     const GgmlTypeTraits* traits = FindGgmlType(infos[t].type);
     if (traits == nullptr) {

@@ -100,6 +100,8 @@ struct GgufTensor {
   size_t row_bytes() const;
 };
 
+class GgufReader;  // a bounds-checked cursor over a file's header (gguf.cc)
+
 class GgufFile {
  public:
   // NOT_FOUND when the file does not exist; INVALID_ARGUMENT naming the file (and key or tensor)
@@ -133,7 +135,19 @@ class GgufFile {
 
  private:
   explicit GgufFile(std::unique_ptr<MappedFile> file) : file_(std::move(file)) {}
+
+  struct TensorInfo {
+    uint32_t type = 0;
+    uint64_t offset = 0;
+  };
   absl::Status Parse();
+  absl::Status ParseMetadata(GgufReader& r, uint64_t kv_count);
+  absl::Status ParseTensorInfos(GgufReader& r, uint64_t tensor_count,
+                                std::vector<TensorInfo>* infos);
+  // Checks each tensor's type, size, alignment and bounds in the data section at `data_start`,
+  // and that no two overlap, and points it into the mapping.
+  absl::Status PlaceTensors(uint64_t data_start, uint64_t alignment,
+                            const std::vector<TensorInfo>& infos);
 
   std::unique_ptr<MappedFile> file_;
   uint32_t version_ = 0;
