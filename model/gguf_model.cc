@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <map>
 #include <string_view>
 #include <thread>
 #include <utility>
@@ -292,6 +293,19 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
   ASSIGN_OR_RETURN(const GgufSpecialTokens special, ReadGgufSpecialTokens(f));
   if (special.bos >= 0) m->bos_token = std::string(tokens[special.bos]);
   if (special.eos >= 0) m->eos_token = std::string(tokens[special.eos]);
+  // What the file is called by (Q4_K_M files are mostly q4_K): the type most parameters of its
+  // matrices have.
+  std::map<GgmlType, int64_t> by_type;
+  for (const GgufTensor& t : f.tensors()) {
+    if (t.ne.size() == 2) by_type[t.type] += t.numel();
+  }
+  int64_t most = -1;
+  for (const auto& [type, params] : by_type) {
+    if (params > most) {
+      m->file_type = GgmlTraits(type).name;
+      most = params;
+    }
+  }
   const LlamaConfig& config = m->config;
   auto* converted = &m->converted;
   ASSIGN_OR_RETURN(m->weights, BindLlamaWeights(config, [&](const std::string& hf,

@@ -47,6 +47,7 @@ struct GgufModel {
   LlamaWeights weights;                  // views into `file`, or into `converted`
   std::unique_ptr<Tokenizer> tokenizer;  // the embedded one (model/gguf_tokenizer.h)
   std::string chat_template;             // tokenizer.chat_template; empty when the file has none
+  std::string file_type;                 // the most common matrix type by parameters ("q4_K")
   std::string bos_token;  // the BOS and EOS texts (chat templates use them); empty if none
   std::string eos_token;
   std::unique_ptr<GgufFile> file;

@@ -46,6 +46,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path) {
   bundle->config = g.config;
   bundle->weights = g.weights;
   bundle->tokenizer = std::move(g.tokenizer);
+  bundle->weights_format = "gguf " + g.file_type;
   bundle->chat.bos_token = g.bos_token;
   bundle->chat.eos_token = g.eos_token;
   if (!g.chat_template.empty()) {

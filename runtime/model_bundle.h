@@ -23,6 +23,8 @@ struct ModelBundle {
   std::unique_ptr<SafetensorsSet> files;  // a Hugging Face directory's
   std::unique_ptr<GgufModel> gguf;        // a GGUF file's
   LlamaWeights weights;  // views into `files` or `gguf`
+  // "safetensors", or "gguf <type>" (GgufModel::file_type): ModelInfo.weights_format.
+  std::string weights_format = "safetensors";
   std::unique_ptr<Tokenizer> tokenizer;
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
 

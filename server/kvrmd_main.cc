@@ -377,7 +377,8 @@ int Run() {
     WritePortFile(absl::GetFlag(FLAGS_http_port_file), openai->port());
   }
   LOG(INFO) << "kvrmd " << kVersion << " serving " << m.name << " (" << m.weights.num_parameters
-            << " parameters, " << DTypeName(m.weights.dtype) << ") on port " << (*server)->port()
+            << " parameters, " << DTypeName(m.weights.dtype) << ", " << m.weights_format
+            << ") on port " << (*server)->port()
             << ": " << eo.slots << " slots, max context " << (*engine)->options().max_context
             << ", kv-mode " << so.info.kv_mode << ", kv " << DTypeName(eo.kv_dtype)
             << ", mixed steps " << ((*engine)->fuses_prefill() ? "on" : "off")

@@ -68,8 +68,13 @@ TEST(GgufE2eTest, AQuantizedFileServes) {
   for (const std::vector<int32_t>& t : tokens) {
     for (int32_t id : t) EXPECT_LT(id, gguf.model().config.vocab_size);
   }
-  // The model info names the file's dtype as loaded (its quantized matrices became bf16).
+  // The model info names the file's type and the type its quantized matrices became.
   EXPECT_EQ(gguf.model().weights.layers[0].wq.dtype, DType::kBF16);
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(gguf.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.weights_format(), "gguf q4_0");
+  EXPECT_EQ(info.dtype(), "bf16");
 }
 
 }  // namespace

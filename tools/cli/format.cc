@@ -140,6 +140,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"name", model.name()},
       {"architecture", model.architecture()},
       {"dtype", model.dtype()},
+      {"weights_format", model.weights_format()},
       {"parameters", WithMagnitude(model.num_parameters())},
       {"layers", absl::StrCat(model.num_layers())},
       {"hidden_size", absl::StrCat(model.hidden_size())},
