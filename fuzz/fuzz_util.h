@@ -2,8 +2,12 @@
 #ifndef KVRM_FUZZ_FUZZ_UTIL_H_
 #define KVRM_FUZZ_FUZZ_UTIL_H_
 
+#include <unistd.h>
+
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -38,6 +42,19 @@ inline std::unique_ptr<Tokenizer> LoadTokenizer(const std::string& family) {
       std::abort();                                                                       \
     }                                                                                     \
   } while (0)
+
+// Writes the input to this process's own file ending in `extension` (for loaders that take a
+// path and map the file) and returns the path.
+inline const std::string& WriteInputFile(const uint8_t* data, size_t size,
+                                         const std::string& extension) {
+  static const std::string path = [&] {
+    const char* tmp = std::getenv("TMPDIR");
+    return std::string(tmp ? tmp : "/tmp") + "/kvrm_fuzz_" + std::to_string(getpid()) + extension;
+  }();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
+  return path;
+}
 
 // Runs one input. (Findings are fixed where they are found; none is let through here.)
 template <typename F>

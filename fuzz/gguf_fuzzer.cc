@@ -5,11 +5,8 @@
 // read back through the typed getters; the config, tokenizer and weight translations
 // (GgufLlamaConfig, ReadGgufSpecialTokens, LoadGgufTokenizer, LoadGgufModel) may refuse the file
 // but never crash.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -22,20 +19,9 @@
 
 namespace {
 
-const std::string& TempPath() {
-  static const std::string path = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    return std::string(tmp ? tmp : "/tmp") + "/kvrm_fuzz_" + std::to_string(getpid()) + ".gguf";
-  }();
-  return path;
-}
-
 int TestOneInput(const uint8_t* data, size_t size) {
-  {
-    std::ofstream out(TempPath(), std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
-  absl::StatusOr<std::unique_ptr<kvrm::GgufFile>> file = kvrm::GgufFile::Open(TempPath());
+  const std::string& path = kvrm::fuzz::WriteInputFile(data, size, ".gguf");
+  absl::StatusOr<std::unique_ptr<kvrm::GgufFile>> file = kvrm::GgufFile::Open(path);
   if (!file.ok()) return 0;
   const kvrm::GgufFile& f = **file;
   FUZZ_CHECK(f.file_size() == size);
@@ -73,7 +59,7 @@ int TestOneInput(const uint8_t* data, size_t size) {
     absl::StatusOr<std::vector<int32_t>> ids = (*tok)->Encode("Hello, world! 123 ", true);
     if (ids.ok()) (void)(*tok)->Decode(*ids, false);
   }
-  absl::StatusOr<std::unique_ptr<kvrm::GgufModel>> model = kvrm::LoadGgufModel(TempPath());
+  absl::StatusOr<std::unique_ptr<kvrm::GgufModel>> model = kvrm::LoadGgufModel(path);
   if (model.ok()) {
     FUZZ_CHECK((*model)->weights.layers.size() ==
                static_cast<size_t>((*model)->config.num_hidden_layers));

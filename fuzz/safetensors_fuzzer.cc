@@ -1,11 +1,8 @@
 // Fuzzes SafetensorsFile::Open on arbitrary file contents: every TensorView it returns must lie
 // inside the file and hold exactly numel * DTypeSize(dtype) bytes, which the loop below reads.
-#include <unistd.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <string>
 
 #include "common/dtype.h"
@@ -14,22 +11,10 @@
 
 namespace {
 
-const std::string& TempPath() {
-  static const std::string path = [] {
-    const char* tmp = std::getenv("TMPDIR");
-    return std::string(tmp ? tmp : "/tmp") + "/kvrm_fuzz_" + std::to_string(getpid()) +
-           ".safetensors";
-  }();
-  return path;
-}
-
 int TestOneInput(const uint8_t* data, size_t size) {
-  {
-    std::ofstream out(TempPath(), std::ios::binary | std::ios::trunc);
-    out.write(reinterpret_cast<const char*>(data), static_cast<std::streamsize>(size));
-  }
+  const std::string& path = kvrm::fuzz::WriteInputFile(data, size, ".safetensors");
   absl::StatusOr<std::unique_ptr<kvrm::SafetensorsFile>> file =
-      kvrm::SafetensorsFile::Open(TempPath());
+      kvrm::SafetensorsFile::Open(path);
   if (!file.ok()) return 0;
   FUZZ_CHECK((*file)->file_size() == size);
   uint64_t sum = 0;

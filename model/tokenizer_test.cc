@@ -1,7 +1,5 @@
 #include "model/tokenizer.h"
 
-#include <zlib.h>
-
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +20,7 @@
 #include "common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/tokenizer_testdata.h"
 #include "model/tokenizer_text.h"
 #include "unicode/normalizer2.h"
 #include "unicode/unistr.h"
@@ -31,48 +30,28 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr char kTestdata[] = "model/testdata/tokenizers/";
-
-std::string ReadMaybeGzipped(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files unchanged
-  if (f == nullptr) return "";
-  std::string out;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, n);
-  gzclose(f);
-  return out;
-}
-
-std::string TokenizerJson(const std::string& family) {
-  const std::string base = absl::StrCat(kTestdata, family, "/tokenizer.json");
-  std::string text = ReadMaybeGzipped(base);
-  if (text.empty()) text = ReadMaybeGzipped(base + ".gz");
-  return text;
-}
-
 // llama3_template is llama3/tokenizer.json with its post_processor replaced; synthetic/* are a
 // real file with the components in their patch.json replaced (see tools/tokenizer_vectors).
 std::string FamilyJson(const std::string& family) {
   if (family == "llama3_template") {
-    absl::StatusOr<Json> j = ParseJson(TokenizerJson("llama3"), "llama3");
+    absl::StatusOr<Json> j = ParseJson(TestdataTokenizerJson("llama3"), "llama3");
     absl::StatusOr<Json> patch =
-        ReadJsonFile(absl::StrCat(kTestdata, "llama3_template/post_processor.json"));
+        ReadJsonFile(absl::StrCat(kTokenizerTestdata, "llama3_template/post_processor.json"));
     if (!j.ok() || !patch.ok()) return "";
     (*j)["post_processor"] = *patch;
     return j->dump();
   }
   if (family.rfind("synthetic/", 0) == 0) {
-    absl::StatusOr<Json> patch = ReadJsonFile(absl::StrCat(kTestdata, family, "/patch.json"));
+    absl::StatusOr<Json> patch = ReadJsonFile(absl::StrCat(kTokenizerTestdata, family, "/patch.json"));
     if (!patch.ok()) return "";
-    absl::StatusOr<Json> j = ParseJson(TokenizerJson((*patch)["base"]), family);
+    absl::StatusOr<Json> j = ParseJson(TestdataTokenizerJson((*patch)["base"]), family);
     if (!j.ok()) return "";
     for (const auto& [key, value] : patch->items()) {
       if (key != "base") (*j)[key] = value;
     }
     return j->dump();
   }
-  return TokenizerJson(family);
+  return TestdataTokenizerJson(family);
 }
 
 // Loading the large files takes a while; each is loaded once for the whole test binary.
@@ -101,7 +80,7 @@ class VectorsTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(VectorsTest, MatchesHuggingFace) {
   const Tokenizer& tok = Get(GetParam());
-  std::ifstream in(absl::StrCat(kTestdata, GetParam(), "/vectors.jsonl"));
+  std::ifstream in(absl::StrCat(kTokenizerTestdata, GetParam(), "/vectors.jsonl"));
   ASSERT_TRUE(in) << GetParam();
   std::string line;
   int lines = 0, failures = 0;

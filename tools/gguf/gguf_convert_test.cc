@@ -4,8 +4,6 @@
 // (Llama 3, GPT-2, Qwen3, Llama 2) encoding and decoding as their tokenizer.json does.
 #include "tools/gguf/gguf_convert.h"
 
-#include <zlib.h>
-
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -26,6 +24,7 @@
 #include "model/gguf_tokenizer.h"
 #include "model/gguf_writer.h"
 #include "model/tokenizer.h"
+#include "model/tokenizer_testdata.h"
 #include "runtime/model_bundle.h"
 #include "tools/modelgen/model_writer.h"
 #include "unicode/normalizer2.h"
@@ -36,28 +35,9 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-constexpr char kTestdata[] = "model/testdata/tokenizers/";
-
 std::string TmpDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return tmp != nullptr ? tmp : "/tmp";
-}
-
-std::string ReadMaybeGzipped(const std::string& path) {
-  gzFile f = gzopen(path.c_str(), "rb");  // reads plain files unchanged
-  if (f == nullptr) return "";
-  std::string out;
-  char buf[1 << 16];
-  int n;
-  while ((n = gzread(f, buf, sizeof(buf))) > 0) out.append(buf, n);
-  gzclose(f);
-  return out;
-}
-
-std::string TokenizerJsonText(const std::string& family) {
-  const std::string base = absl::StrCat(kTestdata, family, "/tokenizer.json");
-  std::string text = ReadMaybeGzipped(base);
-  return text.empty() ? ReadMaybeGzipped(base + ".gz") : text;
 }
 
 std::string Nfc(const std::string& s) {
@@ -115,7 +95,7 @@ struct TokenizerPair {
 };
 
 TokenizerPair MakePair(const std::string& family) {
-  const std::string text = TokenizerJsonText(family);
+  const std::string text = TestdataTokenizerJson(family);
   absl::StatusOr<Json> tj = ParseJson(text, family);
   CHECK_OK(tj.status());
   TokenizerPair pair;
@@ -152,7 +132,7 @@ TEST_P(GgufTokenizerTest, EncodesAndDecodesAsTokenizerJson) {
   // NFC are left out for it.
   const bool nfc = family == "qwen3";
   std::vector<std::string> texts;
-  std::ifstream in(absl::StrCat(kTestdata, family, "/vectors.jsonl"));
+  std::ifstream in(absl::StrCat(kTokenizerTestdata, family, "/vectors.jsonl"));
   std::string line;
   while (std::getline(in, line)) {
     absl::StatusOr<Json> v = ParseJson(line, "vectors.jsonl");
@@ -193,7 +173,7 @@ INSTANTIATE_TEST_SUITE_P(Families, GgufTokenizerTest,
 // llama.cpp's ends of generation: a Llama 3 file whose EOS is <|eot_id|> alone (as converted from
 // an instruct model's tokenizer_config) also ends at <|end_of_text|>, as llama.cpp does.
 TEST(GgufSpecialTokensTest, EndsOfGenerationAreLlamaCpps) {
-  absl::StatusOr<Json> tj = ParseJson(TokenizerJsonText("llama3"), "llama3");
+  absl::StatusOr<Json> tj = ParseJson(TestdataTokenizerJson("llama3"), "llama3");
   ASSERT_TRUE(tj.ok());
   const TokenizerPair pair = MakePair("llama3");
   const int32_t eot = *pair.hf->TokenToId("<|eot_id|>");
