@@ -4,11 +4,9 @@
 #include <cmath>
 #include <cstring>
 #include <map>
-#include <string_view>
 #include <thread>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
