@@ -22,8 +22,6 @@
 #include "gtest/gtest.h"
 #include "model/tokenizer_testdata.h"
 #include "model/tokenizer_text.h"
-#include "unicode/normalizer2.h"
-#include "unicode/unistr.h"
 
 namespace kvrm {
 namespace {
@@ -150,14 +148,6 @@ std::string RandomText(std::mt19937* rng) {
     tok::AppendUtf8(std::uniform_int_distribution<uint32_t>(lo, hi)(*rng), &s);
   }
   return s;
-}
-
-std::string Nfc(const std::string& s) {
-  UErrorCode err = U_ZERO_ERROR;
-  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
-  std::string out;
-  n->normalize(icu::UnicodeString::fromUTF8(s), err).toUTF8String(out);
-  return out;
 }
 
 class RoundTripTest : public ::testing::TestWithParam<std::string> {};

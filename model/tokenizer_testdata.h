@@ -15,6 +15,9 @@ std::string ReadMaybeGzipped(const std::string& path);
 // A family's tokenizer.json (or tokenizer.json.gz, inflated); "" if it has neither.
 std::string TestdataTokenizerJson(const std::string& family);
 
+// `s` in Unicode normal form C (what Qwen's normalizer gives back).
+std::string Nfc(const std::string& s);
+
 }  // namespace kvrm
 
 #endif  // KVRM_MODEL_TOKENIZER_TESTDATA_H_

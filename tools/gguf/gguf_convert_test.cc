@@ -27,7 +27,6 @@
 #include "model/tokenizer_testdata.h"
 #include "runtime/model_bundle.h"
 #include "tools/modelgen/model_writer.h"
-#include "unicode/normalizer2.h"
 
 namespace kvrm {
 namespace {
@@ -38,14 +37,6 @@ using ::testing::HasSubstr;
 std::string TmpDir() {
   const char* tmp = std::getenv("TEST_TMPDIR");
   return tmp != nullptr ? tmp : "/tmp";
-}
-
-std::string Nfc(const std::string& s) {
-  UErrorCode err = U_ZERO_ERROR;
-  const icu::Normalizer2* n = icu::Normalizer2::getNFCInstance(err);
-  std::string out;
-  n->normalize(icu::UnicodeString::fromUTF8(s), err).toUTF8String(out);
-  return out;
 }
 
 // Random text over ASCII words, spaces and newlines, digits, punctuation, and some non-ASCII
