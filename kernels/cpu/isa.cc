@@ -18,7 +18,9 @@ bool Supports(CpuIsa isa) {
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
              __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
     case CpuIsa::kAvx512Bf16:
-      return Supports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16");
+      // VNNI too (vpdpwssd, the q8_0 kernel): every processor with AVX512_BF16 has it.
+      return Supports(CpuIsa::kAvx512) && __builtin_cpu_supports("avx512bf16") &&
+             __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }

@@ -23,7 +23,8 @@
 namespace kvrm {
 
 // kAvx512Bf16 is kAvx512 plus vdpbf16ps for bf16 weights, which rounds the activations to bf16
-// (as GPU bf16 GEMMs do); the other paths keep f32 activations.
+// (as GPU bf16 GEMMs do; the other paths keep f32 activations), and AVX512_VNNI's vpdpwssd for
+// q8_0 weights.
 enum class CpuIsa { kGeneric, kAvx2, kAvx512, kAvx512Bf16 };
 
 std::string_view CpuIsaName(CpuIsa isa);

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <vector>
 
 #include "common/logging.h"
+#include "kernels/cpu/q8_0.h"
 
 namespace kvrm {
 
@@ -19,12 +21,19 @@ void MatMulRows_avx512_bf16(const float*, int64_t, int64_t, const WeightMatrix&,
 int64_t MatMulScratchFloats_avx512_bf16(int64_t cols);
 
 int64_t MatMulScratchFloats(int64_t cols) {
-  // Enough for every path, so a caller may switch paths (tests and benchmarks do).
-  return std::max<int64_t>(4 * cols + 16, MatMulScratchFloats_avx512_bf16(cols));
+  // Enough for every path and format, so a caller may switch paths (tests and benchmarks do).
+  return std::max({4 * cols + 16, MatMulScratchFloats_avx512_bf16(cols),
+                   (Q8ScratchBytes(cols) + 3) / 4});
 }
 
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
+  if (w.panel_format == WeightFormat::kQ8_0) {
+    CHECK(w.panels != nullptr && row_begin % WeightMatrix::kPanelRows == 0)
+        << "q8_0 panels from row " << row_begin;
+  } else {
+    CHECK(w.format == WeightFormat::kDense) << "a q8_0 matrix without its q8_0 panels";
+  }
   switch (isa) {
     case CpuIsa::kGeneric:
       return MatMulRows_generic(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
@@ -62,6 +71,7 @@ void MatMul(ThreadPool& pool, const float* x, int64_t n, int64_t ldx, const Weig
 }
 
 int64_t PanelBytes(const WeightMatrix& w) {
+  CHECK(w.format == WeightFormat::kDense) << "dtype panels of a q8_0 matrix";
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.PanelStride() *
          static_cast<int64_t>(DTypeSize(w.dtype));
 }
@@ -93,14 +103,58 @@ void PackPanels(const WeightMatrix& w, void* out) {
   }
 }
 
-PanelCopy::PanelCopy(const WeightMatrix& w)
-    : memory_(new uint8_t[PanelBytes(w) + 64]), bytes_(PanelBytes(w)) {  // PackPanels fills it
+int64_t Q8PanelBytes(const WeightMatrix& w) {
+  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
+         WeightMatrix::kQ8PanelBlockBytes;
+}
+
+void PackQ8Panels(const WeightMatrix& w, void* out) {
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows, kBlock = WeightMatrix::kQ8Block;
+  const int64_t blocks = w.Q8Blocks();
+  uint8_t* panels = static_cast<uint8_t*>(out);
+  std::memset(panels, 0, Q8PanelBytes(w));
+  std::vector<float> row(blocks * kBlock, 0.0f);
+  std::vector<uint8_t> quantized(blocks * WeightMatrix::kQ8BlockBytes);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* src;
+    if (w.format == WeightFormat::kQ8_0) {
+      src = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
+    } else {
+      WeightRowToFloat(w, r, row.data());  // the padding past cols stays zero
+      QuantizeRowQ8_0(row.data(), blocks * kBlock, quantized.data());
+      src = quantized.data();
+    }
+    const int64_t l = r % kGroup;
+    uint8_t* panel = panels + r / kGroup * blocks * WeightMatrix::kQ8PanelBlockBytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* from = src + b * WeightMatrix::kQ8BlockBytes;
+      uint8_t* block = panel + b * WeightMatrix::kQ8PanelBlockBytes;
+      std::memcpy(block + 2 * l, from, 2);  // d
+      uint8_t* lines = block + 2 * kGroup;
+      for (int64_t c = 0; c < kBlock; ++c) {
+        lines[c / 2 * 2 * kGroup + 2 * l + c % 2] = from[2 + c];
+      }
+    }
+  }
+}
+
+PanelCopy::PanelCopy(const WeightMatrix& w, WeightFormat format) {
+  const bool q8 = format == WeightFormat::kQ8_0;
+  bytes_ = q8 ? Q8PanelBytes(w) : PanelBytes(w);
+  memory_.reset(new uint8_t[bytes_ + 64]);  // filled below
   data_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory_.get()) + 63) / 64 * 64);
-  PackPanels(w, data_);
+  if (q8) {
+    PackQ8Panels(w, data_);
+  } else {
+    PackPanels(w, data_);
+  }
 }
 
 void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   const char* row = w.RowPtr(r);
+  if (w.format == WeightFormat::kQ8_0) {
+    return DequantizeRowQ8_0(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+  }
   switch (w.dtype) {
     case DType::kF32:
       std::memcpy(out, row, w.cols * sizeof(float));

@@ -1,7 +1,8 @@
 // Products of activations with weight matrices: y[n][rows] = x[n][cols] * W^T, f32 accumulate.
 //
 // Weights stay in their stored dtype (f32, f16 or bf16), row-major or also in panels
-// (WeightMatrix::panels) for the AVX-512 paths, and each weight byte is read from memory once per
+// (WeightMatrix::panels) for the AVX-512 paths, or in q8_0 panels (kernels/cpu/q8_0.h) for every
+// path, and each weight byte is read from memory once per
 // call whatever n is: decode (n = active slots) is bound by weight bandwidth, as it should be.
 // Vectorised per instruction set (AVX-512 with or without BF16 dot products, AVX2+FMA+F16C,
 // portable), chosen at run time.
@@ -41,7 +42,9 @@ void MatMulShare(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const Weigh
 // groups of WeightMatrix::kPanelRows rows, so every share starts a panel.
 void MatMulShareBounds(int64_t rows, int thread, int num_threads, int64_t* begin, int64_t* end);
 
-// Single-threaded kernel over rows [row_begin, row_end) (exposed for tests and TP shards).
+// Single-threaded kernel over rows [row_begin, row_end) (exposed for tests and TP shards). A
+// matrix with q8_0 panels needs row_begin to start a panel; one with q8_0 data needs its q8_0
+// panels (no path reads q8_0 rows).
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch);
 
@@ -52,15 +55,22 @@ inline bool MatMulReadsPanels(CpuIsa isa, DType dtype) {
   return isa == CpuIsa::kAvx512 && dtype != DType::kBF16;
 }
 
-// The panel copy of a matrix of any dtype (WeightMatrix::panels): PanelBytes(w) bytes, written by
-// PackPanels into `out` (64-byte aligned).
+// The panel copy of a dense matrix of any dtype (WeightMatrix::panels): PanelBytes(w) bytes,
+// written by PackPanels into `out` (64-byte aligned).
 int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
 
-// A matrix's panel copy in memory it owns (64-byte aligned); movable, the data stays put.
+// The q8_0 panels of a matrix (kernels/cpu/q8_0.h; panel_format kQ8_0): Q8PanelBytes(w) bytes,
+// written by PackQ8Panels into `out` (64-byte aligned). From q8_0 data the blocks are copied as
+// they are; dense data is quantized (QuantizeBlockQ8_0, a last partial block zero-padded).
+int64_t Q8PanelBytes(const WeightMatrix& w);
+void PackQ8Panels(const WeightMatrix& w, void* out);
+
+// A matrix's panel copy in memory it owns (64-byte aligned), in `format`: PackPanels' for kDense,
+// PackQ8Panels' for kQ8_0. Movable, the data stays put.
 class PanelCopy {
  public:
-  explicit PanelCopy(const WeightMatrix& w);
+  explicit PanelCopy(const WeightMatrix& w, WeightFormat format = WeightFormat::kDense);
   const void* data() const { return data_; }
   int64_t bytes() const { return bytes_; }
 

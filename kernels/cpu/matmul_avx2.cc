@@ -3,11 +3,13 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "common/dtype.h"
+#include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
 namespace kvrm {
@@ -37,10 +39,14 @@ struct V {
 constexpr int kMaxActs = 2;
 
 #include "kernels/cpu/matmul_impl.inc"
+#include "kernels/cpu/matmul_q8_portable.inc"
 }  // namespace matmul_avx2
 
 void MatMulRows_avx2(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                      int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
+  if (w.panel_format == WeightFormat::kQ8_0) {
+    return matmul_avx2::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   matmul_avx2::MatMulRowsImpl(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
 }
 

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "common/dtype.h"
+#include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
 namespace kvrm {
@@ -90,6 +91,12 @@ inline void PanelTile(const Elem* panel, int64_t k, const float* x, int64_t ldx,
 
 #include "kernels/cpu/matmul_panels.inc"
 
+// q8_0 panels: vpmaddwd + vpaddd (AVX512BW).
+inline __m512i Q8Dot(__m512i acc, __m512i w, __m512i x) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(w, x));
+}
+#include "kernels/cpu/matmul_q8_avx512.inc"
+
 // Rows [row_begin, row_end) from the f32 or f16 panels; row_begin starts a panel.
 template <typename Elem>
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
@@ -105,6 +112,9 @@ void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, 
 
 void MatMulRows_avx512(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                        int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
+  if (w.panel_format == WeightFormat::kQ8_0) {
+    return matmul_avx512::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   if (w.panels != nullptr && row_begin % WeightMatrix::kPanelRows == 0) {
     if (w.dtype == DType::kF32) {
       return matmul_avx512::PanelMatMul<float>(x, n, ldx, w, row_begin, row_end, y, ldy);

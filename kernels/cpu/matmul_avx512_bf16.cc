@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
 namespace kvrm {
@@ -175,6 +176,12 @@ inline void PanelTile(const uint16_t* panel, int64_t pairs, const uint32_t* xb, 
 
 #include "kernels/cpu/matmul_panels.inc"
 
+// q8_0 panels: AVX512_VNNI's vpdpwssd (this path's processors have it; kernels/cpu/isa.cc).
+inline __m512i Q8Dot(__m512i acc, __m512i w, __m512i x) {
+  return _mm512_dpwssd_epi32(acc, w, x);
+}
+#include "kernels/cpu/matmul_q8_avx512.inc"
+
 // Rows [row_begin, row_end) from the panels; row_begin starts a panel.
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
                  int64_t row_end, float* y, int64_t ldy, uint16_t* xb) {
@@ -232,6 +239,9 @@ void MatMulRows(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, i
 void MatMulRows_avx512_bf16(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                             int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                             float* scratch) {
+  if (w.panel_format == WeightFormat::kQ8_0) {
+    return matmul_avx512_bf16::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   if (w.dtype != DType::kBF16) {
     return MatMulRows_avx512(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }

@@ -1,11 +1,13 @@
 // The portable matmul kernel: an 8-lane vector of plain floats with element loops, which the
 // compiler maps to whatever SIMD the baseline target has (SSE2 on x86-64, NEON on arm64).
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
 
 #include "common/dtype.h"
+#include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
 namespace kvrm {
@@ -49,11 +51,15 @@ struct V {
 constexpr int kMaxActs = 2;
 
 #include "kernels/cpu/matmul_impl.inc"
+#include "kernels/cpu/matmul_q8_portable.inc"
 }  // namespace matmul_generic
 
 void MatMulRows_generic(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                         int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                         float* scratch) {
+  if (w.panel_format == WeightFormat::kQ8_0) {
+    return matmul_generic::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   matmul_generic::MatMulRowsImpl(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
 }
 

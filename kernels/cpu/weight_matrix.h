@@ -9,6 +9,12 @@
 // (zero past the last row or column). A line is what one FMA (vdpbf16ps for bf16) multiplies by
 // a broadcast activation (pair) into 16 output sums, so the product needs no horizontal sums and
 // reads the matrix front to back as one stream. Paths that do not use panels read `data`.
+//
+// q8_0 (WeightFormat::kQ8_0, kernels/cpu/q8_0.h): GGUF's 8-bit format, blocks of 32 input
+// features with an f16 scale d each, value d * q for q in [-127, 127]. `data` may hold it
+// row-major (a GGUF file's own bytes), and `panels` may hold it as q8_0 panels (panel_format):
+// a dense matrix quantized at load time, or a q8_0 one repacked. A matrix with q8_0 panels is
+// multiplied from them on every instruction-set path (no path reads q8_0 data row-major).
 #ifndef KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 #define KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 
@@ -18,6 +24,11 @@
 
 namespace kvrm {
 
+enum class WeightFormat : uint8_t {
+  kDense,  // `dtype` elements
+  kQ8_0,   // q8_0 blocks (kernels/cpu/q8_0.h); `dtype` is then what a dense copy would use
+};
+
 struct WeightMatrix {
   DType dtype = DType::kF32;
   const void* data = nullptr;
@@ -25,27 +36,51 @@ struct WeightMatrix {
   int64_t cols = 0;
   int64_t row_stride = 0;  // in elements; == cols when dense
   const void* panels = nullptr;  // optional; 64-byte aligned
+  WeightFormat format = WeightFormat::kDense;        // of `data`
+  WeightFormat panel_format = WeightFormat::kDense;  // of `panels`
 
   static constexpr int64_t kPanelRows = 16;
-  // Elements of one panel: 16 rows x cols (bf16: cols rounded up to a pair).
+  // q8_0: elements per block, bytes per row-major block (f16 d, 32 int8 q), and bytes per block
+  // of a panel (the 16 rows' f16 scales, then 16 lines of 16 rows x 2 int8).
+  static constexpr int64_t kQ8Block = 32;
+  static constexpr int64_t kQ8BlockBytes = 34;
+  static constexpr int64_t kQ8PanelBlockBytes = kPanelRows * 2 + kPanelRows * kQ8Block;
+
+  int64_t Q8Blocks() const { return (cols + kQ8Block - 1) / kQ8Block; }
+  // One panel: elements of 16 rows x cols (bf16: cols rounded up to a pair); bytes for q8_0.
   int64_t PanelStride() const {
+    if (panel_format == WeightFormat::kQ8_0) return Q8Blocks() * kQ8PanelBlockBytes;
     return (dtype == DType::kBF16 ? (cols + 1) / 2 * 2 : cols) * kPanelRows;
   }
   const char* PanelPtr(int64_t p) const {
-    return static_cast<const char*>(panels) + p * PanelStride() * DTypeSize(dtype);
+    const int64_t unit =
+        panel_format == WeightFormat::kQ8_0 ? 1 : static_cast<int64_t>(DTypeSize(dtype));
+    return static_cast<const char*>(panels) + p * PanelStride() * unit;
   }
 
+  // Bytes of `n` elements of a row as `data` stores them (q8_0: n a multiple of kQ8Block).
+  int64_t DataBytes(int64_t n) const {
+    return format == WeightFormat::kQ8_0 ? n / kQ8Block * kQ8BlockBytes
+                                         : n * static_cast<int64_t>(DTypeSize(dtype));
+  }
   const char* RowPtr(int64_t r) const {
-    return static_cast<const char*>(data) + r * row_stride * DTypeSize(dtype);
+    return static_cast<const char*>(data) + DataBytes(r * row_stride);
   }
   // Rows [begin, begin + count) as a matrix (a tensor-parallel shard of the output features).
   // The panels come along when `begin` starts a panel.
   WeightMatrix RowSlice(int64_t begin, int64_t count) const {
-    const void* sliced =
-        panels != nullptr && begin % kPanelRows == 0 ? PanelPtr(begin / kPanelRows) : nullptr;
-    return WeightMatrix{dtype, RowPtr(begin), count, cols, row_stride, sliced};
+    const bool keep = panels != nullptr && begin % kPanelRows == 0;
+    return WeightMatrix{dtype,
+                        RowPtr(begin),
+                        count,
+                        cols,
+                        row_stride,
+                        keep ? PanelPtr(begin / kPanelRows) : nullptr,
+                        format,
+                        keep ? panel_format : WeightFormat::kDense};
   }
-  int64_t bytes() const { return rows * cols * static_cast<int64_t>(DTypeSize(dtype)); }
+  // Bytes of the values as `data` stores them.
+  int64_t bytes() const { return rows * DataBytes(cols); }
 };
 
 // Converts row r to float (embedding lookups, references).

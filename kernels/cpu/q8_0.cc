@@ -1,0 +1,103 @@
+#include "kernels/cpu/q8_0.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "common/dtype.h"
+#include "kernels/cpu/isa.h"
+
+namespace kvrm {
+namespace {
+
+constexpr int64_t kBlock = WeightMatrix::kQ8Block;
+// Bytes of int16 activation rows a q8_0 product quantizes at a time: a block stays in L2 while
+// the panels stream by (as the bf16 panel kernel's converted rows).
+constexpr int64_t kActBlockBytes = 128 * 1024;
+
+}  // namespace
+
+void QuantizeBlockQ8_0(const float* x, uint8_t* block) {
+  float amax = 0;
+  bool finite = true;
+  for (int64_t j = 0; j < kBlock; ++j) {
+    finite = finite && std::isfinite(x[j]);
+    amax = std::max(amax, std::fabs(x[j]));
+  }
+  int8_t* q = reinterpret_cast<int8_t*>(block + 2);
+  if (!finite) {
+    const uint16_t nan = 0x7e00;
+    std::memcpy(block, &nan, 2);
+    std::memset(q, 0, kBlock);
+    return;
+  }
+  const float d = amax / 127;
+  const float id = d != 0 ? 1 / d : 0;
+  const uint16_t h = FloatToF16(d);
+  std::memcpy(block, &h, 2);
+  for (int64_t j = 0; j < kBlock; ++j) {
+    q[j] = static_cast<int8_t>(std::clamp(std::roundf(x[j] * id), -127.0f, 127.0f));
+  }
+}
+
+void DequantizeBlockQ8_0(const uint8_t* block, float* y) {
+  uint16_t h;
+  std::memcpy(&h, block, 2);
+  const float d = F16ToFloat(h);
+  const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
+  for (int64_t j = 0; j < kBlock; ++j) y[j] = q[j] * d;
+}
+
+void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* blocks) {
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    QuantizeBlockQ8_0(x + b * kBlock, blocks + b * WeightMatrix::kQ8BlockBytes);
+  }
+}
+
+void DequantizeRowQ8_0(const uint8_t* blocks, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    DequantizeBlockQ8_0(blocks + b * WeightMatrix::kQ8BlockBytes, y + b * kBlock);
+  }
+}
+
+KVRM_CPU_CLONES
+void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, int64_t kp,
+                           int16_t* q, float* scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float* row = x + i * ldx;
+    int16_t* out = q + i * kp;
+    float amax = 0;
+    bool finite = true;
+    for (int64_t c = 0; c < k; ++c) {
+      // Not std::isfinite: the comparison form vectorises.
+      finite &= std::fabs(row[c]) <= std::numeric_limits<float>::max();
+      amax = std::max(amax, std::fabs(row[c]));
+    }
+    if (!finite || amax == 0) {
+      std::memset(out, 0, kp * sizeof(int16_t));
+      scale[i] = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
+    const float inv = 32767.0f / amax;
+    for (int64_t c = 0; c < k; ++c) {
+      // |row[c] * inv| <= 32767 (+ one rounding), so the conversion cannot overflow int16.
+      out[c] = static_cast<int16_t>(std::nearbyint(std::min(row[c] * inv, 32767.0f)));
+    }
+    std::fill(out + k, out + kp, int16_t{0});
+    scale[i] = amax / 32767.0f;
+  }
+}
+
+int64_t Q8ActivationBlockRows(int64_t cols) {
+  const int64_t row_bytes = Q8PaddedCols(cols) * 2;
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows;
+  return std::max<int64_t>(kGroup, kActBlockBytes / row_bytes / kGroup * kGroup);
+}
+
+int64_t Q8ScratchBytes(int64_t cols) {
+  const int64_t rows = Q8ActivationBlockRows(cols);
+  return rows * Q8PaddedCols(cols) * 2 + rows * 4 + 64;
+}
+
+}  // namespace kvrm

@@ -1,0 +1,55 @@
+// q8_0 weights on the CPU: GGUF's 8-bit block format (ggml's block_q8_0) and what the kernels
+// need around it.
+//
+// A block is 32 consecutive input features of one output row: an f16 scale d and 32 int8 q in
+// [-127, 127], value d * q (exact in float). 8.5 bits a weight against bf16's 16, so a decode step,
+// which reads every weight once, reads about half the bytes.
+//
+// The matmul (kernels/cpu/matmul.h, every instruction-set path) reads q8_0 panels: per group of
+// 16 output rows (WeightMatrix::kPanelRows), per block of 32 columns, WeightMatrix::
+// kQ8PanelBlockBytes bytes: the 16 rows' scales (f16), then 16 lines of 32 bytes, line p holding
+// q[row l][2p + e] at byte 2 l + e. Activations are quantized per row to int16 (scale amax /
+// 32767: an error of at most amax / 65534 per element, finer than bf16's rounding for all but
+// the row's smallest values). Each block's sum of q x products is an exact int32; the block sums
+// are scaled and added in block order in float (one fused multiply-add each), and the row's sum is
+// multiplied by its activation scale. So every path computes the same bits.
+#ifndef KVRM_KERNELS_CPU_Q8_0_H_
+#define KVRM_KERNELS_CPU_Q8_0_H_
+
+#include <cstdint>
+
+#include "kernels/cpu/weight_matrix.h"
+
+namespace kvrm {
+
+// ggml's reference quantize_row_q8_0 on one block of 32: d = amax / 127 (stored as f16), q =
+// round(x / d) half away from zero. A block holding a NaN or an infinity gets d = NaN and q = 0,
+// so products with it are NaN, as they would be in float.
+void QuantizeBlockQ8_0(const float* x, uint8_t* block);
+// y[j] = d * q[j] for the block's 32 values.
+void DequantizeBlockQ8_0(const uint8_t* block, float* y);
+
+// A row of `n` values (n a multiple of 32) to and from its n / 32 blocks.
+void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* blocks);
+void DequantizeRowQ8_0(const uint8_t* blocks, int64_t n, float* y);
+
+// Columns of a q8_0 panel row: `cols` rounded up to whole blocks.
+inline int64_t Q8PaddedCols(int64_t cols) {
+  return (cols + WeightMatrix::kQ8Block - 1) / WeightMatrix::kQ8Block * WeightMatrix::kQ8Block;
+}
+
+// The activations of a q8_0 product: row i of x (k columns, rows ldx apart) as int16
+// q[i * kp + c] = round(x * 32767 / amax) (ties to even), zero-padded to kp columns, with
+// scale[i] = amax / 32767 (0 for a row of zeros; NaN when the row holds a NaN or an infinity, so
+// its products are NaN).
+void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, int64_t kp,
+                           int16_t* q, float* scale);
+
+// Activation rows the q8_0 kernels quantize at a time for `cols` columns, and the scratch bytes a
+// thread needs for them (the int16 rows and their scales).
+int64_t Q8ActivationBlockRows(int64_t cols);
+int64_t Q8ScratchBytes(int64_t cols);
+
+}  // namespace kvrm
+
+#endif  // KVRM_KERNELS_CPU_Q8_0_H_

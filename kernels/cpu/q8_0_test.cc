@@ -1,0 +1,292 @@
+// q8_0 weights (kernels/cpu/q8_0.h): the block format against ggml's reference formulas, the
+// panel layout, and the q8_0 matmul on every instruction-set path against float64 references on
+// random shapes (rows not a multiple of 16, columns not a multiple of 32, several activation
+// blocks), bit for bit the same on every path and whatever the batch.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/q8_0.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvrm {
+namespace {
+
+constexpr int64_t kBlock = WeightMatrix::kQ8Block;
+constexpr int64_t kGroup = WeightMatrix::kPanelRows;
+
+std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+float Half(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return F16ToFloat(h);
+}
+
+TEST(Q8BlockTest, QuantizesAsGgmlsReference) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 500; ++trial) {
+    std::vector<float> x = Random(kBlock, rng, trial % 3 == 0 ? 0.01f : 3.0f);
+    if (trial % 50 == 0) x[trial % kBlock] = 0.5f * 127 / 127;  // exact halves occur too
+    uint8_t block[WeightMatrix::kQ8BlockBytes];
+    QuantizeBlockQ8_0(x.data(), block);
+    // ggml: d = amax / 127 stored as f16; q = roundf(x * (1 / d)) with the unrounded d.
+    double amax = 0;
+    for (float v : x) amax = std::max(amax, std::fabs(static_cast<double>(v)));
+    const float d = static_cast<float>(amax) / 127;
+    EXPECT_EQ(Half(block), static_cast<float>(static_cast<_Float16>(d)));
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 2);
+    float y[kBlock];
+    DequantizeBlockQ8_0(block, y);
+    for (int64_t j = 0; j < kBlock; ++j) {
+      ASSERT_EQ(q[j], static_cast<int8_t>(std::roundf(x[j] * (1 / d)))) << trial << "," << j;
+      ASSERT_EQ(y[j], q[j] * Half(block));
+      // Within half a step (and the f16 rounding of d) of the value.
+      ASSERT_NEAR(y[j], x[j], 0.5 * d * (1 + 1.0 / 1024) + 127 * d / 2048) << trial << "," << j;
+    }
+  }
+}
+
+TEST(Q8BlockTest, ZeroAndNonFiniteBlocks) {
+  std::vector<float> x(kBlock, 0.0f);
+  uint8_t block[WeightMatrix::kQ8BlockBytes];
+  float y[kBlock];
+  QuantizeBlockQ8_0(x.data(), block);
+  DequantizeBlockQ8_0(block, y);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::mt19937 rng(3);
+    x = Random(kBlock, rng);
+    x[5] = bad;
+    QuantizeBlockQ8_0(x.data(), block);
+    DequantizeBlockQ8_0(block, y);
+    for (float v : y) EXPECT_TRUE(std::isnan(v));
+  }
+}
+
+TEST(Q8ActivationsTest, RoundsToInt16WithTheRowsScale) {
+  std::mt19937 rng(11);
+  const int64_t n = 5, k = 77, kp = Q8PaddedCols(k);
+  std::vector<float> x = Random(n * k, rng, 2.0f);
+  for (int64_t c = 0; c < k; ++c) x[1 * k + c] = 0;  // a zero row
+  x[3 * k + 10] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<int16_t> q(n * kp, 99);
+  std::vector<float> scale(n);
+  QuantizeActivationsQ8(x.data(), n, k, k, kp, q.data(), scale.data());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t c = k; c < kp; ++c) ASSERT_EQ(q[i * kp + c], 0);
+    if (i == 1) {
+      EXPECT_EQ(scale[i], 0.0f);
+      continue;
+    }
+    if (i == 3) {
+      EXPECT_TRUE(std::isnan(scale[i]));
+      continue;
+    }
+    float amax = 0;
+    for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::fabs(x[i * k + c]));
+    EXPECT_EQ(scale[i], amax / 32767.0f);
+    for (int64_t c = 0; c < k; ++c) {
+      const double want = static_cast<double>(x[i * k + c]) * 32767 / amax;
+      ASSERT_LE(std::fabs(q[i * kp + c] - want), 0.5 + 1e-3) << i << "," << c;
+    }
+  }
+}
+
+// A dense matrix of `dtype` with random values, and its q8_0 blocks as row-major data.
+struct Matrix {
+  std::vector<float> values;    // rows x cols
+  std::vector<uint8_t> blocks;  // rows x Q8Blocks, when cols % 32 == 0
+  WeightMatrix dense, q8;
+};
+
+Matrix RandomMatrix(int64_t rows, int64_t cols, std::mt19937& rng) {
+  Matrix m;
+  m.values = Random(rows * cols, rng, 0.05f);
+  m.dense = WeightMatrix{DType::kF32, m.values.data(), rows, cols, cols};
+  if (cols % kBlock == 0) {
+    m.blocks.resize(rows * cols / kBlock * WeightMatrix::kQ8BlockBytes);
+    for (int64_t r = 0; r < rows; ++r) {
+      QuantizeRowQ8_0(m.values.data() + r * cols, cols,
+                      m.blocks.data() + r * cols / kBlock * WeightMatrix::kQ8BlockBytes);
+    }
+    m.q8 = WeightMatrix{DType::kBF16, m.blocks.data(), rows, cols, cols, nullptr,
+                        WeightFormat::kQ8_0};
+  }
+  return m;
+}
+
+// The weights a q8_0 panel copy of `w` holds, dequantized: [rows][Q8PaddedCols].
+std::vector<double> PanelValues(const WeightMatrix& w, const void* panels) {
+  const int64_t blocks = w.Q8Blocks(), kp = blocks * kBlock;
+  std::vector<double> out(w.rows * kp);
+  const uint8_t* base = static_cast<const uint8_t*>(panels);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* block =
+          base + (r / kGroup * blocks + b) * WeightMatrix::kQ8PanelBlockBytes;
+      const double d = Half(block + 2 * (r % kGroup));
+      const int8_t* lines = reinterpret_cast<const int8_t*>(block + 2 * kGroup);
+      for (int64_t c = 0; c < kBlock; ++c) {
+        out[r * kp + b * kBlock + c] = d * lines[c / 2 * 2 * kGroup + 2 * (r % kGroup) + c % 2];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Q8PanelsTest, HoldTheBlocksWhereTheLayoutSays) {
+  std::mt19937 rng(5);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 32}, {17, 64}, {40, 96}, {16, 320}}) {
+    Matrix m = RandomMatrix(rows, cols, rng);
+    const PanelCopy from_blocks(m.q8, WeightFormat::kQ8_0);
+    const PanelCopy from_dense(m.dense, WeightFormat::kQ8_0);
+    ASSERT_EQ(from_blocks.bytes(), Q8PanelBytes(m.q8));
+    ASSERT_EQ(from_blocks.bytes(), (rows + 15) / 16 * cols / 32 * 544);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(from_blocks.data()) % 64, 0u);
+    // Quantizing the dense rows gives the same panels as packing their blocks.
+    ASSERT_EQ(std::memcmp(from_blocks.data(), from_dense.data(), from_blocks.bytes()), 0);
+    const std::vector<double> got = PanelValues(m.q8, from_blocks.data());
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      WeightRowToFloat(m.q8, r, row.data());  // q8_0 data dequantized
+      for (int64_t c = 0; c < cols; ++c) ASSERT_EQ(got[r * cols + c], row[c]) << r << "," << c;
+    }
+    // Row slices of the data and of the panels.
+    const WeightMatrix slice = m.q8.RowSlice(rows > 16 ? 16 : 0, 1);
+    WeightRowToFloat(slice, 0, row.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(row[c], got[(rows > 16 ? 16 : 0) * cols + c]);
+    }
+    EXPECT_EQ(m.q8.bytes(), rows * cols / 32 * 34);
+  }
+}
+
+TEST(Q8PanelsTest, PadTheLastBlockOfDenseRowsWithZeros) {
+  std::mt19937 rng(6);
+  Matrix m = RandomMatrix(5, 45, rng);  // 2 blocks, the second 13 columns long
+  const PanelCopy panels(m.dense, WeightFormat::kQ8_0);
+  const std::vector<double> got = PanelValues(m.dense, panels.data());
+  for (int64_t r = 0; r < 5; ++r) {
+    for (int64_t c = 45; c < 64; ++c) ASSERT_EQ(got[r * 64 + c], 0.0);
+    for (int64_t c = 0; c < 45; ++c) {
+      ASSERT_NEAR(got[r * 64 + c], m.values[r * 45 + c], 0.2 / 127 * 1.01);  // half a step
+    }
+  }
+}
+
+class Q8MatMulTest : public ::testing::TestWithParam<CpuIsa> {};
+
+struct Shape {
+  int64_t n, rows, cols;
+};
+
+TEST_P(Q8MatMulTest, MatchesFloat64Reference) {
+  const CpuIsa isa = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(isa));
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  SetActiveCpuIsa(isa);
+  // 1-8 activation rows per pass and more than one pass (9, 17, 70), partial last panels,
+  // columns not a multiple of 32 (dense rows quantized with a padded block), several activation
+  // blocks (70 rows of 4099 columns: 16 rows a block).
+  for (Shape s : {Shape{1, 1, 32}, Shape{1, 7, 13}, Shape{3, 33, 64}, Shape{5, 130, 257},
+                  Shape{16, 67, 768}, Shape{2, 5, 1000}, Shape{8, 16, 96}, Shape{70, 9, 4099},
+                  Shape{9, 48, 64}, Shape{17, 50, 77}}) {
+    Matrix m = RandomMatrix(s.rows, s.cols, rng);
+    const PanelCopy panels(m.dense, WeightFormat::kQ8_0);
+    WeightMatrix view = m.dense;
+    view.panels = panels.data();
+    view.panel_format = WeightFormat::kQ8_0;
+    const std::vector<double> w = PanelValues(view, panels.data());
+    const int64_t kp = Q8PaddedCols(s.cols);
+    std::vector<float> x = Random(s.n * s.cols, rng);
+    std::vector<int16_t> xq(s.n * kp);
+    std::vector<float> xs(s.n);
+    QuantizeActivationsQ8(x.data(), s.n, s.cols, s.cols, kp, xq.data(), xs.data());
+    std::vector<float> y(s.n * s.rows, NAN);
+    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+    MatMul(pool, x.data(), s.n, s.cols, view, y.data(), s.rows, scratch.data());
+    for (int64_t i = 0; i < s.n; ++i) {
+      for (int64_t r = 0; r < s.rows; ++r) {
+        // `exact`: the stored weights times the quantized activations, which the kernel
+        // computes with exact int32 block sums and f32 sums of the scaled blocks (error well
+        // under 1e-6 of the magnitude). `unquantized`: the stored weights times x itself; the
+        // activations' rounding moves each term by at most half a step, amax / 65534.
+        double exact = 0, unquantized = 0, mag = 0, wsum = 0;
+        for (int64_t c = 0; c < s.cols; ++c) {
+          const double wc = w[r * kp + c];
+          exact += wc * xq[i * kp + c] * static_cast<double>(xs[i]);
+          unquantized += wc * x[i * s.cols + c];
+          mag += std::fabs(wc * x[i * s.cols + c]);
+          wsum += std::fabs(wc);
+        }
+        ASSERT_NEAR(y[i * s.rows + r], exact, 1e-6 * mag + 1e-7)
+            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " cols=" << s.cols
+            << " at " << i << "," << r;
+        ASSERT_NEAR(y[i * s.rows + r], unquantized, wsum * xs[i] * 0.5001 + 2e-6 * mag + 1e-7);
+      }
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
+// Every path computes the same bits (exact block sums, the same float operations in the same
+// order), whatever the batch a row is in; a row holding a NaN gives NaN and leaves the others.
+TEST_P(Q8MatMulTest, SameBitsOnEveryPathAndBatch) {
+  const CpuIsa isa = GetParam();
+  std::mt19937 rng(99);
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  const int64_t rows = 45, cols = 320, n = 40;
+  Matrix m = RandomMatrix(rows, cols, rng);
+  const PanelCopy panels(m.q8, WeightFormat::kQ8_0);
+  WeightMatrix view = m.q8;
+  view.panels = panels.data();
+  view.panel_format = WeightFormat::kQ8_0;
+  std::vector<float> x = Random(n * cols, rng);
+  x[7 * cols + 3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(cols));
+  SetActiveCpuIsa(CpuIsa::kGeneric);
+  std::vector<float> generic(n * rows);
+  MatMul(pool, x.data(), n, cols, view, generic.data(), rows, scratch.data());
+  SetActiveCpuIsa(isa);
+  std::vector<float> all(n * rows);
+  MatMul(pool, x.data(), n, cols, view, all.data(), rows, scratch.data());
+  for (int64_t i = 0; i < n * rows; ++i) {
+    if (i / rows == 7) {
+      ASSERT_TRUE(std::isnan(all[i])) << i;
+      continue;
+    }
+    ASSERT_FALSE(std::isnan(all[i])) << i;
+    ASSERT_EQ(all[i], generic[i]) << CpuIsaName(isa) << " at " << i / rows << "," << i % rows;
+  }
+  for (int64_t batch : {1, 3, 8, 9, 16}) {
+    for (int64_t i0 = 0; i0 + batch <= n; i0 += 13) {
+      std::vector<float> part(batch * rows);
+      MatMul(pool, x.data() + i0 * cols, batch, cols, view, part.data(), rows, scratch.data());
+      for (int64_t i = 0; i < batch * rows; ++i) {
+        if (i0 + i / rows == 7) continue;
+        ASSERT_EQ(part[i], all[i0 * rows + i])
+            << CpuIsaName(isa) << " batch " << batch << " at row " << i0 + i / rows;
+      }
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Q8MatMulTest, ::testing::ValuesIn(AvailableCpuIsas()),
+                         [](const auto& info) { return std::string(CpuIsaName(info.param)); });
+
+}  // namespace
+}  // namespace kvrm
