@@ -164,8 +164,9 @@ int64_t WeightBytesPerStep(const LlamaWeights& w) {
   return total;
 }
 
-// Times y = x W^T for W [rows][cols] of `dtype` at n activation rows: GFLOP/s and weight GB/s.
-void TimeMatMul(DType dtype, int64_t rows, int64_t cols, int64_t n, int threads) {
+// Times y = x W^T for W [rows][cols] of `dtype` (its q8_0 panels when `q8`) at n activation
+// rows: GFLOP/s and weight GB/s.
+void TimeMatMul(DType dtype, bool q8, int64_t rows, int64_t cols, int64_t n, int threads) {
   std::vector<uint16_t> half(rows * cols, 0x3c00);
   std::vector<float> full(rows * cols, 0.5f);
   WeightMatrix w{dtype,
@@ -174,7 +175,12 @@ void TimeMatMul(DType dtype, int64_t rows, int64_t cols, int64_t n, int threads)
                  rows, cols, cols};
   // The panel copy the CPU backend packs for the best path, where this path reads it.
   std::optional<PanelCopy> panels;
-  if (MatMulReadsPanels(ActiveCpuIsa(), dtype)) w.panels = panels.emplace(w).data();
+  if (q8) {
+    w.panels = panels.emplace(w, WeightFormat::kQ8_0).data();
+    w.panel_format = WeightFormat::kQ8_0;
+  } else if (MatMulReadsPanels(ActiveCpuIsa(), dtype)) {
+    w.panels = panels.emplace(w).data();
+  }
   std::vector<float> x(n * cols, 0.25f), y(n * rows);
   ThreadPool pool(threads);
   std::vector<float> scratch(threads * MatMulScratchFloats(cols));
@@ -188,10 +194,11 @@ void TimeMatMul(DType dtype, int64_t rows, int64_t cols, int64_t n, int threads)
   std::printf("matmul %-11s %-4s %-6s %5lld x %5lld  n=%4lld  threads=%d: %8.1f us  %7.1f GFLOP/s  "
               "%6.1f GB/s\n",
               std::string(CpuIsaName(ActiveCpuIsa())).c_str(),
-              std::string(DTypeName(dtype)).c_str(), w.panels != nullptr ? "panels" : "rows",
+              q8 ? "q8_0" : std::string(DTypeName(dtype)).c_str(),
+              w.panels != nullptr ? "panels" : "rows",
               static_cast<long long>(rows), static_cast<long long>(cols),
               static_cast<long long>(n), threads, s * 1e6, 2.0 * rows * cols * n / s / 1e9,
-              w.bytes() / s / 1e9);
+              (q8 ? panels->bytes() : w.bytes()) / s / 1e9);
 }
 
 struct Loaded {
@@ -502,12 +509,13 @@ int Main() {
       compute_peaks.emplace_back(name, total / 1e9);
       std::printf("compute peak %-12s %d threads: %7.1f GFLOP/s\n", name, threads, total / 1e9);
     }
-    for (DType dtype : {DType::kF32, DType::kBF16}) {
+    for (const auto& [dtype, q8] : {std::pair{DType::kF32, false}, std::pair{DType::kBF16, false},
+                                     std::pair{DType::kBF16, true}}) {
       for (int64_t n : {1, 4, 16, 128}) {
         for (int t : {1, threads}) {
           for (CpuIsa isa : isas) {
             SetActiveCpuIsa(isa);
-            TimeMatMul(dtype, 2048, 768, n, t);
+            TimeMatMul(dtype, q8, 2048, 768, n, t);
           }
         }
       }
