@@ -218,6 +218,20 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
   if (Unquantized(t->type) && !name.rope_rows) {
     return WeightMatrix{StoredDType(t->type), t->data, rows, cols, cols};
   }
+  // q8_0 matrices (not the 1-D norms, which the kernels read as dtype) as they are: in place, or
+  // with their rows put in HF order.
+  if (t->type == GgmlType::kQ8_0 && options.keep_q8_0 && shape.size() == 2) {
+    WeightMatrix m{options.dequantized, t->data, rows, cols, cols, nullptr, WeightFormat::kQ8_0};
+    if (!name.rope_rows) return m;
+    const int64_t row_bytes = m.DataBytes(cols);
+    std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * rows);
+    for (int64_t r = 0; r < rows; ++r) {
+      std::memcpy(buffer.data() + GgufRopeRowToHf(r, config.head_dim) * row_bytes,
+                  t->data + r * row_bytes, row_bytes);
+    }
+    m.data = buffer.data();
+    return m;
+  }
   const DType out = Unquantized(t->type) ? StoredDType(t->type) : options.dequantized;
   const size_t out_row = static_cast<size_t>(cols) * DTypeSize(out);
   std::vector<std::byte>& buffer = converted->emplace_back(out_row * rows);

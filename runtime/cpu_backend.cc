@@ -32,6 +32,20 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   if (config.num_attention_heads / config.num_key_value_heads > kMaxAttentionGroup) {
     return absl::InvalidArgumentError("more query heads per KV head than attention supports");
   }
+  if (options.quantization == WeightFormat::kQ8_0 && tp > 1) {
+    // The q8_0 blocks are the matrix's own 32-column blocks whatever the ranks: each rank's share
+    // of the row-parallel inputs must be whole blocks (as for a GGUF file's q8_0 matrices).
+    const int64_t q_share = int64_t{config.num_attention_heads} / tp * config.head_dim;
+    const int64_t ffn_share = config.intermediate_size / tp;
+    for (const auto& [share, what] : {std::pair{q_share, "attention heads x head_dim"},
+                                      std::pair{ffn_share, "intermediate_size"}}) {
+      if (share % WeightMatrix::kQ8Block != 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "q8_0 weights with tensor parallelism ", tp, ": each rank's share of the ", what,
+            " inputs (", share, ") must be a multiple of ", WeightMatrix::kQ8Block));
+      }
+    }
+  }
   std::unique_ptr<CpuBackend> b(new CpuBackend(config, options));
   ASSIGN_OR_RETURN(b->comm_, InProcessCommunicatorGroup::Create(tp));
   CpuRankShape shape;
@@ -40,7 +54,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   shape.num_threads = std::max(1, options.num_threads / tp);
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankWeights shard, ShardLlamaWeights(config, *weights, r, tp));
-    if (options.weight_panels) AttachPanels(&shard, AvailableCpuIsas().back());
+    AttachPanels(&shard, AvailableCpuIsas().back(), options.weight_panels,
+                 options.quantization == WeightFormat::kQ8_0);
     KvPoolShape pool;
     pool.num_layers = config.num_hidden_layers;
     pool.kv_heads = shard.kv_heads;
@@ -93,6 +108,21 @@ int64_t CpuBackend::owned_weight_bytes() const {
   int64_t total = 0;
   for (const auto& r : ranks_) total += r->weights().owned_bytes;
   return total;
+}
+
+std::string CpuBackend::weight_quantization() const {
+  // Every linear weight has q8_0 panels with --quantization=q8_0; a GGUF file's q8_0 matrices
+  // have them whatever the flag (and its other matrices may not): any one counts.
+  for (const auto& r : ranks_) {
+    const RankWeights& w = r->weights();
+    if (w.lm_head.panel_format == WeightFormat::kQ8_0) return "q8_0";
+    for (const LayerWeights& l : w.layers) {
+      for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+        if (m->panel_format == WeightFormat::kQ8_0) return "q8_0";
+      }
+    }
+  }
+  return "";
 }
 
 int64_t CpuBackend::panel_weight_bytes() const {

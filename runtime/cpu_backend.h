@@ -42,6 +42,10 @@ struct CpuBackendOptions {
   // prefill, at the cost of a second copy of those weights; the engine turns this off when
   // another path is chosen (kvrmd --cpu_isa).
   bool weight_panels = true;
+  // kQ8_0: every linear weight (Q, K, V, O, gate, up, down, lm_head) quantized to q8_0 at load
+  // (kernels/cpu/q8_0.h; kvrmd --quantization=q8_0): about half the bytes of bf16 read a step.
+  // Matrices that are q8_0 already (a GGUF file's) are multiplied as q8_0 whatever this says.
+  WeightFormat quantization = WeightFormat::kDense;
 };
 
 class CpuBackend : public Backend {
@@ -55,6 +59,7 @@ class CpuBackend : public Backend {
   absl::Status Decode(const StepDescriptor& step, float* logits) override;
   absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override;
   bool fuses_prefill() const override { return true; }
+  std::string weight_quantization() const override;
   absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                const StepDescriptor& step, float* logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }

@@ -145,6 +145,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
   bo.tensor_parallel = o.tensor_parallel;
   // Panels serve the best path only: another one chosen (kvrmd --cpu_isa), no second copy.
   bo.weight_panels = ActiveCpuIsa() == AvailableCpuIsas().back();
+  bo.quantization = o.quantization;
   ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens));
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model.config, &model.weights, bo));

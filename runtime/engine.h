@@ -58,6 +58,9 @@ struct EngineOptions {
   // KV element type: f32, or bf16 (half the bytes per token: twice the tokens in the same
   // memory, half the attention reads; CPU device). Both tiers use it.
   DType kv_dtype = DType::kF32;
+  // kQ8_0: the CPU backend quantizes every linear weight to q8_0 at load (kvrmd
+  // --quantization=q8_0; CpuBackendOptions::quantization). The CUDA backend refuses it.
+  WeightFormat quantization = WeightFormat::kDense;
   int32_t threads = 0;  // 0: hardware concurrency (all ranks together)
   int32_t tensor_parallel = 1;  // ranks (--tp); CPU: rank threads with an in-process all-reduce
   KvMode kv_mode = KvMode::kKvrm;
@@ -234,6 +237,8 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   // Whether prefill chunks run in the decode pass (options().fuse_prefill and the backend can).
   bool fuses_prefill() const { return fuse_prefill_; }
+  // "q8_0" when the backend multiplies the linear weights as q8_0 (Backend::weight_quantization).
+  std::string weight_quantization() const { return backend_->weight_quantization(); }
   bool samples_on_device() const { return device_sampling_; }
   // The resolved far-history policy, in blocks (all zero: off).
   const FarHistoryShape& far_history() const { return far_; }

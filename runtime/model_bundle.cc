@@ -37,11 +37,14 @@ absl::StatusOr<std::string> GgufPath(const std::string& path) {
   return found.empty() ? std::string() : found[0];
 }
 
-absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path,
+                                                      const ModelBundle::LoadOptions& options) {
   auto bundle = std::make_unique<ModelBundle>();
   bundle->dir = path;
   bundle->name = std::filesystem::path(path).stem().string();
-  ASSIGN_OR_RETURN(bundle->gguf, LoadGgufModel(path));
+  GgufLoadOptions go;
+  go.keep_q8_0 = options.keep_q8_0;
+  ASSIGN_OR_RETURN(bundle->gguf, LoadGgufModel(path, go));
   GgufModel& g = *bundle->gguf;
   bundle->config = g.config;
   bundle->weights = g.weights;
@@ -57,9 +60,10 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string& path) {
+absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string& path,
+                                                               const LoadOptions& options) {
   ASSIGN_OR_RETURN(const std::string gguf, GgufPath(path));
-  if (!gguf.empty()) return LoadGguf(gguf);
+  if (!gguf.empty()) return LoadGguf(gguf, options);
   const std::string& dir = path;
   auto bundle = std::make_unique<ModelBundle>();
   bundle->dir = dir;

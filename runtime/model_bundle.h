@@ -28,10 +28,18 @@ struct ModelBundle {
   std::unique_ptr<Tokenizer> tokenizer;
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
 
+  struct LoadOptions {
+    // A GGUF file's q8_0 matrices stay q8_0 (GgufLoadOptions::keep_q8_0), else become bf16.
+    bool keep_q8_0 = true;
+  };
   // `path`: a Hugging Face model directory (config.json, safetensors, tokenizer.json), a GGUF
   // file, or a directory with no config.json and one .gguf file. Every error names the file and
   // what is wrong with it.
-  static absl::StatusOr<std::unique_ptr<ModelBundle>> Load(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<ModelBundle>> Load(const std::string& path,
+                                                           const LoadOptions& options);
+  static absl::StatusOr<std::unique_ptr<ModelBundle>> Load(const std::string& path) {
+    return Load(path, LoadOptions());
+  }
 };
 
 }  // namespace kvrm

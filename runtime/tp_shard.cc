@@ -3,19 +3,28 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
 
 namespace kvrm {
 namespace {
 
-// Columns [begin, begin + count) of `w`, copied dense into memory owned by `out`.
-WeightMatrix CopyColumns(const WeightMatrix& w, int64_t begin, int64_t count, RankWeights* out) {
-  const int64_t elem = DTypeSize(w.dtype);
-  auto memory = std::make_unique<uint8_t[]>(w.rows * count * elem);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    std::memcpy(memory.get() + r * count * elem, w.RowPtr(r) + begin * elem, count * elem);
+// Columns [begin, begin + count) of `w`, copied dense into memory owned by `out` (q8_0: whole
+// blocks, so begin and count must be multiples of 32).
+absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name, int64_t begin,
+                                         int64_t count, RankWeights* out) {
+  if (w.format == WeightFormat::kQ8_0 &&
+      (begin % WeightMatrix::kQ8Block != 0 || count % WeightMatrix::kQ8Block != 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor parallelism ", out->size, " splits the q8_0 matrix ", name, " at input column ",
+        begin, " (", count, " a rank), not at a 32-column block"));
   }
-  WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count};
-  out->owned_bytes += w.rows * count * elem;
+  const int64_t row_bytes = w.DataBytes(count);
+  auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    std::memcpy(memory.get() + r * row_bytes, w.RowPtr(r) + w.DataBytes(begin), row_bytes);
+  }
+  WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count, nullptr, w.format};
+  out->owned_bytes += w.rows * row_bytes;
   out->owned.push_back(std::move(memory));
   return shard;
 }
@@ -55,21 +64,29 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
       s.wq = l.wq.RowSlice(rank * q_rows, q_rows);
       s.wk = l.wk.RowSlice(rank * kv_rows, kv_rows);
       s.wv = l.wv.RowSlice(rank * kv_rows, kv_rows);
-      s.wo = CopyColumns(l.wo, rank * q_rows, q_rows, &out);
+      ASSIGN_OR_RETURN(s.wo, CopyColumns(l.wo, "o_proj", rank * q_rows, q_rows, &out));
       s.w_gate = l.w_gate.RowSlice(int64_t{rank} * out.ffn, out.ffn);
       s.w_up = l.w_up.RowSlice(int64_t{rank} * out.ffn, out.ffn);
-      s.w_down = CopyColumns(l.w_down, int64_t{rank} * out.ffn, out.ffn, &out);
+      ASSIGN_OR_RETURN(s.w_down,
+                       CopyColumns(l.w_down, "down_proj", int64_t{rank} * out.ffn, out.ffn, &out));
     }
     out.layers.push_back(s);
   }
   return out;
 }
 
-void AttachPanels(RankWeights* weights, CpuIsa isa) {
+void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0) {
   auto attach = [&](WeightMatrix& w) {
-    if (w.panels != nullptr || !MatMulReadsPanels(isa, w.dtype)) return;
-    weights->panels.emplace_back(w);
+    if (w.panels != nullptr) return;
+    WeightFormat format = WeightFormat::kDense;
+    if (w.format == WeightFormat::kQ8_0 || quantize_q8_0) {
+      format = WeightFormat::kQ8_0;
+    } else if (!dense_panels || !MatMulReadsPanels(isa, w.dtype)) {
+      return;
+    }
+    weights->panels.emplace_back(w, format);
     w.panels = weights->panels.back().data();
+    w.panel_format = format;
     weights->panel_bytes += weights->panels.back().bytes();
   };
   attach(weights->lm_head);

@@ -42,16 +42,20 @@ struct RankWeights {
   int64_t panel_bytes = 0;
 };
 
-// INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`.
+// INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`, or when a
+// rank's share of a row-parallel q8_0 matrix's inputs is not whole 32-column blocks.
 absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);
 
-// Gives every linear weight of the rank (Q, K, V, O, gate, up, down, lm_head) whose panels
-// `isa`'s matmul reads (MatMulReadsPanels) its panel copy (WeightMatrix::panels), in memory
-// `weights` owns. The row-major views stay: the embedding, the norms and the other kernel paths
-// read them.
-void AttachPanels(RankWeights* weights, CpuIsa isa);
+// Gives the rank's linear weights (Q, K, V, O, gate, up, down, lm_head) their panel copies
+// (WeightMatrix::panels), in memory `weights` owns:
+// - q8_0 panels (kernels/cpu/q8_0.h) to every q8_0 matrix, and to every dense one when
+//   `quantize_q8_0` (each row's 32-column blocks quantized: --quantization=q8_0);
+// - else, when `dense_panels`, dtype panels to those whose panels `isa`'s matmul reads
+//   (MatMulReadsPanels).
+// The row-major views stay: the embedding, the norms and the other kernel paths read them.
+void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0);
 
 }  // namespace kvrm
 

@@ -49,6 +49,11 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
   choice.device = "cuda";
   choice.factory = [](const ModelBundle& model,
                       const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
+    if (o.quantization != WeightFormat::kDense) {
+      return absl::InvalidArgumentError(
+          "--quantization=q8_0 runs on the CPU backend only (--device=cpu); on the GPU the "
+          "weights are bf16");
+    }
     cuda::CudaBackendOptions co;
     co.kv_blocks = o.kv_blocks;
     co.kv_block_tokens = o.block_tokens;

@@ -579,6 +579,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_intermediate_size(c.intermediate_size);
   response->set_dtype(std::string(DTypeName(m.weights.dtype)));
   response->set_weights_format(m.weights_format);
+  response->set_weight_quantization(engine_->weight_quantization());
   response->set_num_parameters(m.weights.num_parameters);
   if (m.config.bos_token_id) response->set_bos_token_id(*m.config.bos_token_id);
   for (int32_t e : c.eos_token_ids) response->add_eos_token_ids(e);

@@ -157,7 +157,8 @@ struct Engine {
 
 Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_blocks,
                   int32_t max_slots, int32_t max_chunk_tokens, int32_t tensor_parallel = 1,
-                  bool weight_panels = true, DType kv_dtype = DType::kF32) {
+                  bool weight_panels = true, DType kv_dtype = DType::kF32,
+                  WeightFormat quantization = WeightFormat::kDense) {
   const LlamaConfig& c = model.bundle->config;
   Engine e;
   CpuBackendOptions options;
@@ -170,6 +171,7 @@ Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_bloc
   options.tensor_parallel = tensor_parallel;
   options.weight_panels = weight_panels;
   options.kv_dtype = kv_dtype;
+  options.quantization = quantization;
   auto backend = CpuBackend::Create(c, &model.bundle->weights, options);
   CHECK_OK(backend.status());
   e.backend = std::move(*backend);
@@ -198,7 +200,11 @@ class ForwardTest : public testing::TestWithParam<std::tuple<DType, CpuIsa>> {
 
 // One slot: prefill in chunks (checking the logits after every chunk), then teacher-forced decode
 // steps, each compared with the reference over the same token sequence.
-void ChunkedPrefillThenDecode(const TinyModel& model, DType kv_dtype, ErrorStats* stats) {
+// `ref`: the reference to compare with (null: the model's own); `quantization` the backend's.
+void ChunkedPrefillThenDecode(const TinyModel& model, DType kv_dtype, ErrorStats* stats,
+                              const ReferenceLlama* ref_model = nullptr,
+                              WeightFormat quantization = WeightFormat::kDense) {
+  if (ref_model == nullptr) ref_model = model.ref.get();
   const int32_t vocab = model.bundle->config.vocab_size;
   constexpr int kDecodeSteps = 6;
   constexpr int32_t kBlockTokens = 16;
@@ -207,12 +213,13 @@ void ChunkedPrefillThenDecode(const TinyModel& model, DType kv_dtype, ErrorStats
   // matters most.
   const KvRun runs[] = {{3, 11}};
   Engine engine = MakeEngine(model, kBlockTokens, 16, /*max_slots=*/2, /*max_chunk_tokens=*/160,
-                             /*tensor_parallel=*/1, /*weight_panels=*/true, kv_dtype);
+                             /*tensor_parallel=*/1, /*weight_panels=*/true, kv_dtype,
+                             quantization);
   std::mt19937 rng(1234);
   std::vector<float> logits(2 * vocab);
   for (int prompt_len : {1, 7, 33, 100, 150}) {
     const std::vector<int32_t> seq = RandomTokens(&rng, prompt_len + kDecodeSteps, vocab);
-    const std::vector<std::vector<double>> ref = model.ref->Forward(seq);
+    const std::vector<std::vector<double>> ref = ref_model->Forward(seq);
     for (int chunk : {16, 64, prompt_len}) {
       const std::string where = absl::StrCat("prompt ", prompt_len, " chunk ", chunk);
       for (int start = 0; start < prompt_len; start += chunk) {
@@ -290,12 +297,13 @@ constexpr int kMultiDecodeSteps = 8;
 // slots in one descriptor. Token streams come from a fixed seed, so two runs with different
 // layouts consume identical tokens.
 ScenarioResult RunScenario(const TinyModel& model, const std::vector<SlotPlan>& plans,
-                           int64_t num_blocks, int32_t tensor_parallel = 1) {
+                           int64_t num_blocks, int32_t tensor_parallel = 1,
+                           WeightFormat quantization = WeightFormat::kDense) {
   constexpr int32_t kBlockTokens = 8, kChunk = 16, kMaxRuns = 6;
   const int32_t slots = static_cast<int32_t>(plans.size());
   const int32_t vocab = model.bundle->config.vocab_size;
-  Engine engine =
-      MakeEngine(model, kBlockTokens, num_blocks, slots, kChunk, tensor_parallel);
+  Engine engine = MakeEngine(model, kBlockTokens, num_blocks, slots, kChunk, tensor_parallel,
+                             /*weight_panels=*/true, DType::kF32, quantization);
   std::mt19937 rng(99);
   ScenarioResult r;
   r.tokens.resize(slots);
@@ -551,6 +559,105 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
                                                std::string(CpuIsaName(std::get<1>(info.param))));
                          });
 
+// ---- q8_0 weights (--quantization=q8_0) ---------------------------------------------------------
+
+// The tiny f32 model with every linear weight quantized to q8_0 at load, against the reference
+// that quantizes the same weights and rounds every linear input to the same int16 steps
+// (ReferenceLlama::QuantizeLinearQ8_0). The kernels sum exactly in int32 per block, so what is
+// left is f32 against double as in ForwardTest, plus an input near an int16 rounding boundary
+// rounding the other way (one step, 1/32767 of the input's largest magnitude). Measured on every
+// path: max |diff| / max(1, max |ref|) <= 2.1e-4; held to 1e-3. Against the unquantized
+// reference the logits move by the quantization itself: 3.2e-2 of the scale, held to 5e-2.
+class Q8ForwardTest : public testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override { SetActiveCpuIsa(GetParam()); }
+  static const ReferenceLlama& Quantized() {
+    static const ReferenceLlama* ref = [] {
+      const TinyModel& model = GetTiny(DType::kF32);
+      auto r = ReferenceLlama::Create(model.bundle->config, *model.bundle->files);
+      CHECK_OK(r.status());
+      (*r)->QuantizeLinearQ8_0();
+      return r->release();
+    }();
+    return *ref;
+  }
+};
+
+constexpr double kQ8RelTol = 1e-3;
+
+TEST_P(Q8ForwardTest, ChunkedPrefillThenDecodeMatchesQuantizedReference) {
+  const TinyModel& model = GetTiny(DType::kF32);
+  model.ref->set_bf16_linear_inputs(false);
+  ErrorStats stats;
+  stats.rel_tol = kQ8RelTol;
+  ChunkedPrefillThenDecode(model, DType::kF32, &stats, &Quantized(), WeightFormat::kQ8_0);
+  stats.Print(absl::StrCat("q8_0 ", std::string(CpuIsaName(GetParam()))));
+  ErrorStats unquantized;
+  unquantized.rel_tol = 5e-2;
+  ChunkedPrefillThenDecode(model, DType::kF32, &unquantized, model.ref.get(), WeightFormat::kQ8_0);
+  unquantized.Print(absl::StrCat("q8_0 vs the unquantized reference ",
+                                 std::string(CpuIsaName(GetParam()))));
+}
+
+// Several slots in fragmented run tables.
+TEST_P(Q8ForwardTest, MultiSlotMatchesQuantizedReference) {
+  const TinyModel& model = GetTiny(DType::kF32);
+  const ScenarioResult r =
+      RunScenario(model, FragmentedPlans(), /*num_blocks=*/32, 1, WeightFormat::kQ8_0);
+  ErrorStats stats;
+  stats.rel_tol = kQ8RelTol;
+  for (size_t s = 0; s < r.tokens.size(); ++s) {
+    const std::vector<std::vector<double>> ref = Quantized().Forward(r.tokens[s]);
+    for (size_t i = 0; i < r.logits[s].size(); ++i) {
+      const int pos = r.logit_positions[s][i];
+      ExpectLogitsClose(r.logits[s][i].data(), ref[pos],
+                        absl::StrCat("slot ", s, " position ", pos), &stats);
+    }
+  }
+  stats.Print(absl::StrCat("q8_0 multi slot ", std::string(CpuIsaName(GetParam()))));
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Q8ForwardTest, testing::ValuesIn(AvailableCpuIsas()),
+                         [](const testing::TestParamInfo<CpuIsa>& info) {
+                           return std::string(CpuIsaName(info.param));
+                         });
+
+// Every linear weight gets q8_0 panels (and no dtype panels), with or without dense panels
+// asked for; the backend says so.
+TEST(Q8WeightsTest, EveryLinearWeightHasQ8Panels) {
+  const TinyModel& model = GetTiny(DType::kBF16);
+  const LlamaWeights& w = model.bundle->weights;
+  int64_t q8 = Q8PanelBytes(w.lm_head), bf16 = w.lm_head.bytes();
+  for (const LayerWeights& l : w.layers) {
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      q8 += Q8PanelBytes(*m);
+      bf16 += m->bytes();
+    }
+  }
+  for (bool panels : {true, false}) {
+    Engine engine = MakeEngine(model, 16, 16, 2, 16, 1, panels, DType::kF32, WeightFormat::kQ8_0);
+    EXPECT_EQ(engine.backend->panel_weight_bytes(), q8);
+    EXPECT_EQ(engine.backend->weight_quantization(), "q8_0");
+  }
+  Engine dense = MakeEngine(model, 16, 16, 2, 16);
+  EXPECT_EQ(dense.backend->weight_quantization(), "");
+  // Two ranks would cut the tiny model's 352 intermediate features into 176 a rank: not whole
+  // 32-column blocks of down_proj's inputs.
+  CpuBackendOptions two;
+  two.kv_blocks = 16;
+  two.max_slots = 2;
+  two.max_chunk_tokens = 16;
+  two.max_context = 256;
+  two.tensor_parallel = 2;
+  two.quantization = WeightFormat::kQ8_0;
+  const absl::Status refused = CpuBackend::Create(model.bundle->config, &w, two).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), testing::HasSubstr("intermediate_size inputs (176)"));
+  // 8.5 bits a weight against bf16's 16, plus the padding of rows to 16 and columns to 32.
+  EXPECT_GE(static_cast<double>(q8), 8.5 / 16 * static_cast<double>(bf16));
+  EXPECT_LT(static_cast<double>(q8), 0.6 * static_cast<double>(bf16));
+}
+
 // ---- static plan: no allocation per step ------------------------------------------------------
 
 TEST(StaticPlanTest, DecodePrefillAndMixedStepsDoNotAllocate) {
@@ -558,8 +665,11 @@ TEST(StaticPlanTest, DecodePrefillAndMixedStepsDoNotAllocate) {
   SetActiveCpuIsa(AvailableCpuIsas().back());
   const TinyModel& model = GetTiny(DType::kBF16);
   const int32_t vocab = model.bundle->config.vocab_size;
-  for (int32_t tp : {1, 2}) {
-    Engine engine = MakeEngine(model, 16, 16, /*max_slots=*/4, /*max_chunk_tokens=*/32, tp);
+  for (const auto& [tp, quantization] :
+       {std::pair{1, WeightFormat::kDense}, std::pair{2, WeightFormat::kDense},
+        std::pair{1, WeightFormat::kQ8_0}}) {  // (the tiny model's shares are not q8_0 blocks)
+    Engine engine = MakeEngine(model, 16, 16, /*max_slots=*/4, /*max_chunk_tokens=*/32, tp,
+                               /*weight_panels=*/true, DType::kF32, quantization);
     std::vector<int32_t> tokens(32, 7);
     std::vector<float> logits(4 * vocab), last(vocab);
     StepDescriptor step;
@@ -588,7 +698,8 @@ TEST(StaticPlanTest, DecodePrefillAndMixedStepsDoNotAllocate) {
       PrefillChunk mixed{2, 0, absl::MakeConstSpan(tokens).subspan(0, 5 + k), runs2, 2};
       ASSERT_TRUE(engine.backend->DecodeWithChunk(mixed, last.data(), step, logits.data()).ok());
     }
-    EXPECT_EQ(alloc_counter::AllocationCount() - before, 0) << "tp=" << tp;
+    EXPECT_EQ(alloc_counter::AllocationCount() - before, 0)
+        << "tp=" << tp << (quantization == WeightFormat::kQ8_0 ? " q8_0" : "");
     // The counter itself works: a vector allocates.
     std::vector<int> probe(10);
     EXPECT_GT(alloc_counter::AllocationCount() - before, 0);
@@ -639,7 +750,8 @@ const ModelBundle& GetSmall() {
   return *bundle;
 }
 
-std::unique_ptr<CpuBackend> MakeSmallBackend(int32_t tp) {
+std::unique_ptr<CpuBackend> MakeSmallBackend(int32_t tp,
+                                             WeightFormat quantization = WeightFormat::kDense) {
   const ModelBundle& m = GetSmall();
   CpuBackendOptions options;
   options.kv_blocks = 4 * 10;  // 4 slots x 160 tokens
@@ -649,6 +761,7 @@ std::unique_ptr<CpuBackend> MakeSmallBackend(int32_t tp) {
   options.max_context = 160;
   options.num_threads = 2;
   options.tensor_parallel = tp;
+  options.quantization = quantization;
   auto backend = CpuBackend::Create(m.config, &m.weights, options);
   CHECK_OK(backend.status());
   return std::move(*backend);
@@ -718,6 +831,56 @@ TEST(SmallModelTensorParallelTest, TwoRanksGreedyTokensIdenticalOver64Steps) {
   }
   EXPECT_EQ(identical, kSlots * kSteps);
   stats.Print("small bf16 tp=2 vs tp=1");
+}
+
+// q8_0 weights on two ranks (the small model's shares are whole blocks: 384 of O's inputs, 1024
+// of down's): the same q8_0 blocks as one rank; each rank rounds its share of O's and down's
+// inputs with its share's own scale (a step at most as fine), and the two partial sums add in
+// another order. Prefill and 16 decode steps of four slots, fed one rank's greedy tokens: the
+// logits within kQ8RelTol of their scale (measured, printed).
+TEST(SmallModelTensorParallelTest, TwoRanksQ8MatchOneRank) {
+  SetActiveCpuIsa(AvailableCpuIsas().back());
+  constexpr int kSlots = 4, kSteps = 16, kChunk = 32;
+  const int32_t vocab = GetSmall().config.vocab_size;
+  std::unique_ptr<CpuBackend> one = MakeSmallBackend(1, WeightFormat::kQ8_0);
+  std::unique_ptr<CpuBackend> two = MakeSmallBackend(2, WeightFormat::kQ8_0);
+  EXPECT_EQ(two->weight_quantization(), "q8_0");
+  std::mt19937 rng(77);
+  const int prompt_len[kSlots] = {5, 20, 33, 64};
+  StepDescriptor step;
+  step.Resize(kSlots, 1);
+  std::vector<float> logits_one(kSlots * vocab), logits_two(kSlots * vocab);
+  ErrorStats stats;
+  stats.rel_tol = kQ8RelTol;
+  auto compare = [&](int32_t s, const std::string& where) {
+    const float* a = &logits_one[s * vocab];
+    ExpectLogitsClose(&logits_two[s * vocab], std::vector<double>(a, a + vocab), where, &stats);
+  };
+  for (int32_t s = 0; s < kSlots; ++s) {
+    const std::vector<int32_t> prompt = RandomTokens(&rng, prompt_len[s], vocab);
+    const KvRun run{10 * s, 10};
+    for (int start = 0; start < prompt_len[s]; start += kChunk) {
+      const int n = std::min(kChunk, prompt_len[s] - start);
+      PrefillChunk pc{s, start, absl::MakeConstSpan(prompt).subspan(start, n), &run, 1};
+      ASSERT_TRUE(one->Prefill(pc, &logits_one[s * vocab]).ok());
+      ASSERT_TRUE(two->Prefill(pc, &logits_two[s * vocab]).ok());
+      compare(s, absl::StrCat("slot ", s, " prefill to ", start + n));
+    }
+    step.active[s] = 1;
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = run;
+    step.position[s] = prompt_len[s];
+  }
+  for (int k = 0; k < kSteps; ++k) {
+    for (int32_t s = 0; s < kSlots; ++s) step.token[s] = ArgMax(&logits_one[s * vocab], vocab);
+    ASSERT_TRUE(one->Decode(step, logits_one.data()).ok());
+    ASSERT_TRUE(two->Decode(step, logits_two.data()).ok());
+    for (int32_t s = 0; s < kSlots; ++s) {
+      compare(s, absl::StrCat("slot ", s, " decode at ", step.position[s]));
+      ++step.position[s];
+    }
+  }
+  stats.Print("small q8_0 tp=2 vs tp=1");
 }
 
 }  // namespace

@@ -85,6 +85,30 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
   return ref;
 }
 
+void ReferenceLlama::QuantizeLinearQ8_0() {
+  auto quantize = [](Matrix& m) {
+    for (int64_t r = 0; r < m.rows; ++r) {
+      double* row = m.data.data() + r * m.cols;
+      for (int64_t b = 0; b < m.cols; b += 32) {
+        const int64_t end = std::min(m.cols, b + 32);
+        float amax = 0;
+        for (int64_t c = b; c < end; ++c) amax = std::max(amax, std::fabs(static_cast<float>(row[c])));
+        const float d = amax / 127;
+        const float id = d != 0 ? 1 / d : 0;
+        const double stored = static_cast<double>(static_cast<_Float16>(d));
+        for (int64_t c = b; c < end; ++c) {
+          row[c] = stored * std::roundf(static_cast<float>(row[c]) * id);
+        }
+      }
+    }
+  };
+  quantize(lm_head_);  // a copy of the embedding when tied: the lookup keeps the stored values
+  for (Layer& l : layers_) {
+    for (Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) quantize(*m);
+  }
+  q8_0_linear_ = true;
+}
+
 std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<double>& x_in) const {
   std::vector<double> rounded;
   if (bf16_linear_inputs_) {
@@ -92,8 +116,19 @@ std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<do
     for (size_t i = 0; i < x_in.size(); ++i) {
       rounded[i] = Bf16ToFloat(FloatToBf16(static_cast<float>(x_in[i])));
     }
+  } else if (q8_0_linear_) {
+    float amax = 0;
+    for (double v : x_in) amax = std::max(amax, std::fabs(static_cast<float>(v)));
+    rounded.assign(x_in.size(), 0.0);
+    if (amax > 0) {
+      const float inv = 32767.0f / amax;
+      const double step = amax / 32767.0f;
+      for (size_t i = 0; i < x_in.size(); ++i) {
+        rounded[i] = std::nearbyint(static_cast<float>(x_in[i]) * inv) * step;
+      }
+    }
   }
-  const std::vector<double>& x = bf16_linear_inputs_ ? rounded : x_in;
+  const std::vector<double>& x = bf16_linear_inputs_ || q8_0_linear_ ? rounded : x_in;
   std::vector<double> y(w.rows);
   for (int64_t r = 0; r < w.rows; ++r) {
     const double* row = w.Row(r);

@@ -54,6 +54,14 @@ class ReferenceLlama {
   // When on, every key (after RoPE) and value is rounded to bf16 (through float, to nearest even)
   // before attention reads it, as a bf16 KV cache (--kv_dtype=bf16) stores them. Off by default.
   void set_bf16_kv(bool on) { bf16_kv_ = on; }
+  // q8_0 linear layers, as the CPU backend multiplies them with --quantization=q8_0 (written
+  // here from GGUF's q8_0 definition and docs/design.md, not from the kernels): every linear
+  // weight (Q, K, V, O, gate, up, down, lm_head; not the embedding lookup) becomes, per block of
+  // 32 values of a row, d * q with d = amax / 127 stored as f16 and q = round(x / (amax / 127))
+  // half away from zero (a last partial block padded with zeros); and every linear layer's input
+  // is rounded to steps of s = amax / 32767 of its own largest magnitude (in float: round to
+  // nearest even of x * (32767 / amax)). Irreversible: the weights are replaced.
+  void QuantizeLinearQ8_0();
 
  private:
   // A dense row-major matrix [rows][cols] (HF nn.Linear layout: [out_features][in_features]).
@@ -72,7 +80,8 @@ class ReferenceLlama {
   static absl::StatusOr<Matrix> Load(const SafetensorsSet& files, const std::string& name,
                                      int64_t rows, int64_t cols);
 
-  // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs).
+  // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs, to int16 steps
+  // under QuantizeLinearQ8_0).
   std::vector<double> Linear(const Matrix& w, const std::vector<double>& x) const;
   // HF LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps).
   std::vector<double> RmsNorm(const std::vector<double>& x, const std::vector<double>& w) const;
@@ -85,6 +94,7 @@ class ReferenceLlama {
   Matrix lm_head_;                // [vocab][hidden]; a copy of embed_ when tied
   std::vector<double> final_norm_;
   std::vector<Layer> layers_;
+  bool q8_0_linear_ = false;
   bool bf16_linear_inputs_ = false;
   bool bf16_kv_ = false;
 };

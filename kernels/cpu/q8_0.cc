@@ -89,15 +89,17 @@ void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, in
   }
 }
 
+// Bytes of one quantized activation row: its int16 values and its scale.
+int64_t RowBytes(int64_t cols) { return Q8PaddedCols(cols) * 2 + 4; }
+
 int64_t Q8ActivationBlockRows(int64_t cols) {
-  const int64_t row_bytes = Q8PaddedCols(cols) * 2;
   constexpr int64_t kGroup = WeightMatrix::kPanelRows;
-  return std::max<int64_t>(kGroup, kActBlockBytes / row_bytes / kGroup * kGroup);
+  return std::max<int64_t>(kGroup, kActBlockBytes / RowBytes(cols) / kGroup * kGroup);
 }
 
 int64_t Q8ScratchBytes(int64_t cols) {
-  const int64_t rows = Q8ActivationBlockRows(cols);
-  return rows * Q8PaddedCols(cols) * 2 + rows * 4 + 64;
+  // Never less for more columns (a caller sizes one scratch by its widest matrix).
+  return std::max(kActBlockBytes, WeightMatrix::kPanelRows * RowBytes(cols)) + 64;
 }
 
 }  // namespace kvrm

@@ -74,6 +74,16 @@ TEST(Q8BlockTest, ZeroAndNonFiniteBlocks) {
   }
 }
 
+// A scratch sized for a matrix's columns serves every narrower one (callers size one scratch by
+// their widest matrix), and holds the block's rows.
+TEST(Q8ActivationsTest, ScratchNeverShrinksWithMoreColumns) {
+  for (int64_t cols = 1; cols < 20000; cols += cols < 300 ? 1 : 97) {
+    ASSERT_LE(Q8ScratchBytes(cols), Q8ScratchBytes(cols + 1)) << cols;
+    ASSERT_GE(Q8ScratchBytes(cols),
+              Q8ActivationBlockRows(cols) * (Q8PaddedCols(cols) * 2 + 4)) << cols;
+  }
+}
+
 TEST(Q8ActivationsTest, RoundsToInt16WithTheRowsScale) {
   std::mt19937 rng(11);
   const int64_t n = 5, k = 77, kp = Q8PaddedCols(k);

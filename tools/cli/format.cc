@@ -141,6 +141,8 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"architecture", model.architecture()},
       {"dtype", model.dtype()},
       {"weights_format", model.weights_format()},
+      {"weight_quantization",
+       model.weight_quantization().empty() ? "none" : model.weight_quantization()},
       {"parameters", WithMagnitude(model.num_parameters())},
       {"layers", absl::StrCat(model.num_layers())},
       {"hidden_size", absl::StrCat(model.hidden_size())},
