@@ -6,6 +6,7 @@
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "kernels/cpu/q8_0.h"
 
 namespace kvrm {
 namespace {
@@ -108,11 +109,6 @@ void DequantQ5_1(const std::byte* b, float* y) {
   }
 }
 
-void DequantQ8_0(const std::byte* b, float* y) {
-  const float d = LoadHalf(b);
-  const int8_t* qs = reinterpret_cast<const int8_t*>(b + 2);
-  for (int j = 0; j < kQk; ++j) y[j] = qs[j] * d;
-}
 
 // Q4_K and Q5_K: 8 sub-blocks of 32 elements; each 64-element chunk is the low nibbles of 32
 // bytes, then their high nibbles. Q5_K adds a fifth bit from qh (the masks move, qh does not).
@@ -180,15 +176,6 @@ float SignedAbsMax(const float* x, int n) {
   return max;
 }
 
-void QuantQ8_0(const float* x, std::byte* b) {
-  float amax = 0;
-  for (int j = 0; j < kQk; ++j) amax = std::max(amax, std::fabs(x[j]));
-  const float d = amax / 127;
-  const float id = d != 0 ? 1 / d : 0;
-  StoreHalf(b, d);
-  int8_t* qs = reinterpret_cast<int8_t*>(b + 2);
-  for (int j = 0; j < kQk; ++j) qs[j] = static_cast<int8_t>(std::roundf(x[j] * id));
-}
 
 // Q4_0 (offset 8, 4 bits) and Q5_0 (offset 16, 5 bits): symmetric, scaled by the signed max.
 void QuantQx0(const float* x, int bits, std::byte* b) {
@@ -344,7 +331,7 @@ void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out) {
         DequantQ5_1(b, y);
         break;
       case GgmlType::kQ8_0:
-        DequantQ8_0(b, y);
+        DequantizeBlockQ8_0(reinterpret_cast<const uint8_t*>(b), y);  // kernels/cpu/q8_0.h
         break;
       case GgmlType::kQ4_K:
         DequantQ45K(b, /*five=*/false, y);
@@ -391,7 +378,7 @@ void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst) {
         QuantQx1(v, 5, b);
         break;
       case GgmlType::kQ8_0:
-        QuantQ8_0(v, b);
+        QuantizeBlockQ8_0(v, reinterpret_cast<uint8_t*>(b));  // ggml's reference, as the kernels
         break;
       case GgmlType::kQ4_K:
         QuantQ45K(v, /*five=*/false, b);

@@ -21,8 +21,9 @@ std::string ConvertTiny(GgmlType type, const std::string& name) {
   return path;
 }
 
-std::unique_ptr<ModelBundle> Load(const std::string& path) {
-  absl::StatusOr<std::unique_ptr<ModelBundle>> m = ModelBundle::Load(path);
+std::unique_ptr<ModelBundle> Load(const std::string& path,
+                                  const ModelBundle::LoadOptions& options = {}) {
+  absl::StatusOr<std::unique_ptr<ModelBundle>> m = ModelBundle::Load(path, options);
   CHECK_OK(m.status());
   return std::move(*m);
 }
@@ -75,6 +76,52 @@ TEST(GgufE2eTest, AQuantizedFileServes) {
   ASSERT_TRUE(gguf.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
   EXPECT_EQ(info.weights_format(), "gguf q4_0");
   EXPECT_EQ(info.dtype(), "bf16");
+}
+
+// A q8_0 file's matrices stay q8_0: views of the file's own blocks (those whose rows llama.cpp
+// permutes put back in order in memory), multiplied as they are (kernels/cpu/q8_0.h; numerics:
+// //tests:forward_test's Q8ForwardTest), and the model info says so. With keep_q8_0 off
+// (kvrmd --quantization=none) they become bf16 as the other quantized types do.
+TEST(GgufE2eTest, AQ8_0FileIsMultipliedAsQ8_0) {
+  const std::string path = ConvertTiny(GgmlType::kQ8_0, "tiny-q8_0.gguf");
+  TestServer gguf(Load(path), Options());
+  const LlamaWeights& w = gguf.model().weights;
+  const GgufFile& file = *gguf.model().gguf->file;
+  for (const WeightMatrix* m : {&w.layers[0].wv, &w.layers[1].w_up, &w.layers[3].w_down}) {
+    EXPECT_EQ(m->format, WeightFormat::kQ8_0);
+    const GgufTensor* t = nullptr;
+    for (const GgufTensor& candidate : file.tensors()) {
+      if (candidate.data == m->data) t = &candidate;
+    }
+    ASSERT_NE(t, nullptr) << "not a view of one of the file's tensors";
+    EXPECT_EQ(t->type, GgmlType::kQ8_0);
+  }
+  EXPECT_EQ(w.layers[0].wq.format, WeightFormat::kQ8_0);  // rows put back in HF order
+  EXPECT_EQ(w.layers[0].attn_norm.format, WeightFormat::kDense);
+  const std::vector<std::vector<int32_t>> tokens = Generate(gguf);
+  ASSERT_EQ(tokens.size(), 4u);
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(gguf.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.weights_format(), "gguf q8_0");
+  EXPECT_EQ(info.weight_quantization(), "q8_0");
+
+  ModelBundle::LoadOptions none;
+  none.keep_q8_0 = false;
+  TestServer dense(Load(path, none), Options());
+  EXPECT_EQ(dense.model().weights.layers[0].wv.format, WeightFormat::kDense);
+  EXPECT_EQ(dense.model().weights.layers[0].wv.dtype, DType::kBF16);
+  grpc::ClientContext ctx2;
+  v1::ModelInfo dense_info;
+  ASSERT_TRUE(dense.stub().GetModelInfo(&ctx2, v1::GetModelInfoRequest(), &dense_info).ok());
+  EXPECT_EQ(dense_info.weight_quantization(), "");
+  // The same values either way, to bf16's rounding of d * q.
+  std::vector<float> a(w.layers[2].w_gate.cols), b(a.size());
+  for (int64_t r = 0; r < w.layers[2].w_gate.rows; r += 7) {
+    WeightRowToFloat(w.layers[2].w_gate, r, a.data());
+    WeightRowToFloat(dense.model().weights.layers[2].w_gate, r, b.data());
+    for (size_t c = 0; c < a.size(); ++c) ASSERT_EQ(Bf16ToFloat(FloatToBf16(a[c])), b[c]);
+  }
 }
 
 }  // namespace

@@ -98,6 +98,10 @@ TEST(KvrmdProcessTest, UnknownKvDtypeExitsTwoNamingTheFlagAndTheChoices) {
   ExpectBadFlagExitsTwo("--kv_dtype=fp8", "bf16");
 }
 
+TEST(KvrmdProcessTest, UnknownQuantizationExitsTwoNamingTheFlagAndTheChoices) {
+  ExpectBadFlagExitsTwo("--quantization=q4_0", "q8_0");
+}
+
 TEST(KvrmdProcessTest, AnOffloadShedShareOutsideItsRangeExitsTwoNamingTheFlag) {
   ExpectBadFlagExitsTwo("--prefix_cache_offload_shed=2", "[0, 1)");
 }
