@@ -43,7 +43,8 @@
 #include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
-ABSL_FLAG(std::string, dtypes, "f32,bf16", "weight dtypes to measure");
+ABSL_FLAG(std::string, dtypes, "f32,bf16",
+          "weight dtypes to measure (f32, f16, bf16; q8_0: the bf16 model quantized at load)");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -211,7 +212,7 @@ struct Loaded {
 };
 
 Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels,
-            DType kv_dtype) {
+            DType kv_dtype, WeightFormat quantization) {
   Loaded m;
   auto bundle = ModelBundle::Load(dir);
   CHECK_OK(bundle.status());
@@ -229,6 +230,7 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
   o.num_threads = absl::GetFlag(FLAGS_threads);
   o.tensor_parallel = absl::GetFlag(FLAGS_tp);
   o.weight_panels = panels;
+  o.quantization = quantization;
   o.kv_dtype = kv_dtype;
   m.kv_dtype = kv_dtype;
   auto backend = CpuBackend::Create(m.bundle->config, &m.bundle->weights, o);
@@ -257,8 +259,10 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
   return m;
 }
 
-// "panels" when this path reads the backend's weight panels, else "rows".
+// "q8_0" (q8_0 panels, every path), "panels" when this path reads the backend's weight panels,
+// else "rows".
 std::string WeightLayout(const Loaded& m) {
+  if (m.backend->weight_quantization() == "q8_0") return "q8_0";
   return m.backend->panel_weight_bytes() > 0 &&
                  MatMulReadsPanels(ActiveCpuIsa(), m.bundle->weights.dtype)
              ? "panels"
@@ -340,8 +344,11 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   r.tokens_per_s = slots * steps / seconds;
   // Mean history read per step: positions context .. context + steps - 1, plus the new token.
   const double kv_tokens = slots * (context + 0.5 * (steps - 1) + 1);
-  const double bytes =
-      WeightBytesPerStep(m.bundle->weights) + kv_tokens * m.kv_bytes_per_token;
+  // q8_0: the panels are what the step reads (blocks and scales, rows padded to 16).
+  const double weight_bytes = m.backend->weight_quantization() == "q8_0"
+                                  ? m.backend->panel_weight_bytes()
+                                  : WeightBytesPerStep(m.bundle->weights);
+  const double bytes = weight_bytes + kv_tokens * m.kv_bytes_per_token;
   r.mb_per_step = bytes / 1e6;
   r.bytes_per_step = bytes;
   r.bandwidth_now = bandwidth_now;
@@ -529,11 +536,14 @@ int Main() {
   for (absl::string_view dtype_name :
        absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',', absl::SkipEmpty())) {
     DType dtype = DType::kF32;
-    CHECK(ParseDType(dtype_name, &dtype)) << "unknown dtype " << std::string(dtype_name);
+    // q8_0: the bf16 model with every linear weight quantized at load (--quantization=q8_0).
+    const bool q8 = dtype_name == "q8_0";
+    CHECK(q8 || ParseDType(dtype_name, &dtype)) << "unknown dtype " << std::string(dtype_name);
+    if (q8) dtype = DType::kBF16;
     modelgen::MakeModelOptions mo;
     mo.size = absl::GetFlag(FLAGS_size);
     mo.dtype = dtype;
-    mo.out_dir = (std::filesystem::path(dir) / std::string(dtype_name)).string();
+    mo.out_dir = (std::filesystem::path(dir) / std::string(DTypeName(dtype))).string();
     mo.threads = threads;
     if (!std::filesystem::exists(std::filesystem::path(mo.out_dir) / "config.json")) {
       std::printf("generating %s %s model in %s...\n", mo.size.c_str(),
@@ -543,7 +553,8 @@ int Main() {
     std::vector<Loaded> loaded;
     for (DType kv : kv_dtypes) {
       for (bool panels : layouts) {
-        loaded.push_back(Load(mo.out_dir, max_slots, max_context, panels, kv));
+        loaded.push_back(Load(mo.out_dir, max_slots, max_context, panels, kv,
+                              q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense));
       }
     }
     for (int32_t context : contexts) {

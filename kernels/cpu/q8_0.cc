@@ -89,8 +89,9 @@ void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, in
   }
 }
 
-// Bytes of one quantized activation row: its int16 values and its scale.
-int64_t RowBytes(int64_t cols) { return Q8PaddedCols(cols) * 2 + 4; }
+// Bytes of one quantized activation row: its int16 values, a second copy of them (the AVX-512
+// kernel regroups them by pass) and its scale.
+int64_t RowBytes(int64_t cols) { return Q8PaddedCols(cols) * 4 + 4; }
 
 int64_t Q8ActivationBlockRows(int64_t cols) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows;

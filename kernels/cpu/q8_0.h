@@ -46,8 +46,8 @@ void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, in
                            int16_t* q, float* scale);
 
 // Activation rows the q8_0 kernels quantize at a time for `cols` columns, and the scratch bytes a
-// thread needs for them (the int16 rows and their scales): never less for more columns, so one
-// scratch sized for the widest matrix serves the others.
+// thread needs for them (the int16 rows, twice, and their scales): never less for more columns, so
+// one scratch sized for the widest matrix serves the others.
 int64_t Q8ActivationBlockRows(int64_t cols);
 int64_t Q8ScratchBytes(int64_t cols);
 
