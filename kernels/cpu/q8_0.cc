@@ -89,9 +89,8 @@ void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, in
   }
 }
 
-// Bytes of one quantized activation row: its int16 values, a second copy of them (the AVX-512
-// kernel regroups them by pass) and its scale.
-int64_t RowBytes(int64_t cols) { return Q8PaddedCols(cols) * 4 + 4; }
+// Bytes of one quantized activation row as the passes read it: its int16 values and its scale.
+int64_t RowBytes(int64_t cols) { return Q8PaddedCols(cols) * 2 + 4; }
 
 int64_t Q8ActivationBlockRows(int64_t cols) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows;
@@ -99,8 +98,9 @@ int64_t Q8ActivationBlockRows(int64_t cols) {
 }
 
 int64_t Q8ScratchBytes(int64_t cols) {
-  // Never less for more columns (a caller sizes one scratch by its widest matrix).
-  return std::max(kActBlockBytes, WeightMatrix::kPanelRows * RowBytes(cols)) + 64;
+  // Twice a block (the AVX-512 kernel regroups the rows by pass into a second copy). Never less
+  // for more columns (a caller sizes one scratch by its widest matrix).
+  return 2 * std::max(kActBlockBytes, WeightMatrix::kPanelRows * RowBytes(cols)) + 64;
 }
 
 }  // namespace kvrm

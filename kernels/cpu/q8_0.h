@@ -45,9 +45,10 @@ inline int64_t Q8PaddedCols(int64_t cols) {
 void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, int64_t kp,
                            int16_t* q, float* scale);
 
-// Activation rows the q8_0 kernels quantize at a time for `cols` columns, and the scratch bytes a
-// thread needs for them (the int16 rows, twice, and their scales): never less for more columns, so
-// one scratch sized for the widest matrix serves the others.
+// Activation rows the q8_0 kernels quantize at a time for `cols` columns (a block that stays in
+// L2 while the panels stream by), and the scratch bytes a thread needs for them (the int16 rows,
+// twice, and their scales): never less for more columns, so one scratch sized for the widest
+// matrix serves the others.
 int64_t Q8ActivationBlockRows(int64_t cols);
 int64_t Q8ScratchBytes(int64_t cols);
 

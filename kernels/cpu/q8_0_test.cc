@@ -80,7 +80,7 @@ TEST(Q8ActivationsTest, ScratchNeverShrinksWithMoreColumns) {
   for (int64_t cols = 1; cols < 20000; cols += cols < 300 ? 1 : 97) {
     ASSERT_LE(Q8ScratchBytes(cols), Q8ScratchBytes(cols + 1)) << cols;
     ASSERT_GE(Q8ScratchBytes(cols),
-              Q8ActivationBlockRows(cols) * (Q8PaddedCols(cols) * 4 + 4)) << cols;
+              Q8ActivationBlockRows(cols) * (Q8PaddedCols(cols) * 4 + 4)) << cols;  // two copies
   }
 }
 
