@@ -767,6 +767,59 @@ std::unique_ptr<CpuBackend> MakeSmallBackend(int32_t tp,
   return std::move(*backend);
 }
 
+// Two backends side by side over the same slots: random prompts of `prompt_len` tokens prefilled
+// in chunks of `chunk` on both (slot s in blocks [10 s, 10 s + 10)), each chunk's logits compared
+// (one rank's as the reference for the other's) into `stats`; then `step` decodes every slot from
+// the end of its prompt, logits_one and logits_two holding each slot's last logits.
+struct SideBySide {
+  SideBySide(CpuBackend& one, CpuBackend& two, absl::Span<const int> prompt_len, int chunk,
+             uint32_t seed, ErrorStats* stats)
+      : one(one), two(two), vocab(one.vocab_size()), stats(stats) {
+    const int32_t slots = static_cast<int32_t>(prompt_len.size());
+    logits_one.resize(slots * vocab);
+    logits_two.resize(slots * vocab);
+    step.Resize(slots, 1);
+    std::mt19937 rng(seed);
+    for (int32_t s = 0; s < slots; ++s) {
+      const std::vector<int32_t> prompt = RandomTokens(&rng, prompt_len[s], vocab);
+      const KvRun run{10 * s, 10};
+      for (int start = 0; start < prompt_len[s]; start += chunk) {
+        const int n = std::min(chunk, prompt_len[s] - start);
+        PrefillChunk pc{s, start, absl::MakeConstSpan(prompt).subspan(start, n), &run, 1};
+        CHECK_OK(one.Prefill(pc, &logits_one[s * vocab]));
+        CHECK_OK(two.Prefill(pc, &logits_two[s * vocab]));
+        Compare(s, absl::StrCat("slot ", s, " prefill to ", start + n));
+      }
+      step.active[s] = 1;
+      step.num_runs[s] = 1;
+      step.SlotRuns(s)[0] = run;
+      step.position[s] = prompt_len[s];
+    }
+  }
+  // Slot s's last logits on both, within stats->rel_tol of one rank's scale.
+  void Compare(int32_t s, const std::string& where) {
+    const float* a = &logits_one[s * vocab];
+    ExpectLogitsClose(&logits_two[s * vocab], std::vector<double>(a, a + vocab), where, stats);
+  }
+  // One decode step of every slot on both (step.token set by the caller), compared; positions
+  // advance.
+  void Decode() {
+    CHECK_OK(one.Decode(step, logits_one.data()));
+    CHECK_OK(two.Decode(step, logits_two.data()));
+    for (int32_t s = 0; s < step.max_slots; ++s) {
+      Compare(s, absl::StrCat("slot ", s, " decode at ", step.position[s]));
+      ++step.position[s];
+    }
+  }
+
+  CpuBackend& one;
+  CpuBackend& two;
+  const int32_t vocab;
+  ErrorStats* stats;
+  std::vector<float> logits_one, logits_two;
+  StepDescriptor step;
+};
+
 // Four slots with random prompts, prefilled in chunks, then 64 greedy decode steps of all four in
 // one descriptor, once with one rank and once with two, each run feeding back its own argmax.
 // The logits agree within kRelTol of their scale at every step (measured: ~1e-6, printed) and
@@ -786,48 +839,19 @@ TEST(SmallModelTensorParallelTest, TwoRanksGreedyTokensIdenticalOver64Steps) {
   EXPECT_EQ(two->kv_pool(1)->shape().kv_heads, 2);
   EXPECT_EQ(two->kv_pool(0)->shape().num_blocks, one->kv_pool(0)->shape().num_blocks);
 
-  std::mt19937 rng(2024);
   const int prompt_len[kSlots] = {3, 17, 40, 90};
-  StepDescriptor step;
-  step.Resize(kSlots, 1);
-  std::vector<float> logits_one(kSlots * vocab), logits_two(kSlots * vocab);
   ErrorStats stats;
-  auto compare = [&](const float* a, const float* b, const std::string& where) {
-    ExpectLogitsClose(b, std::vector<double>(a, a + vocab), where, &stats);
-  };
-  for (int32_t s = 0; s < kSlots; ++s) {
-    const std::vector<int32_t> prompt = RandomTokens(&rng, prompt_len[s], vocab);
-    const KvRun run{10 * s, 10};
-    for (int start = 0; start < prompt_len[s]; start += kChunk) {
-      const int n = std::min(kChunk, prompt_len[s] - start);
-      PrefillChunk pc{s, start, absl::MakeConstSpan(prompt).subspan(start, n), &run, 1};
-      ASSERT_TRUE(one->Prefill(pc, &logits_one[s * vocab]).ok());
-      ASSERT_TRUE(two->Prefill(pc, &logits_two[s * vocab]).ok());
-      compare(&logits_one[s * vocab], &logits_two[s * vocab],
-              absl::StrCat("slot ", s, " prefill to ", start + n));
-    }
-    step.active[s] = 1;
-    step.num_runs[s] = 1;
-    step.SlotRuns(s)[0] = run;
-    step.position[s] = prompt_len[s];
-  }
+  SideBySide both(*one, *two, prompt_len, kChunk, 2024, &stats);
   int identical = 0;
   for (int k = 0; k < kSteps; ++k) {
-    int32_t next_one[kSlots], next_two[kSlots];
     for (int32_t s = 0; s < kSlots; ++s) {
-      next_one[s] = ArgMax(&logits_one[s * vocab], vocab);
-      next_two[s] = ArgMax(&logits_two[s * vocab], vocab);
-      ASSERT_EQ(next_one[s], next_two[s]) << "slot " << s << " step " << k;
+      const int32_t next_one = ArgMax(&both.logits_one[s * vocab], vocab);
+      ASSERT_EQ(next_one, ArgMax(&both.logits_two[s * vocab], vocab))
+          << "slot " << s << " step " << k;
       ++identical;
-      step.token[s] = next_one[s];
+      both.step.token[s] = next_one;
     }
-    ASSERT_TRUE(one->Decode(step, logits_one.data()).ok());
-    ASSERT_TRUE(two->Decode(step, logits_two.data()).ok());
-    for (int32_t s = 0; s < kSlots; ++s) {
-      compare(&logits_one[s * vocab], &logits_two[s * vocab],
-              absl::StrCat("slot ", s, " decode at ", step.position[s]));
-      ++step.position[s];
-    }
+    both.Decode();
   }
   EXPECT_EQ(identical, kSlots * kSteps);
   stats.Print("small bf16 tp=2 vs tp=1");
@@ -845,40 +869,15 @@ TEST(SmallModelTensorParallelTest, TwoRanksQ8MatchOneRank) {
   std::unique_ptr<CpuBackend> one = MakeSmallBackend(1, WeightFormat::kQ8_0);
   std::unique_ptr<CpuBackend> two = MakeSmallBackend(2, WeightFormat::kQ8_0);
   EXPECT_EQ(two->weight_quantization(), "q8_0");
-  std::mt19937 rng(77);
   const int prompt_len[kSlots] = {5, 20, 33, 64};
-  StepDescriptor step;
-  step.Resize(kSlots, 1);
-  std::vector<float> logits_one(kSlots * vocab), logits_two(kSlots * vocab);
   ErrorStats stats;
   stats.rel_tol = kQ8RelTol;
-  auto compare = [&](int32_t s, const std::string& where) {
-    const float* a = &logits_one[s * vocab];
-    ExpectLogitsClose(&logits_two[s * vocab], std::vector<double>(a, a + vocab), where, &stats);
-  };
-  for (int32_t s = 0; s < kSlots; ++s) {
-    const std::vector<int32_t> prompt = RandomTokens(&rng, prompt_len[s], vocab);
-    const KvRun run{10 * s, 10};
-    for (int start = 0; start < prompt_len[s]; start += kChunk) {
-      const int n = std::min(kChunk, prompt_len[s] - start);
-      PrefillChunk pc{s, start, absl::MakeConstSpan(prompt).subspan(start, n), &run, 1};
-      ASSERT_TRUE(one->Prefill(pc, &logits_one[s * vocab]).ok());
-      ASSERT_TRUE(two->Prefill(pc, &logits_two[s * vocab]).ok());
-      compare(s, absl::StrCat("slot ", s, " prefill to ", start + n));
-    }
-    step.active[s] = 1;
-    step.num_runs[s] = 1;
-    step.SlotRuns(s)[0] = run;
-    step.position[s] = prompt_len[s];
-  }
+  SideBySide both(*one, *two, prompt_len, kChunk, 77, &stats);
   for (int k = 0; k < kSteps; ++k) {
-    for (int32_t s = 0; s < kSlots; ++s) step.token[s] = ArgMax(&logits_one[s * vocab], vocab);
-    ASSERT_TRUE(one->Decode(step, logits_one.data()).ok());
-    ASSERT_TRUE(two->Decode(step, logits_two.data()).ok());
     for (int32_t s = 0; s < kSlots; ++s) {
-      compare(s, absl::StrCat("slot ", s, " decode at ", step.position[s]));
-      ++step.position[s];
+      both.step.token[s] = ArgMax(&both.logits_one[s * vocab], vocab);
     }
+    both.Decode();
   }
   stats.Print("small q8_0 tp=2 vs tp=1");
 }
