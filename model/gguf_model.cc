@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <thread>
 #include <utility>
@@ -13,6 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/json.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
 #include "model/gguf_quants.h"
 #include "model/gguf_tokenizer.h"
@@ -218,17 +220,33 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
   if (Unquantized(t->type) && !name.rope_rows) {
     return WeightMatrix{StoredDType(t->type), t->data, rows, cols, cols};
   }
+  // Dequantization is most of a quantized model's load (one core: ~1 s per 125M parameters),
+  // so the rows are shared among the threads, at least 64 rows each.
+  auto parallel_rows = [&](const std::function<void(int64_t, int64_t)>& convert) {
+    const int64_t threads = std::clamp<int64_t>(rows / 64, 1, std::max(options.threads, 1));
+    std::vector<std::thread> pool;
+    for (int64_t i = 1; i < threads; ++i) {
+      pool.emplace_back(convert, rows * i / threads, rows * (i + 1) / threads);
+    }
+    convert(0, rows / threads);
+    for (std::thread& th : pool) th.join();
+  };
   // q8_0 matrices (not the 1-D norms, which the kernels read as dtype) as they are: in place, or
-  // with their rows put in HF order.
-  if (t->type == GgmlType::kQ8_0 && options.keep_q8_0 && shape.size() == 2) {
+  // with their rows put in HF order; q4_0 and q5_0 ones as q8_0 blocks of exactly their values.
+  if (options.as_q8_0 && shape.size() == 2 &&
+      (t->type == GgmlType::kQ8_0 || t->type == GgmlType::kQ4_0 ||
+       t->type == GgmlType::kQ5_0)) {
     WeightMatrix m{options.dequantized, t->data, rows, cols, cols, nullptr, WeightFormat::kQ8_0};
-    if (!name.rope_rows) return m;
+    if (t->type == GgmlType::kQ8_0 && !name.rope_rows) return m;
     const int64_t row_bytes = m.DataBytes(cols);
     std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * rows);
-    for (int64_t r = 0; r < rows; ++r) {
-      std::memcpy(buffer.data() + GgufRopeRowToHf(r, config.head_dim) * row_bytes,
-                  t->data + r * row_bytes, row_bytes);
-    }
+    parallel_rows([&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const int64_t dst = name.rope_rows ? GgufRopeRowToHf(r, config.head_dim) : r;
+        CHECK(ToQ8_0Exactly(t->type, t->data + r * t->row_bytes(), cols,
+                            buffer.data() + dst * row_bytes));
+      }
+    });
     m.data = buffer.data();
     return m;
   }
@@ -257,15 +275,7 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
       }
     }
   };
-  // Dequantization is most of a quantized model's load (one core: ~1 s per 125M parameters),
-  // so the rows are shared among the threads, at least 64 rows each.
-  const int64_t threads = std::clamp<int64_t>(rows / 64, 1, std::max(options.threads, 1));
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < threads; ++i) {
-    pool.emplace_back(convert, rows * i / threads, rows * (i + 1) / threads);
-  }
-  convert(0, rows / threads);
-  for (std::thread& th : pool) th.join();
+  parallel_rows(convert);
   return WeightMatrix{out, buffer.data(), rows, cols, cols};
 }
 

@@ -39,10 +39,11 @@ namespace kvrm {
 struct GgufLoadOptions {
   DType dequantized = DType::kBF16;  // what quantized tensors become (kF32 or kBF16)
   // q8_0 matrices stay q8_0 (WeightFormat::kQ8_0 views of the file, kernels/cpu/q8_0.h: the CPU
-  // backend multiplies them as they are, the CUDA backend widens them to bf16 at upload) instead
-  // of becoming `dequantized`. Their values read through WeightRowToFloat are the same either way
-  // in f32 (d * q is exact).
-  bool keep_q8_0 = true;
+  // backend multiplies them as they are, the CUDA backend widens them to bf16 at upload), and
+  // q4_0 / q5_0 ones become q8_0 blocks holding exactly their values (ToQ8_0Exactly: 8.5 bits a
+  // weight), instead of becoming `dequantized`. Their values read through WeightRowToFloat are
+  // the file's exactly in f32 either way.
+  bool as_q8_0 = true;
   // Threads that dequantize (and reorder) a tensor's rows; the default is every core.
   int threads = static_cast<int>(std::thread::hardware_concurrency());
 };

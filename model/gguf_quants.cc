@@ -346,6 +346,31 @@ void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out) {
   }
 }
 
+bool ToQ8_0Exactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
+  if (type != GgmlType::kQ8_0 && type != GgmlType::kQ4_0 && type != GgmlType::kQ5_0) return false;
+  const GgmlTypeTraits& t = GgmlTraits(type);
+  CHECK(n % kQk == 0) << t.name << ": " << n << " elements";
+  if (type == GgmlType::kQ8_0) {
+    std::memcpy(dst, src, n / kQk * t.block_bytes);
+    return true;
+  }
+  float y[kQk];
+  for (int64_t i = 0; i < n / kQk; ++i) {
+    const std::byte* b = src + i * t.block_bytes;
+    std::byte* out = dst + i * WeightMatrix::kQ8BlockBytes;
+    // Both formats start with d (f16); each value is d times a small integer, exactly in f32, so
+    // the integer comes back exactly.
+    DequantizeRow(type, b, kQk, y);
+    std::memcpy(out, b, 2);
+    const float d = LoadHalf(b);
+    int8_t* q = reinterpret_cast<int8_t*>(out + 2);
+    for (int j = 0; j < kQk; ++j) {
+      q[j] = d != 0 && std::isfinite(d) ? static_cast<int8_t>(std::nearbyint(y[j] / d)) : 0;
+    }
+  }
+  return true;
+}
+
 void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst) {
   const GgmlTypeTraits& t = GgmlTraits(type);
   CHECK(n % t.block_elems == 0) << t.name << ": " << n << " elements";

@@ -19,6 +19,11 @@ namespace kvrm {
 // Dequantizes `n` elements (a whole number of blocks of `type`) from `src` into `out`.
 void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out);
 
+// The q8_0 blocks (kernels/cpu/q8_0.h) holding exactly the values of `n` elements (a whole
+// number of blocks) of `type` at `src`: q8_0 copied, q4_0 and q5_0 (d * (q - 8), d * (q - 16)) as
+// the same d and the offset q, which fit int8. `dst` holds n / 32 * 34 bytes. Other types: false.
+bool ToQ8_0Exactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
+
 // Quantizes `n` elements (a whole number of blocks) of `x` into `dst`, which holds
 // n / block_elems * block_bytes bytes. f32, f16 and bf16 are stored as they are (rounded to
 // nearest even for the 16-bit types).

@@ -29,8 +29,9 @@ struct ModelBundle {
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
 
   struct LoadOptions {
-    // A GGUF file's q8_0 matrices stay q8_0 (GgufLoadOptions::keep_q8_0), else become bf16.
-    bool keep_q8_0 = true;
+    // A GGUF file's q8_0 matrices stay q8_0 and its q4_0 / q5_0 ones become q8_0 blocks of
+    // exactly their values (GgufLoadOptions::as_q8_0); else all become bf16.
+    bool as_q8_0 = true;
   };
   // `path`: a Hugging Face model directory (config.json, safetensors, tokenizer.json), a GGUF
   // file, or a directory with no config.json and one .gguf file. Every error names the file and

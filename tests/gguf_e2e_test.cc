@@ -1,7 +1,9 @@
 // Serving a GGUF file end to end: the engine, over gRPC, on the tiny model converted to GGUF
 // (tools/gguf) generates what it generates on the model directory the file came from.
 #include <filesystem>
+#include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "gmock/gmock.h"
@@ -60,28 +62,34 @@ TEST(GgufE2eTest, AnF32FileGeneratesWhatItsDirectoryGenerates) {
   EXPECT_EQ(Generate(gguf), Generate(hf));
 }
 
-// A smoke test of the quantized path end to end (its numerics: //tools/gguf:gguf_convert_test,
-// the weights against the originals and the block formats against their layouts).
-TEST(GgufE2eTest, AQuantizedFileServes) {
-  TestServer gguf(Load(ConvertTiny(GgmlType::kQ4_0, "tiny-q4_0.gguf")), Options());
-  const std::vector<std::vector<int32_t>> tokens = Generate(gguf);
-  ASSERT_EQ(tokens.size(), 4u);
-  for (const std::vector<int32_t>& t : tokens) {
-    for (int32_t id : t) EXPECT_LT(id, gguf.model().config.vocab_size);
+// A smoke test of the quantized paths end to end (their numerics: //tools/gguf:gguf_convert_test,
+// the weights against the originals and the block formats against their layouts): q4_0 held as
+// exact q8_0 blocks, q4_1 (no exact q8_0 form: d * q + m) dequantized to bf16.
+TEST(GgufE2eTest, QuantizedFilesServe) {
+  for (const auto& [type, name, quantization] :
+       {std::tuple{GgmlType::kQ4_0, "q4_0", "q8_0"}, std::tuple{GgmlType::kQ4_1, "q4_1", ""}}) {
+    TestServer gguf(Load(ConvertTiny(type, absl::StrCat("tiny-", name, ".gguf"))), Options());
+    const std::vector<std::vector<int32_t>> tokens = Generate(gguf);
+    ASSERT_EQ(tokens.size(), 4u);
+    for (const std::vector<int32_t>& t : tokens) {
+      for (int32_t id : t) EXPECT_LT(id, gguf.model().config.vocab_size);
+    }
+    // The model info names the file's type, the type its quantized matrices would become, and
+    // whether they are multiplied as q8_0.
+    EXPECT_EQ(gguf.model().weights.layers[0].wq.dtype, DType::kBF16);
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(gguf.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.weights_format(), absl::StrCat("gguf ", name));
+    EXPECT_EQ(info.dtype(), "bf16");
+    EXPECT_EQ(info.weight_quantization(), quantization) << name;
   }
-  // The model info names the file's type and the type its quantized matrices became.
-  EXPECT_EQ(gguf.model().weights.layers[0].wq.dtype, DType::kBF16);
-  grpc::ClientContext ctx;
-  v1::ModelInfo info;
-  ASSERT_TRUE(gguf.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
-  EXPECT_EQ(info.weights_format(), "gguf q4_0");
-  EXPECT_EQ(info.dtype(), "bf16");
 }
 
 // A q8_0 file's matrices stay q8_0: views of the file's own blocks (those whose rows llama.cpp
 // permutes put back in order in memory), multiplied as they are (kernels/cpu/q8_0.h; numerics:
-// //tests:forward_test's Q8ForwardTest), and the model info says so. With keep_q8_0 off
-// (kvrmd --quantization=none) they become bf16 as the other quantized types do.
+// //tests:forward_test's Q8ForwardTest), and the model info says so. With as_q8_0 off
+// (kvrmd --quantization=none) they become bf16 as the types without an exact q8_0 form do.
 TEST(GgufE2eTest, AQ8_0FileIsMultipliedAsQ8_0) {
   const std::string path = ConvertTiny(GgmlType::kQ8_0, "tiny-q8_0.gguf");
   TestServer gguf(Load(path), Options());
@@ -107,7 +115,7 @@ TEST(GgufE2eTest, AQ8_0FileIsMultipliedAsQ8_0) {
   EXPECT_EQ(info.weight_quantization(), "q8_0");
 
   ModelBundle::LoadOptions none;
-  none.keep_q8_0 = false;
+  none.as_q8_0 = false;
   TestServer dense(Load(path, none), Options());
   EXPECT_EQ(dense.model().weights.layers[0].wv.format, WeightFormat::kDense);
   EXPECT_EQ(dense.model().weights.layers[0].wv.dtype, DType::kBF16);

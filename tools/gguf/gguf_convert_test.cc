@@ -489,7 +489,13 @@ TEST(GgufModelTest, ClaimedLayersAreBoundByTheTensorsPresent) {
 // K-quant matrices through the loader (the tiny model has no 256-wide rows): a one-layer model
 // 256 wide in q4_K, q5_K and q6_K, loaded as f32, holds exactly the file's dequantized rows, with
 // attn_q and attn_k rows back in Hugging Face's order.
-TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
+// A one-layer model whose matrices have the given types (the embedding first, then Q, K, V, O,
+// gate, up, down), written with random values and loaded with `options`: every matrix reads back
+// (WeightRowToFloat) exactly as its blocks dequantize, attn_q / attn_k rows in HF order. Returns
+// each matrix's format as loaded.
+std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlType>& types,
+                                                        const std::string& file,
+                                                        const GgufLoadOptions& options) {
   constexpr int64_t kD = 256, kHeads = 4, kKv = 2, kHd = 64, kFfn = 512, kVocab = 3;
   GgufWriter w;
   w.AddString("general.architecture", "llama");
@@ -508,57 +514,91 @@ TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
   std::normal_distribution<float> dist(0.0f, 0.05f);
   struct Matrix {
     const char* name;
-    GgmlType type;
     int64_t rows, cols;
   };
-  const Matrix matrices[] = {{"token_embd.weight", GgmlType::kQ6_K, kVocab, kD},
-                             {"blk.0.attn_q.weight", GgmlType::kQ4_K, kHeads * kHd, kD},
-                             {"blk.0.attn_k.weight", GgmlType::kQ5_K, kKv * kHd, kD},
-                             {"blk.0.attn_v.weight", GgmlType::kQ6_K, kKv * kHd, kD},
-                             {"blk.0.attn_output.weight", GgmlType::kQ4_K, kD, kHeads * kHd},
-                             {"blk.0.ffn_gate.weight", GgmlType::kQ5_K, kFfn, kD},
-                             {"blk.0.ffn_up.weight", GgmlType::kQ4_K, kFfn, kD},
-                             {"blk.0.ffn_down.weight", GgmlType::kQ6_K, kD, kFfn}};
+  const Matrix matrices[] = {{"token_embd.weight", kVocab, kD},
+                             {"blk.0.attn_q.weight", kHeads * kHd, kD},
+                             {"blk.0.attn_k.weight", kKv * kHd, kD},
+                             {"blk.0.attn_v.weight", kKv * kHd, kD},
+                             {"blk.0.attn_output.weight", kD, kHeads * kHd},
+                             {"blk.0.ffn_gate.weight", kFfn, kD},
+                             {"blk.0.ffn_up.weight", kFfn, kD},
+                             {"blk.0.ffn_down.weight", kD, kFfn}};
+  CHECK(types.size() == 8);
   std::map<std::string, std::vector<std::byte>> encoded;
-  for (const Matrix& m : matrices) {
+  for (size_t i = 0; i < 8; ++i) {
+    const Matrix& m = matrices[i];
     std::vector<float> x(m.rows * m.cols);
     for (float& v : x) v = dist(rng);
-    const GgmlTypeTraits& t = GgmlTraits(m.type);
+    const GgmlTypeTraits& t = GgmlTraits(types[i]);
     std::vector<std::byte> bytes(m.rows * m.cols / t.block_elems * t.block_bytes);
-    QuantizeRow(m.type, x.data(), m.rows * m.cols, bytes.data());
+    QuantizeRow(types[i], x.data(), m.rows * m.cols, bytes.data());
     encoded[m.name] = bytes;
-    w.AddTensor(m.name, m.type, {m.cols, m.rows}, std::move(bytes));
+    w.AddTensor(m.name, types[i], {m.cols, m.rows}, std::move(bytes));
   }
   for (const char* norm :
        {"blk.0.attn_norm.weight", "blk.0.ffn_norm.weight", "output_norm.weight"}) {
     w.AddTensor(norm, GgmlType::kF32, {kD}, std::vector<std::byte>(kD * 4));
   }
-  const std::string path = TmpDir() + "/kquants.gguf";
-  ASSERT_TRUE(w.WriteFile(path).ok());
-  GgufLoadOptions options;
-  options.dequantized = DType::kF32;
+  const std::string path = TmpDir() + "/" + file;
+  CHECK_OK(w.WriteFile(path));
   absl::StatusOr<std::unique_ptr<GgufModel>> g = LoadGgufModel(path, options);
-  ASSERT_TRUE(g.ok()) << g.status();
+  CHECK_OK(g.status());
   const LlamaWeights& lw = (*g)->weights;
   const LayerWeights& l = lw.layers[0];
-  const std::map<std::string, const WeightMatrix*> loaded = {
-      {"token_embd.weight", &lw.embed},    {"blk.0.attn_q.weight", &l.wq},
-      {"blk.0.attn_k.weight", &l.wk},      {"blk.0.attn_v.weight", &l.wv},
-      {"blk.0.attn_output.weight", &l.wo}, {"blk.0.ffn_gate.weight", &l.w_gate},
-      {"blk.0.ffn_up.weight", &l.w_up},    {"blk.0.ffn_down.weight", &l.w_down}};
+  const WeightMatrix* loaded[] = {&lw.embed, &l.wq,     &l.wk,   &l.wv,
+                                  &l.wo,     &l.w_gate, &l.w_up, &l.w_down};
   EXPECT_EQ(lw.lm_head.data, lw.embed.data);  // no output.weight: tied
-  for (const Matrix& m : matrices) {
-    const WeightMatrix& got = *loaded.at(m.name);
-    ASSERT_EQ(got.dtype, DType::kF32) << m.name;
+  std::vector<WeightFormat> formats;
+  for (size_t i = 0; i < 8; ++i) {
+    const Matrix& m = matrices[i];
+    const WeightMatrix& got = *loaded[i];
+    formats.push_back(got.format);
+    EXPECT_EQ(got.dtype, options.dequantized) << m.name;
     const bool rope = std::string(m.name).find("attn_q") != std::string::npos ||
                       std::string(m.name).find("attn_k") != std::string::npos;
-    const GgmlTypeTraits& t = GgmlTraits(m.type);
+    const GgmlTypeTraits& t = GgmlTraits(types[i]);
     const size_t row_bytes = m.cols / t.block_elems * t.block_bytes;
     std::vector<float> want(m.cols), row(m.cols);
     for (int64_t r = 0; r < m.rows; ++r) {
-      DequantizeRow(m.type, encoded[m.name].data() + r * row_bytes, m.cols, want.data());
+      DequantizeRow(types[i], encoded[m.name].data() + r * row_bytes, m.cols, want.data());
+      if (options.dequantized == DType::kBF16 && got.format == WeightFormat::kDense) {
+        for (float& v : want) v = Bf16ToFloat(FloatToBf16(v));
+      }
       WeightRowToFloat(got, rope ? GgufRopeRowToHf(r, kHd) : r, row.data());
-      ASSERT_EQ(row, want) << m.name << " row " << r;
+      EXPECT_EQ(row, want) << m.name << " row " << r;
+      if (row != want) break;
+    }
+  }
+  return formats;
+}
+
+TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
+  GgufLoadOptions options;
+  options.dequantized = DType::kF32;
+  const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
+      {GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ4_K,
+       GgmlType::kQ5_K, GgmlType::kQ4_K, GgmlType::kQ6_K},
+      "kquants.gguf", options);
+  for (WeightFormat f : formats) EXPECT_EQ(f, WeightFormat::kDense);
+}
+
+// q8_0, q4_0 and q5_0 matrices are held as q8_0 blocks of exactly the file's values (as_q8_0,
+// the default), attn_q's rows reordered; with as_q8_0 off they become `dequantized` like the
+// K-quants (bf16: the values rounded).
+TEST(GgufModelTest, Q8Q4Q5MatricesLoadAsExactQ8_0Blocks) {
+  const std::vector<GgmlType> types = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0,
+                                       GgmlType::kQ8_0, GgmlType::kQ5_0, GgmlType::kQ4_0,
+                                       GgmlType::kQ4_1, GgmlType::kQ8_0};
+  for (bool as_q8_0 : {true, false}) {
+    GgufLoadOptions options;
+    options.as_q8_0 = as_q8_0;
+    const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
+        types, as_q8_0 ? "q8q4q5.gguf" : "q8q4q5-dense.gguf", options);
+    for (size_t i = 0; i < types.size(); ++i) {
+      EXPECT_EQ(formats[i], as_q8_0 && types[i] != GgmlType::kQ4_1 ? WeightFormat::kQ8_0
+                                                                   : WeightFormat::kDense)
+          << i;
     }
   }
 }
