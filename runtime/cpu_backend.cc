@@ -55,7 +55,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankWeights shard, ShardLlamaWeights(config, *weights, r, tp));
     AttachPanels(&shard, AvailableCpuIsas().back(), options.weight_panels,
-                 options.quantization == WeightFormat::kQ8_0);
+                 options.quantization == WeightFormat::kQ8_0, options.num_threads);
     KvPoolShape pool;
     pool.num_layers = config.num_hidden_layers;
     pool.kv_heads = shard.kv_heads;

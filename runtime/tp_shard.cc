@@ -1,6 +1,11 @@
 #include "runtime/tp_shard.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cstring>
+#include <optional>
+#include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -75,23 +80,42 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   return out;
 }
 
-void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0) {
-  auto attach = [&](WeightMatrix& w) {
-    if (w.panels != nullptr) return;
-    WeightFormat format = WeightFormat::kDense;
-    if (w.format == WeightFormat::kQ8_0 || quantize_q8_0) {
-      format = WeightFormat::kQ8_0;
-    } else if (!dense_panels || !MatMulReadsPanels(isa, w.dtype)) {
-      return;
-    }
-    weights->panels.emplace_back(w, format);
-    w.panels = weights->panels.back().data();
-    w.panel_format = format;
-    weights->panel_bytes += weights->panels.back().bytes();
+void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0,
+                  int threads) {
+  struct Job {
+    WeightMatrix* w;
+    WeightFormat format;
   };
-  attach(weights->lm_head);
+  std::vector<Job> jobs;
+  auto want = [&](WeightMatrix& w) {
+    if (w.panels != nullptr) return;
+    if (w.format == WeightFormat::kQ8_0 || quantize_q8_0) {
+      jobs.push_back({&w, WeightFormat::kQ8_0});
+    } else if (dense_panels && MatMulReadsPanels(isa, w.dtype)) {
+      jobs.push_back({&w, WeightFormat::kDense});
+    }
+  };
+  want(weights->lm_head);
   for (LayerWeights& l : weights->layers) {
-    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) attach(*w);
+    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) want(*w);
+  }
+  // Packing (and quantizing) is most of a large model's start-up: the matrices are shared among
+  // the threads, each taking the next one.
+  std::vector<std::optional<PanelCopy>> made(jobs.size());
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < jobs.size(); i = next++) made[i].emplace(*jobs[i].w, jobs[i].format);
+  };
+  std::vector<std::thread> pool;
+  const size_t extra = std::min<size_t>(std::max(threads, 1), jobs.size()) - (jobs.empty() ? 0 : 1);
+  for (size_t t = 0; t < extra; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& th : pool) th.join();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    weights->panels.push_back(std::move(*made[i]));
+    jobs[i].w->panels = weights->panels.back().data();
+    jobs[i].w->panel_format = jobs[i].format;
+    weights->panel_bytes += weights->panels.back().bytes();
   }
 }
 

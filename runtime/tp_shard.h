@@ -54,8 +54,10 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
 //   `quantize_q8_0` (each row's 32-column blocks quantized: --quantization=q8_0);
 // - else, when `dense_panels`, dtype panels to those whose panels `isa`'s matmul reads
 //   (MatMulReadsPanels).
-// The row-major views stay: the embedding, the norms and the other kernel paths read them.
-void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0);
+// The row-major views stay: the embedding, the norms and the other kernel paths read them. The
+// matrices are packed on `threads` threads (start-up only).
+void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0,
+                  int threads);
 
 }  // namespace kvrm
 
