@@ -111,18 +111,23 @@ int64_t CpuBackend::owned_weight_bytes() const {
 }
 
 std::string CpuBackend::weight_quantization() const {
-  // Every linear weight has q8_0 panels with --quantization=q8_0; a GGUF file's q8_0 matrices
-  // have them whatever the flag (and its other matrices may not): any one counts.
+  // Every linear weight has q8_0 panels with --quantization=q8_0; a GGUF file's q8 matrices have
+  // them whatever the flag (and its other matrices may not).
+  bool q8_0 = false, affine = false;
   for (const auto& r : ranks_) {
     const RankWeights& w = r->weights();
-    if (w.lm_head.panel_format == WeightFormat::kQ8_0) return "q8_0";
+    std::vector<const WeightMatrix*> linear = {&w.lm_head};
     for (const LayerWeights& l : w.layers) {
       for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-        if (m->panel_format == WeightFormat::kQ8_0) return "q8_0";
+        linear.push_back(m);
       }
     }
+    for (const WeightMatrix* m : linear) {
+      q8_0 = q8_0 || m->panel_format == WeightFormat::kQ8_0;
+      affine = affine || m->panel_format == WeightFormat::kQ8Affine;
+    }
   }
-  return "";
+  return q8_0 && affine ? "q8_0+q8_affine" : q8_0 ? "q8_0" : affine ? "q8_affine" : "";
 }
 
 int64_t CpuBackend::panel_weight_bytes() const {

@@ -17,10 +17,10 @@ namespace {
 // blocks, so begin and count must be multiples of 32).
 absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name, int64_t begin,
                                          int64_t count, RankWeights* out) {
-  if (w.format == WeightFormat::kQ8_0 &&
+  if (WeightMatrix::IsQ8(w.format) &&
       (begin % WeightMatrix::kQ8Block != 0 || count % WeightMatrix::kQ8Block != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor parallelism ", out->size, " splits the q8_0 matrix ", name, " at input column ",
+        "tensor parallelism ", out->size, " splits the q8 matrix ", name, " at input column ",
         begin, " (", count, " a rank), not at a 32-column block"));
   }
   const int64_t row_bytes = w.DataBytes(count);
@@ -89,8 +89,8 @@ void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quan
   std::vector<Job> jobs;
   auto want = [&](WeightMatrix& w) {
     if (w.panels != nullptr) return;
-    if (w.format == WeightFormat::kQ8_0 || quantize_q8_0) {
-      jobs.push_back({&w, WeightFormat::kQ8_0});
+    if (WeightMatrix::IsQ8(w.format) || quantize_q8_0) {
+      jobs.push_back({&w, Q8PanelFormat(w)});
     } else if (dense_panels && MatMulReadsPanels(isa, w.dtype)) {
       jobs.push_back({&w, WeightFormat::kDense});
     }

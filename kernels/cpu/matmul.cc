@@ -28,11 +28,11 @@ int64_t MatMulScratchFloats(int64_t cols) {
 
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
-  if (w.panel_format == WeightFormat::kQ8_0) {
+  if (WeightMatrix::IsQ8(w.panel_format)) {
     CHECK(w.panels != nullptr && row_begin % WeightMatrix::kPanelRows == 0)
-        << "q8_0 panels from row " << row_begin;
+        << "q8 panels from row " << row_begin;
   } else {
-    CHECK(w.format == WeightFormat::kDense) << "a q8_0 matrix without its q8_0 panels";
+    CHECK(w.format == WeightFormat::kDense) << "a q8 matrix without its q8 panels";
   }
   switch (isa) {
     case CpuIsa::kGeneric:
@@ -103,21 +103,36 @@ void PackPanels(const WeightMatrix& w, void* out) {
   }
 }
 
+WeightFormat Q8PanelFormat(const WeightMatrix& w) {
+  return w.format == WeightFormat::kQ8Affine ? WeightFormat::kQ8Affine : WeightFormat::kQ8_0;
+}
+
 int64_t Q8PanelBytes(const WeightMatrix& w) {
+  const int64_t block_bytes = Q8PanelFormat(w) == WeightFormat::kQ8Affine
+                                  ? WeightMatrix::kQ8AffinePanelBlockBytes
+                                  : WeightMatrix::kQ8PanelBlockBytes;
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
-         WeightMatrix::kQ8PanelBlockBytes;
+         block_bytes;
 }
 
 void PackQ8Panels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kBlock = WeightMatrix::kQ8Block;
+  const bool affine = w.format == WeightFormat::kQ8Affine;
+  // Per block: the row's scale (f16 d, or f32 s and o), then its q.
+  const int64_t scale_bytes = affine ? 4 : 2;
+  const int64_t head_bytes = affine ? 8 : 2;
+  const int64_t from_bytes = affine ? WeightMatrix::kQ8AffineBlockBytes : WeightMatrix::kQ8BlockBytes;
+  const int64_t to_bytes =
+      affine ? WeightMatrix::kQ8AffinePanelBlockBytes : WeightMatrix::kQ8PanelBlockBytes;
   const int64_t blocks = w.Q8Blocks();
+  CHECK(w.format == WeightFormat::kDense || w.cols % kBlock == 0) << "q8 rows of " << w.cols;
   uint8_t* panels = static_cast<uint8_t*>(out);
   std::memset(panels, 0, Q8PanelBytes(w));
   std::vector<float> row(blocks * kBlock, 0.0f);
   std::vector<uint8_t> quantized(blocks * WeightMatrix::kQ8BlockBytes);
   for (int64_t r = 0; r < w.rows; ++r) {
     const uint8_t* src;
-    if (w.format == WeightFormat::kQ8_0) {
+    if (w.format != WeightFormat::kDense) {
       src = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
     } else {
       WeightRowToFloat(w, r, row.data());  // the padding past cols stays zero
@@ -125,21 +140,23 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
       src = quantized.data();
     }
     const int64_t l = r % kGroup;
-    uint8_t* panel = panels + r / kGroup * blocks * WeightMatrix::kQ8PanelBlockBytes;
+    uint8_t* panel = panels + r / kGroup * blocks * to_bytes;
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* from = src + b * WeightMatrix::kQ8BlockBytes;
-      uint8_t* block = panel + b * WeightMatrix::kQ8PanelBlockBytes;
-      std::memcpy(block + 2 * l, from, 2);  // d
-      uint8_t* lines = block + 2 * kGroup;
+      const uint8_t* from = src + b * from_bytes;
+      uint8_t* block = panel + b * to_bytes;
+      std::memcpy(block + scale_bytes * l, from, scale_bytes);  // d or s
+      if (affine) std::memcpy(block + 4 * kGroup + 4 * l, from + 4, 4);  // o
+      uint8_t* lines = block + scale_bytes * kGroup * (affine ? 2 : 1);
       for (int64_t c = 0; c < kBlock; ++c) {
-        lines[c / 2 * 2 * kGroup + 2 * l + c % 2] = from[2 + c];
+        lines[c / 2 * 2 * kGroup + 2 * l + c % 2] = from[head_bytes + c];
       }
     }
   }
 }
 
 PanelCopy::PanelCopy(const WeightMatrix& w, WeightFormat format) {
-  const bool q8 = format == WeightFormat::kQ8_0;
+  const bool q8 = WeightMatrix::IsQ8(format);
+  CHECK(!q8 || format == Q8PanelFormat(w)) << "q8 panels of another format than the data's";
   bytes_ = q8 ? Q8PanelBytes(w) : PanelBytes(w);
   memory_.reset(new uint8_t[bytes_ + 64]);  // filled below
   data_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory_.get()) + 63) / 64 * 64);
@@ -154,6 +171,9 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   const char* row = w.RowPtr(r);
   if (w.format == WeightFormat::kQ8_0) {
     return DequantizeRowQ8_0(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+  }
+  if (w.format == WeightFormat::kQ8Affine) {
+    return DequantizeRowQ8Affine(reinterpret_cast<const uint8_t*>(row), w.cols, out);
   }
   switch (w.dtype) {
     case DType::kF32:

@@ -60,14 +60,16 @@ inline bool MatMulReadsPanels(CpuIsa isa, DType dtype) {
 int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
 
-// The q8_0 panels of a matrix (kernels/cpu/q8_0.h; panel_format kQ8_0): Q8PanelBytes(w) bytes,
-// written by PackQ8Panels into `out` (64-byte aligned). From q8_0 data the blocks are copied as
-// they are; dense data is quantized (QuantizeBlockQ8_0, a last partial block zero-padded).
+// The q8 panels of a matrix (kernels/cpu/q8_0.h), in Q8PanelFormat(w): q8 affine panels from q8
+// affine data, else q8_0 ones. Q8PanelBytes(w) bytes, written by PackQ8Panels into `out` (64-byte
+// aligned). From q8 data the blocks are copied as they are; dense data is quantized
+// (QuantizeBlockQ8_0, a last partial block zero-padded).
+WeightFormat Q8PanelFormat(const WeightMatrix& w);
 int64_t Q8PanelBytes(const WeightMatrix& w);
 void PackQ8Panels(const WeightMatrix& w, void* out);
 
 // A matrix's panel copy in memory it owns (64-byte aligned), in `format`: PackPanels' for kDense,
-// PackQ8Panels' for kQ8_0. Movable, the data stays put.
+// PackQ8Panels' for a q8 format (which must be Q8PanelFormat(w)). Movable, the data stays put.
 class PanelCopy {
  public:
   explicit PanelCopy(const WeightMatrix& w, WeightFormat format = WeightFormat::kDense);

@@ -112,7 +112,7 @@ void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, 
 
 void MatMulRows_avx512(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                        int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
-  if (w.panel_format == WeightFormat::kQ8_0) {
+  if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx512::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   if (w.panels != nullptr && row_begin % WeightMatrix::kPanelRows == 0) {

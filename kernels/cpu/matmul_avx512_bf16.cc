@@ -239,7 +239,7 @@ void MatMulRows(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, i
 void MatMulRows_avx512_bf16(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                             int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                             float* scratch) {
-  if (w.panel_format == WeightFormat::kQ8_0) {
+  if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx512_bf16::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   if (w.dtype != DType::kBF16) {

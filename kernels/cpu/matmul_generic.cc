@@ -57,7 +57,7 @@ constexpr int kMaxActs = 2;
 void MatMulRows_generic(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                         int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                         float* scratch) {
-  if (w.panel_format == WeightFormat::kQ8_0) {
+  if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_generic::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   matmul_generic::MatMulRowsImpl(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);

@@ -49,6 +49,17 @@ void DequantizeBlockQ8_0(const uint8_t* block, float* y) {
   for (int64_t j = 0; j < kBlock; ++j) y[j] = q[j] * d;
 }
 
+void DequantizeRowQ8Affine(const uint8_t* blocks, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    const uint8_t* block = blocks + b * WeightMatrix::kQ8AffineBlockBytes;
+    float s, o;
+    std::memcpy(&s, block, 4);
+    std::memcpy(&o, block + 4, 4);
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 8);
+    for (int64_t j = 0; j < kBlock; ++j) y[b * kBlock + j] = std::fma(s, q[j], o);
+  }
+}
+
 void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* blocks) {
   for (int64_t b = 0; b < n / kBlock; ++b) {
     QuantizeBlockQ8_0(x + b * kBlock, blocks + b * WeightMatrix::kQ8BlockBytes);
@@ -63,7 +74,7 @@ void DequantizeRowQ8_0(const uint8_t* blocks, int64_t n, float* y) {
 
 KVRM_CPU_CLONES
 void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, int64_t kp,
-                           int16_t* q, float* scale) {
+                           int16_t* q, float* scale, float* block_sums) {
   for (int64_t i = 0; i < n; ++i) {
     const float* row = x + i * ldx;
     int16_t* out = q + i * kp;
@@ -87,10 +98,21 @@ void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, in
     std::fill(out + k, out + kp, int16_t{0});
     scale[i] = amax / 32767.0f;
   }
+  if (block_sums == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t b = 0; b < kp / kBlock; ++b) {
+      int32_t sum = 0;
+      for (int64_t c = 0; c < kBlock; ++c) sum += q[i * kp + b * kBlock + c];
+      block_sums[i * (kp / kBlock) + b] = static_cast<float>(sum);
+    }
+  }
 }
 
-// Bytes of one quantized activation row as the passes read it: its int16 values and its scale.
-int64_t RowBytes(int64_t cols) { return Q8PaddedCols(cols) * 2 + 4; }
+// Bytes of one quantized activation row as the passes read it: its int16 values, its scale and
+// its block sums.
+int64_t RowBytes(int64_t cols) {
+  return Q8PaddedCols(cols) * 2 + 4 + Q8PaddedCols(cols) / kBlock * 4;
+}
 
 int64_t Q8ActivationBlockRows(int64_t cols) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows;

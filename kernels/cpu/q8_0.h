@@ -33,6 +33,14 @@ void DequantizeBlockQ8_0(const uint8_t* block, float* y);
 void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* blocks);
 void DequantizeRowQ8_0(const uint8_t* blocks, int64_t n, float* y);
 
+// q8 affine blocks (WeightFormat::kQ8Affine): 32 values s * q + o (one fused multiply-add: exact
+// for the GGUF types that become them, whose s * q needs at most 24 bits) with f32 s and o and
+// int8 q. What a GGUF file's q4_1, q5_1, q4_K and q5_K matrices hold, exactly (d * q + m per
+// block; per 32-value sub-block d * scale * q - dmin * min). Their panels hold the 16 rows' s,
+// then their o, then the lines as q8_0's; the product adds o times the block's sum of the
+// activation row.
+void DequantizeRowQ8Affine(const uint8_t* blocks, int64_t n, float* y);
+
 // Columns of a q8_0 panel row: `cols` rounded up to whole blocks.
 inline int64_t Q8PaddedCols(int64_t cols) {
   return (cols + WeightMatrix::kQ8Block - 1) / WeightMatrix::kQ8Block * WeightMatrix::kQ8Block;
@@ -41,9 +49,10 @@ inline int64_t Q8PaddedCols(int64_t cols) {
 // The activations of a q8_0 product: row i of x (k columns, rows ldx apart) as int16
 // q[i * kp + c] = round(x * 32767 / amax) (ties to even), zero-padded to kp columns, with
 // scale[i] = amax / 32767 (0 for a row of zeros; NaN when the row holds a NaN or an infinity, so
-// its products are NaN).
+// its products are NaN). With `block_sums`, also each row's sum of q over every 32 columns
+// (exact in float), kp / 32 a row (the q8 affine product's offsets multiply them).
 void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, int64_t kp,
-                           int16_t* q, float* scale);
+                           int16_t* q, float* scale, float* block_sums = nullptr);
 
 // Activation rows the q8_0 kernels quantize at a time for `cols` columns (a block that stays in
 // L2 while the panels stream by), and the scratch bytes a thread needs for them (the int16 rows,

@@ -295,6 +295,78 @@ TEST_P(Q8MatMulTest, SameBitsOnEveryPathAndBatch) {
   SetActiveCpuIsa(saved);
 }
 
+// q8 affine matrices (what GGUF's q4_1, q5_1, q4_K and q5_K hold): random s, o and q (0..31, as
+// q5's), rows not a multiple of 16. Against float64 over the values s * q + o times the quantized
+// activations; the same bits on every path and whatever the batch.
+TEST_P(Q8MatMulTest, AffineMatchesFloat64ReferenceWithTheSameBitsEverywhere) {
+  const CpuIsa isa = GetParam();
+  std::mt19937 rng(4321);
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  std::uniform_int_distribution<int> qd(0, 31);
+  std::normal_distribution<float> sd(0.0f, 0.01f);
+  for (Shape s : {Shape{1, 7, 32}, Shape{5, 50, 256}, Shape{13, 33, 96}, Shape{30, 20, 64}}) {
+    const int64_t blocks = s.cols / kBlock;
+    std::vector<uint8_t> data(s.rows * blocks * WeightMatrix::kQ8AffineBlockBytes);
+    std::vector<double> value(s.rows * s.cols);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* block = data.data() + (r * blocks + b) * WeightMatrix::kQ8AffineBlockBytes;
+        const float scale = std::fabs(sd(rng)), offset = -8 * std::fabs(sd(rng));
+        std::memcpy(block, &scale, 4);
+        std::memcpy(block + 4, &offset, 4);
+        for (int64_t j = 0; j < kBlock; ++j) {
+          const int q = qd(rng);
+          block[8 + j] = static_cast<uint8_t>(q);
+          value[r * s.cols + b * kBlock + j] = static_cast<double>(scale) * q + offset;
+        }
+      }
+    }
+    WeightMatrix w{DType::kBF16, data.data(), s.rows, s.cols, s.cols, nullptr,
+                   WeightFormat::kQ8Affine};
+    std::vector<float> row(s.cols);
+    WeightRowToFloat(w, s.rows - 1, row.data());
+    for (int64_t c = 0; c < s.cols; ++c) {
+      // One rounding of s * q + o (a fused multiply-add).
+      ASSERT_EQ(row[c], static_cast<float>(value[(s.rows - 1) * s.cols + c])) << c;
+    }
+    const PanelCopy panels(w, WeightFormat::kQ8Affine);
+    ASSERT_EQ(panels.bytes(), (s.rows + 15) / 16 * blocks * 640);
+    w.panels = panels.data();
+    w.panel_format = WeightFormat::kQ8Affine;
+    std::vector<float> x = Random(s.n * s.cols, rng);
+    std::vector<int16_t> xq(s.n * s.cols);
+    std::vector<float> xs(s.n);
+    QuantizeActivationsQ8(x.data(), s.n, s.cols, s.cols, s.cols, xq.data(), xs.data());
+    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+    SetActiveCpuIsa(CpuIsa::kGeneric);
+    std::vector<float> generic(s.n * s.rows);
+    MatMul(pool, x.data(), s.n, s.cols, w, generic.data(), s.rows, scratch.data());
+    SetActiveCpuIsa(isa);
+    std::vector<float> y(s.n * s.rows, NAN);
+    MatMul(pool, x.data(), s.n, s.cols, w, y.data(), s.rows, scratch.data());
+    for (int64_t i = 0; i < s.n; ++i) {
+      for (int64_t r = 0; r < s.rows; ++r) {
+        double exact = 0, mag = 0;
+        for (int64_t c = 0; c < s.cols; ++c) {
+          const double term = value[r * s.cols + c] * xq[i * s.cols + c] * xs[i];
+          exact += term;
+          mag += std::fabs(term);
+        }
+        ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
+            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " at " << i << "," << r;
+        ASSERT_EQ(y[i * s.rows + r], generic[i * s.rows + r]) << CpuIsaName(isa);
+      }
+    }
+    for (int64_t i0 = 0; i0 < s.n; ++i0) {  // one row at a time: the same bits
+      std::vector<float> one(s.rows);
+      MatMul(pool, x.data() + i0 * s.cols, 1, s.cols, w, one.data(), s.rows, scratch.data());
+      for (int64_t r = 0; r < s.rows; ++r) ASSERT_EQ(one[r], y[i0 * s.rows + r]) << i0 << "," << r;
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q8MatMulTest, ::testing::ValuesIn(AvailableCpuIsas()),
                          [](const auto& info) { return std::string(CpuIsaName(info.param)); });
 

@@ -25,8 +25,9 @@
 namespace kvrm {
 
 enum class WeightFormat : uint8_t {
-  kDense,  // `dtype` elements
-  kQ8_0,   // q8_0 blocks (kernels/cpu/q8_0.h); `dtype` is then what a dense copy would use
+  kDense,     // `dtype` elements
+  kQ8_0,      // q8_0 blocks (kernels/cpu/q8_0.h); `dtype` is then what a dense copy would use
+  kQ8Affine,  // q8 affine blocks: f32 s, f32 o, 32 int8 q, value s * q + o (kernels/cpu/q8_0.h)
 };
 
 struct WeightMatrix {
@@ -42,26 +43,33 @@ struct WeightMatrix {
   static constexpr int64_t kPanelRows = 16;
   // q8_0: elements per block, bytes per row-major block (f16 d, 32 int8 q), and bytes per block
   // of a panel (the 16 rows' f16 scales, then 16 lines of 16 rows x 2 int8).
+  // q8 affine: bytes per row-major block (f32 s, f32 o, 32 int8 q) and per block of a panel (the
+  // 16 rows' s, their o, then the 16 lines).
   static constexpr int64_t kQ8Block = 32;
   static constexpr int64_t kQ8BlockBytes = 34;
   static constexpr int64_t kQ8PanelBlockBytes = kPanelRows * 2 + kPanelRows * kQ8Block;
+  static constexpr int64_t kQ8AffineBlockBytes = 8 + kQ8Block;
+  static constexpr int64_t kQ8AffinePanelBlockBytes = kPanelRows * 8 + kPanelRows * kQ8Block;
 
+  static bool IsQ8(WeightFormat f) { return f != WeightFormat::kDense; }
   int64_t Q8Blocks() const { return (cols + kQ8Block - 1) / kQ8Block; }
-  // One panel: elements of 16 rows x cols (bf16: cols rounded up to a pair); bytes for q8_0.
+  // One panel: elements of 16 rows x cols (bf16: cols rounded up to a pair); bytes for the q8
+  // formats.
   int64_t PanelStride() const {
     if (panel_format == WeightFormat::kQ8_0) return Q8Blocks() * kQ8PanelBlockBytes;
+    if (panel_format == WeightFormat::kQ8Affine) return Q8Blocks() * kQ8AffinePanelBlockBytes;
     return (dtype == DType::kBF16 ? (cols + 1) / 2 * 2 : cols) * kPanelRows;
   }
   const char* PanelPtr(int64_t p) const {
-    const int64_t unit =
-        panel_format == WeightFormat::kQ8_0 ? 1 : static_cast<int64_t>(DTypeSize(dtype));
+    const int64_t unit = IsQ8(panel_format) ? 1 : static_cast<int64_t>(DTypeSize(dtype));
     return static_cast<const char*>(panels) + p * PanelStride() * unit;
   }
 
-  // Bytes of `n` elements of a row as `data` stores them (q8_0: n a multiple of kQ8Block).
+  // Bytes of `n` elements of a row as `data` stores them (q8 formats: n a multiple of kQ8Block).
   int64_t DataBytes(int64_t n) const {
-    return format == WeightFormat::kQ8_0 ? n / kQ8Block * kQ8BlockBytes
-                                         : n * static_cast<int64_t>(DTypeSize(dtype));
+    if (format == WeightFormat::kQ8_0) return n / kQ8Block * kQ8BlockBytes;
+    if (format == WeightFormat::kQ8Affine) return n / kQ8Block * kQ8AffineBlockBytes;
+    return n * static_cast<int64_t>(DTypeSize(dtype));
   }
   const char* RowPtr(int64_t r) const {
     return static_cast<const char*>(data) + DataBytes(r * row_stride);
