@@ -231,20 +231,26 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
     convert(0, rows / threads);
     for (std::thread& th : pool) th.join();
   };
-  // q8_0 matrices (not the 1-D norms, which the kernels read as dtype) as they are: in place, or
-  // with their rows put in HF order; q4_0 and q5_0 ones as q8_0 blocks of exactly their values.
-  if (options.as_q8_0 && shape.size() == 2 &&
-      (t->type == GgmlType::kQ8_0 || t->type == GgmlType::kQ4_0 ||
-       t->type == GgmlType::kQ5_0)) {
-    WeightMatrix m{options.dequantized, t->data, rows, cols, cols, nullptr, WeightFormat::kQ8_0};
+  // Matrices (not the 1-D norms, which the kernels read as dtype) whose type has an exact q8
+  // form: q8_0 as it is (in place, or with its rows put in HF order), q4_0 and q5_0 as q8_0 blocks
+  // and q4_1, q5_1, q4_K and q5_K as q8 affine blocks of exactly their values.
+  const bool q8_0 = t->type == GgmlType::kQ8_0 || t->type == GgmlType::kQ4_0 ||
+                    t->type == GgmlType::kQ5_0;
+  const bool affine = t->type == GgmlType::kQ4_1 || t->type == GgmlType::kQ5_1 ||
+                      t->type == GgmlType::kQ4_K || t->type == GgmlType::kQ5_K;
+  if (options.as_q8 && shape.size() == 2 && (q8_0 || affine)) {
+    WeightMatrix m{options.dequantized, t->data, rows, cols, cols, nullptr,
+                   q8_0 ? WeightFormat::kQ8_0 : WeightFormat::kQ8Affine};
     if (t->type == GgmlType::kQ8_0 && !name.rope_rows) return m;
     const int64_t row_bytes = m.DataBytes(cols);
     std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * rows);
     parallel_rows([&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const int64_t dst = name.rope_rows ? GgufRopeRowToHf(r, config.head_dim) : r;
-        CHECK(ToQ8_0Exactly(t->type, t->data + r * t->row_bytes(), cols,
-                            buffer.data() + dst * row_bytes));
+        const std::byte* src = t->data + r * t->row_bytes();
+        std::byte* to = buffer.data() + dst * row_bytes;
+        CHECK(q8_0 ? ToQ8_0Exactly(t->type, src, cols, to)
+                   : ToQ8AffineExactly(t->type, src, cols, to));
       }
     });
     m.data = buffer.data();

@@ -68,17 +68,6 @@ void DequantQ4_0(const std::byte* b, float* y) {
   }
 }
 
-void DequantQ4_1(const std::byte* b, float* y) {
-  const float d = LoadHalf(b), m = LoadHalf(b + 2);
-  const uint8_t* qs = U8(b + 4);
-  for (int j = 0; j < kQk / 2; ++j) {
-    const int x0 = qs[j] & 0x0F;
-    const int x1 = qs[j] >> 4;
-    y[j] = x0 * d + m;
-    y[j + kQk / 2] = x1 * d + m;
-  }
-}
-
 void DequantQ5_0(const std::byte* b, float* y) {
   const float d = LoadHalf(b);
   uint32_t qh;
@@ -94,48 +83,59 @@ void DequantQ5_0(const std::byte* b, float* y) {
   }
 }
 
-void DequantQ5_1(const std::byte* b, float* y) {
-  const float d = LoadHalf(b), m = LoadHalf(b + 2);
-  uint32_t qh;
-  std::memcpy(&qh, b + 4, 4);
-  const uint8_t* qs = U8(b + 8);
-  for (int j = 0; j < kQk / 2; ++j) {
-    const uint8_t xh_0 = ((qh >> (j + 0)) << 4) & 0x10;
-    const uint8_t xh_1 = ((qh >> (j + 12))) & 0x10;
-    const int x0 = (qs[j] & 0x0F) | xh_0;
-    const int x1 = (qs[j] >> 4) | xh_1;
-    y[j] = x0 * d + m;
-    y[j + kQk / 2] = x1 * d + m;
+// q4_1, q5_1, q4_K and q5_K: affine in every 32-element (sub-)block, value s * q + o with q in
+// [0, 31]. Writes the block's sub-blocks (1 for q4_1 / q5_1, 8 for the K types) to s, o and q
+// (32 each) and returns how many. ggml computes x * d + m (q4_1, q5_1) and d1 * q - m1 with d1 =
+// d * scale, m1 = dmin * min (the K types, 8 sub-blocks; each 64-element chunk is the low nibbles
+// of 32 bytes, then their high nibbles; q5_K adds a fifth bit from qh, the masks moving): every
+// s * q is exact in f32, so s * q + o in one rounding is ggml's value bit for bit.
+int DecodeAffine(GgmlType type, const std::byte* b, float* s, float* o, uint8_t* q) {
+  if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1) {
+    const bool five = type == GgmlType::kQ5_1;
+    s[0] = LoadHalf(b);
+    o[0] = LoadHalf(b + 2);
+    uint32_t qh = 0;
+    if (five) std::memcpy(&qh, b + 4, 4);
+    const uint8_t* qs = U8(b + (five ? 8 : 4));
+    for (int j = 0; j < kQk / 2; ++j) {
+      const uint8_t xh_0 = five ? ((qh >> (j + 0)) << 4) & 0x10 : 0;
+      const uint8_t xh_1 = five ? ((qh >> (j + 12))) & 0x10 : 0;
+      q[j] = (qs[j] & 0x0F) | xh_0;
+      q[j + kQk / 2] = (qs[j] >> 4) | xh_1;
+    }
+    return 1;
   }
-}
-
-
-// Q4_K and Q5_K: 8 sub-blocks of 32 elements; each 64-element chunk is the low nibbles of 32
-// bytes, then their high nibbles. Q5_K adds a fifth bit from qh (the masks move, qh does not).
-void DequantQ45K(const std::byte* b, bool five, float* y) {
+  CHECK(type == GgmlType::kQ4_K || type == GgmlType::kQ5_K);
+  const bool five = type == GgmlType::kQ5_K;
   const float d = LoadHalf(b), min = LoadHalf(b + 2);
   const uint8_t* scales = U8(b + 4);
   const uint8_t* qh = five ? U8(b + 16) : nullptr;
-  const uint8_t* q = U8(b + (five ? 48 : 16));
-  int is = 0;
+  const uint8_t* qs = U8(b + (five ? 48 : 16));
   uint8_t u1 = 1, u2 = 2;
-  for (int j = 0; j < kQkK; j += 64) {
+  for (int is = 0; is < 8; is += 2) {
     uint8_t sc, m;
     GetScaleMinK4(is + 0, scales, &sc, &m);
-    const float d1 = d * sc, m1 = min * m;
+    s[is] = d * sc;
+    o[is] = -(min * m);
     GetScaleMinK4(is + 1, scales, &sc, &m);
-    const float d2 = d * sc, m2 = min * m;
+    s[is + 1] = d * sc;
+    o[is + 1] = -(min * m);
     for (int l = 0; l < 32; ++l) {
-      *y++ = d1 * ((q[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0)) - m1;
+      q[is * 32 + l] = (qs[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0);
+      q[is * 32 + 32 + l] = (qs[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0);
     }
-    for (int l = 0; l < 32; ++l) {
-      *y++ = d2 * ((q[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0)) - m2;
-    }
-    q += 32;
-    is += 2;
+    qs += 32;
     u1 <<= 2;
     u2 <<= 2;
   }
+  return 8;
+}
+
+void DequantAffine(GgmlType type, const std::byte* b, float* y) {
+  float s[8], o[8];
+  uint8_t q[kQkK];
+  const int subs = DecodeAffine(type, b, s, o, q);
+  for (int i = 0; i < subs * kQk; ++i) y[i] = std::fma(s[i / kQk], q[i], o[i / kQk]);
 }
 
 void DequantQ6_K(const std::byte* b, float* y) {
@@ -322,22 +322,16 @@ void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out) {
         DequantQ4_0(b, y);
         break;
       case GgmlType::kQ4_1:
-        DequantQ4_1(b, y);
+      case GgmlType::kQ5_1:
+      case GgmlType::kQ4_K:
+      case GgmlType::kQ5_K:
+        DequantAffine(type, b, y);
         break;
       case GgmlType::kQ5_0:
         DequantQ5_0(b, y);
         break;
-      case GgmlType::kQ5_1:
-        DequantQ5_1(b, y);
-        break;
       case GgmlType::kQ8_0:
         DequantizeBlockQ8_0(reinterpret_cast<const uint8_t*>(b), y);  // kernels/cpu/q8_0.h
-        break;
-      case GgmlType::kQ4_K:
-        DequantQ45K(b, /*five=*/false, y);
-        break;
-      case GgmlType::kQ5_K:
-        DequantQ45K(b, /*five=*/true, y);
         break;
       case GgmlType::kQ6_K:
         DequantQ6_K(b, y);
@@ -366,6 +360,28 @@ bool ToQ8_0Exactly(GgmlType type, const std::byte* src, int64_t n, std::byte* ds
     int8_t* q = reinterpret_cast<int8_t*>(out + 2);
     for (int j = 0; j < kQk; ++j) {
       q[j] = d != 0 && std::isfinite(d) ? static_cast<int8_t>(std::nearbyint(y[j] / d)) : 0;
+    }
+  }
+  return true;
+}
+
+bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
+  if (type != GgmlType::kQ4_1 && type != GgmlType::kQ5_1 && type != GgmlType::kQ4_K &&
+      type != GgmlType::kQ5_K) {
+    return false;
+  }
+  const GgmlTypeTraits& t = GgmlTraits(type);
+  CHECK(n % t.block_elems == 0) << t.name << ": " << n << " elements";
+  float s[8], o[8];
+  uint8_t q[kQkK];
+  std::byte* out = dst;
+  for (int64_t i = 0; i < n / t.block_elems; ++i) {
+    const int subs = DecodeAffine(type, src + i * t.block_bytes, s, o, q);
+    for (int j = 0; j < subs; ++j) {
+      std::memcpy(out, &s[j], 4);
+      std::memcpy(out + 4, &o[j], 4);
+      std::memcpy(out + 8, q + j * kQk, kQk);  // q <= 31: the same bytes as int8
+      out += WeightMatrix::kQ8AffineBlockBytes;
     }
   }
   return true;

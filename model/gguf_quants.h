@@ -24,6 +24,12 @@ void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out);
 // the same d and the offset q, which fit int8. `dst` holds n / 32 * 34 bytes. Other types: false.
 bool ToQ8_0Exactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
 
+// The q8 affine blocks (kernels/cpu/q8_0.h) holding exactly the values of `n` elements (a whole
+// number of blocks) of `type` at `src`: q4_1 and q5_1 (d * q + m) and q4_K and q5_K (per 32-value
+// sub-block d * scale * q - dmin * min) as s, o and q per 32 values. `dst` holds n / 32 * 40
+// bytes. Other types: false.
+bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
+
 // Quantizes `n` elements (a whole number of blocks) of `x` into `dst`, which holds
 // n / block_elems * block_bytes bytes. f32, f16 and bf16 are stored as they are (rounded to
 // nearest even for the 16-bit types).

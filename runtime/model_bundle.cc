@@ -43,7 +43,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path,
   bundle->dir = path;
   bundle->name = std::filesystem::path(path).stem().string();
   GgufLoadOptions go;
-  go.as_q8_0 = options.as_q8_0;
+  go.as_q8 = options.as_q8;
   ASSIGN_OR_RETURN(bundle->gguf, LoadGgufModel(path, go));
   GgufModel& g = *bundle->gguf;
   bundle->config = g.config;

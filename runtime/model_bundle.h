@@ -30,8 +30,8 @@ struct ModelBundle {
 
   struct LoadOptions {
     // A GGUF file's q8_0 matrices stay q8_0 and its q4_0 / q5_0 ones become q8_0 blocks of
-    // exactly their values (GgufLoadOptions::as_q8_0); else all become bf16.
-    bool as_q8_0 = true;
+    // exactly their values (GgufLoadOptions::as_q8); else all become bf16.
+    bool as_q8 = true;
   };
   // `path`: a Hugging Face model directory (config.json, safetensors, tokenizer.json), a GGUF
   // file, or a directory with no config.json and one .gguf file. Every error names the file and

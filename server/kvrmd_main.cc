@@ -236,7 +236,7 @@ int Run() {
     return 2;
   }
   ModelBundle::LoadOptions load;
-  load.as_q8_0 = quantization != "none";
+  load.as_q8 = quantization != "none";
   absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(*dir, load);
   if (!model.ok()) {
     std::fprintf(stderr, "kvrmd: cannot load model from %s: %s\n", dir->c_str(),

@@ -64,11 +64,16 @@ TEST(GgufE2eTest, AnF32FileGeneratesWhatItsDirectoryGenerates) {
 
 // A smoke test of the quantized paths end to end (their numerics: //tools/gguf:gguf_convert_test,
 // the weights against the originals and the block formats against their layouts): q4_0 held as
-// exact q8_0 blocks, q4_1 (no exact q8_0 form: d * q + m) dequantized to bf16.
+// exact q8_0 blocks, q4_1 (d * q + m) as exact q8 affine blocks, and both dequantized to bf16 with
+// as_q8 off (kvrmd --quantization=none).
 TEST(GgufE2eTest, QuantizedFilesServe) {
-  for (const auto& [type, name, quantization] :
-       {std::tuple{GgmlType::kQ4_0, "q4_0", "q8_0"}, std::tuple{GgmlType::kQ4_1, "q4_1", ""}}) {
-    TestServer gguf(Load(ConvertTiny(type, absl::StrCat("tiny-", name, ".gguf"))), Options());
+  for (const auto& [type, name, as_q8, quantization] :
+       {std::tuple{GgmlType::kQ4_0, "q4_0", true, "q8_0"},
+        std::tuple{GgmlType::kQ4_1, "q4_1", true, "q8_affine"},
+        std::tuple{GgmlType::kQ4_1, "q4_1", false, ""}}) {
+    ModelBundle::LoadOptions load;
+    load.as_q8 = as_q8;
+    TestServer gguf(Load(ConvertTiny(type, absl::StrCat("tiny-", name, ".gguf")), load), Options());
     const std::vector<std::vector<int32_t>> tokens = Generate(gguf);
     ASSERT_EQ(tokens.size(), 4u);
     for (const std::vector<int32_t>& t : tokens) {
@@ -88,7 +93,7 @@ TEST(GgufE2eTest, QuantizedFilesServe) {
 
 // A q8_0 file's matrices stay q8_0: views of the file's own blocks (those whose rows llama.cpp
 // permutes put back in order in memory), multiplied as they are (kernels/cpu/q8_0.h; numerics:
-// //tests:forward_test's Q8ForwardTest), and the model info says so. With as_q8_0 off
+// //tests:forward_test's Q8ForwardTest), and the model info says so. With as_q8 off
 // (kvrmd --quantization=none) they become bf16 as the types without an exact q8_0 form do.
 TEST(GgufE2eTest, AQ8_0FileIsMultipliedAsQ8_0) {
   const std::string path = ConvertTiny(GgmlType::kQ8_0, "tiny-q8_0.gguf");
@@ -115,7 +120,7 @@ TEST(GgufE2eTest, AQ8_0FileIsMultipliedAsQ8_0) {
   EXPECT_EQ(info.weight_quantization(), "q8_0");
 
   ModelBundle::LoadOptions none;
-  none.as_q8_0 = false;
+  none.as_q8 = false;
   TestServer dense(Load(path, none), Options());
   EXPECT_EQ(dense.model().weights.layers[0].wv.format, WeightFormat::kDense);
   EXPECT_EQ(dense.model().weights.layers[0].wv.dtype, DType::kBF16);

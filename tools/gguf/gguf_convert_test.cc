@@ -573,32 +573,43 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
   return formats;
 }
 
+// K-quants: q4_K and q5_K held as q8 affine blocks of exactly their values (as_q8, the default),
+// q6_K (no exact q8 form) dequantized; with as_q8 off all dequantized (f32: exactly).
 TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
-  GgufLoadOptions options;
-  options.dequantized = DType::kF32;
-  const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
-      {GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K, GgmlType::kQ6_K, GgmlType::kQ4_K,
-       GgmlType::kQ5_K, GgmlType::kQ4_K, GgmlType::kQ6_K},
-      "kquants.gguf", options);
-  for (WeightFormat f : formats) EXPECT_EQ(f, WeightFormat::kDense);
+  const std::vector<GgmlType> types = {GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                       GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                       GgmlType::kQ4_K, GgmlType::kQ6_K};
+  for (bool as_q8 : {true, false}) {
+    GgufLoadOptions options;
+    options.dequantized = DType::kF32;
+    options.as_q8 = as_q8;
+    const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
+        types, as_q8 ? "kquants.gguf" : "kquants-dense.gguf", options);
+    for (size_t i = 0; i < types.size(); ++i) {
+      EXPECT_EQ(formats[i], as_q8 && types[i] != GgmlType::kQ6_K ? WeightFormat::kQ8Affine
+                                                                 : WeightFormat::kDense)
+          << i;
+    }
+  }
 }
 
-// q8_0, q4_0 and q5_0 matrices are held as q8_0 blocks of exactly the file's values (as_q8_0,
-// the default), attn_q's rows reordered; with as_q8_0 off they become `dequantized` like the
-// K-quants (bf16: the values rounded).
+// q8_0, q4_0 and q5_0 matrices are held as q8_0 blocks of exactly the file's values (as_q8,
+// the default), attn_q's rows reordered, q4_1 as q8 affine blocks; with as_q8 off they become
+// `dequantized` (bf16: the values rounded).
 TEST(GgufModelTest, Q8Q4Q5MatricesLoadAsExactQ8_0Blocks) {
   const std::vector<GgmlType> types = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0,
                                        GgmlType::kQ8_0, GgmlType::kQ5_0, GgmlType::kQ4_0,
                                        GgmlType::kQ4_1, GgmlType::kQ8_0};
-  for (bool as_q8_0 : {true, false}) {
+  for (bool as_q8 : {true, false}) {
     GgufLoadOptions options;
-    options.as_q8_0 = as_q8_0;
+    options.as_q8 = as_q8;
     const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
-        types, as_q8_0 ? "q8q4q5.gguf" : "q8q4q5-dense.gguf", options);
+        types, as_q8 ? "q8q4q5.gguf" : "q8q4q5-dense.gguf", options);
     for (size_t i = 0; i < types.size(); ++i) {
-      EXPECT_EQ(formats[i], as_q8_0 && types[i] != GgmlType::kQ4_1 ? WeightFormat::kQ8_0
-                                                                   : WeightFormat::kDense)
-          << i;
+      const WeightFormat want = !as_q8                      ? WeightFormat::kDense
+                                : types[i] == GgmlType::kQ4_1 ? WeightFormat::kQ8Affine
+                                                              : WeightFormat::kQ8_0;
+      EXPECT_EQ(formats[i], want) << i;
     }
   }
 }
