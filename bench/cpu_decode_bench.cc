@@ -40,11 +40,14 @@
 #include "runtime/backend.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/model_bundle.h"
+#include "model/gguf.h"
+#include "tools/gguf/gguf_convert.h"
 #include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, dtypes, "f32,bf16",
-          "weight dtypes to measure (f32, f16, bf16; q8_0: the bf16 model quantized at load)");
+          "weight dtypes to measure (f32, f16, bf16; q8_0: the bf16 model quantized at load; a "
+          "GGUF type such as q4_K: the bf16 model converted to that GGUF type)");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -156,13 +159,29 @@ bool ParseDType(absl::string_view name, DType* out) {
   return false;
 }
 
-int64_t WeightBytesPerStep(const LlamaWeights& w) {
-  int64_t total = w.lm_head.bytes();
+// Bytes of linear weights a decode step reads: q8 panels (their blocks, scales and padding) for
+// the matrices that have them (8-bit data, or every one with `quantized`), else the stored
+// matrix.
+int64_t WeightBytesPerStep(const LlamaWeights& w, bool quantized) {
+  auto bytes = [&](const WeightMatrix& m) {
+    return quantized || WeightMatrix::IsQ8(m.format) ? Q8PanelBytes(m) : m.bytes();
+  };
+  int64_t total = bytes(w.lm_head);
   for (const LayerWeights& l : w.layers) {
-    total += l.wq.bytes() + l.wk.bytes() + l.wv.bytes() + l.wo.bytes() + l.w_gate.bytes() +
-             l.w_up.bytes() + l.w_down.bytes();
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      total += bytes(*m);
+    }
   }
   return total;
+}
+
+// The GGUF type named `name` ("q4_K"), or null.
+const GgmlTypeTraits* GgufTypeNamed(absl::string_view name) {
+  for (uint32_t id = 0; id < 64; ++id) {
+    const GgmlTypeTraits* t = FindGgmlType(id);
+    if (t != nullptr && name == t->name) return t;
+  }
+  return nullptr;
 }
 
 // Times y = x W^T for W [rows][cols] of `dtype` (its q8_0 panels when `q8`) at n activation
@@ -209,6 +228,7 @@ struct Loaded {
   int32_t max_context = 0;
   int64_t kv_bytes_per_token = 0;  // all ranks' pools
   DType kv_dtype = DType::kF32;
+  WeightFormat quantization = WeightFormat::kDense;
 };
 
 Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels,
@@ -233,6 +253,7 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
   o.quantization = quantization;
   o.kv_dtype = kv_dtype;
   m.kv_dtype = kv_dtype;
+  m.quantization = quantization;
   auto backend = CpuBackend::Create(m.bundle->config, &m.bundle->weights, o);
   CHECK_OK(backend.status());
   m.backend = std::move(*backend);
@@ -259,10 +280,10 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
   return m;
 }
 
-// "q8_0" (q8_0 panels, every path), "panels" when this path reads the backend's weight panels,
-// else "rows".
+// The q8 panels' formats ("q8_0", "q8_affine": every path reads them), "panels" when this path
+// reads the backend's weight panels, else "rows".
 std::string WeightLayout(const Loaded& m) {
-  if (m.backend->weight_quantization() == "q8_0") return "q8_0";
+  if (!m.backend->weight_quantization().empty()) return m.backend->weight_quantization();
   return m.backend->panel_weight_bytes() > 0 &&
                  MatMulReadsPanels(ActiveCpuIsa(), m.bundle->weights.dtype)
              ? "panels"
@@ -344,10 +365,8 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   r.tokens_per_s = slots * steps / seconds;
   // Mean history read per step: positions context .. context + steps - 1, plus the new token.
   const double kv_tokens = slots * (context + 0.5 * (steps - 1) + 1);
-  // q8_0: the panels are what the step reads (blocks and scales, rows padded to 16).
-  const double weight_bytes = m.backend->weight_quantization() == "q8_0"
-                                  ? m.backend->panel_weight_bytes()
-                                  : WeightBytesPerStep(m.bundle->weights);
+  const double weight_bytes =
+      WeightBytesPerStep(m.bundle->weights, m.quantization == WeightFormat::kQ8_0);
   const double bytes = weight_bytes + kv_tokens * m.kv_bytes_per_token;
   r.mb_per_step = bytes / 1e6;
   r.bytes_per_step = bytes;
@@ -537,9 +556,13 @@ int Main() {
        absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',', absl::SkipEmpty())) {
     DType dtype = DType::kF32;
     // q8_0: the bf16 model with every linear weight quantized at load (--quantization=q8_0).
+    // A GGUF type ("q4_K"): the bf16 model converted to a GGUF file of that type, loaded as kvrmd
+    // does (its matrices in their exact 8-bit forms where they have one).
     const bool q8 = dtype_name == "q8_0";
-    CHECK(q8 || ParseDType(dtype_name, &dtype)) << "unknown dtype " << std::string(dtype_name);
-    if (q8) dtype = DType::kBF16;
+    const bool dense = !q8 && ParseDType(dtype_name, &dtype);
+    const GgmlTypeTraits* gguf = q8 || dense ? nullptr : GgufTypeNamed(dtype_name);
+    CHECK(q8 || dense || gguf != nullptr) << "unknown dtype " << std::string(dtype_name);
+    if (q8 || gguf != nullptr) dtype = DType::kBF16;
     modelgen::MakeModelOptions mo;
     mo.size = absl::GetFlag(FLAGS_size);
     mo.dtype = dtype;
@@ -550,10 +573,20 @@ int Main() {
                   std::string(dtype_name).c_str(), mo.out_dir.c_str());
       CHECK_OK(modelgen::MakeModel(mo).status());
     }
+    std::string model_path = mo.out_dir;
+    if (gguf != nullptr) {
+      model_path = (std::filesystem::path(dir) / absl::StrCat(gguf->name, ".gguf")).string();
+      if (!std::filesystem::exists(model_path)) {
+        std::printf("converting to %s in %s...\n", gguf->name, model_path.c_str());
+        GgufConvertOptions co;
+        co.type = gguf->type;
+        CHECK_OK(ConvertToGguf(mo.out_dir, model_path, co));
+      }
+    }
     std::vector<Loaded> loaded;
     for (DType kv : kv_dtypes) {
       for (bool panels : layouts) {
-        loaded.push_back(Load(mo.out_dir, max_slots, max_context, panels, kv,
+        loaded.push_back(Load(model_path, max_slots, max_context, panels, kv,
                               q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense));
       }
     }
