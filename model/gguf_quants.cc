@@ -138,28 +138,34 @@ void DequantAffine(GgmlType type, const std::byte* b, float* y) {
   for (int i = 0; i < subs * kQk; ++i) y[i] = std::fma(s[i / kQk], q[i], o[i / kQk]);
 }
 
-void DequantQ6_K(const std::byte* b, float* y) {
+// q6_K: 256 elements, element e scaled by d * scales[e / 16] (int8), q - 32 in [-32, 31]. Writes
+// the 16 scales (d * scale, exact in f32) and the 256 q - 32. Each 128-element half takes 64
+// bytes of low nibbles and 32 of high bit pairs: elements l, l + 32, l + 64, l + 96 (l < 32) from
+// ql[l] and ql[l + 32]'s nibbles and qh[l]'s four pairs.
+void DecodeQ6_K(const std::byte* b, float* s, int8_t* q) {
   const uint8_t* ql = U8(b);
   const uint8_t* qh = U8(b + 128);
   const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
   const float d = LoadHalf(b + 208);
+  for (int i = 0; i < 16; ++i) s[i] = d * sc[i];
   for (int n = 0; n < kQkK; n += 128) {
     for (int l = 0; l < 32; ++l) {
-      const int is = l / 16;
-      const int8_t q1 = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      const int8_t q2 = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      const int8_t q3 = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      const int8_t q4 = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-      y[l + 0] = d * sc[is + 0] * q1;
-      y[l + 32] = d * sc[is + 2] * q2;
-      y[l + 64] = d * sc[is + 4] * q3;
-      y[l + 96] = d * sc[is + 6] * q4;
+      q[n + l + 0] = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+      q[n + l + 32] = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+      q[n + l + 64] = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+      q[n + l + 96] = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
     }
-    y += 128;
     ql += 64;
     qh += 32;
-    sc += 8;
   }
+}
+
+// ggml computes d * scale * q left to right: d * scale is exact, so one rounding, as here.
+void DequantQ6_K(const std::byte* b, float* y) {
+  float s[16];
+  int8_t q[kQkK];
+  DecodeQ6_K(b, s, q);
+  for (int e = 0; e < kQkK; ++e) y[e] = s[e / 16] * q[e];
 }
 
 // ---- quantization -----------------------------------------------------------------------
@@ -381,6 +387,24 @@ bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte
       std::memcpy(out, &s[j], 4);
       std::memcpy(out + 4, &o[j], 4);
       std::memcpy(out + 8, q + j * kQk, kQk);  // q <= 31: the same bytes as int8
+      out += WeightMatrix::kQ8AffineBlockBytes;
+    }
+  }
+  return true;
+}
+
+bool ToQ8HalvesExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
+  if (type != GgmlType::kQ6_K) return false;
+  const GgmlTypeTraits& t = GgmlTraits(type);
+  CHECK(n % t.block_elems == 0) << t.name << ": " << n << " elements";
+  float s[16];
+  int8_t q[kQkK];
+  std::byte* out = dst;
+  for (int64_t i = 0; i < n / t.block_elems; ++i) {
+    DecodeQ6_K(src + i * t.block_bytes, s, q);
+    for (int j = 0; j < kQkK / kQk; ++j) {
+      std::memcpy(out, &s[2 * j], 8);  // s0, s1: the scales of its two 16-value halves
+      std::memcpy(out + 8, q + j * kQk, kQk);
       out += WeightMatrix::kQ8AffineBlockBytes;
     }
   }

@@ -30,6 +30,11 @@ bool ToQ8_0Exactly(GgmlType type, const std::byte* src, int64_t n, std::byte* ds
 // bytes. Other types: false.
 bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
 
+// The q8 halves blocks (kernels/cpu/q8_0.h) holding exactly the values of `n` elements (whole
+// blocks) of q6_K at `src` (d * scale per 16 values, q - 32): s0, s1 and q per 32 values. `dst`
+// holds n / 32 * 40 bytes. Other types: false.
+bool ToQ8HalvesExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
+
 // Quantizes `n` elements (a whole number of blocks) of `x` into `dst`, which holds
 // n / block_elems * block_bytes bytes. f32, f16 and bf16 are stored as they are (rounded to
 // nearest even for the 16-bit types).

@@ -68,8 +68,8 @@ ABSL_FLAG(std::string, kv_dtype, "f32",
           "block of memory, half the attention reads; CPU and CUDA devices)");
 ABSL_FLAG(std::string, quantization, "auto",
           "weights multiplied as q8_0 (8.5 bits a weight: about half the bytes of bf16 read per "
-          "decode step): auto (a GGUF file's quantized matrices that have an exact 8-bit form: "
-          "all but q6_K; the rest is dtype), q8_0 "
+          "decode step): auto (a GGUF file's quantized matrices, as 8-bit blocks of exactly "
+          "their values; the rest is dtype), q8_0 "
           "(every linear weight quantized at load; CPU device), or none (everything in dtype)");
 ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(std::string, kv_reserve, "prompt",

@@ -104,21 +104,22 @@ void PackPanels(const WeightMatrix& w, void* out) {
 }
 
 WeightFormat Q8PanelFormat(const WeightMatrix& w) {
-  return w.format == WeightFormat::kQ8Affine ? WeightFormat::kQ8Affine : WeightFormat::kQ8_0;
+  return w.format == WeightFormat::kDense ? WeightFormat::kQ8_0 : w.format;
 }
 
 int64_t Q8PanelBytes(const WeightMatrix& w) {
-  const int64_t block_bytes = Q8PanelFormat(w) == WeightFormat::kQ8Affine
-                                  ? WeightMatrix::kQ8AffinePanelBlockBytes
-                                  : WeightMatrix::kQ8PanelBlockBytes;
+  const int64_t block_bytes = Q8PanelFormat(w) == WeightFormat::kQ8_0
+                                  ? WeightMatrix::kQ8PanelBlockBytes
+                                  : WeightMatrix::kQ8AffinePanelBlockBytes;
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
          block_bytes;
 }
 
 void PackQ8Panels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kBlock = WeightMatrix::kQ8Block;
-  const bool affine = w.format == WeightFormat::kQ8Affine;
-  // Per block: the row's scale (f16 d, or f32 s and o), then its q.
+  // Per block: the row's scale (f16 d; or two f32, s and o for affine, s0 and s1 for halves), then
+  // its q.
+  const bool affine = w.format == WeightFormat::kQ8Affine || w.format == WeightFormat::kQ8Halves;
   const int64_t scale_bytes = affine ? 4 : 2;
   const int64_t head_bytes = affine ? 8 : 2;
   const int64_t from_bytes = affine ? WeightMatrix::kQ8AffineBlockBytes : WeightMatrix::kQ8BlockBytes;
@@ -145,7 +146,7 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
       const uint8_t* from = src + b * from_bytes;
       uint8_t* block = panel + b * to_bytes;
       std::memcpy(block + scale_bytes * l, from, scale_bytes);  // d or s
-      if (affine) std::memcpy(block + 4 * kGroup + 4 * l, from + 4, 4);  // o
+      if (affine) std::memcpy(block + 4 * kGroup + 4 * l, from + 4, 4);  // o or s1
       uint8_t* lines = block + scale_bytes * kGroup * (affine ? 2 : 1);
       for (int64_t c = 0; c < kBlock; ++c) {
         lines[c / 2 * 2 * kGroup + 2 * l + c % 2] = from[head_bytes + c];
@@ -174,6 +175,9 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   }
   if (w.format == WeightFormat::kQ8Affine) {
     return DequantizeRowQ8Affine(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+  }
+  if (w.format == WeightFormat::kQ8Halves) {
+    return DequantizeRowQ8Halves(reinterpret_cast<const uint8_t*>(row), w.cols, out);
   }
   switch (w.dtype) {
     case DType::kF32:

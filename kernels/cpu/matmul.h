@@ -60,8 +60,8 @@ inline bool MatMulReadsPanels(CpuIsa isa, DType dtype) {
 int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
 
-// The q8 panels of a matrix (kernels/cpu/q8_0.h), in Q8PanelFormat(w): q8 affine panels from q8
-// affine data, else q8_0 ones. Q8PanelBytes(w) bytes, written by PackQ8Panels into `out` (64-byte
+// The q8 panels of a matrix (kernels/cpu/q8_0.h), in Q8PanelFormat(w): the data's q8 format, or
+// q8_0 for dense data. Q8PanelBytes(w) bytes, written by PackQ8Panels into `out` (64-byte
 // aligned). From q8 data the blocks are copied as they are; dense data is quantized
 // (QuantizeBlockQ8_0, a last partial block zero-padded).
 WeightFormat Q8PanelFormat(const WeightMatrix& w);

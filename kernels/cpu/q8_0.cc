@@ -60,6 +60,16 @@ void DequantizeRowQ8Affine(const uint8_t* blocks, int64_t n, float* y) {
   }
 }
 
+void DequantizeRowQ8Halves(const uint8_t* blocks, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    const uint8_t* block = blocks + b * WeightMatrix::kQ8AffineBlockBytes;
+    float s[2];
+    std::memcpy(s, block, 8);
+    const int8_t* q = reinterpret_cast<const int8_t*>(block + 8);
+    for (int64_t j = 0; j < kBlock; ++j) y[b * kBlock + j] = s[j / 16] * q[j];
+  }
+}
+
 void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* blocks) {
   for (int64_t b = 0; b < n / kBlock; ++b) {
     QuantizeBlockQ8_0(x + b * kBlock, blocks + b * WeightMatrix::kQ8BlockBytes);

@@ -41,6 +41,12 @@ void DequantizeRowQ8_0(const uint8_t* blocks, int64_t n, float* y);
 // activation row.
 void DequantizeRowQ8Affine(const uint8_t* blocks, int64_t n, float* y);
 
+// q8 halves blocks (WeightFormat::kQ8Halves): 32 values s0 * q (the first 16) and s1 * q (the
+// last 16), f32 s0 and s1, int8 q: what a GGUF file's q6_K matrices hold, exactly (d * scale per
+// 16 values, q - 32 in [-32, 31]). Their panels hold the 16 rows' s0, then their s1, then the
+// lines as q8_0's; the product sums each half apart.
+void DequantizeRowQ8Halves(const uint8_t* blocks, int64_t n, float* y);
+
 // Columns of a q8_0 panel row: `cols` rounded up to whole blocks.
 inline int64_t Q8PaddedCols(int64_t cols) {
   return (cols + WeightMatrix::kQ8Block - 1) / WeightMatrix::kQ8Block * WeightMatrix::kQ8Block;

@@ -2,6 +2,8 @@
 // panel layout, and the q8_0 matmul on every instruction-set path against float64 references on
 // random shapes (rows not a multiple of 16, columns not a multiple of 32, several activation
 // blocks), bit for bit the same on every path and whatever the batch.
+#include "kernels/cpu/q8_0.h"
+
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -11,7 +13,6 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
-#include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvrm {
@@ -64,7 +65,8 @@ TEST(Q8BlockTest, ZeroAndNonFiniteBlocks) {
   QuantizeBlockQ8_0(x.data(), block);
   DequantizeBlockQ8_0(block, y);
   for (float v : y) EXPECT_EQ(v, 0.0f);
-  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
     std::mt19937 rng(3);
     x = Random(kBlock, rng);
     x[5] = bad;
@@ -80,7 +82,8 @@ TEST(Q8ActivationsTest, ScratchNeverShrinksWithMoreColumns) {
   for (int64_t cols = 1; cols < 20000; cols += cols < 300 ? 1 : 97) {
     ASSERT_LE(Q8ScratchBytes(cols), Q8ScratchBytes(cols + 1)) << cols;
     ASSERT_GE(Q8ScratchBytes(cols),
-              Q8ActivationBlockRows(cols) * (Q8PaddedCols(cols) * 4 + 4)) << cols;  // two copies
+              Q8ActivationBlockRows(cols) * (Q8PaddedCols(cols) * 4 + 4))
+        << cols;  // two copies
   }
 }
 
@@ -130,8 +133,8 @@ Matrix RandomMatrix(int64_t rows, int64_t cols, std::mt19937& rng) {
       QuantizeRowQ8_0(m.values.data() + r * cols, cols,
                       m.blocks.data() + r * cols / kBlock * WeightMatrix::kQ8BlockBytes);
     }
-    m.q8 = WeightMatrix{DType::kBF16, m.blocks.data(), rows, cols, cols, nullptr,
-                        WeightFormat::kQ8_0};
+    m.q8 =
+        WeightMatrix{DType::kBF16, m.blocks.data(), rows, cols, cols, nullptr, WeightFormat::kQ8_0};
   }
   return m;
 }
@@ -143,8 +146,7 @@ std::vector<double> PanelValues(const WeightMatrix& w, const void* panels) {
   const uint8_t* base = static_cast<const uint8_t*>(panels);
   for (int64_t r = 0; r < w.rows; ++r) {
     for (int64_t b = 0; b < blocks; ++b) {
-      const uint8_t* block =
-          base + (r / kGroup * blocks + b) * WeightMatrix::kQ8PanelBlockBytes;
+      const uint8_t* block = base + (r / kGroup * blocks + b) * WeightMatrix::kQ8PanelBlockBytes;
       const double d = Half(block + 2 * (r % kGroup));
       const int8_t* lines = reinterpret_cast<const int8_t*>(block + 2 * kGroup);
       for (int64_t c = 0; c < kBlock; ++c) {
@@ -242,8 +244,8 @@ TEST_P(Q8MatMulTest, MatchesFloat64Reference) {
           wsum += std::fabs(wc);
         }
         ASSERT_NEAR(y[i * s.rows + r], exact, 1e-6 * mag + 1e-7)
-            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " cols=" << s.cols
-            << " at " << i << "," << r;
+            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " cols=" << s.cols << " at "
+            << i << "," << r;
         ASSERT_NEAR(y[i * s.rows + r], unquantized, wsum * xs[i] * 0.5001 + 2e-6 * mag + 1e-7);
       }
     }
@@ -295,73 +297,81 @@ TEST_P(Q8MatMulTest, SameBitsOnEveryPathAndBatch) {
   SetActiveCpuIsa(saved);
 }
 
-// q8 affine matrices (what GGUF's q4_1, q5_1, q4_K and q5_K hold): random s, o and q (0..31, as
-// q5's), rows not a multiple of 16. Against float64 over the values s * q + o times the quantized
-// activations; the same bits on every path and whatever the batch.
-TEST_P(Q8MatMulTest, AffineMatchesFloat64ReferenceWithTheSameBitsEverywhere) {
+// q8 affine matrices (what GGUF's q4_1, q5_1, q4_K and q5_K hold: random s, o and q in 0..31, as
+// q5's) and q8 halves ones (q6_K's: a signed scale per 16 values, q in -32..31), rows not a
+// multiple of 16. Against float64 over the values (s * q + o; s0 * q or s1 * q) times the
+// quantized activations; the same bits on every path and whatever the batch.
+TEST_P(Q8MatMulTest, AffineAndHalvesMatchFloat64ReferenceWithTheSameBitsEverywhere) {
   const CpuIsa isa = GetParam();
   std::mt19937 rng(4321);
   ThreadPool pool(2);
   const CpuIsa saved = ActiveCpuIsa();
-  std::uniform_int_distribution<int> qd(0, 31);
   std::normal_distribution<float> sd(0.0f, 0.01f);
-  for (Shape s : {Shape{1, 7, 32}, Shape{5, 50, 256}, Shape{13, 33, 96}, Shape{30, 20, 64}}) {
-    const int64_t blocks = s.cols / kBlock;
-    std::vector<uint8_t> data(s.rows * blocks * WeightMatrix::kQ8AffineBlockBytes);
-    std::vector<double> value(s.rows * s.cols);
-    for (int64_t r = 0; r < s.rows; ++r) {
-      for (int64_t b = 0; b < blocks; ++b) {
-        uint8_t* block = data.data() + (r * blocks + b) * WeightMatrix::kQ8AffineBlockBytes;
-        const float scale = std::fabs(sd(rng)), offset = -8 * std::fabs(sd(rng));
-        std::memcpy(block, &scale, 4);
-        std::memcpy(block + 4, &offset, 4);
-        for (int64_t j = 0; j < kBlock; ++j) {
-          const int q = qd(rng);
-          block[8 + j] = static_cast<uint8_t>(q);
-          value[r * s.cols + b * kBlock + j] = static_cast<double>(scale) * q + offset;
-        }
-      }
-    }
-    WeightMatrix w{DType::kBF16, data.data(), s.rows, s.cols, s.cols, nullptr,
-                   WeightFormat::kQ8Affine};
-    std::vector<float> row(s.cols);
-    WeightRowToFloat(w, s.rows - 1, row.data());
-    for (int64_t c = 0; c < s.cols; ++c) {
-      // One rounding of s * q + o (a fused multiply-add).
-      ASSERT_EQ(row[c], static_cast<float>(value[(s.rows - 1) * s.cols + c])) << c;
-    }
-    const PanelCopy panels(w, WeightFormat::kQ8Affine);
-    ASSERT_EQ(panels.bytes(), (s.rows + 15) / 16 * blocks * 640);
-    w.panels = panels.data();
-    w.panel_format = WeightFormat::kQ8Affine;
-    std::vector<float> x = Random(s.n * s.cols, rng);
-    std::vector<int16_t> xq(s.n * s.cols);
-    std::vector<float> xs(s.n);
-    QuantizeActivationsQ8(x.data(), s.n, s.cols, s.cols, s.cols, xq.data(), xs.data());
-    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
-    SetActiveCpuIsa(CpuIsa::kGeneric);
-    std::vector<float> generic(s.n * s.rows);
-    MatMul(pool, x.data(), s.n, s.cols, w, generic.data(), s.rows, scratch.data());
-    SetActiveCpuIsa(isa);
-    std::vector<float> y(s.n * s.rows, NAN);
-    MatMul(pool, x.data(), s.n, s.cols, w, y.data(), s.rows, scratch.data());
-    for (int64_t i = 0; i < s.n; ++i) {
+  for (const WeightFormat format : {WeightFormat::kQ8Affine, WeightFormat::kQ8Halves}) {
+    const bool halves = format == WeightFormat::kQ8Halves;
+    std::uniform_int_distribution<int> qd(halves ? -32 : 0, 31);
+    for (Shape s : {Shape{1, 7, 32}, Shape{5, 50, 256}, Shape{13, 33, 96}, Shape{30, 20, 64}}) {
+      const int64_t blocks = s.cols / kBlock;
+      std::vector<uint8_t> data(s.rows * blocks * WeightMatrix::kQ8AffineBlockBytes);
+      std::vector<double> value(s.rows * s.cols);
       for (int64_t r = 0; r < s.rows; ++r) {
-        double exact = 0, mag = 0;
-        for (int64_t c = 0; c < s.cols; ++c) {
-          const double term = value[r * s.cols + c] * xq[i * s.cols + c] * xs[i];
-          exact += term;
-          mag += std::fabs(term);
+        for (int64_t b = 0; b < blocks; ++b) {
+          uint8_t* block = data.data() + (r * blocks + b) * WeightMatrix::kQ8AffineBlockBytes;
+          // affine: s, o; halves: s0, s1 (either sign).
+          const float first = halves ? sd(rng) : std::fabs(sd(rng));
+          const float second = halves ? sd(rng) : -8 * std::fabs(sd(rng));
+          std::memcpy(block, &first, 4);
+          std::memcpy(block + 4, &second, 4);
+          for (int64_t j = 0; j < kBlock; ++j) {
+            const int q = qd(rng);
+            block[8 + j] = static_cast<uint8_t>(static_cast<int8_t>(q));
+            value[r * s.cols + b * kBlock + j] =
+                halves ? static_cast<double>(j < 16 ? first : second) * q
+                       : static_cast<double>(first) * q + second;
+          }
         }
-        ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
-            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " at " << i << "," << r;
-        ASSERT_EQ(y[i * s.rows + r], generic[i * s.rows + r]) << CpuIsaName(isa);
       }
-    }
-    for (int64_t i0 = 0; i0 < s.n; ++i0) {  // one row at a time: the same bits
-      std::vector<float> one(s.rows);
-      MatMul(pool, x.data() + i0 * s.cols, 1, s.cols, w, one.data(), s.rows, scratch.data());
-      for (int64_t r = 0; r < s.rows; ++r) ASSERT_EQ(one[r], y[i0 * s.rows + r]) << i0 << "," << r;
+      WeightMatrix w{DType::kBF16, data.data(), s.rows, s.cols, s.cols, nullptr, format};
+      std::vector<float> row(s.cols);
+      WeightRowToFloat(w, s.rows - 1, row.data());
+      for (int64_t c = 0; c < s.cols; ++c) {
+        // One rounding of s * q + o (a fused multiply-add), or of s0 * q / s1 * q.
+        ASSERT_EQ(row[c], static_cast<float>(value[(s.rows - 1) * s.cols + c])) << c;
+      }
+      const PanelCopy panels(w, format);
+      ASSERT_EQ(panels.bytes(), (s.rows + 15) / 16 * blocks * 640);
+      w.panels = panels.data();
+      w.panel_format = format;
+      std::vector<float> x = Random(s.n * s.cols, rng);
+      std::vector<int16_t> xq(s.n * s.cols);
+      std::vector<float> xs(s.n);
+      QuantizeActivationsQ8(x.data(), s.n, s.cols, s.cols, s.cols, xq.data(), xs.data());
+      std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+      SetActiveCpuIsa(CpuIsa::kGeneric);
+      std::vector<float> generic(s.n * s.rows);
+      MatMul(pool, x.data(), s.n, s.cols, w, generic.data(), s.rows, scratch.data());
+      SetActiveCpuIsa(isa);
+      std::vector<float> y(s.n * s.rows, NAN);
+      MatMul(pool, x.data(), s.n, s.cols, w, y.data(), s.rows, scratch.data());
+      for (int64_t i = 0; i < s.n; ++i) {
+        for (int64_t r = 0; r < s.rows; ++r) {
+          double exact = 0, mag = 0;
+          for (int64_t c = 0; c < s.cols; ++c) {
+            const double term = value[r * s.cols + c] * xq[i * s.cols + c] * xs[i];
+            exact += term;
+            mag += std::fabs(term);
+          }
+          ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
+              << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " at " << i << "," << r;
+          ASSERT_EQ(y[i * s.rows + r], generic[i * s.rows + r]) << CpuIsaName(isa);
+        }
+      }
+      for (int64_t i0 = 0; i0 < s.n; ++i0) {  // one row at a time: the same bits
+        std::vector<float> one(s.rows);
+        MatMul(pool, x.data() + i0 * s.cols, 1, s.cols, w, one.data(), s.rows, scratch.data());
+        for (int64_t r = 0; r < s.rows; ++r)
+          ASSERT_EQ(one[r], y[i0 * s.rows + r]) << i0 << "," << r;
+      }
     }
   }
   SetActiveCpuIsa(saved);

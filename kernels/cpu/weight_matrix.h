@@ -28,6 +28,8 @@ enum class WeightFormat : uint8_t {
   kDense,     // `dtype` elements
   kQ8_0,      // q8_0 blocks (kernels/cpu/q8_0.h); `dtype` is then what a dense copy would use
   kQ8Affine,  // q8 affine blocks: f32 s, f32 o, 32 int8 q, value s * q + o (kernels/cpu/q8_0.h)
+  kQ8Halves,  // q8 blocks with a scale per half: f32 s0, f32 s1, 32 int8 q, value s0 * q (first
+              // 16) or s1 * q (last 16) (kernels/cpu/q8_0.h)
 };
 
 struct WeightMatrix {
@@ -51,13 +53,14 @@ struct WeightMatrix {
   static constexpr int64_t kQ8AffineBlockBytes = 8 + kQ8Block;
   static constexpr int64_t kQ8AffinePanelBlockBytes = kPanelRows * 8 + kPanelRows * kQ8Block;
 
+  // Both two-f32 block formats (affine, halves) take the same bytes.
   static bool IsQ8(WeightFormat f) { return f != WeightFormat::kDense; }
   int64_t Q8Blocks() const { return (cols + kQ8Block - 1) / kQ8Block; }
   // One panel: elements of 16 rows x cols (bf16: cols rounded up to a pair); bytes for the q8
   // formats.
   int64_t PanelStride() const {
     if (panel_format == WeightFormat::kQ8_0) return Q8Blocks() * kQ8PanelBlockBytes;
-    if (panel_format == WeightFormat::kQ8Affine) return Q8Blocks() * kQ8AffinePanelBlockBytes;
+    if (IsQ8(panel_format)) return Q8Blocks() * kQ8AffinePanelBlockBytes;
     return (dtype == DType::kBF16 ? (cols + 1) / 2 * 2 : cols) * kPanelRows;
   }
   const char* PanelPtr(int64_t p) const {
@@ -68,7 +71,7 @@ struct WeightMatrix {
   // Bytes of `n` elements of a row as `data` stores them (q8 formats: n a multiple of kQ8Block).
   int64_t DataBytes(int64_t n) const {
     if (format == WeightFormat::kQ8_0) return n / kQ8Block * kQ8BlockBytes;
-    if (format == WeightFormat::kQ8Affine) return n / kQ8Block * kQ8AffineBlockBytes;
+    if (IsQ8(format)) return n / kQ8Block * kQ8AffineBlockBytes;
     return n * static_cast<int64_t>(DTypeSize(dtype));
   }
   const char* RowPtr(int64_t r) const {

@@ -573,8 +573,8 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
   return formats;
 }
 
-// K-quants: q4_K and q5_K held as q8 affine blocks of exactly their values (as_q8, the default),
-// q6_K (no exact q8 form) dequantized; with as_q8 off all dequantized (f32: exactly).
+// K-quants: q4_K and q5_K held as q8 affine blocks and q6_K as q8 halves blocks of exactly their
+// values (as_q8, the default); with as_q8 off all dequantized (f32: exactly).
 TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
   const std::vector<GgmlType> types = {GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
                                        GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
@@ -586,9 +586,10 @@ TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
     const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
         types, as_q8 ? "kquants.gguf" : "kquants-dense.gguf", options);
     for (size_t i = 0; i < types.size(); ++i) {
-      EXPECT_EQ(formats[i], as_q8 && types[i] != GgmlType::kQ6_K ? WeightFormat::kQ8Affine
-                                                                 : WeightFormat::kDense)
-          << i;
+      const WeightFormat want = !as_q8                      ? WeightFormat::kDense
+                                : types[i] == GgmlType::kQ6_K ? WeightFormat::kQ8Halves
+                                                              : WeightFormat::kQ8Affine;
+      EXPECT_EQ(formats[i], want) << i;
     }
   }
 }
