@@ -573,44 +573,41 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
   return formats;
 }
 
-// K-quants: q4_K and q5_K held as q8 affine blocks and q6_K as q8 halves blocks of exactly their
-// values (as_q8, the default); with as_q8 off all dequantized (f32: exactly).
-TEST(GgufModelTest, KQuantMatricesLoadAsTheirDequantizedRows) {
-  const std::vector<GgmlType> types = {GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                                       GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
-                                       GgmlType::kQ4_K, GgmlType::kQ6_K};
-  for (bool as_q8 : {true, false}) {
-    GgufLoadOptions options;
-    options.dequantized = DType::kF32;
-    options.as_q8 = as_q8;
-    const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
-        types, as_q8 ? "kquants.gguf" : "kquants-dense.gguf", options);
-    for (size_t i = 0; i < types.size(); ++i) {
-      const WeightFormat want = !as_q8                      ? WeightFormat::kDense
-                                : types[i] == GgmlType::kQ6_K ? WeightFormat::kQ8Halves
-                                                              : WeightFormat::kQ8Affine;
-      EXPECT_EQ(formats[i], want) << i;
+// Every quantized type loads as its exact 8-bit form with as_q8 (the default): q8_0, q4_0 and
+// q5_0 as q8_0 blocks, q4_1, q4_K and q5_K as q8 affine blocks, q6_K as q8 halves blocks, each
+// matrix reading back as ggml's dequantization bit for bit (attn_q / attn_k reordered); with
+// as_q8 off every matrix becomes `dequantized` (f32: exactly; bf16: rounded). Two files: the
+// K-quants need 256-value rows, which the one-layer model has everywhere.
+TEST(GgufModelTest, QuantizedMatricesLoadAsTheirExact8BitForms) {
+  const std::vector<GgmlType> kquants = {GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                         GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
+                                         GgmlType::kQ4_K, GgmlType::kQ6_K};
+  const std::vector<GgmlType> blocks32 = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0,
+                                          GgmlType::kQ8_0, GgmlType::kQ5_0, GgmlType::kQ4_0,
+                                          GgmlType::kQ4_1, GgmlType::kQ8_0};
+  auto form = [](GgmlType t) {
+    switch (t) {
+      case GgmlType::kQ6_K:
+        return WeightFormat::kQ8Halves;
+      case GgmlType::kQ4_1:
+      case GgmlType::kQ4_K:
+      case GgmlType::kQ5_K:
+        return WeightFormat::kQ8Affine;
+      default:
+        return WeightFormat::kQ8_0;
     }
-  }
-}
-
-// q8_0, q4_0 and q5_0 matrices are held as q8_0 blocks of exactly the file's values (as_q8,
-// the default), attn_q's rows reordered, q4_1 as q8 affine blocks; with as_q8 off they become
-// `dequantized` (bf16: the values rounded).
-TEST(GgufModelTest, Q8Q4Q5MatricesLoadAsExactQ8_0Blocks) {
-  const std::vector<GgmlType> types = {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ5_0,
-                                       GgmlType::kQ8_0, GgmlType::kQ5_0, GgmlType::kQ4_0,
-                                       GgmlType::kQ4_1, GgmlType::kQ8_0};
-  for (bool as_q8 : {true, false}) {
-    GgufLoadOptions options;
-    options.as_q8 = as_q8;
-    const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
-        types, as_q8 ? "q8q4q5.gguf" : "q8q4q5-dense.gguf", options);
-    for (size_t i = 0; i < types.size(); ++i) {
-      const WeightFormat want = !as_q8                      ? WeightFormat::kDense
-                                : types[i] == GgmlType::kQ4_1 ? WeightFormat::kQ8Affine
-                                                              : WeightFormat::kQ8_0;
-      EXPECT_EQ(formats[i], want) << i;
+  };
+  for (const auto& [types, name, dequantized] : {std::tuple{kquants, "kquants", DType::kF32},
+                                                 std::tuple{blocks32, "q8q4q5", DType::kBF16}}) {
+    for (bool as_q8 : {true, false}) {
+      GgufLoadOptions options;
+      options.dequantized = dequantized;
+      options.as_q8 = as_q8;
+      const std::vector<WeightFormat> formats = ExpectLoadedAsDequantizedRows(
+          types, absl::StrCat(name, as_q8 ? "" : "-dense", ".gguf"), options);
+      for (size_t i = 0; i < types.size(); ++i) {
+        EXPECT_EQ(formats[i], as_q8 ? form(types[i]) : WeightFormat::kDense) << name << " " << i;
+      }
     }
   }
 }
