@@ -371,6 +371,19 @@ bool ToQ8_0Exactly(GgmlType type, const std::byte* src, int64_t n, std::byte* ds
   return true;
 }
 
+namespace {
+
+// One two-f32 q8 block (q8 affine: s, o; q8 halves: s0, s1) then its 32 q at `out`; returns the
+// next block's place.
+std::byte* PutTwoScaleBlock(float first, float second, const void* q, std::byte* out) {
+  std::memcpy(out, &first, 4);
+  std::memcpy(out + 4, &second, 4);
+  std::memcpy(out + 8, q, kQk);
+  return out + WeightMatrix::kQ8AffineBlockBytes;
+}
+
+}  // namespace
+
 bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
   if (type != GgmlType::kQ4_1 && type != GgmlType::kQ5_1 && type != GgmlType::kQ4_K &&
       type != GgmlType::kQ5_K) {
@@ -383,12 +396,8 @@ bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte
   std::byte* out = dst;
   for (int64_t i = 0; i < n / t.block_elems; ++i) {
     const int subs = DecodeAffine(type, src + i * t.block_bytes, s, o, q);
-    for (int j = 0; j < subs; ++j) {
-      std::memcpy(out, &s[j], 4);
-      std::memcpy(out + 4, &o[j], 4);
-      std::memcpy(out + 8, q + j * kQk, kQk);  // q <= 31: the same bytes as int8
-      out += WeightMatrix::kQ8AffineBlockBytes;
-    }
+    // q <= 31: the same bytes as int8.
+    for (int j = 0; j < subs; ++j) out = PutTwoScaleBlock(s[j], o[j], q + j * kQk, out);
   }
   return true;
 }
@@ -402,10 +411,9 @@ bool ToQ8HalvesExactly(GgmlType type, const std::byte* src, int64_t n, std::byte
   std::byte* out = dst;
   for (int64_t i = 0; i < n / t.block_elems; ++i) {
     DecodeQ6_K(src + i * t.block_bytes, s, q);
+    // s0, s1: the scales of the block's two 16-value halves.
     for (int j = 0; j < kQkK / kQk; ++j) {
-      std::memcpy(out, &s[2 * j], 8);  // s0, s1: the scales of its two 16-value halves
-      std::memcpy(out + 8, q + j * kQk, kQk);
-      out += WeightMatrix::kQ8AffineBlockBytes;
+      out = PutTwoScaleBlock(s[2 * j], s[2 * j + 1], q + j * kQk, out);
     }
   }
   return true;

@@ -40,7 +40,8 @@ std::string FamilyJson(const std::string& family) {
     return j->dump();
   }
   if (family.rfind("synthetic/", 0) == 0) {
-    absl::StatusOr<Json> patch = ReadJsonFile(absl::StrCat(kTokenizerTestdata, family, "/patch.json"));
+    absl::StatusOr<Json> patch =
+        ReadJsonFile(absl::StrCat(kTokenizerTestdata, family, "/patch.json"));
     if (!patch.ok()) return "";
     absl::StatusOr<Json> j = ParseJson(TestdataTokenizerJson((*patch)["base"]), family);
     if (!j.ok()) return "";

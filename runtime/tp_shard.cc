@@ -104,7 +104,9 @@ void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quan
   std::vector<std::optional<PanelCopy>> made(jobs.size());
   std::atomic<size_t> next{0};
   auto work = [&] {
-    for (size_t i = next++; i < jobs.size(); i = next++) made[i].emplace(*jobs[i].w, jobs[i].format);
+    for (size_t i = next++; i < jobs.size(); i = next++) {
+      made[i].emplace(*jobs[i].w, jobs[i].format);
+    }
   };
   std::vector<std::thread> pool;
   const size_t extra = std::min<size_t>(std::max(threads, 1), jobs.size()) - (jobs.empty() ? 0 : 1);

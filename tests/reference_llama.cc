@@ -92,7 +92,9 @@ void ReferenceLlama::QuantizeLinearQ8_0() {
       for (int64_t b = 0; b < m.cols; b += 32) {
         const int64_t end = std::min(m.cols, b + 32);
         float amax = 0;
-        for (int64_t c = b; c < end; ++c) amax = std::max(amax, std::fabs(static_cast<float>(row[c])));
+        for (int64_t c = b; c < end; ++c) {
+          amax = std::max(amax, std::fabs(static_cast<float>(row[c])));
+        }
         const float d = amax / 127;
         const float id = d != 0 ? 1 / d : 0;
         const double stored = static_cast<double>(static_cast<_Float16>(d));

@@ -108,23 +108,20 @@ WeightFormat Q8PanelFormat(const WeightMatrix& w) {
 }
 
 int64_t Q8PanelBytes(const WeightMatrix& w) {
-  const int64_t block_bytes = Q8PanelFormat(w) == WeightFormat::kQ8_0
-                                  ? WeightMatrix::kQ8PanelBlockBytes
-                                  : WeightMatrix::kQ8AffinePanelBlockBytes;
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
-         block_bytes;
+         WeightMatrix::Q8PanelBlockSize(Q8PanelFormat(w));
 }
 
 void PackQ8Panels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kBlock = WeightMatrix::kQ8Block;
-  // Per block: the row's scale (f16 d; or two f32, s and o for affine, s0 and s1 for halves), then
-  // its q.
-  const bool affine = w.format == WeightFormat::kQ8Affine || w.format == WeightFormat::kQ8Halves;
-  const int64_t scale_bytes = affine ? 4 : 2;
-  const int64_t head_bytes = affine ? 8 : 2;
-  const int64_t from_bytes = affine ? WeightMatrix::kQ8AffineBlockBytes : WeightMatrix::kQ8BlockBytes;
-  const int64_t to_bytes =
-      affine ? WeightMatrix::kQ8AffinePanelBlockBytes : WeightMatrix::kQ8PanelBlockBytes;
+  // Per block: the row's scales (f16 d; or two f32, s and o for affine, s0 and s1 for halves),
+  // then its q. Dense rows are quantized to q8_0 blocks first.
+  const WeightFormat format = Q8PanelFormat(w);
+  const bool two_scales = format != WeightFormat::kQ8_0;
+  const int64_t scale_bytes = two_scales ? 4 : 2;  // one scale
+  const int64_t head_bytes = WeightMatrix::Q8DataBlockSize(format) - kBlock;
+  const int64_t from_bytes = WeightMatrix::Q8DataBlockSize(format);
+  const int64_t to_bytes = WeightMatrix::Q8PanelBlockSize(format);
   const int64_t blocks = w.Q8Blocks();
   CHECK(w.format == WeightFormat::kDense || w.cols % kBlock == 0) << "q8 rows of " << w.cols;
   uint8_t* panels = static_cast<uint8_t*>(out);
@@ -145,9 +142,9 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
     for (int64_t b = 0; b < blocks; ++b) {
       const uint8_t* from = src + b * from_bytes;
       uint8_t* block = panel + b * to_bytes;
-      std::memcpy(block + scale_bytes * l, from, scale_bytes);  // d or s
-      if (affine) std::memcpy(block + 4 * kGroup + 4 * l, from + 4, 4);  // o or s1
-      uint8_t* lines = block + scale_bytes * kGroup * (affine ? 2 : 1);
+      std::memcpy(block + scale_bytes * l, from, scale_bytes);  // d, s or s0
+      if (two_scales) std::memcpy(block + 4 * kGroup + 4 * l, from + 4, 4);  // o or s1
+      uint8_t* lines = block + WeightMatrix::Q8LinesAt(format);
       for (int64_t c = 0; c < kBlock; ++c) {
         lines[c / 2 * 2 * kGroup + 2 * l + c % 2] = from[head_bytes + c];
       }

@@ -16,6 +16,12 @@ constexpr int64_t kBlock = WeightMatrix::kQ8Block;
 // the panels stream by (as the bf16 panel kernel's converted rows).
 constexpr int64_t kActBlockBytes = 128 * 1024;
 
+// Bytes of one quantized activation row as the passes read it: its int16 values, its scale and
+// its block sums.
+int64_t RowBytes(int64_t cols) {
+  return Q8PaddedCols(cols) * 2 + 4 + Q8PaddedCols(cols) / kBlock * 4;
+}
+
 }  // namespace
 
 void QuantizeBlockQ8_0(const float* x, uint8_t* block) {
@@ -116,12 +122,6 @@ void QuantizeActivationsQ8(const float* x, int64_t n, int64_t ldx, int64_t k, in
       block_sums[i * (kp / kBlock) + b] = static_cast<float>(sum);
     }
   }
-}
-
-// Bytes of one quantized activation row as the passes read it: its int16 values, its scale and
-// its block sums.
-int64_t RowBytes(int64_t cols) {
-  return Q8PaddedCols(cols) * 2 + 4 + Q8PaddedCols(cols) / kBlock * 4;
 }
 
 int64_t Q8ActivationBlockRows(int64_t cols) {

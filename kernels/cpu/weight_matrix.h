@@ -43,24 +43,32 @@ struct WeightMatrix {
   WeightFormat panel_format = WeightFormat::kDense;  // of `panels`
 
   static constexpr int64_t kPanelRows = 16;
-  // q8_0: elements per block, bytes per row-major block (f16 d, 32 int8 q), and bytes per block
-  // of a panel (the 16 rows' f16 scales, then 16 lines of 16 rows x 2 int8).
-  // q8 affine: bytes per row-major block (f32 s, f32 o, 32 int8 q) and per block of a panel (the
-  // 16 rows' s, their o, then the 16 lines).
+  // The q8 blocks: 32 values of a row. Row-major, a block is its scales then its 32 int8 q; in a
+  // panel, the 16 rows' scales then 16 lines of 16 rows x 2 int8. The scales: an f16 d (q8_0), or
+  // two f32 (q8 affine: s and o; q8 halves: s0 and s1), so the two-f32 formats share sizes.
   static constexpr int64_t kQ8Block = 32;
-  static constexpr int64_t kQ8BlockBytes = 34;
+  static constexpr int64_t kQ8BlockBytes = 34;  // q8_0
   static constexpr int64_t kQ8PanelBlockBytes = kPanelRows * 2 + kPanelRows * kQ8Block;
-  static constexpr int64_t kQ8AffineBlockBytes = 8 + kQ8Block;
+  static constexpr int64_t kQ8AffineBlockBytes = 8 + kQ8Block;  // q8 affine and q8 halves
   static constexpr int64_t kQ8AffinePanelBlockBytes = kPanelRows * 8 + kPanelRows * kQ8Block;
 
-  // Both two-f32 block formats (affine, halves) take the same bytes.
   static bool IsQ8(WeightFormat f) { return f != WeightFormat::kDense; }
+  // A q8 format's row-major block bytes, panel block bytes, and where a panel block's lines
+  // start (past the 16 rows' scales).
+  static constexpr int64_t Q8DataBlockSize(WeightFormat f) {
+    return f == WeightFormat::kQ8_0 ? kQ8BlockBytes : kQ8AffineBlockBytes;
+  }
+  static constexpr int64_t Q8PanelBlockSize(WeightFormat f) {
+    return f == WeightFormat::kQ8_0 ? kQ8PanelBlockBytes : kQ8AffinePanelBlockBytes;
+  }
+  static constexpr int64_t Q8LinesAt(WeightFormat f) {
+    return Q8PanelBlockSize(f) - kPanelRows * kQ8Block;
+  }
   int64_t Q8Blocks() const { return (cols + kQ8Block - 1) / kQ8Block; }
   // One panel: elements of 16 rows x cols (bf16: cols rounded up to a pair); bytes for the q8
   // formats.
   int64_t PanelStride() const {
-    if (panel_format == WeightFormat::kQ8_0) return Q8Blocks() * kQ8PanelBlockBytes;
-    if (IsQ8(panel_format)) return Q8Blocks() * kQ8AffinePanelBlockBytes;
+    if (IsQ8(panel_format)) return Q8Blocks() * Q8PanelBlockSize(panel_format);
     return (dtype == DType::kBF16 ? (cols + 1) / 2 * 2 : cols) * kPanelRows;
   }
   const char* PanelPtr(int64_t p) const {
@@ -70,8 +78,7 @@ struct WeightMatrix {
 
   // Bytes of `n` elements of a row as `data` stores them (q8 formats: n a multiple of kQ8Block).
   int64_t DataBytes(int64_t n) const {
-    if (format == WeightFormat::kQ8_0) return n / kQ8Block * kQ8BlockBytes;
-    if (IsQ8(format)) return n / kQ8Block * kQ8AffineBlockBytes;
+    if (IsQ8(format)) return n / kQ8Block * Q8DataBlockSize(format);
     return n * static_cast<int64_t>(DTypeSize(dtype));
   }
   const char* RowPtr(int64_t r) const {
