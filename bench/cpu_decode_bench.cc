@@ -164,7 +164,7 @@ bool ParseDType(absl::string_view name, DType* out) {
 // matrix.
 int64_t WeightBytesPerStep(const LlamaWeights& w, bool quantized) {
   auto bytes = [&](const WeightMatrix& m) {
-    return quantized || WeightMatrix::IsQ8(m.format) ? Q8PanelBytes(m) : m.bytes();
+    return quantized || WeightMatrix::IsQuantized(m.format) ? BlockPanelBytes(m) : m.bytes();
   };
   int64_t total = bytes(w.lm_head);
   for (const LayerWeights& l : w.layers) {

@@ -6,6 +6,7 @@
 
 #include "common/dtype.h"
 #include "common/logging.h"
+#include "kernels/cpu/q4_k.h"
 #include "kernels/cpu/q8_0.h"
 
 namespace kvrm {
@@ -28,17 +29,6 @@ const uint8_t* U8(const std::byte* p) { return reinterpret_cast<const uint8_t*>(
 uint8_t* U8(std::byte* p) { return reinterpret_cast<uint8_t*>(p); }
 
 int NearestInt(float f) { return static_cast<int>(std::lrintf(f)); }
-
-// The 6-bit scale and min of K-quant sub-block j (0..7) from the 12 packed bytes.
-void GetScaleMinK4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
-  if (j < 4) {
-    *d = q[j] & 63;
-    *m = q[j + 4] & 63;
-  } else {
-    *d = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
-    *m = (q[j + 4] >> 4) | ((q[j - 0] >> 6) << 4);
-  }
-}
 
 // The inverse: packs 8 scales and mins (each < 64) into 12 bytes.
 void PackScaleMinK4(const uint8_t* ls, const uint8_t* lm, uint8_t* q) {
@@ -87,8 +77,9 @@ void DequantQ5_0(const std::byte* b, float* y) {
 // [0, 31]. Writes the block's sub-blocks (1 for q4_1 / q5_1, 8 for the K types) to s, o and q
 // (32 each) and returns how many. ggml computes x * d + m (q4_1, q5_1) and d1 * q - m1 with d1 =
 // d * scale, m1 = dmin * min (the K types, 8 sub-blocks; each 64-element chunk is the low nibbles
-// of 32 bytes, then their high nibbles; q5_K adds a fifth bit from qh, the masks moving): every
-// s * q is exact in f32, so s * q + o in one rounding is ggml's value bit for bit.
+// of 32 bytes, then their high nibbles; q5_K adds a fifth bit from qh, the masks moving; q4_K is
+// the kernels' DecodeBlockQ4K): every s * q is exact in f32, so s * q + o in one rounding is
+// ggml's value bit for bit.
 int DecodeAffine(GgmlType type, const std::byte* b, float* s, float* o, uint8_t* q) {
   if (type == GgmlType::kQ4_1 || type == GgmlType::kQ5_1) {
     const bool five = type == GgmlType::kQ5_1;
@@ -105,24 +96,27 @@ int DecodeAffine(GgmlType type, const std::byte* b, float* s, float* o, uint8_t*
     }
     return 1;
   }
-  CHECK(type == GgmlType::kQ4_K || type == GgmlType::kQ5_K);
-  const bool five = type == GgmlType::kQ5_K;
+  if (type == GgmlType::kQ4_K) {
+    DecodeBlockQ4K(U8(b), s, o, q);  // kernels/cpu/q4_k.h
+    return 8;
+  }
+  CHECK(type == GgmlType::kQ5_K);
   const float d = LoadHalf(b), min = LoadHalf(b + 2);
   const uint8_t* scales = U8(b + 4);
-  const uint8_t* qh = five ? U8(b + 16) : nullptr;
-  const uint8_t* qs = U8(b + (five ? 48 : 16));
+  const uint8_t* qh = U8(b + 16);
+  const uint8_t* qs = U8(b + 48);
   uint8_t u1 = 1, u2 = 2;
   for (int is = 0; is < 8; is += 2) {
     uint8_t sc, m;
-    GetScaleMinK4(is + 0, scales, &sc, &m);
+    Q4KScaleMin(is + 0, scales, &sc, &m);
     s[is] = d * sc;
     o[is] = -(min * m);
-    GetScaleMinK4(is + 1, scales, &sc, &m);
+    Q4KScaleMin(is + 1, scales, &sc, &m);
     s[is + 1] = d * sc;
     o[is + 1] = -(min * m);
     for (int l = 0; l < 32; ++l) {
-      q[is * 32 + l] = (qs[l] & 0xF) + (five && (qh[l] & u1) ? 16 : 0);
-      q[is * 32 + 32 + l] = (qs[l] >> 4) + (five && (qh[l] & u2) ? 16 : 0);
+      q[is * 32 + l] = (qs[l] & 0xF) + (qh[l] & u1 ? 16 : 0);
+      q[is * 32 + 32 + l] = (qs[l] >> 4) + (qh[l] & u2 ? 16 : 0);
     }
     qs += 32;
     u1 <<= 2;

@@ -8,20 +8,55 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "common/status_macros.h"
+#include "model/gguf_quants.h"
 
 namespace kvrm {
 namespace {
 
-// Columns [begin, begin + count) of `w`, copied dense into memory owned by `out` (q8_0: whole
-// blocks, so begin and count must be multiples of 32).
+// Columns [begin, begin + count) of a q4_K matrix as q8 affine blocks of exactly their values
+// (a share that splits a 256-column super-block; begin and count multiples of 32), into memory
+// owned by `out`.
+WeightMatrix CopyQ4KColumnsAsAffine(const WeightMatrix& w, int64_t begin, int64_t count,
+                                    RankWeights* out) {
+  constexpr int64_t kSub = WeightMatrix::kQ8Block, kSuper = WeightMatrix::kQ4KBlock;
+  const int64_t first = begin / kSuper, last = (begin + count + kSuper - 1) / kSuper;
+  const int64_t row_bytes = count / kSub * WeightMatrix::kQ8AffineBlockBytes;
+  auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);
+  // The super-blocks the share touches, converted whole; the share's sub-blocks copied out.
+  std::vector<std::byte> converted((last - first) * kSuper / kSub *
+                                   WeightMatrix::kQ8AffineBlockBytes);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const auto* row = reinterpret_cast<const std::byte*>(w.RowPtr(r));
+    CHECK(ToQ8AffineExactly(GgmlType::kQ4_K, row + first * WeightMatrix::kQ4KBlockBytes,
+                            (last - first) * kSuper, converted.data()));
+    std::memcpy(memory.get() + r * row_bytes,
+                converted.data() + (begin - first * kSuper) / kSub *
+                                       WeightMatrix::kQ8AffineBlockBytes,
+                row_bytes);
+  }
+  WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count, nullptr,
+                     WeightFormat::kQ8Affine};
+  out->owned_bytes += w.rows * row_bytes;
+  out->owned.push_back(std::move(memory));
+  return shard;
+}
+
+// Columns [begin, begin + count) of `w`, copied into memory owned by `out` (block formats: whole
+// blocks, so begin and count must be multiples of 32; a q4_K share that splits a 256-column
+// super-block becomes q8 affine blocks).
 absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name, int64_t begin,
                                          int64_t count, RankWeights* out) {
-  if (WeightMatrix::IsQ8(w.format) &&
+  if (WeightMatrix::IsQuantized(w.format) &&
       (begin % WeightMatrix::kQ8Block != 0 || count % WeightMatrix::kQ8Block != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "tensor parallelism ", out->size, " splits the q8 matrix ", name, " at input column ",
-        begin, " (", count, " a rank), not at a 32-column block"));
+        "tensor parallelism ", out->size, " splits the quantized matrix ", name,
+        " at input column ", begin, " (", count, " a rank), not at a 32-column block"));
+  }
+  const int64_t super = WeightMatrix::kQ4KBlock;
+  if (w.format == WeightFormat::kQ4K && (begin % super != 0 || count % super != 0)) {
+    return CopyQ4KColumnsAsAffine(w, begin, count, out);
   }
   const int64_t row_bytes = w.DataBytes(count);
   auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);
@@ -89,8 +124,8 @@ void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quan
   std::vector<Job> jobs;
   auto want = [&](WeightMatrix& w) {
     if (w.panels != nullptr) return;
-    if (WeightMatrix::IsQ8(w.format) || quantize_q8_0) {
-      jobs.push_back({&w, Q8PanelFormat(w)});
+    if (WeightMatrix::IsQuantized(w.format) || quantize_q8_0) {
+      jobs.push_back({&w, BlockPanelFormat(w)});
     } else if (dense_panels && MatMulReadsPanels(isa, w.dtype)) {
       jobs.push_back({&w, WeightFormat::kDense});
     }

@@ -43,15 +43,18 @@ struct RankWeights {
 };
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`, or when a
-// rank's share of a row-parallel q8_0 matrix's inputs is not whole 32-column blocks.
+// rank's share of a row-parallel block-format matrix's inputs is not whole 32-column blocks. A
+// q4_K share that is, but splits a 256-column super-block, is copied as q8 affine blocks of
+// exactly its values.
 absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);
 
 // Gives the rank's linear weights (Q, K, V, O, gate, up, down, lm_head) their panel copies
 // (WeightMatrix::panels), in memory `weights` owns:
-// - q8_0 panels (kernels/cpu/q8_0.h) to every q8_0 matrix, and to every dense one when
-//   `quantize_q8_0` (each row's 32-column blocks quantized: --quantization=q8_0);
+// - block panels (kernels/cpu/q8_0.h, q4_k.h) to every block-format matrix, and q8_0 panels to
+//   every dense one when `quantize_q8_0` (each row's 32-column blocks quantized:
+//   --quantization=q8_0);
 // - else, when `dense_panels`, dtype panels to those whose panels `isa`'s matmul reads
 //   (MatMulReadsPanels).
 // The row-major views stay: the embedding, the norms and the other kernel paths read them. The

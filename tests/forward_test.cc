@@ -42,6 +42,8 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
+#include "runtime/tp_shard.h"
+#include "model/gguf_quants.h"
 #include "tests/reference_llama.h"
 #include "tools/modelgen/model_writer.h"
 
@@ -881,6 +883,196 @@ TEST(SmallModelTensorParallelTest, TwoRanksQ8MatchOneRank) {
   }
   stats.Print("small q8_0 tp=2 vs tp=1");
 }
+
+// ---- q4_K weights (a GGUF file's q4_K matrices, multiplied as they are) -------------------------
+
+// The small model's first layer (whole 256-value super-blocks in every linear weight's rows, which
+// q4_K needs; the tiny model's 128 are not) with every linear weight quantized to q4_K by the
+// GGUF converter's quantizer, once. One layer, not twelve: an int8 step is 1/127 of a block's
+// magnitude, so once f32 against double flips one input's rounding, the next products' inputs
+// differ by whole steps and flip more; over two layers the comparison already measures that
+// cascade (1.2e-2 of the logit scale, about half the input rounding's own effect) rather than the
+// kernels. The kernels themselves are held to float64 on single products in
+// //kernels/cpu:q4_k_test.
+constexpr int32_t kQ4KLayers = 1;
+struct SmallQ4K {
+  LlamaConfig config;
+  std::vector<std::vector<std::byte>> blocks;
+  LlamaWeights weights;
+  std::map<std::string, const WeightMatrix*> by_name;  // HF tensor name -> matrix
+};
+
+const SmallQ4K& GetSmallQ4K() {
+  static const SmallQ4K* model = [] {
+    auto* m = new SmallQ4K;
+    m->config = GetSmall().config;
+    m->config.num_hidden_layers = kQ4KLayers;
+    m->weights = GetSmall().weights;
+    m->weights.layers.resize(kQ4KLayers);
+    auto quantize = [&](const std::string& name, WeightMatrix& w) {
+      const int64_t row_bytes = w.cols / WeightMatrix::kQ4KBlock * WeightMatrix::kQ4KBlockBytes;
+      std::vector<std::byte>& out = m->blocks.emplace_back(w.rows * row_bytes);
+      std::vector<float> row(w.cols);
+      for (int64_t r = 0; r < w.rows; ++r) {
+        WeightRowToFloat(w, r, row.data());
+        QuantizeRow(GgmlType::kQ4_K, row.data(), w.cols, out.data() + r * row_bytes);
+      }
+      w = WeightMatrix{w.dtype, out.data(), w.rows, w.cols, w.cols, nullptr, WeightFormat::kQ4K};
+      m->by_name[name] = &w;
+    };
+    quantize("lm_head.weight", m->weights.lm_head);
+    for (size_t i = 0; i < m->weights.layers.size(); ++i) {
+      LayerWeights& l = m->weights.layers[i];
+      const std::string p = absl::StrCat("model.layers.", i, ".");
+      quantize(p + "self_attn.q_proj.weight", l.wq);
+      quantize(p + "self_attn.k_proj.weight", l.wk);
+      quantize(p + "self_attn.v_proj.weight", l.wv);
+      quantize(p + "self_attn.o_proj.weight", l.wo);
+      quantize(p + "mlp.gate_proj.weight", l.w_gate);
+      quantize(p + "mlp.up_proj.weight", l.w_up);
+      quantize(p + "mlp.down_proj.weight", l.w_down);
+    }
+    return m;
+  }();
+  return *model;
+}
+
+// A prompt and the tokens decoded after it, and the float64 reference's logits after each: the
+// small model's reference with the q4_K matrices' values (read through WeightRowToFloat, whose
+// q4_K decoding //kernels/cpu:q4_k_test checks against ggml's layout) and every linear input
+// rounded to int8 steps per 32 values, as the q4_K products take them. Computed once.
+constexpr int kQ4KPrompt = 20, kQ4KDecode = 6;
+struct Q4KReference {
+  std::vector<int32_t> tokens;
+  std::vector<std::vector<double>> logits;
+  std::vector<std::vector<double>> unrounded;  // the same without the input rounding
+};
+
+const Q4KReference& GetQ4KReference() {
+  static const Q4KReference* ref = [] {
+    const ModelBundle& small = GetSmall();
+    const SmallQ4K& q4k = GetSmallQ4K();
+    auto model = ReferenceLlama::Create(q4k.config, *small.files);
+    CHECK_OK(model.status());
+    (*model)->ReplaceLinearWeights(
+        [&](const std::string& name, int64_t rows, int64_t cols, double* data) {
+          const WeightMatrix* w = q4k.by_name.at(name);
+          CHECK(w->rows == rows && w->cols == cols) << name;
+          std::vector<float> row(cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            WeightRowToFloat(*w, r, row.data());
+            for (int64_t c = 0; c < cols; ++c) data[r * cols + c] = row[c];
+          }
+        });
+    (*model)->set_int8_block_linear_inputs(true);
+    auto* out = new Q4KReference;
+    std::mt19937 rng(404);
+    out->tokens = RandomTokens(&rng, kQ4KPrompt + kQ4KDecode, small.config.vocab_size);
+    out->logits = (*model)->Forward(out->tokens);
+    (*model)->set_int8_block_linear_inputs(false);
+    out->unrounded = (*model)->Forward(out->tokens);
+    return out;
+  }();
+  return *ref;
+}
+
+// The q4_K matrices multiplied as q4_K (kernels/cpu/q4_k.h) through a whole forward pass, prefill
+// in chunks then decode, against the float64 reference over the same values and input rounding.
+// The kernels sum each sub-block exactly in int32, so what is left is f32 against double plus an
+// input near an int8 rounding boundary rounding the other way (one step, 1/127 of its block's
+// largest magnitude). Measured on every path (the same bits on each): max |diff| / max(1,
+// max |ref|) 3.5e-3, held to kQ4KRelTol; against the reference without the input rounding 2.3e-2,
+// so the kernels round as the reference does (asserted: at most half of that). Two ranks: O's
+// inputs split at 384 (not a 256-value super-block: that share runs as q8 affine blocks of the
+// same values, its inputs rounded to int16 steps of the share instead of int8 steps per 32) and
+// down's at 1024 (q4_K): 2.1e-2 against either reference, held to kQ4KSplitRelTol.
+constexpr double kQ4KRelTol = 1e-2, kQ4KSplitRelTol = 5e-2;
+
+class Q4KForwardTest : public testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override { SetActiveCpuIsa(GetParam()); }
+};
+
+TEST_P(Q4KForwardTest, SmallModelMatchesReferenceOverTheSameValues) {
+  const Q4KReference& ref = GetQ4KReference();
+  const LlamaConfig& config = GetSmallQ4K().config;
+  for (int32_t tp : {1, 2}) {
+    CpuBackendOptions options;
+    options.kv_blocks = 4;
+    options.kv_block_tokens = 16;
+    options.max_slots = 1;
+    options.max_chunk_tokens = 8;
+    options.max_context = 64;
+    options.num_threads = 2;
+    options.tensor_parallel = tp;
+    auto backend = CpuBackend::Create(config, &GetSmallQ4K().weights, options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    EXPECT_EQ((*backend)->weight_quantization(), tp == 1 ? "q4_K" : "q4_K+q8_affine");
+    const int32_t vocab = config.vocab_size;
+    std::vector<float> logits(vocab);
+    ErrorStats stats, unrounded;
+    stats.rel_tol = tp == 1 ? kQ4KRelTol : kQ4KSplitRelTol;
+    unrounded.rel_tol = kQ4KSplitRelTol;
+    auto check = [&](int last, const std::string& where) {
+      ExpectLogitsClose(logits.data(), ref.logits[last], where, &stats);
+      ExpectLogitsClose(logits.data(), ref.unrounded[last], where, &unrounded);
+    };
+    const KvRun run{0, 4};
+    for (int start = 0; start < kQ4KPrompt; start += 8) {
+      const int n = std::min(8, kQ4KPrompt - start);
+      PrefillChunk pc{0, start, absl::MakeConstSpan(ref.tokens).subspan(start, n), &run, 1};
+      ASSERT_TRUE((*backend)->Prefill(pc, logits.data()).ok());
+      check(start + n - 1, absl::StrCat("tp=", tp, " prefill to ", start + n));
+    }
+    StepDescriptor step;
+    step.Resize(1, 1);
+    step.active[0] = 1;
+    step.num_runs[0] = 1;
+    step.SlotRuns(0)[0] = run;
+    for (int pos = kQ4KPrompt; pos < kQ4KPrompt + kQ4KDecode; ++pos) {
+      step.position[0] = pos;
+      step.token[0] = ref.tokens[pos];
+      ASSERT_TRUE((*backend)->Decode(step, logits.data()).ok());
+      check(pos, absl::StrCat("tp=", tp, " decode at ", pos));
+    }
+    const std::string name = absl::StrCat("tp=", tp, " ", std::string(CpuIsaName(GetParam())));
+    stats.Print("small q4_K " + name);
+    unrounded.Print("small q4_K against unrounded inputs " + name);
+    if (tp == 1) EXPECT_LT(stats.max_scaled, 0.5 * unrounded.max_scaled);
+  }
+}
+
+// A rank's share of a row-parallel q4_K matrix: whole super-blocks stay q4_K (down's 1024
+// inputs a rank), a share that splits one becomes q8 affine blocks of exactly its values (O's
+// 384); either way the rank reads exactly the columns it owns.
+TEST(Q4KShardTest, RowParallelSharesHoldTheirColumnsExactly) {
+  const SmallQ4K& q4k = GetSmallQ4K();
+  const LayerWeights& whole = q4k.weights.layers[0];
+  for (int32_t rank : {0, 1}) {
+    absl::StatusOr<RankWeights> shard = ShardLlamaWeights(q4k.config, q4k.weights, rank, 2);
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    const LayerWeights& l = shard->layers[0];
+    EXPECT_EQ(l.wo.format, WeightFormat::kQ8Affine);
+    EXPECT_EQ(l.w_down.format, WeightFormat::kQ4K);
+    EXPECT_EQ(l.wq.format, WeightFormat::kQ4K);  // column-parallel: a row slice
+    for (const auto& [part, full] : {std::pair{&l.wo, &whole.wo}, {&l.w_down, &whole.w_down}}) {
+      ASSERT_EQ(part->cols * 2, full->cols);
+      std::vector<float> got(part->cols), want(full->cols);
+      for (int64_t r = 0; r < full->rows; r += 37) {
+        WeightRowToFloat(*part, r, got.data());
+        WeightRowToFloat(*full, r, want.data());
+        for (int64_t c = 0; c < part->cols; ++c) {
+          ASSERT_EQ(got[c], want[rank * part->cols + c]) << "rank " << rank << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Q4KForwardTest, testing::ValuesIn(AvailableCpuIsas()),
+                         [](const testing::TestParamInfo<CpuIsa>& info) {
+                           return std::string(CpuIsaName(info.param));
+                         });
 
 }  // namespace
 }  // namespace kvrm

@@ -111,6 +111,21 @@ void ReferenceLlama::QuantizeLinearQ8_0() {
   q8_0_linear_ = true;
 }
 
+void ReferenceLlama::ReplaceLinearWeights(
+    const std::function<void(const std::string&, int64_t, int64_t, double*)>& fill) {
+  fill("lm_head.weight", lm_head_.rows, lm_head_.cols, lm_head_.data.data());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Layer& l = layers_[i];
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    for (const auto& [name, m] : {std::pair{"self_attn.q_proj", &l.q}, {"self_attn.k_proj", &l.k},
+                                  {"self_attn.v_proj", &l.v}, {"self_attn.o_proj", &l.o},
+                                  {"mlp.gate_proj", &l.gate}, {"mlp.up_proj", &l.up},
+                                  {"mlp.down_proj", &l.down}}) {
+      fill(absl::StrCat(p, name, ".weight"), m->rows, m->cols, m->data.data());
+    }
+  }
+}
+
 std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<double>& x_in) const {
   std::vector<double> rounded;
   if (bf16_linear_inputs_) {
@@ -130,7 +145,22 @@ std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<do
       }
     }
   }
-  const std::vector<double>& x = bf16_linear_inputs_ || q8_0_linear_ ? rounded : x_in;
+  if (int8_block_linear_inputs_) {
+    rounded.assign(x_in.size(), 0.0);
+    for (size_t b = 0; b < x_in.size(); b += 32) {
+      const size_t end = std::min(x_in.size(), b + 32);
+      float amax = 0;
+      for (size_t i = b; i < end; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x_in[i])));
+      if (amax == 0) continue;
+      const float inv = 127.0f / amax;
+      const double step = amax / 127.0f;
+      for (size_t i = b; i < end; ++i) {
+        rounded[i] = std::nearbyint(static_cast<float>(x_in[i]) * inv) * step;
+      }
+    }
+  }
+  const std::vector<double>& x =
+      bf16_linear_inputs_ || q8_0_linear_ || int8_block_linear_inputs_ ? rounded : x_in;
   std::vector<double> y(w.rows);
   for (int64_t r = 0; r < w.rows; ++r) {
     const double* row = w.Row(r);

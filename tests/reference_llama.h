@@ -12,6 +12,7 @@
 #define KVRM_TESTS_REFERENCE_LLAMA_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,16 @@ class ReferenceLlama {
   // is rounded to steps of s = amax / 32767 of its own largest magnitude (in float: round to
   // nearest even of x * (32767 / amax)). Irreversible: the weights are replaced.
   void QuantizeLinearQ8_0();
+  // Replaces every linear weight (Q, K, V, O, gate, up, down, lm_head; not the embedding lookup)
+  // with the values `fill` writes: fill(HF tensor name, rows, cols, data) over a row-major
+  // [rows][cols] of the current values (a test passes a quantized copy's values).
+  void ReplaceLinearWeights(
+      const std::function<void(const std::string&, int64_t, int64_t, double*)>& fill);
+  // Every linear layer's input rounded as the CPU backend's q4_K products take it
+  // (kernels/cpu/q4_k.h, written here from that definition): per block of 32 values, to steps
+  // of amax / 127 of the block's largest magnitude (in float: round to nearest even of
+  // x * (127 / amax)).
+  void set_int8_block_linear_inputs(bool on) { int8_block_linear_inputs_ = on; }
 
  private:
   // A dense row-major matrix [rows][cols] (HF nn.Linear layout: [out_features][in_features]).
@@ -95,6 +106,7 @@ class ReferenceLlama {
   std::vector<double> final_norm_;
   std::vector<Layer> layers_;
   bool q8_0_linear_ = false;
+  bool int8_block_linear_inputs_ = false;
   bool bf16_linear_inputs_ = false;
   bool bf16_kv_ = false;
 };

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "kernels/cpu/q4_k.h"
 #include "kernels/cpu/q8_0.h"
 
 namespace kvrm {
@@ -23,16 +24,16 @@ int64_t MatMulScratchFloats_avx512_bf16(int64_t cols);
 int64_t MatMulScratchFloats(int64_t cols) {
   // Enough for every path and format, so a caller may switch paths (tests and benchmarks do).
   return std::max({4 * cols + 16, MatMulScratchFloats_avx512_bf16(cols),
-                   (Q8ScratchBytes(cols) + 3) / 4});
+                   (Q8ScratchBytes(cols) + 3) / 4, (Q4KScratchBytes(cols) + 3) / 4});
 }
 
 void MatMulRows(CpuIsa isa, const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                 int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
-  if (WeightMatrix::IsQ8(w.panel_format)) {
+  if (WeightMatrix::IsQuantized(w.panel_format)) {
     CHECK(w.panels != nullptr && row_begin % WeightMatrix::kPanelRows == 0)
-        << "q8 panels from row " << row_begin;
+        << "block panels from row " << row_begin;
   } else {
-    CHECK(w.format == WeightFormat::kDense) << "a q8 matrix without its q8 panels";
+    CHECK(w.format == WeightFormat::kDense) << "a block-format matrix without its panels";
   }
   switch (isa) {
     case CpuIsa::kGeneric:
@@ -103,20 +104,25 @@ void PackPanels(const WeightMatrix& w, void* out) {
   }
 }
 
-WeightFormat Q8PanelFormat(const WeightMatrix& w) {
+WeightFormat BlockPanelFormat(const WeightMatrix& w) {
   return w.format == WeightFormat::kDense ? WeightFormat::kQ8_0 : w.format;
 }
 
 int64_t Q8PanelBytes(const WeightMatrix& w) {
+  CHECK(WeightMatrix::IsQ8(BlockPanelFormat(w))) << "q8 panels of a q4_K matrix";
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
-         WeightMatrix::Q8PanelBlockSize(Q8PanelFormat(w));
+         WeightMatrix::Q8PanelBlockSize(BlockPanelFormat(w));
+}
+
+int64_t BlockPanelBytes(const WeightMatrix& w) {
+  return w.format == WeightFormat::kQ4K ? Q4KPanelBytes(w) : Q8PanelBytes(w);
 }
 
 void PackQ8Panels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kBlock = WeightMatrix::kQ8Block;
   // Per block: the row's scales (f16 d; or two f32, s and o for affine, s0 and s1 for halves),
   // then its q. Dense rows are quantized to q8_0 blocks first.
-  const WeightFormat format = Q8PanelFormat(w);
+  const WeightFormat format = BlockPanelFormat(w);
   const bool two_scales = format != WeightFormat::kQ8_0;
   const int64_t scale_bytes = two_scales ? 4 : 2;  // one scale
   const int64_t head_bytes = WeightMatrix::Q8DataBlockSize(format) - kBlock;
@@ -153,12 +159,14 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
 }
 
 PanelCopy::PanelCopy(const WeightMatrix& w, WeightFormat format) {
-  const bool q8 = WeightMatrix::IsQ8(format);
-  CHECK(!q8 || format == Q8PanelFormat(w)) << "q8 panels of another format than the data's";
-  bytes_ = q8 ? Q8PanelBytes(w) : PanelBytes(w);
+  const bool blocks = WeightMatrix::IsQuantized(format);
+  CHECK(!blocks || format == BlockPanelFormat(w)) << "panels of another format than the data's";
+  bytes_ = blocks ? BlockPanelBytes(w) : PanelBytes(w);
   memory_.reset(new uint8_t[bytes_ + 64]);  // filled below
   data_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory_.get()) + 63) / 64 * 64);
-  if (q8) {
+  if (format == WeightFormat::kQ4K) {
+    PackQ4KPanels(w, data_);
+  } else if (blocks) {
     PackQ8Panels(w, data_);
   } else {
     PackPanels(w, data_);
@@ -175,6 +183,9 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   }
   if (w.format == WeightFormat::kQ8Halves) {
     return DequantizeRowQ8Halves(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+  }
+  if (w.format == WeightFormat::kQ4K) {
+    return DequantizeRowQ4K(reinterpret_cast<const uint8_t*>(row), w.cols, out);
   }
   switch (w.dtype) {
     case DType::kF32:

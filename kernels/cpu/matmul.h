@@ -60,16 +60,21 @@ inline bool MatMulReadsPanels(CpuIsa isa, DType dtype) {
 int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
 
-// The q8 panels of a matrix (kernels/cpu/q8_0.h), in Q8PanelFormat(w): the data's q8 format, or
-// q8_0 for dense data. Q8PanelBytes(w) bytes, written by PackQ8Panels into `out` (64-byte
-// aligned). From q8 data the blocks are copied as they are; dense data is quantized
-// (QuantizeBlockQ8_0, a last partial block zero-padded).
-WeightFormat Q8PanelFormat(const WeightMatrix& w);
+// The format of a matrix's block panels: the data's block format, or q8_0 for dense data (which
+// is quantized), and their bytes (Q8PanelBytes or Q4KPanelBytes).
+WeightFormat BlockPanelFormat(const WeightMatrix& w);
+int64_t BlockPanelBytes(const WeightMatrix& w);
+
+// The q8 panels of a matrix (kernels/cpu/q8_0.h), in BlockPanelFormat(w) (a q8 format):
+// Q8PanelBytes(w) bytes, written by PackQ8Panels into `out` (64-byte aligned). From q8 data the
+// blocks are copied as they are; dense data is quantized (QuantizeBlockQ8_0, a last partial
+// block zero-padded). q4_K data has its own panels (kernels/cpu/q4_k.h).
 int64_t Q8PanelBytes(const WeightMatrix& w);
 void PackQ8Panels(const WeightMatrix& w, void* out);
 
 // A matrix's panel copy in memory it owns (64-byte aligned), in `format`: PackPanels' for kDense,
-// PackQ8Panels' for a q8 format (which must be Q8PanelFormat(w)). Movable, the data stays put.
+// PackQ8Panels' or PackQ4KPanels' for a block format (which must be BlockPanelFormat(w)).
+// Movable, the data stays put.
 class PanelCopy {
  public:
   explicit PanelCopy(const WeightMatrix& w, WeightFormat format = WeightFormat::kDense);

@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "common/dtype.h"
+#include "kernels/cpu/q4_k.h"
 #include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
@@ -40,10 +41,14 @@ constexpr int kMaxActs = 2;
 
 #include "kernels/cpu/matmul_impl.inc"
 #include "kernels/cpu/matmul_q8_portable.inc"
+#include "kernels/cpu/matmul_q4k_portable.inc"
 }  // namespace matmul_avx2
 
 void MatMulRows_avx2(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                      int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
+  if (w.panel_format == WeightFormat::kQ4K) {
+    return matmul_avx2::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx2::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }

@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "common/dtype.h"
+#include "kernels/cpu/q4_k.h"
 #include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
@@ -97,6 +98,13 @@ inline __m512i Q8Dot(__m512i acc, __m512i w, __m512i x) {
 }
 #include "kernels/cpu/matmul_q8_avx512.inc"
 
+// q4_K panels: vpmaddubsw + vpmaddwd + vpaddd (AVX512BW).
+inline __m512i Q4Dot(__m512i acc, __m512i w, __m512i x) {
+  return _mm512_add_epi32(
+      acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+}
+#include "kernels/cpu/matmul_q4k_avx512.inc"
+
 // Rows [row_begin, row_end) from the f32 or f16 panels; row_begin starts a panel.
 template <typename Elem>
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
@@ -112,6 +120,9 @@ void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, 
 
 void MatMulRows_avx512(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                        int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
+  if (w.panel_format == WeightFormat::kQ4K) {
+    return matmul_avx512::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx512::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }

@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 
+#include "kernels/cpu/q4_k.h"
 #include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
@@ -182,6 +183,10 @@ inline __m512i Q8Dot(__m512i acc, __m512i w, __m512i x) {
 }
 #include "kernels/cpu/matmul_q8_avx512.inc"
 
+// q4_K panels: AVX512_VNNI's vpdpbusd.
+inline __m512i Q4Dot(__m512i acc, __m512i w, __m512i x) { return _mm512_dpbusd_epi32(acc, w, x); }
+#include "kernels/cpu/matmul_q4k_avx512.inc"
+
 // Rows [row_begin, row_end) from the panels; row_begin starts a panel.
 void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, int64_t row_begin,
                  int64_t row_end, float* y, int64_t ldy, uint16_t* xb) {
@@ -239,6 +244,9 @@ void MatMulRows(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, i
 void MatMulRows_avx512_bf16(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                             int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                             float* scratch) {
+  if (w.panel_format == WeightFormat::kQ4K) {
+    return matmul_avx512_bf16::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx512_bf16::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "common/dtype.h"
+#include "kernels/cpu/q4_k.h"
 #include "kernels/cpu/q8_0.h"
 #include "kernels/cpu/weight_matrix.h"
 
@@ -52,11 +53,15 @@ constexpr int kMaxActs = 2;
 
 #include "kernels/cpu/matmul_impl.inc"
 #include "kernels/cpu/matmul_q8_portable.inc"
+#include "kernels/cpu/matmul_q4k_portable.inc"
 }  // namespace matmul_generic
 
 void MatMulRows_generic(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                         int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                         float* scratch) {
+  if (w.panel_format == WeightFormat::kQ4K) {
+    return matmul_generic::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_generic::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }

@@ -15,6 +15,10 @@
 // row-major (a GGUF file's own bytes), and `panels` may hold it as q8_0 panels (panel_format):
 // a dense matrix quantized at load time, or a q8_0 one repacked. A matrix with q8_0 panels is
 // multiplied from them on every instruction-set path (no path reads q8_0 data row-major).
+//
+// q4_K (WeightFormat::kQ4K, kernels/cpu/q4_k.h): GGUF's 4-bit super-blocks of 256 input
+// features, kept as they are: `data` holds a file's own blocks, and `panels` the q4_K panels the
+// kernels read (4.6 bits a weight).
 #ifndef KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 #define KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 
@@ -30,6 +34,7 @@ enum class WeightFormat : uint8_t {
   kQ8Affine,  // q8 affine blocks: f32 s, f32 o, 32 int8 q, value s * q + o (kernels/cpu/q8_0.h)
   kQ8Halves,  // q8 blocks with a scale per half: f32 s0, f32 s1, 32 int8 q, value s0 * q (first
               // 16) or s1 * q (last 16) (kernels/cpu/q8_0.h)
+  kQ4K,       // ggml's q4_K super-blocks of 256 values (kernels/cpu/q4_k.h)
 };
 
 struct WeightMatrix {
@@ -52,33 +57,58 @@ struct WeightMatrix {
   static constexpr int64_t kQ8AffineBlockBytes = 8 + kQ8Block;  // q8 affine and q8 halves
   static constexpr int64_t kQ8AffinePanelBlockBytes = kPanelRows * 8 + kPanelRows * kQ8Block;
 
-  static bool IsQ8(WeightFormat f) { return f != WeightFormat::kDense; }
+  // q4_K: 256 values a super-block; row-major ggml's block_q4_K (f16 d, f16 dmin, 12 bytes of
+  // 6-bit scales and mins, 128 bytes of nibbles); a panel's layout is in kernels/cpu/q4_k.h.
+  static constexpr int64_t kQ4KBlock = 256;
+  static constexpr int64_t kQ4KBlockBytes = 144;
+  static constexpr int64_t kQ4KPanelBlockBytes = kPanelRows * 4 + kPanelRows * 16 +
+                                                 kPanelRows * kQ4KBlock / 2;
+
+  // Block formats (the rest are `dtype` elements).
+  static bool IsQuantized(WeightFormat f) { return f != WeightFormat::kDense; }
+  // The 8-bit block formats (32 values a block).
+  static bool IsQ8(WeightFormat f) { return IsQuantized(f) && f != WeightFormat::kQ4K; }
+  // A block format's values a block, row-major block bytes and panel block bytes (16 rows).
+  static constexpr int64_t BlockCols(WeightFormat f) {
+    return f == WeightFormat::kQ4K ? kQ4KBlock : kQ8Block;
+  }
+  static constexpr int64_t DataBlockSize(WeightFormat f) {
+    return f == WeightFormat::kQ8_0  ? kQ8BlockBytes
+           : f == WeightFormat::kQ4K ? kQ4KBlockBytes
+                                     : kQ8AffineBlockBytes;
+  }
+  static constexpr int64_t PanelBlockSize(WeightFormat f) {
+    return f == WeightFormat::kQ8_0  ? kQ8PanelBlockBytes
+           : f == WeightFormat::kQ4K ? kQ4KPanelBlockBytes
+                                     : kQ8AffinePanelBlockBytes;
+  }
   // A q8 format's row-major block bytes, panel block bytes, and where a panel block's lines
   // start (past the 16 rows' scales).
-  static constexpr int64_t Q8DataBlockSize(WeightFormat f) {
-    return f == WeightFormat::kQ8_0 ? kQ8BlockBytes : kQ8AffineBlockBytes;
-  }
-  static constexpr int64_t Q8PanelBlockSize(WeightFormat f) {
-    return f == WeightFormat::kQ8_0 ? kQ8PanelBlockBytes : kQ8AffinePanelBlockBytes;
-  }
+  static constexpr int64_t Q8DataBlockSize(WeightFormat f) { return DataBlockSize(f); }
+  static constexpr int64_t Q8PanelBlockSize(WeightFormat f) { return PanelBlockSize(f); }
   static constexpr int64_t Q8LinesAt(WeightFormat f) {
     return Q8PanelBlockSize(f) - kPanelRows * kQ8Block;
   }
   int64_t Q8Blocks() const { return (cols + kQ8Block - 1) / kQ8Block; }
-  // One panel: elements of 16 rows x cols (bf16: cols rounded up to a pair); bytes for the q8
+  // Blocks of a panel row in `panel_format` (32 or 256 columns each, the last zero-padded).
+  int64_t PanelBlocks() const {
+    return (cols + BlockCols(panel_format) - 1) / BlockCols(panel_format);
+  }
+  // One panel: elements of 16 rows x cols (bf16: cols rounded up to a pair); bytes for the block
   // formats.
   int64_t PanelStride() const {
-    if (IsQ8(panel_format)) return Q8Blocks() * Q8PanelBlockSize(panel_format);
+    if (IsQuantized(panel_format)) return PanelBlocks() * PanelBlockSize(panel_format);
     return (dtype == DType::kBF16 ? (cols + 1) / 2 * 2 : cols) * kPanelRows;
   }
   const char* PanelPtr(int64_t p) const {
-    const int64_t unit = IsQ8(panel_format) ? 1 : static_cast<int64_t>(DTypeSize(dtype));
+    const int64_t unit = IsQuantized(panel_format) ? 1 : static_cast<int64_t>(DTypeSize(dtype));
     return static_cast<const char*>(panels) + p * PanelStride() * unit;
   }
 
-  // Bytes of `n` elements of a row as `data` stores them (q8 formats: n a multiple of kQ8Block).
+  // Bytes of `n` elements of a row as `data` stores them (block formats: n a multiple of
+  // BlockCols(format)).
   int64_t DataBytes(int64_t n) const {
-    if (IsQ8(format)) return n / kQ8Block * Q8DataBlockSize(format);
+    if (IsQuantized(format)) return n / BlockCols(format) * DataBlockSize(format);
     return n * static_cast<int64_t>(DTypeSize(dtype));
   }
   const char* RowPtr(int64_t r) const {

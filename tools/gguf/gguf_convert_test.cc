@@ -557,6 +557,11 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
     EXPECT_EQ(got.dtype, options.dequantized) << m.name;
     const bool rope = std::string(m.name).find("attn_q") != std::string::npos ||
                       std::string(m.name).find("attn_k") != std::string::npos;
+    // q8_0 and q4_K matrices whose rows keep their order are the file's own bytes.
+    if ((types[i] == GgmlType::kQ8_0 || types[i] == GgmlType::kQ4_K) &&
+        got.format != WeightFormat::kDense && !rope) {
+      EXPECT_EQ(got.data, (*g)->file->FindTensor(m.name)->data) << m.name;
+    }
     const GgmlTypeTraits& t = GgmlTraits(types[i]);
     const size_t row_bytes = m.cols / t.block_elems * t.block_bytes;
     std::vector<float> want(m.cols), row(m.cols);
@@ -573,12 +578,12 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
   return formats;
 }
 
-// Every quantized type loads as its exact 8-bit form with as_q8 (the default): q8_0, q4_0 and
-// q5_0 as q8_0 blocks, q4_1, q4_K and q5_K as q8 affine blocks, q6_K as q8 halves blocks, each
-// matrix reading back as ggml's dequantization bit for bit (attn_q / attn_k reordered); with
+// Every quantized type loads as its exact block form with as_q8 (the default): q4_K as it is,
+// q8_0, q4_0 and q5_0 as q8_0 blocks, q4_1 and q5_K as q8 affine blocks, q6_K as q8 halves blocks,
+// each matrix reading back as ggml's dequantization bit for bit (attn_q / attn_k reordered); with
 // as_q8 off every matrix becomes `dequantized` (f32: exactly; bf16: rounded). Two files: the
 // K-quants need 256-value rows, which the one-layer model has everywhere.
-TEST(GgufModelTest, QuantizedMatricesLoadAsTheirExact8BitForms) {
+TEST(GgufModelTest, QuantizedMatricesLoadAsTheirExactBlockForms) {
   const std::vector<GgmlType> kquants = {GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
                                          GgmlType::kQ6_K, GgmlType::kQ4_K, GgmlType::kQ5_K,
                                          GgmlType::kQ4_K, GgmlType::kQ6_K};
@@ -589,8 +594,9 @@ TEST(GgufModelTest, QuantizedMatricesLoadAsTheirExact8BitForms) {
     switch (t) {
       case GgmlType::kQ6_K:
         return WeightFormat::kQ8Halves;
-      case GgmlType::kQ4_1:
       case GgmlType::kQ4_K:
+        return WeightFormat::kQ4K;
+      case GgmlType::kQ4_1:
       case GgmlType::kQ5_K:
         return WeightFormat::kQ8Affine;
       default:

@@ -1,0 +1,66 @@
+// q4_K weights on the CPU: GGUF's 4-bit super-block format (ggml's block_q4_K), multiplied as it
+// is, and what the kernels need around it.
+//
+// A super-block is 256 consecutive input features of one output row, in 8 sub-blocks of 32: an
+// f16 d and an f16 dmin, 6-bit scale sc[j] and min m[j] per sub-block (12 bytes), and 4-bit q
+// (128 bytes); value d * sc[j] * q - dmin * m[j] (144 bytes: 4.5 bits a weight against bf16's 16
+// and the q8 affine form's 10, so a decode step, which reads every weight once, reads under a
+// third of bf16's bytes).
+//
+// Panels (WeightMatrix::panels, panel_format kQ4K): per group of 16 output rows, per
+// super-block, WeightMatrix::kQ4KPanelBlockBytes = 2368 bytes:
+//   [0, 32)      the 16 rows' d (f16)
+//   [32, 64)     the 16 rows' dmin (f16)
+//   [64, 192)    sc: sub-block j's 16 rows at 64 + 16 j (u8)
+//   [192, 320)   m:  sub-block j's 16 rows at 192 + 16 j (u8)
+//   [320, 2368)  the nibbles: sub-block j's 4 lines of 64 bytes at 320 + 256 j; byte 4 l + e of
+//                line t holds q[row l][32 j + 8 t + e] in its low nibble and
+//                q[row l][32 j + 8 t + 4 + e] in its high nibble (e < 4)
+// so one line, masked or shifted, is 16 rows x 4 u8 that AVX512_VNNI's vpdpbusd multiplies by a
+// broadcast group of 4 int8 activations into the 16 rows' int32 sums.
+//
+// Activations are quantized per 32 columns to int8 (xd = amax / 127, q = round(x / xd): the
+// q8_0 rounding with an f32 scale, as llama.cpp's dot products with K-quants take them), with
+// each block's xd * sum(q) for the mins. Per sub-block, the product of q and the activations is
+// an exact int32; it is scaled by (d * sc) * xd and the min's term -(dmin * m) * xd * sum(q) is
+// added, in float, in sub-block order (two fused multiply-adds). So every path computes the same
+// bits.
+#ifndef KVRM_KERNELS_CPU_Q4_K_H_
+#define KVRM_KERNELS_CPU_Q4_K_H_
+
+#include <cstdint>
+
+#include "kernels/cpu/weight_matrix.h"
+
+namespace kvrm {
+
+// Sub-block j's 6-bit scale and min from a super-block's 12 packed bytes (ggml's
+// get_scale_min_k4).
+void Q4KScaleMin(int j, const uint8_t* scales, uint8_t* sc, uint8_t* m);
+
+// One super-block: sub-block j's scale s[j] = d * sc[j] and offset o[j] = -(dmin * m[j]) (both
+// exact in f32) and the 256 q in [0, 15], value s[j] * q + o[j] (ggml's dequantize_row_q4_K).
+void DecodeBlockQ4K(const uint8_t* block, float* s, float* o, uint8_t* q);
+// A row of `n` values (a multiple of 256) from its n / 256 super-blocks.
+void DequantizeRowQ4K(const uint8_t* blocks, int64_t n, float* y);
+
+// The q4_K panels of a kQ4K matrix (w.format, cols a multiple of 256): Q4KPanelBytes(w) bytes,
+// written into `out` (the rows past the last group's zero).
+int64_t Q4KPanelBytes(const WeightMatrix& w);
+void PackQ4KPanels(const WeightMatrix& w, void* out);
+
+// The activations of a q4_K product: row i of x (k columns, a multiple of 256; rows ldx apart)
+// as int8 q[i * k + c], per 32 columns b an f32 scale xd[i * k / 32 + b] = amax / 127 and
+// xsum[...] = xd * sum(q) (0 for a block of zeros; NaN for a block holding a NaN or an infinity,
+// so the row's products are NaN).
+void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, int8_t* q, float* xd,
+                            float* xsum);
+
+// Activation rows the q4_K kernels quantize at a time for `cols` columns, and the scratch bytes
+// a thread needs for them (the int8 rows, twice, and their scales): never less for more columns.
+int64_t Q4KActivationBlockRows(int64_t cols);
+int64_t Q4KScratchBytes(int64_t cols);
+
+}  // namespace kvrm
+
+#endif  // KVRM_KERNELS_CPU_Q4_K_H_

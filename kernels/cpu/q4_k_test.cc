@@ -1,0 +1,334 @@
+// q4_K weights (kernels/cpu/q4_k.h): the super-block format against ggml's layout written out
+// by hand, the panel layout, the int8 activations, and the q4_K matmul on every instruction-set
+// path against float64 references on random blocks (rows not a multiple of 16, one to several
+// passes of activation rows, several activation blocks), bit for bit the same on every path and
+// whatever the batch.
+#include "kernels/cpu/q4_k.h"
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "common/dtype.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/isa.h"
+#include "kernels/cpu/matmul.h"
+#include "kernels/cpu/thread_pool.h"
+
+namespace kvrm {
+namespace {
+
+constexpr int64_t kSuper = WeightMatrix::kQ4KBlock;
+constexpr int64_t kBytes = WeightMatrix::kQ4KBlockBytes;
+constexpr int64_t kGroup = WeightMatrix::kPanelRows;
+
+std::vector<float> Random(int64_t n, std::mt19937& rng, float scale = 1.0f) {
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// A super-block of chosen parts, laid out as ggml's block_q4_K: d, dmin (f16); the 6-bit scales
+// and mins of sub-blocks 0-3 in the low 6 bits of bytes 0-3 and 4-7, those of 4-7 as low and high
+// nibbles of bytes 8-11 with their top two bits in the top bits of bytes 0-3 (scales) and 4-7
+// (mins); sub-blocks 2c and 2c + 1 as the low and high nibbles of qs[32 c, 32 c + 32).
+struct Block {
+  uint16_t d, dmin;
+  uint8_t sc[8], m[8];
+  uint8_t q[kSuper];
+
+  void Write(uint8_t* out) const {
+    std::memset(out, 0, kBytes);
+    std::memcpy(out, &d, 2);
+    std::memcpy(out + 2, &dmin, 2);
+    uint8_t* scales = out + 4;
+    for (int j = 0; j < 4; ++j) {
+      scales[j] = static_cast<uint8_t>(sc[j] | (sc[j + 4] >> 4) << 6);
+      scales[j + 4] = static_cast<uint8_t>(m[j] | (m[j + 4] >> 4) << 6);
+      scales[j + 8] = static_cast<uint8_t>((sc[j + 4] & 0xF) | (m[j + 4] & 0xF) << 4);
+    }
+    for (int j = 0; j < 8; ++j) {
+      for (int c = 0; c < 32; ++c) out[16 + j / 2 * 32 + c] |= q[32 * j + c] << (j % 2 ? 4 : 0);
+    }
+  }
+  double Value(int64_t i) const {
+    return static_cast<double>(F16ToFloat(d)) * sc[i / 32] * q[i] -
+           static_cast<double>(F16ToFloat(dmin)) * m[i / 32];
+  }
+};
+
+Block RandomBlock(std::mt19937& rng) {
+  std::uniform_int_distribution<int> six(0, 63), four(0, 15);
+  std::uniform_real_distribution<float> scale(1e-4f, 2e-3f);
+  Block b;
+  b.d = FloatToF16(scale(rng));
+  b.dmin = FloatToF16(scale(rng));
+  for (int j = 0; j < 8; ++j) {
+    b.sc[j] = static_cast<uint8_t>(six(rng));
+    b.m[j] = static_cast<uint8_t>(six(rng));
+  }
+  for (uint8_t& q : b.q) q = static_cast<uint8_t>(four(rng));
+  return b;
+}
+
+// A random q4_K matrix: its bytes, and its values in float64.
+struct Matrix {
+  std::vector<uint8_t> data;
+  std::vector<double> values;  // rows x cols
+  WeightMatrix w;
+};
+
+Matrix RandomMatrix(int64_t rows, int64_t cols, std::mt19937& rng) {
+  Matrix m;
+  const int64_t supers = cols / kSuper;
+  m.data.resize(rows * supers * kBytes);
+  m.values.resize(rows * cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t s = 0; s < supers; ++s) {
+      const Block b = RandomBlock(rng);
+      b.Write(m.data.data() + (r * supers + s) * kBytes);
+      for (int64_t i = 0; i < kSuper; ++i) m.values[r * cols + s * kSuper + i] = b.Value(i);
+    }
+  }
+  m.w = WeightMatrix{DType::kBF16, m.data.data(), rows, cols, cols, nullptr, WeightFormat::kQ4K};
+  return m;
+}
+
+TEST(Q4KBlockTest, DecodesGgmlsLayout) {
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Block b = RandomBlock(rng);
+    uint8_t bytes[kBytes];
+    b.Write(bytes);
+    float s[8], o[8];
+    uint8_t q[kSuper];
+    DecodeBlockQ4K(bytes, s, o, q);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t sc, m;
+      Q4KScaleMin(j, bytes + 4, &sc, &m);
+      ASSERT_EQ(sc, b.sc[j]) << trial << "," << j;
+      ASSERT_EQ(m, b.m[j]) << trial << "," << j;
+      ASSERT_EQ(s[j], F16ToFloat(b.d) * b.sc[j]);
+    }
+    float y[kSuper];
+    DequantizeRowQ4K(bytes, kSuper, y);
+    for (int64_t i = 0; i < kSuper; ++i) {
+      ASSERT_EQ(q[i], b.q[i]) << trial << "," << i;
+      // d * sc * q is exact in f32, so one rounding of the difference.
+      ASSERT_EQ(y[i], static_cast<float>(b.Value(i))) << trial << "," << i;
+    }
+  }
+}
+
+// The weights a q4_K panel copy holds, read by the layout of q4_k.h: [rows][cols].
+std::vector<double> PanelValues(const WeightMatrix& w, const void* panels) {
+  const int64_t supers = w.cols / kSuper;
+  std::vector<double> out(w.rows * w.cols);
+  const uint8_t* base = static_cast<const uint8_t*>(panels);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const int64_t l = r % kGroup;
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* block = base + (r / kGroup * supers + s) * WeightMatrix::kQ4KPanelBlockBytes;
+      uint16_t h[2];
+      std::memcpy(&h[0], block + 2 * l, 2);
+      std::memcpy(&h[1], block + 32 + 2 * l, 2);
+      for (int64_t c = 0; c < kSuper; ++c) {
+        const int64_t j = c / 32, t = c % 32 / 8, e = c % 8;
+        const uint8_t byte = block[320 + 256 * j + 64 * t + 4 * l + e % 4];
+        const int q = e < 4 ? byte & 0xF : byte >> 4;
+        out[r * w.cols + s * kSuper + c] =
+            static_cast<double>(F16ToFloat(h[0])) * block[64 + 16 * j + l] * q -
+            static_cast<double>(F16ToFloat(h[1])) * block[192 + 16 * j + l];
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Q4KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
+  std::mt19937 rng(5);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 256}, {17, 512}, {40, 256}}) {
+    Matrix m = RandomMatrix(rows, cols, rng);
+    const PanelCopy panels(m.w, WeightFormat::kQ4K);
+    ASSERT_EQ(panels.bytes(), (rows + 15) / 16 * cols / 256 * 2368);
+    ASSERT_EQ(panels.bytes(), BlockPanelBytes(m.w));
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(panels.data()) % 64, 0u);
+    EXPECT_EQ(m.w.bytes(), rows * cols / 256 * 144);
+    const std::vector<double> got = PanelValues(m.w, panels.data());
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      WeightRowToFloat(m.w, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(got[r * cols + c], m.values[r * cols + c]) << r << "," << c;
+        ASSERT_EQ(row[c], static_cast<float>(m.values[r * cols + c])) << r << "," << c;
+      }
+    }
+    // The rows past the last (of a partial group) are zero: d = dmin = 0.
+    if (rows % kGroup != 0) {
+      const uint8_t* last =
+          static_cast<const uint8_t*>(panels.data()) + (rows / kGroup) * (cols / 256) * 2368;
+      for (int64_t l = rows % kGroup; l < kGroup; ++l) {
+        ASSERT_EQ(last[2 * l] | last[2 * l + 1] | last[32 + 2 * l] | last[33 + 2 * l], 0);
+      }
+    }
+    // A row slice at a panel keeps its panels and its rows.
+    const int64_t at = rows > 16 ? 16 : 0;
+    const WeightMatrix slice = m.w.RowSlice(at, 1);
+    WeightRowToFloat(slice, 0, row.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(row[c], static_cast<float>(m.values[at * cols + c]));
+    }
+  }
+}
+
+TEST(Q4KActivationsTest, ScratchNeverShrinksWithMoreColumns) {
+  for (int64_t cols = 256; cols < 40000; cols += 256) {
+    ASSERT_LE(Q4KScratchBytes(cols), Q4KScratchBytes(cols + 256)) << cols;
+    // Two copies of the int8 rows, and two floats per 32 columns a row.
+    ASSERT_GE(Q4KScratchBytes(cols), Q4KActivationBlockRows(cols) * (2 * cols + cols / 4)) << cols;
+  }
+}
+
+TEST(Q4KActivationsTest, RoundsToInt8WithEachBlocksScale) {
+  std::mt19937 rng(11);
+  const int64_t n = 4, k = 512, blocks = k / 32;
+  std::vector<float> x = Random(n * k, rng, 2.0f);
+  for (int64_t c = 64; c < 96; ++c) x[1 * k + c] = 0;  // a zero block
+  x[2 * k + 300] = std::numeric_limits<float>::quiet_NaN();
+  x[3 * k + 5] = std::numeric_limits<float>::infinity();
+  std::vector<int8_t> q(n * k, 99);
+  std::vector<float> xd(n * blocks), xsum(n * blocks);
+  QuantizeActivationsQ4K(x.data(), n, k, k, q.data(), xd.data(), xsum.data());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t at = i * blocks + b;
+      if ((i == 1 && b == 2)) {
+        EXPECT_EQ(xd[at], 0.0f);
+        EXPECT_EQ(xsum[at], 0.0f);
+        continue;
+      }
+      if ((i == 2 && b == 300 / 32) || (i == 3 && b == 0)) {
+        EXPECT_TRUE(std::isnan(xd[at]) && std::isnan(xsum[at])) << i << "," << b;
+        continue;
+      }
+      float amax = 0;
+      for (int64_t c = 0; c < 32; ++c) amax = std::max(amax, std::fabs(x[i * k + b * 32 + c]));
+      EXPECT_EQ(xd[at], amax / 127.0f);
+      int sum = 0;
+      for (int64_t c = 0; c < 32; ++c) {
+        const int64_t e = i * k + b * 32 + c;
+        const double want = static_cast<double>(x[e]) * 127 / amax;
+        ASSERT_LE(std::fabs(q[e] - want), 0.5 + 1e-4) << i << "," << b << "," << c;
+        sum += q[e];
+      }
+      EXPECT_EQ(xsum[at], xd[at] * static_cast<float>(sum));
+    }
+  }
+}
+
+class Q4KMatMulTest : public ::testing::TestWithParam<CpuIsa> {};
+
+struct Shape {
+  int64_t n, rows, cols;
+};
+
+// Against float64 over the stored values times the quantized activations (which the kernel
+// computes with exact int32 sums and f32 sums of the scaled sub-blocks), and against the
+// stored values times x itself (each term moved by at most half an activation step).
+TEST_P(Q4KMatMulTest, MatchesFloat64Reference) {
+  const CpuIsa isa = GetParam();
+  std::mt19937 rng(1234 + static_cast<int>(isa));
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  SetActiveCpuIsa(isa);
+  // 1-8 activation rows a pass and more than one pass (9, 20, 40), partial last panels, several
+  // activation blocks (40 rows of 8192 columns: 16 rows a block).
+  for (Shape s : {Shape{1, 1, 256}, Shape{1, 7, 512}, Shape{3, 33, 256}, Shape{4, 40, 768},
+                  Shape{8, 16, 1024}, Shape{9, 48, 256}, Shape{20, 50, 512}, Shape{40, 9, 8192},
+                  Shape{2, 130, 2048}}) {
+    Matrix m = RandomMatrix(s.rows, s.cols, rng);
+    const PanelCopy panels(m.w, WeightFormat::kQ4K);
+    WeightMatrix view = m.w;
+    view.panels = panels.data();
+    view.panel_format = WeightFormat::kQ4K;
+    const int64_t blocks = s.cols / 32;
+    std::vector<float> x = Random(s.n * s.cols, rng);
+    std::vector<int8_t> xq(s.n * s.cols);
+    std::vector<float> xd(s.n * blocks), xsum(s.n * blocks);
+    QuantizeActivationsQ4K(x.data(), s.n, s.cols, s.cols, xq.data(), xd.data(), xsum.data());
+    std::vector<float> y(s.n * s.rows, NAN);
+    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+    MatMul(pool, x.data(), s.n, s.cols, view, y.data(), s.rows, scratch.data());
+    for (int64_t i = 0; i < s.n; ++i) {
+      for (int64_t r = 0; r < s.rows; ++r) {
+        double exact = 0, unquantized = 0, mag = 0, slack = 0;
+        for (int64_t c = 0; c < s.cols; ++c) {
+          const double wc = m.values[r * s.cols + c];
+          const double step = xd[i * blocks + c / 32];
+          exact += wc * xq[i * s.cols + c] * step;
+          unquantized += wc * x[i * s.cols + c];
+          mag += std::fabs(wc * x[i * s.cols + c]);
+          slack += std::fabs(wc) * step * 0.5001;
+        }
+        ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
+            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " cols=" << s.cols << " at "
+            << i << "," << r;
+        ASSERT_NEAR(y[i * s.rows + r], unquantized, slack + 2e-6 * mag + 1e-7);
+      }
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
+// Every path computes the same bits, whatever the batch a row is in; a row holding a NaN gives
+// NaN and leaves the others.
+TEST_P(Q4KMatMulTest, SameBitsOnEveryPathAndBatch) {
+  const CpuIsa isa = GetParam();
+  std::mt19937 rng(99);
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  const int64_t rows = 45, cols = 512, n = 40;
+  Matrix m = RandomMatrix(rows, cols, rng);
+  const PanelCopy panels(m.w, WeightFormat::kQ4K);
+  WeightMatrix view = m.w;
+  view.panels = panels.data();
+  view.panel_format = WeightFormat::kQ4K;
+  std::vector<float> x = Random(n * cols, rng);
+  x[7 * cols + 3] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(cols));
+  SetActiveCpuIsa(CpuIsa::kGeneric);
+  std::vector<float> generic(n * rows);
+  MatMul(pool, x.data(), n, cols, view, generic.data(), rows, scratch.data());
+  SetActiveCpuIsa(isa);
+  std::vector<float> all(n * rows);
+  MatMul(pool, x.data(), n, cols, view, all.data(), rows, scratch.data());
+  for (int64_t i = 0; i < n * rows; ++i) {
+    if (i / rows == 7) {
+      ASSERT_TRUE(std::isnan(all[i])) << i;
+      continue;
+    }
+    ASSERT_FALSE(std::isnan(all[i])) << i;
+    ASSERT_EQ(all[i], generic[i]) << CpuIsaName(isa) << " at " << i / rows << "," << i % rows;
+  }
+  for (int64_t batch : {1, 3, 8, 9, 16}) {
+    for (int64_t i0 = 0; i0 + batch <= n; i0 += 13) {
+      std::vector<float> part(batch * rows);
+      MatMul(pool, x.data() + i0 * cols, batch, cols, view, part.data(), rows, scratch.data());
+      for (int64_t i = 0; i < batch * rows; ++i) {
+        if (i0 + i / rows == 7) continue;
+        ASSERT_EQ(part[i], all[i0 * rows + i])
+            << CpuIsaName(isa) << " batch " << batch << " at row " << i0 + i / rows;
+      }
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllIsas, Q4KMatMulTest, ::testing::ValuesIn(AvailableCpuIsas()),
+                         [](const auto& info) { return std::string(CpuIsaName(info.param)); });
+
+}  // namespace
+}  // namespace kvrm
