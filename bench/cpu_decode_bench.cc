@@ -41,13 +41,16 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/model_bundle.h"
 #include "model/gguf.h"
+#include "model/gguf_quants.h"
 #include "tools/gguf/gguf_convert.h"
 #include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "weight dtypes to measure (f32, f16, bf16; q8_0: the bf16 model quantized at load; a "
-          "GGUF type such as q4_K: the bf16 model converted to that GGUF type)");
+          "GGUF type such as q4_K: the bf16 model converted to that GGUF type; q4_K_as_q8: the "
+          "q4_K file with its q4_K matrices held as exact q8 affine blocks, as before kvrm "
+          "multiplied q4_K)");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -229,14 +232,36 @@ struct Loaded {
   int64_t kv_bytes_per_token = 0;  // all ranks' pools
   DType kv_dtype = DType::kF32;
   WeightFormat quantization = WeightFormat::kDense;
+  std::vector<std::vector<std::byte>> converted;  // q4_K_as_q8's blocks
 };
 
+// Every q4_K matrix of `w` as q8 affine blocks of exactly its values, in `out`.
+void Q4KToQ8Affine(LlamaWeights& w, std::vector<std::vector<std::byte>>* out) {
+  auto convert = [&](WeightMatrix& m) {
+    if (m.format != WeightFormat::kQ4K) return;
+    const int64_t from = m.DataBytes(m.cols);
+    const int64_t to = m.cols / WeightMatrix::kQ8Block * WeightMatrix::kQ8AffineBlockBytes;
+    std::vector<std::byte>& blocks = out->emplace_back(m.rows * to);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      CHECK(ToQ8AffineExactly(GgmlType::kQ4_K, static_cast<const std::byte*>(m.data) + r * from,
+                              m.cols, blocks.data() + r * to));
+    }
+    m = WeightMatrix{m.dtype, blocks.data(), m.rows, m.cols, m.cols, nullptr,
+                     WeightFormat::kQ8Affine};
+  };
+  convert(w.lm_head);
+  for (LayerWeights& l : w.layers) {
+    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) convert(*m);
+  }
+}
+
 Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels,
-            DType kv_dtype, WeightFormat quantization) {
+            DType kv_dtype, WeightFormat quantization, bool q4k_as_q8) {
   Loaded m;
   auto bundle = ModelBundle::Load(dir);
   CHECK_OK(bundle.status());
   m.bundle = std::move(*bundle);
+  if (q4k_as_q8) Q4KToQ8Affine(m.bundle->weights, &m.converted);
   constexpr int32_t kBlockTokens = 16;
   m.blocks_per_slot = (max_context + kBlockTokens - 1) / kBlockTokens;
   m.max_context = max_context;
@@ -560,7 +585,9 @@ int Main() {
     // does (its matrices in their exact 8-bit forms where they have one).
     const bool q8 = dtype_name == "q8_0";
     const bool dense = !q8 && ParseDType(dtype_name, &dtype);
-    const GgmlTypeTraits* gguf = q8 || dense ? nullptr : GgufTypeNamed(dtype_name);
+    const bool q4k_as_q8 = dtype_name == "q4_K_as_q8";
+    const GgmlTypeTraits* gguf =
+        q8 || dense ? nullptr : GgufTypeNamed(q4k_as_q8 ? "q4_K" : dtype_name);
     CHECK(q8 || dense || gguf != nullptr) << "unknown dtype " << std::string(dtype_name);
     if (q8 || gguf != nullptr) dtype = DType::kBF16;
     modelgen::MakeModelOptions mo;
@@ -587,7 +614,7 @@ int Main() {
     for (DType kv : kv_dtypes) {
       for (bool panels : layouts) {
         loaded.push_back(Load(model_path, max_slots, max_context, panels, kv,
-                              q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense));
+                              q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense, q4k_as_q8));
       }
     }
     for (int32_t context : contexts) {

@@ -102,8 +102,9 @@ class Backend {
   // one pass (as vLLM's mixed batches and Sarathi's piggybacked chunks do), so the weights are
   // read once for both. Engines without it run Prefill, then Decode.
   virtual bool fuses_prefill() const { return false; }
-  // The format the linear weights are multiplied in when it is not the model's dtype: "q8_0"
-  // (kernels/cpu/q8_0.h) on a CPU backend that has q8_0 panels; "" otherwise.
+  // The formats the linear weights are multiplied in when not the model's dtype (ModelInfo's
+  // weight_quantization: "q4_K", "q8_0", "q8_affine", "q8_halves", joined by "+"), on a CPU
+  // backend with block panels; "" otherwise.
   virtual std::string weight_quantization() const { return ""; }
   // Prefill(chunk, last_logits) and Decode(step, logits) as one pass, with the same results
   // (`chunk.slot` must not be active in `step`).

@@ -237,7 +237,7 @@ class Engine {
   const EngineOptions& options() const { return options_; }
   // Whether prefill chunks run in the decode pass (options().fuse_prefill and the backend can).
   bool fuses_prefill() const { return fuse_prefill_; }
-  // "q8_0" when the backend multiplies the linear weights as q8_0 (Backend::weight_quantization).
+  // The block formats the backend multiplies linear weights in (Backend::weight_quantization).
   std::string weight_quantization() const { return backend_->weight_quantization(); }
   bool samples_on_device() const { return device_sampling_; }
   // The resolved far-history policy, in blocks (all zero: off).

@@ -36,8 +36,9 @@
 #include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, model, "builtin:small",
-          "Hugging Face model directory, a GGUF file (llama.cpp's format; quantized weights are "
-          "dequantized to bf16 at load), or builtin:tiny / builtin:small (generated into "
+          "Hugging Face model directory, a GGUF file (llama.cpp's format; on the CPU its quantized "
+          "weights are multiplied as blocks of exactly their values, see --quantization; on the "
+          "GPU dequantized to bf16 at load), or builtin:tiny / builtin:small (generated into "
           "--model_cache on first use)");
 ABSL_FLAG(std::string, model_cache, "",
           "where built-in models are generated (default $KVRM_HOME/models or "
@@ -67,10 +68,10 @@ ABSL_FLAG(std::string, kv_dtype, "f32",
           "KV cache element type: f32, or bf16 (half the bytes per token: twice the tokens per "
           "block of memory, half the attention reads; CPU and CUDA devices)");
 ABSL_FLAG(std::string, quantization, "auto",
-          "weights multiplied as q8_0 (8.5 bits a weight: about half the bytes of bf16 read per "
-          "decode step): auto (a GGUF file's quantized matrices, as 8-bit blocks of exactly "
-          "their values; the rest is dtype), q8_0 "
-          "(every linear weight quantized at load; CPU device), or none (everything in dtype)");
+          "how the linear weights are multiplied on the CPU: auto (a GGUF file's quantized "
+          "matrices as blocks of exactly their values: q4_K as q4_K, 4.5 bits a weight; the "
+          "others as 8-bit blocks; the rest is dtype), q8_0 (every linear weight quantized to "
+          "q8_0 at load, 8.5 bits a weight; CPU device), or none (everything in dtype)");
 ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(std::string, kv_reserve, "prompt",
           "admission reservation (kvrm mode): prompt (grow on demand; pause others under "
