@@ -19,7 +19,7 @@ CXX="${CXX:-clang++}"
 BUILTINS=()
 SOURCES=(
   common/json.cc common/logging.cc common/mapped_file.cc
-  kernels/cpu/q8_0.cc
+  kernels/cpu/q4_k.cc kernels/cpu/q8_0.cc
   model/safetensors.cc
   model/config.cc model/weights.cc model/gguf.cc model/gguf_model.cc model/gguf_quants.cc
   model/gguf_tokenizer.cc

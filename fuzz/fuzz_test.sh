@@ -13,7 +13,8 @@ src="$TEST_TMPDIR/src"
 mkdir -p "$src"
 cp -rL common model proto runtime server fuzz "$src/"
 mkdir -p "$src/kernels/cpu"
-cp -L kernels/cpu/fast_math.h kernels/cpu/isa.h kernels/cpu/q8_0.cc kernels/cpu/q8_0.h \
+cp -L kernels/cpu/fast_math.h kernels/cpu/isa.h kernels/cpu/q4_k.cc kernels/cpu/q4_k.h \
+  kernels/cpu/q8_0.cc kernels/cpu/q8_0.h \
   kernels/cpu/weight_matrix.h "$src/kernels/cpu/"
 mkdir -p "$src/tools/replay"
 cp -L tools/replay/trace.cc tools/replay/trace.h "$src/tools/replay/"
