@@ -30,21 +30,6 @@ uint8_t* U8(std::byte* p) { return reinterpret_cast<uint8_t*>(p); }
 
 int NearestInt(float f) { return static_cast<int>(std::lrintf(f)); }
 
-// The inverse: packs 8 scales and mins (each < 64) into 12 bytes.
-void PackScaleMinK4(const uint8_t* ls, const uint8_t* lm, uint8_t* q) {
-  std::memset(q, 0, 12);
-  for (int j = 0; j < 8; ++j) {
-    if (j < 4) {
-      q[j] = ls[j];
-      q[j + 4] = lm[j];
-    } else {
-      q[j + 4] = (ls[j] & 0xF) | ((lm[j] & 0xF) << 4);
-      q[j - 4] |= (ls[j] >> 4) << 6;
-      q[j] |= (lm[j] >> 4) << 6;
-    }
-  }
-}
-
 // ---- dequantization (ggml-quants.c's dequantize_row_*) ----------------------------------
 
 void DequantQ4_0(const std::byte* b, float* y) {
@@ -220,44 +205,21 @@ void QuantQx1(const float* x, int bits, std::byte* b) {
   if (bits == 5) std::memcpy(b + 4, &qh, 4);
 }
 
-// Q4_K and Q5_K: per 32-element sub-block a scale and a min (each fitted to its range, the min
-// at most 0), as 6-bit multiples of the super-block's d and dmin.
-void QuantQ45K(const float* x, bool five, std::byte* b) {
-  const int top = five ? 31 : 15;
-  float scale[8], mins[8], max_scale = 0, max_min = 0;
+// Q5_K: the K-quants' header and fit (kernels/cpu/q4_k.h, as ggml's quantize_row_q5_K_ref: nmax
+// 31, rmin -0.5, 15 steps), each value's fifth bit in qh.
+void QuantQ5_K(const float* x, std::byte* b) {
+  uint8_t q[kQkK];
+  QuantizeKSuperBlock(x, 31, -0.5f, 15, U8(b), q);
+  uint8_t* qh = U8(b + 16);
+  uint8_t* qs = U8(b + 48);
+  std::memset(qh, 0, 32);
   for (int s = 0; s < 8; ++s) {
-    float lo = 0, hi = x[s * 32];
     for (int l = 0; l < 32; ++l) {
-      lo = std::min(lo, x[s * 32 + l]);
-      hi = std::max(hi, x[s * 32 + l]);
-    }
-    scale[s] = (hi - lo) / top;
-    mins[s] = -lo;
-    max_scale = std::max(max_scale, scale[s]);
-    max_min = std::max(max_min, mins[s]);
-  }
-  const float d = max_scale / 63, dmin = max_min / 63;
-  uint8_t ls[8], lm[8];
-  for (int s = 0; s < 8; ++s) {
-    ls[s] = static_cast<uint8_t>(std::clamp(d > 0 ? NearestInt(scale[s] / d) : 0, 0, 63));
-    lm[s] = static_cast<uint8_t>(std::clamp(dmin > 0 ? NearestInt(mins[s] / dmin) : 0, 0, 63));
-  }
-  StoreHalf(b, d);
-  StoreHalf(b + 2, dmin);
-  PackScaleMinK4(ls, lm, U8(b + 4));
-  const float dd = LoadHalf(b), dm = LoadHalf(b + 2);  // as stored
-  uint8_t* qh = five ? U8(b + 16) : nullptr;
-  uint8_t* qs = U8(b + (five ? 48 : 16));
-  if (five) std::memset(qh, 0, 32);
-  for (int s = 0; s < 8; ++s) {
-    const float dl = dd * ls[s], ml = dm * lm[s];
-    const int chunk = s / 2, high = s % 2;
-    for (int l = 0; l < 32; ++l) {
-      const int q = dl > 0 ? std::clamp(NearestInt((x[s * 32 + l] + ml) / dl), 0, top) : 0;
-      uint8_t& byte = qs[chunk * 32 + l];
-      byte = high ? static_cast<uint8_t>((byte & 0x0F) | ((q & 0xF) << 4))
-                  : static_cast<uint8_t>((byte & 0xF0) | (q & 0xF));
-      if (five && (q & 16)) qh[l] |= static_cast<uint8_t>(1u << s);
+      const int v = q[s * 32 + l];
+      uint8_t& byte = qs[s / 2 * 32 + l];
+      byte = s % 2 ? static_cast<uint8_t>((byte & 0x0F) | ((v & 0xF) << 4))
+                   : static_cast<uint8_t>((byte & 0xF0) | (v & 0xF));
+      if (v & 16) qh[l] |= static_cast<uint8_t>(1u << s);
     }
   }
 }
@@ -448,10 +410,10 @@ void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst) {
         QuantizeBlockQ8_0(v, reinterpret_cast<uint8_t*>(b));  // ggml's reference, as the kernels
         break;
       case GgmlType::kQ4_K:
-        QuantQ45K(v, /*five=*/false, b);
+        QuantizeBlockQ4K(v, reinterpret_cast<uint8_t*>(b));  // ggml's reference, as the kernels
         break;
       case GgmlType::kQ5_K:
-        QuantQ45K(v, /*five=*/true, b);
+        QuantQ5_K(v, b);
         break;
       case GgmlType::kQ6_K:
         QuantQ6_K(v, b);

@@ -2,10 +2,10 @@
 // the tests), for the types GgmlType lists.
 //
 // Dequantization follows ggml's reference dequantize_row_* exactly (ggml-quants.c): the same
-// bits, the same float operations in the same order. Quantization is a plain rounding of each
-// block to its format (ggml's reference for the 32-element types; for the K-quants a simple
-// min/max fit, not ggml's iterative search): what a test or a generated model needs, not what a
-// production quantizer would choose.
+// bits, the same float operations in the same order. Quantization is ggml's reference for the
+// 32-element types, q4_K and q5_K (the weighted search of each sub-block's scale and min,
+// kernels/cpu/q4_k.h), and a plain min/max fit for q6_K; llama-quantize's importance-matrix
+// variants are not implemented.
 #ifndef KVRM_MODEL_GGUF_QUANTS_H_
 #define KVRM_MODEL_GGUF_QUANTS_H_
 

@@ -114,8 +114,9 @@ int64_t Q8PanelBytes(const WeightMatrix& w) {
          WeightMatrix::Q8PanelBlockSize(BlockPanelFormat(w));
 }
 
-int64_t BlockPanelBytes(const WeightMatrix& w) {
-  return w.format == WeightFormat::kQ4K ? Q4KPanelBytes(w) : Q8PanelBytes(w);
+int64_t BlockPanelBytes(const WeightMatrix& w, WeightFormat format) {
+  if (format == WeightFormat::kDense) format = BlockPanelFormat(w);
+  return format == WeightFormat::kQ4K ? Q4KPanelBytes(w) : Q8PanelBytes(w);
 }
 
 void PackQ8Panels(const WeightMatrix& w, void* out) {
@@ -158,10 +159,59 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
   }
 }
 
+int64_t Q4KPanelBytes(const WeightMatrix& w) {
+  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows *
+         (w.cols / WeightMatrix::kQ4KBlock) * WeightMatrix::kQ4KPanelBlockBytes;
+}
+
+void PackQ4KPanels(const WeightMatrix& w, void* out) {
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows, kSub = WeightMatrix::kQ8Block;
+  // Where a panel super-block's parts start (q4_k.h): dmin, scales, mins, lines.
+  constexpr int64_t kDminAt = 32, kScAt = 64, kMinAt = 192, kLinesAt = 320;
+  CHECK((w.format == WeightFormat::kQ4K || w.format == WeightFormat::kDense) &&
+        w.cols % WeightMatrix::kQ4KBlock == 0)
+      << "q4_K panels of " << w.cols << " columns";
+  const int64_t supers = w.cols / WeightMatrix::kQ4KBlock;
+  const int64_t stride = supers * WeightMatrix::kQ4KPanelBlockBytes;
+  uint8_t* panels = static_cast<uint8_t*>(out);
+  std::memset(panels, 0, Q4KPanelBytes(w));
+  const bool dense = w.format == WeightFormat::kDense;  // quantized row by row first
+  std::vector<float> values(dense ? w.cols : 0);
+  std::vector<uint8_t> quantized(dense ? supers * WeightMatrix::kQ4KBlockBytes : 0);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
+    if (dense) {
+      WeightRowToFloat(w, r, values.data());
+      QuantizeRowQ4K(values.data(), w.cols, quantized.data());
+      row = quantized.data();
+    }
+    const int64_t l = r % kGroup;
+    uint8_t* panel = panels + r / kGroup * stride;
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* src = row + s * WeightMatrix::kQ4KBlockBytes;
+      uint8_t* block = panel + s * WeightMatrix::kQ4KPanelBlockBytes;
+      std::memcpy(block + 2 * l, src, 2);                // d
+      std::memcpy(block + kDminAt + 2 * l, src + 2, 2);  // dmin
+      for (int j = 0; j < 8; ++j) {
+        Q4KScaleMin(j, src + 4, block + kScAt + kGroup * j + l, block + kMinAt + kGroup * j + l);
+        const uint8_t* chunk = src + 16 + j / 2 * kSub;  // sub-blocks 2c, 2c + 1: low, high
+        uint8_t* lines = block + kLinesAt + 256 * j;
+        for (int c = 0; c < kSub; ++c) {
+          const uint8_t q = j % 2 == 0 ? chunk[c] & 0xF : chunk[c] >> 4;
+          const int t = c / 8, e = c % 8;
+          lines[64 * t + 4 * l + e % 4] |= static_cast<uint8_t>(e < 4 ? q : q << 4);
+        }
+      }
+    }
+  }
+}
+
 PanelCopy::PanelCopy(const WeightMatrix& w, WeightFormat format) {
   const bool blocks = WeightMatrix::IsQuantized(format);
-  CHECK(!blocks || format == BlockPanelFormat(w)) << "panels of another format than the data's";
-  bytes_ = blocks ? BlockPanelBytes(w) : PanelBytes(w);
+  CHECK(!blocks || format == BlockPanelFormat(w) ||
+        (format == WeightFormat::kQ4K && w.format == WeightFormat::kDense))
+      << "panels of another format than the data's";
+  bytes_ = blocks ? BlockPanelBytes(w, format) : PanelBytes(w);
   memory_.reset(new uint8_t[bytes_ + 64]);  // filled below
   data_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory_.get()) + 63) / 64 * 64);
   if (format == WeightFormat::kQ4K) {

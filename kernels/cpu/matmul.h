@@ -61,9 +61,9 @@ int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
 
 // The format of a matrix's block panels: the data's block format, or q8_0 for dense data (which
-// is quantized), and their bytes (Q8PanelBytes or Q4KPanelBytes).
+// is quantized; or q4_K, asked for), and their bytes in `format` (kDense: BlockPanelFormat(w)).
 WeightFormat BlockPanelFormat(const WeightMatrix& w);
-int64_t BlockPanelBytes(const WeightMatrix& w);
+int64_t BlockPanelBytes(const WeightMatrix& w, WeightFormat format = WeightFormat::kDense);
 
 // The q8 panels of a matrix (kernels/cpu/q8_0.h), in BlockPanelFormat(w) (a q8 format):
 // Q8PanelBytes(w) bytes, written by PackQ8Panels into `out` (64-byte aligned). From q8 data the
@@ -72,9 +72,15 @@ int64_t BlockPanelBytes(const WeightMatrix& w);
 int64_t Q8PanelBytes(const WeightMatrix& w);
 void PackQ8Panels(const WeightMatrix& w, void* out);
 
+// The q4_K panels (kernels/cpu/q4_k.h) of a q4_K matrix, or of a dense one quantized row by row
+// (QuantizeRowQ4K: kvrmd --quantization=q4_K); cols a multiple of 256. Q4KPanelBytes(w) bytes,
+// the rows past the last group's zero.
+int64_t Q4KPanelBytes(const WeightMatrix& w);
+void PackQ4KPanels(const WeightMatrix& w, void* out);
+
 // A matrix's panel copy in memory it owns (64-byte aligned), in `format`: PackPanels' for kDense,
-// PackQ8Panels' or PackQ4KPanels' for a block format (which must be BlockPanelFormat(w)).
-// Movable, the data stays put.
+// PackQ8Panels' or PackQ4KPanels' for a block format (BlockPanelFormat(w), or q4_K for dense
+// data). Movable, the data stays put.
 class PanelCopy {
  public:
   explicit PanelCopy(const WeightMatrix& w, WeightFormat format = WeightFormat::kDense);

@@ -15,8 +15,6 @@ namespace {
 constexpr int64_t kSuper = WeightMatrix::kQ4KBlock;
 constexpr int64_t kSub = 32;  // values a sub-block (and an activation block)
 constexpr int64_t kGroup = WeightMatrix::kPanelRows;
-// Where a panel super-block's parts start (q4_k.h).
-constexpr int64_t kDminAt = 32, kScAt = 64, kMinAt = 192, kLinesAt = 320;
 // Bytes of int8 activation rows a q4_K product quantizes at a time (as q8_0.cc's).
 constexpr int64_t kActBlockBytes = 128 * 1024;
 
@@ -38,6 +36,146 @@ void Q4KScaleMin(int j, const uint8_t* q, uint8_t* sc, uint8_t* m) {
   } else {
     *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4);
     *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+  }
+}
+
+void Q4KPackScaleMin(const uint8_t* sc, const uint8_t* m, uint8_t* q) {
+  std::memset(q, 0, 12);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      q[j] |= sc[j];
+      q[j + 4] |= m[j];
+    } else {
+      q[j + 4] = static_cast<uint8_t>((sc[j] & 0xF) | ((m[j] & 0xF) << 4));
+      q[j - 4] |= static_cast<uint8_t>((sc[j] >> 4) << 6);
+      q[j] |= static_cast<uint8_t>((m[j] >> 4) << 6);
+    }
+  }
+}
+
+float FitKQuantSubBlock(int n, int nmax, const float* x, const float* weights, uint8_t* q,
+                        float* min, float rmin, float rdelta, int nstep) {
+  float lo = 0, hi = x[0], sum_w = 0, sum_wx = 0;
+  for (int i = 0; i < n; ++i) {
+    lo = std::min(lo, x[i]);
+    hi = std::max(hi, x[i]);
+    sum_w += weights[i];
+    sum_wx += weights[i] * x[i];
+  }
+  if (hi == lo) {  // all zero (or one non-positive value): nothing to scale
+    std::fill(q, q + n, uint8_t{0});
+    *min = -lo;
+    return 0.0f;
+  }
+  // Rounding under a trial scale, and the weighted squared error of a fit.
+  auto round_at = [&](float inverse, uint8_t* out) {
+    for (int i = 0; i < n; ++i) {
+      const float r = std::nearbyint(inverse * (x[i] - lo));
+      out[i] = static_cast<uint8_t>(std::clamp(r, 0.0f, static_cast<float>(nmax)));
+    }
+  };
+  auto error_of = [&](const uint8_t* l, float scale, float offset) {
+    float e = 0;
+    for (int i = 0; i < n; ++i) {
+      const float diff = scale * l[i] + offset - x[i];
+      e += weights[i] * diff * diff;
+    }
+    return e;
+  };
+  float scale = (hi - lo) / nmax, offset = lo;
+  round_at(nmax / (hi - lo), q);
+  float best = error_of(q, scale, offset);
+  uint8_t trial[WeightMatrix::kQ4KBlock];
+  for (int k = 0; k <= nstep; ++k) {
+    round_at((rmin + rdelta * k + nmax) / (hi - lo), trial);
+    // The weighted least-squares scale and offset for these q.
+    float sl = 0, sl2 = 0, sxl = 0;
+    for (int i = 0; i < n; ++i) {
+      sl += weights[i] * trial[i];
+      sl2 += weights[i] * trial[i] * trial[i];
+      sxl += weights[i] * trial[i] * x[i];
+    }
+    const float det = sum_w * sl2 - sl * sl;
+    if (det <= 0) continue;
+    float s = (sum_w * sxl - sum_wx * sl) / det;
+    float o = (sl2 * sum_wx - sl * sxl) / det;
+    if (o > 0) {  // the min stays at most 0: refit the scale alone
+      o = 0;
+      s = sxl / sl2;
+    }
+    const float e = error_of(trial, s, o);
+    if (e < best) {
+      std::copy(trial, trial + n, q);
+      best = e;
+      scale = s;
+      offset = o;
+    }
+  }
+  *min = -offset;
+  return scale;
+}
+
+void QuantizeKSuperBlock(const float* x, int nmax, float rmin, int nstep, uint8_t* header,
+                         uint8_t* q) {
+  std::memset(header, 0, 16);
+  bool finite = true;
+  for (int64_t i = 0; i < kSuper; ++i) finite = finite && std::isfinite(x[i]);
+  if (!finite) {
+    const uint16_t nan = 0x7e00;
+    std::memcpy(header, &nan, 2);
+    std::memset(q, 0, kSuper);
+    return;
+  }
+  float scales[8], mins[8], max_scale = 0, max_min = 0, weights[kSub];
+  for (int j = 0; j < 8; ++j) {
+    const float* v = x + j * kSub;
+    float sum2 = 0;
+    for (int i = 0; i < kSub; ++i) sum2 += v[i] * v[i];
+    const float rms = std::sqrt(sum2 / kSub);
+    for (int i = 0; i < kSub; ++i) weights[i] = rms + std::fabs(v[i]);
+    scales[j] =
+        FitKQuantSubBlock(kSub, nmax, v, weights, q + j * kSub, &mins[j], rmin, 0.1f, nstep);
+    max_scale = std::max(max_scale, scales[j]);
+    max_min = std::max(max_min, mins[j]);
+  }
+  const float inv_scale = max_scale > 0 ? 63 / max_scale : 0;
+  const float inv_min = max_min > 0 ? 63 / max_min : 0;
+  uint8_t sc[8], m[8];
+  for (int j = 0; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>(std::min(63.0f, std::nearbyint(inv_scale * scales[j])));
+    m[j] = static_cast<uint8_t>(std::min(63.0f, std::nearbyint(inv_min * mins[j])));
+  }
+  const uint16_t d = FloatToF16(max_scale / 63), dmin = FloatToF16(max_min / 63);
+  std::memcpy(header, &d, 2);
+  std::memcpy(header + 2, &dmin, 2);
+  Q4KPackScaleMin(sc, m, header + 4);
+  // The q again, under the scales as stored (a sub-block whose scale rounded to 0 keeps its fit).
+  for (int j = 0; j < 8; ++j) {
+    const float dj = F16ToFloat(d) * sc[j];
+    if (dj == 0) continue;
+    const float mj = F16ToFloat(dmin) * m[j];
+    for (int i = 0; i < kSub; ++i) {
+      const float r = std::nearbyint((x[j * kSub + i] + mj) / dj);
+      q[j * kSub + i] = static_cast<uint8_t>(std::clamp(r, 0.0f, static_cast<float>(nmax)));
+    }
+  }
+}
+
+void QuantizeBlockQ4K(const float* x, uint8_t* block) {
+  uint8_t q[kSuper];
+  QuantizeKSuperBlock(x, 15, -1.0f, 20, block, q);
+  // Sub-blocks 2c and 2c + 1 as the low and high nibbles of qs[32 c, 32 c + 32).
+  uint8_t* qs = block + 16;
+  for (int c = 0; c < 4; ++c) {
+    for (int i = 0; i < kSub; ++i) {
+      qs[c * kSub + i] = static_cast<uint8_t>(q[2 * c * kSub + i] | q[(2 * c + 1) * kSub + i] << 4);
+    }
+  }
+}
+
+void QuantizeRowQ4K(const float* x, int64_t n, uint8_t* blocks) {
+  for (int64_t b = 0; b < n / kSuper; ++b) {
+    QuantizeBlockQ4K(x + b * kSuper, blocks + b * WeightMatrix::kQ4KBlockBytes);
   }
 }
 
@@ -65,40 +203,6 @@ void DequantizeRowQ4K(const uint8_t* blocks, int64_t n, float* y) {
     // d * sc * q is exact (at most 17 significant bits), so this is ggml's d1 * q - m1.
     for (int64_t i = 0; i < kSuper; ++i)
       y[b * kSuper + i] = std::fma(s[i / kSub], q[i], o[i / kSub]);
-  }
-}
-
-int64_t Q4KPanelBytes(const WeightMatrix& w) {
-  return (w.rows + kGroup - 1) / kGroup * (w.cols / kSuper) * WeightMatrix::kQ4KPanelBlockBytes;
-}
-
-void PackQ4KPanels(const WeightMatrix& w, void* out) {
-  CHECK(w.format == WeightFormat::kQ4K && w.cols % kSuper == 0) << "q4_K panels of " << w.cols;
-  const int64_t supers = w.cols / kSuper;
-  const int64_t stride = supers * WeightMatrix::kQ4KPanelBlockBytes;
-  uint8_t* panels = static_cast<uint8_t*>(out);
-  std::memset(panels, 0, Q4KPanelBytes(w));
-  for (int64_t r = 0; r < w.rows; ++r) {
-    const uint8_t* row = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
-    const int64_t l = r % kGroup;
-    uint8_t* panel = panels + r / kGroup * stride;
-    for (int64_t s = 0; s < supers; ++s) {
-      const uint8_t* src = row + s * WeightMatrix::kQ4KBlockBytes;
-      uint8_t* block = panel + s * WeightMatrix::kQ4KPanelBlockBytes;
-      std::memcpy(block + 2 * l, src, 2);                // d
-      std::memcpy(block + kDminAt + 2 * l, src + 2, 2);  // dmin
-      for (int j = 0; j < 8; ++j) {
-        Q4KScaleMin(j, src + 4, block + kScAt + kGroup * j + l, block + kMinAt + kGroup * j + l);
-        const uint8_t* chunk = src + 16 + j / 2 * kSub;
-        uint8_t* lines = block + kLinesAt + 256 * j;
-        for (int c = 0; c < kSub; ++c) {
-          const uint8_t q = j % 2 == 0 ? chunk[c] & 0xF : chunk[c] >> 4;
-          const int t = c / 8, e = c % 8;
-          uint8_t& byte = lines[64 * t + 4 * l + e % 4];
-          byte |= static_cast<uint8_t>(e < 4 ? q : q << 4);
-        }
-      }
-    }
   }
 }
 

@@ -35,19 +35,34 @@
 namespace kvrm {
 
 // Sub-block j's 6-bit scale and min from a super-block's 12 packed bytes (ggml's
-// get_scale_min_k4).
+// get_scale_min_k4), and the inverse: 8 scales and mins (each < 64) into 12 bytes.
 void Q4KScaleMin(int j, const uint8_t* scales, uint8_t* sc, uint8_t* m);
+void Q4KPackScaleMin(const uint8_t* sc, const uint8_t* m, uint8_t* scales);
+
+// The K-quants' fit of one sub-block of n values (ggml's make_qkx2_quants): the scale s and the
+// min m >= 0 with q = clamp(round((x + m) / s), 0, nmax) that minimize sum_i w_i (s q_i - m -
+// x_i)^2 among the least-squares fits of the roundings at nstep + 1 trial scales (nmax + rmin +
+// rdelta k) / (max - min), starting from the plain min / max fit. Writes q and m; returns s.
+float FitKQuantSubBlock(int n, int nmax, const float* x, const float* weights, uint8_t* q,
+                        float* min, float rmin, float rdelta, int nstep);
+// A K-quant super-block's header (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins: q4_K's
+// and q5_K's first 16 bytes) for 256 values, and their q in [0, nmax] under the stored scales:
+// each 32-value sub-block fitted with weights rms + |x| (FitKQuantSubBlock with rmin, 0.1,
+// nstep), the scales and mins as 6-bit multiples of d = max scale / 63 and dmin = max min / 63,
+// then every q rounded again under them (ggml's quantize_row_q4_K_ref / q5_K_ref). A super-block
+// holding a NaN or an infinity gets d = NaN (its values read back NaN).
+void QuantizeKSuperBlock(const float* x, int nmax, float rmin, int nstep, uint8_t* header,
+                         uint8_t* q);
+// One q4_K super-block (144 bytes) of 256 values: ggml's reference quantizer (QuantizeKSuperBlock
+// with nmax 15, rmin -1, 20 steps). A row of `n` values (a multiple of 256).
+void QuantizeBlockQ4K(const float* x, uint8_t* block);
+void QuantizeRowQ4K(const float* x, int64_t n, uint8_t* blocks);
 
 // One super-block: sub-block j's scale s[j] = d * sc[j] and offset o[j] = -(dmin * m[j]) (both
 // exact in f32) and the 256 q in [0, 15], value s[j] * q + o[j] (ggml's dequantize_row_q4_K).
 void DecodeBlockQ4K(const uint8_t* block, float* s, float* o, uint8_t* q);
 // A row of `n` values (a multiple of 256) from its n / 256 super-blocks.
 void DequantizeRowQ4K(const uint8_t* blocks, int64_t n, float* y);
-
-// The q4_K panels of a kQ4K matrix (w.format, cols a multiple of 256): Q4KPanelBytes(w) bytes,
-// written into `out` (the rows past the last group's zero).
-int64_t Q4KPanelBytes(const WeightMatrix& w);
-void PackQ4KPanels(const WeightMatrix& w, void* out);
 
 // The activations of a q4_K product: row i of x (k columns, a multiple of 256; rows ldx apart)
 // as int8 q[i * k + c], per 32 columns b an f32 scale xd[i * k / 32 + b] = amax / 127 and

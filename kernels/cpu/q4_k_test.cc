@@ -5,7 +5,9 @@
 // whatever the batch.
 #include "kernels/cpu/q4_k.h"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -123,6 +125,69 @@ TEST(Q4KBlockTest, DecodesGgmlsLayout) {
   }
 }
 
+// ggml's reference quantizer: on Gaussian rows its weighted search of each sub-block's scale and
+// min (with the 6-bit rounding of both) lands closer to the values than the plain min / max fit
+// with exact float scales; every value within one step of its block's grid; packing the scales
+// and reading them back agree.
+TEST(Q4KQuantizeTest, SearchBeatsThePlainFitAndRoundTrips) {
+  std::mt19937 rng(21);
+  double err_search = 0, err_plain = 0, sum2 = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::vector<float> x = Random(kSuper, rng, trial % 2 ? 0.02f : 1.5f);
+    uint8_t block[kBytes];
+    QuantizeBlockQ4K(x.data(), block);
+    float y[kSuper], s[8], o[8];
+    uint8_t q[kSuper];
+    DequantizeRowQ4K(block, kSuper, y);
+    DecodeBlockQ4K(block, s, o, q);
+    const double scale2 = trial % 2 ? 0.02 * 0.02 : 1.5 * 1.5;
+    for (int j = 0; j < 8; ++j) {
+      float lo = 0, hi = x[32 * j];
+      for (int i = 0; i < 32; ++i) {
+        lo = std::min(lo, x[32 * j + i]);
+        hi = std::max(hi, x[32 * j + i]);
+      }
+      const double step = (hi - lo) / 15.0;
+      for (int i = 0; i < 32; ++i) {
+        const double v = x[32 * j + i];
+        const double plain = lo + step * std::clamp(std::nearbyint((v - lo) / step), 0.0, 15.0);
+        err_plain += (plain - v) * (plain - v) / scale2;
+        err_search += (y[32 * j + i] - v) * (y[32 * j + i] - v) / scale2;
+        sum2 += v * v / scale2;
+        // Within one step of the block's own grid (the 6-bit scale rounding moves the grid).
+        ASSERT_LE(std::fabs(y[32 * j + i] - v), 1.01 * step + 1e-6) << trial << "," << j;
+      }
+    }
+    uint8_t repacked[12], sc[8], m[8];
+    for (int j = 0; j < 8; ++j) Q4KScaleMin(j, block + 4, &sc[j], &m[j]);
+    Q4KPackScaleMin(sc, m, repacked);
+    ASSERT_EQ(std::memcmp(repacked, block + 4, 12), 0) << trial;
+  }
+  const double rel_search = std::sqrt(err_search / sum2), rel_plain = std::sqrt(err_plain / sum2);
+  std::printf("q4_K relative rms error: search %.4f, plain min/max fit %.4f\n", rel_search,
+              rel_plain);
+  EXPECT_LT(rel_search, rel_plain);
+  EXPECT_LT(rel_search, 0.12);
+}
+
+TEST(Q4KQuantizeTest, ZeroAndNonFiniteBlocks) {
+  std::vector<float> x(kSuper, 0.0f);
+  uint8_t block[kBytes];
+  float y[kSuper];
+  QuantizeBlockQ4K(x.data(), block);
+  DequantizeRowQ4K(block, kSuper, y);
+  for (float v : y) EXPECT_EQ(v, 0.0f);
+  for (float bad :
+       {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    std::mt19937 rng(3);
+    x = Random(kSuper, rng);
+    x[77] = bad;
+    QuantizeBlockQ4K(x.data(), block);
+    DequantizeRowQ4K(block, kSuper, y);
+    for (float v : y) ASSERT_TRUE(std::isnan(v));
+  }
+}
+
 // The weights a q4_K panel copy holds, read by the layout of q4_k.h: [rows][cols].
 std::vector<double> PanelValues(const WeightMatrix& w, const void* panels) {
   const int64_t supers = w.cols / kSuper;
@@ -174,6 +239,20 @@ TEST(Q4KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
         ASSERT_EQ(last[2 * l] | last[2 * l + 1] | last[32 + 2 * l] | last[33 + 2 * l], 0);
       }
     }
+    // Dense rows quantized at packing give the panels of their quantized blocks.
+    std::vector<float> dense(rows * cols);
+    std::vector<uint8_t> blocks(rows * cols / 256 * 144);
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t c = 0; c < cols; ++c) dense[r * cols + c] = std::sin(0.37 * (r * cols + c));
+      QuantizeRowQ4K(&dense[r * cols], cols, &blocks[r * cols / 256 * 144]);
+    }
+    const WeightMatrix dense_w{DType::kF32, dense.data(), rows, cols, cols};
+    const WeightMatrix blocks_w{DType::kF32, blocks.data(),     rows, cols, cols,
+                                nullptr,     WeightFormat::kQ4K};
+    const PanelCopy from_dense(dense_w, WeightFormat::kQ4K),
+        from_blocks(blocks_w, WeightFormat::kQ4K);
+    ASSERT_EQ(from_dense.bytes(), from_blocks.bytes());
+    EXPECT_EQ(std::memcmp(from_dense.data(), from_blocks.data(), from_dense.bytes()), 0);
     // A row slice at a panel keeps its panels and its rows.
     const int64_t at = rows > 16 ? 16 : 0;
     const WeightMatrix slice = m.w.RowSlice(at, 1);
