@@ -32,16 +32,21 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   if (config.num_attention_heads / config.num_key_value_heads > kMaxAttentionGroup) {
     return absl::InvalidArgumentError("more query heads per KV head than attention supports");
   }
-  if (options.quantization == WeightFormat::kQ8_0 && tp > 1) {
-    // The q8_0 blocks are the matrix's own 32-column blocks whatever the ranks: each rank's share
-    // of the row-parallel inputs must be whole blocks (as for a GGUF file's q8_0 matrices).
+  if (options.quantization != WeightFormat::kDense &&
+      options.quantization != WeightFormat::kQ8_0 && options.quantization != WeightFormat::kQ4K) {
+    return absl::InvalidArgumentError("quantization at load is q8_0 or q4_K");
+  }
+  if (options.quantization != WeightFormat::kDense && tp > 1) {
+    // The blocks are the matrix's own 32-column blocks whatever the ranks: each rank's share of
+    // the row-parallel inputs must be whole blocks (as for a GGUF file's quantized matrices; a
+    // q4_K share that splits a 256-column super-block falls back to q8_0).
     const int64_t q_share = int64_t{config.num_attention_heads} / tp * config.head_dim;
     const int64_t ffn_share = config.intermediate_size / tp;
     for (const auto& [share, what] : {std::pair{q_share, "attention heads x head_dim"},
                                       std::pair{ffn_share, "intermediate_size"}}) {
       if (share % WeightMatrix::kQ8Block != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
-            "q8_0 weights with tensor parallelism ", tp, ": each rank's share of the ", what,
+            "quantized weights with tensor parallelism ", tp, ": each rank's share of the ", what,
             " inputs (", share, ") must be a multiple of ", WeightMatrix::kQ8Block));
       }
     }
@@ -54,8 +59,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   shape.num_threads = std::max(1, options.num_threads / tp);
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankWeights shard, ShardLlamaWeights(config, *weights, r, tp));
-    AttachPanels(&shard, AvailableCpuIsas().back(), options.weight_panels,
-                 options.quantization == WeightFormat::kQ8_0, options.num_threads);
+    AttachPanels(&shard, AvailableCpuIsas().back(), options.weight_panels, options.quantization,
+                 options.num_threads);
     KvPoolShape pool;
     pool.num_layers = config.num_hidden_layers;
     pool.kv_heads = shard.kv_heads;

@@ -44,7 +44,10 @@ struct CpuBackendOptions {
   bool weight_panels = true;
   // kQ8_0: every linear weight (Q, K, V, O, gate, up, down, lm_head) quantized to q8_0 at load
   // (kernels/cpu/q8_0.h; kvrmd --quantization=q8_0): about half the bytes of bf16 read a step.
-  // Matrices that are q8_0 already (a GGUF file's) are multiplied as q8_0 whatever this says.
+  // kQ4K: quantized to q4_K (kernels/cpu/q4_k.h, ggml's reference quantizer; q8_0 for a matrix,
+  // or a rank's share, whose rows are not whole 256-value super-blocks): about 0.29x bf16's
+  // bytes. Matrices already in a block format (a GGUF file's) are multiplied in it whatever this
+  // says.
   WeightFormat quantization = WeightFormat::kDense;
 };
 

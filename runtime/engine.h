@@ -58,8 +58,8 @@ struct EngineOptions {
   // KV element type: f32, or bf16 (half the bytes per token: twice the tokens in the same
   // memory, half the attention reads; CPU device). Both tiers use it.
   DType kv_dtype = DType::kF32;
-  // kQ8_0: the CPU backend quantizes every linear weight to q8_0 at load (kvrmd
-  // --quantization=q8_0; CpuBackendOptions::quantization). The CUDA backend refuses it.
+  // kQ8_0 / kQ4K: the CPU backend quantizes every linear weight to q8_0 / q4_K at load (kvrmd
+  // --quantization; CpuBackendOptions::quantization). The CUDA backend refuses both.
   WeightFormat quantization = WeightFormat::kDense;
   int32_t threads = 0;  // 0: hardware concurrency (all ranks together)
   int32_t tensor_parallel = 1;  // ranks (--tp); CPU: rank threads with an in-process all-reduce

@@ -115,7 +115,7 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   return out;
 }
 
-void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0,
+void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, WeightFormat quantize,
                   int threads) {
   struct Job {
     WeightMatrix* w;
@@ -124,8 +124,12 @@ void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quan
   std::vector<Job> jobs;
   auto want = [&](WeightMatrix& w) {
     if (w.panels != nullptr) return;
-    if (WeightMatrix::IsQuantized(w.format) || quantize_q8_0) {
+    if (WeightMatrix::IsQuantized(w.format)) {
       jobs.push_back({&w, BlockPanelFormat(w)});
+    } else if (quantize == WeightFormat::kQ4K && w.cols % WeightMatrix::kQ4KBlock == 0) {
+      jobs.push_back({&w, WeightFormat::kQ4K});
+    } else if (WeightMatrix::IsQuantized(quantize)) {
+      jobs.push_back({&w, WeightFormat::kQ8_0});
     } else if (dense_panels && MatMulReadsPanels(isa, w.dtype)) {
       jobs.push_back({&w, WeightFormat::kDense});
     }

@@ -52,14 +52,15 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
 
 // Gives the rank's linear weights (Q, K, V, O, gate, up, down, lm_head) their panel copies
 // (WeightMatrix::panels), in memory `weights` owns:
-// - block panels (kernels/cpu/q8_0.h, q4_k.h) to every block-format matrix, and q8_0 panels to
-//   every dense one when `quantize_q8_0` (each row's 32-column blocks quantized:
-//   --quantization=q8_0);
+// - block panels (kernels/cpu/q8_0.h, q4_k.h) to every block-format matrix, and to every dense
+//   one when `quantize` is kQ8_0 (each row's 32-column blocks quantized: --quantization=q8_0) or
+//   kQ4K (each row's 256-column super-blocks quantized, q8_0 for a matrix whose rows are not
+//   whole super-blocks, as llama-quantize falls back: --quantization=q4_K);
 // - else, when `dense_panels`, dtype panels to those whose panels `isa`'s matmul reads
 //   (MatMulReadsPanels).
 // The row-major views stay: the embedding, the norms and the other kernel paths read them. The
 // matrices are packed on `threads` threads (start-up only).
-void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, bool quantize_q8_0,
+void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, WeightFormat quantize,
                   int threads);
 
 }  // namespace kvrm

@@ -51,8 +51,8 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
                       const EngineOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
     if (o.quantization != WeightFormat::kDense) {
       return absl::InvalidArgumentError(
-          "--quantization=q8_0 runs on the CPU backend only (--device=cpu); on the GPU the "
-          "weights are bf16");
+          "--quantization=q8_0 and q4_K run on the CPU backend only (--device=cpu); on the GPU "
+          "the weights are bf16");
     }
     cuda::CudaBackendOptions co;
     co.kv_blocks = o.kv_blocks;

@@ -70,8 +70,10 @@ ABSL_FLAG(std::string, kv_dtype, "f32",
 ABSL_FLAG(std::string, quantization, "auto",
           "how the linear weights are multiplied on the CPU: auto (a GGUF file's quantized "
           "matrices as blocks of exactly their values: q4_K as q4_K, 4.5 bits a weight; the "
-          "others as 8-bit blocks; the rest is dtype), q8_0 (every linear weight quantized to "
-          "q8_0 at load, 8.5 bits a weight; CPU device), or none (everything in dtype)");
+          "others as 8-bit blocks; the rest is dtype), q8_0 or q4_K (every linear weight "
+          "quantized at load: 8.5 or 4.5 bits a weight, q4_K with ggml's reference quantizer, "
+          "q8_0 where rows are not whole 256-value blocks; CPU device), or none (everything in "
+          "dtype)");
 ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(std::string, kv_reserve, "prompt",
           "admission reservation (kvrm mode): prompt (grow on demand; pause others under "
@@ -231,8 +233,9 @@ int Run() {
     return 1;
   }
   const std::string quantization = absl::GetFlag(FLAGS_quantization);
-  if (quantization != "auto" && quantization != "q8_0" && quantization != "none") {
-    std::fprintf(stderr, "kvrmd: --quantization=%s: use auto, q8_0 or none\n",
+  if (quantization != "auto" && quantization != "q8_0" && quantization != "q4_K" &&
+      quantization != "none") {
+    std::fprintf(stderr, "kvrmd: --quantization=%s: use auto, q8_0, q4_K or none\n",
                  quantization.c_str());
     return 2;
   }
@@ -275,7 +278,9 @@ int Run() {
     std::fprintf(stderr, "kvrmd: --kv_dtype=%s: use f32 or bf16\n", kv_dtype.c_str());
     return 2;
   }
-  eo.quantization = quantization == "q8_0" ? WeightFormat::kQ8_0 : WeightFormat::kDense;
+  eo.quantization = quantization == "q8_0"   ? WeightFormat::kQ8_0
+                    : quantization == "q4_K" ? WeightFormat::kQ4K
+                                             : WeightFormat::kDense;
   eo.max_runs = absl::GetFlag(FLAGS_kv_max_runs);
   eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
   eo.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);

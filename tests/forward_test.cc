@@ -1069,6 +1069,51 @@ TEST(Q4KShardTest, RowParallelSharesHoldTheirColumnsExactly) {
   }
 }
 
+// --quantization=q4_K: the dense model's linear weights quantized to q4_K at load are the blocks
+// the GGUF converter writes (the same quantizer), so the backend computes the same bits as over
+// the q4_K matrices themselves. The tiny model's 128-value rows are not whole super-blocks: its
+// matrices fall back to q8_0.
+TEST(Q4KWeightsTest, QuantizedAtLoadComputesWhatTheQuantizedMatricesDo) {
+  SetActiveCpuIsa(AvailableCpuIsas().back());
+  const SmallQ4K& q4k = GetSmallQ4K();
+  LlamaWeights dense = GetSmall().weights;
+  dense.layers.resize(kQ4KLayers);
+  CpuBackendOptions options;
+  options.kv_blocks = 4;
+  options.kv_block_tokens = 16;
+  options.max_slots = 1;
+  options.max_chunk_tokens = 8;
+  options.max_context = 64;
+  options.num_threads = 2;
+  auto from_file = CpuBackend::Create(q4k.config, &q4k.weights, options);
+  options.quantization = WeightFormat::kQ4K;
+  auto at_load = CpuBackend::Create(q4k.config, &dense, options);
+  ASSERT_TRUE(from_file.ok() && at_load.ok());
+  EXPECT_EQ((*at_load)->weight_quantization(), "q4_K");
+  const int32_t vocab = q4k.config.vocab_size;
+  std::vector<float> a(vocab), b(vocab);
+  const Q4KReference& ref = GetQ4KReference();
+  const KvRun run{0, 4};
+  PrefillChunk pc{0, 0, absl::MakeConstSpan(ref.tokens).subspan(0, 8), &run, 1};
+  ASSERT_TRUE((*from_file)->Prefill(pc, a.data()).ok());
+  ASSERT_TRUE((*at_load)->Prefill(pc, b.data()).ok());
+  EXPECT_EQ(a, b);
+  StepDescriptor step;
+  step.Resize(1, 1);
+  step.active[0] = 1;
+  step.num_runs[0] = 1;
+  step.SlotRuns(0)[0] = run;
+  step.position[0] = 8;
+  step.token[0] = ref.tokens[8];
+  ASSERT_TRUE((*from_file)->Decode(step, a.data()).ok());
+  ASSERT_TRUE((*at_load)->Decode(step, b.data()).ok());
+  EXPECT_EQ(a, b);
+
+  Engine tiny = MakeEngine(GetTiny(DType::kBF16), 16, 16, 2, 16, 1, true, DType::kF32,
+                           WeightFormat::kQ4K);
+  EXPECT_EQ(tiny.backend->weight_quantization(), "q8_0");
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q4KForwardTest, testing::ValuesIn(AvailableCpuIsas()),
                          [](const testing::TestParamInfo<CpuIsa>& info) {
                            return std::string(CpuIsaName(info.param));

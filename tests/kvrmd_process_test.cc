@@ -99,7 +99,7 @@ TEST(KvrmdProcessTest, UnknownKvDtypeExitsTwoNamingTheFlagAndTheChoices) {
 }
 
 TEST(KvrmdProcessTest, UnknownQuantizationExitsTwoNamingTheFlagAndTheChoices) {
-  ExpectBadFlagExitsTwo("--quantization=q4_0", "q8_0");
+  ExpectBadFlagExitsTwo("--quantization=q4_0", "q8_0, q4_K or none");
 }
 
 TEST(KvrmdProcessTest, AnOffloadShedShareOutsideItsRangeExitsTwoNamingTheFlag) {
