@@ -988,6 +988,18 @@ const Q4KReference& GetQ4KReference() {
 // down's at 1024 (q4_K): 2.1e-2 against either reference, held to kQ4KSplitRelTol.
 constexpr double kQ4KRelTol = 1e-2, kQ4KSplitRelTol = 5e-2;
 
+// One slot of 64 positions (blocks 0-3), chunks of 8.
+CpuBackendOptions Q4KBackendOptions() {
+  CpuBackendOptions options;
+  options.kv_blocks = 4;
+  options.kv_block_tokens = 16;
+  options.max_slots = 1;
+  options.max_chunk_tokens = 8;
+  options.max_context = 64;
+  options.num_threads = 2;
+  return options;
+}
+
 class Q4KForwardTest : public testing::TestWithParam<CpuIsa> {
  protected:
   void SetUp() override { SetActiveCpuIsa(GetParam()); }
@@ -997,13 +1009,7 @@ TEST_P(Q4KForwardTest, SmallModelMatchesReferenceOverTheSameValues) {
   const Q4KReference& ref = GetQ4KReference();
   const LlamaConfig& config = GetSmallQ4K().config;
   for (int32_t tp : {1, 2}) {
-    CpuBackendOptions options;
-    options.kv_blocks = 4;
-    options.kv_block_tokens = 16;
-    options.max_slots = 1;
-    options.max_chunk_tokens = 8;
-    options.max_context = 64;
-    options.num_threads = 2;
+    CpuBackendOptions options = Q4KBackendOptions();
     options.tensor_parallel = tp;
     auto backend = CpuBackend::Create(config, &GetSmallQ4K().weights, options);
     ASSERT_TRUE(backend.ok()) << backend.status();
@@ -1078,13 +1084,7 @@ TEST(Q4KWeightsTest, QuantizedAtLoadComputesWhatTheQuantizedMatricesDo) {
   const SmallQ4K& q4k = GetSmallQ4K();
   LlamaWeights dense = GetSmall().weights;
   dense.layers.resize(kQ4KLayers);
-  CpuBackendOptions options;
-  options.kv_blocks = 4;
-  options.kv_block_tokens = 16;
-  options.max_slots = 1;
-  options.max_chunk_tokens = 8;
-  options.max_context = 64;
-  options.num_threads = 2;
+  CpuBackendOptions options = Q4KBackendOptions();
   auto from_file = CpuBackend::Create(q4k.config, &q4k.weights, options);
   options.quantization = WeightFormat::kQ4K;
   auto at_load = CpuBackend::Create(q4k.config, &dense, options);

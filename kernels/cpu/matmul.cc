@@ -111,7 +111,7 @@ WeightFormat BlockPanelFormat(const WeightMatrix& w) {
 int64_t Q8PanelBytes(const WeightMatrix& w) {
   CHECK(WeightMatrix::IsQ8(BlockPanelFormat(w))) << "q8 panels of a q4_K matrix";
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
-         WeightMatrix::Q8PanelBlockSize(BlockPanelFormat(w));
+         WeightMatrix::PanelBlockSize(BlockPanelFormat(w));
 }
 
 int64_t BlockPanelBytes(const WeightMatrix& w, WeightFormat format) {
@@ -126,9 +126,9 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
   const WeightFormat format = BlockPanelFormat(w);
   const bool two_scales = format != WeightFormat::kQ8_0;
   const int64_t scale_bytes = two_scales ? 4 : 2;  // one scale
-  const int64_t head_bytes = WeightMatrix::Q8DataBlockSize(format) - kBlock;
-  const int64_t from_bytes = WeightMatrix::Q8DataBlockSize(format);
-  const int64_t to_bytes = WeightMatrix::Q8PanelBlockSize(format);
+  const int64_t head_bytes = WeightMatrix::DataBlockSize(format) - kBlock;
+  const int64_t from_bytes = WeightMatrix::DataBlockSize(format);
+  const int64_t to_bytes = WeightMatrix::PanelBlockSize(format);
   const int64_t blocks = w.Q8Blocks();
   CHECK(w.format == WeightFormat::kDense || w.cols % kBlock == 0) << "q8 rows of " << w.cols;
   uint8_t* panels = static_cast<uint8_t*>(out);

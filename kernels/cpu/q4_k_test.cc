@@ -17,6 +17,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_testing.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvrm {
@@ -365,45 +366,13 @@ TEST_P(Q4KMatMulTest, MatchesFloat64Reference) {
 // Every path computes the same bits, whatever the batch a row is in; a row holding a NaN gives
 // NaN and leaves the others.
 TEST_P(Q4KMatMulTest, SameBitsOnEveryPathAndBatch) {
-  const CpuIsa isa = GetParam();
   std::mt19937 rng(99);
-  ThreadPool pool(2);
-  const CpuIsa saved = ActiveCpuIsa();
-  const int64_t rows = 45, cols = 512, n = 40;
-  Matrix m = RandomMatrix(rows, cols, rng);
+  Matrix m = RandomMatrix(45, 512, rng);
   const PanelCopy panels(m.w, WeightFormat::kQ4K);
   WeightMatrix view = m.w;
   view.panels = panels.data();
   view.panel_format = WeightFormat::kQ4K;
-  std::vector<float> x = Random(n * cols, rng);
-  x[7 * cols + 3] = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(cols));
-  SetActiveCpuIsa(CpuIsa::kGeneric);
-  std::vector<float> generic(n * rows);
-  MatMul(pool, x.data(), n, cols, view, generic.data(), rows, scratch.data());
-  SetActiveCpuIsa(isa);
-  std::vector<float> all(n * rows);
-  MatMul(pool, x.data(), n, cols, view, all.data(), rows, scratch.data());
-  for (int64_t i = 0; i < n * rows; ++i) {
-    if (i / rows == 7) {
-      ASSERT_TRUE(std::isnan(all[i])) << i;
-      continue;
-    }
-    ASSERT_FALSE(std::isnan(all[i])) << i;
-    ASSERT_EQ(all[i], generic[i]) << CpuIsaName(isa) << " at " << i / rows << "," << i % rows;
-  }
-  for (int64_t batch : {1, 3, 8, 9, 16}) {
-    for (int64_t i0 = 0; i0 + batch <= n; i0 += 13) {
-      std::vector<float> part(batch * rows);
-      MatMul(pool, x.data() + i0 * cols, batch, cols, view, part.data(), rows, scratch.data());
-      for (int64_t i = 0; i < batch * rows; ++i) {
-        if (i0 + i / rows == 7) continue;
-        ASSERT_EQ(part[i], all[i0 * rows + i])
-            << CpuIsaName(isa) << " batch " << batch << " at row " << i0 + i / rows;
-      }
-    }
-  }
-  SetActiveCpuIsa(saved);
+  ExpectSameBitsOnEveryPathAndBatch(GetParam(), view, 40, rng);
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q4KMatMulTest, ::testing::ValuesIn(AvailableCpuIsas()),

@@ -13,6 +13,7 @@
 #include "gtest/gtest.h"
 #include "kernels/cpu/isa.h"
 #include "kernels/cpu/matmul.h"
+#include "kernels/cpu/matmul_testing.h"
 #include "kernels/cpu/thread_pool.h"
 
 namespace kvrm {
@@ -256,45 +257,13 @@ TEST_P(Q8MatMulTest, MatchesFloat64Reference) {
 // Every path computes the same bits (exact block sums, the same float operations in the same
 // order), whatever the batch a row is in; a row holding a NaN gives NaN and leaves the others.
 TEST_P(Q8MatMulTest, SameBitsOnEveryPathAndBatch) {
-  const CpuIsa isa = GetParam();
   std::mt19937 rng(99);
-  ThreadPool pool(2);
-  const CpuIsa saved = ActiveCpuIsa();
-  const int64_t rows = 45, cols = 320, n = 40;
-  Matrix m = RandomMatrix(rows, cols, rng);
+  Matrix m = RandomMatrix(45, 320, rng);
   const PanelCopy panels(m.q8, WeightFormat::kQ8_0);
   WeightMatrix view = m.q8;
   view.panels = panels.data();
   view.panel_format = WeightFormat::kQ8_0;
-  std::vector<float> x = Random(n * cols, rng);
-  x[7 * cols + 3] = std::numeric_limits<float>::quiet_NaN();
-  std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(cols));
-  SetActiveCpuIsa(CpuIsa::kGeneric);
-  std::vector<float> generic(n * rows);
-  MatMul(pool, x.data(), n, cols, view, generic.data(), rows, scratch.data());
-  SetActiveCpuIsa(isa);
-  std::vector<float> all(n * rows);
-  MatMul(pool, x.data(), n, cols, view, all.data(), rows, scratch.data());
-  for (int64_t i = 0; i < n * rows; ++i) {
-    if (i / rows == 7) {
-      ASSERT_TRUE(std::isnan(all[i])) << i;
-      continue;
-    }
-    ASSERT_FALSE(std::isnan(all[i])) << i;
-    ASSERT_EQ(all[i], generic[i]) << CpuIsaName(isa) << " at " << i / rows << "," << i % rows;
-  }
-  for (int64_t batch : {1, 3, 8, 9, 16}) {
-    for (int64_t i0 = 0; i0 + batch <= n; i0 += 13) {
-      std::vector<float> part(batch * rows);
-      MatMul(pool, x.data() + i0 * cols, batch, cols, view, part.data(), rows, scratch.data());
-      for (int64_t i = 0; i < batch * rows; ++i) {
-        if (i0 + i / rows == 7) continue;
-        ASSERT_EQ(part[i], all[i0 * rows + i])
-            << CpuIsaName(isa) << " batch " << batch << " at row " << i0 + i / rows;
-      }
-    }
-  }
-  SetActiveCpuIsa(saved);
+  ExpectSameBitsOnEveryPathAndBatch(GetParam(), view, 40, rng);
 }
 
 // q8 affine matrices (what GGUF's q4_1, q5_1, q4_K and q5_K hold: random s, o and q in 0..31, as

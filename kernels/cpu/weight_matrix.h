@@ -82,12 +82,9 @@ struct WeightMatrix {
            : f == WeightFormat::kQ4K ? kQ4KPanelBlockBytes
                                      : kQ8AffinePanelBlockBytes;
   }
-  // A q8 format's row-major block bytes, panel block bytes, and where a panel block's lines
-  // start (past the 16 rows' scales).
-  static constexpr int64_t Q8DataBlockSize(WeightFormat f) { return DataBlockSize(f); }
-  static constexpr int64_t Q8PanelBlockSize(WeightFormat f) { return PanelBlockSize(f); }
+  // Where a q8 format's panel block's lines start (past the 16 rows' scales).
   static constexpr int64_t Q8LinesAt(WeightFormat f) {
-    return Q8PanelBlockSize(f) - kPanelRows * kQ8Block;
+    return PanelBlockSize(f) - kPanelRows * kQ8Block;
   }
   int64_t Q8Blocks() const { return (cols + kQ8Block - 1) / kQ8Block; }
   // Blocks of a panel row in `panel_format` (32 or 256 columns each, the last zero-padded).
