@@ -11,6 +11,7 @@
 #include "runtime/model_bundle.h"
 #include "tests/test_server.h"
 #include "tools/gguf/gguf_convert.h"
+#include "tools/modelgen/model_writer.h"
 
 namespace kvrm {
 namespace {
@@ -135,6 +136,39 @@ TEST(GgufE2eTest, AQ8_0FileIsMultipliedAsQ8_0) {
     WeightRowToFloat(dense.model().weights.layers[2].w_gate, r, b.data());
     for (size_t c = 0; c < a.size(); ++c) ASSERT_EQ(Bf16ToFloat(FloatToBf16(a[c])), b[c]);
   }
+}
+
+// A q4_K file (the small model: every linear weight's rows are whole 256-value super-blocks,
+// which the tiny model's are not) is served with its q4_K matrices multiplied as they are: views
+// of the file's tensors (attn_q / attn_k put back in HF order), the model info says q4_K, and the
+// engine generates with them (numerics: //tests:forward_test's Q4KForwardTest).
+TEST(GgufE2eTest, AQ4_KFileIsMultipliedAsQ4_K) {
+  const std::string dir = TestTmpDir() + "/kvrm-small";
+  modelgen::MakeModelOptions mo;
+  mo.size = "small";
+  mo.out_dir = dir;
+  CHECK_OK(modelgen::MakeModel(mo).status());
+  const std::string path = TestTmpDir() + "/small-q4_K.gguf";
+  GgufConvertOptions co;
+  co.type = GgmlType::kQ4_K;
+  CHECK_OK(ConvertToGguf(dir, path, co));
+  TestServer gguf(Load(path), Options());
+  const LlamaWeights& w = gguf.model().weights;
+  const GgufFile& file = *gguf.model().gguf->file;
+  for (const WeightMatrix* m : {&w.layers[0].wv, &w.layers[5].w_up, &w.layers[11].w_down}) {
+    EXPECT_EQ(m->format, WeightFormat::kQ4K);
+    bool view = false;
+    for (const GgufTensor& t : file.tensors()) view = view || t.data == m->data;
+    EXPECT_TRUE(view) << "not a view of one of the file's tensors";
+  }
+  EXPECT_EQ(w.layers[0].wq.format, WeightFormat::kQ4K);  // rows put back in HF order
+  const std::vector<std::vector<int32_t>> tokens = Generate(gguf);
+  ASSERT_EQ(tokens.size(), 4u);
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(gguf.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.weights_format(), "gguf q4_K");
+  EXPECT_EQ(info.weight_quantization(), "q4_K");
 }
 
 }  // namespace
