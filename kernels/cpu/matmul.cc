@@ -109,14 +109,16 @@ WeightFormat BlockPanelFormat(const WeightMatrix& w) {
 }
 
 int64_t Q8PanelBytes(const WeightMatrix& w) {
-  CHECK(WeightMatrix::IsQ8(BlockPanelFormat(w))) << "q8 panels of a q4_K matrix";
+  CHECK(WeightMatrix::IsQ8(BlockPanelFormat(w))) << "q8 panels of a K-quant matrix";
   return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
          WeightMatrix::PanelBlockSize(BlockPanelFormat(w));
 }
 
 int64_t BlockPanelBytes(const WeightMatrix& w, WeightFormat format) {
   if (format == WeightFormat::kDense) format = BlockPanelFormat(w);
-  return format == WeightFormat::kQ4K ? Q4KPanelBytes(w) : Q8PanelBytes(w);
+  if (format == WeightFormat::kQ4K) return Q4KPanelBytes(w);
+  if (format == WeightFormat::kQ6K) return Q6KPanelBytes(w);
+  return Q8PanelBytes(w);
 }
 
 void PackQ8Panels(const WeightMatrix& w, void* out) {
@@ -206,6 +208,44 @@ void PackQ4KPanels(const WeightMatrix& w, void* out) {
   }
 }
 
+int64_t Q6KPanelBytes(const WeightMatrix& w) {
+  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows *
+         (w.cols / WeightMatrix::kQ4KBlock) * WeightMatrix::kQ6KPanelBlockBytes;
+}
+
+void PackQ6KPanels(const WeightMatrix& w, void* out) {
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows, kSub = WeightMatrix::kQ8Block;
+  CHECK(w.format == WeightFormat::kQ6K && w.cols % WeightMatrix::kQ4KBlock == 0)
+      << "q6_K panels of " << w.cols << " columns";
+  const int64_t supers = w.cols / WeightMatrix::kQ4KBlock;
+  const int64_t stride = supers * WeightMatrix::kQ6KPanelBlockBytes;
+  uint8_t* panels = static_cast<uint8_t*>(out);
+  std::memset(panels, 0, Q6KPanelBytes(w));
+  float scales[16];
+  uint8_t q[WeightMatrix::kQ4KBlock];
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
+    const int64_t l = r % kGroup;
+    uint8_t* panel = panels + r / kGroup * stride;
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* src = row + s * WeightMatrix::kQ6KBlockBytes;
+      uint8_t* block = panel + s * WeightMatrix::kQ6KPanelBlockBytes;
+      DecodeBlockQ6K(src, scales, q);
+      std::memcpy(block + 2 * l, src + 208, 2);  // d
+      for (int g = 0; g < 16; ++g) block[64 + kGroup * g + l] = src[192 + g];  // int8 scales
+      for (int j = 0; j < 8; ++j) {
+        uint8_t* lines = block + 320 + 384 * j;
+        for (int c = 0; c < kSub; ++c) {
+          const int v = q[j * kSub + c], t = c / 8, e = c % 8, half = e / 4;
+          const int64_t at = 4 * l + e % 4;
+          lines[64 * t + at] |= static_cast<uint8_t>((v & 0xF) << (4 * half));
+          lines[256 + 64 * (t / 2) + at] |= static_cast<uint8_t>((v >> 4) << (2 * (2 * (t % 2) + half)));
+        }
+      }
+    }
+  }
+}
+
 PanelCopy::PanelCopy(const WeightMatrix& w, WeightFormat format) {
   const bool blocks = WeightMatrix::IsQuantized(format);
   CHECK(!blocks || format == BlockPanelFormat(w) ||
@@ -216,6 +256,8 @@ PanelCopy::PanelCopy(const WeightMatrix& w, WeightFormat format) {
   data_ = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(memory_.get()) + 63) / 64 * 64);
   if (format == WeightFormat::kQ4K) {
     PackQ4KPanels(w, data_);
+  } else if (format == WeightFormat::kQ6K) {
+    PackQ6KPanels(w, data_);
   } else if (blocks) {
     PackQ8Panels(w, data_);
   } else {
@@ -236,6 +278,9 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   }
   if (w.format == WeightFormat::kQ4K) {
     return DequantizeRowQ4K(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+  }
+  if (w.format == WeightFormat::kQ6K) {
+    return DequantizeRowQ6K(reinterpret_cast<const uint8_t*>(row), w.cols, out);
   }
   switch (w.dtype) {
     case DType::kF32:

@@ -77,10 +77,14 @@ void PackQ8Panels(const WeightMatrix& w, void* out);
 // the rows past the last group's zero.
 int64_t Q4KPanelBytes(const WeightMatrix& w);
 void PackQ4KPanels(const WeightMatrix& w, void* out);
+// The q6_K panels (kernels/cpu/q4_k.h) of a q6_K matrix (cols a multiple of 256): Q6KPanelBytes(w)
+// bytes.
+int64_t Q6KPanelBytes(const WeightMatrix& w);
+void PackQ6KPanels(const WeightMatrix& w, void* out);
 
 // A matrix's panel copy in memory it owns (64-byte aligned), in `format`: PackPanels' for kDense,
-// PackQ8Panels' or PackQ4KPanels' for a block format (BlockPanelFormat(w), or q4_K for dense
-// data). Movable, the data stays put.
+// PackQ8Panels', PackQ4KPanels' or PackQ6KPanels' for a block format (BlockPanelFormat(w), or
+// q4_K for dense data). Movable, the data stays put.
 class PanelCopy {
  public:
   explicit PanelCopy(const WeightMatrix& w, WeightFormat format = WeightFormat::kDense);

@@ -18,8 +18,8 @@ constexpr int64_t kGroup = WeightMatrix::kPanelRows;
 // Bytes of int8 activation rows a q4_K product quantizes at a time (as q8_0.cc's).
 constexpr int64_t kActBlockBytes = 128 * 1024;
 
-// Bytes of one quantized activation row: its int8 values and, per 32, xd and xsum.
-int64_t RowBytes(int64_t cols) { return cols + cols / kSub * 8; }
+// Bytes of one quantized activation row: its int8 values; per 32, xd and xsum; per 16, a sum.
+int64_t RowBytes(int64_t cols) { return cols + cols / kSub * 8 + cols / 16 * 4; }
 
 float LoadF16(const uint8_t* p) {
   uint16_t h;
@@ -208,7 +208,7 @@ void DequantizeRowQ4K(const uint8_t* blocks, int64_t n, float* y) {
 
 KVRM_CPU_CLONES
 void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, int8_t* q, float* xd,
-                            float* xsum) {
+                            float* xsum, int32_t* sums16) {
   const int64_t blocks = k / kSub;
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t b = 0; b < blocks; ++b) {
@@ -237,6 +237,41 @@ void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, i
       d = amax / 127.0f;
       sum = d * static_cast<float>(total);
     }
+  }
+  if (sums16 == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t g = 0; g < k / 16; ++g) {
+      int32_t total = 0;
+      for (int64_t c = 0; c < 16; ++c) total += q[i * k + g * 16 + c];
+      sums16[i * (k / 16) + g] = 32 * total;
+    }
+  }
+}
+
+void DecodeBlockQ6K(const uint8_t* block, float* s, uint8_t* q) {
+  const uint8_t* ql = block;
+  const uint8_t* qh = block + 128;
+  const int8_t* scales = reinterpret_cast<const int8_t*>(block + 192);
+  const float d = LoadF16(block + 208);
+  for (int g = 0; g < 16; ++g) s[g] = d * scales[g];
+  for (int half = 0; half < 2; ++half, ql += 64, qh += 32) {
+    uint8_t* out = q + 128 * half;
+    for (int l = 0; l < 32; ++l) {
+      out[l] = static_cast<uint8_t>((ql[l] & 0xF) | ((qh[l] & 3) << 4));
+      out[l + 32] = static_cast<uint8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4));
+      out[l + 64] = static_cast<uint8_t>((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4));
+      out[l + 96] = static_cast<uint8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4));
+    }
+  }
+}
+
+void DequantizeRowQ6K(const uint8_t* blocks, int64_t n, float* y) {
+  float s[16];
+  uint8_t q[kSuper];
+  for (int64_t b = 0; b < n / kSuper; ++b) {
+    DecodeBlockQ6K(blocks + b * WeightMatrix::kQ6KBlockBytes, s, q);
+    // d * scale is exact, so one rounding of d * scale * (q - 32), as ggml's.
+    for (int64_t i = 0; i < kSuper; ++i) y[b * kSuper + i] = s[i / 16] * (q[i] - 32);
   }
 }
 

@@ -64,15 +64,36 @@ void DecodeBlockQ4K(const uint8_t* block, float* s, float* o, uint8_t* q);
 // A row of `n` values (a multiple of 256) from its n / 256 super-blocks.
 void DequantizeRowQ4K(const uint8_t* blocks, int64_t n, float* y);
 
-// The activations of a q4_K product: row i of x (k columns, a multiple of 256; rows ldx apart)
-// as int8 q[i * k + c], per 32 columns b an f32 scale xd[i * k / 32 + b] = amax / 127 and
-// xsum[...] = xd * sum(q) (0 for a block of zeros; NaN for a block holding a NaN or an infinity,
-// so the row's products are NaN).
-void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, int8_t* q, float* xd,
-                            float* xsum);
+// q6_K (WeightFormat::kQ6K): ggml's block_q6_K, 256 values in 16 groups of 16: 128 bytes of low
+// nibbles, 64 of high bit pairs, 16 int8 scales, an f16 d; value d * scale[g] * (q - 32), q in
+// [0, 63] (6.56 bits a weight). One super-block: group g's scale s[g] = d * scale[g] (exact) and
+// the 256 q in [0, 63] (ggml's dequantize_row_q6_K: element l, l + 32, l + 64, l + 96 of each
+// 128-value half from ql[l] and ql[l + 32]'s nibbles and qh[l]'s four bit pairs). A row.
+void DecodeBlockQ6K(const uint8_t* block, float* s, uint8_t* q);
+void DequantizeRowQ6K(const uint8_t* blocks, int64_t n, float* y);
+// q6_K panels (panel_format kQ6K): per group of 16 output rows, per super-block,
+// WeightMatrix::kQ6KPanelBlockBytes = 3392 bytes:
+//   [0, 32)      the 16 rows' d (f16), then 32 bytes of padding
+//   [64, 320)    the scales: group g's 16 rows at 64 + 16 g (int8)
+//   [320, 3392)  sub-block j (32 columns) at 320 + 384 j: 4 nibble lines of 64 bytes as q4_K's
+//                (line t, byte 4 l + e: the low 4 bits of q[row l][32 j + 8 t + e] and of
+//                q[row l][32 j + 8 t + 4 + e]), then 2 high lines of 64 bytes: byte 4 l + e of
+//                high line h holds in bits 2k, 2k + 1 (k < 4) the top 2 bits of the value whose
+//                low bits are in line 2 h + k / 2, low nibble (k even) or high (k odd).
+// The product adds per group of 16 the exact int32 sum of q times the int8 activations, less 32
+// times the activations' sum (xsum16), scaled by d * scale * xd (one fused multiply-add).
 
-// Activation rows the q4_K kernels quantize at a time for `cols` columns, and the scratch bytes
-// a thread needs for them (the int8 rows, twice, and their scales): never less for more columns.
+// The activations of a q4_K or q6_K product: row i of x (k columns, a multiple of 256; rows ldx
+// apart) as int8 q[i * k + c], per 32 columns b an f32 scale xd[i * k / 32 + b] = amax / 127 and
+// xsum[...] = xd * sum(q) (0 for a block of zeros; NaN for a block holding a NaN or an infinity,
+// so the row's products are NaN); with `sums16`, also 32 * sum(q) over every 16 columns
+// (sums16[i * k / 16 + g]: the q6_K product's offset).
+void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, int8_t* q, float* xd,
+                            float* xsum, int32_t* sums16 = nullptr);
+
+// Activation rows the q4_K and q6_K kernels quantize at a time for `cols` columns, and the
+// scratch bytes a thread needs for them (the int8 rows, twice, their scales and sums): never less
+// for more columns.
 int64_t Q4KActivationBlockRows(int64_t cols);
 int64_t Q4KScratchBytes(int64_t cols);
 

@@ -77,27 +77,93 @@ Block RandomBlock(std::mt19937& rng) {
   return b;
 }
 
-// A random q4_K matrix: its bytes, and its values in float64.
+// A q6_K super-block of chosen parts, laid out as ggml's block_q6_K: per 128-value half, 64
+// bytes of low nibbles (ql[l] holds values l (low nibble) and l + 64 (high), ql[l + 32] values
+// l + 32 and l + 96) and 32 bytes of high bit pairs (qh[l] holds those of l, l + 32, l + 64,
+// l + 96 in bits 0-1, 2-3, 4-5, 6-7); then 16 int8 scales, then d (f16).
+struct Block6 {
+  uint16_t d;
+  int8_t sc[16];
+  uint8_t q[kSuper];  // [0, 63]
+
+  void Write(uint8_t* out) const {
+    std::memset(out, 0, WeightMatrix::kQ6KBlockBytes);
+    for (int half = 0; half < 2; ++half) {
+      uint8_t* ql = out + 64 * half;
+      uint8_t* qh = out + 128 + 32 * half;
+      const uint8_t* v = q + 128 * half;
+      for (int l = 0; l < 32; ++l) {
+        ql[l] = static_cast<uint8_t>((v[l] & 0xF) | (v[l + 64] & 0xF) << 4);
+        ql[l + 32] = static_cast<uint8_t>((v[l + 32] & 0xF) | (v[l + 96] & 0xF) << 4);
+        qh[l] = static_cast<uint8_t>(v[l] >> 4 | (v[l + 32] >> 4) << 2 | (v[l + 64] >> 4) << 4 |
+                                     (v[l + 96] >> 4) << 6);
+      }
+    }
+    std::memcpy(out + 192, sc, 16);
+    std::memcpy(out + 208, &d, 2);
+  }
+  double Value(int64_t i) const {
+    return static_cast<double>(F16ToFloat(d)) * sc[i / 16] * (q[i] - 32);
+  }
+};
+
+Block6 RandomBlock6(std::mt19937& rng) {
+  std::uniform_int_distribution<int> six(0, 63), scale(-128, 127);
+  Block6 b;
+  b.d = FloatToF16(std::uniform_real_distribution<float>(1e-5f, 2e-4f)(rng));
+  for (int8_t& s : b.sc) s = static_cast<int8_t>(scale(rng));
+  for (uint8_t& q : b.q) q = static_cast<uint8_t>(six(rng));
+  return b;
+}
+
+// A random q4_K or q6_K matrix: its bytes, and its values in float64.
 struct Matrix {
   std::vector<uint8_t> data;
   std::vector<double> values;  // rows x cols
   WeightMatrix w;
 };
 
-Matrix RandomMatrix(int64_t rows, int64_t cols, std::mt19937& rng) {
+Matrix RandomMatrix(int64_t rows, int64_t cols, std::mt19937& rng,
+                    WeightFormat format = WeightFormat::kQ4K) {
   Matrix m;
-  const int64_t supers = cols / kSuper;
-  m.data.resize(rows * supers * kBytes);
+  const int64_t supers = cols / kSuper, bytes = WeightMatrix::DataBlockSize(format);
+  m.data.resize(rows * supers * bytes);
   m.values.resize(rows * cols);
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t s = 0; s < supers; ++s) {
-      const Block b = RandomBlock(rng);
-      b.Write(m.data.data() + (r * supers + s) * kBytes);
-      for (int64_t i = 0; i < kSuper; ++i) m.values[r * cols + s * kSuper + i] = b.Value(i);
+      uint8_t* out = m.data.data() + (r * supers + s) * bytes;
+      double* values = m.values.data() + r * cols + s * kSuper;
+      if (format == WeightFormat::kQ4K) {
+        const Block b = RandomBlock(rng);
+        b.Write(out);
+        for (int64_t i = 0; i < kSuper; ++i) values[i] = b.Value(i);
+      } else {
+        const Block6 b = RandomBlock6(rng);
+        b.Write(out);
+        for (int64_t i = 0; i < kSuper; ++i) values[i] = b.Value(i);
+      }
     }
   }
-  m.w = WeightMatrix{DType::kBF16, m.data.data(), rows, cols, cols, nullptr, WeightFormat::kQ4K};
+  m.w = WeightMatrix{DType::kBF16, m.data.data(), rows, cols, cols, nullptr, format};
   return m;
+}
+
+TEST(Q6KBlockTest, DecodesGgmlsLayout) {
+  std::mt19937 rng(8);
+  for (int trial = 0; trial < 200; ++trial) {
+    const Block6 b = RandomBlock6(rng);
+    uint8_t bytes[WeightMatrix::kQ6KBlockBytes];
+    b.Write(bytes);
+    float s[16], y[kSuper];
+    uint8_t q[kSuper];
+    DecodeBlockQ6K(bytes, s, q);
+    DequantizeRowQ6K(bytes, kSuper, y);
+    for (int g = 0; g < 16; ++g) ASSERT_EQ(s[g], F16ToFloat(b.d) * b.sc[g]);
+    for (int64_t i = 0; i < kSuper; ++i) {
+      ASSERT_EQ(q[i], b.q[i]) << trial << "," << i;
+      ASSERT_EQ(y[i], static_cast<float>(b.Value(i))) << trial << "," << i;  // d * sc exact
+    }
+  }
 }
 
 TEST(Q4KBlockTest, DecodesGgmlsLayout) {
@@ -214,6 +280,52 @@ std::vector<double> PanelValues(const WeightMatrix& w, const void* panels) {
   return out;
 }
 
+// The weights a q6_K panel copy holds, read by the layout of q4_k.h: [rows][cols].
+std::vector<double> Panel6Values(const WeightMatrix& w, const void* panels) {
+  const int64_t supers = w.cols / kSuper;
+  std::vector<double> out(w.rows * w.cols);
+  const uint8_t* base = static_cast<const uint8_t*>(panels);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const int64_t l = r % kGroup;
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* block = base + (r / kGroup * supers + s) * WeightMatrix::kQ6KPanelBlockBytes;
+      uint16_t h;
+      std::memcpy(&h, block + 2 * l, 2);
+      for (int64_t c = 0; c < kSuper; ++c) {
+        const int64_t j = c / 32, t = c % 32 / 8, e = c % 8;
+        const uint8_t* sub = block + 320 + 384 * j;
+        const int nibble =
+            e < 4 ? sub[64 * t + 4 * l + e % 4] & 0xF : sub[64 * t + 4 * l + e % 4] >> 4;
+        const int k = 2 * (t % 2) + (e < 4 ? 0 : 1);
+        const int top = (sub[256 + 64 * (t / 2) + 4 * l + e % 4] >> (2 * k)) & 3;
+        const int8_t scale = static_cast<int8_t>(block[64 + 16 * (c / 16) + l]);
+        out[r * w.cols + s * kSuper + c] =
+            static_cast<double>(F16ToFloat(h)) * scale * ((nibble | top << 4) - 32);
+      }
+    }
+  }
+  return out;
+}
+
+TEST(Q6KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
+  std::mt19937 rng(15);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 256}, {17, 512}, {40, 256}}) {
+    Matrix m = RandomMatrix(rows, cols, rng, WeightFormat::kQ6K);
+    const PanelCopy panels(m.w, WeightFormat::kQ6K);
+    ASSERT_EQ(panels.bytes(), (rows + 15) / 16 * cols / 256 * 3392);
+    EXPECT_EQ(m.w.bytes(), rows * cols / 256 * 210);
+    const std::vector<double> got = Panel6Values(m.w, panels.data());
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      WeightRowToFloat(m.w, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        ASSERT_EQ(got[r * cols + c], m.values[r * cols + c]) << r << "," << c;
+        ASSERT_EQ(row[c], static_cast<float>(m.values[r * cols + c])) << r << "," << c;
+      }
+    }
+  }
+}
+
 TEST(Q4KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
   std::mt19937 rng(5);
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 256}, {17, 512}, {40, 256}}) {
@@ -268,7 +380,8 @@ TEST(Q4KActivationsTest, ScratchNeverShrinksWithMoreColumns) {
   for (int64_t cols = 256; cols < 40000; cols += 256) {
     ASSERT_LE(Q4KScratchBytes(cols), Q4KScratchBytes(cols + 256)) << cols;
     // Two copies of the int8 rows, and two floats per 32 columns a row.
-    ASSERT_GE(Q4KScratchBytes(cols), Q4KActivationBlockRows(cols) * (2 * cols + cols / 4)) << cols;
+    // Two copies of the int8 rows, two floats per 32 columns and an int32 per 16 a row.
+    ASSERT_GE(Q4KScratchBytes(cols), Q4KActivationBlockRows(cols) * (2 * cols + cols / 2)) << cols;
   }
 }
 
@@ -329,34 +442,36 @@ TEST_P(Q4KMatMulTest, MatchesFloat64Reference) {
   for (Shape s : {Shape{1, 1, 256}, Shape{1, 7, 512}, Shape{3, 33, 256}, Shape{4, 40, 768},
                   Shape{8, 16, 1024}, Shape{9, 48, 256}, Shape{20, 50, 512}, Shape{40, 9, 8192},
                   Shape{2, 130, 2048}}) {
-    Matrix m = RandomMatrix(s.rows, s.cols, rng);
-    const PanelCopy panels(m.w, WeightFormat::kQ4K);
-    WeightMatrix view = m.w;
-    view.panels = panels.data();
-    view.panel_format = WeightFormat::kQ4K;
-    const int64_t blocks = s.cols / 32;
-    std::vector<float> x = Random(s.n * s.cols, rng);
-    std::vector<int8_t> xq(s.n * s.cols);
-    std::vector<float> xd(s.n * blocks), xsum(s.n * blocks);
-    QuantizeActivationsQ4K(x.data(), s.n, s.cols, s.cols, xq.data(), xd.data(), xsum.data());
-    std::vector<float> y(s.n * s.rows, NAN);
-    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
-    MatMul(pool, x.data(), s.n, s.cols, view, y.data(), s.rows, scratch.data());
-    for (int64_t i = 0; i < s.n; ++i) {
-      for (int64_t r = 0; r < s.rows; ++r) {
-        double exact = 0, unquantized = 0, mag = 0, slack = 0;
-        for (int64_t c = 0; c < s.cols; ++c) {
-          const double wc = m.values[r * s.cols + c];
-          const double step = xd[i * blocks + c / 32];
-          exact += wc * xq[i * s.cols + c] * step;
-          unquantized += wc * x[i * s.cols + c];
-          mag += std::fabs(wc * x[i * s.cols + c]);
-          slack += std::fabs(wc) * step * 0.5001;
+    for (const WeightFormat format : {WeightFormat::kQ4K, WeightFormat::kQ6K}) {
+      Matrix m = RandomMatrix(s.rows, s.cols, rng, format);
+      const PanelCopy panels(m.w, format);
+      WeightMatrix view = m.w;
+      view.panels = panels.data();
+      view.panel_format = format;
+      const int64_t blocks = s.cols / 32;
+      std::vector<float> x = Random(s.n * s.cols, rng);
+      std::vector<int8_t> xq(s.n * s.cols);
+      std::vector<float> xd(s.n * blocks), xsum(s.n * blocks);
+      QuantizeActivationsQ4K(x.data(), s.n, s.cols, s.cols, xq.data(), xd.data(), xsum.data());
+      std::vector<float> y(s.n * s.rows, NAN);
+      std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+      MatMul(pool, x.data(), s.n, s.cols, view, y.data(), s.rows, scratch.data());
+      for (int64_t i = 0; i < s.n; ++i) {
+        for (int64_t r = 0; r < s.rows; ++r) {
+          double exact = 0, unquantized = 0, mag = 0, slack = 0;
+          for (int64_t c = 0; c < s.cols; ++c) {
+            const double wc = m.values[r * s.cols + c];
+            const double step = xd[i * blocks + c / 32];
+            exact += wc * xq[i * s.cols + c] * step;
+            unquantized += wc * x[i * s.cols + c];
+            mag += std::fabs(wc * x[i * s.cols + c]);
+            slack += std::fabs(wc) * step * 0.5001;
+          }
+          ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
+              << CpuIsaName(isa) << " format " << static_cast<int>(format) << " n=" << s.n
+              << " rows=" << s.rows << " cols=" << s.cols << " at " << i << "," << r;
+          ASSERT_NEAR(y[i * s.rows + r], unquantized, slack + 2e-6 * mag + 1e-7);
         }
-        ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
-            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " cols=" << s.cols << " at "
-            << i << "," << r;
-        ASSERT_NEAR(y[i * s.rows + r], unquantized, slack + 2e-6 * mag + 1e-7);
       }
     }
   }
@@ -367,12 +482,14 @@ TEST_P(Q4KMatMulTest, MatchesFloat64Reference) {
 // NaN and leaves the others.
 TEST_P(Q4KMatMulTest, SameBitsOnEveryPathAndBatch) {
   std::mt19937 rng(99);
-  Matrix m = RandomMatrix(45, 512, rng);
-  const PanelCopy panels(m.w, WeightFormat::kQ4K);
-  WeightMatrix view = m.w;
-  view.panels = panels.data();
-  view.panel_format = WeightFormat::kQ4K;
-  ExpectSameBitsOnEveryPathAndBatch(GetParam(), view, 40, rng);
+  for (const WeightFormat format : {WeightFormat::kQ4K, WeightFormat::kQ6K}) {
+    Matrix m = RandomMatrix(45, 512, rng, format);
+    const PanelCopy panels(m.w, format);
+    WeightMatrix view = m.w;
+    view.panels = panels.data();
+    view.panel_format = format;
+    ExpectSameBitsOnEveryPathAndBatch(GetParam(), view, 40, rng);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q4KMatMulTest, ::testing::ValuesIn(AvailableCpuIsas()),

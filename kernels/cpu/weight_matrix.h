@@ -16,9 +16,9 @@
 // a dense matrix quantized at load time, or a q8_0 one repacked. A matrix with q8_0 panels is
 // multiplied from them on every instruction-set path (no path reads q8_0 data row-major).
 //
-// q4_K (WeightFormat::kQ4K, kernels/cpu/q4_k.h): GGUF's 4-bit super-blocks of 256 input
-// features, kept as they are: `data` holds a file's own blocks, and `panels` the q4_K panels the
-// kernels read (4.6 bits a weight).
+// q4_K and q6_K (WeightFormat::kQ4K, kQ6K, kernels/cpu/q4_k.h): GGUF's 4- and 6-bit super-blocks
+// of 256 input features, kept as they are: `data` holds a file's own blocks, and `panels` the
+// panels the kernels read (4.6 and 6.6 bits a weight).
 #ifndef KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 #define KVRM_KERNELS_CPU_WEIGHT_MATRIX_H_
 
@@ -35,6 +35,7 @@ enum class WeightFormat : uint8_t {
   kQ8Halves,  // q8 blocks with a scale per half: f32 s0, f32 s1, 32 int8 q, value s0 * q (first
               // 16) or s1 * q (last 16) (kernels/cpu/q8_0.h)
   kQ4K,       // ggml's q4_K super-blocks of 256 values (kernels/cpu/q4_k.h)
+  kQ6K,       // ggml's q6_K super-blocks of 256 values (kernels/cpu/q4_k.h)
 };
 
 struct WeightMatrix {
@@ -63,23 +64,32 @@ struct WeightMatrix {
   static constexpr int64_t kQ4KBlockBytes = 144;
   static constexpr int64_t kQ4KPanelBlockBytes = kPanelRows * 4 + kPanelRows * 16 +
                                                  kPanelRows * kQ4KBlock / 2;
+  // q6_K: ggml's block_q6_K (128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, f16
+  // d); its panel block: the rows' d padded to 64 bytes, 16 x 16 scales, then 8 x 384 bytes of
+  // values (kernels/cpu/q4_k.h).
+  static constexpr int64_t kQ6KBlockBytes = 210;
+  static constexpr int64_t kQ6KPanelBlockBytes = 64 + kPanelRows * 16 + kPanelRows * kQ4KBlock *
+                                                                           6 / 8;
 
   // Block formats (the rest are `dtype` elements).
   static bool IsQuantized(WeightFormat f) { return f != WeightFormat::kDense; }
-  // The 8-bit block formats (32 values a block).
-  static bool IsQ8(WeightFormat f) { return IsQuantized(f) && f != WeightFormat::kQ4K; }
-  // A block format's values a block, row-major block bytes and panel block bytes (16 rows).
-  static constexpr int64_t BlockCols(WeightFormat f) {
-    return f == WeightFormat::kQ4K ? kQ4KBlock : kQ8Block;
+  // The K-quant formats (256 values a super-block) and the 8-bit ones (32 values a block).
+  static constexpr bool IsKQuant(WeightFormat f) {
+    return f == WeightFormat::kQ4K || f == WeightFormat::kQ6K;
   }
+  static bool IsQ8(WeightFormat f) { return IsQuantized(f) && !IsKQuant(f); }
+  // A block format's values a block, row-major block bytes and panel block bytes (16 rows).
+  static constexpr int64_t BlockCols(WeightFormat f) { return IsKQuant(f) ? kQ4KBlock : kQ8Block; }
   static constexpr int64_t DataBlockSize(WeightFormat f) {
     return f == WeightFormat::kQ8_0  ? kQ8BlockBytes
            : f == WeightFormat::kQ4K ? kQ4KBlockBytes
+           : f == WeightFormat::kQ6K ? kQ6KBlockBytes
                                      : kQ8AffineBlockBytes;
   }
   static constexpr int64_t PanelBlockSize(WeightFormat f) {
     return f == WeightFormat::kQ8_0  ? kQ8PanelBlockBytes
            : f == WeightFormat::kQ4K ? kQ4KPanelBlockBytes
+           : f == WeightFormat::kQ6K ? kQ6KPanelBlockBytes
                                      : kQ8AffinePanelBlockBytes;
   }
   // Where a q8 format's panel block's lines start (past the 16 rows' scales).
