@@ -118,25 +118,11 @@ void DequantAffine(GgmlType type, const std::byte* b, float* y) {
 }
 
 // q6_K: 256 elements, element e scaled by d * scales[e / 16] (int8), q - 32 in [-32, 31]. Writes
-// the 16 scales (d * scale, exact in f32) and the 256 q - 32. Each 128-element half takes 64
-// bytes of low nibbles and 32 of high bit pairs: elements l, l + 32, l + 64, l + 96 (l < 32) from
-// ql[l] and ql[l + 32]'s nibbles and qh[l]'s four pairs.
+// the 16 scales (d * scale, exact in f32) and the 256 q - 32 (the kernels' DecodeBlockQ6K).
 void DecodeQ6_K(const std::byte* b, float* s, int8_t* q) {
-  const uint8_t* ql = U8(b);
-  const uint8_t* qh = U8(b + 128);
-  const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-  const float d = LoadHalf(b + 208);
-  for (int i = 0; i < 16; ++i) s[i] = d * sc[i];
-  for (int n = 0; n < kQkK; n += 128) {
-    for (int l = 0; l < 32; ++l) {
-      q[n + l + 0] = static_cast<int8_t>((ql[l + 0] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
-      q[n + l + 32] = static_cast<int8_t>((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
-      q[n + l + 64] = static_cast<int8_t>((ql[l + 0] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
-      q[n + l + 96] = static_cast<int8_t>((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
-    }
-    ql += 64;
-    qh += 32;
-  }
+  uint8_t u[kQkK];
+  DecodeBlockQ6K(U8(b), s, u);
+  for (int e = 0; e < kQkK; ++e) q[e] = static_cast<int8_t>(u[e] - 32);
 }
 
 // ggml computes d * scale * q left to right: d * scale is exact, so one rounding, as here.

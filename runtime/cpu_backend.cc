@@ -118,7 +118,7 @@ int64_t CpuBackend::owned_weight_bytes() const {
 std::string CpuBackend::weight_quantization() const {
   // Every linear weight has q8_0 panels with --quantization=q8_0; a GGUF file's block-format
   // matrices have their panels whatever the flag (and its other matrices may not).
-  bool q8_0 = false, affine = false, halves = false, q4_k = false;
+  bool q8_0 = false, affine = false, halves = false, q4_k = false, q6_k = false;
   for (const auto& r : ranks_) {
     const RankWeights& w = r->weights();
     std::vector<const WeightMatrix*> linear = {&w.lm_head};
@@ -132,11 +132,13 @@ std::string CpuBackend::weight_quantization() const {
       affine = affine || m->panel_format == WeightFormat::kQ8Affine;
       halves = halves || m->panel_format == WeightFormat::kQ8Halves;
       q4_k = q4_k || m->panel_format == WeightFormat::kQ4K;
+      q6_k = q6_k || m->panel_format == WeightFormat::kQ6K;
     }
   }
   std::string out;
-  for (const auto& [used, name] : {std::pair{q4_k, "q4_K"}, std::pair{q8_0, "q8_0"},
-                                   std::pair{affine, "q8_affine"}, std::pair{halves, "q8_halves"}}) {
+  for (const auto& [used, name] :
+       {std::pair{q4_k, "q4_K"}, std::pair{q6_k, "q6_K"}, std::pair{q8_0, "q8_0"},
+        std::pair{affine, "q8_affine"}, std::pair{halves, "q8_halves"}}) {
     if (used) out += (out.empty() ? "" : "+") + std::string(name);
   }
   return out;

@@ -15,11 +15,12 @@
 namespace kvrm {
 namespace {
 
-// Columns [begin, begin + count) of a q4_K matrix as q8 affine blocks of exactly their values
-// (a share that splits a 256-column super-block; begin and count multiples of 32), into memory
-// owned by `out`.
-WeightMatrix CopyQ4KColumnsAsAffine(const WeightMatrix& w, int64_t begin, int64_t count,
-                                    RankWeights* out) {
+// Columns [begin, begin + count) of a q4_K or q6_K matrix as 8-bit blocks of exactly their
+// values (q8 affine, q8 halves: a share that splits a 256-column super-block; begin and count
+// multiples of 32), into memory owned by `out`.
+WeightMatrix CopyKQuantColumnsAs8Bit(const WeightMatrix& w, int64_t begin, int64_t count,
+                                     RankWeights* out) {
+  const bool six = w.format == WeightFormat::kQ6K;
   constexpr int64_t kSub = WeightMatrix::kQ8Block, kSuper = WeightMatrix::kQ4KBlock;
   const int64_t first = begin / kSuper, last = (begin + count + kSuper - 1) / kSuper;
   const int64_t row_bytes = count / kSub * WeightMatrix::kQ8AffineBlockBytes;
@@ -28,24 +29,26 @@ WeightMatrix CopyQ4KColumnsAsAffine(const WeightMatrix& w, int64_t begin, int64_
   std::vector<std::byte> converted((last - first) * kSuper / kSub *
                                    WeightMatrix::kQ8AffineBlockBytes);
   for (int64_t r = 0; r < w.rows; ++r) {
-    const auto* row = reinterpret_cast<const std::byte*>(w.RowPtr(r));
-    CHECK(ToQ8AffineExactly(GgmlType::kQ4_K, row + first * WeightMatrix::kQ4KBlockBytes,
-                            (last - first) * kSuper, converted.data()));
-    std::memcpy(memory.get() + r * row_bytes,
-                converted.data() + (begin - first * kSuper) / kSub *
-                                       WeightMatrix::kQ8AffineBlockBytes,
-                row_bytes);
+    const std::byte* from = reinterpret_cast<const std::byte*>(w.RowPtr(r)) +
+                            first * WeightMatrix::DataBlockSize(w.format);
+    CHECK(
+        six ? ToQ8HalvesExactly(GgmlType::kQ6_K, from, (last - first) * kSuper, converted.data())
+            : ToQ8AffineExactly(GgmlType::kQ4_K, from, (last - first) * kSuper, converted.data()));
+    std::memcpy(
+        memory.get() + r * row_bytes,
+        converted.data() + (begin - first * kSuper) / kSub * WeightMatrix::kQ8AffineBlockBytes,
+        row_bytes);
   }
-  WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count, nullptr,
-                     WeightFormat::kQ8Affine};
+  const WeightFormat format = six ? WeightFormat::kQ8Halves : WeightFormat::kQ8Affine;
+  WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count, nullptr, format};
   out->owned_bytes += w.rows * row_bytes;
   out->owned.push_back(std::move(memory));
   return shard;
 }
 
 // Columns [begin, begin + count) of `w`, copied into memory owned by `out` (block formats: whole
-// blocks, so begin and count must be multiples of 32; a q4_K share that splits a 256-column
-// super-block becomes q8 affine blocks).
+// blocks, so begin and count must be multiples of 32; a q4_K or q6_K share that splits a
+// 256-column super-block becomes 8-bit blocks).
 absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name, int64_t begin,
                                          int64_t count, RankWeights* out) {
   if (WeightMatrix::IsQuantized(w.format) &&
@@ -55,8 +58,8 @@ absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name
         " at input column ", begin, " (", count, " a rank), not at a 32-column block"));
   }
   const int64_t super = WeightMatrix::kQ4KBlock;
-  if (w.format == WeightFormat::kQ4K && (begin % super != 0 || count % super != 0)) {
-    return CopyQ4KColumnsAsAffine(w, begin, count, out);
+  if (WeightMatrix::IsKQuant(w.format) && (begin % super != 0 || count % super != 0)) {
+    return CopyKQuantColumnsAs8Bit(w, begin, count, out);
   }
   const int64_t row_bytes = w.DataBytes(count);
   auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);

@@ -44,8 +44,8 @@ struct RankWeights {
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`, or when a
 // rank's share of a row-parallel block-format matrix's inputs is not whole 32-column blocks. A
-// q4_K share that is, but splits a 256-column super-block, is copied as q8 affine blocks of
-// exactly its values.
+// q4_K or q6_K share that is, but splits a 256-column super-block, is copied as 8-bit blocks of
+// exactly its values (q8 affine, q8 halves).
 absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);

@@ -902,38 +902,50 @@ struct SmallQ4K {
   std::map<std::string, const WeightMatrix*> by_name;  // HF tensor name -> matrix
 };
 
-const SmallQ4K& GetSmallQ4K() {
-  static const SmallQ4K* model = [] {
-    auto* m = new SmallQ4K;
-    m->config = GetSmall().config;
-    m->config.num_hidden_layers = kQ4KLayers;
-    m->weights = GetSmall().weights;
-    m->weights.layers.resize(kQ4KLayers);
-    auto quantize = [&](const std::string& name, WeightMatrix& w) {
-      const int64_t row_bytes = w.cols / WeightMatrix::kQ4KBlock * WeightMatrix::kQ4KBlockBytes;
-      std::vector<std::byte>& out = m->blocks.emplace_back(w.rows * row_bytes);
-      std::vector<float> row(w.cols);
-      for (int64_t r = 0; r < w.rows; ++r) {
-        WeightRowToFloat(w, r, row.data());
-        QuantizeRow(GgmlType::kQ4_K, row.data(), w.cols, out.data() + r * row_bytes);
-      }
-      w = WeightMatrix{w.dtype, out.data(), w.rows, w.cols, w.cols, nullptr, WeightFormat::kQ4K};
-      m->by_name[name] = &w;
-    };
-    quantize("lm_head.weight", m->weights.lm_head);
-    for (size_t i = 0; i < m->weights.layers.size(); ++i) {
-      LayerWeights& l = m->weights.layers[i];
-      const std::string p = absl::StrCat("model.layers.", i, ".");
-      quantize(p + "self_attn.q_proj.weight", l.wq);
-      quantize(p + "self_attn.k_proj.weight", l.wk);
-      quantize(p + "self_attn.v_proj.weight", l.wv);
-      quantize(p + "self_attn.o_proj.weight", l.wo);
-      quantize(p + "mlp.gate_proj.weight", l.w_gate);
-      quantize(p + "mlp.up_proj.weight", l.w_up);
-      quantize(p + "mlp.down_proj.weight", l.w_down);
-    }
-    return m;
-  }();
+// A weight matrix quantized to `type` (q4_K or q6_K) by the GGUF converter's quantizer, in
+// memory `blocks` keeps.
+WeightMatrix QuantizeKMatrix(const WeightMatrix& w, GgmlType type,
+                             std::vector<std::vector<std::byte>>* blocks) {
+  const GgmlTypeTraits& t = GgmlTraits(type);
+  const int64_t row_bytes = w.cols / t.block_elems * t.block_bytes;
+  std::vector<std::byte>& out = blocks->emplace_back(w.rows * row_bytes);
+  std::vector<float> row(w.cols);
+  for (int64_t r = 0; r < w.rows; ++r) {
+    WeightRowToFloat(w, r, row.data());
+    QuantizeRow(type, row.data(), w.cols, out.data() + r * row_bytes);
+  }
+  return WeightMatrix{w.dtype, out.data(), w.rows, w.cols, w.cols, nullptr,
+                      type == GgmlType::kQ6_K ? WeightFormat::kQ6K : WeightFormat::kQ4K};
+}
+
+// `q4_k_m`: as llama.cpp's Q4_K_M mix, the output (lm_head) and down_proj in q6_K, the rest in
+// q4_K; else every linear weight in q4_K.
+const SmallQ4K& GetSmallQ4K(bool q4_k_m = false) {
+  static const SmallQ4K* models[2] = {nullptr, nullptr};
+  const SmallQ4K*& model = models[q4_k_m];
+  if (model != nullptr) return *model;
+  auto* m = new SmallQ4K;
+  m->config = GetSmall().config;
+  m->config.num_hidden_layers = kQ4KLayers;
+  m->weights = GetSmall().weights;
+  m->weights.layers.resize(kQ4KLayers);
+  auto quantize = [&](const std::string& name, WeightMatrix& w, bool six) {
+    w = QuantizeKMatrix(w, six && q4_k_m ? GgmlType::kQ6_K : GgmlType::kQ4_K, &m->blocks);
+    m->by_name[name] = &w;
+  };
+  quantize("lm_head.weight", m->weights.lm_head, true);
+  for (size_t i = 0; i < m->weights.layers.size(); ++i) {
+    LayerWeights& l = m->weights.layers[i];
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    quantize(p + "self_attn.q_proj.weight", l.wq, false);
+    quantize(p + "self_attn.k_proj.weight", l.wk, false);
+    quantize(p + "self_attn.v_proj.weight", l.wv, false);
+    quantize(p + "self_attn.o_proj.weight", l.wo, false);
+    quantize(p + "mlp.gate_proj.weight", l.w_gate, false);
+    quantize(p + "mlp.up_proj.weight", l.w_up, false);
+    quantize(p + "mlp.down_proj.weight", l.w_down, true);
+  }
+  model = m;
   return *model;
 }
 
@@ -951,7 +963,7 @@ struct Q4KReference {
 const Q4KReference& GetQ4KReference() {
   static const Q4KReference* ref = [] {
     const ModelBundle& small = GetSmall();
-    const SmallQ4K& q4k = GetSmallQ4K();
+    const SmallQ4K& q4k = GetSmallQ4K(/*q4_k_m=*/true);
     auto model = ReferenceLlama::Create(q4k.config, *small.files);
     CHECK_OK(model.status());
     (*model)->ReplaceLinearWeights(
@@ -976,16 +988,19 @@ const Q4KReference& GetQ4KReference() {
   return *ref;
 }
 
-// The q4_K matrices multiplied as q4_K (kernels/cpu/q4_k.h) through a whole forward pass, prefill
-// in chunks then decode, against the float64 reference over the same values and input rounding.
-// The kernels sum each sub-block exactly in int32, so what is left is f32 against double plus an
-// input near an int8 rounding boundary rounding the other way (one step, 1/127 of its block's
-// largest magnitude). Measured on every path (the same bits on each): max |diff| / max(1,
-// max |ref|) 3.5e-3, held to kQ4KRelTol; against the reference without the input rounding 2.3e-2,
-// so the kernels round as the reference does (asserted: at most half of that). Two ranks: O's
-// inputs split at 384 (not a 256-value super-block: that share runs as q8 affine blocks of the
-// same values, its inputs rounded to int16 steps of the share instead of int8 steps per 32) and
-// down's at 1024 (q4_K): 2.1e-2 against either reference, held to kQ4KSplitRelTol.
+// The Q4_K_M-like mix (q4_K, with lm_head and down_proj in q6_K) multiplied as it is
+// (kernels/cpu/q4_k.h) through a whole forward pass, prefill in chunks then decode, against the
+// float64 reference over the same values and input rounding. The kernels sum each (sub-)block
+// exactly in int32, so what is left is f32 against double plus, now and then, an input near an
+// int8 rounding boundary rounding the other way (one step, 1/127 of its block's largest
+// magnitude, which then moves the next products' inputs by whole steps). Measured on every path:
+// max |diff| / max(1, max |ref|) 4.0e-7 on this draw (no input rounded the other way; an
+// all-q4_K draw where one did measured 3.5e-3), held to kQ4KRelTol; against the reference
+// without the input rounding 1.9e-2, so the kernels round as the reference does (asserted: at
+// most half of that). Two ranks: O's inputs split at 384 (not a 256-value super-block: that share
+// runs as q8 affine blocks of the same values, its inputs rounded to int16 steps of the share
+// instead of int8 steps per 32) and down's at 1024 (q6_K): 1.7e-2 against either reference, held
+// to kQ4KSplitRelTol.
 constexpr double kQ4KRelTol = 1e-2, kQ4KSplitRelTol = 5e-2;
 
 // One slot of 64 positions (blocks 0-3), chunks of 8.
@@ -1007,13 +1022,14 @@ class Q4KForwardTest : public testing::TestWithParam<CpuIsa> {
 
 TEST_P(Q4KForwardTest, SmallModelMatchesReferenceOverTheSameValues) {
   const Q4KReference& ref = GetQ4KReference();
-  const LlamaConfig& config = GetSmallQ4K().config;
+  const SmallQ4K& q4k = GetSmallQ4K(/*q4_k_m=*/true);
+  const LlamaConfig& config = q4k.config;
   for (int32_t tp : {1, 2}) {
     CpuBackendOptions options = Q4KBackendOptions();
     options.tensor_parallel = tp;
-    auto backend = CpuBackend::Create(config, &GetSmallQ4K().weights, options);
+    auto backend = CpuBackend::Create(config, &q4k.weights, options);
     ASSERT_TRUE(backend.ok()) << backend.status();
-    EXPECT_EQ((*backend)->weight_quantization(), tp == 1 ? "q4_K" : "q4_K+q8_affine");
+    EXPECT_EQ((*backend)->weight_quantization(), tp == 1 ? "q4_K+q6_K" : "q4_K+q6_K+q8_affine");
     const int32_t vocab = config.vocab_size;
     std::vector<float> logits(vocab);
     ErrorStats stats, unrounded;
@@ -1052,23 +1068,31 @@ TEST_P(Q4KForwardTest, SmallModelMatchesReferenceOverTheSameValues) {
 // inputs a rank), a share that splits one becomes q8 affine blocks of exactly its values (O's
 // 384); either way the rank reads exactly the columns it owns.
 TEST(Q4KShardTest, RowParallelSharesHoldTheirColumnsExactly) {
-  const SmallQ4K& q4k = GetSmallQ4K();
-  const LayerWeights& whole = q4k.weights.layers[0];
-  for (int32_t rank : {0, 1}) {
-    absl::StatusOr<RankWeights> shard = ShardLlamaWeights(q4k.config, q4k.weights, rank, 2);
-    ASSERT_TRUE(shard.ok()) << shard.status();
-    const LayerWeights& l = shard->layers[0];
-    EXPECT_EQ(l.wo.format, WeightFormat::kQ8Affine);
-    EXPECT_EQ(l.w_down.format, WeightFormat::kQ4K);
-    EXPECT_EQ(l.wq.format, WeightFormat::kQ4K);  // column-parallel: a row slice
-    for (const auto& [part, full] : {std::pair{&l.wo, &whole.wo}, {&l.w_down, &whole.w_down}}) {
-      ASSERT_EQ(part->cols * 2, full->cols);
-      std::vector<float> got(part->cols), want(full->cols);
-      for (int64_t r = 0; r < full->rows; r += 37) {
-        WeightRowToFloat(*part, r, got.data());
-        WeightRowToFloat(*full, r, want.data());
-        for (int64_t c = 0; c < part->cols; ++c) {
-          ASSERT_EQ(got[c], want[rank * part->cols + c]) << "rank " << rank << " row " << r;
+  const SmallQ4K& q4k = GetSmallQ4K(/*q4_k_m=*/true);
+  // O in q6_K too: its 384-column shares split super-blocks into q8 halves blocks.
+  std::vector<std::vector<std::byte>> blocks;
+  LlamaWeights weights = q4k.weights;
+  const WeightMatrix o6 = QuantizeKMatrix(GetSmall().weights.layers[0].wo, GgmlType::kQ6_K, &blocks);
+  for (const WeightMatrix& o : {q4k.weights.layers[0].wo, o6}) {
+    weights.layers[0].wo = o;
+    const LayerWeights& whole = weights.layers[0];
+    for (int32_t rank : {0, 1}) {
+      absl::StatusOr<RankWeights> shard = ShardLlamaWeights(q4k.config, weights, rank, 2);
+      ASSERT_TRUE(shard.ok()) << shard.status();
+      const LayerWeights& l = shard->layers[0];
+      EXPECT_EQ(l.wo.format, o.format == WeightFormat::kQ6K ? WeightFormat::kQ8Halves
+                                                            : WeightFormat::kQ8Affine);
+      EXPECT_EQ(l.w_down.format, WeightFormat::kQ6K);
+      EXPECT_EQ(l.wq.format, WeightFormat::kQ4K);  // column-parallel: a row slice
+      for (const auto& [part, full] : {std::pair{&l.wo, &whole.wo}, {&l.w_down, &whole.w_down}}) {
+        ASSERT_EQ(part->cols * 2, full->cols);
+        std::vector<float> got(part->cols), want(full->cols);
+        for (int64_t r = 0; r < full->rows; r += 37) {
+          WeightRowToFloat(*part, r, got.data());
+          WeightRowToFloat(*full, r, want.data());
+          for (int64_t c = 0; c < part->cols; ++c) {
+            ASSERT_EQ(got[c], want[rank * part->cols + c]) << "rank " << rank << " row " << r;
+          }
         }
       }
     }

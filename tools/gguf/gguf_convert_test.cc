@@ -557,8 +557,9 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
     EXPECT_EQ(got.dtype, options.dequantized) << m.name;
     const bool rope = std::string(m.name).find("attn_q") != std::string::npos ||
                       std::string(m.name).find("attn_k") != std::string::npos;
-    // q8_0 and q4_K matrices whose rows keep their order are the file's own bytes.
-    if ((types[i] == GgmlType::kQ8_0 || types[i] == GgmlType::kQ4_K) &&
+    // q8_0, q4_K and q6_K matrices whose rows keep their order are the file's own bytes.
+    if ((types[i] == GgmlType::kQ8_0 || types[i] == GgmlType::kQ4_K ||
+         types[i] == GgmlType::kQ6_K) &&
         got.format != WeightFormat::kDense && !rope) {
       EXPECT_EQ(got.data, (*g)->file->FindTensor(m.name)->data) << m.name;
     }
@@ -578,8 +579,8 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
   return formats;
 }
 
-// Every quantized type loads as its exact block form with as_q8 (the default): q4_K as it is,
-// q8_0, q4_0 and q5_0 as q8_0 blocks, q4_1 and q5_K as q8 affine blocks, q6_K as q8 halves blocks,
+// Every quantized type loads as its exact block form with as_q8 (the default): q4_K and q6_K as
+// they are, q8_0, q4_0 and q5_0 as q8_0 blocks, q4_1 and q5_K as q8 affine blocks,
 // each matrix reading back as ggml's dequantization bit for bit (attn_q / attn_k reordered); with
 // as_q8 off every matrix becomes `dequantized` (f32: exactly; bf16: rounded). Two files: the
 // K-quants need 256-value rows, which the one-layer model has everywhere.
@@ -593,7 +594,7 @@ TEST(GgufModelTest, QuantizedMatricesLoadAsTheirExactBlockForms) {
   auto form = [](GgmlType t) {
     switch (t) {
       case GgmlType::kQ6_K:
-        return WeightFormat::kQ8Halves;
+        return WeightFormat::kQ6K;
       case GgmlType::kQ4_K:
         return WeightFormat::kQ4K;
       case GgmlType::kQ4_1:
