@@ -30,6 +30,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "bench/compute_peak.h"
 #include "common/dtype.h"
@@ -48,9 +49,9 @@
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "weight dtypes to measure (f32, f16, bf16; q8_0: the bf16 model quantized at load; a "
-          "GGUF type such as q4_K: the bf16 model converted to that GGUF type; q4_K_as_q8: the "
-          "q4_K file with its q4_K matrices held as exact q8 affine blocks, as before kvrm "
-          "multiplied q4_K)");
+          "GGUF type such as q4_K: the bf16 model converted to that GGUF type; q4_K_as_q8, "
+          "q6_K_as_q8: that file with its matrices held as exact 8-bit blocks (q8 affine, q8 "
+          "halves), as before kvrm multiplied q4_K and q6_K)");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -232,22 +233,25 @@ struct Loaded {
   int64_t kv_bytes_per_token = 0;  // all ranks' pools
   DType kv_dtype = DType::kF32;
   WeightFormat quantization = WeightFormat::kDense;
-  std::vector<std::vector<std::byte>> converted;  // q4_K_as_q8's blocks
+  std::vector<std::vector<std::byte>> converted;  // the *_as_q8 blocks
 };
 
-// Every q4_K matrix of `w` as q8 affine blocks of exactly its values, in `out`.
-void Q4KToQ8Affine(LlamaWeights& w, std::vector<std::vector<std::byte>>* out) {
+// Every q4_K and q6_K matrix of `w` as 8-bit blocks of exactly its values (q8 affine, q8
+// halves), in `out`.
+void KQuantsTo8Bit(LlamaWeights& w, std::vector<std::vector<std::byte>>* out) {
   auto convert = [&](WeightMatrix& m) {
-    if (m.format != WeightFormat::kQ4K) return;
+    if (!WeightMatrix::IsKQuant(m.format)) return;
+    const bool six = m.format == WeightFormat::kQ6K;
     const int64_t from = m.DataBytes(m.cols);
     const int64_t to = m.cols / WeightMatrix::kQ8Block * WeightMatrix::kQ8AffineBlockBytes;
     std::vector<std::byte>& blocks = out->emplace_back(m.rows * to);
     for (int64_t r = 0; r < m.rows; ++r) {
-      CHECK(ToQ8AffineExactly(GgmlType::kQ4_K, static_cast<const std::byte*>(m.data) + r * from,
-                              m.cols, blocks.data() + r * to));
+      const std::byte* src = static_cast<const std::byte*>(m.data) + r * from;
+      CHECK(six ? ToQ8HalvesExactly(GgmlType::kQ6_K, src, m.cols, blocks.data() + r * to)
+                : ToQ8AffineExactly(GgmlType::kQ4_K, src, m.cols, blocks.data() + r * to));
     }
     m = WeightMatrix{m.dtype, blocks.data(), m.rows, m.cols, m.cols, nullptr,
-                     WeightFormat::kQ8Affine};
+                     six ? WeightFormat::kQ8Halves : WeightFormat::kQ8Affine};
   };
   convert(w.lm_head);
   for (LayerWeights& l : w.layers) {
@@ -256,12 +260,12 @@ void Q4KToQ8Affine(LlamaWeights& w, std::vector<std::vector<std::byte>>* out) {
 }
 
 Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels,
-            DType kv_dtype, WeightFormat quantization, bool q4k_as_q8) {
+            DType kv_dtype, WeightFormat quantization, bool as_q8) {
   Loaded m;
   auto bundle = ModelBundle::Load(dir);
   CHECK_OK(bundle.status());
   m.bundle = std::move(*bundle);
-  if (q4k_as_q8) Q4KToQ8Affine(m.bundle->weights, &m.converted);
+  if (as_q8) KQuantsTo8Bit(m.bundle->weights, &m.converted);
   constexpr int32_t kBlockTokens = 16;
   m.blocks_per_slot = (max_context + kBlockTokens - 1) / kBlockTokens;
   m.max_context = max_context;
@@ -585,9 +589,10 @@ int Main() {
     // does (its matrices in their exact 8-bit forms where they have one).
     const bool q8 = dtype_name == "q8_0";
     const bool dense = !q8 && ParseDType(dtype_name, &dtype);
-    const bool q4k_as_q8 = dtype_name == "q4_K_as_q8";
+    const bool as_q8 = absl::EndsWith(dtype_name, "_as_q8");
     const GgmlTypeTraits* gguf =
-        q8 || dense ? nullptr : GgufTypeNamed(q4k_as_q8 ? "q4_K" : dtype_name);
+        q8 || dense ? nullptr
+                    : GgufTypeNamed(as_q8 ? dtype_name.substr(0, dtype_name.size() - 6) : dtype_name);
     CHECK(q8 || dense || gguf != nullptr) << "unknown dtype " << std::string(dtype_name);
     if (q8 || gguf != nullptr) dtype = DType::kBF16;
     modelgen::MakeModelOptions mo;
@@ -614,7 +619,7 @@ int Main() {
     for (DType kv : kv_dtypes) {
       for (bool panels : layouts) {
         loaded.push_back(Load(model_path, max_slots, max_context, panels, kv,
-                              q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense, q4k_as_q8));
+                              q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense, as_q8));
       }
     }
     for (int32_t context : contexts) {

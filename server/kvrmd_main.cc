@@ -69,7 +69,8 @@ ABSL_FLAG(std::string, kv_dtype, "f32",
           "block of memory, half the attention reads; CPU and CUDA devices)");
 ABSL_FLAG(std::string, quantization, "auto",
           "how the linear weights are multiplied on the CPU: auto (a GGUF file's quantized "
-          "matrices as blocks of exactly their values: q4_K as q4_K, 4.5 bits a weight; the "
+          "matrices as blocks of exactly their values: q4_K and q6_K as they are, 4.5 and 6.6 "
+          "bits a weight; the "
           "others as 8-bit blocks; the rest is dtype), q8_0 or q4_K (every linear weight "
           "quantized at load: 8.5 or 4.5 bits a weight, q4_K with ggml's reference quantizer, "
           "q8_0 where rows are not whole 256-value blocks; CPU device), or none (everything in "
