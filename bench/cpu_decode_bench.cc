@@ -49,9 +49,10 @@
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "weight dtypes to measure (f32, f16, bf16; q8_0: the bf16 model quantized at load; a "
-          "GGUF type such as q4_K: the bf16 model converted to that GGUF type; q4_K_as_q8, "
-          "q6_K_as_q8: that file with its matrices held as exact 8-bit blocks (q8 affine, q8 "
-          "halves), as before kvrm multiplied q4_K and q6_K)");
+          "GGUF type such as q4_K, or q4_K_M (llama-quantize's mix): the bf16 model converted to "
+          "that GGUF type; q4_K_as_q8, q6_K_as_q8, q4_K_M_as_q8: that file with its K-quant "
+          "matrices held as exact 8-bit blocks (q8 affine, q8 halves), as before kvrm multiplied "
+          "q4_K and q6_K)");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -589,10 +590,13 @@ int Main() {
     // does (its matrices in their exact 8-bit forms where they have one).
     const bool q8 = dtype_name == "q8_0";
     const bool dense = !q8 && ParseDType(dtype_name, &dtype);
+    // "<type>_as_q8": that file with its K-quant matrices as exact 8-bit blocks; "q4_K_M":
+    // llama-quantize's mix (GgufConvertOptions::q4_k_m).
     const bool as_q8 = absl::EndsWith(dtype_name, "_as_q8");
+    const absl::string_view base = as_q8 ? dtype_name.substr(0, dtype_name.size() - 6) : dtype_name;
+    const bool q4_k_m = base == "q4_K_M";
     const GgmlTypeTraits* gguf =
-        q8 || dense ? nullptr
-                    : GgufTypeNamed(as_q8 ? dtype_name.substr(0, dtype_name.size() - 6) : dtype_name);
+        q8 || dense ? nullptr : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
     CHECK(q8 || dense || gguf != nullptr) << "unknown dtype " << std::string(dtype_name);
     if (q8 || gguf != nullptr) dtype = DType::kBF16;
     modelgen::MakeModelOptions mo;
@@ -607,11 +611,13 @@ int Main() {
     }
     std::string model_path = mo.out_dir;
     if (gguf != nullptr) {
-      model_path = (std::filesystem::path(dir) / absl::StrCat(gguf->name, ".gguf")).string();
+      const std::string file = q4_k_m ? "q4_K_M" : gguf->name;
+      model_path = (std::filesystem::path(dir) / absl::StrCat(file, ".gguf")).string();
       if (!std::filesystem::exists(model_path)) {
-        std::printf("converting to %s in %s...\n", gguf->name, model_path.c_str());
+        std::printf("converting to %s in %s...\n", file.c_str(), model_path.c_str());
         GgufConvertOptions co;
         co.type = gguf->type;
+        co.q4_k_m = q4_k_m;
         CHECK_OK(ConvertToGguf(mo.out_dir, model_path, co));
       }
     }

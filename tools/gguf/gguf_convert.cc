@@ -42,6 +42,10 @@ absl::StatusOr<std::string> PreTokenizerName(const Json& pre) {
 
 }  // namespace
 
+bool UseMoreBits(int layer, int layers) {
+  return layer < layers / 8 || layer >= 7 * layers / 8 || (layer - layers / 8) % 3 == 2;
+}
+
 GgmlType FallbackType(GgmlType type, int64_t cols) {
   if (cols % GgmlTraits(type).block_elems == 0) return type;
   switch (type) {  // llama-quantize's (llama-quant.cpp) for rows of no whole 256-element block
@@ -215,9 +219,14 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   }
 
   // Each matrix row by row: to float, reordered where the converter permutes, then encoded.
-  auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows) {
+  // `more_bits`: a matrix the Q4_K_M mix gives q6_K.
+  auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows,
+                 bool more_bits = false) {
     const bool norm = m.rows == 1;
-    const GgmlType type = norm ? GgmlType::kF32 : FallbackType(options.type, m.cols);
+    const GgmlType chosen = !options.q4_k_m ? options.type
+                            : more_bits     ? GgmlType::kQ6_K
+                                            : GgmlType::kQ4_K;
+    const GgmlType type = norm ? GgmlType::kF32 : FallbackType(chosen, m.cols);
     const GgmlTypeTraits& t = GgmlTraits(type);
     const size_t row_bytes = static_cast<size_t>(m.cols / t.block_elems * t.block_bytes);
     std::vector<std::byte> bytes(row_bytes * m.rows);
@@ -231,22 +240,23 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     w.AddTensor(name, type, std::move(ne), std::move(bytes));
   };
   const LlamaWeights& wt = model->weights;
-  add("token_embd.weight", wt.embed, false);
+  add("token_embd.weight", wt.embed, false, /*more_bits=*/c.tie_word_embeddings);  // the output
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const LayerWeights& l = wt.layers[i];
     const std::string p = absl::StrCat("blk.", i, ".");
+    const bool more_bits = UseMoreBits(i, c.num_hidden_layers);
     add(p + "attn_norm.weight", l.attn_norm, false);
     add(p + "attn_q.weight", l.wq, true);
     add(p + "attn_k.weight", l.wk, true);
-    add(p + "attn_v.weight", l.wv, false);
+    add(p + "attn_v.weight", l.wv, false, more_bits);
     add(p + "attn_output.weight", l.wo, false);
     add(p + "ffn_norm.weight", l.mlp_norm, false);
     add(p + "ffn_gate.weight", l.w_gate, false);
     add(p + "ffn_up.weight", l.w_up, false);
-    add(p + "ffn_down.weight", l.w_down, false);
+    add(p + "ffn_down.weight", l.w_down, false, more_bits);
   }
   add("output_norm.weight", wt.final_norm, false);
-  if (!c.tie_word_embeddings) add("output.weight", wt.lm_head, false);
+  if (!c.tie_word_embeddings) add("output.weight", wt.lm_head, false, /*more_bits=*/true);
   return w.WriteFile(out_path);
 }
 

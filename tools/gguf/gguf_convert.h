@@ -21,7 +21,15 @@ namespace kvrm {
 struct GgufConvertOptions {
   // The type of every matrix but those FallbackType changes; norms are always f32.
   GgmlType type = GgmlType::kF16;
+  // llama-quantize's Q4_K_M mix instead of one type: q6_K for the output matrix (the embedding
+  // when tied) and for attn_v and ffn_down in the layers use_more_bits picks (the first and last
+  // eighth, and every third in between), q4_K for the others (`type` is then ignored).
+  bool q4_k_m = false;
 };
+
+// Whether llama-quantize gives layer `layer` of `layers` more bits in its _M mixes
+// (use_more_bits: the first and last eighth of the layers, and every third in between).
+bool UseMoreBits(int layer, int layers);
 
 // The type a matrix with rows of `cols` elements takes for `type`: itself when its rows are whole
 // blocks; else what llama-quantize falls back to (q4_K -> q5_0, q5_K -> q5_1, q6_K -> q8_0: a

@@ -386,6 +386,44 @@ TEST(GgufConvertTest, KQuantsFallBackAsLlamaQuantizeDoes) {
   EXPECT_EQ(FallbackType(GgmlType::kF32, 7), GgmlType::kF32);
 }
 
+// The Q4_K_M mix: use_more_bits picks the first and last eighth of the layers and every third in
+// between (16 of 32, as llama.cpp's Q4_K_M files of 32-layer models have); those layers' attn_v
+// and ffn_down and the output (the tiny model ties it to the embedding) take q6_K, the rest
+// q4_K, each falling back where rows are not whole 256-element blocks (the tiny model's 128 and
+// 352: q6_K to q8_0, q4_K to q5_0).
+TEST(GgufConvertTest, TheQ4_K_MMixGivesTheSensitiveMatricesMoreBits) {
+  std::vector<int> picked;
+  for (int i = 0; i < 32; ++i) {
+    if (UseMoreBits(i, 32)) picked.push_back(i);
+  }
+  EXPECT_THAT(picked, ::testing::ElementsAre(0, 1, 2, 3, 6, 9, 12, 15, 18, 21, 24, 27, 28, 29, 30,
+                                             31));
+  const std::string path = TmpDir() + "/tiny-q4_K_M.gguf";
+  GgufConvertOptions options;
+  options.q4_k_m = true;
+  ASSERT_TRUE(ConvertToGguf(TinyDir(), path, options).ok());
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto type_of = [&](const std::string& name) { return (*file)->FindTensor(name)->type; };
+  EXPECT_EQ(type_of("token_embd.weight"), GgmlType::kQ8_0);  // the tied output: q6_K
+  for (int i = 0; i < 4; ++i) {  // use_more_bits(i, 4): layers 2 and 3
+    const GgmlType more = UseMoreBits(i, 4) ? GgmlType::kQ8_0 : GgmlType::kQ5_0;
+    const std::string p = absl::StrCat("blk.", i, ".");
+    EXPECT_EQ(type_of(p + "attn_v.weight"), more) << i;
+    EXPECT_EQ(type_of(p + "ffn_down.weight"), more) << i;
+    EXPECT_EQ(type_of(p + "attn_q.weight"), GgmlType::kQ5_0) << i;
+    EXPECT_EQ(type_of(p + "ffn_up.weight"), GgmlType::kQ5_0) << i;
+    EXPECT_EQ(type_of(p + "attn_norm.weight"), GgmlType::kF32) << i;
+  }
+  EXPECT_TRUE(UseMoreBits(2, 4) && UseMoreBits(3, 4) && !UseMoreBits(0, 4) && !UseMoreBits(1, 4));
+  // It loads, and its matrices read back within their formats' resolution (q5_0, q8_0).
+  const std::unique_ptr<ModelBundle> hf = Load(TinyDir()), mixed = Load(path);
+  const auto original = Matrices(hf->weights), loaded = Matrices(mixed->weights);
+  for (size_t i = 0; i < loaded.size(); ++i) {
+    EXPECT_LT(RmsShare(*original[i], *loaded[i]), loaded[i]->rows == 1 ? 1e-12 : 0.08) << i;
+  }
+}
+
 TEST(GgufModelTest, ADirectoryWithOneGgufFileLoadsIt) {
   const std::string dir = TmpDir() + "/one-gguf";
   fs::create_directories(dir);

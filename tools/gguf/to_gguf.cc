@@ -12,7 +12,8 @@ ABSL_FLAG(std::string, model, "",
           "Hugging Face model directory (config.json, safetensors, tokenizer.json)");
 ABSL_FLAG(std::string, out, "", "the GGUF file to write");
 ABSL_FLAG(std::string, type, "f16",
-          "matrix type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K");
+          "matrix type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K, or q4_K_M "
+          "(llama-quantize's mix of q4_K and q6_K)");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -22,7 +23,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   kvrm::GgufConvertOptions options;
-  bool known = false;
+  options.q4_k_m = absl::GetFlag(FLAGS_type) == "q4_K_M";
+  bool known = options.q4_k_m;
   for (uint32_t id = 0; id < 64; ++id) {
     const kvrm::GgmlTypeTraits* t = kvrm::FindGgmlType(id);
     if (t != nullptr && absl::GetFlag(FLAGS_type) == t->name) {
@@ -33,7 +35,7 @@ int main(int argc, char** argv) {
   if (!known) {
     std::fprintf(stderr,
                  "to_gguf: --type=%s is not one of f32, f16, bf16, q8_0, q4_0, q4_1, "
-                 "q5_0, q5_1, q4_K, q5_K, q6_K\n",
+                 "q5_0, q5_1, q4_K, q5_K, q6_K, q4_K_M\n",
                  absl::GetFlag(FLAGS_type).c_str());
     return 2;
   }
