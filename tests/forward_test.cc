@@ -1060,7 +1060,9 @@ TEST_P(Q4KForwardTest, SmallModelMatchesReferenceOverTheSameValues) {
     const std::string name = absl::StrCat("tp=", tp, " ", std::string(CpuIsaName(GetParam())));
     stats.Print("small q4_K " + name);
     unrounded.Print("small q4_K against unrounded inputs " + name);
-    if (tp == 1) EXPECT_LT(stats.max_scaled, 0.5 * unrounded.max_scaled);
+    if (tp == 1) {
+      EXPECT_LT(stats.max_scaled, 0.5 * unrounded.max_scaled);
+    }
   }
 }
 
