@@ -1,5 +1,6 @@
-// q4_K weights on the CPU: GGUF's 4-bit super-block format (ggml's block_q4_K), multiplied as it
-// is, and what the kernels need around it.
+// K-quant weights on the CPU: GGUF's 4-bit and 6-bit super-block formats (ggml's block_q4_K and
+// block_q6_K, the two types of a Q4_K_M file), multiplied as they are, ggml's reference q4_K
+// quantizer, and what the kernels need around them. q4_K first; q6_K below.
 //
 // A super-block is 256 consecutive input features of one output row, in 8 sub-blocks of 32: an
 // f16 d and an f16 dmin, 6-bit scale sc[j] and min m[j] per sub-block (12 bytes), and 4-bit q
@@ -81,7 +82,7 @@ void DequantizeRowQ6K(const uint8_t* blocks, int64_t n, float* y);
 //                high line h holds in bits 2k, 2k + 1 (k < 4) the top 2 bits of the value whose
 //                low bits are in line 2 h + k / 2, low nibble (k even) or high (k odd).
 // The product adds per group of 16 the exact int32 sum of q times the int8 activations, less 32
-// times the activations' sum (xsum16), scaled by d * scale * xd (one fused multiply-add).
+// times the activations' sum (sums16), scaled by d * scale * xd (one fused multiply-add).
 
 // The activations of a q4_K or q6_K product: row i of x (k columns, a multiple of 256; rows ldx
 // apart) as int8 q[i * k + c], per 32 columns b an f32 scale xd[i * k / 32 + b] = amax / 127 and
