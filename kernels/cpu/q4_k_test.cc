@@ -255,52 +255,36 @@ TEST(Q4KQuantizeTest, ZeroAndNonFiniteBlocks) {
   }
 }
 
-// The weights a q4_K panel copy holds, read by the layout of q4_k.h: [rows][cols].
-std::vector<double> PanelValues(const WeightMatrix& w, const void* panels) {
-  const int64_t supers = w.cols / kSuper;
+// The weights a q4_K or q6_K panel copy holds, read by the layouts of q4_k.h: [rows][cols].
+std::vector<double> PanelValues(const WeightMatrix& w, const void* panels,
+                                WeightFormat format = WeightFormat::kQ4K) {
+  const int64_t supers = w.cols / kSuper, bytes = WeightMatrix::PanelBlockSize(format);
   std::vector<double> out(w.rows * w.cols);
   const uint8_t* base = static_cast<const uint8_t*>(panels);
   for (int64_t r = 0; r < w.rows; ++r) {
     const int64_t l = r % kGroup;
     for (int64_t s = 0; s < supers; ++s) {
-      const uint8_t* block = base + (r / kGroup * supers + s) * WeightMatrix::kQ4KPanelBlockBytes;
+      const uint8_t* block = base + (r / kGroup * supers + s) * bytes;
       uint16_t h[2];
       std::memcpy(&h[0], block + 2 * l, 2);
-      std::memcpy(&h[1], block + 32 + 2 * l, 2);
+      std::memcpy(&h[1], block + 32 + 2 * l, 2);  // q4_K's dmin
+      const double d = F16ToFloat(h[0]);
       for (int64_t c = 0; c < kSuper; ++c) {
-        const int64_t j = c / 32, t = c % 32 / 8, e = c % 8;
-        const uint8_t byte = block[320 + 256 * j + 64 * t + 4 * l + e % 4];
-        const int q = e < 4 ? byte & 0xF : byte >> 4;
-        out[r * w.cols + s * kSuper + c] =
-            static_cast<double>(F16ToFloat(h[0])) * block[64 + 16 * j + l] * q -
-            static_cast<double>(F16ToFloat(h[1])) * block[192 + 16 * j + l];
-      }
-    }
-  }
-  return out;
-}
-
-// The weights a q6_K panel copy holds, read by the layout of q4_k.h: [rows][cols].
-std::vector<double> Panel6Values(const WeightMatrix& w, const void* panels) {
-  const int64_t supers = w.cols / kSuper;
-  std::vector<double> out(w.rows * w.cols);
-  const uint8_t* base = static_cast<const uint8_t*>(panels);
-  for (int64_t r = 0; r < w.rows; ++r) {
-    const int64_t l = r % kGroup;
-    for (int64_t s = 0; s < supers; ++s) {
-      const uint8_t* block = base + (r / kGroup * supers + s) * WeightMatrix::kQ6KPanelBlockBytes;
-      uint16_t h;
-      std::memcpy(&h, block + 2 * l, 2);
-      for (int64_t c = 0; c < kSuper; ++c) {
-        const int64_t j = c / 32, t = c % 32 / 8, e = c % 8;
-        const uint8_t* sub = block + 320 + 384 * j;
-        const int nibble =
-            e < 4 ? sub[64 * t + 4 * l + e % 4] & 0xF : sub[64 * t + 4 * l + e % 4] >> 4;
-        const int k = 2 * (t % 2) + (e < 4 ? 0 : 1);
-        const int top = (sub[256 + 64 * (t / 2) + 4 * l + e % 4] >> (2 * k)) & 3;
-        const int8_t scale = static_cast<int8_t>(block[64 + 16 * (c / 16) + l]);
-        out[r * w.cols + s * kSuper + c] =
-            static_cast<double>(F16ToFloat(h)) * scale * ((nibble | top << 4) - 32);
+        const int64_t j = c / 32, t = c % 32 / 8, e = c % 8, at = 4 * l + e % 4;
+        double& v = out[r * w.cols + s * kSuper + c];
+        if (format == WeightFormat::kQ4K) {
+          const uint8_t byte = block[320 + 256 * j + 64 * t + at];
+          const int q = e < 4 ? byte & 0xF : byte >> 4;
+          v = d * block[64 + 16 * j + l] * q -
+              static_cast<double>(F16ToFloat(h[1])) * block[192 + 16 * j + l];
+        } else {
+          const uint8_t* sub = block + 320 + 384 * j;
+          const int nibble = e < 4 ? sub[64 * t + at] & 0xF : sub[64 * t + at] >> 4;
+          const int k = 2 * (t % 2) + (e < 4 ? 0 : 1);
+          const int top = (sub[256 + 64 * (t / 2) + at] >> (2 * k)) & 3;
+          const int8_t scale = static_cast<int8_t>(block[64 + 16 * (c / 16) + l]);
+          v = d * scale * ((nibble | top << 4) - 32);
+        }
       }
     }
   }
@@ -314,7 +298,7 @@ TEST(Q6KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
     const PanelCopy panels(m.w, WeightFormat::kQ6K);
     ASSERT_EQ(panels.bytes(), (rows + 15) / 16 * cols / 256 * 3392);
     EXPECT_EQ(m.w.bytes(), rows * cols / 256 * 210);
-    const std::vector<double> got = Panel6Values(m.w, panels.data());
+    const std::vector<double> got = PanelValues(m.w, panels.data(), WeightFormat::kQ6K);
     std::vector<float> row(cols);
     for (int64_t r = 0; r < rows; ++r) {
       WeightRowToFloat(m.w, r, row.data());
