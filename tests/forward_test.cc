@@ -629,10 +629,10 @@ INSTANTIATE_TEST_SUITE_P(AllIsas, Q8ForwardTest, testing::ValuesIn(AvailableCpuI
 TEST(Q8WeightsTest, EveryLinearWeightHasQ8Panels) {
   const TinyModel& model = GetTiny(DType::kBF16);
   const LlamaWeights& w = model.bundle->weights;
-  int64_t q8 = Q8PanelBytes(w.lm_head), bf16 = w.lm_head.bytes();
+  int64_t q8 = BlockPanelBytes(w.lm_head), bf16 = w.lm_head.bytes();
   for (const LayerWeights& l : w.layers) {
     for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      q8 += Q8PanelBytes(*m);
+      q8 += BlockPanelBytes(*m);
       bf16 += m->bytes();
     }
   }

@@ -108,17 +108,12 @@ WeightFormat BlockPanelFormat(const WeightMatrix& w) {
   return w.format == WeightFormat::kDense ? WeightFormat::kQ8_0 : w.format;
 }
 
-int64_t Q8PanelBytes(const WeightMatrix& w) {
-  CHECK(WeightMatrix::IsQ8(BlockPanelFormat(w))) << "q8 panels of a K-quant matrix";
-  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows * w.Q8Blocks() *
-         WeightMatrix::PanelBlockSize(BlockPanelFormat(w));
-}
-
 int64_t BlockPanelBytes(const WeightMatrix& w, WeightFormat format) {
   if (format == WeightFormat::kDense) format = BlockPanelFormat(w);
-  if (format == WeightFormat::kQ4K) return Q4KPanelBytes(w);
-  if (format == WeightFormat::kQ6K) return Q6KPanelBytes(w);
-  return Q8PanelBytes(w);
+  const int64_t groups = (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows;
+  const int64_t blocks = (w.cols + WeightMatrix::BlockCols(format) - 1) /
+                         WeightMatrix::BlockCols(format);
+  return groups * blocks * WeightMatrix::PanelBlockSize(format);
 }
 
 void PackQ8Panels(const WeightMatrix& w, void* out) {
@@ -134,7 +129,7 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
   const int64_t blocks = w.Q8Blocks();
   CHECK(w.format == WeightFormat::kDense || w.cols % kBlock == 0) << "q8 rows of " << w.cols;
   uint8_t* panels = static_cast<uint8_t*>(out);
-  std::memset(panels, 0, Q8PanelBytes(w));
+  std::memset(panels, 0, BlockPanelBytes(w, format));
   std::vector<float> row(blocks * kBlock, 0.0f);
   std::vector<uint8_t> quantized(blocks * WeightMatrix::kQ8BlockBytes);
   for (int64_t r = 0; r < w.rows; ++r) {
@@ -161,11 +156,6 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
   }
 }
 
-int64_t Q4KPanelBytes(const WeightMatrix& w) {
-  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows *
-         (w.cols / WeightMatrix::kQ4KBlock) * WeightMatrix::kQ4KPanelBlockBytes;
-}
-
 void PackQ4KPanels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kSub = WeightMatrix::kQ8Block;
   // Where a panel super-block's parts start (q4_k.h): dmin, scales, mins, lines.
@@ -176,7 +166,7 @@ void PackQ4KPanels(const WeightMatrix& w, void* out) {
   const int64_t supers = w.cols / WeightMatrix::kQ4KBlock;
   const int64_t stride = supers * WeightMatrix::kQ4KPanelBlockBytes;
   uint8_t* panels = static_cast<uint8_t*>(out);
-  std::memset(panels, 0, Q4KPanelBytes(w));
+  std::memset(panels, 0, BlockPanelBytes(w, WeightFormat::kQ4K));
   const bool dense = w.format == WeightFormat::kDense;  // quantized row by row first
   std::vector<float> values(dense ? w.cols : 0);
   std::vector<uint8_t> quantized(dense ? supers * WeightMatrix::kQ4KBlockBytes : 0);
@@ -208,11 +198,6 @@ void PackQ4KPanels(const WeightMatrix& w, void* out) {
   }
 }
 
-int64_t Q6KPanelBytes(const WeightMatrix& w) {
-  return (w.rows + WeightMatrix::kPanelRows - 1) / WeightMatrix::kPanelRows *
-         (w.cols / WeightMatrix::kQ4KBlock) * WeightMatrix::kQ6KPanelBlockBytes;
-}
-
 void PackQ6KPanels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kSub = WeightMatrix::kQ8Block;
   CHECK(w.format == WeightFormat::kQ6K && w.cols % WeightMatrix::kQ4KBlock == 0)
@@ -220,7 +205,7 @@ void PackQ6KPanels(const WeightMatrix& w, void* out) {
   const int64_t supers = w.cols / WeightMatrix::kQ4KBlock;
   const int64_t stride = supers * WeightMatrix::kQ6KPanelBlockBytes;
   uint8_t* panels = static_cast<uint8_t*>(out);
-  std::memset(panels, 0, Q6KPanelBytes(w));
+  std::memset(panels, 0, BlockPanelBytes(w, WeightFormat::kQ6K));
   float scales[16];
   uint8_t q[WeightMatrix::kQ4KBlock];
   for (int64_t r = 0; r < w.rows; ++r) {

@@ -61,25 +61,20 @@ int64_t PanelBytes(const WeightMatrix& w);
 void PackPanels(const WeightMatrix& w, void* out);
 
 // The format of a matrix's block panels: the data's block format, or q8_0 for dense data (which
-// is quantized; or q4_K, asked for), and their bytes in `format` (kDense: BlockPanelFormat(w)).
+// is quantized; or q4_K, asked for), and their bytes in `format` (kDense: BlockPanelFormat(w)):
+// per group of 16 rows, per block of the format's columns, a panel block.
 WeightFormat BlockPanelFormat(const WeightMatrix& w);
 int64_t BlockPanelBytes(const WeightMatrix& w, WeightFormat format = WeightFormat::kDense);
 
-// The q8 panels of a matrix (kernels/cpu/q8_0.h), in BlockPanelFormat(w) (a q8 format):
-// Q8PanelBytes(w) bytes, written by PackQ8Panels into `out` (64-byte aligned). From q8 data the
-// blocks are copied as they are; dense data is quantized (QuantizeBlockQ8_0, a last partial
-// block zero-padded). q4_K data has its own panels (kernels/cpu/q4_k.h).
-int64_t Q8PanelBytes(const WeightMatrix& w);
+// The panels of each block format, BlockPanelBytes(w, format) bytes written into `out` (64-byte
+// aligned), the rows past the last group's zero:
+// - q8 (kernels/cpu/q8_0.h), in BlockPanelFormat(w): from q8 data the blocks are copied as they
+//   are; dense data is quantized (QuantizeBlockQ8_0, a last partial block zero-padded);
+// - q4_K (kernels/cpu/q4_k.h) of a q4_K matrix, or of a dense one quantized row by row
+//   (QuantizeRowQ4K: kvrmd --quantization=q4_K); cols a multiple of 256;
+// - q6_K (kernels/cpu/q4_k.h) of a q6_K matrix; cols a multiple of 256.
 void PackQ8Panels(const WeightMatrix& w, void* out);
-
-// The q4_K panels (kernels/cpu/q4_k.h) of a q4_K matrix, or of a dense one quantized row by row
-// (QuantizeRowQ4K: kvrmd --quantization=q4_K); cols a multiple of 256. Q4KPanelBytes(w) bytes,
-// the rows past the last group's zero.
-int64_t Q4KPanelBytes(const WeightMatrix& w);
 void PackQ4KPanels(const WeightMatrix& w, void* out);
-// The q6_K panels (kernels/cpu/q4_k.h) of a q6_K matrix (cols a multiple of 256): Q6KPanelBytes(w)
-// bytes.
-int64_t Q6KPanelBytes(const WeightMatrix& w);
 void PackQ6KPanels(const WeightMatrix& w, void* out);
 
 // A matrix's panel copy in memory it owns (64-byte aligned), in `format`: PackPanels' for kDense,

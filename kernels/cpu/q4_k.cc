@@ -223,27 +223,23 @@ void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, i
       }
       float& d = xd[i * blocks + b];
       float& sum = xsum[i * blocks + b];
+      int32_t half[2] = {0, 0};  // the sums of q over the block's two 16s
       if (!finite || amax == 0) {
         std::memset(out, 0, kSub);
         d = sum = finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
-        continue;
+      } else {
+        const float inv = 127.0f / amax;
+        for (int64_t c = 0; c < kSub; ++c) {
+          out[c] = static_cast<int8_t>(std::nearbyint(std::clamp(v[c] * inv, -127.0f, 127.0f)));
+          half[c / 16] += out[c];
+        }
+        d = amax / 127.0f;
+        sum = d * static_cast<float>(half[0] + half[1]);
       }
-      const float inv = 127.0f / amax;
-      int32_t total = 0;
-      for (int64_t c = 0; c < kSub; ++c) {
-        out[c] = static_cast<int8_t>(std::nearbyint(std::clamp(v[c] * inv, -127.0f, 127.0f)));
-        total += out[c];
+      if (sums16 != nullptr) {
+        sums16[i * 2 * blocks + 2 * b] = 32 * half[0];
+        sums16[i * 2 * blocks + 2 * b + 1] = 32 * half[1];
       }
-      d = amax / 127.0f;
-      sum = d * static_cast<float>(total);
-    }
-  }
-  if (sums16 == nullptr) return;
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t g = 0; g < k / 16; ++g) {
-      int32_t total = 0;
-      for (int64_t c = 0; c < 16; ++c) total += q[i * k + g * 16 + c];
-      sums16[i * (k / 16) + g] = 32 * total;
     }
   }
 }

@@ -164,7 +164,7 @@ TEST(Q8PanelsTest, HoldTheBlocksWhereTheLayoutSays) {
     Matrix m = RandomMatrix(rows, cols, rng);
     const PanelCopy from_blocks(m.q8, WeightFormat::kQ8_0);
     const PanelCopy from_dense(m.dense, WeightFormat::kQ8_0);
-    ASSERT_EQ(from_blocks.bytes(), Q8PanelBytes(m.q8));
+    ASSERT_EQ(from_blocks.bytes(), BlockPanelBytes(m.q8));
     ASSERT_EQ(from_blocks.bytes(), (rows + 15) / 16 * cols / 32 * 544);
     EXPECT_EQ(reinterpret_cast<uintptr_t>(from_blocks.data()) % 64, 0u);
     // Quantizing the dense rows gives the same panels as packing their blocks.
