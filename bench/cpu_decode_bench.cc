@@ -242,17 +242,16 @@ struct Loaded {
 void KQuantsTo8Bit(LlamaWeights& w, std::vector<std::vector<std::byte>>* out) {
   auto convert = [&](WeightMatrix& m) {
     if (!WeightMatrix::IsKQuant(m.format)) return;
-    const bool six = m.format == WeightFormat::kQ6K;
+    const GgmlType type = GgmlTypeOf(m.format);
+    const WeightFormat format = Exact8BitFormat(type);
     const int64_t from = m.DataBytes(m.cols);
-    const int64_t to = m.cols / WeightMatrix::kQ8Block * WeightMatrix::kQ8AffineBlockBytes;
+    const int64_t to = m.cols / WeightMatrix::kQ8Block * WeightMatrix::DataBlockSize(format);
     std::vector<std::byte>& blocks = out->emplace_back(m.rows * to);
     for (int64_t r = 0; r < m.rows; ++r) {
-      const std::byte* src = static_cast<const std::byte*>(m.data) + r * from;
-      CHECK(six ? ToQ8HalvesExactly(GgmlType::kQ6_K, src, m.cols, blocks.data() + r * to)
-                : ToQ8AffineExactly(GgmlType::kQ4_K, src, m.cols, blocks.data() + r * to));
+      CHECK(ToExact8Bit(type, static_cast<const std::byte*>(m.data) + r * from, m.cols,
+                        blocks.data() + r * to));
     }
-    m = WeightMatrix{m.dtype, blocks.data(), m.rows, m.cols, m.cols, nullptr,
-                     six ? WeightFormat::kQ8Halves : WeightFormat::kQ8Affine};
+    m = WeightMatrix{m.dtype, blocks.data(), m.rows, m.cols, m.cols, nullptr, format};
   };
   convert(w.lm_head);
   for (LayerWeights& l : w.layers) {

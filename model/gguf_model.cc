@@ -235,18 +235,11 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
   // block format of exactly their values: q8_0, q4_K and q6_K as they are (in place, or with
   // their rows put in HF order), q4_0 and q5_0 as q8_0 blocks, q4_1, q5_1 and q5_K as q8 affine
   // blocks.
-  const bool k_quant = t->type == GgmlType::kQ4_K || t->type == GgmlType::kQ6_K;
-  const bool q8_0 = t->type == GgmlType::kQ8_0 || t->type == GgmlType::kQ4_0 ||
-                    t->type == GgmlType::kQ5_0;
-  const bool affine = t->type == GgmlType::kQ4_1 || t->type == GgmlType::kQ5_1 ||
-                      t->type == GgmlType::kQ5_K;
-  if (options.as_q8 && shape.size() == 2 && (k_quant || q8_0 || affine)) {
-    WeightMatrix m{options.dequantized, t->data, rows, cols, cols, nullptr,
-                   t->type == GgmlType::kQ4_K   ? WeightFormat::kQ4K
-                   : t->type == GgmlType::kQ6_K ? WeightFormat::kQ6K
-                   : q8_0                       ? WeightFormat::kQ8_0
-                                                : WeightFormat::kQ8Affine};
-    const bool as_is = t->type == GgmlType::kQ8_0 || k_quant;
+  const WeightFormat stored = StoredBlockFormat(t->type);
+  const bool as_is = stored != WeightFormat::kDense;
+  const WeightFormat format = as_is ? stored : Exact8BitFormat(t->type);
+  if (options.as_q8 && shape.size() == 2 && format != WeightFormat::kDense) {
+    WeightMatrix m{options.dequantized, t->data, rows, cols, cols, nullptr, format};
     if (as_is && !name.rope_rows) return m;
     const int64_t row_bytes = m.DataBytes(cols);
     std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * rows);
@@ -255,12 +248,11 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
         const int64_t dst = name.rope_rows ? GgufRopeRowToHf(r, config.head_dim) : r;
         const std::byte* src = t->data + r * t->row_bytes();
         std::byte* to = buffer.data() + dst * row_bytes;
-        if (k_quant) {
+        if (as_is) {
           std::memcpy(to, src, row_bytes);
           continue;
         }
-        CHECK(q8_0 ? ToQ8_0Exactly(t->type, src, cols, to)
-                   : ToQ8AffineExactly(t->type, src, cols, to));
+        CHECK(ToExact8Bit(t->type, src, cols, to));
       }
     });
     m.data = buffer.data();

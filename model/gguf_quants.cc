@@ -361,6 +361,55 @@ bool ToQ8HalvesExactly(GgmlType type, const std::byte* src, int64_t n, std::byte
   return true;
 }
 
+WeightFormat StoredBlockFormat(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0:
+      return WeightFormat::kQ8_0;
+    case GgmlType::kQ4_K:
+      return WeightFormat::kQ4K;
+    case GgmlType::kQ6_K:
+      return WeightFormat::kQ6K;
+    default:
+      return WeightFormat::kDense;
+  }
+}
+
+GgmlType GgmlTypeOf(WeightFormat stored) {
+  switch (stored) {
+    case WeightFormat::kQ8_0:
+      return GgmlType::kQ8_0;
+    case WeightFormat::kQ4K:
+      return GgmlType::kQ4_K;
+    case WeightFormat::kQ6K:
+      return GgmlType::kQ6_K;
+    default:
+      LOG(FATAL) << "no GGUF type is stored as format " << static_cast<int>(stored);
+  }
+}
+
+WeightFormat Exact8BitFormat(GgmlType type) {
+  switch (type) {
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ5_0:
+      return WeightFormat::kQ8_0;
+    case GgmlType::kQ4_1:
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ4_K:
+    case GgmlType::kQ5_K:
+      return WeightFormat::kQ8Affine;
+    case GgmlType::kQ6_K:
+      return WeightFormat::kQ8Halves;
+    default:
+      return WeightFormat::kDense;
+  }
+}
+
+bool ToExact8Bit(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
+  return ToQ8_0Exactly(type, src, n, dst) || ToQ8AffineExactly(type, src, n, dst) ||
+         ToQ8HalvesExactly(type, src, n, dst);
+}
+
 void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst) {
   const GgmlTypeTraits& t = GgmlTraits(type);
   CHECK(n % t.block_elems == 0) << t.name << ": " << n << " elements";

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "kernels/cpu/weight_matrix.h"
 #include "model/gguf.h"
 
 namespace kvrm {
@@ -34,6 +35,18 @@ bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte
 // blocks) of q6_K at `src` (d * scale per 16 values, q - 32): s0, s1 and q per 32 values. `dst`
 // holds n / 32 * 40 bytes. Other types: false.
 bool ToQ8HalvesExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
+
+// The kernels' block formats (kernels/cpu/weight_matrix.h) for a GGUF type:
+// - StoredBlockFormat: the format that is the type's own bytes (q8_0: kQ8_0, q4_K: kQ4K, q6_K:
+//   kQ6K; kDense for the others), and GgmlTypeOf its inverse (kQ8_0, kQ4K, kQ6K);
+// - Exact8BitFormat: the 8-bit format holding exactly the type's values (kQ8_0 for q8_0, q4_0
+//   and q5_0; kQ8Affine for q4_1, q5_1, q4_K and q5_K; kQ8Halves for q6_K; kDense for the
+//   others), into which ToExact8Bit converts `n` elements (ToQ8_0Exactly, ToQ8AffineExactly or
+//   ToQ8HalvesExactly; false for a type without one).
+WeightFormat StoredBlockFormat(GgmlType type);
+GgmlType GgmlTypeOf(WeightFormat stored);
+WeightFormat Exact8BitFormat(GgmlType type);
+bool ToExact8Bit(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
 
 // Quantizes `n` elements (a whole number of blocks) of `x` into `dst`, which holds
 // n / block_elems * block_bytes bytes. f32, f16 and bf16 are stored as they are (rounded to

@@ -20,26 +20,22 @@ namespace {
 // multiples of 32), into memory owned by `out`.
 WeightMatrix CopyKQuantColumnsAs8Bit(const WeightMatrix& w, int64_t begin, int64_t count,
                                      RankWeights* out) {
-  const bool six = w.format == WeightFormat::kQ6K;
   constexpr int64_t kSub = WeightMatrix::kQ8Block, kSuper = WeightMatrix::kQ4KBlock;
+  const GgmlType type = GgmlTypeOf(w.format);
+  const WeightFormat format = Exact8BitFormat(type);
+  const int64_t block_bytes = WeightMatrix::DataBlockSize(format);
   const int64_t first = begin / kSuper, last = (begin + count + kSuper - 1) / kSuper;
-  const int64_t row_bytes = count / kSub * WeightMatrix::kQ8AffineBlockBytes;
+  const int64_t row_bytes = count / kSub * block_bytes;
   auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);
   // The super-blocks the share touches, converted whole; the share's sub-blocks copied out.
-  std::vector<std::byte> converted((last - first) * kSuper / kSub *
-                                   WeightMatrix::kQ8AffineBlockBytes);
+  std::vector<std::byte> converted((last - first) * kSuper / kSub * block_bytes);
   for (int64_t r = 0; r < w.rows; ++r) {
     const std::byte* from = reinterpret_cast<const std::byte*>(w.RowPtr(r)) +
                             first * WeightMatrix::DataBlockSize(w.format);
-    CHECK(
-        six ? ToQ8HalvesExactly(GgmlType::kQ6_K, from, (last - first) * kSuper, converted.data())
-            : ToQ8AffineExactly(GgmlType::kQ4_K, from, (last - first) * kSuper, converted.data()));
-    std::memcpy(
-        memory.get() + r * row_bytes,
-        converted.data() + (begin - first * kSuper) / kSub * WeightMatrix::kQ8AffineBlockBytes,
-        row_bytes);
+    CHECK(ToExact8Bit(type, from, (last - first) * kSuper, converted.data()));
+    std::memcpy(memory.get() + r * row_bytes,
+                converted.data() + (begin - first * kSuper) / kSub * block_bytes, row_bytes);
   }
-  const WeightFormat format = six ? WeightFormat::kQ8Halves : WeightFormat::kQ8Affine;
   WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count, nullptr, format};
   out->owned_bytes += w.rows * row_bytes;
   out->owned.push_back(std::move(memory));
