@@ -46,11 +46,8 @@ constexpr int kMaxActs = 2;
 
 void MatMulRows_avx2(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                      int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
-  if (w.panel_format == WeightFormat::kQ4K) {
-    return matmul_avx2::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
-  }
-  if (w.panel_format == WeightFormat::kQ6K) {
-    return matmul_avx2::Q6KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  if (WeightMatrix::IsKQuant(w.panel_format)) {
+    return matmul_avx2::KQuantPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx2::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);

@@ -121,7 +121,7 @@ void PanelMatMul(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w, 
 void MatMulRows_avx512(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                        int64_t row_begin, int64_t row_end, float* y, int64_t ldy, float* scratch) {
   if (WeightMatrix::IsKQuant(w.panel_format)) {
-    return matmul_avx512::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+    return matmul_avx512::KQuantPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx512::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);

@@ -245,7 +245,7 @@ void MatMulRows_avx512_bf16(const float* x, int64_t n, int64_t ldx, const Weight
                             int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                             float* scratch) {
   if (WeightMatrix::IsKQuant(w.panel_format)) {
-    return matmul_avx512_bf16::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+    return matmul_avx512_bf16::KQuantPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_avx512_bf16::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);

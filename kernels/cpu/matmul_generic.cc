@@ -59,11 +59,8 @@ constexpr int kMaxActs = 2;
 void MatMulRows_generic(const float* x, int64_t n, int64_t ldx, const WeightMatrix& w,
                         int64_t row_begin, int64_t row_end, float* y, int64_t ldy,
                         float* scratch) {
-  if (w.panel_format == WeightFormat::kQ4K) {
-    return matmul_generic::Q4KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
-  }
-  if (w.panel_format == WeightFormat::kQ6K) {
-    return matmul_generic::Q6KPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
+  if (WeightMatrix::IsKQuant(w.panel_format)) {
+    return matmul_generic::KQuantPanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
   }
   if (WeightMatrix::IsQ8(w.panel_format)) {
     return matmul_generic::Q8PanelMatMul(x, n, ldx, w, row_begin, row_end, y, ldy, scratch);
