@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -118,28 +119,22 @@ int64_t CpuBackend::owned_weight_bytes() const {
 std::string CpuBackend::weight_quantization() const {
   // Every linear weight has q8_0 panels with --quantization=q8_0; a GGUF file's block-format
   // matrices have their panels whatever the flag (and its other matrices may not).
-  bool q8_0 = false, affine = false, halves = false, q4_k = false, q6_k = false;
+  std::set<WeightFormat> used;
   for (const auto& r : ranks_) {
     const RankWeights& w = r->weights();
-    std::vector<const WeightMatrix*> linear = {&w.lm_head};
+    used.insert(w.lm_head.panel_format);
     for (const LayerWeights& l : w.layers) {
       for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-        linear.push_back(m);
+        used.insert(m->panel_format);
       }
-    }
-    for (const WeightMatrix* m : linear) {
-      q8_0 = q8_0 || m->panel_format == WeightFormat::kQ8_0;
-      affine = affine || m->panel_format == WeightFormat::kQ8Affine;
-      halves = halves || m->panel_format == WeightFormat::kQ8Halves;
-      q4_k = q4_k || m->panel_format == WeightFormat::kQ4K;
-      q6_k = q6_k || m->panel_format == WeightFormat::kQ6K;
     }
   }
   std::string out;
-  for (const auto& [used, name] :
-       {std::pair{q4_k, "q4_K"}, std::pair{q6_k, "q6_K"}, std::pair{q8_0, "q8_0"},
-        std::pair{affine, "q8_affine"}, std::pair{halves, "q8_halves"}}) {
-    if (used) out += (out.empty() ? "" : "+") + std::string(name);
+  for (const auto& [format, name] :
+       {std::pair{WeightFormat::kQ4K, "q4_K"}, std::pair{WeightFormat::kQ6K, "q6_K"},
+        std::pair{WeightFormat::kQ8_0, "q8_0"}, std::pair{WeightFormat::kQ8Affine, "q8_affine"},
+        std::pair{WeightFormat::kQ8Halves, "q8_halves"}}) {
+    if (used.count(format) != 0) out += (out.empty() ? "" : "+") + std::string(name);
   }
   return out;
 }
