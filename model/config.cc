@@ -214,12 +214,22 @@ absl::Status ParseTokenIds(const Json& root, std::string_view what, int32_t voca
   return absl::OkStatus();
 }
 
-// Features of other Llama-like architectures that this engine does not compute.
-absl::Status RejectUnsupported(const Fields& f, const LlamaConfig& c) {
-  for (const char* key : {"attention_bias", "mlp_bias"}) {
-    bool on = false;
-    RETURN_IF_ERROR(f.Bool(key, &on));
-    if (on) return f.Unimplemented(key, "is true: biased projections are not supported");
+// The attention biases and norms of the architecture (Qwen2: Q/K/V biases; Qwen3: Q/K norms;
+// Llama and Qwen3: every projection biased under attention_bias), and the features of other
+// Llama-like models that this engine does not compute.
+absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
+  bool attention_bias = false;
+  RETURN_IF_ERROR(f.Bool("attention_bias", &attention_bias));
+  if (c->model_type == "qwen2") {
+    c->qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
+  } else if (c->model_type != "mistral") {  // MistralAttention has no biases (ignores the key)
+    c->qkv_bias = c->o_bias = attention_bias;
+  }
+  c->qk_norm = c->model_type == "qwen3";
+  bool mlp_bias = false;
+  RETURN_IF_ERROR(f.Bool("mlp_bias", &mlp_bias));
+  if (mlp_bias) {
+    return f.Unimplemented("mlp_bias", "is true: biased MLP projections are not supported");
   }
   std::string act = "silu";
   RETURN_IF_ERROR(f.String("hidden_act", false, &act));
@@ -230,10 +240,36 @@ absl::Status RejectUnsupported(const Fields& f, const LlamaConfig& c) {
   return absl::OkStatus();
 }
 
-// Mistral's sliding_window: kept when shorter than the model's context (the engine serves at
-// most that much, where windowed attention is full attention). Transformers' Llama ignores it.
+// The sliding-window span: kept when shorter than the model's context (the engine serves at most
+// that much, where windowed attention is full attention). Mistral: `sliding_window`. Qwen2 and
+// Qwen3 (as their Transformers configs read it): `sliding_window` only when `use_sliding_window`
+// is true, for the layers `layer_types` names "sliding_attention", or without layer_types those
+// from `max_window_layers` (default 28) on. Transformers' Llama ignores the key.
 absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
-  if (c->model_type != "mistral") return absl::OkStatus();
+  if (c->model_type == "llama") return absl::OkStatus();
+  if (c->model_type != "mistral") {
+    bool windowed = false;
+    RETURN_IF_ERROR(f.Bool("use_sliding_window", &windowed));
+    if (!windowed) return absl::OkStatus();
+    if (const Json* types = f.Get("layer_types")) {
+      if (!types->is_array()) return f.Invalid("layer_types", "must be a list of strings");
+      windowed = false;
+      for (const Json& t : *types) {
+        if (t == "sliding_attention") {
+          windowed = true;
+        } else if (t != "full_attention") {
+          return f.Unimplemented(
+              "layer_types",
+              absl::StrCat(t.dump(), " is not supported (full_attention, sliding_attention)"));
+        }
+      }
+    } else {
+      int64_t first = 28;
+      RETURN_IF_ERROR(f.Int("max_window_layers", false, 0, kInt32Max, &first));
+      windowed = first < c->num_hidden_layers;
+    }
+    if (!windowed) return absl::OkStatus();
+  }
   int64_t window = 0;
   RETURN_IF_ERROR(f.Int("sliding_window", false, 1, std::numeric_limits<int64_t>::max(), &window));
   if (window != 0 && window < c->max_position_embeddings) {
@@ -283,9 +319,11 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   const Fields f(root, what);
   LlamaConfig c;
   RETURN_IF_ERROR(f.String("model_type", true, &c.model_type));
-  if (c.model_type != "llama" && c.model_type != "mistral") {
-    return f.Unimplemented(
-        "model_type", absl::StrCat("\"", c.model_type, "\" is not supported (llama, mistral)"));
+  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
+      c.model_type != "qwen3") {
+    return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
+                                                      "\" is not supported (llama, mistral, "
+                                                      "qwen2, qwen3)"));
   }
   RETURN_IF_ERROR(ParseSizes(f, &c));
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
@@ -293,7 +331,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(f.String("torch_dtype", false, &c.torch_dtype));
   if (c.torch_dtype.empty()) RETURN_IF_ERROR(f.String("dtype", false, &c.torch_dtype));
-  RETURN_IF_ERROR(RejectUnsupported(f, c));
+  RETURN_IF_ERROR(ParseAttentionFeatures(f, &c));
   RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
   RETURN_IF_ERROR(ParseTokenIds(root, what, c.vocab_size, &c));
   return c;

@@ -1,9 +1,10 @@
-// Hugging Face config.json for Llama-family models (llama, mistral), validated on load.
+// Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3), validated on
+// load.
 //
 // The file is untrusted: every size is checked before anyone allocates from it, and features the
-// engine does not implement (attention/MLP biases, unknown RoPE scalings, sliding windows shorter
-// than the context) fail with UNIMPLEMENTED rather than loading a model that would compute
-// something other than what Transformers computes.
+// engine does not implement (MLP biases, unknown RoPE scalings, sliding windows shorter than the
+// context) fail with UNIMPLEMENTED rather than loading a model that would compute something other
+// than what Transformers computes.
 #ifndef KVRM_MODEL_CONFIG_H_
 #define KVRM_MODEL_CONFIG_H_
 
@@ -31,7 +32,9 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  std::string model_type;  // "llama" or "mistral" (same architecture without biases)
+  // "llama", "mistral", "qwen2" or "qwen3": the Llama block, with Qwen2's Q/K/V biases and
+  // Qwen3's per-head Q/K RMSNorm (the flags below say which a model has).
+  std::string model_type;
   int32_t vocab_size = 0;
   int32_t hidden_size = 0;
   int32_t intermediate_size = 0;
@@ -48,6 +51,13 @@ struct LlamaConfig {
   // context within it is exact; the engine keeps max_context within it.
   int32_t sliding_window = 0;
   bool tie_word_embeddings = false;
+  // Biases on the Q, K and V projections (qwen2 always; llama and qwen3 with attention_bias).
+  bool qkv_bias = false;
+  // A bias on the O projection (llama and qwen3 with attention_bias; qwen2 never).
+  bool o_bias = false;
+  // Qwen3: each head of Q and K goes through RMSNorm over head_dim (its own weight
+  // self_attn.q_norm / k_norm, rms_norm_eps) after the projection and before RoPE.
+  bool qk_norm = false;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be an int or a list
   std::string torch_dtype;             // informational ("torch_dtype", or "dtype" in newer files)

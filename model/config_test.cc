@@ -273,16 +273,194 @@ TEST(ConfigTest, HiddenSizeMustBeHeadsTimesHeadDimWithoutExplicitHeadDim) {
               absl::StatusCode::kInvalidArgument, "head_dim (63) must be even");
 }
 
-TEST(ConfigTest, BiasesAreUnimplemented) {
-  ExpectError(ParseStatus(Edited([](Json& j) { j["attention_bias"] = true; })),
-              absl::StatusCode::kUnimplemented, "attention_bias");
+// Qwen/Qwen2.5-0.5B-Instruct's config.json (transformers 4.43): Q/K/V biases implied by the
+// architecture, a sliding window that use_sliding_window leaves off.
+constexpr char kQwen25_05B[] = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 32768,
+  "max_window_layers": 21,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 32768,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.43.1",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// Qwen/Qwen3-0.6B's config.json (transformers 4.51): per-head Q/K norms, head_dim 128 with
+// hidden_size 1024 and 16 heads.
+constexpr char kQwen3_06B[] = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+TEST(ConfigTest, ParsesQwen25_05B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen25_05B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen2");
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_FALSE(c->bos_token_id.has_value() && *c->bos_token_id != 151643);
+  EXPECT_THAT(c->eos_token_ids, ElementsAre(151645));
+}
+
+TEST(ConfigTest, ParsesQwen3_06B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen3_06B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen3");
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->num_attention_heads * c->head_dim, 2048);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->max_position_embeddings, 40960);
+}
+
+// Llama and Qwen3 bias every attention projection under attention_bias, Qwen2 always Q/K/V and
+// never O (whatever the key says), Mistral never (Transformers' MistralAttention ignores it).
+TEST(ConfigTest, AttentionBiasesFollowTheArchitecture) {
+  struct Case {
+    const char* json;
+    const char* model_type;
+    bool attention_bias;
+    bool qkv, o;
+  };
+  for (const Case& k : {Case{kLlama32_1B, "llama", true, true, true},
+                        Case{kLlama32_1B, "llama", false, false, false},
+                        Case{kLlama32_1B, "mistral", true, false, false},
+                        Case{kQwen3_06B, "qwen3", true, true, true},
+                        Case{kQwen25_05B, "qwen2", false, true, false},
+                        Case{kQwen25_05B, "qwen2", true, true, false}}) {
+    Json j = Json::parse(k.json);
+    j["model_type"] = k.model_type;
+    j["attention_bias"] = k.attention_bias;
+    absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(j.dump(), "config.json");
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->qkv_bias, k.qkv) << k.model_type << " " << k.attention_bias;
+    EXPECT_EQ(c->o_bias, k.o) << k.model_type << " " << k.attention_bias;
+    EXPECT_EQ(c->qk_norm, std::string(k.model_type) == "qwen3");
+  }
+  ExpectError(ParseStatus(Edited([](Json& j) { j["attention_bias"] = "yes"; })),
+              absl::StatusCode::kInvalidArgument, "attention_bias must be true or false");
+}
+
+TEST(ConfigTest, MlpBiasesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["mlp_bias"] = true; })),
               absl::StatusCode::kUnimplemented, "mlp_bias");
 }
 
+// Qwen2/Qwen3 window only where use_sliding_window is on, for the layers from max_window_layers
+// (default 28) or those layer_types names: then the window bounds the served context as
+// Mistral's does.
+TEST(ConfigTest, QwenSlidingWindowOnlyWhereUsed) {
+  const auto with = [](const std::function<void(Json&)>& edit) {
+    Json j = Json::parse(kQwen25_05B);
+    edit(j);
+    return ParseLlamaConfig(j.dump(), "config.json");
+  };
+  struct Case {
+    std::function<void(Json&)> edit;
+    int32_t window;
+  };
+  const std::vector<Case> cases = {
+      {[](Json& j) { j["sliding_window"] = 4096; }, 0},  // use_sliding_window false
+      {[](Json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+       },
+       4096},  // layers 21..23
+      {[](Json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+         j["max_window_layers"] = 24;
+       },
+       0},  // no layer from 24 on
+      {[](Json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+         j.erase("max_window_layers");
+       },
+       0},  // the default, 28, past the 24 layers
+      {[](Json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+         j["layer_types"] = {"full_attention", "sliding_attention"};
+       },
+       4096},
+      {[](Json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 4096;
+         j["layer_types"] = {"full_attention"};
+       },
+       0},
+      {[](Json& j) {
+         j["use_sliding_window"] = true;
+         j["sliding_window"] = 65536;  // past the context: full attention
+       },
+       0},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    absl::StatusOr<LlamaConfig> c = with(cases[i].edit);
+    ASSERT_TRUE(c.ok()) << i << ": " << c.status();
+    EXPECT_EQ(c->sliding_window, cases[i].window) << "case " << i;
+  }
+  ExpectError(with([](Json& j) {
+                j["use_sliding_window"] = true;
+                j["layer_types"] = {"chunked_attention"};
+              }).status(),
+              absl::StatusCode::kUnimplemented, "layer_types \"chunked_attention\"");
+}
+
 TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
-              absl::StatusCode::kUnimplemented, "model_type \"gpt2\"");
+              absl::StatusCode::kUnimplemented,
+              "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }

@@ -51,9 +51,22 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     ASSIGN_OR_RETURN(l.w_gate, bind(p + "mlp.gate_proj.weight", {ffn, d}));
     ASSIGN_OR_RETURN(l.w_up, bind(p + "mlp.up_proj.weight", {ffn, d}));
     ASSIGN_OR_RETURN(l.w_down, bind(p + "mlp.down_proj.weight", {d, ffn}));
+    if (c.qkv_bias) {
+      ASSIGN_OR_RETURN(l.bq, bind(p + "self_attn.q_proj.bias", {q_rows}));
+      ASSIGN_OR_RETURN(l.bk, bind(p + "self_attn.k_proj.bias", {kv_rows}));
+      ASSIGN_OR_RETURN(l.bv, bind(p + "self_attn.v_proj.bias", {kv_rows}));
+    }
+    if (c.o_bias) {
+      ASSIGN_OR_RETURN(l.bo, bind(p + "self_attn.o_proj.bias", {d}));
+    }
+    if (c.qk_norm) {
+      ASSIGN_OR_RETURN(l.q_norm, bind(p + "self_attn.q_norm.weight", {hd}));
+      ASSIGN_OR_RETURN(l.k_norm, bind(p + "self_attn.k_norm.weight", {hd}));
+    }
   }
   w.dtype = w.embed.dtype;
   auto count = [&](const WeightMatrix& m) {
+    if (m.data == nullptr) return;  // an optional tensor the model does not have
     w.num_parameters += m.rows * m.cols;
     w.bytes += m.bytes();
   };
@@ -62,7 +75,8 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
   if (!c.tie_word_embeddings) count(w.lm_head);
   for (const LayerWeights& l : w.layers) {
     for (const WeightMatrix* m :
-         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down}) {
+         {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down,
+          &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm}) {
       count(*m);
     }
   }

@@ -25,6 +25,14 @@ struct LayerWeights {
   WeightMatrix w_gate;     // [ffn][hidden]
   WeightMatrix w_up;       // [ffn][hidden]
   WeightMatrix w_down;     // [hidden][ffn]
+  // Present only where the config says (data == nullptr otherwise): Q/K/V biases
+  // (LlamaConfig::qkv_bias), the O bias (o_bias), and Qwen3's per-head norms (qk_norm).
+  WeightMatrix bq;      // [1][heads * head_dim]
+  WeightMatrix bk;      // [1][kv_heads * head_dim]
+  WeightMatrix bv;      // [1][kv_heads * head_dim]
+  WeightMatrix bo;      // [1][hidden]
+  WeightMatrix q_norm;  // [1][head_dim]
+  WeightMatrix k_norm;  // [1][head_dim]
 };
 
 struct LlamaWeights {

@@ -38,6 +38,20 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
   scratch_.resize(threads_.num_threads() * scratch_per_thread_);
+  if (config.qkv_bias || config.o_bias) {
+    const int64_t stride = qw_ + 2 * kvw_ + d_;
+    biases_.assign(config.num_hidden_layers * stride, 0.0f);
+    for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+      const LayerWeights& l = w_.layers[layer];
+      float* b = &biases_[layer * stride];
+      if (config.qkv_bias) {
+        WeightRowToFloat(l.bq, 0, b);
+        WeightRowToFloat(l.bk, 0, b + qw_);
+        WeightRowToFloat(l.bv, 0, b + qw_ + kvw_);
+      }
+      if (config.o_bias) WeightRowToFloat(l.bo, 0, b + qw_ + 2 * kvw_);
+    }
+  }
 }
 
 void CpuRank::SetFarHistory(const FarHistoryShape& shape, std::unique_ptr<KvPool> summaries) {
@@ -62,8 +76,26 @@ void CpuRank::AddRows(int32_t n) { AddInPlace(x_.data(), h_.data(), n * d_); }
 
 void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
   const KvLayerView kv = pool_->Layer(layer);
+  const LayerWeights& l = w_.layers[layer];
+  const float* bias = config_.qkv_bias ? &biases_[layer * (qw_ + 2 * kvw_ + d_)] : nullptr;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
   for (int32_t i = 0; i < n; ++i) {
     const CpuRow& r = rows[i];
+    if (bias != nullptr) {
+      AddInPlace(&q_[i * qw_], bias, qw_);
+      AddInPlace(&k_[i * kvw_], bias + qw_, kvw_);
+      AddInPlace(&v_[i * kvw_], bias + qw_ + kvw_, kvw_);
+    }
+    if (config_.qk_norm) {
+      for (int64_t h = 0; h < w_.heads; ++h) {
+        float* head = &q_[i * qw_ + h * hd_];
+        RmsNorm(head, l.q_norm, hd_, eps, head);
+      }
+      for (int64_t h = 0; h < w_.kv_heads; ++h) {
+        float* head = &k_[i * kvw_ + h * hd_];
+        RmsNorm(head, l.k_norm, hd_, eps, head);
+      }
+    }
     const float* cs = rope_ + static_cast<int64_t>(r.position) * hd_;
     ApplyRope(&q_[i * qw_], w_.heads, hd_, cs);
     ApplyRope(&k_[i * kvw_], w_.kv_heads, hd_, cs);
@@ -75,6 +107,12 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
       StoreKv(kv, g, phys, &k_[i * kvw_ + g * hd_], &v_[i * kvw_ + g * hd_]);
     }
   }
+}
+
+void CpuRank::AddOutputBias(int32_t layer, int32_t n) {
+  if (!config_.o_bias) return;
+  const float* bias = &biases_[layer * (qw_ + 2 * kvw_ + d_) + qw_ + 2 * kvw_];
+  for (int32_t i = 0; i < n; ++i) AddInPlace(&h_[i * d_], bias, d_);
 }
 
 void CpuRank::Summarize(int32_t layer, const CpuRow* rows, int32_t n) {
@@ -171,6 +209,7 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     Attention(layer, rows, n);
     MatMul(threads_, attn_.data(), n, qw_, l.wo, h_.data(), d_, scratch_.data());
     RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
+    AddOutputBias(layer, n);
     AddRows(n);
 
     NormRows(l.mlp_norm, n);

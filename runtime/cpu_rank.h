@@ -69,7 +69,11 @@ class CpuRank {
   void Embed(const CpuRow* rows, int32_t n);
   void NormRows(const WeightMatrix& norm, int32_t n);  // h_ = RmsNorm(x_)
   void AddRows(int32_t n);                              // x_ += h_
+  // Q/K/V biases and Qwen3's Q/K head norms where the model has them, RoPE on Q and K, and the
+  // K/V writes to the pool.
   void RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n);
+  // h_ += the O projection's bias, when the model has one (after the all-reduce: once).
+  void AddOutputBias(int32_t layer, int32_t n);
   // Far history: writes the summary entries of each slot's last row (see CpuRow).
   void Summarize(int32_t layer, const CpuRow* rows, int32_t n);
   void Attention(int32_t layer, const CpuRow* rows, int32_t n);
@@ -92,6 +96,9 @@ class CpuRank {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> scores_;   // [threads][group * max_context]
   std::vector<float> scratch_;  // [threads][scratch_per_thread_]
+  // The attention biases in f32, [layers][qw_ + 2 kvw_ + d_]: this rank's Q, K, V bias shares and
+  // the O bias (zeros where the model has none); empty when it has neither.
+  std::vector<float> biases_;
 };
 
 }  // namespace kvrm

@@ -68,6 +68,12 @@ absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name
   return shard;
 }
 
+// Elements [begin, begin + count) of a [1][n] vector (a bias): a view.
+WeightMatrix VectorSlice(const WeightMatrix& v, int64_t begin, int64_t count) {
+  if (v.data == nullptr) return v;
+  return WeightMatrix{v.dtype, v.RowPtr(0) + v.DataBytes(begin), 1, count, count};
+}
+
 }  // namespace
 
 absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
@@ -103,6 +109,9 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
       s.wq = l.wq.RowSlice(rank * q_rows, q_rows);
       s.wk = l.wk.RowSlice(rank * kv_rows, kv_rows);
       s.wv = l.wv.RowSlice(rank * kv_rows, kv_rows);
+      s.bq = VectorSlice(l.bq, rank * q_rows, q_rows);
+      s.bk = VectorSlice(l.bk, rank * kv_rows, kv_rows);
+      s.bv = VectorSlice(l.bv, rank * kv_rows, kv_rows);
       ASSIGN_OR_RETURN(s.wo, CopyColumns(l.wo, "o_proj", rank * q_rows, q_rows, &out));
       s.w_gate = l.w_gate.RowSlice(int64_t{rank} * out.ffn, out.ffn);
       s.w_up = l.w_up.RowSlice(int64_t{rank} * out.ffn, out.ffn);

@@ -5,7 +5,8 @@
 // gate and up by intermediate features; lm_head by vocabulary rows) take a contiguous range of
 // rows: views into the mapped file. Row-parallel products (O by query heads, down by
 // intermediate features) take a range of input columns: strided in the file, so each rank copies
-// its shard into memory it owns, dense. Norms and the embedding are replicated (views).
+// its shard into memory it owns, dense. Norms (Qwen3's per-head Q/K norms too), the O bias and
+// the embedding are replicated (views); Q/K/V biases are cut by heads like their products.
 #ifndef KVRM_RUNTIME_TP_SHARD_H_
 #define KVRM_RUNTIME_TP_SHARD_H_
 

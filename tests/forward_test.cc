@@ -64,16 +64,18 @@ struct TinyModel {
   std::unique_ptr<ReferenceLlama> ref;
 };
 
-const TinyModel& GetTiny(DType dtype) {
-  static auto* models = new std::map<DType, TinyModel>();
-  auto it = models->find(dtype);
+// `size`: a modelgen shape name (tiny, or tiny-qwen2 / tiny-qwen3 / tiny-biased for the other
+// architectures).
+const TinyModel& GetTiny(DType dtype, const std::string& size = "tiny") {
+  static auto* models = new std::map<std::pair<DType, std::string>, TinyModel>();
+  auto it = models->find({dtype, size});
   if (it != models->end()) return it->second;
   const char* tmp = std::getenv("TEST_TMPDIR");
   modelgen::MakeModelOptions options;
-  options.size = "tiny";
+  options.size = size;
   options.dtype = dtype;
   options.out_dir = (std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
-                     absl::StrCat("tiny_", std::string(DTypeName(dtype))))
+                     absl::StrCat(size, "_", std::string(DTypeName(dtype))))
                         .string();
   const auto summary = modelgen::MakeModel(options);
   CHECK_OK(summary.status());
@@ -81,7 +83,7 @@ const TinyModel& GetTiny(DType dtype) {
   CHECK_OK(bundle.status());
   auto ref = ReferenceLlama::Create((*bundle)->config, *(*bundle)->files);
   CHECK_OK(ref.status());
-  TinyModel& m = (*models)[dtype];
+  TinyModel& m = (*models)[{dtype, size}];
   m.bundle = std::move(*bundle);
   m.ref = std::move(*ref);
   return m;
@@ -560,6 +562,84 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
                            return absl::StrCat(std::string(DTypeName(std::get<0>(info.param))), "_",
                                                std::string(CpuIsaName(std::get<1>(info.param))));
                          });
+
+// ---- Qwen2, Qwen3 and biased Llama attention ----------------------------------------------------
+
+// The tiny shape as Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm before RoPE, head_dim 48
+// with hidden 128) and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
+// against the float64 reference reading the same HF tensors (tests/reference_llama.h): chunked
+// prefill and decode, and two ranks (the Q/K/V biases cut by heads, the O bias added once after
+// the all-reduce). Tolerances as ForwardTest's. The biases (std 0.5) and norm weights are large
+// enough that leaving one out moves the logits by O(1): checked by dropping the K bias add, the
+// Q head norm and the O bias from the CPU rank in turn, each failing every prefill and TP case
+// of the models that have it.
+class ArchitectureForwardTest
+    : public testing::TestWithParam<std::tuple<std::string, DType, CpuIsa>> {
+ protected:
+  void SetUp() override {
+    SetActiveCpuIsa(isa());
+    model().ref->set_bf16_linear_inputs(MatMulRoundsActivations(isa(), dtype()));
+  }
+  const TinyModel& model() const { return GetTiny(dtype(), std::get<0>(GetParam())); }
+  DType dtype() const { return std::get<1>(GetParam()); }
+  CpuIsa isa() const { return std::get<2>(GetParam()); }
+  std::string Name() const {
+    return absl::StrCat(std::get<0>(GetParam()), " ", std::string(DTypeName(dtype())), " ",
+                        std::string(CpuIsaName(isa())));
+  }
+  ErrorStats Stats() const {
+    ErrorStats stats;
+    if (MatMulRoundsActivations(isa(), dtype())) stats.rel_tol = kRoundedRelTol;
+    return stats;
+  }
+};
+
+TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
+  const LlamaConfig& c = model().bundle->config;
+  const std::string& size = std::get<0>(GetParam());
+  EXPECT_EQ(c.qkv_bias, size != "tiny-qwen3");
+  EXPECT_EQ(c.o_bias, size == "tiny-biased");
+  EXPECT_EQ(c.qk_norm, size == "tiny-qwen3");
+  if (size == "tiny-qwen3") {
+    EXPECT_NE(c.head_dim * c.num_attention_heads, c.hidden_size);
+  }
+}
+
+TEST_P(ArchitectureForwardTest, ChunkedPrefillThenDecodeMatchesReference) {
+  ErrorStats stats = Stats();
+  ChunkedPrefillThenDecode(model(), DType::kF32, &stats);
+  stats.Print(absl::StrCat("single slot ", Name()));
+}
+
+TEST_P(ArchitectureForwardTest, TwoRanksMatchReferenceAndOneRank) {
+  const ScenarioResult one = RunScenario(model(), FragmentedPlans(), /*num_blocks=*/32, 1);
+  const ScenarioResult two = RunScenario(model(), FragmentedPlans(), /*num_blocks=*/32, 2);
+  ASSERT_EQ(one.tokens, two.tokens);
+  ErrorStats vs_ref = Stats(), vs_one = Stats();
+  for (size_t s = 0; s < two.tokens.size(); ++s) {
+    const std::vector<std::vector<double>> ref = model().ref->Forward(two.tokens[s]);
+    for (size_t i = 0; i < two.logits[s].size(); ++i) {
+      const std::string where = absl::StrCat("slot ", s, " position ", two.logit_positions[s][i]);
+      ExpectLogitsClose(two.logits[s][i].data(), ref[two.logit_positions[s][i]], where, &vs_ref);
+      const std::vector<double> one_row(one.logits[s][i].begin(), one.logits[s][i].end());
+      ExpectLogitsClose(two.logits[s][i].data(), one_row, where + " vs one rank", &vs_one);
+    }
+  }
+  vs_ref.Print(absl::StrCat("tp=2 vs reference ", Name()));
+  vs_one.Print(absl::StrCat("tp=2 vs tp=1 ", Name()));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    ArchitecturesDtypesAndIsas, ArchitectureForwardTest,
+    testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased"),
+                     testing::Values(DType::kF32, DType::kBF16),
+                     testing::ValuesIn(AvailableCpuIsas())),
+    [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {
+      std::string arch = std::get<0>(info.param);
+      std::replace(arch.begin(), arch.end(), '-', '_');
+      return absl::StrCat(arch, "_", std::string(DTypeName(std::get<1>(info.param))), "_",
+                          std::string(CpuIsaName(std::get<2>(info.param))));
+    });
 
 // ---- q8_0 weights (--quantization=q8_0) ---------------------------------------------------------
 

@@ -80,6 +80,22 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
     ASSIGN_OR_RETURN(l.gate, Load(files, p + "mlp.gate_proj.weight", ffn, d));
     ASSIGN_OR_RETURN(l.up, Load(files, p + "mlp.up_proj.weight", ffn, d));
     ASSIGN_OR_RETURN(l.down, Load(files, p + "mlp.down_proj.weight", d, ffn));
+    auto vector = [&](const std::string& name, int64_t n,
+                      std::vector<double>* out) -> absl::Status {
+      ASSIGN_OR_RETURN(Matrix m, Load(files, p + name, 1, n));
+      *out = std::move(m.data);
+      return absl::OkStatus();
+    };
+    if (config.qkv_bias) {
+      RETURN_IF_ERROR(vector("self_attn.q_proj.bias", qw, &l.bq));
+      RETURN_IF_ERROR(vector("self_attn.k_proj.bias", kvw, &l.bk));
+      RETURN_IF_ERROR(vector("self_attn.v_proj.bias", kvw, &l.bv));
+    }
+    if (config.o_bias) RETURN_IF_ERROR(vector("self_attn.o_proj.bias", d, &l.bo));
+    if (config.qk_norm) {
+      RETURN_IF_ERROR(vector("self_attn.q_norm.weight", hd, &l.q_norm));
+      RETURN_IF_ERROR(vector("self_attn.k_norm.weight", hd, &l.k_norm));
+    }
     ref->layers_.push_back(std::move(l));
   }
   return ref;
@@ -197,6 +213,23 @@ void ReferenceLlama::Rope(std::vector<double>& x, int64_t heads, int64_t positio
   }
 }
 
+std::vector<double> ReferenceLlama::Affine(const Matrix& w, const std::vector<double>& bias,
+                                           const std::vector<double>& x) const {
+  std::vector<double> y = Linear(w, x);
+  for (size_t i = 0; i < bias.size(); ++i) y[i] += bias[i];
+  return y;
+}
+
+void ReferenceLlama::HeadNorm(std::vector<double>& x, const std::vector<double>& w) const {
+  if (w.empty()) return;
+  const size_t hd = w.size();
+  for (size_t h = 0; h * hd < x.size(); ++h) {
+    const std::vector<double> head(x.begin() + h * hd, x.begin() + (h + 1) * hd);
+    const std::vector<double> normed = RmsNorm(head, w);
+    std::copy(normed.begin(), normed.end(), x.begin() + h * hd);
+  }
+}
+
 std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_t> tokens) const {
   return Forward(tokens, FarHistory{});
 }
@@ -218,9 +251,11 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
       const std::vector<double> h = RmsNorm(x[t], l.input_norm);
-      q[t] = Linear(l.q, h);
-      k[t] = Linear(l.k, h);
-      v[t] = Linear(l.v, h);
+      q[t] = Affine(l.q, l.bq, h);
+      k[t] = Affine(l.k, l.bk, h);
+      v[t] = Affine(l.v, l.bv, h);
+      HeadNorm(q[t], l.q_norm);
+      HeadNorm(k[t], l.k_norm);
       Rope(q[t], heads, t);
       Rope(k[t], kv_heads, t);
       if (bf16_kv_) {
@@ -290,7 +325,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
           for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += p[s] / sum * v[s][g * hd + i];
         }
       }
-      const std::vector<double> o = Linear(l.o, attn);
+      const std::vector<double> o = Affine(l.o, l.bo, attn);
       for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
     }
     for (int64_t t = 0; t < n; ++t) {

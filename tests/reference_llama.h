@@ -4,7 +4,10 @@
 // so that a shared misreading cannot make both sides agree: weights are looked up by their HF
 // names straight from the safetensors files (not through BindLlamaWeights), widened to double,
 // and every step (RMSNorm, rotate_half RoPE, GQA attention with a causal mask, SwiGLU, final
-// norm, lm_head) is computed in double over the whole sequence at once. The only shared code is
+// norm, lm_head) is computed in double over the whole sequence at once. Qwen2's Q/K/V biases
+// (modeling_qwen2: q/k/v_proj with bias), Qwen3's Q/K head norms (modeling_qwen3: q_norm and
+// k_norm, RMSNorm over each head's head_dim after the projection, before RoPE) and Llama's
+// attention_bias (every projection biased) are read from the same config flags. The only shared code is
 // config parsing and RopeInverseFrequencies (the llama3 / linear frequency scaling).
 //
 // Cost: O(layers * T * (params_per_layer + T * hidden)) per Forward; meant for T in the hundreds.
@@ -85,6 +88,8 @@ class ReferenceLlama {
   struct Layer {
     std::vector<double> input_norm, post_attention_norm;  // [hidden]
     Matrix q, k, v, o, gate, up, down;
+    std::vector<double> bq, bk, bv, bo;  // biases (empty: none)
+    std::vector<double> q_norm, k_norm;  // [head_dim] (empty: none)
   };
 
   explicit ReferenceLlama(const LlamaConfig& config) : config_(config) {}
@@ -98,6 +103,12 @@ class ReferenceLlama {
   std::vector<double> RmsNorm(const std::vector<double>& x, const std::vector<double>& w) const;
   // Rotates each head of `x` ([heads][head_dim]) in place, rotate_half layout: pair (i, i + hd/2).
   void Rope(std::vector<double>& x, int64_t heads, int64_t position) const;
+  // Linear plus its bias (none when `bias` is empty).
+  std::vector<double> Affine(const Matrix& w, const std::vector<double>& bias,
+                             const std::vector<double>& x) const;
+  // RMSNorm of each head of `x` ([heads][head_dim]) in place with `w` ([head_dim]); none when
+  // `w` is empty.
+  void HeadNorm(std::vector<double>& x, const std::vector<double>& w) const;
 
   LlamaConfig config_;
   std::vector<double> inv_freq_;  // [head_dim / 2]

@@ -143,6 +143,11 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const LlamaConfig& config, const LlamaWeights* weights, const CudaBackendOptions& options) {
   const int32_t tp = options.tensor_parallel;
   if (tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
+  if (config.qkv_bias || config.o_bias || config.qk_norm) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model_type ", config.model_type, ": the CUDA backend does not compute ",
+        config.qk_norm ? "per-head Q/K norms" : "attention biases", " yet; use --device=cpu"));
+  }
   const int devices = CudaDeviceCount();
   if (devices < tp) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda --tp=", tp, " needs ", tp,

@@ -29,8 +29,11 @@ std::string TorchDtypeName(DType dtype) {
 
 std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds& ids) {
   OJson c;
-  c["architectures"] = {"LlamaForCausalLM"};
-  c["attention_bias"] = false;
+  const bool qwen = spec.model_type != "llama";
+  c["architectures"] = {spec.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                        : spec.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                                                     : "LlamaForCausalLM"};
+  if (spec.model_type != "qwen2") c["attention_bias"] = spec.attention_bias;
   c["attention_dropout"] = 0.0;
   c["bos_token_id"] = ids.bos;
   c["eos_token_id"] = EosJson(ids);
@@ -40,12 +43,16 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["initializer_range"] = spec.initializer_range;
   c["intermediate_size"] = spec.intermediate_size;
   c["max_position_embeddings"] = spec.max_position_embeddings;
-  c["mlp_bias"] = false;
-  c["model_type"] = "llama";
+  if (qwen) {
+    c["max_window_layers"] = spec.num_layers;
+  } else {
+    c["mlp_bias"] = false;
+  }
+  c["model_type"] = std::string(spec.model_type);
   c["num_attention_heads"] = spec.num_heads;
   c["num_hidden_layers"] = spec.num_layers;
   c["num_key_value_heads"] = spec.num_kv_heads;
-  c["pretraining_tp"] = 1;
+  if (!qwen) c["pretraining_tp"] = 1;
   c["rms_norm_eps"] = spec.rms_norm_eps;
   if (spec.rope_scaling.has_value()) {
     const Llama3RopeScaling& r = *spec.rope_scaling;
@@ -58,10 +65,12 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["rope_scaling"] = nullptr;
   }
   c["rope_theta"] = spec.rope_theta;
+  if (qwen) c["sliding_window"] = nullptr;
   c["tie_word_embeddings"] = spec.tie_word_embeddings;
   c["torch_dtype"] = TorchDtypeName(dtype);
   c["transformers_version"] = "4.45.0";
   c["use_cache"] = true;
+  if (qwen) c["use_sliding_window"] = false;
   c["vocab_size"] = spec.vocab_size;
   return c.dump(2) + "\n";
 }

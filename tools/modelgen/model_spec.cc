@@ -41,8 +41,38 @@ ModelSpec Small() {
   return s;
 }
 
+// The tiny shape in the other architectures the engine computes, for their tests: Qwen2 (Q/K/V
+// biases), Qwen3 (per-head Q/K norms, and a head_dim other than hidden / heads, as Qwen3's), and
+// Llama with attention_bias (every attention projection biased, O's too). No RoPE scaling.
+ModelSpec TinyQwen2() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-qwen2";
+  s.model_type = "qwen2";
+  s.rope_scaling.reset();
+  s.rope_theta = 1000000.0;
+  s.rms_norm_eps = 1e-6;
+  return s;
+}
+
+ModelSpec TinyQwen3() {
+  ModelSpec s = TinyQwen2();
+  s.name = "tiny-qwen3";
+  s.model_type = "qwen3";
+  s.head_dim = 48;
+  return s;
+}
+
+ModelSpec TinyBiased() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-biased";
+  s.attention_bias = true;
+  s.tie_word_embeddings = false;
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
-  static const auto* table = new std::vector<ModelSpec>{Tiny(), Small()};
+  static const auto* table =
+      new std::vector<ModelSpec>{Tiny(), Small(), TinyQwen2(), TinyQwen3(), TinyBiased()};
   return *table;
 }
 
@@ -53,7 +83,9 @@ int64_t ModelSpec::NumParameters() const {
   const int64_t per_layer = 2 * d                      // input / post-attention norms
                             + d * q_dim() * 2          // q_proj, o_proj
                             + d * kv_dim() * 2         // k_proj, v_proj
-                            + d * intermediate_size * 3;  // gate, up, down
+                            + d * intermediate_size * 3  // gate, up, down
+                            + (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d : 0) +
+                            (qk_norm() ? 2 * head_dim : 0);
   const int64_t embed = static_cast<int64_t>(vocab_size) * d;
   return embed * (tie_word_embeddings ? 1 : 2) + per_layer * num_layers + d;
 }

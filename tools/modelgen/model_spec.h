@@ -22,6 +22,9 @@ struct Llama3RopeScaling {
 
 struct ModelSpec {
   std::string_view name;
+  // config.json's model_type: "llama", "qwen2" (Q/K/V biases) or "qwen3" (per-head Q/K norms).
+  std::string_view model_type = "llama";
+  bool attention_bias = false;  // llama / qwen3: every attention projection biased
   int hidden_size = 0;
   int num_layers = 0;
   int num_heads = 0;
@@ -36,6 +39,9 @@ struct ModelSpec {
   double rms_norm_eps = 1e-5;
   double initializer_range = 0.02;  // Written to config.json; see weight_init.h for the stds.
 
+  bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
+  bool o_bias() const { return model_type != "qwen2" && attention_bias; }
+  bool qk_norm() const { return model_type == "qwen3"; }
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
   int64_t NumParameters() const;

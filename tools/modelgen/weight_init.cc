@@ -10,6 +10,9 @@ namespace kvrm::modelgen {
 namespace {
 
 constexpr double kNormStd = 0.1;
+// Biases as large as Qwen2's K biases are against the projections' unit outputs, so a bias left
+// out moves the logits by O(1).
+constexpr double kBiasStd = 0.5;
 
 double FanIn(int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); }
 
@@ -31,9 +34,17 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     plans.push_back({p + "input_layernorm.weight", {d}, 1.0, kNormStd});
     plans.push_back({p + "self_attn.q_proj.weight", {q, d}, 0.0, FanIn(d)});
+    if (spec.qkv_bias()) plans.push_back({p + "self_attn.q_proj.bias", {q}, 0.0, kBiasStd});
     plans.push_back({p + "self_attn.k_proj.weight", {kv, d}, 0.0, FanIn(d)});
+    if (spec.qkv_bias()) plans.push_back({p + "self_attn.k_proj.bias", {kv}, 0.0, kBiasStd});
     plans.push_back({p + "self_attn.v_proj.weight", {kv, d}, 0.0, FanIn(d)});
+    if (spec.qkv_bias()) plans.push_back({p + "self_attn.v_proj.bias", {kv}, 0.0, kBiasStd});
     plans.push_back({p + "self_attn.o_proj.weight", {d, q}, 0.0, FanIn(q)});
+    if (spec.o_bias()) plans.push_back({p + "self_attn.o_proj.bias", {d}, 0.0, kBiasStd});
+    if (spec.qk_norm()) {
+      plans.push_back({p + "self_attn.q_norm.weight", {spec.head_dim}, 1.0, kNormStd});
+      plans.push_back({p + "self_attn.k_norm.weight", {spec.head_dim}, 1.0, kNormStd});
+    }
     plans.push_back({p + "post_attention_layernorm.weight", {d}, 1.0, kNormStd});
     plans.push_back({p + "mlp.gate_proj.weight", {ffn, d}, 0.0, FanIn(d)});
     plans.push_back({p + "mlp.up_proj.weight", {ffn, d}, 0.0, FanIn(d)});
