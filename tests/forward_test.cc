@@ -565,8 +565,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
 
 // ---- Qwen2, Qwen3 and biased Llama attention ----------------------------------------------------
 
-// The tiny shape as Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm before RoPE, head_dim 48
-// with hidden 128) and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
+// The tiny shape as Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm before RoPE; both with
+// head_dim 64 and hidden 128, 4 heads) and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
 // against the float64 reference reading the same HF tensors (tests/reference_llama.h): chunked
 // prefill and decode, and two ranks (the Q/K/V biases cut by heads, the O bias added once after
 // the all-reduce). Tolerances as ForwardTest's. The biases (std 0.5) and norm weights are large
@@ -600,8 +600,8 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   EXPECT_EQ(c.qkv_bias, size != "tiny-qwen3");
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
   EXPECT_EQ(c.qk_norm, size == "tiny-qwen3");
-  if (size == "tiny-qwen3") {
-    EXPECT_NE(c.head_dim * c.num_attention_heads, c.hidden_size);
+  if (size != "tiny-biased") {
+    EXPECT_EQ(c.head_dim * c.num_attention_heads, 2 * c.hidden_size);
   }
 }
 

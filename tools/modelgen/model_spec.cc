@@ -42,12 +42,14 @@ ModelSpec Small() {
 }
 
 // The tiny shape in the other architectures the engine computes, for their tests: Qwen2 (Q/K/V
-// biases), Qwen3 (per-head Q/K norms, and a head_dim other than hidden / heads, as Qwen3's), and
-// Llama with attention_bias (every attention projection biased, O's too). No RoPE scaling.
+// biases), Qwen3 (per-head Q/K norms), and Llama with attention_bias (every attention projection
+// biased, O's too). The Qwen shapes have heads of 64 (as the CUDA kernels take), so a head_dim
+// other than hidden / heads, as Qwen3's own. No RoPE scaling.
 ModelSpec TinyQwen2() {
   ModelSpec s = Tiny();
   s.name = "tiny-qwen2";
   s.model_type = "qwen2";
+  s.head_dim = 64;
   s.rope_scaling.reset();
   s.rope_theta = 1000000.0;
   s.rms_norm_eps = 1e-6;
@@ -58,7 +60,6 @@ ModelSpec TinyQwen3() {
   ModelSpec s = TinyQwen2();
   s.name = "tiny-qwen3";
   s.model_type = "qwen3";
-  s.head_dim = 48;
   return s;
 }
 
