@@ -8,6 +8,7 @@
 #include <thread>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -21,8 +22,6 @@
 
 namespace kvrm {
 namespace {
-
-constexpr char kPrefix[] = "llama.";  // the metadata of general.architecture "llama"
 
 // A per-layer integer hyperparameter: a scalar, or an array whose entries all agree (llama.cpp
 // allows them to differ; the engine's layers are all alike).
@@ -49,17 +48,17 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
 
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
-  if (arch != "llama") {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
     return f.Unimplemented("general.architecture",
-                           absl::StrCat("\"", arch, "\" is not supported (llama)"));
+                           absl::StrCat("\"", arch, "\" is not supported (llama, qwen2, qwen3)"));
   }
-  const std::string p = kPrefix;
+  const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
   if (f.Find(p + "expert_count") != nullptr) {
     ASSIGN_OR_RETURN(uint64_t experts, f.GetUint(p + "expert_count"));
     if (experts > 0) return f.Unimplemented(p + "expert_count", "mixture of experts");
   }
   Json c = Json::object();
-  c["model_type"] = "llama";
+  c["model_type"] = std::string(arch);
   for (const auto& [key, hf] : {std::pair{"context_length", "max_position_embeddings"},
                                 std::pair{"embedding_length", "hidden_size"},
                                 std::pair{"block_count", "num_hidden_layers"}}) {
@@ -127,6 +126,13 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
 
   ASSIGN_OR_RETURN(LlamaConfig config,
                    ParseLlamaConfig(c.dump(), absl::StrCat(f.path(), " (as config.json)")));
+  // Attention biases: Qwen2's Q/K/V ones always (as ParseLlamaConfig has them); Llama's and
+  // Qwen3's where the file has them, the Q/K/V ones and the O one each optional as llama.cpp
+  // takes them (HF's attention_bias is all four). Layer 0 says; the other layers must agree.
+  if (config.model_type != "qwen2") {
+    config.qkv_bias = f.FindTensor("blk.0.attn_q.bias") != nullptr;
+    config.o_bias = f.FindTensor("blk.0.attn_output.bias") != nullptr;
+  }
   if (const GgufTensor* t = f.FindTensor("rope_freqs.weight")) {
     if (config.rope_scaling.type == "linear") {
       return f.Unimplemented("rope_freqs.weight", "with linear RoPE scaling as well");
@@ -148,14 +154,15 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
 
 namespace {
 
-// The GGUF tensor that holds HF tensor `hf`, and whether its rows were reordered for RoPE
-// (attn_q over the query heads, attn_k over the KV heads).
+// The GGUF tensor that holds HF tensor `hf`, and whether its rows (a bias: its elements) were
+// reordered for RoPE on adjacent pairs: attn_q over the query heads, attn_k over the KV heads,
+// in the llama architecture only (`permuted`; llama.cpp's qwen2 and qwen3 rotate halves, as HF).
 struct GgufName {
   std::string name;
   bool rope_rows = false;
 };
 
-absl::StatusOr<GgufName> ToGgufName(const std::string& hf) {
+absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted) {
   static const auto* kTop = new std::vector<std::pair<absl::string_view, absl::string_view>>{
       {"model.embed_tokens.weight", "token_embd.weight"},
       {"model.norm.weight", "output_norm.weight"},
@@ -166,6 +173,12 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf) {
       {"self_attn.k_proj.weight", "attn_k.weight"},
       {"self_attn.v_proj.weight", "attn_v.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
+      {"self_attn.q_proj.bias", "attn_q.bias"},
+      {"self_attn.k_proj.bias", "attn_k.bias"},
+      {"self_attn.v_proj.bias", "attn_v.bias"},
+      {"self_attn.o_proj.bias", "attn_output.bias"},
+      {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+      {"self_attn.k_norm.weight", "attn_k_norm.weight"},
       {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
@@ -179,8 +192,9 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf) {
       absl::SimpleAtoi(parts[2], &layer)) {
     for (const auto& [from, to] : *kLayer) {
       if (parts[3] == from) {
-        return GgufName{absl::StrCat("blk.", layer, ".", to),
-                        to == "attn_q.weight" || to == "attn_k.weight"};
+        return GgufName{
+            absl::StrCat("blk.", layer, ".", to),
+            permuted && (absl::StartsWith(to, "attn_q.") || absl::StartsWith(to, "attn_k."))};
       }
     }
   }
@@ -205,7 +219,7 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
                                         const GgufLoadOptions& options, const std::string& hf,
                                         const std::vector<int64_t>& shape,
                                         std::vector<std::vector<std::byte>>* converted) {
-  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf));
+  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf, config.model_type == "llama"));
   const GgufTensor* t = f.FindTensor(name.name);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat(f.path(), ": tensor \"", name.name, "\" is missing"));
@@ -284,6 +298,14 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
     }
   };
   parallel_rows(convert);
+  if (name.rope_rows && shape.size() == 1) {  // a bias: its elements reordered as the rows were
+    const size_t size = DTypeSize(out);
+    const std::vector<std::byte> file_order = buffer;
+    for (int64_t i = 0; i < cols; ++i) {
+      std::memcpy(buffer.data() + GgufRopeRowToHf(i, config.head_dim) * size,
+                  file_order.data() + i * size, size);
+    }
+  }
   return WeightMatrix{out, buffer.data(), rows, cols, cols};
 }
 
@@ -307,9 +329,8 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
   }
   ASSIGN_OR_RETURN(m->config, GgufLlamaConfig(f));
   for (const GgufTensor& t : f.tensors()) {
-    if (absl::EndsWith(t.name, ".bias") || absl::StrContains(t.name, "_exps")) {
-      return f.Unimplemented(absl::StrCat("tensor \"", t.name, "\""),
-                             "biases and experts are not supported");
+    if (absl::StrContains(t.name, "_exps")) {
+      return f.Unimplemented(absl::StrCat("tensor \"", t.name, "\""), "experts are not supported");
     }
   }
   ASSIGN_OR_RETURN(m->tokenizer, LoadGgufTokenizer(f, m->config.vocab_size));
@@ -338,10 +359,22 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
   }
   const LlamaConfig& config = m->config;
   auto* converted = &m->converted;
+  absl::flat_hash_set<std::string> bound = {"rope_freqs.weight"};  // (read by GgufLlamaConfig)
   ASSIGN_OR_RETURN(m->weights, BindLlamaWeights(config, [&](const std::string& hf,
                                                             const std::vector<int64_t>& shape) {
+                     bound.insert(ToGgufName(hf, false).value_or(GgufName{}).name);
                      return BindTensor(f, config, options, hf, shape, converted);
                    }));
+  // A tensor the model does not use is a part of it the engine would not compute (a bias the
+  // architecture does not have, another layer's kind): refused, as llama.cpp refuses a file with
+  // tensors its architecture does not create.
+  for (const GgufTensor& t : f.tensors()) {
+    if (!bound.contains(t.name)) {
+      return f.Unimplemented(absl::StrCat("tensor \"", t.name, "\""),
+                             absl::StrCat("is not used by a \"", config.model_type,
+                                          "\" model (kvrm does not compute it)"));
+    }
+  }
   return m;
 }
 

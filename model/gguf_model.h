@@ -1,12 +1,18 @@
 // A Llama-family model from one GGUF file (llama.cpp's format: general.architecture "llama",
-// which Llama 1-3 and Mistral 7B are converted to), as the safetensors loader would have it.
+// which Llama 1-3 and Mistral 7B are converted to, "qwen2" or "qwen3"), as the safetensors loader
+// would have it.
 //
 // The file is translated into the Hugging Face forms the rest of kvrm already checks: its
 // metadata into a config.json (ParseLlamaConfig validates it), its embedded tokenizer into a
 // tokenizer.json (model/gguf_tokenizer.h), its tensors into the HF weight set:
-// - f32, f16 and bf16 tensors are used in place (memory-mapped), except attn_q and attn_k:
-//   llama.cpp's converter reorders their rows for RoPE on adjacent pairs, and the loader puts
-//   them back in HF's order (rotate_half) in a copy;
+// - f32, f16 and bf16 tensors are used in place (memory-mapped), except a llama file's attn_q
+//   and attn_k (and their biases): llama.cpp's converter reorders their rows for RoPE on
+//   adjacent pairs, and the loader puts them back in HF's order (rotate_half) in a copy. qwen2
+//   and qwen3 files keep HF's order (llama.cpp rotates halves for them, "NEOX" RoPE);
+// - attention biases (attn_q/k/v.bias: qwen2's always, llama's and qwen3's where layer 0 has
+//   them; attn_output.bias: llama's and qwen3's where layer 0 has it) and qwen3's per-head
+//   attn_q_norm / attn_k_norm; any other tensor the model does not use is UNIMPLEMENTED naming
+//   it, as llama.cpp refuses a file with tensors its architecture does not create;
 // - quantized tensors (q4_0, q4_1, q5_0, q5_1, q8_0, q4_K, q5_K, q6_K) are dequantized once at
 //   load, with ggml's formulas, into GgufLoadOptions::dequantized (bf16 by default: the CUDA
 //   backend's type, and half the memory of f32). bf16 keeps 8 significant bits, so the engine

@@ -63,6 +63,36 @@ TEST(GgufE2eTest, AnF32FileGeneratesWhatItsDirectoryGenerates) {
   EXPECT_EQ(Generate(gguf), Generate(hf));
 }
 
+// A qwen3 file (per-head Q/K norms, heads of 64 over a hidden size of 128) served over gRPC
+// generates what its directory generates: f32, so the same weights bit for bit; q8_0 serves too.
+TEST(GgufE2eTest, AQwen3FileGeneratesWhatItsDirectoryGenerates) {
+  const std::string dir = TestTmpDir() + "/tiny-qwen3";
+  modelgen::MakeModelOptions mo;
+  mo.size = "tiny-qwen3";
+  mo.out_dir = dir;
+  mo.dtype = DType::kF32;
+  CHECK_OK(modelgen::MakeModel(mo).status());
+  GgufConvertOptions co;
+  co.type = GgmlType::kF32;
+  const std::string path = TestTmpDir() + "/tiny-qwen3-f32.gguf";
+  CHECK_OK(ConvertToGguf(dir, path, co));
+  TestServer hf(Load(dir), Options());
+  TestServer gguf(Load(path), Options());
+  EXPECT_EQ(gguf.model().config.model_type, "qwen3");
+  EXPECT_TRUE(gguf.model().config.qk_norm);
+  EXPECT_EQ(Generate(gguf), Generate(hf));
+  co.type = GgmlType::kQ8_0;
+  const std::string q8 = TestTmpDir() + "/tiny-qwen3-q8_0.gguf";
+  CHECK_OK(ConvertToGguf(dir, q8, co));
+  TestServer quantized(Load(q8), Options());
+  const std::vector<std::vector<int32_t>> tokens = Generate(quantized);
+  ASSERT_EQ(tokens.size(), 4u);
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(quantized.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.weights_format(), "gguf q8_0");
+}
+
 // A smoke test of the quantized paths end to end (their numerics: //tools/gguf:gguf_convert_test,
 // the weights against the originals and the block formats against their layouts): q4_0 held as
 // exact q8_0 blocks, q4_1 (d * q + m) as exact q8 affine blocks, and both dequantized to bf16 with

@@ -157,30 +157,39 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir));
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
   const LlamaConfig& c = model->config;
+  // The architecture llama.cpp's converter writes: qwen2 and qwen3 as themselves, Llama and
+  // Mistral as llama, whose attn_q / attn_k rows (and biases) it reorders for RoPE on adjacent
+  // pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows as they are.
+  const std::string arch =
+      c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
+  const bool permuted = arch == "llama";
+  const std::string prefix = arch + ".";  // of its metadata keys
   GgufWriter w;
-  w.AddString("general.architecture", "llama");
+  w.AddString("general.architecture", arch);
   w.AddString("general.name", model->name);
   w.AddUint32("general.quantization_version", 2);
-  w.AddUint32("llama.context_length", c.max_position_embeddings);
-  w.AddUint32("llama.embedding_length", c.hidden_size);
-  w.AddUint32("llama.block_count", c.num_hidden_layers);
-  w.AddUint32("llama.feed_forward_length", c.intermediate_size);
-  w.AddUint32("llama.attention.head_count", c.num_attention_heads);
-  w.AddUint32("llama.attention.head_count_kv", c.num_key_value_heads);
-  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
-  w.AddFloat32("llama.rope.freq_base", static_cast<float>(c.rope_theta));
-  w.AddUint32("llama.rope.dimension_count", c.head_dim);
-  if (c.head_dim * c.num_attention_heads != c.hidden_size) {
-    w.AddUint32("llama.attention.key_length", c.head_dim);
-    w.AddUint32("llama.attention.value_length", c.head_dim);
+  w.AddUint32(prefix + "context_length", c.max_position_embeddings);
+  w.AddUint32(prefix + "embedding_length", c.hidden_size);
+  w.AddUint32(prefix + "block_count", c.num_hidden_layers);
+  w.AddUint32(prefix + "feed_forward_length", c.intermediate_size);
+  w.AddUint32(prefix + "attention.head_count", c.num_attention_heads);
+  w.AddUint32(prefix + "attention.head_count_kv", c.num_key_value_heads);
+  w.AddFloat32(prefix + "attention.layer_norm_rms_epsilon", static_cast<float>(c.rms_norm_eps));
+  w.AddFloat32(prefix + "rope.freq_base", static_cast<float>(c.rope_theta));
+  w.AddUint32(prefix + "rope.dimension_count", c.head_dim);
+  // (The converter writes them where config.json has head_dim, as Qwen3's always does.)
+  if (c.head_dim * c.num_attention_heads != c.hidden_size || arch == "qwen3") {
+    w.AddUint32(prefix + "attention.key_length", c.head_dim);
+    w.AddUint32(prefix + "attention.value_length", c.head_dim);
   }
-  w.AddUint32("llama.vocab_size", c.vocab_size);
+  w.AddUint32(prefix + "vocab_size", c.vocab_size);
   if (c.rope_scaling.type == "linear") {
-    w.AddString("llama.rope.scaling.type", "linear");
-    w.AddFloat32("llama.rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
-  } else if (!c.rope_scaling.type.empty() && c.rope_scaling.type != "llama3") {
-    return absl::UnimplementedError(
-        absl::StrCat(model_dir, ": RoPE scaling ", c.rope_scaling.type, " has no GGUF form here"));
+    w.AddString(prefix + "rope.scaling.type", "linear");
+    w.AddFloat32(prefix + "rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+  } else if (!c.rope_scaling.type.empty() && (c.rope_scaling.type != "llama3" || !permuted)) {
+    // (llama.cpp applies rope_freqs.weight to its llama architecture only.)
+    return absl::UnimplementedError(absl::StrCat(model_dir, ": RoPE scaling ", c.rope_scaling.type,
+                                                 " has no GGUF form for ", arch, " here"));
   }
 
   ASSIGN_OR_RETURN(Json tokenizer, ReadJsonFile(model_dir + "/tokenizer.json"));
@@ -219,6 +228,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   }
 
   // Each matrix row by row: to float, reordered where the converter permutes, then encoded.
+  // 1-D tensors (norms, biases) in f32, a bias's elements reordered as its matrix's rows.
   // `more_bits`: a matrix the Q4_K_M mix gives q6_K.
   auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows,
                  bool more_bits = false) {
@@ -230,9 +240,14 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     const GgmlTypeTraits& t = GgmlTraits(type);
     const size_t row_bytes = static_cast<size_t>(m.cols / t.block_elems * t.block_bytes);
     std::vector<std::byte> bytes(row_bytes * m.rows);
-    std::vector<float> row(m.cols);
+    std::vector<float> row(m.cols), hf(norm && rope_rows ? m.cols : 0);
     for (int64_t r = 0; r < m.rows; ++r) {
-      WeightRowToFloat(m, rope_rows ? GgufRopeRowToHf(r, c.head_dim) : r, row.data());
+      if (norm && rope_rows) {
+        WeightRowToFloat(m, 0, hf.data());
+        for (int64_t i = 0; i < m.cols; ++i) row[i] = hf[GgufRopeRowToHf(i, c.head_dim)];
+      } else {
+        WeightRowToFloat(m, rope_rows ? GgufRopeRowToHf(r, c.head_dim) : r, row.data());
+      }
       QuantizeRow(type, row.data(), m.cols, bytes.data() + r * row_bytes);
     }
     std::vector<int64_t> ne = {m.cols};
@@ -246,10 +261,20 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     const std::string p = absl::StrCat("blk.", i, ".");
     const bool more_bits = UseMoreBits(i, c.num_hidden_layers);
     add(p + "attn_norm.weight", l.attn_norm, false);
-    add(p + "attn_q.weight", l.wq, true);
-    add(p + "attn_k.weight", l.wk, true);
+    add(p + "attn_q.weight", l.wq, permuted);
+    add(p + "attn_k.weight", l.wk, permuted);
     add(p + "attn_v.weight", l.wv, false, more_bits);
     add(p + "attn_output.weight", l.wo, false);
+    if (c.qkv_bias) {
+      add(p + "attn_q.bias", l.bq, permuted);
+      add(p + "attn_k.bias", l.bk, permuted);
+      add(p + "attn_v.bias", l.bv, false);
+    }
+    if (c.o_bias) add(p + "attn_output.bias", l.bo, false);
+    if (c.qk_norm) {
+      add(p + "attn_q_norm.weight", l.q_norm, false);
+      add(p + "attn_k_norm.weight", l.k_norm, false);
+    }
     add(p + "ffn_norm.weight", l.mlp_norm, false);
     add(p + "ffn_gate.weight", l.w_gate, false);
     add(p + "ffn_up.weight", l.w_up, false);

@@ -1,10 +1,11 @@
-// Converts a Hugging Face Llama model directory into one GGUF file, as llama.cpp's
-// convert_hf_to_gguf.py (and llama-quantize, for the quantized types) lay it out: "llama"
-// metadata with the types llama.cpp reads, the tokenizer embedded (tokenizer.ggml.*), attn_q and
-// attn_k rows reordered for RoPE on adjacent pairs, norms in f32, Llama 3.1's RoPE scaling as
-// rope_freqs.weight. kvrm's GGUF loader reads it back (model/gguf_model.h); the tests use it to
-// check that loader against the safetensors one on the same weights, and to make GGUF files of
-// the built-in models (`bazel run //tools/gguf:to_gguf`).
+// Converts a Hugging Face Llama, Qwen2 or Qwen3 model directory into one GGUF file, as
+// llama.cpp's convert_hf_to_gguf.py (and llama-quantize, for the quantized types) lay it out:
+// "llama", "qwen2" or "qwen3" metadata with the types llama.cpp reads, the tokenizer embedded
+// (tokenizer.ggml.*), attn_q and attn_k rows (and biases) reordered for RoPE on adjacent pairs in
+// llama files only, 1-D tensors (norms, attention biases, Q/K norms) in f32, Llama 3.1's RoPE
+// scaling as rope_freqs.weight. kvrm's GGUF loader reads it back (model/gguf_model.h); the tests
+// use it to check that loader against the safetensors one on the same weights, and to make GGUF
+// files of the built-in models (`bazel run //tools/gguf:to_gguf`).
 #ifndef KVRM_TOOLS_GGUF_GGUF_CONVERT_H_
 #define KVRM_TOOLS_GGUF_GGUF_CONVERT_H_
 

@@ -4,19 +4,23 @@
 // (Llama 3, GPT-2, Qwen3, Llama 2) encoding and decoding as their tokenizer.json does.
 #include "tools/gguf/gguf_convert.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <optional>
 #include <random>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "common/logging.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/weight_matrix.h"
 #include "model/gguf.h"
 #include "model/gguf_model.h"
@@ -25,6 +29,8 @@
 #include "model/gguf_writer.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_testdata.h"
+#include "runtime/backend.h"
+#include "runtime/cpu_backend.h"
 #include "runtime/model_bundle.h"
 #include "tools/modelgen/model_writer.h"
 
@@ -462,10 +468,10 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
     w.AddStringArray("tokenizer.ggml.merges", {"a b"});
     return w;
   };
-  absl::Status st = load(base("qwen2", "gpt2", "qwen2"), "arch.gguf");
+  absl::Status st = load(base("gemma2", "gpt2", "qwen2"), "arch.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
-              HasSubstr("general.architecture: \"qwen2\" is not supported"));
+              HasSubstr("general.architecture: \"gemma2\" is not supported (llama, qwen2, qwen3)"));
   st = load(base("llama", "t5", "default"), "t5.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
@@ -657,6 +663,443 @@ TEST(GgufModelTest, QuantizedMatricesLoadAsTheirExactBlockForms) {
   }
 }
 
+// ---- qwen2, qwen3, and biased llama ----------------------------------------------------------
+
+// The tiny model in another architecture (tools/modelgen: tiny-qwen2, tiny-qwen3, tiny-biased),
+// f32, generated once per test binary.
+const std::string& ArchitectureDir(const std::string& size) {
+  static auto* dirs = new std::map<std::string, std::string>();
+  auto it = dirs->find(size);
+  if (it != dirs->end()) return it->second;
+  modelgen::MakeModelOptions o;
+  o.size = size;
+  o.out_dir = TmpDir() + "/" + size + "-f32";
+  o.dtype = DType::kF32;
+  CHECK_OK(modelgen::MakeModel(o).status());
+  return (*dirs)[size] = o.out_dir;
+}
+
+// Every tensor a model binds, with its name: the matrices and norms, and the attention biases
+// and Q/K norms it has.
+std::vector<std::pair<std::string, const WeightMatrix*>> AllTensors(const LlamaWeights& w) {
+  std::vector<std::pair<std::string, const WeightMatrix*>> out = {
+      {"embed", &w.embed}, {"final_norm", &w.final_norm}, {"lm_head", &w.lm_head}};
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const LayerWeights& l = w.layers[i];
+    const WeightMatrix* all[] = {&l.attn_norm, &l.wq,     &l.wk,   &l.wv,     &l.wo,
+                                 &l.mlp_norm,  &l.w_gate, &l.w_up, &l.w_down, &l.bq,
+                                 &l.bk,        &l.bv,     &l.bo,   &l.q_norm, &l.k_norm};
+    const char* names[] = {"attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up",
+                           "w_down",    "bq", "bk", "bv", "bo", "q_norm",   "k_norm"};
+    for (size_t j = 0; j < std::size(all); ++j) {
+      const WeightMatrix* m = all[j];
+      const char* name = names[j];
+      if (m->data != nullptr) out.push_back({absl::StrCat("layer ", i, " ", name), m});
+    }
+  }
+  return out;
+}
+
+// The CPU backend's logits for `tokens`: prefilled in chunks of 16, the last chunk's last row
+// kept for each chunk (one slot, f32 KV).
+std::vector<float> CpuLogits(const LlamaConfig& config, const LlamaWeights& weights,
+                             const std::vector<int32_t>& tokens) {
+  CpuBackendOptions options;
+  options.kv_blocks = 8;
+  options.kv_block_tokens = 16;
+  options.max_slots = 1;
+  options.max_chunk_tokens = 16;
+  options.max_context = std::min(128, config.max_position_embeddings);
+  options.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
+      CpuBackend::Create(config, &weights, options);
+  CHECK_OK(backend.status());
+  const KvRun runs[] = {{0, 8}};
+  std::vector<float> all, logits(config.vocab_size);
+  for (size_t start = 0; start < tokens.size(); start += 16) {
+    const size_t n = std::min<size_t>(16, tokens.size() - start);
+    PrefillChunk chunk{0, static_cast<int32_t>(start),
+                       absl::MakeConstSpan(tokens).subspan(start, n), runs, 1};
+    CHECK_OK((*backend)->Prefill(chunk, logits.data()));
+    all.insert(all.end(), logits.begin(), logits.end());
+  }
+  return all;
+}
+
+// The largest difference of two sets of logits rows of `vocab`, each row's as a share of its
+// scale: max |a - b| / max(1, max |b|) (as //tests:forward_test measures them).
+double MaxRelativeDifference(const std::vector<float>& a, const std::vector<float>& b,
+                             size_t vocab) {
+  EXPECT_EQ(a.size(), b.size());
+  double worst = 0;
+  for (size_t row = 0; row + vocab <= std::min(a.size(), b.size()); row += vocab) {
+    double diff = 0, scale = 1;
+    for (size_t i = row; i < row + vocab; ++i) {
+      diff = std::max(diff, std::abs(double(a[i]) - b[i]));
+      scale = std::max(scale, std::abs(double(b[i])));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
+struct ArchitectureCase {
+  const char* size;  // modelgen's
+  const char* arch;  // the file's general.architecture
+};
+
+class GgufArchitectureTest : public ::testing::TestWithParam<ArchitectureCase> {};
+
+// The directory as an f32 file is the same model: its architecture and config (biases and Q/K
+// norms included), every tensor bit for bit, and the CPU backend's logits. The file holds what
+// llama.cpp's converter writes: the architecture's tensor names, the 1-D tensors in f32, attn_q /
+// attn_k rows (and their biases) reordered in llama only.
+TEST_P(GgufArchitectureTest, AnF32FileIsTheSameModelAsItsDirectory) {
+  const ArchitectureCase& c = GetParam();
+  const std::string path = TmpDir() + "/" + c.size + "-f32.gguf";
+  GgufConvertOptions options;
+  options.type = GgmlType::kF32;
+  ASSERT_TRUE(ConvertToGguf(ArchitectureDir(c.size), path, options).ok());
+  const std::unique_ptr<ModelBundle> hf = Load(ArchitectureDir(c.size)), gguf = Load(path);
+  ASSERT_NE(gguf->gguf, nullptr);
+  const GgufFile& file = *gguf->gguf->file;
+  EXPECT_EQ(*file.GetString("general.architecture"), c.arch);
+  EXPECT_NE(file.Find(absl::StrCat(c.arch, ".block_count")), nullptr);
+  const LlamaConfig &a = hf->config, &b = gguf->config;
+  EXPECT_EQ(b.model_type, a.model_type);
+  EXPECT_EQ(b.qkv_bias, a.qkv_bias);
+  EXPECT_EQ(b.o_bias, a.o_bias);
+  EXPECT_EQ(b.qk_norm, a.qk_norm);
+  EXPECT_EQ(b.vocab_size, a.vocab_size);
+  EXPECT_EQ(b.hidden_size, a.hidden_size);
+  EXPECT_EQ(b.intermediate_size, a.intermediate_size);
+  EXPECT_EQ(b.num_hidden_layers, a.num_hidden_layers);
+  EXPECT_EQ(b.num_attention_heads, a.num_attention_heads);
+  EXPECT_EQ(b.num_key_value_heads, a.num_key_value_heads);
+  EXPECT_EQ(b.head_dim, a.head_dim);
+  EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
+  EXPECT_FLOAT_EQ(b.rms_norm_eps, a.rms_norm_eps);
+  EXPECT_EQ(b.rope_theta, a.rope_theta);
+  EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
+  EXPECT_EQ(b.bos_token_id, a.bos_token_id);
+  EXPECT_EQ(b.rope_scaling.type, a.rope_scaling.type == "llama3" ? "freq_factors" : "");
+  // Each architecture's own tensors are there (the tiny models differ in these only).
+  const std::string arch = c.arch;
+  EXPECT_EQ(a.qkv_bias, arch == "qwen2" || c.size == std::string("tiny-biased"));
+  EXPECT_EQ(a.qk_norm, arch == "qwen3");
+
+  const auto ta = AllTensors(hf->weights), tb = AllTensors(gguf->weights);
+  ASSERT_EQ(ta.size(), tb.size());
+  for (size_t i = 0; i < ta.size(); ++i) {
+    ASSERT_EQ(tb[i].first, ta[i].first);
+    EXPECT_EQ(RmsShare(*ta[i].second, *tb[i].second), 0.0) << ta[i].first;
+  }
+  EXPECT_EQ(gguf->weights.num_parameters, hf->weights.num_parameters);
+
+  // The file itself, read directly: biases and Q/K norms 1-D f32; attn_q and its bias in HF's
+  // order (qwen2, qwen3) or llama.cpp's RoPE order (llama).
+  const bool permuted = arch == "llama";
+  const LayerWeights& l = hf->weights.layers[1];
+  auto expect_in_file = [&](const std::string& name, const WeightMatrix& m, bool rope) {
+    SCOPED_TRACE(name);
+    const GgufTensor* t = file.FindTensor(name);
+    ASSERT_NE(t, nullptr);
+    EXPECT_EQ(t->type, GgmlType::kF32);
+    EXPECT_EQ(t->ne.size(), m.rows == 1 ? 1u : 2u);
+    ASSERT_EQ(t->numel(), m.rows * m.cols);
+    std::vector<float> stored(t->numel()), row(m.cols);
+    std::memcpy(stored.data(), t->data, t->nbytes);
+    for (int64_t r = 0; r < m.rows; ++r) {
+      WeightRowToFloat(m, m.rows > 1 && rope ? GgufRopeRowToHf(r, a.head_dim) : r, row.data());
+      for (int64_t i = 0; i < m.cols; ++i) {
+        const int64_t hf_col = m.rows == 1 && rope ? GgufRopeRowToHf(i, a.head_dim) : i;
+        ASSERT_EQ(stored[r * m.cols + i], row[hf_col]) << "row " << r << " element " << i;
+      }
+    }
+  };
+  expect_in_file("blk.1.attn_q.weight", l.wq, permuted);
+  expect_in_file("blk.1.attn_k.weight", l.wk, permuted);
+  if (a.qkv_bias) {
+    expect_in_file("blk.1.attn_q.bias", l.bq, permuted);
+    expect_in_file("blk.1.attn_k.bias", l.bk, permuted);
+    expect_in_file("blk.1.attn_v.bias", l.bv, false);
+  }
+  if (a.o_bias) expect_in_file("blk.1.attn_output.bias", l.bo, false);
+  if (a.qk_norm) {
+    expect_in_file("blk.1.attn_q_norm.weight", l.q_norm, false);
+    expect_in_file("blk.1.attn_k_norm.weight", l.k_norm, false);
+  }
+
+  // The CPU backend computes the same logits from either (tiny-biased's llama3 RoPE scaling
+  // arrives as f32 rope_freqs divisors, ~1e-7 of each frequency).
+  std::mt19937 rng(11);
+  std::vector<int32_t> tokens(40);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % a.vocab_size);
+  const std::vector<float> la = CpuLogits(a, hf->weights, tokens);
+  const std::vector<float> lb = CpuLogits(b, gguf->weights, tokens);
+  const double diff = MaxRelativeDifference(lb, la, a.vocab_size);
+  if (a.rope_scaling.type.empty()) {
+    EXPECT_EQ(lb, la);
+  } else {
+    EXPECT_LT(diff, 1e-6);
+  }
+  std::cout << c.size << " f32 GGUF logits: max relative difference " << diff << "\n";
+}
+
+// Every --type converts the architecture: the matrices in the type (or its fallback), the biases
+// and Q/K norms f32 and exact; the file loads (as_q8, and dequantized to bf16) and its logits
+// stay near the directory's (q8_0: the weights to 1/254 of each block's largest).
+TEST_P(GgufArchitectureTest, EveryTypeConvertsAndLoads) {
+  const ArchitectureCase& c = GetParam();
+  const std::unique_ptr<ModelBundle> hf = Load(ArchitectureDir(c.size));
+  const auto ta = AllTensors(hf->weights);
+  std::mt19937 rng(12);
+  std::vector<int32_t> tokens(24);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % hf->config.vocab_size);
+  const std::vector<float> want = CpuLogits(hf->config, hf->weights, tokens);
+  struct Type {
+    GgmlType type;
+    bool q4_k_m;
+    const char* name;
+  };
+  for (const Type& t :
+       {Type{GgmlType::kF16, false, "f16"}, Type{GgmlType::kBF16, false, "bf16"},
+        Type{GgmlType::kQ8_0, false, "q8_0"}, Type{GgmlType::kQ4_0, false, "q4_0"},
+        Type{GgmlType::kQ5_1, false, "q5_1"}, Type{GgmlType::kQ4_K, false, "q4_K"},
+        Type{GgmlType::kQ6_K, false, "q6_K"}, Type{GgmlType::kQ4_K, true, "q4_K_M"}}) {
+    SCOPED_TRACE(t.name);
+    const std::string path = absl::StrCat(TmpDir(), "/", c.size, "-", t.name, ".gguf");
+    GgufConvertOptions options;
+    options.type = t.type;
+    options.q4_k_m = t.q4_k_m;
+    ASSERT_TRUE(ConvertToGguf(ArchitectureDir(c.size), path, options).ok());
+    for (const bool as_q8 : {true, false}) {
+      ModelBundle::LoadOptions load;
+      load.as_q8 = as_q8;
+      absl::StatusOr<std::unique_ptr<ModelBundle>> g = ModelBundle::Load(path, load);
+      ASSERT_TRUE(g.ok()) << g.status();
+      const auto tb = AllTensors((*g)->weights);
+      ASSERT_EQ(tb.size(), ta.size());
+      for (size_t i = 0; i < ta.size(); ++i) {
+        if (ta[i].second->rows == 1) {
+          EXPECT_EQ(RmsShare(*ta[i].second, *tb[i].second), 0.0) << ta[i].first;
+        } else {
+          EXPECT_LT(RmsShare(*ta[i].second, *tb[i].second), 0.15) << ta[i].first;
+        }
+      }
+      const GgufFile& file = *(*g)->gguf->file;
+      for (const GgufTensor& tensor : file.tensors()) {
+        if (tensor.ne.size() == 1) {
+          EXPECT_EQ(tensor.type, GgmlType::kF32) << tensor.name;
+        }
+      }
+      const std::vector<float> got = CpuLogits((*g)->config, (*g)->weights, tokens);
+      const double diff = MaxRelativeDifference(got, want, hf->config.vocab_size);
+      if (t.type == GgmlType::kQ8_0 && as_q8) {
+        EXPECT_EQ(file.FindTensor("blk.0.ffn_up.weight")->type, GgmlType::kQ8_0);
+        EXPECT_EQ((*g)->weights.layers[0].w_up.format, WeightFormat::kQ8_0);
+        EXPECT_LT(diff, 0.05);
+        std::cout << c.size << " q8_0 GGUF logits: max relative difference " << diff << "\n";
+      }
+      for (float x : got) ASSERT_TRUE(std::isfinite(x));
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Architectures, GgufArchitectureTest,
+                         ::testing::Values(ArchitectureCase{"tiny-qwen2", "qwen2"},
+                                           ArchitectureCase{"tiny-qwen3", "qwen3"},
+                                           ArchitectureCase{"tiny-biased", "llama"}),
+                         [](const ::testing::TestParamInfo<ArchitectureCase>& info) {
+                           std::string name = info.param.size;
+                           std::replace(name.begin(), name.end(), '-', '_');
+                           return name;
+                         });
+
+// A one-layer model of `arch` written by hand (d 64, 2 heads and 1 KV head of 32, random f32
+// values; vocabulary "a", "b", "ab", no BOS): every tensor the architecture has but those in
+// `omit`, and the `extra` ones, of the shapes `shapes` gives. Returns the file's path.
+std::string HandMadeFile(const std::string& arch, const std::string& file,
+                         const std::vector<std::string>& omit = {},
+                         const std::vector<std::string>& extra = {},
+                         const std::map<std::string, std::vector<int64_t>>& shapes = {}) {
+  constexpr int64_t kD = 64, kQ = 64, kKv = 32, kFfn = 128, kVocab = 3;
+  std::map<std::string, std::vector<int64_t>> ne = {
+      {"token_embd.weight", {kD, kVocab}},    {"output_norm.weight", {kD}},
+      {"blk.0.attn_norm.weight", {kD}},       {"blk.0.attn_q.weight", {kD, kQ}},
+      {"blk.0.attn_k.weight", {kD, kKv}},     {"blk.0.attn_v.weight", {kD, kKv}},
+      {"blk.0.attn_output.weight", {kQ, kD}}, {"blk.0.ffn_norm.weight", {kD}},
+      {"blk.0.ffn_gate.weight", {kD, kFfn}},  {"blk.0.ffn_up.weight", {kD, kFfn}},
+      {"blk.0.ffn_down.weight", {kFfn, kD}},  {"blk.0.attn_q.bias", {kQ}},
+      {"blk.0.attn_k.bias", {kKv}},           {"blk.0.attn_v.bias", {kKv}},
+      {"blk.0.attn_output.bias", {kD}},       {"blk.0.attn_q_norm.weight", {32}},
+      {"blk.0.attn_k_norm.weight", {32}}};
+  for (const auto& [name, shape] : shapes) ne[name] = shape;
+  std::vector<std::string> names = {
+      "token_embd.weight",        "output_norm.weight",    "blk.0.attn_norm.weight",
+      "blk.0.attn_q.weight",      "blk.0.attn_k.weight",   "blk.0.attn_v.weight",
+      "blk.0.attn_output.weight", "blk.0.ffn_norm.weight", "blk.0.ffn_gate.weight",
+      "blk.0.ffn_up.weight",      "blk.0.ffn_down.weight"};
+  if (arch == "qwen2") {
+    for (const char* b : {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"}) {
+      names.push_back(b);
+    }
+  }
+  if (arch == "qwen3") {
+    names.push_back("blk.0.attn_q_norm.weight");
+    names.push_back("blk.0.attn_k_norm.weight");
+  }
+  names.insert(names.end(), extra.begin(), extra.end());
+  GgufWriter w;
+  const std::string p = arch + ".";
+  w.AddString("general.architecture", arch);
+  w.AddUint32(p + "context_length", 64);
+  w.AddUint32(p + "embedding_length", kD);
+  w.AddUint32(p + "block_count", 1);
+  w.AddUint32(p + "feed_forward_length", kFfn);
+  w.AddUint32(p + "attention.head_count", 2);
+  w.AddUint32(p + "attention.head_count_kv", 1);
+  w.AddFloat32(p + "attention.layer_norm_rms_epsilon", 1e-6f);
+  w.AddFloat32(p + "rope.freq_base", 1e6f);
+  w.AddString("tokenizer.ggml.model", "gpt2");
+  w.AddString("tokenizer.ggml.pre", "qwen2");
+  w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "ab"});
+  w.AddStringArray("tokenizer.ggml.merges", {"a b"});
+  std::mt19937 rng(7);
+  std::normal_distribution<float> dist(0.0f, 0.1f);
+  for (const std::string& name : names) {
+    if (std::find(omit.begin(), omit.end(), name) != omit.end()) continue;
+    const std::vector<int64_t>& shape = ne.at(name);
+    std::vector<float> x(shape.size() == 1 ? shape[0] : shape[0] * shape[1]);
+    for (float& v : x) v = dist(rng);
+    std::vector<std::byte> bytes(x.size() * 4);
+    std::memcpy(bytes.data(), x.data(), bytes.size());
+    w.AddTensor(name, GgmlType::kF32, shape, std::move(bytes));
+  }
+  const std::string path = TmpDir() + "/" + file;
+  CHECK_OK(w.WriteFile(path));
+  return path;
+}
+
+// A qwen2 file as llama.cpp's tools write one, with no BOS token (Qwen's tokenizers have none):
+// it loads, its tokenizer adds nothing, and the CPU backend computes with it.
+TEST(GgufArchitectureFilesTest, AQwen2FileWithoutBosServes) {
+  absl::StatusOr<std::unique_ptr<ModelBundle>> m =
+      ModelBundle::Load(HandMadeFile("qwen2", "qwen2-nobos.gguf"));
+  ASSERT_TRUE(m.ok()) << m.status();
+  const LlamaConfig& c = (*m)->config;
+  EXPECT_EQ(c.model_type, "qwen2");
+  EXPECT_TRUE(c.qkv_bias);
+  EXPECT_FALSE(c.o_bias);
+  EXPECT_FALSE(c.qk_norm);
+  EXPECT_FALSE(c.bos_token_id.has_value());
+  EXPECT_EQ((*m)->chat.bos_token, "");
+  EXPECT_THAT(*(*m)->tokenizer->Encode("ab", /*add_special_tokens=*/true),
+              ::testing::ElementsAre(2));
+  // The biases are the file's, in its order (qwen2 rotates halves, as HF: no reordering).
+  const GgufTensor* bq = (*m)->gguf->file->FindTensor("blk.0.attn_q.bias");
+  std::vector<float> stored(bq->numel()), loaded(bq->numel());
+  std::memcpy(stored.data(), bq->data, bq->nbytes);
+  WeightRowToFloat((*m)->weights.layers[0].bq, 0, loaded.data());
+  EXPECT_EQ(loaded, stored);
+  for (float x : CpuLogits(c, (*m)->weights, {0, 1, 2, 2, 0})) ASSERT_TRUE(std::isfinite(x));
+}
+
+// llama.cpp takes each of a llama model's attention biases as optional: Q/K/V biases without an
+// O bias load as such, the Q/K biases' elements back in HF's order as their matrices' rows;
+// Qwen3's attention_bias biases load too.
+TEST(GgufArchitectureFilesTest, LlamaAndQwen3FilesWithBiasesLoadThem) {
+  const std::string path =
+      HandMadeFile("llama", "llama-qkv-bias.gguf", {},
+                   {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias"});
+  absl::StatusOr<std::unique_ptr<GgufModel>> g = LoadGgufModel(path);
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)->config.model_type, "llama");
+  EXPECT_TRUE((*g)->config.qkv_bias);
+  EXPECT_FALSE((*g)->config.o_bias);
+  const LayerWeights& l = (*g)->weights.layers[0];
+  for (const auto& [name, m, rope] :
+       {std::tuple{"blk.0.attn_q.bias", &l.bq, true}, std::tuple{"blk.0.attn_k.bias", &l.bk, true},
+        std::tuple{"blk.0.attn_v.bias", &l.bv, false}}) {
+    const GgufTensor* t = (*g)->file->FindTensor(name);
+    std::vector<float> stored(t->numel()), loaded(t->numel());
+    std::memcpy(stored.data(), t->data, t->nbytes);
+    WeightRowToFloat(*m, 0, loaded.data());
+    for (int64_t i = 0; i < t->numel(); ++i) {
+      ASSERT_EQ(loaded[rope ? GgufRopeRowToHf(i, 32) : i], stored[i]) << name << " " << i;
+    }
+  }
+  EXPECT_EQ(l.bo.data, nullptr);
+  // Qwen3 with attention_bias: all four, none reordered.
+  g = LoadGgufModel(HandMadeFile(
+      "qwen3", "qwen3-bias.gguf", {},
+      {"blk.0.attn_q.bias", "blk.0.attn_k.bias", "blk.0.attn_v.bias", "blk.0.attn_output.bias"}));
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_TRUE((*g)->config.qkv_bias && (*g)->config.o_bias && (*g)->config.qk_norm);
+  const GgufTensor* bq = (*g)->file->FindTensor("blk.0.attn_q.bias");
+  EXPECT_EQ((*g)->weights.layers[0].bq.data, bq->data);  // in place: the file's order
+  EXPECT_EQ((*g)->weights.layers[0].bo.data,
+            (*g)->file->FindTensor("blk.0.attn_output.bias")->data);
+}
+
+// What a file of these architectures lacks or has too many of is named: a missing bias or Q/K
+// norm (NOT_FOUND), one of the wrong size (INVALID_ARGUMENT), a tensor the architecture does not
+// have (UNIMPLEMENTED, as llama.cpp refuses it); an unknown architecture names the key.
+TEST(GgufArchitectureFilesTest, MissingAndUnusedTensorsAreNamed) {
+  struct Case {
+    const char* arch;
+    std::vector<std::string> omit, extra;
+    absl::StatusCode code;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"qwen2",
+       {"blk.0.attn_k.bias"},
+       {},
+       absl::StatusCode::kNotFound,
+       "tensor \"blk.0.attn_k.bias\" is missing"},
+      {"qwen3",
+       {"blk.0.attn_k_norm.weight"},
+       {},
+       absl::StatusCode::kNotFound,
+       "tensor \"blk.0.attn_k_norm.weight\" is missing"},
+      {"llama",
+       {},
+       {"blk.0.attn_q.bias", "blk.0.attn_k.bias"},
+       absl::StatusCode::kNotFound,
+       "tensor \"blk.0.attn_v.bias\" is missing"},
+      {"qwen2",
+       {},
+       {"blk.0.attn_output.bias"},
+       absl::StatusCode::kUnimplemented,
+       "tensor \"blk.0.attn_output.bias\": is not used by a \"qwen2\" model"},
+      {"llama",
+       {},
+       {"blk.0.attn_q_norm.weight"},
+       absl::StatusCode::kUnimplemented,
+       "tensor \"blk.0.attn_q_norm.weight\": is not used by a \"llama\" model"},
+      {"llama",
+       {},
+       {"blk.0.attn_k.bias"},
+       absl::StatusCode::kUnimplemented,
+       "tensor \"blk.0.attn_k.bias\": is not used by a \"llama\" model"},
+  };
+  int i = 0;
+  for (const Case& c : cases) {
+    const absl::Status st =
+        LoadGgufModel(HandMadeFile(c.arch, absl::StrCat("bad-", i++, ".gguf"), c.omit, c.extra))
+            .status();
+    EXPECT_EQ(st.code(), c.code) << st;
+    EXPECT_THAT(std::string(st.message()), HasSubstr(c.message));
+  }
+  // A bias of another size than the config's: INVALID_ARGUMENT naming it and both shapes.
+  const absl::Status st = LoadGgufModel(HandMadeFile("qwen2", "qwen2-short-bias.gguf", {}, {},
+                                                     {{"blk.0.attn_q.bias", {32}}}))
+                              .status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("tensor \"blk.0.attn_q.bias\": ne {32}, the config needs {64}"));
+}
 TEST(GgufModelTest, RopeRowsGoBackToTheirHuggingFaceOrder) {
   // head_dim 8: GGUF rows 0..7 hold HF rows 0,4,1,5,2,6,3,7 (pairs (j, j + 4) made adjacent).
   std::vector<int64_t> hf;

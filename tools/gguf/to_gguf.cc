@@ -1,4 +1,5 @@
-// to_gguf: a Hugging Face Llama model directory as one GGUF file (tools/gguf/README.md).
+// to_gguf: a Hugging Face Llama, Qwen2 or Qwen3 model directory as one GGUF file
+// (tools/gguf/README.md).
 //   bazel run //tools/gguf:to_gguf -- --model=DIR --out=FILE.gguf [--type=f16]
 #include <cstdio>
 #include <string>
