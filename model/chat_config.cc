@@ -52,6 +52,7 @@ void SetChatTemplate(std::string_view source, std::string where, ChatConfig* con
   config->source = std::move(where);
   absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
   config->tool_call_format = DetectToolCallFormat(source);
+  config->reasoning_format = DetectReasoningFormat(source);
   if (parsed.ok()) {
     config->chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
     config->status = absl::OkStatus();
@@ -131,6 +132,7 @@ absl::Status OverrideChatTemplate(const std::string& path, ChatConfig* config) {
   config->status = absl::OkStatus();
   config->source = path;
   config->tool_call_format = DetectToolCallFormat(*source);
+  config->reasoning_format = DetectReasoningFormat(*source);
   return absl::OkStatus();
 }
 

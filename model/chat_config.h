@@ -17,6 +17,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/chat_template.h"
+#include "model/reasoning.h"
 #include "model/tool_calls.h"
 
 namespace kvrm {
@@ -36,6 +37,10 @@ struct ChatConfig {
   // How the template's model writes function calls (detected from the template's text; kvrmd's
   // --tool_call_parser overrides it): what tool_choice "auto" parses.
   ToolCallFormat tool_call_format = ToolCallFormat::kNone;
+  // Whether the template's model thinks in <think> blocks (detected from the template's text;
+  // kvrmd's --reasoning_parser overrides it): chat replies are split into reasoning and answer
+  // (model/reasoning.h).
+  ReasoningFormat reasoning_format = ReasoningFormat::kNone;
 
   // Renders `inputs` (bos_token and eos_token filled from this config); the error of a missing
   // or unparsable template, or the template's own (raise_exception), as INVALID_ARGUMENT.

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "model/reasoning.h"
 #include "server/response_queue.h"
 
 // gRPC passes a reactor between threads (the handler, whoever calls StartWrite or Finish, the
@@ -104,6 +105,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
                                            calling.single_call));
     }
     tool_metrics_ = metrics;
+  }
+
+  // Before the leader is submitted: every completion's text is split into reasoning and answer
+  // (a chat request to a model that thinks; `starts_inside`: the prompt opened the block).
+  void set_reasoning(bool starts_inside) {
+    reasoning_streams_.clear();
+    for (int32_t i = 0; i < n_; ++i) {
+      reasoning_streams_.push_back(std::make_unique<ReasoningStream>(starts_inside));
+    }
   }
 
   // The client cancelled (before anything was submitted, for a call that waited to compile).
@@ -253,6 +263,19 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       for (int32_t id : chunk.token_ids) msg.add_token_ids(id);
     }
     std::vector<ToolCall> calls;
+    if (!reasoning_streams_.empty()) {
+      // The thinking goes out as reasoning_text; the answer goes on as the text (and to the
+      // tool-call stream). Only the engine thread feeds a completion's streams.
+      ReasoningStream& reasoning = *reasoning_streams_[index];
+      ReasoningStream::Split split = reasoning.Feed(chunk.text);
+      if (info) {
+        ReasoningStream::Split last = reasoning.Finish();
+        split.reasoning += last.reasoning;
+        split.content += last.content;
+      }
+      msg.set_reasoning_text(std::move(split.reasoning));
+      chunk.text = std::move(split.content);
+    }
     if (tool_streams_.empty()) {
       msg.set_text(std::move(chunk.text));
     } else {
@@ -337,6 +360,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   // One per completion when the request offered tools (set before the leader is submitted;
   // then only the engine thread touches them).
   std::vector<std::unique_ptr<ToolCallStream>> tool_streams_;
+  // Likewise, one per completion of a chat request to a model that thinks.
+  std::vector<std::unique_ptr<ReasoningStream>> reasoning_streams_;
   const ToolCallMetrics* tool_metrics_ = nullptr;
   std::atomic<bool> followers_submitted_{false};
   std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's
@@ -400,6 +425,11 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   for (std::string_view marker : ToolCallMarkers(tool_syntax_.format)) {
     if (std::optional<int32_t> id = tok.TokenToId(marker); id && tok.IsSpecial(*id)) {
       tool_syntax_.marker_tokens.push_back(*id);
+    }
+  }
+  for (std::string_view marker : {kThinkStart, kThinkEnd}) {
+    if (std::optional<int32_t> id = tok.TokenToId(marker); id && tok.IsSpecial(*id)) {
+      reasoning_marker_tokens_.push_back(*id);
     }
   }
 }
@@ -475,10 +505,20 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     reactor->Reject(ToGrpcStatus(tools.status()));
     return;
   }
+  if (request.has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kThink) {
+    // Whether the prompt left the reply inside a <think> block: its last tokens' text.
+    const std::vector<int32_t>& prompt = (*r)->prompt;
+    const size_t tail = std::min<size_t>(prompt.size(), 16);
+    reactor->set_reasoning(PromptOpensReasoning(engine_->model().tokenizer->Decode(
+        absl::MakeConstSpan(prompt).subspan(prompt.size() - tail), /*skip_special_tokens=*/false)));
+    (*r)->kept_special_tokens = reasoning_marker_tokens_;
+  }
   if (tools->has_value()) {
     if ((*tools)->parse) {
       if ((*tools)->mode == ToolCallStream::Mode::kAuto) {
-        (*r)->kept_special_tokens = tool_syntax_.marker_tokens;
+        (*r)->kept_special_tokens.insert((*r)->kept_special_tokens.end(),
+                                         tool_syntax_.marker_tokens.begin(),
+                                         tool_syntax_.marker_tokens.end());
       }
       reactor->set_tool_calling(**tools, &tool_syntax_, tool_metrics_);
     }
@@ -569,7 +609,10 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   const ModelBundle& m = engine_->model();
   const LlamaConfig& c = m.config;
   response->set_name(m.name);
-  response->set_architecture("LlamaForCausalLM");
+  response->set_architecture(c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
+                             : c.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                             : c.model_type == "mistral" ? "MistralForCausalLM"
+                                                       : "LlamaForCausalLM");
   response->set_vocab_size(c.vocab_size);
   response->set_max_context(engine_->options().max_context);
   response->set_num_layers(c.num_hidden_layers);
@@ -586,6 +629,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_max_new_tokens_limit(engine_->options().max_new_tokens);
   response->set_chat_template(m.chat.chat_template != nullptr);
   response->set_tool_call_parser(std::string(ToolCallFormatName(tool_syntax_.format)));
+  response->set_reasoning_parser(std::string(ReasoningFormatName(m.chat.reasoning_format)));
   return FinishUnary(context, grpc::Status::OK);
 }
 

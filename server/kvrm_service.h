@@ -96,6 +96,8 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   const StructuredOutputMetrics* structured_metrics_ = nullptr;  // not owned; null: not counted
   const ToolCallMetrics* tool_metrics_ = nullptr;                // not owned; null: not counted
   ToolCallSyntax tool_syntax_;  // the served model's call format (tool_choice AUTO)
+  // <think> and </think> where they are special tokens (kept in a thinking model's chat replies).
+  std::vector<int32_t> reasoning_marker_tokens_;
   size_t max_merged_bytes_ = 64 << 10;
   // Last: destroyed first, so that calls still waiting to compile finish while the rest exists.
   std::unique_ptr<WorkQueue> compile_queue_;

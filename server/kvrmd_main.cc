@@ -50,6 +50,10 @@ ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how replies to chat requests with tools are read for function calls (tool_choice "
           "AUTO): hermes, llama3_json, mistral, none, or auto (the format the chat template "
           "writes)");
+ABSL_FLAG(std::string, reasoning_parser, "auto",
+          "how replies to chat requests are split into reasoning and answer: think (the model "
+          "thinks in a <think> block, sent as reasoning_text / OpenAI's reasoning_content; also "
+          "deepseek_r1, qwen3), none, or auto (think when the chat template writes </think>)");
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address; port 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port to this file once serving");
 ABSL_FLAG(int32_t, slots, 8, "fixed decode slots (rows of the decode step)");
@@ -263,6 +267,15 @@ int Run() {
     }
     (*model)->chat.tool_call_format = *format;
   }
+  if (const std::string parser = absl::GetFlag(FLAGS_reasoning_parser); parser != "auto") {
+    absl::StatusOr<ReasoningFormat> format = ReasoningFormatFromName(parser);
+    if (!format.ok()) {
+      std::fprintf(stderr, "kvrmd: --reasoning_parser=%s: %s\n", parser.c_str(),
+                   std::string(format.status().message()).c_str());
+      return 2;
+    }
+    (*model)->chat.reasoning_format = *format;
+  }
   EngineOptions eo;
   eo.slots = absl::GetFlag(FLAGS_slots);
   eo.max_context = absl::GetFlag(FLAGS_max_context);
@@ -414,7 +427,8 @@ int Run() {
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
   if (m.chat.chat_template != nullptr) {
     LOG(INFO) << "chat requests use the chat template from " << m.chat.source
-              << "; tool calls are parsed as " << ToolCallFormatName(m.chat.tool_call_format);
+              << "; tool calls are parsed as " << ToolCallFormatName(m.chat.tool_call_format)
+              << ", reasoning as " << ReasoningFormatName(m.chat.reasoning_format);
   } else {
     LOG(INFO) << "chat requests are refused: " << m.chat.status.message();
   }

@@ -1076,13 +1076,18 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
   const bool finished = m.has_finished();
   const bool calls = finished && m.finished().tool_calls_size() > 0;
   const bool call_deltas = chat && m.tool_call_deltas_size() > 0;
-  if (delta_text.empty() && m.logprobs_size() == 0 && !finished && !call_deltas) return "";
+  const bool reasoning = chat && !m.reasoning_text().empty();
+  if (delta_text.empty() && m.logprobs_size() == 0 && !finished && !call_deltas && !reasoning) {
+    return "";
+  }
   OrderedJson chunk = Head(/*chunk=*/true);
   OrderedJson choice;
   choice["index"] = index;
   const std::vector<v1::TokenLogprob> entries(m.logprobs().begin(), m.logprobs().end());
   if (chat) {
     OrderedJson delta = OrderedJson::object();
+    // The thinking of a model that thinks before it answers (vLLM's and DeepSeek's field).
+    if (reasoning) delta["reasoning_content"] = m.reasoning_text();
     if (!delta_text.empty()) delta["content"] = delta_text;
     // Calls as they are generated (OpenAI's shape: the first piece of a call has its id, type
     // and name, each piece the next part of function.arguments); at the end, the calls that
@@ -1155,6 +1160,7 @@ std::string OpenAiReply::StreamError(const OpenAiError& error) {
 void OpenAiReply::Add(const v1::GenerateResponse& m, int prompt) {
   Choice& c = choices_[ChoiceIndex(prompt, m.index())];
   c.text += m.text();
+  c.reasoning += m.reasoning_text();
   c.logprobs.insert(c.logprobs.end(), m.logprobs().begin(), m.logprobs().end());
   NoteFinish(c, m);
 }
@@ -1172,6 +1178,7 @@ std::string OpenAiReply::Body() const {
       OrderedJson message;
       message["role"] = "assistant";
       const bool calls = c.finished.tool_calls_size() > 0;
+      if (!c.reasoning.empty()) message["reasoning_content"] = c.reasoning;
       message["content"] = c.text.empty() && calls ? OrderedJson(nullptr) : OrderedJson(c.text);
       if (calls) message["tool_calls"] = OpenAiToolCalls(c.finished, /*with_index=*/false);
       choice["message"] = std::move(message);

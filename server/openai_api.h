@@ -143,6 +143,7 @@ class OpenAiReply {
  private:
   struct Choice {
     std::string text;
+    std::string reasoning;  // chat: the model's thinking (GenerateResponse.reasoning_text)
     std::vector<v1::TokenLogprob> logprobs;
     v1::Finished finished;
     bool done = false;

@@ -1248,6 +1248,26 @@ TEST(OpenAiReplyTest, ChatBody) {
   EXPECT_EQ(body.at("usage").at("prompt_tokens_details").at("cached_tokens"), 0);
 }
 
+// A thinking model's reasoning (GenerateResponse.reasoning_text) is the message's
+// reasoning_content, apart from its content; a reply without any has no such key.
+TEST(OpenAiReplyTest, ChatReasoningContent) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody());
+  OpenAiReply reply(request, &Gpt2(), "chatcmpl-r", 1, "m");
+  v1::GenerateResponse think = Delta(0, "");
+  think.set_reasoning_text("Rain is ");
+  reply.Add(think);
+  v1::GenerateResponse both = Delta(0, "Yes");
+  both.set_reasoning_text("likely.");
+  reply.Add(both);
+  reply.Add(Final(0, ".", v1::FINISH_REASON_EOS, 5, 4));
+  const Json message = Parse(reply.Body()).at("choices")[0].at("message");
+  EXPECT_EQ(message.at("reasoning_content"), "Rain is likely.");
+  EXPECT_EQ(message.at("content"), "Yes.");
+  OpenAiReply plain(request, &Gpt2(), "chatcmpl-p", 1, "m");
+  plain.Add(Final(0, "Yes.", v1::FINISH_REASON_EOS, 5, 2));
+  EXPECT_FALSE(Parse(plain.Body()).at("choices")[0].at("message").contains("reasoning_content"));
+}
+
 TEST(OpenAiReplyTest, ChatToolCalls) {
   const OpenAiRequest request =
       MustParse(kChat, ChatBody(R"("n": 2, "tools": [{"function": {"name": "get_weather"}}])"));
@@ -1532,6 +1552,24 @@ TEST(OpenAiStreamTest, CompletionsChunks) {
   EXPECT_EQ(chunks[0].at("choices")[0].at("text"), "lo");
   EXPECT_EQ(chunks[0].at("choices")[0].at("finish_reason"), "length");
   EXPECT_TRUE(chunks[0].at("choices")[0].at("stop_reason").is_null());
+}
+
+// Reasoning streams as delta.reasoning_content (a chunk of thinking alone still makes an event);
+// completions never carry it.
+TEST(OpenAiStreamTest, ReasoningStreamsAsReasoningContent) {
+  const OpenAiRequest request = MustParse(kChat, ChatBody(R"("stream": true)"));
+  OpenAiReply reply(request, &Gpt2(), "chatcmpl-s", 1, "m");
+  v1::GenerateResponse think = Delta(0, "");
+  think.set_reasoning_text("Hmm.");
+  std::vector<Json> chunks = SseChunks(reply.StreamMessage(think));
+  ASSERT_EQ(chunks.size(), 1u);
+  const Json& delta = chunks[0].at("choices")[0].at("delta");
+  EXPECT_EQ(delta.at("reasoning_content"), "Hmm.");
+  EXPECT_FALSE(delta.contains("content"));
+  chunks = SseChunks(reply.StreamMessage(Final(0, "Yes.", v1::FINISH_REASON_EOS, 3, 2)));
+  ASSERT_EQ(chunks.size(), 1u);
+  EXPECT_FALSE(chunks[0].at("choices")[0].at("delta").contains("reasoning_content"));
+  EXPECT_EQ(chunks[0].at("choices")[0].at("delta").at("content"), "Yes.");
 }
 
 // Calls streamed as they are generated: OpenAI's delta shape (the first piece with id, type and

@@ -17,6 +17,9 @@ const v1::GenerateResponse* ResponseQueue::Push(v1::GenerateResponse msg) {
     if (e.msg.has_finished() || e.bytes + bytes > max_merged_bytes_) break;
     e.msg.mutable_token_ids()->MergeFrom(msg.token_ids());
     e.msg.mutable_text()->append(msg.text());
+    // Thinking always comes before the answer, so a merged message's reasoning_text precedes its
+    // text as the pieces did.
+    e.msg.mutable_reasoning_text()->append(msg.reasoning_text());
     e.msg.mutable_logprobs()->MergeFrom(msg.logprobs());
     for (v1::ToolCallDelta& d : *msg.mutable_tool_call_deltas()) {
       // A call's next piece joins its previous one; a call's first delta stays its own entry.

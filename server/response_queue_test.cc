@@ -14,6 +14,7 @@ namespace {
 struct Completion {
   std::vector<int32_t> tokens;
   std::string text;
+  std::string reasoning;
   std::vector<int32_t> logprob_tokens;
   std::vector<float> logprobs;
   std::vector<int32_t> top_ids;  // every top entry's id, in order
@@ -28,6 +29,7 @@ void Receive(const v1::GenerateResponse& m, std::vector<Completion>& out) {
   ++c.messages;
   c.tokens.insert(c.tokens.end(), m.token_ids().begin(), m.token_ids().end());
   c.text += m.text();
+  c.reasoning += m.reasoning_text();
   for (const v1::TokenLogprob& lp : m.logprobs()) {
     c.logprob_tokens.push_back(lp.token_id());
     c.logprobs.push_back(lp.logprob());
@@ -48,7 +50,9 @@ v1::GenerateResponse Chunk(std::mt19937& rng, int32_t index, bool with_logprobs)
   for (int i = 0; i < n; ++i) {
     const int32_t id = static_cast<int32_t>(rng() % 32000);
     m.add_token_ids(id);
-    m.mutable_text()->append(std::string(1 + rng() % 4, static_cast<char>('a' + rng() % 26)));
+    // Some tokens are a thinking model's reasoning (reasoning_text), the others its answer.
+    const std::string piece(1 + rng() % 4, static_cast<char>('a' + rng() % 26));
+    (rng() % 3 == 0 ? m.mutable_reasoning_text() : m.mutable_text())->append(piece);
     if (with_logprobs) {
       v1::TokenLogprob* lp = m.add_logprobs();
       lp->set_token_id(id);
@@ -206,6 +210,7 @@ TEST(ResponseQueueTest, RandomReaderGetsEveryCompletionWholeWithABoundedQueue) {
       SCOPED_TRACE("seed " + std::to_string(seed) + " completion " + std::to_string(i));
       EXPECT_EQ(got[i].tokens, sent[i].tokens);
       EXPECT_EQ(got[i].text, sent[i].text);
+      EXPECT_EQ(got[i].reasoning, sent[i].reasoning);
       EXPECT_EQ(got[i].logprob_tokens, sent[i].logprob_tokens);
       EXPECT_EQ(got[i].logprobs, sent[i].logprobs);
       EXPECT_EQ(got[i].top_ids, sent[i].top_ids);

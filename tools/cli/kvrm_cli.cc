@@ -231,6 +231,7 @@ int RunGenerate(const ParsedFlags& flags) {
   const int32_t n = std::clamp(request->n(), 1, 16);
   struct Completion {
     std::string text;
+    std::string reasoning;  // a thinking model's (GenerateResponse.reasoning_text)
     std::optional<v1::Finished> finished;
     std::vector<v1::TokenLogprob> logprobs;
   };
@@ -252,6 +253,14 @@ int RunGenerate(const ParsedFlags& flags) {
         fprintf(stderr, "error: %s\n", line.status().ToString().c_str());
       }
     } else {
+      // The thinking goes to stderr as it streams, so stdout stays the answer alone.
+      if (n == 1 && !response.reasoning_text().empty()) {
+        fputs(response.reasoning_text().c_str(), stderr);
+      }
+      if (n == 1 && c.text.empty() && !c.reasoning.empty() && !response.text().empty()) {
+        fputs("\n", stderr);  // the thinking ended
+      }
+      c.reasoning += response.reasoning_text();
       if (n == 1) Emit(response.text());
       c.text += response.text();
       if (!response.text().empty()) last_text = response.text();
@@ -275,6 +284,7 @@ int RunGenerate(const ParsedFlags& flags) {
     failed = failed || c.finished->reason() == v1::FINISH_REASON_ERROR;
     if (json) continue;
     if (n > 1) {
+      if (!c.reasoning.empty()) fprintf(stderr, "[%d] reasoning: %s\n", i, c.reasoning.c_str());
       Emit(absl::StrCat("--- completion ", i, " ---\n", c.text,
                         !c.text.empty() && c.text.back() != '\n' ? "\n" : ""));
     }

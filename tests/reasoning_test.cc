@@ -1,0 +1,203 @@
+// Reasoning output end to end: chat requests through gRPC on the tiny model served with a
+// thinking model's chat template (Qwen3's shape: the model writes <think> itself, or finds an
+// empty block in the prompt with enable_thinking false; DeepSeek-R1's: the prompt opens the
+// block). The random-weight model is made to write the markup by a structured-output regex, so
+// the split is checked against text the test knows.
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "model/chat_config.h"
+#include "tests/test_server.h"
+
+namespace kvrm {
+namespace {
+
+// ChatML as Qwen3 renders it: past turns' thinking dropped, tools shown in Hermes markup, and
+// enable_thinking false writing an empty thinking block into the prompt.
+constexpr char kQwen3Like[] = R"TPL({%- if tools %}{{- '<|im_start|>system\n<tools>' }}
+{%- for tool in tools %}{{- tool | tojson }}{%- endfor %}
+{{- '</tools>\nCall with <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- set content = message.content %}
+{%- if message.role == 'assistant' and '</think>' in content %}
+{%- set content = content.split('</think>')[-1].lstrip('\n') %}
+{%- endif %}
+{{- '<|im_start|>' + message.role + '\n' + content + '<|im_end|>\n' }}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\n' }}
+{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\n\n</think>\n\n' }}{%- endif %}
+{%- endif %})TPL";
+
+// DeepSeek-R1's shape: the generation prompt opens the thinking block.
+constexpr char kR1Like[] = R"TPL({%- for message in messages %}
+{%- if message.role == 'user' %}{{- '<|User|>' + message.content }}
+{%- else %}{{- '<|Assistant|>' + message.content.split('</think>')[-1] + '<|end|>' }}{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|Assistant|><think>\n' }}{%- endif %})TPL";
+
+EngineOptions Options() {
+  EngineOptions o;
+  o.slots = 4;
+  o.max_queue = 16;
+  o.max_new_tokens = 128;
+  o.prefill_chunk = 32;
+  o.threads = 2;
+  return o;
+}
+
+std::unique_ptr<TestServer> ServeWithTemplate(const char* source, bool parse_reasoning = true) {
+  std::unique_ptr<ModelBundle> model(LoadTinyModel());
+  SetChatTemplate(source, "test template", &model->chat);
+  EXPECT_NE(model->chat.chat_template, nullptr) << model->chat.status;
+  if (!parse_reasoning) model->chat.reasoning_format = ReasoningFormat::kNone;
+  return std::make_unique<TestServer>(std::move(model), Options());
+}
+
+v1::GenerateRequest ChatRequest(const std::string& regex, uint64_t seed = 1) {
+  v1::GenerateRequest r;
+  v1::ChatMessage* m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Is it raining?");
+  r.mutable_structured()->set_regex(regex);
+  r.mutable_stopping()->set_max_new_tokens(120);
+  r.mutable_sampling()->set_temperature(1.0f);
+  r.mutable_sampling()->set_seed(seed);
+  return r;
+}
+
+struct Split {
+  std::string reasoning, text;
+  v1::Finished finished;
+};
+
+// Completion `index`'s messages joined.
+Split Joined(const StreamResult& r, int index = 0) {
+  Split s;
+  for (const v1::GenerateResponse& m : r.messages) {
+    if (m.index() != index) continue;
+    s.reasoning += m.reasoning_text();
+    s.text += m.text();
+    if (m.has_finished()) s.finished = m.finished();
+  }
+  return s;
+}
+
+TEST(ReasoningE2eTest, ModelInfoNamesTheParser) {
+  for (bool on : {true, false}) {
+    std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like, on);
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(server->stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.reasoning_parser(), on ? "think" : "none");
+  }
+  // The built-in template does not think.
+  TestServer plain(Options());
+  grpc::ClientContext ctx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(plain.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.reasoning_parser(), "none");
+}
+
+TEST(ReasoningE2eTest, ThinkingComesApartFromTheAnswer) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like);
+  v1::GenerateRequest r = ChatRequest(
+      "<think>\nThe sky is (grey|blue)\\.\nSo (yes|no)\\.\n</think>\n\nAnswer: (yes|no)\\.");
+  r.set_n(2);
+  const StreamResult got = RunGenerate(server->stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  for (int index = 0; index < 2; ++index) {
+    const Split s = Joined(got, index);
+    EXPECT_TRUE(s.reasoning == "The sky is grey.\nSo yes." ||
+                s.reasoning == "The sky is grey.\nSo no." ||
+                s.reasoning == "The sky is blue.\nSo yes." ||
+                s.reasoning == "The sky is blue.\nSo no.")
+        << s.reasoning;
+    EXPECT_TRUE(s.text == "Answer: yes." || s.text == "Answer: no.") << s.text;
+    EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOP);
+  }
+  // The thinking streams before the answer: no message carries answer text before the last
+  // piece of thinking.
+  bool answer_seen = false;
+  for (const v1::GenerateResponse& m : got.messages) {
+    if (m.index() != 0) continue;
+    if (!m.reasoning_text().empty()) EXPECT_FALSE(answer_seen);
+    if (!m.text().empty()) answer_seen = true;
+  }
+}
+
+TEST(ReasoningE2eTest, PromptThatOpensTheBlockAndEnableThinkingFalse) {
+  {
+    std::unique_ptr<TestServer> server = ServeWithTemplate(kR1Like);
+    const StreamResult got =
+        RunGenerate(server->stub(), ChatRequest("Hmm, (rain|sun)\\.\n</think>\n\n(Yes|No)\\."));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    EXPECT_TRUE(s.reasoning == "Hmm, rain." || s.reasoning == "Hmm, sun.") << s.reasoning;
+    EXPECT_TRUE(s.text == "Yes." || s.text == "No.") << s.text;
+  }
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like);
+  v1::GenerateRequest r = ChatRequest("(Yes|No), it is\\.");
+  r.mutable_chat()->set_template_kwargs(R"({"enable_thinking": false})");
+  const StreamResult got = RunGenerate(server->stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  const Split s = Joined(got);
+  EXPECT_EQ(s.reasoning, "");
+  EXPECT_TRUE(s.text == "Yes, it is." || s.text == "No, it is.") << s.text;
+}
+
+// A reply cut off by its length limit while thinking is all thinking.
+TEST(ReasoningE2eTest, CutOffWhileThinking) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like);
+  v1::GenerateRequest r = ChatRequest("<think>\n[a-z]{60}\n</think>\n\nDone\\.");
+  r.mutable_stopping()->set_max_new_tokens(12);
+  const StreamResult got = RunGenerate(server->stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  const Split s = Joined(got);
+  EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_LENGTH);
+  EXPECT_EQ(s.text, "");
+  EXPECT_FALSE(s.reasoning.empty());
+  EXPECT_EQ(s.reasoning.find_first_not_of("abcdefghijklmnopqrstuvwxyz"), std::string::npos)
+      << s.reasoning;
+}
+
+// Tool calls are read from the answer only: a call after the thinking is parsed, and the
+// thinking (which may mention calls) is not.
+TEST(ReasoningE2eTest, ToolCallsAfterTheThinking) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like);
+  v1::GenerateRequest r = ChatRequest(
+      "<think>\nI could write <tool_call> here\\.\n</think>\n\n<tool_call>\\{\"name\": \"now\", "
+      "\"arguments\": \\{\\}\\}</tool_call>");
+  r.mutable_chat()->add_tools()->set_name("now");
+  const StreamResult got = RunGenerate(server->stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  const Split s = Joined(got);
+  EXPECT_EQ(s.reasoning, "I could write <tool_call> here.");
+  EXPECT_EQ(s.text, "");
+  EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_TOOL_CALLS);
+  ASSERT_EQ(s.finished.tool_calls_size(), 1);
+  EXPECT_EQ(s.finished.tool_calls(0).name(), "now");
+}
+
+// Only chat replies are split, and only when the server parses reasoning.
+TEST(ReasoningE2eTest, TextPromptsAndParserNoneAreLeftWhole) {
+  const std::string regex = "<think>\nmaybe\n</think>\n\nyes";
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like);
+  v1::GenerateRequest text = TextRequest("Is it raining?", 60);
+  text.mutable_structured()->set_regex(regex);
+  StreamResult got = RunGenerate(server->stub(), text);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(Joined(got).text, "<think>\nmaybe\n</think>\n\nyes");
+  EXPECT_EQ(Joined(got).reasoning, "");
+
+  std::unique_ptr<TestServer> off = ServeWithTemplate(kQwen3Like, /*parse_reasoning=*/false);
+  got = RunGenerate(off->stub(), ChatRequest(regex));
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(Joined(got).text, "<think>\nmaybe\n</think>\n\nyes");
+  EXPECT_EQ(Joined(got).reasoning, "");
+}
+
+}  // namespace
+}  // namespace kvrm
