@@ -156,6 +156,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"max_new_tokens_limit", absl::StrCat(model.max_new_tokens_limit())},
       {"chat_template", model.chat_template() ? "yes" : "no (chat requests refused)"},
       {"tool_call_parser", model.tool_call_parser()},
+      {"reasoning_parser", model.reasoning_parser()},
   };
   const v1::KvUsage& kv = server.kv();
   const Rows server_rows = {
