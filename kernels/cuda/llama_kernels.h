@@ -31,6 +31,24 @@ absl::Status LaunchRmsNorm(const float* x, const bf16* weight, Out* out, int32_t
                            int32_t dim, float eps, const int32_t* row_select,
                            cudaStream_t stream);
 
+// The O projection's bias and the MLP's RMSNorm in one launch (models with an O bias: Llama or
+// Qwen3 with attention_bias): x[r] += bias (f32 [dim], kept in the residual stream), then out[r]
+// as LaunchRmsNorm<bf16> writes it. On the CPU the bias joins the all-reduced O partials before
+// the residual add, here the residual after it: the same sum in another order.
+absl::Status LaunchAddBiasAndRmsNorm(float* x, const float* bias, const bf16* weight, bf16* out,
+                                     int32_t rows, int32_t dim, float eps, cudaStream_t stream);
+
+// Qwen2's Q/K/V biases and Qwen3's per-head Q/K norms on the fused QKV product's rows, before
+// RoPE (LaunchRopeAndStoreKv), as the CPU rank computes them: qkv [rows][(heads + 2 kv_heads) *
+// head_dim] += bias ([(heads + 2 kv_heads) * head_dim] f32, the row's own layout: bq, bk, bv;
+// null: none), then each Q head and each K head RMS-normalised over head_dim with q_norm /
+// k_norm ([head_dim] f32, both or neither; null: none): x * inv * w, inv = 1 / sqrt(sum of
+// squares (f32) / head_dim + eps). Every row, active or not. head_dim a multiple of 32, at most
+// 128; one warp per (row, head), no loop and no barrier.
+absl::Status LaunchQkvBiasAndNorm(float* qkv, int32_t rows, int32_t heads, int32_t kv_heads,
+                                  int32_t head_dim, const float* bias, const float* q_norm,
+                                  const float* k_norm, float eps, cudaStream_t stream);
+
 // The K/V cache of one layer of one rank: [kv_heads][pool_tokens][head_dim] each, of `Kv`: float
 // (the default f32 pool) or bf16 (--kv_dtype=bf16, half the bytes per token). The backend picks
 // the instantiation from the pool's DType (runtime/cuda/cuda_backend.cc).

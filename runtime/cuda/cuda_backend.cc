@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/copy_rows.h"
 #include "kernels/cuda/llama_kernels.h"
+#include "runtime/cuda/attention_vectors.h"
 #include "runtime/cuda/cuda_raii.h"
 #include "runtime/cuda/lt_gemm.h"
 #include "runtime/cuda/nccl_communicator.h"
@@ -72,8 +73,15 @@ struct CudaBackend::Rank {
   bf16* lm_head = nullptr;
   struct Layer {
     bf16 *attn_norm, *mlp_norm, *wqkv, *wo, *wgu, *wdown;
+    // Qwen2 / Qwen3 / biased attention (f32, in `vectors`; null where the model has none):
+    // [q + k + v] biases of this rank's heads, the O bias, the per-head Q and K norm weights.
+    const float* qkv_bias = nullptr;
+    const float* o_bias = nullptr;
+    const float* q_norm = nullptr;
+    const float* k_norm = nullptr;
   };
   std::vector<Layer> layers;
+  DevicePtr vectors;  // PackAttentionVectors' buffer; none for a plain Llama
 
   DevicePtr kv;
   std::unique_ptr<KvPool> kv_view;
@@ -143,11 +151,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const LlamaConfig& config, const LlamaWeights* weights, const CudaBackendOptions& options) {
   const int32_t tp = options.tensor_parallel;
   if (tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
-  if (config.qkv_bias || config.o_bias || config.qk_norm) {
-    return absl::UnimplementedError(absl::StrCat(
-        "model_type ", config.model_type, ": the CUDA backend does not compute ",
-        config.qk_norm ? "per-head Q/K norms" : "attention biases", " yet; use --device=cpu"));
-  }
   const int devices = CudaDeviceCount();
   if (devices < tp) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda --tp=", tp, " needs ", tp,
@@ -299,6 +302,31 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   }
   KVRM_CUDA_RETURN_IF_ERROR(
       cudaMemcpy(rank.weights.get(), host.data(), total * 2, cudaMemcpyHostToDevice));
+
+  // ---- Attention biases and Q/K norms (Qwen2, Qwen3, attention_bias): f32, one allocation.
+  {
+    ASSIGN_OR_RETURN(const AttentionVectors v, PackAttentionVectors(config_, w));
+    if (!v.data.empty()) {
+      const int64_t bytes = static_cast<int64_t>(v.data.size()) * 4;
+      ASSIGN_OR_RETURN(rank.vectors, DeviceAlloc(bytes, "attention biases and norms"));
+      KVRM_CUDA_RETURN_IF_ERROR(
+          cudaMemcpy(rank.vectors.get(), v.data.data(), bytes, cudaMemcpyHostToDevice));
+      const float* vbase = static_cast<const float*>(rank.vectors.get());
+      auto at = [&](int64_t offset) { return offset < 0 ? nullptr : vbase + offset; };
+      // Read every step, as the weights are (the roofline's numerator).
+      const int64_t floats_per_layer = (config_.qkv_bias ? qw + 2 * kvw : 0) +
+                                       (config_.o_bias ? d : 0) + (config_.qk_norm ? 2 * hd : 0);
+      weight_bytes_per_rank_ += floats_per_layer * 4 * config_.num_hidden_layers;
+      for (size_t i = 0; i < rank.layers.size(); ++i) {
+        const AttentionVectors::Layer& la = v.layers[i];
+        Rank::Layer& l = rank.layers[i];
+        l.qkv_bias = at(la.qkv_bias);
+        l.o_bias = at(la.o_bias);
+        l.q_norm = at(la.q_norm);
+        l.k_norm = at(la.k_norm);
+      }
+    }
+  }
 
   // ---- RoPE table, as the CPU backend builds it (same doubles, so the same floats).
   {
@@ -455,6 +483,11 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
     const KvLayerView view = rank.kv_view->Layer(layer);
     RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.attn_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.qkv->Run(rank.xn, l.wqkv, rank.qkv, 0.0f, wsp, s));
+    if (l.qkv_bias != nullptr || l.q_norm != nullptr) {  // Qwen2 / Qwen3 only
+      RETURN_IF_ERROR(LaunchQkvBiasAndNorm(rank.qkv, rows, rank.heads, rank.kv_heads,
+                                           config_.head_dim, l.qkv_bias, l.q_norm, l.k_norm, eps,
+                                           s));
+    }
     // The pool's element type picks the kernels' instantiation (f32 or bf16; Create checked it).
     RETURN_IF_ERROR(view.dtype == DType::kBF16
                         ? RopeKvAndAttention<bf16>(view, rank.qkv, in, rope, rank.heads,
@@ -463,7 +496,12 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
                                                     rank.kv_heads, scale, ws, rank.attn, s));
     RETURN_IF_ERROR(g.o->Run(rank.attn, l.wo, rank.x, residual_beta, wsp, s));
     if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
-    RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.mlp_norm, rank.xn, rows, d, eps, nullptr, s));
+    // An O bias joins the residual after the all-reduce (every rank adds it to its copy), in the
+    // MLP norm's launch.
+    RETURN_IF_ERROR(
+        l.o_bias != nullptr
+            ? LaunchAddBiasAndRmsNorm(rank.x, l.o_bias, l.mlp_norm, rank.xn, rows, d, eps, s)
+            : LaunchRmsNorm<bf16>(rank.x, l.mlp_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.gu->Run(rank.xn, l.wgu, rank.gu, 0.0f, wsp, s));
     RETURN_IF_ERROR(LaunchSwiGlu(rank.gu, rows, rank.ffn, rank.act, s));
     RETURN_IF_ERROR(g.down->Run(rank.act, l.wdown, rank.x, residual_beta, wsp, s));

@@ -1,7 +1,9 @@
-// The CUDA backend: the Llama step on one or two GPUs as captured CUDA graphs.
+// The CUDA backend: the Llama step on one or two GPUs as captured CUDA graphs (Qwen2's Q/K/V
+// biases, Qwen3's per-head Q/K norms and an O bias too, where the model has them).
 //
 // Per rank (one GPU each; tensor parallel over ranks with NCCL, Megatron style as on the CPU):
-// bf16 weight shards (fused QKV and gate/up), the KV pool share in device memory (f32, or bf16
+// bf16 weight shards (fused QKV and gate/up), f32 attention biases and Q/K norm weights
+// (runtime/cuda/attention_vectors.h), the KV pool share in device memory (f32, or bf16
 // with kv_dtype: half the bytes per token, rounded as the CPU backend's bf16 pool), activation
 // buffers for the largest pass, cuBLASLt products planned at start-up, and three graphs captured
 // at start-up over fixed shapes: the decode step for all slots, one prefill chunk, and the two in

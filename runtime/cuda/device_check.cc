@@ -2,10 +2,12 @@
 //   1. the measured ceiling: device-to-device copy bandwidth (bytes read + written);
 //   2. every CUDA kernel and the cuBLASLt product against float64 CPU references on random
 //      inputs (fragmented run tables, inactive rows, histories longer than one split; the KV
-//      write and attention over f32 and bf16 pools);
+//      write and attention over f32 and bf16 pools; Q/K/V biases and per-head Q/K norms, the O
+//      bias folded into the MLP norm);
 //   3. the whole backend (captured graphs) against the CPU backend on a random model of the
 //      `small` shape: prefill and decode logits, greedy agreement; TP=2 where two GPUs exist;
-//      again with bf16 KV pools on both; a transfer group through the host tier and back;
+//      again with bf16 KV pools on both; a transfer group through the host tier and back; then
+//      modelgen's tiny-qwen2 and tiny-qwen3, and tiny-qwen3 with Q/K/V and O biases added;
 //   4. decode through the graph at several slot counts: step time, tokens/s, bytes read per
 //      step over the copy bandwidth, and the time the step waited on the copy-stream transport
 //      while compaction groups were pre-staged beside it; one more row with a bf16 KV pool.
@@ -19,6 +21,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -42,7 +45,9 @@
 #include "runtime/cuda/lt_gemm.h"
 #include "runtime/cuda/step_packing.h"
 #include "runtime/device_sampling.h"
+#include "runtime/model_bundle.h"
 #include "runtime/transport.h"
+#include "tools/modelgen/model_writer.h"
 
 // Every CUDA call of the check itself is checked too: a failure aborts with the call's text.
 #define CK(expr)                                                                 \
@@ -620,12 +625,107 @@ Check CheckSampling() {
           mismatches == 0 && compared > rows / 2};
 }
 
+// Qwen2's Q/K/V biases and Qwen3's per-head Q/K norms on fused QKV rows against float64: biases
+// alone (Qwen2), norms alone (Qwen3: the V heads must come back bit for bit as they went in), and
+// both (Qwen3 with attention_bias); head sizes 64 and 128. f32 in and out: threshold 1e-5.
+Check CheckQkvBiasAndNorm() {
+  double err = 0;
+  bool v_untouched = true;
+  for (const int head_dim : {64, 128}) {
+    const int rows = 37, heads = head_dim == 64 ? 12 : 8, kv_heads = head_dim == 64 ? 4 : 2;
+    const int qkvw = (heads + 2 * kv_heads) * head_dim;
+    const float eps = 1e-6f;
+    for (const bool with_bias : {true, false}) {
+      for (const bool with_norm : {false, true}) {
+        if (!with_bias && !with_norm) continue;
+        std::vector<DevicePtr> keep;
+        const auto qkv = Random(int64_t{rows} * qkvw, 2.0f);
+        const auto bias = Random(qkvw, 0.5f);
+        std::vector<float> qn = Random(head_dim, 0.1f), kn = Random(head_dim, 0.1f);
+        for (float& w : qn) w += 1.0f;
+        for (float& w : kn) w += 1.0f;
+        float* dqkv = Upload(qkv, keep);
+        CHECK_OK(LaunchQkvBiasAndNorm(dqkv, rows, heads, kv_heads, head_dim,
+                                      with_bias ? Upload(bias, keep) : nullptr,
+                                      with_norm ? Upload(qn, keep) : nullptr,
+                                      with_norm ? Upload(kn, keep) : nullptr, eps, nullptr));
+        const auto got = Download(dqkv, qkv.size());
+        std::vector<double> ref(qkv.size());
+        for (int r = 0; r < rows; ++r) {
+          for (int h = 0; h < heads + 2 * kv_heads; ++h) {
+            const int64_t at = int64_t{r} * qkvw + int64_t{h} * head_dim;
+            double ss = 0;
+            for (int i = 0; i < head_dim; ++i) {
+              ref[at + i] = double(qkv[at + i]) + (with_bias ? bias[h * head_dim + i] : 0.0);
+              ss += ref[at + i] * ref[at + i];
+            }
+            const std::vector<float>* w = h < heads ? &qn : h < heads + kv_heads ? &kn : nullptr;
+            if (with_norm && w != nullptr) {
+              const double inv = 1.0 / std::sqrt(ss / head_dim + eps);
+              for (int i = 0; i < head_dim; ++i) ref[at + i] *= inv * (*w)[i];
+            }
+            if (!with_bias && w == nullptr) {
+              for (int i = 0; i < head_dim; ++i) v_untouched &= got[at + i] == qkv[at + i];
+            }
+          }
+        }
+        err = std::max(err, RelError(ref, got));
+      }
+    }
+  }
+  if (!v_untouched) err = INFINITY;
+  return {"qkv bias + per-head Q/K norm (hd 64, 128)", err, 1e-5, err <= 1e-5};
+}
+
+// The O bias folded into the MLP's RMSNorm: x += bias must be stored as the f32 sum itself (the
+// residual stream keeps it), the bf16 output within the RMSNorm check's threshold of float64.
+// dim 768 takes the 16-byte path, dim 250 the scalar one.
+Check CheckAddBiasRmsNorm() {
+  double err = 0;
+  bool residual_exact = true;
+  for (const int dim : {768, 250}) {
+    std::vector<DevicePtr> keep;
+    const int rows = 37;
+    const auto x = Random(int64_t{rows} * dim), bias = Random(dim, 0.5f), w = Random(dim, 0.3f);
+    std::vector<float> wb(dim);
+    for (int i = 0; i < dim; ++i) wb[i] = Bf(1.0f + w[i]);
+    float* dx = Upload(x, keep);
+    bf16* dout =
+        reinterpret_cast<bf16*>(Upload(std::vector<uint16_t>(int64_t{rows} * dim, 0x7fc0), keep));
+    CHECK_OK(LaunchAddBiasAndRmsNorm(dx, Upload(bias, keep),
+                                     reinterpret_cast<const bf16*>(Upload(ToBf16Bits(wb), keep)),
+                                     dout, rows, dim, 1e-5f, nullptr));
+    const auto x_after = Download(dx, x.size());
+    const auto out = Download(reinterpret_cast<const uint16_t*>(dout), x.size());
+    std::vector<double> ref(x.size());
+    std::vector<float> got(x.size());
+    for (int r = 0; r < rows; ++r) {
+      double ss = 0;
+      for (int i = 0; i < dim; ++i) {
+        const float sum = x[r * dim + i] + bias[i];
+        residual_exact &= x_after[r * dim + i] == sum;
+        ss += double(sum) * sum;
+      }
+      const double inv = 1.0 / std::sqrt(ss / dim + 1e-5);
+      for (int i = 0; i < dim; ++i) {
+        ref[r * dim + i] = double(x[r * dim + i] + bias[i]) * inv * wb[i];
+        got[r * dim + i] = Bf16ToFloat(out[r * dim + i]);
+      }
+    }
+    err = std::max(err, RelError(ref, got));
+  }
+  if (!residual_exact) err = INFINITY;
+  return {"o bias + rms_norm (bf16 out, residual kept)", err, 1e-2, err <= 1e-2};
+}
+
 // ---- Backend against the CPU backend ------------------------------------------------------------
 
 struct RandomModel {
+  std::string name;  // in the checks' names; empty for the `small` shape
   LlamaConfig config;
   LlamaWeights weights;
   std::vector<std::vector<uint16_t>> storage;  // bf16 tensors
+  std::unique_ptr<ModelBundle> bundle;         // a tools/modelgen model's files (ArchitectureModel)
 
   WeightMatrix Tensor(int64_t rows, int64_t cols, float scale, float mean = 0) {
     std::vector<float> v = Random(rows * cols, scale);
@@ -671,6 +771,41 @@ std::unique_ptr<RandomModel> SmallModel() {
     w.layers.push_back(l);
   }
   w.dtype = DType::kBF16;
+  return m;
+}
+
+// A tools/modelgen model loaded as kvrmd loads it: tiny-qwen2 (Q/K/V biases) or tiny-qwen3
+// (per-head Q/K norms), head_dim 64, 4 layers, vocabulary 1024. With `attention_bias`, Q/K/V and
+// O biases are added (random bf16, modelgen's bias scale): Qwen3 with attention_bias, every
+// vector at once and the only head_dim-64 model with an O bias (tiny-biased's head_dim is 32).
+std::unique_ptr<RandomModel> ArchitectureModel(const std::string& size, bool attention_bias) {
+  auto m = std::make_unique<RandomModel>();
+  modelgen::MakeModelOptions options;
+  options.size = size;
+  options.dtype = DType::kBF16;
+  options.out_dir =
+      (std::filesystem::temp_directory_path() / ("kvrm-device-check-" + size)).string();
+  CHECK_OK(modelgen::MakeModel(options).status());
+  auto bundle = ModelBundle::Load(options.out_dir);
+  CHECK_OK(bundle.status());
+  m->bundle = std::move(*bundle);
+  m->name = size;
+  m->config = m->bundle->config;
+  m->weights = m->bundle->weights;
+  if (attention_bias) {
+    m->name += " + attention_bias";
+    LlamaConfig& c = m->config;
+    c.qkv_bias = c.o_bias = true;
+    const int64_t q = int64_t{c.num_attention_heads} * c.head_dim;
+    const int64_t kv = int64_t{c.num_key_value_heads} * c.head_dim;
+    m->storage.reserve(4 * c.num_hidden_layers);  // the views must not move
+    for (LayerWeights& l : m->weights.layers) {
+      l.bq = m->Tensor(1, q, 0.5f);
+      l.bk = m->Tensor(1, kv, 0.5f);
+      l.bv = m->Tensor(1, kv, 0.5f);
+      l.bo = m->Tensor(1, c.hidden_size, 0.5f);
+    }
+  }
   return m;
 }
 
@@ -817,8 +952,10 @@ Check CheckHostCopyKernel(const RandomModel& m) {
 // With kv_dtype bf16 both backends keep bf16 pools (each rounds its own f32 K and V to nearest
 // even, as FloatToBf16 does); the thresholds are the f32 pools' (3e-2 relative on logits, greedy
 // agreement >= 90 %).
-Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling,
+// `transfer`: also a transfer group's round trip through the host tier (tp 1).
+Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, bool transfer,
                    std::vector<Check>* also) {
+  const std::string model_name = m.name.empty() ? "" : m.name + " ";
   const int32_t slots = 4, chunk = 64, max_context = 512, max_runs = 4, block_tokens = 16;
   const int64_t kv_blocks = 200;
   const std::string kv_name(DTypeName(kv_dtype));
@@ -939,17 +1076,20 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling,
       // 9 rows in all: one near-tie must not fail the run.
       compare_rows(/*skip_ties=*/true, &mixed_worst, &mixed_agree, &mixed_total);
     }
-    also->push_back({absl::StrFormat("mixed graph tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)",
-                                     tp, kv_name, mixed_agree, mixed_total),
-                     mixed_worst, 3e-2,
-                     mixed_worst <= 3e-2 && mixed_total >= 1 && mixed_agree * 10 >= mixed_total * 9});
+    also->push_back(
+        {absl::StrFormat("%smixed graph tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)",
+                         model_name, tp, kv_name, mixed_agree, mixed_total),
+         mixed_worst, 3e-2,
+         mixed_worst <= 3e-2 && mixed_total >= 1 && mixed_agree * 10 >= mixed_total * 9});
   }
   if (sampling && (*gpu)->samples_on_device()) {
     also->push_back(CheckGraphSampling(**gpu, step, vocab));
   }
-  if (tp == 1) also->push_back(CheckTransferRoundTrip(**gpu, tables[0][0], free_blocks));
-  return {absl::StrFormat("backend tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)", tp, kv_name,
-                          agree, total),
+  if (transfer && tp == 1) {
+    also->push_back(CheckTransferRoundTrip(**gpu, tables[0][0], free_blocks));
+  }
+  return {absl::StrFormat("%sbackend tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)", model_name,
+                          tp, kv_name, agree, total),
           worst, 3e-2, ok};
 }
 
@@ -1229,12 +1369,29 @@ int main(int argc, char** argv) {
   auto model = SmallModel();
   std::vector<Check> also;
   if (!bench_only) {
-  run(CheckBackend(*model, 1, kvrm::DType::kF32, /*sampling=*/true, &also));
-  if (devices >= 2) run(CheckBackend(*model, 2, kvrm::DType::kF32, /*sampling=*/true, &also));
+  run(CheckBackend(*model, 1, kvrm::DType::kF32, /*sampling=*/true, /*transfer=*/true, &also));
+  if (devices >= 2) {
+    run(CheckBackend(*model, 2, kvrm::DType::kF32, /*sampling=*/true, /*transfer=*/true, &also));
+  }
   // The bf16 pool against the CPU's bf16 pool (sampling reads logits, whatever the pool: once).
-  run(CheckBackend(*model, 1, kvrm::DType::kBF16, /*sampling=*/false, &also));
+  run(CheckBackend(*model, 1, kvrm::DType::kBF16, /*sampling=*/false, /*transfer=*/true, &also));
   for (const Check& c : also) run(c);
   run(CheckHostCopyKernel(*model));
+  // Qwen2 / Qwen3 / biased attention: its kernels, then the models through every graph against
+  // the CPU backend (after the checks above, whose random inputs stay those of earlier runs).
+  run(CheckQkvBiasAndNorm());
+  run(CheckAddBiasRmsNorm());
+  also.clear();
+  for (const auto& [size, attention_bias] : {std::pair<std::string, bool>{"tiny-qwen2", false},
+                                             {"tiny-qwen3", false},
+                                             {"tiny-qwen3", true}}) {
+    const auto arch = ArchitectureModel(size, attention_bias);
+    for (int tp = 1; tp <= std::min(devices, 2); ++tp) {
+      run(CheckBackend(*arch, tp, kvrm::DType::kF32, /*sampling=*/false, /*transfer=*/false,
+                       &also));
+    }
+  }
+  for (const Check& c : also) run(c);
   }
 
   std::vector<BenchRow> rows;
