@@ -18,7 +18,9 @@
 # On one H200 (2026-12-04) `run --quick` took 44 s and `run` about 2 minutes: kernel checks,
 # backend vs CPU with f32 and bf16 KV pools, decode at 16, 64 and 128 slots (context 512), at 64
 # slots with contexts 2048 and 4000, and with a bf16 pool; `run --quick` benchmarks 64 slots only
-# and runs the engine claims on 50 requests a family (200 without it).
+# and runs the engine claims on 50 requests a family (200 without it). Since then the checks also
+# run the Qwen2/Qwen3 attention kernels and modelgen's tiny-qwen2 / tiny-qwen3 models (generated
+# into $TMPDIR) against the CPU backend: a few seconds more by estimate, not yet timed on a GPU.
 #
 #   tools/device_check.sh profile [--slots=a,b --contexts=a,b --split_tokens=a,b
 #                                  --token_sets=2,4 --kv=f32,bf16]
