@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -102,21 +103,57 @@ class Fields {
   std::string prefix_;
 };
 
+// YaRN's fields, as Transformers reads them: the factor (absent: max_position_embeddings over
+// the original), original_max_position_embeddings (absent: max_position_embeddings), beta_fast /
+// beta_slow (absent or 0: 32 / 1), truncate, and the attention factor (absent: from mscale and
+// mscale_all_dim when both are set, else 0.1 ln(factor) + 1, 1 for a factor of at most 1).
+absl::Status ParseYarn(const Fields& f, int64_t max_position_embeddings, RopeScaling* out) {
+  out->original_max_position_embeddings = max_position_embeddings;
+  RETURN_IF_ERROR(f.Int("original_max_position_embeddings", false, 1, kInt32Max,
+                        &out->original_max_position_embeddings));
+  out->factor = static_cast<double>(max_position_embeddings) /
+                static_cast<double>(out->original_max_position_embeddings);
+  RETURN_IF_ERROR(f.PositiveDouble("factor", false, &out->factor, 1.0));
+  for (auto [key, value] : {std::pair{"beta_fast", &out->beta_fast},
+                            std::pair{"beta_slow", &out->beta_slow}}) {
+    const Json* v = f.Get(key);
+    if (v != nullptr && !(v->is_number() && v->get<double>() == 0)) {
+      RETURN_IF_ERROR(f.PositiveDouble(key, false, value));
+    }
+  }
+  if (out->beta_fast < out->beta_slow) {
+    return f.Invalid("beta_fast", absl::StrCat("(", out->beta_fast, ") must be at least beta_slow (",
+                                               out->beta_slow, ")"));
+  }
+  RETURN_IF_ERROR(f.Bool("truncate", &out->truncate));
+  const auto mscale = [](double scale, double m) {
+    return scale <= 1 ? 1.0 : 0.1 * m * std::log(scale) + 1.0;
+  };
+  double m = 0, m_all = 0;
+  RETURN_IF_ERROR(f.PositiveDouble("mscale", false, &m, 0.0));
+  RETURN_IF_ERROR(f.PositiveDouble("mscale_all_dim", false, &m_all, 0.0));
+  out->attention_factor = m != 0 && m_all != 0 ? mscale(out->factor, m) / mscale(out->factor, m_all)
+                                               : mscale(out->factor, 1);
+  return f.PositiveDouble("attention_factor", false, &out->attention_factor);
+}
+
 // One RoPE scaling object: `rope_scaling` (Transformers 4) or `rope_parameters` (Transformers
-// 5, which also carries rope_theta there). `prefix` names it in errors.
+// 5, which also carries rope_theta there). `prefix` names it in errors; yarn's defaults come from
+// `max_position_embeddings`.
 absl::Status ParseScalingObject(const Json& obj, std::string_view what, const char* prefix,
-                                RopeScaling* out) {
+                                int64_t max_position_embeddings, RopeScaling* out) {
   const Fields f(obj, what, prefix);
   const char* type_key = f.Get("rope_type") != nullptr ? "rope_type" : "type";
   std::string type;
   RETURN_IF_ERROR(f.String(type_key, /*required=*/true, &type));
   if (type == "default") return absl::OkStatus();
-  if (type != "llama3" && type != "linear") {
+  if (type != "llama3" && type != "linear" && type != "yarn") {
     return f.Unimplemented(type_key, absl::StrCat("\"", type,
                                                   "\" is not supported (supported: "
-                                                  "llama3, linear, default)"));
+                                                  "llama3, linear, yarn, default)"));
   }
   out->type = type;
+  if (type == "yarn") return ParseYarn(f, max_position_embeddings, out);
   // Transformers' _validate_*_parameters require factor >= 1 for both.
   RETURN_IF_ERROR(f.PositiveDouble("factor", /*required=*/true, &out->factor, 1.0));
   if (type == "linear") return absl::OkStatus();
@@ -135,7 +172,9 @@ absl::Status ParseScalingObject(const Json& obj, std::string_view what, const ch
 bool SameScaling(const RopeScaling& a, const RopeScaling& b) {
   return a.type == b.type && a.factor == b.factor && a.low_freq_factor == b.low_freq_factor &&
          a.high_freq_factor == b.high_freq_factor &&
-         a.original_max_position_embeddings == b.original_max_position_embeddings;
+         a.original_max_position_embeddings == b.original_max_position_embeddings &&
+         a.beta_fast == b.beta_fast && a.beta_slow == b.beta_slow && a.truncate == b.truncate &&
+         a.attention_factor == b.attention_factor;
 }
 
 // rope_theta and the scaling, from wherever the file keeps them. Transformers 5 writes
@@ -148,7 +187,8 @@ absl::Status ParseRope(const Json& root, std::string_view what, LlamaConfig* c) 
   RETURN_IF_ERROR(f.PositiveDouble("rope_theta", false, &c->rope_theta));
   if (const Json* scaling = f.Get("rope_scaling")) {
     if (!scaling->is_object()) return f.Invalid("rope_scaling", "must be an object or null");
-    RETURN_IF_ERROR(ParseScalingObject(*scaling, what, "rope_scaling.", &c->rope_scaling));
+    RETURN_IF_ERROR(ParseScalingObject(*scaling, what, "rope_scaling.",
+                                       c->max_position_embeddings, &c->rope_scaling));
   }
   const Json* params = f.Get("rope_parameters");
   if (params == nullptr) return absl::OkStatus();
@@ -171,7 +211,8 @@ absl::Status ParseRope(const Json& root, std::string_view what, LlamaConfig* c) 
   c->rope_theta = theta;
   RopeScaling scaling;
   if (p.Get("rope_type") != nullptr || p.Get("type") != nullptr) {
-    RETURN_IF_ERROR(ParseScalingObject(*params, what, "rope_parameters.", &scaling));
+    RETURN_IF_ERROR(ParseScalingObject(*params, what, "rope_parameters.",
+                                       c->max_position_embeddings, &scaling));
   }
   if (f.Get("rope_scaling") != nullptr && !SameScaling(scaling, c->rope_scaling)) {
     return f.Invalid("rope_scaling", "disagrees with rope_parameters");
@@ -366,6 +407,26 @@ std::vector<double> RopeInverseFrequencies(const LlamaConfig& config) {
   } else if (s.type == "freq_factors") {
     CHECK(s.freq_factors.size() == inv_freq.size()) << "rope freq_factors: one per rotated pair";
     for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] /= s.freq_factors[i];
+  } else if (s.type == "yarn") {
+    // The dims whose wavelength turns beta_fast / beta_slow times over the original context
+    // bound a linear ramp from extrapolation (the base frequency) to interpolation (/ factor).
+    const double orig = static_cast<double>(s.original_max_position_embeddings);
+    const auto correction_dim = [&](double rotations) {
+      return dim * std::log(orig / (rotations * 2 * M_PI)) / (2 * std::log(config.rope_theta));
+    };
+    double low = correction_dim(s.beta_fast), high = correction_dim(s.beta_slow);
+    if (s.truncate) {
+      low = std::floor(low);
+      high = std::ceil(high);
+    }
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;  // no singularity
+    for (int i = 0; i < dim / 2; ++i) {
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      const double extrapolation = 1 - ramp;
+      inv_freq[i] = inv_freq[i] / s.factor * (1 - extrapolation) + inv_freq[i] * extrapolation;
+    }
   } else if (s.type == "llama3") {
     // Wavelengths shorter than original/high_freq_factor keep their frequency, longer than
     // original/low_freq_factor are divided by factor, and the band between is interpolated.
@@ -384,6 +445,21 @@ std::vector<double> RopeInverseFrequencies(const LlamaConfig& config) {
     }
   }
   return inv_freq;
+}
+
+std::vector<float> RopeTable(const LlamaConfig& config, int64_t positions) {
+  const int64_t hd = config.head_dim, half = hd / 2;
+  const std::vector<double> inv_freq = RopeInverseFrequencies(config);
+  const double scale = config.rope_scaling.attention_factor;
+  std::vector<float> table(static_cast<size_t>(positions) * hd);
+  for (int64_t p = 0; p < positions; ++p) {
+    for (int64_t i = 0; i < half; ++i) {
+      const double angle = static_cast<double>(p) * inv_freq[i];
+      table[p * hd + i] = static_cast<float>(std::cos(angle) * scale);
+      table[p * hd + half + i] = static_cast<float>(std::sin(angle) * scale);
+    }
+  }
+  return table;
 }
 
 }  // namespace kvrm

@@ -21,14 +21,22 @@ namespace kvrm {
 // HF "rope_scaling" (Transformers 5: "rope_parameters"). The type comes from "rope_type" (newer
 // files) or "type" (older ones).
 struct RopeScaling {
-  // "" = none; otherwise "llama3", "linear", or "freq_factors" (GGUF's rope_freqs.weight: each
-  // inverse frequency divided by its own factor, as llama.cpp applies it)
+  // "" = none; otherwise "llama3", "linear", "yarn", or "freq_factors" (GGUF's
+  // rope_freqs.weight: each inverse frequency divided by its own factor, as llama.cpp applies it)
   std::string type;
   double factor = 1;
   double low_freq_factor = 1;                       // llama3 only
   double high_freq_factor = 4;                      // llama3 only
-  int64_t original_max_position_embeddings = 8192;  // llama3 only
+  int64_t original_max_position_embeddings = 8192;  // llama3 and yarn
   std::vector<double> freq_factors;                 // freq_factors only: [head_dim / 2]
+  // YaRN (Qwen2.5 / Qwen3 long context): the frequency band blended between extrapolation and
+  // interpolation is bounded by beta_fast and beta_slow rotations over the original context
+  // (floored / ceiled when `truncate`), and cos and sin are multiplied by `attention_factor`
+  // (from the config, else 0.1 ln(factor) + 1, or DeepSeek's mscale / mscale_all_dim ratio).
+  double beta_fast = 32;
+  double beta_slow = 1;
+  bool truncate = true;
+  double attention_factor = 1;  // every type: what cos and sin are multiplied by (1 but yarn)
 };
 
 struct LlamaConfig {
@@ -75,7 +83,14 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
 // RoPE inverse frequencies, one per rotated pair: [head_dim / 2]. Base theta^(-2i/head_dim), then
 // llama3 or linear scaling exactly as Transformers' _compute_llama3_parameters /
 // _compute_linear_scaling_rope_parameters, in double precision.
+// yarn as Transformers' _compute_yarn_parameters (the explicit factor; the ramp over
+// [0, head_dim / 2) between the correction dims of beta_fast and beta_slow).
 std::vector<double> RopeInverseFrequencies(const LlamaConfig& config);
+
+// The RoPE table both backends rotate with: [positions][head_dim] floats, for each position the
+// head_dim / 2 cosines then the sines of position * inverse frequency, times the scaling's
+// attention_factor, computed in double and rounded once.
+std::vector<float> RopeTable(const LlamaConfig& config, int64_t positions);
 
 }  // namespace kvrm
 

@@ -555,9 +555,9 @@ TEST(ConfigTest, ReadsTransformers5RopeParameters) {
               absl::StatusCode::kInvalidArgument, "rope_parameters.low_freq_factor is missing");
   ExpectError(ParseStatus(Edited([](Json& j) {
                 j.erase("rope_scaling");
-                j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
+                j["rope_parameters"] = {{"rope_type", "longrope"}, {"factor", 4.0}};
               })),
-              absl::StatusCode::kUnimplemented, "rope_parameters.rope_type \"yarn\"");
+              absl::StatusCode::kUnimplemented, "rope_parameters.rope_type \"longrope\"");
   // Per layer type (Gemma 3 style): not computed here.
   ExpectError(ParseStatus(Edited([](Json& j) {
                 j.erase("rope_scaling");
@@ -571,8 +571,8 @@ TEST(ConfigTest, ReadsTransformers5RopeParameters) {
 }
 
 TEST(ConfigTest, UnknownRopeTypeIsUnimplemented) {
-  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"]["rope_type"] = "yarn"; })),
-              absl::StatusCode::kUnimplemented, "rope_scaling.rope_type \"yarn\"");
+  ExpectError(ParseStatus(Edited([](Json& j) { j["rope_scaling"]["rope_type"] = "longrope"; })),
+              absl::StatusCode::kUnimplemented, "rope_scaling.rope_type \"longrope\"");
   ExpectError(ParseStatus(Edited([](Json& j) {
                 j["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}};
               })),
@@ -685,6 +685,71 @@ TEST(RopeTest, Llama3ScalingMatchesReferenceInAllThreeRegions) {
   EXPECT_NEAR(inv[16], 0.00042955679655936815, 1e-16);
   EXPECT_NEAR(inv[17], 9.70828780262767e-05, 1e-17);
   EXPECT_NEAR(inv[31], 9.418306725434909e-08, 1e-19);
+}
+
+// Qwen2.5's long-context setting (its model card's rope_scaling: yarn, factor 4 over 32768):
+// pairs below the beta_fast correction dim keep their frequency, those above the beta_slow one
+// are divided by the factor, the band between is ramped; cos and sin are scaled by
+// 0.1 ln 4 + 1. Spot values from a plain-Python transcription of Transformers'
+// _compute_yarn_parameters (float64).
+TEST(RopeTest, YarnAsQwen25LongContext) {
+  Json j = Json::parse(kQwen25_05B);
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 32768);
+  EXPECT_NEAR(c->rope_scaling.attention_factor, 1.138629436111989, 1e-15);
+  const std::vector<double> inv = RopeInverseFrequencies(*c);
+  ASSERT_EQ(inv.size(), 32u);
+  for (int i = 0; i < 32; ++i) {
+    const double base = std::pow(1e6, -2.0 * i / 64);
+    if (i <= 11) EXPECT_NEAR(inv[i], base, 1e-13 * base) << "pair " << i << " extrapolates";
+    if (i >= 20) EXPECT_NEAR(inv[i], base / 4, 1e-13 * base) << "pair " << i << " interpolates";
+    if (i > 11 && i < 20) {
+      EXPECT_LT(inv[i], base * (1 - 1e-9)) << i;
+      EXPECT_GT(inv[i], base / 4 * (1 + 1e-9)) << i;
+    }
+  }
+  EXPECT_NEAR(inv[15], 0.0010266176840396614, 1e-13 * inv[15]);
+  EXPECT_NEAR(inv[20], 4.445698525097307e-05, 1e-13 * inv[20]);
+  EXPECT_NEAR(inv[31], 3.84981631514873e-07, 1e-13 * inv[31]);
+  // The table both backends rotate with carries the attention factor.
+  const std::vector<float> table = RopeTable(*c, 3);
+  ASSERT_EQ(table.size(), 3u * 64);
+  EXPECT_FLOAT_EQ(table[0], 1.138629436111989f);       // position 0: cos 0 * factor
+  EXPECT_FLOAT_EQ(table[32], 0.0f);                    // sin 0
+  EXPECT_FLOAT_EQ(table[64 + 32 + 15],                 // position 1, sin of pair 15
+                  static_cast<float>(std::sin(inv[15]) * 1.138629436111989));
+  // Without truncation the band's ends are the correction dims themselves; without a factor it
+  // is max_position_embeddings over the original; an explicit attention_factor wins.
+  j["rope_scaling"] = {{"rope_type", "yarn"},
+                       {"original_max_position_embeddings", 8192},
+                       {"truncate", false},
+                       {"beta_fast", nullptr},
+                       {"attention_factor", 1.0}};
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_DOUBLE_EQ(c->rope_scaling.factor, 4.0);  // 32768 / 8192
+  EXPECT_DOUBLE_EQ(c->rope_scaling.beta_fast, 32);
+  EXPECT_FALSE(c->rope_scaling.truncate);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.attention_factor, 1.0);
+  // DeepSeek's mscale pair: the ratio of the two scales.
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 40.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.5}};
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_NEAR(c->rope_scaling.attention_factor,
+              (0.1 * std::log(40.0) + 1) / (0.05 * std::log(40.0) + 1), 1e-15);
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"beta_fast", 1}, {"beta_slow", 2}};
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kInvalidArgument,
+              "rope_scaling.beta_fast (1) must be at least beta_slow (2)");
+  j["rope_scaling"] = {{"type", "yarn"}, {"factor", 0.5}};
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kInvalidArgument,
+              "rope_scaling.factor (0.5) must be >= 1");
+  j["rope_scaling"] = {{"type", "longrope"}, {"factor", 4.0}};
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented,
+              "(supported: llama3, linear, yarn, default)");
 }
 
 TEST(RopeTest, UnscaledAndLinear) {

@@ -96,16 +96,7 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
       slot_of_row_(options.max_slots),
       logits_(static_cast<size_t>(options.max_slots + 1) * config.vocab_size) {
   // RoPE table in double, rounded once: [position][cos(half) | sin(half)].
-  const int64_t hd = config.head_dim, half = hd / 2;
-  const std::vector<double> inv_freq = RopeInverseFrequencies(config);
-  rope_.resize(static_cast<size_t>(options.max_context) * hd);
-  for (int64_t p = 0; p < options.max_context; ++p) {
-    for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(p) * inv_freq[i];
-      rope_[p * hd + i] = static_cast<float>(std::cos(angle));
-      rope_[p * hd + half + i] = static_cast<float>(std::sin(angle));
-    }
-  }
+  rope_ = RopeTable(config, options.max_context);
 }
 
 CpuBackend::~CpuBackend() = default;

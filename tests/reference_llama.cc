@@ -200,12 +200,14 @@ std::vector<double> ReferenceLlama::RmsNorm(const std::vector<double>& x,
 void ReferenceLlama::Rope(std::vector<double>& x, int64_t heads, int64_t position) const {
   // HF: emb = cat(freqs, freqs); x * cos(emb) + rotate_half(x) * sin(emb), with
   // rotate_half(x) = cat(-x[half:], x[:half]).
+  // YaRN scales cos and sin by its attention factor (HF: cos = emb.cos() * attention_scaling).
   const int64_t hd = config_.head_dim, half = hd / 2;
+  const double scale = config_.rope_scaling.attention_factor;
   for (int64_t h = 0; h < heads; ++h) {
     double* v = x.data() + h * hd;
     for (int64_t i = 0; i < half; ++i) {
       const double angle = static_cast<double>(position) * inv_freq_[i];
-      const double c = std::cos(angle), s = std::sin(angle);
+      const double c = std::cos(angle) * scale, s = std::sin(angle) * scale;
       const double a = v[i], b = v[i + half];
       v[i] = a * c - b * s;
       v[i + half] = b * c + a * s;

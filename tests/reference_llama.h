@@ -8,7 +8,8 @@
 // (modeling_qwen2: q/k/v_proj with bias), Qwen3's Q/K head norms (modeling_qwen3: q_norm and
 // k_norm, RMSNorm over each head's head_dim after the projection, before RoPE) and Llama's
 // attention_bias (every projection biased) are read from the same config flags. The only shared code is
-// config parsing and RopeInverseFrequencies (the llama3 / linear frequency scaling).
+// config parsing and RopeInverseFrequencies (the llama3 / linear / yarn frequency scaling; the
+// yarn attention factor is applied here, to this file's own cos and sin).
 //
 // Cost: O(layers * T * (params_per_layer + T * hidden)) per Forward; meant for T in the hundreds.
 #ifndef KVRM_TESTS_REFERENCE_LLAMA_H_
