@@ -44,7 +44,7 @@ absl::Status LaunchAddBiasAndRmsNorm(float* x, const float* bias, const bf16* we
 // null: none), then each Q head and each K head RMS-normalised over head_dim with q_norm /
 // k_norm ([head_dim] f32, both or neither; null: none): x * inv * w, inv = 1 / sqrt(sum of
 // squares (f32) / head_dim + eps). Every row, active or not. head_dim a multiple of 32, at most
-// 128; one warp per (row, head), no loop and no barrier.
+// 128; one warp per (row, head), the head in registers, no block barrier.
 absl::Status LaunchQkvBiasAndNorm(float* qkv, int32_t rows, int32_t heads, int32_t kv_heads,
                                   int32_t head_dim, const float* bias, const float* q_norm,
                                   const float* k_norm, float eps, cudaStream_t stream);
