@@ -328,18 +328,10 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     }
   }
 
-  // ---- RoPE table, as the CPU backend builds it (same doubles, so the same floats).
+  // ---- RoPE table: the CPU backend's own (RopeTable: the same floats, YaRN's attention factor
+  // in cos and sin).
   {
-    std::vector<float> rope(static_cast<size_t>(options_.max_context) * hd);
-    std::vector<double> inv_freq = RopeInverseFrequencies(config_);
-    const int64_t half = hd / 2;
-    for (int64_t p = 0; p < options_.max_context; ++p) {
-      for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(p) * inv_freq[i];
-        rope[p * hd + i] = static_cast<float>(std::cos(angle));
-        rope[p * hd + half + i] = static_cast<float>(std::sin(angle));
-      }
-    }
+    const std::vector<float> rope = RopeTable(config_, options_.max_context);
     ASSIGN_OR_RETURN(rank.rope, DeviceAlloc(rope.size() * 4, "RoPE table"));
     KVRM_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(rank.rope.get(), rope.data(), rope.size() * 4, cudaMemcpyHostToDevice));
