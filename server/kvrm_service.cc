@@ -464,7 +464,21 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   if (request->has_structured() || request->has_chat()) {
     absl::StatusOr<std::optional<StructuredField>> f = RequestConstraint(*request, limits_);
-    if (f.ok() && f->has_value() && !structured_->Contains((*f)->spec)) {
+    // A thinking model's chat constraint is compiled after its thinking block (either way the
+    // prompt leaves it; which one is known once the prompt is rendered).
+    bool cached = true;
+    if (f.ok() && f->has_value()) {
+      structured::ConstraintSpec spec = (*f)->spec;
+      cached = structured_->Contains(spec);
+      if (request->has_chat() && !request->structured().include_thinking() &&
+          engine_->model().chat.reasoning_format == ReasoningFormat::kThink) {
+        spec.thinking = structured::ConstraintSpec::Thinking::kInside;
+        cached = structured_->Contains(spec);
+        spec.thinking = structured::ConstraintSpec::Thinking::kMayOpen;
+        cached = cached && structured_->Contains(spec);
+      }
+    }
+    if (!cached) {
       // A constraint not compiled yet can take up to a second: off the gRPC thread, which must
       // never block. The request proto and context live until the call is finished.
       const bool posted = compile_queue_->TryPost([this, context, request, reactor,
@@ -492,9 +506,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
 void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
                                     const v1::GenerateRequest& request, GenerateReactor* reactor,
                                     std::string id, absl::Time arrival) {
+  structured::ConstraintSpec::Thinking thinking = structured::ConstraintSpec::Thinking::kNone;
   absl::StatusOr<std::unique_ptr<GenerationRequest>> r =
       ValidateGenerateRequest(request, *engine_->model().tokenizer, limits_,
-                              &engine_->model().chat, structured_.get());
+                              &engine_->model().chat, structured_.get(), &thinking);
   if (!r.ok()) {
     reactor->Reject(ToGrpcStatus(r.status()));
     return;
@@ -505,12 +520,9 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     reactor->Reject(ToGrpcStatus(tools.status()));
     return;
   }
-  if (request.has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kThink) {
-    // Whether the prompt left the reply inside a <think> block: its last tokens' text.
-    const std::vector<int32_t>& prompt = (*r)->prompt;
-    const size_t tail = std::min<size_t>(prompt.size(), 16);
-    reactor->set_reasoning(PromptOpensReasoning(engine_->model().tokenizer->Decode(
-        absl::MakeConstSpan(prompt).subspan(prompt.size() - tail), /*skip_special_tokens=*/false)));
+  if (thinking != structured::ConstraintSpec::Thinking::kNone) {
+    // A chat request to a model that thinks: kInside when the prompt opened the block.
+    reactor->set_reasoning(thinking == structured::ConstraintSpec::Thinking::kInside);
     (*r)->kept_special_tokens = reasoning_marker_tokens_;
   }
   if (tools->has_value()) {

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "common/status_macros.h"
+#include "model/reasoning.h"
 
 namespace kvrm {
 namespace {
@@ -406,8 +407,10 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
 
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
-    const ChatConfig* chat, structured::ConstraintCompiler* structured) {
+    const ChatConfig* chat, structured::ConstraintCompiler* structured,
+    structured::ConstraintSpec::Thinking* thinking_out) {
   auto r = std::make_unique<GenerationRequest>();
+  structured::ConstraintSpec::Thinking thinking = structured::ConstraintSpec::Thinking::kNone;
   RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
   r->request_id = proto.request_id();
 
@@ -440,6 +443,10 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     }
     case v1::GenerateRequest::kChat: {
       ASSIGN_OR_RETURN(std::string text, RenderChatPrompt(proto.chat(), chat, limits));
+      if (chat->reasoning_format == ReasoningFormat::kThink) {
+        thinking = PromptOpensReasoning(text) ? structured::ConstraintSpec::Thinking::kInside
+                                              : structured::ConstraintSpec::Thinking::kMayOpen;
+      }
       // The template writes BOS and every other special token itself (transformers tokenizes
       // apply_chat_template's text with add_special_tokens=False).
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, /*add_bos=*/false);
@@ -532,11 +539,14 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     return Invalid("n", absl::StrCat(proto.n(), " is outside [1, ", limits.max_n, "] (0: 1)"));
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
-  ASSIGN_OR_RETURN(const std::optional<StructuredField> constraint, RequestConstraint(proto, limits));
+  if (thinking_out != nullptr) *thinking_out = thinking;
+  ASSIGN_OR_RETURN(std::optional<StructuredField> constraint, RequestConstraint(proto, limits));
   if (constraint) {
+    if (!proto.structured().include_thinking()) constraint->spec.thinking = thinking;
     ASSIGN_OR_RETURN(r->grammar, CompileConstraint(*constraint, structured));
   }
   return r;
 }
 
 }  // namespace kvrm
+

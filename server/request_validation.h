@@ -79,9 +79,13 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
 // `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
 // `structured`: compiles GenerateRequest.structured or the constraint of chat.tool_choice (null:
 // such requests are refused); it runs last, after every cheaper check.
+// A chat prompt to a model that thinks (chat->reasoning_format kThink) sets `*thinking`: kInside
+// when the rendered prompt opened the <think> block, else kMayOpen (kNone otherwise; may be
+// null). Its constraint then holds the answer after the thinking, not the thinking.
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
-    const ChatConfig* chat = nullptr, structured::ConstraintCompiler* structured = nullptr);
+    const ChatConfig* chat = nullptr, structured::ConstraintCompiler* structured = nullptr,
+    structured::ConstraintSpec::Thinking* thinking = nullptr);
 
 }  // namespace kvrm
 

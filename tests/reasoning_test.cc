@@ -1,8 +1,9 @@
 // Reasoning output end to end: chat requests through gRPC on the tiny model served with a
 // thinking model's chat template (Qwen3's shape: the model writes <think> itself, or finds an
 // empty block in the prompt with enable_thinking false; DeepSeek-R1's: the prompt opens the
-// block). The random-weight model is made to write the markup by a structured-output regex, so
-// the split is checked against text the test knows.
+// block). The random-weight model is made to write the markup by a structured-output regex over
+// the whole reply (structured.include_thinking), so the split is checked against text the test
+// knows; without include_thinking the constraint holds only the answer after the thinking.
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,7 @@ v1::GenerateRequest ChatRequest(const std::string& regex, uint64_t seed = 1) {
   m->set_role("user");
   m->set_content("Is it raining?");
   r.mutable_structured()->set_regex(regex);
+  r.mutable_structured()->set_include_thinking(true);
   r.mutable_stopping()->set_max_new_tokens(120);
   r.mutable_sampling()->set_temperature(1.0f);
   r.mutable_sampling()->set_seed(seed);
@@ -179,6 +181,42 @@ TEST(ReasoningE2eTest, ToolCallsAfterTheThinking) {
   EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_TOOL_CALLS);
   ASSERT_EQ(s.finished.tool_calls_size(), 1);
   EXPECT_EQ(s.finished.tool_calls(0).name(), "now");
+}
+
+// Without include_thinking the constraint holds the answer only: after a prompt that opened the
+// block the reply must think first (the random model never closes it, so all of it is
+// thinking, cut by the length limit, not the constrained "yes" / "no" at once); after one that
+// did not, it may answer at once, or think first.
+TEST(ReasoningE2eTest, ConstraintHoldsTheAnswerAfterTheThinking) {
+  {
+    std::unique_ptr<TestServer> server = ServeWithTemplate(kR1Like);
+    v1::GenerateRequest r = ChatRequest("(yes|no)");
+    r.mutable_structured()->set_include_thinking(false);
+    r.mutable_stopping()->set_max_new_tokens(16);
+    const StreamResult got = RunGenerate(server->stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_LENGTH);
+    EXPECT_EQ(s.text, "");
+    EXPECT_NE(s.reasoning, "yes");
+    EXPECT_NE(s.reasoning, "no");
+    EXPECT_EQ(s.reasoning.find("</think>"), std::string::npos);
+  }
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like);
+  for (uint64_t seed : {1, 2, 3, 4}) {
+    v1::GenerateRequest r = ChatRequest("(yes|no)", seed);
+    r.mutable_structured()->set_include_thinking(false);
+    r.mutable_stopping()->set_max_new_tokens(16);
+    const StreamResult got = RunGenerate(server->stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    if (s.reasoning.empty()) {
+      EXPECT_TRUE(s.text == "yes" || s.text == "no") << s.text;
+      EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOP);
+    } else {
+      EXPECT_TRUE(s.text.empty() || s.text == "yes" || s.text == "no") << s.text;
+    }
+  }
 }
 
 // Only chat replies are split, and only when the server parses reasoning.

@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "model/tokenizer_text.h"
 #include "runtime/structured/json_schema.h"
+#include "runtime/structured/regex_builders.h"
 #include "runtime/structured/regex_parser.h"
 
 namespace kvrm::structured {
@@ -15,7 +16,8 @@ namespace {
 
 // One string per spec: the kind, then length-prefixed fields, so no two specs share a key.
 std::string CacheKey(const ConstraintSpec& spec) {
-  std::string key = absl::StrCat(static_cast<int>(spec.kind), ":", spec.whitespace_pattern.size(),
+  std::string key = absl::StrCat(static_cast<int>(spec.kind), ":", static_cast<int>(spec.thinking),
+                                 ":", spec.whitespace_pattern.size(),
                                  ":", spec.whitespace_pattern, ":", spec.text.size(), ":",
                                  spec.text);
   for (const std::string& c : spec.choices) absl::StrAppend(&key, ":", c.size(), ":", c);
@@ -88,6 +90,9 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
       regex = Alt(std::move(options));
       break;
     }
+  }
+  if (spec.thinking != ConstraintSpec::Thinking::kNone) {
+    regex = Concat({ThinkingPrefix(spec.thinking == ConstraintSpec::Thinking::kInside), regex});
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar,
                    Grammar::Compile(regex, trie_, options_.limits));

@@ -34,6 +34,11 @@ struct ConstraintSpec {
   // kJsonSchema / kJsonObject: a regex for the whitespace allowed between JSON tokens; empty:
   // the default, at most one space.
   std::string whitespace_pattern;
+  // A thinking model's reply (kvrmd's reasoning output): the constraint holds the answer after
+  // its <think> block (structured/regex_builders.h ThinkingPrefix), not the thinking. kInside:
+  // the prompt opened the block; kMayOpen: the reply may open one first.
+  enum class Thinking { kNone, kMayOpen, kInside };
+  Thinking thinking = Thinking::kNone;
 };
 
 struct CompilerOptions {

@@ -37,4 +37,32 @@ bool SameSet(const CodePointSet& a, const CodePointSet& b) {
   return true;
 }
 
+Regex ThinkingPrefix(bool inside) {
+  // Text without "</think>": the automaton of the marker's prefixes, unrolled. '<' occurs only
+  // at the marker's start, so after '<' and j more of its characters, another '<' goes back to
+  // "after '<'" (A), a character that is neither the next one nor '<' back to the start (B), and
+  // the text may end anywhere short of the whole marker (C).
+  constexpr std::string_view kRest = "/think>";  // the marker after its '<'
+  std::vector<Regex> again, leave, end;
+  for (size_t j = 0; j < kRest.size(); ++j) {
+    const Regex prefix = Literal(kRest.substr(0, j));
+    CodePointSet next = CodePointSet::Single(static_cast<uint32_t>(kRest[j]));
+    next.Add('<', '<');
+    again.push_back(Concat({prefix, Literal("<")}));
+    leave.push_back(Concat({prefix, Class(next.Complement())}));
+    end.push_back(prefix);
+  }
+  const Regex open = Concat({Literal("<"), Star(Alt(std::move(again)))});
+  const Regex thinking =
+      Concat({Star(Alt({Class(CodePointSet::Single('<').Complement()),
+                        Concat({open, Alt(std::move(leave))})})),
+              Optional(Concat({open, Alt(std::move(end))}))});
+  // At most 4 whitespace characters after the block (models write "\n\n"), and none before an
+  // opening marker (models write it first): whitespace the constraint does not bound would let
+  // a model pad forever.
+  const Regex block = Concat({thinking, Literal("</think>"), Repeat(Chars(" \t\n\r"), 0, 4)});
+  if (inside) return block;
+  return Optional(Concat({Literal("<think>"), block}));
+}
+
 }  // namespace kvrm::structured

@@ -24,6 +24,13 @@ Regex HexDigit();
 // `r` exactly n times.
 Regex Times(Regex r, int32_t n);
 
+// A thinking model's <think> block ahead of a constraint (kvrmd's reasoning output): any text
+// that does not contain "</think>", then "</think>" and at most 4 whitespace characters, for a
+// reply that starts inside the block (`inside`); for one that may open it, optionally: "<think>"
+// then the same. Concatenated before the constraint, it leaves the thinking free and holds the
+// answer after it.
+Regex ThinkingPrefix(bool inside);
+
 // a ∩ b, and whether a and b hold the same code points.
 CodePointSet Intersect(const CodePointSet& a, const CodePointSet& b);
 bool SameSet(const CodePointSet& a, const CodePointSet& b);
