@@ -409,16 +409,15 @@ TEST_P(ForwardTest, FragmentedLayoutIsBitIdenticalToContiguous) {
   }
 }
 
-// Two tensor-parallel ranks (Megatron shards, KV heads split over two pools, in-process
-// all-reduce) give the reference's logits within the same tolerance, and the single-rank logits
-// within it too: only the summation order of O and down differs (two partial sums added).
-TEST_P(ForwardTest, TwoRanksMatchReferenceAndOneRank) {
-  const TinyModel& model = GetTiny(dtype());
+// The fragmented scenario on one and on two ranks: two ranks against the reference and against
+// one rank, each within `stats`' tolerance (printed under `name`).
+void TwoRanksMatchReferenceAndOneRank(const TinyModel& model, const ErrorStats& stats,
+                                      const std::string& name) {
   const ScenarioResult one = RunScenario(model, FragmentedPlans(), /*num_blocks=*/32, 1);
   const ScenarioResult two = RunScenario(model, FragmentedPlans(), /*num_blocks=*/32, 2);
   ASSERT_EQ(one.tokens, two.tokens);
   ASSERT_EQ(one.logit_positions, two.logit_positions);
-  ErrorStats vs_ref = Stats(), vs_one = Stats();
+  ErrorStats vs_ref = stats, vs_one = stats;
   for (size_t s = 0; s < two.tokens.size(); ++s) {
     const std::vector<std::vector<double>> ref = model.ref->Forward(two.tokens[s]);
     for (size_t i = 0; i < two.logits[s].size(); ++i) {
@@ -428,8 +427,15 @@ TEST_P(ForwardTest, TwoRanksMatchReferenceAndOneRank) {
       ExpectLogitsClose(two.logits[s][i].data(), one_row, where + " vs one rank", &vs_one);
     }
   }
-  vs_ref.Print(absl::StrCat("tp=2 vs reference ", Name()));
-  vs_one.Print(absl::StrCat("tp=2 vs tp=1 ", Name()));
+  vs_ref.Print(absl::StrCat("tp=2 vs reference ", name));
+  vs_one.Print(absl::StrCat("tp=2 vs tp=1 ", name));
+}
+
+// Two tensor-parallel ranks (Megatron shards, KV heads split over two pools, in-process
+// all-reduce) give the reference's logits within the same tolerance, and the single-rank logits
+// within it too: only the summation order of O and down differs (two partial sums added).
+TEST_P(ForwardTest, TwoRanksMatchReferenceAndOneRank) {
+  TwoRanksMatchReferenceAndOneRank(GetTiny(dtype()), Stats(), Name());
 }
 
 // A prefill chunk riding with a decode step in one pass (DecodeWithChunk, --fuse_prefill) gives
@@ -612,21 +618,7 @@ TEST_P(ArchitectureForwardTest, ChunkedPrefillThenDecodeMatchesReference) {
 }
 
 TEST_P(ArchitectureForwardTest, TwoRanksMatchReferenceAndOneRank) {
-  const ScenarioResult one = RunScenario(model(), FragmentedPlans(), /*num_blocks=*/32, 1);
-  const ScenarioResult two = RunScenario(model(), FragmentedPlans(), /*num_blocks=*/32, 2);
-  ASSERT_EQ(one.tokens, two.tokens);
-  ErrorStats vs_ref = Stats(), vs_one = Stats();
-  for (size_t s = 0; s < two.tokens.size(); ++s) {
-    const std::vector<std::vector<double>> ref = model().ref->Forward(two.tokens[s]);
-    for (size_t i = 0; i < two.logits[s].size(); ++i) {
-      const std::string where = absl::StrCat("slot ", s, " position ", two.logit_positions[s][i]);
-      ExpectLogitsClose(two.logits[s][i].data(), ref[two.logit_positions[s][i]], where, &vs_ref);
-      const std::vector<double> one_row(one.logits[s][i].begin(), one.logits[s][i].end());
-      ExpectLogitsClose(two.logits[s][i].data(), one_row, where + " vs one rank", &vs_one);
-    }
-  }
-  vs_ref.Print(absl::StrCat("tp=2 vs reference ", Name()));
-  vs_one.Print(absl::StrCat("tp=2 vs tp=1 ", Name()));
+  TwoRanksMatchReferenceAndOneRank(model(), Stats(), Name());
 }
 
 INSTANTIATE_TEST_SUITE_P(
