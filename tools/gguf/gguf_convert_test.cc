@@ -289,12 +289,8 @@ double RmsShare(const WeightMatrix& a, const WeightMatrix& b) {
   return std::sqrt(err / std::max(ref, 1e-300));
 }
 
-TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
-  const std::unique_ptr<ModelBundle> hf = Load(TinyDir());
-  const std::unique_ptr<ModelBundle> gguf = Load(Convert(GgmlType::kF32, "tiny-f32.gguf"));
-  ASSERT_NE(gguf->gguf, nullptr);
-  EXPECT_EQ(gguf->name, "tiny-f32");
-  const LlamaConfig &a = hf->config, &b = gguf->config;
+// The sizes, RoPE base, norm epsilon, tying and BOS of a converted model equal its directory's.
+void ExpectSameShape(const LlamaConfig& a, const LlamaConfig& b) {
   EXPECT_EQ(b.vocab_size, a.vocab_size);
   EXPECT_EQ(b.hidden_size, a.hidden_size);
   EXPECT_EQ(b.intermediate_size, a.intermediate_size);
@@ -307,6 +303,15 @@ TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
   EXPECT_EQ(b.rope_theta, a.rope_theta);
   EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
   EXPECT_EQ(b.bos_token_id, a.bos_token_id);
+}
+
+TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
+  const std::unique_ptr<ModelBundle> hf = Load(TinyDir());
+  const std::unique_ptr<ModelBundle> gguf = Load(Convert(GgmlType::kF32, "tiny-f32.gguf"));
+  ASSERT_NE(gguf->gguf, nullptr);
+  EXPECT_EQ(gguf->name, "tiny-f32");
+  const LlamaConfig &a = hf->config, &b = gguf->config;
+  ExpectSameShape(a, b);
   // EOS is tokenizer_config's (as convert_hf_to_gguf takes it); the loader finds the other end of
   // generation by its text, as llama.cpp does.
   EXPECT_THAT(b.eos_token_ids, ::testing::UnorderedElementsAreArray(a.eos_token_ids));
@@ -770,18 +775,7 @@ TEST_P(GgufArchitectureTest, AnF32FileIsTheSameModelAsItsDirectory) {
   EXPECT_EQ(b.qkv_bias, a.qkv_bias);
   EXPECT_EQ(b.o_bias, a.o_bias);
   EXPECT_EQ(b.qk_norm, a.qk_norm);
-  EXPECT_EQ(b.vocab_size, a.vocab_size);
-  EXPECT_EQ(b.hidden_size, a.hidden_size);
-  EXPECT_EQ(b.intermediate_size, a.intermediate_size);
-  EXPECT_EQ(b.num_hidden_layers, a.num_hidden_layers);
-  EXPECT_EQ(b.num_attention_heads, a.num_attention_heads);
-  EXPECT_EQ(b.num_key_value_heads, a.num_key_value_heads);
-  EXPECT_EQ(b.head_dim, a.head_dim);
-  EXPECT_EQ(b.max_position_embeddings, a.max_position_embeddings);
-  EXPECT_FLOAT_EQ(b.rms_norm_eps, a.rms_norm_eps);
-  EXPECT_EQ(b.rope_theta, a.rope_theta);
-  EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
-  EXPECT_EQ(b.bos_token_id, a.bos_token_id);
+  ExpectSameShape(a, b);
   EXPECT_EQ(b.rope_scaling.type, a.rope_scaling.type == "llama3" ? "freq_factors" : "");
   // Each architecture's own tensors are there (the tiny models differ in these only).
   const std::string arch = c.arch;
