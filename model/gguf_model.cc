@@ -103,14 +103,38 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   }
   c["tie_word_embeddings"] = f.FindTensor("output.weight") == nullptr;
   // RoPE scaling: linear (rope.scaling.type, which llama.cpp takes as linear when absent; or the
-  // older rope.scale_linear), or none.
+  // older rope.scale_linear), yarn (its factor, original context length and betas; llama.cpp's
+  // default attention factor), or none.
   absl::string_view scaling = "linear";
   if (f.Find(p + "rope.scaling.type") != nullptr) {
     ASSIGN_OR_RETURN(scaling, f.GetString(p + "rope.scaling.type"));
-    if (scaling != "none" && scaling != "linear") {
-      return f.Unimplemented(p + "rope.scaling.type",
-                             absl::StrCat("\"", scaling, "\" is not supported (none, linear)"));
+    if (scaling != "none" && scaling != "linear" && scaling != "yarn") {
+      return f.Unimplemented(p + "rope.scaling.type", absl::StrCat("\"", scaling,
+                                                                   "\" is not supported (none, "
+                                                                   "linear, yarn)"));
     }
+  }
+  if (scaling == "yarn") {
+    Json yarn = {{"type", "yarn"}};
+    ASSIGN_OR_RETURN(yarn["factor"], f.GetFloat(p + "rope.scaling.factor"));
+    if (f.Find(p + "rope.scaling.original_context_length") != nullptr) {
+      ASSIGN_OR_RETURN(yarn["original_max_position_embeddings"],
+                       f.GetUint(p + "rope.scaling.original_context_length"));
+    }
+    for (const auto& [key, hf] : {std::pair{"yarn_beta_fast", "beta_fast"},
+                                  std::pair{"yarn_beta_slow", "beta_slow"}}) {
+      if (f.Find(p + "rope.scaling." + key) != nullptr) {
+        ASSIGN_OR_RETURN(yarn[hf], f.GetFloat(p + "rope.scaling." + key));
+      }
+    }
+    if (f.Find(p + "rope.scaling.yarn_log_multiplier") != nullptr) {
+      ASSIGN_OR_RETURN(const double m, f.GetFloat(p + "rope.scaling.yarn_log_multiplier"));
+      if (m != 0) {
+        return f.Unimplemented(p + "rope.scaling.yarn_log_multiplier",
+                               "(DeepSeek's YaRN attention factor) is not supported");
+      }
+    }
+    c["rope_scaling"] = std::move(yarn);
   }
   double linear = 0;
   for (const std::string key : {p + "rope.scaling.factor", p + "rope.scale_linear"}) {
@@ -134,8 +158,10 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
     config.o_bias = f.FindTensor("blk.0.attn_output.bias") != nullptr;
   }
   if (const GgufTensor* t = f.FindTensor("rope_freqs.weight")) {
-    if (config.rope_scaling.type == "linear") {
-      return f.Unimplemented("rope_freqs.weight", "with linear RoPE scaling as well");
+    if (config.rope_scaling.type == "linear" || config.rope_scaling.type == "yarn") {
+      return f.Unimplemented("rope_freqs.weight",
+                             absl::StrCat("with ", config.rope_scaling.type,
+                                          " RoPE scaling as well"));
     }
     if (t->type != GgmlType::kF32 || t->numel() != config.head_dim / 2) {
       return f.Invalid("rope_freqs.weight",

@@ -183,9 +183,24 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     w.AddUint32(prefix + "attention.value_length", c.head_dim);
   }
   w.AddUint32(prefix + "vocab_size", c.vocab_size);
-  if (c.rope_scaling.type == "linear") {
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == "linear") {
     w.AddString(prefix + "rope.scaling.type", "linear");
-    w.AddFloat32(prefix + "rope.scaling.factor", static_cast<float>(c.rope_scaling.factor));
+    w.AddFloat32(prefix + "rope.scaling.factor", static_cast<float>(rs.factor));
+  } else if (rs.type == "yarn") {
+    // llama.cpp's YaRN keys (as convert_hf_to_gguf writes Qwen's); its attention factor is the
+    // default 0.1 ln(factor) + 1, and its correction dims are truncated.
+    const double default_factor = rs.factor <= 1 ? 1.0 : 0.1 * std::log(rs.factor) + 1;
+    if (!rs.truncate || std::abs(rs.attention_factor - default_factor) > 1e-12) {
+      return absl::UnimplementedError(absl::StrCat(
+          model_dir, ": YaRN with truncate false or its own attention factor has no GGUF form"));
+    }
+    w.AddString(prefix + "rope.scaling.type", "yarn");
+    w.AddFloat32(prefix + "rope.scaling.factor", static_cast<float>(rs.factor));
+    w.AddUint32(prefix + "rope.scaling.original_context_length",
+                static_cast<uint32_t>(rs.original_max_position_embeddings));
+    w.AddFloat32(prefix + "rope.scaling.yarn_beta_fast", static_cast<float>(rs.beta_fast));
+    w.AddFloat32(prefix + "rope.scaling.yarn_beta_slow", static_cast<float>(rs.beta_slow));
   } else if (!c.rope_scaling.type.empty() && (c.rope_scaling.type != "llama3" || !permuted)) {
     // (llama.cpp applies rope_freqs.weight to its llama architecture only.)
     return absl::UnimplementedError(absl::StrCat(model_dir, ": RoPE scaling ", c.rope_scaling.type,

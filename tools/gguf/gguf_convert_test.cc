@@ -840,6 +840,45 @@ TEST_P(GgufArchitectureTest, AnF32FileIsTheSameModelAsItsDirectory) {
   std::cout << c.size << " f32 GGUF logits: max relative difference " << diff << "\n";
 }
 
+// A Qwen directory with YaRN (Qwen2.5's long-context rope_scaling) converts to llama.cpp's YaRN
+// keys and loads back as the same scaling: the same config, the same logits past the original
+// context.
+TEST(GgufYarnTest, YarnRoundTripsThroughItsKeys) {
+  const std::string dir = TmpDir() + "/tiny-qwen2-yarn";
+  std::filesystem::create_directories(dir);
+  for (const auto& e : std::filesystem::directory_iterator(ArchitectureDir("tiny-qwen2"))) {
+    std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  (*config)["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0},
+                               {"original_max_position_embeddings", 32}};
+  std::ofstream(dir + "/config.json") << config->dump(2);
+  const std::string path = TmpDir() + "/tiny-qwen2-yarn.gguf";
+  GgufConvertOptions options;
+  options.type = GgmlType::kF32;
+  ASSERT_TRUE(ConvertToGguf(dir, path, options).ok());
+  const std::unique_ptr<ModelBundle> hf = Load(dir), gguf = Load(path);
+  const RopeScaling &a = hf->config.rope_scaling, &b = gguf->config.rope_scaling;
+  EXPECT_EQ(b.type, "yarn");
+  EXPECT_EQ(b.factor, a.factor);
+  EXPECT_EQ(b.original_max_position_embeddings, 32);
+  EXPECT_EQ(b.beta_fast, a.beta_fast);
+  EXPECT_EQ(b.beta_slow, a.beta_slow);
+  EXPECT_EQ(b.attention_factor, a.attention_factor);
+  std::mt19937 rng(5);
+  std::vector<int32_t> tokens(48);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % hf->config.vocab_size);
+  EXPECT_EQ(CpuLogits(gguf->config, gguf->weights, tokens),
+            CpuLogits(hf->config, hf->weights, tokens));
+  // An attention factor of its own has no GGUF form (llama.cpp's is 0.1 ln(factor) + 1).
+  (*config)["rope_scaling"] = {{"type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1.5}};
+  std::ofstream(dir + "/config.json") << config->dump(2);
+  const absl::Status refused = ConvertToGguf(dir, path, options);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+}
+
 // Every --type converts the architecture: the matrices in the type (or its fallback), the biases
 // and Q/K norms f32 and exact; the file loads (as_q8, and dequantized to bf16) and its logits
 // stay near the directory's (q8_0: the weights to 1/254 of each block's largest).
