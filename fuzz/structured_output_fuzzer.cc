@@ -1,6 +1,6 @@
 // Fuzzes structured outputs (runtime/structured/) with what a client controls: a regex, a JSON
 // Schema, a list of choices or a whitespace pattern, compiled against a small vocabulary (every
-// byte, plus multi-byte pieces). Invariants, on every constraint that compiles:
+// byte, plus multi-byte pieces), alone or behind a thinking model's <think> block. Invariants, on every constraint that compiles:
 //   - the tree prints back (ToPattern) into a regex that parses and means the same: texts
 //     generated under the constraint match the reprinted one too;
 //   - a walk that follows the token masks never hits a dead state, every prefix it writes can
@@ -20,6 +20,7 @@
 #include "runtime/structured/automaton.h"
 #include "runtime/structured/grammar.h"
 #include "runtime/structured/json_schema.h"
+#include "runtime/structured/regex_builders.h"
 #include "runtime/structured/regex_parser.h"
 
 namespace {
@@ -98,6 +99,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (!regex.ok()) {
     FUZZ_CHECK(absl::IsInvalidArgument(regex.status()));
     return 0;
+  }
+  // A thinking model's constraint (seed's top bit): behind the free <think> block.
+  if (walk_seed & 0x80) {
+    regex = kvrm::structured::Concat({kvrm::structured::ThinkingPrefix(walk_seed & 0x40), *regex});
   }
   kvrm::structured::GrammarLimits limits;
   limits.dfa.max_states = 1000;
