@@ -382,7 +382,9 @@ TEST(GgufModelTest, QuantizedFilesHoldTheWeightsWithinTheirFormatsResolution) {
         const bool norm = loaded[i]->rows == 1;
         EXPECT_LT(RmsShare(*original[i], *loaded[i]), norm ? 1e-12 : c.max_share)
             << c.name << " matrix " << i;
-        if (!norm && c.type != GgmlType::kF16) EXPECT_EQ(loaded[i]->dtype, dq) << c.name;
+        if (!norm && c.type != GgmlType::kF16) {
+          EXPECT_EQ(loaded[i]->dtype, dq) << c.name;
+        }
       }
     }
   }
