@@ -114,6 +114,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     for (int32_t i = 0; i < n_; ++i) {
       reasoning_streams_.push_back(std::make_unique<ReasoningStream>(starts_inside));
     }
+    reasoning_tokens_.assign(n_, ReasoningTokens{});
   }
 
   // The client cancelled (before anything was submitted, for a call that waited to compile).
@@ -267,7 +268,19 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       // The thinking goes out as reasoning_text; the answer goes on as the text (and to the
       // tool-call stream). Only the engine thread feeds a completion's streams.
       ReasoningStream& reasoning = *reasoning_streams_[index];
+      // A token is thinking when the block was open before it or is after it (the markers'
+      // tokens count as thinking), and so are the tokens before the block opened that the
+      // stream held (a marker spelled by several tokens, whitespace before it).
+      const bool thinking_before = reasoning.reasoning();
       ReasoningStream::Split split = reasoning.Feed(chunk.text);
+      ReasoningTokens& counted = reasoning_tokens_[index];
+      const int32_t tokens = static_cast<int32_t>(chunk.token_ids.size());
+      if (thinking_before || reasoning.reasoning()) {
+        counted.total += counted.held + tokens;
+        counted.held = 0;
+      } else {
+        counted.held = split.content.empty() ? counted.held + tokens : 0;
+      }
       if (info) {
         ReasoningStream::Split last = reasoning.Finish();
         split.reasoning += last.reasoning;
@@ -319,6 +332,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       f->mutable_usage()->set_prompt_tokens(info->prompt_tokens);
       f->mutable_usage()->set_completion_tokens(info->completion_tokens);
       f->mutable_usage()->set_cached_prompt_tokens(info->cached_prompt_tokens);
+      if (!reasoning_tokens_.empty()) {
+        f->mutable_usage()->set_reasoning_tokens(reasoning_tokens_[index].total);
+      }
       f->set_queue_time_ms(info->queue_time_ms);
       f->set_time_to_first_token_ms(info->time_to_first_token_ms);
       f->set_total_time_ms(info->total_time_ms);
@@ -362,6 +378,11 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::vector<std::unique_ptr<ToolCallStream>> tool_streams_;
   // Likewise, one per completion of a chat request to a model that thinks.
   std::vector<std::unique_ptr<ReasoningStream>> reasoning_streams_;
+  struct ReasoningTokens {
+    int32_t total = 0;  // counted as thinking
+    int32_t held = 0;   // before the reply began: thinking if the block opens next
+  };
+  std::vector<ReasoningTokens> reasoning_tokens_;  // per completion, with reasoning_streams_
   const ToolCallMetrics* tool_metrics_ = nullptr;
   std::atomic<bool> followers_submitted_{false};
   std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's

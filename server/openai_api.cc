@@ -1009,6 +1009,7 @@ OrderedJson OpenAiReply::Usage() const {
   int64_t prompt = 0;
   int64_t completion = 0;
   int64_t cached = 0;
+  int64_t reasoning = 0;
   for (int p = 0; p < prompts_; ++p) {
     int64_t prompt_p = 0;  // one prompt for its n completions
     int64_t cached_p = 0;
@@ -1017,6 +1018,7 @@ OrderedJson OpenAiReply::Usage() const {
       prompt_p = std::max<int64_t>(prompt_p, u.prompt_tokens());
       cached_p = std::max<int64_t>(cached_p, u.cached_prompt_tokens());
       completion += u.completion_tokens();
+      reasoning += u.reasoning_tokens();
     }
     prompt += prompt_p;
     cached += cached_p;
@@ -1026,6 +1028,8 @@ OrderedJson OpenAiReply::Usage() const {
   usage["completion_tokens"] = completion;
   usage["total_tokens"] = prompt + completion;
   usage["prompt_tokens_details"] = {{"cached_tokens", cached}};
+  // OpenAI's, for a thinking model's chat replies.
+  if (reasoning > 0) usage["completion_tokens_details"] = {{"reasoning_tokens", reasoning}};
   return usage;
 }
 

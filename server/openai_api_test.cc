@@ -1259,13 +1259,20 @@ TEST(OpenAiReplyTest, ChatReasoningContent) {
   v1::GenerateResponse both = Delta(0, "Yes");
   both.set_reasoning_text("likely.");
   reply.Add(both);
-  reply.Add(Final(0, ".", v1::FINISH_REASON_EOS, 5, 4));
-  const Json message = Parse(reply.Body()).at("choices")[0].at("message");
+  v1::GenerateResponse last = Final(0, ".", v1::FINISH_REASON_EOS, 5, 4);
+  last.mutable_finished()->mutable_usage()->set_reasoning_tokens(3);
+  reply.Add(last);
+  const Json body = Parse(reply.Body());
+  const Json& message = body.at("choices")[0].at("message");
   EXPECT_EQ(message.at("reasoning_content"), "Rain is likely.");
   EXPECT_EQ(message.at("content"), "Yes.");
+  EXPECT_EQ(body.at("usage").at("completion_tokens"), 4);
+  EXPECT_EQ(body.at("usage").at("completion_tokens_details").at("reasoning_tokens"), 3);
   OpenAiReply plain(request, &Gpt2(), "chatcmpl-p", 1, "m");
   plain.Add(Final(0, "Yes.", v1::FINISH_REASON_EOS, 5, 2));
-  EXPECT_FALSE(Parse(plain.Body()).at("choices")[0].at("message").contains("reasoning_content"));
+  const Json plain_body = Parse(plain.Body());
+  EXPECT_FALSE(plain_body.at("choices")[0].at("message").contains("reasoning_content"));
+  EXPECT_FALSE(plain_body.at("usage").contains("completion_tokens_details"));
 }
 
 TEST(OpenAiReplyTest, ChatToolCalls) {

@@ -72,6 +72,7 @@ v1::GenerateRequest ChatRequest(const std::string& regex, uint64_t seed = 1) {
 
 struct Split {
   std::string reasoning, text;
+  std::vector<int32_t> tokens;
   v1::Finished finished;
 };
 
@@ -82,6 +83,7 @@ Split Joined(const StreamResult& r, int index = 0) {
     if (m.index() != index) continue;
     s.reasoning += m.reasoning_text();
     s.text += m.text();
+    s.tokens.insert(s.tokens.end(), m.token_ids().begin(), m.token_ids().end());
     if (m.has_finished()) s.finished = m.finished();
   }
   return s;
@@ -119,6 +121,16 @@ TEST(ReasoningE2eTest, ThinkingComesApartFromTheAnswer) {
         << s.reasoning;
     EXPECT_TRUE(s.text == "Answer: yes." || s.text == "Answer: no.") << s.text;
     EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOP);
+    // The thinking's tokens: those up to the one that completes </think>.
+    size_t k = 0;
+    while (k < s.tokens.size() &&
+           server->model().tokenizer->Decode(absl::MakeConstSpan(s.tokens).first(k), false).find(
+               "</think>") == std::string::npos) {
+      ++k;
+    }
+    ASSERT_LT(k, s.tokens.size());
+    EXPECT_EQ(s.finished.usage().reasoning_tokens(), static_cast<int32_t>(k));
+    EXPECT_EQ(s.finished.usage().completion_tokens(), static_cast<int32_t>(s.tokens.size()));
   }
   // The thinking streams before the answer: no message carries answer text before the last
   // piece of thinking.
@@ -229,6 +241,7 @@ TEST(ReasoningE2eTest, TextPromptsAndParserNoneAreLeftWhole) {
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
   EXPECT_EQ(Joined(got).text, "<think>\nmaybe\n</think>\n\nyes");
   EXPECT_EQ(Joined(got).reasoning, "");
+  EXPECT_EQ(Joined(got).finished.usage().reasoning_tokens(), 0);
 
   std::unique_ptr<TestServer> off = ServeWithTemplate(kQwen3Like, /*parse_reasoning=*/false);
   got = RunGenerate(off->stub(), ChatRequest(regex));
