@@ -267,6 +267,14 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
     c->qkv_bias = c->o_bias = attention_bias;
   }
   c->qk_norm = c->model_type == "qwen3";
+  // Rotating part of each head (Phi-4-mini's 0.75, GPT-NeoX's rotary_pct): not computed here.
+  double rotary = 1;
+  RETURN_IF_ERROR(f.PositiveDouble("partial_rotary_factor", false, &rotary));
+  if (rotary != 1) {
+    return f.Unimplemented("partial_rotary_factor",
+                           absl::StrCat("(", rotary, "): RoPE over part of each head is not "
+                                                     "supported"));
+  }
   bool mlp_bias = false;
   RETURN_IF_ERROR(f.Bool("mlp_bias", &mlp_bias));
   if (mlp_bias) {
@@ -282,13 +290,14 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
 }
 
 // The sliding-window span: kept when shorter than the model's context (the engine serves at most
-// that much, where windowed attention is full attention). Mistral: `sliding_window`. Qwen2 and
+// that much, where windowed attention is full attention). Mistral and Phi-3: `sliding_window`
+// (Phi-3-mini-4k's 2047 of 4096). Qwen2 and
 // Qwen3 (as their Transformers configs read it): `sliding_window` only when `use_sliding_window`
 // is true, for the layers `layer_types` names "sliding_attention", or without layer_types those
 // from `max_window_layers` (default 28) on. Transformers' Llama ignores the key.
 absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
   if (c->model_type == "llama") return absl::OkStatus();
-  if (c->model_type != "mistral") {
+  if (c->model_type != "mistral" && c->model_type != "phi3") {
     bool windowed = false;
     RETURN_IF_ERROR(f.Bool("use_sliding_window", &windowed));
     if (!windowed) return absl::OkStatus();
@@ -361,11 +370,12 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   LlamaConfig c;
   RETURN_IF_ERROR(f.String("model_type", true, &c.model_type));
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3") {
+      c.model_type != "qwen3" && c.model_type != "phi3") {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
-                                                      "qwen2, qwen3)"));
+                                                      "qwen2, qwen3, phi3)"));
   }
+  c.fused_projections = c.model_type == "phi3";
   RETURN_IF_ERROR(ParseSizes(f, &c));
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
   RETURN_IF_ERROR(ParseRope(root, what, &c));

@@ -1,5 +1,5 @@
-// Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3), validated on
-// load.
+// Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3, phi3),
+// validated on load.
 //
 // The file is untrusted: every size is checked before anyone allocates from it, and features the
 // engine does not implement (MLP biases, unknown RoPE scalings, sliding windows shorter than the
@@ -40,8 +40,9 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  // "llama", "mistral", "qwen2" or "qwen3": the Llama block, with Qwen2's Q/K/V biases and
-  // Qwen3's per-head Q/K RMSNorm (the flags below say which a model has).
+  // "llama", "mistral", "qwen2", "qwen3" or "phi3": the Llama block, with Qwen2's Q/K/V biases
+  // and Qwen3's per-head Q/K RMSNorm (the flags below say which a model has); Phi-3 stores Q/K/V
+  // as one qkv_proj and gate/up as one gate_up_proj (`fused_projections`).
   std::string model_type;
   int32_t vocab_size = 0;
   int32_t hidden_size = 0;
@@ -66,6 +67,9 @@ struct LlamaConfig {
   // Qwen3: each head of Q and K goes through RMSNorm over head_dim (its own weight
   // self_attn.q_norm / k_norm, rms_norm_eps) after the projection and before RoPE.
   bool qk_norm = false;
+  // Phi-3: self_attn.qkv_proj ([q; k; v] rows) and mlp.gate_up_proj ([gate; up] rows) instead of
+  // the separate products (the same values; bound as row ranges of the fused tensors).
+  bool fused_projections = false;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be an int or a list
   std::string torch_dtype;             // informational ("torch_dtype", or "dtype" in newer files)

@@ -332,6 +332,56 @@ constexpr char kQwen3_06B[] = R"({
   "vocab_size": 151936
 })";
 
+// Written after microsoft/Phi-3-mini-4k-instruct's config.json: fused projections, a 2047-token
+// sliding window in a 4096 context (kept: the engine serves within it).
+constexpr char kPhi3Mini4k[] = R"({
+  "architectures": ["Phi3ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 1,
+  "embd_pdrop": 0.0,
+  "eos_token_id": 32000,
+  "hidden_act": "silu",
+  "hidden_size": 3072,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "max_position_embeddings": 4096,
+  "model_type": "phi3",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 32,
+  "num_key_value_heads": 32,
+  "original_max_position_embeddings": 4096,
+  "pad_token_id": 32000,
+  "resid_pdrop": 0.0,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 10000.0,
+  "sliding_window": 2047,
+  "tie_word_embeddings": false,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.2",
+  "use_cache": true,
+  "vocab_size": 32064
+})";
+
+TEST(ConfigTest, ParsesPhi3Mini4k) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kPhi3Mini4k, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "phi3");
+  EXPECT_TRUE(c->fused_projections);
+  EXPECT_FALSE(c->qkv_bias || c->o_bias || c->qk_norm);
+  EXPECT_EQ(c->head_dim, 96);
+  EXPECT_EQ(c->sliding_window, 2047);
+  // Phi-3.5's LongRoPE and Phi-4-mini's partial rotary are refused by name.
+  Json j = Json::parse(kPhi3Mini4k);
+  j["rope_scaling"] = {{"type", "longrope"}, {"short_factor", {1.0}}, {"long_factor", {1.0}}};
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented,
+              "rope_scaling.type \"longrope\"");
+  j = Json::parse(kPhi3Mini4k);
+  j["partial_rotary_factor"] = 0.75;
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented,
+              "partial_rotary_factor (0.75): RoPE over part of each head is not supported");
+}
+
 TEST(ConfigTest, ParsesQwen25_05B) {
   absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen25_05B, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -460,7 +510,7 @@ TEST(ConfigTest, QwenSlidingWindowOnlyWhereUsed) {
 TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
               absl::StatusCode::kUnimplemented,
-              "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3)");
+              "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }

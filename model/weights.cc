@@ -43,13 +43,26 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     const std::string p = absl::StrCat("model.layers.", i, ".");
     LayerWeights& l = w.layers.emplace_back();
     ASSIGN_OR_RETURN(l.attn_norm, bind(p + "input_layernorm.weight", {d}));
-    ASSIGN_OR_RETURN(l.wq, bind(p + "self_attn.q_proj.weight", {q_rows, d}));
-    ASSIGN_OR_RETURN(l.wk, bind(p + "self_attn.k_proj.weight", {kv_rows, d}));
-    ASSIGN_OR_RETURN(l.wv, bind(p + "self_attn.v_proj.weight", {kv_rows, d}));
+    if (c.fused_projections) {
+      // Phi-3: row ranges of the fused tensors, views like the rest.
+      ASSIGN_OR_RETURN(const WeightMatrix qkv,
+                       bind(p + "self_attn.qkv_proj.weight", {q_rows + 2 * kv_rows, d}));
+      l.wq = qkv.RowSlice(0, q_rows);
+      l.wk = qkv.RowSlice(q_rows, kv_rows);
+      l.wv = qkv.RowSlice(q_rows + kv_rows, kv_rows);
+      ASSIGN_OR_RETURN(const WeightMatrix gate_up,
+                       bind(p + "mlp.gate_up_proj.weight", {2 * ffn, d}));
+      l.w_gate = gate_up.RowSlice(0, ffn);
+      l.w_up = gate_up.RowSlice(ffn, ffn);
+    } else {
+      ASSIGN_OR_RETURN(l.wq, bind(p + "self_attn.q_proj.weight", {q_rows, d}));
+      ASSIGN_OR_RETURN(l.wk, bind(p + "self_attn.k_proj.weight", {kv_rows, d}));
+      ASSIGN_OR_RETURN(l.wv, bind(p + "self_attn.v_proj.weight", {kv_rows, d}));
+      ASSIGN_OR_RETURN(l.w_gate, bind(p + "mlp.gate_proj.weight", {ffn, d}));
+      ASSIGN_OR_RETURN(l.w_up, bind(p + "mlp.up_proj.weight", {ffn, d}));
+    }
     ASSIGN_OR_RETURN(l.wo, bind(p + "self_attn.o_proj.weight", {d, q_rows}));
     ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "post_attention_layernorm.weight", {d}));
-    ASSIGN_OR_RETURN(l.w_gate, bind(p + "mlp.gate_proj.weight", {ffn, d}));
-    ASSIGN_OR_RETURN(l.w_up, bind(p + "mlp.up_proj.weight", {ffn, d}));
     ASSIGN_OR_RETURN(l.w_down, bind(p + "mlp.down_proj.weight", {d, ffn}));
     if (c.qkv_bias) {
       ASSIGN_OR_RETURN(l.bq, bind(p + "self_attn.q_proj.bias", {q_rows}));

@@ -644,6 +644,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_name(m.name);
   response->set_architecture(c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
                              : c.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                             : c.model_type == "phi3"  ? "Phi3ForCausalLM"
                              : c.model_type == "mistral" ? "MistralForCausalLM"
                                                        : "LlamaForCausalLM");
   response->set_vocab_size(c.vocab_size);

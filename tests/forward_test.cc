@@ -572,7 +572,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
 // ---- Qwen2, Qwen3 and biased Llama attention ----------------------------------------------------
 
 // The tiny shape as Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm before RoPE; both with
-// head_dim 64 and hidden 128, 4 heads) and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
+// head_dim 64 and hidden 128, 4 heads), Phi-3 (Q/K/V and gate/up as row ranges of fused tensors)
+// and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
 // against the float64 reference reading the same HF tensors (tests/reference_llama.h): chunked
 // prefill and decode, and two ranks (the Q/K/V biases cut by heads, the O bias added once after
 // the all-reduce). Tolerances as ForwardTest's. The biases (std 0.5) and norm weights are large
@@ -603,10 +604,11 @@ class ArchitectureForwardTest
 TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   const LlamaConfig& c = model().bundle->config;
   const std::string& size = std::get<0>(GetParam());
-  EXPECT_EQ(c.qkv_bias, size != "tiny-qwen3");
+  EXPECT_EQ(c.qkv_bias, size == "tiny-qwen2" || size == "tiny-biased");
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
   EXPECT_EQ(c.qk_norm, size == "tiny-qwen3");
-  if (size != "tiny-biased") {
+  EXPECT_EQ(c.fused_projections, size == "tiny-phi3");
+  if (size == "tiny-qwen2" || size == "tiny-qwen3") {
     EXPECT_EQ(c.head_dim * c.num_attention_heads, 2 * c.hidden_size);
   }
 }
@@ -623,7 +625,7 @@ TEST_P(ArchitectureForwardTest, TwoRanksMatchReferenceAndOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     ArchitecturesDtypesAndIsas, ArchitectureForwardTest,
-    testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased"),
+    testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {

@@ -36,6 +36,15 @@ double Silu(double x) { return x / (1.0 + std::exp(-x)); }
 
 }  // namespace
 
+// Rows [begin, begin + count) of `m`, copied.
+ReferenceLlama::Matrix ReferenceLlama::Rows(const Matrix& m, int64_t begin, int64_t count) {
+  Matrix out;
+  out.rows = count;
+  out.cols = m.cols;
+  out.data.assign(m.data.begin() + begin * m.cols, m.data.begin() + (begin + count) * m.cols);
+  return out;
+}
+
 absl::StatusOr<ReferenceLlama::Matrix> ReferenceLlama::Load(const SafetensorsSet& files,
                                                             const std::string& name, int64_t rows,
                                                             int64_t cols) {
@@ -73,12 +82,23 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
     ASSIGN_OR_RETURN(Matrix post_norm, Load(files, p + "post_attention_layernorm.weight", 1, d));
     l.input_norm = std::move(in_norm.data);
     l.post_attention_norm = std::move(post_norm.data);
-    ASSIGN_OR_RETURN(l.q, Load(files, p + "self_attn.q_proj.weight", qw, d));
-    ASSIGN_OR_RETURN(l.k, Load(files, p + "self_attn.k_proj.weight", kvw, d));
-    ASSIGN_OR_RETURN(l.v, Load(files, p + "self_attn.v_proj.weight", kvw, d));
+    if (config.fused_projections) {
+      // Phi-3 (modeling_phi3): qkv_proj's rows are [q; k; v], gate_up_proj's [gate; up].
+      ASSIGN_OR_RETURN(Matrix qkv, Load(files, p + "self_attn.qkv_proj.weight", qw + 2 * kvw, d));
+      ASSIGN_OR_RETURN(Matrix gate_up, Load(files, p + "mlp.gate_up_proj.weight", 2 * ffn, d));
+      l.q = Rows(qkv, 0, qw);
+      l.k = Rows(qkv, qw, kvw);
+      l.v = Rows(qkv, qw + kvw, kvw);
+      l.gate = Rows(gate_up, 0, ffn);
+      l.up = Rows(gate_up, ffn, ffn);
+    } else {
+      ASSIGN_OR_RETURN(l.q, Load(files, p + "self_attn.q_proj.weight", qw, d));
+      ASSIGN_OR_RETURN(l.k, Load(files, p + "self_attn.k_proj.weight", kvw, d));
+      ASSIGN_OR_RETURN(l.v, Load(files, p + "self_attn.v_proj.weight", kvw, d));
+      ASSIGN_OR_RETURN(l.gate, Load(files, p + "mlp.gate_proj.weight", ffn, d));
+      ASSIGN_OR_RETURN(l.up, Load(files, p + "mlp.up_proj.weight", ffn, d));
+    }
     ASSIGN_OR_RETURN(l.o, Load(files, p + "self_attn.o_proj.weight", d, qw));
-    ASSIGN_OR_RETURN(l.gate, Load(files, p + "mlp.gate_proj.weight", ffn, d));
-    ASSIGN_OR_RETURN(l.up, Load(files, p + "mlp.up_proj.weight", ffn, d));
     ASSIGN_OR_RETURN(l.down, Load(files, p + "mlp.down_proj.weight", d, ffn));
     auto vector = [&](const std::string& name, int64_t n,
                       std::vector<double>* out) -> absl::Status {

@@ -96,6 +96,7 @@ class ReferenceLlama {
   explicit ReferenceLlama(const LlamaConfig& config) : config_(config) {}
   static absl::StatusOr<Matrix> Load(const SafetensorsSet& files, const std::string& name,
                                      int64_t rows, int64_t cols);
+  static Matrix Rows(const Matrix& m, int64_t begin, int64_t count);
 
   // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs, to int16 steps
   // under QuantizeLinearQ8_0).

@@ -158,7 +158,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
   const LlamaConfig& c = model->config;
   // The architecture llama.cpp's converter writes: qwen2 and qwen3 as themselves, Llama and
-  // Mistral as llama, whose attn_q / attn_k rows (and biases) it reorders for RoPE on adjacent
+  // Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by side), whose attn_q / attn_k rows (and biases) it reorders for RoPE on adjacent
   // pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows as they are.
   const std::string arch =
       c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";

@@ -29,9 +29,11 @@ std::string TorchDtypeName(DType dtype) {
 
 std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds& ids) {
   OJson c;
-  const bool qwen = spec.model_type != "llama";
+  const bool qwen = spec.model_type == "qwen2" || spec.model_type == "qwen3";
+  const bool phi3 = spec.model_type == "phi3";
   c["architectures"] = {spec.model_type == "qwen2"   ? "Qwen2ForCausalLM"
                         : spec.model_type == "qwen3" ? "Qwen3ForCausalLM"
+                        : spec.model_type == "phi3"  ? "Phi3ForCausalLM"
                                                      : "LlamaForCausalLM"};
   if (spec.model_type != "qwen2") c["attention_bias"] = spec.attention_bias;
   c["attention_dropout"] = 0.0;
@@ -52,7 +54,8 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["num_attention_heads"] = spec.num_heads;
   c["num_hidden_layers"] = spec.num_layers;
   c["num_key_value_heads"] = spec.num_kv_heads;
-  if (!qwen) c["pretraining_tp"] = 1;
+  if (phi3) c["original_max_position_embeddings"] = spec.max_position_embeddings;
+  if (!qwen && !phi3) c["pretraining_tp"] = 1;
   c["rms_norm_eps"] = spec.rms_norm_eps;
   if (spec.rope_scaling.has_value()) {
     const Llama3RopeScaling& r = *spec.rope_scaling;
@@ -65,7 +68,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["rope_scaling"] = nullptr;
   }
   c["rope_theta"] = spec.rope_theta;
-  if (qwen) c["sliding_window"] = nullptr;
+  if (qwen || phi3) c["sliding_window"] = nullptr;
   c["tie_word_embeddings"] = spec.tie_word_embeddings;
   c["torch_dtype"] = TorchDtypeName(dtype);
   c["transformers_version"] = "4.45.0";

@@ -63,6 +63,17 @@ ModelSpec TinyQwen3() {
   return s;
 }
 
+// Phi-3's layout: Q/K/V in one qkv_proj tensor, gate and up in one gate_up_proj (untied, as
+// Phi-3-mini).
+ModelSpec TinyPhi3() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-phi3";
+  s.model_type = "phi3";
+  s.rope_scaling.reset();
+  s.tie_word_embeddings = false;
+  return s;
+}
+
 ModelSpec TinyBiased() {
   ModelSpec s = Tiny();
   s.name = "tiny-biased";
@@ -73,7 +84,8 @@ ModelSpec TinyBiased() {
 
 const std::vector<ModelSpec>& Table() {
   static const auto* table =
-      new std::vector<ModelSpec>{Tiny(), Small(), TinyQwen2(), TinyQwen3(), TinyBiased()};
+      new std::vector<ModelSpec>{Tiny(), Small(), TinyQwen2(), TinyQwen3(), TinyBiased(),
+                                 TinyPhi3()};
   return *table;
 }
 

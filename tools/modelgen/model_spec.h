@@ -22,7 +22,8 @@ struct Llama3RopeScaling {
 
 struct ModelSpec {
   std::string_view name;
-  // config.json's model_type: "llama", "qwen2" (Q/K/V biases) or "qwen3" (per-head Q/K norms).
+  // config.json's model_type: "llama", "qwen2" (Q/K/V biases), "qwen3" (per-head Q/K norms) or
+  // "phi3" (fused qkv_proj and gate_up_proj tensors).
   std::string_view model_type = "llama";
   bool attention_bias = false;  // llama / qwen3: every attention projection biased
   int hidden_size = 0;
@@ -42,6 +43,7 @@ struct ModelSpec {
   bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
   bool o_bias() const { return model_type != "qwen2" && attention_bias; }
   bool qk_norm() const { return model_type == "qwen3"; }
+  bool fused_projections() const { return model_type == "phi3"; }
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
   int64_t NumParameters() const;

@@ -33,12 +33,16 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
   for (int i = 0; i < spec.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     plans.push_back({p + "input_layernorm.weight", {d}, 1.0, kNormStd});
-    plans.push_back({p + "self_attn.q_proj.weight", {q, d}, 0.0, FanIn(d)});
-    if (spec.qkv_bias()) plans.push_back({p + "self_attn.q_proj.bias", {q}, 0.0, kBiasStd});
-    plans.push_back({p + "self_attn.k_proj.weight", {kv, d}, 0.0, FanIn(d)});
-    if (spec.qkv_bias()) plans.push_back({p + "self_attn.k_proj.bias", {kv}, 0.0, kBiasStd});
-    plans.push_back({p + "self_attn.v_proj.weight", {kv, d}, 0.0, FanIn(d)});
-    if (spec.qkv_bias()) plans.push_back({p + "self_attn.v_proj.bias", {kv}, 0.0, kBiasStd});
+    if (spec.fused_projections()) {
+      plans.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, d}, 0.0, FanIn(d)});
+    } else {
+      plans.push_back({p + "self_attn.q_proj.weight", {q, d}, 0.0, FanIn(d)});
+      if (spec.qkv_bias()) plans.push_back({p + "self_attn.q_proj.bias", {q}, 0.0, kBiasStd});
+      plans.push_back({p + "self_attn.k_proj.weight", {kv, d}, 0.0, FanIn(d)});
+      if (spec.qkv_bias()) plans.push_back({p + "self_attn.k_proj.bias", {kv}, 0.0, kBiasStd});
+      plans.push_back({p + "self_attn.v_proj.weight", {kv, d}, 0.0, FanIn(d)});
+      if (spec.qkv_bias()) plans.push_back({p + "self_attn.v_proj.bias", {kv}, 0.0, kBiasStd});
+    }
     plans.push_back({p + "self_attn.o_proj.weight", {d, q}, 0.0, FanIn(q)});
     if (spec.o_bias()) plans.push_back({p + "self_attn.o_proj.bias", {d}, 0.0, kBiasStd});
     if (spec.qk_norm()) {
@@ -46,8 +50,12 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
       plans.push_back({p + "self_attn.k_norm.weight", {spec.head_dim}, 1.0, kNormStd});
     }
     plans.push_back({p + "post_attention_layernorm.weight", {d}, 1.0, kNormStd});
-    plans.push_back({p + "mlp.gate_proj.weight", {ffn, d}, 0.0, FanIn(d)});
-    plans.push_back({p + "mlp.up_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+    if (spec.fused_projections()) {
+      plans.push_back({p + "mlp.gate_up_proj.weight", {2 * ffn, d}, 0.0, FanIn(d)});
+    } else {
+      plans.push_back({p + "mlp.gate_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+      plans.push_back({p + "mlp.up_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+    }
     plans.push_back({p + "mlp.down_proj.weight", {d, ffn}, 0.0, FanIn(ffn)});
   }
   plans.push_back({"model.norm.weight", {d}, 1.0, kNormStd});
