@@ -48,9 +48,10 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
 
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3") {
-    return f.Unimplemented("general.architecture",
-                           absl::StrCat("\"", arch, "\" is not supported (llama, qwen2, qwen3)"));
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3") {
+    return f.Unimplemented("general.architecture", absl::StrCat("\"", arch,
+                                                                "\" is not supported (llama, "
+                                                                "qwen2, qwen3, phi3)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
   if (f.Find(p + "expert_count") != nullptr) {
@@ -71,6 +72,10 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
     ASSIGN_OR_RETURN(c["num_key_value_heads"], LayerUint(f, p + "attention.head_count_kv"));
   }
   ASSIGN_OR_RETURN(c["rms_norm_eps"], f.GetFloat(p + "attention.layer_norm_rms_epsilon"));
+  // Phi-3's window (the engine serves within it, as config.json's sliding_window).
+  if (arch == "phi3" && f.Find(p + "attention.sliding_window") != nullptr) {
+    ASSIGN_OR_RETURN(c["sliding_window"], f.GetUint(p + "attention.sliding_window"));
+  }
   if (f.Find(p + "rope.freq_base") != nullptr) {
     ASSIGN_OR_RETURN(c["rope_theta"], f.GetFloat(p + "rope.freq_base"));
   }
@@ -196,6 +201,7 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted) {
   static const auto* kLayer = new std::vector<std::pair<absl::string_view, absl::string_view>>{
       {"input_layernorm.weight", "attn_norm.weight"},
       {"self_attn.q_proj.weight", "attn_q.weight"},
+      {"self_attn.qkv_proj.weight", "attn_qkv.weight"},  // phi3: [q; k; v] rows
       {"self_attn.k_proj.weight", "attn_k.weight"},
       {"self_attn.v_proj.weight", "attn_v.weight"},
       {"self_attn.o_proj.weight", "attn_output.weight"},
@@ -208,6 +214,7 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted) {
       {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
+      {"mlp.gate_up_proj.weight", "ffn_up.weight"},  // phi3: [gate; up] rows in one ffn_up
       {"mlp.down_proj.weight", "ffn_down.weight"}};
   for (const auto& [from, to] : *kTop) {
     if (hf == from) return GgufName{std::string(to)};

@@ -478,7 +478,8 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   absl::Status st = load(base("gemma2", "gpt2", "qwen2"), "arch.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
-              HasSubstr("general.architecture: \"gemma2\" is not supported (llama, qwen2, qwen3)"));
+              HasSubstr("general.architecture: \"gemma2\" is not supported (llama, qwen2, "
+                        "qwen3, phi3)"));
   st = load(base("llama", "t5", "default"), "t5.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
@@ -986,6 +987,18 @@ std::string HandMadeFile(const std::string& arch, const std::string& file,
     names.push_back("blk.0.attn_q_norm.weight");
     names.push_back("blk.0.attn_k_norm.weight");
   }
+  if (arch == "phi3") {
+    // Fused: Q/K/V in attn_qkv, gate and up in one ffn_up of twice the rows.
+    names.erase(std::remove_if(names.begin(), names.end(),
+                               [](const std::string& n) {
+                                 return n == "blk.0.attn_q.weight" || n == "blk.0.attn_k.weight" ||
+                                        n == "blk.0.attn_v.weight" || n == "blk.0.ffn_gate.weight";
+                               }),
+                names.end());
+    names.push_back("blk.0.attn_qkv.weight");
+    ne["blk.0.attn_qkv.weight"] = {kD, kQ + 2 * kKv};
+    ne["blk.0.ffn_up.weight"] = {kD, 2 * kFfn};
+  }
   names.insert(names.end(), extra.begin(), extra.end());
   GgufWriter w;
   const std::string p = arch + ".";
@@ -1016,6 +1029,39 @@ std::string HandMadeFile(const std::string& arch, const std::string& file,
   const std::string path = TmpDir() + "/" + file;
   CHECK_OK(w.WriteFile(path));
   return path;
+}
+
+// A phi3 file as llama.cpp writes one: Q/K/V fused in attn_qkv, gate and up in one ffn_up (gate
+// first, as llama.cpp's SwiGLU splits it). The matrices are views of the fused tensors' row
+// ranges, in the file's order (no RoPE reordering: phi3 rotates halves).
+TEST(GgufArchitectureFilesTest, APhi3FileBindsTheFusedTensorsRowRanges) {
+  const std::string path = HandMadeFile("phi3", "phi3.gguf");
+  absl::StatusOr<std::unique_ptr<ModelBundle>> m = ModelBundle::Load(path);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->config.model_type, "phi3");
+  EXPECT_TRUE((*m)->config.fused_projections);
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok()) << file.status();
+  const LayerWeights& l = (*m)->weights.layers[0];
+  auto expect_rows = [&](const char* tensor, int64_t first, const WeightMatrix& w) {
+    SCOPED_TRACE(tensor);
+    const GgufTensor* t = (*file)->FindTensor(tensor);
+    ASSERT_NE(t, nullptr);
+    std::vector<float> row(w.cols);
+    for (int64_t r = 0; r < w.rows; ++r) {
+      WeightRowToFloat(w, r, row.data());
+      ASSERT_EQ(std::memcmp(row.data(), t->data + (first + r) * w.cols * 4, w.cols * 4), 0)
+          << "row " << r;
+    }
+  };
+  expect_rows("blk.0.attn_qkv.weight", 0, l.wq);
+  expect_rows("blk.0.attn_qkv.weight", 64, l.wk);
+  expect_rows("blk.0.attn_qkv.weight", 96, l.wv);
+  expect_rows("blk.0.ffn_up.weight", 0, l.w_gate);
+  expect_rows("blk.0.ffn_up.weight", 128, l.w_up);
+  for (float x : CpuLogits((*m)->config, (*m)->weights, {0, 1, 2, 1})) {
+    ASSERT_TRUE(std::isfinite(x));
+  }
 }
 
 // A qwen2 file as llama.cpp's tools write one, with no BOS token (Qwen's tokenizers have none):
