@@ -3,6 +3,7 @@
 #include <mutex>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "model/reasoning.h"
@@ -642,11 +643,13 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   const ModelBundle& m = engine_->model();
   const LlamaConfig& c = m.config;
   response->set_name(m.name);
-  response->set_architecture(c.model_type == "qwen2"   ? "Qwen2ForCausalLM"
-                             : c.model_type == "qwen3" ? "Qwen3ForCausalLM"
-                             : c.model_type == "phi3"  ? "Phi3ForCausalLM"
-                             : c.model_type == "mistral" ? "MistralForCausalLM"
-                                                       : "LlamaForCausalLM");
+  // Transformers' class name for the model_type (config.json's "architectures").
+  static const auto* kArchitectures = new absl::flat_hash_map<std::string, std::string>{
+      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"}};
+  const auto arch = kArchitectures->find(c.model_type);
+  response->set_architecture(arch != kArchitectures->end() ? arch->second : "LlamaForCausalLM");
   response->set_vocab_size(c.vocab_size);
   response->set_max_context(engine_->options().max_context);
   response->set_num_layers(c.num_hidden_layers);

@@ -91,6 +91,7 @@ TEST(GgufE2eTest, AQwen3FileGeneratesWhatItsDirectoryGenerates) {
   v1::ModelInfo info;
   ASSERT_TRUE(quantized.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
   EXPECT_EQ(info.weights_format(), "gguf q8_0");
+  EXPECT_EQ(info.architecture(), "Qwen3ForCausalLM");
 }
 
 // A smoke test of the quantized paths end to end (their numerics: //tools/gguf:gguf_convert_test,
