@@ -177,7 +177,12 @@ absl::Status SetStructuredOutput(const GenerateOptions& options, v1::StructuredO
     }
     for (std::string& c : *choices) out->mutable_choice()->add_choices(std::move(c));
   }
+  if (options.include_thinking && given == 0) {
+    return absl::InvalidArgumentError(
+        "--include_thinking goes with --regex, --json_schema, --json_object or --choice");
+  }
   if (!options.whitespace_pattern.empty()) out->set_whitespace_pattern(options.whitespace_pattern);
+  out->set_include_thinking(options.include_thinking);
   return absl::OkStatus();
 }
 

@@ -61,6 +61,9 @@ struct GenerateOptions {
   bool json_object = false;
   std::vector<std::string> choice;
   std::string whitespace_pattern;
+  // A thinking model's chat reply: the constraint holds the thinking too (StructuredOutput.
+  // include_thinking), not only the answer after it.
+  bool include_thinking = false;
   // Tool calling (chat only): tools as a JSON array (inline, or @FILE) of OpenAI tools
   // ({"type": "function", "function": {...}}) or bare {"name", "description", "parameters"};
   // tool_choice "auto", "none", "required" or a function's name; template_kwargs a JSON object.

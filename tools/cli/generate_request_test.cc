@@ -239,6 +239,16 @@ TEST(BuildGenerateRequestTest, StructuredOutputFlags) {
   ws.regex = "a";
   ws.whitespace_pattern = " ";
   EXPECT_EQ(BuildGenerateRequest(ws).status().code(), absl::StatusCode::kInvalidArgument);
+
+  // --include_thinking rides on a constraint, and only on one.
+  GenerateOptions thinking;
+  thinking.prompt = "x";
+  thinking.include_thinking = true;
+  EXPECT_EQ(BuildGenerateRequest(thinking).status().code(), absl::StatusCode::kInvalidArgument);
+  thinking.regex = "a";
+  absl::StatusOr<v1::GenerateRequest> held = BuildGenerateRequest(thinking);
+  ASSERT_TRUE(held.ok()) << held.status();
+  EXPECT_TRUE(held->structured().include_thinking());
 }
 
 TEST(BuildGenerateRequestTest, ToolFlags) {

@@ -90,6 +90,9 @@ ABSL_FLAG(std::string, choice, "",
 ABSL_FLAG(std::string, whitespace_pattern, "",
           "with --json_schema / --json_object: a regex for the whitespace between JSON tokens "
           "(default: at most one space)");
+ABSL_FLAG(bool, include_thinking, false,
+          "with a structured-output flag, for a model that thinks (<think> blocks): the "
+          "constraint holds the whole reply, thinking included (default: only the answer)");
 ABSL_FLAG(std::string, tools, "",
           "with --message: functions the model may call, a JSON array (inline, or @FILE) of "
           "OpenAI tools ({\"type\": \"function\", \"function\": {\"name\", \"description\", "
@@ -207,6 +210,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.json_object = absl::GetFlag(FLAGS_json_object);
   if (auto it = flags.given.find("choice"); it != flags.given.end()) options.choice = it->second;
   options.whitespace_pattern = absl::GetFlag(FLAGS_whitespace_pattern);
+  options.include_thinking = absl::GetFlag(FLAGS_include_thinking);
   options.tools = absl::GetFlag(FLAGS_tools);
   options.tool_choice = absl::GetFlag(FLAGS_tool_choice);
   options.template_kwargs = absl::GetFlag(FLAGS_template_kwargs);
@@ -480,6 +484,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "json_object",
                                                 "choice",
                                                 "whitespace_pattern",
+                                                "include_thinking",
                                                 "tools",
                                                 "tool_choice",
                                                 "parallel_tool_calls",
