@@ -73,7 +73,8 @@ std::string MergeString(const Json& m) {
 
 }  // namespace
 
-absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, GgufWriter* w) {
+absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, GgufWriter* w,
+                              int64_t vocab_size) {
   // Read by kvrm's tokenizer first: past it, the structure read below is known to be sound.
   ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer,
                    Tokenizer::FromJson(tj.dump(), "tokenizer.json"));
@@ -107,6 +108,10 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
         text == unk                 ? kUnknown
         : a.value("special", false) ? kControl
                                     : kUserDefined);
+  }
+  for (int64_t i = tokens.size(); i < vocab_size; ++i) {
+    tokens.push_back(absl::StrCat("[PAD", i, "]"));
+    types.push_back(kUnused);
   }
   absl::flat_hash_map<std::string, int64_t> rank;  // the first merge making each piece
   std::vector<std::string> merges;
@@ -216,7 +221,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   if (const std::optional<int32_t> id = model->tokenizer->TokenToId(model->chat.eos_token)) {
     eos = *id;
   }
-  RETURN_IF_ERROR(AddGgufTokenizer(tokenizer, bos, eos, &w));
+  RETURN_IF_ERROR(AddGgufTokenizer(tokenizer, bos, eos, &w, c.vocab_size));
   // The chat template as the model's files give it (chat_template.jinja over tokenizer_config's).
   std::string chat;
   if (absl::StatusOr<std::string> jinja = ReadFileToString(model_dir + "/chat_template.jinja");

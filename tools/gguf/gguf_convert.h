@@ -45,9 +45,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
 // SentencePiece-style BPE with byte fallback (scores from the merge order: a piece scores minus
 // the rank of the first merge that makes it). Ids the vocabulary skips become "[PAD<id>]" tokens.
 // `bos_id`, `eos_id` (-1: none) become the special-token keys; add_bos_token is whether the
-// post-processor adds BOS.
+// post-processor adds BOS. The token list is padded with "[PAD<id>]" tokens (type unused) up to
+// `vocab_size` (config.json's, the embedding's rows) where the tokenizer has fewer, as
+// convert_hf_to_gguf pads Qwen's 151,936 rows over ~151,665 tokens: llama.cpp takes the
+// vocabulary's size from the list.
 absl::Status AddGgufTokenizer(const Json& tokenizer, int64_t bos_id, int64_t eos_id,
-                              GgufWriter* writer);
+                              GgufWriter* writer, int64_t vocab_size = 0);
 
 }  // namespace kvrm
 

@@ -187,6 +187,35 @@ TEST(GgufSpecialTokensTest, EndsOfGenerationAreLlamaCpps) {
   EXPECT_THAT(s->end_of_generation, ::testing::ElementsAre(eot, end));
 }
 
+// A vocabulary shorter than the embedding (Qwen's 151,936 rows over ~151,665 tokens) is padded to
+// the embedding's rows with unused "[PAD<id>]" tokens, as convert_hf_to_gguf pads it; the
+// tokenizer read back encodes as before and never produces a pad.
+TEST(GgufSpecialTokensTest, TokensArePaddedToTheEmbeddingsRows) {
+  absl::StatusOr<Json> tj = ParseJson(TestdataTokenizerJson("qwen3"), "qwen3");
+  ASSERT_TRUE(tj.ok());
+  const TokenizerPair pair = MakePair("qwen3");
+  const int64_t n = pair.hf->vocab_size(), rows = n + 7;
+  GgufWriter w;
+  ASSERT_TRUE(AddGgufTokenizer(*tj, -1, *pair.hf->TokenToId("<|endoftext|>"), &w, rows).ok());
+  const std::string path = TmpDir() + "/qwen3-padded.gguf";
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  absl::StatusOr<absl::Span<const absl::string_view>> tokens =
+      (*file)->GetStringArray("tokenizer.ggml.tokens");
+  ASSERT_TRUE(tokens.ok());
+  ASSERT_EQ(static_cast<int64_t>(tokens->size()), rows);
+  EXPECT_EQ((*tokens)[rows - 1], absl::StrCat("[PAD", rows - 1, "]"));
+  absl::StatusOr<std::vector<double>> types = (*file)->GetNumberArray("tokenizer.ggml.token_type");
+  ASSERT_TRUE(types.ok());
+  EXPECT_EQ((*types)[rows - 1], 5);  // llama.cpp's UNUSED
+  absl::StatusOr<std::unique_ptr<Tokenizer>> g = LoadGgufTokenizer(**file);
+  ASSERT_TRUE(g.ok()) << g.status();
+  for (const char* text : {"Hello, world!", "  indented\n\tcode();", "数字 123"}) {
+    EXPECT_EQ(*(*g)->Encode(text, false), *pair.gguf->Encode(text, false)) << text;
+  }
+}
+
 // A SentencePiece vocabulary with no id keys takes llama.cpp's defaults (BOS 1, EOS 2, BOS
 // added); add_space_prefix false leaves the text's start alone.
 TEST(GgufSpecialTokensTest, SentencePieceDefaultsAndSpacePrefix) {
