@@ -370,12 +370,20 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   LlamaConfig c;
   RETURN_IF_ERROR(f.String("model_type", true, &c.model_type));
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3" && c.model_type != "phi3") {
+      c.model_type != "qwen3" && c.model_type != "phi3" && c.model_type != "granite") {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
-                                                      "qwen2, qwen3, phi3)"));
+                                                      "qwen2, qwen3, phi3, granite)"));
   }
   c.fused_projections = c.model_type == "phi3";
+  if (c.model_type == "granite") {
+    // GraniteConfig's defaults are 1 for all four (the attention scale too, not 1 / sqrt(d)).
+    c.attention_scale = 1;
+    RETURN_IF_ERROR(f.PositiveDouble("embedding_multiplier", false, &c.embedding_multiplier));
+    RETURN_IF_ERROR(f.PositiveDouble("attention_multiplier", false, &c.attention_scale));
+    RETURN_IF_ERROR(f.PositiveDouble("residual_multiplier", false, &c.residual_multiplier));
+    RETURN_IF_ERROR(f.PositiveDouble("logits_scaling", false, &c.logits_scaling));
+  }
   RETURN_IF_ERROR(ParseSizes(f, &c));
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
   RETURN_IF_ERROR(ParseRope(root, what, &c));

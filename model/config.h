@@ -1,5 +1,5 @@
-// Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3, phi3),
-// validated on load.
+// Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3, phi3,
+// granite), validated on load.
 //
 // The file is untrusted: every size is checked before anyone allocates from it, and features the
 // engine does not implement (MLP biases, unknown RoPE scalings, sliding windows shorter than the
@@ -40,9 +40,11 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  // "llama", "mistral", "qwen2", "qwen3" or "phi3": the Llama block, with Qwen2's Q/K/V biases
-  // and Qwen3's per-head Q/K RMSNorm (the flags below say which a model has); Phi-3 stores Q/K/V
-  // as one qkv_proj and gate/up as one gate_up_proj (`fused_projections`).
+  // "llama", "mistral", "qwen2", "qwen3", "phi3" or "granite": the Llama block, with Qwen2's
+  // Q/K/V biases and Qwen3's per-head Q/K RMSNorm (the flags below say which a model has); Phi-3
+  // stores Q/K/V as one qkv_proj and gate/up as one gate_up_proj (`fused_projections`); Granite
+  // scales the embedding, the attention scores, the residual branches and the logits by the
+  // multipliers below.
   std::string model_type;
   int32_t vocab_size = 0;
   int32_t hidden_size = 0;
@@ -70,6 +72,14 @@ struct LlamaConfig {
   // Phi-3: self_attn.qkv_proj ([q; k; v] rows) and mlp.gate_up_proj ([gate; up] rows) instead of
   // the separate products (the same values; bound as row ranges of the fused tensors).
   bool fused_projections = false;
+  // Granite's multipliers (1 for the others): the embedding rows are multiplied by
+  // `embedding_multiplier`, attention scores by `attention_scale` (every other model:
+  // 1 / sqrt(head_dim)), each attention and MLP output by `residual_multiplier` before it joins
+  // the residual stream, and the logits divided by `logits_scaling`.
+  double embedding_multiplier = 1;
+  double attention_scale = 0;  // 0: 1 / sqrt(head_dim)
+  double residual_multiplier = 1;
+  double logits_scaling = 1;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be an int or a list
   std::string torch_dtype;             // informational ("torch_dtype", or "dtype" in newer files)

@@ -382,6 +382,69 @@ TEST(ConfigTest, ParsesPhi3Mini4k) {
               "partial_rotary_factor (0.75): RoPE over part of each head is not supported");
 }
 
+// Written after ibm-granite/granite-3.1-2b-instruct's config.json: Granite's four multipliers.
+constexpr char kGranite31_2B[] = R"({
+  "architectures": ["GraniteForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.1,
+  "attention_multiplier": 0.015625,
+  "bos_token_id": 0,
+  "embedding_multiplier": 12.0,
+  "eos_token_id": 0,
+  "hidden_act": "silu",
+  "hidden_size": 2048,
+  "initializer_range": 0.02,
+  "intermediate_size": 8192,
+  "logits_scaling": 8.0,
+  "max_position_embeddings": 131072,
+  "mlp_bias": false,
+  "model_type": "granite",
+  "num_attention_heads": 32,
+  "num_hidden_layers": 40,
+  "num_key_value_heads": 8,
+  "pad_token_id": 0,
+  "residual_multiplier": 0.22,
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": null,
+  "rope_theta": 5000000.0,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.47.0",
+  "use_cache": true,
+  "vocab_size": 49155
+})";
+
+TEST(ConfigTest, ParsesGranite31_2B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kGranite31_2B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "granite");
+  EXPECT_EQ(c->embedding_multiplier, 12.0);
+  EXPECT_EQ(c->attention_scale, 0.015625);
+  EXPECT_EQ(c->residual_multiplier, 0.22);
+  EXPECT_EQ(c->logits_scaling, 8.0);
+  // Absent, each is GraniteConfig's 1 (the attention scale too, not 1 / sqrt(head_dim)); other
+  // models keep 1 / sqrt(head_dim) (0 here) and ignore the keys.
+  Json j = Json::parse(kGranite31_2B);
+  for (const char* key : {"attention_multiplier", "embedding_multiplier", "residual_multiplier",
+                          "logits_scaling"}) {
+    j.erase(key);
+  }
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attention_scale, 1.0);
+  EXPECT_EQ(c->embedding_multiplier, 1.0);
+  j = Json::parse(kGranite31_2B);
+  j["model_type"] = "llama";
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attention_scale, 0.0);
+  EXPECT_EQ(c->logits_scaling, 1.0);
+  j = Json::parse(kGranite31_2B);
+  j["residual_multiplier"] = -1;
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kInvalidArgument,
+              "residual_multiplier (-1) must be > 0");
+}
+
 TEST(ConfigTest, ParsesQwen25_05B) {
   absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen25_05B, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -510,7 +573,8 @@ TEST(ConfigTest, QwenSlidingWindowOnlyWhereUsed) {
 TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
               absl::StatusCode::kUnimplemented,
-              "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3)");
+              "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
+              "granite)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }

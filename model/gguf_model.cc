@@ -48,10 +48,11 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
 
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3") {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" &&
+      arch != "granite") {
     return f.Unimplemented("general.architecture", absl::StrCat("\"", arch,
                                                                 "\" is not supported (llama, "
-                                                                "qwen2, qwen3, phi3)"));
+                                                                "qwen2, qwen3, phi3, granite)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
   if (f.Find(p + "expert_count") != nullptr) {
@@ -72,6 +73,17 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
     ASSIGN_OR_RETURN(c["num_key_value_heads"], LayerUint(f, p + "attention.head_count_kv"));
   }
   ASSIGN_OR_RETURN(c["rms_norm_eps"], f.GetFloat(p + "attention.layer_norm_rms_epsilon"));
+  // Granite's multipliers, under llama.cpp's names (each 1 when absent, as GraniteConfig's).
+  if (arch == "granite") {
+    for (const auto& [key, hf] : {std::pair{"embedding_scale", "embedding_multiplier"},
+                                  std::pair{"residual_scale", "residual_multiplier"},
+                                  std::pair{"attention.scale", "attention_multiplier"},
+                                  std::pair{"logit_scale", "logits_scaling"}}) {
+      if (f.Find(p + key) != nullptr) {
+        ASSIGN_OR_RETURN(c[hf], f.GetFloat(p + key));
+      }
+    }
+  }
   // Phi-3's window (the engine serves within it, as config.json's sliding_window).
   if (arch == "phi3" && f.Find(p + "attention.sliding_window") != nullptr) {
     ASSIGN_OR_RETURN(c["sliding_window"], f.GetUint(p + "attention.sliding_window"));
@@ -252,7 +264,9 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
                                         const GgufLoadOptions& options, const std::string& hf,
                                         const std::vector<int64_t>& shape,
                                         std::vector<std::vector<std::byte>>* converted) {
-  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf, config.model_type == "llama"));
+  // llama.cpp reorders the Q/K rows of the architectures it rotates on adjacent pairs.
+  const bool permuted = config.model_type == "llama" || config.model_type == "granite";
+  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf, permuted));
   const GgufTensor* t = f.FindTensor(name.name);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat(f.path(), ": tensor \"", name.name, "\" is missing"));

@@ -61,7 +61,11 @@ void CpuRank::SetFarHistory(const FarHistoryShape& shape, std::unique_ptr<KvPool
 }
 
 void CpuRank::Embed(const CpuRow* rows, int32_t n) {
-  for (int32_t i = 0; i < n; ++i) WeightRowToFloat(w_.embed, rows[i].token, &x_[i * d_]);
+  const float scale = static_cast<float>(config_.embedding_multiplier);  // Granite's
+  for (int32_t i = 0; i < n; ++i) {
+    WeightRowToFloat(w_.embed, rows[i].token, &x_[i * d_]);
+    if (scale != 1.0f) ScaleInPlace(&x_[i * d_], scale, d_);
+  }
 }
 
 void CpuRank::NormRows(const WeightMatrix& norm, int32_t n) {
@@ -72,7 +76,14 @@ void CpuRank::NormRows(const WeightMatrix& norm, int32_t n) {
   });
 }
 
-void CpuRank::AddRows(int32_t n) { AddInPlace(x_.data(), h_.data(), n * d_); }
+void CpuRank::AddRows(int32_t n) {
+  const float scale = static_cast<float>(config_.residual_multiplier);  // Granite's
+  if (scale == 1.0f) {
+    AddInPlace(x_.data(), h_.data(), n * d_);
+  } else {
+    AddScaledInPlace(x_.data(), h_.data(), scale, n * d_);
+  }
+}
 
 void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
   const KvLayerView kv = pool_->Layer(layer);
@@ -142,7 +153,9 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
   const KvLayerView kv = pool_->Layer(layer);
   const KvLayerView store = summaries_ ? summaries_->Layer(layer) : KvLayerView{};
   const int32_t group = w_.heads / w_.kv_heads;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(hd_));
+  const float scale = config_.attention_scale > 0
+                          ? static_cast<float>(config_.attention_scale)  // Granite's
+                          : 1.0f / std::sqrt(static_cast<float>(hd_));
   // A summary entry stands for one block's tokens: its score gets + log(block_tokens).
   const float log_weight = std::log(static_cast<float>(kv.block_tokens));
   const int64_t work = int64_t{n} * w_.kv_heads;  // (row, KV head) items
@@ -226,6 +239,13 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
   }
   MatMul(threads_, h_.data(), m, d_, w_.lm_head, logits + w_.vocab_begin, config_.vocab_size,
          scratch_.data());
+  if (config_.logits_scaling != 1) {  // Granite's: this rank's vocabulary slice of each row
+    const float inv = static_cast<float>(1 / config_.logits_scaling);
+    for (int32_t i = 0; i < m; ++i) {
+      ScaleInPlace(logits + int64_t{i} * config_.vocab_size + w_.vocab_begin, inv,
+                   w_.lm_head.rows);
+    }
+  }
   return absl::OkStatus();
 }
 

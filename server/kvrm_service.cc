@@ -647,7 +647,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   static const auto* kArchitectures = new absl::flat_hash_map<std::string, std::string>{
       {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"},
       {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"},
-      {"phi3", "Phi3ForCausalLM"}};
+      {"phi3", "Phi3ForCausalLM"},   {"granite", "GraniteForCausalLM"}};
   const auto arch = kArchitectures->find(c.model_type);
   response->set_architecture(arch != kArchitectures->end() ? arch->second : "LlamaForCausalLM");
   response->set_vocab_size(c.vocab_size);

@@ -40,7 +40,7 @@ ABSL_FLAG(std::string, model, "builtin:small",
           "weights are multiplied as blocks of exactly their values, see --quantization; on the "
           "GPU dequantized to bf16 at load), or builtin:tiny / builtin:small (generated into "
           "--model_cache on first use; also builtin:tiny-qwen2 / tiny-qwen3 / tiny-phi3 / "
-          "tiny-biased, the tiny shape in those architectures)");
+          "tiny-granite / tiny-biased, the tiny shape in those architectures)");
 ABSL_FLAG(std::string, model_cache, "",
           "where built-in models are generated (default $KVRM_HOME/models or "
           "~/.cache/kvrm/models)");

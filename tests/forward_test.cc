@@ -572,8 +572,8 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
 // ---- Qwen2, Qwen3 and biased Llama attention ----------------------------------------------------
 
 // The tiny shape as Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm before RoPE; both with
-// head_dim 64 and hidden 128, 4 heads), Phi-3 (Q/K/V and gate/up as row ranges of fused tensors)
-// and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
+// head_dim 64 and hidden 128, 4 heads), Phi-3 (Q/K/V and gate/up as row ranges of fused tensors),
+// Granite (its four multipliers) and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
 // against the float64 reference reading the same HF tensors (tests/reference_llama.h): chunked
 // prefill and decode, and two ranks (the Q/K/V biases cut by heads, the O bias added once after
 // the all-reduce). Tolerances as ForwardTest's. The biases (std 0.5) and norm weights are large
@@ -608,6 +608,14 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
   EXPECT_EQ(c.qk_norm, size == "tiny-qwen3");
   EXPECT_EQ(c.fused_projections, size == "tiny-phi3");
+  if (size == "tiny-granite") {
+    EXPECT_EQ(c.embedding_multiplier, 12.0);
+    EXPECT_EQ(c.attention_scale, 1.0 / 32);
+    EXPECT_EQ(c.residual_multiplier, 0.22);
+    EXPECT_EQ(c.logits_scaling, 8.0);
+  } else {
+    EXPECT_EQ(c.attention_scale, 0.0);
+  }
   if (size == "tiny-qwen2" || size == "tiny-qwen3") {
     EXPECT_EQ(c.head_dim * c.num_attention_heads, 2 * c.hidden_size);
   }
@@ -625,7 +633,8 @@ TEST_P(ArchitectureForwardTest, TwoRanksMatchReferenceAndOneRank) {
 
 INSTANTIATE_TEST_SUITE_P(
     ArchitecturesDtypesAndIsas, ArchitectureForwardTest,
-    testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3"),
+    testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
+                                     "tiny-granite"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {

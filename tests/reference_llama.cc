@@ -262,12 +262,18 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
   const int64_t d = config_.hidden_size, hd = config_.head_dim;
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
   const int64_t n_rep = heads / kv_heads;  // HF repeat_kv: query head h reads KV head h / n_rep
-  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  // Granite (modeling_granite): the attention scale is attention_multiplier, the embedding is
+  // multiplied by embedding_multiplier, each residual branch by residual_multiplier, and the
+  // logits divided by logits_scaling; 1 / sqrt(head_dim) and ones for every other model.
+  const double scale =
+      config_.attention_scale > 0 ? config_.attention_scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  const double residual = config_.residual_multiplier;
 
   std::vector<std::vector<double>> x(n);  // residual stream, [T][hidden]
   for (int64_t t = 0; t < n; ++t) {
     const double* e = embed_.Row(tokens[t]);
     x[t].assign(e, e + d);
+    for (double& v : x[t]) v *= config_.embedding_multiplier;
   }
   for (const Layer& l : layers_) {
     std::vector<std::vector<double>> q(n), k(n), v(n);
@@ -348,7 +354,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
         }
       }
       const std::vector<double> o = Affine(l.o, l.bo, attn);
-      for (int64_t i = 0; i < d; ++i) x[t][i] += o[i];
+      for (int64_t i = 0; i < d; ++i) x[t][i] += o[i] * residual;
     }
     for (int64_t t = 0; t < n; ++t) {
       const std::vector<double> h = RmsNorm(x[t], l.post_attention_norm);
@@ -356,11 +362,14 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
       const std::vector<double> up = Linear(l.up, h);
       for (size_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
       const std::vector<double> down = Linear(l.down, gate);
-      for (int64_t i = 0; i < d; ++i) x[t][i] += down[i];
+      for (int64_t i = 0; i < d; ++i) x[t][i] += down[i] * residual;
     }
   }
   std::vector<std::vector<double>> logits(n);
-  for (int64_t t = 0; t < n; ++t) logits[t] = Linear(lm_head_, RmsNorm(x[t], final_norm_));
+  for (int64_t t = 0; t < n; ++t) {
+    logits[t] = Linear(lm_head_, RmsNorm(x[t], final_norm_));
+    for (double& v : logits[t]) v /= config_.logits_scaling;
+  }
   return logits;
 }
 

@@ -6,8 +6,9 @@
 // and every step (RMSNorm, rotate_half RoPE, GQA attention with a causal mask, SwiGLU, final
 // norm, lm_head) is computed in double over the whole sequence at once. Qwen2's Q/K/V biases
 // (modeling_qwen2: q/k/v_proj with bias), Qwen3's Q/K head norms (modeling_qwen3: q_norm and
-// k_norm, RMSNorm over each head's head_dim after the projection, before RoPE) and Llama's
-// attention_bias (every projection biased) are read from the same config flags. The only shared code is
+// k_norm, RMSNorm over each head's head_dim after the projection, before RoPE), Llama's
+// attention_bias (every projection biased), Phi-3's fused projections and Granite's multipliers
+// are read from the same config fields. The only shared code is
 // config parsing and RopeInverseFrequencies (the llama3 / linear / yarn frequency scaling; the
 // yarn attention factor is applied here, to this file's own cos and sin).
 //

@@ -88,4 +88,12 @@ void AddInPlace(float* dst, const float* src, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
 }
 
+void AddScaledInPlace(float* dst, const float* src, float scale, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += scale * src[i];
+}
+
+void ScaleInPlace(float* x, float scale, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+}
+
 }  // namespace kvrm

@@ -24,6 +24,10 @@ void SoftmaxInPlace(float* x, int64_t n);
 
 // dst[i] += src[i].
 void AddInPlace(float* dst, const float* src, int64_t n);
+// dst[i] += scale * src[i] (Granite's residual multiplier).
+void AddScaledInPlace(float* dst, const float* src, float scale, int64_t n);
+// x[i] *= scale.
+void ScaleInPlace(float* x, float scale, int64_t n);
 
 }  // namespace kvrm
 

@@ -151,6 +151,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const LlamaConfig& config, const LlamaWeights* weights, const CudaBackendOptions& options) {
   const int32_t tp = options.tensor_parallel;
   if (tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
+  if (config.embedding_multiplier != 1 || config.attention_scale > 0 ||
+      config.residual_multiplier != 1 || config.logits_scaling != 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model_type ", config.model_type,
+        ": the CUDA backend does not compute Granite's multipliers yet; use --device=cpu"));
+  }
   const int devices = CudaDeviceCount();
   if (devices < tp) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda --tp=", tp, " needs ", tp,

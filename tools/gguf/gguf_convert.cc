@@ -162,12 +162,16 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir));
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
   const LlamaConfig& c = model->config;
-  // The architecture llama.cpp's converter writes: qwen2 and qwen3 as themselves, Llama and
-  // Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by side), whose attn_q / attn_k rows (and biases) it reorders for RoPE on adjacent
-  // pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows as they are.
+  // The architecture llama.cpp's converter writes: qwen2, qwen3 and granite as themselves, Llama
+  // and Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by
+  // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on
+  // adjacent pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows
+  // as they are.
   const std::string arch =
-      c.model_type == "qwen2" || c.model_type == "qwen3" ? c.model_type : "llama";
-  const bool permuted = arch == "llama";
+      c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "granite"
+          ? c.model_type
+          : "llama";
+  const bool permuted = arch == "llama" || arch == "granite";
   const std::string prefix = arch + ".";  // of its metadata keys
   GgufWriter w;
   w.AddString("general.architecture", arch);
@@ -188,6 +192,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     w.AddUint32(prefix + "attention.value_length", c.head_dim);
   }
   w.AddUint32(prefix + "vocab_size", c.vocab_size);
+  if (arch == "granite") {  // llama.cpp's names for Granite's multipliers
+    w.AddFloat32(prefix + "embedding_scale", static_cast<float>(c.embedding_multiplier));
+    w.AddFloat32(prefix + "residual_scale", static_cast<float>(c.residual_multiplier));
+    w.AddFloat32(prefix + "attention.scale", static_cast<float>(c.attention_scale));
+    w.AddFloat32(prefix + "logit_scale", static_cast<float>(c.logits_scaling));
+  }
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type == "linear") {
     w.AddString(prefix + "rope.scaling.type", "linear");

@@ -318,7 +318,8 @@ double RmsShare(const WeightMatrix& a, const WeightMatrix& b) {
   return std::sqrt(err / std::max(ref, 1e-300));
 }
 
-// The sizes, RoPE base, norm epsilon, tying and BOS of a converted model equal its directory's.
+// The sizes, RoPE base, norm epsilon, tying, BOS and Granite's multipliers of a converted model
+// equal its directory's.
 void ExpectSameShape(const LlamaConfig& a, const LlamaConfig& b) {
   EXPECT_EQ(b.vocab_size, a.vocab_size);
   EXPECT_EQ(b.hidden_size, a.hidden_size);
@@ -332,6 +333,10 @@ void ExpectSameShape(const LlamaConfig& a, const LlamaConfig& b) {
   EXPECT_EQ(b.rope_theta, a.rope_theta);
   EXPECT_EQ(b.tie_word_embeddings, a.tie_word_embeddings);
   EXPECT_EQ(b.bos_token_id, a.bos_token_id);
+  EXPECT_FLOAT_EQ(b.embedding_multiplier, a.embedding_multiplier);  // Granite's
+  EXPECT_FLOAT_EQ(b.attention_scale, a.attention_scale);
+  EXPECT_FLOAT_EQ(b.residual_multiplier, a.residual_multiplier);
+  EXPECT_FLOAT_EQ(b.logits_scaling, a.logits_scaling);
 }
 
 TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
@@ -508,7 +513,7 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("general.architecture: \"gemma2\" is not supported (llama, qwen2, "
-                        "qwen3, phi3)"));
+                        "qwen3, phi3, granite)"));
   st = load(base("llama", "t5", "default"), "t5.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
@@ -825,7 +830,7 @@ TEST_P(GgufArchitectureTest, AnF32FileIsTheSameModelAsItsDirectory) {
 
   // The file itself, read directly: biases and Q/K norms 1-D f32; attn_q and its bias in HF's
   // order (qwen2, qwen3) or llama.cpp's RoPE order (llama).
-  const bool permuted = arch == "llama";
+  const bool permuted = arch == "llama" || arch == "granite";
   const LayerWeights& l = hf->weights.layers[1];
   auto expect_in_file = [&](const std::string& name, const WeightMatrix& m, bool rope) {
     SCOPED_TRACE(name);
@@ -976,7 +981,8 @@ INSTANTIATE_TEST_SUITE_P(Architectures, GgufArchitectureTest,
                          ::testing::Values(ArchitectureCase{"tiny-qwen2", "qwen2"},
                                            ArchitectureCase{"tiny-qwen3", "qwen3"},
                                            ArchitectureCase{"tiny-biased", "llama"},
-                                           ArchitectureCase{"tiny-phi3", "llama"}),
+                                           ArchitectureCase{"tiny-phi3", "llama"},
+                                           ArchitectureCase{"tiny-granite", "granite"}),
                          [](const ::testing::TestParamInfo<ArchitectureCase>& info) {
                            std::string name = info.param.size;
                            std::replace(name.begin(), name.end(), '-', '_');

@@ -34,6 +34,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["architectures"] = {spec.model_type == "qwen2"   ? "Qwen2ForCausalLM"
                         : spec.model_type == "qwen3" ? "Qwen3ForCausalLM"
                         : spec.model_type == "phi3"  ? "Phi3ForCausalLM"
+                        : spec.model_type == "granite" ? "GraniteForCausalLM"
                                                      : "LlamaForCausalLM"};
   if (spec.model_type != "qwen2") c["attention_bias"] = spec.attention_bias;
   c["attention_dropout"] = 0.0;
@@ -51,6 +52,12 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["mlp_bias"] = false;
   }
   c["model_type"] = std::string(spec.model_type);
+  if (spec.model_type == "granite") {
+    c["attention_multiplier"] = spec.attention_multiplier;
+    c["embedding_multiplier"] = spec.embedding_multiplier;
+    c["logits_scaling"] = spec.logits_scaling;
+    c["residual_multiplier"] = spec.residual_multiplier;
+  }
   c["num_attention_heads"] = spec.num_heads;
   c["num_hidden_layers"] = spec.num_layers;
   c["num_key_value_heads"] = spec.num_kv_heads;

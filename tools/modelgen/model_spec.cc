@@ -74,6 +74,20 @@ ModelSpec TinyPhi3() {
   return s;
 }
 
+// Granite 3's multipliers (granite-3.1-2b's, but the attention scale 1 / head_dim as Granite's
+// own models have it): a wrong or missing one moves every logit.
+ModelSpec TinyGranite() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-granite";
+  s.model_type = "granite";
+  s.rope_scaling.reset();
+  s.embedding_multiplier = 12.0;
+  s.attention_multiplier = 1.0 / 32;
+  s.residual_multiplier = 0.22;
+  s.logits_scaling = 8.0;
+  return s;
+}
+
 ModelSpec TinyBiased() {
   ModelSpec s = Tiny();
   s.name = "tiny-biased";
@@ -85,7 +99,7 @@ ModelSpec TinyBiased() {
 const std::vector<ModelSpec>& Table() {
   static const auto* table =
       new std::vector<ModelSpec>{Tiny(), Small(), TinyQwen2(), TinyQwen3(), TinyBiased(),
-                                 TinyPhi3()};
+                                 TinyPhi3(), TinyGranite()};
   return *table;
 }
 

@@ -23,9 +23,13 @@ struct Llama3RopeScaling {
 struct ModelSpec {
   std::string_view name;
   // config.json's model_type: "llama", "qwen2" (Q/K/V biases), "qwen3" (per-head Q/K norms) or
-  // "phi3" (fused qkv_proj and gate_up_proj tensors).
+  // "phi3" (fused qkv_proj and gate_up_proj tensors) or "granite" (the multipliers below).
   std::string_view model_type = "llama";
   bool attention_bias = false;  // llama / qwen3: every attention projection biased
+  // granite: config.json's embedding_multiplier, attention_multiplier, residual_multiplier and
+  // logits_scaling.
+  double embedding_multiplier = 1, attention_multiplier = 1, residual_multiplier = 1,
+         logits_scaling = 1;
   int hidden_size = 0;
   int num_layers = 0;
   int num_heads = 0;
