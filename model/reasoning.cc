@@ -24,9 +24,8 @@ size_t PartialMarkerSuffix(std::string_view text, std::string_view marker) {
 absl::StatusOr<ReasoningFormat> ReasoningFormatFromName(std::string_view name) {
   if (name == "none") return ReasoningFormat::kNone;
   if (name == "think" || name == "deepseek_r1" || name == "qwen3") return ReasoningFormat::kThink;
-  return absl::InvalidArgumentError(
-      absl::StrCat("reasoning parser \"", std::string(name),
-                   "\": expected none, think, deepseek_r1 or qwen3"));
+  return absl::InvalidArgumentError(absl::StrCat("reasoning parser \"", std::string(name),
+                                                 "\": expected none, think, deepseek_r1 or qwen3"));
 }
 
 std::string_view ReasoningFormatName(ReasoningFormat format) {
@@ -66,8 +65,8 @@ ReasoningStream::Split ReasoningStream::Feed(std::string_view text) {
 }
 
 void ReasoningStream::FeedStart(Split& out) {
-  const size_t first = std::find_if_not(pending_.begin(), pending_.end(), IsSpace) -
-                       pending_.begin();
+  const size_t first =
+      std::find_if_not(pending_.begin(), pending_.end(), IsSpace) - pending_.begin();
   if (first == pending_.size()) return;  // whitespace so far: the reply has not begun
   const std::string_view rest = std::string_view(pending_).substr(first);
   if (rest.substr(0, kThinkStart.size()) == kThinkStart) {

@@ -70,9 +70,9 @@ class ReasoningStream {
   void FeedContent(Split& out);
 
   State state_;
-  std::string pending_;        // text not yet given out
+  std::string pending_;           // text not yet given out
   bool reasoning_begun_ = false;  // kReasoning: thinking text other than newlines given out
-  std::string newlines_;       // kReasoning: newlines held until text follows them
+  std::string newlines_;          // kReasoning: newlines held until text follows them
   bool content_begun_ = false;    // kContent after </think>: text other than whitespace given out
 };
 

@@ -110,7 +110,7 @@ TEST(ReasoningTest, HoldsBackAtMostAMarker) {
 // Random texts from marker fragments, fed in random pieces: the stream agrees with the
 // whole-text reading.
 TEST(ReasoningTest, RandomPiecesAgreeWithTheWholeText) {
-  const std::vector<std::string> fragments = {"<think>", "</think>", "\n", "\n\n", "a", "bc",
+  const std::vector<std::string> fragments = {"<think>", "</think>", "\n", "\n\n", "a",    "bc",
                                               " ",       "<",        "/",  "th",   "ink>", "<t"};
   std::mt19937 rng(7);
   for (int trial = 0; trial < 3000; ++trial) {

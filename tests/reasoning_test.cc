@@ -114,18 +114,18 @@ TEST(ReasoningE2eTest, ThinkingComesApartFromTheAnswer) {
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
   for (int index = 0; index < 2; ++index) {
     const Split s = Joined(got, index);
-    EXPECT_TRUE(s.reasoning == "The sky is grey.\nSo yes." ||
-                s.reasoning == "The sky is grey.\nSo no." ||
-                s.reasoning == "The sky is blue.\nSo yes." ||
-                s.reasoning == "The sky is blue.\nSo no.")
+    EXPECT_TRUE(
+        s.reasoning == "The sky is grey.\nSo yes." || s.reasoning == "The sky is grey.\nSo no." ||
+        s.reasoning == "The sky is blue.\nSo yes." || s.reasoning == "The sky is blue.\nSo no.")
         << s.reasoning;
     EXPECT_TRUE(s.text == "Answer: yes." || s.text == "Answer: no.") << s.text;
     EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOP);
     // The thinking's tokens: those up to the one that completes </think>.
     size_t k = 0;
     while (k < s.tokens.size() &&
-           server->model().tokenizer->Decode(absl::MakeConstSpan(s.tokens).first(k), false).find(
-               "</think>") == std::string::npos) {
+           server->model()
+                   .tokenizer->Decode(absl::MakeConstSpan(s.tokens).first(k), false)
+                   .find("</think>") == std::string::npos) {
       ++k;
     }
     ASSERT_LT(k, s.tokens.size());

@@ -45,8 +45,8 @@ bool Expected(const std::string& s, bool inside, const std::vector<std::string>&
 
 TEST(ThinkingPrefixTest, MatchesItsDefinitionOnEveryShortString) {
   const std::vector<std::string> answers = {"yes", "no"};
-  const std::vector<std::string> alphabet = {"<", "/", "think", ">", "\n", "x", "yes",
-                                             "no", "</think>", "<think>", "<<", " ", "\n\n\n"};
+  const std::vector<std::string> alphabet = {
+      "<", "/", "think", ">", "\n", "x", "yes", "no", "</think>", "<think>", "<<", " ", "\n\n\n"};
   for (bool inside : {true, false}) {
     const Regex answer = Alt({Literal("yes"), Literal("no")});
     absl::StatusOr<Dfa> dfa = Dfa::Compile(Concat({ThinkingPrefix(inside), answer}));
