@@ -137,7 +137,9 @@ TEST(ReasoningE2eTest, ThinkingComesApartFromTheAnswer) {
   bool answer_seen = false;
   for (const v1::GenerateResponse& m : got.messages) {
     if (m.index() != 0) continue;
-    if (!m.reasoning_text().empty()) EXPECT_FALSE(answer_seen);
+    if (!m.reasoning_text().empty()) {
+      EXPECT_FALSE(answer_seen);
+    }
     if (!m.text().empty()) answer_seen = true;
   }
 }
