@@ -262,9 +262,9 @@ int Run() {
   if (const std::string parser = absl::GetFlag(FLAGS_tool_call_parser); parser != "auto") {
     absl::StatusOr<ToolCallFormat> format = ToolCallFormatFromName(parser);
     if (!format.ok()) {
-      std::fprintf(stderr, "kvrmd: --tool_call_parser: %s\n",
+      std::fprintf(stderr, "kvrmd: --tool_call_parser=%s: %s\n", parser.c_str(),
                    std::string(format.status().message()).c_str());
-      return 1;
+      return 2;
     }
     (*model)->chat.tool_call_format = *format;
   }

@@ -102,6 +102,10 @@ TEST(KvrmdProcessTest, UnknownQuantizationExitsTwoNamingTheFlagAndTheChoices) {
   ExpectBadFlagExitsTwo("--quantization=q4_0", "q8_0, q4_K or none");
 }
 
+TEST(KvrmdProcessTest, UnknownToolCallParserExitsTwoNamingTheFlagAndTheChoices) {
+  ExpectBadFlagExitsTwo("--tool_call_parser=json", "llama3_json");
+}
+
 TEST(KvrmdProcessTest, UnknownReasoningParserExitsTwoNamingTheFlagAndTheChoices) {
   ExpectBadFlagExitsTwo("--reasoning_parser=o1", "none, think, deepseek_r1 or qwen3");
 }
