@@ -82,32 +82,33 @@ void ReasoningStream::FeedStart(Split& out) {
   FeedContent(out);
 }
 
-void ReasoningStream::FeedReasoning(Split& out) {
+void ReasoningStream::EmitThinking(std::string_view text, bool last, Split& out) {
   // Newlines next to the markers are not part of the thinking: leading ones are dropped, and
-  // trailing ones held until text follows them or </think> drops them.
-  auto emit = [&](std::string_view text, bool last) {
-    if (!reasoning_begun_) {
-      const size_t first = text.find_first_not_of('\n');
-      text = first == std::string_view::npos ? std::string_view() : text.substr(first);
-    }
-    if (text.empty()) return;
-    const size_t keep = text.find_last_not_of('\n') + 1;  // npos + 1 == 0: all newlines
-    if (keep > 0) {
-      out.reasoning += newlines_;
-      out.reasoning.append(text.substr(0, keep));
-      newlines_.clear();
-      reasoning_begun_ = true;
-    }
-    if (!last) newlines_.append(text.substr(keep));
-  };
+  // trailing ones held until text follows them, or dropped at the end of the block.
+  if (!reasoning_begun_) {
+    const size_t first = text.find_first_not_of('\n');
+    text = first == std::string_view::npos ? std::string_view() : text.substr(first);
+  }
+  if (text.empty()) return;
+  const size_t keep = text.find_last_not_of('\n') + 1;  // npos + 1 == 0: all newlines
+  if (keep > 0) {
+    out.reasoning += newlines_;
+    out.reasoning.append(text.substr(0, keep));
+    newlines_.clear();
+    reasoning_begun_ = true;
+  }
+  if (!last) newlines_.append(text.substr(keep));
+}
+
+void ReasoningStream::FeedReasoning(Split& out) {
   const size_t end = pending_.find(kThinkEnd);
   if (end == std::string::npos) {
     const size_t held = PartialMarkerSuffix(pending_, kThinkEnd);
-    emit(std::string_view(pending_).substr(0, pending_.size() - held), /*last=*/false);
+    EmitThinking(std::string_view(pending_).substr(0, pending_.size() - held), /*last=*/false, out);
     pending_.erase(0, pending_.size() - held);
     return;
   }
-  emit(std::string_view(pending_).substr(0, end), /*last=*/true);
+  EmitThinking(std::string_view(pending_).substr(0, end), /*last=*/true, out);
   pending_.erase(0, end + kThinkEnd.size());
   newlines_.clear();
   state_ = State::kContent;
@@ -135,13 +136,7 @@ ReasoningStream::Split ReasoningStream::Finish() {
       out.content = std::move(pending_);  // whitespace, or the beginning of "<think>"
       break;
     case State::kReasoning:
-      if (!reasoning_begun_) {
-        const size_t first = pending_.find_first_not_of('\n');
-        pending_.erase(0, first == std::string::npos ? pending_.size() : first);
-      }
-      if (const size_t keep = pending_.find_last_not_of('\n') + 1; keep > 0) {
-        out.reasoning = newlines_ + pending_.substr(0, keep);
-      }
+      EmitThinking(pending_, /*last=*/true, out);  // a marker cut off at the end is thinking
       break;
     case State::kContent:
       break;

@@ -68,6 +68,9 @@ class ReasoningStream {
   void FeedStart(Split& out);
   void FeedReasoning(Split& out);
   void FeedContent(Split& out);
+  // Thinking text into out.reasoning, the newlines next to the markers dropped; `last`: the
+  // block ends after it.
+  void EmitThinking(std::string_view text, bool last, Split& out);
 
   State state_;
   std::string pending_;           // text not yet given out
