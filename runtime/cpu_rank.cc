@@ -39,11 +39,10 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
   scratch_.resize(threads_.num_threads() * scratch_per_thread_);
   if (config.qkv_bias || config.o_bias) {
-    const int64_t stride = qw_ + 2 * kvw_ + d_;
-    biases_.assign(config.num_hidden_layers * stride, 0.0f);
+    biases_.assign(config.num_hidden_layers * (qw_ + 2 * kvw_ + d_), 0.0f);
     for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
       const LayerWeights& l = w_.layers[layer];
-      float* b = &biases_[layer * stride];
+      float* b = LayerBiases(layer);
       if (config.qkv_bias) {
         WeightRowToFloat(l.bq, 0, b);
         WeightRowToFloat(l.bk, 0, b + qw_);
@@ -88,7 +87,7 @@ void CpuRank::AddRows(int32_t n) {
 void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
   const KvLayerView kv = pool_->Layer(layer);
   const LayerWeights& l = w_.layers[layer];
-  const float* bias = config_.qkv_bias ? &biases_[layer * (qw_ + 2 * kvw_ + d_)] : nullptr;
+  const float* bias = config_.qkv_bias ? LayerBiases(layer) : nullptr;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   for (int32_t i = 0; i < n; ++i) {
     const CpuRow& r = rows[i];
@@ -122,7 +121,7 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
 
 void CpuRank::AddOutputBias(int32_t layer, int32_t n) {
   if (!config_.o_bias) return;
-  const float* bias = &biases_[layer * (qw_ + 2 * kvw_ + d_) + qw_ + 2 * kvw_];
+  const float* bias = LayerBiases(layer) + qw_ + 2 * kvw_;
   for (int32_t i = 0; i < n; ++i) AddInPlace(&h_[i * d_], bias, d_);
 }
 

@@ -99,6 +99,7 @@ class CpuRank {
   // The attention biases in f32, [layers][qw_ + 2 kvw_ + d_]: this rank's Q, K, V bias shares and
   // the O bias (zeros where the model has none); empty when it has neither.
   std::vector<float> biases_;
+  float* LayerBiases(int32_t layer) { return biases_.data() + layer * (qw_ + 2 * kvw_ + d_); }
 };
 
 }  // namespace kvrm
