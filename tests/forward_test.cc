@@ -64,19 +64,24 @@ struct TinyModel {
   std::unique_ptr<ReferenceLlama> ref;
 };
 
-// `size`: a modelgen shape name (tiny, or tiny-qwen2 / tiny-qwen3 / tiny-biased for the other
-// architectures).
+// Where GetTiny generates the `size` model in `dtype`.
+std::string TinyDir(DType dtype, const std::string& size) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return (std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
+          absl::StrCat(size, "_", std::string(DTypeName(dtype))))
+      .string();
+}
+
+// `size`: a modelgen shape name (tiny, or tiny-qwen2 / tiny-qwen3 / tiny-phi3 / tiny-granite /
+// tiny-biased for the other architectures).
 const TinyModel& GetTiny(DType dtype, const std::string& size = "tiny") {
   static auto* models = new std::map<std::pair<DType, std::string>, TinyModel>();
   auto it = models->find({dtype, size});
   if (it != models->end()) return it->second;
-  const char* tmp = std::getenv("TEST_TMPDIR");
   modelgen::MakeModelOptions options;
   options.size = size;
   options.dtype = dtype;
-  options.out_dir = (std::filesystem::path(tmp != nullptr ? tmp : "/tmp") /
-                     absl::StrCat(size, "_", std::string(DTypeName(dtype))))
-                        .string();
+  options.out_dir = TinyDir(dtype, size);
   const auto summary = modelgen::MakeModel(options);
   CHECK_OK(summary.status());
   auto bundle = ModelBundle::Load(options.out_dir);
@@ -182,6 +187,14 @@ Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_bloc
   return e;
 }
 
+// A test's tolerance on `isa` with `dtype` weights: the bf16-rounding one where the path rounds
+// linear inputs to bf16.
+ErrorStats StatsFor(CpuIsa isa, DType dtype) {
+  ErrorStats stats;
+  if (MatMulRoundsActivations(isa, dtype)) stats.rel_tol = kRoundedRelTol;
+  return stats;
+}
+
 // Every weight dtype on every matmul path this processor runs.
 class ForwardTest : public testing::TestWithParam<std::tuple<DType, CpuIsa>> {
  protected:
@@ -195,11 +208,7 @@ class ForwardTest : public testing::TestWithParam<std::tuple<DType, CpuIsa>> {
   std::string Name() const {
     return absl::StrCat(std::string(DTypeName(dtype())), " ", std::string(CpuIsaName(isa())));
   }
-  ErrorStats Stats() const {
-    ErrorStats stats;
-    if (MatMulRoundsActivations(isa(), dtype())) stats.rel_tol = kRoundedRelTol;
-    return stats;
-  }
+  ErrorStats Stats() const { return StatsFor(isa(), dtype()); }
 };
 
 // One slot: prefill in chunks (checking the logits after every chunk), then teacher-forced decode
@@ -594,11 +603,7 @@ class ArchitectureForwardTest
     return absl::StrCat(std::get<0>(GetParam()), " ", std::string(DTypeName(dtype())), " ",
                         std::string(CpuIsaName(isa())));
   }
-  ErrorStats Stats() const {
-    ErrorStats stats;
-    if (MatMulRoundsActivations(isa(), dtype())) stats.rel_tol = kRoundedRelTol;
-    return stats;
-  }
+  ErrorStats Stats() const { return StatsFor(isa(), dtype()); }
 };
 
 TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
@@ -652,9 +657,7 @@ INSTANTIATE_TEST_SUITE_P(
 TEST(YarnForwardTest, ChunkedPrefillThenDecodeMatchesReference) {
   SetActiveCpuIsa(AvailableCpuIsas().back());
   GetTiny(DType::kF32, "tiny-qwen2");  // generates the directory
-  const char* tmp = std::getenv("TEST_TMPDIR");
-  auto bundle = ModelBundle::Load(
-      (std::filesystem::path(tmp != nullptr ? tmp : "/tmp") / "tiny-qwen2_f32").string());
+  auto bundle = ModelBundle::Load(TinyDir(DType::kF32, "tiny-qwen2"));
   ASSERT_TRUE(bundle.ok()) << bundle.status();
   RopeScaling& yarn = (*bundle)->config.rope_scaling;
   yarn.type = "yarn";
