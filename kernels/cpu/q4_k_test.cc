@@ -291,6 +291,20 @@ std::vector<double> PanelValues(const WeightMatrix& w, const void* panels,
   return out;
 }
 
+// The values read back from a matrix's panels (`panel_values`, by the independent reader above)
+// and its row-major blocks (WeightRowToFloat) are the matrix's own.
+void ExpectHoldsTheValues(const Matrix& m, const std::vector<double>& panel_values) {
+  const int64_t rows = m.w.rows, cols = m.w.cols;
+  std::vector<float> row(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    WeightRowToFloat(m.w, r, row.data());
+    for (int64_t c = 0; c < cols; ++c) {
+      ASSERT_EQ(panel_values[r * cols + c], m.values[r * cols + c]) << r << "," << c;
+      ASSERT_EQ(row[c], static_cast<float>(m.values[r * cols + c])) << r << "," << c;
+    }
+  }
+}
+
 TEST(Q6KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
   std::mt19937 rng(15);
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 256}, {17, 512}, {40, 256}}) {
@@ -298,15 +312,7 @@ TEST(Q6KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
     const PanelCopy panels(m.w, WeightFormat::kQ6K);
     ASSERT_EQ(panels.bytes(), (rows + 15) / 16 * cols / 256 * 3392);
     EXPECT_EQ(m.w.bytes(), rows * cols / 256 * 210);
-    const std::vector<double> got = PanelValues(m.w, panels.data(), WeightFormat::kQ6K);
-    std::vector<float> row(cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      WeightRowToFloat(m.w, r, row.data());
-      for (int64_t c = 0; c < cols; ++c) {
-        ASSERT_EQ(got[r * cols + c], m.values[r * cols + c]) << r << "," << c;
-        ASSERT_EQ(row[c], static_cast<float>(m.values[r * cols + c])) << r << "," << c;
-      }
-    }
+    ExpectHoldsTheValues(m, PanelValues(m.w, panels.data(), WeightFormat::kQ6K));
   }
 }
 
@@ -319,15 +325,7 @@ TEST(Q4KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
     ASSERT_EQ(panels.bytes(), BlockPanelBytes(m.w));
     EXPECT_EQ(reinterpret_cast<uintptr_t>(panels.data()) % 64, 0u);
     EXPECT_EQ(m.w.bytes(), rows * cols / 256 * 144);
-    const std::vector<double> got = PanelValues(m.w, panels.data());
-    std::vector<float> row(cols);
-    for (int64_t r = 0; r < rows; ++r) {
-      WeightRowToFloat(m.w, r, row.data());
-      for (int64_t c = 0; c < cols; ++c) {
-        ASSERT_EQ(got[r * cols + c], m.values[r * cols + c]) << r << "," << c;
-        ASSERT_EQ(row[c], static_cast<float>(m.values[r * cols + c])) << r << "," << c;
-      }
-    }
+    ExpectHoldsTheValues(m, PanelValues(m.w, panels.data()));
     // The rows past the last (of a partial group) are zero: d = dmin = 0.
     if (rows % kGroup != 0) {
       const uint8_t* last =
@@ -353,6 +351,7 @@ TEST(Q4KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
     // A row slice at a panel keeps its panels and its rows.
     const int64_t at = rows > 16 ? 16 : 0;
     const WeightMatrix slice = m.w.RowSlice(at, 1);
+    std::vector<float> row(cols);
     WeightRowToFloat(slice, 0, row.data());
     for (int64_t c = 0; c < cols; ++c) {
       ASSERT_EQ(row[c], static_cast<float>(m.values[at * cols + c]));
