@@ -41,6 +41,10 @@ absl::StatusOr<uint64_t> LayerUint(const GgufFile& f, const std::string& key) {
 
 }  // namespace
 
+bool GgufPermutesQk(std::string_view architecture) {
+  return architecture == "llama" || architecture == "granite";
+}
+
 int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
   const int64_t h = row / head_dim, w = row % head_dim;
   return h * head_dim + (w % 2) * (head_dim / 2) + w / 2;
@@ -264,9 +268,7 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
                                         const GgufLoadOptions& options, const std::string& hf,
                                         const std::vector<int64_t>& shape,
                                         std::vector<std::vector<std::byte>>* converted) {
-  // llama.cpp reorders the Q/K rows of the architectures it rotates on adjacent pairs.
-  const bool permuted = config.model_type == "llama" || config.model_type == "granite";
-  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf, permuted));
+  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf, GgufPermutesQk(config.model_type)));
   const GgufTensor* t = f.FindTensor(name.name);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat(f.path(), ": tensor \"", name.name, "\" is missing"));

@@ -30,6 +30,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,11 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& file);
 // The row of the Hugging Face layout that row `row` of a converted attn_q / attn_k tensor holds:
 // the converter wrote HF row h*hd + t*hd/2 + j as row h*hd + 2*j + t (`head_dim` = hd).
 int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim);
+
+// Whether llama.cpp stores an architecture's attn_q / attn_k rows (and biases) so reordered: the
+// ones it rotates on adjacent pairs ("NORM" RoPE), llama and granite; qwen2, qwen3 and phi3
+// rotate halves as Transformers does ("NEOX") and keep HF's order.
+bool GgufPermutesQk(std::string_view architecture);
 
 }  // namespace kvrm
 

@@ -171,7 +171,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "granite"
           ? c.model_type
           : "llama";
-  const bool permuted = arch == "llama" || arch == "granite";
+  const bool permuted = GgufPermutesQk(arch);
   const std::string prefix = arch + ".";  // of its metadata keys
   GgufWriter w;
   w.AddString("general.architecture", arch);

@@ -830,7 +830,7 @@ TEST_P(GgufArchitectureTest, AnF32FileIsTheSameModelAsItsDirectory) {
 
   // The file itself, read directly: biases and Q/K norms 1-D f32; attn_q and its bias in HF's
   // order (qwen2, qwen3) or llama.cpp's RoPE order (llama).
-  const bool permuted = arch == "llama" || arch == "granite";
+  const bool permuted = GgufPermutesQk(arch);
   const LayerWeights& l = hf->weights.layers[1];
   auto expect_in_file = [&](const std::string& name, const WeightMatrix& m, bool rope) {
     SCOPED_TRACE(name);
