@@ -396,6 +396,17 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   return c;
 }
 
+std::string_view ArchitectureClassName(std::string_view model_type) {
+  static constexpr std::pair<std::string_view, std::string_view> kClasses[] = {
+      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},   {"granite", "GraniteForCausalLM"}};
+  for (const auto& [type, name] : kClasses) {
+    if (type == model_type) return name;
+  }
+  return "LlamaForCausalLM";
+}
+
 absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& model_dir) {
   const std::string config_path = model_dir + "/config.json";
   ASSIGN_OR_RETURN(std::string text, ReadFileToString(config_path));

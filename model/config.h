@@ -89,6 +89,10 @@ struct LlamaConfig {
 // bos_token_id / eos_token_id override config.json's (as Transformers' generate() does).
 absl::StatusOr<LlamaConfig> LoadLlamaConfig(const std::string& model_dir);
 
+// Transformers' model class of a supported model_type ("qwen3" -> "Qwen3ForCausalLM"), as
+// config.json's "architectures" names it; "LlamaForCausalLM" for any other.
+std::string_view ArchitectureClassName(std::string_view model_type);
+
 // Parses and validates config.json text; `what` names the source in error messages.
 // INVALID_ARGUMENT for malformed or inconsistent values, UNIMPLEMENTED for unsupported features;
 // both name the key.

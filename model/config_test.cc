@@ -445,6 +445,14 @@ TEST(ConfigTest, ParsesGranite31_2B) {
               "residual_multiplier (-1) must be > 0");
 }
 
+TEST(ConfigTest, ArchitectureClassNames) {
+  EXPECT_EQ(ArchitectureClassName("qwen3"), "Qwen3ForCausalLM");
+  EXPECT_EQ(ArchitectureClassName("phi3"), "Phi3ForCausalLM");
+  EXPECT_EQ(ArchitectureClassName("granite"), "GraniteForCausalLM");
+  EXPECT_EQ(ArchitectureClassName("mistral"), "MistralForCausalLM");
+  EXPECT_EQ(ArchitectureClassName("llama"), "LlamaForCausalLM");
+}
+
 TEST(ConfigTest, ParsesQwen25_05B) {
   absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen25_05B, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();

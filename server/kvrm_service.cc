@@ -3,7 +3,6 @@
 #include <mutex>
 #include <thread>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "model/reasoning.h"
@@ -643,13 +642,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   const ModelBundle& m = engine_->model();
   const LlamaConfig& c = m.config;
   response->set_name(m.name);
-  // Transformers' class name for the model_type (config.json's "architectures").
-  static const auto* kArchitectures = new absl::flat_hash_map<std::string, std::string>{
-      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"},
-      {"phi3", "Phi3ForCausalLM"},   {"granite", "GraniteForCausalLM"}};
-  const auto arch = kArchitectures->find(c.model_type);
-  response->set_architecture(arch != kArchitectures->end() ? arch->second : "LlamaForCausalLM");
+  response->set_architecture(std::string(ArchitectureClassName(c.model_type)));
   response->set_vocab_size(c.vocab_size);
   response->set_max_context(engine_->options().max_context);
   response->set_num_layers(c.num_hidden_layers);

@@ -1,5 +1,6 @@
 #include "tools/modelgen/hf_config.h"
 
+#include "model/config.h"
 #include "nlohmann/json.hpp"
 
 namespace kvrm::modelgen {
@@ -31,11 +32,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   OJson c;
   const bool qwen = spec.model_type == "qwen2" || spec.model_type == "qwen3";
   const bool phi3 = spec.model_type == "phi3";
-  c["architectures"] = {spec.model_type == "qwen2"   ? "Qwen2ForCausalLM"
-                        : spec.model_type == "qwen3" ? "Qwen3ForCausalLM"
-                        : spec.model_type == "phi3"  ? "Phi3ForCausalLM"
-                        : spec.model_type == "granite" ? "GraniteForCausalLM"
-                                                     : "LlamaForCausalLM"};
+  c["architectures"] = {std::string(ArchitectureClassName(spec.model_type))};
   if (spec.model_type != "qwen2") c["attention_bias"] = spec.attention_bias;
   c["attention_dropout"] = 0.0;
   c["bos_token_id"] = ids.bos;
