@@ -485,17 +485,16 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   if (request->has_structured() || request->has_chat()) {
     absl::StatusOr<std::optional<StructuredField>> f = RequestConstraint(*request, limits_);
-    // A thinking model's chat constraint is compiled after its thinking block (either way the
-    // prompt leaves it; which one is known once the prompt is rendered).
+    // A constraint behind a thinking block is compiled for the way the prompt leaves it, known
+    // once the prompt is rendered: either must be compiled already.
+    using Thinking = structured::ConstraintSpec::Thinking;
     bool cached = true;
     if (f.ok() && f->has_value()) {
       structured::ConstraintSpec spec = (*f)->spec;
-      cached = structured_->Contains(spec);
-      if (request->has_chat() && !request->structured().include_thinking() &&
-          engine_->model().chat.reasoning_format == ReasoningFormat::kThink) {
-        spec.thinking = structured::ConstraintSpec::Thinking::kInside;
-        cached = structured_->Contains(spec);
-        spec.thinking = structured::ConstraintSpec::Thinking::kMayOpen;
+      const bool thinking = ConstraintFollowsThinking(*request, &engine_->model().chat);
+      for (Thinking t : thinking ? std::vector<Thinking>{Thinking::kInside, Thinking::kMayOpen}
+                                 : std::vector<Thinking>{Thinking::kNone}) {
+        spec.thinking = t;
         cached = cached && structured_->Contains(spec);
       }
     }

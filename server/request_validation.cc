@@ -405,6 +405,11 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
   return CompileConstraint(f, compiler);
 }
 
+bool ConstraintFollowsThinking(const v1::GenerateRequest& proto, const ChatConfig* chat) {
+  return proto.has_chat() && chat != nullptr && chat->reasoning_format == ReasoningFormat::kThink &&
+         !proto.structured().include_thinking();
+}
+
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
     const ChatConfig* chat, structured::ConstraintCompiler* structured,
@@ -542,7 +547,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   if (thinking_out != nullptr) *thinking_out = thinking;
   ASSIGN_OR_RETURN(std::optional<StructuredField> constraint, RequestConstraint(proto, limits));
   if (constraint) {
-    if (!proto.structured().include_thinking()) constraint->spec.thinking = thinking;
+    if (ConstraintFollowsThinking(proto, chat)) constraint->spec.thinking = thinking;
     ASSIGN_OR_RETURN(r->grammar, CompileConstraint(*constraint, structured));
   }
   return r;

@@ -76,6 +76,10 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileConstraint(
 absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutput(
     const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler);
 
+// Whether the request's constraint holds only the answer after a thinking block: a chat request
+// to a model that thinks (chat->reasoning_format kThink), without structured.include_thinking.
+bool ConstraintFollowsThinking(const v1::GenerateRequest& proto, const ChatConfig* chat);
+
 // `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
 // `structured`: compiles GenerateRequest.structured or the constraint of chat.tool_choice (null:
 // such requests are refused); it runs last, after every cheaper check.
