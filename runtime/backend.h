@@ -58,10 +58,22 @@ struct StepDescriptor {
   // [max_slots] Which active rows the backend samples (Backend::DecodeAndSample); all off for
   // Decode, and for backends that do not sample.
   std::vector<DeviceSampling> sampling;
+  // Speculative decoding (Backend::max_draft_tokens; 0: off, and nothing below is read): an
+  // active slot s also runs its num_draft[s] draft tokens draft[s][0, num_draft[s]) at positions
+  // position[s] + 1, + 2, ... after its input token, in the same pass, each attending to the
+  // rows before it as a prefill chunk's rows do. Slot s's logits then fill rows
+  // s * (max_draft + 1) + j, j in [0, num_draft[s]], of the logits: the logits after its input
+  // token, then after each draft. Far history is not combined with drafts.
+  int32_t max_draft = 0;
+  std::vector<int32_t> num_draft;  // [max_slots]
+  std::vector<int32_t> draft;      // [max_slots][max_draft]
 
-  void Resize(int32_t slots, int32_t runs_per_slot) {
+  void Resize(int32_t slots, int32_t runs_per_slot, int32_t drafts_per_slot = 0) {
     max_slots = slots;
     max_runs = runs_per_slot;
+    max_draft = drafts_per_slot;
+    num_draft.assign(slots, 0);
+    draft.assign(static_cast<size_t>(slots) * drafts_per_slot, 0);
     active.assign(slots, 0);
     position.assign(slots, 0);
     token.assign(slots, 0);
@@ -75,6 +87,14 @@ struct StepDescriptor {
     return absl::MakeSpan(runs).subspan(static_cast<size_t>(slot) * max_runs, max_runs);
   }
   const KvRun* SlotRunsData(int32_t slot) const { return runs.data() + slot * max_runs; }
+  // Rows of logits per slot: 1, or 1 + max_draft with speculative decoding.
+  int32_t logit_rows_per_slot() const { return 1 + max_draft; }
+  // Draft rows of the active slots.
+  int32_t draft_rows() const {
+    int32_t n = 0;
+    for (int32_t s = 0; max_draft > 0 && s < max_slots; ++s) n += active[s] ? num_draft[s] : 0;
+    return n;
+  }
 };
 
 // One chunk of one slot's prompt: tokens at positions [start, start + tokens.size()).
@@ -94,7 +114,8 @@ struct PrefillChunk {
 class Backend {
  public:
   virtual ~Backend() = default;
-  // Runs one step; writes logits of each active slot s to logits[s * vocab, (s + 1) * vocab).
+  // Runs one step; writes logits of each active slot s to logits[s * vocab, (s + 1) * vocab)
+  // (with drafts, rows s * (max_draft + 1) + j: see StepDescriptor).
   virtual absl::Status Decode(const StepDescriptor& step, float* logits) = 0;
   // Writes the chunk's K/V; when `last_logits` is non-null also the logits after its last token.
   virtual absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) = 0;
@@ -125,6 +146,9 @@ class Backend {
   virtual absl::Status DecodeWithChunkAndSample(const PrefillChunk& chunk, float* last_logits,
                                                 const StepDescriptor& step, float* logits,
                                                 int32_t* tokens);
+  // Most draft tokens per slot a step descriptor may carry (StepDescriptor::max_draft); 0: the
+  // backend does not verify drafts (speculative decoding off).
+  virtual int32_t max_draft_tokens() const { return 0; }
   virtual int32_t vocab_size() const = 0;
   // Largest number of tokens Prefill takes at once.
   virtual int32_t max_chunk_tokens() const = 0;

@@ -19,6 +19,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   if (options.max_slots <= 0 || options.max_chunk_tokens <= 0 || options.num_threads <= 0) {
     return absl::InvalidArgumentError("cpu backend: slots, chunk and threads must be positive");
   }
+  if (options.max_draft_tokens < 0 || options.max_draft_tokens > 64) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cpu backend: draft tokens ", options.max_draft_tokens, " not in [0, 64]"));
+  }
   if (options.max_context <= 0 || options.max_context > config.max_position_embeddings) {
     return absl::InvalidArgumentError(absl::StrCat("max_context must be in [1, ",
                                                    config.max_position_embeddings, "]"));
@@ -55,7 +59,8 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   std::unique_ptr<CpuBackend> b(new CpuBackend(config, options));
   ASSIGN_OR_RETURN(b->comm_, InProcessCommunicatorGroup::Create(tp));
   CpuRankShape shape;
-  shape.max_rows = options.max_slots + options.max_chunk_tokens;  // a chunk beside a step
+  // A chunk beside a step whose slots each carry their drafts.
+  shape.max_rows = options.max_slots * (1 + options.max_draft_tokens) + options.max_chunk_tokens;
   shape.max_context = options.max_context;
   shape.num_threads = std::max(1, options.num_threads / tp);
   for (int32_t r = 0; r < tp; ++r) {
@@ -92,9 +97,10 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
       options_(options),
       rank_threads_(options.tensor_parallel),
       rank_status_(options.tensor_parallel),
-      rows_(options.max_slots + options.max_chunk_tokens),
-      slot_of_row_(options.max_slots),
-      logits_(static_cast<size_t>(options.max_slots + 1) * config.vocab_size) {
+      rows_(options.max_slots * (1 + options.max_draft_tokens) + options.max_chunk_tokens),
+      logit_row_(options.max_slots * (1 + options.max_draft_tokens)),
+      logits_(static_cast<size_t>(options.max_slots * (1 + options.max_draft_tokens) + 1) *
+              config.vocab_size) {
   // RoPE table in double, rounded once: [position][cos(half) | sin(half)].
   rope_ = RopeTable(config, options.max_context);
 }
@@ -159,9 +165,14 @@ absl::Status CpuBackend::CheckFarHistory(const FarHistoryShape& far, int32_t dro
 }
 
 absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRow* rows,
-                                                int32_t* slot_of_row) const {
+                                                int32_t* logit_row) const {
   if (step.max_slots > options_.max_slots) {
     return absl::InvalidArgumentError("step descriptor wider than the backend's slots");
+  }
+  if (step.max_draft < 0 || step.max_draft > options_.max_draft_tokens) {
+    return absl::InvalidArgumentError(absl::StrCat("step descriptor with ", step.max_draft,
+                                                   " draft tokens per slot; the backend takes ",
+                                                   options_.max_draft_tokens));
   }
   int32_t n = 0;
   for (int32_t s = 0; s < step.max_slots; ++s) {
@@ -173,7 +184,36 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
     RETURN_IF_ERROR(CheckFarHistory(step.far, dropped, summaries));
     rows[n] = CpuRow{step.token[s], step.position[s], step.SlotRunsData(s), step.num_runs[s],
                      s, dropped, summaries};
-    slot_of_row[n++] = s;
+    logit_row[n++] = s * step.logit_rows_per_slot();
+    if (step.max_draft == 0 || step.num_draft[s] == 0) continue;
+    const int32_t drafts = step.num_draft[s];
+    if (drafts < 0 || drafts > step.max_draft) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", s, ": ", drafts, " draft tokens"));
+    }
+    if (dropped != 0 || summaries != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", s, ": draft tokens with far-history summaries"));
+    }
+    if (step.position[s] + drafts >= options_.max_context) {
+      return absl::OutOfRangeError(absl::StrCat("slot ", s, " drafts past max context"));
+    }
+    int64_t held = 0;  // tokens the run table holds: the drafts' K/V must land in the slot's own
+    for (int32_t r = 0; r < step.num_runs[s]; ++r) held += step.SlotRunsData(s)[r].num_blocks;
+    if (held * options_.kv_block_tokens < int64_t{step.position[s]} + drafts + 1) {
+      return absl::OutOfRangeError(
+          absl::StrCat("slot ", s, ": run table holds ", held * options_.kv_block_tokens,
+                       " tokens, drafts reach position ", step.position[s] + drafts));
+    }
+    const int32_t* draft = step.draft.data() + static_cast<size_t>(s) * step.max_draft;
+    for (int32_t j = 0; j < drafts; ++j) {
+      if (draft[j] < 0 || draft[j] >= config_.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slot ", s, ": draft token ", draft[j], " outside the vocabulary"));
+      }
+      rows[n] = CpuRow{draft[j], step.position[s] + 1 + j, step.SlotRunsData(s),
+                       step.num_runs[s], s, 0, 0};
+      logit_row[n++] = s * step.logit_rows_per_slot() + 1 + j;
+    }
   }
   return n;
 }
@@ -205,13 +245,13 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
 void CpuBackend::ScatterLogits(int32_t first, int32_t n, float* logits) const {
   const int64_t vocab = config_.vocab_size;
   for (int32_t i = 0; i < n; ++i) {
-    std::memcpy(logits + slot_of_row_[i] * vocab, logits_.data() + (first + i) * vocab,
+    std::memcpy(logits + logit_row_[i] * vocab, logits_.data() + (first + i) * vocab,
                 vocab * sizeof(float));
   }
 }
 
 absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
-  ASSIGN_OR_RETURN(const int32_t n, DecodeRows(step, rows_.data(), slot_of_row_.data()));
+  ASSIGN_OR_RETURN(const int32_t n, DecodeRows(step, rows_.data(), logit_row_.data()));
   if (n == 0) return absl::OkStatus();
   RETURN_IF_ERROR(Forward(n, 0));
   ScatterLogits(0, n, logits);
@@ -235,9 +275,9 @@ absl::Status CpuBackend::DecodeWithChunk(const PrefillChunk& chunk, float* last_
   // (MatMulTest.RowResultDoesNotDependOnTheBatch), and attention and the norms are per row; the
   // chunk writes only its own slot's blocks, which no decode row reads.
   ASSIGN_OR_RETURN(const int32_t c, ChunkRows(chunk, rows_.data()));
-  ASSIGN_OR_RETURN(const int32_t d, DecodeRows(step, rows_.data() + c, slot_of_row_.data()));
+  ASSIGN_OR_RETURN(const int32_t d, DecodeRows(step, rows_.data() + c, logit_row_.data()));
   for (int32_t i = 0; i < d; ++i) {
-    if (slot_of_row_[i] == chunk.slot) {
+    if (rows_[c + i].slot == chunk.slot) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", chunk.slot, " both decodes and prefills in one step"));
     }

@@ -31,6 +31,10 @@ struct CpuBackendOptions {
   DType kv_dtype = DType::kF32;  // of the KV pool: f32 or bf16 (half the bytes per token)
   int32_t max_slots = 8;
   int32_t max_chunk_tokens = 256;
+  // Speculative decoding: most draft tokens a step may carry per slot (StepDescriptor::draft),
+  // verified in the decode pass as extra rows; 0: none. Sizes the activations for
+  // slots x (1 + this) decode rows beside a chunk.
+  int32_t max_draft_tokens = 0;
   int32_t max_context = 0;  // positions; <= the model's max_position_embeddings
   int32_t num_threads = 2;  // all threads, split evenly over the ranks (at least one each)
   int32_t tensor_parallel = 1;  // ranks; must divide heads, KV heads and intermediate size
@@ -66,6 +70,7 @@ class CpuBackend : public Backend {
   absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                const StepDescriptor& step, float* logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
+  int32_t max_draft_tokens() const override { return options_.max_draft_tokens; }
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
   KvPool* kv_pool(int32_t rank) override { return ranks_[rank]->kv_pool(); }
@@ -82,12 +87,13 @@ class CpuBackend : public Backend {
   // The far-history fields of a step or chunk against the backend's shape (INVALID_ARGUMENT).
   absl::Status CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
                                int32_t summaries) const;
-  // The rows of a step's active slots (their slots in slot_of_row) or of a chunk; return how
-  // many, or INVALID_ARGUMENT / OUT_OF_RANGE naming what is wrong.
+  // The rows of a step's active slots (each slot's input token, then its drafts; the row of
+  // `logits` each one's logits go to in logit_row) or of a chunk; return how many, or
+  // INVALID_ARGUMENT / OUT_OF_RANGE naming what is wrong.
   absl::StatusOr<int32_t> DecodeRows(const StepDescriptor& step, CpuRow* rows,
-                                     int32_t* slot_of_row) const;
+                                     int32_t* logit_row) const;
   absl::StatusOr<int32_t> ChunkRows(const PrefillChunk& chunk, CpuRow* rows) const;
-  // Copies logits_ rows [first, first + n) to their slots (slot_of_row_[0, n)) in `logits`.
+  // Copies logits_ rows [first, first + n) to their rows (logit_row_[0, n)) of `logits`.
   void ScatterLogits(int32_t first, int32_t n, float* logits) const;
   // Runs every rank's forward over rows_[0, n) (logits for rows [first_logit_row, n)).
   absl::Status Forward(int32_t n, int32_t first_logit_row);
@@ -99,9 +105,10 @@ class CpuBackend : public Backend {
   std::vector<std::unique_ptr<CpuRank>> ranks_;
   ThreadPool rank_threads_;            // thread r runs rank r
   std::vector<absl::Status> rank_status_;  // [ranks] of the last Forward
-  std::vector<CpuRow> rows_;           // [slots + chunk]: a chunk's rows, then decode rows
-  std::vector<int32_t> slot_of_row_;   // [slots]: the slot of each decode row
-  std::vector<float> logits_;          // [slots + 1][vocab] before scattering to slots
+  // [slots x (1 + drafts) + chunk]: a chunk's rows, then decode rows.
+  std::vector<CpuRow> rows_;
+  std::vector<int32_t> logit_row_;  // [slots x (1 + drafts)]: each decode row's logits row
+  std::vector<float> logits_;       // [slots x (1 + drafts) + 1][vocab] before scattering
 };
 
 }  // namespace kvrm

@@ -121,6 +121,23 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                                                    " cannot hold one request of max context (",
                                                    blocks_per_slot, " blocks)"));
   }
+  if (o.speculative_tokens < 0 || o.speculative_tokens > 32) {
+    return absl::InvalidArgumentError(absl::StrCat("--speculative_tokens ", o.speculative_tokens,
+                                                   " is not in [0, 32]"));
+  }
+  if (o.speculative_tokens > 0) {
+    const NgramDraftOptions& n = o.speculative_ngram;
+    if (n.min_ngram < 1 || n.max_ngram < n.min_ngram || n.max_ngram > 64) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--prompt_lookup_min ", n.min_ngram, " and --prompt_lookup_max ", n.max_ngram,
+          ": need 1 <= min <= max <= 64"));
+    }
+    if (far.enabled()) {
+      return absl::InvalidArgumentError(
+          "--speculative_tokens does not combine with --far_history (drafts are verified over "
+          "the exact history)");
+    }
+  }
   if (o.kv_host_blocks < 0) o.kv_host_blocks = o.kv_mode == KvMode::kKvrm ? o.kv_blocks : 0;
   // The static baseline has no block table to share through; far history frees a prompt's
   // distant blocks as it goes, so there is nothing to keep.
@@ -140,6 +157,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
   bo.kv_dtype = o.kv_dtype;
   bo.max_slots = o.slots;
   bo.max_chunk_tokens = o.prefill_chunk;
+  bo.max_draft_tokens = o.speculative_tokens;
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
   bo.tensor_parallel = o.tensor_parallel;
@@ -220,11 +238,12 @@ Engine::Engine(const ModelBundle* model, const EngineOptions& options)
   far_ = ResolveFarHistory(options.far_history, options.block_tokens).value_or(FarHistoryShape{});
   far_peak_blocks_ = FarHistoryPeakBlocks(far_, options.block_tokens, options.prefill_chunk);
   for (StepDescriptor& d : descriptors_) {
-    d.Resize(options.slots, options.max_runs);
+    d.Resize(options.slots, options.max_runs, options.speculative_tokens);
     d.far = far_;
   }
   chunk_.far = far_;
-  logits_.resize(static_cast<size_t>(options.slots) * model->config.vocab_size);
+  logits_.resize(static_cast<size_t>(options.slots) * (1 + options.speculative_tokens) *
+                 model->config.vocab_size);
   chunk_logits_.resize(model->config.vocab_size);
   eos_ids_ = model->config.eos_token_ids;
 }
@@ -236,6 +255,13 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   if (far_.enabled() && !backend_->supports_far_history()) {
     return absl::InvalidArgumentError(
         "--far_history: this backend does not implement far-history summaries");
+  }
+  if (o.speculative_tokens > backend_->max_draft_tokens()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--speculative_tokens ", o.speculative_tokens, ": this backend verifies ",
+        backend_->max_draft_tokens() == 0
+            ? std::string("no draft tokens (speculative decoding runs on the CPU backend)")
+            : absl::StrCat("at most ", backend_->max_draft_tokens(), " draft tokens a slot")));
   }
   int64_t bytes_per_block = 0;
   for (int32_t r = 0; r < backend_->num_kv_pools(); ++r) {
@@ -395,6 +421,9 @@ void Engine::PublishStats() {
   s.steps_total = steps_;
   s.mixed_steps_total = mixed_steps_;
   s.device_sampled_tokens_total = device_sampled_;
+  s.spec_decode_drafts_total = spec_drafts_;
+  s.spec_decode_draft_tokens_total = spec_draft_tokens_;
+  s.spec_decode_accepted_tokens_total = spec_accepted_;
   s.kv = kv_->Stats();
   if (pager_ && options_.reserve == ReservePolicy::kPromptAndOutput) {
     // What admission set aside for prompt + output beyond the blocks already allocated is
@@ -567,13 +596,15 @@ bool Engine::Step() {
   }
   // What a decode step and a prefill chunk cost, for max_prefill_stall (PrefillTokenBudget):
   // with chunks in the decode pass, every pass that decodes; apart, the two on their own.
+  // Speculative decoding reads the fit too (DraftThreshold): a draft is a row like any other.
   const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;
-  if (fuse_prefill_) {
+  if (fuse_prefill_ || options_.speculative_tokens > 0) {
     if (active > 0 && result.decode_status.ok()) {
-      step_cost_.Add(active + (work.fused ? chunk_tokens : 0),
+      step_cost_.Add(active + descriptors_[committed_].draft_rows() + (work.fused ? chunk_tokens : 0),
                      absl::ToDoubleSeconds(result.decode_time));
     }
-  } else {
+  }
+  if (!fuse_prefill_) {
     if (active > 0 && result.decode_status.ok()) {
       const double t = absl::ToDoubleSeconds(result.decode_time);
       // A moving average (weight 1/8).

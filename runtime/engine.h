@@ -29,6 +29,7 @@
 #include "runtime/kv_pager.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
+#include "runtime/ngram_proposer.h"
 #include "runtime/request.h"
 #include "runtime/sampler.h"
 #include "runtime/step_runner.h"
@@ -108,6 +109,18 @@ struct EngineOptions {
   // A paused request whose history is at most this many tokens is dropped and recomputed on
   // resume (one prefill chunk is cheaper than two copies); longer ones are swapped. 0: chunk.
   int32_t recompute_max_tokens = 0;
+  // Speculative decoding by prompt lookup (--speculative_tokens; runtime/ngram_proposer.h, vLLM's
+  // `ngram` method): each decoding slot may carry up to this many draft tokens, taken from an
+  // earlier occurrence of its history's last tokens, which the decode pass verifies as extra rows
+  // of the same pass (the weights are read once for them all); each step then gives a slot
+  // 1 + the drafts accepted tokens. Every token is still sampled from the model's own logits
+  // after the tokens before it, so outputs are exactly those without speculation, greedy or
+  // seeded. How many a slot drafts is chosen per step: only while the slot's measured acceptance
+  // makes the extra rows pay for their share of the pass (so drafting fades out as the pass grows
+  // compute-bound). 0: off. Needs a backend that verifies drafts (the CPU backend); not with far
+  // history.
+  int32_t speculative_tokens = 0;
+  NgramDraftOptions speculative_ngram;
   // Far-history summaries (--far_history; kvrm mode only): off (the default) every step attends
   // over the full history; on, over sinks + a recent window + one summary per distant block,
   // which is approximate and bounds a decoding slot's KV blocks (runtime/far_history.h).
@@ -175,6 +188,11 @@ struct EngineStats {
   // transport (a slow host link): the cache gives way to the copies steps wait on.
   uint64_t prefix_cache_offload_shed_blocks_total = 0;
   uint64_t prefix_cache_host_evictions_total = 0;
+  // Speculative decoding (vLLM's spec_decode counters): drafts proposed (one per slot and step
+  // that carried any), their tokens, and those the model's own tokens matched.
+  uint64_t spec_decode_drafts_total = 0;
+  uint64_t spec_decode_draft_tokens_total = 0;
+  uint64_t spec_decode_accepted_tokens_total = 0;
 };
 
 // A slot's life (requests wait in the queue, "queued", before they have a slot):
@@ -258,6 +276,10 @@ class Engine {
     int32_t generated = 0;
     int32_t cached_tokens = 0;  // prompt tokens admission found in the prefix cache
     int32_t grammar_state = 0;  // the request's structured-output automaton state, if it has one
+    // Speculative decoding: draft tokens verified and accepted, decayed per decode step (the
+    // slot's acceptance rate, SlotAcceptance).
+    double drafts_verified = 0;
+    double drafts_accepted = 0;
     bool swapped = false;    // paused with its KV in the host tier (else dropped: recompute)
     uint64_t resumed_step = 0;  // the step it was last resumed for
     int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)
@@ -324,6 +346,16 @@ class Engine {
   // Whether the slot's EOS ids (unless ignore_eos) and stop tokens are masked from sampling now:
   // it has any and fewer than min_tokens generated.
   bool MasksStopTokens(int32_t slot_index) const;
+  // Speculative decoding: the acceptance probability above which one more draft row pays for
+  // its share of a pass of `rows` decode rows (0 until the pass's cost was measured at
+  // different sizes).
+  double DraftThreshold(int32_t rows) const;
+  // The slot's per-token draft acceptance rate: its own record, pulled toward the engine's.
+  double SlotAcceptance(const Slot& s) const;
+  // Proposes the drafts of decoding slot `i` into staged descriptor `d` (after PrepareSlotKv
+  // made room for its input token), growing its KV for them where that needs no preemption;
+  // returns how many.
+  int32_t StageDrafts(int32_t i, double threshold, StepDescriptor* d);
   // Far history: blocks a history of `tokens` needs to be admitted or resumed (its next token
   // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).
   int64_t HistoryBlocksNeeded(int64_t tokens) const;
@@ -421,6 +453,13 @@ class Engine {
   uint64_t steps_ = 0;
   uint64_t mixed_steps_ = 0;
   uint64_t device_sampled_ = 0;
+  uint64_t spec_drafts_ = 0;
+  uint64_t spec_draft_tokens_ = 0;
+  uint64_t spec_accepted_ = 0;
+  // Engine-wide draft acceptance (decayed sums), the prior of a slot with little record.
+  double spec_verified_decayed_ = 0;
+  double spec_accepted_decayed_ = 0;
+  int32_t staged_draft_rows_ = 0;  // draft rows in the staged descriptor (BuildDescriptor)
   bool device_sampling_ = false;  // options_.device_sampling && the backend samples
   std::vector<int32_t> sampled_tokens_;  // [slots] DecodeAndSample's tokens
   uint64_t tokens_generated_ = 0;

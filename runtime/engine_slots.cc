@@ -15,11 +15,21 @@ namespace {
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
 // Physical block holding logical position `pos` of a slot, from a descriptor row.
-int32_t HotBlock(const StepDescriptor& d, int32_t slot, int32_t block_tokens) {
-  const int64_t kept =
-      KeptPosition(d.position[slot], block_tokens, d.far.sink_blocks, d.far_dropped[slot]);
+int32_t HotBlock(const StepDescriptor& d, int32_t slot, int64_t pos, int32_t block_tokens) {
+  const int64_t kept = KeptPosition(pos, block_tokens, d.far.sink_blocks, d.far_dropped[slot]);
   return static_cast<int32_t>(
       PhysicalToken(d.SlotRunsData(slot), d.num_runs[slot], block_tokens, kept) / block_tokens);
+}
+
+// Whether a descriptor row writes physical block `block`: the block of its input token's
+// position, or of one of its drafts' positions.
+bool WritesBlock(const StepDescriptor& d, int32_t slot, int32_t block, int32_t block_tokens) {
+  const int64_t first = d.position[slot];
+  const int64_t last = first + (d.max_draft > 0 ? d.num_draft[slot] : 0);
+  for (int64_t pos = first; pos <= last; pos = (pos / block_tokens + 1) * block_tokens) {
+    if (HotBlock(d, slot, pos, block_tokens) == block) return true;
+  }
+  return false;
 }
 
 }  // namespace
@@ -348,6 +358,7 @@ void Engine::Admit(absl::Time now) {
     slot.generated = 0;
     slot.swapped = false;
     slot.grammar_state = req.grammar ? req.grammar->start() : 0;
+    slot.drafts_verified = slot.drafts_accepted = 0;
     observer_->OnAdmitted(req, now - req.arrival);
     samplers_[i]->Reset(req.sampling, req.prompt);
     const Tokenizer* tok = model_->tokenizer.get();
@@ -502,8 +513,15 @@ bool Engine::GrowSlotKv(int32_t slot, int64_t tokens) {
 int32_t Engine::BuildDescriptor() {
   StepDescriptor& d = descriptors_[committed_ ^ 1];
   int32_t active = 0;
+  double draft_threshold = 0;
+  if (options_.speculative_tokens > 0) {
+    int32_t decoding = 0;
+    for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
+    draft_threshold = DraftThreshold(decoding);
+  }
   for (int32_t i = 0; i < options_.slots; ++i) {
     d.active[i] = 0;
+    if (d.max_draft > 0) d.num_draft[i] = 0;
     Slot& slot = slots_[i];
     if (slot.state != SlotState::kDecoding) continue;
     if (!PrepareSlotKv(i, slot.position)) continue;
@@ -512,6 +530,7 @@ int32_t Engine::BuildDescriptor() {
     d.active[i] = 1;
     d.position[i] = slot.position;
     d.token[i] = slot.next_token;
+    if (d.max_draft > 0) d.num_draft[i] = StageDrafts(i, draft_threshold, &d);
     d.num_runs[i] = kv_->RunTable(i, d.SlotRuns(i));
     if (far_.enabled()) {
       d.far_dropped[i] = pager_->Dropped(i);
@@ -520,7 +539,65 @@ int32_t Engine::BuildDescriptor() {
     ++active;
   }
   // A slot paused while building later rows may have been marked active earlier: drop it.
-  return RecountActiveRows();
+  active = RecountActiveRows();
+  staged_draft_rows_ = d.draft_rows();
+  return active;
+}
+
+double Engine::DraftThreshold(int32_t rows) const {
+  // A pass of R rows takes fixed + per_row * R (step_cost_) and gives about one token a row, so
+  // a token costs (fixed + per_row * R) / R; one more row costs per_row and gives a token with
+  // the draft's acceptance probability q: it pays when q > per_row * R / (fixed + per_row * R),
+  // the rows' share of the pass. Near 0 while the pass is read-bound (few rows: reading the
+  // weights dominates), near 1 once it is compute-bound.
+  double fixed = 0, per_row = 0;
+  bool split = false;
+  if (rows <= 0 || !step_cost_.Estimate(&fixed, &per_row, &split) || !split) return 0;
+  return per_row * rows / (fixed + per_row * rows);
+}
+
+double Engine::SlotAcceptance(const Slot& s) const {
+  // The engine's rate (itself pulled toward 1/2 until it has a record) weighs as two verified
+  // drafts of the slot's own.
+  constexpr double kPriorWeight = 2;
+  const double engine = (spec_accepted_decayed_ + 0.5) / (spec_verified_decayed_ + 1);
+  return (s.drafts_accepted + kPriorWeight * engine) / (s.drafts_verified + kPriorWeight);
+}
+
+int32_t Engine::StageDrafts(int32_t i, double threshold, StepDescriptor* d) {
+  const Slot& slot = slots_[i];
+  const GenerationRequest& r = *slot.request;
+  // Drafts past the request's last token or the context would be verified for nothing.
+  const int32_t k = std::min({options_.speculative_tokens, r.max_new_tokens - slot.generated - 1,
+                              options_.max_context - 1 - slot.position});
+  // Draft j is accepted with about q^j (q the per-token rate): propose those that pay.
+  const double q = SlotAcceptance(slot);
+  int32_t worth = 0;
+  for (double p = q; worth < k && p > threshold; p *= q) ++worth;
+  if (worth <= 0) return 0;
+  int32_t* draft = d->draft.data() + static_cast<size_t>(i) * d->max_draft;
+  int32_t n = ProposeNgramDraft(slot.history, slot.next_token, options_.speculative_ngram, worth,
+                                draft);
+  if (n == 0) return 0;
+  // Room for the drafts' K/V. Growing for them never pauses anyone: only into free blocks,
+  // leaving one per slot for everyone's next token, and only where the run table stays within
+  // its width; otherwise the drafts shrink to the room the slot has.
+  const int64_t need = int64_t{slot.position} + 1 + n;
+  const int64_t have = kv_->Capacity(i);
+  if (need > have) {
+    bool grown = false;
+    if (pager_ == nullptr) {
+      grown = kv_->Grow(i, need).ok();
+    } else {
+      const int64_t more = pager_->BlocksFor(need) - pager_->BlocksFor(have);
+      grown = pager_->NumRuns(i) + more <= options_.max_runs &&
+              pager_->free_device_blocks() - more >= options_.slots && kv_->Grow(i, need).ok();
+      CHECK(!grown || pager_->NumRuns(i) <= options_.max_runs)
+          << "draft growth widened slot " << i << "'s run table past max runs";
+    }
+    if (!grown) n = static_cast<int32_t>(std::max<int64_t>(0, have - slot.position - 1));
+  }
+  return n;
 }
 
 int32_t Engine::RecountActiveRows() {
@@ -558,7 +635,8 @@ bool Engine::MarkDeviceSampling() {
   for (int32_t i = 0; i < options_.slots; ++i) {
     DeviceSampling& ds = d.sampling[i];
     ds = DeviceSampling{};
-    if (!d.active[i] || !SampledOnDevice(i)) continue;
+    // (A row with drafts is verified on the host; no backend that samples verifies drafts.)
+    if (!d.active[i] || (d.max_draft > 0 && d.num_draft[i] > 0) || !SampledOnDevice(i)) continue;
     const SamplingConfig& c = slots_[i].request->sampling;
     ds.on_device = 1;
     sampled_tokens_[i] = -1;  // a backend that leaves the row unwritten fails it, not repeats
@@ -730,7 +808,8 @@ bool Engine::PickPrefillChunk() {
     const int32_t total = static_cast<int32_t>(slot.history.size());
     // The step's token budget: decode rows first, the chunk gets the rest (at least one
     // block's worth, so a prompt always progresses).
-    int32_t decoding = 0;
+    // Decode rows: the decoding slots' and their drafts'.
+    int32_t decoding = staged_draft_rows_;
     for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
     const int32_t budget = PrefillTokenBudget(decoding);
     n = std::min({backend_->max_chunk_tokens(), budget, total - slot.prefilled});
@@ -778,9 +857,9 @@ void Engine::PreStageNext(uint64_t running_step) {
     const size_t before = moves_.size();
     if (!pager_->PlanCompaction(i, PlanFence(), &moves_)) continue;
     NoteTransfer(i);
-    const int32_t hot = HotBlock(running, i, options_.block_tokens);
     for (size_t m = before; m < moves_.size();) {
-      if (moves_[m].src_tier == KvTier::kDevice && moves_[m].src == hot) {
+      if (moves_[m].src_tier == KvTier::kDevice &&
+          WritesBlock(running, i, moves_[m].src, options_.block_tokens)) {
         gated_moves_.push_back(moves_[m]);
         moves_.erase(moves_.begin() + m);
       } else {
@@ -847,7 +926,51 @@ void Engine::FinishDecode(const StepResult& result) {
       EmitToken(i, sample);
       continue;
     }
-    EmitToken(i, SampleNext(i, absl::MakeSpan(&logits_[static_cast<size_t>(i) * vocab], vocab)));
+    const size_t first_row = static_cast<size_t>(i) * d.logit_rows_per_slot();
+    const int32_t drafts = d.max_draft > 0 ? d.num_draft[i] : 0;
+    if (drafts == 0) {
+      EmitToken(i, SampleNext(i, absl::MakeSpan(&logits_[first_row * vocab], vocab)));
+      continue;
+    }
+    // Speculative decoding: row j's logits follow the input token and drafts [0, j). Each token
+    // is sampled as without drafts (the same sampler, penalties, masks and random stream, after
+    // the same tokens); while it equals the next draft, that draft's row is the row the next
+    // step would have run, and its logits give the token after it. The first token that differs
+    // (or the one after the last draft) ends the slot's step; the K/V the later drafts wrote
+    // lies past the history and is overwritten as it grows. (With a draft that is one token, not
+    // a distribution, this is speculative sampling's accept-or-resample rule exactly.)
+    const int32_t* draft = d.draft.data() + static_cast<size_t>(i) * d.max_draft;
+    int32_t verified = 0, accepted = 0;
+    for (int32_t j = 0;; ++j) {
+      const SampleResult sample =
+          SampleNext(i, absl::MakeSpan(&logits_[(first_row + j) * vocab], vocab));
+      EmitToken(i, sample);
+      const bool match = j < drafts && sample.token == draft[j];
+      verified += j < drafts;
+      accepted += match;
+      if (!match || slot.state != SlotState::kDecoding) break;  // (or it just finished)
+      slot.history.push_back(draft[j]);  // its KV was written by row j + 1
+      ++slot.position;
+    }
+    slot.drafts_verified += verified;
+    slot.drafts_accepted += accepted;
+    spec_verified_decayed_ += verified;
+    spec_accepted_decayed_ += accepted;
+    ++spec_drafts_;
+    spec_draft_tokens_ += drafts;
+    spec_accepted_ += accepted;
+  }
+  if (options_.speculative_tokens > 0) {
+    // Acceptance is a recent rate: a slot's record halves over about 7 of its steps (drafting or
+    // not, so that one that stopped drafting drifts back to the engine's rate and tries again),
+    // the engine's over about 70 steps.
+    for (int32_t i = 0; i < options_.slots; ++i) {
+      if (!d.active[i] || slots_[i].state == SlotState::kFree) continue;
+      slots_[i].drafts_verified *= 0.9;
+      slots_[i].drafts_accepted *= 0.9;
+    }
+    spec_verified_decayed_ *= 0.99;
+    spec_accepted_decayed_ *= 0.99;
   }
 }
 
