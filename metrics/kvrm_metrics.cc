@@ -232,6 +232,14 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options) {
                               "Prefix-cache KV blocks copied to the host tier on eviction.");
   prefix_host_cached_ = gauge("kvrm:prefix_cache_host_bytes",
                               "KV bytes of the prefix cache held in the host tier.");
+  // Speculative decoding (vLLM's spec_decode counters): the acceptance rate is accepted / draft
+  // tokens, and a draft's mean accepted length accepted / drafts.
+  spec_drafts_ = counter("kvrm:spec_decode_num_drafts_total",
+                         "Drafts verified (one per request and step that carried draft tokens).");
+  spec_draft_tokens_ = counter("kvrm:spec_decode_num_draft_tokens_total",
+                               "Draft tokens verified in decode passes.");
+  spec_accepted_ = counter("kvrm:spec_decode_num_accepted_tokens_total",
+                           "Draft tokens accepted: generated without a step of their own.");
   stream_chunks_merged_ =
       counter("kvrm:stream_chunks_merged_total",
               "Output chunks merged into a queued response message because the client read "
@@ -425,6 +433,11 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
   prefix_offloaded_->Add(Delta(s.prefix_cache_offloaded_blocks_total,
                                last_.prefix_cache_offloaded_blocks_total));
   prefix_host_cached_->Set(block * kv.host_blocks_cached);
+  spec_drafts_->Add(Delta(s.spec_decode_drafts_total, last_.spec_decode_drafts_total));
+  spec_draft_tokens_->Add(
+      Delta(s.spec_decode_draft_tokens_total, last_.spec_decode_draft_tokens_total));
+  spec_accepted_->Add(
+      Delta(s.spec_decode_accepted_tokens_total, last_.spec_decode_accepted_tokens_total));
   if (s.steps_total > step_base_.steps_total) {
     const double steps = Delta(s.steps_total, step_base_.steps_total);
     steps_->Add(steps);

@@ -168,6 +168,9 @@ class KvrmMetrics : public EngineObserver {
   Counter* prefix_evictions_;
   Gauge* prefix_cached_;
   Counter* prefix_host_hits_;
+  Counter* spec_drafts_;
+  Counter* spec_draft_tokens_;
+  Counter* spec_accepted_;
   Counter* prefix_offloaded_;
   Gauge* prefix_host_cached_;
 

@@ -706,6 +706,13 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   pc->set_host_hit_tokens_total(s.prefix_cache_host_hits_total);
   pc->set_host_cached_blocks(s.kv.host_blocks_cached);
   pc->set_offloaded_blocks_total(s.prefix_cache_offloaded_blocks_total);
+  v1::SpeculativeDecodingInfo* sd = response->mutable_speculative_decoding();
+  sd->set_num_speculative_tokens(engine_->options().speculative_tokens);
+  sd->set_prompt_lookup_min(engine_->options().speculative_ngram.min_ngram);
+  sd->set_prompt_lookup_max(engine_->options().speculative_ngram.max_ngram);
+  sd->set_drafts_total(s.spec_decode_drafts_total);
+  sd->set_draft_tokens_total(s.spec_decode_draft_tokens_total);
+  sd->set_accepted_tokens_total(s.spec_decode_accepted_tokens_total);
   const structured::ConstraintCompiler::Stats so = structured_->stats();
   v1::StructuredOutputInfo* si = response->mutable_structured_output();
   si->set_cached_constraints(so.entries);

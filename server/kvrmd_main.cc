@@ -93,6 +93,15 @@ ABSL_FLAG(int32_t, far_history_sinks, 16,
           "--far_history: tokens at the start of a history always attended (rounded up to blocks)");
 ABSL_FLAG(int32_t, far_history_window, 1024,
           "--far_history: most recent tokens attended exactly (rounded up to blocks)");
+ABSL_FLAG(int32_t, speculative_tokens, 0,
+          "speculative decoding by prompt lookup (CPU device): up to this many draft tokens per "
+          "request and step, taken from an earlier occurrence of its last tokens and verified "
+          "in the decode pass; outputs are unchanged, a request gains the drafts that match. "
+          "0: off");
+ABSL_FLAG(int32_t, prompt_lookup_min, 2,
+          "--speculative_tokens: shortest n-gram of a history's last tokens looked up");
+ABSL_FLAG(int32_t, prompt_lookup_max, 4,
+          "--speculative_tokens: longest n-gram looked up (the longest that matches wins)");
 ABSL_FLAG(int32_t, step_token_budget, 0,
           "tokens per engine step, decode rows plus the prefill chunk (0: slots + prefill_chunk)");
 ABSL_FLAG(double, max_prefill_stall, 0.5,
@@ -323,6 +332,23 @@ int Run() {
   eo.far_history.enabled = absl::GetFlag(FLAGS_far_history);
   eo.far_history.sink_tokens = absl::GetFlag(FLAGS_far_history_sinks);
   eo.far_history.window_tokens = absl::GetFlag(FLAGS_far_history_window);
+  eo.speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens);
+  eo.speculative_ngram.min_ngram = absl::GetFlag(FLAGS_prompt_lookup_min);
+  eo.speculative_ngram.max_ngram = absl::GetFlag(FLAGS_prompt_lookup_max);
+  if (eo.speculative_tokens < 0 || eo.speculative_tokens > 32) {
+    std::fprintf(stderr, "kvrmd: --speculative_tokens=%d must be in [0, 32]\n",
+                 eo.speculative_tokens);
+    return 2;
+  }
+  if (eo.speculative_ngram.min_ngram < 1 ||
+      eo.speculative_ngram.max_ngram < eo.speculative_ngram.min_ngram ||
+      eo.speculative_ngram.max_ngram > 64) {
+    std::fprintf(stderr,
+                 "kvrmd: --prompt_lookup_min=%d and --prompt_lookup_max=%d: need 1 <= min <= max "
+                 "<= 64\n",
+                 eo.speculative_ngram.min_ngram, eo.speculative_ngram.max_ngram);
+    return 2;
+  }
   eo.threads = absl::GetFlag(FLAGS_threads);
   eo.tensor_parallel = absl::GetFlag(FLAGS_tp);
   eo.backend_factory = device->factory;
@@ -437,6 +463,12 @@ int Run() {
     LOG(INFO) << "far-history summaries ON (approximate attention): " << far.sink_blocks
               << " sink + " << far.window_blocks << " window blocks of " << eo.block_tokens
               << " tokens exact, one summary per block in between";
+  }
+  if (eo.speculative_tokens > 0) {
+    LOG(INFO) << "speculative decoding ON: up to " << eo.speculative_tokens
+              << " prompt-lookup draft tokens per request and step (n-grams of "
+              << eo.speculative_ngram.min_ngram << " to " << eo.speculative_ngram.max_ngram
+              << " tokens)";
   }
   if (http) {
     LOG(INFO) << "metrics on http://" << absl::GetFlag(FLAGS_metrics_listen) << ":" << http->port()

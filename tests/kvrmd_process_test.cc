@@ -114,6 +114,12 @@ TEST(KvrmdProcessTest, AnOffloadShedShareOutsideItsRangeExitsTwoNamingTheFlag) {
   ExpectBadFlagExitsTwo("--prefix_cache_offload_shed=2", "[0, 1)");
 }
 
+TEST(KvrmdProcessTest, SpeculativeDecodingFlagsOutsideTheirRangeExitTwoNamingTheFlag) {
+  ExpectBadFlagExitsTwo("--speculative_tokens=40", "[0, 32]");
+  ExpectBadFlagExitsTwo("--prompt_lookup_min=0", "1 <= min <= max");
+  ExpectBadFlagExitsTwo("--prompt_lookup_max=1", "1 <= min <= max");  // below the min's 2
+}
+
 // grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
 // ships no health.proto. The request is the empty message; the response is field 1 (varint).
 // Returns the ServingStatus (1 SERVING, 2 NOT_SERVING), or -1 when the call fails.

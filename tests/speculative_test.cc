@@ -368,3 +368,48 @@ TEST_F(SpeculativeTest, CpuDraftRowsComputeTheLogitsOfTheStepsTheyStandFor) {
 
 }  // namespace
 }  // namespace kvrm
+
+namespace kvrm {
+namespace {
+
+// Through kvrmd's service: a text prompt that repeats itself streams the same completion with
+// drafts as without, and GetServerInfo reports the settings and what was verified.
+TEST(SpeculativeServiceTest, ServerInfoReportsDraftsAndTheStreamIsUnchanged) {
+  const std::string prompt =
+      "one two three four five six. one two three four five six. one two three four five six. "
+      "one two three four five six. one two three";
+  EngineOptions o;
+  o.slots = 2;
+  o.threads = 2;
+  TestServer plain(o);
+  o.speculative_tokens = 4;
+  o.speculative_ngram = NgramDraftOptions{1, 4};
+  TestServer spec(o);
+  const StreamResult want = RunGenerate(plain.stub(), TextRequest(prompt, 48));
+  const StreamResult got = RunGenerate(spec.stub(), TextRequest(prompt, 48));
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_EQ(got.text, want.text);
+  for (TestServer* server : {&plain, &spec}) {
+    grpc::ClientContext ctx;
+    v1::ServerInfo si;
+    ASSERT_TRUE(server->stub().GetServerInfo(&ctx, v1::GetServerInfoRequest(), &si).ok());
+    const v1::SpeculativeDecodingInfo& sd = si.speculative_decoding();
+    if (server == &plain) {
+      EXPECT_EQ(sd.num_speculative_tokens(), 0);
+      EXPECT_EQ(sd.draft_tokens_total(), 0u);
+      continue;
+    }
+    EXPECT_EQ(sd.num_speculative_tokens(), 4);
+    EXPECT_EQ(sd.prompt_lookup_min(), 1);
+    EXPECT_EQ(sd.prompt_lookup_max(), 4);
+    EXPECT_GT(sd.drafts_total(), 0u);
+    EXPECT_GE(sd.draft_tokens_total(), sd.drafts_total());
+    EXPECT_LE(sd.accepted_tokens_total(), sd.draft_tokens_total());
+    EXPECT_EQ(sd.accepted_tokens_total(), spec.engine().Stats().spec_decode_accepted_tokens_total);
+  }
+}
+
+}  // namespace
+}  // namespace kvrm

@@ -135,6 +135,19 @@ std::string FormatStructuredOutput(const v1::StructuredOutputInfo& info) {
                          info.compile_seconds_total(), info.cache_hits_total());
 }
 
+std::string FormatSpeculativeDecoding(const v1::SpeculativeDecodingInfo& info) {
+  if (info.num_speculative_tokens() == 0) return "off";
+  const uint64_t drafted = info.draft_tokens_total();
+  return absl::StrFormat(
+      "up to %d prompt-lookup tokens (%d-%d-grams); %d of %d draft tokens accepted (%.1f%%), "
+      "%.2f a draft",
+      info.num_speculative_tokens(), info.prompt_lookup_min(), info.prompt_lookup_max(),
+      info.accepted_tokens_total(), drafted,
+      drafted ? 100.0 * info.accepted_tokens_total() / drafted : 0.0,
+      info.drafts_total() ? static_cast<double>(info.accepted_tokens_total()) / info.drafts_total()
+                          : 0.0);
+}
+
 std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server) {
   const Rows model_rows = {
       {"name", model.name()},
@@ -169,6 +182,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"device_sampling", server.device_sampling() ? "on" : "off"},
       {"prefix_cache", FormatPrefixCache(server.prefix_cache())},
       {"structured", FormatStructuredOutput(server.structured_output())},
+      {"speculative", FormatSpeculativeDecoding(server.speculative_decoding())},
       {"tensor_parallel", absl::StrCat(server.tensor_parallel())},
       {"slots", absl::StrCat(server.slots_in_use(), " in use / ", server.slots_total())},
       {"queue", absl::StrCat(server.queue_depth(), " waiting / limit ", server.queue_limit())},

@@ -25,6 +25,8 @@ std::string FinishReasonName(v1::FinishReason reason);
 std::string FormatPrefixCache(const v1::PrefixCacheInfo& prefix_cache);
 // "3 constraints cached (1.2 MiB); 4 compiled (1 refused) in 0.12 s, 9 cache hits".
 std::string FormatStructuredOutput(const v1::StructuredOutputInfo& info);
+// "off", or the draft length, n-gram range and how many draft tokens were accepted.
+std::string FormatSpeculativeDecoding(const v1::SpeculativeDecodingInfo& info);
 std::string FormatSummary(const v1::Finished& finished);
 // One "tool call NAME ARGUMENTS (ID)" line per function call of a reply; "" without calls.
 std::string FormatToolCalls(const v1::Finished& finished);

@@ -55,6 +55,23 @@ TEST(FormatTest, PrefixCacheLine) {
             "on, 100 of 400 prompt tokens hit (25.0%), 12 blocks cached, 3 evicted");
 }
 
+TEST(FormatTest, SpeculativeDecodingLine) {
+  v1::SpeculativeDecodingInfo info;
+  EXPECT_EQ(FormatSpeculativeDecoding(info), "off");
+  info.set_num_speculative_tokens(4);
+  info.set_prompt_lookup_min(2);
+  info.set_prompt_lookup_max(4);
+  EXPECT_EQ(FormatSpeculativeDecoding(info),
+            "up to 4 prompt-lookup tokens (2-4-grams); 0 of 0 draft tokens accepted (0.0%), "
+            "0.00 a draft");
+  info.set_drafts_total(50);
+  info.set_draft_tokens_total(160);
+  info.set_accepted_tokens_total(120);
+  EXPECT_EQ(FormatSpeculativeDecoding(info),
+            "up to 4 prompt-lookup tokens (2-4-grams); 120 of 160 draft tokens accepted (75.0%), "
+            "2.40 a draft");
+}
+
 TEST(FormatTest, StructuredOutputLine) {
   v1::StructuredOutputInfo info;
   EXPECT_EQ(FormatStructuredOutput(info),
