@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/testing/alloc_counter.h"
 #include "gtest/gtest.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
@@ -330,6 +331,10 @@ TEST_F(SpeculativeTest, CpuDraftRowsComputeTheLogitsOfTheStepsTheyStandFor) {
   for (int j = 0; j < 4; ++j) step.draft[j] = step.draft[4 + j] = tokens[1 + j];
   std::vector<float> logits(2 * 5 * vocab, std::nanf(""));
   ASSERT_TRUE((*drafting)->Decode(step, logits.data()).ok());
+  // Again (the same K/V rewritten): a step with drafts allocates nothing.
+  const int64_t allocations = alloc_counter::AllocationCount();
+  ASSERT_TRUE((*drafting)->Decode(step, logits.data()).ok());
+  EXPECT_EQ(alloc_counter::AllocationCount() - allocations, 0);
   // The same tokens one step at a time.
   StepDescriptor one;
   one.Resize(2, 2);
