@@ -396,6 +396,29 @@ TEST(SpeculativeServiceTest, ServerInfoReportsDraftsAndTheStreamIsUnchanged) {
   ASSERT_TRUE(got.status.ok()) << got.status.error_message();
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_EQ(got.text, want.text);
+  // A structured output (its mask applies to every verified row, its automaton advances token by
+  // token) and a sampled request with penalties: the same streams too.
+  v1::GenerateRequest constrained = TextRequest(prompt, 40);
+  constrained.mutable_structured()->set_regex("(yes|no)(, (yes|no|maybe)){8,12}\\.");
+  v1::GenerateRequest sampled = TextRequest(prompt, 40);
+  sampled.mutable_sampling()->set_temperature(0.7f);
+  sampled.mutable_sampling()->set_seed(99);
+  sampled.mutable_sampling()->set_repetition_penalty(1.2f);
+  const uint64_t accepted_before = spec.engine().Stats().spec_decode_accepted_tokens_total;
+  for (const v1::GenerateRequest* request_ptr : {&constrained, &sampled}) {
+    const v1::GenerateRequest& request = *request_ptr;
+    const StreamResult a = RunGenerate(plain.stub(), request);
+    const StreamResult b = RunGenerate(spec.stub(), request);
+    ASSERT_TRUE(a.status.ok()) << a.status.error_message();
+    ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+    EXPECT_EQ(b.tokens, a.tokens);
+    EXPECT_EQ(b.text, a.text);
+    EXPECT_EQ(b.finished.reason(), a.finished.reason());
+    if (&request == &constrained) {
+      // "yes, no, no, no, ..." repeats itself: drafts were verified against the mask.
+      EXPECT_GT(spec.engine().Stats().spec_decode_accepted_tokens_total, accepted_before) << b.text;
+    }
+  }
   for (TestServer* server : {&plain, &spec}) {
     grpc::ClientContext ctx;
     v1::ServerInfo si;
