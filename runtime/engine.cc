@@ -600,7 +600,8 @@ bool Engine::Step() {
   const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;
   if (fuse_prefill_ || options_.speculative_tokens > 0) {
     if (active > 0 && result.decode_status.ok()) {
-      step_cost_.Add(active + descriptors_[committed_].draft_rows() + (work.fused ? chunk_tokens : 0),
+      const int32_t rows = active + descriptors_[committed_].draft_rows();
+      step_cost_.Add(rows + (work.fused ? chunk_tokens : 0),
                      absl::ToDoubleSeconds(result.decode_time));
     }
   }

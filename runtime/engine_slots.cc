@@ -576,8 +576,8 @@ int32_t Engine::StageDrafts(int32_t i, double threshold, StepDescriptor* d) {
   for (double p = q; worth < k && p > threshold; p *= q) ++worth;
   if (worth <= 0) return 0;
   int32_t* draft = d->draft.data() + static_cast<size_t>(i) * d->max_draft;
-  int32_t n = ProposeNgramDraft(slot.history, slot.next_token, options_.speculative_ngram, worth,
-                                draft);
+  int32_t n =
+      ProposeNgramDraft(slot.history, slot.next_token, options_.speculative_ngram, worth, draft);
   if (n == 0) return 0;
   // Room for the drafts' K/V. Growing for them never pauses anyone: only into free blocks,
   // leaving one per slot for everyone's next token, and only where the run table stays within
@@ -949,7 +949,8 @@ void Engine::FinishDecode(const StepResult& result) {
       verified += j < drafts;
       accepted += match;
       if (!match || slot.state != SlotState::kDecoding) break;  // (or it just finished)
-      slot.history.push_back(draft[j]);  // its KV was written by row j + 1
+      // The draft is the slot's next token: its K/V, written by row j + 1, joins the history.
+      slot.history.push_back(draft[j]);
       ++slot.position;
     }
     slot.drafts_verified += verified;
