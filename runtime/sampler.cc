@@ -457,16 +457,19 @@ void Sampler::MaskOutside(absl::Span<float> logits, int32_t n, bool sorted) cons
   }
 }
 
-void Sampler::FillTopLogprobs(absl::Span<const float> logits, float shift, float log_z,
-                              SampleResult& result) const {
-  const int32_t want = std::min(config_.top_logprobs, kMaxTopLogprobs);
-  std::array<float, kMaxTopLogprobs>& vals = result.top_logprobs;
-  std::array<int32_t, kMaxTopLogprobs>& ids = result.top_ids;
+namespace {
+
+// The `want` (<= kMaxTopLogprobs) largest logits that are not -inf or NaN, best first (ties:
+// lowest id), into vals / ids; returns how many.
+int32_t TopEntries(absl::Span<const float> logits, int32_t want,
+                   std::array<float, kMaxTopLogprobs>& vals,
+                   std::array<int32_t, kMaxTopLogprobs>& ids) {
   int32_t count = 0;
+  if (want <= 0) return 0;
   // One pass with an insertion-sorted array of at most 20: most ids fail the first compare.
-  for (int32_t i = 0; i < vocab_size_; ++i) {
+  for (int32_t i = 0; i < static_cast<int32_t>(logits.size()); ++i) {
     const float x = logits[i];
-    if (x == kNegInf) continue;
+    if (!(x > kNegInf)) continue;                           // -inf and NaN
     if (count == want && !(x > vals[count - 1])) continue;  // ties keep the lower id
     int32_t pos = count < want ? count++ : want - 1;
     while (pos > 0 && vals[pos - 1] < x) {
@@ -477,8 +480,55 @@ void Sampler::FillTopLogprobs(absl::Span<const float> logits, float shift, float
     vals[pos] = x;
     ids[pos] = i;
   }
-  for (int32_t j = 0; j < count; ++j) vals[j] = vals[j] - shift - log_z;
-  result.num_top = count;
+  return count;
+}
+
+}  // namespace
+
+SampleResult ScoreToken(absl::Span<const float> logits, int32_t token, int32_t top_n) {
+  SampleResult r;
+  r.token = token;
+  const int32_t want = std::clamp(top_n, 0, kMaxTopLogprobs);
+  float max = kNegInf;
+  for (float x : logits) max = x > max ? x : max;  // NaN never wins
+  if (!(max > kNegInf)) {
+    r.logprob = kNegInf;
+    return r;
+  }
+  if (std::isinf(max)) {
+    // As Sample does: uniform over the +inf entries.
+    int64_t n = 0;
+    for (float x : logits) n += x == max;
+    const float lp = -static_cast<float>(std::log(static_cast<double>(n)));
+    r.logprob = logits[token] == max ? lp : kNegInf;
+    for (int32_t i = 0; i < static_cast<int32_t>(logits.size()) && r.num_top < want; ++i) {
+      if (logits[i] != max) continue;
+      r.top_ids[r.num_top] = i;
+      r.top_logprobs[r.num_top++] = lp;
+    }
+    return r;
+  }
+  double total = 0;
+  for (float x : logits) {
+    if (x > kNegInf) total += std::exp(static_cast<double>(x) - max);
+  }
+  const double log_z = max + std::log(total);
+  r.logprob = logits[token] > kNegInf ? static_cast<float>(logits[token] - log_z) : kNegInf;
+  r.num_top = TopEntries(logits, want, r.top_logprobs, r.top_ids);
+  for (int32_t j = 0; j < r.num_top; ++j) {
+    r.top_logprobs[j] = static_cast<float>(r.top_logprobs[j] - log_z);
+  }
+  return r;
+}
+
+void Sampler::FillTopLogprobs(absl::Span<const float> logits, float shift, float log_z,
+                              SampleResult& result) const {
+  // Normalize left no NaN: the entries are those of the processed distribution.
+  result.num_top = TopEntries(logits, std::min(config_.top_logprobs, kMaxTopLogprobs),
+                              result.top_logprobs, result.top_ids);
+  for (int32_t j = 0; j < result.num_top; ++j) {
+    result.top_logprobs[j] = result.top_logprobs[j] - shift - log_z;
+  }
 }
 
 }  // namespace kvrm

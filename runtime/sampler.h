@@ -80,6 +80,13 @@ struct SampleResult {
   std::array<float, kMaxTopLogprobs> top_logprobs;
 };
 
+// Scores a given token (prompt logprobs): its log-probability under the softmax of the raw
+// `logits` (no temperature, penalties or filters; NaN counts as -inf) and the `top_n` (at most
+// kMaxTopLogprobs) best entries of that distribution, best first (ties: lowest id). `token`
+// must be in [0, logits.size()). All -inf: logprob -inf and no entries. Two passes over the
+// vocabulary, no allocation.
+SampleResult ScoreToken(absl::Span<const float> logits, int32_t token, int32_t top_n);
+
 class Sampler {
  public:
   explicit Sampler(int32_t vocab_size);

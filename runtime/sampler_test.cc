@@ -6,6 +6,7 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <random>
 #include <set>
 #include <vector>
 
@@ -658,6 +659,66 @@ TEST(SamplerTest, SampleAcceptAndResetDoNotAllocate) {
   const int64_t after = alloc_counter::AllocationCount();
   EXPECT_EQ(after - before, 0);
   EXPECT_GT(sink, 0);
+}
+
+// ScoreToken (prompt logprobs) against a float64 log-softmax of the raw logits: the token's
+// value and the best entries in order, ties to the lower id, -inf and NaN entries left out.
+TEST(ScoreTokenTest, MatchesAFloat64LogSoftmaxOfTheRawLogits) {
+  std::mt19937 rng(31);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  for (int iter = 0; iter < 200; ++iter) {
+    const int32_t vocab = 1 + static_cast<int32_t>(rng() % 300);
+    std::vector<float> logits(vocab);
+    for (float& x : logits) {
+      x = normal(rng);
+      const uint32_t r = rng() % 20;
+      if (r == 0) x = -std::numeric_limits<float>::infinity();
+      if (r == 1) x = std::nanf("");
+      if (r == 2) x = std::round(x);  // ties
+    }
+    const int32_t token = static_cast<int32_t>(rng() % vocab);
+    const int32_t top_n = static_cast<int32_t>(rng() % 22);  // clamped to 20
+    const SampleResult got = ScoreToken(logits, token, top_n);
+    ASSERT_EQ(got.token, token);
+    // Reference.
+    double max = -std::numeric_limits<double>::infinity();
+    std::vector<int32_t> finite;
+    for (int32_t i = 0; i < vocab; ++i) {
+      if (logits[i] > -std::numeric_limits<float>::infinity()) {
+        max = std::max<double>(max, logits[i]);
+        finite.push_back(i);
+      }
+    }
+    if (finite.empty()) {
+      EXPECT_EQ(got.logprob, -std::numeric_limits<float>::infinity());
+      EXPECT_EQ(got.num_top, 0);
+      continue;
+    }
+    double total = 0;
+    for (int32_t i : finite) total += std::exp(logits[i] - max);
+    const double log_z = max + std::log(total);
+    if (std::isnan(logits[token]) || std::isinf(logits[token])) {
+      EXPECT_EQ(got.logprob, -std::numeric_limits<float>::infinity()) << iter;
+    } else {
+      EXPECT_NEAR(got.logprob, logits[token] - log_z, 1e-5) << iter;
+    }
+    std::stable_sort(finite.begin(), finite.end(),
+                     [&](int32_t a, int32_t b) { return logits[a] > logits[b]; });
+    const int32_t want = std::min<int32_t>({top_n, 20, static_cast<int32_t>(finite.size())});
+    ASSERT_EQ(got.num_top, want) << iter;
+    for (int32_t j = 0; j < want; ++j) {
+      EXPECT_EQ(got.top_ids[j], finite[j]) << iter << " rank " << j;
+      EXPECT_NEAR(got.top_logprobs[j], logits[finite[j]] - log_z, 1e-5) << iter;
+    }
+  }
+  // +inf entries: uniform over them.
+  const float inf = std::numeric_limits<float>::infinity();
+  const SampleResult r = ScoreToken(std::vector<float>{1.0f, inf, 2.0f, inf}, 3, 5);
+  EXPECT_FLOAT_EQ(r.logprob, -std::log(2.0f));
+  ASSERT_EQ(r.num_top, 2);
+  EXPECT_EQ(r.top_ids[0], 1);
+  EXPECT_EQ(r.top_ids[1], 3);
+  EXPECT_EQ(ScoreToken(std::vector<float>{1.0f, inf}, 0, 0).logprob, -inf);
 }
 
 }  // namespace
