@@ -97,6 +97,9 @@ struct StepDescriptor {
   }
 };
 
+// Most tokens of a chunk whose every row's logits come back (PrefillChunk::all_logits).
+inline constexpr int32_t kMaxAllLogitsRows = 32;
+
 // One chunk of one slot's prompt: tokens at positions [start, start + tokens.size()).
 struct PrefillChunk {
   int32_t slot = 0;
@@ -109,6 +112,9 @@ struct PrefillChunk {
   // far.SummariesAt(start + tokens.size() - 1)) before each layer's attention.
   FarHistoryShape far;
   int32_t far_dropped = 0;
+  // Prompt logprobs (Backend::computes_all_logits): the logits after every token of the chunk
+  // (at most kMaxAllLogitsRows), [tokens][vocab] in `last_logits`, instead of the last one's.
+  bool all_logits = false;
 };
 
 class Backend {
@@ -131,6 +137,8 @@ class Backend {
   // (`chunk.slot` must not be active in `step`).
   virtual absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                        const StepDescriptor& step, float* logits);
+  // Whether Prefill and DecodeWithChunk honour PrefillChunk::all_logits (prompt logprobs).
+  virtual bool computes_all_logits() const { return false; }
   // Whether this chunk can ride in the decode pass (a backend with fixed shapes may take only
   // chunks whose run table fits its graph); the engine runs the others apart.
   virtual bool CanFuse(const PrefillChunk& chunk) const { return fuses_prefill(); }

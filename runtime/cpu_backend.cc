@@ -99,7 +99,8 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
       rank_status_(options.tensor_parallel),
       rows_(options.max_slots * (1 + options.max_draft_tokens) + options.max_chunk_tokens),
       logit_row_(options.max_slots * (1 + options.max_draft_tokens)),
-      logits_(static_cast<size_t>(options.max_slots * (1 + options.max_draft_tokens) + 1) *
+      logits_(static_cast<size_t>(options.max_slots * (1 + options.max_draft_tokens) +
+                                  kMaxAllLogitsRows) *
               config.vocab_size) {
   // RoPE table in double, rounded once: [position][cos(half) | sin(half)].
   rope_ = RopeTable(config, options.max_context);
@@ -230,6 +231,11 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
   if (chunk.far_dropped > chunk.far.SummariesAt(chunk.start, options_.kv_block_tokens)) {
     return absl::InvalidArgumentError("prefill chunk: blocks dropped that its first row reads");
   }
+  if (chunk.all_logits && n > kMaxAllLogitsRows) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill chunk of ", n,
+                                                   " tokens with every row's logits; max ",
+                                                   kMaxAllLogitsRows));
+  }
   if (chunk.far.enabled() && (chunk.slot < 0 || chunk.slot >= options_.max_slots)) {
     return absl::InvalidArgumentError(absl::StrCat("prefill chunk of slot ", chunk.slot));
   }
@@ -260,9 +266,12 @@ absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
 
 absl::Status CpuBackend::Prefill(const PrefillChunk& chunk, float* last_logits) {
   ASSIGN_OR_RETURN(const int32_t n, ChunkRows(chunk, rows_.data()));
-  RETURN_IF_ERROR(Forward(n, last_logits ? n - 1 : n));
+  // The rows whose logits come back: the last, every one (all_logits), or none.
+  const int32_t first = !last_logits ? n : chunk.all_logits ? 0 : n - 1;
+  RETURN_IF_ERROR(Forward(n, first));
   if (last_logits) {
-    std::memcpy(last_logits, logits_.data(), config_.vocab_size * sizeof(float));
+    std::memcpy(last_logits, logits_.data(),
+                static_cast<size_t>(n - first) * config_.vocab_size * sizeof(float));
   }
   return absl::OkStatus();
 }
@@ -282,10 +291,11 @@ absl::Status CpuBackend::DecodeWithChunk(const PrefillChunk& chunk, float* last_
           absl::StrCat("slot ", chunk.slot, " both decodes and prefills in one step"));
     }
   }
-  const int32_t first = last_logits ? c - 1 : c;
+  const int32_t first = !last_logits ? c : chunk.all_logits ? 0 : c - 1;
   RETURN_IF_ERROR(Forward(c + d, first));
   if (last_logits) {
-    std::memcpy(last_logits, logits_.data(), config_.vocab_size * sizeof(float));
+    std::memcpy(last_logits, logits_.data(),
+                static_cast<size_t>(c - first) * config_.vocab_size * sizeof(float));
   }
   ScatterLogits(c - first, d, logits);
   return absl::OkStatus();

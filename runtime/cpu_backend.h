@@ -71,6 +71,7 @@ class CpuBackend : public Backend {
                                const StepDescriptor& step, float* logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_draft_tokens() const override { return options_.max_draft_tokens; }
+  bool computes_all_logits() const override { return true; }
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
   KvPool* kv_pool(int32_t rank) override { return ranks_[rank]->kv_pool(); }
@@ -108,7 +109,8 @@ class CpuBackend : public Backend {
   // [slots x (1 + drafts) + chunk]: a chunk's rows, then decode rows.
   std::vector<CpuRow> rows_;
   std::vector<int32_t> logit_row_;  // [slots x (1 + drafts)]: each decode row's logits row
-  std::vector<float> logits_;       // [slots x (1 + drafts) + 1][vocab] before scattering
+  // [slots x (1 + drafts) + kMaxAllLogitsRows][vocab] before scattering.
+  std::vector<float> logits_;
 };
 
 }  // namespace kvrm

@@ -303,6 +303,9 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
   device_sampling_ = o.device_sampling && backend_->samples_on_device();
   sampled_tokens_.assign(o.slots, 0);
+  if (backend_->computes_all_logits()) {
+    chunk_logits_.resize(static_cast<size_t>(kMaxAllLogitsRows) * model_->config.vocab_size);
+  }
   return absl::OkStatus();
 }
 
@@ -342,6 +345,14 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
                                                      request->prompt[i], " is not in [0, ", vocab,
                                                      ")"));
     }
+  }
+  if (request->prompt_logprobs < -1 || request->prompt_logprobs > kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(absl::StrCat("prompt_logprobs: ", request->prompt_logprobs,
+                                                   " is outside [0, ", kMaxTopLogprobs, "]"));
+  }
+  if (request->prompt_logprobs >= 0 && !backend_->computes_all_logits()) {
+    return absl::InvalidArgumentError(
+        "prompt_logprobs: this device does not return a prompt's logits (the CPU device does)");
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(request->sampling));
   RETURN_IF_ERROR(ValidateSamplingTokens(request->sampling, vocab));
@@ -564,8 +575,10 @@ bool Engine::Step() {
     work.chunk = &chunk_;
     // Logits only where a token is sampled: the end of a fresh prompt (a recomputed history
     // resumes with the token it had already sampled).
-    work.chunk_logits =
-        chunk_last_ && slots_[chunk_slot_].generated == 0 ? chunk_logits_.data() : nullptr;
+    // (And every row's, for a prompt being scored.)
+    work.chunk_logits = (chunk_last_ && slots_[chunk_slot_].generated == 0) || chunk_.all_logits
+                            ? chunk_logits_.data()
+                            : nullptr;
   }
   if (active > 0) {
     work.step = &descriptors_[committed_];

@@ -280,6 +280,9 @@ class Engine {
     // slot's acceptance rate, SlotAcceptance).
     double drafts_verified = 0;
     double drafts_accepted = 0;
+    // GenerationRequest::prompt_logprobs: the prompt tokens scored so far (sent with the first
+    // token).
+    std::vector<TokenLogprobs> prompt_logprobs;
     bool swapped = false;    // paused with its KV in the host tier (else dropped: recompute)
     uint64_t resumed_step = 0;  // the step it was last resumed for
     int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)
@@ -346,6 +349,9 @@ class Engine {
   // Whether the slot's EOS ids (unless ignore_eos) and stop tokens are masked from sampling now:
   // it has any and fewer than min_tokens generated.
   bool MasksStopTokens(int32_t slot_index) const;
+  // Whether the slot's request still needs its prompt's logits (prompt logprobs not yet sent):
+  // its prompt is prefilled with every row's logits and never from the prefix cache.
+  bool ScoresPrompt(int32_t slot) const;
   // Speculative decoding: the acceptance probability above which one more draft row pays for
   // its share of a pass of `rows` decode rows (0 until the pass's cost was measured at
   // different sizes).
@@ -448,7 +454,8 @@ class Engine {
   // EngineOptions::offload_shed_wait_share.
   double transport_wait_share_ = 0;
   std::vector<float> logits_;             // [slots][vocab]
-  std::vector<float> chunk_logits_;       // [vocab]
+  // [vocab], or [kMaxAllLogitsRows][vocab] where the backend returns every row of a chunk.
+  std::vector<float> chunk_logits_;
   std::vector<int32_t> eos_ids_;
   uint64_t steps_ = 0;
   uint64_t mixed_steps_ = 0;

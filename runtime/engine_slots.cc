@@ -201,9 +201,11 @@ void Engine::ResumePaused() {
     // livelock under KV pressure). It waits until the space that the others free makes room.
     // A cached prefix it attaches (recompute) brings its own runs: at most all but one.
     const int32_t runs = std::max(1, options_.max_runs - 1);
+    // (A prompt being scored is prefilled whole: its tokens need their logits.)
     const CachedPrefix prefix =
-        s.swapped ? CachedPrefix{}
-                  : MatchCachedPrefix(s.history, runs - 1, s.request->cache_salt);
+        s.swapped || ScoresPrompt(pick)
+            ? CachedPrefix{}
+            : MatchCachedPrefix(s.history, runs - 1, s.request->cache_salt);
     need -= prefix.blocks;
     if (pager_->free_device_blocks() - prefix.idle < need + headroom) return;
     if (s.swapped) {
@@ -256,8 +258,10 @@ void Engine::Admit(absl::Time now) {
     const int64_t prompt = static_cast<int64_t>((*best)->prompt.size());
     int64_t reserve_blocks = 0;
     // Leaves the match in prefix_match_ for AttachCachedPrefix below.
-    CachedPrefix prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs,
-                                            (*best)->cache_salt, /*host=*/true);
+    // (A prompt to be scored matches nothing: max_runs 0.)
+    const int32_t match_runs = (*best)->prompt_logprobs >= 0 ? 0 : options_.max_runs;
+    CachedPrefix prefix =
+        MatchCachedPrefix((*best)->prompt, match_runs, (*best)->cache_salt, /*host=*/true);
     if (pager_) {
       // The prompt, its first generated token, and one block of growth per decoding slot; under
       // kPromptAndOutput the whole expected output, beside what others have set aside.
@@ -312,7 +316,7 @@ void Engine::Admit(absl::Time now) {
             if (pager_->pending_blocks() > 0) DrainTransfers();
             // The pause changed the prefix cache under the match (released blocks became idle,
             // a swap-out's room in the host tier evicted idle host blocks): match again.
-            prefix = MatchCachedPrefix((*best)->prompt, options_.max_runs, (*best)->cache_salt,
+            prefix = MatchCachedPrefix((*best)->prompt, match_runs, (*best)->cache_salt,
                                        /*host=*/true);
             if (missing() <= 0 && fits_runs()) break;
             victim = NewcomerVictim((*best)->priority, &freeable);
@@ -359,6 +363,14 @@ void Engine::Admit(absl::Time now) {
     slot.swapped = false;
     slot.grammar_state = req.grammar ? req.grammar->start() : 0;
     slot.drafts_verified = slot.drafts_accepted = 0;
+    slot.prompt_logprobs.clear();
+    if (req.prompt_logprobs >= 0) {
+      // Entry 0 (the first prompt token) has no score; the others come chunk by chunk.
+      slot.prompt_logprobs.reserve(req.prompt.size());
+      TokenLogprobs first;
+      first.token = req.prompt[0];
+      slot.prompt_logprobs.push_back(first);
+    }
     observer_->OnAdmitted(req, now - req.arrival);
     samplers_[i]->Reset(req.sampling, req.prompt);
     const Tokenizer* tok = model_->tokenizer.get();
@@ -654,6 +666,11 @@ bool Engine::MarkDeviceSampling() {
   return any;
 }
 
+bool Engine::ScoresPrompt(int32_t i) const {
+  const Slot& s = slots_[i];
+  return s.request != nullptr && s.request->prompt_logprobs >= 0 && s.generated == 0;
+}
+
 int64_t Engine::HistoryBlocksNeeded(int64_t tokens) const {
   const int64_t need = pager_->BlocksFor(tokens + 1);
   return far_.enabled() ? std::min(need, far_peak_blocks_) : need;
@@ -813,6 +830,7 @@ bool Engine::PickPrefillChunk() {
     for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
     const int32_t budget = PrefillTokenBudget(decoding);
     n = std::min({backend_->max_chunk_tokens(), budget, total - slot.prefilled});
+    if (ScoresPrompt(pick)) n = std::min(n, kMaxAllLogitsRows);
     after = slot.admit_seq;
     // No compaction for a prompt: a chunk reads a run table of any width (below).
     if (!far_.enabled() || GrowSlotKv(pick, slot.prefilled + n)) break;
@@ -827,6 +845,7 @@ bool Engine::PickPrefillChunk() {
                                             static_cast<size_t>(pick) * d.max_runs, d.max_runs));
   chunk_.runs = d.SlotRunsData(pick);
   chunk_last_ = slot.prefilled + n == total;
+  chunk_.all_logits = ScoresPrompt(pick);
   if (far_.enabled()) chunk_.far_dropped = pager_->Dropped(pick);
   if (pager_ && pager_->NumRuns(pick) > d.max_runs) {
     // The run table is wider than the descriptor row: the CPU prefill reads runs through the
@@ -887,10 +906,34 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   if (far_.enabled()) {
     DropSummarized(pick, far_.SummariesAt(slot.prefilled - 1, options_.block_tokens));
   }
+  const int32_t vocab = backend_->vocab_size();
+  const int32_t rows = static_cast<int32_t>(chunk_.tokens.size());
+  if (chunk_.all_logits) {
+    // Row r's logits score history token start + r + 1 (those not scored yet: a chunk redone
+    // after a pause scores nothing twice).
+    const int32_t top = slot.request->prompt_logprobs;
+    for (int32_t r = 0; r < rows; ++r) {
+      const size_t target = static_cast<size_t>(chunk_.start) + r + 1;
+      if (target >= slot.request->prompt.size() || target != slot.prompt_logprobs.size()) continue;
+      const SampleResult s = ScoreToken(
+          absl::MakeConstSpan(&chunk_logits_[static_cast<size_t>(r) * vocab], vocab),
+          slot.history[target], top);
+      TokenLogprobs lp;
+      lp.token = s.token;
+      lp.logprob = s.logprob;
+      lp.rank = s.rank;
+      lp.num_top = s.num_top;
+      lp.top_ids = s.top_ids;
+      lp.top_logprobs = s.top_logprobs;
+      slot.prompt_logprobs.push_back(lp);
+    }
+  }
   if (!chunk_last_) return;
   SetState(pick, SlotState::kDecoding);
   if (slot.generated > 0) return;  // a recomputed history: decoding resumes with next_token
-  EmitToken(pick, SampleNext(pick, absl::MakeSpan(chunk_logits_.data(), backend_->vocab_size())));
+  // The last row's logits give the first token.
+  const size_t last = chunk_.all_logits ? static_cast<size_t>(rows - 1) * vocab : 0;
+  EmitToken(pick, SampleNext(pick, absl::MakeSpan(&chunk_logits_[last], vocab)));
 }
 
 void Engine::FinishDecode(const StepResult& result) {
@@ -1025,6 +1068,10 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
 
   StreamChunk chunk;
   chunk.token_ids.push_back(token);
+  if (slot.generated == 1 && r.prompt_logprobs >= 0) {
+    chunk.prompt_logprobs = std::move(slot.prompt_logprobs);
+    slot.prompt_logprobs.clear();
+  }
   if (r.sampling.logprobs) {
     TokenLogprobs lp;
     lp.token = token;

@@ -22,6 +22,7 @@ const char* FinishReasonName(FinishReason reason);
 struct TokenLogprobs {
   int32_t token = 0;
   float logprob = 0;
+  int32_t rank = 0;  // prompt logprobs: 1 + the tokens more likely than this one
   int32_t num_top = 0;
   std::array<int32_t, kMaxTopLogprobs> top_ids;
   std::array<float, kMaxTopLogprobs> top_logprobs;
@@ -32,6 +33,11 @@ struct StreamChunk {
   std::vector<int32_t> token_ids;
   std::string text;
   std::vector<TokenLogprobs> logprobs;  // one per token when asked for
+  // GenerationRequest::prompt_logprobs: on the request's first chunk, one entry per prompt
+  // token, entry i scoring prompt token i after the tokens before it under the model's raw
+  // distribution (no temperature or penalties). Entry 0 has no score (nothing precedes it):
+  // logprob 0, no alternatives.
+  std::vector<TokenLogprobs> prompt_logprobs;
 };
 
 struct FinishInfo {
@@ -71,6 +77,11 @@ struct GenerationRequest {
   // model's tool-call markers when the request offered tools and they are special tokens.
   std::vector<int32_t> kept_special_tokens;
   bool ignore_eos = false;
+  // Score the prompt (vLLM's prompt_logprobs): -1 off; else every prompt token's logprob and
+  // this many alternatives (at most kMaxTopLogprobs) come with the first chunk
+  // (StreamChunk::prompt_logprobs). Such a prompt is prefilled whole, in chunks of at most
+  // kMaxAllLogitsRows tokens, without the prefix cache (its tokens need their logits).
+  int32_t prompt_logprobs = -1;
   absl::Duration time_limit = absl::ZeroDuration();  // zero: none
   int32_t priority = 0;
   // Prefix-cache namespace (CacheSaltKey of the request's cache_salt; 0: the shared default):

@@ -501,6 +501,7 @@ SampleResult ScoreToken(absl::Span<const float> logits, int32_t token, int32_t t
     for (float x : logits) n += x == max;
     const float lp = -static_cast<float>(std::log(static_cast<double>(n)));
     r.logprob = logits[token] == max ? lp : kNegInf;
+    r.rank = logits[token] == max ? 1 : 0;
     for (int32_t i = 0; i < static_cast<int32_t>(logits.size()) && r.num_top < want; ++i) {
       if (logits[i] != max) continue;
       r.top_ids[r.num_top] = i;
@@ -514,6 +515,10 @@ SampleResult ScoreToken(absl::Span<const float> logits, int32_t token, int32_t t
   }
   const double log_z = max + std::log(total);
   r.logprob = logits[token] > kNegInf ? static_cast<float>(logits[token] - log_z) : kNegInf;
+  if (r.logprob > kNegInf) {
+    r.rank = 1;
+    for (float x : logits) r.rank += x > logits[token];
+  }
   r.num_top = TopEntries(logits, want, r.top_logprobs, r.top_ids);
   for (int32_t j = 0; j < r.num_top; ++j) {
     r.top_logprobs[j] = static_cast<float>(r.top_logprobs[j] - log_z);

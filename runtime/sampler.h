@@ -78,6 +78,8 @@ struct SampleResult {
   int32_t num_top = 0;
   std::array<int32_t, kMaxTopLogprobs> top_ids;
   std::array<float, kMaxTopLogprobs> top_logprobs;
+  // ScoreToken only: 1 + the number of entries more likely than `token` (0 when it is -inf).
+  int32_t rank = 0;
 };
 
 // Scores a given token (prompt logprobs): its log-probability under the softmax of the raw

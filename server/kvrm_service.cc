@@ -93,6 +93,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   void set_follower_template(const GenerationRequest& leader) {
     follower_ = std::make_unique<GenerationRequest>(leader);
     follower_->sink.reset();
+    follower_->prompt_logprobs = -1;  // completion 0 carries the prompt's scores
   }
 
   // Before the leader is submitted: every completion's text is read for function calls.
@@ -313,16 +314,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       }
       msg.set_text(std::move(text));
     }
-    for (const TokenLogprobs& lp : chunk.logprobs) {
-      v1::TokenLogprob* out = msg.add_logprobs();
+    const auto add = [&](const TokenLogprobs& lp, int32_t max_top, v1::TokenLogprob* out) {
       out->set_token_id(lp.token);
       out->set_logprob(lp.logprob);
-      for (int32_t i = 0; i < std::min(lp.num_top, top_logprobs_); ++i) {
+      out->set_rank(lp.rank);
+      for (int32_t i = 0; i < std::min(lp.num_top, max_top); ++i) {
         v1::TopLogprob* t = out->add_top();
         t->set_token_id(lp.top_ids[i]);
         t->set_logprob(lp.top_logprobs[i]);
         t->set_text(tokenizer_->Decode({lp.top_ids[i]}, false));
       }
+    };
+    for (const TokenLogprobs& lp : chunk.logprobs) add(lp, top_logprobs_, msg.add_logprobs());
+    // (The engine kept as many alternatives as the request asked for.)
+    for (const TokenLogprobs& lp : chunk.prompt_logprobs) {
+      add(lp, kMaxTopLogprobs, msg.add_prompt_logprobs());
     }
     if (info) {
       v1::Finished* f = msg.mutable_finished();

@@ -531,6 +531,13 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   }
   r->sampling.logprobs = ro.logprobs() || ro.top_logprobs() > 0;
   r->sampling.top_logprobs = ro.top_logprobs();
+  if (ro.prompt_top_logprobs() < 0 || ro.prompt_top_logprobs() > kMaxTopLogprobs) {
+    return Invalid("response.prompt_top_logprobs", absl::StrCat(ro.prompt_top_logprobs(),
+                                                                " is outside [0, ",
+                                                                kMaxTopLogprobs, "]"));
+  }
+  r->prompt_logprobs =
+      ro.prompt_logprobs() || ro.prompt_top_logprobs() > 0 ? ro.prompt_top_logprobs() : -1;
 
   if (proto.priority() < -100 || proto.priority() > 100) {
     return Invalid("priority", absl::StrCat(proto.priority(), " is outside [-100, 100]"));

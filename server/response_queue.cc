@@ -21,6 +21,7 @@ const v1::GenerateResponse* ResponseQueue::Push(v1::GenerateResponse msg) {
     // text as the pieces did.
     e.msg.mutable_reasoning_text()->append(msg.reasoning_text());
     e.msg.mutable_logprobs()->MergeFrom(msg.logprobs());
+    e.msg.mutable_prompt_logprobs()->MergeFrom(msg.prompt_logprobs());
     for (v1::ToolCallDelta& d : *msg.mutable_tool_call_deltas()) {
       // A call's next piece joins its previous one; a call's first delta stays its own entry.
       const int n = e.msg.tool_call_deltas_size();
