@@ -597,10 +597,16 @@ absl::Status CompletionOptions(const Json& body, OpenAiRequest* out) {
   out->echo = echo.value_or(false);
   ASSIGN_OR_RETURN(std::optional<int32_t> logprobs, GetInt32(body, "logprobs"));
   if (logprobs) {
-    if (out->echo) return Bad("logprobs", "with echo (the prompt's logprobs) is not supported");
     out->logprobs = *logprobs;
     out->generate.mutable_response()->set_logprobs(true);
     out->generate.mutable_response()->set_top_logprobs(*logprobs);
+    if (out->echo) {
+      // The prompt's tokens lead the logprobs object: they are scored too (lm-evaluation-
+      // harness's log-likelihood requests are echo + logprobs).
+      v1::ResponseOptions* ro = out->generate.mutable_response();
+      ro->set_prompt_logprobs(true);
+      ro->set_prompt_top_logprobs(std::max(ro->prompt_top_logprobs(), *logprobs));
+    }
   }
   out->params["response.top_logprobs"] = "logprobs";
   ASSIGN_OR_RETURN(std::optional<bool> add_special, GetBool(body, "add_special_tokens"));
@@ -657,8 +663,6 @@ absl::Status RefuseUnsupported(const Json& body, bool chat) {
                "is not supported (guided_json, guided_regex, guided_choice and response_format "
                "are)");
   }
-  ASSIGN_OR_RETURN(std::optional<int32_t> prompt_logprobs, GetInt32(body, "prompt_logprobs"));
-  if (prompt_logprobs.value_or(0) != 0) return Bad("prompt_logprobs", "is not supported");
   ASSIGN_OR_RETURN(std::optional<bool> beam_search, GetBool(body, "use_beam_search"));
   if (beam_search.value_or(false)) return Bad("use_beam_search", "is not supported");
   ASSIGN_OR_RETURN(std::optional<bool> skip_special, GetBool(body, "skip_special_tokens"));
@@ -689,6 +693,18 @@ absl::StatusOr<OpenAiRequest> ParseOpenAiRequest(OpenAiEndpoint endpoint, absl::
   Builder b(&out, *parsed, ordered_root);
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
   RETURN_IF_ERROR(RefuseUnsupported(*parsed, chat));
+  {
+    // vLLM's prompt_logprobs (null: off; 0: the prompt tokens' own logprobs only).
+    ASSIGN_OR_RETURN(std::optional<int32_t> plp, GetInt32(*parsed, "prompt_logprobs"));
+    if (plp) {
+      // (Its range, [0, 20], is the service's check, reported under this name.)
+      out.prompt_logprobs = *plp;
+      v1::ResponseOptions* ro = out.generate.mutable_response();
+      ro->set_prompt_logprobs(true);
+      ro->set_prompt_top_logprobs(*plp);
+      out.params["response.prompt_top_logprobs"] = "prompt_logprobs";
+    }
+  }
   RETURN_IF_ERROR(b.Sampling());
   RETURN_IF_ERROR(
       b.MaxTokens(chat ? defaults.chat_max_tokens : defaults.completion_max_tokens, chat));
@@ -927,6 +943,47 @@ OpenAiReply::OpenAiReply(const OpenAiRequest& request, const Tokenizer* tokenize
       prompts_(1 + static_cast<int>(request.more_prompts.size())),
       n_(std::max(1, request.generate.n())) {
   choices_.resize(static_cast<size_t>(prompts_) * n_);
+  prompt_logprobs_.resize(prompts_);
+}
+
+const std::vector<v1::TokenLogprob>& OpenAiReply::ScoredPrompt(int prompt) const {
+  return prompt_logprobs_[std::clamp(prompt, 0, prompts_ - 1)];
+}
+
+void OpenAiReply::NotePromptLogprobs(int prompt, const v1::GenerateResponse& m) {
+  if (m.prompt_logprobs_size() == 0) return;
+  prompt = std::clamp(prompt, 0, prompts_ - 1);
+  prompt_logprobs_[prompt].assign(m.prompt_logprobs().begin(), m.prompt_logprobs().end());
+}
+
+bool OpenAiReply::echo_scores_prompt() const {
+  return request_.endpoint == OpenAiEndpoint::kCompletions && request_.echo &&
+         request_.logprobs >= 0;
+}
+
+OrderedJson OpenAiReply::PromptLogprobsJson(int prompt) const {
+  const std::vector<v1::TokenLogprob>& entries = ScoredPrompt(prompt);
+  if (entries.empty()) return nullptr;
+  OrderedJson out = OrderedJson::array();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const v1::TokenLogprob& e = entries[i];
+    if (i == 0) {  // nothing precedes the first token
+      out.push_back(nullptr);
+      continue;
+    }
+    OrderedJson m = OrderedJson::object();
+    m[std::to_string(e.token_id())] = {{"logprob", e.logprob()},
+                                       {"rank", e.rank()},
+                                       {"decoded_token", TokenText(e.token_id(), false)}};
+    for (int j = 0; j < std::min(e.top_size(), request_.prompt_logprobs); ++j) {
+      const v1::TopLogprob& a = e.top(j);
+      const std::string key = std::to_string(a.token_id());
+      if (m.contains(key)) continue;  // the prompt token is among its own alternatives
+      m[key] = {{"logprob", a.logprob()}, {"rank", j + 1}, {"decoded_token", a.text()}};
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
 }
 
 int OpenAiReply::ChoiceIndex(int prompt, int index) const {
@@ -974,6 +1031,48 @@ OrderedJson CompletionLogprobs(const std::vector<v1::TokenLogprob>& entries,
   out["text_offset"] = std::move(offsets);
   return out;
 }
+
+}  // namespace
+
+OrderedJson OpenAiReply::EchoedLogprobs(int prompt,
+                                        const std::vector<v1::TokenLogprob>& entries) const {
+  const auto text = [this](int32_t id, bool bytes) { return TokenText(id, bytes); };
+  const std::vector<v1::TokenLogprob>& scored = ScoredPrompt(prompt);
+  OrderedJson tokens = OrderedJson::array();
+  OrderedJson token_logprobs = OrderedJson::array();
+  OrderedJson top = OrderedJson::array();
+  OrderedJson offsets = OrderedJson::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < scored.size(); ++i) {
+    const v1::TokenLogprob& e = scored[i];
+    const std::string t = text(e.token_id(), false);
+    tokens.push_back(t);
+    offsets.push_back(offset);
+    offset += t.size();
+    if (i == 0) {  // OpenAI's and vLLM's null for the first token
+      token_logprobs.push_back(nullptr);
+      top.push_back(nullptr);
+      continue;
+    }
+    token_logprobs.push_back(e.logprob());
+    OrderedJson alternatives = OrderedJson::object();
+    for (int j = 0; j < std::min(e.top_size(), request_.logprobs); ++j) {
+      alternatives[text(e.top(j).token_id(), false)] = e.top(j).logprob();
+    }
+    top.push_back(std::move(alternatives));
+  }
+  // The completion's tokens after it, at their offsets in the echoed text.
+  OrderedJson out = CompletionLogprobs(entries, text, PromptText(prompt).size());
+  for (auto [key, lead] :
+       {std::pair{"tokens", &tokens}, std::pair{"token_logprobs", &token_logprobs},
+        std::pair{"top_logprobs", &top}, std::pair{"text_offset", &offsets}}) {
+    for (OrderedJson& v : out[key]) lead->push_back(std::move(v));
+    out[key] = std::move(*lead);
+  }
+  return out;
+}
+
+namespace {
 
 OrderedJson ByteList(const std::string& s) {
   OrderedJson b = OrderedJson::array();
@@ -1081,7 +1180,12 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
   const bool calls = finished && m.finished().tool_calls_size() > 0;
   const bool call_deltas = chat && m.tool_call_deltas_size() > 0;
   const bool reasoning = chat && !m.reasoning_text().empty();
-  if (delta_text.empty() && m.logprobs_size() == 0 && !finished && !call_deltas && !reasoning) {
+  // The prompt's scores go out with each choice's first chunk after they arrived.
+  const bool score_prompt = !c.prompt_scored &&
+                            !ScoredPrompt(prompt).empty() &&
+                            (request_.prompt_logprobs >= 0 || echo_scores_prompt());
+  if (delta_text.empty() && m.logprobs_size() == 0 && !finished && !call_deltas && !reasoning &&
+      !score_prompt) {
     return "";
   }
   OrderedJson chunk = Head(/*chunk=*/true);
@@ -1124,10 +1228,21 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
         request_.logprobs >= 0 && !entries.empty() ? ChatLogprobs(entries, text) : nullptr;
   } else {
     choice["text"] = delta_text;
-    choice["logprobs"] = request_.logprobs >= 0 && !entries.empty()
-                             ? CompletionLogprobs(entries, text, c.text.size())
-                             : nullptr;
+    if (score_prompt && echo_scores_prompt()) {
+      choice["logprobs"] = EchoedLogprobs(prompt, entries);
+    } else {
+      choice["logprobs"] = request_.logprobs >= 0 && !entries.empty()
+                               ? CompletionLogprobs(entries, text, c.text.size())
+                               : nullptr;
+    }
+    if (score_prompt && request_.prompt_logprobs >= 0) {
+      choice["prompt_logprobs"] = PromptLogprobsJson(prompt);
+    }
   }
+  if (score_prompt && chat && request_.prompt_logprobs >= 0) {
+    chunk["prompt_logprobs"] = PromptLogprobsJson(prompt);
+  }
+  c.prompt_scored = c.prompt_scored || score_prompt;
   c.text += delta_text;
   if (finished) {
     choice["finish_reason"] = OpenAiFinishReason(m.finished().reason());
@@ -1140,6 +1255,7 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
 }
 
 std::string OpenAiReply::StreamMessage(const v1::GenerateResponse& m, int prompt) {
+  NotePromptLogprobs(prompt, m);
   const int index = ChoiceIndex(prompt, m.index());
   NoteFinish(choices_[index], m);
   return Chunk(prompt, index, m);
@@ -1162,6 +1278,7 @@ std::string OpenAiReply::StreamError(const OpenAiError& error) {
 }
 
 void OpenAiReply::Add(const v1::GenerateResponse& m, int prompt) {
+  NotePromptLogprobs(prompt, m);
   Choice& c = choices_[ChoiceIndex(prompt, m.index())];
   c.text += m.text();
   c.reasoning += m.reasoning_text();
@@ -1188,10 +1305,14 @@ std::string OpenAiReply::Body() const {
       choice["message"] = std::move(message);
       choice["logprobs"] = request_.logprobs >= 0 ? ChatLogprobs(c.logprobs, text) : nullptr;
     } else {
-      const std::string echo = request_.echo ? PromptText(static_cast<int>(i) / n_) : "";
+      const int prompt = static_cast<int>(i) / n_;
+      const std::string echo = request_.echo ? PromptText(prompt) : "";
       choice["text"] = echo + c.text;
-      choice["logprobs"] =
-          request_.logprobs >= 0 ? CompletionLogprobs(c.logprobs, text, echo.size()) : nullptr;
+      choice["logprobs"] = echo_scores_prompt() ? EchoedLogprobs(prompt, c.logprobs)
+                           : request_.logprobs >= 0
+                               ? CompletionLogprobs(c.logprobs, text, echo.size())
+                               : nullptr;
+      if (request_.prompt_logprobs >= 0) choice["prompt_logprobs"] = PromptLogprobsJson(prompt);
     }
     const std::string finish = OpenAiFinishReason(c.finished.reason());
     choice["finish_reason"] = finish.empty() ? OrderedJson(nullptr) : OrderedJson(finish);
@@ -1199,6 +1320,8 @@ std::string OpenAiReply::Body() const {
     choices.push_back(std::move(choice));
   }
   body["choices"] = std::move(choices);
+  // Chat: vLLM puts the prompt's scores on the response.
+  if (chat && request_.prompt_logprobs >= 0) body["prompt_logprobs"] = PromptLogprobsJson(0);
   body["usage"] = Usage();
   return Dump(body);
 }

@@ -59,6 +59,10 @@ struct OpenAiRequest {
   // Completions: `logprobs` = n (0..20) gives per-token logprobs and the top n; -1 none.
   // Chat: `logprobs: true` gives them, `top_logprobs` the alternatives.
   int32_t logprobs = -1;
+  // vLLM's `prompt_logprobs` = n (0..20): every prompt token's logprob and the top n, as
+  // `prompt_logprobs` (completions: per choice; chat: on the response); -1 none. Completions'
+  // `echo` with `logprobs` also scores the prompt (its tokens lead the logprobs object).
+  int32_t prompt_logprobs = -1;
   // Which OpenAI parameter set each GenerateRequest field, for error messages: "sampling.top_p"
   // -> "top_p", "stopping.max_new_tokens" -> "max_completion_tokens" when that was the one sent.
   std::map<std::string, std::string> params;
@@ -148,6 +152,7 @@ class OpenAiReply {
     v1::Finished finished;
     bool done = false;
     bool echoed = false;  // streaming: the echo has been sent
+    bool prompt_scored = false;  // streaming: the prompt's logprobs have been sent
     // Streaming: the calls whose deltas were sent, by id, and the indices they used.
     std::set<std::string> streamed_ids;
     std::set<int32_t> streamed_indices;
@@ -164,6 +169,17 @@ class OpenAiReply {
   OrderedJson Usage() const;
   // The token as text (bytes = false: partial UTF-8 repaired) or as its exact bytes.
   std::string TokenText(int32_t id, bool bytes) const;
+  // The scores of prompt `prompt` (empty until completion 0's first message brought them).
+  const std::vector<v1::TokenLogprob>& ScoredPrompt(int prompt) const;
+  // Keeps the prompt's scores when `m` carries them (completion 0's first message).
+  void NotePromptLogprobs(int prompt, const v1::GenerateResponse& m);
+  // vLLM's prompt_logprobs list for prompt `prompt`: null, then per token a map of token id to
+  // {logprob, rank, decoded_token} holding the prompt token and its top alternatives.
+  OrderedJson PromptLogprobsJson(int prompt) const;
+  // Completions with echo and logprobs: the logprobs object of the prompt's tokens (the first
+  // with null logprob) followed by the completion's `entries`, text offsets from 0.
+  OrderedJson EchoedLogprobs(int prompt, const std::vector<v1::TokenLogprob>& entries) const;
+  bool echo_scores_prompt() const;
 
   const OpenAiRequest& request_;
   const Tokenizer* tokenizer_;
@@ -174,6 +190,7 @@ class OpenAiReply {
   int prompts_ = 1;  // P
   int n_ = 1;        // completions per prompt
   std::vector<Choice> choices_;  // P*n
+  std::vector<std::vector<v1::TokenLogprob>> prompt_logprobs_;  // [P], as they arrive
   std::string engine_error_;
 };
 

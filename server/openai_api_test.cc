@@ -182,10 +182,9 @@ TEST(RequestTest, UnsupportedParametersAreRefusedByName) {
     };
     ExpectRefused(e, body(R"("guided_grammar": "root ::= \"a\"")"), "guided_grammar",
                   "guided_json");
-    ExpectRefused(e, body(R"("prompt_logprobs": 1)"), "prompt_logprobs");
     ExpectRefused(e, body(R"("use_beam_search": true)"), "use_beam_search");
     ExpectRefused(e, body(R"("skip_special_tokens": false)"), "skip_special_tokens");
-    for (const char* neutral : {R"("prompt_logprobs": 0)", R"("use_beam_search": false)",
+    for (const char* neutral : {R"("prompt_logprobs": null)", R"("use_beam_search": false)",
                                 R"("skip_special_tokens": true)", R"("guided_grammar": null)"}) {
       EXPECT_TRUE(ParseOpenAiRequest(e, body(neutral), OpenAiDefaults()).ok()) << neutral;
     }
@@ -438,10 +437,42 @@ TEST(CompletionsRequestTest, EchoAndItsLimits) {
   absl::StatusOr<OpenAiRequest> r = Completions(CompletionBody(R"("echo": true)"));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_TRUE(r->echo);
-  ExpectRefused(kCompletions, CompletionBody(R"("echo": true, "logprobs": 1)"), "logprobs",
-                "echo");
-  // echo false with logprobs is fine.
-  EXPECT_TRUE(Completions(CompletionBody(R"("echo": false, "logprobs": 1)")).ok());
+  EXPECT_FALSE(r->generate.response().prompt_logprobs());
+  // echo with logprobs scores the prompt too (the prompt's tokens lead the logprobs object).
+  r = Completions(CompletionBody(R"("echo": true, "logprobs": 3)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->generate.response().prompt_logprobs());
+  EXPECT_EQ(r->generate.response().prompt_top_logprobs(), 3);
+  EXPECT_EQ(r->prompt_logprobs, -1);  // no vLLM prompt_logprobs list
+  // echo false with logprobs does not.
+  r = Completions(CompletionBody(R"("echo": false, "logprobs": 1)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->generate.response().prompt_logprobs());
+}
+
+TEST(RequestTest, PromptLogprobsAskTheServiceToScoreThePrompt) {
+  for (OpenAiEndpoint e : {kChat, kCompletions}) {
+    const auto body = [&](const std::string& more) {
+      return e == kChat ? ChatBody(more) : CompletionBody(more);
+    };
+    absl::StatusOr<OpenAiRequest> r =
+        ParseOpenAiRequest(e, body(R"("prompt_logprobs": 0)"), OpenAiDefaults());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->prompt_logprobs, 0);
+    EXPECT_TRUE(r->generate.response().prompt_logprobs());
+    EXPECT_EQ(r->generate.response().prompt_top_logprobs(), 0);
+    r = ParseOpenAiRequest(e, body(R"("prompt_logprobs": 4)"), OpenAiDefaults());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_EQ(r->generate.response().prompt_top_logprobs(), 4);
+    // The service's range error is reported under the request's name for it.
+    const OpenAiError err = ToOpenAiError(
+        absl::InvalidArgumentError("response.prompt_top_logprobs: 21 is outside [0, 20]"), &*r);
+    EXPECT_EQ(err.param, "prompt_logprobs");
+    r = ParseOpenAiRequest(e, body(R"("prompt_logprobs": null)"), OpenAiDefaults());
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(r->generate.response().prompt_logprobs());
+    ExpectRefused(e, body(R"("prompt_logprobs": "all")"), "prompt_logprobs");
+  }
 }
 
 TEST(CompletionsRequestTest, SuffixIsRefused) {
@@ -1445,6 +1476,84 @@ TEST(OpenAiReplyTest, EchoPrependsThePrompt) {
   EXPECT_EQ(Parse(no_echo.Body()).at("choices")[0].at("text"), " a time");
 }
 
+// The first message of completion 0 with the prompt's scores: "Once" (no score), ":" (-1.5,
+// rank 3, alternatives "." and ",").
+v1::GenerateResponse WithPromptLogprobs(v1::GenerateResponse m) {
+  const std::vector<std::pair<std::string, float>> prompt = {{"Once", 0.0f}, {":", -1.5f}};
+  for (size_t i = 0; i < prompt.size(); ++i) {
+    v1::TokenLogprob* e = m.add_prompt_logprobs();
+    e->set_token_id(OneToken(prompt[i].first));
+    e->set_logprob(prompt[i].second);
+    if (i == 0) continue;
+    e->set_rank(3);
+    for (const auto& [alt, lp] : {std::pair{".", -0.5f}, std::pair{",", -1.0f}}) {
+      v1::TopLogprob* t = e->add_top();
+      t->set_token_id(OneToken(alt));
+      t->set_logprob(lp);
+      t->set_text(alt);
+    }
+  }
+  return m;
+}
+
+TEST(OpenAiReplyTest, EchoWithLogprobsLeadsWithThePromptsTokens) {
+  const OpenAiRequest request =
+      MustParse(kCompletions, CompletionBody(R"("echo": true, "logprobs": 1, "n": 2)"));
+  OpenAiReply reply(request, &Gpt2(), "cmpl-7", 1, "m", {"Once:"});
+  v1::GenerateResponse first = WithPromptLogprobs(Final(0, " a", v1::FINISH_REASON_LENGTH, 2, 1));
+  AddLogprob(&first, OneToken(" a"), -0.25f, {{OneToken(" a"), -0.25f}});
+  reply.Add(first);
+  v1::GenerateResponse other = Final(1, " the", v1::FINISH_REASON_LENGTH, 2, 1);
+  AddLogprob(&other, OneToken(" the"), -0.75f, {{OneToken(" the"), -0.75f}});
+  reply.Add(other);
+  const Json body = Parse(reply.Body());
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(i);
+    const Json& c = body.at("choices")[i];
+    EXPECT_EQ(c.at("text"), i == 0 ? "Once: a" : "Once: the");
+    const Json& lp = c.at("logprobs");
+    EXPECT_EQ(lp.at("tokens"), Json::parse(i == 0 ? R"(["Once", ":", " a"])"
+                                                   : R"(["Once", ":", " the"])"));
+    EXPECT_TRUE(lp.at("token_logprobs")[0].is_null());
+    EXPECT_FLOAT_EQ(lp.at("token_logprobs")[1].get<float>(), -1.5f);
+    EXPECT_FLOAT_EQ(lp.at("token_logprobs")[2].get<float>(), i == 0 ? -0.25f : -0.75f);
+    EXPECT_TRUE(lp.at("top_logprobs")[0].is_null());
+    // logprobs = 1: one alternative of the prompt's two.
+    EXPECT_EQ(lp.at("top_logprobs")[1].size(), 1u);
+    EXPECT_FLOAT_EQ(lp.at("top_logprobs")[1].at(".").get<float>(), -0.5f);
+    EXPECT_EQ(lp.at("text_offset"), Json::parse("[0, 4, 5]"));
+    EXPECT_FALSE(c.contains("prompt_logprobs"));
+  }
+}
+
+TEST(OpenAiReplyTest, PromptLogprobsAreVllmsListPerChoiceOrOnTheChatResponse) {
+  const OpenAiRequest request =
+      MustParse(kCompletions, CompletionBody(R"("prompt_logprobs": 1)"));
+  OpenAiReply reply(request, &Gpt2(), "cmpl-8", 1, "m", {"Once:"});
+  reply.Add(WithPromptLogprobs(Final(0, " a", v1::FINISH_REASON_LENGTH, 2, 1)));
+  const Json body = Parse(reply.Body());
+  const Json& plp = body.at("choices")[0].at("prompt_logprobs");
+  ASSERT_EQ(plp.size(), 2u);
+  EXPECT_TRUE(plp[0].is_null());
+  // The prompt token (rank 3) and its best alternative (rank 1).
+  ASSERT_EQ(plp[1].size(), 2u);
+  const Json& own = plp[1].at(std::to_string(OneToken(":")));
+  EXPECT_FLOAT_EQ(own.at("logprob").get<float>(), -1.5f);
+  EXPECT_EQ(own.at("rank"), 3);
+  EXPECT_EQ(own.at("decoded_token"), ":");
+  const Json& best = plp[1].at(std::to_string(OneToken(".")));
+  EXPECT_EQ(best.at("rank"), 1);
+  EXPECT_EQ(best.at("decoded_token"), ".");
+
+  const OpenAiRequest chat_request = MustParse(kChat, ChatBody(R"("prompt_logprobs": 0)"));
+  OpenAiReply chat(chat_request, &Gpt2(), "chatcmpl-8", 1, "m");
+  chat.Add(WithPromptLogprobs(Final(0, "Hi", v1::FINISH_REASON_EOS, 2, 1)));
+  const Json chat_body = Parse(chat.Body());
+  ASSERT_EQ(chat_body.at("prompt_logprobs").size(), 2u);
+  EXPECT_EQ(chat_body.at("prompt_logprobs")[1].size(), 1u);  // no alternatives asked for
+  EXPECT_FALSE(chat_body.at("choices")[0].contains("prompt_logprobs"));
+}
+
 TEST(OpenAiReplyTest, EngineErrorIsKept) {
   const OpenAiRequest request = MustParse(kCompletions, CompletionBody(R"("n": 2)"));
   OpenAiReply reply(request, nullptr, "cmpl-6", 1, "m");
@@ -1882,6 +1991,12 @@ TEST(OpenAiStreamTest, StreamedDeltasAddUpToTheBody) {
                           InterleavedMessages());
   ExpectStreamMatchesBody(kCompletions, CompletionBody(R"("n": 2, "stream": true, "echo": true)"),
                           InterleavedMessages(), "Once:");
+  // Echo with logprobs: each choice's first chunk leads with the prompt's tokens.
+  std::vector<v1::GenerateResponse> scored = InterleavedMessages();
+  scored[0] = WithPromptLogprobs(scored[0]);
+  ExpectStreamMatchesBody(kCompletions,
+                          CompletionBody(R"("n": 2, "stream": true, "echo": true, "logprobs": 1)"),
+                          scored, "Once:");
 }
 
 // =============================================================================================

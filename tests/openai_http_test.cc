@@ -183,6 +183,42 @@ TEST(OpenAiHttpTest, CompletionIsWhatGrpcGivesForTheSameRequest) {
   EXPECT_EQ(Body(r)["choices"][0]["text"], "The capital of" + want.text);
 }
 
+// lm-evaluation-harness's log-likelihood request (echo + logprobs, one token): the logprobs
+// object leads with every prompt token (the first null) scored as gRPC's prompt_logprobs scores
+// them; vLLM's prompt_logprobs list says the same.
+TEST(OpenAiHttpTest, EchoWithLogprobsScoresThePromptAsGrpcDoes) {
+  Daemon d(Options(2));
+  v1::GenerateRequest g = TextRequest("The capital of France is Paris", 1);
+  g.mutable_response()->set_prompt_top_logprobs(1);
+  const StreamResult want = RunGenerate(d.grpc().stub(), g);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  ASSERT_FALSE(want.messages.empty());
+  const auto& scored = want.messages[0].prompt_logprobs();
+  ASSERT_GT(scored.size(), 3);
+
+  HttpReply r = d.Post("/v1/completions", R"({"prompt": "The capital of France is Paris",
+      "max_tokens": 1, "temperature": 0, "echo": true, "logprobs": 1, "prompt_logprobs": 1})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json c = Body(r)["choices"][0];
+  const Json& lp = c["logprobs"];
+  ASSERT_EQ(lp["tokens"].size(), static_cast<size_t>(scored.size()) + 1) << lp.dump();
+  EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+  const Json& plp = c["prompt_logprobs"];
+  ASSERT_EQ(plp.size(), static_cast<size_t>(scored.size()));
+  EXPECT_TRUE(plp[0].is_null());
+  for (int i = 1; i < scored.size(); ++i) {
+    EXPECT_FLOAT_EQ(lp["token_logprobs"][i].get<float>(), scored[i].logprob()) << i;
+    EXPECT_EQ(lp["top_logprobs"][i].size(), 1u) << i;
+    const Json& own = plp[i][std::to_string(scored[i].token_id())];
+    EXPECT_FLOAT_EQ(own["logprob"].get<float>(), scored[i].logprob()) << i;
+    EXPECT_EQ(own["rank"].get<int>(), scored[i].rank()) << i;
+  }
+  // The completion's token last, as without echo.
+  EXPECT_EQ(lp["tokens"].back(), c["text"].get<std::string>().substr(
+                                     std::string("The capital of France is Paris").size()));
+}
+
 TEST(OpenAiHttpTest, StreamedChatIsTheNonStreamedChatInPieces) {
   Daemon d(Options(2));
   const std::string request = R"("messages": [{"role": "system", "content": "Be brief."},
