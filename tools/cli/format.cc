@@ -1,6 +1,7 @@
 #include "tools/cli/format.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <vector>
@@ -113,6 +114,35 @@ std::string FormatLogprobs(absl::Span<const v1::TokenLogprob> logprobs) {
       }
     }
     absl::StrAppend(&out, "\n");
+  }
+  return out;
+}
+
+std::string FormatPromptLogprobs(absl::Span<const v1::TokenLogprob> logprobs) {
+  std::string out;
+  double sum = 0;
+  for (size_t i = 0; i < logprobs.size(); ++i) {
+    const v1::TokenLogprob& token = logprobs[i];
+    if (i == 0) {
+      absl::StrAppendFormat(&out, "prompt token %d (first: not scored)\n", token.token_id());
+      continue;
+    }
+    sum += token.logprob();
+    absl::StrAppendFormat(&out, "prompt token %d logprob %.4f rank %d", token.token_id(),
+                          token.logprob(), token.rank());
+    if (token.top_size() > 0) {
+      absl::StrAppend(&out, " top:");
+      for (const v1::TopLogprob& top : token.top()) {
+        absl::StrAppendFormat(&out, " %d %s %.4f", top.token_id(), Quoted(top.text()),
+                              top.logprob());
+      }
+    }
+    absl::StrAppend(&out, "\n");
+  }
+  const size_t scored = logprobs.empty() ? 0 : logprobs.size() - 1;
+  if (scored > 0) {
+    absl::StrAppendFormat(&out, "prompt: %d tokens scored, logprob sum %.4f, perplexity %.4f\n",
+                          scored, sum, std::exp(-sum / static_cast<double>(scored)));
   }
   return out;
 }

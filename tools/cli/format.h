@@ -33,6 +33,9 @@ std::string FormatToolCalls(const v1::Finished& finished);
 
 // One line per generated token: id, logprob and the top alternatives.
 std::string FormatLogprobs(absl::Span<const v1::TokenLogprob> logprobs);
+// GenerateResponse.prompt_logprobs: a line per prompt token (the first unscored), then
+// "prompt: N tokens scored, logprob sum S, perplexity P" (P = exp(-S / N)).
+std::string FormatPromptLogprobs(absl::Span<const v1::TokenLogprob> logprobs);
 
 // The tokenize result: ids on one line, or with `pieces` one "index id piece" line per token, the
 // piece quoted with control characters escaped.

@@ -134,6 +134,27 @@ TEST(FormatTest, Logprobs) {
   EXPECT_EQ(FormatLogprobs(tokens), "token 7 logprob -0.5000 top: 7 \"a\" -0.5000\n");
 }
 
+TEST(FormatTest, PromptLogprobsLinesAndPerplexity) {
+  std::vector<v1::TokenLogprob> prompt(3);
+  prompt[0].set_token_id(1);
+  prompt[1].set_token_id(5);
+  prompt[1].set_logprob(-1.0f);
+  prompt[1].set_rank(2);
+  v1::TopLogprob* top = prompt[1].add_top();
+  top->set_token_id(9);
+  top->set_text("b");
+  top->set_logprob(-0.5f);
+  prompt[2].set_token_id(6);
+  prompt[2].set_logprob(-3.0f);
+  prompt[2].set_rank(40);
+  EXPECT_EQ(FormatPromptLogprobs(prompt),
+            "prompt token 1 (first: not scored)\n"
+            "prompt token 5 logprob -1.0000 rank 2 top: 9 \"b\" -0.5000\n"
+            "prompt token 6 logprob -3.0000 rank 40\n"
+            "prompt: 2 tokens scored, logprob sum -4.0000, perplexity 7.3891\n");
+  EXPECT_EQ(FormatPromptLogprobs({}), "");
+}
+
 TEST(FormatTest, InfoTableIsAligned) {
   v1::ModelInfo model;
   model.set_name("tiny");

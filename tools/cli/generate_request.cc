@@ -256,6 +256,10 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
     request.mutable_response()->set_logprobs(true);
     request.mutable_response()->set_top_logprobs(options.logprobs);
   }
+  if (options.prompt_logprobs >= 0) {
+    request.mutable_response()->set_prompt_logprobs(true);
+    request.mutable_response()->set_prompt_top_logprobs(options.prompt_logprobs);
+  }
   RETURN_IF_ERROR(SetStructuredOutput(options, request.mutable_structured()));
   if (!request.structured().has_regex() && !request.structured().has_json_schema() &&
       !request.structured().has_json_object() && !request.structured().has_choice()) {

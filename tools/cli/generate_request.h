@@ -49,6 +49,8 @@ struct GenerateOptions {
   std::string allowed_token_ids;  // "1,2"
   // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
   int32_t logprobs = -1;
+  // < 0: off; N >= 0: score the prompt (ResponseOptions.prompt_logprobs) with N alternatives.
+  int32_t prompt_logprobs = -1;
   int32_t n = 1;  // completions (GenerateRequest.n)
   int32_t priority = 0;
   std::string cache_salt;

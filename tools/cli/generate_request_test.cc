@@ -123,6 +123,19 @@ TEST(BuildGenerateRequestTest, LogprobsZeroMeansSampledTokenOnly) {
   EXPECT_EQ(request->response().top_logprobs(), 0);
 }
 
+TEST(BuildGenerateRequestTest, PromptLogprobsScoreThePrompt) {
+  GenerateOptions options;
+  options.prompt = "x";
+  absl::StatusOr<v1::GenerateRequest> request = BuildGenerateRequest(options);
+  ASSERT_TRUE(request.ok());
+  EXPECT_FALSE(request->response().prompt_logprobs());
+  options.prompt_logprobs = 2;
+  request = BuildGenerateRequest(options);
+  ASSERT_TRUE(request.ok());
+  EXPECT_TRUE(request->response().prompt_logprobs());
+  EXPECT_EQ(request->response().prompt_top_logprobs(), 2);
+}
+
 TEST(ParseLogitBiasTest, ParsesPairsAndRejectsJunk) {
   absl::StatusOr<std::vector<std::pair<int32_t, float>>> bias = ParseLogitBias(" 7:-1.5,9:100 ");
   ASSERT_TRUE(bias.ok()) << bias.status();

@@ -71,6 +71,9 @@ ABSL_FLAG(std::string, logit_bias, "",
           "token_id:bias pairs added to the logits, e.g. 13:-100,42:2.5 (bias in [-100, 100])");
 ABSL_FLAG(int32_t, logprobs, -1,
           "-1 off; 0 the sampled token's logprob; N also the top N alternatives (<= 20)");
+ABSL_FLAG(int32_t, prompt_logprobs, -1,
+          "-1 off; N >= 0: score every prompt token (logprob, rank, top N alternatives, <= 20) "
+          "and print the prompt's perplexity to stderr (CPU device)");
 ABSL_FLAG(int32_t, n, 1,
           "completions of the prompt, in [1, 16] (prefilled once); with n > 1 each is printed "
           "after the call, under a header, with its own summary");
@@ -200,6 +203,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.logit_bias = absl::GetFlag(FLAGS_logit_bias);
   options.allowed_token_ids = absl::GetFlag(FLAGS_allowed_token_ids);
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
+  options.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
   options.n = absl::GetFlag(FLAGS_n);
   options.priority = absl::GetFlag(FLAGS_priority);
   options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
@@ -238,6 +242,7 @@ int RunGenerate(const ParsedFlags& flags) {
     std::string reasoning;  // a thinking model's (GenerateResponse.reasoning_text)
     std::optional<v1::Finished> finished;
     std::vector<v1::TokenLogprob> logprobs;
+    std::vector<v1::TokenLogprob> prompt_logprobs;  // completion 0's first message
   };
   std::vector<Completion> completions(n);
   v1::GenerateResponse response;
@@ -269,6 +274,8 @@ int RunGenerate(const ParsedFlags& flags) {
       c.text += response.text();
       if (!response.text().empty()) last_text = response.text();
       c.logprobs.insert(c.logprobs.end(), response.logprobs().begin(), response.logprobs().end());
+      c.prompt_logprobs.insert(c.prompt_logprobs.end(), response.prompt_logprobs().begin(),
+                               response.prompt_logprobs().end());
     }
     if (response.has_finished()) c.finished = response.finished();
   }
@@ -293,6 +300,7 @@ int RunGenerate(const ParsedFlags& flags) {
                         !c.text.empty() && c.text.back() != '\n' ? "\n" : ""));
     }
     Emit(FormatToolCalls(*c.finished));
+    fputs(FormatPromptLogprobs(c.prompt_logprobs).c_str(), stderr);
     fputs(FormatLogprobs(c.logprobs).c_str(), stderr);
     fprintf(stderr, "%s%s\n", n > 1 ? absl::StrCat("[", i, "] ").c_str() : "",
             FormatSummary(*c.finished).c_str());
