@@ -157,6 +157,10 @@ class Backend {
   // Most draft tokens per slot a step descriptor may carry (StepDescriptor::max_draft); 0: the
   // backend does not verify drafts (speculative decoding off).
   virtual int32_t max_draft_tokens() const { return 0; }
+  // Rows a pass takes while reading each weight once (more rows read some matrices again: a
+  // step in the pass's cost, which speculative decoding's extra rows must not cross); 0:
+  // unknown.
+  virtual int32_t one_read_rows() const { return 0; }
   virtual int32_t vocab_size() const = 0;
   // Largest number of tokens Prefill takes at once.
   virtual int32_t max_chunk_tokens() const = 0;

@@ -72,6 +72,10 @@ class CpuBackend : public Backend {
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_draft_tokens() const override { return options_.max_draft_tokens; }
   bool computes_all_logits() const override { return true; }
+  // The panel kernels convert activation rows in L2-sized blocks of whole 16-row groups, one
+  // group for the widest matrices (FFN down at 3072 columns and up; every matrix of a model of
+  // 4096 hidden): up to 16 rows every weight is streamed once.
+  int32_t one_read_rows() const override { return WeightMatrix::kPanelRows; }
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
   KvPool* kv_pool(int32_t rank) override { return ranks_[rank]->kv_pool(); }

@@ -361,7 +361,8 @@ class Engine {
   // Proposes the drafts of decoding slot `i` into staged descriptor `d` (after PrepareSlotKv
   // made room for its input token), growing its KV for them where that needs no preemption;
   // returns how many.
-  int32_t StageDrafts(int32_t i, double threshold, StepDescriptor* d);
+  // At most `*room` drafts (decremented by those staged).
+  int32_t StageDrafts(int32_t i, double threshold, int32_t* room, StepDescriptor* d);
   // Far history: blocks a history of `tokens` needs to be admitted or resumed (its next token
   // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).
   int64_t HistoryBlocksNeeded(int64_t tokens) const;

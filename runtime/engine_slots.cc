@@ -526,10 +526,15 @@ int32_t Engine::BuildDescriptor() {
   StepDescriptor& d = descriptors_[committed_ ^ 1];
   int32_t active = 0;
   double draft_threshold = 0;
+  // Draft rows fill the pass only up to the rows it takes while reading each weight once.
+  int32_t draft_room = 0;
   if (options_.speculative_tokens > 0) {
     int32_t decoding = 0;
     for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
     draft_threshold = DraftThreshold(decoding);
+    const int32_t one_read = backend_->one_read_rows();
+    draft_room = one_read > 0 ? std::max(0, one_read - decoding)
+                              : options_.slots * options_.speculative_tokens;
   }
   for (int32_t i = 0; i < options_.slots; ++i) {
     d.active[i] = 0;
@@ -542,7 +547,7 @@ int32_t Engine::BuildDescriptor() {
     d.active[i] = 1;
     d.position[i] = slot.position;
     d.token[i] = slot.next_token;
-    if (d.max_draft > 0) d.num_draft[i] = StageDrafts(i, draft_threshold, &d);
+    if (d.max_draft > 0) d.num_draft[i] = StageDrafts(i, draft_threshold, &draft_room, &d);
     d.num_runs[i] = kv_->RunTable(i, d.SlotRuns(i));
     if (far_.enabled()) {
       d.far_dropped[i] = pager_->Dropped(i);
@@ -557,11 +562,13 @@ int32_t Engine::BuildDescriptor() {
 }
 
 double Engine::DraftThreshold(int32_t rows) const {
-  // A pass of R rows takes fixed + per_row * R (step_cost_) and gives about one token a row, so
-  // a token costs (fixed + per_row * R) / R; one more row costs per_row and gives a token with
-  // the draft's acceptance probability q: it pays when q > per_row * R / (fixed + per_row * R),
-  // the rows' share of the pass. Near 0 while the pass is read-bound (few rows: reading the
-  // weights dominates), near 1 once it is compute-bound.
+  // A pass of R decode rows takes fixed + per_row * R (step_cost_) and gives about one token a
+  // row, so a token costs (fixed + per_row * R) / R; one more row costs per_row and gives a
+  // token with the draft's acceptance probability q: it pays when
+  // q > per_row * R / (fixed + per_row * R), the rows' share of the pass. Near 0 while the pass
+  // is read-bound (few rows: reading the weights dominates), near 1 once it is compute-bound.
+  // (The fit is linear; a pass's real cost steps up where its rows stop fitting one read of the
+  // weights, which BuildDescriptor keeps drafts from crossing: Backend::one_read_rows.)
   double fixed = 0, per_row = 0;
   bool split = false;
   if (rows <= 0 || !step_cost_.Estimate(&fixed, &per_row, &split) || !split) return 0;
@@ -576,12 +583,12 @@ double Engine::SlotAcceptance(const Slot& s) const {
   return (s.drafts_accepted + kPriorWeight * engine) / (s.drafts_verified + kPriorWeight);
 }
 
-int32_t Engine::StageDrafts(int32_t i, double threshold, StepDescriptor* d) {
+int32_t Engine::StageDrafts(int32_t i, double threshold, int32_t* room, StepDescriptor* d) {
   const Slot& slot = slots_[i];
   const GenerationRequest& r = *slot.request;
   // Drafts past the request's last token or the context would be verified for nothing.
   const int32_t k = std::min({options_.speculative_tokens, r.max_new_tokens - slot.generated - 1,
-                              options_.max_context - 1 - slot.position});
+                              options_.max_context - 1 - slot.position, *room});
   // Draft j is accepted with about q^j (q the per-token rate): propose those that pay.
   const double q = SlotAcceptance(slot);
   int32_t worth = 0;
@@ -609,6 +616,7 @@ int32_t Engine::StageDrafts(int32_t i, double threshold, StepDescriptor* d) {
     }
     if (!grown) n = static_cast<int32_t>(std::max<int64_t>(0, have - slot.position - 1));
   }
+  *room -= n;
   return n;
 }
 
