@@ -70,6 +70,14 @@ check "greedy from ids" "$a" "$c"
 [[ -n "$a" ]] || fail "greedy generation is empty"
 grep -q "finish=LENGTH prompt_tokens=$((n + 1)) completion_tokens=12" "$TMP/err" || fail "no summary line: $(cat "$TMP/err")"
 
+# Prompt logprobs: one line per prompt token (BOS included, the first unscored) and the
+# perplexity line; the completion itself is the greedy one above.
+p=$(run generate --prompt="$TEXT" --max_new_tokens=12 --ignore_eos --prompt_logprobs=2)
+check "greedy with prompt logprobs" "$a" "$p"
+[[ $(grep -c "^prompt token " "$TMP/err") == $((n + 1)) ]] || fail "prompt lines: $(cat "$TMP/err")"
+grep -q "^prompt: $n tokens scored, logprob sum -[0-9.]*, perplexity [0-9.]*$" "$TMP/err" \
+  || fail "no perplexity line: $(cat "$TMP/err")"
+
 s1=$(run generate --prompt="Once" --max_new_tokens=16 --temperature=0.9 --seed=11)
 s2=$(run generate --prompt="Once" --max_new_tokens=16 --temperature=0.9 --seed=11)
 check "seeded sampling twice" "$s1" "$s2"
