@@ -280,6 +280,9 @@ class Engine {
     // slot's acceptance rate, SlotAcceptance).
     double drafts_verified = 0;
     double drafts_accepted = 0;
+    // Of the staged drafts, how many lead with text its structured output forces (jump-forward:
+    // kept out of the acceptance rate, which is prompt lookup's).
+    int32_t forced_drafts = 0;
     // GenerationRequest::prompt_logprobs: the prompt tokens scored so far (sent with the first
     // token).
     std::vector<TokenLogprobs> prompt_logprobs;

@@ -589,14 +589,25 @@ int32_t Engine::StageDrafts(int32_t i, double threshold, int32_t* room, StepDesc
   // Drafts past the request's last token or the context would be verified for nothing.
   const int32_t k = std::min({options_.speculative_tokens, r.max_new_tokens - slot.generated - 1,
                               options_.max_context - 1 - slot.position, *room});
-  // Draft j is accepted with about q^j (q the per-token rate): propose those that pay.
-  const double q = SlotAcceptance(slot);
-  int32_t worth = 0;
-  for (double p = q; worth < k && p > threshold; p *= q) ++worth;
-  if (worth <= 0) return 0;
   int32_t* draft = d->draft.data() + static_cast<size_t>(i) * d->max_draft;
-  int32_t n =
-      ProposeNgramDraft(slot.history, slot.next_token, options_.speculative_ngram, worth, draft);
+  slots_[i].forced_drafts = 0;
+  if (k <= 0) return 0;
+  int32_t n = 0;
+  if (r.grammar) {
+    // Jump-forward: text the constraint forces (a JSON schema's keys and punctuation) is
+    // certain, and the longest tokens spelling it are likely the model's own: drafted whatever
+    // the acceptance rate, as far as the constraint forces.
+    n = r.grammar->ForcedTokens(slot.grammar_state, !r.ignore_eos, k, draft);
+    slots_[i].forced_drafts = n;
+  }
+  if (n == 0) {
+    // Draft j is accepted with about q^j (q the per-token rate): propose those that pay.
+    const double q = SlotAcceptance(slot);
+    int32_t worth = 0;
+    for (double p = q; worth < k && p > threshold; p *= q) ++worth;
+    if (worth <= 0) return 0;
+    n = ProposeNgramDraft(slot.history, slot.next_token, options_.speculative_ngram, worth, draft);
+  }
   if (n == 0) return 0;
   // Room for the drafts' K/V. Growing for them never pauses anyone: only into free blocks,
   // leaving one per slot for everyone's next token, and only where the run table stays within
@@ -616,6 +627,7 @@ int32_t Engine::StageDrafts(int32_t i, double threshold, int32_t* room, StepDesc
     }
     if (!grown) n = static_cast<int32_t>(std::max<int64_t>(0, have - slot.position - 1));
   }
+  slots_[i].forced_drafts = std::min(slots_[i].forced_drafts, n);
   *room -= n;
   return n;
 }
@@ -1004,10 +1016,13 @@ void Engine::FinishDecode(const StepResult& result) {
       slot.history.push_back(draft[j]);
       ++slot.position;
     }
-    slot.drafts_verified += verified;
-    slot.drafts_accepted += accepted;
-    spec_verified_decayed_ += verified;
-    spec_accepted_decayed_ += accepted;
+    // Jump-forward drafts are not prompt lookup's: its acceptance rate leaves them out.
+    if (slot.forced_drafts == 0) {
+      slot.drafts_verified += verified;
+      slot.drafts_accepted += accepted;
+      spec_verified_decayed_ += verified;
+      spec_accepted_decayed_ += accepted;
+    }
     ++spec_drafts_;
     spec_draft_tokens_ += drafts;
     spec_accepted_ += accepted;

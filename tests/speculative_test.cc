@@ -419,6 +419,27 @@ TEST(SpeculativeServiceTest, ServerInfoReportsDraftsAndTheStreamIsUnchanged) {
       EXPECT_GT(spec.engine().Stats().spec_decode_accepted_tokens_total, accepted_before) << b.text;
     }
   }
+  // Jump-forward: the keys and punctuation a constraint forces are drafted whatever prompt
+  // lookup finds (here a text that does not repeat), and are accepted where the model spells
+  // them as the draft does; the stream is the same.
+  v1::GenerateRequest record = TextRequest("Fill in the record:", 40);
+  record.mutable_structured()->set_regex(
+      "\\{\"name\": \"[a-z]{1,6}\", \"answer\": \"(yes|no)\", \"id\": [0-9]{1,3}\\}");
+  const uint64_t drafted_before = spec.engine().Stats().spec_decode_draft_tokens_total;
+  const uint64_t accepted_jump = spec.engine().Stats().spec_decode_accepted_tokens_total;
+  const StreamResult ra = RunGenerate(plain.stub(), record);
+  const StreamResult rb = RunGenerate(spec.stub(), record);
+  ASSERT_TRUE(ra.status.ok() && rb.status.ok()) << rb.status.error_message();
+  EXPECT_EQ(rb.tokens, ra.tokens);
+  EXPECT_EQ(rb.text, ra.text);
+  EXPECT_EQ(rb.text.rfind("{\"name\": \"", 0), 0u) << rb.text;
+  const uint64_t drafted = spec.engine().Stats().spec_decode_draft_tokens_total - drafted_before;
+  const uint64_t accepted = spec.engine().Stats().spec_decode_accepted_tokens_total - accepted_jump;
+  std::printf("record %s: %llu draft tokens, %llu accepted, %zu tokens\n", rb.text.c_str(),
+              static_cast<unsigned long long>(drafted), static_cast<unsigned long long>(accepted),
+              rb.tokens.size());
+  EXPECT_GT(drafted, 0u);
+  EXPECT_GT(accepted, 0u);
   for (TestServer* server : {&plain, &spec}) {
     grpc::ClientContext ctx;
     v1::ServerInfo si;

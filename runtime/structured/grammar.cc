@@ -80,7 +80,13 @@ int64_t TokenTrie::memory_bytes() const {
 }
 
 Grammar::Grammar(Dfa dfa, std::shared_ptr<const TokenTrie> trie)
-    : dfa_(std::move(dfa)), trie_(std::move(trie)), words_((trie_->vocab_size() + 63) / 64) {}
+    : dfa_(std::move(dfa)), trie_(std::move(trie)), words_((trie_->vocab_size() + 63) / 64) {
+  for (int b = 255; b >= 0; --b) {
+    const uint8_t c = dfa_.class_of()[b];
+    first_byte_of_class_[c] = static_cast<uint8_t>(b);
+    ++class_size_[c];
+  }
+}
 
 absl::StatusOr<std::shared_ptr<const Grammar>> Grammar::Compile(
     const Regex& regex, std::shared_ptr<const TokenTrie> trie, const GrammarLimits& limits) {
@@ -216,6 +222,49 @@ absl::StatusOr<int32_t> Grammar::InternMask(
   masks_.insert(masks_.end(), mask, mask + words_);
   same.push_back(id);
   return id;
+}
+
+int32_t Grammar::ForcedByte(int32_t state, bool allow_end) const {
+  if (state == kDead || (allow_end && accepting(state))) return -1;
+  int32_t forced = -1;
+  for (int32_t c = 0; c < dfa_.num_classes(); ++c) {
+    if (dfa_.NextByClass(state, c) == kDead) continue;
+    if (forced >= 0 || class_size_[c] != 1) return -1;  // a choice of bytes
+    forced = first_byte_of_class_[c];
+  }
+  return forced;
+}
+
+int32_t Grammar::ForcedTokens(int32_t state, bool allow_end, int32_t max_tokens,
+                              int32_t* out) const {
+  const TokenTrie& t = *trie_;
+  int32_t n = 0;
+  while (n < max_tokens) {
+    // Descend the vocabulary trie along the forced bytes, keeping the deepest allowed token.
+    int32_t best = -1;
+    int32_t s = state;
+    int64_t begin = 0, end = t.num_nodes();
+    for (int32_t depth = 1; begin < end && depth <= t.max_depth_; ++depth) {
+      const int32_t b = ForcedByte(s, allow_end);
+      if (b < 0) break;
+      int64_t node = begin;
+      while (node < end && t.node_byte_[node] != b) node = t.subtree_end_[node];  // siblings
+      if (node >= end) break;
+      for (int32_t k = t.token_begin_[node]; k < t.token_begin_[node + 1]; ++k) {
+        if (Allows(state, t.tokens_[k])) {
+          best = t.tokens_[k];
+          break;
+        }
+      }
+      s = dfa_.Next(s, static_cast<uint8_t>(b));
+      begin = node + 1;
+      end = t.subtree_end_[node];
+    }
+    if (best < 0) break;
+    out[n++] = best;
+    state = Next(state, best);
+  }
+  return n;
 }
 
 int32_t Grammar::Next(int32_t state, int32_t token) const {

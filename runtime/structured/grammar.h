@@ -18,6 +18,7 @@
 #ifndef KVRM_RUNTIME_STRUCTURED_GRAMMAR_H_
 #define KVRM_RUNTIME_STRUCTURED_GRAMMAR_H_
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -102,6 +103,14 @@ class Grammar {
   // The state after `token`, or kDead when the token is not allowed in `state`.
   int32_t Next(int32_t state, int32_t token) const;
 
+  // Jump-forward drafts (speculative decoding of constrained text): while the constraint forces
+  // the next bytes (a non-accepting state with one byte it can go on with, or an accepting one
+  // when `allow_end` is false), the longest allowed token that spells a prefix of them, then
+  // the same from the state after it; at most `max_tokens` into `out`. Returns how many. The
+  // forced text is certain; the tokens spelling it are a guess at the model's own tokenization
+  // (verified like any draft). Allocation-free.
+  int32_t ForcedTokens(int32_t state, bool allow_end, int32_t max_tokens, int32_t* out) const;
+
   // Sets the logit of every token not allowed in `state` to -inf; the ids in `end_ids` (the
   // end-of-sequence tokens) keep their logits when `allow_end` and the state is accepting, and
   // are -inf otherwise. `logits`: [vocab_size].
@@ -128,7 +137,12 @@ class Grammar {
   absl::StatusOr<int32_t> InternMask(const uint64_t* mask, const GrammarLimits& limits,
                                      absl::flat_hash_map<uint64_t, std::vector<int32_t>>* by_hash);
 
+  // The byte the constraint forces in `state` (see ForcedTokens), or -1.
+  int32_t ForcedByte(int32_t state, bool allow_end) const;
+
   Dfa dfa_;
+  std::array<uint8_t, 256> first_byte_of_class_{};  // a byte of each class
+  std::array<uint16_t, 256> class_size_{};          // bytes in each class
   std::shared_ptr<const TokenTrie> trie_;
   int32_t words_ = 0;              // 64-bit words per mask
   std::vector<uint64_t> masks_;    // [distinct masks][words_]

@@ -241,6 +241,81 @@ TEST(GrammarTest, RandomTokenWalksSpellMatchesAndEndOnlyWhenWhole) {
   EXPECT_GT(ended, 30);
 }
 
+// Jump-forward drafts: along random walks of a JSON-like pattern, ForcedTokens spells (token by
+// token, each allowed where it stands, each the longest allowed prefix) a prefix of the text the
+// automaton forces from that state (read byte by byte off the DFA), and stops only where the
+// forced text ends or no allowed token spells a prefix of what is left.
+TEST(GrammarTest, ForcedTokensSpellThePrefixTheConstraintForces) {
+  std::mt19937 rng(123);
+  const auto vocab = RandomVocabulary(rng, 500);
+  auto trie = std::make_shared<const TokenTrie>(vocab);
+  const std::string pattern = "\\{\"abc\": (true|[0-9]{1,3}), \"b\": \"(a|b)c\"\\}";
+  const auto g = CompileOrDie(pattern, trie);
+  auto regex = ParseRegex(pattern);
+  auto dfa = Dfa::Compile(*regex);
+  ASSERT_TRUE(dfa.ok());
+  const auto forced_text = [&](int32_t s, bool allow_end) {
+    std::string f;
+    while (s != Dfa::kDead && !(allow_end && dfa->accepting(s))) {
+      int live = 0, byte = -1;
+      for (int b = 0; b < 256; ++b) {
+        if (dfa->Next(s, static_cast<uint8_t>(b)) != Dfa::kDead) ++live, byte = b;
+      }
+      if (live != 1) break;
+      f += static_cast<char>(byte);
+      s = dfa->Next(s, static_cast<uint8_t>(byte));
+    }
+    return f;
+  };
+  int drafted = 0;
+  for (int walk = 0; walk < 100; ++walk) {
+    int32_t state = g->start();
+    for (int step = 0; step < 40 && !g->terminal(state); ++step) {
+      for (bool allow_end : {true, false}) {
+        int32_t out[8];
+        const int32_t n = g->ForcedTokens(state, allow_end, 8, out);
+        drafted += n;
+        std::string f = forced_text(state, allow_end);
+        int32_t s = state;
+        for (int32_t k = 0; k < n; ++k) {
+          ASSERT_TRUE(g->Allows(s, out[k])) << walk << " " << step << " token " << k;
+          const std::string& t = *vocab[out[k]];
+          ASSERT_EQ(f.compare(0, t.size(), t), 0) << "'" << t << "' is not a prefix of '" << f
+                                                  << "'";
+          // The longest: no allowed token spells a longer prefix of the forced text.
+          for (int32_t id = 0; id < g->vocab_size(); ++id) {
+            if (!g->Allows(s, id) || !vocab[id] || vocab[id]->size() <= t.size()) continue;
+            EXPECT_NE(f.compare(0, vocab[id]->size(), *vocab[id]), 0) << *vocab[id];
+          }
+          f = f.substr(t.size());
+          s = g->Next(s, out[k]);
+          f = forced_text(s, allow_end);  // the forced text from the new state
+        }
+        if (n < 8 && !f.empty()) {
+          // Stopped with text still forced: no allowed token spells a prefix of it.
+          for (int32_t id = 0; id < g->vocab_size(); ++id) {
+            if (g->Allows(s, id) && vocab[id] && !vocab[id]->empty()) {
+              EXPECT_NE(f.compare(0, vocab[id]->size(), *vocab[id]), 0) << *vocab[id];
+            }
+          }
+        }
+      }
+      std::vector<int32_t> options;
+      for (int32_t id = 0; id < g->vocab_size(); ++id) {
+        if (g->Allows(state, id)) options.push_back(id);
+      }
+      if (options.empty()) break;
+      state = g->Next(state,
+                      options[std::uniform_int_distribution<size_t>(0, options.size() - 1)(rng)]);
+    }
+  }
+  EXPECT_GT(drafted, 100);
+  // A free choice forces nothing.
+  int32_t out[4];
+  const auto free = CompileOrDie("[ab]+", trie);
+  EXPECT_EQ(free->ForcedTokens(free->start(), true, 4, out), 0);
+}
+
 TEST(GrammarTest, EqualMasksAreStoredOnce) {
   std::mt19937 rng(1);
   auto trie = std::make_shared<const TokenTrie>(RandomVocabulary(rng, 100));
