@@ -5,7 +5,8 @@
 //     generated under the constraint match the reprinted one too;
 //   - a walk that follows the token masks never hits a dead state, every prefix it writes can
 //     still be completed, and where it stops on an accepting state the text is a whole match;
-//   - MaskLogits leaves exactly the allowed tokens (and the end token where accepting) finite.
+//   - MaskLogits leaves exactly the allowed tokens (and the end token where accepting) finite;
+//   - jump-forward drafts (ForcedTokens) are allowed token by token.
 // Errors must be INVALID_ARGUMENT; nothing may crash, leak or hang (state limits keep every
 // compile small).
 #include <cmath>
@@ -144,6 +145,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       FUZZ_CHECK(finite == g.allowed_count(state) + (g.accepting(state) ? 1 : 0));
       FUZZ_CHECK(finite > 0);  // a state the walk reaches always has a way on or an end
+      {
+        // Jump-forward drafts: each allowed where it stands, the walk stays alive.
+        int32_t forced[8];
+        const int32_t n = g.ForcedTokens(state, (rng & 1) != 0, 8, forced);
+        FUZZ_CHECK(n >= 0 && n <= 8);
+        int32_t s = state;
+        for (int32_t k = 0; k < n; ++k) {
+          FUZZ_CHECK(g.Allows(s, forced[k]));
+          s = g.Next(s, forced[k]);
+          FUZZ_CHECK(s != Grammar::kDead);
+        }
+      }
       rng = rng * 1664525u + 1013904223u;
       const int32_t pick = allowed[(rng >> 8) % allowed.size()];
       if (pick == end_id || g.terminal(state)) break;
