@@ -11,7 +11,10 @@
 //            again with noise (a substituted token, a few random ids between copies), the input
 //            prompt lookup is for (quoting, editing); greedy decoding;
 //   sampled: random prompts, --temperature (1.0), top-p 0.95, seeded: drafts mostly fail or find
-//            no match, which shows what they cost where they do not help.
+//            no match, which shows what they cost where they do not help;
+//   record:  random prompts, greedy, the output held to a regex of 15 JSON records
+//            ({"name": "...", "id": NN, "ok": true|false}, ...), longer than --max_new_tokens:
+//            the keys and punctuation it forces are jump-forward drafts.
 // Every request generates exactly --max_new_tokens (ignore_eos); the engine runs with kvrmd's
 // max_prefill_stall (--max_prefill_stall). The two runs of a pair alternate their order across
 // --repeats (the machine is shared and noisy), and the table shows medians: of each mode's
@@ -61,6 +64,7 @@
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
 #include "runtime/ngram_proposer.h"
+#include "runtime/structured/compiler.h"
 
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, model_dir, "", "where to generate the model (default: a temp dir)");
@@ -88,6 +92,7 @@ using Clock = std::chrono::steady_clock;
 
 struct RequestSpec {
   std::vector<int32_t> prompt;
+  std::shared_ptr<const structured::Grammar> grammar;  // record: the output's constraint
   float temperature = 0;
   float top_p = 1;
   uint64_t seed = 0;
@@ -132,6 +137,25 @@ std::vector<int32_t> RepeatPrompt(IdSource& ids, int32_t length) {
   return p;
 }
 
+// The record workload's constraint, compiled against the model's vocabulary once.
+std::shared_ptr<const structured::Grammar> RecordGrammar(const ModelBundle& model) {
+  static std::shared_ptr<const structured::Grammar>* const grammar = [&] {
+    std::vector<std::optional<std::string>> bytes = model.tokenizer->TokenContinuationBytes();
+    bytes.resize(model.config.vocab_size);
+    for (int32_t id : model.config.eos_token_ids) {
+      if (id >= 0 && id < model.config.vocab_size) bytes[id].reset();
+    }
+    structured::ConstraintCompiler compiler(bytes);
+    structured::ConstraintSpec spec;
+    const std::string item = R"(\{"name": "[a-z]{3,8}", "id": [0-9]{2}, "ok": (true|false)\})";
+    spec.text = absl::StrCat(R"(\[()", item, ", ){14}", item, R"(\])");
+    absl::StatusOr<std::shared_ptr<const structured::Grammar>> g = compiler.Compile(spec);
+    CHECK_OK(g.status());
+    return new std::shared_ptr<const structured::Grammar>(*g);
+  }();
+  return *grammar;
+}
+
 std::vector<RequestSpec> MakeWorkload(const ModelBundle& model, const std::string& workload,
                                       int32_t requests, int32_t concurrency) {
   IdSource ids(model, 1000 * concurrency + (workload == "repeat" ? 1 : 2));
@@ -142,6 +166,9 @@ std::vector<RequestSpec> MakeWorkload(const ModelBundle& model, const std::strin
     r.seed = 7 + i;
     if (workload == "repeat") {
       r.prompt = RepeatPrompt(ids, length);
+    } else if (workload == "record") {
+      for (int32_t k = 0; k < length; ++k) r.prompt.push_back(ids.Next());
+      r.grammar = RecordGrammar(model);
     } else {
       for (int32_t k = 0; k < length; ++k) r.prompt.push_back(ids.Next());
       r.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
@@ -287,6 +314,7 @@ absl::StatusOr<RunResult> RunOnce(const ModelBundle& model, const EngineOptions&
     r->sampling.temperature = specs[i].temperature;
     r->sampling.top_p = specs[i].top_p;
     r->sampling.seed = specs[i].seed;
+    r->grammar = specs[i].grammar;
     r->arrival = absl::Now();
     sinks.push_back(std::make_shared<TimingSink>(t0, &progress));
     r->sink = sinks.back();
@@ -504,8 +532,8 @@ bool ParseCounts(const char* flag, const std::string& list, std::vector<int32_t>
 // naming them.
 bool CheckFlags(const std::vector<std::string>& workloads) {
   for (const std::string& w : workloads) {
-    if (w != "repeat" && w != "sampled") {
-      std::fprintf(stderr, "--workloads: '%s' (repeat, sampled)\n", w.c_str());
+    if (w != "repeat" && w != "sampled" && w != "record") {
+      std::fprintf(stderr, "--workloads: '%s' (repeat, sampled, record)\n", w.c_str());
       return false;
     }
   }

@@ -51,3 +51,17 @@ repeat = [r["with"] for r in rows if r["workload"] == "repeat"]
 assert sum(m["accepted_tokens"] for m in repeat) > 0, repeat
 print("ok")
 PY
+
+# A structured output whose keys and punctuation are forced: jump-forward drafts are accepted,
+# the outputs identical, fewer steps with drafts than without.
+rec="${TEST_TMPDIR}/record.json"
+bench/speculative_bench --size=tiny --model_dir="${TEST_TMPDIR}/models" --concurrency=1 \
+  --workloads=record --prompt_tokens=32 --max_new_tokens=40 --repeats=1 --json="$rec"
+python3 - "$rec" <<'PY'
+import json, sys
+(row,) = json.load(open(sys.argv[1]))["rows"]
+assert row["workload"] == "record" and row["identical"], row
+w, o = row["with"], row["without"]
+assert w["accepted_tokens"] > 0 and w["steps"] < o["steps"], row
+print("ok")
+PY
