@@ -140,12 +140,7 @@ std::vector<int32_t> RepeatPrompt(IdSource& ids, int32_t length) {
 // The record workload's constraint, compiled against the model's vocabulary once.
 std::shared_ptr<const structured::Grammar> RecordGrammar(const ModelBundle& model) {
   static std::shared_ptr<const structured::Grammar>* const grammar = [&] {
-    std::vector<std::optional<std::string>> bytes = model.tokenizer->TokenContinuationBytes();
-    bytes.resize(model.config.vocab_size);
-    for (int32_t id : model.config.eos_token_ids) {
-      if (id >= 0 && id < model.config.vocab_size) bytes[id].reset();
-    }
-    structured::ConstraintCompiler compiler(bytes);
+    structured::ConstraintCompiler compiler(StructuredTokenBytes(model));
     structured::ConstraintSpec spec;
     const std::string item = R"(\{"name": "[a-z]{3,8}", "id": [0-9]{2}, "ok": (true|false)\})";
     spec.text = absl::StrCat(R"(\[()", item, ", ){14}", item, R"(\])");

@@ -112,4 +112,13 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   return bundle;
 }
 
+std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model) {
+  std::vector<std::optional<std::string>> bytes = model.tokenizer->TokenContinuationBytes();
+  bytes.resize(model.config.vocab_size);
+  for (int32_t id : model.config.eos_token_ids) {
+    if (id >= 0 && id < model.config.vocab_size) bytes[id].reset();
+  }
+  return bytes;
+}
+
 }  // namespace kvrm

@@ -4,7 +4,9 @@
 #define KVRM_RUNTIME_MODEL_BUNDLE_H_
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "model/chat_config.h"
@@ -42,6 +44,11 @@ struct ModelBundle {
     return Load(path, LoadOptions());
   }
 };
+
+// What each token adds to the text, as structured outputs see it: TokenContinuationBytes sized to
+// the model's logits (ids the tokenizer lacks add nothing), the end-of-sequence tokens apart
+// (they end the text instead of adding to it).
+std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model);
 
 }  // namespace kvrm
 

@@ -424,15 +424,6 @@ grpc::Status KvrmService::CheckAuth(const grpc::CallbackServerContext* context) 
   return ToGrpcStatus(auth_->Check(absl::string_view(it->second.data(), it->second.size())));
 }
 
-std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model) {
-  std::vector<std::optional<std::string>> bytes = model.tokenizer->TokenContinuationBytes();
-  bytes.resize(model.config.vocab_size);
-  for (int32_t id : model.config.eos_token_ids) {
-    if (id >= 0 && id < model.config.vocab_size) bytes[id].reset();
-  }
-  return bytes;
-}
-
 KvrmService::KvrmService(Engine* engine, ServiceInfo info)
     : engine_(engine), info_(std::move(info)), started_(absl::Now()) {
   limits_.vocab_size = engine->model().config.vocab_size;

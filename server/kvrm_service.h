@@ -103,11 +103,6 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   std::unique_ptr<WorkQueue> compile_queue_;
 };
 
-// What each token adds to the text, as structured outputs see it: TokenContinuationBytes sized to
-// the model's logits (ids the tokenizer lacks add nothing), the end-of-sequence tokens apart
-// (they end the text instead of adding to it).
-std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model);
-
 // Converts an absl::Status to a grpc::Status (same codes).
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
