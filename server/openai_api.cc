@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <utility>
 
@@ -1006,29 +1007,43 @@ std::string OpenAiReply::TokenText(int32_t id, bool bytes) const {
 
 namespace {
 
+// Appends `entries` to a completions logprobs object (`tokens`, `token_logprobs`,
+// `top_logprobs`, `text_offset`; made on first use). `offset` is the text offset of the first
+// token; each entry gives at most `max_top` alternatives; with `unscored_first` the first entry's
+// logprob and alternatives are null (a prompt's first token: nothing precedes it).
+void AppendCompletionLogprobs(const std::vector<v1::TokenLogprob>& entries,
+                              const std::function<std::string(int32_t, bool)>& text,
+                              size_t offset, int max_top, bool unscored_first, OrderedJson* out) {
+  for (const char* key : {"tokens", "token_logprobs", "top_logprobs", "text_offset"}) {
+    if (!out->contains(key)) (*out)[key] = OrderedJson::array();
+  }
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const v1::TokenLogprob& e = entries[i];
+    const std::string t = text(e.token_id(), false);
+    (*out)["tokens"].push_back(t);
+    (*out)["text_offset"].push_back(offset);
+    offset += t.size();
+    if (i == 0 && unscored_first) {  // OpenAI's and vLLM's null for the first token
+      (*out)["token_logprobs"].push_back(nullptr);
+      (*out)["top_logprobs"].push_back(nullptr);
+      continue;
+    }
+    (*out)["token_logprobs"].push_back(e.logprob());
+    OrderedJson alternatives = OrderedJson::object();
+    for (int j = 0; j < std::min(e.top_size(), max_top); ++j) {
+      alternatives[text(e.top(j).token_id(), false)] = e.top(j).logprob();
+    }
+    (*out)["top_logprobs"].push_back(std::move(alternatives));
+  }
+}
+
 // Completions' logprobs object for `entries`; `offset` is the text offset of the first token.
 OrderedJson CompletionLogprobs(const std::vector<v1::TokenLogprob>& entries,
                                const std::function<std::string(int32_t, bool)>& text,
                                size_t offset) {
-  OrderedJson tokens = OrderedJson::array();
-  OrderedJson token_logprobs = OrderedJson::array();
-  OrderedJson top = OrderedJson::array();
-  OrderedJson offsets = OrderedJson::array();
-  for (const v1::TokenLogprob& e : entries) {
-    const std::string t = text(e.token_id(), false);
-    tokens.push_back(t);
-    token_logprobs.push_back(e.logprob());
-    OrderedJson alternatives = OrderedJson::object();
-    for (const v1::TopLogprob& a : e.top()) alternatives[text(a.token_id(), false)] = a.logprob();
-    top.push_back(std::move(alternatives));
-    offsets.push_back(offset);
-    offset += t.size();
-  }
   OrderedJson out;
-  out["tokens"] = std::move(tokens);
-  out["token_logprobs"] = std::move(token_logprobs);
-  out["top_logprobs"] = std::move(top);
-  out["text_offset"] = std::move(offsets);
+  AppendCompletionLogprobs(entries, text, offset, std::numeric_limits<int>::max(),
+                           /*unscored_first=*/false, &out);
   return out;
 }
 
@@ -1037,38 +1052,14 @@ OrderedJson CompletionLogprobs(const std::vector<v1::TokenLogprob>& entries,
 OrderedJson OpenAiReply::EchoedLogprobs(int prompt,
                                         const std::vector<v1::TokenLogprob>& entries) const {
   const auto text = [this](int32_t id, bool bytes) { return TokenText(id, bytes); };
-  const std::vector<v1::TokenLogprob>& scored = ScoredPrompt(prompt);
-  OrderedJson tokens = OrderedJson::array();
-  OrderedJson token_logprobs = OrderedJson::array();
-  OrderedJson top = OrderedJson::array();
-  OrderedJson offsets = OrderedJson::array();
-  size_t offset = 0;
-  for (size_t i = 0; i < scored.size(); ++i) {
-    const v1::TokenLogprob& e = scored[i];
-    const std::string t = text(e.token_id(), false);
-    tokens.push_back(t);
-    offsets.push_back(offset);
-    offset += t.size();
-    if (i == 0) {  // OpenAI's and vLLM's null for the first token
-      token_logprobs.push_back(nullptr);
-      top.push_back(nullptr);
-      continue;
-    }
-    token_logprobs.push_back(e.logprob());
-    OrderedJson alternatives = OrderedJson::object();
-    for (int j = 0; j < std::min(e.top_size(), request_.logprobs); ++j) {
-      alternatives[text(e.top(j).token_id(), false)] = e.top(j).logprob();
-    }
-    top.push_back(std::move(alternatives));
-  }
-  // The completion's tokens after it, at their offsets in the echoed text.
-  OrderedJson out = CompletionLogprobs(entries, text, PromptText(prompt).size());
-  for (auto [key, lead] :
-       {std::pair{"tokens", &tokens}, std::pair{"token_logprobs", &token_logprobs},
-        std::pair{"top_logprobs", &top}, std::pair{"text_offset", &offsets}}) {
-    for (OrderedJson& v : out[key]) lead->push_back(std::move(v));
-    out[key] = std::move(*lead);
-  }
+  // The prompt's tokens from offset 0 (their alternatives cut to `logprobs`: the prompt may have
+  // been scored with more for `prompt_logprobs`), then the completion's at their offsets in the
+  // echoed text.
+  OrderedJson out;
+  AppendCompletionLogprobs(ScoredPrompt(prompt), text, 0, request_.logprobs,
+                           /*unscored_first=*/true, &out);
+  AppendCompletionLogprobs(entries, text, PromptText(prompt).size(),
+                           std::numeric_limits<int>::max(), /*unscored_first=*/false, &out);
   return out;
 }
 
