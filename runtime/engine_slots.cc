@@ -584,13 +584,13 @@ double Engine::SlotAcceptance(const Slot& s) const {
 }
 
 int32_t Engine::StageDrafts(int32_t i, double threshold, int32_t* room, StepDescriptor* d) {
-  const Slot& slot = slots_[i];
+  Slot& slot = slots_[i];
   const GenerationRequest& r = *slot.request;
   // Drafts past the request's last token or the context would be verified for nothing.
   const int32_t k = std::min({options_.speculative_tokens, r.max_new_tokens - slot.generated - 1,
                               options_.max_context - 1 - slot.position, *room});
   int32_t* draft = d->draft.data() + static_cast<size_t>(i) * d->max_draft;
-  slots_[i].forced_drafts = 0;
+  slot.forced_drafts = 0;
   if (k <= 0) return 0;
   int32_t n = 0;
   if (r.grammar) {
@@ -598,7 +598,7 @@ int32_t Engine::StageDrafts(int32_t i, double threshold, int32_t* room, StepDesc
     // certain, and the longest tokens spelling it are likely the model's own: drafted whatever
     // the acceptance rate, as far as the constraint forces.
     n = r.grammar->ForcedTokens(slot.grammar_state, !r.ignore_eos, k, draft);
-    slots_[i].forced_drafts = n;
+    slot.forced_drafts = n;
   }
   if (n == 0) {
     // Draft j is accepted with about q^j (q the per-token rate): propose those that pay.
@@ -627,7 +627,7 @@ int32_t Engine::StageDrafts(int32_t i, double threshold, int32_t* room, StepDesc
     }
     if (!grown) n = static_cast<int32_t>(std::max<int64_t>(0, have - slot.position - 1));
   }
-  slots_[i].forced_drafts = std::min(slots_[i].forced_drafts, n);
+  slot.forced_drafts = std::min(slot.forced_drafts, n);
   *room -= n;
   return n;
 }
@@ -935,17 +935,9 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
     for (int32_t r = 0; r < rows; ++r) {
       const size_t target = static_cast<size_t>(chunk_.start) + r + 1;
       if (target >= slot.request->prompt.size() || target != slot.prompt_logprobs.size()) continue;
-      const SampleResult s = ScoreToken(
+      slot.prompt_logprobs.push_back(ToTokenLogprobs(ScoreToken(
           absl::MakeConstSpan(&chunk_logits_[static_cast<size_t>(r) * vocab], vocab),
-          slot.history[target], top);
-      TokenLogprobs lp;
-      lp.token = s.token;
-      lp.logprob = s.logprob;
-      lp.rank = s.rank;
-      lp.num_top = s.num_top;
-      lp.top_ids = s.top_ids;
-      lp.top_logprobs = s.top_logprobs;
-      slot.prompt_logprobs.push_back(lp);
+          slot.history[target], top)));
     }
   }
   if (!chunk_last_) return;
@@ -991,17 +983,14 @@ void Engine::FinishDecode(const StepResult& result) {
     }
     const size_t first_row = static_cast<size_t>(i) * d.logit_rows_per_slot();
     const int32_t drafts = d.max_draft > 0 ? d.num_draft[i] : 0;
-    if (drafts == 0) {
-      EmitToken(i, SampleNext(i, absl::MakeSpan(&logits_[first_row * vocab], vocab)));
-      continue;
-    }
-    // Speculative decoding: row j's logits follow the input token and drafts [0, j). Each token
-    // is sampled as without drafts (the same sampler, penalties, masks and random stream, after
-    // the same tokens); while it equals the next draft, that draft's row is the row the next
-    // step would have run, and its logits give the token after it. The first token that differs
-    // (or the one after the last draft) ends the slot's step; the K/V the later drafts wrote
-    // lies past the history and is overwritten as it grows. (With a draft that is one token, not
-    // a distribution, this is speculative sampling's accept-or-resample rule exactly.)
+    // Row 0's token, and with speculative decoding the drafts': row j's logits follow the input
+    // token and drafts [0, j). Each token is sampled as without drafts (the same sampler,
+    // penalties, masks and random stream, after the same tokens); while it equals the next
+    // draft, that draft's row is the row the next step would have run, and its logits give the
+    // token after it. The first token that differs (or the one after the last draft) ends the
+    // slot's step; the K/V the later drafts wrote lies past the history and is overwritten as it
+    // grows. (With a draft that is one token, not a distribution, this is speculative sampling's
+    // accept-or-resample rule exactly.)
     const int32_t* draft = d.draft.data() + static_cast<size_t>(i) * d.max_draft;
     int32_t verified = 0, accepted = 0;
     for (int32_t j = 0;; ++j) {
@@ -1016,6 +1005,7 @@ void Engine::FinishDecode(const StepResult& result) {
       slot.history.push_back(draft[j]);
       ++slot.position;
     }
+    if (drafts == 0) continue;
     // Jump-forward drafts are not prompt lookup's: its acceptance rate leaves them out.
     if (slot.forced_drafts == 0) {
       slot.drafts_verified += verified;
@@ -1096,13 +1086,7 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
     slot.prompt_logprobs.clear();
   }
   if (r.sampling.logprobs) {
-    TokenLogprobs lp;
-    lp.token = token;
-    lp.logprob = sample.logprob;
-    lp.num_top = sample.num_top;
-    lp.top_ids = sample.top_ids;
-    lp.top_logprobs = sample.top_logprobs;
-    chunk.logprobs.push_back(lp);
+    chunk.logprobs.push_back(ToTokenLogprobs(sample));
   }
   const bool is_eos =
       !r.ignore_eos && std::find(eos_ids_.begin(), eos_ids_.end(), token) != eos_ids_.end();

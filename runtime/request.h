@@ -28,6 +28,18 @@ struct TokenLogprobs {
   std::array<float, kMaxTopLogprobs> top_logprobs;
 };
 
+// A sampled or scored token's entry (SampleResult's token, logprob, rank and alternatives).
+inline TokenLogprobs ToTokenLogprobs(const SampleResult& s) {
+  TokenLogprobs lp;
+  lp.token = s.token;
+  lp.logprob = s.logprob;
+  lp.rank = s.rank;
+  lp.num_top = s.num_top;
+  lp.top_ids = s.top_ids;
+  lp.top_logprobs = s.top_logprobs;
+  return lp;
+}
+
 // Output produced by one engine step for one request.
 struct StreamChunk {
   std::vector<int32_t> token_ids;
