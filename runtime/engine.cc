@@ -121,22 +121,11 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                                                    " cannot hold one request of max context (",
                                                    blocks_per_slot, " blocks)"));
   }
-  if (o.speculative_tokens < 0 || o.speculative_tokens > 32) {
-    return absl::InvalidArgumentError(absl::StrCat("--speculative_tokens ", o.speculative_tokens,
-                                                   " is not in [0, 32]"));
-  }
-  if (o.speculative_tokens > 0) {
-    const NgramDraftOptions& n = o.speculative_ngram;
-    if (n.min_ngram < 1 || n.max_ngram < n.min_ngram || n.max_ngram > 64) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--prompt_lookup_min ", n.min_ngram, " and --prompt_lookup_max ", n.max_ngram,
-          ": need 1 <= min <= max <= 64"));
-    }
-    if (far.enabled()) {
-      return absl::InvalidArgumentError(
-          "--speculative_tokens does not combine with --far_history (drafts are verified over "
-          "the exact history)");
-    }
+  RETURN_IF_ERROR(CheckSpeculativeOptions(o.speculative_tokens, o.speculative_ngram));
+  if (o.speculative_tokens > 0 && far.enabled()) {
+    return absl::InvalidArgumentError(
+        "--speculative_tokens does not combine with --far_history (drafts are verified over "
+        "the exact history)");
   }
   if (o.kv_host_blocks < 0) o.kv_host_blocks = o.kv_mode == KvMode::kKvrm ? o.kv_blocks : 0;
   // The static baseline has no block table to share through; far history frees a prompt's
@@ -147,6 +136,19 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   if (o.recompute_max_tokens <= 0) o.recompute_max_tokens = o.prefill_chunk;
   if (o.clock == nullptr) o.clock = Clock::Real();
   return o;
+}
+
+absl::Status CheckSpeculativeOptions(int32_t tokens, const NgramDraftOptions& ngram) {
+  if (tokens < 0 || tokens > 32) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--speculative_tokens=", tokens, " must be in [0, 32]"));
+  }
+  if (ngram.min_ngram < 1 || ngram.max_ngram < ngram.min_ngram || ngram.max_ngram > 64) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--prompt_lookup_min=", ngram.min_ngram, " and --prompt_lookup_max=", ngram.max_ngram,
+        ": need 1 <= min <= max <= 64"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model,

@@ -138,6 +138,11 @@ struct EngineOptions {
   std::optional<std::optional<MemoryLimit>> memory_limit;
 };
 
+// INVALID_ARGUMENT naming the flag (kvrmd's spelling, `--flag=value`) when the draft length is
+// outside [0, 32] or the n-gram range is not 1 <= min <= max <= 64 (EngineOptions::
+// speculative_tokens and speculative_ngram; checked whether speculation is on or not).
+absl::Status CheckSpeculativeOptions(int32_t tokens, const NgramDraftOptions& ngram);
+
 // The CPU backend Engine::Create builds for `resolved` options (when there is no
 // backend_factory); for a factory that wraps it.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model,

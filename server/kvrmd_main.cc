@@ -335,18 +335,9 @@ int Run() {
   eo.speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens);
   eo.speculative_ngram.min_ngram = absl::GetFlag(FLAGS_prompt_lookup_min);
   eo.speculative_ngram.max_ngram = absl::GetFlag(FLAGS_prompt_lookup_max);
-  if (eo.speculative_tokens < 0 || eo.speculative_tokens > 32) {
-    std::fprintf(stderr, "kvrmd: --speculative_tokens=%d must be in [0, 32]\n",
-                 eo.speculative_tokens);
-    return 2;
-  }
-  if (eo.speculative_ngram.min_ngram < 1 ||
-      eo.speculative_ngram.max_ngram < eo.speculative_ngram.min_ngram ||
-      eo.speculative_ngram.max_ngram > 64) {
-    std::fprintf(stderr,
-                 "kvrmd: --prompt_lookup_min=%d and --prompt_lookup_max=%d: need 1 <= min <= max "
-                 "<= 64\n",
-                 eo.speculative_ngram.min_ngram, eo.speculative_ngram.max_ngram);
+  if (absl::Status st = CheckSpeculativeOptions(eo.speculative_tokens, eo.speculative_ngram);
+      !st.ok()) {
+    std::fprintf(stderr, "kvrmd: %s\n", std::string(st.message()).c_str());
     return 2;
   }
   eo.threads = absl::GetFlag(FLAGS_threads);
