@@ -102,18 +102,27 @@ std::string FormatToolCalls(const v1::Finished& finished) {
   return out;
 }
 
+namespace {
+
+// " top: id "text" logprob ..." for a token's alternatives (nothing without any), then the
+// line's end.
+void AppendAlternatives(const v1::TokenLogprob& token, std::string* out) {
+  if (token.top_size() > 0) {
+    absl::StrAppend(out, " top:");
+    for (const v1::TopLogprob& top : token.top()) {
+      absl::StrAppendFormat(out, " %d %s %.4f", top.token_id(), Quoted(top.text()), top.logprob());
+    }
+  }
+  absl::StrAppend(out, "\n");
+}
+
+}  // namespace
+
 std::string FormatLogprobs(absl::Span<const v1::TokenLogprob> logprobs) {
   std::string out;
   for (const v1::TokenLogprob& token : logprobs) {
     absl::StrAppendFormat(&out, "token %d logprob %.4f", token.token_id(), token.logprob());
-    if (token.top_size() > 0) {
-      absl::StrAppend(&out, " top:");
-      for (const v1::TopLogprob& top : token.top()) {
-        absl::StrAppendFormat(&out, " %d %s %.4f", top.token_id(), Quoted(top.text()),
-                              top.logprob());
-      }
-    }
-    absl::StrAppend(&out, "\n");
+    AppendAlternatives(token, &out);
   }
   return out;
 }
@@ -130,14 +139,7 @@ std::string FormatPromptLogprobs(absl::Span<const v1::TokenLogprob> logprobs) {
     sum += token.logprob();
     absl::StrAppendFormat(&out, "prompt token %d logprob %.4f rank %d", token.token_id(),
                           token.logprob(), token.rank());
-    if (token.top_size() > 0) {
-      absl::StrAppend(&out, " top:");
-      for (const v1::TopLogprob& top : token.top()) {
-        absl::StrAppendFormat(&out, " %d %s %.4f", top.token_id(), Quoted(top.text()),
-                              top.logprob());
-      }
-    }
-    absl::StrAppend(&out, "\n");
+    AppendAlternatives(token, &out);
   }
   const size_t scored = logprobs.empty() ? 0 : logprobs.size() - 1;
   if (scored > 0) {
