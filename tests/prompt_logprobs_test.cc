@@ -20,41 +20,24 @@
 namespace kvrm {
 namespace {
 
-class RecordingSink : public RequestSink {
- public:
-  void OnChunk(StreamChunk chunk) override { Add(chunk); }
-  void OnFinished(StreamChunk last, const FinishInfo& info) override {
-    Add(last);
-    std::lock_guard<std::mutex> lock(mu_);
-    info_ = info;
-    done_ = true;
-    cv_.notify_all();
-  }
-  void Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
-  }
+// A finished request: its tokens, prompt logprobs, finish, and the chunks that carried them.
+struct Scored {
   std::vector<int32_t> tokens;
   std::vector<TokenLogprobs> prompt;
   int chunks_with_prompt_logprobs = 0;
-  FinishInfo info_;
-
- private:
-  void Add(const StreamChunk& c) {
-    std::lock_guard<std::mutex> lock(mu_);
-    tokens.insert(tokens.end(), c.token_ids.begin(), c.token_ids.end());
-    if (!c.prompt_logprobs.empty()) {
-      ++chunks_with_prompt_logprobs;
-      prompt = c.prompt_logprobs;
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
+  FinishInfo info;
 };
 
-std::shared_ptr<RecordingSink> Submit(Engine& engine, const std::vector<int32_t>& prompt,
-                                      int32_t prompt_logprobs, int32_t max_new_tokens = 8) {
+Scored Read(CollectingSink& sink) {
+  Scored out;
+  out.tokens = sink.Wait(&out.info);
+  out.prompt = sink.stream().prompt_logprobs;
+  out.chunks_with_prompt_logprobs = sink.prompt_logprob_chunks();
+  return out;
+}
+
+std::shared_ptr<CollectingSink> Submit(Engine& engine, const std::vector<int32_t>& prompt,
+                                       int32_t prompt_logprobs, int32_t max_new_tokens = 8) {
   auto r = std::make_unique<GenerationRequest>();
   r->request_id = "plp";
   r->prompt = prompt;
@@ -62,7 +45,7 @@ std::shared_ptr<RecordingSink> Submit(Engine& engine, const std::vector<int32_t>
   r->ignore_eos = true;
   r->prompt_logprobs = prompt_logprobs;
   r->arrival = absl::Now();
-  auto sink = std::make_shared<RecordingSink>();
+  auto sink = std::make_shared<CollectingSink>();
   r->sink = sink;
   CHECK_OK(engine.Submit(std::move(r)).status());
   return sink;
@@ -134,37 +117,27 @@ TEST_F(PromptLogprobsTest, ScoresEveryPromptTokenAsTheFloat64ReferenceDoesNeverF
   // A request decoding alongside, before and after: its tokens are those of a run alone.
   std::vector<int32_t> other(40);
   for (int32_t& t : other) t = static_cast<int32_t>(rng() % model_->config.vocab_size);
-  const std::vector<int32_t> alone = [&] {
-    auto s = Submit(**engine, other, -1, 30);
-    s->Wait();
-    return s->tokens;
-  }();
+  const std::vector<int32_t> alone = Read(*Submit(**engine, other, -1, 30)).tokens;
   // The prompt is cached first by a plain request; the scored one must not take it from there.
-  Submit(**engine, prompt, -1)->Wait();
+  Read(*Submit(**engine, prompt, -1));
   const uint64_t hits_before = (*engine)->Stats().prefix_cache_hits_total;
-  auto beside = Submit(**engine, other, -1, 30);
-  auto scored = Submit(**engine, prompt, 5);
-  scored->Wait();
-  beside->Wait();
-  EXPECT_EQ(beside->tokens, alone);
-  EXPECT_EQ(scored->chunks_with_prompt_logprobs, 1);
-  ExpectMatchesReference(scored->prompt, prompt, want, 5);
-  EXPECT_EQ(scored->info_.cached_prompt_tokens, 0);
+  auto beside_sink = Submit(**engine, other, -1, 30);
+  const Scored scored = Read(*Submit(**engine, prompt, 5));
+  const Scored beside = Read(*beside_sink);
+  EXPECT_EQ(beside.tokens, alone);
+  EXPECT_EQ(scored.chunks_with_prompt_logprobs, 1);
+  ExpectMatchesReference(scored.prompt, prompt, want, 5);
+  EXPECT_EQ(scored.info.cached_prompt_tokens, 0);
   // A plain request for the same prompt still hits the cache (the scored one registered too).
-  auto plain = Submit(**engine, prompt, -1);
-  plain->Wait();
+  const Scored plain = Read(*Submit(**engine, prompt, -1));
   EXPECT_GT((*engine)->Stats().prefix_cache_hits_total, hits_before);
-  EXPECT_GT(plain->info_.cached_prompt_tokens, 0);
-  EXPECT_EQ(plain->chunks_with_prompt_logprobs, 0);
+  EXPECT_GT(plain.info.cached_prompt_tokens, 0);
+  EXPECT_EQ(plain.chunks_with_prompt_logprobs, 0);
   // Its first tokens are the scored one's (scoring changes nothing of the generation).
-  EXPECT_EQ(plain->tokens, scored->tokens);
+  EXPECT_EQ(plain.tokens, scored.tokens);
   // A one-token prompt: one unscored entry. No alternatives asked: none given.
-  auto single = Submit(**engine, {prompt[0]}, 0);
-  single->Wait();
-  ASSERT_EQ(single->prompt.size(), 1u);
-  auto no_top = Submit(**engine, prompt, 0);
-  no_top->Wait();
-  ExpectMatchesReference(no_top->prompt, prompt, want, 0);
+  ASSERT_EQ(Read(*Submit(**engine, {prompt[0]}, 0)).prompt.size(), 1u);
+  ExpectMatchesReference(Read(*Submit(**engine, prompt, 0)).prompt, prompt, want, 0);
 }
 
 TEST_F(PromptLogprobsTest, OutOfRangeIsRefused) {
@@ -176,7 +149,7 @@ TEST_F(PromptLogprobsTest, OutOfRangeIsRefused) {
   auto r = std::make_unique<GenerationRequest>();
   r->prompt = {1, 2, 3};
   r->prompt_logprobs = 21;
-  r->sink = std::make_shared<RecordingSink>();
+  r->sink = std::make_shared<CollectingSink>();
   const absl::Status st = (*engine)->Submit(std::move(r)).status();
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find("prompt_logprobs"), std::string::npos) << st;

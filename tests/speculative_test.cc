@@ -7,7 +7,6 @@
 // rows compute exactly the logits of the steps they stand for, and malformed drafts are refused.
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <random>
 #include <string>
 #include <vector>
@@ -31,42 +30,21 @@ struct Output {
   FinishInfo info;
 };
 
-class RecordingSink : public RequestSink {
- public:
-  void OnChunk(StreamChunk chunk) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Add(chunk);
-  }
-  void OnFinished(StreamChunk last, const FinishInfo& info) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    Add(last);
-    out_.info = info;
-    done_ = true;
-    cv_.notify_all();
-  }
-  Output Wait() {
-    std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return done_; });
-    return out_;
-  }
-
- private:
-  void Add(const StreamChunk& c) {
-    out_.tokens.insert(out_.tokens.end(), c.token_ids.begin(), c.token_ids.end());
-    out_.text += c.text;
-    for (const TokenLogprobs& lp : c.logprobs) {
-      out_.logprobs.push_back(lp.logprob);
-      for (int32_t k = 0; k < lp.num_top; ++k) {
-        out_.logprobs.push_back(lp.top_logprobs[k]);
-        out_.top_ids.push_back(lp.top_ids[k]);
-      }
+// A finished request's stream, its logprobs flattened for comparison.
+Output ReadOutput(CollectingSink& sink) {
+  Output out;
+  out.tokens = sink.Wait(&out.info);
+  const StreamChunk stream = sink.stream();
+  out.text = stream.text;
+  for (const TokenLogprobs& lp : stream.logprobs) {
+    out.logprobs.push_back(lp.logprob);
+    for (int32_t k = 0; k < lp.num_top; ++k) {
+      out.logprobs.push_back(lp.top_logprobs[k]);
+      out.top_ids.push_back(lp.top_ids[k]);
     }
   }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  Output out_;
-  bool done_ = false;
-};
+  return out;
+}
 
 // Prompts that repeat themselves (a phrase said again and again, with noise between), which
 // prompt lookup drafts from, and plain random ones; sampling of every kind.
@@ -140,16 +118,16 @@ WorkloadRun RunWorkload(const ModelBundle& model, EngineOptions options) {
   Engine& engine = **created;
   engine.Start();
   const int32_t eos = model.config.eos_token_ids.empty() ? 0 : model.config.eos_token_ids[0];
-  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (std::unique_ptr<GenerationRequest>& r : Workload(model.config.vocab_size, eos)) {
-    auto sink = std::make_shared<RecordingSink>();
+    auto sink = std::make_shared<CollectingSink>();
     r->sink = sink;
     r->arrival = absl::Now();
     sinks.push_back(sink);
     CHECK_OK(engine.Submit(std::move(r)).status());
   }
   WorkloadRun run;
-  for (const auto& sink : sinks) run.outputs.push_back(sink->Wait());
+  for (const auto& sink : sinks) run.outputs.push_back(ReadOutput(*sink));
   EXPECT_TRUE(engine.WaitIdle(absl::Seconds(10)));
   for (int i = 0; i < 100; ++i) {  // blocks held for in-flight copies retire when idle
     run.stats = engine.Stats();

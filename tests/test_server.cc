@@ -79,14 +79,23 @@ v1::GenerateRequest TextRequest(const std::string& prompt, int max_new_tokens) {
   return r;
 }
 
+void CollectingSink::Add(StreamChunk& c) {
+  stream_.token_ids.insert(stream_.token_ids.end(), c.token_ids.begin(), c.token_ids.end());
+  stream_.text += c.text;
+  stream_.logprobs.insert(stream_.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+  prompt_logprob_chunks_ += !c.prompt_logprobs.empty();
+  stream_.prompt_logprobs.insert(stream_.prompt_logprobs.end(), c.prompt_logprobs.begin(),
+                                 c.prompt_logprobs.end());
+}
+
 void CollectingSink::OnChunk(StreamChunk chunk) {
   std::lock_guard<std::mutex> lock(mu_);
-  tokens_.insert(tokens_.end(), chunk.token_ids.begin(), chunk.token_ids.end());
+  Add(chunk);
 }
 
 void CollectingSink::OnFinished(StreamChunk last, const FinishInfo& info) {
   std::lock_guard<std::mutex> lock(mu_);
-  tokens_.insert(tokens_.end(), last.token_ids.begin(), last.token_ids.end());
+  Add(last);
   info_ = info;
   done_ = true;
   cv_.notify_all();
@@ -101,7 +110,17 @@ std::vector<int32_t> CollectingSink::Wait(FinishInfo* info) {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [&] { return done_; });
   *info = info_;
-  return tokens_;
+  return stream_.token_ids;
+}
+
+StreamChunk CollectingSink::stream() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stream_;
+}
+
+int CollectingSink::prompt_logprob_chunks() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return prompt_logprob_chunks_;
 }
 
 }  // namespace kvrm

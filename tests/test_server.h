@@ -60,7 +60,7 @@ StreamResult RunGenerate(v1::Kvrm::Stub& stub, const v1::GenerateRequest& reques
 
 v1::GenerateRequest TextRequest(const std::string& prompt, int max_new_tokens);
 
-// An engine-level sink that keeps every token a request streams and its finish, for tests that
+// An engine-level sink that keeps everything a request streams and its finish, for tests that
 // submit straight to an Engine.
 class CollectingSink : public RequestSink {
  public:
@@ -69,11 +69,17 @@ class CollectingSink : public RequestSink {
   bool done();
   // Blocks until the request finished; its tokens, and *info its finish.
   std::vector<int32_t> Wait(FinishInfo* info);
+  // After Wait: the whole stream as one chunk (token ids, text, logprobs and prompt logprobs in
+  // order), and how many chunks carried prompt logprobs.
+  StreamChunk stream();
+  int prompt_logprob_chunks();
 
  private:
+  void Add(StreamChunk& chunk);  // under mu_
   std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<int32_t> tokens_;
+  StreamChunk stream_;
+  int prompt_logprob_chunks_ = 0;
   FinishInfo info_;
   bool done_ = false;
 };
