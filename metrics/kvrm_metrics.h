@@ -26,6 +26,8 @@ struct KvrmMetricsOptions {
   std::string model_name;
   std::string kv_mode = "static";
   bool far_history = false;  // --far_history: kvrm:far_history_enabled reads 1
+  // LoRA adapters served (--lora_modules), by index: kvrm:lora_* series per adapter.
+  std::vector<std::string> lora_adapters;
 };
 
 // Structured outputs, recorded by the server where requests are validated (any thread).
@@ -131,6 +133,8 @@ class KvrmMetrics : public EngineObserver {
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
   std::array<Counter*, 6> success_;  // [FinishReason]
+  // [adapter]: kvrm:lora_requests_total, kvrm:lora_generation_tokens_total.
+  std::vector<Counter*> lora_requests_, lora_tokens_;
   Counter* preemptions_;
   Counter* stream_chunks_merged_;
   StructuredOutputMetrics structured_;

@@ -67,6 +67,10 @@ struct StepDescriptor {
   int32_t max_draft = 0;
   std::vector<int32_t> num_draft;  // [max_slots]
   std::vector<int32_t> draft;      // [max_slots][max_draft]
+  // [max_slots] The LoRA adapter each active slot runs with (Backend::num_lora_adapters;
+  // -1: the base model). Its rows, drafts included, add the adapter's deltas to the projections
+  // it adapts.
+  std::vector<int32_t> adapter;
 
   void Resize(int32_t slots, int32_t runs_per_slot, int32_t drafts_per_slot = 0) {
     max_slots = slots;
@@ -82,6 +86,7 @@ struct StepDescriptor {
     far_dropped.assign(slots, 0);
     far_summaries.assign(slots, 0);
     sampling.assign(slots, DeviceSampling{});
+    adapter.assign(slots, -1);
   }
   absl::Span<KvRun> SlotRuns(int32_t slot) {
     return absl::MakeSpan(runs).subspan(static_cast<size_t>(slot) * max_runs, max_runs);
@@ -115,6 +120,8 @@ struct PrefillChunk {
   // Prompt logprobs (Backend::computes_all_logits): the logits after every token of the chunk
   // (at most kMaxAllLogitsRows), [tokens][vocab] in `last_logits`, instead of the last one's.
   bool all_logits = false;
+  // The LoRA adapter the chunk's rows run with (see StepDescriptor::adapter); -1: none.
+  int32_t adapter = -1;
 };
 
 class Backend {
@@ -157,6 +164,9 @@ class Backend {
   // Most draft tokens per slot a step descriptor may carry (StepDescriptor::max_draft); 0: the
   // backend does not verify drafts (speculative decoding off).
   virtual int32_t max_draft_tokens() const { return 0; }
+  // LoRA adapters served (StepDescriptor::adapter indexes them); 0: none, and a step or chunk
+  // naming one is refused.
+  virtual int32_t num_lora_adapters() const { return 0; }
   // Rows a pass takes while reading each weight once (more rows read some matrices again: a
   // step in the pass's cost, which speculative decoding's extra rows must not cross); 0:
   // unknown.

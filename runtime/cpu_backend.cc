@@ -65,6 +65,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   shape.num_threads = std::max(1, options.num_threads / tp);
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankWeights shard, ShardLlamaWeights(config, *weights, r, tp));
+    RETURN_IF_ERROR(ShardLoraAdapters(config, options.lora_adapters, &shard));
     AttachPanels(&shard, AvailableCpuIsas().back(), options.weight_panels, options.quantization,
                  options.num_threads);
     KvPoolShape pool;
@@ -137,6 +138,18 @@ std::string CpuBackend::weight_quantization() const {
   return out;
 }
 
+int64_t CpuBackend::lora_weight_bytes() const {
+  int64_t total = 0;
+  for (const auto& r : ranks_) total += r->weights().lora_bytes;
+  return total;
+}
+
+absl::Status CpuBackend::CheckAdapter(int32_t adapter, const char* what) const {
+  if (adapter >= -1 && adapter < num_lora_adapters()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(what, ": LoRA adapter ", adapter,
+                                                 "; the backend serves ", num_lora_adapters()));
+}
+
 int64_t CpuBackend::panel_weight_bytes() const {
   int64_t total = 0;
   for (const auto& r : ranks_) total += r->weights().panel_bytes;
@@ -183,8 +196,10 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
     }
     const int32_t dropped = step.far_dropped[s], summaries = step.far_summaries[s];
     RETURN_IF_ERROR(CheckFarHistory(step.far, dropped, summaries));
+    const int32_t adapter = step.adapter[s];
+    RETURN_IF_ERROR(CheckAdapter(adapter, "step descriptor"));
     rows[n] = CpuRow{step.token[s], step.position[s], step.SlotRunsData(s), step.num_runs[s],
-                     s, dropped, summaries};
+                     s, dropped, summaries, adapter};
     logit_row[n++] = s * step.logit_rows_per_slot();
     if (step.max_draft == 0 || step.num_draft[s] == 0) continue;
     const int32_t drafts = step.num_draft[s];
@@ -212,7 +227,7 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
             absl::StrCat("slot ", s, ": draft token ", draft[j], " outside the vocabulary"));
       }
       rows[n] = CpuRow{draft[j], step.position[s] + 1 + j, step.SlotRunsData(s),
-                       step.num_runs[s], s, 0, 0};
+                       step.num_runs[s], s, 0, 0, adapter};
       logit_row[n++] = s * step.logit_rows_per_slot() + 1 + j;
     }
   }
@@ -239,11 +254,12 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
   if (chunk.far.enabled() && (chunk.slot < 0 || chunk.slot >= options_.max_slots)) {
     return absl::InvalidArgumentError(absl::StrCat("prefill chunk of slot ", chunk.slot));
   }
+  RETURN_IF_ERROR(CheckAdapter(chunk.adapter, "prefill chunk"));
   for (int32_t i = 0; i < n; ++i) {
     const int32_t summaries = chunk.far.SummariesAt(chunk.start + i, options_.kv_block_tokens);
     RETURN_IF_ERROR(CheckFarHistory(chunk.far, chunk.far_dropped, summaries));
     rows[i] = CpuRow{chunk.tokens[i], chunk.start + i, chunk.runs, chunk.num_runs,
-                     chunk.slot, chunk.far_dropped, summaries};
+                     chunk.slot, chunk.far_dropped, summaries, chunk.adapter};
   }
   return n;
 }

@@ -16,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/weights.h"
 #include "runtime/backend.h"
 #include "runtime/communicator.h"
@@ -53,6 +54,10 @@ struct CpuBackendOptions {
   // bytes. Matrices already in a block format (a GGUF file's) are multiplied in it whatever this
   // says.
   WeightFormat quantization = WeightFormat::kDense;
+  // LoRA adapters served (model/lora.h), loaded for `config`: StepDescriptor::adapter and
+  // PrefillChunk::adapter index them. Each rank keeps its share (ShardLoraAdapters), so these
+  // need not outlive Create.
+  std::vector<const LoraAdapter*> lora_adapters;
 };
 
 class CpuBackend : public Backend {
@@ -71,6 +76,9 @@ class CpuBackend : public Backend {
                                const StepDescriptor& step, float* logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_draft_tokens() const override { return options_.max_draft_tokens; }
+  int32_t num_lora_adapters() const override {
+    return static_cast<int32_t>(options_.lora_adapters.size());
+  }
   bool computes_all_logits() const override { return true; }
   // The panel kernels convert activation rows in L2-sized blocks of whole 16-row groups, one
   // group for the widest matrices (FFN down at 3072 columns and up; every matrix of a model of
@@ -86,9 +94,13 @@ class CpuBackend : public Backend {
   int64_t owned_weight_bytes() const;
   // Bytes of the ranks' panel copies (0 without them).
   int64_t panel_weight_bytes() const;
+  // Bytes of the ranks' LoRA adapter shares (0 without adapters).
+  int64_t lora_weight_bytes() const;
 
  private:
   CpuBackend(const LlamaConfig& config, const CpuBackendOptions& options);
+  // INVALID_ARGUMENT unless `adapter` is -1 or a served adapter.
+  absl::Status CheckAdapter(int32_t adapter, const char* what) const;
   // The far-history fields of a step or chunk against the backend's shape (INVALID_ARGUMENT).
   absl::Status CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
                                int32_t summaries) const;

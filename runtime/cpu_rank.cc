@@ -1,6 +1,7 @@
 #include "runtime/cpu_rank.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 
@@ -186,13 +187,63 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
   });
 }
 
-void CpuRank::GateUpSilu(const LayerWeights& l, int32_t n) {
+void CpuRank::LoraShare(int thread, int num_threads, int32_t layer, LoraTarget target,
+                        const CpuRow* rows, int32_t n, const float* x, int64_t ldx, float* y,
+                        int64_t ldy) const {
+  std::array<float, kMaxLoraRank> mid;
+  for (int32_t i = 0; i < n; ++i) {
+    if (rows[i].adapter < 0) continue;
+    const LoraShard& s = w_.lora[rows[i].adapter][layer][static_cast<int32_t>(target)];
+    if (s.rank == 0) continue;
+    int64_t begin, end;
+    MatMulShareBounds(s.out, thread, num_threads, &begin, &end);
+    if (begin >= end) continue;
+    // Both products as axpys over contiguous rows of A^T and B^T (vectorised, no reductions).
+    const int32_t rank = s.rank;
+    float* __restrict m = mid.data();
+    std::fill(m, m + rank, 0.0f);
+    const float* __restrict xi = x + int64_t{i} * ldx;
+    for (int64_t c = 0; c < s.in; ++c) {
+      const float v = xi[c];
+      const float* __restrict a = s.at.data() + c * rank;
+      for (int32_t k = 0; k < rank; ++k) m[k] += v * a[k];
+    }
+    float* __restrict yi = y + int64_t{i} * ldy;
+    for (int32_t k = 0; k < rank; ++k) {
+      const float mk = m[k];
+      const float* __restrict b = s.bt.data() + k * s.out;
+      for (int64_t o = begin; o < end; ++o) yi[o] += mk * b[o];
+    }
+  }
+}
+
+void CpuRank::MatMulWithLora(const WeightMatrix& w, int32_t layer, LoraTarget target,
+                             const CpuRow* rows, int32_t n, bool lora, const float* x,
+                             int64_t ldx, float* y, int64_t ldy) {
+  if (!lora) {
+    MatMul(threads_, x, n, ldx, w, y, ldy, scratch_.data());
+    return;
+  }
   const CpuIsa isa = ActiveCpuIsa();
+  threads_.RunOnAll([&](int t) {
+    const int nt = threads_.num_threads();
+    MatMulShare(isa, x, n, ldx, w, y, ldy, t, nt, &scratch_[t * scratch_per_thread_]);
+    LoraShare(t, nt, layer, target, rows, n, x, ldx, y, ldy);
+  });
+}
+
+void CpuRank::GateUpSilu(int32_t layer, const CpuRow* rows, int32_t n, bool lora) {
+  const CpuIsa isa = ActiveCpuIsa();
+  const LayerWeights& l = w_.layers[layer];
   threads_.RunOnAll([&](int t) {
     const int nt = threads_.num_threads();
     float* scratch = &scratch_[t * scratch_per_thread_];
     MatMulShare(isa, h_.data(), n, d_, l.w_gate, gate_.data(), ffn_, t, nt, scratch);
     MatMulShare(isa, h_.data(), n, d_, l.w_up, up_.data(), ffn_, t, nt, scratch);
+    if (lora) {  // the same columns of gate and up as the products above: still this thread's
+      LoraShare(t, nt, layer, LoraTarget::kGate, rows, n, h_.data(), d_, gate_.data(), ffn_);
+      LoraShare(t, nt, layer, LoraTarget::kUp, rows, n, h_.data(), d_, up_.data(), ffn_);
+    }
     // SwiGLU on this thread's features while they are still in cache.
     int64_t b, e;
     MatMulShareBounds(ffn_, t, nt, &b, &e);
@@ -205,6 +256,9 @@ void CpuRank::GateUpSilu(const LayerWeights& l, int32_t n) {
 absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row,
                               float* logits) {
   const CpuIsa isa = ActiveCpuIsa();
+  // Whether any row runs with a LoRA adapter: without, the pass is exactly the base model's.
+  bool lora = false;
+  for (int32_t i = 0; i < n && !w_.lora.empty(); ++i) lora |= rows[i].adapter >= 0;
   Embed(rows, n);
   for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     const LayerWeights& l = w_.layers[layer];
@@ -215,18 +269,24 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
       MatMulShare(isa, h_.data(), n, d_, l.wq, q_.data(), qw_, t, nt, scratch);
       MatMulShare(isa, h_.data(), n, d_, l.wk, k_.data(), kvw_, t, nt, scratch);
       MatMulShare(isa, h_.data(), n, d_, l.wv, v_.data(), kvw_, t, nt, scratch);
+      if (lora) {
+        LoraShare(t, nt, layer, LoraTarget::kQ, rows, n, h_.data(), d_, q_.data(), qw_);
+        LoraShare(t, nt, layer, LoraTarget::kK, rows, n, h_.data(), d_, k_.data(), kvw_);
+        LoraShare(t, nt, layer, LoraTarget::kV, rows, n, h_.data(), d_, v_.data(), kvw_);
+      }
     });
     RopeAndStoreKv(layer, rows, n);
     if (far_.enabled()) Summarize(layer, rows, n);
     Attention(layer, rows, n);
-    MatMul(threads_, attn_.data(), n, qw_, l.wo, h_.data(), d_, scratch_.data());
+    MatMulWithLora(l.wo, layer, LoraTarget::kO, rows, n, lora, attn_.data(), qw_, h_.data(), d_);
     RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
     AddOutputBias(layer, n);
     AddRows(n);
 
     NormRows(l.mlp_norm, n);
-    GateUpSilu(l, n);
-    MatMul(threads_, gate_.data(), n, ffn_, l.w_down, h_.data(), d_, scratch_.data());
+    GateUpSilu(layer, rows, n, lora);
+    MatMulWithLora(l.w_down, layer, LoraTarget::kDown, rows, n, lora, gate_.data(), ffn_,
+                   h_.data(), d_);
     RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
     AddRows(n);
   }

@@ -39,6 +39,8 @@ struct CpuRow {
   int32_t slot = 0;
   int32_t far_dropped = 0;
   int32_t far_summaries = 0;
+  // The LoRA adapter the row runs with (RankWeights::lora's index); -1: the base model.
+  int32_t adapter = -1;
 };
 
 struct CpuRankShape {
@@ -77,7 +79,20 @@ class CpuRank {
   // Far history: writes the summary entries of each slot's last row (see CpuRow).
   void Summarize(int32_t layer, const CpuRow* rows, int32_t n);
   void Attention(int32_t layer, const CpuRow* rows, int32_t n);
-  void GateUpSilu(const LayerWeights& l, int32_t n);
+  // gate_ = silu(gate) * up; with `lora`, each row's adapter deltas join gate and up first.
+  void GateUpSilu(int32_t layer, const CpuRow* rows, int32_t n, bool lora);
+  // Thread `thread`'s share of y[i] += B (A x[i]) (B times the adapter's scale) for each row i
+  // whose adapter adapts projection `target` of `layer` (this rank's share of it: a partial sum
+  // for O and down): the output columns MatMulShareBounds gives the thread, the ones its
+  // MatMulShare of the base matrix wrote, so no barrier comes between the two. Each thread
+  // computes the rows' A x itself (rank x in products a row: a few thousand). Rows without an
+  // adapter are left alone.
+  void LoraShare(int thread, int num_threads, int32_t layer, LoraTarget target,
+                 const CpuRow* rows, int32_t n, const float* x, int64_t ldx, float* y,
+                 int64_t ldy) const;
+  // A base product and its adapters' deltas in one parallel region (MatMul, then LoraShare).
+  void MatMulWithLora(const WeightMatrix& w, int32_t layer, LoraTarget target, const CpuRow* rows,
+                      int32_t n, bool lora, const float* x, int64_t ldx, float* y, int64_t ldy);
 
   const LlamaConfig config_;
   const RankWeights w_;

@@ -167,6 +167,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
   bo.weight_panels = ActiveCpuIsa() == AvailableCpuIsas().back();
   bo.quantization = o.quantization;
   ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens));
+  for (const LoraAdapter& a : model.lora_adapters) bo.lora_adapters.push_back(&a);
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model.config, &model.weights, bo));
   return std::unique_ptr<Backend>(std::move(backend));
@@ -355,6 +356,17 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
   if (request->prompt_logprobs >= 0 && !backend_->computes_all_logits()) {
     return absl::InvalidArgumentError(
         "prompt_logprobs: this device does not return a prompt's logits (the CPU device does)");
+  }
+  if (request->lora_adapter < -1 || request->lora_adapter >= backend_->num_lora_adapters()) {
+    return absl::InvalidArgumentError(
+        backend_->num_lora_adapters() == 0
+            ? std::string("lora_adapter: this server serves no LoRA adapters")
+            : absl::StrCat("lora_adapter: ", request->lora_adapter, " is not in [-1, ",
+                           backend_->num_lora_adapters(), ")"));
+  }
+  // The adapter's K/V are its own: its prompts share cached blocks only with its own.
+  if (request->lora_adapter >= 0) {
+    request->cache_salt = LoraCacheKey(request->cache_salt, request->lora_adapter);
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(request->sampling));
   RETURN_IF_ERROR(ValidateSamplingTokens(request->sampling, vocab));

@@ -547,6 +547,7 @@ int32_t Engine::BuildDescriptor() {
     d.active[i] = 1;
     d.position[i] = slot.position;
     d.token[i] = slot.next_token;
+    d.adapter[i] = slot.request->lora_adapter;
     if (d.max_draft > 0) d.num_draft[i] = StageDrafts(i, draft_threshold, &draft_room, &d);
     d.num_runs[i] = kv_->RunTable(i, d.SlotRuns(i));
     if (far_.enabled()) {
@@ -866,6 +867,7 @@ bool Engine::PickPrefillChunk() {
   chunk_.runs = d.SlotRunsData(pick);
   chunk_last_ = slot.prefilled + n == total;
   chunk_.all_logits = ScoresPrompt(pick);
+  chunk_.adapter = slot.request->lora_adapter;
   if (far_.enabled()) chunk_.far_dropped = pager_->Dropped(pick);
   if (pager_ && pager_->NumRuns(pick) > d.max_runs) {
     // The run table is wider than the descriptor row: the CPU prefill reads runs through the

@@ -12,6 +12,7 @@
 #include "model/chat_config.h"
 #include "model/config.h"
 #include "model/gguf_model.h"
+#include "model/lora.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
 #include "model/weights.h"
@@ -29,6 +30,11 @@ struct ModelBundle {
   std::string weights_format = "safetensors";
   std::unique_ptr<Tokenizer> tokenizer;
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
+  // LoRA adapters served beside the base model (kvrmd --lora_modules), in the order requests
+  // index them (GenerationRequest::lora_adapter). The CPU backend keeps each rank's share in its
+  // own layout, so these values are held twice (rank 16 on a 7B model: about 80 MB an adapter
+  // here); small next to the weights, not freed.
+  std::vector<LoraAdapter> lora_adapters;
 
   struct LoadOptions {
     // A GGUF file's q8_0 matrices stay q8_0 and its q4_0 / q5_0 ones become q8_0 blocks of

@@ -97,8 +97,12 @@ struct GenerationRequest {
   absl::Duration time_limit = absl::ZeroDuration();  // zero: none
   int32_t priority = 0;
   // Prefix-cache namespace (CacheSaltKey of the request's cache_salt; 0: the shared default):
-  // cached KV is shared only between requests with the same key.
+  // cached KV is shared only between requests with the same key. Engine::Submit folds the LoRA
+  // adapter in (LoraCacheKey): an adapter's K/V differ from the base model's.
   uint64_t cache_salt = 0;
+  // The LoRA adapter the request runs with (the backend's adapter index, kvrmd --lora_modules'
+  // order); -1: the base model.
+  int32_t lora_adapter = -1;
   // Structured output (null: none): the completion's text must be a whole match of this
   // constraint when it ends. Tokens that cannot continue a match are masked before sampling, the
   // end-of-sequence tokens are allowed only where the text is a whole match, and the completion
@@ -113,6 +117,14 @@ inline uint64_t CacheSaltKey(std::string_view salt) {
   if (salt.empty()) return 0;
   uint64_t h = 1469598103934665603ull;
   for (unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
+  return h == 0 ? 1 : h;
+}
+
+// The prefix-cache key of a request with LoRA adapter `adapter` (>= 0) and cache-salt key `salt`:
+// never 0 and never equal to another adapter's for the same salt (an FNV-1a step over the index).
+inline uint64_t LoraCacheKey(uint64_t salt, int32_t adapter) {
+  uint64_t h = (salt == 0 ? 1469598103934665603ull : salt) ^ 0x4c6f5241ull;  // "LoRA"
+  h = (h ^ static_cast<uint32_t>(adapter)) * 1099511628211ull;
   return h == 0 ? 1 : h;
 }
 

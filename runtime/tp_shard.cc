@@ -123,6 +123,65 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   return out;
 }
 
+absl::Status ShardLoraAdapters(const LlamaConfig& config,
+                               absl::Span<const LoraAdapter* const> adapters,
+                               RankWeights* weights) {
+  const int64_t hd = config.head_dim;
+  const int32_t rank = weights->rank;
+  // Per target: the rank's input columns [in_begin, in_begin + in) and output rows
+  // [out_begin, out_begin + out) of the full matrix.
+  struct Cut {
+    int64_t in_begin, in, out_begin, out;
+  };
+  const int64_t d = config.hidden_size, q = weights->heads * hd, kv = weights->kv_heads * hd;
+  const int64_t f = weights->ffn;
+  const std::array<Cut, kNumLoraTargets> cuts = {
+      Cut{0, d, rank * q, q},    Cut{0, d, rank * kv, kv}, Cut{0, d, rank * kv, kv},
+      Cut{rank * q, q, 0, d},    Cut{0, d, rank * f, f},   Cut{0, d, rank * f, f},
+      Cut{rank * f, f, 0, d}};
+  weights->lora.clear();
+  weights->lora_max_rank = 0;
+  weights->lora_bytes = 0;
+  for (const LoraAdapter* a : adapters) {
+    if (static_cast<int32_t>(a->layers.size()) != config.num_hidden_layers) {
+      return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", a->name, "' has ",
+                                                     a->layers.size(), " layers; the model ",
+                                                     config.num_hidden_layers));
+    }
+    auto& layers = weights->lora.emplace_back(a->layers.size());
+    for (size_t l = 0; l < a->layers.size(); ++l) {
+      for (int32_t t = 0; t < kNumLoraTargets; ++t) {
+        const LoraMatrix& m = a->layers[l].m[t];
+        if (m.rank == 0) continue;
+        const Cut& c = cuts[t];
+        if (m.rank > kMaxLoraRank || m.in < c.in_begin + c.in || m.out < c.out_begin + c.out ||
+            m.a.size() != static_cast<size_t>(m.rank * m.in) ||
+            m.b.size() != static_cast<size_t>(m.out * m.rank)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("LoRA adapter '", a->name, "' layer ", l, " ",
+                           std::string(LoraTargetName(LoraTarget(t))), ": [", m.rank, " x ", m.in,
+                           "] x [", m.out, " x ", m.rank, "] does not fit the model"));
+        }
+        LoraShard& s = layers[l][t];
+        s.rank = m.rank;
+        s.in = c.in;
+        s.out = c.out;
+        s.at.resize(c.in * m.rank);
+        s.bt.resize(m.rank * c.out);
+        for (int64_t k = 0; k < m.rank; ++k) {
+          for (int64_t i = 0; i < c.in; ++i) s.at[i * m.rank + k] = m.a[k * m.in + c.in_begin + i];
+          for (int64_t o = 0; o < c.out; ++o) {
+            s.bt[k * c.out + o] = m.b[(c.out_begin + o) * m.rank + k];
+          }
+        }
+        weights->lora_max_rank = std::max(weights->lora_max_rank, m.rank);
+        weights->lora_bytes += static_cast<int64_t>((s.at.size() + s.bt.size()) * sizeof(float));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, WeightFormat quantize,
                   int threads) {
   struct Job {

@@ -11,16 +11,30 @@
 #define KVRM_RUNTIME_TP_SHARD_H_
 
 #include <cstdint>
+#include <array>
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/weight_matrix.h"
 #include "model/config.h"
+#include "model/lora.h"
 #include "model/weights.h"
 
 namespace kvrm {
+
+// One rank's share of one adapted projection (model/lora.h), laid out for the row-by-row
+// products of CpuRank::ApplyLora, both in axpy form: at = A^T [in][rank] over this rank's input
+// columns, bt = (scale B)^T [rank][out] over this rank's output rows. rank == 0: not adapted.
+struct LoraShard {
+  int32_t rank = 0;
+  int64_t in = 0;
+  int64_t out = 0;
+  std::vector<float> at;
+  std::vector<float> bt;
+};
 
 struct RankWeights {
   int32_t rank = 0;
@@ -41,6 +55,12 @@ struct RankWeights {
   // The panel copies (AttachPanels).
   std::vector<PanelCopy> panels;
   int64_t panel_bytes = 0;
+  // The served LoRA adapters' shares (ShardLoraAdapters): lora[adapter][layer][LoraTarget], cut
+  // like the base matrices (column-parallel Q/K/V/gate/up: B's rows; row-parallel O/down: A's
+  // columns, so each rank's delta is a partial sum the all-reduce completes). Empty: none.
+  std::vector<std::vector<std::array<LoraShard, kNumLoraTargets>>> lora;
+  int32_t lora_max_rank = 0;  // the largest rank of any adapter (0: none)
+  int64_t lora_bytes = 0;
 };
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`, or when a
@@ -50,6 +70,12 @@ struct RankWeights {
 absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);
+
+// This rank's shares of `adapters` (each loaded for the same config) into weights->lora.
+// INVALID_ARGUMENT when an adapter's layers do not match the config's.
+absl::Status ShardLoraAdapters(const LlamaConfig& config,
+                               absl::Span<const LoraAdapter* const> adapters,
+                               RankWeights* weights);
 
 // Gives the rank's linear weights (Q, K, V, O, gate, up, down, lm_head) their panel copies
 // (WeightMatrix::panels), in memory `weights` owns:

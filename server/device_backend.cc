@@ -54,6 +54,11 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
           "--quantization=q8_0 and q4_K run on the CPU backend only (--device=cpu); on the GPU "
           "the weights are bf16");
     }
+    if (!model.lora_adapters.empty()) {
+      return absl::InvalidArgumentError(
+          "--lora_modules: LoRA adapters run on the CPU backend only (--device=cpu); the CUDA "
+          "graphs have no adapter products yet (docs/cuda.md)");
+    }
     cuda::CudaBackendOptions co;
     co.kv_blocks = o.kv_blocks;
     co.kv_block_tokens = o.block_tokens;

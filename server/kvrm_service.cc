@@ -429,6 +429,9 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   limits_.vocab_size = engine->model().config.vocab_size;
   limits_.max_context = engine->options().max_context;
   limits_.max_new_tokens = engine->options().max_new_tokens;
+  for (const LoraAdapter& a : engine->model().lora_adapters) {
+    limits_.lora_adapters.push_back(a.name);
+  }
   structured::CompilerOptions compile;
   // A quarter of the cores walk one constraint's states (results do not depend on it); the
   // rest stay with the engine, which on the CPU backend uses them all.
@@ -656,6 +659,17 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_chat_template(m.chat.chat_template != nullptr);
   response->set_tool_call_parser(std::string(ToolCallFormatName(tool_syntax_.format)));
   response->set_reasoning_parser(std::string(ReasoningFormatName(m.chat.reasoning_format)));
+  for (const LoraAdapter& a : m.lora_adapters) {
+    v1::LoraAdapterInfo* info = response->add_lora_adapters();
+    info->set_name(a.name);
+    info->set_path(a.path);
+    info->set_rank(a.rank);
+    info->set_alpha(a.alpha);
+    info->set_scale(a.scale);
+    for (const std::string& t : a.target_modules) info->add_target_modules(t);
+    info->set_num_parameters(a.num_parameters);
+    info->set_base_model(a.base_model);
+  }
   return FinishUnary(context, grpc::Status::OK);
 }
 

@@ -19,6 +19,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
@@ -587,35 +588,49 @@ int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path
   v1::ModelInfo info;
   const grpc::Status status = stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
   if (!status.ok()) return ReplyError(connection, ToOpenAiError(FromGrpc(status), nullptr));
-  OrderedJson model;
-  model["id"] = options_.served_model_name;
-  model["object"] = "model";
-  model["created"] = created_;
-  model["owned_by"] = "kvrm";
-  model["root"] = info.name();
-  model["max_model_len"] = info.max_context();
+  // The base model, then each LoRA adapter with the base as its parent (vLLM's listing).
+  std::vector<OrderedJson> models;
+  auto add = [&](const std::string& id, const std::string& root, const std::string& parent) {
+    OrderedJson& model = models.emplace_back();
+    model["id"] = id;
+    model["object"] = "model";
+    model["created"] = created_;
+    model["owned_by"] = "kvrm";
+    model["root"] = root;
+    model["parent"] = parent.empty() ? OrderedJson(nullptr) : OrderedJson(parent);
+    model["max_model_len"] = info.max_context();
+  };
+  add(options_.served_model_name, info.name(), "");
+  for (const v1::LoraAdapterInfo& a : info.lora_adapters()) {
+    add(a.name(), a.path(), options_.served_model_name);
+  }
   if (path != "/v1/models") {
     const std::string id = path.substr(std::strlen("/v1/models/"));
-    if (id != options_.served_model_name) {
-      return ReplyError(connection, 404, "not_found_error",
-                        absl::StrCat("The model `", id, "` does not exist."));
+    for (OrderedJson& model : models) {
+      if (model["id"] == id) return Queue(connection, MHD_HTTP_OK, Buffer(model.dump(), kJson));
     }
-    return Queue(connection, MHD_HTTP_OK, Buffer(model.dump(), kJson));
+    return ReplyError(connection, 404, "not_found_error",
+                      absl::StrCat("The model `", id, "` does not exist."));
   }
   OrderedJson list;
   list["object"] = "list";
-  list["data"] = OrderedJson::array({std::move(model)});
+  list["data"] = OrderedJson::array();
+  for (OrderedJson& model : models) list["data"].push_back(std::move(model));
   return Queue(connection, MHD_HTTP_OK, Buffer(list.dump(), kJson));
 }
 
 std::optional<OpenAiError> OpenAiHttpServer::WrongModel(const std::string& model) const {
   if (model.empty() || model == options_.served_model_name) return std::nullopt;
+  const std::vector<std::string>& adapters = options_.lora_adapters;
+  if (std::find(adapters.begin(), adapters.end(), model) != adapters.end()) return std::nullopt;
   OpenAiError e;
   e.http_status = 404;
   e.type = "not_found_error";
   e.param = "model";
   e.message = absl::StrCat("The model `", model, "` does not exist (this server serves `",
-                           options_.served_model_name, "`).");
+                           options_.served_model_name, "`",
+                           adapters.empty() ? "" : " and the LoRA adapters `",
+                           absl::StrJoin(adapters, "`, `"), adapters.empty() ? "" : "`", ").");
   return e;
 }
 
@@ -677,6 +692,9 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
   if (std::optional<OpenAiError> e = WrongModel(request.model)) return ReplyError(connection, *e);
   const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
   v1::GenerateRequest& generate = request.generate;
+  if (!request.model.empty() && request.model != options_.served_model_name) {
+    generate.set_lora_adapter(request.model);  // WrongModel let it through: an adapter's name
+  }
   if (generate.request_id().empty()) {
     if (const char* header = Header(connection, "X-Request-Id"); header != nullptr && *header) {
       generate.set_request_id(header);  // validated by the service like any request_id

@@ -20,6 +20,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -55,6 +56,9 @@ struct OpenAiHttpOptions {
   absl::Duration sse_keepalive = absl::Seconds(15);
   // The model's id in requests and /v1/models; a request naming another model gets 404.
   std::string served_model_name;
+  // The LoRA adapters served (kvrmd --lora_modules): a request whose `model` names one runs
+  // with it (GenerateRequest.lora_adapter), as vLLM serves LoRA modules; /v1/models lists them.
+  std::vector<std::string> lora_adapters;
   int32_t max_context = 0;  // /v1/models' max_model_len
   OpenAiDefaults defaults;
   const Tokenizer* tokenizer = nullptr;  // spells logprob tokens; must outlive the server

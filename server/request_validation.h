@@ -4,6 +4,8 @@
 #define KVRM_SERVER_REQUEST_VALIDATION_H_
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kvrm/v1/kvrm.pb.h"
@@ -28,6 +30,8 @@ struct RequestLimits {
   int32_t max_tools = 128;                 // chat.tools, and tool_calls per message
   int32_t max_tool_json_bytes = 64 << 10;  // one tool's parameters, one call's arguments,
                                            // template_kwargs
+  // The LoRA adapters served, by index (GenerateRequest.lora_adapter names one; none: refused).
+  std::vector<std::string> lora_adapters;
 };
 
 // The prompt text of a chat prompt: its messages checked (INVALID_ARGUMENT naming

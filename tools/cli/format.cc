@@ -181,6 +181,11 @@ std::string FormatSpeculativeDecoding(const v1::SpeculativeDecodingInfo& info) {
 }
 
 std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server) {
+  std::vector<std::string> adapters;
+  for (const v1::LoraAdapterInfo& a : model.lora_adapters()) {
+    adapters.push_back(absl::StrCat(a.name(), " (rank ", a.rank(), ", ",
+                                    absl::StrJoin(a.target_modules(), ","), ")"));
+  }
   const Rows model_rows = {
       {"name", model.name()},
       {"architecture", model.architecture()},
@@ -202,6 +207,7 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"chat_template", model.chat_template() ? "yes" : "no (chat requests refused)"},
       {"tool_call_parser", model.tool_call_parser()},
       {"reasoning_parser", model.reasoning_parser()},
+      {"lora_adapters", adapters.empty() ? "none" : absl::StrJoin(adapters, "; ")},
   };
   const v1::KvUsage& kv = server.kv();
   const Rows server_rows = {

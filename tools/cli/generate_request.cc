@@ -222,6 +222,7 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   request.set_skip_bos(options.skip_bos);
   request.set_priority(options.priority);
   request.set_cache_salt(options.cache_salt);
+  request.set_lora_adapter(options.lora_adapter);
 
   v1::SamplingParams* sampling = request.mutable_sampling();
   sampling->set_temperature(options.temperature);

@@ -54,6 +54,7 @@ struct GenerateOptions {
   int32_t n = 1;  // completions (GenerateRequest.n)
   int32_t priority = 0;
   std::string cache_salt;
+  std::string lora_adapter;  // GenerateRequest.lora_adapter ("": the base model)
   uint32_t time_limit_ms = 0;
   std::string request_id;
   // Structured output: at most one of regex, json_schema (JSON text, or @FILE), json_object and

@@ -80,6 +80,8 @@ ABSL_FLAG(int32_t, n, 1,
 ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs first");
 ABSL_FLAG(std::string, cache_salt, "",
           "prefix-cache namespace: cached KV is shared only with requests of the same salt");
+ABSL_FLAG(std::string, lora_adapter, "",
+          "run with this LoRA adapter (a name kvrmd --lora_modules serves; `info` lists them)");
 ABSL_FLAG(uint32_t, time_limit_ms, 0, "server-side wall-clock limit in ms; 0 = none");
 ABSL_FLAG(std::string, request_id, "", "request id echoed in responses and server logs");
 ABSL_FLAG(std::string, regex, "", "structured output: the completion must match this regex");
@@ -207,6 +209,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.n = absl::GetFlag(FLAGS_n);
   options.priority = absl::GetFlag(FLAGS_priority);
   options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
+  options.lora_adapter = absl::GetFlag(FLAGS_lora_adapter);
   options.time_limit_ms = absl::GetFlag(FLAGS_time_limit_ms);
   options.request_id = absl::GetFlag(FLAGS_request_id);
   options.regex = absl::GetFlag(FLAGS_regex);
@@ -486,6 +489,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "n",
                                                 "priority",
                                                 "cache_salt",
+                                                "lora_adapter",
                                                 "time_limit_ms",
                                                 "request_id",
                                                 "regex",
