@@ -1,0 +1,455 @@
+// Multi-LoRA serving: rows with different adapters (and none) in one pass, each against the
+// float64 reference with that adapter merged into its weights (W + scale B A, read from the
+// adapter's files here, not through the loader); tensor parallelism; batch independence; the
+// engine and the service (adapter by name, prefix cache kept apart per adapter, refusals).
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <random>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/json.h"
+#include "common/logging.h"
+#include "common/testing/alloc_counter.h"
+#include "gtest/gtest.h"
+#include "model/lora.h"
+#include "model/safetensors.h"
+#include "runtime/backend.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+#include "tests/reference_llama.h"
+#include "tests/test_server.h"
+#include "tools/modelgen/lora_writer.h"
+#include "tools/modelgen/model_writer.h"
+
+namespace kvrm {
+namespace {
+
+std::string TmpDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+// An element of a safetensors tensor as double (f32, bf16, f16).
+double ElementOf(const TensorView& t, int64_t i) {
+  if (t.dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, t.data + i * 4, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, t.data + i * 2, 2);
+  return t.dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+}
+
+// Merges the adapter in `dir` into `ref`'s linear weights: W += scale * B A, with the scale from
+// adapter_config.json (lora_alpha / r, or / sqrt(r) with use_rslora) and A, B as PEFT names them.
+void MergeAdapter(const std::string& dir, ReferenceLlama* ref) {
+  std::ifstream in(dir + "/adapter_config.json");
+  const Json config = Json::parse(in);
+  const double r = config.at("r").get<double>();
+  const double alpha = config.at("lora_alpha").get<double>();
+  const double scale =
+      config.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
+  auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
+  CHECK_OK(file.status());
+  int merged = 0;
+  ref->ReplaceLinearWeights([&](const std::string& name, int64_t rows, int64_t cols, double* w) {
+    // "model.layers.0.self_attn.q_proj.weight" -> "base_model.model.model.layers.0...lora_A..."
+    const std::string stem = name.substr(0, name.size() - std::strlen(".weight"));
+    const TensorView* a = (*file)->Find("base_model.model." + stem + ".lora_A.weight");
+    const TensorView* b = (*file)->Find("base_model.model." + stem + ".lora_B.weight");
+    if (a == nullptr || b == nullptr) return;
+    const int64_t rank = a->shape[0];
+    CHECK(a->shape[1] == cols && b->shape[0] == rows && b->shape[1] == rank) << name;
+    for (int64_t o = 0; o < rows; ++o) {
+      for (int64_t c = 0; c < cols; ++c) {
+        double sum = 0;
+        for (int64_t k = 0; k < rank; ++k) sum += ElementOf(*b, o * rank + k) * ElementOf(*a, k * cols + c);
+        w[o * cols + c] += scale * sum;
+      }
+    }
+    ++merged;
+  });
+  CHECK(merged > 0) << dir;
+}
+
+// The f32 tiny model, two adapters (every projection at rank 8 in f32; q, v and down of the last
+// layer at rank 4 with rsLoRA in bf16) and the three references: base, base + each adapter.
+struct LoraModels {
+  std::unique_ptr<ModelBundle> bundle;
+  std::vector<std::string> dirs;
+  std::unique_ptr<ReferenceLlama> base;
+  std::vector<std::unique_ptr<ReferenceLlama>> merged;
+};
+
+const LoraModels& GetModels() {
+  static const LoraModels* models = [] {
+    auto* m = new LoraModels;
+    modelgen::MakeModelOptions options;
+    options.size = "tiny";
+    options.dtype = DType::kF32;
+    options.out_dir = TmpDir() + "/lora_tiny_f32";
+    CHECK_OK(modelgen::MakeModel(options).status());
+    auto bundle = ModelBundle::Load(options.out_dir);
+    CHECK_OK(bundle.status());
+    m->bundle = std::move(*bundle);
+    const LlamaConfig& config = m->bundle->config;
+    modelgen::MakeLoraOptions all;
+    all.out_dir = TmpDir() + "/lora_all";
+    all.rank = 8;
+    all.alpha = 16;
+    all.seed = 11;
+    modelgen::MakeLoraOptions qv;
+    qv.out_dir = TmpDir() + "/lora_qv";
+    qv.rank = 4;
+    qv.alpha = 6;
+    qv.use_rslora = true;
+    qv.target_modules = {"q_proj", "v_proj", "down_proj"};
+    qv.layers = {config.num_hidden_layers - 1};
+    qv.dtype = DType::kBF16;
+    qv.seed = 12;
+    for (const modelgen::MakeLoraOptions* o : {&all, &qv}) {
+      CHECK_OK(modelgen::MakeLoraAdapter(config, *o));
+      auto adapter = LoadLoraAdapter(config, o == &all ? "all" : "qv", o->out_dir);
+      CHECK_OK(adapter.status());
+      m->bundle->lora_adapters.push_back(std::move(*adapter));
+      m->dirs.push_back(o->out_dir);
+    }
+    auto base = ReferenceLlama::Create(config, *m->bundle->files);
+    CHECK_OK(base.status());
+    m->base = std::move(*base);
+    for (const std::string& dir : m->dirs) {
+      auto ref = ReferenceLlama::Create(config, *m->bundle->files);
+      CHECK_OK(ref.status());
+      MergeAdapter(dir, ref->get());
+      m->merged.push_back(std::move(*ref));
+    }
+    return m;
+  }();
+  return *models;
+}
+
+constexpr int32_t kBlockTokens = 16;
+constexpr int32_t kSlots = 3;
+// Relative to max(1, max |ref|) of a row, as the base model's f32 forward test allows.
+constexpr double kRelTol = 1e-5;
+
+std::unique_ptr<CpuBackend> MakeBackend(const ModelBundle& model, int32_t tp,
+                                        bool adapters = true) {
+  CpuBackendOptions o;
+  o.kv_blocks = 64;
+  o.kv_block_tokens = kBlockTokens;
+  o.max_slots = kSlots;
+  o.max_chunk_tokens = 32;
+  o.max_context = 256;
+  o.num_threads = 2;
+  o.tensor_parallel = tp;
+  if (adapters) {
+    for (const LoraAdapter& a : model.lora_adapters) o.lora_adapters.push_back(&a);
+  }
+  auto backend = CpuBackend::Create(model.config, &model.weights, o);
+  CHECK_OK(backend.status());
+  return std::move(*backend);
+}
+
+std::vector<int32_t> RandomTokens(std::mt19937* rng, int n, int32_t vocab) {
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> out(n);
+  for (int32_t& t : out) t = d(*rng);
+  return out;
+}
+
+// max |got - ref| / max(1, max |ref|) over one row.
+double ScaledError(const float* got, const std::vector<double>& ref) {
+  double max_ref = 0, max_diff = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    max_ref = std::max(max_ref, std::fabs(ref[i]));
+    max_diff = std::max(max_diff, std::fabs(got[i] - ref[i]));
+  }
+  return max_diff / std::max(1.0, max_ref);
+}
+
+double ScaledDistance(const std::vector<double>& a, const std::vector<double>& b) {
+  std::vector<float> af(a.begin(), a.end());
+  return ScaledError(af.data(), b);
+}
+
+class LoraForwardTest : public testing::TestWithParam<int32_t> {};
+
+// Slot 0 runs adapter "all", slot 1 adapter "qv", slot 2 the base model: each prompt prefilled
+// in chunks with its adapter, then teacher-forced decode steps with all three in one pass; every
+// logit row against its own merged reference.
+TEST_P(LoraForwardTest, MixedAdaptersInOnePassMatchTheirMergedReferences) {
+  const LoraModels& m = GetModels();
+  const int32_t vocab = m.bundle->config.vocab_size;
+  std::unique_ptr<CpuBackend> backend = MakeBackend(*m.bundle, GetParam());
+  ASSERT_EQ(backend->num_lora_adapters(), 2);
+  const int32_t adapter_of[kSlots] = {0, 1, -1};
+  const ReferenceLlama* refs[kSlots] = {m.merged[0].get(), m.merged[1].get(), m.base.get()};
+  constexpr int kDecodeSteps = 8;
+  std::mt19937 rng(2024);
+  std::vector<std::vector<int32_t>> seqs;
+  std::vector<std::vector<std::vector<double>>> want;
+  std::vector<KvRun> runs;
+  double worst = 0;
+  std::vector<float> logits(static_cast<size_t>(kSlots) * vocab);
+  for (int32_t s = 0; s < kSlots; ++s) {
+    const int prompt = 21 + 9 * s;
+    seqs.push_back(RandomTokens(&rng, prompt + kDecodeSteps, vocab));
+    want.push_back(refs[s]->Forward(seqs[s]));
+    runs.push_back(KvRun{1 + s * 5, 5});  // 80 positions each, not from block 0
+    for (int start = 0; start < prompt; start += 8) {
+      const int n = std::min(8, prompt - start);
+      PrefillChunk chunk{s, start, absl::MakeConstSpan(seqs[s]).subspan(start, n), &runs[s], 1};
+      chunk.adapter = adapter_of[s];
+      ASSERT_TRUE(backend->Prefill(chunk, logits.data()).ok());
+      const double e = ScaledError(logits.data(), want[s][start + n - 1]);
+      EXPECT_LE(e, kRelTol) << "slot " << s << " prefill to " << start + n;
+      worst = std::max(worst, e);
+    }
+  }
+  StepDescriptor step;
+  step.Resize(kSlots, 2);
+  for (int32_t s = 0; s < kSlots; ++s) {
+    step.active[s] = 1;
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = runs[s];
+    step.adapter[s] = adapter_of[s];
+  }
+  for (int k = 0; k < kDecodeSteps; ++k) {
+    for (int32_t s = 0; s < kSlots; ++s) {
+      step.position[s] = 21 + 9 * s + k;
+      step.token[s] = seqs[s][step.position[s]];
+    }
+    ASSERT_TRUE(backend->Decode(step, logits.data()).ok());
+    for (int32_t s = 0; s < kSlots; ++s) {
+      const double e = ScaledError(logits.data() + s * vocab, want[s][step.position[s]]);
+      EXPECT_LE(e, kRelTol) << "slot " << s << " decode at " << step.position[s];
+      worst = std::max(worst, e);
+    }
+  }
+  // The adapters matter: their references are far from the base model's (a row that skipped its
+  // adapter, or took another's, would fail above by this much).
+  for (int32_t s = 0; s < 2; ++s) {
+    const auto base = m.base->Forward(seqs[s]);
+    EXPECT_GT(ScaledDistance(want[s].back(), base.back()), 100 * kRelTol) << "adapter " << s;
+  }
+  std::printf("[tp %d] worst max|diff|/max(1,max|ref|) %.3g (tol %.1g)\n", GetParam(), worst,
+              kRelTol);
+}
+
+INSTANTIATE_TEST_SUITE_P(TensorParallel, LoraForwardTest, testing::Values(1, 2),
+                         [](const auto& info) { return absl::StrCat("tp", info.param); });
+
+// A row's logits do not depend on what else is in the pass: adapter 0's slot alone, beside rows
+// of the other adapter and the base model, and beside a prefill chunk of adapter 1 (a mixed
+// step), bit for bit.
+TEST(LoraBatchTest, RowsAreIndependentOfTheBatch) {
+  const LoraModels& m = GetModels();
+  const int32_t vocab = m.bundle->config.vocab_size;
+  std::unique_ptr<CpuBackend> backend = MakeBackend(*m.bundle, 1);
+  std::mt19937 rng(7);
+  const std::vector<int32_t> seq = RandomTokens(&rng, 40, vocab);
+  const KvRun run0{0, 3}, run1{10, 3}, run2{20, 3};  // 48 positions each
+  PrefillChunk p0{0, 0, absl::MakeConstSpan(seq).first(30), &run0, 1};
+  p0.adapter = 0;
+  ASSERT_TRUE(backend->Prefill(p0, nullptr).ok());
+  PrefillChunk p1{1, 0, absl::MakeConstSpan(seq).first(30), &run1, 1};
+  p1.adapter = 1;
+  ASSERT_TRUE(backend->Prefill(p1, nullptr).ok());
+  StepDescriptor step;
+  step.Resize(kSlots, 2);
+  auto set = [&](int32_t s, const KvRun& run, int32_t adapter) {
+    step.active[s] = 1;
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = run;
+    step.position[s] = 30;
+    step.token[s] = seq[30];
+    step.adapter[s] = adapter;
+  };
+  set(0, run0, 0);
+  std::vector<float> alone(static_cast<size_t>(kSlots) * vocab), mixed(alone.size());
+  ASSERT_TRUE(backend->Decode(step, alone.data()).ok());
+  PrefillChunk p2base{2, 0, absl::MakeConstSpan(seq).first(30), &run2, 1};
+  ASSERT_TRUE(backend->Prefill(p2base, nullptr).ok());
+  set(1, run1, 1);
+  set(2, run2, -1);
+  ASSERT_TRUE(backend->Decode(step, mixed.data()).ok());
+  EXPECT_EQ(std::memcmp(alone.data(), mixed.data(), vocab * sizeof(float)), 0);
+  // The same step with a chunk of adapter 1 riding along (slot 2's own blocks).
+  step.active[2] = 0;
+  std::vector<float> fused(alone.size()), chunk_logits(vocab), chunk_apart(vocab);
+  const KvRun run3{30, 3};
+  PrefillChunk p2{2, 0, absl::MakeConstSpan(seq).first(12), &run3, 1};
+  p2.adapter = 1;
+  ASSERT_TRUE(backend->DecodeWithChunk(p2, chunk_logits.data(), step, fused.data()).ok());
+  EXPECT_EQ(std::memcmp(alone.data(), fused.data(), vocab * sizeof(float)), 0);
+  ASSERT_TRUE(backend->Prefill(p2, chunk_apart.data()).ok());
+  EXPECT_EQ(std::memcmp(chunk_logits.data(), chunk_apart.data(), vocab * sizeof(float)), 0);
+}
+
+TEST(LoraBatchTest, DecodeWithAdaptersDoesNotAllocate) {
+  if (!alloc_counter::kAvailable) GTEST_SKIP() << "allocation counting is off under sanitizers";
+  const LoraModels& m = GetModels();
+  std::unique_ptr<CpuBackend> backend = MakeBackend(*m.bundle, 1);
+  std::vector<float> logits(static_cast<size_t>(kSlots) * m.bundle->config.vocab_size);
+  StepDescriptor step;
+  step.Resize(kSlots, 2);
+  for (int32_t s = 0; s < kSlots; ++s) {
+    step.active[s] = 1;
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = KvRun{s * 4, 4};
+    step.position[s] = 5 + s;
+    step.token[s] = 3 + s;
+    step.adapter[s] = s - 1;
+  }
+  ASSERT_TRUE(backend->Decode(step, logits.data()).ok());  // warm
+  const int64_t before = alloc_counter::AllocationCount();
+  ASSERT_TRUE(backend->Decode(step, logits.data()).ok());
+  EXPECT_EQ(alloc_counter::AllocationCount() - before, 0);
+}
+
+TEST(LoraBatchTest, RefusesAdaptersTheBackendDoesNotServe) {
+  const LoraModels& m = GetModels();
+  std::unique_ptr<CpuBackend> backend = MakeBackend(*m.bundle, 1);
+  std::unique_ptr<CpuBackend> plain = MakeBackend(*m.bundle, 1, /*adapters=*/false);
+  EXPECT_EQ(plain->num_lora_adapters(), 0);
+  std::vector<float> logits(static_cast<size_t>(kSlots) * m.bundle->config.vocab_size);
+  StepDescriptor step;
+  step.Resize(kSlots, 2);
+  step.active[0] = 1;
+  step.num_runs[0] = 1;
+  step.SlotRuns(0)[0] = KvRun{0, 2};
+  step.adapter[0] = 2;
+  absl::Status st = backend->Decode(step, logits.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("LoRA adapter 2"), std::string::npos) << st;
+  step.adapter[0] = 0;
+  EXPECT_EQ(plain->Decode(step, logits.data()).code(), absl::StatusCode::kInvalidArgument);
+  const int32_t tokens[] = {1, 2, 3};
+  const KvRun run{0, 2};
+  PrefillChunk chunk{0, 0, tokens, &run, 1};
+  chunk.adapter = -2;
+  EXPECT_EQ(backend->Prefill(chunk, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// ---- through the engine and the service ---------------------------------------------------
+
+// The test server's tiny model with two built-in-style adapters.
+std::unique_ptr<ModelBundle> TinyWithAdapters() {
+  std::unique_ptr<ModelBundle> model(LoadTinyModel());
+  for (const auto& [name, seed] : {std::pair{"sql", 1}, std::pair{"chat", 2}}) {
+    modelgen::MakeLoraOptions o;
+    o.out_dir = absl::StrCat(TmpDir(), "/server_lora_", name);
+    o.seed = seed;
+    CHECK_OK(modelgen::MakeLoraAdapter(model->config, o));
+    auto adapter = LoadLoraAdapter(model->config, name, o.out_dir);
+    CHECK_OK(adapter.status());
+    model->lora_adapters.push_back(std::move(*adapter));
+  }
+  return model;
+}
+
+EngineOptions ServerOptionsForLora() {
+  EngineOptions o;
+  o.slots = 4;
+  o.max_context = 256;
+  o.prefill_chunk = 32;
+  o.threads = 2;
+  return o;
+}
+
+v1::GenerateRequest Greedy(const std::string& prompt, const std::string& adapter, int tokens) {
+  v1::GenerateRequest r = TextRequest(prompt, tokens);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_stopping()->set_ignore_eos(true);
+  r.set_lora_adapter(adapter);
+  return r;
+}
+
+TEST(LoraServiceTest, AdaptersByNameAloneAndTogether) {
+  TestServer server(TinyWithAdapters(), ServerOptionsForLora());
+  const std::string prompt = "the quick brown fox jumps over the lazy dog";
+  std::map<std::string, std::vector<int32_t>> alone;
+  for (const std::string adapter : {"", "sql", "chat"}) {
+    StreamResult r = RunGenerate(server.stub(), Greedy(prompt, adapter, 24));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    ASSERT_EQ(r.tokens.size(), 24u);
+    alone[adapter] = r.tokens;
+  }
+  EXPECT_NE(alone[""], alone["sql"]);
+  EXPECT_NE(alone["sql"], alone["chat"]);
+  // The three at once, in the same steps: each gets what it got alone.
+  std::vector<std::thread> threads;
+  std::map<std::string, StreamResult> together;
+  std::mutex mu;
+  for (const std::string adapter : {"", "sql", "chat", "sql"}) {
+    threads.emplace_back([&, adapter] {
+      StreamResult r = RunGenerate(server.stub(), Greedy(prompt, adapter, 24));
+      std::lock_guard<std::mutex> lock(mu);
+      EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+      EXPECT_EQ(r.tokens, alone[adapter]) << "adapter '" << adapter << "'";
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  // ModelInfo lists them.
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  ASSERT_EQ(info.lora_adapters_size(), 2);
+  EXPECT_EQ(info.lora_adapters(0).name(), "sql");
+  EXPECT_EQ(info.lora_adapters(0).rank(), 8);
+  EXPECT_EQ(info.lora_adapters(0).target_modules_size(), 7);
+  EXPECT_EQ(info.lora_adapters(1).name(), "chat");
+}
+
+TEST(LoraServiceTest, UnknownAdapterIsRefusedByName) {
+  TestServer server(TinyWithAdapters(), ServerOptionsForLora());
+  StreamResult r = RunGenerate(server.stub(), Greedy("hello", "nope", 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("lora_adapter"), std::string::npos)
+      << r.status.error_message();
+  EXPECT_NE(r.status.error_message().find("sql, chat"), std::string::npos)
+      << r.status.error_message();
+  TestServer plain(ServerOptionsForLora());
+  r = RunGenerate(plain.stub(), Greedy("hello", "sql", 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("serves no LoRA adapters"), std::string::npos)
+      << r.status.error_message();
+}
+
+// An adapter's K/V are its own: a prompt cached under one adapter is not reused by the base
+// model or by another adapter, and is by the same adapter; every reply is what it is uncached.
+TEST(LoraServiceTest, PrefixCacheIsKeptApartPerAdapter) {
+  TestServer server(TinyWithAdapters(), ServerOptionsForLora());
+  std::string prompt;
+  for (int i = 0; i < 12; ++i) absl::StrAppend(&prompt, "word", i, " and more text ");
+  StreamResult first = RunGenerate(server.stub(), Greedy(prompt, "sql", 8));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  ASSERT_GT(first.finished.usage().prompt_tokens(), 2 * 16);
+  EXPECT_EQ(first.finished.usage().cached_prompt_tokens(), 0);
+  StreamResult base = RunGenerate(server.stub(), Greedy(prompt, "", 8));
+  EXPECT_EQ(base.finished.usage().cached_prompt_tokens(), 0);
+  StreamResult other = RunGenerate(server.stub(), Greedy(prompt, "chat", 8));
+  EXPECT_EQ(other.finished.usage().cached_prompt_tokens(), 0);
+  StreamResult again = RunGenerate(server.stub(), Greedy(prompt, "sql", 8));
+  EXPECT_GE(again.finished.usage().cached_prompt_tokens(), 2 * 16);
+  EXPECT_EQ(again.tokens, first.tokens);
+  // The base model's reply from a server that never saw the adapters' requests.
+  TestServer fresh(ServerOptionsForLora());
+  EXPECT_EQ(RunGenerate(fresh.stub(), Greedy(prompt, "", 8)).tokens, base.tokens);
+}
+
+}  // namespace
+}  // namespace kvrm
