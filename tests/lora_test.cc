@@ -2,15 +2,17 @@
 // float64 reference with that adapter merged into its weights (W + scale B A, read from the
 // adapter's files here, not through the loader); tensor parallelism; batch independence; the
 // engine and the service (adapter by name, prefix cache kept apart per adapter, refusals).
+#include "model/lora.h"
+
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <memory>
-#include <random>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <random>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,12 +23,13 @@
 #include "common/logging.h"
 #include "common/testing/alloc_counter.h"
 #include "gtest/gtest.h"
-#include "model/lora.h"
 #include "model/safetensors.h"
 #include "runtime/backend.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
+#include "server/openai_http.h"
+#include "tests/http_client.h"
 #include "tests/reference_llama.h"
 #include "tests/test_server.h"
 #include "tools/modelgen/lora_writer.h"
@@ -59,8 +62,7 @@ void MergeAdapter(const std::string& dir, ReferenceLlama* ref) {
   const Json config = Json::parse(in);
   const double r = config.at("r").get<double>();
   const double alpha = config.at("lora_alpha").get<double>();
-  const double scale =
-      config.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
+  const double scale = config.value("use_rslora", false) ? alpha / std::sqrt(r) : alpha / r;
   auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
   CHECK_OK(file.status());
   int merged = 0;
@@ -75,7 +77,8 @@ void MergeAdapter(const std::string& dir, ReferenceLlama* ref) {
     for (int64_t o = 0; o < rows; ++o) {
       for (int64_t c = 0; c < cols; ++c) {
         double sum = 0;
-        for (int64_t k = 0; k < rank; ++k) sum += ElementOf(*b, o * rank + k) * ElementOf(*a, k * cols + c);
+        for (int64_t k = 0; k < rank; ++k)
+          sum += ElementOf(*b, o * rank + k) * ElementOf(*a, k * cols + c);
         w[o * cols + c] += scale * sum;
       }
     }
@@ -449,6 +452,50 @@ TEST(LoraServiceTest, PrefixCacheIsKeptApartPerAdapter) {
   // The base model's reply from a server that never saw the adapters' requests.
   TestServer fresh(ServerOptionsForLora());
   EXPECT_EQ(RunGenerate(fresh.stub(), Greedy(prompt, "", 8)).tokens, base.tokens);
+}
+
+// The HTTP API: `model` naming an adapter runs it (the same tokens as gRPC's lora_adapter),
+// /v1/models lists the adapters with the base model as their parent, other names are 404.
+TEST(LoraServiceTest, HttpModelNamesTheAdapter) {
+  TestServer server(TinyWithAdapters(), ServerOptionsForLora());
+  OpenAiHttpOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.served_model_name = "tiny";
+  o.lora_adapters = {"sql", "chat"};
+  o.max_context = server.engine().options().max_context;
+  o.tokenizer = server.model().tokenizer.get();
+  auto http = OpenAiHttpServer::Start(server.server().InProcessChannel(), o);
+  ASSERT_TRUE(http.ok()) << http.status();
+  const int port = (*http)->port();
+  HttpReply models = HttpCall(port, "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  const Json list = Json::parse(models.body);
+  ASSERT_EQ(list["data"].size(), 3u);
+  EXPECT_EQ(list["data"][0]["id"], "tiny");
+  EXPECT_TRUE(list["data"][0]["parent"].is_null());
+  EXPECT_EQ(list["data"][1]["id"], "sql");
+  EXPECT_EQ(list["data"][1]["parent"], "tiny");
+  EXPECT_EQ(list["data"][1]["root"], server.model().lora_adapters[0].path);
+  EXPECT_EQ(list["data"][2]["id"], "chat");
+  EXPECT_EQ(HttpCall(port, "GET", "/v1/models/chat").status, 200);
+  EXPECT_EQ(HttpCall(port, "GET", "/v1/models/nope").status, 404);
+  for (const std::string model : {"tiny", "sql", "chat"}) {
+    StreamResult want =
+        RunGenerate(server.stub(), Greedy("The capital of", model == "tiny" ? "" : model, 10));
+    ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+    HttpReply r = HttpCall(port, "POST", "/v1/completions",
+                           absl::StrCat(R"({"model": ")", model, R"(", "prompt": "The capital of",
+                               "max_tokens": 10, "temperature": 0, "ignore_eos": true})"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json j = Json::parse(r.body);
+    EXPECT_EQ(j["model"], model);
+    EXPECT_EQ(j["choices"][0]["text"], want.text) << model;
+  }
+  HttpReply wrong = HttpCall(port, "POST", "/v1/completions",
+                             R"({"model": "nope", "prompt": "x", "max_tokens": 2})");
+  EXPECT_EQ(wrong.status, 404);
+  EXPECT_NE(wrong.body.find("the LoRA adapters `sql`, `chat`"), std::string::npos) << wrong.body;
 }
 
 }  // namespace
