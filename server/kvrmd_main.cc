@@ -355,7 +355,8 @@ int Run() {
   }
   if (absl::Status st = LoadLoraModules(absl::GetFlag(FLAGS_lora_modules), model->get());
       !st.ok()) {
-    std::fprintf(stderr, "kvrmd: --lora_modules: %s\n", std::string(st.message()).c_str());
+    std::fprintf(stderr, "kvrmd: --lora_modules=%s: %s\n",
+                 absl::GetFlag(FLAGS_lora_modules).c_str(), std::string(st.message()).c_str());
     return st.code() == absl::StatusCode::kInvalidArgument ? 2 : 1;
   }
   EngineOptions eo;

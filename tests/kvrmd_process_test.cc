@@ -120,6 +120,51 @@ TEST(KvrmdProcessTest, SpeculativeDecodingFlagsOutsideTheirRangeExitTwoNamingThe
   ExpectBadFlagExitsTwo("--prompt_lookup_max=1", "1 <= min <= max");  // below the min's 2
 }
 
+TEST(KvrmdProcessTest, MalformedLoraModulesExitTwoNamingTheFlag) {
+  ExpectBadFlagExitsTwo("--lora_modules=sql", "name=DIR");
+  ExpectBadFlagExitsTwo("--lora_modules=a=builtin,a=builtin", "given twice");
+  ExpectBadFlagExitsTwo("--lora_modules=bad name=builtin", "letters, digits");
+}
+
+// An adapter directory that is not there stops kvrmd (exit 1) naming the adapter and the path.
+TEST(KvrmdProcessTest, AMissingLoraAdapterExitsOneNamingIt) {
+  const std::string dir = TmpDir() + "/no-such-adapter";
+  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0", "--device=cpu",
+                             "--lora_modules=sql=" + dir},
+                            "missing-adapter");
+  EXPECT_EQ(p.Wait(), 1);
+  EXPECT_TRUE(absl::StrContains(p.LogTail(), "adapter `sql` (" + dir)) << p.LogTail();
+}
+
+// --lora_modules=NAME=builtin generates an adapter for the served model into --model_cache and
+// serves it: the HTTP API's /v1/models lists it, and a completion naming it answers.
+TEST(KvrmdProcessTest, BuiltinLoraAdapterIsGeneratedAndServed) {
+  const std::string cache = TmpDir() + "/lora-cache";
+  const std::string port_file = TmpDir() + "/kvrmd-lora.port";
+  const std::string http_port_file = TmpDir() + "/kvrmd-lora.http_port";
+  fs::remove(port_file);
+  fs::remove(http_port_file);
+  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
+                             "--port_file=" + port_file, "--http_port_file=" + http_port_file,
+                             "--http_port=0", "--metrics_port=-1", "--model_cache=" + cache,
+                             "--lora_modules=sql=builtin", "--slots=2", "--threads=2"},
+                            "builtin-lora");
+  ASSERT_TRUE(p.WaitForPortFile(port_file, absl::Seconds(60)).ok()) << p.LogTail();
+  absl::StatusOr<int> http_port = p.WaitForPortFile(http_port_file, absl::Seconds(5));
+  ASSERT_TRUE(http_port.ok()) << http_port.status();
+  EXPECT_TRUE(fs::exists(cache + "/lora-" + fs::path(TinyModelDir()).filename().string() +
+                         "-sql/adapter_config.json"))
+      << p.LogTail();
+  HttpReply models = HttpCall(*http_port, "GET", "/v1/models");
+  EXPECT_TRUE(absl::StrContains(models.body, "\"id\":\"sql\"")) << models.body;
+  HttpReply r = HttpCall(*http_port, "POST", "/v1/completions",
+                         R"({"model": "sql", "prompt": "Hi", "max_tokens": 4, "ignore_eos": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_TRUE(absl::StrContains(r.body, "\"completion_tokens\":4")) << r.body;
+  p.Signal(SIGTERM);
+  EXPECT_EQ(p.Wait(), 0) << p.LogTail();
+}
+
 // grpc.health.v1.Health/Check for the whole server (service ""), over a generic stub: Debian
 // ships no health.proto. The request is the empty message; the response is field 1 (varint).
 // Returns the ServingStatus (1 SERVING, 2 NOT_SERVING), or -1 when the call fails.
