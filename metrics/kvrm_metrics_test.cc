@@ -236,6 +236,32 @@ TEST(KvrmMetricsFarHistoryTest, EnabledGaugeAndSummarizedBlocks) {
   EXPECT_EQ(Sample(registry.Render(), "kvrm:far_history_blocks_summarized_total" + labels), 15);
 }
 
+TEST(KvrmMetricsLoraTest, FinishedRequestsAndTokensByAdapter) {
+  MetricRegistry registry;
+  KvrmMetricsOptions options{"tiny", "kvrm"};
+  options.lora_adapters = {"sql", "chat"};
+  KvrmMetrics metrics(&registry, options);
+  GenerationRequest request;
+  FinishInfo info;
+  for (const auto& [adapter, tokens] :
+       {std::pair{1, 7}, std::pair{1, 5}, std::pair{-1, 9}, std::pair{0, 2}}) {
+    request.lora_adapter = adapter;
+    info.completion_tokens = tokens;
+    metrics.OnFinished(request, info);
+  }
+  const std::string text = registry.Render();
+  const std::string sql = "{model_name=\"tiny\",kv_mode=\"kvrm\",lora_adapter=\"sql\"}";
+  const std::string chat = "{model_name=\"tiny\",kv_mode=\"kvrm\",lora_adapter=\"chat\"}";
+  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + sql), 1);
+  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + chat), 2);
+  EXPECT_EQ(Sample(text, "kvrm:lora_generation_tokens_total" + sql), 2);
+  EXPECT_EQ(Sample(text, "kvrm:lora_generation_tokens_total" + chat), 12);
+}
+
+TEST_F(KvrmMetricsTest, NoLoraSeriesWithoutAdapters) {
+  EXPECT_EQ(registry_.Render().find("kvrm:lora_"), std::string::npos);
+}
+
 TEST(KvrmMetricsPrefixCacheTest, CountsQueriedAndHitTokensEvictionsAndCachedBytes) {
   MetricRegistry registry;
   KvrmMetrics metrics(&registry, KvrmMetricsOptions{"tiny", "kvrm"});
