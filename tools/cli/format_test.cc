@@ -171,8 +171,21 @@ TEST(FormatTest, InfoTableIsAligned) {
   EXPECT_THAT(table, HasSubstr("  eos_token_ids         2,3\n"));
   EXPECT_THAT(table, HasSubstr("server\n  version           \n  state             SERVING\n"));
   EXPECT_THAT(table, HasSubstr("  slots             2 in use / 8\n"));
+  EXPECT_THAT(table, HasSubstr("  lora_adapters         none\n"));
   model.set_num_parameters(124439808);
   EXPECT_THAT(FormatInfo(model, server), HasSubstr("124439808 (124.44M)"));
+  v1::LoraAdapterInfo* sql = model.add_lora_adapters();
+  sql->set_name("sql");
+  sql->set_rank(8);
+  sql->add_target_modules("q_proj");
+  sql->add_target_modules("v_proj");
+  v1::LoraAdapterInfo* chat = model.add_lora_adapters();
+  chat->set_name("chat");
+  chat->set_rank(16);
+  chat->add_target_modules("down_proj");
+  EXPECT_THAT(FormatInfo(model, server),
+              HasSubstr("  lora_adapters         sql (rank 8, q_proj,v_proj); chat (rank 16, "
+                        "down_proj)\n"));
 }
 
 TEST(FormatTest, JsonLineUsesProtoNamesAndPrintsDefaults) {

@@ -60,6 +60,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   options.priority = -7;
   options.n = 3;
   options.cache_salt = "tenant-7";
+  options.lora_adapter = "sql-v2";
   options.time_limit_ms = 2500;
   options.request_id = "cli-1";
   absl::StatusOr<v1::GenerateRequest> request = BuildGenerateRequest(options);
@@ -71,6 +72,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   EXPECT_EQ(request->request_id(), "cli-1");
   EXPECT_EQ(request->priority(), -7);
   EXPECT_EQ(request->cache_salt(), "tenant-7");
+  EXPECT_EQ(request->lora_adapter(), "sql-v2");
   const v1::SamplingParams& s = request->sampling();
   EXPECT_FLOAT_EQ(s.temperature(), 0.7f);
   EXPECT_EQ(s.top_k(), 40);
