@@ -40,7 +40,7 @@ inline constexpr int32_t kNumLoraTargets = 7;
 std::string_view LoraTargetName(LoraTarget target);
 
 // One adapted projection: delta W = B A with the adapter's scale already multiplied into B.
-// rank == 0: the projection is not adapted (a and b empty).
+// rank == 0: the projection is not adapted (in and out 0 too, a and b empty).
 struct LoraMatrix {
   int32_t rank = 0;
   int64_t in = 0;        // the base matrix's columns
@@ -62,12 +62,20 @@ struct LoraAdapter {
   double scale = 0;  // alpha / r, or alpha / sqrt(r) with use_rslora
   std::string base_model;  // base_model_name_or_path ("" when absent): informational
   std::vector<LoraLayer> layers;  // [config.num_hidden_layers]
-  int64_t num_parameters = 0;     // A and B values, all projections
-  // Which projections any layer adapts (names in LoraTarget order), for messages and ServerInfo.
+  // A and B values as the file stores them, all projections (a fused projection's A counted
+  // once, as PEFT counts trainable parameters); the loaded floats hold A once per target.
+  int64_t num_parameters = 0;
+  // Which projections any layer adapts (names in LoraTarget order; Phi-3's qkv_proj shows as
+  // q_proj, k_proj, v_proj), for messages and ServerInfo.
   std::vector<std::string> target_modules;
 };
 
 // Loads `dir` (adapter_config.json + adapter_model.safetensors) for a model of `config`.
+// Tensor names as PEFT saves them
+// (base_model.model.model.layers.{L}.self_attn.q_proj.lora_A.weight), also without the leading
+// base_model.model. and with an adapter name (lora_A.default.weight);
+// every tensor must be one of those, and each adapted projection needs both its A and B.
+// NaN or infinite values are refused, as is a file with no tensors.
 // NOT_FOUND when a file is missing; INVALID_ARGUMENT naming the field or tensor for malformed
 // content or shapes that do not fit the model; UNIMPLEMENTED naming the field for PEFT features
 // listed above as refused.

@@ -2,14 +2,26 @@
 //
 //   make_model --size=tiny|small --out=DIR [--dtype=f32|bf16|f16] [--shards=N] [--seed=S]
 //
+// With --lora_out=DIR it (also) writes a random LoRA adapter in PEFT's layout for --size's model
+// (tools/modelgen/lora_writer.h); without --out, only the adapter:
+//
+//   make_model --size=tiny --lora_out=DIR [--lora_rank=8] [--lora_alpha=16] [--lora_rslora]
+//       [--lora_targets=q_proj,v_proj] [--lora_layers=0,2] [--lora_dtype=f32] [--lora_seed=S]
+//
 // The same flags give byte-identical files on any machine. See tools/modelgen/README.md.
+#include <cstdint>
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
 #include "common/dtype.h"
+#include "tools/modelgen/lora_writer.h"
 #include "tools/modelgen/model_writer.h"
 
 ABSL_FLAG(std::string, size, "tiny", "model shape: tiny (~1M params) or small (~125M)");
@@ -17,28 +29,96 @@ ABSL_FLAG(std::string, out, "", "output directory (created if missing)");
 ABSL_FLAG(std::string, dtype, "bf16", "weight dtype: f32, bf16 or f16");
 ABSL_FLAG(int, shards, 1, "number of safetensors shards (1 writes model.safetensors)");
 ABSL_FLAG(uint64_t, seed, 0, "random seed for weights and the tokenizer corpus");
+ABSL_FLAG(std::string, lora_out, "",
+          "also write a random LoRA adapter (PEFT layout) for --size's model into this directory; "
+          "without --out, only the adapter");
+ABSL_FLAG(int32_t, lora_rank, 8, "the adapter's rank r");
+ABSL_FLAG(double, lora_alpha, 16, "the adapter's lora_alpha");
+ABSL_FLAG(bool, lora_rslora, false, "use_rslora: scale alpha / sqrt(r) instead of alpha / r");
+ABSL_FLAG(std::string, lora_targets, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj",
+          "comma-separated modules the adapter adapts");
+ABSL_FLAG(std::string, lora_layers, "", "comma-separated layers the adapter adapts (empty: all)");
+ABSL_FLAG(std::string, lora_dtype, "f32", "the adapter's tensor dtype: f32, bf16 or f16");
+ABSL_FLAG(uint64_t, lora_seed, 0, "random seed for the adapter's values");
+ABSL_FLAG(std::string, lora_base_model, "",
+          "the adapter's base_model_name_or_path (default: --out, else --size)");
+
+namespace {
+
+std::optional<kvrm::DType> ParseDType(const std::string& name) {
+  if (name == "f32") return kvrm::DType::kF32;
+  if (name == "bf16") return kvrm::DType::kBF16;
+  if (name == "f16") return kvrm::DType::kF16;
+  return std::nullopt;
+}
+
+// --lora_* into an adapter of --size's model.
+int WriteLora() {
+  kvrm::modelgen::MakeLoraOptions lora;
+  lora.out_dir = absl::GetFlag(FLAGS_lora_out);
+  lora.rank = absl::GetFlag(FLAGS_lora_rank);
+  lora.alpha = absl::GetFlag(FLAGS_lora_alpha);
+  lora.use_rslora = absl::GetFlag(FLAGS_lora_rslora);
+  lora.seed = absl::GetFlag(FLAGS_lora_seed);
+  lora.target_modules = absl::StrSplit(absl::GetFlag(FLAGS_lora_targets), ',', absl::SkipEmpty());
+  for (absl::string_view l :
+       absl::StrSplit(absl::GetFlag(FLAGS_lora_layers), ',', absl::SkipEmpty())) {
+    int32_t layer = 0;
+    if (!absl::SimpleAtoi(l, &layer)) {
+      std::fprintf(stderr, "make_model: --lora_layers: \"%s\" is not a layer number\n",
+                   std::string(l).c_str());
+      return 2;
+    }
+    lora.layers.push_back(layer);
+  }
+  const std::string dtype = absl::GetFlag(FLAGS_lora_dtype);
+  const std::optional<kvrm::DType> parsed = ParseDType(dtype);
+  if (!parsed.has_value()) {
+    std::fprintf(stderr, "make_model: --lora_dtype must be f32, bf16 or f16, got \"%s\"\n",
+                 dtype.c_str());
+    return 2;
+  }
+  lora.dtype = *parsed;
+  lora.base_model = absl::GetFlag(FLAGS_lora_base_model);
+  if (lora.base_model.empty()) {
+    lora.base_model =
+        absl::GetFlag(FLAGS_out).empty() ? absl::GetFlag(FLAGS_size) : absl::GetFlag(FLAGS_out);
+  }
+  const auto config = kvrm::modelgen::LlamaConfigForSize(absl::GetFlag(FLAGS_size));
+  absl::Status status = config.status();
+  if (status.ok()) status = kvrm::modelgen::MakeLoraAdapter(*config, lora);
+  if (!status.ok()) {
+    std::fprintf(stderr, "make_model: %s\n", status.ToString().c_str());
+    return 1;
+  }
+  std::printf("make_model: LoRA adapter for %s (r %d, alpha %g) -> %s\n",
+              absl::GetFlag(FLAGS_size).c_str(), lora.rank, lora.alpha, lora.out_dir.c_str());
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
-      "make_model --size=tiny|small --out=DIR [--dtype=f32|bf16|f16] [--shards=N] [--seed=S]");
+      "make_model --size=tiny|small --out=DIR [--dtype=f32|bf16|f16] [--shards=N] [--seed=S]\n"
+      "make_model --size=tiny|small --lora_out=DIR [--lora_rank=R] [--lora_alpha=A] "
+      "[--lora_targets=q_proj,...] [--lora_layers=L,...] [--lora_seed=S]");
   absl::ParseCommandLine(argc, argv);
+  const bool lora = !absl::GetFlag(FLAGS_lora_out).empty();
+  if (lora && absl::GetFlag(FLAGS_out).empty()) return WriteLora();
   kvrm::modelgen::MakeModelOptions options;
   options.size = absl::GetFlag(FLAGS_size);
   options.out_dir = absl::GetFlag(FLAGS_out);
   options.shards = absl::GetFlag(FLAGS_shards);
   options.seed = absl::GetFlag(FLAGS_seed);
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (dtype == "f32") {
-    options.dtype = kvrm::DType::kF32;
-  } else if (dtype == "bf16") {
-    options.dtype = kvrm::DType::kBF16;
-  } else if (dtype == "f16") {
-    options.dtype = kvrm::DType::kF16;
-  } else {
+  const std::optional<kvrm::DType> parsed = ParseDType(dtype);
+  if (!parsed.has_value()) {
     std::fprintf(stderr, "make_model: --dtype must be f32, bf16 or f16, got \"%s\"\n",
                  dtype.c_str());
     return 2;
   }
+  options.dtype = *parsed;
   const auto summary = kvrm::modelgen::MakeModel(options);
   if (!summary.ok()) {
     std::fprintf(stderr, "make_model: %s\n", summary.status().ToString().c_str());
@@ -51,5 +131,5 @@ int main(int argc, char** argv) {
       static_cast<long long>(summary->parameters), static_cast<long long>(summary->weight_bytes),
       summary->num_merges, summary->total_seconds, summary->tokenizer_seconds,
       summary->weights_seconds);
-  return 0;
+  return lora ? WriteLora() : 0;
 }
