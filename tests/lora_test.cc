@@ -417,6 +417,23 @@ TEST(LoraServiceTest, AdaptersByNameAloneAndTogether) {
   EXPECT_EQ(info.lora_adapters(1).name(), "chat");
 }
 
+// Speculative decoding's draft rows run with their slot's adapter: every adapter's greedy tokens
+// are the same with drafts as without, and some drafts were accepted.
+TEST(LoraServiceTest, DraftRowsRunWithTheirSlotsAdapter) {
+  TestServer plain(TinyWithAdapters(), ServerOptionsForLora());
+  EngineOptions o = ServerOptionsForLora();
+  o.speculative_tokens = 4;
+  TestServer drafting(TinyWithAdapters(), o);
+  const std::string prompt = "one two three one two three one two three one two";
+  for (const std::string adapter : {"", "sql", "chat"}) {
+    StreamResult want = RunGenerate(plain.stub(), Greedy(prompt, adapter, 40));
+    StreamResult got = RunGenerate(drafting.stub(), Greedy(prompt, adapter, 40));
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    EXPECT_EQ(got.tokens, want.tokens) << "adapter '" << adapter << "'";
+  }
+  EXPECT_GT(drafting.engine().Stats().spec_decode_accepted_tokens_total, 0u);
+}
+
 TEST(LoraServiceTest, UnknownAdapterIsRefusedByName) {
   TestServer server(TinyWithAdapters(), ServerOptionsForLora());
   StreamResult r = RunGenerate(server.stub(), Greedy("hello", "nope", 4));
