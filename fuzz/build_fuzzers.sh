@@ -6,7 +6,7 @@
 # Plain clang++ rather than Bazel: switching Bazel's toolchain to clang would rebuild everything
 # in another configuration, offline. The sources below are the transitive sources of the four
 # libraries under test (`bazel query 'kind("source file", deps(//model:safetensors + //model:gguf_model +
-# //model:tokenizer + //model:chat_template + //model:tool_calls + //tools/replay:trace +
+# //model:tokenizer + //model:lora + //model:chat_template + //model:tool_calls + //tools/replay:trace +
 # //server:request_validation + //server:openai_api))'`, runtime/structured/ by a glob); keep this list,
 # and the data of //fuzz:fuzz_test, in step with it. System libraries (absl, protobuf, ICU,
 # oniguruma) are linked uninstrumented. Objects are rebuilt when their source, or any header, is
@@ -21,7 +21,7 @@ SOURCES=(
   common/json.cc common/logging.cc common/mapped_file.cc
   kernels/cpu/q4_k.cc kernels/cpu/q8_0.cc
   model/safetensors.cc
-  model/config.cc model/weights.cc model/gguf.cc model/gguf_model.cc model/gguf_quants.cc
+  model/config.cc model/lora.cc model/weights.cc model/gguf.cc model/gguf_model.cc model/gguf_quants.cc
   model/gguf_tokenizer.cc
   model/chat_config.cc model/chat_template.cc model/chat_template_parser.cc
   model/chat_template_value.cc
@@ -37,7 +37,8 @@ for src in runtime/structured/*.cc; do
   [[ "$src" == *_test.cc ]] || SOURCES+=("$src")
 done
 FUZZERS=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer sampler_fuzzer
-  chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer openai_request_fuzzer gguf_fuzzer)
+  chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer openai_request_fuzzer gguf_fuzzer
+  lora_fuzzer)
 
 mkdir -p "$out/gen" "$out/obj" "$out/bin"
 # Only the message classes are needed (request validation); no gRPC stubs.

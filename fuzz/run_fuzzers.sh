@@ -18,7 +18,7 @@ targets=("$@")
 if ((${#targets[@]} == 0)); then
   targets=(safetensors_fuzzer tokenizer_fuzzer trace_fuzzer request_validation_fuzzer
     sampler_fuzzer chat_template_fuzzer structured_output_fuzzer tool_calls_fuzzer
-    openai_request_fuzzer gguf_fuzzer)
+    openai_request_fuzzer gguf_fuzzer lora_fuzzer)
 fi
 
 bash fuzz/build_fuzzers.sh "$out" || { echo "fuzz: build failed"; exit 1; }

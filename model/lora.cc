@@ -395,7 +395,10 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
 
   adapter.layers.resize(config.num_hidden_layers);
   std::array<bool, kNumLoraTargets> adapted{};
-  for (const auto& [key, pair] : pairs) {
+  for (const auto& entry : pairs) {
+    // (Not a structured binding: the lambdas below capture `pair`, which clang 14 refuses.)
+    const auto& key = entry.first;
+    const auto& pair = entry.second;
     const Module& module = modules[key.second];
     const TensorView& present = pair.a != nullptr ? *pair.a : *pair.b;
     const auto error = [&](absl::StatusCode code, std::string_view problem) {
