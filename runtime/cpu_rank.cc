@@ -7,6 +7,7 @@
 
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/ops.h"
 
@@ -190,30 +191,30 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
 void CpuRank::LoraShare(int thread, int num_threads, int32_t layer, LoraTarget target,
                         const CpuRow* rows, int32_t n, const float* x, int64_t ldx, float* y,
                         int64_t ldy) const {
-  std::array<float, kMaxLoraRank> mid;
-  for (int32_t i = 0; i < n; ++i) {
-    if (rows[i].adapter < 0) continue;
-    const LoraShard& s = w_.lora[rows[i].adapter][layer][static_cast<int32_t>(target)];
-    if (s.rank == 0) continue;
+  // A x of up to kLoraRowBlock rows at once (consecutive rows of one adapter share the reads
+  // of A and B: a step's rows of one request's drafts, a chunk's rows, requests of one adapter).
+  alignas(64) std::array<float, kLoraRowBlock * kMaxLoraRank> mid;
+  for (int32_t i = 0; i < n;) {
+    const int32_t adapter = rows[i].adapter;
+    if (adapter < 0 || w_.lora[adapter][layer][static_cast<int32_t>(target)].rank == 0) {
+      ++i;
+      continue;
+    }
+    const LoraShard& s = w_.lora[adapter][layer][static_cast<int32_t>(target)];
+    int32_t rows_here = 1;
+    while (rows_here < kLoraRowBlock && i + rows_here < n &&
+           rows[i + rows_here].adapter == adapter) {
+      ++rows_here;
+    }
     int64_t begin, end;
     MatMulShareBounds(s.out, thread, num_threads, &begin, &end);
-    if (begin >= end) continue;
-    // Both products as axpys over contiguous rows of A^T and B^T (vectorised, no reductions).
-    const int32_t rank = s.rank;
-    float* __restrict m = mid.data();
-    std::fill(m, m + rank, 0.0f);
-    const float* __restrict xi = x + int64_t{i} * ldx;
-    for (int64_t c = 0; c < s.in; ++c) {
-      const float v = xi[c];
-      const float* __restrict a = s.at.data() + c * rank;
-      for (int32_t k = 0; k < rank; ++k) m[k] += v * a[k];
+    if (begin < end) {
+      LoraShrink(x + int64_t{i} * ldx, ldx, rows_here, s.at.data(), s.in, s.rank_stride,
+                 mid.data());
+      LoraExpand(mid.data(), rows_here, s.rank, s.rank_stride, s.bt.data(), s.out, begin, end,
+                 y + int64_t{i} * ldy, ldy);
     }
-    float* __restrict yi = y + int64_t{i} * ldy;
-    for (int32_t k = 0; k < rank; ++k) {
-      const float mk = m[k];
-      const float* __restrict b = s.bt.data() + k * s.out;
-      for (int64_t o = begin; o < end; ++o) yi[o] += mk * b[o];
-    }
+    i += rows_here;
   }
 }
 

@@ -164,12 +164,15 @@ absl::Status ShardLoraAdapters(const LlamaConfig& config,
         }
         LoraShard& s = layers[l][t];
         s.rank = m.rank;
+        s.rank_stride = (m.rank + kLoraRankLanes - 1) / kLoraRankLanes * kLoraRankLanes;
         s.in = c.in;
         s.out = c.out;
-        s.at.resize(c.in * m.rank);
+        s.at.assign(c.in * s.rank_stride, 0.0f);
         s.bt.resize(m.rank * c.out);
         for (int64_t k = 0; k < m.rank; ++k) {
-          for (int64_t i = 0; i < c.in; ++i) s.at[i * m.rank + k] = m.a[k * m.in + c.in_begin + i];
+          for (int64_t i = 0; i < c.in; ++i) {
+            s.at[i * s.rank_stride + k] = m.a[k * m.in + c.in_begin + i];
+          }
           for (int64_t o = 0; o < c.out; ++o) {
             s.bt[k * c.out + o] = m.b[(c.out_begin + o) * m.rank + k];
           }

@@ -17,6 +17,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/cpu/lora.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/weight_matrix.h"
 #include "model/config.h"
@@ -25,11 +26,12 @@
 
 namespace kvrm {
 
-// One rank's share of one adapted projection (model/lora.h), laid out for the row-by-row
-// products of CpuRank::ApplyLora, both in axpy form: at = A^T [in][rank] over this rank's input
-// columns, bt = (scale B)^T [rank][out] over this rank's output rows. rank == 0: not adapted.
+// One rank's share of one adapted projection (model/lora.h), laid out for the products of
+// kernels/cpu/lora.h: at = A^T [in][rank_stride] over this rank's input columns (zeros past the
+// rank), bt = (scale B)^T [rank][out] over this rank's output rows. rank == 0: not adapted.
 struct LoraShard {
   int32_t rank = 0;
+  int32_t rank_stride = 0;  // rank rounded up to kLoraRankLanes
   int64_t in = 0;
   int64_t out = 0;
   std::vector<float> at;

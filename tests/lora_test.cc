@@ -290,6 +290,13 @@ TEST(LoraBatchTest, RowsAreIndependentOfTheBatch) {
   set(2, run2, -1);
   ASSERT_TRUE(backend->Decode(step, mixed.data()).ok());
   EXPECT_EQ(std::memcmp(alone.data(), mixed.data(), vocab * sizeof(float)), 0);
+  // Beside rows of its own adapter (its products then take several rows at once).
+  set(1, run1, 0);
+  set(2, run2, 0);
+  ASSERT_TRUE(backend->Decode(step, mixed.data()).ok());
+  EXPECT_EQ(std::memcmp(alone.data(), mixed.data(), vocab * sizeof(float)), 0);
+  set(1, run1, 1);
+  set(2, run2, -1);
   // The same step with a chunk of adapter 1 riding along (slot 2's own blocks).
   step.active[2] = 0;
   std::vector<float> fused(alone.size()), chunk_logits(vocab), chunk_apart(vocab);
