@@ -138,12 +138,6 @@ std::string CpuBackend::weight_quantization() const {
   return out;
 }
 
-int64_t CpuBackend::lora_weight_bytes() const {
-  int64_t total = 0;
-  for (const auto& r : ranks_) total += r->weights().lora_bytes;
-  return total;
-}
-
 absl::Status CpuBackend::CheckAdapter(int32_t adapter, const char* what) const {
   if (adapter >= -1 && adapter < num_lora_adapters()) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(what, ": LoRA adapter ", adapter,

@@ -94,8 +94,6 @@ class CpuBackend : public Backend {
   int64_t owned_weight_bytes() const;
   // Bytes of the ranks' panel copies (0 without them).
   int64_t panel_weight_bytes() const;
-  // Bytes of the ranks' LoRA adapter shares (0 without adapters).
-  int64_t lora_weight_bytes() const;
 
  private:
   CpuBackend(const LlamaConfig& config, const CpuBackendOptions& options);

@@ -140,8 +140,6 @@ absl::Status ShardLoraAdapters(const LlamaConfig& config,
       Cut{rank * q, q, 0, d},    Cut{0, d, rank * f, f},   Cut{0, d, rank * f, f},
       Cut{rank * f, f, 0, d}};
   weights->lora.clear();
-  weights->lora_max_rank = 0;
-  weights->lora_bytes = 0;
   for (const LoraAdapter* a : adapters) {
     if (static_cast<int32_t>(a->layers.size()) != config.num_hidden_layers) {
       return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", a->name, "' has ",
@@ -177,8 +175,6 @@ absl::Status ShardLoraAdapters(const LlamaConfig& config,
             s.bt[k * c.out + o] = m.b[(c.out_begin + o) * m.rank + k];
           }
         }
-        weights->lora_max_rank = std::max(weights->lora_max_rank, m.rank);
-        weights->lora_bytes += static_cast<int64_t>((s.at.size() + s.bt.size()) * sizeof(float));
       }
     }
   }

@@ -61,8 +61,6 @@ struct RankWeights {
   // like the base matrices (column-parallel Q/K/V/gate/up: B's rows; row-parallel O/down: A's
   // columns, so each rank's delta is a partial sum the all-reduce completes). Empty: none.
   std::vector<std::vector<std::array<LoraShard, kNumLoraTargets>>> lora;
-  int32_t lora_max_rank = 0;  // the largest rank of any adapter (0: none)
-  int64_t lora_bytes = 0;
 };
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`, or when a

@@ -473,6 +473,19 @@ TEST(LoraServiceTest, PrefixCacheIsKeptApartPerAdapter) {
   StreamResult again = RunGenerate(server.stub(), Greedy(prompt, "sql", 8));
   EXPECT_GE(again.finished.usage().cached_prompt_tokens(), 2 * 16);
   EXPECT_EQ(again.tokens, first.tokens);
+  // n = 2 with the adapter: the prompt is prefilled once, the second completion starts from the
+  // first's cached blocks (the follower keeps the adapter and its cache key).
+  v1::GenerateRequest two = Greedy(prompt + " again", "chat", 4);
+  two.set_n(2);
+  StreamResult both = RunGenerate(server.stub(), two);
+  ASSERT_TRUE(both.status.ok()) << both.status.error_message();
+  int finished = 0;
+  for (const v1::GenerateResponse& m : both.messages) {
+    if (!m.has_finished()) continue;
+    ++finished;
+    if (m.index() == 1) EXPECT_GE(m.finished().usage().cached_prompt_tokens(), 2 * 16);
+  }
+  EXPECT_EQ(finished, 2);
   // The base model's reply from a server that never saw the adapters' requests.
   TestServer fresh(ServerOptionsForLora());
   EXPECT_EQ(RunGenerate(fresh.stub(), Greedy(prompt, "", 8)).tokens, base.tokens);
