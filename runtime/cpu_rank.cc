@@ -40,6 +40,17 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
   scratch_.resize(threads_.num_threads() * scratch_per_thread_);
+  if (!w_.lora.empty()) {
+    for (const auto& adapter : w_.lora) {
+      for (const auto& layer : adapter) {
+        for (const LoraShard& s : layer) lora_stride_ = std::max(lora_stride_, s.rank_stride);
+      }
+    }
+    const size_t per_thread = static_cast<size_t>(shape.max_rows);
+    lora_rows_.resize(threads_.num_threads() * per_thread);
+    lora_done_.resize(threads_.num_threads() * per_thread);
+    lora_mid_.resize(threads_.num_threads() * per_thread * lora_stride_);
+  }
   if (config.qkv_bias || config.o_bias) {
     biases_.assign(config.num_hidden_layers * (qw_ + 2 * kvw_ + d_), 0.0f);
     for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
@@ -190,31 +201,28 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
 
 void CpuRank::LoraShare(int thread, int num_threads, int32_t layer, LoraTarget target,
                         const CpuRow* rows, int32_t n, const float* x, int64_t ldx, float* y,
-                        int64_t ldy) const {
-  // A x of up to kLoraRowBlock rows at once (consecutive rows of one adapter share the reads
-  // of A and B: a step's rows of one request's drafts, a chunk's rows, requests of one adapter).
-  alignas(64) std::array<float, kLoraRowBlock * kMaxLoraRank> mid;
-  for (int32_t i = 0; i < n;) {
+                        int64_t ldy) {
+  // Each adapter's rows together (they need not be consecutive), so its factors are read once.
+  int32_t* ids = &lora_rows_[static_cast<size_t>(thread) * shape_.max_rows];
+  uint8_t* done = &lora_done_[static_cast<size_t>(thread) * shape_.max_rows];
+  float* mid = &lora_mid_[static_cast<size_t>(thread) * shape_.max_rows * lora_stride_];
+  std::fill(done, done + n, 0);
+  for (int32_t i = 0; i < n; ++i) {
     const int32_t adapter = rows[i].adapter;
-    if (adapter < 0 || w_.lora[adapter][layer][static_cast<int32_t>(target)].rank == 0) {
-      ++i;
-      continue;
-    }
+    if (done[i] || adapter < 0) continue;
     const LoraShard& s = w_.lora[adapter][layer][static_cast<int32_t>(target)];
-    int32_t rows_here = 1;
-    while (rows_here < kLoraRowBlock && i + rows_here < n &&
-           rows[i + rows_here].adapter == adapter) {
-      ++rows_here;
+    int32_t m = 0;
+    for (int32_t j = i; j < n; ++j) {
+      if (rows[j].adapter != adapter) continue;
+      ids[m++] = j;
+      done[j] = 1;
     }
+    if (s.rank == 0) continue;
     int64_t begin, end;
     MatMulShareBounds(s.out, thread, num_threads, &begin, &end);
-    if (begin < end) {
-      LoraShrink(x + int64_t{i} * ldx, ldx, rows_here, s.at.data(), s.in, s.rank_stride,
-                 mid.data());
-      LoraExpand(mid.data(), rows_here, s.rank, s.rank_stride, s.bt.data(), s.out, begin, end,
-                 y + int64_t{i} * ldy, ldy);
-    }
-    i += rows_here;
+    if (begin >= end) continue;
+    LoraShrink(x, ldx, ids, m, s.at.data(), s.in, s.rank_stride, mid);
+    LoraExpand(mid, ids, m, s.rank, s.rank_stride, s.bt.data(), s.out, begin, end, y, ldy);
   }
 }
 

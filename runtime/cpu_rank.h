@@ -85,11 +85,12 @@ class CpuRank {
   // whose adapter adapts projection `target` of `layer` (this rank's share of it: a partial sum
   // for O and down): the output columns MatMulShareBounds gives the thread, the ones its
   // MatMulShare of the base matrix wrote, so no barrier comes between the two. Each thread
-  // computes the rows' A x itself (rank x in products a row: a few thousand). Rows without an
+  // computes the rows' A x itself (rank x in products a row). An adapter's rows go through the
+  // kernels together (kernels/cpu/lora.h), so its factors are read once a pass. Rows without an
   // adapter are left alone.
   void LoraShare(int thread, int num_threads, int32_t layer, LoraTarget target,
                  const CpuRow* rows, int32_t n, const float* x, int64_t ldx, float* y,
-                 int64_t ldy) const;
+                 int64_t ldy);
   // A base product and its adapters' deltas in one parallel region (MatMul, then LoraShare).
   void MatMulWithLora(const WeightMatrix& w, int32_t layer, LoraTarget target, const CpuRow* rows,
                       int32_t n, bool lora, const float* x, int64_t ldx, float* y, int64_t ldy);
@@ -111,6 +112,12 @@ class CpuRank {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> scores_;   // [threads][group * max_context]
   std::vector<float> scratch_;  // [threads][scratch_per_thread_]
+  // LoraShare's, with adapters only: per thread, an adapter's row ids and which rows are done
+  // ([max_rows] each), and their A x ([max_rows][lora_stride_]).
+  int32_t lora_stride_ = 0;  // the widest LoraShard::rank_stride
+  std::vector<int32_t> lora_rows_;
+  std::vector<uint8_t> lora_done_;
+  std::vector<float> lora_mid_;
   // The attention biases in f32, [layers][qw_ + 2 kvw_ + d_]: this rank's Q, K, V bias shares and
   // the O bias (zeros where the model has none); empty when it has neither.
   std::vector<float> biases_;

@@ -1,14 +1,17 @@
-// The LoRA shrink and expand products against float64 sums on random inputs: every row count a
-// call takes, ranks that are and are not multiples of the lanes, column ranges with tails; and a
-// row's result is the same bits whatever rows share the call.
+// The LoRA shrink and expand products against float64 sums on random inputs, on every path this
+// processor runs: row sets of every size and order (not consecutive rows), ranks that are and are
+// not multiples of the lanes, inputs longer than a slab, column ranges with tails; and a row's
+// result is the same bits whatever rows share the call.
 #include "kernels/cpu/lora.h"
 
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/cpu/isa.h"
 
 namespace kvrm {
 namespace {
@@ -20,36 +23,59 @@ std::vector<float> Random(std::mt19937* rng, size_t n) {
   return v;
 }
 
-TEST(LoraKernelsTest, ShrinkAndExpandMatchFloat64) {
+int32_t Stride(int32_t rank) {
+  return (rank + kLoraRankLanes - 1) / kLoraRankLanes * kLoraRankLanes;
+}
+
+// A^T with zeros past the rank, as the runtime lays it out.
+std::vector<float> RandomAt(std::mt19937* rng, int64_t in, int32_t rank) {
+  const int32_t stride = Stride(rank);
+  std::vector<float> at = Random(rng, in * stride);
+  for (int64_t c = 0; c < in; ++c) {
+    for (int32_t k = rank; k < stride; ++k) at[c * stride + k] = 0;
+  }
+  return at;
+}
+
+class LoraKernelsTest : public testing::TestWithParam<CpuIsa> {
+ protected:
+  void SetUp() override { SetActiveCpuIsa(GetParam()); }
+  void TearDown() override { SetActiveCpuIsa(AvailableCpuIsas().back()); }
+};
+
+TEST_P(LoraKernelsTest, ShrinkAndExpandMatchFloat64) {
   std::mt19937 rng(17);
+  constexpr int32_t kRows = 13;  // of x and y; the calls take some of them, in some order
   for (int32_t rank : {1, 8, 13, 16, 40, 64}) {
-    const int32_t stride = (rank + kLoraRankLanes - 1) / kLoraRankLanes * kLoraRankLanes;
-    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 48}, {96, 200}, {130, 33}}) {
-      for (int32_t n = 1; n <= kLoraRowBlock; ++n) {
+    const int32_t stride = Stride(rank);
+    // 1100 inputs: more than one slab of A^T at every rank.
+    for (const auto& [in, out] : {std::pair<int64_t, int64_t>{64, 48}, {1100, 200}, {130, 33}}) {
+      for (const std::vector<int32_t>& rows : std::vector<std::vector<int32_t>>{
+               {5}, {0, 1}, {12, 3, 7}, {2, 4, 6, 8, 10}, {11, 0, 9, 1, 8, 2, 7, 3, 6}}) {
+        const int32_t n = static_cast<int32_t>(rows.size());
         const int64_t ldx = in + 3, ldy = out + 5;  // strides wider than the rows
-        const std::vector<float> x = Random(&rng, n * ldx);
-        std::vector<float> at = Random(&rng, in * stride);
-        for (int64_t c = 0; c < in; ++c) {
-          for (int32_t k = rank; k < stride; ++k) at[c * stride + k] = 0;  // the padding
-        }
+        const std::vector<float> x = Random(&rng, kRows * ldx);
+        const std::vector<float> at = RandomAt(&rng, in, rank);
         const std::vector<float> bt = Random(&rng, rank * out);
-        const std::vector<float> y0 = Random(&rng, n * ldy);
-        std::vector<float> mid(kLoraRowBlock * stride, NAN), y = y0;
-        LoraShrink(x.data(), ldx, n, at.data(), in, stride, mid.data());
+        const std::vector<float> y0 = Random(&rng, kRows * ldy);
+        std::vector<float> mid(n * stride, NAN), y = y0;
+        LoraShrink(x.data(), ldx, rows.data(), n, at.data(), in, stride, mid.data());
         // Columns [7, out - 2): a range that starts and ends off the lanes.
         const int64_t begin = 7, end = out - 2;
-        LoraExpand(mid.data(), n, rank, stride, bt.data(), out, begin, end, y.data(), ldy);
-        for (int32_t i = 0; i < n; ++i) {
-          std::vector<double> m(rank);
-          for (int32_t k = 0; k < rank; ++k) {
+        LoraExpand(mid.data(), rows.data(), n, rank, stride, bt.data(), out, begin, end, y.data(),
+                   ldy);
+        std::vector<bool> called(kRows, false);
+        for (int32_t j = 0; j < n; ++j) {
+          const int32_t i = rows[j];
+          called[i] = true;
+          for (int32_t k = 0; k < stride; ++k) {
             double sum = 0, mag = 0;
             for (int64_t c = 0; c < in; ++c) {
               sum += double{x[i * ldx + c]} * at[c * stride + k];
               mag += std::fabs(double{x[i * ldx + c]} * at[c * stride + k]);
             }
-            m[k] = sum;
             // f32 sums of `in` products: within a few ulps of the magnitude summed.
-            EXPECT_NEAR(mid[i * stride + k], sum, 1e-5 * mag + 1e-6)
+            EXPECT_NEAR(mid[j * stride + k], sum, 1e-5 * mag + 1e-6)
                 << "rank " << rank << " in " << in << " n " << n << " row " << i << " k " << k;
           }
           for (int64_t o = 0; o < out; ++o) {
@@ -60,11 +86,16 @@ TEST(LoraKernelsTest, ShrinkAndExpandMatchFloat64) {
             }
             double want = y0[i * ldy + o], mag = std::fabs(want);
             for (int32_t k = 0; k < rank; ++k) {
-              want += double{mid[i * stride + k]} * bt[k * out + o];
-              mag += std::fabs(double{mid[i * stride + k]} * bt[k * out + o]);
+              want += double{mid[j * stride + k]} * bt[k * out + o];
+              mag += std::fabs(double{mid[j * stride + k]} * bt[k * out + o]);
             }
             EXPECT_NEAR(got, want, 1e-5 * mag + 1e-6)
                 << "rank " << rank << " out " << out << " n " << n << " row " << i << " o " << o;
+          }
+        }
+        for (int32_t i = 0; i < kRows; ++i) {  // rows not in the call are left alone
+          if (!called[i]) {
+            EXPECT_EQ(std::memcmp(&y[i * ldy], &y0[i * ldy], ldy * sizeof(float)), 0) << i;
           }
         }
       }
@@ -72,31 +103,34 @@ TEST(LoraKernelsTest, ShrinkAndExpandMatchFloat64) {
   }
 }
 
-TEST(LoraKernelsTest, ARowsResultDoesNotDependOnTheOtherRows) {
+TEST_P(LoraKernelsTest, ARowsResultDoesNotDependOnTheOtherRows) {
   std::mt19937 rng(5);
-  const int64_t in = 200, out = 150;
-  const int32_t rank = 24, stride = 32;
-  std::vector<float> at = Random(&rng, in * stride);
-  for (int64_t c = 0; c < in; ++c) {
-    for (int32_t k = rank; k < stride; ++k) at[c * stride + k] = 0;
-  }
+  const int64_t in = 900, out = 150;
+  const int32_t rank = 24, stride = Stride(rank);
+  const std::vector<float> at = RandomAt(&rng, in, rank);
   const std::vector<float> bt = Random(&rng, rank * out);
-  const std::vector<float> x = Random(&rng, kLoraRowBlock * in);
-  const std::vector<float> y0 = Random(&rng, kLoraRowBlock * out);
-  // Row r of a call of n rows against row r alone.
-  for (int32_t n = 2; n <= kLoraRowBlock; ++n) {
-    std::vector<float> mid(kLoraRowBlock * stride), y = y0;
-    LoraShrink(x.data(), in, n, at.data(), in, stride, mid.data());
-    LoraExpand(mid.data(), n, rank, stride, bt.data(), out, 0, out, y.data(), out);
-    for (int32_t r = 0; r < n; ++r) {
-      std::vector<float> mid1(stride), y1(y0.begin() + r * out, y0.begin() + (r + 1) * out);
-      LoraShrink(x.data() + r * in, in, 1, at.data(), in, stride, mid1.data());
-      LoraExpand(mid1.data(), 1, rank, stride, bt.data(), out, 0, out, y1.data(), out);
-      EXPECT_EQ(std::memcmp(y1.data(), y.data() + r * out, out * sizeof(float)), 0)
-          << "row " << r << " of " << n;
+  constexpr int32_t kRows = 9;
+  const std::vector<float> x = Random(&rng, kRows * in);
+  const std::vector<float> y0 = Random(&rng, kRows * out);
+  std::vector<int32_t> all(kRows);
+  for (int32_t i = 0; i < kRows; ++i) all[i] = kRows - 1 - i;  // backwards
+  for (int32_t n = 2; n <= kRows; ++n) {
+    std::vector<float> mid(n * stride), y = y0;
+    LoraShrink(x.data(), in, all.data(), n, at.data(), in, stride, mid.data());
+    LoraExpand(mid.data(), all.data(), n, rank, stride, bt.data(), out, 0, out, y.data(), out);
+    for (int32_t j = 0; j < n; ++j) {
+      const int32_t i = all[j];
+      std::vector<float> mid1(stride), y1 = y0;
+      LoraShrink(x.data(), in, &i, 1, at.data(), in, stride, mid1.data());
+      LoraExpand(mid1.data(), &i, 1, rank, stride, bt.data(), out, 0, out, y1.data(), out);
+      EXPECT_EQ(std::memcmp(&y1[i * out], &y[i * out], out * sizeof(float)), 0)
+          << "row " << i << " among " << n;
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Isas, LoraKernelsTest, testing::ValuesIn(AvailableCpuIsas()),
+                         [](const auto& info) { return std::string(CpuIsaName(info.param)); });
 
 }  // namespace
 }  // namespace kvrm
