@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 
@@ -84,6 +85,20 @@ absl::StatusOr<Json> ReadJsonFile(const std::string& path, int max_depth) {
   absl::StatusOr<std::string> text = ReadFileToString(path);
   if (!text.ok()) return text.status();
   return ParseJson(*text, path, max_depth);
+}
+
+absl::Status WriteFileAtomically(const std::string& path, std::string_view text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    f.close();
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kvrm

@@ -35,6 +35,10 @@ absl::StatusOr<Json> ReadJsonFile(const std::string& path, int max_depth = kMaxJ
 // Whole-file read; NOT_FOUND when missing, with the path in the message.
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
+// Whole or not at all: `text` goes to path + ".tmp", which is then renamed over `path`, so a
+// writer killed part way never leaves a truncated file. INTERNAL naming the path on failure.
+absl::Status WriteFileAtomically(const std::string& path, std::string_view text);
+
 }  // namespace kvrm
 
 #endif  // KVRM_COMMON_JSON_H_

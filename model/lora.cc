@@ -161,52 +161,9 @@ absl::StatusOr<AdapterConfig> ParseAdapterConfig(const std::string& path) {
 
 // ---- adapter_model.safetensors ----------------------------------------------------------------
 
-// A module an adapter may name in this model: Llama's seven projections, or Phi-3's fused
-// qkv_proj / gate_up_proj whose rows are the listed targets' rows stacked in order.
-struct Module {
-  std::string_view path;  // "self_attn.q_proj"
-  std::vector<LoraTarget> targets;
-};
-
-std::vector<Module> ModulesOf(const LlamaConfig& config) {
-  using T = LoraTarget;
-  if (config.fused_projections) {
-    return {{"self_attn.qkv_proj", {T::kQ, T::kK, T::kV}},
-            {"self_attn.o_proj", {T::kO}},
-            {"mlp.gate_up_proj", {T::kGate, T::kUp}},
-            {"mlp.down_proj", {T::kDown}}};
-  }
-  return {{"self_attn.q_proj", {T::kQ}}, {"self_attn.k_proj", {T::kK}},
-          {"self_attn.v_proj", {T::kV}}, {"self_attn.o_proj", {T::kO}},
-          {"mlp.gate_proj", {T::kGate}}, {"mlp.up_proj", {T::kUp}},
-          {"mlp.down_proj", {T::kDown}}};
-}
-
-// The base projection's [out][in].
-std::pair<int64_t, int64_t> OutIn(const LlamaConfig& c, LoraTarget t) {
-  const int64_t d = c.hidden_size, ffn = c.intermediate_size;
-  const int64_t q = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
-  const int64_t kv = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
-  switch (t) {
-    case LoraTarget::kQ:
-      return {q, d};
-    case LoraTarget::kK:
-    case LoraTarget::kV:
-      return {kv, d};
-    case LoraTarget::kO:
-      return {d, q};
-    case LoraTarget::kGate:
-    case LoraTarget::kUp:
-      return {ffn, d};
-    case LoraTarget::kDown:
-      return {d, ffn};
-  }
-  return {0, 0};
-}
-
 struct ParsedName {
   int32_t layer = 0;
-  size_t module = 0;  // into ModulesOf
+  size_t module = 0;  // into LoraModulesOf
   bool is_b = false;
   std::string adapter;  // the ".default" segment's name, "" without one
 };
@@ -229,7 +186,8 @@ constexpr std::string_view kExpectedName =
 // naming the tensor.
 template <typename Error>
 absl::StatusOr<ParsedName> ParseTensorName(std::string_view name, const LlamaConfig& config,
-                                           const std::vector<Module>& modules, const Error& error) {
+                                           const std::vector<LoraModule>& modules,
+                                           const Error& error) {
   std::string_view s = name;
   if (s.starts_with("base_model.model."))
     s.remove_prefix(std::string_view("base_model.model.").size());
@@ -280,7 +238,7 @@ absl::StatusOr<ParsedName> ParseTensorName(std::string_view name, const LlamaCon
   }
   if (out.module == modules.size()) {
     std::vector<absl::string_view> known;
-    for (const Module& m : modules) known.push_back(A(m.path));
+    for (const LoraModule& m : modules) known.push_back(A(m.path));
     return error(
         absl::StatusCode::kInvalidArgument,
         absl::StrCat("adapts ", module, ", which this model (", config.model_type,
@@ -334,6 +292,41 @@ absl::StatusOr<std::vector<float>> ReadFloats(const TensorView& t, double scale,
 
 }  // namespace
 
+std::vector<LoraModule> LoraModulesOf(const LlamaConfig& config) {
+  using T = LoraTarget;
+  if (config.fused_projections) {
+    return {{"self_attn.qkv_proj", {T::kQ, T::kK, T::kV}},
+            {"self_attn.o_proj", {T::kO}},
+            {"mlp.gate_up_proj", {T::kGate, T::kUp}},
+            {"mlp.down_proj", {T::kDown}}};
+  }
+  return {{"self_attn.q_proj", {T::kQ}}, {"self_attn.k_proj", {T::kK}},
+          {"self_attn.v_proj", {T::kV}}, {"self_attn.o_proj", {T::kO}},
+          {"mlp.gate_proj", {T::kGate}}, {"mlp.up_proj", {T::kUp}},
+          {"mlp.down_proj", {T::kDown}}};
+}
+
+std::pair<int64_t, int64_t> LoraTargetShape(const LlamaConfig& c, LoraTarget t) {
+  const int64_t d = c.hidden_size, ffn = c.intermediate_size;
+  const int64_t q = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
+  const int64_t kv = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
+  switch (t) {
+    case LoraTarget::kQ:
+      return {q, d};
+    case LoraTarget::kK:
+    case LoraTarget::kV:
+      return {kv, d};
+    case LoraTarget::kO:
+      return {d, q};
+    case LoraTarget::kGate:
+    case LoraTarget::kUp:
+      return {ffn, d};
+    case LoraTarget::kDown:
+      return {d, ffn};
+  }
+  return {0, 0};
+}
+
 std::string_view LoraTargetName(LoraTarget target) {
   const int32_t i = static_cast<int32_t>(target);
   return i >= 0 && i < kNumLoraTargets ? kTargetNames[i] : "unknown";
@@ -363,7 +356,7 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
                                 : ac.alpha / static_cast<double>(ac.rank);
   adapter.base_model = ac.base_model;
 
-  const std::vector<Module> modules = ModulesOf(config);
+  const std::vector<LoraModule> modules = LoraModulesOf(config);
   struct Pair {
     const TensorView* a = nullptr;
     const TensorView* b = nullptr;
@@ -399,7 +392,7 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
     // (Not a structured binding: the lambdas below capture `pair`, which clang 14 refuses.)
     const auto& key = entry.first;
     const auto& pair = entry.second;
-    const Module& module = modules[key.second];
+    const LoraModule& module = modules[key.second];
     const TensorView& present = pair.a != nullptr ? *pair.a : *pair.b;
     const auto error = [&](absl::StatusCode code, std::string_view problem) {
       return absl::Status(code,
@@ -410,9 +403,9 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
                    absl::StrCat("has no matching ", pair.a == nullptr ? "lora_A" : "lora_B",
                                 " (each adapted projection needs both)"));
     }
-    const int64_t in = OutIn(config, module.targets[0]).second;
+    const int64_t in = LoraTargetShape(config, module.targets[0]).second;
     int64_t out = 0;
-    for (LoraTarget t : module.targets) out += OutIn(config, t).first;
+    for (LoraTarget t : module.targets) out += LoraTargetShape(config, t).first;
     const std::vector<int64_t> a_shape = {ac.rank, in}, b_shape = {out, ac.rank};
     for (const auto& [t, expected] : {std::pair{pair.a, &a_shape}, std::pair{pair.b, &b_shape}}) {
       if (t->shape != *expected) {
@@ -441,7 +434,7 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
       LoraMatrix& m = adapter.layers[key.first].m[static_cast<int32_t>(t)];
       m.rank = ac.rank;
       m.in = in;
-      m.out = OutIn(config, t).first;
+      m.out = LoraTargetShape(config, t).first;
       m.a = i + 1 == module.targets.size() ? std::move(a) : a;
       m.b.assign(b.begin() + row * ac.rank, b.begin() + (row + m.out) * ac.rank);
       row += m.out;

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -48,6 +49,18 @@ struct LoraMatrix {
   std::vector<float> a;  // [rank][in], row-major
   std::vector<float> b;  // [out][rank], row-major, times scale
 };
+
+// A module an adapter may name in a model of `config` ("self_attn.q_proj"; Phi-3's fused
+// "self_attn.qkv_proj" and "mlp.gate_up_proj"), with the projections whose B rows it stacks, in
+// forward order.
+struct LoraModule {
+  std::string_view path;
+  std::vector<LoraTarget> targets;
+};
+std::vector<LoraModule> LoraModulesOf(const LlamaConfig& config);
+
+// The base projection's [out][in] in a model of `config`.
+std::pair<int64_t, int64_t> LoraTargetShape(const LlamaConfig& config, LoraTarget target);
 
 struct LoraLayer {
   std::array<LoraMatrix, kNumLoraTargets> m;  // indexed by LoraTarget

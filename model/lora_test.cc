@@ -90,45 +90,6 @@ double ScaleFromConfig(const std::string& dir) {
   return rslora ? alpha / std::sqrt(r) : alpha / r;
 }
 
-struct ModuleRows {
-  std::string path;                 // "self_attn.qkv_proj"
-  std::vector<LoraTarget> targets;  // whose B rows are stacked in this order
-};
-
-std::vector<ModuleRows> ModulesOf(const LlamaConfig& c) {
-  using T = LoraTarget;
-  if (c.fused_projections) {
-    return {{"self_attn.qkv_proj", {T::kQ, T::kK, T::kV}},
-            {"self_attn.o_proj", {T::kO}},
-            {"mlp.gate_up_proj", {T::kGate, T::kUp}},
-            {"mlp.down_proj", {T::kDown}}};
-  }
-  return {{"self_attn.q_proj", {T::kQ}}, {"self_attn.k_proj", {T::kK}},
-          {"self_attn.v_proj", {T::kV}}, {"self_attn.o_proj", {T::kO}},
-          {"mlp.gate_proj", {T::kGate}}, {"mlp.up_proj", {T::kUp}},
-          {"mlp.down_proj", {T::kDown}}};
-}
-
-// [out, in] of the base projection, from the config's sizes.
-std::pair<int64_t, int64_t> OutIn(const LlamaConfig& c, LoraTarget t) {
-  const int64_t d = c.hidden_size, f = c.intermediate_size;
-  const int64_t q = c.num_attention_heads * c.head_dim, kv = c.num_key_value_heads * c.head_dim;
-  switch (t) {
-    case LoraTarget::kQ:
-      return {q, d};
-    case LoraTarget::kK:
-    case LoraTarget::kV:
-      return {kv, d};
-    case LoraTarget::kO:
-      return {d, q};
-    case LoraTarget::kGate:
-    case LoraTarget::kUp:
-      return {f, d};
-    case LoraTarget::kDown:
-      return {d, f};
-  }
-  return {0, 0};
-}
 
 // Every matrix of `adapter` equals what <dir>/adapter_model.safetensors holds under `prefix`
 // (A as stored, B times the scale, fused B split by rows); projections without tensors are
@@ -144,8 +105,9 @@ int64_t ExpectMatchesFile(const LlamaConfig& config, const LoraAdapter& adapter,
   EXPECT_EQ(adapter.layers.size(), static_cast<size_t>(config.num_hidden_layers));
   int64_t values = 0;
   for (int32_t l = 0; l < config.num_hidden_layers && l < adapter.layers.size(); ++l) {
-    for (const ModuleRows& module : ModulesOf(config)) {
-      const std::string base = absl::StrCat(prefix, "model.layers.", l, ".", module.path, ".");
+    for (const LoraModule& module : LoraModulesOf(config)) {
+      const std::string base =
+          absl::StrCat(prefix, "model.layers.", l, ".", std::string(module.path), ".");
       const TensorView* a = (*file)->Find(base + "lora_A." + suffix);
       const TensorView* b = (*file)->Find(base + "lora_B." + suffix);
       SCOPED_TRACE(base);
@@ -169,7 +131,7 @@ int64_t ExpectMatchesFile(const LlamaConfig& config, const LoraAdapter& adapter,
       int64_t row = 0;
       for (LoraTarget t : module.targets) {
         const LoraMatrix& m = adapter.layers[l].at(t);
-        const auto [out, in] = OutIn(config, t);
+        const auto [out, in] = LoraTargetShape(config, t);
         EXPECT_EQ(m.rank, adapter.rank);
         EXPECT_EQ(m.rank, r);
         EXPECT_EQ(m.in, in);

@@ -24,7 +24,8 @@ namespace {
 
 constexpr int32_t kMaxRank = kMaxLoraRank;  // as model/lora.cc accepts
 
-// One module the adapter may target: its PEFT name, parent, and the base matrix's [out][in].
+// One module the adapter may target: its PEFT name, parent, and the base matrix's [out][in]
+// (a fused module's rows are its targets' rows stacked), from the loader's LoraModulesOf.
 struct Module {
   std::string name;    // "q_proj"
   std::string parent;  // "self_attn" or "mlp"
@@ -32,21 +33,17 @@ struct Module {
   int64_t in = 0;
 };
 
-// The model's projections in forward order (Phi-3: the fused ones).
 std::vector<Module> ModulesOf(const LlamaConfig& c) {
-  const int64_t d = c.hidden_size, ffn = c.intermediate_size;
-  const int64_t q = static_cast<int64_t>(c.num_attention_heads) * c.head_dim;
-  const int64_t kv = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
-  if (c.fused_projections) {
-    return {{"qkv_proj", "self_attn", q + 2 * kv, d},
-            {"o_proj", "self_attn", d, q},
-            {"gate_up_proj", "mlp", 2 * ffn, d},
-            {"down_proj", "mlp", d, ffn}};
+  std::vector<Module> out;
+  for (const LoraModule& m : LoraModulesOf(c)) {
+    const size_t dot = m.path.find('.');
+    Module& module = out.emplace_back();
+    module.parent = std::string(m.path.substr(0, dot));
+    module.name = std::string(m.path.substr(dot + 1));
+    module.in = LoraTargetShape(c, m.targets[0]).second;
+    for (LoraTarget t : m.targets) module.out += LoraTargetShape(c, t).first;
   }
-  return {{"q_proj", "self_attn", q, d},  {"k_proj", "self_attn", kv, d},
-          {"v_proj", "self_attn", kv, d}, {"o_proj", "self_attn", d, q},
-          {"gate_proj", "mlp", ffn, d},   {"up_proj", "mlp", ffn, d},
-          {"down_proj", "mlp", d, ffn}};
+  return out;
 }
 
 // The module a requested name means in this model (see MakeLoraOptions::target_modules).
@@ -55,21 +52,6 @@ std::string ResolveModule(const LlamaConfig& c, const std::string& name) {
   if (name == "q_proj" || name == "k_proj" || name == "v_proj") return "qkv_proj";
   if (name == "gate_proj" || name == "up_proj") return "gate_up_proj";
   return name;
-}
-
-absl::Status WriteTextFile(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  f.close();
-  if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    return absl::InternalError(absl::StrCat("cannot write ", path.string(), ": ", ec.message()));
-  }
-  return absl::OkStatus();
 }
 
 // PEFT's LoraConfig as save_pretrained writes it (json.dumps(sort_keys=True, indent=2); Json's
@@ -191,8 +173,8 @@ absl::Status MakeLoraAdapter(const LlamaConfig& config, const MakeLoraOptions& o
   }
   RETURN_IF_ERROR(
       WriteSafetensors((dir / "adapter_model.safetensors").string(), tensors, {{"format", "pt"}}));
-  return WriteTextFile(dir / "adapter_config.json",
-                       BuildAdapterConfigJson(options, module_names, layers));
+  return WriteFileAtomically((dir / "adapter_config.json").string(),
+                             BuildAdapterConfigJson(options, module_names, layers));
 }
 
 absl::StatusOr<LlamaConfig> LlamaConfigForSize(std::string_view size) {

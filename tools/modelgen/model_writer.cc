@@ -29,19 +29,8 @@ double Seconds(Clock::time_point since) {
   return std::chrono::duration<double>(Clock::now() - since).count();
 }
 
-// Whole or not at all: a temporary renamed over `path`, so that a generation killed part way
-// never leaves a truncated file behind.
 absl::Status WriteTextFile(const std::filesystem::path& path, const std::string& text) {
-  std::filesystem::path tmp = path;
-  tmp += ".tmp";
-  std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-  f.write(text.data(), static_cast<std::streamsize>(text.size()));
-  f.close();
-  if (!f) return absl::InternalError(absl::StrCat("cannot write ", tmp.string()));
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot write ", path.string(), ": ", ec.message()));
-  return absl::OkStatus();
+  return WriteFileAtomically(path.string(), text);
 }
 
 // The files an earlier generation into `dir` may have left: config.json first (with it gone the
