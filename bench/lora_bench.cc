@@ -49,18 +49,13 @@
 // touch a base row); every request with an adapter generates the same tokens in every run and
 // mode that gives it that adapter (alone or mixed); and different tokens from the base model's
 // for the same prompt (the adapter is applied).
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
-#include <random>
 #include <set>
 #include <string>
 #include <thread>
@@ -70,11 +65,10 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
+#include "bench/engine_run.h"
 #include "bench/generated_model.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -109,8 +103,6 @@ ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
 namespace kvrm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 // A mode: which adapter each request runs with.
 struct Mode {
   std::string name;  // base, one, one-r8, mixed
@@ -135,29 +127,9 @@ int32_t AdapterOf(const Mode& mode, int32_t i) {
   return -1;
 }
 
-// Prompt ids: uniform over the vocabulary but for the model's EOS and BOS ids.
-class IdSource {
- public:
-  IdSource(const ModelBundle& model, uint64_t seed) : rng_(seed), vocab_(model.config.vocab_size) {
-    specials_.insert(model.config.eos_token_ids.begin(), model.config.eos_token_ids.end());
-    if (model.config.bos_token_id.has_value()) specials_.insert(*model.config.bos_token_id);
-  }
-  int32_t Next() {
-    for (;;) {
-      const int32_t id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(vocab_));
-      if (!specials_.count(id)) return id;
-    }
-  }
-
- private:
-  std::mt19937 rng_;
-  int32_t vocab_;
-  std::set<int32_t> specials_;
-};
-
 std::vector<std::vector<int32_t>> MakePrompts(const ModelBundle& model, int32_t requests,
                                               int32_t concurrency) {
-  IdSource ids(model, 1000 * concurrency + 3);
+  bench::IdSource ids(model, 1000 * concurrency + 3);
   std::vector<std::vector<int32_t>> out(requests);
   for (std::vector<int32_t>& p : out) {
     for (int32_t k = 0; k < absl::GetFlag(FLAGS_prompt_tokens); ++k) p.push_back(ids.Next());
@@ -165,112 +137,7 @@ std::vector<std::vector<int32_t>> MakePrompts(const ModelBundle& model, int32_t 
   return out;
 }
 
-// How many of a run's requests have finished, under `mu`.
-struct Progress {
-  absl::Mutex mu;
-  int32_t done = 0;
-  int32_t want = 0;
-};
-
-bool AllDone(Progress* p) { return p->done == p->want; }
-
-// One request's tokens and their times (seconds since the run's first submit). Called on the
-// engine thread; the fields are read once Progress counts the request done.
-class TimingSink final : public RequestSink {
- public:
-  TimingSink(Clock::time_point t0, Progress* progress) : t0_(t0), progress_(progress) {}
-
-  void OnChunk(StreamChunk chunk) override {
-    const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
-    for (int32_t id : chunk.token_ids) {
-      if (tokens.empty()) first_s = t;
-      last_s = t;
-      tokens.push_back(id);
-    }
-  }
-  void OnFinished(StreamChunk last, const FinishInfo& info) override {
-    OnChunk(std::move(last));
-    absl::MutexLock lock(&progress_->mu);
-    reason = info.reason;
-    error = info.error;
-    ++progress_->done;
-  }
-
-  std::vector<int32_t> tokens;
-  double first_s = 0, last_s = 0;
-  FinishReason reason = FinishReason::kError;
-  std::string error;
-
- private:
-  const Clock::time_point t0_;
-  Progress* const progress_;
-};
-
-// CPU seconds since boot: this process's, and every core's busy time (the machine's).
-struct CpuTimes {
-  double self_s = 0, machine_s = 0;
-};
-
-CpuTimes ReadCpuTimes() {
-  CpuTimes t;
-  rusage u;
-  if (getrusage(RUSAGE_SELF, &u) == 0) {
-    t.self_s =
-        u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-  }
-  std::ifstream f("/proc/stat");
-  std::string cpu;
-  // user nice system idle iowait irq softirq steal
-  uint64_t v[8] = {};
-  if (f >> cpu && cpu == "cpu") {
-    for (uint64_t& x : v) f >> x;
-  }
-  const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-  t.machine_s = tick * static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
-  return t;
-}
-
-struct RunResult {
-  double wall_s = 0;  // first submit to last token
-  double tokens_per_s = 0;
-  double tpot_ms = 0;  // mean over requests of (last - first token) / (tokens - 1)
-  double ttft_s = 0;   // mean over requests of the first token's time (all queued at 0)
-  uint64_t tokens = 0, steps = 0, mixed_steps = 0;
-  // Over the run: this process's CPU time over (wall x cores), and the cores other processes
-  // kept busy on average (the shared machine's noise: 0 on a quiet machine).
-  double cpu_share = 0, others_cores = 0;
-  std::vector<std::vector<int32_t>> outputs;
-};
-
-// A run's figures from its sinks and the engine's counters; an error where a request did not
-// generate all its tokens.
-absl::StatusOr<RunResult> Summarize(const std::vector<std::shared_ptr<TimingSink>>& sinks,
-                                    const EngineStats& stats) {
-  const int32_t n = static_cast<int32_t>(sinks.size());
-  const int32_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
-  RunResult run;
-  double tpot_sum = 0, ttft_sum = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    const TimingSink& s = *sinks[i];
-    if (s.reason != FinishReason::kLength || static_cast<int32_t>(s.tokens.size()) != max_new) {
-      return absl::InternalError(absl::StrCat("request ", i, " finished ",
-                                              FinishReasonName(s.reason), " after ",
-                                              s.tokens.size(), " tokens: ", s.error));
-    }
-    run.wall_s = std::max(run.wall_s, s.last_s);
-    run.tokens += s.tokens.size();
-    ttft_sum += s.first_s;
-    tpot_sum += (s.last_s - s.first_s) / (max_new - 1);
-    run.outputs.push_back(s.tokens);
-  }
-  run.tpot_ms = 1e3 * tpot_sum / n;
-  run.ttft_s = ttft_sum / n;
-  run.tokens_per_s = run.wall_s > 0 ? run.tokens / run.wall_s : 0;
-  run.steps = stats.steps_total;
-  run.mixed_steps = stats.mixed_steps_total;
-  CHECK(stats.tokens_generated_total == run.tokens) << "every token reached its sink";
-  return run;
-}
+using RunResult = bench::EngineRun;
 
 // While it lives, the model serves no adapters (its lora_adapters set aside, then put back).
 class AdaptersAside {
@@ -294,56 +161,20 @@ absl::StatusOr<RunResult> RunOnce(ModelBundle* model, const EngineOptions& optio
                                   const Mode& mode) {
   // Outlives the engine: `unloaded` runs on an engine made without the adapters.
   const AdaptersAside aside(model, mode.kind == Mode::kUnloaded);
-  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(model, options));
   const int32_t n = static_cast<int32_t>(prompts.size());
-  const int32_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
-  Progress progress;
-  progress.want = n;
-  std::vector<std::shared_ptr<TimingSink>> sinks;
-  // Queued before the engine starts, so that it admits them in the same order every run.
-  const CpuTimes cpu0 = ReadCpuTimes();
-  const Clock::time_point t0 = Clock::now();
+  std::vector<std::unique_ptr<GenerationRequest>> requests;
   for (int32_t i = 0; i < n; ++i) {
     auto r = std::make_unique<GenerationRequest>();
     r->request_id = absl::StrCat("r", i);
     r->prompt = prompts[i];
-    r->max_new_tokens = max_new;
+    r->max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
     r->ignore_eos = true;
     r->sampling.temperature = 0;  // greedy
     r->lora_adapter = AdapterOf(mode, i);
-    r->arrival = absl::Now();
-    sinks.push_back(std::make_shared<TimingSink>(t0, &progress));
-    r->sink = sinks.back();
-    RETURN_IF_ERROR(engine->Submit(std::move(r)).status());
+    requests.push_back(std::move(r));
   }
-  engine->Start();
-  {
-    absl::MutexLock lock(&progress.mu);
-    progress.mu.Await(absl::Condition(&AllDone, &progress));
-  }
-  const double window_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  const CpuTimes cpu1 = ReadCpuTimes();
-  // The stats are published after the step whose tokens finished the last request.
-  if (!engine->WaitIdle(absl::Seconds(30))) return absl::DeadlineExceededError("engine not idle");
-  EngineStats stats = engine->Stats();
-  for (int i = 0; i < 1000 && stats.tokens_generated_total < static_cast<uint64_t>(n) * max_new;
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-    stats = engine->Stats();
-  }
-  engine.reset();
-  ASSIGN_OR_RETURN(RunResult run, Summarize(sinks, stats));
-  const double self_s = cpu1.self_s - cpu0.self_s;
-  run.cpu_share = self_s / (window_s * std::max(1u, std::thread::hardware_concurrency()));
-  run.others_cores = std::max(0.0, (cpu1.machine_s - cpu0.machine_s - self_s) / window_s);
-  return run;
-}
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
+  return bench::RunQueued(*model, options, std::move(requests),
+                          absl::GetFlag(FLAGS_max_new_tokens));
 }
 
 // ---- the expectation: multiply-adds per token ----------------------------------------------
@@ -408,38 +239,6 @@ std::pair<double, double> RunMacs(const ModelBundle& model, const Mode& mode, in
 // ---- a row: every mode at one concurrency ---------------------------------------------------
 
 // One mode's figures over the repeats: each the median of its runs.
-nlohmann::json ModeJson(const std::vector<RunResult>& runs) {
-  auto median = [&](auto field) {
-    std::vector<double> v;
-    for (const RunResult& r : runs) v.push_back(static_cast<double>(field(r)));
-    return Median(v);
-  };
-  nlohmann::json j;
-  j["wall_s"] = median([](const RunResult& r) { return r.wall_s; });
-  j["tokens_per_s"] = median([](const RunResult& r) { return r.tokens_per_s; });
-  j["tpot_ms"] = median([](const RunResult& r) { return r.tpot_ms; });
-  j["ttft_s"] = median([](const RunResult& r) { return r.ttft_s; });
-  j["steps"] = median([](const RunResult& r) { return r.steps; });
-  j["mixed_steps"] = median([](const RunResult& r) { return r.mixed_steps; });
-  j["tokens"] = runs.empty() ? 0 : runs[0].tokens;
-  j["cpu_share"] = median([](const RunResult& r) { return r.cpu_share; });
-  double others = 0;
-  for (const RunResult& r : runs) others = std::max(others, r.others_cores);
-  j["others_cores_max"] = others;
-  nlohmann::json each = nlohmann::json::array();
-  for (const RunResult& r : runs) {
-    each.push_back({{"wall_s", r.wall_s},
-                    {"tokens_per_s", r.tokens_per_s},
-                    {"tpot_ms", r.tpot_ms},
-                    {"ttft_s", r.ttft_s},
-                    {"steps", r.steps},
-                    {"mixed_steps", r.mixed_steps},
-                    {"cpu_share", r.cpu_share},
-                    {"others_cores", r.others_cores}});
-  }
-  j["runs"] = each;
-  return j;
-}
 
 // The outputs' checks over a row's runs (see the file comment).
 struct OutputCheck {
@@ -522,7 +321,7 @@ absl::StatusOr<nlohmann::json> RunRow(ModelBundle* mutable_model, const std::vec
                      {"ok", check.ok()}};
   nlohmann::json jm = nlohmann::json::array();
   for (size_t m = 0; m < nm; ++m) {
-    nlohmann::json j = ModeJson(runs[m]);
+    nlohmann::json j = bench::RunsJson(runs[m]);
     j["mode"] = modes[m].name;
     j["rank"] = modes[m].rank;
     int32_t adapted = 0;
@@ -541,11 +340,11 @@ absl::StatusOr<nlohmann::json> RunRow(ModelBundle* mutable_model, const std::vec
     j["run_macs_base"] = base_macs;
     j["run_macs_lora"] = lora_macs;
     j["run_macs_vs_base"] = 1 + lora_macs / base_macs;
-    j["gmacs_per_s"] = Median(gmacs[m]);
+    j["gmacs_per_s"] = bench::Median(gmacs[m]);
     j["gmacs_per_s_runs"] = gmacs[m];
-    j["tokens_per_s_vs_base"] = m == 0 ? 1.0 : Median(tps_ratio[m]);
-    j["tpot_vs_base"] = m == 0 ? 1.0 : Median(tpot_ratio[m]);
-    j["ttft_vs_base"] = m == 0 ? 1.0 : Median(ttft_ratio[m]);
+    j["tokens_per_s_vs_base"] = m == 0 ? 1.0 : bench::Median(tps_ratio[m]);
+    j["tpot_vs_base"] = m == 0 ? 1.0 : bench::Median(tpot_ratio[m]);
+    j["ttft_vs_base"] = m == 0 ? 1.0 : bench::Median(ttft_ratio[m]);
     if (m > 0) {
       j["tokens_per_s_vs_base_runs"] = tps_ratio[m];
       j["tpot_vs_base_runs"] = tpot_ratio[m];
@@ -590,38 +389,6 @@ void PrintRow(const nlohmann::json& r) {
             .c_str());
   }
   std::fflush(stdout);
-}
-
-std::string CpuModelName() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
-}
-
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
-}
-
-// A comma-separated list of positive integers, or false after naming the flag.
-bool ParseCounts(const char* flag, const std::string& list, std::vector<int32_t>* out) {
-  for (absl::string_view part : absl::StrSplit(list, ',')) {
-    int32_t n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      std::fprintf(stderr, "--%s: '%s' is not a positive integer\n", flag,
-                   std::string(part).c_str());
-      return false;
-    }
-    out->push_back(n);
-  }
-  return true;
 }
 
 // The flags' values that the engine would refuse later, or a run could not use; false after
@@ -737,8 +504,8 @@ nlohmann::json Config(const ModelBundle& model) {
          {"weight_bytes_f32", 4 * macs},
          {"weight_bytes_vs_base_bf16", (4 * macs) / (2 * base)}});
   }
-  return {{"date", UtcNow()},
-          {"cpu", CpuModelName()},
+  return {{"date", bench::UtcNow()},
+          {"cpu", bench::CpuModelName()},
           {"cores", std::thread::hardware_concurrency()},
           {"model", absl::GetFlag(FLAGS_size)},
           {"vocab", model.config.vocab_size},
@@ -777,11 +544,11 @@ void PrintHeading(const nlohmann::json& c) {
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::vector<int32_t> concurrency, ranks;
-  if (!ParseCounts("concurrency", absl::GetFlag(FLAGS_concurrency), &concurrency)) return 1;
+  if (!bench::ParseCounts("concurrency", absl::GetFlag(FLAGS_concurrency), &concurrency)) return 1;
   const std::string rank_list = absl::GetFlag(FLAGS_ranks).empty()
                                     ? std::to_string(absl::GetFlag(FLAGS_rank))
                                     : absl::GetFlag(FLAGS_ranks);
-  if (!ParseCounts("ranks", rank_list, &ranks)) return 1;
+  if (!bench::ParseCounts("ranks", rank_list, &ranks)) return 1;
   const std::vector<std::string> names = absl::StrSplit(absl::GetFlag(FLAGS_modes), ',');
   if (!CheckFlags(names, ranks)) return 1;
   const std::string root =

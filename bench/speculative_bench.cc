@@ -35,17 +35,11 @@
 // continuations are not those of a trained model (it does not copy the prompt's phrase; its
 // greedy output falls into loops, which is where the drafts it accepts come from), so acceptance
 // here is the generated model's, not a real model's (docs/benchmarks.md).
-#include <sys/resource.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
-#include <ctime>
 #include <fstream>
 #include <memory>
-#include <random>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,10 +47,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/status/statusor.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
+#include "bench/engine_run.h"
 #include "bench/generated_model.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -88,8 +81,6 @@ ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
 namespace kvrm {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
 struct RequestSpec {
   std::vector<int32_t> prompt;
   std::shared_ptr<const structured::Grammar> grammar;  // record: the output's constraint
@@ -98,31 +89,10 @@ struct RequestSpec {
   uint64_t seed = 0;
 };
 
-// Prompt ids: uniform over the vocabulary but for the model's EOS and BOS ids.
-class IdSource {
- public:
-  IdSource(const ModelBundle& model, uint64_t seed) : rng_(seed), vocab_(model.config.vocab_size) {
-    specials_.insert(model.config.eos_token_ids.begin(), model.config.eos_token_ids.end());
-    if (model.config.bos_token_id.has_value()) specials_.insert(*model.config.bos_token_id);
-  }
-  int32_t Next() {
-    for (;;) {
-      const int32_t id = static_cast<int32_t>(rng_() % static_cast<uint32_t>(vocab_));
-      if (!specials_.count(id)) return id;
-    }
-  }
-  uint32_t Below(uint32_t n) { return rng_() % n; }
-
- private:
-  std::mt19937 rng_;
-  int32_t vocab_;
-  std::set<int32_t> specials_;
-};
-
 // A few random ids, then copies of one 8-16 token phrase until `length`: a copy has one token
 // substituted one time in four, and 0-2 random ids follow it. The last copy is cut where the
 // prompt ends, so the phrase's rest is what prompt lookup drafts.
-std::vector<int32_t> RepeatPrompt(IdSource& ids, int32_t length) {
+std::vector<int32_t> RepeatPrompt(bench::IdSource& ids, int32_t length) {
   std::vector<int32_t> phrase(8 + ids.Below(9));
   for (int32_t& t : phrase) t = ids.Next();
   std::vector<int32_t> p;
@@ -153,7 +123,7 @@ std::shared_ptr<const structured::Grammar> RecordGrammar(const ModelBundle& mode
 
 std::vector<RequestSpec> MakeWorkload(const ModelBundle& model, const std::string& workload,
                                       int32_t requests, int32_t concurrency) {
-  IdSource ids(model, 1000 * concurrency + (workload == "repeat" ? 1 : 2));
+  bench::IdSource ids(model, 1000 * concurrency + (workload == "repeat" ? 1 : 2));
   const int32_t length = absl::GetFlag(FLAGS_prompt_tokens);
   std::vector<RequestSpec> out(requests);
   for (int32_t i = 0; i < requests; ++i) {
@@ -173,133 +143,17 @@ std::vector<RequestSpec> MakeWorkload(const ModelBundle& model, const std::strin
   return out;
 }
 
-// How many of a run's requests have finished, under `mu`.
-struct Progress {
-  absl::Mutex mu;
-  int32_t done = 0;
-  int32_t want = 0;
-};
-
-bool AllDone(Progress* p) { return p->done == p->want; }
-
-// One request's tokens and their times (seconds since the run's first submit). Called on the
-// engine thread; the fields are read once Progress counts the request done.
-class TimingSink final : public RequestSink {
- public:
-  TimingSink(Clock::time_point t0, Progress* progress) : t0_(t0), progress_(progress) {}
-
-  void OnChunk(StreamChunk chunk) override {
-    const double t = std::chrono::duration<double>(Clock::now() - t0_).count();
-    for (int32_t id : chunk.token_ids) {
-      if (tokens.empty()) first_s = t;
-      last_s = t;
-      tokens.push_back(id);
-    }
-  }
-  void OnFinished(StreamChunk last, const FinishInfo& info) override {
-    OnChunk(std::move(last));
-    absl::MutexLock lock(&progress_->mu);
-    reason = info.reason;
-    error = info.error;
-    ++progress_->done;
-  }
-
-  std::vector<int32_t> tokens;
-  double first_s = 0, last_s = 0;
-  FinishReason reason = FinishReason::kError;
-  std::string error;
-
- private:
-  const Clock::time_point t0_;
-  Progress* const progress_;
-};
-
-// CPU seconds since boot: this process's, and every core's busy time (the machine's).
-struct CpuTimes {
-  double self_s = 0, machine_s = 0;
-};
-
-CpuTimes ReadCpuTimes() {
-  CpuTimes t;
-  rusage u;
-  if (getrusage(RUSAGE_SELF, &u) == 0) {
-    t.self_s =
-        u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
-  }
-  std::ifstream f("/proc/stat");
-  std::string cpu;
-  // user nice system idle iowait irq softirq steal
-  uint64_t v[8] = {};
-  if (f >> cpu && cpu == "cpu") {
-    for (uint64_t& x : v) f >> x;
-  }
-  const double tick = 1.0 / static_cast<double>(sysconf(_SC_CLK_TCK));
-  t.machine_s = tick * static_cast<double>(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
-  return t;
-}
-
-struct RunResult {
-  double wall_s = 0;  // first submit to last token
-  double tokens_per_s = 0;
-  double tpot_ms = 0;  // mean over requests of (last - first token) / (tokens - 1)
-  double ttft_s = 0;   // mean over requests of the first token's time (all queued at 0)
-  uint64_t tokens = 0, steps = 0, mixed_steps = 0, drafts = 0, draft_tokens = 0, accepted = 0;
+struct RunResult : bench::EngineRun {
+  uint64_t drafts = 0, draft_tokens = 0, accepted = 0;
   double acceptance = 0;       // accepted / draft tokens
   double tokens_per_step = 0;  // per request and decode step (see the file comment)
-  // Over the run: this process's CPU time over (wall x cores), and the cores other processes
-  // kept busy on average (the shared machine's noise: 0 on a quiet machine).
-  double cpu_share = 0, others_cores = 0;
-  std::vector<std::vector<int32_t>> outputs;
 };
-
-// A run's figures from its sinks and the engine's counters; an error where a request did not
-// generate all its tokens.
-absl::StatusOr<RunResult> Summarize(const std::vector<std::shared_ptr<TimingSink>>& sinks,
-                                    const EngineStats& stats) {
-  const int32_t n = static_cast<int32_t>(sinks.size());
-  const int32_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
-  RunResult run;
-  double tpot_sum = 0, ttft_sum = 0;
-  for (int32_t i = 0; i < n; ++i) {
-    const TimingSink& s = *sinks[i];
-    if (s.reason != FinishReason::kLength || static_cast<int32_t>(s.tokens.size()) != max_new) {
-      return absl::InternalError(absl::StrCat("request ", i, " finished ",
-                                              FinishReasonName(s.reason), " after ",
-                                              s.tokens.size(), " tokens: ", s.error));
-    }
-    run.wall_s = std::max(run.wall_s, s.last_s);
-    run.tokens += s.tokens.size();
-    ttft_sum += s.first_s;
-    tpot_sum += (s.last_s - s.first_s) / (max_new - 1);
-    run.outputs.push_back(s.tokens);
-  }
-  run.tpot_ms = 1e3 * tpot_sum / n;
-  run.ttft_s = ttft_sum / n;
-  run.tokens_per_s = run.wall_s > 0 ? run.tokens / run.wall_s : 0;
-  run.steps = stats.steps_total;
-  run.mixed_steps = stats.mixed_steps_total;
-  run.drafts = stats.spec_decode_drafts_total;
-  run.draft_tokens = stats.spec_decode_draft_tokens_total;
-  run.accepted = stats.spec_decode_accepted_tokens_total;
-  run.acceptance = run.draft_tokens > 0 ? static_cast<double>(run.accepted) / run.draft_tokens : 0;
-  CHECK(stats.tokens_generated_total == run.tokens) << "every token reached its sink";
-  const double decode_tokens = static_cast<double>(run.tokens) - n;
-  run.tokens_per_step =
-      decode_tokens > 0 ? decode_tokens / (decode_tokens - static_cast<double>(run.accepted)) : 0;
-  return run;
-}
 
 absl::StatusOr<RunResult> RunOnce(const ModelBundle& model, const EngineOptions& options,
                                   const std::vector<RequestSpec>& specs) {
-  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&model, options));
   const int32_t n = static_cast<int32_t>(specs.size());
   const int32_t max_new = absl::GetFlag(FLAGS_max_new_tokens);
-  Progress progress;
-  progress.want = n;
-  std::vector<std::shared_ptr<TimingSink>> sinks;
-  // Queued before the engine starts, so that it admits them in the same order every run.
-  const CpuTimes cpu0 = ReadCpuTimes();
-  const Clock::time_point t0 = Clock::now();
+  std::vector<std::unique_ptr<GenerationRequest>> requests;
   for (int32_t i = 0; i < n; ++i) {
     auto r = std::make_unique<GenerationRequest>();
     r->request_id = absl::StrCat("r", i);
@@ -310,80 +164,38 @@ absl::StatusOr<RunResult> RunOnce(const ModelBundle& model, const EngineOptions&
     r->sampling.top_p = specs[i].top_p;
     r->sampling.seed = specs[i].seed;
     r->grammar = specs[i].grammar;
-    r->arrival = absl::Now();
-    sinks.push_back(std::make_shared<TimingSink>(t0, &progress));
-    r->sink = sinks.back();
-    RETURN_IF_ERROR(engine->Submit(std::move(r)).status());
+    requests.push_back(std::move(r));
   }
-  engine->Start();
-  {
-    absl::MutexLock lock(&progress.mu);
-    progress.mu.Await(absl::Condition(&AllDone, &progress));
-  }
-  const double window_s = std::chrono::duration<double>(Clock::now() - t0).count();
-  const CpuTimes cpu1 = ReadCpuTimes();
-  // The stats are published after the step whose tokens finished the last request.
-  if (!engine->WaitIdle(absl::Seconds(30))) return absl::DeadlineExceededError("engine not idle");
-  EngineStats stats = engine->Stats();
-  for (int i = 0; i < 1000 && stats.tokens_generated_total < static_cast<uint64_t>(n) * max_new;
-       ++i) {
-    absl::SleepFor(absl::Milliseconds(1));
-    stats = engine->Stats();
-  }
-  engine.reset();
-  ASSIGN_OR_RETURN(RunResult run, Summarize(sinks, stats));
-  const double self_s = cpu1.self_s - cpu0.self_s;
-  run.cpu_share = self_s / (window_s * std::max(1u, std::thread::hardware_concurrency()));
-  run.others_cores = std::max(0.0, (cpu1.machine_s - cpu0.machine_s - self_s) / window_s);
+  RunResult run;
+  ASSIGN_OR_RETURN(static_cast<bench::EngineRun&>(run),
+                   bench::RunQueued(model, options, std::move(requests), max_new));
+  run.drafts = run.stats.spec_decode_drafts_total;
+  run.draft_tokens = run.stats.spec_decode_draft_tokens_total;
+  run.accepted = run.stats.spec_decode_accepted_tokens_total;
+  run.acceptance = run.draft_tokens > 0 ? static_cast<double>(run.accepted) / run.draft_tokens : 0;
+  const double decode_tokens = static_cast<double>(run.tokens) - n;
+  run.tokens_per_step =
+      decode_tokens > 0 ? decode_tokens / (decode_tokens - static_cast<double>(run.accepted)) : 0;
   return run;
 }
 
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size() / 2;
-  return v.size() % 2 ? v[m] : (v[m - 1] + v[m]) / 2;
-}
-
-// One mode's figures over the repeats: each the median of its runs.
 nlohmann::json ModeJson(const std::vector<RunResult>& runs) {
+  nlohmann::json j = bench::RunsJson(runs);
   auto median = [&](auto field) {
     std::vector<double> v;
     for (const RunResult& r : runs) v.push_back(static_cast<double>(field(r)));
-    return Median(v);
+    return bench::Median(v);
   };
-  nlohmann::json j;
-  j["wall_s"] = median([](const RunResult& r) { return r.wall_s; });
-  j["tokens_per_s"] = median([](const RunResult& r) { return r.tokens_per_s; });
-  j["tpot_ms"] = median([](const RunResult& r) { return r.tpot_ms; });
-  j["ttft_s"] = median([](const RunResult& r) { return r.ttft_s; });
-  j["mixed_steps"] = median([](const RunResult& r) { return r.mixed_steps; });
-  j["steps"] = median([](const RunResult& r) { return r.steps; });
   j["drafts"] = median([](const RunResult& r) { return r.drafts; });
   j["draft_tokens"] = median([](const RunResult& r) { return r.draft_tokens; });
   j["accepted_tokens"] = median([](const RunResult& r) { return r.accepted; });
   j["acceptance"] = median([](const RunResult& r) { return r.acceptance; });
   j["tokens_per_step"] = median([](const RunResult& r) { return r.tokens_per_step; });
-  j["tokens"] = runs.empty() ? 0 : runs[0].tokens;
-  j["cpu_share"] = median([](const RunResult& r) { return r.cpu_share; });
-  double others = 0;
-  for (const RunResult& r : runs) others = std::max(others, r.others_cores);
-  j["others_cores_max"] = others;
-  nlohmann::json each = nlohmann::json::array();
-  for (const RunResult& r : runs) {
-    each.push_back({{"wall_s", r.wall_s},
-                    {"tokens_per_s", r.tokens_per_s},
-                    {"tpot_ms", r.tpot_ms},
-                    {"ttft_s", r.ttft_s},
-                    {"mixed_steps", r.mixed_steps},
-                    {"steps", r.steps},
-                    {"drafts", r.drafts},
-                    {"draft_tokens", r.draft_tokens},
-                    {"accepted_tokens", r.accepted},
-                    {"cpu_share", r.cpu_share},
-                    {"others_cores", r.others_cores}});
+  for (size_t i = 0; i < runs.size(); ++i) {
+    j["runs"][i]["drafts"] = runs[i].drafts;
+    j["runs"][i]["draft_tokens"] = runs[i].draft_tokens;
+    j["runs"][i]["accepted_tokens"] = runs[i].accepted;
   }
-  j["runs"] = each;
   return j;
 }
 
@@ -467,8 +279,8 @@ absl::StatusOr<nlohmann::json> RunRow(const ModelBundle& model, const std::strin
                         {"requests", requests},
                         {"without", ModeJson(runs[0])},
                         {"with", ModeJson(runs[1])},
-                        {"speedup_tokens_per_s", Median(speedup)},
-                        {"speedup_tpot", Median(tpot_ratio)},
+                        {"speedup_tokens_per_s", bench::Median(speedup)},
+                        {"speedup_tpot", bench::Median(tpot_ratio)},
                         {"speedup_tokens_per_s_runs", speedup},
                         {"speedup_tpot_runs", tpot_ratio},
                         {"lookup_replay", lookup},
@@ -489,38 +301,6 @@ void PrintRow(const nlohmann::json& r) {
       r["identical"].get<bool>() ? "yes" : "NO",
       std::max(f(off, "others_cores_max"), f(on, "others_cores_max")));
   std::fflush(stdout);
-}
-
-std::string CpuModelName() {
-  std::ifstream f("/proc/cpuinfo");
-  for (std::string line; std::getline(f, line);) {
-    if (line.rfind("model name", 0) == 0) {
-      const size_t colon = line.find(':');
-      if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-    }
-  }
-  return "unknown";
-}
-
-std::string UtcNow() {
-  const std::time_t now = std::time(nullptr);
-  char buf[32];
-  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", std::gmtime(&now));
-  return buf;
-}
-
-// A comma-separated list of positive integers, or false after naming the flag.
-bool ParseCounts(const char* flag, const std::string& list, std::vector<int32_t>* out) {
-  for (absl::string_view part : absl::StrSplit(list, ',')) {
-    int32_t n = 0;
-    if (!absl::SimpleAtoi(part, &n) || n < 1) {
-      std::fprintf(stderr, "--%s: '%s' is not a positive integer\n", flag,
-                   std::string(part).c_str());
-      return false;
-    }
-    out->push_back(n);
-  }
-  return true;
 }
 
 // The flags' values that the engine would refuse later, or a run could not use; false after
@@ -557,8 +337,8 @@ absl::Status WarmUp(const ModelBundle& model) {
 
 // The machine and the configuration: the JSON's top-level fields, and the table's heading.
 nlohmann::json Config(const ModelBundle& model) {
-  return {{"date", UtcNow()},
-          {"cpu", CpuModelName()},
+  return {{"date", bench::UtcNow()},
+          {"cpu", bench::CpuModelName()},
           {"cores", std::thread::hardware_concurrency()},
           {"model", absl::GetFlag(FLAGS_size)},
           {"vocab", model.config.vocab_size},
@@ -599,7 +379,7 @@ void PrintHeading(const nlohmann::json& c) {
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   std::vector<int32_t> concurrency;
-  if (!ParseCounts("concurrency", absl::GetFlag(FLAGS_concurrency), &concurrency)) return 1;
+  if (!bench::ParseCounts("concurrency", absl::GetFlag(FLAGS_concurrency), &concurrency)) return 1;
   const std::vector<std::string> workloads = absl::StrSplit(absl::GetFlag(FLAGS_workloads), ',');
   if (!CheckFlags(workloads)) return 1;
   auto model = bench::LoadGeneratedModel(absl::GetFlag(FLAGS_model_dir), absl::GetFlag(FLAGS_size),
