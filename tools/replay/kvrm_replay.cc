@@ -14,6 +14,7 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "grpcpp/grpcpp.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
 #include "tools/replay/progress.h"
@@ -52,6 +53,9 @@ ABSL_FLAG(double, window_s, 1.0, "width of the per-window latency series, second
 ABSL_FLAG(double, request_timeout_s, 0, "deadline of each request; 0 = none");
 ABSL_FLAG(double, connect_timeout_s, 30, "how long to wait for the server to answer");
 ABSL_FLAG(bool, progress, true, "progress on stderr (a bar on a terminal, else a line per 5 s)");
+ABSL_FLAG(std::string, lora_adapters, "",
+          "LoRA adapters the requests name in turn, comma-separated (an empty entry: the base "
+          "model; \"sql,,chat\" sends a third of the requests to each); empty: none");
 ABSL_FLAG(std::string, json, "", "write the summary and windows as JSON here");
 ABSL_FLAG(std::string, csv, "", "write one row per request here");
 ABSL_FLAG(std::string, svg, "", "write the latency-over-time plot here");
@@ -158,6 +162,9 @@ int Main() {
   ReplayOptions options;
   options.request_timeout_s = absl::GetFlag(FLAGS_request_timeout_s);
   options.progress = &progress;
+  if (const std::string list = absl::GetFlag(FLAGS_lora_adapters); !list.empty()) {
+    options.lora_adapters = absl::StrSplit(list, ',');
+  }
   const std::vector<RequestRecord> records = Replay(*stub, *plan, *prompts, options);
 
   const Summary summary = Summarize(records, *slo, absl::GetFlag(FLAGS_window_s));

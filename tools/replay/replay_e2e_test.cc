@@ -64,15 +64,17 @@ int RowsInFirstSeconds(const std::string& path, double seconds) {
 
 class KvrmdProcess {
  public:
-  explicit KvrmdProcess(int slots = 8, int max_queue = 256) {
+  explicit KvrmdProcess(int slots = 8, int max_queue = 256,
+                        const std::vector<std::string>& more_flags = {}) {
     const std::string port_file = TmpDir() + "/kvrmd.port";
     fs::remove(port_file);
-    absl::StatusOr<Subprocess> p = Subprocess::Start(
-        {"server/kvrmd", "--model=builtin:tiny", "--model_cache=" + TmpDir() + "/models",
-         "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1", "--metrics_port=0",
-         "--http_port=-1", "--port_file=" + port_file, "--slots=" + std::to_string(slots),
-         "--max_queue=" + std::to_string(max_queue), "--threads=2"},
-        {TmpDir() + "/kvrmd.log", ""});
+    std::vector<std::string> args = {
+        "server/kvrmd", "--model=builtin:tiny", "--model_cache=" + TmpDir() + "/models",
+        "--listen=127.0.0.1:0", "--metrics_listen=127.0.0.1", "--metrics_port=0",
+        "--http_port=-1", "--port_file=" + port_file, "--slots=" + std::to_string(slots),
+        "--max_queue=" + std::to_string(max_queue), "--threads=2"};
+    args.insert(args.end(), more_flags.begin(), more_flags.end());
+    absl::StatusOr<Subprocess> p = Subprocess::Start(args, {TmpDir() + "/kvrmd.log", ""});
     EXPECT_TRUE(p.ok()) << p.status();
     if (!p.ok()) return;
     process_ = std::move(*p);
@@ -241,6 +243,19 @@ TEST(ReplayE2eTest, RefusalsAreCounted) {
   EXPECT_GT(s["completed"].get<int>(), 0) << s.dump(2);
   EXPECT_EQ(s["completed"].get<int>() + s["refused"].get<int>(), 100) << s.dump(2);
   EXPECT_EQ(s["status_codes"]["RESOURCE_EXHAUSTED"], s["refused"]) << s.dump(2);
+}
+
+// --lora_adapters: the requests name the adapters in turn ("" the base model); a name kvrmd
+// does not serve is refused (INVALID_ARGUMENT) and counted, the others complete.
+TEST(ReplayE2eTest, RequestsNameLoraAdaptersInTurn) {
+  KvrmdProcess kvrmd(8, 256, {"--lora_modules=sql=builtin,chat=builtin"});
+  ASSERT_GT(kvrmd.port(), 0) << kvrmd.Log();
+  const Json s = RunSynthetic(kvrmd.port(), {"--arrival=poisson", "--rate=200",
+                                             "--num_requests=40", "--lengths=16:8",
+                                             "--lora_adapters=sql,,chat,nope"});
+  EXPECT_EQ(s["requests"], 40) << s.dump(2);
+  EXPECT_EQ(s["completed"], 30) << s.dump(2);
+  EXPECT_EQ(s["status_codes"]["INVALID_ARGUMENT"], 10) << s.dump(2);
 }
 
 }  // namespace

@@ -118,6 +118,10 @@ class Driver {
   void BuildNext() {
     built_[built_next_] =
         std::make_unique<v1::GenerateRequest>(BuildRequest(plan_[built_next_], prompts_));
+    const std::vector<std::string>& adapters = options_.lora_adapters;
+    if (!adapters.empty()) {
+      built_[built_next_]->set_lora_adapter(adapters[plan_[built_next_].index % adapters.size()]);
+    }
     ++built_next_;
   }
 

@@ -6,6 +6,7 @@
 #define KVRM_TOOLS_REPLAY_REPLAYER_H_
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,9 @@ namespace kvrm::replay {
 struct ReplayOptions {
   double request_timeout_s = 0;          // per-call deadline; 0 = none
   ProgressReporter* progress = nullptr;  // optional
+  // LoRA adapters the requests name in turn (request i: lora_adapters[i % size]; "" the base
+  // model); empty: none.
+  std::vector<std::string> lora_adapters;
 };
 
 // Waits up to `timeout_s` for the server, then returns its ModelInfo.
