@@ -483,7 +483,9 @@ TEST(LoraServiceTest, PrefixCacheIsKeptApartPerAdapter) {
   for (const v1::GenerateResponse& m : both.messages) {
     if (!m.has_finished()) continue;
     ++finished;
-    if (m.index() == 1) EXPECT_GE(m.finished().usage().cached_prompt_tokens(), 2 * 16);
+    if (m.index() == 1) {
+      EXPECT_GE(m.finished().usage().cached_prompt_tokens(), 2 * 16);
+    }
   }
   EXPECT_EQ(finished, 2);
   // The base model's reply from a server that never saw the adapters' requests.
