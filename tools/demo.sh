@@ -22,8 +22,12 @@ bin="$(bazel info bazel-bin 2>/dev/null)"
 
 port_file="$(mktemp)"
 rm -f "$port_file"
+# A LoRA adapter beside the model, generated for it (LoRA runs on the CPU device: not where kvrmd
+# would pick a GPU).
+lora=()
+if [[ ! -e /dev/nvidia0 ]]; then lora=(--lora_modules=demo-lora=builtin); fi
 "$bin/server/kvrmd" --model="$model" --listen="127.0.0.1:${port}" --port_file="$port_file" \
-  --http_listen=127.0.0.1 --http_port="$http_port" --served_model_name=kvrm &
+  --http_listen=127.0.0.1 --http_port="$http_port" --served_model_name=kvrm "${lora[@]}" &
 kvrmd_pid=$!
 trap 'kill -TERM $kvrmd_pid 2>/dev/null; wait $kvrmd_pid 2>/dev/null; rm -f "$port_file"' EXIT
 
@@ -42,6 +46,12 @@ echo "== demo request: greedy, 64 tokens =="
 "$cli" generate --server="127.0.0.1:${port}" \
   --prompt="The history of the printing press begins" --max_new_tokens=64
 echo
+if ((${#lora[@]} > 0)); then
+  echo "== demo request: the same, with the LoRA adapter demo-lora (a random one: other text) =="
+  "$cli" generate --server="127.0.0.1:${port}" --lora_adapter=demo-lora \
+    --prompt="The history of the printing press begins" --max_new_tokens=64
+  echo
+fi
 echo "== demo request: sampled (temperature 0.8, top_p 0.95, seed 7) =="
 "$cli" generate --server="127.0.0.1:${port}" --prompt="Once upon a time" \
   --max_new_tokens=48 --temperature=0.8 --top_p=0.95 --seed=7
