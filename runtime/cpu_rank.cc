@@ -1,7 +1,6 @@
 #include "runtime/cpu_rank.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 
