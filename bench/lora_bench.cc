@@ -182,10 +182,12 @@ absl::StatusOr<RunResult> RunOnce(ModelBundle* model, const EngineOptions& optio
 // The base model's multiply-adds per row in its layers' linear projections (Q, K, V, O, gate, up,
 // down in every layer).
 double LayerMacsPerRow(const LlamaConfig& c) {
-  const double d = c.hidden_size, q = static_cast<double>(c.num_attention_heads) * c.head_dim;
-  const double kv = static_cast<double>(c.num_key_value_heads) * c.head_dim;
-  const double f = c.intermediate_size;
-  return c.num_hidden_layers * (d * q + 2 * d * kv + q * d + 3 * d * f);
+  double per_layer = 0;
+  for (int32_t t = 0; t < kNumLoraTargets; ++t) {
+    const auto [out, in] = LoraTargetShape(c, LoraTarget(t));
+    per_layer += static_cast<double>(out) * in;
+  }
+  return c.num_hidden_layers * per_layer;
 }
 
 // ... and per generated token: its row's, and lm_head's.

@@ -126,19 +126,21 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
 absl::Status ShardLoraAdapters(const LlamaConfig& config,
                                absl::Span<const LoraAdapter* const> adapters,
                                RankWeights* weights) {
-  const int64_t hd = config.head_dim;
-  const int32_t rank = weights->rank;
   // Per target: the rank's input columns [in_begin, in_begin + in) and output rows
-  // [out_begin, out_begin + out) of the full matrix.
+  // [out_begin, out_begin + out) of the full matrix, cut as ShardLlamaWeights cuts the base:
+  // O and down (row-parallel) by inputs, the others by outputs.
   struct Cut {
     int64_t in_begin, in, out_begin, out;
   };
-  const int64_t d = config.hidden_size, q = weights->heads * hd, kv = weights->kv_heads * hd;
-  const int64_t f = weights->ffn;
-  const std::array<Cut, kNumLoraTargets> cuts = {
-      Cut{0, d, rank * q, q},    Cut{0, d, rank * kv, kv}, Cut{0, d, rank * kv, kv},
-      Cut{rank * q, q, 0, d},    Cut{0, d, rank * f, f},   Cut{0, d, rank * f, f},
-      Cut{rank * f, f, 0, d}};
+  std::array<Cut, kNumLoraTargets> cuts;
+  for (int32_t t = 0; t < kNumLoraTargets; ++t) {
+    const auto [out, in] = LoraTargetShape(config, LoraTarget(t));
+    const bool by_inputs = LoraTarget(t) == LoraTarget::kO || LoraTarget(t) == LoraTarget::kDown;
+    const int64_t in_share = by_inputs ? in / weights->size : in;
+    const int64_t out_share = by_inputs ? out : out / weights->size;
+    cuts[t] = {by_inputs ? weights->rank * in_share : 0, in_share,
+               by_inputs ? 0 : weights->rank * out_share, out_share};
+  }
   weights->lora.clear();
   for (const LoraAdapter* a : adapters) {
     if (static_cast<int32_t>(a->layers.size()) != config.num_hidden_layers) {
@@ -152,7 +154,8 @@ absl::Status ShardLoraAdapters(const LlamaConfig& config,
         const LoraMatrix& m = a->layers[l].m[t];
         if (m.rank == 0) continue;
         const Cut& c = cuts[t];
-        if (m.rank > kMaxLoraRank || m.in < c.in_begin + c.in || m.out < c.out_begin + c.out ||
+        const auto [out, in] = LoraTargetShape(config, LoraTarget(t));
+        if (m.rank > kMaxLoraRank || m.in != in || m.out != out ||
             m.a.size() != static_cast<size_t>(m.rank * m.in) ||
             m.b.size() != static_cast<size_t>(m.out * m.rank)) {
           return absl::InvalidArgumentError(
