@@ -6,7 +6,8 @@
 // series carries `model_name` and `kv_mode`. docs/metrics.md lists them all.
 //
 // Threading: the hooks run on the engine's owner thread except OnRejected (any thread); every
-// child is created in the constructor and recording only touches atomics, so no hook locks or
+// child is created in the constructor (a LoRA adapter's when it takes a slot, OnLoraAdapter,
+// never on the step path) and recording only touches atomics, so no other hook locks or
 // allocates. The owner-thread-only fields below are marked.
 #ifndef KVRM_METRICS_KVRM_METRICS_H_
 #define KVRM_METRICS_KVRM_METRICS_H_
@@ -26,8 +27,9 @@ struct KvrmMetricsOptions {
   std::string model_name;
   std::string kv_mode = "static";
   bool far_history = false;  // --far_history: kvrm:far_history_enabled reads 1
-  // LoRA adapters served (--lora_modules), by index: kvrm:lora_* series per adapter.
-  std::vector<std::string> lora_adapters;
+  // LoRA adapter slots (the engine's max_loras): kvrm:lora_* series per adapter, made as
+  // adapters take slots (OnLoraAdapter); 0: none.
+  int32_t lora_slots = 0;
 };
 
 // Structured outputs, recorded by the server where requests are validated (any thread).
@@ -59,9 +61,10 @@ enum class HttpRoute {
   kHealth,   // /health, /ping
   kMetrics,  // /metrics on the API port (when --http_metrics serves it)
   kVersion,  // /version
+  kLoraAdapters,  // /v1/load_lora_adapter, /v1/unload_lora_adapter
   kOther,    // unknown paths
 };
-constexpr int kHttpRoutes = 9;
+constexpr int kHttpRoutes = 10;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
 
 class HttpApiMetrics {
@@ -110,6 +113,7 @@ class KvrmMetrics : public EngineObserver {
   void OnDecodeStep(int32_t active_slots, absl::Duration duration) override;
   void OnMixedStep(int32_t active_slots, int32_t chunk_tokens, absl::Duration duration) override;
   void OnStats(const EngineStats& stats) override;
+  void OnLoraAdapter(int32_t slot, const LoraAdapter* adapter) override;
 
   // The server's: output chunks merged into a queued message because a client read slower than
   // its tokens came (server/response_queue.h). Thread-safe.
@@ -133,8 +137,14 @@ class KvrmMetrics : public EngineObserver {
   Counter* prompt_tokens_;
   Counter* generation_tokens_;
   std::array<Counter*, 6> success_;  // [FinishReason]
-  // [adapter]: kvrm:lora_requests_total, kvrm:lora_generation_tokens_total.
+  // By LoRA slot, the slot's adapter's kvrm:lora_requests_total and
+  // kvrm:lora_generation_tokens_total (null: empty slot); owner thread.
   std::vector<Counter*> lora_requests_, lora_tokens_;
+  Family<Counter>* lora_requests_family_ = nullptr;
+  Family<Counter>* lora_tokens_family_ = nullptr;
+  Gauge* lora_loaded_ = nullptr;  // kvrm:lora_adapters_loaded
+  const std::string model_name_, kv_mode_;  // the labels every series carries
+  Counter* lora_loads_ = nullptr;  // kvrm:lora_adapter_loads_total
   Counter* preemptions_;
   Counter* stream_chunks_merged_;
   StructuredOutputMetrics structured_;

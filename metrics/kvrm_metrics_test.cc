@@ -239,23 +239,47 @@ TEST(KvrmMetricsFarHistoryTest, EnabledGaugeAndSummarizedBlocks) {
 TEST(KvrmMetricsLoraTest, FinishedRequestsAndTokensByAdapter) {
   MetricRegistry registry;
   KvrmMetricsOptions options{"tiny", "kvrm"};
-  options.lora_adapters = {"sql", "chat"};
+  options.lora_slots = 3;
   KvrmMetrics metrics(&registry, options);
+  LoraAdapter sql, chat;
+  sql.name = "sql";
+  chat.name = "chat";
+  metrics.OnLoraAdapter(0, &sql);
+  metrics.OnLoraAdapter(1, &chat);
   GenerationRequest request;
   FinishInfo info;
   for (const auto& [adapter, tokens] :
-       {std::pair{1, 7}, std::pair{1, 5}, std::pair{-1, 9}, std::pair{0, 2}}) {
-    request.lora_adapter = adapter;
+       {std::pair{1, 7}, std::pair{1, 5}, std::pair{-1, 9}, std::pair{0, 2}, std::pair{2, 4}}) {
+    request.lora_adapter = adapter;  // slot 2 is empty: counted nowhere
     info.completion_tokens = tokens;
     metrics.OnFinished(request, info);
   }
-  const std::string text = registry.Render();
-  const std::string sql = "{model_name=\"tiny\",kv_mode=\"kvrm\",lora_adapter=\"sql\"}";
-  const std::string chat = "{model_name=\"tiny\",kv_mode=\"kvrm\",lora_adapter=\"chat\"}";
-  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + sql), 1);
-  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + chat), 2);
-  EXPECT_EQ(Sample(text, "kvrm:lora_generation_tokens_total" + sql), 2);
-  EXPECT_EQ(Sample(text, "kvrm:lora_generation_tokens_total" + chat), 12);
+  std::string text = registry.Render();
+  const std::string base = "{model_name=\"tiny\",kv_mode=\"kvrm\"}";
+  const std::string sql_labels = "{model_name=\"tiny\",kv_mode=\"kvrm\",lora_adapter=\"sql\"}";
+  const std::string chat_labels = "{model_name=\"tiny\",kv_mode=\"kvrm\",lora_adapter=\"chat\"}";
+  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + sql_labels), 1);
+  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + chat_labels), 2);
+  EXPECT_EQ(Sample(text, "kvrm:lora_generation_tokens_total" + sql_labels), 2);
+  EXPECT_EQ(Sample(text, "kvrm:lora_generation_tokens_total" + chat_labels), 12);
+  EXPECT_EQ(Sample(text, "kvrm:lora_adapters_loaded" + base), 2);
+  EXPECT_EQ(Sample(text, "kvrm:lora_adapter_loads_total" + base), 2);
+
+  // Unloaded, then "sql" loaded again into slot 1: its series go on from where they were.
+  metrics.OnLoraAdapter(1, nullptr);
+  metrics.OnLoraAdapter(0, nullptr);
+  text = registry.Render();
+  EXPECT_EQ(Sample(text, "kvrm:lora_adapters_loaded" + base), 0);
+  metrics.OnLoraAdapter(1, &sql);
+  request.lora_adapter = 1;
+  info.completion_tokens = 3;
+  metrics.OnFinished(request, info);
+  text = registry.Render();
+  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + sql_labels), 2);
+  EXPECT_EQ(Sample(text, "kvrm:lora_generation_tokens_total" + sql_labels), 5);
+  EXPECT_EQ(Sample(text, "kvrm:lora_requests_total" + chat_labels), 2);
+  EXPECT_EQ(Sample(text, "kvrm:lora_adapters_loaded" + base), 1);
+  EXPECT_EQ(Sample(text, "kvrm:lora_adapter_loads_total" + base), 3);
 }
 
 TEST_F(KvrmMetricsTest, NoLoraSeriesWithoutAdapters) {

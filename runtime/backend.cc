@@ -1,5 +1,6 @@
 #include "runtime/backend.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
 namespace kvrm {
@@ -15,6 +16,17 @@ absl::Status Backend::DecodeAndSample(const StepDescriptor&, float*, int32_t*) {
 absl::Status Backend::DecodeWithChunkAndSample(const PrefillChunk&, float*,
                                                const StepDescriptor&, float*, int32_t*) {
   return absl::UnimplementedError("this backend does not sample a mixed step on the device");
+}
+
+absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> Backend::PrepareLoraAdapter(
+    const LoraAdapter&) const {
+  return absl::FailedPreconditionError(
+      "LoRA adapters: this device serves none (the CPU device does: --device=cpu)");
+}
+
+absl::Status Backend::SetLoraAdapter(int32_t index, std::shared_ptr<const PreparedLoraAdapter>) {
+  return absl::FailedPreconditionError(absl::StrCat(
+      "LoRA adapter slot ", index, ": this device serves none (the CPU device does)"));
 }
 
 absl::Status Backend::CreateHostTier(int64_t blocks) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
 #include "runtime/far_history.h"
@@ -124,6 +125,14 @@ struct PrefillChunk {
   int32_t adapter = -1;
 };
 
+struct LoraAdapter;  // model/lora.h
+
+// A LoRA adapter as a backend holds it (Backend::PrepareLoraAdapter); opaque to the engine.
+class PreparedLoraAdapter {
+ public:
+  virtual ~PreparedLoraAdapter() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -164,9 +173,22 @@ class Backend {
   // Most draft tokens per slot a step descriptor may carry (StepDescriptor::max_draft); 0: the
   // backend does not verify drafts (speculative decoding off).
   virtual int32_t max_draft_tokens() const { return 0; }
-  // LoRA adapters served (StepDescriptor::adapter indexes them); 0: none, and a step or chunk
-  // naming one is refused.
-  virtual int32_t num_lora_adapters() const { return 0; }
+  // LoRA adapter slots (StepDescriptor::adapter and PrefillChunk::adapter index them); 0: the
+  // backend serves none, and a step or chunk naming one is refused, as is one naming an empty
+  // slot.
+  virtual int32_t max_lora_adapters() const { return 0; }
+  // The largest rank an adapter in a slot may have (its scratch is sized for it).
+  virtual int32_t max_lora_rank() const { return 0; }
+  // `adapter` (loaded for the served model's config) in the backend's own layout, ready for
+  // SetLoraAdapter: the slow part of a load (copies, a device upload), on any thread, while
+  // steps run. INVALID_ARGUMENT naming the adapter when it does not fit (rank above
+  // max_lora_rank, shapes); FAILED_PRECONDITION where the backend serves no adapters.
+  virtual absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> PrepareLoraAdapter(
+      const LoraAdapter& adapter) const;
+  // Puts a prepared adapter in slot `index` (null: empties it; the backend lets go of the old
+  // one). The owner thread, between steps.
+  virtual absl::Status SetLoraAdapter(int32_t index,
+                                      std::shared_ptr<const PreparedLoraAdapter> adapter);
   // Rows a pass takes while reading each weight once (more rows read some matrices again: a
   // step in the pass's cost, which speculative decoding's extra rows must not cross); 0:
   // unknown.

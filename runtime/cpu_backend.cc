@@ -63,9 +63,26 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   shape.max_rows = options.max_slots * (1 + options.max_draft_tokens) + options.max_chunk_tokens;
   shape.max_context = options.max_context;
   shape.num_threads = std::max(1, options.num_threads / tp);
+  const int32_t initial_adapters = static_cast<int32_t>(options.lora_adapters.size());
+  if (options.max_lora_adapters < 0 ||
+      (options.max_lora_adapters > 0 && options.max_lora_adapters < initial_adapters)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_lora_adapters ",
+                                                   options.max_lora_adapters, ": below the ",
+                                                   initial_adapters, " adapters to serve"));
+  }
+  shape.lora_adapters = std::max(options.max_lora_adapters, initial_adapters);
+  b->lora_.resize(shape.lora_adapters);
+  b->lora_max_rank_ = options.max_lora_rank;
+  for (const LoraAdapter* a : options.lora_adapters) {
+    if (options.max_lora_rank == 0) b->lora_max_rank_ = std::max(b->lora_max_rank_, a->rank);
+  }
+  if (b->lora_max_rank_ < 0 || b->lora_max_rank_ > kMaxLoraRank) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_lora_rank ", b->lora_max_rank_, " is not in [0, ", kMaxLoraRank, "]"));
+  }
+  shape.lora_max_rank = shape.lora_adapters > 0 ? b->lora_max_rank_ : 0;
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankWeights shard, ShardLlamaWeights(config, *weights, r, tp));
-    RETURN_IF_ERROR(ShardLoraAdapters(config, options.lora_adapters, &shard));
     AttachPanels(&shard, AvailableCpuIsas().back(), options.weight_panels, options.quantization,
                  options.num_threads);
     KvPoolShape pool;
@@ -90,7 +107,70 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
       b->ranks_.back()->SetFarHistory(options.far_history, std::move(store));
     }
   }
+  for (int32_t i = 0; i < initial_adapters; ++i) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const PreparedLoraAdapter> prepared,
+                     b->PrepareLoraAdapter(*options.lora_adapters[i]));
+    RETURN_IF_ERROR(b->SetLoraAdapter(i, std::move(prepared)));
+  }
   return b;
+}
+
+namespace {
+
+// A LoRA adapter as the CPU backend holds it: each rank's share.
+class CpuLoraAdapter : public PreparedLoraAdapter {
+ public:
+  std::vector<RankLora> ranks;
+};
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLoraAdapter(
+    const LoraAdapter& adapter) const {
+  if (lora_.empty()) {
+    return absl::FailedPreconditionError(
+        "LoRA adapters: this server has no adapter slots (kvrmd --max_loras)");
+  }
+  if (adapter.rank > lora_max_rank_) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", adapter.name, "' has rank ",
+                                                   adapter.rank, "; this server takes ranks up to ",
+                                                   lora_max_rank_, " (kvrmd --max_lora_rank)"));
+  }
+  auto prepared = std::make_shared<CpuLoraAdapter>();
+  const int32_t tp = tensor_parallel();
+  for (int32_t r = 0; r < tp; ++r) {
+    ASSIGN_OR_RETURN(RankLora share, ShardLoraAdapter(config_, adapter, r, tp));
+    for (const auto& layer : share) {
+      for (const LoraShard& s : layer) {
+        if (s.rank > lora_max_rank_) {  // a projection's rank above the config's `r`
+          return absl::InvalidArgumentError(
+              absl::StrCat("LoRA adapter '", adapter.name, "': a projection of rank ", s.rank,
+                           "; this server takes ranks up to ", lora_max_rank_,
+                           " (kvrmd --max_lora_rank)"));
+        }
+      }
+    }
+    prepared->ranks.push_back(std::move(share));
+  }
+  return std::shared_ptr<const PreparedLoraAdapter>(std::move(prepared));
+}
+
+absl::Status CpuBackend::SetLoraAdapter(int32_t index,
+                                        std::shared_ptr<const PreparedLoraAdapter> adapter) {
+  if (index < 0 || index >= max_lora_adapters()) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA adapter slot ", index, " is not in [0, ",
+                                                   max_lora_adapters(), ")"));
+  }
+  const auto* cpu = dynamic_cast<const CpuLoraAdapter*>(adapter.get());
+  if (adapter != nullptr &&
+      (cpu == nullptr || static_cast<int32_t>(cpu->ranks.size()) != tensor_parallel())) {
+    return absl::InvalidArgumentError("LoRA adapter: not prepared by this backend");
+  }
+  for (int32_t r = 0; r < tensor_parallel(); ++r) {
+    ranks_[r]->SetLoraAdapter(index, cpu != nullptr ? &cpu->ranks[r] : nullptr);
+  }
+  lora_[index] = std::move(adapter);
+  return absl::OkStatus();
 }
 
 CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& options)
@@ -139,9 +219,12 @@ std::string CpuBackend::weight_quantization() const {
 }
 
 absl::Status CpuBackend::CheckAdapter(int32_t adapter, const char* what) const {
-  if (adapter >= -1 && adapter < num_lora_adapters()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(what, ": LoRA adapter ", adapter,
-                                                 "; the backend serves ", num_lora_adapters()));
+  if (adapter == -1 || (adapter >= 0 && adapter < max_lora_adapters() && lora_[adapter])) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, ": LoRA adapter ", adapter, " is not in a slot (the backend has ",
+                   max_lora_adapters(), " slots)"));
 }
 
 int64_t CpuBackend::panel_weight_bytes() const {

@@ -54,10 +54,16 @@ struct CpuBackendOptions {
   // bytes. Matrices already in a block format (a GGUF file's) are multiplied in it whatever this
   // says.
   WeightFormat quantization = WeightFormat::kDense;
-  // LoRA adapters served (model/lora.h), loaded for `config`: StepDescriptor::adapter and
-  // PrefillChunk::adapter index them. Each rank keeps its share (ShardLoraAdapters), so these
-  // need not outlive Create.
+  // LoRA adapters served from the start (model/lora.h), loaded for `config`: in slots 0, 1, ...
+  // (StepDescriptor::adapter and PrefillChunk::adapter index the slots). Each rank keeps its
+  // share (ShardLoraAdapter), so these need not outlive Create.
   std::vector<const LoraAdapter*> lora_adapters;
+  // LoRA adapter slots, for those and any put in later (SetLoraAdapter); 0: as many as
+  // lora_adapters.
+  int32_t max_lora_adapters = 0;
+  // The largest rank a slot's adapter may have (sizes the scratch); 0: the largest of
+  // lora_adapters'.
+  int32_t max_lora_rank = 0;
 };
 
 class CpuBackend : public Backend {
@@ -76,9 +82,12 @@ class CpuBackend : public Backend {
                                const StepDescriptor& step, float* logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_draft_tokens() const override { return options_.max_draft_tokens; }
-  int32_t num_lora_adapters() const override {
-    return static_cast<int32_t>(options_.lora_adapters.size());
-  }
+  int32_t max_lora_adapters() const override { return static_cast<int32_t>(lora_.size()); }
+  int32_t max_lora_rank() const override { return lora_max_rank_; }
+  absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> PrepareLoraAdapter(
+      const LoraAdapter& adapter) const override;
+  absl::Status SetLoraAdapter(int32_t index,
+                              std::shared_ptr<const PreparedLoraAdapter> adapter) override;
   bool computes_all_logits() const override { return true; }
   // The panel kernels convert activation rows in L2-sized blocks of whole 16-row groups, one
   // group for the widest matrices (FFN down at 3072 columns and up; every matrix of a model of
@@ -97,7 +106,7 @@ class CpuBackend : public Backend {
 
  private:
   CpuBackend(const LlamaConfig& config, const CpuBackendOptions& options);
-  // INVALID_ARGUMENT unless `adapter` is -1 or a served adapter.
+  // INVALID_ARGUMENT unless `adapter` is -1 or a slot holding an adapter.
   absl::Status CheckAdapter(int32_t adapter, const char* what) const;
   // The far-history fields of a step or chunk against the backend's shape (INVALID_ARGUMENT).
   absl::Status CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
@@ -125,6 +134,9 @@ class CpuBackend : public Backend {
   std::vector<int32_t> logit_row_;  // [slots x (1 + drafts)]: each decode row's logits row
   // [slots x (1 + drafts) + kMaxAllLogitsRows][vocab] before scattering.
   std::vector<float> logits_;
+  // The LoRA adapter slots (null: empty); the ranks point into these.
+  std::vector<std::shared_ptr<const PreparedLoraAdapter>> lora_;
+  int32_t lora_max_rank_ = 0;
 };
 
 }  // namespace kvrm

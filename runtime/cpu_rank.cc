@@ -39,12 +39,9 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
   scratch_.resize(threads_.num_threads() * scratch_per_thread_);
-  if (!w_.lora.empty()) {
-    for (const auto& adapter : w_.lora) {
-      for (const auto& layer : adapter) {
-        for (const LoraShard& s : layer) lora_stride_ = std::max(lora_stride_, s.rank_stride);
-      }
-    }
+  if (shape.lora_adapters > 0) {
+    lora_.assign(shape.lora_adapters, nullptr);
+    lora_stride_ = (shape.lora_max_rank + kLoraRankLanes - 1) / kLoraRankLanes * kLoraRankLanes;
     const size_t per_thread = static_cast<size_t>(shape.max_rows);
     lora_rows_.resize(threads_.num_threads() * per_thread);
     lora_done_.resize(threads_.num_threads() * per_thread);
@@ -198,6 +195,17 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
   });
 }
 
+void CpuRank::SetLoraAdapter(int32_t index, const RankLora* adapter) {
+  CHECK(index >= 0 && index < static_cast<int32_t>(lora_.size())) << "LoRA slot " << index;
+  if (adapter != nullptr) {
+    CHECK(static_cast<int32_t>(adapter->size()) == config_.num_hidden_layers);
+    for (const auto& layer : *adapter) {
+      for (const LoraShard& s : layer) CHECK(s.rank_stride <= lora_stride_);
+    }
+  }
+  lora_[index] = adapter;
+}
+
 void CpuRank::LoraShare(int thread, int num_threads, int32_t layer, LoraTarget target,
                         const CpuRow* rows, int32_t n, const float* x, int64_t ldx, float* y,
                         int64_t ldy) {
@@ -209,7 +217,7 @@ void CpuRank::LoraShare(int thread, int num_threads, int32_t layer, LoraTarget t
   for (int32_t i = 0; i < n; ++i) {
     const int32_t adapter = rows[i].adapter;
     if (done[i] || adapter < 0) continue;
-    const LoraShard& s = w_.lora[adapter][layer][static_cast<int32_t>(target)];
+    const LoraShard& s = (*lora_[adapter])[layer][static_cast<int32_t>(target)];
     int32_t m = 0;
     for (int32_t j = i; j < n; ++j) {
       if (rows[j].adapter != adapter) continue;
@@ -266,7 +274,7 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
   const CpuIsa isa = ActiveCpuIsa();
   // Whether any row runs with a LoRA adapter: without, the pass is exactly the base model's.
   bool lora = false;
-  for (int32_t i = 0; i < n && !w_.lora.empty(); ++i) lora |= rows[i].adapter >= 0;
+  for (int32_t i = 0; i < n && !lora_.empty(); ++i) lora |= rows[i].adapter >= 0;
   Embed(rows, n);
   for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     const LayerWeights& l = w_.layers[layer];

@@ -39,7 +39,7 @@ struct CpuRow {
   int32_t slot = 0;
   int32_t far_dropped = 0;
   int32_t far_summaries = 0;
-  // The LoRA adapter the row runs with (RankWeights::lora's index); -1: the base model.
+  // The LoRA adapter the row runs with (its slot, CpuRank::SetLoraAdapter); -1: the base model.
   int32_t adapter = -1;
 };
 
@@ -47,6 +47,10 @@ struct CpuRankShape {
   int32_t max_rows = 0;     // slots + chunk tokens (a chunk may ride with a decode step)
   int32_t max_context = 0;  // positions
   int32_t num_threads = 1;  // this rank's pool, the rank thread included
+  // LoRA adapter slots (SetLoraAdapter) and the largest rank an adapter in them may have (sizes
+  // LoraShare's scratch); 0: no adapters.
+  int32_t lora_adapters = 0;
+  int32_t lora_max_rank = 0;
 };
 
 class CpuRank {
@@ -66,6 +70,10 @@ class CpuRank {
   void SetFarHistory(const FarHistoryShape& shape, std::unique_ptr<KvPool> summaries);
   const KvPool* summary_store() const { return summaries_.get(); }
   const RankWeights& weights() const { return w_; }
+  // Puts this rank's share of an adapter in slot `index` (< CpuRankShape::lora_adapters; null
+  // empties it): rows with adapter == index use it from the next Forward. The share must outlive
+  // its time in the slot and have no rank above lora_max_rank. Not during a Forward.
+  void SetLoraAdapter(int32_t index, const RankLora* adapter);
 
  private:
   void Embed(const CpuRow* rows, int32_t n);
@@ -112,9 +120,11 @@ class CpuRank {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> scores_;   // [threads][group * max_context]
   std::vector<float> scratch_;  // [threads][scratch_per_thread_]
-  // LoraShare's, with adapters only: per thread, an adapter's row ids and which rows are done
-  // ([max_rows] each), and their A x ([max_rows][lora_stride_]).
-  int32_t lora_stride_ = 0;  // the widest LoraShard::rank_stride
+  // The adapters' shares by slot (null: empty; see SetLoraAdapter).
+  std::vector<const RankLora*> lora_;
+  // LoraShare's, with adapter slots only: per thread, an adapter's row ids and which rows are
+  // done ([max_rows] each), and their A x ([max_rows][lora_stride_]).
+  int32_t lora_stride_ = 0;  // the widest LoraShard::rank_stride a slot may hold
   std::vector<int32_t> lora_rows_;
   std::vector<uint8_t> lora_done_;
   std::vector<float> lora_mid_;

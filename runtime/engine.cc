@@ -9,6 +9,7 @@
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/isa.h"
@@ -72,6 +73,22 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
     return absl::InvalidArgumentError("--slots must be in [1, 1024]");
   }
   if (o.threads <= 0) o.threads = std::max(1u, std::thread::hardware_concurrency());
+  const int32_t model_adapters = static_cast<int32_t>(model->lora_adapters.size());
+  if (o.max_loras < 0 || o.max_loras > 1024 || (o.max_loras > 0 && o.max_loras < model_adapters)) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_loras=", o.max_loras, ": must be in [",
+                                                   model_adapters, " (the --lora_modules), 1024]"));
+  }
+  o.max_loras = std::max(o.max_loras, model_adapters);
+  if (o.max_lora_rank < 0 || o.max_lora_rank > kMaxLoraRank) {
+    return absl::InvalidArgumentError(absl::StrCat("--max_lora_rank=", o.max_lora_rank,
+                                                   ": must be in [1, ", kMaxLoraRank, "]"));
+  }
+  if (o.max_lora_rank == 0 && o.max_loras > 0) {
+    for (const LoraAdapter& a : model->lora_adapters) {
+      o.max_lora_rank = std::max(o.max_lora_rank, a.rank);
+    }
+    if (o.max_loras > model_adapters) o.max_lora_rank = std::max(o.max_lora_rank, 16);
+  }
   if (o.block_tokens <= 0 || o.prefill_chunk <= 0 || o.max_runs <= 0) {
     return absl::InvalidArgumentError("block tokens, prefill chunk and max runs must be positive");
   }
@@ -168,6 +185,8 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
   bo.quantization = o.quantization;
   ASSIGN_OR_RETURN(bo.far_history, ResolveFarHistory(o.far_history, o.block_tokens));
   for (const LoraAdapter& a : model.lora_adapters) bo.lora_adapters.push_back(&a);
+  bo.max_lora_adapters = o.max_loras;
+  bo.max_lora_rank = o.max_lora_rank;
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model.config, &model.weights, bo));
   return std::unique_ptr<Backend>(std::move(backend));
@@ -302,6 +321,25 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
         [this](const TransferGroup& g) { return CopyGroup(g); }, bytes_per_block,
         static_cast<int32_t>(std::min<int64_t>(capacity, 1 << 20)));
   }
+  // LoRA adapter slots: the model's adapters are in the first (the backend put them there).
+  if (o.max_loras > backend_->max_lora_adapters()) {
+    return absl::InvalidArgumentError(
+        backend_->max_lora_adapters() == 0
+            ? std::string("--lora_modules / --max_loras: this device serves no LoRA adapters "
+                          "(the CPU device does)")
+            : absl::StrCat("--max_loras=", o.max_loras, ": the backend has ",
+                           backend_->max_lora_adapters(), " adapter slots"));
+  }
+  lora_.resize(o.max_loras);
+  for (size_t i = 0; i < model_->lora_adapters.size(); ++i) {
+    LoraSlot& slot = lora_[i];
+    slot.state = LoraSlot::State::kServing;
+    slot.served.adapter = model_->lora_adapters[i];
+    slot.served.adapter.layers.clear();
+    slot.served.slot = static_cast<int32_t>(i);
+    slot.served.serial = next_lora_serial_++;
+    observer_->OnLoraAdapter(slot.served.slot, &slot.served.adapter);
+  }
   runner_ = std::make_unique<StepRunner>(backend_.get(), clock_, backend_->handoff_spin());
   fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
   device_sampling_ = o.device_sampling && backend_->samples_on_device();
@@ -328,6 +366,10 @@ Engine::~Engine() {
 
 void Engine::Start() {
   CHECK(!thread_.joinable());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    running_ = true;
+  }
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -357,16 +399,9 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
     return absl::InvalidArgumentError(
         "prompt_logprobs: this device does not return a prompt's logits (the CPU device does)");
   }
-  if (request->lora_adapter < -1 || request->lora_adapter >= backend_->num_lora_adapters()) {
-    return absl::InvalidArgumentError(
-        backend_->num_lora_adapters() == 0
-            ? std::string("lora_adapter: this server serves no LoRA adapters")
-            : absl::StrCat("lora_adapter: ", request->lora_adapter, " is not in [-1, ",
-                           backend_->num_lora_adapters(), ")"));
-  }
-  // The adapter's K/V are its own: its prompts share cached blocks only with its own.
-  if (request->lora_adapter >= 0) {
-    request->cache_salt = LoraCacheKey(request->cache_salt, request->lora_adapter);
+  if (request->lora_adapter < -1 || request->lora_adapter >= max_loras()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora_adapter: slot ", request->lora_adapter, " is not in [-1, ", max_loras(), ")"));
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(request->sampling));
   RETURN_IF_ERROR(ValidateSamplingTokens(request->sampling, vocab));
@@ -387,6 +422,39 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
     if (!refused.ok()) {
       observer_->OnRejected(refused);
       return refused;
+    }
+    // The adapter: resolved here, under the lock that posts the request, so that it stays in
+    // its slot until the request ends (ReleaseLoraLocked).
+    if (!request->lora_name.empty() || request->lora_adapter >= 0) {
+      const LoraSlot* found = nullptr;
+      for (const LoraSlot& slot : lora_) {
+        if (slot.state != LoraSlot::State::kServing) continue;
+        if (request->lora_name.empty() ? slot.served.slot == request->lora_adapter
+                                       : slot.served.adapter.name == request->lora_name) {
+          found = &slot;
+          break;
+        }
+      }
+      if (found == nullptr) {
+        std::vector<std::string> served;
+        for (const LoraSlot& slot : lora_) {
+          if (slot.state == LoraSlot::State::kServing) served.push_back(slot.served.adapter.name);
+        }
+        const std::string which = request->lora_name.empty()
+                                      ? absl::StrCat("slot ", request->lora_adapter)
+                                      : absl::StrCat("`", request->lora_name, "`");
+        return absl::InvalidArgumentError(
+            served.empty() ? absl::StrCat("lora_adapter: ", which,
+                                          " is not served (this server serves no LoRA adapters)")
+                           : absl::StrCat("lora_adapter: ", which, " is not served (served: `",
+                                          absl::StrJoin(served, "`, `"), "`)"));
+      }
+      request->lora_adapter = found->served.slot;
+      request->lora_name = found->served.adapter.name;
+      // The adapter's K/V are its own: its prompts share cached blocks only with its own (this
+      // load's: an adapter loaded again under the name may have other weights).
+      request->cache_salt = LoraCacheKey(request->cache_salt, found->served.serial);
+      ++lora_[found->served.slot].served.requests;
     }
     handle = request->handle = next_handle_++;
     ++queued_;
@@ -423,6 +491,184 @@ void Engine::CancelAll() {
     cancel_all_ = true;
   }
   cv_.notify_one();
+}
+
+std::vector<ServedLoraAdapter> Engine::LoraAdapters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<ServedLoraAdapter> out;
+  for (const LoraSlot& slot : lora_) {
+    if (slot.state == LoraSlot::State::kServing) out.push_back(slot.served);
+  }
+  return out;
+}
+
+absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter) {
+  if (lora_.empty()) {
+    return absl::FailedPreconditionError(
+        "LoRA adapters: this server has no adapter slots (kvrmd --max_loras; the CPU device "
+        "serves adapters, the CUDA device none yet)");
+  }
+  if (adapter.name.empty()) return absl::InvalidArgumentError("lora_name: empty");
+  if (adapter.name == model_->name) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora_name: `", adapter.name, "` is the served model's name"));
+  }
+  int32_t index = -1;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (stop_) return absl::UnavailableError("the engine is stopping");
+    // A slot whose adapter was unloaded and whose requests all ended is about to be emptied by
+    // the owner thread: wait for that rather than refuse.
+    auto emptying = [&] {
+      for (const LoraSlot& slot : lora_) {
+        if (slot.state == LoraSlot::State::kFree) return false;
+      }
+      for (const LoraSlot& slot : lora_) {
+        if (slot.state == LoraSlot::State::kUnloading && slot.served.requests == 0) return true;
+      }
+      return false;
+    };
+    while (emptying() && !stop_) {
+      if (!running_) {
+        lock.unlock();  // no owner thread yet: the caller is the owner
+        ApplyLoraChanges();
+        lock.lock();
+      } else {
+        lora_cv_.wait_for(lock, std::chrono::milliseconds(50));
+      }
+    }
+    for (const LoraSlot& slot : lora_) {
+      const bool named = slot.state == LoraSlot::State::kLoading ||
+                         slot.state == LoraSlot::State::kInstalling ||
+                         slot.state == LoraSlot::State::kServing;
+      if (named && slot.served.adapter.name == adapter.name) {
+        return absl::AlreadyExistsError(
+            absl::StrCat("lora_name: an adapter named `", adapter.name, "` is already ",
+                         slot.state == LoraSlot::State::kServing ? "served" : "being loaded"));
+      }
+    }
+    for (size_t i = 0; i < lora_.size() && index < 0; ++i) {
+      if (lora_[i].state == LoraSlot::State::kFree) index = static_cast<int32_t>(i);
+    }
+    if (index < 0) {
+      int64_t unloading = 0;
+      for (const LoraSlot& slot : lora_) unloading += slot.state == LoraSlot::State::kUnloading;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "LoRA adapters: all ", lora_.size(), " slots are taken (kvrmd --max_loras)",
+          unloading > 0 ? absl::StrCat("; ", unloading,
+                                       " of them by unloaded adapters whose requests are running")
+                        : std::string("; unload one first")));
+    }
+    LoraSlot& slot = lora_[index];
+    slot.state = LoraSlot::State::kLoading;
+    slot.served = ServedLoraAdapter();
+    slot.served.adapter.name = adapter.name;  // reserves the name
+    slot.served.slot = index;
+  }
+  // The slow part, while steps run: the backend's copy of the weights.
+  absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> prepared =
+      backend_->PrepareLoraAdapter(adapter);
+  adapter.layers.clear();
+  adapter.layers.shrink_to_fit();
+  std::unique_lock<std::mutex> lock(mu_);
+  LoraSlot& slot = lora_[index];
+  if (!prepared.ok()) {
+    slot = LoraSlot();
+    return prepared.status();
+  }
+  slot.state = LoraSlot::State::kInstalling;
+  slot.prepared = *std::move(prepared);
+  slot.served.adapter = std::move(adapter);
+  slot.served.serial = next_lora_serial_++;
+  const ServedLoraAdapter result = slot.served;
+  lora_work_ = true;
+  if (running_) {
+    cv_.notify_one();
+    lora_cv_.wait(lock, [&] { return slot.state != LoraSlot::State::kInstalling || stop_; });
+    if (slot.state == LoraSlot::State::kInstalling) {
+      return absl::UnavailableError("the engine stopped before the adapter was in its slot");
+    }
+  } else {
+    lock.unlock();  // no owner thread yet: the caller is the owner
+    ApplyLoraChanges();
+    lock.lock();
+  }
+  if (!slot.install_status.ok()) {
+    const absl::Status failed = slot.install_status;
+    slot = LoraSlot();
+    return failed;
+  }
+  return result;  // (an unload may already have followed)
+}
+
+absl::StatusOr<int64_t> Engine::UnloadLoraAdapter(std::string_view name) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (LoraSlot& slot : lora_) {
+    if (slot.state != LoraSlot::State::kServing || slot.served.adapter.name != name) continue;
+    slot.state = LoraSlot::State::kUnloading;
+    if (slot.served.requests == 0) {
+      lora_work_ = true;
+      cv_.notify_one();
+    }
+    return slot.served.requests;
+  }
+  return absl::NotFoundError(absl::StrCat("lora_name: no LoRA adapter named `", std::string(name),
+                                          "` is served"));
+}
+
+void Engine::ReleaseLoraLocked(int32_t slot) {
+  if (slot < 0 || slot >= max_loras()) return;
+  LoraSlot& s = lora_[slot];
+  if (--s.served.requests == 0 && s.state == LoraSlot::State::kUnloading) lora_work_ = true;
+}
+
+void Engine::ApplyLoraChanges() {
+  std::vector<std::pair<int32_t, std::shared_ptr<const PreparedLoraAdapter>>> installs;
+  std::vector<int32_t> empties;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!lora_work_) return;
+    lora_work_ = false;
+    for (LoraSlot& slot : lora_) {
+      if (slot.state == LoraSlot::State::kInstalling && slot.prepared) {
+        installs.emplace_back(slot.served.slot, std::move(slot.prepared));
+      } else if (slot.state == LoraSlot::State::kUnloading && slot.served.requests == 0) {
+        empties.push_back(slot.served.slot);
+      }
+    }
+  }
+  // No step is running: the backend's slots are the owner thread's to change.
+  std::vector<absl::Status> installed;
+  for (auto& [index, prepared] : installs) {
+    installed.push_back(backend_->SetLoraAdapter(index, std::move(prepared)));
+  }
+  for (int32_t index : empties) {
+    // Emptying a slot only lets go of its weights; it cannot fail on a slot that was filled.
+    if (absl::Status st = backend_->SetLoraAdapter(index, nullptr); !st.ok()) {
+      LOG(ERROR) << "emptying LoRA adapter slot " << index << ": " << st;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < installs.size(); ++i) {
+      LoraSlot& slot = lora_[installs[i].first];
+      slot.install_status = installed[i];
+      if (installed[i].ok()) {
+        slot.state = LoraSlot::State::kServing;
+      } else {
+        // Still reserved: LoadLoraAdapter reads the status and frees the slot.
+        slot.state = LoraSlot::State::kLoading;
+      }
+    }
+    for (int32_t index : empties) lora_[index] = LoraSlot();
+  }
+  lora_cv_.notify_all();
+  // A serving slot's metadata changes only when this thread empties it.
+  for (size_t i = 0; i < installs.size(); ++i) {
+    const int32_t index = installs[i].first;
+    if (installed[i].ok()) observer_->OnLoraAdapter(index, &lora_[index].served.adapter);
+  }
+  for (int32_t index : empties) observer_->OnLoraAdapter(index, nullptr);
 }
 
 EngineStats Engine::Stats() const {
@@ -496,10 +742,11 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       // Wake for posts, or every 20 ms to enforce time limits and resume paused requests.
       cv_.wait_for(lock, std::chrono::milliseconds(20), [&] {
-        return stop_ || !posted_.empty() || !cancels_.empty() || cancel_all_;
+        return stop_ || !posted_.empty() || !cancels_.empty() || cancel_all_ || lora_work_;
       });
     }
   }
+  lora_cv_.notify_all();  // a LoadLoraAdapter waiting for its install: stop_ is set
   // Shutting down: everything still here ends CANCELLED so every sink sees OnFinished.
   TakePosted();
   for (int32_t i = 0; i < options_.slots; ++i) {
@@ -543,6 +790,7 @@ bool Engine::StepForTest() {
 }
 
 bool Engine::Step() {
+  ApplyLoraChanges();
   TakePosted();
   const absl::Time now = clock_->Now();
   ExpireDeadlines(now);

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -136,6 +137,23 @@ struct EngineOptions {
       backend_factory;
   // The memory the KV cache must fit (tests); unset: ReadMemoryLimit() (the container's).
   std::optional<std::optional<MemoryLimit>> memory_limit;
+  // LoRA adapter slots (kvrmd --max_loras): the model's adapters (ModelBundle::lora_adapters)
+  // take the first, Engine::LoadLoraAdapter the others while serving. 0: as many as the model's.
+  // More than 0 needs a backend that serves adapters (the CPU backend).
+  int32_t max_loras = 0;
+  // The largest rank an adapter may have (kvrmd --max_lora_rank; sizes the backend's scratch).
+  // 0: the largest of the model's adapters', and at least 16 when slots are left for loads.
+  int32_t max_lora_rank = 0;
+};
+
+// A LoRA adapter the engine serves (Engine::LoraAdapters).
+struct ServedLoraAdapter {
+  LoraAdapter adapter;  // what was loaded, without its layers (name, path, rank, ...)
+  int32_t slot = 0;     // GenerationRequest::lora_adapter, StepDescriptor::adapter
+  // This load's number (1, 2, ... in load order; never reused): the prefix-cache key is made of
+  // it (LoraCacheKey), so an adapter loaded again under the same name shares no stale KV.
+  uint64_t serial = 0;
+  int64_t requests = 0;  // submitted with it and not finished
 };
 
 // INVALID_ARGUMENT naming the flag (kvrmd's spelling, `--flag=value`) when the draft length is
@@ -248,6 +266,28 @@ class Engine {
   void CancelAll();
 
   EngineStats Stats() const;
+
+  // LoRA adapters. Thread-safe. A request names one (GenerationRequest::lora_name); Submit
+  // resolves the name, and the adapter stays in its slot until the request ends.
+  //
+  // The adapters served now, by slot.
+  std::vector<ServedLoraAdapter> LoraAdapters() const;
+  // Serves `adapter` (loaded for the model's config) under its name from now on, in a free slot:
+  // the backend prepares it on the calling thread while steps run, and the engine thread puts
+  // it in the slot between two steps; returns once it is there (or, before Start(), puts it
+  // there itself). ALREADY_EXISTS for a name already served; RESOURCE_EXHAUSTED when every
+  // slot holds one (EngineOptions::max_loras); INVALID_ARGUMENT naming the adapter when it does
+  // not fit (rank above max_lora_rank, shapes); FAILED_PRECONDITION when the engine has no
+  // slots; UNAVAILABLE when it is stopping.
+  absl::StatusOr<ServedLoraAdapter> LoadLoraAdapter(LoraAdapter adapter);
+  // Stops serving `name`: a request naming it is refused from now on; those already submitted
+  // with it finish with it, after which its slot is emptied (the engine thread lets go of its
+  // weights) and may take another. Returns how many requests are still running with it.
+  // NOT_FOUND when no adapter of that name is served.
+  absl::StatusOr<int64_t> UnloadLoraAdapter(std::string_view name);
+  // EngineOptions::max_loras and max_lora_rank, resolved.
+  int32_t max_loras() const { return static_cast<int32_t>(lora_.size()); }
+  int32_t max_lora_rank() const { return options_.max_lora_rank; }
 
   // Tests: runs one engine iteration on the calling thread (instead of Start()), then waits for
   // the transport to finish what it has queued so the next iteration is deterministic.
@@ -418,6 +458,11 @@ class Engine {
                   std::string matched_stop = "", std::string error = "");
   void FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReason reason);
   void PublishStats();
+  // Owner thread, between steps (top of Step): puts loaded adapters in their slots and empties
+  // the slots of unloaded adapters whose last request ended. Takes mu_.
+  void ApplyLoraChanges();
+  // A request with adapter `slot` ended (mu_ held).
+  void ReleaseLoraLocked(int32_t slot);
   absl::Status CopyGroup(const TransferGroup& group);
   // Records that moves planned now carry `slot`'s KV (to fail its request if a copy fails).
   void NoteTransfer(int32_t slot);
@@ -522,6 +567,22 @@ class Engine {
   uint64_t next_handle_ = 1;  // guarded by mu_
   uint64_t requests_total_ = 0;  // guarded by mu_
   EngineStats published_;     // guarded by mu_
+  // LoRA adapter slots, guarded by mu_: kFree -> kLoading (LoadLoraAdapter took it, the backend
+  // prepares) -> kInstalling (prepared; the owner thread puts it in the slot) -> kServing (Submit
+  // resolves its name) -> kUnloading (refused by name; its requests finish) -> kFree (the owner
+  // thread emptied it).
+  struct LoraSlot {
+    enum class State { kFree, kLoading, kInstalling, kServing, kUnloading };
+    State state = State::kFree;
+    ServedLoraAdapter served;
+    std::shared_ptr<const PreparedLoraAdapter> prepared;  // kInstalling: for the owner thread
+    absl::Status install_status;  // the owner thread's SetLoraAdapter, for LoadLoraAdapter
+  };
+  std::vector<LoraSlot> lora_;
+  bool lora_work_ = false;        // guarded by mu_: ApplyLoraChanges has something to do
+  uint64_t next_lora_serial_ = 1;  // guarded by mu_
+  bool running_ = false;           // guarded by mu_: Start() was called
+  std::condition_variable lora_cv_;  // an install finished
   std::thread thread_;
 };
 

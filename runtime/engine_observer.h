@@ -14,6 +14,7 @@
 namespace kvrm {
 
 struct EngineStats;
+struct LoraAdapter;  // model/lora.h
 
 class EngineObserver {
  public:
@@ -37,6 +38,11 @@ class EngineObserver {
   virtual void OnMixedStep(int32_t active_slots, int32_t chunk_tokens, absl::Duration duration) {}
   // After every engine iteration that did work, and when idle: the gauges' source.
   virtual void OnStats(const EngineStats& stats) {}
+  // LoRA adapter slot `slot` now holds `adapter` (its metadata, valid until the slot changes
+  // again), or is empty (null). On the owner thread, or in Engine::Create for the model's
+  // adapters; requests that name the slot (GenerationRequest::lora_adapter) are all submitted
+  // after the call and, for an emptied slot, all finished before it.
+  virtual void OnLoraAdapter(int32_t slot, const LoraAdapter* adapter) {}
 };
 
 }  // namespace kvrm

@@ -1164,12 +1164,14 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   kv_->Release(slot_index);
   SetState(slot_index, SlotState::kFree);
   slot.reserve_blocks = 0;
+  const int32_t adapter = r.lora_adapter;
   slot.request.reset();
   slot.text.reset();
   slot.swapped = false;
   // Publish before `outstanding_` drops, so that a WaitIdle() caller sees the freed slot.
   PublishStats();
   std::lock_guard<std::mutex> lock(mu_);
+  if (adapter >= 0) ReleaseLoraLocked(adapter);
   if (--outstanding_ == 0) idle_cv_.notify_all();
 }
 
@@ -1182,6 +1184,7 @@ void Engine::FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReas
   observer_->OnFinished(*request, info);
   request->sink->OnFinished({}, info);
   std::lock_guard<std::mutex> lock(mu_);
+  if (request->lora_adapter >= 0) ReleaseLoraLocked(request->lora_adapter);
   --queued_;
   if (--outstanding_ == 0) idle_cv_.notify_all();
 }

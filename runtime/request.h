@@ -100,8 +100,11 @@ struct GenerationRequest {
   // cached KV is shared only between requests with the same key. Engine::Submit folds the LoRA
   // adapter in (LoraCacheKey): an adapter's K/V differ from the base model's.
   uint64_t cache_salt = 0;
-  // The LoRA adapter the request runs with (the backend's adapter index, kvrmd --lora_modules'
-  // order); -1: the base model.
+  // The LoRA adapter the request runs with, by name (Engine::LoraAdapters; kvrmd
+  // --lora_modules, or loaded while serving); "": the base model. Engine::Submit resolves it.
+  std::string lora_name;
+  // Its slot (StepDescriptor::adapter), set by Engine::Submit; -1: the base model. (A request
+  // built with a slot and no name runs with the adapter in that slot.)
   int32_t lora_adapter = -1;
   // Structured output (null: none): the completion's text must be a whole match of this
   // constraint when it ends. Tokens that cannot continue a match are masked before sampling, the
@@ -120,11 +123,13 @@ inline uint64_t CacheSaltKey(std::string_view salt) {
   return h == 0 ? 1 : h;
 }
 
-// The prefix-cache key of a request with LoRA adapter `adapter` (>= 0) and cache-salt key `salt`:
-// never 0 and never equal to another adapter's for the same salt (an FNV-1a step over the index).
-inline uint64_t LoraCacheKey(uint64_t salt, int32_t adapter) {
+// The prefix-cache key of a request with the LoRA adapter of load number `serial`
+// (ServedLoraAdapter::serial) and cache-salt key `salt`: never 0, and another adapter's (or
+// another load's) for the same salt only by a 64-bit collision (FNV-1a steps over the serial's
+// bytes).
+inline uint64_t LoraCacheKey(uint64_t salt, uint64_t serial) {
   uint64_t h = (salt == 0 ? 1469598103934665603ull : salt) ^ 0x4c6f5241ull;  // "LoRA"
-  h = (h ^ static_cast<uint32_t>(adapter)) * 1099511628211ull;
+  for (int i = 0; i < 8; ++i) h = (h ^ ((serial >> (8 * i)) & 0xff)) * 1099511628211ull;
   return h == 0 ? 1 : h;
 }
 

@@ -123,65 +123,53 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   return out;
 }
 
-absl::Status ShardLoraAdapters(const LlamaConfig& config,
-                               absl::Span<const LoraAdapter* const> adapters,
-                               RankWeights* weights) {
-  // Per target: the rank's input columns [in_begin, in_begin + in) and output rows
-  // [out_begin, out_begin + out) of the full matrix, cut as ShardLlamaWeights cuts the base:
-  // O and down (row-parallel) by inputs, the others by outputs.
-  struct Cut {
-    int64_t in_begin, in, out_begin, out;
-  };
-  std::array<Cut, kNumLoraTargets> cuts;
-  for (int32_t t = 0; t < kNumLoraTargets; ++t) {
-    const auto [out, in] = LoraTargetShape(config, LoraTarget(t));
-    const bool by_inputs = LoraTarget(t) == LoraTarget::kO || LoraTarget(t) == LoraTarget::kDown;
-    const int64_t in_share = by_inputs ? in / weights->size : in;
-    const int64_t out_share = by_inputs ? out : out / weights->size;
-    cuts[t] = {by_inputs ? weights->rank * in_share : 0, in_share,
-               by_inputs ? 0 : weights->rank * out_share, out_share};
+absl::StatusOr<RankLora> ShardLoraAdapter(const LlamaConfig& config, const LoraAdapter& adapter,
+                                          int32_t rank, int32_t size) {
+  if (static_cast<int32_t>(adapter.layers.size()) != config.num_hidden_layers) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", adapter.name, "' has ",
+                                                   adapter.layers.size(), " layers; the model ",
+                                                   config.num_hidden_layers));
   }
-  weights->lora.clear();
-  for (const LoraAdapter* a : adapters) {
-    if (static_cast<int32_t>(a->layers.size()) != config.num_hidden_layers) {
-      return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", a->name, "' has ",
-                                                     a->layers.size(), " layers; the model ",
-                                                     config.num_hidden_layers));
-    }
-    auto& layers = weights->lora.emplace_back(a->layers.size());
-    for (size_t l = 0; l < a->layers.size(); ++l) {
-      for (int32_t t = 0; t < kNumLoraTargets; ++t) {
-        const LoraMatrix& m = a->layers[l].m[t];
-        if (m.rank == 0) continue;
-        const Cut& c = cuts[t];
-        const auto [out, in] = LoraTargetShape(config, LoraTarget(t));
-        if (m.rank > kMaxLoraRank || m.in != in || m.out != out ||
-            m.a.size() != static_cast<size_t>(m.rank * m.in) ||
-            m.b.size() != static_cast<size_t>(m.out * m.rank)) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("LoRA adapter '", a->name, "' layer ", l, " ",
-                           std::string(LoraTargetName(LoraTarget(t))), ": [", m.rank, " x ", m.in,
-                           "] x [", m.out, " x ", m.rank, "] does not fit the model"));
+  RankLora layers(adapter.layers.size());
+  for (size_t l = 0; l < adapter.layers.size(); ++l) {
+    for (int32_t t = 0; t < kNumLoraTargets; ++t) {
+      const LoraMatrix& m = adapter.layers[l].m[t];
+      if (m.rank == 0) continue;
+      // The rank's input columns [in_begin, in_begin + in) and output rows
+      // [out_begin, out_begin + out) of the full matrix, cut as ShardLlamaWeights cuts the base:
+      // O and down (row-parallel) by inputs, the others by outputs.
+      const auto [out, in] = LoraTargetShape(config, LoraTarget(t));
+      const bool by_inputs = LoraTarget(t) == LoraTarget::kO || LoraTarget(t) == LoraTarget::kDown;
+      const int64_t in_share = by_inputs ? in / size : in;
+      const int64_t out_share = by_inputs ? out : out / size;
+      const int64_t in_begin = by_inputs ? rank * in_share : 0;
+      const int64_t out_begin = by_inputs ? 0 : rank * out_share;
+      if (m.rank > kMaxLoraRank || m.in != in || m.out != out ||
+          m.a.size() != static_cast<size_t>(m.rank * m.in) ||
+          m.b.size() != static_cast<size_t>(m.out * m.rank)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("LoRA adapter '", adapter.name, "' layer ", l, " ",
+                         std::string(LoraTargetName(LoraTarget(t))), ": [", m.rank, " x ", m.in,
+                         "] x [", m.out, " x ", m.rank, "] does not fit the model"));
+      }
+      LoraShard& s = layers[l][t];
+      s.rank = m.rank;
+      s.rank_stride = (m.rank + kLoraRankLanes - 1) / kLoraRankLanes * kLoraRankLanes;
+      s.in = in_share;
+      s.out = out_share;
+      s.at.assign(in_share * s.rank_stride, 0.0f);
+      s.bt.resize(m.rank * out_share);
+      for (int64_t k = 0; k < m.rank; ++k) {
+        for (int64_t i = 0; i < in_share; ++i) {
+          s.at[i * s.rank_stride + k] = m.a[k * m.in + in_begin + i];
         }
-        LoraShard& s = layers[l][t];
-        s.rank = m.rank;
-        s.rank_stride = (m.rank + kLoraRankLanes - 1) / kLoraRankLanes * kLoraRankLanes;
-        s.in = c.in;
-        s.out = c.out;
-        s.at.assign(c.in * s.rank_stride, 0.0f);
-        s.bt.resize(m.rank * c.out);
-        for (int64_t k = 0; k < m.rank; ++k) {
-          for (int64_t i = 0; i < c.in; ++i) {
-            s.at[i * s.rank_stride + k] = m.a[k * m.in + c.in_begin + i];
-          }
-          for (int64_t o = 0; o < c.out; ++o) {
-            s.bt[k * c.out + o] = m.b[(c.out_begin + o) * m.rank + k];
-          }
+        for (int64_t o = 0; o < out_share; ++o) {
+          s.bt[k * out_share + o] = m.b[(out_begin + o) * m.rank + k];
         }
       }
     }
   }
-  return absl::OkStatus();
+  return layers;
 }
 
 void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, WeightFormat quantize,

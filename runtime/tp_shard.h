@@ -38,6 +38,9 @@ struct LoraShard {
   std::vector<float> bt;
 };
 
+// One rank's share of a LoRA adapter: [layer][LoraTarget].
+using RankLora = std::vector<std::array<LoraShard, kNumLoraTargets>>;
+
 struct RankWeights {
   int32_t rank = 0;
   int32_t size = 1;
@@ -57,10 +60,6 @@ struct RankWeights {
   // The panel copies (AttachPanels).
   std::vector<PanelCopy> panels;
   int64_t panel_bytes = 0;
-  // The served LoRA adapters' shares (ShardLoraAdapters): lora[adapter][layer][LoraTarget], cut
-  // like the base matrices (column-parallel Q/K/V/gate/up: B's rows; row-parallel O/down: A's
-  // columns, so each rank's delta is a partial sum the all-reduce completes). Empty: none.
-  std::vector<std::vector<std::array<LoraShard, kNumLoraTargets>>> lora;
 };
 
 // INVALID_ARGUMENT when heads, KV heads or intermediate size do not divide by `size`, or when a
@@ -71,11 +70,12 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
                                               const LlamaWeights& weights, int32_t rank,
                                               int32_t size);
 
-// This rank's shares of `adapters` (each loaded for the same config) into weights->lora.
-// INVALID_ARGUMENT when an adapter's layers do not match the config's.
-absl::Status ShardLoraAdapters(const LlamaConfig& config,
-                               absl::Span<const LoraAdapter* const> adapters,
-                               RankWeights* weights);
+// Rank `rank` of `size`'s share of `adapter` (loaded for `config`), cut like the base matrices
+// (column-parallel Q/K/V/gate/up: B's rows; row-parallel O/down: A's columns, so each rank's
+// delta is a partial sum the all-reduce completes). INVALID_ARGUMENT when the adapter's layers
+// or shapes do not match the config's.
+absl::StatusOr<RankLora> ShardLoraAdapter(const LlamaConfig& config, const LoraAdapter& adapter,
+                                          int32_t rank, int32_t size);
 
 // Gives the rank's linear weights (Q, K, V, O, gate, up, down, lm_head) their panel copies
 // (WeightMatrix::panels), in memory `weights` owns:

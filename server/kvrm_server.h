@@ -42,6 +42,8 @@ struct ServerOptions {
   const StructuredOutputMetrics* structured_metrics = nullptr;
   // Tool-calling requests, calls and parse failures (kvrm:tool_call*); not owned, may be null.
   const ToolCallMetrics* tool_call_metrics = nullptr;
+  // LoadLoraAdapter / UnloadLoraAdapter allowed (kvrmd --allow_runtime_lora_updating).
+  bool runtime_lora_updating = false;
 };
 
 class KvrmServer {

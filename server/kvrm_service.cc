@@ -429,9 +429,6 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   limits_.vocab_size = engine->model().config.vocab_size;
   limits_.max_context = engine->options().max_context;
   limits_.max_new_tokens = engine->options().max_new_tokens;
-  for (const LoraAdapter& a : engine->model().lora_adapters) {
-    limits_.lora_adapters.push_back(a.name);
-  }
   structured::CompilerOptions compile;
   // A quarter of the cores walk one constraint's states (results do not depend on it); the
   // rest stay with the engine, which on the CPU backend uses them all.
@@ -440,6 +437,7 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   structured_ = std::make_unique<structured::ConstraintCompiler>(
       StructuredTokenBytes(engine->model()), compile);
   compile_queue_ = std::make_unique<WorkQueue>(kCompileThreads, kCompileQueue);
+  lora_queue_ = std::make_unique<WorkQueue>(1, kLoraLoadQueue);
   // Markers that are special tokens would be skipped in decoded text: requests keep them.
   tool_syntax_ = MakeToolCallSyntax(engine->model().chat.tool_call_format);
   const Tokenizer& tok = *engine->model().tokenizer;
@@ -659,17 +657,109 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_chat_template(m.chat.chat_template != nullptr);
   response->set_tool_call_parser(std::string(ToolCallFormatName(tool_syntax_.format)));
   response->set_reasoning_parser(std::string(ReasoningFormatName(m.chat.reasoning_format)));
-  for (const LoraAdapter& a : m.lora_adapters) {
-    v1::LoraAdapterInfo* info = response->add_lora_adapters();
-    info->set_name(a.name);
-    info->set_path(a.path);
-    info->set_rank(a.rank);
-    info->set_alpha(a.alpha);
-    info->set_scale(a.scale);
-    for (const std::string& t : a.target_modules) info->add_target_modules(t);
-    info->set_num_parameters(a.num_parameters);
-    info->set_base_model(a.base_model);
+  for (const ServedLoraAdapter& a : engine_->LoraAdapters()) {
+    LoraAdapterInfoOf(a, response->add_lora_adapters());
   }
+  response->set_max_loras(engine_->max_loras());
+  response->set_max_lora_rank(engine_->max_lora_rank());
+  response->set_runtime_lora_updating(runtime_lora_updating_);
+  return FinishUnary(context, grpc::Status::OK);
+}
+
+namespace {
+
+// FAILED_PRECONDITION naming the flag unless runtime LoRA updates are allowed; then the name's
+// checks (INVALID_ARGUMENT naming lora_name).
+grpc::Status CheckLoraUpdate(bool allowed, const std::string& name) {
+  if (!allowed) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "LoRA adapters are loaded and unloaded while serving only when kvrmd runs "
+                        "with --allow_runtime_lora_updating");
+  }
+  if (name.empty() || name.size() > 256) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("lora_name: ", name.size(), " bytes; 1 to 256"));
+  }
+  for (unsigned char c : name) {
+    if (c <= 0x20 || c == 0x7f) {
+      return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                          "lora_name: spaces and control characters are not allowed");
+    }
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace
+
+void LoraAdapterInfoOf(const ServedLoraAdapter& served, v1::LoraAdapterInfo* info) {
+  const LoraAdapter& a = served.adapter;
+  info->set_name(a.name);
+  info->set_path(a.path);
+  info->set_rank(a.rank);
+  info->set_alpha(a.alpha);
+  info->set_scale(a.scale);
+  for (const std::string& t : a.target_modules) info->add_target_modules(t);
+  info->set_num_parameters(a.num_parameters);
+  info->set_base_model(a.base_model);
+  info->set_running_requests(served.requests);
+}
+
+grpc::ServerUnaryReactor* KvrmService::LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                                       const v1::LoadLoraAdapterRequest* request,
+                                                       v1::LoraAdapterInfo* response) {
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  if (grpc::Status s = CheckLoraUpdate(runtime_lora_updating_, request->lora_name()); !s.ok()) {
+    return FinishUnary(context, s);
+  }
+  if (request->lora_path().empty()) {
+    return FinishUnary(context,
+                       grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "lora_path: empty"));
+  }
+  if (request->lora_name() == info_.served_model_name) {
+    return FinishUnary(
+        context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                              absl::StrCat("lora_name: `", request->lora_name(),
+                                           "` is the served model's name (--served_model_name)")));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const bool posted = lora_queue_->TryPost([this, reactor, request, response] {
+    absl::StatusOr<LoraAdapter> adapter = kvrm::LoadLoraAdapter(
+        engine_->model().config, request->lora_name(), request->lora_path());
+    absl::StatusOr<ServedLoraAdapter> served =
+        adapter.ok() ? engine_->LoadLoraAdapter(*std::move(adapter))
+                     : absl::StatusOr<ServedLoraAdapter>(adapter.status());
+    if (!served.ok()) {
+      LOG(WARNING) << "LoRA adapter '" << request->lora_name() << "' from "
+                   << request->lora_path() << ": " << served.status();
+      reactor->Finish(ToGrpcStatus(served.status()));
+      return;
+    }
+    LOG(INFO) << "LoRA adapter '" << served->adapter.name << "' loaded from "
+              << served->adapter.path << " into slot " << served->slot << " (rank "
+              << served->adapter.rank << ")";
+    LoraAdapterInfoOf(*served, response);
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!posted) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 absl::StrCat("LoRA adapter loads: ", kLoraLoadQueue,
+                                              " already waiting; retry later")));
+  }
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvrmService::UnloadLoraAdapter(
+    grpc::CallbackServerContext* context, const v1::UnloadLoraAdapterRequest* request,
+    v1::UnloadLoraAdapterResponse* response) {
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  if (grpc::Status s = CheckLoraUpdate(runtime_lora_updating_, request->lora_name()); !s.ok()) {
+    return FinishUnary(context, s);
+  }
+  absl::StatusOr<int64_t> running = engine_->UnloadLoraAdapter(request->lora_name());
+  if (!running.ok()) return FinishUnary(context, ToGrpcStatus(running.status()));
+  LOG(INFO) << "LoRA adapter '" << request->lora_name() << "' unloaded (" << *running
+            << " requests still running with it)";
+  response->set_running_requests(*running);
   return FinishUnary(context, grpc::Status::OK);
 }
 

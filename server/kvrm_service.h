@@ -26,6 +26,8 @@ struct ServiceInfo {
   std::string device = "cpu";
   std::string kv_mode = "static";
   int32_t tensor_parallel = 1;
+  // The model's id in the HTTP API (kvrmd --served_model_name); a LoRA adapter may not take it.
+  std::string served_model_name;
 };
 
 class KvrmService final : public v1::Kvrm::CallbackService {
@@ -46,6 +48,18 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   grpc::ServerUnaryReactor* GetServerInfo(grpc::CallbackServerContext* context,
                                           const v1::GetServerInfoRequest* request,
                                           v1::ServerInfo* response) override;
+  // Loads run on the service's adapter thread (reading and copying an adapter takes a while),
+  // one at a time, a few waiting at most (then RESOURCE_EXHAUSTED).
+  grpc::ServerUnaryReactor* LoadLoraAdapter(grpc::CallbackServerContext* context,
+                                            const v1::LoadLoraAdapterRequest* request,
+                                            v1::LoraAdapterInfo* response) override;
+  grpc::ServerUnaryReactor* UnloadLoraAdapter(grpc::CallbackServerContext* context,
+                                              const v1::UnloadLoraAdapterRequest* request,
+                                              v1::UnloadLoraAdapterResponse* response) override;
+
+  // Before the server starts: whether LoadLoraAdapter / UnloadLoraAdapter are allowed (kvrmd
+  // --allow_runtime_lora_updating; off: FAILED_PRECONDITION naming the flag).
+  void SetRuntimeLoraUpdating(bool allowed) { runtime_lora_updating_ = allowed; }
 
   // Structured outputs' compiler and grammar cache for the served model (stats for metrics).
   const structured::ConstraintCompiler& structured_outputs() const { return *structured_; }
@@ -99,12 +113,19 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // <think> and </think> where they are special tokens (kept in a thinking model's chat replies).
   std::vector<int32_t> reasoning_marker_tokens_;
   size_t max_merged_bytes_ = 64 << 10;
+  bool runtime_lora_updating_ = false;
+  // LoadLoraAdapter's thread (one load at a time; kLoraLoadQueue waiting at most).
+  static constexpr int32_t kLoraLoadQueue = 4;
+  std::unique_ptr<WorkQueue> lora_queue_;
   // Last: destroyed first, so that calls still waiting to compile finish while the rest exists.
   std::unique_ptr<WorkQueue> compile_queue_;
 };
 
 // Converts an absl::Status to a grpc::Status (same codes).
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// GetModelInfo's description of an adapter the engine serves.
+void LoraAdapterInfoOf(const ServedLoraAdapter& served, v1::LoraAdapterInfo* info);
 
 }  // namespace kvrm
 

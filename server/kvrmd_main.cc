@@ -50,6 +50,16 @@ ABSL_FLAG(std::string, lora_modules, "",
           "DIR a PEFT adapter (adapter_config.json, adapter_model.safetensors); requests pick one "
           "by name (GenerateRequest.lora_adapter; the HTTP API's `model`). DIR `builtin`: a "
           "deterministic random adapter for the served model, generated into --model_cache");
+ABSL_FLAG(int32_t, max_loras, 0,
+          "LoRA adapter slots (CPU device): the --lora_modules take the first, adapters loaded "
+          "while serving (--allow_runtime_lora_updating) the others; 0: as many as --lora_modules");
+ABSL_FLAG(int32_t, max_lora_rank, 0,
+          "the largest rank (r) a LoRA adapter may have (sizes each thread's scratch); 0: the "
+          "largest of the --lora_modules', and at least 16 when --max_loras leaves slots for loads");
+ABSL_FLAG(bool, allow_runtime_lora_updating, false,
+          "allow LoadLoraAdapter / UnloadLoraAdapter (gRPC) and POST /v1/load_lora_adapter, "
+          "/v1/unload_lora_adapter (HTTP): a client then has the server read a directory it "
+          "names, so turn it on only with --auth_tokens_file or on a trusted network");
 ABSL_FLAG(std::string, model_cache, "",
           "where built-in models are generated (default $KVRM_HOME/models or "
           "~/.cache/kvrm/models)");
@@ -415,14 +425,22 @@ int Run() {
   }
   eo.threads = absl::GetFlag(FLAGS_threads);
   eo.tensor_parallel = absl::GetFlag(FLAGS_tp);
+  eo.max_loras = absl::GetFlag(FLAGS_max_loras);
+  eo.max_lora_rank = absl::GetFlag(FLAGS_max_lora_rank);
+  if (absl::GetFlag(FLAGS_allow_runtime_lora_updating) && eo.max_loras <= 0 &&
+      (*model)->lora_adapters.empty()) {
+    std::fprintf(stderr,
+                 "kvrmd: --allow_runtime_lora_updating: give --max_loras, the adapter slots "
+                 "loads may take\n");
+    return 2;
+  }
   eo.backend_factory = device->factory;
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
   KvrmMetricsOptions metrics_options{(*model)->name, absl::GetFlag(FLAGS_kv_mode),
                                      absl::GetFlag(FLAGS_far_history)};
-  for (const LoraAdapter& a : (*model)->lora_adapters) {
-    metrics_options.lora_adapters.push_back(a.name);
-  }
+  metrics_options.lora_slots =
+      std::max(eo.max_loras, static_cast<int32_t>((*model)->lora_adapters.size()));
   KvrmMetrics metrics(&registry, metrics_options);
   eo.observer = &metrics;
   std::unique_ptr<MetricsHttpServer> http;
@@ -458,6 +476,10 @@ int Run() {
   so.merged_chunks_counter = metrics.stream_chunks_merged();
   so.structured_metrics = &metrics.structured_outputs();
   so.tool_call_metrics = &metrics.tool_calls();
+  so.runtime_lora_updating = absl::GetFlag(FLAGS_allow_runtime_lora_updating);
+  so.info.served_model_name = absl::GetFlag(FLAGS_served_model_name).empty()
+                                  ? (*model)->name
+                                  : absl::GetFlag(FLAGS_served_model_name);
   absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine->get(), so);
   if (!server.ok()) {
     std::fprintf(stderr, "kvrmd: %s\n", server.status().ToString().c_str());
@@ -483,8 +505,12 @@ int Run() {
                      a.name.c_str());
         return 2;
       }
-      ho.lora_adapters.push_back(a.name);
     }
+    ho.lora_adapters = [engine = engine->get()] {
+      std::vector<std::string> names;
+      for (const ServedLoraAdapter& a : engine->LoraAdapters()) names.push_back(a.adapter.name);
+      return names;
+    };
     ho.max_context = (*engine)->options().max_context;
     ho.defaults.chat_max_tokens = (*engine)->options().max_new_tokens;
     ho.defaults.completion_max_tokens = std::min(16, (*engine)->options().max_new_tokens);

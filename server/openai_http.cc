@@ -101,6 +101,9 @@ HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
   if (path == "/detokenize") return HttpRoute::kDetokenize;
   if (path == "/health" || path == "/ping") return HttpRoute::kHealth;
   if (path == "/version") return HttpRoute::kVersion;
+  if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
+    return HttpRoute::kLoraAdapters;
+  }
   if (path == "/metrics" && serves_metrics) return HttpRoute::kMetrics;
   return HttpRoute::kOther;
 }
@@ -571,12 +574,18 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
                       upload->route == HttpRoute::kCompletions ? OpenAiEndpoint::kCompletions
                                                                : OpenAiEndpoint::kChatCompletions,
                       upload->body);
+    case HttpRoute::kLoraAdapters:
+      if (!post) return use("POST");
+      if (upload->too_large) return too_large();
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
+      return LoraAdapterUpdate(connection, path == "/v1/load_lora_adapter", upload->body);
     case HttpRoute::kOther:
       break;
   }
   return ReplyError(connection, 404, "not_found_error",
                     absl::StrCat("no route ", path, ": try /v1/chat/completions, "
-                                 "/v1/completions, /v1/models, /tokenize, /detokenize"));
+                                 "/v1/completions, /v1/models, /tokenize, /detokenize, "
+                                 "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
 }
 
 int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path) {
@@ -621,7 +630,8 @@ int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path
 
 std::optional<OpenAiError> OpenAiHttpServer::WrongModel(const std::string& model) const {
   if (model.empty() || model == options_.served_model_name) return std::nullopt;
-  const std::vector<std::string>& adapters = options_.lora_adapters;
+  const std::vector<std::string> adapters =
+      options_.lora_adapters ? options_.lora_adapters() : std::vector<std::string>();
   if (std::find(adapters.begin(), adapters.end(), model) != adapters.end()) return std::nullopt;
   OpenAiError e;
   e.http_status = 404;
@@ -666,6 +676,81 @@ int OpenAiHttpServer::Tokenize(MHD_Connection* connection, const std::string& bo
                    parsed->request, [&](const v1::TokenizeResponse& r) {
                      return TokenizeReplyJson(r, options_.max_context, strs);
                    });
+}
+
+int OpenAiHttpServer::LoraAdapterUpdate(MHD_Connection* connection, bool load,
+                                        const std::string& body) {
+  // {"lora_name": "...", "lora_path": "..."} (load) or {"lora_name": "..."} (unload).
+  OpenAiRequest names;  // for the error replies' `param`
+  absl::StatusOr<Json> parsed = ParseJson(body, "request body");
+  std::string name, lora_path;
+  absl::Status bad;
+  if (!parsed.ok()) {
+    bad = parsed.status();
+  } else if (!parsed->is_object()) {
+    bad = absl::InvalidArgumentError("request body: not a JSON object");
+  } else {
+    for (const auto& [key, value] : parsed->items()) {
+      if (key != "lora_name" && !(load && key == "lora_path")) {
+        bad = absl::InvalidArgumentError(absl::StrCat(key, ": unknown field (expected lora_name",
+                                                      load ? ", lora_path)" : ")"));
+        break;
+      }
+      if (!value.is_string()) {
+        bad = absl::InvalidArgumentError(absl::StrCat(key, ": not a string"));
+        break;
+      }
+      (key == "lora_name" ? name : lora_path) = value.get<std::string>();
+    }
+    if (bad.ok() && name.empty()) bad = absl::InvalidArgumentError("lora_name: missing");
+    if (bad.ok() && load && lora_path.empty()) {
+      bad = absl::InvalidArgumentError("lora_path: missing");
+    }
+  }
+  if (!bad.ok()) {
+    OpenAiError e = ToOpenAiError(bad, nullptr);
+    const std::string message(bad.message());
+    for (const char* field : {"lora_name", "lora_path"}) {
+      if (absl::StartsWith(message, absl::StrCat(field, ":"))) e.param = field;
+    }
+    return ReplyError(connection, e);
+  }
+  grpc::ClientContext context;
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
+    context.AddMetadata("authorization", auth);
+  }
+  grpc::Status status;
+  std::string reply;
+  if (load) {
+    v1::LoadLoraAdapterRequest request;
+    request.set_lora_name(name);
+    request.set_lora_path(lora_path);
+    v1::LoraAdapterInfo info;
+    status = stub_->LoadLoraAdapter(&context, request, &info);
+    reply = absl::StrCat("Success: LoRA adapter '", name, "' added successfully.");
+  } else {
+    v1::UnloadLoraAdapterRequest request;
+    request.set_lora_name(name);
+    v1::UnloadLoraAdapterResponse response;
+    status = stub_->UnloadLoraAdapter(&context, request, &response);
+    reply = absl::StrCat("Success: LoRA adapter '", name, "' removed successfully.");
+  }
+  if (!status.ok()) {
+    const absl::Status error = FromGrpc(status);
+    OpenAiError e = ToOpenAiError(error, nullptr);
+    const std::string message(error.message());
+    for (const char* field : {"lora_name", "lora_path"}) {
+      if (absl::StartsWith(message, absl::StrCat(field, ":"))) e.param = field;
+    }
+    // An adapter of that name already served: a conflict, as vLLM's 400 says in its message.
+    if (error.code() == absl::StatusCode::kAlreadyExists) {
+      e.http_status = 400;
+      e.type = "invalid_request_error";
+      e.param = "lora_name";
+    }
+    return ReplyError(connection, e);
+  }
+  return Queue(connection, MHD_HTTP_OK, Buffer(reply, "text/plain; charset=utf-8"));
 }
 
 int OpenAiHttpServer::Detokenize(MHD_Connection* connection, const std::string& body) {

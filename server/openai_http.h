@@ -17,6 +17,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -56,9 +57,10 @@ struct OpenAiHttpOptions {
   absl::Duration sse_keepalive = absl::Seconds(15);
   // The model's id in requests and /v1/models; a request naming another model gets 404.
   std::string served_model_name;
-  // The LoRA adapters served (kvrmd --lora_modules): a request whose `model` names one runs
-  // with it (GenerateRequest.lora_adapter), as vLLM serves LoRA modules; /v1/models lists them.
-  std::vector<std::string> lora_adapters;
+  // The names of the LoRA adapters served now (kvrmd --lora_modules, and those loaded since):
+  // a request whose `model` names one runs with it (GenerateRequest.lora_adapter), as vLLM
+  // serves LoRA modules; /v1/models lists them (from GetModelInfo). Any thread; null: none.
+  std::function<std::vector<std::string>()> lora_adapters;
   int32_t max_context = 0;  // /v1/models' max_model_len
   OpenAiDefaults defaults;
   const Tokenizer* tokenizer = nullptr;  // spells logprob tokens; must outlive the server
@@ -103,6 +105,9 @@ class OpenAiHttpServer {
   int Models(MHD_Connection* connection, const std::string& path);
   int Generate(MHD_Connection* connection, OpenAiEndpoint endpoint, const std::string& body);
   int Tokenize(MHD_Connection* connection, const std::string& body);
+  // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): the service's
+  // LoadLoraAdapter / UnloadLoraAdapter; 200 with a line of text, as vLLM replies.
+  int LoraAdapterUpdate(MHD_Connection* connection, bool load, const std::string& body);
   int Detokenize(MHD_Connection* connection, const std::string& body);
   // A request naming a model other than the served one: the 404 to send (else nullopt).
   std::optional<OpenAiError> WrongModel(const std::string& model) const;

@@ -548,18 +548,12 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     return Invalid("cache_salt", absl::StrCat(proto.cache_salt().size(), " bytes; at most 256"));
   }
   r->cache_salt = CacheSaltKey(proto.cache_salt());
-  if (!proto.lora_adapter().empty()) {
-    const auto& names = limits.lora_adapters;
-    const auto it = std::find(names.begin(), names.end(), proto.lora_adapter());
-    if (it == names.end()) {
-      return Invalid("lora_adapter",
-                     names.empty() ? std::string("this server serves no LoRA adapters")
-                                   : absl::StrCat("`", proto.lora_adapter(),
-                                                  "` is not served (kvrmd --lora_modules: ",
-                                                  absl::StrJoin(names, ", "), ")"));
-    }
-    r->lora_adapter = static_cast<int32_t>(it - names.begin());
+  // Resolved by the engine (Engine::Submit), which knows the adapters served at that moment.
+  if (proto.lora_adapter().size() > 256) {
+    return Invalid("lora_adapter",
+                   absl::StrCat(proto.lora_adapter().size(), " bytes; at most 256"));
   }
+  r->lora_name = proto.lora_adapter();
   if (proto.n() < 0 || proto.n() > limits.max_n) {
     return Invalid("n", absl::StrCat(proto.n(), " is outside [1, ", limits.max_n, "] (0: 1)"));
   }

@@ -30,8 +30,6 @@ struct RequestLimits {
   int32_t max_tools = 128;                 // chat.tools, and tool_calls per message
   int32_t max_tool_json_bytes = 64 << 10;  // one tool's parameters, one call's arguments,
                                            // template_kwargs
-  // The LoRA adapters served, by index (GenerateRequest.lora_adapter names one; none: refused).
-  std::vector<std::string> lora_adapters;
 };
 
 // The prompt text of a chat prompt: its messages checked (INVALID_ARGUMENT naming

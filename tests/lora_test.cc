@@ -197,7 +197,7 @@ TEST_P(LoraForwardTest, MixedAdaptersInOnePassMatchTheirMergedReferences) {
   const LoraModels& m = GetModels();
   const int32_t vocab = m.bundle->config.vocab_size;
   std::unique_ptr<CpuBackend> backend = MakeBackend(*m.bundle, GetParam());
-  ASSERT_EQ(backend->num_lora_adapters(), 2);
+  ASSERT_EQ(backend->max_lora_adapters(), 2);
   const int32_t adapter_of[kSlots] = {0, 1, -1};
   const ReferenceLlama* refs[kSlots] = {m.merged[0].get(), m.merged[1].get(), m.base.get()};
   constexpr int kDecodeSteps = 8;
@@ -334,7 +334,7 @@ TEST(LoraBatchTest, RefusesAdaptersTheBackendDoesNotServe) {
   const LoraModels& m = GetModels();
   std::unique_ptr<CpuBackend> backend = MakeBackend(*m.bundle, 1);
   std::unique_ptr<CpuBackend> plain = MakeBackend(*m.bundle, 1, /*adapters=*/false);
-  EXPECT_EQ(plain->num_lora_adapters(), 0);
+  EXPECT_EQ(plain->max_lora_adapters(), 0);
   std::vector<float> logits(static_cast<size_t>(kSlots) * m.bundle->config.vocab_size);
   StepDescriptor step;
   step.Resize(kSlots, 2);
@@ -352,6 +352,67 @@ TEST(LoraBatchTest, RefusesAdaptersTheBackendDoesNotServe) {
   PrefillChunk chunk{0, 0, tokens, &run, 1};
   chunk.adapter = -2;
   EXPECT_EQ(backend->Prefill(chunk, nullptr).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Adapter slots filled and emptied between steps (what a load and an unload while serving do
+// on the backend): an adapter put in an empty slot gives its merged reference's logits, an
+// emptied slot and one never filled are refused, and a rank above max_lora_rank is refused at
+// preparation naming the flag.
+TEST(LoraBatchTest, SlotsFilledAndEmptiedBetweenSteps) {
+  const LoraModels& m = GetModels();
+  const int32_t vocab = m.bundle->config.vocab_size;
+  CpuBackendOptions o;
+  o.kv_blocks = 64;
+  o.kv_block_tokens = kBlockTokens;
+  o.max_slots = kSlots;
+  o.max_chunk_tokens = 32;
+  o.max_context = 256;
+  o.num_threads = 2;
+  o.lora_adapters = {&m.bundle->lora_adapters[1]};  // "qv" (rank 4) in slot 0
+  o.max_lora_adapters = 3;
+  o.max_lora_rank = 8;
+  auto backend = CpuBackend::Create(m.bundle->config, &m.bundle->weights, o);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  CpuBackend& b = **backend;
+  EXPECT_EQ(b.max_lora_adapters(), 3);
+  EXPECT_EQ(b.max_lora_rank(), 8);
+  std::mt19937 rng(99);
+  const std::vector<int32_t> seq = RandomTokens(&rng, 24, vocab);
+  const std::vector<std::vector<double>> want_all = m.merged[0]->Forward(seq);
+  const KvRun run{0, 2};
+  std::vector<float> logits(static_cast<size_t>(kSlots) * vocab);
+  PrefillChunk chunk{0, 0, seq, &run, 1};
+  chunk.adapter = 2;  // empty
+  absl::Status st = b.Prefill(chunk, logits.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("not in a slot"), std::string::npos) << st;
+  // "all" (rank 8) into slot 2: its reference's logits.
+  auto prepared = b.PrepareLoraAdapter(m.bundle->lora_adapters[0]);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_TRUE(b.SetLoraAdapter(2, *prepared).ok());
+  ASSERT_TRUE(b.Prefill(chunk, logits.data()).ok());
+  EXPECT_LE(ScaledError(logits.data(), want_all.back()), kRelTol);
+  // Emptied: refused again; slot 0 still serves "qv".
+  ASSERT_TRUE(b.SetLoraAdapter(2, nullptr).ok());
+  EXPECT_EQ(b.Prefill(chunk, logits.data()).code(), absl::StatusCode::kInvalidArgument);
+  chunk.adapter = 0;
+  ASSERT_TRUE(b.Prefill(chunk, logits.data()).ok());
+  EXPECT_LE(ScaledError(logits.data(), m.merged[1]->Forward(seq).back()), kRelTol);
+  EXPECT_EQ(b.SetLoraAdapter(3, *prepared).code(), absl::StatusCode::kInvalidArgument);
+
+  // A backend sized for rank 4 takes "qv" and refuses "all".
+  o.max_lora_rank = 4;
+  auto narrow = CpuBackend::Create(m.bundle->config, &m.bundle->weights, o);
+  ASSERT_TRUE(narrow.ok()) << narrow.status();
+  auto refused = (*narrow)->PrepareLoraAdapter(m.bundle->lora_adapters[0]);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(refused.status().message().find("--max_lora_rank"), std::string::npos)
+      << refused.status();
+  // Fewer slots than adapters to serve from the start, or a rank beyond the kernels', refused.
+  o.max_lora_adapters = 0;
+  o.lora_adapters = {&m.bundle->lora_adapters[0]};
+  EXPECT_EQ(CpuBackend::Create(m.bundle->config, &m.bundle->weights, o).status().code(),
+            absl::StatusCode::kInvalidArgument);  // rank 8 > max_lora_rank 4
 }
 
 // ---- through the engine and the service ---------------------------------------------------
@@ -447,7 +508,7 @@ TEST(LoraServiceTest, UnknownAdapterIsRefusedByName) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_NE(r.status.error_message().find("lora_adapter"), std::string::npos)
       << r.status.error_message();
-  EXPECT_NE(r.status.error_message().find("sql, chat"), std::string::npos)
+  EXPECT_NE(r.status.error_message().find("`sql`, `chat`"), std::string::npos)
       << r.status.error_message();
   TestServer plain(ServerOptionsForLora());
   r = RunGenerate(plain.stub(), Greedy("hello", "sql", 4));
@@ -501,7 +562,7 @@ TEST(LoraServiceTest, HttpModelNamesTheAdapter) {
   o.host = "127.0.0.1";
   o.port = 0;
   o.served_model_name = "tiny";
-  o.lora_adapters = {"sql", "chat"};
+  o.lora_adapters = [] { return std::vector<std::string>{"sql", "chat"}; };
   o.max_context = server.engine().options().max_context;
   o.tokenizer = server.model().tokenizer.get();
   auto http = OpenAiHttpServer::Start(server.server().InProcessChannel(), o);

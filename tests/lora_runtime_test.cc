@@ -1,0 +1,400 @@
+// LoRA adapters loaded and unloaded while serving (Engine::LoadLoraAdapter / UnloadLoraAdapter,
+// the LoadLoraAdapter / UnloadLoraAdapter RPCs, POST /v1/load_lora_adapter and
+// /v1/unload_lora_adapter): an adapter loaded at run time gives the tokens it gives when served
+// from the start; slots run out and come back; an unloaded adapter's running requests finish
+// with it; an adapter loaded again under a name shares no KV with its former self; loads and
+// unloads racing requests crash nothing, leak no block and hand no request another's adapter.
+#include <atomic>
+#include <map>
+#include <memory>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/json.h"
+#include "common/logging.h"
+#include "gtest/gtest.h"
+#include "model/lora.h"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+#include "server/openai_http.h"
+#include "tests/http_client.h"
+#include "tests/test_server.h"
+#include "tools/modelgen/lora_writer.h"
+
+namespace kvrm {
+namespace {
+
+std::string TmpDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+// Adapter directories for the tiny model: "a", "b", "c" (rank 8, every projection, seeds 1-3)
+// and "wide" (rank 32, over the engine's default max_lora_rank of 16).
+const std::map<std::string, std::string>& AdapterDirs() {
+  static const auto* dirs = [] {
+    auto* d = new std::map<std::string, std::string>;
+    std::unique_ptr<ModelBundle> model(LoadTinyModel());
+    int seed = 1;
+    for (const std::string name : {"a", "b", "c", "wide"}) {
+      modelgen::MakeLoraOptions o;
+      o.out_dir = absl::StrCat(TmpDir(), "/runtime_lora_", name);
+      o.seed = seed++;
+      if (name == "wide") o.rank = 32;
+      CHECK_OK(modelgen::MakeLoraAdapter(model->config, o));
+      (*d)[name] = o.out_dir;
+    }
+    return d;
+  }();
+  return *dirs;
+}
+
+LoraAdapter Load(const ModelBundle& model, const std::string& name, const std::string& dir) {
+  absl::StatusOr<LoraAdapter> a = LoadLoraAdapter(model.config, name, dir);
+  CHECK_OK(a.status());
+  return *std::move(a);
+}
+
+EngineOptions Options(int32_t max_loras) {
+  EngineOptions o;
+  o.slots = 4;
+  o.max_context = 256;
+  o.prefill_chunk = 32;
+  o.threads = 2;
+  o.max_loras = max_loras;
+  return o;
+}
+
+ServerOptions Updating() {
+  ServerOptions s;
+  s.runtime_lora_updating = true;
+  return s;
+}
+
+const char kPrompt[] = "the quick brown fox jumps over the lazy dog and keeps on running far";
+
+v1::GenerateRequest Greedy(const std::string& adapter, int tokens,
+                           const std::string& prompt = kPrompt) {
+  v1::GenerateRequest r = TextRequest(prompt, tokens);
+  r.mutable_sampling()->set_temperature(0);
+  r.mutable_stopping()->set_ignore_eos(true);
+  r.set_lora_adapter(adapter);
+  return r;
+}
+
+// What each adapter gives when served from the start (kvrmd --lora_modules), and the base model.
+const std::map<std::string, std::vector<int32_t>>& Want() {
+  static const auto* want = [] {
+    std::unique_ptr<ModelBundle> model(LoadTinyModel());
+    for (const std::string name : {"a", "b", "c"}) {
+      model->lora_adapters.push_back(Load(*model, name, AdapterDirs().at(name)));
+    }
+    TestServer server(std::move(model), Options(0));
+    auto* w = new std::map<std::string, std::vector<int32_t>>;
+    for (const std::string name : {"", "a", "b", "c"}) {
+      StreamResult r = RunGenerate(server.stub(), Greedy(name, 16));
+      CHECK(r.status.ok()) << r.status.error_message();
+      (*w)[name] = r.tokens;
+    }
+    return w;
+  }();
+  return *want;
+}
+
+grpc::Status LoadRpc(TestServer& server, const std::string& name, const std::string& path,
+                     v1::LoraAdapterInfo* info = nullptr) {
+  grpc::ClientContext context;
+  v1::LoadLoraAdapterRequest request;
+  request.set_lora_name(name);
+  request.set_lora_path(path);
+  v1::LoraAdapterInfo reply;
+  return server.stub().LoadLoraAdapter(&context, request, info != nullptr ? info : &reply);
+}
+
+grpc::Status UnloadRpc(TestServer& server, const std::string& name, int64_t* running = nullptr) {
+  grpc::ClientContext context;
+  v1::UnloadLoraAdapterRequest request;
+  request.set_lora_name(name);
+  v1::UnloadLoraAdapterResponse reply;
+  grpc::Status st = server.stub().UnloadLoraAdapter(&context, request, &reply);
+  if (running != nullptr) *running = reply.running_requests();
+  return st;
+}
+
+v1::ModelInfo Info(TestServer& server) {
+  grpc::ClientContext context;
+  v1::ModelInfo info;
+  CHECK(server.stub().GetModelInfo(&context, v1::GetModelInfoRequest(), &info).ok());
+  return info;
+}
+
+TEST(LoraRuntimeTest, LoadServeAndUnloadThroughTheService) {
+  const auto& dirs = AdapterDirs();
+  TestServer server(Options(2), Updating());
+  v1::ModelInfo info = Info(server);
+  EXPECT_EQ(info.lora_adapters_size(), 0);
+  EXPECT_EQ(info.max_loras(), 2);
+  EXPECT_EQ(info.max_lora_rank(), 16);
+  EXPECT_TRUE(info.runtime_lora_updating());
+  StreamResult before = RunGenerate(server.stub(), Greedy("a", 4));
+  EXPECT_EQ(before.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+
+  v1::LoraAdapterInfo loaded;
+  grpc::Status st = LoadRpc(server, "a", dirs.at("a"), &loaded);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(loaded.name(), "a");
+  EXPECT_EQ(loaded.path(), dirs.at("a"));
+  EXPECT_EQ(loaded.rank(), 8);
+  EXPECT_EQ(loaded.target_modules_size(), 7);
+  StreamResult r = RunGenerate(server.stub(), Greedy("a", 16));
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens, Want().at("a"));
+  EXPECT_NE(r.tokens, Want().at(""));
+
+  // Refusals: the same name, a rank over --max_lora_rank, a directory that is not an adapter,
+  // the served model's name, a malformed name; then the slots run out.
+  st = LoadRpc(server, "a", dirs.at("b"));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::ALREADY_EXISTS) << st.error_message();
+  st = LoadRpc(server, "wide", dirs.at("wide"));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("--max_lora_rank"), std::string::npos) << st.error_message();
+  st = LoadRpc(server, "nowhere", TmpDir() + "/no_such_adapter");
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::NOT_FOUND) << st.error_message();
+  st = LoadRpc(server, "bad name", dirs.at("b"));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st.error_message();
+  EXPECT_NE(st.error_message().find("lora_name"), std::string::npos) << st.error_message();
+  ASSERT_TRUE(LoadRpc(server, "b", dirs.at("b")).ok());
+  st = LoadRpc(server, "c", dirs.at("c"));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << st.error_message();
+  EXPECT_NE(st.error_message().find("--max_loras"), std::string::npos) << st.error_message();
+  info = Info(server);
+  ASSERT_EQ(info.lora_adapters_size(), 2);
+  EXPECT_EQ(info.lora_adapters(0).name(), "a");
+  EXPECT_EQ(info.lora_adapters(1).name(), "b");
+
+  // Unloaded: refused by name, its slot taken by the next load.
+  int64_t running = -1;
+  ASSERT_TRUE(UnloadRpc(server, "a", &running).ok());
+  EXPECT_EQ(running, 0);
+  EXPECT_EQ(UnloadRpc(server, "a").error_code(), grpc::StatusCode::NOT_FOUND);
+  r = RunGenerate(server.stub(), Greedy("a", 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(r.status.error_message().find("`b`"), std::string::npos) << r.status.error_message();
+  st = LoadRpc(server, "c", dirs.at("c"));
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  for (const std::string name : {"b", "c"}) {
+    r = RunGenerate(server.stub(), Greedy(name, 16));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, Want().at(name)) << name;
+  }
+  EXPECT_EQ(RunGenerate(server.stub(), Greedy("", 16)).tokens, Want().at(""));
+}
+
+TEST(LoraRuntimeTest, OffUnlessAllowed) {
+  TestServer server(Options(2));
+  grpc::Status st = LoadRpc(server, "a", AdapterDirs().at("a"));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find("--allow_runtime_lora_updating"), std::string::npos)
+      << st.error_message();
+  EXPECT_EQ(UnloadRpc(server, "a").error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_FALSE(Info(server).runtime_lora_updating());
+  // Allowed, but no slots: the engine says so.
+  TestServer none(Options(0), Updating());
+  st = LoadRpc(none, "a", AdapterDirs().at("a"));
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+  EXPECT_NE(st.error_message().find("--max_loras"), std::string::npos) << st.error_message();
+}
+
+// An adapter unloaded while a request runs with it: the request finishes with it (the tokens it
+// gives alone), new requests naming it are refused at once, and its slot is free after.
+TEST(LoraRuntimeTest, UnloadWhileRunningLetsTheRequestFinish) {
+  const auto& dirs = AdapterDirs();
+  TestServer server(Options(1), Updating());
+  ASSERT_TRUE(LoadRpc(server, "a", dirs.at("a")).ok());
+  // The tokens of a long request with "a", from a server that keeps it.
+  std::vector<int32_t> want;
+  {
+    TestServer keep(Options(1), Updating());
+    ASSERT_TRUE(LoadRpc(keep, "a", dirs.at("a")).ok());
+    StreamResult r = RunGenerate(keep.stub(), Greedy("a", 120));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    want = r.tokens;
+  }
+  StreamResult long_run;
+  std::thread t([&] { long_run = RunGenerate(server.stub(), Greedy("a", 120)); });
+  // Once the engine holds the request (submitted, not finished), unload.
+  for (int i = 0; i < 2000; ++i) {
+    std::vector<ServedLoraAdapter> served = server.engine().LoraAdapters();
+    if (!served.empty() && served[0].requests == 1) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  int64_t running = -1;
+  ASSERT_TRUE(UnloadRpc(server, "a", &running).ok());
+  StreamResult refused = RunGenerate(server.stub(), Greedy("a", 4));
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  t.join();
+  ASSERT_TRUE(long_run.status.ok()) << long_run.status.error_message();
+  if (running == 1) {
+    EXPECT_EQ(long_run.tokens, want);
+  }
+  EXPECT_EQ(running, 1) << "the request ended before the unload (a slow machine?)";
+  // The one slot was the request's until it ended: free now.
+  grpc::Status st = LoadRpc(server, "b", dirs.at("b"));
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  StreamResult b = RunGenerate(server.stub(), Greedy("b", 16));
+  EXPECT_EQ(b.tokens, Want().at("b"));
+}
+
+// An adapter loaded again under the same name (other weights) shares no KV with its former
+// self: the prompt is prefilled again and its tokens are the new adapter's.
+TEST(LoraRuntimeTest, ReloadUnderTheSameNameSharesNoCachedKv) {
+  const auto& dirs = AdapterDirs();
+  TestServer server(Options(1), Updating());
+  ASSERT_TRUE(LoadRpc(server, "x", dirs.at("a")).ok());
+  StreamResult first = RunGenerate(server.stub(), Greedy("x", 16));
+  ASSERT_TRUE(first.status.ok()) << first.status.error_message();
+  EXPECT_EQ(first.tokens, Want().at("a"));
+  StreamResult again = RunGenerate(server.stub(), Greedy("x", 16));
+  EXPECT_GE(again.finished.usage().cached_prompt_tokens(), 16);  // the same load: cached
+  ASSERT_TRUE(UnloadRpc(server, "x").ok());
+  ASSERT_TRUE(LoadRpc(server, "x", dirs.at("b")).ok());
+  StreamResult reloaded = RunGenerate(server.stub(), Greedy("x", 16));
+  ASSERT_TRUE(reloaded.status.ok()) << reloaded.status.error_message();
+  EXPECT_EQ(reloaded.finished.usage().cached_prompt_tokens(), 0);
+  EXPECT_EQ(reloaded.tokens, Want().at("b"));
+}
+
+// Loads and unloads racing requests: every request either is refused by name (its adapter was
+// not served when it came) or gives exactly its adapter's tokens; nothing crashes, and at the
+// end no slot, block or request is held.
+TEST(LoraRuntimeTest, LoadsAndUnloadsRacingRequests) {
+  const auto& dirs = AdapterDirs();
+  TestServer server(Options(2), Updating());
+  const std::vector<std::string> names = {"a", "b", "c"};
+  std::atomic<bool> done{false};
+  std::atomic<int> loads{0}, served{0}, refused{0};
+  std::thread updater([&] {
+    std::mt19937 rng(5);
+    for (int op = 0; op < 60; ++op) {
+      const std::string& name = names[rng() % names.size()];
+      if (rng() % 3 != 0) {
+        grpc::Status st = LoadRpc(server, name, dirs.at(name));
+        loads += st.ok();
+        EXPECT_TRUE(st.ok() || st.error_code() == grpc::StatusCode::ALREADY_EXISTS ||
+                    st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+            << st.error_message();
+      } else {
+        grpc::Status st = UnloadRpc(server, name);
+        EXPECT_TRUE(st.ok() || st.error_code() == grpc::StatusCode::NOT_FOUND)
+            << st.error_message();
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(rng() % 10));
+    }
+  });
+  std::vector<std::thread> clients;
+  for (int c = 0; c < 3; ++c) {
+    clients.emplace_back([&, c] {
+      std::mt19937 rng(100 + c);
+      // Until the updater is done (refusals come back at once: a bound keeps it finite).
+      for (int i = 0; i < 2000 && !done.load(); ++i) {
+        const std::string name = names[rng() % names.size()];
+        StreamResult r = RunGenerate(server.stub(), Greedy(name, 16));
+        if (r.status.error_code() == grpc::StatusCode::INVALID_ARGUMENT) {
+          ++refused;
+          continue;
+        }
+        ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+        EXPECT_EQ(r.tokens, Want().at(name)) << name;
+        ++served;
+      }
+    });
+  }
+  updater.join();
+  done = true;
+  for (std::thread& t : clients) t.join();
+  std::printf("loads %d, requests served %d, refused %d\n", loads.load(), served.load(),
+              refused.load());
+  EXPECT_GT(loads.load(), 0);
+  EXPECT_GT(served.load(), 0);
+  for (const std::string& name : names) UnloadRpc(server, name);
+  // Everything let go of: the slots are free again (two loads fit), no request is held.
+  ASSERT_TRUE(LoadRpc(server, "a", dirs.at("a")).ok());
+  ASSERT_TRUE(LoadRpc(server, "b", dirs.at("b")).ok());
+  for (const ServedLoraAdapter& a : server.engine().LoraAdapters()) EXPECT_EQ(a.requests, 0);
+  const EngineStats s = server.engine().Stats();
+  EXPECT_EQ(s.slots_in_use, 0);
+  EXPECT_EQ(s.kv.blocks_used, 0);
+  EXPECT_EQ(s.kv.blocks_reserved, 0);
+  EXPECT_EQ(s.kv.host_blocks_used, 0);
+}
+
+// The HTTP API: vLLM's two endpoints, with `model` naming a loaded adapter and /v1/models
+// listing it; errors as OpenAI errors naming the field.
+TEST(LoraRuntimeTest, HttpLoadAndUnloadEndpoints) {
+  const auto& dirs = AdapterDirs();
+  TestServer server(Options(2), Updating());
+  OpenAiHttpOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.served_model_name = "tiny";
+  Engine* engine = &server.engine();
+  o.lora_adapters = [engine] {
+    std::vector<std::string> names;
+    for (const ServedLoraAdapter& a : engine->LoraAdapters()) names.push_back(a.adapter.name);
+    return names;
+  };
+  o.max_context = server.engine().options().max_context;
+  o.tokenizer = server.model().tokenizer.get();
+  auto http = OpenAiHttpServer::Start(server.server().InProcessChannel(), o);
+  ASSERT_TRUE(http.ok()) << http.status();
+  const int port = (*http)->port();
+  const std::string completion =
+      absl::StrCat(R"({"model": "sql", "prompt": ")", kPrompt,
+                   R"(", "max_tokens": 16, "temperature": 0, "ignore_eos": true})");
+  EXPECT_EQ(HttpCall(port, "POST", "/v1/completions", completion).status, 404);
+  HttpReply r = HttpCall(port, "POST", "/v1/load_lora_adapter",
+                         absl::StrCat(R"({"lora_name": "sql", "lora_path": ")", dirs.at("a"),
+                                      R"("})"));
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "Success: LoRA adapter 'sql' added successfully.");
+  HttpReply list = HttpCall(port, "GET", "/v1/models");
+  ASSERT_EQ(list.status, 200);
+  const Json models = Json::parse(list.body);
+  ASSERT_EQ(models["data"].size(), 2u);
+  EXPECT_EQ(models["data"][1]["id"], "sql");
+  EXPECT_EQ(models["data"][1]["parent"], "tiny");
+  r = HttpCall(port, "POST", "/v1/completions", completion);
+  ASSERT_EQ(r.status, 200) << r.body;
+  StreamResult want = RunGenerate(server.stub(), Greedy("sql", 16));
+  EXPECT_EQ(Json::parse(r.body)["choices"][0]["text"], want.text);
+  EXPECT_EQ(want.tokens, Want().at("a"));
+
+  // Errors.
+  r = HttpCall(port, "POST", "/v1/load_lora_adapter",
+               absl::StrCat(R"({"lora_name": "sql", "lora_path": ")", dirs.at("b"), R"("})"));
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["error"]["param"], "lora_name") << r.body;
+  r = HttpCall(port, "POST", "/v1/load_lora_adapter", R"({"lora_name": "other"})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(Json::parse(r.body)["error"]["param"], "lora_path") << r.body;
+  r = HttpCall(port, "POST", "/v1/load_lora_adapter",
+               R"({"lora_name": "other", "lora_path": "/nonexistent"})");
+  EXPECT_EQ(r.status, 404) << r.body;
+  r = HttpCall(port, "POST", "/v1/unload_lora_adapter", R"({"lora_name": "nope"})");
+  EXPECT_EQ(r.status, 404) << r.body;
+  r = HttpCall(port, "POST", "/v1/unload_lora_adapter", R"({"lora_name": 3})");
+  EXPECT_EQ(r.status, 400) << r.body;
+  EXPECT_EQ(HttpCall(port, "GET", "/v1/load_lora_adapter").status, 405);
+
+  r = HttpCall(port, "POST", "/v1/unload_lora_adapter", R"({"lora_name": "sql"})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body, "Success: LoRA adapter 'sql' removed successfully.");
+  EXPECT_EQ(HttpCall(port, "POST", "/v1/completions", completion).status, 404);
+  EXPECT_EQ(Json::parse(HttpCall(port, "GET", "/v1/models").body)["data"].size(), 1u);
+}
+
+}  // namespace
+}  // namespace kvrm
