@@ -121,6 +121,7 @@ TEST(KvrmdProcessTest, SpeculativeDecodingFlagsOutsideTheirRangeExitTwoNamingThe
 }
 
 TEST(KvrmdProcessTest, MalformedLoraModulesExitTwoNamingTheFlag) {
+  ExpectBadFlagExitsTwo("--allow_runtime_lora_updating", "--max_loras");
   ExpectBadFlagExitsTwo("--lora_modules=sql", "name=DIR");
   ExpectBadFlagExitsTwo("--lora_modules=a=builtin,a=builtin", "given twice");
   ExpectBadFlagExitsTwo("--lora_modules=bad name=builtin", "letters, digits");
@@ -137,7 +138,9 @@ TEST(KvrmdProcessTest, AMissingLoraAdapterExitsOneNamingIt) {
 }
 
 // --lora_modules=NAME=builtin generates an adapter for the served model into --model_cache and
-// serves it: the HTTP API's /v1/models lists it, and a completion naming it answers.
+// serves it: the HTTP API's /v1/models lists it, and a completion naming it answers. With
+// --max_loras=2 --allow_runtime_lora_updating the same directory loads again while serving under
+// another name, which answers as the first does, and unloads.
 TEST(KvrmdProcessTest, BuiltinLoraAdapterIsGeneratedAndServed) {
   const std::string cache = TmpDir() + "/lora-cache";
   const std::string port_file = TmpDir() + "/kvrmd-lora.port";
@@ -147,7 +150,8 @@ TEST(KvrmdProcessTest, BuiltinLoraAdapterIsGeneratedAndServed) {
   Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
                              "--port_file=" + port_file, "--http_port_file=" + http_port_file,
                              "--http_port=0", "--metrics_port=-1", "--model_cache=" + cache,
-                             "--lora_modules=sql=builtin", "--slots=2", "--threads=2"},
+                             "--lora_modules=sql=builtin", "--slots=2", "--threads=2",
+                             "--max_loras=2", "--allow_runtime_lora_updating"},
                             "builtin-lora");
   ASSERT_TRUE(p.WaitForPortFile(port_file, absl::Seconds(60)).ok()) << p.LogTail();
   absl::StatusOr<int> http_port = p.WaitForPortFile(http_port_file, absl::Seconds(5));
@@ -161,6 +165,26 @@ TEST(KvrmdProcessTest, BuiltinLoraAdapterIsGeneratedAndServed) {
                          R"({"model": "sql", "prompt": "Hi", "max_tokens": 4, "ignore_eos": true})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_TRUE(absl::StrContains(r.body, "\"completion_tokens\":4")) << r.body;
+  const std::string dir =
+      cache + "/lora-" + fs::path(TinyModelDir()).filename().string() + "-sql";
+  r = HttpCall(*http_port, "POST", "/v1/load_lora_adapter",
+               absl::StrCat(R"({"lora_name": "again", "lora_path": ")", dir, R"("})"));
+  ASSERT_EQ(r.status, 200) << r.body << p.LogTail();
+  auto greedy = [&](const std::string& model) {
+    HttpReply reply = HttpCall(*http_port, "POST", "/v1/completions",
+                               absl::StrCat(R"({"model": ")", model,
+                                            R"(", "prompt": "Hi", "max_tokens": 8, )",
+                                            R"("temperature": 0, "ignore_eos": true})"));
+    EXPECT_EQ(reply.status, 200) << reply.body;
+    return Json::parse(reply.body)["choices"][0]["text"].get<std::string>();
+  };
+  EXPECT_EQ(greedy("again"), greedy("sql"));
+  r = HttpCall(*http_port, "POST", "/v1/unload_lora_adapter", R"({"lora_name": "again"})");
+  EXPECT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(HttpCall(*http_port, "POST", "/v1/completions",
+                     R"({"model": "again", "prompt": "Hi", "max_tokens": 2})")
+                .status,
+            404);
   p.Signal(SIGTERM);
   EXPECT_EQ(p.Wait(), 0) << p.LogTail();
 }

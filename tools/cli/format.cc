@@ -208,6 +208,12 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"tool_call_parser", model.tool_call_parser()},
       {"reasoning_parser", model.reasoning_parser()},
       {"lora_adapters", adapters.empty() ? "none" : absl::StrJoin(adapters, "; ")},
+      {"lora_slots",
+       model.max_loras() == 0
+           ? std::string("none")
+           : absl::StrCat(model.lora_adapters_size(), " of ", model.max_loras(), " taken, rank <= ",
+                          model.max_lora_rank(), ", loads while serving ",
+                          model.runtime_lora_updating() ? "allowed" : "off")},
   };
   const v1::KvUsage& kv = server.kv();
   const Rows server_rows = {

@@ -81,7 +81,8 @@ ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs
 ABSL_FLAG(std::string, cache_salt, "",
           "prefix-cache namespace: cached KV is shared only with requests of the same salt");
 ABSL_FLAG(std::string, lora_adapter, "",
-          "run with this LoRA adapter (a name kvrmd --lora_modules serves; `info` lists them)");
+          "run with this LoRA adapter (a name kvrmd serves: --lora_modules, or load-lora; `info` "
+          "lists them)");
 ABSL_FLAG(uint32_t, time_limit_ms, 0, "server-side wall-clock limit in ms; 0 = none");
 ABSL_FLAG(std::string, request_id, "", "request id echoed in responses and server logs");
 ABSL_FLAG(std::string, regex, "", "structured output: the completion must match this regex");
@@ -118,6 +119,10 @@ ABSL_FLAG(std::string, tokens, "",
 ABSL_FLAG(bool, skip_special_tokens, false, "leave BOS/EOS and other special tokens out");
 
 ABSL_FLAG(std::string, service, "", "service to ask about; empty = the whole server");
+
+ABSL_FLAG(std::string, lora_name, "", "load-lora / unload-lora: the adapter's name");
+ABSL_FLAG(std::string, lora_path, "",
+          "load-lora: the PEFT adapter directory, as the server sees its file system");
 
 namespace kvrm::cli {
 namespace {
@@ -420,6 +425,35 @@ int RunInfo(const ParsedFlags&) {
   return kExitOk;
 }
 
+int RunLoadLora(const ParsedFlags& flags) {
+  if (!flags.given.contains("lora_name") || !flags.given.contains("lora_path")) {
+    return UsageError("load-lora needs --lora_name and --lora_path");
+  }
+  v1::LoadLoraAdapterRequest request;
+  request.set_lora_name(absl::GetFlag(FLAGS_lora_name));
+  request.set_lora_path(absl::GetFlag(FLAGS_lora_path));
+  return UnaryCommand<v1::LoadLoraAdapterRequest, v1::LoraAdapterInfo>(
+      &v1::Kvrm::Stub::LoadLoraAdapter, request, [](const v1::LoraAdapterInfo& a) {
+        return absl::StrCat("loaded LoRA adapter ", a.name(), " (rank ", a.rank(), ", ",
+                            absl::StrJoin(a.target_modules(), ","), ") from ", a.path(), "\n");
+      });
+}
+
+int RunUnloadLora(const ParsedFlags& flags) {
+  if (!flags.given.contains("lora_name")) return UsageError("unload-lora needs --lora_name");
+  v1::UnloadLoraAdapterRequest request;
+  request.set_lora_name(absl::GetFlag(FLAGS_lora_name));
+  return UnaryCommand<v1::UnloadLoraAdapterRequest, v1::UnloadLoraAdapterResponse>(
+      &v1::Kvrm::Stub::UnloadLoraAdapter, request, [&](const v1::UnloadLoraAdapterResponse& r) {
+        return absl::StrCat("unloaded LoRA adapter ", request.lora_name(),
+                            r.running_requests() > 0
+                                ? absl::StrCat(" (", r.running_requests(),
+                                               " requests still running finish with it)")
+                                : std::string(),
+                            "\n");
+      });
+}
+
 int RunHealth(const ParsedFlags&) {
   grpc::GenericStub stub(MakeChannel());
   grpc::ClientContext context;
@@ -514,6 +548,9 @@ constexpr absl::string_view kDetokenizeFlags[] = {"tokens", "skip_special_tokens
                                                   "server", "timeout_s"};
 constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
 constexpr absl::string_view kHealthFlags[] = {"service", "server", "timeout_s"};
+constexpr absl::string_view kLoadLoraFlags[] = {"lora_name", "lora_path", "json", "server",
+                                                "timeout_s"};
+constexpr absl::string_view kUnloadLoraFlags[] = {"lora_name", "json", "server", "timeout_s"};
 
 constexpr Command kCommands[] = {
     {"generate", "stream a completion: text to stdout, a summary line to stderr", kGenerateFlags,
@@ -527,12 +564,19 @@ constexpr Command kCommands[] = {
     {"info", "describe the served model and the server's live state", kInfoFlags, RunInfo},
     {"health", "grpc.health.v1 check: prints SERVING or NOT_SERVING, exit 0 only if SERVING",
      kHealthFlags, RunHealth},
+    {"load-lora",
+     "load a LoRA adapter into the server (kvrmd --allow_runtime_lora_updating, a free "
+     "--max_loras slot)",
+     kLoadLoraFlags, RunLoadLora},
+    {"unload-lora",
+     "stop serving a LoRA adapter (running requests finish with it, then its slot is free)",
+     kUnloadLoraFlags, RunUnloadLora},
 };
 
 void PrintUsage(FILE* out) {
   fprintf(out, "usage: kvrm_cli <command> [flags]\n\ncommands:\n");
   for (const Command& command : kCommands) {
-    fprintf(out, "  %-10s %s\n", std::string(command.name).c_str(),
+    fprintf(out, "  %-12s %s\n", std::string(command.name).c_str(),
             std::string(command.summary).c_str());
   }
   fprintf(out, "\nkvrm_cli <command> --help lists the command's flags.\n");

@@ -24,7 +24,8 @@ check() {
 
 "$KVRMD" --model=builtin:tiny --model_cache="$TMP/models" --listen=127.0.0.1:0 \
   --port_file="$TMP/port" --http_port=-1 --metrics_listen=127.0.0.1 --metrics_port=0 \
-  --slots=2 --threads=2 >"$TMP/kvrmd.log" 2>&1 &
+  --slots=2 --threads=2 --lora_modules=demo=builtin --max_loras=2 --allow_runtime_lora_updating \
+  >"$TMP/kvrmd.log" 2>&1 &
 KVRMD_PID=$!
 trap 'kill -TERM $KVRMD_PID 2>/dev/null; wait $KVRMD_PID 2>/dev/null' EXIT
 for _ in $(seq 1 1200); do
@@ -86,6 +87,25 @@ run detokenize --tokens=1,99999999 >/dev/null
 rc=$?
 check "out-of-vocabulary exit" 1 "$rc"
 grep -q "INVALID_ARGUMENT" "$TMP/err" || fail "no INVALID_ARGUMENT: $(cat "$TMP/err")"
+
+# LoRA adapters: the built-in one's directory loaded again under another name answers as it
+# does; info counts the slots; unloaded, the name is refused.
+lora_dir=$(ls -d "$TMP"/models/lora-*-demo 2>/dev/null | head -n 1)
+[[ -n "$lora_dir" ]] || fail "no built-in adapter directory under $TMP/models"
+loaded=$(run load-lora --lora_name=again --lora_path="$lora_dir") || fail "load-lora: exit $?: $(cat "$TMP/err")"
+[[ "$loaded" == "loaded LoRA adapter again (rank "* ]] || fail "load-lora said '$loaded'"
+d=$(run generate --prompt="$TEXT" --max_new_tokens=12 --ignore_eos --lora_adapter=demo)
+e=$(run generate --prompt="$TEXT" --max_new_tokens=12 --ignore_eos --lora_adapter=again)
+check "the same adapter under two names" "$d" "$e"
+[[ "$d" != "$a" ]] || fail "the adapter changed nothing: '$d'"
+run info >"$TMP/info"
+grep -q "2 of 2 taken" "$TMP/info" || fail "info's lora_slots: $(grep lora "$TMP/info")"
+check "unload-lora" "unloaded LoRA adapter again" "$(run unload-lora --lora_name=again)"
+run generate --prompt="$TEXT" --max_new_tokens=2 --lora_adapter=again >/dev/null
+check "unloaded adapter exit" 1 "$?"
+grep -q "INVALID_ARGUMENT" "$TMP/err" || fail "no INVALID_ARGUMENT: $(cat "$TMP/err")"
+run load-lora --lora_name=x >/dev/null
+check "load-lora without --lora_path" 2 "$?"
 
 if ((failures > 0)); then
   echo "$failures failure(s); kvrmd log tail:"
