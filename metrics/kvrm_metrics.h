@@ -58,11 +58,11 @@ enum class HttpRoute {
   kModels,
   kTokenize,
   kDetokenize,
-  kHealth,   // /health, /ping
-  kMetrics,  // /metrics on the API port (when --http_metrics serves it)
-  kVersion,  // /version
+  kHealth,        // /health, /ping
+  kMetrics,       // /metrics on the API port (when --http_metrics serves it)
+  kVersion,       // /version
   kLoraAdapters,  // /v1/load_lora_adapter, /v1/unload_lora_adapter
-  kOther,    // unknown paths
+  kOther,         // unknown paths
 };
 constexpr int kHttpRoutes = 10;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
@@ -142,9 +142,9 @@ class KvrmMetrics : public EngineObserver {
   std::vector<Counter*> lora_requests_, lora_tokens_;
   Family<Counter>* lora_requests_family_ = nullptr;
   Family<Counter>* lora_tokens_family_ = nullptr;
-  Gauge* lora_loaded_ = nullptr;  // kvrm:lora_adapters_loaded
+  Gauge* lora_loaded_ = nullptr;            // kvrm:lora_adapters_loaded
   const std::string model_name_, kv_mode_;  // the labels every series carries
-  Counter* lora_loads_ = nullptr;  // kvrm:lora_adapter_loads_total
+  Counter* lora_loads_ = nullptr;           // kvrm:lora_adapter_loads_total
   Counter* preemptions_;
   Counter* stream_chunks_merged_;
   StructuredOutputMetrics structured_;

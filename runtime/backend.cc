@@ -25,8 +25,8 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> Backend::PrepareLoraA
 }
 
 absl::Status Backend::SetLoraAdapter(int32_t index, std::shared_ptr<const PreparedLoraAdapter>) {
-  return absl::FailedPreconditionError(absl::StrCat(
-      "LoRA adapter slot ", index, ": this device serves none (the CPU device does)"));
+  return absl::FailedPreconditionError(
+      absl::StrCat("LoRA adapter slot ", index, ": this device serves none (the CPU device does)"));
 }
 
 absl::Status Backend::CreateHostTier(int64_t blocks) {

@@ -66,9 +66,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
   const int32_t initial_adapters = static_cast<int32_t>(options.lora_adapters.size());
   if (options.max_lora_adapters < 0 ||
       (options.max_lora_adapters > 0 && options.max_lora_adapters < initial_adapters)) {
-    return absl::InvalidArgumentError(absl::StrCat("max_lora_adapters ",
-                                                   options.max_lora_adapters, ": below the ",
-                                                   initial_adapters, " adapters to serve"));
+    return absl::InvalidArgumentError(absl::StrCat("max_lora_adapters ", options.max_lora_adapters,
+                                                   ": below the ", initial_adapters,
+                                                   " adapters to serve"));
   }
   shape.lora_adapters = std::max(options.max_lora_adapters, initial_adapters);
   b->lora_.resize(shape.lora_adapters);
@@ -143,10 +143,9 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLo
     for (const auto& layer : share) {
       for (const LoraShard& s : layer) {
         if (s.rank > lora_max_rank_) {  // a projection's rank above the config's `r`
-          return absl::InvalidArgumentError(
-              absl::StrCat("LoRA adapter '", adapter.name, "': a projection of rank ", s.rank,
-                           "; this server takes ranks up to ", lora_max_rank_,
-                           " (kvrmd --max_lora_rank)"));
+          return absl::InvalidArgumentError(absl::StrCat(
+              "LoRA adapter '", adapter.name, "': a projection of rank ", s.rank,
+              "; this server takes ranks up to ", lora_max_rank_, " (kvrmd --max_lora_rank)"));
         }
       }
     }
@@ -158,8 +157,8 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLo
 absl::Status CpuBackend::SetLoraAdapter(int32_t index,
                                         std::shared_ptr<const PreparedLoraAdapter> adapter) {
   if (index < 0 || index >= max_lora_adapters()) {
-    return absl::InvalidArgumentError(absl::StrCat("LoRA adapter slot ", index, " is not in [0, ",
-                                                   max_lora_adapters(), ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA adapter slot ", index, " is not in [0, ", max_lora_adapters(), ")"));
   }
   const auto* cpu = dynamic_cast<const CpuLoraAdapter*>(adapter.get());
   if (adapter != nullptr &&
@@ -222,9 +221,9 @@ absl::Status CpuBackend::CheckAdapter(int32_t adapter, const char* what) const {
   if (adapter == -1 || (adapter >= 0 && adapter < max_lora_adapters() && lora_[adapter])) {
     return absl::OkStatus();
   }
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": LoRA adapter ", adapter, " is not in a slot (the backend has ",
-                   max_lora_adapters(), " slots)"));
+  return absl::InvalidArgumentError(absl::StrCat(what, ": LoRA adapter ", adapter,
+                                                 " is not in a slot (the backend has ",
+                                                 max_lora_adapters(), " slots)"));
 }
 
 int64_t CpuBackend::panel_weight_bytes() const {

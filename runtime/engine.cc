@@ -80,8 +80,8 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   }
   o.max_loras = std::max(o.max_loras, model_adapters);
   if (o.max_lora_rank < 0 || o.max_lora_rank > kMaxLoraRank) {
-    return absl::InvalidArgumentError(absl::StrCat("--max_lora_rank=", o.max_lora_rank,
-                                                   ": must be in [1, ", kMaxLoraRank, "]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_lora_rank=", o.max_lora_rank, ": must be in [0, ", kMaxLoraRank, "]"));
   }
   if (o.max_lora_rank == 0 && o.max_loras > 0) {
     for (const LoraAdapter& a : model->lora_adapters) {
@@ -400,8 +400,8 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
         "prompt_logprobs: this device does not return a prompt's logits (the CPU device does)");
   }
   if (request->lora_adapter < -1 || request->lora_adapter >= max_loras()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lora_adapter: slot ", request->lora_adapter, " is not in [-1, ", max_loras(), ")"));
+    return absl::InvalidArgumentError(absl::StrCat("lora_adapter: slot ", request->lora_adapter,
+                                                   " is not in [-1, ", max_loras(), ")"));
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(request->sampling));
   RETURN_IF_ERROR(ValidateSamplingTokens(request->sampling, vocab));
@@ -510,8 +510,8 @@ absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter) {
   }
   if (adapter.name.empty()) return absl::InvalidArgumentError("lora_name: empty");
   if (adapter.name == model_->name) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "lora_name: `", adapter.name, "` is the served model's name"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("lora_name: `", adapter.name, "` is the served model's name"));
   }
   int32_t index = -1;
   {
@@ -612,8 +612,8 @@ absl::StatusOr<int64_t> Engine::UnloadLoraAdapter(std::string_view name) {
     }
     return slot.served.requests;
   }
-  return absl::NotFoundError(absl::StrCat("lora_name: no LoRA adapter named `", std::string(name),
-                                          "` is served"));
+  return absl::NotFoundError(
+      absl::StrCat("lora_name: no LoRA adapter named `", std::string(name), "` is served"));
 }
 
 void Engine::ReleaseLoraLocked(int32_t slot) {

@@ -579,9 +579,9 @@ class Engine {
     absl::Status install_status;  // the owner thread's SetLoraAdapter, for LoadLoraAdapter
   };
   std::vector<LoraSlot> lora_;
-  bool lora_work_ = false;        // guarded by mu_: ApplyLoraChanges has something to do
-  uint64_t next_lora_serial_ = 1;  // guarded by mu_
-  bool running_ = false;           // guarded by mu_: Start() was called
+  bool lora_work_ = false;           // guarded by mu_: ApplyLoraChanges has something to do
+  uint64_t next_lora_serial_ = 1;    // guarded by mu_
+  bool running_ = false;             // guarded by mu_: Start() was called
   std::condition_variable lora_cv_;  // an install finished
   std::thread thread_;
 };

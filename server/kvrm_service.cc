@@ -723,14 +723,14 @@ grpc::ServerUnaryReactor* KvrmService::LoadLoraAdapter(grpc::CallbackServerConte
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   const bool posted = lora_queue_->TryPost([this, reactor, request, response] {
-    absl::StatusOr<LoraAdapter> adapter = kvrm::LoadLoraAdapter(
-        engine_->model().config, request->lora_name(), request->lora_path());
+    absl::StatusOr<LoraAdapter> adapter =
+        kvrm::LoadLoraAdapter(engine_->model().config, request->lora_name(), request->lora_path());
     absl::StatusOr<ServedLoraAdapter> served =
         adapter.ok() ? engine_->LoadLoraAdapter(*std::move(adapter))
                      : absl::StatusOr<ServedLoraAdapter>(adapter.status());
     if (!served.ok()) {
-      LOG(WARNING) << "LoRA adapter '" << request->lora_name() << "' from "
-                   << request->lora_path() << ": " << served.status();
+      LOG(WARNING) << "LoRA adapter '" << request->lora_name() << "' from " << request->lora_path()
+                   << ": " << served.status();
       reactor->Finish(ToGrpcStatus(served.status()));
       return;
     }
@@ -741,9 +741,9 @@ grpc::ServerUnaryReactor* KvrmService::LoadLoraAdapter(grpc::CallbackServerConte
     reactor->Finish(grpc::Status::OK);
   });
   if (!posted) {
-    reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                 absl::StrCat("LoRA adapter loads: ", kLoraLoadQueue,
-                                              " already waiting; retry later")));
+    reactor->Finish(grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("LoRA adapter loads: ", kLoraLoadQueue, " already waiting; retry later")));
   }
   return reactor;
 }

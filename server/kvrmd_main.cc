@@ -53,9 +53,10 @@ ABSL_FLAG(std::string, lora_modules, "",
 ABSL_FLAG(int32_t, max_loras, 0,
           "LoRA adapter slots (CPU device): the --lora_modules take the first, adapters loaded "
           "while serving (--allow_runtime_lora_updating) the others; 0: as many as --lora_modules");
-ABSL_FLAG(int32_t, max_lora_rank, 0,
-          "the largest rank (r) a LoRA adapter may have (sizes each thread's scratch); 0: the "
-          "largest of the --lora_modules', and at least 16 when --max_loras leaves slots for loads");
+ABSL_FLAG(
+    int32_t, max_lora_rank, 0,
+    "the largest rank (r) a LoRA adapter may have (sizes each thread's scratch); 0: the "
+    "largest of the --lora_modules', and at least 16 when --max_loras leaves slots for loads");
 ABSL_FLAG(bool, allow_runtime_lora_updating, false,
           "allow LoadLoraAdapter / UnloadLoraAdapter (gRPC) and POST /v1/load_lora_adapter, "
           "/v1/unload_lora_adapter (HTTP): a client then has the server read a directory it "

@@ -583,7 +583,8 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       break;
   }
   return ReplyError(connection, 404, "not_found_error",
-                    absl::StrCat("no route ", path, ": try /v1/chat/completions, "
+                    absl::StrCat("no route ", path,
+                                 ": try /v1/chat/completions, "
                                  "/v1/completions, /v1/models, /tokenize, /detokenize, "
                                  "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
 }
@@ -692,8 +693,8 @@ int OpenAiHttpServer::LoraAdapterUpdate(MHD_Connection* connection, bool load,
   } else {
     for (const auto& [key, value] : parsed->items()) {
       if (key != "lora_name" && !(load && key == "lora_path")) {
-        bad = absl::InvalidArgumentError(absl::StrCat(key, ": unknown field (expected lora_name",
-                                                      load ? ", lora_path)" : ")"));
+        bad = absl::InvalidArgumentError(
+            absl::StrCat(key, ": unknown field (expected lora_name", load ? ", lora_path)" : ")"));
         break;
       }
       if (!value.is_string()) {

@@ -147,12 +147,12 @@ TEST(KvrmdProcessTest, BuiltinLoraAdapterIsGeneratedAndServed) {
   const std::string http_port_file = TmpDir() + "/kvrmd-lora.http_port";
   fs::remove(port_file);
   fs::remove(http_port_file);
-  Subprocess p = StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0",
-                             "--port_file=" + port_file, "--http_port_file=" + http_port_file,
-                             "--http_port=0", "--metrics_port=-1", "--model_cache=" + cache,
-                             "--lora_modules=sql=builtin", "--slots=2", "--threads=2",
-                             "--max_loras=2", "--allow_runtime_lora_updating"},
-                            "builtin-lora");
+  Subprocess p =
+      StartKvrmd({"--model=" + TinyModelDir(), "--listen=127.0.0.1:0", "--port_file=" + port_file,
+                  "--http_port_file=" + http_port_file, "--http_port=0", "--metrics_port=-1",
+                  "--model_cache=" + cache, "--lora_modules=sql=builtin", "--slots=2",
+                  "--threads=2", "--max_loras=2", "--allow_runtime_lora_updating"},
+                 "builtin-lora");
   ASSERT_TRUE(p.WaitForPortFile(port_file, absl::Seconds(60)).ok()) << p.LogTail();
   absl::StatusOr<int> http_port = p.WaitForPortFile(http_port_file, absl::Seconds(5));
   ASSERT_TRUE(http_port.ok()) << http_port.status();
@@ -165,16 +165,15 @@ TEST(KvrmdProcessTest, BuiltinLoraAdapterIsGeneratedAndServed) {
                          R"({"model": "sql", "prompt": "Hi", "max_tokens": 4, "ignore_eos": true})");
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_TRUE(absl::StrContains(r.body, "\"completion_tokens\":4")) << r.body;
-  const std::string dir =
-      cache + "/lora-" + fs::path(TinyModelDir()).filename().string() + "-sql";
+  const std::string dir = cache + "/lora-" + fs::path(TinyModelDir()).filename().string() + "-sql";
   r = HttpCall(*http_port, "POST", "/v1/load_lora_adapter",
                absl::StrCat(R"({"lora_name": "again", "lora_path": ")", dir, R"("})"));
   ASSERT_EQ(r.status, 200) << r.body << p.LogTail();
   auto greedy = [&](const std::string& model) {
-    HttpReply reply = HttpCall(*http_port, "POST", "/v1/completions",
-                               absl::StrCat(R"({"model": ")", model,
-                                            R"(", "prompt": "Hi", "max_tokens": 8, )",
-                                            R"("temperature": 0, "ignore_eos": true})"));
+    HttpReply reply =
+        HttpCall(*http_port, "POST", "/v1/completions",
+                 absl::StrCat(R"({"model": ")", model, R"(", "prompt": "Hi", "max_tokens": 8, )",
+                              R"("temperature": 0, "ignore_eos": true})"));
     EXPECT_EQ(reply.status, 200) << reply.body;
     return Json::parse(reply.body)["choices"][0]["text"].get<std::string>();
   };

@@ -355,9 +355,9 @@ TEST(LoraRuntimeTest, HttpLoadAndUnloadEndpoints) {
       absl::StrCat(R"({"model": "sql", "prompt": ")", kPrompt,
                    R"(", "max_tokens": 16, "temperature": 0, "ignore_eos": true})");
   EXPECT_EQ(HttpCall(port, "POST", "/v1/completions", completion).status, 404);
-  HttpReply r = HttpCall(port, "POST", "/v1/load_lora_adapter",
-                         absl::StrCat(R"({"lora_name": "sql", "lora_path": ")", dirs.at("a"),
-                                      R"("})"));
+  HttpReply r =
+      HttpCall(port, "POST", "/v1/load_lora_adapter",
+               absl::StrCat(R"({"lora_name": "sql", "lora_path": ")", dirs.at("a"), R"("})"));
   ASSERT_EQ(r.status, 200) << r.body;
   EXPECT_EQ(r.body, "Success: LoRA adapter 'sql' added successfully.");
   HttpReply list = HttpCall(port, "GET", "/v1/models");

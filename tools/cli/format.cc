@@ -211,8 +211,8 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"lora_slots",
        model.max_loras() == 0
            ? std::string("none")
-           : absl::StrCat(model.lora_adapters_size(), " of ", model.max_loras(), " taken, rank <= ",
-                          model.max_lora_rank(), ", loads while serving ",
+           : absl::StrCat(model.lora_adapters_size(), " of ", model.max_loras(),
+                          " taken, rank <= ", model.max_lora_rank(), ", loads while serving ",
                           model.runtime_lora_updating() ? "allowed" : "off")},
   };
   const v1::KvUsage& kv = server.kv();
