@@ -105,7 +105,7 @@ int32_t IdSource::Next() {
 
 absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOptions& options,
                                     std::vector<std::unique_ptr<GenerationRequest>> requests,
-                                    int32_t max_new_tokens) {
+                                    int32_t max_new_tokens, const BesideRun& beside) {
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&model, options));
   const int32_t n = static_cast<int32_t>(requests.size());
   Progress progress;
@@ -120,10 +120,15 @@ absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOption
     RETURN_IF_ERROR(engine->Submit(std::move(r)).status());
   }
   engine->Start();
+  std::atomic<bool> done{false};
+  std::thread beside_thread;
+  if (beside) beside_thread = std::thread([&] { beside(engine.get(), &done); });
   {
     absl::MutexLock lock(&progress.mu);
     progress.mu.Await(absl::Condition(&AllDone, &progress));
   }
+  done = true;
+  if (beside_thread.joinable()) beside_thread.join();
   const double window_s = std::chrono::duration<double>(Clock::now() - t0).count();
   const CpuTimes cpu1 = ReadCpuTimes();
   // The stats are published after the step whose tokens finished the last request.

@@ -4,7 +4,9 @@
 #ifndef KVRM_BENCH_ENGINE_RUN_H_
 #define KVRM_BENCH_ENGINE_RUN_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <random>
 #include <set>
@@ -47,12 +49,16 @@ struct EngineRun {
   EngineStats stats;                          // after the last request finished
 };
 
+// Work run on its own thread beside a run, from the engine's start until every request ended
+// (`done` then reads true; it must return soon after).
+using BesideRun = std::function<void(Engine* engine, const std::atomic<bool>* done)>;
+
 // Creates an engine for `model` with `options`, queues `requests` (their sinks are replaced; each
-// must generate exactly `max_new_tokens`: ignore_eos), starts it and waits for all of them.
-// INTERNAL naming the request when one finished otherwise.
+// must generate exactly `max_new_tokens`: ignore_eos), starts it and waits for all of them (with
+// `beside`, if given, running meanwhile). INTERNAL naming the request when one finished otherwise.
 absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOptions& options,
                                     std::vector<std::unique_ptr<GenerationRequest>> requests,
-                                    int32_t max_new_tokens);
+                                    int32_t max_new_tokens, const BesideRun& beside = nullptr);
 
 double Median(std::vector<double> v);
 

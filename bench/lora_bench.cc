@@ -44,6 +44,11 @@
 // margin. Where that rate is far below the base row's, the overhead is not the arithmetic but how
 // it is done.
 //
+// --churn adds a table: the `one` mode at the first concurrency, quiet and beside a thread that
+// loads an adapter into a free slot and unloads it over and over (RunChurn): load times, loads
+// per second, and the requests' tok/s and TPOT against the quiet run; their tokens must not
+// change.
+//
 // Sanity (exit status 1 where it fails): every request without an adapter, in every mode and
 // run, generates exactly the tokens it does in the first `base` run (others' adapters do not
 // touch a base row); every request with an adapter generates the same tokens in every run and
@@ -51,11 +56,14 @@
 // for the same prompt (the adapter is applied).
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <thread>
@@ -72,6 +80,7 @@
 #include "bench/generated_model.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/thread_priority.h"
 #include "model/lora.h"
 #include "nlohmann/json.hpp"
 #include "runtime/engine.h"
@@ -99,6 +108,13 @@ ABSL_FLAG(double, max_prefill_stall, 0.5,
           "whole token budget)");
 ABSL_FLAG(int32_t, threads, 2, "CPU backend threads");
 ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
+ABSL_FLAG(bool, churn, false,
+          "also measure loads while serving: at the first --concurrency, the `one` mode's requests "
+          "with and without a thread that loads adapter 0's directory under another name into a "
+          "free slot and unloads it, over and over, for the whole run");
+ABSL_FLAG(int32_t, churn_interval_ms, 0,
+          "with --churn: the pause between one load-and-unload and the next (0: back to back, "
+          "the worst case)");
 
 namespace kvrm {
 namespace {
@@ -158,7 +174,7 @@ class AdaptersAside {
 
 absl::StatusOr<RunResult> RunOnce(ModelBundle* model, const EngineOptions& options,
                                   const std::vector<std::vector<int32_t>>& prompts,
-                                  const Mode& mode) {
+                                  const Mode& mode, const bench::BesideRun& beside = nullptr) {
   // Outlives the engine: `unloaded` runs on an engine made without the adapters.
   const AdaptersAside aside(model, mode.kind == Mode::kUnloaded);
   const int32_t n = static_cast<int32_t>(prompts.size());
@@ -174,7 +190,7 @@ absl::StatusOr<RunResult> RunOnce(ModelBundle* model, const EngineOptions& optio
     requests.push_back(std::move(r));
   }
   return bench::RunQueued(*model, options, std::move(requests),
-                          absl::GetFlag(FLAGS_max_new_tokens));
+                          absl::GetFlag(FLAGS_max_new_tokens), beside);
 }
 
 // ---- the expectation: multiply-adds per token ----------------------------------------------
@@ -471,6 +487,120 @@ absl::StatusOr<std::vector<Mode>> Prepare(ModelBundle* model, const std::string&
   return modes;
 }
 
+// ---- loads while serving ---------------------------------------------------------------------
+
+// The `one` mode's requests at `concurrency`, alternately quiet and beside a thread that loads
+// adapter 0's directory (read from disk, as LoadLoraAdapter does) into a free slot and unloads
+// it, over and over (--churn_interval_ms apart; 0: back to back, the worst a stream of loads
+// does to the requests running: on 2 cores a load takes a core from the engine while it reads
+// and cuts the adapter). Both runs' engines have the extra slot. Outputs must be identical.
+absl::StatusOr<nlohmann::json> RunChurn(ModelBundle* model, int32_t concurrency) {
+  const int32_t requests =
+      absl::GetFlag(FLAGS_requests) > 0 ? absl::GetFlag(FLAGS_requests) : 2 * concurrency;
+  const std::vector<std::vector<int32_t>> prompts = MakePrompts(*model, requests, concurrency);
+  EngineOptions o;
+  o.slots = concurrency;
+  const int32_t need = absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens);
+  o.max_context = std::min((need + 16) / 16 * 16, model->config.max_position_embeddings);
+  o.max_queue = requests + 1;
+  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.max_loras = static_cast<int32_t>(model->lora_adapters.size()) + 1;
+  const Mode one{"one", Mode::kOne, absl::GetFlag(FLAGS_rank), 0};
+  const std::string dir = model->lora_adapters[0].path;
+  std::vector<RunResult> quiet, churned;
+  std::vector<double> load_ms, read_ms, tps_ratio, tpot_ratio;
+  std::vector<int32_t> loads_per_run;
+  bool identical = true;
+  absl::Status churn_error;
+  std::mutex mu;  // churn_error
+  for (int32_t rep = 0; rep < absl::GetFlag(FLAGS_repeats); ++rep) {
+    RunResult runs[2];
+    for (int k = 0; k < 2; ++k) {
+      const bool churn = (k + rep) % 2 == 1;  // the order alternates across repeats
+      int32_t loads = 0;
+      bench::BesideRun beside = [&](Engine* engine, const std::atomic<bool>* done) {
+        // As kvrmd's adapter thread (server/kvrm_service.cc), at the lowest priority.
+        LowerThisThreadsPriority();
+        while (!done->load()) {
+          const auto t0 = std::chrono::steady_clock::now();
+          absl::StatusOr<LoraAdapter> adapter = LoadLoraAdapter(model->config, "churn", dir);
+          const auto read = std::chrono::steady_clock::now();
+          absl::StatusOr<ServedLoraAdapter> served =
+              adapter.ok() ? engine->LoadLoraAdapter(*std::move(adapter))
+                           : absl::StatusOr<ServedLoraAdapter>(adapter.status());
+          const auto t1 = std::chrono::steady_clock::now();
+          absl::Status unloaded =
+              served.ok() ? engine->UnloadLoraAdapter("churn").status() : served.status();
+          if (!unloaded.ok()) {
+            std::lock_guard<std::mutex> lock(mu);
+            churn_error = unloaded;
+            return;
+          }
+          ++loads;
+          load_ms.push_back(1e3 * std::chrono::duration<double>(t1 - t0).count());
+          read_ms.push_back(1e3 * std::chrono::duration<double>(read - t0).count());
+          const auto pause = std::chrono::milliseconds(absl::GetFlag(FLAGS_churn_interval_ms));
+          for (auto until = std::chrono::steady_clock::now() + pause;
+               !done->load() && std::chrono::steady_clock::now() < until;) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          }
+        }
+      };
+      ASSIGN_OR_RETURN(runs[churn ? 1 : 0],
+                       RunOnce(model, o, prompts, one, churn ? beside : nullptr));
+      if (churn) loads_per_run.push_back(loads);
+    }
+    RETURN_IF_ERROR(churn_error);
+    identical = identical && runs[0].outputs == runs[1].outputs;
+    tps_ratio.push_back(runs[0].tokens_per_s > 0 ? runs[1].tokens_per_s / runs[0].tokens_per_s
+                                                 : 0);
+    tpot_ratio.push_back(runs[0].tpot_ms > 0 ? runs[1].tpot_ms / runs[0].tpot_ms : 0);
+    for (int k = 0; k < 2; ++k) runs[k].outputs.clear();
+    quiet.push_back(std::move(runs[0]));
+    churned.push_back(std::move(runs[1]));
+  }
+  std::vector<double> loads_per_s;
+  for (size_t i = 0; i < churned.size(); ++i) {
+    loads_per_s.push_back(churned[i].wall_s > 0 ? loads_per_run[i] / churned[i].wall_s : 0);
+  }
+  return nlohmann::json{
+      {"concurrency", concurrency},
+      {"requests", requests},
+      {"adapter_rank", model->lora_adapters[0].rank},
+      {"interval_ms", absl::GetFlag(FLAGS_churn_interval_ms)},
+      {"loads_per_run", loads_per_run},
+      {"loads_per_s", bench::Median(loads_per_s)},
+      {"load_ms_median", bench::Median(load_ms)},
+      {"load_ms_max", load_ms.empty() ? 0 : *std::max_element(load_ms.begin(), load_ms.end())},
+      {"read_ms_median", bench::Median(read_ms)},
+      {"tokens_per_s_vs_quiet", bench::Median(tps_ratio)},
+      {"tpot_vs_quiet", bench::Median(tpot_ratio)},
+      {"outputs_identical", identical},
+      {"quiet", bench::RunsJson(quiet)},
+      {"churn", bench::RunsJson(churned)}};
+}
+
+void PrintChurn(const nlohmann::json& c) {
+  std::printf(
+      "\n## Loads while serving (`one` at concurrency %d, an adapter of rank %d loaded and "
+      "unloaded beside the run, %d ms apart)\n\n",
+      c["concurrency"].get<int>(), c["adapter_rank"].get<int>(),
+      c["interval_ms"].get<int>());
+  std::printf(
+      "| loads / s | load ms (median) | of which reading (median) | load ms (max) | tok/s vs quiet | "
+      "TPOT vs quiet | outputs identical | busy elsewhere |\n"
+      "|---:|---:|---:|---:|---:|---:|---|---:|\n");
+  std::printf("| %.1f | %.1f | %.1f | %.1f | %.3f | %.3f | %s | %.2f |\n",
+              c["loads_per_s"].get<double>(), c["load_ms_median"].get<double>(),
+              c["read_ms_median"].get<double>(), c["load_ms_max"].get<double>(),
+              c["tokens_per_s_vs_quiet"].get<double>(), c["tpot_vs_quiet"].get<double>(),
+              c["outputs_identical"].get<bool>() ? "yes" : "NO",
+              std::max(c["quiet"]["others_cores_max"].get<double>(),
+                       c["churn"]["others_cores_max"].get<double>()));
+}
+
 // Two untimed requests (the base model's and adapter 0's): the first run in the process would
 // otherwise also fault in the memory-mapped weights.
 absl::Status WarmUp(ModelBundle* model) {
@@ -584,6 +714,16 @@ int Main(int argc, char** argv) {
     PrintRow(*row);
     all_ok = all_ok && (*row)["ok"].get<bool>();
     rows.push_back(*std::move(row));
+  }
+  if (absl::GetFlag(FLAGS_churn)) {
+    absl::StatusOr<nlohmann::json> churn = RunChurn(model->get(), concurrency.front());
+    if (!churn.ok()) {
+      std::fprintf(stderr, "churn: %s\n", churn.status().ToString().c_str());
+      return 1;
+    }
+    PrintChurn(*churn);
+    all_ok = all_ok && (*churn)["outputs_identical"].get<bool>();
+    out["churn"] = *std::move(churn);
   }
   out["all_ok"] = all_ok;
   out["rows"] = rows;

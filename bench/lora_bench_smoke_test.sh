@@ -2,14 +2,16 @@
 # Runs the LoRA serving bench on the tiny model (its default modes and a second rank, two
 # concurrencies, one run each) and checks its table and JSON: every row and mode, base requests' tokens the same
 # in every mode, adapted requests' the same in every run and different from the base model's,
-# every request's tokens counted, the FLOP expectations ordered as the ranks are.
+# every request's tokens counted, the FLOP expectations ordered as the ranks are; and --churn's
+# loads while serving (some loads, identical tokens).
 set -euo pipefail
 out="${TEST_TMPDIR}/lora.json"
 table="${TEST_TMPDIR}/lora.txt"
 bench/lora_bench --size=tiny --model_dir="${TEST_TMPDIR}/models" --concurrency=1,2 \
-  --prompt_tokens=32 --max_new_tokens=16 --repeats=1 --adapters=2 --rank=8 --ranks=4,8 \
+  --prompt_tokens=32 --max_new_tokens=16 --repeats=1 --adapters=2 --rank=8 --ranks=4,8 --churn \
   --json="$out" | tee "$table"
 grep -q '^| C | requests | mode | rank |' "$table"
+grep -q '^## Loads while serving' "$table"
 [[ "$(grep -c '^| [12] | ' "$table")" == 10 ]]
 python3 - "$out" <<'PY'
 import json, sys
@@ -45,5 +47,11 @@ for r in rows:
     assert modes["base"]["flops_vs_base"] == modes["unloaded"]["flops_vs_base"] == 1, r
     assert 1 < modes["one-r4"]["flops_vs_base"] < modes["one"]["flops_vs_base"], r
     assert 1 < modes["mixed"]["flops_vs_base"] < modes["one"]["flops_vs_base"], r
+# Loads while serving: some loads, the same tokens as without them.
+c = d["churn"]
+assert c["concurrency"] == 1 and c["adapter_rank"] == 8 and c["outputs_identical"] is True, c
+assert sum(c["loads_per_run"]) > 0 and c["load_ms_median"] > 0, c
+assert c["tokens_per_s_vs_quiet"] > 0 and c["tpot_vs_quiet"] > 0, c
+assert c["quiet"]["tokens"] == c["churn"]["tokens"] == c["requests"] * d["max_new_tokens"], c
 print("ok")
 PY

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/thread_priority.h"
 #include "model/reasoning.h"
 #include "server/response_queue.h"
 
@@ -438,6 +439,10 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
       StructuredTokenBytes(engine->model()), compile);
   compile_queue_ = std::make_unique<WorkQueue>(kCompileThreads, kCompileQueue);
   lora_queue_ = std::make_unique<WorkQueue>(1, kLoraLoadQueue);
+  // Loads read and cut adapters on the cores the engine uses: they take what it leaves (on 2
+  // cores, a load every 500 ms cost decoding requests 25 % of their tok/s at normal priority and
+  // 6-9 % at this; docs/benchmarks.md, "loads while serving").
+  lora_queue_->TryPost([] { LowerThisThreadsPriority(); });
   // Markers that are special tokens would be skipped in decoded text: requests keep them.
   tool_syntax_ = MakeToolCallSyntax(engine->model().chat.tool_call_format);
   const Tokenizer& tok = *engine->model().tokenizer;
