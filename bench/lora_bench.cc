@@ -64,6 +64,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -108,6 +109,9 @@ ABSL_FLAG(double, max_prefill_stall, 0.5,
           "whole token budget)");
 ABSL_FLAG(int32_t, threads, 2, "CPU backend threads");
 ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
+ABSL_FLAG(std::string, lora_dtype, "auto",
+          "what the backend keeps the adapters' factors in: auto (kvrmd's default: the model's, "
+          "bf16 for the generated bf16 models), bfloat16 or float32");
 ABSL_FLAG(bool, churn, false,
           "also measure loads while serving: at the first --concurrency, the `one` mode's requests "
           "with and without a thread that loads adapter 0's directory under another name into a "
@@ -151,6 +155,14 @@ std::vector<std::vector<int32_t>> MakePrompts(const ModelBundle& model, int32_t 
     for (int32_t k = 0; k < absl::GetFlag(FLAGS_prompt_tokens); ++k) p.push_back(ids.Next());
   }
   return out;
+}
+
+// --lora_dtype: unset for auto.
+std::optional<DType> LoraDtypeFlag() {
+  const std::string d = absl::GetFlag(FLAGS_lora_dtype);
+  if (d == "bfloat16") return DType::kBF16;
+  if (d == "float32") return DType::kF32;
+  return std::nullopt;
 }
 
 using RunResult = bench::EngineRun;
@@ -300,6 +312,7 @@ absl::StatusOr<nlohmann::json> RunRow(ModelBundle* mutable_model, const std::vec
   o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.lora_dtype = LoraDtypeFlag();
   const size_t nm = modes.size();  // modes[0] is base
   std::vector<std::vector<RunResult>> runs(nm);
   std::vector<std::vector<double>> tps_ratio(nm), tpot_ratio(nm), ttft_ratio(nm), gmacs(nm);
@@ -506,6 +519,7 @@ absl::StatusOr<nlohmann::json> RunChurn(ModelBundle* model, int32_t concurrency)
   o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.lora_dtype = LoraDtypeFlag();
   o.max_loras = static_cast<int32_t>(model->lora_adapters.size()) + 1;
   const Mode one{"one", Mode::kOne, absl::GetFlag(FLAGS_rank), 0};
   const std::string dir = model->lora_adapters[0].path;
@@ -608,6 +622,7 @@ absl::Status WarmUp(ModelBundle* model) {
   o.slots = 1;
   o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   o.threads = absl::GetFlag(FLAGS_threads);
+  o.lora_dtype = LoraDtypeFlag();
   o.max_context =
       std::min(absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens) + 16,
                model->config.max_position_embeddings);
@@ -648,6 +663,9 @@ nlohmann::json Config(const ModelBundle& model) {
           {"num_adapters", absl::GetFlag(FLAGS_adapters)},
           {"repeats", absl::GetFlag(FLAGS_repeats)},
           {"max_prefill_stall", absl::GetFlag(FLAGS_max_prefill_stall)},
+          {"lora_dtype",
+           DTypeName(LoraDtypeFlag().value_or(model.weights.dtype == DType::kF32 ? DType::kF32
+                                                                                 : DType::kBF16))},
           {"base_macs_per_token", base},
           {"adapters", adapters}};
 }
@@ -660,10 +678,11 @@ void PrintHeading(const nlohmann::json& c) {
       c["date"].get<std::string>().c_str());
   std::printf(
       "prompts %d tokens, %d new tokens each, greedy, %d adapters of rank %d (all 7 "
-      "projections), %zu served, max_prefill_stall %.2f, medians of %d runs per mode\n\n",
+      "projections, %s factors), %zu served, max_prefill_stall %.2f, medians of %d runs per "
+      "mode\n\n",
       c["prompt_tokens"].get<int>(), c["max_new_tokens"].get<int>(), c["num_adapters"].get<int>(),
-      c["rank"].get<int>(), c["adapters"].size(), c["max_prefill_stall"].get<double>(),
-      c["repeats"].get<int>());
+      c["rank"].get<int>(), c["lora_dtype"].get<std::string>().c_str(), c["adapters"].size(),
+      c["max_prefill_stall"].get<double>(), c["repeats"].get<int>());
   std::printf(
       "| C | requests | mode | rank | adapted | tok/s | tok/s vs base | TPOT ms | TPOT vs base | "
       "TTFT s | TTFT vs base | steps | FLOPs vs base | as computed | GMAC/s | identical | "
@@ -675,6 +694,11 @@ void PrintHeading(const nlohmann::json& c) {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  if (const std::string d = absl::GetFlag(FLAGS_lora_dtype);
+      d != "auto" && d != "bfloat16" && d != "float32") {
+    std::fprintf(stderr, "--lora_dtype=%s: auto, bfloat16 or float32\n", d.c_str());
+    return 1;
+  }
   std::vector<int32_t> concurrency, ranks;
   if (!bench::ParseCounts("concurrency", absl::GetFlag(FLAGS_concurrency), &concurrency)) return 1;
   const std::string rank_list = absl::GetFlag(FLAGS_ranks).empty()

@@ -139,7 +139,8 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLo
   auto prepared = std::make_shared<CpuLoraAdapter>();
   const int32_t tp = tensor_parallel();
   for (int32_t r = 0; r < tp; ++r) {
-    ASSIGN_OR_RETURN(RankLora share, ShardLoraAdapter(config_, adapter, r, tp));
+    ASSIGN_OR_RETURN(RankLora share,
+                     ShardLoraAdapter(config_, adapter, r, tp, options_.lora_dtype));
     for (const auto& layer : share) {
       for (const LoraShard& s : layer) {
         if (s.rank > lora_max_rank_) {  // a projection's rank above the config's `r`

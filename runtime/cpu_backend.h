@@ -64,6 +64,9 @@ struct CpuBackendOptions {
   // The largest rank a slot's adapter may have (sizes the scratch); 0: the largest of
   // lora_adapters'.
   int32_t max_lora_rank = 0;
+  // What the ranks keep the adapters' factors in: f32, or bf16 (half the bytes held and read a
+  // pass; each value rounded to nearest, as vLLM's --lora-dtype keeps them in the model's).
+  DType lora_dtype = DType::kF32;
 };
 
 class CpuBackend : public Backend {

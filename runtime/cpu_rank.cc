@@ -228,8 +228,13 @@ void CpuRank::LoraShare(int thread, int num_threads, int32_t layer, LoraTarget t
     int64_t begin, end;
     MatMulShareBounds(s.out, thread, num_threads, &begin, &end);
     if (begin >= end) continue;
-    LoraShrink(x, ldx, ids, m, s.at.data(), s.in, s.rank_stride, mid);
-    LoraExpand(mid, ids, m, s.rank, s.rank_stride, s.bt.data(), s.out, begin, end, y, ldy);
+    if (s.bf16) {
+      LoraShrink(x, ldx, ids, m, s.at16.data(), s.in, s.rank_stride, mid);
+      LoraExpand(mid, ids, m, s.rank, s.rank_stride, s.bt16.data(), s.out, begin, end, y, ldy);
+    } else {
+      LoraShrink(x, ldx, ids, m, s.at.data(), s.in, s.rank_stride, mid);
+      LoraExpand(mid, ids, m, s.rank, s.rank_stride, s.bt.data(), s.out, begin, end, y, ldy);
+    }
   }
 }
 

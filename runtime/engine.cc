@@ -83,6 +83,12 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
     return absl::InvalidArgumentError(
         absl::StrCat("--max_lora_rank=", o.max_lora_rank, ": must be in [0, ", kMaxLoraRank, "]"));
   }
+  if (!o.lora_dtype.has_value()) {
+    o.lora_dtype = model->weights.dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
+  }
+  if (*o.lora_dtype != DType::kF32 && *o.lora_dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("--lora_dtype: LoRA factors are kept in float32 or bfloat16");
+  }
   if (o.max_lora_rank == 0 && o.max_loras > 0) {
     for (const LoraAdapter& a : model->lora_adapters) {
       o.max_lora_rank = std::max(o.max_lora_rank, a.rank);
@@ -187,6 +193,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
   for (const LoraAdapter& a : model.lora_adapters) bo.lora_adapters.push_back(&a);
   bo.max_lora_adapters = o.max_loras;
   bo.max_lora_rank = o.max_lora_rank;
+  bo.lora_dtype = o.lora_dtype.value_or(DType::kF32);
   ASSIGN_OR_RETURN(std::unique_ptr<CpuBackend> backend,
                    CpuBackend::Create(model.config, &model.weights, bo));
   return std::unique_ptr<Backend>(std::move(backend));

@@ -144,6 +144,9 @@ struct EngineOptions {
   // The largest rank an adapter may have (kvrmd --max_lora_rank; sizes the backend's scratch).
   // 0: the largest of the model's adapters', and at least 16 when slots are left for loads.
   int32_t max_lora_rank = 0;
+  // What the backend keeps adapters' factors in (kvrmd --lora_dtype): f32 or bf16. Unset: the
+  // model's dtype (bf16 unless its weights are f32), as vLLM's --lora-dtype auto.
+  std::optional<DType> lora_dtype;
 };
 
 // A LoRA adapter the engine serves (Engine::LoraAdapters).

@@ -124,7 +124,10 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
 }
 
 absl::StatusOr<RankLora> ShardLoraAdapter(const LlamaConfig& config, const LoraAdapter& adapter,
-                                          int32_t rank, int32_t size) {
+                                          int32_t rank, int32_t size, DType dtype) {
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError("LoRA factors are kept in f32 or bf16");
+  }
   if (static_cast<int32_t>(adapter.layers.size()) != config.num_hidden_layers) {
     return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", adapter.name, "' has ",
                                                    adapter.layers.size(), " layers; the model ",
@@ -166,6 +169,15 @@ absl::StatusOr<RankLora> ShardLoraAdapter(const LlamaConfig& config, const LoraA
         for (int64_t o = 0; o < out_share; ++o) {
           s.bt[k * out_share + o] = m.b[(out_begin + o) * m.rank + k];
         }
+      }
+      if (dtype == DType::kBF16) {
+        s.bf16 = true;
+        s.at16.resize(s.at.size());
+        s.bt16.resize(s.bt.size());
+        for (size_t i = 0; i < s.at.size(); ++i) s.at16[i] = FloatToBf16(s.at[i]);
+        for (size_t i = 0; i < s.bt.size(); ++i) s.bt16[i] = FloatToBf16(s.bt[i]);
+        std::vector<float>().swap(s.at);
+        std::vector<float>().swap(s.bt);
       }
     }
   }

@@ -28,14 +28,18 @@ namespace kvrm {
 
 // One rank's share of one adapted projection (model/lora.h), laid out for the products of
 // kernels/cpu/lora.h: at = A^T [in][rank_stride] over this rank's input columns (zeros past the
-// rank), bt = (scale B)^T [rank][out] over this rank's output rows. rank == 0: not adapted.
+// rank), bt = (scale B)^T [rank][out] over this rank's output rows, in f32 (at, bt) or in bf16
+// (at16, bt16: each value rounded to nearest, half the bytes). rank == 0: not adapted.
 struct LoraShard {
   int32_t rank = 0;
   int32_t rank_stride = 0;  // rank rounded up to kLoraRankLanes
   int64_t in = 0;
   int64_t out = 0;
+  bool bf16 = false;
   std::vector<float> at;
   std::vector<float> bt;
+  std::vector<uint16_t> at16;
+  std::vector<uint16_t> bt16;
 };
 
 // One rank's share of a LoRA adapter: [layer][LoraTarget].
@@ -72,10 +76,10 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
 
 // Rank `rank` of `size`'s share of `adapter` (loaded for `config`), cut like the base matrices
 // (column-parallel Q/K/V/gate/up: B's rows; row-parallel O/down: A's columns, so each rank's
-// delta is a partial sum the all-reduce completes). INVALID_ARGUMENT when the adapter's layers
-// or shapes do not match the config's.
+// delta is a partial sum the all-reduce completes), its factors kept as `dtype` (f32, or bf16).
+// INVALID_ARGUMENT when the adapter's layers or shapes do not match the config's.
 absl::StatusOr<RankLora> ShardLoraAdapter(const LlamaConfig& config, const LoraAdapter& adapter,
-                                          int32_t rank, int32_t size);
+                                          int32_t rank, int32_t size, DType dtype = DType::kF32);
 
 // Gives the rank's linear weights (Q, K, V, O, gate, up, down, lm_head) their panel copies
 // (WeightMatrix::panels), in memory `weights` owns:

@@ -668,6 +668,10 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_max_loras(engine_->max_loras());
   response->set_max_lora_rank(engine_->max_lora_rank());
   response->set_runtime_lora_updating(runtime_lora_updating_);
+  if (engine_->max_loras() > 0) {
+    response->set_lora_dtype(
+        std::string(DTypeName(engine_->options().lora_dtype.value_or(DType::kF32))));
+  }
   return FinishUnary(context, grpc::Status::OK);
 }
 

@@ -57,6 +57,10 @@ ABSL_FLAG(
     int32_t, max_lora_rank, 0,
     "the largest rank (r) a LoRA adapter may have (sizes each thread's scratch); 0: the "
     "largest of the --lora_modules', and at least 16 when --max_loras leaves slots for loads");
+ABSL_FLAG(std::string, lora_dtype, "auto",
+          "what LoRA adapters' factors are kept and read in: bfloat16 (half the memory and "
+          "bytes a step; each value rounded to nearest), float32, or auto (the model's: "
+          "float32 for an f32 model, else bfloat16), as vLLM's --lora-dtype");
 ABSL_FLAG(bool, allow_runtime_lora_updating, false,
           "allow LoadLoraAdapter / UnloadLoraAdapter (gRPC) and POST /v1/load_lora_adapter, "
           "/v1/unload_lora_adapter (HTTP): a client then has the server read a directory it "
@@ -428,6 +432,14 @@ int Run() {
   eo.tensor_parallel = absl::GetFlag(FLAGS_tp);
   eo.max_loras = absl::GetFlag(FLAGS_max_loras);
   eo.max_lora_rank = absl::GetFlag(FLAGS_max_lora_rank);
+  if (const std::string d = absl::GetFlag(FLAGS_lora_dtype); d == "bfloat16") {
+    eo.lora_dtype = DType::kBF16;
+  } else if (d == "float32") {
+    eo.lora_dtype = DType::kF32;
+  } else if (d != "auto") {
+    std::fprintf(stderr, "kvrmd: --lora_dtype=%s: auto, bfloat16 or float32\n", d.c_str());
+    return 2;
+  }
   if (absl::GetFlag(FLAGS_allow_runtime_lora_updating) && eo.max_loras <= 0 &&
       (*model)->lora_adapters.empty()) {
     std::fprintf(stderr,

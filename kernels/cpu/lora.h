@@ -1,5 +1,5 @@
 // The two small products of a LoRA adapter's delta, y += B (A x), for the rows of one adapter in
-// a pass (runtime/cpu_rank.h LoraShare), with the transposed factors:
+// a pass (runtime/cpu_rank.h LoraShare), with the transposed factors (f32, or bf16: below):
 //   LoraShrink: mid[j][k] = sum_c x[rows[j]][c] * at[c][k]     (at = A^T, [in][rank_stride])
 //   LoraExpand: y[rows[j]][o] += sum_k mid[j][k] * bt[k][o]      (bt = B^T, [rank][out])
 // The factors are read from memory once per call whatever the number of rows: the loops walk
@@ -26,6 +26,15 @@ void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, con
 // [begin, end), j < n.
 void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank,
                 int32_t rank_stride, const float* bt, int64_t out, int64_t begin, int64_t end,
+                float* y, int64_t ldy);
+
+// The same with the factors in bf16 (each uint16_t a bf16's bits; half the bytes to read): each
+// product is the f32 one with the factor's value widened exactly, so a row's sums are those of
+// the f32 kernels given the same values.
+void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const uint16_t* at,
+                int64_t in, int32_t rank_stride, float* mid);
+void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank,
+                int32_t rank_stride, const uint16_t* bt, int64_t out, int64_t begin, int64_t end,
                 float* y, int64_t ldy);
 
 }  // namespace kvrm

@@ -1,6 +1,7 @@
 // The LoRA products (kernels/cpu/lora.h) for AVX-512, compiled with their own -m flags and called
 // only where the processor has it (ActiveCpuIsa).
 //
+// Factors in f32 or bf16 (widened exactly as they are loaded: the same products).
 // Shrink: a slab of A^T's columns (at most 16 KB) at a time; for it, every row in turn, four
 // rows at once, each row's rank lanes in registers (up to 64 at once: independent chains), its
 // sums carried over from the slab before through `mid`. Expand: 64 output columns at a time (B^T's
@@ -19,11 +20,20 @@ namespace {
 constexpr int kLanes = 16;
 constexpr int kRowGroup = 4;
 
+// 16 factor values as floats (bf16 widened exactly), the lanes outside `mask` zero.
+inline __m512 Load16(const float* p, __mmask16 mask = 0xffff) {
+  return _mm512_maskz_loadu_ps(mask, p);
+}
+inline __m512 Load16(const uint16_t* p, __mmask16 mask = 0xffff) {
+  const __m256i h = _mm256_maskz_loadu_epi16(mask, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
 // Rows rows[0, R) over A^T's columns [c0, c1) and rank lanes [k0, k0 + 16 KB): KB independent
 // chains a row (one per 16 lanes), interleaved so that one row at a high rank is not bound by
 // the multiply-add's latency.
-template <int R, int KB>
-inline void ShrinkGroup(const float* x, int64_t ldx, const int32_t* rows, const float* at,
+template <int R, int KB, typename T>
+inline void ShrinkGroup(const float* x, int64_t ldx, const int32_t* rows, const T* at,
                         int64_t c0, int64_t c1, int32_t stride, int32_t k0, float* mid) {
   const float* xr[R];
   __m512 acc[R][KB];
@@ -36,7 +46,7 @@ inline void ShrinkGroup(const float* x, int64_t ldx, const int32_t* rows, const 
   }
   for (int64_t c = c0; c < c1; ++c) {
     for (int b = 0; b < KB; ++b) {
-      const __m512 a = _mm512_loadu_ps(at + c * stride + k0 + b * kLanes);
+      const __m512 a = Load16(at + c * stride + k0 + b * kLanes);
       for (int r = 0; r < R; ++r) {
         acc[r][b] = _mm512_fmadd_ps(_mm512_set1_ps(xr[r][c]), a, acc[r][b]);
       }
@@ -49,22 +59,22 @@ inline void ShrinkGroup(const float* x, int64_t ldx, const int32_t* rows, const 
   }
 }
 
-template <int KB>
-void ShrinkRows(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const float* at,
+template <int KB, typename T>
+void ShrinkRows(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const T* at,
                 int64_t c0, int64_t c1, int32_t stride, int32_t k0, float* mid) {
   int32_t j = 0;
   for (; j + kRowGroup <= n; j += kRowGroup) {
-    ShrinkGroup<kRowGroup, KB>(x, ldx, rows + j, at, c0, c1, stride, k0, mid + int64_t{j} * stride);
+    ShrinkGroup<kRowGroup, KB, T>(x, ldx, rows + j, at, c0, c1, stride, k0, mid + int64_t{j} * stride);
   }
   for (; j < n; ++j) {
-    ShrinkGroup<1, KB>(x, ldx, rows + j, at, c0, c1, stride, k0, mid + int64_t{j} * stride);
+    ShrinkGroup<1, KB, T>(x, ldx, rows + j, at, c0, c1, stride, k0, mid + int64_t{j} * stride);
   }
 }
 
 // Rows rows[0, R) over columns [o, o + 16 * B) (the last block masked by `tail`).
-template <int R, int B>
+template <int R, int B, typename T>
 inline void ExpandGroup(const float* mid, const int32_t* rows, int32_t rank, int32_t stride,
-                        const float* bt, int64_t out, int64_t o, __mmask16 tail, float* y,
+                        const T* bt, int64_t out, int64_t o, __mmask16 tail, float* y,
                         int64_t ldy) {
   float* yr[R];
   __m512 acc[R][B];
@@ -75,9 +85,9 @@ inline void ExpandGroup(const float* mid, const int32_t* rows, int32_t rank, int
     }
   }
   for (int32_t k = 0; k < rank; ++k) {
-    const float* row = bt + k * out + o;
+    const T* row = bt + k * out + o;
     for (int b = 0; b < B; ++b) {
-      const __m512 v = _mm512_maskz_loadu_ps(b + 1 == B ? tail : 0xffff, row + b * kLanes);
+      const __m512 v = Load16(row + b * kLanes, b + 1 == B ? tail : 0xffff);
       for (int r = 0; r < R; ++r) {
         acc[r][b] = _mm512_fmadd_ps(_mm512_set1_ps(mid[int64_t{r} * stride + k]), v, acc[r][b]);
       }
@@ -90,25 +100,24 @@ inline void ExpandGroup(const float* mid, const int32_t* rows, int32_t rank, int
   }
 }
 
-template <int B>
+template <int B, typename T>
 void ExpandRows(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
-                const float* bt, int64_t out, int64_t o, __mmask16 tail, float* y, int64_t ldy) {
+                const T* bt, int64_t out, int64_t o, __mmask16 tail, float* y, int64_t ldy) {
   int32_t j = 0;
   for (; j + kRowGroup <= n; j += kRowGroup) {
-    ExpandGroup<kRowGroup, B>(mid + int64_t{j} * stride, rows + j, rank, stride, bt, out, o, tail,
+    ExpandGroup<kRowGroup, B, T>(mid + int64_t{j} * stride, rows + j, rank, stride, bt, out, o, tail,
                               y, ldy);
   }
   for (; j < n; ++j) {
-    ExpandGroup<1, B>(mid + int64_t{j} * stride, rows + j, rank, stride, bt, out, o, tail, y, ldy);
+    ExpandGroup<1, B, T>(mid + int64_t{j} * stride, rows + j, rank, stride, bt, out, o, tail, y, ldy);
   }
 }
 
-}  // namespace
-
-void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const float* at,
-                int64_t in, int32_t stride, float* mid) {
+template <typename T>
+void Shrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const T* at, int64_t in,
+            int32_t stride, float* mid) {
   // Columns per slab: 16 KB of A^T.
-  const int64_t slab = std::max<int64_t>(8, 16384 / (int64_t{stride} * 4));
+  const int64_t slab = std::max<int64_t>(8, 16384 / (int64_t{stride} * int64_t{sizeof(T)}));
   for (int64_t c0 = 0; c0 < in; c0 += slab) {
     const int64_t c1 = std::min(in, c0 + slab);
     int32_t k0 = 0;
@@ -122,8 +131,9 @@ void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, con
   }
 }
 
-void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
-                const float* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy) {
+template <typename T>
+void Expand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
+            const T* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy) {
   constexpr int kBlocks = 4;
   int64_t o = begin;
   for (; o + kBlocks * kLanes <= end; o += kBlocks * kLanes) {
@@ -134,6 +144,29 @@ void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, 
     ExpandRows<1>(mid, rows, n, rank, stride, bt, out, o, static_cast<__mmask16>((1u << left) - 1),
                   y, ldy);
   }
+}
+
+}  // namespace
+
+void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const float* at,
+                int64_t in, int32_t stride, float* mid) {
+  Shrink(x, ldx, rows, n, at, in, stride, mid);
+}
+
+void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const uint16_t* at,
+                int64_t in, int32_t stride, float* mid) {
+  Shrink(x, ldx, rows, n, at, in, stride, mid);
+}
+
+void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
+                const float* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy) {
+  Expand(mid, rows, n, rank, stride, bt, out, begin, end, y, ldy);
+}
+
+void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
+                const uint16_t* bt, int64_t out, int64_t begin, int64_t end, float* y,
+                int64_t ldy) {
+  Expand(mid, rows, n, rank, stride, bt, out, begin, end, y, ldy);
 }
 
 }  // namespace lora_avx512

@@ -1,15 +1,18 @@
 // The LoRA shrink and expand products against float64 sums on random inputs, on every path this
-// processor runs: row sets of every size and order (not consecutive rows), ranks that are and are
-// not multiples of the lanes, inputs longer than a slab, column ranges with tails; and a row's
-// result is the same bits whatever rows share the call.
+// processor runs and with f32 and bf16 factors: row sets of every size and order (not
+// consecutive rows), ranks that are and are not multiples of the lanes, inputs longer than a
+// slab, column ranges with tails; a row's result is the same bits whatever rows share the call;
+// and bf16 factors give the bits f32 factors of the same values give.
 #include "kernels/cpu/lora.h"
 
 #include <cmath>
 #include <cstring>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
+#include "common/dtype.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/isa.h"
 
@@ -37,10 +40,54 @@ std::vector<float> RandomAt(std::mt19937* rng, int64_t in, int32_t rank) {
   return at;
 }
 
-class LoraKernelsTest : public testing::TestWithParam<CpuIsa> {
+// The factors rounded to bf16 (their float values, and their bits).
+void RoundToBf16(std::vector<float>* v, std::vector<uint16_t>* bits) {
+  bits->resize(v->size());
+  for (size_t i = 0; i < v->size(); ++i) {
+    (*bits)[i] = FloatToBf16((*v)[i]);
+    (*v)[i] = Bf16ToFloat((*bits)[i]);
+  }
+}
+
+// (ISA, bf16 factors).
+class LoraKernelsTest : public testing::TestWithParam<std::tuple<CpuIsa, bool>> {
  protected:
-  void SetUp() override { SetActiveCpuIsa(GetParam()); }
+  void SetUp() override { SetActiveCpuIsa(std::get<0>(GetParam())); }
   void TearDown() override { SetActiveCpuIsa(AvailableCpuIsas().back()); }
+  bool bf16() const { return std::get<1>(GetParam()); }
+  // The products with f32 factors `at`, `bt`, or (bf16()) the same values as bf16.
+  void Shrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n,
+              const std::vector<float>& at, int64_t in, int32_t stride, float* mid) {
+    if (!bf16()) return LoraShrink(x, ldx, rows, n, at.data(), in, stride, mid);
+    std::vector<float> rounded = at;
+    std::vector<uint16_t> bits;
+    RoundToBf16(&rounded, &bits);
+    ExpectBf16Values(rounded, at);
+    LoraShrink(x, ldx, rows, n, bits.data(), in, stride, mid);
+  }
+  void Expand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
+              const std::vector<float>& bt, int64_t out, int64_t begin, int64_t end, float* y,
+              int64_t ldy) {
+    if (!bf16()) return LoraExpand(mid, rows, n, rank, stride, bt.data(), out, begin, end, y, ldy);
+    std::vector<float> rounded = bt;
+    std::vector<uint16_t> bits;
+    RoundToBf16(&rounded, &bits);
+    ExpectBf16Values(rounded, bt);
+    LoraExpand(mid, rows, n, rank, stride, bits.data(), out, begin, end, y, ldy);
+  }
+  // Random factors, already bf16 values when bf16() (so the f64 sums below use what the kernels
+  // read).
+  std::vector<float> Factors(std::vector<float> v) {
+    if (bf16()) {
+      std::vector<uint16_t> bits;
+      RoundToBf16(&v, &bits);
+    }
+    return v;
+  }
+  static void ExpectBf16Values(const std::vector<float>& a, const std::vector<float>& b) {
+    ASSERT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0)
+        << "factors not bf16 values";
+  }
 };
 
 TEST_P(LoraKernelsTest, ShrinkAndExpandMatchFloat64) {
@@ -55,15 +102,14 @@ TEST_P(LoraKernelsTest, ShrinkAndExpandMatchFloat64) {
         const int32_t n = static_cast<int32_t>(rows.size());
         const int64_t ldx = in + 3, ldy = out + 5;  // strides wider than the rows
         const std::vector<float> x = Random(&rng, kRows * ldx);
-        const std::vector<float> at = RandomAt(&rng, in, rank);
-        const std::vector<float> bt = Random(&rng, rank * out);
+        const std::vector<float> at = Factors(RandomAt(&rng, in, rank));
+        const std::vector<float> bt = Factors(Random(&rng, rank * out));
         const std::vector<float> y0 = Random(&rng, kRows * ldy);
         std::vector<float> mid(n * stride, NAN), y = y0;
-        LoraShrink(x.data(), ldx, rows.data(), n, at.data(), in, stride, mid.data());
+        Shrink(x.data(), ldx, rows.data(), n, at, in, stride, mid.data());
         // Columns [7, out - 2): a range that starts and ends off the lanes.
         const int64_t begin = 7, end = out - 2;
-        LoraExpand(mid.data(), rows.data(), n, rank, stride, bt.data(), out, begin, end, y.data(),
-                   ldy);
+        Expand(mid.data(), rows.data(), n, rank, stride, bt, out, begin, end, y.data(), ldy);
         std::vector<bool> called(kRows, false);
         for (int32_t j = 0; j < n; ++j) {
           const int32_t i = rows[j];
@@ -107,8 +153,8 @@ TEST_P(LoraKernelsTest, ARowsResultDoesNotDependOnTheOtherRows) {
   std::mt19937 rng(5);
   const int64_t in = 900, out = 150;
   const int32_t rank = 24, stride = Stride(rank);
-  const std::vector<float> at = RandomAt(&rng, in, rank);
-  const std::vector<float> bt = Random(&rng, rank * out);
+  const std::vector<float> at = Factors(RandomAt(&rng, in, rank));
+  const std::vector<float> bt = Factors(Random(&rng, rank * out));
   constexpr int32_t kRows = 9;
   const std::vector<float> x = Random(&rng, kRows * in);
   const std::vector<float> y0 = Random(&rng, kRows * out);
@@ -116,21 +162,31 @@ TEST_P(LoraKernelsTest, ARowsResultDoesNotDependOnTheOtherRows) {
   for (int32_t i = 0; i < kRows; ++i) all[i] = kRows - 1 - i;  // backwards
   for (int32_t n = 2; n <= kRows; ++n) {
     std::vector<float> mid(n * stride), y = y0;
-    LoraShrink(x.data(), in, all.data(), n, at.data(), in, stride, mid.data());
-    LoraExpand(mid.data(), all.data(), n, rank, stride, bt.data(), out, 0, out, y.data(), out);
+    Shrink(x.data(), in, all.data(), n, at, in, stride, mid.data());
+    Expand(mid.data(), all.data(), n, rank, stride, bt, out, 0, out, y.data(), out);
     for (int32_t j = 0; j < n; ++j) {
       const int32_t i = all[j];
       std::vector<float> mid1(stride), y1 = y0;
-      LoraShrink(x.data(), in, &i, 1, at.data(), in, stride, mid1.data());
-      LoraExpand(mid1.data(), &i, 1, rank, stride, bt.data(), out, 0, out, y1.data(), out);
+      Shrink(x.data(), in, &i, 1, at, in, stride, mid1.data());
+      Expand(mid1.data(), &i, 1, rank, stride, bt, out, 0, out, y1.data(), out);
+      if (bf16() && n == kRows) {  // the f32 kernels on the same values: the same bits
+        std::vector<float> mid2(stride), y2 = y0;
+        LoraShrink(x.data(), in, &i, 1, at.data(), in, stride, mid2.data());
+        LoraExpand(mid2.data(), &i, 1, rank, stride, bt.data(), out, 0, out, y2.data(), out);
+        EXPECT_EQ(std::memcmp(&y1[i * out], &y2[i * out], out * sizeof(float)), 0) << i;
+      }
       EXPECT_EQ(std::memcmp(&y1[i * out], &y[i * out], out * sizeof(float)), 0)
           << "row " << i << " among " << n;
     }
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Isas, LoraKernelsTest, testing::ValuesIn(AvailableCpuIsas()),
-                         [](const auto& info) { return std::string(CpuIsaName(info.param)); });
+INSTANTIATE_TEST_SUITE_P(IsasAndFactors, LoraKernelsTest,
+                         testing::Combine(testing::ValuesIn(AvailableCpuIsas()), testing::Bool()),
+                         [](const auto& info) {
+                           return std::string(CpuIsaName(std::get<0>(info.param))) +
+                                  (std::get<1>(info.param) ? "_bf16" : "_f32");
+                         });
 
 }  // namespace
 }  // namespace kvrm

@@ -212,7 +212,8 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
        model.max_loras() == 0
            ? std::string("none")
            : absl::StrCat(model.lora_adapters_size(), " of ", model.max_loras(),
-                          " taken, rank <= ", model.max_lora_rank(), ", loads while serving ",
+                          " taken, rank <= ", model.max_lora_rank(), ", ", model.lora_dtype(),
+                          " factors, loads while serving ",
                           model.runtime_lora_updating() ? "allowed" : "off")},
   };
   const v1::KvUsage& kv = server.kv();

@@ -32,7 +32,7 @@ expect() {
 CLOSED=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
 expect 2 "usage: kvrm_cli <command>" --
-expect 0 "generate   stream a completion" -- help
+expect 0 "generate     stream a completion" -- help
 expect 0 "--max_new_tokens=64" -- generate --help
 expect 0 "--service=" -- help health
 expect 2 "unknown command 'bogus'" -- bogus
