@@ -461,7 +461,9 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
       // The adapter's K/V are its own: its prompts share cached blocks only with its own (this
       // load's: an adapter loaded again under the name may have other weights).
       request->cache_salt = LoraCacheKey(request->cache_salt, found->served.serial);
-      ++lora_[found->served.slot].served.requests;
+      LoraSlot& used = lora_[found->served.slot];
+      ++used.served.requests;
+      used.last_used = ++lora_uses_;
     }
     handle = request->handle = next_handle_++;
     ++queued_;
@@ -509,7 +511,15 @@ std::vector<ServedLoraAdapter> Engine::LoraAdapters() const {
   return out;
 }
 
-absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter) {
+bool Engine::ServesLoraAdapter(std::string_view name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const LoraSlot& slot : lora_) {
+    if (slot.state == LoraSlot::State::kServing && slot.served.adapter.name == name) return true;
+  }
+  return false;
+}
+
+absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter, bool evictable) {
   if (lora_.empty()) {
     return absl::FailedPreconditionError(
         "LoRA adapters: this server has no adapter slots (kvrmd --max_loras; the CPU device "
@@ -523,19 +533,52 @@ absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter) {
   int32_t index = -1;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (stop_) return absl::UnavailableError("the engine is stopping");
-    // A slot whose adapter was unloaded and whose requests all ended is about to be emptied by
-    // the owner thread: wait for that rather than refuse.
-    auto emptying = [&] {
+    for (;;) {
+      if (stop_) return absl::UnavailableError("the engine is stopping");
       for (const LoraSlot& slot : lora_) {
-        if (slot.state == LoraSlot::State::kFree) return false;
+        const bool named = slot.state == LoraSlot::State::kLoading ||
+                           slot.state == LoraSlot::State::kInstalling ||
+                           slot.state == LoraSlot::State::kServing;
+        if (named && slot.served.adapter.name == adapter.name) {
+          return absl::AlreadyExistsError(
+              absl::StrCat("lora_name: an adapter named `", adapter.name, "` is already ",
+                           slot.state == LoraSlot::State::kServing ? "served" : "being loaded"));
+        }
       }
-      for (const LoraSlot& slot : lora_) {
-        if (slot.state == LoraSlot::State::kUnloading && slot.served.requests == 0) return true;
+      for (size_t i = 0; i < lora_.size() && index < 0; ++i) {
+        if (lora_[i].state == LoraSlot::State::kFree) index = static_cast<int32_t>(i);
       }
-      return false;
-    };
-    while (emptying() && !stop_) {
+      if (index >= 0) break;
+      // A slot whose adapter was unloaded and whose requests all ended is about to be emptied
+      // by the owner thread: wait for that rather than refuse. Else the least recently used
+      // evictable adapter no request runs with gives its slot.
+      bool emptying = false;
+      LoraSlot* victim = nullptr;
+      for (LoraSlot& slot : lora_) {
+        emptying |= slot.state == LoraSlot::State::kUnloading && slot.served.requests == 0;
+        if (slot.state == LoraSlot::State::kServing && slot.served.evictable &&
+            slot.served.requests == 0 &&
+            (victim == nullptr || slot.last_used < victim->last_used)) {
+          victim = &slot;
+        }
+      }
+      if (!emptying && victim != nullptr) {
+        LOG(INFO) << "LoRA adapter '" << victim->served.adapter.name << "' evicted from slot "
+                  << victim->served.slot << " for '" << adapter.name << "'";
+        victim->state = LoraSlot::State::kUnloading;
+        lora_work_ = true;
+        cv_.notify_one();
+        emptying = true;
+      }
+      if (!emptying) {
+        int64_t unloading = 0;
+        for (const LoraSlot& slot : lora_) unloading += slot.state == LoraSlot::State::kUnloading;
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "LoRA adapters: all ", lora_.size(), " slots are taken (kvrmd --max_loras)",
+            unloading > 0 ? absl::StrCat("; ", unloading,
+                                         " of them by unloaded adapters whose requests are running")
+                          : std::string("; unload one first")));
+      }
       if (!running_) {
         lock.unlock();  // no owner thread yet: the caller is the owner
         ApplyLoraChanges();
@@ -544,33 +587,12 @@ absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter) {
         lora_cv_.wait_for(lock, std::chrono::milliseconds(50));
       }
     }
-    for (const LoraSlot& slot : lora_) {
-      const bool named = slot.state == LoraSlot::State::kLoading ||
-                         slot.state == LoraSlot::State::kInstalling ||
-                         slot.state == LoraSlot::State::kServing;
-      if (named && slot.served.adapter.name == adapter.name) {
-        return absl::AlreadyExistsError(
-            absl::StrCat("lora_name: an adapter named `", adapter.name, "` is already ",
-                         slot.state == LoraSlot::State::kServing ? "served" : "being loaded"));
-      }
-    }
-    for (size_t i = 0; i < lora_.size() && index < 0; ++i) {
-      if (lora_[i].state == LoraSlot::State::kFree) index = static_cast<int32_t>(i);
-    }
-    if (index < 0) {
-      int64_t unloading = 0;
-      for (const LoraSlot& slot : lora_) unloading += slot.state == LoraSlot::State::kUnloading;
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "LoRA adapters: all ", lora_.size(), " slots are taken (kvrmd --max_loras)",
-          unloading > 0 ? absl::StrCat("; ", unloading,
-                                       " of them by unloaded adapters whose requests are running")
-                        : std::string("; unload one first")));
-    }
     LoraSlot& slot = lora_[index];
     slot.state = LoraSlot::State::kLoading;
     slot.served = ServedLoraAdapter();
     slot.served.adapter.name = adapter.name;  // reserves the name
     slot.served.slot = index;
+    slot.served.evictable = evictable;
   }
   // The slow part, while steps run: the backend's copy of the weights.
   absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> prepared =

@@ -157,6 +157,9 @@ struct ServedLoraAdapter {
   // it (LoraCacheKey), so an adapter loaded again under the same name shares no stale KV.
   uint64_t serial = 0;
   int64_t requests = 0;  // submitted with it and not finished
+  // Loaded on demand (LoadLoraAdapter's `evictable`): a later load that finds no free slot may
+  // take its slot while no request runs with it, the least recently used first.
+  bool evictable = false;
 };
 
 // INVALID_ARGUMENT naming the flag (kvrmd's spelling, `--flag=value`) when the draft length is
@@ -278,11 +281,15 @@ class Engine {
   // Serves `adapter` (loaded for the model's config) under its name from now on, in a free slot:
   // the backend prepares it on the calling thread while steps run, and the engine thread puts
   // it in the slot between two steps; returns once it is there (or, before Start(), puts it
-  // there itself). ALREADY_EXISTS for a name already served; RESOURCE_EXHAUSTED when every
-  // slot holds one (EngineOptions::max_loras); INVALID_ARGUMENT naming the adapter when it does
-  // not fit (rank above max_lora_rank, shapes); FAILED_PRECONDITION when the engine has no
-  // slots; UNAVAILABLE when it is stopping.
-  absl::StatusOr<ServedLoraAdapter> LoadLoraAdapter(LoraAdapter adapter);
+  // there itself). With every slot taken, the least recently used evictable adapter (see
+  // ServedLoraAdapter::evictable) that no request runs with is unloaded for it. ALREADY_EXISTS
+  // for a name already served; RESOURCE_EXHAUSTED when every slot holds one that cannot be
+  // evicted (EngineOptions::max_loras); INVALID_ARGUMENT naming the adapter when it does not fit
+  // (rank above max_lora_rank, shapes); FAILED_PRECONDITION when the engine has no slots;
+  // UNAVAILABLE when it is stopping.
+  absl::StatusOr<ServedLoraAdapter> LoadLoraAdapter(LoraAdapter adapter, bool evictable = false);
+  // Whether an adapter of this name is served now (a request naming it would be taken).
+  bool ServesLoraAdapter(std::string_view name) const;
   // Stops serving `name`: a request naming it is refused from now on; those already submitted
   // with it finish with it, after which its slot is emptied (the engine thread lets go of its
   // weights) and may take another. Returns how many requests are still running with it.
@@ -580,10 +587,12 @@ class Engine {
     ServedLoraAdapter served;
     std::shared_ptr<const PreparedLoraAdapter> prepared;  // kInstalling: for the owner thread
     absl::Status install_status;  // the owner thread's SetLoraAdapter, for LoadLoraAdapter
+    uint64_t last_used = 0;       // lora_uses_ when a request last named it (eviction order)
   };
   std::vector<LoraSlot> lora_;
   bool lora_work_ = false;           // guarded by mu_: ApplyLoraChanges has something to do
   uint64_t next_lora_serial_ = 1;    // guarded by mu_
+  uint64_t lora_uses_ = 0;           // guarded by mu_: requests resolved to an adapter
   bool running_ = false;             // guarded by mu_: Start() was called
   std::condition_variable lora_cv_;  // an install finished
   std::thread thread_;

@@ -1159,19 +1159,23 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   // with it); after an error its KV is not trusted.
   if (reason != FinishReason::kError) RegisterCachedPrefix(slot_index);
   SetState(slot_index, SlotState::kFinishing);
+  // Its adapter is let go of before the client hears of the end (the adapter is read by no step
+  // after this one), so that a client that unloads it then finds its slot free.
+  if (r.lora_adapter >= 0) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ReleaseLoraLocked(r.lora_adapter);
+  }
   observer_->OnFinished(r, info);
   r.sink->OnFinished(std::move(last), info);
   kv_->Release(slot_index);
   SetState(slot_index, SlotState::kFree);
   slot.reserve_blocks = 0;
-  const int32_t adapter = r.lora_adapter;
   slot.request.reset();
   slot.text.reset();
   slot.swapped = false;
   // Publish before `outstanding_` drops, so that a WaitIdle() caller sees the freed slot.
   PublishStats();
   std::lock_guard<std::mutex> lock(mu_);
-  if (adapter >= 0) ReleaseLoraLocked(adapter);
   if (--outstanding_ == 0) idle_cv_.notify_all();
 }
 
@@ -1181,10 +1185,13 @@ void Engine::FinishQueued(std::unique_ptr<GenerationRequest> request, FinishReas
   info.prompt_tokens = static_cast<int32_t>(request->prompt.size());
   info.queue_time_ms = Ms(clock_->Now() - request->arrival);
   info.total_time_ms = info.queue_time_ms;
+  if (request->lora_adapter >= 0) {  // before the client hears of the end, as in FinishSlot
+    std::lock_guard<std::mutex> lock(mu_);
+    ReleaseLoraLocked(request->lora_adapter);
+  }
   observer_->OnFinished(*request, info);
   request->sink->OnFinished({}, info);
   std::lock_guard<std::mutex> lock(mu_);
-  if (request->lora_adapter >= 0) ReleaseLoraLocked(request->lora_adapter);
   --queued_;
   if (--outstanding_ == 0) idle_cv_.notify_all();
 }

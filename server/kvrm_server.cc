@@ -119,6 +119,7 @@ absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
   server->service_->SetStructuredOutputMetrics(options.structured_metrics);
   server->service_->SetToolCallMetrics(options.tool_call_metrics);
   server->service_->SetRuntimeLoraUpdating(options.runtime_lora_updating);
+  server->service_->SetLoraDirectory(options.lora_dir);
   // Output merged for a slow reader stays far below the send limit.
   server->service_->SetMaxMergedMessageBytes(
       std::min<size_t>(64 << 10, std::max(options.max_message_bytes, 4) / 4));

@@ -1,5 +1,7 @@
 #include "server/kvrm_service.h"
 
+#include <cctype>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -486,6 +488,32 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
                                       std::clamp(request->n(), 1, limits_.max_n),
                                       merged_chunks_counter_, max_merged_bytes_);
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
+  if (!lora_dir_.empty() && !request->lora_adapter().empty() &&
+      !engine_->ServesLoraAdapter(request->lora_adapter())) {
+    // An adapter not served, to be loaded from --lora_dir first: on the adapter thread (the
+    // gRPC thread must never block), which then goes on as the compile threads do (compiling a
+    // new constraint there too).
+    const bool posted = lora_queue_->TryPost(
+        [this, context, request, reactor, id = std::move(id), arrival]() mutable {
+          if (reactor->cancelled()) {
+            reactor->Reject(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+            return;
+          }
+          if (const absl::Status st = LoadOnDemand(request->lora_adapter()); !st.ok()) {
+            reactor->Reject(ToGrpcStatus(st));
+            return;
+          }
+          ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
+        });
+    if (!posted) {
+      context->AddTrailingMetadata("retry-after-ms", "1000");
+      reactor->Reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                   "lora_adapter: too many adapter loads waiting"));
+      return reactor;
+    }
+    KVRM_GRPC_HANDOFF(reactor);
+    return reactor;
+  }
   if (request->has_structured() || request->has_chat()) {
     absl::StatusOr<std::optional<StructuredField>> f = RequestConstraint(*request, limits_);
     // A constraint behind a thinking block is compiled for the way the prompt leaves it, known
@@ -700,6 +728,41 @@ grpc::Status CheckLoraUpdate(bool allowed, const std::string& name) {
 
 }  // namespace
 
+absl::Status KvrmService::LoadOnDemand(const std::string& name) {
+  if (engine_->ServesLoraAdapter(name)) return absl::OkStatus();  // loaded while this waited
+  const std::string dir = OnDemandLoraPath(lora_dir_, name);
+  if (dir.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "lora_adapter: `", name, "` is not served, and --lora_dir has no adapter of that name"));
+  }
+  absl::StatusOr<LoraAdapter> adapter = kvrm::LoadLoraAdapter(engine_->model().config, name, dir);
+  if (!adapter.ok()) {
+    LOG(WARNING) << "LoRA adapter '" << name << "' from " << dir << ": " << adapter.status();
+    return absl::Status(adapter.status().code(), absl::StrCat("lora_adapter: `", name, "` (", dir,
+                                                              "): ", adapter.status().message()));
+  }
+  absl::StatusOr<ServedLoraAdapter> served =
+      engine_->LoadLoraAdapter(*std::move(adapter), /*evictable=*/true);
+  if (absl::IsAlreadyExists(served.status())) return absl::OkStatus();
+  if (!served.ok()) {
+    return absl::Status(served.status().code(),
+                        absl::StrCat("lora_adapter: ", served.status().message()));
+  }
+  LOG(INFO) << "LoRA adapter '" << name << "' loaded on demand from " << dir << " into slot "
+            << served->slot;
+  return absl::OkStatus();
+}
+
+std::string OnDemandLoraPath(const std::string& root, const std::string& name) {
+  if (root.empty() || name.empty() || name.size() > 256 || name[0] == '.') return "";
+  for (unsigned char c : name) {
+    if (!(std::isalnum(c) || c == '-' || c == '_' || c == '.')) return "";
+  }
+  const std::string dir = absl::StrCat(root, "/", name);
+  std::error_code ec;
+  return std::filesystem::is_regular_file(dir + "/adapter_config.json", ec) ? dir : "";
+}
+
 void LoraAdapterInfoOf(const ServedLoraAdapter& served, v1::LoraAdapterInfo* info) {
   const LoraAdapter& a = served.adapter;
   info->set_name(a.name);
@@ -711,6 +774,7 @@ void LoraAdapterInfoOf(const ServedLoraAdapter& served, v1::LoraAdapterInfo* inf
   info->set_num_parameters(a.num_parameters);
   info->set_base_model(a.base_model);
   info->set_running_requests(served.requests);
+  info->set_on_demand(served.evictable);
 }
 
 grpc::ServerUnaryReactor* KvrmService::LoadLoraAdapter(grpc::CallbackServerContext* context,

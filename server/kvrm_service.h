@@ -61,6 +61,11 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // --allow_runtime_lora_updating; off: FAILED_PRECONDITION naming the flag).
   void SetRuntimeLoraUpdating(bool allowed) { runtime_lora_updating_ = allowed; }
 
+  // Before the server starts: a request naming an adapter that is not served, whose name is a
+  // directory of `dir` holding a PEFT adapter, has it loaded first (on the adapter thread) into
+  // a free slot, or the least recently used on-demand adapter's slot (kvrmd --lora_dir).
+  void SetLoraDirectory(std::string dir) { lora_dir_ = std::move(dir); }
+
   // Structured outputs' compiler and grammar cache for the served model (stats for metrics).
   const structured::ConstraintCompiler& structured_outputs() const { return *structured_; }
 
@@ -113,9 +118,15 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // <think> and </think> where they are special tokens (kept in a thinking model's chat replies).
   std::vector<int32_t> reasoning_marker_tokens_;
   size_t max_merged_bytes_ = 64 << 10;
+  // Loads `name` from lora_dir_ for a request (evictable); OK when it is served after.
+  // INVALID_ARGUMENT naming lora_adapter when lora_dir_ has no adapter of that name.
+  absl::Status LoadOnDemand(const std::string& name);
+
   bool runtime_lora_updating_ = false;
-  // LoadLoraAdapter's thread (one load at a time; kLoraLoadQueue waiting at most).
-  static constexpr int32_t kLoraLoadQueue = 4;
+  std::string lora_dir_;  // on-demand adapters; "": none
+  // LoadLoraAdapter's and on-demand loads' thread (one load at a time; kLoraLoadQueue calls
+  // waiting at most).
+  static constexpr int32_t kLoraLoadQueue = 64;
   std::unique_ptr<WorkQueue> lora_queue_;
   // Last: destroyed first, so that calls still waiting to compile finish while the rest exists.
   std::unique_ptr<WorkQueue> compile_queue_;
@@ -123,6 +134,10 @@ class KvrmService final : public v1::Kvrm::CallbackService {
 
 // Converts an absl::Status to a grpc::Status (same codes).
 grpc::Status ToGrpcStatus(const absl::Status& status);
+
+// `root`/`name` when `name` is 1-256 letters, digits, '-', '_' or '.' (not first) and that
+// directory holds an adapter_config.json; "" otherwise (a name never leaves `root`).
+std::string OnDemandLoraPath(const std::string& root, const std::string& name);
 
 // GetModelInfo's description of an adapter the engine serves.
 void LoraAdapterInfoOf(const ServedLoraAdapter& served, v1::LoraAdapterInfo* info);

@@ -57,6 +57,11 @@ ABSL_FLAG(
     int32_t, max_lora_rank, 0,
     "the largest rank (r) a LoRA adapter may have (sizes each thread's scratch); 0: the "
     "largest of the --lora_modules', and at least 16 when --max_loras leaves slots for loads");
+ABSL_FLAG(std::string, lora_dir, "",
+          "LoRA adapters on demand (CPU device): a request naming an adapter that is not served, "
+          "whose name is a directory of DIR holding a PEFT adapter, has it loaded first into a "
+          "free --max_loras slot, or the least recently used on-demand adapter's slot while no "
+          "request runs with it");
 ABSL_FLAG(std::string, lora_dtype, "auto",
           "what LoRA adapters' factors are kept and read in: bfloat16 (half the memory and "
           "bytes a step; each value rounded to nearest), float32, or auto (the model's: "
@@ -440,11 +445,23 @@ int Run() {
     std::fprintf(stderr, "kvrmd: --lora_dtype=%s: auto, bfloat16 or float32\n", d.c_str());
     return 2;
   }
-  if (absl::GetFlag(FLAGS_allow_runtime_lora_updating) && eo.max_loras <= 0 &&
-      (*model)->lora_adapters.empty()) {
+  if (const std::string dir = absl::GetFlag(FLAGS_lora_dir);
+      !dir.empty() && !std::filesystem::is_directory(dir)) {
+    std::fprintf(stderr, "kvrmd: --lora_dir=%s: not a directory\n", dir.c_str());
+    return 2;
+  }
+  // Loads while serving, or on demand, need slots to load into.
+  const bool no_slots = eo.max_loras <= 0 && (*model)->lora_adapters.empty();
+  if (no_slots && absl::GetFlag(FLAGS_allow_runtime_lora_updating)) {
     std::fprintf(stderr,
                  "kvrmd: --allow_runtime_lora_updating: give --max_loras, the adapter slots "
                  "loads may take\n");
+    return 2;
+  }
+  if (no_slots && !absl::GetFlag(FLAGS_lora_dir).empty()) {
+    std::fprintf(stderr,
+                 "kvrmd: --lora_dir=%s: give --max_loras, the adapter slots loads may take\n",
+                 absl::GetFlag(FLAGS_lora_dir).c_str());
     return 2;
   }
   eo.backend_factory = device->factory;
@@ -490,6 +507,7 @@ int Run() {
   so.structured_metrics = &metrics.structured_outputs();
   so.tool_call_metrics = &metrics.tool_calls();
   so.runtime_lora_updating = absl::GetFlag(FLAGS_allow_runtime_lora_updating);
+  so.lora_dir = absl::GetFlag(FLAGS_lora_dir);
   so.info.served_model_name = absl::GetFlag(FLAGS_served_model_name).empty()
                                   ? (*model)->name
                                   : absl::GetFlag(FLAGS_served_model_name);
@@ -518,6 +536,11 @@ int Run() {
                      a.name.c_str());
         return 2;
       }
+    }
+    if (const std::string dir = absl::GetFlag(FLAGS_lora_dir); !dir.empty()) {
+      ho.lora_adapter_loadable = [dir](const std::string& name) {
+        return !OnDemandLoraPath(dir, name).empty();
+      };
     }
     ho.lora_adapters = [engine = engine->get()] {
       std::vector<std::string> names;

@@ -634,6 +634,7 @@ std::optional<OpenAiError> OpenAiHttpServer::WrongModel(const std::string& model
   const std::vector<std::string> adapters =
       options_.lora_adapters ? options_.lora_adapters() : std::vector<std::string>();
   if (std::find(adapters.begin(), adapters.end(), model) != adapters.end()) return std::nullopt;
+  if (options_.lora_adapter_loadable && options_.lora_adapter_loadable(model)) return std::nullopt;
   OpenAiError e;
   e.http_status = 404;
   e.type = "not_found_error";

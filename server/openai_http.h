@@ -61,6 +61,9 @@ struct OpenAiHttpOptions {
   // a request whose `model` names one runs with it (GenerateRequest.lora_adapter), as vLLM
   // serves LoRA modules; /v1/models lists them (from GetModelInfo). Any thread; null: none.
   std::function<std::vector<std::string>()> lora_adapters;
+  // Whether a `model` that is none of those names an adapter the server loads on demand (kvrmd
+  // --lora_dir): such a request goes through, as one naming a served adapter. Null: none.
+  std::function<bool(const std::string&)> lora_adapter_loadable;
   int32_t max_context = 0;  // /v1/models' max_model_len
   OpenAiDefaults defaults;
   const Tokenizer* tokenizer = nullptr;  // spells logprob tokens; must outlive the server

@@ -123,6 +123,8 @@ TEST(KvrmdProcessTest, SpeculativeDecodingFlagsOutsideTheirRangeExitTwoNamingThe
 TEST(KvrmdProcessTest, MalformedLoraModulesExitTwoNamingTheFlag) {
   ExpectBadFlagExitsTwo("--allow_runtime_lora_updating", "--max_loras");
   ExpectBadFlagExitsTwo("--lora_dtype=float16", "auto, bfloat16 or float32");
+  ExpectBadFlagExitsTwo("--lora_dir=" + TmpDir() + "/no-such-dir", "not a directory");
+  ExpectBadFlagExitsTwo("--lora_dir=" + TmpDir(), "--max_loras");
   ExpectBadFlagExitsTwo("--lora_modules=sql", "name=DIR");
   ExpectBadFlagExitsTwo("--lora_modules=a=builtin,a=builtin", "given twice");
   ExpectBadFlagExitsTwo("--lora_modules=bad name=builtin", "letters, digits");

@@ -3,7 +3,8 @@
 // /v1/unload_lora_adapter): an adapter loaded at run time gives the tokens it gives when served
 // from the start; slots run out and come back; an unloaded adapter's running requests finish
 // with it; an adapter loaded again under a name shares no KV with its former self; loads and
-// unloads racing requests crash nothing, leak no block and hand no request another's adapter.
+// unloads racing requests crash nothing, leak no block and hand no request another's adapter;
+// adapters loaded on demand from --lora_dir take the least recently used idle slot.
 #include <atomic>
 #include <map>
 #include <memory>
@@ -19,6 +20,7 @@
 #include "model/lora.h"
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
+#include "server/kvrm_service.h"
 #include "server/openai_http.h"
 #include "tests/http_client.h"
 #include "tests/test_server.h"
@@ -329,6 +331,127 @@ TEST(LoraRuntimeTest, LoadsAndUnloadsRacingRequests) {
   EXPECT_EQ(s.kv.blocks_used, 0);
   EXPECT_EQ(s.kv.blocks_reserved, 0);
   EXPECT_EQ(s.kv.host_blocks_used, 0);
+}
+
+// --lora_dir: adapters "a", "b", "c" (the seeds of AdapterDirs') as directories of one root.
+const std::string& OnDemandRoot() {
+  static const auto* root = [] {
+    auto* r = new std::string(TmpDir() + "/ondemand_lora");
+    std::unique_ptr<ModelBundle> model(LoadTinyModel());
+    int seed = 1;
+    for (const std::string name : {"a", "b", "c"}) {
+      modelgen::MakeLoraOptions o;
+      o.out_dir = absl::StrCat(*r, "/", name);
+      o.seed = seed++;
+      CHECK_OK(modelgen::MakeLoraAdapter(model->config, o));
+    }
+    return r;
+  }();
+  return *root;
+}
+
+ServerOptions OnDemand() {
+  ServerOptions s;
+  s.lora_dir = OnDemandRoot();
+  return s;
+}
+
+std::vector<std::string> Served(TestServer& server) {
+  const v1::ModelInfo info = Info(server);
+  std::vector<std::string> names;
+  for (const v1::LoraAdapterInfo& a : info.lora_adapters()) names.push_back(a.name());
+  return names;
+}
+
+// A request naming an adapter of --lora_dir loads it first; with both slots taken, the least
+// recently used one gives its slot; every reply is the adapter's own.
+TEST(LoraRuntimeTest, OnDemandAdaptersTakeTheLeastRecentlyUsedSlot) {
+  TestServer server(Options(2), OnDemand());
+  for (const std::string name : {"a", "b"}) {
+    StreamResult r = RunGenerate(server.stub(), Greedy(name, 16));
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    EXPECT_EQ(r.tokens, Want().at(name)) << name;
+  }
+  v1::ModelInfo info = Info(server);
+  ASSERT_EQ(info.lora_adapters_size(), 2);
+  EXPECT_TRUE(info.lora_adapters(0).on_demand());
+  // "a" is used again, so "b" is the least recently used when "c" comes.
+  ASSERT_TRUE(RunGenerate(server.stub(), Greedy("a", 4)).status.ok());
+  StreamResult c = RunGenerate(server.stub(), Greedy("c", 16));
+  ASSERT_TRUE(c.status.ok()) << c.status.error_message();
+  EXPECT_EQ(c.tokens, Want().at("c"));
+  EXPECT_EQ(Served(server), (std::vector<std::string>{"a", "c"}));
+  StreamResult b = RunGenerate(server.stub(), Greedy("b", 16));  // evicts "a" now
+  EXPECT_EQ(b.tokens, Want().at("b"));
+  EXPECT_EQ(Served(server), (std::vector<std::string>{"b", "c"}));
+  // Names that are no adapter of the directory, or would leave it: refused naming the field.
+  for (const std::string bad : {"zzz", "../ondemand_lora/a", ".hidden"}) {
+    StreamResult r = RunGenerate(server.stub(), Greedy(bad, 4));
+    EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << bad;
+    EXPECT_NE(r.status.error_message().find("lora_adapter"), std::string::npos)
+        << r.status.error_message();
+  }
+  EXPECT_EQ(RunGenerate(server.stub(), Greedy("", 16)).tokens, Want().at(""));
+}
+
+// An on-demand adapter that a request runs with keeps its slot: with one slot, a request for
+// another adapter meanwhile is RESOURCE_EXHAUSTED (retry later), and loads once the slot is idle.
+// Adapters served from the start (or loaded by LoadLoraAdapter) are never evicted.
+TEST(LoraRuntimeTest, OnDemandNeverEvictsARunningOrPinnedAdapter) {
+  {
+    TestServer server(Options(1), OnDemand());
+    StreamResult long_run;
+    std::thread t([&] { long_run = RunGenerate(server.stub(), Greedy("a", 200)); });
+    for (int i = 0; i < 4000; ++i) {
+      std::vector<ServedLoraAdapter> served = server.engine().LoraAdapters();
+      if (!served.empty() && served[0].requests == 1) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    StreamResult b = RunGenerate(server.stub(), Greedy("b", 4));
+    t.join();
+    ASSERT_TRUE(long_run.status.ok()) << long_run.status.error_message();
+    EXPECT_EQ(b.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+        << b.status.error_message();
+    b = RunGenerate(server.stub(), Greedy("b", 16));
+    ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+    EXPECT_EQ(b.tokens, Want().at("b"));
+  }
+  std::unique_ptr<ModelBundle> model(LoadTinyModel());
+  model->lora_adapters.push_back(Load(*model, "pinned", AdapterDirs().at("c")));
+  TestServer pinned(std::move(model), Options(1), OnDemand());
+  StreamResult r = RunGenerate(pinned.stub(), Greedy("a", 4));
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << r.status.error_message();
+  EXPECT_EQ(RunGenerate(pinned.stub(), Greedy("pinned", 16)).tokens, Want().at("c"));
+}
+
+// The HTTP API with --lora_dir: `model` naming an adapter of the directory goes through and
+// loads it; a name that is none is 404.
+TEST(LoraRuntimeTest, HttpModelLoadsOnDemand) {
+  TestServer server(Options(2), OnDemand());
+  OpenAiHttpOptions o;
+  o.host = "127.0.0.1";
+  o.port = 0;
+  o.served_model_name = "tiny";
+  o.lora_adapter_loadable = [](const std::string& name) {
+    return !OnDemandLoraPath(OnDemandRoot(), name).empty();
+  };
+  o.max_context = server.engine().options().max_context;
+  o.tokenizer = server.model().tokenizer.get();
+  auto http = OpenAiHttpServer::Start(server.server().InProcessChannel(), o);
+  ASSERT_TRUE(http.ok()) << http.status();
+  const int port = (*http)->port();
+  auto completion = [&](const std::string& model) {
+    return HttpCall(port, "POST", "/v1/completions",
+                    absl::StrCat(R"({"model": ")", model, R"(", "prompt": ")", kPrompt,
+                                 R"(", "max_tokens": 16, "temperature": 0, "ignore_eos": true})"));
+  };
+  HttpReply r = completion("b");
+  ASSERT_EQ(r.status, 200) << r.body;
+  StreamResult want = RunGenerate(server.stub(), Greedy("b", 16));
+  EXPECT_EQ(want.tokens, Want().at("b"));
+  EXPECT_EQ(Json::parse(r.body)["choices"][0]["text"], want.text);
+  EXPECT_EQ(completion("nope").status, 404);
 }
 
 // The HTTP API: vLLM's two endpoints, with `model` naming a loaded adapter and /v1/models

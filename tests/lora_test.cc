@@ -158,8 +158,8 @@ constexpr int32_t kSlots = 3;
 // Relative to max(1, max |ref|) of a row, as the base model's f32 forward test allows.
 constexpr double kRelTol = 1e-5;
 
-std::unique_ptr<CpuBackend> MakeBackend(const ModelBundle& model, int32_t tp,
-                                        bool adapters = true, DType lora_dtype = DType::kF32) {
+// The tests' backend shape: kSlots slots, 64 blocks, 256 positions, 2 threads; no adapters.
+CpuBackendOptions TestBackendOptions() {
   CpuBackendOptions o;
   o.kv_blocks = 64;
   o.kv_block_tokens = kBlockTokens;
@@ -167,6 +167,12 @@ std::unique_ptr<CpuBackend> MakeBackend(const ModelBundle& model, int32_t tp,
   o.max_chunk_tokens = 32;
   o.max_context = 256;
   o.num_threads = 2;
+  return o;
+}
+
+std::unique_ptr<CpuBackend> MakeBackend(const ModelBundle& model, int32_t tp, bool adapters = true,
+                                        DType lora_dtype = DType::kF32) {
+  CpuBackendOptions o = TestBackendOptions();
   o.tensor_parallel = tp;
   o.lora_dtype = lora_dtype;
   if (adapters) {
@@ -386,13 +392,7 @@ TEST(LoraBatchTest, RefusesAdaptersTheBackendDoesNotServe) {
 TEST(LoraBatchTest, SlotsFilledAndEmptiedBetweenSteps) {
   const LoraModels& m = GetModels();
   const int32_t vocab = m.bundle->config.vocab_size;
-  CpuBackendOptions o;
-  o.kv_blocks = 64;
-  o.kv_block_tokens = kBlockTokens;
-  o.max_slots = kSlots;
-  o.max_chunk_tokens = 32;
-  o.max_context = 256;
-  o.num_threads = 2;
+  CpuBackendOptions o = TestBackendOptions();
   o.lora_adapters = {&m.bundle->lora_adapters[1]};  // "qv" (rank 4) in slot 0
   o.max_lora_adapters = 3;
   o.max_lora_rank = 8;
