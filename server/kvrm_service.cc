@@ -500,6 +500,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
             return;
           }
           if (const absl::Status st = LoadOnDemand(request->lora_adapter()); !st.ok()) {
+            // Every slot's adapter has requests running: worth a retry once they end.
+            if (absl::IsResourceExhausted(st)) {
+              context->AddTrailingMetadata("retry-after-ms", "1000");
+            }
             reactor->Reject(ToGrpcStatus(st));
             return;
           }

@@ -412,6 +412,7 @@ TEST(LoraRuntimeTest, OnDemandNeverEvictsARunningOrPinnedAdapter) {
     ASSERT_TRUE(long_run.status.ok()) << long_run.status.error_message();
     EXPECT_EQ(b.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
         << b.status.error_message();
+    EXPECT_EQ(b.trailers.count("retry-after-ms"), 1u);
     b = RunGenerate(server.stub(), Greedy("b", 16));
     ASSERT_TRUE(b.status.ok()) << b.status.error_message();
     EXPECT_EQ(b.tokens, Want().at("b"));
