@@ -244,7 +244,8 @@ struct CachedPrefix {
 
 class Engine {
  public:
-  // `model` must outlive the engine.
+  // `model` must outlive the engine. Its LoRA adapters' values (lora_adapters[i].layers) are
+  // read only here: the caller may let go of them after.
   static absl::StatusOr<std::unique_ptr<Engine>> Create(const ModelBundle* model,
                                                         const EngineOptions& options);
   ~Engine();  // Stops the owner thread; pending requests end CANCELLED.
