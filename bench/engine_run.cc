@@ -220,6 +220,15 @@ std::string CpuModelName() {
   return "unknown";
 }
 
+nlohmann::json MachineJson(const ModelBundle& model, const std::string& size, int32_t threads) {
+  return {{"date", UtcNow()},
+          {"cpu", CpuModelName()},
+          {"cores", std::thread::hardware_concurrency()},
+          {"model", size},
+          {"vocab", model.config.vocab_size},
+          {"threads", threads}};
+}
+
 std::string UtcNow() {
   const std::time_t now = std::time(nullptr);
   char buf[32];

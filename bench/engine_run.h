@@ -72,6 +72,9 @@ nlohmann::json RunsJson(const std::vector<Run>& runs) {
   for (const Run& r : runs) all.push_back(&r);
   return RunsJson(all);
 }
+// The run's machine and model as JSON fields: date, cpu, cores, model (`size`, the generated
+// model's shape), vocab, threads.
+nlohmann::json MachineJson(const ModelBundle& model, const std::string& size, int32_t threads);
 // /proc/cpuinfo's model name ("unknown" without one).
 std::string CpuModelName();
 // The time now, as 2026-12-05T12:00:00Z.

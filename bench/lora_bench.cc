@@ -157,12 +157,14 @@ std::vector<std::vector<int32_t>> MakePrompts(const ModelBundle& model, int32_t 
   return out;
 }
 
-// --lora_dtype: unset for auto.
+// --lora_dtype (checked in Main): unset for auto.
 std::optional<DType> LoraDtypeFlag() {
-  const std::string d = absl::GetFlag(FLAGS_lora_dtype);
-  if (d == "bfloat16") return DType::kBF16;
-  if (d == "float32") return DType::kF32;
-  return std::nullopt;
+  return ParseLoraDtype(absl::GetFlag(FLAGS_lora_dtype)).value_or(std::nullopt);
+}
+
+// What the engines keep the adapters' factors in.
+DType FactorDtype(const ModelBundle& model) {
+  return LoraDtypeFlag().value_or(DefaultLoraDtype(model));
 }
 
 using RunResult = bench::EngineRun;
@@ -298,12 +300,13 @@ struct OutputCheck {
   bool ok() const { return base_identical && adapter_identical && same_as_base.empty(); }
 };
 
-absl::StatusOr<nlohmann::json> RunRow(ModelBundle* mutable_model, const std::vector<Mode>& modes,
-                                      int32_t concurrency) {
-  const ModelBundle& model = *mutable_model;
-  const int32_t requests =
-      absl::GetFlag(FLAGS_requests) > 0 ? absl::GetFlag(FLAGS_requests) : 2 * concurrency;
-  const std::vector<std::vector<int32_t>> prompts = MakePrompts(model, requests, concurrency);
+// Requests per run at `concurrency` slots (--requests, or 2 x the slots).
+int32_t RequestsAt(int32_t concurrency) {
+  return absl::GetFlag(FLAGS_requests) > 0 ? absl::GetFlag(FLAGS_requests) : 2 * concurrency;
+}
+
+// A timed run's engine: `concurrency` slots, every request queued at once, the flags' settings.
+EngineOptions RunOptions(const ModelBundle& model, int32_t concurrency, int32_t requests) {
   EngineOptions o;
   o.slots = concurrency;
   const int32_t need = absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens);
@@ -313,6 +316,15 @@ absl::StatusOr<nlohmann::json> RunRow(ModelBundle* mutable_model, const std::vec
   o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.lora_dtype = LoraDtypeFlag();
+  return o;
+}
+
+absl::StatusOr<nlohmann::json> RunRow(ModelBundle* mutable_model, const std::vector<Mode>& modes,
+                                      int32_t concurrency) {
+  const ModelBundle& model = *mutable_model;
+  const int32_t requests = RequestsAt(concurrency);
+  const std::vector<std::vector<int32_t>> prompts = MakePrompts(model, requests, concurrency);
+  const EngineOptions o = RunOptions(model, concurrency, requests);
   const size_t nm = modes.size();  // modes[0] is base
   std::vector<std::vector<RunResult>> runs(nm);
   std::vector<std::vector<double>> tps_ratio(nm), tpot_ratio(nm), ttft_ratio(nm), gmacs(nm);
@@ -508,18 +520,9 @@ absl::StatusOr<std::vector<Mode>> Prepare(ModelBundle* model, const std::string&
 // does to the requests running: on 2 cores a load takes a core from the engine while it reads
 // and cuts the adapter). Both runs' engines have the extra slot. Outputs must be identical.
 absl::StatusOr<nlohmann::json> RunChurn(ModelBundle* model, int32_t concurrency) {
-  const int32_t requests =
-      absl::GetFlag(FLAGS_requests) > 0 ? absl::GetFlag(FLAGS_requests) : 2 * concurrency;
+  const int32_t requests = RequestsAt(concurrency);
   const std::vector<std::vector<int32_t>> prompts = MakePrompts(*model, requests, concurrency);
-  EngineOptions o;
-  o.slots = concurrency;
-  const int32_t need = absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens);
-  o.max_context = std::min((need + 16) / 16 * 16, model->config.max_position_embeddings);
-  o.max_queue = requests + 1;
-  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  o.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
-  o.threads = absl::GetFlag(FLAGS_threads);
-  o.lora_dtype = LoraDtypeFlag();
+  EngineOptions o = RunOptions(*model, concurrency, requests);
   o.max_loras = static_cast<int32_t>(model->lora_adapters.size()) + 1;
   const Mode one{"one", Mode::kOne, absl::GetFlag(FLAGS_rank), 0};
   const std::string dir = model->lora_adapters[0].path;
@@ -635,6 +638,7 @@ absl::Status WarmUp(ModelBundle* model) {
 nlohmann::json Config(const ModelBundle& model) {
   nlohmann::json adapters = nlohmann::json::array();
   const double base = BaseMacsPerToken(model.config);
+  const double factor_bytes = FactorDtype(model) == DType::kF32 ? 4 : 2;
   for (const LoraAdapter& a : model.lora_adapters) {
     const double macs = LoraMacsPerToken(a, 1);
     adapters.push_back(
@@ -646,28 +650,23 @@ nlohmann::json Config(const ModelBundle& model) {
          {"macs_per_token", macs},
          {"macs_per_token_as_computed", LoraMacsPerToken(a, absl::GetFlag(FLAGS_threads))},
          {"flops_vs_base", macs / base},
-         // f32 A and B as the CPU backend keeps them, against the base model's
+         // A and B as the CPU backend keeps them (--lora_dtype), against the base model's
          // linear weights in bf16.
-         {"weight_bytes_f32", 4 * macs},
-         {"weight_bytes_vs_base_bf16", (4 * macs) / (2 * base)}});
+         {"factor_bytes", factor_bytes * macs},
+         {"factor_bytes_vs_base_bf16", (factor_bytes * macs) / (2 * base)}});
   }
-  return {{"date", bench::UtcNow()},
-          {"cpu", bench::CpuModelName()},
-          {"cores", std::thread::hardware_concurrency()},
-          {"model", absl::GetFlag(FLAGS_size)},
-          {"vocab", model.config.vocab_size},
-          {"threads", absl::GetFlag(FLAGS_threads)},
-          {"prompt_tokens", absl::GetFlag(FLAGS_prompt_tokens)},
-          {"max_new_tokens", absl::GetFlag(FLAGS_max_new_tokens)},
-          {"rank", absl::GetFlag(FLAGS_rank)},
-          {"num_adapters", absl::GetFlag(FLAGS_adapters)},
-          {"repeats", absl::GetFlag(FLAGS_repeats)},
-          {"max_prefill_stall", absl::GetFlag(FLAGS_max_prefill_stall)},
-          {"lora_dtype",
-           DTypeName(LoraDtypeFlag().value_or(model.weights.dtype == DType::kF32 ? DType::kF32
-                                                                                 : DType::kBF16))},
-          {"base_macs_per_token", base},
-          {"adapters", adapters}};
+  nlohmann::json out =
+      bench::MachineJson(model, absl::GetFlag(FLAGS_size), absl::GetFlag(FLAGS_threads));
+  out.update(nlohmann::json{{"prompt_tokens", absl::GetFlag(FLAGS_prompt_tokens)},
+                            {"max_new_tokens", absl::GetFlag(FLAGS_max_new_tokens)},
+                            {"rank", absl::GetFlag(FLAGS_rank)},
+                            {"num_adapters", absl::GetFlag(FLAGS_adapters)},
+                            {"repeats", absl::GetFlag(FLAGS_repeats)},
+                            {"max_prefill_stall", absl::GetFlag(FLAGS_max_prefill_stall)},
+                            {"lora_dtype", DTypeName(FactorDtype(model))},
+                            {"base_macs_per_token", base},
+                            {"adapters", adapters}});
+  return out;
 }
 
 void PrintHeading(const nlohmann::json& c) {
@@ -694,9 +693,8 @@ void PrintHeading(const nlohmann::json& c) {
 
 int Main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  if (const std::string d = absl::GetFlag(FLAGS_lora_dtype);
-      d != "auto" && d != "bfloat16" && d != "float32") {
-    std::fprintf(stderr, "--lora_dtype=%s: auto, bfloat16 or float32\n", d.c_str());
+  if (const absl::Status st = ParseLoraDtype(absl::GetFlag(FLAGS_lora_dtype)).status(); !st.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(st.message()).c_str());
     return 1;
   }
   std::vector<int32_t> concurrency, ranks;

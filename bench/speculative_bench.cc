@@ -337,20 +337,17 @@ absl::Status WarmUp(const ModelBundle& model) {
 
 // The machine and the configuration: the JSON's top-level fields, and the table's heading.
 nlohmann::json Config(const ModelBundle& model) {
-  return {{"date", bench::UtcNow()},
-          {"cpu", bench::CpuModelName()},
-          {"cores", std::thread::hardware_concurrency()},
-          {"model", absl::GetFlag(FLAGS_size)},
-          {"vocab", model.config.vocab_size},
-          {"threads", absl::GetFlag(FLAGS_threads)},
-          {"prompt_tokens", absl::GetFlag(FLAGS_prompt_tokens)},
-          {"max_new_tokens", absl::GetFlag(FLAGS_max_new_tokens)},
-          {"speculative_tokens", absl::GetFlag(FLAGS_speculative_tokens)},
-          {"prompt_lookup_min", absl::GetFlag(FLAGS_prompt_lookup_min)},
-          {"prompt_lookup_max", absl::GetFlag(FLAGS_prompt_lookup_max)},
-          {"repeats", absl::GetFlag(FLAGS_repeats)},
-          {"temperature", absl::GetFlag(FLAGS_temperature)},
-          {"max_prefill_stall", absl::GetFlag(FLAGS_max_prefill_stall)}};
+  nlohmann::json out =
+      bench::MachineJson(model, absl::GetFlag(FLAGS_size), absl::GetFlag(FLAGS_threads));
+  out.update(nlohmann::json{{"prompt_tokens", absl::GetFlag(FLAGS_prompt_tokens)},
+                            {"max_new_tokens", absl::GetFlag(FLAGS_max_new_tokens)},
+                            {"speculative_tokens", absl::GetFlag(FLAGS_speculative_tokens)},
+                            {"prompt_lookup_min", absl::GetFlag(FLAGS_prompt_lookup_min)},
+                            {"prompt_lookup_max", absl::GetFlag(FLAGS_prompt_lookup_max)},
+                            {"repeats", absl::GetFlag(FLAGS_repeats)},
+                            {"temperature", absl::GetFlag(FLAGS_temperature)},
+                            {"max_prefill_stall", absl::GetFlag(FLAGS_max_prefill_stall)}});
+  return out;
 }
 
 void PrintHeading(const nlohmann::json& c) {

@@ -131,9 +131,15 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLo
     return absl::FailedPreconditionError(
         "LoRA adapters: this server has no adapter slots (kvrmd --max_loras)");
   }
-  if (adapter.rank > lora_max_rank_) {
+  // Every projection's rank (the loader gives each the config's `r`; a hand-built adapter might
+  // not): the ranks' scratch holds lora_max_rank_ lanes a row.
+  int32_t rank = adapter.rank;
+  for (const LoraLayer& layer : adapter.layers) {
+    for (const LoraMatrix& m : layer.m) rank = std::max(rank, m.rank);
+  }
+  if (rank > lora_max_rank_) {
     return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", adapter.name, "' has rank ",
-                                                   adapter.rank, "; this server takes ranks up to ",
+                                                   rank, "; this server takes ranks up to ",
                                                    lora_max_rank_, " (kvrmd --max_lora_rank)"));
   }
   auto prepared = std::make_shared<CpuLoraAdapter>();
@@ -141,15 +147,6 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLo
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(RankLora share,
                      ShardLoraAdapter(config_, adapter, r, tp, options_.lora_dtype));
-    for (const auto& layer : share) {
-      for (const LoraShard& s : layer) {
-        if (s.rank > lora_max_rank_) {  // a projection's rank above the config's `r`
-          return absl::InvalidArgumentError(absl::StrCat(
-              "LoRA adapter '", adapter.name, "': a projection of rank ", s.rank,
-              "; this server takes ranks up to ", lora_max_rank_, " (kvrmd --max_lora_rank)"));
-        }
-      }
-    }
     prepared->ranks.push_back(std::move(share));
   }
   return std::shared_ptr<const PreparedLoraAdapter>(std::move(prepared));

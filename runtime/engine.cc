@@ -83,9 +83,7 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
     return absl::InvalidArgumentError(
         absl::StrCat("--max_lora_rank=", o.max_lora_rank, ": must be in [0, ", kMaxLoraRank, "]"));
   }
-  if (!o.lora_dtype.has_value()) {
-    o.lora_dtype = model->weights.dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
-  }
+  if (!o.lora_dtype.has_value()) o.lora_dtype = DefaultLoraDtype(*model);
   if (*o.lora_dtype != DType::kF32 && *o.lora_dtype != DType::kBF16) {
     return absl::InvalidArgumentError("--lora_dtype: LoRA factors are kept in float32 or bfloat16");
   }
@@ -159,6 +157,18 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   if (o.recompute_max_tokens <= 0) o.recompute_max_tokens = o.prefill_chunk;
   if (o.clock == nullptr) o.clock = Clock::Real();
   return o;
+}
+
+DType DefaultLoraDtype(const ModelBundle& model) {
+  return model.weights.dtype == DType::kF32 ? DType::kF32 : DType::kBF16;
+}
+
+absl::StatusOr<std::optional<DType>> ParseLoraDtype(std::string_view name) {
+  if (name == "auto") return std::optional<DType>();
+  if (name == "bfloat16") return std::optional<DType>(DType::kBF16);
+  if (name == "float32") return std::optional<DType>(DType::kF32);
+  return absl::InvalidArgumentError(
+      absl::StrCat("--lora_dtype=", std::string(name), ": auto, bfloat16 or float32"));
 }
 
 absl::Status CheckSpeculativeOptions(int32_t tokens, const NgramDraftOptions& ngram) {
@@ -579,13 +589,7 @@ absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter, b
                                          " of them by unloaded adapters whose requests are running")
                           : std::string("; unload one first")));
       }
-      if (!running_) {
-        lock.unlock();  // no owner thread yet: the caller is the owner
-        ApplyLoraChanges();
-        lock.lock();
-      } else {
-        lora_cv_.wait_for(lock, std::chrono::milliseconds(50));
-      }
+      AwaitLoraChanges(&lock);
     }
     LoraSlot& slot = lora_[index];
     slot.state = LoraSlot::State::kLoading;
@@ -611,16 +615,12 @@ absl::StatusOr<ServedLoraAdapter> Engine::LoadLoraAdapter(LoraAdapter adapter, b
   slot.served.serial = next_lora_serial_++;
   const ServedLoraAdapter result = slot.served;
   lora_work_ = true;
-  if (running_) {
-    cv_.notify_one();
-    lora_cv_.wait(lock, [&] { return slot.state != LoraSlot::State::kInstalling || stop_; });
-    if (slot.state == LoraSlot::State::kInstalling) {
+  cv_.notify_one();
+  while (slot.state == LoraSlot::State::kInstalling) {
+    if (stop_) {
       return absl::UnavailableError("the engine stopped before the adapter was in its slot");
     }
-  } else {
-    lock.unlock();  // no owner thread yet: the caller is the owner
-    ApplyLoraChanges();
-    lock.lock();
+    AwaitLoraChanges(&lock);
   }
   if (!slot.install_status.ok()) {
     const absl::Status failed = slot.install_status;
@@ -651,7 +651,18 @@ void Engine::ReleaseLoraLocked(int32_t slot) {
   if (--s.served.requests == 0 && s.state == LoraSlot::State::kUnloading) lora_work_ = true;
 }
 
+void Engine::AwaitLoraChanges(std::unique_lock<std::mutex>* lock) {
+  if (!running_) {
+    lock->unlock();  // no owner thread yet: the caller is the owner
+    ApplyLoraChanges();
+    lock->lock();
+  } else {
+    lora_cv_.wait_for(*lock, std::chrono::milliseconds(50));
+  }
+}
+
 void Engine::ApplyLoraChanges() {
+  if (lora_.empty()) return;  // no slots (sized once, at start-up): nothing to lock for a step
   std::vector<std::pair<int32_t, std::shared_ptr<const PreparedLoraAdapter>>> installs;
   std::vector<int32_t> empties;
   {

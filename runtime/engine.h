@@ -162,6 +162,12 @@ struct ServedLoraAdapter {
   bool evictable = false;
 };
 
+// EngineOptions::lora_dtype unset: the model's dtype (f32 for an f32 model, else bf16).
+DType DefaultLoraDtype(const ModelBundle& model);
+// kvrmd's --lora_dtype spelling: "auto" (nullopt: DefaultLoraDtype), "bfloat16" or "float32";
+// INVALID_ARGUMENT naming the flag and the choices otherwise.
+absl::StatusOr<std::optional<DType>> ParseLoraDtype(std::string_view name);
+
 // INVALID_ARGUMENT naming the flag (kvrmd's spelling, `--flag=value`) when the draft length is
 // outside [0, 32] or the n-gram range is not 1 <= min <= max <= 64 (EngineOptions::
 // speculative_tokens and speculative_ngram; checked whether speculation is on or not).
@@ -474,6 +480,10 @@ class Engine {
   void ApplyLoraChanges();
   // A request with adapter `slot` ended (mu_ held).
   void ReleaseLoraLocked(int32_t slot);
+  // With `lock` (on mu_) held: lets the slots change once, then returns (lock held again) for
+  // the caller to look again: before Start() by applying the changes on this thread (the owner
+  // then), else by waiting for the owner thread's next ApplyLoraChanges (at most 50 ms).
+  void AwaitLoraChanges(std::unique_lock<std::mutex>* lock);
   absl::Status CopyGroup(const TransferGroup& group);
   // Records that moves planned now carry `slot`'s KV (to fail its request if a copy fails).
   void NoteTransfer(int32_t slot);

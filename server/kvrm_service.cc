@@ -490,32 +490,12 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   if (!lora_dir_.empty() && !request->lora_adapter().empty() &&
       !engine_->ServesLoraAdapter(request->lora_adapter())) {
-    // An adapter not served, to be loaded from --lora_dir first: on the adapter thread (the
-    // gRPC thread must never block), which then goes on as the compile threads do (compiling a
-    // new constraint there too).
-    const bool posted = lora_queue_->TryPost(
-        [this, context, request, reactor, id = std::move(id), arrival]() mutable {
-          if (reactor->cancelled()) {
-            reactor->Reject(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-            return;
-          }
-          if (const absl::Status st = LoadOnDemand(request->lora_adapter()); !st.ok()) {
-            // Every slot's adapter has requests running: worth a retry once they end.
-            if (absl::IsResourceExhausted(st)) {
-              context->AddTrailingMetadata("retry-after-ms", "1000");
-            }
-            reactor->Reject(ToGrpcStatus(st));
-            return;
-          }
-          ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
-        });
-    if (!posted) {
-      context->AddTrailingMetadata("retry-after-ms", "1000");
-      reactor->Reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                   "lora_adapter: too many adapter loads waiting"));
-      return reactor;
-    }
-    KVRM_GRPC_HANDOFF(reactor);
+    // An adapter not served, to be loaded from --lora_dir first, on the adapter thread (which
+    // then compiles a new constraint too, as a compile thread would).
+    SubmitOffThread(
+        lora_queue_.get(), "lora_adapter: too many adapter loads waiting",
+        [this, request] { return LoadOnDemand(request->lora_adapter()); }, context, request,
+        reactor, std::move(id), arrival);
     return reactor;
   }
   if (request->has_structured() || request->has_chat()) {
@@ -534,28 +514,46 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
       }
     }
     if (!cached) {
-      // A constraint not compiled yet can take up to a second: off the gRPC thread, which must
-      // never block. The request proto and context live until the call is finished.
-      const bool posted = compile_queue_->TryPost([this, context, request, reactor,
-                                                   id = std::move(id), arrival]() mutable {
-        if (reactor->cancelled()) {
-          reactor->Reject(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
-          return;
-        }
-        ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
-      });
-      if (!posted) {
-        context->AddTrailingMetadata("retry-after-ms", "1000");
-        reactor->Reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                     "structured: too many new constraints waiting to compile"));
-        return reactor;
-      }
-      KVRM_GRPC_HANDOFF(reactor);
+      // A constraint not compiled yet can take up to a second: on a compile thread.
+      SubmitOffThread(compile_queue_.get(),
+                      "structured: too many new constraints waiting to compile", nullptr, context,
+                      request, reactor, std::move(id), arrival);
       return reactor;
     }
   }
   ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
   return reactor;
+}
+
+void KvrmService::SubmitOffThread(WorkQueue* queue, const char* when_full,
+                                  std::function<absl::Status()> first,
+                                  grpc::CallbackServerContext* context,
+                                  const v1::GenerateRequest* request, GenerateReactor* reactor,
+                                  std::string id, absl::Time arrival) {
+  // The gRPC thread must never block; the request proto and context live until the call is
+  // finished.
+  const bool posted = queue->TryPost([this, first = std::move(first), context, request, reactor,
+                                      id = std::move(id), arrival]() mutable {
+    if (reactor->cancelled()) {
+      reactor->Reject(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"));
+      return;
+    }
+    if (first) {
+      if (const absl::Status st = first(); !st.ok()) {
+        // Busy (every adapter slot with requests running): worth a retry once they end.
+        if (absl::IsResourceExhausted(st)) context->AddTrailingMetadata("retry-after-ms", "1000");
+        reactor->Reject(ToGrpcStatus(st));
+        return;
+      }
+    }
+    ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
+  });
+  if (!posted) {
+    context->AddTrailingMetadata("retry-after-ms", "1000");
+    reactor->Reject(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, when_full));
+    return;
+  }
+  KVRM_GRPC_HANDOFF(reactor);
 }
 
 void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,

@@ -6,6 +6,7 @@
 #ifndef KVRM_SERVER_KVRM_SERVICE_H_
 #define KVRM_SERVER_KVRM_SERVICE_H_
 
+#include <functional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -94,6 +95,12 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   // RESOURCE_EXHAUSTED): a burst of new schemas cannot take the gRPC threads.
   static constexpr int32_t kCompileThreads = 2;
   static constexpr int32_t kCompileQueue = 64;
+
+  // Generate's rest on `queue`'s thread: `first` (if set; its error rejects the call), then
+  // ValidateAndSubmit. RESOURCE_EXHAUSTED `when_full` (with retry-after-ms) when the queue is.
+  void SubmitOffThread(WorkQueue* queue, const char* when_full, std::function<absl::Status()> first,
+                       grpc::CallbackServerContext* context, const v1::GenerateRequest* request,
+                       GenerateReactor* reactor, std::string id, absl::Time arrival);
 
   // Validates `request` (compiling its constraint) and submits it to the engine, or rejects the
   // call. On the gRPC thread, or on a compile thread for a constraint not yet compiled.

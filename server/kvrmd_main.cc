@@ -437,12 +437,11 @@ int Run() {
   eo.tensor_parallel = absl::GetFlag(FLAGS_tp);
   eo.max_loras = absl::GetFlag(FLAGS_max_loras);
   eo.max_lora_rank = absl::GetFlag(FLAGS_max_lora_rank);
-  if (const std::string d = absl::GetFlag(FLAGS_lora_dtype); d == "bfloat16") {
-    eo.lora_dtype = DType::kBF16;
-  } else if (d == "float32") {
-    eo.lora_dtype = DType::kF32;
-  } else if (d != "auto") {
-    std::fprintf(stderr, "kvrmd: --lora_dtype=%s: auto, bfloat16 or float32\n", d.c_str());
+  if (absl::StatusOr<std::optional<DType>> d = ParseLoraDtype(absl::GetFlag(FLAGS_lora_dtype));
+      d.ok()) {
+    eo.lora_dtype = *d;
+  } else {
+    std::fprintf(stderr, "kvrmd: %s\n", std::string(d.status().message()).c_str());
     return 2;
   }
   if (const std::string dir = absl::GetFlag(FLAGS_lora_dir);

@@ -133,6 +133,15 @@ v1::ModelInfo Info(TestServer& server) {
   return info;
 }
 
+// Until the first adapter served has a request submitted and not finished (at most 4 s).
+void WaitForARequestWithTheFirstAdapter(TestServer& server) {
+  for (int i = 0; i < 4000; ++i) {
+    std::vector<ServedLoraAdapter> served = server.engine().LoraAdapters();
+    if (!served.empty() && served[0].requests == 1) return;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
 TEST(LoraRuntimeTest, LoadServeAndUnloadThroughTheService) {
   const auto& dirs = AdapterDirs();
   TestServer server(Options(2), Updating());
@@ -228,11 +237,7 @@ TEST(LoraRuntimeTest, UnloadWhileRunningLetsTheRequestFinish) {
   StreamResult long_run;
   std::thread t([&] { long_run = RunGenerate(server.stub(), Greedy("a", 120)); });
   // Once the engine holds the request (submitted, not finished), unload.
-  for (int i = 0; i < 2000; ++i) {
-    std::vector<ServedLoraAdapter> served = server.engine().LoraAdapters();
-    if (!served.empty() && served[0].requests == 1) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  WaitForARequestWithTheFirstAdapter(server);
   int64_t running = -1;
   ASSERT_TRUE(UnloadRpc(server, "a", &running).ok());
   StreamResult refused = RunGenerate(server.stub(), Greedy("a", 4));
@@ -402,11 +407,7 @@ TEST(LoraRuntimeTest, OnDemandNeverEvictsARunningOrPinnedAdapter) {
     TestServer server(Options(1), OnDemand());
     StreamResult long_run;
     std::thread t([&] { long_run = RunGenerate(server.stub(), Greedy("a", 200)); });
-    for (int i = 0; i < 4000; ++i) {
-      std::vector<ServedLoraAdapter> served = server.engine().LoraAdapters();
-      if (!served.empty() && served[0].requests == 1) break;
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    WaitForARequestWithTheFirstAdapter(server);
     StreamResult b = RunGenerate(server.stub(), Greedy("b", 4));
     t.join();
     ASSERT_TRUE(long_run.status.ok()) << long_run.status.error_message();

@@ -6,15 +6,13 @@
 #include "kernels/cpu/isa.h"
 
 namespace kvrm {
-namespace lora_avx512 {
-void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const float* at,
+namespace lora_avx512 {  // lora_avx512.cc, for T = float and uint16_t (bf16)
+template <typename T>
+void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const T* at,
                 int64_t in, int32_t stride, float* mid);
-void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const uint16_t* at,
-                int64_t in, int32_t stride, float* mid);
+template <typename T>
 void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
-                const float* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy);
-void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
-                const uint16_t* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy);
+                const T* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy);
 }  // namespace lora_avx512
 
 namespace {

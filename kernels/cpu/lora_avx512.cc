@@ -113,9 +113,12 @@ void ExpandRows(const float* mid, const int32_t* rows, int32_t n, int32_t rank, 
   }
 }
 
+}  // namespace
+
+// The entry points (kernels/cpu/lora.cc): for f32 factors and for bf16 ones.
 template <typename T>
-void Shrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const T* at, int64_t in,
-            int32_t stride, float* mid) {
+void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const T* at,
+                int64_t in, int32_t stride, float* mid) {
   // Columns per slab: 16 KB of A^T.
   const int64_t slab = std::max<int64_t>(8, 16384 / (int64_t{stride} * int64_t{sizeof(T)}));
   for (int64_t c0 = 0; c0 < in; c0 += slab) {
@@ -132,8 +135,8 @@ void Shrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const T
 }
 
 template <typename T>
-void Expand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
-            const T* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy) {
+void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
+                const T* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy) {
   constexpr int kBlocks = 4;
   int64_t o = begin;
   for (; o + kBlocks * kLanes <= end; o += kBlocks * kLanes) {
@@ -146,28 +149,14 @@ void Expand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int3
   }
 }
 
-}  // namespace
-
-void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const float* at,
-                int64_t in, int32_t stride, float* mid) {
-  Shrink(x, ldx, rows, n, at, in, stride, mid);
-}
-
-void LoraShrink(const float* x, int64_t ldx, const int32_t* rows, int32_t n, const uint16_t* at,
-                int64_t in, int32_t stride, float* mid) {
-  Shrink(x, ldx, rows, n, at, in, stride, mid);
-}
-
-void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
-                const float* bt, int64_t out, int64_t begin, int64_t end, float* y, int64_t ldy) {
-  Expand(mid, rows, n, rank, stride, bt, out, begin, end, y, ldy);
-}
-
-void LoraExpand(const float* mid, const int32_t* rows, int32_t n, int32_t rank, int32_t stride,
-                const uint16_t* bt, int64_t out, int64_t begin, int64_t end, float* y,
-                int64_t ldy) {
-  Expand(mid, rows, n, rank, stride, bt, out, begin, end, y, ldy);
-}
+template void LoraShrink(const float*, int64_t, const int32_t*, int32_t, const float*, int64_t,
+                         int32_t, float*);
+template void LoraShrink(const float*, int64_t, const int32_t*, int32_t, const uint16_t*, int64_t,
+                         int32_t, float*);
+template void LoraExpand(const float*, const int32_t*, int32_t, int32_t, int32_t, const float*,
+                         int64_t, int64_t, int64_t, float*, int64_t);
+template void LoraExpand(const float*, const int32_t*, int32_t, int32_t, int32_t, const uint16_t*,
+                         int64_t, int64_t, int64_t, float*, int64_t);
 
 }  // namespace lora_avx512
 }  // namespace kvrm
