@@ -54,10 +54,10 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
           "--quantization=q8_0 and q4_K run on the CPU backend only (--device=cpu); on the GPU "
           "the weights are bf16");
     }
-    if (!model.lora_adapters.empty()) {
+    if (o.max_loras > 0 && o.lora_dtype.value_or(DType::kBF16) != DType::kBF16) {
       return absl::InvalidArgumentError(
-          "--lora_modules: LoRA adapters run on the CPU backend only (--device=cpu); the CUDA "
-          "graphs have no adapter products yet (docs/cuda.md)");
+          "--lora_dtype=float32: the CUDA backend keeps LoRA factors in bfloat16 (its products "
+          "take bf16 inputs); use --lora_dtype=bfloat16 or auto");
     }
     cuda::CudaBackendOptions co;
     co.kv_blocks = o.kv_blocks;
@@ -70,6 +70,9 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
     co.tensor_parallel = o.tensor_parallel;
     co.mixed_graph = o.fuse_prefill;        // no third graph when chunks run apart anyway
     co.device_sampling = o.device_sampling;  // nor sampling scratch when the host samples
+    co.max_lora_adapters = o.max_loras;      // the --lora_modules first, then runtime loads
+    co.max_lora_rank = o.max_loras > 0 ? o.max_lora_rank : 0;
+    for (const LoraAdapter& a : model.lora_adapters) co.lora_adapters.push_back(&a);
     // The pinned host tier must fit the container's memory (the pool is on the GPUs).
     if (absl::Status st = CheckKvFitsMemory(model.config, o, /*pool_in_host_memory=*/false,
                                             ReadMemoryLimit());

@@ -46,26 +46,27 @@ ABSL_FLAG(std::string, model, "builtin:small",
           "--model_cache on first use; also builtin:tiny-qwen2 / tiny-qwen3 / tiny-phi3 / "
           "tiny-granite / tiny-biased, the tiny shape in those architectures)");
 ABSL_FLAG(std::string, lora_modules, "",
-          "LoRA adapters served beside the base model (CPU device), name=DIR[,name=DIR...]: each "
+          "LoRA adapters served beside the base model, name=DIR[,name=DIR...]: each "
           "DIR a PEFT adapter (adapter_config.json, adapter_model.safetensors); requests pick one "
           "by name (GenerateRequest.lora_adapter; the HTTP API's `model`). DIR `builtin`: a "
           "deterministic random adapter for the served model, generated into --model_cache");
 ABSL_FLAG(int32_t, max_loras, 0,
-          "LoRA adapter slots (CPU device): the --lora_modules take the first, adapters loaded "
+          "LoRA adapter slots: the --lora_modules take the first, adapters loaded "
           "while serving (--allow_runtime_lora_updating) the others; 0: as many as --lora_modules");
 ABSL_FLAG(
     int32_t, max_lora_rank, 0,
     "the largest rank (r) a LoRA adapter may have (sizes each thread's scratch); 0: the "
     "largest of the --lora_modules', and at least 16 when --max_loras leaves slots for loads");
 ABSL_FLAG(std::string, lora_dir, "",
-          "LoRA adapters on demand (CPU device): a request naming an adapter that is not served, "
+          "LoRA adapters on demand: a request naming an adapter that is not served, "
           "whose name is a directory of DIR holding a PEFT adapter, has it loaded first into a "
           "free --max_loras slot, or the least recently used on-demand adapter's slot while no "
           "request runs with it");
 ABSL_FLAG(std::string, lora_dtype, "auto",
           "what LoRA adapters' factors are kept and read in: bfloat16 (half the memory and "
           "bytes a step; each value rounded to nearest), float32, or auto (the model's: "
-          "float32 for an f32 model, else bfloat16), as vLLM's --lora-dtype");
+          "float32 for an f32 model, else bfloat16; always bfloat16 with --device=cuda), as "
+          "vLLM's --lora-dtype");
 ABSL_FLAG(bool, allow_runtime_lora_updating, false,
           "allow LoadLoraAdapter / UnloadLoraAdapter (gRPC) and POST /v1/load_lora_adapter, "
           "/v1/unload_lora_adapter (HTTP): a client then has the server read a directory it "
@@ -440,6 +441,8 @@ int Run() {
   if (absl::StatusOr<std::optional<DType>> d = ParseLoraDtype(absl::GetFlag(FLAGS_lora_dtype));
       d.ok()) {
     eo.lora_dtype = *d;
+    // The GPU's adapter products take bf16 factors whatever the model's dtype.
+    if (!eo.lora_dtype.has_value() && device->device == "cuda") eo.lora_dtype = DType::kBF16;
   } else {
     std::fprintf(stderr, "kvrmd: %s\n", std::string(d.status().message()).c_str());
     return 2;

@@ -108,6 +108,50 @@ absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, in
 absl::Status LaunchSwiGlu(const float* gate_up, int32_t rows, int32_t ffn, bf16* out,
                           cudaStream_t stream);
 
+// LoRA adapters (runtime/cuda/cuda_backend.cc): y += scale B (A x) on the rows that run one,
+// as two launches after a projection's product, over the rows' adapters in in.adapter (1 + the
+// adapter slot; 0: none, and the row is left alone). One launch serves up to kLoraMaxTargets
+// projections that share their input (Q, K and V; gate and up) and write disjoint columns of one
+// output. The factors are bf16, the sums f32; x is the product's bf16 input.
+//
+// One adapted projection's factors in one adapter slot (device memory; rank 0: the slot's
+// adapter does not adapt this projection, or the slot is empty).
+struct LoraFactors {
+  const bf16* at = nullptr;  // A^T [in][stride], zeros past the rank
+  const bf16* bt = nullptr;  // (scale B)^T [rank][out]
+  int32_t rank = 0;
+  int32_t stride = 0;
+};
+inline constexpr int32_t kLoraMaxTargets = 3;
+inline constexpr int32_t kLoraMaxSplits = 8;
+// The shrink's splits of the input features (partial sums the expand adds up).
+inline int32_t LoraSplits(int32_t in) {
+  const int32_t s = (in + 511) / 512;
+  return s < 1 ? 1 : s > kLoraMaxSplits ? kLoraMaxSplits : s;
+}
+// Scratch of the shrink's partial sums for `rows` rows: [targets][splits][rows][max_rank] f32.
+inline int64_t LoraPartialFloats(int32_t rows, int32_t max_rank) {
+  return int64_t{kLoraMaxTargets} * kLoraMaxSplits * rows * max_rank;
+}
+
+// Shrink: partial[t][split][r][k] = sum over the split's features c of x[r][c] * at[c][k], for
+// each row r whose adapter a adapts target t (factors[t * slots + a].rank > 0), k < that rank.
+// x [rows][in] bf16; `factors` [targets][slots]; ranks at most max_rank.
+absl::Status LaunchLoraShrink(const bf16* x, int32_t in, StepInputs rows,
+                              const LoraFactors* factors, int32_t targets, int32_t slots,
+                              int32_t max_rank, float* partial, cudaStream_t stream);
+
+// Where each target's delta goes: columns [col[t], col[t] + out[t]) of y's rows.
+struct LoraOutputs {
+  int32_t out[kLoraMaxTargets] = {};
+  int32_t col[kLoraMaxTargets] = {};
+};
+// Expand: y[r][col[t] + o] += sum_k mid[k] * bt[k][o], mid[k] = the shrink's partials summed
+// over its splits (LoraSplits(in)), for the same rows and targets; y f32 with row stride ldy.
+absl::Status LaunchLoraExpand(const float* partial, int32_t in, StepInputs rows,
+                              const LoraFactors* factors, int32_t targets, int32_t slots,
+                              int32_t max_rank, LoraOutputs outputs, float* y, int64_t ldy,
+                              cudaStream_t stream);
 
 // Per-slot penalty state: counts[r][v] = times v was generated, seen[r][v] = 1 when v was in the
 // prompt or generated (uint8). Updated by the host between steps (or by LaunchAcceptTokens).

@@ -56,6 +56,9 @@ struct StepInputLayout {
   int64_t last_row = 0;   // [1] the row whose logits a prefill chunk returns
   int64_t sample = 0;     // [rows] 1 = the step samples this row on the device
   int64_t sample_params = 0;  // [rows][kSamplingRowInts] the row's SamplingRow
+  // [rows] 1 + the LoRA adapter slot the row runs with; 0: the base model (so padding and
+  // inactive rows, all zeros, run none).
+  int64_t adapter = 0;
   int64_t total = 0;      // int32 elements in the buffer
 
   static StepInputLayout Make(int32_t rows, int32_t tables, int32_t max_runs) {
@@ -80,6 +83,7 @@ struct StepInputLayout {
     l.last_row = take(1);
     l.sample = take(rows);
     l.sample_params = take(int64_t{rows} * kSamplingRowInts);
+    l.adapter = take(rows);
     l.total = at;
     return l;
   }
@@ -99,6 +103,7 @@ struct StepInputs {
   const int32_t* last_row = nullptr;
   const int32_t* sample = nullptr;
   const SamplingRow* sample_params = nullptr;
+  const int32_t* adapter = nullptr;
   int32_t rows = 0;
   int32_t max_runs = 0;
 
@@ -115,6 +120,7 @@ struct StepInputs {
     s.last_row = base + l.last_row;
     s.sample = base + l.sample;
     s.sample_params = reinterpret_cast<const SamplingRow*>(base + l.sample_params);
+    s.adapter = base + l.adapter;
     s.rows = l.rows;
     s.max_runs = l.max_runs;
     return s;

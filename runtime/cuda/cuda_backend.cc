@@ -12,6 +12,7 @@
 #include "common/status_macros.h"
 #include "kernels/cuda/copy_rows.h"
 #include "kernels/cuda/llama_kernels.h"
+#include "model/lora.h"
 #include "runtime/cuda/attention_vectors.h"
 #include "runtime/cuda/cuda_raii.h"
 #include "runtime/cuda/lt_gemm.h"
@@ -107,6 +108,7 @@ struct CudaBackend::Rank {
     DevicePtr inputs;
     Gemms gemms;
     GraphExecPtr graph;
+    GraphExecPtr lora_graph;  // the same pass with the adapters' products (LoRA slots only)
   };
   PassState passes[kPasses];
   PinnedPtr logits_host;  // [max rows][vocab share]
@@ -122,7 +124,38 @@ struct CudaBackend::Rank {
   PinnedPtr sampled_host;
   PinnedPtr inputs_host;  // rank 0 only: each pass's layout, one after the other
   Communicator* comm = nullptr;
+  // LoRA (max_lora_adapters > 0): every slot's factors, [layer][LoraTarget][slot], on the device
+  // (what the graphs read) and its host mirror (SetLoraAdapter rewrites a slot's entries and
+  // copies the table); the shrink's partial sums for the largest pass.
+  DevicePtr lora_table;
+  std::vector<LoraFactors> lora_table_host;
+  DevicePtr lora_partial;
 };
+
+namespace {
+
+// A LoRA adapter as the CUDA backend holds it: each rank's share of the factors in that rank's
+// GPU memory (one allocation) and the table entries pointing into it, [layer][LoraTarget].
+class CudaLoraAdapter : public PreparedLoraAdapter {
+ public:
+  struct Share {
+    int device = 0;
+    DevicePtr memory;
+    std::vector<LoraFactors> factors;
+  };
+  ~CudaLoraAdapter() override {
+    int current = 0;
+    const bool restore = cudaGetDevice(&current) == cudaSuccess;
+    for (Share& share : shares) {
+      cudaSetDevice(share.device);
+      share.memory.reset();
+    }
+    if (restore) cudaSetDevice(current);
+  }
+  std::vector<Share> shares;  // one per rank
+};
+
+}  // namespace
 
 CudaBackend::CudaBackend(const LlamaConfig& config, const CudaBackendOptions& options)
     : config_(config),
@@ -181,9 +214,21 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA backend: KV dtype ", std::string(DTypeName(options.kv_dtype)), " (f32 or bf16)"));
   }
+  if (options.max_lora_adapters < 0 ||
+      options.max_lora_adapters < static_cast<int32_t>(options.lora_adapters.size())) {
+    return absl::InvalidArgumentError(absl::StrCat("max_lora_adapters ", options.max_lora_adapters,
+                                                   ": below the ", options.lora_adapters.size(),
+                                                   " adapters to serve"));
+  }
+  if (options.max_lora_rank < 0 || options.max_lora_rank > kMaxLoraRank ||
+      (options.max_lora_adapters > 0 && options.max_lora_rank < 1)) {
+    return absl::InvalidArgumentError(absl::StrCat("max_lora_rank ", options.max_lora_rank,
+                                                   " is not in [1, ", kMaxLoraRank, "]"));
+  }
   auto b = std::unique_ptr<CudaBackend>(new CudaBackend(config, options));
   b->limits_ = PackLimits{options.kv_blocks, options.kv_block_tokens, options.max_context,
-                          config.vocab_size};
+                          config.vocab_size, options.max_lora_adapters};
+  b->lora_.resize(options.max_lora_adapters);
   b->layouts_[kDecodePass] = DecodeLayout(options.max_slots, options.max_runs);
   // A prompt's run table may be wider than the descriptor's rows while compaction is pending (the
   // engine then passes the pager's full table), so the prefill graph's one table takes as many
@@ -210,19 +255,28 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   // run, but each rank's capture must see its own device.
   for (Pass pass : {kDecodePass, kPrefillPass, kMixedPass}) {
     if (pass == kMixedPass && !options.mixed_graph) continue;
-    b->rank_threads_.RunOnAll([&](int t) {
-      Rank& rank = *b->ranks_[t];
-      absl::Status st = CudaStatus(cudaSetDevice(rank.device), "cudaSetDevice", __FILE__, __LINE__);
-      if (st.ok()) st = b->Capture(rank, pass);
-      b->rank_status_[t] = st;
-    });
-    for (const absl::Status& st : b->rank_status_) RETURN_IF_ERROR(st);
+    for (bool lora : {false, true}) {
+      if (lora && options.max_lora_adapters == 0) continue;
+      b->rank_threads_.RunOnAll([&](int t) {
+        Rank& rank = *b->ranks_[t];
+        absl::Status st =
+            CudaStatus(cudaSetDevice(rank.device), "cudaSetDevice", __FILE__, __LINE__);
+        if (st.ok()) st = b->Capture(rank, pass, lora);
+        b->rank_status_[t] = st;
+      });
+      for (const absl::Status& st : b->rank_status_) RETURN_IF_ERROR(st);
+    }
+  }
+  for (size_t i = 0; i < options.lora_adapters.size(); ++i) {
+    ASSIGN_OR_RETURN(std::shared_ptr<const PreparedLoraAdapter> prepared,
+                     b->PrepareLoraAdapter(*options.lora_adapters[i]));
+    RETURN_IF_ERROR(b->SetLoraAdapter(static_cast<int32_t>(i), std::move(prepared)));
   }
   LOG(INFO) << "CUDA backend on " << tp << "x " << b->device_name_ << ": "
             << b->weight_bytes_per_rank_ / (1 << 20) << " MiB of bf16 weights per rank, "
             << options.kv_blocks << " " << DTypeName(options.kv_dtype)
-            << " KV blocks per rank, graphs "
-            << (options.use_graphs ? "captured" : "off");
+            << " KV blocks per rank, graphs " << (options.use_graphs ? "captured" : "off") << ", "
+            << options.max_lora_adapters << " LoRA slots";
   return b;
 }
 
@@ -406,6 +460,19 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     host_bytes += RoundUp(bytes, 256);
   }
   ASSIGN_OR_RETURN(rank.logits_host, PinnedAlloc(rows * rank.vocab_share * 4, "logits"));
+  if (options_.max_lora_adapters > 0) {
+    rank.lora_table_host.assign(static_cast<size_t>(config_.num_hidden_layers) * kNumLoraTargets *
+                                    options_.max_lora_adapters,
+                                LoraFactors{});
+    const int64_t table_bytes =
+        static_cast<int64_t>(rank.lora_table_host.size()) * sizeof(LoraFactors);
+    ASSIGN_OR_RETURN(rank.lora_table, DeviceAlloc(table_bytes, "LoRA factor table"));
+    KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpy(rank.lora_table.get(), rank.lora_table_host.data(),
+                                         table_bytes, cudaMemcpyHostToDevice));
+    const int64_t partial_bytes =
+        LoraPartialFloats(static_cast<int32_t>(rows), options_.max_lora_rank) * 4;
+    ASSIGN_OR_RETURN(rank.lora_partial, DeviceAlloc(partial_bytes, "LoRA shrink scratch"));
+  }
   if (r == 0) {
     ASSIGN_OR_RETURN(rank.inputs_host, PinnedAlloc(host_bytes, "step inputs"));
     std::memset(rank.inputs_host.get(), 0, host_bytes);
@@ -457,7 +524,22 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
+absl::Status CudaBackend::EnqueueLora(Rank& rank, const StepInputs& in, int32_t layer,
+                                      int32_t first, int32_t targets, const bf16* x,
+                                      int32_t in_features, const LoraOutputs& outputs, float* y,
+                                      int64_t ldy) {
+  const int32_t slots = options_.max_lora_adapters;
+  const LoraFactors* factors = static_cast<const LoraFactors*>(rank.lora_table.get()) +
+                               (int64_t{layer} * kNumLoraTargets + first) * slots;
+  float* partial = static_cast<float*>(rank.lora_partial.get());
+  cudaStream_t s = rank.stream.get();
+  RETURN_IF_ERROR(LaunchLoraShrink(x, in_features, in, factors, targets, slots,
+                                   options_.max_lora_rank, partial, s));
+  return LaunchLoraExpand(partial, in_features, in, factors, targets, slots, options_.max_lora_rank,
+                          outputs, y, ldy, s);
+}
+
+absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass, bool lora) {
   const StepInputLayout& layout = layouts_[pass];
   const StepInputs in =
       StepInputs::At(layout, static_cast<const int32_t*>(rank.passes[pass].inputs.get()));
@@ -475,12 +557,36 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
   void* wsp = rank.gemm_workspace.get();
   const float* rope = static_cast<const float*>(rank.rope.get());
 
+  // LoRA: where each adapted projection's delta goes (the fused QKV and gate/up rows hold their
+  // matrices side by side).
+  const int32_t qw = rank.heads * config_.head_dim, kvw = rank.kv_heads * config_.head_dim;
+  LoraOutputs qkv_out, o_out, gu_out, down_out;
+  qkv_out.out[0] = qw;
+  qkv_out.out[1] = qkv_out.out[2] = kvw;
+  qkv_out.col[1] = qw;
+  qkv_out.col[2] = qw + kvw;
+  o_out.out[0] = down_out.out[0] = d;
+  gu_out.out[0] = gu_out.out[1] = rank.ffn;
+  gu_out.col[1] = rank.ffn;
+  constexpr int32_t kQ = static_cast<int32_t>(LoraTarget::kQ);
+  constexpr int32_t kO = static_cast<int32_t>(LoraTarget::kO);
+  constexpr int32_t kGate = static_cast<int32_t>(LoraTarget::kGate);
+  constexpr int32_t kDown = static_cast<int32_t>(LoraTarget::kDown);
+  static_assert(static_cast<int32_t>(LoraTarget::kK) == kQ + 1 &&
+                    static_cast<int32_t>(LoraTarget::kV) == kQ + 2 &&
+                    static_cast<int32_t>(LoraTarget::kUp) == kGate + 1,
+                "a launch takes consecutive targets");
+
   RETURN_IF_ERROR(LaunchEmbed(rank.embed, in, d, rank.x, s));
   for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     const Rank::Layer& l = rank.layers[layer];
     const KvLayerView view = rank.kv_view->Layer(layer);
     RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.attn_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.qkv->Run(rank.xn, l.wqkv, rank.qkv, 0.0f, wsp, s));
+    if (lora) {
+      RETURN_IF_ERROR(
+          EnqueueLora(rank, in, layer, kQ, 3, rank.xn, d, qkv_out, rank.qkv, qw + 2 * kvw));
+    }
     if (l.qkv_bias != nullptr || l.q_norm != nullptr) {  // Qwen2 / Qwen3 only
       RETURN_IF_ERROR(LaunchQkvBiasAndNorm(rank.qkv, rows, rank.heads, rank.kv_heads,
                                            config_.head_dim, l.qkv_bias, l.q_norm, l.k_norm, eps,
@@ -493,6 +599,9 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
                         : RopeKvAndAttention<float>(view, rank.qkv, in, rope, rank.heads,
                                                     rank.kv_heads, scale, ws, rank.attn, s));
     RETURN_IF_ERROR(g.o->Run(rank.attn, l.wo, rank.x, residual_beta, wsp, s));
+    // Row-parallel: each rank's delta is a partial sum (its share of A's columns), completed by
+    // the all-reduce with the product's.
+    if (lora) RETURN_IF_ERROR(EnqueueLora(rank, in, layer, kO, 1, rank.attn, qw, o_out, rank.x, d));
     if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
     // An O bias joins the residual after the all-reduce (every rank adds it to its copy), in the
     // MLP norm's launch.
@@ -501,8 +610,16 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
             ? LaunchAddBiasAndRmsNorm(rank.x, l.o_bias, l.mlp_norm, rank.xn, rows, d, eps, s)
             : LaunchRmsNorm<bf16>(rank.x, l.mlp_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.gu->Run(rank.xn, l.wgu, rank.gu, 0.0f, wsp, s));
+    if (lora) {
+      RETURN_IF_ERROR(
+          EnqueueLora(rank, in, layer, kGate, 2, rank.xn, d, gu_out, rank.gu, 2 * rank.ffn));
+    }
     RETURN_IF_ERROR(LaunchSwiGlu(rank.gu, rows, rank.ffn, rank.act, s));
     RETURN_IF_ERROR(g.down->Run(rank.act, l.wdown, rank.x, residual_beta, wsp, s));
+    if (lora) {
+      RETURN_IF_ERROR(
+          EnqueueLora(rank, in, layer, kDown, 1, rank.act, rank.ffn, down_out, rank.x, d));
+    }
     if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
   }
   // The rows whose logits are wanted: every decode row, and a chunk's last row (after the decode
@@ -538,15 +655,15 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass) {
   return absl::OkStatus();
 }
 
-absl::Status CudaBackend::Capture(Rank& rank, Pass pass) {
+absl::Status CudaBackend::Capture(Rank& rank, Pass pass, bool lora) {
   // One eager pass over all-inactive inputs first: loads every module and cuBLASLt kernel
   // outside the capture.
-  RETURN_IF_ERROR(EnqueueForward(rank, pass));
+  RETURN_IF_ERROR(EnqueueForward(rank, pass, lora));
   RETURN_IF_ERROR(Wait(rank));
   if (!options_.use_graphs) return absl::OkStatus();
   cudaStream_t s = rank.stream.get();
   KVRM_CUDA_RETURN_IF_ERROR(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  const absl::Status enqueued = EnqueueForward(rank, pass);
+  const absl::Status enqueued = EnqueueForward(rank, pass, lora);
   cudaGraph_t graph = nullptr;
   const cudaError_t end = cudaStreamEndCapture(s, &graph);
   GraphPtr graph_owner(graph);
@@ -554,7 +671,7 @@ absl::Status CudaBackend::Capture(Rank& rank, Pass pass) {
   KVRM_CUDA_RETURN_IF_ERROR(end);
   cudaGraphExec_t exec = nullptr;
   KVRM_CUDA_RETURN_IF_ERROR(cudaGraphInstantiate(&exec, graph, 0));
-  rank.passes[pass].graph.reset(exec);
+  (lora ? rank.passes[pass].lora_graph : rank.passes[pass].graph).reset(exec);
   KVRM_CUDA_RETURN_IF_ERROR(cudaGraphUpload(exec, s));
   return Wait(rank);
 }
@@ -589,8 +706,8 @@ absl::Status CudaBackend::Wait(Rank& rank) {
   }
 }
 
-absl::Status CudaBackend::RunStep(Pass pass, absl::Span<const RowRange> logit_rows,
-                                  bool sampled) {
+absl::Status CudaBackend::RunStep(Pass pass, absl::Span<const RowRange> logit_rows, bool sampled,
+                                  bool lora) {
   const StepInputLayout& layout = layouts_[pass];
   const void* host_inputs = inputs_host_[pass];
   auto run = [&](int t) {
@@ -602,9 +719,10 @@ absl::Status CudaBackend::RunStep(Pass pass, absl::Span<const RowRange> logit_ro
       KVRM_CUDA_RETURN_IF_ERROR(
           cudaMemcpyAsync(dev_inputs, host_inputs, layout.bytes(), cudaMemcpyHostToDevice, s));
       if (options_.use_graphs) {
-        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(rank.passes[pass].graph.get(), s));
+        const Rank::PassState& p = rank.passes[pass];
+        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(lora ? p.lora_graph.get() : p.graph.get(), s));
       } else {
-        RETURN_IF_ERROR(EnqueueForward(rank, pass));
+        RETURN_IF_ERROR(EnqueueForward(rank, pass, lora));
       }
       const int64_t row_bytes = int64_t{rank.vocab_share} * 4;
       for (const RowRange& r : logit_rows) {
@@ -675,6 +793,7 @@ absl::Status CudaBackend::DecodeRows(const PrefillChunk* chunk, float* last_logi
   }
   const bool sample = tokens != nullptr;
   const Pass pass = chunk != nullptr ? kMixedPass : kDecodePass;
+  RETURN_IF_ERROR(CheckAdapterSlots(&step, chunk));
   int32_t* host_inputs = static_cast<int32_t*>(inputs_host_[pass]);
   if (chunk != nullptr) {
     RETURN_IF_ERROR(PackMixedInputs(*chunk, step, layouts_[pass], limits_, host_inputs, sample));
@@ -704,7 +823,8 @@ absl::Status CudaBackend::DecodeRows(const PrefillChunk* chunk, float* last_logi
     }
   }
   if (!any_active) return absl::OkStatus();
-  RETURN_IF_ERROR(RunStep(pass, logit_ranges_, any_sampled));
+  const bool lora = !lora_.empty() && AnyAdapterRow(layouts_[pass], host_inputs);
+  RETURN_IF_ERROR(RunStep(pass, logit_ranges_, any_sampled, lora));
   const int64_t vocab = config_.vocab_size;
   for (const auto& rank : ranks_) {
     const float* src = static_cast<const float*>(rank->logits_host.get());
@@ -726,10 +846,12 @@ absl::Status CudaBackend::DecodeRows(const PrefillChunk* chunk, float* last_logi
 
 absl::Status CudaBackend::Prefill(const PrefillChunk& chunk, float* last_logits) {
   if (nccl_ && nccl_->aborted()) return absl::UnavailableError("GPU communicators were aborted");
+  RETURN_IF_ERROR(CheckAdapterSlots(nullptr, &chunk));
   RETURN_IF_ERROR(PackPrefillInputs(chunk, layouts_[kPrefillPass], limits_,
                                     static_cast<int32_t*>(inputs_host_[kPrefillPass])));
   const RowRange first{0, 1};
-  RETURN_IF_ERROR(RunStep(kPrefillPass, absl::MakeConstSpan(&first, 1), false));
+  RETURN_IF_ERROR(RunStep(kPrefillPass, absl::MakeConstSpan(&first, 1), false,
+                          !lora_.empty() && chunk.adapter >= 0));
   if (last_logits != nullptr) {
     for (const auto& rank : ranks_) {
       std::memcpy(last_logits + rank->vocab_begin, rank->logits_host.get(),
@@ -739,8 +861,9 @@ absl::Status CudaBackend::Prefill(const PrefillChunk& chunk, float* last_logits)
   return absl::OkStatus();
 }
 
-absl::StatusOr<double> CudaBackend::TimeDecodeReplays(int iterations) {
+absl::StatusOr<double> CudaBackend::TimeDecodeReplays(int iterations, bool lora) {
   if (!options_.use_graphs) return absl::FailedPreconditionError("graphs are off");
+  if (lora && lora_.empty()) return absl::FailedPreconditionError("no LoRA adapter slots");
   std::vector<EventPtr> start(ranks_.size()), stop(ranks_.size());
   for (size_t r = 0; r < ranks_.size(); ++r) {
     KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[r]->device));
@@ -754,7 +877,8 @@ absl::StatusOr<double> CudaBackend::TimeDecodeReplays(int iterations) {
       cudaStream_t s = rank.stream.get();
       KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(start[t].get(), s));
       for (int i = 0; i < iterations; ++i) {
-        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(rank.passes[kDecodePass].graph.get(), s));
+        const Rank::PassState& p = rank.passes[kDecodePass];
+        KVRM_CUDA_RETURN_IF_ERROR(cudaGraphLaunch(lora ? p.lora_graph.get() : p.graph.get(), s));
       }
       KVRM_CUDA_RETURN_IF_ERROR(cudaEventRecord(stop[t].get(), s));
       return Wait(rank);
@@ -765,6 +889,137 @@ absl::StatusOr<double> CudaBackend::TimeDecodeReplays(int iterations) {
   float ms = 0;
   KVRM_CUDA_RETURN_IF_ERROR(cudaEventElapsedTime(&ms, start[0].get(), stop[0].get()));
   return static_cast<double>(ms) / iterations;
+}
+
+absl::Status CudaBackend::CheckAdapterSlots(const StepDescriptor* step,
+                                            const PrefillChunk* chunk) const {
+  // Out-of-range indices are the packing's to refuse (PackLimits::lora_adapters).
+  const auto empty = [&](int32_t a) {
+    return a >= 0 && a < static_cast<int32_t>(lora_.size()) && lora_[a] == nullptr;
+  };
+  if (step != nullptr) {
+    for (int32_t s = 0; s < step->max_slots && s < static_cast<int32_t>(step->adapter.size());
+         ++s) {
+      if (step->active[s] && empty(step->adapter[s])) {
+        return absl::InvalidArgumentError(absl::StrCat("slot ", s, ".adapter = ", step->adapter[s],
+                                                       ": that LoRA adapter slot is empty"));
+      }
+    }
+  }
+  if (chunk != nullptr && empty(chunk->adapter)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill chunk of slot ", chunk->slot,
+                                                   ".adapter = ", chunk->adapter,
+                                                   ": that LoRA adapter slot is empty"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CudaBackend::PrepareLoraAdapter(
+    const LoraAdapter& adapter) const {
+  if (lora_.empty()) {
+    return absl::FailedPreconditionError(
+        "LoRA adapters: this server has no adapter slots (kvrmd --max_loras)");
+  }
+  int32_t max_rank = adapter.rank;
+  for (const LoraLayer& layer : adapter.layers) {
+    for (const LoraMatrix& m : layer.m) max_rank = std::max(max_rank, m.rank);
+  }
+  if (max_rank > options_.max_lora_rank) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "LoRA adapter '", adapter.name, "' has rank ", max_rank, "; this server takes ranks up to ",
+        options_.max_lora_rank, " (kvrmd --max_lora_rank)"));
+  }
+  auto prepared = std::make_shared<CudaLoraAdapter>();
+  const int32_t tp = static_cast<int32_t>(ranks_.size());
+  for (int32_t r = 0; r < tp; ++r) {
+    ASSIGN_OR_RETURN(const RankLora share, ShardLoraAdapter(config_, adapter, r, tp, DType::kBF16));
+    // Both factors of every adapted projection in one buffer, each 256-byte aligned.
+    std::vector<int64_t> at_offset, bt_offset;
+    int64_t total = 0;
+    for (const auto& layer : share) {
+      for (const LoraShard& m : layer) {
+        at_offset.push_back(total);
+        total = RoundUp(total + static_cast<int64_t>(m.at16.size()), 128);
+        bt_offset.push_back(total);
+        total = RoundUp(total + static_cast<int64_t>(m.bt16.size()), 128);
+      }
+    }
+    std::vector<uint16_t> host(std::max<int64_t>(total, 1), 0);
+    CudaLoraAdapter::Share out;
+    out.device = ranks_[r]->device;
+    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(out.device));
+    ASSIGN_OR_RETURN(out.memory, DeviceAlloc(host.size() * 2, "LoRA adapter factors"));
+    const bf16* base = static_cast<const bf16*>(out.memory.get());
+    // What the kernels take for each target on this rank (EnqueueForward): [in, out].
+    const Rank& rank = *ranks_[r];
+    const int64_t d = config_.hidden_size, qw = int64_t{rank.heads} * config_.head_dim,
+                  kvw = int64_t{rank.kv_heads} * config_.head_dim, ffn = rank.ffn;
+    const int64_t shapes[kNumLoraTargets][2] = {{d, qw},  {d, kvw}, {d, kvw}, {qw, d},
+                                                {d, ffn}, {d, ffn}, {ffn, d}};
+    size_t i = 0;
+    for (const auto& layer : share) {
+      for (int32_t t = 0; t < kNumLoraTargets; ++t) {
+        const LoraShard& m = layer[t];
+        LoraFactors f;
+        if (m.rank > 0) {
+          if (!m.bf16 || m.in != shapes[t][0] || m.out != shapes[t][1] ||
+              m.at16.size() != static_cast<size_t>(m.in * m.rank_stride) ||
+              m.bt16.size() != static_cast<size_t>(m.rank * m.out)) {
+            return absl::InternalError(absl::StrCat(
+                "LoRA adapter '", adapter.name, "': rank ", r, "'s share of ",
+                std::string(LoraTargetName(LoraTarget(t))), " is not the layout the kernels take"));
+          }
+          std::copy(m.at16.begin(), m.at16.end(), host.begin() + at_offset[i]);
+          std::copy(m.bt16.begin(), m.bt16.end(), host.begin() + bt_offset[i]);
+          f.at = base + at_offset[i];
+          f.bt = base + bt_offset[i];
+          f.rank = m.rank;
+          f.stride = m.rank_stride;
+        }
+        out.factors.push_back(f);
+        ++i;
+      }
+    }
+    KVRM_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(out.memory.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
+    prepared->shares.push_back(std::move(out));
+  }
+  return std::shared_ptr<const PreparedLoraAdapter>(std::move(prepared));
+}
+
+absl::Status CudaBackend::SetLoraAdapter(int32_t index,
+                                         std::shared_ptr<const PreparedLoraAdapter> adapter) {
+  if (index < 0 || index >= max_lora_adapters()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA adapter slot ", index, " is not in [0, ", max_lora_adapters(), ")"));
+  }
+  const auto* cuda = dynamic_cast<const CudaLoraAdapter*>(adapter.get());
+  if (adapter != nullptr && (cuda == nullptr || cuda->shares.size() != ranks_.size())) {
+    return absl::InvalidArgumentError("LoRA adapter: not prepared by this backend");
+  }
+  const int32_t slots = max_lora_adapters();
+  const size_t entries = static_cast<size_t>(config_.num_hidden_layers) * kNumLoraTargets;
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    Rank& rank = *ranks_[r];
+    for (size_t e = 0; e < entries; ++e) {
+      rank.lora_table_host[e * slots + index] =
+          cuda != nullptr ? cuda->shares[r].factors[e] : LoraFactors{};
+    }
+    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
+    // Ordered before the next replay on the compute stream; from pageable memory the call
+    // returns once the table is staged, so the mirror may change again at once.
+    KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rank.lora_table.get(), rank.lora_table_host.data(),
+                                              rank.lora_table_host.size() * sizeof(LoraFactors),
+                                              cudaMemcpyHostToDevice, rank.stream.get()));
+  }
+  // The adapter it replaces is freed only after the copy: a step never reads freed factors
+  // (steps run one at a time on this thread; the last one has finished).
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[r]->device));
+    KVRM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ranks_[r]->stream.get()));
+  }
+  lora_[index] = std::move(adapter);
+  return absl::OkStatus();
 }
 
 absl::Status CudaBackend::CreateHostTier(int64_t blocks) {

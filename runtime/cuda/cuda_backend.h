@@ -12,7 +12,8 @@
 // (runtime/cuda/step_packing.h), one asynchronous copy into the graph's static input buffer, one
 // graph launch, then copies of what the host needs: the sampled tokens (the decode graph
 // ends with the sampling kernel over the rows the engine marks, after an all-gather of the
-// ranks' vocabulary shares at --tp=2) and the other rows' logits.
+// ranks' vocabulary shares at --tp=2) and the other rows' logits. With LoRA adapter slots, each
+// pass has a second graph with the adapters' products, replayed for steps whose rows run one.
 // Transfer groups run on a separate copy stream (one 2-D copy per rank, see
 // runtime/cuda/transfer_lowering.h); the engine's transport orders them ahead of the step that
 // needs them and measures any wait.
@@ -31,6 +32,7 @@
 #include "absl/types/span.h"
 #include "common/dtype.h"
 #include "kernels/cpu/thread_pool.h"
+#include "kernels/cuda/llama_kernels.h"
 #include "kernels/cuda/step_inputs.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -66,6 +68,16 @@ struct CudaBackendOptions {
   // cudaMemcpy2DAsync's copy engine, one DMA descriptor per 4 KB row. Off until a GPU has
   // measured both (tools/device_check.sh run: the "transfer group" table).
   bool host_copy_kernel = false;
+  // LoRA adapter slots (StepDescriptor::adapter, PrefillChunk::adapter; 0: none). Each rank
+  // keeps an adapter's share of the factors in bf16 (A^T and (scale B)^T, cut as the CPU ranks
+  // cut them: runtime/tp_shard.h ShardLoraAdapter) and a table of every slot's factors that the
+  // graphs read; with slots, each pass is captured a second time with every adapted
+  // projection's shrink and expand after its product (kernels/cuda/lora.cu), and a step replays
+  // that graph only when one of its rows runs an adapter.
+  int32_t max_lora_adapters = 0;
+  int32_t max_lora_rank = 0;  // the largest rank a slot takes (sizes the shrink's scratch)
+  // Put in slots 0, 1, ... at Create (kvrmd --lora_modules); at most max_lora_adapters.
+  std::vector<const LoraAdapter*> lora_adapters;
 };
 
 // Number of CUDA devices usable by this process (0 when there is no driver or no GPU).
@@ -103,6 +115,16 @@ class CudaBackend : public Backend {
   KvPool* kv_pool(int32_t rank) override;
   absl::Status CreateHostTier(int64_t blocks) override;
   absl::Status CopyGroup(const TransferGroup& group) override;
+  int32_t max_lora_adapters() const override { return options_.max_lora_adapters; }
+  int32_t max_lora_rank() const override { return options_.max_lora_rank; }
+  // Shards the adapter for every rank and uploads each share to its GPU (one allocation a rank,
+  // synchronous copies on the calling thread's default stream: never the steps' streams).
+  absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> PrepareLoraAdapter(
+      const LoraAdapter& adapter) const override;
+  // Rewrites the slot's entries of each rank's factor table (an asynchronous copy on the
+  // compute stream, ahead of the next replay) and lets go of the adapter it held.
+  absl::Status SetLoraAdapter(int32_t index,
+                              std::shared_ptr<const PreparedLoraAdapter> adapter) override;
 
   // Bytes of weights and of KV each decode step reads on one rank at the given total history
   // length (the roofline numerator of the device check).
@@ -111,8 +133,8 @@ class CudaBackend : public Backend {
   std::string device_name() const { return device_name_; }
   // Replays the decode graph `iterations` times over the inputs of the last Decode (device
   // check only: it rewrites those rows' KV) and returns milliseconds per replay (CUDA events,
-  // rank 0; every rank replays).
-  absl::StatusOr<double> TimeDecodeReplays(int iterations);
+  // rank 0; every rank replays). With `lora`, the decode graph with the adapters' products.
+  absl::StatusOr<double> TimeDecodeReplays(int iterations, bool lora = false);
 
  private:
   struct Rank;
@@ -121,16 +143,24 @@ class CudaBackend : public Backend {
   static constexpr int kPasses = 3;
   CudaBackend(const LlamaConfig& config, const CudaBackendOptions& options);
   absl::Status InitRank(int32_t r, const LlamaWeights& weights);
-  // Enqueues the forward pass over `rows` rows reading inputs at `in` (device memory).
-  absl::Status EnqueueForward(Rank& rank, Pass pass);
-  absl::Status Capture(Rank& rank, Pass pass);
+  // Enqueues the forward pass over the pass's rows reading its static inputs (device memory);
+  // with `lora`, each adapted projection's shrink and expand after its product.
+  absl::Status EnqueueForward(Rank& rank, Pass pass, bool lora);
+  // The shrink and expand of `targets` projections from `first` on (consecutive LoraTargets that
+  // share the input x [rows][in] and write columns `outputs` of y's rows).
+  absl::Status EnqueueLora(Rank& rank, const StepInputs& in, int32_t layer, int32_t first,
+                           int32_t targets, const bf16* x, int32_t in_features,
+                           const LoraOutputs& outputs, float* y, int64_t ldy);
+  absl::Status Capture(Rank& rank, Pass pass, bool lora);
+  // INVALID_ARGUMENT when an active row names an empty adapter slot.
+  absl::Status CheckAdapterSlots(const StepDescriptor* step, const PrefillChunk* chunk) const;
   // Runs the decode or prefill step on every rank (its own thread each) and waits: one input
   // upload, the graph, then copies of the logits of rows [first, end) for each range in
   // `logit_rows` and, with `sampled`, of the sampled tokens.
   struct RowRange {
     int32_t first = 0, end = 0;
   };
-  absl::Status RunStep(Pass pass, absl::Span<const RowRange> logit_rows, bool sampled);
+  absl::Status RunStep(Pass pass, absl::Span<const RowRange> logit_rows, bool sampled, bool lora);
   // Shared by Decode, DecodeAndSample and (with a chunk: the mixed pass) the DecodeWithChunk
   // pair.
   absl::Status DecodeRows(const PrefillChunk* chunk, float* last_logits,
@@ -149,6 +179,8 @@ class CudaBackend : public Backend {
   void* inputs_host_[kPasses] = {};      // pinned, owned by ranks_[0]
   int64_t weight_bytes_per_rank_ = 0;
   std::string device_name_;
+  // The adapter in each LoRA slot (null: empty); its device memory lives as long as it does.
+  std::vector<std::shared_ptr<const PreparedLoraAdapter>> lora_;
 };
 
 }  // namespace kvrm::cuda

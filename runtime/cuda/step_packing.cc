@@ -72,6 +72,15 @@ absl::Status CheckRow(int32_t token, int32_t position, const PackLimits& limits,
   return absl::OkStatus();
 }
 
+// The adapter an active row runs with, packed as 1 + slot (0: none).
+absl::Status CheckAdapter(int32_t adapter, const PackLimits& limits, const What& what) {
+  if (adapter < -1 || adapter >= limits.lora_adapters) {
+    return absl::InvalidArgumentError(absl::StrCat(Describe(what), ".adapter = ", adapter,
+                                                   " outside [-1, ", limits.lora_adapters, ")"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckSampling(const DeviceSampling& p, const PackLimits& limits, const What& what) {
   absl::Status st = CheckDeviceSampling(p, limits.vocab_size);
   if (st.ok()) return st;
@@ -101,7 +110,9 @@ absl::Status PackDecodeRows(const StepDescriptor& step, const StepInputLayout& l
     out[l.table + s] = s;
     if (!step.active[s]) continue;
     const What what{false, s, -1};
+    const int32_t adapter = s < static_cast<int32_t>(step.adapter.size()) ? step.adapter[s] : -1;
     absl::Status st = CheckRow(step.token[s], step.position[s], limits, what);
+    if (st.ok()) st = CheckAdapter(adapter, limits, what);
     if (st.ok()) {
       st = PackTable(step.SlotRunsData(s), step.num_runs[s], step.position[s], s, l, limits,
                      what, out);
@@ -112,6 +123,7 @@ absl::Status PackDecodeRows(const StepDescriptor& step, const StepInputLayout& l
     out[l.active + s] = 1;
     out[l.token + s] = step.token[s];
     out[l.position + s] = step.position[s];
+    out[l.adapter + s] = adapter + 1;
     if (sample) {
       const DeviceSampling& p = step.sampling[s];
       SamplingRow row;
@@ -137,6 +149,7 @@ absl::Status PackChunkRows(const PrefillChunk& chunk, const StepInputLayout& l,
   if (chunk.start < 0) return absl::InvalidArgumentError(Describe(what) + ".start < 0");
   const int32_t last = chunk.start + static_cast<int32_t>(n) - 1;
   RETURN_IF_ERROR(CheckRow(0, last, limits, what));
+  RETURN_IF_ERROR(CheckAdapter(chunk.adapter, limits, what));
   RETURN_IF_ERROR(PackTable(chunk.runs, chunk.num_runs, last, table, l, limits, what, out));
   for (int64_t i = 0; i < n; ++i) {
     RETURN_IF_ERROR(CheckRow(chunk.tokens[i], chunk.start + static_cast<int32_t>(i), limits,
@@ -146,6 +159,7 @@ absl::Status PackChunkRows(const PrefillChunk& chunk, const StepInputLayout& l,
     out[l.token + row] = chunk.tokens[i];
     out[l.position + row] = chunk.start + static_cast<int32_t>(i);
     out[l.table + row] = table;
+    out[l.adapter + row] = chunk.adapter + 1;
   }
   out[l.last_row] = first_row + static_cast<int32_t>(n - 1);
   return absl::OkStatus();
@@ -203,6 +217,11 @@ absl::Status PackMixedInputs(const PrefillChunk& chunk, const StepDescriptor& st
   absl::Status st = PackDecodeRows(step, l, limits, out, with_sampling);
   if (st.ok()) st = PackChunkRows(chunk, l, limits, step.max_slots, step.max_slots, out);
   return ZeroOnError(st, l, out);
+}
+
+bool AnyAdapterRow(const StepInputLayout& l, const int32_t* packed) {
+  return std::any_of(packed + l.adapter, packed + l.adapter + l.rows,
+                     [](int32_t a) { return a != 0; });
 }
 
 }  // namespace kvrm::cuda

@@ -18,6 +18,7 @@ struct PackLimits {
   int32_t block_tokens = 0;
   int32_t max_context = 0;   // positions
   int32_t vocab_size = 0;
+  int32_t lora_adapters = 0;  // LoRA adapter slots: a row's adapter is in [-1, lora_adapters)
 };
 
 // Layout of a decode step over `step`'s shape: one row and one run table per slot.
@@ -30,8 +31,9 @@ StepInputLayout PrefillLayout(int32_t max_chunk, int32_t max_runs);
 StepInputLayout MixedLayout(int32_t max_slots, int32_t max_chunk, int32_t max_runs);
 
 // Writes layout.total int32 values to `out` (every element: padding and inactive rows are
-// zero). INVALID_ARGUMENT naming the slot and field when an active row's token, position or run
-// table is out of range or its run table does not hold its position (the KV write target).
+// zero). INVALID_ARGUMENT naming the slot and field when an active row's token, position, LoRA
+// adapter (StepDescriptor::adapter, PrefillChunk::adapter: packed as 1 + the slot) or run table
+// is out of range or its run table does not hold its position (the KV write target).
 // With `with_sampling`, active rows marked in step.sampling are packed for sampling on the
 // device (sample = 1 and their SamplingRow), checked likewise (temperature finite and >= 0,
 // top_k in [0, vocab], top_p in (0, 1], min_p in [0, 1], uniform in [0, 1)); without, no row is.
@@ -45,6 +47,10 @@ absl::Status PackPrefillInputs(const PrefillChunk& chunk, const StepInputLayout&
 absl::Status PackMixedInputs(const PrefillChunk& chunk, const StepDescriptor& step,
                              const StepInputLayout& layout, const PackLimits& limits,
                              int32_t* out, bool with_sampling = false);
+
+// Whether any row of a packed buffer runs a LoRA adapter (the step then replays the graph with
+// the adapters' products).
+bool AnyAdapterRow(const StepInputLayout& layout, const int32_t* packed);
 
 }  // namespace kvrm::cuda
 

@@ -20,14 +20,18 @@ TEST(StepInputLayoutTest, ArraysAlignedDisjointAndInside) {
     const int32_t rows = 1 + rng() % 300, tables = 1 + rng() % 300, runs = 1 + rng() % 40;
     const StepInputLayout l = StepInputLayout::Make(rows, tables, runs);
     struct Range { int64_t at, n; };
-    std::vector<Range> ranges = {{l.active, rows},          {l.token, rows},
-                                 {l.position, rows},        {l.table, rows},
-                                 {l.num_runs, tables},      {l.run_first, int64_t{tables} * runs},
+    std::vector<Range> ranges = {{l.active, rows},
+                                 {l.token, rows},
+                                 {l.position, rows},
+                                 {l.table, rows},
+                                 {l.num_runs, tables},
+                                 {l.run_first, int64_t{tables} * runs},
                                  {l.run_blocks, int64_t{tables} * runs},
                                  {l.run_start, int64_t{tables} * runs},
                                  {l.last_row, 1},
                                  {l.sample, rows},
-                                 {l.sample_params, int64_t{rows} * kSamplingRowInts}};
+                                 {l.sample_params, int64_t{rows} * kSamplingRowInts},
+                                 {l.adapter, rows}};
     std::sort(ranges.begin(), ranges.end(), [](Range a, Range b) { return a.at < b.at; });
     for (size_t i = 0; i < ranges.size(); ++i) {
       EXPECT_EQ(ranges[i].at % kStepInputAlignInts, 0);
@@ -367,6 +371,99 @@ TEST(StepPackingTest, MixedStepIsTheDecodeRowsThenTheChunkRows) {
   c.tokens = long_tokens;
   EXPECT_EQ(PackMixedInputs(c, d, ml, limits, mbuf.data()).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// LoRA adapters: an active decode row carries 1 + its slot's adapter, each chunk row 1 + the
+// chunk's, inactive rows and padding 0 (the base model); an adapter outside the backend's slots
+// is refused naming the slot and field, and AnyAdapterRow tells the step which graph to replay.
+TEST(StepPackingTest, AdapterRowsArePackedAsOnePlusTheSlotAndChecked) {
+  std::mt19937 rng(41);
+  const int32_t slots = 10, chunk = 16, max_runs = 4, block_tokens = 16, vocab = 300;
+  const int64_t pool = 300;
+  PackLimits limits{pool, block_tokens, 1024, vocab};
+  limits.lora_adapters = 3;
+  const StepInputLayout dl = DecodeLayout(slots, max_runs);
+  const StepInputLayout ml = MixedLayout(slots, chunk, max_runs);
+  const StepInputLayout pl = PrefillLayout(chunk, max_runs);
+  std::vector<int32_t> dbuf(dl.total), mbuf(ml.total), pbuf(pl.total);
+  for (int iter = 0; iter < 30; ++iter) {
+    StepDescriptor d = RandomStep(rng, slots, max_runs, pool, block_tokens, vocab);
+    for (int32_t s = 0; s < slots; ++s) {
+      d.adapter[s] = static_cast<int32_t>(rng() % 4) - 1;  // -1 (base) .. 2
+    }
+    ASSERT_TRUE(PackDecodeInputs(d, dl, limits, dbuf.data()).ok());
+    const StepInputs in = StepInputs::At(dl, dbuf.data());
+    bool any = false;
+    for (int32_t s = 0; s < slots; ++s) {
+      EXPECT_EQ(in.adapter[s], d.active[s] ? d.adapter[s] + 1 : 0) << "slot " << s;
+      any |= d.active[s] && d.adapter[s] >= 0;
+    }
+    EXPECT_EQ(AnyAdapterRow(dl, dbuf.data()), any);
+
+    int32_t free_slot = 0;
+    while (free_slot < slots && d.active[free_slot]) ++free_slot;
+    if (free_slot == slots) d.active[free_slot = 0] = 0;
+    const KvRun runs[] = {{250, 3}};
+    std::vector<int32_t> tokens(1 + rng() % chunk, 5);
+    PrefillChunk c;
+    c.slot = free_slot;
+    c.tokens = tokens;
+    c.runs = runs;
+    c.num_runs = 1;
+    c.adapter = static_cast<int32_t>(rng() % 4) - 1;
+    ASSERT_TRUE(PackMixedInputs(c, d, ml, limits, mbuf.data()).ok());
+    ASSERT_TRUE(PackPrefillInputs(c, pl, limits, pbuf.data()).ok());
+    const StepInputs m = StepInputs::At(ml, mbuf.data()), p = StepInputs::At(pl, pbuf.data());
+    const int32_t n = static_cast<int32_t>(tokens.size());
+    any = false;  // the chunk's slot may have just left the decode rows
+    for (int32_t s = 0; s < slots; ++s) {
+      EXPECT_EQ(m.adapter[s], d.active[s] ? d.adapter[s] + 1 : 0) << "slot " << s;
+      any |= d.active[s] && d.adapter[s] >= 0;
+    }
+    for (int32_t i = 0; i < chunk; ++i) {
+      EXPECT_EQ(m.adapter[slots + i], i < n ? c.adapter + 1 : 0) << "chunk row " << i;
+      EXPECT_EQ(p.adapter[i], i < n ? c.adapter + 1 : 0) << "chunk row " << i;
+    }
+    EXPECT_EQ(AnyAdapterRow(pl, pbuf.data()), c.adapter >= 0);
+    EXPECT_EQ(AnyAdapterRow(ml, mbuf.data()), any || c.adapter >= 0);
+  }
+
+  StepDescriptor d;
+  d.Resize(slots, max_runs);
+  d.active[4] = 1;
+  d.token[4] = 1;
+  d.position[4] = 3;
+  d.num_runs[4] = 1;
+  d.SlotRuns(4)[0] = KvRun{0, 1};
+  d.adapter[4] = 3;  // past the 3 slots
+  std::fill(dbuf.begin(), dbuf.end(), 9);
+  absl::Status st = PackDecodeInputs(d, dl, limits, dbuf.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("slot 4.adapter = 3"), absl::string_view::npos) << st.message();
+  EXPECT_EQ(std::count(dbuf.begin(), dbuf.end(), 0), dl.total);
+  d.adapter[4] = -2;
+  EXPECT_EQ(PackDecodeInputs(d, dl, limits, dbuf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  d.adapter[4] = 2;
+  EXPECT_TRUE(PackDecodeInputs(d, dl, limits, dbuf.data()).ok());
+  // A backend with no adapter slots takes only the base model.
+  limits.lora_adapters = 0;
+  EXPECT_EQ(PackDecodeInputs(d, dl, limits, dbuf.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  d.adapter[4] = -1;
+  EXPECT_TRUE(PackDecodeInputs(d, dl, limits, dbuf.data()).ok());
+  std::vector<int32_t> tokens(3, 1);
+  const KvRun runs[] = {{8, 1}};
+  PrefillChunk c;
+  c.slot = 1;
+  c.tokens = tokens;
+  c.runs = runs;
+  c.num_runs = 1;
+  c.adapter = 0;
+  st = PackPrefillInputs(c, pl, limits, pbuf.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("prefill chunk of slot 1.adapter = 0"), absl::string_view::npos)
+      << st.message();
 }
 
 }  // namespace
