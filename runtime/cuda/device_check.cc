@@ -8,9 +8,12 @@
 //      `small` shape: prefill and decode logits, greedy agreement; TP=2 where two GPUs exist;
 //      again with bf16 KV pools on both; a transfer group through the host tier and back; then
 //      modelgen's tiny-qwen2 and tiny-qwen3, and tiny-qwen3 with Q/K/V and O biases added;
+//      LoRA adapters through every graph (rows of different adapters, a slot replaced between
+//      replays, an empty slot refused);
 //   4. decode through the graph at several slot counts: step time, tokens/s, bytes read per
 //      step over the copy bandwidth, and the time the step waited on the copy-stream transport
-//      while compaction groups were pre-staged beside it; one more row with a bf16 KV pool.
+//      while compaction groups were pre-staged beside it; one more row with a bf16 KV pool; what
+//      the LoRA graph costs a replay with every row adapted.
 // Prints a table last; --json FILE writes the same figures; --checks_only skips step 4. Exit 0
 // when every check passed, 1 when one failed, 2 when there is no GPU.
 #include <cuda_profiler_api.h>
@@ -39,6 +42,7 @@
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "kernels/cuda/llama_kernels.h"
+#include "model/lora.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/cuda/cuda_backend.h"
 #include "runtime/cuda/cuda_raii.h"
@@ -949,13 +953,47 @@ Check CheckHostCopyKernel(const RandomModel& m) {
   return c;
 }
 
+// A random LoRA adapter for `config` adapting the projections in `targets` (LoraTarget bits) of
+// every layer at `rank`: A ~ U(-1, 1) / sqrt(in), B ~ U(-1, 1) * 0.6 / sqrt(rank) times the scale
+// (2), so each delta is of the order of its product's output and a row that missed its adapter,
+// or took another's, would be far outside the thresholds.
+std::unique_ptr<LoraAdapter> RandomLoraAdapter(const LlamaConfig& config, const std::string& name,
+                                               int32_t rank, uint32_t targets) {
+  auto a = std::make_unique<LoraAdapter>();
+  a->name = name;
+  a->rank = rank;
+  a->alpha = 2.0 * rank;
+  a->scale = 2.0;
+  a->layers.resize(config.num_hidden_layers);
+  for (LoraLayer& layer : a->layers) {
+    for (int32_t t = 0; t < kNumLoraTargets; ++t) {
+      if (!(targets & (1u << t))) continue;
+      const auto [out, in] = LoraTargetShape(config, LoraTarget(t));
+      LoraMatrix& m = layer.m[t];
+      m.rank = rank;
+      m.in = in;
+      m.out = out;
+      m.a = Random(static_cast<size_t>(rank) * in, 1.0f / std::sqrt(float(in)));
+      m.b = Random(static_cast<size_t>(out) * rank, 0.6f / std::sqrt(float(rank)));
+      for (float& v : m.b) v = static_cast<float>(v * a->scale);
+    }
+  }
+  return a;
+}
+
 // With kv_dtype bf16 both backends keep bf16 pools (each rounds its own f32 K and V to nearest
 // even, as FloatToBf16 does); the thresholds are the f32 pools' (3e-2 relative on logits, greedy
 // agreement >= 90 %).
+// `lora`: both backends with three adapter slots (bf16 factors on both sides): slot 0 a rank-8
+// adapter of all seven projections, slot 1 a rank-32 one of Q, V, O and down, slot 2 empty; the
+// rows run base, slot 0, slot 1, slot 0; half-way through the decode steps slot 0 is replaced
+// by a rank-16 adapter of Q, K, gate and up (SetLoraAdapter between replays), and the mixed
+// graph's chunk runs slot 1. A row naming the empty slot must be refused.
 // `transfer`: also a transfer group's round trip through the host tier (tp 1).
 Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, bool transfer,
-                   std::vector<Check>* also) {
+                   std::vector<Check>* also, bool lora = false) {
   const std::string model_name = m.name.empty() ? "" : m.name + " ";
+  const std::string lora_name = lora ? ", LoRA" : "";
   const int32_t slots = 4, chunk = 64, max_context = 512, max_runs = 4, block_tokens = 16;
   const int64_t kv_blocks = 200;
   const std::string kv_name(DTypeName(kv_dtype));
@@ -968,9 +1006,18 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
   co.max_context = max_context;
   co.max_runs = max_runs;
   co.tensor_parallel = tp;
+  if (lora) {
+    co.max_lora_adapters = 3;
+    co.max_lora_rank = 32;
+  }
   auto gpu = CudaBackend::Create(m.config, &m.weights, co);
   CHECK_OK(gpu.status());
   CpuBackendOptions po;
+  if (lora) {
+    po.max_lora_adapters = 3;
+    po.max_lora_rank = 32;
+    po.lora_dtype = DType::kBF16;
+  }
   po.kv_blocks = kv_blocks;
   po.kv_block_tokens = block_tokens;
   po.kv_dtype = kv_dtype;
@@ -980,11 +1027,36 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
   po.num_threads = static_cast<int32_t>(std::max(1u, std::thread::hardware_concurrency()));
   auto cpu = CpuBackend::Create(m.config, &m.weights, po);
   CHECK_OK(cpu.status());
+  // Puts `adapter` in slot `index` of both backends.
+  auto set_adapter = [&](int32_t index, const LoraAdapter& adapter) {
+    auto g = (*gpu)->PrepareLoraAdapter(adapter);
+    CHECK_OK(g.status());
+    CHECK_OK((*gpu)->SetLoraAdapter(index, *g));
+    auto c = (*cpu)->PrepareLoraAdapter(adapter);
+    CHECK_OK(c.status());
+    CHECK_OK((*cpu)->SetLoraAdapter(index, *c));
+  };
+  constexpr uint32_t kAll = (1u << kNumLoraTargets) - 1;
+  const auto bit = [](LoraTarget t) { return 1u << static_cast<int32_t>(t); };
+  std::unique_ptr<LoraAdapter> swap_in;
+  if (lora) {
+    set_adapter(0, *RandomLoraAdapter(m.config, "all-r8", 8, kAll));
+    set_adapter(1, *RandomLoraAdapter(m.config, "qvod-r32", 32,
+                                      bit(LoraTarget::kQ) | bit(LoraTarget::kV) |
+                                          bit(LoraTarget::kO) | bit(LoraTarget::kDown)));
+    swap_in = RandomLoraAdapter(
+        m.config, "qkgu-r16", 16,
+        bit(LoraTarget::kQ) | bit(LoraTarget::kK) | bit(LoraTarget::kGate) | bit(LoraTarget::kUp));
+  }
 
   const int32_t vocab = m.config.vocab_size;
   std::vector<bool> free_blocks(kv_blocks, true);
   StepDescriptor step;
   step.Resize(slots, max_runs);
+  if (lora) {
+    for (int32_t s = 0; s < slots; ++s) step.adapter[s] = s == 0 ? -1 : (s == 2 ? 1 : 0);
+  }
+  bool refused_empty_slot = !lora;
   std::vector<std::vector<KvRun>> tables(slots);
   std::vector<float> lg(vocab), lc(vocab);
   double worst = 0;
@@ -1003,6 +1075,7 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
       c.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, prompt - start));
       c.runs = tables[s].data();
       c.num_runs = static_cast<int32_t>(tables[s].size());
+      c.adapter = step.adapter[s];
       CHECK_OK((*gpu)->Prefill(c, lg.data()));
       CHECK_OK((*cpu)->Prefill(c, lc.data()));
     }
@@ -1042,13 +1115,23 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
   };
   for (int i = 0; i < decode_steps; ++i) {
     if (i == decode_steps / 2) step.active[1] = 0;  // a slot leaves: its row goes inactive
+    if (lora && i == decode_steps / 2 + 2) {
+      // A row naming an empty slot is refused (and changes nothing); then slot 0's adapter is
+      // replaced between two replays: slot 3's row runs the new one from here on.
+      step.adapter[3] = 2;
+      refused_empty_slot =
+          (*gpu)->Decode(step, g.data()).code() == absl::StatusCode::kInvalidArgument;
+      step.adapter[3] = 0;
+      set_adapter(0, *swap_in);
+    }
     CHECK_OK((*gpu)->Decode(step, g.data()));
     CHECK_OK((*cpu)->Decode(step, c.data()));
     // Near-ties skipped: a random model's top two logits are ~0.2 apart, and bf16 products
     // (against a CPU reference that may keep f32 inputs) can swap them without anything wrong.
     compare_rows(/*skip_ties=*/true, &worst, &agree, &total);
   }
-  const bool ok = worst <= 3e-2 && total >= decode_steps && agree * 10 >= total * 9;
+  const bool ok =
+      worst <= 3e-2 && total >= decode_steps && agree * 10 >= total * 9 && refused_empty_slot;
   if ((*gpu)->fuses_prefill()) {
     // The mixed graph: a new prompt for the slot that left, chunk by chunk, each chunk riding
     // with the other slots' decode rows in one pass, on both backends (the CPU's mixed pass is
@@ -1068,6 +1151,7 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
       ch.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, prompt - start));
       ch.runs = table.data();
       ch.num_runs = static_cast<int32_t>(table.size());
+      ch.adapter = lora ? 1 : -1;
       CHECK((*gpu)->CanFuse(ch));
       CHECK_OK((*gpu)->DecodeWithChunk(ch, lg.data(), step, g.data()));
       CHECK_OK((*cpu)->DecodeWithChunk(ch, lc.data(), step, c.data()));
@@ -1077,8 +1161,8 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
       compare_rows(/*skip_ties=*/true, &mixed_worst, &mixed_agree, &mixed_total);
     }
     also->push_back(
-        {absl::StrFormat("%smixed graph tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)",
-                         model_name, tp, kv_name, mixed_agree, mixed_total),
+        {absl::StrFormat("%smixed graph tp=%d, %s KV%s vs CPU: logits (greedy agree %d/%d)",
+                         model_name, tp, kv_name, lora_name, mixed_agree, mixed_total),
          mixed_worst, 3e-2,
          mixed_worst <= 3e-2 && mixed_total >= 1 && mixed_agree * 10 >= mixed_total * 9});
   }
@@ -1088,8 +1172,9 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
   if (transfer && tp == 1) {
     also->push_back(CheckTransferRoundTrip(**gpu, tables[0][0], free_blocks));
   }
-  return {absl::StrFormat("%sbackend tp=%d, %s KV vs CPU: logits (greedy agree %d/%d)", model_name,
-                          tp, kv_name, agree, total),
+  return {absl::StrFormat("%sbackend tp=%d, %s KV%s vs CPU: logits (greedy agree %d/%d)%s",
+                          model_name, tp, kv_name, lora_name, agree, total,
+                          refused_empty_slot ? "" : "; an empty adapter slot was not refused"),
           worst, 3e-2, ok};
 }
 
@@ -1290,6 +1375,77 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   return row;
 }
 
+// What serving LoRA adapters costs a decode replay: `slots` rows at `context`, every row running
+// one of `adapters` adapters of rank `rank` adapting all seven projections, the decode graph
+// with the adapters' products against the plain one over the same inputs (CUDA events).
+struct LoraCostRow {
+  int slots = 0, context = 0, adapters = 0, rank = 0;
+  double base_graph_ms = 0, lora_graph_ms = 0;
+};
+LoraCostRow LoraReplayCost(const RandomModel& m, int slots, int context, int adapters, int rank) {
+  const int32_t block_tokens = 16, chunk = 256, max_runs = 8;
+  const int32_t blocks_per_slot = (context + 64 + block_tokens - 1) / block_tokens;
+  CudaBackendOptions co;
+  co.kv_blocks = int64_t{slots} * blocks_per_slot;
+  co.kv_block_tokens = block_tokens;
+  co.max_slots = slots;
+  co.max_chunk_tokens = chunk;
+  co.max_context = context + 64;
+  co.max_runs = max_runs;
+  co.max_lora_adapters = adapters;
+  co.max_lora_rank = rank;
+  auto gpu = CudaBackend::Create(m.config, &m.weights, co);
+  CHECK_OK(gpu.status());
+  for (int a = 0; a < adapters; ++a) {
+    auto prepared = (*gpu)->PrepareLoraAdapter(
+        *RandomLoraAdapter(m.config, absl::StrCat("a", a), rank, (1u << kNumLoraTargets) - 1));
+    CHECK_OK(prepared.status());
+    CHECK_OK((*gpu)->SetLoraAdapter(a, *prepared));
+  }
+  const int32_t vocab = m.config.vocab_size;
+  StepDescriptor step;
+  step.Resize(slots, max_runs);
+  std::vector<float> lg(vocab), logits(int64_t{slots} * vocab);
+  std::vector<int32_t> tokens(context);
+  for (int32_t s = 0; s < slots; ++s) {
+    const KvRun run{s * blocks_per_slot, blocks_per_slot};
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    for (int32_t start = 0; start < context; start += chunk) {
+      PrefillChunk c;
+      c.slot = s;
+      c.start = start;
+      c.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, context - start));
+      c.runs = &run;
+      c.num_runs = 1;
+      c.adapter = s % adapters;
+      CHECK_OK((*gpu)->Prefill(c, lg.data()));
+    }
+    step.active[s] = 1;
+    step.position[s] = context;
+    step.token[s] = static_cast<int32_t>(rng() % vocab);
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = run;
+    step.adapter[s] = s % adapters;
+  }
+  CHECK_OK((*gpu)->Decode(step, logits.data()));
+  LoraCostRow row{slots, context, adapters, rank};
+  for (int i = 0; i < 2; ++i) {  // each measured twice, in turn: the second pair is kept
+    auto base = (*gpu)->TimeDecodeReplays(100, /*lora=*/false);
+    CHECK_OK(base.status());
+    auto with = (*gpu)->TimeDecodeReplays(100, /*lora=*/true);
+    CHECK_OK(with.status());
+    row.base_graph_ms = *base;
+    row.lora_graph_ms = *with;
+  }
+  std::printf(
+      "  LoRA: %d slots, context %d, %d adapters of rank %d on every row: graph %.3f ms "
+      "against %.3f ms without (%.2fx)\n",
+      slots, context, adapters, rank, row.lora_graph_ms, row.base_graph_ms,
+      row.lora_graph_ms / row.base_graph_ms);
+  std::fflush(stdout);
+  return row;
+}
+
 }  // namespace
 }  // namespace kvrm::cuda
 
@@ -1375,6 +1531,11 @@ int main(int argc, char** argv) {
   }
   // The bf16 pool against the CPU's bf16 pool (sampling reads logits, whatever the pool: once).
   run(CheckBackend(*model, 1, kvrm::DType::kBF16, /*sampling=*/false, /*transfer=*/true, &also));
+  // LoRA adapters through every graph (their rows, a replaced slot, the mixed chunk's).
+  for (int tp = 1; tp <= std::min(devices, 2); ++tp) {
+    run(CheckBackend(*model, tp, kvrm::DType::kF32, /*sampling=*/false, /*transfer=*/false, &also,
+                     /*lora=*/true));
+  }
   for (const Check& c : also) run(c);
   run(CheckHostCopyKernel(*model));
   // Qwen2 / Qwen3 / biased attention: its kernels, then the models through every graph against
@@ -1413,6 +1574,8 @@ int main(int argc, char** argv) {
       rows.push_back(Bench(*model, 1, 64, context, copy_gbs, kvrm::DType::kBF16));
     }
   }
+  std::vector<LoraCostRow> lora_rows;
+  if (!checks_only && !sweep) lora_rows.push_back(LoraReplayCost(*model, 64, 512, 4, 16));
   std::vector<CopyRow> copies;
   if (!checks_only && !sweep) {
     copies = MeasureTransfers(*model, /*kernel=*/false);
@@ -1457,6 +1620,16 @@ int main(int argc, char** argv) {
                 r.bytes_per_step / 1e6, r.achieved_gbs, 100 * r.of_copy,
                 100 * r.transport_wait_share, r.chunk_apart_ms, r.chunk_mixed_ms);
   }
+  if (!lora_rows.empty()) {
+    std::printf(
+        "\n| LoRA | slots | context | adapters | rank | graph ms | without ms | ratio |\n"
+        "|:--|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (const LoraCostRow& r : lora_rows) {
+      std::printf("| every row adapted | %d | %d | %d | %d | %.3f | %.3f | %.2fx |\n", r.slots,
+                  r.context, r.adapters, r.rank, r.lora_graph_ms, r.base_graph_ms,
+                  r.lora_graph_ms / r.base_graph_ms);
+    }
+  }
   if (!copies.empty()) {
     std::printf("\n| transfer group | blocks | us a group | GB/s |\n|:--|---:|---:|---:|\n");
     for (const CopyRow& c : copies) {
@@ -1492,6 +1665,15 @@ int main(int argc, char** argv) {
         << ", \"chunk_apart_ms\": " << num(r.chunk_apart_ms) << ", \"chunk_mixed_ms\": " << num(r.chunk_mixed_ms)
         << "}"
         << (i + 1 < rows.size() ? "," : "") << "\n";
+    }
+    f << "  ],\n  \"lora\": [\n";
+    for (size_t i = 0; i < lora_rows.size(); ++i) {
+      const LoraCostRow& r = lora_rows[i];
+      f << "    {\"slots\": " << r.slots << ", \"context\": " << r.context
+        << ", \"adapters\": " << r.adapters << ", \"rank\": " << r.rank
+        << ", \"lora_graph_ms\": " << num(r.lora_graph_ms)
+        << ", \"base_graph_ms\": " << num(r.base_graph_ms) << "}"
+        << (i + 1 < lora_rows.size() ? "," : "") << "\n";
     }
     f << "  ],\n  \"transfers\": [\n";
     for (size_t i = 0; i < copies.size(); ++i) {
