@@ -318,7 +318,10 @@ absl::Status GgufFile::Parse() {
   }
   std::vector<TensorInfo> infos;
   RETURN_IF_ERROR(ParseTensorInfos(r, tensor_count, &infos));
-  const uint64_t data_start = (r.offset() + alignment - 1) / alignment * alignment;
+  uint64_t data_start = (r.offset() + alignment - 1) / alignment * alignment;
+  // A file with no tensors (llama.cpp's vocabulary-only files) may end right after the tensor
+  // infos, without the padding to the aligned data section: it has no data section at all.
+  if (infos.empty()) data_start = std::min<uint64_t>(data_start, file_->size());
   if (data_start > file_->size()) {
     return absl::InvalidArgumentError(
         absl::StrCat(p, ": the data section starts past the end of the file"));
