@@ -210,26 +210,84 @@ void QuantQ5_K(const float* x, std::byte* b) {
   }
 }
 
-// Q6_K: 16 sub-blocks of 16 with int8 scales (multiples of d), values in [-32, 31].
-void QuantQ6_K(const float* x, std::byte* b) {
-  float scale[16], max_abs_scale = 0;
-  for (int s = 0; s < 16; ++s) {
-    float amax = 0;
-    for (int l = 0; l < 16; ++l) amax = std::max(amax, std::fabs(x[s * 16 + l]));
-    scale[s] = amax / 31;
-    max_abs_scale = std::max(max_abs_scale, scale[s]);
+// ggml's make_qx_quants for q6_K (n values to [-nmax, nmax - 1], weights x^2, no importance
+// matrix): the signed scale fitting them best over 19 trial inverse scales around -nmax / (the
+// value of largest magnitude), by weighted least squares; their levels (l + nmax) in `levels`.
+// ggml's float operations in ggml's order, so that the result is its bits.
+float FitSymmetricScale(int n, int nmax, const float* x, uint8_t* levels) {
+  float max = 0, amax = 0;
+  for (int i = 0; i < n; ++i) {
+    const float ax = std::fabs(x[i]);
+    if (ax > amax) {
+      amax = ax;
+      max = x[i];
+    }
   }
-  const float d = max_abs_scale / 127;
-  StoreHalf(b + 208, d);
-  const float dd = LoadHalf(b + 208);
-  int8_t* sc = reinterpret_cast<int8_t*>(b + 192);
+  if (amax < 1e-15f) {  // ggml's GROUP_MAX_EPS: all zero
+    std::fill(levels, levels + n, uint8_t{0});
+    return 0.0f;
+  }
+  const auto level = [&](float iscale, int i) {
+    return std::clamp(NearestInt(iscale * x[i]), -nmax, nmax - 1);
+  };
+  const auto sums = [&](float iscale, float* sumlx, float* suml2) {
+    *sumlx = *suml2 = 0;
+    for (int i = 0; i < n; ++i) {
+      const int l = level(iscale, i);
+      const float w = x[i] * x[i];
+      *sumlx += w * x[i] * l;
+      *suml2 += w * l * l;
+    }
+  };
+  float iscale = -nmax / max;
+  for (int i = 0; i < n; ++i) levels[i] = static_cast<uint8_t>(level(iscale, i) + nmax);
+  float sumlx, suml2;
+  sums(iscale, &sumlx, &suml2);
+  float scale = suml2 != 0 ? sumlx / suml2 : 0.0f;
+  float best = scale * sumlx;
+  for (int is = -9; is <= 9; ++is) {
+    if (is == 0) continue;
+    iscale = -(nmax + 0.1f * is) / max;
+    sums(iscale, &sumlx, &suml2);
+    if (suml2 > 0 && sumlx * sumlx > best * suml2) {
+      for (int i = 0; i < n; ++i) levels[i] = static_cast<uint8_t>(level(iscale, i) + nmax);
+      scale = sumlx / suml2;
+      best = scale * sumlx;
+    }
+  }
+  return scale;
+}
+
+// Q6_K as ggml's quantize_row_q6_K_ref: each 16-value sub-block's scale by FitSymmetricScale,
+// the scales as int8 multiples of d (the signed largest-magnitude scale / -128), then the values
+// again under the stored scales (a sub-block whose scale rounded to 0 keeps its fit's levels).
+void QuantQ6_K(const float* x, std::byte* b) {
+  float scale[16], max_scale = 0, max_abs_scale = 0;
   uint8_t q[kQkK];
   for (int s = 0; s < 16; ++s) {
-    sc[s] = static_cast<int8_t>(std::clamp(dd > 0 ? NearestInt(scale[s] / dd) : 0, -128, 127));
+    scale[s] = FitSymmetricScale(16, 32, x + s * 16, q + s * 16);
+    if (std::fabs(scale[s]) > max_abs_scale) {
+      max_abs_scale = std::fabs(scale[s]);
+      max_scale = scale[s];
+    }
+  }
+  if (max_abs_scale < 1e-15f) {
+    std::memset(b, 0, 210);
+    return;
+  }
+  const float iscale = -128.0f / max_scale;
+  StoreHalf(b + 208, 1 / iscale);
+  const float dd = LoadHalf(b + 208);
+  int8_t* sc = reinterpret_cast<int8_t*>(b + 192);
+  for (int s = 0; s < 16; ++s) {
+    sc[s] = static_cast<int8_t>(std::min(127, NearestInt(iscale * scale[s])));
+  }
+  for (int s = 0; s < 16; ++s) {
     const float dl = dd * sc[s];
+    if (dl == 0) continue;
     for (int l = 0; l < 16; ++l) {
-      const int v = dl != 0 ? std::clamp(NearestInt(x[s * 16 + l] / dl), -32, 31) : 0;
-      q[s * 16 + l] = static_cast<uint8_t>(v + 32);
+      q[s * 16 + l] =
+          static_cast<uint8_t>(std::clamp(NearestInt(x[s * 16 + l] / dl), -32, 31) + 32);
     }
   }
   uint8_t* ql = U8(b);

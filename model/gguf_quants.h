@@ -1,11 +1,12 @@
 // ggml's block formats: dequantization (the loader) and quantization (tools/gguf's converter and
 // the tests), for the types GgmlType lists.
 //
-// Dequantization follows ggml's reference dequantize_row_* exactly (ggml-quants.c): the same
-// bits, the same float operations in the same order. Quantization is ggml's reference for the
-// 32-element types, q4_K and q5_K (the weighted search of each sub-block's scale and min,
-// kernels/cpu/q4_k.h), and a plain min/max fit for q6_K; llama-quantize's importance-matrix
-// variants are not implemented.
+// Dequantization follows ggml's reference dequantize_row_* exactly (ggml-quants.c), and
+// quantization its quantize_row_*_ref (q4_K and q5_K: the weighted search of each sub-block's
+// scale and min, kernels/cpu/q4_k.h; q6_K: the least-squares search of each sub-block's signed
+// scale): the same bits, the same float operations in the same order, checked against ggml's
+// own output by //model:ggml_quants_test. llama-quantize's importance-matrix variants are not
+// implemented.
 #ifndef KVRM_MODEL_GGUF_QUANTS_H_
 #define KVRM_MODEL_GGUF_QUANTS_H_
 

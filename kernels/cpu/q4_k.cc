@@ -67,27 +67,32 @@ float FitKQuantSubBlock(int n, int nmax, const float* x, const float* weights, u
     *min = -lo;
     return 0.0f;
   }
-  // Rounding under a trial scale, and the weighted squared error of a fit.
+  // Rounding under a trial scale, and the weighted squared error of a fit. As in ggml's
+  // make_qkx2_quants, the trials round from the offset of the best fit so far (lo until one beats
+  // the first) and divide by hi less that offset.
+  float offset = lo;
   auto round_at = [&](float inverse, uint8_t* out) {
     for (int i = 0; i < n; ++i) {
-      const float r = std::nearbyint(inverse * (x[i] - lo));
+      const float r = std::nearbyint(inverse * (x[i] - offset));
       out[i] = static_cast<uint8_t>(std::clamp(r, 0.0f, static_cast<float>(nmax)));
     }
   };
+  // (ggml's float operations in ggml's order: w * (diff * diff), the first scale 1 / iscale.)
   auto error_of = [&](const uint8_t* l, float scale, float offset) {
     float e = 0;
     for (int i = 0; i < n; ++i) {
       const float diff = scale * l[i] + offset - x[i];
-      e += weights[i] * diff * diff;
+      e += weights[i] * (diff * diff);
     }
     return e;
   };
-  float scale = (hi - lo) / nmax, offset = lo;
-  round_at(nmax / (hi - lo), q);
+  const float iscale = nmax / (hi - lo);
+  float scale = 1 / iscale;
+  round_at(iscale, q);
   float best = error_of(q, scale, offset);
   uint8_t trial[WeightMatrix::kQ4KBlock];
   for (int k = 0; k <= nstep; ++k) {
-    round_at((rmin + rdelta * k + nmax) / (hi - lo), trial);
+    round_at((rmin + rdelta * k + nmax) / (hi - offset), trial);
     // The weighted least-squares scale and offset for these q.
     float sl = 0, sl2 = 0, sxl = 0;
     for (int i = 0; i < n; ++i) {

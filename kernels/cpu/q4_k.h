@@ -43,7 +43,9 @@ void Q4KPackScaleMin(const uint8_t* sc, const uint8_t* m, uint8_t* scales);
 // The K-quants' fit of one sub-block of n values (ggml's make_qkx2_quants): the scale s and the
 // min m >= 0 with q = clamp(round((x + m) / s), 0, nmax) that minimize sum_i w_i (s q_i - m -
 // x_i)^2 among the least-squares fits of the roundings at nstep + 1 trial scales (nmax + rmin +
-// rdelta k) / (max - min), starting from the plain min / max fit. Writes q and m; returns s.
+// rdelta k) / (max - min), starting from the plain min / max fit; as in ggml, once a trial beats
+// the fit so far, later trials round from its min (the search's min moves). ggml's float
+// operations in its order: the same bits (//model:ggml_quants_test). Writes q and m; returns s.
 float FitKQuantSubBlock(int n, int nmax, const float* x, const float* weights, uint8_t* q,
                         float* min, float rmin, float rdelta, int nstep);
 // A K-quant super-block's header (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins: q4_K's
