@@ -54,11 +54,6 @@ absl::StatusOr<DeviceChoice> ChooseDevice(const std::string& flag) {
           "--quantization=q8_0 and q4_K run on the CPU backend only (--device=cpu); on the GPU "
           "the weights are bf16");
     }
-    if (o.max_loras > 0 && o.lora_dtype.value_or(DType::kBF16) != DType::kBF16) {
-      return absl::InvalidArgumentError(
-          "--lora_dtype=float32: the CUDA backend keeps LoRA factors in bfloat16 (its products "
-          "take bf16 inputs); use --lora_dtype=bfloat16 or auto");
-    }
     cuda::CudaBackendOptions co;
     co.kv_blocks = o.kv_blocks;
     co.kv_block_tokens = o.block_tokens;

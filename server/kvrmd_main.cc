@@ -441,8 +441,17 @@ int Run() {
   if (absl::StatusOr<std::optional<DType>> d = ParseLoraDtype(absl::GetFlag(FLAGS_lora_dtype));
       d.ok()) {
     eo.lora_dtype = *d;
-    // The GPU's adapter products take bf16 factors whatever the model's dtype.
-    if (!eo.lora_dtype.has_value() && device->device == "cuda") eo.lora_dtype = DType::kBF16;
+    // The GPU's adapter products take bf16 factors whatever the model's dtype
+    // (CudaBackendOptions: it keeps them in bf16 whatever it is asked).
+    if (device->device == "cuda") {
+      if (eo.lora_dtype == DType::kF32) {
+        std::fprintf(stderr,
+                     "kvrmd: --lora_dtype=float32: the CUDA device keeps LoRA factors in bfloat16 "
+                     "(its products take bf16 inputs); use bfloat16 or auto\n");
+        return 2;
+      }
+      eo.lora_dtype = DType::kBF16;
+    }
   } else {
     std::fprintf(stderr, "kvrmd: %s\n", std::string(d.status().message()).c_str());
     return 2;

@@ -122,6 +122,9 @@ struct LoraFactors {
   int32_t rank = 0;
   int32_t stride = 0;
 };
+// The host writes the table the kernels read: one layout for g++ and nvcc.
+static_assert(sizeof(LoraFactors) == 24 && alignof(LoraFactors) == 8,
+              "LoraFactors: two pointers and two int32");
 inline constexpr int32_t kLoraMaxTargets = 3;
 inline constexpr int32_t kLoraMaxSplits = 8;
 // The shrink's splits of the input features (partial sums the expand adds up).
@@ -129,9 +132,10 @@ inline int32_t LoraSplits(int32_t in) {
   const int32_t s = (in + 511) / 512;
   return s < 1 ? 1 : s > kLoraMaxSplits ? kLoraMaxSplits : s;
 }
-// Scratch of the shrink's partial sums for `rows` rows: [targets][splits][rows][max_rank] f32.
-inline int64_t LoraPartialFloats(int32_t rows, int32_t max_rank) {
-  return int64_t{kLoraMaxTargets} * kLoraMaxSplits * rows * max_rank;
+// Scratch of the shrink's partial sums for `rows` rows: [targets][splits][rows][max_rank] f32,
+// `splits` the most of any launch (LoraSplits of the widest input).
+inline int64_t LoraPartialFloats(int32_t rows, int32_t max_rank, int32_t splits) {
+  return int64_t{kLoraMaxTargets} * splits * rows * max_rank;
 }
 
 // Shrink: partial[t][split][r][k] = sum over the split's features c of x[r][c] * at[c][k], for

@@ -124,9 +124,15 @@ struct CudaBackend::Rank {
   PinnedPtr sampled_host;
   PinnedPtr inputs_host;  // rank 0 only: each pass's layout, one after the other
   Communicator* comm = nullptr;
-  // LoRA (max_lora_adapters > 0): every slot's factors, [layer][LoraTarget][slot], on the device
-  // (what the graphs read) and its host mirror (SetLoraAdapter rewrites a slot's entries and
-  // copies the table); the shrink's partial sums for the largest pass.
+  // LoRA (max_lora_adapters > 0). The slots' factor memory, allocated at start-up for
+  // max_lora_rank: slot i at lora_factors + i * lora_slot_elems (bf16 elements), projection e
+  // (layer * kNumLoraTargets + target) at lora_at[e] (A^T, [in][round_up(max rank, 16)]) and
+  // lora_bt[e] (B^T, [max rank][out]) within it; an adapter of lower rank fills the start of
+  // each. The table the graphs read, [layer][LoraTarget][slot], and its host mirror; the
+  // shrink's partial sums for the largest pass.
+  DevicePtr lora_factors;
+  int64_t lora_slot_elems = 0;
+  std::vector<int64_t> lora_at, lora_bt;
   DevicePtr lora_table;
   std::vector<LoraFactors> lora_table_host;
   DevicePtr lora_partial;
@@ -134,24 +140,21 @@ struct CudaBackend::Rank {
 
 namespace {
 
-// A LoRA adapter as the CUDA backend holds it: each rank's share of the factors in that rank's
-// GPU memory (one allocation) and the table entries pointing into it, [layer][LoraTarget].
+// A LoRA adapter as the CUDA backend holds it before SetLoraAdapter uploads it into a slot: on
+// the host only (preparing makes no CUDA call, so nothing allocates or frees device memory while
+// steps, NCCL collectives among them, run). Per rank: every adapted projection's bf16 A^T and
+// (scale B)^T, one after the other in `data`.
 class CudaLoraAdapter : public PreparedLoraAdapter {
  public:
-  struct Share {
-    int device = 0;
-    DevicePtr memory;
-    std::vector<LoraFactors> factors;
+  struct Projection {
+    int32_t entry = 0;  // layer * kNumLoraTargets + target
+    int32_t rank = 0, stride = 0;
+    int64_t at = 0, at_elems = 0, bt = 0, bt_elems = 0;  // offsets and sizes in `data`
   };
-  ~CudaLoraAdapter() override {
-    int current = 0;
-    const bool restore = cudaGetDevice(&current) == cudaSuccess;
-    for (Share& share : shares) {
-      cudaSetDevice(share.device);
-      share.memory.reset();
-    }
-    if (restore) cudaSetDevice(current);
-  }
+  struct Share {
+    std::vector<uint16_t> data;
+    std::vector<Projection> projections;
+  };
   std::vector<Share> shares;  // one per rank
 };
 
@@ -461,6 +464,23 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
   }
   ASSIGN_OR_RETURN(rank.logits_host, PinnedAlloc(rows * rank.vocab_share * 4, "logits"));
   if (options_.max_lora_adapters > 0) {
+    // Each slot's regions, sized for max_lora_rank (what the kernels take: [in, out] per target).
+    const int64_t max_rank = options_.max_lora_rank;
+    const int64_t stride = RoundUp(max_rank, 16);
+    const int64_t shapes[kNumLoraTargets][2] = {{d, qw},  {d, kvw}, {d, kvw}, {qw, d},
+                                                {d, ffn}, {d, ffn}, {ffn, d}};
+    int64_t elems = 0;
+    for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
+      for (int32_t t = 0; t < kNumLoraTargets; ++t) {
+        rank.lora_at.push_back(elems);
+        elems = RoundUp(elems + shapes[t][0] * stride, 128);
+        rank.lora_bt.push_back(elems);
+        elems = RoundUp(elems + max_rank * shapes[t][1], 128);
+      }
+    }
+    rank.lora_slot_elems = elems;
+    ASSIGN_OR_RETURN(rank.lora_factors,
+                     DeviceAlloc(elems * 2 * options_.max_lora_adapters, "LoRA adapter slots"));
     rank.lora_table_host.assign(static_cast<size_t>(config_.num_hidden_layers) * kNumLoraTargets *
                                     options_.max_lora_adapters,
                                 LoraFactors{});
@@ -470,7 +490,9 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpy(rank.lora_table.get(), rank.lora_table_host.data(),
                                          table_bytes, cudaMemcpyHostToDevice));
     const int64_t partial_bytes =
-        LoraPartialFloats(static_cast<int32_t>(rows), options_.max_lora_rank) * 4;
+        LoraPartialFloats(static_cast<int32_t>(rows), options_.max_lora_rank,
+                          LoraSplits(static_cast<int32_t>(std::max({d, qw, ffn})))) *
+        4;
     ASSIGN_OR_RETURN(rank.lora_partial, DeviceAlloc(partial_bytes, "LoRA shrink scratch"));
   }
   if (r == 0) {
@@ -933,55 +955,37 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CudaBackend::PrepareL
   const int32_t tp = static_cast<int32_t>(ranks_.size());
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(const RankLora share, ShardLoraAdapter(config_, adapter, r, tp, DType::kBF16));
-    // Both factors of every adapted projection in one buffer, each 256-byte aligned.
-    std::vector<int64_t> at_offset, bt_offset;
-    int64_t total = 0;
-    for (const auto& layer : share) {
-      for (const LoraShard& m : layer) {
-        at_offset.push_back(total);
-        total = RoundUp(total + static_cast<int64_t>(m.at16.size()), 128);
-        bt_offset.push_back(total);
-        total = RoundUp(total + static_cast<int64_t>(m.bt16.size()), 128);
-      }
-    }
-    std::vector<uint16_t> host(std::max<int64_t>(total, 1), 0);
-    CudaLoraAdapter::Share out;
-    out.device = ranks_[r]->device;
-    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(out.device));
-    ASSIGN_OR_RETURN(out.memory, DeviceAlloc(host.size() * 2, "LoRA adapter factors"));
-    const bf16* base = static_cast<const bf16*>(out.memory.get());
     // What the kernels take for each target on this rank (EnqueueForward): [in, out].
     const Rank& rank = *ranks_[r];
     const int64_t d = config_.hidden_size, qw = int64_t{rank.heads} * config_.head_dim,
                   kvw = int64_t{rank.kv_heads} * config_.head_dim, ffn = rank.ffn;
     const int64_t shapes[kNumLoraTargets][2] = {{d, qw},  {d, kvw}, {d, kvw}, {qw, d},
                                                 {d, ffn}, {d, ffn}, {ffn, d}};
-    size_t i = 0;
-    for (const auto& layer : share) {
+    CudaLoraAdapter::Share out;
+    for (size_t l = 0; l < share.size(); ++l) {
       for (int32_t t = 0; t < kNumLoraTargets; ++t) {
-        const LoraShard& m = layer[t];
-        LoraFactors f;
-        if (m.rank > 0) {
-          if (!m.bf16 || m.in != shapes[t][0] || m.out != shapes[t][1] ||
-              m.at16.size() != static_cast<size_t>(m.in * m.rank_stride) ||
-              m.bt16.size() != static_cast<size_t>(m.rank * m.out)) {
-            return absl::InternalError(absl::StrCat(
-                "LoRA adapter '", adapter.name, "': rank ", r, "'s share of ",
-                std::string(LoraTargetName(LoraTarget(t))), " is not the layout the kernels take"));
-          }
-          std::copy(m.at16.begin(), m.at16.end(), host.begin() + at_offset[i]);
-          std::copy(m.bt16.begin(), m.bt16.end(), host.begin() + bt_offset[i]);
-          f.at = base + at_offset[i];
-          f.bt = base + bt_offset[i];
-          f.rank = m.rank;
-          f.stride = m.rank_stride;
+        const LoraShard& m = share[l][t];
+        if (m.rank == 0) continue;
+        if (!m.bf16 || m.in != shapes[t][0] || m.out != shapes[t][1] ||
+            m.at16.size() != static_cast<size_t>(m.in * m.rank_stride) ||
+            m.bt16.size() != static_cast<size_t>(m.rank * m.out)) {
+          return absl::InternalError(absl::StrCat(
+              "LoRA adapter '", adapter.name, "': rank ", r, "'s share of ",
+              std::string(LoraTargetName(LoraTarget(t))), " is not the layout the kernels take"));
         }
-        out.factors.push_back(f);
-        ++i;
+        CudaLoraAdapter::Projection p;
+        p.entry = static_cast<int32_t>(l) * kNumLoraTargets + t;
+        p.rank = m.rank;
+        p.stride = m.rank_stride;
+        p.at = static_cast<int64_t>(out.data.size());
+        p.at_elems = static_cast<int64_t>(m.at16.size());
+        out.data.insert(out.data.end(), m.at16.begin(), m.at16.end());
+        p.bt = static_cast<int64_t>(out.data.size());
+        p.bt_elems = static_cast<int64_t>(m.bt16.size());
+        out.data.insert(out.data.end(), m.bt16.begin(), m.bt16.end());
+        out.projections.push_back(p);
       }
     }
-    KVRM_CUDA_RETURN_IF_ERROR(
-        cudaMemcpy(out.memory.get(), host.data(), host.size() * 2, cudaMemcpyHostToDevice));
     prepared->shares.push_back(std::move(out));
   }
   return std::shared_ptr<const PreparedLoraAdapter>(std::move(prepared));
@@ -999,24 +1003,42 @@ absl::Status CudaBackend::SetLoraAdapter(int32_t index,
   }
   const int32_t slots = max_lora_adapters();
   const size_t entries = static_cast<size_t>(config_.num_hidden_layers) * kNumLoraTargets;
-  for (size_t r = 0; r < ranks_.size(); ++r) {
-    Rank& rank = *ranks_[r];
-    for (size_t e = 0; e < entries; ++e) {
-      rank.lora_table_host[e * slots + index] =
-          cuda != nullptr ? cuda->shares[r].factors[e] : LoraFactors{};
-    }
+  // Per rank, on its compute stream (between steps: nothing reads the slot meanwhile): the
+  // factors into the slot's regions, then the whole table with the slot's new entries, then a
+  // synchronize (the copies read host memory the caller may free). From pageable memory each
+  // copy returns once its bytes are staged.
+  const auto upload = [&](Rank& rank, const CudaLoraAdapter::Share* share) -> absl::Status {
     KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
-    // Ordered before the next replay on the compute stream; from pageable memory the call
-    // returns once the table is staged, so the mirror may change again at once.
+    cudaStream_t s = rank.stream.get();
+    bf16* slot = static_cast<bf16*>(rank.lora_factors.get()) + index * rank.lora_slot_elems;
+    for (size_t e = 0; e < entries; ++e) rank.lora_table_host[e * slots + index] = LoraFactors{};
+    if (share != nullptr) {
+      for (const CudaLoraAdapter::Projection& p : share->projections) {
+        bf16* at = slot + rank.lora_at[p.entry];
+        bf16* bt = slot + rank.lora_bt[p.entry];
+        KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(at, share->data.data() + p.at, p.at_elems * 2,
+                                                  cudaMemcpyHostToDevice, s));
+        KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(bt, share->data.data() + p.bt, p.bt_elems * 2,
+                                                  cudaMemcpyHostToDevice, s));
+        rank.lora_table_host[static_cast<size_t>(p.entry) * slots + index] =
+            LoraFactors{at, bt, p.rank, p.stride};
+      }
+    }
     KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rank.lora_table.get(), rank.lora_table_host.data(),
                                               rank.lora_table_host.size() * sizeof(LoraFactors),
-                                              cudaMemcpyHostToDevice, rank.stream.get()));
-  }
-  // The adapter it replaces is freed only after the copy: a step never reads freed factors
-  // (steps run one at a time on this thread; the last one has finished).
+                                              cudaMemcpyHostToDevice, s));
+    KVRM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(s));
+    return absl::OkStatus();
+  };
   for (size_t r = 0; r < ranks_.size(); ++r) {
-    KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(ranks_[r]->device));
-    KVRM_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(ranks_[r]->stream.get()));
+    absl::Status st = upload(*ranks_[r], cuda != nullptr ? &cuda->shares[r] : nullptr);
+    if (!st.ok()) {
+      // Leave the slot empty on every rank (best effort: a failed copy is a CUDA error the next
+      // step reports too), never half an adapter.
+      for (size_t q = 0; q <= r; ++q) upload(*ranks_[q], nullptr).IgnoreError();
+      lora_[index] = nullptr;
+      return st;
+    }
   }
   lora_[index] = std::move(adapter);
   return absl::OkStatus();

@@ -69,9 +69,10 @@ struct CudaBackendOptions {
   // measured both (tools/device_check.sh run: the "transfer group" table).
   bool host_copy_kernel = false;
   // LoRA adapter slots (StepDescriptor::adapter, PrefillChunk::adapter; 0: none). Each rank
-  // keeps an adapter's share of the factors in bf16 (A^T and (scale B)^T, cut as the CPU ranks
-  // cut them: runtime/tp_shard.h ShardLoraAdapter) and a table of every slot's factors that the
-  // graphs read; with slots, each pass is captured a second time with every adapted
+  // keeps an adapter's share of the factors in bf16 whatever EngineOptions::lora_dtype says (A^T
+  // and (scale B)^T, cut as the CPU ranks cut them: runtime/tp_shard.h ShardLoraAdapter), in
+  // slot memory allocated at Create for max_lora_rank, and a table of every slot's factors that
+  // the graphs read; with slots, each pass is captured a second time with every adapted
   // projection's shrink and expand after its product (kernels/cuda/lora.cu), and a step replays
   // that graph only when one of its rows runs an adapter.
   int32_t max_lora_adapters = 0;
@@ -117,12 +118,15 @@ class CudaBackend : public Backend {
   absl::Status CopyGroup(const TransferGroup& group) override;
   int32_t max_lora_adapters() const override { return options_.max_lora_adapters; }
   int32_t max_lora_rank() const override { return options_.max_lora_rank; }
-  // Shards the adapter for every rank and uploads each share to its GPU (one allocation a rank,
-  // synchronous copies on the calling thread's default stream: never the steps' streams).
+  // Shards the adapter for every rank into bf16 host buffers: no CUDA call (a device allocation
+  // or free while steps run could stall behind, or deadlock with, NCCL collectives at --tp=2).
   absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> PrepareLoraAdapter(
       const LoraAdapter& adapter) const override;
-  // Rewrites the slot's entries of each rank's factor table (an asynchronous copy on the
-  // compute stream, ahead of the next replay) and lets go of the adapter it held.
+  // Uploads the adapter's factors into slot `index`'s memory on each rank and rewrites the slot's
+  // entries of the factor table, on the compute stream between two steps (the one part of a
+  // load on the engine thread: the factors' bytes over PCIe, about a millisecond for the small
+  // model's rank-16 adapter), and lets go of the adapter it held. On an error the slot is left
+  // empty on every rank.
   absl::Status SetLoraAdapter(int32_t index,
                               std::shared_ptr<const PreparedLoraAdapter> adapter) override;
 
