@@ -1237,6 +1237,40 @@ std::vector<CopyRow> MeasureTransfers(const RandomModel& m, bool kernel) {
   return rows;
 }
 
+// Every slot's history: `context` random tokens prefilled into its own run of blocks_per_slot
+// blocks (slot s from block s * blocks_per_slot), in chunks; with `adapters`, slot s on adapter
+// s % adapters. Returns the decode step that goes on from there.
+StepDescriptor PrefillRandomHistories(CudaBackend& gpu, int32_t slots, int32_t context,
+                                      int32_t chunk, int32_t max_runs, int32_t blocks_per_slot,
+                                      int32_t vocab, int32_t adapters) {
+  StepDescriptor step;
+  step.Resize(slots, max_runs);
+  std::vector<float> lg(vocab);
+  std::vector<int32_t> tokens(context);
+  for (int32_t s = 0; s < slots; ++s) {
+    const KvRun run{s * blocks_per_slot, blocks_per_slot};
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
+    const int32_t adapter = adapters > 0 ? s % adapters : -1;
+    for (int32_t start = 0; start < context; start += chunk) {
+      PrefillChunk c;
+      c.slot = s;
+      c.start = start;
+      c.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, context - start));
+      c.runs = &run;
+      c.num_runs = 1;
+      c.adapter = adapter;
+      CHECK_OK(gpu.Prefill(c, lg.data()));
+    }
+    step.active[s] = 1;
+    step.position[s] = context;
+    step.token[s] = static_cast<int32_t>(rng() % vocab);
+    step.num_runs[s] = 1;
+    step.SlotRuns(s)[0] = run;
+    step.adapter[s] = adapter;
+  }
+  return step;
+}
+
 // With `profile`, a few graph replays run between cudaProfilerStart and Stop, for
 // `ncu --profile-from-start off` (tools/device_check.sh profile): each kernel of the step apart.
 BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy_gbs,
@@ -1260,28 +1294,9 @@ BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy
   auto gpu = CudaBackend::Create(m.config, &m.weights, co);
   CHECK_OK(gpu.status());
   const int32_t vocab = m.config.vocab_size;
-  StepDescriptor step;
-  step.Resize(slots, max_runs);
   std::vector<float> lg(vocab);
-  for (int32_t s = 0; s < slots; ++s) {
-    const KvRun run{s * blocks_per_slot, blocks_per_slot};
-    std::vector<int32_t> tokens(context);
-    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
-    for (int32_t start = 0; start < context; start += chunk) {
-      PrefillChunk c;
-      c.slot = s;
-      c.start = start;
-      c.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, context - start));
-      c.runs = &run;
-      c.num_runs = 1;
-      CHECK_OK((*gpu)->Prefill(c, lg.data()));
-    }
-    step.active[s] = 1;
-    step.position[s] = context;
-    step.token[s] = static_cast<int32_t>(rng() % vocab);
-    step.num_runs[s] = 1;
-    step.SlotRuns(s)[0] = run;
-  }
+  StepDescriptor step = PrefillRandomHistories(**gpu, slots, context, chunk, max_runs,
+                                               blocks_per_slot, vocab, /*adapters=*/0);
   std::vector<float> logits(int64_t{slots} * vocab);
   // The engine's pre-staging: each step's compaction group is submitted before the step runs
   // and must be complete before the next one; the wait is what the replay lost to transport.
@@ -1403,30 +1418,9 @@ LoraCostRow LoraReplayCost(const RandomModel& m, int slots, int context, int ada
     CHECK_OK((*gpu)->SetLoraAdapter(a, *prepared));
   }
   const int32_t vocab = m.config.vocab_size;
-  StepDescriptor step;
-  step.Resize(slots, max_runs);
-  std::vector<float> lg(vocab), logits(int64_t{slots} * vocab);
-  std::vector<int32_t> tokens(context);
-  for (int32_t s = 0; s < slots; ++s) {
-    const KvRun run{s * blocks_per_slot, blocks_per_slot};
-    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
-    for (int32_t start = 0; start < context; start += chunk) {
-      PrefillChunk c;
-      c.slot = s;
-      c.start = start;
-      c.tokens = absl::MakeConstSpan(tokens).subspan(start, std::min(chunk, context - start));
-      c.runs = &run;
-      c.num_runs = 1;
-      c.adapter = s % adapters;
-      CHECK_OK((*gpu)->Prefill(c, lg.data()));
-    }
-    step.active[s] = 1;
-    step.position[s] = context;
-    step.token[s] = static_cast<int32_t>(rng() % vocab);
-    step.num_runs[s] = 1;
-    step.SlotRuns(s)[0] = run;
-    step.adapter[s] = s % adapters;
-  }
+  std::vector<float> logits(int64_t{slots} * vocab);
+  StepDescriptor step = PrefillRandomHistories(**gpu, slots, context, chunk, max_runs,
+                                               blocks_per_slot, vocab, adapters);
   CHECK_OK((*gpu)->Decode(step, logits.data()));
   LoraCostRow row{slots, context, adapters, rank};
   for (int i = 0; i < 2; ++i) {  // each measured twice, in turn: the second pair is kept
