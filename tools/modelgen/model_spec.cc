@@ -96,10 +96,26 @@ ModelSpec TinyBiased() {
   return s;
 }
 
+// Rows of whole 256-value super-blocks (hidden 256, intermediate 768), so that llama.cpp's
+// llama-quantize writes every matrix in a K-quant: the shape of //tests:llama_cpp_interop_test's
+// file. Untied, no RoPE scaling, heads of 64.
+ModelSpec TinyK() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-k";
+  s.hidden_size = 256;
+  s.num_layers = 2;
+  s.num_heads = 4;
+  s.num_kv_heads = 2;
+  s.head_dim = 64;
+  s.intermediate_size = 768;
+  s.rope_scaling.reset();
+  s.tie_word_embeddings = false;
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
-  static const auto* table =
-      new std::vector<ModelSpec>{Tiny(), Small(), TinyQwen2(), TinyQwen3(), TinyBiased(),
-                                 TinyPhi3(), TinyGranite()};
+  static const auto* table = new std::vector<ModelSpec>{
+      Tiny(), Small(), TinyQwen2(), TinyQwen3(), TinyBiased(), TinyPhi3(), TinyGranite(), TinyK()};
   return *table;
 }
 
