@@ -1,8 +1,9 @@
 // kvrm against llama.cpp itself on the same GGUF files: tests/testdata/llama_cpp/ holds the
 // logits llama.cpp's own forward pass gave (tools/gguf/llama_cpp_reference: every prompt position
 // in one batch, then greedy steps one at a time, f32 KV, no flash attention) on
-//   - the f32 file kvrm's converter writes of modelgen's tiny-k model (regenerated here, and
-//     checked to be the same bytes llama.cpp read), and
+//   - the f32 files kvrm's converter writes of modelgen's tiny-k, tiny, tiny-qwen3, tiny-phi3,
+//     tiny-granite and tiny-biased models (regenerated here, and checked to be the same bytes
+//     llama.cpp read), and
 //   - that file as llama.cpp's llama-quantize wrote it in Q4_K_M and Q5_K_M (kept here: a
 //     container, metadata and block layout written by llama.cpp, q4_K / q5_K with q6_K mixed).
 // kvrm's CPU backend serves each file and must give llama.cpp's tokens for the prompt and its
@@ -66,11 +67,19 @@ Reference LoadReference(const std::string& name) {
   return r;
 }
 
-// The f32 file llama.cpp read: modelgen's tiny-k (f32) through kvrm's converter.
-std::string TinyKF32File() {
-  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/tiny-k";
+// A modelgen model as kvrm's converter writes it in f32, in a directory named `dir` (the name is
+// the file's general.name, which llama.cpp reads: a name with "phi3" in it makes llama.cpp look
+// for Phi-3's own special tokens, so the Phi-3 shape's directory is tiny-p3).
+struct F32File {
+  std::string size, dir;
+  size_t bytes;
+  uint64_t fnv;  // FNV-1a 64 of the file llama.cpp read (sha256 in README.md)
+};
+
+std::string WriteF32File(const F32File& f) {
+  const std::string dir = std::string(std::getenv("TEST_TMPDIR")) + "/" + f.dir;
   modelgen::MakeModelOptions mo;
-  mo.size = "tiny-k";
+  mo.size = f.size;
   mo.out_dir = dir;
   mo.dtype = DType::kF32;
   CHECK_OK(modelgen::MakeModel(mo).status());
@@ -78,14 +87,13 @@ std::string TinyKF32File() {
   co.type = GgmlType::kF32;
   const std::string path = dir + ".gguf";
   CHECK_OK(ConvertToGguf(dir, path, co));
-  // The bytes llama.cpp read (FNV-1a 64 of the file; sha256 in README.md; the directory's name
-  // is the file's general.name): a change to modelgen or the converter needs the reference run
+  // The bytes llama.cpp read: a change to modelgen or the converter needs the reference run
   // again (tools/gguf/llama_cpp_reference).
   const std::string bytes = ReadAll(path);
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-  EXPECT_EQ(bytes.size(), 8423008u);
-  EXPECT_EQ(h, 12169730868858890316ull) << "not the file llama.cpp's logits were taken on";
+  EXPECT_EQ(bytes.size(), f.bytes) << f.size;
+  EXPECT_EQ(h, f.fnv) << f.size << ": not the file llama.cpp's logits were taken on";
   return path;
 }
 
@@ -178,18 +186,37 @@ Errors Serve(const std::string& path, const Reference& ref, double tolerance) {
   return e;
 }
 
-TEST(LlamaCppInteropTest, F32FileGivesLlamaCppsLogits) {
-  const std::string path = TinyKF32File();
-  const Reference ref = LoadReference("tiny-k-f32");
+class F32FileTest : public testing::TestWithParam<F32File> {};
+
+// f32 weights, activations and KV on both sides: summation order only (measured 2026-12-05 at
+// most 1.6e-6 of a row's scale): the architectures' tensor layouts and hyperparameters as
+// llama.cpp reads kvrm's files (Llama 3 RoPE factors and tied embeddings, Qwen3's Q/K norms,
+// Phi-3's fused QKV and gate/up, Granite's multipliers, Llama with attention biases).
+TEST_P(F32FileTest, GivesLlamaCppsLogits) {
+  const std::string path = WriteF32File(GetParam());
+  const Reference ref = LoadReference(GetParam().size + "-f32");
   ASSERT_GT(ref.prompt, 4);
-  // f32 weights, activations and KV on both sides: summation order only (measured 1.3e-6).
   const Errors e = Serve(path, ref, 2e-5);
-  std::printf("f32: worst row %.3g of its scale, median %.3g, greedy agree %d/%d\n", e.worst,
-              e.Median(), e.argmax_same, e.argmax_compared);
+  std::printf("%s f32: worst row %.3g of its scale, median %.3g, greedy agree %d/%d\n",
+              GetParam().size.c_str(), e.worst, e.Median(), e.argmax_same, e.argmax_compared);
   EXPECT_LE(e.worst, e.tolerance);
   EXPECT_EQ(e.argmax_same, e.argmax_compared);
   EXPECT_GE(e.argmax_compared, static_cast<int>(ref.tokens.size()) / 2);
 }
+
+INSTANTIATE_TEST_SUITE_P(
+    Architectures, F32FileTest,
+    testing::Values(F32File{"tiny-k", "tiny-k", 8423008, 12169730868858890316ull},
+                    F32File{"tiny", "tiny", 3508416, 14434706371235565222ull},
+                    F32File{"tiny-qwen3", "tiny-qwen3", 4297312, 9505874969180331438ull},
+                    F32File{"tiny-phi3", "tiny-p3", 4032640, 7168905384796591778ull},
+                    F32File{"tiny-granite", "tiny-granite", 3508480, 18399880928751871934ull},
+                    F32File{"tiny-biased", "tiny-biased", 4039712, 2616468596225026535ull}),
+    [](const testing::TestParamInfo<F32File>& i) {
+      std::string n = i.param.size;
+      for (char& c : n) c = c == '-' ? '_' : c;
+      return n;
+    });
 
 class QuantizedFileTest : public testing::TestWithParam<std::string> {};
 
