@@ -1,7 +1,8 @@
 // kvrm against llama.cpp itself on the same GGUF files: tests/testdata/llama_cpp/ holds the
 // logits llama.cpp's own forward pass gave (tools/gguf/llama_cpp_reference: every prompt position
 // in one batch, then greedy steps one at a time, f32 KV, no flash attention) on
-//   - the f32 files kvrm's converter writes of modelgen's tiny-k, tiny, tiny-qwen3, tiny-phi3,
+//   - the f32 files kvrm's converter writes of modelgen's tiny-k, tiny, tiny-qwen2-2h, tiny-qwen3,
+//     tiny-phi3,
 //     tiny-granite and tiny-biased models (regenerated here, and checked to be the same bytes
 //     llama.cpp read), and
 //   - that file as llama.cpp's llama-quantize wrote it in Q4_K_M and Q5_K_M (kept here: a
@@ -190,7 +191,8 @@ class F32FileTest : public testing::TestWithParam<F32File> {};
 
 // f32 weights, activations and KV on both sides: summation order only (measured 2026-12-05 at
 // most 1.6e-6 of a row's scale): the architectures' tensor layouts and hyperparameters as
-// llama.cpp reads kvrm's files (Llama 3 RoPE factors and tied embeddings, Qwen3's Q/K norms,
+// llama.cpp reads kvrm's files (Llama 3 RoPE factors and tied embeddings, Qwen2's Q/K/V biases,
+// Qwen3's Q/K norms,
 // Phi-3's fused QKV and gate/up, Granite's multipliers, Llama with attention biases).
 TEST_P(F32FileTest, GivesLlamaCppsLogits) {
   const std::string path = WriteF32File(GetParam());
@@ -208,6 +210,7 @@ INSTANTIATE_TEST_SUITE_P(
     Architectures, F32FileTest,
     testing::Values(F32File{"tiny-k", "tiny-k", 8423008, 12169730868858890316ull},
                     F32File{"tiny", "tiny", 3508416, 14434706371235565222ull},
+                    F32File{"tiny-qwen2-2h", "tiny-qwen2-2h", 3512992, 7847447286359090763ull},
                     F32File{"tiny-qwen3", "tiny-qwen3", 4297312, 9505874969180331438ull},
                     F32File{"tiny-phi3", "tiny-p3", 4032640, 7168905384796591778ull},
                     F32File{"tiny-granite", "tiny-granite", 3508480, 18399880928751871934ull},

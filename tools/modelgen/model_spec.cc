@@ -56,6 +56,16 @@ ModelSpec TinyQwen2() {
   return s;
 }
 
+// tiny-qwen2 with two heads of 64 (head_dim = hidden / heads, as llama.cpp's qwen2 graph takes
+// it: //tests:llama_cpp_interop_test).
+ModelSpec TinyQwen2TwoHeads() {
+  ModelSpec s = TinyQwen2();
+  s.name = "tiny-qwen2-2h";
+  s.num_heads = 2;
+  s.num_kv_heads = 1;
+  return s;
+}
+
 ModelSpec TinyQwen3() {
   ModelSpec s = TinyQwen2();
   s.name = "tiny-qwen3";
@@ -115,7 +125,8 @@ ModelSpec TinyK() {
 
 const std::vector<ModelSpec>& Table() {
   static const auto* table = new std::vector<ModelSpec>{
-      Tiny(), Small(), TinyQwen2(), TinyQwen3(), TinyBiased(), TinyPhi3(), TinyGranite(), TinyK()};
+      Tiny(),     Small(),       TinyQwen2(), TinyQwen3(),        TinyBiased(),
+      TinyPhi3(), TinyGranite(), TinyK(),     TinyQwen2TwoHeads()};
   return *table;
 }
 
