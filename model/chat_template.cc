@@ -16,6 +16,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
@@ -59,7 +60,10 @@ struct Args {
 
 class Evaluator {
  public:
-  explicit Evaluator(const ChatTemplateInputs& in) : in_(in) {}
+  // `empty_call_content`: an assistant turn with tool calls and no content gets content "" (as
+  // vLLM gives it) instead of none (as transformers does).
+  Evaluator(const ChatTemplateInputs& in, bool empty_call_content)
+      : in_(in), empty_call_content_(empty_call_content) {}
 
   absl::StatusOr<std::string> Run(const Body& body) {
     std::vector<Value> messages;
@@ -154,8 +158,9 @@ class Evaluator {
   // A message as transformers / vLLM hand it to the template.
   absl::StatusOr<Value> MessageValue(const ChatMessage& m, size_t index) {
     Attrs d{{"role", Value::Str(m.role)},
-            {"content", m.content.empty() && !m.tool_calls.empty() ? Value::None()
-                                                                   : Value::Str(m.content)}};
+            {"content", m.content.empty() && !m.tool_calls.empty() && !empty_call_content_
+                            ? Value::None()
+                            : Value::Str(m.content)}};
     if (!m.tool_calls.empty()) {
       std::vector<Value> calls;
       for (size_t j = 0; j < m.tool_calls.size(); ++j) {
@@ -313,6 +318,16 @@ class Evaluator {
         return Flow::kContinue;
       case StmtKind::kBlock:
         return Exec(s.body);
+      case StmtKind::kFilterBlock: {
+        ASSIGN_OR_RETURN(std::string text, Capture(s.body));
+        scopes_.emplace_back()[kFilterBlockOperand] = Value::Str(std::move(text));
+        absl::StatusOr<Value> v = Eval(*s.expr);
+        scopes_.pop_back();
+        if (!v.ok()) return v.status();
+        ASSIGN_OR_RETURN(std::string out, ToStr(s.line, *v));
+        RETURN_IF_ERROR(Emit(s.line, out));
+        break;
+      }
     }
     return Flow::kNormal;
   }
@@ -1075,6 +1090,47 @@ class Evaluator {
         if (name == "title") return Value::Str(PyTitle(s));
         return Value::Str(PyCapitalize(s));
       }
+      if (name == "format") {
+        // Python's str.format without format specs: {} and {0} take the positional arguments,
+        // {name} the keyword ones, {{ and }} are braces.
+        std::string out;
+        size_t next = 0;
+        for (size_t i = 0; i < s.size(); ++i) {
+          const char c = s[i];
+          if ((c == '{' || c == '}') && i + 1 < s.size() && s[i + 1] == c) {
+            out += c;
+            ++i;
+            continue;
+          }
+          if (c == '}') return Err(line, "str.format: single '}' in the format string");
+          if (c != '{') {
+            out += c;
+            continue;
+          }
+          const size_t close = s.find('}', i);
+          if (close == std::string::npos) return Err(line, "str.format: unclosed '{'");
+          const std::string field = s.substr(i + 1, close - i - 1);
+          if (field.find_first_of(":!.[{") != std::string::npos) {
+            return Err(line, Cat("str.format: unsupported field '{", field, "}'"));
+          }
+          const Value* arg = nullptr;
+          int64_t index = 0;
+          if (field.empty()) {
+            if (next < args.pos.size()) arg = &args.pos[next++];
+          } else if (absl::SimpleAtoi(field, &index)) {
+            if (index >= 0 && static_cast<size_t>(index) < args.pos.size()) arg = &args.pos[index];
+          } else {
+            for (const auto& [key, value] : args.kw) {
+              if (key == field) arg = &value;
+            }
+          }
+          if (arg == nullptr) return Err(line, Cat("str.format: no argument for '{", field, "}'"));
+          RETURN_IF_ERROR(At(line, AppendStr(*arg, kMaxStr, &out)));
+          if (out.size() > kMaxStr) return Err(line, Cat("string exceeds ", kMaxStr, " bytes"));
+          i = close;
+        }
+        return Value::Str(std::move(out));
+      }
       if (name == "startswith" || name == "endswith") {
         RETURN_IF_ERROR(Bind(line, args, {"prefix"}, fn, &a));
         if (a[0] == nullptr) return Err(line, Cat(fn, "() needs an argument"));
@@ -1478,6 +1534,74 @@ class Evaluator {
       }
       return MakeList(line, std::move(out));
     }
+    if (name == "min" || name == "max" || name == "unique") {
+      // Jinja's: by the items (or their `attribute`), strings case-insensitively unless
+      // case_sensitive; min/max of nothing is undefined; unique keeps each first occurrence.
+      RETURN_IF_ERROR(Bind(line, args, {"case_sensitive", "attribute"}, name, &a));
+      const bool case_sensitive = a[0] != nullptr && Truthy(*a[0]);
+      ASSIGN_OR_RETURN(std::optional<std::string> attr, OptStr(line, a[1], "attribute"));
+      std::vector<Value> storage;
+      ASSIGN_OR_RETURN(const std::vector<Value>* items, Iter(line, v, &storage));
+      RETURN_IF_ERROR(Charge(line, static_cast<int64_t>(items->size()) * 20));
+      std::vector<Value> keys;
+      for (const Value& item : *items) {
+        Value key = item;
+        if (attr.has_value()) {
+          ASSIGN_OR_RETURN(key, AttrPath(line, item, *attr));
+        }
+        if (key.is_string() && !case_sensitive) key = Value::Str(AsciiLower(key.as_string()));
+        keys.push_back(std::move(key));
+      }
+      if (name == "unique") {
+        std::vector<Value> out;
+        std::vector<const Value*> seen;
+        for (size_t i = 0; i < items->size(); ++i) {
+          bool dup = false;
+          for (const Value* k : seen) dup = dup || Equals(*k, keys[i], &budget_);
+          if (dup) continue;
+          RETURN_IF_ERROR(Charge(line, static_cast<int64_t>(seen.size())));
+          seen.push_back(&keys[i]);
+          out.push_back((*items)[i]);
+        }
+        return MakeList(line, std::move(out));
+      }
+      if (items->empty()) return Value::MakeUndefined(Cat("no ", name, " item"));
+      size_t best = 0;
+      for (size_t i = 1; i < keys.size(); ++i) {
+        const Value& x = keys[i];
+        const Value& y = keys[best];
+        bool less;
+        if (x.is_number() && y.is_number()) {
+          less = x.as_double() < y.as_double();
+        } else if (x.is_string() && y.is_string()) {
+          less = x.as_string() < y.as_string();
+        } else {
+          return Err(line, Cat(name, ": items must be all numbers or all strings"));
+        }
+        const bool greater = !less && !Equals(x, y, &budget_);
+        if (name == "min" ? less : greater) best = i;
+      }
+      return (*items)[best];
+    }
+    if (name == "dictsort") {
+      // Jinja's: the (key, value) pairs sorted by key (or by='value'), strings
+      // case-insensitively unless case_sensitive.
+      RETURN_IF_ERROR(Bind(line, args, {"case_sensitive", "by", "reverse"}, name, &a));
+      const bool case_sensitive = a[0] != nullptr && Truthy(*a[0]);
+      ASSIGN_OR_RETURN(std::optional<std::string> by, OptStr(line, a[1], "by"));
+      const bool reverse = a[2] != nullptr && Truthy(*a[2]);
+      if (by.has_value() && *by != "key" && *by != "value") {
+        return Err(line, "dictsort: by must be 'key' or 'value'");
+      }
+      if (!v.is_dict()) return Err(line, "dictsort filter requires a mapping");
+      ASSIGN_OR_RETURN(Value pairs, Method(line, v, "items", Args{}));
+      const bool by_value = by.has_value() && *by == "value";
+      Args sort_args;
+      sort_args.kw.emplace_back("attribute", Value::Str(by_value ? "1" : "0"));
+      sort_args.kw.emplace_back("case_sensitive", Value::Bool(case_sensitive));
+      sort_args.kw.emplace_back("reverse", Value::Bool(reverse));
+      return Filter(line, "sort", pairs, sort_args);
+    }
     if (name == "sort") {
       RETURN_IF_ERROR(Bind(line, args, {"reverse", "case_sensitive", "attribute"}, name, &a));
       const bool reverse = a[0] != nullptr && Truthy(*a[0]);
@@ -1609,6 +1733,7 @@ class Evaluator {
   }
 
   const ChatTemplateInputs& in_;
+  const bool empty_call_content_;
   std::vector<Scope> scopes_;
   size_t macro_base_ = 0;  // inside a macro: its scope's index (lookups skip the caller's)
   std::string* out_ = nullptr;
@@ -1629,8 +1754,20 @@ absl::StatusOr<ChatTemplate> ChatTemplate::Parse(std::string_view source) {
 
 absl::StatusOr<std::string> ChatTemplate::Render(const ChatTemplateInputs& inputs) const {
   if (program_ == nullptr) return absl::FailedPreconditionError("chat_template: not parsed");
-  jinja::Evaluator evaluator(inputs);
-  return evaluator.Run(program_->body);
+  absl::StatusOr<std::string> out = jinja::Evaluator(inputs, false).Run(program_->body);
+  if (out.ok()) return out;
+  // Many templates treat content as a string on every turn ('</think>' in message.content,
+  // message.content + ...) and fail on a tool-call turn whose content is none: such a turn is
+  // rendered again with content "", as vLLM passes it (llama.cpp's templates likewise get an
+  // empty string where they require one). The first error stands if that fails too.
+  // Only an error about a none (NoneType) is retried: one of another kind is the template's own
+  // and the retry could only dodge it down another branch.
+  const bool null_content =
+      std::any_of(inputs.messages.begin(), inputs.messages.end(),
+                  [](const ChatMessage& m) { return m.content.empty() && !m.tool_calls.empty(); });
+  if (!null_content || !absl::StrContains(out.status().message(), "NoneType")) return out;
+  absl::StatusOr<std::string> retry = jinja::Evaluator(inputs, true).Run(program_->body);
+  return retry.ok() ? retry : out;
 }
 
 }  // namespace kvrm

@@ -20,10 +20,11 @@ namespace kvrm::jinja {
 namespace {
 
 constexpr std::string_view kFilters[] = {
-    "abs",    "capitalize", "count",  "d",          "default", "e",       "escape", "first",
-    "float",  "indent",     "int",    "items",      "join",    "last",    "length", "list",
-    "lower",  "map",        "reject", "rejectattr", "replace", "reverse", "round",  "safe",
-    "select", "selectattr", "sort",   "string",     "title",   "tojson",  "trim",   "upper"};
+    "abs",     "capitalize", "count",  "d",      "default",    "dictsort", "e",          "escape",
+    "first",   "float",      "indent", "int",    "items",      "join",     "last",       "length",
+    "list",    "lower",      "map",    "max",    "min",        "reject",   "rejectattr", "replace",
+    "reverse", "round",      "safe",   "select", "selectattr", "sort",     "string",     "title",
+    "tojson",  "trim",       "unique", "upper"};
 constexpr std::string_view kTests[] = {
     "defined",  "undefined", "none",    "string",      "mapping",     "iterable",
     "sequence", "number",    "integer", "float",       "boolean",     "true",
@@ -632,9 +633,22 @@ class Parser {
       RETURN_IF_ERROR(ExpectBlockEnd());
       return s;
     }
-    static constexpr std::string_view kUnsupported[] = {"call", "filter",     "include", "import",
-                                                        "from", "extends",    "block",   "with",
-                                                        "do",   "autoescape", "trans"};
+    if (tag == "filter") {
+      // {% filter f(args) | g %}body{% endfilter %}: the body's text through the chain.
+      auto s = NewStmt(StmtKind::kFilterBlock, begin);
+      ExprPtr operand = NewExpr(ExprKind::kName, name);
+      operand->name = kFilterBlockOperand;
+      ASSIGN_OR_RETURN(ExprPtr first, ParseOneFilter(std::move(operand)));
+      ASSIGN_OR_RETURN(s->expr, ParseFilterExpr(std::move(first)));
+      if (s->expr->kind != ExprKind::kFilter)
+        return Error(name, "a filter block takes filters only");
+      RETURN_IF_ERROR(ExpectBlockEnd());
+      ASSIGN_OR_RETURN(s->body, ParseDetachedBody("endfilter"));
+      return s;
+    }
+    static constexpr std::string_view kUnsupported[] = {"call",       "include", "import", "from",
+                                                        "extends",    "block",   "with",   "do",
+                                                        "autoescape", "trans"};
     if (InSet(kUnsupported, tag)) {
       return Error(name, Cat("unsupported tag '", tag, "'"));
     }
@@ -1128,23 +1142,28 @@ class Parser {
            IsOp("{");
   }
 
+  // One filter (its name and arguments, at the current token) applied to `node`.
+  absl::StatusOr<ExprPtr> ParseOneFilter(ExprPtr node) {
+    const Token& name = Cur();
+    if (name.type != Tok::kName) {
+      return Error(name, Cat("expected a filter name, got ", Describe(name)));
+    }
+    if (!IsKnownFilter(name.text)) {
+      return Error(name, Cat("unknown filter '", name.text, "'"));
+    }
+    ExprPtr f = NewExpr(ExprKind::kFilter, name);
+    f->name = name.text;
+    f->args.push_back(std::move(node));
+    Advance();
+    if (SkipOp("(")) RETURN_IF_ERROR(ParseArgs(f.get()));
+    RETURN_IF_ERROR(Finish(*f));
+    return f;
+  }
+
   absl::StatusOr<ExprPtr> ParseFilterExpr(ExprPtr node) {
     while (true) {
       if (SkipOp("|")) {
-        const Token& name = Cur();
-        if (name.type != Tok::kName) {
-          return Error(name, Cat("expected a filter name, got ", Describe(name)));
-        }
-        if (!IsKnownFilter(name.text)) {
-          return Error(name, Cat("unknown filter '", name.text, "'"));
-        }
-        ExprPtr f = NewExpr(ExprKind::kFilter, name);
-        f->name = name.text;
-        f->args.push_back(std::move(node));
-        Advance();
-        if (SkipOp("(")) RETURN_IF_ERROR(ParseArgs(f.get()));
-        RETURN_IF_ERROR(Finish(*f));
-        node = std::move(f);
+        ASSIGN_OR_RETURN(node, ParseOneFilter(std::move(node)));
       } else if (IsName("is")) {
         Advance();
         const bool negated = SkipName("not");

@@ -78,8 +78,12 @@ enum class StmtKind {
   kMacro,
   kBreak,
   kContinue,
-  kBlock
+  kBlock,
+  kFilterBlock
 };
+
+// The name a filter block's captured body takes in its filter chain (no template can spell it).
+inline constexpr char kFilterBlockOperand[] = " filter block";
 
 struct Stmt;
 using Body = std::vector<std::unique_ptr<Stmt>>;
@@ -88,12 +92,12 @@ struct Stmt {
   StmtKind kind = StmtKind::kText;
   int line = 0;
   std::string text;                  // kText: the text; kMacro: its name; kSetAttr: the attribute
-  ExprPtr expr;                      // kOutput; kSet/kSetAttr value; kFor iterable
+  ExprPtr expr;  // kOutput; kSet/kSetAttr value; kFor iterable; kFilterBlock: the filter chain
   ExprPtr filter;                    // kFor: inline `if`
   std::vector<std::string> targets;  // kFor/kSet/kSetBlock names; kSetAttr: the namespace
   bool unpack = false;               // targets are a tuple
   std::vector<std::pair<ExprPtr, Body>> branches;       // kIf (a null condition is the else)
-  Body body;                                            // kFor, kSetBlock, kMacro, kBlock
+  Body body;  // kFor, kSetBlock, kMacro, kBlock, kFilterBlock
   Body else_body;                                       // kFor
   std::vector<std::pair<std::string, ExprPtr>> params;  // kMacro (defaults may be null)
 };

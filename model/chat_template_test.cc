@@ -540,7 +540,7 @@ TEST(ChatTemplateTest, MacrosAndGeneration) {
               HasSubstr("macro calls nested too deep"));
   EXPECT_EQ(R("{% generation %}abc{% endgeneration %}"), "abc");
   EXPECT_THAT(ErrorOf("{% call foo() %}x{% endcall %}"), HasSubstr("unsupported tag 'call'"));
-  EXPECT_THAT(ErrorOf("{% filter upper %}x{% endfilter %}"), HasSubstr("unsupported tag 'filter'"));
+  EXPECT_THAT(ErrorOf("{% call f() %}x{% endcall %}"), HasSubstr("unsupported tag 'call'"));
   EXPECT_THAT(ErrorOf("{% include 'x' %}"), HasSubstr("unsupported tag 'include'"));
   EXPECT_THAT(ErrorOf("{% for x in y recursive %}{% endfor %}"),
               HasSubstr("unsupported: recursive loops"));
@@ -598,6 +598,56 @@ TEST(ChatTemplateTest, Filters) {
   EXPECT_EQ(R("{% for k, v in {'a': 1} | items %}{{ k }}{{ v }}{% endfor %}"), "a1");
   EXPECT_EQ(R("{{ 'a\\nb\\n' | indent(2) }}|{{ '<&>' | e }}|{{ [1, 2] | map('string') | join }}"),
             "a\n  b\n|&lt;&amp;&gt;|12");
+}
+
+// Jinja's min, max, unique and dictsort (Kimi-K3, Gemma 4, MiniCPM5, functionary v3.2 and
+// Seed-OSS use them), the filter block (firefunction v2) and str.format (Hunyuan 3), as Jinja /
+// Python give them.
+TEST(ChatTemplateTest, MoreFiltersFilterBlocksAndFormat) {
+  EXPECT_EQ(R("{{ [3, 1, 2] | min }}|{{ [3, 1, 2] | max }}|{{ ['b', 'A', 'c'] | min }}|"
+              "{{ ['b', 'A', 'c'] | max(case_sensitive=true) }}|{{ [] | min }}|"
+              "{{ [{'n': 2}, {'n': 5}] | max(attribute='n') }}"),
+            "1|3|A|c||{'n': 5}");
+  EXPECT_EQ(R("{{ [1, 2, 1, 3, 2] | unique | list }}|{{ ['a', 'A', 'b'] | unique | list }}|"
+              "{{ ['a', 'A', 'b'] | unique(case_sensitive=true) | list }}"),
+            "[1, 2, 3]|['a', 'b']|['a', 'A', 'b']");
+  EXPECT_EQ(R("{% for k, v in {'b': 1, 'a': 2, 'C': 0} | dictsort %}{{ k }}{{ v }} {% endfor %}|"
+              "{% for k, v in {'b': 1, 'a': 2} | dictsort(by='value', reverse=true) %}"
+              "{{ k }}{% endfor %}"),
+            "a2 b1 C0 |ab");
+  EXPECT_EQ(R("{% filter upper %}hello {{ 'world' }}{% endfilter %}|"
+              "{%- filter trim | replace('a', 'b') -%}  banana  {%- endfilter %}"),
+            "HELLO WORLD|bbnbnb");
+  EXPECT_EQ(R("{% set x %}{% filter trim %}  kept  {% endfilter %}{% endset %}[{{ x }}]"),
+            "[kept]");
+  EXPECT_EQ(R("{{ '<a{}b>'.format(1) }}|{{ '{0}-{1}-{0}'.format('x', 'y') }}|"
+              "{{ '{name}!'.format(name='hi') }}|{{ '{{}}{}'.format(2) }}"),
+            "<a1b>|x-y-x|hi!|{}2");
+  EXPECT_THAT(ErrorOf("{{ '{:>4}'.format(1) }}"), HasSubstr("unsupported field"));
+  EXPECT_THAT(ErrorOf("{{ '{}{}'.format(1) }}"), HasSubstr("no argument for '{}'"));
+  EXPECT_THAT(ErrorOf("{% filter nosuch %}x{% endfilter %}"), HasSubstr("unknown filter"));
+  EXPECT_THAT(ErrorOf("{% filter upper %}{% break %}{% endfilter %}"), HasSubstr("outside"));
+}
+
+// An assistant tool-call turn without content reaches the template as content none, as
+// transformers passes it; a template that fails on that none (a string test or concatenation on
+// every turn) gets the turn again with content "", as vLLM passes it. Other errors stand.
+TEST(ChatTemplateTest, ToolCallTurnWithoutContent) {
+  ChatMessage call;
+  call.role = "assistant";
+  call.tool_calls = {{"c1", "f", "{}"}};
+  const ChatTemplateInputs in = Inputs({{"user", "hi"}, call});
+  EXPECT_EQ(*Render("{% for m in messages %}[{{ m.content is none }}]{% endfor %}", in),
+            "[False][True]");
+  EXPECT_EQ(*Render("{% for m in messages %}[{{ 'x' in m.content }}]{% endfor %}", in),
+            "[False][False]");
+  EXPECT_EQ(*Render("{% for m in messages %}{{ m.role + ':' + m.content + ';' }}{% endfor %}", in),
+            "user:hi;assistant:;");
+  // (The first error is the one reported when the retry fails too.)
+  EXPECT_THAT(ErrorOf("{% for m in messages %}{% if m.tool_calls %}"
+                      "{{ m.content + m.tool_calls[0].function.arguments }}{% endif %}{% endfor %}",
+                      in),
+              HasSubstr("'NoneType' and 'dict'"));
 }
 
 TEST(ChatTemplateTest, ToJson) {
