@@ -11,8 +11,8 @@
 // string/dict methods (str.format without format specs), and the globals raise_exception,
 // namespace, strftime_now, range, dict. Unsupported constructs (call blocks,
 // include/extends/import, recursive loops, ...) are parse errors that name them. 67 of 70 real
-// models' templates parse (//model:chat_template_corpus_test; the others use llama.cpp's own
-// from_json filter).
+// models' templates parse (//model:chat_template_corpus_test; the other three use a from_json
+// filter that Jinja does not have either).
 //
 // Context: messages (a list of {role, content} and, when set, tool_calls, tool_call_id and name,
 // as transformers and vLLM pass OpenAI-style messages; an assistant turn with tool calls and no
