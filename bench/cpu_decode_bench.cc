@@ -52,7 +52,8 @@ ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "GGUF type such as q4_K, or q4_K_M (llama-quantize's mix): the bf16 model converted to "
           "that GGUF type; q4_K_as_q8, q6_K_as_q8, q4_K_M_as_q8: that file with its K-quant "
           "matrices held as exact 8-bit blocks (q8 affine, q8 halves), as before kvrm multiplied "
-          "q4_K and q6_K)");
+          "q4_K and q6_K); file:PATH: that GGUF file as it is (another program's, e.g. llama.cpp's "
+          "llama-quantize output, to time both on the same file)");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -588,27 +589,32 @@ int Main() {
     // A GGUF type ("q4_K"): the bf16 model converted to a GGUF file of that type, loaded as kvrmd
     // does (its matrices in their exact 8-bit forms where they have one).
     const bool q8 = dtype_name == "q8_0";
-    const bool dense = !q8 && ParseDType(dtype_name, &dtype);
+    // "file:PATH": a GGUF file someone else wrote, served as it is.
+    const bool given_file = absl::StartsWith(dtype_name, "file:");
+    const bool dense = !q8 && !given_file && ParseDType(dtype_name, &dtype);
     // "<type>_as_q8": that file with its K-quant matrices as exact 8-bit blocks; "q4_K_M":
     // llama-quantize's mix (GgufConvertOptions::q4_k_m).
     const bool as_q8 = absl::EndsWith(dtype_name, "_as_q8");
     const absl::string_view base = as_q8 ? dtype_name.substr(0, dtype_name.size() - 6) : dtype_name;
     const bool q4_k_m = base == "q4_K_M";
-    const GgmlTypeTraits* gguf =
-        q8 || dense ? nullptr : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
-    CHECK(q8 || dense || gguf != nullptr) << "unknown dtype " << std::string(dtype_name);
+    const GgmlTypeTraits* gguf = q8 || dense || given_file
+                                     ? nullptr
+                                     : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
+    CHECK(q8 || dense || given_file || gguf != nullptr)
+        << "unknown dtype " << std::string(dtype_name);
     if (q8 || gguf != nullptr) dtype = DType::kBF16;
     modelgen::MakeModelOptions mo;
     mo.size = absl::GetFlag(FLAGS_size);
     mo.dtype = dtype;
     mo.out_dir = (std::filesystem::path(dir) / std::string(DTypeName(dtype))).string();
     mo.threads = threads;
-    if (!std::filesystem::exists(std::filesystem::path(mo.out_dir) / "config.json")) {
+    if (!given_file &&
+        !std::filesystem::exists(std::filesystem::path(mo.out_dir) / "config.json")) {
       std::printf("generating %s %s model in %s...\n", mo.size.c_str(),
                   std::string(dtype_name).c_str(), mo.out_dir.c_str());
       CHECK_OK(modelgen::MakeModel(mo).status());
     }
-    std::string model_path = mo.out_dir;
+    std::string model_path = given_file ? std::string(dtype_name.substr(5)) : mo.out_dir;
     if (gguf != nullptr) {
       const std::string file = q4_k_m ? "q4_K_M" : gguf->name;
       model_path = (std::filesystem::path(dir) / absl::StrCat(file, ".gguf")).string();
