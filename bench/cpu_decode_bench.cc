@@ -531,11 +531,12 @@ int Main() {
            absl::StrCat("kvrm_bench_", getpid()))
               .string();
   }
+  CHECK(!slots.empty() && !contexts.empty()) << "--slots and --contexts need a value each";
   const int32_t max_slots = *std::max_element(slots.begin(), slots.end());
+  // (--prompts may be empty: no prefill cases.)
   const int32_t max_context =
-      std::max(*std::max_element(contexts.begin(), contexts.end()) + absl::GetFlag(FLAGS_steps) +
-                   2,
-               *std::max_element(prompts.begin(), prompts.end()));
+      std::max(*std::max_element(contexts.begin(), contexts.end()) + absl::GetFlag(FLAGS_steps) + 2,
+               prompts.empty() ? 0 : *std::max_element(prompts.begin(), prompts.end()));
 
   std::printf("measuring read bandwidth (%d threads, %lld MiB)...\n", threads,
               static_cast<long long>(absl::GetFlag(FLAGS_stream_mb)));
