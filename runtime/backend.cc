@@ -1,7 +1,10 @@
 #include "runtime/backend.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/lora.h"
 
 namespace kvrm {
 
@@ -27,6 +30,34 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> Backend::PrepareLoraA
 absl::Status Backend::SetLoraAdapter(int32_t index, std::shared_ptr<const PreparedLoraAdapter>) {
   return absl::FailedPreconditionError(
       absl::StrCat("LoRA adapter slot ", index, ": this device serves none (the CPU device does)"));
+}
+
+absl::Status Backend::CheckLoraAdapterFits(const LoraAdapter& adapter, int32_t slots,
+                                           int32_t max_rank) {
+  if (slots == 0) {
+    return absl::FailedPreconditionError(
+        "LoRA adapters: this server has no adapter slots (kvrmd --max_loras)");
+  }
+  // Every projection's rank (the loader gives each the config's `r`; a hand-built adapter might
+  // not): the backends' scratch and slots hold max_rank.
+  int32_t rank = adapter.rank;
+  for (const LoraLayer& layer : adapter.layers) {
+    for (const LoraMatrix& m : layer.m) rank = std::max(rank, m.rank);
+  }
+  if (rank > max_rank) {
+    return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", adapter.name, "' has rank ",
+                                                   rank, "; this server takes ranks up to ",
+                                                   max_rank, " (kvrmd --max_lora_rank)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Backend::CheckLoraSlot(int32_t index, int32_t slots) {
+  if (index < 0 || index >= slots) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("LoRA adapter slot ", index, " is not in [0, ", slots, ")"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Backend::CreateHostTier(int64_t blocks) {

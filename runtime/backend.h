@@ -189,6 +189,12 @@ class Backend {
   // one). The owner thread, between steps.
   virtual absl::Status SetLoraAdapter(int32_t index,
                                       std::shared_ptr<const PreparedLoraAdapter> adapter);
+  // The checks both backends' PrepareLoraAdapter and SetLoraAdapter make: FAILED_PRECONDITION
+  // with no slots; INVALID_ARGUMENT naming the adapter when a projection's rank is above
+  // `max_rank`, or for a slot index outside [0, slots).
+  static absl::Status CheckLoraAdapterFits(const LoraAdapter& adapter, int32_t slots,
+                                           int32_t max_rank);
+  static absl::Status CheckLoraSlot(int32_t index, int32_t slots);
   // Rows a pass takes while reading each weight once (more rows read some matrices again: a
   // step in the pass's cost, which speculative decoding's extra rows must not cross); 0:
   // unknown.

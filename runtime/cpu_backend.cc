@@ -127,21 +127,8 @@ class CpuLoraAdapter : public PreparedLoraAdapter {
 
 absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLoraAdapter(
     const LoraAdapter& adapter) const {
-  if (lora_.empty()) {
-    return absl::FailedPreconditionError(
-        "LoRA adapters: this server has no adapter slots (kvrmd --max_loras)");
-  }
-  // Every projection's rank (the loader gives each the config's `r`; a hand-built adapter might
-  // not): the ranks' scratch holds lora_max_rank_ lanes a row.
-  int32_t rank = adapter.rank;
-  for (const LoraLayer& layer : adapter.layers) {
-    for (const LoraMatrix& m : layer.m) rank = std::max(rank, m.rank);
-  }
-  if (rank > lora_max_rank_) {
-    return absl::InvalidArgumentError(absl::StrCat("LoRA adapter '", adapter.name, "' has rank ",
-                                                   rank, "; this server takes ranks up to ",
-                                                   lora_max_rank_, " (kvrmd --max_lora_rank)"));
-  }
+  // (The ranks' scratch holds lora_max_rank_ lanes a row.)
+  RETURN_IF_ERROR(CheckLoraAdapterFits(adapter, max_lora_adapters(), lora_max_rank_));
   auto prepared = std::make_shared<CpuLoraAdapter>();
   const int32_t tp = tensor_parallel();
   for (int32_t r = 0; r < tp; ++r) {
@@ -154,10 +141,7 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CpuBackend::PrepareLo
 
 absl::Status CpuBackend::SetLoraAdapter(int32_t index,
                                         std::shared_ptr<const PreparedLoraAdapter> adapter) {
-  if (index < 0 || index >= max_lora_adapters()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoRA adapter slot ", index, " is not in [0, ", max_lora_adapters(), ")"));
-  }
+  RETURN_IF_ERROR(CheckLoraSlot(index, max_lora_adapters()));
   const auto* cpu = dynamic_cast<const CpuLoraAdapter*>(adapter.get());
   if (adapter != nullptr &&
       (cpu == nullptr || static_cast<int32_t>(cpu->ranks.size()) != tensor_parallel())) {

@@ -1,6 +1,7 @@
 #include "runtime/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -34,6 +35,16 @@ void ToBf16(const WeightMatrix& w, uint16_t* dst, std::vector<float>& row) {
     WeightRowToFloat(w, r, row.data());
     for (int64_t i = 0; i < w.cols; ++i) dst[r * w.cols + i] = FloatToBf16(row[i]);
   }
+}
+
+// The [in, out] of each LoraTarget's product on a rank with `heads` and `kv_heads` heads of
+// `head_dim` and `ffn` intermediate features: what the LoRA kernels take for it (EnqueueForward)
+// and so what a slot holds and an adapter's share must be.
+using LoraShapes = std::array<std::array<int64_t, 2>, kNumLoraTargets>;
+LoraShapes LoraTargetShapes(int64_t hidden, int64_t head_dim, int64_t heads, int64_t kv_heads,
+                            int64_t ffn) {
+  const int64_t d = hidden, qw = heads * head_dim, kvw = kv_heads * head_dim;
+  return {{{d, qw}, {d, kvw}, {d, kvw}, {qw, d}, {d, ffn}, {d, ffn}, {ffn, d}}};
 }
 
 // One layer's RoPE + KV write and attention over a pool of `Kv` elements (float or bf16): the
@@ -467,8 +478,7 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     // Each slot's regions, sized for max_lora_rank (what the kernels take: [in, out] per target).
     const int64_t max_rank = options_.max_lora_rank;
     const int64_t stride = RoundUp(max_rank, 16);
-    const int64_t shapes[kNumLoraTargets][2] = {{d, qw},  {d, kvw}, {d, kvw}, {qw, d},
-                                                {d, ffn}, {d, ffn}, {ffn, d}};
+    const LoraShapes shapes = LoraTargetShapes(d, hd, w.heads, w.kv_heads, ffn);
     int64_t elems = 0;
     for (int32_t l = 0; l < config_.num_hidden_layers; ++l) {
       for (int32_t t = 0; t < kNumLoraTargets; ++t) {
@@ -547,9 +557,19 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
 }
 
 absl::Status CudaBackend::EnqueueLora(Rank& rank, const StepInputs& in, int32_t layer,
-                                      int32_t first, int32_t targets, const bf16* x,
-                                      int32_t in_features, const LoraOutputs& outputs, float* y,
-                                      int64_t ldy) {
+                                      int32_t first, int32_t targets, const bf16* x, float* y) {
+  // The targets share their input and write their columns of y's rows side by side (the fused
+  // QKV and gate/up products), in LoraTargetShapes' widths.
+  const LoraShapes shapes =
+      LoraTargetShapes(config_.hidden_size, config_.head_dim, rank.heads, rank.kv_heads, rank.ffn);
+  const int32_t in_features = static_cast<int32_t>(shapes[first][0]);
+  LoraOutputs outputs;
+  int64_t ldy = 0;
+  for (int32_t t = 0; t < targets; ++t) {
+    outputs.col[t] = static_cast<int32_t>(ldy);
+    outputs.out[t] = static_cast<int32_t>(shapes[first + t][1]);
+    ldy += shapes[first + t][1];
+  }
   const int32_t slots = options_.max_lora_adapters;
   const LoraFactors* factors = static_cast<const LoraFactors*>(rank.lora_table.get()) +
                                (int64_t{layer} * kNumLoraTargets + first) * slots;
@@ -579,17 +599,7 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass, bool lora) {
   void* wsp = rank.gemm_workspace.get();
   const float* rope = static_cast<const float*>(rank.rope.get());
 
-  // LoRA: where each adapted projection's delta goes (the fused QKV and gate/up rows hold their
-  // matrices side by side).
-  const int32_t qw = rank.heads * config_.head_dim, kvw = rank.kv_heads * config_.head_dim;
-  LoraOutputs qkv_out, o_out, gu_out, down_out;
-  qkv_out.out[0] = qw;
-  qkv_out.out[1] = qkv_out.out[2] = kvw;
-  qkv_out.col[1] = qw;
-  qkv_out.col[2] = qw + kvw;
-  o_out.out[0] = down_out.out[0] = d;
-  gu_out.out[0] = gu_out.out[1] = rank.ffn;
-  gu_out.col[1] = rank.ffn;
+  // LoRA launches: consecutive targets that share an input (EnqueueLora).
   constexpr int32_t kQ = static_cast<int32_t>(LoraTarget::kQ);
   constexpr int32_t kO = static_cast<int32_t>(LoraTarget::kO);
   constexpr int32_t kGate = static_cast<int32_t>(LoraTarget::kGate);
@@ -606,8 +616,7 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass, bool lora) {
     RETURN_IF_ERROR(LaunchRmsNorm<bf16>(rank.x, l.attn_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.qkv->Run(rank.xn, l.wqkv, rank.qkv, 0.0f, wsp, s));
     if (lora) {
-      RETURN_IF_ERROR(
-          EnqueueLora(rank, in, layer, kQ, 3, rank.xn, d, qkv_out, rank.qkv, qw + 2 * kvw));
+      RETURN_IF_ERROR(EnqueueLora(rank, in, layer, kQ, 3, rank.xn, rank.qkv));
     }
     if (l.qkv_bias != nullptr || l.q_norm != nullptr) {  // Qwen2 / Qwen3 only
       RETURN_IF_ERROR(LaunchQkvBiasAndNorm(rank.qkv, rows, rank.heads, rank.kv_heads,
@@ -623,7 +632,7 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass, bool lora) {
     RETURN_IF_ERROR(g.o->Run(rank.attn, l.wo, rank.x, residual_beta, wsp, s));
     // Row-parallel: each rank's delta is a partial sum (its share of A's columns), completed by
     // the all-reduce with the product's.
-    if (lora) RETURN_IF_ERROR(EnqueueLora(rank, in, layer, kO, 1, rank.attn, qw, o_out, rank.x, d));
+    if (lora) RETURN_IF_ERROR(EnqueueLora(rank, in, layer, kO, 1, rank.attn, rank.x));
     if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
     // An O bias joins the residual after the all-reduce (every rank adds it to its copy), in the
     // MLP norm's launch.
@@ -633,14 +642,12 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass, bool lora) {
             : LaunchRmsNorm<bf16>(rank.x, l.mlp_norm, rank.xn, rows, d, eps, nullptr, s));
     RETURN_IF_ERROR(g.gu->Run(rank.xn, l.wgu, rank.gu, 0.0f, wsp, s));
     if (lora) {
-      RETURN_IF_ERROR(
-          EnqueueLora(rank, in, layer, kGate, 2, rank.xn, d, gu_out, rank.gu, 2 * rank.ffn));
+      RETURN_IF_ERROR(EnqueueLora(rank, in, layer, kGate, 2, rank.xn, rank.gu));
     }
     RETURN_IF_ERROR(LaunchSwiGlu(rank.gu, rows, rank.ffn, rank.act, s));
     RETURN_IF_ERROR(g.down->Run(rank.act, l.wdown, rank.x, residual_beta, wsp, s));
     if (lora) {
-      RETURN_IF_ERROR(
-          EnqueueLora(rank, in, layer, kDown, 1, rank.act, rank.ffn, down_out, rank.x, d));
+      RETURN_IF_ERROR(EnqueueLora(rank, in, layer, kDown, 1, rank.act, rank.x));
     }
     if (rank.comm) RETURN_IF_ERROR(rank.comm->AllReduceSum(rank.x, int64_t{rows} * d));
   }
@@ -938,29 +945,14 @@ absl::Status CudaBackend::CheckAdapterSlots(const StepDescriptor* step,
 
 absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CudaBackend::PrepareLoraAdapter(
     const LoraAdapter& adapter) const {
-  if (lora_.empty()) {
-    return absl::FailedPreconditionError(
-        "LoRA adapters: this server has no adapter slots (kvrmd --max_loras)");
-  }
-  int32_t max_rank = adapter.rank;
-  for (const LoraLayer& layer : adapter.layers) {
-    for (const LoraMatrix& m : layer.m) max_rank = std::max(max_rank, m.rank);
-  }
-  if (max_rank > options_.max_lora_rank) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "LoRA adapter '", adapter.name, "' has rank ", max_rank, "; this server takes ranks up to ",
-        options_.max_lora_rank, " (kvrmd --max_lora_rank)"));
-  }
+  RETURN_IF_ERROR(CheckLoraAdapterFits(adapter, max_lora_adapters(), options_.max_lora_rank));
   auto prepared = std::make_shared<CudaLoraAdapter>();
   const int32_t tp = static_cast<int32_t>(ranks_.size());
   for (int32_t r = 0; r < tp; ++r) {
     ASSIGN_OR_RETURN(const RankLora share, ShardLoraAdapter(config_, adapter, r, tp, DType::kBF16));
-    // What the kernels take for each target on this rank (EnqueueForward): [in, out].
     const Rank& rank = *ranks_[r];
-    const int64_t d = config_.hidden_size, qw = int64_t{rank.heads} * config_.head_dim,
-                  kvw = int64_t{rank.kv_heads} * config_.head_dim, ffn = rank.ffn;
-    const int64_t shapes[kNumLoraTargets][2] = {{d, qw},  {d, kvw}, {d, kvw}, {qw, d},
-                                                {d, ffn}, {d, ffn}, {ffn, d}};
+    const LoraShapes shapes = LoraTargetShapes(config_.hidden_size, config_.head_dim, rank.heads,
+                                               rank.kv_heads, rank.ffn);
     CudaLoraAdapter::Share out;
     for (size_t l = 0; l < share.size(); ++l) {
       for (int32_t t = 0; t < kNumLoraTargets; ++t) {
@@ -993,10 +985,7 @@ absl::StatusOr<std::shared_ptr<const PreparedLoraAdapter>> CudaBackend::PrepareL
 
 absl::Status CudaBackend::SetLoraAdapter(int32_t index,
                                          std::shared_ptr<const PreparedLoraAdapter> adapter) {
-  if (index < 0 || index >= max_lora_adapters()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("LoRA adapter slot ", index, " is not in [0, ", max_lora_adapters(), ")"));
-  }
+  RETURN_IF_ERROR(CheckLoraSlot(index, max_lora_adapters()));
   const auto* cuda = dynamic_cast<const CudaLoraAdapter*>(adapter.get());
   if (adapter != nullptr && (cuda == nullptr || cuda->shares.size() != ranks_.size())) {
     return absl::InvalidArgumentError("LoRA adapter: not prepared by this backend");

@@ -151,10 +151,9 @@ class CudaBackend : public Backend {
   // with `lora`, each adapted projection's shrink and expand after its product.
   absl::Status EnqueueForward(Rank& rank, Pass pass, bool lora);
   // The shrink and expand of `targets` projections from `first` on (consecutive LoraTargets that
-  // share the input x [rows][in] and write columns `outputs` of y's rows).
+  // share the input x and write their columns of y's rows side by side).
   absl::Status EnqueueLora(Rank& rank, const StepInputs& in, int32_t layer, int32_t first,
-                           int32_t targets, const bf16* x, int32_t in_features,
-                           const LoraOutputs& outputs, float* y, int64_t ldy);
+                           int32_t targets, const bf16* x, float* y);
   absl::Status Capture(Rank& rank, Pass pass, bool lora);
   // INVALID_ARGUMENT when an active row names an empty adapter slot.
   absl::Status CheckAdapterSlots(const StepDescriptor* step, const PrefillChunk* chunk) const;
