@@ -11,14 +11,13 @@
 // GLM-4.6, GLM-4.7-Flash and MiniMax-M2 with a tool-call turn, whose content none Jinja (and
 // kvrm) write as "None" and llama.cpp as "".
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <optional>
-#include <sstream>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
+#include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/chat_template.h"
 
@@ -64,13 +63,6 @@ const std::map<std::string, Expected>& ExpectedFailures() {
   return *m;
 }
 
-std::string ReadAll(const std::filesystem::path& path) {
-  std::ifstream f(path);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 ChatTemplateInputs Plain() {
   ChatTemplateInputs in;
   in.messages = {{"system", "You are helpful."},
@@ -114,7 +106,9 @@ std::optional<std::string> Reference(const std::string& stem, const std::string&
   const std::filesystem::path p =
       std::filesystem::path(kDir) / "expected" / (stem + "." + conversation + ".txt");
   if (!std::filesystem::exists(p)) return std::nullopt;
-  return ReadAll(p);
+  absl::StatusOr<std::string> text = ReadFileToString(p.string());
+  EXPECT_TRUE(text.ok()) << text.status();
+  return text.ok() ? *std::move(text) : "";
 }
 
 TEST(ChatTemplateCorpusTest, RealTemplatesRenderOrFailAsListed) {
@@ -134,7 +128,9 @@ TEST(ChatTemplateCorpusTest, RealTemplatesRenderOrFailAsListed) {
         seen[name] = expected->second;
       }
     };
-    const std::string source = ReadAll(entry.path());
+    const absl::StatusOr<std::string> read = ReadFileToString(entry.path().string());
+    ASSERT_TRUE(read.ok()) << read.status();
+    const std::string& source = *read;
     absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(source);
     if (!t.ok()) {
       check_failure("parse", t.status());

@@ -8,12 +8,11 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/gguf.h"
 #include "model/gguf_quants.h"
@@ -29,10 +28,10 @@ struct Vectors {
 };
 
 Vectors Load(const std::string& name) {
-  std::ifstream f("model/testdata/ggml_quants/" + name + ".bin", std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string s = ss.str();
+  const absl::StatusOr<std::string> file =
+      ReadFileToString("model/testdata/ggml_quants/" + name + ".bin");
+  EXPECT_TRUE(file.ok()) << file.status();
+  const std::string s = file.ok() ? *file : "";
   Vectors v;
   EXPECT_GE(s.size(), 12u) << name;
   if (s.size() < 12 || s.compare(0, 4, "KVQV") != 0) return v;

@@ -5,7 +5,6 @@
 // tests/test-tokenizer-0 reads them. Where the files come from: testdata/gguf_vocab/README.md.
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/gguf.h"
 #include "model/gguf_tokenizer.h"
@@ -29,13 +29,6 @@ std::string Dir() {
   return "model/testdata/gguf_vocab";
 }
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 struct Case {
   std::string text;
   std::vector<int32_t> ids;
@@ -43,7 +36,11 @@ struct Case {
 
 // test-tokenizer-0's reading: the texts split on the separator, the ids a line each.
 std::vector<Case> ReadCases(const std::string& vocab) {
-  const std::string inp = ReadAll(vocab + ".inp"), out = ReadAll(vocab + ".out");
+  const absl::StatusOr<std::string> inp_file = ReadFileToString(vocab + ".inp");
+  const absl::StatusOr<std::string> out_file = ReadFileToString(vocab + ".out");
+  EXPECT_TRUE(inp_file.ok()) << inp_file.status();
+  EXPECT_TRUE(out_file.ok()) << out_file.status();
+  const std::string inp = inp_file.ok() ? *inp_file : "", out = out_file.ok() ? *out_file : "";
   const std::string sep = "\n__ggml_vocab_test__\n";
   std::vector<std::string> texts;
   for (size_t pos = 0; pos < inp.size();) {

@@ -14,12 +14,11 @@
 #include <cstdint>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "common/logging.h"
 #include "gtest/gtest.h"
 #include "runtime/backend.h"
@@ -35,13 +34,6 @@ constexpr char kDir[] = "tests/testdata/llama_cpp/";
 // The prompt tools/gguf/llama_cpp_reference/README.md ran.
 constexpr char kPrompt[] = "The quick brown fox jumps over the lazy dog, and then it sleeps.";
 
-std::string ReadAll(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  return ss.str();
-}
-
 struct Reference {
   std::vector<int32_t> tokens;  // prompt, then llama.cpp's greedy continuation
   int32_t prompt = 0;
@@ -51,7 +43,9 @@ struct Reference {
 };
 
 Reference LoadReference(const std::string& name) {
-  const std::string s = ReadAll(absl::StrCat(kDir, name, ".logits"));
+  const absl::StatusOr<std::string> file = ReadFileToString(absl::StrCat(kDir, name, ".logits"));
+  EXPECT_TRUE(file.ok()) << file.status();
+  const std::string s = file.ok() ? *file : "";
   Reference r;
   EXPECT_GE(s.size(), 16u);
   if (s.size() < 16 || s.compare(0, 4, "KVLL") != 0) return r;
@@ -90,7 +84,9 @@ std::string WriteF32File(const F32File& f) {
   CHECK_OK(ConvertToGguf(dir, path, co));
   // The bytes llama.cpp read: a change to modelgen or the converter needs the reference run
   // again (tools/gguf/llama_cpp_reference).
-  const std::string bytes = ReadAll(path);
+  absl::StatusOr<std::string> read = ReadFileToString(path);
+  CHECK_OK(read.status());
+  const std::string& bytes = *read;
   uint64_t h = 0xcbf29ce484222325ull;
   for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
   EXPECT_EQ(bytes.size(), f.bytes) << f.size;
