@@ -1237,6 +1237,22 @@ std::vector<CopyRow> MeasureTransfers(const RandomModel& m, bool kernel) {
   return rows;
 }
 
+// The decode benchmarks' backend: `slots` slots of `context` tokens and 64 more for the steps,
+// blocks of 16 tokens, one run of `*blocks_per_slot` blocks a slot (slot s from block s *
+// blocks_per_slot), chunks of 256, run tables of 8, and `spare` blocks after the slots'.
+CudaBackendOptions BenchOptions(int32_t slots, int32_t context, int64_t spare,
+                                int32_t* blocks_per_slot) {
+  CudaBackendOptions co;
+  co.kv_block_tokens = 16;
+  *blocks_per_slot = (context + 64 + co.kv_block_tokens - 1) / co.kv_block_tokens;
+  co.kv_blocks = int64_t{slots} * *blocks_per_slot + spare;
+  co.max_slots = slots;
+  co.max_chunk_tokens = 256;
+  co.max_context = context + 64;
+  co.max_runs = 8;
+  return co;
+}
+
 // Every slot's history: `context` random tokens prefilled into its own run of blocks_per_slot
 // blocks (slot s from block s * blocks_per_slot), in chunks; with `adapters`, slot s on adapter
 // s % adapters. Returns the decode step that goes on from there.
@@ -1276,17 +1292,10 @@ StepDescriptor PrefillRandomHistories(CudaBackend& gpu, int32_t slots, int32_t c
 BenchRow Bench(const RandomModel& m, int tp, int slots, int context, double copy_gbs,
                DType kv_dtype = DType::kF32, int32_t split_tokens = 256, int token_sets = 2,
                bool profile = false) {
-  const int32_t block_tokens = 16, chunk = 256, max_runs = 8;
-  const int32_t blocks_per_slot = (context + 64 + block_tokens - 1) / block_tokens;
   const int64_t spare = 256;  // compaction traffic runs here, beside the slots' blocks
-  const int64_t kv_blocks = int64_t{slots} * blocks_per_slot + 2 * spare;
-  CudaBackendOptions co;
-  co.kv_blocks = kv_blocks;
-  co.kv_block_tokens = block_tokens;
-  co.max_slots = slots;
-  co.max_chunk_tokens = chunk;
-  co.max_context = context + 64;
-  co.max_runs = max_runs;
+  int32_t blocks_per_slot = 0;
+  CudaBackendOptions co = BenchOptions(slots, context, 2 * spare, &blocks_per_slot);
+  const int32_t chunk = co.max_chunk_tokens, max_runs = co.max_runs;
   co.tensor_parallel = tp;
   co.kv_dtype = kv_dtype;
   co.split_tokens = split_tokens;
@@ -1398,15 +1407,8 @@ struct LoraCostRow {
   double base_graph_ms = 0, lora_graph_ms = 0;
 };
 LoraCostRow LoraReplayCost(const RandomModel& m, int slots, int context, int adapters, int rank) {
-  const int32_t block_tokens = 16, chunk = 256, max_runs = 8;
-  const int32_t blocks_per_slot = (context + 64 + block_tokens - 1) / block_tokens;
-  CudaBackendOptions co;
-  co.kv_blocks = int64_t{slots} * blocks_per_slot;
-  co.kv_block_tokens = block_tokens;
-  co.max_slots = slots;
-  co.max_chunk_tokens = chunk;
-  co.max_context = context + 64;
-  co.max_runs = max_runs;
+  int32_t blocks_per_slot = 0;
+  CudaBackendOptions co = BenchOptions(slots, context, /*spare=*/0, &blocks_per_slot);
   co.max_lora_adapters = adapters;
   co.max_lora_rank = rank;
   auto gpu = CudaBackend::Create(m.config, &m.weights, co);
@@ -1419,8 +1421,8 @@ LoraCostRow LoraReplayCost(const RandomModel& m, int slots, int context, int ada
   }
   const int32_t vocab = m.config.vocab_size;
   std::vector<float> logits(int64_t{slots} * vocab);
-  StepDescriptor step = PrefillRandomHistories(**gpu, slots, context, chunk, max_runs,
-                                               blocks_per_slot, vocab, adapters);
+  StepDescriptor step = PrefillRandomHistories(**gpu, slots, context, co.max_chunk_tokens,
+                                               co.max_runs, blocks_per_slot, vocab, adapters);
   CHECK_OK((*gpu)->Decode(step, logits.data()));
   LoraCostRow row{slots, context, adapters, rank};
   for (int i = 0; i < 2; ++i) {  // each measured twice, in turn: the second pair is kept
