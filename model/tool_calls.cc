@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/json.h"
 #include "common/status_macros.h"
+#include "model/tool_call_markup.h"
 
 namespace kvrm {
 namespace {
@@ -19,41 +20,31 @@ constexpr std::string_view kHermesStart = "<tool_call>";
 constexpr std::string_view kHermesEnd = "</tool_call>";
 constexpr std::string_view kPythonTag = "<|python_tag|>";
 constexpr std::string_view kMistralStart = "[TOOL_CALLS]";
+constexpr std::string_view kGraniteStart = "<|tool_call|>";
 
 absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
 
-std::string_view Strip(std::string_view s) {
-  const absl::string_view t = absl::StripAsciiWhitespace(AV(s));
-  return std::string_view(t.data(), t.size());
-}
+using tool_markup::AppendLeftover;
+using tool_markup::JsonValueEnd;
+using tool_markup::SkipSpace;
+using tool_markup::Strip;
 
-size_t SkipSpace(std::string_view s, size_t i) {
-  while (i < s.size() && absl::ascii_isspace(static_cast<unsigned char>(s[i]))) ++i;
-  return i;
-}
-
-// The end (one past the closing bracket) of the JSON array or object that starts at s[i], by
-// bracket depth outside strings; npos when it does not close. The text is parsed properly after.
-size_t JsonValueEnd(std::string_view s, size_t i) {
-  int depth = 0;
-  bool in_string = false;
-  for (; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
+// A call's arguments: a JSON object, or a JSON string holding one; compact, in the model's key
+// order.
+absl::StatusOr<std::string> ArgumentsFromJson(const OrderedJson& args, std::string_view what) {
+  if (args.is_string()) {
+    ASSIGN_OR_RETURN(
+        const OrderedJson inner,
+        ParseOrderedJson(args.get<std::string>(), absl::StrCat(AV(what), " arguments")));
+    if (!inner.is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(AV(what), ": arguments are not an object"));
     }
+    return inner.dump();
   }
-  return std::string_view::npos;
+  if (!args.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(AV(what), ": arguments are not an object"));
+  }
+  return args.dump();
 }
 
 // A call object {"name": ..., <args_key>: {...}}; arguments may also be a JSON string holding an
@@ -73,32 +64,13 @@ absl::StatusOr<ToolCall> CallFromJson(const OrderedJson& j, std::string_view wha
     call.arguments = "{}";
     return call;
   }
-  if (args->is_string()) {
-    ASSIGN_OR_RETURN(const OrderedJson inner,
-                     ParseOrderedJson(args->get<std::string>(), absl::StrCat(AV(what), " arguments")));
-    if (!inner.is_object()) {
-      return absl::InvalidArgumentError(absl::StrCat(AV(what), ": arguments are not an object"));
-    }
-    call.arguments = inner.dump();
-    return call;
-  }
-  if (!args->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(AV(what), ": arguments are not an object"));
-  }
-  call.arguments = args->dump();
+  ASSIGN_OR_RETURN(call.arguments, ArgumentsFromJson(*args, what));
   return call;
 }
 
 absl::StatusOr<ToolCall> CallFromText(std::string_view text, std::string_view what) {
   ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(text, what));
   return CallFromJson(j, what);
-}
-
-void AppendLeftover(std::string_view piece, std::string* out) {
-  const std::string_view t = Strip(piece);
-  if (t.empty()) return;
-  if (!out->empty()) out->push_back('\n');
-  out->append(t);
 }
 
 absl::StatusOr<ParsedToolCalls> ParseHermes(std::string_view text) {
@@ -151,14 +123,16 @@ absl::StatusOr<ParsedToolCalls> ParseLlama3(std::string_view text) {
   return out;
 }
 
-// Mistral: [TOOL_CALLS] then a JSON array of call objects (or one object).
-absl::StatusOr<ParsedToolCalls> ParseMistral(std::string_view text) {
+// Mistral's and Granite's: the marker ([TOOL_CALLS], <|tool_call|>) then a JSON array of call
+// objects (or one object).
+absl::StatusOr<ParsedToolCalls> ParseJsonArray(std::string_view text, std::string_view marker) {
   ParsedToolCalls out;
   size_t i = SkipSpace(text, 0);
-  if (text.substr(i, kMistralStart.size()) == kMistralStart) i += kMistralStart.size();
+  if (text.substr(i, marker.size()) == marker) i += marker.size();
   i = SkipSpace(text, i);
   if (i >= text.size() || (text[i] != '[' && text[i] != '{')) {
-    return absl::InvalidArgumentError("tool calls: expected a JSON array after [TOOL_CALLS]");
+    return absl::InvalidArgumentError(
+        absl::StrCat("tool calls: expected a JSON array after ", AV(marker)));
   }
   const size_t end = JsonValueEnd(text, i);
   if (end == std::string_view::npos) {
@@ -191,13 +165,23 @@ OrderedJson ParametersOrEmpty(const ToolSpec& tool) {
 
 }  // namespace
 
+constexpr ToolCallFormat kAllFormats[] = {ToolCallFormat::kNone,       ToolCallFormat::kHermes,
+                                          ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral,
+                                          ToolCallFormat::kGranite,    ToolCallFormat::kQwen3Coder,
+                                          ToolCallFormat::kGlm45,      ToolCallFormat::kMinimaxM2,
+                                          ToolCallFormat::kDeepSeekV3, ToolCallFormat::kKimiK2};
+
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name) {
-  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
-                           ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+  for (ToolCallFormat f : kAllFormats) {
     if (name == ToolCallFormatName(f)) return f;
   }
-  return absl::InvalidArgumentError(absl::StrCat(
-      "unknown tool-call format '", AV(name), "' (none, hermes, llama3_json, mistral)"));
+  if (name == "deepseek_v31") return ToolCallFormat::kDeepSeekV3;  // vLLM's name for V3.1's
+  std::string names;
+  for (ToolCallFormat f : kAllFormats) {
+    absl::StrAppend(&names, names.empty() ? "" : ", ", AV(ToolCallFormatName(f)));
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown tool-call format '", AV(name), "' (", names, ")"));
 }
 
 std::string_view ToolCallFormatName(ToolCallFormat format) {
@@ -206,16 +190,85 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
     case ToolCallFormat::kHermes: return "hermes";
     case ToolCallFormat::kLlama3Json: return "llama3_json";
     case ToolCallFormat::kMistral: return "mistral";
+    case ToolCallFormat::kGranite:
+      return "granite";
+    case ToolCallFormat::kQwen3Coder:
+      return "qwen3_coder";
+    case ToolCallFormat::kGlm45:
+      return "glm45";
+    case ToolCallFormat::kMinimaxM2:
+      return "minimax_m2";
+    case ToolCallFormat::kDeepSeekV3:
+      return "deepseek_v3";
+    case ToolCallFormat::kKimiK2:
+      return "kimi_k2";
   }
   return "none";
 }
 
 ToolCallFormat DetectToolCallFormat(std::string_view source) {
   const absl::string_view s = AV(source);
-  if (absl::StrContains(s, AV(kHermesStart))) return ToolCallFormat::kHermes;
+  const auto has = [&](ToolCallFormat f) {
+    return absl::StrContains(s, AV(tool_markup::StartMarker(f)));
+  };
+  if (has(ToolCallFormat::kMinimaxM2)) return ToolCallFormat::kMinimaxM2;
+  // MiniMax-M3 writes <tool_call> and <invoke name=...> after its own namespace token: markup
+  // no parser here reads (hermes would take it for JSON).
+  if (absl::StrContains(s, "<invoke name=")) return ToolCallFormat::kNone;
+  if (has(ToolCallFormat::kDeepSeekV3)) return ToolCallFormat::kDeepSeekV3;
+  if (has(ToolCallFormat::kKimiK2)) return ToolCallFormat::kKimiK2;
+  if (absl::StrContains(s, AV(kHermesStart))) {
+    if (absl::StrContains(s, "<function=")) return ToolCallFormat::kQwen3Coder;
+    if (absl::StrContains(s, "<arg_key>")) return ToolCallFormat::kGlm45;
+    return ToolCallFormat::kHermes;
+  }
   if (absl::StrContains(s, AV(kMistralStart))) return ToolCallFormat::kMistral;
+  if (absl::StrContains(s, AV(kGraniteStart))) return ToolCallFormat::kGranite;
   if (absl::StrContains(s, AV(kPythonTag))) return ToolCallFormat::kLlama3Json;
+  // Llama 3.2's template teaches the JSON calls without <|python_tag|>.
+  if (absl::StrContains(s, R"("parameters": dictionary of argument name and its value)")) {
+    return ToolCallFormat::kLlama3Json;
+  }
   return ToolCallFormat::kNone;
+}
+
+ToolParamTypes::ToolParamTypes(absl::Span<const ToolSpec> tools) {
+  for (const ToolSpec& tool : tools) {
+    auto& params =
+        types_.emplace_back(tool.name, decltype(types_)::value_type::second_type{}).second;
+    absl::StatusOr<OrderedJson> schema = ParseOrderedJson(tool.parameters, "parameters");
+    if (!schema.ok() || !schema->is_object()) continue;
+    const auto props = schema->find("properties");
+    if (props == schema->end() || !props->is_object()) continue;
+    for (auto it = props->begin(); it != props->end(); ++it) {
+      std::string type;
+      if (it.value().is_object()) {
+        if (const auto t = it.value().find("type"); t != it.value().end()) {
+          if (t->is_string()) {
+            type = t->get<std::string>();
+          } else if (t->is_array()) {
+            for (const OrderedJson& one : *t) {
+              if (one.is_string() && one.get<std::string>() != "null") {
+                type = one.get<std::string>();
+                break;
+              }
+            }
+          }
+        }
+      }
+      params.emplace_back(it.key(), std::move(type));
+    }
+  }
+}
+
+std::string_view ToolParamTypes::Type(std::string_view function, std::string_view param) const {
+  for (const auto& [name, params] : types_) {
+    if (name != function) continue;
+    for (const auto& [p, type] : params) {
+      if (p == param) return type;
+    }
+  }
+  return "";
 }
 
 std::string ToolTemplateJson(const ToolSpec& tool) {
@@ -292,12 +345,47 @@ std::string NewToolCallId() {
                          absl::Uniform<uint64_t>(gen));
 }
 
-absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text) {
+namespace {
+
+// The markup formats' calls, their arguments checked and made compact.
+absl::StatusOr<ParsedToolCalls> ParseMarkup(ToolCallFormat format, std::string_view text,
+                                            const ToolParamTypes* types) {
+  static const ToolParamTypes* const kNoTypes = new ToolParamTypes();
+  ASSIGN_OR_RETURN(tool_markup::Calls m,
+                   tool_markup::Parse(format, text, types ? *types : *kNoTypes, false));
+  ParsedToolCalls out;
+  out.text = std::move(m.text);
+  for (size_t k = 0; k < m.calls.size(); ++k) {
+    const std::string what = absl::StrCat("tool call ", k);
+    ASSIGN_OR_RETURN(const OrderedJson args, ParseOrderedJson(m.calls[k].arguments, what));
+    ToolCall call{NewToolCallId(), std::move(m.calls[k].name), ""};
+    ASSIGN_OR_RETURN(call.arguments, ArgumentsFromJson(args, what));
+    out.calls.push_back(std::move(call));
+  }
+  return out;
+}
+
+}  // namespace
+
+absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text,
+                                               const ToolParamTypes* types) {
   absl::StatusOr<ParsedToolCalls> out;
   switch (format) {
     case ToolCallFormat::kHermes: out = ParseHermes(text); break;
     case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
-    case ToolCallFormat::kMistral: out = ParseMistral(text); break;
+    case ToolCallFormat::kMistral:
+      out = ParseJsonArray(text, kMistralStart);
+      break;
+    case ToolCallFormat::kGranite:
+      out = ParseJsonArray(text, kGraniteStart);
+      break;
+    case ToolCallFormat::kQwen3Coder:
+    case ToolCallFormat::kGlm45:
+    case ToolCallFormat::kMinimaxM2:
+    case ToolCallFormat::kDeepSeekV3:
+    case ToolCallFormat::kKimiK2:
+      out = ParseMarkup(format, text, types);
+      break;
     case ToolCallFormat::kNone:
       return absl::InvalidArgumentError("tool calls: no tool-call format");
   }
@@ -334,6 +422,12 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format) {
     case ToolCallFormat::kHermes: s.start = std::string(kHermesStart); break;
     case ToolCallFormat::kLlama3Json: s.start = std::string(kPythonTag); break;
     case ToolCallFormat::kMistral: s.start = std::string(kMistralStart); break;
+    case ToolCallFormat::kGranite:
+      s.start = std::string(kGraniteStart);
+      break;
+    default:
+      s.start = std::string(tool_markup::StartMarker(format));
+      break;
   }
   return s;
 }
@@ -344,8 +438,11 @@ std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
     case ToolCallFormat::kHermes: return {kHermesStart, kHermesEnd};
     case ToolCallFormat::kLlama3Json: return {kPythonTag};
     case ToolCallFormat::kMistral: return {kMistralStart};
+    case ToolCallFormat::kGranite:
+      return {kGraniteStart};
+    default:
+      return tool_markup::Markers(format);
   }
-  return {};
 }
 
 // Finds the calls in held reply text as it grows and cuts their arguments into pieces: a
@@ -543,22 +640,53 @@ std::vector<ToolCallDelta> ToolCallStream::TakeDeltas() {
   return out;
 }
 
+void ToolCallStream::AddPiece(int index, const std::string& name, std::string_view text) {
+  if (text.empty()) return;
+  if (streamed_.size() <= static_cast<size_t>(index)) streamed_.resize(index + 1);
+  Streamed& call = streamed_[index];
+  call.arguments.append(text);
+  if (call.id.empty()) {
+    call.id = NewToolCallId();
+    call.name = name;
+    deltas_.push_back({index, call.id, name, std::string(text)});
+  } else if (!deltas_.empty() && deltas_.back().index == index) {
+    deltas_.back().arguments.append(text);
+  } else {
+    deltas_.push_back({index, "", "", std::string(text)});
+  }
+}
+
+void ToolCallStream::ScanMarkup() {
+  // The held text read as far as it goes (a few KB at most: read again as it grows).
+  absl::StatusOr<tool_markup::Calls> m =
+      tool_markup::Parse(syntax_->format, held_, types_, /*partial=*/true);
+  if (!m.ok()) return;
+  for (size_t i = 0; i < m->calls.size() && !(single_call_ && i > 0); ++i) {
+    const tool_markup::Call& c = m->calls[i];
+    // Arguments given as a JSON string holding the object are not streamed.
+    if (c.name.empty() || c.arguments.empty() || c.arguments[0] != '{') continue;
+    std::string_view sent;
+    if (i < streamed_.size() && !streamed_[i].id.empty()) {
+      // What was sent is fixed: a call read differently now (a parameter given twice) is
+      // streamed no further and comes whole with Finish.
+      if (streamed_[i].name != c.name ||
+          c.arguments.compare(0, streamed_[i].arguments.size(), streamed_[i].arguments) != 0) {
+        continue;
+      }
+      sent = streamed_[i].arguments;
+    }
+    AddPiece(static_cast<int>(i), c.name, std::string_view(c.arguments).substr(sent.size()));
+  }
+}
+
 void ToolCallStream::Scan() {
   const auto piece = [this](int index, const std::string& name, std::string_view text) {
-    if (text.empty()) return;
-    if (streamed_.size() <= static_cast<size_t>(index)) streamed_.resize(index + 1);
-    Streamed& call = streamed_[index];
-    call.arguments.append(text);
-    if (call.id.empty()) {
-      call.id = NewToolCallId();
-      call.name = name;
-      deltas_.push_back({index, call.id, name, std::string(text)});
-    } else if (!deltas_.empty() && deltas_.back().index == index) {
-      deltas_.back().arguments.append(text);
-    } else {
-      deltas_.push_back({index, "", "", std::string(text)});
-    }
+    AddPiece(index, name, text);
   };
+  if (mode_ == Mode::kAuto && tool_markup::Handles(syntax_->format)) {
+    ScanMarkup();
+    return;
+  }
   if (mode_ == Mode::kNamed) {
     // The whole reply is the arguments object.
     piece(0, function_, std::string_view(held_).substr(named_emitted_));
@@ -568,23 +696,27 @@ void ToolCallStream::Scan() {
   if (scanner_ == nullptr) {
     using Layout = Scanner::Layout;
     const ToolCallFormat format = mode_ == Mode::kAuto ? syntax_->format : ToolCallFormat::kNone;
-    scanner_ = std::make_unique<Scanner>(
-        format == ToolCallFormat::kHermes       ? Layout::kHermes
-        : format == ToolCallFormat::kLlama3Json ? Layout::kObjects
-                                                : Layout::kOneValue,
-        format == ToolCallFormat::kMistral      ? kMistralStart
-        : format == ToolCallFormat::kLlama3Json ? kPythonTag
-                                                : std::string_view());
+    scanner_ =
+        std::make_unique<Scanner>(format == ToolCallFormat::kHermes       ? Layout::kHermes
+                                  : format == ToolCallFormat::kLlama3Json ? Layout::kObjects
+                                                                          : Layout::kOneValue,
+                                  format == ToolCallFormat::kMistral      ? kMistralStart
+                                  : format == ToolCallFormat::kGranite    ? kGraniteStart
+                                  : format == ToolCallFormat::kLlama3Json ? kPythonTag
+                                                                          : std::string_view());
   }
   scanner_->Scan(held_, single_call_, piece);
 }
 
 ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function,
-                               bool single_call)
+                               bool single_call, absl::Span<const ToolSpec> tools)
     : mode_(mode),
       syntax_(syntax),
       function_(std::move(function)),
       single_call_(single_call),
+      types_(mode == Mode::kAuto && syntax != nullptr && tool_markup::Handles(syntax->format)
+                 ? ToolParamTypes(tools)
+                 : ToolParamTypes()),
       // Llama 3's calls are the whole reply: whether one begins is known at its first non-space
       // character.
       state_(mode == Mode::kAuto && syntax->format == ToolCallFormat::kLlama3Json
@@ -669,7 +801,7 @@ ToolCallStream::Result ToolCallStream::Parse(bool parse) {
         break;
       case Mode::kAuto:
         if (state_ == State::kCall) {
-          if (absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(syntax_->format, held_);
+          if (absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(syntax_->format, held_, &types_);
               p.ok()) {
             r.calls = std::move(p->calls);
             r.text = std::move(p->text);

@@ -9,6 +9,22 @@
 //   llama3_json  {"name": "f", "parameters": {...}} as the whole reply, calls separated by ";",
 //                optionally after <|python_tag|> (Llama 3.1 / 3.2 / 3.3 JSON tool calling)
 //   mistral      [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (Mistral v0.3, Nemo)
+//   granite      <|tool_call|>[{"name": "f", "arguments": {...}}, ...] (Granite 3.x)
+//   qwen3_coder  <tool_call><function=f><parameter=city>Lima</parameter>...</function></tool_call>
+//                (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano, Step 3.5), one value a parameter
+//   glm45        <tool_call>f<arg_key>city</arg_key><arg_value>Lima</arg_value>...</tool_call>
+//                (GLM-4.5 / 4.6 / 4.7, Ling 3, Laguna)
+//   minimax_m2   <minimax:tool_call><invoke name="f"><parameter name="city">Lima</parameter>
+//                </invoke></minimax:tool_call> (MiniMax-M2)
+//   deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
+//                ...<｜tool▁calls▁end｜> (DeepSeek V3.1; also R1's and V3's
+//                "function<｜tool▁sep｜>f" then the arguments in a ```json fence)
+//   kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0
+//                <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
+// The XML-like formats (qwen3_coder, glm45, minimax_m2) write each parameter's value as text: it
+// is read by the function's JSON Schema (ToolParamTypes): a parameter typed "string" keeps its
+// text, "integer" / "number" / "boolean" values are read as such (True and False too, as
+// Python's str() writes them), anything else as JSON when it parses, else as text.
 // With tool_choice "required" or a named function the model's format does not matter: the reply
 // is constrained (structured outputs) to a JSON array of {"name", "parameters"} objects, or to the
 // named function's arguments, as vLLM does.
@@ -22,6 +38,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -29,14 +46,30 @@
 
 namespace kvrm {
 
-enum class ToolCallFormat { kNone, kHermes, kLlama3Json, kMistral };
+enum class ToolCallFormat {
+  kNone,
+  kHermes,
+  kLlama3Json,
+  kMistral,
+  kGranite,
+  kQwen3Coder,
+  kGlm45,
+  kMinimaxM2,
+  kDeepSeekV3,
+  kKimiK2,
+};
 
-// "none", "hermes", "llama3_json", "mistral" (INVALID_ARGUMENT naming the accepted ones).
+// "none", "hermes", "llama3_json", "mistral", "granite", "qwen3_coder", "glm45", "minimax_m2",
+// "deepseek_v3" (also "deepseek_v31"), "kimi_k2" (INVALID_ARGUMENT naming the accepted ones).
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
 std::string_view ToolCallFormatName(ToolCallFormat format);
 
-// The format a chat template teaches: the one whose call marker its text writes
-// ("<tool_call>", "[TOOL_CALLS]", "<|python_tag|>"); kNone when it writes none of them.
+// The format a chat template teaches, by the call markup its text writes: "<tool_call>" with
+// "<function=" is qwen3_coder, with "<arg_key>" glm45, alone hermes; "<minimax:tool_call>",
+// DeepSeek's "<｜tool▁calls▁begin｜>", Kimi's "<|tool_calls_section_begin|>", "[TOOL_CALLS]",
+// "<|tool_call|>" and "<|python_tag|>" (or Llama 3.2's JSON instruction) theirs. kNone when it
+// writes none, or markup none of the formats reads (MiniMax-M3's "<invoke" under its own
+// namespace token, which hermes would misread).
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
 
 // A function the model may call: OpenAI's {"type": "function", "function": {...}}.
@@ -57,6 +90,23 @@ std::string ToolTemplateJson(const ToolSpec& tool);
 std::string RequiredToolCallsSchema(absl::Span<const ToolSpec> tools, bool single_call = false);
 // The schema of a named tool_choice: the function's arguments (an object when it has none).
 std::string NamedToolCallSchema(const ToolSpec& tool);
+
+// The types of the offered functions' parameters, from their JSON Schemas ("properties" and
+// each one's "type"), for the formats that write values as text.
+class ToolParamTypes {
+ public:
+  ToolParamTypes() = default;
+  explicit ToolParamTypes(absl::Span<const ToolSpec> tools);
+
+  // The schema's "type" of parameter `param` of `function` ("" when it gives none, or the
+  // function or parameter is not offered).
+  std::string_view Type(std::string_view function, std::string_view param) const;
+
+ private:
+  // function -> parameter -> its schema's "type" (the first that is not "null" of a list; ""
+  // when the schema gives none).
+  std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> types_;
+};
 
 struct ToolCall {
   std::string id;         // "call_" and 24 hex digits, unique per call
@@ -85,7 +135,9 @@ struct ParsedToolCalls {
   std::vector<ToolCall> calls;
   std::string text;
 };
-absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text);
+// `types` reads the XML-like formats' values (none: every value as JSON when it parses).
+absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::string_view text,
+                                               const ToolParamTypes* types = nullptr);
 // tool_choice "required": `text` is the JSON array RequiredToolCallsSchema describes.
 absl::StatusOr<std::vector<ToolCall>> ParseRequiredToolCalls(std::string_view text);
 // A named tool_choice: `text` is the function's arguments (a JSON object).
@@ -124,9 +176,10 @@ class ToolCallStream {
 
   // `syntax` (kAuto) must outlive the stream; `function` names the kNamed call. `single_call`
   // (OpenAI's parallel_tool_calls false): a reply's first call is returned and those after it
-  // dropped, as vLLM does.
+  // dropped, as vLLM does. `tools`: the offered functions, whose schemas type the values of the
+  // XML-like formats.
   ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::string function = "",
-                 bool single_call = false);
+                 bool single_call = false, absl::Span<const ToolSpec> tools = {});
 
   ~ToolCallStream();
 
@@ -155,11 +208,14 @@ class ToolCallStream {
   Result Parse(bool parse);  // Finish before single_call
   std::string FeedText(std::string_view text);  // Feed's text
   void Scan();               // held_'s new text into deltas_
+  void ScanMarkup();         // Scan for the markup formats: parses held_ as far as it goes
+  void AddPiece(int index, const std::string& name, std::string_view text);  // to deltas_
 
   Mode mode_;
   const ToolCallSyntax* syntax_;
   std::string function_;
   bool single_call_;
+  ToolParamTypes types_;  // kAuto in a markup format: the offered functions' parameter types
   State state_;
   std::string pending_;  // kLeading / kContent: text that may begin a marker
   std::string held_;     // kCall: from the marker on

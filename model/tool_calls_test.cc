@@ -16,13 +16,18 @@ namespace {
 using ::testing::HasSubstr;
 
 TEST(ToolCallFormatTest, NamesRoundTripAndUnknownIsRefused) {
-  for (ToolCallFormat f : {ToolCallFormat::kNone, ToolCallFormat::kHermes,
-                           ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral}) {
+  for (ToolCallFormat f :
+       {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
+        ToolCallFormat::kMistral, ToolCallFormat::kGranite, ToolCallFormat::kQwen3Coder,
+        ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kDeepSeekV3,
+        ToolCallFormat::kKimiK2}) {
     EXPECT_EQ(*ToolCallFormatFromName(ToolCallFormatName(f)), f);
   }
+  EXPECT_EQ(*ToolCallFormatFromName("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
   absl::StatusOr<ToolCallFormat> bad = ToolCallFormatFromName("pythonic");
   ASSERT_FALSE(bad.ok());
-  EXPECT_THAT(bad.status().message(), HasSubstr("hermes, llama3_json, mistral"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("hermes, llama3_json, mistral, granite"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("kimi_k2"));
 }
 
 TEST(ToolCallFormatTest, DetectedFromTheTemplatesMarker) {
@@ -31,6 +36,21 @@ TEST(ToolCallFormatTest, DetectedFromTheTemplatesMarker) {
             ToolCallFormat::kLlama3Json);
   EXPECT_EQ(DetectToolCallFormat("{{- '[TOOL_CALLS][' }}"), ToolCallFormat::kMistral);
   EXPECT_EQ(DetectToolCallFormat("{% for m in messages %}{{ m.content }}{% endfor %}"),
+            ToolCallFormat::kNone);
+  // <tool_call> with what goes inside it: Qwen3-Coder's XML, GLM's key/value pairs.
+  EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>\\n<function=' + tc.name + '>' }}"),
+            ToolCallFormat::kQwen3Coder);
+  EXPECT_EQ(DetectToolCallFormat("{{- '<tool_call>' + tc.name }}<arg_key>{{ k }}</arg_key>"),
+            ToolCallFormat::kGlm45);
+  EXPECT_EQ(DetectToolCallFormat("{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'}}"),
+            ToolCallFormat::kDeepSeekV3);
+  EXPECT_EQ(DetectToolCallFormat("<|tool_calls_section_begin|>"), ToolCallFormat::kKimiK2);
+  EXPECT_EQ(DetectToolCallFormat("'<minimax:tool_call>' '<invoke name=\"'"),
+            ToolCallFormat::kMinimaxM2);
+  EXPECT_EQ(DetectToolCallFormat("respond only with <|tool_call|> followed by"),
+            ToolCallFormat::kGranite);
+  // MiniMax-M3's namespaced <tool_call><invoke ...>: no parser reads it, and hermes must not.
+  EXPECT_EQ(DetectToolCallFormat("ns ~ '<tool_call>' ns + '<invoke name=\"'"),
             ToolCallFormat::kNone);
 }
 
@@ -609,6 +629,256 @@ TEST(ToolCallStreamTest, OnlyWhatTheParserReadsAsCallsStreams) {
       EXPECT_TRUE(got.deltas.empty());
     }
   }
+}
+
+// ---- the markup formats ------------------------------------------------------------------
+
+// The functions the markup tests offer: their schemas type the XML-like formats' values.
+std::vector<ToolSpec> MarkupTools() {
+  return {{"get_weather", "",
+           R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type":
+               "integer"}, "metric": {"type": "boolean"}, "at": {"type": ["number", "null"]},
+               "where": {"type": "object"}, "tags": {"type": "array"}, "zip": {"type":
+               "string"}}})"},
+          {"get_time", "", R"({"type": "object", "properties": {"zone": {"type": "string"}}})"}};
+}
+
+struct MarkupCase {
+  ToolCallFormat format;
+  std::string text;  // from the start marker on, as the model writes it
+};
+
+// Each format's rendering of the same two calls: get_weather with every kind of value (a
+// string that looks like a number, a multi-line string, Python's True, an object), then
+// get_time; then text after them.
+std::vector<MarkupCase> MarkupCases() {
+  return {
+      {ToolCallFormat::kQwen3Coder,
+       "<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n"
+       "<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n"
+       "<parameter=at>\n1.5\n</parameter>\n<parameter=where>\n{\"lat\": -23.5, \"tz\": [1]}\n"
+       "</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n<parameter=zip>\n01310\n"
+       "</parameter>\n<parameter=note>\nline one\nline two\n</parameter>\n</function>\n"
+       "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nAmerica/Sao_Paulo\n"
+       "</parameter>\n</function>\n</tool_call>\nDone."},
+      {ToolCallFormat::kGlm45,
+       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>São Paulo</arg_value>\n"
+       "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>metric</arg_key>\n"
+       "<arg_value>true</arg_value>\n<arg_key>at</arg_key><arg_value>1.5</arg_value>"
+       "<arg_key>where</arg_key><arg_value>{\"lat\": -23.5, \"tz\": [1]}</arg_value>"
+       "<arg_key>tags</arg_key><arg_value>[\"a\", \"b\"]</arg_value><arg_key>zip</arg_key>"
+       "<arg_value>01310</arg_value><arg_key>note</arg_key><arg_value>line one\nline two"
+       "</arg_value>\n</tool_call>"
+       "<tool_call>get_time<arg_key>zone</arg_key><arg_value>America/Sao_Paulo</arg_value>"
+       "</tool_call>\nDone."},
+      {ToolCallFormat::kMinimaxM2,
+       "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">São Paulo"
+       "</parameter>\n<parameter name=\"days\">3</parameter>\n<parameter name=\"metric\">true"
+       "</parameter>\n<parameter name=\"at\">1.5</parameter>\n<parameter name=\"where\">"
+       "{\"lat\": -23.5, \"tz\": [1]}</parameter>\n<parameter name=\"tags\">[\"a\", \"b\"]"
+       "</parameter>\n<parameter name=\"zip\">01310</parameter>\n<parameter name=\"note\">"
+       "line one\nline two</parameter>\n</invoke>\n<invoke name=\"get_time\">\n"
+       "<parameter name=\"zone\">America/Sao_Paulo</parameter>\n</invoke>\n"
+       "</minimax:tool_call>\nDone."},
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"São "
+       "Paulo\", "
+       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}"
+       "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": "
+       "\"America/Sao_Paulo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>Done."},
+      // R1's and V3's: "function", the name on its line, the arguments in a ```json fence.
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+       "{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": "
+       "-23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line "
+       "one\\nline two\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+       "get_time\n```json\n{\"zone\": \"America/Sao_Paulo\"}\n```<｜tool▁call▁end｜>"
+       "<｜tool▁calls▁end｜>Done."},
+      {ToolCallFormat::kKimiK2,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+       "<|tool_call_argument_begin|>{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, "
+       "\"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], "
+       "\"zip\": \"01310\", \"note\": \"line one\\nline two\"}<|tool_call_end|>"
+       "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{\"zone\": "
+       "\"America/Sao_Paulo\"}<|tool_call_end|><|tool_calls_section_end|>Done."},
+      {ToolCallFormat::kGranite,
+       "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
+       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}}, "
+       "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}]Done."},
+  };
+}
+
+constexpr char kWeatherArgs[] =
+    R"({"city":"São Paulo","days":3,"metric":true,"at":1.5,"where":{"lat":-23.5,"tz":[1]},)"
+    R"("tags":["a","b"],"zip":"01310","note":"line one\nline two"})";
+constexpr char kTimeArgs[] = R"({"zone":"America/Sao_Paulo"})";
+
+TEST(MarkupToolCallsTest, EveryFormatReadsTheSameCallsWithTypedValues) {
+  const std::vector<ToolSpec> tools = MarkupTools();
+  const ToolParamTypes types(tools);
+  for (const MarkupCase& c : MarkupCases()) {
+    SCOPED_TRACE(ToolCallFormatName(c.format));
+    absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(c.format, c.text, &types);
+    ASSERT_TRUE(p.ok()) << p.status();
+    ASSERT_EQ(p->calls.size(), 2u);
+    EXPECT_EQ(p->calls[0].name, "get_weather");
+    // "zip" is typed string: "01310" stays text; "note" is in no schema and is not JSON.
+    EXPECT_EQ(p->calls[0].arguments, kWeatherArgs);
+    EXPECT_EQ(p->calls[1].name, "get_time");
+    EXPECT_EQ(p->calls[1].arguments, kTimeArgs);
+    EXPECT_EQ(p->text, "Done.");
+  }
+}
+
+TEST(MarkupToolCallsTest, ValuesWithoutSchemasAreJsonWhenTheyParse) {
+  // No tools known: "3" is a number, "01310" (not JSON) stays text, "True" too.
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(
+      ToolCallFormat::kQwen3Coder,
+      "<tool_call>\n<function=f>\n<parameter=a>\n3\n</parameter>\n<parameter=b>\n01310\n"
+      "</parameter>\n<parameter=c>\nTrue\n</parameter>\n<parameter=d>\n\"q\"\n</parameter>\n"
+      "</function>\n</tool_call>");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].arguments, R"({"a":3,"b":"01310","c":"True","d":"q"})");
+  // A string-typed parameter keeps its text exactly (here, JSON-looking text).
+  const std::vector<ToolSpec> tools = {
+      {"f", "", R"({"properties": {"a": {"type": "string"}, "n": {"type": "integer"}}})"}};
+  const ToolParamTypes types(tools);
+  p = ParseToolCalls(ToolCallFormat::kGlm45,
+                     "<tool_call>f<arg_key>a</arg_key><arg_value>[1, 2]</arg_value>"
+                     "<arg_key>n</arg_key><arg_value>three</arg_value></tool_call>",
+                     &types);
+  ASSERT_TRUE(p.ok()) << p.status();
+  // An integer parameter the model wrote as a word stays text, as vLLM leaves it.
+  EXPECT_EQ(p->calls[0].arguments, R"({"a":"[1, 2]","n":"three"})");
+}
+
+TEST(MarkupToolCallsTest, TheLenienciesOfVllmsReaders) {
+  // Qwen3-Coder: a value without </parameter> runs to the next parameter or the function's end;
+  // a reply may end (EOS) where </function></tool_call> would be; no parameters is {}.
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(
+      ToolCallFormat::kQwen3Coder,
+      "<tool_call>\n<function=f>\n<parameter=a>\nx\n<parameter=b>\ny\n</function>\n</tool_call>"
+      "<tool_call><function=g></function></tool_call><tool_call>\n<function=h>\n"
+      "<parameter=c>\nz\n</parameter>\n");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->calls.size(), 3u);
+  EXPECT_EQ(p->calls[0].arguments, R"({"a":"x","b":"y"})");
+  EXPECT_EQ(p->calls[1].arguments, "{}");
+  EXPECT_EQ(p->calls[2].arguments, R"({"c":"z"})");
+  // GLM: a call without arguments; DeepSeek / Kimi without their closing markers at the end.
+  p = ParseToolCalls(ToolCallFormat::kGlm45, "<tool_call>now</tool_call>");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].name, "now");
+  EXPECT_EQ(p->calls[0].arguments, "{}");
+  p = ParseToolCalls(ToolCallFormat::kDeepSeekV3,
+                     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1}");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].arguments, R"({"a":1})");
+  p = ParseToolCalls(ToolCallFormat::kKimiK2,
+                     "<|tool_calls_section_begin|> <|tool_call_begin|> functions.f:7 "
+                     "<|tool_call_argument_begin|> \"{\\\"a\\\": 1}\" <|tool_call_end|>");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].name, "f");
+  EXPECT_EQ(p->calls[0].arguments, R"({"a":1})");  // a JSON string holding the object
+}
+
+TEST(MarkupToolCallsTest, CutOrMalformedCallsAreErrors) {
+  const std::pair<ToolCallFormat, const char*> bad[] = {
+      // Cut by the length limit inside a value, a tag, a name or the arguments.
+      {ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=f>\n<parameter=a>\nhal"},
+      {ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=f>\n<parameter=a"},
+      {ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=get_wea"},
+      {ToolCallFormat::kQwen3Coder, "<tool_call>{\"name\": \"f\"}</tool_call>"},  // Hermes' JSON
+      {ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=>\n</function></tool_call>"},
+      {ToolCallFormat::kGlm45, "<tool_call>f<arg_key>a</arg_key><arg_value>hal"},
+      {ToolCallFormat::kGlm45, "<tool_call>f<arg_key>a</arg_key></tool_call>"},
+      {ToolCallFormat::kGlm45, "<tool_call>f<arg_key>a</arg_key>x<arg_value>1</arg_value>"},
+      {ToolCallFormat::kGlm45, "<tool_call><arg_key>a</arg_key><arg_value>1</arg_value>"},
+      {ToolCallFormat::kMinimaxM2, "<minimax:tool_call><invoke name=\"f\"><parameter name=\"a\">1"},
+      {ToolCallFormat::kMinimaxM2, "<minimax:tool_call>nothing</minimax:tool_call>"},
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\":"},
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>[1]"},
+      {ToolCallFormat::kDeepSeekV3, "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f{\"a\": 1}"},
+      {ToolCallFormat::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"a\": 1} "
+       "junk<｜tool▁call▁end｜>"},
+      {ToolCallFormat::kKimiK2, "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0"},
+      {ToolCallFormat::kKimiK2,
+       "<|tool_calls_section_begin|><|tool_call_begin|>:0<|tool_call_argument_begin|>{}"},
+      {ToolCallFormat::kGranite, "<|tool_call|>[{\"name\": \"f\", \"arguments\": {\"a\": "},
+  };
+  for (const auto& [format, text] : bad) {
+    absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(format, text);
+    EXPECT_FALSE(p.ok()) << ToolCallFormatName(format) << ": " << text << " gave "
+                         << (p.ok() ? p->calls[0].arguments : "");
+  }
+}
+
+TEST(MarkupToolCallsTest, CallsStreamAsTheyAreWrittenAndKeepTheirIds) {
+  const std::vector<ToolSpec> tools = MarkupTools();
+  std::mt19937 rng(11);
+  for (const MarkupCase& c : MarkupCases()) {
+    SCOPED_TRACE(ToolCallFormatName(c.format));
+    const ToolCallSyntax syntax = MakeToolCallSyntax(c.format);
+    ASSERT_FALSE(syntax.start.empty());
+    for (int trial = 0; trial < 40; ++trial) {
+      ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax, "", false, tools);
+      const Streamed got = FeedInPieces(s, "Let me check. " + c.text, rng);
+      EXPECT_EQ(got.streamed, "Let me check. ");
+      ASSERT_EQ(got.result.calls.size(), 2u);
+      EXPECT_EQ(got.result.calls[0].arguments, kWeatherArgs);
+      EXPECT_EQ(got.result.calls[1].arguments, kTimeArgs);
+      EXPECT_EQ(got.result.text, "Done.");
+      ExpectStreamedAsParsed(got, {0, 1});
+      EXPECT_GT(got.calls.at(0).deltas, 1) << "several deltas for the long call";
+      // Deltas come in order: no delta of call 0 after one of call 1.
+      bool second = false;
+      for (const ToolCallDelta& d : got.deltas) {
+        if (d.index == 1) second = true;
+        EXPECT_FALSE(second && d.index == 0);
+      }
+    }
+  }
+}
+
+TEST(MarkupToolCallsTest, XmlCallsStreamEachParameterOnceItIsWhole) {
+  const std::vector<ToolSpec> tools = MarkupTools();
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kQwen3Coder);
+  ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax, "", false, tools);
+  std::string args;
+  const auto feed = [&](std::string_view text) {
+    EXPECT_EQ(s.Feed(text), "");
+    for (const ToolCallDelta& d : s.TakeDeltas()) args += d.arguments;
+    return args;
+  };
+  EXPECT_EQ(feed("<tool_call>\n<function=get_wea"), "");
+  EXPECT_EQ(feed("ther>\n"), "{");  // the name is known: the object begins
+  EXPECT_EQ(feed("<parameter=city>\nLi"), "{");
+  EXPECT_EQ(feed("ma\n</parameter>\n"), R"({"city":"Lima")");
+  EXPECT_EQ(feed("<parameter=days>\n3\n</parameter>\n</func"), R"({"city":"Lima","days":3)");
+  EXPECT_EQ(feed("tion>\n</tool_call>"), R"({"city":"Lima","days":3})");
+  const ToolCallStream::Result r = s.Finish(true);
+  ASSERT_EQ(r.calls.size(), 1u);
+  EXPECT_EQ(r.calls[0].arguments, args);
+}
+
+TEST(MarkupToolCallsTest, ACutCallStaysSentAndIsReturnedAsText) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kGlm45);
+  ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax, "", false, MarkupTools());
+  const std::string text =
+      "<tool_call>get_weather<arg_key>city</arg_key><arg_value>Lima</arg_value><arg_key>da";
+  s.Feed(text);
+  const std::vector<ToolCallDelta> d = s.TakeDeltas();
+  ASSERT_FALSE(d.empty());
+  EXPECT_EQ(d[0].name, "get_weather");
+  const ToolCallStream::Result r = s.Finish(true);
+  EXPECT_TRUE(r.calls.empty());
+  EXPECT_TRUE(r.malformed);
+  EXPECT_EQ(r.text, text);
 }
 
 }  // namespace

@@ -104,9 +104,8 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
                         const ToolCallMetrics* metrics) {
     tool_streams_.clear();
     for (int32_t i = 0; i < n_; ++i) {
-      tool_streams_.push_back(
-          std::make_unique<ToolCallStream>(calling.mode, syntax, calling.function,
-                                           calling.single_call));
+      tool_streams_.push_back(std::make_unique<ToolCallStream>(
+          calling.mode, syntax, calling.function, calling.single_call, calling.tools));
     }
     tool_metrics_ = metrics;
   }

@@ -341,13 +341,15 @@ absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::Genera
       out.mode = ToolCallStream::Mode::kRequired;
       out.choice = 2;
       return out;
-    case v1::TOOL_CHOICE_MODE_AUTO:
+    case v1::TOOL_CHOICE_MODE_AUTO: {
       if (format == ToolCallFormat::kNone) {
         return Invalid("chat.tool_choice",
                        "AUTO needs the model's tool-call format, and this server has none (kvrmd "
                        "--tool_call_parser); use REQUIRED, a named function or NONE");
       }
+      ASSIGN_OR_RETURN(out.tools, ToolsFromProto(chat, limits));
       return out;
+    }
     default:
       return Invalid("chat.tool_choice.mode",
                      absl::StrCat(static_cast<int>(chat.tool_choice().mode()), " is not a mode"));

@@ -56,6 +56,8 @@ struct ToolCalling {
   ToolCallStream::Mode mode = ToolCallStream::Mode::kAuto;
   std::string function;  // kNamed
   bool single_call = false;  // chat.parallel_tool_calls false
+  std::vector<ToolSpec> tools;  // kAuto: the offered functions (their schemas type the values
+                                // of the XML-like formats)
   int choice = 0;        // for metrics: 0 auto, 1 none, 2 required, 3 function
 };
 // nullopt without tools. AUTO on a server whose model has no tool-call format is

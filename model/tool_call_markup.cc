@@ -1,0 +1,533 @@
+#include "model/tool_call_markup.h"
+
+#include <optional>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/json.h"
+#include "common/status_macros.h"
+
+namespace kvrm::tool_markup {
+namespace {
+
+constexpr size_t npos = std::string_view::npos;
+
+constexpr std::string_view kToolCall = "<tool_call>";
+constexpr std::string_view kToolCallEnd = "</tool_call>";
+// qwen3_coder
+constexpr std::string_view kFunction = "<function=";
+constexpr std::string_view kFunctionEnd = "</function>";
+constexpr std::string_view kParameter = "<parameter=";
+constexpr std::string_view kParameterEnd = "</parameter>";
+// glm45
+constexpr std::string_view kArgKey = "<arg_key>";
+constexpr std::string_view kArgKeyEnd = "</arg_key>";
+constexpr std::string_view kArgValue = "<arg_value>";
+constexpr std::string_view kArgValueEnd = "</arg_value>";
+// minimax_m2
+constexpr std::string_view kMinimax = "<minimax:tool_call>";
+constexpr std::string_view kMinimaxEnd = "</minimax:tool_call>";
+constexpr std::string_view kInvoke = "<invoke name=";
+constexpr std::string_view kInvokeEnd = "</invoke>";
+constexpr std::string_view kNamedParameter = "<parameter name=";
+// deepseek_v3
+constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
+constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
+constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
+constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
+constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
+constexpr std::string_view kFence = "```";
+// kimi_k2
+constexpr std::string_view kKimiSection = "<|tool_calls_section_begin|>";
+constexpr std::string_view kKimiSectionEnd = "<|tool_calls_section_end|>";
+constexpr std::string_view kKimiCall = "<|tool_call_begin|>";
+constexpr std::string_view kKimiArgs = "<|tool_call_argument_begin|>";
+constexpr std::string_view kKimiCallEnd = "<|tool_call_end|>";
+
+absl::string_view AV(std::string_view s) { return absl::string_view(s.data(), s.size()); }
+
+bool StartsWith(std::string_view s, size_t i, std::string_view prefix) {
+  return s.substr(i, prefix.size()) == prefix;
+}
+
+// Whether s[i..] is a proper beginning of `marker` (the rest of it may still come).
+bool BeginsMarker(std::string_view s, size_t i, std::string_view marker) {
+  const std::string_view rest = s.substr(i);
+  return rest.size() < marker.size() && marker.substr(0, rest.size()) == rest;
+}
+
+// What stops a reading: the text ends before the construct does (`partial`: wait for more; a
+// whole reply: malformed), or the text is malformed.
+absl::Status Unfinished(std::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat(AV(what)));
+}
+
+std::string CallWhat(const Calls& out) { return absl::StrCat("tool call ", out.calls.size()); }
+
+// Python's str() of a value, as the templates write non-string values with `| string`, reads
+// back: True / False / None.
+std::optional<OrderedJson> PythonLiteral(std::string_view t) {
+  if (t == "True") return OrderedJson(true);
+  if (t == "False") return OrderedJson(false);
+  if (t == "None") return OrderedJson(nullptr);
+  return std::nullopt;
+}
+
+// The value of a parameter written as text, read by its schema type.
+OrderedJson ValueOf(std::string_view type, std::string_view text) {
+  if (type == "string") return OrderedJson(std::string(text));
+  const std::string_view t = Strip(text);
+  if (type == "boolean") {
+    const std::string lower = absl::AsciiStrToLower(AV(t));
+    if (lower == "true") return OrderedJson(true);
+    if (lower == "false") return OrderedJson(false);
+  }
+  if (std::optional<OrderedJson> py = PythonLiteral(t); py && type != "") return *py;
+  if (absl::StatusOr<OrderedJson> j = ParseOrderedJson(t, "value"); j.ok()) {
+    const bool numeric = type == "integer" || type == "number";
+    if (!numeric || j->is_number()) return *std::move(j);
+  }
+  return OrderedJson(std::string(text));
+}
+
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
+}
+
+// The call with `args` read so far: whole when `closed`, else without its closing brace.
+Call MakeCall(std::string name, const OrderedJson& args, bool closed) {
+  Call call{std::move(name), Dump(args), closed};
+  if (!closed) call.arguments.pop_back();
+  return call;
+}
+
+// One newline off each end of a value, as the XML-like formats put the value on lines of its
+// own (vLLM's parsers take the same one off).
+std::string_view TrimNewline(std::string_view v) {
+  if (!v.empty() && v.front() == '\n') v.remove_prefix(1);
+  if (!v.empty() && v.back() == '\n') v.remove_suffix(1);
+  return v;
+}
+
+// A tag's name after its prefix ("<function=" NAME ">", "<invoke name=" "NAME" ">"): quoted or
+// not. The name and the position after the tag's ">"; nullopt when the tag is not finished.
+std::optional<std::pair<std::string, size_t>> TagName(std::string_view s, size_t i) {
+  if (i < s.size() && (s[i] == '"' || s[i] == '\'')) {
+    const size_t close = s.find(s[i], i + 1);
+    if (close == npos) return std::nullopt;
+    const size_t gt = s.find('>', close + 1);
+    if (gt == npos) return std::nullopt;
+    return std::make_pair(std::string(s.substr(i + 1, close - i - 1)), gt + 1);
+  }
+  const size_t gt = s.find('>', i);
+  if (gt == npos) return std::nullopt;
+  return std::make_pair(std::string(Strip(s.substr(i, gt - i))), gt + 1);
+}
+
+// The blocks of `text` between `open` and `close`; the text around them is leftover. A last
+// block without `close` runs to the end (`closed` false).
+template <typename Block>
+absl::Status ForEachBlock(std::string_view text, std::string_view open, std::string_view close,
+                          Calls* out, const Block& block) {
+  size_t pos = 0;
+  while (true) {
+    const size_t at = text.find(open, pos);
+    if (at == npos) {
+      AppendLeftover(text.substr(pos), &out->text);
+      return absl::OkStatus();
+    }
+    AppendLeftover(text.substr(pos, at - pos), &out->text);
+    const size_t body = at + open.size();
+    const size_t end = text.find(close, body);
+    RETURN_IF_ERROR(block(text.substr(body, end == npos ? npos : end - body), end != npos));
+    if (end == npos) return absl::OkStatus();
+    pos = end + close.size();
+  }
+}
+
+// The XML-like calls in one block: `function` NAME> then `param` NAME> VALUE `param_end` ...
+// `function_end` (qwen3_coder's <function=f><parameter=k>, minimax_m2's <invoke name="f">
+// <parameter name="k">). A value without its end tag runs to the next parameter or the
+// function's end, as vLLM reads it.
+absl::Status XmlFunctions(std::string_view block, bool block_closed, std::string_view function,
+                          std::string_view function_end, std::string_view param,
+                          std::string_view param_end, const ToolParamTypes& types, bool partial,
+                          Calls* out) {
+  size_t i = 0;
+  bool any = false;
+  while (true) {
+    const size_t f = block.find(function, i);
+    if (f == npos) break;
+    any = true;
+    const std::string what = CallWhat(*out);
+    std::optional<std::pair<std::string, size_t>> name = TagName(block, f + function.size());
+    if (!name) return Unfinished(absl::StrCat(what, ": ", AV(function), " not closed by '>'"));
+    if (name->first.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
+    const size_t fend = block.find(function_end, name->second);
+    const bool closed = fend != npos;
+    const std::string_view body = block.substr(name->second, closed ? fend - name->second : npos);
+    OrderedJson args = OrderedJson::object();
+    size_t j = 0;
+    bool whole = true;
+    while (true) {
+      const size_t p = body.find(param, j);
+      if (p == npos) break;
+      std::optional<std::pair<std::string, size_t>> key = TagName(body, p + param.size());
+      if (!key) {
+        whole = false;
+        break;
+      }
+      if (key->first.empty()) return Unfinished(absl::StrCat(what, ": a parameter without a name"));
+      size_t vend = body.find(param_end, key->second);
+      size_t next = vend + param_end.size();
+      if (vend == npos) {
+        const size_t np = body.find(param, key->second);
+        if (np != npos) {
+          vend = next = np;
+        } else if (closed || block_closed) {
+          vend = next = body.size();
+        } else {
+          whole = false;
+          break;
+        }
+      }
+      const std::string_view value = TrimNewline(body.substr(key->second, vend - key->second));
+      args[key->first] = ValueOf(types.Type(name->first, key->first), value);
+      j = next;
+    }
+    if (!whole && !partial) {
+      return Unfinished(absl::StrCat(what, ": parameter not finished"));
+    }
+    // A whole reply may end (EOS) where the function's end tag would be.
+    out->calls.push_back(
+        MakeCall(std::move(name->first), args, closed || block_closed || !partial));
+    if (!closed) return absl::OkStatus();
+    i = fend + function_end.size();
+  }
+  if (!any && (block_closed || !partial)) {
+    return Unfinished(absl::StrCat(CallWhat(*out), ": no ", AV(function), "...> in the block"));
+  }
+  return absl::OkStatus();
+}
+
+// glm45: NAME then <arg_key>K</arg_key><arg_value>V</arg_value> pairs, one call a block.
+absl::Status GlmCall(std::string_view block, bool block_closed, const ToolParamTypes& types,
+                     bool partial, Calls* out) {
+  const std::string what = CallWhat(*out);
+  size_t first = block.find(kArgKey);
+  std::string_view name_text = block.substr(0, first);
+  if (first == npos && !block_closed && partial) {
+    // GLM-4.5 ends the name with a newline; GLM-4.7 runs on into <arg_key>.
+    const size_t nl = name_text.find('\n', SkipSpace(name_text, 0));
+    if (nl == npos) return absl::OkStatus();
+    name_text = name_text.substr(0, nl);
+  }
+  std::string name(Strip(name_text));
+  if (name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
+  OrderedJson args = OrderedJson::object();
+  size_t i = first == npos ? block.size() : first;
+  while (true) {
+    i = SkipSpace(block, i);
+    if (i >= block.size()) break;
+    const auto stop = [&](std::string_view why) -> absl::Status {
+      if (partial) {
+        out->calls.push_back(MakeCall(std::move(name), args, false));
+        return absl::OkStatus();
+      }
+      return Unfinished(absl::StrCat(what, ": ", AV(why)));
+    };
+    if (!StartsWith(block, i, kArgKey)) {
+      if (partial && BeginsMarker(block, i, kArgKey)) return stop("");
+      return Unfinished(absl::StrCat(what, ": expected <arg_key>"));
+    }
+    const size_t key_end = block.find(kArgKeyEnd, i + kArgKey.size());
+    if (key_end == npos) return stop("<arg_key> not closed");
+    const std::string key(Strip(block.substr(i + kArgKey.size(), key_end - i - kArgKey.size())));
+    if (key.empty()) return Unfinished(absl::StrCat(what, ": an empty <arg_key>"));
+    i = SkipSpace(block, key_end + kArgKeyEnd.size());
+    if (!StartsWith(block, i, kArgValue)) {
+      if (i >= block.size() || BeginsMarker(block, i, kArgValue)) {
+        return stop("<arg_key> without <arg_value>");
+      }
+      return Unfinished(absl::StrCat(what, ": expected <arg_value>"));
+    }
+    const size_t value_end = block.find(kArgValueEnd, i + kArgValue.size());
+    if (value_end == npos) return stop("<arg_value> not closed");
+    args[key] = ValueOf(types.Type(name, key),
+                        block.substr(i + kArgValue.size(), value_end - i - kArgValue.size()));
+    i = value_end + kArgValueEnd.size();
+  }
+  out->calls.push_back(MakeCall(std::move(name), args, block_closed || !partial));
+  return absl::OkStatus();
+}
+
+// The arguments of deepseek_v3 and kimi_k2 at text[i] (after space): a JSON object (or a JSON
+// string holding one) as the model wrote it. Sets the call's arguments (so far) and returns
+// the position after them; npos when the text ends inside them.
+absl::StatusOr<size_t> JsonArguments(std::string_view text, size_t i, const std::string& what,
+                                     Call* call) {
+  i = SkipSpace(text, i);
+  if (i >= text.size()) return npos;
+  size_t end = npos;
+  if (text[i] == '{') {
+    end = JsonValueEnd(text, i);
+    call->arguments = std::string(text.substr(i, end == npos ? npos : end - i));
+  } else if (text[i] == '"') {
+    // A string holding the object: given whole or not at all (its text is not the object's).
+    for (size_t k = i + 1; k < text.size(); ++k) {
+      if (text[k] == '\\') {
+        ++k;
+      } else if (text[k] == '"') {
+        end = k + 1;
+        break;
+      }
+    }
+    if (end != npos) call->arguments = std::string(text.substr(i, end - i));
+  } else {
+    return Unfinished(absl::StrCat(what, ": arguments are not a JSON object"));
+  }
+  call->closed = end != npos;
+  return end;
+}
+
+// After a JSON-arguments call: space, then `end` (or the text's end, for a whole reply).
+// Whether the call is over; false when the text stops first (partial), an error when something
+// else follows.
+absl::StatusOr<size_t> CallEnd(std::string_view text, size_t i, std::string_view end,
+                               const std::string& what, bool partial) {
+  i = SkipSpace(text, i);
+  if (StartsWith(text, i, end)) return i + end.size();
+  if (i >= text.size() || BeginsMarker(text, i, end)) {
+    if (partial) return npos;
+    return text.size();  // a whole reply may end (EOS) where the end marker would be
+  }
+  return Unfinished(absl::StrCat(what, ": expected ", AV(end)));
+}
+
+// deepseek_v3: <｜tool▁calls▁begin｜> then calls <｜tool▁call▁begin｜>HEAD<｜tool▁sep｜>..., where
+// V3.1 writes the function's name as HEAD and the arguments right after the separator, and
+// R1 / V3 write "function" as HEAD, then the name on its line, then the arguments in a ```json
+// fence; then <｜tool▁call▁end｜>, and <｜tool▁calls▁end｜> after the last.
+absl::Status DeepSeekCalls(std::string_view text, bool partial, Calls* out) {
+  size_t i = SkipSpace(text, 0);
+  if (StartsWith(text, i, kDsCallsBegin)) i += kDsCallsBegin.size();
+  while (true) {
+    i = SkipSpace(text, i);
+    if (StartsWith(text, i, kDsCallsEnd)) {
+      AppendLeftover(text.substr(i + kDsCallsEnd.size()), &out->text);
+      return absl::OkStatus();
+    }
+    if (i >= text.size() || (partial && BeginsMarker(text, i, kDsCallBegin)) ||
+        (partial && BeginsMarker(text, i, kDsCallsEnd))) {
+      return absl::OkStatus();
+    }
+    const std::string what = CallWhat(*out);
+    if (!StartsWith(text, i, kDsCallBegin)) {
+      if (out->calls.empty()) return Unfinished(absl::StrCat(what, ": expected a call"));
+      AppendLeftover(text.substr(i), &out->text);  // the model went on without the end marker
+      return absl::OkStatus();
+    }
+    i += kDsCallBegin.size();
+    const size_t sep = text.find(kDsSep, i);
+    if (sep == npos) return Unfinished(absl::StrCat(what, ": no <｜tool▁sep｜>"));
+    const std::string_view head = Strip(text.substr(i, sep - i));
+    size_t j = sep + kDsSep.size();
+    Call call;
+    bool fenced = false;
+    const size_t after = SkipSpace(text, j);
+    if (head == "function" && after < text.size() && text[after] != '{' && text[after] != '"') {
+      const size_t nl = text.find('\n', j);
+      if (nl == npos) return Unfinished(absl::StrCat(what, ": the name's line not finished"));
+      call.name = std::string(Strip(text.substr(j, nl - j)));
+      j = SkipSpace(text, nl);
+      if (StartsWith(text, j, kFence)) {
+        const size_t fence_nl = text.find('\n', j);
+        if (fence_nl == npos) return Unfinished(absl::StrCat(what, ": the fence not finished"));
+        j = fence_nl + 1;
+        fenced = true;
+      } else if (j >= text.size() || BeginsMarker(text, j, kFence)) {
+        return Unfinished(absl::StrCat(what, ": the arguments not begun"));
+      }
+    } else if (head == "function" && after >= text.size()) {
+      return Unfinished(absl::StrCat(what, ": the arguments not begun"));
+    } else {
+      call.name = std::string(head);
+    }
+    if (call.name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
+    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, j, what, &call));
+    out->calls.push_back(call);
+    if (end == npos) return Unfinished(absl::StrCat(what, ": arguments not finished"));
+    if (fenced) {
+      const size_t k = SkipSpace(text, end);
+      if (StartsWith(text, k, kFence)) end = k + kFence.size();
+    }
+    ASSIGN_OR_RETURN(i, CallEnd(text, end, kDsCallEnd, what, partial));
+    if (i == npos) return absl::OkStatus();
+  }
+}
+
+// kimi_k2: <|tool_calls_section_begin|> then calls <|tool_call_begin|>functions.NAME:INDEX
+// <|tool_call_argument_begin|>{...}<|tool_call_end|>, <|tool_calls_section_end|> after the last.
+absl::Status KimiCalls(std::string_view text, bool partial, Calls* out) {
+  size_t i = SkipSpace(text, 0);
+  if (StartsWith(text, i, kKimiSection)) i += kKimiSection.size();
+  while (true) {
+    i = SkipSpace(text, i);
+    if (StartsWith(text, i, kKimiSectionEnd)) {
+      AppendLeftover(text.substr(i + kKimiSectionEnd.size()), &out->text);
+      return absl::OkStatus();
+    }
+    if (i >= text.size() || (partial && BeginsMarker(text, i, kKimiCall)) ||
+        (partial && BeginsMarker(text, i, kKimiSectionEnd))) {
+      return absl::OkStatus();
+    }
+    const std::string what = CallWhat(*out);
+    if (!StartsWith(text, i, kKimiCall)) {
+      if (out->calls.empty()) return Unfinished(absl::StrCat(what, ": expected a call"));
+      AppendLeftover(text.substr(i), &out->text);
+      return absl::OkStatus();
+    }
+    i += kKimiCall.size();
+    const size_t args = text.find(kKimiArgs, i);
+    if (args == npos) return Unfinished(absl::StrCat(what, ": no <|tool_call_argument_begin|>"));
+    // The call's id: "functions." NAME ":" INDEX.
+    std::string_view id = Strip(text.substr(i, args - i));
+    if (id.substr(0, 10) == "functions.") id.remove_prefix(10);
+    if (const size_t colon = id.rfind(':'); colon != npos) id = id.substr(0, colon);
+    Call call;
+    call.name = std::string(id);
+    if (call.name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
+    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, args + kKimiArgs.size(), what, &call));
+    out->calls.push_back(call);
+    if (end == npos) return Unfinished(absl::StrCat(what, ": arguments not finished"));
+    ASSIGN_OR_RETURN(i, CallEnd(text, end, kKimiCallEnd, what, partial));
+    if (i == npos) return absl::OkStatus();
+  }
+}
+
+}  // namespace
+
+std::string_view Strip(std::string_view s) {
+  const absl::string_view t = absl::StripAsciiWhitespace(AV(s));
+  return std::string_view(t.data(), t.size());
+}
+
+size_t SkipSpace(std::string_view s, size_t i) {
+  while (i < s.size() && absl::ascii_isspace(static_cast<unsigned char>(s[i]))) ++i;
+  return i;
+}
+
+size_t JsonValueEnd(std::string_view s, size_t i) {
+  int depth = 0;
+  bool in_string = false;
+  for (; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return npos;
+}
+
+void AppendLeftover(std::string_view piece, std::string* out) {
+  const std::string_view t = Strip(piece);
+  if (t.empty()) return;
+  if (!out->empty()) out->push_back('\n');
+  out->append(t);
+}
+
+bool Handles(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kQwen3Coder:
+    case ToolCallFormat::kGlm45:
+    case ToolCallFormat::kMinimaxM2:
+    case ToolCallFormat::kDeepSeekV3:
+    case ToolCallFormat::kKimiK2:
+      return true;
+    default:
+      return false;
+  }
+}
+
+std::string_view StartMarker(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kQwen3Coder:
+    case ToolCallFormat::kGlm45:
+      return kToolCall;
+    case ToolCallFormat::kMinimaxM2:
+      return kMinimax;
+    case ToolCallFormat::kDeepSeekV3:
+      return kDsCallsBegin;
+    case ToolCallFormat::kKimiK2:
+      return kKimiSection;
+    default:
+      return "";
+  }
+}
+
+std::vector<std::string_view> Markers(ToolCallFormat format) {
+  switch (format) {
+    case ToolCallFormat::kQwen3Coder:
+      return {kToolCall, kToolCallEnd};
+    case ToolCallFormat::kGlm45:
+      return {kToolCall, kToolCallEnd, kArgKey, kArgKeyEnd, kArgValue, kArgValueEnd};
+    case ToolCallFormat::kMinimaxM2:
+      return {kMinimax, kMinimaxEnd};
+    case ToolCallFormat::kDeepSeekV3:
+      return {kDsCallsBegin, kDsCallsEnd, kDsCallBegin, kDsCallEnd, kDsSep};
+    case ToolCallFormat::kKimiK2:
+      return {kKimiSection, kKimiSectionEnd, kKimiCall, kKimiArgs, kKimiCallEnd};
+    default:
+      return {};
+  }
+}
+
+absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
+                            const ToolParamTypes& types, bool partial) {
+  Calls out;
+  absl::Status st;
+  switch (format) {
+    case ToolCallFormat::kQwen3Coder:
+      st = ForEachBlock(text, kToolCall, kToolCallEnd, &out, [&](std::string_view b, bool c) {
+        return XmlFunctions(b, c, kFunction, kFunctionEnd, kParameter, kParameterEnd, types,
+                            partial, &out);
+      });
+      break;
+    case ToolCallFormat::kGlm45:
+      st = ForEachBlock(text, kToolCall, kToolCallEnd, &out, [&](std::string_view b, bool c) {
+        return GlmCall(b, c, types, partial, &out);
+      });
+      break;
+    case ToolCallFormat::kMinimaxM2:
+      st = ForEachBlock(text, kMinimax, kMinimaxEnd, &out, [&](std::string_view b, bool c) {
+        return XmlFunctions(b, c, kInvoke, kInvokeEnd, kNamedParameter, kParameterEnd, types,
+                            partial, &out);
+      });
+      break;
+    case ToolCallFormat::kDeepSeekV3:
+      st = DeepSeekCalls(text, partial, &out);
+      break;
+    case ToolCallFormat::kKimiK2:
+      st = KimiCalls(text, partial, &out);
+      break;
+    default:
+      return absl::InvalidArgumentError("tool calls: not a markup format");
+  }
+  // A partial reply is read as far as it goes: what stopped the reading is its end (or text
+  // that is already malformed, which the whole reply's reading reports).
+  if (!st.ok() && !partial) return st;
+  return out;
+}
+
+}  // namespace kvrm::tool_markup

@@ -1,0 +1,57 @@
+// The tool-call formats that are not one JSON value (model/tool_calls.h lists them): the XML-like
+// ones that write each argument as text (qwen3_coder, glm45, minimax_m2) and the ones that write
+// the arguments as JSON between their own special tokens (deepseek_v3, kimi_k2). One parser per
+// format reads a whole reply, or a reply cut anywhere while it streams (`partial`), so the
+// stream's deltas and the final calls come from the same reading. Internal to //model:tool_calls.
+#ifndef KVRM_MODEL_TOOL_CALL_MARKUP_H_
+#define KVRM_MODEL_TOOL_CALL_MARKUP_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/tool_calls.h"
+
+namespace kvrm::tool_markup {
+
+// Whether `format` is read here (not by the JSON scanners of tool_calls.cc).
+bool Handles(ToolCallFormat format);
+
+// A call as far as the text goes.
+struct Call {
+  std::string name;  // "" until the whole name is known
+  // The arguments' JSON text: the whole object once `closed`; before, the part of it that later
+  // text cannot change ("{" and the parameters read so far for the XML-like formats, the model's
+  // own text so far for the JSON ones), which may be empty.
+  std::string arguments;
+  bool closed = false;
+};
+struct Calls {
+  std::vector<Call> calls;
+  std::string text;  // text around the calls, whitespace dropped (whole replies only)
+};
+
+// Reads `text` (from the format's start marker on). A whole reply (`partial` false) must hold
+// only well-formed calls (INVALID_ARGUMENT naming what is wrong otherwise; every call closed,
+// though a last block cut at its end marker is taken); a partial one is read up to where it
+// stops or turns malformed, never an error.
+absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
+                            const ToolParamTypes& types, bool partial);
+
+// The format's start marker, and every marker it writes (for keeping special tokens).
+std::string_view StartMarker(ToolCallFormat format);
+std::vector<std::string_view> Markers(ToolCallFormat format);
+
+// Text helpers both readers use.
+std::string_view Strip(std::string_view s);      // ASCII whitespace off both ends
+size_t SkipSpace(std::string_view s, size_t i);  // past ASCII whitespace from i
+// The end (one past the closing bracket) of the JSON array or object that starts at s[i], by
+// bracket depth outside strings; npos when it does not close. The text is parsed properly after.
+size_t JsonValueEnd(std::string_view s, size_t i);
+// Appends `piece` stripped, on a line of its own, unless it is only whitespace.
+void AppendLeftover(std::string_view piece, std::string* out);
+
+}  // namespace kvrm::tool_markup
+
+#endif  // KVRM_MODEL_TOOL_CALL_MARKUP_H_
