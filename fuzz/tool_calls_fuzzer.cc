@@ -1,5 +1,5 @@
 // Fuzzes the tool-call parsers and the stream filter (model/tool_calls.h) with what a model can
-// write: the input's first byte picks the format (hermes, llama3_json, mistral) and the mode
+// write: the input's first byte picks the format (each of model/tool_calls.h's) and the mode
 // (AUTO, REQUIRED, a named function); the rest is the reply, cut into chunks at 0x01 bytes, a
 // 0x02 byte standing for the format's start marker (a marker token arrives as its text, alone in
 // its chunk). Invariants:
@@ -35,20 +35,27 @@ void CheckCall(const kvrm::ToolCall& call) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const kvrm::ToolCallFormat formats[] = {kvrm::ToolCallFormat::kHermes,
-                                          kvrm::ToolCallFormat::kLlama3Json,
-                                          kvrm::ToolCallFormat::kMistral};
-  const kvrm::ToolCallFormat format = formats[data[0] % 3];
+  using F = kvrm::ToolCallFormat;
+  const F formats[] = {F::kHermes, F::kLlama3Json, F::kMistral,    F::kGranite, F::kQwen3Coder,
+                       F::kGlm45,  F::kMinimaxM2,  F::kDeepSeekV3, F::kKimiK2,  F::kMinimax};
+  constexpr int kFormats = sizeof(formats) / sizeof(formats[0]);
+  const kvrm::ToolCallFormat format = formats[data[0] % kFormats];
   const kvrm::ToolCallStream::Mode modes[] = {kvrm::ToolCallStream::Mode::kAuto,
                                               kvrm::ToolCallStream::Mode::kRequired,
                                               kvrm::ToolCallStream::Mode::kNamed};
-  const kvrm::ToolCallStream::Mode mode = modes[(data[0] / 3) % 3];
-  const bool parse = (data[0] / 9) % 2 == 0;
+  const kvrm::ToolCallStream::Mode mode = modes[(data[0] / kFormats) % 3];
+  const bool parse = (data[0] / (3 * kFormats)) % 2 == 0;
   const std::string_view body(reinterpret_cast<const char*>(data) + 1, size - 1);
+  // Typed parameters for the XML-like formats' values.
+  const std::vector<kvrm::ToolSpec> tools = {
+      {"f", "",
+       R"({"properties": {"a": {"type": "string"}, "n": {"type": "integer"}, "b": {"type": )"
+       R"("boolean"}, "o": {"type": "object"}}})"}};
+  const kvrm::ToolParamTypes types(tools);
 
   // The parsers alone, on the whole text.
   for (kvrm::ToolCallFormat f : formats) {
-    absl::StatusOr<kvrm::ParsedToolCalls> p = kvrm::ParseToolCalls(f, body);
+    absl::StatusOr<kvrm::ParsedToolCalls> p = kvrm::ParseToolCalls(f, body, &types);
     if (p.ok()) {
       FUZZ_CHECK(!p->calls.empty());
       for (const kvrm::ToolCall& c : p->calls) CheckCall(c);
@@ -59,7 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   const kvrm::ToolCallSyntax syntax = kvrm::MakeToolCallSyntax(format);
-  kvrm::ToolCallStream stream(mode, &syntax, "f");
+  kvrm::ToolCallStream stream(mode, &syntax, "f", false, tools);
   std::string reply, streamed;
   std::map<int32_t, std::string> delta_ids, delta_names, delta_args;
   size_t start = 0;
@@ -81,8 +88,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
       delta_args[d.index] += d.arguments;
     }
-    if (mode == kvrm::ToolCallStream::Mode::kAuto && format == kvrm::ToolCallFormat::kHermes) {
-      FUZZ_CHECK(out.find("<tool_call>") == std::string::npos);
+    if (mode == kvrm::ToolCallStream::Mode::kAuto) {
+      FUZZ_CHECK(out.find(syntax.start) == std::string::npos);
     }
     streamed += out;
     start = end + 1;
@@ -90,8 +97,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const kvrm::ToolCallStream::Result r = stream.Finish(parse);
   FUZZ_CHECK(stream.TakeDeltas().empty());
   FUZZ_CHECK(reply.compare(0, streamed.size(), streamed) == 0);
-  // A call's pieces are the model's own text, in order: one stretch of the reply.
-  for (const auto& [index, args] : delta_args) FUZZ_CHECK(reply.find(args) != std::string::npos);
+  // A call's pieces are the model's own text, in order: one stretch of the reply (except in the
+  // XML-like formats, whose arguments object is built from the values they write).
+  if (format != F::kQwen3Coder && format != F::kGlm45 && format != F::kMinimaxM2 &&
+      format != F::kMinimax) {
+    for (const auto& [index, args] : delta_args) FUZZ_CHECK(reply.find(args) != std::string::npos);
+  }
   // A returned call keeps its index's streamed id exactly when it is the call streamed there:
   // the same name, and arguments whose pieces parse to the same object. Otherwise (a key given
   // twice parses to its last value, "parameters" before "arguments" streams the first but

@@ -14,12 +14,15 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/chat_template.h"
+#include "model/tool_calls.h"
 
 namespace kvrm {
 namespace {
@@ -178,6 +181,155 @@ TEST(ChatTemplateCorpusTest, RealTemplatesRenderOrFailAsListed) {
       "%d templates: %d render the plain conversation, %d the tool-calling one; %d renders equal "
       "to llama.cpp's\n",
       files, plain_ok, tools_ok, compared);
+}
+
+// The tool-call format kvrmd's `--tool_call_parser=auto` picks for each template, and the
+// parser's reading of what the template itself writes for an assistant's calls: the calls the
+// model was trained to write in. Every template that writes calls must give back the calls it
+// was given, with their arguments' values and types, from its own text.
+const std::map<std::string, ToolCallFormat>& DetectedFormats() {
+  using F = ToolCallFormat;
+  static const auto* m = new std::map<std::string, ToolCallFormat>{
+      {"Apriel-1.6-15b-Thinker-fixed.jinja", F::kMinimax},
+      {"Bielik-11B-v3.0-Instruct.jinja", F::kHermes},
+      {"MiniMax-M1.jinja", F::kMinimax},
+      {"ByteDance-Seed-OSS.jinja", F::kNone},  // <seed:tool_call>: not read
+      {"GLM-4.6.jinja", F::kGlm45},
+      {"GLM-4.7-Flash.jinja", F::kGlm45},
+      {"Kimi-K2-Instruct.jinja", F::kKimiK2},
+      {"Kimi-K2-Thinking.jinja", F::kKimiK2},
+      {"MiMo-VL.jinja", F::kHermes},
+      {"MiniMax-M2.jinja", F::kMinimaxM2},
+      {"MiniMax-M3.jinja", F::kNone},  // namespaced markup: not read (hermes would misread it)
+      {"Mistral-Small-3.2-24B-Instruct-2506.jinja", F::kMistral},
+      {"NVIDIA-Nemotron-3-Nano-30B-A3B-BF16.jinja", F::kQwen3Coder},
+      {"NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use.jinja", F::kHermes},
+      {"NousResearch-Hermes-3-Llama-3.1-8B-tool_use.jinja", F::kHermes},
+      {"Qwen-QwQ-32B.jinja", F::kHermes},
+      {"Qwen-Qwen2.5-7B-Instruct.jinja", F::kHermes},
+      {"Qwen-Qwen3-0.6B.jinja", F::kHermes},
+      {"Qwen3-Coder.jinja", F::kQwen3Coder},
+      {"Qwen3.5-4B.jinja", F::kQwen3Coder},
+      {"Reka-Edge.jinja", F::kHermes},
+      {"Spark2.5.jinja", F::kGlm45},
+      {"StepFun3.5-Flash.jinja", F::kQwen3Coder},
+      {"deepseek-ai-DeepSeek-R1-Distill-Llama-8B.jinja", F::kDeepSeekV3},
+      {"deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", F::kDeepSeekV3},
+      {"deepseek-ai-DeepSeek-V3.1.jinja", F::kDeepSeekV3},
+      {"ibm-granite-granite-3.3-2B-Instruct.jinja", F::kGranite},
+      {"ibm-granite-granite-4.0.jinja", F::kHermes},
+      {"ibm-granite-granite-4.1.jinja", F::kHermes},
+      {"inclusionai-ling-3.0-flash.jinja", F::kGlm45},
+      {"llama-cpp-deepseek-r1.jinja", F::kDeepSeekV3},
+      {"meetkai-functionary-medium-v3.1.jinja", F::kNone},  // <function=f>{...}: not read
+      {"meta-llama-Llama-3.1-8B-Instruct.jinja", F::kLlama3Json},
+      {"meta-llama-Llama-3.2-3B-Instruct.jinja", F::kLlama3Json},
+      {"meta-llama-Llama-3.3-70B-Instruct.jinja", F::kLlama3Json},
+      {"mistralai-Ministral-3-14B-Reasoning-2512.jinja", F::kMistral},
+      {"mistralai-Mistral-Nemo-Instruct-2407.jinja", F::kMistral},
+      {"moonshotai-Kimi-K2.jinja", F::kKimiK2},
+      {"poolside-Laguna-S-2.1.jinja", F::kGlm45},
+      {"poolside-Laguna-XS-2.1.jinja", F::kGlm45},
+      {"poolside-Laguna-XS.2.jinja", F::kGlm45},
+      {"unsloth-Apriel-1.5.jinja", F::kMinimax},
+      {"unsloth-mistral-Devstral-Small-2507.jinja", F::kMistral},
+  };
+  return *m;
+}
+
+constexpr char kWeatherTool[] =
+    R"({"type": "function", "function": {"name": "get_weather", "description": "Weather of a )"
+    R"(city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, )"
+    R"("days": {"type": "integer"}, "metric": {"type": "boolean"}, "where": {"type": )"
+    R"("object"}}, "required": ["city"]}}})";
+constexpr char kTimeTool[] =
+    R"({"type": "function", "function": {"name": "get_time", "description": "Time in a zone", )"
+    R"("parameters": {"type": "object", )"
+    R"("properties": {"zone": {"type": "string"}}}}})";
+constexpr char kWeatherArgs[] =
+    R"({"city": "São Paulo", "days": 3, "metric": true, "where": {"lat": -23.5, "tz": [1]}})";
+constexpr char kTimeArgs[] = R"({"zone": "America/Sao_Paulo"})";
+
+TEST(ChatTemplateCorpusTest, EachTemplatesCallsAreReadBackByItsDetectedParser) {
+  const std::vector<ToolSpec> specs = {
+      {"get_weather", "",
+       R"({"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": )"
+       R"("integer"}, "metric": {"type": "boolean"}, "where": {"type": "object"}}})"},
+      {"get_time", "", R"({"type": "object", "properties": {"zone": {"type": "string"}}})"}};
+  const ToolParamTypes types(specs);
+  int detected = 0, read_back = 0;
+  std::vector<std::string> not_read;
+  for (const auto& entry : std::filesystem::directory_iterator(kDir)) {
+    if (entry.path().extension() != ".jinja") continue;
+    const std::string name = entry.path().filename().string();
+    const absl::StatusOr<std::string> source = ReadFileToString(entry.path().string());
+    ASSERT_TRUE(source.ok()) << source.status();
+    const auto want = DetectedFormats().find(name);
+    const ToolCallFormat format = DetectToolCallFormat(*source);
+    EXPECT_EQ(
+        ToolCallFormatName(format),
+        ToolCallFormatName(want == DetectedFormats().end() ? ToolCallFormat::kNone : want->second))
+        << name;
+    if (format == ToolCallFormat::kNone) continue;
+    ++detected;
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(*source);
+    if (!t.ok()) {
+      not_read.push_back(name + " (parse)");
+      continue;
+    }
+    // The user's question, then the assistant's two calls (Mistral's templates want 9-character
+    // ids), with no content.
+    ChatTemplateInputs in = Tools();
+    in.messages.resize(1);
+    ChatMessage call;
+    call.role = "assistant";
+    call.tool_calls = {{"abcDEF123", "get_weather", kWeatherArgs},
+                       {"ghiJKL456", "get_time", kTimeArgs}};
+    // Llama 3's templates take one call a turn (they raise on two).
+    const size_t want_calls = format == ToolCallFormat::kLlama3Json ? 1 : 2;
+    call.tool_calls.resize(want_calls);
+    in.messages.push_back(call);
+    in.tools = {kWeatherTool, kTimeTool};
+    in.add_generation_prompt = false;
+    absl::StatusOr<std::string> text = t->Render(in);
+    if (!text.ok()) {  // the template's own refusals (ExpectedFailures)
+      not_read.push_back(absl::StrCat(name, " (", text.status().message().substr(0, 40), ")"));
+      continue;
+    }
+    // The calls as the template wrote them: from the format's start marker after the question.
+    const size_t question = text->rfind("Weather in Lima?");
+    ASSERT_NE(question, std::string::npos) << name;
+    const std::string start = MakeToolCallSyntax(format).start;
+    size_t at = text->find(start, question);
+    if (format == ToolCallFormat::kLlama3Json && at == std::string::npos) {
+      // Llama 3's JSON calls need no tag: the assistant's turn is the call.
+      at = text->find("{\"name\"", question);
+    }
+    if (at == std::string::npos) {
+      // Templates that teach a format but do not write an assistant's calls back in it.
+      EXPECT_TRUE(name == "ibm-granite-granite-3.3-2B-Instruct.jinja" ||
+                  name == "meta-llama-Llama-3.2-3B-Instruct.jinja")
+          << name << " writes no calls:\n"
+          << text->substr(question);
+      not_read.push_back(name + " (writes no calls)");
+      continue;
+    }
+    absl::StatusOr<ParsedToolCalls> calls = ParseToolCalls(format, text->substr(at), &types);
+    ASSERT_TRUE(calls.ok()) << name << ": " << calls.status() << "\n" << text->substr(at);
+    ASSERT_EQ(calls->calls.size(), want_calls) << name << "\n" << text->substr(at);
+    const char* args[] = {kWeatherArgs, kTimeArgs};
+    for (size_t k = 0; k < want_calls; ++k) {
+      EXPECT_EQ(calls->calls[k].name, k == 0 ? "get_weather" : "get_time") << name;
+      EXPECT_EQ(*ParseJson(calls->calls[k].arguments, "read"), *ParseJson(args[k], "given"))
+          << name << ": " << calls->calls[k].arguments;
+    }
+    ++read_back;
+  }
+  EXPECT_EQ(detected, static_cast<int>(DetectedFormats().size()) - 3);  // less the three kNone
+  std::printf("%d templates teach a tool-call format; %d write calls the parser reads back; not:\n",
+              detected, read_back);
+  for (const std::string& n : not_read) std::printf("  %s\n", n.c_str());
+  EXPECT_EQ(read_back, 36);
 }
 
 }  // namespace

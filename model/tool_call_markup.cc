@@ -26,8 +26,8 @@ constexpr std::string_view kArgKeyEnd = "</arg_key>";
 constexpr std::string_view kArgValue = "<arg_value>";
 constexpr std::string_view kArgValueEnd = "</arg_value>";
 // minimax_m2
-constexpr std::string_view kMinimax = "<minimax:tool_call>";
-constexpr std::string_view kMinimaxEnd = "</minimax:tool_call>";
+constexpr std::string_view kMinimaxCall = "<minimax:tool_call>";
+constexpr std::string_view kMinimaxCallEnd = "</minimax:tool_call>";
 constexpr std::string_view kInvoke = "<invoke name=";
 constexpr std::string_view kInvokeEnd = "</invoke>";
 constexpr std::string_view kNamedParameter = "<parameter name=";
@@ -38,6 +38,13 @@ constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kFence = "```";
+// minimax (M1) / Apriel
+constexpr std::string_view kToolCalls = "<tool_calls>";
+constexpr std::string_view kToolCallsEnd = "</tool_calls>";
+// mistral (v11+)
+constexpr std::string_view kMistralCalls = "[TOOL_CALLS]";
+constexpr std::string_view kMistralArgs = "[ARGS]";
+constexpr std::string_view kMistralCallId = "[CALL_ID]";
 // kimi_k2
 constexpr std::string_view kKimiSection = "<|tool_calls_section_begin|>";
 constexpr std::string_view kKimiSectionEnd = "<|tool_calls_section_end|>";
@@ -367,6 +374,81 @@ absl::Status DeepSeekCalls(std::string_view text, bool partial, Calls* out) {
   }
 }
 
+// minimax (MiniMax-M1's and Apriel's): <tool_calls>, then call objects {"name": ..., "arguments":
+// {...}}, one a line (MiniMax-M1) or as one JSON array (Apriel), then </tool_calls>. A call is
+// given whole once its object closes.
+absl::Status ToolCallsBlock(std::string_view text, bool partial, Calls* out) {
+  size_t i = SkipSpace(text, 0);
+  if (StartsWith(text, i, kToolCalls)) i += kToolCalls.size();
+  i = SkipSpace(text, i);
+  bool in_array = i < text.size() && text[i] == '[';
+  if (in_array) ++i;
+  while (true) {
+    i = SkipSpace(text, i);
+    if (in_array && i < text.size() && (text[i] == ']' || text[i] == ',')) {
+      in_array = text[i] == ',';
+      ++i;
+      continue;
+    }
+    if (StartsWith(text, i, kToolCallsEnd)) {
+      if (out->calls.empty()) return Unfinished(absl::StrCat(CallWhat(*out), ": no calls"));
+      AppendLeftover(text.substr(i + kToolCallsEnd.size()), &out->text);
+      return absl::OkStatus();
+    }
+    const std::string what = CallWhat(*out);
+    if (i >= text.size() || (partial && BeginsMarker(text, i, kToolCallsEnd))) {
+      // A whole reply may end (EOS) where </tool_calls> would be.
+      if (partial || !out->calls.empty()) return absl::OkStatus();
+      return Unfinished(absl::StrCat(what, ": no calls"));
+    }
+    if (text[i] != '{') return Unfinished(absl::StrCat(what, ": expected a call object"));
+    const size_t end = JsonValueEnd(text, i);
+    if (end == npos) return Unfinished(absl::StrCat(what, ": unterminated JSON"));
+    ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(text.substr(i, end - i), what));
+    const auto name = j.find("name");
+    if (!j.is_object() || name == j.end() || !name->is_string() ||
+        name->get<std::string>().empty()) {
+      return Unfinished(absl::StrCat(what, ": no \"name\" string"));
+    }
+    auto args = j.find("arguments");
+    if (args == j.end()) args = j.find("parameters");
+    out->calls.push_back(
+        Call{name->get<std::string>(), args == j.end() ? "{}" : Dump(*args), true});
+    i = end;
+  }
+}
+
+// mistral, as Mistral's v11+ tokenizers write it (Mistral Small 3.2, Devstral, Ministral 3,
+// Magistral): [TOOL_CALLS]NAME[ARGS]{...} for each call ([TOOL_CALLS]NAME[CALL_ID]ID[ARGS] in
+// some versions), where the older form is one JSON array after the marker.
+absl::Status MistralNamedCalls(std::string_view text, bool partial, Calls* out) {
+  size_t i = 0;
+  while (true) {
+    i = SkipSpace(text, i);
+    if (!StartsWith(text, i, kMistralCalls)) {
+      if (i >= text.size() || (partial && BeginsMarker(text, i, kMistralCalls))) {
+        return absl::OkStatus();
+      }
+      if (out->calls.empty()) return Unfinished(absl::StrCat(CallWhat(*out), ": expected a call"));
+      AppendLeftover(text.substr(i), &out->text);
+      return absl::OkStatus();
+    }
+    i += kMistralCalls.size();
+    const std::string what = CallWhat(*out);
+    const size_t args = text.find(kMistralArgs, i);
+    if (args == npos) return Unfinished(absl::StrCat(what, ": no [ARGS]"));
+    std::string_view head = text.substr(i, args - i);
+    if (const size_t id = head.find(kMistralCallId); id != npos) head = head.substr(0, id);
+    Call call;
+    call.name = std::string(Strip(head));
+    if (call.name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
+    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, args + kMistralArgs.size(), what, &call));
+    out->calls.push_back(call);
+    if (end == npos) return Unfinished(absl::StrCat(what, ": arguments not finished"));
+    i = end;
+  }
+}
+
 // kimi_k2: <|tool_calls_section_begin|> then calls <|tool_call_begin|>functions.NAME:INDEX
 // <|tool_call_argument_begin|>{...}<|tool_call_end|>, <|tool_calls_section_end|> after the last.
 absl::Status KimiCalls(std::string_view text, bool partial, Calls* out) {
@@ -447,6 +529,14 @@ void AppendLeftover(std::string_view piece, std::string* out) {
   out->append(t);
 }
 
+std::optional<bool> MistralNamedForm(std::string_view text) {
+  size_t i = SkipSpace(text, 0);
+  if (!StartsWith(text, i, kMistralCalls)) return std::nullopt;
+  i = SkipSpace(text, i + kMistralCalls.size());
+  if (i >= text.size()) return std::nullopt;
+  return text[i] != '[' && text[i] != '{';
+}
+
 bool Handles(ToolCallFormat format) {
   switch (format) {
     case ToolCallFormat::kQwen3Coder:
@@ -454,6 +544,7 @@ bool Handles(ToolCallFormat format) {
     case ToolCallFormat::kMinimaxM2:
     case ToolCallFormat::kDeepSeekV3:
     case ToolCallFormat::kKimiK2:
+    case ToolCallFormat::kMinimax:
       return true;
     default:
       return false;
@@ -466,11 +557,13 @@ std::string_view StartMarker(ToolCallFormat format) {
     case ToolCallFormat::kGlm45:
       return kToolCall;
     case ToolCallFormat::kMinimaxM2:
-      return kMinimax;
+      return kMinimaxCall;
     case ToolCallFormat::kDeepSeekV3:
       return kDsCallsBegin;
     case ToolCallFormat::kKimiK2:
       return kKimiSection;
+    case ToolCallFormat::kMinimax:
+      return kToolCalls;
     default:
       return "";
   }
@@ -483,11 +576,13 @@ std::vector<std::string_view> Markers(ToolCallFormat format) {
     case ToolCallFormat::kGlm45:
       return {kToolCall, kToolCallEnd, kArgKey, kArgKeyEnd, kArgValue, kArgValueEnd};
     case ToolCallFormat::kMinimaxM2:
-      return {kMinimax, kMinimaxEnd};
+      return {kMinimaxCall, kMinimaxCallEnd};
     case ToolCallFormat::kDeepSeekV3:
       return {kDsCallsBegin, kDsCallsEnd, kDsCallBegin, kDsCallEnd, kDsSep};
     case ToolCallFormat::kKimiK2:
       return {kKimiSection, kKimiSectionEnd, kKimiCall, kKimiArgs, kKimiCallEnd};
+    case ToolCallFormat::kMinimax:
+      return {kToolCalls, kToolCallsEnd};
     default:
       return {};
   }
@@ -510,7 +605,7 @@ absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
       });
       break;
     case ToolCallFormat::kMinimaxM2:
-      st = ForEachBlock(text, kMinimax, kMinimaxEnd, &out, [&](std::string_view b, bool c) {
+      st = ForEachBlock(text, kMinimaxCall, kMinimaxCallEnd, &out, [&](std::string_view b, bool c) {
         return XmlFunctions(b, c, kInvoke, kInvokeEnd, kNamedParameter, kParameterEnd, types,
                             partial, &out);
       });
@@ -520,6 +615,12 @@ absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
       break;
     case ToolCallFormat::kKimiK2:
       st = KimiCalls(text, partial, &out);
+      break;
+    case ToolCallFormat::kMistral:
+      st = MistralNamedCalls(text, partial, &out);
+      break;
+    case ToolCallFormat::kMinimax:
+      st = ToolCallsBlock(text, partial, &out);
       break;
     default:
       return absl::InvalidArgumentError("tool calls: not a markup format");

@@ -6,6 +6,7 @@
 #ifndef KVRM_MODEL_TOOL_CALL_MARKUP_H_
 #define KVRM_MODEL_TOOL_CALL_MARKUP_H_
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,8 +16,11 @@
 
 namespace kvrm::tool_markup {
 
-// Whether `format` is read here (not by the JSON scanners of tool_calls.cc).
+// Whether `format` is read here (not by the JSON scanners of tool_calls.cc). Mistral's calls
+// are read here too when they are in its v11+ form ([TOOL_CALLS]NAME[ARGS]{...}): whether
+// `text` (from the marker) is, once its first character after the marker is there.
 bool Handles(ToolCallFormat format);
+std::optional<bool> MistralNamedForm(std::string_view text);
 
 // A call as far as the text goes.
 struct Call {

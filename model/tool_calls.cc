@@ -165,11 +165,11 @@ OrderedJson ParametersOrEmpty(const ToolSpec& tool) {
 
 }  // namespace
 
-constexpr ToolCallFormat kAllFormats[] = {ToolCallFormat::kNone,       ToolCallFormat::kHermes,
-                                          ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral,
-                                          ToolCallFormat::kGranite,    ToolCallFormat::kQwen3Coder,
-                                          ToolCallFormat::kGlm45,      ToolCallFormat::kMinimaxM2,
-                                          ToolCallFormat::kDeepSeekV3, ToolCallFormat::kKimiK2};
+constexpr ToolCallFormat kAllFormats[] = {
+    ToolCallFormat::kNone,    ToolCallFormat::kHermes,    ToolCallFormat::kLlama3Json,
+    ToolCallFormat::kMistral, ToolCallFormat::kGranite,   ToolCallFormat::kQwen3Coder,
+    ToolCallFormat::kGlm45,   ToolCallFormat::kMinimaxM2, ToolCallFormat::kDeepSeekV3,
+    ToolCallFormat::kKimiK2,  ToolCallFormat::kMinimax};
 
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name) {
   for (ToolCallFormat f : kAllFormats) {
@@ -202,6 +202,8 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
       return "deepseek_v3";
     case ToolCallFormat::kKimiK2:
       return "kimi_k2";
+    case ToolCallFormat::kMinimax:
+      return "minimax";
   }
   return "none";
 }
@@ -215,6 +217,8 @@ ToolCallFormat DetectToolCallFormat(std::string_view source) {
   // MiniMax-M3 writes <tool_call> and <invoke name=...> after its own namespace token: markup
   // no parser here reads (hermes would take it for JSON).
   if (absl::StrContains(s, "<invoke name=")) return ToolCallFormat::kNone;
+  // MiniMax-M1's and Apriel's <tool_calls> block (Apriel 1.5 also mentions <tool_call>).
+  if (has(ToolCallFormat::kMinimax)) return ToolCallFormat::kMinimax;
   if (has(ToolCallFormat::kDeepSeekV3)) return ToolCallFormat::kDeepSeekV3;
   if (has(ToolCallFormat::kKimiK2)) return ToolCallFormat::kKimiK2;
   if (absl::StrContains(s, AV(kHermesStart))) {
@@ -222,6 +226,9 @@ ToolCallFormat DetectToolCallFormat(std::string_view source) {
     if (absl::StrContains(s, "<arg_key>")) return ToolCallFormat::kGlm45;
     return ToolCallFormat::kHermes;
   }
+  // Functionary v3.1's <function=NAME>{...}</function> (its <|python_tag|> is for code): no
+  // parser here reads it.
+  if (absl::StrContains(s, "<function=")) return ToolCallFormat::kNone;
   if (absl::StrContains(s, AV(kMistralStart))) return ToolCallFormat::kMistral;
   if (absl::StrContains(s, AV(kGraniteStart))) return ToolCallFormat::kGranite;
   if (absl::StrContains(s, AV(kPythonTag))) return ToolCallFormat::kLlama3Json;
@@ -374,7 +381,9 @@ absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::strin
     case ToolCallFormat::kHermes: out = ParseHermes(text); break;
     case ToolCallFormat::kLlama3Json: out = ParseLlama3(text); break;
     case ToolCallFormat::kMistral:
-      out = ParseJsonArray(text, kMistralStart);
+      out = tool_markup::MistralNamedForm(text).value_or(false)
+                ? ParseMarkup(format, text, types)
+                : ParseJsonArray(text, kMistralStart);
       break;
     case ToolCallFormat::kGranite:
       out = ParseJsonArray(text, kGraniteStart);
@@ -384,6 +393,7 @@ absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::strin
     case ToolCallFormat::kMinimaxM2:
     case ToolCallFormat::kDeepSeekV3:
     case ToolCallFormat::kKimiK2:
+    case ToolCallFormat::kMinimax:
       out = ParseMarkup(format, text, types);
       break;
     case ToolCallFormat::kNone:
@@ -683,7 +693,9 @@ void ToolCallStream::Scan() {
   const auto piece = [this](int index, const std::string& name, std::string_view text) {
     AddPiece(index, name, text);
   };
-  if (mode_ == Mode::kAuto && tool_markup::Handles(syntax_->format)) {
+  if (mode_ == Mode::kAuto && (tool_markup::Handles(syntax_->format) ||
+                               (syntax_->format == ToolCallFormat::kMistral &&
+                                tool_markup::MistralNamedForm(held_).value_or(false)))) {
     ScanMarkup();
     return;
   }

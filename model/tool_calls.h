@@ -8,7 +8,9 @@
 //                after optional text (Hermes 2/3, Qwen 2.5 / 3, and kvrm's built-in model)
 //   llama3_json  {"name": "f", "parameters": {...}} as the whole reply, calls separated by ";",
 //                optionally after <|python_tag|> (Llama 3.1 / 3.2 / 3.3 JSON tool calling)
-//   mistral      [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (Mistral v0.3, Nemo)
+//   mistral      [TOOL_CALLS][{"name": "f", "arguments": {...}}, ...] (Mistral v0.3, Nemo), or
+//                [TOOL_CALLS]f[ARGS]{...} for each call (v11+ tokenizers: Mistral Small 3.2,
+//                Devstral, Ministral 3, Magistral)
 //   granite      <|tool_call|>[{"name": "f", "arguments": {...}}, ...] (Granite 3.x)
 //   qwen3_coder  <tool_call><function=f><parameter=city>Lima</parameter>...</function></tool_call>
 //                (Qwen3-Coder, Qwen3.5, Nemotron 3 Nano, Step 3.5), one value a parameter
@@ -19,6 +21,9 @@
 //   deepseek_v3  <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>
 //                ...<｜tool▁calls▁end｜> (DeepSeek V3.1; also R1's and V3's
 //                "function<｜tool▁sep｜>f" then the arguments in a ```json fence)
+//   minimax      <tool_calls>{"name": "f", "arguments": {...}} one a line</tool_calls>
+//   (MiniMax-M1),
+//                or a JSON array of them inside (Apriel 1.5 / 1.6)
 //   kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0
 //                <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
 // The XML-like formats (qwen3_coder, glm45, minimax_m2) write each parameter's value as text: it
@@ -57,19 +62,22 @@ enum class ToolCallFormat {
   kMinimaxM2,
   kDeepSeekV3,
   kKimiK2,
+  kMinimax,
 };
 
 // "none", "hermes", "llama3_json", "mistral", "granite", "qwen3_coder", "glm45", "minimax_m2",
-// "deepseek_v3" (also "deepseek_v31"), "kimi_k2" (INVALID_ARGUMENT naming the accepted ones).
+// "deepseek_v3" (also "deepseek_v31"), "kimi_k2", "minimax" (INVALID_ARGUMENT naming the
+// accepted ones).
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
 std::string_view ToolCallFormatName(ToolCallFormat format);
 
-// The format a chat template teaches, by the call markup its text writes: "<tool_call>" with
+// The format a chat template teaches, by the call markup its text writes: "<tool_calls>" is
+// minimax (M1's, Apriel's), "<tool_call>" with
 // "<function=" is qwen3_coder, with "<arg_key>" glm45, alone hermes; "<minimax:tool_call>",
 // DeepSeek's "<｜tool▁calls▁begin｜>", Kimi's "<|tool_calls_section_begin|>", "[TOOL_CALLS]",
 // "<|tool_call|>" and "<|python_tag|>" (or Llama 3.2's JSON instruction) theirs. kNone when it
 // writes none, or markup none of the formats reads (MiniMax-M3's "<invoke" under its own
-// namespace token, which hermes would misread).
+// namespace token, which hermes would misread; Functionary v3.1's "<function=f>{...}").
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
 
 // A function the model may call: OpenAI's {"type": "function", "function": {...}}.

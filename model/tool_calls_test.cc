@@ -20,7 +20,7 @@ TEST(ToolCallFormatTest, NamesRoundTripAndUnknownIsRefused) {
        {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
         ToolCallFormat::kMistral, ToolCallFormat::kGranite, ToolCallFormat::kQwen3Coder,
         ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kDeepSeekV3,
-        ToolCallFormat::kKimiK2}) {
+        ToolCallFormat::kKimiK2, ToolCallFormat::kMinimax}) {
     EXPECT_EQ(*ToolCallFormatFromName(ToolCallFormatName(f)), f);
   }
   EXPECT_EQ(*ToolCallFormatFromName("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
@@ -702,6 +702,25 @@ std::vector<MarkupCase> MarkupCases() {
        "\"zip\": \"01310\", \"note\": \"line one\\nline two\"}<|tool_call_end|>"
        "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{\"zone\": "
        "\"America/Sao_Paulo\"}<|tool_call_end|><|tool_calls_section_end|>Done."},
+      // Mistral's v11+ tokenizers: [TOOL_CALLS]NAME[ARGS]{...} a call.
+      {ToolCallFormat::kMistral,
+       "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, "
+       "\"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], "
+       "\"zip\": \"01310\", \"note\": \"line one\\nline two\"}[TOOL_CALLS]get_time[CALL_ID]"
+       "a1b2c3d4e[ARGS]{\"zone\": \"America/Sao_Paulo\"}Done."},
+      // MiniMax-M1's: a call object a line; Apriel's: an array.
+      {ToolCallFormat::kMinimax,
+       "<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
+       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}}\n"
+       "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}\n"
+       "</tool_calls>Done."},
+      {ToolCallFormat::kMinimax,
+       "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
+       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}}, "
+       "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}]"
+       "</tool_calls>Done."},
       {ToolCallFormat::kGranite,
        "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
        "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
@@ -810,6 +829,11 @@ TEST(MarkupToolCallsTest, CutOrMalformedCallsAreErrors) {
       {ToolCallFormat::kKimiK2,
        "<|tool_calls_section_begin|><|tool_call_begin|>:0<|tool_call_argument_begin|>{}"},
       {ToolCallFormat::kGranite, "<|tool_call|>[{\"name\": \"f\", \"arguments\": {\"a\": "},
+      {ToolCallFormat::kMinimax, "<tool_calls>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}"},
+      {ToolCallFormat::kMinimax, "<tool_calls>\n{\"arguments\": {}}</tool_calls>"},
+      {ToolCallFormat::kMinimax, "<tool_calls></tool_calls>"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS]f{\"a\": 1}"},
+      {ToolCallFormat::kMistral, "[TOOL_CALLS]f[ARGS]{\"a\": "},
   };
   for (const auto& [format, text] : bad) {
     absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(format, text);
@@ -834,7 +858,11 @@ TEST(MarkupToolCallsTest, CallsStreamAsTheyAreWrittenAndKeepTheirIds) {
       EXPECT_EQ(got.result.calls[1].arguments, kTimeArgs);
       EXPECT_EQ(got.result.text, "Done.");
       ExpectStreamedAsParsed(got, {0, 1});
-      EXPECT_GT(got.calls.at(0).deltas, 1) << "several deltas for the long call";
+      if (c.format == ToolCallFormat::kMinimax) {
+        EXPECT_EQ(got.calls.at(0).deltas, 1) << "a call goes whole once its object closes";
+      } else {
+        EXPECT_GT(got.calls.at(0).deltas, 1) << "several deltas for the long call";
+      }
       // Deltas come in order: no delta of call 0 after one of call 1.
       bool second = false;
       for (const ToolCallDelta& d : got.deltas) {

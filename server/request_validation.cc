@@ -160,6 +160,17 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
   return absl::OkStatus();
 }
 
+// A tool call's id as the chat template sees it. Mistral's templates refuse ids that are not 9
+// alphanumerics ("call_" and 24 hex digits, kvrm's and OpenAI's, among them): for a model in
+// the Mistral format a longer id is cut to its last 9 characters, as vLLM cuts them, the same
+// way in the call and in the tool turn that answers it.
+std::string TemplateToolCallId(const std::string& id, const ChatConfig* config) {
+  if (config == nullptr || config->tool_call_format != ToolCallFormat::kMistral || id.size() <= 9) {
+    return id;
+  }
+  return id.substr(id.size() - 9);
+}
+
 }  // namespace
 
 absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const ChatConfig* config,
@@ -190,7 +201,7 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
     ChatMessage message{m.role(), m.content()};
     RETURN_IF_ERROR(CheckPrintable(at + ".tool_call_id", m.tool_call_id(), 64));
     RETURN_IF_ERROR(CheckPrintable(at + ".name", m.name(), 64));
-    message.tool_call_id = m.tool_call_id();
+    message.tool_call_id = TemplateToolCallId(m.tool_call_id(), config);
     message.name = m.name();
     if (m.tool_calls_size() > limits.max_tools) {
       return Invalid(at + ".tool_calls",
@@ -203,7 +214,8 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
       RETURN_IF_ERROR(CheckPrintable(call + ".id", c.id(), 64));
       RETURN_IF_ERROR(CheckJsonObject(call + ".arguments", c.arguments(),
                                       limits.max_tool_json_bytes));
-      message.tool_calls.push_back(ChatToolCall{c.id(), c.name(), c.arguments()});
+      message.tool_calls.push_back(
+          ChatToolCall{TemplateToolCallId(c.id(), config), c.name(), c.arguments()});
       bytes += static_cast<int64_t>(c.name().size() + c.id().size() + c.arguments().size());
     }
     bytes += static_cast<int64_t>(m.content().size() + m.role().size());

@@ -13,11 +13,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "metrics/kvrm_metrics.h"
 #include "metrics/registry.h"
+#include "model/chat_config.h"
 #include "server/request_validation.h"
 #include "tests/test_server.h"
 
@@ -446,6 +448,54 @@ TEST_F(ToolCallsTest, BadToolRequestsGetInvalidArgumentNamingTheField) {
 // special <tool_call> and </tool_call> (added tokens take the ids over), and its replies are
 // restricted to <tool_call> with allowed_token_ids: the held call text then fails to parse and
 // is released as text, marker and all.
+// Mistral's templates refuse tool call ids that are not 9 characters; kvrm's (and OpenAI's) are
+// "call_" and 24 hex digits. For a model in the Mistral format the template sees the last 9, in
+// the call and in the tool turn alike (vLLM's rule); other formats see ids as sent.
+TEST(ChatToolCallIdsTest, MistralTemplatesSeeNineCharacterIds) {
+  ChatConfig config;
+  SetChatTemplate(
+      "{%- for m in messages %}{%- if m.tool_calls is defined %}{%- for t in m.tool_calls %}"
+      "{%- if t.id|length != 9 %}{{ raise_exception('Tool call IDs should be alphanumeric "
+      "strings with length 9!') }}{%- endif %}[TOOL_CALLS]{{ t.function.name }}[CALL_ID]"
+      "{{ t.id }}[ARGS]{{ t.function.arguments|tojson }}{%- endfor %}{%- elif m.role == 'tool' %}"
+      "[TOOL_RESULTS]{{ m.tool_call_id }}[TOOL_CONTENT]{{ m.content }}[/TOOL_RESULTS]"
+      "{%- else %}[INST]{{ m.content }}[/INST]{%- endif %}{%- endfor %}",
+      "test", &config);
+  ASSERT_EQ(config.tool_call_format, ToolCallFormat::kMistral);
+  const std::string id = "call_0f1e2d3c4b5a69788796a5b4";
+  v1::ChatPrompt chat;
+  chat.add_messages()->set_content("Weather in Lima?");
+  v1::ChatMessage* call = chat.add_messages();
+  call->set_role("assistant");
+  v1::ToolCall* tc = call->add_tool_calls();
+  tc->set_id(id);
+  tc->set_name("get_weather");
+  tc->set_arguments(R"({"city": "Lima"})");
+  v1::ChatMessage* result = chat.add_messages();
+  result->set_role("tool");
+  result->set_tool_call_id(id);
+  result->set_content("18C");
+  chat.mutable_messages(0)->set_role("user");
+  const RequestLimits limits;
+  absl::StatusOr<std::string> text = RenderChatPrompt(chat, &config, limits);
+  ASSERT_TRUE(text.ok()) << text.status();
+  const std::string last9 = id.substr(id.size() - 9);
+  EXPECT_EQ(*text, absl::StrCat("[INST]Weather in Lima?[/INST][TOOL_CALLS]get_weather[CALL_ID]",
+                                last9, "[ARGS]{\"city\": \"Lima\"}[TOOL_RESULTS]", last9,
+                                "[TOOL_CONTENT]18C[/TOOL_RESULTS]"));
+  // A short id is left alone (and refused here by the template itself, as in vLLM).
+  tc->set_id("call_1");
+  result->set_tool_call_id("call_1");
+  text = RenderChatPrompt(chat, &config, limits);
+  ASSERT_FALSE(text.ok());
+  EXPECT_TRUE(absl::StrContains(text.status().message(), "length 9")) << text.status();
+  // Another format: the ids as sent, which this template refuses.
+  config.tool_call_format = ToolCallFormat::kHermes;
+  tc->set_id(id);
+  result->set_tool_call_id(id);
+  EXPECT_FALSE(RenderChatPrompt(chat, &config, limits).ok());
+}
+
 TEST(ToolCallMarkerTokensTest, SpecialMarkersReachTheParserOnlyWhenToolsAreOffered) {
   namespace fs = std::filesystem;
   const fs::path dir = fs::path(TestTmpDir()) / "kvrm-tiny-special-markers";
