@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <set>
 #include <string>
@@ -448,6 +449,57 @@ TEST_F(ToolCallsTest, BadToolRequestsGetInvalidArgumentNamingTheField) {
 // special <tool_call> and </tool_call> (added tokens take the ids over), and its replies are
 // restricted to <tool_call> with allowed_token_ids: the held call text then fails to parse and
 // is released as text, marker and all.
+// A model whose template teaches Qwen3-Coder's XML calls (Qwen3.5, Qwen3-Coder): the format is
+// detected from the template, the call's parameters stream as JSON once each is whole, and its
+// values are typed by the tool's schema ("days" an integer, "city" a string).
+TEST(ToolCallFormatsEndToEndTest, Qwen3CoderCallsAreParsedTypedAndStreamed) {
+  std::unique_ptr<ModelBundle> model(LoadTinyModel());
+  SetChatTemplate(
+      "{%- if tools %}Call tools as <tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n"
+      "</parameter>\n</function>\n</tool_call>\n{% endif %}{%- for m in messages %}{{ m.role }}: "
+      "{{ m.content }}\n{%- endfor %}{%- if add_generation_prompt %}assistant: {% endif %}",
+      "test", &model->chat);
+  ASSERT_EQ(model->chat.tool_call_format, ToolCallFormat::kQwen3Coder);
+  TestServer server(std::move(model), Options(2));
+  for (uint64_t seed : {1, 2, 3}) {
+    v1::GenerateRequest r = ToolRequest(160, seed);
+    r.mutable_structured()->set_regex(
+        "Checking\\. <tool_call>\n<function=get_weather>\n<parameter=city>\n(Lima|Oslo)\n"
+        "</parameter>\n<parameter=days>\n[1-7]\n</parameter>\n</function>\n</tool_call>");
+    const StreamResult got = RunGenerate(server.stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    std::string streamed, id, name, args;
+    const v1::GenerateResponse* last = nullptr;
+    for (const v1::GenerateResponse& m : got.messages) {
+      streamed += m.text();
+      for (const v1::ToolCallDelta& d : m.tool_call_deltas()) {
+        EXPECT_EQ(d.index(), 0);
+        if (!d.id().empty()) {
+          EXPECT_TRUE(id.empty()) << "one first delta";
+          id = d.id();
+          name = d.name();
+        }
+        args += d.arguments();
+      }
+      if (m.has_finished()) last = &m;
+    }
+    ASSERT_NE(last, nullptr);
+    EXPECT_EQ(streamed, "Checking. ");
+    ASSERT_EQ(last->finished().reason(), v1::FINISH_REASON_TOOL_CALLS);
+    ASSERT_EQ(last->finished().tool_calls_size(), 1);
+    const v1::ToolCall& call = last->finished().tool_calls(0);
+    EXPECT_EQ(call.name(), "get_weather");
+    EXPECT_TRUE(ValidCall(call)) << call.arguments();
+    const Json parsed = *ParseJson(call.arguments(), "arguments");
+    EXPECT_TRUE(parsed.at("city").is_string());
+    EXPECT_TRUE(parsed.at("days").is_number_integer()) << call.arguments();
+    // The streamed call is the returned one: same id and name, its pieces the arguments.
+    EXPECT_EQ(id, call.id());
+    EXPECT_EQ(name, "get_weather");
+    EXPECT_EQ(args, call.arguments());
+  }
+}
+
 // Mistral's templates refuse tool call ids that are not 9 characters; kvrm's (and OpenAI's) are
 // "call_" and 24 hex digits. For a model in the Mistral format the template sees the last 9, in
 // the call and in the tool turn alike (vLLM's rule); other formats see ids as sent.
