@@ -159,8 +159,8 @@ absl::Status ForEachBlock(std::string_view text, std::string_view open, std::str
 // function's end, as vLLM reads it.
 absl::Status XmlFunctions(std::string_view block, bool block_closed, std::string_view function,
                           std::string_view function_end, std::string_view param,
-                          std::string_view param_end, const ToolParamTypes& types, bool partial,
-                          Calls* out) {
+                          std::string_view param_end, bool trim_newline,
+                          const ToolParamTypes& types, bool partial, Calls* out) {
   size_t i = 0;
   bool any = false;
   while (true) {
@@ -199,7 +199,8 @@ absl::Status XmlFunctions(std::string_view block, bool block_closed, std::string
           break;
         }
       }
-      const std::string_view value = TrimNewline(body.substr(key->second, vend - key->second));
+      std::string_view value = body.substr(key->second, vend - key->second);
+      if (trim_newline) value = TrimNewline(value);
       args[key->first] = ValueOf(types.Type(name->first, key->first), value);
       j = next;
     }
@@ -224,12 +225,9 @@ absl::Status GlmCall(std::string_view block, bool block_closed, const ToolParamT
   const std::string what = CallWhat(*out);
   size_t first = block.find(kArgKey);
   std::string_view name_text = block.substr(0, first);
-  if (first == npos && !block_closed && partial) {
-    // GLM-4.5 ends the name with a newline; GLM-4.7 runs on into <arg_key>.
-    const size_t nl = name_text.find('\n', SkipSpace(name_text, 0));
-    if (nl == npos) return absl::OkStatus();
-    name_text = name_text.substr(0, nl);
-  }
+  // While it streams, the name is known at the first <arg_key> (or the block's end): GLM-4.7
+  // runs the name on into it, and a tag's '>' is what MayChange waits for.
+  if (first == npos && !block_closed && partial) return absl::OkStatus();
   std::string name(Strip(name_text));
   if (name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
   OrderedJson args = OrderedJson::object();
@@ -273,13 +271,14 @@ absl::Status GlmCall(std::string_view block, bool block_closed, const ToolParamT
 // string holding one) as the model wrote it. Sets the call's arguments (so far) and returns
 // the position after them; npos when the text ends inside them.
 absl::StatusOr<size_t> JsonArguments(std::string_view text, size_t i, const std::string& what,
-                                     Call* call) {
+                                     Call* call, Calls* out) {
   i = SkipSpace(text, i);
   if (i >= text.size()) return npos;
   size_t end = npos;
   if (text[i] == '{') {
     end = JsonValueEnd(text, i);
     call->arguments = std::string(text.substr(i, end == npos ? npos : end - i));
+    if (end == npos) out->open_json = i;
   } else if (text[i] == '"') {
     // A string holding the object: given whole or not at all (its text is not the object's).
     for (size_t k = i + 1; k < text.size(); ++k) {
@@ -362,7 +361,7 @@ absl::Status DeepSeekCalls(std::string_view text, bool partial, Calls* out) {
       call.name = std::string(head);
     }
     if (call.name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
-    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, j, what, &call));
+    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, j, what, &call, out));
     out->calls.push_back(call);
     if (end == npos) return Unfinished(absl::StrCat(what, ": arguments not finished"));
     if (fenced) {
@@ -403,7 +402,10 @@ absl::Status ToolCallsBlock(std::string_view text, bool partial, Calls* out) {
     }
     if (text[i] != '{') return Unfinished(absl::StrCat(what, ": expected a call object"));
     const size_t end = JsonValueEnd(text, i);
-    if (end == npos) return Unfinished(absl::StrCat(what, ": unterminated JSON"));
+    if (end == npos) {
+      out->open_json = i;
+      return Unfinished(absl::StrCat(what, ": unterminated JSON"));
+    }
     ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(text.substr(i, end - i), what));
     const auto name = j.find("name");
     if (!j.is_object() || name == j.end() || !name->is_string() ||
@@ -442,7 +444,7 @@ absl::Status MistralNamedCalls(std::string_view text, bool partial, Calls* out) 
     Call call;
     call.name = std::string(Strip(head));
     if (call.name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
-    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, args + kMistralArgs.size(), what, &call));
+    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, args + kMistralArgs.size(), what, &call, out));
     out->calls.push_back(call);
     if (end == npos) return Unfinished(absl::StrCat(what, ": arguments not finished"));
     i = end;
@@ -480,7 +482,7 @@ absl::Status KimiCalls(std::string_view text, bool partial, Calls* out) {
     Call call;
     call.name = std::string(id);
     if (call.name.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
-    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, args + kKimiArgs.size(), what, &call));
+    ASSIGN_OR_RETURN(size_t end, JsonArguments(text, args + kKimiArgs.size(), what, &call, out));
     out->calls.push_back(call);
     if (end == npos) return Unfinished(absl::StrCat(what, ": arguments not finished"));
     ASSIGN_OR_RETURN(i, CallEnd(text, end, kKimiCallEnd, what, partial));
@@ -500,26 +502,64 @@ size_t SkipSpace(std::string_view s, size_t i) {
   return i;
 }
 
-size_t JsonValueEnd(std::string_view s, size_t i) {
-  int depth = 0;
-  bool in_string = false;
-  for (; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
+bool JsonDepth::Step(char c) {
+  if (escape) {
+    escape = false;
+  } else if (in_string) {
+    if (c == '\\') {
+      escape = true;
     } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
+      in_string = false;
     }
+  } else if (c == '"') {
+    in_string = true;
+  } else if (c == '{' || c == '[') {
+    ++depth;
+  } else if (c == '}' || c == ']') {
+    return --depth == 0;
+  }
+  return false;
+}
+
+size_t JsonValueEnd(std::string_view s, size_t i) {
+  JsonDepth d;
+  for (; i < s.size(); ++i) {
+    if (d.Step(s[i])) return i + 1;
   }
   return npos;
+}
+
+bool MayChange(ToolCallFormat format, std::string_view text, size_t from) {
+  // The XML-like formats' reading changes only when a tag of theirs closes: at a '>' whose
+  // nearest '<' before it opens one of their tags ('>' in a value, as code has, changes nothing).
+  std::vector<std::string_view> tags;
+  switch (format) {
+    case ToolCallFormat::kQwen3Coder:
+      tags = {kToolCall, kToolCallEnd, kFunction, kFunctionEnd, kParameter, kParameterEnd};
+      break;
+    case ToolCallFormat::kGlm45:
+      tags = {kToolCall, kToolCallEnd, kArgKey, kArgKeyEnd, kArgValue, kArgValueEnd};
+      break;
+    case ToolCallFormat::kMinimaxM2:
+      tags = {kMinimaxCall, kMinimaxCallEnd, kInvoke, kInvokeEnd, kNamedParameter, kParameterEnd};
+      break;
+    default:
+      return true;
+  }
+  // A tag's name (a function's, a parameter's) is short: look back this far for its '<'.
+  constexpr size_t kTagLookback = 320;
+  for (size_t p = text.find('>', from); p != npos; p = text.find('>', p + 1)) {
+    const size_t floor = p > kTagLookback ? p - kTagLookback : 0;
+    const size_t back = text.substr(floor, p - floor).rfind('<');
+    if (back == npos) continue;
+    const size_t lt = floor + back;
+    for (std::string_view tag : tags) {
+      // The tag without its '>' ("<tool_call" of "<tool_call>"): names and attributes follow.
+      const std::string_view stem = tag.back() == '>' ? tag.substr(0, tag.size() - 1) : tag;
+      if (text.substr(lt, stem.size()) == stem) return true;
+    }
+  }
+  return false;
 }
 
 void AppendLeftover(std::string_view piece, std::string* out) {
@@ -595,8 +635,9 @@ absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
   switch (format) {
     case ToolCallFormat::kQwen3Coder:
       st = ForEachBlock(text, kToolCall, kToolCallEnd, &out, [&](std::string_view b, bool c) {
-        return XmlFunctions(b, c, kFunction, kFunctionEnd, kParameter, kParameterEnd, types,
-                            partial, &out);
+        // Qwen3-Coder's templates put each value on lines of its own.
+        return XmlFunctions(b, c, kFunction, kFunctionEnd, kParameter, kParameterEnd,
+                            /*trim_newline=*/true, types, partial, &out);
       });
       break;
     case ToolCallFormat::kGlm45:
@@ -606,8 +647,9 @@ absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
       break;
     case ToolCallFormat::kMinimaxM2:
       st = ForEachBlock(text, kMinimaxCall, kMinimaxCallEnd, &out, [&](std::string_view b, bool c) {
-        return XmlFunctions(b, c, kInvoke, kInvokeEnd, kNamedParameter, kParameterEnd, types,
-                            partial, &out);
+        // MiniMax-M2's writes each value right between its tags: a newline there is the value's.
+        return XmlFunctions(b, c, kInvoke, kInvokeEnd, kNamedParameter, kParameterEnd,
+                            /*trim_newline=*/false, types, partial, &out);
       });
       break;
     case ToolCallFormat::kDeepSeekV3:

@@ -34,6 +34,9 @@ struct Call {
 struct Calls {
   std::vector<Call> calls;
   std::string text;  // text around the calls, whitespace dropped (whole replies only)
+  // A partial reading that stops inside a JSON object (the last call's arguments, or minimax's
+  // call object): where it begins. Until it closes, later text changes nothing but its length.
+  size_t open_json = std::string_view::npos;
 };
 
 // Reads `text` (from the format's start marker on). A whole reply (`partial` false) must hold
@@ -50,9 +53,21 @@ std::vector<std::string_view> Markers(ToolCallFormat format);
 // Text helpers both readers use.
 std::string_view Strip(std::string_view s);      // ASCII whitespace off both ends
 size_t SkipSpace(std::string_view s, size_t i);  // past ASCII whitespace from i
+// Bracket depth outside strings, a character at a time.
+struct JsonDepth {
+  int depth = 0;
+  bool in_string = false, escape = false;
+  bool Step(char c);  // whether `c` closes the outermost array or object
+};
 // The end (one past the closing bracket) of the JSON array or object that starts at s[i], by
 // bracket depth outside strings; npos when it does not close. The text is parsed properly after.
 size_t JsonValueEnd(std::string_view s, size_t i);
+
+// Whether text[from..] (what a streamed reply gained since it was last read) can change the
+// partial reading of `text`: a reading skipped when it cannot costs nothing, so that a long
+// value is not read again a token at a time. A change may wait for the tag it is part of to
+// close (a value that runs to the next "<parameter=" is read at that tag's '>').
+bool MayChange(ToolCallFormat format, std::string_view text, size_t from);
 // Appends `piece` stripped, on a line of its own, unless it is only whitespace.
 void AppendLeftover(std::string_view piece, std::string* out);
 

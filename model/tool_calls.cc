@@ -666,11 +666,43 @@ void ToolCallStream::AddPiece(int index, const std::string& name, std::string_vi
   }
 }
 
+struct ToolCallStream::MarkupState {
+  size_t read = 0;  // held_'s bytes read so far
+  // A JSON object the model is writing (the last call's arguments in deepseek_v3, kimi_k2 and
+  // Mistral's v11 form; a call object in minimax) and its bracket depth: new text that does not
+  // close it changes nothing but its length, so the reply is not read again until it does. For
+  // streamed arguments (index >= 0) that text is their next piece.
+  struct Open {
+    int index = -1;
+    std::string name;
+    tool_markup::JsonDepth depth;
+  };
+  std::optional<Open> open;
+};
+
 void ToolCallStream::ScanMarkup() {
-  // The held text read as far as it goes (a few KB at most: read again as it grows).
+  if (markup_ == nullptr) markup_ = std::make_unique<MarkupState>();
+  MarkupState& st = *markup_;
+  const size_t from = st.read;
+  st.read = held_.size();
+  if (st.open) {
+    const std::string_view fresh = std::string_view(held_).substr(from);
+    bool closed = false;
+    for (char c : fresh) closed = closed || st.open->depth.Step(c);
+    if (!closed) {
+      if (st.open->index >= 0) AddPiece(st.open->index, st.open->name, fresh);
+      return;
+    }
+    st.open.reset();  // they closed: the reply is read again below, once
+  } else if (!tool_markup::MayChange(syntax_->format, held_, from)) {
+    return;
+  }
+  // The held text read as far as it goes; the reading is repeated only when the text gained
+  // can change it (MayChange), and never while JSON arguments are being written.
   absl::StatusOr<tool_markup::Calls> m =
       tool_markup::Parse(syntax_->format, held_, types_, /*partial=*/true);
   if (!m.ok()) return;
+  int streaming = -1;  // the call whose open arguments were just streamed
   for (size_t i = 0; i < m->calls.size() && !(single_call_ && i > 0); ++i) {
     const tool_markup::Call& c = m->calls[i];
     // Arguments given as a JSON string holding the object are not streamed.
@@ -686,6 +718,18 @@ void ToolCallStream::ScanMarkup() {
       sent = streamed_[i].arguments;
     }
     AddPiece(static_cast<int>(i), c.name, std::string_view(c.arguments).substr(sent.size()));
+    if (!c.closed) streaming = static_cast<int>(i);
+  }
+  if (m->open_json != std::string_view::npos) {
+    MarkupState::Open open;
+    const std::string_view json = std::string_view(held_).substr(m->open_json);
+    // The open arguments streamed are this object's text (the model's own, to the end).
+    if (streaming >= 0 && m->calls[streaming].arguments == json) {
+      open.index = streaming;
+      open.name = m->calls[streaming].name;
+    }
+    for (char ch : json) open.depth.Step(ch);
+    st.open = std::move(open);
   }
 }
 

@@ -228,6 +228,8 @@ class ToolCallStream {
   std::string pending_;  // kLeading / kContent: text that may begin a marker
   std::string held_;     // kCall: from the marker on
   std::unique_ptr<Scanner> scanner_;  // kAuto and kRequired: finds calls in held_
+  struct MarkupState;
+  std::unique_ptr<MarkupState> markup_;  // ScanMarkup's: what it read, arguments being written
   struct Streamed {
     std::string id;  // "" for a call not streamed
     std::string name;

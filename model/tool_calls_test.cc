@@ -658,7 +658,8 @@ std::vector<MarkupCase> MarkupCases() {
        "<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n"
        "<parameter=at>\n1.5\n</parameter>\n<parameter=where>\n{\"lat\": -23.5, \"tz\": [1]}\n"
        "</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n<parameter=zip>\n01310\n"
-       "</parameter>\n<parameter=note>\nline one\nline two\n</parameter>\n</function>\n"
+       "</parameter>\n<parameter=note>\nif a > b: <b>x</b> -> one\nline "
+       "two\n</parameter>\n</function>\n"
        "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nAmerica/Sao_Paulo\n"
        "</parameter>\n</function>\n</tool_call>\nDone."},
       {ToolCallFormat::kGlm45,
@@ -667,7 +668,8 @@ std::vector<MarkupCase> MarkupCases() {
        "<arg_value>true</arg_value>\n<arg_key>at</arg_key><arg_value>1.5</arg_value>"
        "<arg_key>where</arg_key><arg_value>{\"lat\": -23.5, \"tz\": [1]}</arg_value>"
        "<arg_key>tags</arg_key><arg_value>[\"a\", \"b\"]</arg_value><arg_key>zip</arg_key>"
-       "<arg_value>01310</arg_value><arg_key>note</arg_key><arg_value>line one\nline two"
+       "<arg_value>01310</arg_value><arg_key>note</arg_key><arg_value>if a > b: <b>x</b> -> "
+       "one\nline two"
        "</arg_value>\n</tool_call>"
        "<tool_call>get_time<arg_key>zone</arg_key><arg_value>America/Sao_Paulo</arg_value>"
        "</tool_call>\nDone."},
@@ -677,61 +679,67 @@ std::vector<MarkupCase> MarkupCases() {
        "</parameter>\n<parameter name=\"at\">1.5</parameter>\n<parameter name=\"where\">"
        "{\"lat\": -23.5, \"tz\": [1]}</parameter>\n<parameter name=\"tags\">[\"a\", \"b\"]"
        "</parameter>\n<parameter name=\"zip\">01310</parameter>\n<parameter name=\"note\">"
-       "line one\nline two</parameter>\n</invoke>\n<invoke name=\"get_time\">\n"
+       "if a > b: <b>x</b> -> one\nline two</parameter>\n</invoke>\n<invoke name=\"get_time\">\n"
        "<parameter name=\"zone\">America/Sao_Paulo</parameter>\n</invoke>\n"
        "</minimax:tool_call>\nDone."},
       {ToolCallFormat::kDeepSeekV3,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"São "
        "Paulo\", "
        "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}"
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
+       "two\"}"
        "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": "
        "\"America/Sao_Paulo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>Done."},
       // R1's and V3's: "function", the name on its line, the arguments in a ```json fence.
       {ToolCallFormat::kDeepSeekV3,
        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
        "{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": "
-       "-23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line "
-       "one\\nline two\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
+       "-23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > "
+       "b: <b>x</b> -> one\\nline "
+       "two\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
        "get_time\n```json\n{\"zone\": \"America/Sao_Paulo\"}\n```<｜tool▁call▁end｜>"
        "<｜tool▁calls▁end｜>Done."},
       {ToolCallFormat::kKimiK2,
        "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
        "<|tool_call_argument_begin|>{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, "
        "\"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], "
-       "\"zip\": \"01310\", \"note\": \"line one\\nline two\"}<|tool_call_end|>"
+       "\"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline two\"}<|tool_call_end|>"
        "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{\"zone\": "
        "\"America/Sao_Paulo\"}<|tool_call_end|><|tool_calls_section_end|>Done."},
       // Mistral's v11+ tokenizers: [TOOL_CALLS]NAME[ARGS]{...} a call.
       {ToolCallFormat::kMistral,
        "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, "
        "\"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], "
-       "\"zip\": \"01310\", \"note\": \"line one\\nline two\"}[TOOL_CALLS]get_time[CALL_ID]"
+       "\"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
+       "two\"}[TOOL_CALLS]get_time[CALL_ID]"
        "a1b2c3d4e[ARGS]{\"zone\": \"America/Sao_Paulo\"}Done."},
       // MiniMax-M1's: a call object a line; Apriel's: an array.
       {ToolCallFormat::kMinimax,
        "<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
        "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}}\n"
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
+       "two\"}}\n"
        "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}\n"
        "</tool_calls>Done."},
       {ToolCallFormat::kMinimax,
        "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
        "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}}, "
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
+       "two\"}}, "
        "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}]"
        "</tool_calls>Done."},
       {ToolCallFormat::kGranite,
        "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
        "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"line one\\nline two\"}}, "
+       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
+       "two\"}}, "
        "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}]Done."},
   };
 }
 
 constexpr char kWeatherArgs[] =
     R"({"city":"São Paulo","days":3,"metric":true,"at":1.5,"where":{"lat":-23.5,"tz":[1]},)"
-    R"("tags":["a","b"],"zip":"01310","note":"line one\nline two"})";
+    R"("tags":["a","b"],"zip":"01310","note":"if a > b: <b>x</b> -> one\nline two"})";
 constexpr char kTimeArgs[] = R"({"zone":"America/Sao_Paulo"})";
 
 TEST(MarkupToolCallsTest, EveryFormatReadsTheSameCallsWithTypedValues) {
