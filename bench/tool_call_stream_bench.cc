@@ -77,6 +77,12 @@ std::string Reply(ToolCallFormat format, const std::string& code) {
              "<|tool_calls_section_begin|><|tool_call_begin|>functions.write_file:0"
              "<|tool_call_argument_begin|>" +
              args + "<|tool_call_end|><|tool_calls_section_end|>";
+    case ToolCallFormat::kDeepSeekV32:
+      return lead +
+             "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"write_file\">\n"
+             "<｜DSML｜parameter name=\"path\" string=\"true\">shapes.py</｜DSML｜parameter>\n"
+             "<｜DSML｜parameter name=\"content\" string=\"true\">" +
+             code + "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
     case ToolCallFormat::kNone:
       break;
   }
@@ -107,7 +113,7 @@ int Run() {
        {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral,
         ToolCallFormat::kGranite, ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45,
         ToolCallFormat::kMinimaxM2, ToolCallFormat::kMinimax, ToolCallFormat::kDeepSeekV3,
-        ToolCallFormat::kKimiK2}) {
+        ToolCallFormat::kKimiK2, ToolCallFormat::kDeepSeekV32}) {
     const std::string reply = Reply(f, code);
     const ToolCallSyntax syntax = MakeToolCallSyntax(f);
     double stream_ms = 1e300, read_ms = 1e300;

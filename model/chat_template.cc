@@ -1315,6 +1315,15 @@ class Evaluator {
           return Err(line, Cat("object of type '", TypeName(v), "' has no len()"));
       }
     }
+    if (name == "from_json") {
+      // Not Jinja's: llama.cpp's and minja's extension, which DeepSeek V3.2's and V4's templates
+      // use to read a call's arguments given as JSON text.
+      RETURN_IF_ERROR(Bind(line, args, {}, name, &a));
+      if (!v.is_string()) return Err(line, Cat("from_json of a ", TypeName(v), ", not a string"));
+      absl::StatusOr<OrderedJson> json = ParseOrderedJson(v.as_string(), "from_json");
+      if (!json.ok()) return Err(line, std::string(json.status().message()));
+      return FromJson(*json, "from_json");
+    }
     if (name == "tojson") {
       RETURN_IF_ERROR(
           Bind(line, args, {"indent", "ensure_ascii", "separators", "sort_keys"}, name, &a));

@@ -9,10 +9,10 @@
 // ns.attr, block), macro, generation, filter blocks; literals, attribute/item/slice access, calls
 // with keyword arguments, the common filters (min, max, unique and dictsort among them), tests,
 // string/dict methods (str.format without format specs), and the globals raise_exception,
-// namespace, strftime_now, range, dict. Unsupported constructs (call blocks,
-// include/extends/import, recursive loops, ...) are parse errors that name them. 67 of 70 real
-// models' templates parse (//model:chat_template_corpus_test; the other three use a from_json
-// filter that Jinja does not have either).
+// namespace, strftime_now, range, dict; and one filter Jinja lacks, from_json (JSON text to a
+// value, as llama.cpp's engine has it, for DeepSeek V3.2's and V4's templates). Unsupported
+// constructs (call blocks, include/extends/import, recursive loops, ...) are parse errors that
+// name them. All 70 real models' templates parse (//model:chat_template_corpus_test).
 //
 // Context: messages (a list of {role, content} and, when set, tool_calls, tool_call_id and name,
 // as transformers and vLLM pass OpenAI-style messages; an assistant turn with tool calls and no

@@ -20,11 +20,11 @@ namespace kvrm::jinja {
 namespace {
 
 constexpr std::string_view kFilters[] = {
-    "abs",     "capitalize", "count",  "d",      "default",    "dictsort", "e",          "escape",
-    "first",   "float",      "indent", "int",    "items",      "join",     "last",       "length",
-    "list",    "lower",      "map",    "max",    "min",        "reject",   "rejectattr", "replace",
-    "reverse", "round",      "safe",   "select", "selectattr", "sort",     "string",     "title",
-    "tojson",  "trim",       "unique", "upper"};
+    "abs",     "capitalize", "count",     "d",      "default", "dictsort",   "e",      "escape",
+    "first",   "float",      "from_json", "indent", "int",     "items",      "join",   "last",
+    "length",  "list",       "lower",     "map",    "max",     "min",        "reject", "rejectattr",
+    "replace", "reverse",    "round",     "safe",   "select",  "selectattr", "sort",   "string",
+    "title",   "tojson",     "trim",      "unique", "upper"};
 constexpr std::string_view kTests[] = {
     "defined",  "undefined", "none",    "string",      "mapping",     "iterable",
     "sequence", "number",    "integer", "float",       "boolean",     "true",

@@ -629,6 +629,17 @@ TEST(ChatTemplateTest, MoreFiltersFilterBlocksAndFormat) {
   EXPECT_THAT(ErrorOf("{% filter upper %}{% break %}{% endfilter %}"), HasSubstr("outside"));
 }
 
+// from_json, llama.cpp's extension (DeepSeek V3.2's and V4's templates read a call's arguments
+// given as JSON text with it): the JSON value, keys in order; bad JSON or a non-string errs.
+TEST(ChatTemplateTest, FromJsonReadsJsonText) {
+  EXPECT_EQ(R("{% set a = '{\"b\": [1, 2.5, null], \"a\": true}' | from_json %}"
+              "{% for k, v in a.items() %}{{ k }}={{ v }};{% endfor %}{{ a.b[1] }}"),
+            "b=[1, 2.5, None];a=True;2.5");
+  EXPECT_EQ(R("{{ ('\"x\"' | from_json) ~ ('3' | from_json + 1) }}"), "x4");
+  EXPECT_THAT(ErrorOf("{{ '{\"a\": ' | from_json }}"), HasSubstr("from_json"));
+  EXPECT_THAT(ErrorOf("{{ 3 | from_json }}"), HasSubstr("not a string"));
+}
+
 // An assistant tool-call turn without content reaches the template as content none, as
 // transformers passes it; a template that fails on that none (a string test or concatenation on
 // every turn) gets the turn again with content "", as vLLM passes it. Other errors stand.

@@ -38,6 +38,16 @@ constexpr std::string_view kDsCallBegin = "<｜tool▁call▁begin｜>";
 constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kFence = "```";
+// deepseek_v32 (DSML: V3.2's function_calls block, V4's tool_calls block)
+constexpr std::string_view kDsml = "<｜DSML｜";
+constexpr std::string_view kDsmlFunctionCalls = "<｜DSML｜function_calls>";
+constexpr std::string_view kDsmlFunctionCallsEnd = "</｜DSML｜function_calls>";
+constexpr std::string_view kDsmlToolCalls = "<｜DSML｜tool_calls>";
+constexpr std::string_view kDsmlToolCallsEnd = "</｜DSML｜tool_calls>";
+constexpr std::string_view kDsmlInvoke = "<｜DSML｜invoke name=";
+constexpr std::string_view kDsmlInvokeEnd = "</｜DSML｜invoke>";
+constexpr std::string_view kDsmlParameter = "<｜DSML｜parameter name=";
+constexpr std::string_view kDsmlParameterEnd = "</｜DSML｜parameter>";
 // minimax (M1) / Apriel
 constexpr std::string_view kToolCalls = "<tool_calls>";
 constexpr std::string_view kToolCallsEnd = "</tool_calls>";
@@ -118,18 +128,34 @@ std::string_view TrimNewline(std::string_view v) {
 }
 
 // A tag's name after its prefix ("<function=" NAME ">", "<invoke name=" "NAME" ">"): quoted or
-// not. The name and the position after the tag's ">"; nullopt when the tag is not finished.
-std::optional<std::pair<std::string, size_t>> TagName(std::string_view s, size_t i) {
+// not; a quoted name may be followed by more attributes (DSML's string="true"). The name, the
+// position after the tag's ">" (`second`) and the attributes' text; nullopt when the tag is not
+// finished.
+struct Tag {
+  std::string first;  // the name
+  size_t second = 0;  // after the tag
+  std::string_view attributes;
+};
+std::optional<Tag> TagName(std::string_view s, size_t i) {
   if (i < s.size() && (s[i] == '"' || s[i] == '\'')) {
     const size_t close = s.find(s[i], i + 1);
     if (close == npos) return std::nullopt;
     const size_t gt = s.find('>', close + 1);
     if (gt == npos) return std::nullopt;
-    return std::make_pair(std::string(s.substr(i + 1, close - i - 1)), gt + 1);
+    return Tag{std::string(s.substr(i + 1, close - i - 1)), gt + 1,
+               s.substr(close + 1, gt - close - 1)};
   }
   const size_t gt = s.find('>', i);
   if (gt == npos) return std::nullopt;
-  return std::make_pair(std::string(Strip(s.substr(i, gt - i))), gt + 1);
+  return Tag{std::string(Strip(s.substr(i, gt - i))), gt + 1, {}};
+}
+
+// The type a parameter tag's attributes give its value: DeepSeek's DSML writes string="true"
+// on strings and string="false" on values written as JSON; "" when they say nothing.
+std::string_view AttributeType(std::string_view attributes) {
+  if (attributes.find("string=\"true\"") != npos) return "string";
+  if (attributes.find("string=\"false\"") != npos) return "json";
+  return "";
 }
 
 // The blocks of `text` between `open` and `close`; the text around them is leftover. A last
@@ -168,7 +194,7 @@ absl::Status XmlFunctions(std::string_view block, bool block_closed, std::string
     if (f == npos) break;
     any = true;
     const std::string what = CallWhat(*out);
-    std::optional<std::pair<std::string, size_t>> name = TagName(block, f + function.size());
+    std::optional<Tag> name = TagName(block, f + function.size());
     if (!name) return Unfinished(absl::StrCat(what, ": ", AV(function), " not closed by '>'"));
     if (name->first.empty()) return Unfinished(absl::StrCat(what, ": no function name"));
     const size_t fend = block.find(function_end, name->second);
@@ -180,28 +206,29 @@ absl::Status XmlFunctions(std::string_view block, bool block_closed, std::string
     while (true) {
       const size_t p = body.find(param, j);
       if (p == npos) break;
-      std::optional<std::pair<std::string, size_t>> key = TagName(body, p + param.size());
+      std::optional<Tag> key = TagName(body, p + param.size());
       if (!key) {
         whole = false;
         break;
       }
       if (key->first.empty()) return Unfinished(absl::StrCat(what, ": a parameter without a name"));
+      // The value ends at its end tag or at the next parameter's tag, whichever comes first (a
+      // later end tag is the next parameter's), as vLLM reads it; or at the function's end.
       size_t vend = body.find(param_end, key->second);
-      size_t next = vend + param_end.size();
+      size_t next = vend == npos ? npos : vend + param_end.size();
+      if (const size_t np = body.find(param, key->second); np < vend) vend = next = np;
       if (vend == npos) {
-        const size_t np = body.find(param, key->second);
-        if (np != npos) {
-          vend = next = np;
-        } else if (closed || block_closed) {
-          vend = next = body.size();
-        } else {
+        if (!closed && !block_closed) {
           whole = false;
           break;
         }
+        vend = next = body.size();
       }
       std::string_view value = body.substr(key->second, vend - key->second);
       if (trim_newline) value = TrimNewline(value);
-      args[key->first] = ValueOf(types.Type(name->first, key->first), value);
+      std::string_view type = AttributeType(key->attributes);
+      if (type.empty()) type = types.Type(name->first, key->first);
+      args[key->first] = ValueOf(type, value);
       j = next;
     }
     if (!whole && !partial) {
@@ -543,6 +570,10 @@ bool MayChange(ToolCallFormat format, std::string_view text, size_t from) {
     case ToolCallFormat::kMinimaxM2:
       tags = {kMinimaxCall, kMinimaxCallEnd, kInvoke, kInvokeEnd, kNamedParameter, kParameterEnd};
       break;
+    case ToolCallFormat::kDeepSeekV32:
+      tags = {kDsmlFunctionCalls, kDsmlFunctionCallsEnd, kDsmlToolCalls, kDsmlToolCallsEnd,
+              kDsmlInvoke,        kDsmlInvokeEnd,        kDsmlParameter, kDsmlParameterEnd};
+      break;
     default:
       return true;
   }
@@ -585,6 +616,7 @@ bool Handles(ToolCallFormat format) {
     case ToolCallFormat::kDeepSeekV3:
     case ToolCallFormat::kKimiK2:
     case ToolCallFormat::kMinimax:
+    case ToolCallFormat::kDeepSeekV32:
       return true;
     default:
       return false;
@@ -604,6 +636,8 @@ std::string_view StartMarker(ToolCallFormat format) {
       return kKimiSection;
     case ToolCallFormat::kMinimax:
       return kToolCalls;
+    case ToolCallFormat::kDeepSeekV32:
+      return kDsml;  // its block's tag: function_calls (V3.2) or tool_calls (V4)
     default:
       return "";
   }
@@ -623,6 +657,8 @@ std::vector<std::string_view> Markers(ToolCallFormat format) {
       return {kKimiSection, kKimiSectionEnd, kKimiCall, kKimiArgs, kKimiCallEnd};
     case ToolCallFormat::kMinimax:
       return {kToolCalls, kToolCallsEnd};
+    case ToolCallFormat::kDeepSeekV32:
+      return {kDsmlFunctionCalls, kDsmlFunctionCallsEnd, kDsmlToolCalls, kDsmlToolCallsEnd};
     default:
       return {};
   }
@@ -655,6 +691,17 @@ absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
     case ToolCallFormat::kDeepSeekV3:
       st = DeepSeekCalls(text, partial, &out);
       break;
+    case ToolCallFormat::kDeepSeekV32: {
+      // V3.2 writes a function_calls block, V4 a tool_calls block: the one the reply opens.
+      const bool v4 = text.find(kDsmlToolCalls) < text.find(kDsmlFunctionCalls);
+      st = ForEachBlock(
+          text, v4 ? kDsmlToolCalls : kDsmlFunctionCalls,
+          v4 ? kDsmlToolCallsEnd : kDsmlFunctionCallsEnd, &out, [&](std::string_view b, bool c) {
+            return XmlFunctions(b, c, kDsmlInvoke, kDsmlInvokeEnd, kDsmlParameter,
+                                kDsmlParameterEnd, /*trim_newline=*/false, types, partial, &out);
+          });
+      break;
+    }
     case ToolCallFormat::kKimiK2:
       st = KimiCalls(text, partial, &out);
       break;

@@ -169,7 +169,7 @@ constexpr ToolCallFormat kAllFormats[] = {
     ToolCallFormat::kNone,    ToolCallFormat::kHermes,    ToolCallFormat::kLlama3Json,
     ToolCallFormat::kMistral, ToolCallFormat::kGranite,   ToolCallFormat::kQwen3Coder,
     ToolCallFormat::kGlm45,   ToolCallFormat::kMinimaxM2, ToolCallFormat::kDeepSeekV3,
-    ToolCallFormat::kKimiK2,  ToolCallFormat::kMinimax};
+    ToolCallFormat::kKimiK2,  ToolCallFormat::kMinimax,   ToolCallFormat::kDeepSeekV32};
 
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name) {
   for (ToolCallFormat f : kAllFormats) {
@@ -204,6 +204,8 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
       return "kimi_k2";
     case ToolCallFormat::kMinimax:
       return "minimax";
+    case ToolCallFormat::kDeepSeekV32:
+      return "deepseek_v32";
   }
   return "none";
 }
@@ -217,6 +219,8 @@ ToolCallFormat DetectToolCallFormat(std::string_view source) {
   // MiniMax-M3 writes <tool_call> and <invoke name=...> after its own namespace token: markup
   // no parser here reads (hermes would take it for JSON).
   if (absl::StrContains(s, "<invoke name=")) return ToolCallFormat::kNone;
+  // DeepSeek V3.2's and V4's DSML (their templates spell the token apart from the tags).
+  if (absl::StrContains(s, "｜DSML｜")) return ToolCallFormat::kDeepSeekV32;
   // MiniMax-M1's and Apriel's <tool_calls> block (Apriel 1.5 also mentions <tool_call>).
   if (has(ToolCallFormat::kMinimax)) return ToolCallFormat::kMinimax;
   if (has(ToolCallFormat::kDeepSeekV3)) return ToolCallFormat::kDeepSeekV3;
@@ -239,6 +243,40 @@ ToolCallFormat DetectToolCallFormat(std::string_view source) {
   return ToolCallFormat::kNone;
 }
 
+namespace {
+
+// The JSON type a parameter's schema gives its values: "type" (the first that is not "null" of
+// a list), else the first typed branch of "anyOf" / "oneOf" (Pydantic's Optional[str]), else what
+// "enum" / "const" values are (all strings: "string"); "" when it says nothing.
+std::string SchemaType(const OrderedJson& schema, int depth = 0) {
+  if (!schema.is_object() || depth > 8) return "";
+  if (const auto t = schema.find("type"); t != schema.end()) {
+    if (t->is_string()) return t->get<std::string>();
+    if (t->is_array()) {
+      for (const OrderedJson& one : *t) {
+        if (one.is_string() && one.get<std::string>() != "null") return one.get<std::string>();
+      }
+    }
+  }
+  for (const char* key : {"anyOf", "oneOf"}) {
+    const auto branches = schema.find(key);
+    if (branches == schema.end() || !branches->is_array()) continue;
+    for (const OrderedJson& branch : *branches) {
+      std::string type = SchemaType(branch, depth + 1);
+      if (!type.empty() && type != "null") return type;
+    }
+  }
+  if (const auto e = schema.find("enum"); e != schema.end() && e->is_array() && !e->empty()) {
+    bool strings = true;
+    for (const OrderedJson& v : *e) strings = strings && v.is_string();
+    if (strings) return "string";
+  }
+  if (const auto c = schema.find("const"); c != schema.end() && c->is_string()) return "string";
+  return "";
+}
+
+}  // namespace
+
 ToolParamTypes::ToolParamTypes(absl::Span<const ToolSpec> tools) {
   for (const ToolSpec& tool : tools) {
     auto& params =
@@ -248,22 +286,7 @@ ToolParamTypes::ToolParamTypes(absl::Span<const ToolSpec> tools) {
     const auto props = schema->find("properties");
     if (props == schema->end() || !props->is_object()) continue;
     for (auto it = props->begin(); it != props->end(); ++it) {
-      std::string type;
-      if (it.value().is_object()) {
-        if (const auto t = it.value().find("type"); t != it.value().end()) {
-          if (t->is_string()) {
-            type = t->get<std::string>();
-          } else if (t->is_array()) {
-            for (const OrderedJson& one : *t) {
-              if (one.is_string() && one.get<std::string>() != "null") {
-                type = one.get<std::string>();
-                break;
-              }
-            }
-          }
-        }
-      }
-      params.emplace_back(it.key(), std::move(type));
+      params.emplace_back(it.key(), SchemaType(it.value()));
     }
   }
 }
@@ -394,6 +417,7 @@ absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::strin
     case ToolCallFormat::kDeepSeekV3:
     case ToolCallFormat::kKimiK2:
     case ToolCallFormat::kMinimax:
+    case ToolCallFormat::kDeepSeekV32:
       out = ParseMarkup(format, text, types);
       break;
     case ToolCallFormat::kNone:
@@ -447,7 +471,10 @@ std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
     case ToolCallFormat::kNone: return {};
     case ToolCallFormat::kHermes: return {kHermesStart, kHermesEnd};
     case ToolCallFormat::kLlama3Json: return {kPythonTag};
-    case ToolCallFormat::kMistral: return {kMistralStart};
+    // [ARGS] and [CALL_ID] are control tokens of Mistral's v11+ vocabularies: kept too, or the
+    // decoded text would run a call's name into its arguments.
+    case ToolCallFormat::kMistral:
+      return {kMistralStart, "[ARGS]", "[CALL_ID]"};
     case ToolCallFormat::kGranite:
       return {kGraniteStart};
     default:
@@ -828,8 +855,19 @@ ToolCallStream::Result ToolCallStream::Finish(bool parse) {
   for (size_t i = 0; i < r.calls.size() && i < streamed_.size(); ++i) {
     const Streamed& s = streamed_[i];
     if (s.id.empty() || s.name != r.calls[i].name) continue;
+    const std::string& final_args = r.calls[i].arguments;
     absl::StatusOr<OrderedJson> args = ParseOrderedJson(s.arguments, "streamed arguments");
-    if (args.ok() && args->dump() == r.calls[i].arguments) r.calls[i].id = s.id;
+    if (args.ok() && args->dump() == final_args) {
+      r.calls[i].id = s.id;
+    } else if (final_args.size() > s.arguments.size() &&
+               final_args.compare(0, s.arguments.size(), s.arguments) == 0) {
+      // What was streamed begins the call's arguments (an XML-like call the reply's end closed,
+      // with no end tag to close it while it streamed): the rest is its last delta.
+      const std::string id = s.id;
+      AddPiece(static_cast<int>(i), r.calls[i].name,
+               std::string_view(final_args).substr(s.arguments.size()));
+      r.calls[i].id = id;
+    }
   }
   if (single_call_ && r.calls.size() > 1) {
     r.dropped = static_cast<int32_t>(r.calls.size() - 1);

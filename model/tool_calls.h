@@ -24,12 +24,16 @@
 //   minimax      <tool_calls>{"name": "f", "arguments": {...}} one a line</tool_calls>
 //   (MiniMax-M1),
 //                or a JSON array of them inside (Apriel 1.5 / 1.6)
+//   deepseek_v32 DeepSeek's DSML: <｜DSML｜function_calls> (V3.2; V4: <｜DSML｜tool_calls>) holding
+//                <｜DSML｜invoke name="f"><｜DSML｜parameter name="city" string="true">Lima
+//                </｜DSML｜parameter></｜DSML｜invoke>, string="false" on values written as JSON
 //   kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0
 //                <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
-// The XML-like formats (qwen3_coder, glm45, minimax_m2) write each parameter's value as text: it
-// is read by the function's JSON Schema (ToolParamTypes): a parameter typed "string" keeps its
-// text, "integer" / "number" / "boolean" values are read as such (True and False too, as
-// Python's str() writes them), anything else as JSON when it parses, else as text.
+// The XML-like formats (qwen3_coder, glm45, minimax_m2, deepseek_v32) write each parameter's
+// value as text: it is read by the function's JSON Schema (ToolParamTypes), or by DSML's
+// string="true|false": a parameter typed "string" keeps its text, "integer" / "number" /
+// "boolean" values are read as such (True and False too, as Python's str() writes them),
+// anything else as JSON when it parses, else as text.
 // With tool_choice "required" or a named function the model's format does not matter: the reply
 // is constrained (structured outputs) to a JSON array of {"name", "parameters"} objects, or to the
 // named function's arguments, as vLLM does.
@@ -63,16 +67,17 @@ enum class ToolCallFormat {
   kDeepSeekV3,
   kKimiK2,
   kMinimax,
+  kDeepSeekV32,
 };
 
 // "none", "hermes", "llama3_json", "mistral", "granite", "qwen3_coder", "glm45", "minimax_m2",
-// "deepseek_v3" (also "deepseek_v31"), "kimi_k2", "minimax" (INVALID_ARGUMENT naming the
-// accepted ones).
+// "deepseek_v3" (also "deepseek_v31"), "kimi_k2", "minimax", "deepseek_v32" (INVALID_ARGUMENT
+// naming the accepted ones).
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
 std::string_view ToolCallFormatName(ToolCallFormat format);
 
 // The format a chat template teaches, by the call markup its text writes: "<tool_calls>" is
-// minimax (M1's, Apriel's), "<tool_call>" with
+// minimax (M1's, Apriel's), "｜DSML｜" deepseek_v32, "<tool_call>" with
 // "<function=" is qwen3_coder, with "<arg_key>" glm45, alone hermes; "<minimax:tool_call>",
 // DeepSeek's "<｜tool▁calls▁begin｜>", Kimi's "<|tool_calls_section_begin|>", "[TOOL_CALLS]",
 // "<|tool_call|>" and "<|python_tag|>" (or Llama 3.2's JSON instruction) theirs. kNone when it
@@ -204,7 +209,9 @@ class ToolCallStream {
   };
   // The completion ended. `parse`: it ended by itself or at its length limit (not cancelled,
   // timed out or failed), so held calls are parsed; otherwise the held text is released. A
-  // call that was streamed keeps the id its first delta carried.
+  // call that was streamed keeps the id its first delta carried; where the reply's end closed a
+  // streamed call (an XML-like call with no end tag), its last piece is one more delta, for
+  // TakeDeltas after Finish.
   Result Finish(bool parse);
 
   bool holding_call() const { return state_ == State::kCall; }

@@ -20,7 +20,7 @@ TEST(ToolCallFormatTest, NamesRoundTripAndUnknownIsRefused) {
        {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
         ToolCallFormat::kMistral, ToolCallFormat::kGranite, ToolCallFormat::kQwen3Coder,
         ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kDeepSeekV3,
-        ToolCallFormat::kKimiK2, ToolCallFormat::kMinimax}) {
+        ToolCallFormat::kKimiK2, ToolCallFormat::kMinimax, ToolCallFormat::kDeepSeekV32}) {
     EXPECT_EQ(*ToolCallFormatFromName(ToolCallFormatName(f)), f);
   }
   EXPECT_EQ(*ToolCallFormatFromName("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
@@ -259,7 +259,15 @@ Streamed FeedInPieces(ToolCallStream& s, std::string_view text, std::mt19937& rn
     i += n;
   }
   out.result = s.Finish(parse);
-  EXPECT_TRUE(s.TakeDeltas().empty()) << "Finish adds no deltas";
+  // Finish adds a delta only to complete a streamed call the reply's end closed.
+  for (ToolCallDelta& d : s.TakeDeltas()) {
+    EXPECT_TRUE(d.id.empty() && d.name.empty()) << "a call Finish completes was streamed";
+    Streamed::Call& c = out.calls[d.index];
+    EXPECT_GT(c.deltas, 0);
+    ++c.deltas;
+    c.arguments += d.arguments;
+    out.deltas.push_back(std::move(d));
+  }
   return out;
 }
 
@@ -316,8 +324,6 @@ TEST(ToolCallStreamTest, NothingIsLostWithoutACallOrWhenTheCallIsMalformed) {
 TEST(ToolCallStreamTest, MarkerTokensArriveAsTheirText) {
   EXPECT_EQ(ToolCallMarkers(ToolCallFormat::kHermes),
             (std::vector<std::string_view>{"<tool_call>", "</tool_call>"}));
-  EXPECT_EQ(ToolCallMarkers(ToolCallFormat::kMistral),
-            (std::vector<std::string_view>{"[TOOL_CALLS]"}));
   EXPECT_EQ(ToolCallMarkers(ToolCallFormat::kLlama3Json),
             (std::vector<std::string_view>{"<|python_tag|>"}));
   EXPECT_TRUE(ToolCallMarkers(ToolCallFormat::kNone).empty());
@@ -713,6 +719,34 @@ std::vector<MarkupCase> MarkupCases() {
        "\"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
        "two\"}[TOOL_CALLS]get_time[CALL_ID]"
        "a1b2c3d4e[ARGS]{\"zone\": \"America/Sao_Paulo\"}Done."},
+      // DeepSeek V3.2's DSML (string="false": JSON; "true": the text as it is, "01310" too).
+      {ToolCallFormat::kDeepSeekV32,
+       "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter "
+       "name=\"city\" string=\"true\">São Paulo</｜DSML｜parameter>\n<｜DSML｜parameter "
+       "name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"metric\" "
+       "string=\"false\">true</｜DSML｜parameter>\n<｜DSML｜parameter name=\"at\" "
+       "string=\"false\">1.5</｜DSML｜parameter>\n<｜DSML｜parameter name=\"where\" "
+       "string=\"false\">{\"lat\": -23.5, \"tz\": [1]}</｜DSML｜parameter>\n<｜DSML｜parameter "
+       "name=\"tags\" string=\"false\">[\"a\", \"b\"]</｜DSML｜parameter>\n<｜DSML｜parameter "
+       "name=\"zip\" string=\"true\">01310</｜DSML｜parameter>\n<｜DSML｜parameter name=\"note\" "
+       "string=\"true\">if a > b: <b>x</b> -> one\nline "
+       "two</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+       "<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">"
+       "America/Sao_Paulo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>Done."},
+      // V4's: the same in a tool_calls block.
+      {ToolCallFormat::kDeepSeekV32,
+       "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter "
+       "name=\"city\" string=\"true\">São Paulo</｜DSML｜parameter>\n<｜DSML｜parameter "
+       "name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"metric\" "
+       "string=\"false\">true</｜DSML｜parameter>\n<｜DSML｜parameter name=\"at\" "
+       "string=\"false\">1.5</｜DSML｜parameter>\n<｜DSML｜parameter name=\"where\" "
+       "string=\"false\">{\"lat\": -23.5, \"tz\": [1]}</｜DSML｜parameter>\n<｜DSML｜parameter "
+       "name=\"tags\" string=\"false\">[\"a\", \"b\"]</｜DSML｜parameter>\n<｜DSML｜parameter "
+       "name=\"zip\" string=\"true\">01310</｜DSML｜parameter>\n<｜DSML｜parameter name=\"note\" "
+       "string=\"true\">if a > b: <b>x</b> -> one\nline "
+       "two</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
+       "<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">"
+       "America/Sao_Paulo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>Done."},
       // MiniMax-M1's: a call object a line; Apriel's: an array.
       {ToolCallFormat::kMinimax,
        "<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
@@ -900,6 +934,75 @@ TEST(MarkupToolCallsTest, XmlCallsStreamEachParameterOnceItIsWhole) {
   const ToolCallStream::Result r = s.Finish(true);
   ASSERT_EQ(r.calls.size(), 1u);
   EXPECT_EQ(r.calls[0].arguments, args);
+}
+
+// A value without its end tag ends at the next parameter's tag even when a later end tag
+// follows (that one is the next parameter's), as vLLM reads it: whole or streamed, the same
+// call, and the streamed one keeps its id.
+TEST(MarkupToolCallsTest, AValueEndsAtTheNextParameterBeforeALaterEndTag) {
+  const std::string text =
+      "<tool_call>\n<function=f>\n<parameter=a>\nx\n<parameter=b>\ny\n</parameter>\n"
+      "</function>\n</tool_call>";
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(ToolCallFormat::kQwen3Coder, text);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].arguments, R"({"a":"x","b":"y"})");
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kQwen3Coder);
+  std::mt19937 rng(12);
+  for (int trial = 0; trial < 30; ++trial) {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, text, rng);
+    ASSERT_EQ(got.result.calls.size(), 1u);
+    ExpectStreamedAsParsed(got, {0});
+  }
+}
+
+// A reply that ends (EOS, or a stop string on the end tag) after a call's last value closes the
+// call with no end tag: the stream sent it without its "}", and Finish sends that as the call's
+// last delta, so the streamed call is the returned one, id and all.
+TEST(MarkupToolCallsTest, TheReplysEndClosesAStreamedCallWithALastDelta) {
+  const std::pair<ToolCallFormat, std::string> cases[] = {
+      {ToolCallFormat::kGlm45, "<tool_call>f\n<arg_key>a</arg_key>\n<arg_value>x</arg_value>\n"},
+      {ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n"},
+      {ToolCallFormat::kQwen3Coder, "<tool_call>\n<function=g>\n"},
+      {ToolCallFormat::kMinimaxM2,
+       "<minimax:tool_call><invoke name=\"f\"><parameter name=\"a\">x</parameter>"},
+  };
+  std::mt19937 rng(13);
+  for (const auto& [format, text] : cases) {
+    SCOPED_TRACE(text);
+    const ToolCallSyntax syntax = MakeToolCallSyntax(format);
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, text, rng);
+    ASSERT_EQ(got.result.calls.size(), 1u);
+    ExpectStreamedAsParsed(got, {0});
+    EXPECT_EQ(got.calls.at(0).arguments, got.result.calls[0].arguments);
+    EXPECT_EQ(got.deltas.back().arguments.back(), '}');
+  }
+}
+
+// Parameter types from schemas that do not say "type" at the top: Pydantic's Optional[str]
+// (anyOf with null), enums of strings; "3.10" stays text there, a number where typed so.
+TEST(MarkupToolCallsTest, TypesComeFromAnyOfAndEnumsToo) {
+  const std::vector<ToolSpec> tools = {
+      {"f", "",
+       R"({"properties": {"v": {"anyOf": [{"type": "string"}, {"type": "null"}]}, "e": )"
+       R"({"enum": ["1", "2"]}, "n": {"oneOf": [{"type": "null"}, {"type": "number"}]}}})"}};
+  const ToolParamTypes types(tools);
+  EXPECT_EQ(types.Type("f", "v"), "string");
+  EXPECT_EQ(types.Type("f", "e"), "string");
+  EXPECT_EQ(types.Type("f", "n"), "number");
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(
+      ToolCallFormat::kGlm45,
+      "<tool_call>f<arg_key>v</arg_key><arg_value>3.10</arg_value><arg_key>e</arg_key>"
+      "<arg_value>1</arg_value><arg_key>n</arg_key><arg_value>3.10</arg_value></tool_call>",
+      &types);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].arguments, R"({"v":"3.10","e":"1","n":3.1})");
+}
+
+TEST(MarkupToolCallsTest, MistralsControlTokensAreKeptMarkers) {
+  const std::vector<std::string_view> m = ToolCallMarkers(ToolCallFormat::kMistral);
+  EXPECT_EQ(m, (std::vector<std::string_view>{"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}));
 }
 
 TEST(MarkupToolCallsTest, ACutCallStaysSentAndIsReturnedAsText) {

@@ -298,15 +298,19 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       // Only the engine thread feeds a completion's stream (its sink, or SubmitFollowers there).
       ToolCallStream& stream = *tool_streams_[index];
       std::string text = stream.Feed(chunk.text);
-      for (ToolCallDelta& d : stream.TakeDeltas()) {
-        v1::ToolCallDelta* out = msg.add_tool_call_deltas();
-        out->set_index(d.index);
-        out->set_id(std::move(d.id));
-        out->set_name(std::move(d.name));
-        out->set_arguments(std::move(d.arguments));
-      }
+      const auto add_deltas = [&] {
+        for (ToolCallDelta& d : stream.TakeDeltas()) {
+          v1::ToolCallDelta* out = msg.add_tool_call_deltas();
+          out->set_index(d.index);
+          out->set_id(std::move(d.id));
+          out->set_name(std::move(d.name));
+          out->set_arguments(std::move(d.arguments));
+        }
+      };
+      add_deltas();
       if (info) {
         ToolCallStream::Result r = stream.Finish(ParsesToolCalls(info->reason));
+        add_deltas();  // a streamed call the reply's end closed: its last piece
         text += r.text;
         calls = std::move(r.calls);
         if (tool_metrics_ != nullptr) {
