@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -654,120 +656,119 @@ struct MarkupCase {
   std::string text;  // from the start marker on, as the model writes it
 };
 
+// get_weather's arguments as the model writes them: JSON (the JSON formats), or one value a
+// parameter as text (the XML-like formats; `string`: whether DSML marks it a string).
+constexpr char kWeatherJson[] =
+    R"({"city": "São Paulo", "days": 3, "metric": true, "at": 1.5, "where": {"lat": -23.5, )"
+    R"("tz": [1]}, "tags": ["a", "b"], "zip": "01310", "note": "if a > b: <b>x</b> -> one\nline )"
+    R"(two"})";
+constexpr char kTimeJson[] = R"({"zone": "America/Sao_Paulo"})";
+struct TextValue {
+  const char* name;
+  const char* text;
+  bool string;
+};
+constexpr TextValue kWeatherValues[] = {{"city", "São Paulo", true},
+                                        {"days", "3", false},
+                                        {"metric", "true", false},
+                                        {"at", "1.5", false},
+                                        {"where", R"({"lat": -23.5, "tz": [1]})", false},
+                                        {"tags", R"(["a", "b"])", false},
+                                        {"zip", "01310", true},
+                                        {"note", "if a > b: <b>x</b> -> one\nline two", true}};
+
+// The XML-like formats' calls: each value between `open(name, string)` and `close`.
+template <typename Open>
+std::string XmlValues(const Open& open, const std::string& close) {
+  std::string out;
+  for (const TextValue& v : kWeatherValues) out += open(v.name, v.string) + v.text + close;
+  return out;
+}
+
 // Each format's rendering of the same two calls: get_weather with every kind of value (a
-// string that looks like a number, a multi-line string, Python's True, an object), then
-// get_time; then text after them.
+// string that looks like a number, a multi-line string with '<' and '>' in it, a boolean, an
+// object), then get_time; then text after them.
 std::vector<MarkupCase> MarkupCases() {
+  const std::string w = kWeatherJson, t = kTimeJson;
+  // Qwen3-Coder's values on lines of their own, Python's True for the boolean (as `| string`
+  // writes it in its templates).
+  std::string qwen;
+  for (const TextValue& v : kWeatherValues) {
+    const std::string text = std::string(v.name) == "metric" ? "True" : v.text;
+    qwen += absl::StrCat("<parameter=", v.name, ">\n", text, "\n</parameter>\n");
+  }
+  const auto dsml = [&](const std::string& block) {
+    return absl::StrCat(
+        "<｜DSML｜", block, ">\n<｜DSML｜invoke name=\"get_weather\">\n",
+        XmlValues(
+            [](const char* name, bool string) {
+              return absl::StrCat("<｜DSML｜parameter name=\"", name, "\" string=\"",
+                                  string ? "true" : "false", "\">");
+            },
+            "</｜DSML｜parameter>\n"),
+        "</｜DSML｜invoke>\n<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" "
+        "string=\"true\">America/Sao_Paulo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜",
+        block, ">Done.");
+  };
+  const std::string objects = absl::StrCat(R"({"name": "get_weather", "arguments": )", w,
+                                           R"(}, {"name": "get_time", "arguments": )", t, "}");
   return {
       {ToolCallFormat::kQwen3Coder,
-       "<tool_call>\n<function=get_weather>\n<parameter=city>\nSão Paulo\n</parameter>\n"
-       "<parameter=days>\n3\n</parameter>\n<parameter=metric>\nTrue\n</parameter>\n"
-       "<parameter=at>\n1.5\n</parameter>\n<parameter=where>\n{\"lat\": -23.5, \"tz\": [1]}\n"
-       "</parameter>\n<parameter=tags>\n[\"a\", \"b\"]\n</parameter>\n<parameter=zip>\n01310\n"
-       "</parameter>\n<parameter=note>\nif a > b: <b>x</b> -> one\nline "
-       "two\n</parameter>\n</function>\n"
-       "</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=zone>\nAmerica/Sao_Paulo\n"
-       "</parameter>\n</function>\n</tool_call>\nDone."},
+       absl::StrCat("<tool_call>\n<function=get_weather>\n", qwen,
+                    "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n"
+                    "<parameter=zone>\nAmerica/Sao_Paulo\n</parameter>\n</function>\n"
+                    "</tool_call>\nDone.")},
       {ToolCallFormat::kGlm45,
-       "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>São Paulo</arg_value>\n"
-       "<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n<arg_key>metric</arg_key>\n"
-       "<arg_value>true</arg_value>\n<arg_key>at</arg_key><arg_value>1.5</arg_value>"
-       "<arg_key>where</arg_key><arg_value>{\"lat\": -23.5, \"tz\": [1]}</arg_value>"
-       "<arg_key>tags</arg_key><arg_value>[\"a\", \"b\"]</arg_value><arg_key>zip</arg_key>"
-       "<arg_value>01310</arg_value><arg_key>note</arg_key><arg_value>if a > b: <b>x</b> -> "
-       "one\nline two"
-       "</arg_value>\n</tool_call>"
-       "<tool_call>get_time<arg_key>zone</arg_key><arg_value>America/Sao_Paulo</arg_value>"
-       "</tool_call>\nDone."},
+       absl::StrCat("<tool_call>get_weather\n",
+                    XmlValues(
+                        [](const char* name, bool) {
+                          return absl::StrCat("<arg_key>", name, "</arg_key>\n<arg_value>");
+                        },
+                        "</arg_value>\n"),
+                    "</tool_call><tool_call>get_time<arg_key>zone</arg_key>"
+                    "<arg_value>America/Sao_Paulo</arg_value></tool_call>\nDone.")},
       {ToolCallFormat::kMinimaxM2,
-       "<minimax:tool_call>\n<invoke name=\"get_weather\">\n<parameter name=\"city\">São Paulo"
-       "</parameter>\n<parameter name=\"days\">3</parameter>\n<parameter name=\"metric\">true"
-       "</parameter>\n<parameter name=\"at\">1.5</parameter>\n<parameter name=\"where\">"
-       "{\"lat\": -23.5, \"tz\": [1]}</parameter>\n<parameter name=\"tags\">[\"a\", \"b\"]"
-       "</parameter>\n<parameter name=\"zip\">01310</parameter>\n<parameter name=\"note\">"
-       "if a > b: <b>x</b> -> one\nline two</parameter>\n</invoke>\n<invoke name=\"get_time\">\n"
-       "<parameter name=\"zone\">America/Sao_Paulo</parameter>\n</invoke>\n"
-       "</minimax:tool_call>\nDone."},
+       absl::StrCat("<minimax:tool_call>\n<invoke name=\"get_weather\">\n",
+                    XmlValues([](const char* name,
+                                 bool) { return absl::StrCat("<parameter name=\"", name, "\">"); },
+                              "</parameter>\n"),
+                    "</invoke>\n<invoke name=\"get_time\">\n<parameter name=\"zone\">"
+                    "America/Sao_Paulo</parameter>\n</invoke>\n</minimax:tool_call>\nDone.")},
+      // DeepSeek V3.2's DSML (string="false": JSON; "true": the text as it is, "01310" too),
+      // and V4's, the same in a tool_calls block.
+      {ToolCallFormat::kDeepSeekV32, dsml("function_calls")},
+      {ToolCallFormat::kDeepSeekV32, dsml("tool_calls")},
       {ToolCallFormat::kDeepSeekV3,
-       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"São "
-       "Paulo\", "
-       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
-       "two\"}"
-       "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>{\"zone\": "
-       "\"America/Sao_Paulo\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>Done."},
+       absl::StrCat("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>", w,
+                    "<｜tool▁call▁end｜><｜tool▁call▁begin｜>get_time<｜tool▁sep｜>", t,
+                    "<｜tool▁call▁end｜><｜tool▁calls▁end｜>Done.")},
       // R1's and V3's: "function", the name on its line, the arguments in a ```json fence.
       {ToolCallFormat::kDeepSeekV3,
-       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
-       "{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": "
-       "-23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > "
-       "b: <b>x</b> -> one\\nline "
-       "two\"}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>"
-       "get_time\n```json\n{\"zone\": \"America/Sao_Paulo\"}\n```<｜tool▁call▁end｜>"
-       "<｜tool▁calls▁end｜>Done."},
+       absl::StrCat(
+           "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n"
+           "```json\n",
+           w,
+           "\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_time\n"
+           "```json\n",
+           t, "\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>Done.")},
       {ToolCallFormat::kKimiK2,
-       "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
-       "<|tool_call_argument_begin|>{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, "
-       "\"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], "
-       "\"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline two\"}<|tool_call_end|>"
-       "<|tool_call_begin|>functions.get_time:1<|tool_call_argument_begin|>{\"zone\": "
-       "\"America/Sao_Paulo\"}<|tool_call_end|><|tool_calls_section_end|>Done."},
+       absl::StrCat("<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+                    "<|tool_call_argument_begin|>",
+                    w,
+                    "<|tool_call_end|><|tool_call_begin|>functions.get_time:1"
+                    "<|tool_call_argument_begin|>",
+                    t, "<|tool_call_end|><|tool_calls_section_end|>Done.")},
       // Mistral's v11+ tokenizers: [TOOL_CALLS]NAME[ARGS]{...} a call.
       {ToolCallFormat::kMistral,
-       "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"São Paulo\", \"days\": 3, \"metric\": true, "
-       "\"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, \"tags\": [\"a\", \"b\"], "
-       "\"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
-       "two\"}[TOOL_CALLS]get_time[CALL_ID]"
-       "a1b2c3d4e[ARGS]{\"zone\": \"America/Sao_Paulo\"}Done."},
-      // DeepSeek V3.2's DSML (string="false": JSON; "true": the text as it is, "01310" too).
-      {ToolCallFormat::kDeepSeekV32,
-       "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter "
-       "name=\"city\" string=\"true\">São Paulo</｜DSML｜parameter>\n<｜DSML｜parameter "
-       "name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"metric\" "
-       "string=\"false\">true</｜DSML｜parameter>\n<｜DSML｜parameter name=\"at\" "
-       "string=\"false\">1.5</｜DSML｜parameter>\n<｜DSML｜parameter name=\"where\" "
-       "string=\"false\">{\"lat\": -23.5, \"tz\": [1]}</｜DSML｜parameter>\n<｜DSML｜parameter "
-       "name=\"tags\" string=\"false\">[\"a\", \"b\"]</｜DSML｜parameter>\n<｜DSML｜parameter "
-       "name=\"zip\" string=\"true\">01310</｜DSML｜parameter>\n<｜DSML｜parameter name=\"note\" "
-       "string=\"true\">if a > b: <b>x</b> -> one\nline "
-       "two</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
-       "<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">"
-       "America/Sao_Paulo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>Done."},
-      // V4's: the same in a tool_calls block.
-      {ToolCallFormat::kDeepSeekV32,
-       "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n<｜DSML｜parameter "
-       "name=\"city\" string=\"true\">São Paulo</｜DSML｜parameter>\n<｜DSML｜parameter "
-       "name=\"days\" string=\"false\">3</｜DSML｜parameter>\n<｜DSML｜parameter name=\"metric\" "
-       "string=\"false\">true</｜DSML｜parameter>\n<｜DSML｜parameter name=\"at\" "
-       "string=\"false\">1.5</｜DSML｜parameter>\n<｜DSML｜parameter name=\"where\" "
-       "string=\"false\">{\"lat\": -23.5, \"tz\": [1]}</｜DSML｜parameter>\n<｜DSML｜parameter "
-       "name=\"tags\" string=\"false\">[\"a\", \"b\"]</｜DSML｜parameter>\n<｜DSML｜parameter "
-       "name=\"zip\" string=\"true\">01310</｜DSML｜parameter>\n<｜DSML｜parameter name=\"note\" "
-       "string=\"true\">if a > b: <b>x</b> -> one\nline "
-       "two</｜DSML｜parameter>\n</｜DSML｜invoke>\n"
-       "<｜DSML｜invoke name=\"get_time\">\n<｜DSML｜parameter name=\"zone\" string=\"true\">"
-       "America/Sao_Paulo</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>Done."},
+       absl::StrCat("[TOOL_CALLS]get_weather[ARGS]", w,
+                    "[TOOL_CALLS]get_time[CALL_ID]a1b2c3d4e[ARGS]", t, "Done.")},
       // MiniMax-M1's: a call object a line; Apriel's: an array.
       {ToolCallFormat::kMinimax,
-       "<tool_calls>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
-       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
-       "two\"}}\n"
-       "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}\n"
-       "</tool_calls>Done."},
-      {ToolCallFormat::kMinimax,
-       "<tool_calls>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
-       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
-       "two\"}}, "
-       "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}]"
-       "</tool_calls>Done."},
-      {ToolCallFormat::kGranite,
-       "<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"city\": \"São Paulo\", "
-       "\"days\": 3, \"metric\": true, \"at\": 1.5, \"where\": {\"lat\": -23.5, \"tz\": [1]}, "
-       "\"tags\": [\"a\", \"b\"], \"zip\": \"01310\", \"note\": \"if a > b: <b>x</b> -> one\\nline "
-       "two\"}}, "
-       "{\"name\": \"get_time\", \"arguments\": {\"zone\": \"America/Sao_Paulo\"}}]Done."},
+       absl::StrCat("<tool_calls>\n",
+                    absl::StrReplaceAll(objects, {{"}, {\"name\"", "}\n{\"name\""}}),
+                    "\n</tool_calls>Done.")},
+      {ToolCallFormat::kMinimax, absl::StrCat("<tool_calls>[", objects, "]</tool_calls>Done.")},
+      {ToolCallFormat::kGranite, absl::StrCat("<|tool_call|>[", objects, "]Done.")},
   };
 }
 
