@@ -91,6 +91,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if (mode == kvrm::ToolCallStream::Mode::kAuto) {
       FUZZ_CHECK(out.find(syntax.start) == std::string::npos);
+      for (const std::string& also : syntax.also_starts) {
+        FUZZ_CHECK(out.find(also) == std::string::npos);
+      }
     }
     streamed += out;
     start = end + 1;

@@ -461,6 +461,7 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format) {
       break;
     default:
       s.start = std::string(tool_markup::StartMarker(format));
+      if (format == ToolCallFormat::kQwen3Coder) s.also_starts = {"<function="};
       break;
   }
   return s;
@@ -831,7 +832,9 @@ std::string ToolCallStream::FeedText(std::string_view text) {
     if (lead.size() < start.size() && absl::StartsWith(AV(start), AV(lead))) return "";
     state_ = State::kContent;
   }
-  const size_t at = pending_.find(start);
+  // The first marker that begins calls: the format's start, or one it also begins with.
+  size_t at = pending_.find(start);
+  for (const std::string& also : syntax_->also_starts) at = std::min(at, pending_.find(also));
   if (at != std::string::npos) {
     std::string out = pending_.substr(0, at);
     held_ = pending_.substr(at);
@@ -839,9 +842,15 @@ std::string ToolCallStream::FeedText(std::string_view text) {
     state_ = State::kCall;
     return out;
   }
-  // Hold back the longest tail that could begin the marker.
-  size_t keep = std::min(pending_.size(), start.size() - 1);
-  while (keep > 0 && !absl::EndsWith(AV(pending_), AV(start.substr(0, keep)))) --keep;
+  // Hold back the longest tail that could begin a marker.
+  size_t keep = 0;
+  const auto hold = [&](std::string_view marker) {
+    size_t k = std::min(pending_.size(), marker.size() - 1);
+    while (k > keep && !absl::EndsWith(AV(pending_), AV(marker.substr(0, k)))) --k;
+    keep = std::max(keep, k);
+  };
+  hold(start);
+  for (const std::string& also : syntax_->also_starts) hold(also);
   std::string out = pending_.substr(0, pending_.size() - keep);
   pending_.erase(0, pending_.size() - keep);
   return out;

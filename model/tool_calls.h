@@ -164,6 +164,9 @@ absl::StatusOr<ToolCall> ParseNamedToolCall(std::string_view name, std::string_v
 struct ToolCallSyntax {
   ToolCallFormat format = ToolCallFormat::kNone;
   std::string start;                   // the marker as text ("" for kNone)
+  // Markers that begin calls too: Qwen3-Coder's "<function=" when the model leaves out
+  // <tool_call>, as vLLM's parser takes it.
+  std::vector<std::string> also_starts;
   std::vector<int32_t> marker_tokens;  // the format's markers that are special tokens, by id
 };
 // The strings a format writes its calls with: the start marker (and Hermes's end marker).

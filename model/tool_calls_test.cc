@@ -1006,6 +1006,31 @@ TEST(MarkupToolCallsTest, MistralsControlTokensAreKeptMarkers) {
   EXPECT_EQ(m, (std::vector<std::string_view>{"[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"}));
 }
 
+// Qwen3-Coder sometimes writes its functions without <tool_call> around them: "<function=" starts
+// calls too (the text before it streams, "<functi" held back until it is known), and they are
+// read as a block of their own, as vLLM reads them.
+TEST(MarkupToolCallsTest, Qwen3CoderCallsWithoutTheirToolCallTags) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kQwen3Coder);
+  const std::string text =
+      "<function=get_weather>\n<parameter=city>\nLima\n</parameter>\n</function>\n"
+      "<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+  std::mt19937 rng(14);
+  for (int trial = 0; trial < 30; ++trial) {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, "Sure. " + text, rng);
+    EXPECT_EQ(got.streamed, "Sure. ");
+    ASSERT_EQ(got.result.calls.size(), 2u);
+    EXPECT_EQ(got.result.calls[0].arguments, R"({"city":"Lima"})");
+    EXPECT_EQ(got.result.calls[1].name, "get_time");
+    ExpectStreamedAsParsed(got, {0, 1});
+  }
+  // A "<" that begins no marker is released.
+  ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+  EXPECT_EQ(s.Feed("a <fun"), "a ");
+  EXPECT_EQ(s.Feed("ny> b"), "<funny> b");
+  EXPECT_TRUE(s.Finish(true).calls.empty());
+}
+
 TEST(MarkupToolCallsTest, ACutCallStaysSentAndIsReturnedAsText) {
   const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kGlm45);
   ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax, "", false, MarkupTools());
