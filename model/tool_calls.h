@@ -111,13 +111,14 @@ class ToolParamTypes {
   ToolParamTypes() = default;
   explicit ToolParamTypes(absl::Span<const ToolSpec> tools);
 
-  // The schema's "type" of parameter `param` of `function` ("" when it gives none, or the
-  // function or parameter is not offered).
+  // The JSON type parameter `param` of `function` takes: its schema's "type" (the first that is
+  // not "null" of a list), else the first typed branch of its "anyOf" / "oneOf", else "string"
+  // for an "enum" of strings or a string "const"; "" when the schema says none of these, or the
+  // function or parameter is not offered.
   std::string_view Type(std::string_view function, std::string_view param) const;
 
  private:
-  // function -> parameter -> its schema's "type" (the first that is not "null" of a list; ""
-  // when the schema gives none).
+  // function -> parameter -> the type Type() returns.
   std::vector<std::pair<std::string, std::vector<std::pair<std::string, std::string>>>> types_;
 };
 
