@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "common/dtype.h"
 #include "common/json.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -196,10 +197,37 @@ absl::Status ParseRope(const Json& root, std::string_view what, LlamaConfig* c) 
   const Fields p(*params, what, "rope_parameters.");
   if (p.Get("rope_type") == nullptr && p.Get("type") == nullptr &&
       p.Get("rope_theta") == nullptr) {
-    // Keyed by layer type ({"full_attention": {...}, "sliding_attention": {...}}): models
-    // whose layers rotate differently, which this engine does not compute.
-    return f.Unimplemented("rope_parameters",
-                           "without rope_type or rope_theta (per layer type) is not supported");
+    // Keyed by layer type ({"full_attention": {...}, "sliding_attention": {...}}, Transformers
+    // 5's Gemma 3): the full layers' as rope_theta / rope_scaling, the sliding layers' base as
+    // rope_local_base_freq (they rotate unscaled here, as Gemma 3's do).
+    const Json* full = p.Get("full_attention");
+    const Json* sliding = p.Get("sliding_attention");
+    if (c->model_type != "gemma3_text" || full == nullptr || !full->is_object()) {
+      return f.Unimplemented("rope_parameters",
+                             "without rope_type or rope_theta is supported only as Gemma 3's "
+                             "(keyed by full_attention and sliding_attention)");
+    }
+    if (sliding != nullptr) {
+      if (!sliding->is_object()) {
+        return f.Invalid("rope_parameters", "sliding_attention must be an object");
+      }
+      const Fields local(*sliding, what, "rope_parameters.sliding_attention.");
+      std::string type = "default";
+      RETURN_IF_ERROR(local.String("rope_type", false, &type));
+      if (type != "default") {
+        return local.Unimplemented("rope_type", absl::StrCat("\"", type,
+                                                             "\": the sliding layers rotate "
+                                                             "unscaled here"));
+      }
+      RETURN_IF_ERROR(local.PositiveDouble("rope_theta", false, &c->rope_local_theta));
+    }
+    const Fields g(*full, what, "rope_parameters.full_attention.");
+    RETURN_IF_ERROR(g.PositiveDouble("rope_theta", false, &c->rope_theta));
+    if (g.Get("rope_type") != nullptr || g.Get("type") != nullptr) {
+      RETURN_IF_ERROR(ParseScalingObject(*full, what, "rope_parameters.full_attention.",
+                                         c->max_position_embeddings, &c->rope_scaling));
+    }
+    return absl::OkStatus();
   }
   double theta = c->rope_theta;
   RETURN_IF_ERROR(p.PositiveDouble("rope_theta", false, &theta));
@@ -266,7 +294,7 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
   } else if (c->model_type != "mistral") {  // MistralAttention has no biases (ignores the key)
     c->qkv_bias = c->o_bias = attention_bias;
   }
-  c->qk_norm = c->model_type == "qwen3";
+  c->qk_norm = c->model_type == "qwen3" || c->model_type == "gemma3_text";
   // Rotating part of each head (Phi-4-mini's 0.75, GPT-NeoX's rotary_pct): not computed here.
   double rotary = 1;
   RETURN_IF_ERROR(f.PositiveDouble("partial_rotary_factor", false, &rotary));
@@ -280,52 +308,110 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
   if (mlp_bias) {
     return f.Unimplemented("mlp_bias", "is true: biased MLP projections are not supported");
   }
-  std::string act = "silu";
-  RETURN_IF_ERROR(f.String("hidden_act", false, &act));
-  if (act != "silu") {
-    return f.Unimplemented("hidden_act",
-                           absl::StrCat("\"", act, "\" is not supported (only silu)"));
+  // Gemma's modeling code reads hidden_activation (its configs carry hidden_act too).
+  const char* act_key = c->norm_weight_offset != 0 && f.Get("hidden_activation") != nullptr
+                            ? "hidden_activation"
+                            : "hidden_act";
+  RETURN_IF_ERROR(f.String(act_key, false, &c->hidden_act));
+  if (c->hidden_act != "silu" && c->hidden_act != "gelu_pytorch_tanh") {
+    return f.Unimplemented(act_key, absl::StrCat("\"", c->hidden_act,
+                                                 "\" is not supported (silu, gelu_pytorch_tanh)"));
   }
   return absl::OkStatus();
 }
 
-// The sliding-window span: kept when shorter than the model's context (the engine serves at most
-// that much, where windowed attention is full attention). Mistral and Phi-3: `sliding_window`
-// (Phi-3-mini-4k's 2047 of 4096). Qwen2 and
-// Qwen3 (as their Transformers configs read it): `sliding_window` only when `use_sliding_window`
-// is true, for the layers `layer_types` names "sliding_attention", or without layer_types those
-// from `max_window_layers` (default 28) on. Transformers' Llama ignores the key.
+// Which layers attend within `sliding_window`, and its span (none when no shorter than the
+// model's context). Mistral and Phi-3: every layer (Phi-3-mini-4k's 2047 of 4096). Gemma 2 / 3 and
+// Qwen2 / Qwen3 with use_sliding_window (as their Transformers configs read it): the layers
+// `layer_types` names "sliding_attention"; without layer_types, Gemma 2's even layers, Gemma 3's
+// all but every sliding_window_pattern-th (default 6), Qwen's from max_window_layers (default
+// 28) on. Transformers' Llama and Granite ignore the key.
 absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
-  if (c->model_type == "llama") return absl::OkStatus();
-  if (c->model_type != "mistral" && c->model_type != "phi3") {
+  const std::string& type = c->model_type;
+  if (type == "llama" || type == "granite") return absl::OkStatus();
+  const bool gemma = type == "gemma2" || type == "gemma3_text";
+  const bool qwen = type == "qwen2" || type == "qwen3";
+  const int32_t layers = c->num_hidden_layers;
+  std::vector<bool> sliding(layers, true);
+  if (qwen) {
     bool windowed = false;
     RETURN_IF_ERROR(f.Bool("use_sliding_window", &windowed));
     if (!windowed) return absl::OkStatus();
-    if (const Json* types = f.Get("layer_types")) {
-      if (!types->is_array()) return f.Invalid("layer_types", "must be a list of strings");
-      windowed = false;
-      for (const Json& t : *types) {
-        if (t == "sliding_attention") {
-          windowed = true;
-        } else if (t != "full_attention") {
-          return f.Unimplemented(
-              "layer_types",
-              absl::StrCat(t.dump(), " is not supported (full_attention, sliding_attention)"));
-        }
-      }
-    } else {
-      int64_t first = 28;
-      RETURN_IF_ERROR(f.Int("max_window_layers", false, 0, kInt32Max, &first));
-      windowed = first < c->num_hidden_layers;
-    }
-    if (!windowed) return absl::OkStatus();
   }
-  int64_t window = 0;
+  if (const Json* types = f.Get("layer_types")) {
+    if (!types->is_array() || types->size() != static_cast<size_t>(layers)) {
+      return f.Invalid("layer_types",
+                       absl::StrCat("must be a list of num_hidden_layers (", layers, ") strings"));
+    }
+    for (int32_t i = 0; i < layers; ++i) {
+      const Json& t = (*types)[i];
+      if (t != "sliding_attention" && t != "full_attention") {
+        return f.Unimplemented(
+            "layer_types",
+            absl::StrCat(t.dump(), " is not supported (full_attention, sliding_attention)"));
+      }
+      sliding[i] = t == "sliding_attention";
+    }
+  } else if (type == "gemma2") {
+    for (int32_t i = 0; i < layers; ++i) sliding[i] = i % 2 == 0;
+  } else if (type == "gemma3_text") {
+    int64_t pattern = 6;
+    RETURN_IF_ERROR(f.Int("sliding_window_pattern", false, 1, kInt32Max, &pattern));
+    for (int32_t i = 0; i < layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+  } else if (qwen) {
+    int64_t first = 28;
+    RETURN_IF_ERROR(f.Int("max_window_layers", false, 0, kInt32Max, &first));
+    for (int32_t i = 0; i < layers; ++i) sliding[i] = i >= first;
+  }
+  if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return absl::OkStatus();
+  int64_t window = gemma ? 4096 : 0;  // Gemma2Config's and Gemma3TextConfig's default
   RETURN_IF_ERROR(f.Int("sliding_window", false, 1, std::numeric_limits<int64_t>::max(), &window));
+  // The layers stay marked without a window: Gemma 3's still rotate with the local base.
+  c->sliding_layers = std::move(sliding);
   if (window != 0 && window < c->max_position_embeddings) {
     c->sliding_window = static_cast<int32_t>(window);
   }
   return absl::OkStatus();
+}
+
+// Gemma 2 / 3's differences from the Llama block (LlamaConfig's Gemma fields), with their
+// Transformers config classes' defaults. A softcapping key that is null means none; absent, the
+// class default (Gemma 2: 50 and 30; Gemma 3: none).
+absl::Status ParseGemma(const Json& root, const Fields& f, LlamaConfig* c) {
+  const bool gemma2 = c->model_type == "gemma2";
+  c->norm_weight_offset = 1;
+  c->sandwich_norms = true;
+  c->hidden_act = "gelu_pytorch_tanh";
+  c->tie_word_embeddings = true;
+  c->rms_norm_eps = 1e-6;
+  c->rope_theta = gemma2 ? 10000 : 1000000;
+  if (!gemma2) c->rope_local_theta = 10000;
+  RETURN_IF_ERROR(f.PositiveDouble("rope_local_base_freq", false, &c->rope_local_theta));
+  double query_pre_attn_scalar = 256;
+  RETURN_IF_ERROR(f.PositiveDouble("query_pre_attn_scalar", false, &query_pre_attn_scalar));
+  c->attention_scale = 1 / std::sqrt(query_pre_attn_scalar);
+  const auto softcap = [&](const char* key, double default_value, double* out) -> absl::Status {
+    *out = root.contains(key) ? 0 : default_value;
+    return f.PositiveDouble(key, false, out);
+  };
+  RETURN_IF_ERROR(softcap("attn_logit_softcapping", gemma2 ? 50 : 0, &c->attn_logit_softcapping));
+  RETURN_IF_ERROR(softcap("final_logit_softcapping", gemma2 ? 30 : 0, &c->final_logit_softcapping));
+  bool bidirectional = false;
+  RETURN_IF_ERROR(f.Bool("use_bidirectional_attention", &bidirectional));
+  if (bidirectional) {
+    return f.Unimplemented("use_bidirectional_attention",
+                           "is true (an embedding model): only causal attention is served");
+  }
+  return absl::OkStatus();
+}
+
+// Gemma's embedding multiplier: sqrt(hidden_size) as a tensor of the model's dtype holds it
+// (Gemma2Model / Gemma3TextScaledWordEmbedding), e.g. 33.94 -> 34 in bfloat16.
+double GemmaEmbeddingScale(const LlamaConfig& c) {
+  const float scale = static_cast<float>(std::sqrt(static_cast<double>(c.hidden_size)));
+  if (c.torch_dtype == "bfloat16") return Bf16ToFloat(FloatToBf16(scale));
+  if (c.torch_dtype == "float16") return F16ToFloat(FloatToF16(scale));
+  return scale;
 }
 
 absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
@@ -369,11 +455,42 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   const Fields f(root, what);
   LlamaConfig c;
   RETURN_IF_ERROR(f.String("model_type", true, &c.model_type));
+  if (c.model_type == "gemma3") {
+    // Gemma3ForConditionalGeneration (Gemma 3 4B and up): its language model is served, from
+    // text_config (whose model_type is gemma3_text); the vision tower is not loaded.
+    const Json* text = f.Get("text_config");
+    if (text == nullptr || !text->is_object()) {
+      return f.Invalid("text_config", "must be an object (gemma3's language model)");
+    }
+    Json inner = *text;
+    inner["model_type"] = "gemma3_text";
+    // Google's files give only what differs from Gemma3TextConfig's defaults.
+    const std::pair<const char*, int64_t> kDefaults[] = {{"vocab_size", 262208},
+                                                         {"hidden_size", 2304},
+                                                         {"intermediate_size", 9216},
+                                                         {"num_hidden_layers", 26},
+                                                         {"num_attention_heads", 8},
+                                                         {"num_key_value_heads", 4},
+                                                         {"max_position_embeddings", 131072}};
+    for (const auto& [key, value] : kDefaults) {
+      if (!inner.contains(key)) inner[key] = value;
+    }
+    for (const char* key : {"torch_dtype", "dtype", "bos_token_id", "eos_token_id"}) {
+      if (!inner.contains(key) && root.contains(key)) inner[key] = root[key];
+    }
+    ASSIGN_OR_RETURN(
+        LlamaConfig inner_config,
+        ParseLlamaConfig(inner.dump(), absl::StrCat(std::string(what), " text_config")));
+    inner_config.multimodal_wrapper = true;
+    return inner_config;
+  }
+  const bool gemma = c.model_type == "gemma2" || c.model_type == "gemma3_text";
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3" && c.model_type != "phi3" && c.model_type != "granite") {
+      c.model_type != "qwen3" && c.model_type != "phi3" && c.model_type != "granite" && !gemma) {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
-                                                      "qwen2, qwen3, phi3, granite)"));
+                                                      "qwen2, qwen3, phi3, granite, gemma2, "
+                                                      "gemma3, gemma3_text)"));
   }
   c.fused_projections = c.model_type == "phi3";
   if (c.model_type == "granite") {
@@ -384,12 +501,15 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     RETURN_IF_ERROR(f.PositiveDouble("residual_multiplier", false, &c.residual_multiplier));
     RETURN_IF_ERROR(f.PositiveDouble("logits_scaling", false, &c.logits_scaling));
   }
+  if (gemma) c.head_dim = 256;  // Gemma2Config's and Gemma3TextConfig's default
   RETURN_IF_ERROR(ParseSizes(f, &c));
+  if (gemma) RETURN_IF_ERROR(ParseGemma(root, f, &c));
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
   RETURN_IF_ERROR(ParseRope(root, what, &c));
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(f.String("torch_dtype", false, &c.torch_dtype));
   if (c.torch_dtype.empty()) RETURN_IF_ERROR(f.String("dtype", false, &c.torch_dtype));
+  if (gemma) c.embedding_multiplier = GemmaEmbeddingScale(c);
   RETURN_IF_ERROR(ParseAttentionFeatures(f, &c));
   RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
   RETURN_IF_ERROR(ParseTokenIds(root, what, c.vocab_size, &c));
@@ -398,9 +518,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
 
 std::string_view ArchitectureClassName(std::string_view model_type) {
   static constexpr std::pair<std::string_view, std::string_view> kClasses[] = {
-      {"llama", "LlamaForCausalLM"}, {"mistral", "MistralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"}, {"qwen3", "Qwen3ForCausalLM"},
-      {"phi3", "Phi3ForCausalLM"},   {"granite", "GraniteForCausalLM"}};
+      {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},     {"granite", "GraniteForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"}, {"gemma3_text", "Gemma3ForCausalLM"}};
   for (const auto& [type, name] : kClasses) {
     if (type == model_type) return name;
   }
@@ -474,6 +595,15 @@ std::vector<double> RopeInverseFrequencies(const LlamaConfig& config) {
     }
   }
   return inv_freq;
+}
+
+LlamaConfig LocalRopeConfig(const LlamaConfig& config) {
+  LlamaConfig local = config;
+  if (config.rope_local_theta > 0) {
+    local.rope_theta = config.rope_local_theta;
+    local.rope_scaling = RopeScaling{};
+  }
+  return local;
 }
 
 std::vector<float> RopeTable(const LlamaConfig& config, int64_t positions) {

@@ -1,5 +1,5 @@
 // Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3, phi3,
-// granite), validated on load.
+// granite) and Gemma 2 / 3 (gemma2, gemma3_text, and gemma3's text model), validated on load.
 //
 // The file is untrusted: every size is checked before anyone allocates from it, and features the
 // engine does not implement (MLP biases, unknown RoPE scalings, sliding windows shorter than the
@@ -40,7 +40,8 @@ struct RopeScaling {
 };
 
 struct LlamaConfig {
-  // "llama", "mistral", "qwen2", "qwen3", "phi3" or "granite": the Llama block, with Qwen2's
+  // "llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma2" or "gemma3_text" (also
+  // gemma3's text model: multimodal_wrapper): the Llama block, with Qwen2's
   // Q/K/V biases and Qwen3's per-head Q/K RMSNorm (the flags below say which a model has); Phi-3
   // stores Q/K/V as one qkv_proj and gate/up as one gate_up_proj (`fused_projections`); Granite
   // scales the embedding, the attention scores, the residual branches and the logits by the
@@ -57,10 +58,16 @@ struct LlamaConfig {
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000;
   RopeScaling rope_scaling;
-  // Mistral's sliding-window attention span (0: none, or a Llama config, whose HF model ignores
-  // the key). Attention over at most this many positions is full causal attention, so a served
-  // context within it is exact; the engine keeps max_context within it.
+  // Sliding-window attention (Mistral, Qwen2 with use_sliding_window, Phi-3, Gemma 2 / 3): a
+  // position attends to the last `sliding_window` positions, itself included, in the layers
+  // `sliding_layers` marks (0: none, or a Llama config, whose HF model ignores the key; a window
+  // no shorter than the model's context is none). Use SlidingWindowOf(layer).
   int32_t sliding_window = 0;
+  // [num_hidden_layers], or empty: no layer slides. Marked even when the window is none.
+  std::vector<bool> sliding_layers;
+  // Gemma 3: the RoPE base of the sliding layers, which rotate without rope_scaling
+  // (rope_local_base_freq; 0: every layer rotates as rope_theta and rope_scaling say).
+  double rope_local_theta = 0;
   bool tie_word_embeddings = false;
   // Biases on the Q, K and V projections (qwen2 always; llama and qwen3 with attention_bias).
   bool qkv_bias = false;
@@ -80,9 +87,36 @@ struct LlamaConfig {
   double attention_scale = 0;  // 0: 1 / sqrt(head_dim)
   double residual_multiplier = 1;
   double logits_scaling = 1;
+  // Gemma 2 / 3 (1 / false / 0 / "silu" for the others):
+  // - RMSNorm multiplies by (norm_weight_offset + w): Gemma stores its norm weights as w - 1;
+  // - `sandwich_norms`: the attention and MLP outputs are normalized again before they join the
+  //   residual stream (post_attention_layernorm, post_feedforward_layernorm), and the MLP's input
+  //   by pre_feedforward_layernorm;
+  // - attention scores s become c tanh(s / c) with c = attn_logit_softcapping, and the logits
+  //   likewise with final_logit_softcapping (0: none);
+  // - the embedding multiplier is sqrt(hidden_size) as the model's dtype rounds it, the
+  //   attention scale query_pre_attn_scalar^-1/2, and the MLP activation `hidden_act`:
+  //   "silu" or "gelu_pytorch_tanh" (GELU's tanh approximation).
+  double norm_weight_offset = 0;
+  bool sandwich_norms = false;
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
+  std::string hidden_act = "silu";
+  // gemma3 (Gemma3ForConditionalGeneration): this is its text_config, whose language model is
+  // served; its tensors are named under language_model.model. (or model.language_model.).
+  bool multimodal_wrapper = false;
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be an int or a list
   std::string torch_dtype;             // informational ("torch_dtype", or "dtype" in newer files)
+
+  // The window layer `layer` attends within (0: all of its history).
+  int32_t SlidingWindowOf(int32_t layer) const {
+    return sliding_window > 0 && IsSlidingLayer(layer) ? sliding_window : 0;
+  }
+  bool IsSlidingLayer(int32_t layer) const {
+    return !sliding_layers.empty() && sliding_layers[layer];
+  }
+  bool gelu_tanh() const { return hidden_act == "gelu_pytorch_tanh"; }
 };
 
 // Reads <model_dir>/config.json and, when present, <model_dir>/generation_config.json, whose
@@ -109,6 +143,10 @@ std::vector<double> RopeInverseFrequencies(const LlamaConfig& config);
 // head_dim / 2 cosines then the sines of position * inverse frequency, times the scaling's
 // attention_factor, computed in double and rounded once.
 std::vector<float> RopeTable(const LlamaConfig& config, int64_t positions);
+
+// The config the sliding layers rotate with: `config` itself, or with Gemma 3's local base
+// (rope_local_theta) and no scaling. Pass it to RopeInverseFrequencies / RopeTable.
+LlamaConfig LocalRopeConfig(const LlamaConfig& config);
 
 }  // namespace kvrm
 

@@ -528,6 +528,7 @@ TEST(ConfigTest, QwenSlidingWindowOnlyWhereUsed) {
   struct Case {
     std::function<void(Json&)> edit;
     int32_t window;
+    std::vector<int32_t> sliding = {};
   };
   const std::vector<Case> cases = {
       {[](Json& j) { j["sliding_window"] = 4096; }, 0},  // use_sliding_window false
@@ -535,7 +536,8 @@ TEST(ConfigTest, QwenSlidingWindowOnlyWhereUsed) {
          j["use_sliding_window"] = true;
          j["sliding_window"] = 4096;
        },
-       4096},  // layers 21..23
+       4096,
+       {21, 22, 23}},
       {[](Json& j) {
          j["use_sliding_window"] = true;
          j["sliding_window"] = 4096;
@@ -551,13 +553,18 @@ TEST(ConfigTest, QwenSlidingWindowOnlyWhereUsed) {
       {[](Json& j) {
          j["use_sliding_window"] = true;
          j["sliding_window"] = 4096;
-         j["layer_types"] = {"full_attention", "sliding_attention"};
+         j["layer_types"] = Json::array();
+         for (int i = 0; i < 24; ++i) {
+           j["layer_types"].push_back(i == 1 ? "sliding_attention" : "full_attention");
+         }
        },
-       4096},
+       4096,
+       {1}},
       {[](Json& j) {
          j["use_sliding_window"] = true;
          j["sliding_window"] = 4096;
-         j["layer_types"] = {"full_attention"};
+         j["layer_types"] = Json::array();
+         for (int i = 0; i < 24; ++i) j["layer_types"].push_back("full_attention");
        },
        0},
       {[](Json& j) {
@@ -570,19 +577,33 @@ TEST(ConfigTest, QwenSlidingWindowOnlyWhereUsed) {
     absl::StatusOr<LlamaConfig> c = with(cases[i].edit);
     ASSERT_TRUE(c.ok()) << i << ": " << c.status();
     EXPECT_EQ(c->sliding_window, cases[i].window) << "case " << i;
+    // Which layers slide: from max_window_layers (21 in Qwen2.5-0.5B's file), or layer_types.
+    std::vector<int32_t> sliding;
+    for (int32_t l = 0; l < c->num_hidden_layers; ++l) {
+      if (c->SlidingWindowOf(l) > 0) sliding.push_back(l);
+    }
+    EXPECT_EQ(sliding, cases[i].sliding) << "case " << i;
   }
   ExpectError(with([](Json& j) {
                 j["use_sliding_window"] = true;
-                j["layer_types"] = {"chunked_attention"};
+                j["layer_types"] = Json::array();
+                for (int i = 0; i < 24; ++i) j["layer_types"].push_back("chunked_attention");
               }).status(),
               absl::StatusCode::kUnimplemented, "layer_types \"chunked_attention\"");
+  // One entry per layer, as Transformers validates them.
+  ExpectError(with([](Json& j) {
+                j["use_sliding_window"] = true;
+                j["layer_types"] = {"full_attention", "sliding_attention"};
+              }).status(),
+              absl::StatusCode::kInvalidArgument,
+              "layer_types must be a list of num_hidden_layers (24) strings");
 }
 
 TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
               absl::StatusCode::kUnimplemented,
               "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
-              "granite)");
+              "granite, gemma2, gemma3, gemma3_text)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }
@@ -886,6 +907,161 @@ TEST(RopeTest, UnscaledAndLinear) {
   c->rope_scaling.factor = 4;
   const std::vector<double> scaled = RopeInverseFrequencies(*c);
   for (int i = 0; i < 64; ++i) EXPECT_NEAR(scaled[i], inv[i] / 4, 1e-12 * inv[i]) << i;
+}
+
+// ---- Gemma 2 / 3 ------------------------------------------------------------------------------
+
+// google/gemma-2-2b-it's config.json.
+constexpr char kGemma2_2B[] = R"({
+  "architectures": ["Gemma2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": 50.0, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": [1, 107], "final_logit_softcapping": 30.0, "head_dim": 256,
+  "hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+  "hidden_size": 2304, "initializer_range": 0.02, "intermediate_size": 9216,
+  "max_position_embeddings": 8192, "model_type": "gemma2", "num_attention_heads": 8,
+  "num_hidden_layers": 26, "num_key_value_heads": 4, "pad_token_id": 0,
+  "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06, "rope_theta": 10000.0,
+  "sliding_window": 4096, "torch_dtype": "bfloat16", "transformers_version": "4.42.4",
+  "use_cache": true, "vocab_size": 256000})";
+
+// google/gemma-3-1b-it's config.json.
+constexpr char kGemma3_1B[] = R"({
+  "architectures": ["Gemma3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "attn_logit_softcapping": null, "bos_token_id": 2, "cache_implementation": "hybrid",
+  "eos_token_id": [1, 106], "final_logit_softcapping": null, "head_dim": 256,
+  "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "initializer_range": 0.02,
+  "intermediate_size": 6912, "max_position_embeddings": 32768, "model_type": "gemma3_text",
+  "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+  "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+  "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+  "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144})";
+
+// google/gemma-3-4b-it's config.json (the vision tower's part cut short): its text_config gives
+// only what differs from Gemma3TextConfig's defaults.
+constexpr char kGemma3_4B[] = R"({
+  "architectures": ["Gemma3ForConditionalGeneration"], "boi_token_index": 255999,
+  "eoi_token_index": 256000, "eos_token_id": [1, 106], "image_token_index": 262144,
+  "initializer_range": 0.02, "mm_tokens_per_image": 256, "model_type": "gemma3",
+  "text_config": {"head_dim": 256, "hidden_size": 2560, "intermediate_size": 10240,
+    "model_type": "gemma3_text", "num_attention_heads": 8, "num_hidden_layers": 34,
+    "num_key_value_heads": 4, "rope_scaling": {"factor": 8.0, "rope_type": "linear"},
+    "sliding_window": 1024},
+  "torch_dtype": "bfloat16", "transformers_version": "4.50.0.dev0",
+  "vision_config": {"model_type": "siglip_vision_model", "hidden_size": 1152}})";
+
+std::vector<int32_t> SlidingLayers(const LlamaConfig& c) {
+  std::vector<int32_t> layers;
+  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.SlidingWindowOf(l) > 0) layers.push_back(l);
+  }
+  return layers;
+}
+
+TEST(GemmaConfigTest, Gemma2) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kGemma2_2B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 256);
+  EXPECT_EQ(c->norm_weight_offset, 1);
+  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_TRUE(c->gelu_tanh());
+  EXPECT_TRUE(c->tie_word_embeddings);  // Gemma2Config's default: the file does not say
+  EXPECT_EQ(c->attn_logit_softcapping, 50);
+  EXPECT_EQ(c->final_logit_softcapping, 30);
+  EXPECT_EQ(c->attention_scale, 1.0 / 16);
+  EXPECT_EQ(c->embedding_multiplier, 48);  // sqrt(2304), exact in bfloat16
+  EXPECT_EQ(c->rope_local_theta, 0);
+  EXPECT_EQ(c->sliding_window, 4096);
+  std::vector<int32_t> even;
+  for (int32_t l = 0; l < 26; l += 2) even.push_back(l);
+  EXPECT_EQ(SlidingLayers(*c), even);  // Gemma 2: the even layers slide
+  // Null softcapping is none; absent, Gemma2Config's defaults (above).
+  Json j = Json::parse(kGemma2_2B);
+  j["attn_logit_softcapping"] = nullptr;
+  j.erase("final_logit_softcapping");
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->attn_logit_softcapping, 0);
+  EXPECT_EQ(c->final_logit_softcapping, 30);
+  j["hidden_activation"] = "gelu";
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented,
+              "hidden_activation \"gelu\" is not supported");
+}
+
+TEST(GemmaConfigTest, Gemma3Text) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kGemma3_1B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_EQ(c->attn_logit_softcapping, 0);
+  EXPECT_EQ(c->final_logit_softcapping, 0);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rope_local_theta, 1e4);
+  EXPECT_EQ(c->sliding_window, 512);
+  // sqrt(1152) = 33.94 is 34 in bfloat16, as Gemma3TextScaledWordEmbedding's scale tensor.
+  EXPECT_EQ(c->embedding_multiplier, 34);
+  std::vector<int32_t> sliding;
+  for (int32_t l = 0; l < 26; ++l) {
+    if ((l + 1) % 6 != 0) sliding.push_back(l);  // every sixth layer is global
+  }
+  EXPECT_EQ(SlidingLayers(*c), sliding);
+  // The local base: the sliding layers' table rotates with 10000, unscaled.
+  const LlamaConfig local = LocalRopeConfig(*c);
+  EXPECT_EQ(local.rope_theta, 1e4);
+  EXPECT_EQ(local.rope_scaling.type, "");
+  // Transformers 5 writes the two rotations keyed by layer type.
+  Json j = Json::parse(kGemma3_1B);
+  j.erase("rope_theta");
+  j.erase("rope_local_base_freq");
+  j.erase("rope_scaling");
+  j["rope_parameters"] = {
+      {"full_attention", {{"rope_type", "linear"}, {"factor", 8.0}, {"rope_theta", 1e6}}},
+      {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", 1e4}}}};
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rope_scaling.type, "linear");
+  EXPECT_EQ(c->rope_scaling.factor, 8);
+  EXPECT_EQ(c->rope_local_theta, 1e4);
+  j["rope_parameters"]["sliding_attention"]["rope_type"] = "yarn";
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented,
+              "rope_parameters.sliding_attention.rope_type \"yarn\"");
+  // A window no shorter than the context: no layer attends within one, but the sliding layers
+  // still rotate with the local base.
+  j = Json::parse(kGemma3_1B);
+  j["sliding_window"] = 32768;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_TRUE(SlidingLayers(*c).empty());
+  EXPECT_TRUE(c->IsSlidingLayer(0));
+  EXPECT_FALSE(c->IsSlidingLayer(5));
+  j = Json::parse(kGemma3_1B);
+  j["use_bidirectional_attention"] = true;  // EmbeddingGemma
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented,
+              "use_bidirectional_attention");
+}
+
+// Gemma 3 4B and up: the language model of Gemma3ForConditionalGeneration, from text_config and
+// Gemma3TextConfig's defaults for what it leaves out.
+TEST(GemmaConfigTest, Gemma3MultimodalServesItsLanguageModel) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kGemma3_4B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->multimodal_wrapper);
+  EXPECT_EQ(c->model_type, "gemma3_text");
+  EXPECT_EQ(c->hidden_size, 2560);
+  EXPECT_EQ(c->num_hidden_layers, 34);
+  EXPECT_EQ(c->vocab_size, 262208);
+  EXPECT_EQ(c->max_position_embeddings, 131072);
+  EXPECT_EQ(c->rope_scaling.type, "linear");
+  EXPECT_EQ(c->rope_scaling.factor, 8);
+  EXPECT_EQ(c->sliding_window, 1024);
+  EXPECT_EQ(c->torch_dtype, "bfloat16");
+  EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{1, 106}));
+  Json j = Json::parse(kGemma3_4B);
+  j.erase("text_config");
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kInvalidArgument, "text_config");
 }
 
 }  // namespace

@@ -20,10 +20,18 @@ absl::StatusOr<WeightMatrix> Bind(const SafetensorsSet& files, const std::string
 
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                               const SafetensorsSet& files) {
-  return BindLlamaWeights(config,
-                          [&files](const std::string& name, const std::vector<int64_t>& shape) {
-                            return Bind(files, name, shape);
-                          });
+  // Gemma 3's multimodal checkpoints keep the language model under language_model.model.
+  // (Transformers before 4.52, as Google's own files) or model.language_model.: "model.x" is
+  // looked up as "<prefix>x"; lm_head is tied.
+  std::string prefix = "model.";
+  if (config.multimodal_wrapper) {
+    prefix = files.Get("model.language_model.embed_tokens.weight").ok() ? "model.language_model."
+                                                                        : "language_model.model.";
+  }
+  return BindLlamaWeights(
+      config, [&files, &prefix](const std::string& name, const std::vector<int64_t>& shape) {
+        return Bind(files, name.rfind("model.", 0) == 0 ? prefix + name.substr(6) : name, shape);
+      });
 }
 
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaTensorBinder& bind) {
@@ -62,7 +70,13 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
       ASSIGN_OR_RETURN(l.w_up, bind(p + "mlp.up_proj.weight", {ffn, d}));
     }
     ASSIGN_OR_RETURN(l.wo, bind(p + "self_attn.o_proj.weight", {d, q_rows}));
-    ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "post_attention_layernorm.weight", {d}));
+    if (c.sandwich_norms) {
+      ASSIGN_OR_RETURN(l.attn_post_norm, bind(p + "post_attention_layernorm.weight", {d}));
+      ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "pre_feedforward_layernorm.weight", {d}));
+      ASSIGN_OR_RETURN(l.mlp_post_norm, bind(p + "post_feedforward_layernorm.weight", {d}));
+    } else {
+      ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "post_attention_layernorm.weight", {d}));
+    }
     ASSIGN_OR_RETURN(l.w_down, bind(p + "mlp.down_proj.weight", {d, ffn}));
     if (c.qkv_bias) {
       ASSIGN_OR_RETURN(l.bq, bind(p + "self_attn.q_proj.bias", {q_rows}));
@@ -89,7 +103,7 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
   for (const LayerWeights& l : w.layers) {
     for (const WeightMatrix* m :
          {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down,
-          &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm}) {
+          &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.mlp_post_norm}) {
       count(*m);
     }
   }

@@ -21,7 +21,7 @@ struct LayerWeights {
   WeightMatrix wk;         // [kv_heads * head_dim][hidden]
   WeightMatrix wv;         // [kv_heads * head_dim][hidden]
   WeightMatrix wo;         // [hidden][heads * head_dim]
-  WeightMatrix mlp_norm;   // [1][hidden]
+  WeightMatrix mlp_norm;   // [1][hidden]: the MLP's input norm (Gemma: pre_feedforward_layernorm)
   WeightMatrix w_gate;     // [ffn][hidden]
   WeightMatrix w_up;       // [ffn][hidden]
   WeightMatrix w_down;     // [hidden][ffn]
@@ -33,6 +33,10 @@ struct LayerWeights {
   WeightMatrix bo;      // [1][hidden]
   WeightMatrix q_norm;  // [1][head_dim]
   WeightMatrix k_norm;  // [1][head_dim]
+  // Gemma's sandwich norms (LlamaConfig::sandwich_norms) of the attention output
+  // (post_attention_layernorm) and the MLP output (post_feedforward_layernorm).
+  WeightMatrix attn_post_norm;  // [1][hidden]
+  WeightMatrix mlp_post_norm;   // [1][hidden]
 };
 
 struct LlamaWeights {

@@ -93,9 +93,9 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
     pool.num_blocks = options.kv_blocks;
     pool.dtype = options.kv_dtype;
     ASSIGN_OR_RETURN(std::unique_ptr<KvPool> kv, KvPool::Create(pool, /*populate=*/true));
-    b->ranks_.push_back(std::make_unique<CpuRank>(config, std::move(shard), std::move(kv),
-                                                  b->comm_->communicator(r), b->rope_.data(),
-                                                  shape));
+    b->ranks_.push_back(std::make_unique<CpuRank>(
+        config, std::move(shard), std::move(kv), b->comm_->communicator(r), b->rope_.data(),
+        b->rope_local_.empty() ? b->rope_.data() : b->rope_local_.data(), shape));
     if (options.far_history.enabled()) {
       // The summary store: "block" s holds slot s's entries, so one slot's entries of one head
       // are contiguous, as a run is.
@@ -166,6 +166,8 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
               config.vocab_size) {
   // RoPE table in double, rounded once: [position][cos(half) | sin(half)].
   rope_ = RopeTable(config, options.max_context);
+  if (config.rope_local_theta > 0)
+    rope_local_ = RopeTable(LocalRopeConfig(config), options.max_context);
 }
 
 CpuBackend::~CpuBackend() = default;

@@ -128,6 +128,8 @@ class CpuBackend : public Backend {
   const LlamaConfig config_;
   const CpuBackendOptions options_;
   std::vector<float> rope_;  // [max_context][head_dim]: cos half then sin half
+  // Gemma 3's sliding layers' table (LlamaConfig::rope_local_theta); empty: theirs is rope_.
+  std::vector<float> rope_local_;
   std::unique_ptr<InProcessCommunicatorGroup> comm_;
   std::vector<std::unique_ptr<CpuRank>> ranks_;
   ThreadPool rank_threads_;            // thread r runs rank r

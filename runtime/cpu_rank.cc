@@ -13,12 +13,14 @@
 namespace kvrm {
 
 CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr<KvPool> pool,
-                 Communicator* comm, const float* rope, const CpuRankShape& shape)
+                 Communicator* comm, const float* rope, const float* rope_local,
+                 const CpuRankShape& shape)
     : config_(config),
       w_(std::move(weights)),
       pool_(std::move(pool)),
       comm_(comm),
       rope_(rope),
+      rope_local_(rope_local != nullptr ? rope_local : rope),
       shape_(shape),
       threads_(shape.num_threads),
       d_(config.hidden_size),
@@ -26,6 +28,7 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
       qw_(int64_t{w_.heads} * config.head_dim),
       kvw_(int64_t{w_.kv_heads} * config.head_dim),
       ffn_(w_.ffn),
+      gelu_(config.gelu_tanh()),
       scratch_per_thread_(MatMulScratchFloats(std::max({d_, qw_, ffn_}))) {
   const int64_t rows = shape.max_rows;
   x_.resize(rows * d_);
@@ -76,11 +79,13 @@ void CpuRank::Embed(const CpuRow* rows, int32_t n) {
   }
 }
 
-void CpuRank::NormRows(const WeightMatrix& norm, int32_t n) {
+void CpuRank::NormRows(const WeightMatrix& norm, int32_t n, bool in_place) {
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float offset = static_cast<float>(config_.norm_weight_offset);  // Gemma's 1 + w
+  const float* in = in_place ? h_.data() : x_.data();
   // Rows in shares of 64: a decode step normalises inline rather than paying a region.
   threads_.ParallelFor(n, 64, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) RmsNorm(&x_[i * d_], norm, d_, eps, &h_[i * d_]);
+    for (int64_t i = b; i < e; ++i) RmsNorm(&in[i * d_], norm, d_, eps, &h_[i * d_], offset);
   });
 }
 
@@ -98,6 +103,8 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
   const LayerWeights& l = w_.layers[layer];
   const float* bias = config_.qkv_bias ? LayerBiases(layer) : nullptr;
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float offset = static_cast<float>(config_.norm_weight_offset);
+  const float* rope = config_.IsSlidingLayer(layer) ? rope_local_ : rope_;
   for (int32_t i = 0; i < n; ++i) {
     const CpuRow& r = rows[i];
     if (bias != nullptr) {
@@ -108,14 +115,14 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
     if (config_.qk_norm) {
       for (int64_t h = 0; h < w_.heads; ++h) {
         float* head = &q_[i * qw_ + h * hd_];
-        RmsNorm(head, l.q_norm, hd_, eps, head);
+        RmsNorm(head, l.q_norm, hd_, eps, head, offset);
       }
       for (int64_t h = 0; h < w_.kv_heads; ++h) {
         float* head = &k_[i * kvw_ + h * hd_];
-        RmsNorm(head, l.k_norm, hd_, eps, head);
+        RmsNorm(head, l.k_norm, hd_, eps, head, offset);
       }
     }
-    const float* cs = rope_ + static_cast<int64_t>(r.position) * hd_;
+    const float* cs = rope + static_cast<int64_t>(r.position) * hd_;
     ApplyRope(&q_[i * qw_], w_.heads, hd_, cs);
     ApplyRope(&k_[i * kvw_], w_.kv_heads, hd_, cs);
     // The new token's K/V go where the run table puts its position.
@@ -161,9 +168,12 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
   const KvLayerView kv = pool_->Layer(layer);
   const KvLayerView store = summaries_ ? summaries_->Layer(layer) : KvLayerView{};
   const int32_t group = w_.heads / w_.kv_heads;
-  const float scale = config_.attention_scale > 0
-                          ? static_cast<float>(config_.attention_scale)  // Granite's
-                          : 1.0f / std::sqrt(static_cast<float>(hd_));
+  AttentionScoring scoring;
+  scoring.scale = config_.attention_scale > 0
+                      ? static_cast<float>(config_.attention_scale)  // Granite's, Gemma's
+                      : 1.0f / std::sqrt(static_cast<float>(hd_));
+  scoring.softcap = static_cast<float>(config_.attn_logit_softcapping);  // Gemma 2's
+  scoring.window = config_.SlidingWindowOf(layer);
   // A summary entry stands for one block's tokens: its score gets + log(block_tokens).
   const float log_weight = std::log(static_cast<float>(kv.block_tokens));
   const int64_t work = int64_t{n} * w_.kv_heads;  // (row, KV head) items
@@ -178,7 +188,7 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
       const int64_t offset = i * qw_ + g * group * hd_;
       if (r.far_summaries == 0 && r.far_dropped == 0) {
         AttendGroup(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
-                    r.position + 1, scale, scores, &attn_[offset]);
+                    r.position + 1, scoring, scores, &attn_[offset]);
         continue;
       }
       FarAttention far;
@@ -190,7 +200,7 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
       far.v_summary = store.ValueAt(g, entry);
       far.log_weight = log_weight;
       AttendGroupFar(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
-                     r.position + 1, far, scale, scores, &attn_[offset]);
+                     r.position + 1, far, scoring, scores, &attn_[offset]);
     }
   });
 }
@@ -253,7 +263,7 @@ void CpuRank::MatMulWithLora(const WeightMatrix& w, int32_t layer, LoraTarget ta
   });
 }
 
-void CpuRank::GateUpSilu(int32_t layer, const CpuRow* rows, int32_t n, bool lora) {
+void CpuRank::GateUpAct(int32_t layer, const CpuRow* rows, int32_t n, bool lora) {
   const CpuIsa isa = ActiveCpuIsa();
   const LayerWeights& l = w_.layers[layer];
   threads_.RunOnAll([&](int t) {
@@ -265,11 +275,16 @@ void CpuRank::GateUpSilu(int32_t layer, const CpuRow* rows, int32_t n, bool lora
       LoraShare(t, nt, layer, LoraTarget::kGate, rows, n, h_.data(), d_, gate_.data(), ffn_);
       LoraShare(t, nt, layer, LoraTarget::kUp, rows, n, h_.data(), d_, up_.data(), ffn_);
     }
-    // SwiGLU on this thread's features while they are still in cache.
+    // SwiGLU (Gemma: GeGLU) on this thread's features while they are still in cache.
     int64_t b, e;
     MatMulShareBounds(ffn_, t, nt, &b, &e);
     for (int32_t i = 0; i < n; ++i) {
-      SiluMul(&gate_[i * ffn_ + b], &up_[i * ffn_ + b], e - b, &gate_[i * ffn_ + b]);
+      float* g = &gate_[i * ffn_ + b];
+      if (gelu_) {
+        GeluTanhMul(g, &up_[i * ffn_ + b], e - b, g);
+      } else {
+        SiluMul(g, &up_[i * ffn_ + b], e - b, g);
+      }
     }
   });
 }
@@ -302,20 +317,23 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     MatMulWithLora(l.wo, layer, LoraTarget::kO, rows, n, lora, attn_.data(), qw_, h_.data(), d_);
     RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
     AddOutputBias(layer, n);
+    if (config_.sandwich_norms) NormRows(l.attn_post_norm, n, /*in_place=*/true);
     AddRows(n);
 
     NormRows(l.mlp_norm, n);
-    GateUpSilu(layer, rows, n, lora);
+    GateUpAct(layer, rows, n, lora);
     MatMulWithLora(l.w_down, layer, LoraTarget::kDown, rows, n, lora, gate_.data(), ffn_,
                    h_.data(), d_);
     RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
+    if (config_.sandwich_norms) NormRows(l.mlp_post_norm, n, /*in_place=*/true);
     AddRows(n);
   }
   const int32_t m = n - first_logit_row;
   if (m <= 0) return absl::OkStatus();
   const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float offset = static_cast<float>(config_.norm_weight_offset);
   for (int32_t i = first_logit_row; i < n; ++i) {
-    RmsNorm(&x_[i * d_], w_.final_norm, d_, eps, &h_[(i - first_logit_row) * d_]);
+    RmsNorm(&x_[i * d_], w_.final_norm, d_, eps, &h_[(i - first_logit_row) * d_], offset);
   }
   MatMul(threads_, h_.data(), m, d_, w_.lm_head, logits + w_.vocab_begin, config_.vocab_size,
          scratch_.data());
@@ -324,6 +342,13 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     for (int32_t i = 0; i < m; ++i) {
       ScaleInPlace(logits + int64_t{i} * config_.vocab_size + w_.vocab_begin, inv,
                    w_.lm_head.rows);
+    }
+  }
+  if (config_.final_logit_softcapping > 0) {  // Gemma 2's: this rank's slice of each row
+    const float cap = static_cast<float>(config_.final_logit_softcapping), inv = 1 / cap;
+    for (int32_t i = 0; i < m; ++i) {
+      float* row = logits + int64_t{i} * config_.vocab_size + w_.vocab_begin;
+      for (int64_t v = 0; v < w_.lm_head.rows; ++v) row[v] = cap * std::tanh(row[v] * inv);
     }
   }
   return absl::OkStatus();

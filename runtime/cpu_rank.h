@@ -55,9 +55,11 @@ struct CpuRankShape {
 
 class CpuRank {
  public:
-  // `rope` ([max_context][head_dim], cos half then sin half) and `comm` outlive the rank.
+  // `rope` ([max_context][head_dim], cos half then sin half) and `comm` outlive the rank;
+  // `rope_local` likewise, the sliding layers' table (LocalRopeConfig), or null: theirs is `rope`.
   CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr<KvPool> pool,
-          Communicator* comm, const float* rope, const CpuRankShape& shape);
+          Communicator* comm, const float* rope, const float* rope_local,
+          const CpuRankShape& shape);
 
   // The forward pass over rows[0, n); for rows [first_logit_row, n) writes this rank's
   // vocabulary slice of the logits: logits[(i - first_logit_row) * vocab + v] for v in
@@ -77,7 +79,8 @@ class CpuRank {
 
  private:
   void Embed(const CpuRow* rows, int32_t n);
-  void NormRows(const WeightMatrix& norm, int32_t n);  // h_ = RmsNorm(x_)
+  // h_ = RmsNorm(x_), or RmsNorm(h_) in place (Gemma's norms of the attention and MLP outputs).
+  void NormRows(const WeightMatrix& norm, int32_t n, bool in_place = false);
   void AddRows(int32_t n);                              // x_ += h_
   // Q/K/V biases and Qwen3's Q/K head norms where the model has them, RoPE on Q and K, and the
   // K/V writes to the pool.
@@ -87,8 +90,9 @@ class CpuRank {
   // Far history: writes the summary entries of each slot's last row (see CpuRow).
   void Summarize(int32_t layer, const CpuRow* rows, int32_t n);
   void Attention(int32_t layer, const CpuRow* rows, int32_t n);
-  // gate_ = silu(gate) * up; with `lora`, each row's adapter deltas join gate and up first.
-  void GateUpSilu(int32_t layer, const CpuRow* rows, int32_t n, bool lora);
+  // gate_ = act(gate) * up (SiLU, or GELU-tanh); with `lora`, each row's adapter deltas join
+  // gate and up first.
+  void GateUpAct(int32_t layer, const CpuRow* rows, int32_t n, bool lora);
   // Thread `thread`'s share of y[i] += B (A x[i]) (B times the adapter's scale) for each row i
   // whose adapter adapts projection `target` of `layer` (this rank's share of it: a partial sum
   // for O and down): the output columns MatMulShareBounds gives the thread, the ones its
@@ -110,10 +114,12 @@ class CpuRank {
   std::unique_ptr<KvPool> summaries_;  // far history on; see SetFarHistory
   Communicator* const comm_;
   const float* const rope_;
+  const float* const rope_local_;  // the sliding layers' (Gemma 3's local base); may be rope_
   const CpuRankShape shape_;
   ThreadPool threads_;
   // Widths of this rank's activations.
   const int64_t d_, hd_, qw_, kvw_, ffn_;
+  const bool gelu_;                   // the MLP's activation: GELU (tanh), or SiLU
   const int64_t scratch_per_thread_;  // matmul widening floats per pool thread
 
   // [max_rows][width] each; h_ is [max_rows][hidden].

@@ -46,11 +46,12 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                                               const EngineOptions& options) {
   EngineOptions o = options;
   const LlamaConfig& c = model->config;
+  const bool cap_window = c.sliding_window > 0 && !o.sliding_window_attention;
   if (o.max_context <= 0) {
     o.max_context = c.max_position_embeddings;
-    if (c.sliding_window > 0) {
-      // Within the window, Mistral's sliding-window attention is full causal attention: serve
-      // that much, exactly, rather than something else beyond it.
+    if (cap_window) {
+      // Within the window, sliding-window attention is full causal attention: serve that much,
+      // exactly, rather than something else beyond it.
       o.max_context = c.sliding_window;
       LOG(WARNING) << "the model's sliding_window is " << c.sliding_window
                    << " (max_position_embeddings " << c.max_position_embeddings
@@ -63,11 +64,12 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                                                    " exceeds the model's ",
                                                    c.max_position_embeddings));
   }
-  if (c.sliding_window > 0 && o.max_context > c.sliding_window) {
+  if (cap_window && o.max_context > c.sliding_window) {
     return absl::UnimplementedError(absl::StrCat(
-        "--max_context ", o.max_context, " exceeds the model's sliding_window (",
-        c.sliding_window, "): sliding-window attention is not computed; serve at most ",
-        c.sliding_window, " positions"));
+        "--max_context ", o.max_context, " exceeds the model's sliding_window (", c.sliding_window,
+        "): this backend does not compute sliding-window attention; serve at "
+        "most ",
+        c.sliding_window, " positions, or use --device=cpu"));
   }
   if (o.slots <= 0 || o.slots > 1024) {
     return absl::InvalidArgumentError("--slots must be in [1, 1024]");
@@ -119,6 +121,11 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                  << " slots at max context; the others stay empty";
   }
   ASSIGN_OR_RETURN(const FarHistoryShape far, ResolveFarHistory(o.far_history, o.block_tokens));
+  if (far.enabled() && c.sliding_window > 0 && o.max_context > c.sliding_window) {
+    return absl::UnimplementedError(absl::StrCat(
+        "--far_history does not combine with the model's sliding-window layers (window ",
+        c.sliding_window, " of max context ", o.max_context, ")"));
+  }
   if (far.enabled() && o.kv_mode != KvMode::kKvrm) {
     return absl::InvalidArgumentError(
         "--far_history needs --kv_mode=kvrm (the static baseline keeps every block)");

@@ -477,6 +477,7 @@ int Run() {
     return 2;
   }
   eo.backend_factory = device->factory;
+  eo.sliding_window_attention = device->device == "cpu";
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
   KvrmMetricsOptions metrics_options{(*model)->name, absl::GetFlag(FLAGS_kv_mode),

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -33,6 +35,15 @@ double ElementAt(const TensorView& t, int64_t i) {
 }
 
 double Silu(double x) { return x / (1.0 + std::exp(-x)); }
+
+// PyTorch's gelu(approximate="tanh") (Transformers' gelu_pytorch_tanh, Gemma's hidden_activation).
+double GeluTanh(double x) {
+  const double k = std::sqrt(2.0 / M_PI);
+  return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x)));
+}
+
+// Gemma 2's soft-capping (attention scores, final logits): c * tanh(x / c); none when c is 0.
+double SoftCap(double x, double c) { return c > 0 ? c * std::tanh(x / c) : x; }
 
 }  // namespace
 
@@ -67,6 +78,9 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
   const int64_t qw = config.num_attention_heads * hd, kvw = config.num_key_value_heads * hd;
   const int64_t ffn = config.intermediate_size, vocab = config.vocab_size;
   ref->inv_freq_ = RopeInverseFrequencies(config);
+  const LlamaConfig local = LocalRopeConfig(config);
+  ref->local_inv_freq_ = RopeInverseFrequencies(local);
+  ref->local_attention_factor_ = local.rope_scaling.attention_factor;
   ASSIGN_OR_RETURN(ref->embed_, Load(files, "model.embed_tokens.weight", vocab, d));
   if (config.tie_word_embeddings) {
     ref->lm_head_ = ref->embed_;  // HF ties lm_head to the embedding, ignoring lm_head.weight
@@ -82,6 +96,12 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
     ASSIGN_OR_RETURN(Matrix post_norm, Load(files, p + "post_attention_layernorm.weight", 1, d));
     l.input_norm = std::move(in_norm.data);
     l.post_attention_norm = std::move(post_norm.data);
+    if (config.sandwich_norms) {
+      ASSIGN_OR_RETURN(Matrix pre_ff, Load(files, p + "pre_feedforward_layernorm.weight", 1, d));
+      ASSIGN_OR_RETURN(Matrix post_ff, Load(files, p + "post_feedforward_layernorm.weight", 1, d));
+      l.pre_feedforward_norm = std::move(pre_ff.data);
+      l.post_feedforward_norm = std::move(post_ff.data);
+    }
     if (config.fused_projections) {
       // Phi-3 (modeling_phi3): qkv_proj's rows are [q; k; v], gate_up_proj's [gate; up].
       ASSIGN_OR_RETURN(Matrix qkv, Load(files, p + "self_attn.qkv_proj.weight", qw + 2 * kvw, d));
@@ -213,20 +233,26 @@ std::vector<double> ReferenceLlama::RmsNorm(const std::vector<double>& x,
   for (double v : x) ss += v * v;
   const double inv = 1.0 / std::sqrt(ss / static_cast<double>(x.size()) + config_.rms_norm_eps);
   std::vector<double> y(x.size());
-  for (size_t i = 0; i < x.size(); ++i) y[i] = w[i] * (x[i] * inv);
+  // Gemma stores w - 1 (Gemma2RMSNorm: output * (1.0 + weight)); offset 0 elsewhere.
+  const double offset = config_.norm_weight_offset;
+  for (size_t i = 0; i < x.size(); ++i) y[i] = (offset + w[i]) * (x[i] * inv);
   return y;
 }
 
-void ReferenceLlama::Rope(std::vector<double>& x, int64_t heads, int64_t position) const {
+void ReferenceLlama::Rope(std::vector<double>& x, int64_t heads, int64_t position,
+                          bool local) const {
   // HF: emb = cat(freqs, freqs); x * cos(emb) + rotate_half(x) * sin(emb), with
   // rotate_half(x) = cat(-x[half:], x[:half]).
   // YaRN scales cos and sin by its attention factor (HF: cos = emb.cos() * attention_scaling).
+  // Gemma 3's sliding layers take cos and sin from rotary_emb_local (rope_local_base_freq, the
+  // default rope type: no scaling, attention factor 1).
   const int64_t hd = config_.head_dim, half = hd / 2;
-  const double scale = config_.rope_scaling.attention_factor;
+  const std::vector<double>& inv_freq = local ? local_inv_freq_ : inv_freq_;
+  const double scale = local ? local_attention_factor_ : config_.rope_scaling.attention_factor;
   for (int64_t h = 0; h < heads; ++h) {
     double* v = x.data() + h * hd;
     for (int64_t i = 0; i < half; ++i) {
-      const double angle = static_cast<double>(position) * inv_freq_[i];
+      const double angle = static_cast<double>(position) * inv_freq[i];
       const double c = std::cos(angle) * scale, s = std::sin(angle) * scale;
       const double a = v[i], b = v[i + half];
       v[i] = a * c - b * s;
@@ -268,6 +294,12 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
   const double scale =
       config_.attention_scale > 0 ? config_.attention_scale : 1.0 / std::sqrt(static_cast<double>(hd));
   const double residual = config_.residual_multiplier;
+  if (far.window_blocks > 0 && config_.sliding_window > 0) {
+    // Far history is defined over a layer's whole history; a sliding layer has none beyond its
+    // window, and no definition of the two together exists to write this from.
+    std::fprintf(stderr, "ReferenceLlama: far history with a sliding-window model\n");
+    std::abort();
+  }
 
   std::vector<std::vector<double>> x(n);  // residual stream, [T][hidden]
   for (int64_t t = 0; t < n; ++t) {
@@ -275,7 +307,13 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
     x[t].assign(e, e + d);
     for (double& v : x[t]) v *= config_.embedding_multiplier;
   }
-  for (const Layer& l : layers_) {
+  for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
+    const Layer& l = layers_[layer];
+    // HF sliding_window_causal: key k is visible to query q when q - window < k <= q.
+    const int64_t window = config_.SlidingWindowOf(layer);
+    // Gemma 3: the sliding layers rotate with the local base (LocalRopeConfig; when
+    // rope_local_theta is 0 that is the global rotation anyway).
+    const bool local_rope = config_.IsSlidingLayer(layer) && config_.rope_local_theta > 0;
     std::vector<std::vector<double>> q(n), k(n), v(n);
     for (int64_t t = 0; t < n; ++t) {
       const std::vector<double> h = RmsNorm(x[t], l.input_norm);
@@ -284,8 +322,8 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
       v[t] = Affine(l.v, l.bv, h);
       HeadNorm(q[t], l.q_norm);
       HeadNorm(k[t], l.k_norm);
-      Rope(q[t], heads, t);
-      Rope(k[t], kv_heads, t);
+      Rope(q[t], heads, t, local_rope);
+      Rope(k[t], kv_heads, t, local_rope);
       if (bf16_kv_) {
         for (std::vector<double>* kv : {&k[t], &v[t]}) {
           for (double& e : *kv) e = Bf16ToFloat(FloatToBf16(static_cast<float>(e)));
@@ -331,7 +369,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
           for (size_t c = 0; c < ck.size(); ++c) {
             double dot = 0;
             for (int64_t i = 0; i < hd; ++i) dot += qh[i] * ck[c][i];
-            w[c] = dot * scale + bias[c];
+            w[c] = SoftCap(dot * scale, config_.attn_logit_softcapping) + bias[c];
             mx = std::max(mx, w[c]);
           }
           for (double& x : w) sum += (x = std::exp(x - mx));
@@ -340,35 +378,49 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
           }
           continue;
         }
+        // Causal: keys at positions <= t; in a sliding layer only the last `window` of them.
+        const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
         double mx = -INFINITY;
-        for (int64_t s = 0; s <= t; ++s) {  // causal: keys at positions <= t
+        for (int64_t s = first; s <= t; ++s) {
           double dot = 0;
           for (int64_t i = 0; i < hd; ++i) dot += qh[i] * k[s][g * hd + i];
-          p[s] = dot * scale;
+          // Gemma 2: soft-capped after scaling, before the mask and softmax.
+          p[s] = SoftCap(dot * scale, config_.attn_logit_softcapping);
           mx = std::max(mx, p[s]);
         }
         double sum = 0;
-        for (int64_t s = 0; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
-        for (int64_t s = 0; s <= t; ++s) {
+        for (int64_t s = first; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
+        for (int64_t s = first; s <= t; ++s) {
           for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += p[s] / sum * v[s][g * hd + i];
         }
       }
-      const std::vector<double> o = Affine(l.o, l.bo, attn);
+      std::vector<double> o = Affine(l.o, l.bo, attn);
+      // Gemma 2 / 3: h = x + post_attention_layernorm(attn(input_layernorm(x))).
+      if (config_.sandwich_norms) o = RmsNorm(o, l.post_attention_norm);
       for (int64_t i = 0; i < d; ++i) x[t][i] += o[i] * residual;
     }
     for (int64_t t = 0; t < n; ++t) {
-      const std::vector<double> h = RmsNorm(x[t], l.post_attention_norm);
+      // Llama: post_attention_layernorm normalizes the MLP's input; Gemma 2 / 3:
+      // out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
+      const std::vector<double> h =
+          RmsNorm(x[t], config_.sandwich_norms ? l.pre_feedforward_norm : l.post_attention_norm);
       std::vector<double> gate = Linear(l.gate, h);
       const std::vector<double> up = Linear(l.up, h);
-      for (size_t i = 0; i < gate.size(); ++i) gate[i] = Silu(gate[i]) * up[i];
-      const std::vector<double> down = Linear(l.down, gate);
+      for (size_t i = 0; i < gate.size(); ++i) {
+        gate[i] = (config_.gelu_tanh() ? GeluTanh(gate[i]) : Silu(gate[i])) * up[i];
+      }
+      std::vector<double> down = Linear(l.down, gate);
+      if (config_.sandwich_norms) down = RmsNorm(down, l.post_feedforward_norm);
       for (int64_t i = 0; i < d; ++i) x[t][i] += down[i] * residual;
     }
   }
   std::vector<std::vector<double>> logits(n);
   for (int64_t t = 0; t < n; ++t) {
     logits[t] = Linear(lm_head_, RmsNorm(x[t], final_norm_));
-    for (double& v : logits[t]) v /= config_.logits_scaling;
+    // Granite divides by logits_scaling; Gemma 2 soft-caps (no model does both).
+    for (double& v : logits[t]) {
+      v = SoftCap(v / config_.logits_scaling, config_.final_logit_softcapping);
+    }
   }
   return logits;
 }

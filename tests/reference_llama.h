@@ -1,4 +1,5 @@
-// A deliberately naive float64 Llama forward pass, the yardstick for the engine's backends.
+// A deliberately naive float64 forward pass of the Llama family and Gemma 2 / 3, the yardstick for
+// the engine's backends.
 //
 // Written from Hugging Face's modeling_llama (LlamaForCausalLM) rather than from kvrm's kernels,
 // so that a shared misreading cannot make both sides agree: weights are looked up by their HF
@@ -8,9 +9,16 @@
 // (modeling_qwen2: q/k/v_proj with bias), Qwen3's Q/K head norms (modeling_qwen3: q_norm and
 // k_norm, RMSNorm over each head's head_dim after the projection, before RoPE), Llama's
 // attention_bias (every projection biased), Phi-3's fused projections and Granite's multipliers
-// are read from the same config fields. The only shared code is
-// config parsing and RopeInverseFrequencies (the llama3 / linear / yarn frequency scaling; the
-// yarn attention factor is applied here, to this file's own cos and sin).
+// are read from the same config fields. So are Gemma 2 / 3 (modeling_gemma2, modeling_gemma3,
+// Gemma3ForCausalLM): RMSNorm times (1 + w) (also Gemma 3's q_norm / k_norm); the sandwich
+// norms (post_attention_layernorm on the attention output, pre_ / post_feedforward_layernorm
+// around the MLP); the scaled embedding and query_pre_attn_scalar's attention scale; attention
+// scores and logits soft-capped (c tanh(x / c)); the GELU-tanh gated MLP; and Gemma 3's sliding
+// layers rotating with rope_local_base_freq, unscaled. Sliding-window attention (any model, per
+// layer, as Transformers' sliding_window_causal mask): position q sees keys q - window < k <= q.
+// The only shared code is config parsing and RopeInverseFrequencies / LocalRopeConfig (the
+// llama3 / linear / yarn frequency scaling and the local base; the yarn attention factor is
+// applied here, to this file's own cos and sin).
 //
 // Cost: O(layers * T * (params_per_layer + T * hidden)) per Forward; meant for T in the hundreds.
 #ifndef KVRM_TESTS_REFERENCE_LLAMA_H_
@@ -43,6 +51,7 @@ class ReferenceLlama {
   // t attends to keys [0, sink_blocks * B) and [(sink_blocks + n) * B, t] exactly, with
   // n = max(0, t / B - window_blocks + 1 - sink_blocks), and to one (mean key, mean value) per
   // block in between, its score + log(B). window_blocks = 0: the full attention (Forward above).
+  // Not defined with a sliding-window model: window_blocks > 0 there aborts.
   struct FarHistory {
     int64_t block_tokens = 16;
     int64_t sink_blocks = 0;
@@ -89,6 +98,9 @@ class ReferenceLlama {
   };
   struct Layer {
     std::vector<double> input_norm, post_attention_norm;  // [hidden]
+    // Gemma's sandwich norms around the MLP, [hidden] (empty: none; post_attention_norm then
+    // normalizes the MLP's input).
+    std::vector<double> pre_feedforward_norm, post_feedforward_norm;
     Matrix q, k, v, o, gate, up, down;
     std::vector<double> bq, bk, bv, bo;  // biases (empty: none)
     std::vector<double> q_norm, k_norm;  // [head_dim] (empty: none)
@@ -102,10 +114,12 @@ class ReferenceLlama {
   // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs, to int16 steps
   // under QuantizeLinearQ8_0).
   std::vector<double> Linear(const Matrix& w, const std::vector<double>& x) const;
-  // HF LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps).
+  // HF LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps); Gemma's (1 + weight) * ... with
+  // norm_weight_offset = 1.
   std::vector<double> RmsNorm(const std::vector<double>& x, const std::vector<double>& w) const;
-  // Rotates each head of `x` ([heads][head_dim]) in place, rotate_half layout: pair (i, i + hd/2).
-  void Rope(std::vector<double>& x, int64_t heads, int64_t position) const;
+  // Rotates each head of `x` ([heads][head_dim]) in place, rotate_half layout: pair (i, i + hd/2);
+  // with the sliding layers' frequencies (LocalRopeConfig) when `local`.
+  void Rope(std::vector<double>& x, int64_t heads, int64_t position, bool local) const;
   // Linear plus its bias (none when `bias` is empty).
   std::vector<double> Affine(const Matrix& w, const std::vector<double>& bias,
                              const std::vector<double>& x) const;
@@ -115,6 +129,9 @@ class ReferenceLlama {
 
   LlamaConfig config_;
   std::vector<double> inv_freq_;  // [head_dim / 2]
+  // The sliding layers' (Gemma 3's local base, unscaled; else the same as above).
+  std::vector<double> local_inv_freq_;  // [head_dim / 2]
+  double local_attention_factor_ = 1;
   Matrix embed_;                  // [vocab][hidden]
   Matrix lm_head_;                // [vocab][hidden]; a copy of embed_ when tied
   std::vector<double> final_norm_;

@@ -253,13 +253,19 @@ class SchedulerTest : public ::testing::Test {
 };
 ModelBundle* SchedulerTest::model_ = nullptr;
 
-// A Mistral sliding window shorter than the model's positions: by default the engine serves
-// the window (where windowed attention is the full attention it computes); more is refused.
+// A Mistral sliding window shorter than the model's positions, on a backend that does not
+// compute windows (the CUDA backend's case): by default the engine serves the window (where
+// windowed attention is the full attention it computes); more is refused. A backend that
+// computes windows (the CPU backend) serves the model's whole context, but not with far history.
 TEST_F(SchedulerTest, SlidingWindowBoundsTheServedContext) {
   const int32_t saved = model_->config.sliding_window;
+  const std::vector<bool> saved_layers = model_->config.sliding_layers;
   model_->config.sliding_window = 256;  // the tiny model has 512 positions
+  model_->config.sliding_layers.assign(model_->config.num_hidden_layers, true);
+  bool computes_windows = false;
   const auto create = [&](int32_t max_context) {
     EngineOptions o = Options(2);
+    o.sliding_window_attention = computes_windows;
     o.max_context = max_context;
     o.kv_blocks = 64;
     o.clock = &clock_;
@@ -274,7 +280,23 @@ TEST_F(SchedulerTest, SlidingWindowBoundsTheServedContext) {
   EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(e.status().message()),
               ::testing::HasSubstr("exceeds the model's sliding_window (256)"));
+
+  computes_windows = true;
+  e = create(0);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ((*e)->options().max_context, 512);
+  EngineOptions far = Options(2);
+  far.far_history.enabled = true;
+  far.far_history.window_tokens = 64;
+  far.kv_blocks = 64;
+  far.clock = &clock_;
+  e = Engine::CreateWithBackend(
+      model_, far, std::make_unique<ScriptedBackend>(1024, 64, 16, far.prefill_chunk, &clock_));
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(e.status().message()),
+              ::testing::HasSubstr("does not combine with the model's sliding-window layers"));
   model_->config.sliding_window = saved;
+  model_->config.sliding_layers = saved_layers;
 }
 
 // A KV pool larger than the memory the process may use is refused at start-up, naming the

@@ -83,18 +83,19 @@ void AttendOneHead(const float* q, const KvLayerView& kv, int32_t kv_head, const
 namespace {
 
 // Calls fn(first_physical_token, n) for each physically contiguous stretch of `num_tokens`
-// tokens that starts at kept block `first_kept_block` of the run table, in logical order.
+// tokens that starts at kept token `first_kept_token` of the run table, in logical order.
 template <typename Fn>
 inline void ForEachStretch(const KvRun* runs, int32_t num_runs, int32_t block_tokens,
-                           int64_t first_kept_block, int64_t num_tokens, Fn&& fn) {
-  int64_t skip = first_kept_block;
+                           int64_t first_kept_token, int64_t num_tokens, Fn&& fn) {
+  int64_t skip = first_kept_token;  // tokens
   for (int32_t r = 0; r < num_runs && num_tokens > 0; ++r) {
-    if (skip >= runs[r].num_blocks) {
-      skip -= runs[r].num_blocks;
+    const int64_t run_tokens = int64_t{runs[r].num_blocks} * block_tokens;
+    if (skip >= run_tokens) {
+      skip -= run_tokens;
       continue;
     }
-    const int64_t n = std::min<int64_t>((runs[r].num_blocks - skip) * block_tokens, num_tokens);
-    fn((runs[r].first_block + skip) * block_tokens, n);
+    const int64_t n = std::min<int64_t>(run_tokens - skip, num_tokens);
+    fn(int64_t{runs[r].first_block} * block_tokens + skip, n);
     num_tokens -= n;
     skip = 0;
   }
@@ -164,6 +165,15 @@ void ExpScores(float* scores, int32_t group, int64_t cols, float* inv) {
   }
 }
 
+// Gemma 2's softcapping of `cols` scores of each of `group` rows (ld apart).
+void Softcap(float* scores, int32_t group, int64_t cols, int64_t ld, float cap) {
+  const float inv = 1.0f / cap;
+  for (int32_t g = 0; g < group; ++g) {
+    float* s = scores + g * ld;
+    for (int64_t j = 0; j < cols; ++j) s[j] = cap * std::tanh(s[j] * inv);
+  }
+}
+
 // The inner loops for this head size on the active instruction set.
 struct StretchOps {
   explicit StretchOps(int32_t head_dim)
@@ -194,18 +204,67 @@ struct StretchOps {
 void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
                  const KvRun* runs, int32_t num_runs, int64_t seq_len, float scale, float* scores,
                  float* out) {
-  AttendGroupFar(q, group, kv, kv_head, runs, num_runs, seq_len, FarAttention{}, scale, scores,
+  AttendGroupFar(q, group, kv, kv_head, runs, num_runs, seq_len, FarAttention{},
+                 AttentionScoring{scale}, scores, out);
+}
+
+void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                 const KvRun* runs, int32_t num_runs, int64_t seq_len,
+                 const AttentionScoring& scoring, float* scores, float* out) {
+  AttendGroupFar(q, group, kv, kv_head, runs, num_runs, seq_len, FarAttention{}, scoring, scores,
                  out);
 }
 
 void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
                     const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
                     float scale, float* scores, float* out) {
+  AttendGroupFar(q, group, kv, kv_head, runs, num_runs, seq_len, far, AttentionScoring{scale},
+                 scores, out);
+}
+
+void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                    const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
+                    const AttentionScoring& scoring, float* scores, float* out) {
   const StretchOps ops(kv.head_dim);
   const int32_t d = kv.head_dim;
   const int32_t bt = kv.block_tokens;
+  const float scale = scoring.scale;
   DCHECK(group >= 1 && group <= kMaxAttentionGroup);
   DCHECK(far.dropped <= far.num_summaries);
+  DCHECK(scoring.window == 0 || !far.active());
+  if (scoring.window > 0 && scoring.window < seq_len) {
+    // A sliding-window layer: its last `window` positions, nothing dropped before them.
+    const int64_t first = seq_len - scoring.window;
+    int64_t c = 0;
+    const bool bf16 = kv.dtype == DType::kBF16;
+    ForEachStretch(runs, num_runs, bt, first, scoring.window, [&](int64_t begin, int64_t n) {
+      const char* k = kv.KeyBytes(kv_head, begin);
+      if (bf16) {
+        ops.Score(q, group, reinterpret_cast<const uint16_t*>(k), n, scale, 0.0f, scores + c,
+                  scoring.window);
+      } else {
+        ops.Score(q, group, reinterpret_cast<const float*>(k), n, scale, 0.0f, scores + c,
+                  scoring.window);
+      }
+      c += n;
+    });
+    if (scoring.softcap > 0) Softcap(scores, group, c, c, scoring.softcap);
+    float inv[kMaxAttentionGroup];
+    ExpScores(scores, group, c, inv);
+    std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
+    c = 0;
+    ForEachStretch(runs, num_runs, bt, first, scoring.window, [&](int64_t begin, int64_t n) {
+      const char* v = kv.ValueBytes(kv_head, begin);
+      if (bf16) {
+        ops.Add(scores + c, scoring.window, inv, group, reinterpret_cast<const uint16_t*>(v), n,
+                out);
+      } else {
+        ops.Add(scores + c, scoring.window, inv, group, reinterpret_cast<const float*>(v), n, out);
+      }
+      c += n;
+    });
+    return;
+  }
   // Columns: the sink tokens, the summaries, the window tokens. The window starts after the
   // summarized blocks; in the run table, after the sinks and the blocks still listed there
   // although summarized (num_summaries - dropped, the step that summarizes them). Without far
@@ -231,10 +290,20 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
     c += n;
   };
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, score_keys);
-  if (ns > 0) ops.Score(q, group, far.k_summary, ns, scale, far.log_weight, scores + c, cols);
+  const int64_t summaries_first = c;
+  const bool capped = scoring.softcap > 0;
+  if (ns > 0) {
+    ops.Score(q, group, far.k_summary, ns, scale, capped ? 0.0f : far.log_weight, scores + c, cols);
+  }
   c += ns;
-  ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, score_keys);
+  ForEachStretch(runs, num_runs, bt, window_kept_block * bt, window_tokens, score_keys);
   DCHECK(c == cols);
+  if (capped) {
+    Softcap(scores, group, cols, cols, scoring.softcap);
+    for (int32_t g = 0; g < group; ++g) {
+      for (int64_t j = 0; j < ns; ++j) scores[g * cols + summaries_first + j] += far.log_weight;
+    }
+  }
   float inv[kMaxAttentionGroup];
   ExpScores(scores, group, cols, inv);
   // Pass 2: weighted sum of values and summary values.
@@ -252,7 +321,7 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, add_stretch);
   if (ns > 0) ops.Add(scores + c, cols, inv, group, far.v_summary, ns, out);
   c += ns;
-  ForEachStretch(runs, num_runs, bt, window_kept_block, window_tokens, add_stretch);
+  ForEachStretch(runs, num_runs, bt, window_kept_block * bt, window_tokens, add_stretch);
 }
 
 namespace {

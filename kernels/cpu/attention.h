@@ -69,6 +69,21 @@ void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t k
                  const KvRun* runs, int32_t num_runs, int64_t seq_len, float scale, float* scores,
                  float* out);
 
+// What a row's scores are beyond q . k * scale, and which keys it sees beyond the causal mask
+// (Gemma 2's softcapping; sliding-window layers of Mistral, Qwen2, Phi-3 and Gemma).
+struct AttentionScoring {
+  float scale = 1;
+  // > 0: each score s (already scaled) becomes softcap * tanh(s / softcap) before the softmax.
+  float softcap = 0;
+  // > 0: a row at position seq_len - 1 attends to the last min(window, seq_len) positions only.
+  int64_t window = 0;
+};
+
+// AttendGroup with `scoring`: AttendGroup itself, bit for bit, with no softcap and no window.
+void AttendGroup(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                 const KvRun* runs, int32_t num_runs, int64_t seq_len,
+                 const AttentionScoring& scoring, float* scores, float* out);
+
 // Largest query-head group AttendGroup takes.
 inline constexpr int32_t kMaxAttentionGroup = 16;
 
@@ -108,6 +123,11 @@ inline int64_t KeptPosition(int64_t pos, int32_t block_tokens, int32_t sink_bloc
 void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
                     const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
                     float scale, float* scores, float* out);
+// With a softcap, each summary's score is capped before + log_weight. A window with far history
+// active is not computed (the engine does not combine them).
+void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
+                    const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
+                    const AttentionScoring& scoring, float* scores, float* out);
 
 // One summary entry of KV head `kv_head`: the mean of the block_tokens keys and of the values
 // that start at physical token `first_token` (one block). k_out and v_out are [head_dim].

@@ -257,6 +257,42 @@ TEST(OpsTest, RmsNormMatchesReference) {
   }
 }
 
+// Gemma's norms multiply by 1 + w (weights stored as w - 1); offset 0 is the plain norm, bit for
+// bit.
+TEST(OpsTest, RmsNormWeightOffset) {
+  std::mt19937 rng(17);
+  for (DType dtype : {DType::kF32, DType::kBF16}) {
+    StoredMatrix w = RandomMatrix(dtype, 1, 300, rng);
+    std::vector<float> x = RandomVector(300, rng), out(300), plain(300), zero(300);
+    RmsNorm(x.data(), w.view, 300, 1e-6f, out.data(), 1.0f);
+    RmsNorm(x.data(), w.view, 300, 1e-6f, plain.data());
+    RmsNorm(x.data(), w.view, 300, 1e-6f, zero.data(), 0.0f);
+    EXPECT_EQ(plain, zero);
+    double ss = 0;
+    for (float v : x) ss += static_cast<double>(v) * v;
+    const double inv = 1.0 / std::sqrt(ss / 300 + 1e-6);
+    for (int i = 0; i < 300; ++i) {
+      const double ref = x[i] * inv * (1 + w.exact[i]);
+      ASSERT_NEAR(out[i], ref, 1e-5 * (1 + std::abs(ref))) << i;
+    }
+  }
+}
+
+// GELU's tanh approximation (gelu_pytorch_tanh) times up, against float64, including the tails
+// where the sigmoid form saturates (|g| up to 30).
+TEST(OpsTest, GeluTanhMulMatchesFloat64) {
+  std::mt19937 rng(18);
+  std::vector<float> g = RandomVector(200, rng), u = RandomVector(200, rng), out(200);
+  for (int i = 0; i < 20; ++i) g[i] *= 15;
+  GeluTanhMul(g.data(), u.data(), 200, out.data());
+  for (int i = 0; i < 200; ++i) {
+    const double x = g[i];
+    const double ref =
+        0.5 * x * (1 + std::tanh(std::sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))) * u[i];
+    ASSERT_NEAR(out[i], ref, 2e-6 * (1 + std::abs(ref))) << "g=" << x;
+  }
+}
+
 TEST(OpsTest, RopeRotatesHalfPairs) {
   std::mt19937 rng(8);
   const int64_t heads = 3, hd = 10, half = 5;
@@ -418,6 +454,70 @@ TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
                     << " group=" << group << " seq_len=" << seq_len << " head=" << g
                     << " i=" << i;
               }
+            }
+          }
+        }
+      }
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
+// Sliding-window attention (the last `window` positions, starting mid-block and mid-run) and
+// Gemma 2's softcapping, on every path and KV dtype, against float64 over a fragmented run
+// table: within 2e-5. A window no shorter than the history is the full attention, bit for bit.
+TEST(AttentionTest, WindowAndSoftcapMatchFloat64) {
+  const CpuIsa saved = ActiveCpuIsa();
+  std::mt19937 rng(21);
+  const int32_t block = 16, kv_heads = 2, hd = 64, group = 2;
+  const int64_t pool_tokens = 24 * block;
+  for (CpuIsa isa : AvailableCpuIsas()) {
+    SetActiveCpuIsa(isa);
+    for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+      std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
+      std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
+      const TestKv kv(k, v, pool_tokens * hd, block, hd, kv_dtype);
+      const KvRun runs[] = {{17, 3}, {2, 5}, {11, 1}, {7, 4}};  // 13 blocks = 208 tokens
+      for (int64_t window : {1, 5, 16, 37, 100}) {
+        for (float softcap : {0.0f, 0.5f}) {
+          for (int64_t seq_len : {3, 48, 101, 208}) {
+            AttentionScoring scoring;
+            scoring.scale = 0.125f;
+            scoring.softcap = softcap;
+            scoring.window = window;
+            std::vector<float> q = RandomVector(group * hd, rng), out(group * hd);
+            std::vector<float> scores(group * seq_len);
+            AttendGroup(q.data(), group, kv.view, 1, runs, 4, seq_len, scoring, scores.data(),
+                        out.data());
+            const int64_t first = std::max<int64_t>(0, seq_len - window);
+            for (int32_t g = 0; g < group; ++g) {
+              std::vector<double> p(seq_len - first);
+              double mx = -1e300, sum = 0;
+              for (int64_t t = first; t < seq_len; ++t) {
+                const float* kt = k.data() + kv.view.Offset(1, PhysicalToken(runs, 4, block, t));
+                double dot = 0;
+                for (int i = 0; i < hd; ++i) dot += static_cast<double>(q[g * hd + i]) * kt[i];
+                double s = dot * scoring.scale;
+                if (softcap > 0) s = softcap * std::tanh(s / softcap);
+                mx = std::max(mx, p[t - first] = s);
+              }
+              for (double& x : p) sum += (x = std::exp(x - mx));
+              for (int i = 0; i < hd; ++i) {
+                double ref = 0;
+                for (int64_t t = first; t < seq_len; ++t) {
+                  ref += p[t - first] / sum *
+                         v[kv.view.Offset(1, PhysicalToken(runs, 4, block, t)) + i];
+                }
+                ASSERT_NEAR(out[g * hd + i], ref, 2e-5)
+                    << CpuIsaName(isa) << " kv " << DTypeName(kv_dtype) << " window=" << window
+                    << " softcap=" << softcap << " seq_len=" << seq_len << " head=" << g;
+              }
+            }
+            if (window >= seq_len && softcap == 0) {
+              std::vector<float> full(group * hd);
+              AttendGroup(q.data(), group, kv.view, 1, runs, 4, seq_len, scoring.scale,
+                          scores.data(), full.data());
+              ASSERT_EQ(out, full) << "window " << window << " seq_len " << seq_len;
             }
           }
         }

@@ -11,14 +11,16 @@ namespace kvrm {
 namespace {
 
 template <typename Widen>
-inline void ScaleByWeight(const float* x, float inv, const Widen& w, int64_t dim, float* out) {
-  for (int64_t i = 0; i < dim; ++i) out[i] = x[i] * inv * w(i);
+inline void ScaleByWeight(const float* x, float inv, const Widen& w, float offset, int64_t dim,
+                          float* out) {
+  for (int64_t i = 0; i < dim; ++i) out[i] = x[i] * inv * (offset + w(i));
 }
 
 }  // namespace
 
 KVRM_CPU_CLONES
-void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out) {
+void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out,
+             float weight_offset) {
   // Squares summed in double (dim up to 8192 without drift), in 8 interleaved partial sums added
   // in a fixed order at the end: the loop vectorises, and the result does not depend on the row.
   constexpr int kLanes = 8;
@@ -34,17 +36,20 @@ void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps,
   switch (weight.dtype) {
     case DType::kF32: {
       const float* w = static_cast<const float*>(weight.data);
-      ScaleByWeight(x, inv, [w](int64_t k) { return w[k]; }, dim, out);
+      ScaleByWeight(
+          x, inv, [w](int64_t k) { return w[k]; }, weight_offset, dim, out);
       break;
     }
     case DType::kBF16: {
       const uint16_t* w = static_cast<const uint16_t*>(weight.data);
-      ScaleByWeight(x, inv, [w](int64_t k) { return Bf16ToFloat(w[k]); }, dim, out);
+      ScaleByWeight(
+          x, inv, [w](int64_t k) { return Bf16ToFloat(w[k]); }, weight_offset, dim, out);
       break;
     }
     case DType::kF16: {
       const uint16_t* w = static_cast<const uint16_t*>(weight.data);
-      ScaleByWeight(x, inv, [w](int64_t k) { return F16ToFloat(w[k]); }, dim, out);
+      ScaleByWeight(
+          x, inv, [w](int64_t k) { return F16ToFloat(w[k]); }, weight_offset, dim, out);
       break;
     }
   }
@@ -69,6 +74,16 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) {
     const float g = gate[i];
     out[i] = g / (1.0f + FastExp(-g)) * up[i];
+  }
+}
+
+KVRM_CPU_CLONES
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
+  constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;  // 2 sqrt(2 / pi)
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float z = kTwoSqrt2OverPi * (g + 0.044715f * g * g * g);
+    out[i] = g / (1.0f + FastExp(-z)) * up[i];
   }
 }
 

@@ -10,7 +10,10 @@ namespace kvrm {
 
 // out[i] = x[i] / sqrt(mean(x^2) + eps) * weight[i] for one row of `dim` (HF LlamaRMSNorm:
 // the mean is taken in f32, the weight applied after normalising). `weight` is a 1 x dim matrix.
-void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out);
+// `weight_offset` is added to every weight first (Gemma's norms multiply by 1 + w); 0 leaves the
+// result bit for bit as without it.
+void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out,
+             float weight_offset = 0);
 
 // Rotary embedding in HF's rotate_half layout: pairs (i, i + head_dim/2). `cos_sin` holds
 // [head_dim/2] cos values followed by [head_dim/2] sin values for this position.
@@ -18,6 +21,10 @@ void ApplyRope(float* heads, int64_t num_heads, int64_t head_dim, const float* c
 
 // out[i] = silu(gate[i]) * up[i].
 void SiluMul(const float* gate, const float* up, int64_t n, float* out);
+
+// out = gelu_tanh(gate) * up, GELU's tanh approximation (Gemma's gelu_pytorch_tanh):
+// 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), computed as g * sigmoid(2 * that argument).
+void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
 
 // In-place softmax over n values; returns the max (for log-sum-exp users).
 void SoftmaxInPlace(float* x, int64_t n);

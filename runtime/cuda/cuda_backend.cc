@@ -198,11 +198,24 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const LlamaConfig& config, const LlamaWeights* weights, const CudaBackendOptions& options) {
   const int32_t tp = options.tensor_parallel;
   if (tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
+  if (config.norm_weight_offset != 0 || config.sandwich_norms || config.hidden_act != "silu" ||
+      config.attn_logit_softcapping > 0 || config.final_logit_softcapping > 0 ||
+      config.rope_local_theta > 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        "model_type ", config.model_type,
+        ": the CUDA backend does not compute Gemma's block (norms, GELU, softcapping) yet; use "
+        "--device=cpu"));
+  }
   if (config.embedding_multiplier != 1 || config.attention_scale > 0 ||
       config.residual_multiplier != 1 || config.logits_scaling != 1) {
     return absl::UnimplementedError(absl::StrCat(
         "model_type ", config.model_type,
         ": the CUDA backend does not compute Granite's multipliers yet; use --device=cpu"));
+  }
+  if (config.sliding_window > 0 && options.max_context > config.sliding_window) {
+    return absl::UnimplementedError(absl::StrCat(
+        "max context ", options.max_context, " exceeds the model's sliding_window (",
+        config.sliding_window, "): the CUDA backend does not compute sliding-window attention"));
   }
   const int devices = CudaDeviceCount();
   if (devices < tp) {
