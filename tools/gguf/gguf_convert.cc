@@ -162,6 +162,11 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir));
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
   const LlamaConfig& c = model->config;
+  if (c.sandwich_norms) {
+    // llama.cpp's gemma2 / gemma3 files store the norms as 1 + w and name four norms per layer.
+    return absl::UnimplementedError(absl::StrCat(model_dir, ": model_type ", c.model_type,
+                                                 ": converting Gemma to GGUF is not supported"));
+  }
   // The architecture llama.cpp's converter writes: qwen2, qwen3 and granite as themselves, Llama
   // and Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by
   // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on
