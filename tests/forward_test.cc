@@ -587,17 +587,22 @@ INSTANTIATE_TEST_SUITE_P(DtypesAndIsas, ForwardTest,
                                                std::string(CpuIsaName(std::get<1>(info.param))));
                          });
 
-// ---- Qwen2, Qwen3 and biased Llama attention ----------------------------------------------------
+// ---- Qwen2, Qwen3, biased Llama, Phi-3, Granite, Gemma 2 / 3, sliding windows ------------------
 
 // The tiny shape as Qwen2 (Q/K/V biases), Qwen3 (per-head Q/K RMSNorm before RoPE; both with
 // head_dim 64 and hidden 128, 4 heads), Phi-3 (Q/K/V and gate/up as row ranges of fused tensors),
-// Granite (its four multipliers) and Llama with attention_bias (O biased too), in f32 and bf16 on every path,
-// against the float64 reference reading the same HF tensors (tests/reference_llama.h): chunked
-// prefill and decode, and two ranks (the Q/K/V biases cut by heads, the O bias added once after
-// the all-reduce). Tolerances as ForwardTest's. The biases (std 0.5) and norm weights are large
+// Granite (its four multipliers), Llama with attention_bias (O biased too), Gemma 2 (1 + w and
+// sandwich norms, GELU-tanh, both softcaps, even layers sliding over 48 positions), Gemma 3 (Q/K
+// norms, the sliding layers' own RoPE base, linear scaling on the full ones) and Mistral with a
+// 48-position window, in f32 and bf16 on every path, against the float64 reference reading the
+// same HF tensors (tests/reference_llama.h): chunked prefill and decode over prompts past the
+// windows, and two ranks (the Q/K/V biases cut by heads, the O bias added once after the
+// all-reduce). Tolerances as ForwardTest's. The biases (std 0.5) and norm weights are large
 // enough that leaving one out moves the logits by O(1): checked by dropping the K bias add, the
 // Q head norm and the O bias from the CPU rank in turn, each failing every prefill and TP case
-// of the models that have it.
+// of the models that have it; likewise dropping the window (fails gemma2, gemma3, mistral-sw),
+// the attention softcap (gemma2), the local RoPE table (gemma3) or the MLP's post norm (both
+// Gemmas).
 class ArchitectureForwardTest
     : public testing::TestWithParam<std::tuple<std::string, DType, CpuIsa>> {
  protected:
@@ -620,9 +625,23 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   const std::string& size = std::get<0>(GetParam());
   EXPECT_EQ(c.qkv_bias, size == "tiny-qwen2" || size == "tiny-biased");
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
-  EXPECT_EQ(c.qk_norm, size == "tiny-qwen3");
+  const bool gemma = size == "tiny-gemma2" || size == "tiny-gemma3";
+  EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3");
   EXPECT_EQ(c.fused_projections, size == "tiny-phi3");
-  if (size == "tiny-granite") {
+  EXPECT_EQ(c.sandwich_norms, gemma);
+  EXPECT_EQ(c.gelu_tanh(), gemma);
+  EXPECT_EQ(c.attn_logit_softcapping > 0, size == "tiny-gemma2");
+  EXPECT_EQ(c.rope_local_theta > 0, size == "tiny-gemma3");
+  // The windowed models slide in some layers (Mistral: all) over 48 positions.
+  const bool windowed = gemma || size == "tiny-mistral-sw";
+  EXPECT_EQ(c.sliding_window, windowed ? 48 : 0);
+  if (windowed) {
+    EXPECT_EQ(c.SlidingWindowOf(0), 48);
+    EXPECT_EQ(c.SlidingWindowOf(1), gemma ? 0 : 48);
+  }
+  if (gemma) {
+    EXPECT_EQ(c.attention_scale, 1 / std::sqrt(96.0));
+  } else if (size == "tiny-granite") {
     EXPECT_EQ(c.embedding_multiplier, 12.0);
     EXPECT_EQ(c.attention_scale, 1.0 / 32);
     EXPECT_EQ(c.residual_multiplier, 0.22);
@@ -648,7 +667,8 @@ TEST_P(ArchitectureForwardTest, TwoRanksMatchReferenceAndOneRank) {
 INSTANTIATE_TEST_SUITE_P(
     ArchitecturesDtypesAndIsas, ArchitectureForwardTest,
     testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
-                                     "tiny-granite"),
+                                     "tiny-granite", "tiny-gemma2", "tiny-gemma3",
+                                     "tiny-mistral-sw"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {

@@ -32,20 +32,40 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   OJson c;
   const bool qwen = spec.model_type == "qwen2" || spec.model_type == "qwen3";
   const bool phi3 = spec.model_type == "phi3";
+  const bool mistral = spec.model_type == "mistral";
+  const bool gemma = spec.gemma();
+  const bool gemma3 = spec.model_type == "gemma3_text";
+  // Keys as the model's Transformers config class writes them: MistralConfig has no
+  // attention_bias, mlp_bias or pretraining_tp, Gemma's configs no mlp_bias or pretraining_tp,
+  // and Gemma reads its activation from hidden_activation (hidden_act written too, as
+  // gemma-2-2b's file has both).
+  const auto softcap = [](double cap) { return cap > 0 ? OJson(cap) : OJson(nullptr); };
   c["architectures"] = {std::string(ArchitectureClassName(spec.model_type))};
-  if (spec.model_type != "qwen2") c["attention_bias"] = spec.attention_bias;
+  if (spec.model_type != "qwen2" && !mistral) c["attention_bias"] = spec.attention_bias;
   c["attention_dropout"] = 0.0;
+  if (gemma) c["attn_logit_softcapping"] = softcap(spec.attn_logit_softcapping);
   c["bos_token_id"] = ids.bos;
+  if (gemma) c["cache_implementation"] = "hybrid";
   c["eos_token_id"] = EosJson(ids);
+  if (gemma) c["final_logit_softcapping"] = softcap(spec.final_logit_softcapping);
   c["head_dim"] = spec.head_dim;
-  c["hidden_act"] = "silu";
+  const char* act = gemma ? "gelu_pytorch_tanh" : "silu";
+  c["hidden_act"] = act;
+  if (gemma) c["hidden_activation"] = act;
   c["hidden_size"] = spec.hidden_size;
   c["initializer_range"] = spec.initializer_range;
   c["intermediate_size"] = spec.intermediate_size;
+  if (gemma && spec.sliding_window > 0) {
+    OJson types = OJson::array();
+    for (int i = 0; i < spec.num_layers; ++i) {
+      types.push_back(spec.IsSlidingLayer(i) ? "sliding_attention" : "full_attention");
+    }
+    c["layer_types"] = std::move(types);
+  }
   c["max_position_embeddings"] = spec.max_position_embeddings;
   if (qwen) {
     c["max_window_layers"] = spec.num_layers;
-  } else {
+  } else if (!mistral && !gemma) {
     c["mlp_bias"] = false;
   }
   c["model_type"] = std::string(spec.model_type);
@@ -59,23 +79,36 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["num_hidden_layers"] = spec.num_layers;
   c["num_key_value_heads"] = spec.num_kv_heads;
   if (phi3) c["original_max_position_embeddings"] = spec.max_position_embeddings;
-  if (!qwen && !phi3) c["pretraining_tp"] = 1;
+  if (!qwen && !phi3 && !mistral && !gemma) c["pretraining_tp"] = 1;
+  if (gemma) c["query_pre_attn_scalar"] = spec.query_pre_attn_scalar;
   c["rms_norm_eps"] = spec.rms_norm_eps;
+  if (gemma3) c["rope_local_base_freq"] = spec.rope_local_base_freq;
   if (spec.rope_scaling.has_value()) {
-    const Llama3RopeScaling& r = *spec.rope_scaling;
-    c["rope_scaling"] = {{"factor", r.factor},
-                         {"high_freq_factor", r.high_freq_factor},
-                         {"low_freq_factor", r.low_freq_factor},
-                         {"original_max_position_embeddings", r.original_max_position_embeddings},
-                         {"rope_type", "llama3"}};
-  } else {
+    const RopeScalingSpec& r = *spec.rope_scaling;
+    if (r.rope_type == "linear") {
+      c["rope_scaling"] = {{"factor", r.factor}, {"rope_type", "linear"}};
+    } else {
+      c["rope_scaling"] = {{"factor", r.factor},
+                           {"high_freq_factor", r.high_freq_factor},
+                           {"low_freq_factor", r.low_freq_factor},
+                           {"original_max_position_embeddings", r.original_max_position_embeddings},
+                           {"rope_type", std::string(r.rope_type)}};
+    }
+  } else if (!mistral && spec.model_type != "gemma2") {  // neither config class has the key
     c["rope_scaling"] = nullptr;
   }
   c["rope_theta"] = spec.rope_theta;
-  if (qwen || phi3) c["sliding_window"] = nullptr;
+  if (spec.sliding_window > 0) {
+    c["sliding_window"] = spec.sliding_window;
+  } else if (qwen || phi3) {
+    c["sliding_window"] = nullptr;
+  }
+  if (gemma3 && spec.sliding_window > 0) {
+    c["sliding_window_pattern"] = spec.sliding_window_pattern;
+  }
   c["tie_word_embeddings"] = spec.tie_word_embeddings;
   c["torch_dtype"] = TorchDtypeName(dtype);
-  c["transformers_version"] = "4.45.0";
+  c["transformers_version"] = gemma3 ? "4.50.0" : "4.45.0";  // Gemma 3's first
   c["use_cache"] = true;
   if (qwen) c["use_sliding_window"] = false;
   c["vocab_size"] = spec.vocab_size;

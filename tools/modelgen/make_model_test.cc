@@ -12,12 +12,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/tokenizer.h"
+#include "tools/modelgen/hf_config.h"
 #include "tools/modelgen/model_spec.h"
 #include "tools/modelgen/model_writer.h"
 #include "tools/modelgen/tokenizer_json.h"
@@ -30,6 +32,16 @@ namespace fs = std::filesystem;
 std::string TmpDir(const std::string& name) {
   const char* base = std::getenv("TEST_TMPDIR");
   return (fs::path(base != nullptr ? base : "/tmp") / name).string();
+}
+
+std::string MakeSized(const std::string& size, const std::string& name, DType dtype) {
+  MakeModelOptions options;
+  options.size = size;
+  options.out_dir = TmpDir(name);
+  options.dtype = dtype;
+  auto summary = MakeModel(options);
+  EXPECT_TRUE(summary.ok()) << summary.status();
+  return options.out_dir;
 }
 
 std::string MakeTiny(const std::string& name, DType dtype, int shards = 1, uint64_t seed = 0,
@@ -183,6 +195,14 @@ std::vector<Expected> ExpectedTensors(const ModelSpec& s) {
     out.push_back({p + "self_attn.k_proj.weight", {s.num_kv_heads * hd, d}});
     out.push_back({p + "self_attn.v_proj.weight", {s.num_kv_heads * hd, d}});
     out.push_back({p + "self_attn.o_proj.weight", {d, s.num_heads * hd}});
+    if (s.qk_norm()) {
+      out.push_back({p + "self_attn.q_norm.weight", {hd}});
+      out.push_back({p + "self_attn.k_norm.weight", {hd}});
+    }
+    if (s.sandwich_norms()) {
+      out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
+      out.push_back({p + "post_feedforward_layernorm.weight", {d}});
+    }
     out.push_back({p + "mlp.gate_proj.weight", {ffn, d}});
     out.push_back({p + "mlp.up_proj.weight", {ffn, d}});
     out.push_back({p + "mlp.down_proj.weight", {d, ffn}});
@@ -216,6 +236,153 @@ TEST(MakeModelTest, TensorsHaveHfNamesShapesAndDtype) {
   ExpectTensors(sharded, DType::kF32);
 }
 
+// The Gemma 2 / Gemma 3 / sliding-window Mistral shapes: config.json as BuildConfigJson writes
+// it reads back (model/config.cc) as the architecture the spec means.
+TEST(MakeModelTest, GemmaAndMistralConfigsParseIntoTheirFeatures) {
+  const SpecialIds ids{.bos = 1020, .eos = {1021, 1022}, .pad = 1023};
+  const auto parse = [&](std::string_view size) {
+    const ModelSpec spec = *FindModelSpec(size);
+    const std::string json = BuildConfigJson(spec, DType::kBF16, ids);
+    absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(json, size);
+    EXPECT_TRUE(c.ok()) << c.status() << "\n" << json;
+    return c.ok() ? *c : LlamaConfig{};
+  };
+  const std::vector<bool> even_slide = {true, false, true, false};
+
+  const LlamaConfig g2 = parse("tiny-gemma2");
+  EXPECT_EQ(g2.model_type, "gemma2");
+  EXPECT_EQ(g2.hidden_size, 128);
+  EXPECT_EQ(g2.num_hidden_layers, 4);
+  EXPECT_EQ(g2.num_attention_heads, 4);
+  EXPECT_EQ(g2.num_key_value_heads, 2);
+  EXPECT_EQ(g2.head_dim, 64);
+  EXPECT_EQ(g2.max_position_embeddings, 512);
+  EXPECT_DOUBLE_EQ(g2.rms_norm_eps, 1e-6);
+  EXPECT_DOUBLE_EQ(g2.rope_theta, 10000);
+  EXPECT_EQ(g2.rope_scaling.type, "");
+  EXPECT_DOUBLE_EQ(g2.rope_local_theta, 0);
+  EXPECT_TRUE(g2.tie_word_embeddings);
+  EXPECT_EQ(g2.sliding_window, 48);
+  EXPECT_EQ(g2.sliding_layers, even_slide);
+  EXPECT_DOUBLE_EQ(g2.attn_logit_softcapping, 2.0);
+  EXPECT_DOUBLE_EQ(g2.final_logit_softcapping, 5.0);
+  EXPECT_DOUBLE_EQ(g2.norm_weight_offset, 1);
+  EXPECT_TRUE(g2.sandwich_norms);
+  EXPECT_FALSE(g2.qk_norm);
+  EXPECT_FALSE(g2.qkv_bias);
+  EXPECT_FALSE(g2.o_bias);
+  EXPECT_FALSE(g2.fused_projections);
+  EXPECT_DOUBLE_EQ(g2.attention_scale, 1 / std::sqrt(96.0));
+  EXPECT_EQ(g2.hidden_act, "gelu_pytorch_tanh");
+  EXPECT_TRUE(g2.gelu_tanh());
+  EXPECT_DOUBLE_EQ(g2.embedding_multiplier, 11.3125);  // sqrt(128) = 11.31 in bfloat16
+  EXPECT_EQ(g2.SlidingWindowOf(0), 48);
+  EXPECT_EQ(g2.SlidingWindowOf(1), 0);
+
+  const LlamaConfig g3 = parse("tiny-gemma3");
+  EXPECT_EQ(g3.model_type, "gemma3_text");
+  EXPECT_FALSE(g3.multimodal_wrapper);
+  EXPECT_EQ(g3.head_dim, 64);
+  EXPECT_DOUBLE_EQ(g3.rope_theta, 1000000);
+  EXPECT_DOUBLE_EQ(g3.rope_local_theta, 10000);
+  EXPECT_EQ(g3.rope_scaling.type, "linear");
+  EXPECT_DOUBLE_EQ(g3.rope_scaling.factor, 4);
+  EXPECT_EQ(LocalRopeConfig(g3).rope_scaling.type, "");
+  EXPECT_DOUBLE_EQ(LocalRopeConfig(g3).rope_theta, 10000);
+  EXPECT_EQ(g3.sliding_window, 48);
+  EXPECT_EQ(g3.sliding_layers, even_slide);
+  EXPECT_DOUBLE_EQ(g3.attn_logit_softcapping, 0);
+  EXPECT_DOUBLE_EQ(g3.final_logit_softcapping, 0);
+  EXPECT_DOUBLE_EQ(g3.norm_weight_offset, 1);
+  EXPECT_TRUE(g3.sandwich_norms);
+  EXPECT_TRUE(g3.qk_norm);
+  EXPECT_DOUBLE_EQ(g3.attention_scale, 1 / std::sqrt(96.0));
+  EXPECT_EQ(g3.hidden_act, "gelu_pytorch_tanh");
+  EXPECT_TRUE(g3.tie_word_embeddings);
+
+  const LlamaConfig m = parse("tiny-mistral-sw");
+  EXPECT_EQ(m.model_type, "mistral");
+  EXPECT_EQ(m.head_dim, 32);
+  EXPECT_EQ(m.rope_scaling.type, "");
+  EXPECT_EQ(m.sliding_window, 48);
+  EXPECT_EQ(m.sliding_layers, std::vector<bool>(4, true));
+  EXPECT_DOUBLE_EQ(m.norm_weight_offset, 0);
+  EXPECT_FALSE(m.sandwich_norms);
+  EXPECT_FALSE(m.qk_norm);
+  EXPECT_FALSE(m.qkv_bias);
+  EXPECT_DOUBLE_EQ(m.attention_scale, 0);
+  EXPECT_DOUBLE_EQ(m.attn_logit_softcapping, 0);
+  EXPECT_DOUBLE_EQ(m.final_logit_softcapping, 0);
+  EXPECT_EQ(m.hidden_act, "silu");
+
+  // The keys as the models' own files have them.
+  const Json g2_json =
+      *ParseJson(BuildConfigJson(*FindModelSpec("tiny-gemma2"), DType::kBF16, ids), "gemma2");
+  EXPECT_EQ(g2_json["architectures"], Json::array({"Gemma2ForCausalLM"}));
+  EXPECT_EQ(g2_json["hidden_activation"], "gelu_pytorch_tanh");
+  EXPECT_EQ(g2_json["hidden_act"], "gelu_pytorch_tanh");
+  EXPECT_EQ(g2_json["query_pre_attn_scalar"], 96);
+  EXPECT_TRUE(g2_json["query_pre_attn_scalar"].is_number_integer());
+  EXPECT_EQ(g2_json["layer_types"], Json::array({"sliding_attention", "full_attention",
+                                                 "sliding_attention", "full_attention"}));
+  EXPECT_FALSE(g2_json.contains("mlp_bias"));
+  EXPECT_EQ(g2_json["attention_bias"], false);
+  const Json g3_json =
+      *ParseJson(BuildConfigJson(*FindModelSpec("tiny-gemma3"), DType::kBF16, ids), "gemma3");
+  EXPECT_EQ(g3_json["architectures"], Json::array({"Gemma3ForCausalLM"}));
+  EXPECT_TRUE(g3_json.contains("attn_logit_softcapping") &&
+              g3_json["attn_logit_softcapping"].is_null());
+  EXPECT_TRUE(g3_json.contains("final_logit_softcapping") &&
+              g3_json["final_logit_softcapping"].is_null());
+  EXPECT_EQ(g3_json["sliding_window_pattern"], 2);
+  EXPECT_EQ(g3_json["layer_types"], g2_json["layer_types"]);
+  EXPECT_EQ(g3_json["rope_scaling"], Json({{"factor", 4.0}, {"rope_type", "linear"}}));
+  const Json m_json =
+      *ParseJson(BuildConfigJson(*FindModelSpec("tiny-mistral-sw"), DType::kBF16, ids), "mistral");
+  EXPECT_EQ(m_json["architectures"], Json::array({"MistralForCausalLM"}));
+  EXPECT_FALSE(m_json.contains("rope_scaling"));
+  EXPECT_FALSE(m_json.contains("attention_bias"));
+  EXPECT_FALSE(m_json.contains("layer_types"));
+}
+
+// The new shapes on disk: a model directory that loads, with every tensor (the Gemma sandwich
+// norms and Gemma 3's Q/K norms included) counted by NumParameters, and Gemma's norm weights
+// stored as w - 1 (around 0).
+TEST(MakeModelTest, GemmaAndMistralModelsHaveTheirTensors) {
+  for (const std::string size : {"tiny-gemma2", "tiny-gemma3", "tiny-mistral-sw"}) {
+    SCOPED_TRACE(size);
+    const ModelSpec spec = *FindModelSpec(size);
+    const std::string dir = MakeSized(size, size + "_f32", DType::kF32);
+    EXPECT_EQ(SortedFiles(dir), (std::vector<std::string>{"config.json", "generation_config.json",
+                                                          "model.safetensors", "tokenizer.json",
+                                                          "tokenizer_config.json"}));
+    auto config = LoadLlamaConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->model_type, spec.model_type);
+    auto set = SafetensorsSet::OpenDirectory(dir);
+    ASSERT_TRUE(set.ok()) << set.status();
+    const std::vector<Expected> expected = ExpectedTensors(spec);
+    EXPECT_EQ((*set)->TensorNames().size(), expected.size());
+    int64_t params = 0;
+    for (const Expected& e : expected) {
+      auto t = (*set)->Get(e.name, e.shape);
+      ASSERT_TRUE(t.ok()) << t.status();
+      params += t->numel();
+      if (e.shape.size() != 1) continue;  // a norm weight
+      const float* v = reinterpret_cast<const float*>(t->data);
+      double mean = 0;
+      for (int64_t i = 0; i < t->numel(); ++i) mean += v[i];
+      mean /= static_cast<double>(t->numel());
+      const bool post_norm = absl::StrContains(e.name, "post_attention_layernorm") ||
+                             absl::StrContains(e.name, "post_feedforward_layernorm");
+      EXPECT_NEAR(mean, !spec.gemma() ? 1.0 : post_norm ? 3.0 : 0.0, 0.06) << e.name;
+    }
+    EXPECT_EQ(params, spec.NumParameters());
+  }
+  EXPECT_EQ(FindModelSpec("tiny-gemma3")->NumParameters(),
+            FindModelSpec("tiny-gemma2")->NumParameters() + 4 * 2 * 64);
+}
+
 TEST(MakeModelTest, TokenizerLoadsAndRoundTrips) {
   const std::string dir = MakeTiny("tokenizer", DType::kBF16);
   auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
@@ -246,23 +413,39 @@ TEST(MakeModelTest, TokenizerLoadsAndRoundTrips) {
   EXPECT_LT(tokens * 10, bytes * 7) << tokens << " tokens for " << bytes << " bytes";
 }
 
-// ---- A minimal f32 Llama forward pass (HF semantics), only to measure output statistics. ----
+// ---- A minimal f32 Llama / Gemma forward pass (HF semantics), only to measure output
+// statistics. ----
+
+double SoftCap(double x, double cap) { return cap > 0 ? cap * std::tanh(x / cap) : x; }
 
 class ReferenceLlama {
  public:
   ReferenceLlama(const LlamaConfig& c, const SafetensorsSet& w) : c_(c), w_(w) {
     inv_freq_ = RopeInverseFrequencies(c);
+    local_inv_freq_ = RopeInverseFrequencies(LocalRopeConfig(c));
   }
+
+  // Attention scores (scaled, before any soft cap and mask) and logits before the final soft
+  // cap, as the last LastLogits call computed them.
+  std::vector<double> raw_scores, raw_logits;
 
   // Logits [vocab] after the last token of `ids`.
   std::vector<float> LastLogits(const std::vector<int32_t>& ids) {
     const int d = c_.hidden_size, n = static_cast<int>(ids.size());
     const std::vector<float> embed = W("model.embed_tokens.weight");
+    raw_scores.clear();
     std::vector<std::vector<float>> x(n);
-    for (int t = 0; t < n; ++t) x[t].assign(embed.begin() + ids[t] * d, embed.begin() + (ids[t] + 1) * d);
+    for (int t = 0; t < n; ++t) {
+      x[t].assign(embed.begin() + ids[t] * d, embed.begin() + (ids[t] + 1) * d);
+      for (float& e : x[t]) e *= static_cast<float>(c_.embedding_multiplier);
+    }
     for (int l = 0; l < c_.num_hidden_layers; ++l) Layer(l, &x);
     const std::vector<float> h = RmsNorm(x.back(), W("model.norm.weight"));
-    return MatVec(c_.tie_word_embeddings ? embed : W("lm_head.weight"), h, c_.vocab_size);
+    std::vector<float> logits =
+        MatVec(c_.tie_word_embeddings ? embed : W("lm_head.weight"), h, c_.vocab_size);
+    raw_logits.assign(logits.begin(), logits.end());
+    for (float& e : logits) e = static_cast<float>(SoftCap(e, c_.final_logit_softcapping));
+    return logits;
   }
 
  private:
@@ -277,7 +460,8 @@ class ReferenceLlama {
     for (float a : v) ss += double(a) * a;
     const float r = 1.0f / std::sqrt(float(ss / v.size()) + float(c_.rms_norm_eps));
     std::vector<float> out(v.size());
-    for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * r * g[i];
+    const float offset = static_cast<float>(c_.norm_weight_offset);
+    for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * r * (offset + g[i]);
     return out;
   }
   static std::vector<float> MatVec(const std::vector<float>& m, const std::vector<float>& v, int rows) {
@@ -290,10 +474,10 @@ class ReferenceLlama {
     }
     return out;
   }
-  void Rope(float* head, int pos) const {  // rotate_half convention
+  void Rope(float* head, int pos, const std::vector<double>& inv_freq) const {  // rotate_half
     const int half = c_.head_dim / 2;
     for (int i = 0; i < half; ++i) {
-      const double a = pos * inv_freq_[i];
+      const double a = pos * inv_freq[i];
       const float x0 = head[i], x1 = head[i + half];
       head[i] = float(x0 * std::cos(a) - x1 * std::sin(a));
       head[i + half] = float(x1 * std::cos(a) + x0 * std::sin(a));
@@ -306,50 +490,72 @@ class ReferenceLlama {
     const auto wq = W(p + "self_attn.q_proj.weight"), wk = W(p + "self_attn.k_proj.weight");
     const auto wv = W(p + "self_attn.v_proj.weight"), wo = W(p + "self_attn.o_proj.weight");
     const auto g_in = W(p + "input_layernorm.weight");
+    const int window = c_.SlidingWindowOf(l);
+    const std::vector<double>& inv_freq = window > 0 ? local_inv_freq_ : inv_freq_;
+    const double scale = c_.attention_scale > 0 ? c_.attention_scale : 1 / std::sqrt(double(hd));
+    std::vector<float> gq, gk;
+    if (c_.qk_norm) gq = W(p + "self_attn.q_norm.weight"), gk = W(p + "self_attn.k_norm.weight");
+    const auto head_norm = [&](float* head, const std::vector<float>& g) {
+      if (g.empty()) return;
+      const auto normed = RmsNorm(std::vector<float>(head, head + hd), g);
+      std::copy(normed.begin(), normed.end(), head);
+    };
     std::vector<std::vector<float>> q(n), k(n), v(n);
     for (int t = 0; t < n; ++t) {
       const auto h = RmsNorm((*x)[t], g_in);
       q[t] = MatVec(wq, h, nh * hd);
       k[t] = MatVec(wk, h, nkv * hd);
       v[t] = MatVec(wv, h, nkv * hd);
-      for (int i = 0; i < nh; ++i) Rope(&q[t][i * hd], t);
-      for (int i = 0; i < nkv; ++i) Rope(&k[t][i * hd], t);
+      for (int i = 0; i < nh; ++i) head_norm(&q[t][i * hd], gq), Rope(&q[t][i * hd], t, inv_freq);
+      for (int i = 0; i < nkv; ++i) head_norm(&k[t][i * hd], gk), Rope(&k[t][i * hd], t, inv_freq);
     }
     for (int t = 0; t < n; ++t) {
       std::vector<float> attn(nh * hd, 0.0f);
       for (int i = 0; i < nh; ++i) {
         const int kvh = i / (nh / nkv);
-        std::vector<double> s(t + 1);
+        const int first = window > 0 ? std::max(0, t - window + 1) : 0;
+        std::vector<double> s(t + 1, 0.0);
         double mx = -1e300, sum = 0;
-        for (int u = 0; u <= t; ++u) {
+        for (int u = first; u <= t; ++u) {
           double dot = 0;
           for (int e = 0; e < hd; ++e) dot += double(q[t][i * hd + e]) * k[u][kvh * hd + e];
-          s[u] = dot / std::sqrt(double(hd));
+          raw_scores.push_back(dot * scale);
+          s[u] = SoftCap(dot * scale, c_.attn_logit_softcapping);
           mx = std::max(mx, s[u]);
         }
-        for (double& e : s) sum += (e = std::exp(e - mx));
-        for (int u = 0; u <= t; ++u)
+        for (int u = first; u <= t; ++u) sum += (s[u] = std::exp(s[u] - mx));
+        for (int u = first; u <= t; ++u)
           for (int e = 0; e < hd; ++e) attn[i * hd + e] += float(s[u] / sum) * v[u][kvh * hd + e];
       }
-      const auto o = MatVec(wo, attn, d);
+      auto o = MatVec(wo, attn, d);
+      if (c_.sandwich_norms) o = RmsNorm(o, W(p + "post_attention_layernorm.weight"));
       for (int e = 0; e < d; ++e) (*x)[t][e] += o[e];
     }
-    const auto g_post = W(p + "post_attention_layernorm.weight");
+    const auto g_post = W(p + (c_.sandwich_norms ? "pre_feedforward_layernorm.weight"
+                                                 : "post_attention_layernorm.weight"));
     const auto wg = W(p + "mlp.gate_proj.weight"), wu = W(p + "mlp.up_proj.weight");
     const auto wd = W(p + "mlp.down_proj.weight");
     for (int t = 0; t < n; ++t) {
       const auto h = RmsNorm((*x)[t], g_post);
       auto g = MatVec(wg, h, c_.intermediate_size);
       const auto u = MatVec(wu, h, c_.intermediate_size);
-      for (size_t e = 0; e < g.size(); ++e) g[e] = g[e] / (1.0f + std::exp(-g[e])) * u[e];
-      const auto down = MatVec(wd, g, d);
+      for (size_t e = 0; e < g.size(); ++e) {
+        const double a = g[e];
+        const double act =
+            c_.gelu_tanh()
+                ? 0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)))
+                : a / (1 + std::exp(-a));
+        g[e] = float(act) * u[e];
+      }
+      auto down = MatVec(wd, g, d);
+      if (c_.sandwich_norms) down = RmsNorm(down, W(p + "post_feedforward_layernorm.weight"));
       for (int e = 0; e < d; ++e) (*x)[t][e] += down[e];
     }
   }
 
   const LlamaConfig& c_;
   const SafetensorsSet& w_;
-  std::vector<double> inv_freq_;
+  std::vector<double> inv_freq_, local_inv_freq_;
 };
 
 TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
@@ -390,6 +596,132 @@ TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
   EXPECT_LE(repeats_last, 2) << "the model mostly repeats the last token";
   std::printf("logit std %.2f, mean top-1 prob %.3f, %zu distinct argmaxes, %d repeats\n",
               std_sum / n, max_prob_sum / n, argmaxes.size(), repeats_last);
+}
+
+// Logit statistics of one model over prompts.
+struct LogitStats {
+  double std = 0, top1 = 0;  // means over the prompts
+  std::set<int> argmaxes;
+  int repeats_last = 0;  // prompts whose argmax is their last token
+};
+
+LogitStats Measure(ReferenceLlama& model, const std::vector<std::vector<int32_t>>& prompts) {
+  LogitStats out;
+  for (const std::vector<int32_t>& ids : prompts) {
+    const std::vector<float> logits = model.LastLogits(ids);
+    double mean = 0, sq = 0, mx = -1e30, z = 0;
+    int arg = 0;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      mean += logits[i];
+      if (logits[i] > mx) mx = logits[i], arg = static_cast<int>(i);
+    }
+    mean /= logits.size();
+    for (float l : logits) sq += (l - mean) * (l - mean), z += std::exp(l - mx);
+    out.std += std::sqrt(sq / logits.size()) / prompts.size();
+    out.top1 += 1.0 / z / prompts.size();
+    out.argmaxes.insert(arg);
+    out.repeats_last += arg == ids.back();
+  }
+  return out;
+}
+
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
+// tiny-gemma2 and tiny-gemma3 through the reference Gemma forward pass: varied next-token
+// distributions, and every Gemma feature that a test of an engine relies on moves the logits:
+// the 48-position window on prompts longer than it, and tiny-gemma2's soft caps (which must bend
+// the values these random weights produce, unlike Gemma 2's real caps of 50 and 30).
+TEST(MakeModelTest, RandomGemmaModelsAreVariedAndTheirSoftCapsMatter) {
+  for (const std::string size : {"tiny-gemma2", "tiny-gemma3"}) {
+    SCOPED_TRACE(size);
+    const std::string dir = MakeSized(size, size + "_forward", DType::kF32);
+    auto config = LoadLlamaConfig(dir);
+    auto set = SafetensorsSet::OpenDirectory(dir);
+    auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+    ASSERT_TRUE(config.ok() && set.ok() && tok.ok());
+    const std::vector<std::string> texts = {"The quick brown fox",
+                                            "It was the best of times",
+                                            "Numbers matter: 3.14",
+                                            "Please don't forget",
+                                            "In the beginning there was",
+                                            "A language model reads",
+                                            "x = buf[3];",
+                                            "Café crème"};
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& t : texts) prompts.push_back(*(*tok)->Encode(t, true));
+    // Two prompts past the window (~100 and ~200 tokens).
+    std::string long_text;
+    for (int i = 0; long_text.size() < 700; ++i) {
+      long_text += absl::StrCat(texts[i % texts.size()], " and ", i * 37, ", ");
+    }
+    std::vector<int32_t> long_ids = *(*tok)->Encode(long_text, true);
+    ASSERT_GT(long_ids.size(), 200u);
+    long_ids.resize(200);
+    prompts.push_back(std::vector<int32_t>(long_ids.begin(), long_ids.begin() + 100));
+    prompts.push_back(long_ids);
+
+    ReferenceLlama model(*config, **set);
+    const LogitStats stats = Measure(model, prompts);
+    EXPECT_GT(stats.std, 1.0);
+    EXPECT_LT(stats.std, 4.0);
+    EXPECT_LT(stats.top1, 0.8) << "next-token distributions are nearly one-hot";
+    EXPECT_GE(stats.argmaxes.size(), prompts.size() / 2) << "the model ignores its input";
+    EXPECT_LE(stats.repeats_last, 2) << "the model mostly repeats the last token";
+
+    // Raw (uncapped) score and logit magnitudes over the long prompt.
+    const std::vector<float> logits = model.LastLogits(long_ids);
+    double score_rms = 0, score_max = 0, logit_rms = 0, logit_max = 0;
+    for (double x : model.raw_scores) {
+      score_rms += x * x, score_max = std::max(score_max, std::abs(x));
+    }
+    for (double x : model.raw_logits) {
+      logit_rms += x * x, logit_max = std::max(logit_max, std::abs(x));
+    }
+    score_rms = std::sqrt(score_rms / model.raw_scores.size());
+    logit_rms = std::sqrt(logit_rms / model.raw_logits.size());
+
+    // Without the window, the long prompt's logits move.
+    LlamaConfig no_window = *config;
+    no_window.sliding_window = 0;
+    ReferenceLlama unwindowed(no_window, **set);
+    const double window_effect = MaxAbsDiff(logits, unwindowed.LastLogits(long_ids));
+    EXPECT_GT(window_effect, 0.1) << "the sliding window changes nothing";
+
+    // Without the soft caps.
+    LlamaConfig no_caps = *config;
+    no_caps.attn_logit_softcapping = no_caps.final_logit_softcapping = 0;
+    ReferenceLlama uncapped(no_caps, **set);
+    const LogitStats uncapped_stats = Measure(uncapped, prompts);
+    double cap_effect = 0;
+    for (const auto& ids : prompts) {
+      cap_effect =
+          std::max(cap_effect, MaxAbsDiff(model.LastLogits(ids), uncapped.LastLogits(ids)));
+    }
+    LlamaConfig attn_cap_only = *config;
+    attn_cap_only.final_logit_softcapping = 0;
+    ReferenceLlama attn_capped(attn_cap_only, **set);
+    const double attn_cap_effect =
+        MaxAbsDiff(attn_capped.LastLogits(long_ids), uncapped.LastLogits(long_ids));
+    if (size == "tiny-gemma2") {
+      EXPECT_GT(cap_effect, 1.0);
+      EXPECT_GT(attn_cap_effect, 0.3) << "the attention soft cap hardly matters";
+      EXPECT_GT(uncapped_stats.top1 - stats.top1, 0.02) << "the final soft cap hardly matters";
+    } else {
+      EXPECT_EQ(cap_effect, 0);
+    }
+    std::printf(
+        "%s: logit std %.2f, mean top-1 prob %.3f (uncapped %.3f), %zu distinct argmaxes of %zu, "
+        "%d repeats; "
+        "long prompt: raw scores rms %.2f max %.2f, raw logits rms %.2f max %.2f; max logit "
+        "change without the window %.2f, without the caps %.2f (attention cap alone %.2f)\n",
+        size.c_str(), stats.std, stats.top1, uncapped_stats.top1, stats.argmaxes.size(),
+        prompts.size(), stats.repeats_last, score_rms, score_max, logit_rms, logit_max,
+        window_effect, cap_effect, attn_cap_effect);
+  }
 }
 
 }  // namespace

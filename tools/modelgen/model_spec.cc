@@ -123,10 +123,73 @@ ModelSpec TinyK() {
   return s;
 }
 
+// Gemma 2's block in the tiny shape, with heads of 64: norm weights stored as w - 1, sandwich
+// norms, GELU-tanh MLP, embeddings scaled by sqrt(hidden), attention scale
+// query_pre_attn_scalar^-1/2 (96, not head_dim: as gemma-2-27b's 144 against its 128, so an
+// engine that scales by head_dim^-1/2 instead is caught), even layers
+// attending within a 48-position window (so prompts of 100-200 tokens leave it), tied
+// embeddings.
+//
+// The soft caps are small enough that c tanh(x / c) visibly bends what these random weights
+// produce (Gemma 2's real 50 / 30 would leave them all but unchanged). The final logits have RMS
+// ~2 and maxima ~6-7 (embed std 2 / sqrt(hidden) against a unit-RMS normed state): a cap of 5
+// (2.5x their RMS) moves a logit of 2 by 0.1 and one of 6.5 by 2.2, so the head of the
+// distribution flattens (mean top-1 probability 0.09 -> 0.02; the argmax stays, tanh being
+// monotonic). The attention scores have RMS ~1 and maxima ~5 (unit-RMS q and k over 64 dims
+// scaled by 1/8): a cap of 2 moves a score of 1 by 0.08 and one of 3 by 1.2, and leaving it out
+// moves the logits after a 200-token prompt by up to ~2.
+// make_model_test's RandomGemmaModelsAreVariedAndTheirSoftCapsMatter measures both.
+ModelSpec TinyGemma2() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-gemma2";
+  s.model_type = "gemma2";
+  s.head_dim = 64;
+  s.rms_norm_eps = 1e-6;
+  s.rope_theta = 10000.0;
+  s.rope_scaling.reset();
+  s.tie_word_embeddings = true;
+  s.query_pre_attn_scalar = 96;
+  s.sliding_window = 48;
+  s.sliding_window_pattern = 2;  // layers 0 and 2 slide, 1 and 3 attend to everything
+  s.attn_logit_softcapping = 2.0;
+  s.final_logit_softcapping = 5.0;
+  return s;
+}
+
+// Gemma 3's text model: tiny-gemma2 with per-head Q/K norms (stored as w - 1 too), no soft caps,
+// full layers with rope_theta 1e6 and linear RoPE scaling (factor 4, as Gemma 3 4B's global
+// layers scale by 8), sliding layers with rope_local_base_freq 1e4 and no scaling. Pattern 2:
+// with 4 layers, layers 0 and 2 slide and 1 and 3 are full.
+ModelSpec TinyGemma3() {
+  ModelSpec s = TinyGemma2();
+  s.name = "tiny-gemma3";
+  s.model_type = "gemma3_text";
+  s.rope_theta = 1000000.0;
+  s.rope_local_base_freq = 10000.0;
+  s.rope_scaling = RopeScalingSpec{.factor = 4.0, .rope_type = "linear"};
+  s.attn_logit_softcapping = 0;
+  s.final_logit_softcapping = 0;
+  return s;
+}
+
+// Mistral: the tiny shape with every layer attending within a 48-position window
+// (< max_position_embeddings 512, so the window is real), no RoPE scaling (Mistral's config has
+// none).
+ModelSpec TinyMistralSlidingWindow() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-mistral-sw";
+  s.model_type = "mistral";
+  s.rope_scaling.reset();
+  s.sliding_window = 48;
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
-  static const auto* table = new std::vector<ModelSpec>{
-      Tiny(),     Small(),       TinyQwen2(), TinyQwen3(),        TinyBiased(),
-      TinyPhi3(), TinyGranite(), TinyK(),     TinyQwen2TwoHeads()};
+  static const auto* table =
+      new std::vector<ModelSpec>{Tiny(),        Small(),      TinyQwen2(),
+                                 TinyQwen3(),   TinyBiased(), TinyPhi3(),
+                                 TinyGranite(), TinyK(),      TinyQwen2TwoHeads(),
+                                 TinyGemma2(),  TinyGemma3(), TinyMistralSlidingWindow()};
   return *table;
 }
 
@@ -134,10 +197,10 @@ const std::vector<ModelSpec>& Table() {
 
 int64_t ModelSpec::NumParameters() const {
   const int64_t d = hidden_size;
-  const int64_t per_layer = 2 * d                      // input / post-attention norms
-                            + d * q_dim() * 2          // q_proj, o_proj
-                            + d * kv_dim() * 2         // k_proj, v_proj
-                            + d * intermediate_size * 3  // gate, up, down
+  // input / post-attention norms (Gemma: and pre- / post-feedforward)
+  const int64_t per_layer = (sandwich_norms() ? 4 : 2) * d + d * q_dim() * 2  // q_proj, o_proj
+                            + d * kv_dim() * 2                                // k_proj, v_proj
+                            + d * intermediate_size * 3                       // gate, up, down
                             + (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d : 0) +
                             (qk_norm() ? 2 * head_dim : 0);
   const int64_t embed = static_cast<int64_t>(vocab_size) * d;

@@ -12,18 +12,24 @@
 
 namespace kvrm {
 
-// Llama 3.1 style rope_scaling ("rope_type": "llama3").
-struct Llama3RopeScaling {
+// config.json's rope_scaling: Llama 3.1's ("rope_type": "llama3", every field) or linear
+// ("rope_type": "linear", `factor` only: positions divided by it, as Gemma 3's global layers).
+struct RopeScalingSpec {
   double factor = 8.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int original_max_position_embeddings = 8192;
+  std::string_view rope_type = "llama3";  // "llama3" or "linear"
 };
+using Llama3RopeScaling = RopeScalingSpec;
 
 struct ModelSpec {
   std::string_view name;
   // config.json's model_type: "llama", "qwen2" (Q/K/V biases), "qwen3" (per-head Q/K norms) or
-  // "phi3" (fused qkv_proj and gate_up_proj tensors) or "granite" (the multipliers below).
+  // "phi3" (fused qkv_proj and gate_up_proj tensors) or "granite" (the multipliers below), or
+  // "mistral" (Llama's tensors, sliding_window below), or Gemma's "gemma2" / "gemma3_text"
+  // (norm weights stored as w - 1, sandwich norms, GELU-tanh MLP, the Gemma fields below;
+  // gemma3_text also has per-head Q/K norms).
   std::string_view model_type = "llama";
   bool attention_bias = false;  // llama / qwen3: every attention projection biased
   // granite: config.json's embedding_multiplier, attention_multiplier, residual_multiplier and
@@ -39,15 +45,40 @@ struct ModelSpec {
   int vocab_size = 0;  // Includes the special tokens, which take the last ids.
   int max_position_embeddings = 0;
   double rope_theta = 10000.0;
-  std::optional<Llama3RopeScaling> rope_scaling;
+  std::optional<RopeScalingSpec> rope_scaling;
+  // Sliding-window attention over the last `sliding_window` positions (0: none; written as
+  // config.json's sliding_window, with layer_types for Gemma). The layers that slide: every one
+  // when sliding_window_pattern is 0 (Mistral), else all but every sliding_window_pattern-th
+  // (Gemma 3's rule; 2 is Gemma 2's even layers).
+  int sliding_window = 0;
+  int sliding_window_pattern = 0;
+  // Gemma: the attention scale is query_pre_attn_scalar^-1/2; scores and final logits are
+  // soft-capped as c tanh(x / c) (0: none, written as null); gemma3_text's sliding layers rotate
+  // with rope_local_base_freq and without rope_scaling.
+  int query_pre_attn_scalar = 0;
+  double attn_logit_softcapping = 0;
+  double final_logit_softcapping = 0;
+  double rope_local_base_freq = 0;
   bool tie_word_embeddings = false;
   double rms_norm_eps = 1e-5;
   double initializer_range = 0.02;  // Written to config.json; see weight_init.h for the stds.
 
   bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
   bool o_bias() const { return model_type != "qwen2" && attention_bias; }
-  bool qk_norm() const { return model_type == "qwen3"; }
+  bool qk_norm() const { return model_type == "qwen3" || model_type == "gemma3_text"; }
   bool fused_projections() const { return model_type == "phi3"; }
+  bool gemma() const { return model_type == "gemma2" || model_type == "gemma3_text"; }
+  // Gemma's pre_feedforward_layernorm and post_feedforward_layernorm (its post_attention_layernorm
+  // normalizes the attention output rather than the MLP's input).
+  bool sandwich_norms() const { return gemma(); }
+  // What every RMSNorm weight is drawn around: Gemma stores w - 1 (its RMSNorm multiplies by
+  // 1 + w), so 0 there, 1 elsewhere.
+  double norm_weight_mean() const { return gemma() ? 0.0 : 1.0; }
+  // Whether layer `layer` attends within sliding_window.
+  bool IsSlidingLayer(int layer) const {
+    return sliding_window > 0 &&
+           (sliding_window_pattern == 0 || (layer + 1) % sliding_window_pattern != 0);
+  }
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
   int64_t NumParameters() const;

@@ -10,6 +10,13 @@ namespace kvrm::modelgen {
 namespace {
 
 constexpr double kNormStd = 0.1;
+// Gemma's post_attention_layernorm / post_feedforward_layernorm (stored w - 1): 3, an effective
+// gain of 4. Gemma multiplies the embedding by sqrt(hidden), so with tied embeddings of std
+// 2 / sqrt(hidden) (logits of std ~2) the input token enters the residual stream with RMS 2; with
+// gains of 1 the 2 * layers normed branch outputs (RMS 1 each) do not outweigh it and the random
+// model predicts its last input token (10 of make_model_test's 10 prompts); with gains of 4 they
+// do (1 of 10, top-1 probability ~0.1, as the Llama tiny model).
+constexpr double kGemmaPostNormMean = 3.0;
 // Biases as large as Qwen2's K biases are against the projections' unit outputs, so a bias left
 // out moves the logits by O(1).
 constexpr double kBiasStd = 0.5;
@@ -28,11 +35,14 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
   const int64_t d = spec.hidden_size, q = spec.q_dim(), kv = spec.kv_dim();
   const int64_t ffn = spec.intermediate_size, vocab = spec.vocab_size;
   const double embed_std = 2.0 / std::sqrt(static_cast<double>(d));
+  // Around 1, or around 0 where the model stores w - 1 (Gemma): the same effective weights
+  // (but Gemma's post-branch norms: kGemmaPostNormMean).
+  const double norm = spec.norm_weight_mean();
   std::vector<TensorPlan> plans;
   plans.push_back({"model.embed_tokens.weight", {vocab, d}, 0.0, embed_std});
   for (int i = 0; i < spec.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    plans.push_back({p + "input_layernorm.weight", {d}, 1.0, kNormStd});
+    plans.push_back({p + "input_layernorm.weight", {d}, norm, kNormStd});
     if (spec.fused_projections()) {
       plans.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, d}, 0.0, FanIn(d)});
     } else {
@@ -46,10 +56,16 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
     plans.push_back({p + "self_attn.o_proj.weight", {d, q}, 0.0, FanIn(q)});
     if (spec.o_bias()) plans.push_back({p + "self_attn.o_proj.bias", {d}, 0.0, kBiasStd});
     if (spec.qk_norm()) {
-      plans.push_back({p + "self_attn.q_norm.weight", {spec.head_dim}, 1.0, kNormStd});
-      plans.push_back({p + "self_attn.k_norm.weight", {spec.head_dim}, 1.0, kNormStd});
+      plans.push_back({p + "self_attn.q_norm.weight", {spec.head_dim}, norm, kNormStd});
+      plans.push_back({p + "self_attn.k_norm.weight", {spec.head_dim}, norm, kNormStd});
     }
-    plans.push_back({p + "post_attention_layernorm.weight", {d}, 1.0, kNormStd});
+    plans.push_back({p + "post_attention_layernorm.weight",
+                     {d},
+                     spec.sandwich_norms() ? kGemmaPostNormMean : norm,
+                     kNormStd});
+    if (spec.sandwich_norms()) {
+      plans.push_back({p + "pre_feedforward_layernorm.weight", {d}, norm, kNormStd});
+    }
     if (spec.fused_projections()) {
       plans.push_back({p + "mlp.gate_up_proj.weight", {2 * ffn, d}, 0.0, FanIn(d)});
     } else {
@@ -57,8 +73,11 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
       plans.push_back({p + "mlp.up_proj.weight", {ffn, d}, 0.0, FanIn(d)});
     }
     plans.push_back({p + "mlp.down_proj.weight", {d, ffn}, 0.0, FanIn(ffn)});
+    if (spec.sandwich_norms()) {
+      plans.push_back({p + "post_feedforward_layernorm.weight", {d}, kGemmaPostNormMean, kNormStd});
+    }
   }
-  plans.push_back({"model.norm.weight", {d}, 1.0, kNormStd});
+  plans.push_back({"model.norm.weight", {d}, norm, kNormStd});
   if (!spec.tie_word_embeddings) plans.push_back({"lm_head.weight", {vocab, d}, 0.0, embed_std});
   return plans;
 }

@@ -9,7 +9,10 @@
 //   - embed_tokens and lm_head have std 2/sqrt(hidden), so logits have std ~2: a varied,
 //     non-degenerate next-token distribution (with tied embeddings the residual added by the
 //     layers keeps the last input token from dominating its own logit);
-//   - RMSNorm weights are 1 + N(0, 0.1), not all ones, so a missing norm weight is visible.
+//   - RMSNorm weights are 1 + N(0, 0.1), not all ones, so a missing norm weight is visible;
+//     Gemma stores them as w - 1 (its RMSNorm multiplies by 1 + w), so N(0, 0.1) there, but
+//     its post-attention and post-feedforward norms 3 + N(0, 0.1) (a gain of 4, so the layers
+//     outweigh Gemma's sqrt(hidden)-scaled input embedding: weight_init.cc).
 #ifndef KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 #define KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 
