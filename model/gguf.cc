@@ -507,7 +507,8 @@ absl::StatusOr<absl::Span<const absl::string_view>> GgufFile::GetStringArray(
 absl::StatusOr<std::vector<double>> GgufFile::GetNumberArray(absl::string_view key) const {
   ASSIGN_OR_RETURN(const GgufValue* v, Need(*this, key));
   if (v->type != GgufValueType::kArray ||
-      !(IsFloat(v->elem) || IsSigned(v->elem) || IsUnsigned(v->elem))) {
+      !(IsFloat(v->elem) || IsSigned(v->elem) || IsUnsigned(v->elem) ||
+        v->elem == GgufValueType::kBool)) {
     return KeyError(path(), key, "expected an array of numbers");
   }
   std::vector<double> out(v->count);

@@ -126,7 +126,7 @@ class GgufFile {
   absl::StatusOr<bool> GetBool(absl::string_view key) const;
   absl::StatusOr<absl::string_view> GetString(absl::string_view key) const;
   absl::StatusOr<absl::Span<const absl::string_view>> GetStringArray(absl::string_view key) const;
-  // An array of numbers (any integer or float type), widened to double.
+  // An array of numbers (any integer or float type, or bools as 0 and 1), widened to double.
   absl::StatusOr<std::vector<double>> GetNumberArray(absl::string_view key) const;
 
   // "<path>: <key>: <problem>" as INVALID_ARGUMENT (malformed) or UNIMPLEMENTED (not supported).

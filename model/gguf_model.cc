@@ -39,6 +39,62 @@ absl::StatusOr<uint64_t> LayerUint(const GgufFile& f, const std::string& key) {
   return static_cast<uint64_t>(all[0]);
 }
 
+// Gemma 2 / 3's keys as llama.cpp reads them, into config.json's names: the window (Gemma 2:
+// 4096 when absent; Gemma 3: none), the sliding layers (attention.sliding_window_pattern, a
+// period, Gemma 2's 2 and Gemma 3's 6 when absent, or one bool per layer), the sliding layers'
+// RoPE base (rope.freq_base_swa; Gemma 3: 10000 when absent, Gemma 2: the global base) and the
+// softcaps (Gemma 2: 50 and 30 when absent; Gemma 3: the logits' only, none when absent).
+absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma2, uint64_t layers,
+                             Json* c) {
+  const bool windowed = gemma2 || f.Find(p + "attention.sliding_window") != nullptr;
+  uint64_t window = 4096;
+  if (f.Find(p + "attention.sliding_window") != nullptr) {
+    ASSIGN_OR_RETURN(window, f.GetUint(p + "attention.sliding_window"));
+  }
+  std::vector<bool> sliding(layers, false);
+  if (windowed && window > 0) {
+    const std::string key = p + "attention.sliding_window_pattern";
+    const GgufValue* v = f.Find(key);
+    if (v != nullptr && v->type == GgufValueType::kArray) {
+      ASSIGN_OR_RETURN(const std::vector<double> each, f.GetNumberArray(key));
+      if (each.size() != layers) {
+        return f.Invalid(key,
+                         absl::StrCat("has ", each.size(), " entries for ", layers, " layers"));
+      }
+      for (uint64_t l = 0; l < layers; ++l) sliding[l] = each[l] != 0;
+    } else {
+      uint64_t period = gemma2 ? 2 : 6;
+      if (v != nullptr) {
+        ASSIGN_OR_RETURN(period, f.GetUint(key));
+      }
+      for (uint64_t l = 0; l < layers; ++l) sliding[l] = period == 0 || l % period < period - 1;
+    }
+    (*c)["sliding_window"] = window;
+  }
+  Json types = Json::array();
+  for (bool s : sliding) types.push_back(s ? "sliding_attention" : "full_attention");
+  (*c)["layer_types"] = std::move(types);
+  if (f.Find(p + "rope.freq_base_swa") != nullptr) {
+    if (gemma2) {
+      return f.Unimplemented(p + "rope.freq_base_swa", "a second RoPE base for Gemma 2");
+    }
+    ASSIGN_OR_RETURN((*c)["rope_local_base_freq"], f.GetFloat(p + "rope.freq_base_swa"));
+  }
+  for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
+    if (f.Find(p + key) != nullptr) {
+      ASSIGN_OR_RETURN((*c)[key], f.GetFloat(p + key));
+    } else if (!gemma2) {
+      (*c)[key] = nullptr;
+    }
+  }
+  if (!gemma2 && c->contains("attn_logit_softcapping") &&
+      !(*c)["attn_logit_softcapping"].is_null()) {
+    return f.Unimplemented(p + "attn_logit_softcapping",
+                           "Gemma 3's scores are not capped (llama.cpp ignores the key)");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 bool GgufPermutesQk(std::string_view architecture) {
@@ -52,11 +108,13 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
 
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
+  const bool gemma = arch == "gemma2" || arch == "gemma3";
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" &&
-      arch != "granite") {
-    return f.Unimplemented("general.architecture", absl::StrCat("\"", arch,
-                                                                "\" is not supported (llama, "
-                                                                "qwen2, qwen3, phi3, granite)"));
+      arch != "granite" && !gemma) {
+    return f.Unimplemented("general.architecture",
+                           absl::StrCat("\"", arch,
+                                        "\" is not supported (llama, qwen2, qwen3, phi3, granite, "
+                                        "gemma2, gemma3)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
   if (f.Find(p + "expert_count") != nullptr) {
@@ -64,7 +122,7 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
     if (experts > 0) return f.Unimplemented(p + "expert_count", "mixture of experts");
   }
   Json c = Json::object();
-  c["model_type"] = std::string(arch);
+  c["model_type"] = arch == "gemma3" ? "gemma3_text" : std::string(arch);
   for (const auto& [key, hf] : {std::pair{"context_length", "max_position_embeddings"},
                                 std::pair{"embedding_length", "hidden_size"},
                                 std::pair{"block_count", "num_hidden_layers"}}) {
@@ -87,6 +145,10 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
         ASSIGN_OR_RETURN(c[hf], f.GetFloat(p + key));
       }
     }
+  }
+  if (gemma) {
+    ASSIGN_OR_RETURN(const uint64_t layers, f.GetUint(p + "block_count"));
+    RETURN_IF_ERROR(GemmaGgufFields(f, p, arch == "gemma2", layers, &c));
   }
   // Phi-3's window (the engine serves within it, as config.json's sliding_window).
   if (arch == "phi3" && f.Find(p + "attention.sliding_window") != nullptr) {
@@ -171,6 +233,17 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
 
   ASSIGN_OR_RETURN(LlamaConfig config,
                    ParseLlamaConfig(c.dump(), absl::StrCat(f.path(), " (as config.json)")));
+  if (gemma) {
+    // As llama.cpp's gemma2 / gemma3 graphs compute them: the norms stored as 1 + w already, the
+    // embedding scaled by sqrtf(hidden) in f32, and the attention scale from the head size
+    // (from hidden / heads at the 27B models' layer counts, 46 and 62), not a file key.
+    config.norm_weight_offset = 0;
+    config.embedding_multiplier = std::sqrt(static_cast<float>(config.hidden_size));
+    const bool big = config.num_hidden_layers == (arch == "gemma2" ? 46 : 62);
+    config.attention_scale =
+        1 / std::sqrt(static_cast<float>(big ? config.hidden_size / config.num_attention_heads
+                                             : config.head_dim));
+  }
   // Attention biases: Qwen2's Q/K/V ones always (as ParseLlamaConfig has them); Llama's and
   // Qwen3's where the file has them, the Q/K/V ones and the O one each optional as llama.cpp
   // takes them (HF's attention_bias is all four). Layer 0 says; the other layers must agree.
@@ -209,7 +282,12 @@ struct GgufName {
   bool rope_rows = false;
 };
 
-absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted) {
+absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool sandwich) {
+  // Gemma's four norms a layer: post_attention_layernorm normalizes the attention output there.
+  static const auto* kSandwich = new std::vector<std::pair<absl::string_view, absl::string_view>>{
+      {"post_attention_layernorm.weight", "post_attention_norm.weight"},
+      {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
+      {"post_feedforward_layernorm.weight", "post_ffw_norm.weight"}};
   static const auto* kTop = new std::vector<std::pair<absl::string_view, absl::string_view>>{
       {"model.embed_tokens.weight", "token_embd.weight"},
       {"model.norm.weight", "output_norm.weight"},
@@ -239,11 +317,14 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted) {
   int layer;
   if (parts.size() == 4 && parts[0] == "model" && parts[1] == "layers" &&
       absl::SimpleAtoi(parts[2], &layer)) {
-    for (const auto& [from, to] : *kLayer) {
-      if (parts[3] == from) {
-        return GgufName{
-            absl::StrCat("blk.", layer, ".", to),
-            permuted && (absl::StartsWith(to, "attn_q.") || absl::StartsWith(to, "attn_k."))};
+    for (const auto* table : {sandwich ? kSandwich : nullptr, kLayer}) {
+      if (table == nullptr) continue;
+      for (const auto& [from, to] : *table) {
+        if (parts[3] == from) {
+          return GgufName{
+              absl::StrCat("blk.", layer, ".", to),
+              permuted && (absl::StartsWith(to, "attn_q.") || absl::StartsWith(to, "attn_k."))};
+        }
       }
     }
   }
@@ -268,7 +349,8 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
                                         const GgufLoadOptions& options, const std::string& hf,
                                         const std::vector<int64_t>& shape,
                                         std::vector<std::vector<std::byte>>* converted) {
-  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf, GgufPermutesQk(config.model_type)));
+  ASSIGN_OR_RETURN(const GgufName name,
+                   ToGgufName(hf, GgufPermutesQk(config.model_type), config.sandwich_norms));
   const GgufTensor* t = f.FindTensor(name.name);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat(f.path(), ": tensor \"", name.name, "\" is missing"));
@@ -409,11 +491,12 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
   const LlamaConfig& config = m->config;
   auto* converted = &m->converted;
   absl::flat_hash_set<std::string> bound = {"rope_freqs.weight"};  // (read by GgufLlamaConfig)
-  ASSIGN_OR_RETURN(m->weights, BindLlamaWeights(config, [&](const std::string& hf,
-                                                            const std::vector<int64_t>& shape) {
-                     bound.insert(ToGgufName(hf, false).value_or(GgufName{}).name);
-                     return BindTensor(f, config, options, hf, shape, converted);
-                   }));
+  ASSIGN_OR_RETURN(
+      m->weights,
+      BindLlamaWeights(config, [&](const std::string& hf, const std::vector<int64_t>& shape) {
+        bound.insert(ToGgufName(hf, false, config.sandwich_norms).value_or(GgufName{}).name);
+        return BindTensor(f, config, options, hf, shape, converted);
+      }));
   // A tensor the model does not use is a part of it the engine would not compute (a bias the
   // architecture does not have, another layer's kind): refused, as llama.cpp refuses a file with
   // tensors its architecture does not create.

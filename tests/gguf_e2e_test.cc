@@ -1,9 +1,11 @@
 // Serving a GGUF file end to end: the engine, over gRPC, on the tiny model converted to GGUF
 // (tools/gguf) generates what it generates on the model directory the file came from.
 #include <filesystem>
+#include <fstream>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
 #include "gmock/gmock.h"
@@ -92,6 +94,66 @@ TEST(GgufE2eTest, AQwen3FileGeneratesWhatItsDirectoryGenerates) {
   ASSERT_TRUE(quantized.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
   EXPECT_EQ(info.weights_format(), "gguf q8_0");
   EXPECT_EQ(info.architecture(), "Qwen3ForCausalLM");
+}
+
+// A gemma3 file (llama.cpp's names and keys: the norms written as 1 + w, post_attention_norm and
+// post_ffw_norm, the window and its period, the sliding layers' RoPE base, linear scaling on the
+// full layers) generates what its directory generates over prompts past the 48-position window:
+// f32 and torch_dtype float32, so the embedding scale sqrtf(128) is what both sides use, and the
+// norms' 1 + w is exact in f32 either way. A gemma2 file likewise, from tiny-gemma2 with the
+// attention scale llama.cpp derives (query_pre_attn_scalar = head_dim); tiny-gemma2's own 96 has
+// no GGUF form and is refused by name.
+TEST(GgufE2eTest, GemmaFilesGenerateWhatTheirDirectoriesGenerate) {
+  for (const std::string size : {"tiny-gemma3", "tiny-gemma2"}) {
+    const std::string dir = TestTmpDir() + "/" + size;
+    modelgen::MakeModelOptions mo;
+    mo.size = size;
+    mo.out_dir = dir;
+    mo.dtype = DType::kF32;
+    CHECK_OK(modelgen::MakeModel(mo).status());
+    GgufConvertOptions co;
+    co.type = GgmlType::kF32;
+    const std::string path = TestTmpDir() + "/" + size + "-f32.gguf";
+    if (size == "tiny-gemma2") {
+      const absl::Status refused = ConvertToGguf(dir, path, co);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+      EXPECT_THAT(std::string(refused.message()),
+                  ::testing::HasSubstr("query_pre_attn_scalar 96: llama.cpp's gemma2 takes the "
+                                       "attention scale from the head size"));
+      // The same model with the scale llama.cpp derives.
+      const std::string config_path = dir + "/config.json";
+      absl::StatusOr<std::string> text = ReadFileToString(config_path);
+      CHECK_OK(text.status());
+      Json config = Json::parse(*text);
+      config["query_pre_attn_scalar"] = 64;
+      std::ofstream(config_path) << config.dump(2);
+    }
+    CHECK_OK(ConvertToGguf(dir, path, co));
+    TestServer hf(Load(dir), Options());
+    TestServer gguf(Load(path), Options());
+    const LlamaConfig& g = gguf.model().config;
+    const LlamaConfig& h = hf.model().config;
+    EXPECT_EQ(g.model_type, h.model_type) << size;
+    EXPECT_EQ(g.norm_weight_offset, 0) << size;  // the file's norms are 1 + w
+    EXPECT_EQ(g.sliding_window, 48) << size;
+    EXPECT_EQ(g.sliding_layers, h.sliding_layers) << size;
+    EXPECT_EQ(g.rope_local_theta, h.rope_local_theta) << size;
+    EXPECT_EQ(g.rope_scaling.type, h.rope_scaling.type) << size;
+    EXPECT_EQ(g.attention_scale, static_cast<float>(h.attention_scale)) << size;
+    EXPECT_EQ(g.attn_logit_softcapping, static_cast<float>(h.attn_logit_softcapping)) << size;
+    EXPECT_EQ(g.final_logit_softcapping, static_cast<float>(h.final_logit_softcapping)) << size;
+    EXPECT_EQ(g.embedding_multiplier, h.embedding_multiplier) << size;
+    EXPECT_EQ(Generate(gguf), Generate(hf)) << size;
+    // Well past the window: a prompt of over 100 tokens.
+    std::string text;
+    for (int i = 0; i < 8; ++i) text += "The quick brown fox jumps over the lazy dog. ";
+    v1::GenerateRequest r = TextRequest(text, 32);
+    r.mutable_stopping()->set_ignore_eos(true);
+    const StreamResult a = RunGenerate(gguf.stub(), r), b = RunGenerate(hf.stub(), r);
+    ASSERT_TRUE(a.status.ok() && b.status.ok()) << a.status.error_message();
+    EXPECT_GT(a.finished.usage().prompt_tokens(), 100) << size;
+    EXPECT_EQ(a.tokens, b.tokens) << size;
+  }
 }
 
 // A smoke test of the quantized paths end to end (their numerics: //tools/gguf:gguf_convert_test,

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/weight_matrix.h"
@@ -157,25 +158,87 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
   return absl::OkStatus();
 }
 
+// llama.cpp's gemma2 / gemma3 graphs take what a file cannot say from the model's shape: the
+// attention scale 1 / sqrt(head_dim) (1 / sqrt(hidden / heads) at the 27B models' layer counts,
+// 46 and 62) and which layers slide from a period (every second layer full in Gemma 2, every
+// sixth in Gemma 3, or the file's attention.sliding_window_pattern). A model these cannot express
+// is refused by name rather than written as something llama.cpp would compute differently.
+int32_t GemmaGgufSwaPeriod(const LlamaConfig& c) {
+  if (c.sliding_layers.empty()) return 0;
+  for (int32_t period = 1; period <= c.num_hidden_layers + 1; ++period) {
+    bool fits = true;
+    for (int32_t l = 0; l < c.num_hidden_layers && fits; ++l) {
+      fits = c.sliding_layers[l] == (l % period < period - 1);
+    }
+    if (fits) return period;
+  }
+  return -1;
+}
+
+absl::Status CheckGemmaHasGgufForm(const std::string& model_dir, const LlamaConfig& c) {
+  const bool big = c.num_hidden_layers == (c.model_type == "gemma2" ? 46 : 62);
+  const double scale =
+      1 / std::sqrt(static_cast<double>(big ? c.hidden_size / c.num_attention_heads : c.head_dim));
+  if (std::abs(c.attention_scale - scale) > 1e-9 * scale) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": query_pre_attn_scalar ", 1 / (c.attention_scale * c.attention_scale),
+        ": llama.cpp's ", c.model_type, " takes the attention scale from the head size (", scale,
+        "); this model has no GGUF form"));
+  }
+  if (GemmaGgufSwaPeriod(c) < 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": the sliding layers follow no period: no GGUF form for them here"));
+  }
+  if (c.model_type == "gemma2" && c.final_logit_softcapping == 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": llama.cpp's gemma2 caps the logits always (30 unless the file says)"));
+  }
+  if ((c.model_type == "gemma2") != (c.attn_logit_softcapping > 0)) {
+    // llama.cpp caps Gemma 2's scores always, Gemma 3's never.
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": llama.cpp's ", c.model_type, " ",
+        c.model_type == "gemma2" ? "caps attention scores always" : "does not cap attention scores",
+        ": attn_logit_softcapping ", c.attn_logit_softcapping, " has no GGUF form"));
+  }
+  return absl::OkStatus();
+}
+
+// The Gemma keys under llama.cpp's names (convert_hf_to_gguf's Gemma2Model / Gemma3Model).
+void AddGemmaMetadata(const LlamaConfig& c, const std::string& prefix, GgufWriter* w) {
+  if (c.sliding_window > 0) {
+    w->AddUint32(prefix + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+    w->AddUint32(prefix + "attention.sliding_window_pattern",
+                 static_cast<uint32_t>(GemmaGgufSwaPeriod(c)));
+  }
+  if (c.rope_local_theta > 0) {
+    w->AddFloat32(prefix + "rope.freq_base_swa", static_cast<float>(c.rope_local_theta));
+  }
+  if (c.attn_logit_softcapping > 0) {
+    w->AddFloat32(prefix + "attn_logit_softcapping", static_cast<float>(c.attn_logit_softcapping));
+  }
+  if (c.final_logit_softcapping > 0) {
+    w->AddFloat32(prefix + "final_logit_softcapping",
+                  static_cast<float>(c.final_logit_softcapping));
+  }
+}
+
 absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_path,
                            const GgufConvertOptions& options) {
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir));
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
   const LlamaConfig& c = model->config;
-  if (c.sandwich_norms) {
-    // llama.cpp's gemma2 / gemma3 files store the norms as 1 + w and name four norms per layer.
-    return absl::UnimplementedError(absl::StrCat(model_dir, ": model_type ", c.model_type,
-                                                 ": converting Gemma to GGUF is not supported"));
-  }
+  const bool gemma = c.sandwich_norms;
+  if (gemma) RETURN_IF_ERROR(CheckGemmaHasGgufForm(model_dir, c));
   // The architecture llama.cpp's converter writes: qwen2, qwen3 and granite as themselves, Llama
   // and Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by
   // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on
   // adjacent pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows
   // as they are.
-  const std::string arch =
-      c.model_type == "qwen2" || c.model_type == "qwen3" || c.model_type == "granite"
-          ? c.model_type
-          : "llama";
+  const std::string arch = c.model_type == "qwen2" || c.model_type == "qwen3" ||
+                                   c.model_type == "granite" || c.model_type == "gemma2"
+                               ? c.model_type
+                           : c.model_type == "gemma3_text" ? "gemma3"
+                                                           : "llama";
   const bool permuted = GgufPermutesQk(arch);
   const std::string prefix = arch + ".";  // of its metadata keys
   GgufWriter w;
@@ -192,7 +255,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   w.AddFloat32(prefix + "rope.freq_base", static_cast<float>(c.rope_theta));
   w.AddUint32(prefix + "rope.dimension_count", c.head_dim);
   // (The converter writes them where config.json has head_dim, as Qwen3's always does.)
-  if (c.head_dim * c.num_attention_heads != c.hidden_size || arch == "qwen3") {
+  if (c.head_dim * c.num_attention_heads != c.hidden_size || arch == "qwen3" || gemma) {
     w.AddUint32(prefix + "attention.key_length", c.head_dim);
     w.AddUint32(prefix + "attention.value_length", c.head_dim);
   }
@@ -203,6 +266,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     w.AddFloat32(prefix + "attention.scale", static_cast<float>(c.attention_scale));
     w.AddFloat32(prefix + "logit_scale", static_cast<float>(c.logits_scaling));
   }
+  if (gemma) AddGemmaMetadata(c, prefix, &w);
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type == "linear") {
     w.AddString(prefix + "rope.scaling.type", "linear");
@@ -265,9 +329,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // Each matrix row by row: to float, reordered where the converter permutes, then encoded.
   // 1-D tensors (norms, biases) in f32, a bias's elements reordered as its matrix's rows.
   // `more_bits`: a matrix the Q4_K_M mix gives q6_K.
+  // Gemma's norms are written as llama.cpp's converter writes them: 1 + w (the stored w - 1).
+  const float norm_offset = static_cast<float>(c.norm_weight_offset);
   auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows,
                  bool more_bits = false) {
     const bool norm = m.rows == 1;
+    const bool shifted = norm && norm_offset != 0 && absl::EndsWith(name, "norm.weight");
     const GgmlType chosen = !options.q4_k_m ? options.type
                             : more_bits     ? GgmlType::kQ6_K
                                             : GgmlType::kQ4_K;
@@ -282,6 +349,9 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
         for (int64_t i = 0; i < m.cols; ++i) row[i] = hf[GgufRopeRowToHf(i, c.head_dim)];
       } else {
         WeightRowToFloat(m, rope_rows ? GgufRopeRowToHf(r, c.head_dim) : r, row.data());
+      }
+      if (shifted) {
+        for (float& x : row) x += norm_offset;
       }
       QuantizeRow(type, row.data(), m.cols, bytes.data() + r * row_bytes);
     }
@@ -310,10 +380,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       add(p + "attn_q_norm.weight", l.q_norm, false);
       add(p + "attn_k_norm.weight", l.k_norm, false);
     }
+    if (gemma) add(p + "post_attention_norm.weight", l.attn_post_norm, false);
     add(p + "ffn_norm.weight", l.mlp_norm, false);
     add(p + "ffn_gate.weight", l.w_gate, false);
     add(p + "ffn_up.weight", l.w_up, false);
     add(p + "ffn_down.weight", l.w_down, false, more_bits);
+    if (gemma) add(p + "post_ffw_norm.weight", l.mlp_post_norm, false);
   }
   add("output_norm.weight", wt.final_norm, false);
   if (!c.tie_word_embeddings) add("output.weight", wt.lm_head, false, /*more_bits=*/true);

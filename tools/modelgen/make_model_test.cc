@@ -296,7 +296,7 @@ TEST(MakeModelTest, GemmaAndMistralConfigsParseIntoTheirFeatures) {
   EXPECT_DOUBLE_EQ(g3.norm_weight_offset, 1);
   EXPECT_TRUE(g3.sandwich_norms);
   EXPECT_TRUE(g3.qk_norm);
-  EXPECT_DOUBLE_EQ(g3.attention_scale, 1 / std::sqrt(96.0));
+  EXPECT_DOUBLE_EQ(g3.attention_scale, 1 / std::sqrt(64.0));
   EXPECT_EQ(g3.hidden_act, "gelu_pytorch_tanh");
   EXPECT_TRUE(g3.tie_word_embeddings);
 

@@ -159,11 +159,13 @@ ModelSpec TinyGemma2() {
 // Gemma 3's text model: tiny-gemma2 with per-head Q/K norms (stored as w - 1 too), no soft caps,
 // full layers with rope_theta 1e6 and linear RoPE scaling (factor 4, as Gemma 3 4B's global
 // layers scale by 8), sliding layers with rope_local_base_freq 1e4 and no scaling. Pattern 2:
-// with 4 layers, layers 0 and 2 slide and 1 and 3 are full.
+// with 4 layers, layers 0 and 2 slide and 1 and 3 are full. query_pre_attn_scalar = head_dim, as
+// Gemma 3 1B-12B have it (and llama.cpp's gemma3 assumes it): the model has a GGUF form.
 ModelSpec TinyGemma3() {
   ModelSpec s = TinyGemma2();
   s.name = "tiny-gemma3";
   s.model_type = "gemma3_text";
+  s.query_pre_attn_scalar = 64;
   s.rope_theta = 1000000.0;
   s.rope_local_base_freq = 10000.0;
   s.rope_scaling = RopeScalingSpec{.factor = 4.0, .rope_type = "linear"};
