@@ -166,6 +166,9 @@ struct ParsedName {
   size_t module = 0;  // into LoraModulesOf
   bool is_b = false;
   std::string adapter;  // the ".default" segment's name, "" without one
+  // Gemma 3's multimodal models: a tensor of the vision tower or its projector, which text-only
+  // serving never runs (skipped, not refused).
+  bool vision = false;
 };
 
 std::vector<std::string_view> SplitDots(std::string_view s) {
@@ -191,6 +194,24 @@ absl::StatusOr<ParsedName> ParseTensorName(std::string_view name, const LlamaCon
   std::string_view s = name;
   if (s.starts_with("base_model.model."))
     s.remove_prefix(std::string_view("base_model.model.").size());
+  std::string text_model;  // a multimodal model's language-model name, as a text model's
+  if (config.multimodal_wrapper) {
+    for (std::string_view vision : {"vision_tower.", "multi_modal_projector.",
+                                    "model.vision_tower.", "model.multi_modal_projector."}) {
+      if (s.starts_with(vision)) {
+        ParsedName skipped;
+        skipped.vision = true;
+        return skipped;
+      }
+    }
+    for (std::string_view prefix : {"language_model.model.", "model.language_model."}) {
+      if (s.starts_with(prefix)) {
+        text_model = absl::StrCat("model.", A(s.substr(prefix.size())));
+        s = text_model;
+        break;
+      }
+    }
+  }
   const std::vector<std::string_view> parts = SplitDots(s);
   const auto has_part = [&](std::string_view p) {
     for (std::string_view x : parts) {
@@ -372,6 +393,7 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
       return absl::Status(code, absl::StrCat(weights_path, ": tensor ", tensor, " ", A(problem)));
     };
     ASSIGN_OR_RETURN(const ParsedName p, ParseTensorName(tensor, config, modules, error));
+    if (p.vision) continue;
     if (!adapter_segment.has_value()) adapter_segment = p.adapter;
     if (p.adapter != *adapter_segment) {
       return error(absl::StatusCode::kInvalidArgument,
@@ -386,6 +408,10 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
     slot = file.Find(tensor);
   }
 
+  if (pairs.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        weights_path, ": adapts only the vision tower, which text-only serving does not run"));
+  }
   adapter.layers.resize(config.num_hidden_layers);
   std::array<bool, kNumLoraTargets> adapted{};
   for (const auto& entry : pairs) {

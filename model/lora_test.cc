@@ -618,5 +618,56 @@ TEST(LoraTest, RefusesAScaleThatOverflowsFloat) {
               {"base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", "scale"});
 }
 
+// Gemma 3's multimodal models (config.json's gemma3: its language model served): PEFT names the
+// language model's projections under language_model.model. (or model.language_model.), read as
+// the text model's; the vision tower's and projector's adapters are skipped, since text-only
+// serving never runs them; an adapter of nothing else is refused.
+TEST(LoraTest, MultimodalGemma3AdaptersNameTheLanguageModel) {
+  LlamaConfig config = ConfigOf("tiny");
+  config.multimodal_wrapper = true;
+  const std::string canonical = WriteAdapter("mm_canonical", kConfigR4, QPair(2));
+  config.multimodal_wrapper = false;
+  const LoraAdapter expected = Load(config, canonical);
+  config.multimodal_wrapper = true;
+  auto file = SafetensorsFile::Open(canonical + "/adapter_model.safetensors");
+  ASSERT_TRUE(file.ok());
+  const std::vector<float> a =
+      FileFloats(*(*file)->Find("base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight"));
+  const std::vector<float> b =
+      FileFloats(*(*file)->Find("base_model.model.model.layers.2.self_attn.q_proj.lora_B.weight"));
+  int n = 0;
+  for (const std::string prefix :
+       {"base_model.model.language_model.model.", "base_model.model.model.language_model."}) {
+    SCOPED_TRACE(prefix);
+    std::vector<HandTensor> tensors = QPair(2, prefix);
+    tensors[0].values = a;
+    tensors[1].values = b;
+    tensors.push_back(
+        {"base_model.model.vision_tower.vision_model.encoder.layers.0.self_attn."
+         "q_proj.lora_A.weight",
+         {4, 32},
+         {}});
+    tensors.push_back(
+        {"base_model.model.multi_modal_projector.mm_input_projection.lora_B.weight", {32, 4}, {}});
+    const LoraAdapter adapter =
+        Load(config, WriteAdapter(absl::StrCat("mm", n++), kConfigR4, tensors));
+    EXPECT_EQ(adapter.layers[2].at(LoraTarget::kQ).a, expected.layers[2].at(LoraTarget::kQ).a);
+    EXPECT_EQ(adapter.layers[2].at(LoraTarget::kQ).b, expected.layers[2].at(LoraTarget::kQ).b);
+    EXPECT_EQ(adapter.layers[1].at(LoraTarget::kQ).rank, 0);
+  }
+  const std::string vision_only = WriteAdapter(
+      "mm_vision", kConfigR4,
+      {{"base_model.model.vision_tower.vision_model.encoder.layers.0.self_attn.q_proj.lora_A."
+        "weight",
+        {4, 32},
+        {}}});
+  ExpectError(LoadLoraAdapter(config, "a", vision_only), absl::StatusCode::kInvalidArgument,
+              {"adapts only the vision tower"});
+  // A text model reads such names as any other unknown name: refused.
+  config.multimodal_wrapper = false;
+  std::vector<HandTensor> tensors = QPair(2, "base_model.model.language_model.model.");
+  EXPECT_FALSE(LoadLoraAdapter(config, "a", WriteAdapter("mm_text", kConfigR4, tensors)).ok());
+}
+
 }  // namespace
 }  // namespace kvrm
