@@ -333,6 +333,18 @@ std::vector<HandTensor> QPair(int layer, const std::string& prefix = "base_model
   return {{base + "lora_A" + suffix, {4, 128}, {}}, {base + "lora_B" + suffix, {128, 4}, {}}};
 }
 
+// The A and B values QPair(2)'s adapter in `dir` holds.
+std::pair<std::vector<float>, std::vector<float>> QPairValues(const std::string& dir) {
+  auto file = SafetensorsFile::Open(dir + "/adapter_model.safetensors");
+  if (!file.ok()) {
+    ADD_FAILURE() << file.status();
+    return {};
+  }
+  const std::string base = "base_model.model.model.layers.2.self_attn.q_proj.";
+  return {FileFloats(*(*file)->Find(base + "lora_A.weight")),
+          FileFloats(*(*file)->Find(base + "lora_B.weight"))};
+}
+
 TEST(LoraTest, AcceptsNamesWithoutThePeftPrefixAndWithAnAdapterName) {
   const LlamaConfig config = ConfigOf("tiny");
   const std::string canonical = WriteAdapter("canonical", kConfigR4, QPair(2));
@@ -341,12 +353,7 @@ TEST(LoraTest, AcceptsNamesWithoutThePeftPrefixAndWithAnAdapterName) {
   EXPECT_EQ(expected.target_modules, std::vector<std::string>{"q_proj"});
   ExpectMatchesFile(config, expected, canonical);
   // The same values under the other spellings.
-  auto file = SafetensorsFile::Open(canonical + "/adapter_model.safetensors");
-  ASSERT_TRUE(file.ok());
-  const std::vector<float> a =
-      FileFloats(*(*file)->Find("base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight"));
-  const std::vector<float> b =
-      FileFloats(*(*file)->Find("base_model.model.model.layers.2.self_attn.q_proj.lora_B.weight"));
+  const auto [a, b] = QPairValues(canonical);
   const struct {
     std::string prefix, suffix;
   } spellings[] = {{"model.", ".weight"},
@@ -629,12 +636,7 @@ TEST(LoraTest, MultimodalGemma3AdaptersNameTheLanguageModel) {
   config.multimodal_wrapper = false;
   const LoraAdapter expected = Load(config, canonical);
   config.multimodal_wrapper = true;
-  auto file = SafetensorsFile::Open(canonical + "/adapter_model.safetensors");
-  ASSERT_TRUE(file.ok());
-  const std::vector<float> a =
-      FileFloats(*(*file)->Find("base_model.model.model.layers.2.self_attn.q_proj.lora_A.weight"));
-  const std::vector<float> b =
-      FileFloats(*(*file)->Find("base_model.model.model.layers.2.self_attn.q_proj.lora_B.weight"));
+  const auto [a, b] = QPairValues(canonical);
   int n = 0;
   for (const std::string prefix :
        {"base_model.model.language_model.model.", "base_model.model.model.language_model."}) {

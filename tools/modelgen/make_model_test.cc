@@ -558,46 +558,6 @@ class ReferenceLlama {
   std::vector<double> inv_freq_, local_inv_freq_;
 };
 
-TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
-  const std::string dir = MakeTiny("forward", DType::kF32);
-  auto config = LoadLlamaConfig(dir);
-  auto set = SafetensorsSet::OpenDirectory(dir);
-  auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
-  ASSERT_TRUE(config.ok() && set.ok() && tok.ok());
-  ReferenceLlama model(*config, **set);
-  const std::vector<std::string> prompts = {
-      "The quick brown fox", "It was the best of times", "Numbers matter: 3.14",
-      "Please don't forget", "In the beginning there was", "A language model reads",
-      "x = buf[3];", "Café crème"};
-  std::set<int> argmaxes;
-  int repeats_last = 0;
-  double max_prob_sum = 0, std_sum = 0;
-  for (const std::string& p : prompts) {
-    const std::vector<int32_t> ids = *(*tok)->Encode(p, true);
-    const std::vector<float> logits = model.LastLogits(ids);
-    double mean = 0, sq = 0, mx = -1e30, z = 0;
-    int arg = 0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      mean += logits[i];
-      if (logits[i] > mx) mx = logits[i], arg = static_cast<int>(i);
-    }
-    mean /= logits.size();
-    for (float l : logits) sq += (l - mean) * (l - mean), z += std::exp(l - mx);
-    std_sum += std::sqrt(sq / logits.size());
-    max_prob_sum += 1.0 / z;
-    argmaxes.insert(arg);
-    repeats_last += arg == ids.back();
-  }
-  const double n = prompts.size();
-  EXPECT_GT(std_sum / n, 1.0);
-  EXPECT_LT(std_sum / n, 4.0);
-  EXPECT_LT(max_prob_sum / n, 0.8) << "next-token distributions are nearly one-hot";
-  EXPECT_GE(argmaxes.size(), prompts.size() / 2) << "the model ignores its input";
-  EXPECT_LE(repeats_last, 2) << "the model mostly repeats the last token";
-  std::printf("logit std %.2f, mean top-1 prob %.3f, %zu distinct argmaxes, %d repeats\n",
-              std_sum / n, max_prob_sum / n, argmaxes.size(), repeats_last);
-}
-
 // Logit statistics of one model over prompts.
 struct LogitStats {
   double std = 0, top1 = 0;  // means over the prompts
@@ -623,6 +583,33 @@ LogitStats Measure(ReferenceLlama& model, const std::vector<std::vector<int32_t>
     out.repeats_last += arg == ids.back();
   }
   return out;
+}
+
+TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
+  const std::string dir = MakeTiny("forward", DType::kF32);
+  auto config = LoadLlamaConfig(dir);
+  auto set = SafetensorsSet::OpenDirectory(dir);
+  auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+  ASSERT_TRUE(config.ok() && set.ok() && tok.ok());
+  ReferenceLlama model(*config, **set);
+  const std::vector<std::string> prompts = {"The quick brown fox",
+                                            "It was the best of times",
+                                            "Numbers matter: 3.14",
+                                            "Please don't forget",
+                                            "In the beginning there was",
+                                            "A language model reads",
+                                            "x = buf[3];",
+                                            "Café crème"};
+  std::vector<std::vector<int32_t>> ids;
+  for (const std::string& p : prompts) ids.push_back(*(*tok)->Encode(p, true));
+  const LogitStats stats = Measure(model, ids);
+  EXPECT_GT(stats.std, 1.0);
+  EXPECT_LT(stats.std, 4.0);
+  EXPECT_LT(stats.top1, 0.8) << "next-token distributions are nearly one-hot";
+  EXPECT_GE(stats.argmaxes.size(), prompts.size() / 2) << "the model ignores its input";
+  EXPECT_LE(stats.repeats_last, 2) << "the model mostly repeats the last token";
+  std::printf("logit std %.2f, mean top-1 prob %.3f, %zu distinct argmaxes, %d repeats\n",
+              stats.std, stats.top1, stats.argmaxes.size(), stats.repeats_last);
 }
 
 double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
