@@ -16,6 +16,9 @@ namespace kvrm {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+// No model has more than a few hundred layers; a claim of more is refused before per-layer
+// state (the sliding layers) is allocated for it.
+constexpr int32_t kMaxLayers = 65536;
 
 // Typed, non-throwing access to one JSON object's fields. Errors read
 // "<what>: <prefix><key> <problem>", so a nested key shows as "rope_scaling.factor".
@@ -419,6 +422,10 @@ absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
   RETURN_IF_ERROR(f.PositiveInt32("hidden_size", true, &c->hidden_size));
   RETURN_IF_ERROR(f.PositiveInt32("intermediate_size", true, &c->intermediate_size));
   RETURN_IF_ERROR(f.PositiveInt32("num_hidden_layers", true, &c->num_hidden_layers));
+  if (c->num_hidden_layers > kMaxLayers) {  // before anything is kept per layer
+    return f.Invalid("num_hidden_layers",
+                     absl::StrCat("(", c->num_hidden_layers, ") must be at most ", kMaxLayers));
+  }
   RETURN_IF_ERROR(f.PositiveInt32("num_attention_heads", true, &c->num_attention_heads));
   RETURN_IF_ERROR(f.PositiveInt32("max_position_embeddings", true, &c->max_position_embeddings));
   c->num_key_value_heads = c->num_attention_heads;

@@ -257,6 +257,10 @@ TEST(ConfigTest, MissingZeroAndNegativeSizes) {
     ExpectError(ParseStatus(Edited([&](Json& j) { j[key] = 1ull << 40; })),
                 absl::StatusCode::kInvalidArgument, key);
   }
+  // A layer count no model has: refused before per-layer state is kept for it.
+  ExpectError(ParseStatus(Edited([](Json& j) { j["num_hidden_layers"] = 2000000000; })),
+              absl::StatusCode::kInvalidArgument,
+              "num_hidden_layers (2000000000) must be at most 65536");
   ExpectError(ParseStatus(Edited([](Json& j) { j["num_key_value_heads"] = 0; })),
               absl::StatusCode::kInvalidArgument, "num_key_value_heads");
   ExpectError(ParseStatus(Edited([](Json& j) { j["head_dim"] = -64; })),

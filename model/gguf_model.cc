@@ -82,7 +82,8 @@ absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma
   }
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
     if (f.Find(p + key) != nullptr) {
-      ASSIGN_OR_RETURN((*c)[key], f.GetFloat(p + key));
+      ASSIGN_OR_RETURN(const double cap, f.GetFloat(p + key));
+      (*c)[key] = cap == 0 && !gemma2 ? Json(nullptr) : Json(cap);  // gemma3: 0 is none
     } else if (!gemma2) {
       (*c)[key] = nullptr;
     }
@@ -148,6 +149,9 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   }
   if (gemma) {
     ASSIGN_OR_RETURN(const uint64_t layers, f.GetUint(p + "block_count"));
+    if (layers == 0 || layers > 65536) {  // before anything is allocated per layer
+      return f.Invalid(p + "block_count", absl::StrCat("(", layers, ") must be in [1, 65536]"));
+    }
     RETURN_IF_ERROR(GemmaGgufFields(f, p, arch == "gemma2", layers, &c));
   }
   // Phi-3's window (the engine serves within it, as config.json's sliding_window).
