@@ -154,6 +154,25 @@ TEST(GgufE2eTest, GemmaFilesGenerateWhatTheirDirectoriesGenerate) {
     EXPECT_GT(a.finished.usage().prompt_tokens(), 100) << size;
     EXPECT_EQ(a.tokens, b.tokens) << size;
   }
+  // A window as long as the context masks nothing, but Gemma 3's sliding layers still rotate with
+  // the local base: the file marks them (window = the context), and the round trip keeps them.
+  const std::string dir = TestTmpDir() + "/tiny-gemma3";
+  absl::StatusOr<std::string> text = ReadFileToString(dir + "/config.json");
+  CHECK_OK(text.status());
+  Json config = Json::parse(*text);
+  config["sliding_window"] = config["max_position_embeddings"];
+  std::ofstream(dir + "/config.json") << config.dump(2);
+  const std::string path = TestTmpDir() + "/tiny-gemma3-nowindow.gguf";
+  GgufConvertOptions co;
+  co.type = GgmlType::kF32;
+  CHECK_OK(ConvertToGguf(dir, path, co));
+  TestServer hf(Load(dir), Options());
+  TestServer gguf(Load(path), Options());
+  EXPECT_EQ(hf.model().config.sliding_window, 0);
+  EXPECT_EQ(gguf.model().config.sliding_window, 0);
+  EXPECT_EQ(gguf.model().config.sliding_layers, hf.model().config.sliding_layers);
+  EXPECT_TRUE(gguf.model().config.IsSlidingLayer(0));
+  EXPECT_EQ(Generate(gguf), Generate(hf));
 }
 
 // A smoke test of the quantized paths end to end (their numerics: //tools/gguf:gguf_convert_test,

@@ -205,8 +205,11 @@ absl::Status CheckGemmaHasGgufForm(const std::string& model_dir, const LlamaConf
 
 // The Gemma keys under llama.cpp's names (convert_hf_to_gguf's Gemma2Model / Gemma3Model).
 void AddGemmaMetadata(const LlamaConfig& c, const std::string& prefix, GgufWriter* w) {
-  if (c.sliding_window > 0) {
-    w->AddUint32(prefix + "attention.sliding_window", static_cast<uint32_t>(c.sliding_window));
+  if (!c.sliding_layers.empty()) {
+    // A window no shorter than the context is written as the context (it masks nothing): the
+    // sliding layers must still be marked, for Gemma 3's local RoPE base.
+    const int32_t window = c.sliding_window > 0 ? c.sliding_window : c.max_position_embeddings;
+    w->AddUint32(prefix + "attention.sliding_window", static_cast<uint32_t>(window));
     w->AddUint32(prefix + "attention.sliding_window_pattern",
                  static_cast<uint32_t>(GemmaGgufSwaPeriod(c)));
   }
