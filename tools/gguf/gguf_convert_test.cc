@@ -551,25 +551,35 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
 // A file whose metadata claims two billion layers fails at the first layer tensor it lacks,
 // without allocating for the claim (it used to size the layer table first: 864 GB).
 TEST(GgufModelTest, ClaimedLayersAreBoundByTheTensorsPresent) {
-  GgufWriter w;
-  w.AddString("general.architecture", "llama");
-  w.AddUint32("llama.context_length", 64);
-  w.AddUint32("llama.embedding_length", 128);
-  w.AddUint32("llama.block_count", 2000000000);
-  w.AddUint32("llama.feed_forward_length", 256);
-  w.AddUint32("llama.attention.head_count", 4);
-  w.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.AddString("tokenizer.ggml.model", "gpt2");
-  w.AddString("tokenizer.ggml.pre", "gpt-2");
-  w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "ab"});
-  w.AddStringArray("tokenizer.ggml.merges", {"a b"});
-  w.AddTensor("token_embd.weight", GgmlType::kF32, {128, 3}, std::vector<std::byte>(128 * 3 * 4));
-  w.AddTensor("output_norm.weight", GgmlType::kF32, {128}, std::vector<std::byte>(128 * 4));
-  const std::string path = TmpDir() + "/many-layers.gguf";
-  ASSERT_TRUE(w.WriteFile(path).ok());
-  const absl::Status st = LoadGgufModel(path).status();
-  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(std::string(st.message()), HasSubstr("tensor \"blk.0.attn_norm.weight\" is missing"));
+  for (const uint32_t layers : {65536u, 2000000000u}) {
+    SCOPED_TRACE(layers);
+    GgufWriter w;
+    w.AddString("general.architecture", "llama");
+    w.AddUint32("llama.context_length", 64);
+    w.AddUint32("llama.embedding_length", 128);
+    w.AddUint32("llama.block_count", layers);
+    w.AddUint32("llama.feed_forward_length", 256);
+    w.AddUint32("llama.attention.head_count", 4);
+    w.AddFloat32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+    w.AddString("tokenizer.ggml.model", "gpt2");
+    w.AddString("tokenizer.ggml.pre", "gpt-2");
+    w.AddStringArray("tokenizer.ggml.tokens", {"a", "b", "ab"});
+    w.AddStringArray("tokenizer.ggml.merges", {"a b"});
+    w.AddTensor("token_embd.weight", GgmlType::kF32, {128, 3}, std::vector<std::byte>(128 * 3 * 4));
+    w.AddTensor("output_norm.weight", GgmlType::kF32, {128}, std::vector<std::byte>(128 * 4));
+    const std::string path = TmpDir() + "/many-layers.gguf";
+    ASSERT_TRUE(w.WriteFile(path).ok());
+    const absl::Status st = LoadGgufModel(path).status();
+    if (layers == 65536) {  // the most config.json allows: bound by the tensors present
+      EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+      EXPECT_THAT(std::string(st.message()),
+                  HasSubstr("tensor \"blk.0.attn_norm.weight\" is missing"));
+    } else {  // more: refused before anything is kept per layer
+      EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+      EXPECT_THAT(std::string(st.message()),
+                  HasSubstr("num_hidden_layers (2000000000) must be at most 65536"));
+    }
+  }
 }
 
 // K-quant matrices through the loader (the tiny model has no 256-wide rows): a one-layer model
