@@ -345,11 +345,16 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     }
   }
   if (config_.final_logit_softcapping > 0) {  // Gemma 2's: this rank's slice of each row
-    const float cap = static_cast<float>(config_.final_logit_softcapping), inv = 1 / cap;
-    for (int32_t i = 0; i < m; ++i) {
-      float* row = logits + int64_t{i} * config_.vocab_size + w_.vocab_begin;
-      for (int64_t v = 0; v < w_.lm_head.rows; ++v) row[v] = cap * std::tanh(row[v] * inv);
-    }
+    const float cap = static_cast<float>(config_.final_logit_softcapping);
+    const int64_t share = w_.lm_head.rows;
+    // 256k logits a row: shared among the threads, in slices of at least 16k.
+    threads_.ParallelFor(int64_t{m} * share, 16384, [&](int64_t b, int64_t e) {
+      for (int64_t k = b; k < e;) {
+        const int64_t i = k / share, v = k % share, n = std::min(e - k, share - v);
+        SoftcapInPlace(logits + i * config_.vocab_size + w_.vocab_begin + v, cap, n);
+        k += n;
+      }
+    });
   }
   return absl::OkStatus();
 }

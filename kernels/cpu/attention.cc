@@ -7,6 +7,7 @@
 #include "common/logging.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/isa.h"
+#include "kernels/cpu/ops.h"
 
 // Attention's portable loops are compiled for several instruction sets (KVRM_CPU_CLONES).
 
@@ -167,11 +168,7 @@ void ExpScores(float* scores, int32_t group, int64_t cols, float* inv) {
 
 // Gemma 2's softcapping of `cols` scores of each of `group` rows (ld apart).
 void Softcap(float* scores, int32_t group, int64_t cols, int64_t ld, float cap) {
-  const float inv = 1.0f / cap;
-  for (int32_t g = 0; g < group; ++g) {
-    float* s = scores + g * ld;
-    for (int64_t j = 0; j < cols; ++j) s[j] = cap * std::tanh(s[j] * inv);
-  }
+  for (int32_t g = 0; g < group; ++g) SoftcapInPlace(scores + g * ld, cap, cols);
 }
 
 // The inner loops for this head size on the active instruction set.

@@ -293,6 +293,25 @@ TEST(OpsTest, GeluTanhMulMatchesFloat64) {
   }
 }
 
+// Softcapping against float64's cap * tanh(x / cap), over small, large and negative scores:
+// within 2e-7 of the cap absolutely (tanh's own scale), odd, and saturating at +-cap.
+TEST(OpsTest, SoftcapMatchesTanh) {
+  std::mt19937 rng(19);
+  std::vector<float> x = RandomVector(500, rng);
+  for (int i = 0; i < 100; ++i) x[i] *= 200;      // past the cap: saturates
+  for (int i = 100; i < 200; ++i) x[i] *= 1e-4f;  // near zero: no cancellation blow-up
+  x.push_back(0.0f);
+  std::vector<float> y = x;
+  const float cap = 30.0f;
+  SoftcapInPlace(y.data(), cap, static_cast<int64_t>(y.size()));
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double ref = cap * std::tanh(static_cast<double>(x[i]) / cap);
+    ASSERT_NEAR(y[i], ref, 2e-7 * cap) << "x=" << x[i];
+    ASSERT_LE(std::abs(y[i]), cap);
+  }
+  EXPECT_EQ(y.back(), 0.0f);
+}
+
 TEST(OpsTest, RopeRotatesHalfPairs) {
   std::mt19937 rng(8);
   const int64_t heads = 3, hd = 10, half = 5;

@@ -107,6 +107,15 @@ void AddScaledInPlace(float* dst, const float* src, float scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dst[i] += scale * src[i];
 }
 
+KVRM_CPU_CLONES
+void SoftcapInPlace(float* x, float cap, int64_t n) {
+  const float inv2 = 2.0f / cap;
+  for (int64_t i = 0; i < n; ++i) {
+    const float t = 1.0f - 2.0f / (FastExp(std::fabs(x[i]) * inv2) + 1.0f);  // tanh(|x| / cap)
+    x[i] = std::copysign(cap * t, x[i]);
+  }
+}
+
 void ScaleInPlace(float* x, float scale, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
 }
