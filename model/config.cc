@@ -437,7 +437,11 @@ absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
   }
   const bool explicit_head_dim = f.Get("head_dim") != nullptr;
   RETURN_IF_ERROR(f.PositiveInt32("head_dim", false, &c->head_dim));
-  if (!explicit_head_dim) {
+  // Gemma2Config's and Gemma3TextConfig's default is 256, not hidden / heads (Gemma 3 4B's
+  // text_config, saved as a diff against the defaults, may leave it out).
+  const bool gemma = c->model_type == "gemma2" || c->model_type == "gemma3_text";
+  if (!explicit_head_dim && gemma) c->head_dim = 256;
+  if (!explicit_head_dim && !gemma) {
     if (c->hidden_size % c->num_attention_heads != 0) {
       return f.Invalid(
           "hidden_size",
@@ -508,7 +512,6 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     RETURN_IF_ERROR(f.PositiveDouble("residual_multiplier", false, &c.residual_multiplier));
     RETURN_IF_ERROR(f.PositiveDouble("logits_scaling", false, &c.logits_scaling));
   }
-  if (gemma) c.head_dim = 256;  // Gemma2Config's and Gemma3TextConfig's default
   RETURN_IF_ERROR(ParseSizes(f, &c));
   if (gemma) RETURN_IF_ERROR(ParseGemma(root, f, &c));
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));

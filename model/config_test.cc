@@ -1063,7 +1063,19 @@ TEST(GemmaConfigTest, Gemma3MultimodalServesItsLanguageModel) {
   EXPECT_EQ(c->sliding_window, 1024);
   EXPECT_EQ(c->torch_dtype, "bfloat16");
   EXPECT_EQ(c->eos_token_ids, (std::vector<int32_t>{1, 106}));
+  // Without head_dim (a text_config saved as a diff against Gemma3TextConfig's defaults): 256,
+  // the class default, not hidden / heads (320).
   Json j = Json::parse(kGemma3_4B);
+  j["text_config"].erase("head_dim");
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 256);
+  j = Json::parse(kGemma2_2B);
+  j.erase("head_dim");
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 256);
+  j = Json::parse(kGemma3_4B);
   j.erase("text_config");
   ExpectError(ParseStatus(j.dump()), absl::StatusCode::kInvalidArgument, "text_config");
 }

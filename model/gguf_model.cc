@@ -56,11 +56,10 @@ absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma
     const std::string key = p + "attention.sliding_window_pattern";
     const GgufValue* v = f.Find(key);
     if (v != nullptr && v->type == GgufValueType::kArray) {
-      ASSIGN_OR_RETURN(const std::vector<double> each, f.GetNumberArray(key));
-      if (each.size() != layers) {
-        return f.Invalid(key,
-                         absl::StrCat("has ", each.size(), " entries for ", layers, " layers"));
+      if (v->count != layers) {  // before the entries are read
+        return f.Invalid(key, absl::StrCat("has ", v->count, " entries for ", layers, " layers"));
       }
+      ASSIGN_OR_RETURN(const std::vector<double> each, f.GetNumberArray(key));
       for (uint64_t l = 0; l < layers; ++l) sliding[l] = each[l] != 0;
     } else {
       uint64_t period = gemma2 ? 2 : 6;
@@ -75,10 +74,18 @@ absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma
   for (bool s : sliding) types.push_back(s ? "sliding_attention" : "full_attention");
   (*c)["layer_types"] = std::move(types);
   if (f.Find(p + "rope.freq_base_swa") != nullptr) {
-    if (gemma2) {
-      return f.Unimplemented(p + "rope.freq_base_swa", "a second RoPE base for Gemma 2");
+    ASSIGN_OR_RETURN(const double local, f.GetFloat(p + "rope.freq_base_swa"));
+    double global = 10000;  // llama.cpp's default base
+    if (f.Find(p + "rope.freq_base") != nullptr) {
+      ASSIGN_OR_RETURN(global, f.GetFloat(p + "rope.freq_base"));
     }
-    ASSIGN_OR_RETURN((*c)["rope_local_base_freq"], f.GetFloat(p + "rope.freq_base_swa"));
+    if (!gemma2) {
+      (*c)["rope_local_base_freq"] = local;
+    } else if (local != global) {
+      // (llama.cpp's gemma2 would rotate its sliding layers with it, scaled as the others.)
+      return f.Unimplemented(p + "rope.freq_base_swa",
+                             "a second RoPE base for Gemma 2's sliding layers");
+    }
   }
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
     if (f.Find(p + key) != nullptr) {

@@ -350,9 +350,9 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     // 256k logits a row: shared among the threads, in slices of at least 16k.
     threads_.ParallelFor(int64_t{m} * share, 16384, [&](int64_t b, int64_t e) {
       for (int64_t k = b; k < e;) {
-        const int64_t i = k / share, v = k % share, n = std::min(e - k, share - v);
-        SoftcapInPlace(logits + i * config_.vocab_size + w_.vocab_begin + v, cap, n);
-        k += n;
+        const int64_t i = k / share, v = k % share, len = std::min(e - k, share - v);
+        SoftcapInPlace(logits + i * config_.vocab_size + w_.vocab_begin + v, cap, len);
+        k += len;
       }
     });
   }

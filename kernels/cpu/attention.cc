@@ -228,7 +228,8 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   const float scale = scoring.scale;
   DCHECK(group >= 1 && group <= kMaxAttentionGroup);
   DCHECK(far.dropped <= far.num_summaries);
-  DCHECK(scoring.window == 0 || !far.active());
+  // (The engine refuses far history where a window is shorter than the served context.)
+  DCHECK(scoring.window == 0 || scoring.window >= seq_len || !far.active());
   if (scoring.window > 0 && scoring.window < seq_len) {
     // A sliding-window layer: its last `window` positions, nothing dropped before them.
     const int64_t first = seq_len - scoring.window;
@@ -245,6 +246,7 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
       }
       c += n;
     });
+    DCHECK(c == scoring.window);
     if (scoring.softcap > 0) Softcap(scores, group, c, c, scoring.softcap);
     float inv[kMaxAttentionGroup];
     ExpScores(scores, group, c, inv);

@@ -123,8 +123,8 @@ inline int64_t KeptPosition(int64_t pos, int32_t block_tokens, int32_t sink_bloc
 void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
                     const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
                     float scale, float* scores, float* out);
-// With a softcap, each summary's score is capped before + log_weight. A window with far history
-// active is not computed (the engine does not combine them).
+// With a softcap, each summary's score is capped before + log_weight. A window shorter than
+// seq_len with far history active is not computed (the engine does not combine them).
 void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_t kv_head,
                     const KvRun* runs, int32_t num_runs, int64_t seq_len, const FarAttention& far,
                     const AttentionScoring& scoring, float* scores, float* out);

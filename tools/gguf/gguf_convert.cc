@@ -203,7 +203,10 @@ absl::Status CheckGemmaHasGgufForm(const std::string& model_dir, const LlamaConf
   return absl::OkStatus();
 }
 
-// The Gemma keys under llama.cpp's names (convert_hf_to_gguf's Gemma2Model / Gemma3Model).
+// The Gemma keys under llama.cpp's names (convert_hf_to_gguf's Gemma2Model / Gemma3Model), as
+// llama.cpp de3ff815 (2026-09, //tests:llama_cpp_interop_test's) reads them: the period and the
+// sliding layers' base are read from the file there; older llama.cpp builds take Gemma 3's as 6
+// and 10000 whatever the file says, so a model with others is read differently by those.
 void AddGemmaMetadata(const LlamaConfig& c, const std::string& prefix, GgufWriter* w) {
   if (!c.sliding_layers.empty()) {
     // A window no shorter than the context is written as the context (it masks nothing): the
