@@ -585,6 +585,16 @@ LogitStats Measure(ReferenceLlama& model, const std::vector<std::vector<int32_t>
   return out;
 }
 
+// Short prompts of several kinds, for the random models' next-token statistics.
+const std::vector<std::string> kPrompts = {"The quick brown fox",
+                                           "It was the best of times",
+                                           "Numbers matter: 3.14",
+                                           "Please don't forget",
+                                           "In the beginning there was",
+                                           "A language model reads",
+                                           "x = buf[3];",
+                                           "Café crème"};
+
 TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
   const std::string dir = MakeTiny("forward", DType::kF32);
   auto config = LoadLlamaConfig(dir);
@@ -592,14 +602,7 @@ TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
   auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
   ASSERT_TRUE(config.ok() && set.ok() && tok.ok());
   ReferenceLlama model(*config, **set);
-  const std::vector<std::string> prompts = {"The quick brown fox",
-                                            "It was the best of times",
-                                            "Numbers matter: 3.14",
-                                            "Please don't forget",
-                                            "In the beginning there was",
-                                            "A language model reads",
-                                            "x = buf[3];",
-                                            "Café crème"};
+  const std::vector<std::string>& prompts = kPrompts;
   std::vector<std::vector<int32_t>> ids;
   for (const std::string& p : prompts) ids.push_back(*(*tok)->Encode(p, true));
   const LogitStats stats = Measure(model, ids);
@@ -630,14 +633,7 @@ TEST(MakeModelTest, RandomGemmaModelsAreVariedAndTheirSoftCapsMatter) {
     auto set = SafetensorsSet::OpenDirectory(dir);
     auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
     ASSERT_TRUE(config.ok() && set.ok() && tok.ok());
-    const std::vector<std::string> texts = {"The quick brown fox",
-                                            "It was the best of times",
-                                            "Numbers matter: 3.14",
-                                            "Please don't forget",
-                                            "In the beginning there was",
-                                            "A language model reads",
-                                            "x = buf[3];",
-                                            "Café crème"};
+    const std::vector<std::string>& texts = kPrompts;
     std::vector<std::vector<int32_t>> prompts;
     for (const std::string& t : texts) prompts.push_back(*(*tok)->Encode(t, true));
     // Two prompts past the window (~100 and ~200 tokens).
