@@ -230,52 +230,27 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   DCHECK(far.dropped <= far.num_summaries);
   // (The engine refuses far history where a window is shorter than the served context.)
   DCHECK(scoring.window == 0 || scoring.window >= seq_len || !far.active());
-  if (scoring.window > 0 && scoring.window < seq_len) {
-    // A sliding-window layer: its last `window` positions, nothing dropped before them.
-    const int64_t first = seq_len - scoring.window;
-    int64_t c = 0;
-    const bool bf16 = kv.dtype == DType::kBF16;
-    ForEachStretch(runs, num_runs, bt, first, scoring.window, [&](int64_t begin, int64_t n) {
-      const char* k = kv.KeyBytes(kv_head, begin);
-      if (bf16) {
-        ops.Score(q, group, reinterpret_cast<const uint16_t*>(k), n, scale, 0.0f, scores + c,
-                  scoring.window);
-      } else {
-        ops.Score(q, group, reinterpret_cast<const float*>(k), n, scale, 0.0f, scores + c,
-                  scoring.window);
-      }
-      c += n;
-    });
-    DCHECK(c == scoring.window);
-    if (scoring.softcap > 0) Softcap(scores, group, c, c, scoring.softcap);
-    float inv[kMaxAttentionGroup];
-    ExpScores(scores, group, c, inv);
-    std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
-    c = 0;
-    ForEachStretch(runs, num_runs, bt, first, scoring.window, [&](int64_t begin, int64_t n) {
-      const char* v = kv.ValueBytes(kv_head, begin);
-      if (bf16) {
-        ops.Add(scores + c, scoring.window, inv, group, reinterpret_cast<const uint16_t*>(v), n,
-                out);
-      } else {
-        ops.Add(scores + c, scoring.window, inv, group, reinterpret_cast<const float*>(v), n, out);
-      }
-      c += n;
-    });
-    return;
-  }
-  // Columns: the sink tokens, the summaries, the window tokens. The window starts after the
-  // summarized blocks; in the run table, after the sinks and the blocks still listed there
+  // Columns: the sink tokens, the summaries, the recent tokens. The recent tokens start after
+  // the summarized blocks; in the run table, after the sinks and the blocks still listed there
   // although summarized (num_summaries - dropped, the step that summarizes them). Without far
-  // history there are no sinks or summaries: the window is the whole history.
-  const int64_t sink_tokens = std::min<int64_t>(int64_t{far.sink_blocks} * bt, seq_len);
-  const int64_t window_first = int64_t{far.sink_blocks + far.num_summaries} * bt;
-  const int64_t window_tokens = far.active() ? seq_len - window_first : seq_len - sink_tokens;
-  DCHECK(window_tokens > 0 || !far.active());
-  const int64_t window_kept_block =
-      far.active() ? far.sink_blocks + far.num_summaries - far.dropped : far.sink_blocks;
+  // history there are no sinks or summaries: the recent tokens are the whole history, or in a
+  // sliding-window layer its last `window` positions (nothing is dropped before them).
+  const bool sliding = scoring.window > 0 && scoring.window < seq_len;
+  const int64_t sink_tokens =
+      sliding ? 0 : std::min<int64_t>(int64_t{far.sink_blocks} * bt, seq_len);
+  const int64_t recent_first = int64_t{far.sink_blocks + far.num_summaries} * bt;
+  const int64_t recent_tokens = sliding       ? scoring.window
+                                : far.active() ? seq_len - recent_first
+                                               : seq_len - sink_tokens;
+  DCHECK(recent_tokens > 0 || !far.active());
+  // Where the recent tokens start in the run table, in kept tokens.
+  const int64_t recent_kept =
+      sliding ? seq_len - scoring.window
+              : int64_t{far.active() ? far.sink_blocks + far.num_summaries - far.dropped
+                                     : far.sink_blocks} *
+                    bt;
   const int64_t ns = far.active() ? far.num_summaries : 0;
-  const int64_t cols = sink_tokens + ns + window_tokens;
+  const int64_t cols = sink_tokens + ns + recent_tokens;
   // Pass 1: scores[g][c]; K rows and summary keys read once.
   int64_t c = 0;
   const bool bf16 = kv.dtype == DType::kBF16;
@@ -295,7 +270,7 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
     ops.Score(q, group, far.k_summary, ns, scale, capped ? 0.0f : far.log_weight, scores + c, cols);
   }
   c += ns;
-  ForEachStretch(runs, num_runs, bt, window_kept_block * bt, window_tokens, score_keys);
+  ForEachStretch(runs, num_runs, bt, recent_kept, recent_tokens, score_keys);
   DCHECK(c == cols);
   if (capped) {
     Softcap(scores, group, cols, cols, scoring.softcap);
@@ -320,7 +295,7 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, add_stretch);
   if (ns > 0) ops.Add(scores + c, cols, inv, group, far.v_summary, ns, out);
   c += ns;
-  ForEachStretch(runs, num_runs, bt, window_kept_block * bt, window_tokens, add_stretch);
+  ForEachStretch(runs, num_runs, bt, recent_kept, recent_tokens, add_stretch);
 }
 
 namespace {
