@@ -16,9 +16,6 @@ namespace kvrm {
 namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
-// No model has more than a few hundred layers; a claim of more is refused before per-layer
-// state (the sliding layers) is allocated for it.
-constexpr int32_t kMaxLayers = 65536;
 
 // Typed, non-throwing access to one JSON object's fields. Errors read
 // "<what>: <prefix><key> <problem>", so a nested key shows as "rope_scaling.factor".
@@ -312,9 +309,9 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
     return f.Unimplemented("mlp_bias", "is true: biased MLP projections are not supported");
   }
   // Gemma's modeling code reads hidden_activation (its configs carry hidden_act too).
-  const char* act_key = c->norm_weight_offset != 0 && f.Get("hidden_activation") != nullptr
-                            ? "hidden_activation"
-                            : "hidden_act";
+  const bool gemma = c->model_type == "gemma2" || c->model_type == "gemma3_text";
+  const char* act_key =
+      gemma && f.Get("hidden_activation") != nullptr ? "hidden_activation" : "hidden_act";
   RETURN_IF_ERROR(f.String(act_key, false, &c->hidden_act));
   if (c->hidden_act != "silu" && c->hidden_act != "gelu_pytorch_tanh") {
     return f.Unimplemented(act_key, absl::StrCat("\"", c->hidden_act,
@@ -422,9 +419,9 @@ absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
   RETURN_IF_ERROR(f.PositiveInt32("hidden_size", true, &c->hidden_size));
   RETURN_IF_ERROR(f.PositiveInt32("intermediate_size", true, &c->intermediate_size));
   RETURN_IF_ERROR(f.PositiveInt32("num_hidden_layers", true, &c->num_hidden_layers));
-  if (c->num_hidden_layers > kMaxLayers) {  // before anything is kept per layer
-    return f.Invalid("num_hidden_layers",
-                     absl::StrCat("(", c->num_hidden_layers, ") must be at most ", kMaxLayers));
+  if (c->num_hidden_layers > kMaxHiddenLayers) {  // before anything is kept per layer
+    return f.Invalid("num_hidden_layers", absl::StrCat("(", c->num_hidden_layers,
+                                                       ") must be at most ", kMaxHiddenLayers));
   }
   RETURN_IF_ERROR(f.PositiveInt32("num_attention_heads", true, &c->num_attention_heads));
   RETURN_IF_ERROR(f.PositiveInt32("max_position_embeddings", true, &c->max_position_embeddings));

@@ -39,6 +39,10 @@ struct RopeScaling {
   double attention_factor = 1;  // every type: what cos and sin are multiplied by (1 but yarn)
 };
 
+// The most layers a config may claim (no model has more than a few hundred): a claim of more is
+// refused before per-layer state (the sliding layers) is allocated for it.
+inline constexpr int32_t kMaxHiddenLayers = 65536;
+
 struct LlamaConfig {
   // "llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma2" or "gemma3_text" (also
   // gemma3's text model: multimodal_wrapper): the Llama block, with Qwen2's

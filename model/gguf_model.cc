@@ -66,7 +66,7 @@ absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma
       if (v != nullptr) {
         ASSIGN_OR_RETURN(period, f.GetUint(key));
       }
-      for (uint64_t l = 0; l < layers; ++l) sliding[l] = period == 0 || l % period < period - 1;
+      for (uint64_t l = 0; l < layers; ++l) sliding[l] = GgufGemmaLayerSlides(l, period);
     }
     (*c)["sliding_window"] = window;
   }
@@ -104,6 +104,11 @@ absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma
 }
 
 }  // namespace
+
+int64_t GgufGemmaAttentionScaleSize(const LlamaConfig& c) {
+  const bool big = c.num_hidden_layers == (c.model_type == "gemma2" ? 46 : 62);
+  return big ? c.hidden_size / c.num_attention_heads : c.head_dim;
+}
 
 bool GgufPermutesQk(std::string_view architecture) {
   return architecture == "llama" || architecture == "granite";
@@ -156,8 +161,9 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   }
   if (gemma) {
     ASSIGN_OR_RETURN(const uint64_t layers, f.GetUint(p + "block_count"));
-    if (layers == 0 || layers > 65536) {  // before anything is allocated per layer
-      return f.Invalid(p + "block_count", absl::StrCat("(", layers, ") must be in [1, 65536]"));
+    if (layers == 0 || layers > kMaxHiddenLayers) {  // before anything is allocated per layer
+      return f.Invalid(p + "block_count",
+                       absl::StrCat("(", layers, ") must be in [1, ", kMaxHiddenLayers, "]"));
     }
     RETURN_IF_ERROR(GemmaGgufFields(f, p, arch == "gemma2", layers, &c));
   }
@@ -250,10 +256,7 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
     // (from hidden / heads at the 27B models' layer counts, 46 and 62), not a file key.
     config.norm_weight_offset = 0;
     config.embedding_multiplier = std::sqrt(static_cast<float>(config.hidden_size));
-    const bool big = config.num_hidden_layers == (arch == "gemma2" ? 46 : 62);
-    config.attention_scale =
-        1 / std::sqrt(static_cast<float>(big ? config.hidden_size / config.num_attention_heads
-                                             : config.head_dim));
+    config.attention_scale = 1 / std::sqrt(static_cast<float>(GgufGemmaAttentionScaleSize(config)));
   }
   // Attention biases: Qwen2's Q/K/V ones always (as ParseLlamaConfig has them); Llama's and
   // Qwen3's where the file has them, the Q/K/V ones and the O one each optional as llama.cpp

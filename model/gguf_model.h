@@ -84,6 +84,16 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim);
 // rotate halves as Transformers does ("NEOX") and keep HF's order.
 bool GgufPermutesQk(std::string_view architecture);
 
+// What llama.cpp's gemma2 / gemma3 graphs take from a model's shape rather than from the file:
+// - the size whose inverse square root scales attention scores: the head size, or hidden /
+//   heads at the 27B models' layer counts (46 for gemma2, 62 for gemma3);
+// - which layers slide, from a period p (attention.sliding_window_pattern, Gemma 2's 2 and
+//   Gemma 3's 6 by default): layer l when p == 0 or l % p < p - 1.
+int64_t GgufGemmaAttentionScaleSize(const LlamaConfig& config);
+inline bool GgufGemmaLayerSlides(uint64_t layer, uint64_t period) {
+  return period == 0 || layer % period < period - 1;
+}
+
 }  // namespace kvrm
 
 #endif  // KVRM_MODEL_GGUF_MODEL_H_

@@ -159,16 +159,16 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
 }
 
 // llama.cpp's gemma2 / gemma3 graphs take what a file cannot say from the model's shape: the
-// attention scale 1 / sqrt(head_dim) (1 / sqrt(hidden / heads) at the 27B models' layer counts,
-// 46 and 62) and which layers slide from a period (every second layer full in Gemma 2, every
-// sixth in Gemma 3, or the file's attention.sliding_window_pattern). A model these cannot express
-// is refused by name rather than written as something llama.cpp would compute differently.
+// attention scale (GgufGemmaAttentionScaleSize) and which layers slide from a period
+// (GgufGemmaLayerSlides). A model these cannot express is refused by name rather than written as
+// something llama.cpp would compute differently. The period: the first that marks the model's
+// sliding layers, 0 when none slide, -1 when no period does.
 int32_t GemmaGgufSwaPeriod(const LlamaConfig& c) {
   if (c.sliding_layers.empty()) return 0;
   for (int32_t period = 1; period <= c.num_hidden_layers + 1; ++period) {
     bool fits = true;
     for (int32_t l = 0; l < c.num_hidden_layers && fits; ++l) {
-      fits = c.sliding_layers[l] == (l % period < period - 1);
+      fits = c.sliding_layers[l] == GgufGemmaLayerSlides(l, period);
     }
     if (fits) return period;
   }
@@ -176,9 +176,7 @@ int32_t GemmaGgufSwaPeriod(const LlamaConfig& c) {
 }
 
 absl::Status CheckGemmaHasGgufForm(const std::string& model_dir, const LlamaConfig& c) {
-  const bool big = c.num_hidden_layers == (c.model_type == "gemma2" ? 46 : 62);
-  const double scale =
-      1 / std::sqrt(static_cast<double>(big ? c.hidden_size / c.num_attention_heads : c.head_dim));
+  const double scale = 1 / std::sqrt(static_cast<double>(GgufGemmaAttentionScaleSize(c)));
   if (std::abs(c.attention_scale - scale) > 1e-9 * scale) {
     return absl::UnimplementedError(absl::StrCat(
         model_dir, ": query_pre_attn_scalar ", 1 / (c.attention_scale * c.attention_scale),
