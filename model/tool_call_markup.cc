@@ -670,22 +670,22 @@ absl::StatusOr<Calls> Parse(ToolCallFormat format, std::string_view text,
   absl::Status st;
   switch (format) {
     case ToolCallFormat::kQwen3Coder: {
+      // The functions of one block (Qwen3-Coder's templates put each value on lines of its own).
+      const auto functions = [&](std::string_view block, bool closed) {
+        return XmlFunctions(block, closed, kFunction, kFunctionEnd, kParameter, kParameterEnd,
+                            /*trim_newline=*/true, types, partial, &out);
+      };
       // Qwen3-Coder sometimes leaves <tool_call> out: functions that begin the text are read as
       // a block of their own, up to the first <tool_call>, as vLLM reads them.
       const size_t lead = SkipSpace(text, 0);
       if (StartsWith(text, lead, kFunction)) {
         const size_t block_end = text.find(kToolCall, lead);
-        st = XmlFunctions(text.substr(lead, block_end == npos ? npos : block_end - lead),
-                          /*block_closed=*/block_end != npos, kFunction, kFunctionEnd, kParameter,
-                          kParameterEnd, /*trim_newline=*/true, types, partial, &out);
+        st = functions(text.substr(lead, block_end == npos ? npos : block_end - lead),
+                       /*closed=*/block_end != npos);
         if (!st.ok() || block_end == npos) break;
         text = text.substr(block_end);
       }
-      st = ForEachBlock(text, kToolCall, kToolCallEnd, &out, [&](std::string_view b, bool c) {
-        // Qwen3-Coder's templates put each value on lines of its own.
-        return XmlFunctions(b, c, kFunction, kFunctionEnd, kParameter, kParameterEnd,
-                            /*trim_newline=*/true, types, partial, &out);
-      });
+      st = ForEachBlock(text, kToolCall, kToolCallEnd, &out, functions);
       break;
     }
     case ToolCallFormat::kGlm45:
