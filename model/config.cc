@@ -17,6 +17,11 @@ namespace {
 
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 
+// Gemma 2 / 3's block (LlamaConfig's Gemma fields): gemma2, and gemma3_text (gemma3's too).
+bool IsGemma(std::string_view model_type) {
+  return model_type == "gemma2" || model_type == "gemma3_text";
+}
+
 // Typed, non-throwing access to one JSON object's fields. Errors read
 // "<what>: <prefix><key> <problem>", so a nested key shows as "rope_scaling.factor".
 class Fields {
@@ -309,7 +314,7 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
     return f.Unimplemented("mlp_bias", "is true: biased MLP projections are not supported");
   }
   // Gemma's modeling code reads hidden_activation (its configs carry hidden_act too).
-  const bool gemma = c->model_type == "gemma2" || c->model_type == "gemma3_text";
+  const bool gemma = IsGemma(c->model_type);
   const char* act_key =
       gemma && f.Get("hidden_activation") != nullptr ? "hidden_activation" : "hidden_act";
   RETURN_IF_ERROR(f.String(act_key, false, &c->hidden_act));
@@ -329,7 +334,7 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
 absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
   const std::string& type = c->model_type;
   if (type == "llama" || type == "granite") return absl::OkStatus();
-  const bool gemma = type == "gemma2" || type == "gemma3_text";
+  const bool gemma = IsGemma(type);
   const bool qwen = type == "qwen2" || type == "qwen3";
   const int32_t layers = c->num_hidden_layers;
   std::vector<bool> sliding(layers, true);
@@ -436,7 +441,7 @@ absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
   RETURN_IF_ERROR(f.PositiveInt32("head_dim", false, &c->head_dim));
   // Gemma2Config's and Gemma3TextConfig's default is 256, not hidden / heads (Gemma 3 4B's
   // text_config, saved as a diff against the defaults, may leave it out).
-  const bool gemma = c->model_type == "gemma2" || c->model_type == "gemma3_text";
+  const bool gemma = IsGemma(c->model_type);
   if (!explicit_head_dim && gemma) c->head_dim = 256;
   if (!explicit_head_dim && !gemma) {
     if (c->hidden_size % c->num_attention_heads != 0) {
@@ -492,7 +497,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     inner_config.multimodal_wrapper = true;
     return inner_config;
   }
-  const bool gemma = c.model_type == "gemma2" || c.model_type == "gemma3_text";
+  const bool gemma = IsGemma(c.model_type);
   if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
       c.model_type != "qwen3" && c.model_type != "phi3" && c.model_type != "granite" && !gemma) {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
