@@ -173,10 +173,9 @@ int64_t WeightBytesPerStep(const LlamaWeights& w, bool quantized) {
     return quantized || WeightMatrix::IsQuantized(m.format) ? BlockPanelBytes(m) : m.bytes();
   };
   int64_t total = bytes(w.lm_head);
+  // A mixture of experts' every expert: the most a step reads (it reads only those chosen).
   for (const LayerWeights& l : w.layers) {
-    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      total += bytes(*m);
-    }
+    ForEachLinearWeight(l, [&](const WeightMatrix& m) { total += bytes(m); });
   }
   return total;
 }
@@ -256,7 +255,7 @@ void KQuantsTo8Bit(LlamaWeights& w, std::vector<std::vector<std::byte>>* out) {
   };
   convert(w.lm_head);
   for (LayerWeights& l : w.layers) {
-    for (WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) convert(*m);
+    ForEachLinearWeight(l, convert);
   }
 }
 

@@ -22,6 +22,10 @@ bool IsGemma(std::string_view model_type) {
   return model_type == "gemma2" || model_type == "gemma3_text";
 }
 
+// The most experts a mixture may have (Qwen3-MoE 128, DeepSeek-V3 256): a claim of more is
+// refused before anything is kept per expert.
+constexpr int64_t kMaxExperts = 4096;
+
 // Typed, non-throwing access to one JSON object's fields. Errors read
 // "<what>: <prefix><key> <problem>", so a nested key shows as "rope_scaling.factor".
 class Fields {
@@ -296,10 +300,12 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
   RETURN_IF_ERROR(f.Bool("attention_bias", &attention_bias));
   if (c->model_type == "qwen2") {
     c->qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
-  } else if (c->model_type != "mistral") {  // MistralAttention has no biases (ignores the key)
+  } else if (c->model_type != "mistral" && c->model_type != "mixtral") {
+    // Mistral's and Mixtral's attention has no biases (ignores the key).
     c->qkv_bias = c->o_bias = attention_bias;
   }
-  c->qk_norm = c->model_type == "qwen3" || c->model_type == "gemma3_text";
+  c->qk_norm =
+      c->model_type == "qwen3" || c->model_type == "qwen3_moe" || c->model_type == "gemma3_text";
   // Rotating part of each head (Phi-4-mini's 0.75, GPT-NeoX's rotary_pct): not computed here.
   double rotary = 1;
   RETURN_IF_ERROR(f.PositiveDouble("partial_rotary_factor", false, &rotary));
@@ -335,7 +341,7 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
   const std::string& type = c->model_type;
   if (type == "llama" || type == "granite") return absl::OkStatus();
   const bool gemma = IsGemma(type);
-  const bool qwen = type == "qwen2" || type == "qwen3";
+  const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
   const int32_t layers = c->num_hidden_layers;
   std::vector<bool> sliding(layers, true);
   if (qwen) {
@@ -376,6 +382,54 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
   if (window != 0 && window < c->max_position_embeddings) {
     c->sliding_window = static_cast<int32_t>(window);
   }
+  return absl::OkStatus();
+}
+
+// The mixture of experts of mixtral (every layer: num_local_experts experts of intermediate_size,
+// the top num_experts_per_tok renormalized) and qwen3_moe (num_experts of moe_intermediate_size;
+// norm_topk_prob; the layers in mlp_only_layers, and those whose number is not a multiple of
+// decoder_sparse_step, dense), with their Transformers config classes' defaults.
+absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
+  const bool mixtral = c->model_type == "mixtral";
+  if (!mixtral && c->model_type != "qwen3_moe") return absl::OkStatus();
+  const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
+  int64_t experts = mixtral ? 8 : 128;
+  RETURN_IF_ERROR(f.Int(experts_key, false, 0, kMaxExperts, &experts));
+  int64_t top_k = mixtral ? 2 : 8;
+  RETURN_IF_ERROR(f.Int("num_experts_per_tok", false, 1, kMaxExperts, &top_k));
+  c->moe_intermediate_size = mixtral ? c->intermediate_size : 768;
+  if (!mixtral) {
+    RETURN_IF_ERROR(f.PositiveInt32("moe_intermediate_size", false, &c->moe_intermediate_size));
+  }
+  c->norm_topk_prob = mixtral;
+  if (!mixtral) RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c->norm_topk_prob));
+  const int32_t layers = c->num_hidden_layers;
+  std::vector<bool> moe(layers, experts > 0);
+  if (!mixtral && experts > 0) {
+    int64_t step = 1;
+    RETURN_IF_ERROR(f.Int("decoder_sparse_step", false, 1, kInt32Max, &step));
+    for (int32_t i = 0; i < layers; ++i) moe[i] = (i + 1) % step == 0;
+    if (const Json* dense = f.Get("mlp_only_layers")) {
+      if (!dense->is_array())
+        return f.Invalid("mlp_only_layers", "must be a list of layer numbers");
+      for (const Json& v : *dense) {
+        if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= layers) {
+          return f.Invalid(
+              "mlp_only_layers",
+              absl::StrCat(v.dump(), " is not a layer number (0 to ", layers - 1, ")"));
+        }
+        moe[v.get<int64_t>()] = false;
+      }
+    }
+  }
+  if (std::find(moe.begin(), moe.end(), true) == moe.end()) return absl::OkStatus();
+  if (top_k > experts) {
+    return f.Invalid("num_experts_per_tok", absl::StrCat("(", top_k, ") must be at most ",
+                                                         experts_key, " (", experts, ")"));
+  }
+  c->num_experts = static_cast<int32_t>(experts);
+  c->num_experts_per_tok = static_cast<int32_t>(top_k);
+  c->moe_layers = std::move(moe);
   return absl::OkStatus();
 }
 
@@ -498,12 +552,14 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     return inner_config;
   }
   const bool gemma = IsGemma(c.model_type);
-  if (c.model_type != "llama" && c.model_type != "mistral" && c.model_type != "qwen2" &&
-      c.model_type != "qwen3" && c.model_type != "phi3" && c.model_type != "granite" && !gemma) {
+  static constexpr std::string_view kTypes[] = {"llama",  "mistral",    "qwen2",   "qwen3",
+                                                "phi3",   "granite",    "mixtral", "qwen3_moe",
+                                                "gemma2", "gemma3_text"};
+  if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes)) {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
-                                                      "qwen2, qwen3, phi3, granite, gemma2, "
-                                                      "gemma3, gemma3_text)"));
+                                                      "qwen2, qwen3, phi3, granite, mixtral, "
+                                                      "qwen3_moe, gemma2, gemma3, gemma3_text)"));
   }
   c.fused_projections = c.model_type == "phi3";
   if (c.model_type == "granite") {
@@ -524,16 +580,18 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   if (gemma) c.embedding_multiplier = GemmaEmbeddingScale(c);
   RETURN_IF_ERROR(ParseAttentionFeatures(f, &c));
   RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
+  RETURN_IF_ERROR(ParseExperts(f, &c));
   RETURN_IF_ERROR(ParseTokenIds(root, what, c.vocab_size, &c));
   return c;
 }
 
 std::string_view ArchitectureClassName(std::string_view model_type) {
   static constexpr std::pair<std::string_view, std::string_view> kClasses[] = {
-      {"llama", "LlamaForCausalLM"},   {"mistral", "MistralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"},   {"qwen3", "Qwen3ForCausalLM"},
-      {"phi3", "Phi3ForCausalLM"},     {"granite", "GraniteForCausalLM"},
-      {"gemma2", "Gemma2ForCausalLM"}, {"gemma3_text", "Gemma3ForCausalLM"}};
+      {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},     {"qwen3", "Qwen3ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},       {"granite", "GraniteForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"},   {"gemma3_text", "Gemma3ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
   for (const auto& [type, name] : kClasses) {
     if (type == model_type) return name;
   }

@@ -1,5 +1,6 @@
 // Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3, phi3,
-// granite) and Gemma 2 / 3 (gemma2, gemma3_text, and gemma3's text model), validated on load.
+// granite), Gemma 2 / 3 (gemma2, gemma3_text, and gemma3's text model) and the mixtures of experts
+// built on the same block (mixtral, qwen3_moe), validated on load.
 //
 // The file is untrusted: every size is checked before anyone allocates from it, and features the
 // engine does not implement (MLP biases, unknown RoPE scalings, sliding windows shorter than the
@@ -45,7 +46,8 @@ inline constexpr int32_t kMaxHiddenLayers = 65536;
 
 struct LlamaConfig {
   // "llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma2" or "gemma3_text" (also
-  // gemma3's text model: multimodal_wrapper): the Llama block, with Qwen2's
+  // gemma3's text model: multimodal_wrapper), "mixtral" (Mistral's attention) or "qwen3_moe"
+  // (Qwen3's), whose MLPs are mixtures of experts: the Llama block, with Qwen2's
   // Q/K/V biases and Qwen3's per-head Q/K RMSNorm (the flags below say which a model has); Phi-3
   // stores Q/K/V as one qkv_proj and gate/up as one gate_up_proj (`fused_projections`); Granite
   // scales the embedding, the attention scores, the residual branches and the logits by the
@@ -106,6 +108,18 @@ struct LlamaConfig {
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
   std::string hidden_act = "silu";
+  // Mixtures of experts (Mixtral: mixtral; Qwen3-MoE: qwen3_moe): in the layers `moe_layers`
+  // marks, the MLP is `num_experts` SwiGLU experts of `moe_intermediate_size` features each. A
+  // router ([num_experts][hidden], no bias) scores each token; of the softmax of its scores (in
+  // f32) the `num_experts_per_tok` largest are kept, divided by their sum when `norm_topk_prob`,
+  // and the token's MLP output is the kept experts' outputs weighted by them. The other layers
+  // (Qwen3-MoE's mlp_only_layers, decoder_sparse_step) keep the dense MLP of intermediate_size.
+  // num_experts 0: a dense model. Use IsMoeLayer(layer).
+  int32_t num_experts = 0;
+  int32_t num_experts_per_tok = 0;
+  int32_t moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  std::vector<bool> moe_layers;  // [num_hidden_layers], or empty: no mixture of experts
   // gemma3 (Gemma3ForConditionalGeneration): this is its text_config, whose language model is
   // served; its tensors are named under language_model.model. (or model.language_model.).
   bool multimodal_wrapper = false;
@@ -121,6 +135,8 @@ struct LlamaConfig {
     return !sliding_layers.empty() && sliding_layers[layer];
   }
   bool gelu_tanh() const { return hidden_act == "gelu_pytorch_tanh"; }
+  bool IsMoeLayer(int32_t layer) const { return !moe_layers.empty() && moe_layers[layer]; }
+  bool moe() const { return !moe_layers.empty(); }
 };
 
 // Reads <model_dir>/config.json and, when present, <model_dir>/generation_config.json, whose

@@ -607,7 +607,7 @@ TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
               absl::StatusCode::kUnimplemented,
               "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
-              "granite, gemma2, gemma3, gemma3_text)");
+              "granite, mixtral, qwen3_moe, gemma2, gemma3, gemma3_text)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }
@@ -1078,6 +1078,128 @@ TEST(GemmaConfigTest, Gemma3MultimodalServesItsLanguageModel) {
   j = Json::parse(kGemma3_4B);
   j.erase("text_config");
   ExpectError(ParseStatus(j.dump()), absl::StatusCode::kInvalidArgument, "text_config");
+}
+
+// mistralai/Mixtral-8x7B-Instruct-v0.1's config.json.
+constexpr char kMixtral8x7B[] = R"json({
+  "architectures": ["MixtralForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 1,
+  "eos_token_id": 2, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 14336, "max_position_embeddings": 32768, "model_type": "mixtral",
+  "num_attention_heads": 32, "num_experts_per_tok": 2, "num_hidden_layers": 32,
+  "num_key_value_heads": 8, "num_local_experts": 8, "output_router_logits": false,
+  "rms_norm_eps": 1e-05, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.02,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.36.0.dev0", "use_cache": true, "vocab_size": 32000})json";
+
+// Qwen/Qwen3-30B-A3B's config.json.
+constexpr char kQwen3_30B_A3B[] = R"json({
+  "architectures": ["Qwen3MoeForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128,
+  "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 6144, "max_position_embeddings": 40960, "max_window_layers": 48,
+  "mlp_only_layers": [], "model_type": "qwen3_moe", "moe_intermediate_size": 768,
+  "norm_topk_prob": true, "num_attention_heads": 32, "num_experts": 128,
+  "num_experts_per_tok": 8, "num_hidden_layers": 48, "num_key_value_heads": 4,
+  "output_router_logits": false, "rms_norm_eps": 1e-06, "rope_scaling": null,
+  "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001, "sliding_window": null,
+  "tie_word_embeddings": false, "torch_dtype": "bfloat16", "transformers_version": "4.51.0",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 151936})json";
+
+TEST(MoeConfigTest, Mixtral8x7B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kMixtral8x7B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "mixtral");
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->num_experts_per_tok, 2);
+  EXPECT_EQ(c->moe_intermediate_size, 14336);  // Mixtral's experts are intermediate_size wide
+  EXPECT_TRUE(c->norm_topk_prob);              // MixtralSparseMoeBlock always renormalizes
+  ASSERT_EQ(c->moe_layers.size(), 32u);
+  for (int32_t i = 0; i < 32; ++i) EXPECT_TRUE(c->IsMoeLayer(i)) << i;
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(ArchitectureClassName("mixtral"), "MixtralForCausalLM");
+  // Mistral's attention: attention_bias is ignored; a window is every layer's.
+  Json j = Json::parse(kMixtral8x7B);
+  j["attention_bias"] = true;
+  j["sliding_window"] = 4096;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->SlidingWindowOf(31), 4096);
+  // MixtralConfig's defaults: 8 experts, 2 a token.
+  j = Json::parse(kMixtral8x7B);
+  j.erase("num_local_experts");
+  j.erase("num_experts_per_tok");
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->num_experts_per_tok, 2);
+}
+
+TEST(MoeConfigTest, Qwen3_30B_A3B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen3_30B_A3B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen3_moe");
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 8);
+  EXPECT_EQ(c->moe_intermediate_size, 768);
+  EXPECT_EQ(c->intermediate_size, 6144);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->head_dim, 128);
+  ASSERT_EQ(c->moe_layers.size(), 48u);
+  for (int32_t i = 0; i < 48; ++i) EXPECT_TRUE(c->IsMoeLayer(i)) << i;
+  EXPECT_EQ(ArchitectureClassName("qwen3_moe"), "Qwen3MoeForCausalLM");
+  // Dense layers: those in mlp_only_layers, and those not on decoder_sparse_step.
+  Json j = Json::parse(kQwen3_30B_A3B);
+  j["mlp_only_layers"] = {0, 47};
+  j["decoder_sparse_step"] = 2;
+  j.erase("norm_topk_prob");  // Qwen3MoeConfig's default: false
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->norm_topk_prob);
+  for (int32_t i = 0; i < 48; ++i) {
+    EXPECT_EQ(c->IsMoeLayer(i), i % 2 == 1 && i != 47) << i;
+  }
+  // No expert at all, or every layer dense: a dense model.
+  j = Json::parse(kQwen3_30B_A3B);
+  j["num_experts"] = 0;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->moe());
+  EXPECT_EQ(c->num_experts, 0);
+}
+
+TEST(MoeConfigTest, BadExpertFieldsNameTheKey) {
+  const auto edited = [](const char* json, const std::function<void(Json&)>& edit) {
+    Json j = Json::parse(json);
+    edit(j);
+    return ParseLlamaConfig(j.dump(), "config.json").status();
+  };
+  ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["num_experts_per_tok"] = 129; }),
+              absl::StatusCode::kInvalidArgument,
+              "num_experts_per_tok (129) must be at most num_experts (128)");
+  ExpectError(edited(kMixtral8x7B, [](Json& j) { j["num_experts_per_tok"] = 0; }),
+              absl::StatusCode::kInvalidArgument, "num_experts_per_tok (0) must be in [1, 4096]");
+  ExpectError(edited(kMixtral8x7B, [](Json& j) { j["num_local_experts"] = 100000; }),
+              absl::StatusCode::kInvalidArgument,
+              "num_local_experts (100000) must be at most 4096");
+  ExpectError(edited(kQwen3_30B_A3B,
+                     [](Json& j) {
+                       j["mlp_only_layers"] = {3, 48};
+                     }),
+              absl::StatusCode::kInvalidArgument,
+              "mlp_only_layers 48 is not a layer number (0 to 47)");
+  ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["mlp_only_layers"] = 3; }),
+              absl::StatusCode::kInvalidArgument, "mlp_only_layers must be a list");
+  ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["moe_intermediate_size"] = -1; }),
+              absl::StatusCode::kInvalidArgument, "moe_intermediate_size");
+  ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["decoder_sparse_step"] = 0; }),
+              absl::StatusCode::kInvalidArgument, "decoder_sparse_step");
+  ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["norm_topk_prob"] = 1; }),
+              absl::StatusCode::kInvalidArgument, "norm_topk_prob must be true or false");
 }
 
 }  // namespace

@@ -111,7 +111,8 @@ int64_t GgufGemmaAttentionScaleSize(const LlamaConfig& c) {
 }
 
 bool GgufPermutesQk(std::string_view architecture) {
-  return architecture == "llama" || architecture == "granite";
+  // (mixtral: the model type a llama file with experts is served as.)
+  return architecture == "llama" || architecture == "granite" || architecture == "mixtral";
 }
 
 int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
@@ -122,20 +123,42 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "phi3" &&
-      arch != "granite" && !gemma) {
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" &&
+      arch != "phi3" && arch != "granite" && !gemma) {
     return f.Unimplemented("general.architecture",
                            absl::StrCat("\"", arch,
-                                        "\" is not supported (llama, qwen2, qwen3, phi3, granite, "
-                                        "gemma2, gemma3)"));
+                                        "\" is not supported (llama, qwen2, qwen3, qwen3moe, phi3, "
+                                        "granite, gemma2, gemma3)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
-  if (f.Find(p + "expert_count") != nullptr) {
-    ASSIGN_OR_RETURN(uint64_t experts, f.GetUint(p + "expert_count"));
-    if (experts > 0) return f.Unimplemented(p + "expert_count", "mixture of experts");
-  }
   Json c = Json::object();
   c["model_type"] = arch == "gemma3" ? "gemma3_text" : std::string(arch);
+  // Mixtures of experts as llama.cpp computes them: a llama file with experts is Mixtral (each
+  // expert feed_forward_length wide), qwen3moe is Qwen3-MoE (expert_feed_forward_length); both
+  // renormalize the chosen experts' weights, and every layer is a mixture.
+  uint64_t experts = 0;
+  if (f.Find(p + "expert_count") != nullptr) {
+    ASSIGN_OR_RETURN(experts, f.GetUint(p + "expert_count"));
+  }
+  if (arch == "qwen3moe" || experts > 0) {
+    if (arch != "llama" && arch != "qwen3moe") {
+      return f.Unimplemented(
+          p + "expert_count",
+          absl::StrCat(experts,
+                       " experts: mixtures of experts are served for llama (Mixtral) "
+                       "and qwen3moe, not \"",
+                       arch, "\""));
+    }
+    const bool mixtral = arch == "llama";
+    c["model_type"] = mixtral ? "mixtral" : "qwen3_moe";
+    ASSIGN_OR_RETURN(c[mixtral ? "num_local_experts" : "num_experts"],
+                     f.GetUint(p + "expert_count"));
+    ASSIGN_OR_RETURN(c["num_experts_per_tok"], f.GetUint(p + "expert_used_count"));
+    if (!mixtral) {
+      ASSIGN_OR_RETURN(c["moe_intermediate_size"], f.GetUint(p + "expert_feed_forward_length"));
+      c["norm_topk_prob"] = true;
+    }
+  }
   for (const auto& [key, hf] : {std::pair{"context_length", "max_position_embeddings"},
                                 std::pair{"embedding_length", "hidden_size"},
                                 std::pair{"block_count", "num_hidden_layers"}}) {
@@ -291,9 +314,11 @@ namespace {
 // The GGUF tensor that holds HF tensor `hf`, and whether its rows (a bias: its elements) were
 // reordered for RoPE on adjacent pairs: attn_q over the query heads, attn_k over the KV heads,
 // in the llama architecture only (`permuted`; llama.cpp's qwen2 and qwen3 rotate halves, as HF).
+// An expert's matrix is one slab of a [experts][rows][cols] tensor (ffn_gate_exps, ...).
 struct GgufName {
   std::string name;
   bool rope_rows = false;
+  int32_t expert = -1;  // the slab; -1: the whole tensor
 };
 
 absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool sandwich) {
@@ -324,6 +349,16 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool s
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.gate_up_proj.weight", "ffn_up.weight"},  // phi3: [gate; up] rows in one ffn_up
       {"mlp.down_proj.weight", "ffn_down.weight"}};
+  // Mixtral's and Qwen3-MoE's names for the router and the experts' products.
+  static const auto* kMoe = new std::vector<std::pair<absl::string_view, absl::string_view>>{
+      {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.gate.weight", "ffn_gate_inp.weight"},
+      {"w1.weight", "ffn_gate_exps.weight"},
+      {"w3.weight", "ffn_up_exps.weight"},
+      {"w2.weight", "ffn_down_exps.weight"},
+      {"gate_proj.weight", "ffn_gate_exps.weight"},
+      {"up_proj.weight", "ffn_up_exps.weight"},
+      {"down_proj.weight", "ffn_down_exps.weight"}};
   for (const auto& [from, to] : *kTop) {
     if (hf == from) return GgufName{std::string(to)};
   }
@@ -331,6 +366,17 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool s
   int layer;
   if (parts.size() == 4 && parts[0] == "model" && parts[1] == "layers" &&
       absl::SimpleAtoi(parts[2], &layer)) {
+    // "block_sparse_moe.experts.E.w1.weight", "mlp.experts.E.gate_proj.weight", the routers.
+    const std::vector<absl::string_view> moe = absl::StrSplit(parts[3], absl::MaxSplits('.', 3));
+    int expert = -1;
+    const bool is_expert = moe.size() == 4 && moe[1] == "experts" &&
+                           (moe[0] == "block_sparse_moe" || moe[0] == "mlp") &&
+                           absl::SimpleAtoi(moe[2], &expert) && expert >= 0;
+    for (const auto& [from, to] : *kMoe) {
+      if (is_expert ? moe[3] == from && absl::StrContains(to, "_exps") : parts[3] == from) {
+        return GgufName{absl::StrCat("blk.", layer, ".", to), false, is_expert ? expert : -1};
+      }
+    }
     for (const auto* table : {sandwich ? kSandwich : nullptr, kLayer}) {
       if (table == nullptr) continue;
       for (const auto& [from, to] : *table) {
@@ -369,11 +415,21 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat(f.path(), ": tensor \"", name.name, "\" is missing"));
   }
-  const std::vector<int64_t> ne(shape.rbegin(), shape.rend());
+  std::vector<int64_t> ne(shape.rbegin(), shape.rend());
+  if (name.expert >= 0) ne.push_back(config.num_experts);  // the experts' slabs, one tensor
   if (t->ne != ne) {
     return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor \"", name.name, "\": ne ",
                                                    NeString(t->ne), ", the config needs ",
                                                    NeString(ne)));
+  }
+  // An expert: its slab of rows, bound as a matrix of its own (in place when it can be).
+  GgufTensor slab;
+  if (name.expert >= 0) {
+    slab = *t;
+    slab.ne.pop_back();
+    slab.data = t->data + static_cast<size_t>(name.expert) * shape[0] * t->row_bytes();
+    slab.nbytes = static_cast<size_t>(shape[0]) * t->row_bytes();
+    t = &slab;
   }
   const int64_t rows = t->rows(), cols = t->cols();
   if (Unquantized(t->type) && !name.rope_rows) {
@@ -473,11 +529,6 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
     }
   }
   ASSIGN_OR_RETURN(m->config, GgufLlamaConfig(f));
-  for (const GgufTensor& t : f.tensors()) {
-    if (absl::StrContains(t.name, "_exps")) {
-      return f.Unimplemented(absl::StrCat("tensor \"", t.name, "\""), "experts are not supported");
-    }
-  }
   ASSIGN_OR_RETURN(m->tokenizer, LoadGgufTokenizer(f, m->config.vocab_size));
   if (f.Find("tokenizer.chat_template") != nullptr) {
     ASSIGN_OR_RETURN(const absl::string_view t, f.GetString("tokenizer.chat_template"));
@@ -493,7 +544,7 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
   // matrices have.
   std::map<GgmlType, int64_t> by_type;
   for (const GgufTensor& t : f.tensors()) {
-    if (t.ne.size() == 2) by_type[t.type] += t.numel();
+    if (t.ne.size() >= 2) by_type[t.type] += t.numel();  // (experts: 3-D)
   }
   int64_t most = -1;
   for (const auto& [type, params] : by_type) {

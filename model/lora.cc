@@ -424,6 +424,14 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
       return absl::Status(code,
                           absl::StrCat(weights_path, ": tensor ", present.name, " ", A(problem)));
     };
+    if (config.IsMoeLayer(key.first) &&
+        (module.targets[0] == LoraTarget::kGate || module.targets[0] == LoraTarget::kDown ||
+         module.targets[0] == LoraTarget::kUp)) {
+      return error(absl::StatusCode::kUnimplemented,
+                   absl::StrCat("adapts the MLP of layer ", key.first,
+                                ", a mixture of experts: only attention projections are adapted "
+                                "in such layers"));
+    }
     if (pair.a == nullptr || pair.b == nullptr) {
       return error(absl::StatusCode::kInvalidArgument,
                    absl::StrCat("has no matching ", pair.a == nullptr ? "lora_A" : "lora_B",

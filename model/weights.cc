@@ -16,6 +16,29 @@ absl::StatusOr<WeightMatrix> Bind(const SafetensorsSet& files, const std::string
   return WeightMatrix{t.dtype, t.data, rows, cols, cols};
 }
 
+// A mixture-of-experts layer's router and experts, by Mixtral's names
+// (block_sparse_moe.gate, experts.E.w1 / w3 / w2) or Qwen3-MoE's (mlp.gate,
+// experts.E.gate_proj / up_proj / down_proj).
+absl::Status BindExperts(const LlamaConfig& c, const std::string& p, const LlamaTensorBinder& bind,
+                         LayerWeights* l) {
+  const int64_t d = c.hidden_size, ffn = c.moe_intermediate_size;
+  const bool mixtral = c.model_type == "mixtral";
+  const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  ASSIGN_OR_RETURN(l->router, bind(moe + "gate.weight", {c.num_experts, d}));
+  const char* gate = mixtral ? "w1" : "gate_proj";
+  const char* up = mixtral ? "w3" : "up_proj";
+  const char* down = mixtral ? "w2" : "down_proj";
+  for (int32_t e = 0; e < c.num_experts; ++e) {
+    const std::string x = absl::StrCat(moe, "experts.", e, ".");
+    ASSIGN_OR_RETURN(l->expert_gate.emplace_back(),
+                     bind(absl::StrCat(x, gate, ".weight"), {ffn, d}));
+    ASSIGN_OR_RETURN(l->expert_up.emplace_back(), bind(absl::StrCat(x, up, ".weight"), {ffn, d}));
+    ASSIGN_OR_RETURN(l->expert_down.emplace_back(),
+                     bind(absl::StrCat(x, down, ".weight"), {d, ffn}));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
@@ -66,8 +89,10 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
       ASSIGN_OR_RETURN(l.wq, bind(p + "self_attn.q_proj.weight", {q_rows, d}));
       ASSIGN_OR_RETURN(l.wk, bind(p + "self_attn.k_proj.weight", {kv_rows, d}));
       ASSIGN_OR_RETURN(l.wv, bind(p + "self_attn.v_proj.weight", {kv_rows, d}));
-      ASSIGN_OR_RETURN(l.w_gate, bind(p + "mlp.gate_proj.weight", {ffn, d}));
-      ASSIGN_OR_RETURN(l.w_up, bind(p + "mlp.up_proj.weight", {ffn, d}));
+      if (!c.IsMoeLayer(i)) {
+        ASSIGN_OR_RETURN(l.w_gate, bind(p + "mlp.gate_proj.weight", {ffn, d}));
+        ASSIGN_OR_RETURN(l.w_up, bind(p + "mlp.up_proj.weight", {ffn, d}));
+      }
     }
     ASSIGN_OR_RETURN(l.wo, bind(p + "self_attn.o_proj.weight", {d, q_rows}));
     if (c.sandwich_norms) {
@@ -77,7 +102,11 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     } else {
       ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "post_attention_layernorm.weight", {d}));
     }
-    ASSIGN_OR_RETURN(l.w_down, bind(p + "mlp.down_proj.weight", {d, ffn}));
+    if (c.IsMoeLayer(i)) {
+      RETURN_IF_ERROR(BindExperts(c, p, bind, &l));
+    } else {
+      ASSIGN_OR_RETURN(l.w_down, bind(p + "mlp.down_proj.weight", {d, ffn}));
+    }
     if (c.qkv_bias) {
       ASSIGN_OR_RETURN(l.bq, bind(p + "self_attn.q_proj.bias", {q_rows}));
       ASSIGN_OR_RETURN(l.bk, bind(p + "self_attn.k_proj.bias", {kv_rows}));
@@ -105,6 +134,10 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
          {&l.attn_norm, &l.wq, &l.wk, &l.wv, &l.wo, &l.mlp_norm, &l.w_gate, &l.w_up, &l.w_down,
           &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.mlp_post_norm}) {
       count(*m);
+    }
+    count(l.router);
+    for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
+      for (const WeightMatrix& m : *experts) count(m);
     }
   }
   return w;

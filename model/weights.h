@@ -37,7 +37,29 @@ struct LayerWeights {
   // (post_attention_layernorm) and the MLP output (post_feedforward_layernorm).
   WeightMatrix attn_post_norm;  // [1][hidden]
   WeightMatrix mlp_post_norm;   // [1][hidden]
+  // A mixture-of-experts layer (LlamaConfig::IsMoeLayer) has no w_gate / w_up / w_down but a
+  // router, [num_experts][hidden], and each expert's SwiGLU products: [moe_ffn][hidden] gate and
+  // up, [hidden][moe_ffn] down. Empty in a dense layer.
+  WeightMatrix router;
+  std::vector<WeightMatrix> expert_gate, expert_up, expert_down;
 };
+
+// Calls f(WeightMatrix&) on each linear product `layer` has: Q, K, V, O, then gate, up and down,
+// or each expert's gate, up and down (a mixture-of-experts layer). Not the router, the norms or
+// the biases. `layer` may be const.
+template <typename Layer, typename F>
+void ForEachLinearWeight(Layer& layer, F&& f) {
+  for (auto* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo}) f(*m);
+  if (layer.expert_gate.empty()) {
+    for (auto* m : {&layer.w_gate, &layer.w_up, &layer.w_down}) f(*m);
+    return;
+  }
+  for (size_t e = 0; e < layer.expert_gate.size(); ++e) {
+    f(layer.expert_gate[e]);
+    f(layer.expert_up[e]);
+    f(layer.expert_down[e]);
+  }
+}
 
 struct LlamaWeights {
   WeightMatrix embed;       // [vocab][hidden]

@@ -47,8 +47,10 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
     // q4_K share that splits a 256-column super-block falls back to q8_0).
     const int64_t q_share = int64_t{config.num_attention_heads} / tp * config.head_dim;
     const int64_t ffn_share = config.intermediate_size / tp;
+    const int64_t expert_share = config.moe() ? config.moe_intermediate_size / tp : 0;
     for (const auto& [share, what] : {std::pair{q_share, "attention heads x head_dim"},
-                                      std::pair{ffn_share, "intermediate_size"}}) {
+                                      std::pair{ffn_share, "intermediate_size"},
+                                      std::pair{expert_share, "moe_intermediate_size"}}) {
       if (share % WeightMatrix::kQ8Block != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "quantized weights with tensor parallelism ", tp, ": each rank's share of the ", what,
@@ -186,9 +188,7 @@ std::string CpuBackend::weight_quantization() const {
     const RankWeights& w = r->weights();
     used.insert(w.lm_head.panel_format);
     for (const LayerWeights& l : w.layers) {
-      for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-        used.insert(m->panel_format);
-      }
+      ForEachLinearWeight(l, [&](const WeightMatrix& m) { used.insert(m.panel_format); });
     }
   }
   std::string out;

@@ -28,8 +28,9 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
       qw_(int64_t{w_.heads} * config.head_dim),
       kvw_(int64_t{w_.kv_heads} * config.head_dim),
       ffn_(w_.ffn),
+      moe_ffn_(w_.moe_ffn),
       gelu_(config.gelu_tanh()),
-      scratch_per_thread_(MatMulScratchFloats(std::max({d_, qw_, ffn_}))) {
+      scratch_per_thread_(MatMulScratchFloats(std::max({d_, qw_, ffn_, moe_ffn_}))) {
   const int64_t rows = shape.max_rows;
   x_.resize(rows * d_);
   h_.resize(rows * d_);
@@ -37,8 +38,26 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   k_.resize(rows * kvw_);
   v_.resize(rows * kvw_);
   attn_.resize(rows * qw_);
-  gate_.resize(rows * ffn_);
-  up_.resize(rows * ffn_);
+  bool dense_mlp = false;
+  for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    dense_mlp |= !config.IsMoeLayer(layer);
+  }
+  if (dense_mlp) {
+    gate_.resize(rows * ffn_);
+    up_.resize(rows * ffn_);
+  }
+  if (config.moe()) {
+    const int64_t experts = config.num_experts, routed = rows * config.num_experts_per_tok;
+    router_logits_.resize(rows * experts);
+    route_expert_.resize(routed);
+    route_slot_.resize(routed);
+    route_weight_.resize(routed);
+    expert_begin_.resize(experts + 1);
+    moe_x_.resize(routed * d_);
+    moe_gate_.resize(routed * moe_ffn_);
+    moe_up_.resize(routed * moe_ffn_);
+    moe_y_.resize(routed * d_);
+  }
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
   scratch_.resize(threads_.num_threads() * scratch_per_thread_);
@@ -289,6 +308,123 @@ void CpuRank::GateUpAct(int32_t layer, const CpuRow* rows, int32_t n, bool lora)
   });
 }
 
+void CpuRank::Route(int32_t n) {
+  const int32_t experts = config_.num_experts, k = config_.num_experts_per_tok;
+  int32_t* count = expert_begin_.data();  // counts first, then turned into offsets
+  std::fill(count, count + experts + 1, 0);
+  for (int32_t i = 0; i < n; ++i) {
+    // Softmax over every expert in f32 (as Transformers), then the k largest, the lower
+    // expert first among equals.
+    float* p = &router_logits_[static_cast<size_t>(i) * experts];
+    const float top = *std::max_element(p, p + experts);
+    float sum = 0;
+    for (int32_t e = 0; e < experts; ++e) sum += p[e] = std::exp(p[e] - top);
+    int32_t* chosen = &route_expert_[static_cast<size_t>(i) * k];
+    float* weight = &route_weight_[static_cast<size_t>(i) * k];
+    float kept = 0;
+    for (int32_t j = 0; j < k; ++j) {
+      int32_t best = -1;
+      for (int32_t e = 0; e < experts; ++e) {
+        if (p[e] >= 0 && (best < 0 || p[e] > p[best])) best = e;
+      }
+      if (best < 0) {  // NaN scores: the first expert not yet taken, rather than none
+        best =
+            static_cast<int32_t>(std::find_if(p, p + experts, [](float v) { return v != -1; }) - p);
+      }
+      chosen[j] = best;
+      weight[j] = p[best] / sum;
+      kept += weight[j];
+      p[best] = -1;  // taken
+      ++count[best + 1];
+    }
+    if (config_.norm_topk_prob) {
+      for (int32_t j = 0; j < k; ++j) weight[j] /= kept;
+    }
+  }
+  for (int32_t e = 0; e < experts; ++e) count[e + 1] += count[e];
+  // Each expert's rows together, in row order: route_slot_ says where row i's j-th went.
+  for (int32_t i = 0; i < n; ++i) {
+    for (int32_t j = 0; j < k; ++j) {
+      const size_t r = static_cast<size_t>(i) * k + j;
+      route_slot_[r] = count[route_expert_[r]]++;
+    }
+  }
+  // count[e] is now the end of expert e's rows, the beginning of e + 1's: shift back.
+  for (int32_t e = experts; e > 0; --e) count[e] = count[e - 1];
+  count[0] = 0;
+  threads_.ParallelFor(int64_t{n} * k, 64, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      std::memcpy(&moe_x_[route_slot_[r] * d_], &h_[r / k * d_], d_ * sizeof(float));
+    }
+  });
+}
+
+void CpuRank::ExpertsGateUp(int32_t layer, int thread, int num_threads, float* scratch) {
+  const CpuIsa isa = ActiveCpuIsa();
+  const LayerWeights& l = w_.layers[layer];
+  int64_t b, e;
+  MatMulShareBounds(moe_ffn_, thread, num_threads, &b, &e);
+  for (int32_t x = 0; x < config_.num_experts; ++x) {
+    const int64_t first = expert_begin_[x], m = expert_begin_[x + 1] - first;
+    if (m == 0) continue;  // an expert no row chose: its weights are not read
+    float* gate = &moe_gate_[first * moe_ffn_];
+    float* up = &moe_up_[first * moe_ffn_];
+    const float* in = &moe_x_[first * d_];
+    MatMulShare(isa, in, m, d_, l.expert_gate[x], gate, moe_ffn_, thread, num_threads, scratch);
+    MatMulShare(isa, in, m, d_, l.expert_up[x], up, moe_ffn_, thread, num_threads, scratch);
+    for (int64_t i = 0; i < m; ++i) {
+      float* g = gate + i * moe_ffn_ + b;
+      if (gelu_) {
+        GeluTanhMul(g, up + i * moe_ffn_ + b, e - b, g);
+      } else {
+        SiluMul(g, up + i * moe_ffn_ + b, e - b, g);
+      }
+    }
+  }
+}
+
+void CpuRank::ExpertsDown(int32_t layer, int32_t n, int thread, int num_threads, float* scratch) {
+  const CpuIsa isa = ActiveCpuIsa();
+  const LayerWeights& l = w_.layers[layer];
+  for (int32_t x = 0; x < config_.num_experts; ++x) {
+    const int64_t first = expert_begin_[x], m = expert_begin_[x + 1] - first;
+    if (m == 0) continue;
+    MatMulShare(isa, &moe_gate_[first * moe_ffn_], m, moe_ffn_, l.expert_down[x],
+                &moe_y_[first * d_], d_, thread, num_threads, scratch);
+  }
+  // Each row's experts weighted and summed, over the columns this thread's shares wrote.
+  int64_t b, e;
+  MatMulShareBounds(d_, thread, num_threads, &b, &e);
+  const int32_t k = config_.num_experts_per_tok;
+  for (int32_t i = 0; i < n; ++i) {
+    float* out = &h_[i * d_];
+    for (int64_t c = b; c < e; ++c) out[c] = 0;
+    for (int32_t j = 0; j < k; ++j) {
+      const size_t r = static_cast<size_t>(i) * k + j;
+      AddScaledInPlace(out + b, &moe_y_[route_slot_[r] * d_ + b], route_weight_[r], e - b);
+    }
+  }
+}
+
+absl::Status CpuRank::Experts(int32_t layer, int32_t n) {
+  const LayerWeights& l = w_.layers[layer];
+  const int64_t experts = config_.num_experts;
+  // This rank's experts' scores; with several ranks, zeros elsewhere and an all-reduce, so every
+  // rank routes by the same scores, bit for bit.
+  if (w_.size > 1) std::fill(router_logits_.begin(), router_logits_.begin() + n * experts, 0.0f);
+  MatMul(threads_, h_.data(), n, d_, l.router, &router_logits_[w_.router_begin], experts,
+         scratch_.data());
+  if (w_.size > 1) RETURN_IF_ERROR(comm_->AllReduceSum(router_logits_.data(), n * experts));
+  Route(n);
+  threads_.RunOnAll([&](int t) {
+    ExpertsGateUp(layer, t, threads_.num_threads(), &scratch_[t * scratch_per_thread_]);
+  });
+  threads_.RunOnAll([&](int t) {
+    ExpertsDown(layer, n, t, threads_.num_threads(), &scratch_[t * scratch_per_thread_]);
+  });
+  return absl::OkStatus();
+}
+
 absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row,
                               float* logits) {
   const CpuIsa isa = ActiveCpuIsa();
@@ -321,9 +457,13 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     AddRows(n);
 
     NormRows(l.mlp_norm, n);
-    GateUpAct(layer, rows, n, lora);
-    MatMulWithLora(l.w_down, layer, LoraTarget::kDown, rows, n, lora, gate_.data(), ffn_,
-                   h_.data(), d_);
+    if (config_.IsMoeLayer(layer)) {
+      RETURN_IF_ERROR(Experts(layer, n));
+    } else {
+      GateUpAct(layer, rows, n, lora);
+      MatMulWithLora(l.w_down, layer, LoraTarget::kDown, rows, n, lora, gate_.data(), ffn_,
+                     h_.data(), d_);
+    }
     RETURN_IF_ERROR(comm_->AllReduceSum(h_.data(), n * d_));
     if (config_.sandwich_norms) NormRows(l.mlp_post_norm, n, /*in_place=*/true);
     AddRows(n);

@@ -93,6 +93,16 @@ class CpuRank {
   // gate_ = act(gate) * up (SiLU, or GELU-tanh); with `lora`, each row's adapter deltas join
   // gate and up first.
   void GateUpAct(int32_t layer, const CpuRow* rows, int32_t n, bool lora);
+  // A mixture-of-experts MLP: h_ (the normalized rows) is routed and replaced by this rank's
+  // share of the weighted sum of each row's experts (a partial sum, as down's).
+  absl::Status Experts(int32_t layer, int32_t n);
+  // The router's softmax and top-k for rows [0, n) of router_logits_: route_expert_ and
+  // route_weight_, then the rows gathered by expert into moe_x_ (expert_begin_, route_slot_).
+  void Route(int32_t n);
+  // One thread's share of act(gate) * up of every routed expert, or of their down products and
+  // the weighted sum into h_ (the output columns MatMulShareBounds gives the thread).
+  void ExpertsGateUp(int32_t layer, int thread, int num_threads, float* scratch);
+  void ExpertsDown(int32_t layer, int32_t n, int thread, int num_threads, float* scratch);
   // Thread `thread`'s share of y[i] += B (A x[i]) (B times the adapter's scale) for each row i
   // whose adapter adapts projection `target` of `layer` (this rank's share of it: a partial sum
   // for O and down): the output columns MatMulShareBounds gives the thread, the ones its
@@ -119,6 +129,7 @@ class CpuRank {
   ThreadPool threads_;
   // Widths of this rank's activations.
   const int64_t d_, hd_, qw_, kvw_, ffn_;
+  const int64_t moe_ffn_;             // this rank's features of each expert (0: a dense model)
   const bool gelu_;                   // the MLP's activation: GELU (tanh), or SiLU
   const int64_t scratch_per_thread_;  // matmul widening floats per pool thread
 
@@ -126,6 +137,15 @@ class CpuRank {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> scores_;   // [threads][group * max_context]
   std::vector<float> scratch_;  // [threads][scratch_per_thread_]
+  // Mixtures of experts (empty otherwise), k = num_experts_per_tok: the router's scores
+  // [max_rows][experts]; each row's experts and weights [max_rows][k] and where its j-th expert's
+  // input went in the gathered rows [max_rows][k]; the first gathered row of each expert
+  // [experts + 1]; the gathered inputs [max_rows * k][hidden], their act(gate) * up
+  // [max_rows * k][moe_ffn] (up: scratch for up) and down outputs [max_rows * k][hidden].
+  std::vector<float> router_logits_;
+  std::vector<int32_t> route_expert_, route_slot_, expert_begin_;
+  std::vector<float> route_weight_;
+  std::vector<float> moe_x_, moe_gate_, moe_up_, moe_y_;
   // The adapters' shares by slot (null: empty; see SetLoraAdapter).
   std::vector<const RankLora*> lora_;
   // LoraShare's, with adapter slots only: per thread, an adapter's row ids and which rows are

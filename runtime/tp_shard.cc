@@ -89,6 +89,11 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
         config.num_attention_heads, "), KV heads (", config.num_key_value_heads,
         ") and intermediate size (", config.intermediate_size, ")"));
   }
+  if (config.moe() && config.moe_intermediate_size % size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor parallelism ", size,
+                                                   " must divide the experts' intermediate size (",
+                                                   config.moe_intermediate_size, ")"));
+  }
   const int64_t hd = config.head_dim;
   RankWeights out;
   out.rank = rank;
@@ -96,6 +101,9 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   out.heads = config.num_attention_heads / size;
   out.kv_heads = config.num_key_value_heads / size;
   out.ffn = config.intermediate_size / size;
+  out.moe_ffn = config.moe_intermediate_size / size;
+  out.router_begin = static_cast<int32_t>(int64_t{config.num_experts} * rank / size);
+  const int32_t router_end = static_cast<int32_t>(int64_t{config.num_experts} * (rank + 1) / size);
   const int64_t vocab = config.vocab_size;
   out.vocab_begin = static_cast<int32_t>(vocab * rank / size);
   const int64_t vocab_end = vocab * (rank + 1) / size;
@@ -113,10 +121,22 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
       s.bk = VectorSlice(l.bk, rank * kv_rows, kv_rows);
       s.bv = VectorSlice(l.bv, rank * kv_rows, kv_rows);
       ASSIGN_OR_RETURN(s.wo, CopyColumns(l.wo, "o_proj", rank * q_rows, q_rows, &out));
-      s.w_gate = l.w_gate.RowSlice(int64_t{rank} * out.ffn, out.ffn);
-      s.w_up = l.w_up.RowSlice(int64_t{rank} * out.ffn, out.ffn);
-      ASSIGN_OR_RETURN(s.w_down,
-                       CopyColumns(l.w_down, "down_proj", int64_t{rank} * out.ffn, out.ffn, &out));
+      if (l.router.data == nullptr) {
+        s.w_gate = l.w_gate.RowSlice(int64_t{rank} * out.ffn, out.ffn);
+        s.w_up = l.w_up.RowSlice(int64_t{rank} * out.ffn, out.ffn);
+        ASSIGN_OR_RETURN(
+            s.w_down, CopyColumns(l.w_down, "down_proj", int64_t{rank} * out.ffn, out.ffn, &out));
+        out.layers.push_back(s);
+        continue;
+      }
+      s.router = l.router.RowSlice(out.router_begin, router_end - out.router_begin);
+      const int64_t begin = int64_t{rank} * out.moe_ffn;
+      for (size_t e = 0; e < l.expert_gate.size(); ++e) {
+        s.expert_gate[e] = l.expert_gate[e].RowSlice(begin, out.moe_ffn);
+        s.expert_up[e] = l.expert_up[e].RowSlice(begin, out.moe_ffn);
+        ASSIGN_OR_RETURN(s.expert_down[e], CopyColumns(l.expert_down[e], "an expert's down_proj",
+                                                       begin, out.moe_ffn, &out));
+      }
     }
     out.layers.push_back(s);
   }
@@ -205,7 +225,16 @@ void AttachPanels(RankWeights* weights, CpuIsa isa, bool dense_panels, WeightFor
   };
   want(weights->lm_head);
   for (LayerWeights& l : weights->layers) {
-    for (WeightMatrix* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) want(*w);
+    ForEachLinearWeight(l, want);
+    // The router stays in its own format (vLLM and llama-quantize leave it unquantized): a few
+    // columns a token, and its choices are what a rounding error would flip.
+    if (l.router.data != nullptr && l.router.panels == nullptr) {
+      if (WeightMatrix::IsQuantized(l.router.format)) {
+        jobs.push_back({&l.router, BlockPanelFormat(l.router)});
+      } else if (dense_panels && MatMulReadsPanels(isa, l.router.dtype)) {
+        jobs.push_back({&l.router, WeightFormat::kDense});
+      }
+    }
   }
   // Packing (and quantizing) is most of a large model's start-up: the matrices are shared among
   // the threads, each taking the next one.

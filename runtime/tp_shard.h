@@ -51,12 +51,19 @@ struct RankWeights {
   int32_t heads = 0;     // this rank's query heads: [rank * heads, (rank + 1) * heads)
   int32_t kv_heads = 0;  // this rank's KV heads, likewise
   int32_t ffn = 0;       // this rank's intermediate features
+  // Mixture of experts: this rank's features of each expert, and the experts whose router rows
+  // it holds ([router_begin, router_begin + router.rows) of each MoE layer).
+  int32_t moe_ffn = 0;
+  int32_t router_begin = 0;
   int32_t vocab_begin = 0;  // this rank's lm_head rows: [vocab_begin, vocab_begin + lm_head.rows)
   WeightMatrix embed;       // replicated
   WeightMatrix final_norm;  // replicated
   WeightMatrix lm_head;     // [vocab share][hidden]
   // Per layer: wq [heads * head_dim][hidden], wk/wv [kv_heads * head_dim][hidden],
-  // wo [hidden][heads * head_dim] (owned), gate/up [ffn][hidden], down [hidden][ffn] (owned).
+  // wo [hidden][heads * head_dim] (owned), gate/up [ffn][hidden], down [hidden][ffn] (owned);
+  // or, in a mixture-of-experts layer, each expert cut likewise by moe_ffn, and the router's
+  // rows of this rank's experts (every rank runs every expert: the router is split only so that
+  // the ranks' all-reduce of their slices gives each the same scores, bit for bit).
   std::vector<LayerWeights> layers;
   // Memory of the copied (row-parallel) shards; empty when size == 1.
   std::vector<std::unique_ptr<uint8_t[]>> owned;

@@ -626,7 +626,16 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   EXPECT_EQ(c.qkv_bias, size == "tiny-qwen2" || size == "tiny-biased");
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
   const bool gemma = size == "tiny-gemma2" || size == "tiny-gemma3";
-  EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3");
+  EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3" || size == "tiny-qwen3-moe");
+  // Mixtral: 4 experts, 2 a token, every layer; Qwen3-MoE: 8 experts of 96, 3 a token, weights
+  // not renormalized, layer 2 dense.
+  EXPECT_EQ(c.num_experts, size == "tiny-mixtral" ? 4 : size == "tiny-qwen3-moe" ? 8 : 0);
+  if (c.moe()) {
+    EXPECT_EQ(c.num_experts_per_tok, size == "tiny-mixtral" ? 2 : 3);
+    EXPECT_EQ(c.norm_topk_prob, size == "tiny-mixtral");
+    EXPECT_EQ(c.IsMoeLayer(2), size == "tiny-mixtral");
+    EXPECT_TRUE(c.IsMoeLayer(3));
+  }
   EXPECT_EQ(c.fused_projections, size == "tiny-phi3");
   EXPECT_EQ(c.sandwich_norms, gemma);
   EXPECT_EQ(c.gelu_tanh(), gemma);
@@ -658,6 +667,13 @@ TEST_P(ArchitectureForwardTest, ChunkedPrefillThenDecodeMatchesReference) {
   ErrorStats stats = Stats();
   ChunkedPrefillThenDecode(model(), DType::kF32, &stats);
   stats.Print(absl::StrCat("single slot ", Name()));
+  if (model().bundle->config.moe()) {
+    // The smallest gap between a kept expert's router score and the best dropped one's, over
+    // every token and layer: an engine whose scores were off by less than half of it chose the
+    // same experts.
+    std::printf("[%s] smallest routing margin %.3g\n", Name().c_str(),
+                model().ref->min_routing_margin());
+  }
 }
 
 TEST_P(ArchitectureForwardTest, TwoRanksMatchReferenceAndOneRank) {
@@ -668,7 +684,7 @@ INSTANTIATE_TEST_SUITE_P(
     ArchitecturesDtypesAndIsas, ArchitectureForwardTest,
     testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
                                      "tiny-granite", "tiny-gemma2", "tiny-gemma3",
-                                     "tiny-mistral-sw"),
+                                     "tiny-mistral-sw", "tiny-mixtral", "tiny-qwen3-moe"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {

@@ -5,8 +5,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
@@ -34,6 +37,13 @@ double ElementAt(const TensorView& t, int64_t i) {
   return NAN;
 }
 
+// Each value rounded to bf16 (through float, to nearest even).
+std::vector<double> RoundedToBf16(const std::vector<double>& x) {
+  std::vector<double> y(x.size());
+  for (size_t i = 0; i < x.size(); ++i) y[i] = Bf16ToFloat(FloatToBf16(static_cast<float>(x[i])));
+  return y;
+}
+
 double Silu(double x) { return x / (1.0 + std::exp(-x)); }
 
 // PyTorch's gelu(approximate="tanh") (Transformers' gelu_pytorch_tanh, Gemma's hidden_activation).
@@ -46,6 +56,25 @@ double GeluTanh(double x) {
 double SoftCap(double x, double c) { return c > 0 ? c * std::tanh(x / c) : x; }
 
 }  // namespace
+
+// The router of MoE layer `layer`: block_sparse_moe.gate (Mixtral) or mlp.gate (Qwen3-MoE).
+std::string ReferenceLlama::RouterName(const LlamaConfig& config, int32_t layer) {
+  return absl::StrCat("model.layers.", layer, ".",
+                      config.model_type == "mixtral" ? "block_sparse_moe" : "mlp", ".gate.weight");
+}
+
+// Expert `e` of MoE layer `layer`'s three tensors: (HF name, matrix of `expert`, rows, cols).
+std::vector<std::tuple<std::string, ReferenceLlama::Matrix*, int64_t, int64_t>>
+ReferenceLlama::ExpertTensors(const LlamaConfig& config, int32_t layer, int64_t e, Mlp& expert,
+                              int64_t hidden, int64_t ffn) {
+  const bool mixtral = config.model_type == "mixtral";
+  const std::string p = absl::StrCat("model.layers.", layer, ".",
+                                     mixtral ? "block_sparse_moe" : "mlp", ".experts.", e, ".");
+  // MixtralBlockSparseTop2MLP: w2(act(w1(x)) * w3(x)).
+  return {{p + (mixtral ? "w1" : "gate_proj") + ".weight", &expert.gate, ffn, hidden},
+          {p + (mixtral ? "w3" : "up_proj") + ".weight", &expert.up, ffn, hidden},
+          {p + (mixtral ? "w2" : "down_proj") + ".weight", &expert.down, hidden, ffn}};
+}
 
 // Rows [begin, begin + count) of `m`, copied.
 ReferenceLlama::Matrix ReferenceLlama::Rows(const Matrix& m, int64_t begin, int64_t count) {
@@ -103,23 +132,40 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
       l.post_feedforward_norm = std::move(post_ff.data);
     }
     if (config.fused_projections) {
-      // Phi-3 (modeling_phi3): qkv_proj's rows are [q; k; v], gate_up_proj's [gate; up].
+      // Phi-3 (modeling_phi3): qkv_proj's rows are [q; k; v].
       ASSIGN_OR_RETURN(Matrix qkv, Load(files, p + "self_attn.qkv_proj.weight", qw + 2 * kvw, d));
-      ASSIGN_OR_RETURN(Matrix gate_up, Load(files, p + "mlp.gate_up_proj.weight", 2 * ffn, d));
       l.q = Rows(qkv, 0, qw);
       l.k = Rows(qkv, qw, kvw);
       l.v = Rows(qkv, qw + kvw, kvw);
-      l.gate = Rows(gate_up, 0, ffn);
-      l.up = Rows(gate_up, ffn, ffn);
     } else {
       ASSIGN_OR_RETURN(l.q, Load(files, p + "self_attn.q_proj.weight", qw, d));
       ASSIGN_OR_RETURN(l.k, Load(files, p + "self_attn.k_proj.weight", kvw, d));
       ASSIGN_OR_RETURN(l.v, Load(files, p + "self_attn.v_proj.weight", kvw, d));
-      ASSIGN_OR_RETURN(l.gate, Load(files, p + "mlp.gate_proj.weight", ffn, d));
-      ASSIGN_OR_RETURN(l.up, Load(files, p + "mlp.up_proj.weight", ffn, d));
     }
     ASSIGN_OR_RETURN(l.o, Load(files, p + "self_attn.o_proj.weight", d, qw));
-    ASSIGN_OR_RETURN(l.down, Load(files, p + "mlp.down_proj.weight", d, ffn));
+    if (config.IsMoeLayer(i)) {
+      // MixtralSparseMoeBlock (block_sparse_moe: gate; experts.E.w1 / w3 / w2 as gate / up /
+      // down) or Qwen3MoeSparseMoeBlock (mlp: gate; experts.E.gate_proj / up_proj / down_proj).
+      const int64_t experts = config.num_experts, moe_ffn = config.moe_intermediate_size;
+      for (int64_t e = 0; e < experts; ++e) {
+        Mlp expert;
+        for (const auto& [name, m, rows, cols] : ExpertTensors(config, i, e, expert, d, moe_ffn)) {
+          ASSIGN_OR_RETURN(*m, Load(files, name, rows, cols));
+        }
+        l.experts.push_back(std::move(expert));
+      }
+      ASSIGN_OR_RETURN(l.router, Load(files, RouterName(config, i), experts, d));
+    } else if (config.fused_projections) {
+      // Phi-3: gate_up_proj's rows are [gate; up].
+      ASSIGN_OR_RETURN(Matrix gate_up, Load(files, p + "mlp.gate_up_proj.weight", 2 * ffn, d));
+      l.mlp.gate = Rows(gate_up, 0, ffn);
+      l.mlp.up = Rows(gate_up, ffn, ffn);
+      ASSIGN_OR_RETURN(l.mlp.down, Load(files, p + "mlp.down_proj.weight", d, ffn));
+    } else {
+      ASSIGN_OR_RETURN(l.mlp.gate, Load(files, p + "mlp.gate_proj.weight", ffn, d));
+      ASSIGN_OR_RETURN(l.mlp.up, Load(files, p + "mlp.up_proj.weight", ffn, d));
+      ASSIGN_OR_RETURN(l.mlp.down, Load(files, p + "mlp.down_proj.weight", d, ffn));
+    }
     auto vector = [&](const std::string& name, int64_t n,
                       std::vector<double>* out) -> absl::Status {
       ASSIGN_OR_RETURN(Matrix m, Load(files, p + name, 1, n));
@@ -162,7 +208,11 @@ void ReferenceLlama::QuantizeLinearQ8_0() {
   };
   quantize(lm_head_);  // a copy of the embedding when tied: the lookup keeps the stored values
   for (Layer& l : layers_) {
-    for (Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.gate, &l.up, &l.down}) quantize(*m);
+    for (Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.mlp.gate, &l.mlp.up, &l.mlp.down}) quantize(*m);
+    // The experts are quantized like the dense MLP; the router is not.
+    for (Mlp& e : l.experts) {
+      for (Matrix* m : {&e.gate, &e.up, &e.down}) quantize(*m);
+    }
   }
   q8_0_linear_ = true;
 }
@@ -173,10 +223,26 @@ void ReferenceLlama::ReplaceLinearWeights(
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    for (const auto& [name, m] : {std::pair{"self_attn.q_proj", &l.q}, {"self_attn.k_proj", &l.k},
-                                  {"self_attn.v_proj", &l.v}, {"self_attn.o_proj", &l.o},
-                                  {"mlp.gate_proj", &l.gate}, {"mlp.up_proj", &l.up},
-                                  {"mlp.down_proj", &l.down}}) {
+    for (const auto& [name, m] : {std::pair{"self_attn.q_proj", &l.q},
+                                  {"self_attn.k_proj", &l.k},
+                                  {"self_attn.v_proj", &l.v},
+                                  {"self_attn.o_proj", &l.o}}) {
+      fill(absl::StrCat(p, name, ".weight"), m->rows, m->cols, m->data.data());
+    }
+    if (config_.IsMoeLayer(static_cast<int32_t>(i))) {
+      // Each expert's matrices by their HF names; the router is kept.
+      for (size_t e = 0; e < l.experts.size(); ++e) {
+        for (const auto& [name, m, rows, cols] :
+             ExpertTensors(config_, static_cast<int32_t>(i), static_cast<int64_t>(e), l.experts[e],
+                           config_.hidden_size, config_.moe_intermediate_size)) {
+          fill(name, rows, cols, m->data.data());
+        }
+      }
+      continue;
+    }
+    for (const auto& [name, m] : {std::pair{"mlp.gate_proj", &l.mlp.gate},
+                                  {"mlp.up_proj", &l.mlp.up},
+                                  {"mlp.down_proj", &l.mlp.down}}) {
       fill(absl::StrCat(p, name, ".weight"), m->rows, m->cols, m->data.data());
     }
   }
@@ -185,10 +251,7 @@ void ReferenceLlama::ReplaceLinearWeights(
 std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<double>& x_in) const {
   std::vector<double> rounded;
   if (bf16_linear_inputs_) {
-    rounded.resize(x_in.size());
-    for (size_t i = 0; i < x_in.size(); ++i) {
-      rounded[i] = Bf16ToFloat(FloatToBf16(static_cast<float>(x_in[i])));
-    }
+    rounded = RoundedToBf16(x_in);
   } else if (q8_0_linear_) {
     float amax = 0;
     for (double v : x_in) amax = std::max(amax, std::fabs(static_cast<float>(v)));
@@ -206,7 +269,9 @@ std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<do
     for (size_t b = 0; b < x_in.size(); b += 32) {
       const size_t end = std::min(x_in.size(), b + 32);
       float amax = 0;
-      for (size_t i = b; i < end; ++i) amax = std::max(amax, std::fabs(static_cast<float>(x_in[i])));
+      for (size_t i = b; i < end; ++i) {
+        amax = std::max(amax, std::fabs(static_cast<float>(x_in[i])));
+      }
       if (amax == 0) continue;
       const float inv = 127.0f / amax;
       const double step = amax / 127.0f;
@@ -215,8 +280,11 @@ std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<do
       }
     }
   }
-  const std::vector<double>& x =
-      bf16_linear_inputs_ || q8_0_linear_ || int8_block_linear_inputs_ ? rounded : x_in;
+  return Product(w,
+                 bf16_linear_inputs_ || q8_0_linear_ || int8_block_linear_inputs_ ? rounded : x_in);
+}
+
+std::vector<double> ReferenceLlama::Product(const Matrix& w, const std::vector<double>& x) {
   std::vector<double> y(w.rows);
   for (int64_t r = 0; r < w.rows; ++r) {
     const double* row = w.Row(r);
@@ -237,6 +305,53 @@ std::vector<double> ReferenceLlama::RmsNorm(const std::vector<double>& x,
   const double offset = config_.norm_weight_offset;
   for (size_t i = 0; i < x.size(); ++i) y[i] = (offset + w[i]) * (x[i] * inv);
   return y;
+}
+
+std::vector<double> ReferenceLlama::GatedMlp(const Mlp& mlp, const std::vector<double>& x) const {
+  std::vector<double> gate = Linear(mlp.gate, x);
+  const std::vector<double> up = Linear(mlp.up, x);
+  for (size_t i = 0; i < gate.size(); ++i) {
+    gate[i] = (config_.gelu_tanh() ? GeluTanh(gate[i]) : Silu(gate[i])) * up[i];
+  }
+  return Linear(mlp.down, gate);
+}
+
+std::vector<double> ReferenceLlama::MixtureOfExperts(const Layer& l, const std::vector<double>& x,
+                                                     double* min_margin) const {
+  // router_logits = self.gate(hidden_states): a linear layer whose input only the bf16 option
+  // rounds (the engine keeps the router in the model's dtype, unquantized, and takes its input
+  // as such a product would; q8_0's and q4_K's input rounding belong to quantized weights).
+  const std::vector<double> logits = Product(l.router, bf16_linear_inputs_ ? RoundedToBf16(x) : x);
+  const int64_t experts = static_cast<int64_t>(logits.size());
+  const int64_t top_k = config_.num_experts_per_tok;
+  // routing_weights = softmax(router_logits) over every expert.
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  std::vector<double> p(experts);
+  double sum = 0;
+  for (int64_t e = 0; e < experts; ++e) sum += (p[e] = std::exp(logits[e] - mx));
+  for (double& v : p) v /= sum;
+  // torch.topk(routing_weights, top_k): the softmax keeps the logits' order, so rank the logits
+  // (exact, where the probabilities may round two close ones together); a tie goes to the lower
+  // expert number.
+  std::vector<int64_t> order(experts);
+  for (int64_t e = 0; e < experts; ++e) order[e] = e;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return logits[a] > logits[b]; });
+  if (top_k < experts) {
+    *min_margin = std::min(*min_margin, logits[order[top_k - 1]] - logits[order[top_k]]);
+  }
+  // norm_topk_prob: routing_weights /= routing_weights.sum(dim=-1, keepdim=True).
+  double kept = 0;
+  for (int64_t j = 0; j < top_k; ++j) kept += p[order[j]];
+  const double norm = config_.norm_topk_prob ? kept : 1.0;
+  std::vector<double> out(x.size(), 0.0);
+  for (int64_t j = 0; j < top_k; ++j) {
+    const int64_t e = order[j];
+    const std::vector<double> y = GatedMlp(l.experts[e], x);
+    const double w = p[e] / norm;
+    for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
+  }
+  return out;
 }
 
 void ReferenceLlama::Rope(std::vector<double>& x, int64_t heads, int64_t position,
@@ -291,8 +406,8 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
   // Granite (modeling_granite): the attention scale is attention_multiplier, the embedding is
   // multiplied by embedding_multiplier, each residual branch by residual_multiplier, and the
   // logits divided by logits_scaling; 1 / sqrt(head_dim) and ones for every other model.
-  const double scale =
-      config_.attention_scale > 0 ? config_.attention_scale : 1.0 / std::sqrt(static_cast<double>(hd));
+  const double scale = config_.attention_scale > 0 ? config_.attention_scale
+                                                   : 1.0 / std::sqrt(static_cast<double>(hd));
   const double residual = config_.residual_multiplier;
   if (far.window_blocks > 0 && config_.sliding_window > 0) {
     // Far history is defined over a layer's whole history; a sliding layer has none beyond its
@@ -301,6 +416,8 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
     std::abort();
   }
 
+  // This pass's routing margin (see min_routing_margin).
+  double min_margin = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> x(n);  // residual stream, [T][hidden]
   for (int64_t t = 0; t < n; ++t) {
     const double* e = embed_.Row(tokens[t]);
@@ -404,15 +521,16 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
       // out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
       const std::vector<double> h =
           RmsNorm(x[t], config_.sandwich_norms ? l.pre_feedforward_norm : l.post_attention_norm);
-      std::vector<double> gate = Linear(l.gate, h);
-      const std::vector<double> up = Linear(l.up, h);
-      for (size_t i = 0; i < gate.size(); ++i) {
-        gate[i] = (config_.gelu_tanh() ? GeluTanh(gate[i]) : Silu(gate[i])) * up[i];
-      }
-      std::vector<double> down = Linear(l.down, gate);
+      std::vector<double> down =
+          config_.IsMoeLayer(layer) ? MixtureOfExperts(l, h, &min_margin) : GatedMlp(l.mlp, h);
       if (config_.sandwich_norms) down = RmsNorm(down, l.post_feedforward_norm);
       for (int64_t i = 0; i < d; ++i) x[t][i] += down[i] * residual;
     }
+  }
+  // Lowers the recorded margin to this pass's (a compare-and-swap minimum).
+  double recorded = min_routing_margin_.load();
+  while (min_margin < recorded &&
+         !min_routing_margin_.compare_exchange_weak(recorded, min_margin)) {
   }
   std::vector<std::vector<double>> logits(n);
   for (int64_t t = 0; t < n; ++t) {

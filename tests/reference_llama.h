@@ -16,18 +16,33 @@
 // scores and logits soft-capped (c tanh(x / c)); the GELU-tanh gated MLP; and Gemma 3's sliding
 // layers rotating with rope_local_base_freq, unscaled. Sliding-window attention (any model, per
 // layer, as Transformers' sliding_window_causal mask): position q sees keys q - window < k <= q.
+// Mixtures of experts (modeling_mixtral's MixtralSparseMoeBlock, modeling_qwen3_moe's
+// Qwen3MoeSparseMoeBlock; Mixtral's attention is Mistral's, Qwen3-MoE's Qwen3's): in the layers
+// config.IsMoeLayer marks, the MLP's input x gives router logits W_router x (`gate`, no bias),
+// their softmax over all experts, the num_experts_per_tok largest of it kept (top-k; on a tie the
+// lower expert number, where torch.topk leaves the order unspecified), divided by their sum when
+// norm_topk_prob (Mixtral always), and the output sum_e p_e down_e(act(gate_e x) * up_e x) over
+// the kept experts e; the other layers (Qwen3-MoE's mlp_only_layers, decoder_sparse_step) keep
+// the dense MLP. The router's tensor is block_sparse_moe.gate (Mixtral) or mlp.gate (Qwen3-MoE),
+// the experts' block_sparse_moe.experts.E.w1 / w3 / w2 (gate / up / down) or
+// mlp.experts.E.gate_proj / up_proj / down_proj.
 // The only shared code is config parsing and RopeInverseFrequencies / LocalRopeConfig (the
 // llama3 / linear / yarn frequency scaling and the local base; the yarn attention factor is
 // applied here, to this file's own cos and sin).
 //
-// Cost: O(layers * T * (params_per_layer + T * hidden)) per Forward; meant for T in the hundreds.
+// Cost: O(layers * T * (params_per_layer + T * hidden)) per Forward, where a MoE layer's
+// parameters count the router and the num_experts_per_tok experts a token runs, not all of them;
+// meant for T in the hundreds.
 #ifndef KVRM_TESTS_REFERENCE_LLAMA_H_
 #define KVRM_TESTS_REFERENCE_LLAMA_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -62,29 +77,39 @@ class ReferenceLlama {
 
   const LlamaConfig& config() const { return config_; }
 
+  // The smallest gap, over every token and MoE layer of every Forward since construction, between
+  // the num_experts_per_tok-th and the next largest router logit, as this reference computed them
+  // (with its input rounding): how far the expert choice was from flipping. A backend whose
+  // router logits are within half of it of these picked the same experts. +infinity when
+  // num_experts_per_tok == num_experts or no MoE layer has run; 0 on a tie.
+  double min_routing_margin() const { return min_routing_margin_.load(); }
+
   // When on, every linear layer's input vector is rounded to bf16 (through float, to nearest
   // even) before the product, as bf16 GEMMs on GPUs and the CPU's avx512_bf16 path take their
-  // activations; the products and sums stay in double. Off by default.
+  // activations; the products and sums stay in double. Off by default. The MoE router's input
+  // too: the engine computes the router as a linear layer in the model's dtype.
   void set_bf16_linear_inputs(bool on) { bf16_linear_inputs_ = on; }
   // When on, every key (after RoPE) and value is rounded to bf16 (through float, to nearest even)
   // before attention reads it, as a bf16 KV cache (--kv_dtype=bf16) stores them. Off by default.
   void set_bf16_kv(bool on) { bf16_kv_ = on; }
   // q8_0 linear layers, as the CPU backend multiplies them with --quantization=q8_0 (written
   // here from GGUF's q8_0 definition and docs/design.md, not from the kernels): every linear
-  // weight (Q, K, V, O, gate, up, down, lm_head; not the embedding lookup) becomes, per block of
-  // 32 values of a row, d * q with d = amax / 127 stored as f16 and q = round(x / (amax / 127))
-  // half away from zero (a last partial block padded with zeros); and every linear layer's input
-  // is rounded to steps of s = amax / 32767 of its own largest magnitude (in float: round to
-  // nearest even of x * (32767 / amax)). Irreversible: the weights are replaced.
+  // weight (Q, K, V, O, gate, up, down and each expert's, lm_head; not the embedding lookup nor
+  // the MoE router, which vLLM and llama.cpp keep unquantized) becomes, per block of 32 values of
+  // a row, d * q with d = amax / 127 stored as f16 and q = round(x / (amax / 127)) half away from
+  // zero (a last partial block padded with zeros); and every linear layer's input (not the
+  // router's) is rounded to steps of s = amax / 32767 of its own largest magnitude (in float:
+  // round to nearest even of x * (32767 / amax)). Irreversible: the weights are replaced.
   void QuantizeLinearQ8_0();
-  // Replaces every linear weight (Q, K, V, O, gate, up, down, lm_head; not the embedding lookup)
-  // with the values `fill` writes: fill(HF tensor name, rows, cols, data) over a row-major
-  // [rows][cols] of the current values (a test passes a quantized copy's values).
+  // Replaces every linear weight (Q, K, V, O, gate, up, down and each expert's, lm_head; not the
+  // embedding lookup nor the MoE router) with the values `fill` writes: fill(HF tensor name,
+  // rows, cols, data) over a row-major [rows][cols] of the current values (a test passes a
+  // quantized copy's values).
   void ReplaceLinearWeights(
       const std::function<void(const std::string&, int64_t, int64_t, double*)>& fill);
-  // Every linear layer's input rounded as the CPU backend's q4_K products take it
-  // (kernels/cpu/q4_k.h, written here from that definition): per block of 32 values, to steps
-  // of amax / 127 of the block's largest magnitude (in float: round to nearest even of
+  // Every linear layer's input (not the MoE router's) rounded as the CPU backend's q4_K products
+  // take it (kernels/cpu/q4_k.h, written here from that definition): per block of 32 values, to
+  // steps of amax / 127 of the block's largest magnitude (in float: round to nearest even of
   // x * (127 / amax)).
   void set_int8_block_linear_inputs(bool on) { int8_block_linear_inputs_ = on; }
 
@@ -96,12 +121,21 @@ class ReferenceLlama {
     std::vector<double> data;
     const double* Row(int64_t r) const { return data.data() + r * cols; }
   };
+  // One SwiGLU (or GELU-gated) MLP: the dense one, or one expert of a mixture.
+  struct Mlp {
+    Matrix gate, up;  // [ffn][hidden]
+    Matrix down;      // [hidden][ffn]
+  };
   struct Layer {
     std::vector<double> input_norm, post_attention_norm;  // [hidden]
     // Gemma's sandwich norms around the MLP, [hidden] (empty: none; post_attention_norm then
     // normalizes the MLP's input).
     std::vector<double> pre_feedforward_norm, post_feedforward_norm;
-    Matrix q, k, v, o, gate, up, down;
+    Matrix q, k, v, o;
+    Mlp mlp;  // a dense layer's (empty in a MoE layer)
+    // A MoE layer's router [num_experts][hidden] and experts (empty in a dense layer).
+    Matrix router;
+    std::vector<Mlp> experts;
     std::vector<double> bq, bk, bv, bo;  // biases (empty: none)
     std::vector<double> q_norm, k_norm;  // [head_dim] (empty: none)
   };
@@ -110,10 +144,24 @@ class ReferenceLlama {
   static absl::StatusOr<Matrix> Load(const SafetensorsSet& files, const std::string& name,
                                      int64_t rows, int64_t cols);
   static Matrix Rows(const Matrix& m, int64_t begin, int64_t count);
+  // The HF names of a MoE layer's router and of expert `e`'s gate, up and down (with `expert`'s
+  // matrices and their shapes), by model_type.
+  static std::string RouterName(const LlamaConfig& config, int32_t layer);
+  static std::vector<std::tuple<std::string, Matrix*, int64_t, int64_t>> ExpertTensors(
+      const LlamaConfig& config, int32_t layer, int64_t e, Mlp& expert, int64_t hidden,
+      int64_t ffn);
 
   // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs, to int16 steps
-  // under QuantizeLinearQ8_0).
+  // under QuantizeLinearQ8_0, to int8 block steps under set_int8_block_linear_inputs).
   std::vector<double> Linear(const Matrix& w, const std::vector<double>& x) const;
+  // y = W x with x as given.
+  static std::vector<double> Product(const Matrix& w, const std::vector<double>& x);
+  // down(act(gate x) * up x) for one vector.
+  std::vector<double> GatedMlp(const Mlp& mlp, const std::vector<double>& x) const;
+  // The mixture of experts of layer `l` for one vector; lowers `*min_margin` to this token's
+  // routing margin (see min_routing_margin).
+  std::vector<double> MixtureOfExperts(const Layer& l, const std::vector<double>& x,
+                                       double* min_margin) const;
   // HF LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps); Gemma's (1 + weight) * ... with
   // norm_weight_offset = 1.
   std::vector<double> RmsNorm(const std::vector<double>& x, const std::vector<double>& w) const;
@@ -132,14 +180,16 @@ class ReferenceLlama {
   // The sliding layers' (Gemma 3's local base, unscaled; else the same as above).
   std::vector<double> local_inv_freq_;  // [head_dim / 2]
   double local_attention_factor_ = 1;
-  Matrix embed_;                  // [vocab][hidden]
-  Matrix lm_head_;                // [vocab][hidden]; a copy of embed_ when tied
+  Matrix embed_;    // [vocab][hidden]
+  Matrix lm_head_;  // [vocab][hidden]; a copy of embed_ when tied
   std::vector<double> final_norm_;
   std::vector<Layer> layers_;
   bool q8_0_linear_ = false;
   bool int8_block_linear_inputs_ = false;
   bool bf16_linear_inputs_ = false;
   bool bf16_kv_ = false;
+  // Lowered by each Forward (atomic: Forward is const, and may run on several threads at once).
+  mutable std::atomic<double> min_routing_margin_{std::numeric_limits<double>::infinity()};
 };
 
 }  // namespace kvrm

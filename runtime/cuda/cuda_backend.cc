@@ -206,6 +206,12 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         ": the CUDA backend does not compute Gemma's block (norms, GELU, softcapping) yet; use "
         "--device=cpu"));
   }
+  if (config.moe()) {
+    return absl::UnimplementedError(
+        absl::StrCat("model_type ", config.model_type,
+                     ": the CUDA backend does not compute mixtures of experts yet; use "
+                     "--device=cpu"));
+  }
   if (config.embedding_multiplier != 1 || config.attention_scale > 0 ||
       config.residual_multiplier != 1 || config.logits_scaling != 1) {
     return absl::UnimplementedError(absl::StrCat(

@@ -233,15 +233,34 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   const LlamaConfig& c = model->config;
   const bool gemma = c.sandwich_norms;
   if (gemma) RETURN_IF_ERROR(CheckGemmaHasGgufForm(model_dir, c));
+  // llama.cpp's mixtures (llama with experts, qwen3moe) renormalize the chosen experts' weights
+  // and have experts in every layer.
+  if (c.moe()) {
+    if (!c.norm_topk_prob) {
+      return absl::UnimplementedError(
+          absl::StrCat(model_dir, ": norm_topk_prob false: llama.cpp's ", c.model_type,
+                       " renormalizes the chosen experts' weights; this model has no GGUF form"));
+    }
+    for (int32_t i = 0; i < c.num_hidden_layers; ++i) {
+      if (!c.IsMoeLayer(i)) {
+        return absl::UnimplementedError(
+            absl::StrCat(model_dir, ": layer ", i,
+                         " is dense (mlp_only_layers, decoder_sparse_step): llama.cpp's ",
+                         c.model_type, " has experts in every layer; this model has no GGUF form"));
+      }
+    }
+  }
   // The architecture llama.cpp's converter writes: qwen2, qwen3 and granite as themselves, Llama
   // and Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by
   // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on
   // adjacent pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows
   // as they are.
+  // Mixtral is llama with experts; Qwen3-MoE is qwen3moe.
   const std::string arch = c.model_type == "qwen2" || c.model_type == "qwen3" ||
                                    c.model_type == "granite" || c.model_type == "gemma2"
                                ? c.model_type
                            : c.model_type == "gemma3_text" ? "gemma3"
+                           : c.model_type == "qwen3_moe"   ? "qwen3moe"
                                                            : "llama";
   const bool permuted = GgufPermutesQk(arch);
   const std::string prefix = arch + ".";  // of its metadata keys
@@ -259,11 +278,19 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   w.AddFloat32(prefix + "rope.freq_base", static_cast<float>(c.rope_theta));
   w.AddUint32(prefix + "rope.dimension_count", c.head_dim);
   // (The converter writes them where config.json has head_dim, as Qwen3's always does.)
-  if (c.head_dim * c.num_attention_heads != c.hidden_size || arch == "qwen3" || gemma) {
+  if (c.head_dim * c.num_attention_heads != c.hidden_size || arch == "qwen3" ||
+      arch == "qwen3moe" || gemma) {
     w.AddUint32(prefix + "attention.key_length", c.head_dim);
     w.AddUint32(prefix + "attention.value_length", c.head_dim);
   }
   w.AddUint32(prefix + "vocab_size", c.vocab_size);
+  if (c.moe()) {
+    w.AddUint32(prefix + "expert_count", c.num_experts);
+    w.AddUint32(prefix + "expert_used_count", c.num_experts_per_tok);
+    if (arch == "qwen3moe") {
+      w.AddUint32(prefix + "expert_feed_forward_length", c.moe_intermediate_size);
+    }
+  }
   if (arch == "granite") {  // llama.cpp's names for Granite's multipliers
     w.AddFloat32(prefix + "embedding_scale", static_cast<float>(c.embedding_multiplier));
     w.AddFloat32(prefix + "residual_scale", static_cast<float>(c.residual_multiplier));
@@ -335,34 +362,43 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // `more_bits`: a matrix the Q4_K_M mix gives q6_K.
   // Gemma's norms are written as llama.cpp's converter writes them: 1 + w (the stored w - 1).
   const float norm_offset = static_cast<float>(c.norm_weight_offset);
-  auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows,
-                 bool more_bits = false) {
+  // `stack`: the experts' matrices of one product, written as one [experts][rows][cols] tensor.
+  // `keep`: written in f32 whatever the type (a router, as llama-quantize leaves ffn_gate_inp).
+  auto add_stack = [&](const std::string& name, const std::vector<WeightMatrix>& stack,
+                       bool rope_rows, bool more_bits = false, bool keep = false) {
+    const WeightMatrix& m = stack.front();
     const bool norm = m.rows == 1;
     const bool shifted = norm && norm_offset != 0 && absl::EndsWith(name, "norm.weight");
     const GgmlType chosen = !options.q4_k_m ? options.type
                             : more_bits     ? GgmlType::kQ6_K
                                             : GgmlType::kQ4_K;
-    const GgmlType type = norm ? GgmlType::kF32 : FallbackType(chosen, m.cols);
+    const GgmlType type = norm || keep ? GgmlType::kF32 : FallbackType(chosen, m.cols);
     const GgmlTypeTraits& t = GgmlTraits(type);
     const size_t row_bytes = static_cast<size_t>(m.cols / t.block_elems * t.block_bytes);
-    std::vector<std::byte> bytes(row_bytes * m.rows);
+    std::vector<std::byte> bytes(row_bytes * m.rows * stack.size());
     std::vector<float> row(m.cols), hf(norm && rope_rows ? m.cols : 0);
-    for (int64_t r = 0; r < m.rows; ++r) {
-      if (norm && rope_rows) {
-        WeightRowToFloat(m, 0, hf.data());
-        for (int64_t i = 0; i < m.cols; ++i) row[i] = hf[GgufRopeRowToHf(i, c.head_dim)];
-      } else {
-        WeightRowToFloat(m, rope_rows ? GgufRopeRowToHf(r, c.head_dim) : r, row.data());
+    std::byte* out = bytes.data();
+    for (const WeightMatrix& x : stack) {
+      for (int64_t r = 0; r < m.rows; ++r, out += row_bytes) {
+        if (norm && rope_rows) {
+          WeightRowToFloat(x, 0, hf.data());
+          for (int64_t i = 0; i < m.cols; ++i) row[i] = hf[GgufRopeRowToHf(i, c.head_dim)];
+        } else {
+          WeightRowToFloat(x, rope_rows ? GgufRopeRowToHf(r, c.head_dim) : r, row.data());
+        }
+        if (shifted) {
+          for (float& v : row) v += norm_offset;
+        }
+        QuantizeRow(type, row.data(), m.cols, out);
       }
-      if (shifted) {
-        for (float& x : row) x += norm_offset;
-      }
-      QuantizeRow(type, row.data(), m.cols, bytes.data() + r * row_bytes);
     }
     std::vector<int64_t> ne = {m.cols};
     if (!norm) ne.push_back(m.rows);
+    if (stack.size() > 1) ne.push_back(static_cast<int64_t>(stack.size()));
     w.AddTensor(name, type, std::move(ne), std::move(bytes));
   };
+  auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows,
+                 bool more_bits = false) { add_stack(name, {m}, rope_rows, more_bits); };
   const LlamaWeights& wt = model->weights;
   add("token_embd.weight", wt.embed, false, /*more_bits=*/c.tie_word_embeddings);  // the output
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -386,9 +422,16 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     }
     if (gemma) add(p + "post_attention_norm.weight", l.attn_post_norm, false);
     add(p + "ffn_norm.weight", l.mlp_norm, false);
-    add(p + "ffn_gate.weight", l.w_gate, false);
-    add(p + "ffn_up.weight", l.w_up, false);
-    add(p + "ffn_down.weight", l.w_down, false, more_bits);
+    if (c.IsMoeLayer(i)) {
+      add_stack(p + "ffn_gate_inp.weight", {l.router}, false, false, /*keep=*/true);
+      add_stack(p + "ffn_gate_exps.weight", l.expert_gate, false);
+      add_stack(p + "ffn_up_exps.weight", l.expert_up, false);
+      add_stack(p + "ffn_down_exps.weight", l.expert_down, false, more_bits);
+    } else {
+      add(p + "ffn_gate.weight", l.w_gate, false);
+      add(p + "ffn_up.weight", l.w_up, false);
+      add(p + "ffn_down.weight", l.w_down, false, more_bits);
+    }
     if (gemma) add(p + "post_ffw_norm.weight", l.mlp_post_norm, false);
   }
   add("output_norm.weight", wt.final_norm, false);

@@ -513,7 +513,25 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("general.architecture: \"mamba\" is not supported (llama, qwen2, "
-                        "qwen3, phi3, granite, gemma2, gemma3)"));
+                        "qwen3, qwen3moe, phi3, granite, gemma2, gemma3)"));
+  // Experts: llama's (Mixtral) need their used count; other architectures' are not computed.
+  GgufWriter experts = base("llama", "gpt2", "llama-bpe");
+  experts.AddUint32("llama.expert_count", 8);
+  st = load(experts, "experts.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(st.message()), HasSubstr("llama.expert_used_count"));
+  experts.AddUint32("llama.expert_used_count", 9);
+  st = load(experts, "experts9.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("num_experts_per_tok (9) must be at most num_local_experts (8)"));
+  GgufWriter phi_experts = base("phi3", "gpt2", "llama-bpe");
+  phi_experts.AddUint32("phi3.expert_count", 16);
+  st = load(phi_experts, "phimoe.gguf");
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_THAT(std::string(st.message()),
+              HasSubstr("phi3.expert_count: 16 experts: mixtures of experts are served for llama "
+                        "(Mixtral) and qwen3moe, not \"phi3\""));
   st = load(base("llama", "t5", "default"), "t5.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),

@@ -30,15 +30,20 @@ std::string TorchDtypeName(DType dtype) {
 
 std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds& ids) {
   OJson c;
-  const bool qwen = spec.model_type == "qwen2" || spec.model_type == "qwen3";
+  const bool qwen3_moe = spec.model_type == "qwen3_moe";
+  const bool qwen = spec.model_type == "qwen2" || spec.model_type == "qwen3" || qwen3_moe;
   const bool phi3 = spec.model_type == "phi3";
-  const bool mistral = spec.model_type == "mistral";
+  const bool mixtral = spec.mixtral();
+  const bool mistral = spec.model_type == "mistral" || mixtral;  // MixtralConfig: Mistral's keys
+  const bool moe = spec.num_experts > 0;
   const bool gemma = spec.gemma();
   const bool gemma3 = spec.model_type == "gemma3_text";
   // Keys as the model's Transformers config class writes them: MistralConfig has no
   // attention_bias, mlp_bias or pretraining_tp, Gemma's configs no mlp_bias or pretraining_tp,
   // and Gemma reads its activation from hidden_activation (hidden_act written too, as
-  // gemma-2-2b's file has both).
+  // gemma-2-2b's file has both). The mixtures of experts add their config classes' keys:
+  // MixtralConfig's num_local_experts and router_jitter_noise, Qwen3MoeConfig's num_experts,
+  // moe_intermediate_size, norm_topk_prob, decoder_sparse_step and mlp_only_layers.
   const auto softcap = [](double cap) { return cap > 0 ? OJson(cap) : OJson(nullptr); };
   c["architectures"] = {std::string(ArchitectureClassName(spec.model_type))};
   if (spec.model_type != "qwen2" && !mistral) c["attention_bias"] = spec.attention_bias;
@@ -46,6 +51,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   if (gemma) c["attn_logit_softcapping"] = softcap(spec.attn_logit_softcapping);
   c["bos_token_id"] = ids.bos;
   if (gemma) c["cache_implementation"] = "hybrid";
+  if (qwen3_moe) c["decoder_sparse_step"] = spec.decoder_sparse_step;
   c["eos_token_id"] = EosJson(ids);
   if (gemma) c["final_logit_softcapping"] = softcap(spec.final_logit_softcapping);
   c["head_dim"] = spec.head_dim;
@@ -68,7 +74,16 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   } else if (!mistral && !gemma) {
     c["mlp_bias"] = false;
   }
+  if (qwen3_moe) {
+    OJson dense = OJson::array();
+    for (int layer : spec.mlp_only_layers) dense.push_back(layer);
+    c["mlp_only_layers"] = std::move(dense);
+  }
   c["model_type"] = std::string(spec.model_type);
+  if (qwen3_moe) {
+    c["moe_intermediate_size"] = spec.moe_intermediate_size;
+    c["norm_topk_prob"] = spec.norm_topk_prob;
+  }
   if (spec.model_type == "granite") {
     c["attention_multiplier"] = spec.attention_multiplier;
     c["embedding_multiplier"] = spec.embedding_multiplier;
@@ -76,8 +91,12 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["residual_multiplier"] = spec.residual_multiplier;
   }
   c["num_attention_heads"] = spec.num_heads;
+  if (qwen3_moe) c["num_experts"] = spec.num_experts;
+  if (moe) c["num_experts_per_tok"] = spec.num_experts_per_tok;
   c["num_hidden_layers"] = spec.num_layers;
   c["num_key_value_heads"] = spec.num_kv_heads;
+  if (mixtral) c["num_local_experts"] = spec.num_experts;
+  if (moe) c["output_router_logits"] = false;
   if (phi3) c["original_max_position_embeddings"] = spec.max_position_embeddings;
   if (!qwen && !phi3 && !mistral && !gemma) c["pretraining_tp"] = 1;
   if (gemma) c["query_pre_attn_scalar"] = spec.query_pre_attn_scalar;
@@ -98,9 +117,12 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["rope_scaling"] = nullptr;
   }
   c["rope_theta"] = spec.rope_theta;
+  // Mixtral-8x7B's and Qwen3-30B-A3B's values (only training reads them).
+  if (moe) c["router_aux_loss_coef"] = mixtral ? 0.02 : 0.001;
+  if (mixtral) c["router_jitter_noise"] = 0.0;
   if (spec.sliding_window > 0) {
     c["sliding_window"] = spec.sliding_window;
-  } else if (qwen || phi3) {
+  } else if (qwen || phi3 || mixtral) {
     c["sliding_window"] = nullptr;
   }
   if (gemma3 && spec.sliding_window > 0) {
@@ -108,7 +130,8 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   }
   c["tie_word_embeddings"] = spec.tie_word_embeddings;
   c["torch_dtype"] = TorchDtypeName(dtype);
-  c["transformers_version"] = gemma3 ? "4.50.0" : "4.45.0";  // Gemma 3's first
+  // Gemma 3's first, Qwen3-MoE's first, else one that has every other class.
+  c["transformers_version"] = gemma3 ? "4.50.0" : qwen3_moe ? "4.51.0" : "4.45.0";
   c["use_cache"] = true;
   if (qwen) c["use_sliding_window"] = false;
   c["vocab_size"] = spec.vocab_size;

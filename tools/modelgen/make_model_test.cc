@@ -85,7 +85,8 @@ TEST(MakeModelTest, OutputIsByteIdenticalAcrossRunsAndThreadCounts) {
   ExpectSameFiles(a, b);
   // A different seed changes the weights and the tokenizer.
   const std::string c = MakeTiny("det_c", DType::kBF16, 1, /*seed=*/1);
-  EXPECT_NE(*ReadFileToString(a + "/model.safetensors"), *ReadFileToString(c + "/model.safetensors"));
+  EXPECT_NE(*ReadFileToString(a + "/model.safetensors"),
+            *ReadFileToString(c + "/model.safetensors"));
   EXPECT_NE(*ReadFileToString(a + "/tokenizer.json"), *ReadFileToString(c + "/tokenizer.json"));
 }
 
@@ -202,6 +203,19 @@ std::vector<Expected> ExpectedTensors(const ModelSpec& s) {
     if (s.sandwich_norms()) {
       out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
       out.push_back({p + "post_feedforward_layernorm.weight", {d}});
+    }
+    if (s.IsMoeLayer(i)) {
+      const int64_t experts = s.num_experts, expert_ffn = s.moe_intermediate_size;
+      const bool m = s.mixtral();
+      const std::string moe = p + (m ? "block_sparse_moe." : "mlp.");
+      out.push_back({moe + "gate.weight", {experts, d}});
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string x = absl::StrCat(moe, "experts.", e, ".");
+        out.push_back({x + (m ? "w1" : "gate_proj") + ".weight", {expert_ffn, d}});
+        out.push_back({x + (m ? "w3" : "up_proj") + ".weight", {expert_ffn, d}});
+        out.push_back({x + (m ? "w2" : "down_proj") + ".weight", {d, expert_ffn}});
+      }
+      continue;
     }
     out.push_back({p + "mlp.gate_proj.weight", {ffn, d}});
     out.push_back({p + "mlp.up_proj.weight", {ffn, d}});
@@ -383,6 +397,176 @@ TEST(MakeModelTest, GemmaAndMistralModelsHaveTheirTensors) {
             FindModelSpec("tiny-gemma2")->NumParameters() + 4 * 2 * 64);
 }
 
+// The mixtures of experts' config.json: their Transformers config classes' keys, read back by
+// model/config.cc as the experts and MoE layers the spec means.
+TEST(MakeModelTest, MoeConfigsHaveTheirKeysAndParse) {
+  const SpecialIds ids{.bos = 1020, .eos = {1021, 1022}, .pad = 1023};
+  const ModelSpec mixtral_spec = *FindModelSpec("tiny-mixtral");
+  const ModelSpec qwen_spec = *FindModelSpec("tiny-qwen3-moe");
+  EXPECT_EQ(std::vector<bool>({mixtral_spec.IsMoeLayer(0), mixtral_spec.IsMoeLayer(1),
+                               mixtral_spec.IsMoeLayer(2), mixtral_spec.IsMoeLayer(3)}),
+            std::vector<bool>(4, true));
+  EXPECT_EQ(std::vector<bool>({qwen_spec.IsMoeLayer(0), qwen_spec.IsMoeLayer(1),
+                               qwen_spec.IsMoeLayer(2), qwen_spec.IsMoeLayer(3)}),
+            (std::vector<bool>{true, true, false, true}));
+  ModelSpec every_other = qwen_spec;
+  every_other.decoder_sparse_step = 2;
+  every_other.mlp_only_layers.clear();
+  EXPECT_FALSE(every_other.IsMoeLayer(0));
+  EXPECT_TRUE(every_other.IsMoeLayer(1));
+  EXPECT_FALSE(FindModelSpec("tiny-qwen3")->IsMoeLayer(0));
+
+  const std::string mixtral_text = BuildConfigJson(mixtral_spec, DType::kBF16, ids);
+  const Json mixtral = *ParseJson(mixtral_text, "mixtral");
+  EXPECT_EQ(mixtral["architectures"], Json::array({"MixtralForCausalLM"}));
+  EXPECT_EQ(mixtral["model_type"], "mixtral");
+  EXPECT_EQ(mixtral["num_local_experts"], 4);
+  EXPECT_EQ(mixtral["num_experts_per_tok"], 2);
+  EXPECT_EQ(mixtral["intermediate_size"], 352);
+  EXPECT_EQ(mixtral["router_aux_loss_coef"], 0.02);
+  EXPECT_EQ(mixtral["router_jitter_noise"], 0.0);
+  EXPECT_EQ(mixtral["output_router_logits"], false);
+  EXPECT_TRUE(mixtral.contains("sliding_window") && mixtral["sliding_window"].is_null());
+  EXPECT_EQ(mixtral["rope_theta"], 1e6);
+  // MixtralConfig has none of these (nor Qwen3-MoE's names for the expert fields).
+  for (const char* key : {"rope_scaling", "attention_bias", "mlp_bias", "pretraining_tp",
+                          "num_experts", "moe_intermediate_size", "norm_topk_prob",
+                          "decoder_sparse_step", "mlp_only_layers", "use_sliding_window"}) {
+    EXPECT_FALSE(mixtral.contains(key)) << key;
+  }
+
+  const std::string qwen_text = BuildConfigJson(qwen_spec, DType::kBF16, ids);
+  const Json qwen = *ParseJson(qwen_text, "qwen3_moe");
+  EXPECT_EQ(qwen["architectures"], Json::array({"Qwen3MoeForCausalLM"}));
+  EXPECT_EQ(qwen["model_type"], "qwen3_moe");
+  EXPECT_EQ(qwen["num_experts"], 8);
+  EXPECT_EQ(qwen["num_experts_per_tok"], 3);
+  EXPECT_EQ(qwen["moe_intermediate_size"], 96);
+  EXPECT_EQ(qwen["intermediate_size"], 352);
+  EXPECT_EQ(qwen["norm_topk_prob"], false);
+  EXPECT_EQ(qwen["decoder_sparse_step"], 1);
+  EXPECT_EQ(qwen["mlp_only_layers"], Json::array({2}));
+  EXPECT_EQ(qwen["router_aux_loss_coef"], 0.001);
+  EXPECT_EQ(qwen["output_router_logits"], false);
+  EXPECT_EQ(qwen["use_sliding_window"], false);
+  EXPECT_EQ(qwen["head_dim"], 64);
+  EXPECT_EQ(qwen["rope_theta"], 1e6);
+  EXPECT_EQ(qwen["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(qwen["attention_bias"], false);
+  EXPECT_FALSE(qwen.contains("num_local_experts"));
+  EXPECT_FALSE(qwen.contains("mlp_bias"));
+
+  absl::StatusOr<LlamaConfig> m = ParseLlamaConfig(mixtral_text, "tiny-mixtral");
+  ASSERT_TRUE(m.ok()) << m.status() << "\n" << mixtral_text;
+  EXPECT_EQ(m->model_type, "mixtral");
+  EXPECT_EQ(m->num_experts, 4);
+  EXPECT_EQ(m->num_experts_per_tok, 2);
+  EXPECT_EQ(m->moe_intermediate_size, 352);
+  EXPECT_TRUE(m->norm_topk_prob);
+  EXPECT_EQ(m->moe_layers, std::vector<bool>(4, true));
+  EXPECT_EQ(m->head_dim, 32);
+  EXPECT_FALSE(m->qk_norm);
+  EXPECT_FALSE(m->qkv_bias);
+  EXPECT_EQ(m->rope_scaling.type, "");
+  EXPECT_EQ(m->sliding_window, 0);
+
+  absl::StatusOr<LlamaConfig> q = ParseLlamaConfig(qwen_text, "tiny-qwen3-moe");
+  ASSERT_TRUE(q.ok()) << q.status() << "\n" << qwen_text;
+  EXPECT_EQ(q->model_type, "qwen3_moe");
+  EXPECT_EQ(q->num_experts, 8);
+  EXPECT_EQ(q->num_experts_per_tok, 3);
+  EXPECT_EQ(q->moe_intermediate_size, 96);
+  EXPECT_EQ(q->intermediate_size, 352);
+  EXPECT_FALSE(q->norm_topk_prob);
+  EXPECT_EQ(q->moe_layers, (std::vector<bool>{true, true, false, true}));
+  EXPECT_EQ(q->head_dim, 64);
+  EXPECT_TRUE(q->qk_norm);
+  EXPECT_FALSE(q->qkv_bias);
+  EXPECT_EQ(q->sliding_window, 0);
+}
+
+// The mixtures of experts on disk: exactly the router and expert tensors in the MoE layers and
+// the dense MLP in the others (none in tiny-mixtral, layer 2's in tiny-qwen3-moe), all counted by
+// NumParameters, and routers drawn with std 0.25, whose logits on normed inputs are well spread.
+TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
+  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+    SCOPED_TRACE(size);
+    const ModelSpec spec = *FindModelSpec(size);
+    const std::string dir = MakeSized(size, size + "_f32", DType::kF32);
+    auto config = LoadLlamaConfig(dir);
+    ASSERT_TRUE(config.ok()) << config.status();
+    EXPECT_EQ(config->model_type, spec.model_type);
+    EXPECT_EQ(config->num_experts, spec.num_experts);
+    auto set = SafetensorsSet::OpenDirectory(dir);
+    ASSERT_TRUE(set.ok()) << set.status();
+    const std::vector<Expected> expected = ExpectedTensors(spec);
+    std::set<std::string> expected_names;
+    for (const Expected& e : expected) expected_names.insert(e.name);
+    const std::vector<std::string> names = (*set)->TensorNames();
+    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected_names);
+    EXPECT_EQ(names.size(), expected.size());
+    int64_t params = 0;
+    for (const Expected& e : expected) {
+      auto t = (*set)->Get(e.name, e.shape);
+      ASSERT_TRUE(t.ok()) << t.status();
+      EXPECT_EQ(t->dtype, DType::kF32);
+      params += t->numel();
+    }
+    EXPECT_EQ(params, spec.NumParameters());
+    int dense_mlps = 0;
+    for (const std::string& name : names) dense_mlps += absl::StrContains(name, "mlp.gate_proj");
+    if (spec.mixtral()) {
+      for (const std::string& name : names) EXPECT_FALSE(absl::StrContains(name, "mlp.")) << name;
+    } else {
+      EXPECT_EQ(dense_mlps, 1);
+      EXPECT_TRUE((*set)->Get("model.layers.2.mlp.gate_proj.weight", {352, 128}).ok());
+      EXPECT_TRUE((*set)->Get("model.layers.2.mlp.down_proj.weight", {128, 352}).ok());
+      EXPECT_FALSE((*set)->Get("model.layers.2.mlp.gate.weight").ok());
+    }
+
+    // The routers' std, and their logits on RMS-normalized embedding rows (what an MLP's input
+    // looks like): std ~0.25 sqrt(128) = 2.8.
+    const TensorView embed = *(*set)->Get("model.embed_tokens.weight");
+    const float* rows = reinterpret_cast<const float*>(embed.data);
+    const int d = spec.hidden_size, experts = spec.num_experts;
+    double sq = 0, logit_sq = 0;
+    int64_t n = 0, logits = 0;
+    for (int i = 0; i < spec.num_layers; ++i) {
+      if (!spec.IsMoeLayer(i)) continue;
+      const std::string router = absl::StrCat(
+          "model.layers.", i, spec.mixtral() ? ".block_sparse_moe" : ".mlp", ".gate.weight");
+      const TensorView t = *(*set)->Get(router, {experts, d});
+      const float* w = reinterpret_cast<const float*>(t.data);
+      for (int64_t k = 0; k < t.numel(); ++k) sq += double(w[k]) * w[k];
+      n += t.numel();
+      for (int row = 0; row < 64; ++row) {
+        const float* x = rows + int64_t{row} * d;
+        double ms = 0;
+        for (int k = 0; k < d; ++k) ms += double(x[k]) * x[k];
+        const double r = 1 / std::sqrt(ms / d);
+        for (int e = 0; e < experts; ++e) {
+          double dot = 0;
+          for (int k = 0; k < d; ++k) dot += double(w[int64_t{e} * d + k]) * x[k] * r;
+          logit_sq += dot * dot, ++logits;
+        }
+      }
+    }
+    const double router_std = std::sqrt(sq / n), logit_std = std::sqrt(logit_sq / logits);
+    EXPECT_NEAR(router_std, 0.25, 0.025);
+    EXPECT_NEAR(logit_std, 0.25 * std::sqrt(128.0), 0.5);
+    std::printf("%s: router std %.4f, router logit std %.2f on normed embedding rows\n",
+                size.c_str(), router_std, logit_std);
+  }
+  // Per MoE layer: the router and num_experts experts of 3 * hidden * expert_ffn, in place of
+  // the dense MLP.
+  const ModelSpec mixtral = *FindModelSpec("tiny-mixtral");
+  const ModelSpec mistral = *FindModelSpec("tiny-mistral-sw");
+  EXPECT_EQ(mixtral.NumParameters(), mistral.NumParameters() + 4 * (4 * 128 + 3 * 3 * 128 * 352));
+  const ModelSpec qwen3_moe = *FindModelSpec("tiny-qwen3-moe");
+  EXPECT_EQ(qwen3_moe.NumParameters(), FindModelSpec("tiny-qwen3")->NumParameters() +
+                                           3 * (8 * 128 + 8 * 3 * 128 * 96 - 3 * 128 * 352));
+}
+
 TEST(MakeModelTest, TokenizerLoadsAndRoundTrips) {
   const std::string dir = MakeTiny("tokenizer", DType::kBF16);
   auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
@@ -428,6 +612,10 @@ class ReferenceLlama {
   // Attention scores (scaled, before any soft cap and mask) and logits before the final soft
   // cap, as the last LastLogits call computed them.
   std::vector<double> raw_scores, raw_logits;
+  // Mixtures of experts: every (layer, expert) a token was routed to, and the smallest gap
+  // between the last kept and the first dropped router logit, over every LastLogits call.
+  std::set<std::string> expert_picks;
+  double min_router_gap = 1e300;
 
   // Logits [vocab] after the last token of `ids`.
   std::vector<float> LastLogits(const std::vector<int32_t>& ids) {
@@ -464,7 +652,8 @@ class ReferenceLlama {
     for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * r * (offset + g[i]);
     return out;
   }
-  static std::vector<float> MatVec(const std::vector<float>& m, const std::vector<float>& v, int rows) {
+  static std::vector<float> MatVec(const std::vector<float>& m, const std::vector<float>& v,
+                                   int rows) {
     const size_t cols = v.size();
     std::vector<float> out(rows);
     for (int r = 0; r < rows; ++r) {
@@ -533,24 +722,59 @@ class ReferenceLlama {
     }
     const auto g_post = W(p + (c_.sandwich_norms ? "pre_feedforward_layernorm.weight"
                                                  : "post_attention_layernorm.weight"));
-    const auto wg = W(p + "mlp.gate_proj.weight"), wu = W(p + "mlp.up_proj.weight");
-    const auto wd = W(p + "mlp.down_proj.weight");
     for (int t = 0; t < n; ++t) {
       const auto h = RmsNorm((*x)[t], g_post);
-      auto g = MatVec(wg, h, c_.intermediate_size);
-      const auto u = MatVec(wu, h, c_.intermediate_size);
-      for (size_t e = 0; e < g.size(); ++e) {
-        const double a = g[e];
-        const double act =
-            c_.gelu_tanh()
-                ? 0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)))
-                : a / (1 + std::exp(-a));
-        g[e] = float(act) * u[e];
-      }
-      auto down = MatVec(wd, g, d);
+      auto down = c_.IsMoeLayer(l) ? Experts(p, h) : Mlp(p + "mlp.", h, c_.intermediate_size);
       if (c_.sandwich_norms) down = RmsNorm(down, W(p + "post_feedforward_layernorm.weight"));
       for (int e = 0; e < d; ++e) (*x)[t][e] += down[e];
     }
+  }
+  // One (gated) MLP whose gate, up and down matrices are named prefix + gate_proj / up_proj /
+  // down_proj (Mixtral's experts: w1, w3, w2).
+  std::vector<float> Mlp(const std::string& prefix, const std::vector<float>& h, int ffn) const {
+    const bool w123 = c_.model_type == "mixtral" && absl::StrContains(prefix, "experts.");
+    const auto wg = W(prefix + (w123 ? "w1" : "gate_proj") + ".weight");
+    const auto wu = W(prefix + (w123 ? "w3" : "up_proj") + ".weight");
+    const auto wd = W(prefix + (w123 ? "w2" : "down_proj") + ".weight");
+    auto g = MatVec(wg, h, ffn);
+    const auto u = MatVec(wu, h, ffn);
+    for (size_t e = 0; e < g.size(); ++e) {
+      const double a = g[e];
+      const double act =
+          c_.gelu_tanh()
+              ? 0.5 * a * (1 + std::tanh(std::sqrt(2 / M_PI) * (a + 0.044715 * a * a * a)))
+              : a / (1 + std::exp(-a));
+      g[e] = float(act) * u[e];
+    }
+    return MatVec(wd, g, c_.hidden_size);
+  }
+  // A mixture of experts (Transformers' MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock): softmax
+  // of the router's logits, the top num_experts_per_tok kept (renormalized when norm_topk_prob),
+  // their experts' outputs summed with those weights. Records the choices in expert_picks and the
+  // gap between the last kept and the first dropped logit in min_router_gap.
+  std::vector<float> Experts(const std::string& layer, const std::vector<float>& h) {
+    const std::string moe = layer + (c_.model_type == "mixtral" ? "block_sparse_moe." : "mlp.");
+    const int experts = c_.num_experts, k = c_.num_experts_per_tok;
+    const std::vector<float> logits = MatVec(W(moe + "gate.weight"), h, experts);
+    std::vector<int> order(experts);
+    for (int e = 0; e < experts; ++e) order[e] = e;
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return logits[a] > logits[b]; });
+    min_router_gap = std::min(min_router_gap, double(logits[order[k - 1]]) - logits[order[k]]);
+    double z = 0, kept = 0;
+    for (float v : logits) z += std::exp(double(v) - logits[order[0]]);
+    std::vector<double> p(k);
+    for (int j = 0; j < k; ++j) {
+      kept += p[j] = std::exp(double(logits[order[j]]) - logits[order[0]]) / z;
+    }
+    std::vector<float> out(c_.hidden_size, 0.0f);
+    for (int j = 0; j < k; ++j) {
+      expert_picks.insert(layer + std::to_string(order[j]));
+      const double weight = c_.norm_topk_prob ? p[j] / kept : p[j];
+      const auto y = Mlp(absl::StrCat(moe, "experts.", order[j], "."), h, c_.moe_intermediate_size);
+      for (int e = 0; e < c_.hidden_size; ++e) out[e] += float(weight * y[e]);
+    }
+    return out;
   }
 
   const LlamaConfig& c_;
@@ -594,6 +818,41 @@ const std::vector<std::string> kPrompts = {"The quick brown fox",
                                            "A language model reads",
                                            "x = buf[3];",
                                            "Café crème"};
+
+// tiny-mixtral and tiny-qwen3-moe through the reference forward pass with their experts: varied
+// next-token distributions, every expert of every MoE layer chosen by some token, and the router
+// logits' top-k choices never near a tie.
+TEST(MakeModelTest, RandomMoeModelsAreVariedAndUseEveryExpert) {
+  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+    SCOPED_TRACE(size);
+    const ModelSpec spec = *FindModelSpec(size);
+    const std::string dir = MakeSized(size, size + "_forward", DType::kF32);
+    auto config = LoadLlamaConfig(dir);
+    auto set = SafetensorsSet::OpenDirectory(dir);
+    auto tok = Tokenizer::FromFile(dir + "/tokenizer.json");
+    ASSERT_TRUE(config.ok() && set.ok() && tok.ok());
+    ASSERT_TRUE(config->moe());
+    std::vector<std::vector<int32_t>> prompts;
+    for (const std::string& t : kPrompts) prompts.push_back(*(*tok)->Encode(t, true));
+    ReferenceLlama model(*config, **set);
+    const LogitStats stats = Measure(model, prompts);
+    EXPECT_GT(stats.std, 1.0);
+    EXPECT_LT(stats.std, 4.0);
+    EXPECT_LT(stats.top1, 0.8) << "next-token distributions are nearly one-hot";
+    EXPECT_GE(stats.argmaxes.size(), prompts.size() / 2) << "the model ignores its input";
+    EXPECT_LE(stats.repeats_last, 2) << "the model mostly repeats the last token";
+    int moe_layers = 0;
+    for (int i = 0; i < spec.num_layers; ++i) moe_layers += spec.IsMoeLayer(i);
+    EXPECT_EQ(model.expert_picks.size(), size_t(moe_layers * spec.num_experts))
+        << "some expert is never chosen";
+    EXPECT_GT(model.min_router_gap, 1e-4) << "a top-k choice is nearly tied";
+    std::printf(
+        "%s: logit std %.2f, mean top-1 prob %.3f, %zu distinct argmaxes, %d repeats; %zu of %d "
+        "experts chosen, smallest router gap %.4f\n",
+        size.c_str(), stats.std, stats.top1, stats.argmaxes.size(), stats.repeats_last,
+        model.expert_picks.size(), moe_layers * spec.num_experts, model.min_router_gap);
+  }
+}
 
 TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
   const std::string dir = MakeTiny("forward", DType::kF32);

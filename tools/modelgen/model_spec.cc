@@ -186,12 +186,47 @@ ModelSpec TinyMistralSlidingWindow() {
   return s;
 }
 
+// Mixtral's sparse MoE block in the tiny shape: Mistral's attention (no sliding window, as
+// Mixtral-8x7B's sliding_window null), rope_theta 1e6, and in every layer 4 experts of
+// intermediate_size 352 (Mixtral's experts take intermediate_size), of which each token takes 2,
+// their router weights renormalized. Tied embeddings, as tiny.
+ModelSpec TinyMixtral() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-mixtral";
+  s.model_type = "mixtral";
+  s.rope_scaling.reset();
+  s.rope_theta = 1000000.0;
+  s.num_experts = 4;
+  s.num_experts_per_tok = 2;
+  s.moe_intermediate_size = s.intermediate_size;
+  return s;
+}
+
+// Qwen3-MoE in tiny-qwen3's shape (heads of 64, per-head Q/K norms, rope_theta 1e6): in every
+// layer but 2, 8 experts of 96 features (moe_intermediate_size), 3 per token, their router
+// weights not renormalized (norm_topk_prob false; Qwen3-30B-A3B has true, which tiny-mixtral's
+// renormalizing router already covers); layer 2 keeps the dense MLP of 352 (mlp_only_layers), so
+// one model has both kinds of layer.
+ModelSpec TinyQwen3Moe() {
+  ModelSpec s = TinyQwen3();
+  s.name = "tiny-qwen3-moe";
+  s.model_type = "qwen3_moe";
+  s.num_experts = 8;
+  s.num_experts_per_tok = 3;
+  s.moe_intermediate_size = 96;
+  s.norm_topk_prob = false;
+  s.decoder_sparse_step = 1;
+  s.mlp_only_layers = {2};
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
   static const auto* table =
-      new std::vector<ModelSpec>{Tiny(),        Small(),      TinyQwen2(),
-                                 TinyQwen3(),   TinyBiased(), TinyPhi3(),
-                                 TinyGranite(), TinyK(),      TinyQwen2TwoHeads(),
-                                 TinyGemma2(),  TinyGemma3(), TinyMistralSlidingWindow()};
+      new std::vector<ModelSpec>{Tiny(),        Small(),       TinyQwen2(),
+                                 TinyQwen3(),   TinyBiased(),  TinyPhi3(),
+                                 TinyGranite(), TinyK(),       TinyQwen2TwoHeads(),
+                                 TinyGemma2(),  TinyGemma3(),  TinyMistralSlidingWindow(),
+                                 TinyMixtral(), TinyQwen3Moe()};
   return *table;
 }
 
@@ -200,13 +235,18 @@ const std::vector<ModelSpec>& Table() {
 int64_t ModelSpec::NumParameters() const {
   const int64_t d = hidden_size;
   // input / post-attention norms (Gemma: and pre- / post-feedforward)
-  const int64_t per_layer = (sandwich_norms() ? 4 : 2) * d + d * q_dim() * 2  // q_proj, o_proj
+  const int64_t attention = (sandwich_norms() ? 4 : 2) * d + d * q_dim() * 2  // q_proj, o_proj
                             + d * kv_dim() * 2                                // k_proj, v_proj
-                            + d * intermediate_size * 3                       // gate, up, down
                             + (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d : 0) +
                             (qk_norm() ? 2 * head_dim : 0);
+  const int64_t dense_mlp = d * intermediate_size * 3;  // gate, up, down
+  // The router, then each expert's gate, up and down.
+  const int64_t moe_mlp =
+      int64_t{num_experts} * d + int64_t{num_experts} * 3 * d * moe_intermediate_size;
+  int64_t layers = 0;
+  for (int i = 0; i < num_layers; ++i) layers += attention + (IsMoeLayer(i) ? moe_mlp : dense_mlp);
   const int64_t embed = static_cast<int64_t>(vocab_size) * d;
-  return embed * (tie_word_embeddings ? 1 : 2) + per_layer * num_layers + d;
+  return embed * (tie_word_embeddings ? 1 : 2) + layers + d;
 }
 
 absl::StatusOr<ModelSpec> FindModelSpec(std::string_view name) {

@@ -1,8 +1,9 @@
-// The named model shapes make_model can generate ("tiny", "small"), shared with tests and
+// The named model shapes make_model can generate ("tiny", "small", ...), shared with tests and
 // benchmarks so they agree on dimensions without reading a config.json.
 #ifndef KVRM_TOOLS_MODELGEN_MODEL_SPEC_H_
 #define KVRM_TOOLS_MODELGEN_MODEL_SPEC_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string_view>
@@ -29,7 +30,9 @@ struct ModelSpec {
   // "phi3" (fused qkv_proj and gate_up_proj tensors) or "granite" (the multipliers below), or
   // "mistral" (Llama's tensors, sliding_window below), or Gemma's "gemma2" / "gemma3_text"
   // (norm weights stored as w - 1, sandwich norms, GELU-tanh MLP, the Gemma fields below;
-  // gemma3_text also has per-head Q/K norms).
+  // gemma3_text also has per-head Q/K norms), or the mixtures of experts (the fields below):
+  // "mixtral" (Mistral's block, block_sparse_moe.* tensors) and "qwen3_moe" (Qwen3's block,
+  // mlp.gate / mlp.experts.* tensors).
   std::string_view model_type = "llama";
   bool attention_bias = false;  // llama / qwen3: every attention projection biased
   // granite: config.json's embedding_multiplier, attention_multiplier, residual_multiplier and
@@ -59,13 +62,30 @@ struct ModelSpec {
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
   double rope_local_base_freq = 0;
+  // Mixture of experts (num_experts 0: none). In a MoE layer (IsMoeLayer) the MLP is a router
+  // ([num_experts][hidden]) and num_experts SwiGLU experts of moe_intermediate_size features, of
+  // which each token takes its num_experts_per_tok best; the other layers keep the dense MLP of
+  // intermediate_size. mixtral: every layer, moe_intermediate_size == intermediate_size (its
+  // config.json has no key of its own). qwen3_moe: a layer is dense when listed in
+  // mlp_only_layers or when (layer + 1) is not a multiple of decoder_sparse_step, as Transformers'
+  // Qwen3MoeDecoderLayer decides; norm_topk_prob says whether the kept weights are renormalized
+  // (written to config.json; Mixtral always renormalizes).
+  int num_experts = 0;
+  int num_experts_per_tok = 0;
+  int moe_intermediate_size = 0;
+  bool norm_topk_prob = false;
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
   bool tie_word_embeddings = false;
   double rms_norm_eps = 1e-5;
   double initializer_range = 0.02;  // Written to config.json; see weight_init.h for the stds.
 
   bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
   bool o_bias() const { return model_type != "qwen2" && attention_bias; }
-  bool qk_norm() const { return model_type == "qwen3" || model_type == "gemma3_text"; }
+  bool qk_norm() const {
+    return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text";
+  }
+  bool mixtral() const { return model_type == "mixtral"; }
   bool fused_projections() const { return model_type == "phi3"; }
   bool gemma() const { return model_type == "gemma2" || model_type == "gemma3_text"; }
   // Gemma's pre_feedforward_layernorm and post_feedforward_layernorm (its post_attention_layernorm
@@ -78,6 +98,12 @@ struct ModelSpec {
   bool IsSlidingLayer(int layer) const {
     return sliding_window > 0 &&
            (sliding_window_pattern == 0 || (layer + 1) % sliding_window_pattern != 0);
+  }
+  // Whether layer `layer`'s MLP is a mixture of experts (else the dense MLP).
+  bool IsMoeLayer(int layer) const {
+    return num_experts > 0 && decoder_sparse_step > 0 && (layer + 1) % decoder_sparse_step == 0 &&
+           std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) ==
+               mlp_only_layers.end();
   }
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }

@@ -20,6 +20,11 @@ constexpr double kGemmaPostNormMean = 3.0;
 // Biases as large as Qwen2's K biases are against the projections' unit outputs, so a bias left
 // out moves the logits by O(1).
 constexpr double kBiasStd = 0.5;
+// A mixture of experts' router ([experts][hidden]) scores the RMS-normalized MLP input, so its
+// logits have std 0.25 sqrt(hidden) (2.8 at hidden 128): top-k choices well separated, so that
+// an engine's and a float64 reference's choices agree (near-ties would flip experts), yet not
+// one-hot softmax weights (the kept experts' weights all matter).
+constexpr double kRouterStd = 0.25;
 
 double FanIn(int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); }
 
@@ -66,13 +71,29 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
     if (spec.sandwich_norms()) {
       plans.push_back({p + "pre_feedforward_layernorm.weight", {d}, norm, kNormStd});
     }
-    if (spec.fused_projections()) {
-      plans.push_back({p + "mlp.gate_up_proj.weight", {2 * ffn, d}, 0.0, FanIn(d)});
+    if (spec.IsMoeLayer(i)) {
+      // The router, then each expert's gate, up and down (Mixtral: w1, w3, w2), drawn as the
+      // dense MLP's matrices of the same shapes are.
+      const int64_t experts = spec.num_experts, expert_ffn = spec.moe_intermediate_size;
+      const std::string moe = p + (spec.mixtral() ? "block_sparse_moe." : "mlp.");
+      plans.push_back({moe + "gate.weight", {experts, d}, 0.0, kRouterStd});
+      for (int64_t e = 0; e < experts; ++e) {
+        const std::string x = absl::StrCat(moe, "experts.", e, ".");
+        const bool m = spec.mixtral();
+        plans.push_back({x + (m ? "w1" : "gate_proj") + ".weight", {expert_ffn, d}, 0.0, FanIn(d)});
+        plans.push_back({x + (m ? "w3" : "up_proj") + ".weight", {expert_ffn, d}, 0.0, FanIn(d)});
+        plans.push_back(
+            {x + (m ? "w2" : "down_proj") + ".weight", {d, expert_ffn}, 0.0, FanIn(expert_ffn)});
+      }
     } else {
-      plans.push_back({p + "mlp.gate_proj.weight", {ffn, d}, 0.0, FanIn(d)});
-      plans.push_back({p + "mlp.up_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+      if (spec.fused_projections()) {
+        plans.push_back({p + "mlp.gate_up_proj.weight", {2 * ffn, d}, 0.0, FanIn(d)});
+      } else {
+        plans.push_back({p + "mlp.gate_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+        plans.push_back({p + "mlp.up_proj.weight", {ffn, d}, 0.0, FanIn(d)});
+      }
+      plans.push_back({p + "mlp.down_proj.weight", {d, ffn}, 0.0, FanIn(ffn)});
     }
-    plans.push_back({p + "mlp.down_proj.weight", {d, ffn}, 0.0, FanIn(ffn)});
     if (spec.sandwich_norms()) {
       plans.push_back({p + "post_feedforward_layernorm.weight", {d}, kGemmaPostNormMean, kNormStd});
     }

@@ -12,7 +12,10 @@
 //   - RMSNorm weights are 1 + N(0, 0.1), not all ones, so a missing norm weight is visible;
 //     Gemma stores them as w - 1 (its RMSNorm multiplies by 1 + w), so N(0, 0.1) there, but
 //     its post-attention and post-feedforward norms 3 + N(0, 0.1) (a gain of 4, so the layers
-//     outweigh Gemma's sqrt(hidden)-scaled input embedding: weight_init.cc).
+//     outweigh Gemma's sqrt(hidden)-scaled input embedding: weight_init.cc);
+//   - a mixture of experts' router has std 0.25, larger than the projections' 1/sqrt(hidden), so
+//     its logits (std ~2.8 at hidden 128) separate the experts clearly (weight_init.cc); the
+//     experts' matrices are drawn as the dense MLP's.
 #ifndef KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 #define KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 
