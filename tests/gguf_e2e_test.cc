@@ -175,6 +175,73 @@ TEST(GgufE2eTest, GemmaFilesGenerateWhatTheirDirectoriesGenerate) {
   EXPECT_EQ(Generate(gguf), Generate(hf));
 }
 
+// Mixtures of experts as llama.cpp's files hold them: a llama file with experts (Mixtral) and a
+// qwen3moe one, each expert a slab of ffn_gate_exps / ffn_up_exps / ffn_down_exps, the router
+// (ffn_gate_inp) in f32. f32 files generate what their directories generate; a q8_0 one and a
+// Q4_K_M one serve, their experts' slabs multiplied in place as the file's blocks. tiny-qwen3-moe
+// itself has no GGUF form (weights not renormalized, a dense layer: llama.cpp's qwen3moe has
+// neither) and is refused by name; its first three layers, renormalized, are a qwen3moe model.
+TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
+  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+    const std::string dir = TestTmpDir() + "/" + size;
+    modelgen::MakeModelOptions mo;
+    mo.size = size;
+    mo.out_dir = dir;
+    mo.dtype = DType::kF32;
+    CHECK_OK(modelgen::MakeModel(mo).status());
+    GgufConvertOptions co;
+    co.type = GgmlType::kF32;
+    const std::string path = TestTmpDir() + "/" + size + "-f32.gguf";
+    if (size == "tiny-qwen3-moe") {
+      absl::Status refused = ConvertToGguf(dir, path, co);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+      EXPECT_THAT(std::string(refused.message()),
+                  ::testing::HasSubstr("norm_topk_prob false: llama.cpp's qwen3_moe renormalizes"));
+      const std::string config_path = dir + "/config.json";
+      absl::StatusOr<std::string> text = ReadFileToString(config_path);
+      CHECK_OK(text.status());
+      Json config = Json::parse(*text);
+      config["norm_topk_prob"] = true;
+      std::ofstream(config_path) << config.dump(2);
+      refused = ConvertToGguf(dir, path, co);
+      EXPECT_EQ(refused.code(), absl::StatusCode::kUnimplemented) << refused;
+      EXPECT_THAT(std::string(refused.message()), ::testing::HasSubstr("layer 3 is dense"));
+      config["num_hidden_layers"] = 3;  // layer 3's tensors stay in the file, unread
+      config["mlp_only_layers"] = Json::array();
+      std::ofstream(config_path) << config.dump(2);
+    }
+    CHECK_OK(ConvertToGguf(dir, path, co));
+    TestServer hf(Load(dir), Options());
+    TestServer gguf(Load(path), Options());
+    const LlamaConfig& g = gguf.model().config;
+    const LlamaConfig& h = hf.model().config;
+    EXPECT_EQ(g.model_type, h.model_type) << size;
+    EXPECT_EQ(g.num_experts, h.num_experts) << size;
+    EXPECT_EQ(g.num_experts_per_tok, h.num_experts_per_tok) << size;
+    EXPECT_EQ(g.moe_intermediate_size, h.moe_intermediate_size) << size;
+    EXPECT_TRUE(g.norm_topk_prob) << size;
+    EXPECT_EQ(g.moe_layers, h.moe_layers) << size;
+    EXPECT_EQ(Generate(gguf), Generate(hf)) << size;
+    for (const auto& [type, q4_k_m, format] :
+         {std::tuple{GgmlType::kQ8_0, false, "gguf q8_0"},
+          // (Q4_K_M's q4_K falls back to q5_0 for rows of 128, as llama-quantize's does.)
+          std::tuple{GgmlType::kQ4_K, true, "gguf q5_0"}}) {
+      co.type = type;
+      co.q4_k_m = q4_k_m;
+      const std::string quantized_path = TestTmpDir() + "/" + size + "-" + format + ".gguf";
+      CHECK_OK(ConvertToGguf(dir, quantized_path, co));
+      TestServer quantized(Load(quantized_path), Options());
+      EXPECT_EQ(Generate(quantized).size(), 4u) << size << " " << format;
+      grpc::ClientContext ctx;
+      v1::ModelInfo info;
+      ASSERT_TRUE(quantized.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+      EXPECT_EQ(info.weights_format(), format) << size;
+      EXPECT_EQ(info.architecture(),
+                size == "tiny-mixtral" ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM");
+    }
+  }
+}
+
 // A smoke test of the quantized paths end to end (their numerics: //tools/gguf:gguf_convert_test,
 // the weights against the originals and the block formats against their layouts): q4_0 held as
 // exact q8_0 blocks, q4_1 (d * q + m) as exact q8 affine blocks, and both dequantized to bf16 with

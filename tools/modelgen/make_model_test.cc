@@ -408,7 +408,7 @@ TEST(MakeModelTest, MoeConfigsHaveTheirKeysAndParse) {
             std::vector<bool>(4, true));
   EXPECT_EQ(std::vector<bool>({qwen_spec.IsMoeLayer(0), qwen_spec.IsMoeLayer(1),
                                qwen_spec.IsMoeLayer(2), qwen_spec.IsMoeLayer(3)}),
-            (std::vector<bool>{true, true, false, true}));
+            (std::vector<bool>{true, true, true, false}));
   ModelSpec every_other = qwen_spec;
   every_other.decoder_sparse_step = 2;
   every_other.mlp_only_layers.clear();
@@ -445,7 +445,7 @@ TEST(MakeModelTest, MoeConfigsHaveTheirKeysAndParse) {
   EXPECT_EQ(qwen["intermediate_size"], 352);
   EXPECT_EQ(qwen["norm_topk_prob"], false);
   EXPECT_EQ(qwen["decoder_sparse_step"], 1);
-  EXPECT_EQ(qwen["mlp_only_layers"], Json::array({2}));
+  EXPECT_EQ(qwen["mlp_only_layers"], Json::array({3}));
   EXPECT_EQ(qwen["router_aux_loss_coef"], 0.001);
   EXPECT_EQ(qwen["output_router_logits"], false);
   EXPECT_EQ(qwen["use_sliding_window"], false);
@@ -478,7 +478,7 @@ TEST(MakeModelTest, MoeConfigsHaveTheirKeysAndParse) {
   EXPECT_EQ(q->moe_intermediate_size, 96);
   EXPECT_EQ(q->intermediate_size, 352);
   EXPECT_FALSE(q->norm_topk_prob);
-  EXPECT_EQ(q->moe_layers, (std::vector<bool>{true, true, false, true}));
+  EXPECT_EQ(q->moe_layers, (std::vector<bool>{true, true, true, false}));
   EXPECT_EQ(q->head_dim, 64);
   EXPECT_TRUE(q->qk_norm);
   EXPECT_FALSE(q->qkv_bias);
@@ -486,7 +486,7 @@ TEST(MakeModelTest, MoeConfigsHaveTheirKeysAndParse) {
 }
 
 // The mixtures of experts on disk: exactly the router and expert tensors in the MoE layers and
-// the dense MLP in the others (none in tiny-mixtral, layer 2's in tiny-qwen3-moe), all counted by
+// the dense MLP in the others (none in tiny-mixtral, layer 3's in tiny-qwen3-moe), all counted by
 // NumParameters, and routers drawn with std 0.25, whose logits on normed inputs are well spread.
 TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
   for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe"}) {
@@ -519,9 +519,9 @@ TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
       for (const std::string& name : names) EXPECT_FALSE(absl::StrContains(name, "mlp.")) << name;
     } else {
       EXPECT_EQ(dense_mlps, 1);
-      EXPECT_TRUE((*set)->Get("model.layers.2.mlp.gate_proj.weight", {352, 128}).ok());
-      EXPECT_TRUE((*set)->Get("model.layers.2.mlp.down_proj.weight", {128, 352}).ok());
-      EXPECT_FALSE((*set)->Get("model.layers.2.mlp.gate.weight").ok());
+      EXPECT_TRUE((*set)->Get("model.layers.3.mlp.gate_proj.weight", {352, 128}).ok());
+      EXPECT_TRUE((*set)->Get("model.layers.3.mlp.down_proj.weight", {128, 352}).ok());
+      EXPECT_FALSE((*set)->Get("model.layers.3.mlp.gate.weight").ok());
     }
 
     // The routers' std, and their logits on RMS-normalized embedding rows (what an MLP's input

@@ -203,10 +203,11 @@ ModelSpec TinyMixtral() {
 }
 
 // Qwen3-MoE in tiny-qwen3's shape (heads of 64, per-head Q/K norms, rope_theta 1e6): in every
-// layer but 2, 8 experts of 96 features (moe_intermediate_size), 3 per token, their router
+// layer but the last, 8 experts of 96 features (moe_intermediate_size), 3 per token, their router
 // weights not renormalized (norm_topk_prob false; Qwen3-30B-A3B has true, which tiny-mixtral's
-// renormalizing router already covers); layer 2 keeps the dense MLP of 352 (mlp_only_layers), so
-// one model has both kinds of layer.
+// renormalizing router already covers); layer 3 keeps the dense MLP of 352 (mlp_only_layers), so
+// one model has both kinds of layer (and its first three layers, renormalized, are a model
+// llama.cpp's qwen3moe computes: //tests:gguf_e2e_test).
 ModelSpec TinyQwen3Moe() {
   ModelSpec s = TinyQwen3();
   s.name = "tiny-qwen3-moe";
@@ -216,7 +217,7 @@ ModelSpec TinyQwen3Moe() {
   s.moe_intermediate_size = 96;
   s.norm_topk_prob = false;
   s.decoder_sparse_step = 1;
-  s.mlp_only_layers = {2};
+  s.mlp_only_layers = {3};
   return s;
 }
 
