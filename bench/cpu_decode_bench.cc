@@ -10,8 +10,12 @@
 // bandwidth measured here by a STREAM-style kernel (a sum over a buffer much larger than the
 // caches, on all threads). Figures are noisy on shared machines: compare the ratio to the
 // roofline, measured side by side.
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -20,29 +24,27 @@
 #include <optional>
 #include <random>
 #include <string>
-#include <sys/resource.h>
 #include <tuple>
-#include <unistd.h>
 #include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "bench/compute_peak.h"
 #include "common/dtype.h"
 #include "common/logging.h"
 #include "kernels/cpu/matmul.h"
 #include "kernels/cpu/thread_pool.h"
+#include "model/gguf.h"
+#include "model/gguf_quants.h"
 #include "nlohmann/json.hpp"
 #include "runtime/backend.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/model_bundle.h"
-#include "model/gguf.h"
-#include "model/gguf_quants.h"
 #include "tools/gguf/gguf_convert.h"
 #include "tools/modelgen/model_writer.h"
 
@@ -165,17 +167,29 @@ bool ParseDType(absl::string_view name, DType* out) {
   return false;
 }
 
-// Bytes of linear weights a decode step reads: q8 panels (their blocks, scales and padding) for
-// the matrices that have them (8-bit data, or every one with `quantized`), else the stored
-// matrix.
-int64_t WeightBytesPerStep(const LlamaWeights& w, bool quantized) {
+// Bytes of linear weights a decode step of `slots` rows reads: q8 panels (their blocks, scales
+// and padding) for the matrices that have them (8-bit data, or every one with `quantized`), else
+// the stored matrix. A mixture of experts' layer reads its router and the experts its rows chose:
+// counted as the share a uniform router would have them choose, 1 - (1 - k / E)^slots (each
+// row takes k of E experts).
+double WeightBytesPerStep(const LlamaConfig& c, const LlamaWeights& w, bool quantized,
+                          int32_t slots) {
   auto bytes = [&](const WeightMatrix& m) {
     return quantized || WeightMatrix::IsQuantized(m.format) ? BlockPanelBytes(m) : m.bytes();
   };
-  int64_t total = bytes(w.lm_head);
-  // A mixture of experts' every expert: the most a step reads (it reads only those chosen).
+  const double chosen =
+      c.moe() ? 1 - std::pow(1 - static_cast<double>(c.num_experts_per_tok) / c.num_experts, slots)
+              : 1;
+  double total = bytes(w.lm_head);
   for (const LayerWeights& l : w.layers) {
-    ForEachLinearWeight(l, [&](const WeightMatrix& m) { total += bytes(m); });
+    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
+      if (m->data != nullptr) total += bytes(*m);  // (a MoE layer has no gate, up, down)
+    }
+    if (l.router.data == nullptr) continue;
+    total += l.router.bytes();
+    for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
+      for (const WeightMatrix& m : *experts) total += bytes(m) * chosen;
+    }
   }
   return total;
 }
@@ -394,8 +408,8 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   r.tokens_per_s = slots * steps / seconds;
   // Mean history read per step: positions context .. context + steps - 1, plus the new token.
   const double kv_tokens = slots * (context + 0.5 * (steps - 1) + 1);
-  const double weight_bytes =
-      WeightBytesPerStep(m.bundle->weights, m.quantization == WeightFormat::kQ8_0);
+  const double weight_bytes = WeightBytesPerStep(m.bundle->config, m.bundle->weights,
+                                                 m.quantization == WeightFormat::kQ8_0, slots);
   const double bytes = weight_bytes + kv_tokens * m.kv_bytes_per_token;
   r.mb_per_step = bytes / 1e6;
   r.bytes_per_step = bytes;

@@ -68,6 +68,8 @@ struct LlamaWeights {
   std::vector<LayerWeights> layers;
   DType dtype = DType::kF32;  // of the embedding: what ModelInfo reports
   int64_t num_parameters = 0;
+  // What one token runs: num_parameters less the experts it does not (a mixture of experts).
+  int64_t num_active_parameters = 0;
   int64_t bytes = 0;
 };
 

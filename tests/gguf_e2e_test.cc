@@ -238,6 +238,13 @@ TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
       EXPECT_EQ(info.weights_format(), format) << size;
       EXPECT_EQ(info.architecture(),
                 size == "tiny-mixtral" ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM");
+      EXPECT_EQ(info.num_experts(), h.num_experts);
+      EXPECT_EQ(info.num_experts_per_tok(), h.num_experts_per_tok);
+      EXPECT_EQ(info.moe_intermediate_size(), h.moe_intermediate_size);
+      // Each layer's experts a token does not run: gate, up and down of each.
+      EXPECT_EQ(info.num_parameters() - info.num_active_parameters(),
+                int64_t{h.num_hidden_layers} * (h.num_experts - h.num_experts_per_tok) * 3 *
+                    h.moe_intermediate_size * h.hidden_size);
     }
   }
 }

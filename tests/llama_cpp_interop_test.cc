@@ -2,9 +2,9 @@
 // logits llama.cpp's own forward pass gave (tools/gguf/llama_cpp_reference: every prompt position
 // in one batch, then greedy steps one at a time, f32 KV, no flash attention) on
 //   - the f32 files kvrm's converter writes of modelgen's tiny-k, tiny, tiny-qwen2-2h, tiny-qwen3,
-//     tiny-phi3, tiny-granite, tiny-biased, tiny-gemma3 and tiny-gemma2 models (regenerated here,
-//     and checked to be the same bytes llama.cpp read; the Gemma ones over a prompt of 86 tokens,
-//     past their 48-position windows), and
+//     tiny-phi3, tiny-granite, tiny-biased, tiny-gemma3, tiny-gemma2, tiny-mixtral and
+//     tiny-qwen3-moe models (regenerated here, and checked to be the same bytes llama.cpp read;
+//     the Gemma ones over a prompt of 86 tokens, past their 48-position windows), and
 //   - that file as llama.cpp's llama-quantize wrote it in Q4_K_M and Q5_K_M (kept here: a
 //     container, metadata and block layout written by llama.cpp, q4_K / q5_K with q6_K mixed).
 // kvrm's CPU backend serves each file and must give llama.cpp's tokens for the prompt and its
@@ -40,6 +40,15 @@ constexpr char kPrompt[] = "The quick brown fox jumps over the lazy dog, and the
 // same way (a local experiment, not kept), median 3.7e-5 / 6.9e-5 and worst 2.0e-4 / 4.3e-4
 // (inputs on either side of an f16 rounding step): the rest is summation order.
 constexpr double kGemmaTolerance = 2e-3;
+// tiny-gemma2's own query_pre_attn_scalar of 96 has no GGUF form: llama.cpp takes Gemma 2's
+// attention scale from the head size (64).
+constexpr char kGemma2Config[] = R"({"query_pre_attn_scalar": 64})";
+// tiny-qwen3-moe itself has no GGUF form: llama.cpp's qwen3moe graph renormalizes the chosen
+// experts' weights (norm_topk_prob false there) and has no dense layers (layer 3 there). Its first
+// three layers renormalized do, as //tests:gguf_e2e_test makes them (the converter leaves layer
+// 3's tensors out).
+constexpr char kQwen3MoeConfig[] =
+    R"({"norm_topk_prob": true, "num_hidden_layers": 3, "mlp_only_layers": []})";
 // Three times over (86 tokens): the Gemma files' 48-position windows are left behind.
 constexpr char kLongPrompt[] =
     "The quick brown fox jumps over the lazy dog, and then it sleeps. The quick brown fox jumps "
@@ -82,9 +91,9 @@ struct F32File {
   size_t bytes;
   uint64_t fnv;  // FNV-1a 64 of the file llama.cpp read (sha256 in README.md)
   const char* prompt = kPrompt;
-  // > 0: config.json's query_pre_attn_scalar set to it before the conversion (tiny-gemma2's
-  // own 96 has no GGUF form: llama.cpp takes Gemma's attention scale from the head size).
-  int query_pre_attn_scalar = 0;
+  // Non-null: a JSON object whose keys replace config.json's before the conversion, for a shape
+  // that has no GGUF form as modelgen writes it (kGemma2Config, kQwen3MoeConfig).
+  const char* config = nullptr;
   double tolerance = 2e-5;  // of a row's max |diff| / max(1, max |ref|)
 };
 
@@ -95,11 +104,11 @@ std::string WriteF32File(const F32File& f) {
   mo.out_dir = dir;
   mo.dtype = DType::kF32;
   CHECK_OK(modelgen::MakeModel(mo).status());
-  if (f.query_pre_attn_scalar > 0) {
+  if (f.config != nullptr) {
     absl::StatusOr<std::string> text = ReadFileToString(dir + "/config.json");
     CHECK_OK(text.status());
     Json config = Json::parse(*text);
-    config["query_pre_attn_scalar"] = f.query_pre_attn_scalar;
+    config.update(Json::parse(f.config));
     std::ofstream(dir + "/config.json") << config.dump(2);
   }
   GgufConvertOptions co;
@@ -210,11 +219,14 @@ Errors Serve(const std::string& path, const Reference& ref, double tolerance,
 
 class F32FileTest : public testing::TestWithParam<F32File> {};
 
-// f32 weights, activations and KV on both sides: summation order only (measured 2026-12-05 at
-// most 1.6e-6 of a row's scale): the architectures' tensor layouts and hyperparameters as
+// f32 weights, activations and KV on both sides: summation order only (measured 2026-12-05 and 06
+// at most 2.0e-6 of a row's scale): the architectures' tensor layouts and hyperparameters as
 // llama.cpp reads kvrm's files (Llama 3 RoPE factors and tied embeddings, Qwen2's Q/K/V biases,
-// Qwen3's Q/K norms,
-// Phi-3's fused QKV and gate/up, Granite's multipliers, Llama with attention biases).
+// Qwen3's Q/K norms, Phi-3's fused QKV and gate/up, Granite's multipliers, Llama with attention
+// biases, Mixtral's and Qwen3-MoE's routers and stacked experts). The MoE files route every token
+// as llama.cpp does: their smallest gap between the last expert chosen and the next router logit
+// is 0.038 (tiny-mixtral) and 0.0024 (tiny-qwen3-moe) in the float64 reference over these 38
+// tokens, far above the f32 differences, so no expert choice is near a flip.
 TEST_P(F32FileTest, GivesLlamaCppsLogits) {
   const std::string path = WriteF32File(GetParam());
   const Reference ref = LoadReference(GetParam().size + "-f32");
@@ -237,9 +249,12 @@ INSTANTIATE_TEST_SUITE_P(
                     F32File{"tiny-granite", "tiny-granite", 3508480, 18399880928751871934ull},
                     F32File{"tiny-biased", "tiny-biased", 4039712, 2616468596225026535ull},
                     F32File{"tiny-gemma3", "tiny-gemma3", 4302144, 5251075739151104025ull,
-                            kLongPrompt, 0, kGemmaTolerance},
+                            kLongPrompt, nullptr, kGemmaTolerance},
                     F32File{"tiny-gemma2", "tiny-gemma2", 4299616, 5846311375300741465ull,
-                            kLongPrompt, 64, kGemmaTolerance}),
+                            kLongPrompt, kGemma2Config, kGemmaTolerance},
+                    F32File{"tiny-mixtral", "tiny-mixtral", 10005056, 13505583726163727610ull},
+                    F32File{"tiny-qwen3-moe", "tiny-qwen3-moe", 5290944, 14694155569532625401ull,
+                            kPrompt, kQwen3MoeConfig}),
     [](const testing::TestParamInfo<F32File>& i) {
       std::string n = i.param.size;
       for (char& c : n) c = c == '-' ? '_' : c;

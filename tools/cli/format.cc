@@ -193,7 +193,12 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"weights_format", model.weights_format()},
       {"weight_quantization",
        model.weight_quantization().empty() ? "none" : model.weight_quantization()},
-      {"parameters", WithMagnitude(model.num_parameters())},
+      {"parameters", model.num_experts() > 0
+                         ? absl::StrCat(WithMagnitude(model.num_parameters()), "; ",
+                                        WithMagnitude(model.num_active_parameters()), " active (",
+                                        model.num_experts_per_tok(), " of ", model.num_experts(),
+                                        " experts of ", model.moe_intermediate_size(), ")")
+                         : WithMagnitude(model.num_parameters())},
       {"layers", absl::StrCat(model.num_layers())},
       {"hidden_size", absl::StrCat(model.hidden_size())},
       {"intermediate_size", absl::StrCat(model.intermediate_size())},
@@ -208,13 +213,12 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"tool_call_parser", model.tool_call_parser()},
       {"reasoning_parser", model.reasoning_parser()},
       {"lora_adapters", adapters.empty() ? "none" : absl::StrJoin(adapters, "; ")},
-      {"lora_slots",
-       model.max_loras() == 0
-           ? std::string("none")
-           : absl::StrCat(model.lora_adapters_size(), " of ", model.max_loras(),
-                          " taken, rank <= ", model.max_lora_rank(), ", ", model.lora_dtype(),
-                          " factors, loads while serving ",
-                          model.runtime_lora_updating() ? "allowed" : "off")},
+      {"lora_slots", model.max_loras() == 0
+                         ? std::string("none")
+                         : absl::StrCat(model.lora_adapters_size(), " of ", model.max_loras(),
+                                        " taken, rank <= ", model.max_lora_rank(), ", ",
+                                        model.lora_dtype(), " factors, loads while serving ",
+                                        model.runtime_lora_updating() ? "allowed" : "off")},
   };
   const v1::KvUsage& kv = server.kv();
   const Rows server_rows = {

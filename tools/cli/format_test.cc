@@ -174,6 +174,16 @@ TEST(FormatTest, InfoTableIsAligned) {
   EXPECT_THAT(table, HasSubstr("  lora_adapters         none\n"));
   model.set_num_parameters(124439808);
   EXPECT_THAT(FormatInfo(model, server), HasSubstr("124439808 (124.44M)"));
+  model.set_num_experts(128);
+  model.set_num_experts_per_tok(8);
+  model.set_moe_intermediate_size(768);
+  model.set_num_active_parameters(3340000000);
+  model.set_num_parameters(30530000000);
+  EXPECT_THAT(FormatInfo(model, server),
+              HasSubstr("  parameters            30530000000 (30.53B); 3340000000 (3.34B) active "
+                        "(8 of 128 experts of 768)\n"));
+  model.set_num_experts(0);
+  model.set_num_parameters(124439808);
   v1::LoraAdapterInfo* sql = model.add_lora_adapters();
   sql->set_name("sql");
   sql->set_rank(8);

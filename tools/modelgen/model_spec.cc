@@ -221,13 +221,28 @@ ModelSpec TinyQwen3Moe() {
   return s;
 }
 
+// The benchmark shape as Mixtral: in each of small's 12 layers 8 experts of 1024 features, 2 a
+// token, so a token's MLP reads as many weights as small's dense 2048-feature one while the
+// model holds 4x its MLP weights (~340M parameters): what a decode step reads depends on how
+// many experts its rows choose (bench/cpu_decode_bench, docs/benchmarks.md).
+ModelSpec SmallMixtral() {
+  ModelSpec s = Small();
+  s.name = "small-mixtral";
+  s.model_type = "mixtral";
+  s.intermediate_size = 1024;  // Mixtral's experts take intermediate_size
+  s.num_experts = 8;
+  s.num_experts_per_tok = 2;
+  s.moe_intermediate_size = s.intermediate_size;
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
   static const auto* table =
-      new std::vector<ModelSpec>{Tiny(),        Small(),       TinyQwen2(),
-                                 TinyQwen3(),   TinyBiased(),  TinyPhi3(),
-                                 TinyGranite(), TinyK(),       TinyQwen2TwoHeads(),
-                                 TinyGemma2(),  TinyGemma3(),  TinyMistralSlidingWindow(),
-                                 TinyMixtral(), TinyQwen3Moe()};
+      new std::vector<ModelSpec>{Tiny(),        Small(),        TinyQwen2(),
+                                 TinyQwen3(),   TinyBiased(),   TinyPhi3(),
+                                 TinyGranite(), TinyK(),        TinyQwen2TwoHeads(),
+                                 TinyGemma2(),  TinyGemma3(),   TinyMistralSlidingWindow(),
+                                 TinyMixtral(), TinyQwen3Moe(), SmallMixtral()};
   return *table;
 }
 
