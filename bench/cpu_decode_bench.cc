@@ -167,19 +167,19 @@ bool ParseDType(absl::string_view name, DType* out) {
   return false;
 }
 
-// Bytes of linear weights a decode step of `slots` rows reads: q8 panels (their blocks, scales
-// and padding) for the matrices that have them (8-bit data, or every one with `quantized`), else
-// the stored matrix. A mixture of experts' layer reads its router and the experts its rows chose:
-// counted as the share a uniform router would have them choose, 1 - (1 - k / E)^slots (each
-// row takes k of E experts).
+// Bytes of linear weights a decode step reads: q8 panels (their blocks, scales and padding) for
+// the matrices that have them (8-bit data, or every one with `quantized`), else the stored
+// matrix. A mixture of experts' layer reads its router and the experts its rows chose:
+// `experts_run` (layer, expert) pairs a step on average, as the backend counted them
+// (CpuBackend::experts_run), of the E per MoE layer the file holds.
 double WeightBytesPerStep(const LlamaConfig& c, const LlamaWeights& w, bool quantized,
-                          int32_t slots) {
+                          double experts_run) {
   auto bytes = [&](const WeightMatrix& m) {
     return quantized || WeightMatrix::IsQuantized(m.format) ? BlockPanelBytes(m) : m.bytes();
   };
-  const double chosen =
-      c.moe() ? 1 - std::pow(1 - static_cast<double>(c.num_experts_per_tok) / c.num_experts, slots)
-              : 1;
+  int64_t moe_layers = 0;
+  for (int32_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
+  const double chosen = moe_layers > 0 ? experts_run / (double{c.num_experts} * moe_layers) : 1;
   double total = bytes(w.lm_head);
   for (const LayerWeights& l : w.layers) {
     for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
@@ -344,6 +344,9 @@ struct DecodeResult {
   // CPU time the process got during the fastest window / (wall time * threads): below 1 when
   // other processes took the cores (the figures are then low by about that factor).
   double cpu_share;
+  // A mixture of experts: the experts a step ran per MoE layer, on average (0: dense).
+  double experts_per_layer = 0;
+  int32_t num_experts = 0;
 };
 
 // Slots the pool holds (each one run of blocks_per_slot blocks, slot s at block s * that).
@@ -375,13 +378,16 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   // machine the fastest window is the one least disturbed by other processes.
   const double bandwidth_now = bandwidth->Measure(3);
   double seconds = 1e30, cpu_share = 0;
+  int64_t experts_run = 0;  // (layer, expert) pairs the timed steps ran, all windows
   for (int32_t window = 0; window < absl::GetFlag(FLAGS_windows); ++window) {
     Clock::time_point t0;
     double cpu0 = 0;
+    int64_t experts0 = 0;
     for (int32_t k = 0; k < warmup + steps; ++k) {
       if (k == warmup) {
         t0 = Clock::now();
         cpu0 = ProcessCpuSeconds();
+        experts0 = m.backend->experts_run();
       }
       for (int32_t s = 0; s < slots; ++s) {
         // Warm-up steps reuse the first timed position so the timed histories start at
@@ -392,6 +398,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
       CHECK_OK(m.backend->Decode(step, logits.data()));
     }
     const double wall = Seconds(t0, Clock::now());
+    experts_run += m.backend->experts_run() - experts0;
     if (wall < seconds) {
       seconds = wall;
       cpu_share = (ProcessCpuSeconds() - cpu0) / (wall * absl::GetFlag(FLAGS_threads));
@@ -408,8 +415,15 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   r.tokens_per_s = slots * steps / seconds;
   // Mean history read per step: positions context .. context + steps - 1, plus the new token.
   const double kv_tokens = slots * (context + 0.5 * (steps - 1) + 1);
-  const double weight_bytes = WeightBytesPerStep(m.bundle->config, m.bundle->weights,
-                                                 m.quantization == WeightFormat::kQ8_0, slots);
+  const double experts_per_step =
+      static_cast<double>(experts_run) / (steps * absl::GetFlag(FLAGS_windows));
+  const double weight_bytes = WeightBytesPerStep(
+      m.bundle->config, m.bundle->weights, m.quantization == WeightFormat::kQ8_0, experts_per_step);
+  const LlamaConfig& c = m.bundle->config;
+  int32_t moe_layers = 0;
+  for (int32_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
+  if (moe_layers > 0) r.experts_per_layer = experts_per_step / moe_layers;
+  r.num_experts = c.num_experts;
   const double bytes = weight_bytes + kv_tokens * m.kv_bytes_per_token;
   r.mb_per_step = bytes / 1e6;
   r.bytes_per_step = bytes;
@@ -620,7 +634,10 @@ int Main() {
     modelgen::MakeModelOptions mo;
     mo.size = absl::GetFlag(FLAGS_size);
     mo.dtype = dtype;
-    mo.out_dir = (std::filesystem::path(dir) / std::string(DTypeName(dtype))).string();
+    // Named by size too: a --model_dir kept between runs of different sizes holds each.
+    mo.out_dir =
+        (std::filesystem::path(dir) / absl::StrCat(mo.size, "-", std::string(DTypeName(dtype))))
+            .string();
     mo.threads = threads;
     if (!given_file &&
         !std::filesystem::exists(std::filesystem::path(mo.out_dir) / "config.json")) {
@@ -631,7 +648,8 @@ int Main() {
     std::string model_path = given_file ? std::string(dtype_name.substr(5)) : mo.out_dir;
     if (gguf != nullptr) {
       const std::string file = q4_k_m ? "q4_K_M" : gguf->name;
-      model_path = (std::filesystem::path(dir) / absl::StrCat(file, ".gguf")).string();
+      model_path =
+          (std::filesystem::path(dir) / absl::StrCat(mo.size, "-", file, ".gguf")).string();
       if (!std::filesystem::exists(model_path)) {
         std::printf("converting to %s in %s...\n", file.c_str(), model_path.c_str());
         GgufConvertOptions co;
@@ -695,6 +713,10 @@ int Main() {
                 r.mb_per_step,
                 r.roofline_tokens_per_s, 100 * r.tokens_per_s / r.roofline_tokens_per_s,
                 r.bandwidth_now / 1e9, 100 * r.cpu_share);
+    if (r.experts_per_layer > 0) {
+      std::printf("%-12s   (a step ran %.2f of each MoE layer's %d experts)\n", "",
+                  r.experts_per_layer, r.num_experts);
+    }
   }
   std::printf("\nprefill (chunks of %d)\n%-12s %-7s %-6s %-4s %8s %10s %10s\n",
               absl::GetFlag(FLAGS_chunk), "path", "weights", "dtype", "kv", "prompt", "tok/s",
@@ -740,7 +762,8 @@ int Main() {
                              {"mb_per_step", r.mb_per_step},
                              {"roofline_tokens_per_s", r.roofline_tokens_per_s},
                              {"read_bandwidth_now_gb_s", r.bandwidth_now / 1e9},
-                             {"cpu_share", r.cpu_share}});
+                             {"cpu_share", r.cpu_share},
+                             {"experts_per_moe_layer", r.experts_per_layer}});
     }
     j["prefill"] = nlohmann::json::array();
     for (const PrefillResult& r : prefill) {

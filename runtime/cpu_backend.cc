@@ -174,6 +174,8 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
 
 CpuBackend::~CpuBackend() = default;
 
+int64_t CpuBackend::experts_run() const { return ranks_.front()->experts_run(); }
+
 int64_t CpuBackend::owned_weight_bytes() const {
   int64_t total = 0;
   for (const auto& r : ranks_) total += r->weights().owned_bytes;

@@ -104,6 +104,9 @@ class CpuBackend : public Backend {
   int32_t tensor_parallel() const { return static_cast<int32_t>(ranks_.size()); }
   // Bytes of weight shards the ranks copied at load time (row-parallel O and down).
   int64_t owned_weight_bytes() const;
+  // Mixtures of experts: the (layer, expert) pairs the passes so far ran (CpuRank::experts_run;
+  // every rank runs the same ones, each its share of their features).
+  int64_t experts_run() const;
   // Bytes of the ranks' panel copies (0 without them).
   int64_t panel_weight_bytes() const;
 

@@ -416,6 +416,7 @@ absl::Status CpuRank::Experts(int32_t layer, int32_t n) {
          scratch_.data());
   if (w_.size > 1) RETURN_IF_ERROR(comm_->AllReduceSum(router_logits_.data(), n * experts));
   Route(n);
+  for (int64_t e = 0; e < experts; ++e) experts_run_ += expert_begin_[e + 1] > expert_begin_[e];
   threads_.RunOnAll([&](int t) {
     ExpertsGateUp(layer, t, threads_.num_threads(), &scratch_[t * scratch_per_thread_]);
   });

@@ -72,6 +72,9 @@ class CpuRank {
   void SetFarHistory(const FarHistoryShape& shape, std::unique_ptr<KvPool> summaries);
   const KvPool* summary_store() const { return summaries_.get(); }
   const RankWeights& weights() const { return w_; }
+  // Mixtures of experts: how many (layer, expert) pairs the passes so far ran, i.e. whose
+  // weights they read (an expert no row chose is not read).
+  int64_t experts_run() const { return experts_run_; }
   // Puts this rank's share of an adapter in slot `index` (< CpuRankShape::lora_adapters; null
   // empties it): rows with adapter == index use it from the next Forward. The share must outlive
   // its time in the slot and have no rank above lora_max_rank. Not during a Forward.
@@ -146,6 +149,7 @@ class CpuRank {
   std::vector<int32_t> route_expert_, route_slot_, expert_begin_;
   std::vector<float> route_weight_;
   std::vector<float> moe_x_, moe_gate_, moe_up_, moe_y_;
+  int64_t experts_run_ = 0;
   // The adapters' shares by slot (null: empty; see SetLoraAdapter).
   std::vector<const RankLora*> lora_;
   // LoraShare's, with adapter slots only: per thread, an adapter's row ids and which rows are
