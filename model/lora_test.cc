@@ -671,5 +671,40 @@ TEST(LoraTest, MultimodalGemma3AdaptersNameTheLanguageModel) {
   EXPECT_FALSE(LoadLoraAdapter(config, "a", WriteAdapter("mm_text", kConfigR4, tensors)).ok());
 }
 
+// A mixture of experts' attention may be adapted; its experts may not (refused by name, as
+// their products are the experts', not one MLP's), except in its dense layers.
+TEST(LoraTest, MixtureOfExpertsAdaptsAttentionAndDenseLayersOnly) {
+  const LlamaConfig mixtral = ConfigOf("tiny-mixtral");
+  ASSERT_TRUE(mixtral.IsMoeLayer(0));
+  const LoraAdapter attention = Load(mixtral, WriteAdapter("moe_q", kConfigR4, QPair(2)));
+  EXPECT_EQ(attention.layers[2].at(LoraTarget::kQ).rank, 4);
+  const auto mlp_pair = [](int layer, const char* module, int64_t in, int64_t out) {
+    const std::string base = absl::StrCat("base_model.model.model.layers.", layer, ".", module);
+    return std::vector<HandTensor>{{base + ".lora_A.weight", {4, in}, {}},
+                                   {base + ".lora_B.weight", {out, 4}, {}}};
+  };
+  ExpectError(
+      LoadLoraAdapter(mixtral, "a",
+                      WriteAdapter("moe_gate", kConfigR4, mlp_pair(1, "mlp.gate_proj", 128, 352))),
+      absl::StatusCode::kUnimplemented,
+      {"layers.1.mlp.gate_proj.lora_A.weight",
+       "adapts the MLP of layer 1, a mixture of "
+       "experts"});
+  EXPECT_FALSE(LoadLoraAdapter(mixtral, "a",
+                               WriteAdapter("moe_expert", kConfigR4,
+                                            mlp_pair(0, "block_sparse_moe.experts.0.w1", 128, 352)))
+                   .ok());
+  // tiny-qwen3-moe's last layer is dense: its MLP is adapted like any model's.
+  const LlamaConfig qwen = ConfigOf("tiny-qwen3-moe");
+  ASSERT_FALSE(qwen.IsMoeLayer(3));
+  const LoraAdapter dense =
+      Load(qwen, WriteAdapter("moe_dense_down", kConfigR4, mlp_pair(3, "mlp.down_proj", 352, 128)));
+  EXPECT_EQ(dense.layers[3].at(LoraTarget::kDown).rank, 4);
+  ExpectError(
+      LoadLoraAdapter(qwen, "a",
+                      WriteAdapter("moe_down", kConfigR4, mlp_pair(2, "mlp.down_proj", 352, 128))),
+      absl::StatusCode::kUnimplemented, {"adapts the MLP of layer 2"});
+}
+
 }  // namespace
 }  // namespace kvrm
