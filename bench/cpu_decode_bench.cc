@@ -177,8 +177,7 @@ double WeightBytesPerStep(const LlamaConfig& c, const LlamaWeights& w, bool quan
   auto bytes = [&](const WeightMatrix& m) {
     return quantized || WeightMatrix::IsQuantized(m.format) ? BlockPanelBytes(m) : m.bytes();
   };
-  int64_t moe_layers = 0;
-  for (int32_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
+  const int64_t moe_layers = c.NumMoeLayers();
   const double chosen = moe_layers > 0 ? experts_run / (double{c.num_experts} * moe_layers) : 1;
   double total = bytes(w.lm_head);
   for (const LayerWeights& l : w.layers) {
@@ -420,9 +419,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   const double weight_bytes = WeightBytesPerStep(
       m.bundle->config, m.bundle->weights, m.quantization == WeightFormat::kQ8_0, experts_per_step);
   const LlamaConfig& c = m.bundle->config;
-  int32_t moe_layers = 0;
-  for (int32_t i = 0; i < c.num_hidden_layers; ++i) moe_layers += c.IsMoeLayer(i);
-  if (moe_layers > 0) r.experts_per_layer = experts_per_step / moe_layers;
+  if (c.moe()) r.experts_per_layer = experts_per_step / c.NumMoeLayers();
   r.num_experts = c.num_experts;
   const double bytes = weight_bytes + kv_tokens * m.kv_bytes_per_token;
   r.mb_per_step = bytes / 1e6;

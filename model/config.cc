@@ -25,6 +25,9 @@ bool IsGemma(std::string_view model_type) {
 // The most experts a mixture may have (Qwen3-MoE 128, DeepSeek-V3 256): a claim of more is
 // refused before anything is kept per expert.
 constexpr int64_t kMaxExperts = 4096;
+// The most experts a token may run (the models here run 1 to 10): the CPU rank keeps
+// [rows x this] gathered rows, so a claim of thousands is refused rather than allocated for.
+constexpr int64_t kMaxExpertsPerToken = 64;
 
 // Typed, non-throwing access to one JSON object's fields. Errors read
 // "<what>: <prefix><key> <problem>", so a nested key shows as "rope_scaling.factor".
@@ -396,7 +399,7 @@ absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
   int64_t experts = mixtral ? 8 : 128;
   RETURN_IF_ERROR(f.Int(experts_key, false, 0, kMaxExperts, &experts));
   int64_t top_k = mixtral ? 2 : 8;
-  RETURN_IF_ERROR(f.Int("num_experts_per_tok", false, 1, kMaxExperts, &top_k));
+  RETURN_IF_ERROR(f.Int("num_experts_per_tok", false, 1, kMaxExpertsPerToken, &top_k));
   c->moe_intermediate_size = mixtral ? c->intermediate_size : 768;
   if (!mixtral) {
     RETURN_IF_ERROR(f.PositiveInt32("moe_intermediate_size", false, &c->moe_intermediate_size));

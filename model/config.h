@@ -9,6 +9,7 @@
 #ifndef KVRM_MODEL_CONFIG_H_
 #define KVRM_MODEL_CONFIG_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -137,6 +138,11 @@ struct LlamaConfig {
   bool gelu_tanh() const { return hidden_act == "gelu_pytorch_tanh"; }
   bool IsMoeLayer(int32_t layer) const { return !moe_layers.empty() && moe_layers[layer]; }
   bool moe() const { return !moe_layers.empty(); }
+  // The mixture-of-experts layers; whether some layer has the dense MLP of intermediate_size.
+  int32_t NumMoeLayers() const {
+    return static_cast<int32_t>(std::count(moe_layers.begin(), moe_layers.end(), true));
+  }
+  bool HasDenseMlp() const { return NumMoeLayers() < num_hidden_layers; }
 };
 
 // Reads <model_dir>/config.json and, when present, <model_dir>/generation_config.json, whose

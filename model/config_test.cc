@@ -1178,11 +1178,13 @@ TEST(MoeConfigTest, BadExpertFieldsNameTheKey) {
     edit(j);
     return ParseLlamaConfig(j.dump(), "config.json").status();
   };
-  ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["num_experts_per_tok"] = 129; }),
+  ExpectError(edited(kMixtral8x7B, [](Json& j) { j["num_experts_per_tok"] = 9; }),
               absl::StatusCode::kInvalidArgument,
-              "num_experts_per_tok (129) must be at most num_experts (128)");
+              "num_experts_per_tok (9) must be at most num_local_experts (8)");
   ExpectError(edited(kMixtral8x7B, [](Json& j) { j["num_experts_per_tok"] = 0; }),
-              absl::StatusCode::kInvalidArgument, "num_experts_per_tok (0) must be in [1, 4096]");
+              absl::StatusCode::kInvalidArgument, "num_experts_per_tok (0) must be in [1, 64]");
+  ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["num_experts_per_tok"] = 65; }),
+              absl::StatusCode::kInvalidArgument, "num_experts_per_tok (65) must be at most 64");
   ExpectError(edited(kMixtral8x7B, [](Json& j) { j["num_local_experts"] = 100000; }),
               absl::StatusCode::kInvalidArgument,
               "num_local_experts (100000) must be at most 4096");

@@ -231,6 +231,11 @@ absl::StatusOr<ParsedName> ParseTensorName(std::string_view name, const LlamaCon
   if ((has_part("lora_A") || has_part("lora_B")) && parts.back() == "bias") {
     return error(absl::StatusCode::kUnimplemented, "is a LoRA bias, which is not supported");
   }
+  if (has_part("experts") || has_part("block_sparse_moe")) {
+    return error(absl::StatusCode::kUnimplemented,
+                 "adapts a mixture of experts' expert or router, which is not supported (only the "
+                 "attention projections, and the MLPs of dense layers)");
+  }
   // model . layers . L . parent . module . lora_X [. adapter] . weight
   if ((parts.size() != 7 && parts.size() != 8) || parts[0] != "model" || parts[1] != "layers" ||
       parts.back() != "weight" || (parts[5] != "lora_A" && parts[5] != "lora_B")) {

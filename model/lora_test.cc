@@ -690,10 +690,14 @@ TEST(LoraTest, MixtureOfExpertsAdaptsAttentionAndDenseLayersOnly) {
       {"layers.1.mlp.gate_proj.lora_A.weight",
        "adapts the MLP of layer 1, a mixture of "
        "experts"});
-  EXPECT_FALSE(LoadLoraAdapter(mixtral, "a",
-                               WriteAdapter("moe_expert", kConfigR4,
-                                            mlp_pair(0, "block_sparse_moe.experts.0.w1", 128, 352)))
-                   .ok());
+  for (const char* module :
+       {"block_sparse_moe.experts.0.w1", "mlp.experts.3.gate_proj", "block_sparse_moe.gate"}) {
+    ExpectError(
+        LoadLoraAdapter(mixtral, "a",
+                        WriteAdapter("moe_expert", kConfigR4, mlp_pair(0, module, 128, 352))),
+        absl::StatusCode::kUnimplemented,
+        {module, "adapts a mixture of experts' expert or router"});
+  }
   // tiny-qwen3-moe's last layer is dense: its MLP is adapted like any model's.
   const LlamaConfig qwen = ConfigOf("tiny-qwen3-moe");
   ASSERT_FALSE(qwen.IsMoeLayer(3));

@@ -38,11 +38,7 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   k_.resize(rows * kvw_);
   v_.resize(rows * kvw_);
   attn_.resize(rows * qw_);
-  bool dense_mlp = false;
-  for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    dense_mlp |= !config.IsMoeLayer(layer);
-  }
-  if (dense_mlp) {
+  if (config.HasDenseMlp()) {
     gate_.resize(rows * ffn_);
     up_.resize(rows * ffn_);
   }

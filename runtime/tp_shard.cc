@@ -82,8 +82,9 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " of ", size));
   }
+  // (A model of MoE layers only has no MLP of intermediate_size.)
   if (config.num_attention_heads % size != 0 || config.num_key_value_heads % size != 0 ||
-      config.intermediate_size % size != 0) {
+      (config.HasDenseMlp() && config.intermediate_size % size != 0)) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor parallelism ", size, " must divide the attention heads (",
         config.num_attention_heads, "), KV heads (", config.num_key_value_heads,

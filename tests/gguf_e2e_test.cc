@@ -1,5 +1,7 @@
 // Serving a GGUF file end to end: the engine, over gRPC, on the tiny model converted to GGUF
 // (tools/gguf) generates what it generates on the model directory the file came from.
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <tuple>
@@ -232,6 +234,37 @@ TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
       CHECK_OK(ConvertToGguf(dir, quantized_path, co));
       TestServer quantized(Load(quantized_path), Options());
       EXPECT_EQ(Generate(quantized).size(), 4u) << size << " " << format;
+      // Each expert is its own slab of the file's blocks: its values are the directory's to the
+      // format's resolution (a step of a block's largest magnitude / 127 for q8_0, / 15 for
+      // q5_0), nowhere near another expert's; the router is f32, exact.
+      const double steps = type == GgmlType::kQ8_0 ? 127 : 15;
+      for (int32_t layer = 0; layer < g.num_hidden_layers; ++layer) {
+        const LayerWeights& q = quantized.model().weights.layers[layer];
+        const LayerWeights& d = hf.model().weights.layers[layer];
+        std::vector<float> a(d.router.cols), b(a.size());
+        for (int64_t r = 0; r < d.router.rows; ++r) {
+          WeightRowToFloat(q.router, r, a.data());
+          WeightRowToFloat(d.router, r, b.data());
+          ASSERT_EQ(a, b) << size << " layer " << layer << " router row " << r;
+        }
+        for (int32_t e = 0; e < h.num_experts; ++e) {
+          for (const auto& [qm, dm] : {std::pair{&q.expert_gate[e], &d.expert_gate[e]},
+                                       std::pair{&q.expert_down[e], &d.expert_down[e]}}) {
+            std::vector<float> x(dm->cols), y(dm->cols);
+            for (int64_t r = 0; r < dm->rows; r += 5) {
+              WeightRowToFloat(*qm, r, x.data());
+              WeightRowToFloat(*dm, r, y.data());
+              float amax = 0, worst = 0;
+              for (int64_t c = 0; c < dm->cols; ++c) {
+                amax = std::max(amax, std::abs(y[c]));
+                worst = std::max(worst, std::abs(x[c] - y[c]));
+              }
+              ASSERT_LE(worst, amax / steps)
+                  << size << " " << format << " layer " << layer << " expert " << e << " row " << r;
+            }
+          }
+        }
+      }
       grpc::ClientContext ctx;
       v1::ModelInfo info;
       ASSERT_TRUE(quantized.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());

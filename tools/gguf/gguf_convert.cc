@@ -362,10 +362,11 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // `more_bits`: a matrix the Q4_K_M mix gives q6_K.
   // Gemma's norms are written as llama.cpp's converter writes them: 1 + w (the stored w - 1).
   const float norm_offset = static_cast<float>(c.norm_weight_offset);
-  // `stack`: the experts' matrices of one product, written as one [experts][rows][cols] tensor.
-  // `keep`: written in f32 whatever the type (a router, as llama-quantize leaves ffn_gate_inp).
+  // `stack`: one matrix, or (`stacked`) the experts' matrices of one product, written as one
+  // [experts][rows][cols] tensor (even of one expert). `keep`: written in f32 whatever the type
+  // (a router, as llama-quantize leaves ffn_gate_inp).
   auto add_stack = [&](const std::string& name, const std::vector<WeightMatrix>& stack,
-                       bool rope_rows, bool more_bits = false, bool keep = false) {
+                       bool rope_rows, bool more_bits, bool keep, bool stacked) {
     const WeightMatrix& m = stack.front();
     const bool norm = m.rows == 1;
     const bool shifted = norm && norm_offset != 0 && absl::EndsWith(name, "norm.weight");
@@ -394,11 +395,13 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     }
     std::vector<int64_t> ne = {m.cols};
     if (!norm) ne.push_back(m.rows);
-    if (stack.size() > 1) ne.push_back(static_cast<int64_t>(stack.size()));
+    if (stacked) ne.push_back(static_cast<int64_t>(stack.size()));
     w.AddTensor(name, type, std::move(ne), std::move(bytes));
   };
   auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows,
-                 bool more_bits = false) { add_stack(name, {m}, rope_rows, more_bits); };
+                 bool more_bits = false) {
+    add_stack(name, {m}, rope_rows, more_bits, /*keep=*/false, /*stacked=*/false);
+  };
   const LlamaWeights& wt = model->weights;
   add("token_embd.weight", wt.embed, false, /*more_bits=*/c.tie_word_embeddings);  // the output
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -423,10 +426,11 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     if (gemma) add(p + "post_attention_norm.weight", l.attn_post_norm, false);
     add(p + "ffn_norm.weight", l.mlp_norm, false);
     if (c.IsMoeLayer(i)) {
-      add_stack(p + "ffn_gate_inp.weight", {l.router}, false, false, /*keep=*/true);
-      add_stack(p + "ffn_gate_exps.weight", l.expert_gate, false);
-      add_stack(p + "ffn_up_exps.weight", l.expert_up, false);
-      add_stack(p + "ffn_down_exps.weight", l.expert_down, false, more_bits);
+      add_stack(p + "ffn_gate_inp.weight", {l.router}, false, false, /*keep=*/true, false);
+      add_stack(p + "ffn_gate_exps.weight", l.expert_gate, false, false, false, /*stacked=*/true);
+      add_stack(p + "ffn_up_exps.weight", l.expert_up, false, false, false, /*stacked=*/true);
+      add_stack(p + "ffn_down_exps.weight", l.expert_down, false, more_bits, false,
+                /*stacked=*/true);
     } else {
       add(p + "ffn_gate.weight", l.w_gate, false);
       add(p + "ffn_up.weight", l.w_up, false);
