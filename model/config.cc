@@ -301,7 +301,7 @@ absl::Status ParseTokenIds(const Json& root, std::string_view what, int32_t voca
 absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
   bool attention_bias = false;
   RETURN_IF_ERROR(f.Bool("attention_bias", &attention_bias));
-  if (c->model_type == "qwen2") {
+  if (c->model_type == "qwen2" || c->model_type == "qwen2_moe") {
     c->qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
   } else if (c->model_type != "mistral" && c->model_type != "mixtral") {
     // Mistral's and Mixtral's attention has no biases (ignores the key).
@@ -344,7 +344,8 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
   const std::string& type = c->model_type;
   if (type == "llama" || type == "granite") return absl::OkStatus();
   const bool gemma = IsGemma(type);
-  const bool qwen = type == "qwen2" || type == "qwen3" || type == "qwen3_moe";
+  const bool qwen =
+      type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe";
   const int32_t layers = c->num_hidden_layers;
   std::vector<bool> sliding(layers, true);
   if (qwen) {
@@ -389,18 +390,21 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
 }
 
 // The mixture of experts of mixtral (every layer: num_local_experts experts of intermediate_size,
-// the top num_experts_per_tok renormalized) and qwen3_moe (num_experts of moe_intermediate_size;
+// the top num_experts_per_tok renormalized), qwen3_moe (num_experts of moe_intermediate_size;
 // norm_topk_prob; the layers in mlp_only_layers, and those whose number is not a multiple of
-// decoder_sparse_step, dense), with their Transformers config classes' defaults.
+// decoder_sparse_step, dense) and qwen2_moe (as qwen3_moe, plus a shared expert of
+// shared_expert_intermediate_size in each MoE layer), with their Transformers config classes'
+// defaults.
 absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
   const bool mixtral = c->model_type == "mixtral";
-  if (!mixtral && c->model_type != "qwen3_moe") return absl::OkStatus();
+  const bool qwen2 = c->model_type == "qwen2_moe";
+  if (!mixtral && !qwen2 && c->model_type != "qwen3_moe") return absl::OkStatus();
   const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
-  int64_t experts = mixtral ? 8 : 128;
+  int64_t experts = mixtral ? 8 : qwen2 ? 60 : 128;
   RETURN_IF_ERROR(f.Int(experts_key, false, 0, kMaxExperts, &experts));
-  int64_t top_k = mixtral ? 2 : 8;
+  int64_t top_k = mixtral ? 2 : qwen2 ? 4 : 8;
   RETURN_IF_ERROR(f.Int("num_experts_per_tok", false, 1, kMaxExpertsPerToken, &top_k));
-  c->moe_intermediate_size = mixtral ? c->intermediate_size : 768;
+  c->moe_intermediate_size = mixtral ? c->intermediate_size : qwen2 ? 1408 : 768;
   if (!mixtral) {
     RETURN_IF_ERROR(f.PositiveInt32("moe_intermediate_size", false, &c->moe_intermediate_size));
   }
@@ -433,6 +437,11 @@ absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
   c->num_experts = static_cast<int32_t>(experts);
   c->num_experts_per_tok = static_cast<int32_t>(top_k);
   c->moe_layers = std::move(moe);
+  if (qwen2) {
+    int64_t shared = 5632;  // Qwen2MoeConfig's default; 0: no shared expert
+    RETURN_IF_ERROR(f.Int("shared_expert_intermediate_size", false, 0, kInt32Max, &shared));
+    c->shared_expert_intermediate_size = static_cast<int32_t>(shared);
+  }
   return absl::OkStatus();
 }
 
@@ -555,14 +564,15 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     return inner_config;
   }
   const bool gemma = IsGemma(c.model_type);
-  static constexpr std::string_view kTypes[] = {"llama",  "mistral",    "qwen2",   "qwen3",
-                                                "phi3",   "granite",    "mixtral", "qwen3_moe",
-                                                "gemma2", "gemma3_text"};
+  static constexpr std::string_view kTypes[] = {"llama",     "mistral", "qwen2",      "qwen3",
+                                                "phi3",      "granite", "mixtral",    "qwen2_moe",
+                                                "qwen3_moe", "gemma2",  "gemma3_text"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes)) {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
                                                       "qwen2, qwen3, phi3, granite, mixtral, "
-                                                      "qwen3_moe, gemma2, gemma3, gemma3_text)"));
+                                                      "qwen2_moe, qwen3_moe, gemma2, gemma3, "
+                                                      "gemma3_text)"));
   }
   c.fused_projections = c.model_type == "phi3";
   if (c.model_type == "granite") {
@@ -590,11 +600,12 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
 
 std::string_view ArchitectureClassName(std::string_view model_type) {
   static constexpr std::pair<std::string_view, std::string_view> kClasses[] = {
-      {"llama", "LlamaForCausalLM"},     {"mistral", "MistralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"},     {"qwen3", "Qwen3ForCausalLM"},
-      {"phi3", "Phi3ForCausalLM"},       {"granite", "GraniteForCausalLM"},
-      {"gemma2", "Gemma2ForCausalLM"},   {"gemma3_text", "Gemma3ForCausalLM"},
-      {"mixtral", "MixtralForCausalLM"}, {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+      {"llama", "LlamaForCausalLM"},       {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},       {"qwen3", "Qwen3ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},         {"granite", "GraniteForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"},     {"gemma3_text", "Gemma3ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"},   {"qwen2_moe", "Qwen2MoeForCausalLM"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM"}};
   for (const auto& [type, name] : kClasses) {
     if (type == model_type) return name;
   }

@@ -1,6 +1,6 @@
 // Hugging Face config.json for Llama-family models (llama, mistral, qwen2, qwen3, phi3,
 // granite), Gemma 2 / 3 (gemma2, gemma3_text, and gemma3's text model) and the mixtures of experts
-// built on the same block (mixtral, qwen3_moe), validated on load.
+// built on the same block (mixtral, qwen2_moe, qwen3_moe), validated on load.
 //
 // The file is untrusted: every size is checked before anyone allocates from it, and features the
 // engine does not implement (MLP biases, unknown RoPE scalings, sliding windows shorter than the
@@ -47,11 +47,11 @@ inline constexpr int32_t kMaxHiddenLayers = 65536;
 
 struct LlamaConfig {
   // "llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma2" or "gemma3_text" (also
-  // gemma3's text model: multimodal_wrapper), "mixtral" (Mistral's attention) or "qwen3_moe"
-  // (Qwen3's), whose MLPs are mixtures of experts: the Llama block, with Qwen2's
-  // Q/K/V biases and Qwen3's per-head Q/K RMSNorm (the flags below say which a model has); Phi-3
-  // stores Q/K/V as one qkv_proj and gate/up as one gate_up_proj (`fused_projections`); Granite
-  // scales the embedding, the attention scores, the residual branches and the logits by the
+  // gemma3's text model: multimodal_wrapper), "mixtral" (Mistral's attention), "qwen2_moe"
+  // (Qwen2's) or "qwen3_moe" (Qwen3's), whose MLPs are mixtures of experts: the Llama block, with
+  // Qwen2's Q/K/V biases and Qwen3's per-head Q/K RMSNorm (the flags below say which a model has);
+  // Phi-3 stores Q/K/V as one qkv_proj and gate/up as one gate_up_proj (`fused_projections`);
+  // Granite scales the embedding, the attention scores, the residual branches and the logits by the
   // multipliers below.
   std::string model_type;
   int32_t vocab_size = 0;
@@ -121,6 +121,10 @@ struct LlamaConfig {
   int32_t moe_intermediate_size = 0;
   bool norm_topk_prob = false;
   std::vector<bool> moe_layers;  // [num_hidden_layers], or empty: no mixture of experts
+  // Qwen2-MoE (qwen2_moe): each MoE layer also runs a shared expert, a SwiGLU MLP of this many
+  // features on every token, its output scaled by sigmoid(shared_expert_gate . x) and added to
+  // the routed experts' (0: none).
+  int32_t shared_expert_intermediate_size = 0;
   // gemma3 (Gemma3ForConditionalGeneration): this is its text_config, whose language model is
   // served; its tensors are named under language_model.model. (or model.language_model.).
   bool multimodal_wrapper = false;

@@ -607,7 +607,7 @@ TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
               absl::StatusCode::kUnimplemented,
               "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
-              "granite, mixtral, qwen3_moe, gemma2, gemma3, gemma3_text)");
+              "granite, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3, gemma3_text)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }
@@ -1170,6 +1170,63 @@ TEST(MoeConfigTest, Qwen3_30B_A3B) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->moe());
   EXPECT_EQ(c->num_experts, 0);
+}
+
+// Qwen/Qwen1.5-MoE-A2.7B's config.json.
+constexpr char kQwen15MoeA27B[] = R"json({
+  "architectures": ["Qwen2MoeForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+  "eos_token_id": 151643, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+  "intermediate_size": 5632, "max_position_embeddings": 8192, "max_window_layers": 21,
+  "model_type": "qwen2_moe", "num_attention_heads": 16, "num_hidden_layers": 24,
+  "num_key_value_heads": 16, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+  "sliding_window": 32768, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.39.0.dev0", "use_cache": true, "use_sliding_window": false,
+  "vocab_size": 151936, "decoder_sparse_step": 1, "moe_intermediate_size": 1408,
+  "shared_expert_intermediate_size": 5632, "num_experts_per_tok": 4, "num_experts": 60,
+  "norm_topk_prob": false, "output_router_logits": false, "router_aux_loss_coef": 0.001})json";
+
+TEST(MoeConfigTest, Qwen15MoeA27B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen15MoeA27B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "qwen2_moe");
+  EXPECT_EQ(c->num_experts, 60);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->moe_intermediate_size, 1408);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_TRUE(c->qkv_bias);  // Qwen2's attention
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);  // use_sliding_window false
+  EXPECT_EQ(c->NumMoeLayers(), 24);
+  EXPECT_FALSE(c->HasDenseMlp());
+  EXPECT_EQ(ArchitectureClassName("qwen2_moe"), "Qwen2MoeForCausalLM");
+  // Qwen2MoeConfig's defaults; a shared expert of 0 is none.
+  Json j = Json::parse(kQwen15MoeA27B);
+  for (const char* key : {"num_experts", "num_experts_per_tok", "moe_intermediate_size",
+                          "shared_expert_intermediate_size", "norm_topk_prob"}) {
+    j.erase(key);
+  }
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 60);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->moe_intermediate_size, 1408);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 5632);
+  EXPECT_FALSE(c->norm_topk_prob);
+  j["shared_expert_intermediate_size"] = 0;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shared_expert_intermediate_size, 0);
+  j["shared_expert_intermediate_size"] = -1;
+  EXPECT_EQ(ParseLlamaConfig(j.dump(), "config.json").status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // The Qwen3-MoE shared expert key is not read (Qwen3MoeSparseMoeBlock has none).
+  j = Json::parse(kQwen3_30B_A3B);
+  j["shared_expert_intermediate_size"] = 512;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shared_expert_intermediate_size, 0);
 }
 
 TEST(MoeConfigTest, BadExpertFieldsNameTheKey) {

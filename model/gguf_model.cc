@@ -123,40 +123,46 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
   const bool gemma = arch == "gemma2" || arch == "gemma3";
-  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen3moe" &&
-      arch != "phi3" && arch != "granite" && !gemma) {
-    return f.Unimplemented("general.architecture",
-                           absl::StrCat("\"", arch,
-                                        "\" is not supported (llama, qwen2, qwen3, qwen3moe, phi3, "
-                                        "granite, gemma2, gemma3)"));
+  if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen2moe" &&
+      arch != "qwen3moe" && arch != "phi3" && arch != "granite" && !gemma) {
+    return f.Unimplemented(
+        "general.architecture",
+        absl::StrCat("\"", arch,
+                     "\" is not supported (llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, "
+                     "granite, gemma2, gemma3)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
   Json c = Json::object();
   c["model_type"] = arch == "gemma3" ? "gemma3_text" : std::string(arch);
   // Mixtures of experts as llama.cpp computes them: a llama file with experts is Mixtral (each
-  // expert feed_forward_length wide), qwen3moe is Qwen3-MoE (expert_feed_forward_length); both
-  // renormalize the chosen experts' weights, and every layer is a mixture.
+  // expert feed_forward_length wide), qwen3moe is Qwen3-MoE (expert_feed_forward_length), both
+  // renormalizing the chosen experts' weights; qwen2moe is Qwen2-MoE (not renormalized, with a
+  // shared expert expert_shared_feed_forward_length wide). Every layer is a mixture.
   uint64_t experts = 0;
   if (f.Find(p + "expert_count") != nullptr) {
     ASSIGN_OR_RETURN(experts, f.GetUint(p + "expert_count"));
   }
-  if (arch == "qwen3moe" || experts > 0) {
-    if (arch != "llama" && arch != "qwen3moe") {
+  if (arch == "qwen2moe" || arch == "qwen3moe" || experts > 0) {
+    if (arch != "llama" && arch != "qwen2moe" && arch != "qwen3moe") {
       return f.Unimplemented(
           p + "expert_count",
           absl::StrCat(experts,
-                       " experts: mixtures of experts are served for llama (Mixtral) "
-                       "and qwen3moe, not \"",
+                       " experts: mixtures of experts are served for llama (Mixtral), "
+                       "qwen2moe and qwen3moe, not \"",
                        arch, "\""));
     }
     const bool mixtral = arch == "llama";
-    c["model_type"] = mixtral ? "mixtral" : "qwen3_moe";
+    c["model_type"] = mixtral ? "mixtral" : arch == "qwen2moe" ? "qwen2_moe" : "qwen3_moe";
     ASSIGN_OR_RETURN(c[mixtral ? "num_local_experts" : "num_experts"],
                      f.GetUint(p + "expert_count"));
     ASSIGN_OR_RETURN(c["num_experts_per_tok"], f.GetUint(p + "expert_used_count"));
     if (!mixtral) {
       ASSIGN_OR_RETURN(c["moe_intermediate_size"], f.GetUint(p + "expert_feed_forward_length"));
-      c["norm_topk_prob"] = true;
+      c["norm_topk_prob"] = arch == "qwen3moe";
+    }
+    if (arch == "qwen2moe") {
+      ASSIGN_OR_RETURN(c["shared_expert_intermediate_size"],
+                       f.GetUint(p + "expert_shared_feed_forward_length"));
     }
   }
   for (const auto& [key, hf] : {std::pair{"context_length", "max_position_embeddings"},
@@ -358,7 +364,11 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool s
       {"w2.weight", "ffn_down_exps.weight"},
       {"gate_proj.weight", "ffn_gate_exps.weight"},
       {"up_proj.weight", "ffn_up_exps.weight"},
-      {"down_proj.weight", "ffn_down_exps.weight"}};
+      {"down_proj.weight", "ffn_down_exps.weight"},
+      {"mlp.shared_expert.gate_proj.weight", "ffn_gate_shexp.weight"},
+      {"mlp.shared_expert.up_proj.weight", "ffn_up_shexp.weight"},
+      {"mlp.shared_expert.down_proj.weight", "ffn_down_shexp.weight"},
+      {"mlp.shared_expert_gate.weight", "ffn_gate_inp_shexp.weight"}};
   for (const auto& [from, to] : *kTop) {
     if (hf == from) return GgufName{std::string(to)};
   }
@@ -417,6 +427,7 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
   }
   std::vector<int64_t> ne(shape.rbegin(), shape.rend());
   if (name.expert >= 0) ne.push_back(config.num_experts);  // the experts' slabs, one tensor
+  if (ne.size() == 2 && ne[1] == 1 && t->ne.size() == 1) ne.pop_back();  // [1][n] as 1-D {n}
   if (t->ne != ne) {
     return absl::InvalidArgumentError(absl::StrCat(f.path(), ": tensor \"", name.name, "\": ne ",
                                                    NeString(t->ne), ", the config needs ",

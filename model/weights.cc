@@ -36,6 +36,12 @@ absl::Status BindExperts(const LlamaConfig& c, const std::string& p, const Llama
     ASSIGN_OR_RETURN(l->expert_down.emplace_back(),
                      bind(absl::StrCat(x, down, ".weight"), {d, ffn}));
   }
+  if (const int64_t shared = c.shared_expert_intermediate_size; shared > 0) {  // Qwen2-MoE's
+    ASSIGN_OR_RETURN(l->shared_gate, bind(moe + "shared_expert.gate_proj.weight", {shared, d}));
+    ASSIGN_OR_RETURN(l->shared_up, bind(moe + "shared_expert.up_proj.weight", {shared, d}));
+    ASSIGN_OR_RETURN(l->shared_down, bind(moe + "shared_expert.down_proj.weight", {d, shared}));
+    ASSIGN_OR_RETURN(l->shared_expert_gate, bind(moe + "shared_expert_gate.weight", {1, d}));
+  }
   return absl::OkStatus();
 }
 
@@ -144,7 +150,10 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
           &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.mlp_post_norm}) {
       count(*m);
     }
-    count(l.router);
+    for (const WeightMatrix* m :
+         {&l.router, &l.shared_gate, &l.shared_up, &l.shared_down, &l.shared_expert_gate}) {
+      count(*m);
+    }
     for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
       for (const WeightMatrix& m : *experts) count(m);
     }

@@ -42,11 +42,15 @@ struct LayerWeights {
   // up, [hidden][moe_ffn] down. Empty in a dense layer.
   WeightMatrix router;
   std::vector<WeightMatrix> expert_gate, expert_up, expert_down;
+  // Qwen2-MoE's shared expert (LlamaConfig::shared_expert_intermediate_size), run on every token:
+  // [shared_ffn][hidden] gate and up, [hidden][shared_ffn] down, and the [1][hidden] gate of its
+  // output (sigmoid of its dot product with the MLP input). Empty otherwise.
+  WeightMatrix shared_gate, shared_up, shared_down, shared_expert_gate;
 };
 
 // Calls f(WeightMatrix&) on each linear product `layer` has: Q, K, V, O, then gate, up and down,
-// or each expert's gate, up and down (a mixture-of-experts layer). Not the router, the norms or
-// the biases. `layer` may be const.
+// or each expert's gate, up and down and the shared expert's (a mixture-of-experts layer). Not
+// the router, the shared expert's gate, the norms or the biases. `layer` may be const.
 template <typename Layer, typename F>
 void ForEachLinearWeight(Layer& layer, F&& f) {
   for (auto* m : {&layer.wq, &layer.wk, &layer.wv, &layer.wo}) f(*m);
@@ -58,6 +62,9 @@ void ForEachLinearWeight(Layer& layer, F&& f) {
     f(layer.expert_gate[e]);
     f(layer.expert_up[e]);
     f(layer.expert_down[e]);
+  }
+  if (layer.shared_gate.data != nullptr) {
+    for (auto* m : {&layer.shared_gate, &layer.shared_up, &layer.shared_down}) f(*m);
   }
 }
 

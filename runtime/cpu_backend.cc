@@ -48,9 +48,11 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
     const int64_t q_share = int64_t{config.num_attention_heads} / tp * config.head_dim;
     const int64_t ffn_share = config.HasDenseMlp() ? config.intermediate_size / tp : 0;
     const int64_t expert_share = config.moe() ? config.moe_intermediate_size / tp : 0;
+    const int64_t shared_share = config.shared_expert_intermediate_size / tp;
     for (const auto& [share, what] : {std::pair{q_share, "attention heads x head_dim"},
                                       std::pair{ffn_share, "intermediate_size"},
-                                      std::pair{expert_share, "moe_intermediate_size"}}) {
+                                      std::pair{expert_share, "moe_intermediate_size"},
+                                      std::pair{shared_share, "shared_expert_intermediate_size"}}) {
       if (share % WeightMatrix::kQ8Block != 0) {
         return absl::InvalidArgumentError(absl::StrCat(
             "quantized weights with tensor parallelism ", tp, ": each rank's share of the ", what,

@@ -29,8 +29,9 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
       kvw_(int64_t{w_.kv_heads} * config.head_dim),
       ffn_(w_.ffn),
       moe_ffn_(w_.moe_ffn),
+      shared_ffn_(w_.shared_ffn),
       gelu_(config.gelu_tanh()),
-      scratch_per_thread_(MatMulScratchFloats(std::max({d_, qw_, ffn_, moe_ffn_}))) {
+      scratch_per_thread_(MatMulScratchFloats(std::max({d_, qw_, ffn_, moe_ffn_, shared_ffn_}))) {
   const int64_t rows = shape.max_rows;
   x_.resize(rows * d_);
   h_.resize(rows * d_);
@@ -53,6 +54,17 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
     moe_gate_.resize(routed * moe_ffn_);
     moe_up_.resize(routed * moe_ffn_);
     moe_y_.resize(routed * d_);
+  }
+  if (shared_ffn_ > 0) {
+    shared_expert_gate_.assign(config.num_hidden_layers * d_, 0.0f);
+    for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+      const WeightMatrix& g = w_.layers[layer].shared_expert_gate;
+      if (g.data != nullptr) WeightRowToFloat(g, 0, &shared_expert_gate_[layer * d_]);
+    }
+    shared_scale_.resize(rows);
+    shared_gate_.resize(rows * shared_ffn_);
+    shared_up_.resize(rows * shared_ffn_);
+    shared_y_.resize(rows * d_);
   }
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
@@ -355,9 +367,27 @@ void CpuRank::Route(int32_t n) {
   });
 }
 
-void CpuRank::ExpertsGateUp(int32_t layer, int thread, int num_threads, float* scratch) {
+void CpuRank::ExpertsGateUp(int32_t layer, int32_t n, int thread, int num_threads, float* scratch) {
   const CpuIsa isa = ActiveCpuIsa();
   const LayerWeights& l = w_.layers[layer];
+  const auto act = [&](float* g, const float* u, int64_t count) {
+    if (gelu_) {
+      GeluTanhMul(g, u, count, g);
+    } else {
+      SiluMul(g, u, count, g);
+    }
+  };
+  if (shared_ffn_ > 0) {  // the shared expert, on every row (h_ is still the MLP's input)
+    MatMulShare(isa, h_.data(), n, d_, l.shared_gate, shared_gate_.data(), shared_ffn_, thread,
+                num_threads, scratch);
+    MatMulShare(isa, h_.data(), n, d_, l.shared_up, shared_up_.data(), shared_ffn_, thread,
+                num_threads, scratch);
+    int64_t b, e;
+    MatMulShareBounds(shared_ffn_, thread, num_threads, &b, &e);
+    for (int32_t i = 0; i < n; ++i) {
+      act(&shared_gate_[i * shared_ffn_ + b], &shared_up_[i * shared_ffn_ + b], e - b);
+    }
+  }
   int64_t b, e;
   MatMulShareBounds(moe_ffn_, thread, num_threads, &b, &e);
   for (int32_t x = 0; x < config_.num_experts; ++x) {
@@ -368,14 +398,7 @@ void CpuRank::ExpertsGateUp(int32_t layer, int thread, int num_threads, float* s
     const float* in = &moe_x_[first * d_];
     MatMulShare(isa, in, m, d_, l.expert_gate[x], gate, moe_ffn_, thread, num_threads, scratch);
     MatMulShare(isa, in, m, d_, l.expert_up[x], up, moe_ffn_, thread, num_threads, scratch);
-    for (int64_t i = 0; i < m; ++i) {
-      float* g = gate + i * moe_ffn_ + b;
-      if (gelu_) {
-        GeluTanhMul(g, up + i * moe_ffn_ + b, e - b, g);
-      } else {
-        SiluMul(g, up + i * moe_ffn_ + b, e - b, g);
-      }
-    }
+    for (int64_t i = 0; i < m; ++i) act(gate + i * moe_ffn_ + b, up + i * moe_ffn_ + b, e - b);
   }
 }
 
@@ -388,6 +411,10 @@ void CpuRank::ExpertsDown(int32_t layer, int32_t n, int thread, int num_threads,
     MatMulShare(isa, &moe_gate_[first * moe_ffn_], m, moe_ffn_, l.expert_down[x],
                 &moe_y_[first * d_], d_, thread, num_threads, scratch);
   }
+  if (shared_ffn_ > 0) {
+    MatMulShare(isa, shared_gate_.data(), n, shared_ffn_, l.shared_down, shared_y_.data(), d_,
+                thread, num_threads, scratch);
+  }
   // Each row's experts weighted and summed, over the columns this thread's shares wrote.
   int64_t b, e;
   MatMulShareBounds(d_, thread, num_threads, &b, &e);
@@ -395,6 +422,7 @@ void CpuRank::ExpertsDown(int32_t layer, int32_t n, int thread, int num_threads,
   for (int32_t i = 0; i < n; ++i) {
     float* out = &h_[i * d_];
     for (int64_t c = b; c < e; ++c) out[c] = 0;
+    if (shared_ffn_ > 0) AddScaledInPlace(out + b, &shared_y_[i * d_ + b], shared_scale_[i], e - b);
     for (int32_t j = 0; j < k; ++j) {
       const size_t r = static_cast<size_t>(i) * k + j;
       AddScaledInPlace(out + b, &moe_y_[route_slot_[r] * d_ + b], route_weight_[r], e - b);
@@ -411,10 +439,21 @@ absl::Status CpuRank::Experts(int32_t layer, int32_t n) {
   MatMul(threads_, h_.data(), n, d_, l.router, &router_logits_[w_.router_begin], experts,
          scratch_.data());
   if (w_.size > 1) RETURN_IF_ERROR(comm_->AllReduceSum(router_logits_.data(), n * experts));
+  if (shared_ffn_ > 0) {
+    // The shared expert's output gate: one dot product a row, computed alike on every rank
+    // (each scales its partial sum of the shared expert's output by it).
+    const float* g = &shared_expert_gate_[layer * d_];
+    for (int32_t i = 0; i < n; ++i) {
+      const float* x = &h_[i * d_];
+      float dot = 0;
+      for (int64_t c = 0; c < d_; ++c) dot += g[c] * x[c];
+      shared_scale_[i] = 1.0f / (1.0f + std::exp(-dot));
+    }
+  }
   Route(n);
   for (int64_t e = 0; e < experts; ++e) experts_run_ += expert_begin_[e + 1] > expert_begin_[e];
   threads_.RunOnAll([&](int t) {
-    ExpertsGateUp(layer, t, threads_.num_threads(), &scratch_[t * scratch_per_thread_]);
+    ExpertsGateUp(layer, n, t, threads_.num_threads(), &scratch_[t * scratch_per_thread_]);
   });
   threads_.RunOnAll([&](int t) {
     ExpertsDown(layer, n, t, threads_.num_threads(), &scratch_[t * scratch_per_thread_]);

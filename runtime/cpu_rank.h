@@ -102,9 +102,10 @@ class CpuRank {
   // The router's softmax and top-k for rows [0, n) of router_logits_: route_expert_ and
   // route_weight_, then the rows gathered by expert into moe_x_ (expert_begin_, route_slot_).
   void Route(int32_t n);
-  // One thread's share of act(gate) * up of every routed expert, or of their down products and
-  // the weighted sum into h_ (the output columns MatMulShareBounds gives the thread).
-  void ExpertsGateUp(int32_t layer, int thread, int num_threads, float* scratch);
+  // One thread's share of act(gate) * up of every routed expert (and the shared expert), or of
+  // their down products and the weighted sum into h_ (the output columns MatMulShareBounds gives
+  // the thread).
+  void ExpertsGateUp(int32_t layer, int32_t n, int thread, int num_threads, float* scratch);
   void ExpertsDown(int32_t layer, int32_t n, int thread, int num_threads, float* scratch);
   // Thread `thread`'s share of y[i] += B (A x[i]) (B times the adapter's scale) for each row i
   // whose adapter adapts projection `target` of `layer` (this rank's share of it: a partial sum
@@ -133,6 +134,7 @@ class CpuRank {
   // Widths of this rank's activations.
   const int64_t d_, hd_, qw_, kvw_, ffn_;
   const int64_t moe_ffn_;             // this rank's features of each expert (0: a dense model)
+  const int64_t shared_ffn_;          // this rank's features of the shared expert (0: none)
   const bool gelu_;                   // the MLP's activation: GELU (tanh), or SiLU
   const int64_t scratch_per_thread_;  // matmul widening floats per pool thread
 
@@ -150,6 +152,10 @@ class CpuRank {
   std::vector<float> route_weight_;
   std::vector<float> moe_x_, moe_gate_, moe_up_, moe_y_;
   int64_t experts_run_ = 0;
+  // Qwen2-MoE's shared expert: its gate per layer in f32 ([layers][hidden]), each row's output
+  // scale sigmoid(gate . x) [max_rows], act(gate) * up [max_rows][shared_ffn] (up: scratch for
+  // up) and its down products [max_rows][hidden].
+  std::vector<float> shared_expert_gate_, shared_scale_, shared_gate_, shared_up_, shared_y_;
   // The adapters' shares by slot (null: empty; see SetLoraAdapter).
   std::vector<const RankLora*> lora_;
   // LoraShare's, with adapter slots only: per thread, an adapter's row ids and which rows are

@@ -90,10 +90,12 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
         config.num_attention_heads, "), KV heads (", config.num_key_value_heads,
         ") and intermediate size (", config.intermediate_size, ")"));
   }
-  if (config.moe() && config.moe_intermediate_size % size != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("tensor parallelism ", size,
-                                                   " must divide the experts' intermediate size (",
-                                                   config.moe_intermediate_size, ")"));
+  if (config.moe() && (config.moe_intermediate_size % size != 0 ||
+                       config.shared_expert_intermediate_size % size != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensor parallelism ", size, " must divide the experts' intermediate size (",
+                     config.moe_intermediate_size, ") and the shared expert's (",
+                     config.shared_expert_intermediate_size, ")"));
   }
   const int64_t hd = config.head_dim;
   RankWeights out;
@@ -103,6 +105,7 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
   out.kv_heads = config.num_key_value_heads / size;
   out.ffn = config.intermediate_size / size;
   out.moe_ffn = config.moe_intermediate_size / size;
+  out.shared_ffn = config.shared_expert_intermediate_size / size;
   out.router_begin = static_cast<int32_t>(int64_t{config.num_experts} * rank / size);
   const int32_t router_end = static_cast<int32_t>(int64_t{config.num_experts} * (rank + 1) / size);
   const int64_t vocab = config.vocab_size;
@@ -137,6 +140,13 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
         s.expert_up[e] = l.expert_up[e].RowSlice(begin, out.moe_ffn);
         ASSIGN_OR_RETURN(s.expert_down[e], CopyColumns(l.expert_down[e], "an expert's down_proj",
                                                        begin, out.moe_ffn, &out));
+      }
+      if (l.shared_gate.data != nullptr) {  // cut as a dense MLP; its output gate replicated
+        const int64_t shared_begin = int64_t{rank} * out.shared_ffn;
+        s.shared_gate = l.shared_gate.RowSlice(shared_begin, out.shared_ffn);
+        s.shared_up = l.shared_up.RowSlice(shared_begin, out.shared_ffn);
+        ASSIGN_OR_RETURN(s.shared_down, CopyColumns(l.shared_down, "the shared expert's down_proj",
+                                                    shared_begin, out.shared_ffn, &out));
       }
     }
     out.layers.push_back(s);

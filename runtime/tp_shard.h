@@ -55,6 +55,7 @@ struct RankWeights {
   // it holds ([router_begin, router_begin + router.rows) of each MoE layer).
   int32_t moe_ffn = 0;
   int32_t router_begin = 0;
+  int32_t shared_ffn = 0;   // this rank's features of the shared expert (Qwen2-MoE)
   int32_t vocab_begin = 0;  // this rank's lm_head rows: [vocab_begin, vocab_begin + lm_head.rows)
   WeightMatrix embed;       // replicated
   WeightMatrix final_norm;  // replicated

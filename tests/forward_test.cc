@@ -636,17 +636,21 @@ class ArchitectureForwardTest
 TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   const LlamaConfig& c = model().bundle->config;
   const std::string& size = std::get<0>(GetParam());
-  EXPECT_EQ(c.qkv_bias, size == "tiny-qwen2" || size == "tiny-biased");
+  EXPECT_EQ(c.qkv_bias, size == "tiny-qwen2" || size == "tiny-biased" || size == "tiny-qwen2-moe");
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
   const bool gemma = size == "tiny-gemma2" || size == "tiny-gemma3";
   EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3" || size == "tiny-qwen3-moe");
   // Mixtral: 4 experts, 2 a token, every layer; Qwen3-MoE: 8 experts of 96, 3 a token, weights
   // not renormalized, layer 3 dense.
-  EXPECT_EQ(c.num_experts, size == "tiny-mixtral" ? 4 : size == "tiny-qwen3-moe" ? 8 : 0);
+  // Qwen2-MoE: 4 experts of 96, 2 a token, not renormalized, and a shared expert of 192.
+  const bool qwen3_moe = size == "tiny-qwen3-moe";
+  EXPECT_EQ(c.num_experts, qwen3_moe ? 8 : c.moe() ? 4 : 0);
+  EXPECT_EQ(c.moe(), qwen3_moe || size == "tiny-mixtral" || size == "tiny-qwen2-moe");
+  EXPECT_EQ(c.shared_expert_intermediate_size, size == "tiny-qwen2-moe" ? 192 : 0);
   if (c.moe()) {
-    EXPECT_EQ(c.num_experts_per_tok, size == "tiny-mixtral" ? 2 : 3);
+    EXPECT_EQ(c.num_experts_per_tok, qwen3_moe ? 3 : 2);
     EXPECT_EQ(c.norm_topk_prob, size == "tiny-mixtral");
-    EXPECT_EQ(c.IsMoeLayer(3), size == "tiny-mixtral");
+    EXPECT_EQ(c.IsMoeLayer(3), !qwen3_moe);
     EXPECT_TRUE(c.IsMoeLayer(2));
   }
   EXPECT_EQ(c.fused_projections, size == "tiny-phi3");
@@ -671,7 +675,7 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   } else {
     EXPECT_EQ(c.attention_scale, 0.0);
   }
-  if (size == "tiny-qwen2" || size == "tiny-qwen3") {
+  if (size == "tiny-qwen2" || size == "tiny-qwen3" || size == "tiny-qwen2-moe") {
     EXPECT_EQ(c.head_dim * c.num_attention_heads, 2 * c.hidden_size);
   }
 }
@@ -701,7 +705,8 @@ INSTANTIATE_TEST_SUITE_P(
     ArchitecturesDtypesAndIsas, ArchitectureForwardTest,
     testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
                                      "tiny-granite", "tiny-gemma2", "tiny-gemma3",
-                                     "tiny-mistral-sw", "tiny-mixtral", "tiny-qwen3-moe"),
+                                     "tiny-mistral-sw", "tiny-mixtral", "tiny-qwen2-moe",
+                                     "tiny-qwen3-moe"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {

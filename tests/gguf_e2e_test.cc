@@ -177,14 +177,15 @@ TEST(GgufE2eTest, GemmaFilesGenerateWhatTheirDirectoriesGenerate) {
   EXPECT_EQ(Generate(gguf), Generate(hf));
 }
 
-// Mixtures of experts as llama.cpp's files hold them: a llama file with experts (Mixtral) and a
-// qwen3moe one, each expert a slab of ffn_gate_exps / ffn_up_exps / ffn_down_exps, the router
-// (ffn_gate_inp) in f32. f32 files generate what their directories generate; a q8_0 one and a
-// Q4_K_M one serve, their experts' slabs multiplied in place as the file's blocks. tiny-qwen3-moe
-// itself has no GGUF form (weights not renormalized, a dense layer: llama.cpp's qwen3moe has
-// neither) and is refused by name; its first three layers, renormalized, are a qwen3moe model.
+// Mixtures of experts as llama.cpp's files hold them: a llama file with experts (Mixtral), a
+// qwen2moe one (a shared expert, ffn_*_shexp, gated by ffn_gate_inp_shexp) and a qwen3moe one, each
+// expert a slab of ffn_gate_exps / ffn_up_exps / ffn_down_exps, the router (ffn_gate_inp) in f32.
+// f32 files generate what their directories generate; a q8_0 one and a Q4_K_M one serve, their
+// experts' slabs multiplied in place as the file's blocks. tiny-qwen3-moe itself has no GGUF form
+// (weights not renormalized, a dense layer: llama.cpp's qwen3moe has neither) and is refused by
+// name; its first three layers, renormalized, are a qwen3moe model.
 TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
-  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe"}) {
     const std::string dir = TestTmpDir() + "/" + size;
     modelgen::MakeModelOptions mo;
     mo.size = size;
@@ -221,7 +222,8 @@ TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
     EXPECT_EQ(g.num_experts, h.num_experts) << size;
     EXPECT_EQ(g.num_experts_per_tok, h.num_experts_per_tok) << size;
     EXPECT_EQ(g.moe_intermediate_size, h.moe_intermediate_size) << size;
-    EXPECT_TRUE(g.norm_topk_prob) << size;
+    EXPECT_EQ(g.norm_topk_prob, size != "tiny-qwen2-moe") << size;  // qwen2moe's are not
+    EXPECT_EQ(g.shared_expert_intermediate_size, h.shared_expert_intermediate_size) << size;
     EXPECT_EQ(g.moe_layers, h.moe_layers) << size;
     EXPECT_EQ(Generate(gguf), Generate(hf)) << size;
     for (const auto& [type, q4_k_m, format] :
@@ -269,8 +271,9 @@ TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
       v1::ModelInfo info;
       ASSERT_TRUE(quantized.stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
       EXPECT_EQ(info.weights_format(), format) << size;
-      EXPECT_EQ(info.architecture(),
-                size == "tiny-mixtral" ? "MixtralForCausalLM" : "Qwen3MoeForCausalLM");
+      EXPECT_EQ(info.architecture(), size == "tiny-mixtral"     ? "MixtralForCausalLM"
+                                     : size == "tiny-qwen2-moe" ? "Qwen2MoeForCausalLM"
+                                                                : "Qwen3MoeForCausalLM");
       EXPECT_EQ(info.num_experts(), h.num_experts);
       EXPECT_EQ(info.num_experts_per_tok(), h.num_experts_per_tok);
       EXPECT_EQ(info.moe_intermediate_size(), h.moe_intermediate_size);

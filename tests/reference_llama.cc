@@ -57,7 +57,8 @@ double SoftCap(double x, double c) { return c > 0 ? c * std::tanh(x / c) : x; }
 
 }  // namespace
 
-// The router of MoE layer `layer`: block_sparse_moe.gate (Mixtral) or mlp.gate (Qwen3-MoE).
+// The router of MoE layer `layer`: block_sparse_moe.gate (Mixtral) or mlp.gate (Qwen3-MoE,
+// Qwen2-MoE).
 std::string ReferenceLlama::RouterName(const LlamaConfig& config, int32_t layer) {
   return absl::StrCat("model.layers.", layer, ".",
                       config.model_type == "mixtral" ? "block_sparse_moe" : "mlp", ".gate.weight");
@@ -76,6 +77,16 @@ ReferenceLlama::ExpertTensors(const LlamaConfig& config, int32_t layer, int64_t 
           {p + (mixtral ? "w2" : "down_proj") + ".weight", &expert.down, hidden, ffn}};
 }
 
+// Qwen2MoeSparseMoeBlock.shared_expert, a Qwen2MoeMLP of shared_expert_intermediate_size:
+// down_proj(act(gate_proj(x)) * up_proj(x)).
+std::vector<std::tuple<std::string, ReferenceLlama::Matrix*, int64_t, int64_t>>
+ReferenceLlama::SharedExpertTensors(int32_t layer, Mlp& expert, int64_t hidden, int64_t ffn) {
+  const std::string p = absl::StrCat("model.layers.", layer, ".mlp.shared_expert.");
+  return {{p + "gate_proj.weight", &expert.gate, ffn, hidden},
+          {p + "up_proj.weight", &expert.up, ffn, hidden},
+          {p + "down_proj.weight", &expert.down, hidden, ffn}};
+}
+
 // Rows [begin, begin + count) of `m`, copied.
 ReferenceLlama::Matrix ReferenceLlama::Rows(const Matrix& m, int64_t begin, int64_t count) {
   Matrix out;
@@ -87,10 +98,10 @@ ReferenceLlama::Matrix ReferenceLlama::Rows(const Matrix& m, int64_t begin, int6
 
 absl::StatusOr<ReferenceLlama::Matrix> ReferenceLlama::Load(const SafetensorsSet& files,
                                                             const std::string& name, int64_t rows,
-                                                            int64_t cols) {
+                                                            int64_t cols, bool two_d) {
   // 1-D tensors (norm weights) are loaded as one row.
   std::vector<int64_t> shape =
-      rows == 1 ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
+      rows == 1 && !two_d ? std::vector<int64_t>{cols} : std::vector<int64_t>{rows, cols};
   ASSIGN_OR_RETURN(TensorView t, files.Get(name, shape));
   Matrix m;
   m.rows = rows;
@@ -145,7 +156,8 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
     ASSIGN_OR_RETURN(l.o, Load(files, p + "self_attn.o_proj.weight", d, qw));
     if (config.IsMoeLayer(i)) {
       // MixtralSparseMoeBlock (block_sparse_moe: gate; experts.E.w1 / w3 / w2 as gate / up /
-      // down) or Qwen3MoeSparseMoeBlock (mlp: gate; experts.E.gate_proj / up_proj / down_proj).
+      // down) or Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock (mlp: gate; experts.E.gate_proj
+      // / up_proj / down_proj).
       const int64_t experts = config.num_experts, moe_ffn = config.moe_intermediate_size;
       for (int64_t e = 0; e < experts; ++e) {
         Mlp expert;
@@ -155,6 +167,16 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
         l.experts.push_back(std::move(expert));
       }
       ASSIGN_OR_RETURN(l.router, Load(files, RouterName(config, i), experts, d));
+      if (config.shared_expert_intermediate_size > 0) {
+        // Qwen2MoeSparseMoeBlock: shared_expert (a Qwen2MoeMLP) and shared_expert_gate, an
+        // nn.Linear(hidden_size, 1, bias=False): weight [1][hidden].
+        for (const auto& [name, m, rows, cols] :
+             SharedExpertTensors(i, l.shared_expert, d, config.shared_expert_intermediate_size)) {
+          ASSIGN_OR_RETURN(*m, Load(files, name, rows, cols));
+        }
+        ASSIGN_OR_RETURN(l.shared_expert_gate,
+                         Load(files, p + "mlp.shared_expert_gate.weight", 1, d, /*two_d=*/true));
+      }
     } else if (config.fused_projections) {
       // Phi-3: gate_up_proj's rows are [gate; up].
       ASSIGN_OR_RETURN(Matrix gate_up, Load(files, p + "mlp.gate_up_proj.weight", 2 * ffn, d));
@@ -209,9 +231,13 @@ void ReferenceLlama::QuantizeLinearQ8_0() {
   quantize(lm_head_);  // a copy of the embedding when tied: the lookup keeps the stored values
   for (Layer& l : layers_) {
     for (Matrix* m : {&l.q, &l.k, &l.v, &l.o, &l.mlp.gate, &l.mlp.up, &l.mlp.down}) quantize(*m);
-    // The experts are quantized like the dense MLP; the router is not.
+    // The experts and the shared expert are quantized like the dense MLP; the router and the
+    // shared expert's gate are not.
     for (Mlp& e : l.experts) {
       for (Matrix* m : {&e.gate, &e.up, &e.down}) quantize(*m);
+    }
+    for (Matrix* m : {&l.shared_expert.gate, &l.shared_expert.up, &l.shared_expert.down}) {
+      quantize(*m);  // empty (nothing to do) without a shared expert
     }
   }
   q8_0_linear_ = true;
@@ -230,11 +256,19 @@ void ReferenceLlama::ReplaceLinearWeights(
       fill(absl::StrCat(p, name, ".weight"), m->rows, m->cols, m->data.data());
     }
     if (config_.IsMoeLayer(static_cast<int32_t>(i))) {
-      // Each expert's matrices by their HF names; the router is kept.
+      // Each expert's matrices and the shared expert's by their HF names; the router and the
+      // shared expert's gate are kept.
       for (size_t e = 0; e < l.experts.size(); ++e) {
         for (const auto& [name, m, rows, cols] :
              ExpertTensors(config_, static_cast<int32_t>(i), static_cast<int64_t>(e), l.experts[e],
                            config_.hidden_size, config_.moe_intermediate_size)) {
+          fill(name, rows, cols, m->data.data());
+        }
+      }
+      if (config_.shared_expert_intermediate_size > 0) {
+        for (const auto& [name, m, rows, cols] :
+             SharedExpertTensors(static_cast<int32_t>(i), l.shared_expert, config_.hidden_size,
+                                 config_.shared_expert_intermediate_size)) {
           fill(name, rows, cols, m->data.data());
         }
       }
@@ -350,6 +384,15 @@ std::vector<double> ReferenceLlama::MixtureOfExperts(const Layer& l, const std::
     const std::vector<double> y = GatedMlp(l.experts[e], x);
     const double w = p[e] / norm;
     for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
+  }
+  if (!l.shared_expert_gate.data.empty()) {
+    // Qwen2-MoE: shared_expert_output = sigmoid(shared_expert_gate(x)) * shared_expert(x), added
+    // to the routed experts' sum. The gate is taken as the router is (unquantized; its input
+    // rounded by the bf16 option only), the shared expert as any MLP.
+    const double g = Product(l.shared_expert_gate, bf16_linear_inputs_ ? RoundedToBf16(x) : x)[0];
+    const double s = 1.0 / (1.0 + std::exp(-g));
+    const std::vector<double> y = GatedMlp(l.shared_expert, x);
+    for (size_t i = 0; i < out.size(); ++i) out[i] += s * y[i];
   }
   return out;
 }

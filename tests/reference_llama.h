@@ -17,22 +17,31 @@
 // layers rotating with rope_local_base_freq, unscaled. Sliding-window attention (any model, per
 // layer, as Transformers' sliding_window_causal mask): position q sees keys q - window < k <= q.
 // Mixtures of experts (modeling_mixtral's MixtralSparseMoeBlock, modeling_qwen3_moe's
-// Qwen3MoeSparseMoeBlock; Mixtral's attention is Mistral's, Qwen3-MoE's Qwen3's): in the layers
+// Qwen3MoeSparseMoeBlock, modeling_qwen2_moe's Qwen2MoeSparseMoeBlock; Mixtral's attention is
+// Mistral's, Qwen3-MoE's Qwen3's, Qwen2-MoE's Qwen2's with its Q/K/V biases): in the layers
 // config.IsMoeLayer marks, the MLP's input x gives router logits W_router x (`gate`, no bias),
 // their softmax over all experts, the num_experts_per_tok largest of it kept (top-k; on a tie the
 // lower expert number, where torch.topk leaves the order unspecified), divided by their sum when
 // norm_topk_prob (Mixtral always), and the output sum_e p_e down_e(act(gate_e x) * up_e x) over
-// the kept experts e; the other layers (Qwen3-MoE's mlp_only_layers, decoder_sparse_step) keep
-// the dense MLP. The router's tensor is block_sparse_moe.gate (Mixtral) or mlp.gate (Qwen3-MoE),
-// the experts' block_sparse_moe.experts.E.w1 / w3 / w2 (gate / up / down) or
-// mlp.experts.E.gate_proj / up_proj / down_proj.
+// the kept experts e; the other layers (Qwen3-MoE's and Qwen2-MoE's mlp_only_layers,
+// decoder_sparse_step) keep the dense MLP. The router's tensor is block_sparse_moe.gate (Mixtral)
+// or mlp.gate (Qwen3-MoE, Qwen2-MoE), the experts' block_sparse_moe.experts.E.w1 / w3 / w2 (gate /
+// up / down) or mlp.experts.E.gate_proj / up_proj / down_proj. Qwen2-MoE's shared expert (when
+// shared_expert_intermediate_size > 0): every token of a MoE layer also runs the SwiGLU MLP
+// mlp.shared_expert.gate_proj / up_proj / down_proj (of shared_expert_intermediate_size features),
+// and sigmoid(w . x) times its output, w the [1][hidden] mlp.shared_expert_gate (no bias), is
+// added to the routed experts' sum.
+// The rounding options treat the shared expert's gate / up / down as linear layers like any
+// (input rounding; quantized by QuantizeLinearQ8_0, replaced by ReplaceLinearWeights under their
+// HF names), and shared_expert_gate as the router: kept as stored, its input rounded by the bf16
+// option only.
 // The only shared code is config parsing and RopeInverseFrequencies / LocalRopeConfig (the
 // llama3 / linear / yarn frequency scaling and the local base; the yarn attention factor is
 // applied here, to this file's own cos and sin).
 //
 // Cost: O(layers * T * (params_per_layer + T * hidden)) per Forward, where a MoE layer's
-// parameters count the router and the num_experts_per_tok experts a token runs, not all of them;
-// meant for T in the hundreds.
+// parameters count the router, the num_experts_per_tok experts a token runs (not all of them)
+// and the shared expert and its gate; meant for T in the hundreds.
 #ifndef KVRM_TESTS_REFERENCE_LLAMA_H_
 #define KVRM_TESTS_REFERENCE_LLAMA_H_
 
@@ -87,30 +96,32 @@ class ReferenceLlama {
   // When on, every linear layer's input vector is rounded to bf16 (through float, to nearest
   // even) before the product, as bf16 GEMMs on GPUs and the CPU's avx512_bf16 path take their
   // activations; the products and sums stay in double. Off by default. The MoE router's input
-  // too: the engine computes the router as a linear layer in the model's dtype.
+  // too (and Qwen2-MoE's shared_expert_gate's): the engine computes the router as a linear layer
+  // in the model's dtype.
   void set_bf16_linear_inputs(bool on) { bf16_linear_inputs_ = on; }
   // When on, every key (after RoPE) and value is rounded to bf16 (through float, to nearest even)
   // before attention reads it, as a bf16 KV cache (--kv_dtype=bf16) stores them. Off by default.
   void set_bf16_kv(bool on) { bf16_kv_ = on; }
   // q8_0 linear layers, as the CPU backend multiplies them with --quantization=q8_0 (written
   // here from GGUF's q8_0 definition and docs/design.md, not from the kernels): every linear
-  // weight (Q, K, V, O, gate, up, down and each expert's, lm_head; not the embedding lookup nor
-  // the MoE router, which vLLM and llama.cpp keep unquantized) becomes, per block of 32 values of
-  // a row, d * q with d = amax / 127 stored as f16 and q = round(x / (amax / 127)) half away from
-  // zero (a last partial block padded with zeros); and every linear layer's input (not the
-  // router's) is rounded to steps of s = amax / 32767 of its own largest magnitude (in float:
-  // round to nearest even of x * (32767 / amax)). Irreversible: the weights are replaced.
+  // weight (Q, K, V, O, gate, up, down and each expert's and the shared expert's, lm_head; not
+  // the embedding lookup nor the MoE router or Qwen2-MoE's shared_expert_gate, which vLLM and
+  // llama.cpp keep unquantized) becomes, per block of 32 values of a row, d * q with
+  // d = amax / 127 stored as f16 and q = round(x / (amax / 127)) half away from zero (a last
+  // partial block padded with zeros); and every linear layer's input (not the router's nor the
+  // shared_expert_gate's) is rounded to steps of s = amax / 32767 of its own largest magnitude (in
+  // float: round to nearest even of x * (32767 / amax)). Irreversible: the weights are replaced.
   void QuantizeLinearQ8_0();
-  // Replaces every linear weight (Q, K, V, O, gate, up, down and each expert's, lm_head; not the
-  // embedding lookup nor the MoE router) with the values `fill` writes: fill(HF tensor name,
-  // rows, cols, data) over a row-major [rows][cols] of the current values (a test passes a
-  // quantized copy's values).
+  // Replaces every linear weight (Q, K, V, O, gate, up, down and each expert's and the shared
+  // expert's, lm_head; not the embedding lookup nor the MoE router or shared_expert_gate) with the
+  // values `fill` writes: fill(HF tensor name, rows, cols, data) over a row-major [rows][cols] of
+  // the current values (a test passes a quantized copy's values).
   void ReplaceLinearWeights(
       const std::function<void(const std::string&, int64_t, int64_t, double*)>& fill);
-  // Every linear layer's input (not the MoE router's) rounded as the CPU backend's q4_K products
-  // take it (kernels/cpu/q4_k.h, written here from that definition): per block of 32 values, to
-  // steps of amax / 127 of the block's largest magnitude (in float: round to nearest even of
-  // x * (127 / amax)).
+  // Every linear layer's input (not the MoE router's nor the shared_expert_gate's) rounded as the
+  // CPU backend's q4_K products take it (kernels/cpu/q4_k.h, written here from that definition):
+  // per block of 32 values, to steps of amax / 127 of the block's largest magnitude (in float:
+  // round to nearest even of x * (127 / amax)).
   void set_int8_block_linear_inputs(bool on) { int8_block_linear_inputs_ = on; }
 
  private:
@@ -136,13 +147,17 @@ class ReferenceLlama {
     // A MoE layer's router [num_experts][hidden] and experts (empty in a dense layer).
     Matrix router;
     std::vector<Mlp> experts;
+    // Qwen2-MoE: a MoE layer's shared expert and its gate [1][hidden] (empty: none).
+    Mlp shared_expert;
+    Matrix shared_expert_gate;
     std::vector<double> bq, bk, bv, bo;  // biases (empty: none)
     std::vector<double> q_norm, k_norm;  // [head_dim] (empty: none)
   };
 
   explicit ReferenceLlama(const LlamaConfig& config) : config_(config) {}
+  // A [rows][cols] tensor; one with rows == 1 is stored 1-D ([cols]) unless `two_d`.
   static absl::StatusOr<Matrix> Load(const SafetensorsSet& files, const std::string& name,
-                                     int64_t rows, int64_t cols);
+                                     int64_t rows, int64_t cols, bool two_d = false);
   static Matrix Rows(const Matrix& m, int64_t begin, int64_t count);
   // The HF names of a MoE layer's router and of expert `e`'s gate, up and down (with `expert`'s
   // matrices and their shapes), by model_type.
@@ -150,6 +165,9 @@ class ReferenceLlama {
   static std::vector<std::tuple<std::string, Matrix*, int64_t, int64_t>> ExpertTensors(
       const LlamaConfig& config, int32_t layer, int64_t e, Mlp& expert, int64_t hidden,
       int64_t ffn);
+  // A MoE layer's shared expert's gate, up and down (Qwen2-MoE), as ExpertTensors.
+  static std::vector<std::tuple<std::string, Matrix*, int64_t, int64_t>> SharedExpertTensors(
+      int32_t layer, Mlp& expert, int64_t hidden, int64_t ffn);
 
   // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs, to int16 steps
   // under QuantizeLinearQ8_0, to int8 block steps under set_int8_block_linear_inputs).
@@ -158,8 +176,8 @@ class ReferenceLlama {
   static std::vector<double> Product(const Matrix& w, const std::vector<double>& x);
   // down(act(gate x) * up x) for one vector.
   std::vector<double> GatedMlp(const Mlp& mlp, const std::vector<double>& x) const;
-  // The mixture of experts of layer `l` for one vector; lowers `*min_margin` to this token's
-  // routing margin (see min_routing_margin).
+  // The mixture of experts of layer `l` for one vector (with its shared expert, if any); lowers
+  // `*min_margin` to this token's routing margin (see min_routing_margin).
   std::vector<double> MixtureOfExperts(const Layer& l, const std::vector<double>& x,
                                        double* min_margin) const;
   // HF LlamaRMSNorm: weight * x / sqrt(mean(x^2) + eps); Gemma's (1 + weight) * ... with

@@ -1,8 +1,10 @@
-// The float64 reference's mixtures of experts (Mixtral, Qwen3-MoE), on tiny models written here
-// from hand-built configs: every expert the dense MLP gives the dense model's logits exactly
-// (whatever the router picks); all experts kept unrenormalized, and the top-k picks of a router
-// whose choices differ by token, agree with a second computation of the first position written
-// here; the routing margin; and which tensors the weight replacement visits.
+// The float64 reference's mixtures of experts (Mixtral, Qwen3-MoE, Qwen2-MoE), on tiny models
+// written here from hand-built configs: every expert the dense MLP gives the dense model's logits
+// exactly (whatever the router picks); all experts kept unrenormalized, the top-k picks of a
+// router whose choices differ by token, and Qwen2-MoE's gated shared expert agree with a second
+// computation of the first position written here; a shared expert whose gate is zero adds half
+// its output (sigmoid(0) = 1/2), as a dense model with that expert's features appended shows; the
+// routing margin; and which tensors the weight replacement visits.
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
@@ -37,6 +39,7 @@ constexpr int32_t kKvHeads = 1;
 constexpr int32_t kHeadDim = 8;
 constexpr int32_t kFfn = 12;
 constexpr int32_t kExperts = 4;
+constexpr int32_t kSharedFfn = 8;  // Qwen2-MoE's shared expert's features
 
 // A model's tensors by HF name: shape and f32 values (which widen to double exactly).
 struct Tensor {
@@ -61,8 +64,9 @@ class Random {
   std::mt19937 rng_;
 };
 
-// `layers` layers of `model_type` ("mistral", "qwen3", "mixtral" or "qwen3_moe") with the
-// sizes above; a mixture in the layers `moe` marks (empty: dense).
+// `layers` layers of `model_type` ("mistral", "qwen2", "qwen3", "mixtral", "qwen2_moe" or
+// "qwen3_moe") with the sizes above; a mixture in the layers `moe` marks (empty: dense), without
+// a shared expert.
 LlamaConfig MakeConfig(const std::string& model_type, int32_t layers, std::vector<bool> moe,
                        int32_t top_k, bool norm_topk_prob) {
   LlamaConfig c;
@@ -76,6 +80,7 @@ LlamaConfig MakeConfig(const std::string& model_type, int32_t layers, std::vecto
   c.head_dim = kHeadDim;
   c.max_position_embeddings = 64;
   c.qk_norm = model_type == "qwen3" || model_type == "qwen3_moe";
+  c.qkv_bias = model_type == "qwen2" || model_type == "qwen2_moe";  // as the parser sets it
   if (std::find(moe.begin(), moe.end(), true) != moe.end()) {
     c.num_experts = kExperts;
     c.num_experts_per_tok = top_k;
@@ -86,7 +91,7 @@ LlamaConfig MakeConfig(const std::string& model_type, int32_t layers, std::vecto
   return c;
 }
 
-// The dense model's tensors (random; norms near 1).
+// The dense model's tensors (random; norms near 1), the MLP of c.intermediate_size.
 Weights DenseWeights(const LlamaConfig& c, Random& random) {
   Weights w;
   w["model.embed_tokens.weight"] = random.Make({kVocab, kHidden}, 0, 1);
@@ -100,13 +105,19 @@ Weights DenseWeights(const LlamaConfig& c, Random& random) {
     w[p + "self_attn.k_proj.weight"] = random.Make({kKvHeads * kHeadDim, kHidden}, 0, 0.4f);
     w[p + "self_attn.v_proj.weight"] = random.Make({kKvHeads * kHeadDim, kHidden}, 0, 0.4f);
     w[p + "self_attn.o_proj.weight"] = random.Make({kHidden, kHeads * kHeadDim}, 0, 0.3f);
+    if (c.qkv_bias) {
+      w[p + "self_attn.q_proj.bias"] = random.Make({kHeads * kHeadDim}, 0, 0.3f);
+      w[p + "self_attn.k_proj.bias"] = random.Make({kKvHeads * kHeadDim}, 0, 0.3f);
+      w[p + "self_attn.v_proj.bias"] = random.Make({kKvHeads * kHeadDim}, 0, 0.3f);
+    }
     if (c.qk_norm) {
       w[p + "self_attn.q_norm.weight"] = random.Make({kHeadDim}, 1, 0.2f);
       w[p + "self_attn.k_norm.weight"] = random.Make({kHeadDim}, 1, 0.2f);
     }
-    w[p + "mlp.gate_proj.weight"] = random.Make({kFfn, kHidden}, 0, 0.4f);
-    w[p + "mlp.up_proj.weight"] = random.Make({kFfn, kHidden}, 0, 0.4f);
-    w[p + "mlp.down_proj.weight"] = random.Make({kHidden, kFfn}, 0, 0.3f);
+    const int64_t ffn = c.intermediate_size;
+    w[p + "mlp.gate_proj.weight"] = random.Make({ffn, kHidden}, 0, 0.4f);
+    w[p + "mlp.up_proj.weight"] = random.Make({ffn, kHidden}, 0, 0.4f);
+    w[p + "mlp.down_proj.weight"] = random.Make({kHidden, ffn}, 0, 0.3f);
   }
   return w;
 }
@@ -126,9 +137,18 @@ std::vector<std::string> ExpertNames(const LlamaConfig& c, int32_t layer, int32_
   const std::string p = absl::StrCat("model.layers.", layer, ".mlp.experts.", e);
   return {p + ".gate_proj.weight", p + ".up_proj.weight", p + ".down_proj.weight"};
 }
+// Qwen2-MoE's shared expert's gate, up and down, and its gate's [1][hidden] vector.
+std::vector<std::string> SharedExpertNames(int32_t layer) {
+  const std::string p = absl::StrCat("model.layers.", layer, ".mlp.shared_expert.");
+  return {p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"};
+}
+std::string SharedExpertGateName(int32_t layer) {
+  return absl::StrCat("model.layers.", layer, ".mlp.shared_expert_gate.weight");
+}
 
 // `dense`'s tensors as MoE model `c`: in each MoE layer a random router (spread `router_spread`)
-// and experts that are the dense MLP (`same_experts`) or random.
+// and experts that are the dense MLP (`same_experts`) or random; and when
+// c.shared_expert_intermediate_size > 0 a random shared expert and gate.
 Weights MoeWeights(const LlamaConfig& c, const Weights& dense, Random& random, bool same_experts,
                    float router_spread = 1.0f) {
   Weights w = dense;
@@ -146,6 +166,14 @@ Weights MoeWeights(const LlamaConfig& c, const Weights& dense, Random& random, b
       }
     }
     for (const std::string& name : dense_names) w.erase(name);
+    if (c.shared_expert_intermediate_size > 0) {
+      const int64_t shared = c.shared_expert_intermediate_size;
+      const std::vector<std::string> names = SharedExpertNames(i);
+      w[names[0]] = random.Make({shared, kHidden}, 0, 0.4f);
+      w[names[1]] = random.Make({shared, kHidden}, 0, 0.4f);
+      w[names[2]] = random.Make({kHidden, shared}, 0, 0.4f);
+      w[SharedExpertGateName(i)] = random.Make({1, kHidden}, 0, 0.5f);
+    }
   }
   return w;
 }
@@ -207,14 +235,20 @@ struct FirstPosition {
 };
 
 // Logits of a one-layer MoE model after `token` at position 0, where attention has one key:
-// each query head's output is its KV head's value, whatever Q, K, their norms and RoPE are.
+// each query head's output is its KV head's value (with v_proj's bias, if any), whatever Q, K,
+// their biases, norms and RoPE are. Qwen2-MoE's shared expert, when c has one, is added as
+// Qwen2MoeSparseMoeBlock adds it: sigmoid(shared_expert_gate . m) * shared_expert(m).
 FirstPosition FirstPositionOf(const LlamaConfig& c, const Weights& w, int32_t token) {
   const std::string p = "model.layers.0.";
   const Tensor& embed = w.at("model.embed_tokens.weight");
   std::vector<double> x(embed.values.begin() + token * kHidden,
                         embed.values.begin() + (token + 1) * kHidden);
-  const std::vector<double> v = MatVec(w.at(p + "self_attn.v_proj.weight"),
-                                       Norm(x, w.at(p + "input_layernorm.weight"), c.rms_norm_eps));
+  std::vector<double> v = MatVec(w.at(p + "self_attn.v_proj.weight"),
+                                 Norm(x, w.at(p + "input_layernorm.weight"), c.rms_norm_eps));
+  if (c.qkv_bias) {
+    const Tensor& bias = w.at(p + "self_attn.v_proj.bias");
+    for (size_t i = 0; i < v.size(); ++i) v[i] += bias.values[i];
+  }
   std::vector<double> attn(kHeads * kHeadDim);
   for (int32_t h = 0; h < kHeads; ++h) {
     for (int32_t i = 0; i < kHeadDim; ++i) {
@@ -249,6 +283,15 @@ FirstPosition FirstPositionOf(const LlamaConfig& c, const Weights& w, int32_t to
     const double weight = c.norm_topk_prob ? prob[e] / kept : prob[e];
     for (int32_t i = 0; i < kHidden; ++i) x[i] += weight * y[i];
   }
+  if (c.shared_expert_intermediate_size > 0) {
+    const std::vector<std::string> names = SharedExpertNames(0);
+    std::vector<double> g = MatVec(w.at(names[0]), m);
+    const std::vector<double> u = MatVec(w.at(names[1]), m);
+    for (size_t i = 0; i < g.size(); ++i) g[i] = g[i] / (1 + std::exp(-g[i])) * u[i];
+    const std::vector<double> y = MatVec(w.at(names[2]), g);
+    const double gate = 1 / (1 + std::exp(-MatVec(w.at(SharedExpertGateName(0)), m)[0]));
+    for (int32_t i = 0; i < kHidden; ++i) x[i] += gate * y[i];
+  }
   out.logits = MatVec(w.at("lm_head.weight"), Norm(x, w.at("model.norm.weight"), c.rms_norm_eps));
   return out;
 }
@@ -259,12 +302,13 @@ const std::vector<int32_t> kTokens = {3, 17, 0, 9, 9, 12, 5, 1, 19, 4, 8, 2};
 
 // With every expert equal to the dense MLP and the kept probabilities renormalized, the mixture
 // is that MLP whatever the router picks: the logits are the dense model's (full attention and
-// far history alike). Mixtral against Mistral in every layer; Qwen3-MoE against Qwen3 with a
-// dense first layer (mlp_only_layers) between.
+// far history alike). Mixtral against Mistral in every layer; Qwen3-MoE against Qwen3 and
+// Qwen2-MoE without a shared expert against Qwen2, with a dense first layer (mlp_only_layers).
 TEST(ReferenceMoeTest, EveryExpertTheDenseMlpGivesTheDenseModel) {
   for (const auto& [dense_type, moe_type, moe] :
        {std::tuple<std::string, std::string, std::vector<bool>>{"mistral", "mixtral", {true, true}},
-        {"qwen3", "qwen3_moe", {false, true}}}) {
+        {"qwen3", "qwen3_moe", {false, true}},
+        {"qwen2", "qwen2_moe", {false, true}}}) {
     SCOPED_TRACE(moe_type);
     Random random(7);
     const LlamaConfig dense_config = MakeConfig(dense_type, 2, {}, 0, false);
@@ -377,6 +421,152 @@ TEST(ReferenceMoeTest, TopKPicksDependOnTheToken) {
     EXPECT_LE(MaxAbsDiff({got[0]}, {want.logits}), 1e-12);
     EXPECT_GT(MaxAbsDiff({got[0]}, {FirstPositionOf(config, w, kTokens[0]).logits}), 1e-6);
   }
+}
+
+// Qwen2-MoE, top 2 of 4 unrenormalized (Qwen2MoeConfig's default) with a gated shared expert of
+// its own size: the logits and the smallest margin agree with the second computation, and the
+// shared expert matters.
+TEST(ReferenceMoeTest, Qwen2MoeSharedExpertAgreesWithTheSecondComputation) {
+  Random random(31);
+  LlamaConfig config = MakeConfig("qwen2_moe", 1, {true}, 2, false);
+  config.shared_expert_intermediate_size = kSharedFfn;
+  const Weights w = MoeWeights(config, DenseWeights(config, random), random,
+                               /*same_experts=*/false, /*router_spread=*/2.0f);
+  auto ref = MakeReference(config, w, "qwen2_moe_shared");
+  std::set<std::vector<int32_t>> picks;
+  double margin = std::numeric_limits<double>::infinity();
+  for (int32_t token = 0; token < kVocab; ++token) {
+    const std::vector<int32_t> one = {token};
+    const FirstPosition want = FirstPositionOf(config, w, token);
+    EXPECT_LE(MaxAbsDiff(ref->Forward(one), {want.logits}), 1e-12) << token;
+    std::vector<int32_t> set = want.experts;
+    std::sort(set.begin(), set.end());
+    picks.insert(set);
+    margin = std::min(margin, want.margin);
+  }
+  EXPECT_GE(picks.size(), 3u);
+  EXPECT_NEAR(ref->min_routing_margin(), margin, 1e-12);
+  EXPECT_GT(margin, 0);
+  // The first position of a longer sequence too.
+  const auto got = ref->Forward(kTokens);
+  EXPECT_LE(MaxAbsDiff({got[0]}, {FirstPositionOf(config, w, kTokens[0]).logits}), 1e-12);
+
+  // Without the shared expert (same tensors, the shared ones unread) the logits are the second
+  // computation's without it, and differ.
+  LlamaConfig unshared = config;
+  unshared.shared_expert_intermediate_size = 0;
+  auto ref_unshared = MakeReference(unshared, w, "qwen2_moe_unshared");
+  const auto got_unshared = ref_unshared->Forward(kTokens);
+  EXPECT_LE(MaxAbsDiff({got_unshared[0]}, {FirstPositionOf(unshared, w, kTokens[0]).logits}),
+            1e-12);
+  EXPECT_GT(MaxAbsDiff(got_unshared, got), 1e-6);
+}
+
+// A shared expert whose gate is all zeros is added at half weight (sigmoid(0) = 1/2): Qwen2-MoE
+// whose experts are all one MLP D (renormalized top 2, so the routed sum is D whatever the
+// router picks) plus a shared expert S gated by zeros is the dense Qwen2 model whose MLP is D's
+// and S's features side by side, S's down_proj columns halved: down([gD; gS] x ...) =
+// D(x) + S(x) / 2. Over a whole sequence, with a dense first layer (mlp_only_layers) of the same
+// width. Also: the weight replacement visits the shared expert's matrices under their names (and
+// not its gate nor the router).
+TEST(ReferenceMoeTest, ZeroSharedExpertGateAddsHalfTheSharedExpert) {
+  Random random(41);
+  constexpr int32_t kWide = kFfn + kSharedFfn;
+  LlamaConfig dense_config = MakeConfig("qwen2", 2, {}, 0, false);
+  dense_config.intermediate_size = kWide;
+  LlamaConfig moe_config = MakeConfig("qwen2_moe", 2, {false, true}, 2, true);
+  moe_config.intermediate_size = kWide;  // layer 0's dense MLP
+  moe_config.shared_expert_intermediate_size = kSharedFfn;
+  Weights dense = DenseWeights(dense_config, random);
+  Weights full = dense;  // as `dense`, S's down not halved
+
+  // Layer 1: D (the experts) and S (the shared expert), and the wide MLP [D; S].
+  const Tensor d_gate = random.Make({kFfn, kHidden}, 0, 0.4f);
+  const Tensor d_up = random.Make({kFfn, kHidden}, 0, 0.4f);
+  const Tensor d_down = random.Make({kHidden, kFfn}, 0, 0.4f);
+  const Tensor s_gate = random.Make({kSharedFfn, kHidden}, 0, 0.4f);
+  const Tensor s_up = random.Make({kSharedFfn, kHidden}, 0, 0.4f);
+  const Tensor s_down = random.Make({kHidden, kSharedFfn}, 0, 0.4f);
+  auto stacked = [](const Tensor& a, const Tensor& b) {  // rows of a, then rows of b
+    Tensor t{{a.shape[0] + b.shape[0], a.shape[1]}, a.values};
+    t.values.insert(t.values.end(), b.values.begin(), b.values.end());
+    return t;
+  };
+  auto side_by_side = [](const Tensor& a, const Tensor& b, float b_scale) {
+    Tensor t{{a.shape[0], a.shape[1] + b.shape[1]}, {}};
+    for (int64_t r = 0; r < a.shape[0]; ++r) {
+      for (int64_t i = 0; i < a.shape[1]; ++i) t.values.push_back(a.values[r * a.shape[1] + i]);
+      for (int64_t i = 0; i < b.shape[1]; ++i) {
+        t.values.push_back(b_scale * b.values[r * b.shape[1] + i]);
+      }
+    }
+    return t;
+  };
+  const std::string p = "model.layers.1.mlp.";
+  for (Weights* wide : {&dense, &full}) {
+    (*wide)[p + "gate_proj.weight"] = stacked(d_gate, s_gate);
+    (*wide)[p + "up_proj.weight"] = stacked(d_up, s_up);
+  }
+  dense[p + "down_proj.weight"] = side_by_side(d_down, s_down, 0.5f);  // exact in f32
+  full[p + "down_proj.weight"] = side_by_side(d_down, s_down, 1.0f);
+
+  Weights mixture = dense;
+  for (const char* name : {"gate_proj.weight", "up_proj.weight", "down_proj.weight"}) {
+    mixture.erase(p + name);
+  }
+  mixture[RouterName(moe_config, 1)] = random.Make({kExperts, kHidden}, 0, 2.0f);
+  for (int32_t e = 0; e < kExperts; ++e) {
+    const std::vector<std::string> names = ExpertNames(moe_config, 1, e);
+    mixture[names[0]] = d_gate;
+    mixture[names[1]] = d_up;
+    mixture[names[2]] = d_down;
+  }
+  const std::vector<std::string> shared_names = SharedExpertNames(1);
+  mixture[shared_names[0]] = s_gate;
+  mixture[shared_names[1]] = s_up;
+  mixture[shared_names[2]] = s_down;
+  mixture[SharedExpertGateName(1)] = Tensor{{1, kHidden}, std::vector<float>(kHidden, 0.0f)};
+
+  auto dense_ref = MakeReference(dense_config, dense, "qwen2_wide_half");
+  auto full_ref = MakeReference(dense_config, full, "qwen2_wide_full");
+  auto moe_ref = MakeReference(moe_config, mixture, "qwen2_moe_zero_gate");
+  const auto want = dense_ref->Forward(kTokens);
+  EXPECT_LE(MaxAbsDiff(moe_ref->Forward(kTokens), want), 1e-12);
+  EXPECT_GT(MaxAbsDiff(full_ref->Forward(kTokens), want), 1e-6);  // the half matters
+  EXPECT_GT(moe_ref->min_routing_margin(), 0);
+
+  // Halving S's down_proj in both (the wide down's last kSharedFfn columns): still equal, and the
+  // replacement visits exactly the linear weights, S's under their names, not the router nor
+  // the shared expert's gate.
+  std::vector<std::string> names;
+  moe_ref->ReplaceLinearWeights(
+      [&](const std::string& name, int64_t rows, int64_t cols, double* data) {
+        names.push_back(name);
+        if (name != shared_names[2]) return;
+        EXPECT_EQ(rows, kHidden);
+        EXPECT_EQ(cols, kSharedFfn);
+        for (int64_t i = 0; i < rows * cols; ++i) data[i] *= 0.5;
+      });
+  dense_ref->ReplaceLinearWeights(
+      [&](const std::string& name, int64_t rows, int64_t cols, double* data) {
+        if (name != p + "down_proj.weight") return;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int64_t i = kFfn; i < cols; ++i) data[r * cols + i] *= 0.5;
+        }
+      });
+  const auto quartered = dense_ref->Forward(kTokens);
+  EXPECT_GT(MaxAbsDiff(quartered, want), 1e-6);
+  EXPECT_LE(MaxAbsDiff(moe_ref->Forward(kTokens), quartered), 1e-12);
+  std::set<std::string> want_names;
+  for (const auto& [name, t] : mixture) {
+    if (t.shape.size() == 2 && name != "model.embed_tokens.weight" &&
+        name != RouterName(moe_config, 1) && name != SharedExpertGateName(1)) {
+      want_names.insert(name);
+    }
+  }
+  for (const std::string& name : shared_names) EXPECT_EQ(want_names.count(name), 1u) << name;
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), want_names);
+  EXPECT_EQ(names.size(), want_names.size());
 }
 
 }  // namespace

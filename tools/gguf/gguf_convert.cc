@@ -233,13 +233,19 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   const LlamaConfig& c = model->config;
   const bool gemma = c.sandwich_norms;
   if (gemma) RETURN_IF_ERROR(CheckGemmaHasGgufForm(model_dir, c));
-  // llama.cpp's mixtures (llama with experts, qwen3moe) renormalize the chosen experts' weights
-  // and have experts in every layer.
+  // llama.cpp's mixtures have experts in every layer; llama with experts and qwen3moe
+  // renormalize the chosen experts' weights, qwen2moe does not and has a shared expert.
   if (c.moe()) {
-    if (!c.norm_topk_prob) {
-      return absl::UnimplementedError(
-          absl::StrCat(model_dir, ": norm_topk_prob false: llama.cpp's ", c.model_type,
-                       " renormalizes the chosen experts' weights; this model has no GGUF form"));
+    const bool qwen2 = c.model_type == "qwen2_moe";
+    if (c.norm_topk_prob == qwen2) {
+      return absl::UnimplementedError(absl::StrCat(
+          model_dir, ": norm_topk_prob ", c.norm_topk_prob ? "true" : "false", ": llama.cpp's ",
+          c.model_type, qwen2 ? " does not renormalize" : " renormalizes",
+          " the chosen experts' weights; this model has no GGUF form"));
+    }
+    if (qwen2 && c.shared_expert_intermediate_size == 0) {
+      return absl::UnimplementedError(absl::StrCat(
+          model_dir, ": no shared expert: llama.cpp's qwen2moe has one; no GGUF form"));
     }
     for (int32_t i = 0; i < c.num_hidden_layers; ++i) {
       if (!c.IsMoeLayer(i)) {
@@ -255,12 +261,13 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on
   // adjacent pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows
   // as they are.
-  // Mixtral is llama with experts; Qwen3-MoE is qwen3moe.
+  // Mixtral is llama with experts; Qwen2-MoE and Qwen3-MoE are qwen2moe and qwen3moe.
   const std::string arch = c.model_type == "qwen2" || c.model_type == "qwen3" ||
                                    c.model_type == "granite" || c.model_type == "gemma2"
                                ? c.model_type
                            : c.model_type == "gemma3_text" ? "gemma3"
                            : c.model_type == "qwen3_moe"   ? "qwen3moe"
+                           : c.model_type == "qwen2_moe"   ? "qwen2moe"
                                                            : "llama";
   const bool permuted = GgufPermutesQk(arch);
   const std::string prefix = arch + ".";  // of its metadata keys
@@ -287,8 +294,11 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   if (c.moe()) {
     w.AddUint32(prefix + "expert_count", c.num_experts);
     w.AddUint32(prefix + "expert_used_count", c.num_experts_per_tok);
-    if (arch == "qwen3moe") {
+    if (arch != "llama") {
       w.AddUint32(prefix + "expert_feed_forward_length", c.moe_intermediate_size);
+    }
+    if (c.shared_expert_intermediate_size > 0) {
+      w.AddUint32(prefix + "expert_shared_feed_forward_length", c.shared_expert_intermediate_size);
     }
   }
   if (arch == "granite") {  // llama.cpp's names for Granite's multipliers
@@ -431,6 +441,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       add_stack(p + "ffn_up_exps.weight", l.expert_up, false, false, false, /*stacked=*/true);
       add_stack(p + "ffn_down_exps.weight", l.expert_down, false, more_bits, false,
                 /*stacked=*/true);
+      if (l.shared_gate.data != nullptr) {  // Qwen2-MoE's shared expert and its gate ({hidden})
+        add(p + "ffn_gate_inp_shexp.weight", l.shared_expert_gate, false);
+        add(p + "ffn_gate_shexp.weight", l.shared_gate, false);
+        add(p + "ffn_up_shexp.weight", l.shared_up, false);
+        add(p + "ffn_down_shexp.weight", l.shared_down, false, more_bits);
+      }
     } else {
       add(p + "ffn_gate.weight", l.w_gate, false);
       add(p + "ffn_up.weight", l.w_up, false);

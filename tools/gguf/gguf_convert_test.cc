@@ -513,7 +513,7 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("general.architecture: \"mamba\" is not supported (llama, qwen2, "
-                        "qwen3, qwen3moe, phi3, granite, gemma2, gemma3)"));
+                        "qwen3, qwen2moe, qwen3moe, phi3, granite, gemma2, gemma3)"));
   // Experts: llama's (Mixtral) need their used count; other architectures' are not computed.
   GgufWriter experts = base("llama", "gpt2", "llama-bpe");
   experts.AddUint32("llama.expert_count", 8);
@@ -531,7 +531,7 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("phi3.expert_count: 16 experts: mixtures of experts are served for llama "
-                        "(Mixtral) and qwen3moe, not \"phi3\""));
+                        "(Mixtral), qwen2moe and qwen3moe, not \"phi3\""));
   st = load(base("llama", "t5", "default"), "t5.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),

@@ -31,7 +31,10 @@ std::string TorchDtypeName(DType dtype) {
 std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds& ids) {
   OJson c;
   const bool qwen3_moe = spec.model_type == "qwen3_moe";
-  const bool qwen = spec.model_type == "qwen2" || spec.model_type == "qwen3" || qwen3_moe;
+  const bool qwen2_moe = spec.model_type == "qwen2_moe";
+  const bool qwen_moe = qwen2_moe || qwen3_moe;  // Qwen2MoeConfig / Qwen3MoeConfig's expert keys
+  const bool qwen =
+      spec.model_type == "qwen2" || spec.model_type == "qwen3" || qwen2_moe || qwen3_moe;
   const bool phi3 = spec.model_type == "phi3";
   const bool mixtral = spec.mixtral();
   const bool mistral = spec.model_type == "mistral" || mixtral;  // MixtralConfig: Mistral's keys
@@ -42,16 +45,18 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   // attention_bias, mlp_bias or pretraining_tp, Gemma's configs no mlp_bias or pretraining_tp,
   // and Gemma reads its activation from hidden_activation (hidden_act written too, as
   // gemma-2-2b's file has both). The mixtures of experts add their config classes' keys:
-  // MixtralConfig's num_local_experts and router_jitter_noise, Qwen3MoeConfig's num_experts,
-  // moe_intermediate_size, norm_topk_prob, decoder_sparse_step and mlp_only_layers.
+  // MixtralConfig's num_local_experts and router_jitter_noise, Qwen2MoeConfig's and
+  // Qwen3MoeConfig's num_experts, moe_intermediate_size, norm_topk_prob, decoder_sparse_step and
+  // mlp_only_layers, and Qwen2MoeConfig's shared_expert_intermediate_size. Qwen2's attention
+  // (qwen2, qwen2_moe) has its Q/K/V biases from the architecture, no attention_bias key.
   const auto softcap = [](double cap) { return cap > 0 ? OJson(cap) : OJson(nullptr); };
   c["architectures"] = {std::string(ArchitectureClassName(spec.model_type))};
-  if (spec.model_type != "qwen2" && !mistral) c["attention_bias"] = spec.attention_bias;
+  if (!spec.qwen2_attention() && !mistral) c["attention_bias"] = spec.attention_bias;
   c["attention_dropout"] = 0.0;
   if (gemma) c["attn_logit_softcapping"] = softcap(spec.attn_logit_softcapping);
   c["bos_token_id"] = ids.bos;
   if (gemma) c["cache_implementation"] = "hybrid";
-  if (qwen3_moe) c["decoder_sparse_step"] = spec.decoder_sparse_step;
+  if (qwen_moe) c["decoder_sparse_step"] = spec.decoder_sparse_step;
   c["eos_token_id"] = EosJson(ids);
   if (gemma) c["final_logit_softcapping"] = softcap(spec.final_logit_softcapping);
   c["head_dim"] = spec.head_dim;
@@ -74,13 +79,13 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   } else if (!mistral && !gemma) {
     c["mlp_bias"] = false;
   }
-  if (qwen3_moe) {
+  if (qwen_moe) {
     OJson dense = OJson::array();
     for (int layer : spec.mlp_only_layers) dense.push_back(layer);
     c["mlp_only_layers"] = std::move(dense);
   }
   c["model_type"] = std::string(spec.model_type);
-  if (qwen3_moe) {
+  if (qwen_moe) {
     c["moe_intermediate_size"] = spec.moe_intermediate_size;
     c["norm_topk_prob"] = spec.norm_topk_prob;
   }
@@ -91,7 +96,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["residual_multiplier"] = spec.residual_multiplier;
   }
   c["num_attention_heads"] = spec.num_heads;
-  if (qwen3_moe) c["num_experts"] = spec.num_experts;
+  if (qwen_moe) c["num_experts"] = spec.num_experts;
   if (moe) c["num_experts_per_tok"] = spec.num_experts_per_tok;
   c["num_hidden_layers"] = spec.num_layers;
   c["num_key_value_heads"] = spec.num_kv_heads;
@@ -117,9 +122,10 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["rope_scaling"] = nullptr;
   }
   c["rope_theta"] = spec.rope_theta;
-  // Mixtral-8x7B's and Qwen3-30B-A3B's values (only training reads them).
+  // Mixtral-8x7B's and Qwen1.5-MoE-A2.7B's / Qwen3-30B-A3B's values (only training reads them).
   if (moe) c["router_aux_loss_coef"] = mixtral ? 0.02 : 0.001;
   if (mixtral) c["router_jitter_noise"] = 0.0;
+  if (qwen2_moe) c["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size;
   if (spec.sliding_window > 0) {
     c["sliding_window"] = spec.sliding_window;
   } else if (qwen || phi3 || mixtral) {

@@ -196,6 +196,12 @@ std::vector<Expected> ExpectedTensors(const ModelSpec& s) {
     out.push_back({p + "self_attn.k_proj.weight", {s.num_kv_heads * hd, d}});
     out.push_back({p + "self_attn.v_proj.weight", {s.num_kv_heads * hd, d}});
     out.push_back({p + "self_attn.o_proj.weight", {d, s.num_heads * hd}});
+    if (s.qkv_bias()) {
+      out.push_back({p + "self_attn.q_proj.bias", {s.num_heads * hd}});
+      out.push_back({p + "self_attn.k_proj.bias", {s.num_kv_heads * hd}});
+      out.push_back({p + "self_attn.v_proj.bias", {s.num_kv_heads * hd}});
+    }
+    if (s.o_bias()) out.push_back({p + "self_attn.o_proj.bias", {d}});
     if (s.qk_norm()) {
       out.push_back({p + "self_attn.q_norm.weight", {hd}});
       out.push_back({p + "self_attn.k_norm.weight", {hd}});
@@ -214,6 +220,12 @@ std::vector<Expected> ExpectedTensors(const ModelSpec& s) {
         out.push_back({x + (m ? "w1" : "gate_proj") + ".weight", {expert_ffn, d}});
         out.push_back({x + (m ? "w3" : "up_proj") + ".weight", {expert_ffn, d}});
         out.push_back({x + (m ? "w2" : "down_proj") + ".weight", {d, expert_ffn}});
+      }
+      if (const int64_t shared = s.shared_expert_intermediate_size; shared > 0) {
+        out.push_back({moe + "shared_expert.gate_proj.weight", {shared, d}});
+        out.push_back({moe + "shared_expert.up_proj.weight", {shared, d}});
+        out.push_back({moe + "shared_expert.down_proj.weight", {d, shared}});
+        out.push_back({moe + "shared_expert_gate.weight", {1, d}});
       }
       continue;
     }
@@ -483,13 +495,85 @@ TEST(MakeModelTest, MoeConfigsHaveTheirKeysAndParse) {
   EXPECT_TRUE(q->qk_norm);
   EXPECT_FALSE(q->qkv_bias);
   EXPECT_EQ(q->sliding_window, 0);
+  EXPECT_EQ(q->shared_expert_intermediate_size, 0);
+}
+
+// Qwen2-MoE's config.json: Qwen2MoeConfig's keys (Qwen2's, with the Q/K/V biases implied by the
+// architecture rather than an attention_bias key, plus the experts' and the shared expert's),
+// read back as every layer a MoE layer with a shared expert of 192.
+TEST(MakeModelTest, Qwen2MoeConfigHasItsKeysAndParses) {
+  const SpecialIds ids{.bos = 1020, .eos = {1021, 1022}, .pad = 1023};
+  const ModelSpec spec = *FindModelSpec("tiny-qwen2-moe");
+  for (int i = 0; i < spec.num_layers; ++i) EXPECT_TRUE(spec.IsMoeLayer(i)) << i;
+  EXPECT_TRUE(spec.qkv_bias());
+  EXPECT_FALSE(spec.o_bias());
+  EXPECT_FALSE(spec.qk_norm());
+  EXPECT_FALSE(spec.mixtral());
+
+  const std::string text = BuildConfigJson(spec, DType::kBF16, ids);
+  const Json j = *ParseJson(text, "qwen2_moe");
+  EXPECT_EQ(j["architectures"], Json::array({"Qwen2MoeForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "qwen2_moe");
+  EXPECT_EQ(j["num_experts"], 4);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  EXPECT_EQ(j["moe_intermediate_size"], 96);
+  EXPECT_EQ(j["shared_expert_intermediate_size"], 192);
+  EXPECT_EQ(j["intermediate_size"], 352);
+  EXPECT_EQ(j["norm_topk_prob"], false);
+  EXPECT_EQ(j["decoder_sparse_step"], 1);
+  EXPECT_EQ(j["mlp_only_layers"], Json::array());
+  EXPECT_EQ(j["router_aux_loss_coef"], 0.001);
+  EXPECT_EQ(j["output_router_logits"], false);
+  EXPECT_EQ(j["use_sliding_window"], false);
+  EXPECT_TRUE(j.contains("sliding_window") && j["sliding_window"].is_null());
+  EXPECT_EQ(j["max_window_layers"], 4);
+  EXPECT_EQ(j["head_dim"], 64);
+  EXPECT_EQ(j["num_attention_heads"], 4);
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["hidden_size"], 128);
+  EXPECT_EQ(j["rope_theta"], 1e6);
+  EXPECT_TRUE(j.contains("rope_scaling") && j["rope_scaling"].is_null());
+  EXPECT_EQ(j["rms_norm_eps"], 1e-6);
+  EXPECT_EQ(j["tie_word_embeddings"], true);
+  // Qwen2MoeConfig has none of these (tiny-qwen2's config has no attention_bias either).
+  for (const char* key : {"attention_bias", "mlp_bias", "pretraining_tp", "num_local_experts",
+                          "router_jitter_noise"}) {
+    EXPECT_FALSE(j.contains(key)) << key;
+  }
+  const Json qwen2 =
+      *ParseJson(BuildConfigJson(*FindModelSpec("tiny-qwen2"), DType::kBF16, ids), "qwen2");
+  EXPECT_FALSE(qwen2.contains("attention_bias"));
+
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(text, "tiny-qwen2-moe");
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << text;
+  EXPECT_EQ(c->model_type, "qwen2_moe");
+  EXPECT_EQ(c->num_experts, 4);
+  EXPECT_EQ(c->num_experts_per_tok, 2);
+  EXPECT_EQ(c->moe_intermediate_size, 96);
+  EXPECT_EQ(c->shared_expert_intermediate_size, 192);
+  EXPECT_EQ(c->intermediate_size, 352);
+  EXPECT_FALSE(c->norm_topk_prob);
+  EXPECT_EQ(c->moe_layers, std::vector<bool>(4, true));
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->num_attention_heads, 4);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_FALSE(c->o_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_EQ(c->sliding_window, 0);
+  EXPECT_EQ(c->rope_theta, 1e6);
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_EQ(c->rope_scaling.type, "");
+  EXPECT_TRUE(c->tie_word_embeddings);
 }
 
 // The mixtures of experts on disk: exactly the router and expert tensors in the MoE layers and
-// the dense MLP in the others (none in tiny-mixtral, layer 3's in tiny-qwen3-moe), all counted by
-// NumParameters, and routers drawn with std 0.25, whose logits on normed inputs are well spread.
+// the dense MLP in the others (none in tiny-mixtral and tiny-qwen2-moe, layer 3's in
+// tiny-qwen3-moe), tiny-qwen2-moe's shared experts and their gates, all counted by NumParameters;
+// routers drawn with std 0.25, whose logits on normed inputs are well spread, and shared expert
+// gates with std 0.1, whose sigmoids spread over (0, 1).
 TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
-  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe"}) {
     SCOPED_TRACE(size);
     const ModelSpec spec = *FindModelSpec(size);
     const std::string dir = MakeSized(size, size + "_f32", DType::kF32);
@@ -515,8 +599,27 @@ TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
     EXPECT_EQ(params, spec.NumParameters());
     int dense_mlps = 0;
     for (const std::string& name : names) dense_mlps += absl::StrContains(name, "mlp.gate_proj");
+    int shared_experts = 0;
+    for (const std::string& name : names) {
+      shared_experts += absl::StrContains(name, "shared_expert");
+    }
+    EXPECT_EQ(shared_experts, spec.shared_expert_intermediate_size > 0 ? 4 * spec.num_layers : 0);
     if (spec.mixtral()) {
       for (const std::string& name : names) EXPECT_FALSE(absl::StrContains(name, "mlp.")) << name;
+    } else if (spec.model_type == "qwen2_moe") {
+      EXPECT_EQ(dense_mlps, 0);
+      for (int i = 0; i < spec.num_layers; ++i) {
+        const std::string p = absl::StrCat("model.layers.", i, ".");
+        EXPECT_TRUE((*set)->Get(p + "mlp.shared_expert.gate_proj.weight", {192, 128}).ok());
+        EXPECT_TRUE((*set)->Get(p + "mlp.shared_expert.up_proj.weight", {192, 128}).ok());
+        EXPECT_TRUE((*set)->Get(p + "mlp.shared_expert.down_proj.weight", {128, 192}).ok());
+        EXPECT_TRUE((*set)->Get(p + "mlp.shared_expert_gate.weight", {1, 128}).ok());
+        EXPECT_TRUE((*set)->Get(p + "self_attn.q_proj.bias", {256}).ok());
+        EXPECT_TRUE((*set)->Get(p + "self_attn.k_proj.bias", {128}).ok());
+        EXPECT_TRUE((*set)->Get(p + "self_attn.v_proj.bias", {128}).ok());
+        EXPECT_FALSE((*set)->Get(p + "self_attn.o_proj.bias").ok());
+        EXPECT_FALSE((*set)->Get(p + "mlp.gate_proj.weight").ok());
+      }
     } else {
       EXPECT_EQ(dense_mlps, 1);
       EXPECT_TRUE((*set)->Get("model.layers.3.mlp.gate_proj.weight", {352, 128}).ok());
@@ -556,6 +659,41 @@ TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
     EXPECT_NEAR(logit_std, 0.25 * std::sqrt(128.0), 0.5);
     std::printf("%s: router std %.4f, router logit std %.2f on normed embedding rows\n",
                 size.c_str(), router_std, logit_std);
+    if (spec.shared_expert_intermediate_size == 0) continue;
+
+    // The shared experts' gates: std ~0.1 over the 4 x 128 values, logits of std ~0.1 sqrt(128)
+    // = 1.1 on the same normed rows, so sigmoid(logit) takes values across (0, 1).
+    double gate_sq = 0, gate_logit_sq = 0, min_sigmoid = 1, max_sigmoid = 0;
+    int64_t gate_n = 0, gate_logits = 0;
+    for (int i = 0; i < spec.num_layers; ++i) {
+      const TensorView t =
+          *(*set)->Get(absl::StrCat("model.layers.", i, ".mlp.shared_expert_gate.weight"), {1, d});
+      const float* w = reinterpret_cast<const float*>(t.data);
+      for (int k = 0; k < d; ++k) gate_sq += double(w[k]) * w[k];
+      gate_n += d;
+      for (int row = 0; row < 64; ++row) {
+        const float* x = rows + int64_t{row} * d;
+        double ms = 0, dot = 0;
+        for (int k = 0; k < d; ++k) ms += double(x[k]) * x[k];
+        for (int k = 0; k < d; ++k) dot += double(w[k]) * x[k];
+        dot /= std::sqrt(ms / d);
+        gate_logit_sq += dot * dot, ++gate_logits;
+        const double sig = 1 / (1 + std::exp(-dot));
+        min_sigmoid = std::min(min_sigmoid, sig), max_sigmoid = std::max(max_sigmoid, sig);
+      }
+    }
+    const double gate_std = std::sqrt(gate_sq / gate_n);
+    const double gate_logit_std = std::sqrt(gate_logit_sq / gate_logits);
+    EXPECT_NEAR(gate_std, 0.1, 0.015);
+    EXPECT_NEAR(gate_logit_std, 0.1 * std::sqrt(128.0), 0.4);
+    EXPECT_LT(min_sigmoid, 0.25);
+    EXPECT_GT(max_sigmoid, 0.75);
+    EXPECT_GT(min_sigmoid, 0.005) << "a shared expert gate saturates";
+    EXPECT_LT(max_sigmoid, 0.995) << "a shared expert gate saturates";
+    std::printf(
+        "%s: shared expert gate std %.4f, logit std %.2f, sigmoid in [%.3f, %.3f] on normed "
+        "embedding rows\n",
+        size.c_str(), gate_std, gate_logit_std, min_sigmoid, max_sigmoid);
   }
   // Per MoE layer: the router and num_experts experts of 3 * hidden * expert_ffn, in place of
   // the dense MLP.
@@ -565,6 +703,11 @@ TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
   const ModelSpec qwen3_moe = *FindModelSpec("tiny-qwen3-moe");
   EXPECT_EQ(qwen3_moe.NumParameters(), FindModelSpec("tiny-qwen3")->NumParameters() +
                                            3 * (8 * 128 + 8 * 3 * 128 * 96 - 3 * 128 * 352));
+  // Qwen2-MoE also has the shared expert (3 * hidden * 192) and its [1][hidden] gate.
+  const ModelSpec qwen2_moe = *FindModelSpec("tiny-qwen2-moe");
+  EXPECT_EQ(qwen2_moe.NumParameters(),
+            FindModelSpec("tiny-qwen2")->NumParameters() +
+                4 * (4 * 128 + 4 * 3 * 128 * 96 + 3 * 128 * 192 + 128 - 3 * 128 * 352));
 }
 
 TEST(MakeModelTest, TokenizerLoadsAndRoundTrips) {
@@ -616,6 +759,8 @@ class ReferenceLlama {
   // between the last kept and the first dropped router logit, over every LastLogits call.
   std::set<std::string> expert_picks;
   double min_router_gap = 1e300;
+  // Qwen2-MoE: the smallest and largest shared expert gate, sigmoid(shared_expert_gate . h).
+  double shared_gate_min = 1, shared_gate_max = 0;
 
   // Logits [vocab] after the last token of `ids`.
   std::vector<float> LastLogits(const std::vector<int32_t>& ids) {
@@ -689,12 +834,21 @@ class ReferenceLlama {
       const auto normed = RmsNorm(std::vector<float>(head, head + hd), g);
       std::copy(normed.begin(), normed.end(), head);
     };
+    std::vector<float> bq, bk, bv;  // Qwen2's Q/K/V biases
+    if (c_.qkv_bias) {
+      bq = W(p + "self_attn.q_proj.bias"), bk = W(p + "self_attn.k_proj.bias");
+      bv = W(p + "self_attn.v_proj.bias");
+    }
+    const auto add = [](std::vector<float>* y, const std::vector<float>& b) {
+      for (size_t e = 0; e < b.size(); ++e) (*y)[e] += b[e];
+    };
     std::vector<std::vector<float>> q(n), k(n), v(n);
     for (int t = 0; t < n; ++t) {
       const auto h = RmsNorm((*x)[t], g_in);
       q[t] = MatVec(wq, h, nh * hd);
       k[t] = MatVec(wk, h, nkv * hd);
       v[t] = MatVec(wv, h, nkv * hd);
+      add(&q[t], bq), add(&k[t], bk), add(&v[t], bv);
       for (int i = 0; i < nh; ++i) head_norm(&q[t][i * hd], gq), Rope(&q[t][i * hd], t, inv_freq);
       for (int i = 0; i < nkv; ++i) head_norm(&k[t][i * hd], gk), Rope(&k[t][i * hd], t, inv_freq);
     }
@@ -717,6 +871,7 @@ class ReferenceLlama {
           for (int e = 0; e < hd; ++e) attn[i * hd + e] += float(s[u] / sum) * v[u][kvh * hd + e];
       }
       auto o = MatVec(wo, attn, d);
+      if (c_.o_bias) add(&o, W(p + "self_attn.o_proj.bias"));
       if (c_.sandwich_norms) o = RmsNorm(o, W(p + "post_attention_layernorm.weight"));
       for (int e = 0; e < d; ++e) (*x)[t][e] += o[e];
     }
@@ -748,10 +903,12 @@ class ReferenceLlama {
     }
     return MatVec(wd, g, c_.hidden_size);
   }
-  // A mixture of experts (Transformers' MixtralSparseMoeBlock / Qwen3MoeSparseMoeBlock): softmax
-  // of the router's logits, the top num_experts_per_tok kept (renormalized when norm_topk_prob),
-  // their experts' outputs summed with those weights. Records the choices in expert_picks and the
-  // gap between the last kept and the first dropped logit in min_router_gap.
+  // A mixture of experts (Transformers' MixtralSparseMoeBlock / Qwen2MoeSparseMoeBlock /
+  // Qwen3MoeSparseMoeBlock): softmax of the router's logits, the top num_experts_per_tok kept
+  // (renormalized when norm_topk_prob), their experts' outputs summed with those weights, plus
+  // (Qwen2-MoE) the shared expert's output times sigmoid(shared_expert_gate . h). Records the
+  // choices in expert_picks, the gap between the last kept and the first dropped logit in
+  // min_router_gap, and the shared expert gates' range in shared_gate_min / shared_gate_max.
   std::vector<float> Experts(const std::string& layer, const std::vector<float>& h) {
     const std::string moe = layer + (c_.model_type == "mixtral" ? "block_sparse_moe." : "mlp.");
     const int experts = c_.num_experts, k = c_.num_experts_per_tok;
@@ -773,6 +930,14 @@ class ReferenceLlama {
       const double weight = c_.norm_topk_prob ? p[j] / kept : p[j];
       const auto y = Mlp(absl::StrCat(moe, "experts.", order[j], "."), h, c_.moe_intermediate_size);
       for (int e = 0; e < c_.hidden_size; ++e) out[e] += float(weight * y[e]);
+    }
+    if (c_.shared_expert_intermediate_size > 0) {
+      const double logit = MatVec(W(moe + "shared_expert_gate.weight"), h, 1)[0];
+      const double gate = 1 / (1 + std::exp(-logit));
+      shared_gate_min = std::min(shared_gate_min, gate);
+      shared_gate_max = std::max(shared_gate_max, gate);
+      const auto y = Mlp(moe + "shared_expert.", h, c_.shared_expert_intermediate_size);
+      for (int e = 0; e < c_.hidden_size; ++e) out[e] += float(gate * y[e]);
     }
     return out;
   }
@@ -809,6 +974,12 @@ LogitStats Measure(ReferenceLlama& model, const std::vector<std::vector<int32_t>
   return out;
 }
 
+double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
+  return m;
+}
+
 // Short prompts of several kinds, for the random models' next-token statistics.
 const std::vector<std::string> kPrompts = {"The quick brown fox",
                                            "It was the best of times",
@@ -819,11 +990,12 @@ const std::vector<std::string> kPrompts = {"The quick brown fox",
                                            "x = buf[3];",
                                            "Café crème"};
 
-// tiny-mixtral and tiny-qwen3-moe through the reference forward pass with their experts: varied
-// next-token distributions, every expert of every MoE layer chosen by some token, and the router
-// logits' top-k choices never near a tie.
+// tiny-mixtral, tiny-qwen3-moe and tiny-qwen2-moe through the reference forward pass with their
+// experts: varied next-token distributions, every expert of every MoE layer chosen by some token,
+// the router logits' top-k choices never near a tie, and tiny-qwen2-moe's shared expert gates
+// neither closed nor fully open, with the shared experts moving the logits.
 TEST(MakeModelTest, RandomMoeModelsAreVariedAndUseEveryExpert) {
-  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe"}) {
+  for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe"}) {
     SCOPED_TRACE(size);
     const ModelSpec spec = *FindModelSpec(size);
     const std::string dir = MakeSized(size, size + "_forward", DType::kF32);
@@ -851,6 +1023,21 @@ TEST(MakeModelTest, RandomMoeModelsAreVariedAndUseEveryExpert) {
         "experts chosen, smallest router gap %.4f\n",
         size.c_str(), stats.std, stats.top1, stats.argmaxes.size(), stats.repeats_last,
         model.expert_picks.size(), moe_layers * spec.num_experts, model.min_router_gap);
+    if (spec.shared_expert_intermediate_size == 0) continue;
+    EXPECT_LT(model.shared_gate_min, 0.3);
+    EXPECT_GT(model.shared_gate_max, 0.7);
+    // Without the shared experts the logits move by O(1).
+    LlamaConfig unshared = *config;
+    unshared.shared_expert_intermediate_size = 0;
+    ReferenceLlama without(unshared, **set);
+    double effect = 0;
+    for (const auto& ids : prompts) {
+      const std::vector<float> a = model.LastLogits(ids), b = without.LastLogits(ids);
+      effect = std::max(effect, MaxAbsDiff(a, b));
+    }
+    EXPECT_GT(effect, 0.5) << "the shared experts hardly matter";
+    std::printf("%s: shared expert gates in [%.3f, %.3f]; max logit change without them %.2f\n",
+                size.c_str(), model.shared_gate_min, model.shared_gate_max, effect);
   }
 }
 
@@ -872,12 +1059,6 @@ TEST(MakeModelTest, RandomModelHasVariedNextTokenDistributions) {
   EXPECT_LE(stats.repeats_last, 2) << "the model mostly repeats the last token";
   std::printf("logit std %.2f, mean top-1 prob %.3f, %zu distinct argmaxes, %d repeats\n",
               stats.std, stats.top1, stats.argmaxes.size(), stats.repeats_last);
-}
-
-double MaxAbsDiff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - b[i]));
-  return m;
 }
 
 // tiny-gemma2 and tiny-gemma3 through the reference Gemma forward pass: varied next-token

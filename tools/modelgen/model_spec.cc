@@ -221,6 +221,25 @@ ModelSpec TinyQwen3Moe() {
   return s;
 }
 
+// Qwen2-MoE (Qwen1.5-MoE / Qwen2-57B-A14B's block) in tiny-qwen2's shape (heads of 64, Q/K/V
+// biases, rope_theta 1e6): in every layer 4 experts of 96 features, 2 per token, their router
+// weights not renormalized (norm_topk_prob false, Qwen2MoeConfig's default and what llama.cpp's
+// qwen2moe computes), and a shared expert of 192 features that every token takes, scaled by
+// sigmoid(shared_expert_gate . x).
+ModelSpec TinyQwen2Moe() {
+  ModelSpec s = TinyQwen2();
+  s.name = "tiny-qwen2-moe";
+  s.model_type = "qwen2_moe";
+  s.num_experts = 4;
+  s.num_experts_per_tok = 2;
+  s.moe_intermediate_size = 96;
+  s.norm_topk_prob = false;
+  s.decoder_sparse_step = 1;
+  s.mlp_only_layers = {};
+  s.shared_expert_intermediate_size = 192;
+  return s;
+}
+
 // The benchmark shape as Mixtral: in each of small's 12 layers 8 experts of 1024 features, 2 a
 // token, so a token's MLP reads as many weights as small's dense 2048-feature one while the
 // model holds 4x its MLP weights (~340M parameters): what a decode step reads depends on how
@@ -242,7 +261,8 @@ const std::vector<ModelSpec>& Table() {
                                  TinyQwen3(),   TinyBiased(),   TinyPhi3(),
                                  TinyGranite(), TinyK(),        TinyQwen2TwoHeads(),
                                  TinyGemma2(),  TinyGemma3(),   TinyMistralSlidingWindow(),
-                                 TinyMixtral(), TinyQwen3Moe(), SmallMixtral()};
+                                 TinyMixtral(), TinyQwen2Moe(), TinyQwen3Moe(),
+                                 SmallMixtral()};
   return *table;
 }
 
@@ -256,9 +276,12 @@ int64_t ModelSpec::NumParameters() const {
                             + (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d : 0) +
                             (qk_norm() ? 2 * head_dim : 0);
   const int64_t dense_mlp = d * intermediate_size * 3;  // gate, up, down
-  // The router, then each expert's gate, up and down.
+  // The router, then each expert's gate, up and down, then (qwen2_moe) the shared expert's gate,
+  // up and down and its [1][hidden] gate.
+  const int64_t shared_mlp =
+      shared_expert_intermediate_size > 0 ? 3 * d * shared_expert_intermediate_size + d : 0;
   const int64_t moe_mlp =
-      int64_t{num_experts} * d + int64_t{num_experts} * 3 * d * moe_intermediate_size;
+      int64_t{num_experts} * d + int64_t{num_experts} * 3 * d * moe_intermediate_size + shared_mlp;
   int64_t layers = 0;
   for (int i = 0; i < num_layers; ++i) layers += attention + (IsMoeLayer(i) ? moe_mlp : dense_mlp);
   const int64_t embed = static_cast<int64_t>(vocab_size) * d;

@@ -31,8 +31,9 @@ struct ModelSpec {
   // "mistral" (Llama's tensors, sliding_window below), or Gemma's "gemma2" / "gemma3_text"
   // (norm weights stored as w - 1, sandwich norms, GELU-tanh MLP, the Gemma fields below;
   // gemma3_text also has per-head Q/K norms), or the mixtures of experts (the fields below):
-  // "mixtral" (Mistral's block, block_sparse_moe.* tensors) and "qwen3_moe" (Qwen3's block,
-  // mlp.gate / mlp.experts.* tensors).
+  // "mixtral" (Mistral's block, block_sparse_moe.* tensors), "qwen2_moe" (Qwen2's block with its
+  // Q/K/V biases, mlp.gate / mlp.experts.* tensors and a shared expert) and "qwen3_moe" (Qwen3's
+  // block, mlp.gate / mlp.experts.* tensors).
   std::string_view model_type = "llama";
   bool attention_bias = false;  // llama / qwen3: every attention projection biased
   // granite: config.json's embedding_multiplier, attention_multiplier, residual_multiplier and
@@ -68,20 +69,26 @@ struct ModelSpec {
   // intermediate_size. mixtral: every layer, moe_intermediate_size == intermediate_size (its
   // config.json has no key of its own). qwen3_moe: a layer is dense when listed in
   // mlp_only_layers or when (layer + 1) is not a multiple of decoder_sparse_step, as Transformers'
-  // Qwen3MoeDecoderLayer decides; norm_topk_prob says whether the kept weights are renormalized
-  // (written to config.json; Mixtral always renormalizes).
+  // Qwen3MoeDecoderLayer decides (qwen2_moe: the same rule); norm_topk_prob says whether the kept
+  // weights are renormalized (written to config.json; Mixtral always renormalizes).
   int num_experts = 0;
   int num_experts_per_tok = 0;
   int moe_intermediate_size = 0;
   bool norm_topk_prob = false;
   int decoder_sparse_step = 1;
   std::vector<int> mlp_only_layers;
+  // qwen2_moe: each MoE layer also has a shared expert, a SwiGLU MLP of this many features that
+  // every token takes (mlp.shared_expert.{gate,up,down}_proj), its output scaled by
+  // sigmoid(mlp.shared_expert_gate . x) ([1][hidden]) and added to the routed experts' (0: none).
+  int shared_expert_intermediate_size = 0;
   bool tie_word_embeddings = false;
   double rms_norm_eps = 1e-5;
   double initializer_range = 0.02;  // Written to config.json; see weight_init.h for the stds.
 
-  bool qkv_bias() const { return model_type == "qwen2" || attention_bias; }
-  bool o_bias() const { return model_type != "qwen2" && attention_bias; }
+  // Qwen2's attention (qwen2, qwen2_moe): Q/K/V biased, O not, whatever attention_bias says.
+  bool qwen2_attention() const { return model_type == "qwen2" || model_type == "qwen2_moe"; }
+  bool qkv_bias() const { return qwen2_attention() || attention_bias; }
+  bool o_bias() const { return !qwen2_attention() && attention_bias; }
   bool qk_norm() const {
     return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text";
   }

@@ -25,6 +25,11 @@ constexpr double kBiasStd = 0.5;
 // an engine's and a float64 reference's choices agree (near-ties would flip experts), yet not
 // one-hot softmax weights (the kept experts' weights all matter).
 constexpr double kRouterStd = 0.25;
+// Qwen2-MoE's shared_expert_gate ([1][hidden]) scales the shared expert's output by
+// sigmoid(w . x) of the RMS-normalized MLP input: std 0.1 gives logits of std 0.1 sqrt(hidden)
+// (1.1 at hidden 128), so the gate spreads over (0, 1) rather than saturating at 0 or 1 (a gate
+// an engine leaves out, or applies without its sigmoid, moves the output).
+constexpr double kSharedExpertGateStd = 0.1;
 
 double FanIn(int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); }
 
@@ -84,6 +89,14 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
         plans.push_back({x + (m ? "w3" : "up_proj") + ".weight", {expert_ffn, d}, 0.0, FanIn(d)});
         plans.push_back(
             {x + (m ? "w2" : "down_proj") + ".weight", {d, expert_ffn}, 0.0, FanIn(expert_ffn)});
+      }
+      // Qwen2-MoE: the shared expert (drawn as the dense MLP's matrices are) and its gate.
+      if (const int64_t shared = spec.shared_expert_intermediate_size; shared > 0) {
+        const std::string x = moe + "shared_expert.";
+        plans.push_back({x + "gate_proj.weight", {shared, d}, 0.0, FanIn(d)});
+        plans.push_back({x + "up_proj.weight", {shared, d}, 0.0, FanIn(d)});
+        plans.push_back({x + "down_proj.weight", {d, shared}, 0.0, FanIn(shared)});
+        plans.push_back({moe + "shared_expert_gate.weight", {1, d}, 0.0, kSharedExpertGateStd});
       }
     } else {
       if (spec.fused_projections()) {

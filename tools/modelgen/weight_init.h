@@ -15,7 +15,9 @@
 //     outweigh Gemma's sqrt(hidden)-scaled input embedding: weight_init.cc);
 //   - a mixture of experts' router has std 0.25, larger than the projections' 1/sqrt(hidden), so
 //     its logits (std ~2.8 at hidden 128) separate the experts clearly (weight_init.cc); the
-//     experts' matrices are drawn as the dense MLP's.
+//     experts' matrices are drawn as the dense MLP's (Qwen2-MoE's shared expert too), and
+//     Qwen2-MoE's shared_expert_gate has std 0.1, so sigmoid of its logits (std ~1.1 at hidden
+//     128) spreads over (0, 1) rather than saturating.
 #ifndef KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 #define KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 
