@@ -35,6 +35,17 @@ std::unique_ptr<ModelBundle> Load(const std::string& path,
   return std::move(*m);
 }
 
+// Generates the f32 model `size` into TestTmpDir()/size and returns the directory.
+std::string MakeF32Model(const std::string& size) {
+  const std::string dir = TestTmpDir() + "/" + size;
+  modelgen::MakeModelOptions mo;
+  mo.size = size;
+  mo.out_dir = dir;
+  mo.dtype = DType::kF32;
+  CHECK_OK(modelgen::MakeModel(mo).status());
+  return dir;
+}
+
 EngineOptions Options() {
   EngineOptions o;
   o.slots = 4;
@@ -70,12 +81,7 @@ TEST(GgufE2eTest, AnF32FileGeneratesWhatItsDirectoryGenerates) {
 // A qwen3 file (per-head Q/K norms, heads of 64 over a hidden size of 128) served over gRPC
 // generates what its directory generates: f32, so the same weights bit for bit; q8_0 serves too.
 TEST(GgufE2eTest, AQwen3FileGeneratesWhatItsDirectoryGenerates) {
-  const std::string dir = TestTmpDir() + "/tiny-qwen3";
-  modelgen::MakeModelOptions mo;
-  mo.size = "tiny-qwen3";
-  mo.out_dir = dir;
-  mo.dtype = DType::kF32;
-  CHECK_OK(modelgen::MakeModel(mo).status());
+  const std::string dir = MakeF32Model("tiny-qwen3");
   GgufConvertOptions co;
   co.type = GgmlType::kF32;
   const std::string path = TestTmpDir() + "/tiny-qwen3-f32.gguf";
@@ -107,12 +113,7 @@ TEST(GgufE2eTest, AQwen3FileGeneratesWhatItsDirectoryGenerates) {
 // no GGUF form and is refused by name.
 TEST(GgufE2eTest, GemmaFilesGenerateWhatTheirDirectoriesGenerate) {
   for (const std::string size : {"tiny-gemma3", "tiny-gemma2"}) {
-    const std::string dir = TestTmpDir() + "/" + size;
-    modelgen::MakeModelOptions mo;
-    mo.size = size;
-    mo.out_dir = dir;
-    mo.dtype = DType::kF32;
-    CHECK_OK(modelgen::MakeModel(mo).status());
+    const std::string dir = MakeF32Model(size);
     GgufConvertOptions co;
     co.type = GgmlType::kF32;
     const std::string path = TestTmpDir() + "/" + size + "-f32.gguf";
@@ -186,12 +187,7 @@ TEST(GgufE2eTest, GemmaFilesGenerateWhatTheirDirectoriesGenerate) {
 // name; its first three layers, renormalized, are a qwen3moe model.
 TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
   for (const std::string size : {"tiny-mixtral", "tiny-qwen3-moe", "tiny-qwen2-moe"}) {
-    const std::string dir = TestTmpDir() + "/" + size;
-    modelgen::MakeModelOptions mo;
-    mo.size = size;
-    mo.out_dir = dir;
-    mo.dtype = DType::kF32;
-    CHECK_OK(modelgen::MakeModel(mo).status());
+    const std::string dir = MakeF32Model(size);
     GgufConvertOptions co;
     co.type = GgmlType::kF32;
     const std::string path = TestTmpDir() + "/" + size + "-f32.gguf";

@@ -369,6 +369,26 @@ TEST(ReferenceMoeTest, EveryExpertTheDenseMlpGivesTheDenseModel) {
   }
 }
 
+// Every token at position 0 through `ref` against the second computation (to 1e-12): the
+// distinct sets of experts kept, and the smallest margin.
+struct EveryToken {
+  std::set<std::vector<int32_t>> picks;
+  double margin = std::numeric_limits<double>::infinity();
+};
+EveryToken CheckEveryToken(const LlamaConfig& config, const Weights& w, const ReferenceLlama& ref) {
+  EveryToken out;
+  for (int32_t token = 0; token < kVocab; ++token) {
+    const std::vector<int32_t> one = {token};
+    const FirstPosition want = FirstPositionOf(config, w, token);
+    EXPECT_LE(MaxAbsDiff(ref.Forward(one), {want.logits}), 1e-12) << token;
+    std::vector<int32_t> set = want.experts;
+    std::sort(set.begin(), set.end());
+    out.picks.insert(set);
+    out.margin = std::min(out.margin, want.margin);
+  }
+  return out;
+}
+
 // Every expert kept, not renormalized: the output is the softmax-weighted sum of all of them.
 TEST(ReferenceMoeTest, AllExpertsUnnormalizedAreTheSoftmaxWeightedSum) {
   Random random(11);
@@ -376,11 +396,7 @@ TEST(ReferenceMoeTest, AllExpertsUnnormalizedAreTheSoftmaxWeightedSum) {
   const Weights w =
       MoeWeights(config, DenseWeights(config, random), random, /*same_experts=*/false);
   auto ref = MakeReference(config, w, "all_experts");
-  for (int32_t token = 0; token < kVocab; ++token) {
-    const std::vector<int32_t> one = {token};
-    const FirstPosition want = FirstPositionOf(config, w, token);
-    EXPECT_LE(MaxAbsDiff(ref->Forward(one), {want.logits}), 1e-12) << token;
-  }
+  CheckEveryToken(config, w, *ref);
   // And as the first position of a longer sequence.
   EXPECT_LE(MaxAbsDiff({ref->Forward(kTokens)[0]}, {FirstPositionOf(config, w, kTokens[0]).logits}),
             1e-12);
@@ -397,20 +413,10 @@ TEST(ReferenceMoeTest, TopKPicksDependOnTheToken) {
     const Weights w = MoeWeights(config, DenseWeights(config, random), random,
                                  /*same_experts=*/false, /*router_spread=*/2.0f);
     auto ref = MakeReference(config, w, type + "_top2");
-    std::set<std::vector<int32_t>> picks;
-    double margin = std::numeric_limits<double>::infinity();
-    for (int32_t token = 0; token < kVocab; ++token) {
-      const std::vector<int32_t> one = {token};
-      const FirstPosition want = FirstPositionOf(config, w, token);
-      EXPECT_LE(MaxAbsDiff(ref->Forward(one), {want.logits}), 1e-12) << token;
-      std::vector<int32_t> set = want.experts;
-      std::sort(set.begin(), set.end());
-      picks.insert(set);
-      margin = std::min(margin, want.margin);
-    }
-    EXPECT_GE(picks.size(), 3u);  // the choice varies with the token
-    EXPECT_NEAR(ref->min_routing_margin(), margin, 1e-12);
-    EXPECT_GT(margin, 0);
+    const EveryToken every = CheckEveryToken(config, w, *ref);
+    EXPECT_GE(every.picks.size(), 3u);  // the choice varies with the token
+    EXPECT_NEAR(ref->min_routing_margin(), every.margin, 1e-12);
+    EXPECT_GT(every.margin, 0);
 
     // Renormalizing matters: without it the same picks give other logits.
     LlamaConfig unnormalized = config;
@@ -433,20 +439,10 @@ TEST(ReferenceMoeTest, Qwen2MoeSharedExpertAgreesWithTheSecondComputation) {
   const Weights w = MoeWeights(config, DenseWeights(config, random), random,
                                /*same_experts=*/false, /*router_spread=*/2.0f);
   auto ref = MakeReference(config, w, "qwen2_moe_shared");
-  std::set<std::vector<int32_t>> picks;
-  double margin = std::numeric_limits<double>::infinity();
-  for (int32_t token = 0; token < kVocab; ++token) {
-    const std::vector<int32_t> one = {token};
-    const FirstPosition want = FirstPositionOf(config, w, token);
-    EXPECT_LE(MaxAbsDiff(ref->Forward(one), {want.logits}), 1e-12) << token;
-    std::vector<int32_t> set = want.experts;
-    std::sort(set.begin(), set.end());
-    picks.insert(set);
-    margin = std::min(margin, want.margin);
-  }
-  EXPECT_GE(picks.size(), 3u);
-  EXPECT_NEAR(ref->min_routing_margin(), margin, 1e-12);
-  EXPECT_GT(margin, 0);
+  const EveryToken every = CheckEveryToken(config, w, *ref);
+  EXPECT_GE(every.picks.size(), 3u);
+  EXPECT_NEAR(ref->min_routing_margin(), every.margin, 1e-12);
+  EXPECT_GT(every.margin, 0);
   // The first position of a longer sequence too.
   const auto got = ref->Forward(kTokens);
   EXPECT_LE(MaxAbsDiff({got[0]}, {FirstPositionOf(config, w, kTokens[0]).logits}), 1e-12);
