@@ -355,7 +355,8 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool s
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.gate_up_proj.weight", "ffn_up.weight"},  // phi3: [gate; up] rows in one ffn_up
       {"mlp.down_proj.weight", "ffn_down.weight"}};
-  // Mixtral's and Qwen3-MoE's names for the router and the experts' products.
+  // Mixtral's and Qwen2 / Qwen3-MoE's names for the routers, the experts' products and Qwen2-MoE's
+  // shared expert.
   static const auto* kMoe = new std::vector<std::pair<absl::string_view, absl::string_view>>{
       {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
       {"mlp.gate.weight", "ffn_gate_inp.weight"},

@@ -17,8 +17,9 @@ absl::StatusOr<WeightMatrix> Bind(const SafetensorsSet& files, const std::string
 }
 
 // A mixture-of-experts layer's router and experts, by Mixtral's names
-// (block_sparse_moe.gate, experts.E.w1 / w3 / w2) or Qwen3-MoE's (mlp.gate,
-// experts.E.gate_proj / up_proj / down_proj).
+// (block_sparse_moe.gate, experts.E.w1 / w3 / w2) or Qwen2 / Qwen3-MoE's (mlp.gate,
+// experts.E.gate_proj / up_proj / down_proj), and Qwen2-MoE's shared expert
+// (mlp.shared_expert.*, mlp.shared_expert_gate).
 absl::Status BindExperts(const LlamaConfig& c, const std::string& p, const LlamaTensorBinder& bind,
                          LayerWeights* l) {
   const int64_t d = c.hidden_size, ffn = c.moe_intermediate_size;
