@@ -181,13 +181,12 @@ double WeightBytesPerStep(const LlamaConfig& c, const LlamaWeights& w, bool quan
   const double chosen = moe_layers > 0 ? experts_run / (double{c.num_experts} * moe_layers) : 1;
   double total = bytes(w.lm_head);
   for (const LayerWeights& l : w.layers) {
-    for (const WeightMatrix* m : {&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down}) {
-      if (m->data != nullptr) total += bytes(*m);  // (a MoE layer has no gate, up, down)
-    }
+    // Every linear product (a shared expert's too), less the share of the experts not chosen.
+    ForEachLinearWeight(l, [&](const WeightMatrix& m) { total += bytes(m); });
     if (l.router.data == nullptr) continue;
     total += l.router.bytes();
     for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
-      for (const WeightMatrix& m : *experts) total += bytes(m) * chosen;
+      for (const WeightMatrix& m : *experts) total -= bytes(m) * (1 - chosen);
     }
   }
   return total;

@@ -404,12 +404,10 @@ absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
   RETURN_IF_ERROR(f.Int(experts_key, false, 0, kMaxExperts, &experts));
   int64_t top_k = mixtral ? 2 : qwen2 ? 4 : 8;
   RETURN_IF_ERROR(f.Int("num_experts_per_tok", false, 1, kMaxExpertsPerToken, &top_k));
-  c->moe_intermediate_size = mixtral ? c->intermediate_size : qwen2 ? 1408 : 768;
-  if (!mixtral) {
-    RETURN_IF_ERROR(f.PositiveInt32("moe_intermediate_size", false, &c->moe_intermediate_size));
-  }
-  c->norm_topk_prob = mixtral;
-  if (!mixtral) RETURN_IF_ERROR(f.Bool("norm_topk_prob", &c->norm_topk_prob));
+  int32_t moe_ffn = mixtral ? c->intermediate_size : qwen2 ? 1408 : 768;
+  if (!mixtral) RETURN_IF_ERROR(f.PositiveInt32("moe_intermediate_size", false, &moe_ffn));
+  bool norm_topk_prob = mixtral;
+  if (!mixtral) RETURN_IF_ERROR(f.Bool("norm_topk_prob", &norm_topk_prob));
   const int32_t layers = c->num_hidden_layers;
   std::vector<bool> moe(layers, experts > 0);
   if (!mixtral && experts > 0) {
@@ -434,8 +432,11 @@ absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
     return f.Invalid("num_experts_per_tok", absl::StrCat("(", top_k, ") must be at most ",
                                                          experts_key, " (", experts, ")"));
   }
+  // Set only for a model with experts: a dense one keeps every expert field 0.
   c->num_experts = static_cast<int32_t>(experts);
   c->num_experts_per_tok = static_cast<int32_t>(top_k);
+  c->moe_intermediate_size = moe_ffn;
+  c->norm_topk_prob = norm_topk_prob;
   c->moe_layers = std::move(moe);
   if (qwen2) {
     int64_t shared = 5632;  // Qwen2MoeConfig's default; 0: no shared expert

@@ -109,13 +109,13 @@ struct LlamaConfig {
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
   std::string hidden_act = "silu";
-  // Mixtures of experts (Mixtral: mixtral; Qwen3-MoE: qwen3_moe): in the layers `moe_layers`
+  // Mixtures of experts (mixtral, qwen2_moe, qwen3_moe): in the layers `moe_layers`
   // marks, the MLP is `num_experts` SwiGLU experts of `moe_intermediate_size` features each. A
   // router ([num_experts][hidden], no bias) scores each token; of the softmax of its scores (in
   // f32) the `num_experts_per_tok` largest are kept, divided by their sum when `norm_topk_prob`,
   // and the token's MLP output is the kept experts' outputs weighted by them. The other layers
   // (Qwen3-MoE's mlp_only_layers, decoder_sparse_step) keep the dense MLP of intermediate_size.
-  // num_experts 0: a dense model. Use IsMoeLayer(layer).
+  // All 0 / false / empty for a dense model. Use IsMoeLayer(layer).
   int32_t num_experts = 0;
   int32_t num_experts_per_tok = 0;
   int32_t moe_intermediate_size = 0;

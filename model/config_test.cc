@@ -1170,6 +1170,8 @@ TEST(MoeConfigTest, Qwen3_30B_A3B) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_FALSE(c->moe());
   EXPECT_EQ(c->num_experts, 0);
+  EXPECT_EQ(c->moe_intermediate_size, 0);  // every expert field, not only the count
+  EXPECT_FALSE(c->norm_topk_prob);
 }
 
 // Qwen/Qwen1.5-MoE-A2.7B's config.json.

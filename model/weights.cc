@@ -134,14 +134,6 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     w.bytes += m.bytes();
   };
   int64_t idle_experts = 0;  // parameters of the experts a token does not run
-  if (c.moe()) {
-    for (const LayerWeights& l : w.layers) {
-      const int64_t idle = static_cast<int64_t>(l.expert_gate.size()) - c.num_experts_per_tok;
-      if (l.expert_gate.empty() || idle <= 0) continue;
-      const WeightMatrix& g = l.expert_gate.front();
-      idle_experts += idle * 3 * g.rows * g.cols;
-    }
-  }
   count(w.embed);
   count(w.final_norm);
   if (!c.tie_word_embeddings) count(w.lm_head);
@@ -157,6 +149,10 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     }
     for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
       for (const WeightMatrix& m : *experts) count(m);
+    }
+    if (!l.expert_gate.empty()) {  // gate, up and down of the same size, for each idle expert
+      const WeightMatrix& g = l.expert_gate.front();
+      idle_experts += (c.num_experts - c.num_experts_per_tok) * 3 * g.rows * g.cols;
     }
   }
   w.num_active_parameters = w.num_parameters - idle_experts;

@@ -47,7 +47,7 @@ absl::StatusOr<std::unique_ptr<CpuBackend>> CpuBackend::Create(const LlamaConfig
     // q4_K share that splits a 256-column super-block falls back to q8_0).
     const int64_t q_share = int64_t{config.num_attention_heads} / tp * config.head_dim;
     const int64_t ffn_share = config.HasDenseMlp() ? config.intermediate_size / tp : 0;
-    const int64_t expert_share = config.moe() ? config.moe_intermediate_size / tp : 0;
+    const int64_t expert_share = config.moe_intermediate_size / tp;
     const int64_t shared_share = config.shared_expert_intermediate_size / tp;
     for (const auto& [share, what] : {std::pair{q_share, "attention heads x head_dim"},
                                       std::pair{ffn_share, "intermediate_size"},

@@ -90,8 +90,8 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
         config.num_attention_heads, "), KV heads (", config.num_key_value_heads,
         ") and intermediate size (", config.intermediate_size, ")"));
   }
-  if (config.moe() && (config.moe_intermediate_size % size != 0 ||
-                       config.shared_expert_intermediate_size % size != 0)) {
+  if (config.moe_intermediate_size % size != 0 ||
+      config.shared_expert_intermediate_size % size != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("tensor parallelism ", size, " must divide the experts' intermediate size (",
                      config.moe_intermediate_size, ") and the shared expert's (",

@@ -692,7 +692,7 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_num_active_parameters(m.weights.num_active_parameters);
   response->set_num_experts(c.num_experts);
   response->set_num_experts_per_tok(c.num_experts_per_tok);
-  response->set_moe_intermediate_size(c.moe() ? c.moe_intermediate_size : 0);
+  response->set_moe_intermediate_size(c.moe_intermediate_size);
   if (m.config.bos_token_id) response->set_bos_token_id(*m.config.bos_token_id);
   for (int32_t e : c.eos_token_ids) response->add_eos_token_ids(e);
   response->set_max_new_tokens_limit(engine_->options().max_new_tokens);

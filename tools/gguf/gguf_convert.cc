@@ -372,12 +372,14 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // `more_bits`: a matrix the Q4_K_M mix gives q6_K.
   // Gemma's norms are written as llama.cpp's converter writes them: 1 + w (the stored w - 1).
   const float norm_offset = static_cast<float>(c.norm_weight_offset);
-  // `stack`: one matrix, or (`stacked`) the experts' matrices of one product, written as one
-  // [experts][rows][cols] tensor (even of one expert). `keep`: written in f32 whatever the type
-  // (a router, as llama-quantize leaves ffn_gate_inp).
+  // `stack`: one matrix, or the experts' matrices of one product (an `_exps` tensor), written as
+  // one [experts][rows][cols] tensor (even of one expert). A router (`ffn_gate_inp`) is written in
+  // f32 whatever the type, as llama-quantize leaves it.
   auto add_stack = [&](const std::string& name, const std::vector<WeightMatrix>& stack,
-                       bool rope_rows, bool more_bits, bool keep, bool stacked) {
+                       bool rope_rows, bool more_bits = false) {
     const WeightMatrix& m = stack.front();
+    const bool keep = absl::EndsWith(name, "ffn_gate_inp.weight");
+    const bool stacked = absl::EndsWith(name, "_exps.weight");
     const bool norm = m.rows == 1;
     const bool shifted = norm && norm_offset != 0 && absl::EndsWith(name, "norm.weight");
     const GgmlType chosen = !options.q4_k_m ? options.type
@@ -409,9 +411,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     w.AddTensor(name, type, std::move(ne), std::move(bytes));
   };
   auto add = [&](const std::string& name, const WeightMatrix& m, bool rope_rows,
-                 bool more_bits = false) {
-    add_stack(name, {m}, rope_rows, more_bits, /*keep=*/false, /*stacked=*/false);
-  };
+                 bool more_bits = false) { add_stack(name, {m}, rope_rows, more_bits); };
   const LlamaWeights& wt = model->weights;
   add("token_embd.weight", wt.embed, false, /*more_bits=*/c.tie_word_embeddings);  // the output
   for (int i = 0; i < c.num_hidden_layers; ++i) {
@@ -436,11 +436,10 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     if (gemma) add(p + "post_attention_norm.weight", l.attn_post_norm, false);
     add(p + "ffn_norm.weight", l.mlp_norm, false);
     if (c.IsMoeLayer(i)) {
-      add_stack(p + "ffn_gate_inp.weight", {l.router}, false, false, /*keep=*/true, false);
-      add_stack(p + "ffn_gate_exps.weight", l.expert_gate, false, false, false, /*stacked=*/true);
-      add_stack(p + "ffn_up_exps.weight", l.expert_up, false, false, false, /*stacked=*/true);
-      add_stack(p + "ffn_down_exps.weight", l.expert_down, false, more_bits, false,
-                /*stacked=*/true);
+      add(p + "ffn_gate_inp.weight", l.router, false);
+      add_stack(p + "ffn_gate_exps.weight", l.expert_gate, false);
+      add_stack(p + "ffn_up_exps.weight", l.expert_up, false);
+      add_stack(p + "ffn_down_exps.weight", l.expert_down, false, more_bits);
       if (l.shared_gate.data != nullptr) {  // Qwen2-MoE's shared expert and its gate ({hidden})
         add(p + "ffn_gate_inp_shexp.weight", l.shared_expert_gate, false);
         add(p + "ffn_gate_shexp.weight", l.shared_gate, false);
