@@ -463,6 +463,13 @@ absl::StatusOr<LoraAdapter> LoadLoraAdapter(const LlamaConfig& config, std::stri
       return absl::Status(code,
                           absl::StrCat(weights_path, ": tensor ", pair.b->name, " ", A(problem)));
     };
+    for (const TensorView* t : {pair.a, pair.b}) {
+      if (!t->is_float()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            weights_path, ": tensor ", t->name, " has dtype ",
+            std::string(StorageTypeName(t->type)), " (LoRA factors are F32, F16 or BF16)"));
+      }
+    }
     ASSIGN_OR_RETURN(std::vector<float> a, ReadFloats(*pair.a, 1.0, error_a));
     ASSIGN_OR_RETURN(const std::vector<float> b, ReadFloats(*pair.b, adapter.scale, error_b));
     adapter.num_parameters += pair.a->numel() + pair.b->numel();

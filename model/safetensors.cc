@@ -33,16 +33,24 @@ absl::Status TensorError(const std::string& path, const std::string& name,
       absl::StrCat(path, ": tensor \"", name, "\": ", std::string(problem)));
 }
 
-bool ParseDType(std::string_view s, DType* out) {
-  if (s == "F32")
-    *out = DType::kF32;
-  else if (s == "F16")
-    *out = DType::kF16;
-  else if (s == "BF16")
-    *out = DType::kBF16;
-  else
-    return false;
-  return true;
+constexpr std::pair<std::string_view, StorageType> kStorageTypes[] = {
+    {"F32", StorageType::kF32},        {"F16", StorageType::kF16},
+    {"BF16", StorageType::kBF16},      {"F64", StorageType::kF64},
+    {"F8_E4M3", StorageType::kF8E4M3}, {"F8_E5M2", StorageType::kF8E5M2},
+    {"I8", StorageType::kI8},          {"U8", StorageType::kU8},
+    {"I16", StorageType::kI16},        {"U16", StorageType::kU16},
+    {"I32", StorageType::kI32},        {"U32", StorageType::kU32},
+    {"I64", StorageType::kI64},        {"U64", StorageType::kU64},
+    {"BOOL", StorageType::kBool}};
+
+bool ParseStorageType(std::string_view s, StorageType* out) {
+  for (const auto& [name, type] : kStorageTypes) {
+    if (s == name) {
+      *out = type;
+      return true;
+    }
+  }
+  return false;
 }
 
 // A non-negative JSON integer; false for negatives, floats and non-numbers.
@@ -67,10 +75,15 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
     return TensorError(path, name, "missing or non-string \"dtype\"");
   }
   const std::string& dtype = dtype_it->get_ref<const std::string&>();
-  if (!ParseDType(dtype, &view->dtype)) {
-    return TensorError(
-        path, name, absl::StrCat("unsupported dtype \"", dtype, "\" (supported: F32, F16, BF16)"));
+  if (!ParseStorageType(dtype, &view->type)) {
+    return TensorError(path, name,
+                       absl::StrCat("unsupported dtype \"", dtype,
+                                    "\" (supported: F32, F16, BF16, F64, F8_E4M3, F8_E5M2, I8, "
+                                    "U8, I16, U16, I32, U32, I64, U64, BOOL)"));
   }
+  view->dtype = view->type == StorageType::kF16    ? DType::kF16
+                : view->type == StorageType::kBF16 ? DType::kBF16
+                                                   : DType::kF32;
   const auto shape_it = entry.find("shape");
   if (shape_it == entry.end() || !shape_it->is_array()) {
     return TensorError(path, name, "missing or non-array \"shape\"");
@@ -89,7 +102,7 @@ absl::Status ParseEntry(const std::string& path, const std::string& name, const 
   }
   uint64_t nbytes;
   if (numel > static_cast<uint64_t>(INT64_MAX) ||
-      __builtin_mul_overflow(numel, DTypeSize(view->dtype), &nbytes)) {
+      __builtin_mul_overflow(numel, StorageTypeSize(view->type), &nbytes)) {
     return TensorError(path, name, absl::StrCat("shape ", shape_it->dump(), " overflows"));
   }
   const auto off_it = entry.find("data_offsets");
@@ -155,6 +168,33 @@ bool Exists(const std::string& path) {
 }
 
 }  // namespace
+
+std::string_view StorageTypeName(StorageType t) {
+  for (const auto& [name, type] : kStorageTypes) {
+    if (type == t) return name;
+  }
+  return "?";
+}
+
+size_t StorageTypeSize(StorageType t) {
+  switch (t) {
+    case StorageType::kF64:
+    case StorageType::kI64:
+    case StorageType::kU64:
+      return 8;
+    case StorageType::kF32:
+    case StorageType::kI32:
+    case StorageType::kU32:
+      return 4;
+    case StorageType::kF16:
+    case StorageType::kBF16:
+    case StorageType::kI16:
+    case StorageType::kU16:
+      return 2;
+    default:
+      return 1;
+  }
+}
 
 int64_t TensorView::numel() const {
   int64_t n = 1;
@@ -315,6 +355,17 @@ absl::Status SafetensorsSet::LoadIndex(const std::string& index_path) {
 
 absl::StatusOr<TensorView> SafetensorsSet::Get(std::string_view name,
                                                absl::Span<const int64_t> expected_shape) const {
+  ASSIGN_OR_RETURN(TensorView view, GetAny(name, expected_shape));
+  if (!view.is_float()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        view.file, ": tensor \"", view.name, "\" has dtype ",
+        std::string(StorageTypeName(view.type)), ", not a float one (F32, F16, BF16)"));
+  }
+  return view;
+}
+
+absl::StatusOr<TensorView> SafetensorsSet::GetAny(std::string_view name,
+                                                  absl::Span<const int64_t> expected_shape) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(

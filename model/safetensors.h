@@ -27,9 +27,36 @@
 
 namespace kvrm {
 
+// The element types a safetensors header may name ("F32", "I32", ...). Weights are one of the
+// float DTypes; the others come with quantized checkpoints (AWQ / GPTQ's packed I32 qweight,
+// compressed-tensors' I64 weight_shape, FP8 weights) and stray buffers (I64 position ids).
+enum class StorageType : uint8_t {
+  kF32,
+  kF16,
+  kBF16,
+  kF64,
+  kF8E4M3,
+  kF8E5M2,
+  kI8,
+  kU8,
+  kI16,
+  kU16,
+  kI32,
+  kU32,
+  kI64,
+  kU64,
+  kBool
+};
+std::string_view StorageTypeName(StorageType t);  // the header's spelling: "I32"
+size_t StorageTypeSize(StorageType t);
+
 struct TensorView {
   std::string name;
-  DType dtype = DType::kF32;
+  StorageType type = StorageType::kF32;
+  DType dtype = DType::kF32;  // the float type, when `type` is F32, F16 or BF16
+  bool is_float() const {
+    return type == StorageType::kF32 || type == StorageType::kF16 || type == StorageType::kBF16;
+  }
   std::vector<int64_t> shape;
   const std::byte* data = nullptr;  // into the read-only mapping; valid while its file/set lives
   size_t nbytes = 0;
@@ -78,9 +105,14 @@ class SafetensorsSet {
   static absl::StatusOr<std::unique_ptr<SafetensorsSet>> OpenDirectory(const std::string& dir);
 
   // NOT_FOUND naming the tensor and directory when absent; INVALID_ARGUMENT naming the tensor,
-  // its file, and both shapes when `expected_shape` is non-empty and differs.
+  // its file, and both shapes when `expected_shape` is non-empty and differs, or the dtype when
+  // it is not a float one (F32, F16, BF16).
   absl::StatusOr<TensorView> Get(std::string_view name,
                                  absl::Span<const int64_t> expected_shape = {}) const;
+  // As Get, of any element type (the caller checks `type`).
+  absl::StatusOr<TensorView> GetAny(std::string_view name,
+                                    absl::Span<const int64_t> expected_shape = {}) const;
+  bool Contains(std::string_view name) const { return tensors_.find(name) != tensors_.end(); }
   std::vector<std::string> TensorNames() const;  // sorted
   int64_t total_bytes() const { return total_bytes_; }
   const std::string& dir() const { return dir_; }

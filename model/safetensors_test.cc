@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -273,12 +275,52 @@ TEST(SafetensorsTest, InvalidJsonOrNonObjectHeader) {
 
 TEST(SafetensorsTest, UnsupportedDtypesAreNamed) {
   const std::string path = TestDir() + "/x.safetensors";
-  for (const std::string dtype : {"I64", "F8_E4M3", "F64", "f32"}) {
+  for (const std::string dtype : {"I4", "F8_E3M4", "C64", "f32"}) {
     WriteFile(
         path,
         HandMade(R"({"w":{"dtype":")" + dtype + R"(","shape":[2],"data_offsets":[0,16]}})", 16));
     ExpectError(OpenStatus(path), absl::StatusCode::kInvalidArgument,
                 {path, "tensor \"w\"", "\"" + dtype + "\""});
+  }
+}
+
+// Integer and other non-weight types open (quantized checkpoints' packed I32 weights, I64
+// bookkeeping) with their own element sizes; Get refuses them where a float weight is wanted,
+// naming the dtype, and GetAny returns them.
+TEST(SafetensorsTest, NonFloatTypesOpenAndGetRefusesThem) {
+  const std::string dir = TestDir() + "/nonfloat";
+  std::filesystem::create_directories(dir);
+  const struct {
+    const char* dtype;
+    StorageType type;
+    int size;
+  } cases[] = {{"I32", StorageType::kI32, 4}, {"I64", StorageType::kI64, 8},
+               {"U8", StorageType::kU8, 1},   {"F8_E4M3", StorageType::kF8E4M3, 1},
+               {"F64", StorageType::kF64, 8}, {"BOOL", StorageType::kBool, 1},
+               {"I16", StorageType::kI16, 2}};
+  for (const auto& c : cases) {
+    const int bytes = 3 * c.size;
+    WriteFile(dir + "/model.safetensors",
+              HandMade(absl::StrCat(R"({"w":{"dtype":")", c.dtype,
+                                    R"(","shape":[3],"data_offsets":[0,)", bytes, "]}}"),
+                       bytes));
+    absl::StatusOr<std::unique_ptr<SafetensorsSet>> set = SafetensorsSet::OpenDirectory(dir);
+    ASSERT_TRUE(set.ok()) << c.dtype << ": " << set.status();
+    absl::StatusOr<TensorView> any = (*set)->GetAny("w", {3});
+    ASSERT_TRUE(any.ok()) << any.status();
+    EXPECT_EQ(any->type, c.type);
+    EXPECT_EQ(StorageTypeName(any->type), c.dtype);
+    EXPECT_EQ(any->nbytes, static_cast<size_t>(bytes));
+    EXPECT_FALSE(any->is_float());
+    ExpectError((*set)->Get("w", {3}).status(), absl::StatusCode::kInvalidArgument,
+                {"tensor \"w\"", absl::StrCat("dtype ", c.dtype), "not a float"});
+    // A mismatched length is still caught with the type's own size.
+    WriteFile(dir + "/model.safetensors",
+              HandMade(absl::StrCat(R"({"w":{"dtype":")", c.dtype,
+                                    R"(","shape":[3],"data_offsets":[0,)", bytes + 1, "]}}"),
+                       bytes + 1));
+    ExpectError(SafetensorsSet::OpenDirectory(dir).status(), absl::StatusCode::kInvalidArgument,
+                {"shape mismatch", c.dtype});
   }
 }
 
