@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/json.h"
@@ -44,6 +45,7 @@ class Fields {
   }
 
   std::string Name(const char* key) const { return absl::StrCat(prefix_, key); }
+  std::string_view what() const { return what_; }
 
   absl::Status Invalid(const char* key, std::string_view problem) const {
     return absl::InvalidArgumentError(
@@ -446,6 +448,169 @@ absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
   return absl::OkStatus();
 }
 
+// compressed-tensors' weight-only integer schemes (llm-compressor's W4A16 / W8A16): every
+// config group the same "weights" scheme, int, 4 or 8 bits, by group or by channel, with no
+// input activations quantized, stored "pack-quantized".
+absl::Status ParseCompressedTensors(const Fields& f, CheckpointQuantization* q) {
+  std::string format;
+  RETURN_IF_ERROR(f.String("format", false, &format));
+  const Json* groups = f.Get("config_groups");
+  if (groups == nullptr || !groups->is_object() || groups->empty()) {
+    return f.Invalid("config_groups", "must be an object of one or more schemes");
+  }
+  bool first = true;
+  for (const auto& [name, group] : groups->items()) {
+    const std::string where = absl::StrCat("config_groups.", name);
+    if (!group.is_object())
+      return f.Invalid("config_groups", absl::StrCat(name, " is not an object"));
+    const Fields g(group, f.what(), absl::StrCat(f.Name(where.c_str()), "."));
+    std::string group_format = format;
+    RETURN_IF_ERROR(g.String("format", false, &group_format));
+    if (group_format != "pack-quantized") {
+      return g.Unimplemented(
+          "format", absl::StrCat("\"", group_format, "\" is not supported (pack-quantized)"));
+    }
+    if (g.Get("input_activations") != nullptr) {
+      return g.Unimplemented("input_activations",
+                             "is set: activation quantization (W8A8, W4A8) is not supported, "
+                             "weight-only schemes (W4A16, W8A16) are");
+    }
+    const Json* weights = g.Get("weights");
+    if (weights == nullptr || !weights->is_object()) {
+      return g.Invalid("weights", "must be an object (the weights' quantization scheme)");
+    }
+    const Fields w(*weights, f.what(), g.Name("weights."));
+    CheckpointQuantization scheme;
+    scheme.method = "compressed-tensors";
+    std::string type = "int";
+    RETURN_IF_ERROR(w.String("type", false, &type));
+    if (type != "int") {
+      return w.Unimplemented("type", absl::StrCat("\"", type, "\" is not supported (int)"));
+    }
+    int64_t bits = 0;
+    RETURN_IF_ERROR(w.Int("num_bits", true, 1, 64, &bits));
+    if (bits != 4 && bits != 8) {
+      return w.Unimplemented("num_bits", absl::StrCat("(", bits, ") is not supported (4, 8)"));
+    }
+    scheme.bits = static_cast<int32_t>(bits);
+    std::string strategy;
+    RETURN_IF_ERROR(w.String("strategy", true, &strategy));
+    if (strategy == "group") {
+      int64_t size = 0;
+      RETURN_IF_ERROR(w.Int("group_size", true, 1, kInt32Max, &size));
+      scheme.group_size = static_cast<int32_t>(size);
+    } else if (strategy != "channel") {
+      return w.Unimplemented("strategy",
+                             absl::StrCat("\"", strategy, "\" is not supported (group, channel)"));
+    }
+    bool symmetric = true;
+    RETURN_IF_ERROR(w.Bool("symmetric", &symmetric));
+    scheme.zero_point = !symmetric;
+    bool dynamic = false;
+    RETURN_IF_ERROR(w.Bool("dynamic", &dynamic));
+    if (dynamic) return w.Unimplemented("dynamic", "true is not supported for weights");
+    // actorder "group" stores weight_g_idx (groups in activation order); "weight" only changed
+    // the order GPTQ quantized in, and the groups stay contiguous.
+    if (const Json* order = w.Get("actorder");
+        order != nullptr && !(order->is_boolean() && !order->get<bool>())) {
+      if (!order->is_string() || (*order != "group" && *order != "weight")) {
+        return w.Unimplemented("actorder",
+                               absl::StrCat(order->dump(), " is not supported (group, weight)"));
+      }
+      scheme.act_order = *order == "group";
+    }
+    if (!first && (scheme.bits != q->bits || scheme.group_size != q->group_size ||
+                   scheme.zero_point != q->zero_point || scheme.act_order != q->act_order)) {
+      return f.Unimplemented("config_groups",
+                             absl::StrCat(name,
+                                          " differs from the first scheme: one weight "
+                                          "scheme for every layer is supported"));
+    }
+    *q = scheme;
+    first = false;
+  }
+  return absl::OkStatus();
+}
+
+// quantization_config: AWQ (AutoAWQ's keys, and its older w_bit / q_group_size), GPTQ, and
+// compressed-tensors' weight-only integer schemes; anything else is refused by name rather than
+// read as unquantized weights that are not there.
+absl::Status ParseQuantization(const Json& root, std::string_view what, LlamaConfig* c) {
+  const auto it = root.find("quantization_config");
+  if (it == root.end() || it->is_null()) return absl::OkStatus();
+  if (!it->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(std::string(what), ": quantization_config must be an object"));
+  }
+  const Fields f(*it, what, "quantization_config.");
+  CheckpointQuantization q;
+  RETURN_IF_ERROR(f.String("quant_method", true, &q.method));
+  q.method = absl::AsciiStrToLower(q.method);
+  // group_size: a positive count, or -1 for one group per output row (0 here).
+  auto group = [&](const char* key, bool required, int64_t fallback) -> absl::Status {
+    int64_t g = fallback;
+    RETURN_IF_ERROR(f.Int(key, required, -1, kInt32Max, &g));
+    if (g == 0) return f.Invalid(key, "must be positive, or -1 for one group per row");
+    q.group_size = g < 0 ? 0 : static_cast<int32_t>(g);
+    return absl::OkStatus();
+  };
+  if (q.method == "awq") {
+    int64_t bits = 4;
+    RETURN_IF_ERROR(f.Int(f.Get("bits") != nullptr ? "bits" : "w_bit", false, 1, 64, &bits));
+    if (bits != 4) {
+      return f.Unimplemented("bits", absl::StrCat("(", bits, ") is not supported for AWQ (4)"));
+    }
+    q.bits = 4;
+    RETURN_IF_ERROR(
+        group(f.Get("group_size") != nullptr ? "group_size" : "q_group_size", false, 128));
+    q.zero_point = true;
+    RETURN_IF_ERROR(f.Bool("zero_point", &q.zero_point));
+    if (!q.zero_point) {
+      return f.Unimplemented("zero_point",
+                             "false is not supported (AutoAWQ's GEMM checkpoints "
+                             "store zeros)");
+    }
+    std::string version = "gemm";
+    RETURN_IF_ERROR(f.String("version", false, &version));
+    if (absl::AsciiStrToLower(version) != "gemm") {
+      return f.Unimplemented("version", absl::StrCat("\"", version,
+                                                     "\" is not supported (gemm: AutoAWQ's "
+                                                     "default layout)"));
+    }
+  } else if (q.method == "gptq") {
+    int64_t bits = 4;
+    RETURN_IF_ERROR(f.Int("bits", true, 1, 64, &bits));
+    if (bits != 4 && bits != 8) {
+      return f.Unimplemented("bits", absl::StrCat("(", bits, ") is not supported for GPTQ (4, 8)"));
+    }
+    q.bits = static_cast<int32_t>(bits);
+    RETURN_IF_ERROR(group("group_size", false, 128));
+    bool sym = true;
+    RETURN_IF_ERROR(f.Bool("sym", &sym));
+    q.zero_point = !sym;
+    RETURN_IF_ERROR(f.Bool("desc_act", &q.act_order));
+    std::string format = "gptq";
+    RETURN_IF_ERROR(f.String("checkpoint_format", false, &format));
+    if (format != "gptq" && format != "gptq_v2") {
+      return f.Unimplemented("checkpoint_format",
+                             absl::StrCat("\"", format, "\" is not supported (gptq, gptq_v2)"));
+    }
+    q.gptq_v1_zeros = format == "gptq";
+    if (const Json* dynamic = f.Get("dynamic"); dynamic != nullptr && !dynamic->empty()) {
+      return f.Unimplemented("dynamic", "(per-module bits and groups) is not supported");
+    }
+  } else if (q.method == "compressed-tensors") {
+    RETURN_IF_ERROR(ParseCompressedTensors(f, &q));
+  } else {
+    return f.Unimplemented("quant_method",
+                           absl::StrCat("\"", q.method,
+                                        "\" is not supported (awq, gptq, compressed-tensors; "
+                                        "or a GGUF file of the model)"));
+  }
+  c->quantization = std::move(q);
+  return absl::OkStatus();
+}
+
 // Gemma 2 / 3's differences from the Llama block (LlamaConfig's Gemma fields), with their
 // Transformers config classes' defaults. A softcapping key that is null means none; absent, the
 // class default (Gemma 2: 50 and 30; Gemma 3: none).
@@ -595,6 +760,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   RETURN_IF_ERROR(ParseAttentionFeatures(f, &c));
   RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
   RETURN_IF_ERROR(ParseExperts(f, &c));
+  RETURN_IF_ERROR(ParseQuantization(root, what, &c));
   RETURN_IF_ERROR(ParseTokenIds(root, what, c.vocab_size, &c));
   return c;
 }

@@ -41,6 +41,25 @@ struct RopeScaling {
   double attention_factor = 1;  // every type: what cos and sin are multiplied by (1 but yarn)
 };
 
+// config.json's "quantization_config": how a quantized checkpoint stores its linear weights
+// (model/quantized_checkpoint.h unpacks them). Weight-only integer schemes, each a grid of
+// `bits`-bit integers q with a scale s (and a zero z) per group of `group_size` input features of
+// an output row: the weight is s * (q - z).
+struct CheckpointQuantization {
+  // "" (none), "awq" (AutoAWQ's GEMM layout), "gptq" (AutoGPTQ / GPTQModel), or
+  // "compressed-tensors" (llm-compressor's pack-quantized W4A16 / W8A16).
+  std::string method;
+  int32_t bits = 0;         // 4 (awq), 4 or 8 (gptq, compressed-tensors)
+  int32_t group_size = 0;   // input features per scale; 0: one scale per output row
+  bool zero_point = false;  // a stored zero per group (awq zero_point, gptq !sym, !symmetric)
+  // GPTQ's desc_act / compressed-tensors' actorder "group": g_idx tensors map each input
+  // feature to its group, which need not be contiguous.
+  bool act_order = false;
+  // GPTQ checkpoint_format "gptq" (v1) stores each zero less one; "gptq_v2" as it is.
+  bool gptq_v1_zeros = true;
+  bool enabled() const { return !method.empty(); }
+};
+
 // The most layers a config may claim (no model has more than a few hundred): a claim of more is
 // refused before per-layer state (the sliding layers) is allocated for it.
 inline constexpr int32_t kMaxHiddenLayers = 65536;
@@ -131,6 +150,7 @@ struct LlamaConfig {
   std::optional<int32_t> bos_token_id;
   std::vector<int32_t> eos_token_ids;  // "eos_token_id" may be an int or a list
   std::string torch_dtype;             // informational ("torch_dtype", or "dtype" in newer files)
+  CheckpointQuantization quantization;  // quantization_config; method "" when the weights are not
 
   // The window layer `layer` attends within (0: all of its history).
   int32_t SlidingWindowOf(int32_t layer) const {

@@ -84,11 +84,13 @@ absl::Status CheckTensor(const TensorToWrite& t, std::set<std::string_view>* see
     }
   }
   uint64_t nbytes;
-  if (__builtin_mul_overflow(numel, DTypeSize(t.dtype), &nbytes) || nbytes != t.data.size()) {
-    return absl::InvalidArgumentError(absl::StrCat("safetensors writer: tensor \"", t.name,
-                                                   "\" has ", t.data.size(), " bytes of data, but ",
-                                                   SafetensorsDTypeName(t.dtype), " with ", numel,
-                                                   " elements needs ", numel * DTypeSize(t.dtype)));
+  const size_t element = t.type ? StorageTypeSize(*t.type) : DTypeSize(t.dtype);
+  const std::string type_name =
+      t.type ? std::string(StorageTypeName(*t.type)) : SafetensorsDTypeName(t.dtype);
+  if (__builtin_mul_overflow(numel, element, &nbytes) || nbytes != t.data.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safetensors writer: tensor \"", t.name, "\" has ", t.data.size(), " bytes of data, but ",
+        type_name, " with ", numel, " elements needs ", numel * element));
   }
   return absl::OkStatus();
 }
@@ -113,7 +115,8 @@ absl::StatusOr<std::string> BuildHeader(absl::Span<const TensorToWrite> tensors,
   for (const TensorToWrite& t : tensors) {
     RETURN_IF_ERROR(CheckTensor(t, &seen));
     const uint64_t end = offset + t.data.size();
-    header[t.name] = {{"dtype", SafetensorsDTypeName(t.dtype)},
+    header[t.name] = {{"dtype", t.type ? std::string(StorageTypeName(*t.type))
+                                       : std::string(SafetensorsDTypeName(t.dtype))},
                       {"shape", t.shape},
                       {"data_offsets", {offset, end}}};
     offset = end;

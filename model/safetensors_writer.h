@@ -6,12 +6,14 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
 #include "common/dtype.h"
+#include "model/safetensors.h"
 
 namespace kvrm {
 
@@ -20,6 +22,9 @@ struct TensorToWrite {
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
   absl::Span<const std::byte> data;  // numel * DTypeSize(dtype) bytes; not copied
+  // Another element type than `dtype` (a quantized checkpoint's I32 words, I64 shapes): data is
+  // then numel * StorageTypeSize(*type) bytes.
+  std::optional<StorageType> type;
 };
 
 // Writes one file: 8-byte little-endian header length, the JSON header padded with spaces to a

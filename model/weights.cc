@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
 
@@ -49,7 +50,8 @@ absl::Status BindExperts(const LlamaConfig& c, const std::string& p, const Llama
 }  // namespace
 
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
-                                              const SafetensorsSet& files) {
+                                              const SafetensorsSet& files,
+                                              const QuantizedCheckpointLoad* quantized) {
   // Gemma 3's multimodal checkpoints keep the language model under language_model.model.
   // (Transformers before 4.52, as Google's own files) or model.language_model.: "model.x" is
   // looked up as "<prefix>x"; lm_head is tied.
@@ -58,9 +60,31 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
     prefix = files.Get("model.language_model.embed_tokens.weight").ok() ? "model.language_model."
                                                                         : "language_model.model.";
   }
+  const CheckpointQuantization& q = config.quantization;
   return BindLlamaWeights(
-      config, [&files, &prefix](const std::string& name, const std::vector<int64_t>& shape) {
-        return Bind(files, name.rfind("model.", 0) == 0 ? prefix + name.substr(6) : name, shape);
+      config,
+      [&](const std::string& hf_name,
+          const std::vector<int64_t>& shape) -> absl::StatusOr<WeightMatrix> {
+        const std::string name =
+            hf_name.rfind("model.", 0) == 0 ? prefix + hf_name.substr(6) : hf_name;
+        // A quantized checkpoint's linear weight: "<base>.qweight" (or .weight_packed) and the rest
+        // where "<base>.weight" would be. Modules it left alone (AWQ's modules_to_not_convert,
+        // compressed-tensors' ignore, the routers) keep their .weight.
+        constexpr absl::string_view kWeight = ".weight";
+        if (q.enabled() && shape.size() == 2 && !files.Contains(name) &&
+            absl::EndsWith(name, kWeight)) {
+          const std::string base = name.substr(0, name.size() - kWeight.size());
+          if (HasQuantizedLinear(files, q, base)) {
+            if (quantized == nullptr || quantized->converted == nullptr) {
+              return absl::FailedPreconditionError(
+                  absl::StrCat(files.dir(), ": ", base, " is ", q.method,
+                               "-quantized, and this loader does not unpack checkpoints"));
+            }
+            return LoadQuantizedLinear(files, q, base, shape[0], shape[1], quantized->options,
+                                       quantized->converted, quantized->stats);
+          }
+        }
+        return Bind(files, name, shape);
       });
 }
 

@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "kernels/cpu/weight_matrix.h"
 #include "model/config.h"
+#include "model/quantized_checkpoint.h"
 #include "model/safetensors.h"
 
 namespace kvrm {
@@ -90,10 +91,21 @@ using LlamaTensorBinder = std::function<absl::StatusOr<WeightMatrix>(
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                               const LlamaTensorBinder& bind);
 
+// How a quantized checkpoint's linear weights (config.quantization) are unpacked: with
+// `options`, into buffers appended to `converted`, which must outlive the weights.
+struct QuantizedCheckpointLoad {
+  QuantizedLoadOptions options;
+  std::vector<std::vector<std::byte>>* converted = nullptr;
+  QuantizedLoadStats* stats = nullptr;
+};
+
 // Finds every tensor of `config` in `files` (HF names), checking each shape against the config.
-// The views stay valid while `files` lives.
+// The views stay valid while `files` lives. A linear weight that a quantized checkpoint
+// (config.quantization) stores packed instead of as "<name>.weight" is unpacked as `quantized`
+// says (model/quantized_checkpoint.h); without `quantized`, it is refused.
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
-                                              const SafetensorsSet& files);
+                                              const SafetensorsSet& files,
+                                              const QuantizedCheckpointLoad* quantized = nullptr);
 
 }  // namespace kvrm
 

@@ -73,7 +73,25 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   }
   ASSIGN_OR_RETURN(bundle->config, LoadLlamaConfig(dir));
   ASSIGN_OR_RETURN(bundle->files, SafetensorsSet::OpenDirectory(dir));
-  ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files));
+  QuantizedCheckpointLoad quantized;
+  quantized.options.as_q8 = options.as_q8;
+  quantized.converted = &bundle->converted;
+  QuantizedLoadStats stats;
+  quantized.stats = &stats;
+  ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files, &quantized));
+  if (const CheckpointQuantization& q = bundle->config.quantization; q.enabled()) {
+    bundle->weights_format =
+        absl::StrCat(q.method, " ", q.bits, "-bit",
+                     q.group_size > 0 ? absl::StrCat(" g", q.group_size) : " per-channel",
+                     q.act_order ? " act-order" : "");
+    LOG(INFO) << dir << ": " << bundle->weights_format << " checkpoint: " << stats.exact
+              << " matrices as exactly their values"
+              << (options.as_q8 ? " (8-bit blocks)" : " (f32)") << ", " << stats.requantized
+              << (options.as_q8 ? " requantized to q8_0" : " rounded to bf16")
+              << (stats.requantized > 0 && options.as_q8
+                      ? " (act-order or groups not a multiple of 32 input features)"
+                      : "");
+  }
   // Every id is below config.json's vocab_size (the embedding's rows): the tokenizer checks it.
   ASSIGN_OR_RETURN(bundle->tokenizer,
                    Tokenizer::FromFile(dir + "/tokenizer.json", bundle->config.vocab_size));

@@ -25,8 +25,11 @@ struct ModelBundle {
   LlamaConfig config;
   std::unique_ptr<SafetensorsSet> files;  // a Hugging Face directory's
   std::unique_ptr<GgufModel> gguf;        // a GGUF file's
-  LlamaWeights weights;  // views into `files` or `gguf`
-  // "safetensors", or "gguf <type>" (GgufModel::file_type): ModelInfo.weights_format.
+  LlamaWeights weights;                   // views into `files`, `gguf` or `converted`
+  // A quantized checkpoint's linear weights, unpacked (model/quantized_checkpoint.h).
+  std::vector<std::vector<std::byte>> converted;
+  // "safetensors", "awq 4-bit g128" (a quantized checkpoint: its method, bits and group size),
+  // or "gguf <type>" (GgufModel::file_type): ModelInfo.weights_format.
   std::string weights_format = "safetensors";
   std::unique_ptr<Tokenizer> tokenizer;
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
@@ -38,7 +41,9 @@ struct ModelBundle {
 
   struct LoadOptions {
     // A GGUF file's q8_0 matrices stay q8_0 and its q4_0 / q5_0 ones become q8_0 blocks of
-    // exactly their values (GgufLoadOptions::as_q8); else all become bf16.
+    // exactly their values (GgufLoadOptions::as_q8), and a quantized checkpoint's (AWQ, GPTQ,
+    // compressed-tensors) become 8-bit blocks (QuantizedLoadOptions::as_q8); else all become
+    // bf16.
     bool as_q8 = true;
   };
   // `path`: a Hugging Face model directory (config.json, safetensors, tokenizer.json), a GGUF

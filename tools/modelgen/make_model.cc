@@ -8,6 +8,13 @@
 //   make_model --size=tiny --lora_out=DIR [--lora_rank=8] [--lora_alpha=16] [--lora_rslora]
 //       [--lora_targets=q_proj,v_proj] [--lora_layers=0,2] [--lora_dtype=f32] [--lora_seed=S]
 //
+// With --quantize=awq|gptq|compressed-tensors it also writes a quantized checkpoint of the model
+// to --quantize_out, laid out as AutoAWQ, AutoGPTQ or llm-compressor save theirs (round to
+// nearest; tools/modelgen/quantized_writer.h):
+//
+//   make_model --size=tiny --out=DIR --quantize=gptq --quantize_out=QDIR [--quantize_bits=4]
+//       [--quantize_group_size=128] [--quantize_sym] [--quantize_act_order]
+//
 // The same flags give byte-identical files on any machine. See tools/modelgen/README.md.
 #include <cstdint>
 #include <cstdio>
@@ -23,6 +30,7 @@
 #include "common/dtype.h"
 #include "tools/modelgen/lora_writer.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/modelgen/quantized_writer.h"
 
 ABSL_FLAG(std::string, size, "tiny", "model shape: tiny (~1M params) or small (~125M)");
 ABSL_FLAG(std::string, out, "", "output directory (created if missing)");
@@ -42,6 +50,15 @@ ABSL_FLAG(std::string, lora_dtype, "f32", "the adapter's tensor dtype: f32, bf16
 ABSL_FLAG(uint64_t, lora_seed, 0, "random seed for the adapter's values");
 ABSL_FLAG(std::string, lora_base_model, "",
           "the adapter's base_model_name_or_path (default: --out, else --size)");
+ABSL_FLAG(std::string, quantize, "",
+          "also write a quantized checkpoint of the model: awq, gptq or compressed-tensors");
+ABSL_FLAG(std::string, quantize_out, "", "where --quantize writes it");
+ABSL_FLAG(int, quantize_bits, 4, "bits a weight: 4 (awq), 4 or 8 (gptq, compressed-tensors)");
+ABSL_FLAG(int, quantize_group_size, 128, "input features a scale (-1: one per output row)");
+ABSL_FLAG(bool, quantize_sym, false,
+          "symmetric (gptq sym, compressed-tensors symmetric): no stored zeros");
+ABSL_FLAG(bool, quantize_act_order, false,
+          "gptq desc_act / compressed-tensors actorder group: groups of a permutation (g_idx)");
 
 namespace {
 
@@ -131,5 +148,24 @@ int main(int argc, char** argv) {
       static_cast<long long>(summary->parameters), static_cast<long long>(summary->weight_bytes),
       summary->num_merges, summary->total_seconds, summary->tokenizer_seconds,
       summary->weights_seconds);
+  if (const std::string method = absl::GetFlag(FLAGS_quantize); !method.empty()) {
+    kvrm::modelgen::QuantizeOptions q;
+    q.method = method;
+    q.bits = absl::GetFlag(FLAGS_quantize_bits);
+    q.group_size = absl::GetFlag(FLAGS_quantize_group_size);
+    q.zero_point = !absl::GetFlag(FLAGS_quantize_sym);
+    q.act_order = absl::GetFlag(FLAGS_quantize_act_order);
+    q.seed = options.seed;
+    // compressed-tensors keeps its scales in the model's dtype; AWQ and GPTQ in f16.
+    if (method == "compressed-tensors") q.scale_dtype = options.dtype;
+    const std::string out = absl::GetFlag(FLAGS_quantize_out);
+    absl::Status st = out.empty() ? absl::InvalidArgumentError("--quantize needs --quantize_out")
+                                  : kvrm::modelgen::QuantizeModelDir(options.out_dir, out, "", q);
+    if (!st.ok()) {
+      std::fprintf(stderr, "make_model: %s\n", st.ToString().c_str());
+      return 1;
+    }
+    std::printf("make_model: %s %d-bit checkpoint -> %s\n", method.c_str(), q.bits, out.c_str());
+  }
   return lora ? WriteLora() : 0;
 }

@@ -1,0 +1,363 @@
+#include "model/quantized_checkpoint.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "kernels/cpu/q8_0.h"
+
+namespace kvrm {
+namespace {
+
+enum class Layout { kAwq, kGptq, kPacked };
+
+Layout LayoutOf(const CheckpointQuantization& q) {
+  return q.method == "awq" ? Layout::kAwq : q.method == "gptq" ? Layout::kGptq : Layout::kPacked;
+}
+
+// The tensor that holds the packed integers.
+std::string PackedName(const CheckpointQuantization& q, const std::string& base) {
+  return base + (LayoutOf(q) == Layout::kPacked ? ".weight_packed" : ".qweight");
+}
+
+// AWQ's nibble order: nibble i of a word holds output feature 8 j + kAwqOrder[i], so feature
+// 8 j + m sits in nibble kAwqNibble[m].
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+int32_t LoadI32(const std::byte* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+// One scale as float, from a tensor of any float type (unaligned).
+float LoadFloat(const TensorView& t, int64_t i) {
+  const std::byte* p = t.data + i * static_cast<int64_t>(DTypeSize(t.dtype));
+  if (t.dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return t.dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+}
+
+// The tensors of one packed linear weight, checked, and how to read q, z, s and g_idx from them.
+struct Packed {
+  Layout layout;
+  int bits = 4;
+  int per_word = 8;  // values a 32-bit word
+  uint32_t mask = 15;
+  int64_t n = 0, k = 0, groups = 1, group_size = 0;
+  bool zero_point = false;
+  int32_t zero_bias = 0;  // added to a stored zero (GPTQ v1: 1)
+  TensorView qweight, scales, zeros, g_idx;
+  bool has_zeros = false, has_g_idx = false;
+  std::vector<int32_t> group_of;  // [k]: each input feature's group
+
+  int64_t GroupOf(int64_t kk) const { return group_of[kk]; }
+  float Scale(int64_t nn, int64_t g) const {
+    return LoadFloat(scales, layout == Layout::kPacked ? nn * groups + g : g * n + nn);
+  }
+  // The zero of (n, g), as the value q - z subtracts it (symmetric: the grid's middle).
+  int32_t Zero(int64_t nn, int64_t g) const {
+    if (!has_zeros) return layout == Layout::kPacked ? 0 : 1 << (bits - 1);
+    int64_t word, shift;
+    switch (layout) {
+      case Layout::kAwq:  // [groups][n / 8], AWQ's nibble order
+        word = g * (n / 8) + nn / 8;
+        shift = 4 * kAwqNibble[nn % 8];
+        break;
+      case Layout::kGptq:  // [groups][n / per_word]
+        word = g * (n / per_word) + nn / per_word;
+        shift = bits * (nn % per_word);
+        break;
+      default:  // [n / per_word][groups], stored as z + 2^(bits-1)
+        word = (nn / per_word) * groups + g;
+        shift = bits * (nn % per_word);
+        break;
+    }
+    const uint32_t stored = (static_cast<uint32_t>(LoadI32(zeros.data + word * 4)) >> shift) & mask;
+    return static_cast<int32_t>(stored) + zero_bias;
+  }
+};
+
+absl::Status TensorProblem(const TensorView& t, std::string_view problem) {
+  return absl::InvalidArgumentError(
+      absl::StrCat(t.file, ": tensor \"", t.name, "\" ", std::string(problem)));
+}
+
+absl::StatusOr<TensorView> Need(const SafetensorsSet& files, const std::string& name,
+                                std::vector<int64_t> shape, bool integer) {
+  ASSIGN_OR_RETURN(TensorView t, files.GetAny(name, shape));
+  if (integer ? t.type != StorageType::kI32 : !t.is_float()) {
+    return TensorProblem(
+        t, absl::StrCat("has dtype ", std::string(StorageTypeName(t.type)),
+                        integer ? " (I32 expected)" : " (F16, BF16 or F32 expected)"));
+  }
+  return t;
+}
+
+absl::StatusOr<Packed> OpenPacked(const SafetensorsSet& files, const CheckpointQuantization& q,
+                                  const std::string& base, int64_t n, int64_t k) {
+  Packed p;
+  p.layout = LayoutOf(q);
+  p.bits = q.bits;
+  p.per_word = 32 / q.bits;
+  p.mask = (1u << q.bits) - 1;
+  p.n = n;
+  p.k = k;
+  p.group_size = q.group_size > 0 ? q.group_size : k;
+  p.groups = (k + p.group_size - 1) / p.group_size;
+  p.zero_point = q.zero_point;
+  const int pw = p.per_word;
+  auto divisible = [&](int64_t features, const char* what) -> absl::Status {
+    if (features % pw == 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat(base, ": ", what, " (", features,
+                                                   ") is not a multiple of the ", pw,
+                                                   " values a packed word holds"));
+  };
+  switch (p.layout) {
+    case Layout::kAwq: {
+      RETURN_IF_ERROR(divisible(n, "out_features"));
+      ASSIGN_OR_RETURN(p.qweight, Need(files, base + ".qweight", {k, n / pw}, true));
+      ASSIGN_OR_RETURN(p.zeros, Need(files, base + ".qzeros", {p.groups, n / pw}, true));
+      ASSIGN_OR_RETURN(p.scales, Need(files, base + ".scales", {p.groups, n}, false));
+      p.has_zeros = true;
+      break;
+    }
+    case Layout::kGptq: {
+      RETURN_IF_ERROR(divisible(n, "out_features"));
+      RETURN_IF_ERROR(divisible(k, "in_features"));
+      ASSIGN_OR_RETURN(p.qweight, Need(files, base + ".qweight", {k / pw, n}, true));
+      // Symmetric checkpoints store their zeros too (all the grid's middle, less one in v1):
+      // read as stored, as AutoGPTQ's kernels do.
+      ASSIGN_OR_RETURN(p.zeros, Need(files, base + ".qzeros", {p.groups, n / pw}, true));
+      ASSIGN_OR_RETURN(p.scales, Need(files, base + ".scales", {p.groups, n}, false));
+      p.has_zeros = true;
+      p.zero_bias = q.gptq_v1_zeros ? 1 : 0;
+      if (files.Contains(base + ".g_idx")) {
+        ASSIGN_OR_RETURN(p.g_idx, Need(files, base + ".g_idx", {k}, true));
+        p.has_g_idx = true;
+      }
+      break;
+    }
+    case Layout::kPacked: {
+      RETURN_IF_ERROR(divisible(k, "in_features"));
+      ASSIGN_OR_RETURN(p.qweight, Need(files, base + ".weight_packed", {n, k / pw}, true));
+      ASSIGN_OR_RETURN(p.scales, Need(files, base + ".weight_scale", {n, p.groups}, false));
+      if (files.Contains(base + ".weight_shape")) {
+        ASSIGN_OR_RETURN(const TensorView shape, files.GetAny(base + ".weight_shape", {2}));
+        if (shape.type != StorageType::kI64 && shape.type != StorageType::kI32) {
+          return TensorProblem(shape, "must be I64 or I32");
+        }
+        int64_t dims[2];
+        for (int i = 0; i < 2; ++i) {
+          if (shape.type == StorageType::kI64) {
+            std::memcpy(&dims[i], shape.data + 8 * i, 8);
+          } else {
+            dims[i] = LoadI32(shape.data + 4 * i);
+          }
+        }
+        if (dims[0] != n || dims[1] != k) {
+          return TensorProblem(shape, absl::StrCat("is [", dims[0], ", ", dims[1],
+                                                   "], the config needs [", n, ", ", k, "]"));
+        }
+      }
+      if (q.zero_point) {
+        RETURN_IF_ERROR(divisible(n, "out_features"));
+        ASSIGN_OR_RETURN(p.zeros,
+                         Need(files, base + ".weight_zero_point", {n / pw, p.groups}, true));
+        p.has_zeros = true;
+        p.zero_bias = -(1 << (q.bits - 1));
+      }
+      if (files.Contains(base + ".weight_g_idx")) {
+        ASSIGN_OR_RETURN(p.g_idx, Need(files, base + ".weight_g_idx", {k}, true));
+        p.has_g_idx = true;
+      }
+      break;
+    }
+  }
+  p.group_of.resize(k);
+  for (int64_t i = 0; i < k; ++i) {
+    p.group_of[i] = static_cast<int32_t>(i / p.group_size);
+    if (!p.has_g_idx) continue;
+    const int32_t g = LoadI32(p.g_idx.data + i * 4);
+    if (g < 0 || g >= p.groups) {
+      return TensorProblem(
+          p.g_idx, absl::StrCat("[", i, "] = ", g, " is not a group (0 to ", p.groups - 1, ")"));
+    }
+    p.group_of[i] = g;
+  }
+  return p;
+}
+
+// Rows [n0, n1) of the packed integers, unpacked to q (unsigned, as stored: compressed-tensors'
+// carry their 2^(bits-1) offset, taken out by Packed::Zero) in tile[(n - n0) * k + kk], each
+// layout read in its own memory order.
+void UnpackRows(const Packed& p, int64_t n0, int64_t n1, uint8_t* tile) {
+  const int64_t k = p.k;
+  const int pw = p.per_word, bits = p.bits;
+  const uint32_t mask = p.mask;
+  switch (p.layout) {
+    case Layout::kAwq:  // [k][n / 8]: a word is 8 output features of one input feature
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const std::byte* row = p.qweight.data + kk * (p.n / 8) * 4;
+        for (int64_t j = n0 / 8; j < n1 / 8; ++j) {
+          const uint32_t w = static_cast<uint32_t>(LoadI32(row + j * 4));
+          for (int m = 0; m < 8; ++m) {
+            tile[(8 * j + m - n0) * k + kk] = (w >> (4 * kAwqNibble[m])) & 15;
+          }
+        }
+      }
+      break;
+    case Layout::kGptq:  // [k / pw][n]: a word is pw input features of one output feature
+      for (int64_t kw = 0; kw < k / pw; ++kw) {
+        const std::byte* row = p.qweight.data + kw * p.n * 4;
+        for (int64_t nn = n0; nn < n1; ++nn) {
+          const uint32_t w = static_cast<uint32_t>(LoadI32(row + nn * 4));
+          uint8_t* out = tile + (nn - n0) * k + kw * pw;
+          for (int i = 0; i < pw; ++i) out[i] = (w >> (bits * i)) & mask;
+        }
+      }
+      break;
+    case Layout::kPacked:  // [n][k / pw]
+      for (int64_t nn = n0; nn < n1; ++nn) {
+        const std::byte* row = p.qweight.data + nn * (k / pw) * 4;
+        uint8_t* out = tile + (nn - n0) * k;
+        for (int64_t kw = 0; kw < k / pw; ++kw) {
+          const uint32_t w = static_cast<uint32_t>(LoadI32(row + kw * 4));
+          for (int i = 0; i < pw; ++i) out[kw * pw + i] = (w >> (bits * i)) & mask;
+        }
+      }
+      break;
+  }
+}
+
+// The value a stored q stands for before its zero: compressed-tensors stores q + 2^(bits-1).
+int32_t Signed(const Packed& p, uint8_t stored) {
+  return p.layout == Layout::kPacked ? static_cast<int32_t>(stored) - (1 << (p.bits - 1))
+                                     : static_cast<int32_t>(stored);
+}
+
+bool IsF16(float s) { return F16ToFloat(FloatToF16(s)) == s; }
+
+}  // namespace
+
+bool HasQuantizedLinear(const SafetensorsSet& files, const CheckpointQuantization& q,
+                        const std::string& base) {
+  return q.enabled() && files.Contains(PackedName(q, base));
+}
+
+absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
+                                                 const CheckpointQuantization& q,
+                                                 const std::string& base, int64_t rows,
+                                                 int64_t cols, const QuantizedLoadOptions& options,
+                                                 std::vector<std::vector<std::byte>>* converted,
+                                                 QuantizedLoadStats* stats) {
+  ASSIGN_OR_RETURN(const Packed p, OpenPacked(files, q, base, rows, cols));
+  const int64_t n = rows, k = cols;
+  // Exactly as 8-bit blocks when every block of 32 input features has one group.
+  bool aligned = k % WeightMatrix::kQ8Block == 0;
+  for (int64_t kk = 0; aligned && kk < k; ++kk) {
+    aligned = p.group_of[kk] == p.group_of[kk - kk % WeightMatrix::kQ8Block];
+  }
+  // q8_0 when every scale is an f16 and every q - z an int8; else q8 affine.
+  const int32_t mid = 1 << (p.bits - 1);
+  bool q8_0 = true;
+  for (int64_t nn = 0; aligned && q8_0 && nn < n; ++nn) {
+    for (int64_t g = 0; q8_0 && g < p.groups; ++g) {
+      const int32_t z = p.Zero(nn, g);
+      const int32_t lo = Signed(p, 0) - z, hi = Signed(p, static_cast<uint8_t>(p.mask)) - z;
+      q8_0 = IsF16(p.Scale(nn, g)) && lo >= -128 && hi <= 127;
+    }
+  }
+  WeightMatrix m{options.dense, nullptr, n, k, k};
+  const bool blocks = options.as_q8 && k % WeightMatrix::kQ8Block == 0;
+  if (blocks) {
+    m.format = aligned && !q8_0 ? WeightFormat::kQ8Affine : WeightFormat::kQ8_0;
+  } else {
+    m.dtype = options.dense;
+  }
+  const int64_t row_bytes = m.DataBytes(k);
+  std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
+  m.data = buffer.data();
+  if (stats != nullptr) {
+    const bool exact = blocks ? aligned : options.dense == DType::kF32;
+    ++(exact ? stats->exact : stats->requantized);
+  }
+  // Tiles of 128 output rows (whole words of every layout), shared among the threads.
+  constexpr int64_t kTile = 128;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  auto convert = [&](int64_t t0, int64_t t1) {
+    std::vector<uint8_t> tile(kTile * k);
+    std::vector<float> values(k);
+    for (int64_t t = t0; t < t1; ++t) {
+      const int64_t n0 = t * kTile, n1 = std::min(n, n0 + kTile);
+      UnpackRows(p, n0, n1, tile.data());
+      for (int64_t nn = n0; nn < n1; ++nn) {
+        const uint8_t* qrow = tile.data() + (nn - n0) * k;
+        std::byte* out = buffer.data() + nn * row_bytes;
+        if (blocks && aligned) {
+          for (int64_t b = 0; b < k / WeightMatrix::kQ8Block; ++b) {
+            const int64_t k0 = b * WeightMatrix::kQ8Block;
+            const int64_t g = p.group_of[k0];
+            const float s = p.Scale(nn, g);
+            const int32_t z = p.Zero(nn, g);
+            if (m.format == WeightFormat::kQ8_0) {
+              std::byte* block = out + b * WeightMatrix::kQ8BlockBytes;
+              const uint16_t d = FloatToF16(s);
+              std::memcpy(block, &d, 2);
+              for (int i = 0; i < WeightMatrix::kQ8Block; ++i) {
+                block[2 + i] =
+                    static_cast<std::byte>(static_cast<int8_t>(Signed(p, qrow[k0 + i]) - z));
+              }
+            } else {
+              // s * (stored - mid) + s * (mid + Signed(0) - z): the int8 is the stored value
+              // less the grid's middle, and the offset the rest of Signed(stored) - z.
+              std::byte* block = out + b * WeightMatrix::kQ8AffineBlockBytes;
+              const float o = s * static_cast<float>(mid + Signed(p, 0) - z);
+              std::memcpy(block, &s, 4);
+              std::memcpy(block + 4, &o, 4);
+              for (int i = 0; i < WeightMatrix::kQ8Block; ++i) {
+                block[8 + i] = static_cast<std::byte>(static_cast<int8_t>(qrow[k0 + i] - mid));
+              }
+            }
+          }
+          continue;
+        }
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const int64_t g = p.group_of[kk];
+          values[kk] = p.Scale(nn, g) * static_cast<float>(Signed(p, qrow[kk]) - p.Zero(nn, g));
+        }
+        if (blocks) {
+          QuantizeRowQ8_0(values.data(), k, reinterpret_cast<uint8_t*>(out));
+        } else if (options.dense == DType::kF32) {
+          std::memcpy(out, values.data(), k * 4);
+        } else {
+          for (int64_t kk = 0; kk < k; ++kk) {
+            const uint16_t h =
+                options.dense == DType::kBF16 ? FloatToBf16(values[kk]) : FloatToF16(values[kk]);
+            std::memcpy(out + kk * 2, &h, 2);
+          }
+        }
+      }
+    }
+  };
+  const int64_t threads = std::clamp<int64_t>(tiles, 1, std::max(options.threads, 1));
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < threads; ++i) {
+    pool.emplace_back(convert, tiles * i / threads, tiles * (i + 1) / threads);
+  }
+  convert(0, tiles / threads);
+  for (std::thread& th : pool) th.join();
+  return m;
+}
+
+}  // namespace kvrm

@@ -1,0 +1,79 @@
+// The linear weights of quantized Hugging Face checkpoints (config.json's quantization_config,
+// CheckpointQuantization): AWQ (AutoAWQ's GEMM layout), GPTQ (AutoGPTQ / GPTQModel, formats gptq
+// and gptq_v2) and compressed-tensors' pack-quantized integer weights (llm-compressor's W4A16 /
+// W8A16). Each stores, for an nn.Linear of K input and N output features, `bits`-bit integers q
+// packed into int32 words, and per group of input features of an output row a scale s and (when
+// asymmetric) a zero z: the weight is s * (q - z).
+//
+//   AWQ   qweight [K][N / 8] I32, eight output features a word, nibble i holding feature
+//         8 j + {0, 2, 4, 6, 1, 3, 5, 7}[i]; qzeros [K / g][N / 8] I32 packed alike;
+//         scales [K / g][N] F16.
+//   GPTQ  qweight [K * bits / 32][N] I32, 32 / bits input features a word from the low bits up;
+//         qzeros [G][N * bits / 32] I32, output features from the low bits up, each stored one
+//         less in format "gptq" (v1); scales [G][N] F16; g_idx [K] I32, each input feature's group
+//         (k / g unless desc_act); G = K / g, or 1 for group_size -1.
+//   compressed-tensors (pack-quantized)
+//         weight_packed [N][K * bits / 32] I32, input features from the low bits up, each stored
+//         as q + 2^(bits-1) (q signed); weight_scale [N][G] (the model's float type);
+//         weight_zero_point [N * bits / 32][G] I32 packed alike along N (asymmetric only);
+//         weight_shape [2] I64 = [N, K]; weight_g_idx [K] I32 (actorder "group").
+//
+// What they become (LoadQuantizedLinear), with `as_q8` (the CPU's and the default):
+// - where every block of 32 input features lies in one group (no act-order, group size a
+//   multiple of 32), exactly their values: q8_0 blocks (kernels/cpu/q8_0.h) with d = s and the
+//   int8 q - z, when every s is an f16 and every q - z fits int8 (4-bit schemes; 8-bit
+//   symmetric ones); else q8 affine blocks, s * (q - 2^(bits-1)) + s * (2^(bits-1) - z). 8.5 or
+//   10 bits a weight, twice and more a 4-bit checkpoint's, for the speed and the exactness of
+//   8-bit blocks;
+// - otherwise (GPTQ's desc_act, compressed-tensors' actorder, group sizes not a multiple of 32)
+//   the values, exact in f32, quantized again to q8_0 (ggml's reference quantizer: within half a
+//   step, amax / 254, of each block's largest value): NOT exact.
+// Without `as_q8` (kvrmd --quantization=none): `dense` elements, rounded to nearest (bf16).
+#ifndef KVRM_MODEL_QUANTIZED_CHECKPOINT_H_
+#define KVRM_MODEL_QUANTIZED_CHECKPOINT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/dtype.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "model/config.h"
+#include "model/safetensors.h"
+
+namespace kvrm {
+
+struct QuantizedLoadOptions {
+  bool as_q8 = true;
+  DType dense = DType::kBF16;  // without as_q8: kF32 (exact) or kBF16
+  int threads = static_cast<int>(std::thread::hardware_concurrency());
+};
+
+// What the linear weights of a checkpoint became, for logs and ModelInfo.
+struct QuantizedLoadStats {
+  int64_t exact = 0;        // matrices held as exactly their values (q8 blocks, or f32)
+  int64_t requantized = 0;  // matrices whose values were rounded (requantized to q8_0, or bf16)
+};
+
+// Whether `files` hold the linear weight `base` ("model.layers.0.mlp.down_proj") in the packed
+// form of `q` (its qweight / weight_packed tensor).
+bool HasQuantizedLinear(const SafetensorsSet& files, const CheckpointQuantization& q,
+                        const std::string& base);
+
+// The [rows = N][cols = K] matrix of `base`, unpacked as above into a new buffer appended to
+// `converted` (which must outlive the view). Every tensor is checked against the shapes and
+// dtypes the format gives for N, K and the config's bits and group size, and every g_idx
+// against the groups: INVALID_ARGUMENT naming the tensor and its file.
+absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
+                                                 const CheckpointQuantization& q,
+                                                 const std::string& base, int64_t rows,
+                                                 int64_t cols, const QuantizedLoadOptions& options,
+                                                 std::vector<std::vector<std::byte>>* converted,
+                                                 QuantizedLoadStats* stats = nullptr);
+
+}  // namespace kvrm
+
+#endif  // KVRM_MODEL_QUANTIZED_CHECKPOINT_H_

@@ -1,0 +1,366 @@
+#include "tools/modelgen/quantized_writer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <numeric>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/json.h"
+#include "common/status_macros.h"
+#include "model/safetensors.h"
+#include "model/safetensors_writer.h"
+#include "tools/modelgen/prng.h"
+
+namespace kvrm::modelgen {
+namespace {
+
+namespace fs = std::filesystem;
+
+// AWQ's GEMM packing: nibble i of a word holds output feature 8 j + kAwqOrder[i].
+constexpr int kAwqOrder[8] = {0, 2, 4, 6, 1, 3, 5, 7};
+
+// A decoder layer's linear weight: what the methods quantize.
+bool IsQuantizedLinear(const std::string& name, const TensorView& t) {
+  if (t.shape.size() != 2 || !absl::EndsWith(name, ".weight") ||
+      !absl::StrContains(name, "layers.") || absl::StrContains(name, "norm")) {
+    return false;
+  }
+  // Routers ([experts][hidden]) and Qwen2-MoE's shared-expert gate ([1][hidden]) stay as they
+  // are, as AutoAWQ, GPTQ and llm-compressor's recipes leave them.
+  return !absl::EndsWith(name, ".gate.weight") &&
+         !absl::EndsWith(name, "shared_expert_gate.weight");
+}
+
+float ReadFloat(const TensorView& t, int64_t i) {
+  const std::byte* p = t.data + i * static_cast<int64_t>(DTypeSize(t.dtype));
+  if (t.dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return t.dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+}
+
+float RoundTo(DType dtype, float x) {
+  return dtype == DType::kF32    ? x
+         : dtype == DType::kBF16 ? Bf16ToFloat(FloatToBf16(x))
+                                 : F16ToFloat(FloatToF16(x));
+}
+
+void AppendScale(DType dtype, float x, std::vector<std::byte>* out) {
+  const size_t at = out->size();
+  out->resize(at + DTypeSize(dtype));
+  if (dtype == DType::kF32) {
+    std::memcpy(out->data() + at, &x, 4);
+  } else {
+    const uint16_t h = dtype == DType::kBF16 ? FloatToBf16(x) : FloatToF16(x);
+    std::memcpy(out->data() + at, &h, 2);
+  }
+}
+
+template <typename T>
+std::vector<std::byte> Bytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+// One quantized matrix: u [n][k], zu [n][groups], s [n][groups], g_idx [k].
+struct Grid {
+  int64_t n = 0, k = 0, groups = 0;
+  std::vector<uint8_t> u, zu;
+  std::vector<float> s;
+  std::vector<int32_t> g_idx;
+};
+
+Grid Quantize(const TensorView& t, const std::string& name, const QuantizeOptions& o) {
+  Grid g;
+  g.n = t.shape[0];
+  g.k = t.shape[1];
+  const int64_t size = o.group_size > 0 ? o.group_size : g.k;
+  g.groups = (g.k + size - 1) / size;
+  const int maxq = (1 << o.bits) - 1, mid = 1 << (o.bits - 1);
+  // The input features in group order: identity, or a permutation (desc_act).
+  std::vector<int64_t> order(g.k);
+  std::iota(order.begin(), order.end(), 0);
+  if (o.act_order) {
+    Rng rng(DeriveSeed(o.seed, name));
+    for (int64_t i = g.k - 1; i > 0; --i) {
+      std::swap(order[i], order[rng.Below(static_cast<uint32_t>(i + 1))]);
+    }
+  }
+  g.g_idx.resize(g.k);
+  for (int64_t i = 0; i < g.k; ++i) g.g_idx[order[i]] = static_cast<int32_t>(i / size);
+  g.u.resize(g.n * g.k);
+  g.zu.resize(g.n * g.groups);
+  g.s.resize(g.n * g.groups);
+  // GPTQ v1 stores zu - 1, so its asymmetric zeros start at 1 (a stored -1 would spill into the
+  // next field of the word, as old AutoGPTQ files show).
+  const int min_zero = o.method == "gptq" && !o.gptq_v2 ? 1 : 0;
+  for (int64_t r = 0; r < g.n; ++r) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      float lo = 0, hi = 0;
+      for (int64_t i = grp * size; i < std::min(g.k, (grp + 1) * size); ++i) {
+        const float w = ReadFloat(t, r * g.k + order[i]);
+        lo = std::min(lo, w);
+        hi = std::max(hi, w);
+      }
+      float s;
+      int zero;
+      if (o.zero_point) {
+        s = RoundTo(o.scale_dtype, std::max(hi - lo, 1e-5f) / static_cast<float>(maxq));
+        zero = std::clamp(static_cast<int>(std::round(-lo / s)), min_zero, maxq);
+      } else {
+        const float amax = std::max(std::abs(lo), std::abs(hi));
+        s = RoundTo(o.scale_dtype, std::max(2 * amax, 1e-5f) / static_cast<float>(maxq));
+        zero = mid;
+      }
+      g.s[r * g.groups + grp] = s;
+      g.zu[r * g.groups + grp] = static_cast<uint8_t>(zero);
+      for (int64_t i = grp * size; i < std::min(g.k, (grp + 1) * size); ++i) {
+        const int64_t c = order[i];
+        const float w = ReadFloat(t, r * g.k + c);
+        g.u[r * g.k + c] =
+            static_cast<uint8_t>(std::clamp(static_cast<int>(std::round(w / s)) + zero, 0, maxq));
+      }
+    }
+  }
+  return g;
+}
+
+// The tensors a method stores for one quantized matrix.
+struct Owned {
+  std::string name;
+  std::optional<StorageType> type;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> data;
+};
+
+void Pack(const Grid& g, const std::string& base, const QuantizeOptions& o,
+          std::vector<Owned>* out) {
+  const int bits = o.bits, pw = 32 / bits;
+  const int64_t n = g.n, k = g.k, groups = g.groups;
+  auto u = [&](int64_t r, int64_t c) { return static_cast<uint32_t>(g.u[r * k + c]); };
+  auto zu = [&](int64_t r, int64_t grp) { return static_cast<uint32_t>(g.zu[r * groups + grp]); };
+  std::vector<std::byte> scales;
+  if (o.method == "awq") {
+    std::vector<uint32_t> qweight(k * (n / 8)), qzeros(groups * (n / 8));
+    for (int64_t c = 0; c < k; ++c) {
+      for (int64_t j = 0; j < n / 8; ++j) {
+        for (int i = 0; i < 8; ++i)
+          qweight[c * (n / 8) + j] |= u(8 * j + kAwqOrder[i], c) << (4 * i);
+      }
+    }
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      for (int64_t j = 0; j < n / 8; ++j) {
+        for (int i = 0; i < 8; ++i) {
+          qzeros[grp * (n / 8) + j] |= zu(8 * j + kAwqOrder[i], grp) << (4 * i);
+        }
+      }
+      for (int64_t r = 0; r < n; ++r) AppendScale(o.scale_dtype, g.s[r * groups + grp], &scales);
+    }
+    out->push_back({base + ".qweight", StorageType::kI32, DType::kF32, {k, n / 8}, Bytes(qweight)});
+    out->push_back(
+        {base + ".qzeros", StorageType::kI32, DType::kF32, {groups, n / 8}, Bytes(qzeros)});
+    out->push_back({base + ".scales", std::nullopt, o.scale_dtype, {groups, n}, scales});
+    return;
+  }
+  if (o.method == "gptq") {
+    std::vector<uint32_t> qweight((k / pw) * n), qzeros(groups * (n / pw));
+    for (int64_t kw = 0; kw < k / pw; ++kw) {
+      for (int64_t r = 0; r < n; ++r) {
+        for (int i = 0; i < pw; ++i) qweight[kw * n + r] |= u(r, kw * pw + i) << (bits * i);
+      }
+    }
+    const uint32_t bias = o.gptq_v2 ? 0 : 1;
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      for (int64_t r = 0; r < n; ++r) {
+        qzeros[grp * (n / pw) + r / pw] |= (zu(r, grp) - bias) << (bits * (r % pw));
+        AppendScale(o.scale_dtype, g.s[r * groups + grp], &scales);
+      }
+    }
+    out->push_back(
+        {base + ".qweight", StorageType::kI32, DType::kF32, {k / pw, n}, Bytes(qweight)});
+    out->push_back(
+        {base + ".qzeros", StorageType::kI32, DType::kF32, {groups, n / pw}, Bytes(qzeros)});
+    out->push_back({base + ".scales", std::nullopt, o.scale_dtype, {groups, n}, scales});
+    out->push_back({base + ".g_idx", StorageType::kI32, DType::kF32, {k}, Bytes(g.g_idx)});
+    return;
+  }
+  // compressed-tensors pack-quantized: u is q + 2^(bits-1) already (q signed), zu likewise.
+  std::vector<uint32_t> packed(n * (k / pw));
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t kw = 0; kw < k / pw; ++kw) {
+      for (int i = 0; i < pw; ++i) packed[r * (k / pw) + kw] |= u(r, kw * pw + i) << (bits * i);
+    }
+    for (int64_t grp = 0; grp < groups; ++grp) {
+      AppendScale(o.scale_dtype, g.s[r * groups + grp], &scales);
+    }
+  }
+  out->push_back(
+      {base + ".weight_packed", StorageType::kI32, DType::kF32, {n, k / pw}, Bytes(packed)});
+  out->push_back({base + ".weight_scale", std::nullopt, o.scale_dtype, {n, groups}, scales});
+  if (o.zero_point) {
+    std::vector<uint32_t> zeros((n / pw) * groups);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t grp = 0; grp < groups; ++grp) {
+        zeros[(r / pw) * groups + grp] |= zu(r, grp) << (bits * (r % pw));
+      }
+    }
+    out->push_back({base + ".weight_zero_point",
+                    StorageType::kI32,
+                    DType::kF32,
+                    {n / pw, groups},
+                    Bytes(zeros)});
+  }
+  const std::vector<int64_t> shape = {n, k};
+  out->push_back({base + ".weight_shape", StorageType::kI64, DType::kF32, {2}, Bytes(shape)});
+  if (o.act_order) {
+    out->push_back({base + ".weight_g_idx", StorageType::kI32, DType::kF32, {k}, Bytes(g.g_idx)});
+  }
+}
+
+Json QuantizationConfig(const QuantizeOptions& o) {
+  if (o.method == "awq") {
+    return Json{{"quant_method", "awq"}, {"bits", o.bits},    {"group_size", o.group_size},
+                {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
+  }
+  if (o.method == "gptq") {
+    return Json{{"quant_method", "gptq"},
+                {"bits", o.bits},
+                {"group_size", o.group_size},
+                {"desc_act", o.act_order},
+                {"sym", !o.zero_point},
+                {"damp_percent", 0.01},
+                {"true_sequential", true},
+                {"static_groups", false},
+                {"checkpoint_format", o.gptq_v2 ? "gptq_v2" : "gptq"}};
+  }
+  Json weights = {{"num_bits", o.bits},
+                  {"type", "int"},
+                  {"symmetric", !o.zero_point},
+                  {"strategy", o.group_size > 0 ? "group" : "channel"},
+                  {"group_size", o.group_size > 0 ? Json(o.group_size) : Json(nullptr)},
+                  {"dynamic", false},
+                  {"actorder", o.act_order ? Json("group") : Json(nullptr)},
+                  {"observer", "minmax"},
+                  {"block_structure", nullptr}};
+  return Json{{"quant_method", "compressed-tensors"},
+              {"format", "pack-quantized"},
+              {"quantization_status", "compressed"},
+              {"ignore", {"lm_head"}},
+              {"kv_cache_scheme", nullptr},
+              {"config_groups",
+               {{"group_0",
+                 {{"targets", {"Linear"}},
+                  {"weights", weights},
+                  {"input_activations", nullptr},
+                  {"output_activations", nullptr},
+                  {"format", "pack-quantized"}}}}}};
+}
+
+absl::Status CheckOptions(const QuantizeOptions& o) {
+  if (o.method != "awq" && o.method != "gptq" && o.method != "compressed-tensors") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize: method \"", o.method, "\" (awq, gptq or compressed-tensors)"));
+  }
+  if (o.bits != 4 && (o.bits != 8 || o.method == "awq")) {
+    return absl::InvalidArgumentError(absl::StrCat("quantize: ", o.bits, " bits for ", o.method));
+  }
+  if (o.method == "awq" && (!o.zero_point || o.act_order)) {
+    return absl::InvalidArgumentError("quantize: awq is asymmetric and has no act_order");
+  }
+  if (o.group_size == 0 || o.group_size < -1) {
+    return absl::InvalidArgumentError("quantize: group_size must be positive or -1");
+  }
+  return absl::OkStatus();
+}
+
+// Copies `src`'s files but the weights and config.json into `dir`, and writes config.json with
+// `quantization` (null: none) and the tensors.
+absl::Status WriteDir(const std::string& src, const std::string& dir, const Json& config,
+                      const std::vector<Owned>& tensors) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat(dir, ": ", ec.message()));
+  for (const fs::directory_entry& e : fs::directory_iterator(src)) {
+    const std::string file = e.path().filename().string();
+    if (!e.is_regular_file() || file == "config.json" || absl::StrContains(file, ".safetensors")) {
+      continue;
+    }
+    fs::copy_file(e.path(), fs::path(dir) / file, fs::copy_options::overwrite_existing, ec);
+    if (ec) return absl::InternalError(absl::StrCat(e.path().string(), ": ", ec.message()));
+  }
+  std::vector<TensorToWrite> write;
+  for (const Owned& t : tensors) {
+    write.push_back(TensorToWrite{t.name, t.dtype, t.shape, t.data, t.type});
+  }
+  // Wider element types first keep every tensor aligned to its size (safetensors_writer.h).
+  std::stable_sort(write.begin(), write.end(), [](const TensorToWrite& a, const TensorToWrite& b) {
+    auto size = [](const TensorToWrite& t) {
+      return t.type ? StorageTypeSize(*t.type) : DTypeSize(t.dtype);
+    };
+    return size(a) > size(b);
+  });
+  for (const fs::directory_entry& e : fs::directory_iterator(dir)) {
+    if (absl::StrContains(e.path().filename().string(), ".safetensors")) fs::remove(e.path(), ec);
+  }
+  RETURN_IF_ERROR(
+      WriteSafetensors((fs::path(dir) / "model.safetensors").string(), write, {{"format", "pt"}}));
+  return WriteFileAtomically((fs::path(dir) / "config.json").string(), config.dump(2) + "\n");
+}
+
+}  // namespace
+
+absl::Status QuantizeModelDir(const std::string& src, const std::string& out,
+                              const std::string& dequantized, const QuantizeOptions& options) {
+  RETURN_IF_ERROR(CheckOptions(options));
+  ASSIGN_OR_RETURN(const std::unique_ptr<SafetensorsSet> files, SafetensorsSet::OpenDirectory(src));
+  ASSIGN_OR_RETURN(Json config, ReadJsonFile(src + "/config.json"));
+  std::vector<Owned> packed, plain;
+  for (const std::string& name : files->TensorNames()) {
+    ASSIGN_OR_RETURN(const TensorView t, files->Get(name));
+    if (!IsQuantizedLinear(name, t)) {
+      Owned copy{name, std::nullopt, t.dtype, t.shape,
+                 std::vector<std::byte>(t.data, t.data + t.nbytes)};
+      packed.push_back(copy);
+      if (!dequantized.empty()) plain.push_back(std::move(copy));
+      continue;
+    }
+    const int64_t n = t.shape[0], k = t.shape[1];
+    const int pw = 32 / options.bits;
+    if ((options.method != "compressed-tensors" && n % pw != 0) ||
+        (options.method != "awq" && k % pw != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat("quantize: ", name, " [", n, ", ", k,
+                                                     "] does not pack ", pw, " values a word"));
+    }
+    const Grid g = Quantize(t, name, options);
+    const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
+    Pack(g, base, options, &packed);
+    if (dequantized.empty()) continue;
+    std::vector<float> w(n * k);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t grp = r * g.groups + g.g_idx[c];
+        w[r * k + c] = g.s[grp] * static_cast<float>(static_cast<int>(g.u[r * k + c]) -
+                                                     static_cast<int>(g.zu[grp]));
+      }
+    }
+    plain.push_back({name, std::nullopt, DType::kF32, {n, k}, Bytes(w)});
+  }
+  Json quantized_config = config;
+  quantized_config["quantization_config"] = QuantizationConfig(options);
+  RETURN_IF_ERROR(WriteDir(src, out, quantized_config, packed));
+  if (!dequantized.empty()) RETURN_IF_ERROR(WriteDir(src, dequantized, config, plain));
+  return absl::OkStatus();
+}
+
+}  // namespace kvrm::modelgen

@@ -1,0 +1,48 @@
+// Writes quantized checkpoints of a model directory in the layouts AutoAWQ, AutoGPTQ / GPTQModel
+// and llm-compressor save (model/quantized_checkpoint.h describes them), by round to nearest:
+// the fixtures kvrm's loader is tested on, and a way to try a quantized checkpoint of any model
+// directory without the Python tools (make_model --quantize).
+//
+// Every scheme works on unsigned integers u in [0, 2^bits) with an unsigned zero zu per group,
+// weight s * (u - zu):
+// - asymmetric (AWQ; GPTQ with sym false; compressed-tensors with symmetric false): the group's
+//   range [min(w, 0), max(w, 0)] over 2^bits - 1 steps, zu = round(-min / s);
+// - symmetric: s = 2 max|w| / (2^bits - 1), zu = 2^(bits-1).
+// s is rounded to the scale dtype first (f16; compressed-tensors: the model's), and u = clamp(
+// round(w / s) + zu). With act_order, the groups are those of a random permutation of the input
+// features (seeded per tensor), as GPTQ's desc_act leaves them: g_idx says which.
+#ifndef KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
+#define KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "common/dtype.h"
+
+namespace kvrm::modelgen {
+
+struct QuantizeOptions {
+  std::string method = "awq";       // awq, gptq or compressed-tensors
+  int bits = 4;                     // awq: 4; gptq, compressed-tensors: 4 or 8
+  int group_size = 128;             // input features per scale; -1: one scale per output row
+  bool zero_point = true;           // asymmetric (awq: always)
+  bool act_order = false;           // gptq's desc_act, compressed-tensors' actorder "group"
+  bool gptq_v2 = false;             // gptq: checkpoint_format gptq_v2 (zeros stored as they are)
+  DType scale_dtype = DType::kF16;  // awq, gptq: f16; compressed-tensors: the model's
+  uint64_t seed = 0;                // act_order's permutations
+};
+
+// Quantizes every linear weight of the decoder layers of the model directory `src` (not the
+// embeddings, the LM head, norms, biases or mixture-of-experts routers) and writes the checkpoint
+// to `out`: model.safetensors with the method's tensors, config.json with its
+// quantization_config, and src's other files (tokenizer, templates) as they are. With
+// `dequantized` non-empty, also writes there the same model with float32 weights holding exactly
+// the values `out` stands for (s * (u - zu), computed here from the integers written), for
+// references to compare the loader against.
+absl::Status QuantizeModelDir(const std::string& src, const std::string& out,
+                              const std::string& dequantized, const QuantizeOptions& options);
+
+}  // namespace kvrm::modelgen
+
+#endif  // KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
