@@ -556,9 +556,10 @@ absl::Status ParseQuantization(const Json& root, std::string_view what, LlamaCon
   };
   if (q.method == "awq") {
     int64_t bits = 4;
-    RETURN_IF_ERROR(f.Int(f.Get("bits") != nullptr ? "bits" : "w_bit", false, 1, 64, &bits));
+    const char* bits_key = f.Get("bits") != nullptr ? "bits" : "w_bit";
+    RETURN_IF_ERROR(f.Int(bits_key, false, 1, 64, &bits));
     if (bits != 4) {
-      return f.Unimplemented("bits", absl::StrCat("(", bits, ") is not supported for AWQ (4)"));
+      return f.Unimplemented(bits_key, absl::StrCat("(", bits, ") is not supported for AWQ (4)"));
     }
     q.bits = 4;
     RETURN_IF_ERROR(
@@ -596,7 +597,9 @@ absl::Status ParseQuantization(const Json& root, std::string_view what, LlamaCon
                              absl::StrCat("\"", format, "\" is not supported (gptq, gptq_v2)"));
     }
     q.gptq_v1_zeros = format == "gptq";
-    if (const Json* dynamic = f.Get("dynamic"); dynamic != nullptr && !dynamic->empty()) {
+    // GPTQModel's per-module overrides: an object of regexes (false / null / {}: none).
+    if (const Json* dynamic = f.Get("dynamic");
+        dynamic != nullptr && (dynamic->is_object() || dynamic->is_array()) && !dynamic->empty()) {
       return f.Unimplemented("dynamic", "(per-module bits and groups) is not supported");
     }
   } else if (q.method == "compressed-tensors") {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -1261,6 +1262,235 @@ TEST(MoeConfigTest, BadExpertFieldsNameTheKey) {
               absl::StatusCode::kInvalidArgument, "decoder_sparse_step");
   ExpectError(edited(kQwen3_30B_A3B, [](Json& j) { j["norm_topk_prob"] = 1; }),
               absl::StatusCode::kInvalidArgument, "norm_topk_prob must be true or false");
+}
+
+// quantization_config as the quantization tools save it, on Qwen/Qwen2.5-7B-Instruct-AWQ's,
+// Qwen/Qwen2.5-7B-Instruct-GPTQ-Int4's and RedHatAI's W4A16 checkpoints (the rest of each
+// config.json is Qwen2.5's).
+constexpr char kAwqQwen25[] = R"json({
+  "bits": 4, "group_size": 128, "modules_to_not_convert": null, "quant_method": "awq",
+  "version": "gemm", "zero_point": true})json";
+
+constexpr char kGptqQwen25Int4[] = R"json({
+  "bits": 4, "damp_percent": 0.01, "desc_act": false, "group_size": 128,
+  "model_file_base_name": null, "model_name_or_path": null, "quant_method": "gptq",
+  "static_groups": false, "sym": true, "true_sequential": true})json";
+
+constexpr char kCompressedW4A16[] = R"json({
+  "quant_method": "compressed-tensors", "format": "pack-quantized",
+  "quantization_status": "compressed", "ignore": ["lm_head"], "kv_cache_scheme": null,
+  "config_groups": {"group_0": {
+    "targets": ["Linear"], "input_activations": null, "output_activations": null,
+    "weights": {"num_bits": 4, "type": "int", "symmetric": true, "strategy": "group",
+                "group_size": 128, "dynamic": false, "actorder": null, "observer": "minmax",
+                "block_structure": null}}}})json";
+
+// kQwen25_05B with `quantization` (JSON) as its quantization_config, after `edit`.
+absl::StatusOr<LlamaConfig> ParseQuantized(
+    const char* quantization, const std::function<void(Json&)>& edit = [](Json&) {}) {
+  Json j = Json::parse(kQwen25_05B);
+  j["quantization_config"] = Json::parse(quantization);
+  edit(j["quantization_config"]);
+  return ParseLlamaConfig(j.dump(), "config.json");
+}
+
+absl::Status QuantizedStatus(const char* quantization, const std::function<void(Json&)>& edit) {
+  return ParseQuantized(quantization, edit).status();
+}
+
+// The W4A16 scheme's weights object, for edits.
+Json& W4A16Weights(Json& q) { return q["config_groups"]["group_0"]["weights"]; }
+
+TEST(QuantizationConfigTest, NoneWhenAbsentOrNull) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kQwen25_05B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.method, "");
+  EXPECT_FALSE(c->quantization.enabled());
+  c = ParseQuantized("null");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.method, "");
+  EXPECT_FALSE(c->quantization.enabled());
+}
+
+TEST(QuantizationConfigTest, AwqAsQwen25Instruct) {
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kAwqQwen25);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CheckpointQuantization& q = c->quantization;
+  EXPECT_TRUE(q.enabled());
+  EXPECT_EQ(q.method, "awq");
+  EXPECT_EQ(q.bits, 4);
+  EXPECT_EQ(q.group_size, 128);
+  EXPECT_TRUE(q.zero_point);
+  EXPECT_FALSE(q.act_order);
+  EXPECT_EQ(c->model_type, "qwen2");  // the rest of the config as without it
+  EXPECT_EQ(c->hidden_size, 896);
+}
+
+TEST(QuantizationConfigTest, AwqOlderAutoAwqKeys) {
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(
+      R"({"quant_method": "awq", "w_bit": 4, "q_group_size": 64, "zero_point": true,
+          "version": "GEMM"})");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.method, "awq");
+  EXPECT_EQ(c->quantization.bits, 4);
+  EXPECT_EQ(c->quantization.group_size, 64);
+  EXPECT_TRUE(c->quantization.zero_point);
+  EXPECT_FALSE(c->quantization.act_order);
+}
+
+TEST(QuantizationConfigTest, GptqAsQwen25Int4) {
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kGptqQwen25Int4);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CheckpointQuantization& q = c->quantization;
+  EXPECT_EQ(q.method, "gptq");
+  EXPECT_EQ(q.bits, 4);
+  EXPECT_EQ(q.group_size, 128);
+  EXPECT_FALSE(q.zero_point);  // sym
+  EXPECT_FALSE(q.act_order);
+  EXPECT_TRUE(q.gptq_v1_zeros);  // no checkpoint_format: AutoGPTQ's v1
+}
+
+TEST(QuantizationConfigTest, GptqActOrderPerRowV2AndEightBits) {
+  // TheBloke's desc_act checkpoints, with one group per row.
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kGptqQwen25Int4, [](Json& q) {
+    q["desc_act"] = true;
+    q["group_size"] = -1;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.group_size, 0);
+  EXPECT_TRUE(c->quantization.act_order);
+  // GPTQModel's v2 format stores the zeros as they are.
+  c = ParseQuantized(kGptqQwen25Int4, [](Json& q) { q["checkpoint_format"] = "gptq_v2"; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->quantization.gptq_v1_zeros);
+  c = ParseQuantized(kGptqQwen25Int4, [](Json& q) { q["checkpoint_format"] = "gptq"; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->quantization.gptq_v1_zeros);
+  c = ParseQuantized(kGptqQwen25Int4, [](Json& q) { q["bits"] = 8; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.bits, 8);
+  c = ParseQuantized(kGptqQwen25Int4, [](Json& q) { q["sym"] = false; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->quantization.zero_point);
+}
+
+TEST(QuantizationConfigTest, CompressedTensorsW4A16) {
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kCompressedW4A16);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CheckpointQuantization& q = c->quantization;
+  EXPECT_TRUE(q.enabled());
+  EXPECT_EQ(q.method, "compressed-tensors");
+  EXPECT_EQ(q.bits, 4);
+  EXPECT_EQ(q.group_size, 128);
+  EXPECT_FALSE(q.zero_point);
+  EXPECT_FALSE(q.act_order);
+}
+
+TEST(QuantizationConfigTest, CompressedTensorsSchemeVariants) {
+  // By channel: one scale per output row.
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kCompressedW4A16, [](Json& q) {
+    W4A16Weights(q)["strategy"] = "channel";
+    W4A16Weights(q)["group_size"] = nullptr;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.group_size, 0);
+  c = ParseQuantized(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["actorder"] = "group"; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->quantization.act_order);
+  c = ParseQuantized(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["actorder"] = "weight"; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->quantization.act_order);  // the groups stay contiguous
+  c = ParseQuantized(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["symmetric"] = false; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->quantization.zero_point);
+  // W8A16.
+  c = ParseQuantized(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["num_bits"] = 8; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.bits, 8);
+  // Two groups of the same scheme (different targets) are one scheme.
+  c = ParseQuantized(kCompressedW4A16, [](Json& q) {
+    q["config_groups"]["group_1"] = q["config_groups"]["group_0"];
+    q["config_groups"]["group_1"]["targets"] = {"re:.*mlp.*"};
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.bits, 4);
+  EXPECT_EQ(c->quantization.group_size, 128);
+}
+
+TEST(QuantizationConfigTest, UnsupportedMethodsAreRefusedByName) {
+  for (const char* method : {"fp8", "bitsandbytes"}) {
+    ExpectError(QuantizedStatus(kAwqQwen25, [&](Json& q) { q["quant_method"] = method; }),
+                absl::StatusCode::kUnimplemented,
+                absl::StrCat("quantization_config.quant_method \"", method, "\""));
+  }
+  ExpectError(QuantizedStatus(kAwqQwen25, [](Json& q) { q.erase("quant_method"); }),
+              absl::StatusCode::kInvalidArgument, "quantization_config.quant_method");
+  for (const char* text : {"4", "\"awq\"", "[]"}) {
+    ExpectError(QuantizedStatus(text, [](Json&) {}), absl::StatusCode::kInvalidArgument,
+                "quantization_config must be an object");
+  }
+}
+
+TEST(QuantizationConfigTest, AwqRefusalsNameTheKey) {
+  ExpectError(QuantizedStatus(kAwqQwen25, [](Json& q) { q["bits"] = 3; }),
+              absl::StatusCode::kUnimplemented, "quantization_config.bits (3)");
+  for (const char* version : {"gemv", "gemv_fast"}) {
+    ExpectError(QuantizedStatus(kAwqQwen25, [&](Json& q) { q["version"] = version; }),
+                absl::StatusCode::kUnimplemented,
+                absl::StrCat("quantization_config.version \"", version, "\""));
+  }
+  ExpectError(QuantizedStatus(kAwqQwen25, [](Json& q) { q["zero_point"] = false; }),
+              absl::StatusCode::kUnimplemented, "quantization_config.zero_point");
+}
+
+TEST(QuantizationConfigTest, GptqRefusalsNameTheKey) {
+  ExpectError(QuantizedStatus(kGptqQwen25Int4, [](Json& q) { q["bits"] = 3; }),
+              absl::StatusCode::kUnimplemented, "quantization_config.bits (3)");
+  ExpectError(QuantizedStatus(kGptqQwen25Int4, [](Json& q) { q["checkpoint_format"] = "marlin"; }),
+              absl::StatusCode::kUnimplemented, "quantization_config.checkpoint_format \"marlin\"");
+  ExpectError(QuantizedStatus(kGptqQwen25Int4,
+                              [](Json& q) {
+                                q["dynamic"] = Json::parse(
+                                    R"({"-:.*\\.mlp\\..*": {}, "+:.*attn.*": {"bits": 8}})");
+                              }),
+              absl::StatusCode::kUnimplemented, "quantization_config.dynamic");
+  ExpectError(QuantizedStatus(kGptqQwen25Int4, [](Json& q) { q["group_size"] = 0; }),
+              absl::StatusCode::kInvalidArgument, "quantization_config.group_size");
+}
+
+TEST(QuantizationConfigTest, CompressedTensorsRefusalsNameTheKey) {
+  constexpr char kGroup[] = "quantization_config.config_groups.group_0.";
+  for (const char* format : {"float-quantized", "int-quantized"}) {
+    ExpectError(QuantizedStatus(kCompressedW4A16, [&](Json& q) { q["format"] = format; }),
+                absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "format \"", format, "\""));
+  }
+  // W8A8: int8 activations, per token, dynamic.
+  ExpectError(QuantizedStatus(kCompressedW4A16,
+                              [](Json& q) {
+                                q["config_groups"]["group_0"]["input_activations"] = Json::parse(
+                                    R"({"num_bits": 8, "type": "int", "symmetric": true,
+                                        "strategy": "token", "dynamic": true})");
+                              }),
+              absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "input_activations"));
+  ExpectError(QuantizedStatus(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["type"] = "float"; }),
+              absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "weights.type \"float\""));
+  for (const char* strategy : {"tensor", "block"}) {
+    ExpectError(
+        QuantizedStatus(kCompressedW4A16, [&](Json& q) { W4A16Weights(q)["strategy"] = strategy; }),
+        absl::StatusCode::kUnimplemented,
+        absl::StrCat(kGroup, "weights.strategy \"", strategy, "\""));
+  }
+  ExpectError(QuantizedStatus(kCompressedW4A16,
+                              [](Json& q) {
+                                q["config_groups"]["group_1"] = q["config_groups"]["group_0"];
+                                W4A16Weights(q)["num_bits"] = 8;
+                              }),
+              absl::StatusCode::kUnimplemented, "quantization_config.config_groups");
+  ExpectError(
+      QuantizedStatus(kCompressedW4A16, [](Json& q) { q["config_groups"] = Json::object(); }),
+      absl::StatusCode::kInvalidArgument, "quantization_config.config_groups");
+  ExpectError(QuantizedStatus(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["dynamic"] = true; }),
+              absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "weights.dynamic"));
 }
 
 }  // namespace

@@ -1,0 +1,284 @@
+// LoadQuantizedLinear on hand-packed tensors: the words below are the ones the reference tools'
+// pack loops produce (AutoAWQ's WQLinear_GEMM.from_linear, AutoGPTQ's QuantLinear.pack,
+// compressed-tensors' pack_to_int32), worked out bit by bit, so the bit layouts are held to the
+// tools rather than to kvrm's own writer (tools/modelgen/quantized_writer.h, which
+// tests/quantized_checkpoint_test.cc holds to this loader on whole models).
+#include "model/quantized_checkpoint.h"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/matmul.h"
+#include "model/safetensors_writer.h"
+
+namespace kvrm {
+namespace {
+
+using ::testing::HasSubstr;
+
+template <typename T>
+std::vector<std::byte> Bytes(const std::vector<T>& v) {
+  std::vector<std::byte> b(v.size() * sizeof(T));
+  std::memcpy(b.data(), v.data(), b.size());
+  return b;
+}
+
+std::vector<std::byte> F16s(const std::vector<float>& v) {
+  std::vector<uint16_t> h;
+  for (float x : v) h.push_back(FloatToF16(x));
+  return Bytes(h);
+}
+
+struct Tensor {
+  std::string name;
+  std::optional<StorageType> type;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  std::vector<std::byte> data;
+};
+
+Tensor I32(const std::string& name, std::vector<int64_t> shape, const std::vector<uint32_t>& v) {
+  return {name, StorageType::kI32, DType::kF32, std::move(shape), Bytes(v)};
+}
+
+// A directory holding `tensors` as model.safetensors, opened.
+std::unique_ptr<SafetensorsSet> Files(const std::string& name, const std::vector<Tensor>& tensors) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/qc_", name);
+  std::filesystem::create_directories(dir);
+  std::vector<TensorToWrite> write;
+  for (const Tensor& t : tensors) write.push_back({t.name, t.dtype, t.shape, t.data, t.type});
+  CHECK_OK(WriteSafetensors(dir + "/model.safetensors", write));
+  auto files = SafetensorsSet::OpenDirectory(dir);
+  CHECK_OK(files.status());
+  return *std::move(files);
+}
+
+CheckpointQuantization Scheme(const std::string& method, int bits, int group, bool zero_point) {
+  CheckpointQuantization q;
+  q.method = method;
+  q.bits = bits;
+  q.group_size = group;
+  q.zero_point = zero_point;
+  return q;
+}
+
+// Every value of the loaded matrix against `expected(n, k)`, exactly.
+template <typename F>
+void ExpectValues(const WeightMatrix& m, F expected) {
+  std::vector<float> row(m.cols);
+  for (int64_t n = 0; n < m.rows; ++n) {
+    WeightRowToFloat(m, n, row.data());
+    for (int64_t k = 0; k < m.cols; ++k) {
+      ASSERT_EQ(row[k], expected(n, k)) << "[" << n << "][" << k << "]";
+    }
+  }
+}
+
+// AutoAWQ packs q = 1..8 of output features 0..7 as 0x86427531 (nibble i: feature
+// [0, 2, 4, 6, 1, 3, 5, 7][i]); zeros alike; scales [groups][N] f16.
+TEST(QuantizedCheckpointTest, AwqGemmWordsUnpackInAutoAwqsOrder) {
+  std::vector<float> scales;
+  for (int n = 0; n < 8; ++n) scales.push_back(0.5f * (n + 1));
+  const std::vector<uint32_t> zeros = {0x33333333u};
+  auto files = Files("awq", {I32("l.qweight", {32, 1}, std::vector<uint32_t>(32, 0x86427531u)),
+                             I32("l.qzeros", {1, 1}, zeros),
+                             {"l.scales", std::nullopt, DType::kF16, {1, 8}, F16s(scales)}});
+  std::vector<std::vector<std::byte>> converted;
+  auto m = LoadQuantizedLinear(*files, Scheme("awq", 4, 32, true), "l", 8, 32, {}, &converted);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->format, WeightFormat::kQ8_0);
+  ExpectValues(*m, [&](int64_t n, int64_t) { return scales[n] * static_cast<float>(n + 1 - 3); });
+}
+
+// AutoGPTQ packs q = 1..8 of input features 0..7 of one output feature as 0x87654321, and a
+// symmetric 4-bit zero of 8 as 7 per nibble (format gptq, v1) or 8 (gptq_v2).
+TEST(QuantizedCheckpointTest, GptqWordsUnpackAlongTheInputFeatures) {
+  for (const bool v2 : {false, true}) {
+    SCOPED_TRACE(v2 ? "gptq_v2" : "gptq");
+    std::vector<float> scales;
+    for (int n = 0; n < 8; ++n) scales.push_back(0.25f * (n + 1));
+    const std::vector<uint32_t> zeros = {v2 ? 0x88888888u : 0x77777777u};
+    auto files = Files(v2 ? "gptq2" : "gptq",
+                       {I32("l.qweight", {4, 8}, std::vector<uint32_t>(32, 0x87654321u)),
+                        I32("l.qzeros", {1, 1}, zeros),
+                        {"l.scales", std::nullopt, DType::kF16, {1, 8}, F16s(scales)},
+                        I32("l.g_idx", {32}, std::vector<uint32_t>(32, 0))});
+    CheckpointQuantization q = Scheme("gptq", 4, 32, false);
+    q.gptq_v1_zeros = !v2;
+    std::vector<std::vector<std::byte>> converted;
+    auto m = LoadQuantizedLinear(*files, q, "l", 8, 32, {}, &converted);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->format, WeightFormat::kQ8_0);
+    ExpectValues(
+        *m, [&](int64_t n, int64_t k) { return scales[n] * static_cast<float>(k % 8 + 1 - 8); });
+  }
+}
+
+// 8-bit GPTQ: four input features a word (bytes from the low end); a symmetric zero of 128
+// makes q = 0 the int8 -128, which q8_0 blocks hold; an asymmetric zero puts q - z past int8,
+// and the matrix becomes q8 affine blocks, still exactly.
+TEST(QuantizedCheckpointTest, GptqEightBitsKeepMinus128AndGoAffineWhenAsymmetric) {
+  const std::vector<float> scales = {0.5f, 0.25f, 2.0f, 1.0f};
+  const int q_of[4] = {0x00, 0x01, 0x80, 0xFF};
+  for (const bool sym : {true, false}) {
+    SCOPED_TRACE(sym ? "sym" : "asym");
+    const uint32_t zero = sym ? 127 : 4;  // stored less one: 128, or 5
+    const std::vector<uint32_t> zeros = {zero | zero << 8 | zero << 16 | zero << 24};
+    auto files = Files(sym ? "gptq8s" : "gptq8a",
+                       {I32("l.qweight", {8, 4}, std::vector<uint32_t>(32, 0xFF800100u)),
+                        I32("l.qzeros", {1, 1}, zeros),
+                        {"l.scales", std::nullopt, DType::kF16, {1, 4}, F16s(scales)},
+                        I32("l.g_idx", {32}, std::vector<uint32_t>(32, 0))});
+    std::vector<std::vector<std::byte>> converted;
+    auto m = LoadQuantizedLinear(*files, Scheme("gptq", 8, -1, !sym), "l", 4, 32, {}, &converted);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->format, sym ? WeightFormat::kQ8_0 : WeightFormat::kQ8Affine);
+    ExpectValues(*m, [&](int64_t n, int64_t k) {
+      return scales[n] * static_cast<float>(q_of[k % 4] - static_cast<int>(zero + 1));
+    });
+  }
+}
+
+// compressed-tensors stores q + 8 (q signed) contiguously along the input features: q = -8..-1
+// is 0x76543210. Scales [N][groups] in the model's dtype (bf16 here); an asymmetric zero point
+// [N / 8][groups] packed along the output features with the same offset; weight_shape I64.
+TEST(QuantizedCheckpointTest, CompressedTensorsPackQuantizedWords) {
+  std::vector<uint16_t> scales;
+  for (int n = 0; n < 8; ++n) scales.push_back(FloatToBf16(0.125f * (n + 1)));
+  const std::vector<int64_t> shape = {8, 32};
+  for (const bool asym : {false, true}) {
+    SCOPED_TRACE(asym ? "asymmetric" : "symmetric");
+    std::vector<Tensor> tensors = {
+        I32("l.weight_packed", {8, 4}, std::vector<uint32_t>(32, 0x76543210u)),
+        {"l.weight_scale", std::nullopt, DType::kBF16, {8, 1}, Bytes(scales)},
+        {"l.weight_shape", StorageType::kI64, DType::kF32, {2}, Bytes(shape)}};
+    // Zero points 8 + n, stored as themselves (z + 8 with z = n).
+    if (asym) tensors.push_back(I32("l.weight_zero_point", {1, 1}, {0xFEDCBA98u}));
+    auto files = Files(asym ? "cta" : "cts", tensors);
+    std::vector<std::vector<std::byte>> converted;
+    auto m = LoadQuantizedLinear(*files, Scheme("compressed-tensors", 4, -1, asym), "l", 8, 32, {},
+                                 &converted);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(m->format, WeightFormat::kQ8_0);  // bf16 scales of this size are f16s too
+    ExpectValues(*m, [&](int64_t n, int64_t k) {
+      return Bf16ToFloat(scales[n]) * static_cast<float>(k % 8 - 8 - (asym ? n : 0));
+    });
+  }
+}
+
+// Act-order groups (g_idx not k / group_size) put two groups in one block of 32: the values,
+// exact in f32, are quantized again to q8_0 (within about half a step, amax / 254), or
+// with as_q8 off rounded to bf16; the stats say so.
+TEST(QuantizedCheckpointTest, ActOrderGroupsAreRequantized) {
+  std::vector<uint32_t> g_idx;
+  for (int k = 0; k < 32; ++k) g_idx.push_back(k % 2);
+  std::vector<float> scales;  // [2][8]
+  for (int g = 0; g < 2; ++g) {
+    for (int n = 0; n < 8; ++n) scales.push_back(g == 0 ? 0.5f + 0.125f * n : 0.03125f * (n + 3));
+  }
+  auto files = Files("actorder", {I32("l.qweight", {4, 8}, std::vector<uint32_t>(32, 0x87654321u)),
+                                  I32("l.qzeros", {2, 1}, {0x77777777u, 0x77777777u}),
+                                  {"l.scales", std::nullopt, DType::kF16, {2, 8}, F16s(scales)},
+                                  I32("l.g_idx", {32}, g_idx)});
+  CheckpointQuantization q = Scheme("gptq", 4, 16, false);
+  q.act_order = true;
+  auto exact = [&](int64_t n, int64_t k) {
+    return scales[(k % 2) * 8 + n] * static_cast<float>(k % 8 + 1 - 8);
+  };
+  for (const bool as_q8 : {true, false}) {
+    SCOPED_TRACE(as_q8 ? "as_q8" : "bf16");
+    QuantizedLoadOptions options;
+    options.as_q8 = as_q8;
+    QuantizedLoadStats stats;
+    std::vector<std::vector<std::byte>> converted;
+    auto m = LoadQuantizedLinear(*files, q, "l", 8, 32, options, &converted, &stats);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_EQ(stats.exact, 0);
+    EXPECT_EQ(stats.requantized, 1);
+    EXPECT_EQ(m->format, as_q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense);
+    std::vector<float> row(32);
+    for (int64_t n = 0; n < 8; ++n) {
+      WeightRowToFloat(*m, n, row.data());
+      float amax = 0;
+      for (int64_t k = 0; k < 32; ++k) amax = std::max(amax, std::abs(exact(n, k)));
+      for (int64_t k = 0; k < 32; ++k) {
+        const float want = exact(n, k);
+        if (as_q8) {
+          // Half a step of d = amax / 127, plus d's own rounding to f16 times |q| <= 127.
+          EXPECT_NEAR(row[k], want, amax / 127 * (0.5 + 127 * 0x1p-11)) << n << " " << k;
+        } else {
+          EXPECT_EQ(row[k], Bf16ToFloat(FloatToBf16(want))) << n << " " << k;
+        }
+      }
+    }
+  }
+}
+
+// Malformed tensors are refused naming the tensor: a wrong dtype, a wrong shape, a g_idx past
+// the groups, a weight_shape that is not the config's.
+TEST(QuantizedCheckpointTest, MalformedTensorsAreNamed) {
+  const std::vector<float> scales(8, 1.0f);
+  std::vector<std::vector<std::byte>> converted;
+  {
+    auto files = Files(
+        "bad_dtype",
+        {{"l.qweight", std::nullopt, DType::kF32, {32, 1}, Bytes(std::vector<float>(32, 1.0f))},
+         I32("l.qzeros", {1, 1}, {0}),
+         {"l.scales", std::nullopt, DType::kF16, {1, 8}, F16s(scales)}});
+    auto m = LoadQuantizedLinear(*files, Scheme("awq", 4, 32, true), "l", 8, 32, {}, &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("\"l.qweight\" has dtype F32 (I32 expected)"));
+  }
+  {
+    auto files =
+        Files("bad_shape", {I32("l.qweight", {32, 1}, std::vector<uint32_t>(32, 0)),
+                            I32("l.qzeros", {1, 1}, {0}),
+                            {"l.scales", std::nullopt, DType::kF16, {2, 4}, F16s(scales)}});
+    auto m = LoadQuantizedLinear(*files, Scheme("awq", 4, 32, true), "l", 8, 32, {}, &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("\"l.scales\" has shape [2, 4], expected [1, 8]"));
+  }
+  {
+    std::vector<uint32_t> g_idx(32, 0);
+    g_idx[17] = 1;  // one group only (group_size 32)
+    auto files = Files("bad_gidx", {I32("l.qweight", {4, 8}, std::vector<uint32_t>(32, 0)),
+                                    I32("l.qzeros", {1, 1}, {0}),
+                                    {"l.scales", std::nullopt, DType::kF16, {1, 8}, F16s(scales)},
+                                    I32("l.g_idx", {32}, g_idx)});
+    auto m = LoadQuantizedLinear(*files, Scheme("gptq", 4, 32, false), "l", 8, 32, {}, &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("\"l.g_idx\" [17] = 1 is not a group (0 to 0)"));
+  }
+  {
+    const std::vector<int64_t> shape = {32, 8};
+    auto files = Files("bad_wshape",
+                       {I32("l.weight_packed", {8, 4}, std::vector<uint32_t>(32, 0)),
+                        {"l.weight_scale", std::nullopt, DType::kF16, {8, 1}, F16s(scales)},
+                        {"l.weight_shape", StorageType::kI64, DType::kF32, {2}, Bytes(shape)}});
+    auto m = LoadQuantizedLinear(*files, Scheme("compressed-tensors", 4, -1, false), "l", 8, 32, {},
+                                 &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(),
+                HasSubstr("\"l.weight_shape\" is [32, 8], the config needs [8, 32]"));
+  }
+  {  // out_features that a word of AWQ's does not pack
+    auto files = Files("bad_n", {I32("l.qweight", {32, 1}, std::vector<uint32_t>(32, 0))});
+    auto m = LoadQuantizedLinear(*files, Scheme("awq", 4, 32, true), "l", 12, 32, {}, &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("out_features (12) is not a multiple of the 8"));
+  }
+}
+
+}  // namespace
+}  // namespace kvrm
