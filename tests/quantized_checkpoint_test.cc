@@ -1,0 +1,335 @@
+// Quantized Hugging Face checkpoints end to end: tools/modelgen's writer quantizes generated
+// models as AutoAWQ, AutoGPTQ / GPTQModel and llm-compressor lay their checkpoints out, and
+// writes beside each a float32 "twin" holding exactly the values the checkpoint stands for
+// (s * (q - z), from the integers it wrote). ModelBundle loads the packed checkpoint (the bit
+// layouts themselves are held to the reference tools' packing in
+// //model:quantized_checkpoint_test); here every linear weight it yields is held to the twin's,
+// and the CPU backend's logits to the float64 reference of the twin.
+//
+// Tolerance of the forward pass. The engine multiplies the 8-bit blocks with activations rounded
+// to int16 steps of amax / 32767 (kernels/cpu/q8_0.h); the reference reads the twin's exact
+// values and does not round. Measured max |diff| / max(1, max |ref|): printed by each case, at
+// most 2.1e-4 over the schemes below; held to 1e-3 (the q8_0 forward tests' bound). A wrong
+// nibble order or zero moves logits by O(1). Act-order's requantized blocks move them by q8_0's
+// own rounding of the weights: held to 5e-2, as the q8_0 forward tests hold a model quantized
+// at load to its unquantized reference.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/dtype.h"
+#include "common/logging.h"
+#include "gtest/gtest.h"
+#include "kernels/cpu/matmul.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/model_bundle.h"
+#include "tests/reference_llama.h"
+#include "tools/modelgen/model_writer.h"
+#include "tools/modelgen/quantized_writer.h"
+
+namespace kvrm {
+namespace {
+
+std::string TmpDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return tmp != nullptr ? tmp : "/tmp";
+}
+
+// The generated `size` model in f32 (once per binary): what stays unquantized (embeddings, LM
+// head, norms, routers) is then multiplied without rounding on every path, as the reference does.
+std::string BaseModel(const std::string& size) {
+  const std::string dir = absl::StrCat(TmpDir(), "/base_", size);
+  if (!std::filesystem::exists(dir + "/config.json")) {
+    modelgen::MakeModelOptions options;
+    options.size = size;
+    options.dtype = DType::kF32;
+    options.out_dir = dir;
+    CHECK_OK(modelgen::MakeModel(options).status());
+  }
+  return dir;
+}
+
+struct Scheme {
+  std::string name;
+  std::string size;  // the modelgen model
+  modelgen::QuantizeOptions options;
+  // What the loader makes of it: every matrix exactly its values in this format, or requantized.
+  WeightFormat format;
+  bool exact;
+  std::string weights_format;  // ModelInfo.weights_format
+};
+
+modelgen::QuantizeOptions Q(const std::string& method, int bits, int group, bool zero_point,
+                            bool act_order = false, bool v2 = false,
+                            DType scale_dtype = DType::kF16) {
+  modelgen::QuantizeOptions o;
+  o.method = method;
+  o.bits = bits;
+  o.group_size = group;
+  o.zero_point = zero_point;
+  o.act_order = act_order;
+  o.gptq_v2 = v2;
+  o.scale_dtype = scale_dtype;
+  o.seed = 7;
+  return o;
+}
+
+std::vector<Scheme> Schemes() {
+  return {
+      {"awq_g32", "tiny", Q("awq", 4, 32, true), WeightFormat::kQ8_0, true, "awq 4-bit g32"},
+      // 352 input features of down_proj: 5.5 groups of 64, the last one partial.
+      {"awq_g64", "tiny", Q("awq", 4, 64, true), WeightFormat::kQ8_0, true, "awq 4-bit g64"},
+      {"gptq_sym_g32", "tiny", Q("gptq", 4, 32, false), WeightFormat::kQ8_0, true,
+       "gptq 4-bit g32"},
+      {"gptq_v2_asym_g128", "tiny", Q("gptq", 4, 128, true, false, true), WeightFormat::kQ8_0, true,
+       "gptq 4-bit g128"},
+      // Symmetric 8-bit: q - 128 reaches -128 at each group's most negative weight.
+      {"gptq8_sym_channel", "tiny", Q("gptq", 8, -1, false), WeightFormat::kQ8_0, true,
+       "gptq 8-bit per-channel"},
+      {"gptq8_asym_g32", "tiny", Q("gptq", 8, 32, true), WeightFormat::kQ8Affine, true,
+       "gptq 8-bit g32"},
+      {"gptq_act_order_g32", "tiny", Q("gptq", 4, 32, false, true), WeightFormat::kQ8_0, false,
+       "gptq 4-bit g32 act-order"},
+      {"ct_w4a16_g32", "tiny", Q("compressed-tensors", 4, 32, false, false, false, DType::kBF16),
+       WeightFormat::kQ8_0, true, "compressed-tensors 4-bit g32"},
+      {"ct_w4a16_asym_channel", "tiny",
+       Q("compressed-tensors", 4, -1, true, false, false, DType::kBF16), WeightFormat::kQ8_0, true,
+       "compressed-tensors 4-bit per-channel"},
+      {"ct_w8a16_g64", "tiny", Q("compressed-tensors", 8, 64, false, false, false, DType::kBF16),
+       WeightFormat::kQ8_0, true, "compressed-tensors 8-bit g64"},
+      // A mixture of experts: every expert packed, the router left as it is.
+      {"awq_mixtral_g32", "tiny-mixtral", Q("awq", 4, 32, true), WeightFormat::kQ8_0, true,
+       "awq 4-bit g32"},
+      {"gptq_qwen3_moe_g32", "tiny-qwen3-moe", Q("gptq", 4, 32, false), WeightFormat::kQ8_0, true,
+       "gptq 4-bit g32"},
+      // Whole blocks a rank (hidden 256, intermediate 768): also run with two ranks.
+      {"gptq_tiny_k_g128", "tiny-k", Q("gptq", 4, 128, true), WeightFormat::kQ8_0, true,
+       "gptq 4-bit g128"},
+  };
+}
+
+struct Loaded {
+  std::unique_ptr<ModelBundle> packed;  // the quantized checkpoint, as kvrmd loads it
+  std::unique_ptr<ModelBundle> twin;    // its values in f32
+};
+
+Loaded Load(const Scheme& s, bool as_q8 = true) {
+  const std::string out = absl::StrCat(TmpDir(), "/", s.name);
+  const std::string twin = out + "_twin";
+  if (!std::filesystem::exists(out + "/config.json")) {
+    CHECK_OK(modelgen::QuantizeModelDir(BaseModel(s.size), out, twin, s.options));
+  }
+  Loaded l;
+  ModelBundle::LoadOptions options;
+  options.as_q8 = as_q8;
+  auto packed = ModelBundle::Load(out, options);
+  CHECK_OK(packed.status());
+  l.packed = *std::move(packed);
+  auto t = ModelBundle::Load(twin);
+  CHECK_OK(t.status());
+  l.twin = *std::move(t);
+  return l;
+}
+
+class QuantizedCheckpointTest : public testing::TestWithParam<Scheme> {};
+
+// Every linear weight: the format the scheme calls for, and the twin's values (exactly, or for
+// act-order's requantized blocks within half a q8_0 step); everything else shared as it is.
+TEST_P(QuantizedCheckpointTest, EveryLinearWeightHoldsTheCheckpointsValues) {
+  const Scheme& s = GetParam();
+  const Loaded l = Load(s);
+  EXPECT_EQ(l.packed->weights_format, s.weights_format);
+  EXPECT_EQ(l.packed->config.quantization.method, s.options.method);
+  const LlamaWeights& w = l.packed->weights;
+  const LlamaWeights& t = l.twin->weights;
+  ASSERT_EQ(w.layers.size(), t.layers.size());
+  EXPECT_EQ(w.num_parameters, t.num_parameters);
+  int matrices = 0;
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    std::vector<const WeightMatrix*> got, want;
+    ForEachLinearWeight(w.layers[i], [&](const WeightMatrix& m) { got.push_back(&m); });
+    ForEachLinearWeight(t.layers[i], [&](const WeightMatrix& m) { want.push_back(&m); });
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t j = 0; j < got.size(); ++j) {
+      const WeightMatrix& a = *got[j];
+      const WeightMatrix& b = *want[j];
+      ASSERT_EQ(a.format, s.format) << "layer " << i << " matrix " << j;
+      ASSERT_EQ(b.format, WeightFormat::kDense);
+      ASSERT_EQ(a.rows, b.rows);
+      ASSERT_EQ(a.cols, b.cols);
+      std::vector<float> ra(a.cols), rb(b.cols);
+      for (int64_t r = 0; r < a.rows; ++r) {
+        WeightRowToFloat(a, r, ra.data());
+        WeightRowToFloat(b, r, rb.data());
+        if (s.exact) {
+          for (int64_t c = 0; c < a.cols; ++c) {
+            ASSERT_EQ(ra[c], rb[c])
+                << "layer " << i << " matrix " << j << " [" << r << "][" << c << "]";
+          }
+          continue;
+        }
+        for (int64_t b0 = 0; b0 < a.cols; b0 += 32) {
+          float amax = 0;
+          for (int64_t c = b0; c < std::min(a.cols, b0 + 32); ++c) {
+            amax = std::max(amax, std::abs(rb[c]));
+          }
+          for (int64_t c = b0; c < std::min(a.cols, b0 + 32); ++c) {
+            ASSERT_NEAR(ra[c], rb[c], amax / 127 * (0.5 + 127 * 0x1p-11))
+                << "layer " << i << " matrix " << j << " [" << r << "][" << c << "]";
+          }
+        }
+      }
+      ++matrices;
+    }
+    if (!l.packed->config.IsMoeLayer(static_cast<int32_t>(i))) continue;
+    // The router is not quantized: the same tensor, as stored.
+    EXPECT_EQ(w.layers[i].router.format, WeightFormat::kDense);
+    EXPECT_EQ(w.layers[i].router.dtype, t.layers[i].router.dtype);
+  }
+  EXPECT_GT(matrices, 0);
+  // The embeddings and the LM head are left as they are.
+  EXPECT_EQ(w.embed.format, WeightFormat::kDense);
+  EXPECT_EQ(w.embed.dtype, t.embed.dtype);
+}
+
+// With --quantization=none (as_q8 off) every packed matrix becomes bf16: the twin's values
+// rounded to nearest.
+TEST_P(QuantizedCheckpointTest, WithoutEightBitBlocksTheValuesAreRoundedToBf16) {
+  const Scheme& s = GetParam();
+  const Loaded l = Load(s, /*as_q8=*/false);
+  const LayerWeights& a = l.packed->weights.layers[1];
+  const LayerWeights& b = l.twin->weights.layers[1];
+  std::vector<const WeightMatrix*> got, want;
+  ForEachLinearWeight(a, [&](const WeightMatrix& m) { got.push_back(&m); });
+  ForEachLinearWeight(b, [&](const WeightMatrix& m) { want.push_back(&m); });
+  for (size_t j = 0; j < got.size(); ++j) {
+    ASSERT_EQ(got[j]->format, WeightFormat::kDense);
+    ASSERT_EQ(got[j]->dtype, DType::kBF16);
+    std::vector<float> ra(got[j]->cols), rb(want[j]->cols);
+    for (int64_t r = 0; r < got[j]->rows; ++r) {
+      WeightRowToFloat(*got[j], r, ra.data());
+      WeightRowToFloat(*want[j], r, rb.data());
+      for (int64_t c = 0; c < got[j]->cols; ++c) {
+        ASSERT_EQ(ra[c], Bf16ToFloat(FloatToBf16(rb[c]))) << j << " [" << r << "][" << c << "]";
+      }
+    }
+  }
+}
+
+// The CPU backend on the packed checkpoint against the float64 reference of its twin: a prompt
+// prefilled in chunks, then decode steps, over fragmented runs; one rank, and two for tiny-k.
+TEST_P(QuantizedCheckpointTest, ForwardMatchesTheReferenceOfItsValues) {
+  const Scheme& s = GetParam();
+  const double tol = s.exact ? 1e-3 : 5e-2;
+  const Loaded l = Load(s);
+  auto ref = ReferenceLlama::Create(l.twin->config, *l.twin->files);
+  ASSERT_TRUE(ref.ok()) << ref.status();
+  SetActiveCpuIsa(AvailableCpuIsas().back());
+  const int32_t vocab = l.packed->config.vocab_size;
+  std::mt19937 rng(99);
+  std::uniform_int_distribution<int32_t> token(0, vocab - 1);
+  constexpr int kPrompt = 70, kDecode = 5;
+  std::vector<int32_t> seq(kPrompt + kDecode);
+  for (int32_t& x : seq) x = token(rng);
+  const std::vector<std::vector<double>> want = (*ref)->Forward(seq);
+  // Two ranks where each rank's share of every row-parallel matrix is whole 32-column blocks
+  // (tiny-k), as tensor parallelism needs of block formats.
+  for (const int tp : {1, 2}) {
+    if (tp == 2 && s.size != "tiny-k") continue;
+    SCOPED_TRACE(absl::StrCat("tp ", tp));
+    CpuBackendOptions options;
+    options.kv_blocks = 16;
+    options.kv_block_tokens = 16;
+    options.max_slots = 2;
+    options.max_chunk_tokens = 64;
+    options.max_context = 256;
+    options.num_threads = 2;
+    options.tensor_parallel = tp;
+    auto backend = CpuBackend::Create(l.packed->config, &l.packed->weights, options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    const KvRun runs[] = {{3, 6}};
+    std::vector<float> logits(2 * vocab);
+    double worst = 0;
+    auto check = [&](const float* got, int pos, const std::string& where) {
+      double max_ref = 0, max_diff = 0;
+      for (int32_t v = 0; v < vocab; ++v) {
+        max_ref = std::max(max_ref, std::abs(want[pos][v]));
+        const double d = std::abs(static_cast<double>(got[v]) - want[pos][v]);
+        max_diff = std::max(max_diff, std::isnan(d) ? INFINITY : d);
+      }
+      const double scaled = max_diff / std::max(1.0, max_ref);
+      worst = std::max(worst, scaled);
+      EXPECT_LE(scaled, tol) << where;
+    };
+    for (int start = 0; start < kPrompt; start += 32) {
+      const int n = std::min(32, kPrompt - start);
+      PrefillChunk pc{0, start, absl::MakeConstSpan(seq).subspan(start, n), runs, 1};
+      ASSERT_TRUE((*backend)->Prefill(pc, logits.data()).ok());
+      check(logits.data(), start + n - 1, absl::StrCat("prefill to ", start + n));
+    }
+    StepDescriptor step;
+    step.Resize(2, 4);
+    step.active[1] = 1;  // a second row, so the batch is not trivially one
+    step.position[1] = 0;
+    step.token[1] = 5;
+    step.num_runs[1] = 1;
+    step.SlotRuns(1)[0] = KvRun{0, 1};
+    step.active[0] = 1;
+    step.num_runs[0] = 1;
+    step.SlotRuns(0)[0] = runs[0];
+    for (int k = 0; k < kDecode; ++k) {
+      const int pos = kPrompt + k;
+      step.position[0] = pos;
+      step.token[0] = seq[pos];
+      ASSERT_TRUE((*backend)->Decode(step, logits.data()).ok());
+      check(logits.data(), pos, absl::StrCat("decode at ", pos));
+    }
+    std::printf("[%s tp %d] max |diff| / max(1, max |ref|) %.3g (tol %.0e)\n", s.name.c_str(), tp,
+                worst, tol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Schemes, QuantizedCheckpointTest, testing::ValuesIn(Schemes()),
+                         [](const testing::TestParamInfo<Scheme>& info) {
+                           return info.param.name;
+                         });
+
+// A checkpoint whose config says it is quantized but whose files hold neither the packed tensors
+// nor the float weight is refused naming the weight; a packed tensor of the wrong dtype names
+// the tensor and the file.
+TEST(QuantizedCheckpointErrorsTest, MissingAndMalformedTensorsAreNamed) {
+  const Scheme s = Schemes()[0];
+  const std::string out = absl::StrCat(TmpDir(), "/broken");
+  CHECK_OK(modelgen::QuantizeModelDir(BaseModel("tiny"), out, "", s.options));
+  // Claim GPTQ over AWQ's tensors: GPTQ's qweight [K / 8][N] is not AWQ's [K][N / 8].
+  {
+    std::string config;
+    {
+      std::ifstream in(out + "/config.json");
+      config.assign(std::istreambuf_iterator<char>(in), {});
+    }
+    const std::string from = "\"quant_method\": \"awq\"";
+    ASSERT_NE(config.find(from), std::string::npos);
+    config.replace(config.find(from), from.size(), "\"quant_method\": \"gptq\"");
+    std::ofstream(out + "/config.json") << config;
+  }
+  auto bundle = ModelBundle::Load(out);
+  ASSERT_FALSE(bundle.ok());
+  EXPECT_EQ(bundle.status().code(), absl::StatusCode::kInvalidArgument) << bundle.status();
+  EXPECT_NE(bundle.status().message().find("model.layers.0.self_attn.q_proj.qweight\" has shape"),
+            std::string::npos)
+      << bundle.status();
+}
+
+}  // namespace
+}  // namespace kvrm
