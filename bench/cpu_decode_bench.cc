@@ -47,6 +47,7 @@
 #include "runtime/model_bundle.h"
 #include "tools/gguf/gguf_convert.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/modelgen/quantized_writer.h"
 
 ABSL_FLAG(std::string, size, "small", "generated model shape (tools/modelgen): tiny or small");
 ABSL_FLAG(std::string, dtypes, "f32,bf16",
@@ -55,7 +56,9 @@ ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "that GGUF type; q4_K_as_q8, q6_K_as_q8, q4_K_M_as_q8: that file with its K-quant "
           "matrices held as exact 8-bit blocks (q8 affine, q8 halves), as before kvrm multiplied "
           "q4_K and q6_K); file:PATH: that GGUF file as it is (another program's, e.g. llama.cpp's "
-          "llama-quantize output, to time both on the same file)");
+          "llama-quantize output, to time both on the same file); awq, gptq, gptq_act_order, "
+          "w4a16: the bf16 model as a 4-bit group-128 quantized checkpoint of that kind "
+          "(tools/modelgen/quantized_writer.h), loaded as kvrmd does");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -621,12 +624,16 @@ int Main() {
     const bool as_q8 = absl::EndsWith(dtype_name, "_as_q8");
     const absl::string_view base = as_q8 ? dtype_name.substr(0, dtype_name.size() - 6) : dtype_name;
     const bool q4_k_m = base == "q4_K_M";
-    const GgmlTypeTraits* gguf = q8 || dense || given_file
+    // A quantized Hugging Face checkpoint (AWQ, GPTQ, compressed-tensors W4A16) of the bf16
+    // model, 4-bit groups of 128.
+    const bool checkpoint = dtype_name == "awq" || dtype_name == "gptq" ||
+                            dtype_name == "gptq_act_order" || dtype_name == "w4a16";
+    const GgmlTypeTraits* gguf = q8 || dense || given_file || checkpoint
                                      ? nullptr
                                      : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
-    CHECK(q8 || dense || given_file || gguf != nullptr)
+    CHECK(q8 || dense || given_file || gguf != nullptr || checkpoint)
         << "unknown dtype " << std::string(dtype_name);
-    if (q8 || gguf != nullptr) dtype = DType::kBF16;
+    if (q8 || gguf != nullptr || checkpoint) dtype = DType::kBF16;
     modelgen::MakeModelOptions mo;
     mo.size = absl::GetFlag(FLAGS_size);
     mo.dtype = dtype;
@@ -652,6 +659,24 @@ int Main() {
         co.type = gguf->type;
         co.q4_k_m = q4_k_m;
         CHECK_OK(ConvertToGguf(mo.out_dir, model_path, co));
+      }
+    }
+    if (checkpoint) {
+      model_path =
+          (std::filesystem::path(dir) / absl::StrCat(mo.size, "-", std::string(dtype_name)))
+              .string();
+      if (!std::filesystem::exists(std::filesystem::path(model_path) / "config.json")) {
+        std::printf("quantizing to %s in %s...\n", std::string(dtype_name).c_str(),
+                    model_path.c_str());
+        modelgen::QuantizeOptions qo;
+        qo.method = dtype_name == "awq"     ? "awq"
+                    : dtype_name == "w4a16" ? "compressed-tensors"
+                                            : "gptq";
+        qo.group_size = 128;
+        qo.zero_point = dtype_name == "awq";
+        qo.act_order = dtype_name == "gptq_act_order";
+        qo.scale_dtype = dtype_name == "w4a16" ? DType::kBF16 : DType::kF16;
+        CHECK_OK(modelgen::QuantizeModelDir(mo.out_dir, model_path, "", qo));
       }
     }
     std::vector<Loaded> loaded;

@@ -53,6 +53,9 @@ ABSL_FLAG(std::string, lora_base_model, "",
 ABSL_FLAG(std::string, quantize, "",
           "also write a quantized checkpoint of the model: awq, gptq or compressed-tensors");
 ABSL_FLAG(std::string, quantize_out, "", "where --quantize writes it");
+ABSL_FLAG(std::string, quantize_twin_out, "",
+          "with --quantize, also write the model with float32 weights holding exactly the "
+          "checkpoint's values (s * (q - z)) here: a reference for other tools' dequantization");
 ABSL_FLAG(int, quantize_bits, 4, "bits a weight: 4 (awq), 4 or 8 (gptq, compressed-tensors)");
 ABSL_FLAG(int, quantize_group_size, 128, "input features a scale (-1: one per output row)");
 ABSL_FLAG(bool, quantize_sym, false,
@@ -159,8 +162,10 @@ int main(int argc, char** argv) {
     // compressed-tensors keeps its scales in the model's dtype; AWQ and GPTQ in f16.
     if (method == "compressed-tensors") q.scale_dtype = options.dtype;
     const std::string out = absl::GetFlag(FLAGS_quantize_out);
-    absl::Status st = out.empty() ? absl::InvalidArgumentError("--quantize needs --quantize_out")
-                                  : kvrm::modelgen::QuantizeModelDir(options.out_dir, out, "", q);
+    absl::Status st = out.empty()
+                          ? absl::InvalidArgumentError("--quantize needs --quantize_out")
+                          : kvrm::modelgen::QuantizeModelDir(
+                                options.out_dir, out, absl::GetFlag(FLAGS_quantize_twin_out), q);
     if (!st.ok()) {
       std::fprintf(stderr, "make_model: %s\n", st.ToString().c_str());
       return 1;
