@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/q4_k.h"
 #include "kernels/cpu/q8_0.h"
 
 namespace kvrm {
@@ -275,12 +276,20 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
     for (int64_t g = 0; q8_0 && g < p.groups; ++g) {
       const int32_t z = p.Zero(nn, g);
       const int32_t lo = Signed(p, 0) - z, hi = Signed(p, static_cast<uint8_t>(p.mask)) - z;
-      q8_0 = IsF16(p.Scale(nn, g)) && lo >= -128 && hi <= 127;
+      q8_0 = IsF16(p.Scale(nn, g)) && lo >= -128 && hi <= 127 && z - Signed(p, 0) >= 0 &&
+             z - Signed(p, 0) <= 255;
     }
   }
+  // 4-bit groups as they are (q4 groups: f16 s, u8 z and the nibbles per 32 values) where they
+  // fill whole 256-value super-blocks.
+  constexpr int64_t kSuper = WeightMatrix::kQ4KBlock;
+  const bool q4g =
+      options.as_q8 && options.q4_groups && p.bits == 4 && aligned && q8_0 && k % kSuper == 0;
   WeightMatrix m{options.dense, nullptr, n, k, k};
   const bool blocks = options.as_q8 && k % WeightMatrix::kQ8Block == 0;
-  if (blocks) {
+  if (q4g) {
+    m.format = WeightFormat::kQ4G;
+  } else if (blocks) {
     m.format = aligned && !q8_0 ? WeightFormat::kQ8Affine : WeightFormat::kQ8_0;
   } else {
     m.dtype = options.dense;
@@ -289,7 +298,7 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
   m.data = buffer.data();
   if (stats != nullptr) {
-    const bool exact = blocks ? aligned : options.dense == DType::kF32;
+    const bool exact = q4g || (blocks ? aligned : options.dense == DType::kF32);
     ++(exact ? stats->exact : stats->requantized);
   }
   // Tiles of 128 output rows (whole words of every layout), shared among the threads.
@@ -304,6 +313,22 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
       for (int64_t nn = n0; nn < n1; ++nn) {
         const uint8_t* qrow = tile.data() + (nn - n0) * k;
         std::byte* out = buffer.data() + nn * row_bytes;
+        if (q4g) {
+          uint16_t scales[8];
+          uint8_t zeros[8];
+          for (int64_t sb = 0; sb < k / kSuper; ++sb) {
+            for (int j = 0; j < 8; ++j) {
+              const int64_t g = p.group_of[sb * kSuper + 32 * j];
+              scales[j] = FloatToF16(p.Scale(nn, g));
+              // The zero in the stored integers' own terms (compressed-tensors': z + 2^(bits-1)),
+              // at most 16 for these formats.
+              zeros[j] = static_cast<uint8_t>(p.Zero(nn, g) - Signed(p, 0));
+            }
+            EncodeBlockQ4G(scales, zeros, qrow + sb * kSuper,
+                           reinterpret_cast<uint8_t*>(out) + sb * WeightMatrix::kQ4GBlockBytes);
+          }
+          continue;
+        }
         if (blocks && aligned) {
           for (int64_t b = 0; b < k / WeightMatrix::kQ8Block; ++b) {
             const int64_t k0 = b * WeightMatrix::kQ8Block;

@@ -19,8 +19,12 @@
 //         weight_shape [2] I64 = [N, K]; weight_g_idx [K] I32 (actorder "group").
 //
 // What they become (LoadQuantizedLinear), with `as_q8` (the CPU's and the default):
-// - where every block of 32 input features lies in one group (no act-order, group size a
-//   multiple of 32), exactly their values: q8_0 blocks (kernels/cpu/q8_0.h) with d = s and the
+// - 4-bit schemes whose groups are whole blocks of 32 input features (no act-order, group size a
+//   multiple of 32) in rows of whole 256-feature super-blocks: q4 groups (WeightFormat::kQ4G,
+//   kernels/cpu/q4_k.h), per 32 features the f16 s, the u8 z and the 4-bit q as they are, 4.75
+//   bits a weight, multiplied by the K-quant kernels;
+// - otherwise, where every block of 32 input features lies in one group, exactly their
+//   values: q8_0 blocks (kernels/cpu/q8_0.h) with d = s and the
 //   int8 q - z, when every s is an f16 and every q - z fits int8 (4-bit schemes; 8-bit
 //   symmetric ones); else q8 affine blocks, s * (q - 2^(bits-1)) + s * (2^(bits-1) - z). 8.5 or
 //   10 bits a weight, twice and more a 4-bit checkpoint's, for the speed and the exactness of
@@ -48,6 +52,9 @@ namespace kvrm {
 
 struct QuantizedLoadOptions {
   bool as_q8 = true;
+  // With as_q8: 4-bit checkpoints whose groups fill whole 256-value super-blocks as q4 groups
+  // (WeightFormat::kQ4G: their own scales, zeros and nibbles, 4.75 bits a weight) instead of q8_0.
+  bool q4_groups = true;
   DType dense = DType::kBF16;  // without as_q8: kF32 (exact) or kBF16
   int threads = static_cast<int>(std::thread::hardware_concurrency());
 };

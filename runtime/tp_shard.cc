@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/q4_k.h"
 #include "model/gguf_quants.h"
 
 namespace kvrm {
@@ -42,6 +43,35 @@ WeightMatrix CopyKQuantColumnsAs8Bit(const WeightMatrix& w, int64_t begin, int64
   return shard;
 }
 
+// Columns [begin, begin + count) of a q4 group matrix as q8 affine blocks of exactly its values
+// (s * q - s * z per 32; a share that splits a 256-column super-block), into memory owned by
+// `out`.
+WeightMatrix CopyQ4GColumnsAs8Bit(const WeightMatrix& w, int64_t begin, int64_t count,
+                                  RankWeights* out) {
+  constexpr int64_t kSub = WeightMatrix::kQ8Block, kSuper = WeightMatrix::kQ4KBlock;
+  constexpr int64_t kBlockBytes = WeightMatrix::kQ8AffineBlockBytes;
+  const int64_t row_bytes = count / kSub * kBlockBytes;
+  auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);
+  float s[8];
+  uint8_t z[8], q[kSuper];
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
+    for (int64_t c = begin; c < begin + count; c += kSub) {
+      DecodeBlockQ4G(row + c / kSuper * WeightMatrix::kQ4GBlockBytes, s, z, q);
+      const int j = static_cast<int>(c % kSuper / kSub);
+      const float o = -s[j] * static_cast<float>(z[j]);
+      uint8_t* to = memory.get() + r * row_bytes + (c - begin) / kSub * kBlockBytes;
+      std::memcpy(to, &s[j], 4);
+      std::memcpy(to + 4, &o, 4);
+      for (int i = 0; i < kSub; ++i) to[8 + i] = q[32 * j + i];  // 0..15: int8 as is
+    }
+  }
+  WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count, nullptr, WeightFormat::kQ8Affine};
+  out->owned_bytes += w.rows * row_bytes;
+  out->owned.push_back(std::move(memory));
+  return shard;
+}
+
 // Columns [begin, begin + count) of `w`, copied into memory owned by `out` (block formats: whole
 // blocks, so begin and count must be multiples of 32; a q4_K or q6_K share that splits a
 // 256-column super-block becomes 8-bit blocks).
@@ -55,7 +85,8 @@ absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name
   }
   const int64_t super = WeightMatrix::kQ4KBlock;
   if (WeightMatrix::IsKQuant(w.format) && (begin % super != 0 || count % super != 0)) {
-    return CopyKQuantColumnsAs8Bit(w, begin, count, out);
+    return w.format == WeightFormat::kQ4G ? CopyQ4GColumnsAs8Bit(w, begin, count, out)
+                                          : CopyKQuantColumnsAs8Bit(w, begin, count, out);
   }
   const int64_t row_bytes = w.DataBytes(count);
   auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);

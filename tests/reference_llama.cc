@@ -243,9 +243,8 @@ void ReferenceLlama::QuantizeLinearQ8_0() {
   q8_0_linear_ = true;
 }
 
-void ReferenceLlama::ReplaceLinearWeights(
-    const std::function<void(const std::string&, int64_t, int64_t, double*)>& fill) {
-  fill("lm_head.weight", lm_head_.rows, lm_head_.cols, lm_head_.data.data());
+void ReferenceLlama::ForEachLinear(const std::function<void(const std::string&, Matrix&)>& f) {
+  f("lm_head.weight", lm_head_);
   for (size_t i = 0; i < layers_.size(); ++i) {
     Layer& l = layers_[i];
     const std::string p = absl::StrCat("model.layers.", i, ".");
@@ -253,7 +252,7 @@ void ReferenceLlama::ReplaceLinearWeights(
                                   {"self_attn.k_proj", &l.k},
                                   {"self_attn.v_proj", &l.v},
                                   {"self_attn.o_proj", &l.o}}) {
-      fill(absl::StrCat(p, name, ".weight"), m->rows, m->cols, m->data.data());
+      f(absl::StrCat(p, name, ".weight"), *m);
     }
     if (config_.IsMoeLayer(static_cast<int32_t>(i))) {
       // Each expert's matrices and the shared expert's by their HF names; the router and the
@@ -262,14 +261,14 @@ void ReferenceLlama::ReplaceLinearWeights(
         for (const auto& [name, m, rows, cols] :
              ExpertTensors(config_, static_cast<int32_t>(i), static_cast<int64_t>(e), l.experts[e],
                            config_.hidden_size, config_.moe_intermediate_size)) {
-          fill(name, rows, cols, m->data.data());
+          f(name, *m);
         }
       }
       if (config_.shared_expert_intermediate_size > 0) {
         for (const auto& [name, m, rows, cols] :
              SharedExpertTensors(static_cast<int32_t>(i), l.shared_expert, config_.hidden_size,
                                  config_.shared_expert_intermediate_size)) {
-          fill(name, rows, cols, m->data.data());
+          f(name, *m);
         }
       }
       continue;
@@ -277,9 +276,22 @@ void ReferenceLlama::ReplaceLinearWeights(
     for (const auto& [name, m] : {std::pair{"mlp.gate_proj", &l.mlp.gate},
                                   {"mlp.up_proj", &l.mlp.up},
                                   {"mlp.down_proj", &l.mlp.down}}) {
-      fill(absl::StrCat(p, name, ".weight"), m->rows, m->cols, m->data.data());
+      f(absl::StrCat(p, name, ".weight"), *m);
     }
   }
+}
+
+void ReferenceLlama::ReplaceLinearWeights(
+    const std::function<void(const std::string&, int64_t, int64_t, double*)>& fill) {
+  ForEachLinear(
+      [&](const std::string& name, Matrix& m) { fill(name, m.rows, m.cols, m.data.data()); });
+}
+
+void ReferenceLlama::set_int8_block_inputs_of(
+    const std::function<bool(const std::string&, int64_t, int64_t)>& which) {
+  ForEachLinear([&](const std::string& name, Matrix& m) {
+    m.int8_block_inputs = which(name, m.rows, m.cols);
+  });
 }
 
 std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<double>& x_in) const {
@@ -298,7 +310,8 @@ std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<do
       }
     }
   }
-  if (int8_block_linear_inputs_) {
+  const bool int8_blocks = int8_block_linear_inputs_ || w.int8_block_inputs;
+  if (int8_blocks) {
     rounded.assign(x_in.size(), 0.0);
     for (size_t b = 0; b < x_in.size(); b += 32) {
       const size_t end = std::min(x_in.size(), b + 32);
@@ -314,8 +327,7 @@ std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<do
       }
     }
   }
-  return Product(w,
-                 bf16_linear_inputs_ || q8_0_linear_ || int8_block_linear_inputs_ ? rounded : x_in);
+  return Product(w, bf16_linear_inputs_ || q8_0_linear_ || int8_blocks ? rounded : x_in);
 }
 
 std::vector<double> ReferenceLlama::Product(const Matrix& w, const std::vector<double>& x) {

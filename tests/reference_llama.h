@@ -123,6 +123,11 @@ class ReferenceLlama {
   // per block of 32 values, to steps of amax / 127 of the block's largest magnitude (in float:
   // round to nearest even of x * (127 / amax)).
   void set_int8_block_linear_inputs(bool on) { int8_block_linear_inputs_ = on; }
+  // The same rounding for the inputs of the linear weights `which(HF tensor name, rows, cols)`
+  // picks only (as a backend multiplies a model whose matrices are in several formats: q4 groups
+  // with int8 block activations beside others).
+  void set_int8_block_inputs_of(
+      const std::function<bool(const std::string&, int64_t, int64_t)>& which);
 
  private:
   // A dense row-major matrix [rows][cols] (HF nn.Linear layout: [out_features][in_features]).
@@ -130,6 +135,7 @@ class ReferenceLlama {
     int64_t rows = 0;
     int64_t cols = 0;
     std::vector<double> data;
+    bool int8_block_inputs = false;  // set_int8_block_inputs_of
     const double* Row(int64_t r) const { return data.data() + r * cols; }
   };
   // One SwiGLU (or GELU-gated) MLP: the dense one, or one expert of a mixture.
@@ -155,6 +161,8 @@ class ReferenceLlama {
   };
 
   explicit ReferenceLlama(const LlamaConfig& config) : config_(config) {}
+  // f(HF tensor name, matrix) on every linear weight ReplaceLinearWeights names.
+  void ForEachLinear(const std::function<void(const std::string&, Matrix&)>& f);
   // A [rows][cols] tensor; one with rows == 1 is stored 1-D ([cols]) unless `two_d`.
   static absl::StatusOr<Matrix> Load(const SafetensorsSet& files, const std::string& name,
                                      int64_t rows, int64_t cols, bool two_d = false);

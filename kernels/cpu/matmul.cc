@@ -198,6 +198,37 @@ void PackQ4KPanels(const WeightMatrix& w, void* out) {
   }
 }
 
+void PackQ4GPanels(const WeightMatrix& w, void* out) {
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows, kSub = WeightMatrix::kQ8Block;
+  constexpr int64_t kZeroAt = 256, kLinesAt = 384;  // q4_k.h
+  CHECK(w.format == WeightFormat::kQ4G && w.cols % WeightMatrix::kQ4KBlock == 0)
+      << "q4 group panels of " << w.cols << " columns";
+  const int64_t supers = w.cols / WeightMatrix::kQ4KBlock;
+  const int64_t stride = supers * WeightMatrix::kQ4GPanelBlockBytes;
+  uint8_t* panels = static_cast<uint8_t*>(out);
+  std::memset(panels, 0, BlockPanelBytes(w, WeightFormat::kQ4G));
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* row = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
+    const int64_t l = r % kGroup;
+    uint8_t* panel = panels + r / kGroup * stride;
+    for (int64_t s = 0; s < supers; ++s) {
+      const uint8_t* src = row + s * WeightMatrix::kQ4GBlockBytes;
+      uint8_t* block = panel + s * WeightMatrix::kQ4GPanelBlockBytes;
+      for (int j = 0; j < 8; ++j) {
+        std::memcpy(block + 32 * j + 2 * l, src + 2 * j, 2);  // s
+        block[kZeroAt + kGroup * j + l] = src[16 + j];        // z
+        const uint8_t* nibbles = src + 24 + 16 * j;
+        uint8_t* lines = block + kLinesAt + 256 * j;
+        for (int c = 0; c < kSub; ++c) {
+          const uint8_t q = c < 16 ? nibbles[c] & 0xF : nibbles[c - 16] >> 4;
+          const int t = c / 8, e = c % 8;
+          lines[64 * t + 4 * l + e % 4] |= static_cast<uint8_t>(e < 4 ? q : q << 4);
+        }
+      }
+    }
+  }
+}
+
 void PackQ6KPanels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kSub = WeightMatrix::kQ8Block;
   CHECK(w.format == WeightFormat::kQ6K && w.cols % WeightMatrix::kQ4KBlock == 0)
@@ -243,6 +274,8 @@ PanelCopy::PanelCopy(const WeightMatrix& w, WeightFormat format) {
     PackQ4KPanels(w, data_);
   } else if (format == WeightFormat::kQ6K) {
     PackQ6KPanels(w, data_);
+  } else if (format == WeightFormat::kQ4G) {
+    PackQ4GPanels(w, data_);
   } else if (blocks) {
     PackQ8Panels(w, data_);
   } else {
@@ -266,6 +299,9 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   }
   if (w.format == WeightFormat::kQ6K) {
     return DequantizeRowQ6K(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+  }
+  if (w.format == WeightFormat::kQ4G) {
+    return DequantizeRowQ4G(reinterpret_cast<const uint8_t*>(row), w.cols, out);
   }
   switch (w.dtype) {
     case DType::kF32:

@@ -286,4 +286,40 @@ int64_t Q4KScratchBytes(int64_t cols) {
   return 2 * std::max(kActBlockBytes, kGroup * RowBytes(cols)) + 64;
 }
 
+void DecodeBlockQ4G(const uint8_t* block, float* s, uint8_t* z, uint8_t* q) {
+  for (int j = 0; j < 8; ++j) {
+    uint16_t h;
+    std::memcpy(&h, block + 2 * j, 2);
+    s[j] = F16ToFloat(h);
+    z[j] = block[16 + j];
+    const uint8_t* nibbles = block + 24 + 16 * j;
+    for (int i = 0; i < 16; ++i) {
+      q[32 * j + i] = nibbles[i] & 0xF;
+      q[32 * j + 16 + i] = nibbles[i] >> 4;
+    }
+  }
+}
+
+void DequantizeRowQ4G(const uint8_t* blocks, int64_t n, float* y) {
+  float s[8];
+  uint8_t z[8], q[kSuper];
+  for (int64_t b = 0; b < n / kSuper; ++b) {
+    DecodeBlockQ4G(blocks + b * WeightMatrix::kQ4GBlockBytes, s, z, q);
+    for (int64_t i = 0; i < kSuper; ++i) {
+      y[b * kSuper + i] = s[i / 32] * static_cast<float>(static_cast<int>(q[i]) - z[i / 32]);
+    }
+  }
+}
+
+void EncodeBlockQ4G(const uint16_t* s_f16, const uint8_t* z, const uint8_t* q, uint8_t* block) {
+  std::memcpy(block, s_f16, 16);
+  std::memcpy(block + 16, z, 8);
+  for (int j = 0; j < 8; ++j) {
+    for (int i = 0; i < 16; ++i) {
+      block[24 + 16 * j + i] =
+          static_cast<uint8_t>((q[32 * j + i] & 0xF) | (q[32 * j + 16 + i] & 0xF) << 4);
+    }
+  }
+}
+
 }  // namespace kvrm

@@ -67,6 +67,21 @@ void DecodeBlockQ4K(const uint8_t* block, float* s, float* o, uint8_t* q);
 // A row of `n` values (a multiple of 256) from its n / 256 super-blocks.
 void DequantizeRowQ4K(const uint8_t* blocks, int64_t n, float* y);
 
+// q4 groups (WeightFormat::kQ4G, weight_matrix.h): what a 4-bit AWQ, GPTQ or compressed-tensors
+// checkpoint holds, per 32 values an f16 scale s and a u8 zero z, value s * (q - z). One
+// super-block: sub-block j's scale s[j] and offset o[j] = -(s[j] * z[j]) (exact in f32: 11 bits
+// times 8), z[j], and the 256 q in [0, 15]. A row. EncodeBlockQ4G writes a super-block from them.
+void DecodeBlockQ4G(const uint8_t* block, float* s, uint8_t* z, uint8_t* q);
+void DequantizeRowQ4G(const uint8_t* blocks, int64_t n, float* y);
+void EncodeBlockQ4G(const uint16_t* s_f16, const uint8_t* z, const uint8_t* q, uint8_t* block);
+// Its panels (panel_format kQ4G): per group of 16 output rows, per super-block,
+// WeightMatrix::kQ4GPanelBlockBytes = 2432 bytes:
+//   [0, 256)     s: sub-block j's 16 rows at 32 j (f16)
+//   [256, 384)   z: sub-block j's 16 rows at 256 + 16 j (u8)
+//   [384, 2432)  the nibbles, laid out as q4_K's lines (sub-block j's at 384 + 256 j)
+// multiplied as q4_K's are (the same activations), with s * xd for d * sc * xd and s * z for
+// dmin * m.
+
 // q6_K (WeightFormat::kQ6K): ggml's block_q6_K, 256 values in 16 groups of 16: 128 bytes of low
 // nibbles, 64 of high bit pairs, 16 int8 scales, an f16 d; value d * scale[g] * (q - 32), q in
 // [0, 63] (6.56 bits a weight). One super-block: group g's scale s[g] = d * scale[g] (exact) and

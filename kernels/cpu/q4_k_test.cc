@@ -137,6 +137,22 @@ Matrix RandomMatrix(int64_t rows, int64_t cols, std::mt19937& rng,
         const Block b = RandomBlock(rng);
         b.Write(out);
         for (int64_t i = 0; i < kSuper; ++i) values[i] = b.Value(i);
+      } else if (format == WeightFormat::kQ4G) {
+        // An AWQ / GPTQ group's: an f16 scale, a zero in [0, 16] (GPTQ's v1 zeros reach 16),
+        // 4-bit q; the bytes written here by q4_k.h's layout, not by EncodeBlockQ4G.
+        std::uniform_int_distribution<int> nibble(0, 15), zero(0, 16);
+        for (int j = 0; j < 8; ++j) {
+          const uint16_t sc = FloatToF16(std::uniform_real_distribution<float>(1e-4f, 3e-2f)(rng));
+          const int z = zero(rng);
+          std::memcpy(out + 2 * j, &sc, 2);
+          out[16 + j] = static_cast<uint8_t>(z);
+          for (int i = 0; i < 16; ++i) {
+            const int lo = nibble(rng), hi = nibble(rng);
+            out[24 + 16 * j + i] = static_cast<uint8_t>(lo | hi << 4);
+            values[32 * j + i] = static_cast<double>(F16ToFloat(sc)) * (lo - z);
+            values[32 * j + 16 + i] = static_cast<double>(F16ToFloat(sc)) * (hi - z);
+          }
+        }
       } else {
         const Block6 b = RandomBlock6(rng);
         b.Write(out);
@@ -277,6 +293,12 @@ std::vector<double> PanelValues(const WeightMatrix& w, const void* panels,
           const int q = e < 4 ? byte & 0xF : byte >> 4;
           v = d * block[64 + 16 * j + l] * q -
               static_cast<double>(F16ToFloat(h[1])) * block[192 + 16 * j + l];
+        } else if (format == WeightFormat::kQ4G) {
+          uint16_t sh;
+          std::memcpy(&sh, block + 32 * j + 2 * l, 2);
+          const uint8_t byte = block[384 + 256 * j + 64 * t + at];
+          const int q = e < 4 ? byte & 0xF : byte >> 4;
+          v = static_cast<double>(F16ToFloat(sh)) * (q - block[256 + 16 * j + l]);
         } else {
           const uint8_t* sub = block + 320 + 384 * j;
           const int nibble = e < 4 ? sub[64 * t + at] & 0xF : sub[64 * t + at] >> 4;
@@ -313,6 +335,27 @@ TEST(Q6KPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
     ASSERT_EQ(panels.bytes(), (rows + 15) / 16 * cols / 256 * 3392);
     EXPECT_EQ(m.w.bytes(), rows * cols / 256 * 210);
     ExpectHoldsTheValues(m, PanelValues(m.w, panels.data(), WeightFormat::kQ6K));
+  }
+}
+
+// q4 groups (AWQ / GPTQ's 4-bit groups as they are): the panels hold each row's s, z and q where
+// q4_k.h says, and the row-major blocks read back (WeightRowToFloat) the values written.
+TEST(Q4GPanelsTest, HoldTheBlocksWhereTheLayoutSays) {
+  std::mt19937 rng(25);
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{1, 256}, {17, 512}, {40, 768}}) {
+    Matrix m = RandomMatrix(rows, cols, rng, WeightFormat::kQ4G);
+    const PanelCopy panels(m.w, WeightFormat::kQ4G);
+    ASSERT_EQ(panels.bytes(), (rows + 15) / 16 * cols / 256 * 2432);
+    EXPECT_EQ(m.w.bytes(), rows * cols / 256 * 152);
+    ExpectHoldsTheValues(m, PanelValues(m.w, panels.data(), WeightFormat::kQ4G));
+    // DecodeBlockQ4G and EncodeBlockQ4G are each other's inverse.
+    float sc[8];
+    uint8_t z[8], q[kSuper], again[WeightMatrix::kQ4GBlockBytes];
+    DecodeBlockQ4G(m.data.data(), sc, z, q);
+    uint16_t h[8];
+    for (int j = 0; j < 8; ++j) h[j] = FloatToF16(sc[j]);
+    EncodeBlockQ4G(h, z, q, again);
+    EXPECT_EQ(std::memcmp(again, m.data.data(), sizeof(again)), 0);
   }
 }
 
@@ -425,7 +468,7 @@ TEST_P(Q4KMatMulTest, MatchesFloat64Reference) {
   for (Shape s : {Shape{1, 1, 256}, Shape{1, 7, 512}, Shape{3, 33, 256}, Shape{4, 40, 768},
                   Shape{8, 16, 1024}, Shape{9, 48, 256}, Shape{20, 50, 512}, Shape{40, 9, 8192},
                   Shape{2, 130, 2048}}) {
-    for (const WeightFormat format : {WeightFormat::kQ4K, WeightFormat::kQ6K}) {
+    for (const WeightFormat format : {WeightFormat::kQ4K, WeightFormat::kQ6K, WeightFormat::kQ4G}) {
       Matrix m = RandomMatrix(s.rows, s.cols, rng, format);
       const PanelCopy panels(m.w, format);
       WeightMatrix view = m.w;

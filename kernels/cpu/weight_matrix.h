@@ -36,6 +36,9 @@ enum class WeightFormat : uint8_t {
               // 16) or s1 * q (last 16) (kernels/cpu/q8_0.h)
   kQ4K,       // ggml's q4_K super-blocks of 256 values (kernels/cpu/q4_k.h)
   kQ6K,       // ggml's q6_K super-blocks of 256 values (kernels/cpu/q4_k.h)
+  kQ4G,       // 4-bit groups: per 32 values an f16 scale s and a u8 zero z, value s * (q - z), in
+              // super-blocks of 256 (kernels/cpu/q4_k.h): AWQ / GPTQ / compressed-tensors' 4-bit
+              // checkpoints exactly
 };
 
 struct WeightMatrix {
@@ -71,11 +74,19 @@ struct WeightMatrix {
   static constexpr int64_t kQ6KPanelBlockBytes = 64 + kPanelRows * 16 + kPanelRows * kQ4KBlock *
                                                                            6 / 8;
 
+  // q4 groups: a super-block of 256 values is 8 f16 s, 8 u8 z, then 8 x 16 bytes of nibbles
+  // (sub-block j's byte i: q[32 j + i] low, q[32 j + 16 + i] high); 4.75 bits a weight. Its panel
+  // block: the 16 rows' s per sub-block (256 bytes), their z (128), then q4_K's lines.
+  static constexpr int64_t kQ4GBlockBytes = 152;
+  static constexpr int64_t kQ4GPanelBlockBytes =
+      kPanelRows * 2 * 8 + kPanelRows * 8 + kPanelRows * kQ4KBlock / 2;
+
   // Block formats (the rest are `dtype` elements).
   static bool IsQuantized(WeightFormat f) { return f != WeightFormat::kDense; }
-  // The K-quant formats (256 values a super-block) and the 8-bit ones (32 values a block).
+  // The formats of 256-value super-blocks (the K-quants and q4 groups, which the same kernels
+  // multiply) and the 8-bit ones (32 values a block).
   static constexpr bool IsKQuant(WeightFormat f) {
-    return f == WeightFormat::kQ4K || f == WeightFormat::kQ6K;
+    return f == WeightFormat::kQ4K || f == WeightFormat::kQ6K || f == WeightFormat::kQ4G;
   }
   static bool IsQ8(WeightFormat f) { return IsQuantized(f) && !IsKQuant(f); }
   // A block format's values a block, row-major block bytes and panel block bytes (16 rows).
@@ -84,12 +95,14 @@ struct WeightMatrix {
     return f == WeightFormat::kQ8_0  ? kQ8BlockBytes
            : f == WeightFormat::kQ4K ? kQ4KBlockBytes
            : f == WeightFormat::kQ6K ? kQ6KBlockBytes
+           : f == WeightFormat::kQ4G ? kQ4GBlockBytes
                                      : kQ8AffineBlockBytes;
   }
   static constexpr int64_t PanelBlockSize(WeightFormat f) {
     return f == WeightFormat::kQ8_0  ? kQ8PanelBlockBytes
            : f == WeightFormat::kQ4K ? kQ4KPanelBlockBytes
            : f == WeightFormat::kQ6K ? kQ6KPanelBlockBytes
+           : f == WeightFormat::kQ4G ? kQ4GPanelBlockBytes
                                      : kQ8AffinePanelBlockBytes;
   }
   // Where a q8 format's panel block's lines start (past the 16 rows' scales).
