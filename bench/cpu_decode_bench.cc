@@ -58,7 +58,8 @@ ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "q4_K and q6_K); file:PATH: that GGUF file as it is (another program's, e.g. llama.cpp's "
           "llama-quantize output, to time both on the same file); awq, gptq, gptq_act_order, "
           "w4a16: the bf16 model as a 4-bit group-128 quantized checkpoint of that kind "
-          "(tools/modelgen/quantized_writer.h), loaded as kvrmd does");
+          "(tools/modelgen/quantized_writer.h), loaded as kvrmd does; NAME+q8_0: that case with "
+          "what it leaves dense (a checkpoint's LM head) quantized to q8_0 at load");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -609,8 +610,13 @@ int Main() {
   std::vector<PrefillResult> prefill;
   std::vector<MixedResult> mixed;
   const std::vector<int32_t> mixed_chunks = IntList(absl::GetFlag(FLAGS_mixed_chunks));
-  for (absl::string_view dtype_name :
+  for (absl::string_view case_name :
        absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',', absl::SkipEmpty())) {
+    // "<dtype>+q8_0": what that dtype leaves dense (a checkpoint's LM head) quantized to q8_0 at
+    // load, as kvrmd --quantization=q8_0 does.
+    const bool dense_to_q8 = absl::EndsWith(case_name, "+q8_0");
+    const absl::string_view dtype_name =
+        dense_to_q8 ? case_name.substr(0, case_name.size() - 5) : case_name;
     DType dtype = DType::kF32;
     // q8_0: the bf16 model with every linear weight quantized at load (--quantization=q8_0).
     // A GGUF type ("q4_K"): the bf16 model converted to a GGUF file of that type, loaded as kvrmd
@@ -683,7 +689,8 @@ int Main() {
     for (DType kv : kv_dtypes) {
       for (bool panels : layouts) {
         loaded.push_back(Load(model_path, max_slots, max_context, panels, kv,
-                              q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense, as_q8));
+                              q8 || dense_to_q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense,
+                              as_q8));
       }
     }
     for (int32_t context : contexts) {
@@ -691,7 +698,7 @@ int Main() {
         for (CpuIsa isa : isas) {
           SetActiveCpuIsa(isa);
           for (Loaded& m : loaded) {
-            decode.push_back(RunDecode(m, std::string(dtype_name), s, context, &bandwidth));
+            decode.push_back(RunDecode(m, std::string(case_name), s, context, &bandwidth));
           }
         }
       }
@@ -702,7 +709,7 @@ int Main() {
           for (CpuIsa isa : isas) {
             SetActiveCpuIsa(isa);
             for (Loaded& m : loaded) {
-              mixed.push_back(RunMixed(m, std::string(dtype_name), s, context, c));
+              mixed.push_back(RunMixed(m, std::string(case_name), s, context, c));
             }
           }
         }
@@ -712,7 +719,7 @@ int Main() {
       for (CpuIsa isa : isas) {
         SetActiveCpuIsa(isa);
         for (Loaded& m : loaded) {
-          prefill.push_back(RunPrefill(m, std::string(dtype_name), p));
+          prefill.push_back(RunPrefill(m, std::string(case_name), p));
         }
       }
     }

@@ -300,6 +300,7 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   if (stats != nullptr) {
     const bool exact = q4g || (blocks ? aligned : options.dense == DType::kF32);
     ++(exact ? stats->exact : stats->requantized);
+    if (q4g) ++stats->q4_groups;
   }
   // Tiles of 128 output rows (whole words of every layout), shared among the threads.
   constexpr int64_t kTile = 128;

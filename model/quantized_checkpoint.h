@@ -61,7 +61,8 @@ struct QuantizedLoadOptions {
 
 // What the linear weights of a checkpoint became, for logs and ModelInfo.
 struct QuantizedLoadStats {
-  int64_t exact = 0;        // matrices held as exactly their values (q8 blocks, or f32)
+  int64_t exact = 0;        // matrices held as exactly their values (q4 groups, q8 blocks, f32)
+  int64_t q4_groups = 0;    // of which as q4 groups
   int64_t requantized = 0;  // matrices whose values were rounded (requantized to q8_0, or bf16)
 };
 

@@ -86,7 +86,10 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
                      q.act_order ? " act-order" : "");
     LOG(INFO) << dir << ": " << bundle->weights_format << " checkpoint: " << stats.exact
               << " matrices as exactly their values"
-              << (options.as_q8 ? " (8-bit blocks)" : " (f32)") << ", " << stats.requantized
+              << (options.as_q8 ? absl::StrCat(" (", stats.q4_groups, " as 4-bit groups, ",
+                                               stats.exact - stats.q4_groups, " as 8-bit blocks)")
+                                : std::string(" (f32)"))
+              << ", " << stats.requantized
               << (options.as_q8 ? " requantized to q8_0" : " rounded to bf16")
               << (stats.requantized > 0 && options.as_q8
                       ? " (act-order or groups not a multiple of 32 input features)"
