@@ -36,19 +36,6 @@ int32_t LoadI32(const std::byte* p) {
   return v;
 }
 
-// One scale as float, from a tensor of any float type (unaligned).
-float LoadFloat(const TensorView& t, int64_t i) {
-  const std::byte* p = t.data + i * static_cast<int64_t>(DTypeSize(t.dtype));
-  if (t.dtype == DType::kF32) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return t.dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
-}
-
 // The tensors of one packed linear weight, checked, and how to read q, z, s and g_idx from them.
 struct Packed {
   Layout layout;
@@ -64,7 +51,7 @@ struct Packed {
 
   int64_t GroupOf(int64_t kk) const { return group_of[kk]; }
   float Scale(int64_t nn, int64_t g) const {
-    return LoadFloat(scales, layout == Layout::kPacked ? nn * groups + g : g * n + nn);
+    return FloatElement(scales, layout == Layout::kPacked ? nn * groups + g : g * n + nn);
   }
   // The zero of (n, g), as the value q - z subtracts it (symmetric: the grid's middle).
   int32_t Zero(int64_t nn, int64_t g) const {

@@ -196,6 +196,18 @@ size_t StorageTypeSize(StorageType t) {
   }
 }
 
+float FloatElement(const TensorView& t, int64_t i) {
+  const std::byte* p = t.data + i * static_cast<int64_t>(DTypeSize(t.dtype));
+  if (t.dtype == DType::kF32) {
+    float v;
+    std::memcpy(&v, p, 4);
+    return v;
+  }
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return t.dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
+}
+
 int64_t TensorView::numel() const {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;

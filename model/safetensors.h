@@ -64,6 +64,9 @@ struct TensorView {
   int64_t numel() const;
 };
 
+// Element i of a float tensor (F32, F16 or BF16: is_float()) as float, read unaligned.
+float FloatElement(const TensorView& t, int64_t i);
+
 // "[2, 3]" for messages.
 std::string ShapeToString(absl::Span<const int64_t> shape);
 

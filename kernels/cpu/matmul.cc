@@ -156,6 +156,18 @@ void PackQ8Panels(const WeightMatrix& w, void* out) {
   }
 }
 
+namespace {
+
+// Puts q, column c of a 32-column sub-block of row l (of a panel's 16), into the sub-block's
+// four 64-byte lines as q4_k.h lays them out: line c / 8, byte 4 l + c % 4, the low nibble for
+// c % 8 < 4 and the high one for the rest.
+void PutLineNibble(uint8_t* lines, int64_t l, int c, uint8_t q) {
+  const int t = c / 8, e = c % 8;
+  lines[64 * t + 4 * l + e % 4] |= static_cast<uint8_t>(e < 4 ? q : q << 4);
+}
+
+}  // namespace
+
 void PackQ4KPanels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kSub = WeightMatrix::kQ8Block;
   // Where a panel super-block's parts start (q4_k.h): dmin, scales, mins, lines.
@@ -189,9 +201,7 @@ void PackQ4KPanels(const WeightMatrix& w, void* out) {
         const uint8_t* chunk = src + 16 + j / 2 * kSub;  // sub-blocks 2c, 2c + 1: low, high
         uint8_t* lines = block + kLinesAt + 256 * j;
         for (int c = 0; c < kSub; ++c) {
-          const uint8_t q = j % 2 == 0 ? chunk[c] & 0xF : chunk[c] >> 4;
-          const int t = c / 8, e = c % 8;
-          lines[64 * t + 4 * l + e % 4] |= static_cast<uint8_t>(e < 4 ? q : q << 4);
+          PutLineNibble(lines, l, c, j % 2 == 0 ? chunk[c] & 0xF : chunk[c] >> 4);
         }
       }
     }
@@ -220,9 +230,7 @@ void PackQ4GPanels(const WeightMatrix& w, void* out) {
         const uint8_t* nibbles = src + 24 + 16 * j;
         uint8_t* lines = block + kLinesAt + 256 * j;
         for (int c = 0; c < kSub; ++c) {
-          const uint8_t q = c < 16 ? nibbles[c] & 0xF : nibbles[c - 16] >> 4;
-          const int t = c / 8, e = c % 8;
-          lines[64 * t + 4 * l + e % 4] |= static_cast<uint8_t>(e < 4 ? q : q << 4);
+          PutLineNibble(lines, l, c, c < 16 ? nibbles[c] & 0xF : nibbles[c - 16] >> 4);
         }
       }
     }

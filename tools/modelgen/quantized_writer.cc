@@ -36,18 +36,6 @@ bool IsQuantizedLinear(const std::string& name, const TensorView& t) {
          !absl::EndsWith(name, "shared_expert_gate.weight");
 }
 
-float ReadFloat(const TensorView& t, int64_t i) {
-  const std::byte* p = t.data + i * static_cast<int64_t>(DTypeSize(t.dtype));
-  if (t.dtype == DType::kF32) {
-    float v;
-    std::memcpy(&v, p, 4);
-    return v;
-  }
-  uint16_t h;
-  std::memcpy(&h, p, 2);
-  return t.dtype == DType::kBF16 ? Bf16ToFloat(h) : F16ToFloat(h);
-}
-
 float RoundTo(DType dtype, float x) {
   return dtype == DType::kF32    ? x
          : dtype == DType::kBF16 ? Bf16ToFloat(FloatToBf16(x))
@@ -108,7 +96,7 @@ Grid Quantize(const TensorView& t, const std::string& name, const QuantizeOption
     for (int64_t grp = 0; grp < g.groups; ++grp) {
       float lo = 0, hi = 0;
       for (int64_t i = grp * size; i < std::min(g.k, (grp + 1) * size); ++i) {
-        const float w = ReadFloat(t, r * g.k + order[i]);
+        const float w = FloatElement(t, r * g.k + order[i]);
         lo = std::min(lo, w);
         hi = std::max(hi, w);
       }
@@ -126,7 +114,7 @@ Grid Quantize(const TensorView& t, const std::string& name, const QuantizeOption
       g.zu[r * g.groups + grp] = static_cast<uint8_t>(zero);
       for (int64_t i = grp * size; i < std::min(g.k, (grp + 1) * size); ++i) {
         const int64_t c = order[i];
-        const float w = ReadFloat(t, r * g.k + c);
+        const float w = FloatElement(t, r * g.k + c);
         g.u[r * g.k + c] =
             static_cast<uint8_t>(std::clamp(static_cast<int>(std::round(w / s)) + zero, 0, maxq));
       }
