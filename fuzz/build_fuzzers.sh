@@ -21,7 +21,8 @@ SOURCES=(
   common/json.cc common/logging.cc common/mapped_file.cc
   kernels/cpu/q4_k.cc kernels/cpu/q8_0.cc
   model/safetensors.cc
-  model/config.cc model/lora.cc model/weights.cc model/gguf.cc model/gguf_model.cc model/gguf_quants.cc
+  model/config.cc model/lora.cc model/weights.cc model/quantized_checkpoint.cc model/gguf.cc
+  model/gguf_model.cc model/gguf_quants.cc
   model/gguf_tokenizer.cc
   model/chat_config.cc model/chat_template.cc model/chat_template_parser.cc
   model/chat_template_value.cc

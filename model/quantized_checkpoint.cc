@@ -26,8 +26,8 @@ std::string PackedName(const CheckpointQuantization& q, const std::string& base)
   return base + (LayoutOf(q) == Layout::kPacked ? ".weight_packed" : ".qweight");
 }
 
-// AWQ's nibble order: nibble i of a word holds output feature 8 j + kAwqOrder[i], so feature
-// 8 j + m sits in nibble kAwqNibble[m].
+// AWQ's nibble order: nibble i of a word holds output feature 8 j + {0, 2, 4, 6, 1, 3, 5, 7}[i],
+// so feature 8 j + m sits in nibble kAwqNibble[m].
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 int32_t LoadI32(const std::byte* p) {
@@ -43,17 +43,17 @@ struct Packed {
   int per_word = 8;  // values a 32-bit word
   uint32_t mask = 15;
   int64_t n = 0, k = 0, groups = 1, group_size = 0;
-  bool zero_point = false;
   int32_t zero_bias = 0;  // added to a stored zero (GPTQ v1: 1)
   TensorView qweight, scales, zeros, g_idx;
   bool has_zeros = false, has_g_idx = false;
   std::vector<int32_t> group_of;  // [k]: each input feature's group
 
-  int64_t GroupOf(int64_t kk) const { return group_of[kk]; }
   float Scale(int64_t nn, int64_t g) const {
     return FloatElement(scales, layout == Layout::kPacked ? nn * groups + g : g * n + nn);
   }
-  // The zero of (n, g), as the value q - z subtracts it (symmetric: the grid's middle).
+  // The zero of (n, g), as Signed(q) - z subtracts it: the stored one (plus GPTQ v1's 1, less
+  // compressed-tensors' offset); without stored zeros, 0 for compressed-tensors (whose q is
+  // signed) and the grid's middle for the others.
   int32_t Zero(int64_t nn, int64_t g) const {
     if (!has_zeros) return layout == Layout::kPacked ? 0 : 1 << (bits - 1);
     int64_t word, shift;
@@ -103,7 +103,6 @@ absl::StatusOr<Packed> OpenPacked(const SafetensorsSet& files, const CheckpointQ
   p.k = k;
   p.group_size = q.group_size > 0 ? q.group_size : k;
   p.groups = (k + p.group_size - 1) / p.group_size;
-  p.zero_point = q.zero_point;
   const int pw = p.per_word;
   auto divisible = [&](int64_t features, const char* what) -> absl::Status {
     if (features % pw == 0) return absl::OkStatus();
