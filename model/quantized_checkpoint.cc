@@ -255,10 +255,28 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   for (int64_t kk = 0; aligned && kk < k; ++kk) {
     aligned = p.group_of[kk] == p.group_of[kk - kk % WeightMatrix::kQ8Block];
   }
+  // Act-order groups (g_idx) that are not blocks of 32 in input order may be in another order:
+  // the input features sorted by group (stably), where every group fills whole blocks of 32,
+  // hold the groups as blocks, and the kernels gather their activations in that order
+  // (WeightMatrix::input_order).
+  std::vector<int32_t> order;
+  if (!aligned && p.has_g_idx && k % WeightMatrix::kQ8Block == 0) {
+    order.resize(k);
+    for (int64_t kk = 0; kk < k; ++kk) order[kk] = static_cast<int32_t>(kk);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return p.group_of[a] < p.group_of[b]; });
+    bool blocks_of_one_group = true;
+    for (int64_t c = 0; blocks_of_one_group && c < k; ++c) {
+      blocks_of_one_group =
+          p.group_of[order[c]] == p.group_of[order[c - c % WeightMatrix::kQ8Block]];
+    }
+    if (!blocks_of_one_group) order.clear();
+  }
   // q8_0 when every scale is an f16 and every q - z an int8; else q8 affine.
   const int32_t mid = 1 << (p.bits - 1);
   bool q8_0 = true;
-  for (int64_t nn = 0; aligned && q8_0 && nn < n; ++nn) {
+  const bool ordered_aligned = aligned || !order.empty();
+  for (int64_t nn = 0; ordered_aligned && q8_0 && nn < n; ++nn) {
     for (int64_t g = 0; q8_0 && g < p.groups; ++g) {
       const int32_t z = p.Zero(nn, g);
       const int32_t lo = Signed(p, 0) - z, hi = Signed(p, static_cast<uint8_t>(p.mask)) - z;
@@ -269,8 +287,9 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   // 4-bit groups as they are (q4 groups: f16 s, u8 z and the nibbles per 32 values) where they
   // fill whole 256-value super-blocks.
   constexpr int64_t kSuper = WeightMatrix::kQ4KBlock;
-  const bool q4g =
-      options.as_q8 && options.q4_groups && p.bits == 4 && aligned && q8_0 && k % kSuper == 0;
+  const bool q4g = options.as_q8 && options.q4_groups && p.bits == 4 && ordered_aligned && q8_0 &&
+                   k % kSuper == 0;
+  if (!q4g) order.clear();  // (8-bit blocks are in input order)
   WeightMatrix m{options.dense, nullptr, n, k, k};
   const bool blocks = options.as_q8 && k % WeightMatrix::kQ8Block == 0;
   if (q4g) {
@@ -280,6 +299,12 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   } else {
     m.dtype = options.dense;
   }
+  if (!order.empty()) {
+    std::vector<std::byte>& kept = converted->emplace_back(k * sizeof(int32_t));
+    std::memcpy(kept.data(), order.data(), kept.size());
+    m.input_order = reinterpret_cast<const int32_t*>(kept.data());
+  }
+  // (Last: `buffer` must stay a reference to the element, which a later emplace_back would move.)
   const int64_t row_bytes = m.DataBytes(k);
   std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
   m.data = buffer.data();
@@ -293,19 +318,25 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   const int64_t tiles = (n + kTile - 1) / kTile;
   auto convert = [&](int64_t t0, int64_t t1) {
     std::vector<uint8_t> tile(kTile * k);
+    std::vector<uint8_t> reordered(order.empty() ? 0 : k);
     std::vector<float> values(k);
     for (int64_t t = t0; t < t1; ++t) {
       const int64_t n0 = t * kTile, n1 = std::min(n, n0 + kTile);
       UnpackRows(p, n0, n1, tile.data());
       for (int64_t nn = n0; nn < n1; ++nn) {
-        const uint8_t* qrow = tile.data() + (nn - n0) * k;
+        const uint8_t* qrow = tile.data() + (nn - n0) * k;  // input order
         std::byte* out = buffer.data() + nn * row_bytes;
         if (q4g) {
           uint16_t scales[8];
           uint8_t zeros[8];
+          if (!order.empty()) {  // the row's q in the groups' order
+            for (int64_t c = 0; c < k; ++c) reordered[c] = qrow[order[c]];
+            qrow = reordered.data();
+          }
           for (int64_t sb = 0; sb < k / kSuper; ++sb) {
             for (int j = 0; j < 8; ++j) {
-              const int64_t g = p.group_of[sb * kSuper + 32 * j];
+              const int64_t c = sb * kSuper + 32 * j;
+              const int64_t g = p.group_of[order.empty() ? c : order[c]];
               scales[j] = FloatToF16(p.Scale(nn, g));
               // The zero in the stored integers' own terms (compressed-tensors': z + 2^(bits-1)),
               // at most 16 for these formats.

@@ -19,19 +19,23 @@
 //         weight_shape [2] I64 = [N, K]; weight_g_idx [K] I32 (actorder "group").
 //
 // What they become (LoadQuantizedLinear), with `as_q8` (the CPU's and the default):
-// - 4-bit schemes whose groups are whole blocks of 32 input features (no act-order, group size a
-//   multiple of 32) in rows of whole 256-feature super-blocks: q4 groups (WeightFormat::kQ4G,
-//   kernels/cpu/q4_k.h), per 32 features the f16 s, the u8 z and the 4-bit q as they are, 4.75
-//   bits a weight, multiplied by the K-quant kernels;
+// - 4-bit schemes whose groups are whole blocks of 32 input features in rows of whole
+//   256-feature super-blocks: q4 groups (WeightFormat::kQ4G, kernels/cpu/q4_k.h), per 32
+//   features the f16 s, the u8 z and the 4-bit q as they are, 4.75 bits a weight, multiplied by
+//   the K-quant kernels. Act-order groups (g_idx; GPTQ's desc_act, compressed-tensors' actorder)
+//   are such blocks once the input features are sorted by group, when each group's size is a
+//   multiple of 32 (GPTQ's are the group size): the columns are stored in that order and
+//   WeightMatrix::input_order says which input each multiplies, exactly as well;
 // - otherwise, where every block of 32 input features lies in one group, exactly their
 //   values: q8_0 blocks (kernels/cpu/q8_0.h) with d = s and the
 //   int8 q - z, when every s is an f16 and every q - z fits int8 (4-bit schemes; 8-bit
 //   symmetric ones); else q8 affine blocks, s * (q - 2^(bits-1)) + s * (2^(bits-1) - z). 8.5 or
 //   10 bits a weight, twice and more a 4-bit checkpoint's, for the speed and the exactness of
 //   8-bit blocks;
-// - otherwise (GPTQ's desc_act, compressed-tensors' actorder, group sizes not a multiple of 32)
-//   the values, exact in f32, quantized again to q8_0 (ggml's reference quantizer: within half a
-//   step, amax / 254, of each block's largest value): NOT exact.
+// - otherwise (act-order 8-bit schemes, or 4-bit ones whose rows are not whole super-blocks;
+//   group sizes not a multiple of 32) the values, exact in f32, quantized again to q8_0 (ggml's
+//   reference quantizer: within half a step, amax / 254, of each block's largest value): NOT
+//   exact.
 // Without `as_q8` (kvrmd --quantization=none): `dense` elements, rounded to nearest (bf16).
 #ifndef KVRM_MODEL_QUANTIZED_CHECKPOINT_H_
 #define KVRM_MODEL_QUANTIZED_CHECKPOINT_H_

@@ -10,7 +10,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/matmul.h"
 #include "kernels/cpu/q4_k.h"
+#include "kernels/cpu/q8_0.h"
 #include "model/gguf_quants.h"
 
 namespace kvrm {
@@ -82,6 +84,22 @@ absl::StatusOr<WeightMatrix> CopyColumns(const WeightMatrix& w, const char* name
     return absl::InvalidArgumentError(absl::StrCat(
         "tensor parallelism ", out->size, " splits the quantized matrix ", name,
         " at input column ", begin, " (", count, " a rank), not at a 32-column block"));
+  }
+  if (w.input_order != nullptr) {
+    // An act-order matrix's columns are in its groups' order, not the inputs': the share's
+    // values, in input order, quantized to q8_0 again (as an act-order checkpoint is without
+    // q4 groups).
+    const int64_t row_bytes = count / WeightMatrix::kQ8Block * WeightMatrix::kQ8BlockBytes;
+    auto memory = std::make_unique<uint8_t[]>(w.rows * row_bytes);
+    std::vector<float> row(w.cols);
+    for (int64_t r = 0; r < w.rows; ++r) {
+      WeightRowToFloat(w, r, row.data());
+      QuantizeRowQ8_0(row.data() + begin, count, memory.get() + r * row_bytes);
+    }
+    WeightMatrix shard{w.dtype, memory.get(), w.rows, count, count, nullptr, WeightFormat::kQ8_0};
+    out->owned_bytes += w.rows * row_bytes;
+    out->owned.push_back(std::move(memory));
+    return shard;
   }
   const int64_t super = WeightMatrix::kQ4KBlock;
   if (WeightMatrix::IsKQuant(w.format) && (begin % super != 0 || count % super != 0)) {

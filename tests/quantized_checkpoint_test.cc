@@ -28,6 +28,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -128,8 +129,10 @@ std::vector<Scheme> Schemes() {
       {"ct_w4a16_tiny_k_g32", "tiny-k",
        Q("compressed-tensors", 4, 32, false, false, false, DType::kBF16), WeightFormat::kQ8_0, true,
        "compressed-tensors 4-bit g32"},
+      // Act-order groups, each 128 features: in group order they are blocks again, so they stay
+      // q4 groups, exactly, the kernels gathering the activations in that order.
       {"gptq_act_order_tiny_k_g128", "tiny-k", Q("gptq", 4, 128, false, true), WeightFormat::kQ8_0,
-       false, "gptq 4-bit g128 act-order"},
+       true, "gptq 4-bit g128 act-order"},
   };
 }
 
@@ -179,9 +182,10 @@ TEST_P(QuantizedCheckpointTest, EveryLinearWeightHoldsTheCheckpointsValues) {
       const WeightMatrix& a = *got[j];
       const WeightMatrix& b = *want[j];
       // 4-bit groups filling whole 256-feature super-blocks stay 4-bit (q4 groups).
-      const bool q4g =
-          s.options.bits == 4 && !s.options.act_order && a.cols % WeightMatrix::kQ4KBlock == 0;
+      // (Act-order ones too, their columns in the groups' order: input_order.)
+      const bool q4g = s.options.bits == 4 && a.cols % WeightMatrix::kQ4KBlock == 0;
       ASSERT_EQ(a.format, q4g ? WeightFormat::kQ4G : s.format) << "layer " << i << " matrix " << j;
+      ASSERT_EQ(a.input_order != nullptr, q4g && s.options.act_order);
       ASSERT_EQ(b.format, WeightFormat::kDense);
       ASSERT_EQ(a.rows, b.rows);
       ASSERT_EQ(a.cols, b.cols);
@@ -259,9 +263,30 @@ TEST_P(QuantizedCheckpointTest, ForwardMatchesTheReferenceOfItsValues) {
   ASSERT_TRUE(ref.ok()) << ref.status();
   // The q4 group matrices take their activations as the K-quant kernels do, rounded to int8 per
   // 32 (q4_k.h): the reference rounds those matrices' inputs alike.
-  const bool q4g = s.options.bits == 4 && !s.options.act_order;
+  const bool q4g = s.options.bits == 4;
   (*ref)->set_int8_block_inputs_of([&](const std::string& name, int64_t, int64_t cols) {
     return q4g && name != "lm_head.weight" && cols % WeightMatrix::kQ4KBlock == 0;
+  });
+  // An act-order matrix's blocks are of its groups' order (input_order), as the kernels gather.
+  std::map<std::string, const WeightMatrix*> by_name;
+  for (size_t i = 0; i < l.packed->weights.layers.size(); ++i) {
+    const LayerWeights& layer = l.packed->weights.layers[i];
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    for (const auto& [name, m] : {std::pair{"self_attn.q_proj", &layer.wq},
+                                  {"self_attn.k_proj", &layer.wk},
+                                  {"self_attn.v_proj", &layer.wv},
+                                  {"self_attn.o_proj", &layer.wo},
+                                  {"mlp.gate_proj", &layer.w_gate},
+                                  {"mlp.up_proj", &layer.w_up},
+                                  {"mlp.down_proj", &layer.w_down}}) {
+      by_name[absl::StrCat(p, name, ".weight")] = m;
+    }
+  }
+  (*ref)->set_int8_block_input_order_of([&](const std::string& name) {
+    const auto it = by_name.find(name);
+    if (it == by_name.end() || it->second->input_order == nullptr) return std::vector<int32_t>();
+    return std::vector<int32_t>(it->second->input_order,
+                                it->second->input_order + it->second->cols);
   });
   SetActiveCpuIsa(AvailableCpuIsas().back());
   const int32_t vocab = l.packed->config.vocab_size;

@@ -287,6 +287,11 @@ void ReferenceLlama::ReplaceLinearWeights(
       [&](const std::string& name, Matrix& m) { fill(name, m.rows, m.cols, m.data.data()); });
 }
 
+void ReferenceLlama::set_int8_block_input_order_of(
+    const std::function<std::vector<int32_t>(const std::string&)>& order) {
+  ForEachLinear([&](const std::string& name, Matrix& m) { m.input_order = order(name); });
+}
+
 void ReferenceLlama::set_int8_block_inputs_of(
     const std::function<bool(const std::string&, int64_t, int64_t)>& which) {
   ForEachLinear([&](const std::string& name, Matrix& m) {
@@ -313,17 +318,21 @@ std::vector<double> ReferenceLlama::Linear(const Matrix& w, const std::vector<do
   const bool int8_blocks = int8_block_linear_inputs_ || w.int8_block_inputs;
   if (int8_blocks) {
     rounded.assign(x_in.size(), 0.0);
+    // Input at position i of the blocks' order.
+    auto at = [&](size_t i) {
+      return w.input_order.empty() ? i : static_cast<size_t>(w.input_order[i]);
+    };
     for (size_t b = 0; b < x_in.size(); b += 32) {
       const size_t end = std::min(x_in.size(), b + 32);
       float amax = 0;
       for (size_t i = b; i < end; ++i) {
-        amax = std::max(amax, std::fabs(static_cast<float>(x_in[i])));
+        amax = std::max(amax, std::fabs(static_cast<float>(x_in[at(i)])));
       }
       if (amax == 0) continue;
       const float inv = 127.0f / amax;
       const double step = amax / 127.0f;
       for (size_t i = b; i < end; ++i) {
-        rounded[i] = std::nearbyint(static_cast<float>(x_in[i]) * inv) * step;
+        rounded[at(i)] = std::nearbyint(static_cast<float>(x_in[at(i)]) * inv) * step;
       }
     }
   }

@@ -128,6 +128,10 @@ class ReferenceLlama {
   // with int8 block activations beside others).
   void set_int8_block_inputs_of(
       const std::function<bool(const std::string&, int64_t, int64_t)>& which);
+  // The order in which a linear weight's inputs form those blocks (an act-order matrix's
+  // WeightMatrix::input_order): order(HF tensor name) returns it, or empty for input order.
+  void set_int8_block_input_order_of(
+      const std::function<std::vector<int32_t>(const std::string&)>& order);
 
  private:
   // A dense row-major matrix [rows][cols] (HF nn.Linear layout: [out_features][in_features]).
@@ -136,6 +140,9 @@ class ReferenceLlama {
     int64_t cols = 0;
     std::vector<double> data;
     bool int8_block_inputs = false;  // set_int8_block_inputs_of
+    // The blocks of 32 those inputs are rounded in: inputs input_order[32 b .. 32 b + 31]
+    // (empty: in order).
+    std::vector<int32_t> input_order;
     const double* Row(int64_t r) const { return data.data() + r * cols; }
   };
   // One SwiGLU (or GELU-gated) MLP: the dense one, or one expert of a mixture.

@@ -309,7 +309,13 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
     return DequantizeRowQ6K(reinterpret_cast<const uint8_t*>(row), w.cols, out);
   }
   if (w.format == WeightFormat::kQ4G) {
-    return DequantizeRowQ4G(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+    if (w.input_order == nullptr) {
+      return DequantizeRowQ4G(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+    }
+    std::vector<float> stored(w.cols);  // (act-order: a load-time and reference path)
+    DequantizeRowQ4G(reinterpret_cast<const uint8_t*>(row), w.cols, stored.data());
+    for (int64_t c = 0; c < w.cols; ++c) out[w.input_order[c]] = stored[c];
+    return;
   }
   switch (w.dtype) {
     case DType::kF32:

@@ -213,11 +213,16 @@ void DequantizeRowQ4K(const uint8_t* blocks, int64_t n, float* y) {
 
 KVRM_CPU_CLONES
 void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, int8_t* q, float* xd,
-                            float* xsum, int32_t* sums16) {
+                            float* xsum, int32_t* sums16, const int32_t* order) {
   const int64_t blocks = k / kSub;
+  float gathered[kSub];
   for (int64_t i = 0; i < n; ++i) {
     for (int64_t b = 0; b < blocks; ++b) {
       const float* v = x + i * ldx + b * kSub;
+      if (order != nullptr) {
+        for (int64_t c = 0; c < kSub; ++c) gathered[c] = x[i * ldx + order[b * kSub + c]];
+        v = gathered;
+      }
       int8_t* out = q + i * k + b * kSub;
       float amax = 0;
       bool finite = true;

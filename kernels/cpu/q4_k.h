@@ -105,9 +105,10 @@ void DequantizeRowQ6K(const uint8_t* blocks, int64_t n, float* y);
 // apart) as int8 q[i * k + c], per 32 columns b an f32 scale xd[i * k / 32 + b] = amax / 127 and
 // xsum[...] = xd * sum(q) (0 for a block of zeros; NaN for a block holding a NaN or an infinity,
 // so the row's products are NaN); with `sums16`, also 32 * sum(q) over every 16 columns
-// (sums16[i * k / 16 + g]: the q6_K product's offset).
+// (sums16[i * k / 16 + g]: the q6_K product's offset). With `order` (a matrix's input_order),
+// column c is x's column order[c].
 void QuantizeActivationsQ4K(const float* x, int64_t n, int64_t ldx, int64_t k, int8_t* q, float* xd,
-                            float* xsum, int32_t* sums16 = nullptr);
+                            float* xsum, int32_t* sums16 = nullptr, const int32_t* order = nullptr);
 
 // Activation rows the q4_K and q6_K kernels quantize at a time for `cols` columns, and the
 // scratch bytes a thread needs for them (the int8 rows, twice, their scales and sums): never less

@@ -518,6 +518,59 @@ TEST_P(Q4KMatMulTest, SameBitsOnEveryPathAndBatch) {
   }
 }
 
+// q4 groups with an input order (an act-order checkpoint's columns in its groups' order): column c
+// multiplies x's input_order[c], the activations quantized in blocks of that order; and
+// WeightRowToFloat gives the row in input order.
+TEST_P(Q4KMatMulTest, Q4GroupsGatherTheirInputOrder) {
+  const CpuIsa isa = GetParam();
+  std::mt19937 rng(77 + static_cast<int>(isa));
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  SetActiveCpuIsa(isa);
+  for (Shape s : {Shape{1, 16, 256}, Shape{3, 33, 512}, Shape{9, 20, 768}}) {
+    Matrix m = RandomMatrix(s.rows, s.cols, rng, WeightFormat::kQ4G);
+    std::vector<int32_t> order(s.cols);
+    for (int64_t c = 0; c < s.cols; ++c) order[c] = static_cast<int32_t>(c);
+    std::shuffle(order.begin(), order.end(), rng);
+    m.w.input_order = order.data();
+    const PanelCopy panels(m.w, WeightFormat::kQ4G);
+    WeightMatrix view = m.w;
+    view.panels = panels.data();
+    view.panel_format = WeightFormat::kQ4G;
+    std::vector<float> x = Random(s.n * s.cols, rng);
+    std::vector<float> gathered(s.n * s.cols);
+    for (int64_t i = 0; i < s.n; ++i) {
+      for (int64_t c = 0; c < s.cols; ++c) gathered[i * s.cols + c] = x[i * s.cols + order[c]];
+    }
+    const int64_t blocks = s.cols / 32;
+    std::vector<int8_t> xq(s.n * s.cols);
+    std::vector<float> xd(s.n * blocks), xsum(s.n * blocks);
+    QuantizeActivationsQ4K(gathered.data(), s.n, s.cols, s.cols, xq.data(), xd.data(), xsum.data());
+    std::vector<float> y(s.n * s.rows, NAN);
+    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+    MatMul(pool, x.data(), s.n, s.cols, view, y.data(), s.rows, scratch.data());
+    for (int64_t i = 0; i < s.n; ++i) {
+      for (int64_t r = 0; r < s.rows; ++r) {
+        double exact = 0, mag = 0;
+        for (int64_t c = 0; c < s.cols; ++c) {
+          const double wc = m.values[r * s.cols + c];  // stored order
+          exact += wc * xq[i * s.cols + c] * xd[i * blocks + c / 32];
+          mag += std::fabs(wc * x[i * s.cols + order[c]]);
+        }
+        ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
+            << CpuIsaName(isa) << " rows=" << s.rows << " cols=" << s.cols << " at " << i << ","
+            << r;
+      }
+    }
+    std::vector<float> row(s.cols);
+    WeightRowToFloat(m.w, 1, row.data());
+    for (int64_t c = 0; c < s.cols; ++c) {
+      ASSERT_EQ(row[order[c]], static_cast<float>(m.values[1 * s.cols + c]));
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q4KMatMulTest, ::testing::ValuesIn(AvailableCpuIsas()),
                          [](const auto& info) { return std::string(CpuIsaName(info.param)); });
 

@@ -50,6 +50,11 @@ struct WeightMatrix {
   const void* panels = nullptr;  // optional; 64-byte aligned
   WeightFormat format = WeightFormat::kDense;        // of `data`
   WeightFormat panel_format = WeightFormat::kDense;  // of `panels`
+  // q4 groups of an act-order checkpoint only (else null): the input features in stored order,
+  // stored column c multiplying input feature input_order[c] (`cols` entries). The K-quant
+  // kernels gather their activations in this order; WeightRowToFloat returns rows in input
+  // order.
+  const int32_t* input_order = nullptr;
 
   static constexpr int64_t kPanelRows = 16;
   // The q8 blocks: 32 values of a row. Row-major, a block is its scales then its 32 int8 q; in a
@@ -138,14 +143,11 @@ struct WeightMatrix {
   // The panels come along when `begin` starts a panel.
   WeightMatrix RowSlice(int64_t begin, int64_t count) const {
     const bool keep = panels != nullptr && begin % kPanelRows == 0;
-    return WeightMatrix{dtype,
-                        RowPtr(begin),
-                        count,
-                        cols,
-                        row_stride,
-                        keep ? PanelPtr(begin / kPanelRows) : nullptr,
-                        format,
-                        keep ? panel_format : WeightFormat::kDense};
+    return WeightMatrix{dtype,      RowPtr(begin),
+                        count,      cols,
+                        row_stride, keep ? PanelPtr(begin / kPanelRows) : nullptr,
+                        format,     keep ? panel_format : WeightFormat::kDense,
+                        input_order};
   }
   // Bytes of the values as `data` stores them.
   int64_t bytes() const { return rows * DataBytes(cols); }
