@@ -48,8 +48,10 @@ struct GgufLoadOptions {
   // Quantized matrices stay in a block format of exactly their values instead of becoming
   // `dequantized` (the CPU backend multiplies them as they are, the CUDA backend widens them to
   // bf16 at upload): q8_0, q4_K and q6_K ones as they are (WeightFormat::kQ8_0, kQ4K and kQ6K
-  // views of the file, kernels/cpu/q8_0.h and q4_k.h), q4_0 / q5_0 ones as q8_0 blocks
-  // (ToQ8_0Exactly: 8.5 bits a weight), q4_1 / q5_1 / q5_K ones as q8 affine blocks
+  // views of the file, kernels/cpu/q8_0.h and q4_k.h), q4_0 ones in rows of whole 256-value
+  // super-blocks as q4 groups (WeightFormat::kQ4G: the same d, nibbles and a zero of 8, 4.75 bits
+  // a weight), other q4_0 and q5_0 ones as q8_0 blocks (ToQ8_0Exactly: 8.5 bits a weight),
+  // q4_1 / q5_1 / q5_K ones as q8 affine blocks
   // (ToQ8AffineExactly: 10 bits a weight). Their values read through WeightRowToFloat are the
   // file's exactly in f32 either way.
   bool as_q8 = true;

@@ -694,7 +694,8 @@ std::vector<WeightFormat> ExpectLoadedAsDequantizedRows(const std::vector<GgmlTy
 }
 
 // Every quantized type loads as its exact block form with as_q8 (the default): q4_K and q6_K as
-// they are, q8_0, q4_0 and q5_0 as q8_0 blocks, q4_1 and q5_K as q8 affine blocks,
+// they are, q4_0 as q4 groups (its rows here are whole 256-value super-blocks), q8_0 and q5_0 as
+// q8_0 blocks, q4_1 and q5_K as q8 affine blocks,
 // each matrix reading back as ggml's dequantization bit for bit (attn_q / attn_k reordered); with
 // as_q8 off every matrix becomes `dequantized` (f32: exactly; bf16: rounded). Two files: the
 // K-quants need 256-value rows, which the one-layer model has everywhere.
@@ -714,6 +715,8 @@ TEST(GgufModelTest, QuantizedMatricesLoadAsTheirExactBlockForms) {
       case GgmlType::kQ4_1:
       case GgmlType::kQ5_K:
         return WeightFormat::kQ8Affine;
+      case GgmlType::kQ4_0:
+        return WeightFormat::kQ4G;
       default:
         return WeightFormat::kQ8_0;
     }
