@@ -458,41 +458,17 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
     convert(0, rows / threads);
     for (std::thread& th : pool) th.join();
   };
-  // q4_0 matrices in rows of whole 256-value super-blocks: q4 groups (kernels/cpu/q4_k.h), which
-  // are q4_0's blocks exactly (per 32 values the f16 d as s, the zero 8, the same 16 bytes of
-  // nibbles), 4.75 bits a weight read by the K-quant kernels.
-  if (options.as_q8 && shape.size() == 2 && t->type == GgmlType::kQ4_0 &&
-      cols % WeightMatrix::kQ4KBlock == 0) {
-    constexpr int64_t kQ4_0Bytes = 18, kSub = WeightMatrix::kQ8Block;
-    WeightMatrix m{options.dequantized, nullptr, rows, cols, cols, nullptr, WeightFormat::kQ4G};
-    const int64_t row_bytes = m.DataBytes(cols);
-    std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * rows);
-    parallel_rows([&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        const int64_t dst = name.rope_rows ? GgufRopeRowToHf(r, config.head_dim) : r;
-        const std::byte* src = t->data + r * t->row_bytes();
-        std::byte* to = buffer.data() + dst * row_bytes;
-        for (int64_t sb = 0; sb < cols / WeightMatrix::kQ4KBlock; ++sb) {
-          std::byte* block = to + sb * WeightMatrix::kQ4GBlockBytes;
-          for (int j = 0; j < 8; ++j) {
-            const std::byte* q4 = src + (sb * 8 + j) * kQ4_0Bytes;
-            std::memcpy(block + 2 * j, q4, 2);                   // d as s
-            block[16 + j] = std::byte{8};                        // z
-            std::memcpy(block + 24 + 16 * j, q4 + 2, kSub / 2);  // q[i] low, q[i + 16] high
-          }
-        }
-      }
-    });
-    m.data = buffer.data();
-    return m;
-  }
   // Matrices (not the 1-D norms, which the kernels read as dtype) of a quantized type, in a
   // block format of exactly their values: q8_0, q4_K and q6_K as they are (in place, or with
-  // their rows put in HF order), q4_0 (rows not whole super-blocks) and q5_0 as q8_0 blocks,
-  // q4_1, q5_1 and q5_K as q8 affine blocks.
+  // their rows put in HF order), q4_0 in rows of whole 256-value super-blocks as q4 groups (the
+  // same bits, 4.75 bits a weight), other q4_0 and q5_0 as q8_0 blocks, q4_1, q5_1 and q5_K as
+  // q8 affine blocks.
   const WeightFormat stored = StoredBlockFormat(t->type);
   const bool as_is = stored != WeightFormat::kDense;
-  const WeightFormat format = as_is ? stored : Exact8BitFormat(t->type);
+  const bool q4_groups = t->type == GgmlType::kQ4_0 && cols % WeightMatrix::kQ4KBlock == 0;
+  const WeightFormat format = as_is       ? stored
+                              : q4_groups ? WeightFormat::kQ4G
+                                          : Exact8BitFormat(t->type);
   if (options.as_q8 && shape.size() == 2 && format != WeightFormat::kDense) {
     WeightMatrix m{options.dequantized, t->data, rows, cols, cols, nullptr, format};
     if (as_is && !name.rope_rows) return m;
@@ -507,7 +483,8 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
           std::memcpy(to, src, row_bytes);
           continue;
         }
-        CHECK(ToExact8Bit(t->type, src, cols, to));
+        CHECK(q4_groups ? ToQ4GroupsExactly(t->type, src, cols, to)
+                        : ToExact8Bit(t->type, src, cols, to));
       }
     });
     m.data = buffer.data();

@@ -463,6 +463,21 @@ WeightFormat Exact8BitFormat(GgmlType type) {
   }
 }
 
+bool ToQ4GroupsExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
+  constexpr int64_t kSuper = WeightMatrix::kQ4KBlock, kQ4_0Bytes = 18;
+  if (type != GgmlType::kQ4_0 || n % kSuper != 0) return false;
+  for (int64_t sb = 0; sb < n / kSuper; ++sb) {
+    std::byte* block = dst + sb * WeightMatrix::kQ4GBlockBytes;
+    for (int j = 0; j < 8; ++j) {
+      const std::byte* q4 = src + (sb * 8 + j) * kQ4_0Bytes;
+      std::memcpy(block + 2 * j, q4, 2);             // d as s
+      block[16 + j] = std::byte{8};                  // z
+      std::memcpy(block + 24 + 16 * j, q4 + 2, 16);  // q[i] low, q[i + 16] high
+    }
+  }
+  return true;
+}
+
 bool ToExact8Bit(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
   return ToQ8_0Exactly(type, src, n, dst) || ToQ8AffineExactly(type, src, n, dst) ||
          ToQ8HalvesExactly(type, src, n, dst);

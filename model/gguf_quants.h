@@ -37,6 +37,12 @@ bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte
 // holds n / 32 * 40 bytes. Other types: false.
 bool ToQ8HalvesExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
 
+// The q4 groups (WeightFormat::kQ4G, kernels/cpu/q4_k.h) holding exactly the values of `n`
+// elements (a multiple of 256) of q4_0 at `src`: q4_0's blocks are q4 groups already (per 32
+// values the f16 d as the scale, a zero of 8, the same 16 bytes of nibbles). `dst` holds
+// n / 256 * 152 bytes. Other types: false.
+bool ToQ4GroupsExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
+
 // The kernels' block formats (kernels/cpu/weight_matrix.h) for a GGUF type:
 // - StoredBlockFormat: the format that is the type's own bytes (q8_0: kQ8_0, q4_K: kQ4K, q6_K:
 //   kQ6K; kDense for the others), and GgmlTypeOf its inverse (kQ8_0, kQ4K, kQ6K);

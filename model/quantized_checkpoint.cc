@@ -250,11 +250,18 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
                                                  QuantizedLoadStats* stats) {
   ASSIGN_OR_RETURN(const Packed p, OpenPacked(files, q, base, rows, cols));
   const int64_t n = rows, k = cols;
+  // Whether every block of 32 columns has one group, column c being input feature feature(c).
+  auto blocks_of_one_group = [&](const auto& feature) {
+    if (k % WeightMatrix::kQ8Block != 0) return false;
+    for (int64_t c = 0; c < k; ++c) {
+      if (p.group_of[feature(c)] != p.group_of[feature(c - c % WeightMatrix::kQ8Block)]) {
+        return false;
+      }
+    }
+    return true;
+  };
   // Exactly as 8-bit blocks when every block of 32 input features has one group.
-  bool aligned = k % WeightMatrix::kQ8Block == 0;
-  for (int64_t kk = 0; aligned && kk < k; ++kk) {
-    aligned = p.group_of[kk] == p.group_of[kk - kk % WeightMatrix::kQ8Block];
-  }
+  const bool aligned = blocks_of_one_group([](int64_t c) { return c; });
   // Act-order groups (g_idx) that are not blocks of 32 in input order may be in another order:
   // the input features sorted by group (stably), where every group fills whole blocks of 32,
   // hold the groups as blocks, and the kernels gather their activations in that order
@@ -265,12 +272,7 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
     for (int64_t kk = 0; kk < k; ++kk) order[kk] = static_cast<int32_t>(kk);
     std::stable_sort(order.begin(), order.end(),
                      [&](int32_t a, int32_t b) { return p.group_of[a] < p.group_of[b]; });
-    bool blocks_of_one_group = true;
-    for (int64_t c = 0; blocks_of_one_group && c < k; ++c) {
-      blocks_of_one_group =
-          p.group_of[order[c]] == p.group_of[order[c - c % WeightMatrix::kQ8Block]];
-    }
-    if (!blocks_of_one_group) order.clear();
+    if (!blocks_of_one_group([&](int64_t c) { return order[c]; })) order.clear();
   }
   // q8_0 when every scale is an f16 and every q - z an int8; else q8 affine.
   const int32_t mid = 1 << (p.bits - 1);
