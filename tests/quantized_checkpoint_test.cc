@@ -162,6 +162,30 @@ Loaded Load(const Scheme& s, bool as_q8 = true) {
   return l;
 }
 
+// max |got - want| / max(1, max |want|) over a logit row; a NaN counts as infinitely far.
+template <typename T>
+double ScaledError(const T* got, const std::vector<double>& want) {
+  double max_ref = 0, max_diff = 0;
+  for (size_t v = 0; v < want.size(); ++v) {
+    max_ref = std::max(max_ref, std::abs(want[v]));
+    const double d = std::abs(static_cast<double>(got[v]) - want[v]);
+    max_diff = std::max(max_diff, std::isnan(d) ? INFINITY : d);
+  }
+  return max_diff / std::max(1.0, max_ref);
+}
+
+// The forward tests' backend: 2 slots of 16 blocks of 16 positions, chunks of 64, 2 threads.
+CpuBackendOptions SmallBackendOptions() {
+  CpuBackendOptions options;
+  options.kv_blocks = 16;
+  options.kv_block_tokens = 16;
+  options.max_slots = 2;
+  options.max_chunk_tokens = 64;
+  options.max_context = 256;
+  options.num_threads = 2;
+  return options;
+}
+
 class QuantizedCheckpointTest : public testing::TestWithParam<Scheme> {};
 
 // Every linear weight: the format the scheme calls for, and the twin's values (exactly, or for
@@ -308,13 +332,7 @@ TEST_P(QuantizedCheckpointTest, ForwardMatchesTheReferenceOfItsValues) {
     // shares run as q8 affine blocks, their inputs rounded to int16 steps, not the int8 blocks
     // the reference rounds them to.
     const double tol = tp == 2 && any_q4g ? 5e-2 : exact_tol;
-    CpuBackendOptions options;
-    options.kv_blocks = 16;
-    options.kv_block_tokens = 16;
-    options.max_slots = 2;
-    options.max_chunk_tokens = 64;
-    options.max_context = 256;
-    options.num_threads = 2;
+    CpuBackendOptions options = SmallBackendOptions();
     options.tensor_parallel = tp;
     auto backend = CpuBackend::Create(l.packed->config, &l.packed->weights, options);
     ASSERT_TRUE(backend.ok()) << backend.status();
@@ -322,13 +340,7 @@ TEST_P(QuantizedCheckpointTest, ForwardMatchesTheReferenceOfItsValues) {
     std::vector<float> logits(2 * vocab);
     double worst = 0;
     auto check = [&](const float* got, int pos, const std::string& where) {
-      double max_ref = 0, max_diff = 0;
-      for (int32_t v = 0; v < vocab; ++v) {
-        max_ref = std::max(max_ref, std::abs(want[pos][v]));
-        const double d = std::abs(static_cast<double>(got[v]) - want[pos][v]);
-        max_diff = std::max(max_diff, std::isnan(d) ? INFINITY : d);
-      }
-      const double scaled = max_diff / std::max(1.0, max_ref);
+      const double scaled = ScaledError(got, want[pos]);
       worst = std::max(worst, scaled);
       EXPECT_LE(scaled, tol) << where;
     };
@@ -419,13 +431,7 @@ TEST(QuantizedCheckpointLoraTest, AnAdapterOnQ4GroupsMatchesTheMergedReference) 
     return name != "lm_head.weight" && cols % WeightMatrix::kQ4KBlock == 0;
   });
   SetActiveCpuIsa(AvailableCpuIsas().back());
-  CpuBackendOptions options;
-  options.kv_blocks = 16;
-  options.kv_block_tokens = 16;
-  options.max_slots = 2;
-  options.max_chunk_tokens = 64;
-  options.max_context = 256;
-  options.num_threads = 2;
+  CpuBackendOptions options = SmallBackendOptions();
   options.lora_adapters.push_back(&*adapter);
   auto backend = CpuBackend::Create(config, &l.packed->weights, options);
   ASSERT_TRUE(backend.ok()) << backend.status();
@@ -436,29 +442,14 @@ TEST(QuantizedCheckpointLoraTest, AnAdapterOnQ4GroupsMatchesTheMergedReference) 
   for (int32_t& x : seq) x = token(rng);
   const std::vector<std::vector<double>> want = (*ref)->Forward(seq);
   const std::vector<std::vector<double>> without = (*base)->Forward(seq);
-  double apart = 0;  // how far the adapter moves the last row
-  {
-    double max_ref = 0, max_diff = 0;
-    for (int32_t v = 0; v < vocab; ++v) {
-      max_ref = std::max(max_ref, std::abs(want[39][v]));
-      max_diff = std::max(max_diff, std::abs(want[39][v] - without[39][v]));
-    }
-    apart = max_diff / std::max(1.0, max_ref);
-  }
+  const double apart = ScaledError(without[39].data(), want[39]);  // the adapter's effect
   const KvRun runs[] = {{0, 4}};
   std::vector<float> logits(2 * vocab);
   PrefillChunk chunk{0, 0, absl::MakeConstSpan(seq).subspan(0, 36), runs, 1};
   chunk.adapter = 0;
   ASSERT_TRUE((*backend)->Prefill(chunk, logits.data()).ok());
   double worst = 0;
-  auto check = [&](int pos) {
-    double max_ref = 0, max_diff = 0;
-    for (int32_t v = 0; v < vocab; ++v) {
-      max_ref = std::max(max_ref, std::abs(want[pos][v]));
-      max_diff = std::max(max_diff, std::abs(static_cast<double>(logits[v]) - want[pos][v]));
-    }
-    worst = std::max(worst, max_diff / std::max(1.0, max_ref));
-  };
+  auto check = [&](int pos) { worst = std::max(worst, ScaledError(logits.data(), want[pos])); };
   check(35);
   StepDescriptor step;
   step.Resize(2, 4);
