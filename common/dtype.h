@@ -73,6 +73,54 @@ inline uint16_t FloatToF16(float f) {
   return h;
 }
 
+// FP8 (OCP 8-bit floating point, as PyTorch's float8_e4m3fn and float8_e5m2 and safetensors'
+// F8_E4M3 / F8_E5M2 store them). E4M3 ("fn"): 4 exponent bits biased by 7, 3 mantissa bits, no
+// infinities, S.1111.111 NaN; largest finite 448, smallest subnormal 2^-9. E5M2: IEEE-style, 5
+// exponent bits biased by 15, 2 mantissa bits, infinities and NaNs; largest finite 57344.
+inline float F8E4M3ToFloat(uint8_t b) {
+  const uint32_t exp = (b >> 3) & 15, mant = b & 7;
+  float v;
+  if (exp == 0) {
+    v = static_cast<float>(mant) * 0x1p-9f;  // subnormal: 2^-6 * mant / 8
+  } else if (exp == 15 && mant == 7) {
+    v = __builtin_nanf("");
+  } else {
+    uint32_t bits = ((exp + 127 - 7) << 23) | (mant << 20);
+    std::memcpy(&v, &bits, sizeof(v));
+  }
+  return (b & 0x80) ? -v : v;
+}
+
+inline float F8E5M2ToFloat(uint8_t b) {
+  // The top byte of an f16.
+  return F16ToFloat(static_cast<uint16_t>(b) << 8);
+}
+
+// Round to nearest even, saturating at +-448 (what quantizers do: they clamp to the format's
+// range before PyTorch's cast); NaN to 0x7f / 0xff.
+inline uint8_t FloatToF8E4M3(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return sign | 0x7f;
+  const float a = f < 0 ? -f : f;
+  if (!(a < 464.0f)) return sign | 0x7e;  // 448 and everything that rounds past it
+  if (a < 0x1p-6f) {
+    // Subnormal steps of 2^-9: round a * 2^9 to nearest even (exact in float).
+    const float scaled = a * 0x1p9f;
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float frac = scaled - static_cast<float>(m);
+    if (frac > 0.5f || (frac == 0.5f && (m & 1))) ++m;
+    return sign | static_cast<uint8_t>(m);  // m == 8 is the smallest normal, 0x08
+  }
+  std::memcpy(&bits, &a, sizeof(bits));
+  // Keep 3 mantissa bits of 23, rounding the other 20 to nearest even; a carry moves the
+  // exponent up, as it should.
+  const uint32_t rounded = bits + 0x7ffffu + ((bits >> 20) & 1u);
+  const uint32_t exp = (rounded >> 23) - 127 + 7, mant = (rounded >> 20) & 7;
+  return sign | static_cast<uint8_t>((exp << 3) | mant);
+}
+
 }  // namespace kvrm
 
 #endif  // KVRM_COMMON_DTYPE_H_

@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/dtype.h"
 #include "common/json.h"
@@ -448,9 +449,38 @@ absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
   return absl::OkStatus();
 }
 
-// compressed-tensors' weight-only integer schemes (llm-compressor's W4A16 / W8A16): every
-// config group the same "weights" scheme, int, 4 or 8 bits, by group or by channel, with no
-// input activations quantized, stored "pack-quantized".
+// A [rows, cols] block shape: fp8's weight_block_size, compressed-tensors' block_structure (a
+// list, or "RxC" in its older releases).
+absl::Status ParseBlockShape(const Fields& f, const char* key, CheckpointQuantization* q) {
+  const Json* v = f.Get(key);
+  int64_t dims[2] = {0, 0};
+  bool ok = false;
+  if (v != nullptr && v->is_array() && v->size() == 2) {
+    ok = true;
+    for (int i = 0; i < 2; ++i) {
+      ok = ok && (*v)[i].is_number_integer();
+      if (ok) dims[i] = (*v)[i].get<int64_t>();
+    }
+  } else if (v != nullptr && v->is_string()) {
+    const std::string& text = v->get_ref<const std::string&>();
+    const size_t x = text.find('x');
+    ok = x != std::string::npos && absl::SimpleAtoi(text.substr(0, x), &dims[0]) &&
+         absl::SimpleAtoi(text.substr(x + 1), &dims[1]);
+  }
+  if (!ok || dims[0] <= 0 || dims[1] <= 0 || dims[0] > kInt32Max || dims[1] > kInt32Max) {
+    return f.Invalid(key, absl::StrCat(v == nullptr ? "null" : v->dump(),
+                                       " is not a block shape [rows, cols] of positive sizes"));
+  }
+  q->block_rows = static_cast<int32_t>(dims[0]);
+  q->group_size = static_cast<int32_t>(dims[1]);
+  return absl::OkStatus();
+}
+
+// compressed-tensors' schemes: every config group the same "weights" scheme, either int 4 or 8
+// bits by group or by channel stored "pack-quantized" (llm-compressor's W4A16 / W8A16), or 8-bit
+// int or float (FP8 e4m3) by tensor, channel, group or block stored one element each
+// ("int-quantized", "float-quantized", "naive-quantized": W8A8, FP8, FP8_DYNAMIC), symmetric.
+// input_activations (the A8 of W8A8) are read as a flag: kvrm computes activations its own way.
 absl::Status ParseCompressedTensors(const Fields& f, CheckpointQuantization* q) {
   std::string format;
   RETURN_IF_ERROR(f.String("format", false, &format));
@@ -466,31 +496,37 @@ absl::Status ParseCompressedTensors(const Fields& f, CheckpointQuantization* q) 
     const Fields g(group, f.what(), absl::StrCat(f.Name(where.c_str()), "."));
     std::string group_format = format;
     RETURN_IF_ERROR(g.String("format", false, &group_format));
-    if (group_format != "pack-quantized") {
-      return g.Unimplemented(
-          "format", absl::StrCat("\"", group_format, "\" is not supported (pack-quantized)"));
+    CheckpointQuantization scheme;
+    scheme.method = "compressed-tensors";
+    scheme.unpacked = group_format == "int-quantized" || group_format == "float-quantized" ||
+                      group_format == "naive-quantized";
+    if (group_format != "pack-quantized" && !scheme.unpacked) {
+      return g.Unimplemented("format",
+                             absl::StrCat("\"", group_format,
+                                          "\" is not supported (pack-quantized, int-quantized, "
+                                          "float-quantized, naive-quantized)"));
     }
-    if (g.Get("input_activations") != nullptr) {
-      return g.Unimplemented("input_activations",
-                             "is set: activation quantization (W8A8, W4A8) is not supported, "
-                             "weight-only schemes (W4A16, W8A16) are");
+    if (const Json* a = g.Get("input_activations"); a != nullptr) {
+      if (!a->is_object()) return g.Invalid("input_activations", "must be an object or null");
+      scheme.activations_quantized = true;
     }
     const Json* weights = g.Get("weights");
     if (weights == nullptr || !weights->is_object()) {
       return g.Invalid("weights", "must be an object (the weights' quantization scheme)");
     }
     const Fields w(*weights, f.what(), g.Name("weights."));
-    CheckpointQuantization scheme;
-    scheme.method = "compressed-tensors";
     std::string type = "int";
     RETURN_IF_ERROR(w.String("type", false, &type));
-    if (type != "int") {
-      return w.Unimplemented("type", absl::StrCat("\"", type, "\" is not supported (int)"));
+    if (type != "int" && (type != "float" || group_format == "pack-quantized")) {
+      return w.Unimplemented(
+          "type", absl::StrCat("\"", type, "\" is not supported (int; float for FP8 weights)"));
     }
+    scheme.fp8 = type == "float";
     int64_t bits = 0;
     RETURN_IF_ERROR(w.Int("num_bits", true, 1, 64, &bits));
-    if (bits != 4 && bits != 8) {
-      return w.Unimplemented("num_bits", absl::StrCat("(", bits, ") is not supported (4, 8)"));
+    if (scheme.fp8 ? bits != 8 : bits != 4 && bits != 8) {
+      return w.Unimplemented("num_bits", absl::StrCat("(", bits, ") is not supported (",
+                                                      scheme.fp8 ? "8" : "4, 8", ")"));
     }
     scheme.bits = static_cast<int32_t>(bits);
     std::string strategy;
@@ -499,12 +535,24 @@ absl::Status ParseCompressedTensors(const Fields& f, CheckpointQuantization* q) 
       int64_t size = 0;
       RETURN_IF_ERROR(w.Int("group_size", true, 1, kInt32Max, &size));
       scheme.group_size = static_cast<int32_t>(size);
+    } else if (scheme.unpacked && strategy == "tensor") {
+      scheme.block_rows = 0;
+    } else if (scheme.unpacked && strategy == "block") {
+      RETURN_IF_ERROR(ParseBlockShape(w, "block_structure", &scheme));
     } else if (strategy != "channel") {
       return w.Unimplemented("strategy",
-                             absl::StrCat("\"", strategy, "\" is not supported (group, channel)"));
+                             absl::StrCat("\"", strategy, "\" is not supported (group, channel",
+                                          scheme.unpacked ? ", tensor, block"
+                                                          : "; tensor and block with int-quantized "
+                                                            "or float-quantized weights",
+                                          ")"));
     }
     bool symmetric = true;
     RETURN_IF_ERROR(w.Bool("symmetric", &symmetric));
+    if (!symmetric && scheme.unpacked) {
+      return w.Unimplemented("symmetric", absl::StrCat("false is not supported for ", group_format,
+                                                       " weights (pack-quantized ones may be)"));
+    }
     scheme.zero_point = !symmetric;
     bool dynamic = false;
     RETURN_IF_ERROR(w.Bool("dynamic", &dynamic));
@@ -513,19 +561,24 @@ absl::Status ParseCompressedTensors(const Fields& f, CheckpointQuantization* q) 
     // the order GPTQ quantized in, and the groups stay contiguous.
     if (const Json* order = w.Get("actorder");
         order != nullptr && !(order->is_boolean() && !order->get<bool>())) {
-      if (!order->is_string() || (*order != "group" && *order != "weight")) {
+      if (!order->is_string() || (*order != "group" && *order != "weight") ||
+          (*order == "group" && scheme.unpacked)) {
         return w.Unimplemented("actorder",
-                               absl::StrCat(order->dump(), " is not supported (group, weight)"));
+                               absl::StrCat(order->dump(), " is not supported (",
+                                            scheme.unpacked ? "weight" : "group, weight", ")"));
       }
       scheme.act_order = *order == "group";
     }
     if (!first && (scheme.bits != q->bits || scheme.group_size != q->group_size ||
-                   scheme.zero_point != q->zero_point || scheme.act_order != q->act_order)) {
+                   scheme.block_rows != q->block_rows || scheme.zero_point != q->zero_point ||
+                   scheme.act_order != q->act_order || scheme.unpacked != q->unpacked ||
+                   scheme.fp8 != q->fp8)) {
       return f.Unimplemented("config_groups",
                              absl::StrCat(name,
                                           " differs from the first scheme: one weight "
                                           "scheme for every layer is supported"));
     }
+    scheme.activations_quantized |= q->activations_quantized;
     *q = scheme;
     first = false;
   }
@@ -604,11 +657,39 @@ absl::Status ParseQuantization(const Json& root, std::string_view what, LlamaCon
     }
   } else if (q.method == "compressed-tensors") {
     RETURN_IF_ERROR(ParseCompressedTensors(f, &q));
+  } else if (q.method == "fp8" || q.method == "fbgemm_fp8") {
+    // Transformers' FP8 (FineGrainedFP8Config; vLLM's Fp8Config): e4m3 weights, a
+    // weight_scale_inv per weight_block_size block (DeepSeek-V3, Qwen3-FP8), or without blocks
+    // one weight_scale a tensor (AutoFP8). fbgemm_fp8 (Meta's Llama 3.1 405B FP8): one
+    // weight_scale an output row. Both quantize activations at run time (or by input_scale).
+    q.bits = 8;
+    q.fp8 = true;
+    q.unpacked = true;
+    q.activations_quantized = true;
+    if (q.method == "fp8") {
+      std::string fmt = "e4m3";
+      RETURN_IF_ERROR(f.String("fmt", false, &fmt));
+      if (fmt != "e4m3") {
+        return f.Unimplemented("fmt", absl::StrCat("\"", fmt, "\" is not supported (e4m3)"));
+      }
+      std::string scheme = "dynamic";
+      RETURN_IF_ERROR(f.String("activation_scheme", false, &scheme));
+      if (scheme != "dynamic" && scheme != "static") {
+        return f.Invalid("activation_scheme",
+                         absl::StrCat("\"", scheme, "\" is not dynamic or static"));
+      }
+      if (f.Get("weight_block_size") != nullptr) {
+        RETURN_IF_ERROR(ParseBlockShape(f, "weight_block_size", &q));
+        q.scale_suffix = ".weight_scale_inv";
+      } else {
+        q.block_rows = 0;
+      }
+    }
   } else {
     return f.Unimplemented("quant_method",
                            absl::StrCat("\"", q.method,
-                                        "\" is not supported (awq, gptq, compressed-tensors; "
-                                        "or a GGUF file of the model)"));
+                                        "\" is not supported (awq, gptq, compressed-tensors, "
+                                        "fp8, fbgemm_fp8; or a GGUF file of the model)"));
   }
   c->quantization = std::move(q);
   return absl::OkStatus();
@@ -766,6 +847,17 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   RETURN_IF_ERROR(ParseQuantization(root, what, &c));
   RETURN_IF_ERROR(ParseTokenIds(root, what, c.vocab_size, &c));
   return c;
+}
+
+std::string CheckpointQuantization::Describe() const {
+  if (!enabled()) return "";
+  const std::string grid = block_rows == 0  ? " per-tensor"
+                           : block_rows > 1 ? absl::StrCat(" block ", block_rows, "x", group_size)
+                           : group_size > 0 ? absl::StrCat(" g", group_size)
+                                            : std::string(" per-channel");
+  if (method == "fp8" || method == "fbgemm_fp8") return method + grid;
+  return absl::StrCat(method, fp8 ? " fp8" : absl::StrCat(" ", bits, "-bit"), grid,
+                      act_order ? " act-order" : "");
 }
 
 std::string_view ArchitectureClassName(std::string_view model_type) {

@@ -42,22 +42,40 @@ struct RopeScaling {
 };
 
 // config.json's "quantization_config": how a quantized checkpoint stores its linear weights
-// (model/quantized_checkpoint.h unpacks them). Weight-only integer schemes, each a grid of
-// `bits`-bit integers q with a scale s (and a zero z) per group of `group_size` input features of
-// an output row: the weight is s * (q - z).
+// (model/quantized_checkpoint.h reads them). Weight grids: per group of `group_size` input
+// features of `block_rows` output rows, a scale s (and, for packed integer schemes, a zero z);
+// the weight is s * (q - z), q an integer of `bits` bits or an FP8 number.
 struct CheckpointQuantization {
-  // "" (none), "awq" (AutoAWQ's GEMM layout), "gptq" (AutoGPTQ / GPTQModel), or
-  // "compressed-tensors" (llm-compressor's pack-quantized W4A16 / W8A16).
+  // "" (none), "awq" (AutoAWQ's GEMM layout), "gptq" (AutoGPTQ / GPTQModel),
+  // "compressed-tensors" (llm-compressor: pack-quantized W4A16 / W8A16, int-quantized W8A8,
+  // float-quantized FP8), "fp8" (Transformers' FP8: DeepSeek-V3's and Qwen3's blocks, or one
+  // scale a tensor as AutoFP8 writes) or "fbgemm_fp8" (one scale an output row).
   std::string method;
-  int32_t bits = 0;         // 4 (awq), 4 or 8 (gptq, compressed-tensors)
-  int32_t group_size = 0;   // input features per scale; 0: one scale per output row
+  int32_t bits = 0;         // 4 (awq), 4 or 8 (gptq, compressed-tensors), 8 (FP8)
+  int32_t group_size = 0;   // input features per scale; 0: the whole row
+  int32_t block_rows = 1;   // output features per scale (FP8 blocks: 128); 0: one per tensor
   bool zero_point = false;  // a stored zero per group (awq zero_point, gptq !sym, !symmetric)
   // GPTQ's desc_act / compressed-tensors' actorder "group": g_idx tensors map each input
   // feature to its group, which need not be contiguous.
   bool act_order = false;
   // GPTQ checkpoint_format "gptq" (v1) stores each zero less one; "gptq_v2" as it is.
   bool gptq_v1_zeros = true;
+  // The quantized values are the ".weight" tensor itself, one element each (I8 integers, or
+  // F8_E4M3 / F8_E5M2 numbers with `fp8`), not int32 words of packed ones: compressed-tensors'
+  // int-quantized, float-quantized and naive-quantized formats, fp8, fbgemm_fp8. Their scales
+  // are `scale_suffix` ([rows / block_rows][cols / group_size], rounded up; one element for
+  // one a tensor).
+  bool unpacked = false;
+  bool fp8 = false;
+  std::string scale_suffix = ".weight_scale";  // fp8 blocks: ".weight_scale_inv"
+  // The checkpoint was calibrated with quantized activations too (W8A8, FP8 dynamic or static:
+  // input_activations, activation_scheme). kvrm computes activations its own way (int8 per 32
+  // on the CPU's 8-bit blocks, bf16 on CUDA) and reads no input scales.
+  bool activations_quantized = false;
   bool enabled() const { return !method.empty(); }
+  // "awq 4-bit g128", "gptq 4-bit g128 act-order", "fp8 block 128x128", "compressed-tensors
+  // fp8 per-channel", "compressed-tensors 8-bit per-tensor": ModelInfo.weights_format.
+  std::string Describe() const;
 };
 
 // The most layers a config may claim (no model has more than a few hundred): a claim of more is

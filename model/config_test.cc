@@ -1418,7 +1418,7 @@ TEST(QuantizationConfigTest, CompressedTensorsSchemeVariants) {
 }
 
 TEST(QuantizationConfigTest, UnsupportedMethodsAreRefusedByName) {
-  for (const char* method : {"fp8", "bitsandbytes"}) {
+  for (const char* method : {"bitsandbytes", "hqq", "modelopt"}) {
     ExpectError(QuantizedStatus(kAwqQwen25, [&](Json& q) { q["quant_method"] = method; }),
                 absl::StatusCode::kUnimplemented,
                 absl::StrCat("quantization_config.quant_method \"", method, "\""));
@@ -1460,18 +1460,15 @@ TEST(QuantizationConfigTest, GptqRefusalsNameTheKey) {
 
 TEST(QuantizationConfigTest, CompressedTensorsRefusalsNameTheKey) {
   constexpr char kGroup[] = "quantization_config.config_groups.group_0.";
-  for (const char* format : {"float-quantized", "int-quantized"}) {
+  for (const char* format : {"nvfp4-pack-quantized", "marlin-24", "dense"}) {
     ExpectError(QuantizedStatus(kCompressedW4A16, [&](Json& q) { q["format"] = format; }),
                 absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "format \"", format, "\""));
   }
-  // W8A8: int8 activations, per token, dynamic.
-  ExpectError(QuantizedStatus(kCompressedW4A16,
-                              [](Json& q) {
-                                q["config_groups"]["group_0"]["input_activations"] = Json::parse(
-                                    R"({"num_bits": 8, "type": "int", "symmetric": true,
-                                        "strategy": "token", "dynamic": true})");
-                              }),
-              absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "input_activations"));
+  ExpectError(
+      QuantizedStatus(kCompressedW4A16,
+                      [](Json& q) { q["config_groups"]["group_0"]["input_activations"] = "int8"; }),
+      absl::StatusCode::kInvalidArgument, absl::StrCat(kGroup, "input_activations"));
+  // FP8 weights are stored unpacked (float-quantized), never in int32 words.
   ExpectError(QuantizedStatus(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["type"] = "float"; }),
               absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "weights.type \"float\""));
   for (const char* strategy : {"tensor", "block"}) {
@@ -1491,6 +1488,157 @@ TEST(QuantizationConfigTest, CompressedTensorsRefusalsNameTheKey) {
       absl::StatusCode::kInvalidArgument, "quantization_config.config_groups");
   ExpectError(QuantizedStatus(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["dynamic"] = true; }),
               absl::StatusCode::kUnimplemented, absl::StrCat(kGroup, "weights.dynamic"));
+}
+
+// Transformers' FP8 as Qwen/Qwen3-8B-FP8 and deepseek-ai/DeepSeek-V3 save it (128x128 blocks,
+// weight_scale_inv), AutoFP8's one scale a tensor (neuralmagic's older FP8 checkpoints, static
+// activation scales), and meta-llama/Llama-3.1-405B-Instruct-FP8's fbgemm_fp8 (one a row).
+constexpr char kFp8Qwen3[] = R"json({
+  "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+  "weight_block_size": [128, 128]})json";
+
+TEST(QuantizationConfigTest, Fp8BlocksPerTensorAndFbgemm) {
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kFp8Qwen3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CheckpointQuantization* q = &c->quantization;
+  EXPECT_EQ(q->method, "fp8");
+  EXPECT_TRUE(q->fp8);
+  EXPECT_TRUE(q->unpacked);
+  EXPECT_EQ(q->bits, 8);
+  EXPECT_EQ(q->block_rows, 128);
+  EXPECT_EQ(q->group_size, 128);
+  EXPECT_EQ(q->scale_suffix, ".weight_scale_inv");
+  EXPECT_TRUE(q->activations_quantized);
+  EXPECT_EQ(q->Describe(), "fp8 block 128x128");
+  c = ParseQuantized(R"json({"quant_method": "fp8", "activation_scheme": "static",
+                             "ignored_layers": ["lm_head"]})json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  q = &c->quantization;
+  EXPECT_EQ(q->block_rows, 0);
+  EXPECT_EQ(q->group_size, 0);
+  EXPECT_EQ(q->scale_suffix, ".weight_scale");
+  EXPECT_EQ(q->Describe(), "fp8 per-tensor");
+  c = ParseQuantized(R"json({"activation_scale_ub": 1200.0, "quant_method": "fbgemm_fp8",
+                             "modules_to_not_convert": ["model.layers.0.mlp.down_proj",
+                                                        "lm_head"]})json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  q = &c->quantization;
+  EXPECT_TRUE(q->fp8 && q->unpacked);
+  EXPECT_EQ(q->block_rows, 1);
+  EXPECT_EQ(q->group_size, 0);
+  EXPECT_EQ(q->Describe(), "fbgemm_fp8 per-channel");
+}
+
+TEST(QuantizationConfigTest, Fp8RefusalsNameTheKey) {
+  ExpectError(QuantizedStatus(kFp8Qwen3, [](Json& q) { q["fmt"] = "e5m2"; }),
+              absl::StatusCode::kUnimplemented, "quantization_config.fmt \"e5m2\"");
+  ExpectError(QuantizedStatus(kFp8Qwen3, [](Json& q) { q["activation_scheme"] = "weird"; }),
+              absl::StatusCode::kInvalidArgument, "quantization_config.activation_scheme");
+  for (const char* block : {"[128]", "[128, 0]", "[128, 1.5]", "\"128\""}) {
+    ExpectError(
+        QuantizedStatus(kFp8Qwen3, [&](Json& q) { q["weight_block_size"] = Json::parse(block); }),
+        absl::StatusCode::kInvalidArgument, "quantization_config.weight_block_size");
+  }
+}
+
+// llm-compressor's unpacked schemes, as RedHatAI's checkpoints save them: FP8 (weights by
+// channel or tensor, activations by token or tensor), FP8 blocks, and W8A8 int8.
+constexpr char kCompressedFp8[] = R"json({
+  "quant_method": "compressed-tensors", "format": "float-quantized",
+  "quantization_status": "compressed", "ignore": ["lm_head"], "kv_cache_scheme": null,
+  "config_groups": {"group_0": {
+    "targets": ["Linear"], "output_activations": null,
+    "input_activations": {"num_bits": 8, "type": "float", "symmetric": true, "strategy": "token",
+                          "dynamic": true, "observer": null},
+    "weights": {"num_bits": 8, "type": "float", "symmetric": true, "strategy": "channel",
+                "group_size": null, "dynamic": false, "observer": "minmax",
+                "block_structure": null}}}})json";
+
+TEST(QuantizationConfigTest, CompressedTensorsFp8AndInt8) {
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kCompressedFp8);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CheckpointQuantization* q = &c->quantization;
+  EXPECT_EQ(q->method, "compressed-tensors");
+  EXPECT_TRUE(q->fp8 && q->unpacked && q->activations_quantized);
+  EXPECT_EQ(q->bits, 8);
+  EXPECT_EQ(q->block_rows, 1);
+  EXPECT_EQ(q->group_size, 0);
+  EXPECT_EQ(q->scale_suffix, ".weight_scale");
+  EXPECT_EQ(q->Describe(), "compressed-tensors fp8 per-channel");
+  c = ParseQuantized(kCompressedFp8, [](Json& q) { W4A16Weights(q)["strategy"] = "tensor"; });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.block_rows, 0);
+  EXPECT_EQ(c->quantization.Describe(), "compressed-tensors fp8 per-tensor");
+  for (const char* shape : {"[128, 128]", "\"128x128\""}) {
+    c = ParseQuantized(kCompressedFp8, [&](Json& q) {
+      W4A16Weights(q)["strategy"] = "block";
+      W4A16Weights(q)["block_structure"] = Json::parse(shape);
+    });
+    ASSERT_TRUE(c.ok()) << c.status();
+    EXPECT_EQ(c->quantization.Describe(), "compressed-tensors fp8 block 128x128") << shape;
+  }
+  // W8A8 int8 (format int-quantized; naive-quantized stores alike), without activations too.
+  c = ParseQuantized(kCompressedFp8, [](Json& q) {
+    q["format"] = "int-quantized";
+    W4A16Weights(q)["type"] = "int";
+    q["config_groups"]["group_0"]["input_activations"] = nullptr;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  q = &c->quantization;
+  EXPECT_FALSE(q->fp8);
+  EXPECT_TRUE(q->unpacked);
+  EXPECT_FALSE(q->activations_quantized);
+  EXPECT_EQ(q->Describe(), "compressed-tensors 8-bit per-channel");
+  c = ParseQuantized(kCompressedFp8, [](Json& q) {
+    q["format"] = "naive-quantized";
+    W4A16Weights(q)["type"] = "int";
+    W4A16Weights(q)["strategy"] = "group";
+    W4A16Weights(q)["group_size"] = 64;
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.Describe(), "compressed-tensors 8-bit g64");
+  // W4A8 (pack-quantized int4 weights, int8 activations): the weights as W4A16's.
+  c = ParseQuantized(kCompressedW4A16, [](Json& q) {
+    q["config_groups"]["group_0"]["input_activations"] = Json::parse(
+        R"({"num_bits": 8, "type": "int", "symmetric": true, "strategy": "token",
+            "dynamic": true})");
+  });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->quantization.activations_quantized);
+  EXPECT_FALSE(c->quantization.unpacked);
+}
+
+TEST(QuantizationConfigTest, CompressedTensorsUnpackedRefusalsNameTheKey) {
+  constexpr char kWeights[] = "quantization_config.config_groups.group_0.weights.";
+  ExpectError(QuantizedStatus(kCompressedFp8, [](Json& q) { W4A16Weights(q)["num_bits"] = 4; }),
+              absl::StatusCode::kUnimplemented, absl::StrCat(kWeights, "num_bits (4)"));
+  ExpectError(
+      QuantizedStatus(kCompressedFp8, [](Json& q) { W4A16Weights(q)["symmetric"] = false; }),
+      absl::StatusCode::kUnimplemented, absl::StrCat(kWeights, "symmetric"));
+  ExpectError(
+      QuantizedStatus(kCompressedFp8, [](Json& q) { W4A16Weights(q)["actorder"] = "group"; }),
+      absl::StatusCode::kUnimplemented, absl::StrCat(kWeights, "actorder"));
+  ExpectError(QuantizedStatus(kCompressedFp8,
+                              [](Json& q) {
+                                W4A16Weights(q)["strategy"] = "block";
+                                W4A16Weights(q)["block_structure"] = "128by128";
+                              }),
+              absl::StatusCode::kInvalidArgument, absl::StrCat(kWeights, "block_structure"));
+  ExpectError(
+      QuantizedStatus(kCompressedFp8, [](Json& q) { W4A16Weights(q)["strategy"] = "token"; }),
+      absl::StatusCode::kUnimplemented, absl::StrCat(kWeights, "strategy \"token\""));
+  // Tensor and block scales are for unpacked weights only.
+  ExpectError(
+      QuantizedStatus(kCompressedW4A16, [](Json& q) { W4A16Weights(q)["strategy"] = "tensor"; }),
+      absl::StatusCode::kUnimplemented, absl::StrCat(kWeights, "strategy \"tensor\""));
+  // Groups of two schemes (FP8 attention, int8 MLP) are refused.
+  ExpectError(QuantizedStatus(kCompressedFp8,
+                              [](Json& q) {
+                                q["config_groups"]["group_1"] = q["config_groups"]["group_0"];
+                                q["config_groups"]["group_1"]["weights"]["type"] = "int";
+                                q["config_groups"]["group_1"]["format"] = "int-quantized";
+                              }),
+              absl::StatusCode::kUnimplemented, "quantization_config.config_groups");
 }
 
 }  // namespace

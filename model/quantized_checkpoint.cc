@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -235,11 +236,152 @@ int32_t Signed(const Packed& p, uint8_t stored) {
 
 bool IsF16(float s) { return F16ToFloat(FloatToF16(s)) == s; }
 
+// Runs convert(r0, r1) over the rows [0, n), split among up to `threads` threads at multiples
+// of 128 rows (whole words of every packed layout).
+void ForRowTiles(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& convert) {
+  constexpr int64_t kTile = 128;
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  const int64_t count = std::clamp<int64_t>(tiles, 1, std::max(threads, 1));
+  auto rows = [&](int64_t i) { return std::min(n, tiles * i / count * kTile); };
+  std::vector<std::thread> pool;
+  for (int64_t i = 1; i < count; ++i) pool.emplace_back(convert, rows(i), rows(i + 1));
+  convert(0, rows(1));
+  for (std::thread& th : pool) th.join();
+}
+
+// The unpacked schemes (CheckpointQuantization::unpacked): the .weight tensor holds q, one I8
+// or FP8 element each, and `scale_suffix` one scale per block_rows x group_size tile (one for
+// the whole matrix when block_rows is 0): the weight is s * q. As 8-bit blocks: I8 ones exactly
+// (q8_0 with d = s when every scale is an f16, else q8 affine with offset 0) where every block of
+// 32 input features has one scale; FP8 ones (3 mantissa bits over 16 binades: not 8-bit
+// integers of one scale) quantized again to q8_0.
+absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
+                                                const CheckpointQuantization& q,
+                                                const std::string& base, int64_t n, int64_t k,
+                                                const QuantizedLoadOptions& options,
+                                                std::vector<std::vector<std::byte>>* converted,
+                                                QuantizedLoadStats* stats) {
+  ASSIGN_OR_RETURN(const TensorView w, files.GetAny(base + ".weight", {n, k}));
+  const bool f8 = w.type == StorageType::kF8E4M3 || w.type == StorageType::kF8E5M2;
+  if (q.fp8 ? !f8 : w.type != StorageType::kI8) {
+    return TensorProblem(w,
+                         absl::StrCat("has dtype ", std::string(StorageTypeName(w.type)),
+                                      q.fp8 ? " (F8_E4M3 or F8_E5M2 expected)" : " (I8 expected)"));
+  }
+  const bool per_tensor = q.block_rows == 0;
+  const int64_t br = per_tensor ? n : q.block_rows;
+  const int64_t bc = per_tensor || q.group_size == 0 ? k : q.group_size;
+  const int64_t scale_rows = (n + br - 1) / br, scale_cols = (k + bc - 1) / bc;
+  TensorView scale;
+  if (per_tensor) {  // [], [1] or [1, 1]
+    ASSIGN_OR_RETURN(scale, files.GetAny(base + q.scale_suffix));
+    if (scale.numel() != 1) {
+      return TensorProblem(scale, absl::StrCat("has shape ", ShapeToString(scale.shape),
+                                               ", one scale a tensor expected"));
+    }
+  } else {
+    ASSIGN_OR_RETURN(scale, files.GetAny(base + q.scale_suffix, {scale_rows, scale_cols}));
+  }
+  if (!scale.is_float()) {
+    return TensorProblem(scale, absl::StrCat("has dtype ", std::string(StorageTypeName(scale.type)),
+                                             " (F16, BF16 or F32 expected)"));
+  }
+  bool f16_scales = true;
+  for (int64_t i = 0; i < scale.numel(); ++i) {
+    const float s = FloatElement(scale, i);
+    if (!std::isfinite(s)) {
+      return TensorProblem(scale, absl::StrCat("[", i, "] is ", s, ", not a finite scale"));
+    }
+    f16_scales = f16_scales && IsF16(s);
+  }
+  auto scale_of = [&](int64_t nn, int64_t kk) {
+    return FloatElement(scale, per_tensor ? 0 : (nn / br) * scale_cols + kk / bc);
+  };
+  constexpr int64_t kBlock = WeightMatrix::kQ8Block;
+  const bool blocks = options.as_q8 && k % kBlock == 0;
+  // Exactly as 8-bit blocks: integers whose every block of 32 has one scale.
+  const bool exact_blocks = blocks && !q.fp8 && (bc % kBlock == 0 || bc >= k);
+  WeightMatrix m{options.dense, nullptr, n, k, k};
+  if (blocks) {
+    m.format = exact_blocks && !f16_scales ? WeightFormat::kQ8Affine : WeightFormat::kQ8_0;
+  }
+  const int64_t row_bytes = m.DataBytes(k);
+  std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
+  m.data = buffer.data();
+  const auto* qs = reinterpret_cast<const uint8_t*>(w.data);
+  float (*decode)(uint8_t) = w.type == StorageType::kF8E5M2 ? F8E5M2ToFloat : F8E4M3ToFloat;
+  // The first NaN or infinite FP8 element each thread meets (-1: none).
+  std::vector<int64_t> bad;
+  std::mutex bad_mu;
+  ForRowTiles(n, options.threads, [&](int64_t r0, int64_t r1) {
+    std::vector<float> values(k);
+    for (int64_t nn = r0; nn < r1; ++nn) {
+      const uint8_t* row = qs + nn * k;
+      std::byte* out = buffer.data() + nn * row_bytes;
+      if (exact_blocks) {
+        for (int64_t b = 0; b < k / kBlock; ++b) {
+          const float s = scale_of(nn, b * kBlock);
+          if (m.format == WeightFormat::kQ8_0) {
+            std::byte* block = out + b * WeightMatrix::kQ8BlockBytes;
+            const uint16_t d = FloatToF16(s);
+            std::memcpy(block, &d, 2);
+            std::memcpy(block + 2, row + b * kBlock, kBlock);
+          } else {
+            std::byte* block = out + b * WeightMatrix::kQ8AffineBlockBytes;
+            const float o = 0;
+            std::memcpy(block, &s, 4);
+            std::memcpy(block + 4, &o, 4);
+            std::memcpy(block + 8, row + b * kBlock, kBlock);
+          }
+        }
+        continue;
+      }
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const float x = q.fp8 ? decode(row[kk]) : static_cast<float>(static_cast<int8_t>(row[kk]));
+        if (!std::isfinite(x)) {
+          const std::lock_guard<std::mutex> lock(bad_mu);
+          bad.push_back(nn * k + kk);
+          return;
+        }
+        values[kk] = scale_of(nn, kk) * x;
+      }
+      if (blocks) {
+        QuantizeRowQ8_0(values.data(), k, reinterpret_cast<uint8_t*>(out));
+      } else if (options.dense == DType::kF32) {
+        std::memcpy(out, values.data(), k * 4);
+      } else {
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const uint16_t h =
+              options.dense == DType::kBF16 ? FloatToBf16(values[kk]) : FloatToF16(values[kk]);
+          std::memcpy(out + kk * 2, &h, 2);
+        }
+      }
+    }
+  });
+  if (!bad.empty()) {
+    const int64_t i = *std::min_element(bad.begin(), bad.end());
+    return TensorProblem(
+        w, absl::StrCat("[", i / k, "][", i % k, "] is ", decode(qs[i]), ", not a finite weight"));
+  }
+  if (stats != nullptr) {
+    const bool exact = exact_blocks || (!blocks && options.dense == DType::kF32);
+    ++(exact ? stats->exact : stats->requantized);
+  }
+  return m;
+}
+
 }  // namespace
 
 bool HasQuantizedLinear(const SafetensorsSet& files, const CheckpointQuantization& q,
                         const std::string& base) {
-  return q.enabled() && files.Contains(PackedName(q, base));
+  if (!q.enabled()) return false;
+  if (q.unpacked) {
+    // The weight itself, of a quantized element type; modules the recipe left alone (ignore,
+    // modules_to_not_convert) keep a float one.
+    const absl::StatusOr<TensorView> t = files.GetAny(base + ".weight");
+    return t.ok() && !t->is_float();
+  }
+  return files.Contains(PackedName(q, base));
 }
 
 absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
@@ -248,6 +390,9 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
                                                  int64_t cols, const QuantizedLoadOptions& options,
                                                  std::vector<std::vector<std::byte>>* converted,
                                                  QuantizedLoadStats* stats) {
+  if (q.unpacked) {
+    return LoadUnpackedLinear(files, q, base, rows, cols, options, converted, stats);
+  }
   ASSIGN_OR_RETURN(const Packed p, OpenPacked(files, q, base, rows, cols));
   const int64_t n = rows, k = cols;
   // Whether every block of 32 columns has one group, column c being input feature feature(c).
@@ -317,13 +462,12 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   }
   // Tiles of 128 output rows (whole words of every layout), shared among the threads.
   constexpr int64_t kTile = 128;
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  auto convert = [&](int64_t t0, int64_t t1) {
+  ForRowTiles(n, options.threads, [&](int64_t r0, int64_t r1) {
     std::vector<uint8_t> tile(kTile * k);
     std::vector<uint8_t> reordered(order.empty() ? 0 : k);
     std::vector<float> values(k);
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t n0 = t * kTile, n1 = std::min(n, n0 + kTile);
+    for (int64_t n0 = r0; n0 < r1; n0 += kTile) {
+      const int64_t n1 = std::min(r1, n0 + kTile);
       UnpackRows(p, n0, n1, tile.data());
       for (int64_t nn = n0; nn < n1; ++nn) {
         const uint8_t* qrow = tile.data() + (nn - n0) * k;  // input order
@@ -394,14 +538,7 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
         }
       }
     }
-  };
-  const int64_t threads = std::clamp<int64_t>(tiles, 1, std::max(options.threads, 1));
-  std::vector<std::thread> pool;
-  for (int64_t i = 1; i < threads; ++i) {
-    pool.emplace_back(convert, tiles * i / threads, tiles * (i + 1) / threads);
-  }
-  convert(0, tiles / threads);
-  for (std::thread& th : pool) th.join();
+  });
   return m;
 }
 

@@ -68,11 +68,11 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
         const std::string name =
             hf_name.rfind("model.", 0) == 0 ? prefix + hf_name.substr(6) : hf_name;
         // A quantized checkpoint's linear weight: "<base>.qweight" (or .weight_packed) and the rest
-        // where "<base>.weight" would be. Modules it left alone (AWQ's modules_to_not_convert,
-        // compressed-tensors' ignore, the routers) keep their .weight.
+        // where "<base>.weight" would be, or (FP8, int8) "<base>.weight" of a quantized element
+        // type and its scales. Modules it left alone (AWQ's modules_to_not_convert,
+        // compressed-tensors' ignore, the routers) keep a float .weight.
         constexpr absl::string_view kWeight = ".weight";
-        if (q.enabled() && shape.size() == 2 && !files.Contains(name) &&
-            absl::EndsWith(name, kWeight)) {
+        if (q.enabled() && shape.size() == 2 && absl::EndsWith(name, kWeight)) {
           const std::string base = name.substr(0, name.size() - kWeight.size());
           if (HasQuantizedLinear(files, q, base)) {
             if (quantized == nullptr || quantized->converted == nullptr) {

@@ -74,26 +74,31 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   ASSIGN_OR_RETURN(bundle->config, LoadLlamaConfig(dir));
   ASSIGN_OR_RETURN(bundle->files, SafetensorsSet::OpenDirectory(dir));
   QuantizedCheckpointLoad quantized;
-  quantized.options.as_q8 = options.as_q8;
+  quantized.options.as_q8 =
+      options.as_q8 && (!bundle->config.quantization.fp8 || options.requantize_fp8);
+  quantized.options.dense = options.dense;
   quantized.converted = &bundle->converted;
   QuantizedLoadStats stats;
   quantized.stats = &stats;
   ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files, &quantized));
   if (const CheckpointQuantization& q = bundle->config.quantization; q.enabled()) {
-    bundle->weights_format =
-        absl::StrCat(q.method, " ", q.bits, "-bit",
-                     q.group_size > 0 ? absl::StrCat(" g", q.group_size) : " per-channel",
-                     q.act_order ? " act-order" : "");
+    bundle->weights_format = q.Describe();
     LOG(INFO) << dir << ": " << bundle->weights_format << " checkpoint: " << stats.exact
               << " matrices as exactly their values"
-              << (options.as_q8 ? absl::StrCat(" (", stats.q4_groups, " as 4-bit groups, ",
-                                               stats.exact - stats.q4_groups, " as 8-bit blocks)")
-                                : std::string(" (f32)"))
+              << (quantized.options.as_q8
+                      ? absl::StrCat(" (", stats.q4_groups, " as 4-bit groups, ",
+                                     stats.exact - stats.q4_groups, " as 8-bit blocks)")
+                      : std::string(" (f32)"))
               << ", " << stats.requantized
-              << (options.as_q8 ? " requantized to q8_0" : " rounded to bf16")
-              << (stats.requantized > 0 && options.as_q8
-                      ? " (act-order or groups not a multiple of 32 input features)"
+              << (quantized.options.as_q8 ? " requantized to q8_0" : " rounded to bf16")
+              << (stats.requantized > 0 && quantized.options.as_q8
+                      ? (q.fp8 ? " (FP8 values are not 8-bit integer blocks)"
+                               : " (act-order or groups not a multiple of 32 input features)")
                       : "");
+    if (q.activations_quantized) {
+      LOG(INFO) << dir << ": the checkpoint was calibrated with quantized activations too "
+                << "(W8A8 / FP8); kvrm computes them as its kernels do and reads no input scales";
+    }
   }
   // Every id is below config.json's vocab_size (the embedding's rows): the tokenizer checks it.
   ASSIGN_OR_RETURN(bundle->tokenizer,

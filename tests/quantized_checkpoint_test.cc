@@ -95,6 +95,15 @@ modelgen::QuantizeOptions Q(const std::string& method, int bits, int group, bool
   return o;
 }
 
+// The unpacked schemes: 8-bit, symmetric; `block_rows` output rows a scale (0: one a tensor).
+modelgen::QuantizeOptions U(const std::string& method, const std::string& format, int group,
+                            int block_rows, DType scale_dtype) {
+  modelgen::QuantizeOptions o = Q(method, 8, group, false, false, false, scale_dtype);
+  o.format = format;
+  o.block_rows = block_rows;
+  return o;
+}
+
 std::vector<Scheme> Schemes() {
   return {
       {"awq_g32", "tiny", Q("awq", 4, 32, true), WeightFormat::kQ8_0, true, "awq 4-bit g32"},
@@ -136,6 +145,32 @@ std::vector<Scheme> Schemes() {
       // q4 groups, exactly, the kernels gathering the activations in that order.
       {"gptq_act_order_tiny_k_g128", "tiny-k", Q("gptq", 4, 128, false, true), WeightFormat::kQ8_0,
        true, "gptq 4-bit g128 act-order"},
+      // FP8 (e4m3, 3 mantissa bits): not integers of one scale, so quantized again to q8_0.
+      // DeepSeek-V3 / Qwen3-FP8's 128x128 blocks (f32 weight_scale_inv), whole and (tiny: 352 of
+      // down_proj's input features, 128 rows of K/V's 64) partial.
+      {"fp8_block128_tiny_k", "tiny-k", U("fp8", "", 128, 128, DType::kF32), WeightFormat::kQ8_0,
+       false, "fp8 block 128x128"},
+      {"fp8_block128_tiny", "tiny", U("fp8", "", 128, 128, DType::kF32), WeightFormat::kQ8_0, false,
+       "fp8 block 128x128"},
+      // AutoFP8: one 0-d weight_scale a tensor.
+      {"fp8_per_tensor", "tiny", U("fp8", "", -1, 0, DType::kF32), WeightFormat::kQ8_0, false,
+       "fp8 per-tensor"},
+      {"fbgemm_fp8", "tiny", U("fbgemm_fp8", "", -1, 1, DType::kF32), WeightFormat::kQ8_0, false,
+       "fbgemm_fp8 per-channel"},
+      // llm-compressor's FP8 / FP8_DYNAMIC (bf16 scales), and FP8 blocks on every expert.
+      {"ct_fp8_channel", "tiny", U("compressed-tensors", "float-quantized", -1, 1, DType::kBF16),
+       WeightFormat::kQ8_0, false, "compressed-tensors fp8 per-channel"},
+      {"ct_fp8_block_qwen3_moe", "tiny-qwen3-moe",
+       U("compressed-tensors", "float-quantized", 64, 64, DType::kBF16), WeightFormat::kQ8_0, false,
+       "compressed-tensors fp8 block 64x64"},
+      // W8A8 int8 weights: exactly, as q8_0 blocks (bf16 scales are f16s) or q8 affine ones with
+      // offset 0 (an f32 scale a tensor is not); a group of 48 splits blocks of 32: requantized.
+      {"ct_int8_channel", "tiny", U("compressed-tensors", "int-quantized", -1, 1, DType::kBF16),
+       WeightFormat::kQ8_0, true, "compressed-tensors 8-bit per-channel"},
+      {"ct_int8_tensor_f32", "tiny", U("compressed-tensors", "int-quantized", -1, 0, DType::kF32),
+       WeightFormat::kQ8Affine, true, "compressed-tensors 8-bit per-tensor"},
+      {"ct_int8_g48", "tiny", U("compressed-tensors", "int-quantized", 48, 1, DType::kBF16),
+       WeightFormat::kQ8_0, false, "compressed-tensors 8-bit g48"},
   };
 }
 

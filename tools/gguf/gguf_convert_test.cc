@@ -33,6 +33,7 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/model_bundle.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/modelgen/quantized_writer.h"
 
 namespace kvrm {
 namespace {
@@ -382,6 +383,41 @@ TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
   ASSERT_TRUE(ra.ok() && rb.ok()) << ra.status() << rb.status();
   EXPECT_EQ(*rb, *ra);
   EXPECT_EQ(gguf->chat.tool_call_format, hf->chat.tool_call_format);
+}
+
+// A quantized checkpoint converts from the values it stands for: an f32 file of an AWQ, an FP8
+// (128x128 blocks) or an int8 (W8A8) checkpoint of tiny holds exactly its twin's weights (the
+// float32 model of those values the writer makes beside it), FP8's included though they load
+// as requantized q8_0 blocks by default: the converter reads them in f32.
+TEST(GgufConvertTest, QuantizedCheckpointsConvertExactlyTheirValues) {
+  for (const auto& [name, method, format, group, block_rows] :
+       {std::tuple{"awq", "awq", "pack-quantized", 32, 1},
+        {"fp8", "fp8", "", 128, 128},
+        {"int8", "compressed-tensors", "int-quantized", -1, 1}}) {
+    SCOPED_TRACE(name);
+    modelgen::QuantizeOptions q;
+    q.method = method;
+    q.format = format;
+    q.bits = std::string(method) == "awq" ? 4 : 8;
+    q.group_size = group;
+    q.block_rows = block_rows;
+    q.zero_point = std::string(method) == "awq";
+    q.scale_dtype = std::string(method) == "compressed-tensors" ? DType::kBF16 : DType::kF32;
+    if (std::string(method) == "awq") q.scale_dtype = DType::kF16;
+    const std::string dir = absl::StrCat(TmpDir(), "/tiny-", name), twin = dir + "-twin";
+    ASSERT_TRUE(modelgen::QuantizeModelDir(TinyDir(), dir, twin, q).ok());
+    const std::string path = absl::StrCat(dir, ".gguf");
+    GgufConvertOptions options;
+    options.type = GgmlType::kF32;
+    ASSERT_TRUE(ConvertToGguf(dir, path, options).ok());
+    const std::unique_ptr<ModelBundle> want = Load(twin), got = Load(path);
+    const auto ma = Matrices(want->weights), mb = Matrices(got->weights);
+    ASSERT_EQ(ma.size(), mb.size());
+    for (size_t i = 0; i < ma.size(); ++i) {
+      EXPECT_EQ(mb[i]->dtype, DType::kF32);
+      EXPECT_EQ(RmsShare(*ma[i], *mb[i]), 0.0) << "matrix " << i;
+    }
+  }
 }
 
 // Quantized files: every matrix within its format's resolution of the original; norms exact

@@ -8,12 +8,15 @@
 //   make_model --size=tiny --lora_out=DIR [--lora_rank=8] [--lora_alpha=16] [--lora_rslora]
 //       [--lora_targets=q_proj,v_proj] [--lora_layers=0,2] [--lora_dtype=f32] [--lora_seed=S]
 //
-// With --quantize=awq|gptq|compressed-tensors it also writes a quantized checkpoint of the model
-// to --quantize_out, laid out as AutoAWQ, AutoGPTQ or llm-compressor save theirs (round to
-// nearest; tools/modelgen/quantized_writer.h):
+// With --quantize=awq|gptq|compressed-tensors|fp8|fbgemm_fp8 it also writes a quantized
+// checkpoint of the model to --quantize_out, laid out as AutoAWQ, AutoGPTQ, llm-compressor,
+// Transformers' FP8 or fbgemm save theirs (round to nearest; tools/modelgen/quantized_writer.h):
 //
 //   make_model --size=tiny --out=DIR --quantize=gptq --quantize_out=QDIR [--quantize_bits=4]
 //       [--quantize_group_size=128] [--quantize_sym] [--quantize_act_order]
+//   make_model --size=tiny --out=DIR --quantize=fp8 --quantize_out=QDIR    (blocks 128x128)
+//   make_model --size=tiny --out=DIR --quantize=compressed-tensors
+//       --quantize_format=float-quantized --quantize_group_size=-1 --quantize_out=QDIR  (FP8)
 //
 // The same flags give byte-identical files on any machine. See tools/modelgen/README.md.
 #include <cstdint>
@@ -56,7 +59,14 @@ ABSL_FLAG(std::string, quantize_out, "", "where --quantize writes it");
 ABSL_FLAG(std::string, quantize_twin_out, "",
           "with --quantize, also write the model with float32 weights holding exactly the "
           "checkpoint's values (s * (q - z)) here: a reference for other tools' dequantization");
-ABSL_FLAG(int, quantize_bits, 4, "bits a weight: 4 (awq), 4 or 8 (gptq, compressed-tensors)");
+ABSL_FLAG(int, quantize_bits, 4,
+          "bits a weight: 4 (awq), 4 or 8 (gptq, compressed-tensors); 8 for FP8 and int8");
+ABSL_FLAG(std::string, quantize_format, "pack-quantized",
+          "compressed-tensors: pack-quantized, int-quantized (int8, W8A8) or float-quantized "
+          "(FP8)");
+ABSL_FLAG(int, quantize_block_rows, -1,
+          "int-quantized, float-quantized and fp8: output features a scale (blocks of "
+          "block_rows x group_size), 1 by row, 0 one scale a tensor; -1: fp8's 128, else 1");
 ABSL_FLAG(int, quantize_group_size, 128, "input features a scale (-1: one per output row)");
 ABSL_FLAG(bool, quantize_sym, false,
           "symmetric (gptq sym, compressed-tensors symmetric): no stored zeros");
@@ -159,8 +169,20 @@ int main(int argc, char** argv) {
     q.zero_point = !absl::GetFlag(FLAGS_quantize_sym);
     q.act_order = absl::GetFlag(FLAGS_quantize_act_order);
     q.seed = options.seed;
-    // compressed-tensors keeps its scales in the model's dtype; AWQ and GPTQ in f16.
+    q.format = absl::GetFlag(FLAGS_quantize_format);
+    q.block_rows = absl::GetFlag(FLAGS_quantize_block_rows);
+    if (q.block_rows < 0) q.block_rows = method == "fp8" ? 128 : 1;
+    const bool unpacked = method == "fp8" || method == "fbgemm_fp8" ||
+                          (method == "compressed-tensors" && q.format != "pack-quantized");
+    if (unpacked) {  // 8-bit and symmetric
+      q.bits = 8;
+      q.zero_point = false;
+    }
+    if (method == "fbgemm_fp8") q.group_size = -1;
+    // compressed-tensors keeps its scales in the model's dtype; AWQ and GPTQ in f16; FP8's
+    // (DeepSeek-V3's weight_scale_inv, fbgemm's) are f32.
     if (method == "compressed-tensors") q.scale_dtype = options.dtype;
+    if (method == "fp8" || method == "fbgemm_fp8") q.scale_dtype = kvrm::DType::kF32;
     const std::string out = absl::GetFlag(FLAGS_quantize_out);
     absl::Status st = out.empty()
                           ? absl::InvalidArgumentError("--quantize needs --quantize_out")

@@ -216,6 +216,67 @@ void Pack(const Grid& g, const std::string& base, const QuantizeOptions& o,
   }
 }
 
+bool Unpacked(const QuantizeOptions& o) {
+  return o.method == "fp8" || o.method == "fbgemm_fp8" ||
+         (o.method == "compressed-tensors" && o.format != "pack-quantized");
+}
+
+bool Fp8(const QuantizeOptions& o) {
+  return o.method == "fp8" || o.method == "fbgemm_fp8" || o.format == "float-quantized";
+}
+
+// The unpacked schemes: q [n][k] (I8 or F8_E4M3) and a scale per block_rows x group_size tile;
+// `values` gets s * q, as the checkpoint defines them.
+void QuantizeUnpacked(const TensorView& t, const std::string& base, const QuantizeOptions& o,
+                      std::vector<Owned>* out, std::vector<float>* values) {
+  const int64_t n = t.shape[0], k = t.shape[1];
+  const bool fp8 = Fp8(o);
+  const int64_t br = o.block_rows == 0 ? n : o.block_rows;
+  const int64_t bc = o.block_rows == 0 || o.group_size <= 0 ? k : o.group_size;
+  const int64_t rows = (n + br - 1) / br, cols = (k + bc - 1) / bc;
+  std::vector<uint8_t> q(n * k);
+  std::vector<std::byte> scales;
+  values->resize(n * k);
+  for (int64_t rb = 0; rb < rows; ++rb) {
+    for (int64_t cb = 0; cb < cols; ++cb) {
+      const int64_t r1 = std::min(n, (rb + 1) * br), c1 = std::min(k, (cb + 1) * bc);
+      float amax = 0;
+      for (int64_t r = rb * br; r < r1; ++r) {
+        for (int64_t c = cb * bc; c < c1; ++c) {
+          amax = std::max(amax, std::abs(FloatElement(t, r * k + c)));
+        }
+      }
+      const float s = RoundTo(o.scale_dtype, std::max(amax, 1e-5f) / (fp8 ? 448.0f : 127.5f));
+      AppendScale(o.scale_dtype, s, &scales);
+      for (int64_t r = rb * br; r < r1; ++r) {
+        for (int64_t c = cb * bc; c < c1; ++c) {
+          const float x = FloatElement(t, r * k + c) / s;
+          if (fp8) {
+            q[r * k + c] = FloatToF8E4M3(x);
+            (*values)[r * k + c] = s * F8E4M3ToFloat(q[r * k + c]);
+          } else {
+            const int v = std::clamp(static_cast<int>(std::round(x)), -128, 127);
+            q[r * k + c] = static_cast<uint8_t>(static_cast<int8_t>(v));
+            (*values)[r * k + c] = s * static_cast<float>(v);
+          }
+        }
+      }
+    }
+  }
+  out->push_back({base + ".weight",
+                  fp8 ? StorageType::kF8E4M3 : StorageType::kI8,
+                  DType::kF32,
+                  {n, k},
+                  Bytes(q)});
+  // One scale a tensor: AutoFP8 saves a 0-d tensor, llm-compressor a [1].
+  std::vector<int64_t> shape = {rows, cols};
+  if (o.block_rows == 0)
+    shape = o.method == "fp8" ? std::vector<int64_t>{} : std::vector<int64_t>{1};
+  const bool inverse = o.method == "fp8" && o.block_rows > 1;
+  out->push_back({base + (inverse ? ".weight_scale_inv" : ".weight_scale"), std::nullopt,
+                  o.scale_dtype, shape, scales});
+}
+
 Json QuantizationConfig(const QuantizeOptions& o) {
   if (o.method == "awq") {
     return Json{{"quant_method", "awq"}, {"bits", o.bits},    {"group_size", o.group_size},
@@ -232,17 +293,40 @@ Json QuantizationConfig(const QuantizeOptions& o) {
                 {"static_groups", false},
                 {"checkpoint_format", o.gptq_v2 ? "gptq_v2" : "gptq"}};
   }
-  Json weights = {{"num_bits", o.bits},
-                  {"type", "int"},
-                  {"symmetric", !o.zero_point},
-                  {"strategy", o.group_size > 0 ? "group" : "channel"},
-                  {"group_size", o.group_size > 0 ? Json(o.group_size) : Json(nullptr)},
-                  {"dynamic", false},
-                  {"actorder", o.act_order ? Json("group") : Json(nullptr)},
-                  {"observer", "minmax"},
-                  {"block_structure", nullptr}};
+  if (o.method == "fp8") {
+    Json q = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}};
+    if (o.block_rows > 1) q["weight_block_size"] = {o.block_rows, o.group_size};
+    return q;
+  }
+  if (o.method == "fbgemm_fp8") {
+    return Json{{"quant_method", "fbgemm_fp8"},
+                {"activation_scale_ub", 1200.0},
+                {"modules_to_not_convert", {"lm_head"}}};
+  }
+  const bool fp8 = Fp8(o);
+  const char* strategy = o.block_rows == 0  ? "tensor"
+                         : o.block_rows > 1 ? "block"
+                         : o.group_size > 0 ? "group"
+                                            : "channel";
+  Json weights = {
+      {"num_bits", o.bits},
+      {"type", fp8 ? "float" : "int"},
+      {"symmetric", !o.zero_point},
+      {"strategy", strategy},
+      {"group_size", std::string_view(strategy) == "group" ? Json(o.group_size) : Json(nullptr)},
+      {"dynamic", false},
+      {"actorder", o.act_order ? Json("group") : Json(nullptr)},
+      {"observer", "minmax"},
+      {"block_structure", o.block_rows > 1 ? Json({o.block_rows, o.group_size}) : Json(nullptr)}};
+  // W8A8 and FP8: the activations too, by token at run time (what kvrm does not reproduce).
+  Json activations = nullptr;
+  if (Unpacked(o)) {
+    activations = {{"num_bits", 8},     {"type", fp8 ? "float" : "int"},
+                   {"symmetric", true}, {"strategy", "token"},
+                   {"dynamic", true},   {"observer", nullptr}};
+  }
   return Json{{"quant_method", "compressed-tensors"},
-              {"format", "pack-quantized"},
+              {"format", o.format},
               {"quantization_status", "compressed"},
               {"ignore", {"lm_head"}},
               {"kv_cache_scheme", nullptr},
@@ -250,15 +334,39 @@ Json QuantizationConfig(const QuantizeOptions& o) {
                {{"group_0",
                  {{"targets", {"Linear"}},
                   {"weights", weights},
-                  {"input_activations", nullptr},
+                  {"input_activations", activations},
                   {"output_activations", nullptr},
-                  {"format", "pack-quantized"}}}}}};
+                  {"format", o.format}}}}}};
 }
 
 absl::Status CheckOptions(const QuantizeOptions& o) {
-  if (o.method != "awq" && o.method != "gptq" && o.method != "compressed-tensors") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("quantize: method \"", o.method, "\" (awq, gptq or compressed-tensors)"));
+  if (o.method != "awq" && o.method != "gptq" && o.method != "compressed-tensors" &&
+      o.method != "fp8" && o.method != "fbgemm_fp8") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize: method \"", o.method, "\" (awq, gptq, compressed-tensors, fp8 or fbgemm_fp8)"));
+  }
+  if (o.method == "compressed-tensors" && o.format != "pack-quantized" &&
+      o.format != "int-quantized" && o.format != "float-quantized") {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "quantize: format \"", o.format, "\" (pack-quantized, int-quantized or float-quantized)"));
+  }
+  if (Unpacked(o)) {
+    if (o.bits != 8 || o.zero_point || o.act_order || o.block_rows < 0 ||
+        (o.block_rows > 1 && o.group_size <= 0)) {
+      return absl::InvalidArgumentError(
+          "quantize: int-quantized, float-quantized, fp8 and fbgemm_fp8 are 8-bit, symmetric, "
+          "without act_order; blocks need a group_size");
+    }
+    if ((o.method == "fp8" && o.block_rows == 1) ||
+        (o.method == "fbgemm_fp8" && (o.block_rows != 1 || o.group_size > 0))) {
+      return absl::InvalidArgumentError(
+          "quantize: fp8 has blocks (block_rows > 1) or one scale a tensor (block_rows 0); "
+          "fbgemm_fp8 one scale a row (block_rows 1, group_size -1)");
+    }
+    return absl::OkStatus();
+  }
+  if (o.block_rows != 1) {
+    return absl::InvalidArgumentError("quantize: block_rows is for the unpacked schemes");
   }
   if (o.bits != 4 && (o.bits != 8 || o.method == "awq")) {
     return absl::InvalidArgumentError(absl::StrCat("quantize: ", o.bits, " bits for ", o.method));
@@ -324,6 +432,14 @@ absl::Status QuantizeModelDir(const std::string& src, const std::string& out,
       continue;
     }
     const int64_t n = t.shape[0], k = t.shape[1];
+    const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
+    if (Unpacked(options)) {
+      std::vector<float> w;
+      QuantizeUnpacked(t, base, options, &packed, &w);
+      if (!dequantized.empty())
+        plain.push_back({name, std::nullopt, DType::kF32, {n, k}, Bytes(w)});
+      continue;
+    }
     const int pw = 32 / options.bits;
     if ((options.method != "compressed-tensors" && n % pw != 0) ||
         (options.method != "awq" && k % pw != 0)) {
@@ -331,7 +447,6 @@ absl::Status QuantizeModelDir(const std::string& src, const std::string& out,
                                                      "] does not pack ", pw, " values a word"));
     }
     const Grid g = Quantize(t, name, options);
-    const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
     Pack(g, base, options, &packed);
     if (dequantized.empty()) continue;
     std::vector<float> w(n * k);

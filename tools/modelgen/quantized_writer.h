@@ -11,6 +11,11 @@
 // s is rounded to the scale dtype first (f16; compressed-tensors: the model's), and u = clamp(
 // round(w / s) + zu). With act_order, the groups are those of a random permutation of the input
 // features (seeded per tensor), as GPTQ's desc_act leaves them: g_idx says which.
+//
+// The unpacked schemes (compressed-tensors' int-quantized and float-quantized, fp8, fbgemm_fp8)
+// store q itself, symmetric, one scale per tile of block_rows x group_size weights, as
+// llm-compressor computes it: s = amax / 127.5 and q = clamp(round(w / s), -128, 127) (int8), or
+// s = amax / 448 and q = w / s rounded to the nearest e4m3 number (FP8).
 #ifndef KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
 #define KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
 
@@ -23,9 +28,15 @@
 namespace kvrm::modelgen {
 
 struct QuantizeOptions {
-  std::string method = "awq";       // awq, gptq or compressed-tensors
-  int bits = 4;                     // awq: 4; gptq, compressed-tensors: 4 or 8
+  std::string method = "awq";  // awq, gptq, compressed-tensors, fp8 or fbgemm_fp8
+  // compressed-tensors: pack-quantized (int 4 / 8 bits, packed in int32 words), int-quantized
+  // (int8 weights, W8A8) or float-quantized (FP8 e4m3 weights).
+  std::string format = "pack-quantized";
+  int bits = 4;                     // awq: 4; gptq, compressed-tensors: 4 or 8; FP8: 8
   int group_size = 128;             // input features per scale; -1: one scale per output row
+  // Output features per scale, for int-quantized, float-quantized and fp8: 1 (by channel or
+  // group), a block's rows (blocks block_rows x group_size), or 0 for one scale a tensor.
+  int block_rows = 1;
   bool zero_point = true;           // asymmetric (awq: always)
   bool act_order = false;           // gptq's desc_act, compressed-tensors' actorder "group"
   bool gptq_v2 = false;             // gptq: checkpoint_format gptq_v2 (zeros stored as they are)

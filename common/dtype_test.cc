@@ -1,0 +1,90 @@
+// The FP8 conversions against the formats' definitions, computed independently in double: every
+// one of the 256 codes of each, and the rounding of floats between them.
+#include "common/dtype.h"
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+
+#include "gtest/gtest.h"
+
+namespace kvrm {
+namespace {
+
+// (-1)^s 2^(e - bias) (1 + m / 2^mbits), or 2^(1 - bias) m / 2^mbits for e == 0.
+double Reference(int code, int ebits, int mbits) {
+  const int bias = (1 << (ebits - 1)) - 1;
+  const int s = code >> 7, e = (code >> mbits) & ((1 << ebits) - 1), m = code & ((1 << mbits) - 1);
+  const double mag =
+      e == 0 ? std::ldexp(m, 1 - bias - mbits) : std::ldexp(1.0 + std::ldexp(m, -mbits), e - bias);
+  return s ? -mag : mag;
+}
+
+TEST(F8Test, E4M3DecodesEveryCode) {
+  for (int c = 0; c < 256; ++c) {
+    const float got = F8E4M3ToFloat(static_cast<uint8_t>(c));
+    if ((c & 0x7f) == 0x7f) {  // S.1111.111: NaN; "fn" has no infinities
+      EXPECT_TRUE(std::isnan(got)) << c;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(got), Reference(c, 4, 3)) << c;
+  }
+  EXPECT_EQ(F8E4M3ToFloat(0x7e), 448.0f);
+  EXPECT_EQ(F8E4M3ToFloat(0x38), 1.0f);
+  EXPECT_EQ(F8E4M3ToFloat(0x01), 0x1p-9f);
+  EXPECT_EQ(F8E4M3ToFloat(0xc0), -2.0f);
+  EXPECT_TRUE(std::signbit(F8E4M3ToFloat(0x80)));
+}
+
+TEST(F8Test, E5M2DecodesEveryCode) {
+  for (int c = 0; c < 256; ++c) {
+    const float got = F8E5M2ToFloat(static_cast<uint8_t>(c));
+    const int e = (c >> 2) & 31, m = c & 3;
+    if (e == 31) {
+      EXPECT_TRUE(m == 0 ? std::isinf(got) : std::isnan(got)) << c;
+      continue;
+    }
+    EXPECT_EQ(static_cast<double>(got), Reference(c, 5, 2)) << c;
+  }
+  EXPECT_EQ(F8E5M2ToFloat(0x7b), 57344.0f);
+  EXPECT_EQ(F8E5M2ToFloat(0x3c), 1.0f);
+}
+
+// Every finite code round-trips; a float rounds to the nearest code (ties to the even mantissa),
+// saturating at 448; NaN stays NaN.
+TEST(F8Test, E4M3EncodesToTheNearestCode) {
+  for (int c = 0; c < 256; ++c) {
+    if ((c & 0x7f) == 0x7f) continue;
+    EXPECT_EQ(FloatToF8E4M3(F8E4M3ToFloat(static_cast<uint8_t>(c))), c) << c;
+  }
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<double> exponent(-12, 9.2);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = static_cast<float>((i & 1 ? -1 : 1) * std::exp2(exponent(rng)));
+    const uint8_t got = FloatToF8E4M3(x);
+    const double err = std::abs(Reference(got, 4, 3) - x);
+    ASSERT_NE(got & 0x7f, 0x7f) << x;
+    ASSERT_EQ(got >> 7, x < 0 ? 1 : 0) << x;
+    if (std::abs(x) >= 448) {
+      ASSERT_EQ(got & 0x7f, 0x7e) << x;
+      continue;
+    }
+    // No other finite code of the same sign is nearer; an equally near one has an odd mantissa.
+    for (int c = (got & 0x80); c < (got & 0x80) + 0x7f; ++c) {
+      const double other = std::abs(Reference(c, 4, 3) - x);
+      ASSERT_TRUE(other > err || c == got || (other == err && (c & 1) == 1 && (got & 1) == 0))
+          << x << " -> " << int{got} << ", but " << c << " is as near";
+    }
+  }
+  // Ties: 1 + 1/16 lies halfway between 1 (mantissa 0) and 1.125 (mantissa 1).
+  EXPECT_EQ(FloatToF8E4M3(1.0625f), 0x38);
+  EXPECT_EQ(FloatToF8E4M3(1.1875f), 0x3a);   // between 1.125 (1) and 1.25 (2): up to even
+  EXPECT_EQ(FloatToF8E4M3(0x1p-10f), 0x00);  // half the smallest subnormal: to 0 (even)
+  EXPECT_EQ(FloatToF8E4M3(3 * 0x1p-10f), 0x02);
+  EXPECT_EQ(FloatToF8E4M3(1e6f), 0x7e);
+  EXPECT_EQ(FloatToF8E4M3(-INFINITY), 0xfe);
+  EXPECT_EQ(FloatToF8E4M3(NAN) & 0x7f, 0x7f);
+}
+
+}  // namespace
+}  // namespace kvrm
