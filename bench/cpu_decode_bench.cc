@@ -58,7 +58,9 @@ ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "q4_K and q6_K); file:PATH: that GGUF file as it is (another program's, e.g. llama.cpp's "
           "llama-quantize output, to time both on the same file); awq, gptq, gptq_act_order, "
           "w4a16: the bf16 model as a 4-bit group-128 quantized checkpoint of that kind "
-          "(tools/modelgen/quantized_writer.h), loaded as kvrmd does; NAME+q8_0: that case with "
+          "(tools/modelgen/quantized_writer.h), loaded as kvrmd does; fp8 (Transformers' FP8, "
+          "128x128 blocks: requantized to q8_0 at load), w8a8 (compressed-tensors int8 by "
+          "channel: exactly q8_0): those checkpoints likewise; NAME+q8_0: that case with "
           "what it leaves dense (a checkpoint's LM head) quantized to q8_0 at load");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
@@ -630,10 +632,11 @@ int Main() {
     const bool as_q8 = absl::EndsWith(dtype_name, "_as_q8");
     const absl::string_view base = as_q8 ? dtype_name.substr(0, dtype_name.size() - 6) : dtype_name;
     const bool q4_k_m = base == "q4_K_M";
-    // A quantized Hugging Face checkpoint (AWQ, GPTQ, compressed-tensors W4A16) of the bf16
-    // model, 4-bit groups of 128.
+    // A quantized Hugging Face checkpoint of the bf16 model: AWQ, GPTQ, compressed-tensors W4A16
+    // in 4-bit groups of 128; FP8 in 128x128 blocks; W8A8 int8 by channel.
     const bool checkpoint = dtype_name == "awq" || dtype_name == "gptq" ||
-                            dtype_name == "gptq_act_order" || dtype_name == "w4a16";
+                            dtype_name == "gptq_act_order" || dtype_name == "w4a16" ||
+                            dtype_name == "fp8" || dtype_name == "w8a8";
     const GgmlTypeTraits* gguf = q8 || dense || given_file || checkpoint
                                      ? nullptr
                                      : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
@@ -682,6 +685,23 @@ int Main() {
         qo.zero_point = dtype_name == "awq";
         qo.act_order = dtype_name == "gptq_act_order";
         qo.scale_dtype = dtype_name == "w4a16" ? DType::kBF16 : DType::kF16;
+        if (dtype_name == "fp8") {  // Qwen3-FP8's blocks
+          qo = modelgen::QuantizeOptions();
+          qo.method = "fp8";
+          qo.bits = 8;
+          qo.zero_point = false;
+          qo.group_size = 128;
+          qo.block_rows = 128;
+          qo.scale_dtype = DType::kF32;
+        } else if (dtype_name == "w8a8") {  // RedHatAI's quantized.w8a8
+          qo = modelgen::QuantizeOptions();
+          qo.method = "compressed-tensors";
+          qo.format = "int-quantized";
+          qo.bits = 8;
+          qo.zero_point = false;
+          qo.group_size = -1;
+          qo.scale_dtype = DType::kBF16;
+        }
         CHECK_OK(modelgen::QuantizeModelDir(mo.out_dir, model_path, "", qo));
       }
     }

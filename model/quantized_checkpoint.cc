@@ -309,18 +309,26 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
   std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
   m.data = buffer.data();
   const auto* qs = reinterpret_cast<const uint8_t*>(w.data);
-  float (*decode)(uint8_t) = w.type == StorageType::kF8E5M2 ? F8E5M2ToFloat : F8E4M3ToFloat;
-  // The first NaN or infinite FP8 element each thread meets (-1: none).
+  // Every element's value before its scale, by its byte: FP8 numbers, or int8 integers.
+  float value_of[256];
+  for (int b = 0; b < 256; ++b) {
+    const auto u = static_cast<uint8_t>(b);
+    value_of[b] = !q.fp8                           ? static_cast<float>(static_cast<int8_t>(u))
+                  : w.type == StorageType::kF8E5M2 ? F8E5M2ToFloat(u)
+                                                   : F8E4M3ToFloat(u);
+  }
+  // The first NaN or infinite weight each thread meets.
   std::vector<int64_t> bad;
   std::mutex bad_mu;
   ForRowTiles(n, options.threads, [&](int64_t r0, int64_t r1) {
-    std::vector<float> values(k);
+    std::vector<float> values(k), row_scales(scale_cols);
     for (int64_t nn = r0; nn < r1; ++nn) {
       const uint8_t* row = qs + nn * k;
       std::byte* out = buffer.data() + nn * row_bytes;
+      for (int64_t cb = 0; cb < scale_cols; ++cb) row_scales[cb] = scale_of(nn, cb * bc);
       if (exact_blocks) {
         for (int64_t b = 0; b < k / kBlock; ++b) {
-          const float s = scale_of(nn, b * kBlock);
+          const float s = row_scales[b * kBlock / bc];
           if (m.format == WeightFormat::kQ8_0) {
             std::byte* block = out + b * WeightMatrix::kQ8BlockBytes;
             const uint16_t d = FloatToF16(s);
@@ -336,14 +344,18 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
         }
         continue;
       }
+      for (int64_t cb = 0; cb < scale_cols; ++cb) {
+        const float sc = row_scales[cb];
+        for (int64_t kk = cb * bc; kk < std::min(k, (cb + 1) * bc); ++kk) {
+          values[kk] = sc * value_of[row[kk]];
+        }
+      }
       for (int64_t kk = 0; kk < k; ++kk) {
-        const float x = q.fp8 ? decode(row[kk]) : static_cast<float>(static_cast<int8_t>(row[kk]));
-        if (!std::isfinite(x)) {
+        if (!std::isfinite(values[kk])) {
           const std::lock_guard<std::mutex> lock(bad_mu);
           bad.push_back(nn * k + kk);
           return;
         }
-        values[kk] = scale_of(nn, kk) * x;
       }
       if (blocks) {
         QuantizeRowQ8_0(values.data(), k, reinterpret_cast<uint8_t*>(out));
@@ -360,8 +372,8 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
   });
   if (!bad.empty()) {
     const int64_t i = *std::min_element(bad.begin(), bad.end());
-    return TensorProblem(
-        w, absl::StrCat("[", i / k, "][", i % k, "] is ", decode(qs[i]), ", not a finite weight"));
+    return TensorProblem(w, absl::StrCat("[", i / k, "][", i % k, "] is ", value_of[qs[i]],
+                                         ", not a finite weight"));
   }
   if (stats != nullptr) {
     const bool exact = exact_blocks || (!blocks && options.dense == DType::kF32);

@@ -37,6 +37,16 @@
 //   reference quantizer: within half a step, amax / 254, of each block's largest value): NOT
 //   exact.
 // Without `as_q8` (kvrmd --quantization=none): `dense` elements, rounded to nearest (bf16).
+//
+// Unpacked schemes (CheckpointQuantization::unpacked: Transformers' fp8, fbgemm_fp8,
+// compressed-tensors' float-quantized / int-quantized / naive-quantized) store q itself, one
+// element each, in `.weight` [N][K] (F8_E4M3 / F8_E5M2 numbers, or I8 integers), and a float
+// scale per block_rows x group_size tile in `.weight_scale` (fp8 blocks: `.weight_scale_inv`,
+// which despite its name multiplies too) [ceil(N / rows)][ceil(K / cols)], or one for the
+// tensor (any shape of one element). The weight is s * q. With `as_q8`, int8 ones become q8_0
+// blocks of exactly their values (q8 affine with offset 0 where a scale is not an f16) when every
+// block of 32 input features has one scale, else are requantized; FP8 ones are requantized to
+// q8_0 (FP8 numbers are not integers of one scale). A NaN or infinite weight is refused.
 #ifndef KVRM_MODEL_QUANTIZED_CHECKPOINT_H_
 #define KVRM_MODEL_QUANTIZED_CHECKPOINT_H_
 
