@@ -29,7 +29,7 @@ SOURCES=(
   model/tokenizer.cc model/tokenizer_added.cc model/tokenizer_bpe.cc model/tokenizer_decoder.cc
   model/tokenizer_normalizer.cc model/tokenizer_postprocessor.cc
   model/tokenizer_pretokenizer.cc model/tokenizer_text.cc model/tool_calls.cc
-  model/tool_call_markup.cc model/reasoning.cc
+  model/tool_call_markup.cc model/pythonic_calls.cc model/reasoning.cc
   runtime/sampler.cc runtime/sampler_kernels.cc
   server/openai_api.cc server/request_validation.cc
   tools/replay/trace.cc

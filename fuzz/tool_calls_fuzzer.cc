@@ -36,9 +36,9 @@ void CheckCall(const kvrm::ToolCall& call) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   using F = kvrm::ToolCallFormat;
-  const F formats[] = {F::kHermes,     F::kLlama3Json, F::kMistral,    F::kGranite,
-                       F::kQwen3Coder, F::kGlm45,      F::kMinimaxM2,  F::kDeepSeekV3,
-                       F::kKimiK2,     F::kMinimax,    F::kDeepSeekV32};
+  const F formats[] = {F::kHermes,     F::kLlama3Json, F::kMistral,     F::kGranite,
+                       F::kQwen3Coder, F::kGlm45,      F::kMinimaxM2,   F::kDeepSeekV3,
+                       F::kKimiK2,     F::kMinimax,    F::kDeepSeekV32, F::kPythonic};
   constexpr int kFormats = sizeof(formats) / sizeof(formats[0]);
   const kvrm::ToolCallFormat format = formats[data[0] % kFormats];
   const kvrm::ToolCallStream::Mode modes[] = {kvrm::ToolCallStream::Mode::kAuto,

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "common/json.h"
 #include "common/status_macros.h"
+#include "model/pythonic_calls.h"
 #include "model/tool_call_markup.h"
 
 namespace kvrm {
@@ -169,13 +170,15 @@ constexpr ToolCallFormat kAllFormats[] = {
     ToolCallFormat::kNone,    ToolCallFormat::kHermes,    ToolCallFormat::kLlama3Json,
     ToolCallFormat::kMistral, ToolCallFormat::kGranite,   ToolCallFormat::kQwen3Coder,
     ToolCallFormat::kGlm45,   ToolCallFormat::kMinimaxM2, ToolCallFormat::kDeepSeekV3,
-    ToolCallFormat::kKimiK2,  ToolCallFormat::kMinimax,   ToolCallFormat::kDeepSeekV32};
+    ToolCallFormat::kKimiK2,  ToolCallFormat::kMinimax,   ToolCallFormat::kDeepSeekV32,
+    ToolCallFormat::kPythonic};
 
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name) {
   for (ToolCallFormat f : kAllFormats) {
     if (name == ToolCallFormatName(f)) return f;
   }
   if (name == "deepseek_v31") return ToolCallFormat::kDeepSeekV3;  // vLLM's name for V3.1's
+  if (name == "llama4_pythonic") return ToolCallFormat::kPythonic;  // vLLM's, for Llama 4's
   std::string names;
   for (ToolCallFormat f : kAllFormats) {
     absl::StrAppend(&names, names.empty() ? "" : ", ", AV(ToolCallFormatName(f)));
@@ -206,6 +209,8 @@ std::string_view ToolCallFormatName(ToolCallFormat format) {
       return "minimax";
     case ToolCallFormat::kDeepSeekV32:
       return "deepseek_v32";
+    case ToolCallFormat::kPythonic:
+      return "pythonic";
   }
   return "none";
 }
@@ -234,6 +239,8 @@ ToolCallFormat DetectToolCallFormat(std::string_view source) {
   // parser here reads it.
   if (absl::StrContains(s, "<function=")) return ToolCallFormat::kNone;
   if (absl::StrContains(s, AV(kMistralStart))) return ToolCallFormat::kMistral;
+  // Llama 4's and the Llama 3.2 pythonic template's instruction: "[func_name1(params_name1=...".
+  if (absl::StrContains(s, "[func_name1(")) return ToolCallFormat::kPythonic;
   if (absl::StrContains(s, AV(kGraniteStart))) return ToolCallFormat::kGranite;
   if (absl::StrContains(s, AV(kPythonTag))) return ToolCallFormat::kLlama3Json;
   // Llama 3.2's template teaches the JSON calls without <|python_tag|>.
@@ -420,6 +427,15 @@ absl::StatusOr<ParsedToolCalls> ParseToolCalls(ToolCallFormat format, std::strin
     case ToolCallFormat::kDeepSeekV32:
       out = ParseMarkup(format, text, types);
       break;
+    case ToolCallFormat::kPythonic: {
+      absl::StatusOr<std::vector<pythonic::Call>> calls = pythonic::ParseCalls(text);
+      if (!calls.ok()) return calls.status();
+      out = ParsedToolCalls();
+      for (pythonic::Call& c : *calls) {
+        out->calls.push_back(ToolCall{NewToolCallId(), std::move(c.name), std::move(c.arguments)});
+      }
+      break;
+    }
     case ToolCallFormat::kNone:
       return absl::InvalidArgumentError("tool calls: no tool-call format");
   }
@@ -459,6 +475,9 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format) {
     case ToolCallFormat::kGranite:
       s.start = std::string(kGraniteStart);
       break;
+    case ToolCallFormat::kPythonic:
+      s.start = std::string(pythonic::kPythonStart);
+      break;
     default:
       s.start = std::string(tool_markup::StartMarker(format));
       if (format == ToolCallFormat::kQwen3Coder) s.also_starts = {"<function="};
@@ -478,6 +497,8 @@ std::vector<std::string_view> ToolCallMarkers(ToolCallFormat format) {
       return {kMistralStart, "[ARGS]", "[CALL_ID]"};
     case ToolCallFormat::kGranite:
       return {kGraniteStart};
+    case ToolCallFormat::kPythonic:
+      return {pythonic::kPythonStart, pythonic::kPythonEnd};
     default:
       return tool_markup::Markers(format);
   }
@@ -771,6 +792,8 @@ void ToolCallStream::Scan() {
     ScanMarkup();
     return;
   }
+  // Pythonic calls are not JSON while they are written: they come whole when the reply ends.
+  if (mode_ == Mode::kAuto && syntax_->format == ToolCallFormat::kPythonic) return;
   if (mode_ == Mode::kNamed) {
     // The whole reply is the arguments object.
     piece(0, function_, std::string_view(held_).substr(named_emitted_));
@@ -801,9 +824,10 @@ ToolCallStream::ToolCallStream(Mode mode, const ToolCallSyntax* syntax, std::str
       types_(mode == Mode::kAuto && syntax != nullptr && tool_markup::Handles(syntax->format)
                  ? ToolParamTypes(tools)
                  : ToolParamTypes()),
-      // Llama 3's calls are the whole reply: whether one begins is known at its first non-space
-      // character.
-      state_(mode == Mode::kAuto && syntax->format == ToolCallFormat::kLlama3Json
+      // Llama 3's and pythonic calls are the whole reply: whether one begins is known at its
+      // first non-space character.
+      state_(mode == Mode::kAuto && (syntax->format == ToolCallFormat::kLlama3Json ||
+                                     syntax->format == ToolCallFormat::kPythonic)
                  ? State::kLeading
                  : State::kContent) {}
 
@@ -823,7 +847,8 @@ std::string ToolCallStream::FeedText(std::string_view text) {
   if (state_ == State::kLeading) {
     const std::string_view lead = Strip(pending_);
     if (lead.empty()) return "";
-    if (lead[0] == '{' || absl::StartsWith(AV(lead), AV(start))) {
+    const char opens = syntax_->format == ToolCallFormat::kPythonic ? '[' : '{';
+    if (lead[0] == opens || absl::StartsWith(AV(lead), AV(start))) {
       held_ = std::move(pending_);
       pending_.clear();
       state_ = State::kCall;

@@ -29,6 +29,10 @@
 //                </｜DSML｜parameter></｜DSML｜invoke>, string="false" on values written as JSON
 //   kimi_k2      <|tool_calls_section_begin|><|tool_call_begin|>functions.f:0
 //                <|tool_call_argument_begin|>{...}<|tool_call_end|>...<|tool_calls_section_end|>
+//   pythonic     [f(city="Lima", days=3), g()] as the whole reply: a Python list of calls with
+//                literal keyword arguments (Llama 3.2's pythonic template, Llama 4, ToolACE),
+//                optionally inside <|python_start|> ... <|python_end|> (Llama 4);
+//                model/pythonic_calls.h reads the literals into JSON
 // The XML-like formats (qwen3_coder, glm45, minimax_m2, deepseek_v32) write each parameter's
 // value as text: it is read by the function's JSON Schema (ToolParamTypes), or by DSML's
 // string="true|false": a parameter typed "string" keeps its text, "integer" / "number" /
@@ -68,10 +72,12 @@ enum class ToolCallFormat {
   kKimiK2,
   kMinimax,
   kDeepSeekV32,
+  kPythonic,
 };
 
 // "none", "hermes", "llama3_json", "mistral", "granite", "qwen3_coder", "glm45", "minimax_m2",
-// "deepseek_v3" (also "deepseek_v31"), "kimi_k2", "minimax", "deepseek_v32" (INVALID_ARGUMENT
+// "deepseek_v3" (also "deepseek_v31"), "kimi_k2", "minimax", "deepseek_v32", "pythonic" (also
+// "llama4_pythonic") (INVALID_ARGUMENT
 // naming the accepted ones).
 absl::StatusOr<ToolCallFormat> ToolCallFormatFromName(std::string_view name);
 std::string_view ToolCallFormatName(ToolCallFormat format);
@@ -80,9 +86,10 @@ std::string_view ToolCallFormatName(ToolCallFormat format);
 // minimax (M1's, Apriel's), "｜DSML｜" deepseek_v32, "<tool_call>" with
 // "<function=" is qwen3_coder, with "<arg_key>" glm45, alone hermes; "<minimax:tool_call>",
 // DeepSeek's "<｜tool▁calls▁begin｜>", Kimi's "<|tool_calls_section_begin|>", "[TOOL_CALLS]",
-// "<|tool_call|>" and "<|python_tag|>" (or Llama 3.2's JSON instruction) theirs. kNone when it
-// writes none, or markup none of the formats reads (MiniMax-M3's "<invoke" under its own
-// namespace token, which hermes would misread; Functionary v3.1's "<function=f>{...}").
+// "<|tool_call|>" and "<|python_tag|>" (or Llama 3.2's JSON instruction) theirs; the
+// pythonic instruction's "[func_name1(" (Llama 4's, vLLM's Llama 3.2 pythonic template) pythonic.
+// kNone when it writes none, or markup none of the formats reads (MiniMax-M3's "<invoke" under its
+// own namespace token, which hermes would misread; Functionary v3.1's "<function=f>{...}").
 ToolCallFormat DetectToolCallFormat(std::string_view template_source);
 
 // A function the model may call: OpenAI's {"type": "function", "function": {...}}.

@@ -22,14 +22,16 @@ TEST(ToolCallFormatTest, NamesRoundTripAndUnknownIsRefused) {
        {ToolCallFormat::kNone, ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json,
         ToolCallFormat::kMistral, ToolCallFormat::kGranite, ToolCallFormat::kQwen3Coder,
         ToolCallFormat::kGlm45, ToolCallFormat::kMinimaxM2, ToolCallFormat::kDeepSeekV3,
-        ToolCallFormat::kKimiK2, ToolCallFormat::kMinimax, ToolCallFormat::kDeepSeekV32}) {
+        ToolCallFormat::kKimiK2, ToolCallFormat::kMinimax, ToolCallFormat::kDeepSeekV32,
+        ToolCallFormat::kPythonic}) {
     EXPECT_EQ(*ToolCallFormatFromName(ToolCallFormatName(f)), f);
   }
   EXPECT_EQ(*ToolCallFormatFromName("deepseek_v31"), ToolCallFormat::kDeepSeekV3);
-  absl::StatusOr<ToolCallFormat> bad = ToolCallFormatFromName("pythonic");
+  absl::StatusOr<ToolCallFormat> bad = ToolCallFormatFromName("openai");
   ASSERT_FALSE(bad.ok());
   EXPECT_THAT(bad.status().message(), HasSubstr("hermes, llama3_json, mistral, granite"));
   EXPECT_THAT(bad.status().message(), HasSubstr("kimi_k2"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("pythonic"));
 }
 
 TEST(ToolCallFormatTest, DetectedFromTheTemplatesMarker) {
@@ -1044,6 +1046,148 @@ TEST(MarkupToolCallsTest, ACutCallStaysSentAndIsReturnedAsText) {
   EXPECT_TRUE(r.calls.empty());
   EXPECT_TRUE(r.malformed);
   EXPECT_EQ(r.text, text);
+}
+
+}  // namespace
+}  // namespace kvrm
+
+namespace kvrm {
+namespace {
+
+// Pythonic calls: arguments of every literal kind, as Python's ast.literal_eval reads them,
+// become JSON (the expected texts are json.dumps of Python's values, compact).
+TEST(PythonicToolCallsTest, LiteralsBecomeJson) {
+  absl::StatusOr<ParsedToolCalls> p =
+      ParseToolCalls(ToolCallFormat::kPythonic, "[get_weather(city=\"Lima\", days=3), get_time()]");
+  ASSERT_TRUE(p.ok()) << p.status();
+  ASSERT_EQ(p->calls.size(), 2u);
+  EXPECT_EQ(p->calls[0].name, "get_weather");
+  EXPECT_EQ(p->calls[0].arguments, R"({"city":"Lima","days":3})");
+  EXPECT_EQ(p->calls[1].name, "get_time");
+  EXPECT_EQ(p->calls[1].arguments, "{}");
+  EXPECT_NE(p->calls[0].id, p->calls[1].id);
+  EXPECT_EQ(p->text, "");
+  const std::pair<const char*, const char*> cases[] = {
+      {R"(s='it''s')", R"({"s":"its"})"},  // adjacent literals join
+      {R"(s="a\"b\\c\n\t\x41\u00e9\U0001F600\101")", R"({"s":"a\"b\\c\n\tAé😀A"})"},
+      {R"(s=r"C:\dir\n")", R"({"s":"C:\\dir\\n"})"},
+      {"s='''two\nlines'''", R"({"s":"two\nlines"})"},
+      {R"(s="\q")", R"({"s":"\\q"})"},  // an unknown escape keeps its backslash
+      {"n=-42, h=0xFF, o=0o17, b=0b101, u=1_000_000",
+       R"({"n":-42,"h":255,"o":15,"b":5,"u":1000000})"},
+      {"f=1., g=.5, e=-2.5E+2, z=00.25, w=1e3",
+       R"({"f":1.0,"g":0.5,"e":-250.0,"z":0.25,"w":1000.0})"},
+      {"t=True, f=False, n=None", R"({"t":true,"f":false,"n":null})"},
+      {"l=[1, 'a', [2, (3, 4)]], t=(5,), p=(6), e=()",
+       R"({"l":[1,"a",[2,[3,4]]],"t":[5],"p":6,"e":[]})"},
+      {"d={'k': {'n': [1]}, 1: 'one', True: 't', None: 'x', 2.5: 'f'}",
+       R"({"d":{"k":{"n":[1]},"1":"one","true":"t","null":"x","2.5":"f"}})"},
+      {"a = 1 ,\n  b = [1,\n 2,],\n", R"({"a":1,"b":[1,2]})"},  // spaces, newlines, trailing commas
+  };
+  for (const auto& [args, json] : cases) {
+    p = ParseToolCalls(ToolCallFormat::kPythonic, absl::StrCat("[f(", args, ")]"));
+    ASSERT_TRUE(p.ok()) << args << ": " << p.status();
+    ASSERT_EQ(p->calls.size(), 1u);
+    EXPECT_EQ(p->calls[0].arguments, json) << args;
+  }
+  // Llama 4's wrapper, and space around the list.
+  p = ParseToolCalls(ToolCallFormat::kPythonic, " <|python_start|>[f(a=1)]<|python_end|>\n");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->calls[0].arguments, R"({"a":1})");
+}
+
+TEST(PythonicToolCallsTest, WhatIsNotALiteralCallListIsRefused) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"f(a=1)", "expected '['"},
+      {"[]", "none found"},
+      {"[f('Lima')]", "expected a keyword argument"},
+      {"[f(a=x)]", "'x' is not a literal"},
+      {"[f(a=1+2)]", "expected ',' or ')'"},
+      {"[f(a={1, 2})]", "sets are not JSON"},
+      {"[f(a=f'{x}')]", "'f' is not a literal"},
+      {"[f(a=b'x')]", "'b' is not a literal"},
+      {"[f(a=1, a=2)]", "argument a repeated"},
+      {"[f(a='open)]", "unterminated string"},
+      {"[f(a='\\ud800')]", "escape is not a character"},
+      {"[f(a=0x1ffffffffffffffff)]", "integer too large"},
+      {"[f(a=007)]", "leading zeros"},
+      {"[f(a=1)] and more", "text after the list"},
+      {"[f(a=1) g(b=2)]", "expected ',' or ']'"},
+      {"[os.system(c='ls')]", "expected '(' after os"},
+      {"[f(a=[1, 2)]", "expected ',' or ']'"},
+      {"[f(a='\xff')]", "pythonic tool call arguments"},  // not UTF-8
+  };
+  for (const auto& [text, error] : cases) {
+    absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(ToolCallFormat::kPythonic, text);
+    ASSERT_FALSE(p.ok()) << text;
+    EXPECT_THAT(p.status().message(), HasSubstr(error)) << text;
+  }
+  // Nesting is bounded.
+  std::string deep = "[f(a=";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  for (int i = 0; i < 100; ++i) deep += "]";
+  deep += ")]";
+  absl::StatusOr<ParsedToolCalls> p = ParseToolCalls(ToolCallFormat::kPythonic, deep);
+  ASSERT_FALSE(p.ok());
+  EXPECT_THAT(p.status().message(), HasSubstr("nested too deeply"));
+}
+
+// The stream decides at the reply's first character, as for Llama 3's JSON: a list is held and
+// comes out as calls at the end (pythonic calls are not streamed as deltas: their arguments are
+// not JSON until read whole); prose streams, and a later "[" is only text; Llama 4's
+// <|python_start|> begins calls anywhere.
+TEST(PythonicToolCallsTest, StreamHoldsTheListAndReleasesProse) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kPythonic);
+  std::mt19937 rng(9);
+  {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got =
+        FeedInPieces(s, "  [get_weather(city='Lima', unit=\"c\"), get_time(zone='UTC')]", rng);
+    EXPECT_EQ(got.streamed, "");
+    ASSERT_EQ(got.result.calls.size(), 2u);
+    EXPECT_EQ(got.result.calls[0].arguments, R"({"city":"Lima","unit":"c"})");
+    EXPECT_EQ(got.result.calls[1].name, "get_time");
+    EXPECT_FALSE(got.result.malformed);
+    EXPECT_TRUE(got.deltas.empty());
+  }
+  {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    EXPECT_EQ(s.Feed("Sure"), "Sure");
+    EXPECT_EQ(s.Feed(" [f(a=1)]"), " [f(a=1)]");
+    EXPECT_TRUE(s.Finish(true).calls.empty());
+  }
+  {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got =
+        FeedInPieces(s, "Let me check. <|python_start|>[lookup(id=7)]<|python_end|>", rng);
+    EXPECT_EQ(got.streamed, "Let me check. ");
+    ASSERT_EQ(got.result.calls.size(), 1u);
+    EXPECT_EQ(got.result.calls[0].arguments, R"({"id":7})");
+  }
+  {
+    // A list that is not calls comes back whole as text.
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, "[1, 2, 3]", rng);
+    EXPECT_TRUE(got.result.calls.empty());
+    EXPECT_TRUE(got.result.malformed);
+    EXPECT_EQ(got.streamed, "");
+    EXPECT_EQ(got.result.text, "[1, 2, 3]");
+    EXPECT_TRUE(got.deltas.empty());
+  }
+}
+
+TEST(PythonicToolCallsTest, NamedAndDetected) {
+  EXPECT_EQ(*ToolCallFormatFromName("pythonic"), ToolCallFormat::kPythonic);
+  EXPECT_EQ(*ToolCallFormatFromName("llama4_pythonic"), ToolCallFormat::kPythonic);
+  EXPECT_EQ(ToolCallFormatName(ToolCallFormat::kPythonic), "pythonic");
+  // Llama 4's instruction (its template also names <|python_start|> nowhere else).
+  EXPECT_EQ(DetectToolCallFormat(
+                "If you decide to invoke any of the function(s), you MUST put it in the format "
+                "of [func_name1(params_name1=params_value1, params_name2=params_value2...), "
+                "func_name2(params)]"),
+            ToolCallFormat::kPythonic);
+  EXPECT_THAT(ToolCallMarkers(ToolCallFormat::kPythonic),
+              ::testing::ElementsAre("<|python_start|>", "<|python_end|>"));
 }
 
 }  // namespace

@@ -81,7 +81,8 @@ ABSL_FLAG(std::string, chat_template, "",
 ABSL_FLAG(std::string, tool_call_parser, "auto",
           "how replies to chat requests with tools are read for function calls (tool_choice "
           "AUTO): hermes, llama3_json, mistral, granite, qwen3_coder, glm45, minimax_m2, "
-          "minimax, deepseek_v3 (or deepseek_v31), deepseek_v32, kimi_k2, none, or auto (the "
+          "minimax, deepseek_v3 (or deepseek_v31), deepseek_v32, kimi_k2, pythonic (or "
+          "llama4_pythonic), none, or auto (the "
           "format the chat template writes)");
 ABSL_FLAG(std::string, reasoning_parser, "auto",
           "how replies to chat requests are split into reasoning and answer: think (the model "

@@ -1,0 +1,439 @@
+#include "model/pythonic_calls.h"
+
+#include <cstdint>
+#include <cstdio>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/json.h"
+#include "common/status_macros.h"
+
+namespace kvrm::pythonic {
+namespace {
+
+constexpr int kMaxDepth = 64;
+
+bool IsIdentStart(char c) { return absl::ascii_isalpha(c) || c == '_'; }
+bool IsIdent(char c) { return absl::ascii_isalnum(c) || c == '_'; }
+
+// Appends `cp` as UTF-8; false for surrogates and values past U+10FFFF (not text).
+bool AppendUtf8(uint32_t cp, std::string* out) {
+  if ((cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) return false;
+  if (cp < 0x80) {
+    out->push_back(static_cast<char>(cp));
+  } else if (cp < 0x800) {
+    out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else if (cp < 0x10000) {
+    out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  } else {
+    out->push_back(static_cast<char>(0xf0 | (cp >> 18)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
+    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+  }
+  return true;
+}
+
+// JSON string text of `s` (UTF-8; the JSON parse at the end refuses what is not).
+void AppendJsonString(std::string_view s, std::string* out) {
+  out->push_back('"');
+  for (const char c : s) {
+    switch (c) {
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\r':
+        out->append("\\r");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          char buf[8];
+          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
+          out->append(buf);
+        } else {
+          out->push_back(c);
+        }
+    }
+  }
+  out->push_back('"');
+}
+
+class Parser {
+ public:
+  explicit Parser(std::string_view s) : s_(s) {}
+
+  absl::StatusOr<std::vector<Call>> Calls() {
+    Space();
+    if (Rest().substr(0, kPythonStart.size()) == kPythonStart) i_ += kPythonStart.size();
+    Space();
+    if (!Eat('[')) return Error("expected '[' (a list of calls)");
+    std::vector<Call> calls;
+    Space();
+    while (!Eat(']')) {
+      if (!calls.empty()) {
+        if (!Eat(',')) return Error("expected ',' or ']' after a call");
+        Space();
+        if (Eat(']')) break;  // a trailing comma
+      }
+      ASSIGN_OR_RETURN(Call call, OneCall());
+      calls.push_back(std::move(call));
+      Space();
+    }
+    Space();
+    if (Rest().substr(0, kPythonEnd.size()) == kPythonEnd) i_ += kPythonEnd.size();
+    Space();
+    if (i_ != s_.size()) return Error("text after the list of calls");
+    return calls;
+  }
+
+ private:
+  std::string_view Rest() const { return s_.substr(i_); }
+  bool AtEnd() const { return i_ >= s_.size(); }
+  char Peek(size_t ahead = 0) const { return i_ + ahead < s_.size() ? s_[i_ + ahead] : '\0'; }
+  bool Eat(char c) {
+    if (Peek() != c || AtEnd()) return false;
+    ++i_;
+    return true;
+  }
+  void Space() {
+    while (!AtEnd() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+  }
+  absl::Status Error(std::string_view what) const {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pythonic tool calls: ", std::string(what), " at byte ", i_));
+  }
+
+  std::string_view Ident() {
+    const size_t start = i_;
+    if (AtEnd() || !IsIdentStart(s_[i_])) return {};
+    while (!AtEnd() && IsIdent(s_[i_])) ++i_;
+    return s_.substr(start, i_ - start);
+  }
+
+  absl::StatusOr<Call> OneCall() {
+    Call call;
+    call.name = std::string(Ident());
+    if (call.name.empty()) return Error("expected a function name");
+    Space();
+    if (!Eat('(')) return Error(absl::StrCat("expected '(' after ", call.name));
+    std::string args = "{";
+    std::vector<std::string> keys;
+    Space();
+    while (!Eat(')')) {
+      if (!keys.empty()) {
+        if (!Eat(',')) return Error("expected ',' or ')' after an argument");
+        Space();
+        if (Eat(')')) break;
+      }
+      const std::string key(Ident());
+      Space();
+      if (key.empty() || !Eat('=')) {
+        return Error(absl::StrCat(call.name, ": expected a keyword argument (name=value)"));
+      }
+      for (const std::string& k : keys) {
+        if (k == key) return Error(absl::StrCat(call.name, ": argument ", key, " repeated"));
+      }
+      Space();
+      if (!keys.empty()) args.push_back(',');
+      AppendJsonString(key, &args);
+      args.push_back(':');
+      RETURN_IF_ERROR(Value(0, &args));
+      keys.push_back(key);
+      Space();
+    }
+    args.push_back('}');
+    // Through the JSON parser: the text is well-formed JSON (strings valid UTF-8) and comes out
+    // compact as every format's arguments do.
+    ASSIGN_OR_RETURN(const OrderedJson j, ParseOrderedJson(args, "pythonic tool call arguments"));
+    call.arguments = j.dump();
+    return call;
+  }
+
+  // One literal, as JSON text appended to `out`.
+  absl::Status Value(int depth, std::string* out) {
+    if (depth > kMaxDepth) return Error("literals nested too deeply");
+    const char c = Peek();
+    if (c == '[') return Sequence(']', depth, out);
+    if (c == '(') return Sequence(')', depth, out);
+    if (c == '{') return Dict(depth, out);
+    if (c == '"' || c == '\'' ||
+        ((c == 'r' || c == 'R' || c == 'u' || c == 'U') && (Peek(1) == '"' || Peek(1) == '\''))) {
+      std::string text;
+      RETURN_IF_ERROR(Strings(&text));
+      AppendJsonString(text, out);
+      return absl::OkStatus();
+    }
+    if (absl::ascii_isdigit(c) || c == '.' || c == '-' || c == '+') return Number(out);
+    const size_t at = i_;
+    const std::string_view word = Ident();
+    if (word == "True") return out->append("true"), absl::OkStatus();
+    if (word == "False") return out->append("false"), absl::OkStatus();
+    if (word == "None") return out->append("null"), absl::OkStatus();
+    i_ = at;
+    return Error(word.empty() ? std::string("expected a literal")
+                              : absl::StrCat("'", std::string(word), "' is not a literal"));
+  }
+
+  // A list or tuple (as a JSON array); "(x)" is x itself, as in Python.
+  absl::Status Sequence(char close, int depth, std::string* out) {
+    ++i_;
+    std::string items = "[";
+    int count = 0;
+    bool comma = false;
+    Space();
+    while (!Eat(close)) {
+      if (count > 0) {
+        if (!Eat(',')) return Error(absl::StrCat("expected ',' or '", std::string(1, close), "'"));
+        comma = true;
+        Space();
+        if (Eat(close)) break;
+      }
+      if (count > 0) items.push_back(',');
+      const size_t before = items.size();
+      RETURN_IF_ERROR(Value(depth + 1, &items));
+      if (close == ')' && count == 0 && Peek() != ',') {
+        // Possibly "(x)": a parenthesized value when it closes here.
+        Space();
+        if (Eat(')')) {
+          out->append(items.substr(before));
+          return absl::OkStatus();
+        }
+      }
+      ++count;
+      Space();
+    }
+    (void)comma;
+    items.push_back(']');
+    out->append(items);
+    return absl::OkStatus();
+  }
+
+  absl::Status Dict(int depth, std::string* out) {
+    ++i_;
+    out->push_back('{');
+    bool first = true;
+    Space();
+    while (!Eat('}')) {
+      if (!first) {
+        if (!Eat(',')) return Error("expected ',' or '}' in a dict");
+        Space();
+        if (Eat('}')) break;
+      }
+      // The key as json.dumps writes it: strings as they are, numbers, True / False / None as
+      // their JSON text.
+      std::string key;
+      RETURN_IF_ERROR(Value(depth + 1, &key));
+      if (key.empty() || key[0] == '[' || key[0] == '{')
+        return Error("a dict key must be a scalar");
+      if (key[0] != '"') {
+        std::string quoted;
+        AppendJsonString(key, &quoted);
+        key = std::move(quoted);
+      }
+      Space();
+      if (!Eat(':')) {
+        return Error(first ? "expected ':' in a dict (sets are not JSON)"
+                           : "expected ':' in a dict");
+      }
+      Space();
+      if (!first) out->push_back(',');
+      out->append(key);
+      out->push_back(':');
+      RETURN_IF_ERROR(Value(depth + 1, out));
+      first = false;
+      Space();
+    }
+    out->push_back('}');
+    return absl::OkStatus();
+  }
+
+  // One or more adjacent string literals, joined (Python's implicit concatenation).
+  absl::Status Strings(std::string* text) {
+    do {
+      RETURN_IF_ERROR(OneString(text));
+      Space();
+    } while (Peek() == '"' || Peek() == '\'' ||
+             ((Peek() == 'r' || Peek() == 'R' || Peek() == 'u' || Peek() == 'U') &&
+              (Peek(1) == '"' || Peek(1) == '\'')));
+    return absl::OkStatus();
+  }
+
+  absl::Status OneString(std::string* text) {
+    bool raw = false;
+    if (Peek() == 'r' || Peek() == 'R') raw = true, ++i_;
+    if (Peek() == 'u' || Peek() == 'U') ++i_;
+    const char q = Peek();
+    const bool triple = Peek(1) == q && Peek(2) == q;
+    i_ += triple ? 3 : 1;
+    for (;;) {
+      if (AtEnd()) return Error("unterminated string");
+      const char c = s_[i_];
+      if (c == q && (!triple || (Peek(1) == q && Peek(2) == q))) {
+        i_ += triple ? 3 : 1;
+        return absl::OkStatus();
+      }
+      if (c == '\n' && !triple) return Error("newline in a string");
+      if (c != '\\') {
+        text->push_back(c);
+        ++i_;
+        continue;
+      }
+      if (raw) {  // the backslash stays, and shields the next character from ending the string
+        text->push_back('\\');
+        ++i_;
+        if (!AtEnd()) text->push_back(s_[i_++]);
+        continue;
+      }
+      ++i_;
+      if (AtEnd()) return Error("unterminated string");
+      const char e = s_[i_++];
+      switch (e) {
+        case '\n':
+          break;  // a line continuation
+        case '\\':
+          text->push_back('\\');
+          break;
+        case '\'':
+          text->push_back('\'');
+          break;
+        case '"':
+          text->push_back('"');
+          break;
+        case 'a':
+          text->push_back('\a');
+          break;
+        case 'b':
+          text->push_back('\b');
+          break;
+        case 'f':
+          text->push_back('\f');
+          break;
+        case 'n':
+          text->push_back('\n');
+          break;
+        case 'r':
+          text->push_back('\r');
+          break;
+        case 't':
+          text->push_back('\t');
+          break;
+        case 'v':
+          text->push_back('\v');
+          break;
+        case 'x':
+        case 'u':
+        case 'U': {
+          const int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          uint32_t cp = 0;
+          for (int d = 0; d < digits; ++d) {
+            const char h = Peek();
+            if (!absl::ascii_isxdigit(h)) return Error("bad escape in a string");
+            cp = cp * 16 + (absl::ascii_isdigit(h) ? h - '0' : (absl::ascii_tolower(h) - 'a' + 10));
+            ++i_;
+          }
+          if (!AppendUtf8(cp, text)) return Error("escape is not a character");
+          break;
+        }
+        default:
+          if (e >= '0' && e <= '7') {  // octal, up to three digits
+            uint32_t cp = e - '0';
+            for (int d = 0; d < 2 && Peek() >= '0' && Peek() <= '7'; ++d)
+              cp = cp * 8 + (s_[i_++] - '0');
+            AppendUtf8(cp, text);
+          } else {  // an unknown escape keeps its backslash, as Python does
+            text->push_back('\\');
+            text->push_back(e);
+          }
+      }
+    }
+  }
+
+  // An int or float, with an optional sign, as JSON number text.
+  absl::Status Number(std::string* out) {
+    bool negative = false;
+    while (Peek() == '-' || Peek() == '+') {
+      negative ^= Peek() == '-';
+      ++i_;
+      Space();
+    }
+    std::string digits;
+    auto run = [&](auto is_digit) {
+      std::string got;
+      while (!AtEnd() &&
+             (is_digit(s_[i_]) || (s_[i_] == '_' && !got.empty() && is_digit(Peek(1))))) {
+        if (s_[i_] != '_') got.push_back(s_[i_]);
+        ++i_;
+      }
+      return got;
+    };
+    const auto dec = [](char c) { return absl::ascii_isdigit(c); };
+    if (Peek() == '0' && (Peek(1) == 'x' || Peek(1) == 'X' || Peek(1) == 'o' || Peek(1) == 'O' ||
+                          Peek(1) == 'b' || Peek(1) == 'B')) {
+      const int base = absl::ascii_tolower(Peek(1)) == 'x'   ? 16
+                       : absl::ascii_tolower(Peek(1)) == 'o' ? 8
+                                                             : 2;
+      i_ += 2;
+      if (Peek() == '_') ++i_;
+      const std::string text = run([base](char c) {
+        return base == 16 ? absl::ascii_isxdigit(c) : c >= '0' && c < '0' + base;
+      });
+      if (text.empty()) return Error("bad number");
+      uint64_t v = 0;
+      for (const char c : text) {
+        const uint64_t d = absl::ascii_isdigit(c) ? c - '0' : absl::ascii_tolower(c) - 'a' + 10;
+        if (v > (UINT64_MAX - d) / base) return Error("integer too large");
+        v = v * base + d;
+      }
+      absl::StrAppend(out, negative ? "-" : "", v);
+      return absl::OkStatus();
+    }
+    std::string whole = run(dec), frac, exp;
+    bool is_float = false;
+    if (Peek() == '.') {
+      ++i_;
+      is_float = true;
+      frac = run(dec);
+    }
+    if (whole.empty() && frac.empty()) return Error("bad number");
+    if (Peek() == 'e' || Peek() == 'E') {
+      ++i_;
+      is_float = true;
+      std::string sign;
+      if (Peek() == '+' || Peek() == '-') sign = std::string(1, s_[i_++]);
+      exp = run(dec);
+      if (exp.empty()) return Error("bad exponent");
+      exp = "e" + sign + exp;
+    }
+    if (Peek() == 'j' || Peek() == 'J' || IsIdent(Peek())) return Error("bad number");
+    // Leading zeros go (Python allows "00" and "0.5" and "00.5"; JSON only one).
+    size_t nz = 0;
+    while (nz + 1 < whole.size() && whole[nz] == '0') ++nz;
+    whole = whole.empty() ? "0" : whole.substr(nz);
+    if (!is_float && whole != "0" && nz > 0) return Error("leading zeros in an integer");
+    absl::StrAppend(out, negative ? "-" : "", whole);
+    if (is_float) absl::StrAppend(out, ".", frac.empty() ? "0" : frac, exp);
+    return absl::OkStatus();
+  }
+
+  std::string_view s_;
+  size_t i_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<Call>> ParseCalls(std::string_view text) { return Parser(text).Calls(); }
+
+}  // namespace kvrm::pythonic
