@@ -337,6 +337,35 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
   return absl::OkStatus();
 }
 
+// SmolLM3's NoPE layers: no_rope_layers, a 0 / 1 a layer (at least num_hidden_layers of them;
+// 1: the layer uses RoPE), else a NoPE layer every no_rope_layer_interval-th (default 4), as
+// SmolLM3Config fills it in.
+absl::Status ParseNopeLayers(const Fields& f, LlamaConfig* c) {
+  if (c->model_type != "smollm3") return absl::OkStatus();
+  const int32_t layers = c->num_hidden_layers;
+  c->rope_layers.assign(layers, true);
+  if (const Json* list = f.Get("no_rope_layers")) {
+    if (!list->is_array() || list->size() < static_cast<size_t>(layers)) {
+      return f.Invalid("no_rope_layers", absl::StrCat("must be a list of at least "
+                                                      "num_hidden_layers (",
+                                                      layers, ") 0s and 1s"));
+    }
+    for (int32_t i = 0; i < layers; ++i) {
+      const Json& v = (*list)[i];
+      if (!v.is_number_integer() || (v.get<int64_t>() != 0 && v.get<int64_t>() != 1)) {
+        return f.Invalid("no_rope_layers",
+                         absl::StrCat("[", i, "] is ", v.dump(), ", not 0 (NoPE) or 1 (RoPE)"));
+      }
+      c->rope_layers[i] = v.get<int64_t>() == 1;
+    }
+    return absl::OkStatus();
+  }
+  int64_t interval = 4;
+  RETURN_IF_ERROR(f.Int("no_rope_layer_interval", false, 1, kInt32Max, &interval));
+  for (int32_t i = 0; i < layers; ++i) c->rope_layers[i] = (i + 1) % interval != 0;
+  return absl::OkStatus();
+}
+
 // Which layers attend within `sliding_window`, and its span (none when no shorter than the
 // model's context). Mistral and Phi-3: every layer (Phi-3-mini-4k's 2047 of 4096). Gemma 2 / 3 and
 // Qwen2 / Qwen3 with use_sliding_window (as their Transformers configs read it): the layers
@@ -347,8 +376,11 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
   const std::string& type = c->model_type;
   if (type == "llama" || type == "granite") return absl::OkStatus();
   const bool gemma = IsGemma(type);
+  // SmolLM3Config reads use_sliding_window as Qwen's do; without layer_types its NoPE layers
+  // are the sliding ones.
+  const bool smollm3 = type == "smollm3";
   const bool qwen =
-      type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe";
+      type == "qwen2" || type == "qwen3" || type == "qwen2_moe" || type == "qwen3_moe" || smollm3;
   const int32_t layers = c->num_hidden_layers;
   std::vector<bool> sliding(layers, true);
   if (qwen) {
@@ -376,6 +408,8 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
     int64_t pattern = 6;
     RETURN_IF_ERROR(f.Int("sliding_window_pattern", false, 1, kInt32Max, &pattern));
     for (int32_t i = 0; i < layers; ++i) sliding[i] = (i + 1) % pattern != 0;
+  } else if (smollm3) {
+    for (int32_t i = 0; i < layers; ++i) sliding[i] = !c->UsesRope(i);
   } else if (qwen) {
     int64_t first = 28;
     RETURN_IF_ERROR(f.Int("max_window_layers", false, 0, kInt32Max, &first));
@@ -814,15 +848,15 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     return inner_config;
   }
   const bool gemma = IsGemma(c.model_type);
-  static constexpr std::string_view kTypes[] = {"llama",     "mistral", "qwen2",      "qwen3",
-                                                "phi3",      "granite", "mixtral",    "qwen2_moe",
-                                                "qwen3_moe", "gemma2",  "gemma3_text"};
+  static constexpr std::string_view kTypes[] = {"llama",     "mistral", "qwen2",       "qwen3",
+                                                "phi3",      "granite", "mixtral",     "qwen2_moe",
+                                                "qwen3_moe", "gemma2",  "gemma3_text", "smollm3"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes)) {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
                                                       "qwen2, qwen3, phi3, granite, mixtral, "
                                                       "qwen2_moe, qwen3_moe, gemma2, gemma3, "
-                                                      "gemma3_text)"));
+                                                      "gemma3_text, smollm3)"));
   }
   c.fused_projections = c.model_type == "phi3";
   if (c.model_type == "granite") {
@@ -835,6 +869,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   }
   RETURN_IF_ERROR(ParseSizes(f, &c));
   if (gemma) RETURN_IF_ERROR(ParseGemma(root, f, &c));
+  if (c.model_type == "smollm3") {  // SmolLM3Config's defaults
+    c.rope_theta = 2000000;
+    c.tie_word_embeddings = true;
+  }
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
   RETURN_IF_ERROR(ParseRope(root, what, &c));
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
@@ -842,6 +880,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   if (c.torch_dtype.empty()) RETURN_IF_ERROR(f.String("dtype", false, &c.torch_dtype));
   if (gemma) c.embedding_multiplier = GemmaEmbeddingScale(c);
   RETURN_IF_ERROR(ParseAttentionFeatures(f, &c));
+  RETURN_IF_ERROR(ParseNopeLayers(f, &c));
   RETURN_IF_ERROR(ParseSlidingWindow(f, &c));
   RETURN_IF_ERROR(ParseExperts(f, &c));
   RETURN_IF_ERROR(ParseQuantization(root, what, &c));
@@ -862,12 +901,12 @@ std::string CheckpointQuantization::Describe() const {
 
 std::string_view ArchitectureClassName(std::string_view model_type) {
   static constexpr std::pair<std::string_view, std::string_view> kClasses[] = {
-      {"llama", "LlamaForCausalLM"},       {"mistral", "MistralForCausalLM"},
-      {"qwen2", "Qwen2ForCausalLM"},       {"qwen3", "Qwen3ForCausalLM"},
-      {"phi3", "Phi3ForCausalLM"},         {"granite", "GraniteForCausalLM"},
-      {"gemma2", "Gemma2ForCausalLM"},     {"gemma3_text", "Gemma3ForCausalLM"},
-      {"mixtral", "MixtralForCausalLM"},   {"qwen2_moe", "Qwen2MoeForCausalLM"},
-      {"qwen3_moe", "Qwen3MoeForCausalLM"}};
+      {"llama", "LlamaForCausalLM"},        {"mistral", "MistralForCausalLM"},
+      {"qwen2", "Qwen2ForCausalLM"},        {"qwen3", "Qwen3ForCausalLM"},
+      {"phi3", "Phi3ForCausalLM"},          {"granite", "GraniteForCausalLM"},
+      {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
+      {"mixtral", "MixtralForCausalLM"},    {"qwen2_moe", "Qwen2MoeForCausalLM"},
+      {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"smollm3", "SmolLM3ForCausalLM"}};
   for (const auto& [type, name] : kClasses) {
     if (type == model_type) return name;
   }

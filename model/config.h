@@ -112,6 +112,10 @@ struct LlamaConfig {
   // Gemma 3: the RoPE base of the sliding layers, which rotate without rope_scaling
   // (rope_local_base_freq; 0: every layer rotates as rope_theta and rope_scaling say).
   double rope_local_theta = 0;
+  // SmolLM3's NoPE layers: [num_hidden_layers], true where a layer rotates Q and K (its config's
+  // no_rope_layers, whose 1 means "uses RoPE"; by default every no_rope_layer_interval-th layer,
+  // 4th, does not); empty: every layer rotates. Use UsesRope(layer).
+  std::vector<bool> rope_layers;
   bool tie_word_embeddings = false;
   // Biases on the Q, K and V projections (qwen2 always; llama and qwen3 with attention_bias).
   bool qkv_bias = false;
@@ -176,6 +180,11 @@ struct LlamaConfig {
   }
   bool IsSlidingLayer(int32_t layer) const {
     return !sliding_layers.empty() && sliding_layers[layer];
+  }
+  bool UsesRope(int32_t layer) const { return rope_layers.empty() || rope_layers[layer]; }
+  // Whether some layer rotates no Q and K (SmolLM3).
+  bool HasNopeLayers() const {
+    return std::find(rope_layers.begin(), rope_layers.end(), false) != rope_layers.end();
   }
   bool gelu_tanh() const { return hidden_act == "gelu_pytorch_tanh"; }
   bool IsMoeLayer(int32_t layer) const { return !moe_layers.empty() && moe_layers[layer]; }

@@ -450,6 +450,74 @@ TEST(ConfigTest, ParsesGranite31_2B) {
               "residual_multiplier (-1) must be > 0");
 }
 
+// HuggingFaceTB/SmolLM3-3B's config.json: Llama's block, every fourth layer without RoPE
+// (no_rope_layers, 1 where a layer uses it), bos_token_id null.
+constexpr char kSmolLM3_3B[] = R"({
+  "architectures": ["SmolLM3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": null, "eos_token_id": 128012, "hidden_act": "silu", "hidden_size": 2048,
+  "initializer_range": 0.02, "intermediate_size": 11008,
+  "layer_types": ["full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention","full_attention"],
+  "max_position_embeddings": 65536, "max_window_layers": 28, "mlp_bias": false,
+  "model_type": "smollm3", "no_rope_layer_interval": 4,
+  "no_rope_layers": [1,1,1,0,1,1,1,0,1,1,1,0,1,1,1,0,1,1,1,0,1,1,1,0,1,1,1,0,1,1,1,0,1,1,1,0],
+  "num_attention_heads": 16, "num_hidden_layers": 36, "num_key_value_heads": 4,
+  "pad_token_id": 128004, "pretraining_tp": 2, "rms_norm_eps": 1e-06, "rope_scaling": null,
+  "rope_theta": 5000000.0, "sliding_window": null, "torch_dtype": "bfloat16",
+  "transformers_version": "4.54.0.dev0", "use_cache": false, "use_sliding_window": false,
+  "vocab_size": 128256})";
+
+TEST(ConfigTest, ParsesSmolLM3_3B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kSmolLM3_3B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "smollm3");
+  EXPECT_EQ(c->num_hidden_layers, 36);
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->rope_theta, 5000000.0);
+  EXPECT_TRUE(c->tie_word_embeddings);  // SmolLM3Config's default; the file does not say
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_EQ(c->sliding_window, 0);
+  ASSERT_EQ(c->rope_layers.size(), 36u);
+  for (int32_t i = 0; i < 36; ++i) EXPECT_EQ(c->UsesRope(i), (i + 1) % 4 != 0) << i;
+  EXPECT_TRUE(c->HasNopeLayers());
+  EXPECT_EQ(ArchitectureClassName("smollm3"), "SmolLM3ForCausalLM");
+  // Without the list, the interval makes it (SmolLM3Config.__post_init__); a list says which.
+  Json j = Json::parse(kSmolLM3_3B);
+  j.erase("no_rope_layers");
+  j["no_rope_layer_interval"] = 3;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int32_t i = 0; i < 36; ++i) EXPECT_EQ(c->UsesRope(i), (i + 1) % 3 != 0) << i;
+  j.erase("no_rope_layer_interval");
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->UsesRope(3));
+  EXPECT_TRUE(c->UsesRope(4));
+  // use_sliding_window with a window: the NoPE layers slide, as SmolLM3Config fills layer_types.
+  j.erase("layer_types");
+  j["use_sliding_window"] = true;
+  j["sliding_window"] = 4096;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->SlidingWindowOf(3), 4096);
+  EXPECT_EQ(c->SlidingWindowOf(2), 0);
+}
+
+TEST(ConfigTest, SmolLM3BadNopeLayersNameTheKey) {
+  Json j = Json::parse(kSmolLM3_3B);
+  j["no_rope_layers"] = {1, 1, 0};
+  ExpectError(ParseLlamaConfig(j.dump(), "config.json").status(),
+              absl::StatusCode::kInvalidArgument, "no_rope_layers must be a list of at least");
+  j = Json::parse(kSmolLM3_3B);
+  j["no_rope_layers"][5] = 2;
+  ExpectError(ParseLlamaConfig(j.dump(), "config.json").status(),
+              absl::StatusCode::kInvalidArgument, "no_rope_layers [5] is 2");
+  j = Json::parse(kSmolLM3_3B);
+  j.erase("no_rope_layers");
+  j["no_rope_layer_interval"] = 0;
+  ExpectError(ParseLlamaConfig(j.dump(), "config.json").status(),
+              absl::StatusCode::kInvalidArgument, "no_rope_layer_interval");
+}
+
 TEST(ConfigTest, ArchitectureClassNames) {
   EXPECT_EQ(ArchitectureClassName("qwen3"), "Qwen3ForCausalLM");
   EXPECT_EQ(ArchitectureClassName("phi3"), "Phi3ForCausalLM");
@@ -608,7 +676,7 @@ TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
               absl::StatusCode::kUnimplemented,
               "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
-              "granite, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3, gemma3_text)");
+              "granite, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3, gemma3_text, smollm3)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }

@@ -149,9 +149,11 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
         RmsNorm(head, l.k_norm, hd_, eps, head, offset);
       }
     }
-    const float* cs = rope + static_cast<int64_t>(r.position) * hd_;
-    ApplyRope(&q_[i * qw_], w_.heads, hd_, cs);
-    ApplyRope(&k_[i * kvw_], w_.kv_heads, hd_, cs);
+    if (config_.UsesRope(layer)) {  // (SmolLM3's NoPE layers attend without positions)
+      const float* cs = rope + static_cast<int64_t>(r.position) * hd_;
+      ApplyRope(&q_[i * qw_], w_.heads, hd_, cs);
+      ApplyRope(&k_[i * kvw_], w_.kv_heads, hd_, cs);
+    }
     // The new token's K/V go where the run table puts its position.
     const int64_t phys =
         PhysicalToken(r.runs, r.num_runs, kv.block_tokens,

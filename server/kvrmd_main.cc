@@ -44,7 +44,8 @@ ABSL_FLAG(std::string, model, "builtin:small",
           "weights are multiplied as blocks of exactly their values, see --quantization; on the "
           "GPU dequantized to bf16 at load), or builtin:tiny / builtin:small (generated into "
           "--model_cache on first use; also builtin:tiny-qwen2 / tiny-qwen3 / tiny-phi3 / "
-          "tiny-granite / tiny-biased / tiny-gemma2 / tiny-gemma3 / tiny-mistral-sw, the tiny "
+          "tiny-granite / tiny-biased / tiny-gemma2 / tiny-gemma3 / tiny-mistral-sw / "
+          "tiny-smollm3, the tiny "
           "shape in those architectures)");
 ABSL_FLAG(std::string, lora_modules, "",
           "LoRA adapters served beside the base model, name=DIR[,name=DIR...]: each "

@@ -678,6 +678,13 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   if (size == "tiny-qwen2" || size == "tiny-qwen3" || size == "tiny-qwen2-moe") {
     EXPECT_EQ(c.head_dim * c.num_attention_heads, 2 * c.hidden_size);
   }
+  // SmolLM3: layers 1 and 3 attend without RoPE.
+  EXPECT_EQ(c.HasNopeLayers(), size == "tiny-smollm3");
+  if (size == "tiny-smollm3") {
+    EXPECT_EQ(c.rope_layers, std::vector<bool>({true, false, true, false}));
+    EXPECT_EQ(c.rope_theta, 2000000.0);
+    EXPECT_TRUE(c.tie_word_embeddings);
+  }
 }
 
 TEST_P(ArchitectureForwardTest, ChunkedPrefillThenDecodeMatchesReference) {
@@ -706,7 +713,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
                                      "tiny-granite", "tiny-gemma2", "tiny-gemma3",
                                      "tiny-mistral-sw", "tiny-mixtral", "tiny-qwen2-moe",
-                                     "tiny-qwen3-moe"),
+                                     "tiny-qwen3-moe", "tiny-smollm3"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {

@@ -503,8 +503,11 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
       v[t] = Affine(l.v, l.bv, h);
       HeadNorm(q[t], l.q_norm);
       HeadNorm(k[t], l.k_norm);
-      Rope(q[t], heads, t, local_rope);
-      Rope(k[t], kv_heads, t, local_rope);
+      // SmolLM3Attention: `if self.use_rope:` (its config's no_rope_layers[layer] is 1).
+      if (config_.UsesRope(layer)) {
+        Rope(q[t], heads, t, local_rope);
+        Rope(k[t], kv_heads, t, local_rope);
+      }
       if (bf16_kv_) {
         for (std::vector<double>* kv : {&k[t], &v[t]}) {
           for (double& e : *kv) e = Bf16ToFloat(FloatToBf16(static_cast<float>(e)));

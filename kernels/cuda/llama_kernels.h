@@ -62,7 +62,8 @@ struct KvLayer {
 };
 
 // qkv: [rows][(heads + 2 * kv_heads) * head_dim] from the fused QKV product. Rotates Q and K in
-// place (RoPE, rotate-half; `rope` [max_context][head_dim]: cos half then sin half) and writes
+// place (RoPE, rotate-half; `rope` [max_context][head_dim]: cos half then sin half; null: a
+// layer without RoPE, SmolLM3's NoPE layers, whose Q and K stay as they are) and writes
 // K and V of each active row to the physical token its run table gives its position. A bf16
 // pool stores them rounded to nearest even exactly as the CPU's FloatToBf16 (common/dtype.h)
 // does, so the two backends' pools hold the same bits for the same f32 K and V.

@@ -31,12 +31,15 @@ __global__ void RopeAndStoreKvKernel(float* __restrict__ qkv, StepInputs in,
   if (p < rotated) {
     const int32_t head = p / half, i = p % half;
     float* h = q + head * hd;  // K heads follow the Q heads contiguously
-    const float* cs = rope + static_cast<int64_t>(position) * hd;
-    const float a = h[i], b = h[i + half];
-    const float ra = a * cs[i] - b * cs[half + i];
-    const float rb = b * cs[i] + a * cs[half + i];
-    h[i] = ra;
-    h[i + half] = rb;
+    float ra = h[i], rb = h[i + half];
+    if (rope != nullptr) {  // (null: a NoPE layer, SmolLM3's, stores K as it is)
+      const float* cs = rope + static_cast<int64_t>(position) * hd;
+      const float a = ra, b = rb;
+      ra = a * cs[i] - b * cs[half + i];
+      rb = b * cs[i] + a * cs[half + i];
+      h[i] = ra;
+      h[i + half] = rb;
+    }
     if (head < heads) return;
     const int64_t phys = in.PhysicalToken(in.table[row], position, kv.block_tokens);
     if (phys < 0) return;  // the host packer guarantees a target; never write out of bounds

@@ -643,10 +643,12 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass, bool lora) {
                                            s));
     }
     // The pool's element type picks the kernels' instantiation (f32 or bf16; Create checked it).
+    // SmolLM3's NoPE layers rotate nothing (a null table).
+    const float* layer_rope = config_.UsesRope(layer) ? rope : nullptr;
     RETURN_IF_ERROR(view.dtype == DType::kBF16
-                        ? RopeKvAndAttention<bf16>(view, rank.qkv, in, rope, rank.heads,
+                        ? RopeKvAndAttention<bf16>(view, rank.qkv, in, layer_rope, rank.heads,
                                                    rank.kv_heads, scale, ws, rank.attn, s)
-                        : RopeKvAndAttention<float>(view, rank.qkv, in, rope, rank.heads,
+                        : RopeKvAndAttention<float>(view, rank.qkv, in, layer_rope, rank.heads,
                                                     rank.kv_heads, scale, ws, rank.attn, s));
     RETURN_IF_ERROR(g.o->Run(rank.attn, l.wo, rank.x, residual_beta, wsp, s));
     // Row-parallel: each rank's delta is a partial sum (its share of A's columns), completed by

@@ -261,6 +261,11 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       }
     }
   }
+  if (c.HasNopeLayers()) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": ", c.model_type,
+        "'s layers without RoPE (no_rope_layers) have no GGUF form in this converter"));
+  }
   // The architecture llama.cpp's converter writes: qwen2, qwen3 and granite as themselves, Llama
   // and Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by
   // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on

@@ -788,6 +788,15 @@ const std::string& ArchitectureDir(const std::string& size) {
   return (*dirs)[size] = o.out_dir;
 }
 
+// SmolLM3's layers without RoPE have no form in the architectures written here (llama's would
+// rotate them all): refused by name rather than converted wrong.
+TEST(GgufConvertTest, NopeLayersAreRefused) {
+  const absl::Status s = ConvertToGguf(ArchitectureDir("tiny-smollm3"),
+                                       TmpDir() + "/tiny-smollm3.gguf", GgufConvertOptions());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("no_rope_layers"));
+}
+
 // Every tensor a model binds, with its name: the matrices and norms, and the attention biases
 // and Q/K norms it has.
 std::vector<std::pair<std::string, const WeightMatrix*>> AllTensors(const LlamaWeights& w) {

@@ -41,6 +41,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   const bool moe = spec.num_experts > 0;
   const bool gemma = spec.gemma();
   const bool gemma3 = spec.model_type == "gemma3_text";
+  const bool smollm3 = spec.model_type == "smollm3";
   // Keys as the model's Transformers config class writes them: MistralConfig has no
   // attention_bias, mlp_bias or pretraining_tp, Gemma's configs no mlp_bias or pretraining_tp,
   // and Gemma reads its activation from hidden_activation (hidden_act written too, as
@@ -100,10 +101,16 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   if (moe) c["num_experts_per_tok"] = spec.num_experts_per_tok;
   c["num_hidden_layers"] = spec.num_layers;
   c["num_key_value_heads"] = spec.num_kv_heads;
+  if (smollm3) {  // SmolLM3Config's list (1: the layer uses RoPE) and the interval it came from
+    OJson rope = OJson::array();
+    for (int i = 0; i < spec.num_layers; ++i) rope.push_back(spec.UsesRope(i) ? 1 : 0);
+    c["no_rope_layer_interval"] = spec.no_rope_layer_interval;
+    c["no_rope_layers"] = std::move(rope);
+  }
   if (mixtral) c["num_local_experts"] = spec.num_experts;
   if (moe) c["output_router_logits"] = false;
   if (phi3) c["original_max_position_embeddings"] = spec.max_position_embeddings;
-  if (!qwen && !phi3 && !mistral && !gemma) c["pretraining_tp"] = 1;
+  if (!qwen && !phi3 && !mistral && !gemma && !smollm3) c["pretraining_tp"] = 1;
   if (gemma) c["query_pre_attn_scalar"] = spec.query_pre_attn_scalar;
   c["rms_norm_eps"] = spec.rms_norm_eps;
   if (gemma3) c["rope_local_base_freq"] = spec.rope_local_base_freq;
@@ -128,7 +135,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   if (qwen2_moe) c["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size;
   if (spec.sliding_window > 0) {
     c["sliding_window"] = spec.sliding_window;
-  } else if (qwen || phi3 || mixtral) {
+  } else if (qwen || phi3 || mixtral || smollm3) {
     c["sliding_window"] = nullptr;
   }
   if (gemma3 && spec.sliding_window > 0) {
@@ -139,7 +146,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   // Gemma 3's first, Qwen3-MoE's first, else one that has every other class.
   c["transformers_version"] = gemma3 ? "4.50.0" : qwen3_moe ? "4.51.0" : "4.45.0";
   c["use_cache"] = true;
-  if (qwen) c["use_sliding_window"] = false;
+  if (qwen || smollm3) c["use_sliding_window"] = false;
   c["vocab_size"] = spec.vocab_size;
   return c.dump(2) + "\n";
 }

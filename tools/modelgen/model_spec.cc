@@ -98,6 +98,21 @@ ModelSpec TinyGranite() {
   return s;
 }
 
+// SmolLM3's NoPE layers: every second layer of the four attends without RoPE (SmolLM3-3B:
+// every fourth of 36), on SmolLM3's base of 2e6 and tied embeddings. A layer that rotates
+// where it should not (or the other way) moves every logit.
+ModelSpec TinySmolLM3() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-smollm3";
+  s.model_type = "smollm3";
+  s.rope_scaling.reset();
+  s.rope_theta = 2000000.0;
+  s.no_rope_layer_interval = 2;
+  s.tie_word_embeddings = true;
+  s.rms_norm_eps = 1e-6;
+  return s;
+}
+
 ModelSpec TinyBiased() {
   ModelSpec s = Tiny();
   s.name = "tiny-biased";
@@ -257,12 +272,12 @@ ModelSpec SmallMixtral() {
 
 const std::vector<ModelSpec>& Table() {
   static const auto* table =
-      new std::vector<ModelSpec>{Tiny(),        Small(),        TinyQwen2(),
-                                 TinyQwen3(),   TinyBiased(),   TinyPhi3(),
-                                 TinyGranite(), TinyK(),        TinyQwen2TwoHeads(),
-                                 TinyGemma2(),  TinyGemma3(),   TinyMistralSlidingWindow(),
-                                 TinyMixtral(), TinyQwen2Moe(), TinyQwen3Moe(),
-                                 SmallMixtral()};
+      new std::vector<ModelSpec>{Tiny(),         Small(),        TinyQwen2(),
+                                 TinyQwen3(),    TinyBiased(),   TinyPhi3(),
+                                 TinyGranite(),  TinyK(),        TinyQwen2TwoHeads(),
+                                 TinyGemma2(),   TinyGemma3(),   TinyMistralSlidingWindow(),
+                                 TinyMixtral(),  TinyQwen2Moe(), TinyQwen3Moe(),
+                                 SmallMixtral(), TinySmolLM3()};
   return *table;
 }
 

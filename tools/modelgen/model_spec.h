@@ -33,7 +33,8 @@ struct ModelSpec {
   // gemma3_text also has per-head Q/K norms), or the mixtures of experts (the fields below):
   // "mixtral" (Mistral's block, block_sparse_moe.* tensors), "qwen2_moe" (Qwen2's block with its
   // Q/K/V biases, mlp.gate / mlp.experts.* tensors and a shared expert) and "qwen3_moe" (Qwen3's
-  // block, mlp.gate / mlp.experts.* tensors).
+  // block, mlp.gate / mlp.experts.* tensors), or "smollm3" (Llama's block, every
+  // no_rope_layer_interval-th layer without RoPE).
   std::string_view model_type = "llama";
   bool attention_bias = false;  // llama / qwen3: every attention projection biased
   // granite: config.json's embedding_multiplier, attention_multiplier, residual_multiplier and
@@ -56,6 +57,9 @@ struct ModelSpec {
   // (Gemma 3's rule; 2 is Gemma 2's even layers).
   int sliding_window = 0;
   int sliding_window_pattern = 0;
+  // smollm3: every no_rope_layer_interval-th layer rotates no Q and K (written as config.json's
+  // no_rope_layers list and no_rope_layer_interval).
+  int no_rope_layer_interval = 0;
   // Gemma: the attention scale is query_pre_attn_scalar^-1/2; scores and final logits are
   // soft-capped as c tanh(x / c) (0: none, written as null); gemma3_text's sliding layers rotate
   // with rope_local_base_freq and without rope_scaling.
@@ -101,6 +105,9 @@ struct ModelSpec {
   // What every RMSNorm weight is drawn around: Gemma stores w - 1 (its RMSNorm multiplies by
   // 1 + w), so 0 there, 1 elsewhere.
   double norm_weight_mean() const { return gemma() ? 0.0 : 1.0; }
+  bool UsesRope(int layer) const {
+    return no_rope_layer_interval == 0 || (layer + 1) % no_rope_layer_interval != 0;
+  }
   // Whether layer `layer` attends within sliding_window.
   bool IsSlidingLayer(int layer) const {
     return sliding_window > 0 &&
