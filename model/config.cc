@@ -719,11 +719,43 @@ absl::Status ParseQuantization(const Json& root, std::string_view what, LlamaCon
         q.block_rows = 0;
       }
     }
+  } else if (q.method == "bitsandbytes") {
+    // Transformers' BitsAndBytesConfig as saved with the weights: load_in_4bit (NF4 or FP4
+    // codes, two a byte, and a float absmax, or a double-quantized one, per block) or
+    // load_in_8bit (LLM.int8(): int8 rows and their SCB).
+    bool in4 = false, in8 = false;
+    RETURN_IF_ERROR(f.Bool("load_in_4bit", &in4));
+    RETURN_IF_ERROR(f.Bool("load_in_8bit", &in8));
+    if (in4 == in8) {
+      return f.Invalid("load_in_4bit", "and load_in_8bit: exactly one must be true");
+    }
+    q.unpacked = true;
+    q.bits = in4 ? 4 : 8;
+    if (in4) {
+      q.bnb_4bit_type = "fp4";  // BitsAndBytesConfig's default
+      RETURN_IF_ERROR(f.String("bnb_4bit_quant_type", false, &q.bnb_4bit_type));
+      if (q.bnb_4bit_type != "nf4" && q.bnb_4bit_type != "fp4") {
+        return f.Unimplemented(
+            "bnb_4bit_quant_type",
+            absl::StrCat("\"", q.bnb_4bit_type, "\" is not supported (nf4, fp4)"));
+      }
+      std::string storage = "uint8";
+      RETURN_IF_ERROR(f.String("bnb_4bit_quant_storage", false, &storage));
+      if (storage != "uint8") {
+        return f.Unimplemented("bnb_4bit_quant_storage",
+                               absl::StrCat("\"", storage, "\" is not supported (uint8)"));
+      }
+      q.group_size = 64;  // bitsandbytes' default; each weight's quant_state says its own
+    } else {
+      q.scale_suffix = ".SCB";
+      q.scale_multiplier = 1.0f / 127;
+    }
   } else {
     return f.Unimplemented("quant_method",
                            absl::StrCat("\"", q.method,
                                         "\" is not supported (awq, gptq, compressed-tensors, "
-                                        "fp8, fbgemm_fp8; or a GGUF file of the model)"));
+                                        "fp8, fbgemm_fp8, bitsandbytes; or a GGUF file of the "
+                                        "model)"));
   }
   c->quantization = std::move(q);
   return absl::OkStatus();
@@ -895,6 +927,10 @@ std::string CheckpointQuantization::Describe() const {
                            : group_size > 0 ? absl::StrCat(" g", group_size)
                                             : std::string(" per-channel");
   if (method == "fp8" || method == "fbgemm_fp8") return method + grid;
+  if (method == "bitsandbytes") {
+    return bnb_4bit_type.empty() ? "bitsandbytes 8-bit per-channel"
+                                 : absl::StrCat("bitsandbytes ", bnb_4bit_type);
+  }
   return absl::StrCat(method, fp8 ? " fp8" : absl::StrCat(" ", bits, "-bit"), grid,
                       act_order ? " act-order" : "");
 }

@@ -49,7 +49,8 @@ struct CheckpointQuantization {
   // "" (none), "awq" (AutoAWQ's GEMM layout), "gptq" (AutoGPTQ / GPTQModel),
   // "compressed-tensors" (llm-compressor: pack-quantized W4A16 / W8A16, int-quantized W8A8,
   // float-quantized FP8), "fp8" (Transformers' FP8: DeepSeek-V3's and Qwen3's blocks, or one
-  // scale a tensor as AutoFP8 writes) or "fbgemm_fp8" (one scale an output row).
+  // scale a tensor as AutoFP8 writes), "fbgemm_fp8" (one scale an output row) or "bitsandbytes"
+  // (Transformers' load_in_4bit NF4 / FP4 blocks of 64, and load_in_8bit LLM.int8() rows).
   std::string method;
   int32_t bits = 0;         // 4 (awq), 4 or 8 (gptq, compressed-tensors), 8 (FP8)
   int32_t group_size = 0;   // input features per scale; 0: the whole row
@@ -67,12 +68,21 @@ struct CheckpointQuantization {
   // one a tensor).
   bool unpacked = false;
   bool fp8 = false;
-  std::string scale_suffix = ".weight_scale";  // fp8 blocks: ".weight_scale_inv"
+  std::string scale_suffix = ".weight_scale";  // fp8 blocks: ".weight_scale_inv"; LLM.int8: ".SCB"
+  // What a stored scale is multiplied by: 1, or LLM.int8()'s 1 / 127 (its SCB is each row's
+  // largest magnitude, the weight q * SCB / 127).
+  float scale_multiplier = 1;
+  // bitsandbytes 4-bit: "nf4" or "fp4" (bnb_4bit_quant_type), the 16 values of its quant_map,
+  // times each block's absmax (model/quantized_checkpoint.h). Empty otherwise.
+  std::string bnb_4bit_type;
   // The checkpoint was calibrated with quantized activations too (W8A8, FP8 dynamic or static:
   // input_activations, activation_scheme). kvrm computes activations its own way (int8 per 32
   // on the CPU's 8-bit blocks, bf16 on CUDA) and reads no input scales.
   bool activations_quantized = false;
   bool enabled() const { return !method.empty(); }
+  // Values that are not integers of one scale (FP8 numbers, NF4 / FP4 codes): never exactly
+  // 8-bit blocks.
+  bool NonIntegerValues() const { return fp8 || !bnb_4bit_type.empty(); }
   // "awq 4-bit g128", "gptq 4-bit g128 act-order", "fp8 block 128x128", "compressed-tensors
   // fp8 per-channel", "compressed-tensors 8-bit per-tensor": ModelInfo.weights_format.
   std::string Describe() const;

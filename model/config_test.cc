@@ -1486,7 +1486,7 @@ TEST(QuantizationConfigTest, CompressedTensorsSchemeVariants) {
 }
 
 TEST(QuantizationConfigTest, UnsupportedMethodsAreRefusedByName) {
-  for (const char* method : {"bitsandbytes", "hqq", "modelopt"}) {
+  for (const char* method : {"hqq", "modelopt", "torchao"}) {
     ExpectError(QuantizedStatus(kAwqQwen25, [&](Json& q) { q["quant_method"] = method; }),
                 absl::StatusCode::kUnimplemented,
                 absl::StrCat("quantization_config.quant_method \"", method, "\""));
@@ -1707,6 +1707,52 @@ TEST(QuantizationConfigTest, CompressedTensorsUnpackedRefusalsNameTheKey) {
                                 q["config_groups"]["group_1"]["format"] = "int-quantized";
                               }),
               absl::StatusCode::kUnimplemented, "quantization_config.config_groups");
+}
+
+// bitsandbytes as Transformers saves it: unsloth's -bnb-4bit repositories (NF4, double
+// quantization), FP4 (BitsAndBytesConfig's default type) and LLM.int8().
+constexpr char kBnbNf4[] = R"json({
+  "_load_in_4bit": true, "_load_in_8bit": false, "bnb_4bit_compute_dtype": "bfloat16",
+  "bnb_4bit_quant_storage": "uint8", "bnb_4bit_quant_type": "nf4",
+  "bnb_4bit_use_double_quant": true, "llm_int8_enable_fp32_cpu_offload": false,
+  "llm_int8_has_fp16_weight": false, "llm_int8_skip_modules": ["lm_head"],
+  "llm_int8_threshold": 6.0, "load_in_4bit": true, "load_in_8bit": false,
+  "quant_method": "bitsandbytes"})json";
+
+TEST(QuantizationConfigTest, BitsAndBytes) {
+  absl::StatusOr<LlamaConfig> c = ParseQuantized(kBnbNf4);
+  ASSERT_TRUE(c.ok()) << c.status();
+  const CheckpointQuantization* q = &c->quantization;
+  EXPECT_EQ(q->method, "bitsandbytes");
+  EXPECT_EQ(q->bnb_4bit_type, "nf4");
+  EXPECT_EQ(q->bits, 4);
+  EXPECT_TRUE(q->unpacked);
+  EXPECT_TRUE(q->NonIntegerValues());
+  EXPECT_EQ(q->Describe(), "bitsandbytes nf4");
+  c = ParseQuantized(kBnbNf4, [](Json& q) { q.erase("bnb_4bit_quant_type"); });
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->quantization.Describe(), "bitsandbytes fp4");
+  c = ParseQuantized(R"json({"quant_method": "bitsandbytes", "load_in_8bit": true,
+                             "llm_int8_threshold": 6.0})json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  q = &c->quantization;
+  EXPECT_EQ(q->bits, 8);
+  EXPECT_TRUE(q->bnb_4bit_type.empty());
+  EXPECT_FALSE(q->NonIntegerValues());
+  EXPECT_EQ(q->scale_suffix, ".SCB");
+  EXPECT_FLOAT_EQ(q->scale_multiplier, 1.0f / 127);
+  EXPECT_EQ(q->Describe(), "bitsandbytes 8-bit per-channel");
+}
+
+TEST(QuantizationConfigTest, BitsAndBytesRefusalsNameTheKey) {
+  ExpectError(QuantizedStatus(kBnbNf4, [](Json& q) { q["load_in_8bit"] = true; }),
+              absl::StatusCode::kInvalidArgument, "quantization_config.load_in_4bit");
+  ExpectError(QuantizedStatus(kBnbNf4, [](Json& q) { q["load_in_4bit"] = false; }),
+              absl::StatusCode::kInvalidArgument, "exactly one must be true");
+  ExpectError(QuantizedStatus(kBnbNf4, [](Json& q) { q["bnb_4bit_quant_type"] = "int4"; }),
+              absl::StatusCode::kUnimplemented, "quantization_config.bnb_4bit_quant_type \"int4\"");
+  ExpectError(QuantizedStatus(kBnbNf4, [](Json& q) { q["bnb_4bit_quant_storage"] = "bfloat16"; }),
+              absl::StatusCode::kUnimplemented, "quantization_config.bnb_4bit_quant_storage");
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/json.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/q4_k.h"
@@ -236,6 +237,21 @@ int32_t Signed(const Packed& p, uint8_t stored) {
 
 bool IsF16(float s) { return F16ToFloat(FloatToF16(s)) == s; }
 
+// A row of values that are not blocks of one scale as the matrix holds them: q8_0 blocks (ggml's
+// reference quantizer) with `blocks`, else `dense` elements (f32 exactly; bf16 / f16 rounded).
+void StoreRow(const float* values, int64_t k, bool blocks, DType dense, std::byte* out) {
+  if (blocks) {
+    QuantizeRowQ8_0(values, k, reinterpret_cast<uint8_t*>(out));
+  } else if (dense == DType::kF32) {
+    std::memcpy(out, values, k * 4);
+  } else {
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const uint16_t h = dense == DType::kBF16 ? FloatToBf16(values[kk]) : FloatToF16(values[kk]);
+      std::memcpy(out + kk * 2, &h, 2);
+    }
+  }
+}
+
 // Runs convert(r0, r1) over the rows [0, n), split among up to `threads` threads at multiples
 // of 128 rows (whole words of every packed layout).
 void ForRowTiles(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& convert) {
@@ -272,15 +288,15 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
   const int64_t br = per_tensor ? n : q.block_rows;
   const int64_t bc = per_tensor || q.group_size == 0 ? k : q.group_size;
   const int64_t scale_rows = (n + br - 1) / br, scale_cols = (k + bc - 1) / bc;
-  TensorView scale;
-  if (per_tensor) {  // [], [1] or [1, 1]
-    ASSIGN_OR_RETURN(scale, files.GetAny(base + q.scale_suffix));
-    if (scale.numel() != 1) {
-      return TensorProblem(scale, absl::StrCat("has shape ", ShapeToString(scale.shape),
-                                               ", one scale a tensor expected"));
-    }
-  } else {
-    ASSIGN_OR_RETURN(scale, files.GetAny(base + q.scale_suffix, {scale_rows, scale_cols}));
+  ASSIGN_OR_RETURN(const TensorView scale, files.GetAny(base + q.scale_suffix));
+  if (per_tensor ? scale.numel() != 1
+                 : scale.shape != std::vector<int64_t>{scale_rows, scale_cols} &&
+                       // one a row may be [rows] (LLM.int8's SCB)
+                       !(scale_cols == 1 && scale.shape == std::vector<int64_t>{scale_rows})) {
+    return TensorProblem(scale, absl::StrCat("has shape ", ShapeToString(scale.shape), ", ",
+                                             per_tensor ? std::string("one scale a tensor")
+                                                        : ShapeToString({scale_rows, scale_cols}),
+                                             " expected"));
   }
   if (!scale.is_float()) {
     return TensorProblem(scale, absl::StrCat("has dtype ", std::string(StorageTypeName(scale.type)),
@@ -288,14 +304,15 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
   }
   bool f16_scales = true;
   for (int64_t i = 0; i < scale.numel(); ++i) {
-    const float s = FloatElement(scale, i);
+    const float s = FloatElement(scale, i) * q.scale_multiplier;
     if (!std::isfinite(s)) {
       return TensorProblem(scale, absl::StrCat("[", i, "] is ", s, ", not a finite scale"));
     }
     f16_scales = f16_scales && IsF16(s);
   }
   auto scale_of = [&](int64_t nn, int64_t kk) {
-    return FloatElement(scale, per_tensor ? 0 : (nn / br) * scale_cols + kk / bc);
+    return FloatElement(scale, per_tensor ? 0 : (nn / br) * scale_cols + kk / bc) *
+           q.scale_multiplier;
   };
   constexpr int64_t kBlock = WeightMatrix::kQ8Block;
   const bool blocks = options.as_q8 && k % kBlock == 0;
@@ -357,17 +374,7 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
           return;
         }
       }
-      if (blocks) {
-        QuantizeRowQ8_0(values.data(), k, reinterpret_cast<uint8_t*>(out));
-      } else if (options.dense == DType::kF32) {
-        std::memcpy(out, values.data(), k * 4);
-      } else {
-        for (int64_t kk = 0; kk < k; ++kk) {
-          const uint16_t h =
-              options.dense == DType::kBF16 ? FloatToBf16(values[kk]) : FloatToF16(values[kk]);
-          std::memcpy(out + kk * 2, &h, 2);
-        }
-      }
+      StoreRow(values.data(), k, blocks, options.dense, out);
     }
   });
   if (!bad.empty()) {
@@ -378,6 +385,120 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
   if (stats != nullptr) {
     const bool exact = exact_blocks || (!blocks && options.dense == DType::kF32);
     ++(exact ? stats->exact : stats->requantized);
+  }
+  return m;
+}
+
+// bitsandbytes' 4-bit weights (Transformers' load_in_4bit), as bitsandbytes serializes a
+// Params4bit: ".weight" U8, the codes of the [rows][cols] matrix flattened row-major two a byte,
+// the first in the high nibble; ".weight.quant_map" F32 [16], each code's value; one absmax per
+// `blocksize` consecutive codes, ".weight.absmax" F32, or with double quantization U8 indices
+// into ".weight.nested_quant_map" F32 [256] times ".weight.nested_absmax" F32 (one per
+// nested_blocksize absmax) plus nested_offset; and ".weight.quant_state.bitsandbytes__<type>"
+// U8, the JSON of quant_type, blocksize, shape, dtype and the nested ones. The weight is
+// quant_map[code] * absmax. NF4 and FP4 values are not integers of one scale: as 8-bit blocks
+// they are quantized again to q8_0.
+absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
+                                            const CheckpointQuantization& q,
+                                            const std::string& base, int64_t n, int64_t k,
+                                            const QuantizedLoadOptions& options,
+                                            std::vector<std::vector<std::byte>>* converted,
+                                            QuantizedLoadStats* stats) {
+  const std::string w_name = base + ".weight";
+  ASSIGN_OR_RETURN(const TensorView w, files.GetAny(w_name));
+  if (w.type != StorageType::kU8 || 2 * w.numel() != n * k) {
+    return TensorProblem(
+        w, absl::StrCat("is ", std::string(StorageTypeName(w.type)), " ", ShapeToString(w.shape),
+                        ", the U8 codes of [", n, ", ", k, "] two a byte expected"));
+  }
+  ASSIGN_OR_RETURN(const TensorView state_tensor,
+                   files.GetAny(w_name + ".quant_state.bitsandbytes__" + q.bnb_4bit_type));
+  if (state_tensor.type != StorageType::kU8) return TensorProblem(state_tensor, "must be U8");
+  const std::string_view state_text(reinterpret_cast<const char*>(state_tensor.data),
+                                    state_tensor.nbytes);
+  absl::StatusOr<Json> parsed = ParseJson(state_text, state_tensor.name);
+  if (!parsed.ok() || !parsed->is_object()) {
+    return TensorProblem(state_tensor, "is not a JSON object (bitsandbytes' quant_state)");
+  }
+  const Json& state = *parsed;
+  auto positive = [&](const char* key, int64_t* out) -> absl::Status {
+    const auto it = state.find(key);
+    if (it == state.end() || !it->is_number_integer() || it->get<int64_t>() <= 0 ||
+        it->get<int64_t>() > (int64_t{1} << 30)) {
+      return TensorProblem(state_tensor, absl::StrCat("has no positive integer \"", key, "\""));
+    }
+    *out = it->get<int64_t>();
+    return absl::OkStatus();
+  };
+  int64_t blocksize = 0;
+  RETURN_IF_ERROR(positive("blocksize", &blocksize));
+  if (const auto it = state.find("shape"); it == state.end() || *it != Json::array({n, k})) {
+    return TensorProblem(state_tensor,
+                         absl::StrCat("says shape ", it == state.end() ? "none" : it->dump(),
+                                      ", the config needs [", n, ", ", k, "]"));
+  }
+  if (const auto it = state.find("quant_type"); it != state.end() && *it != q.bnb_4bit_type) {
+    return TensorProblem(state_tensor, absl::StrCat("says quant_type ", it->dump(), ", the config ",
+                                                    q.bnb_4bit_type));
+  }
+  ASSIGN_OR_RETURN(const TensorView quant_map, files.GetAny(w_name + ".quant_map", {16}));
+  if (!quant_map.is_float()) return TensorProblem(quant_map, "must be F32, F16 or BF16");
+  float code_value[16];
+  for (int i = 0; i < 16; ++i) code_value[i] = FloatElement(quant_map, i);
+  const int64_t blocks = (n * k + blocksize - 1) / blocksize;
+  ASSIGN_OR_RETURN(const TensorView absmax, files.GetAny(w_name + ".absmax", {blocks}));
+  std::vector<float> scales(blocks);
+  if (files.Contains(w_name + ".nested_absmax")) {  // double quantization
+    int64_t nested_blocksize = 0;
+    RETURN_IF_ERROR(positive("nested_blocksize", &nested_blocksize));
+    const auto offset_it = state.find("nested_offset");
+    if (offset_it == state.end() || !offset_it->is_number()) {
+      return TensorProblem(state_tensor, "has no \"nested_offset\"");
+    }
+    const float offset = offset_it->get<float>();
+    ASSIGN_OR_RETURN(const TensorView nested_map,
+                     files.GetAny(w_name + ".nested_quant_map", {256}));
+    ASSIGN_OR_RETURN(const TensorView nested_absmax,
+                     files.GetAny(w_name + ".nested_absmax",
+                                  {(blocks + nested_blocksize - 1) / nested_blocksize}));
+    if (absmax.type != StorageType::kU8 || !nested_map.is_float() || !nested_absmax.is_float()) {
+      return TensorProblem(absmax, "with nested_absmax must be U8 (and the nested tensors float)");
+    }
+    const auto* index = reinterpret_cast<const uint8_t*>(absmax.data);
+    for (int64_t b = 0; b < blocks; ++b) {
+      scales[b] =
+          FloatElement(nested_map, index[b]) * FloatElement(nested_absmax, b / nested_blocksize) +
+          offset;
+    }
+  } else {
+    if (!absmax.is_float()) return TensorProblem(absmax, "must be F32 (or U8 with nested_absmax)");
+    for (int64_t b = 0; b < blocks; ++b) scales[b] = FloatElement(absmax, b);
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    if (!std::isfinite(scales[b])) {
+      return TensorProblem(absmax, absl::StrCat("block ", b, "'s absmax is ", scales[b]));
+    }
+  }
+  const bool as_blocks = options.as_q8 && k % WeightMatrix::kQ8Block == 0;
+  WeightMatrix m{options.dense, nullptr, n, k, k};
+  if (as_blocks) m.format = WeightFormat::kQ8_0;
+  const int64_t row_bytes = m.DataBytes(k);
+  std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
+  m.data = buffer.data();
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.data);
+  ForRowTiles(n, options.threads, [&](int64_t r0, int64_t r1) {
+    std::vector<float> values(k);
+    for (int64_t r = r0; r < r1; ++r) {
+      for (int64_t c = 0; c < k; ++c) {
+        const int64_t j = r * k + c;
+        const uint8_t byte = codes[j / 2];
+        values[c] = code_value[j % 2 == 0 ? byte >> 4 : byte & 15] * scales[j / blocksize];
+      }
+      StoreRow(values.data(), k, as_blocks, options.dense, buffer.data() + r * row_bytes);
+    }
+  });
+  if (stats != nullptr) {
+    ++(as_blocks || options.dense != DType::kF32 ? stats->requantized : stats->exact);
   }
   return m;
 }
@@ -402,6 +523,9 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
                                                  int64_t cols, const QuantizedLoadOptions& options,
                                                  std::vector<std::vector<std::byte>>* converted,
                                                  QuantizedLoadStats* stats) {
+  if (!q.bnb_4bit_type.empty()) {
+    return LoadBnb4Linear(files, q, base, rows, cols, options, converted, stats);
+  }
   if (q.unpacked) {
     return LoadUnpackedLinear(files, q, base, rows, cols, options, converted, stats);
   }
@@ -537,17 +661,7 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
           const int64_t g = p.group_of[kk];
           values[kk] = p.Scale(nn, g) * static_cast<float>(Signed(p, qrow[kk]) - p.Zero(nn, g));
         }
-        if (blocks) {
-          QuantizeRowQ8_0(values.data(), k, reinterpret_cast<uint8_t*>(out));
-        } else if (options.dense == DType::kF32) {
-          std::memcpy(out, values.data(), k * 4);
-        } else {
-          for (int64_t kk = 0; kk < k; ++kk) {
-            const uint16_t h =
-                options.dense == DType::kBF16 ? FloatToBf16(values[kk]) : FloatToF16(values[kk]);
-            std::memcpy(out + kk * 2, &h, 2);
-          }
-        }
+        StoreRow(values.data(), k, blocks, options.dense, out);
       }
     }
   });

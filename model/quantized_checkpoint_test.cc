@@ -475,5 +475,93 @@ TEST(QuantizedCheckpointTest, MalformedUnpackedTensorsAreNamed) {
   }
 }
 
+CheckpointQuantization Bnb(const std::string& type) {
+  CheckpointQuantization q = Scheme("bitsandbytes", type.empty() ? 8 : 4, 64, false);
+  q.unpacked = true;
+  q.bnb_4bit_type = type;
+  if (type.empty()) {
+    q.scale_suffix = ".SCB";
+    q.scale_multiplier = 1.0f / 127;
+  }
+  return q;
+}
+
+// bitsandbytes' 4-bit layout as its own dequantization reads it (bitsandbytes' dequantize_4bit,
+// and mistral.rs's reading of the same files): the flattened matrix's codes two a byte, the
+// first in the high nibble; quant_map[code] times the block's absmax, double-quantized here:
+// nested_quant_map[absmax byte] * nested_absmax + nested_offset.
+TEST(QuantizedCheckpointTest, BitsAndBytes4BitCodesAndDoubleQuantizedAbsmax) {
+  constexpr int64_t n = 2, k = 64;
+  std::vector<uint8_t> codes(n * k / 2);
+  for (size_t i = 0; i < codes.size(); ++i) {
+    codes[i] = static_cast<uint8_t>(((2 * i) % 16) << 4 | ((2 * i + 1) * 7 % 16));
+  }
+  auto code_of = [&](int64_t j) { return static_cast<int>(j % 2 == 0 ? (j % 16) : (j * 7 % 16)); };
+  std::vector<float> quant_map(16), nested_map(256);
+  for (int c = 0; c < 16; ++c) quant_map[c] = (static_cast<float>(c) - 7.5f) / 7.5f;
+  for (int i = 0; i < 256; ++i) nested_map[i] = static_cast<float>(i) / 256 - 0.5f;
+  const std::vector<uint8_t> absmax = {200, 55};
+  const std::vector<float> nested_absmax = {0.5f};
+  const float offset = 0.25f;
+  const std::string state =
+      R"({"quant_type": "nf4", "blocksize": 64, "dtype": "bfloat16", "shape": [2, 64], )"
+      R"("nested_blocksize": 256, "nested_offset": 0.25, "nested_dtype": "float32"})";
+  auto files =
+      Files("bnb_nf4",
+            {U8s("l.weight", StorageType::kU8, {n * k / 2, 1}, codes),
+             {"l.weight.quant_map", std::nullopt, DType::kF32, {16}, Bytes(quant_map)},
+             U8s("l.weight.absmax", StorageType::kU8, {2}, absmax),
+             {"l.weight.nested_absmax", std::nullopt, DType::kF32, {1}, Bytes(nested_absmax)},
+             {"l.weight.nested_quant_map", std::nullopt, DType::kF32, {256}, Bytes(nested_map)},
+             U8s("l.weight.quant_state.bitsandbytes__nf4", StorageType::kU8,
+                 {static_cast<int64_t>(state.size())},
+                 std::vector<uint8_t>(state.begin(), state.end()))});
+  const CheckpointQuantization q = Bnb("nf4");
+  ASSERT_TRUE(HasQuantizedLinear(*files, q, "l"));
+  auto value = [&](int64_t r, int64_t c) {
+    const int64_t j = r * k + c;
+    const float scale = nested_map[absmax[j / 64]] * nested_absmax[0] + offset;
+    return quant_map[code_of(j)] * scale;
+  };
+  std::vector<std::vector<std::byte>> converted;
+  QuantizedLoadOptions f32;
+  f32.as_q8 = false;
+  f32.dense = DType::kF32;
+  auto m = LoadQuantizedLinear(*files, q, "l", n, k, f32, &converted);
+  ASSERT_TRUE(m.ok()) << m.status();
+  ExpectValues(*m, value);
+  QuantizedLoadStats stats;
+  m = LoadQuantizedLinear(*files, q, "l", n, k, {}, &converted, &stats);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->format, WeightFormat::kQ8_0);
+  EXPECT_EQ(stats.requantized, 1);
+  // A quant_state of another shape, or the other type's, is refused naming it.
+  m = LoadQuantizedLinear(*files, q, "l", n / 2, 2 * k, {}, &converted);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), HasSubstr("says shape [2,64], the config needs [1, 128]"));
+  m = LoadQuantizedLinear(*files, Bnb("fp4"), "l", n, k, {}, &converted);
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(m.status().message(), HasSubstr("l.weight.quant_state.bitsandbytes__fp4"));
+}
+
+// LLM.int8() rows (load_in_8bit): q * SCB / 127 exactly, as q8 affine blocks (SCB / 127 is
+// seldom an f16), from SCB saved beside the weight as [rows].
+TEST(QuantizedCheckpointTest, BitsAndBytesInt8RowsAreExact) {
+  constexpr int64_t n = 3, k = 32;
+  std::mt19937 rng(4);
+  std::vector<uint8_t> q(n * k);
+  for (uint8_t& x : q) x = static_cast<uint8_t>(rng() % 255 + 129);  // -127..127
+  const std::vector<float> scb = {0.731f, 0.0123f, 2.5f};
+  auto files = Files("bnb_int8", {U8s("l.weight", StorageType::kI8, {n, k}, q),
+                                  {"l.SCB", std::nullopt, DType::kF32, {n}, Bytes(scb)}});
+  std::vector<std::vector<std::byte>> converted;
+  auto m = LoadQuantizedLinear(*files, Bnb(""), "l", n, k, {}, &converted);
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ(m->format, WeightFormat::kQ8Affine);
+  ExpectValues(*m, [&](int64_t r, int64_t c) {
+    return scb[r] * (1.0f / 127) * static_cast<float>(static_cast<int8_t>(q[r * k + c]));
+  });
+}
+
 }  // namespace
 }  // namespace kvrm

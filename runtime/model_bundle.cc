@@ -74,8 +74,8 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   ASSIGN_OR_RETURN(bundle->config, LoadLlamaConfig(dir));
   ASSIGN_OR_RETURN(bundle->files, SafetensorsSet::OpenDirectory(dir));
   QuantizedCheckpointLoad quantized;
-  quantized.options.as_q8 =
-      options.as_q8 && (!bundle->config.quantization.fp8 || options.requantize_fp8);
+  quantized.options.as_q8 = options.as_q8 && (!bundle->config.quantization.NonIntegerValues() ||
+                                              options.requantize_non_integer);
   quantized.options.dense = options.dense;
   quantized.converted = &bundle->converted;
   QuantizedLoadStats stats;
@@ -92,8 +92,9 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
               << ", " << stats.requantized
               << (quantized.options.as_q8 ? " requantized to q8_0" : " rounded to bf16")
               << (stats.requantized > 0 && quantized.options.as_q8
-                      ? (q.fp8 ? " (FP8 values are not 8-bit integer blocks)"
-                               : " (act-order or groups not a multiple of 32 input features)")
+                      ? (q.NonIntegerValues()
+                             ? " (FP8 / NF4 / FP4 values are not 8-bit integers)"
+                             : " (act-order or groups not a multiple of 32 input features)")
                       : "");
     if (q.activations_quantized) {
       LOG(INFO) << dir << ": the checkpoint was calibrated with quantized activations too "

@@ -45,10 +45,11 @@ struct ModelBundle {
     // compressed-tensors) become 8-bit blocks (QuantizedLoadOptions::as_q8); else all become
     // bf16.
     bool as_q8 = true;
-    // With as_q8, an FP8 checkpoint's matrices too (requantized: FP8 numbers are not 8-bit
-    // integers of one scale). kvrmd clears it for CUDA, which widens every weight to bf16: FP8
-    // values times their scales go to bf16 directly (rounded by 2^-9 at most, not by q8_0).
-    bool requantize_fp8 = true;
+    // With as_q8, also a checkpoint whose values are not 8-bit integers of one scale (FP8,
+    // bitsandbytes NF4 / FP4: CheckpointQuantization::NonIntegerValues), quantized again to
+    // q8_0. kvrmd clears it for CUDA, which widens every weight to bf16: those values times their
+    // scales go to bf16 directly (rounded once, by 2^-9 at most), not through q8_0.
+    bool requantize_non_integer = true;
     // What a quantized checkpoint's matrices become when not 8-bit blocks: bf16, or f32 (their
     // values exactly: tools/gguf's converter).
     DType dense = DType::kBF16;

@@ -349,7 +349,7 @@ int Run() {
   ModelBundle::LoadOptions load;
   load.as_q8 = quantization != "none";
   // CUDA widens every weight to bf16: FP8 checkpoints go there directly, not through q8_0.
-  load.requantize_fp8 = device->device == "cpu";
+  load.requantize_non_integer = device->device == "cpu";
   absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(*dir, load);
   if (!model.ok()) {
     std::fprintf(stderr, "kvrmd: cannot load model from %s: %s\n", dir->c_str(),

@@ -1,8 +1,9 @@
 // Quantized Hugging Face checkpoints end to end: tools/modelgen's writer quantizes generated
-// models as AutoAWQ, AutoGPTQ / GPTQModel and llm-compressor lay their checkpoints out, and
-// writes beside each a float32 "twin" holding exactly the values the checkpoint stands for
-// (s * (q - z), from the integers it wrote). ModelBundle loads the packed checkpoint (the bit
-// layouts themselves are held to the reference tools' packing in
+// models as AutoAWQ, AutoGPTQ / GPTQModel, llm-compressor, Transformers' FP8 / fbgemm and
+// bitsandbytes lay their checkpoints out, and writes beside each a float32 "twin" holding
+// exactly the values the checkpoint stands for (s * (q - z), from the integers it wrote).
+// ModelBundle loads the packed checkpoint (the bit layouts themselves are held to the reference
+// tools' packing in
 // //model:quantized_checkpoint_test); here every linear weight it yields is held to the twin's,
 // and the CPU backend's logits to the float64 reference of the twin.
 //
@@ -10,9 +11,11 @@
 // to int16 steps of amax / 32767 (kernels/cpu/q8_0.h); the reference reads the twin's exact
 // values and does not round. Measured max |diff| / max(1, max |ref|): printed by each case, at
 // most 2.1e-4 over the schemes below; held to 1e-3 (the q8_0 forward tests' bound). A wrong
-// nibble order or zero moves logits by O(1). Act-order's requantized blocks move them by q8_0's
-// own rounding of the weights: held to 5e-2, as the q8_0 forward tests hold a model quantized
-// at load to its unquantized reference. Matrices kept as q4 groups (4-bit, rows of whole
+// nibble order or zero moves logits by O(1). Requantized matrices (FP8, NF4 / FP4, act-order
+// 8-bit, groups that split blocks of 32) are held to the twin within half a q8_0 step, weight by
+// weight; their forward pass is held at 1e-3 to the reference of the values the engine holds
+// (against the twin's own it moved the tiny models' logits by 2-4e-2, and a mixture of experts'
+// by 7e-2 where near-tied routes flipped). Matrices kept as q4 groups (4-bit, rows of whole
 // 256-feature super-blocks: tiny-k's, tiny-qwen3-moe's O) take their inputs rounded to int8 per
 // 32 as the K-quant kernels do, and the reference rounds those matrices' inputs alike; an input
 // near a rounding boundary still rounds the other way in f32 against double now and then, and
@@ -104,6 +107,14 @@ modelgen::QuantizeOptions U(const std::string& method, const std::string& format
   return o;
 }
 
+// bitsandbytes: nf4 / fp4 in blocks of 64 (double-quantized absmax or not), or int8 (LLM.int8()).
+modelgen::QuantizeOptions B(const std::string& format, bool double_quant = false) {
+  modelgen::QuantizeOptions o = Q("bitsandbytes", 8, format == "int8" ? -1 : 64, false);
+  o.format = format;
+  o.double_quant = double_quant;
+  return o;
+}
+
 std::vector<Scheme> Schemes() {
   return {
       {"awq_g32", "tiny", Q("awq", 4, 32, true), WeightFormat::kQ8_0, true, "awq 4-bit g32"},
@@ -171,6 +182,16 @@ std::vector<Scheme> Schemes() {
        WeightFormat::kQ8Affine, true, "compressed-tensors 8-bit per-tensor"},
       {"ct_int8_g48", "tiny", U("compressed-tensors", "int-quantized", 48, 1, DType::kBF16),
        WeightFormat::kQ8_0, false, "compressed-tensors 8-bit g48"},
+      // bitsandbytes (Transformers' load_in_4bit / load_in_8bit): NF4 and FP4 codes are not
+      // integers of one scale, so q8_0 again; LLM.int8()'s rows exactly, q8 affine (SCB / 127 is
+      // no f16).
+      {"bnb_nf4_double_quant", "tiny", B("nf4", true), WeightFormat::kQ8_0, false,
+       "bitsandbytes nf4"},
+      {"bnb_fp4", "tiny", B("fp4"), WeightFormat::kQ8_0, false, "bitsandbytes fp4"},
+      {"bnb_nf4_qwen3_moe", "tiny-qwen3-moe", B("nf4", true), WeightFormat::kQ8_0, false,
+       "bitsandbytes nf4"},
+      {"bnb_int8", "tiny", B("int8"), WeightFormat::kQ8Affine, true,
+       "bitsandbytes 8-bit per-channel"},
   };
 }
 
@@ -320,9 +341,34 @@ TEST_P(QuantizedCheckpointTest, ForwardMatchesTheReferenceOfItsValues) {
     ForEachLinearWeight(layer,
                         [&](const WeightMatrix& m) { any_q4g |= m.format == WeightFormat::kQ4G; });
   }
-  const double exact_tol = !s.exact ? 5e-2 : any_q4g ? 2e-2 : 1e-3;
+  const double exact_tol = any_q4g ? 2e-2 : 1e-3;
   auto ref = ReferenceLlama::Create(l.twin->config, *l.twin->files);
   ASSERT_TRUE(ref.ok()) << ref.status();
+  if (!s.exact) {
+    // Requantized matrices (FP8, NF4 / FP4, act-order 8-bit, groups across blocks) are not the
+    // twin's values, only within half a q8_0 step of them (the test above): the reference takes
+    // the values the engine holds, so that the forward pass is held as tightly as the exact
+    // schemes' (a mixture of experts would otherwise flip near-tied routes at random).
+    std::vector<const WeightMatrix*> held;
+    for (const LayerWeights& layer : l.packed->weights.layers) {
+      ForEachLinearWeight(layer, [&](const WeightMatrix& m) { held.push_back(&m); });
+    }
+    size_t next = 0;
+    (*ref)->ReplaceLinearWeights(
+        [&](const std::string& name, int64_t rows, int64_t cols, double* w) {
+          if (name == "lm_head.weight") return;  // not quantized
+          ASSERT_LT(next, held.size()) << name;
+          const WeightMatrix& m = *held[next++];
+          ASSERT_EQ(m.rows, rows) << name;
+          ASSERT_EQ(m.cols, cols) << name;
+          std::vector<float> row(cols);
+          for (int64_t r = 0; r < rows; ++r) {
+            WeightRowToFloat(m, r, row.data());
+            for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = row[c];
+          }
+        });
+    ASSERT_EQ(next, held.size());
+  }
   // The q4 group matrices take their activations as the K-quant kernels do, rounded to int8 per
   // 32 (q4_k.h): the reference rounds those matrices' inputs alike.
   const bool q4g = s.options.bits == 4;

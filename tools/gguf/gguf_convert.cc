@@ -231,7 +231,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // A quantized checkpoint's exact 8-bit and 4-bit blocks as they are; FP8 ones (not 8-bit
   // integers) as their values in f32, exactly, for --type to round once.
   ModelBundle::LoadOptions load;
-  load.requantize_fp8 = false;
+  load.requantize_non_integer = false;
   load.dense = DType::kF32;
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir, load));
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");

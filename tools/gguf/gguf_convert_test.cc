@@ -386,14 +386,16 @@ TEST(GgufModelTest, AnF32FileIsTheSameModelAsItsDirectory) {
 }
 
 // A quantized checkpoint converts from the values it stands for: an f32 file of an AWQ, an FP8
-// (128x128 blocks) or an int8 (W8A8) checkpoint of tiny holds exactly its twin's weights (the
-// float32 model of those values the writer makes beside it), FP8's included though they load
-// as requantized q8_0 blocks by default: the converter reads them in f32.
+// (128x128 blocks), an int8 (W8A8) or a bitsandbytes NF4 checkpoint of tiny holds exactly its
+// twin's weights (the float32 model of those values the writer makes beside it), FP8's and
+// NF4's included though they load as requantized q8_0 blocks by default: the converter reads
+// them in f32.
 TEST(GgufConvertTest, QuantizedCheckpointsConvertExactlyTheirValues) {
   for (const auto& [name, method, format, group, block_rows] :
        {std::tuple{"awq", "awq", "pack-quantized", 32, 1},
         {"fp8", "fp8", "", 128, 128},
-        {"int8", "compressed-tensors", "int-quantized", -1, 1}}) {
+        {"int8", "compressed-tensors", "int-quantized", -1, 1},
+        {"nf4", "bitsandbytes", "nf4", 64, 1}}) {
     SCOPED_TRACE(name);
     modelgen::QuantizeOptions q;
     q.method = method;
@@ -404,6 +406,7 @@ TEST(GgufConvertTest, QuantizedCheckpointsConvertExactlyTheirValues) {
     q.zero_point = std::string(method) == "awq";
     q.scale_dtype = std::string(method) == "compressed-tensors" ? DType::kBF16 : DType::kF32;
     if (std::string(method) == "awq") q.scale_dtype = DType::kF16;
+    q.double_quant = std::string(method) == "bitsandbytes";
     const std::string dir = absl::StrCat(TmpDir(), "/tiny-", name), twin = dir + "-twin";
     ASSERT_TRUE(modelgen::QuantizeModelDir(TinyDir(), dir, twin, q).ok());
     const std::string path = absl::StrCat(dir, ".gguf");

@@ -8,9 +8,10 @@
 //   make_model --size=tiny --lora_out=DIR [--lora_rank=8] [--lora_alpha=16] [--lora_rslora]
 //       [--lora_targets=q_proj,v_proj] [--lora_layers=0,2] [--lora_dtype=f32] [--lora_seed=S]
 //
-// With --quantize=awq|gptq|compressed-tensors|fp8|fbgemm_fp8 it also writes a quantized
-// checkpoint of the model to --quantize_out, laid out as AutoAWQ, AutoGPTQ, llm-compressor,
-// Transformers' FP8 or fbgemm save theirs (round to nearest; tools/modelgen/quantized_writer.h):
+// With --quantize=awq|gptq|compressed-tensors|fp8|fbgemm_fp8|bitsandbytes it also writes a
+// quantized checkpoint of the model to --quantize_out, laid out as AutoAWQ, AutoGPTQ,
+// llm-compressor, Transformers' FP8 or fbgemm save theirs (round to nearest;
+// tools/modelgen/quantized_writer.h):
 //
 //   make_model --size=tiny --out=DIR --quantize=gptq --quantize_out=QDIR [--quantize_bits=4]
 //       [--quantize_group_size=128] [--quantize_sym] [--quantize_act_order]
@@ -63,7 +64,9 @@ ABSL_FLAG(int, quantize_bits, 4,
           "bits a weight: 4 (awq), 4 or 8 (gptq, compressed-tensors); 8 for FP8 and int8");
 ABSL_FLAG(std::string, quantize_format, "pack-quantized",
           "compressed-tensors: pack-quantized, int-quantized (int8, W8A8) or float-quantized "
-          "(FP8)");
+          "(FP8); bitsandbytes: nf4 (the default), fp4 or int8 (LLM.int8())");
+ABSL_FLAG(bool, quantize_double_quant, false,
+          "bitsandbytes 4-bit: double-quantize the absmax (bnb_4bit_use_double_quant)");
 ABSL_FLAG(int, quantize_block_rows, -1,
           "int-quantized, float-quantized and fp8: output features a scale (blocks of "
           "block_rows x group_size), 1 by row, 0 one scale a tensor; -1: fp8's 128, else 1");
@@ -179,6 +182,11 @@ int main(int argc, char** argv) {
       q.zero_point = false;
     }
     if (method == "fbgemm_fp8") q.group_size = -1;
+    if (method == "bitsandbytes") {  // bitsandbytes' blocks of 64; nf4 unless told
+      if (q.format == "pack-quantized") q.format = "nf4";
+      q.group_size = 64;
+      q.double_quant = absl::GetFlag(FLAGS_quantize_double_quant);
+    }
     // compressed-tensors keeps its scales in the model's dtype; AWQ and GPTQ in f16; FP8's
     // (DeepSeek-V3's weight_scale_inv, fbgemm's) are f32.
     if (method == "compressed-tensors") q.scale_dtype = options.dtype;

@@ -217,7 +217,7 @@ void Pack(const Grid& g, const std::string& base, const QuantizeOptions& o,
 }
 
 bool Unpacked(const QuantizeOptions& o) {
-  return o.method == "fp8" || o.method == "fbgemm_fp8" ||
+  return o.method == "fp8" || o.method == "fbgemm_fp8" || o.method == "bitsandbytes" ||
          (o.method == "compressed-tensors" && o.format != "pack-quantized");
 }
 
@@ -277,6 +277,136 @@ void QuantizeUnpacked(const TensorView& t, const std::string& base, const Quanti
                   o.scale_dtype, shape, scales});
 }
 
+// bitsandbytes' code values (its get_4bit_type): NF4's normal quantiles, FP4's e2m1 over 12.
+constexpr float kNf4[16] = {-1.0f,
+                            -0.6961928009986877f,
+                            -0.5250730514526367f,
+                            -0.39491748809814453f,
+                            -0.28444138169288635f,
+                            -0.18477343022823334f,
+                            -0.09105003625154495f,
+                            0.0f,
+                            0.07958029955625534f,
+                            0.16093020141124725f,
+                            0.24611230194568634f,
+                            0.33791524171829224f,
+                            0.44070982933044434f,
+                            0.5626170039176941f,
+                            0.7229568362236023f,
+                            1.0f};
+constexpr float kFp4[16] = {
+    0.0f,  0.0625f / 12,  8.0f / 12,  1.0f,  4.0f / 12,  6.0f / 12,  2.0f / 12,  3.0f / 12,
+    -0.0f, -0.0625f / 12, -8.0f / 12, -1.0f, -4.0f / 12, -6.0f / 12, -2.0f / 12, -3.0f / 12};
+
+// bitsandbytes: the tensors of one weight as Params4bit / Int8Params serialize them; `values`
+// gets what they stand for, computed as the loader computes it.
+void QuantizeBnb(const TensorView& t, const std::string& name, const QuantizeOptions& o,
+                 std::vector<Owned>* out, std::vector<float>* values) {
+  const int64_t n = t.shape[0], k = t.shape[1];
+  values->resize(n * k);
+  if (o.format == "int8") {  // LLM.int8(): int8 rows, SCB their largest magnitudes
+    std::vector<int8_t> q(n * k);
+    std::vector<float> scb(n);
+    for (int64_t r = 0; r < n; ++r) {
+      float amax = 1e-5f;
+      for (int64_t c = 0; c < k; ++c) amax = std::max(amax, std::abs(FloatElement(t, r * k + c)));
+      scb[r] = amax;
+      const float s = amax * (1.0f / 127);
+      for (int64_t c = 0; c < k; ++c) {
+        const int v = std::clamp(
+            static_cast<int>(std::round(127.0f * FloatElement(t, r * k + c) / amax)), -127, 127);
+        q[r * k + c] = static_cast<int8_t>(v);
+        (*values)[r * k + c] = s * static_cast<float>(v);
+      }
+    }
+    out->push_back({name, StorageType::kI8, DType::kF32, {n, k}, Bytes(q)});
+    // Linear8bitLt saves SCB beside the weight ("<module>.SCB"), with its weight_format.
+    const std::string module = name.substr(0, name.size() - std::string_view(".weight").size());
+    out->push_back({module + ".SCB", std::nullopt, DType::kF32, {n}, Bytes(scb)});
+    out->push_back({module + ".weight_format",
+                    StorageType::kU8,
+                    DType::kF32,
+                    {},
+                    Bytes(std::vector<uint8_t>{0})});
+    return;
+  }
+  const float* map = o.format == "nf4" ? kNf4 : kFp4;
+  const int64_t size = o.group_size, total = n * k, blocks = (total + size - 1) / size;
+  std::vector<float> absmax(blocks);
+  for (int64_t b = 0; b < blocks; ++b) {
+    float amax = 1e-5f;
+    for (int64_t j = b * size; j < std::min(total, (b + 1) * size); ++j) {
+      amax = std::max(amax, std::abs(FloatElement(t, j)));
+    }
+    absmax[b] = amax;
+  }
+  // The codes, against the true absmax (as bitsandbytes quantizes before it double-quantizes).
+  std::vector<uint8_t> packed((total + 1) / 2);
+  for (int64_t j = 0; j < total; ++j) {
+    const float x = FloatElement(t, j) / absmax[j / size];
+    int best = 0;
+    for (int c = 1; c < 16; ++c) {
+      if (std::abs(map[c] - x) < std::abs(map[best] - x)) best = c;
+    }
+    packed[j / 2] |= static_cast<uint8_t>(j % 2 == 0 ? best << 4 : best);
+  }
+  // The absmax the loader will read back.
+  std::vector<float> scales = absmax;
+  Json state = {
+      {"quant_type", o.format}, {"blocksize", size}, {"dtype", "float32"}, {"shape", {n, k}}};
+  if (o.double_quant) {
+    constexpr int64_t kNested = 256;
+    double sum = 0;
+    for (float a : absmax) sum += a;
+    const float offset = static_cast<float>(sum / blocks);
+    std::vector<float> nested_map(256), nested_absmax((blocks + kNested - 1) / kNested);
+    for (int i = 0; i < 256; ++i) nested_map[i] = (static_cast<float>(i) - 127.5f) / 127.5f;
+    std::vector<uint8_t> index(blocks);
+    for (int64_t nb = 0; nb < static_cast<int64_t>(nested_absmax.size()); ++nb) {
+      float amax = 1e-8f;
+      for (int64_t b = nb * kNested; b < std::min(blocks, (nb + 1) * kNested); ++b) {
+        amax = std::max(amax, std::abs(absmax[b] - offset));
+      }
+      nested_absmax[nb] = amax;
+      for (int64_t b = nb * kNested; b < std::min(blocks, (nb + 1) * kNested); ++b) {
+        const float x = (absmax[b] - offset) / amax;
+        const int i = std::clamp(static_cast<int>(std::round(x * 127.5f + 127.5f)), 0, 255);
+        index[b] = static_cast<uint8_t>(i);
+        scales[b] = nested_map[i] * nested_absmax[nb] + offset;
+      }
+    }
+    state["nested_blocksize"] = kNested;
+    state["nested_offset"] = offset;
+    state["nested_dtype"] = "float32";
+    out->push_back({name + ".absmax", StorageType::kU8, DType::kF32, {blocks}, Bytes(index)});
+    out->push_back({name + ".nested_absmax",
+                    std::nullopt,
+                    DType::kF32,
+                    {static_cast<int64_t>(nested_absmax.size())},
+                    Bytes(nested_absmax)});
+    out->push_back(
+        {name + ".nested_quant_map", std::nullopt, DType::kF32, {256}, Bytes(nested_map)});
+  } else {
+    out->push_back({name + ".absmax", std::nullopt, DType::kF32, {blocks}, Bytes(absmax)});
+  }
+  for (int64_t j = 0; j < total; ++j) {
+    const uint8_t byte = packed[j / 2];
+    (*values)[j] = map[j % 2 == 0 ? byte >> 4 : byte & 15] * scales[j / size];
+  }
+  const std::string state_text = state.dump();
+  out->push_back({name, StorageType::kU8, DType::kF32, {(total + 1) / 2, 1}, Bytes(packed)});
+  out->push_back({name + ".quant_map",
+                  std::nullopt,
+                  DType::kF32,
+                  {16},
+                  Bytes(std::vector<float>(map, map + 16))});
+  out->push_back({name + ".quant_state.bitsandbytes__" + o.format,
+                  StorageType::kU8,
+                  DType::kF32,
+                  {static_cast<int64_t>(state_text.size())},
+                  Bytes(std::vector<char>(state_text.begin(), state_text.end()))});
+}
+
 Json QuantizationConfig(const QuantizeOptions& o) {
   if (o.method == "awq") {
     return Json{{"quant_method", "awq"}, {"bits", o.bits},    {"group_size", o.group_size},
@@ -296,6 +426,22 @@ Json QuantizationConfig(const QuantizeOptions& o) {
   if (o.method == "fp8") {
     Json q = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"activation_scheme", "dynamic"}};
     if (o.block_rows > 1) q["weight_block_size"] = {o.block_rows, o.group_size};
+    return q;
+  }
+  if (o.method == "bitsandbytes") {
+    const bool in4 = o.format != "int8";
+    Json q = {{"quant_method", "bitsandbytes"},
+              {"load_in_4bit", in4},
+              {"load_in_8bit", !in4},
+              {"llm_int8_threshold", 6.0},
+              {"llm_int8_skip_modules", nullptr},
+              {"llm_int8_has_fp16_weight", false}};
+    if (in4) {
+      q["bnb_4bit_quant_type"] = o.format;
+      q["bnb_4bit_use_double_quant"] = o.double_quant;
+      q["bnb_4bit_compute_dtype"] = "bfloat16";
+      q["bnb_4bit_quant_storage"] = "uint8";
+    }
     return q;
   }
   if (o.method == "fbgemm_fp8") {
@@ -341,9 +487,20 @@ Json QuantizationConfig(const QuantizeOptions& o) {
 
 absl::Status CheckOptions(const QuantizeOptions& o) {
   if (o.method != "awq" && o.method != "gptq" && o.method != "compressed-tensors" &&
-      o.method != "fp8" && o.method != "fbgemm_fp8") {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "quantize: method \"", o.method, "\" (awq, gptq, compressed-tensors, fp8 or fbgemm_fp8)"));
+      o.method != "fp8" && o.method != "fbgemm_fp8" && o.method != "bitsandbytes") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize: method \"", o.method,
+                     "\" (awq, gptq, compressed-tensors, fp8, fbgemm_fp8 or bitsandbytes)"));
+  }
+  if (o.method == "bitsandbytes") {
+    if (o.format != "nf4" && o.format != "fp4" && o.format != "int8") {
+      return absl::InvalidArgumentError(
+          absl::StrCat("quantize: bitsandbytes format \"", o.format, "\" (nf4, fp4 or int8)"));
+    }
+    if (o.format != "int8" && o.group_size <= 0) {
+      return absl::InvalidArgumentError("quantize: bitsandbytes 4-bit needs a group_size (64)");
+    }
+    return absl::OkStatus();
   }
   if (o.method == "compressed-tensors" && o.format != "pack-quantized" &&
       o.format != "int-quantized" && o.format != "float-quantized") {
@@ -435,7 +592,11 @@ absl::Status QuantizeModelDir(const std::string& src, const std::string& out,
     const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
     if (Unpacked(options)) {
       std::vector<float> w;
-      QuantizeUnpacked(t, base, options, &packed, &w);
+      if (options.method == "bitsandbytes") {
+        QuantizeBnb(t, name, options, &packed, &w);
+      } else {
+        QuantizeUnpacked(t, base, options, &packed, &w);
+      }
       if (!dequantized.empty())
         plain.push_back({name, std::nullopt, DType::kF32, {n, k}, Bytes(w)});
       continue;

@@ -16,6 +16,13 @@
 // store q itself, symmetric, one scale per tile of block_rows x group_size weights, as
 // llm-compressor computes it: s = amax / 127.5 and q = clamp(round(w / s), -128, 127) (int8), or
 // s = amax / 448 and q = w / s rounded to the nearest e4m3 number (FP8).
+//
+// bitsandbytes: 4-bit codes, the nearest of the type's 16 values (NF4's or FP4's, as
+// bitsandbytes defines them) to w / absmax per block of group_size weights of the flattened
+// matrix; with double_quant the absmax less their mean, quantized per 256 to the nearest of a
+// 256-value map (here a uniform one over [-1, 1]; bitsandbytes writes its dynamic map, which the
+// loader reads the same way) times the block's largest. load_in_8bit: q = round(127 w / SCB),
+// SCB each row's largest magnitude.
 #ifndef KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
 #define KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
 
@@ -28,10 +35,12 @@
 namespace kvrm::modelgen {
 
 struct QuantizeOptions {
-  std::string method = "awq";  // awq, gptq, compressed-tensors, fp8 or fbgemm_fp8
+  std::string method = "awq";  // awq, gptq, compressed-tensors, fp8, fbgemm_fp8 or bitsandbytes
   // compressed-tensors: pack-quantized (int 4 / 8 bits, packed in int32 words), int-quantized
-  // (int8 weights, W8A8) or float-quantized (FP8 e4m3 weights).
+  // (int8 weights, W8A8) or float-quantized (FP8 e4m3 weights). bitsandbytes: nf4, fp4
+  // (load_in_4bit, blocks of group_size) or int8 (load_in_8bit, LLM.int8()).
   std::string format = "pack-quantized";
+  bool double_quant = false;        // bitsandbytes 4-bit: bnb_4bit_use_double_quant
   int bits = 4;                     // awq: 4; gptq, compressed-tensors: 4 or 8; FP8: 8
   int group_size = 128;             // input features per scale; -1: one scale per output row
   // Output features per scale, for int-quantized, float-quantized and fp8: 1 (by channel or
