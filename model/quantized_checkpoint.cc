@@ -237,11 +237,23 @@ int32_t Signed(const Packed& p, uint8_t stored) {
 
 bool IsF16(float s) { return F16ToFloat(FloatToF16(s)) == s; }
 
-// A row of values that are not blocks of one scale as the matrix holds them: q8_0 blocks (ggml's
-// reference quantizer) with `blocks`, else `dense` elements (f32 exactly; bf16 / f16 rounded).
-void StoreRow(const float* values, int64_t k, bool blocks, DType dense, std::byte* out) {
-  if (blocks) {
+// The format of a matrix whose values are quantized again: q4_K where asked (requantize_as) and
+// its rows are whole 256-value super-blocks, else q8_0 where they are whole blocks of 32.
+WeightFormat RequantizedFormat(const QuantizedLoadOptions& options, int64_t k) {
+  if (options.requantize_as == WeightFormat::kQ4K && k % WeightMatrix::kQ4KBlock == 0) {
+    return WeightFormat::kQ4K;
+  }
+  return WeightFormat::kQ8_0;
+}
+
+// A row of values that are not blocks of one scale as the matrix holds them: q8_0 or q4_K blocks
+// (ggml's reference quantizers) by `format`, else (kDense) `dense` elements (f32 exactly; bf16 /
+// f16 rounded).
+void StoreRow(const float* values, int64_t k, WeightFormat format, DType dense, std::byte* out) {
+  if (format == WeightFormat::kQ8_0) {
     QuantizeRowQ8_0(values, k, reinterpret_cast<uint8_t*>(out));
+  } else if (format == WeightFormat::kQ4K) {
+    QuantizeRowQ4K(values, k, reinterpret_cast<uint8_t*>(out));
   } else if (dense == DType::kF32) {
     std::memcpy(out, values, k * 4);
   } else {
@@ -320,7 +332,9 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
   const bool exact_blocks = blocks && !q.fp8 && (bc % kBlock == 0 || bc >= k);
   WeightMatrix m{options.dense, nullptr, n, k, k};
   if (blocks) {
-    m.format = exact_blocks && !f16_scales ? WeightFormat::kQ8Affine : WeightFormat::kQ8_0;
+    m.format = !exact_blocks ? RequantizedFormat(options, k)
+               : f16_scales  ? WeightFormat::kQ8_0
+                             : WeightFormat::kQ8Affine;
   }
   const int64_t row_bytes = m.DataBytes(k);
   std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
@@ -374,7 +388,7 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
           return;
         }
       }
-      StoreRow(values.data(), k, blocks, options.dense, out);
+      StoreRow(values.data(), k, m.format, options.dense, out);
     }
   });
   if (!bad.empty()) {
@@ -481,7 +495,7 @@ absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
   }
   const bool as_blocks = options.as_q8 && k % WeightMatrix::kQ8Block == 0;
   WeightMatrix m{options.dense, nullptr, n, k, k};
-  if (as_blocks) m.format = WeightFormat::kQ8_0;
+  if (as_blocks) m.format = RequantizedFormat(options, k);
   const int64_t row_bytes = m.DataBytes(k);
   std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
   m.data = buffer.data();
@@ -494,7 +508,7 @@ absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
         const uint8_t byte = codes[j / 2];
         values[c] = code_value[j % 2 == 0 ? byte >> 4 : byte & 15] * scales[j / blocksize];
       }
-      StoreRow(values.data(), k, as_blocks, options.dense, buffer.data() + r * row_bytes);
+      StoreRow(values.data(), k, m.format, options.dense, buffer.data() + r * row_bytes);
     }
   });
   if (stats != nullptr) {
@@ -578,7 +592,9 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
   if (q4g) {
     m.format = WeightFormat::kQ4G;
   } else if (blocks) {
-    m.format = aligned && !q8_0 ? WeightFormat::kQ8Affine : WeightFormat::kQ8_0;
+    m.format = !aligned ? RequantizedFormat(options, k)
+               : q8_0   ? WeightFormat::kQ8_0
+                        : WeightFormat::kQ8Affine;
   } else {
     m.dtype = options.dense;
   }
@@ -661,7 +677,7 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
           const int64_t g = p.group_of[kk];
           values[kk] = p.Scale(nn, g) * static_cast<float>(Signed(p, qrow[kk]) - p.Zero(nn, g));
         }
-        StoreRow(values.data(), k, blocks, options.dense, out);
+        StoreRow(values.data(), k, m.format, options.dense, out);
       }
     }
   });

@@ -70,6 +70,10 @@ struct QuantizedLoadOptions {
   // (WeightFormat::kQ4G: their own scales, zeros and nibbles, 4.75 bits a weight) instead of q8_0.
   bool q4_groups = true;
   DType dense = DType::kBF16;  // without as_q8: kF32 (exact) or kBF16
+  // With as_q8, what matrices whose values are not blocks of one scale are quantized again to:
+  // kQ8_0, or kQ4K (kvrmd --quantization=q4_K: ggml's reference q4_K quantizer, 4.5 bits a
+  // weight, where rows are whole 256-value super-blocks; q8_0 elsewhere).
+  WeightFormat requantize_as = WeightFormat::kQ8_0;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
 };
 

@@ -77,6 +77,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   quantized.options.as_q8 = options.as_q8 && (!bundle->config.quantization.NonIntegerValues() ||
                                               options.requantize_non_integer);
   quantized.options.dense = options.dense;
+  quantized.options.requantize_as = options.requantize_as;
   quantized.converted = &bundle->converted;
   QuantizedLoadStats stats;
   quantized.stats = &stats;
@@ -90,7 +91,10 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
                                      stats.exact - stats.q4_groups, " as 8-bit blocks)")
                       : std::string(" (f32)"))
               << ", " << stats.requantized
-              << (quantized.options.as_q8 ? " requantized to q8_0" : " rounded to bf16")
+              << (!quantized.options.as_q8 ? " rounded to bf16"
+                  : options.requantize_as == WeightFormat::kQ4K
+                      ? " requantized to q4_K (q8_0 where rows are no whole 256-value blocks)"
+                      : " requantized to q8_0")
               << (stats.requantized > 0 && quantized.options.as_q8
                       ? (q.NonIntegerValues()
                              ? " (FP8 / NF4 / FP4 values are not 8-bit integers)"

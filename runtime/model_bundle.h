@@ -50,6 +50,10 @@ struct ModelBundle {
     // q8_0. kvrmd clears it for CUDA, which widens every weight to bf16: those values times their
     // scales go to bf16 directly (rounded once, by 2^-9 at most), not through q8_0.
     bool requantize_non_integer = true;
+    // What those matrices (and the others that are not exactly blocks: act-order 8-bit, groups
+    // across blocks of 32) are quantized again to: q8_0, or q4_K where rows are whole 256-value
+    // super-blocks (kvrmd --quantization=q4_K; QuantizedLoadOptions::requantize_as).
+    WeightFormat requantize_as = WeightFormat::kQ8_0;
     // What a quantized checkpoint's matrices become when not 8-bit blocks: bf16, or f32 (their
     // values exactly: tools/gguf's converter).
     DType dense = DType::kBF16;

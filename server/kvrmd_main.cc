@@ -112,8 +112,9 @@ ABSL_FLAG(std::string, quantization, "auto",
           "bits a weight; the "
           "others as 8-bit blocks; the rest is dtype), q8_0 or q4_K (every linear weight "
           "quantized at load: 8.5 or 4.5 bits a weight, q4_K with ggml's reference quantizer, "
-          "q8_0 where rows are not whole 256-value blocks; CPU device), or none (everything in "
-          "dtype)");
+          "q8_0 where rows are not whole 256-value blocks; CPU device; a quantized checkpoint's "
+          "matrices that are not exactly blocks, FP8 or NF4 ones, are quantized again to q4_K "
+          "rather than q8_0), or none (everything in dtype)");
 ABSL_FLAG(int32_t, kv_max_runs, 8, "run-table width R of the step descriptor");
 ABSL_FLAG(std::string, kv_reserve, "prompt",
           "admission reservation (kvrm mode): prompt (grow on demand; pause others under "
@@ -350,6 +351,9 @@ int Run() {
   load.as_q8 = quantization != "none";
   // CUDA widens every weight to bf16: FP8 checkpoints go there directly, not through q8_0.
   load.requantize_non_integer = device->device == "cpu";
+  // A checkpoint's matrices that are not exactly blocks (FP8, NF4 / FP4, ...) are quantized
+  // again: to q4_K when that is what was asked for.
+  if (quantization == "q4_K") load.requantize_as = WeightFormat::kQ4K;
   absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(*dir, load);
   if (!model.ok()) {
     std::fprintf(stderr, "kvrmd: cannot load model from %s: %s\n", dir->c_str(),
