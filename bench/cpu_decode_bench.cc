@@ -60,8 +60,11 @@ ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "w4a16: the bf16 model as a 4-bit group-128 quantized checkpoint of that kind "
           "(tools/modelgen/quantized_writer.h), loaded as kvrmd does; fp8 (Transformers' FP8, "
           "128x128 blocks: requantized to q8_0 at load), w8a8 (compressed-tensors int8 by "
-          "channel: exactly q8_0): those checkpoints likewise; NAME+q8_0: that case with "
-          "what it leaves dense (a checkpoint's LM head) quantized to q8_0 at load");
+          "channel: exactly q8_0), nf4 (bitsandbytes NF4, double-quantized: q8_0 at load): "
+          "those checkpoints likewise; NAME+q8_0: that case with "
+          "what it leaves dense (a checkpoint's LM head) quantized to q8_0 at load; NAME+q4_K: "
+          "to q4_K, and its requantized matrices (nf4's, fp8's) q4_K too, as kvrmd "
+          "--quantization=q4_K");
 ABSL_FLAG(std::string, slots, "1,4,8,16", "active decode slots");
 ABSL_FLAG(std::string, contexts, "128,1024", "history length of every slot during decode");
 ABSL_FLAG(std::string, prompts, "128,1024", "prefill prompt lengths");
@@ -280,7 +283,11 @@ void KQuantsTo8Bit(LlamaWeights& w, std::vector<std::vector<std::byte>>* out) {
 Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool panels,
             DType kv_dtype, WeightFormat quantization, bool as_q8) {
   Loaded m;
-  auto bundle = ModelBundle::Load(dir);
+  // As kvrmd loads it: --quantization=q4_K also requantizes a checkpoint's non-exact matrices
+  // to q4_K.
+  ModelBundle::LoadOptions load;
+  if (quantization == WeightFormat::kQ4K) load.requantize_as = WeightFormat::kQ4K;
+  auto bundle = ModelBundle::Load(dir, load);
   CHECK_OK(bundle.status());
   m.bundle = std::move(*bundle);
   if (as_q8) KQuantsTo8Bit(m.bundle->weights, &m.converted);
@@ -616,9 +623,12 @@ int Main() {
        absl::StrSplit(absl::GetFlag(FLAGS_dtypes), ',', absl::SkipEmpty())) {
     // "<dtype>+q8_0": what that dtype leaves dense (a checkpoint's LM head) quantized to q8_0 at
     // load, as kvrmd --quantization=q8_0 does.
+    // "<dtype>+q4_K": likewise to q4_K, and a checkpoint's requantized matrices to q4_K too
+    // (--quantization=q4_K).
     const bool dense_to_q8 = absl::EndsWith(case_name, "+q8_0");
+    const bool dense_to_q4k = absl::EndsWith(case_name, "+q4_K");
     const absl::string_view dtype_name =
-        dense_to_q8 ? case_name.substr(0, case_name.size() - 5) : case_name;
+        dense_to_q8 || dense_to_q4k ? case_name.substr(0, case_name.size() - 5) : case_name;
     DType dtype = DType::kF32;
     // q8_0: the bf16 model with every linear weight quantized at load (--quantization=q8_0).
     // A GGUF type ("q4_K"): the bf16 model converted to a GGUF file of that type, loaded as kvrmd
@@ -636,7 +646,7 @@ int Main() {
     // in 4-bit groups of 128; FP8 in 128x128 blocks; W8A8 int8 by channel.
     const bool checkpoint = dtype_name == "awq" || dtype_name == "gptq" ||
                             dtype_name == "gptq_act_order" || dtype_name == "w4a16" ||
-                            dtype_name == "fp8" || dtype_name == "w8a8";
+                            dtype_name == "fp8" || dtype_name == "w8a8" || dtype_name == "nf4";
     const GgmlTypeTraits* gguf = q8 || dense || given_file || checkpoint
                                      ? nullptr
                                      : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
@@ -693,6 +703,12 @@ int Main() {
           qo.group_size = 128;
           qo.block_rows = 128;
           qo.scale_dtype = DType::kF32;
+        } else if (dtype_name == "nf4") {  // unsloth's -bnb-4bit: NF4, double quantization
+          qo = modelgen::QuantizeOptions();
+          qo.method = "bitsandbytes";
+          qo.format = "nf4";
+          qo.group_size = 64;
+          qo.double_quant = true;
         } else if (dtype_name == "w8a8") {  // RedHatAI's quantized.w8a8
           qo = modelgen::QuantizeOptions();
           qo.method = "compressed-tensors";
@@ -709,7 +725,9 @@ int Main() {
     for (DType kv : kv_dtypes) {
       for (bool panels : layouts) {
         loaded.push_back(Load(model_path, max_slots, max_context, panels, kv,
-                              q8 || dense_to_q8 ? WeightFormat::kQ8_0 : WeightFormat::kDense,
+                              q8 || dense_to_q8 ? WeightFormat::kQ8_0
+                              : dense_to_q4k    ? WeightFormat::kQ4K
+                                                : WeightFormat::kDense,
                               as_q8));
       }
     }
