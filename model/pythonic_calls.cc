@@ -1,7 +1,6 @@
 #include "model/pythonic_calls.h"
 
 #include <cstdint>
-#include <cstdio>
 #include <string>
 
 #include "absl/strings/ascii.h"
@@ -17,58 +16,32 @@ constexpr int kMaxDepth = 64;
 bool IsIdentStart(char c) { return absl::ascii_isalpha(c) || c == '_'; }
 bool IsIdent(char c) { return absl::ascii_isalnum(c) || c == '_'; }
 
-// Appends `cp` as UTF-8; false for surrogates and values past U+10FFFF (not text).
-bool AppendUtf8(uint32_t cp, std::string* out) {
-  if ((cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff) return false;
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xc0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xe0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+// Appends `c` to the content of a JSON string: '"' and '\\' escaped, control characters as
+// \u00XX, the rest (UTF-8 bytes included: the JSON parse at the end refuses what is not UTF-8)
+// as it is.
+void AppendJsonChar(char c, std::string* out) {
+  if (c == '"' || c == '\\') {
+    out->push_back('\\');
+    out->push_back(c);
+  } else if (static_cast<unsigned char>(c) < 0x20) {
+    absl::StrAppend(out, "\\u00", absl::Hex(static_cast<unsigned char>(c), absl::kZeroPad2));
   } else {
-    out->push_back(static_cast<char>(0xf0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3f)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3f)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3f)));
+    out->push_back(c);
   }
-  return true;
 }
 
-// JSON string text of `s` (UTF-8; the JSON parse at the end refuses what is not).
-void AppendJsonString(std::string_view s, std::string* out) {
-  out->push_back('"');
-  for (const char c : s) {
-    switch (c) {
-      case '"':
-        out->append("\\\"");
-        break;
-      case '\\':
-        out->append("\\\\");
-        break;
-      case '\n':
-        out->append("\\n");
-        break;
-      case '\r':
-        out->append("\\r");
-        break;
-      case '\t':
-        out->append("\\t");
-        break;
-      default:
-        if (static_cast<unsigned char>(c) < 0x20) {
-          char buf[8];
-          std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(c));
-          out->append(buf);
-        } else {
-          out->push_back(c);
-        }
-    }
+// Appends code point `cp` as a JSON escape (a surrogate pair past the BMP; a lone surrogate
+// stays one, which the JSON parse refuses); false past U+10FFFF.
+bool AppendJsonCodePoint(uint32_t cp, std::string* out) {
+  if (cp > 0x10ffff) return false;
+  if (cp < 0x10000) {
+    absl::StrAppend(out, "\\u", absl::Hex(cp, absl::kZeroPad4));
+  } else {
+    cp -= 0x10000;
+    absl::StrAppend(out, "\\u", absl::Hex(0xd800 + (cp >> 10), absl::kZeroPad4), "\\u",
+                    absl::Hex(0xdc00 + (cp & 0x3ff), absl::kZeroPad4));
   }
-  out->push_back('"');
+  return true;
 }
 
 class Parser {
@@ -148,8 +121,7 @@ class Parser {
       }
       Space();
       if (!keys.empty()) args.push_back(',');
-      AppendJsonString(key, &args);
-      args.push_back(':');
+      absl::StrAppend(&args, "\"", key, "\":");  // (an identifier: nothing to escape)
       RETURN_IF_ERROR(Value(0, &args));
       keys.push_back(key);
       Space();
@@ -171,9 +143,9 @@ class Parser {
     if (c == '{') return Dict(depth, out);
     if (c == '"' || c == '\'' ||
         ((c == 'r' || c == 'R' || c == 'u' || c == 'U') && (Peek(1) == '"' || Peek(1) == '\''))) {
-      std::string text;
-      RETURN_IF_ERROR(Strings(&text));
-      AppendJsonString(text, out);
+      out->push_back('"');
+      RETURN_IF_ERROR(Strings(out));
+      out->push_back('"');
       return absl::OkStatus();
     }
     if (absl::ascii_isdigit(c) || c == '.' || c == '-' || c == '+') return Number(out);
@@ -238,11 +210,7 @@ class Parser {
       RETURN_IF_ERROR(Value(depth + 1, &key));
       if (key.empty() || key[0] == '[' || key[0] == '{')
         return Error("a dict key must be a scalar");
-      if (key[0] != '"') {
-        std::string quoted;
-        AppendJsonString(key, &quoted);
-        key = std::move(quoted);
-      }
+      if (key[0] != '"') key = absl::StrCat("\"", key, "\"");  // number / true / false / null
       Space();
       if (!Eat(':')) {
         return Error(first ? "expected ':' in a dict (sets are not JSON)"
@@ -287,76 +255,45 @@ class Parser {
       }
       if (c == '\n' && !triple) return Error("newline in a string");
       if (c != '\\') {
-        text->push_back(c);
+        AppendJsonChar(c, text);
         ++i_;
         continue;
       }
       if (raw) {  // the backslash stays, and shields the next character from ending the string
-        text->push_back('\\');
+        AppendJsonChar('\\', text);
         ++i_;
-        if (!AtEnd()) text->push_back(s_[i_++]);
+        if (!AtEnd()) AppendJsonChar(s_[i_++], text);
         continue;
       }
       ++i_;
       if (AtEnd()) return Error("unterminated string");
       const char e = s_[i_++];
-      switch (e) {
-        case '\n':
-          break;  // a line continuation
-        case '\\':
-          text->push_back('\\');
-          break;
-        case '\'':
-          text->push_back('\'');
-          break;
-        case '"':
-          text->push_back('"');
-          break;
-        case 'a':
-          text->push_back('\a');
-          break;
-        case 'b':
-          text->push_back('\b');
-          break;
-        case 'f':
-          text->push_back('\f');
-          break;
-        case 'n':
-          text->push_back('\n');
-          break;
-        case 'r':
-          text->push_back('\r');
-          break;
-        case 't':
-          text->push_back('\t');
-          break;
-        case 'v':
-          text->push_back('\v');
-          break;
-        case 'x':
-        case 'u':
-        case 'U': {
-          const int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          uint32_t cp = 0;
-          for (int d = 0; d < digits; ++d) {
-            const char h = Peek();
-            if (!absl::ascii_isxdigit(h)) return Error("bad escape in a string");
-            cp = cp * 16 + (absl::ascii_isdigit(h) ? h - '0' : (absl::ascii_tolower(h) - 'a' + 10));
-            ++i_;
-          }
-          if (!AppendUtf8(cp, text)) return Error("escape is not a character");
-          break;
+      // Python's escapes: the character they stand for.
+      constexpr std::string_view kSimple = "\\\\''\"\"a\ab\bf\fn\nr\rt\tv\v";
+      if (e == '\n') continue;  // a line continuation
+      if (const size_t at = kSimple.find(e); at != std::string_view::npos && at % 2 == 0) {
+        AppendJsonChar(kSimple[at + 1], text);
+        continue;
+      }
+      if (e == 'x' || e == 'u' || e == 'U') {
+        const int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+        uint32_t cp = 0;
+        for (int d = 0; d < digits; ++d) {
+          const char h = Peek();
+          if (!absl::ascii_isxdigit(h)) return Error("bad escape in a string");
+          cp = cp * 16 + (absl::ascii_isdigit(h) ? h - '0' : (absl::ascii_tolower(h) - 'a' + 10));
+          ++i_;
         }
-        default:
-          if (e >= '0' && e <= '7') {  // octal, up to three digits
-            uint32_t cp = e - '0';
-            for (int d = 0; d < 2 && Peek() >= '0' && Peek() <= '7'; ++d)
-              cp = cp * 8 + (s_[i_++] - '0');
-            AppendUtf8(cp, text);
-          } else {  // an unknown escape keeps its backslash, as Python does
-            text->push_back('\\');
-            text->push_back(e);
-          }
+        if (!AppendJsonCodePoint(cp, text)) return Error("escape is not a character");
+      } else if (e >= '0' && e <= '7') {  // octal, up to three digits
+        uint32_t cp = e - '0';
+        for (int d = 0; d < 2 && Peek() >= '0' && Peek() <= '7'; ++d) {
+          cp = cp * 8 + (s_[i_++] - '0');
+        }
+        AppendJsonCodePoint(cp, text);
+      } else {  // an unknown escape keeps its backslash, as Python does
+        AppendJsonChar('\\', text);
+        AppendJsonChar(e, text);
       }
     }
   }

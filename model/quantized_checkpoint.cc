@@ -282,7 +282,7 @@ void ForRowTiles(int64_t n, int threads, const std::function<void(int64_t, int64
 // the whole matrix when block_rows is 0): the weight is s * q. As 8-bit blocks: I8 ones exactly
 // (q8_0 with d = s when every scale is an f16, else q8 affine with offset 0) where every block of
 // 32 input features has one scale; FP8 ones (3 mantissa bits over 16 binades: not 8-bit
-// integers of one scale) quantized again to q8_0.
+// integers of one scale) quantized again (RequantizedFormat).
 absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
                                                 const CheckpointQuantization& q,
                                                 const std::string& base, int64_t n, int64_t k,
@@ -410,8 +410,8 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
 // into ".weight.nested_quant_map" F32 [256] times ".weight.nested_absmax" F32 (one per
 // nested_blocksize absmax) plus nested_offset; and ".weight.quant_state.bitsandbytes__<type>"
 // U8, the JSON of quant_type, blocksize, shape, dtype and the nested ones. The weight is
-// quant_map[code] * absmax. NF4 and FP4 values are not integers of one scale: as 8-bit blocks
-// they are quantized again to q8_0.
+// quant_map[code] * absmax. NF4 and FP4 values are not integers of one scale: as blocks they
+// are quantized again (RequantizedFormat).
 absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
                                             const CheckpointQuantization& q,
                                             const std::string& base, int64_t n, int64_t k,

@@ -47,6 +47,10 @@
 // blocks of exactly their values (q8 affine with offset 0 where a scale is not an f16) when every
 // block of 32 input features has one scale, else are requantized; FP8 ones are requantized to
 // q8_0 (FP8 numbers are not integers of one scale). A NaN or infinite weight is refused.
+// bitsandbytes' LLM.int8() rows are such I8 weights with `.SCB` (s = SCB / 127); its 4-bit NF4 /
+// FP4 codes (two a byte, a quant_map, an absmax per block, maybe double-quantized) are read as
+// LoadBnb4Linear in the .cc says, and requantized like FP8. "Requantized" is q8_0, or q4_K with
+// QuantizedLoadOptions::requantize_as where rows are whole 256-value super-blocks.
 #ifndef KVRM_MODEL_QUANTIZED_CHECKPOINT_H_
 #define KVRM_MODEL_QUANTIZED_CHECKPOINT_H_
 

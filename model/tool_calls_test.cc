@@ -1108,7 +1108,8 @@ TEST(PythonicToolCallsTest, WhatIsNotALiteralCallListIsRefused) {
       {"[f(a=b'x')]", "'b' is not a literal"},
       {"[f(a=1, a=2)]", "argument a repeated"},
       {"[f(a='open)]", "unterminated string"},
-      {"[f(a='\\ud800')]", "escape is not a character"},
+      {"[f(a='\\ud800')]", "pythonic tool call arguments"},  // a lone surrogate
+      {"[f(a='\\U00110000')]", "escape is not a character"},
       {"[f(a=0x1ffffffffffffffff)]", "integer too large"},
       {"[f(a=007)]", "leading zeros"},
       {"[f(a=1)] and more", "text after the list"},
