@@ -176,15 +176,21 @@ bool ParseDType(absl::string_view name, DType* out) {
   return false;
 }
 
-// Bytes of linear weights a decode step reads: q8 panels (their blocks, scales and padding) for
-// the matrices that have them (8-bit data, or every one with `quantized`), else the stored
+// Bytes of linear weights a decode step reads: block panels (their blocks, scales and padding)
+// for the matrices that have them (block formats; and dense ones when the engine quantizes them
+// at load, `quantization`: q8_0, or q4_K where rows are whole super-blocks), else the stored
 // matrix. A mixture of experts' layer reads its router and the experts its rows chose:
 // `experts_run` (layer, expert) pairs a step on average, as the backend counted them
 // (CpuBackend::experts_run), of the E per MoE layer the file holds.
-double WeightBytesPerStep(const LlamaConfig& c, const LlamaWeights& w, bool quantized,
+double WeightBytesPerStep(const LlamaConfig& c, const LlamaWeights& w, WeightFormat quantization,
                           double experts_run) {
-  auto bytes = [&](const WeightMatrix& m) {
-    return quantized || WeightMatrix::IsQuantized(m.format) ? BlockPanelBytes(m) : m.bytes();
+  auto bytes = [&](const WeightMatrix& m) -> double {
+    if (WeightMatrix::IsQuantized(m.format)) return BlockPanelBytes(m);
+    if (quantization == WeightFormat::kDense) return m.bytes();
+    return BlockPanelBytes(m, quantization == WeightFormat::kQ4K &&
+                                      m.cols % WeightMatrix::kQ4KBlock == 0
+                                  ? WeightFormat::kQ4K
+                                  : WeightFormat::kQ8_0);
   };
   const int64_t moe_layers = c.NumMoeLayers();
   const double chosen = moe_layers > 0 ? experts_run / (double{c.num_experts} * moe_layers) : 1;
@@ -429,7 +435,7 @@ DecodeResult RunDecode(Loaded& m, const std::string& dtype, int32_t slots, int32
   const double experts_per_step =
       static_cast<double>(experts_run) / (steps * absl::GetFlag(FLAGS_windows));
   const double weight_bytes = WeightBytesPerStep(
-      m.bundle->config, m.bundle->weights, m.quantization == WeightFormat::kQ8_0, experts_per_step);
+      m.bundle->config, m.bundle->weights, m.quantization, experts_per_step);
   const LlamaConfig& c = m.bundle->config;
   if (c.moe()) r.experts_per_layer = experts_per_step / c.NumMoeLayers();
   r.num_experts = c.num_experts;
