@@ -291,6 +291,8 @@ class Parser {
           cp = cp * 8 + (s_[i_++] - '0');
         }
         AppendJsonCodePoint(cp, text);
+      } else if (e == 'N') {
+        return Error("\\N{...} escapes (Unicode names) are not supported");
       } else {  // an unknown escape keeps its backslash, as Python does
         AppendJsonChar('\\', text);
         AppendJsonChar(e, text);
@@ -301,12 +303,11 @@ class Parser {
   // An int or float, with an optional sign, as JSON number text.
   absl::Status Number(std::string* out) {
     bool negative = false;
-    while (Peek() == '-' || Peek() == '+') {
-      negative ^= Peek() == '-';
+    if (Peek() == '-' || Peek() == '+') {  // one sign (literal_eval refuses "--5")
+      negative = Peek() == '-';
       ++i_;
       Space();
     }
-    std::string digits;
     auto run = [&](auto is_digit) {
       std::string got;
       while (!AtEnd() &&
@@ -370,6 +371,23 @@ class Parser {
 };
 
 }  // namespace
+
+Begins BeginsCalls(std::string_view lead) {
+  size_t i = 0;
+  const auto space = [&] {
+    while (i < lead.size() && absl::ascii_isspace(static_cast<unsigned char>(lead[i]))) ++i;
+  };
+  if (lead.empty()) return Begins::kUndecided;
+  if (lead[0] != '[') return Begins::kNo;
+  ++i;
+  space();
+  if (i == lead.size()) return Begins::kUndecided;
+  if (!IsIdentStart(lead[i])) return Begins::kNo;
+  while (i < lead.size() && IsIdent(lead[i])) ++i;
+  space();
+  if (i == lead.size()) return Begins::kUndecided;
+  return lead[i] == '(' ? Begins::kYes : Begins::kNo;
+}
 
 absl::StatusOr<std::vector<Call>> ParseCalls(std::string_view text) { return Parser(text).Calls(); }
 

@@ -29,6 +29,12 @@ struct Call {
   std::string arguments;  // a JSON object, compact, keys in the order written
 };
 
+// Whether a reply that begins with `lead` (its leading whitespace dropped) begins a list of
+// calls, "[" then a name then "(" (spaces allowed between): kYes, kNo (a "[1]" citation, a
+// markdown link), or kUndecided while `lead` is a prefix of that.
+enum class Begins { kYes, kNo, kUndecided };
+Begins BeginsCalls(std::string_view lead);
+
 // The calls of `text`: optional whitespace and <|python_start|>, the list, optional
 // <|python_end|> and whitespace, nothing else. INVALID_ARGUMENT naming the first problem and
 // its byte offset otherwise. Bounded: nesting deeper than 64 is refused.

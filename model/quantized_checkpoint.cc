@@ -264,6 +264,27 @@ void StoreRow(const float* values, int64_t k, WeightFormat format, DType dense, 
   }
 }
 
+// The first element (row * cols + col) that is NaN or infinite among the rows the threads
+// converted: a thread notes the first of a row and stops.
+class NonFinite {
+ public:
+  // Whether values[0, k) of row `row` are all finite; notes the first that is not.
+  bool Check(const float* values, int64_t k, int64_t row) {
+    for (int64_t c = 0; c < k; ++c) {
+      if (std::isfinite(values[c])) continue;
+      const std::lock_guard<std::mutex> lock(mu_);
+      at_ = at_ < 0 ? row * k + c : std::min(at_, row * k + c);
+      return false;
+    }
+    return true;
+  }
+  int64_t first() const { return at_; }  // -1: none
+
+ private:
+  std::mutex mu_;
+  int64_t at_ = -1;
+};
+
 // Runs convert(r0, r1) over the rows [0, n), split among up to `threads` threads at multiples
 // of 128 rows (whole words of every packed layout).
 void ForRowTiles(int64_t n, int threads, const std::function<void(int64_t, int64_t)>& convert) {
@@ -290,6 +311,17 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
                                                 std::vector<std::vector<std::byte>>* converted,
                                                 QuantizedLoadStats* stats) {
   ASSIGN_OR_RETURN(const TensorView w, files.GetAny(base + ".weight", {n, k}));
+  // LLM.int8(): bitsandbytes saves a weight that ran on a GPU in a tiled layout (col_turing,
+  // col_ampere) and says so in weight_format; only row-major (0) is read.
+  if (const std::string format_name = base + ".weight_format"; files.Contains(format_name)) {
+    ASSIGN_OR_RETURN(const TensorView format, files.GetAny(format_name));
+    if (format.type != StorageType::kU8 || format.numel() != 1 ||
+        static_cast<uint8_t>(format.data[0]) != 0) {
+      return TensorProblem(format,
+                           "is not 0 (row-major): bitsandbytes' tiled layouts are not "
+                           "read");
+    }
+  }
   const bool f8 = w.type == StorageType::kF8E4M3 || w.type == StorageType::kF8E5M2;
   if (q.fp8 ? !f8 : w.type != StorageType::kI8) {
     return TensorProblem(w,
@@ -348,9 +380,7 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
                   : w.type == StorageType::kF8E5M2 ? F8E5M2ToFloat(u)
                                                    : F8E4M3ToFloat(u);
   }
-  // The first NaN or infinite weight each thread meets.
-  std::vector<int64_t> bad;
-  std::mutex bad_mu;
+  NonFinite bad;
   ForRowTiles(n, options.threads, [&](int64_t r0, int64_t r1) {
     std::vector<float> values(k), row_scales(scale_cols);
     for (int64_t nn = r0; nn < r1; ++nn) {
@@ -381,18 +411,11 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
           values[kk] = sc * value_of[row[kk]];
         }
       }
-      for (int64_t kk = 0; kk < k; ++kk) {
-        if (!std::isfinite(values[kk])) {
-          const std::lock_guard<std::mutex> lock(bad_mu);
-          bad.push_back(nn * k + kk);
-          return;
-        }
-      }
+      if (!bad.Check(values.data(), k, nn)) return;
       StoreRow(values.data(), k, m.format, options.dense, out);
     }
   });
-  if (!bad.empty()) {
-    const int64_t i = *std::min_element(bad.begin(), bad.end());
+  if (const int64_t i = bad.first(); i >= 0) {
     return TensorProblem(w, absl::StrCat("[", i / k, "][", i % k, "] is ", value_of[qs[i]],
                                          ", not a finite weight"));
   }
@@ -420,7 +443,7 @@ absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
                                             QuantizedLoadStats* stats) {
   const std::string w_name = base + ".weight";
   ASSIGN_OR_RETURN(const TensorView w, files.GetAny(w_name));
-  if (w.type != StorageType::kU8 || 2 * w.numel() != n * k) {
+  if (w.type != StorageType::kU8 || w.numel() != (n * k + 1) / 2) {
     return TensorProblem(
         w, absl::StrCat("is ", std::string(StorageTypeName(w.type)), " ", ShapeToString(w.shape),
                         ", the U8 codes of [", n, ", ", k, "] two a byte expected"));
@@ -458,7 +481,12 @@ absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
   ASSIGN_OR_RETURN(const TensorView quant_map, files.GetAny(w_name + ".quant_map", {16}));
   if (!quant_map.is_float()) return TensorProblem(quant_map, "must be F32, F16 or BF16");
   float code_value[16];
-  for (int i = 0; i < 16; ++i) code_value[i] = FloatElement(quant_map, i);
+  for (int i = 0; i < 16; ++i) {
+    code_value[i] = FloatElement(quant_map, i);
+    if (!std::isfinite(code_value[i])) {
+      return TensorProblem(quant_map, absl::StrCat("[", i, "] is ", code_value[i]));
+    }
+  }
   const int64_t blocks = (n * k + blocksize - 1) / blocksize;
   ASSIGN_OR_RETURN(const TensorView absmax, files.GetAny(w_name + ".absmax", {blocks}));
   std::vector<float> scales(blocks);
@@ -500,6 +528,7 @@ absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
   std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * n);
   m.data = buffer.data();
   const auto* codes = reinterpret_cast<const uint8_t*>(w.data);
+  NonFinite bad;  // (a finite code value times a finite absmax may still overflow)
   ForRowTiles(n, options.threads, [&](int64_t r0, int64_t r1) {
     std::vector<float> values(k);
     for (int64_t r = r0; r < r1; ++r) {
@@ -508,9 +537,15 @@ absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
         const uint8_t byte = codes[j / 2];
         values[c] = code_value[j % 2 == 0 ? byte >> 4 : byte & 15] * scales[j / blocksize];
       }
+      if (!bad.Check(values.data(), k, r)) return;
       StoreRow(values.data(), k, m.format, options.dense, buffer.data() + r * row_bytes);
     }
   });
+  if (const int64_t i = bad.first(); i >= 0) {
+    return TensorProblem(w, absl::StrCat("[", i / k, "][", i % k,
+                                         "] overflows: its code's value "
+                                         "times its block's absmax is not finite"));
+  }
   if (stats != nullptr) {
     ++(as_blocks || options.dense != DType::kF32 ? stats->requantized : stats->exact);
   }

@@ -563,5 +563,61 @@ TEST(QuantizedCheckpointTest, BitsAndBytesInt8RowsAreExact) {
   });
 }
 
+// A code value that is not finite, or one whose product with its absmax overflows, is refused
+// naming the tensor (as NaN FP8 weights are); LLM.int8's tiled layouts (weight_format not 0) are
+// refused rather than read as rows; a matrix of an odd number of weights keeps its last code in
+// a byte of its own, as bitsandbytes packs it.
+TEST(QuantizedCheckpointTest, BitsAndBytesMalformedAndOdd) {
+  const std::string state = R"({"quant_type": "nf4", "blocksize": 64, "shape": [1, 63]})";
+  auto nf4 = [&](const std::string& name, std::vector<float> quant_map, float absmax) {
+    return Files(
+        name,
+        {U8s("l.weight", StorageType::kU8, {32, 1}, std::vector<uint8_t>(32, 0x1f)),
+         {"l.weight.quant_map", std::nullopt, DType::kF32, {16}, Bytes(quant_map)},
+         {"l.weight.absmax", std::nullopt, DType::kF32, {1}, Bytes(std::vector<float>{absmax})},
+         U8s("l.weight.quant_state.bitsandbytes__nf4", StorageType::kU8,
+             {static_cast<int64_t>(state.size())},
+             std::vector<uint8_t>(state.begin(), state.end()))});
+  };
+  std::vector<float> map(16);
+  for (int c = 0; c < 16; ++c) map[c] = static_cast<float>(c) / 15;
+  std::vector<std::vector<std::byte>> converted;
+  QuantizedLoadOptions f32;
+  f32.as_q8 = false;
+  f32.dense = DType::kF32;
+  {  // 63 codes in 32 bytes: the last byte's low nibble is padding
+    auto files = nf4("bnb_odd", map, 2.0f);
+    auto m = LoadQuantizedLinear(*files, Bnb("nf4"), "l", 1, 63, f32, &converted);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ExpectValues(*m, [&](int64_t, int64_t c) { return map[c % 2 == 0 ? 1 : 15] * 2.0f; });
+  }
+  {
+    std::vector<float> nan_map = map;
+    nan_map[1] = NAN;
+    auto files = nf4("bnb_nan", nan_map, 2.0f);
+    auto m = LoadQuantizedLinear(*files, Bnb("nf4"), "l", 1, 63, f32, &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("\"l.weight.quant_map\" [1] is nan"));
+  }
+  {
+    std::vector<float> big = map;
+    big[15] = 1e30f;
+    auto files = nf4("bnb_overflow", big, 1e30f);
+    auto m = LoadQuantizedLinear(*files, Bnb("nf4"), "l", 1, 63, f32, &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("\"l.weight\" [0][1] overflows"));
+  }
+  {
+    auto files =
+        Files("bnb_tiled",
+              {U8s("l.weight", StorageType::kI8, {2, 32}, std::vector<uint8_t>(64, 1)),
+               {"l.SCB", std::nullopt, DType::kF32, {2}, Bytes(std::vector<float>{1.0f, 2.0f})},
+               U8s("l.weight_format", StorageType::kU8, {}, {2})});
+    auto m = LoadQuantizedLinear(*files, Bnb(""), "l", 2, 32, {}, &converted);
+    EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(m.status().message(), HasSubstr("\"l.weight_format\" is not 0 (row-major)"));
+  }
+}
+
 }  // namespace
 }  // namespace kvrm

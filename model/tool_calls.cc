@@ -847,13 +847,19 @@ std::string ToolCallStream::FeedText(std::string_view text) {
   if (state_ == State::kLeading) {
     const std::string_view lead = Strip(pending_);
     if (lead.empty()) return "";
-    const char opens = syntax_->format == ToolCallFormat::kPythonic ? '[' : '{';
-    if (lead[0] == opens || absl::StartsWith(AV(lead), AV(start))) {
+    // Llama 3's calls begin with "{"; pythonic ones with "[name(" (so that a "[1]" citation
+    // streams at once).
+    const pythonic::Begins begins = syntax_->format == ToolCallFormat::kPythonic
+                                        ? pythonic::BeginsCalls(lead)
+                                    : lead[0] == '{' ? pythonic::Begins::kYes
+                                                     : pythonic::Begins::kNo;
+    if (begins == pythonic::Begins::kYes || absl::StartsWith(AV(lead), AV(start))) {
       held_ = std::move(pending_);
       pending_.clear();
       state_ = State::kCall;
       return "";
     }
+    if (begins == pythonic::Begins::kUndecided) return "";
     if (lead.size() < start.size() && absl::StartsWith(AV(start), AV(lead))) return "";
     state_ = State::kContent;
   }

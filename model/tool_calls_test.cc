@@ -1112,6 +1112,8 @@ TEST(PythonicToolCallsTest, WhatIsNotALiteralCallListIsRefused) {
       {"[f(a='\\U00110000')]", "escape is not a character"},
       {"[f(a=0x1ffffffffffffffff)]", "integer too large"},
       {"[f(a=007)]", "leading zeros"},
+      {"[f(a=--5)]", "bad number"},
+      {"[f(a='\\N{BULLET}')]", "Unicode names"},
       {"[f(a=1)] and more", "text after the list"},
       {"[f(a=1) g(b=2)]", "expected ',' or ']'"},
       {"[os.system(c='ls')]", "expected '(' after os"},
@@ -1166,13 +1168,25 @@ TEST(PythonicToolCallsTest, StreamHoldsTheListAndReleasesProse) {
     EXPECT_EQ(got.result.calls[0].arguments, R"({"id":7})");
   }
   {
-    // A list that is not calls comes back whole as text.
+    // A reply that begins "[" but not "[name(" (a citation, a list) streams as text: decided
+    // at its first character that cannot begin a call.
     ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
-    const Streamed got = FeedInPieces(s, "[1, 2, 3]", rng);
+    EXPECT_EQ(s.Feed(" ["), "");
+    EXPECT_EQ(s.Feed("1] See"), " [1] See");
+    EXPECT_EQ(s.Feed(" the docs."), " the docs.");
+    EXPECT_TRUE(s.Finish(true).calls.empty());
+    ToolCallStream t(ToolCallStream::Mode::kAuto, &syntax);
+    EXPECT_EQ(t.Feed("[ get_weather "), "");  // undecided
+    EXPECT_EQ(t.Feed("is sunny]"), "[ get_weather is sunny]");
+  }
+  {
+    // A call list that is not well-formed comes back whole as text at the end.
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, "[f(1, 2)]", rng);
     EXPECT_TRUE(got.result.calls.empty());
     EXPECT_TRUE(got.result.malformed);
     EXPECT_EQ(got.streamed, "");
-    EXPECT_EQ(got.result.text, "[1, 2, 3]");
+    EXPECT_EQ(got.result.text, "[f(1, 2)]");
     EXPECT_TRUE(got.deltas.empty());
   }
 }

@@ -353,7 +353,8 @@ int Run() {
   load.requantize_non_integer = device->device == "cpu";
   // A checkpoint's matrices that are not exactly blocks (FP8, NF4 / FP4, ...) are quantized
   // again: to q4_K when that is what was asked for.
-  if (quantization == "q4_K") load.requantize_as = WeightFormat::kQ4K;
+  // (On the CPU: CUDA widens every weight to bf16, and q8_0 rounds less on the way.)
+  if (quantization == "q4_K" && device->device == "cpu") load.requantize_as = WeightFormat::kQ4K;
   absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(*dir, load);
   if (!model.ok()) {
     std::fprintf(stderr, "kvrmd: cannot load model from %s: %s\n", dir->c_str(),
