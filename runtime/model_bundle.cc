@@ -84,22 +84,27 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files, &quantized));
   if (const CheckpointQuantization& q = bundle->config.quantization; q.enabled()) {
     bundle->weights_format = q.Describe();
-    LOG(INFO) << dir << ": " << bundle->weights_format << " checkpoint: " << stats.exact
-              << " matrices as exactly their values"
-              << (quantized.options.as_q8
-                      ? absl::StrCat(" (", stats.q4_groups, " as 4-bit groups, ",
-                                     stats.exact - stats.q4_groups, " as 8-bit blocks)")
-                      : std::string(" (f32)"))
-              << ", " << stats.requantized
-              << (!quantized.options.as_q8 ? " rounded to bf16"
-                  : options.requantize_as == WeightFormat::kQ4K
-                      ? " requantized to q4_K (q8_0 where rows are no whole 256-value blocks)"
-                      : " requantized to q8_0")
-              << (stats.requantized > 0 && quantized.options.as_q8
-                      ? (q.NonIntegerValues()
-                             ? " (FP8 / NF4 / FP4 values are not 8-bit integers)"
-                             : " (act-order or groups not a multiple of 32 input features)")
-                      : "");
+    // "awq 4-bit g128 checkpoint: 196 matrices as exactly their values (196 as 4-bit groups,
+    // 0 as 8-bit blocks), 0 requantized to q8_0".
+    const bool blocks = quantized.options.as_q8;
+    std::string exact = absl::StrCat(stats.exact, " matrices as exactly their values");
+    if (stats.exact > 0) {
+      absl::StrAppend(&exact, blocks
+                                  ? absl::StrCat(" (", stats.q4_groups, " as 4-bit groups, ",
+                                                 stats.exact - stats.q4_groups, " as 8-bit blocks)")
+                                  : std::string(" (f32)"));
+    }
+    const char* rounded = !blocks ? " rounded to bf16"
+                          : options.requantize_as == WeightFormat::kQ4K
+                              ? " requantized to q4_K (q8_0 where rows are no whole 256-value "
+                                "blocks)"
+                              : " requantized to q8_0";
+    const char* why = stats.requantized == 0 || !blocks ? ""
+                      : q.NonIntegerValues()
+                          ? " (FP8 / NF4 / FP4 values are not 8-bit integers)"
+                          : " (act-order or groups not a multiple of 32 input features)";
+    LOG(INFO) << dir << ": " << bundle->weights_format << " checkpoint: " << exact << ", "
+              << stats.requantized << rounded << why;
     if (q.activations_quantized) {
       LOG(INFO) << dir << ": the checkpoint was calibrated with quantized activations too "
                 << "(W8A8 / FP8); kvrm computes them as its kernels do and reads no input scales";
