@@ -264,6 +264,21 @@ void StoreRow(const float* values, int64_t k, WeightFormat format, DType dense, 
   }
 }
 
+// Block `b` of a row of q8_0 blocks (d = s as an f16) or q8 affine ones (s and o as f32): writes
+// its scales and returns where its 32 int8 go.
+std::byte* Q8BlockScales(WeightFormat format, std::byte* row, int64_t b, float s, float o) {
+  if (format == WeightFormat::kQ8_0) {
+    std::byte* block = row + b * WeightMatrix::kQ8BlockBytes;
+    const uint16_t d = FloatToF16(s);
+    std::memcpy(block, &d, 2);
+    return block + 2;
+  }
+  std::byte* block = row + b * WeightMatrix::kQ8AffineBlockBytes;
+  std::memcpy(block, &s, 4);
+  std::memcpy(block + 4, &o, 4);
+  return block + 8;
+}
+
 // The first element (row * cols + col) that is NaN or infinite among the rows the threads
 // converted: a thread notes the first of a row and stops.
 class NonFinite {
@@ -389,19 +404,8 @@ absl::StatusOr<WeightMatrix> LoadUnpackedLinear(const SafetensorsSet& files,
       for (int64_t cb = 0; cb < scale_cols; ++cb) row_scales[cb] = scale_of(nn, cb * bc);
       if (exact_blocks) {
         for (int64_t b = 0; b < k / kBlock; ++b) {
-          const float s = row_scales[b * kBlock / bc];
-          if (m.format == WeightFormat::kQ8_0) {
-            std::byte* block = out + b * WeightMatrix::kQ8BlockBytes;
-            const uint16_t d = FloatToF16(s);
-            std::memcpy(block, &d, 2);
-            std::memcpy(block + 2, row + b * kBlock, kBlock);
-          } else {
-            std::byte* block = out + b * WeightMatrix::kQ8AffineBlockBytes;
-            const float o = 0;
-            std::memcpy(block, &s, 4);
-            std::memcpy(block + 4, &o, 4);
-            std::memcpy(block + 8, row + b * kBlock, kBlock);
-          }
+          std::memcpy(Q8BlockScales(m.format, out, b, row_scales[b * kBlock / bc], 0),
+                      row + b * kBlock, kBlock);
         }
         continue;
       }
@@ -686,24 +690,15 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
             const int64_t g = p.group_of[k0];
             const float s = p.Scale(nn, g);
             const int32_t z = p.Zero(nn, g);
-            if (m.format == WeightFormat::kQ8_0) {
-              std::byte* block = out + b * WeightMatrix::kQ8BlockBytes;
-              const uint16_t d = FloatToF16(s);
-              std::memcpy(block, &d, 2);
-              for (int i = 0; i < WeightMatrix::kQ8Block; ++i) {
-                block[2 + i] =
-                    static_cast<std::byte>(static_cast<int8_t>(Signed(p, qrow[k0 + i]) - z));
-              }
-            } else {
-              // s * (stored - mid) + s * (mid + Signed(0) - z): the int8 is the stored value
-              // less the grid's middle, and the offset the rest of Signed(stored) - z.
-              std::byte* block = out + b * WeightMatrix::kQ8AffineBlockBytes;
-              const float o = s * static_cast<float>(mid + Signed(p, 0) - z);
-              std::memcpy(block, &s, 4);
-              std::memcpy(block + 4, &o, 4);
-              for (int i = 0; i < WeightMatrix::kQ8Block; ++i) {
-                block[8 + i] = static_cast<std::byte>(static_cast<int8_t>(qrow[k0 + i] - mid));
-              }
+            // q8_0: d = s and the int8 Signed(stored) - z. q8 affine: s * (stored - mid) +
+            // s * (mid + Signed(0) - z), the int8 the stored value less the grid's middle and
+            // the offset the rest of Signed(stored) - z.
+            const bool affine = m.format == WeightFormat::kQ8Affine;
+            std::byte* q = Q8BlockScales(
+                m.format, out, b, s, affine ? s * static_cast<float>(mid + Signed(p, 0) - z) : 0);
+            for (int i = 0; i < WeightMatrix::kQ8Block; ++i) {
+              const int32_t v = affine ? qrow[k0 + i] - mid : Signed(p, qrow[k0 + i]) - z;
+              q[i] = static_cast<std::byte>(static_cast<int8_t>(v));
             }
           }
           continue;

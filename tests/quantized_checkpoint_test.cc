@@ -242,6 +242,64 @@ CpuBackendOptions SmallBackendOptions() {
   return options;
 }
 
+// Every linear weight of the decoder layers, in ForEachLinearWeight's order (the reference's
+// ForEachLinear order, less the LM head).
+std::vector<const WeightMatrix*> LinearWeights(const LlamaWeights& w) {
+  std::vector<const WeightMatrix*> out;
+  for (const LayerWeights& layer : w.layers) {
+    ForEachLinearWeight(layer, [&](const WeightMatrix& m) { out.push_back(&m); });
+  }
+  return out;
+}
+
+// The reference multiplies by the values `held` (LinearWeights of what the engine loaded) hold
+// rather than the twin's: for matrices quantized again, whose values only approximate the
+// twin's. The LM head (not quantized) stays.
+void UseHeldValues(ReferenceLlama& ref, const std::vector<const WeightMatrix*>& held) {
+  size_t next = 0;
+  ref.ReplaceLinearWeights([&](const std::string& name, int64_t rows, int64_t cols, double* w) {
+    if (name == "lm_head.weight") return;
+    ASSERT_LT(next, held.size()) << name;
+    const WeightMatrix& m = *held[next++];
+    ASSERT_EQ(m.rows, rows) << name;
+    ASSERT_EQ(m.cols, cols) << name;
+    std::vector<float> row(cols);
+    for (int64_t r = 0; r < rows; ++r) {
+      WeightRowToFloat(m, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = row[c];
+    }
+  });
+  ASSERT_EQ(next, held.size());
+}
+
+// Runs `seq` through `backend` in one slot: its first 36 tokens as a prefill chunk, then one
+// decode step a token, with LoRA adapter `adapter` (-1: none); the worst ScaledError of the
+// logits against `want` (the reference's rows).
+double MaxErrorOfSlot(Backend& backend, const std::vector<int32_t>& seq,
+                      const std::vector<std::vector<double>>& want, int32_t vocab,
+                      int32_t adapter = -1) {
+  constexpr int kPrefill = 36;
+  const KvRun runs[] = {{0, 4}};
+  std::vector<float> logits(2 * vocab);
+  PrefillChunk chunk{0, 0, absl::MakeConstSpan(seq).subspan(0, kPrefill), runs, 1};
+  chunk.adapter = adapter;
+  CHECK_OK(backend.Prefill(chunk, logits.data()));
+  double worst = ScaledError(logits.data(), want[kPrefill - 1]);
+  StepDescriptor step;
+  step.Resize(2, 4);
+  step.active[0] = 1;
+  step.num_runs[0] = 1;
+  step.SlotRuns(0)[0] = runs[0];
+  step.adapter[0] = adapter;
+  for (int pos = kPrefill; pos < static_cast<int>(seq.size()); ++pos) {
+    step.position[0] = pos;
+    step.token[0] = seq[pos];
+    CHECK_OK(backend.Decode(step, logits.data()));
+    worst = std::max(worst, ScaledError(logits.data(), want[pos]));
+  }
+  return worst;
+}
+
 class QuantizedCheckpointTest : public testing::TestWithParam<Scheme> {};
 
 // Every linear weight: the format the scheme calls for, and the twin's values (exactly, or for
@@ -349,25 +407,7 @@ TEST_P(QuantizedCheckpointTest, ForwardMatchesTheReferenceOfItsValues) {
     // twin's values, only within half a q8_0 step of them (the test above): the reference takes
     // the values the engine holds, so that the forward pass is held as tightly as the exact
     // schemes' (a mixture of experts would otherwise flip near-tied routes at random).
-    std::vector<const WeightMatrix*> held;
-    for (const LayerWeights& layer : l.packed->weights.layers) {
-      ForEachLinearWeight(layer, [&](const WeightMatrix& m) { held.push_back(&m); });
-    }
-    size_t next = 0;
-    (*ref)->ReplaceLinearWeights(
-        [&](const std::string& name, int64_t rows, int64_t cols, double* w) {
-          if (name == "lm_head.weight") return;  // not quantized
-          ASSERT_LT(next, held.size()) << name;
-          const WeightMatrix& m = *held[next++];
-          ASSERT_EQ(m.rows, rows) << name;
-          ASSERT_EQ(m.cols, cols) << name;
-          std::vector<float> row(cols);
-          for (int64_t r = 0; r < rows; ++r) {
-            WeightRowToFloat(m, r, row.data());
-            for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = row[c];
-          }
-        });
-    ASSERT_EQ(next, held.size());
+    UseHeldValues(**ref, LinearWeights(l.packed->weights));
   }
   // The q4 group matrices take their activations as the K-quant kernels do, rounded to int8 per
   // 32 (q4_k.h): the reference rounds those matrices' inputs alike.
@@ -524,26 +564,7 @@ TEST(QuantizedCheckpointLoraTest, AnAdapterOnQ4GroupsMatchesTheMergedReference) 
   const std::vector<std::vector<double>> want = (*ref)->Forward(seq);
   const std::vector<std::vector<double>> without = (*base)->Forward(seq);
   const double apart = ScaledError(without[39].data(), want[39]);  // the adapter's effect
-  const KvRun runs[] = {{0, 4}};
-  std::vector<float> logits(2 * vocab);
-  PrefillChunk chunk{0, 0, absl::MakeConstSpan(seq).subspan(0, 36), runs, 1};
-  chunk.adapter = 0;
-  ASSERT_TRUE((*backend)->Prefill(chunk, logits.data()).ok());
-  double worst = 0;
-  auto check = [&](int pos) { worst = std::max(worst, ScaledError(logits.data(), want[pos])); };
-  check(35);
-  StepDescriptor step;
-  step.Resize(2, 4);
-  step.active[0] = 1;
-  step.num_runs[0] = 1;
-  step.SlotRuns(0)[0] = runs[0];
-  step.adapter[0] = 0;
-  for (int pos = 36; pos < 40; ++pos) {
-    step.position[0] = pos;
-    step.token[0] = seq[pos];
-    ASSERT_TRUE((*backend)->Decode(step, logits.data()).ok());
-    check(pos);
-  }
+  const double worst = MaxErrorOfSlot(**backend, seq, want, vocab, /*adapter=*/0);
   std::printf(
       "[awq + LoRA] max |diff| / max(1, max |ref|) %.3g (tol 5e-2); the adapter moves "
       "the last row by %.3g\n",
@@ -573,32 +594,25 @@ TEST(QuantizedCheckpointRequantizeTest, NonIntegerValuesBecomeQ4KWhenAsked) {
   auto base = ModelBundle::Load(BaseModel("tiny-k"));
   ASSERT_TRUE(base.ok()) << base.status();
   double err = 0, ref = 0, nf4_err = 0, base_ref = 0;
-  std::vector<const WeightMatrix*> matrices;
-  for (size_t i = 0; i < (*held)->weights.layers.size(); ++i) {
-    std::vector<const WeightMatrix*> a, b, w;
-    ForEachLinearWeight((*held)->weights.layers[i],
-                        [&](const WeightMatrix& m) { a.push_back(&m); });
-    ForEachLinearWeight((*twin)->weights.layers[i],
-                        [&](const WeightMatrix& m) { b.push_back(&m); });
-    ForEachLinearWeight((*base)->weights.layers[i],
-                        [&](const WeightMatrix& m) { w.push_back(&m); });
-    ASSERT_EQ(a.size(), b.size());
-    ASSERT_EQ(a.size(), w.size());
-    for (size_t j = 0; j < a.size(); ++j) {
-      ASSERT_EQ(a[j]->format, WeightFormat::kQ4K) << "layer " << i << " matrix " << j;
-      std::vector<float> ra(a[j]->cols), rb(b[j]->cols), rw(w[j]->cols);
-      for (int64_t r = 0; r < a[j]->rows; ++r) {
-        WeightRowToFloat(*a[j], r, ra.data());
-        WeightRowToFloat(*b[j], r, rb.data());
-        WeightRowToFloat(*w[j], r, rw.data());
-        for (int64_t c = 0; c < a[j]->cols; ++c) {
-          err += std::pow(double{ra[c]} - rb[c], 2);
-          ref += double{rb[c]} * rb[c];
-          nf4_err += std::pow(double{rb[c]} - rw[c], 2);
-          base_ref += double{rw[c]} * rw[c];
-        }
+  const std::vector<const WeightMatrix*> matrices = LinearWeights((*held)->weights),
+                                         twins = LinearWeights((*twin)->weights),
+                                         originals = LinearWeights((*base)->weights);
+  ASSERT_EQ(matrices.size(), twins.size());
+  ASSERT_EQ(matrices.size(), originals.size());
+  for (size_t j = 0; j < matrices.size(); ++j) {
+    const WeightMatrix &a = *matrices[j], &b = *twins[j], &w = *originals[j];
+    ASSERT_EQ(a.format, WeightFormat::kQ4K) << "matrix " << j;
+    std::vector<float> ra(a.cols), rb(b.cols), rw(w.cols);
+    for (int64_t r = 0; r < a.rows; ++r) {
+      WeightRowToFloat(a, r, ra.data());
+      WeightRowToFloat(b, r, rb.data());
+      WeightRowToFloat(w, r, rw.data());
+      for (int64_t c = 0; c < a.cols; ++c) {
+        err += std::pow(double{ra[c]} - rb[c], 2);
+        ref += double{rb[c]} * rb[c];
+        nf4_err += std::pow(double{rb[c]} - rw[c], 2);
+        base_ref += double{rw[c]} * rw[c];
       }
-      matrices.push_back(a[j]);
     }
   }
   const double rms = std::sqrt(err / ref), nf4_rms = std::sqrt(nf4_err / base_ref);
@@ -609,20 +623,7 @@ TEST(QuantizedCheckpointRequantizeTest, NonIntegerValuesBecomeQ4KWhenAsked) {
 
   auto reference = ReferenceLlama::Create((*twin)->config, *(*twin)->files);
   ASSERT_TRUE(reference.ok()) << reference.status();
-  size_t next = 0;
-  (*reference)
-      ->ReplaceLinearWeights([&](const std::string& name, int64_t rows, int64_t cols, double* w) {
-        if (name == "lm_head.weight") return;
-        ASSERT_LT(next, matrices.size());
-        const WeightMatrix& m = *matrices[next++];
-        ASSERT_EQ(m.rows, rows);
-        std::vector<float> row(cols);
-        for (int64_t r = 0; r < rows; ++r) {
-          WeightRowToFloat(m, r, row.data());
-          for (int64_t c = 0; c < cols; ++c) w[r * cols + c] = row[c];
-        }
-      });
-  ASSERT_EQ(next, matrices.size());
+  UseHeldValues(**reference, matrices);
   (*reference)->set_int8_block_inputs_of([](const std::string& name, int64_t, int64_t cols) {
     return name != "lm_head.weight" && cols % WeightMatrix::kQ4KBlock == 0;
   });
@@ -635,22 +636,7 @@ TEST(QuantizedCheckpointRequantizeTest, NonIntegerValuesBecomeQ4KWhenAsked) {
   const std::vector<std::vector<double>> want = (*reference)->Forward(seq);
   auto backend = CpuBackend::Create((*held)->config, &(*held)->weights, SmallBackendOptions());
   ASSERT_TRUE(backend.ok()) << backend.status();
-  const KvRun runs[] = {{0, 4}};
-  std::vector<float> logits(2 * vocab);
-  PrefillChunk chunk{0, 0, absl::MakeConstSpan(seq).subspan(0, 36), runs, 1};
-  ASSERT_TRUE((*backend)->Prefill(chunk, logits.data()).ok());
-  double worst = ScaledError(logits.data(), want[35]);
-  StepDescriptor step;
-  step.Resize(2, 4);
-  step.active[0] = 1;
-  step.num_runs[0] = 1;
-  step.SlotRuns(0)[0] = runs[0];
-  for (int pos = 36; pos < 40; ++pos) {
-    step.position[0] = pos;
-    step.token[0] = seq[pos];
-    ASSERT_TRUE((*backend)->Decode(step, logits.data()).ok());
-    worst = std::max(worst, ScaledError(logits.data(), want[pos]));
-  }
+  const double worst = MaxErrorOfSlot(**backend, seq, want, vocab);
   std::printf("[nf4 as q4_K] max |diff| / max(1, max |ref|) %.3g (tol 2e-2)\n", worst);
   EXPECT_LE(worst, 2e-2);
 }
