@@ -164,12 +164,10 @@ class Parser {
     ++i_;
     std::string items = "[";
     int count = 0;
-    bool comma = false;
     Space();
     while (!Eat(close)) {
       if (count > 0) {
         if (!Eat(',')) return Error(absl::StrCat("expected ',' or '", std::string(1, close), "'"));
-        comma = true;
         Space();
         if (Eat(close)) break;
       }
@@ -187,7 +185,6 @@ class Parser {
       ++count;
       Space();
     }
-    (void)comma;
     items.push_back(']');
     out->append(items);
     return absl::OkStatus();
