@@ -14,13 +14,12 @@
 // nibble order or zero moves logits by O(1). Requantized matrices (FP8, NF4 / FP4, act-order
 // 8-bit, groups that split blocks of 32) are held to the twin within half a q8_0 step, weight by
 // weight; their forward pass is held at 1e-3 to the reference of the values the engine holds
-// (against the twin's own it moved the tiny models' logits by 2-4e-2, and a mixture of experts'
-// by 7e-2 where near-tied routes flipped). Matrices kept as q4 groups (4-bit, rows of whole
-// 256-feature super-blocks: tiny-k's, tiny-qwen3-moe's O) take their inputs rounded to int8 per
-// 32 as the K-quant kernels do, and the reference rounds those matrices' inputs alike; an input
-// near a rounding boundary still rounds the other way in f32 against double now and then, and
-// one step moves the rest of the pass (//tests:forward_test's Q4KForwardTest says more):
-// measured up to 8.6e-3, held to 2e-2; with two ranks, whose O and down shares split
+// (against the twin's own, a mixture of experts' near-tied routes would flip). Matrices kept as q4
+// groups (4-bit, rows of whole 256-feature super-blocks: tiny-k's, tiny-qwen3-moe's O) take their
+// inputs rounded to int8 per 32 as the K-quant kernels do, and the reference rounds those matrices'
+// inputs alike; an input near a rounding boundary still rounds the other way in f32 against double
+// now and then, and one step moves the rest of the pass (//tests:forward_test's Q4KForwardTest says
+// more): measured up to 8.6e-3, held to 2e-2; with two ranks, whose O and down shares split
 // super-blocks and run as q8 affine blocks with int16-rounded inputs, up to 2.4e-2, held to
 // 5e-2 (Q4KForwardTest's kQ4KSplitRelTol).
 #include <algorithm>
