@@ -44,6 +44,7 @@
 #include "nlohmann/json.hpp"
 #include "runtime/backend.h"
 #include "runtime/cpu_backend.h"
+#include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
 #include "tools/gguf/gguf_convert.h"
 #include "tools/modelgen/model_writer.h"
@@ -81,7 +82,8 @@ ABSL_FLAG(std::string, model_dir, "", "where to generate the models (default: a 
 ABSL_FLAG(bool, kernels, false, "also time single matmuls (GFLOP/s, GB/s) on the small shapes");
 ABSL_FLAG(std::string, json, "", "also write the results to this JSON file");
 ABSL_FLAG(std::string, kv_dtypes, "f32",
-          "KV cache dtypes (f32, bf16); with both, every case runs on each back to back");
+          "KV cache dtypes (f32, bf16, fp8, fp8_e5m2); with several, every case runs on each "
+          "back to back");
 ABSL_FLAG(std::string, layouts, "panels",
           "weight layouts: panels (as kvrmd loads them for the best path), rows (row-major "
           "only); with both, every case runs on each back to back (side by side)");
@@ -556,10 +558,9 @@ int Main() {
   std::vector<DType> kv_dtypes;
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_kv_dtypes), ',', absl::SkipEmpty())) {
-    DType kv = DType::kF32;
-    CHECK(ParseDType(name, &kv) && kv != DType::kF16)
-        << "kv dtype f32 or bf16: " << std::string(name);
-    kv_dtypes.push_back(kv);
+    absl::StatusOr<DType> kv = ParseKvDtype(std::string(name));
+    CHECK_OK(kv.status());
+    kv_dtypes.push_back(*kv);
   }
   CHECK(!kv_dtypes.empty()) << "--kv_dtypes names none";
   const std::vector<int32_t> slots = IntList(absl::GetFlag(FLAGS_slots));

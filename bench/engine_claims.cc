@@ -45,6 +45,7 @@
 #include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "runtime/engine.h"
+#include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
 #include "server/device_backend.h"
 #include "tools/replay/prompt.h"
@@ -90,8 +91,8 @@ ABSL_FLAG(bool, device_sampling, true,
           "default; no effect on the CPU)");
 ABSL_FLAG(int32_t, tp, 1, "tensor-parallel ranks");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "KV cache element type (both modes): f32 or bf16 (half the bytes per token, same block "
-          "count)");
+          "KV cache element type (both modes): f32, bf16 (half the bytes per token, same block "
+          "count), fp8 or fp8_e5m2 (a quarter)");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads (0: all cores)");
 ABSL_FLAG(std::string, json, "", "also write the results as JSON");
 
@@ -297,13 +298,12 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "%s\n", device.status().ToString().c_str());
     return 1;
   }
-  DType kv_dtype = DType::kF32;
-  if (const std::string kv = absl::GetFlag(FLAGS_kv_dtype); kv == "bf16") {
-    kv_dtype = DType::kBF16;
-  } else if (kv != "f32") {
-    std::fprintf(stderr, "--kv_dtype=%s: use f32 or bf16\n", kv.c_str());
+  const absl::StatusOr<DType> parsed_kv = ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype));
+  if (!parsed_kv.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(parsed_kv.status().message()).c_str());
     return 1;
   }
+  const DType kv_dtype = *parsed_kv;
   const int32_t slots = absl::GetFlag(FLAGS_slots);
   const int32_t ctx = (*model)->config.max_position_embeddings;
   const bench::KvBudget budget =

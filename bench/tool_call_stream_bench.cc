@@ -83,6 +83,7 @@ std::string Reply(ToolCallFormat format, const std::string& code) {
              "<｜DSML｜parameter name=\"path\" string=\"true\">shapes.py</｜DSML｜parameter>\n"
              "<｜DSML｜parameter name=\"content\" string=\"true\">" +
              code + "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
+    case ToolCallFormat::kPythonic:  // not measured: its calls are sent whole, no deltas
     case ToolCallFormat::kNone:
       break;
   }

@@ -9,13 +9,32 @@
 
 namespace kvrm {
 
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+// kF8E4M3 and kF8E5M2 are KV cache element types only (--kv_dtype=fp8): weights stored as FP8
+// are read through model/quantized_checkpoint.h, never held as a DType.
+enum class DType : uint8_t { kF32, kF16, kBF16, kF8E4M3, kF8E5M2 };
 
-constexpr size_t DTypeSize(DType t) { return t == DType::kF32 ? 4 : 2; }
+constexpr size_t DTypeSize(DType t) {
+  return t == DType::kF32 ? 4 : (t == DType::kF8E4M3 || t == DType::kF8E5M2) ? 1 : 2;
+}
 
-// "f32", "f16", "bf16": the names used by flags, ModelInfo and make_model.
+constexpr bool IsFp8(DType t) { return t == DType::kF8E4M3 || t == DType::kF8E5M2; }
+
+// "f32", "f16", "bf16", "fp8_e4m3", "fp8_e5m2": the names used by flags, ModelInfo and
+// make_model.
 constexpr std::string_view DTypeName(DType t) {
-  return t == DType::kF32 ? "f32" : t == DType::kF16 ? "f16" : "bf16";
+  switch (t) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kF8E4M3:
+      return "fp8_e4m3";
+    case DType::kF8E5M2:
+      return "fp8_e5m2";
+  }
+  return "?";
 }
 
 inline float Bf16ToFloat(uint16_t h) {
@@ -120,6 +139,43 @@ inline uint8_t FloatToF8E4M3(float f) {
   const uint32_t exp = (rounded >> 23) - 127 + 7, mant = (rounded >> 20) & 7;
   return sign | static_cast<uint8_t>((exp << 3) | mant);
 }
+
+// Round to nearest even, saturating at +-57344 (not to infinity: a KV cache element that
+// overflowed would poison every score it enters); NaN stays NaN.
+inline uint8_t FloatToF8E5M2(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof(bits));
+  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return sign | 0x7f;
+  const float a = f < 0 ? -f : f;
+  if (!(a < 61440.0f)) return sign | 0x7b;  // 57344 and everything that rounds past it
+  if (a < 0x1p-14f) {
+    // Subnormal steps of 2^-16.
+    const float scaled = a * 0x1p16f;
+    uint32_t m = static_cast<uint32_t>(scaled);
+    const float frac = scaled - static_cast<float>(m);
+    if (frac > 0.5f || (frac == 0.5f && (m & 1))) ++m;
+    return sign | static_cast<uint8_t>(m);  // m == 4 is the smallest normal, 0x04
+  }
+  std::memcpy(&bits, &a, sizeof(bits));
+  const uint32_t rounded = bits + 0xfffffu + ((bits >> 21) & 1u);
+  const uint32_t exp = (rounded >> 23) - 127 + 15, mant = (rounded >> 21) & 3;
+  return sign | static_cast<uint8_t>((exp << 2) | mant);
+}
+
+// An FP8 byte as the f16 whose value is the byte's times Fp8HalfUnit(dtype): E5M2 is the top
+// byte of an f16; E4M3's exponent (bias 7) sits in an f16's (bias 15), 2^8 too small,
+// subnormals included. What the CPU attention widens with one vcvtph2ps.
+inline uint16_t Fp8AsHalf(DType t, uint8_t b) {
+  return t == DType::kF8E5M2 ? static_cast<uint16_t>(b << 8)
+                             : static_cast<uint16_t>(((b & 0x80) << 8) | ((b & 0x7f) << 7));
+}
+constexpr float Fp8HalfUnit(DType t) { return t == DType::kF8E5M2 ? 1.0f : 256.0f; }
+
+// FP8 KV pool elements as types of their own (kernels/cpu/attention.*): one byte each, read as
+// an f16 (Fp8AsHalf) and scaled by KvLayerView::KeyUnit() / ValueUnit().
+enum class Fp8E4M3 : uint8_t {};
+enum class Fp8E5M2 : uint8_t {};
 
 }  // namespace kvrm
 

@@ -86,5 +86,57 @@ TEST(F8Test, E4M3EncodesToTheNearestCode) {
   EXPECT_EQ(FloatToF8E4M3(NAN) & 0x7f, 0x7f);
 }
 
+// The same for E5M2 (2 mantissa bits, largest finite 57344): saturating, never infinite, since
+// a KV cache element that overflowed would poison every score it entered.
+TEST(F8Test, E5M2EncodesToTheNearestCode) {
+  for (int c = 0; c < 256; ++c) {
+    if (((c >> 2) & 31) == 31) continue;
+    EXPECT_EQ(FloatToF8E5M2(F8E5M2ToFloat(static_cast<uint8_t>(c))), c) << c;
+  }
+  std::mt19937 rng(12);
+  std::uniform_real_distribution<double> exponent(-19, 16.2);
+  for (int i = 0; i < 200000; ++i) {
+    const float x = static_cast<float>((i & 1 ? -1 : 1) * std::exp2(exponent(rng)));
+    const uint8_t got = FloatToF8E5M2(x);
+    const double err = std::abs(Reference(got, 5, 2) - x);
+    ASSERT_LT((got >> 2) & 31, 31) << x;
+    ASSERT_EQ(got >> 7, x < 0 ? 1 : 0) << x;
+    if (std::abs(x) >= 57344) {
+      ASSERT_EQ(got & 0x7f, 0x7b) << x;
+      continue;
+    }
+    for (int c = (got & 0x80); c < (got & 0x80) + 0x7c; ++c) {
+      const double other = std::abs(Reference(c, 5, 2) - x);
+      ASSERT_TRUE(other > err || c == got || (other == err && (c & 1) == 1 && (got & 1) == 0))
+          << x << " -> " << int{got} << ", but " << c << " is as near";
+    }
+  }
+  EXPECT_EQ(FloatToF8E5M2(1.125f), 0x3c);  // halfway between 1 and 1.25: to 1 (even)
+  EXPECT_EQ(FloatToF8E5M2(0x1p-17f), 0x00);
+  EXPECT_EQ(FloatToF8E5M2(1e9f), 0x7b);
+  EXPECT_EQ(FloatToF8E5M2(-INFINITY), 0xfb);
+  EXPECT_TRUE(std::isnan(F8E5M2ToFloat(FloatToF8E5M2(NAN))));
+}
+
+// What the CPU attention widens: an FP8 byte read as an f16, times the format's unit, is the
+// byte's value, for every finite code of both formats.
+TEST(F8Test, HalfViewTimesItsUnitIsTheValue) {
+  for (int c = 0; c < 256; ++c) {
+    const uint8_t b = static_cast<uint8_t>(c);
+    if ((c & 0x7f) != 0x7f) {
+      EXPECT_EQ(F16ToFloat(Fp8AsHalf(DType::kF8E4M3, b)) * Fp8HalfUnit(DType::kF8E4M3),
+                F8E4M3ToFloat(b))
+          << c;
+    }
+    if (((c >> 2) & 31) != 31) {
+      EXPECT_EQ(F16ToFloat(Fp8AsHalf(DType::kF8E5M2, b)) * Fp8HalfUnit(DType::kF8E5M2),
+                F8E5M2ToFloat(b))
+          << c;
+    }
+  }
+  EXPECT_EQ(DTypeSize(DType::kF8E4M3), 1u);
+  EXPECT_EQ(DTypeName(DType::kF8E5M2), "fp8_e5m2");
+}
+
 }  // namespace
 }  // namespace kvrm

@@ -1,6 +1,9 @@
 #include "model/weights.h"
 
+#include <cmath>
 #include <string>
+#include <string_view>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -47,6 +50,58 @@ absl::Status BindExperts(const LlamaConfig& c, const std::string& p, const Llama
   return absl::OkStatus();
 }
 
+// The names checkpoints give a layer's FP8 KV cache scales, under "model.layers.N.self_attn.",
+// key then value: compressed-tensors' and Transformers' (k_scale), vLLM's own module path
+// (attn.k_scale), ModelOpt's (k_proj.k_scale), Quark's (k_proj.output_scale), and AutoFP8's one
+// scale for both (kv_scale).
+constexpr std::pair<const char*, const char*> kKvScaleNames[] = {
+    {"k_scale", "v_scale"},
+    {"attn.k_scale", "attn.v_scale"},
+    {"k_proj.k_scale", "v_proj.v_scale"},
+    {"k_proj.output_scale", "v_proj.output_scale"},
+    {"kv_scale", "kv_scale"},
+};
+
+// One scale tensor: one element, finite and positive.
+absl::StatusOr<float> ReadKvScale(const SafetensorsSet& files, const std::string& name) {
+  ASSIGN_OR_RETURN(const TensorView t, files.Get(name));
+  if (t.numel() != 1) {
+    return absl::InvalidArgumentError(absl::StrCat(files.dir(), ": ", name, " has ", t.numel(),
+                                                   " elements; a KV cache scale has one"));
+  }
+  const float v = FloatElement(t, 0);
+  if (!std::isfinite(v) || v <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(files.dir(), ": ", name, " is ", v, "; a KV cache scale must be positive"));
+  }
+  return v;
+}
+
+// Fills each layer's k_cache_scale / v_cache_scale from the checkpoint, where it has them.
+absl::Status ReadKvCacheScales(const SafetensorsSet& files, const std::string& prefix,
+                               LlamaWeights* w) {
+  for (size_t i = 0; i < w->layers.size(); ++i) {
+    const std::string p = absl::StrCat(prefix, "layers.", i, ".self_attn.");
+    for (const auto& [k, v] : kKvScaleNames) {
+      if (!files.Contains(p + k) && !files.Contains(p + v)) continue;
+      LayerWeights& l = w->layers[i];
+      ASSIGN_OR_RETURN(l.k_cache_scale, ReadKvScale(files, p + k));
+      ASSIGN_OR_RETURN(l.v_cache_scale, ReadKvScale(files, p + v));
+      const std::string names = k == std::string_view(v) ? absl::StrCat("self_attn.", k)
+                                                         : absl::StrCat("self_attn.", k, " / ", v);
+      if (w->kv_cache_scales.empty()) {
+        w->kv_cache_scales = names;
+      } else if (w->kv_cache_scales != names) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(files.dir(), ": layer ", i, "'s KV cache scales are ", names,
+                         ", another layer's ", w->kv_cache_scales, ": one convention a model"));
+      }
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
@@ -61,7 +116,7 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                                                         : "language_model.model.";
   }
   const CheckpointQuantization& q = config.quantization;
-  return BindLlamaWeights(
+  absl::StatusOr<LlamaWeights> w = BindLlamaWeights(
       config,
       [&](const std::string& hf_name,
           const std::vector<int64_t>& shape) -> absl::StatusOr<WeightMatrix> {
@@ -86,6 +141,8 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
         }
         return Bind(files, name, shape);
       });
+  if (w.ok()) RETURN_IF_ERROR(ReadKvCacheScales(files, prefix, &*w));
+  return w;
 }
 
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaTensorBinder& bind) {

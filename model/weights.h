@@ -47,6 +47,11 @@ struct LayerWeights {
   // [shared_ffn][hidden] gate and up, [hidden][shared_ffn] down, and the [1][hidden] gate of its
   // output (sigmoid of its dot product with the MLP input). Empty otherwise.
   WeightMatrix shared_gate, shared_up, shared_down, shared_expert_gate;
+  // An FP8 KV cache (--kv_dtype=fp8) holds key / k_cache_scale and value / v_cache_scale: the
+  // checkpoint's self_attn.k_scale and v_scale where it has them (LlamaWeights::kv_cache_scales),
+  // else 1 (as vLLM). f32 and bf16 caches ignore them.
+  float k_cache_scale = 1;
+  float v_cache_scale = 1;
 };
 
 // Calls f(WeightMatrix&) on each linear product `layer` has: Q, K, V, O, then gate, up and down,
@@ -79,6 +84,9 @@ struct LlamaWeights {
   // What one token runs: num_parameters less the experts it does not (a mixture of experts).
   int64_t num_active_parameters = 0;
   int64_t bytes = 0;
+  // Where LayerWeights::k_cache_scale and v_cache_scale came from: "" (none: 1), or the
+  // checkpoint's tensor names ("self_attn.k_scale / v_scale", ...).
+  std::string kv_cache_scales;
 };
 
 // Finds one tensor by its Hugging Face name ("model.layers.0.self_attn.q_proj.weight"), checked

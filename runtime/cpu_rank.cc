@@ -125,8 +125,15 @@ void CpuRank::AddRows(int32_t n) {
   }
 }
 
+KvLayerView CpuRank::KvLayer(int32_t layer) const {
+  KvLayerView kv = pool_->Layer(layer);
+  kv.k_scale = w_.layers[layer].k_cache_scale;  // (read by FP8 pools only)
+  kv.v_scale = w_.layers[layer].v_cache_scale;
+  return kv;
+}
+
 void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
-  const KvLayerView kv = pool_->Layer(layer);
+  const KvLayerView kv = KvLayer(layer);
   const LayerWeights& l = w_.layers[layer];
   const float* bias = config_.qkv_bias ? LayerBiases(layer) : nullptr;
   const float eps = static_cast<float>(config_.rms_norm_eps);
@@ -171,7 +178,7 @@ void CpuRank::AddOutputBias(int32_t layer, int32_t n) {
 }
 
 void CpuRank::Summarize(int32_t layer, const CpuRow* rows, int32_t n) {
-  const KvLayerView kv = pool_->Layer(layer);
+  const KvLayerView kv = KvLayer(layer);
   const KvLayerView store = summaries_->Layer(layer);
   const int32_t bt = kv.block_tokens;
   const int64_t entries = store.block_tokens;
@@ -194,7 +201,7 @@ void CpuRank::Summarize(int32_t layer, const CpuRow* rows, int32_t n) {
 }
 
 void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
-  const KvLayerView kv = pool_->Layer(layer);
+  const KvLayerView kv = KvLayer(layer);
   const KvLayerView store = summaries_ ? summaries_->Layer(layer) : KvLayerView{};
   const int32_t group = w_.heads / w_.kv_heads;
   AttentionScoring scoring;

@@ -87,6 +87,8 @@ class CpuRank {
   void AddRows(int32_t n);                              // x_ += h_
   // Q/K/V biases and Qwen3's Q/K head norms where the model has them, RoPE on Q and K, and the
   // K/V writes to the pool.
+  // The pool's view of `layer`, with the layer's FP8 KV cache scales.
+  KvLayerView KvLayer(int32_t layer) const;
   void RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n);
   // h_ += the O projection's bias, when the model has one (after the all-reduce: once).
   void AddOutputBias(int32_t layer, int32_t n);

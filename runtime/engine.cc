@@ -242,7 +242,9 @@ absl::Status CheckKvFitsMemory(const LlamaConfig& config, const EngineOptions& o
   const std::string advice = absl::StrCat(
       "lower --kv_blocks or --kv_host_blocks, or --max_context (", o.max_context, ") and --slots (",
       o.slots, ") which size --kv_blocks when it is 0",
-      o.kv_dtype == DType::kF32 ? ", or halve the bytes with --kv_dtype=bf16" : "");
+      o.kv_dtype == DType::kF32    ? ", or halve the bytes with --kv_dtype=bf16 (a quarter: fp8)"
+      : o.kv_dtype == DType::kBF16 ? ", or halve the bytes with --kv_dtype=fp8"
+                                   : "");
   // The CPU host tier is touched as it fills; a GPU backend pins its host tier at start-up.
   return pool_in_host_memory ? CheckFitsMemory(pool, host_tier, limit, what, advice)
                              : CheckFitsMemory(host_tier, 0, limit, what, advice);

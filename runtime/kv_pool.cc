@@ -13,8 +13,8 @@ absl::StatusOr<std::unique_ptr<KvPool>> KvPool::Create(const KvPoolShape& shape,
       shape.kv_heads <= 0 || shape.head_dim <= 0) {
     return absl::InvalidArgumentError("kv pool: every dimension must be positive");
   }
-  if (shape.dtype != DType::kF32 && shape.dtype != DType::kBF16) {
-    return absl::InvalidArgumentError("kv pool: K/V dtype must be f32 or bf16");
+  if (shape.dtype == DType::kF16) {
+    return absl::InvalidArgumentError("kv pool: K/V dtype must be f32, bf16, fp8_e4m3 or fp8_e5m2");
   }
   const int64_t bytes = shape.BytesPerBlock() * shape.num_blocks;
   // mmap: page-aligned, zeroed, and returned to the OS on destruction.
@@ -48,6 +48,15 @@ KvLayerView KvPool::Layer(int32_t layer) const {
   char* base = memory_ + layer * per_layer;
   char* values = base + shape_.kv_heads * head_stride * elem;
   return KvLayerView{base, values, head_stride, shape_.block_tokens, shape_.head_dim, shape_.dtype};
+}
+
+absl::StatusOr<DType> ParseKvDtype(std::string_view name) {
+  if (name == "f32" || name == "float32") return DType::kF32;
+  if (name == "bf16" || name == "bfloat16") return DType::kBF16;
+  if (name == "fp8" || name == "fp8_e4m3") return DType::kF8E4M3;
+  if (name == "fp8_e5m2") return DType::kF8E5M2;
+  return absl::InvalidArgumentError(
+      absl::StrCat("--kv_dtype=", std::string(name), ": f32, bf16, fp8 (fp8_e4m3) or fp8_e5m2"));
 }
 
 void CopyGroupBetweenPools(const KvPool& src, const KvPool& dst, const TransferGroup& g) {

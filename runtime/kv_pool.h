@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string_view>
 
 #include "absl/status/statusor.h"
 #include "kernels/cpu/attention.h"
@@ -21,7 +22,7 @@ struct KvPoolShape {
   int32_t head_dim = 0;
   int32_t block_tokens = 16;
   int64_t num_blocks = 0;
-  DType dtype = DType::kF32;  // of the K and V elements: f32 or bf16 (--kv_dtype)
+  DType dtype = DType::kF32;  // of the K and V elements: f32, bf16 or FP8 (--kv_dtype)
 
   // K and V of one token across all layers and heads.
   int64_t BytesPerToken() const {
@@ -58,6 +59,10 @@ class KvPool {
   int64_t bytes_;
   bool owned_;
 };
+
+// --kv_dtype's spellings: f32 (or float32), bf16 (bfloat16), fp8 (fp8_e4m3), fp8_e5m2;
+// INVALID_ARGUMENT naming the flag otherwise.
+absl::StatusOr<DType> ParseKvDtype(std::string_view name);
 
 // Copies `group` from `src` to `dst` (pools of one shape): one memcpy per (layer, K|V, head).
 void CopyGroupBetweenPools(const KvPool& src, const KvPool& dst, const TransferGroup& group);

@@ -59,31 +59,34 @@ TEST(KvPoolTest, BadShapeIsInvalidArgument) {
   shape.num_blocks = 0;
   EXPECT_EQ(KvPool::Create(shape).status().code(), absl::StatusCode::kInvalidArgument);
   shape = Shape64MiB();
-  shape.dtype = DType::kF16;  // the pool holds f32 or bf16
+  shape.dtype = DType::kF16;  // the pool holds f32, bf16 or FP8
   EXPECT_EQ(KvPool::Create(shape).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// A bf16 pool: half the bytes of an f32 one of the same shape, its layers laid out in its own
-// element size, and a transfer group moves exactly the group's blocks of every (layer, K|V,
-// head) with the rest untouched.
-TEST(KvPoolTest, Bf16PoolIsHalfTheBytesAndCopiesGroups) {
+// A bf16 (FP8) pool: half (a quarter of) the bytes of an f32 one of the same shape, its layers
+// laid out in its own element size, and a transfer group moves exactly the group's blocks of
+// every (layer, K|V, head) with the rest untouched.
+void CheckNarrowPoolCopiesGroups(DType dtype, int64_t fraction) {
   KvPoolShape shape = Shape64MiB();
   shape.num_blocks = 8;
-  shape.dtype = DType::kBF16;
-  EXPECT_EQ(shape.BytesPerBlock(), (int64_t{64} << 10) / 2);
+  shape.dtype = dtype;
+  EXPECT_EQ(shape.BytesPerBlock(), (int64_t{64} << 10) / fraction);
   auto src = KvPool::Create(shape), dst = KvPool::Create(shape);
   ASSERT_TRUE(src.ok() && dst.ok());
   EXPECT_EQ((*src)->bytes(), shape.BytesPerBlock() * 8);
-  // Every element of src gets a value that moves with its position (16 bits, wrapping).
-  uint16_t next = 1;
+  const int64_t row_bytes = shape.head_dim * static_cast<int64_t>(DTypeSize(dtype));
+  // Every byte of src gets a value that moves with its position (wrapping), never 0.
+  uint8_t next = 1;
   for (int32_t l = 0; l < shape.num_layers; ++l) {
     const KvLayerView v = (*src)->Layer(l);
-    EXPECT_EQ(v.dtype, DType::kBF16);
+    EXPECT_EQ(v.dtype, dtype);
     for (int32_t h = 0; h < shape.kv_heads; ++h) {
       for (int64_t t = 0; t < shape.num_blocks * shape.block_tokens; ++t) {
         for (char* row : {v.KeyBytes(h, t), v.ValueBytes(h, t)}) {
-          uint16_t* e = reinterpret_cast<uint16_t*>(row);
-          for (int32_t i = 0; i < shape.head_dim; ++i) e[i] = next++;
+          for (int64_t i = 0; i < row_bytes; ++i) {
+            row[i] = static_cast<char>(next);
+            next = next == 251 ? 1 : next + 1;
+          }
         }
       }
     }
@@ -93,7 +96,7 @@ TEST(KvPoolTest, Bf16PoolIsHalfTheBytesAndCopiesGroups) {
   g.dst_first = 1;
   g.num_blocks = 2;
   CopyGroupBetweenPools(**src, **dst, g);
-  const std::vector<char> zero(shape.head_dim * 2, 0);  // a row the copy must not touch
+  const std::vector<char> zero(row_bytes, 0);  // a row the copy must not touch
   for (int32_t l = 0; l < shape.num_layers; ++l) {
     const KvLayerView s = (*src)->Layer(l), d = (*dst)->Layer(l);
     for (int32_t h = 0; h < shape.kv_heads; ++h) {
@@ -105,12 +108,34 @@ TEST(KvPoolTest, Bf16PoolIsHalfTheBytesAndCopiesGroups) {
           const char* got = key ? d.KeyBytes(h, t) : d.ValueBytes(h, t);
           const char* want = zero.data();
           if (copied) want = key ? s.KeyBytes(h, from) : s.ValueBytes(h, from);
-          ASSERT_EQ(std::memcmp(got, want, shape.head_dim * 2), 0)
-              << "layer " << l << " head " << h << " token " << t << (key ? " K" : " V");
+          ASSERT_EQ(std::memcmp(got, want, row_bytes), 0)
+              << DTypeName(dtype) << " layer " << l << " head " << h << " token " << t
+              << (key ? " K" : " V");
         }
       }
     }
   }
+}
+
+TEST(KvPoolTest, Bf16PoolIsHalfTheBytesAndCopiesGroups) {
+  CheckNarrowPoolCopiesGroups(DType::kBF16, 2);
+}
+TEST(KvPoolTest, Fp8PoolsAreAQuarterOfTheBytesAndCopyGroups) {
+  CheckNarrowPoolCopiesGroups(DType::kF8E4M3, 4);
+  CheckNarrowPoolCopiesGroups(DType::kF8E5M2, 4);
+}
+
+// --kv_dtype's spellings, and an error naming the flag and the choices for anything else.
+TEST(KvPoolTest, ParsesKvDtypeFlag) {
+  EXPECT_EQ(*ParseKvDtype("f32"), DType::kF32);
+  EXPECT_EQ(*ParseKvDtype("bfloat16"), DType::kBF16);
+  EXPECT_EQ(*ParseKvDtype("fp8"), DType::kF8E4M3);
+  EXPECT_EQ(*ParseKvDtype("fp8_e4m3"), DType::kF8E4M3);
+  EXPECT_EQ(*ParseKvDtype("fp8_e5m2"), DType::kF8E5M2);
+  const absl::Status bad = ParseKvDtype("int8").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--kv_dtype=int8"), absl::string_view::npos) << bad;
+  EXPECT_NE(bad.message().find("fp8_e5m2"), absl::string_view::npos) << bad;
 }
 
 }  // namespace

@@ -20,8 +20,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
-#include "absl/strings/match.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -32,6 +32,7 @@
 #include "metrics/http_server.h"
 #include "metrics/kvrm_metrics.h"
 #include "runtime/engine.h"
+#include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
 #include "server/device_backend.h"
 #include "server/kvrm_server.h"
@@ -104,8 +105,10 @@ ABSL_FLAG(int64_t, kv_blocks, 0,
           "KV budget in blocks (0: slots x ceil(max_context / kv_block_tokens))");
 ABSL_FLAG(int64_t, kv_host_blocks, -1, "host-tier blocks for paused requests (-1: = kv_blocks)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
-          "KV cache element type: f32, or bf16 (half the bytes per token: twice the tokens per "
-          "block of memory, half the attention reads; CPU and CUDA devices)");
+          "KV cache element type: f32; bf16 (half the bytes per token: twice the tokens per "
+          "block of memory, half the attention reads; CPU and CUDA devices); fp8 = fp8_e4m3, or "
+          "fp8_e5m2 (a quarter of f32's bytes; keys and values divided by the checkpoint's "
+          "k_scale / v_scale, else 1; CPU device)");
 ABSL_FLAG(std::string, quantization, "auto",
           "how the linear weights are multiplied on the CPU: auto (a GGUF file's quantized "
           "matrices as blocks of exactly their values: q4_K and q6_K as they are, 4.5 and 6.6 "
@@ -401,10 +404,10 @@ int Run() {
   eo.kv_mode = absl::GetFlag(FLAGS_kv_mode) == "static" ? KvMode::kStatic : KvMode::kKvrm;
   eo.kv_blocks = absl::GetFlag(FLAGS_kv_blocks);
   eo.kv_host_blocks = absl::GetFlag(FLAGS_kv_host_blocks);
-  if (const std::string kv_dtype = absl::GetFlag(FLAGS_kv_dtype); kv_dtype == "bf16") {
-    eo.kv_dtype = DType::kBF16;
-  } else if (kv_dtype != "f32") {
-    std::fprintf(stderr, "kvrmd: --kv_dtype=%s: use f32 or bf16\n", kv_dtype.c_str());
+  if (absl::StatusOr<DType> kv = ParseKvDtype(absl::GetFlag(FLAGS_kv_dtype)); kv.ok()) {
+    eo.kv_dtype = *kv;
+  } else {
+    std::fprintf(stderr, "kvrmd: %s\n", std::string(kv.status().message()).c_str());
     return 2;
   }
   eo.quantization = quantization == "q8_0"   ? WeightFormat::kQ8_0
@@ -619,6 +622,15 @@ int Run() {
                                                             : "on")
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
+  if (IsFp8(eo.kv_dtype)) {
+    LOG(INFO) << "FP8 KV cache: keys and values divided by "
+              << (m.weights.kv_cache_scales.empty()
+                      ? "1 (the checkpoint has no k_scale / v_scale; beyond the format's range, "
+                        "+-" +
+                            std::string(eo.kv_dtype == DType::kF8E4M3 ? "448" : "57344") +
+                            ", they saturate)"
+                      : "the checkpoint's " + m.weights.kv_cache_scales + " per layer");
+  }
   if (m.chat.chat_template != nullptr) {
     LOG(INFO) << "chat requests use the chat template from " << m.chat.source
               << "; tool calls are parsed as " << ToolCallFormatName(m.chat.tool_call_format)

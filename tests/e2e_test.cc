@@ -816,6 +816,29 @@ TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
   EXPECT_EQ(tokens, 12);
 }
 
+// --kv_dtype=fp8: reported as fp8_e4m3, a quarter of an f32 block's bytes, and served.
+TEST(E2eKvDtypeTest, Fp8KvIsReportedAndServes) {
+  EngineOptions o = Options(2);
+  TestServer f32(o);
+  o.kv_dtype = DType::kF8E4M3;
+  TestServer fp8(o);
+  grpc::ClientContext c1, c2;
+  v1::ServerInfo a, b;
+  ASSERT_TRUE(f32.stub().GetServerInfo(&c1, v1::GetServerInfoRequest(), &a).ok());
+  ASSERT_TRUE(fp8.stub().GetServerInfo(&c2, v1::GetServerInfoRequest(), &b).ok());
+  EXPECT_EQ(b.kv_dtype(), "fp8_e4m3");
+  EXPECT_EQ(4 * b.kv().bytes_per_block(), a.kv().bytes_per_block());
+  grpc::ClientContext ctx;
+  v1::GenerateRequest req = TextRequest("an fp8 cache", 12);
+  req.mutable_stopping()->set_ignore_eos(true);
+  auto reader = fp8.stub().Generate(&ctx, req);
+  v1::GenerateResponse msg;
+  int tokens = 0;
+  while (reader->Read(&msg)) tokens += msg.token_ids_size();
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(tokens, 12);
+}
+
 // Per completion of an n > 1 call: its tokens and its finish (messages grouped by index).
 struct Completions {
   std::vector<std::vector<int32_t>> tokens;

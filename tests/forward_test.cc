@@ -176,7 +176,8 @@ struct Engine {
 Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_blocks,
                   int32_t max_slots, int32_t max_chunk_tokens, int32_t tensor_parallel = 1,
                   bool weight_panels = true, DType kv_dtype = DType::kF32,
-                  WeightFormat quantization = WeightFormat::kDense) {
+                  WeightFormat quantization = WeightFormat::kDense,
+                  const LlamaWeights* weights = nullptr) {
   const LlamaConfig& c = model.bundle->config;
   Engine e;
   CpuBackendOptions options;
@@ -190,7 +191,8 @@ Engine MakeEngine(const TinyModel& model, int32_t block_tokens, int64_t num_bloc
   options.weight_panels = weight_panels;
   options.kv_dtype = kv_dtype;
   options.quantization = quantization;
-  auto backend = CpuBackend::Create(c, &model.bundle->weights, options);
+  auto backend =
+      CpuBackend::Create(c, weights != nullptr ? weights : &model.bundle->weights, options);
   CHECK_OK(backend.status());
   e.backend = std::move(*backend);
   return e;
@@ -223,9 +225,11 @@ class ForwardTest : public testing::TestWithParam<std::tuple<DType, CpuIsa>> {
 // One slot: prefill in chunks (checking the logits after every chunk), then teacher-forced decode
 // steps, each compared with the reference over the same token sequence.
 // `ref`: the reference to compare with (null: the model's own); `quantization` the backend's.
+// `weights`: the model's with other KV cache scales (null: its own).
 void ChunkedPrefillThenDecode(const TinyModel& model, DType kv_dtype, ErrorStats* stats,
                               const ReferenceLlama* ref_model = nullptr,
-                              WeightFormat quantization = WeightFormat::kDense) {
+                              WeightFormat quantization = WeightFormat::kDense,
+                              const LlamaWeights* weights = nullptr) {
   if (ref_model == nullptr) ref_model = model.ref.get();
   const int32_t vocab = model.bundle->config.vocab_size;
   constexpr int kDecodeSteps = 6;
@@ -234,9 +238,9 @@ void ChunkedPrefillThenDecode(const TinyModel& model, DType kv_dtype, ErrorStats
   // longest sequence (156) passes original_max_position_embeddings (128), where llama3 scaling
   // matters most.
   const KvRun runs[] = {{3, 11}};
-  Engine engine = MakeEngine(model, kBlockTokens, 16, /*max_slots=*/2, /*max_chunk_tokens=*/160,
-                             /*tensor_parallel=*/1, /*weight_panels=*/true, kv_dtype,
-                             quantization);
+  Engine engine =
+      MakeEngine(model, kBlockTokens, 16, /*max_slots=*/2, /*max_chunk_tokens=*/160,
+                 /*tensor_parallel=*/1, /*weight_panels=*/true, kv_dtype, quantization, weights);
   std::mt19937 rng(1234);
   std::vector<float> logits(2 * vocab);
   for (int prompt_len : {1, 7, 33, 100, 150}) {
@@ -389,6 +393,63 @@ std::vector<SlotPlan> FragmentedPlans() {
       {23, {{12, 5}}, true},                            // 27 max, 40 room
       {1, {{17, 1}, {6, 2}}, false},                    // 9 max, 24 room
   };
+}
+
+// An FP8 KV pool (--kv_dtype=fp8 and fp8_e5m2), f32 weights on the best path, against the
+// reference that rounds every key and value to the FP8 code the pool stores: with scales 1 (a
+// checkpoint without k_scale / v_scale) and with static per-layer scales calibrated as
+// llm-compressor makes them (amax / largest finite value, of each layer's keys and values over
+// three other 150-token sequences).
+// Tolerance: the engine computes K and V in f32, the reference in double, and now and then an
+// element lies so near the midpoint of two codes that the two round it apart: one code step is
+// 6 % (E4M3) or 12 % (E5M2) of the element, and every later row of that sequence carries it
+// (measured: worst row 1.1e-2 of the logit scale, E5M2 calibrated; held to 2e-2). Rows with no
+// such element before them agree to f32 precision: the median row, measured <= 6.7e-7, is held
+// to 1e-5, which a kernel bug (a scale applied twice, a unit missed) would break on every row.
+// What FP8 itself costs, against the unrounded reference, is printed ("vs exact"; measured on
+// this random-weight model: worst row 8 % of the logit scale E4M3, 17 % E5M2) and held only to
+// 0.25, a bound for gross errors: that is the format, not the kernels.
+TEST(Fp8KvTest, ChunkedPrefillThenDecodeMatchesRoundedReference) {
+  SetActiveCpuIsa(AvailableCpuIsas().back());
+  const TinyModel& model = GetTiny(DType::kF32);
+  model.ref->set_bf16_linear_inputs(false);
+  model.ref->reset_kv_amax();
+  std::mt19937 rng(4321);
+  for (int i = 0; i < 3; ++i) {
+    model.ref->Forward(RandomTokens(&rng, 150, model.bundle->config.vocab_size));
+  }
+  const std::vector<std::pair<double, double>> amax = model.ref->kv_amax();
+  ASSERT_EQ(static_cast<int32_t>(amax.size()), model.bundle->config.num_hidden_layers);
+  for (DType kv : {DType::kF8E4M3, DType::kF8E5M2}) {
+    const double largest = kv == DType::kF8E4M3 ? 448 : 57344;
+    LlamaWeights calibrated = model.bundle->weights;
+    std::vector<std::pair<double, double>> scales;
+    for (size_t l = 0; l < amax.size(); ++l) {
+      const float ks = static_cast<float>(amax[l].first / largest);
+      const float vs = static_cast<float>(amax[l].second / largest);
+      calibrated.layers[l].k_cache_scale = ks;
+      calibrated.layers[l].v_cache_scale = vs;
+      scales.emplace_back(ks, vs);
+    }
+    for (bool with_scales : {false, true}) {
+      const std::string name = absl::StrCat(std::string(DTypeName(kv)), " KV, ",
+                                            with_scales ? "calibrated" : "unit", " scales");
+      const LlamaWeights* weights = with_scales ? &calibrated : nullptr;
+      model.ref->set_kv_dtype(kv, with_scales ? scales : std::vector<std::pair<double, double>>{});
+      ErrorStats rounded;
+      rounded.rel_tol = 2e-2;
+      ChunkedPrefillThenDecode(model, kv, &rounded, nullptr, WeightFormat::kDense, weights);
+      rounded.Print(name);
+      std::printf("[%s] median row %.3g (tol 1e-5)\n", name.c_str(), rounded.Median());
+      EXPECT_LE(rounded.Median(), 1e-5) << name;
+      model.ref->set_kv_dtype(DType::kF32);
+      ErrorStats exact;
+      exact.rel_tol = 0.25;
+      ChunkedPrefillThenDecode(model, kv, &exact, nullptr, WeightFormat::kDense, weights);
+      exact.Print(name + " vs exact");
+      std::printf("[%s vs exact] median row %.3g\n", name.c_str(), exact.Median());
+    }
+  }
 }
 
 TEST_P(ForwardTest, MultiSlotDecodeMatchesPerSlotReference) {

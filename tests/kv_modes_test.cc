@@ -176,6 +176,12 @@ TEST_F(KvModesTest, Bf16KvIdenticalTokensUnderEveryKvPolicyAndLayout) {
   ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(*model_, DType::kBF16);
 }
 
+// An FP8 pool (--kv_dtype=fp8): its bytes move through transfer groups and the host tier
+// unchanged, and recompute stores the same codes again.
+TEST_F(KvModesTest, Fp8KvIdenticalTokensUnderEveryKvPolicyAndLayout) {
+  ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(*model_, DType::kF8E4M3);
+}
+
 // Prefix caching: conversations whose first turns share three system prompts, then the second
 // turn of each (its prompt: the first turn's prompt, its output and a new message), decode to the
 // same tokens with the cache off, on, and on in a tight pool that must evict, compact and swap;

@@ -3,10 +3,16 @@
 
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/safetensors.h"
+#include "model/safetensors_writer.h"
 #include "model/tokenizer.h"
 #include "tests/test_server.h"
 
@@ -79,6 +85,86 @@ TEST(ModelBundleTest, LlamaTokenizersTakeAddBosAndAddEosFromTokenizerConfig) {
           .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("add_bos_token"));
+}
+
+// A copy of the tiny model whose model.safetensors also holds `extra`: one-element f32 tensors
+// of shape [] (as torch.save writes a scalar).
+std::string TinyModelWithScalars(const std::string& name,
+                                 const std::vector<std::pair<std::string, float>>& extra) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const fs::path dir = fs::path(tmp != nullptr ? tmp : "/tmp") / name;
+  fs::remove_all(dir);
+  fs::copy(TinyModelDir(), dir, fs::copy_options::recursive);
+  const std::string path = (dir / "model.safetensors").string();
+  CHECK(fs::exists(path)) << "the tiny model is one file";
+  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
+  CHECK_OK(file.status());
+  std::vector<TensorToWrite> tensors;
+  for (const std::string& n : (*file)->TensorNames()) {
+    const TensorView* t = (*file)->Find(n);
+    tensors.push_back({n, t->dtype, t->shape, absl::MakeConstSpan(t->data, t->nbytes)});
+  }
+  std::vector<float> values;
+  values.reserve(extra.size());
+  for (const auto& [n, v] : extra) {
+    values.push_back(v);
+    tensors.push_back({n,
+                       DType::kF32,
+                       {},
+                       absl::MakeConstSpan(reinterpret_cast<const std::byte*>(&values.back()), 4)});
+  }
+  CHECK_OK(WriteSafetensors(path + ".new", tensors));
+  file->reset();
+  fs::rename(path + ".new", path);
+  return dir.string();
+}
+
+// A checkpoint's FP8 KV cache scales (compressed-tensors' and Transformers' self_attn.k_scale /
+// v_scale, AutoFP8's one kv_scale) reach each layer's weights, which --kv_dtype=fp8 divides by;
+// a checkpoint without them leaves 1; a scale that is not positive, or half a pair, is refused
+// naming the tensor.
+TEST(ModelBundleTest, ReadsKvCacheScales) {
+  std::unique_ptr<ModelBundle> plain(LoadTinyModel());
+  const int32_t layers = plain->config.num_hidden_layers;
+  EXPECT_EQ(plain->weights.kv_cache_scales, "");
+  for (const LayerWeights& l : plain->weights.layers) {
+    EXPECT_EQ(l.k_cache_scale, 1.0f);
+    EXPECT_EQ(l.v_cache_scale, 1.0f);
+  }
+  const auto name = [](int32_t i, const char* what) {
+    return absl::StrCat("model.layers.", i, ".self_attn.", what);
+  };
+  std::vector<std::pair<std::string, float>> pairs, single;
+  for (int32_t i = 0; i < layers; ++i) {
+    pairs.emplace_back(name(i, "k_scale"), 0.01f * (i + 1));
+    pairs.emplace_back(name(i, "v_scale"), 0.002f * (i + 1));
+    single.emplace_back(name(i, "kv_scale"), 0.03f + i);
+  }
+  absl::StatusOr<std::unique_ptr<ModelBundle>> m =
+      ModelBundle::Load(TinyModelWithScalars("kv_scales", pairs));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->weights.kv_cache_scales, "self_attn.k_scale / v_scale");
+  for (int32_t i = 0; i < layers; ++i) {
+    EXPECT_EQ((*m)->weights.layers[i].k_cache_scale, 0.01f * (i + 1)) << i;
+    EXPECT_EQ((*m)->weights.layers[i].v_cache_scale, 0.002f * (i + 1)) << i;
+  }
+  m = ModelBundle::Load(TinyModelWithScalars("kv_scale_one", single));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->weights.kv_cache_scales, "self_attn.kv_scale");
+  EXPECT_EQ((*m)->weights.layers[1].k_cache_scale, 1.03f);
+  EXPECT_EQ((*m)->weights.layers[1].v_cache_scale, 1.03f);
+
+  std::vector<std::pair<std::string, float>> zero = pairs;
+  zero[3].second = 0;  // layer 1's v_scale
+  m = ModelBundle::Load(TinyModelWithScalars("kv_scale_zero", zero));
+  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(m.status().message(), HasSubstr("model.layers.1.self_attn.v_scale"));
+  EXPECT_THAT(m.status().message(), HasSubstr("must be positive"));
+  std::vector<std::pair<std::string, float>> half = pairs;
+  half.erase(half.begin() + 1);  // layer 0's v_scale
+  m = ModelBundle::Load(TinyModelWithScalars("kv_scale_half", half));
+  EXPECT_FALSE(m.ok());
+  EXPECT_THAT(m.status().message(), HasSubstr("model.layers.0.self_attn.v_scale"));
 }
 
 }  // namespace

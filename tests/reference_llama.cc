@@ -33,6 +33,10 @@ double ElementAt(const TensorView& t, int64_t i) {
       std::memcpy(&h, p, sizeof(h));
       return t.dtype == DType::kF16 ? F16ToFloat(h) : Bf16ToFloat(h);
     }
+    case DType::kF8E4M3:
+      return F8E4M3ToFloat(static_cast<uint8_t>(*p));
+    case DType::kF8E5M2:
+      return F8E5M2ToFloat(static_cast<uint8_t>(*p));
   }
   return NAN;
 }
@@ -457,6 +461,16 @@ void ReferenceLlama::HeadNorm(std::vector<double>& x, const std::vector<double>&
   }
 }
 
+std::vector<std::pair<double, double>> ReferenceLlama::kv_amax() const {
+  std::lock_guard<std::mutex> lock(kv_amax_mu_);
+  return kv_amax_;
+}
+
+void ReferenceLlama::reset_kv_amax() {
+  std::lock_guard<std::mutex> lock(kv_amax_mu_);
+  kv_amax_.clear();
+}
+
 std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_t> tokens) const {
   return Forward(tokens, FarHistory{});
 }
@@ -496,6 +510,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
     // rope_local_theta is 0 that is the global rotation anyway).
     const bool local_rope = config_.IsSlidingLayer(layer) && config_.rope_local_theta > 0;
     std::vector<std::vector<double>> q(n), k(n), v(n);
+    std::pair<double, double> amax{0, 0};
     for (int64_t t = 0; t < n; ++t) {
       const std::vector<double> h = RmsNorm(x[t], l.input_norm);
       q[t] = Affine(l.q, l.bq, h);
@@ -508,11 +523,29 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
         Rope(q[t], heads, t, local_rope);
         Rope(k[t], kv_heads, t, local_rope);
       }
-      if (bf16_kv_) {
+      for (double e : k[t]) amax.first = std::max(amax.first, std::abs(e));
+      for (double e : v[t]) amax.second = std::max(amax.second, std::abs(e));
+      if (kv_dtype_ == DType::kBF16) {
         for (std::vector<double>* kv : {&k[t], &v[t]}) {
           for (double& e : *kv) e = Bf16ToFloat(FloatToBf16(static_cast<float>(e)));
         }
+      } else if (IsFp8(kv_dtype_)) {
+        const bool e4m3 = kv_dtype_ == DType::kF8E4M3;
+        auto round = [&](double x, double scale) {
+          const float s = static_cast<float>(x / scale);
+          return (e4m3 ? F8E4M3ToFloat(FloatToF8E4M3(s)) : F8E5M2ToFloat(FloatToF8E5M2(s))) * scale;
+        };
+        const std::pair<double, double> sc =
+            kv_scales_.empty() ? std::pair<double, double>{1, 1} : kv_scales_.at(layer);
+        for (double& e : k[t]) e = round(e, sc.first);
+        for (double& e : v[t]) e = round(e, sc.second);
       }
+    }
+    {
+      std::lock_guard<std::mutex> lock(kv_amax_mu_);
+      if (kv_amax_.size() <= static_cast<size_t>(layer)) kv_amax_.resize(layer + 1);
+      kv_amax_[layer].first = std::max(kv_amax_[layer].first, amax.first);
+      kv_amax_[layer].second = std::max(kv_amax_[layer].second, amax.second);
     }
     for (int64_t t = 0; t < n; ++t) {
       std::vector<double> attn(heads * hd, 0.0);

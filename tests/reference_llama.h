@@ -50,12 +50,15 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "common/dtype.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 
@@ -101,7 +104,20 @@ class ReferenceLlama {
   void set_bf16_linear_inputs(bool on) { bf16_linear_inputs_ = on; }
   // When on, every key (after RoPE) and value is rounded to bf16 (through float, to nearest even)
   // before attention reads it, as a bf16 KV cache (--kv_dtype=bf16) stores them. Off by default.
-  void set_bf16_kv(bool on) { bf16_kv_ = on; }
+  void set_bf16_kv(bool on) { kv_dtype_ = on ? DType::kBF16 : DType::kF32; }
+  // The same for an FP8 cache (--kv_dtype=fp8, fp8_e5m2): every key becomes the FP8 code nearest
+  // key / k_scale (to nearest even, saturating at the format's largest finite value), times
+  // k_scale; values with v_scale. `scales`: (k_scale, v_scale) per layer, or empty for 1 (what
+  // an engine uses without the checkpoint's). f32 turns rounding off.
+  void set_kv_dtype(DType dtype, std::vector<std::pair<double, double>> scales = {}) {
+    kv_dtype_ = dtype;
+    kv_scales_ = std::move(scales);
+  }
+  // The largest |key| and |value| (after RoPE, before any KV rounding) of each layer over every
+  // Forward since the last reset: what a calibrator makes static FP8 KV scales from
+  // (amax / 448). Forward may run on several threads: read between calls.
+  std::vector<std::pair<double, double>> kv_amax() const;
+  void reset_kv_amax();
   // q8_0 linear layers, as the CPU backend multiplies them with --quantization=q8_0 (written
   // here from GGUF's q8_0 definition and docs/design.md, not from the kernels): every linear
   // weight (Q, K, V, O, gate, up, down and each expert's and the shared expert's, lm_head; not
@@ -220,7 +236,10 @@ class ReferenceLlama {
   bool q8_0_linear_ = false;
   bool int8_block_linear_inputs_ = false;
   bool bf16_linear_inputs_ = false;
-  bool bf16_kv_ = false;
+  DType kv_dtype_ = DType::kF32;
+  std::vector<std::pair<double, double>> kv_scales_;
+  mutable std::mutex kv_amax_mu_;
+  mutable std::vector<std::pair<double, double>> kv_amax_;
   // Lowered by each Forward (atomic: Forward is const, and may run on several threads at once).
   mutable std::atomic<double> min_routing_margin_{std::numeric_limits<double>::infinity()};
 };

@@ -16,14 +16,16 @@ namespace kvrm {
 namespace attention_avx512 {
 // kernels/cpu/attention_avx512.cc
 bool Handles(int32_t head_dim);
-void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const float* k, int64_t n,
-               float scale, float add, float* scores, int64_t ld);
-void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
-               const float* v, int64_t n, float* out);
-void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const uint16_t* k, int64_t n,
-               float scale, float add, float* scores, int64_t ld);
-void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
-               const uint16_t* v, int64_t n, float* out);
+#define KVRM_ATTENTION_AVX512_DECLS(Elem)                                                       \
+  void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const Elem* k, int64_t n,     \
+                 float scale, float add, float* scores, int64_t ld);                            \
+  void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim, \
+                 const Elem* v, int64_t n, float* out);
+KVRM_ATTENTION_AVX512_DECLS(float)
+KVRM_ATTENTION_AVX512_DECLS(uint16_t)
+KVRM_ATTENTION_AVX512_DECLS(Fp8E4M3)
+KVRM_ATTENTION_AVX512_DECLS(Fp8E5M2)
+#undef KVRM_ATTENTION_AVX512_DECLS
 }  // namespace attention_avx512
 
 int64_t PhysicalToken(const KvRun* runs, int32_t num_runs, int32_t block_tokens, int64_t pos) {
@@ -43,9 +45,16 @@ namespace {
 
 constexpr int kLanes = 16;
 
-// A KV element as f32 (bf16 pools widen exactly).
+// A KV element as f32 (bf16 pools widen exactly; FP8 through its f16 view, so still to be
+// multiplied by KvLayerView::KeyUnit / ValueUnit, as the AVX-512 loops do).
 inline float Widen(float x) { return x; }
 inline float Widen(uint16_t x) { return Bf16ToFloat(x); }
+inline float Widen(Fp8E4M3 x) {
+  return F16ToFloat(Fp8AsHalf(DType::kF8E4M3, static_cast<uint8_t>(x)));
+}
+inline float Widen(Fp8E5M2 x) {
+  return F16ToFloat(Fp8AsHalf(DType::kF8E5M2, static_cast<uint8_t>(x)));
+}
 
 template <typename Elem>
 __attribute__((always_inline)) inline float Dot(const float* __restrict a,
@@ -133,26 +142,22 @@ __attribute__((always_inline)) inline void AddValuesImpl(const float* p, int64_t
 }
 
 // The loops compiled per instruction set (KVRM_CPU_CLONES), for each KV dtype.
-KVRM_CPU_CLONES
-void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const float* k, int64_t n,
-                       float scale, float add, float* scores, int64_t ld) {
-  ScoreKeysImpl(q, group, d, k, n, scale, add, scores, ld);
-}
-KVRM_CPU_CLONES
-void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const uint16_t* k, int64_t n,
-                       float scale, float add, float* scores, int64_t ld) {
-  ScoreKeysImpl(q, group, d, k, n, scale, add, scores, ld);
-}
-KVRM_CPU_CLONES
-void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d,
-                       const float* v, int64_t n, float* out) {
-  AddValuesImpl(p, ld, inv, group, d, v, n, out);
-}
-KVRM_CPU_CLONES
-void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d,
-                       const uint16_t* v, int64_t n, float* out) {
-  AddValuesImpl(p, ld, inv, group, d, v, n, out);
-}
+#define KVRM_ATTENTION_PORTABLE(Elem)                                                            \
+  KVRM_CPU_CLONES                                                                                \
+  void ScoreKeysPortable(const float* q, int32_t group, int32_t d, const Elem* k, int64_t n,     \
+                         float scale, float add, float* scores, int64_t ld) {                    \
+    ScoreKeysImpl(q, group, d, k, n, scale, add, scores, ld);                                    \
+  }                                                                                              \
+  KVRM_CPU_CLONES                                                                                \
+  void AddValuesPortable(const float* p, int64_t ld, const float* inv, int32_t group, int32_t d, \
+                         const Elem* v, int64_t n, float* out) {                                 \
+    AddValuesImpl(p, ld, inv, group, d, v, n, out);                                              \
+  }
+KVRM_ATTENTION_PORTABLE(float)
+KVRM_ATTENTION_PORTABLE(uint16_t)
+KVRM_ATTENTION_PORTABLE(Fp8E4M3)
+KVRM_ATTENTION_PORTABLE(Fp8E5M2)
+#undef KVRM_ATTENTION_PORTABLE
 
 // Softmax of each group's row of scores; inv[g] = 1 / the row's sum (applied in pass 2).
 KVRM_CPU_CLONES
@@ -178,7 +183,7 @@ struct StretchOps {
                attention_avx512::Handles(head_dim)),
         d(head_dim) {}
 
-  // Elem: float (f32 pools and the summaries) or uint16_t (bf16 pools).
+  // Elem: float (f32 pools and the summaries), uint16_t (bf16 pools), Fp8E4M3 or Fp8E5M2.
   template <typename Elem>
   void Score(const float* q, int32_t group, const Elem* k, int64_t n, float scale, float add,
              float* scores, int64_t ld) const {
@@ -190,6 +195,35 @@ struct StretchOps {
            float* out) const {
     if (avx512) return attention_avx512::AddValues(p, ld, inv, group, d, v, n, out);
     AddValuesPortable(p, ld, inv, group, d, v, n, out);
+  }
+
+  // A stretch of the pool itself, whatever its dtype: keys scaled by `scale`, values weighted
+  // by p * inv.
+  void ScorePool(const float* q, int32_t group, const KvLayerView& kv, const char* k, int64_t n,
+                 float scale, float* scores, int64_t ld) const {
+    switch (kv.dtype) {
+      case DType::kBF16:
+        return Score(q, group, reinterpret_cast<const uint16_t*>(k), n, scale, 0.0f, scores, ld);
+      case DType::kF8E4M3:
+        return Score(q, group, reinterpret_cast<const Fp8E4M3*>(k), n, scale, 0.0f, scores, ld);
+      case DType::kF8E5M2:
+        return Score(q, group, reinterpret_cast<const Fp8E5M2*>(k), n, scale, 0.0f, scores, ld);
+      default:
+        return Score(q, group, reinterpret_cast<const float*>(k), n, scale, 0.0f, scores, ld);
+    }
+  }
+  void AddPool(const float* p, int64_t ld, const float* inv, int32_t group, const KvLayerView& kv,
+               const char* v, int64_t n, float* out) const {
+    switch (kv.dtype) {
+      case DType::kBF16:
+        return Add(p, ld, inv, group, reinterpret_cast<const uint16_t*>(v), n, out);
+      case DType::kF8E4M3:
+        return Add(p, ld, inv, group, reinterpret_cast<const Fp8E4M3*>(v), n, out);
+      case DType::kF8E5M2:
+        return Add(p, ld, inv, group, reinterpret_cast<const Fp8E5M2*>(v), n, out);
+      default:
+        return Add(p, ld, inv, group, reinterpret_cast<const float*>(v), n, out);
+    }
   }
 
   bool avx512;
@@ -251,16 +285,12 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
                     bt;
   const int64_t ns = far.active() ? far.num_summaries : 0;
   const int64_t cols = sink_tokens + ns + recent_tokens;
-  // Pass 1: scores[g][c]; K rows and summary keys read once.
+  // Pass 1: scores[g][c]; K rows and summary keys read once. A pool's FP8 keys are its f16
+  // views: their unit goes into the scale (1 for f32 and bf16 pools: the same bits).
   int64_t c = 0;
-  const bool bf16 = kv.dtype == DType::kBF16;
+  const float key_scale = scale * kv.KeyUnit();
   auto score_keys = [&](int64_t first, int64_t n) {
-    const char* k = kv.KeyBytes(kv_head, first);
-    if (bf16) {
-      ops.Score(q, group, reinterpret_cast<const uint16_t*>(k), n, scale, 0.0f, scores + c, cols);
-    } else {
-      ops.Score(q, group, reinterpret_cast<const float*>(k), n, scale, 0.0f, scores + c, cols);
-    }
+    ops.ScorePool(q, group, kv, kv.KeyBytes(kv_head, first), n, key_scale, scores + c, cols);
     c += n;
   };
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, score_keys);
@@ -280,16 +310,15 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   }
   float inv[kMaxAttentionGroup];
   ExpScores(scores, group, cols, inv);
-  // Pass 2: weighted sum of values and summary values.
+  // Pass 2: weighted sum of values and summary values; the pool's value unit goes into the
+  // weights of its own rows (not the summaries', which are plain f32).
+  float pool_inv[kMaxAttentionGroup];
+  const float value_unit = kv.ValueUnit();
+  for (int32_t g = 0; g < group; ++g) pool_inv[g] = inv[g] * value_unit;
   std::fill(out, out + static_cast<int64_t>(group) * d, 0.0f);
   c = 0;
   auto add_stretch = [&](int64_t first, int64_t n) {
-    const char* v = kv.ValueBytes(kv_head, first);
-    if (bf16) {
-      ops.Add(scores + c, cols, inv, group, reinterpret_cast<const uint16_t*>(v), n, out);
-    } else {
-      ops.Add(scores + c, cols, inv, group, reinterpret_cast<const float*>(v), n, out);
-    }
+    ops.AddPool(scores + c, cols, pool_inv, group, kv, kv.ValueBytes(kv_head, first), n, out);
     c += n;
   };
   ForEachStretch(runs, num_runs, bt, 0, sink_tokens, add_stretch);
@@ -303,7 +332,8 @@ namespace {
 template <typename Elem>
 __attribute__((always_inline)) inline void SummarizeImpl(const Elem* k, const Elem* v,
                                                          int32_t block_tokens, int32_t d,
-                                                         float* k_out, float* v_out) {
+                                                         float k_unit, float v_unit, float* k_out,
+                                                         float* v_out) {
   std::fill(k_out, k_out + d, 0.0f);
   std::fill(v_out, v_out + d, 0.0f);
   // Token by token, a fixed order: decode and a recompute's prefill get the same bits.
@@ -314,9 +344,10 @@ __attribute__((always_inline)) inline void SummarizeImpl(const Elem* k, const El
     }
   }
   const float inv = 1.0f / static_cast<float>(block_tokens);
+  const float k_inv = inv * k_unit, v_inv = inv * v_unit;  // (inv itself but for FP8 pools)
   for (int32_t i = 0; i < d; ++i) {
-    k_out[i] *= inv;
-    v_out[i] *= inv;
+    k_out[i] *= k_inv;
+    v_out[i] *= v_inv;
   }
 }
 
@@ -327,17 +358,38 @@ void SummarizeBlock(const KvLayerView& kv, int32_t kv_head, int64_t first_token,
                     float* v_out) {
   const char* k = kv.KeyBytes(kv_head, first_token);
   const char* v = kv.ValueBytes(kv_head, first_token);
-  if (kv.dtype == DType::kBF16) {
-    return SummarizeImpl(reinterpret_cast<const uint16_t*>(k), reinterpret_cast<const uint16_t*>(v),
-                         kv.block_tokens, kv.head_dim, k_out, v_out);
+  const float ku = kv.KeyUnit(), vu = kv.ValueUnit();
+  switch (kv.dtype) {
+    case DType::kBF16:
+      return SummarizeImpl(reinterpret_cast<const uint16_t*>(k),
+                           reinterpret_cast<const uint16_t*>(v), kv.block_tokens, kv.head_dim, ku,
+                           vu, k_out, v_out);
+    case DType::kF8E4M3:
+      return SummarizeImpl(reinterpret_cast<const Fp8E4M3*>(k), reinterpret_cast<const Fp8E4M3*>(v),
+                           kv.block_tokens, kv.head_dim, ku, vu, k_out, v_out);
+    case DType::kF8E5M2:
+      return SummarizeImpl(reinterpret_cast<const Fp8E5M2*>(k), reinterpret_cast<const Fp8E5M2*>(v),
+                           kv.block_tokens, kv.head_dim, ku, vu, k_out, v_out);
+    default:
+      return SummarizeImpl(reinterpret_cast<const float*>(k), reinterpret_cast<const float*>(v),
+                           kv.block_tokens, kv.head_dim, ku, vu, k_out, v_out);
   }
-  SummarizeImpl(reinterpret_cast<const float*>(k), reinterpret_cast<const float*>(v),
-                kv.block_tokens, kv.head_dim, k_out, v_out);
 }
 
 void StoreKv(const KvLayerView& kv, int64_t head, int64_t physical_token, const float* key,
              const float* value) {
   const int32_t d = kv.head_dim;
+  if (IsFp8(kv.dtype)) {
+    uint8_t* k = reinterpret_cast<uint8_t*>(kv.KeyBytes(head, physical_token));
+    uint8_t* v = reinterpret_cast<uint8_t*>(kv.ValueBytes(head, physical_token));
+    const bool e4m3 = kv.dtype == DType::kF8E4M3;
+    for (int32_t i = 0; i < d; ++i) {
+      const float ks = key[i] / kv.k_scale, vs = value[i] / kv.v_scale;
+      k[i] = e4m3 ? FloatToF8E4M3(ks) : FloatToF8E5M2(ks);
+      v[i] = e4m3 ? FloatToF8E4M3(vs) : FloatToF8E5M2(vs);
+    }
+    return;
+  }
   if (kv.dtype == DType::kBF16) {
     uint16_t* k = reinterpret_cast<uint16_t*>(kv.KeyBytes(head, physical_token));
     uint16_t* v = reinterpret_cast<uint16_t*>(kv.ValueBytes(head, physical_token));

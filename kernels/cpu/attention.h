@@ -25,7 +25,17 @@ struct KvLayerView {
   int64_t head_stride = 0;  // pool_tokens * head_dim
   int32_t block_tokens = 0;
   int32_t head_dim = 0;
-  DType dtype = DType::kF32;  // f32, or bf16 (--kv_dtype=bf16: half the bytes per token)
+  // f32; bf16 (--kv_dtype=bf16: half the bytes per token); FP8 E4M3 or E5M2 (--kv_dtype=fp8,
+  // fp8_e5m2: a quarter), which hold key / k_scale and value / v_scale.
+  DType dtype = DType::kF32;
+  // The layer's FP8 scales (checkpoint k_scale / v_scale, else 1); f32 and bf16 pools ignore them.
+  float k_scale = 1;
+  float v_scale = 1;
+
+  // What a stored element, widened (FP8 through its f16 view), is multiplied by to be the key
+  // (value) it stands for: 1 but for FP8 pools.
+  float KeyUnit() const { return IsFp8(dtype) ? k_scale * Fp8HalfUnit(dtype) : 1.0f; }
+  float ValueUnit() const { return IsFp8(dtype) ? v_scale * Fp8HalfUnit(dtype) : 1.0f; }
 
   int64_t Offset(int64_t head, int64_t physical_token) const {
     return head * head_stride + physical_token * head_dim;
@@ -49,7 +59,8 @@ struct KvLayerView {
 };
 
 // Writes one token's key and value rows (head_dim floats each) into `kv` at (head, physical
-// token), rounded to nearest even for a bf16 pool.
+// token), rounded to nearest even for a bf16 pool; for an FP8 pool, key / k_scale and
+// value / v_scale rounded to nearest even, saturating at the format's largest finite value.
 void StoreKv(const KvLayerView& kv, int64_t head, int64_t physical_token, const float* key,
              const float* value);
 

@@ -7,7 +7,9 @@
 // Every key's lanes are added in the same tree order whatever its place among the 16, so a
 // score does not depend on how a history is cut into runs.
 // Values: the output rows of a few query heads stay in registers across the stretch.
-// K and V in f32 or bf16 (a bf16 pool, --kv_dtype=bf16: widened exactly in registers).
+// K and V in f32, bf16 (--kv_dtype=bf16: widened exactly in registers) or FP8 (--kv_dtype=fp8:
+// each byte moved into an f16's bits and widened with vcvtph2ps; the caller scales by the
+// format's unit, see KvLayerView::KeyUnit).
 #include <immintrin.h>
 
 // GCC 12 warns inside its own unpack/shuffle intrinsics (the placeholder vector they pass to the
@@ -16,6 +18,10 @@
 
 #include <algorithm>
 #include <cstdint>
+
+// (For the FP8 element types only: this file is compiled for AVX-512, so it must not emit
+// copies of the header's inline functions that other files' calls could link to.)
+#include "common/dtype.h"
 
 namespace kvrm {
 namespace attention_avx512 {
@@ -45,6 +51,19 @@ inline __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
 inline __m512 Load16(const uint16_t* p) {
   const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+// E4M3 s.eeee.mmm as the f16 s.0eeee.mmm0000000 (Fp8AsHalf): the byte in the high half, shifted
+// right one with its sign copied, the copy cleared.
+inline __m512 Load16(const Fp8E4M3* p) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i h = _mm256_and_si256(_mm256_srai_epi16(_mm256_slli_epi16(w, 8), 1),
+                                     _mm256_set1_epi16(static_cast<int16_t>(0xbfff)));
+  return _mm512_cvtph_ps(h);
+}
+// E5M2 is the high byte of an f16.
+inline __m512 Load16(const Fp8E5M2* p) {
+  const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8));
 }
 
 template <int NV, typename Elem>
@@ -135,22 +154,20 @@ void AddValuesFor(const float* p, int64_t ld, const float* inv, int32_t group, i
 
 }  // namespace
 
-void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const float* k, int64_t n,
-               float scale, float add, float* scores, int64_t ld) {
-  ScoreKeysFor(q, group, head_dim, k, n, scale, add, scores, ld);
-}
-void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const uint16_t* k, int64_t n,
-               float scale, float add, float* scores, int64_t ld) {
-  ScoreKeysFor(q, group, head_dim, k, n, scale, add, scores, ld);
-}
-void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
-               const float* v, int64_t n, float* out) {
-  AddValuesFor(p, ld, inv, group, head_dim, v, n, out);
-}
-void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim,
-               const uint16_t* v, int64_t n, float* out) {
-  AddValuesFor(p, ld, inv, group, head_dim, v, n, out);
-}
+#define KVRM_ATTENTION_ENTRY_POINTS(Elem)                                                       \
+  void ScoreKeys(const float* q, int32_t group, int32_t head_dim, const Elem* k, int64_t n,     \
+                 float scale, float add, float* scores, int64_t ld) {                           \
+    ScoreKeysFor(q, group, head_dim, k, n, scale, add, scores, ld);                             \
+  }                                                                                             \
+  void AddValues(const float* p, int64_t ld, const float* inv, int32_t group, int32_t head_dim, \
+                 const Elem* v, int64_t n, float* out) {                                        \
+    AddValuesFor(p, ld, inv, group, head_dim, v, n, out);                                       \
+  }
+KVRM_ATTENTION_ENTRY_POINTS(float)
+KVRM_ATTENTION_ENTRY_POINTS(uint16_t)
+KVRM_ATTENTION_ENTRY_POINTS(Fp8E4M3)
+KVRM_ATTENTION_ENTRY_POINTS(Fp8E5M2)
+#undef KVRM_ATTENTION_ENTRY_POINTS
 
 }  // namespace attention_avx512
 }  // namespace kvrm

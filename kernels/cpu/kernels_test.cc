@@ -410,26 +410,46 @@ TEST(AttentionTest, GroupEqualsOneHeadAtATime) {
 // for multiples of 16 up to 128; 40 takes the portable loops everywhere), several query-head
 // groups and history lengths around the 16-key batches, against float64: each head's output
 // within 2e-5 (values are N(0, 1): outputs are O(1)).
-// A KV layer over k and v: f32 as given, or a bf16 copy (k and v are then rounded in place to
-// what the bf16 pool holds, for the float64 reference).
+// A KV layer over k and v: f32 as given, or a bf16 or FP8 copy (k and v are then replaced in
+// place by what the pool holds, for the float64 reference). FP8 pools get scales other than 1
+// (E4M3: keys / 0.05 and values / 0.02 reach 80 and 200 of its 448; E5M2: / 0.5), so the
+// reference checks that the kernels apply them.
 struct TestKv {
   std::vector<uint16_t> kb, vb;
+  std::vector<uint8_t> k8, v8;
   KvLayerView view;
   TestKv(std::vector<float>& k, std::vector<float>& v, int64_t head_stride, int32_t block,
          int32_t hd, DType dtype)
       : view{k.data(), v.data(), head_stride, block, hd} {
-    if (dtype != DType::kBF16) return;
-    kb.resize(k.size());
-    vb.resize(v.size());
-    for (size_t i = 0; i < k.size(); ++i) {
-      kb[i] = FloatToBf16(k[i]);
-      vb[i] = FloatToBf16(v[i]);
-      k[i] = Bf16ToFloat(kb[i]);
-      v[i] = Bf16ToFloat(vb[i]);
+    if (dtype == DType::kBF16) {
+      kb.resize(k.size());
+      vb.resize(v.size());
+      for (size_t i = 0; i < k.size(); ++i) {
+        kb[i] = FloatToBf16(k[i]);
+        vb[i] = FloatToBf16(v[i]);
+        k[i] = Bf16ToFloat(kb[i]);
+        v[i] = Bf16ToFloat(vb[i]);
+      }
+      view = KvLayerView{kb.data(), vb.data(), head_stride, block, hd, DType::kBF16};
+    } else if (IsFp8(dtype)) {
+      const bool e4m3 = dtype == DType::kF8E4M3;
+      const float ks = e4m3 ? 0.05f : 0.5f, vs = e4m3 ? 0.02f : 0.5f;
+      k8.resize(k.size());
+      v8.resize(v.size());
+      for (size_t i = 0; i < k.size(); ++i) {
+        k8[i] = e4m3 ? FloatToF8E4M3(k[i] / ks) : FloatToF8E5M2(k[i] / ks);
+        v8[i] = e4m3 ? FloatToF8E4M3(v[i] / vs) : FloatToF8E5M2(v[i] / vs);
+        const double kd = e4m3 ? F8E4M3ToFloat(k8[i]) : F8E5M2ToFloat(k8[i]);
+        const double vd = e4m3 ? F8E4M3ToFloat(v8[i]) : F8E5M2ToFloat(v8[i]);
+        k[i] = static_cast<float>(kd * ks);  // (the reference's values, held in float)
+        v[i] = static_cast<float>(vd * vs);
+      }
+      view = KvLayerView{k8.data(), v8.data(), head_stride, block, hd, dtype, ks, vs};
     }
-    view = KvLayerView{kb.data(), vb.data(), head_stride, block, hd, DType::kBF16};
   }
 };
+
+constexpr DType kAllKvDtypes[] = {DType::kF32, DType::kBF16, DType::kF8E4M3, DType::kF8E5M2};
 
 TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
   const CpuIsa saved = ActiveCpuIsa();
@@ -438,8 +458,9 @@ TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
   const int64_t pool_tokens = 24 * block;
   for (CpuIsa isa : AvailableCpuIsas()) {
     SetActiveCpuIsa(isa);
-    // A bf16 pool (--kv_dtype=bf16) against float64 over the values it holds.
-    for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+    // bf16 and FP8 pools (--kv_dtype=bf16, fp8, fp8_e5m2) against float64 over the values they
+    // hold.
+    for (DType kv_dtype : kAllKvDtypes) {
       for (int32_t hd : {64, 128, 48, 40}) {
         std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
         std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
@@ -492,7 +513,7 @@ TEST(AttentionTest, WindowAndSoftcapMatchFloat64) {
   const int64_t pool_tokens = 24 * block;
   for (CpuIsa isa : AvailableCpuIsas()) {
     SetActiveCpuIsa(isa);
-    for (DType kv_dtype : {DType::kF32, DType::kBF16}) {
+    for (DType kv_dtype : kAllKvDtypes) {
       std::vector<float> k = RandomVector(kv_heads * pool_tokens * hd, rng);
       std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
       const TestKv kv(k, v, pool_tokens * hd, block, hd, kv_dtype);
@@ -575,6 +596,58 @@ TEST(AttentionTest, Bf16PoolStoresRoundedAndSummarizesWhatItHolds) {
     EXPECT_NEAR(mv[i], sv / block, 1e-6);
   }
   EXPECT_EQ(kb[view.Offset(0, 2 * block)], 0);  // head 0 untouched
+}
+
+// StoreKv into an FP8 pool holds key / k_scale and value / v_scale rounded to the nearest code,
+// saturating at the format's largest finite value; SummarizeBlock is the mean of what it holds,
+// scaled back. Error against the unquantized rows, measured: E4M3 at most 2^-4 of a value
+// (3 mantissa bits, to nearest), E5M2 2^-3, for values in the formats' normal range.
+TEST(AttentionTest, Fp8PoolStoresScaledRoundedAndSummarizesWhatItHolds) {
+  std::mt19937 rng(32);
+  const int32_t block = 8, hd = 32;
+  const int64_t pool_tokens = 4 * block;
+  for (DType dtype : {DType::kF8E4M3, DType::kF8E5M2}) {
+    const bool e4m3 = dtype == DType::kF8E4M3;
+    const float ks = 0.03f, vs = 0.007f;
+    std::vector<uint8_t> kb(2 * pool_tokens * hd), vb(kb.size());
+    const KvLayerView view{kb.data(), vb.data(), pool_tokens * hd, block, hd, dtype, ks, vs};
+    auto decode = [&](uint8_t b) { return e4m3 ? F8E4M3ToFloat(b) : F8E5M2ToFloat(b); };
+    std::vector<std::vector<float>> keys, values;
+    for (int32_t t = 0; t < block; ++t) {
+      keys.push_back(RandomVector(hd, rng));
+      values.push_back(RandomVector(hd, rng));
+      if (t == 3) keys.back()[5] = 1e4f;  // past 448 * 0.03: saturates, is not NaN or inf
+      StoreKv(view, 1, 2 * block + t, keys.back().data(), values.back().data());
+    }
+    std::vector<float> mk(hd), mv(hd);
+    SummarizeBlock(view, 1, 2 * block, mk.data(), mv.data());
+    const double rel = e4m3 ? 0x1p-4 : 0x1p-3;
+    for (int32_t i = 0; i < hd; ++i) {
+      double sk = 0, sv = 0;
+      for (int32_t t = 0; t < block; ++t) {
+        const int64_t at = view.Offset(1, 2 * block + t) + i;
+        const uint8_t want_k =
+            e4m3 ? FloatToF8E4M3(keys[t][i] / ks) : FloatToF8E5M2(keys[t][i] / ks);
+        ASSERT_EQ(kb[at], want_k) << t << " " << i;
+        ASSERT_EQ(vb[at],
+                  e4m3 ? FloatToF8E4M3(values[t][i] / vs) : FloatToF8E5M2(values[t][i] / vs));
+        const double k_held = double{decode(kb[at])} * ks, v_held = double{decode(vb[at])} * vs;
+        if (t == 3 && i == 5) {
+          EXPECT_EQ(k_held, double{e4m3 ? 448.0f : 57344.0f} * ks);
+        } else if (std::abs(keys[t][i]) > 0.05) {
+          EXPECT_LE(std::abs(k_held - keys[t][i]), rel * std::abs(keys[t][i]) + 1e-7);
+        }
+        if (std::abs(values[t][i]) > 0.05) {
+          EXPECT_LE(std::abs(v_held - values[t][i]), rel * std::abs(values[t][i]) + 1e-7);
+        }
+        sk += k_held;
+        sv += v_held;
+      }
+      EXPECT_NEAR(mk[i], sk / block, 1e-5 * std::max(1.0, std::abs(sk / block)));
+      EXPECT_NEAR(mv[i], sv / block, 1e-6);
+    }
+    EXPECT_EQ(kb[view.Offset(0, 2 * block)], 0);  // head 0 untouched
+  }
 }
 
 // On every path the result does not depend on how the history is cut into runs: the same 100
@@ -739,6 +812,11 @@ void FarHistoryMatchesFloat64(DType kv_dtype) {
 TEST(AttentionTest, FarHistoryMatchesFloat64Reference) { FarHistoryMatchesFloat64(DType::kF32); }
 TEST(AttentionTest, FarHistoryOverBf16KvMatchesFloat64Reference) {
   FarHistoryMatchesFloat64(DType::kBF16);
+}
+// FP8 pools: the summaries are means of the scaled values the pool holds.
+TEST(AttentionTest, FarHistoryOverFp8KvMatchesFloat64Reference) {
+  FarHistoryMatchesFloat64(DType::kF8E4M3);
+  FarHistoryMatchesFloat64(DType::kF8E5M2);
 }
 
 // No summaries and nothing dropped: AttendGroupFar is AttendGroup, bit for bit (far history

@@ -101,7 +101,11 @@ void PackPanels(const WeightMatrix& w, void* out) {
     case DType::kF32: return PackPanelsOf<float, 1>(w, static_cast<float*>(out));
     case DType::kF16: return PackPanelsOf<uint16_t, 1>(w, static_cast<uint16_t*>(out));
     case DType::kBF16: return PackPanelsOf<uint16_t, 2>(w, static_cast<uint16_t*>(out));
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      break;  // KV cache types only (FP8 weights load as q8_0 or bf16)
   }
+  LOG(FATAL) << "no dense " << DTypeName(w.dtype) << " weights";
 }
 
 WeightFormat BlockPanelFormat(const WeightMatrix& w) {
@@ -331,7 +335,11 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
         out[i] = Bf16ToFloat(reinterpret_cast<const uint16_t*>(row)[i]);
       }
       return;
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:
+      break;  // KV cache types only
   }
+  LOG(FATAL) << "no dense " << DTypeName(w.dtype) << " weights";
 }
 
 }  // namespace kvrm

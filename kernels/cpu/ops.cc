@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "common/logging.h"
 #include "kernels/cpu/fast_math.h"
 #include "kernels/cpu/isa.h"
 
@@ -52,6 +53,9 @@ void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps,
           x, inv, [w](int64_t k) { return F16ToFloat(w[k]); }, weight_offset, dim, out);
       break;
     }
+    case DType::kF8E4M3:
+    case DType::kF8E5M2:  // KV cache types only
+      LOG(FATAL) << "no " << DTypeName(weight.dtype) << " norm weights";
   }
 }
 

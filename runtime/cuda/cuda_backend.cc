@@ -245,7 +245,8 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
   }
   if (options.kv_dtype != DType::kF32 && options.kv_dtype != DType::kBF16) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "CUDA backend: KV dtype ", std::string(DTypeName(options.kv_dtype)), " (f32 or bf16)"));
+        "CUDA backend: KV dtype ", std::string(DTypeName(options.kv_dtype)),
+        ": f32 or bf16 (an FP8 KV cache, --kv_dtype=fp8, is the CPU backend's for now)"));
   }
   if (options.max_lora_adapters < 0 ||
       options.max_lora_adapters < static_cast<int32_t>(options.lora_adapters.size())) {

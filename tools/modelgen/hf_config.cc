@@ -24,6 +24,10 @@ std::string TorchDtypeName(DType dtype) {
       return "float16";
     case DType::kBF16:
       return "bfloat16";
+    case DType::kF8E4M3:
+      return "float8_e4m3fn";
+    case DType::kF8E5M2:
+      return "float8_e5m2";
   }
   return "float32";
 }

@@ -135,6 +135,12 @@ void FillTensor(const TensorPlan& plan, uint64_t seed, DType dtype, std::byte* o
         std::memcpy(out + i * 2, &h, 2);
         break;
       }
+      case DType::kF8E4M3:
+        out[i] = static_cast<std::byte>(FloatToF8E4M3(v));
+        break;
+      case DType::kF8E5M2:
+        out[i] = static_cast<std::byte>(FloatToF8E5M2(v));
+        break;
     }
   }
 }
