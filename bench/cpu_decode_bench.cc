@@ -332,7 +332,12 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
           const float x = 0.01f * static_cast<float>(i % 97);
           if (v.dtype == DType::kBF16) {
             static_cast<uint16_t*>(base)[i] = FloatToBf16(x);
+          } else if (v.dtype == DType::kF8E4M3) {
+            static_cast<uint8_t*>(base)[i] = FloatToF8E4M3(x);
+          } else if (v.dtype == DType::kF8E5M2) {
+            static_cast<uint8_t*>(base)[i] = FloatToF8E5M2(x);
           } else {
+            CHECK(v.dtype == DType::kF32);
             static_cast<float*>(base)[i] = x;
           }
         }
