@@ -116,51 +116,44 @@ inline float F8E5M2ToFloat(uint8_t b) {
 }
 
 // Round to nearest even, saturating at +-448 (what quantizers do: they clamp to the format's
-// range before PyTorch's cast); NaN to 0x7f / 0xff.
+// range before PyTorch's cast); NaN to 0x7f / 0xff. Branch-free (selects), so a loop of them
+// vectorises: KV cache stores (kernels/cpu/attention.cc) run it per element.
 inline uint8_t FloatToF8E4M3(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return sign | 0x7f;
-  const float a = f < 0 ? -f : f;
-  if (!(a < 464.0f)) return sign | 0x7e;  // 448 and everything that rounds past it
-  if (a < 0x1p-6f) {
-    // Subnormal steps of 2^-9: round a * 2^9 to nearest even (exact in float).
-    const float scaled = a * 0x1p9f;
-    uint32_t m = static_cast<uint32_t>(scaled);
-    const float frac = scaled - static_cast<float>(m);
-    if (frac > 0.5f || (frac == 0.5f && (m & 1))) ++m;
-    return sign | static_cast<uint8_t>(m);  // m == 8 is the smallest normal, 0x08
-  }
-  std::memcpy(&bits, &a, sizeof(bits));
-  // Keep 3 mantissa bits of 23, rounding the other 20 to nearest even; a carry moves the
-  // exponent up, as it should.
-  const uint32_t rounded = bits + 0x7ffffu + ((bits >> 20) & 1u);
-  const uint32_t exp = (rounded >> 23) - 127 + 7, mant = (rounded >> 20) & 7;
-  return sign | static_cast<uint8_t>((exp << 3) | mant);
+  const uint32_t sign = (bits >> 24) & 0x80u, abits = bits & 0x7fffffffu;
+  float a;
+  std::memcpy(&a, &abits, sizeof(a));
+  // Normal: keep 3 mantissa bits of 23, rounding the other 20 to nearest even; a carry moves the
+  // exponent up, as it should. Exponent and mantissa are one field: rebias by (127 - 7) << 3.
+  const uint32_t normal = ((abits + 0x7ffffu + ((abits >> 20) & 1u)) >> 20) - ((127u - 7u) << 3);
+  // Subnormal steps of 2^-9: a * 2^9 (exact) plus 2^23 rounds to an integer, to nearest even;
+  // 8 is the smallest normal, 0x08.
+  const float m = a * 0x1p9f + 0x1p23f;
+  uint32_t mbits;
+  std::memcpy(&mbits, &m, sizeof(mbits));
+  uint32_t code = a < 0x1p-6f ? mbits - 0x4b000000u : normal;
+  code = a < 464.0f ? code : 0x7eu;  // 448 and everything that rounds past it
+  code = abits > 0x7f800000u ? 0x7fu : code;
+  return static_cast<uint8_t>(sign | code);
 }
 
 // Round to nearest even, saturating at +-57344 (not to infinity: a KV cache element that
-// overflowed would poison every score it enters); NaN stays NaN.
+// overflowed would poison every score it enters); NaN stays NaN. Branch-free, as FloatToF8E4M3.
 inline uint8_t FloatToF8E5M2(float f) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
-  const uint8_t sign = static_cast<uint8_t>((bits >> 24) & 0x80);
-  if ((bits & 0x7fffffffu) > 0x7f800000u) return sign | 0x7f;
-  const float a = f < 0 ? -f : f;
-  if (!(a < 61440.0f)) return sign | 0x7b;  // 57344 and everything that rounds past it
-  if (a < 0x1p-14f) {
-    // Subnormal steps of 2^-16.
-    const float scaled = a * 0x1p16f;
-    uint32_t m = static_cast<uint32_t>(scaled);
-    const float frac = scaled - static_cast<float>(m);
-    if (frac > 0.5f || (frac == 0.5f && (m & 1))) ++m;
-    return sign | static_cast<uint8_t>(m);  // m == 4 is the smallest normal, 0x04
-  }
-  std::memcpy(&bits, &a, sizeof(bits));
-  const uint32_t rounded = bits + 0xfffffu + ((bits >> 21) & 1u);
-  const uint32_t exp = (rounded >> 23) - 127 + 15, mant = (rounded >> 21) & 3;
-  return sign | static_cast<uint8_t>((exp << 2) | mant);
+  const uint32_t sign = (bits >> 24) & 0x80u, abits = bits & 0x7fffffffu;
+  float a;
+  std::memcpy(&a, &abits, sizeof(a));
+  const uint32_t normal = ((abits + 0xfffffu + ((abits >> 21) & 1u)) >> 21) - ((127u - 15u) << 2);
+  const float m = a * 0x1p16f + 0x1p23f;  // subnormal steps of 2^-16; 4 is the smallest normal
+  uint32_t mbits;
+  std::memcpy(&mbits, &m, sizeof(mbits));
+  uint32_t code = a < 0x1p-14f ? mbits - 0x4b000000u : normal;
+  code = a < 61440.0f ? code : 0x7bu;  // 57344 and everything that rounds past it
+  code = abits > 0x7f800000u ? 0x7fu : code;
+  return static_cast<uint8_t>(sign | code);
 }
 
 // An FP8 byte as the f16 whose value is the byte's times Fp8HalfUnit(dtype): E5M2 is the top

@@ -118,6 +118,31 @@ TEST(F8Test, E5M2EncodesToTheNearestCode) {
   EXPECT_TRUE(std::isnan(F8E5M2ToFloat(FloatToF8E5M2(NAN))));
 }
 
+// Between every two neighbouring finite codes of either format: the midpoint goes to the code
+// with the even mantissa, a float one ulp either side to the nearer code (the encoders are
+// branch-free selects; this pins each select's edge).
+TEST(F8Test, MidpointsRoundToEvenAndNeighboursToTheNearer) {
+  struct Format {
+    float (*decode)(uint8_t);
+    uint8_t (*encode)(float);
+    int last;  // largest finite positive code
+  };
+  for (const Format& f : {Format{F8E4M3ToFloat, FloatToF8E4M3, 0x7e},
+                          Format{F8E5M2ToFloat, FloatToF8E5M2, 0x7b}}) {
+    for (int sign : {0, 0x80}) {
+      for (int c = 0; c < f.last; ++c) {
+        const uint8_t lo = static_cast<uint8_t>(sign | c), hi = static_cast<uint8_t>(sign | (c + 1));
+        const float a = f.decode(lo), b = f.decode(hi);
+        const float mid = (a + b) / 2;  // exact: the codes have few bits
+        ASSERT_EQ(static_cast<double>(mid), (static_cast<double>(a) + b) / 2);
+        EXPECT_EQ(f.encode(mid), (c & 1) ? hi : lo) << "midpoint of " << int{lo};
+        EXPECT_EQ(f.encode(std::nextafter(mid, a)), lo) << int{lo};
+        EXPECT_EQ(f.encode(std::nextafter(mid, b)), hi) << int{lo};
+      }
+    }
+  }
+}
+
 // What the CPU attention widens: an FP8 byte read as an f16, times the format's unit, is the
 // byte's value, for every finite code of both formats.
 TEST(F8Test, HalfViewTimesItsUnitIsTheValue) {

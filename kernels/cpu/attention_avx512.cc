@@ -18,6 +18,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
 // (For the FP8 element types only: this file is compiled for AVX-512, so it must not emit
 // copies of the header's inline functions that other files' calls could link to.)
@@ -66,31 +67,52 @@ inline __m512 Load16(const Fp8E5M2* p) {
   return _mm512_cvtph_ps(_mm256_slli_epi16(w, 8));
 }
 
+// The scores of `group` query heads against m <= 16 keys of kb.
+template <int NV, typename Elem>
+inline void ScoreBlock(const float* q, int32_t group, const Elem* kb, int m, __m512 vscale,
+                       __m512 vadd, float* scores, int64_t ld) {
+  constexpr int kDim = NV * 16;
+  for (int32_t g = 0; g < group; ++g) {
+    __m512 qv[NV];
+    for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(q + g * kDim + v * 16);
+    __m512 acc[16];
+    for (int t = 0; t < 16; ++t) {
+      if (t < m) {
+        acc[t] = _mm512_mul_ps(Load16(kb + t * kDim), qv[0]);
+        for (int v = 1; v < NV; ++v) {
+          acc[t] = _mm512_fmadd_ps(Load16(kb + t * kDim + v * 16), qv[v], acc[t]);
+        }
+      } else {
+        acc[t] = _mm512_setzero_ps();
+      }
+    }
+    const __m512 s = _mm512_add_ps(_mm512_mul_ps(SumEach(acc), vscale), vadd);
+    _mm512_mask_storeu_ps(scores + g * ld, static_cast<__mmask16>((1u << m) - 1), s);
+  }
+}
+
 template <int NV, typename Elem>
 void ScoreKeysT(const float* q, int32_t group, const Elem* k, int64_t n, float scale, float add,
                 float* scores, int64_t ld) {
   constexpr int kDim = NV * 16;
+  constexpr bool kWiden = !std::is_same_v<Elem, float>;
   const __m512 vscale = _mm512_set1_ps(scale), vadd = _mm512_set1_ps(add);
+  // Narrow keys (bf16, FP8) that several query heads read are widened once per 16 into f32 here
+  // (the same values, so the same sums), not once per head.
+  alignas(64) float widened[kWiden ? 16 * kDim : 1];
   for (int64_t j0 = 0; j0 < n; j0 += 16) {
     const int m = static_cast<int>(std::min<int64_t>(16, n - j0));
     const Elem* kb = k + j0 * kDim;
-    for (int32_t g = 0; g < group; ++g) {
-      __m512 qv[NV];
-      for (int v = 0; v < NV; ++v) qv[v] = _mm512_loadu_ps(q + g * kDim + v * 16);
-      __m512 acc[16];
-      for (int t = 0; t < 16; ++t) {
-        if (t < m) {
-          acc[t] = _mm512_mul_ps(Load16(kb + t * kDim), qv[0]);
-          for (int v = 1; v < NV; ++v) {
-            acc[t] = _mm512_fmadd_ps(Load16(kb + t * kDim + v * 16), qv[v], acc[t]);
-          }
-        } else {
-          acc[t] = _mm512_setzero_ps();
-        }
-      }
-      const __m512 s = _mm512_add_ps(_mm512_mul_ps(SumEach(acc), vscale), vadd);
-      _mm512_mask_storeu_ps(scores + g * ld + j0, static_cast<__mmask16>((1u << m) - 1), s);
+    if (!kWiden || group == 1) {
+      ScoreBlock<NV>(q, group, kb, m, vscale, vadd, scores + j0, ld);
+      continue;
     }
+    for (int t = 0; t < m; ++t) {
+      for (int v = 0; v < NV; ++v) {
+        _mm512_store_ps(widened + t * kDim + v * 16, Load16(kb + t * kDim + v * 16));
+      }
+    }
+    ScoreBlock<NV>(q, group, static_cast<const float*>(widened), m, vscale, vadd, scores + j0, ld);
   }
 }
 
