@@ -127,11 +127,12 @@ TEST(F8Test, MidpointsRoundToEvenAndNeighboursToTheNearer) {
     uint8_t (*encode)(float);
     int last;  // largest finite positive code
   };
-  for (const Format& f : {Format{F8E4M3ToFloat, FloatToF8E4M3, 0x7e},
-                          Format{F8E5M2ToFloat, FloatToF8E5M2, 0x7b}}) {
+  for (const Format& f :
+       {Format{F8E4M3ToFloat, FloatToF8E4M3, 0x7e}, Format{F8E5M2ToFloat, FloatToF8E5M2, 0x7b}}) {
     for (int sign : {0, 0x80}) {
       for (int c = 0; c < f.last; ++c) {
-        const uint8_t lo = static_cast<uint8_t>(sign | c), hi = static_cast<uint8_t>(sign | (c + 1));
+        const uint8_t lo = static_cast<uint8_t>(sign | c),
+                      hi = static_cast<uint8_t>(sign | (c + 1));
         const float a = f.decode(lo), b = f.decode(hi);
         const float mid = (a + b) / 2;  // exact: the codes have few bits
         ASSERT_EQ(static_cast<double>(mid), (static_cast<double>(a) + b) / 2);
