@@ -310,8 +310,16 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
     // Mistral's and Mixtral's attention has no biases (ignores the key).
     c->qkv_bias = c->o_bias = attention_bias;
   }
-  c->qk_norm =
-      c->model_type == "qwen3" || c->model_type == "qwen3_moe" || c->model_type == "gemma3_text";
+  c->qk_norm = c->model_type == "qwen3" || c->model_type == "qwen3_moe" ||
+               c->model_type == "gemma3_text" || c->model_type == "olmo2";
+  c->qk_norm_whole = c->model_type == "olmo2";
+  if (c->qk_norm_whole && c->qkv_bias) {
+    // Olmo2Attention adds the biases before its whole-projection norms; this engine normalizes
+    // the whole projections first.
+    return f.Unimplemented("attention_bias",
+                           "is true: OLMo 2 with biased projections is not "
+                           "supported");
+  }
   // Rotating part of each head (Phi-4-mini's 0.75, GPT-NeoX's rotary_pct): not computed here.
   double rotary = 1;
   RETURN_IF_ERROR(f.PositiveDouble("partial_rotary_factor", false, &rotary));
@@ -880,15 +888,15 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     return inner_config;
   }
   const bool gemma = IsGemma(c.model_type);
-  static constexpr std::string_view kTypes[] = {"llama",     "mistral", "qwen2",       "qwen3",
-                                                "phi3",      "granite", "mixtral",     "qwen2_moe",
-                                                "qwen3_moe", "gemma2",  "gemma3_text", "smollm3"};
+  static constexpr std::string_view kTypes[] = {
+      "llama",     "mistral",   "qwen2",  "qwen3",       "phi3",    "granite", "mixtral",
+      "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text", "smollm3", "olmo2"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes)) {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
                                                       "qwen2, qwen3, phi3, granite, mixtral, "
                                                       "qwen2_moe, qwen3_moe, gemma2, gemma3, "
-                                                      "gemma3_text, smollm3)"));
+                                                      "gemma3_text, smollm3, olmo2)"));
   }
   c.fused_projections = c.model_type == "phi3";
   if (c.model_type == "granite") {
@@ -904,6 +912,11 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   if (c.model_type == "smollm3") {  // SmolLM3Config's defaults
     c.rope_theta = 2000000;
     c.tie_word_embeddings = true;
+  }
+  if (c.model_type == "olmo2") {  // Olmo2Config's default; its block's norms
+    c.rms_norm_eps = 1e-5;
+    c.sandwich_norms = true;
+    c.pre_norms = false;
   }
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
   RETURN_IF_ERROR(ParseRope(root, what, &c));
@@ -942,7 +955,8 @@ std::string_view ArchitectureClassName(std::string_view model_type) {
       {"phi3", "Phi3ForCausalLM"},          {"granite", "GraniteForCausalLM"},
       {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
       {"mixtral", "MixtralForCausalLM"},    {"qwen2_moe", "Qwen2MoeForCausalLM"},
-      {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"smollm3", "SmolLM3ForCausalLM"}};
+      {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"smollm3", "SmolLM3ForCausalLM"},
+      {"olmo2", "Olmo2ForCausalLM"}};
   for (const auto& [type, name] : kClasses) {
     if (type == model_type) return name;
   }

@@ -134,6 +134,9 @@ struct LlamaConfig {
   // Qwen3: each head of Q and K goes through RMSNorm over head_dim (its own weight
   // self_attn.q_norm / k_norm, rms_norm_eps) after the projection and before RoPE.
   bool qk_norm = false;
+  // OLMo 2 (with qk_norm): the RMSNorm is over the whole projection instead, every head of Q
+  // together (q_norm: [heads * head_dim]) and of K (k_norm: [kv_heads * head_dim]).
+  bool qk_norm_whole = false;
   // Phi-3: self_attn.qkv_proj ([q; k; v] rows) and mlp.gate_up_proj ([gate; up] rows) instead of
   // the separate products (the same values; bound as row ranges of the fused tensors).
   bool fused_projections = false;
@@ -155,8 +158,12 @@ struct LlamaConfig {
   // - the embedding multiplier is sqrt(hidden_size) as the model's dtype rounds it, the
   //   attention scale query_pre_attn_scalar^-1/2, and the MLP activation `hidden_act`:
   //   "silu" or "gelu_pytorch_tanh" (GELU's tanh approximation).
+  // OLMo 2 has the output norms (`sandwich_norms`: post_attention_layernorm,
+  // post_feedforward_layernorm) and no input norms (`pre_norms` false): attention and the MLP
+  // read the residual stream itself, and only their outputs are normalized.
   double norm_weight_offset = 0;
   bool sandwich_norms = false;
+  bool pre_norms = true;
   double attn_logit_softcapping = 0;
   double final_logit_softcapping = 0;
   std::string hidden_act = "silu";

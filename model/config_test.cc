@@ -466,6 +466,42 @@ constexpr char kSmolLM3_3B[] = R"({
   "transformers_version": "4.54.0.dev0", "use_cache": false, "use_sliding_window": false,
   "vocab_size": 128256})";
 
+// After allenai/OLMo-2-1124-7B's config.json: OLMo 2's block (output norms only, Q/K norms over
+// the whole projections), no head_dim key.
+constexpr char kOlmo2_7B[] = R"({
+  "architectures": ["Olmo2ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "eos_token_id": 100257, "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+  "intermediate_size": 11008, "max_position_embeddings": 4096, "model_type": "olmo2",
+  "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+  "pad_token_id": 100277, "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 500000,
+  "tie_word_embeddings": false, "torch_dtype": "float32", "transformers_version": "4.47.0.dev0",
+  "use_cache": true, "vocab_size": 100352})";
+
+TEST(ConfigTest, ParsesOlmo2_7B) {
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kOlmo2_7B, "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model_type, "olmo2");
+  EXPECT_EQ(c->head_dim, 128);
+  EXPECT_EQ(c->rms_norm_eps, 1e-6);
+  EXPECT_EQ(c->rope_theta, 500000.0);
+  EXPECT_TRUE(c->qk_norm);
+  EXPECT_TRUE(c->qk_norm_whole);
+  EXPECT_TRUE(c->sandwich_norms);
+  EXPECT_FALSE(c->pre_norms);
+  EXPECT_FALSE(c->qkv_bias);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(ArchitectureClassName("olmo2"), "Olmo2ForCausalLM");
+  // Olmo2Config's default eps is 1e-5, not Llama's 1e-6.
+  Json j = Json::parse(kOlmo2_7B);
+  j.erase("rms_norm_eps");
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  // Biased projections, which Olmo2Attention normalizes after the bias, are refused by name.
+  j["attention_bias"] = true;
+  ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented, "attention_bias");
+}
+
 TEST(ConfigTest, ParsesSmolLM3_3B) {
   absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kSmolLM3_3B, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -676,7 +712,8 @@ TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
   ExpectError(ParseStatus(Edited([](Json& j) { j["model_type"] = "gpt2"; })),
               absl::StatusCode::kUnimplemented,
               "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
-              "granite, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3, gemma3_text, smollm3)");
+              "granite, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3, gemma3_text, smollm3, "
+              "olmo2)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }

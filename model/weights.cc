@@ -161,7 +161,9 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
   for (int i = 0; i < c.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     LayerWeights& l = w.layers.emplace_back();
-    ASSIGN_OR_RETURN(l.attn_norm, bind(p + "input_layernorm.weight", {d}));
+    if (c.pre_norms) {
+      ASSIGN_OR_RETURN(l.attn_norm, bind(p + "input_layernorm.weight", {d}));
+    }
     if (c.fused_projections) {
       // Phi-3: row ranges of the fused tensors, views like the rest.
       ASSIGN_OR_RETURN(const WeightMatrix qkv,
@@ -185,7 +187,9 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     ASSIGN_OR_RETURN(l.wo, bind(p + "self_attn.o_proj.weight", {d, q_rows}));
     if (c.sandwich_norms) {
       ASSIGN_OR_RETURN(l.attn_post_norm, bind(p + "post_attention_layernorm.weight", {d}));
-      ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "pre_feedforward_layernorm.weight", {d}));
+      if (c.pre_norms) {
+        ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "pre_feedforward_layernorm.weight", {d}));
+      }
       ASSIGN_OR_RETURN(l.mlp_post_norm, bind(p + "post_feedforward_layernorm.weight", {d}));
     } else {
       ASSIGN_OR_RETURN(l.mlp_norm, bind(p + "post_attention_layernorm.weight", {d}));
@@ -203,9 +207,11 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     if (c.o_bias) {
       ASSIGN_OR_RETURN(l.bo, bind(p + "self_attn.o_proj.bias", {d}));
     }
-    if (c.qk_norm) {
-      ASSIGN_OR_RETURN(l.q_norm, bind(p + "self_attn.q_norm.weight", {hd}));
-      ASSIGN_OR_RETURN(l.k_norm, bind(p + "self_attn.k_norm.weight", {hd}));
+    if (c.qk_norm) {  // per head, or (OLMo 2) over the whole projection
+      ASSIGN_OR_RETURN(l.q_norm,
+                       bind(p + "self_attn.q_norm.weight", {c.qk_norm_whole ? q_rows : hd}));
+      ASSIGN_OR_RETURN(l.k_norm,
+                       bind(p + "self_attn.k_norm.weight", {c.qk_norm_whole ? kv_rows : hd}));
     }
   }
   w.dtype = w.embed.dtype;

@@ -68,6 +68,7 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
   }
   const int64_t group = config.num_attention_heads / config.num_key_value_heads;
   scores_.resize(static_cast<size_t>(threads_.num_threads()) * group * shape.max_context);
+  if (config.qk_norm_whole) qk_sums_.resize(2 * rows);
   scratch_.resize(threads_.num_threads() * scratch_per_thread_);
   if (shape.lora_adapters > 0) {
     lora_.assign(shape.lora_adapters, nullptr);
@@ -132,6 +133,27 @@ KvLayerView CpuRank::KvLayer(int32_t layer) const {
   return kv;
 }
 
+absl::Status CpuRank::WholeQkNorm(int32_t layer, int32_t n) {
+  const LayerWeights& l = w_.layers[layer];
+  for (int32_t i = 0; i < n; ++i) {
+    qk_sums_[2 * i] = static_cast<float>(SumOfSquares(&q_[i * qw_], qw_));
+    qk_sums_[2 * i + 1] = static_cast<float>(SumOfSquares(&k_[i * kvw_], kvw_));
+  }
+  if (comm_->size() > 1) RETURN_IF_ERROR(comm_->AllReduceSum(qk_sums_.data(), 2 * n));
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const double q_all = double{config_.num_attention_heads} * hd_;
+  const double k_all = double{config_.num_key_value_heads} * hd_;
+  for (int32_t i = 0; i < n; ++i) {
+    float* q = &q_[i * qw_];
+    float* k = &k_[i * kvw_];
+    ScaleByNormWeight(q, 1.0f / std::sqrt(static_cast<float>(qk_sums_[2 * i] / q_all) + eps),
+                      l.q_norm, qw_, q);
+    ScaleByNormWeight(k, 1.0f / std::sqrt(static_cast<float>(qk_sums_[2 * i + 1] / k_all) + eps),
+                      l.k_norm, kvw_, k);
+  }
+  return absl::OkStatus();
+}
+
 void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
   const KvLayerView kv = KvLayer(layer);
   const LayerWeights& l = w_.layers[layer];
@@ -146,7 +168,7 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
       AddInPlace(&k_[i * kvw_], bias + qw_, kvw_);
       AddInPlace(&v_[i * kvw_], bias + qw_ + kvw_, kvw_);
     }
-    if (config_.qk_norm) {
+    if (config_.qk_norm && !config_.qk_norm_whole) {
       for (int64_t h = 0; h < w_.heads; ++h) {
         float* head = &q_[i * qw_ + h * hd_];
         RmsNorm(head, l.q_norm, hd_, eps, head, offset);
@@ -479,7 +501,12 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
   Embed(rows, n);
   for (int32_t layer = 0; layer < config_.num_hidden_layers; ++layer) {
     const LayerWeights& l = w_.layers[layer];
-    NormRows(l.attn_norm, n);
+    // The block's input: the residual stream normalized, or as it is (OLMo 2).
+    if (config_.pre_norms) {
+      NormRows(l.attn_norm, n);
+    } else {
+      std::copy_n(x_.data(), int64_t{n} * d_, h_.data());
+    }
     threads_.RunOnAll([&](int t) {
       const int nt = threads_.num_threads();
       float* scratch = &scratch_[t * scratch_per_thread_];
@@ -492,6 +519,7 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
         LoraShare(t, nt, layer, LoraTarget::kV, rows, n, h_.data(), d_, v_.data(), kvw_);
       }
     });
+    if (config_.qk_norm_whole) RETURN_IF_ERROR(WholeQkNorm(layer, n));
     RopeAndStoreKv(layer, rows, n);
     if (far_.enabled()) Summarize(layer, rows, n);
     Attention(layer, rows, n);
@@ -501,7 +529,11 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     if (config_.sandwich_norms) NormRows(l.attn_post_norm, n, /*in_place=*/true);
     AddRows(n);
 
-    NormRows(l.mlp_norm, n);
+    if (config_.pre_norms) {
+      NormRows(l.mlp_norm, n);
+    } else {
+      std::copy_n(x_.data(), int64_t{n} * d_, h_.data());
+    }
     if (config_.IsMoeLayer(layer)) {
       RETURN_IF_ERROR(Experts(layer, n));
     } else {

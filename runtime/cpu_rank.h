@@ -84,11 +84,14 @@ class CpuRank {
   void Embed(const CpuRow* rows, int32_t n);
   // h_ = RmsNorm(x_), or RmsNorm(h_) in place (Gemma's norms of the attention and MLP outputs).
   void NormRows(const WeightMatrix& norm, int32_t n, bool in_place = false);
-  void AddRows(int32_t n);                              // x_ += h_
-  // Q/K/V biases and Qwen3's Q/K head norms where the model has them, RoPE on Q and K, and the
-  // K/V writes to the pool.
+  void AddRows(int32_t n);  // x_ += h_
   // The pool's view of `layer`, with the layer's FP8 KV cache scales.
   KvLayerView KvLayer(int32_t layer) const;
+  // OLMo 2's Q and K norms over the whole projections: the mean of squares spans every rank's
+  // heads (one all-reduce of 2n sums).
+  absl::Status WholeQkNorm(int32_t layer, int32_t n);
+  // Q/K/V biases and Qwen3's Q/K head norms where the model has them, RoPE on Q and K, and the
+  // K/V writes to the pool.
   void RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n);
   // h_ += the O projection's bias, when the model has one (after the all-reduce: once).
   void AddOutputBias(int32_t layer, int32_t n);
@@ -143,6 +146,7 @@ class CpuRank {
   // [max_rows][width] each; h_ is [max_rows][hidden].
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> scores_;   // [threads][group * max_context]
+  std::vector<float> qk_sums_;  // WholeQkNorm's [max_rows][2] (OLMo 2 only)
   std::vector<float> scratch_;  // [threads][scratch_per_thread_]
   // Mixtures of experts (empty otherwise), k = num_experts_per_tok: the router's scores
   // [max_rows][experts]; each row's experts and weights [max_rows][k] and where its j-th expert's

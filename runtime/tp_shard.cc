@@ -173,6 +173,10 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
       s.bq = VectorSlice(l.bq, rank * q_rows, q_rows);
       s.bk = VectorSlice(l.bk, rank * kv_rows, kv_rows);
       s.bv = VectorSlice(l.bv, rank * kv_rows, kv_rows);
+      if (config.qk_norm_whole) {  // OLMo 2's norms span the projections: this rank's heads' part
+        s.q_norm = VectorSlice(l.q_norm, rank * q_rows, q_rows);
+        s.k_norm = VectorSlice(l.k_norm, rank * kv_rows, kv_rows);
+      }
       ASSIGN_OR_RETURN(s.wo, CopyColumns(l.wo, "o_proj", rank * q_rows, q_rows, &out));
       if (l.router.data == nullptr) {
         s.w_gate = l.w_gate.RowSlice(int64_t{rank} * out.ffn, out.ffn);

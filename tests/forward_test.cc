@@ -700,7 +700,20 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   EXPECT_EQ(c.qkv_bias, size == "tiny-qwen2" || size == "tiny-biased" || size == "tiny-qwen2-moe");
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
   const bool gemma = size == "tiny-gemma2" || size == "tiny-gemma3";
-  EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3" || size == "tiny-qwen3-moe");
+  EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3" || size == "tiny-qwen3-moe" ||
+                           size == "tiny-olmo2");
+  // OLMo 2: Q/K norms over the whole projections, output norms only.
+  const bool olmo2 = size == "tiny-olmo2";
+  EXPECT_EQ(c.qk_norm_whole, olmo2);
+  EXPECT_EQ(c.pre_norms, !olmo2);
+  if (olmo2) {
+    const LayerWeights& l = model().bundle->weights.layers[0];
+    EXPECT_EQ(l.q_norm.cols, c.num_attention_heads * c.head_dim);
+    EXPECT_EQ(l.k_norm.cols, c.num_key_value_heads * c.head_dim);
+    EXPECT_EQ(l.attn_norm.data, nullptr);
+    EXPECT_EQ(l.mlp_norm.data, nullptr);
+    EXPECT_NE(l.mlp_post_norm.data, nullptr);
+  }
   // Mixtral: 4 experts, 2 a token, every layer; Qwen3-MoE: 8 experts of 96, 3 a token, weights
   // not renormalized, layer 3 dense.
   // Qwen2-MoE: 4 experts of 96, 2 a token, not renormalized, and a shared expert of 192.
@@ -715,7 +728,7 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
     EXPECT_TRUE(c.IsMoeLayer(2));
   }
   EXPECT_EQ(c.fused_projections, size == "tiny-phi3");
-  EXPECT_EQ(c.sandwich_norms, gemma);
+  EXPECT_EQ(c.sandwich_norms, gemma || olmo2);
   EXPECT_EQ(c.gelu_tanh(), gemma);
   EXPECT_EQ(c.attn_logit_softcapping > 0, size == "tiny-gemma2");
   EXPECT_EQ(c.rope_local_theta > 0, size == "tiny-gemma3");
@@ -774,7 +787,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
                                      "tiny-granite", "tiny-gemma2", "tiny-gemma3",
                                      "tiny-mistral-sw", "tiny-mixtral", "tiny-qwen2-moe",
-                                     "tiny-qwen3-moe", "tiny-smollm3"),
+                                     "tiny-qwen3-moe", "tiny-smollm3", "tiny-olmo2"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {

@@ -136,14 +136,20 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
   for (int32_t i = 0; i < config.num_hidden_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
     Layer l;
-    ASSIGN_OR_RETURN(Matrix in_norm, Load(files, p + "input_layernorm.weight", 1, d));
+    // OLMo 2 (Olmo2DecoderLayer) has no input norms: no input_layernorm, no
+    // pre_feedforward_layernorm.
+    if (config.pre_norms) {
+      ASSIGN_OR_RETURN(Matrix in_norm, Load(files, p + "input_layernorm.weight", 1, d));
+      l.input_norm = std::move(in_norm.data);
+    }
     ASSIGN_OR_RETURN(Matrix post_norm, Load(files, p + "post_attention_layernorm.weight", 1, d));
-    l.input_norm = std::move(in_norm.data);
     l.post_attention_norm = std::move(post_norm.data);
     if (config.sandwich_norms) {
-      ASSIGN_OR_RETURN(Matrix pre_ff, Load(files, p + "pre_feedforward_layernorm.weight", 1, d));
+      if (config.pre_norms) {
+        ASSIGN_OR_RETURN(Matrix pre_ff, Load(files, p + "pre_feedforward_layernorm.weight", 1, d));
+        l.pre_feedforward_norm = std::move(pre_ff.data);
+      }
       ASSIGN_OR_RETURN(Matrix post_ff, Load(files, p + "post_feedforward_layernorm.weight", 1, d));
-      l.pre_feedforward_norm = std::move(pre_ff.data);
       l.post_feedforward_norm = std::move(post_ff.data);
     }
     if (config.fused_projections) {
@@ -205,8 +211,11 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
     }
     if (config.o_bias) RETURN_IF_ERROR(vector("self_attn.o_proj.bias", d, &l.bo));
     if (config.qk_norm) {
-      RETURN_IF_ERROR(vector("self_attn.q_norm.weight", hd, &l.q_norm));
-      RETURN_IF_ERROR(vector("self_attn.k_norm.weight", hd, &l.k_norm));
+      // Qwen3Attention: over each head; Olmo2Attention: over the whole projection (HeadNorm
+      // normalizes spans of the weight's length).
+      RETURN_IF_ERROR(vector("self_attn.q_norm.weight", config.qk_norm_whole ? qw : hd, &l.q_norm));
+      RETURN_IF_ERROR(
+          vector("self_attn.k_norm.weight", config.qk_norm_whole ? kvw : hd, &l.k_norm));
     }
     ref->layers_.push_back(std::move(l));
   }
@@ -512,7 +521,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
     std::vector<std::vector<double>> q(n), k(n), v(n);
     std::pair<double, double> amax{0, 0};
     for (int64_t t = 0; t < n; ++t) {
-      const std::vector<double> h = RmsNorm(x[t], l.input_norm);
+      const std::vector<double> h = config_.pre_norms ? RmsNorm(x[t], l.input_norm) : x[t];
       q[t] = Affine(l.q, l.bq, h);
       k[t] = Affine(l.k, l.bk, h);
       v[t] = Affine(l.v, l.bv, h);
@@ -618,9 +627,12 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
     }
     for (int64_t t = 0; t < n; ++t) {
       // Llama: post_attention_layernorm normalizes the MLP's input; Gemma 2 / 3:
-      // out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))).
+      // out = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h))); OLMo 2:
+      // out = h + post_feedforward_layernorm(mlp(h)).
       const std::vector<double> h =
-          RmsNorm(x[t], config_.sandwich_norms ? l.pre_feedforward_norm : l.post_attention_norm);
+          !config_.pre_norms ? x[t]
+                             : RmsNorm(x[t], config_.sandwich_norms ? l.pre_feedforward_norm
+                                                                    : l.post_attention_norm);
       std::vector<double> down =
           config_.IsMoeLayer(layer) ? MixtureOfExperts(l, h, &min_margin) : GatedMlp(l.mlp, h);
       if (config_.sandwich_norms) down = RmsNorm(down, l.post_feedforward_norm);

@@ -20,8 +20,7 @@ inline void ScaleByWeight(const float* x, float inv, const Widen& w, float offse
 }  // namespace
 
 KVRM_CPU_CLONES
-void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out,
-             float weight_offset) {
+double SumOfSquares(const float* x, int64_t dim) {
   // Squares summed in double (dim up to 8192 without drift), in 8 interleaved partial sums added
   // in a fixed order at the end: the loop vectorises, and the result does not depend on the row.
   constexpr int kLanes = 8;
@@ -33,7 +32,19 @@ void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps,
   double ss = 0;
   for (int j = 0; j < kLanes; ++j) ss += acc[j];
   for (; i < dim; ++i) ss += static_cast<double>(x[i]) * x[i];
-  const float inv = 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps);
+  return ss;
+}
+
+void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out,
+             float weight_offset) {
+  const double ss = SumOfSquares(x, dim);
+  ScaleByNormWeight(x, 1.0f / std::sqrt(static_cast<float>(ss / dim) + eps), weight, dim, out,
+                    weight_offset);
+}
+
+KVRM_CPU_CLONES
+void ScaleByNormWeight(const float* x, float inv, const WeightMatrix& weight, int64_t dim,
+                       float* out, float weight_offset) {
   switch (weight.dtype) {
     case DType::kF32: {
       const float* w = static_cast<const float*>(weight.data);

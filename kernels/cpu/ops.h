@@ -14,6 +14,11 @@ namespace kvrm {
 // result bit for bit as without it.
 void RmsNorm(const float* x, const WeightMatrix& weight, int64_t dim, float eps, float* out,
              float weight_offset = 0);
+// RmsNorm's two halves, for a norm whose mean spans ranks (OLMo 2's over every head of Q): the
+// row's sum of squares (in double, a fixed order), and out[i] = x[i] * inv * (offset + w[i]).
+double SumOfSquares(const float* x, int64_t dim);
+void ScaleByNormWeight(const float* x, float inv, const WeightMatrix& weight, int64_t dim,
+                       float* out, float weight_offset = 0);
 
 // Rotary embedding in HF's rotate_half layout: pairs (i, i + head_dim/2). `cos_sin` holds
 // [head_dim/2] cos values followed by [head_dim/2] sin values for this position.

@@ -198,13 +198,13 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
     const LlamaConfig& config, const LlamaWeights* weights, const CudaBackendOptions& options) {
   const int32_t tp = options.tensor_parallel;
   if (tp < 1) return absl::InvalidArgumentError("--tp must be at least 1");
-  if (config.norm_weight_offset != 0 || config.sandwich_norms || config.hidden_act != "silu" ||
-      config.attn_logit_softcapping > 0 || config.final_logit_softcapping > 0 ||
-      config.rope_local_theta > 0) {
+  if (config.norm_weight_offset != 0 || config.sandwich_norms || !config.pre_norms ||
+      config.qk_norm_whole || config.hidden_act != "silu" || config.attn_logit_softcapping > 0 ||
+      config.final_logit_softcapping > 0 || config.rope_local_theta > 0) {
     return absl::UnimplementedError(absl::StrCat(
         "model_type ", config.model_type,
-        ": the CUDA backend does not compute Gemma's block (norms, GELU, softcapping) yet; use "
-        "--device=cpu"));
+        ": the CUDA backend does not compute Gemma's or OLMo 2's block (output norms, GELU, "
+        "softcapping, whole-projection Q/K norms) yet; use --device=cpu"));
   }
   if (config.moe()) {
     return absl::UnimplementedError(

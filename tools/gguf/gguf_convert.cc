@@ -261,6 +261,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       }
     }
   }
+  if (!c.pre_norms || c.qk_norm_whole) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": ", c.model_type,
+        "'s block (output norms only, Q/K norms over the whole projection) has no GGUF form in "
+        "this converter"));
+  }
   if (c.HasNopeLayers()) {
     return absl::UnimplementedError(absl::StrCat(
         model_dir, ": ", c.model_type,

@@ -800,6 +800,14 @@ TEST(GgufConvertTest, NopeLayersAreRefused) {
   EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("no_rope_layers"));
 }
 
+// OLMo 2's block (no input norms, Q/K norms over the whole projections) is not llama's either.
+TEST(GgufConvertTest, Olmo2BlockIsRefused) {
+  const absl::Status s = ConvertToGguf(ArchitectureDir("tiny-olmo2"), TmpDir() + "/tiny-olmo2.gguf",
+                                       GgufConvertOptions());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("olmo2"));
+}
+
 // Every tensor a model binds, with its name: the matrices and norms, and the attention biases
 // and Q/K norms it has.
 std::vector<std::pair<std::string, const WeightMatrix*>> AllTensors(const LlamaWeights& w) {

@@ -113,6 +113,21 @@ ModelSpec TinySmolLM3() {
   return s;
 }
 
+// OLMo 2's block: no input norms, the attention and MLP outputs normalized before they join the
+// residual stream, Q and K normalized over all their heads at once; OLMo-2-1124-7B's RoPE base
+// (500000) and eps (1e-6). A norm applied per head, or before the block instead of after, moves
+// every logit.
+ModelSpec TinyOlmo2() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-olmo2";
+  s.model_type = "olmo2";
+  s.rope_scaling.reset();
+  s.rope_theta = 500000.0;
+  s.rms_norm_eps = 1e-6;
+  s.tie_word_embeddings = false;
+  return s;
+}
+
 ModelSpec TinyBiased() {
   ModelSpec s = Tiny();
   s.name = "tiny-biased";
@@ -277,7 +292,7 @@ const std::vector<ModelSpec>& Table() {
                                  TinyGranite(),  TinyK(),        TinyQwen2TwoHeads(),
                                  TinyGemma2(),   TinyGemma3(),   TinyMistralSlidingWindow(),
                                  TinyMixtral(),  TinyQwen2Moe(), TinyQwen3Moe(),
-                                 SmallMixtral(), TinySmolLM3()};
+                                 SmallMixtral(), TinySmolLM3(),  TinyOlmo2()};
   return *table;
 }
 
@@ -286,10 +301,14 @@ const std::vector<ModelSpec>& Table() {
 int64_t ModelSpec::NumParameters() const {
   const int64_t d = hidden_size;
   // input / post-attention norms (Gemma: and pre- / post-feedforward)
-  const int64_t attention = (sandwich_norms() ? 4 : 2) * d + d * q_dim() * 2  // q_proj, o_proj
-                            + d * kv_dim() * 2                                // k_proj, v_proj
+  // (OLMo 2: the two output norms only, and Q/K norms over the whole projections)
+  const int64_t norms = olmo2() ? 2 : sandwich_norms() ? 4 : 2;
+  const int64_t attention = norms * d + d * q_dim() * 2  // q_proj, o_proj
+                            + d * kv_dim() * 2           // k_proj, v_proj
                             + (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d : 0) +
-                            (qk_norm() ? 2 * head_dim : 0);
+                            (!qk_norm() ? 0
+                             : olmo2()  ? q_dim() + kv_dim()
+                                        : 2 * head_dim);
   const int64_t dense_mlp = d * intermediate_size * 3;  // gate, up, down
   // The router, then each expert's gate, up and down, then (qwen2_moe) the shared expert's gate,
   // up and down and its [1][hidden] gate.

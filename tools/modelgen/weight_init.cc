@@ -52,7 +52,7 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
   plans.push_back({"model.embed_tokens.weight", {vocab, d}, 0.0, embed_std});
   for (int i = 0; i < spec.num_layers; ++i) {
     const std::string p = absl::StrCat("model.layers.", i, ".");
-    plans.push_back({p + "input_layernorm.weight", {d}, norm, kNormStd});
+    if (spec.pre_norms()) plans.push_back({p + "input_layernorm.weight", {d}, norm, kNormStd});
     if (spec.fused_projections()) {
       plans.push_back({p + "self_attn.qkv_proj.weight", {q + 2 * kv, d}, 0.0, FanIn(d)});
     } else {
@@ -65,15 +65,17 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
     }
     plans.push_back({p + "self_attn.o_proj.weight", {d, q}, 0.0, FanIn(q)});
     if (spec.o_bias()) plans.push_back({p + "self_attn.o_proj.bias", {d}, 0.0, kBiasStd});
-    if (spec.qk_norm()) {
-      plans.push_back({p + "self_attn.q_norm.weight", {spec.head_dim}, norm, kNormStd});
-      plans.push_back({p + "self_attn.k_norm.weight", {spec.head_dim}, norm, kNormStd});
+    if (spec.qk_norm()) {  // per head, or (OLMo 2) over the whole projection
+      plans.push_back(
+          {p + "self_attn.q_norm.weight", {spec.olmo2() ? q : spec.head_dim}, norm, kNormStd});
+      plans.push_back(
+          {p + "self_attn.k_norm.weight", {spec.olmo2() ? kv : spec.head_dim}, norm, kNormStd});
     }
     plans.push_back({p + "post_attention_layernorm.weight",
                      {d},
-                     spec.sandwich_norms() ? kGemmaPostNormMean : norm,
+                     spec.gemma() ? kGemmaPostNormMean : norm,
                      kNormStd});
-    if (spec.sandwich_norms()) {
+    if (spec.sandwich_norms() && spec.pre_norms()) {
       plans.push_back({p + "pre_feedforward_layernorm.weight", {d}, norm, kNormStd});
     }
     if (spec.IsMoeLayer(i)) {
@@ -108,7 +110,10 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
       plans.push_back({p + "mlp.down_proj.weight", {d, ffn}, 0.0, FanIn(ffn)});
     }
     if (spec.sandwich_norms()) {
-      plans.push_back({p + "post_feedforward_layernorm.weight", {d}, kGemmaPostNormMean, kNormStd});
+      plans.push_back({p + "post_feedforward_layernorm.weight",
+                       {d},
+                       spec.gemma() ? kGemmaPostNormMean : norm,
+                       kNormStd});
     }
   }
   plans.push_back({"model.norm.weight", {d}, norm, kNormStd});
