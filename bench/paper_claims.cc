@@ -56,7 +56,8 @@ ABSL_FLAG(double, budget_fraction, 0.35,
           "KV budget as a fraction of slots x max context (both modes)");
 ABSL_FLAG(int32_t, threads, 2, "kvrmd threads");
 ABSL_FLAG(std::string, kv_reserve, "prompt_output", "kvrm mode's --kv_reserve");
-ABSL_FLAG(std::string, kv_dtype, "f32", "kvrmd --kv_dtype (both modes): f32 or bf16");
+ABSL_FLAG(std::string, kv_dtype, "f32",
+          "kvrmd --kv_dtype (both modes): f32, bf16, fp8 or fp8_e5m2");
 ABSL_FLAG(int32_t, prefill_chunk, 32,
           "kvrmd --prefill_chunk (both modes; small chunks keep inter-token latency smooth)");
 ABSL_FLAG(bool, fuse_prefill, true, "kvrmd --fuse_prefill (both modes)");

@@ -158,7 +158,9 @@ inline uint8_t FloatToF8E5M2(float f) {
 
 // An FP8 byte as the f16 whose value is the byte's times Fp8HalfUnit(dtype): E5M2 is the top
 // byte of an f16; E4M3's exponent (bias 7) sits in an f16's (bias 15), 2^8 too small,
-// subnormals included. What the CPU attention widens with one vcvtph2ps.
+// subnormals included. What the CPU attention widens with one vcvtph2ps. Every finite code;
+// E4M3's NaN (0x7f, what FloatToF8E4M3 makes of a NaN) reads as 480, a finite outlier, where an
+// f32 or bf16 cache would carry the NaN on (a model whose keys are NaN is broken either way).
 inline uint16_t Fp8AsHalf(DType t, uint8_t b) {
   return t == DType::kF8E5M2 ? static_cast<uint16_t>(b << 8)
                              : static_cast<uint16_t>(((b & 0x80) << 8) | ((b & 0x7f) << 7));

@@ -80,6 +80,7 @@ absl::StatusOr<float> ReadKvScale(const SafetensorsSet& files, const std::string
 // Fills each layer's k_cache_scale / v_cache_scale from the checkpoint, where it has them.
 absl::Status ReadKvCacheScales(const SafetensorsSet& files, const std::string& prefix,
                                LlamaWeights* w) {
+  size_t with = 0;
   for (size_t i = 0; i < w->layers.size(); ++i) {
     const std::string p = absl::StrCat(prefix, "layers.", i, ".self_attn.");
     for (const auto& [k, v] : kKvScaleNames) {
@@ -96,8 +97,13 @@ absl::Status ReadKvCacheScales(const SafetensorsSet& files, const std::string& p
             absl::StrCat(files.dir(), ": layer ", i, "'s KV cache scales are ", names,
                          ", another layer's ", w->kv_cache_scales, ": one convention a model"));
       }
+      ++with;
       break;
     }
+  }
+  if (with > 0 && with < w->layers.size()) {
+    absl::StrAppend(&w->kv_cache_scales, ", ", with, " of ", w->layers.size(),
+                    " layers (the rest 1)");
   }
   return absl::OkStatus();
 }
@@ -141,7 +147,13 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
         }
         return Bind(files, name, shape);
       });
-  if (w.ok()) RETURN_IF_ERROR(ReadKvCacheScales(files, prefix, &*w));
+  if (w.ok()) {
+    if (absl::Status s = ReadKvCacheScales(files, prefix, &*w); !s.ok()) {
+      for (LayerWeights& l : w->layers) l.k_cache_scale = l.v_cache_scale = 1;
+      w->kv_cache_scales.clear();
+      w->kv_cache_scales_error = std::move(s);
+    }
+  }
   return w;
 }
 

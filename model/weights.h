@@ -32,8 +32,8 @@ struct LayerWeights {
   WeightMatrix bk;      // [1][kv_heads * head_dim]
   WeightMatrix bv;      // [1][kv_heads * head_dim]
   WeightMatrix bo;      // [1][hidden]
-  WeightMatrix q_norm;  // [1][head_dim]
-  WeightMatrix k_norm;  // [1][head_dim]
+  WeightMatrix q_norm;  // [1][head_dim]; OLMo 2 (qk_norm_whole): [1][heads * head_dim]
+  WeightMatrix k_norm;  // [1][head_dim]; OLMo 2: [1][kv_heads * head_dim]
   // Gemma's sandwich norms (LlamaConfig::sandwich_norms) of the attention output
   // (post_attention_layernorm) and the MLP output (post_feedforward_layernorm).
   WeightMatrix attn_post_norm;  // [1][hidden]
@@ -85,8 +85,13 @@ struct LlamaWeights {
   int64_t num_active_parameters = 0;
   int64_t bytes = 0;
   // Where LayerWeights::k_cache_scale and v_cache_scale came from: "" (none: 1), or the
-  // checkpoint's tensor names ("self_attn.k_scale / v_scale", ...).
+  // checkpoint's tensor names ("self_attn.k_scale / v_scale", ...; "..., 3 of 4 layers (the
+  // rest 1)" where only some have them).
   std::string kv_cache_scales;
+  // Why the checkpoint's scales could not be read (every scale then 1): only an FP8 KV cache
+  // reads them, so only Engine::Create with --kv_dtype=fp8 refuses the model for it; f32 and
+  // bf16 caches serve it as before.
+  absl::Status kv_cache_scales_error;
 };
 
 // Finds one tensor by its Hugging Face name ("model.layers.0.self_attn.q_proj.weight"), checked

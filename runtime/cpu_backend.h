@@ -29,7 +29,7 @@ namespace kvrm {
 struct CpuBackendOptions {
   int64_t kv_blocks = 0;        // blocks in the KV pool (in each rank's pool)
   int32_t kv_block_tokens = 16;
-  DType kv_dtype = DType::kF32;  // of the KV pool: f32 or bf16 (half the bytes per token)
+  DType kv_dtype = DType::kF32;  // of the KV pool: f32, bf16 (half the bytes) or FP8 (a quarter)
   int32_t max_slots = 8;
   int32_t max_chunk_tokens = 256;
   // Speculative decoding: most draft tokens a step may carry per slot (StepDescriptor::draft),

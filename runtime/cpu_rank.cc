@@ -141,8 +141,8 @@ absl::Status CpuRank::WholeQkNorm(int32_t layer, int32_t n) {
   }
   if (comm_->size() > 1) RETURN_IF_ERROR(comm_->AllReduceSum(qk_sums_.data(), 2 * n));
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  const double q_all = double{config_.num_attention_heads} * hd_;
-  const double k_all = double{config_.num_key_value_heads} * hd_;
+  const double q_all = static_cast<double>(config_.num_attention_heads) * hd_;
+  const double k_all = static_cast<double>(config_.num_key_value_heads) * hd_;
   for (int32_t i = 0; i < n; ++i) {
     float* q = &q_[i * qw_];
     float* k = &k_[i * kvw_];

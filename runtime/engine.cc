@@ -253,6 +253,12 @@ absl::Status CheckKvFitsMemory(const LlamaConfig& config, const EngineOptions& o
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(const ModelBundle* model,
                                                        const EngineOptions& options) {
   ASSIGN_OR_RETURN(EngineOptions o, Resolve(model, options));
+  if (IsFp8(o.kv_dtype) && !model->weights.kv_cache_scales_error.ok()) {
+    // The scales an FP8 cache divides by are unreadable: refuse rather than serve with 1.
+    const absl::Status& s = model->weights.kv_cache_scales_error;
+    return absl::Status(s.code(), absl::StrCat("--kv_dtype=", std::string(DTypeName(o.kv_dtype)),
+                                               ": ", s.message()));
+  }
   if (o.backend_factory) {
     ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, o.backend_factory(*model, o));
     return CreateWithBackend(model, o, std::move(backend));

@@ -794,21 +794,23 @@ TEST(E2ePrefixCacheTest, OffloadedHistoryComesBackFromTheHostTier) {
   EXPECT_FALSE(after.prefix_cache().offload_enabled());
 }
 
-TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
+// A server with a `kv_dtype` cache says so, takes 1 / `fraction` of an f32 block's bytes, and
+// serves a request.
+void ExpectKvDtypeReportedAndServes(DType kv_dtype, const std::string& name, int fraction) {
   EngineOptions o = Options(2);
   TestServer f32(o);
-  o.kv_dtype = DType::kBF16;
-  TestServer bf16(o);
+  o.kv_dtype = kv_dtype;
+  TestServer narrow(o);
   grpc::ClientContext c1, c2;
   v1::ServerInfo a, b;
   ASSERT_TRUE(f32.stub().GetServerInfo(&c1, v1::GetServerInfoRequest(), &a).ok());
-  ASSERT_TRUE(bf16.stub().GetServerInfo(&c2, v1::GetServerInfoRequest(), &b).ok());
-  EXPECT_EQ(b.kv_dtype(), "bf16");
-  EXPECT_EQ(2 * b.kv().bytes_per_block(), a.kv().bytes_per_block());
+  ASSERT_TRUE(narrow.stub().GetServerInfo(&c2, v1::GetServerInfoRequest(), &b).ok());
+  EXPECT_EQ(b.kv_dtype(), name);
+  EXPECT_EQ(fraction * b.kv().bytes_per_block(), a.kv().bytes_per_block());
   grpc::ClientContext ctx;
-  v1::GenerateRequest req = TextRequest("a bf16 cache", 12);
+  v1::GenerateRequest req = TextRequest("a narrow cache", 12);
   req.mutable_stopping()->set_ignore_eos(true);
-  auto reader = bf16.stub().Generate(&ctx, req);
+  auto reader = narrow.stub().Generate(&ctx, req);
   v1::GenerateResponse msg;
   int tokens = 0;
   while (reader->Read(&msg)) tokens += msg.token_ids_size();
@@ -816,27 +818,13 @@ TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
   EXPECT_EQ(tokens, 12);
 }
 
-// --kv_dtype=fp8: reported as fp8_e4m3, a quarter of an f32 block's bytes, and served.
+TEST(E2eKvDtypeTest, Bf16KvIsReportedAndServes) {
+  ExpectKvDtypeReportedAndServes(DType::kBF16, "bf16", 2);
+}
+
+// --kv_dtype=fp8: reported as fp8_e4m3, a quarter of an f32 block's bytes.
 TEST(E2eKvDtypeTest, Fp8KvIsReportedAndServes) {
-  EngineOptions o = Options(2);
-  TestServer f32(o);
-  o.kv_dtype = DType::kF8E4M3;
-  TestServer fp8(o);
-  grpc::ClientContext c1, c2;
-  v1::ServerInfo a, b;
-  ASSERT_TRUE(f32.stub().GetServerInfo(&c1, v1::GetServerInfoRequest(), &a).ok());
-  ASSERT_TRUE(fp8.stub().GetServerInfo(&c2, v1::GetServerInfoRequest(), &b).ok());
-  EXPECT_EQ(b.kv_dtype(), "fp8_e4m3");
-  EXPECT_EQ(4 * b.kv().bytes_per_block(), a.kv().bytes_per_block());
-  grpc::ClientContext ctx;
-  v1::GenerateRequest req = TextRequest("an fp8 cache", 12);
-  req.mutable_stopping()->set_ignore_eos(true);
-  auto reader = fp8.stub().Generate(&ctx, req);
-  v1::GenerateResponse msg;
-  int tokens = 0;
-  while (reader->Read(&msg)) tokens += msg.token_ids_size();
-  ASSERT_TRUE(reader->Finish().ok());
-  EXPECT_EQ(tokens, 12);
+  ExpectKvDtypeReportedAndServes(DType::kF8E4M3, "fp8_e4m3", 4);
 }
 
 // Per completion of an n > 1 call: its tokens and its finish (messages grouped by index).

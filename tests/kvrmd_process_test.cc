@@ -95,7 +95,7 @@ TEST(KvrmdProcessTest, UnknownCpuIsaExitsTwoNamingTheFlagAndTheChoices) {
 }
 
 TEST(KvrmdProcessTest, UnknownKvDtypeExitsTwoNamingTheFlagAndTheChoices) {
-  ExpectBadFlagExitsTwo("--kv_dtype=fp8", "bf16");
+  ExpectBadFlagExitsTwo("--kv_dtype=int8", "f32, bf16, fp8 (fp8_e4m3) or fp8_e5m2");
 }
 
 TEST(KvrmdProcessTest, UnknownQuantizationExitsTwoNamingTheFlagAndTheChoices) {

@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "model/safetensors.h"
 #include "model/safetensors_writer.h"
 #include "model/tokenizer.h"
+#include "runtime/engine.h"
 #include "tests/test_server.h"
 
 namespace kvrm {
@@ -121,8 +123,9 @@ std::string TinyModelWithScalars(const std::string& name,
 
 // A checkpoint's FP8 KV cache scales (compressed-tensors' and Transformers' self_attn.k_scale /
 // v_scale, AutoFP8's one kv_scale) reach each layer's weights, which --kv_dtype=fp8 divides by;
-// a checkpoint without them leaves 1; a scale that is not positive, or half a pair, is refused
-// naming the tensor.
+// a checkpoint without them leaves 1. A scale that is not positive, or half a pair, leaves the
+// model loadable (f32 and bf16 caches never read them) but an FP8 cache refused, naming the
+// tensor.
 TEST(ModelBundleTest, ReadsKvCacheScales) {
   std::unique_ptr<ModelBundle> plain(LoadTinyModel());
   const int32_t layers = plain->config.num_hidden_layers;
@@ -154,17 +157,43 @@ TEST(ModelBundleTest, ReadsKvCacheScales) {
   EXPECT_EQ((*m)->weights.layers[1].k_cache_scale, 1.03f);
   EXPECT_EQ((*m)->weights.layers[1].v_cache_scale, 1.03f);
 
+  // Only layer 0's: the others stay 1, and the description says so.
+  m = ModelBundle::Load(TinyModelWithScalars("kv_scale_layer0", {pairs[0], pairs[1]}));
+  ASSERT_TRUE(m.ok()) << m.status();
+  EXPECT_EQ((*m)->weights.kv_cache_scales,
+            absl::StrCat("self_attn.k_scale / v_scale, 1 of ", layers, " layers (the rest 1)"));
+  EXPECT_EQ((*m)->weights.layers[1].k_cache_scale, 1.0f);
+
+  const auto engine = [](const ModelBundle& model, DType kv) {
+    EngineOptions o;
+    o.slots = 1;
+    o.max_context = 64;
+    o.threads = 1;
+    o.kv_dtype = kv;
+    return Engine::Create(&model, o).status();
+  };
   std::vector<std::pair<std::string, float>> zero = pairs;
   zero[3].second = 0;  // layer 1's v_scale
-  m = ModelBundle::Load(TinyModelWithScalars("kv_scale_zero", zero));
-  EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(m.status().message(), HasSubstr("model.layers.1.self_attn.v_scale"));
-  EXPECT_THAT(m.status().message(), HasSubstr("must be positive"));
   std::vector<std::pair<std::string, float>> half = pairs;
   half.erase(half.begin() + 1);  // layer 0's v_scale
-  m = ModelBundle::Load(TinyModelWithScalars("kv_scale_half", half));
-  EXPECT_FALSE(m.ok());
-  EXPECT_THAT(m.status().message(), HasSubstr("model.layers.0.self_attn.v_scale"));
+  for (const auto& [dir, what, tensor] :
+       {std::tuple{"kv_scale_zero", &zero, "model.layers.1.self_attn.v_scale"},
+        std::tuple{"kv_scale_half", &half, "model.layers.0.self_attn.v_scale"}}) {
+    m = ModelBundle::Load(TinyModelWithScalars(dir, *what));
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_THAT((*m)->weights.kv_cache_scales_error.message(), HasSubstr(tensor));
+    EXPECT_EQ((*m)->weights.kv_cache_scales, "");
+    EXPECT_EQ((*m)->weights.layers[0].k_cache_scale, 1.0f);
+    EXPECT_TRUE(engine(**m, DType::kBF16).ok()) << dir;
+    const absl::Status fp8 = engine(**m, DType::kF8E4M3);
+    EXPECT_FALSE(fp8.ok()) << dir;
+    EXPECT_THAT(fp8.message(), HasSubstr("--kv_dtype=fp8_e4m3"));
+    EXPECT_THAT(fp8.message(), HasSubstr(tensor));
+  }
+  EXPECT_THAT(ModelBundle::Load(TinyModelWithScalars("kv_scale_zero", zero))
+                  .value()
+                  ->weights.kv_cache_scales_error.message(),
+              HasSubstr("must be positive"));
 }
 
 }  // namespace

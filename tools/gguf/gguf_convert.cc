@@ -236,6 +236,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir, load));
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
   const LlamaConfig& c = model->config;
+  if (!c.pre_norms || c.qk_norm_whole) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": ", c.model_type,
+        "'s block (output norms only, Q/K norms over the whole projection) has no GGUF form in "
+        "this converter"));
+  }
   const bool gemma = c.sandwich_norms;
   if (gemma) RETURN_IF_ERROR(CheckGemmaHasGgufForm(model_dir, c));
   // llama.cpp's mixtures have experts in every layer; llama with experts and qwen3moe
@@ -260,12 +266,6 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
                          c.model_type, " has experts in every layer; this model has no GGUF form"));
       }
     }
-  }
-  if (!c.pre_norms || c.qk_norm_whole) {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir, ": ", c.model_type,
-        "'s block (output norms only, Q/K norms over the whole projection) has no GGUF form in "
-        "this converter"));
   }
   if (c.HasNopeLayers()) {
     return absl::UnimplementedError(absl::StrCat(
