@@ -110,17 +110,18 @@ absl::Status ReadKvCacheScales(const SafetensorsSet& files, const std::string& p
 
 }  // namespace
 
+std::string LanguageModelPrefix(const LlamaConfig& config, const SafetensorsSet& files) {
+  // Gemma 3's multimodal checkpoints keep the language model under language_model.model.
+  // (Transformers before 4.52, as Google's own files) or model.language_model.; lm_head is tied.
+  if (!config.multimodal_wrapper) return "model.";
+  return files.Contains("model.language_model.embed_tokens.weight") ? "model.language_model."
+                                                                    : "language_model.model.";
+}
+
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                               const SafetensorsSet& files,
                                               const QuantizedCheckpointLoad* quantized) {
-  // Gemma 3's multimodal checkpoints keep the language model under language_model.model.
-  // (Transformers before 4.52, as Google's own files) or model.language_model.: "model.x" is
-  // looked up as "<prefix>x"; lm_head is tied.
-  std::string prefix = "model.";
-  if (config.multimodal_wrapper) {
-    prefix = files.Get("model.language_model.embed_tokens.weight").ok() ? "model.language_model."
-                                                                        : "language_model.model.";
-  }
+  const std::string prefix = LanguageModelPrefix(config, files);
   const CheckpointQuantization& q = config.quantization;
   absl::StatusOr<LlamaWeights> w = BindLlamaWeights(
       config,

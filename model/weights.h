@@ -100,6 +100,10 @@ struct LlamaWeights {
 using LlamaTensorBinder = std::function<absl::StatusOr<WeightMatrix>(
     const std::string& hf_name, const std::vector<int64_t>& shape)>;
 
+// Where a checkpoint keeps the language model's tensors: "model." ("model.layers.N...."), or
+// under Gemma 3's multimodal wrappers "model.language_model." / "language_model.model.".
+std::string LanguageModelPrefix(const LlamaConfig& config, const SafetensorsSet& files);
+
 // Binds every tensor of `config` through `bind`, and counts parameters and bytes.
 absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                               const LlamaTensorBinder& bind);

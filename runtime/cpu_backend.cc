@@ -178,6 +178,22 @@ CpuBackend::~CpuBackend() = default;
 
 int64_t CpuBackend::experts_run() const { return ranks_.front()->experts_run(); }
 
+void CpuBackend::RecordKvAmax(bool on) {
+  for (auto& rank : ranks_) rank->set_record_kv_amax(on);
+}
+
+std::vector<std::pair<float, float>> CpuBackend::KvAmax() const {
+  std::vector<std::pair<float, float>> out(config_.num_hidden_layers, {0.0f, 0.0f});
+  for (const auto& rank : ranks_) {
+    const std::vector<float>& a = rank->kv_amax();
+    for (size_t l = 0; l < out.size() && 2 * l + 1 < a.size(); ++l) {
+      out[l].first = std::max(out[l].first, a[2 * l]);
+      out[l].second = std::max(out[l].second, a[2 * l + 1]);
+    }
+  }
+  return out;
+}
+
 int64_t CpuBackend::owned_weight_bytes() const {
   int64_t total = 0;
   for (const auto& r : ranks_) total += r->weights().owned_bytes;

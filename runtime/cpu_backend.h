@@ -11,6 +11,7 @@
 #define KVRM_RUNTIME_CPU_BACKEND_H_
 
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -109,6 +110,11 @@ class CpuBackend : public Backend {
   int64_t experts_run() const;
   // Bytes of the ranks' panel copies (0 without them).
   int64_t panel_weight_bytes() const;
+  // Calibration of static FP8 KV cache scales (tools/kv_scales): while on, every pass records
+  // each layer's largest |key| and |value| (after RoPE, before the cache rounds them); KvAmax()
+  // is that (key, value) pair per layer, the largest over the ranks, over every pass since.
+  void RecordKvAmax(bool on);
+  std::vector<std::pair<float, float>> KvAmax() const;
 
  private:
   CpuBackend(const LlamaConfig& config, const CpuBackendOptions& options);

@@ -126,6 +126,12 @@ void CpuRank::AddRows(int32_t n) {
   }
 }
 
+void CpuRank::set_record_kv_amax(bool on) {
+  record_kv_amax_ = on;
+  if (on && kv_amax_.empty())
+    kv_amax_.assign(2 * static_cast<size_t>(config_.num_hidden_layers), 0);
+}
+
 KvLayerView CpuRank::KvLayer(int32_t layer) const {
   KvLayerView kv = pool_->Layer(layer);
   kv.k_scale = w_.layers[layer].k_cache_scale;  // (read by FP8 pools only)
@@ -182,6 +188,13 @@ void CpuRank::RopeAndStoreKv(int32_t layer, const CpuRow* rows, int32_t n) {
       const float* cs = rope + static_cast<int64_t>(r.position) * hd_;
       ApplyRope(&q_[i * qw_], w_.heads, hd_, cs);
       ApplyRope(&k_[i * kvw_], w_.kv_heads, hd_, cs);
+    }
+    if (record_kv_amax_) {
+      float* amax = &kv_amax_[2 * static_cast<size_t>(layer)];
+      for (int64_t e = 0; e < kvw_; ++e) {
+        amax[0] = std::max(amax[0], std::abs(k_[i * kvw_ + e]));
+        amax[1] = std::max(amax[1], std::abs(v_[i * kvw_ + e]));
+      }
     }
     // The new token's K/V go where the run table puts its position.
     const int64_t phys =

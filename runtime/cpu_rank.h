@@ -75,6 +75,11 @@ class CpuRank {
   // Mixtures of experts: how many (layer, expert) pairs the passes so far ran, i.e. whose
   // weights they read (an expert no row chose is not read).
   int64_t experts_run() const { return experts_run_; }
+  // Calibration (tools/kv_scales): while on, each layer's largest |key| and |value| over this
+  // rank's heads (after RoPE, before the cache rounds them), [layers][2], kept across passes.
+  // Off by default (one test a layer on the step path). Not during a Forward.
+  void set_record_kv_amax(bool on);
+  const std::vector<float>& kv_amax() const { return kv_amax_; }
   // Puts this rank's share of an adapter in slot `index` (< CpuRankShape::lora_adapters; null
   // empties it): rows with adapter == index use it from the next Forward. The share must outlive
   // its time in the slot and have no rank above lora_max_rank. Not during a Forward.
@@ -147,6 +152,8 @@ class CpuRank {
   std::vector<float> x_, h_, q_, k_, v_, attn_, gate_, up_;
   std::vector<float> scores_;   // [threads][group * max_context]
   std::vector<float> qk_sums_;  // WholeQkNorm's [max_rows][2] (OLMo 2 only)
+  bool record_kv_amax_ = false;
+  std::vector<float> kv_amax_;  // [layers][2] while recording
   std::vector<float> scratch_;  // [threads][scratch_per_thread_]
   // Mixtures of experts (empty otherwise), k = num_experts_per_tok: the router's scores
   // [max_rows][experts]; each row's experts and weights [max_rows][k] and where its j-th expert's
