@@ -217,10 +217,11 @@ absl::Status ParseRope(const Json& root, std::string_view what, LlamaConfig* c) 
     // rope_local_base_freq (they rotate unscaled here, as Gemma 3's do).
     const Json* full = p.Get("full_attention");
     const Json* sliding = p.Get("sliding_attention");
-    if (c->model_type != "gemma3_text" || full == nullptr || !full->is_object()) {
+    if ((c->model_type != "gemma3_text" && c->model_type != "olmo3") || full == nullptr ||
+        !full->is_object()) {
       return f.Unimplemented("rope_parameters",
                              "without rope_type or rope_theta is supported only as Gemma 3's "
-                             "(keyed by full_attention and sliding_attention)");
+                             "and OLMo 3's (keyed by full_attention and sliding_attention)");
     }
     if (sliding != nullptr) {
       if (!sliding->is_object()) {
@@ -310,9 +311,10 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
     // Mistral's and Mixtral's attention has no biases (ignores the key).
     c->qkv_bias = c->o_bias = attention_bias;
   }
+  const bool olmo = c->model_type == "olmo2" || c->model_type == "olmo3";
   c->qk_norm = c->model_type == "qwen3" || c->model_type == "qwen3_moe" ||
-               c->model_type == "gemma3_text" || c->model_type == "olmo2";
-  c->qk_norm_whole = c->model_type == "olmo2";
+               c->model_type == "gemma3_text" || olmo;
+  c->qk_norm_whole = olmo;
   if (c->qk_norm_whole && c->qkv_bias) {
     // Olmo2Attention adds the biases before its whole-projection norms; this engine normalizes
     // the whole projections first.
@@ -418,13 +420,16 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
     for (int32_t i = 0; i < layers; ++i) sliding[i] = (i + 1) % pattern != 0;
   } else if (smollm3) {
     for (int32_t i = 0; i < layers; ++i) sliding[i] = !c->UsesRope(i);
+  } else if (type == "olmo3") {  // Olmo3Config: every fourth layer full
+    for (int32_t i = 0; i < layers; ++i) sliding[i] = (i + 1) % 4 != 0;
   } else if (qwen) {
     int64_t first = 28;
     RETURN_IF_ERROR(f.Int("max_window_layers", false, 0, kInt32Max, &first));
     for (int32_t i = 0; i < layers; ++i) sliding[i] = i >= first;
   }
   if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return absl::OkStatus();
-  int64_t window = gemma ? 4096 : 0;  // Gemma2Config's and Gemma3TextConfig's default
+  // Gemma2Config's, Gemma3TextConfig's and Olmo3Config's default
+  int64_t window = gemma || type == "olmo3" ? 4096 : 0;
   RETURN_IF_ERROR(f.Int("sliding_window", false, 1, std::numeric_limits<int64_t>::max(), &window));
   // The layers stay marked without a window: Gemma 3's still rotate with the local base.
   c->sliding_layers = std::move(sliding);
@@ -890,13 +895,13 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   const bool gemma = IsGemma(c.model_type);
   static constexpr std::string_view kTypes[] = {
       "llama",     "mistral",   "qwen2",  "qwen3",       "phi3",    "granite", "mixtral",
-      "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text", "smollm3", "olmo2"};
+      "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text", "smollm3", "olmo2",   "olmo3"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes)) {
     return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
                                                       "\" is not supported (llama, mistral, "
                                                       "qwen2, qwen3, phi3, granite, mixtral, "
                                                       "qwen2_moe, qwen3_moe, gemma2, gemma3, "
-                                                      "gemma3_text, smollm3, olmo2)"));
+                                                      "gemma3_text, smollm3, olmo2, olmo3)"));
   }
   c.fused_projections = c.model_type == "phi3";
   if (c.model_type == "granite") {
@@ -913,13 +918,18 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     c.rope_theta = 2000000;
     c.tie_word_embeddings = true;
   }
-  if (c.model_type == "olmo2") {  // Olmo2Config's default; its block's norms
+  if (c.model_type == "olmo2" || c.model_type == "olmo3") {  // their configs' eps; the norms
     c.rms_norm_eps = 1e-5;
     c.sandwich_norms = true;
     c.pre_norms = false;
   }
   RETURN_IF_ERROR(f.PositiveDouble("rms_norm_eps", false, &c.rms_norm_eps));
   RETURN_IF_ERROR(ParseRope(root, what, &c));
+  if (c.model_type == "olmo3" && !c.rope_scaling.type.empty() && c.rope_local_theta == 0) {
+    // Olmo3Model: "RoPE scaling is not applied to sliding window attention layers" (they rotate
+    // with the default embedding at the same base).
+    c.rope_local_theta = c.rope_theta;
+  }
   RETURN_IF_ERROR(f.Bool("tie_word_embeddings", &c.tie_word_embeddings));
   RETURN_IF_ERROR(f.String("torch_dtype", false, &c.torch_dtype));
   if (c.torch_dtype.empty()) RETURN_IF_ERROR(f.String("dtype", false, &c.torch_dtype));
@@ -956,7 +966,7 @@ std::string_view ArchitectureClassName(std::string_view model_type) {
       {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
       {"mixtral", "MixtralForCausalLM"},    {"qwen2_moe", "Qwen2MoeForCausalLM"},
       {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"smollm3", "SmolLM3ForCausalLM"},
-      {"olmo2", "Olmo2ForCausalLM"}};
+      {"olmo2", "Olmo2ForCausalLM"},        {"olmo3", "Olmo3ForCausalLM"}};
   for (const auto& [type, name] : kClasses) {
     if (type == model_type) return name;
   }

@@ -502,6 +502,38 @@ TEST(ConfigTest, ParsesOlmo2_7B) {
   ExpectError(ParseStatus(j.dump()), absl::StatusCode::kUnimplemented, "attention_bias");
 }
 
+// OLMo 3: OLMo 2's block, every fourth layer full and the others sliding (Olmo3Config's defaults:
+// window 4096), the RoPE scaling for the full layers only; layer_types as given.
+TEST(ConfigTest, ParsesOlmo3) {
+  Json j = Json::parse(kOlmo2_7B);
+  j["model_type"] = "olmo3";
+  j["architectures"] = {"Olmo3ForCausalLM"};
+  j["max_position_embeddings"] = 65536;
+  j["rope_scaling"] = {{"rope_type", "yarn"},
+                       {"factor", 8.0},
+                       {"original_max_position_embeddings", 8192},
+                       {"attention_factor", 1.2079441541679836}};
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qk_norm_whole);
+  EXPECT_FALSE(c->pre_norms);
+  EXPECT_EQ(c->sliding_window, 4096);
+  for (int32_t i = 0; i < 32; ++i) EXPECT_EQ(c->SlidingWindowOf(i), (i + 1) % 4 ? 4096 : 0) << i;
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_EQ(c->rope_local_theta, 500000.0);  // the sliding layers: the same base, unscaled
+  EXPECT_EQ(ArchitectureClassName("olmo3"), "Olmo3ForCausalLM");
+  j["sliding_window"] = 1024;
+  Json types = Json::array();
+  for (int i = 0; i < 32; ++i) types.push_back(i % 2 ? "full_attention" : "sliding_attention");
+  j["layer_types"] = types;
+  j["rope_scaling"] = nullptr;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->SlidingWindowOf(0), 1024);
+  EXPECT_EQ(c->SlidingWindowOf(1), 0);
+  EXPECT_EQ(c->rope_local_theta, 0);  // nothing to leave out
+}
+
 TEST(ConfigTest, ParsesSmolLM3_3B) {
   absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kSmolLM3_3B, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -713,7 +745,7 @@ TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
               absl::StatusCode::kUnimplemented,
               "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
               "granite, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3, gemma3_text, smollm3, "
-              "olmo2)");
+              "olmo2, olmo3)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }

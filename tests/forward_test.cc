@@ -701,9 +701,9 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   EXPECT_EQ(c.o_bias, size == "tiny-biased");
   const bool gemma = size == "tiny-gemma2" || size == "tiny-gemma3";
   EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3" || size == "tiny-qwen3-moe" ||
-                           size == "tiny-olmo2");
+                           size == "tiny-olmo2" || size == "tiny-olmo3");
   // OLMo 2: Q/K norms over the whole projections, output norms only.
-  const bool olmo2 = size == "tiny-olmo2";
+  const bool olmo2 = size == "tiny-olmo2" || size == "tiny-olmo3";  // (and OLMo 3)
   EXPECT_EQ(c.qk_norm_whole, olmo2);
   EXPECT_EQ(c.pre_norms, !olmo2);
   if (olmo2) {
@@ -731,13 +731,20 @@ TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   EXPECT_EQ(c.sandwich_norms, gemma || olmo2);
   EXPECT_EQ(c.gelu_tanh(), gemma);
   EXPECT_EQ(c.attn_logit_softcapping > 0, size == "tiny-gemma2");
-  EXPECT_EQ(c.rope_local_theta > 0, size == "tiny-gemma3");
+  const bool olmo3 = size == "tiny-olmo3";
+  EXPECT_EQ(c.rope_local_theta > 0, size == "tiny-gemma3" || olmo3);
   // The windowed models slide in some layers (Mistral: all) over 48 positions.
-  const bool windowed = gemma || size == "tiny-mistral-sw";
+  const bool windowed = gemma || size == "tiny-mistral-sw" || olmo3;
   EXPECT_EQ(c.sliding_window, windowed ? 48 : 0);
   if (windowed) {
     EXPECT_EQ(c.SlidingWindowOf(0), 48);
     EXPECT_EQ(c.SlidingWindowOf(1), gemma ? 0 : 48);
+  }
+  if (olmo3) {  // every fourth layer full; the sliding ones rotate unscaled at the same base
+    EXPECT_EQ(c.SlidingWindowOf(2), 48);
+    EXPECT_EQ(c.SlidingWindowOf(3), 0);
+    EXPECT_EQ(c.rope_local_theta, c.rope_theta);
+    EXPECT_EQ(c.rope_scaling.type, "llama3");
   }
   if (gemma) {
     EXPECT_EQ(c.attention_scale, 1 / std::sqrt(size == "tiny-gemma2" ? 96.0 : 64.0));
@@ -787,7 +794,7 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
                                      "tiny-granite", "tiny-gemma2", "tiny-gemma3",
                                      "tiny-mistral-sw", "tiny-mixtral", "tiny-qwen2-moe",
-                                     "tiny-qwen3-moe", "tiny-smollm3", "tiny-olmo2"),
+                                     "tiny-qwen3-moe", "tiny-smollm3", "tiny-olmo2", "tiny-olmo3"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {
@@ -824,6 +831,37 @@ TEST(SmolLM3ForwardTest, NopeLayersMoveTheLogits) {
   std::printf("[tiny-smollm3] rotating the NoPE layers moves the logits by %.3g of their scale\n",
               worst);
   EXPECT_GT(worst, 0.1);
+}
+
+// OLMo 3's sliding layers rotate without the RoPE scaling: the reference of tiny-olmo3 with every
+// layer scaled (rope_local_theta cleared) moves the logits by a large share of their scale past
+// the original 128 positions (printed), so the engine's agreement with the reference above holds
+// it to the unscaled sliding layers.
+TEST(Olmo3ForwardTest, UnscaledSlidingLayersMoveTheLogits) {
+  const TinyModel& m = GetTiny(DType::kF32, "tiny-olmo3");
+  ASSERT_GT(m.bundle->config.rope_local_theta, 0);
+  LlamaConfig scaled = m.bundle->config;
+  scaled.rope_local_theta = 0;
+  auto all_scaled = ReferenceLlama::Create(scaled, *m.bundle->files);
+  ASSERT_TRUE(all_scaled.ok()) << all_scaled.status();
+  std::mt19937 rng(8);
+  const std::vector<int32_t> seq = RandomTokens(&rng, 160, m.bundle->config.vocab_size);
+  const std::vector<std::vector<double>> want = m.ref->Forward(seq),
+                                         other = (*all_scaled)->Forward(seq);
+  double worst = 0;
+  for (size_t t = 0; t < seq.size(); ++t) {
+    double max_ref = 0, max_diff = 0;
+    for (size_t v = 0; v < want[t].size(); ++v) {
+      max_ref = std::max(max_ref, std::abs(want[t][v]));
+      max_diff = std::max(max_diff, std::abs(other[t][v] - want[t][v]));
+    }
+    worst = std::max(worst, max_diff / std::max(1.0, max_ref));
+  }
+  std::printf(
+      "[tiny-olmo3] scaling the sliding layers' RoPE moves the logits by %.3g of their "
+      "scale\n",
+      worst);
+  EXPECT_GT(worst, 0.05);
 }
 
 // YaRN (rope_scaling yarn, as Qwen2.5 / Qwen3 enable for long contexts) through the engine: the

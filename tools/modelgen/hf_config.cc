@@ -46,7 +46,8 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   const bool gemma = spec.gemma();
   const bool gemma3 = spec.model_type == "gemma3_text";
   const bool smollm3 = spec.model_type == "smollm3";
-  const bool olmo2 = spec.olmo2();  // Olmo2Config: no head_dim, mlp_bias or pretraining_tp
+  const bool olmo2 =
+      spec.olmo();  // Olmo2Config / Olmo3Config: no head_dim, mlp_bias or pretraining_tp
   // Keys as the model's Transformers config class writes them: MistralConfig has no
   // attention_bias, mlp_bias or pretraining_tp, Gemma's configs no mlp_bias or pretraining_tp,
   // and Gemma reads its activation from hidden_activation (hidden_act written too, as
@@ -72,7 +73,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["hidden_size"] = spec.hidden_size;
   c["initializer_range"] = spec.initializer_range;
   c["intermediate_size"] = spec.intermediate_size;
-  if (gemma && spec.sliding_window > 0) {
+  if ((gemma || spec.model_type == "olmo3") && spec.sliding_window > 0) {
     OJson types = OJson::array();
     for (int i = 0; i < spec.num_layers; ++i) {
       types.push_back(spec.IsSlidingLayer(i) ? "sliding_attention" : "full_attention");

@@ -128,6 +128,19 @@ ModelSpec TinyOlmo2() {
   return s;
 }
 
+// OLMo 3: OLMo 2's block with layers 0-2 of 4 attending within 48 positions (Olmo3Config's
+// pattern: every fourth layer full) and llama3 RoPE scaling that the sliding layers do not take
+// (Olmo3Model). A sliding layer rotated with the scaling moves every logit past position 128.
+ModelSpec TinyOlmo3() {
+  ModelSpec s = TinyOlmo2();
+  s.name = "tiny-olmo3";
+  s.model_type = "olmo3";
+  s.rope_scaling = Tiny().rope_scaling;
+  s.sliding_window = 48;
+  s.sliding_window_pattern = 4;
+  return s;
+}
+
 ModelSpec TinyBiased() {
   ModelSpec s = Tiny();
   s.name = "tiny-biased";
@@ -292,7 +305,8 @@ const std::vector<ModelSpec>& Table() {
                                  TinyGranite(),  TinyK(),        TinyQwen2TwoHeads(),
                                  TinyGemma2(),   TinyGemma3(),   TinyMistralSlidingWindow(),
                                  TinyMixtral(),  TinyQwen2Moe(), TinyQwen3Moe(),
-                                 SmallMixtral(), TinySmolLM3(),  TinyOlmo2()};
+                                 SmallMixtral(), TinySmolLM3(),  TinyOlmo2(),
+                                 TinyOlmo3()};
   return *table;
 }
 
@@ -302,12 +316,12 @@ int64_t ModelSpec::NumParameters() const {
   const int64_t d = hidden_size;
   // input / post-attention norms (Gemma: and pre- / post-feedforward)
   // (OLMo 2: the two output norms only, and Q/K norms over the whole projections)
-  const int64_t norms = olmo2() ? 2 : sandwich_norms() ? 4 : 2;
+  const int64_t norms = olmo() ? 2 : sandwich_norms() ? 4 : 2;
   const int64_t attention = norms * d + d * q_dim() * 2  // q_proj, o_proj
                             + d * kv_dim() * 2           // k_proj, v_proj
                             + (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d : 0) +
                             (!qk_norm() ? 0
-                             : olmo2()  ? q_dim() + kv_dim()
+                             : olmo()   ? q_dim() + kv_dim()
                                         : 2 * head_dim);
   const int64_t dense_mlp = d * intermediate_size * 3;  // gate, up, down
   // The router, then each expert's gate, up and down, then (qwen2_moe) the shared expert's gate,

@@ -95,18 +95,18 @@ struct ModelSpec {
   bool o_bias() const { return !qwen2_attention() && attention_bias; }
   bool qk_norm() const {
     return model_type == "qwen3" || model_type == "qwen3_moe" || model_type == "gemma3_text" ||
-           olmo2();
+           olmo();
   }
-  // OLMo 2: q_norm / k_norm over the whole projections, no input norms (input_layernorm,
+  // OLMo 2 and 3: q_norm / k_norm over the whole projections, no input norms (input_layernorm,
   // pre_feedforward_layernorm), the attention and MLP outputs normalized.
-  bool olmo2() const { return model_type == "olmo2"; }
-  bool pre_norms() const { return !olmo2(); }
+  bool olmo() const { return model_type == "olmo2" || model_type == "olmo3"; }
+  bool pre_norms() const { return !olmo(); }
   bool mixtral() const { return model_type == "mixtral"; }
   bool fused_projections() const { return model_type == "phi3"; }
   bool gemma() const { return model_type == "gemma2" || model_type == "gemma3_text"; }
   // Gemma's pre_feedforward_layernorm and post_feedforward_layernorm (its post_attention_layernorm
   // normalizes the attention output rather than the MLP's input).
-  bool sandwich_norms() const { return gemma() || olmo2(); }
+  bool sandwich_norms() const { return gemma() || olmo(); }
   // What every RMSNorm weight is drawn around: Gemma stores w - 1 (its RMSNorm multiplies by
   // 1 + w), so 0 there, 1 elsewhere.
   double norm_weight_mean() const { return gemma() ? 0.0 : 1.0; }

@@ -67,9 +67,9 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
     if (spec.o_bias()) plans.push_back({p + "self_attn.o_proj.bias", {d}, 0.0, kBiasStd});
     if (spec.qk_norm()) {  // per head, or (OLMo 2) over the whole projection
       plans.push_back(
-          {p + "self_attn.q_norm.weight", {spec.olmo2() ? q : spec.head_dim}, norm, kNormStd});
+          {p + "self_attn.q_norm.weight", {spec.olmo() ? q : spec.head_dim}, norm, kNormStd});
       plans.push_back(
-          {p + "self_attn.k_norm.weight", {spec.olmo2() ? kv : spec.head_dim}, norm, kNormStd});
+          {p + "self_attn.k_norm.weight", {spec.olmo() ? kv : spec.head_dim}, norm, kNormStd});
     }
     plans.push_back({p + "post_attention_layernorm.weight",
                      {d},
