@@ -804,6 +804,21 @@ INSTANTIATE_TEST_SUITE_P(
                           std::string(CpuIsaName(std::get<2>(info.param))));
     });
 
+// The largest over rows of max|b - a| / max(1, max|a|): how far `b`'s logits are from `a`'s.
+double WorstScaledDiff(const std::vector<std::vector<double>>& a,
+                       const std::vector<std::vector<double>>& b) {
+  double worst = 0;
+  for (size_t t = 0; t < a.size(); ++t) {
+    double max_ref = 0, max_diff = 0;
+    for (size_t v = 0; v < a[t].size(); ++v) {
+      max_ref = std::max(max_ref, std::abs(a[t][v]));
+      max_diff = std::max(max_diff, std::abs(b[t][v] - a[t][v]));
+    }
+    worst = std::max(worst, max_diff / std::max(1.0, max_ref));
+  }
+  return worst;
+}
+
 // SmolLM3's NoPE layers matter: the reference of tiny-smollm3 with every layer rotating (its
 // rope_layers cleared) moves the logits by a large share of their scale (measured 0.24,
 // printed), so the engine's agreement with the reference above holds it to the layers that
@@ -819,15 +834,7 @@ TEST(SmolLM3ForwardTest, NopeLayersMoveTheLogits) {
   const std::vector<int32_t> seq = RandomTokens(&rng, 48, m.bundle->config.vocab_size);
   const std::vector<std::vector<double>> nope = m.ref->Forward(seq),
                                          all = (*every_layer)->Forward(seq);
-  double worst = 0;
-  for (size_t t = 0; t < seq.size(); ++t) {
-    double max_ref = 0, max_diff = 0;
-    for (size_t v = 0; v < nope[t].size(); ++v) {
-      max_ref = std::max(max_ref, std::abs(nope[t][v]));
-      max_diff = std::max(max_diff, std::abs(all[t][v] - nope[t][v]));
-    }
-    worst = std::max(worst, max_diff / std::max(1.0, max_ref));
-  }
+  const double worst = WorstScaledDiff(nope, all);
   std::printf("[tiny-smollm3] rotating the NoPE layers moves the logits by %.3g of their scale\n",
               worst);
   EXPECT_GT(worst, 0.1);
@@ -848,15 +855,7 @@ TEST(Olmo3ForwardTest, UnscaledSlidingLayersMoveTheLogits) {
   const std::vector<int32_t> seq = RandomTokens(&rng, 160, m.bundle->config.vocab_size);
   const std::vector<std::vector<double>> want = m.ref->Forward(seq),
                                          other = (*all_scaled)->Forward(seq);
-  double worst = 0;
-  for (size_t t = 0; t < seq.size(); ++t) {
-    double max_ref = 0, max_diff = 0;
-    for (size_t v = 0; v < want[t].size(); ++v) {
-      max_ref = std::max(max_ref, std::abs(want[t][v]));
-      max_diff = std::max(max_diff, std::abs(other[t][v] - want[t][v]));
-    }
-    worst = std::max(worst, max_diff / std::max(1.0, max_ref));
-  }
+  const double worst = WorstScaledDiff(want, other);
   std::printf(
       "[tiny-olmo3] scaling the sliding layers' RoPE moves the logits by %.3g of their "
       "scale\n",
