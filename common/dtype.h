@@ -115,46 +115,57 @@ inline float F8E5M2ToFloat(uint8_t b) {
   return F16ToFloat(static_cast<uint16_t>(b) << 8);
 }
 
-// Round to nearest even, saturating at +-448 (what quantizers do: they clamp to the format's
-// range before PyTorch's cast); NaN to 0x7f / 0xff. Branch-free (selects), so a loop of them
-// vectorises: KV cache stores (kernels/cpu/attention.cc) run it per element.
-inline uint8_t FloatToF8E4M3(float f) {
+namespace fp8_internal {
+
+// A float to the nearest code of an 8-bit float of `mant_bits` mantissa bits and exponent bias
+// `bias` (ties to even), saturating to `max_code` from `saturate_from` (the midpoint between
+// the largest finite value and the next step) on, NaN to 0x7f. Branch-free (selects), so a loop
+// of them vectorises: KV cache stores (kernels/cpu/attention.cc) run it per element. Called
+// with constants, which fold.
+inline uint8_t Encode(float f, uint32_t mant_bits, uint32_t bias, float saturate_from,
+                      uint32_t max_code) {
   uint32_t bits;
   std::memcpy(&bits, &f, sizeof(bits));
   const uint32_t sign = (bits >> 24) & 0x80u, abits = bits & 0x7fffffffu;
   float a;
   std::memcpy(&a, &abits, sizeof(a));
-  // Normal: keep 3 mantissa bits of 23, rounding the other 20 to nearest even; a carry moves the
-  // exponent up, as it should. Exponent and mantissa are one field: rebias by (127 - 7) << 3.
-  const uint32_t normal = ((abits + 0x7ffffu + ((abits >> 20) & 1u)) >> 20) - ((127u - 7u) << 3);
-  // Subnormal steps of 2^-9: a * 2^9 (exact) plus 2^23 rounds to an integer, to nearest even;
-  // 8 is the smallest normal, 0x08.
-  const float m = a * 0x1p9f + 0x1p23f;
+  // Normal: keep mant_bits of the 23 mantissa bits, rounding the rest to nearest even; a carry
+  // moves the exponent up, as it should. Exponent and mantissa are one field: rebias it.
+  const uint32_t drop = 23 - mant_bits;
+  const uint32_t normal = ((abits + ((1u << (drop - 1)) - 1) + ((abits >> drop) & 1u)) >> drop) -
+                          ((127u - bias) << mant_bits);
+  // Subnormal steps of 2^(1 - bias - mant_bits): a / step (exact) plus 2^23 rounds to an
+  // integer, to nearest even; 1 << mant_bits is the smallest normal's code.
+  const uint32_t inv_step_bits = (127u + bias - 1 + mant_bits) << 23;
+  const uint32_t min_normal_bits = (128u - bias) << 23;
+  float inv_step, min_normal;
+  std::memcpy(&inv_step, &inv_step_bits, sizeof(inv_step));
+  std::memcpy(&min_normal, &min_normal_bits, sizeof(min_normal));
+  const float m = a * inv_step + 0x1p23f;
   uint32_t mbits;
   std::memcpy(&mbits, &m, sizeof(mbits));
-  uint32_t code = a < 0x1p-6f ? mbits - 0x4b000000u : normal;
-  code = a < 464.0f ? code : 0x7eu;  // 448 and everything that rounds past it
+  uint32_t code = a < min_normal ? mbits - 0x4b000000u : normal;
+  code = a < saturate_from ? code : max_code;
   code = abits > 0x7f800000u ? 0x7fu : code;
   return static_cast<uint8_t>(sign | code);
 }
 
-// Round to nearest even, saturating at +-57344 (not to infinity: a KV cache element that
-// overflowed would poison every score it enters); NaN stays NaN. Branch-free, as FloatToF8E4M3.
-inline uint8_t FloatToF8E5M2(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof(bits));
-  const uint32_t sign = (bits >> 24) & 0x80u, abits = bits & 0x7fffffffu;
-  float a;
-  std::memcpy(&a, &abits, sizeof(a));
-  const uint32_t normal = ((abits + 0xfffffu + ((abits >> 21) & 1u)) >> 21) - ((127u - 15u) << 2);
-  const float m = a * 0x1p16f + 0x1p23f;  // subnormal steps of 2^-16; 4 is the smallest normal
-  uint32_t mbits;
-  std::memcpy(&mbits, &m, sizeof(mbits));
-  uint32_t code = a < 0x1p-14f ? mbits - 0x4b000000u : normal;
-  code = a < 61440.0f ? code : 0x7bu;  // 57344 and everything that rounds past it
-  code = abits > 0x7f800000u ? 0x7fu : code;
-  return static_cast<uint8_t>(sign | code);
+}  // namespace fp8_internal
+
+// Round to nearest even, saturating at +-448 (what quantizers do: they clamp to the format's
+// range before PyTorch's cast); NaN to 0x7f / 0xff. Branch-free.
+inline uint8_t FloatToF8E4M3(float f) {
+  return fp8_internal::Encode(f, 3, 7, 464.0f, 0x7e);  // 448 and all that rounds past it
 }
+
+// Round to nearest even, saturating at +-57344 (not to infinity: a KV cache element that
+// overflowed would poison every score it enters); NaN stays NaN. Branch-free.
+inline uint8_t FloatToF8E5M2(float f) {
+  return fp8_internal::Encode(f, 2, 15, 61440.0f, 0x7b);  // 57344 and all that rounds past it
+}
+
+// The largest finite value of an FP8 format: what a calibrated scale maps a layer's amax to.
+constexpr float Fp8MaxFinite(DType t) { return t == DType::kF8E5M2 ? 57344.0f : 448.0f; }
 
 // An FP8 byte as the f16 whose value is the byte's times Fp8HalfUnit(dtype): E5M2 is the top
 // byte of an f16; E4M3's exponent (bias 7) sits in an f16's (bias 15), 2^8 too small,

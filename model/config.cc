@@ -24,6 +24,9 @@ bool IsGemma(std::string_view model_type) {
   return model_type == "gemma2" || model_type == "gemma3_text";
 }
 
+// OLMo 2 and 3: output norms only, Q/K norms over the whole projections.
+bool IsOlmo(std::string_view model_type) { return model_type == "olmo2" || model_type == "olmo3"; }
+
 // The most experts a mixture may have (Qwen3-MoE 128, DeepSeek-V3 256): a claim of more is
 // refused before anything is kept per expert.
 constexpr int64_t kMaxExperts = 4096;
@@ -311,16 +314,14 @@ absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
     // Mistral's and Mixtral's attention has no biases (ignores the key).
     c->qkv_bias = c->o_bias = attention_bias;
   }
-  const bool olmo = c->model_type == "olmo2" || c->model_type == "olmo3";
   c->qk_norm = c->model_type == "qwen3" || c->model_type == "qwen3_moe" ||
-               c->model_type == "gemma3_text" || olmo;
-  c->qk_norm_whole = olmo;
+               c->model_type == "gemma3_text" || IsOlmo(c->model_type);
+  c->qk_norm_whole = IsOlmo(c->model_type);
   if (c->qk_norm_whole && c->qkv_bias) {
     // Olmo2Attention adds the biases before its whole-projection norms; this engine normalizes
     // the whole projections first.
     return f.Unimplemented("attention_bias",
-                           "is true: OLMo 2 with biased projections is not "
-                           "supported");
+                           "is true: OLMo 2 / 3 with biased projections is not supported");
   }
   // Rotating part of each head (Phi-4-mini's 0.75, GPT-NeoX's rotary_pct): not computed here.
   double rotary = 1;
@@ -918,7 +919,7 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
     c.rope_theta = 2000000;
     c.tie_word_embeddings = true;
   }
-  if (c.model_type == "olmo2" || c.model_type == "olmo3") {  // their configs' eps; the norms
+  if (IsOlmo(c.model_type)) {  // their configs' eps; the norms
     c.rms_norm_eps = 1e-5;
     c.sandwich_norms = true;
     c.pre_norms = false;

@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string_view>
 
@@ -215,6 +216,19 @@ absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorTo
   pieces.push_back(AsBytes(header));
   for (const TensorToWrite& t : tensors) pieces.push_back(t.data);
   return WriteAtomically(path, pieces);
+}
+
+absl::Status AppendToSafetensors(const std::string& path, absl::Span<const TensorToWrite> extra) {
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(path));
+  std::vector<TensorToWrite> all;
+  for (const std::string& name : file->TensorNames()) {
+    const TensorView* t = file->Find(name);
+    TensorToWrite w{name, t->dtype, t->shape, absl::MakeConstSpan(t->data, t->nbytes)};
+    if (!t->is_float()) w.type = t->type;
+    all.push_back(std::move(w));
+  }
+  all.insert(all.end(), extra.begin(), extra.end());
+  return WriteSafetensors(path, all, file->metadata());
 }
 
 absl::Status WriteSafetensorsSharded(const std::string& dir,

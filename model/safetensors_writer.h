@@ -38,6 +38,11 @@ struct TensorToWrite {
 absl::Status WriteSafetensors(const std::string& path, absl::Span<const TensorToWrite> tensors,
                               const std::map<std::string, std::string>& metadata = {});
 
+// Rewrites the file at `path` with `extra` after its own tensors (names must be new), its
+// metadata kept: WriteSafetensors over the file's own mapping, so the file is replaced whole and
+// atomically. Non-float tensors (a quantized checkpoint's I32, F8_E4M3, ...) keep their type.
+absl::Status AppendToSafetensors(const std::string& path, absl::Span<const TensorToWrite> extra);
+
 // As Transformers' save_pretrained: splits `tensors` in order into `num_shards` files
 // model-0000K-of-0000N.safetensors of about equal size (each non-empty) plus
 // model.safetensors.index.json {"metadata": {"total_size": bytes}, "weight_map": {name: file}}.

@@ -625,10 +625,9 @@ int Run() {
   if (IsFp8(eo.kv_dtype)) {
     LOG(INFO) << "FP8 KV cache: keys and values divided by "
               << (m.weights.kv_cache_scales.empty()
-                      ? "1 (the checkpoint has no k_scale / v_scale; beyond the format's range, "
-                        "+-" +
-                            std::string(eo.kv_dtype == DType::kF8E4M3 ? "448" : "57344") +
-                            ", they saturate)"
+                      ? absl::StrCat("1 (the checkpoint has no k_scale / v_scale; beyond the "
+                                     "format's range, +-",
+                                     Fp8MaxFinite(eo.kv_dtype), ", they saturate)")
                       : "the checkpoint's " + m.weights.kv_cache_scales + " per layer");
   }
   if (m.chat.chat_template != nullptr) {

@@ -12,7 +12,6 @@
 #include "common/json.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/safetensors.h"
 #include "model/safetensors_writer.h"
 #include "model/tokenizer.h"
 #include "runtime/engine.h"
@@ -99,15 +98,9 @@ std::string TinyModelWithScalars(const std::string& name,
   fs::copy(TinyModelDir(), dir, fs::copy_options::recursive);
   const std::string path = (dir / "model.safetensors").string();
   CHECK(fs::exists(path)) << "the tiny model is one file";
-  absl::StatusOr<std::unique_ptr<SafetensorsFile>> file = SafetensorsFile::Open(path);
-  CHECK_OK(file.status());
-  std::vector<TensorToWrite> tensors;
-  for (const std::string& n : (*file)->TensorNames()) {
-    const TensorView* t = (*file)->Find(n);
-    tensors.push_back({n, t->dtype, t->shape, absl::MakeConstSpan(t->data, t->nbytes)});
-  }
   std::vector<float> values;
   values.reserve(extra.size());
+  std::vector<TensorToWrite> tensors;
   for (const auto& [n, v] : extra) {
     values.push_back(v);
     tensors.push_back({n,
@@ -115,9 +108,7 @@ std::string TinyModelWithScalars(const std::string& name,
                        {},
                        absl::MakeConstSpan(reinterpret_cast<const std::byte*>(&values.back()), 4)});
   }
-  CHECK_OK(WriteSafetensors(path + ".new", tensors));
-  file->reset();
-  fs::rename(path + ".new", path);
+  CHECK_OK(AppendToSafetensors(path, tensors));
   return dir.string();
 }
 

@@ -176,6 +176,22 @@ void Softcap(float* scores, int32_t group, int64_t cols, int64_t ld, float cap) 
   for (int32_t g = 0; g < group; ++g) SoftcapInPlace(scores + g * ld, cap, cols);
 }
 
+// fn(Elem{}) for the element type of a pool of `dtype`: float (f32), uint16_t (bf16), Fp8E4M3
+// or Fp8E5M2.
+template <typename Fn>
+inline void WithPoolElement(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::kBF16:
+      return fn(uint16_t{});
+    case DType::kF8E4M3:
+      return fn(Fp8E4M3{});
+    case DType::kF8E5M2:
+      return fn(Fp8E5M2{});
+    default:
+      return fn(float{});
+  }
+}
+
 // The inner loops for this head size on the active instruction set.
 struct StretchOps {
   explicit StretchOps(int32_t head_dim)
@@ -201,29 +217,15 @@ struct StretchOps {
   // by p * inv.
   void ScorePool(const float* q, int32_t group, const KvLayerView& kv, const char* k, int64_t n,
                  float scale, float* scores, int64_t ld) const {
-    switch (kv.dtype) {
-      case DType::kBF16:
-        return Score(q, group, reinterpret_cast<const uint16_t*>(k), n, scale, 0.0f, scores, ld);
-      case DType::kF8E4M3:
-        return Score(q, group, reinterpret_cast<const Fp8E4M3*>(k), n, scale, 0.0f, scores, ld);
-      case DType::kF8E5M2:
-        return Score(q, group, reinterpret_cast<const Fp8E5M2*>(k), n, scale, 0.0f, scores, ld);
-      default:
-        return Score(q, group, reinterpret_cast<const float*>(k), n, scale, 0.0f, scores, ld);
-    }
+    WithPoolElement(kv.dtype, [&](auto elem) {
+      Score(q, group, reinterpret_cast<const decltype(elem)*>(k), n, scale, 0.0f, scores, ld);
+    });
   }
   void AddPool(const float* p, int64_t ld, const float* inv, int32_t group, const KvLayerView& kv,
                const char* v, int64_t n, float* out) const {
-    switch (kv.dtype) {
-      case DType::kBF16:
-        return Add(p, ld, inv, group, reinterpret_cast<const uint16_t*>(v), n, out);
-      case DType::kF8E4M3:
-        return Add(p, ld, inv, group, reinterpret_cast<const Fp8E4M3*>(v), n, out);
-      case DType::kF8E5M2:
-        return Add(p, ld, inv, group, reinterpret_cast<const Fp8E5M2*>(v), n, out);
-      default:
-        return Add(p, ld, inv, group, reinterpret_cast<const float*>(v), n, out);
-    }
+    WithPoolElement(kv.dtype, [&](auto elem) {
+      Add(p, ld, inv, group, reinterpret_cast<const decltype(elem)*>(v), n, out);
+    });
   }
 
   bool avx512;
@@ -359,6 +361,7 @@ void SummarizeBlock(const KvLayerView& kv, int32_t kv_head, int64_t first_token,
   const char* k = kv.KeyBytes(kv_head, first_token);
   const char* v = kv.ValueBytes(kv_head, first_token);
   const float ku = kv.KeyUnit(), vu = kv.ValueUnit();
+  // (A switch rather than WithPoolElement: a lambda would not be compiled per instruction set.)
   switch (kv.dtype) {
     case DType::kBF16:
       return SummarizeImpl(reinterpret_cast<const uint16_t*>(k),

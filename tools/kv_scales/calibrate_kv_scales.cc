@@ -95,7 +95,7 @@ int Run() {
   }
   std::printf("%lld texts, %lld tokens; scale = amax / %g (%s)\n\n",
               static_cast<long long>(c->sequences), static_cast<long long>(c->tokens),
-              options.format == DType::kF8E5M2 ? 57344.0 : 448.0,
+              static_cast<double>(Fp8MaxFinite(options.format)),
               std::string(DTypeName(options.format)).c_str());
   std::printf("%5s %12s %12s %12s %12s\n", "layer", "amax |k|", "amax |v|", "k_scale", "v_scale");
   Json rows = Json::array();

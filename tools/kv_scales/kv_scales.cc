@@ -11,7 +11,6 @@
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "common/status_macros.h"
-#include "model/safetensors.h"
 #include "model/safetensors_writer.h"
 #include "model/weights.h"
 #include "runtime/backend.h"
@@ -22,8 +21,6 @@ namespace {
 
 constexpr int32_t kBlockTokens = 16;
 constexpr char kScalesShard[] = "kv_cache_scales.safetensors";
-
-float LargestFinite(DType format) { return format == DType::kF8E5M2 ? 57344.0f : 448.0f; }
 
 }  // namespace
 
@@ -76,7 +73,7 @@ absl::StatusOr<KvScaleCalibration> CalibrateKvScales(
     out.tokens += static_cast<int64_t>(seq.size());
   }
   out.amax = backend->KvAmax();
-  const float largest = LargestFinite(options.format);
+  const float largest = Fp8MaxFinite(options.format);
   for (size_t l = 0; l < out.amax.size(); ++l) {
     const auto [k, v] = out.amax[l];
     if (!(k > 0) || !(v > 0) || !std::isfinite(k) || !std::isfinite(v)) {
@@ -127,18 +124,8 @@ absl::Status WriteKvScales(const ModelBundle& model, const KvScaleCalibration& c
   namespace fs = std::filesystem;
   const std::string single = model.dir + "/model.safetensors";
   if (fs::exists(single)) {
-    // One file: rewritten whole with the scales after its tensors (WriteSafetensors writes a
-    // temporary and renames it over the original, so a reader never sees half a file).
-    ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFile> file, SafetensorsFile::Open(single));
-    std::vector<TensorToWrite> all;
-    for (const std::string& name : file->TensorNames()) {
-      const TensorView* t = file->Find(name);
-      TensorToWrite w{name, t->dtype, t->shape, absl::MakeConstSpan(t->data, t->nbytes)};
-      if (!t->is_float()) w.type = t->type;  // a quantized checkpoint's I32, F8_E4M3, ...
-      all.push_back(std::move(w));
-    }
-    all.insert(all.end(), scales.begin(), scales.end());
-    return WriteSafetensors(single, all, file->metadata());
+    // One file: rewritten whole, atomically, with the scales after its tensors.
+    return AppendToSafetensors(single, scales);
   }
   // Shards: a new one, listed in the index.
   const std::string index_path = model.dir + "/model.safetensors.index.json";

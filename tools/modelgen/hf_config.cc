@@ -46,8 +46,8 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   const bool gemma = spec.gemma();
   const bool gemma3 = spec.model_type == "gemma3_text";
   const bool smollm3 = spec.model_type == "smollm3";
-  const bool olmo2 =
-      spec.olmo();  // Olmo2Config / Olmo3Config: no head_dim, mlp_bias or pretraining_tp
+  const bool olmo =
+      spec.olmo();  // Olmo2Config / Olmo3Config: no head_dim, mlp_bias, pretraining_tp
   // Keys as the model's Transformers config class writes them: MistralConfig has no
   // attention_bias, mlp_bias or pretraining_tp, Gemma's configs no mlp_bias or pretraining_tp,
   // and Gemma reads its activation from hidden_activation (hidden_act written too, as
@@ -66,7 +66,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   if (qwen_moe) c["decoder_sparse_step"] = spec.decoder_sparse_step;
   c["eos_token_id"] = EosJson(ids);
   if (gemma) c["final_logit_softcapping"] = softcap(spec.final_logit_softcapping);
-  if (!olmo2) c["head_dim"] = spec.head_dim;
+  if (!olmo) c["head_dim"] = spec.head_dim;
   const char* act = gemma ? "gelu_pytorch_tanh" : "silu";
   c["hidden_act"] = act;
   if (gemma) c["hidden_activation"] = act;
@@ -83,7 +83,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["max_position_embeddings"] = spec.max_position_embeddings;
   if (qwen) {
     c["max_window_layers"] = spec.num_layers;
-  } else if (!mistral && !gemma && !olmo2) {
+  } else if (!mistral && !gemma && !olmo) {
     c["mlp_bias"] = false;
   }
   if (qwen_moe) {
@@ -116,7 +116,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   if (mixtral) c["num_local_experts"] = spec.num_experts;
   if (moe) c["output_router_logits"] = false;
   if (phi3) c["original_max_position_embeddings"] = spec.max_position_embeddings;
-  if (!qwen && !phi3 && !mistral && !gemma && !smollm3 && !olmo2) c["pretraining_tp"] = 1;
+  if (!qwen && !phi3 && !mistral && !gemma && !smollm3 && !olmo) c["pretraining_tp"] = 1;
   if (gemma) c["query_pre_attn_scalar"] = spec.query_pre_attn_scalar;
   c["rms_norm_eps"] = spec.rms_norm_eps;
   if (gemma3) c["rope_local_base_freq"] = spec.rope_local_base_freq;
