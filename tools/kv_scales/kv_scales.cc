@@ -2,10 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
-#include <map>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -121,9 +118,8 @@ absl::Status WriteKvScales(const ModelBundle& model, const KvScaleCalibration& c
            absl::MakeConstSpan(reinterpret_cast<const std::byte*>(&values.back()), sizeof(float))});
     }
   }
-  namespace fs = std::filesystem;
   const std::string single = model.dir + "/model.safetensors";
-  if (fs::exists(single)) {
+  if (std::filesystem::exists(single)) {
     // One file: rewritten whole, atomically, with the scales after its tensors.
     return AppendToSafetensors(single, scales);
   }
@@ -135,16 +131,7 @@ absl::Status WriteKvScales(const ModelBundle& model, const KvScaleCalibration& c
   }
   RETURN_IF_ERROR(WriteSafetensors(model.dir + "/" + kScalesShard, scales, {{"format", "pt"}}));
   for (const TensorToWrite& t : scales) index["weight_map"][t.name] = kScalesShard;
-  const std::string tmp = index_path + ".tmp";
-  {
-    std::ofstream f(tmp);
-    f << index.dump(2) << "\n";
-    if (!f.good()) return absl::InternalError(absl::StrCat("cannot write ", tmp));
-  }
-  std::error_code ec;
-  fs::rename(tmp, index_path, ec);
-  if (ec) return absl::InternalError(absl::StrCat("cannot rename ", tmp, ": ", ec.message()));
-  return absl::OkStatus();
+  return WriteFileAtomically(index_path, index.dump(2) + "\n");
 }
 
 const std::vector<std::string>& DefaultCalibrationTexts() {
