@@ -306,7 +306,7 @@ absl::Status ParseTokenIds(const Json& root, std::string_view what, int32_t voca
 // Llama and Qwen3: every projection biased under attention_bias), and the features of other
 // Llama-like models that this engine does not compute.
 absl::Status ParseAttentionFeatures(const Fields& f, LlamaConfig* c) {
-  bool attention_bias = false;
+  bool attention_bias = c->model_type == "gpt_oss";  // GptOssConfig's default: biased
   RETURN_IF_ERROR(f.Bool("attention_bias", &attention_bias));
   if (c->model_type == "qwen2" || c->model_type == "qwen2_moe") {
     c->qkv_bias = true;  // Qwen2Attention: q/k/v_proj bias=True, o_proj bias=False
@@ -423,6 +423,8 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
     for (int32_t i = 0; i < layers; ++i) sliding[i] = !c->UsesRope(i);
   } else if (type == "olmo3") {  // Olmo3Config: every fourth layer full
     for (int32_t i = 0; i < layers; ++i) sliding[i] = (i + 1) % 4 != 0;
+  } else if (type == "gpt_oss") {  // GptOssConfig: the even layers slide
+    for (int32_t i = 0; i < layers; ++i) sliding[i] = i % 2 == 0;
   } else if (qwen) {
     int64_t first = 28;
     RETURN_IF_ERROR(f.Int("max_window_layers", false, 0, kInt32Max, &first));
@@ -430,7 +432,7 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
   }
   if (std::find(sliding.begin(), sliding.end(), true) == sliding.end()) return absl::OkStatus();
   // Gemma2Config's, Gemma3TextConfig's and Olmo3Config's default
-  int64_t window = gemma || type == "olmo3" ? 4096 : 0;
+  int64_t window = gemma || type == "olmo3" ? 4096 : type == "gpt_oss" ? 128 : 0;
   RETURN_IF_ERROR(f.Int("sliding_window", false, 1, std::numeric_limits<int64_t>::max(), &window));
   // The layers stay marked without a window: Gemma 3's still rotate with the local base.
   c->sliding_layers = std::move(sliding);
@@ -447,13 +449,23 @@ absl::Status ParseSlidingWindow(const Fields& f, LlamaConfig* c) {
 // shared_expert_intermediate_size in each MoE layer), with their Transformers config classes'
 // defaults.
 absl::Status ParseExperts(const Fields& f, LlamaConfig* c) {
-  const bool mixtral = c->model_type == "mixtral";
+  const bool gpt_oss = c->model_type == "gpt_oss";
+  const bool mixtral = c->model_type == "mixtral" || gpt_oss;  // (the same keys)
   const bool qwen2 = c->model_type == "qwen2_moe";
   if (!mixtral && !qwen2 && c->model_type != "qwen3_moe") return absl::OkStatus();
   const char* experts_key = mixtral ? "num_local_experts" : "num_experts";
-  int64_t experts = mixtral ? 8 : qwen2 ? 60 : 128;
+  int64_t experts = mixtral ? (gpt_oss ? 128 : 8) : qwen2 ? 60 : 128;
   RETURN_IF_ERROR(f.Int(experts_key, false, 0, kMaxExperts, &experts));
-  int64_t top_k = mixtral ? 2 : qwen2 ? 4 : 8;
+  if (gpt_oss) {
+    // GptOssForCausalLM: every layer a mixture of experts, sinks in every attention head, biased
+    // router and experts, the clamped GLU (GptOssConfig's swiglu_limit, default 7).
+    if (experts < 1) return f.Invalid(experts_key, "must be positive for gpt_oss");
+    c->attention_sinks = true;
+    c->moe_biases = true;
+    c->swiglu_limit = 7;
+    RETURN_IF_ERROR(f.PositiveDouble("swiglu_limit", false, &c->swiglu_limit));
+  }
+  int64_t top_k = mixtral ? (gpt_oss ? 4 : 2) : qwen2 ? 4 : 8;
   RETURN_IF_ERROR(f.Int("num_experts_per_tok", false, 1, kMaxExpertsPerToken, &top_k));
   int32_t moe_ffn = mixtral ? c->intermediate_size : qwen2 ? 1408 : 768;
   if (!mixtral) RETURN_IF_ERROR(f.PositiveInt32("moe_intermediate_size", false, &moe_ffn));
@@ -764,12 +776,21 @@ absl::Status ParseQuantization(const Json& root, std::string_view what, LlamaCon
       q.scale_suffix = ".SCB";
       q.scale_multiplier = 1.0f / 127;
     }
+  } else if (q.method == "mxfp4") {
+    // gpt-oss's own checkpoints: the experts' gate_up_proj and down_proj as *_blocks (two FP4
+    // E2M1 values a byte) and *_scales (an E8M0 exponent per 32); the rest (attention, router,
+    // embeddings: modules_to_not_convert) unquantized.
+    if (c->model_type != "gpt_oss") {
+      return f.Unimplemented("quant_method", "\"mxfp4\" is read for gpt_oss's experts only");
+    }
+    q.bits = 4;
+    q.group_size = 32;
   } else {
     return f.Unimplemented("quant_method",
                            absl::StrCat("\"", q.method,
                                         "\" is not supported (awq, gptq, compressed-tensors, "
-                                        "fp8, fbgemm_fp8, bitsandbytes; or a GGUF file of the "
-                                        "model)"));
+                                        "fp8, fbgemm_fp8, bitsandbytes, mxfp4; or a GGUF file of "
+                                        "the model)"));
   }
   c->quantization = std::move(q);
   return absl::OkStatus();
@@ -895,14 +916,15 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   }
   const bool gemma = IsGemma(c.model_type);
   static constexpr std::string_view kTypes[] = {
-      "llama",     "mistral",   "qwen2",  "qwen3",       "phi3",    "granite", "mixtral",
-      "qwen2_moe", "qwen3_moe", "gemma2", "gemma3_text", "smollm3", "olmo2",   "olmo3"};
+      "llama",     "mistral", "qwen2",       "qwen3",   "phi3",  "granite", "mixtral", "qwen2_moe",
+      "qwen3_moe", "gemma2",  "gemma3_text", "smollm3", "olmo2", "olmo3",   "gpt_oss"};
   if (std::find(std::begin(kTypes), std::end(kTypes), c.model_type) == std::end(kTypes)) {
-    return f.Unimplemented("model_type", absl::StrCat("\"", c.model_type,
-                                                      "\" is not supported (llama, mistral, "
-                                                      "qwen2, qwen3, phi3, granite, mixtral, "
-                                                      "qwen2_moe, qwen3_moe, gemma2, gemma3, "
-                                                      "gemma3_text, smollm3, olmo2, olmo3)"));
+    return f.Unimplemented("model_type",
+                           absl::StrCat("\"", c.model_type,
+                                        "\" is not supported (llama, mistral, "
+                                        "qwen2, qwen3, phi3, granite, mixtral, "
+                                        "qwen2_moe, qwen3_moe, gemma2, gemma3, "
+                                        "gemma3_text, smollm3, olmo2, olmo3, gpt_oss)"));
   }
   c.fused_projections = c.model_type == "phi3";
   if (c.model_type == "granite") {
@@ -918,6 +940,10 @@ absl::StatusOr<LlamaConfig> ParseLlamaConfig(std::string_view json, std::string_
   if (c.model_type == "smollm3") {  // SmolLM3Config's defaults
     c.rope_theta = 2000000;
     c.tie_word_embeddings = true;
+  }
+  if (c.model_type == "gpt_oss") {  // GptOssConfig's defaults
+    c.rms_norm_eps = 1e-5;
+    c.rope_theta = 150000;
   }
   if (IsOlmo(c.model_type)) {  // their configs' eps; the norms
     c.rms_norm_eps = 1e-5;
@@ -951,6 +977,7 @@ std::string CheckpointQuantization::Describe() const {
                            : group_size > 0 ? absl::StrCat(" g", group_size)
                                             : std::string(" per-channel");
   if (method == "fp8" || method == "fbgemm_fp8") return method + grid;
+  if (method == "mxfp4") return "mxfp4 experts";
   if (method == "bitsandbytes") {
     return bnb_4bit_type.empty() ? "bitsandbytes 8-bit per-channel"
                                  : absl::StrCat("bitsandbytes ", bnb_4bit_type);
@@ -967,7 +994,8 @@ std::string_view ArchitectureClassName(std::string_view model_type) {
       {"gemma2", "Gemma2ForCausalLM"},      {"gemma3_text", "Gemma3ForCausalLM"},
       {"mixtral", "MixtralForCausalLM"},    {"qwen2_moe", "Qwen2MoeForCausalLM"},
       {"qwen3_moe", "Qwen3MoeForCausalLM"}, {"smollm3", "SmolLM3ForCausalLM"},
-      {"olmo2", "Olmo2ForCausalLM"},        {"olmo3", "Olmo3ForCausalLM"}};
+      {"olmo2", "Olmo2ForCausalLM"},        {"olmo3", "Olmo3ForCausalLM"},
+      {"gpt_oss", "GptOssForCausalLM"}};
   for (const auto& [type, name] : kClasses) {
     if (type == model_type) return name;
   }

@@ -46,7 +46,9 @@ struct RopeScaling {
 // features of `block_rows` output rows, a scale s (and, for packed integer schemes, a zero z);
 // the weight is s * (q - z), q an integer of `bits` bits or an FP8 number.
 struct CheckpointQuantization {
-  // "" (none), "awq" (AutoAWQ's GEMM layout), "gptq" (AutoGPTQ / GPTQModel),
+  // "" (none), "awq" (AutoAWQ's GEMM layout), "gptq" (AutoGPTQ / GPTQModel), "mxfp4" (gpt-oss's
+  // experts: OCP MXFP4, FP4 E2M1 values in blocks of 32 with an E8M0 scale; every other tensor
+  // unquantized),
   // "compressed-tensors" (llm-compressor: pack-quantized W4A16 / W8A16, int-quantized W8A8,
   // float-quantized FP8), "fp8" (Transformers' FP8: DeepSeek-V3's and Qwen3's blocks, or one
   // scale a tensor as AutoFP8 writes), "fbgemm_fp8" (one scale an output row) or "bitsandbytes"
@@ -91,6 +93,9 @@ struct CheckpointQuantization {
 // The most layers a config may claim (no model has more than a few hundred): a claim of more is
 // refused before per-layer state (the sliding layers) is allocated for it.
 inline constexpr int32_t kMaxHiddenLayers = 65536;
+
+// gpt-oss's GLU: g * sigmoid(kGptOssSwigluAlpha * g) (GptOssExperts' alpha, a constant there).
+inline constexpr double kGptOssSwigluAlpha = 1.702;
 
 struct LlamaConfig {
   // "llama", "mistral", "qwen2", "qwen3", "phi3", "granite", "gemma2" or "gemma3_text" (also
@@ -183,6 +188,18 @@ struct LlamaConfig {
   // features on every token, its output scaled by sigmoid(shared_expert_gate . x) and added to
   // the routed experts' (0: none).
   int32_t shared_expert_intermediate_size = 0;
+  // gpt-oss (gpt_oss; GptOssForCausalLM), a mixture of experts in every layer with:
+  // - `attention_sinks`: each query head has a learned logit (self_attn.sinks [heads]) that joins
+  //   its softmax's denominator and takes no value: attention weights may sum to less than 1;
+  // - `moe_biases`: the router has a bias (mlp.router.bias [experts]) and the experts' gate, up
+  //   and down products too; the kept experts' weights are the softmax of their top-k logits
+  //   (norm_topk_prob);
+  // - `swiglu_limit` > 0: the experts' activation is (clamp(up, -L, L) + 1) * g * sigmoid(1.702 g)
+  //   with g = min(gate, L) (GptOssExperts), instead of SiLU(gate) * up.
+  // False / 0 for every other model.
+  bool attention_sinks = false;
+  bool moe_biases = false;
+  double swiglu_limit = 0;
   // gemma3 (Gemma3ForConditionalGeneration): this is its text_config, whose language model is
   // served; its tensors are named under language_model.model. (or model.language_model.).
   bool multimodal_wrapper = false;
@@ -204,6 +221,7 @@ struct LlamaConfig {
     return std::find(rope_layers.begin(), rope_layers.end(), false) != rope_layers.end();
   }
   bool gelu_tanh() const { return hidden_act == "gelu_pytorch_tanh"; }
+  bool clamped_swiglu() const { return swiglu_limit > 0; }
   bool IsMoeLayer(int32_t layer) const { return !moe_layers.empty() && moe_layers[layer]; }
   bool moe() const { return !moe_layers.empty(); }
   // The mixture-of-experts layers; whether some layer has the dense MLP of intermediate_size.

@@ -560,7 +560,8 @@ absl::StatusOr<WeightMatrix> LoadBnb4Linear(const SafetensorsSet& files,
 
 bool HasQuantizedLinear(const SafetensorsSet& files, const CheckpointQuantization& q,
                         const std::string& base) {
-  if (!q.enabled()) return false;
+  // (mxfp4: only gpt-oss's fused expert tensors, which model/gpt_oss.h reads.)
+  if (!q.enabled() || q.method == "mxfp4") return false;
   if (q.unpacked) {
     // The weight itself, of a quantized element type; modules the recipe left alone (ignore,
     // modules_to_not_convert) keep a float one.
@@ -711,6 +712,89 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
       }
     }
   });
+  return m;
+}
+
+absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const TensorView& scales,
+                                           int64_t first_row, int64_t row_step, int64_t rows,
+                                           int64_t cols, const QuantizedLoadOptions& options,
+                                           std::vector<std::vector<std::byte>>* converted,
+                                           QuantizedLoadStats* stats) {
+  constexpr int64_t kBlock = WeightMatrix::kQ8Block;  // MXFP4's 32 values a scale too
+  if (cols % kBlock != 0) {
+    return TensorProblem(
+        blocks, absl::StrCat("holds rows of ", cols, " values: MXFP4 needs whole blocks of 32"));
+  }
+  const int64_t nb = cols / kBlock;
+  if (blocks.type != StorageType::kU8 || blocks.shape.size() < 2 || blocks.shape.back() != 16 ||
+      blocks.shape[blocks.shape.size() - 2] != nb) {
+    return TensorProblem(
+        blocks, absl::StrCat("is ", std::string(StorageTypeName(blocks.type)), " ",
+                             ShapeToString(blocks.shape), "; U8 [..][", nb, "][16] expected"));
+  }
+  if (scales.type != StorageType::kU8 || scales.numel() * 16 != blocks.numel() ||
+      scales.shape.back() != nb) {
+    return TensorProblem(
+        scales, absl::StrCat("is ", std::string(StorageTypeName(scales.type)), " ",
+                             ShapeToString(scales.shape), "; U8 [..][", nb, "] (one a block of ",
+                             ShapeToString(blocks.shape), ") expected"));
+  }
+  const int64_t stored_rows = scales.numel() / nb;
+  if (first_row < 0 || row_step < 1 || rows < 1 ||
+      first_row + (rows - 1) * row_step >= stored_rows) {
+    return TensorProblem(
+        blocks, absl::StrCat("has ", stored_rows, " rows; rows ", first_row, " + k * ", row_step,
+                             " for k < ", rows, " were asked for"));
+  }
+  const auto* q = reinterpret_cast<const uint8_t*>(blocks.data);
+  const auto* e = reinterpret_cast<const uint8_t*>(scales.data);
+  // Every scale of the rows read: finite (E8M0's 255 is NaN), and whether all are f16 as
+  // q8_0's d = 2^(e - 128) (the int8 q being twice the FP4 value).
+  bool f16_scales = true;
+  for (int64_t r = 0; r < rows; ++r) {
+    const uint8_t* row = e + (first_row + r * row_step) * nb;
+    for (int64_t b = 0; b < nb; ++b) {
+      if (row[b] == 255) {
+        return TensorProblem(
+            scales, absl::StrCat("[", (first_row + r * row_step) * nb + b, "] is 255, E8M0's NaN"));
+      }
+      f16_scales = f16_scales && row[b] >= 128 - 24 && row[b] <= 128 + 15;
+    }
+  }
+  WeightMatrix m{options.dense, nullptr, rows, cols, cols};
+  if (options.as_q8) m.format = f16_scales ? WeightFormat::kQ8_0 : WeightFormat::kQ8Affine;
+  const int64_t row_bytes = m.DataBytes(cols);
+  std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * rows);
+  m.data = buffer.data();
+  // Twice each code's value: the int8 q of a q8 block.
+  int8_t twice[16];
+  for (int c = 0; c < 16; ++c) twice[c] = static_cast<int8_t>(2 * kFp4E2M1Values[c]);
+  ForRowTiles(rows, options.threads, [&](int64_t r0, int64_t r1) {
+    std::vector<float> values(cols);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t stored = first_row + r * row_step;
+      const uint8_t* codes = q + stored * nb * 16;
+      const uint8_t* exps = e + stored * nb;
+      std::byte* out = buffer.data() + r * row_bytes;
+      for (int64_t b = 0; b < nb; ++b) {
+        const float half_scale = std::ldexp(1.0f, static_cast<int>(exps[b]) - 128);
+        if (options.as_q8) {
+          auto* qs = reinterpret_cast<int8_t*>(Q8BlockScales(m.format, out, b, half_scale, 0));
+          for (int i = 0; i < 16; ++i) {
+            qs[2 * i] = twice[codes[b * 16 + i] & 15];
+            qs[2 * i + 1] = twice[codes[b * 16 + i] >> 4];
+          }
+          continue;
+        }
+        for (int i = 0; i < 16; ++i) {
+          values[b * kBlock + 2 * i] = twice[codes[b * 16 + i] & 15] * half_scale;
+          values[b * kBlock + 2 * i + 1] = twice[codes[b * 16 + i] >> 4] * half_scale;
+        }
+      }
+      if (!options.as_q8) StoreRow(values.data(), cols, WeightFormat::kDense, options.dense, out);
+    }
+  });
+  if (stats != nullptr) ++stats->exact;
   return m;
 }
 

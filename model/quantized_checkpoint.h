@@ -104,6 +104,26 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
                                                  std::vector<std::vector<std::byte>>* converted,
                                                  QuantizedLoadStats* stats = nullptr);
 
+// MXFP4 (OCP microscaling, gpt-oss's experts): `blocks` U8 [..][rows_total][cols / 32][16], two
+// FP4 E2M1 values a byte (the low nibble first), and `scales` U8 [..][rows_total][cols / 32], an
+// E8M0 exponent per 32 values (value = fp4 * 2^(scale - 127); 255, E8M0's NaN, is refused).
+// Returns the [rows][cols] matrix whose row r is stored row first_row + r * row_step (gpt-oss
+// interleaves gate and up rows: step 2), in a buffer appended to `converted`. Exactly its
+// values in every form: with `as_q8`, q8_0 blocks (int8 q = 2 fp4 in [-12, 12], d = 2^(scale -
+// 128)) where every d is an f16, else q8 affine ones (f32 s, offset 0); without, `dense`
+// elements (bf16 holds every MXFP4 value). INVALID_ARGUMENT naming the tensor for a bad shape,
+// dtype or scale.
+absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const TensorView& scales,
+                                           int64_t first_row, int64_t row_step, int64_t rows,
+                                           int64_t cols, const QuantizedLoadOptions& options,
+                                           std::vector<std::vector<std::byte>>* converted,
+                                           QuantizedLoadStats* stats = nullptr);
+
+// The 16 FP4 E2M1 values by code (sign in bit 3): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
+inline constexpr float kFp4E2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,
+                                             4.0f,  6.0f,  -0.0f, -0.5f, -1.0f, -1.5f,
+                                             -2.0f, -3.0f, -4.0f, -6.0f};
+
 }  // namespace kvrm
 
 #endif  // KVRM_MODEL_QUANTIZED_CHECKPOINT_H_

@@ -8,6 +8,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "model/gpt_oss.h"
 
 namespace kvrm {
 namespace {
@@ -29,7 +30,18 @@ absl::Status BindExperts(const LlamaConfig& c, const std::string& p, const Llama
   const int64_t d = c.hidden_size, ffn = c.moe_intermediate_size;
   const bool mixtral = c.model_type == "mixtral";
   const std::string moe = p + (mixtral ? "block_sparse_moe." : "mlp.");
-  ASSIGN_OR_RETURN(l->router, bind(moe + "gate.weight", {c.num_experts, d}));
+  if (c.moe_biases) {  // gpt-oss: mlp.router, biased, and biased experts (model/gpt_oss.h)
+    ASSIGN_OR_RETURN(l->router, bind(moe + "router.weight", {c.num_experts, d}));
+    ASSIGN_OR_RETURN(l->router_bias, bind(moe + "router.bias", {c.num_experts}));
+    for (int32_t e = 0; e < c.num_experts; ++e) {
+      const std::string x = absl::StrCat(moe, "experts.", e, ".");
+      ASSIGN_OR_RETURN(l->expert_gate_bias.emplace_back(), bind(x + "gate_proj.bias", {ffn}));
+      ASSIGN_OR_RETURN(l->expert_up_bias.emplace_back(), bind(x + "up_proj.bias", {ffn}));
+      ASSIGN_OR_RETURN(l->expert_down_bias.emplace_back(), bind(x + "down_proj.bias", {d}));
+    }
+  } else {
+    ASSIGN_OR_RETURN(l->router, bind(moe + "gate.weight", {c.num_experts, d}));
+  }
   const char* gate = mixtral ? "w1" : "gate_proj";
   const char* up = mixtral ? "w3" : "up_proj";
   const char* down = mixtral ? "w2" : "down_proj";
@@ -146,6 +158,13 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                        quantized->converted, quantized->stats);
           }
         }
+        // gpt-oss's experts: from its fused tensors.
+        if (auto expert = GptOssExpertTensor(files, config, name, shape,
+                                             quantized != nullptr ? &quantized->options : nullptr,
+                                             quantized != nullptr ? quantized->converted : nullptr,
+                                             quantized != nullptr ? quantized->stats : nullptr)) {
+          return *std::move(expert);
+        }
         return Bind(files, name, shape);
       });
   if (w.ok()) {
@@ -220,6 +239,9 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
     if (c.o_bias) {
       ASSIGN_OR_RETURN(l.bo, bind(p + "self_attn.o_proj.bias", {d}));
     }
+    if (c.attention_sinks) {
+      ASSIGN_OR_RETURN(l.sinks, bind(p + "self_attn.sinks", {c.num_attention_heads}));
+    }
     if (c.qk_norm) {  // per head, or (OLMo 2) over the whole projection
       ASSIGN_OR_RETURN(l.q_norm,
                        bind(p + "self_attn.q_norm.weight", {c.qk_norm_whole ? q_rows : hd}));
@@ -243,16 +265,20 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& c, const LlamaT
           &l.bq, &l.bk, &l.bv, &l.bo, &l.q_norm, &l.k_norm, &l.attn_post_norm, &l.mlp_post_norm}) {
       count(*m);
     }
-    for (const WeightMatrix* m :
-         {&l.router, &l.shared_gate, &l.shared_up, &l.shared_down, &l.shared_expert_gate}) {
+    for (const WeightMatrix* m : {&l.router, &l.shared_gate, &l.shared_up, &l.shared_down,
+                                  &l.shared_expert_gate, &l.sinks, &l.router_bias}) {
       count(*m);
     }
-    for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down}) {
+    for (const auto* experts : {&l.expert_gate, &l.expert_up, &l.expert_down, &l.expert_gate_bias,
+                                &l.expert_up_bias, &l.expert_down_bias}) {
       for (const WeightMatrix& m : *experts) count(m);
     }
     if (!l.expert_gate.empty()) {  // gate, up and down of the same size, for each idle expert
       const WeightMatrix& g = l.expert_gate.front();
       idle_experts += (c.num_experts - c.num_experts_per_tok) * 3 * g.rows * g.cols;
+      if (!l.expert_gate_bias.empty()) {  // gpt-oss's: gate, up and down biases
+        idle_experts += (c.num_experts - c.num_experts_per_tok) * (2 * g.rows + g.cols);
+      }
     }
   }
   w.num_active_parameters = w.num_parameters - idle_experts;

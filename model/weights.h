@@ -47,6 +47,12 @@ struct LayerWeights {
   // [shared_ffn][hidden] gate and up, [hidden][shared_ffn] down, and the [1][hidden] gate of its
   // output (sigmoid of its dot product with the MLP input). Empty otherwise.
   WeightMatrix shared_gate, shared_up, shared_down, shared_expert_gate;
+  // gpt-oss (LlamaConfig::attention_sinks, moe_biases; empty otherwise): each query head's
+  // sink logit (self_attn.sinks, [1][heads]), the router's bias ([1][experts]) and each expert's
+  // gate and up biases ([1][moe_ffn]) and down bias ([1][hidden]).
+  WeightMatrix sinks;
+  WeightMatrix router_bias;
+  std::vector<WeightMatrix> expert_gate_bias, expert_up_bias, expert_down_bias;
   // An FP8 KV cache (--kv_dtype=fp8) holds key / k_cache_scale and value / v_cache_scale: the
   // checkpoint's self_attn.k_scale and v_scale where it has them (LlamaWeights::kv_cache_scales),
   // else 1 (as vLLM). f32 and bf16 caches ignore them.

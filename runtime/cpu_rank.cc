@@ -78,6 +78,29 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
     lora_done_.resize(threads_.num_threads() * per_thread);
     lora_mid_.resize(threads_.num_threads() * per_thread * lora_stride_);
   }
+  if (config.attention_sinks) {
+    sinks_.resize(config.num_hidden_layers * static_cast<size_t>(w_.heads));
+    for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+      WeightRowToFloat(w_.layers[layer].sinks, 0, &sinks_[layer * w_.heads]);
+    }
+  }
+  if (config.moe_biases) {
+    const int64_t layers = config.num_hidden_layers, experts = config.num_experts;
+    router_bias_.resize(layers * experts);
+    expert_gate_bias_.resize(layers * experts * moe_ffn_);
+    expert_up_bias_.resize(layers * experts * moe_ffn_);
+    expert_down_bias_.resize(layers * experts * d_);
+    for (int64_t layer = 0; layer < layers; ++layer) {
+      const LayerWeights& l = w_.layers[layer];
+      WeightRowToFloat(l.router_bias, 0, &router_bias_[layer * experts]);
+      for (int64_t e = 0; e < experts; ++e) {
+        const int64_t at = layer * experts + e;
+        WeightRowToFloat(l.expert_gate_bias[e], 0, &expert_gate_bias_[at * moe_ffn_]);
+        WeightRowToFloat(l.expert_up_bias[e], 0, &expert_up_bias_[at * moe_ffn_]);
+        WeightRowToFloat(l.expert_down_bias[e], 0, &expert_down_bias_[at * d_]);
+      }
+    }
+  }
   if (config.qkv_bias || config.o_bias) {
     biases_.assign(config.num_hidden_layers * (qw_ + 2 * kvw_ + d_), 0.0f);
     for (int32_t layer = 0; layer < config.num_hidden_layers; ++layer) {
@@ -257,9 +280,11 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
       const int64_t i = item / w_.kv_heads, g = item % w_.kv_heads;
       const CpuRow& r = rows[i];
       const int64_t offset = i * qw_ + g * group * hd_;
+      AttentionScoring head_scoring = scoring;  // gpt-oss: the group's sinks
+      if (!sinks_.empty()) head_scoring.sinks = &sinks_[layer * w_.heads + g * group];
       if (r.far_summaries == 0 && r.far_dropped == 0) {
         AttendGroup(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
-                    r.position + 1, scoring, scores, &attn_[offset]);
+                    r.position + 1, head_scoring, scores, &attn_[offset]);
         continue;
       }
       FarAttention far;
@@ -271,7 +296,7 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
       far.v_summary = store.ValueAt(g, entry);
       far.log_weight = log_weight;
       AttendGroupFar(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
-                     r.position + 1, far, scoring, scores, &attn_[offset]);
+                     r.position + 1, far, head_scoring, scores, &attn_[offset]);
     }
   });
 }
@@ -414,8 +439,11 @@ void CpuRank::Route(int32_t n) {
 void CpuRank::ExpertsGateUp(int32_t layer, int32_t n, int thread, int num_threads, float* scratch) {
   const CpuIsa isa = ActiveCpuIsa();
   const LayerWeights& l = w_.layers[layer];
+  const float limit = static_cast<float>(config_.swiglu_limit);
   const auto act = [&](float* g, const float* u, int64_t count) {
-    if (gelu_) {
+    if (limit > 0) {  // gpt-oss's
+      ClampedSwiGluMul(g, u, count, limit, static_cast<float>(kGptOssSwigluAlpha), g);
+    } else if (gelu_) {
       GeluTanhMul(g, u, count, g);
     } else {
       SiluMul(g, u, count, g);
@@ -442,6 +470,13 @@ void CpuRank::ExpertsGateUp(int32_t layer, int32_t n, int thread, int num_thread
     const float* in = &moe_x_[first * d_];
     MatMulShare(isa, in, m, d_, l.expert_gate[x], gate, moe_ffn_, thread, num_threads, scratch);
     MatMulShare(isa, in, m, d_, l.expert_up[x], up, moe_ffn_, thread, num_threads, scratch);
+    if (!expert_gate_bias_.empty()) {  // gpt-oss's, on this thread's features
+      const int64_t at = (int64_t{layer} * config_.num_experts + x) * moe_ffn_;
+      for (int64_t i = 0; i < m; ++i) {
+        AddInPlace(gate + i * moe_ffn_ + b, &expert_gate_bias_[at + b], e - b);
+        AddInPlace(up + i * moe_ffn_ + b, &expert_up_bias_[at + b], e - b);
+      }
+    }
     for (int64_t i = 0; i < m; ++i) act(gate + i * moe_ffn_ + b, up + i * moe_ffn_ + b, e - b);
   }
 }
@@ -470,6 +505,10 @@ void CpuRank::ExpertsDown(int32_t layer, int32_t n, int thread, int num_threads,
     for (int32_t j = 0; j < k; ++j) {
       const size_t r = static_cast<size_t>(i) * k + j;
       AddScaledInPlace(out + b, &moe_y_[route_slot_[r] * d_ + b], route_weight_[r], e - b);
+      if (!expert_down_bias_.empty() && w_.rank == 0) {  // gpt-oss's, once over the ranks
+        const int64_t at = (int64_t{layer} * config_.num_experts + route_expert_[r]) * d_;
+        AddScaledInPlace(out + b, &expert_down_bias_[at + b], route_weight_[r], e - b);
+      }
     }
   }
 }
@@ -483,6 +522,11 @@ absl::Status CpuRank::Experts(int32_t layer, int32_t n) {
   MatMul(threads_, h_.data(), n, d_, l.router, &router_logits_[w_.router_begin], experts,
          scratch_.data());
   if (w_.size > 1) RETURN_IF_ERROR(comm_->AllReduceSum(router_logits_.data(), n * experts));
+  if (!router_bias_.empty()) {  // gpt-oss's, on every rank alike
+    for (int32_t i = 0; i < n; ++i) {
+      AddInPlace(&router_logits_[i * experts], &router_bias_[layer * experts], experts);
+    }
+  }
   if (shared_ffn_ > 0) {
     // The shared expert's output gate: one dot product a row, computed alike on every rank
     // (each scales its partial sum of the shared expert's output by it).

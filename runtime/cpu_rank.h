@@ -169,6 +169,11 @@ class CpuRank {
   // scale sigmoid(gate . x) [max_rows], act(gate) * up [max_rows][shared_ffn] (up: scratch for
   // up) and its down products [max_rows][hidden].
   std::vector<float> shared_expert_gate_, shared_scale_, shared_gate_, shared_up_, shared_y_;
+  // gpt-oss (empty otherwise), in f32: each layer's sink logits of this rank's query heads
+  // [layers][heads]; the router's bias [layers][experts]; each expert's gate and up biases over
+  // this rank's features [layers][experts][moe_ffn], and its down bias [layers][experts][hidden]
+  // (added by rank 0 only: the others' down outputs are partial sums of the same rows).
+  std::vector<float> sinks_, router_bias_, expert_gate_bias_, expert_up_bias_, expert_down_bias_;
   // The adapters' shares by slot (null: empty; see SetLoraAdapter).
   std::vector<const RankLora*> lora_;
   // LoraShare's, with adapter slots only: per thread, an adapter's row ids and which rows are

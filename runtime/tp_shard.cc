@@ -173,6 +173,7 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
       s.bq = VectorSlice(l.bq, rank * q_rows, q_rows);
       s.bk = VectorSlice(l.bk, rank * kv_rows, kv_rows);
       s.bv = VectorSlice(l.bv, rank * kv_rows, kv_rows);
+      s.sinks = VectorSlice(l.sinks, int64_t{rank} * out.heads, out.heads);  // gpt-oss's
       if (config.qk_norm_whole) {  // OLMo 2's norms span the projections: this rank's heads' part
         s.q_norm = VectorSlice(l.q_norm, rank * q_rows, q_rows);
         s.k_norm = VectorSlice(l.k_norm, rank * kv_rows, kv_rows);
@@ -193,6 +194,12 @@ absl::StatusOr<RankWeights> ShardLlamaWeights(const LlamaConfig& config,
         s.expert_up[e] = l.expert_up[e].RowSlice(begin, out.moe_ffn);
         ASSIGN_OR_RETURN(s.expert_down[e], CopyColumns(l.expert_down[e], "an expert's down_proj",
                                                        begin, out.moe_ffn, &out));
+      }
+      // gpt-oss's expert biases: gate and up cut like their rows; down's (and the router's)
+      // whole, added by one rank (CpuRank::ExpertsDown).
+      for (size_t e = 0; e < l.expert_gate_bias.size(); ++e) {
+        s.expert_gate_bias[e] = VectorSlice(l.expert_gate_bias[e], begin, out.moe_ffn);
+        s.expert_up_bias[e] = VectorSlice(l.expert_up_bias[e], begin, out.moe_ffn);
       }
       if (l.shared_gate.data != nullptr) {  // cut as a dense MLP; its output gate replicated
         const int64_t shared_begin = int64_t{rank} * out.shared_ffn;

@@ -159,15 +159,17 @@ KVRM_ATTENTION_PORTABLE(Fp8E4M3)
 KVRM_ATTENTION_PORTABLE(Fp8E5M2)
 #undef KVRM_ATTENTION_PORTABLE
 
-// Softmax of each group's row of scores; inv[g] = 1 / the row's sum (applied in pass 2).
+// Softmax of each group's row of scores; inv[g] = 1 / the row's sum (applied in pass 2). With
+// `sinks` ([group]), each row's sink logit joins the max and the sum.
 KVRM_CPU_CLONES
-void ExpScores(float* scores, int32_t group, int64_t cols, float* inv) {
+void ExpScores(float* scores, int32_t group, int64_t cols, const float* sinks, float* inv) {
   for (int32_t g = 0; g < group; ++g) {
     float* s = scores + g * cols;
-    float mx = -INFINITY;
+    float mx = sinks != nullptr ? sinks[g] : -INFINITY;
     for (int64_t j = 0; j < cols; ++j) mx = std::max(mx, s[j]);
     for (int64_t j = 0; j < cols; ++j) s[j] = FastExp(s[j] - mx);  // <= 0
-    inv[g] = 1.0f / Sum(s, cols);
+    const float sink = sinks != nullptr ? FastExp(sinks[g] - mx) : 0.0f;
+    inv[g] = 1.0f / (Sum(s, cols) + sink);
   }
 }
 
@@ -311,7 +313,7 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
     }
   }
   float inv[kMaxAttentionGroup];
-  ExpScores(scores, group, cols, inv);
+  ExpScores(scores, group, cols, scoring.sinks, inv);
   // Pass 2: weighted sum of values and summary values; the pool's value unit goes into the
   // weights of its own rows (not the summaries', which are plain f32).
   float pool_inv[kMaxAttentionGroup];

@@ -88,6 +88,10 @@ struct AttentionScoring {
   float softcap = 0;
   // > 0: a row at position seq_len - 1 attends to the last min(window, seq_len) positions only.
   int64_t window = 0;
+  // gpt-oss's attention sinks: null, or one logit per query head of the group ([group]) that
+  // joins its softmax's denominator (exp(sink - max) added to the sum, the max taken over the
+  // sink too) and takes no value, so the weights sum to less than 1.
+  const float* sinks = nullptr;
 };
 
 // AttendGroup with `scoring`: AttendGroup itself, bit for bit, with no softcap and no window.

@@ -293,6 +293,29 @@ TEST(OpsTest, GeluTanhMulMatchesFloat64) {
   }
 }
 
+// gpt-oss's clamped GLU against float64, with gates and ups well beyond the limit on both sides
+// (the clamps matter) and limits 7 (gpt-oss's) and 1.5.
+TEST(OpsTest, ClampedSwiGluMulMatchesFloat64) {
+  std::mt19937 rng(23);
+  std::vector<float> g = RandomVector(300, rng), u = RandomVector(300, rng), out(300);
+  for (int i = 0; i < 300; ++i) {
+    g[i] *= 6;
+    u[i] *= 6;
+  }
+  int clamped = 0;
+  for (const float limit : {7.0f, 1.5f}) {
+    ClampedSwiGluMul(g.data(), u.data(), 300, limit, 1.702f, out.data());
+    for (int i = 0; i < 300; ++i) {
+      const double x = std::min<double>(g[i], limit);
+      const double y = std::clamp<double>(u[i], -limit, limit);
+      clamped += g[i] > limit || std::abs(u[i]) > limit;
+      const double ref = x / (1 + std::exp(-1.702 * x)) * (y + 1);
+      ASSERT_NEAR(out[i], ref, 2e-6 * (1 + std::abs(ref))) << "g=" << g[i] << " u=" << u[i];
+    }
+  }
+  EXPECT_GT(clamped, 100);
+}
+
 // Softcapping against float64's cap * tanh(x / cap), over small, large and negative scores:
 // within 2e-7 of the cap absolutely (tanh's own scale), odd, and saturating at +-cap.
 TEST(OpsTest, SoftcapMatchesTanh) {
@@ -518,46 +541,56 @@ TEST(AttentionTest, WindowAndSoftcapMatchFloat64) {
       std::vector<float> v = RandomVector(kv_heads * pool_tokens * hd, rng);
       const TestKv kv(k, v, pool_tokens * hd, block, hd, kv_dtype);
       const KvRun runs[] = {{17, 3}, {2, 5}, {11, 1}, {7, 4}};  // 13 blocks = 208 tokens
+      // gpt-oss's sinks: one logit a query head in the denominator, drawn as large as the
+      // scores (they take a visible share of the weight).
+      std::vector<float> sinks = RandomVector(group, rng);
+      for (float& x : sinks) x *= 2;
       for (int64_t window : {1, 5, 16, 37, 100}) {
         for (float softcap : {0.0f, 0.5f}) {
           for (int64_t seq_len : {3, 48, 101, 208}) {
-            AttentionScoring scoring;
-            scoring.scale = 0.125f;
-            scoring.softcap = softcap;
-            scoring.window = window;
-            std::vector<float> q = RandomVector(group * hd, rng), out(group * hd);
-            std::vector<float> scores(group * seq_len);
-            AttendGroup(q.data(), group, kv.view, 1, runs, 4, seq_len, scoring, scores.data(),
-                        out.data());
-            const int64_t first = std::max<int64_t>(0, seq_len - window);
-            for (int32_t g = 0; g < group; ++g) {
-              std::vector<double> p(seq_len - first);
-              double mx = -1e300, sum = 0;
-              for (int64_t t = first; t < seq_len; ++t) {
-                const float* kt = k.data() + kv.view.Offset(1, PhysicalToken(runs, 4, block, t));
-                double dot = 0;
-                for (int i = 0; i < hd; ++i) dot += static_cast<double>(q[g * hd + i]) * kt[i];
-                double s = dot * scoring.scale;
-                if (softcap > 0) s = softcap * std::tanh(s / softcap);
-                mx = std::max(mx, p[t - first] = s);
-              }
-              for (double& x : p) sum += (x = std::exp(x - mx));
-              for (int i = 0; i < hd; ++i) {
-                double ref = 0;
+            for (const bool sink : {false, true}) {
+              AttentionScoring scoring;
+              scoring.scale = 0.125f;
+              scoring.softcap = softcap;
+              scoring.window = window;
+              if (sink) scoring.sinks = sinks.data();
+              std::vector<float> q = RandomVector(group * hd, rng), out(group * hd);
+              std::vector<float> scores(group * seq_len);
+              AttendGroup(q.data(), group, kv.view, 1, runs, 4, seq_len, scoring, scores.data(),
+                          out.data());
+              const int64_t first = std::max<int64_t>(0, seq_len - window);
+              for (int32_t g = 0; g < group; ++g) {
+                std::vector<double> p(seq_len - first);
+                double mx = -1e300, sum = 0;
                 for (int64_t t = first; t < seq_len; ++t) {
-                  ref += p[t - first] / sum *
-                         v[kv.view.Offset(1, PhysicalToken(runs, 4, block, t)) + i];
+                  const float* kt = k.data() + kv.view.Offset(1, PhysicalToken(runs, 4, block, t));
+                  double dot = 0;
+                  for (int i = 0; i < hd; ++i) dot += static_cast<double>(q[g * hd + i]) * kt[i];
+                  double s = dot * scoring.scale;
+                  if (softcap > 0) s = softcap * std::tanh(s / softcap);
+                  mx = std::max(mx, p[t - first] = s);
                 }
-                ASSERT_NEAR(out[g * hd + i], ref, 2e-5)
-                    << CpuIsaName(isa) << " kv " << DTypeName(kv_dtype) << " window=" << window
-                    << " softcap=" << softcap << " seq_len=" << seq_len << " head=" << g;
+                if (sink) mx = std::max(mx, static_cast<double>(sinks[g]));
+                for (double& x : p) sum += (x = std::exp(x - mx));
+                if (sink) sum += std::exp(sinks[g] - mx);
+                for (int i = 0; i < hd; ++i) {
+                  double ref = 0;
+                  for (int64_t t = first; t < seq_len; ++t) {
+                    ref += p[t - first] / sum *
+                           v[kv.view.Offset(1, PhysicalToken(runs, 4, block, t)) + i];
+                  }
+                  ASSERT_NEAR(out[g * hd + i], ref, 2e-5)
+                      << CpuIsaName(isa) << " kv " << DTypeName(kv_dtype) << " window=" << window
+                      << " softcap=" << softcap << " seq_len=" << seq_len << " head=" << g
+                      << " sink=" << sink;
+                }
               }
-            }
-            if (window >= seq_len && softcap == 0) {
-              std::vector<float> full(group * hd);
-              AttendGroup(q.data(), group, kv.view, 1, runs, 4, seq_len, scoring.scale,
-                          scores.data(), full.data());
-              ASSERT_EQ(out, full) << "window " << window << " seq_len " << seq_len;
+              if (window >= seq_len && softcap == 0 && !sink) {
+                std::vector<float> full(group * hd);
+                AttendGroup(q.data(), group, kv.view, 1, runs, 4, seq_len, scoring.scale,
+                            scores.data(), full.data());
+                ASSERT_EQ(out, full) << "window " << window << " seq_len " << seq_len;
+              }
             }
           }
         }

@@ -93,6 +93,16 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out) {
 }
 
 KVRM_CPU_CLONES
+void ClampedSwiGluMul(const float* gate, const float* up, int64_t n, float limit, float alpha,
+                      float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = std::min(gate[i], limit);
+    const float u = std::min(std::max(up[i], -limit), limit);
+    out[i] = g / (1.0f + FastExp(-alpha * g)) * (u + 1.0f);
+  }
+}
+
+KVRM_CPU_CLONES
 void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out) {
   constexpr float kTwoSqrt2OverPi = 1.5957691216057308f;  // 2 sqrt(2 / pi)
   for (int64_t i = 0; i < n; ++i) {

@@ -31,6 +31,11 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* out);
 // 0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3))), computed as g * sigmoid(2 * that argument).
 void GeluTanhMul(const float* gate, const float* up, int64_t n, float* out);
 
+// gpt-oss's clamped GLU (GptOssExperts): with g = min(gate, limit),
+// out = (clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g).
+void ClampedSwiGluMul(const float* gate, const float* up, int64_t n, float limit, float alpha,
+                      float* out);
+
 // In-place softmax over n values; returns the max (for log-sum-exp users).
 void SoftmaxInPlace(float* x, int64_t n);
 
