@@ -13,6 +13,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -617,6 +618,77 @@ TEST(QuantizedCheckpointTest, BitsAndBytesMalformedAndOdd) {
     EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(m.status().message(), HasSubstr("\"l.weight_format\" is not 0 (row-major)"));
   }
+}
+
+// MXFP4 (gpt-oss's experts): two FP4 E2M1 codes a byte, the low nibble first, times
+// 2^(scale - 127) per 32; rows picked with a step (gate_up's interleaved rows). Every code and
+// scales from tiny to huge: exactly their values as q8_0 while every scale / 2 is an f16, as q8
+// affine past that, and as f32 without 8-bit blocks.
+TEST(QuantizedCheckpointTest, Mxfp4BlocksAreExactlyTheirValues) {
+  const int64_t rows = 6, cols = 64, nb = cols / 32;
+  std::mt19937 rng(41);
+  std::vector<uint8_t> codes(rows * nb * 16);
+  for (uint8_t& c : codes) c = static_cast<uint8_t>(rng());
+  codes[0] = 0x71;  // elements 0 and 1: 0.5 (code 1) and 6 (code 7)
+  auto value = [&](const std::vector<uint8_t>& scales, int64_t row, int64_t k) {
+    const uint8_t byte = codes[(row * nb + k / 32) * 16 + (k % 32) / 2];
+    const int code = k % 2 == 0 ? byte & 15 : byte >> 4;
+    return std::ldexp(kFp4E2M1Values[code], scales[row * nb + k / 32] - 127);
+  };
+  for (const bool f16_range : {true, false}) {
+    std::vector<uint8_t> scales(rows * nb);
+    for (int64_t i = 0; i < rows * nb; ++i) scales[i] = static_cast<uint8_t>(120 + i % 14);
+    if (!f16_range) scales[3] = 30;  // 2^-97: no f16 holds it
+    auto files = Files(f16_range ? "mxfp4" : "mxfp4_affine",
+                       {{"e.blocks", StorageType::kU8, DType::kF32, {1, rows, nb, 16}, Bytes(codes)},
+                        {"e.scales", StorageType::kU8, DType::kF32, {1, rows, nb}, Bytes(scales)}});
+    const TensorView blocks = *files->GetAny("e.blocks"), sc = *files->GetAny("e.scales");
+    for (const bool as_q8 : {true, false}) {
+      SCOPED_TRACE(absl::StrCat(f16_range ? "f16 scales" : "a tiny scale", as_q8 ? " q8" : " f32"));
+      QuantizedLoadOptions options;
+      options.as_q8 = as_q8;
+      options.dense = DType::kF32;
+      std::vector<std::vector<std::byte>> converted;
+      // Rows 1, 3, 5 (the "up" rows of an interleaved gate_up).
+      auto m = LoadMxfp4Rows(blocks, sc, 1, 2, 3, cols, options, &converted);
+      ASSERT_TRUE(m.ok()) << m.status();
+      EXPECT_EQ(m->format, !as_q8 ? WeightFormat::kDense
+                           : f16_range ? WeightFormat::kQ8_0
+                                       : WeightFormat::kQ8Affine);
+      ExpectValues(*m, [&](int64_t n, int64_t k) { return value(scales, 1 + 2 * n, k); });
+    }
+    if (f16_range) {  // the hand-made byte: row 0's first two values
+      std::vector<std::vector<std::byte>> converted;
+      auto m = LoadMxfp4Rows(blocks, sc, 0, 1, 1, cols, {}, &converted);
+      ASSERT_TRUE(m.ok()) << m.status();
+      std::vector<float> row(cols);
+      WeightRowToFloat(*m, 0, row.data());
+      EXPECT_EQ(row[0], std::ldexp(0.5f, 120 - 127));
+      EXPECT_EQ(row[1], std::ldexp(6.0f, 120 - 127));
+    }
+  }
+}
+
+TEST(QuantizedCheckpointTest, MalformedMxfp4TensorsAreNamed) {
+  std::vector<uint8_t> codes(2 * 2 * 16, 0x11), scales(2 * 2, 127);
+  auto files = Files("mxfp4_bad",
+                     {{"e.blocks", StorageType::kU8, DType::kF32, {2, 2, 16}, Bytes(codes)},
+                      {"e.scales", StorageType::kU8, DType::kF32, {2, 2}, Bytes(scales)},
+                      {"e.short", StorageType::kU8, DType::kF32, {2, 1}, Bytes(std::vector<uint8_t>(2))},
+                      {"e.nan", StorageType::kU8, DType::kF32, {2, 2},
+                       Bytes(std::vector<uint8_t>{127, 127, 255, 127})}});
+  const TensorView blocks = *files->GetAny("e.blocks");
+  std::vector<std::vector<std::byte>> converted;
+  auto load = [&](const char* scales_name, int64_t rows, int64_t cols) {
+    return LoadMxfp4Rows(blocks, *files->GetAny(scales_name), 0, 1, rows, cols, {}, &converted)
+        .status();
+  };
+  EXPECT_TRUE(load("e.scales", 2, 64).ok());
+  EXPECT_THAT(load("e.scales", 2, 48).message(), HasSubstr("whole blocks of 32"));
+  EXPECT_THAT(load("e.scales", 2, 32).message(), HasSubstr("e.blocks"));
+  EXPECT_THAT(load("e.short", 2, 64).message(), HasSubstr("e.short"));
+  EXPECT_THAT(load("e.scales", 3, 64).message(), HasSubstr("were asked for"));
+  EXPECT_THAT(load("e.nan", 2, 64).message(), HasSubstr("E8M0's NaN"));
 }
 
 }  // namespace

@@ -242,6 +242,12 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
         "'s block (output norms only, Q/K norms over the whole projection) has no GGUF form in "
         "this converter"));
   }
+  if (c.attention_sinks || c.moe_biases) {
+    // llama.cpp's gpt-oss keeps the experts MXFP4 with their own tensor names; not written here.
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": ", c.model_type,
+        "'s block (attention sinks, biased experts) has no GGUF form in this converter"));
+  }
   const bool gemma = c.sandwich_norms;
   if (gemma) RETURN_IF_ERROR(CheckGemmaHasGgufForm(model_dir, c));
   // llama.cpp's mixtures have experts in every layer; llama with experts and qwen3moe
