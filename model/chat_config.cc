@@ -46,13 +46,20 @@ absl::StatusOr<std::string> TemplateSource(const Json& config, const std::string
       absl::StrCat(file, ": chat_template: expected a string or a list of named templates"));
 }
 
+// The tool-call format of a template: gpt-oss's harmony calls reach the tool-call stream as
+// the Hermes markup HarmonyStream writes (model/harmony.h).
+ToolCallFormat HarmonyAwareToolCallFormat(std::string_view source, ReasoningFormat reasoning) {
+  return reasoning == ReasoningFormat::kHarmony ? ToolCallFormat::kHermes
+                                                : DetectToolCallFormat(source);
+}
+
 }  // namespace
 
 void SetChatTemplate(std::string_view source, std::string where, ChatConfig* config) {
   config->source = std::move(where);
   absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
-  config->tool_call_format = DetectToolCallFormat(source);
   config->reasoning_format = DetectReasoningFormat(source);
+  config->tool_call_format = HarmonyAwareToolCallFormat(source, config->reasoning_format);
   if (parsed.ok()) {
     config->chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
     config->status = absl::OkStatus();
@@ -131,8 +138,8 @@ absl::Status OverrideChatTemplate(const std::string& path, ChatConfig* config) {
   config->chat_template = std::make_shared<const ChatTemplate>(*std::move(parsed));
   config->status = absl::OkStatus();
   config->source = path;
-  config->tool_call_format = DetectToolCallFormat(*source);
   config->reasoning_format = DetectReasoningFormat(*source);
+  config->tool_call_format = HarmonyAwareToolCallFormat(*source, config->reasoning_format);
   return absl::OkStatus();
 }
 

@@ -4,6 +4,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "model/harmony.h"
 
 namespace kvrm {
 namespace {
@@ -24,15 +25,20 @@ size_t PartialMarkerSuffix(std::string_view text, std::string_view marker) {
 absl::StatusOr<ReasoningFormat> ReasoningFormatFromName(std::string_view name) {
   if (name == "none") return ReasoningFormat::kNone;
   if (name == "think" || name == "deepseek_r1" || name == "qwen3") return ReasoningFormat::kThink;
-  return absl::InvalidArgumentError(absl::StrCat("reasoning parser \"", std::string(name),
-                                                 "\": expected none, think, deepseek_r1 or qwen3"));
+  if (name == "harmony" || name == "openai_gptoss") return ReasoningFormat::kHarmony;
+  return absl::InvalidArgumentError(
+      absl::StrCat("reasoning parser \"", std::string(name),
+                   "\": expected none, think, deepseek_r1, qwen3, harmony or openai_gptoss"));
 }
 
 std::string_view ReasoningFormatName(ReasoningFormat format) {
-  return format == ReasoningFormat::kThink ? "think" : "none";
+  return format == ReasoningFormat::kThink     ? "think"
+         : format == ReasoningFormat::kHarmony ? "harmony"
+                                               : "none";
 }
 
 ReasoningFormat DetectReasoningFormat(std::string_view template_source) {
+  if (IsHarmonyTemplate(template_source)) return ReasoningFormat::kHarmony;
   return template_source.find(kThinkEnd) != std::string_view::npos ? ReasoningFormat::kThink
                                                                    : ReasoningFormat::kNone;
 }

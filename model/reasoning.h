@@ -20,14 +20,16 @@
 
 namespace kvrm {
 
-enum class ReasoningFormat { kNone, kThink };
+// kHarmony: gpt-oss's harmony messages (analysis channel = reasoning; model/harmony.h).
+enum class ReasoningFormat { kNone, kThink, kHarmony };
 
-// "none", or "think" (also under vLLM's names for the same markup: "deepseek_r1", "qwen3");
-// INVALID_ARGUMENT naming the accepted ones.
+// "none", or "think" (also under vLLM's names for the same markup: "deepseek_r1", "qwen3"), or
+// "harmony" (vLLM's "openai_gptoss"); INVALID_ARGUMENT naming the accepted ones.
 absl::StatusOr<ReasoningFormat> ReasoningFormatFromName(std::string_view name);
 std::string_view ReasoningFormatName(ReasoningFormat format);
 
-// The format a chat template writes: kThink when its text closes a thinking block ("</think>"),
+// The format a chat template writes: kHarmony when it writes harmony messages (gpt-oss's
+// "<|channel|>" and "<|message|>"); kThink when its text closes a thinking block ("</think>"),
 // as the templates of reasoning models do to drop past turns' thinking; else kNone.
 ReasoningFormat DetectReasoningFormat(std::string_view template_source);
 

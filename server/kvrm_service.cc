@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/thread_priority.h"
+#include "model/harmony.h"
 #include "model/reasoning.h"
 #include "server/response_queue.h"
 
@@ -116,6 +117,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     reasoning_streams_.clear();
     for (int32_t i = 0; i < n_; ++i) {
       reasoning_streams_.push_back(std::make_unique<ReasoningStream>(starts_inside));
+    }
+    reasoning_tokens_.assign(n_, ReasoningTokens{});
+  }
+
+  // Before the leader is submitted: every completion's text is read as harmony messages (a chat
+  // request to gpt-oss): analysis to reasoning_text, the answer to text, function calls (with
+  // `tool_calls`) as Hermes markup to the tool-call stream.
+  void set_harmony(bool tool_calls) {
+    harmony_streams_.clear();
+    for (int32_t i = 0; i < n_; ++i) {
+      harmony_streams_.push_back(std::make_unique<HarmonyStream>(tool_calls));
     }
     reasoning_tokens_.assign(n_, ReasoningTokens{});
   }
@@ -267,7 +279,23 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       for (int32_t id : chunk.token_ids) msg.add_token_ids(id);
     }
     std::vector<ToolCall> calls;
-    if (!reasoning_streams_.empty()) {
+    if (!harmony_streams_.empty()) {
+      // Harmony: a token counts as reasoning when it is not the answer's (headers, markers,
+      // analysis, calls).
+      HarmonyStream& harmony = *harmony_streams_[index];
+      const bool thinking_before = harmony.reasoning();
+      HarmonyStream::Split split = harmony.Feed(chunk.text);
+      if (thinking_before || harmony.reasoning()) {
+        reasoning_tokens_[index].total += static_cast<int32_t>(chunk.token_ids.size());
+      }
+      if (info) {
+        HarmonyStream::Split last = harmony.Finish();
+        split.reasoning += last.reasoning;
+        split.content += last.content;
+      }
+      msg.set_reasoning_text(std::move(split.reasoning));
+      chunk.text = std::move(split.content);
+    } else if (!reasoning_streams_.empty()) {
       // The thinking goes out as reasoning_text; the answer goes on as the text (and to the
       // tool-call stream). Only the engine thread feeds a completion's streams.
       ReasoningStream& reasoning = *reasoning_streams_[index];
@@ -390,6 +418,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::vector<std::unique_ptr<ToolCallStream>> tool_streams_;
   // Likewise, one per completion of a chat request to a model that thinks.
   std::vector<std::unique_ptr<ReasoningStream>> reasoning_streams_;
+  std::vector<std::unique_ptr<HarmonyStream>> harmony_streams_;  // or one that speaks harmony
   struct ReasoningTokens {
     int32_t total = 0;  // counted as thinking
     int32_t held = 0;   // before the reply began: thinking if the block opens next
@@ -459,6 +488,13 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   for (std::string_view marker : {kThinkStart, kThinkEnd}) {
     if (std::optional<int32_t> id = tok.TokenToId(marker); id && tok.IsSpecial(*id)) {
       reasoning_marker_tokens_.push_back(*id);
+    }
+  }
+  if (engine->model().chat.reasoning_format == ReasoningFormat::kHarmony) {
+    for (std::string_view marker : kHarmonyMarkers) {
+      if (std::optional<int32_t> id = tok.TokenToId(marker); id && tok.IsSpecial(*id)) {
+        reasoning_marker_tokens_.push_back(*id);
+      }
     }
   }
 }
@@ -579,6 +615,13 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   if (thinking != structured::ConstraintSpec::Thinking::kNone) {
     // A chat request to a model that thinks: kInside when the prompt opened the block.
     reactor->set_reasoning(thinking == structured::ConstraintSpec::Thinking::kInside);
+    (*r)->kept_special_tokens = reasoning_marker_tokens_;
+  }
+  if (request.has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony) {
+    // gpt-oss: its messages' markers stay in the text for HarmonyStream, which hands function
+    // calls (auto mode) to the tool-call stream as Hermes markup.
+    reactor->set_harmony(tools->has_value() && (*tools)->parse &&
+                         (*tools)->mode == ToolCallStream::Mode::kAuto);
     (*r)->kept_special_tokens = reasoning_marker_tokens_;
   }
   if (tools->has_value()) {

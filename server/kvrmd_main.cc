@@ -89,7 +89,9 @@ ABSL_FLAG(std::string, tool_call_parser, "auto",
 ABSL_FLAG(std::string, reasoning_parser, "auto",
           "how replies to chat requests are split into reasoning and answer: think (the model "
           "thinks in a <think> block, sent as reasoning_text / OpenAI's reasoning_content; also "
-          "deepseek_r1, qwen3), none, or auto (think when the chat template writes </think>)");
+          "deepseek_r1, qwen3), harmony (gpt-oss's analysis channel; also openai_gptoss), "
+          "none, or auto (harmony when the chat template writes harmony messages, think when "
+          "it writes </think>)");
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address; port 0 picks a free port");
 ABSL_FLAG(std::string, port_file, "", "write the bound gRPC port to this file once serving");
 ABSL_FLAG(int32_t, slots, 8, "fixed decode slots (rows of the decode step)");
@@ -387,6 +389,10 @@ int Run() {
       return 2;
     }
     (*model)->chat.reasoning_format = *format;
+    if (*format == ReasoningFormat::kHarmony && absl::GetFlag(FLAGS_tool_call_parser) == "auto") {
+      // HarmonyStream hands calls to the tool-call stream as Hermes markup.
+      (*model)->chat.tool_call_format = ToolCallFormat::kHermes;
+    }
   }
   if (absl::Status st = LoadLoraModules(absl::GetFlag(FLAGS_lora_modules), model->get());
       !st.ok()) {

@@ -1,0 +1,175 @@
+#include "model/harmony.h"
+
+#include <algorithm>
+#include <optional>
+
+namespace kvrm {
+namespace {
+
+constexpr std::string_view kStart = "<|start|>";
+constexpr std::string_view kChannel = "<|channel|>";
+constexpr std::string_view kMessage = "<|message|>";
+constexpr std::string_view kEnd = "<|end|>";
+constexpr std::string_view kCall = "<|call|>";
+constexpr std::string_view kReturn = "<|return|>";
+constexpr std::string_view kFunctions = "functions.";
+
+// A header longer than this is not one (a model writing text where a header belongs): what is
+// held is given out as content.
+constexpr size_t kMaxHeader = 1024;
+
+// Where the first marker of `markers` starts in `text`, and which one; npos when none does.
+std::pair<size_t, std::string_view> FindMarker(std::string_view text,
+                                               std::initializer_list<std::string_view> markers) {
+  std::pair<size_t, std::string_view> best{std::string_view::npos, {}};
+  for (std::string_view m : markers) {
+    const size_t at = text.find(m);
+    if (at < best.first) best = {at, m};
+  }
+  return best;
+}
+
+// The length of the longest suffix of `text` that may begin a marker ("<|" and on): text held
+// back until the next text says whether it is one.
+size_t MarkerPrefixSuffix(std::string_view text) {
+  for (size_t n = std::min<size_t>(text.size(), 13); n > 0; --n) {
+    const std::string_view tail = text.substr(text.size() - n);
+    for (std::string_view m : kHarmonyMarkers) {
+      if (m.size() > n && m.substr(0, n) == tail) return n;
+    }
+  }
+  return 0;
+}
+
+// The word after `key` in `header` (up to a space, '<' or the end); nullopt when absent.
+std::optional<std::string_view> WordAfter(std::string_view header, std::string_view key) {
+  const size_t at = header.find(key);
+  if (at == std::string_view::npos) return std::nullopt;
+  std::string_view rest = header.substr(at + key.size());
+  return rest.substr(0, std::min(rest.find(' '), rest.find('<')));
+}
+
+}  // namespace
+
+bool IsHarmonyTemplate(std::string_view source) {
+  return source.find(kChannel) != std::string_view::npos &&
+         source.find(kMessage) != std::string_view::npos;
+}
+
+HarmonyStream::HarmonyStream(bool tool_calls) : tool_calls_(tool_calls) {}
+
+HarmonyStream::Split HarmonyStream::Feed(std::string_view text) {
+  pending_.append(text);
+  Split out;
+  Run(out, /*final=*/false);
+  return out;
+}
+
+HarmonyStream::Split HarmonyStream::Finish() {
+  Split out;
+  Run(out, /*final=*/true);
+  return out;
+}
+
+void HarmonyStream::StartBody(std::string_view header, Split& out) {
+  const std::optional<std::string_view> channel = WordAfter(header, kChannel);
+  const std::optional<std::string_view> recipient = WordAfter(header, "to=");
+  kind_ = Kind::kContent;
+  if (recipient.has_value()) {
+    if (tool_calls_ && recipient->substr(0, kFunctions.size()) == kFunctions) {
+      kind_ = Kind::kCall;
+      ++calls_;
+      out.content.append("<tool_call>\n{\"name\": \"");
+      out.content.append(recipient->substr(kFunctions.size()));
+      out.content.append("\", \"arguments\": ");
+    } else {
+      kind_ = Kind::kReasoning;  // built-in tools, or calls no tool was offered for
+    }
+  } else if (channel.has_value() && *channel == "analysis") {
+    kind_ = Kind::kReasoning;
+  }
+  state_ = State::kBody;
+}
+
+void HarmonyStream::EndBody(Split& out) {
+  if (kind_ == Kind::kCall) out.content.append("}\n</tool_call>");
+  state_ = State::kBetween;
+}
+
+void HarmonyStream::Run(Split& out, bool final) {
+  while (true) {
+    switch (state_) {
+      case State::kFirst: {
+        // The reply's first text: a header (the prompt wrote <|start|>assistant), or not harmony.
+        if (pending_.empty()) return;
+        const std::string_view p = pending_;
+        const bool may_be_header = p.substr(0, std::min(p.size(), kChannel.size())) ==
+                                       kChannel.substr(0, std::min(p.size(), kChannel.size())) ||
+                                   p.substr(0, std::min(p.size(), kStart.size())) ==
+                                       kStart.substr(0, std::min(p.size(), kStart.size())) ||
+                                   p.rfind(" to=", 0) == 0 || p.rfind("to=", 0) == 0;
+        if (!may_be_header) {
+          state_ = State::kPlain;
+          break;
+        }
+        if (p.size() < kChannel.size() && !final) return;  // not yet known
+        state_ = State::kHeader;
+        break;
+      }
+      case State::kPlain:
+        out.content.append(pending_);
+        pending_.clear();
+        return;
+      case State::kHeader: {
+        const size_t at = pending_.find(kMessage);
+        if (at == std::string::npos) {
+          if (pending_.size() > kMaxHeader) {  // not a header after all
+            kind_ = Kind::kContent;
+            state_ = State::kPlain;
+            break;
+          }
+          if (final) pending_.clear();  // a header with no body: nothing to give out
+          return;
+        }
+        StartBody(std::string_view(pending_).substr(0, at), out);
+        pending_.erase(0, at + kMessage.size());
+        break;
+      }
+      case State::kBody: {
+        const auto [at, marker] = FindMarker(pending_, {kEnd, kCall, kReturn, kStart, kChannel});
+        std::string& sink = kind_ == Kind::kReasoning ? out.reasoning : out.content;
+        if (at == std::string::npos) {
+          const size_t keep = final ? 0 : MarkerPrefixSuffix(pending_);
+          sink.append(pending_, 0, pending_.size() - keep);
+          pending_.erase(0, pending_.size() - keep);
+          if (final) EndBody(out);
+          return;
+        }
+        sink.append(pending_, 0, at);
+        EndBody(out);
+        // <|start|> or <|channel|> without an end: the next message's header begins there.
+        const bool header_next = marker == kStart || marker == kChannel;
+        pending_.erase(0, header_next ? at : at + marker.size());
+        if (header_next) state_ = State::kHeader;
+        break;
+      }
+      case State::kBetween: {
+        // After a body: <|start|> and the next header (anything else before it is dropped:
+        // whitespace or stray markers).
+        const size_t at = pending_.find(kStart);
+        const size_t channel = pending_.find(kChannel);
+        const size_t next = std::min(at, channel);
+        if (next == std::string::npos) {
+          const size_t keep = final ? 0 : MarkerPrefixSuffix(pending_);
+          pending_.erase(0, pending_.size() - keep);
+          return;
+        }
+        pending_.erase(0, next);
+        state_ = State::kHeader;
+        break;
+      }
+    }
+  }
+}
+
+}  // namespace kvrm
