@@ -252,5 +252,82 @@ TEST(ReasoningE2eTest, TextPromptsAndParserNoneAreLeftWhole) {
   EXPECT_EQ(Joined(got).reasoning, "");
 }
 
+// gpt-oss's shape: harmony messages, the generation prompt "<|start|>assistant" (the reply
+// begins with its first message's header), past answers rendered on the final channel.
+constexpr char kHarmonyLike[] = R"TPL({%- for message in messages %}
+{%- if message.role == 'assistant' %}{{- '<|start|>assistant<|channel|>final<|message|>' + message.content + '<|end|>' }}
+{%- else %}{{- '<|start|>' + message.role + '<|message|>' + message.content + '<|end|>' }}{%- endif %}
+{%- endfor %}
+{%- if tools %}{{- '<|start|>developer<|message|># Tools\nnamespace functions {\n' }}
+{%- for tool in tools %}{{- 'type ' + tool.function.name + ' = () => any;\n' }}{%- endfor %}
+{{- '}<|end|>' }}{%- endif %}
+{%- if add_generation_prompt %}{{- '<|start|>assistant' }}{%- endif %})TPL";
+
+TEST(ReasoningE2eTest, HarmonyAnalysisIsReasoningAndFinalIsTheAnswer) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kHarmonyLike);
+  {
+    grpc::ClientContext ctx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(server->stub().GetModelInfo(&ctx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_EQ(info.reasoning_parser(), "harmony");
+  }
+  // (The tiny model's vocabulary spells the markers with ordinary tokens: the split reads text.)
+  const std::string header = "<\\|start\\|>assistant<\\|channel\\|>";
+  v1::GenerateRequest r = ChatRequest(
+      "<\\|channel\\|>analysis<\\|message\\|>The sky is (grey|blue)"
+      "\\.<\\|end\\|>" +
+      header + "final<\\|message\\|>(Yes|No)\\.");
+  r.set_n(2);
+  const StreamResult got = RunGenerate(server->stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  for (int index = 0; index < 2; ++index) {
+    const Split s = Joined(got, index);
+    EXPECT_TRUE(s.reasoning == "The sky is grey." || s.reasoning == "The sky is blue.")
+        << s.reasoning;
+    EXPECT_TRUE(s.text == "Yes." || s.text == "No.") << s.text;
+    EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOP);
+    // Every token but the answer's counts as reasoning (headers, markers, analysis).
+    size_t k = 0;
+    while (k < s.tokens.size() &&
+           server->model()
+                   .tokenizer->Decode(absl::MakeConstSpan(s.tokens).first(k), false)
+                   .find("final<|message|>") == std::string::npos) {
+      ++k;
+    }
+    ASSERT_LT(k, s.tokens.size());
+    EXPECT_EQ(s.finished.usage().reasoning_tokens(), static_cast<int32_t>(k));
+  }
+}
+
+// A call on the commentary channel to functions.NAME comes back as a tool call with its body as
+// the arguments; the analysis before it is reasoning.
+TEST(ReasoningE2eTest, HarmonyFunctionCallsAreToolCalls) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kHarmonyLike);
+  EXPECT_EQ(server->model().chat.tool_call_format, ToolCallFormat::kHermes);
+  v1::GenerateRequest r = ChatRequest(
+      "<\\|channel\\|>analysis<\\|message\\|>Need the time\\.<\\|end\\|><\\|start\\|>assistant"
+      "<\\|channel\\|>commentary to=functions\\.now <\\|constrain\\|>json<\\|message\\|>"
+      "\\{\"tz\": \"(UTC|CET)\"\\}");
+  r.mutable_chat()->add_tools()->set_name("now");
+  const StreamResult got = RunGenerate(server->stub(), r);
+  ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+  const Split s = Joined(got);
+  EXPECT_EQ(s.reasoning, "Need the time.");
+  EXPECT_EQ(s.text, "");
+  EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_TOOL_CALLS);
+  ASSERT_EQ(s.finished.tool_calls_size(), 1);
+  EXPECT_EQ(s.finished.tool_calls(0).name(), "now");
+  const std::string& args = s.finished.tool_calls(0).arguments();
+  EXPECT_TRUE(args == "{\"tz\":\"UTC\"}" || args == "{\"tz\":\"CET\"}") << args;  // (compact)
+  // Without tools the same reply's call is not for the user: reasoning, no call.
+  r.mutable_chat()->clear_tools();
+  const StreamResult plain = RunGenerate(server->stub(), r);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  const Split p = Joined(plain);
+  EXPECT_EQ(p.text, "");
+  EXPECT_EQ(p.finished.tool_calls_size(), 0);
+  EXPECT_EQ(p.reasoning.rfind("Need the time.{\"tz\": ", 0), 0u) << p.reasoning;
+}
+
 }  // namespace
 }  // namespace kvrm
