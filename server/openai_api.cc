@@ -570,10 +570,24 @@ absl::Status ChatOptions(const Json& body, OpenAiRequest* out) {
   ASSIGN_OR_RETURN(std::optional<bool> cont, GetBool(body, "continue_final_message"));
   if (cont) chat->set_continue_final_message(*cont);
   out->params["chat.continue_final_message"] = "continue_final_message";
+  Json kwargs_object = Json::object();
   if (const Json* kwargs = Find(body, "chat_template_kwargs")) {
     if (!kwargs->is_object()) return WrongType("chat_template_kwargs", "an object", *kwargs);
-    chat->set_template_kwargs(kwargs->dump());
+    kwargs_object = *kwargs;
   }
+  // OpenAI's reasoning_effort reaches the template as the variable of that name (gpt-oss's
+  // writes "Reasoning: low / medium / high" into its system message), as vLLM passes it;
+  // chat_template_kwargs' own reasoning_effort wins.
+  if (const Json* effort = Find(body, "reasoning_effort");
+      effort != nullptr && !effort->is_null()) {
+    if (!effort->is_string()) return WrongType("reasoning_effort", "a string", *effort);
+    const std::string e = effort->get<std::string>();
+    if (e != "minimal" && e != "low" && e != "medium" && e != "high") {
+      return Bad("reasoning_effort", absl::StrCat("\"", e, "\": use minimal, low, medium or high"));
+    }
+    if (!kwargs_object.contains("reasoning_effort")) kwargs_object["reasoning_effort"] = e;
+  }
+  if (!kwargs_object.empty()) chat->set_template_kwargs(kwargs_object.dump());
   out->params["chat.template_kwargs"] = "chat_template_kwargs";
   ASSIGN_OR_RETURN(std::optional<bool> logprobs, GetBool(body, "logprobs"));
   ASSIGN_OR_RETURN(std::optional<int32_t> top, GetInt32(body, "top_logprobs"));

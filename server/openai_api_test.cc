@@ -730,6 +730,22 @@ TEST(ChatRequestTest, TemplateOptions) {
 
   ExpectRefused(kChat, ChatBody(R"("chat_template_kwargs": "x")"), "chat_template_kwargs");
   ExpectRefused(kChat, ChatBody(R"("add_generation_prompt": "yes")"), "add_generation_prompt");
+
+  // reasoning_effort reaches the template (gpt-oss's reads it); the kwargs' own wins.
+  r = Chat(ChatBody(R"("reasoning_effort": "low")"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Parse(r->generate.chat().template_kwargs()), Parse(R"({"reasoning_effort": "low"})"));
+  r = Chat(ChatBody(
+      R"("reasoning_effort": "low", "chat_template_kwargs": {"reasoning_effort": "high", "a": 1})"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(Parse(r->generate.chat().template_kwargs()),
+            Parse(R"({"reasoning_effort": "high", "a": 1})"));
+  r = Chat(ChatBody(R"("reasoning_effort": null)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.chat().template_kwargs(), "");
+  ExpectRefused(kChat, ChatBody(R"("reasoning_effort": "extreme")"), "reasoning_effort",
+                "use minimal, low, medium or high");
+  ExpectRefused(kChat, ChatBody(R"("reasoning_effort": 3)"), "reasoning_effort");
 }
 
 TEST(ChatRequestTest, ResponseFormat) {
