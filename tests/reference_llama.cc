@@ -59,13 +59,156 @@ double GeluTanh(double x) {
 // Gemma 2's soft-capping (attention scores, final logits): c * tanh(x / c); none when c is 0.
 double SoftCap(double x, double c) { return c > 0 ? c * std::tanh(x / c) : x; }
 
+// A float tensor of exactly `shape` (any rank), widened to double.
+absl::StatusOr<std::vector<double>> LoadValues(const SafetensorsSet& files, const std::string& name,
+                                               const std::vector<int64_t>& shape) {
+  ASSIGN_OR_RETURN(TensorView t, files.Get(name, shape));
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[i] = ElementAt(t, i);
+  return v;
+}
+
+// OCP MX's FP4 E2M1 by its 4-bit code, bit 3 the sign (Transformers' FP4_VALUES).
+constexpr double kE2M1[16] = {+0.0, +0.5, +1.0, +1.5, +2.0, +3.0, +4.0, +6.0,
+                              -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0};
+
+// gpt-oss's MXFP4 form of the fused expert tensor `base` ([experts][in][out], input x output):
+// `base`_blocks U8 [experts][out][in / 32][16] and `base`_scales U8 [experts][out][in / 32].
+// Input i of output feature r is code (i % 32) of block i / 32 of row r, the even codes in the
+// low nibbles (convert_moe_packed_tensors: lut[blk & 0x0F] to the even places, lut[blk >> 4] to
+// the odd), times 2^(scale - 127) (E8M0; 255, NaN, refused). Returns the decoded tensor in
+// `base`'s own layout, [experts][in][out].
+absl::StatusOr<std::vector<double>> DecodeMxfp4(const SafetensorsSet& files,
+                                                const std::string& base, int64_t experts,
+                                                int64_t in, int64_t out) {
+  if (in % 32 != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(base, ": ", in, " inputs are not whole MXFP4 blocks of 32"));
+  }
+  const int64_t nb = in / 32;
+  ASSIGN_OR_RETURN(TensorView blocks, files.GetAny(base + "_blocks", {experts, out, nb, 16}));
+  ASSIGN_OR_RETURN(TensorView scales, files.GetAny(base + "_scales", {experts, out, nb}));
+  if (blocks.type != StorageType::kU8 || scales.type != StorageType::kU8) {
+    return absl::InvalidArgumentError(absl::StrCat(base, "_blocks / _scales: expected U8"));
+  }
+  const auto* b = reinterpret_cast<const uint8_t*>(blocks.data);
+  const auto* sc = reinterpret_cast<const uint8_t*>(scales.data);
+  std::vector<double> w(static_cast<size_t>(experts * in * out));
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t r = 0; r < out; ++r) {
+      for (int64_t k = 0; k < nb; ++k) {
+        const int64_t block = (e * out + r) * nb + k;
+        if (sc[block] == 255) {
+          return absl::InvalidArgumentError(absl::StrCat(base, "_scales: NaN scale (255)"));
+        }
+        const double scale = std::ldexp(1.0, static_cast<int>(sc[block]) - 127);
+        for (int64_t i = 0; i < 32; ++i) {
+          const uint8_t byte = b[block * 16 + i / 2];
+          const int code = i % 2 == 0 ? byte & 0x0F : byte >> 4;
+          w[(e * in + k * 32 + i) * out + r] = kE2M1[code] * scale;
+        }
+      }
+    }
+  }
+  return w;
+}
+
 }  // namespace
 
-// The router of MoE layer `layer`: block_sparse_moe.gate (Mixtral) or mlp.gate (Qwen3-MoE,
-// Qwen2-MoE).
+// The router of MoE layer `layer`: block_sparse_moe.gate (Mixtral), mlp.router (gpt-oss) or
+// mlp.gate (Qwen3-MoE, Qwen2-MoE).
 std::string ReferenceLlama::RouterName(const LlamaConfig& config, int32_t layer) {
+  if (config.model_type == "gpt_oss")
+    return absl::StrCat("model.layers.", layer, ".mlp.router.weight");
   return absl::StrCat("model.layers.", layer, ".",
                       config.model_type == "mixtral" ? "block_sparse_moe" : "mlp", ".gate.weight");
+}
+
+absl::Status ReferenceLlama::LoadGptOssMoe(const LlamaConfig& config, const SafetensorsSet& files,
+                                           int32_t layer, Layer& l) {
+  // GptOssMLP: router (GptOssTopKRouter: weight [E][hidden], bias [E]) and experts
+  // (GptOssExperts: gate_up_proj [E][hidden][2 ffn], down_proj [E][ffn][hidden], applied as
+  // x @ W + b, and their biases).
+  const int64_t experts = config.num_experts, d = config.hidden_size;
+  const int64_t ffn = config.moe_intermediate_size;
+  const std::string p = absl::StrCat("model.layers.", layer, ".mlp.");
+  ASSIGN_OR_RETURN(l.router, Load(files, RouterName(config, layer), experts, d, /*two_d=*/true));
+  ASSIGN_OR_RETURN(l.router_bias, LoadValues(files, p + "router.bias", {experts}));
+  std::vector<double> gate_up, down;
+  if (config.quantization.method == "mxfp4") {
+    ASSIGN_OR_RETURN(gate_up, DecodeMxfp4(files, p + "experts.gate_up_proj", experts, d, 2 * ffn));
+    ASSIGN_OR_RETURN(down, DecodeMxfp4(files, p + "experts.down_proj", experts, ffn, d));
+  } else {
+    ASSIGN_OR_RETURN(gate_up, LoadValues(files, p + "experts.gate_up_proj", {experts, d, 2 * ffn}));
+    ASSIGN_OR_RETURN(down, LoadValues(files, p + "experts.down_proj", {experts, ffn, d}));
+  }
+  ASSIGN_OR_RETURN(const std::vector<double> gate_up_bias,
+                   LoadValues(files, p + "experts.gate_up_proj_bias", {experts, 2 * ffn}));
+  ASSIGN_OR_RETURN(const std::vector<double> down_bias,
+                   LoadValues(files, p + "experts.down_proj_bias", {experts, d}));
+  for (int64_t e = 0; e < experts; ++e) {
+    // gate = gate_up[..., ::2], up = gate_up[..., 1::2]: feature f is column 2 f, resp. 2 f + 1.
+    Mlp m;
+    m.gate.rows = m.up.rows = ffn;
+    m.gate.cols = m.up.cols = d;
+    m.down.rows = d;
+    m.down.cols = ffn;
+    m.gate.data.resize(ffn * d);
+    m.up.data.resize(ffn * d);
+    m.down.data.resize(d * ffn);
+    for (int64_t f = 0; f < ffn; ++f) {
+      for (int64_t k = 0; k < d; ++k) {
+        m.gate.data[f * d + k] = gate_up[(e * d + k) * 2 * ffn + 2 * f];
+        m.up.data[f * d + k] = gate_up[(e * d + k) * 2 * ffn + 2 * f + 1];
+      }
+      m.gate_bias.push_back(gate_up_bias[e * 2 * ffn + 2 * f]);
+      m.up_bias.push_back(gate_up_bias[e * 2 * ffn + 2 * f + 1]);
+    }
+    for (int64_t r = 0; r < d; ++r) {
+      for (int64_t f = 0; f < ffn; ++f) m.down.data[r * ffn + f] = down[(e * ffn + f) * d + r];
+    }
+    m.down_bias.assign(down_bias.begin() + e * d, down_bias.begin() + (e + 1) * d);
+    l.experts.push_back(std::move(m));
+  }
+  return absl::OkStatus();
+}
+
+void ReferenceLlama::ForEachGptOssExpertTensor(
+    Layer& l, const std::string& prefix,
+    const std::function<void(const std::string&, Matrix&)>& f) {
+  const int64_t experts = static_cast<int64_t>(l.experts.size());
+  // gate_up_proj: row e * 2 ffn + c is expert e's output column c (gate feature c / 2 when c is
+  // even, up feature c / 2 when odd); down_proj: row e * hidden + r its output r.
+  auto source = [&](int64_t e, int64_t row, bool gate_up) -> Matrix& {
+    Mlp& m = l.experts[e];
+    return !gate_up ? m.down : row % 2 == 0 ? m.gate : m.up;
+  };
+  for (const bool gate_up : {true, false}) {
+    const Matrix& first = gate_up ? l.experts[0].gate : l.experts[0].down;
+    const int64_t out = gate_up ? 2 * first.rows : first.rows, cols = first.cols;
+    Matrix fused;
+    fused.rows = experts * out;
+    fused.cols = cols;
+    fused.int8_block_inputs = first.int8_block_inputs;
+    fused.input_order = first.input_order;
+    fused.data.resize(fused.rows * cols);
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t c = 0; c < out; ++c) {
+        const double* row = source(e, c, gate_up).Row(gate_up ? c / 2 : c);
+        std::copy(row, row + cols, fused.data.begin() + (e * out + c) * cols);
+      }
+    }
+    f(prefix + (gate_up ? "gate_up_proj" : "down_proj"), fused);
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t c = 0; c < out; ++c) {
+        Matrix& m = source(e, c, gate_up);
+        m.int8_block_inputs = fused.int8_block_inputs;
+        m.input_order = fused.input_order;
+        const double* row = fused.Row(e * out + c);
+        std::copy(row, row + cols, m.data.begin() + (gate_up ? c / 2 : c) * cols);
+      }
+    }
+  }
 }
 
 // Expert `e` of MoE layer `layer`'s three tensors: (HF name, matrix of `expert`, rows, cols).
@@ -164,7 +307,9 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
       ASSIGN_OR_RETURN(l.v, Load(files, p + "self_attn.v_proj.weight", kvw, d));
     }
     ASSIGN_OR_RETURN(l.o, Load(files, p + "self_attn.o_proj.weight", d, qw));
-    if (config.IsMoeLayer(i)) {
+    if (config.IsMoeLayer(i) && config.model_type == "gpt_oss") {
+      RETURN_IF_ERROR(LoadGptOssMoe(config, files, i, l));
+    } else if (config.IsMoeLayer(i)) {
       // MixtralSparseMoeBlock (block_sparse_moe: gate; experts.E.w1 / w3 / w2 as gate / up /
       // down) or Qwen3MoeSparseMoeBlock / Qwen2MoeSparseMoeBlock (mlp: gate; experts.E.gate_proj
       // / up_proj / down_proj).
@@ -210,6 +355,11 @@ absl::StatusOr<std::unique_ptr<ReferenceLlama>> ReferenceLlama::Create(
       RETURN_IF_ERROR(vector("self_attn.v_proj.bias", kvw, &l.bv));
     }
     if (config.o_bias) RETURN_IF_ERROR(vector("self_attn.o_proj.bias", d, &l.bo));
+    if (config.attention_sinks) {
+      // GptOssAttention.sinks: one logit per query head.
+      ASSIGN_OR_RETURN(l.sinks,
+                       LoadValues(files, p + "self_attn.sinks", {config.num_attention_heads}));
+    }
     if (config.qk_norm) {
       // Qwen3Attention: over each head; Olmo2Attention: over the whole projection (HeadNorm
       // normalizes spans of the weight's length).
@@ -266,6 +416,11 @@ void ReferenceLlama::ForEachLinear(const std::function<void(const std::string&, 
                                   {"self_attn.v_proj", &l.v},
                                   {"self_attn.o_proj", &l.o}}) {
       f(absl::StrCat(p, name, ".weight"), *m);
+    }
+    if (config_.IsMoeLayer(static_cast<int32_t>(i)) && config_.model_type == "gpt_oss") {
+      // The fused tensors, as [E * out][in] (the header comment); router and biases kept.
+      ForEachGptOssExpertTensor(l, p + "mlp.experts.", f);
+      continue;
     }
     if (config_.IsMoeLayer(static_cast<int32_t>(i))) {
       // Each expert's matrices and the shared expert's by their HF names; the router and the
@@ -376,12 +531,21 @@ std::vector<double> ReferenceLlama::RmsNorm(const std::vector<double>& x,
 }
 
 std::vector<double> ReferenceLlama::GatedMlp(const Mlp& mlp, const std::vector<double>& x) const {
-  std::vector<double> gate = Linear(mlp.gate, x);
-  const std::vector<double> up = Linear(mlp.up, x);
+  // The biases are empty (none) but in gpt-oss's experts.
+  std::vector<double> gate = Affine(mlp.gate, mlp.gate_bias, x);
+  const std::vector<double> up = Affine(mlp.up, mlp.up_bias, x);
+  const double limit = config_.swiglu_limit;
   for (size_t i = 0; i < gate.size(); ++i) {
-    gate[i] = (config_.gelu_tanh() ? GeluTanh(gate[i]) : Silu(gate[i])) * up[i];
+    if (config_.clamped_swiglu()) {
+      // GptOssExperts: gate.clamp(max=limit), up.clamp(-limit, limit),
+      // glu = gate * sigmoid(gate * alpha), (up + 1) * glu.
+      const double g = std::min(gate[i], limit), u = std::clamp(up[i], -limit, limit);
+      gate[i] = (u + 1) * (g / (1.0 + std::exp(-kGptOssSwigluAlpha * g)));
+    } else {
+      gate[i] = (config_.gelu_tanh() ? GeluTanh(gate[i]) : Silu(gate[i])) * up[i];
+    }
   }
-  return Linear(mlp.down, gate);
+  return Affine(mlp.down, mlp.down_bias, gate);
 }
 
 std::vector<double> ReferenceLlama::MixtureOfExperts(const Layer& l, const std::vector<double>& x,
@@ -389,7 +553,9 @@ std::vector<double> ReferenceLlama::MixtureOfExperts(const Layer& l, const std::
   // router_logits = self.gate(hidden_states): a linear layer whose input only the bf16 option
   // rounds (the engine keeps the router in the model's dtype, unquantized, and takes its input
   // as such a product would; q8_0's and q4_K's input rounding belong to quantized weights).
-  const std::vector<double> logits = Product(l.router, bf16_linear_inputs_ ? RoundedToBf16(x) : x);
+  std::vector<double> logits = Product(l.router, bf16_linear_inputs_ ? RoundedToBf16(x) : x);
+  // gpt-oss: F.linear(hidden_states, self.weight, self.bias), the bias in every comparison below.
+  for (size_t e = 0; e < l.router_bias.size(); ++e) logits[e] += l.router_bias[e];
   const int64_t experts = static_cast<int64_t>(logits.size());
   const int64_t top_k = config_.num_experts_per_tok;
   // routing_weights = softmax(router_logits) over every expert.
@@ -412,11 +578,19 @@ std::vector<double> ReferenceLlama::MixtureOfExperts(const Layer& l, const std::
   double kept = 0;
   for (int64_t j = 0; j < top_k; ++j) kept += p[order[j]];
   const double norm = config_.norm_topk_prob ? kept : 1.0;
+  if (config_.model_type == "gpt_oss") {
+    // GptOssTopKRouter: router_scores = softmax(top_value) over the kept logits alone (the same
+    // weights as the renormalized ones, computed as Transformers does).
+    const double top = logits[order[0]];
+    double z = 0;
+    for (int64_t j = 0; j < top_k; ++j) z += std::exp(logits[order[j]] - top);
+    for (int64_t j = 0; j < top_k; ++j) p[order[j]] = std::exp(logits[order[j]] - top) / z;
+  }
   std::vector<double> out(x.size(), 0.0);
   for (int64_t j = 0; j < top_k; ++j) {
     const int64_t e = order[j];
     const std::vector<double> y = GatedMlp(l.experts[e], x);
-    const double w = p[e] / norm;
+    const double w = config_.model_type == "gpt_oss" ? p[e] : p[e] / norm;
     for (size_t i = 0; i < out.size(); ++i) out[i] += w * y[i];
   }
   if (!l.shared_expert_gate.data.empty()) {
@@ -591,7 +765,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
           }
           for (int64_t s = (far.sink_blocks + summaries) * bt; s <= t; ++s) token(s);
           std::vector<double> w(ck.size());
-          double mx = -INFINITY, sum = 0;
+          double mx = l.sinks.empty() ? -INFINITY : l.sinks[h], sum = 0;
           for (size_t c = 0; c < ck.size(); ++c) {
             double dot = 0;
             for (int64_t i = 0; i < hd; ++i) dot += qh[i] * ck[c][i];
@@ -599,6 +773,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
             mx = std::max(mx, w[c]);
           }
           for (double& x : w) sum += (x = std::exp(x - mx));
+          if (!l.sinks.empty()) sum += std::exp(l.sinks[h] - mx);  // a column without a value
           for (size_t c = 0; c < ck.size(); ++c) {
             for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += w[c] / sum * cv[c][i];
           }
@@ -606,7 +781,9 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
         }
         // Causal: keys at positions <= t; in a sliding layer only the last `window` of them.
         const int64_t first = window > 0 ? std::max<int64_t>(0, t - window + 1) : 0;
-        double mx = -INFINITY;
+        // gpt-oss: the head's sink logit joins the max and the denominator, and carries no value
+        // (the softmax over [scores, sink] with the sink's column dropped after it).
+        double mx = l.sinks.empty() ? -INFINITY : l.sinks[h];
         for (int64_t s = first; s <= t; ++s) {
           double dot = 0;
           for (int64_t i = 0; i < hd; ++i) dot += qh[i] * k[s][g * hd + i];
@@ -614,7 +791,7 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
           p[s] = SoftCap(dot * scale, config_.attn_logit_softcapping);
           mx = std::max(mx, p[s]);
         }
-        double sum = 0;
+        double sum = l.sinks.empty() ? 0 : std::exp(l.sinks[h] - mx);
         for (int64_t s = first; s <= t; ++s) sum += (p[s] = std::exp(p[s] - mx));
         for (int64_t s = first; s <= t; ++s) {
           for (int64_t i = 0; i < hd; ++i) attn[h * hd + i] += p[s] / sum * v[s][g * hd + i];

@@ -35,6 +35,34 @@
 // (input rounding; quantized by QuantizeLinearQ8_0, replaced by ReplaceLinearWeights under their
 // HF names), and shared_expert_gate as the router: kept as stored, its input rounded by the bf16
 // option only.
+// gpt-oss (modeling_gpt_oss's GptOssForCausalLM: config.attention_sinks, moe_biases,
+// clamped_swiglu): Llama's pre-norm block, every attention projection biased, YaRN on every layer
+// (its attention factor on cos and sin), the layers config.sliding_layers marks (the even ones)
+// sliding, and:
+// - attention sinks, self_attn.sinks [heads]: head h's softmax over its visible scores s_j gets
+//   one more logit sinks[h] in its denominator (and in the max it subtracts) that takes no value,
+//   p_j = exp(s_j - m) / (sum_k exp(s_k - m) + exp(sinks[h] - m)), so the weights may sum to
+//   less than 1 (eager_attention_forward: the sink column concatenated, dropped after softmax);
+// - the router, mlp.router.weight / mlp.router.bias: logits W x + b; the num_experts_per_tok
+//   largest kept (a tie to the lower expert), weighted by the softmax of the kept logits alone
+//   (GptOssTopKRouter); min_routing_margin is measured on these biased logits;
+// - the experts, from the fused HF tensors mlp.experts.gate_up_proj [E][hidden][2 ffn] (input x
+//   output: gate_up = x @ W + gate_up_proj_bias [E][2 ffn]; gate the even columns, up the odd)
+//   and mlp.experts.down_proj [E][ffn][hidden] with down_proj_bias [E][hidden]; or, when
+//   config.quantization.method is "mxfp4", decoded here from their *_blocks / *_scales (U8
+//   [E][out][in / 32][16] and [E][out][in / 32]: per output feature, blocks of 32 inputs, FP4
+//   E2M1 codes two a byte, the low nibble the earlier, times 2^(scale - 127)), exactly;
+// - each kept expert: g = min(gate, L), u = clamp(up, -L, L) (L = swiglu_limit),
+//   y = ((u + 1) * g * sigmoid(1.702 g)) @ down_proj + down_proj_bias (GptOssExperts).
+// The experts are held as linear layers ([out][in]: each expert's gate, up and down), so the bf16
+// input rounding, q8_0 (blocks of 32 along the input dimension) and the int8 block inputs apply
+// to them as to any MLP. ReplaceLinearWeights and the set_int8_* selectors visit each layer's
+// two fused tensors once, by their HF names (model.layers.N.mlp.experts.gate_up_proj /
+// down_proj) but as [rows][cols] = [E * out][in], the MXFP4 blocks' order: gate_up_proj's row
+// e * 2 ffn + c is expert e's output column c (even c gate feature c / 2, odd c up feature),
+// down_proj's row e * hidden + r expert e's output r; what they write is taken back. The sinks,
+// the router and every bias are kept as stored (never rounded, quantized or visited); the
+// router's input is rounded by the bf16 option only, as other routers'.
 // The only shared code is config parsing and RopeInverseFrequencies / LocalRopeConfig (the
 // llama3 / linear / yarn frequency scaling and the local base; the yarn attention factor is
 // applied here, to this file's own cos and sin).
@@ -90,10 +118,11 @@ class ReferenceLlama {
   const LlamaConfig& config() const { return config_; }
 
   // The smallest gap, over every token and MoE layer of every Forward since construction, between
-  // the num_experts_per_tok-th and the next largest router logit, as this reference computed them
-  // (with its input rounding): how far the expert choice was from flipping. A backend whose
-  // router logits are within half of it of these picked the same experts. +infinity when
-  // num_experts_per_tok == num_experts or no MoE layer has run; 0 on a tie.
+  // the num_experts_per_tok-th and the next largest router logit (gpt-oss: with the router's
+  // bias), as this reference computed them (with its input rounding): how far the expert choice
+  // was from flipping. A backend whose router logits are within half of it of these picked the
+  // same experts. +infinity when num_experts_per_tok == num_experts or no MoE layer has run; 0 on
+  // a tie.
   double min_routing_margin() const { return min_routing_margin_.load(); }
 
   // When on, every linear layer's input vector is rounded to bf16 (through float, to nearest
@@ -161,10 +190,13 @@ class ReferenceLlama {
     std::vector<int32_t> input_order;
     const double* Row(int64_t r) const { return data.data() + r * cols; }
   };
-  // One SwiGLU (or GELU-gated) MLP: the dense one, or one expert of a mixture.
+  // One SwiGLU (or GELU-gated, or gpt-oss's clamped) MLP: the dense one, or one expert of a
+  // mixture.
   struct Mlp {
     Matrix gate, up;  // [ffn][hidden]
     Matrix down;      // [hidden][ffn]
+    // gpt-oss's expert biases ([ffn], [ffn], [hidden]; empty: none).
+    std::vector<double> gate_bias, up_bias, down_bias;
   };
   struct Layer {
     std::vector<double> input_norm, post_attention_norm;  // [hidden]
@@ -173,14 +205,17 @@ class ReferenceLlama {
     std::vector<double> pre_feedforward_norm, post_feedforward_norm;
     Matrix q, k, v, o;
     Mlp mlp;  // a dense layer's (empty in a MoE layer)
-    // A MoE layer's router [num_experts][hidden] and experts (empty in a dense layer).
+    // A MoE layer's router [num_experts][hidden] and experts (empty in a dense layer), and
+    // gpt-oss's router bias [num_experts] (empty: none).
     Matrix router;
+    std::vector<double> router_bias;
     std::vector<Mlp> experts;
     // Qwen2-MoE: a MoE layer's shared expert and its gate [1][hidden] (empty: none).
     Mlp shared_expert;
     Matrix shared_expert_gate;
     std::vector<double> bq, bk, bv, bo;  // biases (empty: none)
     std::vector<double> q_norm, k_norm;  // [head_dim] (empty: none)
+    std::vector<double> sinks;           // gpt-oss: [heads] (empty: none)
   };
 
   explicit ReferenceLlama(const LlamaConfig& config) : config_(config) {}
@@ -199,13 +234,22 @@ class ReferenceLlama {
   // A MoE layer's shared expert's gate, up and down (Qwen2-MoE), as ExpertTensors.
   static std::vector<std::tuple<std::string, Matrix*, int64_t, int64_t>> SharedExpertTensors(
       int32_t layer, Mlp& expert, int64_t hidden, int64_t ffn);
+  // gpt-oss: layer `layer`'s router (and bias) and experts, split from the fused tensors (or
+  // their MXFP4 blocks) into `l`.
+  static absl::Status LoadGptOssMoe(const LlamaConfig& config, const SafetensorsSet& files,
+                                    int32_t layer, Layer& l);
+  // gpt-oss: f on layer `l`'s experts as its two fused tensors [E * out][in] (see the header
+  // comment), named `prefix` + "gate_up_proj" / "down_proj"; what f writes (values, and the
+  // int8 block flags and order) goes back to every expert.
+  static void ForEachGptOssExpertTensor(Layer& l, const std::string& prefix,
+                                        const std::function<void(const std::string&, Matrix&)>& f);
 
   // y = W x for one vector (x rounded to bf16 first under set_bf16_linear_inputs, to int16 steps
   // under QuantizeLinearQ8_0, to int8 block steps under set_int8_block_linear_inputs).
   std::vector<double> Linear(const Matrix& w, const std::vector<double>& x) const;
   // y = W x with x as given.
   static std::vector<double> Product(const Matrix& w, const std::vector<double>& x);
-  // down(act(gate x) * up x) for one vector.
+  // down(act(gate x) * up x) for one vector (gpt-oss: with the biases and the clamped GLU).
   std::vector<double> GatedMlp(const Mlp& mlp, const std::vector<double>& x) const;
   // The mixture of experts of layer `l` for one vector (with its shared expert, if any); lowers
   // `*min_margin` to this token's routing margin (see min_routing_margin).

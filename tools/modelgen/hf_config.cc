@@ -48,14 +48,17 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   const bool smollm3 = spec.model_type == "smollm3";
   const bool olmo =
       spec.olmo();  // Olmo2Config / Olmo3Config: no head_dim, mlp_bias, pretraining_tp
+  const bool gpt_oss = spec.gpt_oss();  // GptOssConfig: no mlp_bias, pretraining_tp
   // Keys as the model's Transformers config class writes them: MistralConfig has no
   // attention_bias, mlp_bias or pretraining_tp, Gemma's configs no mlp_bias or pretraining_tp,
   // and Gemma reads its activation from hidden_activation (hidden_act written too, as
   // gemma-2-2b's file has both). The mixtures of experts add their config classes' keys:
   // MixtralConfig's num_local_experts and router_jitter_noise, Qwen2MoeConfig's and
   // Qwen3MoeConfig's num_experts, moe_intermediate_size, norm_topk_prob, decoder_sparse_step and
-  // mlp_only_layers, and Qwen2MoeConfig's shared_expert_intermediate_size. Qwen2's attention
-  // (qwen2, qwen2_moe) has its Q/K/V biases from the architecture, no attention_bias key.
+  // mlp_only_layers, and Qwen2MoeConfig's shared_expert_intermediate_size; GptOssConfig has
+  // Mixtral's num_local_experts, layer_types (the even layers sliding), swiglu_limit and
+  // router_aux_loss_coef 0.9, as openai/gpt-oss-20b's file has them. Qwen2's attention (qwen2,
+  // qwen2_moe) has its Q/K/V biases from the architecture, no attention_bias key.
   const auto softcap = [](double cap) { return cap > 0 ? OJson(cap) : OJson(nullptr); };
   c["architectures"] = {std::string(ArchitectureClassName(spec.model_type))};
   if (!spec.qwen2_attention() && !mistral) c["attention_bias"] = spec.attention_bias;
@@ -73,7 +76,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["hidden_size"] = spec.hidden_size;
   c["initializer_range"] = spec.initializer_range;
   c["intermediate_size"] = spec.intermediate_size;
-  if ((gemma || spec.model_type == "olmo3") && spec.sliding_window > 0) {
+  if ((gemma || spec.model_type == "olmo3" || gpt_oss) && spec.sliding_window > 0) {
     OJson types = OJson::array();
     for (int i = 0; i < spec.num_layers; ++i) {
       types.push_back(spec.IsSlidingLayer(i) ? "sliding_attention" : "full_attention");
@@ -83,7 +86,7 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   c["max_position_embeddings"] = spec.max_position_embeddings;
   if (qwen) {
     c["max_window_layers"] = spec.num_layers;
-  } else if (!mistral && !gemma && !olmo) {
+  } else if (!mistral && !gemma && !olmo && !gpt_oss) {
     c["mlp_bias"] = false;
   }
   if (qwen_moe) {
@@ -113,10 +116,12 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["no_rope_layer_interval"] = spec.no_rope_layer_interval;
     c["no_rope_layers"] = std::move(rope);
   }
-  if (mixtral) c["num_local_experts"] = spec.num_experts;
+  if (mixtral || gpt_oss) c["num_local_experts"] = spec.num_experts;
   if (moe) c["output_router_logits"] = false;
   if (phi3) c["original_max_position_embeddings"] = spec.max_position_embeddings;
-  if (!qwen && !phi3 && !mistral && !gemma && !smollm3 && !olmo) c["pretraining_tp"] = 1;
+  if (!qwen && !phi3 && !mistral && !gemma && !smollm3 && !olmo && !gpt_oss) {
+    c["pretraining_tp"] = 1;
+  }
   if (gemma) c["query_pre_attn_scalar"] = spec.query_pre_attn_scalar;
   c["rms_norm_eps"] = spec.rms_norm_eps;
   if (gemma3) c["rope_local_base_freq"] = spec.rope_local_base_freq;
@@ -124,6 +129,13 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     const RopeScalingSpec& r = *spec.rope_scaling;
     if (r.rope_type == "linear") {
       c["rope_scaling"] = {{"factor", r.factor}, {"rope_type", "linear"}};
+    } else if (r.rope_type == "yarn") {  // gpt-oss's keys (no attention_factor: derived)
+      c["rope_scaling"] = {{"beta_fast", r.beta_fast},
+                           {"beta_slow", r.beta_slow},
+                           {"factor", r.factor},
+                           {"original_max_position_embeddings", r.original_max_position_embeddings},
+                           {"rope_type", "yarn"},
+                           {"truncate", r.truncate}};
     } else {
       c["rope_scaling"] = {{"factor", r.factor},
                            {"high_freq_factor", r.high_freq_factor},
@@ -135,8 +147,9 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
     c["rope_scaling"] = nullptr;
   }
   c["rope_theta"] = spec.rope_theta;
-  // Mixtral-8x7B's and Qwen1.5-MoE-A2.7B's / Qwen3-30B-A3B's values (only training reads them).
-  if (moe) c["router_aux_loss_coef"] = mixtral ? 0.02 : 0.001;
+  // Mixtral-8x7B's, gpt-oss's and Qwen1.5-MoE-A2.7B's / Qwen3-30B-A3B's values (only training
+  // reads them).
+  if (moe) c["router_aux_loss_coef"] = mixtral ? 0.02 : gpt_oss ? 0.9 : 0.001;
   if (mixtral) c["router_jitter_noise"] = 0.0;
   if (qwen2_moe) c["shared_expert_intermediate_size"] = spec.shared_expert_intermediate_size;
   if (spec.sliding_window > 0) {
@@ -147,10 +160,14 @@ std::string BuildConfigJson(const ModelSpec& spec, DType dtype, const SpecialIds
   if (gemma3 && spec.sliding_window > 0) {
     c["sliding_window_pattern"] = spec.sliding_window_pattern;
   }
+  if (gpt_oss) c["swiglu_limit"] = spec.swiglu_limit;
   c["tie_word_embeddings"] = spec.tie_word_embeddings;
   c["torch_dtype"] = TorchDtypeName(dtype);
-  // Gemma 3's first, Qwen3-MoE's first, else one that has every other class.
-  c["transformers_version"] = gemma3 ? "4.50.0" : qwen3_moe ? "4.51.0" : "4.45.0";
+  // Gemma 3's first, Qwen3-MoE's first, gpt-oss's first, else one that has every other class.
+  c["transformers_version"] = gemma3      ? "4.50.0"
+                              : qwen3_moe ? "4.51.0"
+                              : gpt_oss   ? "4.55.0"
+                                          : "4.45.0";
   c["use_cache"] = true;
   if (qwen || smollm3) c["use_sliding_window"] = false;
   c["vocab_size"] = spec.vocab_size;

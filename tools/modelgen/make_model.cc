@@ -19,6 +19,13 @@
 //   make_model --size=tiny --out=DIR --quantize=compressed-tensors
 //       --quantize_format=float-quantized --quantize_group_size=-1 --quantize_out=QDIR  (FP8)
 //
+// gpt-oss models (--size=tiny-gptoss) take --quantize=mxfp4 only, the layout of openai's own
+// checkpoints (the experts' fused tensors as *_blocks / *_scales, the rest as it is), and other
+// models do not take it:
+//
+//   make_model --size=tiny-gptoss --out=DIR --quantize=mxfp4 --quantize_out=QDIR
+//       [--quantize_twin_out=TWIN]    (TWIN: the experts holding the MXFP4 values, bf16 or f32)
+//
 // The same flags give byte-identical files on any machine. See tools/modelgen/README.md.
 #include <cstdint>
 #include <cstdio>
@@ -55,11 +62,13 @@ ABSL_FLAG(uint64_t, lora_seed, 0, "random seed for the adapter's values");
 ABSL_FLAG(std::string, lora_base_model, "",
           "the adapter's base_model_name_or_path (default: --out, else --size)");
 ABSL_FLAG(std::string, quantize, "",
-          "also write a quantized checkpoint of the model: awq, gptq or compressed-tensors");
+          "also write a quantized checkpoint of the model: awq, gptq, compressed-tensors, fp8, "
+          "fbgemm_fp8, bitsandbytes, or mxfp4 (gpt_oss models only, which take no other)");
 ABSL_FLAG(std::string, quantize_out, "", "where --quantize writes it");
 ABSL_FLAG(std::string, quantize_twin_out, "",
           "with --quantize, also write the model with float32 weights holding exactly the "
-          "checkpoint's values (s * (q - z)) here: a reference for other tools' dequantization");
+          "checkpoint's values (s * (q - z)) here: a reference for other tools' dequantization "
+          "(mxfp4: the experts' decoded values, in bf16 for a bf16 model)");
 ABSL_FLAG(int, quantize_bits, 4,
           "bits a weight: 4 (awq), 4 or 8 (gptq, compressed-tensors); 8 for FP8 and int8");
 ABSL_FLAG(std::string, quantize_format, "pack-quantized",
@@ -182,6 +191,10 @@ int main(int argc, char** argv) {
       q.zero_point = false;
     }
     if (method == "fbgemm_fp8") q.group_size = -1;
+    if (method == "mxfp4") {  // FP4 E2M1 in blocks of 32: what the format fixes
+      q.bits = 4;
+      q.group_size = 32;
+    }
     if (method == "bitsandbytes") {  // bitsandbytes' blocks of 64; nf4 unless told
       if (q.format == "pack-quantized") q.format = "nf4";
       q.group_size = 64;

@@ -22,6 +22,7 @@
 #include "tools/modelgen/hf_config.h"
 #include "tools/modelgen/model_spec.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/modelgen/quantized_writer.h"
 #include "tools/modelgen/tokenizer_json.h"
 
 namespace kvrm::modelgen {
@@ -202,6 +203,7 @@ std::vector<Expected> ExpectedTensors(const ModelSpec& s) {
       out.push_back({p + "self_attn.v_proj.bias", {s.num_kv_heads * hd}});
     }
     if (s.o_bias()) out.push_back({p + "self_attn.o_proj.bias", {d}});
+    if (s.gpt_oss()) out.push_back({p + "self_attn.sinks", {s.num_heads}});
     if (s.qk_norm()) {
       out.push_back({p + "self_attn.q_norm.weight", {hd}});
       out.push_back({p + "self_attn.k_norm.weight", {hd}});
@@ -209,6 +211,16 @@ std::vector<Expected> ExpectedTensors(const ModelSpec& s) {
     if (s.sandwich_norms()) {
       out.push_back({p + "pre_feedforward_layernorm.weight", {d}});
       out.push_back({p + "post_feedforward_layernorm.weight", {d}});
+    }
+    if (s.IsMoeLayer(i) && s.gpt_oss()) {
+      const int64_t experts = s.num_experts, expert_ffn = s.moe_intermediate_size;
+      out.push_back({p + "mlp.router.weight", {experts, d}});
+      out.push_back({p + "mlp.router.bias", {experts}});
+      out.push_back({p + "mlp.experts.gate_up_proj", {experts, d, 2 * expert_ffn}});
+      out.push_back({p + "mlp.experts.gate_up_proj_bias", {experts, 2 * expert_ffn}});
+      out.push_back({p + "mlp.experts.down_proj", {experts, expert_ffn, d}});
+      out.push_back({p + "mlp.experts.down_proj_bias", {experts, d}});
+      continue;
     }
     if (s.IsMoeLayer(i)) {
       const int64_t experts = s.num_experts, expert_ffn = s.moe_intermediate_size;
@@ -708,6 +720,415 @@ TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
   EXPECT_EQ(qwen2_moe.NumParameters(),
             FindModelSpec("tiny-qwen2")->NumParameters() +
                 4 * (4 * 128 + 4 * 3 * 128 * 96 + 3 * 128 * 192 + 128 - 3 * 128 * 352));
+}
+
+// gpt-oss's config.json: GptOssConfig's keys as openai/gpt-oss-20b's file has them (Mixtral's
+// num_local_experts, layer_types, YaRN rope_scaling with truncate, swiglu_limit), read back as
+// every layer a biased mixture of experts with attention sinks, the even layers sliding.
+TEST(MakeModelTest, GptOssConfigHasItsKeysAndParses) {
+  const SpecialIds ids{.bos = 1020, .eos = {1021, 1022}, .pad = 1023};
+  const ModelSpec spec = *FindModelSpec("tiny-gptoss");
+  EXPECT_TRUE(spec.gpt_oss());
+  EXPECT_TRUE(spec.qkv_bias());
+  EXPECT_TRUE(spec.o_bias());
+  EXPECT_FALSE(spec.mixtral());
+  EXPECT_EQ(spec.q_dim(), 256);  // != hidden 128
+  for (int i = 0; i < spec.num_layers; ++i) {
+    EXPECT_TRUE(spec.IsMoeLayer(i)) << i;
+    EXPECT_EQ(spec.IsSlidingLayer(i), i % 2 == 0) << i;
+  }
+
+  const std::string text = BuildConfigJson(spec, DType::kBF16, ids);
+  const Json j = *ParseJson(text, "gpt_oss");
+  EXPECT_EQ(j["architectures"], Json::array({"GptOssForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "gpt_oss");
+  EXPECT_EQ(j["attention_bias"], true);
+  EXPECT_EQ(j["attention_dropout"], 0.0);
+  EXPECT_EQ(j["head_dim"], 32);
+  EXPECT_EQ(j["hidden_act"], "silu");
+  EXPECT_EQ(j["hidden_size"], 128);
+  EXPECT_EQ(j["intermediate_size"], 128);
+  EXPECT_EQ(j["num_attention_heads"], 8);
+  EXPECT_EQ(j["num_key_value_heads"], 2);
+  EXPECT_EQ(j["num_hidden_layers"], 4);
+  EXPECT_EQ(j["num_local_experts"], 8);
+  EXPECT_EQ(j["num_experts_per_tok"], 4);
+  EXPECT_EQ(j["output_router_logits"], false);
+  EXPECT_EQ(j["router_aux_loss_coef"], 0.9);
+  EXPECT_EQ(j["swiglu_limit"], 7.0);
+  EXPECT_EQ(j["sliding_window"], 16);
+  EXPECT_EQ(j["layer_types"], Json::array({"sliding_attention", "full_attention",
+                                           "sliding_attention", "full_attention"}));
+  EXPECT_EQ(j["max_position_embeddings"], 512);
+  EXPECT_EQ(j["rope_theta"], 150000.0);
+  EXPECT_EQ(j["rope_scaling"], (Json{{"beta_fast", 32.0},
+                                     {"beta_slow", 1.0},
+                                     {"factor", 4.0},
+                                     {"original_max_position_embeddings", 128},
+                                     {"rope_type", "yarn"},
+                                     {"truncate", false}}));
+  EXPECT_EQ(j["rms_norm_eps"], 1e-5);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["vocab_size"], 1024);
+  EXPECT_EQ(j["use_cache"], true);
+  EXPECT_EQ(j["torch_dtype"], "bfloat16");
+  // GptOssConfig has none of these (nor Qwen's names for the expert fields).
+  for (const char* key :
+       {"mlp_bias", "pretraining_tp", "router_jitter_noise", "num_experts", "moe_intermediate_size",
+        "norm_topk_prob", "decoder_sparse_step", "mlp_only_layers", "use_sliding_window",
+        "sliding_window_pattern", "quantization_config"}) {
+    EXPECT_FALSE(j.contains(key)) << key;
+  }
+
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(text, "tiny-gptoss");
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << text;
+  EXPECT_EQ(c->model_type, "gpt_oss");
+  EXPECT_EQ(c->hidden_size, 128);
+  EXPECT_EQ(c->head_dim, 32);
+  EXPECT_EQ(c->num_attention_heads, 8);
+  EXPECT_EQ(c->num_key_value_heads, 2);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_TRUE(c->o_bias);
+  EXPECT_FALSE(c->qk_norm);
+  EXPECT_TRUE(c->attention_sinks);
+  EXPECT_EQ(c->num_experts, 8);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->moe_intermediate_size, 128);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->moe_layers, std::vector<bool>(4, true));
+  EXPECT_FALSE(c->HasDenseMlp());
+  EXPECT_TRUE(c->moe_biases);
+  EXPECT_EQ(c->swiglu_limit, 7.0);
+  EXPECT_TRUE(c->clamped_swiglu());
+  EXPECT_EQ(c->shared_expert_intermediate_size, 0);
+  EXPECT_EQ(c->sliding_layers, (std::vector<bool>{true, false, true, false}));
+  EXPECT_EQ(c->sliding_window, 16);
+  EXPECT_EQ(c->SlidingWindowOf(0), 16);
+  EXPECT_EQ(c->SlidingWindowOf(1), 0);
+  EXPECT_EQ(c->rope_local_theta, 0);  // every layer rotates alike, YaRN included
+  EXPECT_EQ(c->rope_theta, 150000);
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_EQ(c->rope_scaling.factor, 4.0);
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 128);
+  EXPECT_EQ(c->rope_scaling.beta_fast, 32.0);
+  EXPECT_EQ(c->rope_scaling.beta_slow, 1.0);
+  EXPECT_FALSE(c->rope_scaling.truncate);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.attention_factor, 0.1 * std::log(4.0) + 1);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_FALSE(c->quantization.enabled());
+}
+
+// gpt-oss on disk: its HF names and shapes (sinks, the biased router, the experts' fused 3-D
+// tensors input x output) counted by NumParameters, and weights drawn so that the clamped GLU's
+// limit is reached by a few percent of gate and up values on normed inputs while each expert's
+// output keeps ~unit RMS (weight_init.h).
+TEST(MakeModelTest, GptOssModelHasItsTensors) {
+  const ModelSpec spec = *FindModelSpec("tiny-gptoss");
+  const std::string dir = MakeSized("tiny-gptoss", "tiny-gptoss_f32", DType::kF32);
+  auto config = LoadLlamaConfig(dir);
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->model_type, "gpt_oss");
+  auto set = SafetensorsSet::OpenDirectory(dir);
+  ASSERT_TRUE(set.ok()) << set.status();
+  const std::vector<Expected> expected = ExpectedTensors(spec);
+  std::set<std::string> expected_names;
+  for (const Expected& e : expected) expected_names.insert(e.name);
+  const std::vector<std::string> names = (*set)->TensorNames();
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected_names);
+  EXPECT_EQ(names.size(), expected.size());
+  int64_t params = 0;
+  for (const Expected& e : expected) {
+    auto t = (*set)->Get(e.name, e.shape);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->dtype, DType::kF32);
+    params += t->numel();
+  }
+  EXPECT_EQ(params, spec.NumParameters());
+  EXPECT_EQ(spec.NumParameters(), 2182336);
+  // Per layer, against tiny-biased's attention with 8 heads: the sinks, and instead of the dense
+  // MLP the router (weight and bias) and 8 experts' fused matrices and biases.
+  ModelSpec dense = *FindModelSpec("tiny-biased");
+  dense.num_heads = 8;
+  dense.intermediate_size = 128;
+  EXPECT_EQ(spec.NumParameters(),
+            dense.NumParameters() +
+                4 * (8 + 8 * 128 + 8 + 8 * (128 * 256 + 256 + 128 * 128 + 128) - 3 * 128 * 128));
+
+  auto values = [&](const std::string& name) {
+    const TensorView t = *(*set)->Get(name);
+    std::vector<double> v(t.numel());
+    for (int64_t i = 0; i < t.numel(); ++i) v[i] = FloatElement(t, i);
+    return v;
+  };
+  auto rms = [](const std::vector<double>& v) {
+    double sq = 0;
+    for (double x : v) sq += x * x;
+    return std::sqrt(sq / v.size());
+  };
+  std::vector<double> sinks, router_bias, expert_bias, gate_up, down;
+  for (int i = 0; i < spec.num_layers; ++i) {
+    const std::string p = absl::StrCat("model.layers.", i, ".");
+    for (auto [name, out] : {std::pair{"self_attn.sinks", &sinks},
+                             {"mlp.router.bias", &router_bias},
+                             {"mlp.experts.gate_up_proj_bias", &expert_bias},
+                             {"mlp.experts.down_proj_bias", &expert_bias},
+                             {"mlp.experts.gate_up_proj", &gate_up},
+                             {"mlp.experts.down_proj", &down}}) {
+      const std::vector<double> v = values(p + name);
+      out->insert(out->end(), v.begin(), v.end());
+    }
+  }
+  EXPECT_NEAR(rms(sinks), 1.0, 0.3);
+  EXPECT_NEAR(rms(router_bias), 0.5, 0.15);
+  EXPECT_NEAR(rms(expert_bias), 0.1, 0.01);
+  EXPECT_NEAR(rms(gate_up), 3 / std::sqrt(128.0), 0.005);
+  EXPECT_NEAR(rms(down), 1 / (6.5 * std::sqrt(128.0)), 0.0005);
+
+  // Every expert of layer 0 on 64 RMS-normalized embedding rows: gate and up (the even and odd
+  // columns of x @ gate_up_proj + bias) past the limit for a few percent of features, the
+  // clamped GLU's RMS ~6.5 and the expert's output's ~1.
+  const std::vector<double> embed = values("model.embed_tokens.weight");
+  const std::vector<double> w1 = values("model.layers.0.mlp.experts.gate_up_proj");
+  const std::vector<double> b1 = values("model.layers.0.mlp.experts.gate_up_proj_bias");
+  const std::vector<double> w2 = values("model.layers.0.mlp.experts.down_proj");
+  const std::vector<double> b2 = values("model.layers.0.mlp.experts.down_proj_bias");
+  const int d = spec.hidden_size, ffn = spec.moe_intermediate_size;
+  const double limit = spec.swiglu_limit;
+  int64_t gates = 0, gates_over = 0, ups_over = 0;
+  double glu_sq = 0, out_sq = 0, clamp_sq = 0;
+  for (int row = 0; row < 64; ++row) {
+    std::vector<double> x(embed.begin() + row * d, embed.begin() + (row + 1) * d);
+    const double r = rms(x);
+    for (double& v : x) v /= r;
+    for (int e = 0; e < spec.num_experts; ++e) {
+      std::vector<double> h(ffn);
+      for (int f = 0; f < ffn; ++f) {
+        double g = b1[e * 2 * ffn + 2 * f], u = b1[e * 2 * ffn + 2 * f + 1];
+        for (int k = 0; k < d; ++k) {
+          g += x[k] * w1[(int64_t{e} * d + k) * 2 * ffn + 2 * f];
+          u += x[k] * w1[(int64_t{e} * d + k) * 2 * ffn + 2 * f + 1];
+        }
+        ++gates, gates_over += g > limit, ups_over += std::abs(u) > limit;
+        const double gc = std::min(g, limit), uc = std::clamp(u, -limit, limit);
+        h[f] = (uc + 1) * gc / (1 + std::exp(-1.702 * gc));
+        const double unclamped = (u + 1) * g / (1 + std::exp(-1.702 * g));
+        glu_sq += h[f] * h[f], clamp_sq += (h[f] - unclamped) * (h[f] - unclamped);
+      }
+      for (int k = 0; k < d; ++k) {
+        double y = b2[e * d + k];
+        for (int f = 0; f < ffn; ++f) y += h[f] * w2[(int64_t{e} * ffn + f) * d + k];
+        out_sq += y * y;
+      }
+    }
+  }
+  const double gate_frac = double(gates_over) / gates, up_frac = double(ups_over) / gates;
+  const double glu_rms = std::sqrt(glu_sq / gates), clamp_rms = std::sqrt(clamp_sq / gates);
+  const double out_rms = std::sqrt(out_sq / (64 * spec.num_experts * d));
+  EXPECT_GT(gate_frac, 0.003);
+  EXPECT_LT(gate_frac, 0.03);
+  EXPECT_GT(up_frac, 0.007);
+  EXPECT_LT(up_frac, 0.05);
+  EXPECT_NEAR(glu_rms, 6.5, 1.0);
+  EXPECT_GT(clamp_rms / glu_rms, 0.03) << "the clamp hardly changes the GLU";
+  EXPECT_NEAR(out_rms, 1.0, 0.3);
+  std::printf(
+      "tiny-gptoss: sinks rms %.2f, router bias rms %.2f; layer 0 on normed embedding rows: "
+      "gate > %g for %.2f%%, |up| > %g for %.2f%% of features, clamped GLU rms %.2f (the clamp "
+      "moves it by %.2f rms), expert output rms %.2f\n",
+      rms(sinks), rms(router_bias), limit, 100 * gate_frac, limit, 100 * up_frac, glu_rms,
+      clamp_rms, out_rms);
+}
+
+// The E2M1 value of `code` and an E8M0 scale's power of two, written here from the OCP MX
+// specification (not through the writer's table).
+double E2M1(int code) {
+  static constexpr double kMagnitudes[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+  return (code & 8 ? -1 : 1) * kMagnitudes[code & 7];
+}
+double Mxfp4Element(const uint8_t* blocks, const uint8_t* scales, int64_t block, int i) {
+  const uint8_t byte = blocks[block * 16 + i / 2];
+  return E2M1(i % 2 == 0 ? byte & 15 : byte >> 4) * std::ldexp(1.0, int{scales[block]} - 127);
+}
+
+// The quantizer's rounding (nearest E2M1 value, ties to the even mantissa, saturating at 6) and
+// block layout (E8M0 scale floor(log2(amax)) - 2, the earlier value in the low nibble) on
+// hand-made values.
+TEST(MakeModelTest, Mxfp4RoundsToNearestE2M1AndPacksLowNibbleFirst) {
+  const std::vector<std::pair<double, int>> cases = {
+      {0, 0},    {0.25, 0}, {0.2500001, 1}, {0.5, 1}, {0.75, 2},  {1.25, 2}, {1.4, 3},  {1.75, 4},
+      {2.5, 4},  {3.5, 6},  {4.9, 6},       {5.0, 6}, {5.01, 7},  {6, 7},    {7.99, 7}, {1e9, 7},
+      {-0.1, 0}, {-0.5, 9}, {-0.75, 10},    {-5, 14}, {-5.5, 15}, {-100, 15}};
+  for (const auto& [x, code] : cases) EXPECT_EQ(NearestE2M1(x), code) << x;
+  for (int c = 0; c < 16; ++c) EXPECT_EQ(double(kE2M1Values[c]), E2M1(c)) << c;
+
+  // amax 6: exponent floor(log2 6) - 2 = 0 (scale byte 127), values as they are.
+  float x[32] = {1.0f, -0.5f, 6.0f, 0.0f, 3.0f, -6.0f, 0.25f, 0.75f};
+  uint8_t packed[16], scale = 0;
+  QuantizeMxfp4Block(x, packed, &scale);
+  EXPECT_EQ(scale, 127);
+  EXPECT_EQ(packed[0], 0x92);  // 1.0 (code 2) low, -0.5 (code 9) high
+  EXPECT_EQ(packed[1], 0x07);  // 6.0 (7), 0 (0)
+  EXPECT_EQ(packed[2], 0xF5);  // 3.0 (5), -6.0 (15)
+  EXPECT_EQ(packed[3], 0x20);  // 0.25 -> 0 (the tie to even), 0.75 -> 1.0 (2)
+  for (int j = 4; j < 16; ++j) EXPECT_EQ(packed[j], 0) << j;
+  const float want[8] = {1.0f, -0.5f, 6.0f, 0.0f, 3.0f, -6.0f, 0.0f, 1.0f};
+  for (int i = 0; i < 32; ++i) {
+    EXPECT_EQ(Mxfp4Element(packed, &scale, 0, i), i < 8 ? want[i] : 0.0f) << i;
+  }
+
+  // amax 0.75 / 64: exponent -7 - 2 = -9 (scale 118), so 0.75 / 64 is 6 steps of 2^-9 and
+  // 2^-10 half of one; the largest value last, in a high nibble.
+  float y[32] = {};
+  y[31] = 0.75f / 64, y[0] = std::ldexp(1.0f, -10), y[1] = -std::ldexp(1.0f, -12);
+  QuantizeMxfp4Block(y, packed, &scale);
+  EXPECT_EQ(scale, 118);
+  EXPECT_EQ(packed[15], 0x70);
+  EXPECT_EQ(packed[0], 0x01);  // 2^-10 -> 0.5 (code 1); -2^-12 -> -0.125 rounds to +0
+  EXPECT_EQ(Mxfp4Element(packed, &scale, 0, 31), 0.75 / 64);
+  EXPECT_EQ(Mxfp4Element(packed, &scale, 0, 0), std::ldexp(1.0, -10));
+
+  // amax 7.9: exponent 0, 7.9 saturates to 6 and 5 ties down to 4.
+  float z[32] = {7.9f, 5.0f, -7.9f};
+  QuantizeMxfp4Block(z, packed, &scale);
+  EXPECT_EQ(scale, 127);
+  EXPECT_EQ(packed[0], 0x67);
+  EXPECT_EQ(packed[1], 0x0F);
+
+  // All zeros: scale 127 (2^0), zero codes.
+  float zeros[32] = {};
+  QuantizeMxfp4Block(zeros, packed, &scale);
+  EXPECT_EQ(scale, 127);
+  for (int j = 0; j < 16; ++j) EXPECT_EQ(packed[j], 0) << j;
+
+  // Scales clamp at 0 (2^-127; 255 would be NaN): a block of 2^-140 (a subnormal float) has
+  // exponent -142, clamped to -127, and rounds to zero. The largest floats take scale 252.
+  float tiny[32] = {std::ldexp(1.0f, -140)};
+  QuantizeMxfp4Block(tiny, packed, &scale);
+  EXPECT_EQ(scale, 0);
+  EXPECT_EQ(packed[0], 0);
+  float huge[32] = {3e38f, -1e38f};
+  QuantizeMxfp4Block(huge, packed, &scale);
+  EXPECT_EQ(scale, 252);  // floor(log2(3e38)) = 127
+  EXPECT_EQ(Mxfp4Element(packed, &scale, 0, 0), std::ldexp(1.0, 125) * 6);   // 3e38 / 2^125 = 7.05
+  EXPECT_EQ(Mxfp4Element(packed, &scale, 0, 1), -std::ldexp(1.0, 125) * 2);  // -2.35 -> -2
+}
+
+// make_model --quantize=mxfp4 on tiny-gptoss: openai's layout (the experts' fused tensors as
+// U8 *_blocks [experts][out][in / 32][16] and *_scales [experts][out][in / 32], everything else
+// as it was, quantization_config as gpt-oss-20b's), each block's scale by the OCP rule, and a
+// twin whose experts (bf16, as the source) hold exactly the values the blocks decode to here.
+// Only gpt_oss models take mxfp4, and they take nothing else.
+TEST(MakeModelTest, Mxfp4CheckpointDecodesToItsTwin) {
+  const ModelSpec spec = *FindModelSpec("tiny-gptoss");
+  const std::string src = MakeSized("tiny-gptoss", "gptoss_mxfp4_src", DType::kBF16);
+  const std::string mx = TmpDir("gptoss_mxfp4"), twin = TmpDir("gptoss_mxfp4_twin");
+  QuantizeOptions options;
+  options.method = "mxfp4";
+  ASSERT_TRUE(QuantizeModelDir(src, mx, twin, options).ok());
+
+  const Json src_config = *ReadJsonFile(src + "/config.json");
+  Json want_config = src_config;
+  want_config["quantization_config"] = {
+      {"modules_to_not_convert",
+       {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"}},
+      {"quant_method", "mxfp4"}};
+  EXPECT_EQ(*ReadJsonFile(mx + "/config.json"), want_config);
+  EXPECT_EQ(*ReadJsonFile(twin + "/config.json"), src_config);
+  auto mx_config = LoadLlamaConfig(mx);
+  ASSERT_TRUE(mx_config.ok()) << mx_config.status();
+  EXPECT_EQ(mx_config->quantization.method, "mxfp4");
+  EXPECT_TRUE(LoadLlamaConfig(twin).ok());
+  for (const char* file : {"tokenizer.json", "tokenizer_config.json"}) {
+    EXPECT_EQ(*ReadFileToString(mx + "/" + file), *ReadFileToString(src + "/" + file));
+  }
+
+  auto src_set = SafetensorsSet::OpenDirectory(src);
+  auto mx_set = SafetensorsSet::OpenDirectory(mx);
+  auto twin_set = SafetensorsSet::OpenDirectory(twin);
+  ASSERT_TRUE(src_set.ok() && mx_set.ok() && twin_set.ok());
+  const auto bytes = [](const TensorView& t) {
+    return std::string(reinterpret_cast<const char*>(t.data), t.nbytes);
+  };
+  const int64_t experts = spec.num_experts, d = spec.hidden_size;
+  const int64_t ffn = spec.moe_intermediate_size;
+  std::set<std::string> want_names;
+  int quantized = 0;
+  double err_sq = 0, ref_sq = 0;
+  for (const std::string& name : (*src_set)->TensorNames()) {
+    const TensorView s = *(*src_set)->Get(name);
+    const TensorView t = *(*twin_set)->Get(name, s.shape);
+    const bool gate_up = absl::EndsWith(name, "mlp.experts.gate_up_proj");
+    if (!gate_up && !absl::EndsWith(name, "mlp.experts.down_proj")) {
+      want_names.insert(name);
+      EXPECT_EQ(bytes(*(*mx_set)->Get(name, s.shape)), bytes(s)) << name;
+      EXPECT_EQ(bytes(t), bytes(s)) << name;
+      continue;
+    }
+    ++quantized;
+    want_names.insert(name + "_blocks");
+    want_names.insert(name + "_scales");
+    EXPECT_EQ(t.dtype, DType::kBF16) << name;
+    // [experts][in][out]: gate_up_proj's inputs are the hidden features, down_proj's the ffn.
+    const int64_t in = gate_up ? d : ffn, out = gate_up ? 2 * ffn : d, nb = in / 32;
+    auto blocks = (*mx_set)->GetAny(name + "_blocks", {experts, out, nb, 16});
+    auto scales = (*mx_set)->GetAny(name + "_scales", {experts, out, nb});
+    ASSERT_TRUE(blocks.ok() && scales.ok()) << name;
+    EXPECT_EQ(blocks->type, StorageType::kU8);
+    EXPECT_EQ(scales->type, StorageType::kU8);
+    const auto* b = reinterpret_cast<const uint8_t*>(blocks->data);
+    const auto* sc = reinterpret_cast<const uint8_t*>(scales->data);
+    for (int64_t e = 0; e < experts; ++e) {
+      for (int64_t r = 0; r < out; ++r) {
+        for (int64_t k = 0; k < nb; ++k) {
+          const int64_t block = (e * out + r) * nb + k;
+          double amax = 0;
+          for (int i = 0; i < 32; ++i) {
+            const int64_t at = (e * in + k * 32 + i) * out + r;
+            const double v = FloatElement(s, at), q = FloatElement(t, at);
+            ASSERT_EQ(Mxfp4Element(b, sc, block, i), q) << name << " " << e << " " << r << " " << i;
+            amax = std::max(amax, std::abs(v));
+            err_sq += (q - v) * (q - v), ref_sq += v * v;
+          }
+          ASSERT_NE(sc[block], 255);
+          ASSERT_EQ(int{sc[block]}, std::ilogb(amax) - 2 + 127) << name << " block " << block;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(quantized, 2 * spec.num_layers);
+  const std::vector<std::string> mx_names = (*mx_set)->TensorNames();
+  EXPECT_EQ(std::set<std::string>(mx_names.begin(), mx_names.end()), want_names);
+  EXPECT_EQ(mx_names.size(), want_names.size());
+  // E2M1's one mantissa bit: ~10% RMS error (a wrong scale or nibble order would be ~100%).
+  const double rel = std::sqrt(err_sq / ref_sq);
+  EXPECT_GT(rel, 0.02);
+  EXPECT_LT(rel, 0.2);
+  std::printf("tiny-gptoss mxfp4: experts' relative RMS error %.3f\n", rel);
+
+  // The binary writes the same files; the other methods refuse gpt_oss and mxfp4 refuses other
+  // models.
+  const std::string bin = TmpDir("gptoss_mxfp4_bin");
+  const std::string cmd =
+      absl::StrCat("tools/modelgen/make_model --size=tiny-gptoss --out=", bin, " --quantize=mxfp4",
+                   " --quantize_out=", bin, "_q --quantize_twin_out=", bin, "_twin > /dev/null");
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  ExpectSameFiles(mx, bin + "_q");
+  ExpectSameFiles(twin, bin + "_twin");
+  QuantizeOptions awq;
+  awq.method = "awq";
+  const absl::Status refused = QuantizeModelDir(src, TmpDir("gptoss_awq"), "", awq);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
+  EXPECT_TRUE(absl::StrContains(refused.message(), "mxfp4")) << refused;
+  const std::string tiny = MakeTiny("tiny_for_mxfp4", DType::kBF16);
+  const absl::Status not_gpt_oss = QuantizeModelDir(tiny, TmpDir("tiny_mxfp4"), "", options);
+  EXPECT_TRUE(absl::IsInvalidArgument(not_gpt_oss)) << not_gpt_oss;
+  EXPECT_TRUE(absl::StrContains(not_gpt_oss.message(), "gpt_oss")) << not_gpt_oss;
+  EXPECT_NE(std::system(absl::StrCat("tools/modelgen/make_model --size=tiny --out=", bin,
+                                     "_tiny --quantize=mxfp4 --quantize_out=", bin,
+                                     "_tiny_q > /dev/null 2>&1")
+                            .c_str()),
+            0);
 }
 
 TEST(MakeModelTest, TokenizerLoadsAndRoundTrips) {

@@ -298,6 +298,42 @@ ModelSpec SmallMixtral() {
   return s;
 }
 
+// gpt-oss (openai/gpt-oss-20b's block) in the tiny shape: 8 heads of 32 over hidden 128 (a Q
+// width of 256 != hidden, as gpt-oss's 64 heads of 64 against 2880), 2 KV heads, every
+// attention projection biased, a learned sink logit per head; YaRN RoPE on every layer (factor 4
+// over an original context of 128, truncate false: gpt-oss's 32 over 4096, scaled down) with
+// rope_theta 150000; the even layers attending within 16 positions (gpt-oss: 128); and in every
+// layer a biased router over 8 experts of intermediate_size 128, 4 a token (gpt-oss-20b: 32, 4),
+// their GLU clamped at swiglu_limit 7. 128 features are 4 MXFP4 blocks of 32, so each of 2
+// tensor-parallel ranks holds whole blocks (64 features). Untied, as gpt-oss.
+ModelSpec TinyGptOss() {
+  ModelSpec s = Tiny();
+  s.name = "tiny-gptoss";
+  s.model_type = "gpt_oss";
+  s.attention_bias = true;
+  s.num_heads = 8;
+  s.num_kv_heads = 2;
+  s.head_dim = 32;
+  s.intermediate_size = 128;
+  s.rope_theta = 150000.0;
+  s.rope_scaling = RopeScalingSpec{.factor = 4.0,
+                                   .original_max_position_embeddings = 128,
+                                   .rope_type = "yarn",
+                                   .beta_fast = 32.0,
+                                   .beta_slow = 1.0,
+                                   .truncate = false};
+  s.sliding_window = 16;
+  s.sliding_window_pattern = 2;  // layers 0 and 2 slide, 1 and 3 attend to everything
+  s.num_experts = 8;
+  s.num_experts_per_tok = 4;
+  s.moe_intermediate_size = s.intermediate_size;  // GptOssConfig: the experts' intermediate_size
+  s.norm_topk_prob = true;  // the softmax of the kept logits (not a config key)
+  s.swiglu_limit = 7.0;
+  s.tie_word_embeddings = false;
+  s.rms_norm_eps = 1e-5;
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
   static const auto* table =
       new std::vector<ModelSpec>{Tiny(),         Small(),        TinyQwen2(),
@@ -306,7 +342,7 @@ const std::vector<ModelSpec>& Table() {
                                  TinyGemma2(),   TinyGemma3(),   TinyMistralSlidingWindow(),
                                  TinyMixtral(),  TinyQwen2Moe(), TinyQwen3Moe(),
                                  SmallMixtral(), TinySmolLM3(),  TinyOlmo2(),
-                                 TinyOlmo3()};
+                                 TinyOlmo3(),    TinyGptOss()};
   return *table;
 }
 
@@ -317,19 +353,26 @@ int64_t ModelSpec::NumParameters() const {
   // input / post-attention norms (Gemma: and pre- / post-feedforward)
   // (OLMo 2: the two output norms only, and Q/K norms over the whole projections)
   const int64_t norms = olmo() ? 2 : sandwich_norms() ? 4 : 2;
+  const int64_t sinks = gpt_oss() ? num_heads : 0;       // gpt-oss: self_attn.sinks, one a head
   const int64_t attention = norms * d + d * q_dim() * 2  // q_proj, o_proj
                             + d * kv_dim() * 2           // k_proj, v_proj
                             + (qkv_bias() ? q_dim() + 2 * kv_dim() : 0) + (o_bias() ? d : 0) +
                             (!qk_norm() ? 0
                              : olmo()   ? q_dim() + kv_dim()
-                                        : 2 * head_dim);
+                                        : 2 * head_dim) +
+                            sinks;
   const int64_t dense_mlp = d * intermediate_size * 3;  // gate, up, down
   // The router, then each expert's gate, up and down, then (qwen2_moe) the shared expert's gate,
   // up and down and its [1][hidden] gate.
   const int64_t shared_mlp =
       shared_expert_intermediate_size > 0 ? 3 * d * shared_expert_intermediate_size + d : 0;
-  const int64_t moe_mlp =
-      int64_t{num_experts} * d + int64_t{num_experts} * 3 * d * moe_intermediate_size + shared_mlp;
+  // gpt-oss: the router's bias [experts] and the experts' gate_up_proj_bias [2 ffn] and
+  // down_proj_bias [hidden].
+  const int64_t moe_biases =
+      gpt_oss() ? int64_t{num_experts} * (1 + 2 * moe_intermediate_size + d) : 0;
+  const int64_t moe_mlp = int64_t{num_experts} * d +
+                          int64_t{num_experts} * 3 * d * moe_intermediate_size + shared_mlp +
+                          moe_biases;
   int64_t layers = 0;
   for (int i = 0; i < num_layers; ++i) layers += attention + (IsMoeLayer(i) ? moe_mlp : dense_mlp);
   const int64_t embed = static_cast<int64_t>(vocab_size) * d;

@@ -13,14 +13,20 @@
 
 namespace kvrm {
 
-// config.json's rope_scaling: Llama 3.1's ("rope_type": "llama3", every field) or linear
-// ("rope_type": "linear", `factor` only: positions divided by it, as Gemma 3's global layers).
+// config.json's rope_scaling: Llama 3.1's ("rope_type": "llama3", every field but YaRN's),
+// linear ("rope_type": "linear", `factor` only: positions divided by it, as Gemma 3's global
+// layers) or YaRN ("rope_type": "yarn": factor, original_max_position_embeddings, beta_fast,
+// beta_slow and truncate, as gpt-oss writes them; Transformers derives the attention factor
+// 0.1 ln(factor) + 1 that multiplies cos and sin).
 struct RopeScalingSpec {
   double factor = 8.0;
   double low_freq_factor = 1.0;
   double high_freq_factor = 4.0;
   int original_max_position_embeddings = 8192;
-  std::string_view rope_type = "llama3";  // "llama3" or "linear"
+  std::string_view rope_type = "llama3";  // "llama3", "linear" or "yarn"
+  double beta_fast = 32.0;                // yarn only
+  double beta_slow = 1.0;                 // yarn only
+  bool truncate = true;                   // yarn only
 };
 using Llama3RopeScaling = RopeScalingSpec;
 
@@ -34,7 +40,10 @@ struct ModelSpec {
   // "mixtral" (Mistral's block, block_sparse_moe.* tensors), "qwen2_moe" (Qwen2's block with its
   // Q/K/V biases, mlp.gate / mlp.experts.* tensors and a shared expert) and "qwen3_moe" (Qwen3's
   // block, mlp.gate / mlp.experts.* tensors), or "smollm3" (Llama's block, every
-  // no_rope_layer_interval-th layer without RoPE).
+  // no_rope_layer_interval-th layer without RoPE), or "gpt_oss" (gpt-oss: every projection of the
+  // attention biased, a learned sink logit per head, YaRN RoPE, even layers sliding, and in every
+  // layer a biased router and experts stored fused and transposed, with the clamped GLU of
+  // swiglu_limit below).
   std::string_view model_type = "llama";
   bool attention_bias = false;  // llama / qwen3: every attention projection biased
   // granite: config.json's embedding_multiplier, attention_multiplier, residual_multiplier and
@@ -85,6 +94,9 @@ struct ModelSpec {
   // every token takes (mlp.shared_expert.{gate,up,down}_proj), its output scaled by
   // sigmoid(mlp.shared_expert_gate . x) ([1][hidden]) and added to the routed experts' (0: none).
   int shared_expert_intermediate_size = 0;
+  // gpt_oss: the experts' GLU is (clamp(up, -L, L) + 1) * g * sigmoid(1.702 g) with
+  // g = min(gate, L), L = swiglu_limit (config.json's key; 0: the plain SwiGLU of the others).
+  double swiglu_limit = 0;
   bool tie_word_embeddings = false;
   double rms_norm_eps = 1e-5;
   double initializer_range = 0.02;  // Written to config.json; see weight_init.h for the stds.
@@ -102,6 +114,11 @@ struct ModelSpec {
   bool olmo() const { return model_type == "olmo2" || model_type == "olmo3"; }
   bool pre_norms() const { return !olmo(); }
   bool mixtral() const { return model_type == "mixtral"; }
+  // gpt-oss: self_attn.sinks [heads], mlp.router.{weight,bias} and the experts as fused tensors
+  // mlp.experts.gate_up_proj [experts][hidden][2 ffn] (gate and up in alternate columns) and
+  // mlp.experts.down_proj [experts][ffn][hidden] (input x output, unlike nn.Linear), with their
+  // biases gate_up_proj_bias [experts][2 ffn] and down_proj_bias [experts][hidden].
+  bool gpt_oss() const { return model_type == "gpt_oss"; }
   bool fused_projections() const { return model_type == "phi3"; }
   bool gemma() const { return model_type == "gemma2" || model_type == "gemma3_text"; }
   // Gemma's pre_feedforward_layernorm and post_feedforward_layernorm (its post_attention_layernorm

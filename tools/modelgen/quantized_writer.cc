@@ -407,7 +407,83 @@ void QuantizeBnb(const TensorView& t, const std::string& name, const QuantizeOpt
                   Bytes(std::vector<char>(state_text.begin(), state_text.end()))});
 }
 
+// gpt-oss's experts (mlp.experts.gate_up_proj, mlp.experts.down_proj): what mxfp4 quantizes.
+bool IsMxfp4Expert(const std::string& name, const TensorView& t) {
+  return t.shape.size() == 3 && (absl::EndsWith(name, ".mlp.experts.gate_up_proj") ||
+                                 absl::EndsWith(name, ".mlp.experts.down_proj"));
+}
+
+// One fused expert tensor `t` ([experts][in][out], input x output as GptOssExperts holds it) as
+// MXFP4: <name>_blocks [experts][out][in / 32][16] and <name>_scales [experts][out][in / 32],
+// each output feature's inputs in blocks of 32 (the layout of openai's checkpoints, which
+// Transformers' convert_moe_packed_tensors transposes back). `values` gets the dequantized
+// tensor, in t's layout.
+absl::Status QuantizeMxfp4(const TensorView& t, const std::string& name, std::vector<Owned>* out,
+                           std::vector<float>* values) {
+  constexpr int64_t kBlock = 32;
+  const int64_t experts = t.shape[0], in = t.shape[1], cols = t.shape[2];
+  if (in % kBlock != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quantize: mxfp4: ", name, " has ", in, " inputs, not whole blocks of 32"));
+  }
+  const int64_t blocks = in / kBlock;
+  std::vector<uint8_t> packed(experts * cols * blocks * kBlock / 2),
+      scales(experts * cols * blocks);
+  values->resize(experts * in * cols);
+  float x[kBlock];
+  for (int64_t e = 0; e < experts; ++e) {
+    for (int64_t r = 0; r < cols; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        auto at = [&](int64_t i) { return (e * in + b * kBlock + i) * cols + r; };
+        for (int64_t i = 0; i < kBlock; ++i) {
+          x[i] = FloatElement(t, at(i));
+          if (!std::isfinite(x[i])) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("quantize: mxfp4: ", name, " holds ", x[i]));
+          }
+        }
+        const int64_t block = (e * cols + r) * blocks + b;
+        uint8_t* bytes = packed.data() + block * kBlock / 2;
+        QuantizeMxfp4Block(x, bytes, &scales[block]);
+        for (int64_t i = 0; i < kBlock; ++i) {
+          const uint8_t code = i % 2 == 0 ? bytes[i / 2] & 15 : bytes[i / 2] >> 4;
+          (*values)[at(i)] = std::ldexp(kE2M1Values[code], scales[block] - 127);
+        }
+      }
+    }
+  }
+  out->push_back({name + "_blocks",
+                  StorageType::kU8,
+                  DType::kF32,
+                  {experts, cols, blocks, 16},
+                  Bytes(packed)});
+  out->push_back(
+      {name + "_scales", StorageType::kU8, DType::kF32, {experts, cols, blocks}, Bytes(scales)});
+  return absl::OkStatus();
+}
+
+// `values` as a float tensor of `dtype` (bf16 or f32), which must hold each exactly.
+absl::StatusOr<std::vector<std::byte>> ExactBytes(const std::vector<float>& values, DType dtype,
+                                                  const std::string& name) {
+  if (dtype == DType::kF32) return Bytes(values);
+  std::vector<uint16_t> h(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    h[i] = FloatToBf16(values[i]);
+    if (Bf16ToFloat(h[i]) != values[i]) {
+      return absl::InternalError(
+          absl::StrCat("quantize: ", name, "'s value ", values[i], " is not a bf16 number"));
+    }
+  }
+  return Bytes(h);
+}
+
 Json QuantizationConfig(const QuantizeOptions& o) {
+  if (o.method == "mxfp4") {  // openai/gpt-oss-20b's
+    return Json{{"modules_to_not_convert",
+                 {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                  "lm_head"}},
+                {"quant_method", "mxfp4"}};
+  }
   if (o.method == "awq") {
     return Json{{"quant_method", "awq"}, {"bits", o.bits},    {"group_size", o.group_size},
                 {"zero_point", true},    {"version", "gemm"}, {"modules_to_not_convert", nullptr}};
@@ -487,11 +563,14 @@ Json QuantizationConfig(const QuantizeOptions& o) {
 
 absl::Status CheckOptions(const QuantizeOptions& o) {
   if (o.method != "awq" && o.method != "gptq" && o.method != "compressed-tensors" &&
-      o.method != "fp8" && o.method != "fbgemm_fp8" && o.method != "bitsandbytes") {
+      o.method != "fp8" && o.method != "fbgemm_fp8" && o.method != "bitsandbytes" &&
+      o.method != "mxfp4") {
     return absl::InvalidArgumentError(
         absl::StrCat("quantize: method \"", o.method,
-                     "\" (awq, gptq, compressed-tensors, fp8, fbgemm_fp8 or bitsandbytes)"));
+                     "\" (awq, gptq, compressed-tensors, fp8, fbgemm_fp8, bitsandbytes or mxfp4)"));
   }
+  // E2M1 values in blocks of 32 with E8M0 scales: the format leaves nothing to choose.
+  if (o.method == "mxfp4") return absl::OkStatus();
   if (o.method == "bitsandbytes") {
     if (o.format != "nf4" && o.format != "fp4" && o.format != "int8") {
       return absl::InvalidArgumentError(
@@ -573,15 +652,62 @@ absl::Status WriteDir(const std::string& src, const std::string& dir, const Json
 
 }  // namespace
 
+uint8_t NearestE2M1(double x) {
+  // Magnitudes 0..6 by code 0..7; only neighbours can tie, and then the even code wins.
+  const double a = std::abs(x);
+  uint8_t best = 0;
+  for (uint8_t c = 1; c < 8; ++c) {
+    const double d = std::abs(kE2M1Values[c] - a), d_best = std::abs(kE2M1Values[best] - a);
+    if (d < d_best || (d == d_best && c % 2 == 0)) best = c;
+  }
+  return static_cast<uint8_t>(best != 0 && x < 0 ? best | 8 : best);
+}
+
+void QuantizeMxfp4Block(const float* x, uint8_t* packed, uint8_t* scale) {
+  float amax = 0;
+  for (int i = 0; i < 32; ++i) amax = std::max(amax, std::abs(x[i]));
+  // floor(log2(amax)) - 2, exactly (ilogb of the value widened to double, subnormals included):
+  // amax / 2^e lies in [4, 8), whose top (over 6) saturates.
+  const int e = amax > 0 ? std::clamp(std::ilogb(static_cast<double>(amax)) - 2, -127, 127) : 0;
+  *scale = static_cast<uint8_t>(e + 127);
+  for (int j = 0; j < 16; ++j) {
+    const uint8_t lo = NearestE2M1(std::ldexp(static_cast<double>(x[2 * j]), -e));
+    const uint8_t hi = NearestE2M1(std::ldexp(static_cast<double>(x[2 * j + 1]), -e));
+    packed[j] = static_cast<uint8_t>(lo | hi << 4);
+  }
+}
+
 absl::Status QuantizeModelDir(const std::string& src, const std::string& out,
                               const std::string& dequantized, const QuantizeOptions& options) {
   RETURN_IF_ERROR(CheckOptions(options));
   ASSIGN_OR_RETURN(const std::unique_ptr<SafetensorsSet> files, SafetensorsSet::OpenDirectory(src));
   ASSIGN_OR_RETURN(Json config, ReadJsonFile(src + "/config.json"));
+  // gpt-oss's experts are fused 3-D tensors that only its own MXFP4 layout covers (the other
+  // methods would quantize the router and leave the experts); MXFP4 is defined for them only.
+  const bool mxfp4 = options.method == "mxfp4";
+  const bool gpt_oss = config.is_object() && config.value("model_type", "") == "gpt_oss";
+  if (mxfp4 != gpt_oss) {
+    return absl::InvalidArgumentError(
+        mxfp4 ? absl::StrCat("quantize: mxfp4 is gpt-oss's format, for gpt_oss models only (", src,
+                             " is \"", config.value("model_type", ""), "\")")
+              : absl::StrCat("quantize: a gpt_oss model is quantized as mxfp4 only, not ",
+                             options.method));
+  }
   std::vector<Owned> packed, plain;
   for (const std::string& name : files->TensorNames()) {
     ASSIGN_OR_RETURN(const TensorView t, files->Get(name));
-    if (!IsQuantizedLinear(name, t)) {
+    if (mxfp4 && IsMxfp4Expert(name, t)) {
+      std::vector<float> w;
+      RETURN_IF_ERROR(QuantizeMxfp4(t, name, &packed, &w));
+      if (dequantized.empty()) continue;
+      // bf16 and f32 hold every MXFP4 value (one mantissa bit, the exponent within f32's range
+      // for any scale a finite input gives); f16 would not.
+      const DType dtype = t.dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
+      ASSIGN_OR_RETURN(std::vector<std::byte> bytes, ExactBytes(w, dtype, name));
+      plain.push_back({name, std::nullopt, dtype, t.shape, std::move(bytes)});
+      continue;
+    }
+    if (mxfp4 || !IsQuantizedLinear(name, t)) {
       Owned copy{name, std::nullopt, t.dtype, t.shape,
                  std::vector<std::byte>(t.data, t.data + t.nbytes)};
       packed.push_back(copy);

@@ -23,6 +23,19 @@
 // 256-value map (here a uniform one over [-1, 1]; bitsandbytes writes its dynamic map, which the
 // loader reads the same way) times the block's largest. load_in_8bit: q = round(127 w / SCB),
 // SCB each row's largest magnitude.
+//
+// mxfp4 (gpt-oss's own checkpoints; gpt_oss models only, which take no other method): only the
+// experts' fused tensors are quantized, as OCP MXFP4 (Microscaling v1.0): mlp.experts.gate_up_proj
+// [experts][hidden][2 ffn] and mlp.experts.down_proj [experts][ffn][hidden] (input x output) become
+// <name>_blocks U8 [experts][out][in / 32][16] and <name>_scales U8 [experts][out][in / 32]: per
+// output feature (row r of gate_up_proj_blocks is gate_up_proj's column r: even r gate feature
+// r / 2, odd r up), blocks of 32 consecutive inputs, each with a shared E8M0 exponent (scale byte
+// s, the block's values times 2^(s - 127)) and 32 FP4 E2M1 values, two a byte, the earlier in the
+// low nibble. The OCP rule: s = floor(log2(amax)) - 2 + 127 (2: E2M1's largest exponent), clamped
+// to [0, 254] (255 is NaN), and each value the E2M1 number nearest x / 2^(s - 127), ties to the
+// even mantissa, saturating at +-6; an all-zero block gets s = 127. The biases, the attention,
+// router, embeddings and LM head stay as they are (quantization_config's
+// modules_to_not_convert, as openai/gpt-oss-20b's).
 #ifndef KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
 #define KVRM_TOOLS_MODELGEN_QUANTIZED_WRITER_H_
 
@@ -35,7 +48,9 @@
 namespace kvrm::modelgen {
 
 struct QuantizeOptions {
-  std::string method = "awq";  // awq, gptq, compressed-tensors, fp8, fbgemm_fp8 or bitsandbytes
+  // awq, gptq, compressed-tensors, fp8, fbgemm_fp8, bitsandbytes or mxfp4 (which fixes its own
+  // grid: the options below do not apply to it)
+  std::string method = "awq";
   // compressed-tensors: pack-quantized (int 4 / 8 bits, packed in int32 words), int-quantized
   // (int8 weights, W8A8) or float-quantized (FP8 e4m3 weights). bitsandbytes: nf4, fp4
   // (load_in_4bit, blocks of group_size) or int8 (load_in_8bit, LLM.int8()).
@@ -59,9 +74,26 @@ struct QuantizeOptions {
 // quantization_config, and src's other files (tokenizer, templates) as they are. With
 // `dequantized` non-empty, also writes there the same model with float32 weights holding exactly
 // the values `out` stands for (s * (u - zu), computed here from the integers written), for
-// references to compare the loader against.
+// references to compare the loader against. mxfp4 (gpt_oss models only; every other method
+// refuses them): the experts' fused tensors as described above; the twin holds them under their
+// own names and shapes, in the source's dtype when that is bf16 or f32 (which hold every MXFP4
+// value exactly), else in f32.
 absl::Status QuantizeModelDir(const std::string& src, const std::string& out,
                               const std::string& dequantized, const QuantizeOptions& options);
+
+// FP4 E2M1 by code (bit 3 the sign): 0, 0.5, 1, 1.5, 2, 3, 4, 6, then their negatives (code 8
+// is -0).
+inline constexpr float kE2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                          -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+// The E2M1 code nearest x: on a tie the one with the even mantissa (the even code), beyond +-6
+// the largest magnitude (saturating); a value that rounds to zero is +0 (code 0) whatever its
+// sign.
+uint8_t NearestE2M1(double x);
+
+// One MXFP4 block: 32 values x[0..31] into the E8M0 scale byte `*scale` and 16 bytes `packed`
+// (x[2 j] in the low nibble of packed[j], x[2 j + 1] in the high), by the OCP rule above.
+void QuantizeMxfp4Block(const float* x, uint8_t* packed, uint8_t* scale);
 
 }  // namespace kvrm::modelgen
 

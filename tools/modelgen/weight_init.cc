@@ -30,6 +30,29 @@ constexpr double kRouterStd = 0.25;
 // (1.1 at hidden 128), so the gate spreads over (0, 1) rather than saturating at 0 or 1 (a gate
 // an engine leaves out, or applies without its sigmoid, moves the output).
 constexpr double kSharedExpertGateStd = 0.1;
+// gpt-oss. Sinks (self_attn.sinks, one logit a head) of std 1, as large as the attention scores
+// they compete with (std ~1.6: unit-RMS q and k with their biases, times YaRN's attention factor
+// squared, 1.3), so the weight a head gives its keys ranges from nearly all (a sink of -2 against
+// a few keys) to a small part (a sink of 2 against one or two), and leaving them out moves the
+// logits by O(1) (//tests:reference_moe_test measures up to ~6 on tiny-gptoss).
+constexpr double kSinkStd = 1.0;
+// The router's bias (mlp.router.bias) moves each expert's logits by N(0, 0.5), a fifth of their
+// spread (kRouterStd): it changes which experts win often enough to matter, without the ties
+// kRouterStd keeps away.
+constexpr double kRouterBiasStd = 0.5;
+// The experts' biases (gate_up_proj_bias, down_proj_bias): small against the products' unit
+// scale, but present in every expert, so a bias left out shifts every output.
+constexpr double kExpertBiasStd = 0.1;
+// gate_up_proj has std 3 / sqrt(hidden), not 1 / sqrt(hidden): gate and up have std ~3 on the
+// normed input, so ~1% of gate values exceed swiglu_limit 7 (gate = min(gate, 7)) and ~2% of up
+// values leave [-7, 7] (clamped on both sides): the clamp changes (up + 1) * glu by ~9% RMS, so
+// an engine that skips it (or clamps gate from below too) is caught, while most features stay
+// inside it.
+constexpr double kClampedGateUpGain = 3.0;
+// With those, (clamp(up) + 1) * glu has RMS ~6.5 (glu = g sigmoid(1.702 g), g = min(gate, 7)),
+// so down_proj takes a gain of 1 / 6.5 to give each expert's output the ~unit RMS of every other
+// projection: the experts do not drown the attention in the residual stream.
+constexpr double kClampedDownGain = 1.0 / 6.5;
 
 double FanIn(int64_t fan_in) { return 1.0 / std::sqrt(static_cast<double>(fan_in)); }
 
@@ -65,6 +88,7 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
     }
     plans.push_back({p + "self_attn.o_proj.weight", {d, q}, 0.0, FanIn(q)});
     if (spec.o_bias()) plans.push_back({p + "self_attn.o_proj.bias", {d}, 0.0, kBiasStd});
+    if (spec.gpt_oss()) plans.push_back({p + "self_attn.sinks", {spec.num_heads}, 0.0, kSinkStd});
     if (spec.qk_norm()) {  // per head, or (OLMo 2) over the whole projection
       plans.push_back(
           {p + "self_attn.q_norm.weight", {spec.olmo() ? q : spec.head_dim}, norm, kNormStd});
@@ -78,7 +102,25 @@ std::vector<TensorPlan> PlanTensors(const ModelSpec& spec) {
     if (spec.sandwich_norms() && spec.pre_norms()) {
       plans.push_back({p + "pre_feedforward_layernorm.weight", {d}, norm, kNormStd});
     }
-    if (spec.IsMoeLayer(i)) {
+    if (spec.IsMoeLayer(i) && spec.gpt_oss()) {
+      // GptOssMLP: router.weight / router.bias ([experts][hidden], [experts]) and the experts'
+      // fused tensors, as GptOssExperts holds them (input x output, gate and up interleaved).
+      const int64_t experts = spec.num_experts, expert_ffn = spec.moe_intermediate_size;
+      const std::string moe = p + "mlp.";
+      plans.push_back({moe + "router.weight", {experts, d}, 0.0, kRouterStd});
+      plans.push_back({moe + "router.bias", {experts}, 0.0, kRouterBiasStd});
+      plans.push_back({moe + "experts.gate_up_proj",
+                       {experts, d, 2 * expert_ffn},
+                       0.0,
+                       kClampedGateUpGain * FanIn(d)});
+      plans.push_back(
+          {moe + "experts.gate_up_proj_bias", {experts, 2 * expert_ffn}, 0.0, kExpertBiasStd});
+      plans.push_back({moe + "experts.down_proj",
+                       {experts, expert_ffn, d},
+                       0.0,
+                       kClampedDownGain * FanIn(expert_ffn)});
+      plans.push_back({moe + "experts.down_proj_bias", {experts, d}, 0.0, kExpertBiasStd});
+    } else if (spec.IsMoeLayer(i)) {
       // The router, then each expert's gate, up and down (Mixtral: w1, w3, w2), drawn as the
       // dense MLP's matrices of the same shapes are.
       const int64_t experts = spec.num_experts, expert_ffn = spec.moe_intermediate_size;

@@ -17,7 +17,12 @@
 //     its logits (std ~2.8 at hidden 128) separate the experts clearly (weight_init.cc); the
 //     experts' matrices are drawn as the dense MLP's (Qwen2-MoE's shared expert too), and
 //     Qwen2-MoE's shared_expert_gate has std 0.1, so sigmoid of its logits (std ~1.1 at hidden
-//     128) spreads over (0, 1) rather than saturating.
+//     128) spreads over (0, 1) rather than saturating;
+//   - gpt-oss: attention sinks N(0, 1), as large as the scores they compete with; the router's
+//     bias N(0, 0.5); the experts' biases N(0, 0.1); gate_up_proj std 3/sqrt(hidden), so that a
+//     few percent of gate and up values pass swiglu_limit 7 and the clamp matters, and down_proj
+//     std (1/6.5)/sqrt(ffn), which brings the clamped GLU's larger outputs back to unit RMS
+//     (weight_init.cc). Tensors may be 3-D ([experts][in][out]): numel() covers every dimension.
 #ifndef KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 #define KVRM_TOOLS_MODELGEN_WEIGHT_INIT_H_
 
