@@ -697,8 +697,28 @@ class ArchitectureForwardTest
 TEST_P(ArchitectureForwardTest, ConfigSaysWhatTheModelHas) {
   const LlamaConfig& c = model().bundle->config;
   const std::string& size = std::get<0>(GetParam());
-  EXPECT_EQ(c.qkv_bias, size == "tiny-qwen2" || size == "tiny-biased" || size == "tiny-qwen2-moe");
-  EXPECT_EQ(c.o_bias, size == "tiny-biased");
+  const bool gptoss = size == "tiny-gptoss";
+  EXPECT_EQ(c.qkv_bias,
+            size == "tiny-qwen2" || size == "tiny-biased" || size == "tiny-qwen2-moe" || gptoss);
+  EXPECT_EQ(c.o_bias, size == "tiny-biased" || gptoss);
+  // gpt-oss: sinks, biased router and experts, the clamped GLU; 8 experts, 4 a token, every
+  // layer; the even layers slide over 16 positions.
+  EXPECT_EQ(c.attention_sinks, gptoss);
+  EXPECT_EQ(c.moe_biases, gptoss);
+  EXPECT_EQ(c.swiglu_limit, gptoss ? 7.0 : 0.0);
+  if (gptoss) {
+    EXPECT_EQ(c.num_experts, 8);
+    EXPECT_EQ(c.num_experts_per_tok, 4);
+    EXPECT_TRUE(c.norm_topk_prob);
+    EXPECT_EQ(c.SlidingWindowOf(0), 16);
+    EXPECT_EQ(c.SlidingWindowOf(1), 0);
+    EXPECT_EQ(c.rope_scaling.type, "yarn");
+    EXPECT_FALSE(c.rope_scaling.truncate);
+    const LayerWeights& l = model().bundle->weights.layers[0];
+    EXPECT_EQ(l.sinks.cols, c.num_attention_heads);
+    EXPECT_EQ(l.expert_gate_bias.size(), 8u);
+    return;
+  }
   const bool gemma = size == "tiny-gemma2" || size == "tiny-gemma3";
   EXPECT_EQ(c.qk_norm, size == "tiny-qwen3" || size == "tiny-gemma3" || size == "tiny-qwen3-moe" ||
                            size == "tiny-olmo2" || size == "tiny-olmo3");
@@ -794,7 +814,8 @@ INSTANTIATE_TEST_SUITE_P(
     testing::Combine(testing::Values("tiny-qwen2", "tiny-qwen3", "tiny-biased", "tiny-phi3",
                                      "tiny-granite", "tiny-gemma2", "tiny-gemma3",
                                      "tiny-mistral-sw", "tiny-mixtral", "tiny-qwen2-moe",
-                                     "tiny-qwen3-moe", "tiny-smollm3", "tiny-olmo2", "tiny-olmo3"),
+                                     "tiny-qwen3-moe", "tiny-smollm3", "tiny-olmo2", "tiny-olmo3",
+                                     "tiny-gptoss"),
                      testing::Values(DType::kF32, DType::kBF16),
                      testing::ValuesIn(AvailableCpuIsas())),
     [](const testing::TestParamInfo<std::tuple<std::string, DType, CpuIsa>>& info) {
