@@ -22,6 +22,8 @@
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/chat_template.h"
+#include "model/harmony.h"
+#include "model/reasoning.h"
 #include "model/tool_calls.h"
 
 namespace kvrm {
@@ -328,6 +330,46 @@ TEST(ChatTemplateCorpusTest, EachTemplatesCallsAreReadBackByItsDetectedParser) {
               detected, read_back);
   for (const std::string& n : not_read) std::printf("  %s\n", n.c_str());
   EXPECT_EQ(read_back, 39);
+}
+
+// gpt-oss's template writes past calls as harmony messages; the harmony stream kvrmd reads its
+// replies with hands them to the Hermes parser: the calls the template wrote come back, with
+// their arguments, and the template is detected as harmony.
+TEST(ChatTemplateCorpusTest, GptOssCallsAreReadBackThroughTheHarmonyStream) {
+  const std::string path = std::string(kDir) + "/openai-gpt-oss-120b.jinja";
+  const absl::StatusOr<std::string> source = ReadFileToString(path);
+  ASSERT_TRUE(source.ok()) << source.status();
+  EXPECT_EQ(DetectReasoningFormat(*source), ReasoningFormat::kHarmony);
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Parse(*source);
+  ASSERT_TRUE(t.ok()) << t.status();
+  ChatTemplateInputs in = Tools();
+  in.messages.resize(1);
+  ChatMessage call;
+  call.role = "assistant";
+  call.tool_calls = {{"abcDEF123", "get_weather", kWeatherArgs}};
+  in.messages.push_back(call);
+  in.tools = {kWeatherTool, kTimeTool};
+  in.add_generation_prompt = false;
+  absl::StatusOr<std::string> text = t->Render(in);
+  ASSERT_TRUE(text.ok()) << text.status();
+  // The reply as the model wrote it: after the prompt's "<|start|>assistant".
+  const size_t question = text->rfind("Weather in Lima?");
+  ASSERT_NE(question, std::string::npos);
+  constexpr std::string_view kTurn = "<|start|>assistant";
+  const size_t at = text->find(kTurn, question);
+  ASSERT_NE(at, std::string::npos) << text->substr(question);
+  HarmonyStream stream(/*tool_calls=*/true);
+  HarmonyStream::Split split = stream.Feed(text->substr(at + kTurn.size()));
+  const HarmonyStream::Split last = stream.Finish();
+  split.reasoning += last.reasoning;
+  split.content += last.content;
+  EXPECT_EQ(stream.calls(), 1) << text->substr(at);
+  absl::StatusOr<ParsedToolCalls> calls = ParseToolCalls(ToolCallFormat::kHermes, split.content);
+  ASSERT_TRUE(calls.ok()) << calls.status() << "\n" << split.content;
+  ASSERT_EQ(calls->calls.size(), 1u) << split.content;
+  EXPECT_EQ(calls->calls[0].name, "get_weather");
+  EXPECT_EQ(*ParseJson(calls->calls[0].arguments, "read"), *ParseJson(kWeatherArgs, "given"))
+      << calls->calls[0].arguments;
 }
 
 }  // namespace

@@ -146,7 +146,14 @@ TEST(ReasoningTest, FormatNamesAndDetection) {
   EXPECT_EQ(*ReasoningFormatFromName("none"), ReasoningFormat::kNone);
   const absl::Status bad = ReasoningFormatFromName("o1").status();
   EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_NE(bad.message().find("none, think, deepseek_r1 or qwen3"), std::string::npos);
+  EXPECT_NE(bad.message().find("none, think, deepseek_r1, qwen3, harmony or openai_gptoss"),
+            std::string::npos);
+  for (const char* name : {"harmony", "openai_gptoss"}) {
+    EXPECT_EQ(*ReasoningFormatFromName(name), ReasoningFormat::kHarmony) << name;
+  }
+  EXPECT_EQ(ReasoningFormatName(ReasoningFormat::kHarmony), "harmony");
+  EXPECT_EQ(DetectReasoningFormat("{{ '<|start|>assistant<|channel|>final<|message|>' }}"),
+            ReasoningFormat::kHarmony);
   EXPECT_EQ(DetectReasoningFormat("{{ content.split('</think>')[-1] }}"), ReasoningFormat::kThink);
   EXPECT_EQ(DetectReasoningFormat("{{ '<|im_start|>' + message.content }}"),
             ReasoningFormat::kNone);
