@@ -61,7 +61,8 @@ ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "w4a16: the bf16 model as a 4-bit group-128 quantized checkpoint of that kind "
           "(tools/modelgen/quantized_writer.h), loaded as kvrmd does; fp8 (Transformers' FP8, "
           "128x128 blocks: requantized to q8_0 at load), w8a8 (compressed-tensors int8 by "
-          "channel: exactly q8_0), nf4 (bitsandbytes NF4, double-quantized: q8_0 at load): "
+          "channel: exactly q8_0), nf4 (bitsandbytes NF4, double-quantized: q8_0 at load), "
+          "mxfp4 (a gpt_oss model's experts as gpt-oss ships them: exactly q8_0 at load): "
           "those checkpoints likewise; NAME+q8_0: that case with "
           "what it leaves dense (a checkpoint's LM head) quantized to q8_0 at load; NAME+q4_K: "
           "to q4_K, and its requantized matrices (nf4's, fp8's) q4_K too, as kvrmd "
@@ -658,7 +659,8 @@ int Main() {
     // in 4-bit groups of 128; FP8 in 128x128 blocks; W8A8 int8 by channel.
     const bool checkpoint = dtype_name == "awq" || dtype_name == "gptq" ||
                             dtype_name == "gptq_act_order" || dtype_name == "w4a16" ||
-                            dtype_name == "fp8" || dtype_name == "w8a8" || dtype_name == "nf4";
+                            dtype_name == "fp8" || dtype_name == "w8a8" || dtype_name == "nf4" ||
+                            dtype_name == "mxfp4";
     const GgmlTypeTraits* gguf = q8 || dense || given_file || checkpoint
                                      ? nullptr
                                      : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
@@ -721,6 +723,9 @@ int Main() {
           qo.format = "nf4";
           qo.group_size = 64;
           qo.double_quant = true;
+        } else if (dtype_name == "mxfp4") {  // gpt-oss's own: MXFP4 experts (exactly q8_0)
+          qo = modelgen::QuantizeOptions();
+          qo.method = "mxfp4";
         } else if (dtype_name == "w8a8") {  // RedHatAI's quantized.w8a8
           qo = modelgen::QuantizeOptions();
           qo.method = "compressed-tensors";

@@ -334,6 +334,31 @@ ModelSpec TinyGptOss() {
   return s;
 }
 
+// The benchmark shape as gpt-oss: small's 12 layers with 12 heads of 64 (4 KV heads), every
+// projection biased, sinks, YaRN as gpt-oss-20b (factor 32 over 4096), the even layers sliding
+// over 128 positions, and in every layer 16 experts of 768 features, 4 a token (gpt-oss-20b: 32
+// of 2880, 4): ~360M parameters, of which a token runs ~110M. For bench/cpu_decode_bench's
+// bf16-against-MXFP4 comparison (docs/benchmarks.md).
+ModelSpec SmallGptOss() {
+  ModelSpec s = TinyGptOss();
+  const ModelSpec small = Small();
+  s.name = "small-gptoss";
+  s.hidden_size = small.hidden_size;
+  s.num_layers = small.num_layers;
+  s.num_heads = small.num_heads;
+  s.num_kv_heads = small.num_kv_heads;
+  s.head_dim = small.head_dim;
+  s.vocab_size = small.vocab_size;
+  s.max_position_embeddings = 131072;
+  s.rope_scaling->factor = 32.0;
+  s.rope_scaling->original_max_position_embeddings = 4096;
+  s.sliding_window = 128;
+  s.intermediate_size = 768;
+  s.moe_intermediate_size = 768;
+  s.num_experts = 16;
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
   static const auto* table =
       new std::vector<ModelSpec>{Tiny(),         Small(),        TinyQwen2(),
@@ -342,7 +367,7 @@ const std::vector<ModelSpec>& Table() {
                                  TinyGemma2(),   TinyGemma3(),   TinyMistralSlidingWindow(),
                                  TinyMixtral(),  TinyQwen2Moe(), TinyQwen3Moe(),
                                  SmallMixtral(), TinySmolLM3(),  TinyOlmo2(),
-                                 TinyOlmo3(),    TinyGptOss()};
+                                 TinyOlmo3(),    TinyGptOss(),   SmallGptOss()};
   return *table;
 }
 
