@@ -62,7 +62,8 @@ ABSL_FLAG(std::string, dtypes, "f32,bf16",
           "(tools/modelgen/quantized_writer.h), loaded as kvrmd does; fp8 (Transformers' FP8, "
           "128x128 blocks: requantized to q8_0 at load), w8a8 (compressed-tensors int8 by "
           "channel: exactly q8_0), nf4 (bitsandbytes NF4, double-quantized: q8_0 at load), "
-          "mxfp4 (a gpt_oss model's experts as gpt-oss ships them: exactly q8_0 at load): "
+          "mxfp4 (a gpt_oss model's experts as gpt-oss ships them, multiplied as they are), "
+          "mxfp4_as_q8 (the same held as q8_0 blocks of exactly their values): "
           "those checkpoints likewise; NAME+q8_0: that case with "
           "what it leaves dense (a checkpoint's LM head) quantized to q8_0 at load; NAME+q4_K: "
           "to q4_K, and its requantized matrices (nf4's, fp8's) q4_K too, as kvrmd "
@@ -296,6 +297,7 @@ Loaded Load(const std::string& dir, int32_t max_slots, int32_t max_context, bool
   // to q4_K.
   ModelBundle::LoadOptions load;
   if (quantization == WeightFormat::kQ4K) load.requantize_as = WeightFormat::kQ4K;
+  load.mxfp4 = !as_q8;  // mxfp4_as_q8: MXFP4 experts as q8_0 blocks of the same values
   auto bundle = ModelBundle::Load(dir, load);
   CHECK_OK(bundle.status());
   m.bundle = std::move(*bundle);
@@ -660,7 +662,7 @@ int Main() {
     const bool checkpoint = dtype_name == "awq" || dtype_name == "gptq" ||
                             dtype_name == "gptq_act_order" || dtype_name == "w4a16" ||
                             dtype_name == "fp8" || dtype_name == "w8a8" || dtype_name == "nf4" ||
-                            dtype_name == "mxfp4";
+                            base == "mxfp4";
     const GgmlTypeTraits* gguf = q8 || dense || given_file || checkpoint
                                      ? nullptr
                                      : GgufTypeNamed(q4_k_m ? absl::string_view("q4_K") : base);
@@ -696,8 +698,7 @@ int Main() {
     }
     if (checkpoint) {
       model_path =
-          (std::filesystem::path(dir) / absl::StrCat(mo.size, "-", std::string(dtype_name)))
-              .string();
+          (std::filesystem::path(dir) / absl::StrCat(mo.size, "-", std::string(base))).string();
       if (!std::filesystem::exists(std::filesystem::path(model_path) / "config.json")) {
         std::printf("quantizing to %s in %s...\n", std::string(dtype_name).c_str(),
                     model_path.c_str());
@@ -723,7 +724,7 @@ int Main() {
           qo.format = "nf4";
           qo.group_size = 64;
           qo.double_quant = true;
-        } else if (dtype_name == "mxfp4") {  // gpt-oss's own: MXFP4 experts (exactly q8_0)
+        } else if (base == "mxfp4") {  // gpt-oss's own: MXFP4 experts
           qo = modelgen::QuantizeOptions();
           qo.method = "mxfp4";
         } else if (dtype_name == "w8a8") {  // RedHatAI's quantized.w8a8

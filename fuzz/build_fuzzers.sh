@@ -21,7 +21,8 @@ SOURCES=(
   common/json.cc common/logging.cc common/mapped_file.cc
   kernels/cpu/q4_k.cc kernels/cpu/q8_0.cc
   model/safetensors.cc
-  model/config.cc model/lora.cc model/weights.cc model/quantized_checkpoint.cc model/gguf.cc
+  model/config.cc model/lora.cc model/weights.cc model/gpt_oss.cc model/quantized_checkpoint.cc
+  model/gguf.cc
   model/gguf_model.cc model/gguf_quants.cc
   model/gguf_tokenizer.cc
   model/chat_config.cc model/chat_template.cc model/chat_template_parser.cc
@@ -29,7 +30,7 @@ SOURCES=(
   model/tokenizer.cc model/tokenizer_added.cc model/tokenizer_bpe.cc model/tokenizer_decoder.cc
   model/tokenizer_normalizer.cc model/tokenizer_postprocessor.cc
   model/tokenizer_pretokenizer.cc model/tokenizer_text.cc model/tool_calls.cc
-  model/tool_call_markup.cc model/pythonic_calls.cc model/reasoning.cc
+  model/tool_call_markup.cc model/pythonic_calls.cc model/reasoning.cc model/harmony.cc
   runtime/sampler.cc runtime/sampler_kernels.cc
   server/openai_api.cc server/request_validation.cc
   tools/replay/trace.cc

@@ -860,7 +860,8 @@ absl::Status ParseSizes(const Fields& f, LlamaConfig* c) {
   // text_config, saved as a diff against the defaults, may leave it out).
   const bool gemma = IsGemma(c->model_type);
   if (!explicit_head_dim && gemma) c->head_dim = 256;
-  if (!explicit_head_dim && !gemma) {
+  if (!explicit_head_dim && c->model_type == "gpt_oss") c->head_dim = 64;  // GptOssConfig's
+  if (!explicit_head_dim && !gemma && c->model_type != "gpt_oss") {
     if (c->hidden_size % c->num_attention_heads != 0) {
       return f.Invalid(
           "hidden_size",

@@ -534,6 +534,87 @@ TEST(ConfigTest, ParsesOlmo3) {
   EXPECT_EQ(c->rope_local_theta, 0);  // nothing to leave out
 }
 
+// openai/gpt-oss-20b's config.json as published (layer_types shortened to the pattern below).
+constexpr char kGptOss20B[] = R"({
+  "architectures": ["GptOssForCausalLM"], "attention_bias": true, "attention_dropout": 0.0,
+  "eos_token_id": 200002, "experts_per_token": 4, "head_dim": 64, "hidden_act": "silu",
+  "hidden_size": 2880, "initial_context_length": 4096, "initializer_range": 0.02,
+  "intermediate_size": 2880, "max_position_embeddings": 131072, "model_type": "gpt_oss",
+  "num_attention_heads": 64, "num_experts_per_tok": 4, "num_hidden_layers": 24,
+  "num_key_value_heads": 8, "num_local_experts": 32, "output_router_logits": false,
+  "pad_token_id": 199999,
+  "quantization_config": {"modules_to_not_convert": ["model.layers.*.self_attn",
+    "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"], "quant_method": "mxfp4"},
+  "rms_norm_eps": 1e-05,
+  "rope_scaling": {"beta_fast": 32.0, "beta_slow": 1.0, "factor": 32.0,
+    "original_max_position_embeddings": 4096, "rope_type": "yarn", "truncate": false},
+  "rope_theta": 150000, "router_aux_loss_coef": 0.9, "sliding_window": 128,
+  "swiglu_limit": 7.0, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "transformers_version": "4.55.0.dev0", "use_cache": true, "vocab_size": 201088})";
+
+TEST(ConfigTest, ParsesGptOss20B) {
+  Json j = Json::parse(kGptOss20B);
+  Json types = Json::array();
+  for (int i = 0; i < 24; ++i) types.push_back(i % 2 ? "full_attention" : "sliding_attention");
+  j["layer_types"] = types;
+  absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->hidden_size, 2880);
+  EXPECT_TRUE(c->qkv_bias);
+  EXPECT_TRUE(c->o_bias);
+  EXPECT_TRUE(c->attention_sinks);
+  EXPECT_TRUE(c->moe_biases);
+  EXPECT_EQ(c->swiglu_limit, 7.0);
+  EXPECT_EQ(c->num_experts, 32);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->moe_intermediate_size, 2880);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_EQ(c->NumMoeLayers(), 24);
+  EXPECT_FALSE(c->HasDenseMlp());
+  for (int32_t i = 0; i < 24; ++i) EXPECT_EQ(c->SlidingWindowOf(i), i % 2 ? 0 : 128) << i;
+  EXPECT_EQ(c->rope_scaling.type, "yarn");
+  EXPECT_FALSE(c->rope_scaling.truncate);
+  EXPECT_EQ(c->rope_scaling.factor, 32.0);
+  EXPECT_EQ(c->rope_local_theta, 0);  // YaRN on every layer
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->quantization.method, "mxfp4");
+  EXPECT_EQ(c->quantization.Describe(), "mxfp4 experts");
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>({200002}));
+  EXPECT_EQ(ArchitectureClassName("gpt_oss"), "GptOssForCausalLM");
+
+  // GptOssConfig's defaults where a file leaves keys out: biased attention, heads of 64, the
+  // even layers sliding over 128, swiglu_limit 7, 128 experts, 4 a token.
+  for (const char* key : {"attention_bias", "head_dim", "sliding_window", "swiglu_limit",
+                          "num_local_experts", "num_experts_per_tok", "rms_norm_eps"}) {
+    j.erase(key);
+  }
+  j.erase("layer_types");
+  j["max_position_embeddings"] = 131072;
+  c = ParseLlamaConfig(j.dump(), "config.json");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->qkv_bias && c->o_bias);
+  EXPECT_EQ(c->head_dim, 64);
+  EXPECT_EQ(c->SlidingWindowOf(0), 128);
+  EXPECT_EQ(c->SlidingWindowOf(1), 0);
+  EXPECT_EQ(c->swiglu_limit, 7.0);
+  EXPECT_EQ(c->num_experts, 128);
+  EXPECT_EQ(c->num_experts_per_tok, 4);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+
+  // Refusals name the key: no experts; MXFP4 for another architecture.
+  j["num_local_experts"] = 0;
+  absl::Status st = ParseLlamaConfig(j.dump(), "config.json").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("num_local_experts"), std::string::npos) << st;
+  Json llama = Json::parse(kGptOss20B);
+  llama["model_type"] = "llama";
+  st = ParseLlamaConfig(llama.dump(), "config.json").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("mxfp4"), std::string::npos) << st;
+}
+
 TEST(ConfigTest, ParsesSmolLM3_3B) {
   absl::StatusOr<LlamaConfig> c = ParseLlamaConfig(kSmolLM3_3B, "config.json");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -745,7 +826,7 @@ TEST(ConfigTest, UnsupportedArchitectureFeaturesAreUnimplemented) {
               absl::StatusCode::kUnimplemented,
               "model_type \"gpt2\" is not supported (llama, mistral, qwen2, qwen3, phi3, "
               "granite, mixtral, qwen2_moe, qwen3_moe, gemma2, gemma3, gemma3_text, smollm3, "
-              "olmo2, olmo3)");
+              "olmo2, olmo3, gpt_oss)");
   ExpectError(ParseStatus(Edited([](Json& j) { j["hidden_act"] = "gelu"; })),
               absl::StatusCode::kUnimplemented, "hidden_act");
 }

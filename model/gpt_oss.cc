@@ -56,14 +56,14 @@ absl::StatusOr<WeightMatrix> Bias(const SafetensorsSet& files, const LlamaConfig
   if (n.product == "down") {  // a row of [E][hidden]: a view
     const std::string name = n.experts + "down_proj_bias";
     ASSIGN_OR_RETURN(const TensorView t, files.Get(name, {experts, c.hidden_size}));
-    if (len != c.hidden_size) return absl::InternalError("down bias length");
+    if (len != c.hidden_size) return absl::InternalError(absl::StrCat(name, ": asked for ", len));
     const int64_t size = static_cast<int64_t>(DTypeSize(t.dtype));
     return WeightMatrix{t.dtype, t.data + n.expert * len * size, 1, len, len};
   }
   // Every other element of a row of [E][2 I]: gathered in f32.
   const std::string name = n.experts + "gate_up_proj_bias";
   ASSIGN_OR_RETURN(const TensorView t, files.Get(name, {experts, 2 * ffn}));
-  if (len != ffn) return absl::InternalError("gate/up bias length");
+  if (len != ffn) return absl::InternalError(absl::StrCat(name, ": asked for ", len));
   std::vector<std::byte>& buffer = converted->emplace_back(len * sizeof(float));
   auto* out = reinterpret_cast<float*>(buffer.data());
   const int64_t first = n.expert * 2 * ffn + (n.product == "up" ? 1 : 0);
@@ -82,20 +82,30 @@ absl::StatusOr<WeightMatrix> DenseProduct(const SafetensorsSet& files, const Lla
   const int64_t in = down ? ffn : d, out = down ? d : 2 * ffn;
   ASSIGN_OR_RETURN(const TensorView t, files.Get(name, {experts, in, out}));
   const int64_t step = down ? 1 : 2, first = n.product == "up" ? 1 : 0;
-  if (rows * step != out || cols != in) return absl::InternalError("expert product shape");
+  if (rows * step != out || cols != in) {
+    return absl::InternalError(absl::StrCat(name, ": asked for [", rows, "][", cols, "]"));
+  }
   const size_t size = DTypeSize(t.dtype);
   std::vector<std::byte>& buffer = converted->emplace_back(rows * cols * size);
   const std::byte* src = t.data + n.expert * in * out * size;
-  // out row r, column k = stored [k][first + r * step]; a tile at a time, so the stored rows
-  // are read in order.
-  constexpr int64_t kTile = 64;
-  for (int64_t k0 = 0; k0 < cols; k0 += kTile) {
-    for (int64_t r = 0; r < rows; ++r) {
-      for (int64_t k = k0; k < std::min(cols, k0 + kTile); ++k) {
-        std::memcpy(buffer.data() + (r * cols + k) * size,
-                    src + (k * out + first + r * step) * size, size);
+  // out row r, column k = stored [k][first + r * step]; a tile of 64 columns at a time, so the
+  // stored rows are read in order.
+  auto transpose = [&](auto element) {
+    using T = decltype(element);
+    T* to = reinterpret_cast<T*>(buffer.data());
+    constexpr int64_t kTile = 64;
+    for (int64_t k0 = 0; k0 < cols; k0 += kTile) {
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t k = k0; k < std::min(cols, k0 + kTile); ++k) {
+          std::memcpy(&to[r * cols + k], src + (k * out + first + r * step) * size, sizeof(T));
+        }
       }
     }
+  };
+  if (size == 2) {
+    transpose(uint16_t{});
+  } else {
+    transpose(float{});
   }
   return WeightMatrix{t.dtype, buffer.data(), rows, cols, cols};
 }
@@ -125,13 +135,21 @@ std::optional<absl::StatusOr<WeightMatrix>> GptOssExpertTensor(
   const bool down = n->product == "down";
   const std::string fused = n->experts + (down ? "down_proj" : "gate_up_proj");
   if (files.Contains(fused)) return DenseProduct(files, config, *n, rows, cols, converted);
-  if (config.quantization.method != "mxfp4" || !files.Contains(fused + "_blocks")) {
+  if (!files.Contains(fused + "_blocks")) {
     return absl::NotFoundError(absl::StrCat(files.dir(), ": neither ", fused, " nor ", fused,
                                             "_blocks (MXFP4) is in the checkpoint"));
   }
+  if (config.quantization.method != "mxfp4") {
+    return absl::InvalidArgumentError(
+        absl::StrCat(files.dir(), ": ", fused,
+                     "_blocks is MXFP4, but config.json's quantization_config does "
+                     "not say quant_method \"mxfp4\""));
+  }
   absl::StatusOr<TensorView> blocks = files.GetAny(fused + "_blocks");
   if (!blocks.ok()) return blocks.status();
-  absl::StatusOr<TensorView> scales = files.GetAny(fused + "_scales");
+  const int64_t out_rows_all = down ? rows : 2 * rows;
+  absl::StatusOr<TensorView> scales =
+      files.GetAny(fused + "_scales", {config.num_experts, out_rows_all, cols / 32});
   if (!scales.ok()) return scales.status();
   // [E][out rows][cols / 32][16]: gate_up's rows interleave gate and up.
   const int64_t out_rows = down ? rows : 2 * rows;

@@ -80,7 +80,10 @@ void HarmonyStream::StartBody(std::string_view header, Split& out) {
       kind_ = Kind::kCall;
       ++calls_;
       out.content.append("<tool_call>\n{\"name\": \"");
-      out.content.append(recipient->substr(kFunctions.size()));
+      for (const char c : recipient->substr(kFunctions.size())) {  // a JSON string's
+        if (c == '"' || c == '\\') out.content.push_back('\\');
+        if (static_cast<unsigned char>(c) >= 0x20) out.content.push_back(c);
+      }
       out.content.append("\", \"arguments\": ");
     } else {
       kind_ = Kind::kReasoning;  // built-in tools, or calls no tool was offered for
@@ -89,6 +92,22 @@ void HarmonyStream::StartBody(std::string_view header, Split& out) {
     kind_ = Kind::kReasoning;
   }
   state_ = State::kBody;
+  // A second body for the same side begins on a new line (its first text writes it).
+  separate_ =
+      kind_ != Kind::kCall && (kind_ == Kind::kReasoning ? reasoning_given_ : content_given_);
+}
+
+void HarmonyStream::Append(std::string_view text, Split& out) {
+  if (text.empty()) return;
+  std::string& sink = kind_ == Kind::kReasoning ? out.reasoning : out.content;
+  if (separate_) sink.push_back('\n');
+  separate_ = false;
+  sink.append(text);
+  if (kind_ == Kind::kReasoning) {
+    reasoning_given_ = true;
+  } else if (kind_ == Kind::kContent) {
+    content_given_ = true;
+  }
 }
 
 void HarmonyStream::EndBody(Split& out) {
@@ -102,17 +121,23 @@ void HarmonyStream::Run(Split& out, bool final) {
       case State::kFirst: {
         // The reply's first text: a header (the prompt wrote <|start|>assistant), or not harmony.
         if (pending_.empty()) return;
+        // A header begins with <|channel|> or <|start|>, or with the recipient (gpt-oss's
+        // template writes "<|start|>assistant to=functions.f<|channel|>..."): while the text is
+        // a prefix of one of them it may still be.
         const std::string_view p = pending_;
-        const bool may_be_header = p.substr(0, std::min(p.size(), kChannel.size())) ==
-                                       kChannel.substr(0, std::min(p.size(), kChannel.size())) ||
-                                   p.substr(0, std::min(p.size(), kStart.size())) ==
-                                       kStart.substr(0, std::min(p.size(), kStart.size())) ||
-                                   p.rfind(" to=", 0) == 0 || p.rfind("to=", 0) == 0;
+        bool may_be_header = false, known = false;
+        for (std::string_view begin :
+             {kChannel, kStart, std::string_view(" to="), std::string_view("to=")}) {
+          const size_t n = std::min(p.size(), begin.size());
+          if (p.substr(0, n) != begin.substr(0, n)) continue;
+          may_be_header = true;
+          known = known || p.size() >= begin.size();
+        }
         if (!may_be_header) {
           state_ = State::kPlain;
           break;
         }
-        if (p.size() < kChannel.size() && !final) return;  // not yet known
+        if (!known && !final) return;  // not yet known
         state_ = State::kHeader;
         break;
       }
@@ -137,15 +162,14 @@ void HarmonyStream::Run(Split& out, bool final) {
       }
       case State::kBody: {
         const auto [at, marker] = FindMarker(pending_, {kEnd, kCall, kReturn, kStart, kChannel});
-        std::string& sink = kind_ == Kind::kReasoning ? out.reasoning : out.content;
         if (at == std::string::npos) {
           const size_t keep = final ? 0 : MarkerPrefixSuffix(pending_);
-          sink.append(pending_, 0, pending_.size() - keep);
+          Append(std::string_view(pending_).substr(0, pending_.size() - keep), out);
           pending_.erase(0, pending_.size() - keep);
           if (final) EndBody(out);
           return;
         }
-        sink.append(pending_, 0, at);
+        Append(std::string_view(pending_).substr(0, at), out);
         EndBody(out);
         // <|start|> or <|channel|> without an end: the next message's header begins there.
         const bool header_next = marker == kStart || marker == kChannel;

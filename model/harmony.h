@@ -17,8 +17,9 @@
 // call becomes, when the request offered tools, its Hermes markup in the content,
 //   <tool_call>\n{"name": "NAME", "arguments": BODY}\n</tool_call>
 // so the tool-call stream of the Hermes format (model/tool_calls.h) parses and streams it like any
-// other call; without tools, reasoning. Headers and markers are never output. A reply that does
-// not begin with a harmony header (a model that ignores the format) is all content.
+// other call; without tools, reasoning. Headers and markers are never output; a side's second
+// and later bodies begin on a new line. A reply that does not begin with a harmony header (a
+// model that ignores the format) is all content.
 //
 // Pure and allocation-bounded by its input; never throws.
 #ifndef KVRM_MODEL_HARMONY_H_
@@ -53,9 +54,14 @@ class HarmonyStream {
   Split Finish();
 
   // Whether the text fed last is not the answer: a header, reasoning, or a call.
+  // (Before the reply's first text shows whether it is harmony at all: no.)
   bool reasoning() const {
-    return state_ != State::kPlain && (state_ != State::kBody || kind_ != Kind::kContent);
+    return state_ != State::kFirst && state_ != State::kPlain &&
+           (state_ != State::kBody || kind_ != Kind::kContent);
   }
+  // Whether the reply's text so far does not yet show whether it is harmony (its first text, a
+  // prefix of a header's beginning).
+  bool undecided() const { return state_ == State::kFirst; }
   // The function calls begun so far (Hermes markup given out).
   int calls() const { return calls_; }
 
@@ -68,12 +74,17 @@ class HarmonyStream {
   // `header` (before <|message|>) decides the body's kind (and opens a call).
   void StartBody(std::string_view header, Split& out);
   void EndBody(Split& out);
+  // A body's text to its side (a call's to the content), after a new line where it is the
+  // side's second body.
+  void Append(std::string_view text, Split& out);
 
   const bool tool_calls_;
   State state_ = State::kFirst;
   Kind kind_ = Kind::kContent;
   std::string pending_;  // text not yet consumed
   int calls_ = 0;
+  bool reasoning_given_ = false, content_given_ = false;  // text given out to each side
+  bool separate_ = false;  // the current body's first text goes after a new line
 };
 
 }  // namespace kvrm

@@ -54,8 +54,15 @@ TEST(HarmonyTest, FunctionCallsBecomeHermesMarkupWithTools) {
       "<|channel|>analysis<|message|>x<|end|><|start|>assistant to=functions.f<|channel|>"
       "commentary json<|message|>{}<|call|>",
       true, "x", "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
-  // Without tools a call is not for the user: reasoning.
-  ExpectSplit(reply, false, "Need weather.{\"city\": \"Oslo\"}", "");
+  // Without tools a call is not for the user: reasoning (a body of its own: a new line).
+  ExpectSplit(reply, false, "Need weather.\n{\"city\": \"Oslo\"}", "");
+  // A reply whose first message is a call, its recipient first as gpt-oss's template writes
+  // it, fed a byte at a time too.
+  ExpectSplit(" to=functions.f<|channel|>commentary json<|message|>{}", true, "",
+              "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>");
+  // A name that would break the JSON is escaped.
+  ExpectSplit("<|channel|>commentary to=functions.a\"b<|message|>{}", true, "",
+              "<tool_call>\n{\"name\": \"a\\\"b\", \"arguments\": {}}\n</tool_call>");
 }
 
 TEST(HarmonyTest, PreamblesAreContentAndBuiltInToolsReasoning) {
@@ -63,6 +70,13 @@ TEST(HarmonyTest, PreamblesAreContentAndBuiltInToolsReasoning) {
       "<|channel|>commentary<|message|>Let me look.<|end|>"
       "<|start|>assistant<|channel|>analysis to=browser.search<|message|>{\"q\": 1}<|call|>",
       true, "{\"q\": 1}", "Let me look.");
+  // A preamble, then the answer: two bodies of the content, on two lines; two analysis
+  // messages likewise.
+  ExpectSplit(
+      "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>analysis<|message|>b"
+      "<|end|><|start|>assistant<|channel|>commentary<|message|>Looking.<|end|>"
+      "<|start|>assistant<|channel|>final<|message|>Done.",
+      false, "a\nb", "Looking.\nDone.");
   // Two calls in one reply: both, in order.
   const HarmonyStream::Split two = Split(
       "<|channel|>commentary to=functions.a<|message|>{\"x\":1}<|call|>"
@@ -86,8 +100,10 @@ TEST(HarmonyTest, RepliesThatIgnoreTheFormatAreContent) {
 
 TEST(HarmonyTest, ReasoningStateFollowsTheMessages) {
   HarmonyStream s(false);
-  EXPECT_TRUE(s.reasoning());  // before the first header
-  s.Feed("<|channel|>analysis<|message|>hm");
+  EXPECT_FALSE(s.reasoning());  // before the reply shows it is harmony
+  s.Feed("<|chan");
+  EXPECT_FALSE(s.reasoning());
+  s.Feed("nel|>analysis<|message|>hm");
   EXPECT_TRUE(s.reasoning());
   s.Feed("<|end|><|start|>assistant<|channel|>final<|message|>Hi");
   EXPECT_FALSE(s.reasoning());

@@ -732,8 +732,8 @@ absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const Tenso
         blocks, absl::StrCat("is ", std::string(StorageTypeName(blocks.type)), " ",
                              ShapeToString(blocks.shape), "; U8 [..][", nb, "][16] expected"));
   }
-  if (scales.type != StorageType::kU8 || scales.numel() * 16 != blocks.numel() ||
-      scales.shape.back() != nb) {
+  const std::vector<int64_t> per_block(blocks.shape.begin(), blocks.shape.end() - 1);
+  if (scales.type != StorageType::kU8 || scales.shape != per_block) {
     return TensorProblem(
         scales, absl::StrCat("is ", std::string(StorageTypeName(scales.type)), " ",
                              ShapeToString(scales.shape), "; U8 [..][", nb, "] (one a block of ",
@@ -750,25 +750,29 @@ absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const Tenso
   const auto* e = reinterpret_cast<const uint8_t*>(scales.data);
   // Every scale of the rows read: finite (E8M0's 255 is NaN), and whether all are f16 as
   // q8_0's d = 2^(e - 128) (the int8 q being twice the FP4 value).
-  bool f16_scales = true;
+  bool f16_scales = true, kernel_scales = true;
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = e + (first_row + r * row_step) * nb;
     for (int64_t b = 0; b < nb; ++b) {
-      if (row[b] == 255) {
+      if (row[b] > 252) {  // 6 x 2^(253 - 127) is past float's range; 255 is E8M0's NaN
         return TensorProblem(
-            scales, absl::StrCat("[", (first_row + r * row_step) * nb + b, "] is 255, E8M0's NaN"));
+            scales, absl::StrCat("[", (first_row + r * row_step) * nb + b, "] is ", row[b],
+                                 row[b] == 255 ? ", E8M0's NaN" : ": 6 x 2^(e - 127) overflows"));
       }
-      f16_scales = f16_scales && row[b] >= 128 - 24 && row[b] <= 128 + 15;
+      f16_scales = f16_scales && IsF16(std::ldexp(1.0f, static_cast<int>(row[b]) - 128));
+      kernel_scales = kernel_scales && Mxfp4KernelScale(row[b]);
     }
   }
   WeightMatrix m{options.dense, nullptr, rows, cols, cols};
-  if (options.as_q8) m.format = f16_scales ? WeightFormat::kQ8_0 : WeightFormat::kQ8Affine;
+  if (options.as_q8) {
+    m.format = options.mxfp4 && kernel_scales ? WeightFormat::kMxfp4
+               : f16_scales                   ? WeightFormat::kQ8_0
+                                              : WeightFormat::kQ8Affine;
+  }
   const int64_t row_bytes = m.DataBytes(cols);
   std::vector<std::byte>& buffer = converted->emplace_back(row_bytes * rows);
   m.data = buffer.data();
-  // Twice each code's value: the int8 q of a q8 block.
-  int8_t twice[16];
-  for (int c = 0; c < 16; ++c) twice[c] = static_cast<int8_t>(2 * kFp4E2M1Values[c]);
+  const int8_t* twice = kMxfp4Twice;  // each code's value times 2: a q8 block's int8 q
   ForRowTiles(rows, options.threads, [&](int64_t r0, int64_t r1) {
     std::vector<float> values(cols);
     for (int64_t r = r0; r < r1; ++r) {
@@ -776,6 +780,19 @@ absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const Tenso
       const uint8_t* codes = q + stored * nb * 16;
       const uint8_t* exps = e + stored * nb;
       std::byte* out = buffer.data() + r * row_bytes;
+      if (m.format == WeightFormat::kMxfp4) {  // the codes re-ordered: ggml's block_mxfp4
+        auto* to = reinterpret_cast<uint8_t*>(out);
+        for (int64_t b = 0; b < nb; ++b) {
+          const uint8_t* from = codes + b * 16;  // value 2i: byte i's low nibble, 2i + 1: high
+          auto code = [&](int j) { return j % 2 == 0 ? from[j / 2] & 15 : from[j / 2] >> 4; };
+          uint8_t* block = to + b * WeightMatrix::kMxfp4BlockBytes;
+          block[0] = exps[b];
+          for (int j = 0; j < 16; ++j) {
+            block[1 + j] = static_cast<uint8_t>(code(j) | code(j + 16) << 4);
+          }
+        }
+        continue;
+      }
       for (int64_t b = 0; b < nb; ++b) {
         const float half_scale = std::ldexp(1.0f, static_cast<int>(exps[b]) - 128);
         if (options.as_q8) {
@@ -794,7 +811,10 @@ absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const Tenso
       if (!options.as_q8) StoreRow(values.data(), cols, WeightFormat::kDense, options.dense, out);
     }
   });
-  if (stats != nullptr) ++stats->exact;
+  if (stats != nullptr) {
+    ++stats->exact;
+    stats->mxfp4 += m.format == WeightFormat::kMxfp4;
+  }
   return m;
 }
 

@@ -78,6 +78,9 @@ struct QuantizedLoadOptions {
   // kQ8_0, or kQ4K (kvrmd --quantization=q4_K: ggml's reference q4_K quantizer, 4.5 bits a
   // weight, where rows are whole 256-value super-blocks; q8_0 elsewhere).
   WeightFormat requantize_as = WeightFormat::kQ8_0;
+  // With as_q8, MXFP4 weights (gpt-oss's experts) as they are (WeightFormat::kMxfp4, 4.25 bits a
+  // weight) where every scale suits the kernels, instead of q8_0 blocks of the same values.
+  bool mxfp4 = true;
   int threads = static_cast<int>(std::thread::hardware_concurrency());
 };
 
@@ -85,6 +88,7 @@ struct QuantizedLoadOptions {
 struct QuantizedLoadStats {
   int64_t exact = 0;        // matrices held as exactly their values (q4 groups, q8 blocks, f32)
   int64_t q4_groups = 0;    // of which as q4 groups
+  int64_t mxfp4 = 0;        // of which as MXFP4 blocks
   int64_t requantized = 0;  // matrices whose values were rounded (requantized to q8_0, or bf16)
 };
 
@@ -109,20 +113,17 @@ absl::StatusOr<WeightMatrix> LoadQuantizedLinear(const SafetensorsSet& files,
 // E8M0 exponent per 32 values (value = fp4 * 2^(scale - 127); 255, E8M0's NaN, is refused).
 // Returns the [rows][cols] matrix whose row r is stored row first_row + r * row_step (gpt-oss
 // interleaves gate and up rows: step 2), in a buffer appended to `converted`. Exactly its
-// values in every form: with `as_q8`, q8_0 blocks (int8 q = 2 fp4 in [-12, 12], d = 2^(scale -
-// 128)) where every d is an f16, else q8 affine ones (f32 s, offset 0); without, `dense`
-// elements (bf16 holds every MXFP4 value). INVALID_ARGUMENT naming the tensor for a bad shape,
-// dtype or scale.
+// values in every form: with `as_q8` and `mxfp4`, MXFP4 blocks (WeightFormat::kMxfp4: the same
+// codes, ggml's order) where every scale is in [2, 254]; else with `as_q8`, q8_0 blocks (int8 q =
+// 2 fp4 in [-12, 12], d = 2^(scale - 128)) where every d is an f16, else q8 affine ones (f32 s,
+// offset 0); without, `dense` elements (bf16 holds every MXFP4 value). INVALID_ARGUMENT naming
+// the tensor for a bad shape or dtype, or a scale past 252 (255 is E8M0's NaN; 253 and 254 put
+// the largest values past float's range).
 absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const TensorView& scales,
                                            int64_t first_row, int64_t row_step, int64_t rows,
                                            int64_t cols, const QuantizedLoadOptions& options,
                                            std::vector<std::vector<std::byte>>* converted,
                                            QuantizedLoadStats* stats = nullptr);
-
-// The 16 FP4 E2M1 values by code (sign in bit 3): 0, 0.5, 1, 1.5, 2, 3, 4, 6 and their negatives.
-inline constexpr float kFp4E2M1Values[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,
-                                             4.0f,  6.0f,  -0.0f, -0.5f, -1.0f, -1.5f,
-                                             -2.0f, -3.0f, -4.0f, -6.0f};
 
 }  // namespace kvrm
 

@@ -622,8 +622,8 @@ TEST(QuantizedCheckpointTest, BitsAndBytesMalformedAndOdd) {
 
 // MXFP4 (gpt-oss's experts): two FP4 E2M1 codes a byte, the low nibble first, times
 // 2^(scale - 127) per 32; rows picked with a step (gate_up's interleaved rows). Every code and
-// scales from tiny to huge: exactly their values as q8_0 while every scale / 2 is an f16, as q8
-// affine past that, and as f32 without 8-bit blocks.
+// scales from tiny to huge: exactly their values as MXFP4 blocks (ggml's order) or q8_0 while
+// every scale suits those, as q8 affine past that, and as f32 without 8-bit blocks.
 TEST(QuantizedCheckpointTest, Mxfp4BlocksAreExactlyTheirValues) {
   const int64_t rows = 6, cols = 64, nb = cols / 32;
   std::mt19937 rng(41);
@@ -633,28 +633,32 @@ TEST(QuantizedCheckpointTest, Mxfp4BlocksAreExactlyTheirValues) {
   auto value = [&](const std::vector<uint8_t>& scales, int64_t row, int64_t k) {
     const uint8_t byte = codes[(row * nb + k / 32) * 16 + (k % 32) / 2];
     const int code = k % 2 == 0 ? byte & 15 : byte >> 4;
-    return std::ldexp(kFp4E2M1Values[code], scales[row * nb + k / 32] - 127);
+    constexpr float kFp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+    return std::ldexp(kFp4[code], scales[row * nb + k / 32] - 127);
   };
   for (const bool f16_range : {true, false}) {
     std::vector<uint8_t> scales(rows * nb);
     for (int64_t i = 0; i < rows * nb; ++i) scales[i] = static_cast<uint8_t>(120 + i % 14);
-    if (!f16_range) scales[3] = 30;  // 2^-97: no f16 holds it
+    if (!f16_range) scales[3] = 1;  // 2^-126: neither an f16 nor in the MXFP4 kernels' range
     auto files = Files(f16_range ? "mxfp4" : "mxfp4_affine",
                        {{"e.blocks", StorageType::kU8, DType::kF32, {1, rows, nb, 16}, Bytes(codes)},
                         {"e.scales", StorageType::kU8, DType::kF32, {1, rows, nb}, Bytes(scales)}});
     const TensorView blocks = *files->GetAny("e.blocks"), sc = *files->GetAny("e.scales");
-    for (const bool as_q8 : {true, false}) {
-      SCOPED_TRACE(absl::StrCat(f16_range ? "f16 scales" : "a tiny scale", as_q8 ? " q8" : " f32"));
+    for (const int form : {0, 1, 2}) {  // as MXFP4 blocks, as q8 blocks, dense
+      const bool as_q8 = form < 2, mxfp4 = form == 0;
+      SCOPED_TRACE(absl::StrCat(f16_range ? "f16 scales" : "a tiny scale", " form ", form));
       QuantizedLoadOptions options;
       options.as_q8 = as_q8;
+      options.mxfp4 = mxfp4;
       options.dense = DType::kF32;
       std::vector<std::vector<std::byte>> converted;
       // Rows 1, 3, 5 (the "up" rows of an interleaved gate_up).
       auto m = LoadMxfp4Rows(blocks, sc, 1, 2, 3, cols, options, &converted);
       ASSERT_TRUE(m.ok()) << m.status();
-      EXPECT_EQ(m->format, !as_q8 ? WeightFormat::kDense
-                           : f16_range ? WeightFormat::kQ8_0
-                                       : WeightFormat::kQ8Affine);
+      EXPECT_EQ(m->format, !as_q8       ? WeightFormat::kDense
+                           : !f16_range ? WeightFormat::kQ8Affine
+                           : mxfp4      ? WeightFormat::kMxfp4
+                                        : WeightFormat::kQ8_0);
       ExpectValues(*m, [&](int64_t n, int64_t k) { return value(scales, 1 + 2 * n, k); });
     }
     if (f16_range) {  // the hand-made byte: row 0's first two values
@@ -671,12 +675,26 @@ TEST(QuantizedCheckpointTest, Mxfp4BlocksAreExactlyTheirValues) {
 
 TEST(QuantizedCheckpointTest, MalformedMxfp4TensorsAreNamed) {
   std::vector<uint8_t> codes(2 * 2 * 16, 0x11), scales(2 * 2, 127);
-  auto files = Files("mxfp4_bad",
-                     {{"e.blocks", StorageType::kU8, DType::kF32, {2, 2, 16}, Bytes(codes)},
-                      {"e.scales", StorageType::kU8, DType::kF32, {2, 2}, Bytes(scales)},
-                      {"e.short", StorageType::kU8, DType::kF32, {2, 1}, Bytes(std::vector<uint8_t>(2))},
-                      {"e.nan", StorageType::kU8, DType::kF32, {2, 2},
-                       Bytes(std::vector<uint8_t>{127, 127, 255, 127})}});
+  auto files =
+      Files("mxfp4_bad",
+            {{"e.blocks", StorageType::kU8, DType::kF32, {2, 2, 16}, Bytes(codes)},
+             {"e.scales", StorageType::kU8, DType::kF32, {2, 2}, Bytes(scales)},
+             {"e.short", StorageType::kU8, DType::kF32, {2, 1}, Bytes(std::vector<uint8_t>(2))},
+             {"e.nan",
+              StorageType::kU8,
+              DType::kF32,
+              {2, 2},
+              Bytes(std::vector<uint8_t>{127, 127, 255, 127})},
+             {"e.huge",
+              StorageType::kU8,
+              DType::kF32,
+              {2, 2},
+              Bytes(std::vector<uint8_t>{127, 253, 127, 127})},
+             {"e.flat",
+              StorageType::kU8,
+              DType::kF32,
+              {4},
+              Bytes(std::vector<uint8_t>{127, 127, 127, 127})}});
   const TensorView blocks = *files->GetAny("e.blocks");
   std::vector<std::vector<std::byte>> converted;
   auto load = [&](const char* scales_name, int64_t rows, int64_t cols) {
@@ -689,6 +707,8 @@ TEST(QuantizedCheckpointTest, MalformedMxfp4TensorsAreNamed) {
   EXPECT_THAT(load("e.short", 2, 64).message(), HasSubstr("e.short"));
   EXPECT_THAT(load("e.scales", 3, 64).message(), HasSubstr("were asked for"));
   EXPECT_THAT(load("e.nan", 2, 64).message(), HasSubstr("E8M0's NaN"));
+  EXPECT_THAT(load("e.huge", 2, 64).message(), HasSubstr("overflows"));
+  EXPECT_THAT(load("e.flat", 2, 64).message(), HasSubstr("e.flat"));  // not [2][2]
 }
 
 }  // namespace

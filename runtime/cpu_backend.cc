@@ -216,7 +216,8 @@ std::string CpuBackend::weight_quantization() const {
        {std::pair{WeightFormat::kQ4K, "q4_K"}, std::pair{WeightFormat::kQ4G, "q4_g"},
         std::pair{WeightFormat::kQ6K, "q6_K"}, std::pair{WeightFormat::kQ8_0, "q8_0"},
         std::pair{WeightFormat::kQ8Affine, "q8_affine"},
-        std::pair{WeightFormat::kQ8Halves, "q8_halves"}}) {
+        std::pair{WeightFormat::kQ8Halves, "q8_halves"},
+        std::pair{WeightFormat::kMxfp4, "mxfp4"}}) {
     if (used.count(format) != 0) out += (out.empty() ? "" : "+") + std::string(name);
   }
   return out;

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
                                               options.requantize_non_integer);
   quantized.options.dense = options.dense;
   quantized.options.requantize_as = options.requantize_as;
+  quantized.options.mxfp4 = options.mxfp4;
   quantized.converted = &bundle->converted;
   QuantizedLoadStats stats;
   quantized.stats = &stats;
@@ -89,10 +90,11 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
     const bool blocks = quantized.options.as_q8;
     std::string exact = absl::StrCat(stats.exact, " matrices as exactly their values");
     if (stats.exact > 0) {
-      absl::StrAppend(&exact, blocks
-                                  ? absl::StrCat(" (", stats.q4_groups, " as 4-bit groups, ",
-                                                 stats.exact - stats.q4_groups, " as 8-bit blocks)")
-                                  : std::string(" (f32)"));
+      absl::StrAppend(&exact, blocks ? absl::StrCat(" (", stats.q4_groups, " as 4-bit groups, ",
+                                                    stats.mxfp4, " as MXFP4 blocks, ",
+                                                    stats.exact - stats.q4_groups - stats.mxfp4,
+                                                    " as 8-bit blocks)")
+                                     : std::string(" (f32)"));
     }
     const char* rounded = !blocks ? " rounded to bf16"
                           : options.requantize_as == WeightFormat::kQ4K

@@ -57,6 +57,9 @@ struct ModelBundle {
     // What a quantized checkpoint's matrices become when not 8-bit blocks: bf16, or f32 (their
     // values exactly: tools/gguf's converter).
     DType dense = DType::kBF16;
+    // With as_q8, MXFP4 weights (gpt-oss's experts) kept as MXFP4 blocks (4.25 bits a weight),
+    // else held as q8_0 blocks of the same values (QuantizedLoadOptions::mxfp4).
+    bool mxfp4 = true;
   };
   // `path`: a Hugging Face model directory (config.json, safetensors, tokenizer.json), a GGUF
   // file, or a directory with no config.json and one .gguf file. Every error names the file and

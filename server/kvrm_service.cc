@@ -283,10 +283,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       // Harmony: a token counts as reasoning when it is not the answer's (headers, markers,
       // analysis, calls).
       HarmonyStream& harmony = *harmony_streams_[index];
+      // Tokens while the reply's first text leaves undecided whether it is harmony are held,
+      // and count once a header shows it is.
       const bool thinking_before = harmony.reasoning();
       HarmonyStream::Split split = harmony.Feed(chunk.text);
+      ReasoningTokens& counted = reasoning_tokens_[index];
+      const int32_t tokens = static_cast<int32_t>(chunk.token_ids.size());
       if (thinking_before || harmony.reasoning()) {
-        reasoning_tokens_[index].total += static_cast<int32_t>(chunk.token_ids.size());
+        counted.total += counted.held + tokens;
+        counted.held = 0;
+      } else {
+        counted.held = harmony.undecided() ? counted.held + tokens : 0;
       }
       if (info) {
         HarmonyStream::Split last = harmony.Finish();

@@ -582,8 +582,8 @@ absl::Status ChatOptions(const Json& body, OpenAiRequest* out) {
       effort != nullptr && !effort->is_null()) {
     if (!effort->is_string()) return WrongType("reasoning_effort", "a string", *effort);
     const std::string e = effort->get<std::string>();
-    if (e != "minimal" && e != "low" && e != "medium" && e != "high") {
-      return Bad("reasoning_effort", absl::StrCat("\"", e, "\": use minimal, low, medium or high"));
+    if (e != "low" && e != "medium" && e != "high") {  // the levels gpt-oss knows
+      return Bad("reasoning_effort", absl::StrCat("\"", e, "\": use low, medium or high"));
     }
     if (!kwargs_object.contains("reasoning_effort")) kwargs_object["reasoning_effort"] = e;
   }

@@ -107,7 +107,8 @@ TEST(KvrmdProcessTest, UnknownToolCallParserExitsTwoNamingTheFlagAndTheChoices) 
 }
 
 TEST(KvrmdProcessTest, UnknownReasoningParserExitsTwoNamingTheFlagAndTheChoices) {
-  ExpectBadFlagExitsTwo("--reasoning_parser=o1", "none, think, deepseek_r1 or qwen3");
+  ExpectBadFlagExitsTwo("--reasoning_parser=o1",
+                        "none, think, deepseek_r1, qwen3, harmony or openai_gptoss");
 }
 
 TEST(KvrmdProcessTest, AnOffloadShedShareOutsideItsRangeExitsTwoNamingTheFlag) {

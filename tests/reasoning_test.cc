@@ -326,7 +326,7 @@ TEST(ReasoningE2eTest, HarmonyFunctionCallsAreToolCalls) {
   const Split p = Joined(plain);
   EXPECT_EQ(p.text, "");
   EXPECT_EQ(p.finished.tool_calls_size(), 0);
-  EXPECT_EQ(p.reasoning.rfind("Need the time.{\"tz\": ", 0), 0u) << p.reasoning;
+  EXPECT_EQ(p.reasoning.rfind("Need the time.\n{\"tz\": ", 0), 0u) << p.reasoning;
 }
 
 }  // namespace

@@ -120,8 +120,39 @@ int64_t BlockPanelBytes(const WeightMatrix& w, WeightFormat format) {
   return groups * blocks * WeightMatrix::PanelBlockSize(format);
 }
 
+namespace {
+
+// MXFP4 rows into their panels (weight_matrix.h): each block's e at its row's byte, and line p's
+// byte l the row's codes of columns 2p and 2p + 1.
+void PackMxfp4Panels(const WeightMatrix& w, uint8_t* panels) {
+  constexpr int64_t kGroup = WeightMatrix::kPanelRows, kBlock = WeightMatrix::kQ8Block;
+  constexpr int64_t kTo = WeightMatrix::kMxfp4PanelBlockBytes;
+  CHECK(w.cols % kBlock == 0) << "MXFP4 rows of " << w.cols;
+  const int64_t blocks = w.cols / kBlock;
+  for (int64_t r = 0; r < w.rows; ++r) {
+    const uint8_t* src = reinterpret_cast<const uint8_t*>(w.RowPtr(r));
+    const int64_t l = r % kGroup;
+    uint8_t* panel = panels + r / kGroup * blocks * kTo;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const uint8_t* from = src + b * WeightMatrix::kMxfp4BlockBytes;
+      uint8_t* block = panel + b * kTo;
+      block[l] = from[0];
+      auto code = [&](int64_t c) { return c < 16 ? from[1 + c] & 15 : from[1 + c - 16] >> 4; };
+      for (int64_t p = 0; p < kBlock / 2; ++p) {
+        block[kGroup + p * kGroup + l] = static_cast<uint8_t>(code(2 * p) | code(2 * p + 1) << 4);
+      }
+    }
+  }
+}
+
+}  // namespace
+
 void PackQ8Panels(const WeightMatrix& w, void* out) {
   constexpr int64_t kGroup = WeightMatrix::kPanelRows, kBlock = WeightMatrix::kQ8Block;
+  if (w.format == WeightFormat::kMxfp4) {
+    std::memset(out, 0, BlockPanelBytes(w, WeightFormat::kMxfp4));
+    return PackMxfp4Panels(w, static_cast<uint8_t*>(out));
+  }
   // Per block: the row's scales (f16 d; or two f32, s and o for affine, s0 and s1 for halves),
   // then its q. Dense rows are quantized to q8_0 blocks first.
   const WeightFormat format = BlockPanelFormat(w);
@@ -305,6 +336,9 @@ void WeightRowToFloat(const WeightMatrix& w, int64_t r, float* out) {
   }
   if (w.format == WeightFormat::kQ8Halves) {
     return DequantizeRowQ8Halves(reinterpret_cast<const uint8_t*>(row), w.cols, out);
+  }
+  if (w.format == WeightFormat::kMxfp4) {
+    return DequantizeRowMxfp4(reinterpret_cast<const uint8_t*>(row), w.cols, out);
   }
   if (w.format == WeightFormat::kQ4K) {
     return DequantizeRowQ4K(reinterpret_cast<const uint8_t*>(row), w.cols, out);

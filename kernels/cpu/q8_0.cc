@@ -76,6 +76,24 @@ void DequantizeRowQ8Halves(const uint8_t* blocks, int64_t n, float* y) {
   }
 }
 
+float Mxfp4HalfScale(uint8_t e) {
+  const uint32_t bits = (static_cast<uint32_t>(e) - 1) << 23;
+  float d;
+  std::memcpy(&d, &bits, 4);
+  return d;
+}
+
+void DequantizeRowMxfp4(const uint8_t* blocks, int64_t n, float* y) {
+  for (int64_t b = 0; b < n / kBlock; ++b) {
+    const uint8_t* block = blocks + b * WeightMatrix::kMxfp4BlockBytes;
+    const float d = std::ldexp(1.0f, static_cast<int>(block[0]) - 128);
+    for (int64_t j = 0; j < 16; ++j) {
+      y[b * kBlock + j] = kMxfp4Twice[block[1 + j] & 15] * d;
+      y[b * kBlock + 16 + j] = kMxfp4Twice[block[1 + j] >> 4] * d;
+    }
+  }
+}
+
 void QuantizeRowQ8_0(const float* x, int64_t n, uint8_t* blocks) {
   for (int64_t b = 0; b < n / kBlock; ++b) {
     QuantizeBlockQ8_0(x + b * kBlock, blocks + b * WeightMatrix::kQ8BlockBytes);

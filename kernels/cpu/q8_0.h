@@ -47,6 +47,15 @@ void DequantizeRowQ8Affine(const uint8_t* blocks, int64_t n, float* y);
 // lines as q8_0's; the product sums each half apart.
 void DequantizeRowQ8Halves(const uint8_t* blocks, int64_t n, float* y);
 
+// MXFP4 blocks (WeightFormat::kMxfp4, weight_matrix.h): twice each FP4 E2M1 code's value, the
+// int8 q the q8 kernels multiply (0, 1, 2, 3, 4, 6, 8, 12 and their negatives), and a block's
+// d = 2^(e - 128) as the kernels form it: the float whose bits are (e - 1) << 23 (e in [2, 254]).
+inline constexpr int8_t kMxfp4Twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline bool Mxfp4KernelScale(uint8_t e) { return e >= 2 && e <= 254; }
+float Mxfp4HalfScale(uint8_t e);
+// The n values (n a multiple of 32) of a row of MXFP4 blocks, exactly (any e but 255).
+void DequantizeRowMxfp4(const uint8_t* blocks, int64_t n, float* y);
+
 // Columns of a q8_0 panel row: `cols` rounded up to whole blocks.
 inline int64_t Q8PaddedCols(int64_t cols) {
   return (cols + WeightMatrix::kQ8Block - 1) / WeightMatrix::kQ8Block * WeightMatrix::kQ8Block;

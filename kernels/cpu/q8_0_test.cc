@@ -346,6 +346,85 @@ TEST_P(Q8MatMulTest, AffineAndHalvesMatchFloat64ReferenceWithTheSameBitsEverywhe
   SetActiveCpuIsa(saved);
 }
 
+// MXFP4 matrices (gpt-oss's experts: ggml's block_mxfp4, e and 16 bytes of FP4 codes, value
+// j < 16 in byte j's low nibble and j + 16 in its high one): every code, scales over a range
+// of binades, rows not a multiple of 16. The rows read back exactly; the panels hold the codes
+// where weight_matrix.h says; the product against float64 over the values times the quantized
+// activations, the same bits on every path and whatever the batch.
+TEST_P(Q8MatMulTest, Mxfp4MatchesFloat64ReferenceWithTheSameBitsEverywhere) {
+  const CpuIsa isa = GetParam();
+  std::mt19937 rng(777);
+  ThreadPool pool(2);
+  const CpuIsa saved = ActiveCpuIsa();
+  constexpr float kFp4[16] = {0,     0.5f,  1,  1.5f,  2,  3,  4,  6,
+                              -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  std::uniform_int_distribution<int> byte(0, 255), exponent(118, 130);
+  for (Shape s : {Shape{1, 7, 32}, Shape{5, 50, 256}, Shape{13, 33, 96}, Shape{30, 20, 64}}) {
+    const int64_t blocks = s.cols / kBlock;
+    std::vector<uint8_t> data(s.rows * blocks * WeightMatrix::kMxfp4BlockBytes);
+    std::vector<double> value(s.rows * s.cols);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      for (int64_t b = 0; b < blocks; ++b) {
+        uint8_t* block = data.data() + (r * blocks + b) * WeightMatrix::kMxfp4BlockBytes;
+        block[0] = static_cast<uint8_t>(exponent(rng));
+        for (int j = 0; j < 16; ++j) block[1 + j] = static_cast<uint8_t>(byte(rng));
+        for (int j = 0; j < 32; ++j) {
+          const int code = j < 16 ? block[1 + j] & 15 : block[1 + j - 16] >> 4;
+          value[r * s.cols + b * kBlock + j] = std::ldexp(kFp4[code], block[0] - 127);
+        }
+      }
+    }
+    WeightMatrix w{DType::kBF16, data.data(),         s.rows, s.cols, s.cols,
+                   nullptr,      WeightFormat::kMxfp4};
+    std::vector<float> row(s.cols);
+    for (int64_t r = 0; r < s.rows; ++r) {
+      WeightRowToFloat(w, r, row.data());
+      for (int64_t c = 0; c < s.cols; ++c)
+        ASSERT_EQ(row[c], value[r * s.cols + c]) << r << "," << c;
+    }
+    const PanelCopy panels(w, WeightFormat::kMxfp4);
+    ASSERT_EQ(panels.bytes(), (s.rows + 15) / 16 * blocks * 272);
+    {  // row 3's block 0: its e, and columns 4 and 5 in line 2's byte 3
+      const uint8_t* p = static_cast<const uint8_t*>(panels.data());
+      const uint8_t* from = data.data() + 3 * blocks * WeightMatrix::kMxfp4BlockBytes;
+      EXPECT_EQ(p[3], from[0]);
+      EXPECT_EQ(p[16 + 2 * 16 + 3], (from[1 + 4] & 15) | (from[1 + 5] & 15) << 4);
+    }
+    w.panels = panels.data();
+    w.panel_format = WeightFormat::kMxfp4;
+    std::vector<float> x = Random(s.n * s.cols, rng);
+    std::vector<int16_t> xq(s.n * s.cols);
+    std::vector<float> xs(s.n);
+    QuantizeActivationsQ8(x.data(), s.n, s.cols, s.cols, s.cols, xq.data(), xs.data());
+    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
+    SetActiveCpuIsa(CpuIsa::kGeneric);
+    std::vector<float> generic(s.n * s.rows);
+    MatMul(pool, x.data(), s.n, s.cols, w, generic.data(), s.rows, scratch.data());
+    SetActiveCpuIsa(isa);
+    std::vector<float> y(s.n * s.rows, NAN);
+    MatMul(pool, x.data(), s.n, s.cols, w, y.data(), s.rows, scratch.data());
+    for (int64_t i = 0; i < s.n; ++i) {
+      for (int64_t r = 0; r < s.rows; ++r) {
+        double exact = 0, mag = 0;
+        for (int64_t c = 0; c < s.cols; ++c) {
+          const double term = value[r * s.cols + c] * xq[i * s.cols + c] * xs[i];
+          exact += term;
+          mag += std::fabs(term);
+        }
+        ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
+            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " at " << i << "," << r;
+        ASSERT_EQ(y[i * s.rows + r], generic[i * s.rows + r]) << CpuIsaName(isa);
+      }
+    }
+    for (int64_t i0 = 0; i0 < s.n; ++i0) {  // one row at a time: the same bits
+      std::vector<float> one(s.rows);
+      MatMul(pool, x.data() + i0 * s.cols, 1, s.cols, w, one.data(), s.rows, scratch.data());
+      for (int64_t r = 0; r < s.rows; ++r) ASSERT_EQ(one[r], y[i0 * s.rows + r]) << i0 << "," << r;
+    }
+  }
+  SetActiveCpuIsa(saved);
+}
+
 INSTANTIATE_TEST_SUITE_P(AllIsas, Q8MatMulTest, ::testing::ValuesIn(AvailableCpuIsas()),
                          [](const auto& info) { return std::string(CpuIsaName(info.param)); });
 

@@ -39,6 +39,11 @@ enum class WeightFormat : uint8_t {
   kQ4G,       // 4-bit groups: per 32 values an f16 scale s and a u8 zero z, value s * (q - z), in
               // super-blocks of 256 (kernels/cpu/q4_k.h): AWQ / GPTQ / compressed-tensors' 4-bit
               // checkpoints exactly
+  kMxfp4,     // OCP MXFP4 (gpt-oss's experts; ggml's block_mxfp4): per 32 values an E8M0
+              // exponent e and 16 bytes of FP4 E2M1 codes (value j < 16: the low nibble of byte
+              // j, value j + 16: its high nibble), value fp4 * 2^(e - 127); 4.25 bits a weight.
+              // Multiplied by the q8 kernels as int8 q = 2 fp4 in [-12, 12] times d = 2^(e - 128)
+              // (kernels/cpu/q8_0.h); e in [2, 254] (the loader keeps other blocks as q8)
 };
 
 struct WeightMatrix {
@@ -86,6 +91,12 @@ struct WeightMatrix {
   static constexpr int64_t kQ4GPanelBlockBytes =
       kPanelRows * 2 * 8 + kPanelRows * 8 + kPanelRows * kQ4KBlock / 2;
 
+  // MXFP4: a block is e then 16 bytes of codes; its panel block the 16 rows' e (16 bytes), then
+  // 16 lines of 16 bytes, line p's byte l holding row l's codes of columns 2p (low nibble) and
+  // 2p + 1 (high): the q8 lines' order at half the bytes (kernels/cpu/q8_0.h).
+  static constexpr int64_t kMxfp4BlockBytes = 17;
+  static constexpr int64_t kMxfp4PanelBlockBytes = kPanelRows + kPanelRows * kQ8Block / 2;
+
   // Block formats (the rest are `dtype` elements).
   static bool IsQuantized(WeightFormat f) { return f != WeightFormat::kDense; }
   // The formats of 256-value super-blocks (the K-quants and q4 groups, which the same kernels
@@ -97,22 +108,24 @@ struct WeightMatrix {
   // A block format's values a block, row-major block bytes and panel block bytes (16 rows).
   static constexpr int64_t BlockCols(WeightFormat f) { return IsKQuant(f) ? kQ4KBlock : kQ8Block; }
   static constexpr int64_t DataBlockSize(WeightFormat f) {
-    return f == WeightFormat::kQ8_0  ? kQ8BlockBytes
-           : f == WeightFormat::kQ4K ? kQ4KBlockBytes
-           : f == WeightFormat::kQ6K ? kQ6KBlockBytes
-           : f == WeightFormat::kQ4G ? kQ4GBlockBytes
-                                     : kQ8AffineBlockBytes;
+    return f == WeightFormat::kQ8_0    ? kQ8BlockBytes
+           : f == WeightFormat::kQ4K   ? kQ4KBlockBytes
+           : f == WeightFormat::kQ6K   ? kQ6KBlockBytes
+           : f == WeightFormat::kQ4G   ? kQ4GBlockBytes
+           : f == WeightFormat::kMxfp4 ? kMxfp4BlockBytes
+                                       : kQ8AffineBlockBytes;
   }
   static constexpr int64_t PanelBlockSize(WeightFormat f) {
-    return f == WeightFormat::kQ8_0  ? kQ8PanelBlockBytes
-           : f == WeightFormat::kQ4K ? kQ4KPanelBlockBytes
-           : f == WeightFormat::kQ6K ? kQ6KPanelBlockBytes
-           : f == WeightFormat::kQ4G ? kQ4GPanelBlockBytes
-                                     : kQ8AffinePanelBlockBytes;
+    return f == WeightFormat::kQ8_0    ? kQ8PanelBlockBytes
+           : f == WeightFormat::kQ4K   ? kQ4KPanelBlockBytes
+           : f == WeightFormat::kQ6K   ? kQ6KPanelBlockBytes
+           : f == WeightFormat::kQ4G   ? kQ4GPanelBlockBytes
+           : f == WeightFormat::kMxfp4 ? kMxfp4PanelBlockBytes
+                                       : kQ8AffinePanelBlockBytes;
   }
   // Where a q8 format's panel block's lines start (past the 16 rows' scales).
   static constexpr int64_t Q8LinesAt(WeightFormat f) {
-    return PanelBlockSize(f) - kPanelRows * kQ8Block;
+    return f == WeightFormat::kMxfp4 ? kPanelRows : PanelBlockSize(f) - kPanelRows * kQ8Block;
   }
   int64_t Q8Blocks() const { return (cols + kQ8Block - 1) / kQ8Block; }
   // Blocks of a panel row in `panel_format` (32 or 256 columns each, the last zero-padded).
