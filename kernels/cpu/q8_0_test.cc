@@ -266,6 +266,44 @@ TEST_P(Q8MatMulTest, SameBitsOnEveryPathAndBatch) {
   ExpectSameBitsOnEveryPathAndBatch(GetParam(), view, 40, rng);
 }
 
+// `w` (with its panels) times n random activation rows on `isa`: within 2e-6 of float64 over
+// `value` ([rows][cols], what w holds) times the quantized activations, the same bits as the
+// generic path's, and the same bits for each row alone. Leaves `isa` active.
+void ExpectProductOfValues(CpuIsa isa, const WeightMatrix& w, const std::vector<double>& value,
+                           int64_t n, std::mt19937& rng) {
+  ThreadPool pool(2);
+  const int64_t rows = w.rows, cols = w.cols;
+  std::vector<float> x = Random(n * cols, rng);
+  std::vector<int16_t> xq(n * cols);
+  std::vector<float> xs(n);
+  QuantizeActivationsQ8(x.data(), n, cols, cols, cols, xq.data(), xs.data());
+  std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(cols));
+  SetActiveCpuIsa(CpuIsa::kGeneric);
+  std::vector<float> generic(n * rows);
+  MatMul(pool, x.data(), n, cols, w, generic.data(), rows, scratch.data());
+  SetActiveCpuIsa(isa);
+  std::vector<float> y(n * rows, NAN);
+  MatMul(pool, x.data(), n, cols, w, y.data(), rows, scratch.data());
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t r = 0; r < rows; ++r) {
+      double exact = 0, mag = 0;
+      for (int64_t c = 0; c < cols; ++c) {
+        const double term = value[r * cols + c] * xq[i * cols + c] * xs[i];
+        exact += term;
+        mag += std::fabs(term);
+      }
+      ASSERT_NEAR(y[i * rows + r], exact, 2e-6 * mag + 1e-7)
+          << CpuIsaName(isa) << " n=" << n << " rows=" << rows << " at " << i << "," << r;
+      ASSERT_EQ(y[i * rows + r], generic[i * rows + r]) << CpuIsaName(isa);
+    }
+  }
+  for (int64_t i0 = 0; i0 < n; ++i0) {  // one row at a time: the same bits
+    std::vector<float> one(rows);
+    MatMul(pool, x.data() + i0 * cols, 1, cols, w, one.data(), rows, scratch.data());
+    for (int64_t r = 0; r < rows; ++r) ASSERT_EQ(one[r], y[i0 * rows + r]) << i0 << "," << r;
+  }
+}
+
 // q8 affine matrices (what GGUF's q4_1, q5_1, q4_K and q5_K hold: random s, o and q in 0..31, as
 // q5's) and q8 halves ones (q6_K's: a signed scale per 16 values, q in -32..31), rows not a
 // multiple of 16. Against float64 over the values (s * q + o; s0 * q or s1 * q) times the
@@ -273,7 +311,6 @@ TEST_P(Q8MatMulTest, SameBitsOnEveryPathAndBatch) {
 TEST_P(Q8MatMulTest, AffineAndHalvesMatchFloat64ReferenceWithTheSameBitsEverywhere) {
   const CpuIsa isa = GetParam();
   std::mt19937 rng(4321);
-  ThreadPool pool(2);
   const CpuIsa saved = ActiveCpuIsa();
   std::normal_distribution<float> sd(0.0f, 0.01f);
   for (const WeightFormat format : {WeightFormat::kQ8Affine, WeightFormat::kQ8Halves}) {
@@ -311,36 +348,7 @@ TEST_P(Q8MatMulTest, AffineAndHalvesMatchFloat64ReferenceWithTheSameBitsEverywhe
       ASSERT_EQ(panels.bytes(), (s.rows + 15) / 16 * blocks * 640);
       w.panels = panels.data();
       w.panel_format = format;
-      std::vector<float> x = Random(s.n * s.cols, rng);
-      std::vector<int16_t> xq(s.n * s.cols);
-      std::vector<float> xs(s.n);
-      QuantizeActivationsQ8(x.data(), s.n, s.cols, s.cols, s.cols, xq.data(), xs.data());
-      std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
-      SetActiveCpuIsa(CpuIsa::kGeneric);
-      std::vector<float> generic(s.n * s.rows);
-      MatMul(pool, x.data(), s.n, s.cols, w, generic.data(), s.rows, scratch.data());
-      SetActiveCpuIsa(isa);
-      std::vector<float> y(s.n * s.rows, NAN);
-      MatMul(pool, x.data(), s.n, s.cols, w, y.data(), s.rows, scratch.data());
-      for (int64_t i = 0; i < s.n; ++i) {
-        for (int64_t r = 0; r < s.rows; ++r) {
-          double exact = 0, mag = 0;
-          for (int64_t c = 0; c < s.cols; ++c) {
-            const double term = value[r * s.cols + c] * xq[i * s.cols + c] * xs[i];
-            exact += term;
-            mag += std::fabs(term);
-          }
-          ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
-              << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " at " << i << "," << r;
-          ASSERT_EQ(y[i * s.rows + r], generic[i * s.rows + r]) << CpuIsaName(isa);
-        }
-      }
-      for (int64_t i0 = 0; i0 < s.n; ++i0) {  // one row at a time: the same bits
-        std::vector<float> one(s.rows);
-        MatMul(pool, x.data() + i0 * s.cols, 1, s.cols, w, one.data(), s.rows, scratch.data());
-        for (int64_t r = 0; r < s.rows; ++r)
-          ASSERT_EQ(one[r], y[i0 * s.rows + r]) << i0 << "," << r;
-      }
+      ExpectProductOfValues(isa, w, value, s.n, rng);
     }
   }
   SetActiveCpuIsa(saved);
@@ -354,7 +362,6 @@ TEST_P(Q8MatMulTest, AffineAndHalvesMatchFloat64ReferenceWithTheSameBitsEverywhe
 TEST_P(Q8MatMulTest, Mxfp4MatchesFloat64ReferenceWithTheSameBitsEverywhere) {
   const CpuIsa isa = GetParam();
   std::mt19937 rng(777);
-  ThreadPool pool(2);
   const CpuIsa saved = ActiveCpuIsa();
   constexpr float kFp4[16] = {0,     0.5f,  1,  1.5f,  2,  3,  4,  6,
                               -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
@@ -392,35 +399,7 @@ TEST_P(Q8MatMulTest, Mxfp4MatchesFloat64ReferenceWithTheSameBitsEverywhere) {
     }
     w.panels = panels.data();
     w.panel_format = WeightFormat::kMxfp4;
-    std::vector<float> x = Random(s.n * s.cols, rng);
-    std::vector<int16_t> xq(s.n * s.cols);
-    std::vector<float> xs(s.n);
-    QuantizeActivationsQ8(x.data(), s.n, s.cols, s.cols, s.cols, xq.data(), xs.data());
-    std::vector<float> scratch(pool.num_threads() * MatMulScratchFloats(s.cols));
-    SetActiveCpuIsa(CpuIsa::kGeneric);
-    std::vector<float> generic(s.n * s.rows);
-    MatMul(pool, x.data(), s.n, s.cols, w, generic.data(), s.rows, scratch.data());
-    SetActiveCpuIsa(isa);
-    std::vector<float> y(s.n * s.rows, NAN);
-    MatMul(pool, x.data(), s.n, s.cols, w, y.data(), s.rows, scratch.data());
-    for (int64_t i = 0; i < s.n; ++i) {
-      for (int64_t r = 0; r < s.rows; ++r) {
-        double exact = 0, mag = 0;
-        for (int64_t c = 0; c < s.cols; ++c) {
-          const double term = value[r * s.cols + c] * xq[i * s.cols + c] * xs[i];
-          exact += term;
-          mag += std::fabs(term);
-        }
-        ASSERT_NEAR(y[i * s.rows + r], exact, 2e-6 * mag + 1e-7)
-            << CpuIsaName(isa) << " n=" << s.n << " rows=" << s.rows << " at " << i << "," << r;
-        ASSERT_EQ(y[i * s.rows + r], generic[i * s.rows + r]) << CpuIsaName(isa);
-      }
-    }
-    for (int64_t i0 = 0; i0 < s.n; ++i0) {  // one row at a time: the same bits
-      std::vector<float> one(s.rows);
-      MatMul(pool, x.data() + i0 * s.cols, 1, s.cols, w, one.data(), s.rows, scratch.data());
-      for (int64_t r = 0; r < s.rows; ++r) ASSERT_EQ(one[r], y[i0 * s.rows + r]) << i0 << "," << r;
-    }
+    ExpectProductOfValues(isa, w, value, s.n, rng);
   }
   SetActiveCpuIsa(saved);
 }

@@ -579,6 +579,24 @@ TEST(MakeModelTest, Qwen2MoeConfigHasItsKeysAndParses) {
   EXPECT_TRUE(c->tie_word_embeddings);
 }
 
+// The f32 model's tensors are ExpectedTensors(spec)'s, by name and shape, NumParameters() of them.
+void ExpectPlannedTensors(const ModelSpec& spec, const SafetensorsSet& set) {
+  const std::vector<Expected> expected = ExpectedTensors(spec);
+  std::set<std::string> expected_names;
+  for (const Expected& e : expected) expected_names.insert(e.name);
+  const std::vector<std::string> names = set.TensorNames();
+  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected_names);
+  EXPECT_EQ(names.size(), expected.size());
+  int64_t params = 0;
+  for (const Expected& e : expected) {
+    auto t = set.Get(e.name, e.shape);
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_EQ(t->dtype, DType::kF32);
+    params += t->numel();
+  }
+  EXPECT_EQ(params, spec.NumParameters());
+}
+
 // The mixtures of experts on disk: exactly the router and expert tensors in the MoE layers and
 // the dense MLP in the others (none in tiny-mixtral and tiny-qwen2-moe, layer 3's in
 // tiny-qwen3-moe), tiny-qwen2-moe's shared experts and their gates, all counted by NumParameters;
@@ -595,20 +613,8 @@ TEST(MakeModelTest, MoeModelsHaveTheirTensors) {
     EXPECT_EQ(config->num_experts, spec.num_experts);
     auto set = SafetensorsSet::OpenDirectory(dir);
     ASSERT_TRUE(set.ok()) << set.status();
-    const std::vector<Expected> expected = ExpectedTensors(spec);
-    std::set<std::string> expected_names;
-    for (const Expected& e : expected) expected_names.insert(e.name);
+    ExpectPlannedTensors(spec, **set);
     const std::vector<std::string> names = (*set)->TensorNames();
-    EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected_names);
-    EXPECT_EQ(names.size(), expected.size());
-    int64_t params = 0;
-    for (const Expected& e : expected) {
-      auto t = (*set)->Get(e.name, e.shape);
-      ASSERT_TRUE(t.ok()) << t.status();
-      EXPECT_EQ(t->dtype, DType::kF32);
-      params += t->numel();
-    }
-    EXPECT_EQ(params, spec.NumParameters());
     int dense_mlps = 0;
     for (const std::string& name : names) dense_mlps += absl::StrContains(name, "mlp.gate_proj");
     int shared_experts = 0;
@@ -831,20 +837,7 @@ TEST(MakeModelTest, GptOssModelHasItsTensors) {
   EXPECT_EQ(config->model_type, "gpt_oss");
   auto set = SafetensorsSet::OpenDirectory(dir);
   ASSERT_TRUE(set.ok()) << set.status();
-  const std::vector<Expected> expected = ExpectedTensors(spec);
-  std::set<std::string> expected_names;
-  for (const Expected& e : expected) expected_names.insert(e.name);
-  const std::vector<std::string> names = (*set)->TensorNames();
-  EXPECT_EQ(std::set<std::string>(names.begin(), names.end()), expected_names);
-  EXPECT_EQ(names.size(), expected.size());
-  int64_t params = 0;
-  for (const Expected& e : expected) {
-    auto t = (*set)->Get(e.name, e.shape);
-    ASSERT_TRUE(t.ok()) << t.status();
-    EXPECT_EQ(t->dtype, DType::kF32);
-    params += t->numel();
-  }
-  EXPECT_EQ(params, spec.NumParameters());
+  ExpectPlannedTensors(spec, **set);
   EXPECT_EQ(spec.NumParameters(), 2182336);
   // Per layer, against tiny-biased's attention with 8 heads: the sinks, and instead of the dense
   // MLP the router (weight and bias) and 8 experts' fused matrices and biases.
