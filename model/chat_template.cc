@@ -182,6 +182,10 @@ class Evaluator {
     }
     if (!m.tool_call_id.empty()) d.emplace_back("tool_call_id", Value::Str(m.tool_call_id));
     if (!m.name.empty()) d.emplace_back("name", Value::Str(m.name));
+    if (!m.reasoning_content.empty()) {
+      d.emplace_back("reasoning_content", Value::Str(m.reasoning_content));
+      d.emplace_back("thinking", Value::Str(m.reasoning_content));
+    }
     return Value::Dict(std::move(d));
   }
 

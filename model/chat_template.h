@@ -71,6 +71,9 @@ struct ChatMessage {
   std::vector<ChatToolCall> tool_calls;
   std::string tool_call_id;  // role "tool": the call this answers; absent from the dict when empty
   std::string name;          // absent from the dict when empty
+  // An assistant turn's reasoning: the dict's reasoning_content and thinking (gpt-oss's
+  // template reads `thinking`); absent when empty.
+  std::string reasoning_content;
 };
 
 struct ChatTemplateInputs {

@@ -347,11 +347,16 @@ TEST(ChatTemplateCorpusTest, GptOssCallsAreReadBackThroughTheHarmonyStream) {
   ChatMessage call;
   call.role = "assistant";
   call.tool_calls = {{"abcDEF123", "get_weather", kWeatherArgs}};
+  call.reasoning_content = "The user wants the weather in Lima.";
   in.messages.push_back(call);
   in.tools = {kWeatherTool, kTimeTool};
   in.add_generation_prompt = false;
   absl::StatusOr<std::string> text = t->Render(in);
   ASSERT_TRUE(text.ok()) << text.status();
+  // The turn's reasoning is its analysis message, before the call (the template's `thinking`).
+  EXPECT_NE(text->find("<|channel|>analysis<|message|>The user wants the weather in Lima."),
+            std::string::npos)
+      << *text;
   // The reply as the model wrote it: after the prompt's "<|start|>assistant".
   const size_t question = text->rfind("Weather in Lima?");
   ASSERT_NE(question, std::string::npos);
@@ -370,6 +375,7 @@ TEST(ChatTemplateCorpusTest, GptOssCallsAreReadBackThroughTheHarmonyStream) {
   EXPECT_EQ(calls->calls[0].name, "get_weather");
   EXPECT_EQ(*ParseJson(calls->calls[0].arguments, "read"), *ParseJson(kWeatherArgs, "given"))
       << calls->calls[0].arguments;
+  EXPECT_EQ(split.reasoning, "The user wants the weather in Lima.");
 }
 
 }  // namespace

@@ -465,6 +465,12 @@ absl::Status ChatMessages(const Json& body, const OrderedJson* ordered, OpenAiRe
     if (name) msg->set_name(*name);
     ASSIGN_OR_RETURN(std::optional<std::string> call_id, GetString(m, "tool_call_id", at));
     if (call_id) msg->set_tool_call_id(*call_id);
+    // A past turn's reasoning, as vLLM takes it back (reasoning_content, or reasoning).
+    ASSIGN_OR_RETURN(std::optional<std::string> reasoning, GetString(m, "reasoning_content", at));
+    if (!reasoning) {
+      ASSIGN_OR_RETURN(reasoning, GetString(m, "reasoning", at));
+    }
+    if (reasoning) msg->set_reasoning_content(*reasoning);
     if (const Json* calls = Find(m, "tool_calls")) {
       if (!calls->is_array()) return WrongType(absl::StrCat(at, ".tool_calls"), "an array", *calls);
       for (size_t c = 0; c < calls->size(); ++c) {

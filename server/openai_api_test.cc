@@ -557,7 +557,8 @@ TEST(ChatRequestTest, RoleIsRequired) {
 TEST(ChatRequestTest, AssistantToolCallsAndToolResults) {
   absl::StatusOr<OpenAiRequest> r = Chat(R"({"messages": [
       {"role": "user", "content": "weather?"},
-      {"role": "assistant", "content": null, "tool_calls": [
+      {"role": "assistant", "content": null, "reasoning_content": "Need the weather.",
+       "tool_calls": [
           {"id": "call_1", "type": "function",
            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}},
           {"id": "call_2", "type": "function",
@@ -569,6 +570,7 @@ TEST(ChatRequestTest, AssistantToolCallsAndToolResults) {
   const v1::ChatMessage& assistant = chat.messages(1);
   EXPECT_EQ(assistant.role(), "assistant");
   EXPECT_EQ(assistant.content(), "");
+  EXPECT_EQ(assistant.reasoning_content(), "Need the weather.");  // a past turn's reasoning
   ASSERT_EQ(assistant.tool_calls_size(), 2);
   EXPECT_EQ(assistant.tool_calls(0).id(), "call_1");
   EXPECT_EQ(assistant.tool_calls(0).name(), "get_weather");
@@ -581,6 +583,13 @@ TEST(ChatRequestTest, AssistantToolCallsAndToolResults) {
   EXPECT_EQ(tool.tool_call_id(), "call_1");
   EXPECT_EQ(tool.name(), "get_weather");
   EXPECT_EQ(tool.content(), "sunny");
+  EXPECT_EQ(tool.reasoning_content(), "");
+  // vLLM's other name for it.
+  r = Chat(R"({"messages": [{"role": "assistant", "content": "x", "reasoning": "hm"}]})");
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.chat().messages(0).reasoning_content(), "hm");
+  ExpectRefused(kChat, R"({"messages": [{"role": "assistant", "reasoning_content": 3}]})",
+                "messages[0].reasoning_content");
 
   ExpectRefused(kChat, R"({"messages": [{"role": "assistant", "tool_calls": [{"id": "c"}]}]})",
                 "messages[0].tool_calls[0].function", "is required");

@@ -203,6 +203,7 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
     RETURN_IF_ERROR(CheckPrintable(at + ".name", m.name(), 64));
     message.tool_call_id = TemplateToolCallId(m.tool_call_id(), config);
     message.name = m.name();
+    message.reasoning_content = m.reasoning_content();
     if (m.tool_calls_size() > limits.max_tools) {
       return Invalid(at + ".tool_calls",
                      absl::StrCat(m.tool_calls_size(), " calls; at most ", limits.max_tools));
@@ -218,7 +219,8 @@ absl::StatusOr<std::string> RenderChatPrompt(const v1::ChatPrompt& chat, const C
           ChatToolCall{TemplateToolCallId(c.id(), config), c.name(), c.arguments()});
       bytes += static_cast<int64_t>(c.name().size() + c.id().size() + c.arguments().size());
     }
-    bytes += static_cast<int64_t>(m.content().size() + m.role().size());
+    bytes +=
+        static_cast<int64_t>(m.content().size() + m.role().size() + m.reasoning_content().size());
     inputs.messages.push_back(std::move(message));
   }
   ASSIGN_OR_RETURN(const std::vector<ToolSpec> tools, ToolsFromProto(chat, limits));
