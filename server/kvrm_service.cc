@@ -268,6 +268,32 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     }
   }
 
+  // Completion `index`'s chunk through its reasoning splitter (ReasoningStream or HarmonyStream,
+  // fed only by the engine thread): the reasoning to msg->reasoning_text, the answer left in
+  // chunk->text, the chunk's tokens counted as reasoning when the splitter was or is in it; else
+  // held while `held(split)`, counted with the next that is. `last`: the completion ended.
+  template <typename Stream, typename Held>
+  void SplitReasoning(Stream& stream, int32_t index, bool last, Held held, StreamChunk* chunk,
+                      v1::GenerateResponse* msg) {
+    const bool thinking_before = stream.reasoning();
+    typename Stream::Split split = stream.Feed(chunk->text);
+    ReasoningTokens& counted = reasoning_tokens_[index];
+    const int32_t tokens = static_cast<int32_t>(chunk->token_ids.size());
+    if (thinking_before || stream.reasoning()) {
+      counted.total += counted.held + tokens;
+      counted.held = 0;
+    } else {
+      counted.held = held(split) ? counted.held + tokens : 0;
+    }
+    if (last) {
+      typename Stream::Split rest = stream.Finish();
+      split.reasoning += rest.reasoning;
+      split.content += rest.content;
+    }
+    msg->set_reasoning_text(std::move(split.reasoning));
+    chunk->text = std::move(split.content);
+  }
+
   void Enqueue(int32_t index, StreamChunk chunk, const FinishInfo* info) {
     if (index == 0 && n_ > 1 && !followers_submitted_.exchange(true)) {
       SubmitFollowers(info != nullptr && info->reason == FinishReason::kCancelled);
@@ -281,51 +307,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     std::vector<ToolCall> calls;
     if (!harmony_streams_.empty()) {
       // Harmony: a token counts as reasoning when it is not the answer's (headers, markers,
-      // analysis, calls).
+      // analysis, calls); tokens while the reply's first text leaves undecided whether it is
+      // harmony are held, and count once a header shows it is.
       HarmonyStream& harmony = *harmony_streams_[index];
-      // Tokens while the reply's first text leaves undecided whether it is harmony are held,
-      // and count once a header shows it is.
-      const bool thinking_before = harmony.reasoning();
-      HarmonyStream::Split split = harmony.Feed(chunk.text);
-      ReasoningTokens& counted = reasoning_tokens_[index];
-      const int32_t tokens = static_cast<int32_t>(chunk.token_ids.size());
-      if (thinking_before || harmony.reasoning()) {
-        counted.total += counted.held + tokens;
-        counted.held = 0;
-      } else {
-        counted.held = harmony.undecided() ? counted.held + tokens : 0;
-      }
-      if (info) {
-        HarmonyStream::Split last = harmony.Finish();
-        split.reasoning += last.reasoning;
-        split.content += last.content;
-      }
-      msg.set_reasoning_text(std::move(split.reasoning));
-      chunk.text = std::move(split.content);
+      SplitReasoning(
+          harmony, index, info != nullptr,
+          [&](const HarmonyStream::Split&) { return harmony.undecided(); }, &chunk, &msg);
     } else if (!reasoning_streams_.empty()) {
       // The thinking goes out as reasoning_text; the answer goes on as the text (and to the
-      // tool-call stream). Only the engine thread feeds a completion's streams.
-      ReasoningStream& reasoning = *reasoning_streams_[index];
-      // A token is thinking when the block was open before it or is after it (the markers'
-      // tokens count as thinking), and so are the tokens before the block opened that the
-      // stream held (a marker spelled by several tokens, whitespace before it).
-      const bool thinking_before = reasoning.reasoning();
-      ReasoningStream::Split split = reasoning.Feed(chunk.text);
-      ReasoningTokens& counted = reasoning_tokens_[index];
-      const int32_t tokens = static_cast<int32_t>(chunk.token_ids.size());
-      if (thinking_before || reasoning.reasoning()) {
-        counted.total += counted.held + tokens;
-        counted.held = 0;
-      } else {
-        counted.held = split.content.empty() ? counted.held + tokens : 0;
-      }
-      if (info) {
-        ReasoningStream::Split last = reasoning.Finish();
-        split.reasoning += last.reasoning;
-        split.content += last.content;
-      }
-      msg.set_reasoning_text(std::move(split.reasoning));
-      chunk.text = std::move(split.content);
+      // tool-call stream). A token is thinking when the block was open before it or is after it
+      // (the markers' tokens count as thinking), and so are the tokens before the block opened
+      // that the stream held (a marker spelled by several tokens, whitespace before it).
+      SplitReasoning(
+          *reasoning_streams_[index], index, info != nullptr,
+          [](const ReasoningStream::Split& split) { return split.content.empty(); }, &chunk,
+          &msg);
     }
     if (tool_streams_.empty()) {
       msg.set_text(std::move(chunk.text));
