@@ -32,7 +32,9 @@ std::pair<size_t, std::string_view> FindMarker(std::string_view text,
 // The length of the longest suffix of `text` that may begin a marker ("<|" and on): text held
 // back until the next text says whether it is one.
 size_t MarkerPrefixSuffix(std::string_view text) {
-  for (size_t n = std::min<size_t>(text.size(), 13); n > 0; --n) {
+  size_t longest = 0;
+  for (std::string_view m : kHarmonyMarkers) longest = std::max(longest, m.size());
+  for (size_t n = std::min(text.size(), longest - 1); n > 0; --n) {
     const std::string_view tail = text.substr(text.size() - n);
     for (std::string_view m : kHarmonyMarkers) {
       if (m.size() > n && m.substr(0, n) == tail) return n;
