@@ -4,7 +4,7 @@
 // ggml-quants.c). Dequantization must give ggml's floats bit for bit, and quantization ggml's
 // blocks byte for byte. The inputs cover 16 regimes:
 // unit, small, one-signed, zero, constant, outliers, below f16's normal range, large, sparse,
-// integers, rounding ties, weight-like.
+// integers, rounding ties, weight-like. mxfp4 (gpt-oss's experts) as well.
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +15,7 @@
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/gguf.h"
+#include "kernels/cpu/weight_matrix.h"
 #include "model/gguf_quants.h"
 
 namespace kvrm {
@@ -97,9 +98,51 @@ TEST_P(GgmlQuantsTest, QuantizesAsGgmlsReference) {
   EXPECT_EQ(wrong, 0);
 }
 
+// The block formats the loader keeps a type in (GgufLoadOptions::as_q8): the type's own bytes
+// (StoredBlockFormat) or the 8-bit blocks ToExact8Bit makes (Exact8BitFormat), read back by the
+// kernels' WeightRowToFloat, hold ggml's floats bit for bit.
+TEST_P(GgmlQuantsTest, KernelFormatsHoldGgmlsFloats) {
+  const Vectors v = Load(GetParam());
+  ASSERT_GT(v.n, 0);
+  const int64_t cols = 256, rows = v.n / cols;  // rows of whole K-quant super-blocks
+  const WeightFormat stored = StoredBlockFormat(v.type);
+  const WeightFormat exact = Exact8BitFormat(v.type);
+  ASSERT_TRUE(stored != WeightFormat::kDense || exact != WeightFormat::kDense) << GetParam();
+  const GgmlTypeTraits& t = GgmlTraits(v.type);
+  const int64_t file_row = cols / t.block_elems * t.block_bytes;
+  for (const WeightFormat format : {stored, exact}) {
+    if (format == WeightFormat::kDense) continue;
+    WeightMatrix m{DType::kF32, nullptr, rows, cols, cols, nullptr, format};
+    std::vector<std::byte> bytes(m.DataBytes(cols) * rows);
+    if (format == stored) {
+      ASSERT_EQ(m.DataBytes(cols), file_row);
+      bytes = v.blocks;
+    } else {
+      for (int64_t r = 0; r < rows; ++r) {
+        ASSERT_TRUE(ToExact8Bit(v.type, v.blocks.data() + r * file_row, cols,
+                                bytes.data() + r * m.DataBytes(cols)));
+      }
+    }
+    m.data = bytes.data();
+    std::vector<float> row(cols);
+    int wrong = 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      WeightRowToFloat(m, r, row.data());
+      for (int64_t c = 0; c < cols; ++c) {
+        if (Bits(row[c]) != Bits(v.y[r * cols + c]) && ++wrong <= 5) {
+          ADD_FAILURE() << GetParam() << (format == stored ? " as stored" : " as 8-bit blocks")
+                        << " element " << r * cols + c << ": ggml " << v.y[r * cols + c]
+                        << ", here " << row[c];
+        }
+      }
+    }
+    EXPECT_EQ(wrong, 0);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Ggml, GgmlQuantsTest,
                          testing::Values("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q4_K", "q5_K",
-                                         "q6_K"));
+                                         "q6_K", "mxfp4"));
 
 }  // namespace
 }  // namespace kvrm

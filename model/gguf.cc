@@ -20,7 +20,7 @@ constexpr GgmlTypeTraits kTypes[] = {
     {GgmlType::kQ5_0, "q5_0", 32, 22},   {GgmlType::kQ5_1, "q5_1", 32, 24},
     {GgmlType::kQ8_0, "q8_0", 32, 34},   {GgmlType::kQ4_K, "q4_K", 256, 144},
     {GgmlType::kQ5_K, "q5_K", 256, 176}, {GgmlType::kQ6_K, "q6_K", 256, 210},
-    {GgmlType::kBF16, "bf16", 1, 2},
+    {GgmlType::kBF16, "bf16", 1, 2},     {GgmlType::kMxfp4, "mxfp4", 32, 17},
 };
 
 // Names of the ggml types this loader refuses, for messages (ggml.h's ids).
@@ -66,8 +66,6 @@ const char* RefusedTypeName(uint32_t id) {
       return "tq1_0";
     case 35:
       return "tq2_0";
-    case 39:
-      return "mxfp4";
     default:
       return nullptr;
   }

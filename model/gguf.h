@@ -57,6 +57,7 @@ enum class GgmlType : uint32_t {
   kQ5_K = 13,
   kQ6_K = 14,
   kBF16 = 30,
+  kMxfp4 = 39,  // OCP MXFP4 (gpt-oss's experts): an E8M0 byte, then 16 bytes of FP4 E2M1 codes
 };
 
 // A type's block: `block_elems` consecutive elements of a row stored in `block_bytes` bytes.

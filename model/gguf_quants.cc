@@ -342,6 +342,9 @@ void DequantizeRow(GgmlType type, const std::byte* src, int64_t n, float* out) {
       case GgmlType::kQ6_K:
         DequantQ6_K(b, y);
         break;
+      case GgmlType::kMxfp4:
+        DequantizeRowMxfp4(U8(b), kQk, y);  // kernels/cpu/q8_0.h: the same values, exactly
+        break;
     }
   }
 }
@@ -385,6 +388,21 @@ std::byte* PutTwoScaleBlock(float first, float second, const void* q, std::byte*
 }  // namespace
 
 bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst) {
+  if (type == GgmlType::kMxfp4) {
+    // s = 2^(e - 128) (any E8M0 but 255: from 2^-128, f32's subnormals, to 2^126), o = 0 and q
+    // twice the FP4 value (at most 12): the same products as the FP4 block's.
+    CHECK(n % kQk == 0) << "mxfp4: " << n << " elements";
+    for (int64_t i = 0; i < n / kQk; ++i) {
+      const uint8_t* b = U8(src + i * WeightMatrix::kMxfp4BlockBytes);
+      int8_t q[kQk];
+      for (int j = 0; j < kQk / 2; ++j) {
+        q[j] = kMxfp4Twice[b[1 + j] & 15];
+        q[j + kQk / 2] = kMxfp4Twice[b[1 + j] >> 4];
+      }
+      dst = PutTwoScaleBlock(std::ldexp(1.0f, static_cast<int>(b[0]) - 128), 0.0f, q, dst);
+    }
+    return true;
+  }
   if (type != GgmlType::kQ4_1 && type != GgmlType::kQ5_1 && type != GgmlType::kQ4_K &&
       type != GgmlType::kQ5_K) {
     return false;
@@ -427,6 +445,8 @@ WeightFormat StoredBlockFormat(GgmlType type) {
       return WeightFormat::kQ4K;
     case GgmlType::kQ6_K:
       return WeightFormat::kQ6K;
+    case GgmlType::kMxfp4:
+      return WeightFormat::kMxfp4;
     default:
       return WeightFormat::kDense;
   }
@@ -440,6 +460,8 @@ GgmlType GgmlTypeOf(WeightFormat stored) {
       return GgmlType::kQ4_K;
     case WeightFormat::kQ6K:
       return GgmlType::kQ6_K;
+    case WeightFormat::kMxfp4:
+      return GgmlType::kMxfp4;
     default:
       LOG(FATAL) << "no GGUF type is stored as format " << static_cast<int>(stored);
   }
@@ -455,6 +477,7 @@ WeightFormat Exact8BitFormat(GgmlType type) {
     case GgmlType::kQ5_1:
     case GgmlType::kQ4_K:
     case GgmlType::kQ5_K:
+    case GgmlType::kMxfp4:
       return WeightFormat::kQ8Affine;
     case GgmlType::kQ6_K:
       return WeightFormat::kQ8Halves;
@@ -482,6 +505,40 @@ bool ToExact8Bit(GgmlType type, const std::byte* src, int64_t n, std::byte* dst)
   return ToQ8_0Exactly(type, src, n, dst) || ToQ8AffineExactly(type, src, n, dst) ||
          ToQ8HalvesExactly(type, src, n, dst);
 }
+
+namespace {
+
+// quantize_row_mxfp4_ref: e from the block's largest magnitude (floor(log2 amax) - 2 + 127, so
+// 1.5 x 2^floor(log2 amax) is the largest value; larger ones saturate at 6 x the scale), each
+// value the first of the 16 codes nearest it (the doubled values against half the scale).
+void QuantMxfp4(const float* x, std::byte* b) {
+  float amax = 0.0f;
+  for (int j = 0; j < kQk; ++j) amax = std::max(amax, std::fabs(x[j]));
+  // (At least 0: ggml casts a negative float to uint8, undefined, for amax below 2^-125.)
+  const uint8_t e = amax > 0.0f ? static_cast<uint8_t>(std::max(
+                                      0.0f, std::floor(std::log2(amax)) - 2 + 127))
+                                : 0;
+  const float d = std::ldexp(1.0f, static_cast<int>(e) - 128);  // GGML_E8M0_TO_FP32_HALF
+  auto nearest = [&](float v) {
+    int best = 0;
+    float best_err = std::fabs(kMxfp4Twice[0] * d - v);
+    for (int i = 1; i < 16; ++i) {
+      const float err = std::fabs(kMxfp4Twice[i] * d - v);
+      if (err < best_err) {
+        best = i;
+        best_err = err;
+      }
+    }
+    return static_cast<uint8_t>(best);
+  };
+  uint8_t* out = U8(b);
+  out[0] = e;
+  for (int j = 0; j < kQk / 2; ++j) {
+    out[1 + j] = static_cast<uint8_t>(nearest(x[j]) | nearest(x[j + kQk / 2]) << 4);
+  }
+}
+
+}  // namespace
 
 void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst) {
   const GgmlTypeTraits& t = GgmlTraits(type);
@@ -525,6 +582,9 @@ void QuantizeRow(GgmlType type, const float* x, int64_t n, std::byte* dst) {
         break;
       case GgmlType::kQ6_K:
         QuantQ6_K(v, b);
+        break;
+      case GgmlType::kMxfp4:
+        QuantMxfp4(v, b);
         break;
     }
   }

@@ -28,8 +28,9 @@ bool ToQ8_0Exactly(GgmlType type, const std::byte* src, int64_t n, std::byte* ds
 
 // The q8 affine blocks (kernels/cpu/q8_0.h) holding exactly the values of `n` elements (a whole
 // number of blocks) of `type` at `src`: q4_1 and q5_1 (d * q + m) and q4_K and q5_K (per 32-value
-// sub-block d * scale * q - dmin * min) as s, o and q per 32 values. `dst` holds n / 32 * 40
-// bytes. Other types: false.
+// sub-block d * scale * q - dmin * min) and mxfp4 (2^(e - 127) * the FP4 value: s = 2^(e - 128),
+// o = 0, q twice the value) as s, o and q per 32 values. `dst` holds n / 32 * 40 bytes. Other
+// types: false.
 bool ToQ8AffineExactly(GgmlType type, const std::byte* src, int64_t n, std::byte* dst);
 
 // The q8 halves blocks (kernels/cpu/q8_0.h) holding exactly the values of `n` elements (whole
@@ -45,9 +46,10 @@ bool ToQ4GroupsExactly(GgmlType type, const std::byte* src, int64_t n, std::byte
 
 // The kernels' block formats (kernels/cpu/weight_matrix.h) for a GGUF type:
 // - StoredBlockFormat: the format that is the type's own bytes (q8_0: kQ8_0, q4_K: kQ4K, q6_K:
-//   kQ6K; kDense for the others), and GgmlTypeOf its inverse (kQ8_0, kQ4K, kQ6K);
+//   kQ6K, mxfp4: kMxfp4, whose kernels take E8M0 scales of 2 to 254 only; kDense for the
+//   others), and GgmlTypeOf its inverse (kQ8_0, kQ4K, kQ6K, kMxfp4);
 // - Exact8BitFormat: the 8-bit format holding exactly the type's values (kQ8_0 for q8_0, q4_0
-//   and q5_0; kQ8Affine for q4_1, q5_1, q4_K and q5_K; kQ8Halves for q6_K; kDense for the
+//   and q5_0; kQ8Affine for q4_1, q5_1, q4_K, q5_K and mxfp4; kQ8Halves for q6_K; kDense for the
 //   others), into which ToExact8Bit converts `n` elements (ToQ8_0Exactly, ToQ8AffineExactly or
 //   ToQ8HalvesExactly; false for a type without one).
 WeightFormat StoredBlockFormat(GgmlType type);

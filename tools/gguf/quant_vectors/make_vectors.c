@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   const struct Type types[] = {
       T(q4_0, 2, 32, block_q4_0),   T(q4_1, 3, 32, block_q4_1),   T(q5_0, 6, 32, block_q5_0),
       T(q5_1, 7, 32, block_q5_1),   T(q8_0, 8, 32, block_q8_0),   T(q4_K, 12, 256, block_q4_K),
-      T(q5_K, 13, 256, block_q5_K), T(q6_K, 14, 256, block_q6_K),
+      T(q5_K, 13, 256, block_q5_K), T(q6_K, 14, 256, block_q6_K),   T(mxfp4, 39, 32, block_mxfp4),
   };
   static float x[kN], y[kN];
   static unsigned char blocks[kN * 2];
