@@ -17,6 +17,7 @@
 #include "common/json.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "kernels/cpu/q8_0.h"
 #include "model/gguf_quants.h"
 #include "model/gguf_tokenizer.h"
 
@@ -39,20 +40,13 @@ absl::StatusOr<uint64_t> LayerUint(const GgufFile& f, const std::string& key) {
   return static_cast<uint64_t>(all[0]);
 }
 
-// Gemma 2 / 3's keys as llama.cpp reads them, into config.json's names: the window (Gemma 2:
-// 4096 when absent; Gemma 3: none), the sliding layers (attention.sliding_window_pattern, a
-// period, Gemma 2's 2 and Gemma 3's 6 when absent, or one bool per layer), the sliding layers'
-// RoPE base (rope.freq_base_swa; Gemma 3: 10000 when absent, Gemma 2: the global base) and the
-// softcaps (Gemma 2: 50 and 30 when absent; Gemma 3: the logits' only, none when absent).
-absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma2, uint64_t layers,
-                             Json* c) {
-  const bool windowed = gemma2 || f.Find(p + "attention.sliding_window") != nullptr;
-  uint64_t window = 4096;
-  if (f.Find(p + "attention.sliding_window") != nullptr) {
-    ASSIGN_OR_RETURN(window, f.GetUint(p + "attention.sliding_window"));
-  }
+// Which layers slide over a window of `window`, as llama.cpp's set_swa_pattern reads
+// attention.sliding_window_pattern: one bool per layer, or a period (`period` when the key is
+// absent; GgufLayerSlides). As config.json's sliding_window and layer_types.
+absl::Status GgufSlidingLayers(const GgufFile& f, const std::string& p, uint64_t window,
+                               uint64_t period, uint64_t layers, Json* c) {
   std::vector<bool> sliding(layers, false);
-  if (windowed && window > 0) {
+  if (window > 0) {
     const std::string key = p + "attention.sliding_window_pattern";
     const GgufValue* v = f.Find(key);
     if (v != nullptr && v->type == GgufValueType::kArray) {
@@ -62,30 +56,50 @@ absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma
       ASSIGN_OR_RETURN(const std::vector<double> each, f.GetNumberArray(key));
       for (uint64_t l = 0; l < layers; ++l) sliding[l] = each[l] != 0;
     } else {
-      uint64_t period = gemma2 ? 2 : 6;
       if (v != nullptr) {
         ASSIGN_OR_RETURN(period, f.GetUint(key));
       }
-      for (uint64_t l = 0; l < layers; ++l) sliding[l] = GgufGemmaLayerSlides(l, period);
+      for (uint64_t l = 0; l < layers; ++l) sliding[l] = GgufLayerSlides(l, period);
     }
     (*c)["sliding_window"] = window;
   }
   Json types = Json::array();
   for (bool s : sliding) types.push_back(s ? "sliding_attention" : "full_attention");
   (*c)["layer_types"] = std::move(types);
-  if (f.Find(p + "rope.freq_base_swa") != nullptr) {
-    ASSIGN_OR_RETURN(const double local, f.GetFloat(p + "rope.freq_base_swa"));
-    double global = 10000;  // llama.cpp's default base
-    if (f.Find(p + "rope.freq_base") != nullptr) {
-      ASSIGN_OR_RETURN(global, f.GetFloat(p + "rope.freq_base"));
-    }
-    if (!gemma2) {
-      (*c)["rope_local_base_freq"] = local;
-    } else if (local != global) {
-      // (llama.cpp's gemma2 would rotate its sliding layers with it, scaled as the others.)
-      return f.Unimplemented(p + "rope.freq_base_swa",
-                             "a second RoPE base for Gemma 2's sliding layers");
-    }
+  return absl::OkStatus();
+}
+
+// rope.freq_base_swa where the engine has one base for all layers: the global one or absent.
+// (llama.cpp would rotate the sliding layers with it, scaled as the others.)
+absl::Status NoSecondRopeBase(const GgufFile& f, const std::string& p, absl::string_view model) {
+  if (f.Find(p + "rope.freq_base_swa") == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(const double local, f.GetFloat(p + "rope.freq_base_swa"));
+  double global = 10000;  // llama.cpp's default base
+  if (f.Find(p + "rope.freq_base") != nullptr) {
+    ASSIGN_OR_RETURN(global, f.GetFloat(p + "rope.freq_base"));
+  }
+  if (local == global) return absl::OkStatus();
+  return f.Unimplemented(p + "rope.freq_base_swa",
+                         absl::StrCat("a second RoPE base for ", model, "'s sliding layers"));
+}
+
+// Gemma 2 / 3's keys as llama.cpp reads them, into config.json's names: the window (Gemma 2:
+// 4096 when absent; Gemma 3: none), the sliding layers (GgufSlidingLayers: Gemma 2's period 2,
+// Gemma 3's 6), the sliding layers' RoPE base (rope.freq_base_swa; Gemma 3: 10000 when absent,
+// Gemma 2: the global base) and the softcaps (Gemma 2: 50 and 30 when absent; Gemma 3: the
+// logits' only, none when absent).
+absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma2, uint64_t layers,
+                             Json* c) {
+  const bool windowed = gemma2 || f.Find(p + "attention.sliding_window") != nullptr;
+  uint64_t window = 4096;
+  if (f.Find(p + "attention.sliding_window") != nullptr) {
+    ASSIGN_OR_RETURN(window, f.GetUint(p + "attention.sliding_window"));
+  }
+  RETURN_IF_ERROR(GgufSlidingLayers(f, p, windowed ? window : 0, gemma2 ? 2 : 6, layers, c));
+  if (!gemma2 && f.Find(p + "rope.freq_base_swa") != nullptr) {
+    ASSIGN_OR_RETURN((*c)["rope_local_base_freq"], f.GetFloat(p + "rope.freq_base_swa"));
+  } else if (gemma2) {
+    RETURN_IF_ERROR(NoSecondRopeBase(f, p, "Gemma 2"));
   }
   for (const char* key : {"attn_logit_softcapping", "final_logit_softcapping"}) {
     if (f.Find(p + key) != nullptr) {
@@ -100,6 +114,18 @@ absl::Status GemmaGgufFields(const GgufFile& f, const std::string& p, bool gemma
     return f.Unimplemented(p + "attn_logit_softcapping",
                            "Gemma 3's scores are not capped (llama.cpp ignores the key)");
   }
+  return absl::OkStatus();
+}
+
+// gpt-oss's keys as llama.cpp's openai-moe graph reads them: the window
+// (attention.sliding_window, required there) over the layers the period 2 marks (the even ones)
+// unless the file says, one RoPE base for all layers, and the clamped GLU's limit, which
+// llama.cpp fixes at 7 (LLM_FFN_SWIGLU_OAI_MOE).
+absl::Status GptOssGgufFields(const GgufFile& f, const std::string& p, uint64_t layers, Json* c) {
+  ASSIGN_OR_RETURN(const uint64_t window, f.GetUint(p + "attention.sliding_window"));
+  RETURN_IF_ERROR(GgufSlidingLayers(f, p, window, 2, layers, c));
+  RETURN_IF_ERROR(NoSecondRopeBase(f, p, "gpt-oss"));
+  (*c)["swiglu_limit"] = 7.0;
   return absl::OkStatus();
 }
 
@@ -123,40 +149,46 @@ int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
 absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
   const bool gemma = arch == "gemma2" || arch == "gemma3";
+  const bool gpt_oss = arch == "gpt-oss";
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen2moe" &&
-      arch != "qwen3moe" && arch != "phi3" && arch != "granite" && !gemma) {
+      arch != "qwen3moe" && arch != "phi3" && arch != "granite" && !gemma && !gpt_oss) {
     return f.Unimplemented(
         "general.architecture",
         absl::StrCat("\"", arch,
                      "\" is not supported (llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, "
-                     "granite, gemma2, gemma3)"));
+                     "granite, gemma2, gemma3, gpt-oss)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
   Json c = Json::object();
-  c["model_type"] = arch == "gemma3" ? "gemma3_text" : std::string(arch);
+  c["model_type"] = arch == "gemma3" ? "gemma3_text" : gpt_oss ? "gpt_oss" : std::string(arch);
   // Mixtures of experts as llama.cpp computes them: a llama file with experts is Mixtral (each
   // expert feed_forward_length wide), qwen3moe is Qwen3-MoE (expert_feed_forward_length), both
   // renormalizing the chosen experts' weights; qwen2moe is Qwen2-MoE (not renormalized, with a
-  // shared expert expert_shared_feed_forward_length wide). Every layer is a mixture.
+  // shared expert expert_shared_feed_forward_length wide); gpt-oss is gpt-oss (the softmax of
+  // the chosen experts' biased logits; expert_feed_forward_length). Every layer is a mixture.
   uint64_t experts = 0;
-  if (f.Find(p + "expert_count") != nullptr) {
+  if (f.Find(p + "expert_count") != nullptr || gpt_oss) {
     ASSIGN_OR_RETURN(experts, f.GetUint(p + "expert_count"));
   }
-  if (arch == "qwen2moe" || arch == "qwen3moe" || experts > 0) {
-    if (arch != "llama" && arch != "qwen2moe" && arch != "qwen3moe") {
+  if (arch == "qwen2moe" || arch == "qwen3moe" || gpt_oss || experts > 0) {
+    if (arch != "llama" && arch != "qwen2moe" && arch != "qwen3moe" && !gpt_oss) {
       return f.Unimplemented(
           p + "expert_count",
           absl::StrCat(experts,
                        " experts: mixtures of experts are served for llama (Mixtral), "
-                       "qwen2moe and qwen3moe, not \"",
+                       "qwen2moe, qwen3moe and gpt-oss, not \"",
                        arch, "\""));
     }
     const bool mixtral = arch == "llama";
-    c["model_type"] = mixtral ? "mixtral" : arch == "qwen2moe" ? "qwen2_moe" : "qwen3_moe";
-    ASSIGN_OR_RETURN(c[mixtral ? "num_local_experts" : "num_experts"],
+    if (!gpt_oss) {
+      c["model_type"] = mixtral ? "mixtral" : arch == "qwen2moe" ? "qwen2_moe" : "qwen3_moe";
+    }
+    ASSIGN_OR_RETURN(c[mixtral || gpt_oss ? "num_local_experts" : "num_experts"],
                      f.GetUint(p + "expert_count"));
     ASSIGN_OR_RETURN(c["num_experts_per_tok"], f.GetUint(p + "expert_used_count"));
-    if (!mixtral) {
+    if (gpt_oss) {  // GptOssConfig's intermediate_size is the experts' width
+      ASSIGN_OR_RETURN(c["intermediate_size"], LayerUint(f, p + "expert_feed_forward_length"));
+    } else if (!mixtral) {
       ASSIGN_OR_RETURN(c["moe_intermediate_size"], f.GetUint(p + "expert_feed_forward_length"));
       c["norm_topk_prob"] = arch == "qwen3moe";
     }
@@ -170,7 +202,9 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
                                 std::pair{"block_count", "num_hidden_layers"}}) {
     ASSIGN_OR_RETURN(c[hf], f.GetUint(p + key));
   }
-  ASSIGN_OR_RETURN(c["intermediate_size"], LayerUint(f, p + "feed_forward_length"));
+  if (!gpt_oss) {
+    ASSIGN_OR_RETURN(c["intermediate_size"], LayerUint(f, p + "feed_forward_length"));
+  }
   ASSIGN_OR_RETURN(const uint64_t heads, LayerUint(f, p + "attention.head_count"));
   c["num_attention_heads"] = heads;
   if (f.Find(p + "attention.head_count_kv") != nullptr) {
@@ -188,13 +222,14 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
       }
     }
   }
-  if (gemma) {
+  if (gemma || gpt_oss) {
     ASSIGN_OR_RETURN(const uint64_t layers, f.GetUint(p + "block_count"));
     if (layers == 0 || layers > kMaxHiddenLayers) {  // before anything is allocated per layer
       return f.Invalid(p + "block_count",
                        absl::StrCat("(", layers, ") must be in [1, ", kMaxHiddenLayers, "]"));
     }
-    RETURN_IF_ERROR(GemmaGgufFields(f, p, arch == "gemma2", layers, &c));
+    RETURN_IF_ERROR(gemma ? GemmaGgufFields(f, p, arch == "gemma2", layers, &c)
+                          : GptOssGgufFields(f, p, layers, &c));
   }
   // Phi-3's window (the engine serves within it, as config.json's sliding_window).
   if (arch == "phi3" && f.Find(p + "attention.sliding_window") != nullptr) {
@@ -244,7 +279,9 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
     }
   }
   if (scaling == "yarn") {
-    Json yarn = {{"type", "yarn"}};
+    // (truncate: llama.cpp's ramp runs between whole dimensions, ggml_rope_yarn_corr_dims
+    // flooring the first and ceiling the last, whatever the model's own config said.)
+    Json yarn = {{"type", "yarn"}, {"truncate", true}};
     ASSIGN_OR_RETURN(yarn["factor"], f.GetFloat(p + "rope.scaling.factor"));
     if (f.Find(p + "rope.scaling.original_context_length") != nullptr) {
       ASSIGN_OR_RETURN(yarn["original_max_position_embeddings"],
@@ -320,15 +357,23 @@ namespace {
 // The GGUF tensor that holds HF tensor `hf`, and whether its rows (a bias: its elements) were
 // reordered for RoPE on adjacent pairs: attn_q over the query heads, attn_k over the KV heads,
 // in the llama architecture only (`permuted`; llama.cpp's qwen2 and qwen3 rotate halves, as HF).
-// An expert's matrix is one slab of a [experts][rows][cols] tensor (ffn_gate_exps, ...).
+// An expert's matrix (bias) is one slab of a [experts][rows][cols] ([experts][n]) tensor
+// (ffn_gate_exps, ffn_gate_exps.bias, ...).
 struct GgufName {
   std::string name;
   bool rope_rows = false;
   int32_t expert = -1;  // the slab; -1: the whole tensor
 };
 
+// Whether HF's post_attention_layernorm is llama.cpp's post_attention_norm (Gemma's sandwich
+// norms; gpt-oss, whose FFN pre-norm llama.cpp's openai-moe graph names so) rather than ffn_norm.
+bool PostAttentionNormNames(const LlamaConfig& c) {
+  return c.sandwich_norms || c.model_type == "gpt_oss";
+}
+
 absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool sandwich) {
-  // Gemma's four norms a layer: post_attention_layernorm normalizes the attention output there.
+  // Gemma's four norms a layer: post_attention_layernorm normalizes the attention output there
+  // (and gpt-oss's names its FFN pre-norm so).
   static const auto* kSandwich = new std::vector<std::pair<absl::string_view, absl::string_view>>{
       {"post_attention_layernorm.weight", "post_attention_norm.weight"},
       {"pre_feedforward_layernorm.weight", "ffn_norm.weight"},
@@ -350,16 +395,22 @@ absl::StatusOr<GgufName> ToGgufName(const std::string& hf, bool permuted, bool s
       {"self_attn.o_proj.bias", "attn_output.bias"},
       {"self_attn.q_norm.weight", "attn_q_norm.weight"},
       {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+      {"self_attn.sinks", "attn_sinks.weight"},  // gpt-oss
       {"post_attention_layernorm.weight", "ffn_norm.weight"},
       {"mlp.gate_proj.weight", "ffn_gate.weight"},
       {"mlp.up_proj.weight", "ffn_up.weight"},
       {"mlp.gate_up_proj.weight", "ffn_up.weight"},  // phi3: [gate; up] rows in one ffn_up
       {"mlp.down_proj.weight", "ffn_down.weight"}};
-  // Mixtral's and Qwen2 / Qwen3-MoE's names for the routers, the experts' products and Qwen2-MoE's
-  // shared expert.
+  // Mixtral's, Qwen2 / Qwen3-MoE's and gpt-oss's names for the routers, the experts' products
+  // (and gpt-oss's biases) and Qwen2-MoE's shared expert.
   static const auto* kMoe = new std::vector<std::pair<absl::string_view, absl::string_view>>{
       {"block_sparse_moe.gate.weight", "ffn_gate_inp.weight"},
       {"mlp.gate.weight", "ffn_gate_inp.weight"},
+      {"mlp.router.weight", "ffn_gate_inp.weight"},  // gpt-oss: biased router and experts
+      {"mlp.router.bias", "ffn_gate_inp.bias"},
+      {"gate_proj.bias", "ffn_gate_exps.bias"},
+      {"up_proj.bias", "ffn_up_exps.bias"},
+      {"down_proj.bias", "ffn_down_exps.bias"},
       {"w1.weight", "ffn_gate_exps.weight"},
       {"w3.weight", "ffn_up_exps.weight"},
       {"w2.weight", "ffn_down_exps.weight"},
@@ -421,7 +472,7 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
                                         const std::vector<int64_t>& shape,
                                         std::vector<std::vector<std::byte>>* converted) {
   ASSIGN_OR_RETURN(const GgufName name,
-                   ToGgufName(hf, GgufPermutesQk(config.model_type), config.sandwich_norms));
+                   ToGgufName(hf, GgufPermutesQk(config.model_type), PostAttentionNormNames(config)));
   const GgufTensor* t = f.FindTensor(name.name);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat(f.path(), ": tensor \"", name.name, "\" is missing"));
@@ -439,8 +490,8 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
   if (name.expert >= 0) {
     slab = *t;
     slab.ne.pop_back();
-    slab.data = t->data + static_cast<size_t>(name.expert) * shape[0] * t->row_bytes();
-    slab.nbytes = static_cast<size_t>(shape[0]) * t->row_bytes();
+    slab.nbytes = t->nbytes / static_cast<size_t>(t->ne.back());
+    slab.data = t->data + static_cast<size_t>(name.expert) * slab.nbytes;
     t = &slab;
   }
   const int64_t rows = t->rows(), cols = t->cols();
@@ -461,9 +512,29 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
   // Matrices (not the 1-D norms, which the kernels read as dtype) of a quantized type, in a
   // block format of exactly their values: q8_0, q4_K and q6_K as they are (in place, or with
   // their rows put in HF order), q4_0 in rows of whole 256-value super-blocks as q4 groups (the
-  // same bits, 4.75 bits a weight), other q4_0 and q5_0 as q8_0 blocks, q4_1, q5_1 and q5_K as
-  // q8 affine blocks.
-  const WeightFormat stored = StoredBlockFormat(t->type);
+  // same bits, 4.75 bits a weight), other q4_0 and q5_0 as q8_0 blocks, q4_1, q5_1 and q5_K (and
+  // MXFP4 the kernels do not take) as q8 affine blocks.
+  // MXFP4 (gpt-oss's experts) as it is where the kernels take every E8M0 scale (2 to 252: from
+  // f32's normal range to the largest whose 6 x 2^(e - 127) is finite) and options.mxfp4 asks,
+  // else as q8 affine blocks; a scale past f32's range (253, 254) or E8M0's NaN (255) refused.
+  bool mxfp4_kernels = options.mxfp4;
+  if (t->type == GgmlType::kMxfp4) {
+    const auto* blocks = reinterpret_cast<const uint8_t*>(t->data);
+    for (int64_t b = 0; b < t->numel() / WeightMatrix::kQ8Block; ++b) {
+      const uint8_t e = blocks[b * WeightMatrix::kMxfp4BlockBytes];
+      if (e > 252) {
+        return f.Invalid(absl::StrCat("tensor \"", name.name, "\""),
+                         absl::StrCat("block ", b, name.expert >= 0 ? " of expert " : "",
+                                      name.expert >= 0 ? absl::StrCat(name.expert) : "",
+                                      ": E8M0 scale ", e,
+                                      e == 255 ? " is NaN" : ": 6 x 2^(e - 127) overflows"));
+      }
+      mxfp4_kernels = mxfp4_kernels && Mxfp4KernelScale(e);
+    }
+  }
+  const WeightFormat stored = t->type == GgmlType::kMxfp4 && !mxfp4_kernels
+                                  ? WeightFormat::kDense
+                                  : StoredBlockFormat(t->type);
   const bool as_is = stored != WeightFormat::kDense;
   const bool q4_groups = t->type == GgmlType::kQ4_0 && cols % WeightMatrix::kQ4KBlock == 0;
   const WeightFormat format = as_is       ? stored
@@ -576,7 +647,7 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
   ASSIGN_OR_RETURN(
       m->weights,
       BindLlamaWeights(config, [&](const std::string& hf, const std::vector<int64_t>& shape) {
-        bound.insert(ToGgufName(hf, false, config.sandwich_norms).value_or(GgufName{}).name);
+        bound.insert(ToGgufName(hf, false, PostAttentionNormNames(config)).value_or(GgufName{}).name);
         return BindTensor(f, config, options, hf, shape, converted);
       }));
   // A tensor the model does not use is a part of it the engine would not compute (a bias the

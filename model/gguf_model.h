@@ -55,6 +55,10 @@ struct GgufLoadOptions {
   // (ToQ8AffineExactly: 10 bits a weight). Their values read through WeightRowToFloat are the
   // file's exactly in f32 either way.
   bool as_q8 = true;
+  // With as_q8, mxfp4 matrices (gpt-oss's experts) as they are (WeightFormat::kMxfp4 views of the
+  // file, 4.25 bits a weight) where the kernels take their scales; false: as q8 affine blocks of
+  // the same values (10 bits a weight).
+  bool mxfp4 = true;
   // Threads that dequantize (and reorder) a tensor's rows; the default is every core.
   int threads = static_cast<int>(std::thread::hardware_concurrency());
 };
@@ -89,10 +93,10 @@ bool GgufPermutesQk(std::string_view architecture);
 // What llama.cpp's gemma2 / gemma3 graphs take from a model's shape rather than from the file:
 // - the size whose inverse square root scales attention scores: the head size, or hidden /
 //   heads at the 27B models' layer counts (46 for gemma2, 62 for gemma3);
-// - which layers slide, from a period p (attention.sliding_window_pattern, Gemma 2's 2 and
-//   Gemma 3's 6 by default): layer l when p == 0 or l % p < p - 1.
+// - which layers slide, from a period p (attention.sliding_window_pattern, Gemma 2's and
+//   gpt-oss's 2 and Gemma 3's 6 by default): layer l when p == 0 or l % p < p - 1.
 int64_t GgufGemmaAttentionScaleSize(const LlamaConfig& config);
-inline bool GgufGemmaLayerSlides(uint64_t layer, uint64_t period) {
+inline bool GgufLayerSlides(uint64_t layer, uint64_t period) {
   return period == 0 || layer % period < period - 1;
 }
 

@@ -33,6 +33,7 @@ const std::vector<PreTokenizerSpec>& PreTokenizers() {
   static const auto* specs = new std::vector<PreTokenizerSpec>{
       {{"llama3", "llama-v3", "llama-bpe", "falcon3"}, {kLlama3Split}, true, true},
       {{"qwen2", "stablelm2", "megrez"}, {kQwen2Split}},
+      {{"gpt-4o", "llama4"}, {kGpt4oSplit}},
       {{"gpt-2", "phi-2", "roberta-bpe", "mpt", "olmo", "jais", "gigachat"}, {kGpt2Split}},
       {{"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"},
        {R"(\p{N})", kGpt2Split}},
@@ -138,8 +139,8 @@ absl::StatusOr<Vocab> ReadVocab(const GgufFile& f) {
       return f.Unimplemented(
           "tokenizer.ggml.pre",
           absl::StrCat("\"", pre,
-                       "\" is not supported (llama-bpe, qwen2, gpt-2, smollm, default and their "
-                       "aliases)"));
+                       "\" is not supported (llama-bpe, qwen2, gpt-4o, gpt-2, smollm, default and "
+                       "their aliases)"));
     }
   }
   GgufSpecialTokens& s = v.special;
@@ -167,6 +168,18 @@ absl::StatusOr<Vocab> ReadVocab(const GgufFile& f) {
                   v.tokens[i]) != std::end(kEndOfGenerationTexts)) {
       end(static_cast<int64_t>(i));
     }
+  }
+  // o200k_harmony (gpt-oss): <|end|> closes every message, the analysis one included; a reply
+  // ends at <|return|> or <|call|>. As llama.cpp: with both of those, <|end|> ends nothing.
+  auto text_ends = [&](absl::string_view text) {
+    return std::any_of(s.end_of_generation.begin(), s.end_of_generation.end(),
+                       [&](int32_t id) { return v.tokens[id] == text; });
+  };
+  if (text_ends("<|return|>") && text_ends("<|call|>")) {
+    s.end_of_generation.erase(std::remove_if(s.end_of_generation.begin(),
+                                             s.end_of_generation.end(),
+                                             [&](int32_t id) { return v.tokens[id] == "<|end|>"; }),
+                              s.end_of_generation.end());
   }
   ASSIGN_OR_RETURN(s.add_bos,
                    OptionalBool(f, "tokenizer.ggml.add_bos_token", v.spm || v.pre->add_bos));

@@ -29,6 +29,11 @@ constexpr absl::string_view kQwen2Split =
 constexpr absl::string_view kGpt2Split =
     R"('s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S))";
 
+// "gpt-4o" (o200k: gpt-oss's o200k_harmony; llama.cpp also takes llama4's by it): words split
+// by case, contractions case-insensitive, up to three digits, "/" kept with punctuation.
+constexpr absl::string_view kGpt4oSplit =
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)";
+
 }  // namespace kvrm::gguf_vocab
 
 #endif  // KVRM_MODEL_GGUF_VOCAB_H_

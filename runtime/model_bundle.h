@@ -58,7 +58,8 @@ struct ModelBundle {
     // values exactly: tools/gguf's converter).
     DType dense = DType::kBF16;
     // With as_q8, MXFP4 weights (gpt-oss's experts) kept as MXFP4 blocks (4.25 bits a weight),
-    // else held as q8_0 blocks of the same values (QuantizedLoadOptions::mxfp4).
+    // else held as 8-bit blocks of the same values (QuantizedLoadOptions::mxfp4: q8_0 or q8
+    // affine; GgufLoadOptions::mxfp4: q8 affine).
     bool mxfp4 = true;
   };
   // `path`: a Hugging Face model directory (config.json, safetensors, tokenizer.json), a GGUF

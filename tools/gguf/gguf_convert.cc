@@ -34,6 +34,7 @@ absl::StatusOr<std::string> PreTokenizerName(const Json& pre) {
       const std::string regex = pattern.is_object() ? pattern.value("Regex", "") : "";
       if (regex == kLlama3Split) return std::string("llama-bpe");
       if (regex == kQwen2Split) return std::string("qwen2");
+      if (regex == kGpt4oSplit) return std::string("gpt-4o");
     }
   }
   return absl::UnimplementedError(
@@ -160,7 +161,7 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
 
 // llama.cpp's gemma2 / gemma3 graphs take what a file cannot say from the model's shape: the
 // attention scale (GgufGemmaAttentionScaleSize) and which layers slide from a period
-// (GgufGemmaLayerSlides). A model these cannot express is refused by name rather than written as
+// (GgufLayerSlides). A model these cannot express is refused by name rather than written as
 // something llama.cpp would compute differently. The period: the first that marks the model's
 // sliding layers, 0 when none slide, -1 when no period does.
 int32_t GemmaGgufSwaPeriod(const LlamaConfig& c) {
@@ -168,7 +169,7 @@ int32_t GemmaGgufSwaPeriod(const LlamaConfig& c) {
   for (int32_t period = 1; period <= c.num_hidden_layers + 1; ++period) {
     bool fits = true;
     for (int32_t l = 0; l < c.num_hidden_layers && fits; ++l) {
-      fits = c.sliding_layers[l] == GgufGemmaLayerSlides(l, period);
+      fits = c.sliding_layers[l] == GgufLayerSlides(l, period);
     }
     if (fits) return period;
   }

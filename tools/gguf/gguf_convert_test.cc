@@ -26,6 +26,7 @@
 #include "model/gguf_model.h"
 #include "model/gguf_quants.h"
 #include "model/gguf_tokenizer.h"
+#include "model/gguf_vocab.h"
 #include "model/gguf_writer.h"
 #include "model/tokenizer.h"
 #include "model/tokenizer_testdata.h"
@@ -92,8 +93,21 @@ struct TokenizerPair {
   std::unique_ptr<Tokenizer> hf, gguf;
 };
 
+// "o200k": Llama 3's vocabulary split and merged as gpt-oss's o200k_harmony (kGpt4oSplit: words
+// by case, "/" kept with punctuation; every word merged), which a GGUF file names "gpt-4o".
+std::string FamilyTokenizerJson(const std::string& family) {
+  if (family != "o200k") return TestdataTokenizerJson(family);
+  absl::StatusOr<Json> tj = ParseJson(TestdataTokenizerJson("llama3"), "llama3");
+  CHECK_OK(tj.status());
+  Json& split = (*tj)["pre_tokenizer"]["pretokenizers"][0];
+  CHECK(split["pattern"]["Regex"].get<std::string>() == gguf_vocab::kLlama3Split);
+  split["pattern"]["Regex"] = std::string(gguf_vocab::kGpt4oSplit);
+  (*tj)["model"]["ignore_merges"] = false;  // (llama.cpp's gpt-4o merges every word)
+  return tj->dump();
+}
+
 TokenizerPair MakePair(const std::string& family) {
-  const std::string text = TestdataTokenizerJson(family);
+  const std::string text = FamilyTokenizerJson(family);
   absl::StatusOr<Json> tj = ParseJson(text, family);
   CHECK_OK(tj.status());
   TokenizerPair pair;
@@ -103,6 +117,7 @@ TokenizerPair MakePair(const std::string& family) {
   // BOS / EOS as the families' configs name them.
   const std::map<std::string, std::pair<std::string, std::string>> specials = {
       {"llama3", {"<|begin_of_text|>", "<|end_of_text|>"}},
+      {"o200k", {"<|begin_of_text|>", "<|end_of_text|>"}},
       {"gpt2", {"<|endoftext|>", "<|endoftext|>"}},
       {"qwen3", {"", "<|endoftext|>"}},
       {"llama2", {"<s>", "</s>"}}};
@@ -130,7 +145,8 @@ TEST_P(GgufTokenizerTest, EncodesAndDecodesAsTokenizerJson) {
   // NFC are left out for it.
   const bool nfc = family == "qwen3";
   std::vector<std::string> texts;
-  std::ifstream in(absl::StrCat(kTokenizerTestdata, family, "/vectors.jsonl"));
+  std::ifstream in(
+      absl::StrCat(kTokenizerTestdata, family == "o200k" ? "llama3" : family, "/vectors.jsonl"));
   std::string line;
   while (std::getline(in, line)) {
     absl::StatusOr<Json> v = ParseJson(line, "vectors.jsonl");
@@ -166,7 +182,60 @@ TEST_P(GgufTokenizerTest, EncodesAndDecodesAsTokenizerJson) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GgufTokenizerTest,
-                         ::testing::Values("llama3", "gpt2", "qwen3", "llama2"));
+                         ::testing::Values("llama3", "gpt2", "qwen3", "llama2", "o200k"));
+
+// The o200k split is not Llama 3's: the GGUF file says "gpt-4o", and words split by case.
+TEST(GgufSpecialTokensTest, O200kSplitsWordsByCase) {
+  const TokenizerPair pair = MakePair("o200k");
+  const TokenizerPair llama3 = MakePair("llama3");
+  const std::string text = "iPhone JavaScript McDonald's";
+  EXPECT_EQ(*pair.gguf->Encode(text, false), *pair.hf->Encode(text, false));
+  EXPECT_NE(*pair.gguf->Encode(text, false), *llama3.gguf->Encode(text, false));
+  GgufWriter w;
+  ASSERT_TRUE(AddGgufTokenizer(*ParseJson(FamilyTokenizerJson("o200k"), "o200k"), -1, 0, &w).ok());
+  const std::string path = TmpDir() + "/o200k-pre.gguf";
+  ASSERT_TRUE(w.WriteFile(path).ok());
+  absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ(*(*file)->GetString("tokenizer.ggml.pre"), "gpt-4o");
+}
+
+// o200k_harmony's ends (gpt-oss): with <|return|> and <|call|> among them, <|end|> (which closes
+// every message, the analysis one too) ends nothing, as llama.cpp has it; without <|call|> (Phi-3,
+// whose turns end at <|end|>) it stays an end.
+TEST(GgufSpecialTokensTest, HarmonyMessagesDoNotEndAtEnd) {
+  for (const bool call : {true, false}) {
+    absl::StatusOr<Json> tj = ParseJson(TestdataTokenizerJson("llama3"), "llama3");
+    ASSERT_TRUE(tj.ok());
+    const int64_t base = (*tj)["added_tokens"].back()["id"].get<int64_t>() + 1;
+    std::vector<std::string> added = {"<|start|>", "<|channel|>", "<|message|>", "<|end|>",
+                                      "<|return|>"};
+    if (call) added.push_back("<|call|>");
+    for (size_t i = 0; i < added.size(); ++i) {
+      (*tj)["added_tokens"].push_back({{"id", base + static_cast<int64_t>(i)},
+                                       {"content", added[i]},
+                                       {"special", true},
+                                       {"single_word", false},
+                                       {"lstrip", false},
+                                       {"rstrip", false},
+                                       {"normalized", false}});
+    }
+    const int64_t end = base + 3, ret = base + 4, call_id = base + 5;
+    GgufWriter w;
+    ASSERT_TRUE(AddGgufTokenizer(*tj, -1, ret, &w).ok());
+    const std::string path = absl::StrCat(TmpDir(), "/harmony-", call, ".gguf");
+    ASSERT_TRUE(w.WriteFile(path).ok());
+    absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+    ASSERT_TRUE(file.ok());
+    absl::StatusOr<GgufSpecialTokens> s = ReadGgufSpecialTokens(**file);
+    ASSERT_TRUE(s.ok()) << s.status();
+    const std::vector<int32_t>& ends = s->end_of_generation;
+    EXPECT_EQ(s->eos, ret);
+    EXPECT_NE(std::find(ends.begin(), ends.end(), ret), ends.end());
+    EXPECT_EQ(std::find(ends.begin(), ends.end(), end) != ends.end(), !call) << call;
+    if (call) EXPECT_NE(std::find(ends.begin(), ends.end(), call_id), ends.end());
+  }
+}
 
 // llama.cpp's ends of generation: a Llama 3 file whose EOS is <|eot_id|> alone (as converted from
 // an instruct model's tokenizer_config) also ends at <|end_of_text|>, as llama.cpp does.
