@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> LoadGguf(const std::string& path,
   GgufLoadOptions go;
   go.as_q8 = options.as_q8;
   go.mxfp4 = options.mxfp4;
+  go.dequantized = options.dense;
   ASSIGN_OR_RETURN(bundle->gguf, LoadGgufModel(path, go));
   GgufModel& g = *bundle->gguf;
   bundle->config = g.config;

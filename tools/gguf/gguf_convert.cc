@@ -202,6 +202,31 @@ absl::Status CheckGemmaHasGgufForm(const std::string& model_dir, const LlamaConf
   return absl::OkStatus();
 }
 
+// llama.cpp's openai-moe graph fixes what a gpt-oss file cannot say: the clamped GLU's limit (7),
+// the sliding layers' period (2: the even layers) and the attention scale (the head size's).
+absl::Status CheckGptOssHasGgufForm(const std::string& model_dir, const LlamaConfig& c) {
+  if (c.swiglu_limit != 7) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": swiglu_limit ", c.swiglu_limit,
+        ": llama.cpp's gpt-oss clamps at 7 always; this model has no GGUF form"));
+  }
+  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    const bool slides = !c.sliding_layers.empty() && c.sliding_layers[l];
+    if (slides != GgufLayerSlides(l, 2)) {
+      return absl::UnimplementedError(
+          absl::StrCat(model_dir, ": layer ", l, slides ? " slides" : " attends to everything",
+                       ": llama.cpp's gpt-oss slides the even layers; no GGUF form"));
+    }
+  }
+  const double scale = 1 / std::sqrt(static_cast<double>(c.head_dim));
+  if (c.attention_scale != 0 && std::abs(c.attention_scale - scale) > 1e-9 * scale) {  // (0: it)
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": attention scale ", c.attention_scale,
+        ": llama.cpp's gpt-oss scales by the head size's (", scale, "); no GGUF form"));
+  }
+  return absl::OkStatus();
+}
+
 // The Gemma keys under llama.cpp's names (convert_hf_to_gguf's Gemma2Model / Gemma3Model), as
 // llama.cpp de3ff815 (2026-09, //tests:llama_cpp_interop_test's) reads them: the period and the
 // sliding layers' base are read from the file there; older llama.cpp builds take Gemma 3's as 6
@@ -243,14 +268,15 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
         "'s block (output norms only, Q/K norms over the whole projection) has no GGUF form in "
         "this converter"));
   }
-  if (c.attention_sinks || c.moe_biases) {
-    // llama.cpp's gpt-oss keeps the experts MXFP4 with their own tensor names; not written here.
+  const bool gpt_oss = c.model_type == "gpt_oss";
+  if ((c.attention_sinks || c.moe_biases) && !gpt_oss) {
     return absl::UnimplementedError(absl::StrCat(
         model_dir, ": ", c.model_type,
         "'s block (attention sinks, biased experts) has no GGUF form in this converter"));
   }
   const bool gemma = c.sandwich_norms;
   if (gemma) RETURN_IF_ERROR(CheckGemmaHasGgufForm(model_dir, c));
+  if (gpt_oss) RETURN_IF_ERROR(CheckGptOssHasGgufForm(model_dir, c));
   // llama.cpp's mixtures have experts in every layer; llama with experts and qwen3moe
   // renormalize the chosen experts' weights, qwen2moe does not and has a shared expert.
   if (c.moe()) {
@@ -291,6 +317,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
                            : c.model_type == "gemma3_text" ? "gemma3"
                            : c.model_type == "qwen3_moe"   ? "qwen3moe"
                            : c.model_type == "qwen2_moe"   ? "qwen2moe"
+                           : gpt_oss                       ? "gpt-oss"
                                                            : "llama";
   const bool permuted = GgufPermutesQk(arch);
   const std::string prefix = arch + ".";  // of its metadata keys
@@ -331,6 +358,10 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     w.AddFloat32(prefix + "logit_scale", static_cast<float>(c.logits_scaling));
   }
   if (gemma) AddGemmaMetadata(c, prefix, &w);
+  if (gpt_oss) {  // (the sliding layers: llama.cpp's default period 2, CheckGptOssHasGgufForm)
+    const int32_t window = c.sliding_window > 0 ? c.sliding_window : c.max_position_embeddings;
+    w.AddUint32(prefix + "attention.sliding_window", static_cast<uint32_t>(window));
+  }
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type == "linear") {
     w.AddString(prefix + "rope.scaling.type", "linear");
@@ -339,7 +370,9 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     // llama.cpp's YaRN keys (as convert_hf_to_gguf writes Qwen's); its attention factor is the
     // default 0.1 ln(factor) + 1, and its correction dims are truncated.
     const double default_factor = rs.factor <= 1 ? 1.0 : 0.1 * std::log(rs.factor) + 1;
-    if (!rs.truncate || std::abs(rs.attention_factor - default_factor) > 1e-12) {
+    // gpt-oss's config says truncate false, and llama.cpp's converter writes it all the same:
+    // that file rotates as llama.cpp computes it (GgufLlamaConfig).
+    if ((!rs.truncate && !gpt_oss) || std::abs(rs.attention_factor - default_factor) > 1e-12) {
       return absl::UnimplementedError(absl::StrCat(
           model_dir, ": YaRN with truncate false or its own attention factor has no GGUF form"));
     }
@@ -398,16 +431,23 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // `stack`: one matrix, or the experts' matrices of one product (an `_exps` tensor), written as
   // one [experts][rows][cols] tensor (even of one expert). A router (`ffn_gate_inp`) is written in
   // f32 whatever the type, as llama-quantize leaves it.
+  // The experts' matrices: options.experts_type, else MXFP4 where the checkpoint's are (exactly:
+  // each MXFP4 block's values are FP4 values of the scale ggml's quantizer picks for them).
+  auto experts_type = [&](const WeightMatrix& m, GgmlType chosen) {
+    if (options.experts_type) return *options.experts_type;
+    return m.format == WeightFormat::kMxfp4 ? GgmlType::kMxfp4 : chosen;
+  };
   auto add_stack = [&](const std::string& name, const std::vector<WeightMatrix>& stack,
                        bool rope_rows, bool more_bits = false) {
     const WeightMatrix& m = stack.front();
     const bool keep = absl::EndsWith(name, "ffn_gate_inp.weight");
-    const bool stacked = absl::EndsWith(name, "_exps.weight");
+    const bool stacked = absl::StrContains(name, "_exps.");  // (gpt-oss's biases too)
     const bool norm = m.rows == 1;
     const bool shifted = norm && norm_offset != 0 && absl::EndsWith(name, "norm.weight");
-    const GgmlType chosen = !options.q4_k_m ? options.type
-                            : more_bits     ? GgmlType::kQ6_K
-                                            : GgmlType::kQ4_K;
+    GgmlType chosen = !options.q4_k_m ? options.type
+                      : more_bits     ? GgmlType::kQ6_K
+                                      : GgmlType::kQ4_K;
+    if (stacked && !norm) chosen = experts_type(m, chosen);
     const GgmlType type = norm || keep ? GgmlType::kF32 : FallbackType(chosen, m.cols);
     const GgmlTypeTraits& t = GgmlTraits(type);
     const size_t row_bytes = static_cast<size_t>(m.cols / t.block_elems * t.block_bytes);
@@ -456,13 +496,21 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       add(p + "attn_q_norm.weight", l.q_norm, false);
       add(p + "attn_k_norm.weight", l.k_norm, false);
     }
+    if (c.attention_sinks) add(p + "attn_sinks.weight", l.sinks, false);
     if (gemma) add(p + "post_attention_norm.weight", l.attn_post_norm, false);
-    add(p + "ffn_norm.weight", l.mlp_norm, false);
+    // (gpt-oss's FFN pre-norm is llama.cpp's post_attention_norm.)
+    add(p + (gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), l.mlp_norm, false);
     if (c.IsMoeLayer(i)) {
       add(p + "ffn_gate_inp.weight", l.router, false);
       add_stack(p + "ffn_gate_exps.weight", l.expert_gate, false);
       add_stack(p + "ffn_up_exps.weight", l.expert_up, false);
       add_stack(p + "ffn_down_exps.weight", l.expert_down, false, more_bits);
+      if (c.moe_biases) {  // gpt-oss's, in f32: the router's, then each expert's, stacked
+        add(p + "ffn_gate_inp.bias", l.router_bias, false);
+        add_stack(p + "ffn_gate_exps.bias", l.expert_gate_bias, false);
+        add_stack(p + "ffn_up_exps.bias", l.expert_up_bias, false);
+        add_stack(p + "ffn_down_exps.bias", l.expert_down_bias, false);
+      }
       if (l.shared_gate.data != nullptr) {  // Qwen2-MoE's shared expert and its gate ({hidden})
         add(p + "ffn_gate_inp_shexp.weight", l.shared_expert_gate, false);
         add(p + "ffn_gate_shexp.weight", l.shared_gate, false);
@@ -477,7 +525,10 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     if (gemma) add(p + "post_ffw_norm.weight", l.mlp_post_norm, false);
   }
   add("output_norm.weight", wt.final_norm, false);
-  if (!c.tie_word_embeddings) add("output.weight", wt.lm_head, false, /*more_bits=*/true);
+  // (llama.cpp's gpt-oss requires output.weight: a tied one is written out.)
+  if (!c.tie_word_embeddings || gpt_oss) {
+    add("output.weight", c.tie_word_embeddings ? wt.embed : wt.lm_head, false, /*more_bits=*/true);
+  }
   return w.WriteFile(out_path);
 }
 

@@ -1,6 +1,7 @@
-// Converts a Hugging Face Llama, Qwen2 or Qwen3 model directory into one GGUF file, as
-// llama.cpp's convert_hf_to_gguf.py (and llama-quantize, for the quantized types) lay it out:
-// "llama", "qwen2" or "qwen3" metadata with the types llama.cpp reads, the tokenizer embedded
+// Converts a Hugging Face model directory (Llama, Mistral, Phi-3, Qwen2 / 3, Granite, Gemma 2 / 3,
+// Mixtral, Qwen2 / 3-MoE, gpt-oss) into one GGUF file, as llama.cpp's convert_hf_to_gguf.py (and
+// llama-quantize, for the quantized types) lay it out: "llama", "qwen2", ..., "gpt-oss" metadata
+// with the types llama.cpp reads, the tokenizer embedded
 // (tokenizer.ggml.*), attn_q and attn_k rows (and biases) reordered for RoPE on adjacent pairs in
 // llama files only, 1-D tensors (norms, attention biases, Q/K norms) in f32, Llama 3.1's RoPE
 // scaling as rope_freqs.weight. kvrm's GGUF loader reads it back (model/gguf_model.h); the tests
@@ -9,6 +10,7 @@
 #ifndef KVRM_TOOLS_GGUF_GGUF_CONVERT_H_
 #define KVRM_TOOLS_GGUF_GGUF_CONVERT_H_
 
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -26,6 +28,10 @@ struct GgufConvertOptions {
   // when tied) and for attn_v and ffn_down in the layers use_more_bits picks (the first and last
   // eighth, and every third in between), q4_K for the others (`type` is then ignored).
   bool q4_k_m = false;
+  // The experts' matrices' type (ffn_gate_exps, ffn_up_exps, ffn_down_exps); unset: mxfp4 where
+  // the checkpoint's experts are MXFP4 (gpt-oss's own: their values exactly, as llama.cpp's
+  // converter keeps them), else as the other matrices.
+  std::optional<GgmlType> experts_type;
 };
 
 // Whether llama-quantize gives layer `layer` of `layers` more bits in its _M mixes

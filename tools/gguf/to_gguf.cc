@@ -1,7 +1,8 @@
-// to_gguf: a Hugging Face Llama, Qwen2 or Qwen3 model directory as one GGUF file
-// (tools/gguf/README.md).
+// to_gguf: a Hugging Face model directory as one GGUF file (tools/gguf/README.md).
 //   bazel run //tools/gguf:to_gguf -- --model=DIR --out=FILE.gguf [--type=f16]
+//       [--experts_type=mxfp4]
 #include <cstdio>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -15,6 +16,21 @@ ABSL_FLAG(std::string, out, "", "the GGUF file to write");
 ABSL_FLAG(std::string, type, "f16",
           "matrix type: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_K, q5_K, q6_K, or q4_K_M "
           "(llama-quantize's mix of q4_K and q6_K)");
+ABSL_FLAG(std::string, experts_type, "",
+          "the experts' matrices' type (a --type, or mxfp4); empty: mxfp4 where the checkpoint's "
+          "experts are MXFP4 (gpt-oss), else --type");
+
+namespace {
+
+std::optional<kvrm::GgmlType> TypeNamed(const std::string& name) {
+  for (uint32_t id = 0; id < 64; ++id) {
+    const kvrm::GgmlTypeTraits* t = kvrm::FindGgmlType(id);
+    if (t != nullptr && name == t->name) return t->type;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
@@ -24,21 +40,24 @@ int main(int argc, char** argv) {
     return 2;
   }
   kvrm::GgufConvertOptions options;
-  options.q4_k_m = absl::GetFlag(FLAGS_type) == "q4_K_M";
-  bool known = options.q4_k_m;
-  for (uint32_t id = 0; id < 64; ++id) {
-    const kvrm::GgmlTypeTraits* t = kvrm::FindGgmlType(id);
-    if (t != nullptr && absl::GetFlag(FLAGS_type) == t->name) {
-      options.type = t->type;
-      known = true;
-    }
-  }
-  if (!known) {
+  const std::string type = absl::GetFlag(FLAGS_type);
+  options.q4_k_m = type == "q4_K_M";
+  const std::optional<kvrm::GgmlType> matrices = TypeNamed(type);
+  if (!options.q4_k_m && (!matrices || *matrices == kvrm::GgmlType::kMxfp4)) {
     std::fprintf(stderr,
                  "to_gguf: --type=%s is not one of f32, f16, bf16, q8_0, q4_0, q4_1, "
                  "q5_0, q5_1, q4_K, q5_K, q6_K, q4_K_M\n",
-                 absl::GetFlag(FLAGS_type).c_str());
+                 type.c_str());
     return 2;
+  }
+  if (matrices) options.type = *matrices;
+  if (const std::string experts = absl::GetFlag(FLAGS_experts_type); !experts.empty()) {
+    options.experts_type = TypeNamed(experts);
+    if (!options.experts_type) {
+      std::fprintf(stderr, "to_gguf: --experts_type=%s is not a --type or mxfp4\n",
+                   experts.c_str());
+      return 2;
+    }
   }
   if (absl::Status st = kvrm::ConvertToGguf(model, out, options); !st.ok()) {
     std::fprintf(stderr, "to_gguf: %s\n", std::string(st.message()).c_str());
