@@ -12,10 +12,14 @@
 #include "common/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "kernels/cpu/weight_matrix.h"
+#include "model/gguf.h"
+#include "model/gguf_quants.h"
 #include "runtime/model_bundle.h"
 #include "tests/test_server.h"
 #include "tools/gguf/gguf_convert.h"
 #include "tools/modelgen/model_writer.h"
+#include "tools/modelgen/quantized_writer.h"
 
 namespace kvrm {
 namespace {
@@ -278,6 +282,140 @@ TEST(GgufE2eTest, MixtureOfExpertsFilesGenerateWhatTheirDirectoriesGenerate) {
                 int64_t{h.num_hidden_layers} * (h.num_experts - h.num_experts_per_tok) * 3 *
                     h.moe_intermediate_size * h.hidden_size);
     }
+  }
+}
+
+// gpt-oss as llama.cpp's files hold it (architecture gpt-oss: attn_sinks, the FFN pre-norm as
+// post_attention_norm, ffn_gate_inp.bias and the experts' biases stacked in f32, the experts in
+// MXFP4 where the checkpoint's are). llama.cpp's YaRN ramp runs between whole dimensions, so a
+// gpt-oss file reads as truncate true whatever the directory said (modelgen's, as gpt-oss's own,
+// says false); with the directory saying true as well, the f32 file generates what the directory
+// generates, and the file of an MXFP4 checkpoint holds its experts as MXFP4 blocks in place (the
+// file's bytes) of exactly the checkpoint's values and generates what the checkpoint generates.
+// An expert with an E8M0 scale the kernels do not take is held as exact q8 affine blocks; one
+// past float's range, or NaN, is refused naming the tensor.
+TEST(GgufE2eTest, GptOssFilesGenerateWhatTheirDirectoriesGenerate) {
+  const std::string dir = MakeF32Model("tiny-gptoss");
+  GgufConvertOptions co;
+  co.type = GgmlType::kF32;
+  const std::string untruncated = TestTmpDir() + "/tiny-gptoss-untruncated.gguf";
+  CHECK_OK(ConvertToGguf(dir, untruncated, co));
+  EXPECT_FALSE(Load(dir)->config.rope_scaling.truncate);
+  EXPECT_TRUE(Load(untruncated)->config.rope_scaling.truncate);
+  {
+    const std::string config_path = dir + "/config.json";
+    absl::StatusOr<std::string> text = ReadFileToString(config_path);
+    CHECK_OK(text.status());
+    Json config = Json::parse(*text);
+    config["rope_scaling"]["truncate"] = true;
+    std::ofstream(config_path) << config.dump(2);
+  }
+  const std::string path = TestTmpDir() + "/tiny-gptoss-f32.gguf";
+  CHECK_OK(ConvertToGguf(dir, path, co));
+  {
+    TestServer hf(Load(dir), Options());
+    TestServer gguf(Load(path), Options());
+    const LlamaConfig& g = gguf.model().config;
+    const LlamaConfig& h = hf.model().config;
+    EXPECT_EQ(g.model_type, "gpt_oss");
+    EXPECT_TRUE(g.attention_sinks && g.moe_biases && g.qkv_bias && g.o_bias);
+    EXPECT_EQ(g.swiglu_limit, h.swiglu_limit);
+    EXPECT_EQ(g.sliding_layers, h.sliding_layers);
+    EXPECT_EQ(g.sliding_window, h.sliding_window);
+    EXPECT_EQ(g.head_dim, h.head_dim);
+    EXPECT_EQ(g.num_experts, h.num_experts);
+    EXPECT_EQ(g.num_experts_per_tok, h.num_experts_per_tok);
+    EXPECT_EQ(g.moe_intermediate_size, h.moe_intermediate_size);
+    EXPECT_EQ(g.rope_scaling.type, "yarn");
+    EXPECT_EQ(g.rope_scaling.factor, h.rope_scaling.factor);
+    EXPECT_EQ(g.rope_scaling.original_max_position_embeddings,
+              h.rope_scaling.original_max_position_embeddings);
+    EXPECT_EQ(g.rope_scaling.beta_fast, h.rope_scaling.beta_fast);
+    EXPECT_EQ(g.rope_scaling.beta_slow, h.rope_scaling.beta_slow);
+    EXPECT_EQ(g.rope_scaling.attention_factor, h.rope_scaling.attention_factor);
+    EXPECT_TRUE(g.rope_scaling.truncate && h.rope_scaling.truncate);
+    EXPECT_EQ(Generate(gguf), Generate(hf));
+  }
+
+  // openai's MXFP4 layout of the same model, and its file.
+  const std::string mx = TestTmpDir() + "/tiny-gptoss-mxfp4";
+  modelgen::QuantizeOptions qo;
+  qo.method = "mxfp4";
+  CHECK_OK(modelgen::QuantizeModelDir(dir, mx, TestTmpDir() + "/tiny-gptoss-mxfp4-twin", qo));
+  const std::string mx_path = mx + ".gguf";
+  CHECK_OK(ConvertToGguf(mx, mx_path, co));
+  {
+    TestServer hf(Load(mx), Options());
+    TestServer gguf(Load(mx_path), Options());
+    const GgufFile& file = *gguf.model().gguf->file;
+    EXPECT_EQ(gguf.model().weights_format, "gguf mxfp4");
+    const LlamaConfig& c = hf.model().config;
+    for (int32_t layer = 0; layer < c.num_hidden_layers; ++layer) {
+      const LayerWeights& g = gguf.model().weights.layers[layer];
+      const LayerWeights& h = hf.model().weights.layers[layer];
+      for (const auto& [name, gm, hm] :
+           {std::tuple{"ffn_gate_exps", &g.expert_gate, &h.expert_gate},
+            std::tuple{"ffn_up_exps", &g.expert_up, &h.expert_up},
+            std::tuple{"ffn_down_exps", &g.expert_down, &h.expert_down}}) {
+        const GgufTensor* t = file.FindTensor(absl::StrCat("blk.", layer, ".", name, ".weight"));
+        ASSERT_NE(t, nullptr);
+        ASSERT_EQ(t->type, GgmlType::kMxfp4);
+        for (int32_t e = 0; e < c.num_experts; ++e) {
+          const WeightMatrix& x = (*gm)[e];
+          ASSERT_EQ(x.format, WeightFormat::kMxfp4);
+          EXPECT_EQ(x.data, t->data + e * t->nbytes / c.num_experts) << "in place";
+          std::vector<float> a(x.cols), b(x.cols);
+          for (int64_t r = 0; r < x.rows; ++r) {
+            WeightRowToFloat(x, r, a.data());
+            WeightRowToFloat((*hm)[e], r, b.data());
+            ASSERT_EQ(a, b) << name << " layer " << layer << " expert " << e << " row " << r;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(Generate(gguf), Generate(hf));
+  }
+
+  // Expert 0's first block of layer 0's down matrix, its scale byte rewritten.
+  absl::StatusOr<std::string> bytes = ReadFileToString(mx_path);
+  CHECK_OK(bytes.status());
+  size_t at = std::string::npos;
+  {
+    absl::StatusOr<std::unique_ptr<GgufFile>> f = GgufFile::Open(mx_path);
+    CHECK_OK(f.status());
+    const GgufTensor* t = (*f)->FindTensor("blk.0.ffn_down_exps.weight");
+    ASSERT_NE(t, nullptr);
+    at = bytes->find(std::string(reinterpret_cast<const char*>(t->data), 4 * 17));
+    ASSERT_NE(at, std::string::npos);
+  }
+  auto with_scale = [&](uint8_t e) {
+    std::string edited = *bytes;
+    edited[at] = static_cast<char>(e);
+    const std::string edited_path = absl::StrCat(TestTmpDir(), "/scale-", int{e}, ".gguf");
+    std::ofstream(edited_path, std::ios::binary) << edited;
+    return edited_path;
+  };
+  const std::unique_ptr<ModelBundle> small = Load(with_scale(1));  // 2^-127: below the kernels'
+  const WeightMatrix& down = small->weights.layers[0].expert_down[0];
+  EXPECT_EQ(down.format, WeightFormat::kQ8Affine);
+  EXPECT_EQ(small->weights.layers[0].expert_down[1].format, WeightFormat::kMxfp4);
+  {
+    std::vector<float> got(down.cols), want(down.cols);
+    WeightRowToFloat(down, 0, got.data());
+    const auto* file = reinterpret_cast<const std::byte*>(small->gguf->file->FindTensor(
+                                                              "blk.0.ffn_down_exps.weight")
+                                                              ->data);
+    DequantizeRow(GgmlType::kMxfp4, file, down.cols, want.data());
+    EXPECT_EQ(got, want);
+    EXPECT_LT(std::abs(got[0]), 1e-36f);
+  }
+  for (const uint8_t e : {253, 255}) {
+    absl::StatusOr<std::unique_ptr<ModelBundle>> refused = ModelBundle::Load(with_scale(e), {});
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << int{e};
+    EXPECT_THAT(std::string(refused.status().message()),
+                ::testing::HasSubstr(absl::StrCat("tensor \"blk.0.ffn_down_exps.weight\": block 0 "
+                                                  "of expert 0: E8M0 scale ",
+                                                  int{e})));
   }
 }
 

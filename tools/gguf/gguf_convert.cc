@@ -310,7 +310,8 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on
   // adjacent pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows
   // as they are.
-  // Mixtral is llama with experts; Qwen2-MoE and Qwen3-MoE are qwen2moe and qwen3moe.
+  // Mixtral is llama with experts; Qwen2-MoE and Qwen3-MoE are qwen2moe and qwen3moe; gpt-oss is
+  // gpt-oss.
   const std::string arch = c.model_type == "qwen2" || c.model_type == "qwen3" ||
                                    c.model_type == "granite" || c.model_type == "gemma2"
                                ? c.model_type

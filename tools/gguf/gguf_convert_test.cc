@@ -621,7 +621,7 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("general.architecture: \"mamba\" is not supported (llama, qwen2, "
-                        "qwen3, qwen2moe, qwen3moe, phi3, granite, gemma2, gemma3)"));
+                        "qwen3, qwen2moe, qwen3moe, phi3, granite, gemma2, gemma3, gpt-oss)"));
   // Experts: llama's (Mixtral) need their used count; other architectures' are not computed.
   GgufWriter experts = base("llama", "gpt2", "llama-bpe");
   experts.AddUint32("llama.expert_count", 8);
@@ -639,7 +639,7 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
               HasSubstr("phi3.expert_count: 16 experts: mixtures of experts are served for llama "
-                        "(Mixtral), qwen2moe and qwen3moe, not \"phi3\""));
+                        "(Mixtral), qwen2moe, qwen3moe and gpt-oss, not \"phi3\""));
   st = load(base("llama", "t5", "default"), "t5.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(std::string(st.message()),
@@ -876,6 +876,79 @@ TEST(GgufConvertTest, Olmo2BlockIsRefused) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_THAT(std::string(s.message()),
               ::testing::HasSubstr("Q/K norms over the whole projection"));
+}
+
+// What llama.cpp's gpt-oss graph fixes has no GGUF form otherwise: another GLU limit, other
+// sliding layers. The file of tiny-gptoss itself holds gpt-oss's tensors under llama.cpp's names,
+// the biases stacked in f32 ([experts][n]) and the experts in --type, or in --experts_type.
+TEST(GgufConvertTest, GptOssFilesHoldLlamaCppsTensors) {
+  const std::string src = ArchitectureDir("tiny-gptoss");
+  const std::string dir = TmpDir() + "/tiny-gptoss-edited";
+  GgufConvertOptions options;
+  options.type = GgmlType::kQ8_0;
+  for (const auto& [key, value, refusal] :
+       {std::tuple{"swiglu_limit", Json(5.0), "swiglu_limit 5: llama.cpp's gpt-oss clamps at 7"},
+        std::tuple{"layer_types",
+                   Json::array({"full_attention", "full_attention", "sliding_attention",
+                                "full_attention"}),
+                   "layer 0 attends to everything: llama.cpp's gpt-oss slides the even layers"}}) {
+    std::filesystem::create_directories(dir);
+    for (const auto& e : std::filesystem::directory_iterator(src)) {
+      std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
+                                 std::filesystem::copy_options::overwrite_existing);
+    }
+    absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
+    ASSERT_TRUE(config.ok());
+    (*config)[key] = value;
+    std::ofstream(dir + "/config.json") << config->dump(2);
+    const absl::Status s = ConvertToGguf(dir, TmpDir() + "/refused.gguf", options);
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr(refusal));
+  }
+  for (const std::optional<GgmlType> experts :
+       {std::optional<GgmlType>(), std::optional<GgmlType>(GgmlType::kMxfp4)}) {
+    options.experts_type = experts;
+    const std::string path = TmpDir() + "/tiny-gptoss-q8_0.gguf";
+    ASSERT_TRUE(ConvertToGguf(src, path, options).ok());
+    absl::StatusOr<std::unique_ptr<GgufFile>> file = GgufFile::Open(path);
+    ASSERT_TRUE(file.ok()) << file.status();
+    const std::unique_ptr<ModelBundle> hf = Load(src);
+    const LlamaConfig& c = hf->config;
+    const int64_t e = c.num_experts, ffn = c.moe_intermediate_size, d = c.hidden_size;
+    const std::map<std::string, std::pair<GgmlType, std::vector<int64_t>>> want = {
+        {"blk.1.attn_sinks.weight", {GgmlType::kF32, {c.num_attention_heads}}},
+        {"blk.1.post_attention_norm.weight", {GgmlType::kF32, {d}}},
+        {"blk.1.ffn_gate_inp.weight", {GgmlType::kF32, {d, e}}},
+        {"blk.1.ffn_gate_inp.bias", {GgmlType::kF32, {e}}},
+        {"blk.1.ffn_gate_exps.bias", {GgmlType::kF32, {ffn, e}}},
+        {"blk.1.ffn_up_exps.bias", {GgmlType::kF32, {ffn, e}}},
+        {"blk.1.ffn_down_exps.bias", {GgmlType::kF32, {d, e}}},
+        {"blk.1.ffn_gate_exps.weight", {experts.value_or(GgmlType::kQ8_0), {d, ffn, e}}},
+        {"blk.1.ffn_down_exps.weight", {experts.value_or(GgmlType::kQ8_0), {ffn, d, e}}},
+        {"blk.1.attn_q.weight", {GgmlType::kQ8_0, {d, c.num_attention_heads * c.head_dim}}},
+        {"output.weight", {GgmlType::kQ8_0, {d, c.vocab_size}}}};
+    for (const auto& [name, type_ne] : want) {
+      const GgufTensor* t = (*file)->FindTensor(name);
+      ASSERT_NE(t, nullptr) << name;
+      EXPECT_EQ(t->type, type_ne.first) << name;
+      EXPECT_EQ(t->ne, type_ne.second) << name;
+    }
+    EXPECT_EQ((*file)->FindTensor("blk.1.ffn_norm.weight"), nullptr);
+    EXPECT_EQ(*(*file)->GetString("general.architecture"), "gpt-oss");
+    EXPECT_EQ(*(*file)->GetUint("gpt-oss.attention.sliding_window"), c.sliding_window);
+    EXPECT_EQ(*(*file)->GetUint("gpt-oss.expert_feed_forward_length"), ffn);
+    // The biases and sinks read back exactly; the experts within their blocks' resolution.
+    const std::unique_ptr<ModelBundle> g = Load(path);
+    const LayerWeights &a = hf->weights.layers[1], &b = g->weights.layers[1];
+    EXPECT_EQ(RmsShare(a.sinks, b.sinks), 0.0);
+    EXPECT_EQ(RmsShare(a.router_bias, b.router_bias), 0.0);
+    for (int64_t x = 0; x < e; ++x) {
+      EXPECT_EQ(RmsShare(a.expert_gate_bias[x], b.expert_gate_bias[x]), 0.0) << x;
+      EXPECT_EQ(RmsShare(a.expert_down_bias[x], b.expert_down_bias[x]), 0.0) << x;
+      EXPECT_LT(RmsShare(a.expert_up[x], b.expert_up[x]), experts ? 0.15 : 0.01) << x;
+      EXPECT_EQ(b.expert_up[x].format, experts ? WeightFormat::kMxfp4 : WeightFormat::kQ8_0);
+    }
+  }
 }
 
 // Every tensor a model binds, with its name: the matrices and norms, and the attention biases
