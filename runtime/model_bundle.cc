@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "model/harmony.h"
 
 namespace kvrm {
 
@@ -155,6 +156,16 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
 std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model) {
   std::vector<std::optional<std::string>> bytes = model.tokenizer->TokenContinuationBytes();
   bytes.resize(model.config.vocab_size);
+  // gpt-oss's message markers are special tokens that spell themselves (a constraint behind its
+  // analysis, structured::HarmonyPrefix, writes them); not <|return|> or <|call|>, which end.
+  if (model.chat.reasoning_format == ReasoningFormat::kHarmony) {
+    for (std::string_view marker : kHarmonyMarkers) {
+      const std::optional<int32_t> id = model.tokenizer->TokenToId(marker);
+      if (id && *id < model.config.vocab_size && model.tokenizer->IsSpecial(*id)) {
+        bytes[*id] = std::string(marker);
+      }
+    }
+  }
   for (int32_t id : model.config.eos_token_ids) {
     if (id >= 0 && id < model.config.vocab_size) bytes[id].reset();
   }

@@ -74,7 +74,8 @@ struct ModelBundle {
 
 // What each token adds to the text, as structured outputs see it: TokenContinuationBytes sized to
 // the model's logits (ids the tokenizer lacks add nothing), the end-of-sequence tokens apart
-// (they end the text instead of adding to it).
+// (they end the text instead of adding to it), and a harmony model's message markers (special
+// tokens, "<|channel|>", ...) their own text.
 std::vector<std::optional<std::string>> StructuredTokenBytes(const ModelBundle& model);
 
 }  // namespace kvrm

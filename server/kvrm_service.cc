@@ -549,8 +549,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
     if (f.ok() && f->has_value()) {
       structured::ConstraintSpec spec = (*f)->spec;
       const bool thinking = ConstraintFollowsThinking(*request, &engine_->model().chat);
-      for (Thinking t : thinking ? std::vector<Thinking>{Thinking::kInside, Thinking::kMayOpen}
-                                 : std::vector<Thinking>{Thinking::kNone}) {
+      const bool harmony = engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony;
+      for (Thinking t : !thinking ? std::vector<Thinking>{Thinking::kNone}
+                        : harmony ? std::vector<Thinking>{Thinking::kHarmony}
+                                  : std::vector<Thinking>{Thinking::kInside, Thinking::kMayOpen}) {
         spec.thinking = t;
         cached = cached && structured_->Contains(spec);
       }
@@ -615,7 +617,8 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     reactor->Reject(ToGrpcStatus(tools.status()));
     return;
   }
-  if (thinking != structured::ConstraintSpec::Thinking::kNone) {
+  if (thinking == structured::ConstraintSpec::Thinking::kInside ||
+      thinking == structured::ConstraintSpec::Thinking::kMayOpen) {
     // A chat request to a model that thinks: kInside when the prompt opened the block.
     reactor->set_reasoning(thinking == structured::ConstraintSpec::Thinking::kInside);
     (*r)->kept_special_tokens = reasoning_marker_tokens_;

@@ -423,7 +423,9 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
 }
 
 bool ConstraintFollowsThinking(const v1::GenerateRequest& proto, const ChatConfig* chat) {
-  return proto.has_chat() && chat != nullptr && chat->reasoning_format == ReasoningFormat::kThink &&
+  return proto.has_chat() && chat != nullptr &&
+         (chat->reasoning_format == ReasoningFormat::kThink ||
+          chat->reasoning_format == ReasoningFormat::kHarmony) &&
          !proto.structured().include_thinking();
 }
 
@@ -468,6 +470,8 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
       if (chat->reasoning_format == ReasoningFormat::kThink) {
         thinking = PromptOpensReasoning(text) ? structured::ConstraintSpec::Thinking::kInside
                                               : structured::ConstraintSpec::Thinking::kMayOpen;
+      } else if (chat->reasoning_format == ReasoningFormat::kHarmony) {
+        thinking = structured::ConstraintSpec::Thinking::kHarmony;
       }
       // The template writes BOS and every other special token itself (transformers tokenizes
       // apply_chat_template's text with add_special_tokens=False).

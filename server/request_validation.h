@@ -81,15 +81,17 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
     const v1::StructuredOutput& proto, structured::ConstraintCompiler* compiler);
 
 // Whether the request's constraint holds only the answer after a thinking block: a chat request
-// to a model that thinks (chat->reasoning_format kThink), without structured.include_thinking.
+// to a model that thinks (chat->reasoning_format kThink) or writes harmony messages (kHarmony:
+// the answer is the final message's text), without structured.include_thinking.
 bool ConstraintFollowsThinking(const v1::GenerateRequest& proto, const ChatConfig* chat);
 
 // `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
 // `structured`: compiles GenerateRequest.structured or the constraint of chat.tool_choice (null:
 // such requests are refused); it runs last, after every cheaper check.
 // A chat prompt to a model that thinks (chat->reasoning_format kThink) sets `*thinking`: kInside
-// when the rendered prompt opened the <think> block, else kMayOpen (kNone otherwise; may be
-// null). Its constraint then holds the answer after the thinking, not the thinking.
+// when the rendered prompt opened the <think> block, else kMayOpen; to one that writes harmony
+// messages, kHarmony (kNone otherwise; may be null). Its constraint then holds the answer after
+// the thinking (or the analysis), not the thinking.
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
     const ChatConfig* chat = nullptr, structured::ConstraintCompiler* structured = nullptr,

@@ -4,6 +4,7 @@
 // block). The random-weight model is made to write the markup by a structured-output regex over
 // the whole reply (structured.include_thinking), so the split is checked against text the test
 // knows; without include_thinking the constraint holds only the answer after the thinking.
+#include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
@@ -297,6 +298,43 @@ TEST(ReasoningE2eTest, HarmonyAnalysisIsReasoningAndFinalIsTheAnswer) {
     ASSERT_LT(k, s.tokens.size());
     EXPECT_EQ(s.finished.usage().reasoning_tokens(), static_cast<int32_t>(k));
   }
+}
+
+// Without include_thinking, a constraint on a harmony reply holds its final message's text: the
+// reply opens with a message header (analysis, commentary or final) and the answer comes after
+// "<|channel|>final<|message|>"; the messages before it are free. The random model reaches the
+// final header on some seeds within the limit (the answer is then "yes" or "no" and the reply
+// stops) and not on others (cut by the length limit inside a message).
+TEST(ReasoningE2eTest, HarmonyConstraintHoldsTheFinalAnswer) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kHarmonyLike);
+  constexpr int kSeeds = 24;
+  int answered = 0;
+  for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+    v1::GenerateRequest r = ChatRequest("(yes|no)", seed);
+    r.mutable_structured()->set_include_thinking(false);
+    r.mutable_stopping()->set_max_new_tokens(48);
+    r.mutable_sampling()->set_temperature(4.0f);  // (flatter: the channel's name is a draw)
+    const StreamResult got = RunGenerate(server->stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    const std::string raw = server->model().tokenizer->Decode(s.tokens, false);
+    EXPECT_EQ(raw.rfind("<|channel|>", 0), 0u) << raw;
+    if (s.finished.reason() == v1::FINISH_REASON_STOP) {
+      ++answered;
+      EXPECT_TRUE(s.text == "yes" || s.text == "no") << s.text;
+      EXPECT_NE(raw.find("<|channel|>final<|message|>" + s.text), std::string::npos) << raw;
+    } else {  // (a commentary message's text is the user's: content, as HarmonyStream has it)
+      EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_LENGTH);
+      const size_t final_at = raw.find("<|channel|>final<|message|>");
+      if (final_at != std::string::npos) {
+        const std::string after = raw.substr(final_at + 27);
+        EXPECT_TRUE(after.empty() || after == "y" || after == "n") << raw;
+      }
+    }
+  }
+  std::printf("harmony constraint: %d of %d seeds reached the final answer\n", answered, kSeeds);
+  EXPECT_GT(answered, 0);
+  EXPECT_LT(answered, kSeeds);
 }
 
 // A call on the commentary channel to functions.NAME comes back as a tool call with its body as

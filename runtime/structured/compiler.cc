@@ -91,7 +91,9 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
       break;
     }
   }
-  if (spec.thinking != ConstraintSpec::Thinking::kNone) {
+  if (spec.thinking == ConstraintSpec::Thinking::kHarmony) {
+    regex = Concat({HarmonyPrefix(), regex});
+  } else if (spec.thinking != ConstraintSpec::Thinking::kNone) {
     regex = Concat({ThinkingPrefix(spec.thinking == ConstraintSpec::Thinking::kInside), regex});
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar,

@@ -36,8 +36,10 @@ struct ConstraintSpec {
   std::string whitespace_pattern;
   // A thinking model's reply (kvrmd's reasoning output): the constraint holds the answer after
   // its <think> block (structured/regex_builders.h ThinkingPrefix), not the thinking. kInside:
-  // the prompt opened the block; kMayOpen: the reply may open one first.
-  enum class Thinking { kNone, kMayOpen, kInside };
+  // the prompt opened the block; kMayOpen: the reply may open one first. kHarmony: gpt-oss's
+  // reply, the answer its final message's text after any analysis or commentary messages
+  // (HarmonyPrefix).
+  enum class Thinking { kNone, kMayOpen, kInside, kHarmony };
   Thinking thinking = Thinking::kNone;
 };
 

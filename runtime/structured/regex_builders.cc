@@ -1,6 +1,9 @@
 #include "runtime/structured/regex_builders.h"
 
+#include <string_view>
 #include <utility>
+
+#include "common/logging.h"
 
 namespace kvrm::structured {
 
@@ -37,32 +40,46 @@ bool SameSet(const CodePointSet& a, const CodePointSet& b) {
   return true;
 }
 
-Regex ThinkingPrefix(bool inside) {
-  // Text without "</think>": the automaton of the marker's prefixes, unrolled. '<' occurs only
-  // at the marker's start, so after '<' and j more of its characters, another '<' goes back to
-  // "after '<'" (A), a character that is neither the next one nor '<' back to the start (B), and
-  // the text may end anywhere short of the whole marker (C).
-  constexpr std::string_view kRest = "/think>";  // the marker after its '<'
+Regex TextWithout(std::string_view marker) {
+  // The automaton of the marker's prefixes, unrolled. Its first character c occurs only at its
+  // start, so after c and j more of its characters, another c goes back to "after c" (A), a
+  // character that is neither the next one nor c back to the start (B), and the text may end
+  // anywhere short of the whole marker (C).
+  CHECK(!marker.empty() && marker.find(marker[0], 1) == std::string_view::npos &&
+        static_cast<unsigned char>(marker[0]) < 0x80)
+      << marker;
+  const uint32_t c = static_cast<unsigned char>(marker[0]);
+  const std::string_view rest = marker.substr(1);
   std::vector<Regex> again, leave, end;
-  for (size_t j = 0; j < kRest.size(); ++j) {
-    const Regex prefix = Literal(kRest.substr(0, j));
-    CodePointSet next = CodePointSet::Single(static_cast<uint32_t>(kRest[j]));
-    next.Add('<', '<');
-    again.push_back(Concat({prefix, Literal("<")}));
+  for (size_t j = 0; j < rest.size(); ++j) {
+    const Regex prefix = Literal(rest.substr(0, j));
+    CodePointSet next = CodePointSet::Single(static_cast<unsigned char>(rest[j]));
+    next.Add(c, c);
+    again.push_back(Concat({prefix, Literal(marker.substr(0, 1))}));
     leave.push_back(Concat({prefix, Class(next.Complement())}));
     end.push_back(prefix);
   }
-  const Regex open = Concat({Literal("<"), Star(Alt(std::move(again)))});
-  const Regex thinking =
-      Concat({Star(Alt({Class(CodePointSet::Single('<').Complement()),
-                        Concat({open, Alt(std::move(leave))})})),
-              Optional(Concat({open, Alt(std::move(end))}))});
+  const Regex open = Concat({Literal(marker.substr(0, 1)), Star(Alt(std::move(again)))});
+  return Concat({Star(Alt({Class(CodePointSet::Single(c).Complement()),
+                           Concat({open, Alt(std::move(leave))})})),
+                 Optional(Concat({open, Alt(std::move(end))}))});
+}
+
+Regex ThinkingPrefix(bool inside) {
   // At most 4 whitespace characters after the block (models write "\n\n"), and none before an
   // opening marker (models write it first): whitespace the constraint does not bound would let
   // a model pad forever.
-  const Regex block = Concat({thinking, Literal("</think>"), Repeat(Chars(" \t\n\r"), 0, 4)});
+  const Regex block =
+      Concat({TextWithout("</think>"), Literal("</think>"), Repeat(Chars(" \t\n\r"), 0, 4)});
   if (inside) return block;
   return Optional(Concat({Literal("<think>"), block}));
+}
+
+Regex HarmonyPrefix() {
+  const Regex message = Concat(
+      {Literal("<|channel|>"), Alt({Literal("analysis"), Literal("commentary")}),
+       Literal("<|message|>"), TextWithout("<|end|>"), Literal("<|end|><|start|>assistant")});
+  return Concat({Star(message), Literal("<|channel|>final<|message|>")});
 }
 
 }  // namespace kvrm::structured

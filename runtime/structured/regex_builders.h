@@ -7,6 +7,7 @@
 #define KVRM_RUNTIME_STRUCTURED_REGEX_BUILDERS_H_
 
 #include <cstdint>
+#include <string_view>
 
 #include "runtime/structured/regex_ast.h"
 
@@ -30,6 +31,15 @@ Regex Times(Regex r, int32_t n);
 // then the same. Concatenated before the constraint, it leaves the thinking free and holds the
 // answer after it.
 Regex ThinkingPrefix(bool inside);
+// A gpt-oss reply's harmony messages ahead of a constraint (its generation prompt ends
+// "<|start|>assistant"): any number of messages on the analysis or commentary channel
+// ("<|channel|>" NAME "<|message|>", text without "<|end|>", "<|end|><|start|>assistant"), then
+// the final channel's header, "<|channel|>final<|message|>". Concatenated before the constraint,
+// it leaves the analysis free and holds the final answer.
+Regex HarmonyPrefix();
+// Any text that does not contain `marker`, whose first character (ASCII) occurs nowhere else in
+// it ("</think>", "<|end|>").
+Regex TextWithout(std::string_view marker);
 
 // a ∩ b, and whether a and b hold the same code points.
 CodePointSet Intersect(const CodePointSet& a, const CodePointSet& b);

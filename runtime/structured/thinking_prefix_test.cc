@@ -1,6 +1,7 @@
-// ThinkingPrefix (regex_builders.h) against its definition, on every string over an alphabet
-// that spells the markers and their near misses, and through the compiler (a byte vocabulary):
-// the thinking is free, the answer after </think> is held to the constraint.
+// ThinkingPrefix and HarmonyPrefix (regex_builders.h) against their definitions, on every string
+// over an alphabet that spells the markers and their near misses, and through the compiler (a
+// byte vocabulary): the thinking (analysis) is free, the answer after </think> (in the final
+// message) is held to the constraint.
 #include <random>
 #include <string>
 #include <vector>
@@ -111,6 +112,129 @@ TEST(ThinkingPrefixTest, CompilerPrependsItAndKeysTheCacheOnIt) {
   EXPECT_FALSE(walk(**a, "hmm</think>yes"));
   EXPECT_TRUE(walk(**b, "hmm, maybe\n</think>\n\nyes"));
   EXPECT_FALSE(walk(**b, "yes"));
+}
+
+// HarmonyPrefix's language written out: messages on the analysis or commentary channel, each
+// closed by its first "<|end|>" and followed by the next header's "<|start|>assistant", then the
+// final channel's header and one of `answers`.
+bool HarmonyExpected(const std::string& s, const std::vector<std::string>& answers) {
+  const std::string final_header = "<|channel|>final<|message|>";
+  if (s.compare(0, final_header.size(), final_header) == 0) {
+    for (const std::string& a : answers) {
+      if (s.substr(final_header.size()) == a) return true;
+    }
+  }
+  for (const std::string channel : {"analysis", "commentary"}) {
+    const std::string header = "<|channel|>" + channel + "<|message|>";
+    if (s.compare(0, header.size(), header) != 0) continue;
+    const size_t end = s.find("<|end|>", header.size());
+    if (end == std::string::npos) return false;
+    const std::string next = s.substr(end + 7);
+    const std::string start = "<|start|>assistant";
+    return next.compare(0, start.size(), start) == 0 &&
+           HarmonyExpected(next.substr(start.size()), answers);
+  }
+  return false;
+}
+
+TEST(HarmonyPrefixTest, MatchesItsDefinitionOnEveryShortString) {
+  const std::vector<std::string> answers = {"yes", "no"};
+  const std::vector<std::string> alphabet = {
+      "<|channel|>", "analysis", "commentary", "final",
+      "<|message|>", "<|end|>",  "<|start|>",  "assistant",
+      "<|",          "end",      "|>",         "x",
+      "yes",         "no",       "<",          "<|channel|>final<|message|>"};
+  const Regex answer = Alt({Literal("yes"), Literal("no")});
+  absl::StatusOr<Dfa> dfa = Dfa::Compile(Concat({HarmonyPrefix(), answer}));
+  ASSERT_TRUE(dfa.ok()) << dfa.status();
+  std::mt19937 rng(5);
+  auto any = [&] {
+    return alphabet[std::uniform_int_distribution<size_t>(0, alphabet.size() - 1)(rng)];
+  };
+  int matched = 0;
+  for (int trial = 0; trial < 40000; ++trial) {
+    // Half near a well-formed reply (messages of random pieces, the final header, an answer),
+    // one piece then replaced, inserted or dropped half the time; half random pieces.
+    std::vector<std::string> pieces;
+    if (trial % 2 == 0) {
+      for (int m = std::uniform_int_distribution<int>(0, 2)(rng); m > 0; --m) {
+        pieces.push_back("<|channel|>");
+        pieces.push_back(rng() % 2 ? "analysis" : "commentary");
+        pieces.push_back("<|message|>");
+        for (int k = std::uniform_int_distribution<int>(0, 3)(rng); k > 0; --k) {
+          pieces.push_back(any());
+        }
+        pieces.push_back("<|end|>");
+        pieces.push_back("<|start|>assistant");
+      }
+      pieces.push_back("<|channel|>final<|message|>");
+      pieces.push_back(answers[rng() % 2]);
+      if (rng() % 2) {
+        const size_t at = std::uniform_int_distribution<size_t>(0, pieces.size() - 1)(rng);
+        const int edit = std::uniform_int_distribution<int>(0, 2)(rng);
+        if (edit == 0) pieces[at] = any();
+        if (edit == 1) pieces.insert(pieces.begin() + at, any());
+        if (edit == 2) pieces.erase(pieces.begin() + at);
+      }
+    } else {
+      for (int i = std::uniform_int_distribution<int>(0, 8)(rng); i > 0; --i)
+        pieces.push_back(any());
+    }
+    std::string s;
+    for (const std::string& p : pieces) s += p;
+    const bool want = HarmonyExpected(s, answers);
+    matched += want;
+    ASSERT_EQ(dfa->Matches(s), want) << "\"" << s << "\"";
+  }
+  EXPECT_GT(matched, 5000);  // the draw reaches both sides
+  EXPECT_LT(matched, 30000);
+}
+
+TEST(HarmonyPrefixTest, ExamplesAsGptOssWritesThem) {
+  const Regex json = *ParseRegex(R"(\{"ok": (true|false)\})");
+  absl::StatusOr<Dfa> dfa = Dfa::Compile(Concat({HarmonyPrefix(), json}));
+  ASSERT_TRUE(dfa.ok());
+  EXPECT_TRUE(dfa->Matches(
+      "<|channel|>analysis<|message|>User asks if ok. <|end or <| is fine. Answer true."
+      "<|end|><|start|>assistant<|channel|>final<|message|>{\"ok\": true}"));
+  EXPECT_TRUE(dfa->Matches("<|channel|>final<|message|>{\"ok\": false}"));  // no analysis
+  EXPECT_TRUE(dfa->Matches(
+      "<|channel|>analysis<|message|>a<|end|><|start|>assistant<|channel|>commentary<|message|>"
+      "Checking.<|end|><|start|>assistant<|channel|>final<|message|>{\"ok\": true}"));
+  EXPECT_FALSE(dfa->Matches("{\"ok\": true}"));  // the answer needs its header
+  EXPECT_FALSE(dfa->Matches("<|channel|>analysis<|message|>{\"ok\": true}"));
+  EXPECT_FALSE(dfa->Matches(
+      "<|channel|>analysis<|message|>a<|end|>b<|end|><|start|>assistant<|channel|>final"
+      "<|message|>{\"ok\": true}"));  // the analysis ends at its first <|end|>
+  EXPECT_FALSE(dfa->Matches("<|channel|>final<|message|>{\"ok\": maybe}"));
+}
+
+// Through the compiler: kHarmony is a grammar of its own, cached apart.
+TEST(HarmonyPrefixTest, CompilerPrependsItAndKeysTheCacheOnIt) {
+  std::vector<std::optional<std::string>> vocab;
+  for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  vocab.push_back("<|channel|>");  // a marker token spelling itself, as gpt-oss's
+  ConstraintCompiler compiler(vocab);
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kChoice;
+  spec.choices = {"yes", "no"};
+  spec.thinking = ConstraintSpec::Thinking::kHarmony;
+  ConstraintSpec inside = spec;
+  inside.thinking = ConstraintSpec::Thinking::kInside;
+  absl::StatusOr<std::shared_ptr<const Grammar>> a = compiler.Compile(spec);
+  absl::StatusOr<std::shared_ptr<const Grammar>> b = compiler.Compile(inside);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_NE(a->get(), b->get());
+  EXPECT_TRUE(compiler.Contains(spec));
+  const Grammar& g = **a;
+  EXPECT_TRUE(g.Allows(g.start(), 256));  // the marker token
+  int32_t s = g.Next(g.start(), 256);
+  for (unsigned char c : std::string("final<|message|>no")) {
+    ASSERT_TRUE(g.Allows(s, c)) << c;
+    s = g.Next(s, c);
+  }
+  EXPECT_TRUE(g.accepting(s));
+  EXPECT_FALSE(g.Allows(g.start(), 'y'));  // not the answer first
 }
 
 }  // namespace
