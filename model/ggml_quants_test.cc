@@ -14,8 +14,8 @@
 #include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
-#include "model/gguf.h"
 #include "kernels/cpu/weight_matrix.h"
+#include "model/gguf.h"
 #include "model/gguf_quants.h"
 
 namespace kvrm {

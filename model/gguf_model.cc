@@ -471,8 +471,8 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
                                         const GgufLoadOptions& options, const std::string& hf,
                                         const std::vector<int64_t>& shape,
                                         std::vector<std::vector<std::byte>>* converted) {
-  ASSIGN_OR_RETURN(const GgufName name,
-                   ToGgufName(hf, GgufPermutesQk(config.model_type), PostAttentionNormNames(config)));
+  ASSIGN_OR_RETURN(const GgufName name, ToGgufName(hf, GgufPermutesQk(config.model_type),
+                                                   PostAttentionNormNames(config)));
   const GgufTensor* t = f.FindTensor(name.name);
   if (t == nullptr) {
     return absl::NotFoundError(absl::StrCat(f.path(), ": tensor \"", name.name, "\" is missing"));
@@ -523,11 +523,11 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
     for (int64_t b = 0; b < t->numel() / WeightMatrix::kQ8Block; ++b) {
       const uint8_t e = blocks[b * WeightMatrix::kMxfp4BlockBytes];
       if (e > 252) {
-        return f.Invalid(absl::StrCat("tensor \"", name.name, "\""),
-                         absl::StrCat("block ", b, name.expert >= 0 ? " of expert " : "",
-                                      name.expert >= 0 ? absl::StrCat(name.expert) : "",
-                                      ": E8M0 scale ", e,
-                                      e == 255 ? " is NaN" : ": 6 x 2^(e - 127) overflows"));
+        return f.Invalid(
+            absl::StrCat("tensor \"", name.name, "\""),
+            absl::StrCat("block ", b, name.expert >= 0 ? " of expert " : "",
+                         name.expert >= 0 ? absl::StrCat(name.expert) : "", ": E8M0 scale ", e,
+                         e == 255 ? " is NaN" : ": 6 x 2^(e - 127) overflows"));
       }
       mxfp4_kernels = mxfp4_kernels && Mxfp4KernelScale(e);
     }
@@ -647,7 +647,8 @@ absl::StatusOr<std::unique_ptr<GgufModel>> LoadGgufModel(const std::string& path
   ASSIGN_OR_RETURN(
       m->weights,
       BindLlamaWeights(config, [&](const std::string& hf, const std::vector<int64_t>& shape) {
-        bound.insert(ToGgufName(hf, false, PostAttentionNormNames(config)).value_or(GgufName{}).name);
+        bound.insert(
+            ToGgufName(hf, false, PostAttentionNormNames(config)).value_or(GgufName{}).name);
         return BindTensor(f, config, options, hf, shape, converted);
       }));
   // A tensor the model does not use is a part of it the engine would not compute (a bias the

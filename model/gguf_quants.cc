@@ -515,9 +515,8 @@ void QuantMxfp4(const float* x, std::byte* b) {
   float amax = 0.0f;
   for (int j = 0; j < kQk; ++j) amax = std::max(amax, std::fabs(x[j]));
   // (At least 0: ggml casts a negative float to uint8, undefined, for amax below 2^-125.)
-  const uint8_t e = amax > 0.0f ? static_cast<uint8_t>(std::max(
-                                      0.0f, std::floor(std::log2(amax)) - 2 + 127))
-                                : 0;
+  const uint8_t e =
+      amax > 0.0f ? static_cast<uint8_t>(std::max(0.0f, std::floor(std::log2(amax)) - 2 + 127)) : 0;
   const float d = std::ldexp(1.0f, static_cast<int>(e) - 128);  // GGML_E8M0_TO_FP32_HALF
   auto nearest = [&](float v) {
     int best = 0;

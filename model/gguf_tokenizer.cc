@@ -176,8 +176,7 @@ absl::StatusOr<Vocab> ReadVocab(const GgufFile& f) {
                        [&](int32_t id) { return v.tokens[id] == text; });
   };
   if (text_ends("<|return|>") && text_ends("<|call|>")) {
-    s.end_of_generation.erase(std::remove_if(s.end_of_generation.begin(),
-                                             s.end_of_generation.end(),
+    s.end_of_generation.erase(std::remove_if(s.end_of_generation.begin(), s.end_of_generation.end(),
                                              [&](int32_t id) { return v.tokens[id] == "<|end|>"; }),
                               s.end_of_generation.end());
   }

@@ -402,9 +402,8 @@ TEST(GgufE2eTest, GptOssFilesGenerateWhatTheirDirectoriesGenerate) {
   {
     std::vector<float> got(down.cols), want(down.cols);
     WeightRowToFloat(down, 0, got.data());
-    const auto* file = reinterpret_cast<const std::byte*>(small->gguf->file->FindTensor(
-                                                              "blk.0.ffn_down_exps.weight")
-                                                              ->data);
+    const auto* file = reinterpret_cast<const std::byte*>(
+        small->gguf->file->FindTensor("blk.0.ffn_down_exps.weight")->data);
     DequantizeRow(GgmlType::kMxfp4, file, down.cols, want.data());
     EXPECT_EQ(got, want);
     EXPECT_LT(std::abs(got[0]), 1e-36f);

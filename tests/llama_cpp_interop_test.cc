@@ -110,9 +110,7 @@ struct F32File {
   // The experts' matrices' type (GgufConvertOptions::experts_type; kMxfp4: the reference is
   // <size>-mxfp4.logits), else f32 as the others.
   GgmlType experts = GgmlType::kF32;
-  std::string reference() const {
-    return size + (experts == GgmlType::kMxfp4 ? "-mxfp4" : "-f32");
-  }
+  std::string reference() const { return size + (experts == GgmlType::kMxfp4 ? "-mxfp4" : "-f32"); }
 };
 
 std::string WriteF32File(const F32File& f) {
@@ -260,8 +258,8 @@ TEST_P(F32FileTest, GivesLlamaCppsLogits) {
   const Reference ref = LoadReference(GetParam().reference());
   ASSERT_GT(ref.prompt, 4);
   const bool mxfp4 = GetParam().experts == GgmlType::kMxfp4;
-  const Errors e = Serve(path, ref, GetParam().tolerance, GetParam().prompt,
-                         mxfp4 ? kMedianMxfp4Error : 0);
+  const Errors e =
+      Serve(path, ref, GetParam().tolerance, GetParam().prompt, mxfp4 ? kMedianMxfp4Error : 0);
   std::printf("%s: worst row %.3g of its scale, median %.3g, greedy agree %d/%d\n",
               GetParam().reference().c_str(), e.worst, e.Median(), e.argmax_same,
               e.argmax_compared);
@@ -280,9 +278,10 @@ TEST_P(F32FileTest, GivesLlamaCppsLogits) {
         Serve(path, ref, GetParam().tolerance, GetParam().prompt, 0, f32, &exact.logits);
     ASSERT_EQ(exact.logits.size(), ref.logits.size());
     const Errors k = Serve(path, exact, kMxfp4KernelTolerance, GetParam().prompt);
-    std::printf("  f32 products vs llama.cpp: worst row %.3g, median %.3g; MXFP4 blocks vs f32 "
-                "products: worst row %.3g, median %.3g\n",
-                d.worst, d.Median(), k.worst, k.Median());
+    std::printf(
+        "  f32 products vs llama.cpp: worst row %.3g, median %.3g; MXFP4 blocks vs f32 "
+        "products: worst row %.3g, median %.3g\n",
+        d.worst, d.Median(), k.worst, k.Median());
     EXPECT_LE(k.worst, k.tolerance);
     EXPECT_LE(e.Median(), kMedianMxfp4Error);
   }

@@ -206,9 +206,9 @@ absl::Status CheckGemmaHasGgufForm(const std::string& model_dir, const LlamaConf
 // the sliding layers' period (2: the even layers) and the attention scale (the head size's).
 absl::Status CheckGptOssHasGgufForm(const std::string& model_dir, const LlamaConfig& c) {
   if (c.swiglu_limit != 7) {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir, ": swiglu_limit ", c.swiglu_limit,
-        ": llama.cpp's gpt-oss clamps at 7 always; this model has no GGUF form"));
+    return absl::UnimplementedError(
+        absl::StrCat(model_dir, ": swiglu_limit ", c.swiglu_limit,
+                     ": llama.cpp's gpt-oss clamps at 7 always; this model has no GGUF form"));
   }
   for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
     const bool slides = !c.sliding_layers.empty() && c.sliding_layers[l];

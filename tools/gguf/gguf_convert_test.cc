@@ -889,8 +889,8 @@ TEST(GgufConvertTest, GptOssFilesHoldLlamaCppsTensors) {
   for (const auto& [key, value, refusal] :
        {std::tuple{"swiglu_limit", Json(5.0), "swiglu_limit 5: llama.cpp's gpt-oss clamps at 7"},
         std::tuple{"layer_types",
-                   Json::array({"full_attention", "full_attention", "sliding_attention",
-                                "full_attention"}),
+                   Json::array(
+                       {"full_attention", "full_attention", "sliding_attention", "full_attention"}),
                    "layer 0 attends to everything: llama.cpp's gpt-oss slides the even layers"}}) {
     std::filesystem::create_directories(dir);
     for (const auto& e : std::filesystem::directory_iterator(src)) {
