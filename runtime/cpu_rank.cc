@@ -89,7 +89,9 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
     router_bias_.resize(layers * experts);
     expert_gate_bias_.resize(layers * experts * moe_ffn_);
     expert_up_bias_.resize(layers * experts * moe_ffn_);
-    expert_down_bias_.resize(layers * experts * d_);
+    // (The down biases on rank 0 only, which adds them: 53 MB a rank for gpt-oss-120b.)
+    const bool down = w_.rank == 0;
+    if (down) expert_down_bias_.resize(layers * experts * d_);
     for (int64_t layer = 0; layer < layers; ++layer) {
       const LayerWeights& l = w_.layers[layer];
       WeightRowToFloat(l.router_bias, 0, &router_bias_[layer * experts]);
@@ -97,7 +99,7 @@ CpuRank::CpuRank(const LlamaConfig& config, RankWeights weights, std::unique_ptr
         const int64_t at = layer * experts + e;
         WeightRowToFloat(l.expert_gate_bias[e], 0, &expert_gate_bias_[at * moe_ffn_]);
         WeightRowToFloat(l.expert_up_bias[e], 0, &expert_up_bias_[at * moe_ffn_]);
-        WeightRowToFloat(l.expert_down_bias[e], 0, &expert_down_bias_[at * d_]);
+        if (down) WeightRowToFloat(l.expert_down_bias[e], 0, &expert_down_bias_[at * d_]);
       }
     }
   }
@@ -505,7 +507,7 @@ void CpuRank::ExpertsDown(int32_t layer, int32_t n, int thread, int num_threads,
     for (int32_t j = 0; j < k; ++j) {
       const size_t r = static_cast<size_t>(i) * k + j;
       AddScaledInPlace(out + b, &moe_y_[route_slot_[r] * d_ + b], route_weight_[r], e - b);
-      if (!expert_down_bias_.empty() && w_.rank == 0) {  // gpt-oss's, once over the ranks
+      if (!expert_down_bias_.empty()) {  // gpt-oss's, on rank 0 only: once over the ranks
         const int64_t at = (int64_t{layer} * config_.num_experts + route_expert_[r]) * d_;
         AddScaledInPlace(out + b, &expert_down_bias_[at + b], route_weight_[r], e - b);
       }

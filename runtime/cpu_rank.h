@@ -172,7 +172,8 @@ class CpuRank {
   // gpt-oss (empty otherwise), in f32: each layer's sink logits of this rank's query heads
   // [layers][heads]; the router's bias [layers][experts]; each expert's gate and up biases over
   // this rank's features [layers][experts][moe_ffn], and its down bias [layers][experts][hidden]
-  // (added by rank 0 only: the others' down outputs are partial sums of the same rows).
+  // (held and added by rank 0 only, empty on the others: their down outputs are partial sums of
+  // the same rows).
   std::vector<float> sinks_, router_bias_, expert_gate_bias_, expert_up_bias_, expert_down_bias_;
   // The adapters' shares by slot (null: empty; see SetLoraAdapter).
   std::vector<const RankLora*> lora_;

@@ -233,7 +233,9 @@ TEST(GgufSpecialTokensTest, HarmonyMessagesDoNotEndAtEnd) {
     EXPECT_EQ(s->eos, ret);
     EXPECT_NE(std::find(ends.begin(), ends.end(), ret), ends.end());
     EXPECT_EQ(std::find(ends.begin(), ends.end(), end) != ends.end(), !call) << call;
-    if (call) EXPECT_NE(std::find(ends.begin(), ends.end(), call_id), ends.end());
+    if (call) {
+      EXPECT_NE(std::find(ends.begin(), ends.end(), call_id), ends.end());
+    }
   }
 }
 
