@@ -541,7 +541,10 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
     return reactor;
   }
   if (request->has_structured() || request->has_chat()) {
-    absl::StatusOr<std::optional<StructuredField>> f = RequestConstraint(*request, limits_);
+    const bool harmony =
+        request->has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony;
+    absl::StatusOr<std::optional<StructuredField>> f =
+        RequestConstraint(*request, limits_, harmony);
     // A constraint behind a thinking block is compiled for the way the prompt leaves it, known
     // once the prompt is rendered: either must be compiled already.
     using Thinking = structured::ConstraintSpec::Thinking;
@@ -549,7 +552,6 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
     if (f.ok() && f->has_value()) {
       structured::ConstraintSpec spec = (*f)->spec;
       const bool thinking = ConstraintFollowsThinking(*request, &engine_->model().chat);
-      const bool harmony = engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony;
       for (Thinking t : !thinking ? std::vector<Thinking>{Thinking::kNone}
                         : harmony ? std::vector<Thinking>{Thinking::kHarmony}
                                   : std::vector<Thinking>{Thinking::kInside, Thinking::kMayOpen}) {
@@ -611,8 +613,9 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     reactor->Reject(ToGrpcStatus(r.status()));
     return;
   }
-  absl::StatusOr<std::optional<ToolCalling>> tools =
-      ToolCallingFromProto(request, tool_syntax_.format, limits_);
+  absl::StatusOr<std::optional<ToolCalling>> tools = ToolCallingFromProto(
+      request, tool_syntax_.format, limits_,
+      request.has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony);
   if (!tools.ok()) {
     reactor->Reject(ToGrpcStatus(tools.status()));
     return;

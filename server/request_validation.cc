@@ -327,7 +327,8 @@ absl::StatusOr<std::vector<ToolSpec>> ToolsFromProto(const v1::ChatPrompt& chat,
 
 absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::GenerateRequest& proto,
                                                                 ToolCallFormat format,
-                                                                const RequestLimits& limits) {
+                                                                const RequestLimits& limits,
+                                                                bool harmony) {
   if (!proto.has_chat()) return std::nullopt;
   const v1::ChatPrompt& chat = proto.chat();
   if (chat.tools_size() == 0) {
@@ -347,6 +348,10 @@ absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::Genera
     out.mode = ToolCallStream::Mode::kNamed;
     out.function = name;
     out.choice = 3;
+    if (harmony) {  // the call in gpt-oss's own form, read as an auto one (HarmonyStream)
+      out.mode = ToolCallStream::Mode::kAuto;
+      out.tools = tools;
+    }
     return out;
   }
   switch (chat.tool_choice().mode()) {
@@ -354,6 +359,10 @@ absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::Genera
     case v1::TOOL_CHOICE_MODE_REQUIRED:
       out.mode = ToolCallStream::Mode::kRequired;
       out.choice = 2;
+      if (harmony) {
+        out.mode = ToolCallStream::Mode::kAuto;
+        ASSIGN_OR_RETURN(out.tools, ToolsFromProto(chat, limits));
+      }
       return out;
     case v1::TOOL_CHOICE_MODE_AUTO: {
       if (format == ToolCallFormat::kNone) {
@@ -371,7 +380,8 @@ absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::Genera
 }
 
 absl::StatusOr<std::optional<StructuredField>> RequestConstraint(const v1::GenerateRequest& proto,
-                                                                 const RequestLimits& limits) {
+                                                                 const RequestLimits& limits,
+                                                                 bool harmony) {
   const bool forced = proto.has_chat() && ForcesCalls(proto.chat());
   if (forced && proto.has_structured()) {
     return Invalid("structured", "not with chat.tool_choice REQUIRED or a named function");
@@ -387,14 +397,25 @@ absl::StatusOr<std::optional<StructuredField>> RequestConstraint(const v1::Gener
   StructuredField f;
   f.spec.kind = structured::ConstraintSpec::Kind::kJsonSchema;
   f.field = "chat.tool_choice";
+  auto it = tools.end();
   if (NamesFunction(chat.tool_choice())) {
-    auto it = std::find_if(tools.begin(), tools.end(), [&](const ToolSpec& t) {
-      return t.name == chat.tool_choice().function();
-    });
+    it = std::find_if(tools.begin(), tools.end(),
+                      [&](const ToolSpec& t) { return t.name == chat.tool_choice().function(); });
     if (it == tools.end()) {
       return Invalid("chat.tool_choice.function",
                      absl::StrCat("'", chat.tool_choice().function(), "' is not one of chat.tools"));
     }
+  }
+  if (harmony) {
+    // gpt-oss's own call ("<|channel|>commentary to=functions.NAME ..."): one of the functions
+    // (the named one), its arguments held to its schema.
+    f.spec.kind = structured::ConstraintSpec::Kind::kHarmonyToolCalls;
+    for (const ToolSpec& t : tools) {
+      if (it != tools.end() && &t != &*it) continue;
+      f.spec.choices.push_back(t.name);
+      f.spec.schemas.push_back(NamedToolCallSchema(t));
+    }
+  } else if (it != tools.end()) {
     f.spec.text = NamedToolCallSchema(*it);
   } else {
     f.spec.text = RequiredToolCallsSchema(tools, SingleToolCall(chat));
@@ -579,7 +600,10 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
   if (thinking_out != nullptr) *thinking_out = thinking;
-  ASSIGN_OR_RETURN(std::optional<StructuredField> constraint, RequestConstraint(proto, limits));
+  const bool harmony =
+      proto.has_chat() && chat != nullptr && chat->reasoning_format == ReasoningFormat::kHarmony;
+  ASSIGN_OR_RETURN(std::optional<StructuredField> constraint,
+                   RequestConstraint(proto, limits, harmony));
   if (constraint) {
     if (ConstraintFollowsThinking(proto, chat)) constraint->spec.thinking = thinking;
     ASSIGN_OR_RETURN(r->grammar, CompileConstraint(*constraint, structured));

@@ -61,16 +61,22 @@ struct ToolCalling {
   int choice = 0;        // for metrics: 0 auto, 1 none, 2 required, 3 function
 };
 // nullopt without tools. AUTO on a server whose model has no tool-call format is
-// INVALID_ARGUMENT, as is REQUIRED or a named function without tools.
+// INVALID_ARGUMENT, as is REQUIRED or a named function without tools. `harmony` (a gpt-oss
+// server): REQUIRED and a named function are read as AUTO calls (HarmonyStream hands them over),
+// the constraint making the call.
 absl::StatusOr<std::optional<ToolCalling>> ToolCallingFromProto(const v1::GenerateRequest& proto,
                                                                 ToolCallFormat format,
-                                                                const RequestLimits& limits);
+                                                                const RequestLimits& limits,
+                                                                bool harmony = false);
 
 // The constraint the request's reply is held to: its own `structured`, or the one a
 // tool_choice of REQUIRED or a named function implies (a JSON Schema built from the tools, its
-// errors naming "chat.tool_choice"); nullopt when neither. Both at once is INVALID_ARGUMENT.
+// errors naming "chat.tool_choice"; `harmony`, a gpt-oss chat request: the call in gpt-oss's own
+// form, ConstraintSpec::Kind::kHarmonyToolCalls); nullopt when neither. Both at once is
+// INVALID_ARGUMENT.
 absl::StatusOr<std::optional<StructuredField>> RequestConstraint(const v1::GenerateRequest& proto,
-                                                                 const RequestLimits& limits);
+                                                                 const RequestLimits& limits,
+                                                                 bool harmony = false);
 
 // `field`'s constraint compiled by `compiler` (null: refused), or INVALID_ARGUMENT naming the
 // field ("structured.json_schema: /properties/age: ...").

@@ -367,5 +367,57 @@ TEST(ReasoningE2eTest, HarmonyFunctionCallsAreToolCalls) {
   EXPECT_EQ(p.reasoning.rfind("Need the time.\n{\"tz\": ", 0), 0u) << p.reasoning;
 }
 
+// tool_choice REQUIRED or a named function on a harmony reply: the constraint makes gpt-oss's own
+// call ("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>" and arguments held
+// to that function's schema) after any analysis and commentary messages, and it comes back as a
+// tool call. The random model reaches the call on some seeds within the limit (and stops there,
+// finish tool_calls), and is cut inside a message on the others.
+TEST(ReasoningE2eTest, HarmonyForcedToolCallsAreGptOssCalls) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kHarmonyLike);
+  for (const bool named : {true, false}) {
+    constexpr int kSeeds = 24;
+    int called = 0;
+    for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+      v1::GenerateRequest r = ChatRequest("", seed);
+      r.clear_structured();
+      r.mutable_stopping()->set_max_new_tokens(120);
+      r.mutable_sampling()->set_temperature(4.0f);
+      v1::Tool* now = r.mutable_chat()->add_tools();
+      now->set_name("now");
+      now->set_parameters(R"({"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                              "required": ["tz"], "additionalProperties": false})");
+      r.mutable_chat()->add_tools()->set_name("later");
+      if (named) {
+        r.mutable_chat()->mutable_tool_choice()->set_function("now");
+      } else {
+        r.mutable_chat()->mutable_tool_choice()->set_mode(v1::TOOL_CHOICE_MODE_REQUIRED);
+      }
+      const StreamResult got = RunGenerate(server->stub(), r);
+      ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+      const Split s = Joined(got);
+      const std::string raw = server->model().tokenizer->Decode(s.tokens, false);
+      EXPECT_EQ(raw.rfind("<|channel|>", 0), 0u) << raw;
+      if (s.finished.reason() == v1::FINISH_REASON_TOOL_CALLS) {
+        ++called;
+        ASSERT_EQ(s.finished.tool_calls_size(), 1) << raw;
+        const v1::ToolCall& call = s.finished.tool_calls(0);
+        EXPECT_TRUE(call.name() == "now" || (!named && call.name() == "later")) << raw;
+        if (call.name() == "now") {
+          EXPECT_TRUE(call.arguments() == R"({"tz":"UTC"})" ||
+                      call.arguments() == R"({"tz":"CET"})")
+              << call.arguments();
+        }
+        EXPECT_NE(raw.find(" <|constrain|>json<|message|>"), std::string::npos) << raw;
+      } else {
+        EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_LENGTH) << raw;
+        EXPECT_EQ(raw.find("<|channel|>final"), std::string::npos) << raw;  // never an answer
+      }
+    }
+    std::printf("harmony %s tool call: %d of %d seeds called\n", named ? "named" : "required",
+                called, kSeeds);
+    EXPECT_GT(called, 0);
+  }
+}
+
 }  // namespace
 }  // namespace kvrm

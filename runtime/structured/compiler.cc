@@ -21,6 +21,8 @@ std::string CacheKey(const ConstraintSpec& spec) {
                                  ":", spec.whitespace_pattern, ":", spec.text.size(), ":",
                                  spec.text);
   for (const std::string& c : spec.choices) absl::StrAppend(&key, ":", c.size(), ":", c);
+  absl::StrAppend(&key, ";");
+  for (const std::string& c : spec.schemas) absl::StrAppend(&key, ":", c.size(), ":", c);
   return key;
 }
 
@@ -90,8 +92,25 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
       regex = Alt(std::move(options));
       break;
     }
+    case ConstraintSpec::Kind::kHarmonyToolCalls: {
+      if (spec.choices.empty() || spec.choices.size() != spec.schemas.size()) {
+        return Invalid("a harmony tool call needs each function's name and schema");
+      }
+      std::vector<Regex> calls;
+      for (size_t i = 0; i < spec.choices.size(); ++i) {
+        ASSIGN_OR_RETURN(Regex arguments, JsonSchemaTextToRegex(spec.schemas[i], json));
+        calls.push_back(Concat({Literal(HarmonyCallHeader(spec.choices[i])), arguments}));
+      }
+      regex = Alt(std::move(calls));
+      if (spec.thinking == ConstraintSpec::Thinking::kHarmony) {
+        regex = Concat({HarmonyMessages(), regex});
+      }
+      break;
+    }
   }
-  if (spec.thinking == ConstraintSpec::Thinking::kHarmony) {
+  if (spec.kind == ConstraintSpec::Kind::kHarmonyToolCalls) {
+    // (its messages are its own: above)
+  } else if (spec.thinking == ConstraintSpec::Thinking::kHarmony) {
     regex = Concat({HarmonyPrefix(), regex});
   } else if (spec.thinking != ConstraintSpec::Thinking::kNone) {
     regex = Concat({ThinkingPrefix(spec.thinking == ConstraintSpec::Thinking::kInside), regex});

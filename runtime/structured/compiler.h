@@ -27,10 +27,15 @@
 namespace kvrm::structured {
 
 struct ConstraintSpec {
-  enum class Kind { kRegex, kJsonSchema, kJsonObject, kChoice };
+  // kHarmonyToolCalls: a gpt-oss reply that calls one of the functions `choices` names on the
+  // commentary channel ("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>"),
+  // its arguments held to that function's JSON Schema in `schemas` (the reply then ends, at
+  // gpt-oss's <|call|>); with thinking kHarmony, after any analysis and commentary messages.
+  enum class Kind { kRegex, kJsonSchema, kJsonObject, kChoice, kHarmonyToolCalls };
   Kind kind = Kind::kRegex;
   std::string text;                  // kRegex: the pattern; kJsonSchema: the schema as JSON text
   std::vector<std::string> choices;  // kChoice: the completion is exactly one of these
+  std::vector<std::string> schemas;  // kHarmonyToolCalls: each function's arguments' schema
   // kJsonSchema / kJsonObject: a regex for the whitespace allowed between JSON tokens; empty:
   // the default, at most one space.
   std::string whitespace_pattern;
@@ -38,7 +43,7 @@ struct ConstraintSpec {
   // its <think> block (structured/regex_builders.h ThinkingPrefix), not the thinking. kInside:
   // the prompt opened the block; kMayOpen: the reply may open one first. kHarmony: gpt-oss's
   // reply, the answer its final message's text after any analysis or commentary messages
-  // (HarmonyPrefix).
+  // (HarmonyPrefix; for kHarmonyToolCalls, the messages before the call: HarmonyMessages).
   enum class Thinking { kNone, kMayOpen, kInside, kHarmony };
   Thinking thinking = Thinking::kNone;
 };

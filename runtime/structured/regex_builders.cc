@@ -1,5 +1,6 @@
 #include "runtime/structured/regex_builders.h"
 
+#include <string>
 #include <string_view>
 #include <utility>
 
@@ -75,11 +76,20 @@ Regex ThinkingPrefix(bool inside) {
   return Optional(Concat({Literal("<think>"), block}));
 }
 
-Regex HarmonyPrefix() {
+Regex HarmonyMessages() {
   const Regex message = Concat(
       {Literal("<|channel|>"), Alt({Literal("analysis"), Literal("commentary")}),
        Literal("<|message|>"), TextWithout("<|end|>"), Literal("<|end|><|start|>assistant")});
-  return Concat({Star(message), Literal("<|channel|>final<|message|>")});
+  return Star(message);
+}
+
+Regex HarmonyPrefix() {
+  return Concat({HarmonyMessages(), Literal("<|channel|>final<|message|>")});
+}
+
+std::string HarmonyCallHeader(std::string_view function) {
+  return "<|channel|>commentary to=functions." + std::string(function) +
+         " <|constrain|>json<|message|>";
 }
 
 }  // namespace kvrm::structured

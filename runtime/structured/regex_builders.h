@@ -7,6 +7,7 @@
 #define KVRM_RUNTIME_STRUCTURED_REGEX_BUILDERS_H_
 
 #include <cstdint>
+#include <string>
 #include <string_view>
 
 #include "runtime/structured/regex_ast.h"
@@ -32,11 +33,15 @@ Regex Times(Regex r, int32_t n);
 // answer after it.
 Regex ThinkingPrefix(bool inside);
 // A gpt-oss reply's harmony messages ahead of a constraint (its generation prompt ends
-// "<|start|>assistant"): any number of messages on the analysis or commentary channel
-// ("<|channel|>" NAME "<|message|>", text without "<|end|>", "<|end|><|start|>assistant"), then
-// the final channel's header, "<|channel|>final<|message|>". Concatenated before the constraint,
-// it leaves the analysis free and holds the final answer.
+// "<|start|>assistant"): HarmonyMessages, any number of messages on the analysis or commentary
+// channel ("<|channel|>" NAME "<|message|>", text without "<|end|>", "<|end|><|start|>assistant"),
+// then the final channel's header, "<|channel|>final<|message|>". Concatenated before the
+// constraint, it leaves the analysis free and holds the final answer.
+Regex HarmonyMessages();
 Regex HarmonyPrefix();
+// The header of gpt-oss's call to `function`, before its JSON arguments:
+// "<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>".
+std::string HarmonyCallHeader(std::string_view function);
 // Any text that does not contain `marker`, whose first character (ASCII) occurs nowhere else in
 // it ("</think>", "<|end|>").
 Regex TextWithout(std::string_view marker);

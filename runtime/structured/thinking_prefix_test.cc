@@ -237,5 +237,53 @@ TEST(HarmonyPrefixTest, CompilerPrependsItAndKeysTheCacheOnIt) {
   EXPECT_FALSE(g.Allows(g.start(), 'y'));  // not the answer first
 }
 
+// kHarmonyToolCalls: gpt-oss's own call to one of the functions, its arguments held to that
+// function's schema; after any analysis and commentary messages with thinking kHarmony, at once
+// without.
+TEST(HarmonyPrefixTest, ToolCallsHoldTheFunctionAndItsArguments) {
+  std::vector<std::optional<std::string>> vocab;
+  for (int b = 0; b < 256; ++b) vocab.push_back(std::string(1, static_cast<char>(b)));
+  ConstraintCompiler compiler(vocab);
+  ConstraintSpec spec;
+  spec.kind = ConstraintSpec::Kind::kHarmonyToolCalls;
+  spec.choices = {"now", "weather"};
+  spec.schemas = {R"({"type": "object", "properties": {"tz": {"enum": ["UTC", "CET"]}},
+                      "required": ["tz"], "additionalProperties": false})",
+                  R"({"type": "object", "properties": {"city": {"type": "string"}},
+                      "required": ["city"], "additionalProperties": false})"};
+  spec.thinking = ConstraintSpec::Thinking::kHarmony;
+  ConstraintSpec at_once = spec;
+  at_once.thinking = ConstraintSpec::Thinking::kNone;
+  ConstraintSpec other = spec;
+  other.schemas[1] = R"({"type": "object"})";
+  absl::StatusOr<std::shared_ptr<const Grammar>> a = compiler.Compile(spec);
+  absl::StatusOr<std::shared_ptr<const Grammar>> b = compiler.Compile(at_once);
+  absl::StatusOr<std::shared_ptr<const Grammar>> c = compiler.Compile(other);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status() << b.status() << c.status();
+  EXPECT_NE(a->get(), c->get());  // the schemas are part of the key
+  auto walk = [](const Grammar& g, const std::string& text) {
+    int32_t s = g.start();
+    for (unsigned char ch : text) {
+      if (!g.Allows(s, ch)) return false;
+      s = g.Next(s, ch);
+    }
+    return g.accepting(s);
+  };
+  const std::string call = HarmonyCallHeader("now") + R"({"tz":"UTC"})";
+  EXPECT_EQ(HarmonyCallHeader("now"),
+            "<|channel|>commentary to=functions.now <|constrain|>json<|message|>");
+  const std::string analysis =
+      "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant";
+  EXPECT_TRUE(walk(**a, analysis + call));
+  EXPECT_TRUE(walk(**a, call));
+  EXPECT_TRUE(walk(**a, HarmonyCallHeader("weather") + R"({"city":"Lima"})"));
+  EXPECT_FALSE(walk(**a, HarmonyCallHeader("now") + R"({"tz":"PST"})"));         // its schema
+  EXPECT_FALSE(walk(**a, HarmonyCallHeader("weather") + R"({"tz":"UTC"})"));     // the other's
+  EXPECT_FALSE(walk(**a, HarmonyCallHeader("later") + R"({"tz":"UTC"})"));       // not offered
+  EXPECT_FALSE(walk(**a, analysis + "<|channel|>final<|message|>It is noon."));  // no answer
+  EXPECT_TRUE(walk(**b, call));
+  EXPECT_FALSE(walk(**b, analysis + call));  // at once
+}
+
 }  // namespace
 }  // namespace kvrm::structured
