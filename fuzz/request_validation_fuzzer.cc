@@ -81,9 +81,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
        request.chat().tool_choice().mode() == kvrm::v1::TOOL_CHOICE_MODE_REQUIRED);
   FUZZ_CHECK((request.has_structured() || forced) == (g.grammar != nullptr));
   // Whatever validated, the tool-calling settings are decided without a crash.
-  absl::StatusOr<std::optional<kvrm::ToolCalling>> tools =
-      kvrm::ToolCallingFromProto(request, kvrm::ToolCallFormat::kHermes, limits);
-  FUZZ_CHECK(tools.ok() || absl::IsInvalidArgument(tools.status()));
+  for (const bool harmony : {false, true}) {  // (gpt-oss's calls: REQUIRED / named read as auto)
+    absl::StatusOr<std::optional<kvrm::ToolCalling>> tools =
+        kvrm::ToolCallingFromProto(request, kvrm::ToolCallFormat::kHermes, limits, harmony);
+    FUZZ_CHECK(tools.ok() || absl::IsInvalidArgument(tools.status()));
+    absl::StatusOr<std::optional<kvrm::StructuredField>> constraint =
+        kvrm::RequestConstraint(request, limits, harmony);
+    FUZZ_CHECK(constraint.ok() && constraint->has_value() == (g.grammar != nullptr));
+  }
   if (g.grammar != nullptr) {
     FUZZ_CHECK(g.grammar->vocab_size() == limits.vocab_size);
     FUZZ_CHECK(!g.grammar->terminal(g.grammar->start()));
