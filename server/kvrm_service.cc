@@ -541,8 +541,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
     return reactor;
   }
   if (request->has_structured() || request->has_chat()) {
-    const bool harmony =
-        request->has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony;
+    const bool harmony = IsHarmonyChat(*request, &engine_->model().chat);
     absl::StatusOr<std::optional<StructuredField>> f =
         RequestConstraint(*request, limits_, harmony);
     // A constraint behind a thinking block is compiled for the way the prompt leaves it, known
@@ -614,8 +613,7 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     return;
   }
   absl::StatusOr<std::optional<ToolCalling>> tools = ToolCallingFromProto(
-      request, tool_syntax_.format, limits_,
-      request.has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony);
+      request, tool_syntax_.format, limits_, IsHarmonyChat(request, &engine_->model().chat));
   if (!tools.ok()) {
     reactor->Reject(ToGrpcStatus(tools.status()));
     return;
@@ -626,7 +624,7 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     reactor->set_reasoning(thinking == structured::ConstraintSpec::Thinking::kInside);
     (*r)->kept_special_tokens = reasoning_marker_tokens_;
   }
-  if (request.has_chat() && engine_->model().chat.reasoning_format == ReasoningFormat::kHarmony) {
+  if (IsHarmonyChat(request, &engine_->model().chat)) {
     // gpt-oss: its messages' markers stay in the text for HarmonyStream, which hands function
     // calls (auto mode) to the tool-call stream as Hermes markup.
     reactor->set_harmony(tools->has_value() && (*tools)->parse &&

@@ -443,6 +443,10 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
   return CompileConstraint(f, compiler);
 }
 
+bool IsHarmonyChat(const v1::GenerateRequest& proto, const ChatConfig* chat) {
+  return proto.has_chat() && chat != nullptr && chat->reasoning_format == ReasoningFormat::kHarmony;
+}
+
 bool ConstraintFollowsThinking(const v1::GenerateRequest& proto, const ChatConfig* chat) {
   return proto.has_chat() && chat != nullptr &&
          (chat->reasoning_format == ReasoningFormat::kThink ||
@@ -600,10 +604,8 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   }
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
   if (thinking_out != nullptr) *thinking_out = thinking;
-  const bool harmony =
-      proto.has_chat() && chat != nullptr && chat->reasoning_format == ReasoningFormat::kHarmony;
   ASSIGN_OR_RETURN(std::optional<StructuredField> constraint,
-                   RequestConstraint(proto, limits, harmony));
+                   RequestConstraint(proto, limits, IsHarmonyChat(proto, chat)));
   if (constraint) {
     if (ConstraintFollowsThinking(proto, chat)) constraint->spec.thinking = thinking;
     ASSIGN_OR_RETURN(r->grammar, CompileConstraint(*constraint, structured));

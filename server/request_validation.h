@@ -90,6 +90,8 @@ absl::StatusOr<std::shared_ptr<const structured::Grammar>> CompileStructuredOutp
 // to a model that thinks (chat->reasoning_format kThink) or writes harmony messages (kHarmony:
 // the answer is the final message's text), without structured.include_thinking.
 bool ConstraintFollowsThinking(const v1::GenerateRequest& proto, const ChatConfig* chat);
+// Whether the request is a chat request to a model that writes harmony messages (gpt-oss).
+bool IsHarmonyChat(const v1::GenerateRequest& proto, const ChatConfig* chat);
 
 // `chat`: the model's chat template for GenerateRequest.chat (null: chat requests are refused).
 // `structured`: compiles GenerateRequest.structured or the constraint of chat.tool_choice (null:
