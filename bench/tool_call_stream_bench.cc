@@ -83,7 +83,9 @@ std::string Reply(ToolCallFormat format, const std::string& code) {
              "<｜DSML｜parameter name=\"path\" string=\"true\">shapes.py</｜DSML｜parameter>\n"
              "<｜DSML｜parameter name=\"content\" string=\"true\">" +
              code + "</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>";
-    case ToolCallFormat::kPythonic:  // not measured: its calls are sent whole, no deltas
+    case ToolCallFormat::kPythonic:  // (a JSON string is a Python string literal too)
+      return lead + "<|python_start|>[write_file(path='shapes.py', content=" + JsonString(code) +
+             ")]<|python_end|>";
     case ToolCallFormat::kNone:
       break;
   }
@@ -114,7 +116,7 @@ int Run() {
        {ToolCallFormat::kHermes, ToolCallFormat::kLlama3Json, ToolCallFormat::kMistral,
         ToolCallFormat::kGranite, ToolCallFormat::kQwen3Coder, ToolCallFormat::kGlm45,
         ToolCallFormat::kMinimaxM2, ToolCallFormat::kMinimax, ToolCallFormat::kDeepSeekV3,
-        ToolCallFormat::kKimiK2, ToolCallFormat::kDeepSeekV32}) {
+        ToolCallFormat::kKimiK2, ToolCallFormat::kDeepSeekV32, ToolCallFormat::kPythonic}) {
     const std::string reply = Reply(f, code);
     const ToolCallSyntax syntax = MakeToolCallSyntax(f);
     double stream_ms = 1e300, read_ms = 1e300;

@@ -10,7 +10,7 @@ python3 - "$out" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 fs = r["formats"]
-assert len(fs) == 11, [f["format"] for f in fs]
+assert len(fs) == 12, [f["format"] for f in fs]
 for f in fs:
     assert f["calls_right"], f
     assert f["pieces"] > 4000, f

@@ -782,6 +782,88 @@ void ToolCallStream::ScanMarkup() {
   }
 }
 
+// Where ScanPythonic is in the list of calls: the bytes of held_ read, bracket depth (the list
+// is depth 1, a call's arguments 2), a Python string being read (its quote, whether tripled, a
+// run of closing quotes, an escape), quotes that may open one (two are an empty string, three
+// open a triple-quoted one), where the current call began, and the calls given out.
+struct ToolCallStream::PythonicState {
+  size_t read = 0;
+  int depth = 0;
+  char quote = 0;  // inside a string: its quote character
+  bool triple = false;
+  int closing = 0;  // triple: closing quotes in a row
+  bool escape = false;
+  char opening = 0;  // outside: a quote just seen, `opened` of them
+  int opened = 0;
+  size_t call_start = std::string::npos;
+  int calls = 0;
+  bool stopped = false;  // a call did not parse, or single_call's first went out
+};
+
+void ToolCallStream::ScanPythonic() {
+  if (pythonic_ == nullptr) pythonic_ = std::make_unique<PythonicState>();
+  PythonicState& st = *pythonic_;
+  while (st.read < held_.size() && !st.stopped) {
+    const char c = held_[st.read];
+    if (st.opening != 0) {  // one or two quotes seen: a string, an empty one, or a triple?
+      if (c == st.opening && st.opened == 1) {
+        st.opened = 2;
+        ++st.read;
+        continue;
+      }
+      const bool triple = c == st.opening && st.opened == 2;
+      const bool empty = st.opened == 2 && !triple;
+      st.quote = empty ? 0 : st.opening;
+      st.triple = triple;
+      st.closing = 0;
+      st.escape = false;
+      st.opening = 0;
+      if (triple) ++st.read;
+      continue;  // (otherwise `c` is the string's first character, or follows the empty one)
+    }
+    ++st.read;
+    if (st.quote != 0) {
+      if (st.escape) {
+        st.escape = false;
+      } else if (c == '\\') {
+        st.escape = true;
+        st.closing = 0;
+      } else if (c != st.quote) {
+        st.closing = 0;
+      } else if (!st.triple || ++st.closing == 3) {
+        st.quote = 0;
+      }
+      continue;
+    }
+    if (c == '\'' || c == '"') {
+      st.opening = c;
+      st.opened = 1;
+      continue;
+    }
+    const bool space = c == ' ' || c == '\n' || c == '\t' || c == '\r';
+    if (st.depth == 1 && st.call_start == std::string::npos && !space && c != ',' && c != ']') {
+      st.call_start = st.read - 1;
+    }
+    if (c == '(' || c == '[' || c == '{') {
+      ++st.depth;
+    } else if (c == ')' || c == ']' || c == '}') {
+      --st.depth;
+      if (c == ')' && st.depth == 1 && st.call_start != std::string::npos) {
+        const std::string one =
+            absl::StrCat("[", held_.substr(st.call_start, st.read - st.call_start), "]");
+        absl::StatusOr<std::vector<pythonic::Call>> calls = pythonic::ParseCalls(one);
+        if (!calls.ok() || calls->size() != 1) {
+          st.stopped = true;  // (Finish reads the whole reply and says what is wrong)
+          break;
+        }
+        AddPiece(st.calls++, (*calls)[0].name, (*calls)[0].arguments);
+        st.call_start = std::string::npos;
+        st.stopped = single_call_;
+      }
+    }
+  }
+}
+
 void ToolCallStream::Scan() {
   const auto piece = [this](int index, const std::string& name, std::string_view text) {
     AddPiece(index, name, text);
@@ -792,8 +874,10 @@ void ToolCallStream::Scan() {
     ScanMarkup();
     return;
   }
-  // Pythonic calls are not JSON while they are written: they come whole when the reply ends.
-  if (mode_ == Mode::kAuto && syntax_->format == ToolCallFormat::kPythonic) return;
+  if (mode_ == Mode::kAuto && syntax_->format == ToolCallFormat::kPythonic) {
+    ScanPythonic();
+    return;
+  }
   if (mode_ == Mode::kNamed) {
     // The whole reply is the arguments object.
     piece(0, function_, std::string_view(held_).substr(named_emitted_));

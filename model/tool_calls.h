@@ -190,8 +190,10 @@ ToolCallSyntax MakeToolCallSyntax(ToolCallFormat format);
 //
 // Held calls also stream as they are generated (TakeDeltas), as vLLM's tool parsers do: once a
 // call's name is known and its arguments object has begun, each new piece of the object is a
-// delta. A call whose arguments come before its name, or are not a JSON object (a string
-// holding one), is not streamed: it comes whole with Finish. A call streamed and then found
+// delta. A pythonic call, whose keyword arguments are not JSON while they are written, is one
+// delta (its name and whole arguments) once its ")" closes it. A call whose arguments come
+// before its name, or are not a JSON object (a string holding one), is not streamed: it comes
+// whole with Finish. A call streamed and then found
 // malformed (the reply cut by its length limit) cannot be taken back: its deltas were sent,
 // and Finish releases the held text as text.
 class ToolCallStream {
@@ -235,6 +237,7 @@ class ToolCallStream {
   std::string FeedText(std::string_view text);  // Feed's text
   void Scan();               // held_'s new text into deltas_
   void ScanMarkup();         // Scan for the markup formats: parses held_ as far as it goes
+  void ScanPythonic();       // Scan for pythonic calls: each call once its ")" closes it
   void AddPiece(int index, const std::string& name, std::string_view text);  // to deltas_
 
   Mode mode_;
@@ -248,6 +251,8 @@ class ToolCallStream {
   std::unique_ptr<Scanner> scanner_;  // kAuto and kRequired: finds calls in held_
   struct MarkupState;
   std::unique_ptr<MarkupState> markup_;  // ScanMarkup's: what it read, arguments being written
+  struct PythonicState;
+  std::unique_ptr<PythonicState> pythonic_;  // ScanPythonic's: where it is in the list
   struct Streamed {
     std::string id;  // "" for a call not streamed
     std::string name;

@@ -1136,8 +1136,8 @@ TEST(PythonicToolCallsTest, WhatIsNotALiteralCallListIsRefused) {
 }
 
 // The stream decides at the reply's first character, as for Llama 3's JSON: a list is held and
-// comes out as calls at the end (pythonic calls are not streamed as deltas: their arguments are
-// not JSON until read whole); prose streams, and a later "[" is only text; Llama 4's
+// comes out as calls at the end, each call also a delta once its ")" closes it (its arguments
+// are not JSON until read whole); prose streams, and a later "[" is only text; Llama 4's
 // <|python_start|> begins calls anywhere.
 TEST(PythonicToolCallsTest, StreamHoldsTheListAndReleasesProse) {
   const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kPythonic);
@@ -1151,7 +1151,12 @@ TEST(PythonicToolCallsTest, StreamHoldsTheListAndReleasesProse) {
     EXPECT_EQ(got.result.calls[0].arguments, R"({"city":"Lima","unit":"c"})");
     EXPECT_EQ(got.result.calls[1].name, "get_time");
     EXPECT_FALSE(got.result.malformed);
-    EXPECT_TRUE(got.deltas.empty());
+    ASSERT_EQ(got.deltas.size(), 2u);  // one a call
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(got.calls.at(i).id, got.result.calls[i].id);
+      EXPECT_EQ(got.calls.at(i).name, got.result.calls[i].name);
+      EXPECT_EQ(got.calls.at(i).arguments, got.result.calls[i].arguments);
+    }
   }
   {
     ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
@@ -1189,6 +1194,62 @@ TEST(PythonicToolCallsTest, StreamHoldsTheListAndReleasesProse) {
     EXPECT_EQ(got.result.text, "[f(1, 2)]");
     EXPECT_TRUE(got.deltas.empty());
   }
+}
+
+// Each pythonic call goes out as one delta (id, name, its whole arguments as JSON) as soon as
+// its ")" closes it, before the next call is written: brackets, parentheses and quotes inside
+// its string literals (single, double, triple-quoted, escaped) do not close it, nor do nested
+// lists and dicts. Fed a byte at a time and in random pieces alike; the result keeps the ids.
+TEST(PythonicToolCallsTest, EachCallStreamsWhenItCloses) {
+  const ToolCallSyntax syntax = MakeToolCallSyntax(ToolCallFormat::kPythonic);
+  const std::string first =
+      R"py(search(q="a) b] (c", note='it\'s ) ok', doc='''x ')' ]''', tags=["x)", {"k": (1, 2)}]))py";
+  const std::string second = R"py(get_time(zone='', empty="", tz=r"\d)"))py";
+  const std::string reply = "<|python_start|>[" + first + ", " + second + "]<|python_end|>";
+  absl::StatusOr<ParsedToolCalls> whole = ParseToolCalls(ToolCallFormat::kPythonic, reply);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  ASSERT_EQ(whole->calls.size(), 2u);
+  {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const size_t first_end = reply.find(first) + first.size();  // just past its ")"
+    int seen = 0;
+    for (size_t i = 0; i < reply.size(); ++i) {
+      s.Feed(reply.substr(i, 1));
+      for (const ToolCallDelta& d : s.TakeDeltas()) {
+        ASSERT_LT(seen, 2);
+        EXPECT_EQ(d.index, seen);
+        EXPECT_EQ(d.name, whole->calls[seen].name);
+        EXPECT_EQ(d.arguments, whole->calls[seen].arguments);
+        EXPECT_FALSE(d.id.empty());
+        if (seen == 0) {
+          EXPECT_EQ(i + 1, first_end) << "the first call's delta at its \")\"";
+        }
+        ++seen;
+      }
+    }
+    EXPECT_EQ(seen, 2);
+    const ToolCallStream::Result r = s.Finish(true);
+    ASSERT_EQ(r.calls.size(), 2u);
+    EXPECT_TRUE(s.TakeDeltas().empty());
+  }
+  std::mt19937 rng(4);
+  for (int trial = 0; trial < 50; ++trial) {
+    ToolCallStream s(ToolCallStream::Mode::kAuto, &syntax);
+    const Streamed got = FeedInPieces(s, reply, rng);
+    ASSERT_EQ(got.result.calls.size(), 2u);
+    ASSERT_EQ(got.calls.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(got.calls.at(i).deltas, 1);
+      EXPECT_EQ(got.calls.at(i).id, got.result.calls[i].id);
+      EXPECT_EQ(got.calls.at(i).arguments, whole->calls[i].arguments);
+    }
+  }
+  // parallel_tool_calls false: the first call streams, the rest do not.
+  ToolCallStream single(ToolCallStream::Mode::kAuto, &syntax, "", /*single_call=*/true);
+  const Streamed got = FeedInPieces(single, reply, rng);
+  EXPECT_EQ(got.calls.size(), 1u);
+  ASSERT_EQ(got.result.calls.size(), 1u);
+  EXPECT_EQ(got.result.dropped, 1);
 }
 
 TEST(PythonicToolCallsTest, NamedAndDetected) {
