@@ -4,13 +4,18 @@
 // block). The random-weight model is made to write the markup by a structured-output regex over
 // the whole reply (structured.include_thinking), so the split is checked against text the test
 // knows; without include_thinking the constraint holds only the answer after the thinking.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/chat_config.h"
+#include "model/harmony.h"
+#include "model/tokenizer.h"
 #include "tests/test_server.h"
 
 namespace kvrm {
@@ -417,6 +422,109 @@ TEST(ReasoningE2eTest, HarmonyForcedToolCallsAreGptOssCalls) {
                 called, kSeeds);
     EXPECT_GT(called, 0);
   }
+}
+
+// The tiny model with gpt-oss's harmony markers as special tokens, as o200k_harmony has them:
+// the vocabulary's last seven tokens (and the merges that make or use them) give their ids to
+// "<|start|>", "<|channel|>", ..., and <|return|> and <|call|> end a reply (the weights are
+// random: any rows do). Served with kHarmonyLike, whose prompts now hold the markers as those
+// tokens.
+std::unique_ptr<TestServer> ServeWithHarmonyTokens(std::vector<int32_t>* marker_ids) {
+  std::unique_ptr<ModelBundle> model(LoadTinyModel());
+  absl::StatusOr<Json> tj = ReadJsonFile(TinyModelDir() + "/tokenizer.json");
+  EXPECT_TRUE(tj.ok()) << tj.status();
+  Json& vocab = (*tj)["model"]["vocab"];
+  std::vector<std::pair<int64_t, std::string>> by_id;
+  for (const auto& [text, id] : vocab.items()) by_id.push_back({id.get<int64_t>(), text});
+  std::sort(by_id.begin(), by_id.end());
+  const std::vector<std::string> markers(std::begin(kHarmonyMarkers), std::end(kHarmonyMarkers));
+  std::set<std::string> freed;
+  for (size_t i = 0; i < markers.size(); ++i) {
+    const auto& [id, text] = by_id[by_id.size() - 1 - i];
+    freed.insert(text);
+    vocab.erase(text);
+    marker_ids->push_back(static_cast<int32_t>(id));
+    (*tj)["added_tokens"].push_back({{"id", id},
+                                     {"content", markers[i]},
+                                     {"single_word", false},
+                                     {"lstrip", false},
+                                     {"rstrip", false},
+                                     {"normalized", false},
+                                     {"special", true}});
+  }
+  Json merges = Json::array();
+  for (const Json& m : (*tj)["model"]["merges"]) {
+    const std::string pair = m.is_string()
+                                 ? m.get<std::string>()
+                                 : m[0].get<std::string>() + " " + m[1].get<std::string>();
+    const size_t space = pair.find(' ');
+    const std::string a = pair.substr(0, space), b = pair.substr(space + 1);
+    if (!freed.contains(a) && !freed.contains(b) && !freed.contains(a + b)) merges.push_back(m);
+  }
+  (*tj)["model"]["merges"] = std::move(merges);
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromJson(tj->dump(), "tiny tokenizer with harmony markers");
+  EXPECT_TRUE(tokenizer.ok()) << tokenizer.status();
+  model->tokenizer = std::move(*tokenizer);
+  const auto id_of = [&](std::string_view marker) {
+    return (*marker_ids)[std::find(markers.begin(), markers.end(), marker) - markers.begin()];
+  };
+  model->config.eos_token_ids = {id_of("<|return|>"), id_of("<|call|>")};
+  SetChatTemplate(kHarmonyLike, "test template", &model->chat);
+  EXPECT_EQ(model->chat.reasoning_format, ReasoningFormat::kHarmony);
+  return std::make_unique<TestServer>(std::move(model), Options());
+}
+
+// With the markers special tokens, as in gpt-oss's own vocabulary: a constraint behind the
+// analysis writes them as those tokens (they spell themselves for it: StructuredTokenBytes) or
+// spelled out, the answer is held after the final header, and a forced call comes back as a
+// tool call; the replies keep their markers for the harmony reader.
+TEST(ReasoningE2eTest, HarmonyMarkersAsSpecialTokens) {
+  std::vector<int32_t> marker_ids;
+  std::unique_ptr<TestServer> server = ServeWithHarmonyTokens(&marker_ids);
+  const Tokenizer& tok = *server->model().tokenizer;
+  for (int32_t id : marker_ids) EXPECT_TRUE(tok.IsSpecial(id)) << id;
+  constexpr int kSeeds = 24;
+  int answered = 0, called = 0, with_marker_tokens = 0;
+  for (const bool forced : {false, true}) {
+    for (uint64_t seed = 1; seed <= kSeeds; ++seed) {
+      v1::GenerateRequest r = ChatRequest("(yes|no)", seed);
+      r.mutable_structured()->set_include_thinking(false);
+      r.mutable_stopping()->set_max_new_tokens(120);
+      r.mutable_sampling()->set_temperature(4.0f);
+      if (forced) {
+        r.clear_structured();
+        r.mutable_chat()->add_tools()->set_name("now");
+        r.mutable_chat()->mutable_tool_choice()->set_function("now");
+      }
+      const StreamResult got = RunGenerate(server->stub(), r);
+      ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+      const Split s = Joined(got);
+      const std::string raw = tok.Decode(s.tokens, /*skip_special_tokens=*/false);
+      EXPECT_EQ(raw.rfind("<|channel|>", 0), 0u) << raw;
+      with_marker_tokens += std::any_of(s.tokens.begin(), s.tokens.end(), [&](int32_t t) {
+        return std::find(marker_ids.begin(), marker_ids.end(), t) != marker_ids.end();
+      });
+      if (forced && s.finished.reason() == v1::FINISH_REASON_TOOL_CALLS) {
+        ++called;
+        ASSERT_EQ(s.finished.tool_calls_size(), 1) << raw;
+        EXPECT_EQ(s.finished.tool_calls(0).name(), "now");
+        EXPECT_EQ(s.text, "");
+      } else if (!forced && s.finished.reason() == v1::FINISH_REASON_STOP) {
+        ++answered;
+        EXPECT_TRUE(s.text == "yes" || s.text == "no") << raw;
+      } else {
+        EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_LENGTH) << raw;
+      }
+    }
+  }
+  std::printf(
+      "harmony markers as special tokens: %d of %d answered, %d of %d called, %d of %d "
+      "replies with marker tokens\n",
+      answered, kSeeds, called, kSeeds, with_marker_tokens, 2 * kSeeds);
+  EXPECT_GT(answered, 0);
+  EXPECT_GT(called, 0);
+  EXPECT_GT(with_marker_tokens, 0);
 }
 
 }  // namespace
