@@ -138,7 +138,8 @@ int64_t GgufGemmaAttentionScaleSize(const LlamaConfig& c) {
 
 bool GgufPermutesQk(std::string_view architecture) {
   // (mixtral: the model type a llama file with experts is served as.)
-  return architecture == "llama" || architecture == "granite" || architecture == "mixtral";
+  return architecture == "llama" || architecture == "granite" || architecture == "mixtral" ||
+         architecture == "smollm3";
 }
 
 int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim) {
@@ -151,14 +152,17 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   const bool gemma = arch == "gemma2" || arch == "gemma3";
   const bool gpt_oss = arch == "gpt-oss";
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen2moe" &&
-      arch != "qwen3moe" && arch != "phi3" && arch != "granite" && !gemma && !gpt_oss) {
+      arch != "qwen3moe" && arch != "phi3" && arch != "granite" && arch != "smollm3" && !gemma &&
+      !gpt_oss) {
     return f.Unimplemented(
         "general.architecture",
         absl::StrCat("\"", arch,
                      "\" is not supported (llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, "
-                     "granite, gemma2, gemma3, gpt-oss)"));
+                     "granite, smollm3, gemma2, gemma3, gpt-oss)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
+  // (smollm3: llama.cpp's layers without RoPE are every fourth, fixed, as SmolLM3Config's default
+  // no_rope_layer_interval of 4 has them: ParseLlamaConfig makes them so.)
   Json c = Json::object();
   c["model_type"] = arch == "gemma3" ? "gemma3_text" : gpt_oss ? "gpt_oss" : std::string(arch);
   // Mixtures of experts as llama.cpp computes them: a llama file with experts is Mixtral (each

@@ -86,8 +86,8 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& file);
 int64_t GgufRopeRowToHf(int64_t row, int64_t head_dim);
 
 // Whether llama.cpp stores an architecture's attn_q / attn_k rows (and biases) so reordered: the
-// ones it rotates on adjacent pairs ("NORM" RoPE), llama and granite; qwen2, qwen3 and phi3
-// rotate halves as Transformers does ("NEOX") and keep HF's order.
+// ones it rotates on adjacent pairs ("NORM" RoPE), llama, granite and smollm3; qwen2, qwen3,
+// phi3 and gpt-oss rotate halves as Transformers does ("NEOX") and keep HF's order.
 bool GgufPermutesQk(std::string_view architecture);
 
 // What llama.cpp's gemma2 / gemma3 graphs take from a model's shape rather than from the file:

@@ -301,15 +301,23 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     }
   }
   if (c.HasNopeLayers()) {
-    return absl::UnimplementedError(absl::StrCat(
-        model_dir, ": ", c.model_type,
-        "'s layers without RoPE (no_rope_layers) have no GGUF form in this converter"));
+    // llama.cpp's smollm3 leaves every fourth layer unrotated, whatever the file says.
+    bool step4 = c.model_type == "smollm3";
+    for (int32_t l = 0; l < c.num_hidden_layers && step4; ++l) {
+      step4 = c.UsesRope(l) == ((l + 1) % 4 != 0);
+    }
+    if (!step4) {
+      return absl::UnimplementedError(absl::StrCat(
+          model_dir, ": ", c.model_type,
+          "'s layers without RoPE (no_rope_layers) are not every fourth (llama.cpp's smollm3): "
+          "no GGUF form"));
+    }
   }
-  // The architecture llama.cpp's converter writes: qwen2, qwen3 and granite as themselves, Llama
-  // and Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's tensors side by
-  // side). llama and granite have their attn_q / attn_k rows (and biases) reordered for RoPE on
-  // adjacent pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does ("NEOX"), their rows
-  // as they are.
+  // The architecture llama.cpp's converter writes: qwen2, qwen3, granite and smollm3 as
+  // themselves, Llama and Mistral as llama (and Phi-3, whose fused Q/K/V and gate/up are llama's
+  // tensors side by side). llama, granite and smollm3 have their attn_q / attn_k rows (and biases)
+  // reordered for RoPE on adjacent pairs ("NORM" RoPE); qwen2 and qwen3 rotate halves as HF does
+  // ("NEOX"), their rows as they are.
   // Mixtral is llama with experts; Qwen2-MoE and Qwen3-MoE are qwen2moe and qwen3moe; gpt-oss is
   // gpt-oss.
   const std::string arch = c.model_type == "qwen2" || c.model_type == "qwen3" ||
@@ -319,6 +327,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
                            : c.model_type == "qwen3_moe"   ? "qwen3moe"
                            : c.model_type == "qwen2_moe"   ? "qwen2moe"
                            : gpt_oss                       ? "gpt-oss"
+                           : c.model_type == "smollm3"     ? "smollm3"
                                                            : "llama";
   const bool permuted = GgufPermutesQk(arch);
   const std::string prefix = arch + ".";  // of its metadata keys

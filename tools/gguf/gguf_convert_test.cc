@@ -862,15 +862,6 @@ const std::string& ArchitectureDir(const std::string& size) {
   return (*dirs)[size] = o.out_dir;
 }
 
-// SmolLM3's layers without RoPE have no form in the architectures written here (llama's would
-// rotate them all): refused by name rather than converted wrong.
-TEST(GgufConvertTest, NopeLayersAreRefused) {
-  const absl::Status s = ConvertToGguf(ArchitectureDir("tiny-smollm3"),
-                                       TmpDir() + "/tiny-smollm3.gguf", GgufConvertOptions());
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_THAT(std::string(s.message()), ::testing::HasSubstr("no_rope_layers"));
-}
-
 // OLMo 2's block (no input norms, Q/K norms over the whole projections) is not llama's either.
 TEST(GgufConvertTest, Olmo2BlockIsRefused) {
   const absl::Status s = ConvertToGguf(ArchitectureDir("tiny-olmo2"), TmpDir() + "/tiny-olmo2.gguf",
@@ -1015,6 +1006,43 @@ double MaxRelativeDifference(const std::vector<float>& a, const std::vector<floa
     worst = std::max(worst, diff / scale);
   }
   return worst;
+}
+
+// SmolLM3 is llama.cpp's smollm3, whose layers without RoPE are every fourth, fixed: a model
+// with others (tiny-smollm3's every second) is refused by name rather than converted wrong; with
+// every fourth it converts, its Q/K rows reordered as llama's, and reads back as the same model
+// (the same logits: //tests:llama_cpp_interop_test holds it to llama.cpp's).
+TEST(GgufConvertTest, SmolLm3NopeLayersEveryFourth) {
+  const absl::Status s = ConvertToGguf(ArchitectureDir("tiny-smollm3"),
+                                       TmpDir() + "/tiny-smollm3.gguf", GgufConvertOptions());
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+  EXPECT_THAT(std::string(s.message()),
+              ::testing::HasSubstr("no_rope_layers) are not every fourth (llama.cpp's smollm3)"));
+  const std::string dir = TmpDir() + "/tiny-smollm3-every-fourth";
+  std::filesystem::create_directories(dir);
+  for (const auto& e : std::filesystem::directory_iterator(ArchitectureDir("tiny-smollm3"))) {
+    std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
+  ASSERT_TRUE(config.ok());
+  (*config)["no_rope_layers"] = Json::array({1, 1, 1, 0});
+  std::ofstream(dir + "/config.json") << config->dump(2);
+  GgufConvertOptions options;
+  options.type = GgmlType::kF32;
+  const std::string path = TmpDir() + "/tiny-smollm3-every-fourth.gguf";
+  ASSERT_TRUE(ConvertToGguf(dir, path, options).ok());
+  const std::unique_ptr<ModelBundle> hf = Load(dir), gguf = Load(path);
+  EXPECT_EQ(*gguf->gguf->file->GetString("general.architecture"), "smollm3");
+  EXPECT_EQ(gguf->config.model_type, "smollm3");
+  EXPECT_EQ(gguf->config.rope_layers, hf->config.rope_layers);
+  EXPECT_EQ(gguf->config.rope_layers, std::vector<bool>({true, true, true, false}));
+  EXPECT_TRUE(gguf->config.tie_word_embeddings);
+  std::mt19937 rng(13);
+  std::vector<int32_t> tokens(40);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % hf->config.vocab_size);
+  EXPECT_EQ(CpuLogits(gguf->config, gguf->weights, tokens),
+            CpuLogits(hf->config, hf->weights, tokens));
 }
 
 struct ArchitectureCase {
