@@ -621,9 +621,10 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   };
   absl::Status st = load(base("mamba", "gpt2", "qwen2"), "arch.gguf");
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(std::string(st.message()),
-              HasSubstr("general.architecture: \"mamba\" is not supported (llama, qwen2, "
-                        "qwen3, qwen2moe, qwen3moe, phi3, granite, smollm3, gemma2, gemma3, gpt-oss)"));
+  EXPECT_THAT(
+      std::string(st.message()),
+      HasSubstr("general.architecture: \"mamba\" is not supported (llama, qwen2, "
+                "qwen3, qwen2moe, qwen3moe, phi3, granite, smollm3, gemma2, gemma3, gpt-oss)"));
   // Experts: llama's (Mixtral) need their used count; other architectures' are not computed.
   GgufWriter experts = base("llama", "gpt2", "llama-bpe");
   experts.AddUint32("llama.expert_count", 8);
