@@ -129,6 +129,24 @@ absl::Status GptOssGgufFields(const GgufFile& f, const std::string& p, uint64_t 
   return absl::OkStatus();
 }
 
+// OLMo 3's keys as llama.cpp's olmo2 graph reads them when the file has a window: the window
+// over the layers the period 4 marks (all but every fourth) unless the file says, one RoPE base.
+// Its sliding layers rotate unscaled there (as Olmo3Model's), and its YaRN has an attention
+// factor of its own: RoPE scaling is refused with the window rather than read another way.
+absl::Status Olmo3GgufFields(const GgufFile& f, const std::string& p, uint64_t layers, Json* c) {
+  ASSIGN_OR_RETURN(const uint64_t window, f.GetUint(p + "attention.sliding_window"));
+  RETURN_IF_ERROR(GgufSlidingLayers(f, p, window, 4, layers, c));
+  RETURN_IF_ERROR(NoSecondRopeBase(f, p, "OLMo 3"));
+  if (f.Find(p + "rope.scaling.type") != nullptr) {
+    ASSIGN_OR_RETURN(const absl::string_view scaling, f.GetString(p + "rope.scaling.type"));
+    if (scaling != "none") {
+      return f.Unimplemented(p + "rope.scaling.type",
+                             absl::StrCat("\"", scaling, "\" with OLMo 3's sliding layers"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 int64_t GgufGemmaAttentionScaleSize(const LlamaConfig& c) {
@@ -151,20 +169,25 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
   ASSIGN_OR_RETURN(const absl::string_view arch, f.GetString("general.architecture"));
   const bool gemma = arch == "gemma2" || arch == "gemma3";
   const bool gpt_oss = arch == "gpt-oss";
+  // llama.cpp's olmo2 is OLMo 2, and OLMo 3 where the file has a window.
+  const bool olmo = arch == "olmo2";
   if (arch != "llama" && arch != "qwen2" && arch != "qwen3" && arch != "qwen2moe" &&
       arch != "qwen3moe" && arch != "phi3" && arch != "granite" && arch != "smollm3" && !gemma &&
-      !gpt_oss) {
+      !gpt_oss && !olmo) {
     return f.Unimplemented(
         "general.architecture",
         absl::StrCat("\"", arch,
                      "\" is not supported (llama, qwen2, qwen3, qwen2moe, qwen3moe, phi3, "
-                     "granite, smollm3, gemma2, gemma3, gpt-oss)"));
+                     "granite, smollm3, olmo2, gemma2, gemma3, gpt-oss)"));
   }
   const std::string p = absl::StrCat(arch, ".");  // the architecture's metadata: "qwen2.*"
   // (smollm3: llama.cpp's layers without RoPE are every fourth, fixed, as SmolLM3Config's default
   // no_rope_layer_interval of 4 has them: ParseLlamaConfig makes them so.)
   Json c = Json::object();
-  c["model_type"] = arch == "gemma3" ? "gemma3_text" : gpt_oss ? "gpt_oss" : std::string(arch);
+  c["model_type"] = arch == "gemma3"                                            ? "gemma3_text"
+                    : gpt_oss                                                   ? "gpt_oss"
+                    : olmo && f.Find(p + "attention.sliding_window") != nullptr ? "olmo3"
+                                                                                : std::string(arch);
   // Mixtures of experts as llama.cpp computes them: a llama file with experts is Mixtral (each
   // expert feed_forward_length wide), qwen3moe is Qwen3-MoE (expert_feed_forward_length), both
   // renormalizing the chosen experts' weights; qwen2moe is Qwen2-MoE (not renormalized, with a
@@ -226,14 +249,15 @@ absl::StatusOr<LlamaConfig> GgufLlamaConfig(const GgufFile& f) {
       }
     }
   }
-  if (gemma || gpt_oss) {
+  if (gemma || gpt_oss || c["model_type"] == "olmo3") {
     ASSIGN_OR_RETURN(const uint64_t layers, f.GetUint(p + "block_count"));
     if (layers == 0 || layers > kMaxHiddenLayers) {  // before anything is allocated per layer
       return f.Invalid(p + "block_count",
                        absl::StrCat("(", layers, ") must be in [1, ", kMaxHiddenLayers, "]"));
     }
-    RETURN_IF_ERROR(gemma ? GemmaGgufFields(f, p, arch == "gemma2", layers, &c)
-                          : GptOssGgufFields(f, p, layers, &c));
+    RETURN_IF_ERROR(gemma     ? GemmaGgufFields(f, p, arch == "gemma2", layers, &c)
+                    : gpt_oss ? GptOssGgufFields(f, p, layers, &c)
+                              : Olmo3GgufFields(f, p, layers, &c));
   }
   // Phi-3's window (the engine serves within it, as config.json's sliding_window).
   if (arch == "phi3" && f.Find(p + "attention.sliding_window") != nullptr) {

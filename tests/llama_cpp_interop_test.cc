@@ -3,11 +3,11 @@
 // in one batch, then greedy steps one at a time, f32 KV, no flash attention) on
 //   - the f32 files kvrm's converter writes of modelgen's tiny-k, tiny, tiny-qwen2-2h, tiny-qwen3,
 //     tiny-phi3, tiny-granite, tiny-biased, tiny-gemma3, tiny-gemma2, tiny-mixtral,
-//     tiny-qwen3-moe, tiny-qwen2-moe, tiny-gptoss and tiny-smollm3 models (regenerated here, and
-//     checked to be the same bytes llama.cpp read; tiny-gptoss also with its experts in MXFP4; the
-//     Gemma ones over a prompt of 86 tokens, past their 48-position windows; tiny-qwen2-moe through
-//     llama.cpp's qwen2moe graph with two shape checks of its loader changed: see the note above
-//     the list of files), and
+//     tiny-qwen3-moe, tiny-qwen2-moe, tiny-gptoss, tiny-smollm3, tiny-olmo2 and tiny-olmo3 models
+//     (regenerated here, and checked to be the same bytes llama.cpp read; tiny-gptoss also with its
+//     experts in MXFP4; the Gemma ones over a prompt of 86 tokens, past their 48-position windows;
+//     tiny-qwen2-moe through llama.cpp's qwen2moe graph with two shape checks of its loader
+//     changed: see the note above the list of files), and
 //   - that file as llama.cpp's llama-quantize wrote it in Q4_K_M and Q5_K_M (kept here: a
 //     container, metadata and block layout written by llama.cpp, q4_K / q5_K with q6_K mixed).
 // kvrm's CPU backend serves each file and must give llama.cpp's tokens for the prompt and its
@@ -65,6 +65,9 @@ constexpr char kQwen3MoeConfig[] =
 // config as llama.cpp computes it (layer 3 alone without RoPE) has a GGUF form.
 constexpr char kSmolLm3Config[] =
     R"({"no_rope_layer_interval": 4, "no_rope_layers": [1, 1, 1, 0]})";
+// tiny-olmo3's full layer scales its RoPE as Llama 3.1's, which llama.cpp applies to its llama
+// architecture only: its olmo2 graph (OLMo 3 where the file has a window) without the scaling.
+constexpr char kOlmo3Config[] = R"({"rope_scaling": null})";
 // Three times over (86 tokens): the Gemma files' 48-position windows are left behind.
 constexpr char kLongPrompt[] =
     "The quick brown fox jumps over the lazy dog, and then it sleeps. The quick brown fox jumps "
@@ -319,6 +322,10 @@ INSTANTIATE_TEST_SUITE_P(
                     F32File{"tiny-gptoss", "tiny-gptoss", 8762688, 13312213956994890759ull},
                     F32File{"tiny-smollm3", "tiny-smollm3", 3508320, 10428655887572738237ull,
                             kPrompt, kSmolLm3Config},
+                    F32File{"tiny-olmo2", "tiny-olmo2", 4036224, 13232815715355548889ull,
+                            kLongPrompt},
+                    F32File{"tiny-olmo3", "tiny-olmo3", 4036288, 1448797575736043369ull,
+                            kLongPrompt, kOlmo3Config},
                     F32File{"tiny-gptoss", "tiny-gptoss-mxfp4", 3306816, 6552794819788520649ull,
                             kPrompt, nullptr, kMxfp4Tolerance, GgmlType::kMxfp4}),
     [](const testing::TestParamInfo<F32File>& i) {

@@ -227,6 +227,32 @@ absl::Status CheckGptOssHasGgufForm(const std::string& model_dir, const LlamaCon
   return absl::OkStatus();
 }
 
+// llama.cpp's olmo2 takes the head size as hidden / heads, leaves OLMo 3's sliding layers (the
+// period 4 marks: all but every fourth) unscaled with a YaRN of its own attention factor (not
+// written here: RoPE scaling is refused with a window), and wants an output matrix (a tied one is
+// written out).
+absl::Status CheckOlmoHasGgufForm(const std::string& model_dir, const LlamaConfig& c) {
+  if (static_cast<int64_t>(c.head_dim) * c.num_attention_heads != c.hidden_size) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": head_dim ", c.head_dim, " x ", c.num_attention_heads,
+        " heads is not hidden_size: llama.cpp's olmo2 takes hidden / heads; no GGUF form"));
+  }
+  if (c.sliding_window == 0) return absl::OkStatus();  // (no window: OLMo 2, or all within it)
+  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.sliding_layers[l] != GgufLayerSlides(l, 4)) {
+      return absl::UnimplementedError(absl::StrCat(
+          model_dir, ": layer ", l, c.sliding_layers[l] ? " slides" : " does not slide",
+          ": llama.cpp's OLMo 3 slides all but every fourth layer; no GGUF form"));
+    }
+  }
+  if (!c.rope_scaling.type.empty()) {
+    return absl::UnimplementedError(
+        absl::StrCat(model_dir, ": RoPE scaling ", c.rope_scaling.type,
+                     " with OLMo 3's sliding layers has no GGUF form in this converter"));
+  }
+  return absl::OkStatus();
+}
+
 // The Gemma keys under llama.cpp's names (convert_hf_to_gguf's Gemma2Model / Gemma3Model), as
 // llama.cpp de3ff815 (2026-09, //tests:llama_cpp_interop_test's) reads them: the period and the
 // sliding layers' base are read from the file there; older llama.cpp builds take Gemma 3's as 6
@@ -262,19 +288,23 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
   ASSIGN_OR_RETURN(std::unique_ptr<ModelBundle> model, ModelBundle::Load(model_dir, load));
   if (model->gguf != nullptr) return absl::InvalidArgumentError(model_dir + ": already GGUF");
   const LlamaConfig& c = model->config;
-  if (!c.pre_norms || c.qk_norm_whole) {
+  // OLMo 2 / 3 are llama.cpp's olmo2 (the block of output norms only, Q/K norms over the whole
+  // projections): CheckOlmoHasGgufForm.
+  const bool olmo = c.model_type == "olmo2" || c.model_type == "olmo3";
+  if ((!c.pre_norms || c.qk_norm_whole) && !olmo) {
     return absl::UnimplementedError(absl::StrCat(
         model_dir, ": ", c.model_type,
         "'s block (output norms only, Q/K norms over the whole projection) has no GGUF form in "
         "this converter"));
   }
+  if (olmo) RETURN_IF_ERROR(CheckOlmoHasGgufForm(model_dir, c));
   const bool gpt_oss = c.model_type == "gpt_oss";
   if ((c.attention_sinks || c.moe_biases) && !gpt_oss) {
     return absl::UnimplementedError(absl::StrCat(
         model_dir, ": ", c.model_type,
         "'s block (attention sinks, biased experts) has no GGUF form in this converter"));
   }
-  const bool gemma = c.sandwich_norms;
+  const bool gemma = c.sandwich_norms && !olmo;
   if (gemma) RETURN_IF_ERROR(CheckGemmaHasGgufForm(model_dir, c));
   if (gpt_oss) RETURN_IF_ERROR(CheckGptOssHasGgufForm(model_dir, c));
   // llama.cpp's mixtures have experts in every layer; llama with experts and qwen3moe
@@ -328,6 +358,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
                            : c.model_type == "qwen2_moe"   ? "qwen2moe"
                            : gpt_oss                       ? "gpt-oss"
                            : c.model_type == "smollm3"     ? "smollm3"
+                           : olmo                          ? "olmo2"
                                                            : "llama";
   const bool permuted = GgufPermutesQk(arch);
   const std::string prefix = arch + ".";  // of its metadata keys
@@ -368,7 +399,9 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     w.AddFloat32(prefix + "logit_scale", static_cast<float>(c.logits_scaling));
   }
   if (gemma) AddGemmaMetadata(c, prefix, &w);
-  if (gpt_oss) {  // (the sliding layers: llama.cpp's default period 2, CheckGptOssHasGgufForm)
+  // (The sliding layers: llama.cpp's default periods, 2 for gpt-oss and 4 for OLMo 3, which
+  // CheckGptOssHasGgufForm and CheckOlmoHasGgufForm hold the model to.)
+  if (gpt_oss || (olmo && c.sliding_window > 0)) {
     const int32_t window = c.sliding_window > 0 ? c.sliding_window : c.max_position_embeddings;
     w.AddUint32(prefix + "attention.sliding_window", static_cast<uint32_t>(window));
   }
@@ -491,7 +524,7 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
     const LayerWeights& l = wt.layers[i];
     const std::string p = absl::StrCat("blk.", i, ".");
     const bool more_bits = UseMoreBits(i, c.num_hidden_layers);
-    add(p + "attn_norm.weight", l.attn_norm, false);
+    if (c.pre_norms) add(p + "attn_norm.weight", l.attn_norm, false);
     add(p + "attn_q.weight", l.wq, permuted);
     add(p + "attn_k.weight", l.wk, permuted);
     add(p + "attn_v.weight", l.wv, false, more_bits);
@@ -507,9 +540,11 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       add(p + "attn_k_norm.weight", l.k_norm, false);
     }
     if (c.attention_sinks) add(p + "attn_sinks.weight", l.sinks, false);
-    if (gemma) add(p + "post_attention_norm.weight", l.attn_post_norm, false);
-    // (gpt-oss's FFN pre-norm is llama.cpp's post_attention_norm.)
-    add(p + (gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), l.mlp_norm, false);
+    if (c.sandwich_norms) add(p + "post_attention_norm.weight", l.attn_post_norm, false);
+    // (gpt-oss's FFN pre-norm is llama.cpp's post_attention_norm; OLMo has none.)
+    if (c.pre_norms) {
+      add(p + (gpt_oss ? "post_attention_norm.weight" : "ffn_norm.weight"), l.mlp_norm, false);
+    }
     if (c.IsMoeLayer(i)) {
       add(p + "ffn_gate_inp.weight", l.router, false);
       add_stack(p + "ffn_gate_exps.weight", l.expert_gate, false);
@@ -532,11 +567,11 @@ absl::Status ConvertToGguf(const std::string& model_dir, const std::string& out_
       add(p + "ffn_up.weight", l.w_up, false);
       add(p + "ffn_down.weight", l.w_down, false, more_bits);
     }
-    if (gemma) add(p + "post_ffw_norm.weight", l.mlp_post_norm, false);
+    if (c.sandwich_norms) add(p + "post_ffw_norm.weight", l.mlp_post_norm, false);
   }
   add("output_norm.weight", wt.final_norm, false);
-  // (llama.cpp's gpt-oss requires output.weight: a tied one is written out.)
-  if (!c.tie_word_embeddings || gpt_oss) {
+  // (llama.cpp's gpt-oss and olmo2 require output.weight: a tied one is written out.)
+  if (!c.tie_word_embeddings || gpt_oss || olmo) {
     add("output.weight", c.tie_word_embeddings ? wt.embed : wt.lm_head, false, /*more_bits=*/true);
   }
   return w.WriteFile(out_path);

@@ -623,8 +623,8 @@ TEST(GgufModelTest, UnsupportedFilesNameTheKey) {
   EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
   EXPECT_THAT(
       std::string(st.message()),
-      HasSubstr("general.architecture: \"mamba\" is not supported (llama, qwen2, "
-                "qwen3, qwen2moe, qwen3moe, phi3, granite, smollm3, gemma2, gemma3, gpt-oss)"));
+      HasSubstr("general.architecture: \"mamba\" is not supported (llama, qwen2, qwen3, "
+                "qwen2moe, qwen3moe, phi3, granite, smollm3, olmo2, gemma2, gemma3, gpt-oss)"));
   // Experts: llama's (Mixtral) need their used count; other architectures' are not computed.
   GgufWriter experts = base("llama", "gpt2", "llama-bpe");
   experts.AddUint32("llama.expert_count", 8);
@@ -863,15 +863,6 @@ const std::string& ArchitectureDir(const std::string& size) {
   return (*dirs)[size] = o.out_dir;
 }
 
-// OLMo 2's block (no input norms, Q/K norms over the whole projections) is not llama's either.
-TEST(GgufConvertTest, Olmo2BlockIsRefused) {
-  const absl::Status s = ConvertToGguf(ArchitectureDir("tiny-olmo2"), TmpDir() + "/tiny-olmo2.gguf",
-                                       GgufConvertOptions());
-  EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
-  EXPECT_THAT(std::string(s.message()),
-              ::testing::HasSubstr("Q/K norms over the whole projection"));
-}
-
 // What llama.cpp's gpt-oss graph fixes has no GGUF form otherwise: another GLU limit, other
 // sliding layers. The file of tiny-gptoss itself holds gpt-oss's tensors under llama.cpp's names,
 // the biases stacked in f32 ([experts][n]) and the experts in --type, or in --experts_type.
@@ -1044,6 +1035,55 @@ TEST(GgufConvertTest, SmolLm3NopeLayersEveryFourth) {
   for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % hf->config.vocab_size);
   EXPECT_EQ(CpuLogits(gguf->config, gguf->weights, tokens),
             CpuLogits(hf->config, hf->weights, tokens));
+}
+
+// OLMo 2 / 3 are llama.cpp's olmo2 (OLMo 3 where the file has a window): the block of output
+// norms only (post_attention_norm, post_ffw_norm; no attn_norm or ffn_norm) and Q/K norms over
+// the whole projections, Q/K rows in HF's order. Each directory's file reads back as the same
+// model, the CPU backend's logits alike (//tests:llama_cpp_interop_test holds them to
+// llama.cpp's); OLMo 3 with RoPE scaling (its full layers scaled, its sliding ones not) is
+// refused.
+TEST(GgufConvertTest, OlmoFilesAreTheSameModels) {
+  GgufConvertOptions options;
+  options.type = GgmlType::kF32;
+  for (const std::string size : {"tiny-olmo2", "tiny-olmo3"}) {
+    SCOPED_TRACE(size);
+    std::string dir = ArchitectureDir(size);
+    const std::string path = TmpDir() + "/" + size + ".gguf";
+    if (size == "tiny-olmo3") {
+      const absl::Status s = ConvertToGguf(dir, path, options);
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
+      EXPECT_THAT(std::string(s.message()), HasSubstr("RoPE scaling llama3 with OLMo 3's"));
+      dir = TmpDir() + "/tiny-olmo3-unscaled";
+      std::filesystem::create_directories(dir);
+      for (const auto& e : std::filesystem::directory_iterator(ArchitectureDir(size))) {
+        std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
+                                   std::filesystem::copy_options::overwrite_existing);
+      }
+      absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
+      ASSERT_TRUE(config.ok());
+      (*config)["rope_scaling"] = nullptr;
+      std::ofstream(dir + "/config.json") << config->dump(2);
+    }
+    ASSERT_TRUE(ConvertToGguf(dir, path, options).ok());
+    const std::unique_ptr<ModelBundle> hf = Load(dir), gguf = Load(path);
+    const GgufFile& file = *gguf->gguf->file;
+    EXPECT_EQ(*file.GetString("general.architecture"), "olmo2");
+    EXPECT_EQ(gguf->config.model_type, hf->config.model_type);
+    EXPECT_TRUE(gguf->config.qk_norm_whole);
+    EXPECT_FALSE(gguf->config.pre_norms);
+    EXPECT_EQ(gguf->config.sliding_window, hf->config.sliding_window);
+    EXPECT_EQ(file.FindTensor("blk.0.attn_norm.weight"), nullptr);
+    EXPECT_EQ(file.FindTensor("blk.0.ffn_norm.weight"), nullptr);
+    ASSERT_NE(file.FindTensor("blk.0.post_ffw_norm.weight"), nullptr);
+    EXPECT_EQ(file.FindTensor("blk.0.attn_q_norm.weight")->ne,
+              std::vector<int64_t>{hf->config.num_attention_heads * hf->config.head_dim});
+    std::mt19937 rng(14);
+    std::vector<int32_t> tokens(64);  // (past tiny-olmo3's 48-position window)
+    for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % hf->config.vocab_size);
+    EXPECT_EQ(CpuLogits(gguf->config, gguf->weights, tokens),
+              CpuLogits(hf->config, hf->weights, tokens));
+  }
 }
 
 struct ArchitectureCase {
