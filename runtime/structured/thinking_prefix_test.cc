@@ -15,6 +15,16 @@
 namespace kvrm::structured {
 namespace {
 
+// Whether `g` takes `text` byte by byte (a byte vocabulary: token b is byte b) and accepts it.
+bool Walks(const Grammar& g, const std::string& text) {
+  int32_t s = g.start();
+  for (unsigned char c : text) {
+    if (!g.Allows(s, c)) return false;
+    s = g.Next(s, c);
+  }
+  return g.accepting(s);
+}
+
 bool IsSpace(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
 // The language written out: thinking without "</think>", the marker, at most 4 whitespace
@@ -100,18 +110,10 @@ TEST(ThinkingPrefixTest, CompilerPrependsItAndKeysTheCacheOnIt) {
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_NE(a->get(), b->get());
   EXPECT_TRUE(compiler.Contains(thinking));
-  auto walk = [](const Grammar& g, const std::string& text) {
-    int32_t s = g.start();
-    for (unsigned char c : text) {
-      if (!g.Allows(s, c)) return false;
-      s = g.Next(s, c);
-    }
-    return g.accepting(s);
-  };
-  EXPECT_TRUE(walk(**a, "yes"));
-  EXPECT_FALSE(walk(**a, "hmm</think>yes"));
-  EXPECT_TRUE(walk(**b, "hmm, maybe\n</think>\n\nyes"));
-  EXPECT_FALSE(walk(**b, "yes"));
+  EXPECT_TRUE(Walks(**a, "yes"));
+  EXPECT_FALSE(Walks(**a, "hmm</think>yes"));
+  EXPECT_TRUE(Walks(**b, "hmm, maybe\n</think>\n\nyes"));
+  EXPECT_FALSE(Walks(**b, "yes"));
 }
 
 // HarmonyPrefix's language written out: messages on the analysis or commentary channel, each
@@ -261,28 +263,20 @@ TEST(HarmonyPrefixTest, ToolCallsHoldTheFunctionAndItsArguments) {
   absl::StatusOr<std::shared_ptr<const Grammar>> c = compiler.Compile(other);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok()) << a.status() << b.status() << c.status();
   EXPECT_NE(a->get(), c->get());  // the schemas are part of the key
-  auto walk = [](const Grammar& g, const std::string& text) {
-    int32_t s = g.start();
-    for (unsigned char ch : text) {
-      if (!g.Allows(s, ch)) return false;
-      s = g.Next(s, ch);
-    }
-    return g.accepting(s);
-  };
   const std::string call = HarmonyCallHeader("now") + R"({"tz":"UTC"})";
   EXPECT_EQ(HarmonyCallHeader("now"),
             "<|channel|>commentary to=functions.now <|constrain|>json<|message|>");
   const std::string analysis =
       "<|channel|>analysis<|message|>Need the time.<|end|><|start|>assistant";
-  EXPECT_TRUE(walk(**a, analysis + call));
-  EXPECT_TRUE(walk(**a, call));
-  EXPECT_TRUE(walk(**a, HarmonyCallHeader("weather") + R"({"city":"Lima"})"));
-  EXPECT_FALSE(walk(**a, HarmonyCallHeader("now") + R"({"tz":"PST"})"));         // its schema
-  EXPECT_FALSE(walk(**a, HarmonyCallHeader("weather") + R"({"tz":"UTC"})"));     // the other's
-  EXPECT_FALSE(walk(**a, HarmonyCallHeader("later") + R"({"tz":"UTC"})"));       // not offered
-  EXPECT_FALSE(walk(**a, analysis + "<|channel|>final<|message|>It is noon."));  // no answer
-  EXPECT_TRUE(walk(**b, call));
-  EXPECT_FALSE(walk(**b, analysis + call));  // at once
+  EXPECT_TRUE(Walks(**a, analysis + call));
+  EXPECT_TRUE(Walks(**a, call));
+  EXPECT_TRUE(Walks(**a, HarmonyCallHeader("weather") + R"({"city":"Lima"})"));
+  EXPECT_FALSE(Walks(**a, HarmonyCallHeader("now") + R"({"tz":"PST"})"));         // its schema
+  EXPECT_FALSE(Walks(**a, HarmonyCallHeader("weather") + R"({"tz":"UTC"})"));     // the other's
+  EXPECT_FALSE(Walks(**a, HarmonyCallHeader("later") + R"({"tz":"UTC"})"));       // not offered
+  EXPECT_FALSE(Walks(**a, analysis + "<|channel|>final<|message|>It is noon."));  // no answer
+  EXPECT_TRUE(Walks(**b, call));
+  EXPECT_FALSE(Walks(**b, analysis + call));  // at once
 }
 
 }  // namespace

@@ -863,12 +863,28 @@ const std::string& ArchitectureDir(const std::string& size) {
   return (*dirs)[size] = o.out_dir;
 }
 
+// A copy of the tiny model `size` (ArchitectureDir) in TmpDir()/`name` whose config.json has
+// `edit`'s keys replaced; returns the directory.
+std::string EditedArchitectureDir(const std::string& size, const std::string& name,
+                                  const Json& edit) {
+  const std::string dir = TmpDir() + "/" + name;
+  std::filesystem::create_directories(dir);
+  for (const auto& e : std::filesystem::directory_iterator(ArchitectureDir(size))) {
+    std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
+                               std::filesystem::copy_options::overwrite_existing);
+  }
+  absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
+  CHECK_OK(config.status());
+  for (const auto& [key, value] : edit.items()) (*config)[key] = value;
+  std::ofstream(dir + "/config.json") << config->dump(2);
+  return dir;
+}
+
 // What llama.cpp's gpt-oss graph fixes has no GGUF form otherwise: another GLU limit, other
 // sliding layers. The file of tiny-gptoss itself holds gpt-oss's tensors under llama.cpp's names,
 // the biases stacked in f32 ([experts][n]) and the experts in --type, or in --experts_type.
 TEST(GgufConvertTest, GptOssFilesHoldLlamaCppsTensors) {
   const std::string src = ArchitectureDir("tiny-gptoss");
-  const std::string dir = TmpDir() + "/tiny-gptoss-edited";
   GgufConvertOptions options;
   options.type = GgmlType::kQ8_0;
   for (const auto& [key, value, refusal] :
@@ -877,15 +893,8 @@ TEST(GgufConvertTest, GptOssFilesHoldLlamaCppsTensors) {
                    Json::array(
                        {"full_attention", "full_attention", "sliding_attention", "full_attention"}),
                    "layer 0 attends to everything: llama.cpp's gpt-oss slides the even layers"}}) {
-    std::filesystem::create_directories(dir);
-    for (const auto& e : std::filesystem::directory_iterator(src)) {
-      std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
-                                 std::filesystem::copy_options::overwrite_existing);
-    }
-    absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
-    ASSERT_TRUE(config.ok());
-    (*config)[key] = value;
-    std::ofstream(dir + "/config.json") << config->dump(2);
+    const std::string dir =
+        EditedArchitectureDir("tiny-gptoss", "tiny-gptoss-edited", {{key, value}});
     const absl::Status s = ConvertToGguf(dir, TmpDir() + "/refused.gguf", options);
     EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
     EXPECT_THAT(std::string(s.message()), HasSubstr(refusal));
@@ -1010,16 +1019,8 @@ TEST(GgufConvertTest, SmolLm3NopeLayersEveryFourth) {
   EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
   EXPECT_THAT(std::string(s.message()),
               ::testing::HasSubstr("no_rope_layers) are not every fourth (llama.cpp's smollm3)"));
-  const std::string dir = TmpDir() + "/tiny-smollm3-every-fourth";
-  std::filesystem::create_directories(dir);
-  for (const auto& e : std::filesystem::directory_iterator(ArchitectureDir("tiny-smollm3"))) {
-    std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
-                               std::filesystem::copy_options::overwrite_existing);
-  }
-  absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
-  ASSERT_TRUE(config.ok());
-  (*config)["no_rope_layers"] = Json::array({1, 1, 1, 0});
-  std::ofstream(dir + "/config.json") << config->dump(2);
+  const std::string dir = EditedArchitectureDir("tiny-smollm3", "tiny-smollm3-every-fourth",
+                                                {{"no_rope_layers", Json::array({1, 1, 1, 0})}});
   GgufConvertOptions options;
   options.type = GgmlType::kF32;
   const std::string path = TmpDir() + "/tiny-smollm3-every-fourth.gguf";
@@ -1054,16 +1055,7 @@ TEST(GgufConvertTest, OlmoFilesAreTheSameModels) {
       const absl::Status s = ConvertToGguf(dir, path, options);
       EXPECT_EQ(s.code(), absl::StatusCode::kUnimplemented) << s;
       EXPECT_THAT(std::string(s.message()), HasSubstr("RoPE scaling llama3 with OLMo 3's"));
-      dir = TmpDir() + "/tiny-olmo3-unscaled";
-      std::filesystem::create_directories(dir);
-      for (const auto& e : std::filesystem::directory_iterator(ArchitectureDir(size))) {
-        std::filesystem::copy_file(e.path(), dir + "/" + e.path().filename().string(),
-                                   std::filesystem::copy_options::overwrite_existing);
-      }
-      absl::StatusOr<Json> config = ReadJsonFile(dir + "/config.json");
-      ASSERT_TRUE(config.ok());
-      (*config)["rope_scaling"] = nullptr;
-      std::ofstream(dir + "/config.json") << config->dump(2);
+      dir = EditedArchitectureDir(size, "tiny-olmo3-unscaled", {{"rope_scaling", nullptr}});
     }
     ASSERT_TRUE(ConvertToGguf(dir, path, options).ok());
     const std::unique_ptr<ModelBundle> hf = Load(dir), gguf = Load(path);
