@@ -106,10 +106,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   FUZZ_CHECK(reply.compare(0, streamed.size(), streamed) == 0);
   // A call's pieces are the model's own text, in order: one stretch of the reply (except in the
-  // XML-like formats, whose arguments object is built from the values they write).
+  // XML-like formats, whose arguments object is built from the values they write, and AUTO's
+  // pythonic calls, whose one delta is the JSON object of the call's Python literals).
+  const bool pythonic_calls =
+      format == F::kPythonic && mode == kvrm::ToolCallStream::Mode::kAuto;
   if (format != F::kQwen3Coder && format != F::kGlm45 && format != F::kMinimaxM2 &&
-      format != F::kMinimax && format != F::kDeepSeekV32) {
+      format != F::kMinimax && format != F::kDeepSeekV32 && !pythonic_calls) {
     for (const auto& [index, args] : delta_args) FUZZ_CHECK(reply.find(args) != std::string::npos);
+  }
+  if (pythonic_calls) {
+    for (const auto& [index, args] : delta_args) {
+      absl::StatusOr<kvrm::OrderedJson> object = kvrm::ParseOrderedJson(args, "pythonic delta");
+      FUZZ_CHECK(object.ok() && object->is_object() && object->dump() == args);
+    }
   }
   // A returned call keeps its index's streamed id exactly when it is the call streamed there:
   // the same name, and arguments whose pieces parse to the same object. Otherwise (a key given
