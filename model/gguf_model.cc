@@ -550,7 +550,7 @@ absl::StatusOr<WeightMatrix> BindTensor(const GgufFile& f, const LlamaConfig& co
     const auto* blocks = reinterpret_cast<const uint8_t*>(t->data);
     for (int64_t b = 0; b < t->numel() / WeightMatrix::kQ8Block; ++b) {
       const uint8_t e = blocks[b * WeightMatrix::kMxfp4BlockBytes];
-      if (e > 252) {
+      if (!Mxfp4FiniteScale(e)) {
         return f.Invalid(
             absl::StrCat("tensor \"", name.name, "\""),
             absl::StrCat("block ", b, name.expert >= 0 ? " of expert " : "",

@@ -754,7 +754,7 @@ absl::StatusOr<WeightMatrix> LoadMxfp4Rows(const TensorView& blocks, const Tenso
   for (int64_t r = 0; r < rows; ++r) {
     const uint8_t* row = e + (first_row + r * row_step) * nb;
     for (int64_t b = 0; b < nb; ++b) {
-      if (row[b] > 252) {  // 6 x 2^(253 - 127) is past float's range; 255 is E8M0's NaN
+      if (!Mxfp4FiniteScale(row[b])) {
         return TensorProblem(
             scales, absl::StrCat("[", (first_row + r * row_step) * nb + b, "] is ", row[b],
                                  row[b] == 255 ? ", E8M0's NaN" : ": 6 x 2^(e - 127) overflows"));

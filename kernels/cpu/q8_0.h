@@ -52,6 +52,9 @@ void DequantizeRowQ8Halves(const uint8_t* blocks, int64_t n, float* y);
 // d = 2^(e - 128) as the kernels form it: the float whose bits are (e - 1) << 23 (e in [2, 254]).
 inline constexpr int8_t kMxfp4Twice[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
 inline bool Mxfp4KernelScale(uint8_t e) { return e >= 2 && e <= 254; }
+// Whether a block of scale e holds finite values: e <= 252 (from 253, 6 x 2^(e - 127) is past
+// float's range; 255 is E8M0's NaN). The loaders refuse blocks of other scales.
+inline bool Mxfp4FiniteScale(uint8_t e) { return e <= 252; }
 float Mxfp4HalfScale(uint8_t e);
 // The n values (n a multiple of 32) of a row of MXFP4 blocks, exactly (any e but 255).
 void DequantizeRowMxfp4(const uint8_t* blocks, int64_t n, float* y);

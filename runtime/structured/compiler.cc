@@ -102,16 +102,13 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
         calls.push_back(Concat({Literal(HarmonyCallHeader(spec.choices[i])), arguments}));
       }
       regex = Alt(std::move(calls));
-      if (spec.thinking == ConstraintSpec::Thinking::kHarmony) {
-        regex = Concat({HarmonyMessages(), regex});
-      }
       break;
     }
   }
-  if (spec.kind == ConstraintSpec::Kind::kHarmonyToolCalls) {
-    // (its messages are its own: above)
-  } else if (spec.thinking == ConstraintSpec::Thinking::kHarmony) {
-    regex = Concat({HarmonyPrefix(), regex});
+  if (spec.thinking == ConstraintSpec::Thinking::kHarmony) {
+    // The messages before the answer: the final header too, unless the reply is a call.
+    const bool call = spec.kind == ConstraintSpec::Kind::kHarmonyToolCalls;
+    regex = Concat({call ? HarmonyMessages() : HarmonyPrefix(), regex});
   } else if (spec.thinking != ConstraintSpec::Thinking::kNone) {
     regex = Concat({ThinkingPrefix(spec.thinking == ConstraintSpec::Thinking::kInside), regex});
   }

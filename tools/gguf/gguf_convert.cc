@@ -159,6 +159,19 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
   return absl::OkStatus();
 }
 
+// Whether layer `l` slides (a model without sliding layers slides none), and the first layer
+// that does not slide as the period marks it (GgufLayerSlides, llama.cpp's set_swa_pattern), -1
+// when every layer does.
+bool LayerSlides(const LlamaConfig& c, int32_t l) {
+  return !c.sliding_layers.empty() && c.sliding_layers[l];
+}
+int32_t FirstLayerOffPeriod(const LlamaConfig& c, int32_t period) {
+  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (LayerSlides(c, l) != GgufLayerSlides(l, period)) return l;
+  }
+  return -1;
+}
+
 // llama.cpp's gemma2 / gemma3 graphs take what a file cannot say from the model's shape: the
 // attention scale (GgufGemmaAttentionScaleSize) and which layers slide from a period
 // (GgufLayerSlides). A model these cannot express is refused by name rather than written as
@@ -167,11 +180,7 @@ absl::Status AddGgufTokenizer(const Json& tj, int64_t bos_id, int64_t eos_id, Gg
 int32_t GemmaGgufSwaPeriod(const LlamaConfig& c) {
   if (c.sliding_layers.empty()) return 0;
   for (int32_t period = 1; period <= c.num_hidden_layers + 1; ++period) {
-    bool fits = true;
-    for (int32_t l = 0; l < c.num_hidden_layers && fits; ++l) {
-      fits = c.sliding_layers[l] == GgufLayerSlides(l, period);
-    }
-    if (fits) return period;
+    if (FirstLayerOffPeriod(c, period) < 0) return period;
   }
   return -1;
 }
@@ -210,13 +219,10 @@ absl::Status CheckGptOssHasGgufForm(const std::string& model_dir, const LlamaCon
         absl::StrCat(model_dir, ": swiglu_limit ", c.swiglu_limit,
                      ": llama.cpp's gpt-oss clamps at 7 always; this model has no GGUF form"));
   }
-  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
-    const bool slides = !c.sliding_layers.empty() && c.sliding_layers[l];
-    if (slides != GgufLayerSlides(l, 2)) {
-      return absl::UnimplementedError(
-          absl::StrCat(model_dir, ": layer ", l, slides ? " slides" : " attends to everything",
-                       ": llama.cpp's gpt-oss slides the even layers; no GGUF form"));
-    }
+  if (const int32_t l = FirstLayerOffPeriod(c, 2); l >= 0) {
+    return absl::UnimplementedError(absl::StrCat(
+        model_dir, ": layer ", l, LayerSlides(c, l) ? " slides" : " attends to everything",
+        ": llama.cpp's gpt-oss slides the even layers; no GGUF form"));
   }
   const double scale = 1 / std::sqrt(static_cast<double>(c.head_dim));
   if (c.attention_scale != 0 && std::abs(c.attention_scale - scale) > 1e-9 * scale) {  // (0: it)
@@ -238,12 +244,10 @@ absl::Status CheckOlmoHasGgufForm(const std::string& model_dir, const LlamaConfi
         " heads is not hidden_size: llama.cpp's olmo2 takes hidden / heads; no GGUF form"));
   }
   if (c.sliding_window == 0) return absl::OkStatus();  // (no window: OLMo 2, or all within it)
-  for (int32_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.sliding_layers[l] != GgufLayerSlides(l, 4)) {
-      return absl::UnimplementedError(absl::StrCat(
-          model_dir, ": layer ", l, c.sliding_layers[l] ? " slides" : " does not slide",
-          ": llama.cpp's OLMo 3 slides all but every fourth layer; no GGUF form"));
-    }
+  if (const int32_t l = FirstLayerOffPeriod(c, 4); l >= 0) {
+    return absl::UnimplementedError(
+        absl::StrCat(model_dir, ": layer ", l, LayerSlides(c, l) ? " slides" : " does not slide",
+                     ": llama.cpp's OLMo 3 slides all but every fourth layer; no GGUF form"));
   }
   if (!c.rope_scaling.type.empty()) {
     return absl::UnimplementedError(
