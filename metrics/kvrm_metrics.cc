@@ -228,6 +228,9 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
       ->Set(options.far_history ? 1 : 0);
   far_summarized_ = counter("kvrm:far_history_blocks_summarized_total",
                             "KV blocks replaced by a far-history summary and freed.");
+  window_released_ = counter("kvrm:kv_window_released_blocks_total",
+                             "KV blocks wholly behind a sliding window (a model whose every "
+                             "layer slides) given back to the pool.");
   // Prefix caching (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens): the hit rate
   // is hits / queries.
   prefix_queries_ = counter("kvrm:prefix_cache_queries_total",
@@ -460,6 +463,7 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
       Delta(s.device_sampled_tokens_total, last_.device_sampled_tokens_total));
   far_summarized_->Add(
       Delta(s.far_blocks_summarized_total, last_.far_blocks_summarized_total));
+  window_released_->Add(Delta(s.window_blocks_released_total, last_.window_blocks_released_total));
   prefix_queries_->Add(Delta(s.prefix_cache_queries_total, last_.prefix_cache_queries_total));
   prefix_hits_->Add(Delta(s.prefix_cache_hits_total, last_.prefix_cache_hits_total));
   prefix_evictions_->Add(

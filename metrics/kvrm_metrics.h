@@ -177,6 +177,7 @@ class KvrmMetrics : public EngineObserver {
   Gauge* slots_prefilling_;
   Gauge* slots_decoding_;
   Counter* far_summarized_;
+  Counter* window_released_;
   Counter* prefix_queries_;
   Counter* prefix_hits_;
   Counter* prefix_evictions_;

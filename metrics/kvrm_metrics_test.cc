@@ -236,6 +236,18 @@ TEST(KvrmMetricsFarHistoryTest, EnabledGaugeAndSummarizedBlocks) {
   EXPECT_EQ(Sample(registry.Render(), "kvrm:far_history_blocks_summarized_total" + labels), 15);
 }
 
+TEST(KvrmMetricsWindowReleaseTest, ReleasedBlocksCountTheEngineTotal) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, KvrmMetricsOptions{"tiny", "kvrm"});
+  EngineStats s;
+  s.window_blocks_released_total = 7;
+  metrics.OnStats(s);
+  s.window_blocks_released_total = 31;
+  metrics.OnStats(s);
+  const std::string labels = "{model_name=\"tiny\",kv_mode=\"kvrm\"}";
+  EXPECT_EQ(Sample(registry.Render(), "kvrm:kv_window_released_blocks_total" + labels), 31);
+}
+
 TEST(KvrmMetricsLoraTest, FinishedRequestsAndTokensByAdapter) {
   MetricRegistry registry;
   KvrmMetricsOptions options{"tiny", "kvrm"};

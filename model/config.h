@@ -215,6 +215,12 @@ struct LlamaConfig {
   bool IsSlidingLayer(int32_t layer) const {
     return !sliding_layers.empty() && sliding_layers[layer];
   }
+  // Whether every layer attends within sliding_window (Mistral 7B v0.1, Phi-3, Qwen2 with every
+  // layer sliding): K/V wholly behind a row's window is then never read by it or any later row.
+  bool AllLayersSlide() const {
+    return sliding_window > 0 && !sliding_layers.empty() &&
+           std::find(sliding_layers.begin(), sliding_layers.end(), false) == sliding_layers.end();
+  }
   bool UsesRope(int32_t layer) const { return rope_layers.empty() || rope_layers[layer]; }
   // Whether some layer rotates no Q and K (SmolLM3).
   bool HasNopeLayers() const {

@@ -53,6 +53,10 @@ struct StepDescriptor {
   // slot (entry j: the mean K and V of logical block far.sink_blocks + j, score + log(block
   // tokens)). The step writes entries [far_dropped, far_summaries), from blocks still in the run
   // table, before the layer's attention; the engine frees those blocks after the step.
+  // Window release (EngineOptions::window_release; far history off, far_summaries 0): the
+  // first far_dropped logical blocks are missing from the run table, all of them wholly behind
+  // the window of the slot's first row (at most BlocksBehindWindow of its position); the table
+  // starts at logical block far_dropped. Only for a model whose every layer slides.
   FarHistoryShape far;
   std::vector<int32_t> far_dropped;    // [max_slots]
   std::vector<int32_t> far_summaries;  // [max_slots] = far.SummariesAt(position), >= far_dropped
@@ -103,6 +107,14 @@ struct StepDescriptor {
   }
 };
 
+// Whole blocks before the first position a row at `position` attends to in a sliding-window
+// layer of `window` positions (it attends to [position + 1 - window, position]): the blocks a
+// model whose every layer slides reads no more from that row on.
+inline int32_t BlocksBehindWindow(int64_t position, int32_t window, int32_t block_tokens) {
+  const int64_t first = position + 1 - window;
+  return first <= 0 ? 0 : static_cast<int32_t>(first / block_tokens);
+}
+
 // Most tokens of a chunk whose every row's logits come back (PrefillChunk::all_logits).
 inline constexpr int32_t kMaxAllLogitsRows = 32;
 
@@ -115,7 +127,8 @@ struct PrefillChunk {
   int32_t num_runs = 0;
   // Far history (see StepDescriptor; zero when off): row i attends like a decode row at
   // start + i, far.SummariesAt(start + i) entries; the chunk writes entries [far_dropped,
-  // far.SummariesAt(start + tokens.size() - 1)) before each layer's attention.
+  // far.SummariesAt(start + tokens.size() - 1)) before each layer's attention. Window
+  // release: as in StepDescriptor, at most BlocksBehindWindow(start).
   FarHistoryShape far;
   int32_t far_dropped = 0;
   // Prompt logprobs (Backend::computes_all_logits): the logits after every token of the chunk

@@ -247,8 +247,22 @@ absl::Status CpuBackend::Forward(int32_t n, int32_t first_logit_row) {
 }
 
 absl::Status CpuBackend::CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
-                                         int32_t summaries) const {
+                                         int32_t summaries, int64_t first_position) const {
   if (dropped == 0 && summaries == 0) return absl::OkStatus();
+  if (!far.enabled() && !options_.far_history.enabled() && summaries == 0) {
+    // Released blocks (window release): never one a row of the slot reads.
+    const int32_t behind =
+        config_.AllLayersSlide()
+            ? BlocksBehindWindow(first_position, config_.sliding_window, options_.kv_block_tokens)
+            : 0;
+    if (dropped < 0 || dropped > behind) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dropped, " blocks released, but a row at position ", first_position, " reads all but ",
+          behind,
+          config_.AllLayersSlide() ? " (behind its window)" : " (a layer without a window)"));
+    }
+    return absl::OkStatus();
+  }
   if (far != options_.far_history || !far.enabled()) {
     return absl::InvalidArgumentError("far-history fields set, but not the backend's far shape");
   }
@@ -277,7 +291,7 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
       return absl::OutOfRangeError(absl::StrCat("slot ", s, " position past max context"));
     }
     const int32_t dropped = step.far_dropped[s], summaries = step.far_summaries[s];
-    RETURN_IF_ERROR(CheckFarHistory(step.far, dropped, summaries));
+    RETURN_IF_ERROR(CheckFarHistory(step.far, dropped, summaries, step.position[s]));
     const int32_t adapter = step.adapter[s];
     RETURN_IF_ERROR(CheckAdapter(adapter, "step descriptor"));
     rows[n] = CpuRow{step.token[s], step.position[s], step.SlotRunsData(s), step.num_runs[s],
@@ -288,7 +302,7 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
     if (drafts < 0 || drafts > step.max_draft) {
       return absl::InvalidArgumentError(absl::StrCat("slot ", s, ": ", drafts, " draft tokens"));
     }
-    if (dropped != 0 || summaries != 0) {
+    if (summaries != 0 || step.far.enabled()) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", s, ": draft tokens with far-history summaries"));
     }
@@ -297,6 +311,7 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
     }
     int64_t held = 0;  // tokens the run table holds: the drafts' K/V must land in the slot's own
     for (int32_t r = 0; r < step.num_runs[s]; ++r) held += step.SlotRunsData(s)[r].num_blocks;
+    held += dropped;  // (released blocks behind the window: the table starts after them)
     if (held * options_.kv_block_tokens < int64_t{step.position[s]} + drafts + 1) {
       return absl::OutOfRangeError(
           absl::StrCat("slot ", s, ": run table holds ", held * options_.kv_block_tokens,
@@ -308,8 +323,9 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
         return absl::InvalidArgumentError(
             absl::StrCat("slot ", s, ": draft token ", draft[j], " outside the vocabulary"));
       }
-      rows[n] = CpuRow{draft[j], step.position[s] + 1 + j, step.SlotRunsData(s),
-                       step.num_runs[s], s, 0, 0, adapter};
+      rows[n] = CpuRow{
+          draft[j], step.position[s] + 1 + j, step.SlotRunsData(s), step.num_runs[s], s, dropped, 0,
+          adapter};
       logit_row[n++] = s * step.logit_rows_per_slot() + 1 + j;
     }
   }
@@ -325,7 +341,8 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
   if (chunk.start + n > options_.max_context) {
     return absl::OutOfRangeError("prefill chunk past max context");
   }
-  if (chunk.far_dropped > chunk.far.SummariesAt(chunk.start, options_.kv_block_tokens)) {
+  if (chunk.far.enabled() &&
+      chunk.far_dropped > chunk.far.SummariesAt(chunk.start, options_.kv_block_tokens)) {
     return absl::InvalidArgumentError("prefill chunk: blocks dropped that its first row reads");
   }
   if (chunk.all_logits && n > kMaxAllLogitsRows) {
@@ -339,7 +356,7 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
   RETURN_IF_ERROR(CheckAdapter(chunk.adapter, "prefill chunk"));
   for (int32_t i = 0; i < n; ++i) {
     const int32_t summaries = chunk.far.SummariesAt(chunk.start + i, options_.kv_block_tokens);
-    RETURN_IF_ERROR(CheckFarHistory(chunk.far, chunk.far_dropped, summaries));
+    RETURN_IF_ERROR(CheckFarHistory(chunk.far, chunk.far_dropped, summaries, chunk.start));
     rows[i] = CpuRow{chunk.tokens[i], chunk.start + i, chunk.runs, chunk.num_runs,
                      chunk.slot, chunk.far_dropped, summaries, chunk.adapter};
   }

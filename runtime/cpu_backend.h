@@ -120,9 +120,12 @@ class CpuBackend : public Backend {
   CpuBackend(const LlamaConfig& config, const CpuBackendOptions& options);
   // INVALID_ARGUMENT unless `adapter` is -1 or a slot holding an adapter.
   absl::Status CheckAdapter(int32_t adapter, const char* what) const;
-  // The far-history fields of a step or chunk against the backend's shape (INVALID_ARGUMENT).
-  absl::Status CheckFarHistory(const FarHistoryShape& far, int32_t dropped,
-                               int32_t summaries) const;
+  // The far-history fields of a step or chunk against the backend's shape (INVALID_ARGUMENT);
+  // with far history off, `dropped` blocks are released ones (StepDescriptor): only for a model
+  // whose every layer slides, wholly behind the window of a row at `first_position` (the
+  // slot's first row).
+  absl::Status CheckFarHistory(const FarHistoryShape& far, int32_t dropped, int32_t summaries,
+                               int64_t first_position) const;
   // The rows of a step's active slots (each slot's input token, then its drafts; the row of
   // `logits` each one's logits go to in logit_row) or of a chunk; return how many, or
   // INVALID_ARGUMENT / OUT_OF_RANGE naming what is wrong.

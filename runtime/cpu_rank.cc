@@ -284,7 +284,9 @@ void CpuRank::Attention(int32_t layer, const CpuRow* rows, int32_t n) {
       const int64_t offset = i * qw_ + g * group * hd_;
       AttentionScoring head_scoring = scoring;  // gpt-oss: the group's sinks
       if (!sinks_.empty()) head_scoring.sinks = &sinks_[layer * w_.heads + g * group];
-      if (r.far_summaries == 0 && r.far_dropped == 0) {
+      if (r.far_summaries == 0 && (r.far_dropped == 0 || !far_.enabled())) {
+        // (Without far history, dropped blocks are released ones, behind every layer's window.)
+        head_scoring.released_tokens = int64_t{r.far_dropped} * kv.block_tokens;
         AttendGroup(&q_[offset], group, kv, static_cast<int32_t>(g), r.runs, r.num_runs,
                     r.position + 1, head_scoring, scores, &attn_[offset]);
         continue;

@@ -35,7 +35,8 @@ struct CpuRow {
   // Far history (runtime/far_history.h; zero when off): the slot (its summary entries), the
   // blocks missing from `runs` after the sinks, and the summary entries this row attends to.
   // Rows of one slot are consecutive; its last row's entries [far_dropped, far_summaries) are
-  // written before the layer's attention.
+  // written before the layer's attention. Far history off, far_dropped counts blocks released
+  // behind every layer's window (StepDescriptor), the run table starting after them.
   int32_t slot = 0;
   int32_t far_dropped = 0;
   int32_t far_summaries = 0;

@@ -112,7 +112,19 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   }
   o.max_new_tokens = std::max(1, std::min(o.max_new_tokens, o.max_context));
   const int64_t blocks_per_slot = (o.max_context + o.block_tokens - 1) / o.block_tokens;
-  if (o.kv_blocks <= 0) o.kv_blocks = blocks_per_slot * o.slots;
+  ASSIGN_OR_RETURN(const FarHistoryShape far, ResolveFarHistory(o.far_history, o.block_tokens));
+  // Window release applies where every layer slides over a window shorter than the context,
+  // computed as such (not capped), with a block table to release from; far history is refused
+  // with any such window below.
+  o.window_release = o.window_release && c.AllLayersSlide() && o.sliding_window_attention &&
+                     c.sliding_window < o.max_context && o.kv_mode == KvMode::kKvrm &&
+                     !far.enabled();
+  const int64_t window_peak = o.window_release
+                                  ? WindowPeakBlocks(c.sliding_window, o.block_tokens,
+                                                     o.prefill_chunk, o.speculative_tokens)
+                                  : blocks_per_slot;
+  if (o.window_release && window_peak >= blocks_per_slot) o.window_release = false;
+  if (o.kv_blocks <= 0) o.kv_blocks = std::min(blocks_per_slot, window_peak) * o.slots;
   if (o.kv_mode == KvMode::kStatic && o.kv_blocks < blocks_per_slot * o.slots) {
     // What a static-graph executor does with a KV budget: every usable slot reserves max
     // context, so only budget / max_context slots of the step can ever be filled.
@@ -120,7 +132,6 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
                  << o.kv_blocks / blocks_per_slot << " of " << o.slots
                  << " slots at max context; the others stay empty";
   }
-  ASSIGN_OR_RETURN(const FarHistoryShape far, ResolveFarHistory(o.far_history, o.block_tokens));
   if (far.enabled() && c.sliding_window > 0 && o.max_context > c.sliding_window) {
     return absl::UnimplementedError(absl::StrCat(
         "--far_history does not combine with the model's sliding-window layers (window ",
@@ -143,6 +154,13 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
           "--kv_blocks ", o.kv_blocks, " cannot hold one request's far-history working set (",
           far.sink_blocks, " sink + ", far.window_blocks, " window + ",
           far_peak - far.sink_blocks - far.window_blocks, " chunk blocks)"));
+    }
+  } else if (o.window_release) {
+    if (o.kv_blocks < window_peak) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--kv_blocks ", o.kv_blocks, " cannot hold one request's sliding-window working set (",
+          window_peak, " blocks: the model's window of ", c.sliding_window,
+          " tokens, a prefill chunk or a step's drafts)"));
     }
   } else if (o.kv_blocks < blocks_per_slot) {
     return absl::InvalidArgumentError(absl::StrCat("--kv_blocks ", o.kv_blocks,
@@ -189,6 +207,16 @@ absl::Status CheckSpeculativeOptions(int32_t tokens, const NgramDraftOptions& ng
         ": need 1 <= min <= max <= 64"));
   }
   return absl::OkStatus();
+}
+
+int64_t WindowPeakBlocks(int32_t window, int32_t block_tokens, int32_t prefill_chunk,
+                         int32_t speculative_tokens) {
+  // Rows [p, p + n] of one slot hold blocks from BlocksBehindWindow(p) = floor((p + 1 - W) /
+  // bt) to floor((p + n) / bt): at most floor((W - 1 + n) / bt) + 2 of them. A decode step
+  // reaches n = max(drafts, 1) (pre-staging grows the next position during the step), a chunk
+  // n = chunk - 1.
+  const int64_t reach = std::max({1, speculative_tokens, prefill_chunk - 1});
+  return (int64_t{window} - 1 + reach) / block_tokens + 2;
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model,
@@ -290,7 +318,12 @@ Engine::Engine(const ModelBundle* model, const EngineOptions& options)
   }
   // Resolve() validated the far-history options already.
   far_ = ResolveFarHistory(options.far_history, options.block_tokens).value_or(FarHistoryShape{});
-  far_peak_blocks_ = FarHistoryPeakBlocks(far_, options.block_tokens, options.prefill_chunk);
+  if (options.window_release) release_window_ = model->config.sliding_window;
+  slot_peak_blocks_ =
+      far_.enabled() ? FarHistoryPeakBlocks(far_, options.block_tokens, options.prefill_chunk)
+      : release_window_ > 0 ? WindowPeakBlocks(release_window_, options.block_tokens,
+                                               options.prefill_chunk, options.speculative_tokens)
+                            : 0;
   for (StepDescriptor& d : descriptors_) {
     d.Resize(options.slots, options.max_runs, options.speculative_tokens);
     d.far = far_;
@@ -761,6 +794,7 @@ void Engine::PublishStats() {
   s.descriptor_commits_total = commits_;
   s.preemptions_total = preemptions_;
   s.far_blocks_summarized_total = far_summarized_;
+  s.window_blocks_released_total = window_released_;
   s.prefix_cache_queries_total = prefix_queries_;
   s.prefix_cache_hits_total = prefix_hits_;
   if (pager_) {
@@ -855,7 +889,7 @@ bool Engine::Step() {
   int32_t active = BuildDescriptor();
   bool prefill = PickPrefillChunk();
   // Far history grows a prompt chunk by chunk, which may have paused a slot built above.
-  if (far_.enabled()) active = RecountActiveRows();
+  if (bounded_slots()) active = RecountActiveRows();
   if (active == 0 && !prefill) {
     // Nothing to run, but a slot paused above (e.g. swapped out when its compaction found no
     // free extent) may have left moves planned: send them, or their source blocks stay held,

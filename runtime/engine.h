@@ -126,6 +126,14 @@ struct EngineOptions {
   // over the full history; on, over sinks + a recent window + one summary per distant block,
   // which is approximate and bounds a decoding slot's KV blocks (runtime/far_history.h).
   FarHistoryOptions far_history;
+  // A model whose every layer attends within a sliding window shorter than max_context
+  // (Mistral 7B v0.1, Phi-3-mini, Qwen2 with every layer sliding): its K/V wholly behind the
+  // window of a slot's next row is never read again, so those blocks go back to the pool as the
+  // history moves on (--kv_window_release; kvrm mode, on a backend that computes windows), as
+  // vLLM's sliding-window manager frees them. A slot then holds at most WindowPeakBlocks blocks
+  // whatever its length, and the default --kv_blocks is that many a slot. Exact: the same tokens
+  // as keeping them. Resolve() leaves it true only where it applies.
+  bool window_release = true;
   Clock* clock = nullptr;  // null: the wall clock
   // Fault injection (tests only): called before each transfer group is copied; a non-OK status
   // fails that copy as a real copy error would. It may also sleep (a slow transport).
@@ -177,6 +185,13 @@ absl::StatusOr<std::optional<DType>> ParseLoraDtype(std::string_view name);
 // speculative_tokens and speculative_ngram; checked whether speculation is on or not).
 absl::Status CheckSpeculativeOptions(int32_t tokens, const NgramDraftOptions& ngram);
 
+// Window release (EngineOptions::window_release): the most device blocks one slot holds, from
+// the block behind the window of its first row to the block of its last: a decode step's input
+// and drafts (at least the next position, which the step's pre-staging grows), or a prefill
+// chunk.
+int64_t WindowPeakBlocks(int32_t window, int32_t block_tokens, int32_t prefill_chunk,
+                         int32_t speculative_tokens);
+
 // The CPU backend Engine::Create builds for `resolved` options (when there is no
 // backend_factory); for a factory that wraps it.
 absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model,
@@ -214,6 +229,7 @@ struct EngineStats {
   int32_t slots_decoding = 0;
   int32_t slots_paused = 0;
   uint64_t far_blocks_summarized_total = 0;  // far history: distant blocks summarized and freed
+  uint64_t window_blocks_released_total = 0;  // window release: blocks behind the window freed
   // Prefix caching: prompt tokens looked up at admission (and histories at a recompute), and
   // those found in the cache (their prefill skipped).
   uint64_t prefix_cache_queries_total = 0;
@@ -432,10 +448,17 @@ class Engine {
   // returns how many.
   // At most `*room` drafts (decremented by those staged).
   int32_t StageDrafts(int32_t i, double threshold, int32_t* room, StepDescriptor* d);
-  // Far history: blocks a history of `tokens` needs to be admitted or resumed (its next token
-  // included), and the prompt tokens admission grows at once (the rest grows chunk by chunk).
+  // Blocks a history of `tokens` needs to be admitted or resumed (its next token included),
+  // and the prompt tokens admission grows at once: all of them, but under far history or window
+  // release (bounded_slots()) the working set, the rest growing chunk by chunk.
   int64_t HistoryBlocksNeeded(int64_t tokens) const;
   int64_t FirstGrowTokens(int64_t tokens) const;
+  // Whether a slot's device blocks are bounded whatever its length (far history, window
+  // release): its prompt grows chunk by chunk and its distant blocks leave as it goes.
+  bool bounded_slots() const { return far_.enabled() || release_window_ > 0; }
+  // Window release: frees `slot`'s blocks wholly behind the window of a row at `position` (its
+  // next one).
+  void ReleaseBehindWindow(int32_t slot, int64_t position);
   // Prefix caching: the cached blocks that hold the start of `tokens` (at most those before the
   // block of its last token, and in at most `max_runs` runs), left in prefix_match_; how many,
   // in how many runs, and how many of them are idle (attaching them takes them out of the free
@@ -494,8 +517,9 @@ class Engine {
 
   const ModelBundle* model_;
   EngineOptions options_;
-  FarHistoryShape far_;          // resolved from options_.far_history; all zero: off
-  int64_t far_peak_blocks_ = 0;  // far history: the most device blocks one slot holds
+  FarHistoryShape far_;           // resolved from options_.far_history; all zero: off
+  int32_t release_window_ = 0;    // window release: the model's window; 0: off
+  int64_t slot_peak_blocks_ = 0;  // bounded_slots(): the most device blocks one slot holds
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<KvAllocator> kv_;
   KvPager* pager_ = nullptr;  // == kv_ in kvrm mode, null in static mode
@@ -553,6 +577,7 @@ class Engine {
   uint64_t preemptions_ = 0;
   uint64_t admissions_ = 0;
   uint64_t far_summarized_ = 0;  // blocks replaced by summaries and freed
+  uint64_t window_released_ = 0;  // blocks behind the window freed
   absl::Duration transport_wait_;
   absl::Duration transport_drain_wait_;
   // For max_prefill_stall. Chunks apart from the step: the moving average of a decode step

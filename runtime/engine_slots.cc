@@ -219,6 +219,7 @@ void Engine::ResumePaused() {
     } else {
       // (The cached prefix is attached first, so that making room cannot evict it.)
       const int32_t cached_tokens = AttachCachedPrefix(pick);
+      ReleaseBehindWindow(pick, cached_tokens);
       if (!pager_->MakeRoomInRuns(need, runs - prefix.runs)) {
         kv_->Release(pick);
         return;
@@ -341,12 +342,15 @@ void Engine::Admit(absl::Time now) {
     slot.resumed_step = 0;
     slot.generated = 0;
     // Where the history may end: the pager places its runs to grow in place up to there. (Not
-    // under far history, whose slots hold a bounded window of blocks that they keep recycling.)
-    if (pager_ && !far_.enabled()) {
+    // under far history or window release, whose slots hold a bounded window of blocks that
+    // they keep recycling.)
+    if (pager_ && !bounded_slots()) {
       pager_->ExpectTokens(
           i, std::min<int64_t>(prompt + slot.request->max_new_tokens, options_.max_context));
     }
     slot.cached_tokens = AttachCachedPrefix(i);
+    // (A cached prefix longer than the window: the first chunk reads only its last blocks.)
+    ReleaseBehindWindow(i, slot.cached_tokens);
     const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
@@ -550,10 +554,8 @@ int32_t Engine::BuildDescriptor() {
     d.adapter[i] = slot.request->lora_adapter;
     if (d.max_draft > 0) d.num_draft[i] = StageDrafts(i, draft_threshold, &draft_room, &d);
     d.num_runs[i] = kv_->RunTable(i, d.SlotRuns(i));
-    if (far_.enabled()) {
-      d.far_dropped[i] = pager_->Dropped(i);
-      d.far_summaries[i] = far_.SummariesAt(slot.position, options_.block_tokens);
-    }
+    if (bounded_slots()) d.far_dropped[i] = pager_->Dropped(i);
+    if (far_.enabled()) d.far_summaries[i] = far_.SummariesAt(slot.position, options_.block_tokens);
     ++active;
   }
   // A slot paused while building later rows may have been marked active earlier: drop it.
@@ -694,13 +696,14 @@ bool Engine::ScoresPrompt(int32_t i) const {
 
 int64_t Engine::HistoryBlocksNeeded(int64_t tokens) const {
   const int64_t need = pager_->BlocksFor(tokens + 1);
-  return far_.enabled() ? std::min(need, far_peak_blocks_) : need;
+  return bounded_slots() ? std::min(need, slot_peak_blocks_) : need;
 }
 
 int64_t Engine::FirstGrowTokens(int64_t tokens) const {
-  // Far history: the prompt grows chunk by chunk (PickPrefillChunk) and its distant blocks go
-  // back to the pool as it goes, so a long prompt never holds more than its working set.
-  return far_.enabled() ? std::min<int64_t>(tokens, options_.prefill_chunk) : tokens;
+  // Far history, window release: the prompt grows chunk by chunk (PickPrefillChunk) and its
+  // distant blocks go back to the pool as it goes, so a long prompt never holds more than its
+  // working set.
+  return bounded_slots() ? std::min<int64_t>(tokens, options_.prefill_chunk) : tokens;
 }
 
 CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs,
@@ -775,6 +778,18 @@ void Engine::DropSummarized(int32_t slot, int32_t summaries) {
   if (summaries <= before) return;
   pager_->DropBlocks(slot, far_.sink_blocks, summaries);
   far_summarized_ += summaries - before;
+}
+
+void Engine::ReleaseBehindWindow(int32_t slot, int64_t position) {
+  if (release_window_ <= 0 || pager_->OnHost(slot)) return;
+  const int32_t before = pager_->Dropped(slot);
+  // (At most every block it holds: a one-token window's next position may not be grown yet.)
+  const int32_t target =
+      std::min<int64_t>(BlocksBehindWindow(position, release_window_, options_.block_tokens),
+                        before + pager_->NumBlocks(slot));
+  if (target <= before) return;
+  pager_->DropBlocks(slot, /*sink_blocks=*/0, target);
+  window_released_ += target - before;
 }
 
 void Engine::CostFit::Add(double units, double seconds) {
@@ -854,7 +869,7 @@ bool Engine::PickPrefillChunk() {
     if (ScoresPrompt(pick)) n = std::min(n, kMaxAllLogitsRows);
     after = slot.admit_seq;
     // No compaction for a prompt: a chunk reads a run table of any width (below).
-    if (!far_.enabled() || GrowSlotKv(pick, slot.prefilled + n)) break;
+    if (!bounded_slots() || GrowSlotKv(pick, slot.prefilled + n)) break;
   }
   Slot& slot = slots_[pick];
   const int32_t total = static_cast<int32_t>(slot.history.size());
@@ -868,7 +883,7 @@ bool Engine::PickPrefillChunk() {
   chunk_last_ = slot.prefilled + n == total;
   chunk_.all_logits = ScoresPrompt(pick);
   chunk_.adapter = slot.request->lora_adapter;
-  if (far_.enabled()) chunk_.far_dropped = pager_->Dropped(pick);
+  if (bounded_slots()) chunk_.far_dropped = pager_->Dropped(pick);
   if (pager_ && pager_->NumRuns(pick) > d.max_runs) {
     // The run table is wider than the descriptor row: the CPU prefill reads runs through the
     // pager's own table instead (same blocks, no width limit).
@@ -928,6 +943,8 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   if (far_.enabled()) {
     DropSummarized(pick, far_.SummariesAt(slot.prefilled - 1, options_.block_tokens));
   }
+  // (After registering: the prompt's blocks behind the window stay in the prefix cache.)
+  ReleaseBehindWindow(pick, slot.prefilled);
   const int32_t vocab = backend_->vocab_size();
   const int32_t rows = static_cast<int32_t>(chunk_.tokens.size());
   if (chunk_.all_logits) {
@@ -970,6 +987,8 @@ void Engine::FinishDecode(const StepResult& result) {
     ++slot.position;
     // The step summarized the blocks that left the window: they go back to the pool.
     if (far_.enabled()) DropSummarized(i, d.far_summaries[i]);
+    // Window release: the next row's window has moved past these.
+    ReleaseBehindWindow(i, slot.position);
     if (d.sampling[i].on_device) {
       const int32_t token = sampled_tokens_[i];
       if (token < 0 || token >= vocab) {
@@ -1007,6 +1026,7 @@ void Engine::FinishDecode(const StepResult& result) {
       slot.history.push_back(draft[j]);
       ++slot.position;
     }
+    if (slot.state == SlotState::kDecoding) ReleaseBehindWindow(i, slot.position);
     if (drafts == 0) continue;
     // Jump-forward drafts are not prompt lookup's: its acceptance rate leaves them out.
     if (slot.forced_drafts == 0) {

@@ -16,6 +16,7 @@ KvPager::KvPager(const KvPagerOptions& options)
   for (SlotKv& s : slots_) {
     s.blocks.reserve(options.max_blocks_per_slot);
     s.runs.reserve(options.max_blocks_per_slot);
+    if (options.prefix_cache) s.links.reserve(options.max_blocks_per_slot);
   }
   // Sources held for copies and blocks retiring with a released slot's moves: a block at most
   // twice per tier, plus a shared block once per slot that moves it, plus the host blocks each
@@ -343,6 +344,8 @@ void KvPager::AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks) {
     if (refs_[b] == 0) cache_.IdleRemove(b);
     Ref(b);
     Append(s, b);
+    // (A matched chain: each block is the link after itself.)
+    s.links.emplace_back(b, cache_.gen(b));
   }
   s.tokens = static_cast<int64_t>(blocks.size()) * options_.block_tokens;
 }
@@ -391,15 +394,21 @@ absl::Status KvPager::OnboardPrefix(int32_t slot, absl::Span<const int32_t> host
 
 int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt) {
   if (!options_.prefix_cache) return 0;
-  const SlotKv& s = slots_[slot];
-  if (s.tier != KvTier::kDevice || s.dropped > 0 || s.last_fence > retired_) return 0;
+  SlotKv& s = slots_[slot];
+  if (s.tier != KvTier::kDevice || s.last_fence > retired_) return 0;
+  // A history whose first blocks were released (window release) goes on from the chain's link
+  // after them, when it was walked that far before they went.
+  if (s.dropped > 0 && s.resume.first == kChainUnknown) return 0;
   const size_t bt = static_cast<size_t>(options_.block_tokens);
-  const size_t n = std::min(tokens.size() / bt, s.blocks.size());
-  int32_t parent = -1;
-  uint64_t parent_gen = salt;
+  const size_t first = static_cast<size_t>(s.dropped);
+  const size_t n = std::min(tokens.size() / bt, first + s.blocks.size());
+  if (n <= first) return 0;
+  int32_t parent = s.dropped > 0 ? s.resume.first : -1;
+  uint64_t parent_gen = s.dropped > 0 ? s.resume.second : salt;
   int32_t added = 0;
-  for (size_t j = 0; j < n; ++j) {
-    const int32_t b = s.blocks[j];
+  if (s.links.size() < n) s.links.resize(n);  // (within the capacity reserved)
+  for (size_t j = first; j < n; ++j) {
+    const int32_t b = s.blocks[j - first];
     const int32_t* key = tokens.data() + j * bt;
     if (cache_.registered(b) && cache_.parent(b) == parent && cache_.parent_gen(b) == parent_gen) {
       // Attached, or registered before on this chain.
@@ -409,6 +418,7 @@ int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, 
       // blocks after it are found after the twin (their K/V follows the same tokens).
       parent = twin;
       parent_gen = cache_.gen(twin);
+      s.links[j] = {parent, parent_gen};
       continue;
     } else if (cache_.registered(b)) {
       // Registered under a chain that is gone (a twin it followed was evicted since, and the
@@ -421,7 +431,9 @@ int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, 
     }
     parent = b;
     parent_gen = cache_.gen(b);
+    s.links[j] = {parent, parent_gen};
   }
+  if (s.links.size() > n) s.links.resize(n);  // (links past n may be stale)
   return added;
 }
 
@@ -617,6 +629,8 @@ void KvPager::Release(int32_t slot) {
   s.dropped = 0;
   s.tier = KvTier::kDevice;
   s.last_fence = 0;
+  s.links.clear();
+  s.resume = {-1, 0};
 }
 
 void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
@@ -637,6 +651,11 @@ void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
     }
   }
   s.blocks.erase(s.blocks.begin() + sink_blocks, s.blocks.begin() + sink_blocks + n);
+  // The prefix chain goes on after the dropped blocks only from the history's start (no sinks)
+  // and where a registration walked it past them.
+  s.resume = sink_blocks == 0 && static_cast<int32_t>(s.links.size()) >= dropped
+                 ? s.links[dropped - 1]
+                 : std::pair<int32_t, uint64_t>{kChainUnknown, 0};
   s.dropped = dropped;
   RebuildRuns(s);
 }

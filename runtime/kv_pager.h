@@ -125,8 +125,11 @@ class KvPager final : public KvAllocator {
   // block_tokens), whose K/V the caller has written. A block whose content is registered under
   // another block already (its twin) stays private and the blocks after it are registered as the
   // twin's children; a registered block whose chain is gone (its twin was evicted) moves to this
-  // chain's key. Registers nothing while a move into the slot's blocks is in flight or for a
-  // far-history or host-tier slot. Returns the blocks newly registered.
+  // chain's key. Registers nothing while a move into the slot's blocks is in flight, for a
+  // host-tier slot, or for one whose dropped blocks (far history; window release before a
+  // registration walked past them) hid the chain. With window release it goes on past the
+  // released blocks (tokens still start at the history's first). Returns the blocks newly
+  // registered.
   int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
   // count).
@@ -163,7 +166,8 @@ class KvPager final : public KvAllocator {
   const std::vector<int32_t>& Blocks(int32_t slot) const { return slots_[slot].blocks; }
 
   // Far-history summaries: frees the slot's kept blocks right after its first `sink_blocks` until
-  // `dropped` logical blocks after the sinks are gone in all (their summaries replace them). The
+  // `dropped` logical blocks after the sinks are gone in all (their summaries replace them), or,
+  // with no sinks, blocks behind a sliding window (window release). The
   // run table then lists logical blocks [0, sink_blocks) and [sink_blocks + dropped, ...); Grow
   // counts the dropped blocks as held. A block that is the destination of a move in flight is
   // freed when that move's fence retires. Only for a slot in the device tier.
@@ -193,6 +197,7 @@ class KvPager final : public KvAllocator {
   absl::Status CheckInvariants() const;
 
  private:
+  static constexpr int32_t kChainUnknown = -2;  // SlotKv::resume: the chain is not known
   struct SlotKv {
     KvTier tier = KvTier::kDevice;
     std::vector<int32_t> blocks;  // logical -> physical; capacity reserved at start-up
@@ -201,6 +206,12 @@ class KvPager final : public KvAllocator {
     int64_t expected_tokens = 0;  // ExpectTokens
     int32_t dropped = 0;      // far history: logical blocks after the sinks no longer held
     uint64_t last_fence = 0;  // fence of the latest move into this slot's blocks
+    // Prefix cache: links[j] = the chain's (parent, parent_gen) after logical block j, as the
+    // last RegisterPrefix walked them (capacity reserved at start-up); and, once blocks from the
+    // history's start are dropped (window release), the link to go on from (parent -2: the
+    // chain is not known there, nothing more is registered).
+    std::vector<std::pair<int32_t, uint64_t>> links;
+    std::pair<int32_t, uint64_t> resume{-1, 0};
   };
   struct Pending {
     uint64_t fence;

@@ -61,8 +61,11 @@ struct Sim {
 
   std::vector<uint64_t>& Mem(KvTier t) { return t == KvTier::kDevice ? device : host; }
 
-  // Writes the oracle values into blocks [from, to) of the slot (as prefill/decode would).
+  // Writes the oracle values into the slot's blocks from its `from_block`-th on (as prefill and
+  // decode would; the first blocks of a history may have been dropped: the values are those of
+  // their logical place).
   void Write(int32_t slot, int64_t from_block) {
+    const int64_t dropped = pager->Dropped(slot);
     const std::vector<int32_t>& blocks = pager->Blocks(slot);
     std::vector<uint64_t>& mem = Mem(pager->OnHost(slot) ? KvTier::kHost : KvTier::kDevice);
     for (int64_t j = from_block; j < static_cast<int64_t>(blocks.size()); ++j) {
@@ -70,7 +73,7 @@ struct Sim {
       if (!pager->OnHost(slot)) {
         ASSERT_FALSE(pager->Registered(blocks[j])) << "block " << blocks[j];
       }
-      mem[blocks[j]] = ValueOf(slot, j);
+      mem[blocks[j]] = ValueOf(slot, dropped + j);
     }
   }
 
@@ -185,8 +188,9 @@ struct Sim {
       if (request[s] == 0) continue;
       const std::vector<int32_t>& blocks = pager->Blocks(s);
       std::vector<uint64_t>& mem = Mem(pager->OnHost(s) ? KvTier::kHost : KvTier::kDevice);
+      const int64_t dropped = pager->Dropped(s);
       for (size_t j = 0; j < blocks.size(); ++j) {
-        ASSERT_EQ(mem[blocks[j]], ValueOf(s, j)) << "slot " << s << " block " << j;
+        ASSERT_EQ(mem[blocks[j]], ValueOf(s, dropped + j)) << "slot " << s << " block " << j;
       }
     }
   }
@@ -294,7 +298,9 @@ TEST(KvPagerTest, RandomOperationsWithANarrowRunTableKeepEveryInvariant) { Rando
 // With `offload`, evicted blocks go to the host tier (shared with swapped-out requests) and
 // admissions bring matched host blocks back: those must hold exactly what the history would have
 // written too, though the device blocks they were copied from were handed out long before.
-void PrefixCacheRandomOperations(bool offload) {
+// With `release`, histories also drop their blocks behind a 64-token window (window release),
+// attached ones included, and go on registering past them.
+void PrefixCacheRandomOperations(bool offload, bool release = false) {
   for (uint32_t seed : {11u, 12u, 13u}) {
     KvPagerOptions o = Options(10, 260, 120, 4);
     o.prefix_cache = true;
@@ -309,12 +315,12 @@ void PrefixCacheRandomOperations(bool offload) {
       for (int32_t& t : sys) t = pick(50000);
     }
     std::vector<std::vector<int32_t>> finished;  // conversations to continue
-    int64_t hit_blocks = 0, host_hit_blocks = 0, registered = 0;
+    int64_t hit_blocks = 0, host_hit_blocks = 0, registered = 0, released = 0;
     std::vector<int32_t> match, host_match;
     for (int op = 0; op < 6000; ++op) {
       const int32_t s = pick(sim.options.num_slots);
       KvPager& p = *sim.pager;
-      switch (pick(9)) {
+      switch (pick(release ? 10 : 9)) {
         case 0:
         case 1: {  // admit: a system prompt or an earlier conversation, then new tokens
           if (sim.request[s] != 0) break;
@@ -399,6 +405,17 @@ void PrefixCacheRandomOperations(bool offload) {
         case 8:  // the transport catches up by one batch
           sim.RunOne();
           break;
+        case 9: {  // window release: the blocks wholly behind the last 64 tokens' window
+          if (sim.request[s] == 0 || p.OnHost(s)) break;
+          const int64_t behind = std::max<int64_t>(0, sim.tokens[s] - 64) / kBlockTokens;
+          const int32_t target =
+              static_cast<int32_t>(std::min<int64_t>(behind, p.Dropped(s) + p.NumBlocks(s)));
+          if (target > p.Dropped(s)) {
+            p.DropBlocks(s, /*sink_blocks=*/0, target);
+            ++released;
+          }
+          break;
+        }
       }
       sim.CheckAfter(op, 25);
       if (::testing::Test::HasFatalFailure()) return;
@@ -411,6 +428,7 @@ void PrefixCacheRandomOperations(bool offload) {
     EXPECT_EQ(sim.pager->free_host_blocks(), 120);
     EXPECT_TRUE(sim.pager->CheckInvariants().ok());
     // The run shared, registered and evicted plenty.
+    EXPECT_EQ(released > 0, release);
     EXPECT_GT(hit_blocks, 500) << "seed " << seed;
     EXPECT_GT(registered, 500) << "seed " << seed;
     EXPECT_GT(sim.pager->evictions(), 100u) << "seed " << seed;
@@ -434,6 +452,11 @@ TEST(KvPagerTest, PrefixCacheRandomOperationsKeepEveryInvariant) {
 
 TEST(KvPagerTest, HostPrefixCacheRandomOperationsKeepEveryInvariant) {
   PrefixCacheRandomOperations(true);
+}
+
+TEST(KvPagerTest, PrefixCacheWithWindowReleaseKeepsEveryInvariant) {
+  PrefixCacheRandomOperations(false, /*release=*/true);
+  PrefixCacheRandomOperations(true, /*release=*/true);
 }
 
 std::vector<int32_t> RandomTokens(int64_t n, uint32_t seed) {
@@ -827,6 +850,60 @@ TEST(KvPagerTest, CompactionMergesTailRunsIntoOneAndHoldsSourcesUntilTheFence) {
     EXPECT_EQ(p.free_device_blocks(), free_before);
   }
   EXPECT_TRUE(p.CheckInvariants().ok());
+}
+
+// Window release with the prefix cache: a prompt prefilled chunk by chunk, each chunk's blocks
+// registered and then the blocks behind the window dropped (as the engine does), leaves its
+// whole chain in the cache: a second history with the same tokens matches every full block,
+// the dropped (idle) ones included, as the same physical blocks. Dropped before any registration
+// walked past them, the chain is unknown there: nothing more is registered.
+TEST(KvPagerTest, WindowReleaseGoesOnRegisteringPastTheDroppedBlocks) {
+  KvPager p(CacheOptions(3, 64));
+  const std::vector<int32_t> prompt = RandomTokens(10 * kBlockTokens + 5, 3);
+  std::vector<int32_t> physical;  // logical block -> physical, as slot 0 placed them
+  constexpr int64_t kWindowBlocks = 3;
+  // Chunks of two blocks, the last one partial (165 tokens: ten full blocks and five tokens).
+  for (const int64_t done : {32, 64, 96, 128, 160, 165}) {
+    ASSERT_TRUE(p.Grow(0, done).ok());
+    for (int64_t j = static_cast<int64_t>(physical.size()) - p.Dropped(0); j < p.NumBlocks(0);
+         ++j) {
+      physical.push_back(p.Blocks(0)[j]);
+    }
+    p.RegisterPrefix(0, absl::MakeConstSpan(prompt).first(done));
+    const int32_t behind =
+        static_cast<int32_t>(std::max<int64_t>(0, done / kBlockTokens - kWindowBlocks));
+    p.DropBlocks(0, /*sink_blocks=*/0, std::max(p.Dropped(0), behind));
+    ASSERT_LE(p.NumBlocks(0), kWindowBlocks + 1);
+    ASSERT_TRUE(p.CheckInvariants().ok());
+  }
+  ASSERT_EQ(p.Dropped(0), 7);
+  ASSERT_EQ(physical.size(), 11u);
+  EXPECT_EQ(p.cached_blocks(), 10);
+  std::vector<int32_t> match;
+  ASSERT_EQ(p.MatchPrefix(prompt, 10, &match), 10);
+  EXPECT_EQ(match, std::vector<int32_t>(physical.begin(), physical.begin() + 10));
+
+  // Slot 1 attaches all ten, drops seven at once (the engine's release after attaching) and goes
+  // on: its eleventh block (new tokens) joins the chain after the tenth.
+  std::vector<int32_t> longer = prompt;
+  longer.resize(12 * kBlockTokens, 17);
+  p.AttachPrefix(1, match);
+  p.DropBlocks(1, 0, 7);
+  ASSERT_TRUE(p.Grow(1, 11 * kBlockTokens).ok());
+  EXPECT_EQ(p.RegisterPrefix(1, absl::MakeConstSpan(longer).first(11 * kBlockTokens)), 1);
+  EXPECT_EQ(p.MatchPrefix(longer, 11, &match), 11);
+
+  // Slot 2 drops before registering anything: its chain is unknown past the dropped blocks.
+  const std::vector<int32_t> other = RandomTokens(6 * kBlockTokens, 4);
+  ASSERT_TRUE(p.Grow(2, 6 * kBlockTokens).ok());
+  p.DropBlocks(2, 0, 2);
+  EXPECT_EQ(p.RegisterPrefix(2, other), 0);
+  EXPECT_EQ(p.MatchPrefix(other, 5, &match), 0);
+  p.Release(0);
+  p.Release(1);
+  p.Release(2);
+  EXPECT_TRUE(p.CheckInvariants().ok());
+  EXPECT_EQ(p.free_device_blocks(), 64);
 }
 
 // Far history: a slot that decodes far past its pool share keeps sinks + window blocks, its run

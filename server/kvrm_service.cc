@@ -919,6 +919,9 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   kv->set_blocks_free(s.kv.blocks_free);
   kv->set_bytes_per_block(s.kv.bytes_per_block);
   kv->set_host_blocks_used(s.kv.host_blocks_used);
+  kv->set_window_release_tokens(
+      engine_->options().window_release ? engine_->model().config.sliding_window : 0);
+  kv->set_window_released_blocks_total(s.window_blocks_released_total);
   response->set_state(draining_.load() ? "DRAINING" : "SERVING");
   response->set_requests_total(s.requests_total);
   response->set_tokens_generated_total(s.tokens_generated_total);

@@ -133,6 +133,11 @@ ABSL_FLAG(int32_t, far_history_sinks, 16,
           "--far_history: tokens at the start of a history always attended (rounded up to blocks)");
 ABSL_FLAG(int32_t, far_history_window, 1024,
           "--far_history: most recent tokens attended exactly (rounded up to blocks)");
+ABSL_FLAG(bool, kv_window_release, true,
+          "a model whose every layer attends within a sliding window shorter than the context "
+          "(Mistral 7B v0.1, Phi-3-mini): give a history's KV blocks wholly behind the window "
+          "back to the pool as it moves on, so a request holds about window + one chunk of "
+          "blocks whatever its length (exact; kvrm mode, CPU device). Off: keep every block");
 ABSL_FLAG(int32_t, speculative_tokens, 0,
           "speculative decoding by prompt lookup (CPU device): up to this many draft tokens per "
           "request and step, taken from an earlier occurrence of its last tokens and verified "
@@ -446,6 +451,7 @@ int Run() {
   eo.far_history.enabled = absl::GetFlag(FLAGS_far_history);
   eo.far_history.sink_tokens = absl::GetFlag(FLAGS_far_history_sinks);
   eo.far_history.window_tokens = absl::GetFlag(FLAGS_far_history_window);
+  eo.window_release = absl::GetFlag(FLAGS_kv_window_release);
   eo.speculative_tokens = absl::GetFlag(FLAGS_speculative_tokens);
   eo.speculative_ngram.min_ngram = absl::GetFlag(FLAGS_prompt_lookup_min);
   eo.speculative_ngram.max_ngram = absl::GetFlag(FLAGS_prompt_lookup_max);

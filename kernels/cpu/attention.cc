@@ -268,11 +268,14 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   DCHECK(far.dropped <= far.num_summaries);
   // (The engine refuses far history where a window is shorter than the served context.)
   DCHECK(scoring.window == 0 || scoring.window >= seq_len || !far.active());
+  DCHECK(scoring.released_tokens == 0 ||
+         (scoring.window > 0 && scoring.released_tokens <= seq_len - scoring.window));
   // Columns: the sink tokens, the summaries, the recent tokens. The recent tokens start after
   // the summarized blocks; in the run table, after the sinks and the blocks still listed there
   // although summarized (num_summaries - dropped, the step that summarizes them). Without far
   // history there are no sinks or summaries: the recent tokens are the whole history, or in a
-  // sliding-window layer its last `window` positions (nothing is dropped before them).
+  // sliding-window layer its last `window` positions (only whole blocks behind them may have
+  // left the run table: released_tokens).
   const bool sliding = scoring.window > 0 && scoring.window < seq_len;
   const int64_t sink_tokens =
       sliding ? 0 : std::min<int64_t>(int64_t{far.sink_blocks} * bt, seq_len);
@@ -283,7 +286,7 @@ void AttendGroupFar(const float* q, int32_t group, const KvLayerView& kv, int32_
   DCHECK(recent_tokens > 0 || !far.active());
   // Where the recent tokens start in the run table, in kept tokens.
   const int64_t recent_kept =
-      sliding ? seq_len - scoring.window
+      sliding ? seq_len - scoring.window - scoring.released_tokens
               : int64_t{far.active() ? far.sink_blocks + far.num_summaries - far.dropped
                                      : far.sink_blocks} *
                     bt;

@@ -92,6 +92,10 @@ struct AttentionScoring {
   // joins its softmax's denominator (exp(sink - max) added to the sum, the max taken over the
   // sink too) and takes no value, so the weights sum to less than 1.
   const float* sinks = nullptr;
+  // With a window: whole blocks behind it that the run table no longer lists (a model whose
+  // every layer slides releases them, runtime/engine.h), in tokens; the table starts at this
+  // logical position. At most seq_len - window, and 0 without a window shorter than seq_len.
+  int64_t released_tokens = 0;
 };
 
 // AttendGroup with `scoring`: AttendGroup itself, bit for bit, with no softcap and no window.

@@ -528,7 +528,8 @@ TEST(AttentionTest, EveryPathMatchesFloat64AtModelHeadSizes) {
 
 // Sliding-window attention (the last `window` positions, starting mid-block and mid-run) and
 // Gemma 2's softcapping, on every path and KV dtype, against float64 over a fragmented run
-// table: within 2e-5. A window no shorter than the history is the full attention, bit for bit.
+// table: within 2e-5. A window no shorter than the history is the full attention, bit for bit;
+// a run table that lacks whole blocks behind the window (released) gives the bits of the full one.
 TEST(AttentionTest, WindowAndSoftcapMatchFloat64) {
   const CpuIsa saved = ActiveCpuIsa();
   std::mt19937 rng(21);
@@ -590,6 +591,28 @@ TEST(AttentionTest, WindowAndSoftcapMatchFloat64) {
                 AttendGroup(q.data(), group, kv.view, 1, runs, 4, seq_len, scoring.scale,
                             scores.data(), full.data());
                 ASSERT_EQ(out, full) << "window " << window << " seq_len " << seq_len;
+              }
+              // The run table without whole blocks behind the window (released: the table
+              // starts at their end) gives the same bits.
+              for (int32_t released = 1; released * block <= seq_len - window; ++released) {
+                std::vector<KvRun> kept;
+                int32_t skip = released;
+                for (const KvRun& r : runs) {
+                  if (skip >= r.num_blocks) {
+                    skip -= r.num_blocks;
+                    continue;
+                  }
+                  kept.push_back({r.first_block + skip, r.num_blocks - skip});
+                  skip = 0;
+                }
+                AttentionScoring trimmed = scoring;
+                trimmed.released_tokens = int64_t{released} * block;
+                std::vector<float> from_kept(group * hd);
+                AttendGroup(q.data(), group, kv.view, 1, kept.data(),
+                            static_cast<int32_t>(kept.size()), seq_len, trimmed, scores.data(),
+                            from_kept.data());
+                ASSERT_EQ(from_kept, out) << "window " << window << " seq_len " << seq_len
+                                          << " released blocks " << released;
               }
             }
           }

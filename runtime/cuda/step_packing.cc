@@ -81,6 +81,15 @@ absl::Status CheckAdapter(int32_t adapter, const PackLimits& limits, const What&
   return absl::OkStatus();
 }
 
+// The CUDA step reads every block of a history from logical block 0: none released (window
+// release, far history; the engine turns both off for this backend).
+absl::Status CheckNoneDropped(int32_t dropped, const What& what) {
+  if (dropped == 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      Describe(what), ".far_dropped = ", dropped,
+      ": this backend reads every block of a history (no far history, no window release)"));
+}
+
 absl::Status CheckSampling(const DeviceSampling& p, const PackLimits& limits, const What& what) {
   absl::Status st = CheckDeviceSampling(p, limits.vocab_size);
   if (st.ok()) return st;
@@ -113,6 +122,9 @@ absl::Status PackDecodeRows(const StepDescriptor& step, const StepInputLayout& l
     const int32_t adapter = s < static_cast<int32_t>(step.adapter.size()) ? step.adapter[s] : -1;
     absl::Status st = CheckRow(step.token[s], step.position[s], limits, what);
     if (st.ok()) st = CheckAdapter(adapter, limits, what);
+    if (st.ok() && s < static_cast<int32_t>(step.far_dropped.size())) {
+      st = CheckNoneDropped(step.far_dropped[s], what);
+    }
     if (st.ok()) {
       st = PackTable(step.SlotRunsData(s), step.num_runs[s], step.position[s], s, l, limits,
                      what, out);
@@ -150,6 +162,7 @@ absl::Status PackChunkRows(const PrefillChunk& chunk, const StepInputLayout& l,
   const int32_t last = chunk.start + static_cast<int32_t>(n) - 1;
   RETURN_IF_ERROR(CheckRow(0, last, limits, what));
   RETURN_IF_ERROR(CheckAdapter(chunk.adapter, limits, what));
+  RETURN_IF_ERROR(CheckNoneDropped(chunk.far_dropped, what));
   RETURN_IF_ERROR(PackTable(chunk.runs, chunk.num_runs, last, table, l, limits, what, out));
   for (int64_t i = 0; i < n; ++i) {
     RETURN_IF_ERROR(CheckRow(chunk.tokens[i], chunk.start + static_cast<int32_t>(i), limits,

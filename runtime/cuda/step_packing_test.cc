@@ -144,8 +144,15 @@ TEST(StepPackingTest, BadDescriptorsNameSlotAndFieldAndLeaveZeros) {
       {[](StepDescriptor& d) { d.position[5] = 32; }, "position 32 has no block"},
       {[](StepDescriptor& d) { d.num_runs[5] = 0; }, "slot 5.num_runs"},
       {[](StepDescriptor& d) { d.num_runs[5] = 5; }, "slot 5.num_runs"},
-      {[](StepDescriptor& d) { d.SlotRuns(5)[1] = KvRun{63, 2}; }, "slot 5.runs[1]"},
-      {[](StepDescriptor& d) { d.SlotRuns(5)[0] = KvRun{-1, 1}; }, "slot 5.runs[0]"},
+      {[](StepDescriptor& d) {
+         d.SlotRuns(5)[1] = KvRun{63, 2};
+       },
+       "slot 5.runs[1]"},
+      {[](StepDescriptor& d) {
+         d.SlotRuns(5)[0] = KvRun{-1, 1};
+       },
+       "slot 5.runs[0]"},
+      {[](StepDescriptor& d) { d.far_dropped[5] = 1; }, "slot 5.far_dropped = 1"},
   };
   for (const Case& c : cases) {
     StepDescriptor d = base();
@@ -272,6 +279,14 @@ TEST(StepPackingTest, PrefillChunkRowsShareOneTableAndPadInactive) {
   c.start = 0;
   EXPECT_EQ(PackPrefillInputs(c, l, limits, buf.data()).code(),
             absl::StatusCode::kInvalidArgument);
+  // Released blocks (window release): this backend reads every block from the first.
+  tokens.assign(4, 1);
+  c.tokens = tokens;
+  c.far_dropped = 1;
+  const absl::Status released = PackPrefillInputs(c, l, limits, buf.data());
+  EXPECT_EQ(released.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(released.message().find("far_dropped = 1"), absl::string_view::npos)
+      << released.message();
 }
 
 // A mixed step is the decode step's packing plus the chunk's rows after it: the same decode rows

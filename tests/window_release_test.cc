@@ -1,0 +1,404 @@
+// Window release through the engine (EngineOptions::window_release): a model whose every layer
+// attends within a sliding window (tiny-mistral-sw: 48 positions of 512) gives a history's KV
+// blocks wholly behind the window back to the pool as it moves on.
+//  - exact: the same tokens as keeping every block, bit for bit, greedy and sampled, under KV
+//    pressure (swap, drop-and-recompute over released blocks, compaction), with the prefix
+//    cache (a cached prefix longer than the window) and with speculative drafts;
+//  - bounded: a slot holds at most WindowPeakBlocks blocks whatever its length, histories
+//    several times the pool complete, and every block comes back;
+//  - it applies only where every layer slides, in kvrm mode; a pool below the working set is
+//    refused naming --kv_blocks; the backend refuses a released block a row would read.
+// The windowed forward pass itself is held to the float64 reference in forward_test
+// (tiny-mistral-sw), and the kernel's released run tables to the full ones in kernels_test.
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/testing/alloc_counter.h"
+#include "gtest/gtest.h"
+#include "runtime/backend.h"
+#include "runtime/cpu_backend.h"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+#include "tests/test_server.h"
+#include "tools/modelgen/model_writer.h"
+
+namespace kvrm {
+namespace {
+
+constexpr int32_t kWindow = 48;
+
+const ModelBundle& Mistral() {
+  static const ModelBundle* model = [] {
+    const char* tmp = std::getenv("TEST_TMPDIR");
+    modelgen::MakeModelOptions options;
+    options.size = "tiny-mistral-sw";
+    options.dtype = DType::kF32;
+    options.out_dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/tiny-mistral-sw_f32");
+    CHECK_OK(modelgen::MakeModel(options).status());
+    absl::StatusOr<std::unique_ptr<ModelBundle>> bundle = ModelBundle::Load(options.out_dir);
+    CHECK_OK(bundle.status());
+    return bundle->release();
+  }();
+  return *model;
+}
+
+struct Spec {
+  std::vector<int32_t> prompt;
+  int32_t max_new_tokens;
+  float temperature;
+};
+
+// Random prompts of 3..max_prompt tokens and 30..30+max_new outputs; every third request samples
+// (seeded), the rest are greedy.
+std::vector<Spec> Workload(int n, int max_prompt, int max_new, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<Spec> specs;
+  for (int i = 0; i < n; ++i) {
+    Spec s;
+    const int len = 3 + static_cast<int>(rng() % max_prompt);
+    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % 1000));
+    s.max_new_tokens = 30 + static_cast<int32_t>(rng() % max_new);
+    s.temperature = i % 3 == 0 ? 0.9f : 0.0f;
+    specs.push_back(s);
+  }
+  return specs;
+}
+
+std::unique_ptr<GenerationRequest> MakeRequest(const Spec& spec, int i,
+                                               std::shared_ptr<CollectingSink> sink) {
+  auto r = std::make_unique<GenerationRequest>();
+  r->request_id = "r" + std::to_string(i);
+  r->prompt = spec.prompt;
+  r->max_new_tokens = spec.max_new_tokens;
+  r->ignore_eos = true;
+  r->sampling.temperature = spec.temperature;
+  r->sampling.seed = 1000 + i;
+  r->arrival = absl::Now();
+  r->sink = std::move(sink);
+  return r;
+}
+
+struct RunResult {
+  std::vector<std::vector<int32_t>> tokens;
+  EngineStats stats;
+  EngineOptions resolved;
+};
+
+// Runs the workload on a started engine and waits until every block is back.
+RunResult RunWorkload(EngineOptions options, const std::vector<Spec>& specs) {
+  options.threads = 2;
+  options.max_new_tokens = 512;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Mistral(), options);
+  CHECK_OK(engine.status());
+  (*engine)->Start();
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    CHECK_OK((*engine)->Submit(MakeRequest(specs[i], static_cast<int>(i), sinks.back())).status());
+  }
+  RunResult out;
+  out.resolved = (*engine)->options();
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    FinishInfo info;
+    out.tokens.push_back(sinks[i]->Wait(&info));
+    EXPECT_EQ(info.reason, FinishReason::kLength) << "request " << i << ": " << info.error;
+    EXPECT_EQ(static_cast<int32_t>(out.tokens.back().size()), specs[i].max_new_tokens) << i;
+  }
+  EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
+  // Blocks held for in-flight copies retire on the next idle iterations (every 20 ms).
+  for (int i = 0; i < 100; ++i) {
+    out.stats = (*engine)->Stats();
+    if (out.stats.kv.blocks_reserved == 0) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return out;
+}
+
+EngineOptions Roomy(bool release) {
+  EngineOptions o;
+  o.slots = 4;
+  o.block_tokens = 8;
+  o.prefill_chunk = 16;
+  o.window_release = release;
+  // The same pool either way (release's default is its working set a slot).
+  o.kv_blocks = 4 * 64;
+  return o;
+}
+
+// Histories up to ~450 tokens, far past the 48-token window: releasing the blocks behind it
+// gives the tokens of keeping them, bit for bit (greedy and sampled).
+TEST(WindowReleaseTest, ReleasedBlocksGiveTheTokensOfKeepingThem) {
+  const std::vector<Spec> specs = Workload(8, 150, 250, 2026);
+  const RunResult kept = RunWorkload(Roomy(false), specs);
+  EXPECT_FALSE(kept.resolved.window_release);
+  EXPECT_EQ(kept.stats.window_blocks_released_total, 0u);
+
+  const RunResult released = RunWorkload(Roomy(true), specs);
+  EXPECT_TRUE(released.resolved.window_release);
+  EXPECT_EQ(released.tokens, kept.tokens);
+  // Every history ends past its window: all but its last window's blocks went back early.
+  uint64_t behind = 0;
+  for (const Spec& s : specs) {
+    behind += BlocksBehindWindow(static_cast<int64_t>(s.prompt.size()) + s.max_new_tokens - 1,
+                                 kWindow, 8);
+  }
+  EXPECT_GE(released.stats.window_blocks_released_total, behind);
+  EXPECT_EQ(released.stats.kv.blocks_free, released.stats.kv.blocks_total);
+  EXPECT_EQ(released.stats.kv.blocks_used, 0);
+  std::printf("[window release] 8 requests: %llu blocks released behind the window\n",
+              static_cast<unsigned long long>(released.stats.window_blocks_released_total));
+}
+
+// 8-token blocks, 16-token chunks, a 48-token window: a slot holds at most
+// WindowPeakBlocks = (47 + 15) / 8 + 2 = 9 blocks. Two requests growing to 440 and 470 tokens
+// (55 and 59 blocks) run on an 18-block pool, checked after every engine step, and give the
+// tokens of a pool that keeps every block.
+TEST(WindowReleaseTest, SlotsHoldAWindowOfBlocksWhateverTheirLength) {
+  const int64_t peak = WindowPeakBlocks(kWindow, 8, 16, 0);
+  ASSERT_EQ(peak, 9);
+  EngineOptions o = Roomy(true);
+  o.slots = 2;
+  o.kv_blocks = 2 * peak;
+  o.kv_host_blocks = 2 * peak;
+  o.threads = 2;
+  o.max_new_tokens = 512;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Mistral(), o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  std::vector<Spec> specs = Workload(2, 100, 1, 7);
+  specs[0].prompt.resize(40, 5);
+  specs[0].max_new_tokens = 400;
+  specs[1].prompt.resize(150, 9);  // a prompt three windows long: prefilled chunk by chunk
+  specs[1].max_new_tokens = 320;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 2; ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    ASSERT_TRUE((*engine)->Submit(MakeRequest(specs[i], i, sinks.back())).ok());
+  }
+  int steps = 0, both_decoding = 0;
+  int64_t most_reserved = 0;
+  while (!sinks[0]->done() || !sinks[1]->done()) {
+    ASSERT_LT(++steps, 3000);
+    (*engine)->StepForTest();
+    const EngineStats stats = (*engine)->Stats();
+    ASSERT_LE(stats.kv.blocks_reserved, 2 * peak) << "after step " << steps;
+    ASSERT_EQ(stats.slots_paused, 0) << "after step " << steps;
+    both_decoding += stats.slots_decoding == 2;
+    most_reserved = std::max(most_reserved, stats.kv.blocks_reserved);
+  }
+  std::vector<std::vector<int32_t>> tokens;
+  for (int i = 0; i < 2; ++i) {
+    FinishInfo info;
+    tokens.push_back(sinks[i]->Wait(&info));
+    EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
+    EXPECT_EQ(static_cast<int32_t>(tokens.back().size()), specs[i].max_new_tokens);
+  }
+  const EngineStats stats = (*engine)->Stats();
+  EXPECT_GT(both_decoding, 250);
+  EXPECT_GE(stats.window_blocks_released_total, uint64_t{(55 - 8) + (59 - 8)});
+  EXPECT_EQ(stats.kv.blocks_used, 0);
+  EXPECT_EQ(stats.kv.blocks_free, 2 * peak);
+  EXPECT_EQ(stats.kv.host_blocks_used, 0);
+  EXPECT_EQ(stats.preemptions_total, 0u);
+  EXPECT_EQ(RunWorkload(Roomy(false), specs).tokens, tokens);
+  std::printf(
+      "[window release] 2 slots grew to 440 and 470 tokens (114 blocks) on an %lld-block "
+      "pool: at most %lld blocks held, %llu released\n",
+      static_cast<long long>(2 * peak), static_cast<long long>(most_reserved),
+      static_cast<unsigned long long>(stats.window_blocks_released_total));
+}
+
+// Release is a function of the position only, so KV pressure changes nothing: a swapped slot
+// keeps its released count, a recomputed one releases again as it re-prefills, compaction moves
+// kept blocks only; all give the tokens of keeping every block with room for everyone.
+TEST(WindowReleaseTest, SwapRecomputeAndCompactionGiveIdenticalTokens) {
+  // Prompts of one chunk, so the pressure comes while decoding.
+  const std::vector<Spec> specs = Workload(8, 14, 250, 99);
+  const RunResult reference = RunWorkload(Roomy(false), specs);
+  EXPECT_EQ(reference.stats.preemptions_total, 0u);
+
+  // 4 slots of up to 9 blocks on 20: pauses (swap to the host tier). A decoding slot keeps at
+  // most 8 blocks, within R = 8 runs: no compaction.
+  EngineOptions tight = Roomy(true);
+  tight.kv_blocks = 20;
+  const RunResult swapped = RunWorkload(tight, specs);
+  EXPECT_EQ(swapped.tokens, reference.tokens) << "swap";
+  EXPECT_GT(swapped.stats.preemptions_total, 0u);
+  EXPECT_GT(swapped.stats.transfer_groups_total, 0u);
+  EXPECT_EQ(swapped.stats.kv.blocks_free, 20);
+  EXPECT_EQ(swapped.stats.kv.host_blocks_used, 0);
+
+  EngineOptions recompute = tight;
+  recompute.kv_host_blocks = 0;
+  const RunResult recomputed = RunWorkload(recompute, specs);
+  EXPECT_EQ(recomputed.tokens, reference.tokens) << "drop and recompute";
+  EXPECT_GT(recomputed.stats.preemptions_total, 0u);
+  EXPECT_EQ(recomputed.stats.kv.blocks_free, 20);
+
+  // R = 3: a decoding slot's recycled blocks scatter over the pool and are compacted (moves
+  // gated on the step that writes the hot block, releases of blocks whose move is in flight).
+  EngineOptions compacted = Roomy(true);
+  compacted.kv_blocks = 48;
+  compacted.max_runs = 3;
+  const RunResult compact = RunWorkload(compacted, specs);
+  EXPECT_EQ(compact.tokens, reference.tokens) << "compaction";
+  EXPECT_GT(compact.stats.transfer_groups_total, 0u);
+  EXPECT_EQ(compact.stats.kv.blocks_free, 48);
+}
+
+// A shared 120-token prefix (two and a half windows) comes from the prefix cache: the slot
+// attaches it and releases at once the blocks behind its first chunk's window. Prompt-lookup
+// drafts verify over released tables too. Both give the tokens of keeping every block.
+TEST(WindowReleaseTest, PrefixCacheAndDraftsGiveIdenticalTokens) {
+  std::vector<Spec> specs = Workload(8, 30, 120, 5);
+  std::mt19937 rng(11);
+  std::vector<int32_t> shared(120);
+  for (int32_t& t : shared) t = static_cast<int32_t>(rng() % 1000);
+  for (size_t i = 0; i < specs.size(); ++i) {
+    if (i % 4 == 3) continue;  // some prompts share nothing
+    specs[i].prompt.insert(specs[i].prompt.begin(), shared.begin(), shared.end());
+  }
+  EngineOptions keep = Roomy(false);
+  keep.slots = 2;  // later requests find the earlier ones' blocks cached
+  const RunResult reference = RunWorkload(keep, specs);
+  EngineOptions cached = Roomy(true);
+  cached.slots = 2;
+  const RunResult hit = RunWorkload(cached, specs);
+  EXPECT_EQ(hit.tokens, reference.tokens);
+  EXPECT_TRUE(hit.resolved.prefix_caching);
+  EXPECT_GE(hit.stats.prefix_cache_hits_total, 4u * 112);
+  EXPECT_EQ(hit.stats.kv.blocks_used, 0);
+
+  EngineOptions drafting = cached;
+  drafting.speculative_tokens = 4;
+  const RunResult drafted = RunWorkload(drafting, specs);
+  EXPECT_EQ(drafted.tokens, reference.tokens);
+  EXPECT_GT(drafted.stats.spec_decode_draft_tokens_total, 0u);
+  EXPECT_GT(drafted.stats.window_blocks_released_total, 0u);
+  EXPECT_EQ(drafted.stats.kv.blocks_used, 0);
+  std::printf(
+      "[window release] prefix cache: %llu of %llu prompt tokens hit; drafts: %llu of "
+      "%llu accepted\n",
+      static_cast<unsigned long long>(hit.stats.prefix_cache_hits_total),
+      static_cast<unsigned long long>(hit.stats.prefix_cache_queries_total),
+      static_cast<unsigned long long>(drafted.stats.spec_decode_accepted_tokens_total),
+      static_cast<unsigned long long>(drafted.stats.spec_decode_draft_tokens_total));
+}
+
+TEST(WindowReleaseTest, AppliesOnlyWhereEveryLayerSlidesAndSizesThePool) {
+  EngineOptions o;
+  o.slots = 3;
+  o.threads = 2;
+  o.block_tokens = 8;
+  o.prefill_chunk = 16;
+  // The default pool is the working set a slot: 9 blocks, not 512 / 8 = 64.
+  absl::StatusOr<std::unique_ptr<Engine>> e = Engine::Create(&Mistral(), o);
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_TRUE((*e)->options().window_release);
+  EXPECT_EQ((*e)->options().kv_blocks, 3 * 9);
+  // Below one slot's working set: refused naming the flag.
+  o.kv_blocks = 8;
+  e = Engine::Create(&Mistral(), o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.status().message().find("--kv_blocks 8"), std::string::npos) << e.status();
+  o.kv_blocks = 9;
+  EXPECT_TRUE(Engine::Create(&Mistral(), o).ok());
+  // Off when asked, in the static baseline (no block table), when the context is within the
+  // window, and for a model with a layer that does not slide (the tiny Llama: no window).
+  o.kv_blocks = 0;
+  o.window_release = false;
+  e = Engine::Create(&Mistral(), o);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE((*e)->options().window_release);
+  EXPECT_EQ((*e)->options().kv_blocks, 3 * 64);
+  o.window_release = true;
+  o.kv_mode = KvMode::kStatic;
+  e = Engine::Create(&Mistral(), o);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE((*e)->options().window_release);
+  o.kv_mode = KvMode::kKvrm;
+  o.max_context = kWindow;
+  e = Engine::Create(&Mistral(), o);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE((*e)->options().window_release);
+  o.max_context = 0;
+  static const ModelBundle* tiny = LoadTinyModel();
+  e = Engine::Create(tiny, o);
+  ASSERT_TRUE(e.ok());
+  EXPECT_FALSE((*e)->options().window_release);
+}
+
+// The CPU backend takes a released block only where every layer slides and the block lies
+// wholly behind the window of the slot's first row; its released step allocates nothing.
+TEST(WindowReleaseTest, BackendRefusesAReleasedBlockARowReadsAndDoesNotAllocate) {
+  const ModelBundle& m = Mistral();
+  const int32_t vocab = m.config.vocab_size;
+  CpuBackendOptions bo;
+  bo.kv_blocks = 64;
+  bo.kv_block_tokens = 8;
+  bo.max_slots = 2;
+  bo.max_chunk_tokens = 16;
+  bo.max_context = 256;
+  bo.num_threads = 2;
+  absl::StatusOr<std::unique_ptr<CpuBackend>> backend =
+      CpuBackend::Create(m.config, &m.weights, bo);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  std::vector<int32_t> tokens(16, 7);
+  std::vector<float> logits(2 * vocab);
+  const KvRun all[2] = {{0, 32}, {32, 32}};
+  for (int32_t start = 0; start < 96; start += 16) {
+    PrefillChunk pc{0, start, absl::MakeConstSpan(tokens), &all[0], 1};
+    ASSERT_TRUE((*backend)->Prefill(pc, logits.data()).ok());
+  }
+  // Slot 0 at position 100 reads [53, 100]: blocks 0..5 (tokens < 48) are behind; block 6 holds
+  // 48..55, which it reads.
+  ASSERT_EQ(BlocksBehindWindow(100, kWindow, 8), 6);
+  StepDescriptor step;
+  step.Resize(2, 1);
+  step.active[0] = 1;
+  step.position[0] = 100;
+  step.token[0] = 3;
+  step.num_runs[0] = 1;
+  step.far_dropped[0] = 7;
+  step.SlotRuns(0)[0] = KvRun{7, 25};
+  absl::Status st = (*backend)->Decode(step, logits.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("7 blocks released"), std::string::npos) << st;
+  PrefillChunk chunk{0, 96, absl::MakeConstSpan(tokens), &all[0], 1};
+  chunk.far_dropped = 7;  // its first row, at 96, reads from 49 on: 6 blocks are behind
+  chunk.runs = &step.SlotRuns(0)[0];
+  EXPECT_EQ((*backend)->Prefill(chunk, logits.data()).code(), absl::StatusCode::kInvalidArgument);
+
+  // Released behind the window: the logits of the full table, bit for bit, and no allocation.
+  step.far_dropped[0] = 6;
+  step.SlotRuns(0)[0] = KvRun{6, 26};
+  std::vector<float> released(logits.size()), full(logits.size());
+  const int64_t before = alloc_counter::AllocationCount();
+  ASSERT_TRUE((*backend)->Decode(step, released.data()).ok());
+  const int64_t allocations = alloc_counter::AllocationCount() - before;
+  if (alloc_counter::kAvailable) EXPECT_EQ(allocations, 0);
+  StepDescriptor whole = step;
+  whole.far_dropped[0] = 0;
+  whole.SlotRuns(0)[0] = all[0];
+  ASSERT_TRUE((*backend)->Decode(whole, full.data()).ok());
+  EXPECT_TRUE(std::equal(full.begin(), full.begin() + vocab, released.begin()));
+
+  // A model with a layer that does not slide reads every block: none may be released.
+  static const ModelBundle* tiny = LoadTinyModel();
+  backend = CpuBackend::Create(tiny->config, &tiny->weights, bo);
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (int32_t start = 0; start < 96; start += 16) {
+    PrefillChunk pc{0, start, absl::MakeConstSpan(tokens), &all[0], 1};
+    ASSERT_TRUE((*backend)->Prefill(pc, logits.data()).ok());
+  }
+  st = (*backend)->Decode(step, logits.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("a layer without a window"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace kvrm
