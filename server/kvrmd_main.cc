@@ -634,6 +634,11 @@ int Run() {
                                                             : "on")
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
+  if ((*engine)->options().window_release) {
+    LOG(INFO) << "window release: every layer attends within " << m.config.sliding_window
+              << " positions; blocks behind a request's window go back to the pool ("
+              << (*engine)->options().kv_blocks << " KV blocks)";
+  }
   if (IsFp8(eo.kv_dtype)) {
     LOG(INFO) << "FP8 KV cache: keys and values divided by "
               << (m.weights.kv_cache_scales.empty()

@@ -359,15 +359,41 @@ ModelSpec SmallGptOss() {
   return s;
 }
 
+// Mistral 7B v0.1's attention at the benchmark size: every layer within a 512-position window
+// of the 4096 served (Mistral's 4096 of 32768: an eighth), no RoPE scaling. For
+// bench/window_release_bench (a slot's KV blocks behind the window released, or kept).
+ModelSpec SmallMistralSlidingWindow() {
+  ModelSpec s = Small();
+  s.name = "small-mistral-sw";
+  s.model_type = "mistral";
+  s.rope_scaling.reset();
+  s.sliding_window = 512;
+  return s;
+}
+
 const std::vector<ModelSpec>& Table() {
-  static const auto* table =
-      new std::vector<ModelSpec>{Tiny(),         Small(),        TinyQwen2(),
-                                 TinyQwen3(),    TinyBiased(),   TinyPhi3(),
-                                 TinyGranite(),  TinyK(),        TinyQwen2TwoHeads(),
-                                 TinyGemma2(),   TinyGemma3(),   TinyMistralSlidingWindow(),
-                                 TinyMixtral(),  TinyQwen2Moe(), TinyQwen3Moe(),
-                                 SmallMixtral(), TinySmolLM3(),  TinyOlmo2(),
-                                 TinyOlmo3(),    TinyGptOss(),   SmallGptOss()};
+  static const auto* table = new std::vector<ModelSpec>{Tiny(),
+                                                        Small(),
+                                                        TinyQwen2(),
+                                                        TinyQwen3(),
+                                                        TinyBiased(),
+                                                        TinyPhi3(),
+                                                        TinyGranite(),
+                                                        TinyK(),
+                                                        TinyQwen2TwoHeads(),
+                                                        TinyGemma2(),
+                                                        TinyGemma3(),
+                                                        TinyMistralSlidingWindow(),
+                                                        TinyMixtral(),
+                                                        TinyQwen2Moe(),
+                                                        TinyQwen3Moe(),
+                                                        SmallMixtral(),
+                                                        TinySmolLM3(),
+                                                        TinyOlmo2(),
+                                                        TinyOlmo3(),
+                                                        TinyGptOss(),
+                                                        SmallGptOss(),
+                                                        SmallMistralSlidingWindow()};
   return *table;
 }
 

@@ -1,0 +1,256 @@
+// Window release (EngineOptions::window_release): a model whose every layer attends within a
+// sliding window (the generated small-mistral-sw: Mistral 7B v0.1's attention at the benchmark
+// size, a 512-position window of 4096) served through the in-process engine on the CPU
+// backend, its KV blocks behind the window released or kept, side by side in one process:
+//
+//   bazel build //bench:window_release_bench
+//   bazel-bin/bench/window_release_bench --json=/tmp/window_release.json
+//
+// --requests requests (all queued at once, --slots slots), each a random prompt of
+// --prompt_tokens ids generating exactly --max_new_tokens (greedy, ignore_eos), in three modes:
+//   release     window release on, a pool of the working set a slot (WindowPeakBlocks) x slots
+//               (the engine's default pool then);
+//   keep, same  every block kept, the same pool: histories past it pause (swap or recompute) and
+//               wait, so fewer decode at once;
+//   keep, full  every block kept, a pool that holds every slot's whole history (what keeping
+//               needs to decode them all at once, as release does).
+// The modes' order rotates across --repeats (the machine is shared and noisy) and the table shows
+// medians, with the ratios of release to the others measured in the same rounds. Every run's
+// tokens must equal the first run's (release is exact): the `identical` column, and the exit
+// status is 1 where they are not. "peak blocks" is the most KV blocks in use at once, sampled
+// every 2 ms beside the run; KV MiB is the pool's size (K and V of every layer, f32 KV).
+#include <algorithm>
+#include <atomic>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+#include "bench/engine_run.h"
+#include "bench/generated_model.h"
+#include "common/logging.h"
+#include "nlohmann/json.hpp"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+
+ABSL_FLAG(std::string, size, "small-mistral-sw",
+          "generated model shape (tools/modelgen) whose every layer slides: small-mistral-sw or "
+          "tiny-mistral-sw");
+ABSL_FLAG(std::string, model_dir, "", "where to generate the model (default: a temp dir)");
+ABSL_FLAG(int32_t, slots, 8, "decode slots");
+ABSL_FLAG(int32_t, requests, 8, "requests per run, all queued at once");
+ABSL_FLAG(int32_t, prompt_tokens, 512, "prompt tokens per request");
+ABSL_FLAG(int32_t, max_new_tokens, 1536, "tokens each request generates (ignore_eos)");
+ABSL_FLAG(int32_t, prefill_chunk, 256, "EngineOptions::prefill_chunk");
+ABSL_FLAG(int32_t, repeats, 2, "rounds of the three modes (their order rotates); medians shown");
+ABSL_FLAG(int32_t, threads, 2, "CPU backend threads");
+ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
+
+namespace kvrm {
+namespace {
+
+struct Mode {
+  const char* name;
+  bool release;
+  int64_t kv_blocks;
+};
+
+struct ModeRun : bench::EngineRun {
+  int64_t peak_blocks = 0;
+};
+
+absl::StatusOr<ModeRun> RunMode(const ModelBundle& model, const Mode& mode,
+                                const std::vector<std::vector<int32_t>>& prompts) {
+  EngineOptions o;
+  o.slots = absl::GetFlag(FLAGS_slots);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  o.window_release = mode.release;
+  o.kv_blocks = mode.kv_blocks;
+  // The served context is the workload's history (keeping needs a request's whole history in
+  // the pool; release a window's worth).
+  o.max_context = absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens);
+  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  std::vector<std::unique_ptr<GenerationRequest>> requests;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    auto r = std::make_unique<GenerationRequest>();
+    r->request_id = "w" + std::to_string(i);
+    r->prompt = prompts[i];
+    r->max_new_tokens = o.max_new_tokens;
+    r->ignore_eos = true;
+    requests.push_back(std::move(r));
+  }
+  std::atomic<int64_t> peak{0};
+  const bench::BesideRun sample = [&](Engine* engine, const std::atomic<bool>* done) {
+    while (!*done) {
+      peak = std::max<int64_t>(peak, engine->Stats().kv.blocks_used);
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+  };
+  absl::StatusOr<bench::EngineRun> run =
+      bench::RunQueued(model, o, std::move(requests), o.max_new_tokens, sample);
+  if (!run.ok()) return run.status();
+  ModeRun out;
+  static_cast<bench::EngineRun&>(out) = std::move(*run);
+  out.peak_blocks = peak;
+  return out;
+}
+
+int Main() {
+  const std::string size = absl::GetFlag(FLAGS_size);
+  absl::StatusOr<std::unique_ptr<ModelBundle>> loaded =
+      bench::LoadGeneratedModel(absl::GetFlag(FLAGS_model_dir), size, "kvrm-window-release");
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "window_release_bench: %s\n", loaded.status().ToString().c_str());
+    return 2;
+  }
+  const ModelBundle& model = **loaded;
+  const LlamaConfig& c = model.config;
+  if (!c.AllLayersSlide()) {
+    std::fprintf(stderr, "window_release_bench: --size=%s has a layer without a window\n",
+                 size.c_str());
+    return 2;
+  }
+  const int32_t slots = absl::GetFlag(FLAGS_slots);
+  const int32_t prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  const int32_t new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  const int32_t history = prompt_tokens + new_tokens;
+  if (history > c.max_position_embeddings || history <= c.sliding_window) {
+    std::fprintf(stderr,
+                 "window_release_bench: prompt + output = %d must lie past the window (%d) and "
+                 "within the model's %d positions\n",
+                 history, c.sliding_window, c.max_position_embeddings);
+    return 2;
+  }
+  const int32_t block_tokens = EngineOptions{}.block_tokens;
+  const int64_t peak =
+      WindowPeakBlocks(c.sliding_window, block_tokens, absl::GetFlag(FLAGS_prefill_chunk), 0);
+  const int64_t whole = (history + block_tokens - 1) / block_tokens;
+  const std::vector<Mode> modes = {
+      {"release", true, peak * slots},
+      {"keep, same pool", false, std::max(peak * slots, whole)},
+      {"keep, full pool", false, whole * slots},
+  };
+  // K and V of every layer, f32.
+  const double mib_per_block = 2.0 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim *
+                               sizeof(float) * block_tokens / (1024.0 * 1024.0);
+
+  bench::IdSource ids(model, 42);
+  std::vector<std::vector<int32_t>> prompts(absl::GetFlag(FLAGS_requests));
+  for (auto& p : prompts) {
+    for (int32_t i = 0; i < prompt_tokens; ++i) p.push_back(ids.Next());
+  }
+  const int32_t repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  std::vector<std::vector<ModeRun>> runs(modes.size());
+  const std::vector<std::vector<int32_t>>* reference = nullptr;
+  bool identical = true;
+  for (int32_t round = 0; round < repeats; ++round) {
+    for (size_t k = 0; k < modes.size(); ++k) {
+      const size_t m = (k + round) % modes.size();
+      absl::StatusOr<ModeRun> r = RunMode(model, modes[m], prompts);
+      if (!r.ok()) {
+        std::fprintf(stderr, "window_release_bench: %s: %s\n", modes[m].name,
+                     r.status().ToString().c_str());
+        return 2;
+      }
+      std::fprintf(stderr, "round %d %-16s %7.1f tok/s, %llu preemptions, peak %lld blocks\n",
+                   round + 1, modes[m].name, r->tokens_per_s,
+                   static_cast<unsigned long long>(r->stats.preemptions_total),
+                   static_cast<long long>(r->peak_blocks));
+      runs[m].push_back(std::move(*r));
+      if (reference == nullptr) reference = &runs[m].front().outputs;
+      identical &= runs[m].back().outputs == *reference;
+    }
+  }
+
+  auto median_of = [&](size_t m, auto field) {
+    std::vector<double> v;
+    for (const ModeRun& r : runs[m]) v.push_back(field(r));
+    return bench::Median(v);
+  };
+  auto tok_s = [](const ModeRun& r) { return r.tokens_per_s; };
+  // Ratios within each round, then their median.
+  auto ratio = [&](size_t a, size_t b, auto field) {
+    std::vector<double> v;
+    for (int32_t i = 0; i < repeats; ++i) v.push_back(field(runs[a][i]) / field(runs[b][i]));
+    return bench::Median(v);
+  };
+
+  std::printf(
+      "window release on %s (window %d of %d positions), %d slots, %zu requests of %d prompt + "
+      "%d generated tokens (%d-token histories), %d threads, %d round(s), medians\n\n",
+      size.c_str(), c.sliding_window, c.max_position_embeddings, slots, prompts.size(),
+      prompt_tokens, new_tokens, history, absl::GetFlag(FLAGS_threads), repeats);
+  std::printf("%-16s %9s %8s %8s %8s %8s %11s %11s %9s %9s\n", "mode", "kv blocks", "KV MiB",
+              "tok/s", "TPOT ms", "TTFT s", "preemptions", "peak blocks", "released", "identical");
+  nlohmann::json rows = nlohmann::json::array();
+  for (size_t m = 0; m < modes.size(); ++m) {
+    const double preemptions =
+        median_of(m, [](const ModeRun& r) { return double(r.stats.preemptions_total); });
+    const double peak_blocks = median_of(m, [](const ModeRun& r) { return double(r.peak_blocks); });
+    const double released =
+        median_of(m, [](const ModeRun& r) { return double(r.stats.window_blocks_released_total); });
+    bool same = true;
+    for (const ModeRun& r : runs[m]) same &= r.outputs == *reference;
+    std::printf("%-16s %9lld %8.1f %8.1f %8.2f %8.2f %11.0f %11.0f %9.0f %9s\n", modes[m].name,
+                static_cast<long long>(modes[m].kv_blocks), modes[m].kv_blocks * mib_per_block,
+                median_of(m, tok_s), median_of(m, [](const ModeRun& r) { return r.tpot_ms; }),
+                median_of(m, [](const ModeRun& r) { return r.ttft_s; }), preemptions, peak_blocks,
+                released, same ? "yes" : "NO");
+    nlohmann::json row = bench::RunsJson(runs[m]);
+    row["mode"] = modes[m].name;
+    row["window_release"] = modes[m].release;
+    row["kv_blocks"] = modes[m].kv_blocks;
+    row["kv_mib"] = modes[m].kv_blocks * mib_per_block;
+    row["preemptions"] = preemptions;
+    row["peak_blocks"] = peak_blocks;
+    row["released_blocks"] = released;
+    row["identical"] = same;
+    rows.push_back(row);
+  }
+  const double vs_same = ratio(0, 1, tok_s), vs_full = ratio(0, 2, tok_s);
+  const double memory = static_cast<double>(modes[2].kv_blocks) / modes[0].kv_blocks;
+  auto peak_of = [](const ModeRun& r) { return static_cast<double>(r.peak_blocks); };
+  const double peak_ratio = ratio(2, 0, peak_of);
+  std::printf("\nrelease vs keep at the same pool: %.2fx tok/s\n", vs_same);
+  std::printf(
+      "release vs keep at the full pool: %.2fx tok/s with %.2fx less KV pool (%.2fx fewer "
+      "blocks in use at the peak)\n",
+      vs_full, memory, peak_ratio);
+  std::printf("outputs identical in every run: %s\n", identical ? "yes" : "NO");
+
+  if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
+    nlohmann::json j = bench::MachineJson(model, size, absl::GetFlag(FLAGS_threads));
+    j["sliding_window"] = c.sliding_window;
+    j["max_position_embeddings"] = c.max_position_embeddings;
+    j["slots"] = slots;
+    j["requests"] = prompts.size();
+    j["prompt_tokens"] = prompt_tokens;
+    j["max_new_tokens"] = new_tokens;
+    j["prefill_chunk"] = absl::GetFlag(FLAGS_prefill_chunk);
+    j["block_tokens"] = block_tokens;
+    j["window_peak_blocks"] = peak;
+    j["repeats"] = repeats;
+    j["rows"] = rows;
+    j["release_vs_keep_same_pool_tokens_per_s"] = vs_same;
+    j["release_vs_keep_full_pool_tokens_per_s"] = vs_full;
+    j["keep_full_pool_over_release_pool"] = memory;
+    j["keep_full_peak_over_release_peak"] = peak_ratio;
+    j["all_identical"] = identical;
+    std::ofstream(path) << j.dump(2) << "\n";
+  }
+  return identical ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace kvrm
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kvrm::Main();
+}
