@@ -302,7 +302,7 @@ absl::StatusOr<int32_t> CpuBackend::DecodeRows(const StepDescriptor& step, CpuRo
     if (drafts < 0 || drafts > step.max_draft) {
       return absl::InvalidArgumentError(absl::StrCat("slot ", s, ": ", drafts, " draft tokens"));
     }
-    if (summaries != 0 || step.far.enabled()) {
+    if (summaries != 0 || (dropped != 0 && step.far.enabled())) {
       return absl::InvalidArgumentError(
           absl::StrCat("slot ", s, ": draft tokens with far-history summaries"));
     }
