@@ -18,7 +18,9 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/testing/alloc_counter.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "kvrm/v1/kvrm.grpc.pb.h"
 #include "runtime/backend.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
@@ -330,6 +332,29 @@ TEST(WindowReleaseTest, AppliesOnlyWhereEveryLayerSlidesAndSizesThePool) {
   e = Engine::Create(tiny, o);
   ASSERT_TRUE(e.ok());
   EXPECT_FALSE((*e)->options().window_release);
+}
+
+// The server says so: GetServerInfo's KV usage names the window and counts the blocks released.
+TEST(WindowReleaseTest, ServerInfoReportsTheWindowAndTheReleasedBlocks) {
+  EngineOptions o;
+  o.slots = 2;
+  o.threads = 2;
+  absl::StatusOr<std::unique_ptr<ModelBundle>> model = ModelBundle::Load(Mistral().dir);
+  ASSERT_TRUE(model.ok()) << model.status();
+  TestServer server(std::move(*model), o);
+  v1::GenerateRequest req = TextRequest("a window slides along", 200);
+  req.mutable_stopping()->set_ignore_eos(true);
+  const StreamResult r = RunGenerate(server.stub(), req);
+  ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+  EXPECT_EQ(r.tokens.size(), 200u);
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(server.stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.kv().window_release_tokens(), kWindow);
+  // 16-token blocks: a history of 200 + the prompt's tokens leaves at least (200 - 48) / 16.
+  EXPECT_GE(info.kv().window_released_blocks_total(), 9u);
+  // The default pool: the working set a slot, (47 + 255) / 16 + 2 = 20 blocks.
+  EXPECT_EQ(info.kv().blocks_total(), 2 * 20);
 }
 
 // The CPU backend takes a released block only where every layer slides and the block lies
