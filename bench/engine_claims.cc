@@ -401,7 +401,6 @@ int Main(int argc, char** argv) {
         o.kv_dtype = kv_dtype;
         o.threads = absl::GetFlag(FLAGS_threads);
         o.backend_factory = device->factory;
-        o.sliding_window_attention = device->device == "cpu";
         auto result = RunMode(**model, o, p, prompts);
         if (!result.ok()) {
           std::fprintf(stderr, "%s %s: %s\n", label.c_str(), KvModeName(o.kv_mode),

@@ -139,9 +139,9 @@ struct EngineOptions {
   // fails that copy as a real copy error would. It may also sleep (a slow transport).
   std::function<absl::Status(const TransferGroup&)> transfer_fault;
   EngineObserver* observer = nullptr;  // not owned; outlives the engine
-  // Whether the backend computes sliding-window layers (the CPU backend does; the CUDA backend
-  // not yet: kvrmd's --device=cuda sets false). Without, max_context is kept within the model's
-  // window, where windowed attention is full causal attention.
+  // Whether the backend computes sliding-window layers (the CPU and CUDA backends do; a backend
+  // that does not sets false). Without, max_context is kept within the model's window, where
+  // windowed attention is full causal attention, and no block is released behind it.
   bool sliding_window_attention = true;
   // Builds the backend from the resolved options (kvrmd's --device=cuda); null: the CPU backend.
   std::function<absl::StatusOr<std::unique_ptr<Backend>>(const ModelBundle& model,

@@ -137,7 +137,7 @@ ABSL_FLAG(bool, kv_window_release, true,
           "a model whose every layer attends within a sliding window shorter than the context "
           "(Mistral 7B v0.1, Phi-3-mini): give a history's KV blocks wholly behind the window "
           "back to the pool as it moves on, so a request holds about window + one chunk of "
-          "blocks whatever its length (exact; kvrm mode, CPU device). Off: keep every block");
+          "blocks whatever its length (exact; kvrm mode). Off: keep every block");
 ABSL_FLAG(int32_t, speculative_tokens, 0,
           "speculative decoding by prompt lookup (CPU device): up to this many draft tokens per "
           "request and step, taken from an earlier occurrence of its last tokens and verified "
@@ -502,7 +502,6 @@ int Run() {
     return 2;
   }
   eo.backend_factory = device->factory;
-  eo.sliding_window_attention = device->device == "cpu";
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
   KvrmMetricsOptions metrics_options{(*model)->name, absl::GetFlag(FLAGS_kv_mode),

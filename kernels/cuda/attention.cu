@@ -67,7 +67,8 @@ __device__ __forceinline__ void Merge(float& m, float& l, float* acc, float om, 
 template <typename Kv, int kHeadDim, int kGroup, int kSets>
 __global__ void __launch_bounds__(kWarps * 32)
     AttentionKernel(const float* __restrict__ qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
-                    int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* __restrict__ out) {
+                    int32_t kv_heads, float scale, int32_t window, AttentionWorkspace ws,
+                    bf16* __restrict__ out) {
   constexpr int kLanesPerToken = kHeadDim / kLaneElems;  // 8 or 16
   constexpr int kTokensPerWarp = 32 / kLanesPerToken;    // 4 or 2
   constexpr int kStride = kWarps * kTokensPerWarp;       // tokens one set of the block covers
@@ -76,11 +77,16 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int tg = lane / kLanesPerToken;              // the lane's token in the warp's set
   const int li = lane % kLanesPerToken;              // its slice of the row: li * 8 onwards
   const int32_t len = in.active[row] ? in.position[row] + 1 : 0;
-  const int32_t begin = split * ws.split_tokens;
-  const int32_t end = min(len, begin + ws.split_tokens);
+  // A sliding-window layer reads the row's last `window` positions: the splits before them are
+  // empty, the one they start in begins there (its tokens still go to lanes from that start,
+  // whatever the layout).
+  const int32_t lo = window > 0 && len > window ? len - window : 0;
+  const int32_t end = min(len, (split + 1) * ws.split_tokens);
+  const int32_t begin = max(split * ws.split_tokens, lo);
   const int64_t first_slot = (static_cast<int64_t>(row) * heads + g * kGroup) * ws.splits;
   if (begin >= end) {
-    // A split past the row's length (the whole block alike): only its -inf marker, on which the
+    // A split past the row's length or before its window (the whole block alike): only its -inf
+    // marker, on which the
     // reduction skips it without reading its partial_out (64 slots at 4096 context would
     // otherwise write ~6 MB of zeros a layer).
     for (int j = threadIdx.x; j < kGroup; j += blockDim.x) {
@@ -266,15 +272,15 @@ __global__ void __launch_bounds__(kWarps * 32)
 
 template <typename Kv, int kHeadDim, int kGroup>
 absl::Status Run(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
-                 int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
+                 int32_t kv_heads, float scale, int32_t window, AttentionWorkspace ws, bf16* out,
                  cudaStream_t stream) {
   const dim3 grid(ws.splits, kv_heads, in.rows);
   if (ws.token_sets == 4) {
     AttentionKernel<Kv, kHeadDim, kGroup, 4><<<grid, kWarps * 32, 0, stream>>>(
-        qkv, in, kv, heads, kv_heads, scale, ws, out);
+        qkv, in, kv, heads, kv_heads, scale, window, ws, out);
   } else {
     AttentionKernel<Kv, kHeadDim, kGroup, 2><<<grid, kWarps * 32, 0, stream>>>(
-        qkv, in, kv, heads, kv_heads, scale, ws, out);
+        qkv, in, kv, heads, kv_heads, scale, window, ws, out);
   }
   KVRM_CUDA_RETURN_IF_ERROR(cudaGetLastError());
   return absl::OkStatus();
@@ -284,17 +290,17 @@ absl::Status Run(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
 // with it): 1 to kMaxGroup.
 template <typename Kv, int kHeadDim>
 absl::Status RunGroup(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
-                      int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
-                      cudaStream_t stream) {
+                      int32_t kv_heads, float scale, int32_t window, AttentionWorkspace ws,
+                      bf16* out, cudaStream_t stream) {
   switch (heads / kv_heads) {
-    case 1: return Run<Kv, kHeadDim, 1>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 2: return Run<Kv, kHeadDim, 2>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 3: return Run<Kv, kHeadDim, 3>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 4: return Run<Kv, kHeadDim, 4>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 5: return Run<Kv, kHeadDim, 5>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 6: return Run<Kv, kHeadDim, 6>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 7: return Run<Kv, kHeadDim, 7>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 8: return Run<Kv, kHeadDim, 8>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 1: return Run<Kv, kHeadDim, 1>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 2: return Run<Kv, kHeadDim, 2>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 3: return Run<Kv, kHeadDim, 3>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 4: return Run<Kv, kHeadDim, 4>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 5: return Run<Kv, kHeadDim, 5>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 6: return Run<Kv, kHeadDim, 6>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 7: return Run<Kv, kHeadDim, 7>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 8: return Run<Kv, kHeadDim, 8>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
     default:
       return absl::InvalidArgumentError("attention: more than 8 query heads per KV head");
   }
@@ -304,11 +310,11 @@ absl::Status RunGroup(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t h
 
 template <typename Kv>
 absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
-                             int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
-                             cudaStream_t stream) {
+                             int32_t kv_heads, float scale, int32_t window, AttentionWorkspace ws,
+                             bf16* out, cudaStream_t stream) {
   if (in.rows <= 0 || kv_heads <= 0 || heads % kv_heads != 0 ||
       heads / kv_heads > kMaxGroup || ws.splits <= 0 || ws.split_tokens <= 0 ||
-      ws.done == nullptr || (ws.token_sets != 2 && ws.token_sets != 4)) {
+      ws.done == nullptr || (ws.token_sets != 2 && ws.token_sets != 4) || window < 0) {
     return absl::InvalidArgumentError(
         "attention: heads must be a multiple of KV heads (at most " + std::to_string(kMaxGroup) +
         " per KV head), with a workspace of splits, split counters and 2 or 4 token sets");
@@ -321,8 +327,8 @@ absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, in
     return absl::InvalidArgumentError("attention: Q, K or V not 16-byte aligned");
   }
   switch (kv.head_dim) {
-    case 64: return RunGroup<Kv, 64>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
-    case 128: return RunGroup<Kv, 128>(qkv, in, kv, heads, kv_heads, scale, ws, out, stream);
+    case 64: return RunGroup<Kv, 64>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
+    case 128: return RunGroup<Kv, 128>(qkv, in, kv, heads, kv_heads, scale, window, ws, out, stream);
     default:
       return absl::InvalidArgumentError("attention: head_dim " + std::to_string(kv.head_dim) +
                                         " (the CUDA kernels take 64 or 128)");
@@ -330,10 +336,10 @@ absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, in
 }
 
 template absl::Status LaunchAttention<float>(const float*, StepInputs, KvLayer<float>, int32_t,
-                                             int32_t, float, AttentionWorkspace, bf16*,
+                                             int32_t, float, int32_t, AttentionWorkspace, bf16*,
                                              cudaStream_t);
 template absl::Status LaunchAttention<bf16>(const float*, StepInputs, KvLayer<bf16>, int32_t,
-                                            int32_t, float, AttentionWorkspace, bf16*,
+                                            int32_t, float, int32_t, AttentionWorkspace, bf16*,
                                             cudaStream_t);
 
 }  // namespace kvrm::cuda

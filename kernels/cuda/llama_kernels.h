@@ -93,8 +93,10 @@ inline int64_t AttentionCounterInts(int32_t rows, int32_t kv_heads) {
   return int64_t{rows} * kv_heads;
 }
 
-// Attention of each active row's query heads over positions [0, position] of its run table
-// (grouped-query: heads / kv_heads query heads per KV head), split over the KV length and then
+// Attention of each active row's query heads over positions [0, position] of its run table, or
+// with `window` > 0 (a sliding-window layer) over the last `window` of them, [position + 1 -
+// window, position] (grouped-query: heads / kv_heads query heads per KV head), split over the
+// KV length and then
 // reduced, in one launch (the last split block of each row and KV head reduces). out:
 // [rows][heads * head_dim] bf16 (zeros for inactive rows). head_dim 64 or 128, at most 8 query
 // heads per KV head. K and V are widened to f32 as they are loaded (exactly, for
@@ -102,8 +104,8 @@ inline int64_t AttentionCounterInts(int32_t rows, int32_t kv_heads) {
 // float and bf16.
 template <typename Kv>
 absl::Status LaunchAttention(const float* qkv, StepInputs in, KvLayer<Kv> kv, int32_t heads,
-                             int32_t kv_heads, float scale, AttentionWorkspace ws, bf16* out,
-                             cudaStream_t stream);
+                             int32_t kv_heads, float scale, int32_t window, AttentionWorkspace ws,
+                             bf16* out, cudaStream_t stream);
 
 // out[r][i] = silu(gate_up[r][i]) * gate_up[r][ffn + i] (bf16), gate_up [rows][2 * ffn].
 absl::Status LaunchSwiGlu(const float* gate_up, int32_t rows, int32_t ffn, bf16* out,

@@ -52,11 +52,12 @@ LoraShapes LoraTargetShapes(int64_t hidden, int64_t head_dim, int64_t heads, int
 template <typename Kv>
 absl::Status RopeKvAndAttention(const KvLayerView& view, float* qkv, const StepInputs& in,
                                 const float* rope, int32_t heads, int32_t kv_heads, float scale,
-                                const AttentionWorkspace& ws, bf16* out, cudaStream_t s) {
+                                int32_t window, const AttentionWorkspace& ws, bf16* out,
+                                cudaStream_t s) {
   const KvLayer<Kv> kv{static_cast<Kv*>(view.k), static_cast<Kv*>(view.v), view.head_stride,
                        view.block_tokens, view.head_dim};
   RETURN_IF_ERROR(LaunchRopeAndStoreKv(qkv, in, rope, heads, kv_heads, kv, s));
-  return LaunchAttention(qkv, in, kv, heads, kv_heads, scale, ws, out, s);
+  return LaunchAttention(qkv, in, kv, heads, kv_heads, scale, window, ws, out, s);
 }
 
 }  // namespace
@@ -218,11 +219,6 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
         "model_type ", config.model_type,
         ": the CUDA backend does not compute Granite's multipliers yet; use --device=cpu"));
   }
-  if (config.sliding_window > 0 && options.max_context > config.sliding_window) {
-    return absl::UnimplementedError(absl::StrCat(
-        "max context ", options.max_context, " exceeds the model's sliding_window (",
-        config.sliding_window, "): the CUDA backend does not compute sliding-window attention"));
-  }
   const int devices = CudaDeviceCount();
   if (devices < tp) {
     return absl::FailedPreconditionError(absl::StrCat("--device=cuda --tp=", tp, " needs ", tp,
@@ -260,8 +256,10 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(
                                                    " is not in [1, ", kMaxLoraRank, "]"));
   }
   auto b = std::unique_ptr<CudaBackend>(new CudaBackend(config, options));
-  b->limits_ = PackLimits{options.kv_blocks, options.kv_block_tokens, options.max_context,
-                          config.vocab_size, options.max_lora_adapters};
+  b->limits_ =
+      PackLimits{options.kv_blocks,         options.kv_block_tokens,
+                 options.max_context,       config.vocab_size,
+                 options.max_lora_adapters, config.AllLayersSlide() ? config.sliding_window : 0};
   b->lora_.resize(options.max_lora_adapters);
   b->layouts_[kDecodePass] = DecodeLayout(options.max_slots, options.max_runs);
   // A prompt's run table may be wider than the descriptor's rows while compaction is pending (the
@@ -644,13 +642,16 @@ absl::Status CudaBackend::EnqueueForward(Rank& rank, Pass pass, bool lora) {
                                            s));
     }
     // The pool's element type picks the kernels' instantiation (f32 or bf16; Create checked it).
-    // SmolLM3's NoPE layers rotate nothing (a null table).
+    // SmolLM3's NoPE layers rotate nothing (a null table); a sliding-window layer (Mistral,
+    // Qwen2, Phi-3) attends to its window.
     const float* layer_rope = config_.UsesRope(layer) ? rope : nullptr;
+    const int32_t window = config_.SlidingWindowOf(layer);
     RETURN_IF_ERROR(view.dtype == DType::kBF16
                         ? RopeKvAndAttention<bf16>(view, rank.qkv, in, layer_rope, rank.heads,
-                                                   rank.kv_heads, scale, ws, rank.attn, s)
+                                                   rank.kv_heads, scale, window, ws, rank.attn, s)
                         : RopeKvAndAttention<float>(view, rank.qkv, in, layer_rope, rank.heads,
-                                                    rank.kv_heads, scale, ws, rank.attn, s));
+                                                    rank.kv_heads, scale, window, ws, rank.attn,
+                                                    s));
     RETURN_IF_ERROR(g.o->Run(rank.attn, l.wo, rank.x, residual_beta, wsp, s));
     // Row-parallel: each rank's delta is a partial sum (its share of A's columns), completed by
     // the all-reduce with the product's.

@@ -361,9 +361,12 @@ uint32_t StoredBits(float x) {
 // and V rounded as the pool stores them (the new token's K rounded from its float64 rotation), so
 // the threshold is the f32 pool's. The new V rows must be stored bit for bit as the CPU's
 // FloatToBf16 rounds them (random values, and rounding ties and subnormals put in on purpose);
-// the new K rows within rounding of the float64 rotation.
+// the new K rows within rounding of the float64 rotation. With `window` > 0 (a sliding-window
+// layer: Mistral's, Qwen2's, Phi-3's), each row attends to its last `window` positions only, and
+// a run table lacking the blocks wholly behind that window (window release: packed from their
+// end) must give the same bits.
 template <typename Kv>
-Check CheckAttention(int head_dim, int heads, int kv_heads) {
+Check CheckAttention(int head_dim, int heads, int kv_heads, int window = 0) {
   constexpr bool kBf16 = std::is_same_v<Kv, bf16>;
   std::vector<DevicePtr> keep;
   const int rows = 9, max_runs = 4, block_tokens = 16, max_context = 1100, split = 128;
@@ -445,7 +448,8 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
     // not read as the previous launch's bits.
     CK(cudaMemset(dout, 0xff, out_bytes));
     CHECK_OK(LaunchAttention(dqkv, dev_in, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
-                             AttentionWorkspace{po, pml, splits, split, done, sets}, dout, nullptr));
+                             window, AttentionWorkspace{po, pml, splits, split, done, sets}, dout,
+                             nullptr));
     auto got_bits = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
     std::vector<uint16_t>& keep_bits = sets == 2 ? out : out4;
     if (!keep_bits.empty() && got_bits != keep_bits) launches_agree = false;
@@ -483,9 +487,45 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
     for (int sets : {2, 4}) {
       CK(cudaMemset(dout, 0xff, out_bytes));
       CHECK_OK(LaunchAttention(dqkv, dev_in2, kv, heads, kv_heads, 1.0f / std::sqrt(float(head_dim)),
-                               AttentionWorkspace{po, pml, splits, split, done, sets}, dout, nullptr));
+                               window, AttentionWorkspace{po, pml, splits, split, done, sets}, dout,
+                               nullptr));
       const auto bits = Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
       if (bits != (sets == 2 ? out : out4)) layout_invariant = false;
+    }
+    // Window release: the same tables without their blocks wholly behind each row's window,
+    // their logical starts from the released blocks' end (as PackTable lays them out).
+    if (window > 0) {
+      std::vector<int32_t> in3 = in2;
+      for (int r = 0; r < rows; ++r) {
+        if (!in[l.active + r]) continue;
+        const int32_t pos = in[l.position + r];
+        const int32_t first = pos + 1 - window;
+        int32_t skip = first > 0 ? first / block_tokens : 0;
+        std::vector<KvRun> kept;
+        for (int k = 0; k < in2[l.num_runs + r]; ++k) {
+          KvRun run{in2[l.run_first + r * max_runs + k], in2[l.run_blocks + r * max_runs + k]};
+          if (skip >= run.num_blocks) {
+            skip -= run.num_blocks;
+            continue;
+          }
+          kept.push_back({run.first_block + skip, run.num_blocks - skip});
+          skip = 0;
+        }
+        write_table(in3, r, kept);
+        const int32_t released = first > 0 ? first / block_tokens * block_tokens : 0;
+        for (size_t k = 0; k < kept.size(); ++k) in3[l.run_start + r * max_runs + k] += released;
+      }
+      const StepInputs dev_in3 = StepInputs::At(l, Upload(in3, keep));
+      for (int sets : {2, 4}) {
+        CK(cudaMemset(dout, 0xff, out_bytes));
+        CHECK_OK(LaunchAttention(dqkv, dev_in3, kv, heads, kv_heads,
+                                 1.0f / std::sqrt(float(head_dim)), window,
+                                 AttentionWorkspace{po, pml, splits, split, done, sets}, dout,
+                                 nullptr));
+        const auto bits =
+            Download(reinterpret_cast<const uint16_t*>(dout), rows * heads * head_dim);
+        if (bits != (sets == 2 ? out : out4)) layout_invariant = false;
+      }
     }
   }
   // Every launch left its split counters at zero for the next.
@@ -526,11 +566,13 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
         if (v_after[at] != StoredBits<Kv>(vnew[g * head_dim + d])) kv_written = false;
       }
     }
+    // The positions the row attends to: all, or its window's.
+    const int lo = window > 0 ? std::max(0, pos + 1 - window) : 0;
     for (int h = 0; h < heads; ++h) {
       const int g = h / group;
-      std::vector<double> s(pos + 1);
+      std::vector<double> s(pos + 1, -INFINITY);
       double mx = -1e300;
-      for (int t = 0; t <= pos; ++t) {
+      for (int t = lo; t <= pos; ++t) {
         const int64_t phys = host_in.PhysicalToken(r, t, block_tokens);
         double dot = 0;
         for (int d = 0; d < head_dim; ++d) {
@@ -545,7 +587,7 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
       }
       double z = 0;
       for (double& v : s) z += (v = std::exp(v - mx));
-      for (int t = 0; t <= pos; ++t) {
+      for (int t = lo; t <= pos; ++t) {
         const int64_t phys = host_in.PhysicalToken(r, t, block_tokens);
         for (int d = 0; d < head_dim; ++d) {
           const double vd = t == pos ? AsStored<Kv>(vnew[g * head_dim + d])
@@ -559,8 +601,10 @@ Check CheckAttention(int head_dim, int heads, int kv_heads) {
   for (size_t i = 0; i < out4.size(); ++i) got4[i] = Bf16ToFloat(out4[i]);
   double err = std::max(RelError(ref, got), RelError(ref, got4));
   if (!kv_written || !launches_agree || !layout_invariant) err = INFINITY;
-  return {absl::StrFormat("rope + kv write + attention (hd %d, %d/%d heads, %s KV)", head_dim,
-                          heads, kv_heads, kBf16 ? "bf16" : "f32"),
+  return {absl::StrFormat("rope + kv write + attention (hd %d, %d/%d heads, %s KV%s)", head_dim,
+                          heads, kv_heads, kBf16 ? "bf16" : "f32",
+                          window > 0 ? absl::StrFormat(", window %d + released blocks", window)
+                                     : std::string()),
           err, 1e-2, err <= 1e-2};
 }
 
@@ -1516,6 +1560,10 @@ int main(int argc, char** argv) {
   run(CheckAttention<float>(128, 16, 4));  // and 4 (Llama 3 8B's)
   run(CheckAttention<bf16>(64, 12, 4));  // both load widths (head_dim 64: 4 bytes, 128: 8)
   run(CheckAttention<bf16>(128, 32, 4));
+  // Sliding windows (Mistral 7B v0.1's shape: 32 heads of 128 over 8 KV heads), ending
+  // mid-split and mid-block, with the blocks behind them released.
+  run(CheckAttention<bf16>(128, 32, 8, 200));
+  run(CheckAttention<float>(64, 12, 4, 37));
   run(CheckSampling());
   }
   auto model = SmallModel();

@@ -25,17 +25,18 @@ std::string Describe(const What& w) {
   return s;
 }
 
-// Copies one run table into table `t` and fills its logical starts; checks it against `limits`
-// and checks that it holds `position` (the token the row writes).
-absl::Status PackTable(const KvRun* runs, int32_t num_runs, int32_t position, int32_t t,
-                       const StepInputLayout& l, const PackLimits& limits, const What& what,
-                       int32_t* out) {
+// Copies one run table into table `t` and fills its logical starts, from the end of its
+// `dropped` released blocks; checks it against `limits` and checks that it holds `position`
+// (the token the row writes).
+absl::Status PackTable(const KvRun* runs, int32_t num_runs, int32_t dropped, int32_t position,
+                       int32_t t, const StepInputLayout& l, const PackLimits& limits,
+                       const What& what, int32_t* out) {
   if (num_runs < 1 || num_runs > l.max_runs) {
     return absl::InvalidArgumentError(
         absl::StrCat(Describe(what), ".num_runs = ", num_runs, " outside [1, ", l.max_runs, "]"));
   }
   out[l.num_runs + t] = num_runs;
-  int64_t start = 0;
+  int64_t start = int64_t{dropped} * limits.block_tokens;
   for (int32_t r = 0; r < num_runs; ++r) {
     const KvRun& run = runs[r];
     if (run.first_block < 0 || run.num_blocks < 1 ||
@@ -81,13 +82,19 @@ absl::Status CheckAdapter(int32_t adapter, const PackLimits& limits, const What&
   return absl::OkStatus();
 }
 
-// The CUDA step reads every block of a history from logical block 0: none released (window
-// release, far history; the engine turns both off for this backend).
-absl::Status CheckNoneDropped(int32_t dropped, const What& what) {
+// Released blocks (window release; far history is not computed here): only where every layer
+// slides, and only blocks wholly behind the window of the table's first row, at `first`.
+absl::Status CheckDropped(int32_t dropped, int32_t first, const PackLimits& limits,
+                          const What& what) {
   if (dropped == 0) return absl::OkStatus();
+  const int64_t behind = limits.release_window > 0 && first + 1 > limits.release_window
+                             ? (int64_t{first} + 1 - limits.release_window) / limits.block_tokens
+                             : 0;
+  if (dropped > 0 && dropped <= behind) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
-      Describe(what), ".far_dropped = ", dropped,
-      ": this backend reads every block of a history (no far history, no window release)"));
+      Describe(what), ".far_dropped = ", dropped, ": a row at position ", first, " reads all but ",
+      behind,
+      limits.release_window > 0 ? " blocks (behind its window)" : " (a layer without a window)"));
 }
 
 absl::Status CheckSampling(const DeviceSampling& p, const PackLimits& limits, const What& what) {
@@ -122,12 +129,12 @@ absl::Status PackDecodeRows(const StepDescriptor& step, const StepInputLayout& l
     const int32_t adapter = s < static_cast<int32_t>(step.adapter.size()) ? step.adapter[s] : -1;
     absl::Status st = CheckRow(step.token[s], step.position[s], limits, what);
     if (st.ok()) st = CheckAdapter(adapter, limits, what);
-    if (st.ok() && s < static_cast<int32_t>(step.far_dropped.size())) {
-      st = CheckNoneDropped(step.far_dropped[s], what);
-    }
+    const int32_t dropped =
+        s < static_cast<int32_t>(step.far_dropped.size()) ? step.far_dropped[s] : 0;
+    if (st.ok()) st = CheckDropped(dropped, step.position[s], limits, what);
     if (st.ok()) {
-      st = PackTable(step.SlotRunsData(s), step.num_runs[s], step.position[s], s, l, limits,
-                     what, out);
+      st = PackTable(step.SlotRunsData(s), step.num_runs[s], dropped, step.position[s], s, l,
+                     limits, what, out);
     }
     const bool sample = with_sampling && step.sampling[s].on_device;
     if (st.ok() && sample) st = CheckSampling(step.sampling[s], limits, what);
@@ -162,8 +169,9 @@ absl::Status PackChunkRows(const PrefillChunk& chunk, const StepInputLayout& l,
   const int32_t last = chunk.start + static_cast<int32_t>(n) - 1;
   RETURN_IF_ERROR(CheckRow(0, last, limits, what));
   RETURN_IF_ERROR(CheckAdapter(chunk.adapter, limits, what));
-  RETURN_IF_ERROR(CheckNoneDropped(chunk.far_dropped, what));
-  RETURN_IF_ERROR(PackTable(chunk.runs, chunk.num_runs, last, table, l, limits, what, out));
+  RETURN_IF_ERROR(CheckDropped(chunk.far_dropped, chunk.start, limits, what));
+  RETURN_IF_ERROR(
+      PackTable(chunk.runs, chunk.num_runs, chunk.far_dropped, last, table, l, limits, what, out));
   for (int64_t i = 0; i < n; ++i) {
     RETURN_IF_ERROR(CheckRow(chunk.tokens[i], chunk.start + static_cast<int32_t>(i), limits,
                              What{true, chunk.slot, static_cast<int32_t>(i)}));

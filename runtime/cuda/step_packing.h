@@ -19,6 +19,10 @@ struct PackLimits {
   int32_t max_context = 0;   // positions
   int32_t vocab_size = 0;
   int32_t lora_adapters = 0;  // LoRA adapter slots: a row's adapter is in [-1, lora_adapters)
+  // Window release (StepDescriptor::far_dropped): the model's window where every layer slides;
+  // a table may then lack its first blocks wholly behind the window of its row (its first
+  // row), and is packed from their end. 0: none may be released.
+  int32_t release_window = 0;
 };
 
 // Layout of a decode step over `step`'s shape: one row and one run table per slot.

@@ -102,6 +102,58 @@ TEST(StepPackingTest, DecodeRowsResolveTokensLikeTheCpuRunTables) {
   }
 }
 
+// Window release: a table that lacks its first blocks (wholly behind the window of its row, a
+// model whose every layer slides) is packed from their end, so every position from there on
+// resolves to the block the CPU run table gives it, shifted by the released tokens, and the
+// released positions to none. One block more than the window lets go, or any without a window,
+// is refused naming the field.
+TEST(StepPackingTest, ReleasedBlocksStartTheTableAfterThem) {
+  std::mt19937 rng(5);
+  const int32_t slots = 4, max_runs = 6, block_tokens = 16, vocab = 1000, window = 48;
+  PackLimits limits{400, block_tokens, 4096, vocab};
+  limits.release_window = window;
+  const StepInputLayout l = DecodeLayout(slots, max_runs);
+  std::vector<int32_t> buf(l.total);
+  for (int iter = 0; iter < 20; ++iter) {
+    StepDescriptor d = RandomStep(rng, slots, max_runs, 400, block_tokens, vocab);
+    for (int32_t s = 0; s < slots; ++s) {
+      if (!d.active[s]) continue;
+      d.far_dropped[s] = BlocksBehindWindow(d.position[s], window, block_tokens);
+    }
+    ASSERT_TRUE(PackDecodeInputs(d, l, limits, buf.data()).ok());
+    const StepInputs in = StepInputs::At(l, buf.data());
+    for (int32_t s = 0; s < slots; ++s) {
+      if (!d.active[s]) continue;
+      const int64_t released = int64_t{d.far_dropped[s]} * block_tokens;
+      for (int32_t p = 0; p <= d.position[s]; ++p) {
+        ASSERT_EQ(in.PhysicalToken(s, p, block_tokens),
+                  p < released
+                      ? -1
+                      : PhysicalToken(d.SlotRunsData(s), d.num_runs[s], block_tokens, p - released))
+            << "slot " << s << " position " << p;
+      }
+    }
+  }
+  StepDescriptor d;
+  d.Resize(slots, max_runs);
+  d.active[1] = 1;
+  d.token[1] = 3;
+  d.position[1] = 100;  // reads [53, 100]: blocks 0..2 (tokens < 48) are behind
+  d.num_runs[1] = 1;
+  d.SlotRuns(1)[0] = KvRun{7, 4};
+  d.far_dropped[1] = 3;
+  EXPECT_TRUE(PackDecodeInputs(d, l, limits, buf.data()).ok());
+  d.far_dropped[1] = 4;
+  absl::Status st = PackDecodeInputs(d, l, limits, buf.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("slot 1.far_dropped = 4"), absl::string_view::npos) << st;
+  d.far_dropped[1] = 3;
+  limits.release_window = 0;
+  st = PackDecodeInputs(d, l, limits, buf.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("a layer without a window"), absl::string_view::npos) << st;
+}
+
 TEST(StepPackingTest, PackingAGoodStepDoesNotAllocate) {
   if (!alloc_counter::kAvailable) GTEST_SKIP() << "allocation counting is off under sanitizers";
   std::mt19937 rng(17);
