@@ -7,7 +7,8 @@
 //   3. the whole backend (captured graphs) against the CPU backend on a random model of the
 //      `small` shape: prefill and decode logits, greedy agreement; TP=2 where two GPUs exist;
 //      again with bf16 KV pools on both; a transfer group through the host tier and back; then
-//      modelgen's tiny-qwen2 and tiny-qwen3, and tiny-qwen3 with Q/K/V and O biases added;
+//      modelgen's tiny-qwen2 and tiny-qwen3, tiny-qwen3 with Q/K/V and O biases added, and
+//      tiny-qwen2 with every layer sliding over 48 positions;
 //      LoRA adapters through every graph (rows of different adapters, a slot replaced between
 //      replays, an empty slot refused);
 //   4. decode through the graph at several slot counts: step time, tokens/s, bytes read per
@@ -826,7 +827,10 @@ std::unique_ptr<RandomModel> SmallModel() {
 // (per-head Q/K norms), head_dim 64, 4 layers, vocabulary 1024. With `attention_bias`, Q/K/V and
 // O biases are added (random bf16, modelgen's bias scale): Qwen3 with attention_bias, every
 // vector at once and the only head_dim-64 model with an O bias (tiny-biased's head_dim is 32).
-std::unique_ptr<RandomModel> ArchitectureModel(const std::string& size, bool attention_bias) {
+// With `window` > 0, every layer attends within that many positions (Qwen2 with every layer
+// sliding, as Mistral 7B v0.1's: tiny-mistral-sw's heads of 32 are not the CUDA kernels').
+std::unique_ptr<RandomModel> ArchitectureModel(const std::string& size, bool attention_bias,
+                                               int32_t window = 0) {
   auto m = std::make_unique<RandomModel>();
   modelgen::MakeModelOptions options;
   options.size = size;
@@ -840,6 +844,11 @@ std::unique_ptr<RandomModel> ArchitectureModel(const std::string& size, bool att
   m->name = size;
   m->config = m->bundle->config;
   m->weights = m->bundle->weights;
+  if (window > 0) {
+    m->name += absl::StrCat(" + window ", window);
+    m->config.sliding_window = window;
+    m->config.sliding_layers.assign(m->config.num_hidden_layers, true);
+  }
   if (attention_bias) {
     m->name += " + attention_bias";
     LlamaConfig& c = m->config;
@@ -1587,10 +1596,15 @@ int main(int argc, char** argv) {
   run(CheckQkvBiasAndNorm());
   run(CheckAddBiasRmsNorm());
   also.clear();
-  for (const auto& [size, attention_bias] : {std::pair<std::string, bool>{"tiny-qwen2", false},
-                                             {"tiny-qwen3", false},
-                                             {"tiny-qwen3", true}}) {
-    const auto arch = ArchitectureModel(size, attention_bias);
+  // (tiny-qwen2 + window 48: prompts of 40-190 tokens and 24 steps run past the window.)
+  struct Arch {
+    std::string size;
+    bool attention_bias;
+    int32_t window;
+  };
+  for (const Arch& a : {Arch{"tiny-qwen2", false, 0}, Arch{"tiny-qwen3", false, 0},
+                        Arch{"tiny-qwen3", true, 0}, Arch{"tiny-qwen2", false, 48}}) {
+    const auto arch = ArchitectureModel(a.size, a.attention_bias, a.window);
     for (int tp = 1; tp <= std::min(devices, 2); ++tp) {
       run(CheckBackend(*arch, tp, kvrm::DType::kF32, /*sampling=*/false, /*transfer=*/false,
                        &also));
