@@ -6,6 +6,8 @@
 //    prefill over summaries) and compaction give the bits of an unpressured run;
 //  - bad options are refused naming the flag; the backend's far step does not allocate.
 // The kernel itself is checked against a float64 reference in kernels/cpu/kernels_test.
+#include "runtime/far_history.h"
+
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -21,87 +23,24 @@
 #include "runtime/backend.h"
 #include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
-#include "runtime/far_history.h"
 #include "runtime/model_bundle.h"
+#include "tests/engine_workload.h"
 #include "tests/reference_llama.h"
 #include "tests/test_server.h"
 
 namespace kvrm {
 namespace {
 
-struct Spec {
-  std::vector<int32_t> prompt;
-  int32_t max_new_tokens;
-  float temperature;
-};
-
-// Random prompts of 3..max_prompt tokens and 30..30+max_new outputs; every third request samples
-// (seeded), the rest are greedy.
-std::vector<Spec> Workload(int n, int max_prompt, int max_new, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Spec> specs;
-  for (int i = 0; i < n; ++i) {
-    Spec s;
-    const int len = 3 + static_cast<int>(rng() % max_prompt);
-    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % 1000));
-    s.max_new_tokens = 30 + static_cast<int32_t>(rng() % max_new);
-    s.temperature = i % 3 == 0 ? 0.9f : 0.0f;
-    specs.push_back(s);
-  }
-  return specs;
-}
-
-std::unique_ptr<GenerationRequest> MakeRequest(const Spec& spec, int i,
-                                               std::shared_ptr<CollectingSink> sink) {
-  auto r = std::make_unique<GenerationRequest>();
-  r->request_id = "r" + std::to_string(i);
-  r->prompt = spec.prompt;
-  r->max_new_tokens = spec.max_new_tokens;
-  r->ignore_eos = true;
-  r->sampling.temperature = spec.temperature;
-  r->sampling.seed = 1000 + i;
-  r->arrival = absl::Now();
-  r->sink = std::move(sink);
-  return r;
-}
-
 const ModelBundle& Tiny() {
   static const ModelBundle* model = LoadTinyModel();
   return *model;
 }
 
-struct RunResult {
-  std::vector<std::vector<int32_t>> tokens;
-  EngineStats stats;
-};
+using Spec = WorkloadSpec;
+using RunResult = WorkloadRun;
 
-// Runs the workload on a started engine and waits until every block is back.
-RunResult RunWorkload(EngineOptions options, const std::vector<Spec>& specs) {
-  options.threads = 2;
-  options.max_new_tokens = 512;
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Tiny(), options);
-  CHECK_OK(engine.status());
-  (*engine)->Start();
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    CHECK_OK((*engine)->Submit(MakeRequest(specs[i], static_cast<int>(i), sinks.back())).status());
-  }
-  RunResult out;
-  for (size_t i = 0; i < sinks.size(); ++i) {
-    FinishInfo info;
-    out.tokens.push_back(sinks[i]->Wait(&info));
-    EXPECT_EQ(info.reason, FinishReason::kLength) << "request " << i << ": " << info.error;
-    EXPECT_EQ(static_cast<int32_t>(out.tokens.back().size()), specs[i].max_new_tokens) << i;
-  }
-  EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
-  // Blocks held for in-flight copies retire on the next idle iterations (every 20 ms).
-  for (int i = 0; i < 100; ++i) {
-    out.stats = (*engine)->Stats();
-    if (out.stats.kv.blocks_reserved == 0) break;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return out;
+RunResult RunWorkload(const EngineOptions& options, const std::vector<Spec>& specs) {
+  return RunWorkload(Tiny(), options, specs);
 }
 
 FarHistoryOptions Far(int32_t sinks, int32_t window) {
@@ -115,7 +54,7 @@ FarHistoryOptions Far(int32_t sinks, int32_t window) {
 // Off is the full computation; on, while every history stays within sinks + window, no summary
 // exists and the engine takes the exact kernel path: the same tokens, bit for bit.
 TEST(FarHistoryTest, ShortHistoriesGiveTheTokensOfOff) {
-  const std::vector<Spec> specs = Workload(10, 300, 180, 2026);  // histories < 512 tokens
+  const std::vector<Spec> specs = RandomWorkload(10, 300, 180, 2026);  // histories < 512 tokens
   EngineOptions off;
   off.slots = 4;
   off.prefill_chunk = 64;
@@ -148,7 +87,7 @@ TEST(FarHistoryTest, DecodingFarPastThePoolKeepsBlocksBounded) {
   ASSERT_TRUE(engine.ok()) << engine.status();
   EXPECT_EQ((*engine)->far_history().sink_blocks, kSinkBlocks);
   EXPECT_EQ((*engine)->far_history().window_blocks, kWindowBlocks);
-  std::vector<Spec> specs = Workload(2, 100, 1, 7);
+  std::vector<Spec> specs = RandomWorkload(2, 100, 1, 7);
   specs[0].prompt.resize(40, 5);
   specs[0].max_new_tokens = 300;
   specs[1].prompt.resize(100, 9);
@@ -156,7 +95,7 @@ TEST(FarHistoryTest, DecodingFarPastThePoolKeepsBlocksBounded) {
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (int i = 0; i < 2; ++i) {
     sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(MakeRequest(specs[i], i, sinks.back())).ok());
+    ASSERT_TRUE((*engine)->Submit(WorkloadRequest(specs[i], i, sinks.back())).ok());
   }
   int steps = 0, decoding_steps = 0;
   int64_t most_reserved = 0;
@@ -201,7 +140,7 @@ TEST(FarHistoryTest, DecodingFarPastThePoolKeepsBlocksBounded) {
 TEST(FarHistoryTest, SwapRecomputeAndCompactionGiveIdenticalTokens) {
   // Prompts of one chunk, so the pressure comes while decoding (victims are swapped, or
   // recomputed over several chunks of summaries when there is no host tier).
-  const std::vector<Spec> specs = Workload(8, 14, 250, 99);
+  const std::vector<Spec> specs = RandomWorkload(8, 14, 250, 99);
   EngineOptions roomy;
   roomy.slots = 4;
   roomy.block_tokens = 8;

@@ -25,6 +25,7 @@
 #include "runtime/cpu_backend.h"
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
+#include "tests/engine_workload.h"
 #include "tests/test_server.h"
 #include "tools/modelgen/model_writer.h"
 
@@ -48,76 +49,11 @@ const ModelBundle& Mistral() {
   return *model;
 }
 
-struct Spec {
-  std::vector<int32_t> prompt;
-  int32_t max_new_tokens;
-  float temperature;
-};
+using Spec = WorkloadSpec;
+using RunResult = WorkloadRun;
 
-// Random prompts of 3..max_prompt tokens and 30..30+max_new outputs; every third request samples
-// (seeded), the rest are greedy.
-std::vector<Spec> Workload(int n, int max_prompt, int max_new, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<Spec> specs;
-  for (int i = 0; i < n; ++i) {
-    Spec s;
-    const int len = 3 + static_cast<int>(rng() % max_prompt);
-    for (int t = 0; t < len; ++t) s.prompt.push_back(static_cast<int32_t>(rng() % 1000));
-    s.max_new_tokens = 30 + static_cast<int32_t>(rng() % max_new);
-    s.temperature = i % 3 == 0 ? 0.9f : 0.0f;
-    specs.push_back(s);
-  }
-  return specs;
-}
-
-std::unique_ptr<GenerationRequest> MakeRequest(const Spec& spec, int i,
-                                               std::shared_ptr<CollectingSink> sink) {
-  auto r = std::make_unique<GenerationRequest>();
-  r->request_id = "r" + std::to_string(i);
-  r->prompt = spec.prompt;
-  r->max_new_tokens = spec.max_new_tokens;
-  r->ignore_eos = true;
-  r->sampling.temperature = spec.temperature;
-  r->sampling.seed = 1000 + i;
-  r->arrival = absl::Now();
-  r->sink = std::move(sink);
-  return r;
-}
-
-struct RunResult {
-  std::vector<std::vector<int32_t>> tokens;
-  EngineStats stats;
-  EngineOptions resolved;
-};
-
-// Runs the workload on a started engine and waits until every block is back.
-RunResult RunWorkload(EngineOptions options, const std::vector<Spec>& specs) {
-  options.threads = 2;
-  options.max_new_tokens = 512;
-  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Mistral(), options);
-  CHECK_OK(engine.status());
-  (*engine)->Start();
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    CHECK_OK((*engine)->Submit(MakeRequest(specs[i], static_cast<int>(i), sinks.back())).status());
-  }
-  RunResult out;
-  out.resolved = (*engine)->options();
-  for (size_t i = 0; i < sinks.size(); ++i) {
-    FinishInfo info;
-    out.tokens.push_back(sinks[i]->Wait(&info));
-    EXPECT_EQ(info.reason, FinishReason::kLength) << "request " << i << ": " << info.error;
-    EXPECT_EQ(static_cast<int32_t>(out.tokens.back().size()), specs[i].max_new_tokens) << i;
-  }
-  EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
-  // Blocks held for in-flight copies retire on the next idle iterations (every 20 ms).
-  for (int i = 0; i < 100; ++i) {
-    out.stats = (*engine)->Stats();
-    if (out.stats.kv.blocks_reserved == 0) break;
-    absl::SleepFor(absl::Milliseconds(10));
-  }
-  return out;
+RunResult RunWorkload(const EngineOptions& options, const std::vector<Spec>& specs) {
+  return RunWorkload(Mistral(), options, specs);
 }
 
 EngineOptions Roomy(bool release) {
@@ -134,7 +70,7 @@ EngineOptions Roomy(bool release) {
 // Histories up to ~450 tokens, far past the 48-token window: releasing the blocks behind it
 // gives the tokens of keeping them, bit for bit (greedy and sampled).
 TEST(WindowReleaseTest, ReleasedBlocksGiveTheTokensOfKeepingThem) {
-  const std::vector<Spec> specs = Workload(8, 150, 250, 2026);
+  const std::vector<Spec> specs = RandomWorkload(8, 150, 250, 2026);
   const RunResult kept = RunWorkload(Roomy(false), specs);
   EXPECT_FALSE(kept.resolved.window_release);
   EXPECT_EQ(kept.stats.window_blocks_released_total, 0u);
@@ -170,7 +106,7 @@ TEST(WindowReleaseTest, SlotsHoldAWindowOfBlocksWhateverTheirLength) {
   o.max_new_tokens = 512;
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Mistral(), o);
   ASSERT_TRUE(engine.ok()) << engine.status();
-  std::vector<Spec> specs = Workload(2, 100, 1, 7);
+  std::vector<Spec> specs = RandomWorkload(2, 100, 1, 7);
   specs[0].prompt.resize(40, 5);
   specs[0].max_new_tokens = 400;
   specs[1].prompt.resize(150, 9);  // a prompt three windows long: prefilled chunk by chunk
@@ -178,7 +114,7 @@ TEST(WindowReleaseTest, SlotsHoldAWindowOfBlocksWhateverTheirLength) {
   std::vector<std::shared_ptr<CollectingSink>> sinks;
   for (int i = 0; i < 2; ++i) {
     sinks.push_back(std::make_shared<CollectingSink>());
-    ASSERT_TRUE((*engine)->Submit(MakeRequest(specs[i], i, sinks.back())).ok());
+    ASSERT_TRUE((*engine)->Submit(WorkloadRequest(specs[i], i, sinks.back())).ok());
   }
   int steps = 0, both_decoding = 0;
   int64_t most_reserved = 0;
@@ -218,7 +154,7 @@ TEST(WindowReleaseTest, SlotsHoldAWindowOfBlocksWhateverTheirLength) {
 // kept blocks only; all give the tokens of keeping every block with room for everyone.
 TEST(WindowReleaseTest, SwapRecomputeAndCompactionGiveIdenticalTokens) {
   // Prompts of one chunk, so the pressure comes while decoding.
-  const std::vector<Spec> specs = Workload(8, 14, 250, 99);
+  const std::vector<Spec> specs = RandomWorkload(8, 14, 250, 99);
   const RunResult reference = RunWorkload(Roomy(false), specs);
   EXPECT_EQ(reference.stats.preemptions_total, 0u);
 
@@ -255,7 +191,7 @@ TEST(WindowReleaseTest, SwapRecomputeAndCompactionGiveIdenticalTokens) {
 // attaches it and releases at once the blocks behind its first chunk's window. Prompt-lookup
 // drafts verify over released tables too. Both give the tokens of keeping every block.
 TEST(WindowReleaseTest, PrefixCacheAndDraftsGiveIdenticalTokens) {
-  std::vector<Spec> specs = Workload(8, 30, 120, 5);
+  std::vector<Spec> specs = RandomWorkload(8, 30, 120, 5);
   std::mt19937 rng(11);
   std::vector<int32_t> shared(120);
   for (int32_t& t : shared) t = static_cast<int32_t>(rng() % 1000);
