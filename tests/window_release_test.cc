@@ -270,6 +270,49 @@ TEST(WindowReleaseTest, AppliesOnlyWhereEveryLayerSlidesAndSizesThePool) {
   EXPECT_FALSE((*e)->options().window_release);
 }
 
+// Random shapes around the edges: windows of 1 to 100 positions (shorter than a block, not a
+// multiple of one, longer than a chunk), blocks of 4 to 16 tokens, chunks of 8 to 40, with and
+// without drafts, on a roomy pool and a tight one (pauses): every shape gives the tokens of
+// keeping every block, and every block comes back.
+TEST(WindowReleaseTest, RandomShapesGiveTheTokensOfKeepingThem) {
+  absl::StatusOr<std::unique_ptr<ModelBundle>> loaded = ModelBundle::Load(Mistral().dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ModelBundle& model = **loaded;  // its window changes per shape (engines read it at creation)
+  std::mt19937 rng(35);
+  int released_shapes = 0, paused_shapes = 0;
+  for (int shape = 0; shape < 14; ++shape) {
+    const int32_t window = std::vector<int32_t>{1, 3, 5, 16, 20, 37, 64, 100}[rng() % 8];
+    model.config.sliding_window = window;
+    EngineOptions o;
+    o.slots = 3;
+    o.block_tokens = std::vector<int32_t>{4, 8, 16}[rng() % 3];
+    o.prefill_chunk = std::vector<int32_t>{8, 24, 40}[rng() % 3];
+    o.speculative_tokens = rng() % 2 == 0 ? 0 : 3;
+    const std::vector<Spec> specs = RandomWorkload(5, 90, 150, 100 + shape);
+    EngineOptions keep = o;
+    keep.window_release = false;
+    const RunResult reference = RunWorkload(model, keep, specs);
+    o.window_release = true;
+    const int64_t peak =
+        WindowPeakBlocks(window, o.block_tokens, o.prefill_chunk, o.speculative_tokens);
+    const bool tight = shape % 2 == 1;
+    if (tight) o.kv_blocks = peak + 2 + static_cast<int64_t>(rng() % (2 * peak));
+    const RunResult released = RunWorkload(model, o, specs);
+    const std::string what =
+        absl::StrCat("window ", window, ", blocks of ", o.block_tokens, ", chunks of ",
+                     o.prefill_chunk, ", drafts ", o.speculative_tokens, ", pool ", o.kv_blocks);
+    ASSERT_TRUE(released.resolved.window_release) << what;
+    EXPECT_EQ(released.tokens, reference.tokens) << what;
+    EXPECT_EQ(released.stats.kv.blocks_used, 0) << what;
+    EXPECT_EQ(released.stats.kv.blocks_free, released.stats.kv.blocks_total) << what;
+    released_shapes += released.stats.window_blocks_released_total > 0;
+    paused_shapes += released.stats.preemptions_total > 0;
+  }
+  model.config.sliding_window = kWindow;
+  EXPECT_EQ(released_shapes, 14);
+  EXPECT_GT(paused_shapes, 0);
+}
+
 // The server says so: GetServerInfo's KV usage names the window and counts the blocks released.
 TEST(WindowReleaseTest, ServerInfoReportsTheWindowAndTheReleasedBlocks) {
   EngineOptions o;
