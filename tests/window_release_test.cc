@@ -272,8 +272,8 @@ TEST(WindowReleaseTest, AppliesOnlyWhereEveryLayerSlidesAndSizesThePool) {
 
 // Random shapes around the edges: windows of 1 to 100 positions (shorter than a block, not a
 // multiple of one, longer than a chunk), blocks of 4 to 16 tokens, chunks of 8 to 40, with and
-// without drafts, on a roomy pool and a tight one (pauses): every shape gives the tokens of
-// keeping every block, and every block comes back.
+// without drafts, one tensor-parallel rank or two, on a roomy pool and a tight one (pauses):
+// every shape gives the tokens of keeping every block, and every block comes back.
 TEST(WindowReleaseTest, RandomShapesGiveTheTokensOfKeepingThem) {
   absl::StatusOr<std::unique_ptr<ModelBundle>> loaded = ModelBundle::Load(Mistral().dir);
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -288,6 +288,7 @@ TEST(WindowReleaseTest, RandomShapesGiveTheTokensOfKeepingThem) {
     o.block_tokens = std::vector<int32_t>{4, 8, 16}[rng() % 3];
     o.prefill_chunk = std::vector<int32_t>{8, 24, 40}[rng() % 3];
     o.speculative_tokens = rng() % 2 == 0 ? 0 : 3;
+    o.tensor_parallel = shape % 3 == 0 ? 2 : 1;  // each rank's share of KV heads released alike
     const std::vector<Spec> specs = RandomWorkload(5, 90, 150, 100 + shape);
     EngineOptions keep = o;
     keep.window_release = false;
@@ -298,9 +299,9 @@ TEST(WindowReleaseTest, RandomShapesGiveTheTokensOfKeepingThem) {
     const bool tight = shape % 2 == 1;
     if (tight) o.kv_blocks = peak + 2 + static_cast<int64_t>(rng() % (2 * peak));
     const RunResult released = RunWorkload(model, o, specs);
-    const std::string what =
-        absl::StrCat("window ", window, ", blocks of ", o.block_tokens, ", chunks of ",
-                     o.prefill_chunk, ", drafts ", o.speculative_tokens, ", pool ", o.kv_blocks);
+    const std::string what = absl::StrCat(
+        "window ", window, ", blocks of ", o.block_tokens, ", chunks of ", o.prefill_chunk,
+        ", drafts ", o.speculative_tokens, ", tp ", o.tensor_parallel, ", pool ", o.kv_blocks);
     ASSERT_TRUE(released.resolved.window_release) << what;
     EXPECT_EQ(released.tokens, reference.tokens) << what;
     EXPECT_EQ(released.stats.kv.blocks_used, 0) << what;
