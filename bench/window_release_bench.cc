@@ -18,7 +18,8 @@
 // medians, with the ratios of release to the others measured in the same rounds. Every run's
 // tokens must equal the first run's (release is exact): the `identical` column, and the exit
 // status is 1 where they are not. "peak blocks" is the most KV blocks in use at once, sampled
-// every 2 ms beside the run; KV MiB is the pool's size (K and V of every layer, f32 KV).
+// every 2 ms beside the run; "blocks moved" what the transport copied (compaction, and swaps out
+// and back); KV MiB is the pool's size (K and V of every layer, f32 KV).
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
@@ -186,8 +187,9 @@ int Main() {
       "%d generated tokens (%d-token histories), %d threads, %d round(s), medians\n\n",
       size.c_str(), c.sliding_window, c.max_position_embeddings, slots, prompts.size(),
       prompt_tokens, new_tokens, history, absl::GetFlag(FLAGS_threads), repeats);
-  std::printf("%-16s %9s %8s %8s %8s %8s %11s %11s %9s %9s\n", "mode", "kv blocks", "KV MiB",
-              "tok/s", "TPOT ms", "TTFT s", "preemptions", "peak blocks", "released", "identical");
+  std::printf("%-16s %9s %8s %8s %8s %8s %11s %11s %9s %12s %9s\n", "mode", "kv blocks", "KV MiB",
+              "tok/s", "TPOT ms", "TTFT s", "preemptions", "peak blocks", "released",
+              "blocks moved", "identical");
   nlohmann::json rows = nlohmann::json::array();
   for (size_t m = 0; m < modes.size(); ++m) {
     const double preemptions =
@@ -195,13 +197,17 @@ int Main() {
     const double peak_blocks = median_of(m, [](const ModeRun& r) { return double(r.peak_blocks); });
     const double released =
         median_of(m, [](const ModeRun& r) { return double(r.stats.window_blocks_released_total); });
+    // Blocks the transport copied: compaction, and swaps out and back.
+    const double moved =
+        median_of(m, [](const ModeRun& r) { return double(r.stats.transfer_blocks_total); });
     bool same = true;
     for (const ModeRun& r : runs[m]) same &= r.outputs == *reference;
-    std::printf("%-16s %9lld %8.1f %8.1f %8.2f %8.2f %11.0f %11.0f %9.0f %9s\n", modes[m].name,
-                static_cast<long long>(modes[m].kv_blocks), modes[m].kv_blocks * mib_per_block,
-                median_of(m, tok_s), median_of(m, [](const ModeRun& r) { return r.tpot_ms; }),
+    std::printf("%-16s %9lld %8.1f %8.1f %8.2f %8.2f %11.0f %11.0f %9.0f %12.0f %9s\n",
+                modes[m].name, static_cast<long long>(modes[m].kv_blocks),
+                modes[m].kv_blocks * mib_per_block, median_of(m, tok_s),
+                median_of(m, [](const ModeRun& r) { return r.tpot_ms; }),
                 median_of(m, [](const ModeRun& r) { return r.ttft_s; }), preemptions, peak_blocks,
-                released, same ? "yes" : "NO");
+                released, moved, same ? "yes" : "NO");
     nlohmann::json row = bench::RunsJson(runs[m]);
     row["mode"] = modes[m].name;
     row["window_release"] = modes[m].release;
@@ -210,6 +216,7 @@ int Main() {
     row["preemptions"] = preemptions;
     row["peak_blocks"] = peak_blocks;
     row["released_blocks"] = released;
+    row["moved_blocks"] = moved;
     row["identical"] = same;
     rows.push_back(row);
   }

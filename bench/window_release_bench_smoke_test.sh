@@ -25,12 +25,12 @@ for r in d["rows"]:
     assert r["identical"] is True, r
     assert r["tokens"] == d["requests"] * d["max_new_tokens"], r
     assert len(r["runs"]) == 2 and r["tokens_per_s"] > 0 and 0 < r["ttft_s"] < r["wall_s"], r
-    assert 0 < r["peak_blocks"] <= r["kv_blocks"], r
+    assert 0 < r["peak_blocks"] <= r["kv_blocks"] and r["moved_blocks"] >= 0, r
 assert release["window_release"] and not same["window_release"] and not full["window_release"]
 assert release["kv_blocks"] == 4 * 6 == same["kv_blocks"] and full["kv_blocks"] == 4 * 10, d
 assert release["preemptions"] == 0 and release["released_blocks"] > 0, release
 assert same["released_blocks"] == 0 and full["released_blocks"] == 0, d
-assert same["preemptions"] > 0, same  # 4 histories of 10 blocks on 24
+assert same["preemptions"] > 0 and same["moved_blocks"] > 0, same  # 4 histories of 10 on 24
 assert full["peak_blocks"] > release["peak_blocks"], d
 assert d["keep_full_pool_over_release_pool"] == 40 / 24, d
 print("ok")
