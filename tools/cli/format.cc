@@ -239,6 +239,11 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
                                  kv.blocks_free(), " free / ", kv.blocks_total())},
       {"kv_block", absl::StrCat(kv.block_tokens(), " tokens, ", kv.bytes_per_block(), " bytes")},
       {"kv_host_blocks", absl::StrCat(kv.host_blocks_used())},
+      {"window_release",
+       kv.window_release_tokens() == 0
+           ? std::string("off")
+           : absl::StrCat("behind a ", kv.window_release_tokens(), "-token window, ",
+                          kv.window_released_blocks_total(), " blocks released")},
       {"requests_total", absl::StrCat(server.requests_total())},
       {"tokens_generated", absl::StrCat(server.tokens_generated_total())},
       {"uptime_s", absl::StrFormat("%.1f", server.uptime_s())},

@@ -172,6 +172,11 @@ TEST(FormatTest, InfoTableIsAligned) {
   EXPECT_THAT(table, HasSubstr("server\n  version           \n  state             SERVING\n"));
   EXPECT_THAT(table, HasSubstr("  slots             2 in use / 8\n"));
   EXPECT_THAT(table, HasSubstr("  lora_adapters         none\n"));
+  EXPECT_THAT(table, HasSubstr("  window_release    off\n"));
+  server.mutable_kv()->set_window_release_tokens(4096);
+  server.mutable_kv()->set_window_released_blocks_total(37);
+  EXPECT_THAT(FormatInfo(model, server),
+              HasSubstr("  window_release    behind a 4096-token window, 37 blocks released\n"));
   model.set_num_parameters(124439808);
   EXPECT_THAT(FormatInfo(model, server), HasSubstr("124439808 (124.44M)"));
   model.set_num_experts(128);
