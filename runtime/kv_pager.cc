@@ -623,6 +623,22 @@ void KvPager::Release(int32_t slot) {
       Drop(s.tier, *it);
     }
   }
+  // Window release: the cached blocks behind the window went idle long before the rest, so they
+  // are the oldest on the eviction list, and evicting the chain's start first would stop the
+  // whole history from matching (a conversation's next turn). Now that the history ends they go
+  // back to the list's recent end, its first block last, as if released with the rest: the tail
+  // is evicted first, as for any history. (Chain blocks held by others, or evicted since, are
+  // left alone.)
+  if (!in_flight && s.tier == KvTier::kDevice && s.dropped > 0 &&
+      static_cast<int32_t>(s.links.size()) >= s.dropped) {
+    for (int32_t j = s.dropped - 1; j >= 0; --j) {
+      const auto [b, gen] = s.links[j];
+      if (b >= 0 && cache_.registered(b) && cache_.gen(b) == gen && refs_[b] == 0) {
+        cache_.IdleRemove(b);
+        cache_.IdlePush(b);
+      }
+    }
+  }
   s.blocks.clear();
   s.runs.clear();
   s.tokens = 0;

@@ -906,6 +906,31 @@ TEST(KvPagerTest, WindowReleaseGoesOnRegisteringPastTheDroppedBlocks) {
   EXPECT_EQ(p.free_device_blocks(), 64);
 }
 
+// A history whose blocks behind the window went idle early (window release) is evicted as any
+// released history is, its tail first, once it ends: a later prompt continuing it (the next turn
+// of a conversation) still matches its start after growth elsewhere takes a few blocks.
+TEST(KvPagerTest, AnEndedWindowReleasedHistoryIsEvictedTailFirst) {
+  KvPager p(CacheOptions(2, 16));
+  const std::vector<int32_t> history = RandomTokens(12 * kBlockTokens, 7);
+  constexpr int32_t kWindowBlocks = 3;
+  for (int32_t blocks = 1; blocks <= 12; ++blocks) {  // a block a step, registered as it fills
+    ASSERT_TRUE(p.Grow(0, blocks * kBlockTokens).ok());
+    p.RegisterPrefix(0, absl::MakeConstSpan(history).first(blocks * kBlockTokens));
+    p.DropBlocks(0, 0, std::max(p.Dropped(0), blocks - kWindowBlocks));
+  }
+  ASSERT_EQ(p.Dropped(0), 9);
+  EXPECT_EQ(p.idle_cached_blocks(), 9) << "the blocks behind the window, idle while it ran";
+  p.Release(0);
+  EXPECT_EQ(p.idle_cached_blocks(), 12);
+  // 4 free blocks and 12 idle ones: 8 new blocks evict 4, which must be the history's last.
+  ASSERT_TRUE(p.Grow(1, 8 * kBlockTokens).ok());
+  EXPECT_EQ(p.evictions(), 4u);
+  std::vector<int32_t> match;
+  EXPECT_EQ(p.MatchPrefix(history, 12, &match), 8);
+  p.Release(1);
+  EXPECT_TRUE(p.CheckInvariants().ok());
+}
+
 // Far history: a slot that decodes far past its pool share keeps sinks + window blocks, its run
 // table lists the kept blocks in logical order, and every freed block is reusable at once (or,
 // the destination of a move in flight, once its fence retires).
