@@ -349,8 +349,6 @@ void Engine::Admit(absl::Time now) {
           i, std::min<int64_t>(prompt + slot.request->max_new_tokens, options_.max_context));
     }
     slot.cached_tokens = AttachCachedPrefix(i);
-    // (A cached prefix longer than the window: the first chunk reads only its last blocks.)
-    ReleaseBehindWindow(i, slot.cached_tokens);
     const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
@@ -363,6 +361,8 @@ void Engine::Admit(absl::Time now) {
     slot.history.assign(req.prompt.begin(), req.prompt.end());
     slot.prefilled = slot.cached_tokens;
     slot.position = slot.cached_tokens;
+    // (A cached prefix longer than the window: the first chunk reads only its last blocks.)
+    ReleaseBehindWindow(i, slot.cached_tokens);
     slot.generated = 0;
     slot.swapped = false;
     slot.grammar_state = req.grammar ? req.grammar->start() : 0;
@@ -788,6 +788,9 @@ void Engine::ReleaseBehindWindow(int32_t slot, int64_t position) {
       std::min<int64_t>(BlocksBehindWindow(position, release_window_, options_.block_tokens),
                         before + pager_->NumBlocks(slot));
   if (target <= before) return;
+  // The prefix chain walked past the blocks about to go (their links kept), so that the history
+  // goes on registering after them: a conversation's next turn finds all of it.
+  RegisterCachedPrefix(slot);
   pager_->DropBlocks(slot, /*sink_blocks=*/0, target);
   window_released_ += target - before;
 }

@@ -270,6 +270,53 @@ TEST(WindowReleaseTest, AppliesOnlyWhereEveryLayerSlidesAndSizesThePool) {
   EXPECT_FALSE((*e)->options().window_release);
 }
 
+// A conversation: turn 1 (100 prompt + 150 generated tokens, five windows) releases blocks as it
+// decodes, registering them first; turn 2's prompt (turn 1's history and 20 new tokens) then
+// finds all of turn 1's written full blocks in the cache, as without release, and gives the
+// same tokens.
+TEST(WindowReleaseTest, AConversationsNextTurnFindsTheWholeHistoryCached) {
+  auto run = [](bool release, uint64_t* turn2_hits) {
+    EngineOptions o = Roomy(release);
+    o.slots = 1;
+    o.threads = 2;
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Mistral(), o);
+    CHECK_OK(engine.status());
+    (*engine)->Start();
+    std::vector<Spec> turns = RandomWorkload(1, 1, 1, 77);
+    turns[0].prompt.resize(100, 11);
+    for (size_t t = 0; t < 100; ++t) turns[0].prompt[t] = static_cast<int32_t>(7 * t % 1000);
+    turns[0].max_new_tokens = 150;
+    turns[0].temperature = 0;
+    std::vector<std::vector<int32_t>> outputs;
+    uint64_t hits_before = 0;
+    for (int turn = 0; turn < 2; ++turn) {
+      if (turn == 1) {
+        Spec next = turns[0];
+        next.prompt.insert(next.prompt.end(), outputs[0].begin(), outputs[0].end());
+        for (int t = 0; t < 20; ++t) next.prompt.push_back(500 + t);
+        next.max_new_tokens = 40;
+        turns.push_back(next);
+        hits_before = (*engine)->Stats().prefix_cache_hits_total;
+      }
+      auto sink = std::make_shared<CollectingSink>();
+      CHECK_OK((*engine)->Submit(WorkloadRequest(turns[turn], turn, sink)).status());
+      FinishInfo info;
+      outputs.push_back(sink->Wait(&info));
+      EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
+    }
+    EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
+    *turn2_hits = (*engine)->Stats().prefix_cache_hits_total - hits_before;
+    return outputs;
+  };
+  uint64_t kept_hits = 0, released_hits = 0;
+  const auto kept = run(false, &kept_hits);
+  const auto released = run(true, &released_hits);
+  EXPECT_EQ(released, kept);
+  // Turn 1 wrote K/V for 249 tokens (its last token is never an input): 31 full 8-token blocks.
+  EXPECT_EQ(kept_hits, 31u * 8);
+  EXPECT_EQ(released_hits, kept_hits);
+}
+
 // Random shapes around the edges: windows of 1 to 100 positions (shorter than a block, not a
 // multiple of one, longer than a chunk), blocks of 4 to 16 tokens, chunks of 8 to 40, with and
 // without drafts, one tensor-parallel rank or two, on a roomy pool and a tight one (pauses):
