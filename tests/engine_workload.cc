@@ -67,4 +67,33 @@ WorkloadRun RunWorkload(const ModelBundle& model, EngineOptions options,
   return out;
 }
 
+void ExpectPressureChangesNoToken(const ModelBundle& model, const EngineOptions& options,
+                                  int64_t tight_blocks, int64_t compact_blocks,
+                                  const std::vector<WorkloadSpec>& specs,
+                                  const WorkloadRun& reference) {
+  EngineOptions tight = options;
+  tight.kv_blocks = tight_blocks;
+  const WorkloadRun swapped = RunWorkload(model, tight, specs);
+  EXPECT_EQ(swapped.tokens, reference.tokens) << "swap";
+  EXPECT_GT(swapped.stats.preemptions_total, 0u);
+  EXPECT_GT(swapped.stats.transfer_groups_total, 0u);
+  EXPECT_EQ(swapped.stats.kv.blocks_free, tight_blocks);
+  EXPECT_EQ(swapped.stats.kv.host_blocks_used, 0);
+
+  EngineOptions recompute = tight;
+  recompute.kv_host_blocks = 0;
+  const WorkloadRun recomputed = RunWorkload(model, recompute, specs);
+  EXPECT_EQ(recomputed.tokens, reference.tokens) << "drop and recompute";
+  EXPECT_GT(recomputed.stats.preemptions_total, 0u);
+  EXPECT_EQ(recomputed.stats.kv.blocks_free, tight_blocks);
+
+  EngineOptions compacted = options;
+  compacted.kv_blocks = compact_blocks;
+  compacted.max_runs = 3;
+  const WorkloadRun compact = RunWorkload(model, compacted, specs);
+  EXPECT_EQ(compact.tokens, reference.tokens) << "compaction";
+  EXPECT_GT(compact.stats.transfer_groups_total, 0u);
+  EXPECT_EQ(compact.stats.kv.blocks_free, compact_blocks);
+}
+
 }  // namespace kvrm

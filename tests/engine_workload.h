@@ -42,6 +42,15 @@ struct WorkloadRun {
 WorkloadRun RunWorkload(const ModelBundle& model, EngineOptions options,
                         const std::vector<WorkloadSpec>& specs);
 
+// The workload under KV pressure, three ways, each expected to give `reference`'s tokens and to
+// return every block: `options` on a pool of `tight_blocks` (pauses swap to the host tier), the
+// same with no host tier (pauses drop and recompute), and on `compact_blocks` with a run table of
+// 3 (decoding slots compacted). Each must have paused, or moved blocks, to count.
+void ExpectPressureChangesNoToken(const ModelBundle& model, const EngineOptions& options,
+                                  int64_t tight_blocks, int64_t compact_blocks,
+                                  const std::vector<WorkloadSpec>& specs,
+                                  const WorkloadRun& reference);
+
 }  // namespace kvrm
 
 #endif  // KVRM_TESTS_ENGINE_WORKLOAD_H_

@@ -158,33 +158,12 @@ TEST(WindowReleaseTest, SwapRecomputeAndCompactionGiveIdenticalTokens) {
   const RunResult reference = RunWorkload(Roomy(false), specs);
   EXPECT_EQ(reference.stats.preemptions_total, 0u);
 
-  // 4 slots of up to 9 blocks on 20: pauses (swap to the host tier). A decoding slot keeps at
-  // most 8 blocks, within R = 8 runs: no compaction.
-  EngineOptions tight = Roomy(true);
-  tight.kv_blocks = 20;
-  const RunResult swapped = RunWorkload(tight, specs);
-  EXPECT_EQ(swapped.tokens, reference.tokens) << "swap";
-  EXPECT_GT(swapped.stats.preemptions_total, 0u);
-  EXPECT_GT(swapped.stats.transfer_groups_total, 0u);
-  EXPECT_EQ(swapped.stats.kv.blocks_free, 20);
-  EXPECT_EQ(swapped.stats.kv.host_blocks_used, 0);
-
-  EngineOptions recompute = tight;
-  recompute.kv_host_blocks = 0;
-  const RunResult recomputed = RunWorkload(recompute, specs);
-  EXPECT_EQ(recomputed.tokens, reference.tokens) << "drop and recompute";
-  EXPECT_GT(recomputed.stats.preemptions_total, 0u);
-  EXPECT_EQ(recomputed.stats.kv.blocks_free, 20);
-
-  // R = 3: a decoding slot's recycled blocks scatter over the pool and are compacted (moves
-  // gated on the step that writes the hot block, releases of blocks whose move is in flight).
-  EngineOptions compacted = Roomy(true);
-  compacted.kv_blocks = 48;
-  compacted.max_runs = 3;
-  const RunResult compact = RunWorkload(compacted, specs);
-  EXPECT_EQ(compact.tokens, reference.tokens) << "compaction";
-  EXPECT_GT(compact.stats.transfer_groups_total, 0u);
-  EXPECT_EQ(compact.stats.kv.blocks_free, 48);
+  // 4 slots of up to 9 blocks on 20: pauses. A decoding slot keeps at most 8 blocks, within
+  // R = 8 runs: no compaction there. With R = 3 on 48 blocks, a decoding slot's recycled blocks
+  // scatter over the pool and are compacted (moves gated on the step that writes the hot block,
+  // releases of blocks whose move is in flight).
+  ExpectPressureChangesNoToken(Mistral(), Roomy(true), /*tight_blocks=*/20,
+                               /*compact_blocks=*/48, specs, reference);
 }
 
 // A shared 120-token prefix (two and a half windows) comes from the prefix cache: the slot
