@@ -104,7 +104,8 @@ ABSL_FLAG(std::string, kv_mode, "kvrm",
           "KV policy: kvrm (paged, extent placement, merge-staged transport) or static (every "
           "slot reserves max context at start-up: the static-graph baseline)");
 ABSL_FLAG(int64_t, kv_blocks, 0,
-          "KV budget in blocks (0: slots x ceil(max_context / kv_block_tokens))");
+          "KV budget in blocks (0: slots x ceil(max_context / kv_block_tokens); with "
+          "--kv_window_release, slots x the window's working set)");
 ABSL_FLAG(int64_t, kv_host_blocks, -1, "host-tier blocks for paused requests (-1: = kv_blocks)");
 ABSL_FLAG(std::string, kv_dtype, "f32",
           "KV cache element type: f32; bf16 (half the bytes per token: twice the tokens per "
