@@ -398,13 +398,13 @@ int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, 
   if (s.tier != KvTier::kDevice || s.last_fence > retired_) return 0;
   // A history whose first blocks were released (window release) goes on from the chain's link
   // after them, when it was walked that far before they went.
-  if (s.dropped > 0 && s.resume.first == kChainUnknown) return 0;
+  if (static_cast<int32_t>(s.links.size()) < s.dropped) return 0;
   const size_t bt = static_cast<size_t>(options_.block_tokens);
   const size_t first = static_cast<size_t>(s.dropped);
   const size_t n = std::min(tokens.size() / bt, first + s.blocks.size());
   if (n <= first) return 0;
-  int32_t parent = s.dropped > 0 ? s.resume.first : -1;
-  uint64_t parent_gen = s.dropped > 0 ? s.resume.second : salt;
+  int32_t parent = s.dropped > 0 ? s.links[first - 1].first : -1;
+  uint64_t parent_gen = s.dropped > 0 ? s.links[first - 1].second : salt;
   int32_t added = 0;
   if (s.links.size() < n) s.links.resize(n);  // (within the capacity reserved)
   for (size_t j = first; j < n; ++j) {
@@ -646,7 +646,6 @@ void KvPager::Release(int32_t slot) {
   s.tier = KvTier::kDevice;
   s.last_fence = 0;
   s.links.clear();
-  s.resume = {-1, 0};
 }
 
 void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
@@ -667,11 +666,9 @@ void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
     }
   }
   s.blocks.erase(s.blocks.begin() + sink_blocks, s.blocks.begin() + sink_blocks + n);
-  // The prefix chain goes on after the dropped blocks only from the history's start (no sinks)
-  // and where a registration walked it past them.
-  s.resume = sink_blocks == 0 && static_cast<int32_t>(s.links.size()) >= dropped
-                 ? s.links[dropped - 1]
-                 : std::pair<int32_t, uint64_t>{kChainUnknown, 0};
+  // The prefix chain goes on after the dropped blocks only from the history's start (no sinks):
+  // links index logical blocks from there.
+  if (sink_blocks > 0) s.links.clear();
   s.dropped = dropped;
   RebuildRuns(s);
 }

@@ -197,7 +197,6 @@ class KvPager final : public KvAllocator {
   absl::Status CheckInvariants() const;
 
  private:
-  static constexpr int32_t kChainUnknown = -2;  // SlotKv::resume: the chain is not known
   struct SlotKv {
     KvTier tier = KvTier::kDevice;
     std::vector<int32_t> blocks;  // logical -> physical; capacity reserved at start-up
@@ -207,11 +206,12 @@ class KvPager final : public KvAllocator {
     int32_t dropped = 0;      // far history: logical blocks after the sinks no longer held
     uint64_t last_fence = 0;  // fence of the latest move into this slot's blocks
     // Prefix cache: links[j] = the chain's (parent, parent_gen) after logical block j, as the
-    // last RegisterPrefix walked them (capacity reserved at start-up); and, once blocks from the
-    // history's start are dropped (window release), the link to go on from (parent -2: the
-    // chain is not known there, nothing more is registered).
+    // last RegisterPrefix (or AttachPrefix) walked them; capacity reserved at start-up. Once
+    // blocks from the history's start are dropped (window release), registration goes on from
+    // links[dropped - 1], where the chain was walked that far (links.size() >= dropped); else
+    // the chain is not known there and nothing more is registered. Cleared when blocks after
+    // sinks are dropped (far history).
     std::vector<std::pair<int32_t, uint64_t>> links;
-    std::pair<int32_t, uint64_t> resume{-1, 0};
   };
   struct Pending {
     uint64_t fence;

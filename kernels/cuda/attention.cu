@@ -86,9 +86,8 @@ __global__ void __launch_bounds__(kWarps * 32)
   const int64_t first_slot = (static_cast<int64_t>(row) * heads + g * kGroup) * ws.splits;
   if (begin >= end) {
     // A split past the row's length or before its window (the whole block alike): only its -inf
-    // marker, on which the
-    // reduction skips it without reading its partial_out (64 slots at 4096 context would
-    // otherwise write ~6 MB of zeros a layer).
+    // marker, on which the reduction skips it without reading its partial_out (64 slots at 4096
+    // context would otherwise write ~6 MB of zeros a layer).
     for (int j = threadIdx.x; j < kGroup; j += blockDim.x) {
       const int64_t slot = first_slot + j * ws.splits + split;
       ws.partial_ml[slot * 2] = -INFINITY;

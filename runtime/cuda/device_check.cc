@@ -499,9 +499,8 @@ Check CheckAttention(int head_dim, int heads, int kv_heads, int window = 0) {
       std::vector<int32_t> in3 = in2;
       for (int r = 0; r < rows; ++r) {
         if (!in[l.active + r]) continue;
-        const int32_t pos = in[l.position + r];
-        const int32_t first = pos + 1 - window;
-        int32_t skip = first > 0 ? first / block_tokens : 0;
+        const int32_t behind = BlocksBehindWindow(in[l.position + r], window, block_tokens);
+        int32_t skip = behind;
         std::vector<KvRun> kept;
         for (int k = 0; k < in2[l.num_runs + r]; ++k) {
           KvRun run{in2[l.run_first + r * max_runs + k], in2[l.run_blocks + r * max_runs + k]};
@@ -513,8 +512,9 @@ Check CheckAttention(int head_dim, int heads, int kv_heads, int window = 0) {
           skip = 0;
         }
         write_table(in3, r, kept);
-        const int32_t released = first > 0 ? first / block_tokens * block_tokens : 0;
-        for (size_t k = 0; k < kept.size(); ++k) in3[l.run_start + r * max_runs + k] += released;
+        for (size_t k = 0; k < kept.size(); ++k) {
+          in3[l.run_start + r * max_runs + k] += behind * block_tokens;
+        }
       }
       const StepInputs dev_in3 = StepInputs::At(l, Upload(in3, keep));
       for (int sets : {2, 4}) {

@@ -87,8 +87,8 @@ absl::Status CheckAdapter(int32_t adapter, const PackLimits& limits, const What&
 absl::Status CheckDropped(int32_t dropped, int32_t first, const PackLimits& limits,
                           const What& what) {
   if (dropped == 0) return absl::OkStatus();
-  const int64_t behind = limits.release_window > 0 && first + 1 > limits.release_window
-                             ? (int64_t{first} + 1 - limits.release_window) / limits.block_tokens
+  const int32_t behind = limits.release_window > 0
+                             ? BlocksBehindWindow(first, limits.release_window, limits.block_tokens)
                              : 0;
   if (dropped > 0 && dropped <= behind) return absl::OkStatus();
   return absl::InvalidArgumentError(absl::StrCat(
