@@ -264,10 +264,10 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
   Family<Counter>& structured =
       r->AddCounter("kvrm:structured_output_requests_total",
                     "Requests with a structured-output constraint, by kind.", labels({"kind"}));
-  structured_.requests = {&structured.WithLabels(values({"regex"})),
-                          &structured.WithLabels(values({"json_schema"})),
-                          &structured.WithLabels(values({"json_object"})),
-                          &structured.WithLabels(values({"choice"}))};
+  structured_.requests = {
+      &structured.WithLabels(values({"regex"})), &structured.WithLabels(values({"json_schema"})),
+      &structured.WithLabels(values({"json_object"})), &structured.WithLabels(values({"choice"})),
+      &structured.WithLabels(values({"grammar"}))};
   structured_.compiles = counter("kvrm:structured_output_compiles_total",
                                  "Structured-output constraints compiled into token masks (cache "
                                  "misses), refused ones included.");

@@ -34,8 +34,9 @@ struct KvrmMetricsOptions {
 
 // Structured outputs, recorded by the server where requests are validated (any thread).
 struct StructuredOutputMetrics {
-  // kvrm:structured_output_requests_total{kind}: [regex, json_schema, json_object, choice].
-  std::array<Counter*, 4> requests{};
+  // kvrm:structured_output_requests_total{kind}: [regex, json_schema, json_object, choice,
+  // grammar].
+  std::array<Counter*, 5> requests{};
   Counter* compiles = nullptr;    // constraints compiled (cache misses), refusals included
   Counter* refusals = nullptr;    // of those, refused (INVALID_ARGUMENT)
   Counter* cache_hits = nullptr;  // constraints found compiled in the cache

@@ -643,9 +643,11 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
     if (tool_metrics_ != nullptr) tool_metrics_->requests[(*tools)->choice]->Add();
   }
   if (structured_metrics_ != nullptr && request.has_structured()) {
-    // The constraint case numbers are regex = 1 ... choice = 4, the metric's kinds in order.
-    const int kind = static_cast<int>(request.structured().constraint_case()) - 1;
-    if (kind >= 0 && kind < 4) structured_metrics_->requests[kind]->Add();
+    // The constraint case numbers are regex = 1 ... choice = 4, the metric's kinds in order;
+    // grammar (7) is its fifth.
+    const v1::StructuredOutput::ConstraintCase c = request.structured().constraint_case();
+    const int kind = c == v1::StructuredOutput::kGrammar ? 4 : static_cast<int>(c) - 1;
+    if (kind >= 0 && kind < 5) structured_metrics_->requests[kind]->Add();
   }
   (*r)->request_id = std::move(id);
   (*r)->arrival = arrival;

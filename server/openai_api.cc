@@ -107,7 +107,8 @@ absl::StatusOr<std::optional<std::string>> GetString(const Json& o, const char* 
 // ("reasoning" before "answer"), and a template shows tools and arguments as sent. Null where
 // the body has none of them (or, which cannot happen after Json parsed it, does not parse).
 std::optional<OrderedJson> OrderedBody(absl::string_view body) {
-  for (const char* key : {"\"schema\"", "\"guided_json\"", "\"parameters\"", "\"arguments\""}) {
+  for (const char* key : {"\"schema\"", "\"guided_json\"", "\"structured_outputs\"",
+                          "\"parameters\"", "\"arguments\""}) {
     if (!absl::StrContains(body, key)) continue;
     absl::StatusOr<OrderedJson> j =
         ParseOrderedJson(std::string_view(body.data(), body.size()), "request body");
@@ -283,7 +284,20 @@ class Builder {
     return absl::OkStatus();
   }
 
-  // response_format and vLLM's guided_* parameters; at most one of them.
+  // A list of strings into `out` (guided_choice, structured_outputs.choice).
+  static absl::Status Choices(const Json& list, const std::string& param, v1::Choices* out) {
+    if (!list.is_array()) return WrongType(param, "an array of strings", list);
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_string()) {
+        return WrongType(absl::StrCat(param, "[", i, "]"), "a string", list[i]);
+      }
+      out->add_choices(list[i].get<std::string>());
+    }
+    return absl::OkStatus();
+  }
+
+  // response_format, vLLM's guided_* parameters and structured_outputs, llama.cpp's grammar; at
+  // most one of them.
   absl::Status Structured() {
     int set = 0;
     std::string from;
@@ -332,33 +346,92 @@ class Builder {
       from = "guided_regex";
     }
     if (const Json* choice = Find(body_, "guided_choice")) {
-      if (!choice->is_array()) return WrongType("guided_choice", "an array of strings", *choice);
-      v1::Choices* c = structured.mutable_choice();
-      for (size_t i = 0; i < choice->size(); ++i) {
-        if (!(*choice)[i].is_string()) {
-          return WrongType(absl::StrCat("guided_choice[", i, "]"), "a string", (*choice)[i]);
-        }
-        c->add_choices((*choice)[i].get<std::string>());
-      }
+      RETURN_IF_ERROR(Choices(*choice, "guided_choice", structured.mutable_choice()));
       ++set;
       from = "guided_choice";
     }
-    if (set > 1) {
-      return Bad(from, "only one of response_format, guided_json, guided_regex and "
-                       "guided_choice may be given");
+    // vLLM's guided_grammar and llama.cpp server's grammar: GBNF.
+    for (const char* key : {"guided_grammar", "grammar"}) {
+      ASSIGN_OR_RETURN(std::optional<std::string> grammar, GetString(body_, key));
+      if (grammar) {
+        structured.set_grammar(*grammar);
+        ++set;
+        from = key;
+      }
     }
     ASSIGN_OR_RETURN(std::optional<std::string> ws, GetString(body_, "guided_whitespace_pattern"));
+    std::string ws_from = "guided_whitespace_pattern";
+    // vLLM's structured_outputs (which replaces its guided_* parameters): one of json, regex,
+    // choice, grammar or json_object, and whitespace_pattern.
+    if (const Json* so = Find(body_, "structured_outputs")) {
+      if (!so->is_object()) return WrongType("structured_outputs", "an object", *so);
+      const OrderedJson* so_ordered = At(ordered_, "structured_outputs");
+      int inner = 0;
+      if (const Json* schema = Find(*so, "json")) {
+        ASSIGN_OR_RETURN(std::string text,
+                         JsonText(*schema, At(so_ordered, "json"), "structured_outputs.json"));
+        structured.set_json_schema(std::move(text));
+        ++inner;
+        from = "structured_outputs.json";
+      }
+      ASSIGN_OR_RETURN(std::optional<std::string> so_regex,
+                       GetString(*so, "regex", "structured_outputs"));
+      if (so_regex) {
+        structured.set_regex(*so_regex);
+        ++inner;
+        from = "structured_outputs.regex";
+      }
+      if (const Json* choice = Find(*so, "choice")) {
+        RETURN_IF_ERROR(Choices(*choice, "structured_outputs.choice", structured.mutable_choice()));
+        ++inner;
+        from = "structured_outputs.choice";
+      }
+      ASSIGN_OR_RETURN(std::optional<std::string> so_grammar,
+                       GetString(*so, "grammar", "structured_outputs"));
+      if (so_grammar) {
+        structured.set_grammar(*so_grammar);
+        ++inner;
+        from = "structured_outputs.grammar";
+      }
+      ASSIGN_OR_RETURN(std::optional<bool> object,
+                       GetBool(*so, "json_object", "structured_outputs"));
+      if (object.value_or(false)) {
+        structured.set_json_object(true);
+        ++inner;
+        from = "structured_outputs.json_object";
+      }
+      if (Find(*so, "structural_tag") != nullptr) {
+        return Bad("structured_outputs.structural_tag", "is not supported");
+      }
+      ASSIGN_OR_RETURN(std::optional<std::string> so_ws,
+                       GetString(*so, "whitespace_pattern", "structured_outputs"));
+      if (so_ws) {
+        ws = so_ws;
+        ws_from = "structured_outputs.whitespace_pattern";
+      }
+      if (inner == 0) {
+        return Bad("structured_outputs", "set one of json, regex, choice, grammar or json_object");
+      }
+      set += inner;
+    }
+    if (set > 1) {
+      return Bad(from,
+                 "only one of response_format, guided_json, guided_regex, guided_choice, "
+                 "guided_grammar, grammar and structured_outputs' json, regex, choice, "
+                 "grammar and json_object may be given");
+    }
     if (ws) {
-      if (set == 0) return Bad("guided_whitespace_pattern", "needs a JSON constraint");
+      if (set == 0) return Bad(ws_from, "needs a JSON constraint");
       structured.set_whitespace_pattern(*ws);
     }
     if (set == 1) {
       *g().mutable_structured() = std::move(structured);
-      for (const char* field : {"structured", "structured.regex", "structured.json_schema",
-                                "structured.json_object", "structured.choice"}) {
+      for (const char* field :
+           {"structured", "structured.regex", "structured.json_schema", "structured.json_object",
+            "structured.choice", "structured.grammar"}) {
         Param(field, from);
       }
-      Param("structured.whitespace_pattern", "guided_whitespace_pattern");
+      Param("structured.whitespace_pattern", ws_from);
     }
     return absl::OkStatus();
   }
@@ -679,11 +752,6 @@ OrderedJson StopReason(const v1::Finished& f) {
 // than ignored, so that a client relying on one learns at once (unknown parameters are ignored,
 // since SDKs send some that change nothing).
 absl::Status RefuseUnsupported(const Json& body, bool chat) {
-  if (Find(body, "guided_grammar") != nullptr) {
-    return Bad("guided_grammar",
-               "is not supported (guided_json, guided_regex, guided_choice and response_format "
-               "are)");
-  }
   ASSIGN_OR_RETURN(std::optional<bool> beam_search, GetBool(body, "use_beam_search"));
   if (beam_search.value_or(false)) return Bad("use_beam_search", "is not supported");
   ASSIGN_OR_RETURN(std::optional<bool> skip_special, GetBool(body, "skip_special_tokens"));

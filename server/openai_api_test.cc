@@ -180,12 +180,11 @@ TEST(RequestTest, UnsupportedParametersAreRefusedByName) {
     const auto body = [&](const std::string& more) {
       return e == kChat ? ChatBody(more) : CompletionBody(more);
     };
-    ExpectRefused(e, body(R"("guided_grammar": "root ::= \"a\"")"), "guided_grammar",
-                  "guided_json");
     ExpectRefused(e, body(R"("use_beam_search": true)"), "use_beam_search");
     ExpectRefused(e, body(R"("skip_special_tokens": false)"), "skip_special_tokens");
     for (const char* neutral : {R"("prompt_logprobs": null)", R"("use_beam_search": false)",
-                                R"("skip_special_tokens": true)", R"("guided_grammar": null)"}) {
+                                R"("skip_special_tokens": true)", R"("guided_grammar": null)",
+                                R"("structured_outputs": null)"}) {
       EXPECT_TRUE(ParseOpenAiRequest(e, body(neutral), OpenAiDefaults()).ok()) << neutral;
     }
   }
@@ -814,8 +813,20 @@ TEST(ChatRequestTest, GuidedParameters) {
   EXPECT_THAT(choice->generate.structured().choice().choices(),
               ::testing::ElementsAre("red", "blue"));
 
+  // GBNF grammars: vLLM's guided_grammar, and llama.cpp server's grammar.
+  for (const char* key : {"guided_grammar", "grammar"}) {
+    absl::StatusOr<OpenAiRequest> grammar =
+        Chat(ChatBody(absl::StrCat("\"", key, "\": \"root ::= [a-z]+ \\\"!\\\"\"")));
+    ASSERT_TRUE(grammar.ok()) << grammar.status();
+    ASSERT_EQ(grammar->generate.structured().constraint_case(), v1::StructuredOutput::kGrammar);
+    EXPECT_EQ(grammar->generate.structured().grammar(), "root ::= [a-z]+ \"!\"");
+    EXPECT_EQ(grammar->params.at("structured.grammar"), key);
+  }
+  ExpectRefused(kChat, ChatBody(R"("guided_grammar": ["root ::= \"a\""])"), "guided_grammar");
   ExpectRefused(kChat, ChatBody(R"("guided_regex": "a", "guided_choice": ["a"])"),
                 "guided_choice", "only one of");
+  ExpectRefused(kChat, ChatBody(R"("guided_regex": "a", "grammar": "root ::= \"a\"")"), "grammar",
+                "only one of");
   ExpectRefused(kChat,
                 ChatBody(R"("response_format": {"type": "json_object"}, "guided_json": {})"),
                 "guided_json", "only one of");
@@ -824,6 +835,67 @@ TEST(ChatRequestTest, GuidedParameters) {
   ExpectRefused(kChat, ChatBody(R"("guided_json": 5)"), "guided_json");
   ExpectRefused(kChat, ChatBody(R"("guided_whitespace_pattern": " ")"),
                 "guided_whitespace_pattern", "needs a JSON constraint");
+}
+
+// vLLM's structured_outputs, which replaces its guided_* parameters.
+TEST(ChatRequestTest, StructuredOutputsParameter) {
+  struct Case {
+    const char* body;
+    v1::StructuredOutput::ConstraintCase kind;
+    const char* param;
+  };
+  for (const Case& c : {
+           Case{R"("structured_outputs": {"json": {"type": "object"}})",
+                v1::StructuredOutput::kJsonSchema, "structured_outputs.json"},
+           Case{R"("structured_outputs": {"json": "{\"type\": \"null\"}"})",
+                v1::StructuredOutput::kJsonSchema, "structured_outputs.json"},
+           Case{R"("structured_outputs": {"regex": "[0-9]+"})", v1::StructuredOutput::kRegex,
+                "structured_outputs.regex"},
+           Case{R"("structured_outputs": {"choice": ["a", "b"]})", v1::StructuredOutput::kChoice,
+                "structured_outputs.choice"},
+           Case{R"("structured_outputs": {"grammar": "root ::= \"a\"+"})",
+                v1::StructuredOutput::kGrammar, "structured_outputs.grammar"},
+           Case{R"("structured_outputs": {"json_object": true, "whitespace_pattern": "[ ]?"})",
+                v1::StructuredOutput::kJsonObject, "structured_outputs.json_object"},
+       }) {
+    for (OpenAiEndpoint e : {kChat, kCompletions}) {
+      absl::StatusOr<OpenAiRequest> r = ParseOpenAiRequest(
+          e, e == kChat ? ChatBody(c.body) : CompletionBody(c.body), OpenAiDefaults());
+      ASSERT_TRUE(r.ok()) << c.body << ": " << r.status();
+      EXPECT_EQ(r->generate.structured().constraint_case(), c.kind) << c.body;
+      EXPECT_EQ(r->params.at("structured"), c.param) << c.body;
+    }
+  }
+  absl::StatusOr<OpenAiRequest> object = Chat(
+      ChatBody(R"("structured_outputs": {"json_object": true, "whitespace_pattern": "[ ]?"})"));
+  ASSERT_TRUE(object.ok());
+  EXPECT_EQ(object->generate.structured().whitespace_pattern(), "[ ]?");
+  EXPECT_EQ(object->params.at("structured.whitespace_pattern"),
+            "structured_outputs.whitespace_pattern");
+  absl::StatusOr<OpenAiRequest> schema = Chat(ChatBody(
+      R"("structured_outputs": {"json": {"type": "object", "properties": {"b": {}, "a": {}}}})"));
+  ASSERT_TRUE(schema.ok());
+  // The schema keeps its document order (properties are written in it).
+  EXPECT_NE(schema->generate.structured().json_schema().find(R"("b":{},"a":{})"), std::string::npos)
+      << schema->generate.structured().json_schema();
+
+  ExpectRefused(kChat, ChatBody(R"("structured_outputs": {})"), "structured_outputs",
+                "set one of json, regex, choice, grammar or json_object");
+  ExpectRefused(kChat, ChatBody(R"("structured_outputs": {"regex": "a", "choice": ["a"]})"),
+                "structured_outputs.choice", "only one of");
+  ExpectRefused(
+      kChat,
+      ChatBody(R"("guided_regex": "a", "structured_outputs": {"grammar": "root ::= \"a\""})"),
+      "structured_outputs.grammar", "only one of");
+  ExpectRefused(kChat, ChatBody(R"("structured_outputs": {"structural_tag": "{}"})"),
+                "structured_outputs.structural_tag", "is not supported");
+  ExpectRefused(kChat, ChatBody(R"("structured_outputs": {"choice": [1]})"),
+                "structured_outputs.choice[0]");
+  ExpectRefused(kChat, ChatBody(R"("structured_outputs": {"regex": 5})"),
+                "structured_outputs.regex");
+  ExpectRefused(kChat, ChatBody(R"("structured_outputs": "json")"), "structured_outputs");
+  ExpectRefused(kChat, ChatBody(R"("structured_outputs": {"whitespace_pattern": " "})"),
+                "structured_outputs", "set one of");
 }
 
 // =============================================================================================

@@ -290,8 +290,13 @@ absl::StatusOr<StructuredField> StructuredSpecFromProto(const v1::StructuredOutp
       spec.choices.assign(proto.choice().choices().begin(), proto.choice().choices().end());
       out.field = "structured.choice";
       break;
+    case v1::StructuredOutput::kGrammar:
+      spec.kind = Kind::kGrammar;
+      spec.text = proto.grammar();
+      out.field = "structured.grammar";
+      break;
     default:
-      return Invalid("structured", "set regex, json_schema, json_object or choice");
+      return Invalid("structured", "set regex, json_schema, json_object, choice or grammar");
   }
   spec.whitespace_pattern = proto.whitespace_pattern();
   return out;

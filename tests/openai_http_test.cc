@@ -378,6 +378,35 @@ TEST(OpenAiHttpTest, GuidedChoiceHoldsTheReplyToTheChoices) {
   }
 }
 
+// A GBNF grammar through each spelling a client may use (vLLM's guided_grammar and
+// structured_outputs.grammar, llama.cpp's grammar); a broken one is a 400 naming the parameter.
+TEST(OpenAiHttpTest, GrammarHoldsTheReplyAndABadOneIsA400) {
+  Daemon d(Options(2));
+  const std::string grammar = R"g(root ::= answer " (" [0-9] ")"
+answer ::= "yes" | "no")g";
+  const std::string quoted = Json(grammar).dump();
+  for (const std::string& param :
+       {absl::StrCat(R"("guided_grammar": )", quoted), absl::StrCat(R"("grammar": )", quoted),
+        absl::StrCat(R"("structured_outputs": {"grammar": )", quoted, "}")}) {
+    HttpReply r =
+        d.Post("/v1/completions",
+               absl::StrCat(R"({"prompt": "Is it?", "max_tokens": 12, "seed": 3, )", param, "}"));
+    ASSERT_EQ(r.status, 200) << r.body;
+    const std::string text = Body(r)["choices"][0]["text"].get<std::string>();
+    EXPECT_TRUE(text.size() == 7 || text.size() == 6) << text;
+    EXPECT_TRUE(absl::StartsWith(text, "yes (") || absl::StartsWith(text, "no (")) << text;
+    EXPECT_TRUE(absl::EndsWith(text, ")")) << text;
+  }
+  HttpReply bad = d.Post("/v1/chat/completions",
+                         R"({"messages": [{"role": "user", "content": "x"}],
+                             "guided_grammar": "root ::= \"a\" missing"})");
+  EXPECT_EQ(bad.status, 400) << bad.body;
+  const Json err = Body(bad)["error"];
+  EXPECT_EQ(err["param"], "guided_grammar") << bad.body;
+  EXPECT_EQ(err["message"], "guided_grammar: grammar: line 1 column 14: undefined rule missing")
+      << bad.body;
+}
+
 TEST(OpenAiHttpTest, AListOfPromptsIsOneCallPerPromptInOneReply) {
   Daemon d(Options(4));
   const std::vector<std::string> prompts = {"The capital of", "Once upon a", "Rivers run"};

@@ -1,5 +1,6 @@
 // Structured outputs end to end: constrained requests through gRPC on the tiny model, sampled at
 // temperature 1 so that the random-weight model goes everywhere the constraint lets it.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <string>
@@ -11,11 +12,12 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "gtest/gtest.h"
 #include "metrics/kvrm_metrics.h"
 #include "metrics/registry.h"
-#include "gtest/gtest.h"
 #include "runtime/structured/automaton.h"
 #include "runtime/structured/compiler.h"
+#include "runtime/structured/gbnf.h"
 #include "runtime/structured/json_schema.h"
 #include "runtime/structured/regex_parser.h"
 #include "server/kvrm_service.h"
@@ -202,6 +204,61 @@ TEST_F(StructuredOutputTest, ChoiceIsExactlyOneOfTheChoices) {
   }
 }
 
+// Depth of nested JSON arrays in `v` (a scalar: 0).
+int ArrayDepth(const Json& v) {
+  if (!v.is_array()) return 0;
+  int deepest = 0;
+  for (const Json& e : v) deepest = std::max(deepest, ArrayDepth(e));
+  return deepest + 1;
+}
+
+// A recursive GBNF grammar (nested lists of integers), checked apart from the automaton it
+// compiles to: every whole completion parses as JSON, holds only integers and arrays, and nests
+// no deeper than the unfolding's 4 levels.
+TEST_F(StructuredOutputTest, GrammarOutputIsALanguageOfTheGrammar) {
+  const std::string grammar = R"(# nested lists of integers
+root ::= list
+list ::= "[" ( item ( "," " "? item )* )? "]"
+item ::= "-"? [1-9] [0-9]{0,3} | "0" | list
+)";
+  auto regex = structured::GbnfToRegex(grammar);
+  ASSERT_TRUE(regex.ok()) << regex.status();
+  auto compiled = Dfa::Compile(*regex, structured::DfaLimits{.max_states = 100000});
+  ASSERT_TRUE(compiled.ok()) << compiled.status();
+  const Dfa& dfa = *compiled;
+  int whole = 0;
+  int nested = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    v1::GenerateRequest req = Sampled("A list:", 48, seed);
+    req.mutable_structured()->set_grammar(grammar);
+    const StreamResult r = RunGenerate(stub(), req);
+    std::string so_far;
+    for (const v1::GenerateResponse& m : r.messages) {
+      so_far += m.text();
+      EXPECT_TRUE(IsViablePrefix(dfa, so_far)) << so_far;
+    }
+    if (!CheckCompletion(dfa, r)) continue;
+    ++whole;
+    auto json = ParseJson(r.text, "completion");
+    ASSERT_TRUE(json.ok()) << r.text;
+    ASSERT_TRUE(json->is_array()) << r.text;
+    const int depth = ArrayDepth(*json);
+    EXPECT_LE(depth, 4) << r.text;
+    nested += depth > 1;
+    std::function<void(const Json&)> integers = [&](const Json& v) {
+      if (v.is_array()) {
+        for (const Json& e : v) integers(e);
+      } else {
+        EXPECT_TRUE(v.is_number_integer()) << r.text;
+      }
+    };
+    integers(*json);
+  }
+  // Sampling at temperature 1 ends most lists within 48 tokens, some of them nested.
+  EXPECT_GE(whole, 4);
+  EXPECT_GE(nested, 1);
+}
+
 TEST_F(StructuredOutputTest, GreedyUnderAConstraintItAlreadyMeetsIsUnchanged) {
   // The mask only removes tokens: where the model's own greedy choice is allowed, it is chosen.
   v1::GenerateRequest free = TextRequest("Once upon a time", 12);
@@ -272,7 +329,7 @@ TEST_F(StructuredOutputTest, BadConstraintsGetInvalidArgumentNamingTheField) {
     return message.find(part) != std::string::npos;
   };
   std::string m = refused([](v1::StructuredOutput*) {});
-  EXPECT_TRUE(has(m, "structured: set regex, json_schema, json_object or choice")) << m;
+  EXPECT_TRUE(has(m, "structured: set regex, json_schema, json_object, choice or grammar")) << m;
   m = refused([](v1::StructuredOutput* s) { s->set_regex("ab(?=c)"); });
   EXPECT_TRUE(has(m, "structured.regex: regex at offset 2: lookaround")) << m;
   m = refused([](v1::StructuredOutput* s) { s->set_regex("(a{1000}){1000}"); });
@@ -285,6 +342,10 @@ TEST_F(StructuredOutputTest, BadConstraintsGetInvalidArgumentNamingTheField) {
     s->set_json_schema(R"({"properties": {"a": {"not": {"type": "string"}}}})");
   });
   EXPECT_TRUE(has(m, "structured.json_schema: ") && has(m, "/properties/a/not")) << m;
+  m = refused([](v1::StructuredOutput* s) { s->set_grammar("root ::= \"a\" b"); });
+  EXPECT_TRUE(has(m, "structured.grammar: grammar: line 1 column 14: undefined rule b")) << m;
+  m = refused([](v1::StructuredOutput* s) { s->set_grammar("root ::= \"(\" root \")\""); });
+  EXPECT_TRUE(has(m, "structured.grammar: grammar: root matches no text")) << m;
   m = refused([](v1::StructuredOutput* s) { s->set_json_object(false); });
   EXPECT_TRUE(has(m, "structured.json_object: set it to true")) << m;
   m = refused([](v1::StructuredOutput* s) { s->mutable_choice(); });
@@ -362,6 +423,9 @@ TEST(StructuredOutputMetricsTest, RequestsCompilesHitsAndRefusalsAreCounted) {
   v1::GenerateRequest choice = TextRequest("x", 8);
   choice.mutable_structured()->mutable_choice()->add_choices("a");
   EXPECT_TRUE(RunGenerate(server.stub(), choice).status.ok());
+  v1::GenerateRequest grammar = TextRequest("x", 8);
+  grammar.mutable_structured()->set_grammar("root ::= [a-c]+");
+  EXPECT_TRUE(RunGenerate(server.stub(), grammar).status.ok());
   v1::GenerateRequest bad = TextRequest("x", 8);
   bad.mutable_structured()->set_regex("(?i)x");
   EXPECT_FALSE(RunGenerate(server.stub(), bad).status.ok());
@@ -382,22 +446,24 @@ TEST(StructuredOutputMetricsTest, RequestsCompilesHitsAndRefusalsAreCounted) {
   const std::string labels = "model_name=\"tiny\",kv_mode=\"kvrm\"";
   EXPECT_EQ(sample("kvrm:structured_output_requests_total{" + labels + ",kind=\"json_schema\"}"), 3);
   EXPECT_EQ(sample("kvrm:structured_output_requests_total{" + labels + ",kind=\"choice\"}"), 1);
+  EXPECT_EQ(sample("kvrm:structured_output_requests_total{" + labels + ",kind=\"grammar\"}"), 1);
   EXPECT_EQ(sample("kvrm:structured_output_requests_total{" + labels + ",kind=\"regex\"}"), 0);
-  // Three distinct constraints compiled (the schema, the choice, the refused regex) ...
-  EXPECT_EQ(sample("kvrm:structured_output_compiles_total{" + labels + "}"), 3);
+  // Four distinct constraints compiled (the schema, the choice, the grammar, the refused
+  // regex) ...
+  EXPECT_EQ(sample("kvrm:structured_output_compiles_total{" + labels + "}"), 4);
   EXPECT_EQ(sample("kvrm:structured_output_refusals_total{" + labels + "}"), 1);
   // ... and found again for the second and third schema request and the repeated regex.
   EXPECT_EQ(sample("kvrm:structured_output_cache_hits_total{" + labels + "}"), 3);
-  EXPECT_EQ(sample("kvrm:structured_output_compile_seconds_count{" + labels + "}"), 3);
+  EXPECT_EQ(sample("kvrm:structured_output_compile_seconds_count{" + labels + "}"), 4);
 
   // GetServerInfo reports the same from the grammar cache.
   grpc::ClientContext context;
   v1::ServerInfo info;
   ASSERT_TRUE(server.stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
   const v1::StructuredOutputInfo& cache = info.structured_output();
-  EXPECT_EQ(cache.cached_constraints(), 3);  // the refusal is cached too
+  EXPECT_EQ(cache.cached_constraints(), 4);  // the refusal is cached too
   EXPECT_GT(cache.cached_bytes(), 0);
-  EXPECT_EQ(cache.compiles_total(), 3u);
+  EXPECT_EQ(cache.compiles_total(), 4u);
   EXPECT_EQ(cache.refusals_total(), 1u);
   EXPECT_EQ(cache.cache_hits_total(), 3u);
   EXPECT_GT(cache.compile_seconds_total(), 0);

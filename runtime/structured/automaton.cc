@@ -15,45 +15,6 @@
 namespace kvrm::structured {
 namespace {
 
-void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<std::vector<ByteRange>>* out) {
-  // First by encoded length: both ends must take the same number of bytes.
-  for (uint32_t boundary : {0x7Fu, 0x7FFu, 0xFFFFu}) {
-    if (lo <= boundary && hi > boundary) {
-      SplitUtf8(lo, boundary, out);
-      SplitUtf8(boundary + 1, hi, out);
-      return;
-    }
-  }
-  if (hi < 0x80) {
-    out->push_back({{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)}});
-    return;
-  }
-  // Then until every continuation byte below the first that differs spans its whole range.
-  for (int i = 1; i < 4; ++i) {
-    const uint32_t max = (1u << (6 * i)) - 1;
-    if ((lo & ~max) != (hi & ~max)) {
-      if ((lo & max) != 0) {
-        SplitUtf8(lo, lo | max, out);
-        SplitUtf8((lo | max) + 1, hi, out);
-        return;
-      }
-      if ((hi & max) != max) {
-        SplitUtf8(lo, (hi & ~max) - 1, out);
-        SplitUtf8(hi & ~max, hi, out);
-        return;
-      }
-    }
-  }
-  std::string a, b;
-  tok::AppendUtf8(lo, &a);
-  tok::AppendUtf8(hi, &b);  // as long as a: both ends take the same number of bytes
-  std::vector<ByteRange> seq(a.size());
-  for (size_t k = 0; k < a.size(); ++k) {
-    seq[k] = {static_cast<uint8_t>(a[k]), static_cast<uint8_t>(b[k])};
-  }
-  out->push_back(std::move(seq));
-}
-
 // Thompson NFA over bytes, built back to front: each piece is compiled knowing the state that
 // follows it, so no dangling edges need patching.
 class Nfa {
@@ -325,12 +286,6 @@ struct SetEq {
 };
 
 }  // namespace
-
-std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi) {
-  std::vector<std::vector<ByteRange>> out;
-  if (lo <= hi) SplitUtf8(lo, std::min(hi, kMaxCodePoint), &out);
-  return out;
-}
 
 absl::StatusOr<Dfa> Dfa::Compile(const Regex& regex, const DfaLimits& limits) {
   if (regex->size > limits.max_nfa_states) {

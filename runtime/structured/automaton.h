@@ -79,15 +79,6 @@ class Dfa {
   std::vector<uint8_t> has_next_;   // [states]
 };
 
-// The UTF-8 encodings of the code points in [lo, hi] (no surrogates inside) as sequences of
-// byte ranges: every byte string of the union, and no other, matches one sequence position by
-// position. Exposed for tests.
-struct ByteRange {
-  uint8_t lo = 0;
-  uint8_t hi = 0;
-};
-std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi);
-
 }  // namespace kvrm::structured
 
 #endif  // KVRM_RUNTIME_STRUCTURED_AUTOMATON_H_

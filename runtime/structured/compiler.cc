@@ -1,5 +1,6 @@
 #include "runtime/structured/compiler.h"
 
+#include <algorithm>
 #include <optional>
 #include <utility>
 
@@ -7,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "common/status_macros.h"
 #include "model/tokenizer_text.h"
+#include "runtime/structured/gbnf.h"
 #include "runtime/structured/json_schema.h"
 #include "runtime/structured/regex_builders.h"
 #include "runtime/structured/regex_parser.h"
@@ -62,9 +64,17 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
     json.whitespace = *std::move(ws);
   }
   Regex regex;
+  GrammarLimits limits = options_.limits;
   switch (spec.kind) {
     case ConstraintSpec::Kind::kRegex: {
       ASSIGN_OR_RETURN(regex, ParseRegex(spec.text));
+      break;
+    }
+    case ConstraintSpec::Kind::kGrammar: {
+      GbnfOptions gbnf;
+      gbnf.max_depth = options_.grammar_max_depth;
+      ASSIGN_OR_RETURN(regex, GbnfToRegex(spec.text, gbnf));
+      limits.dfa.max_states = std::max(limits.dfa.max_states, options_.grammar_max_dfa_states);
       break;
     }
     case ConstraintSpec::Kind::kJsonSchema: {
@@ -112,8 +122,7 @@ absl::StatusOr<std::shared_ptr<const Grammar>> ConstraintCompiler::CompileUncach
   } else if (spec.thinking != ConstraintSpec::Thinking::kNone) {
     regex = Concat({ThinkingPrefix(spec.thinking == ConstraintSpec::Thinking::kInside), regex});
   }
-  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar,
-                   Grammar::Compile(regex, trie_, options_.limits));
+  ASSIGN_OR_RETURN(std::shared_ptr<const Grammar> grammar, Grammar::Compile(regex, trie_, limits));
   if (grammar->terminal(grammar->start())) {
     return Invalid("the constraint only matches the empty text");
   }

@@ -1,7 +1,7 @@
-// Turns a request's structured-output constraint (a regex, a JSON Schema, any JSON object, or a
-// list of choices) into a Grammar for the served model's vocabulary, and keeps the results: a
-// service sees the same few schemas again and again, and compiling one costs far more than a
-// step.
+// Turns a request's structured-output constraint (a regex, a JSON Schema, any JSON object, a
+// list of choices, or a GBNF grammar) into a Grammar for the served model's vocabulary, and keeps
+// the results: a service sees the same few schemas again and again, and compiling one costs far
+// more than a step.
 //
 // Thread safety: Compile may be called from any number of gRPC threads at once; the cache is
 // under a mutex that is never held while compiling (two threads asking for the same new
@@ -31,9 +31,10 @@ struct ConstraintSpec {
   // commentary channel ("<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>"),
   // its arguments held to that function's JSON Schema in `schemas` (the reply then ends, at
   // gpt-oss's <|call|>); with thinking kHarmony, after any analysis and commentary messages.
-  enum class Kind { kRegex, kJsonSchema, kJsonObject, kChoice, kHarmonyToolCalls };
+  enum class Kind { kRegex, kJsonSchema, kJsonObject, kChoice, kHarmonyToolCalls, kGrammar };
   Kind kind = Kind::kRegex;
-  std::string text;                  // kRegex: the pattern; kJsonSchema: the schema as JSON text
+  // kRegex: the pattern; kJsonSchema: the schema as JSON text; kGrammar: GBNF (gbnf.h)
+  std::string text;
   std::vector<std::string> choices;  // kChoice: the completion is exactly one of these
   std::vector<std::string> schemas;  // kHarmonyToolCalls: each function's arguments' schema
   // kJsonSchema / kJsonObject: a regex for the whitespace allowed between JSON tokens; empty:
@@ -53,6 +54,13 @@ struct CompilerOptions {
   int64_t max_spec_bytes = 64 << 10;  // pattern, schema, or all choices together
   int32_t max_choices = 1024;
   int32_t json_max_depth = 4;         // nesting of values a schema leaves open, and of json_object
+  // Grammars: times a rule that reaches itself may be open at once (GbnfOptions::max_depth), and
+  // the deterministic states their automaton may take before it is minimised (in place of
+  // limits.dfa.max_states when larger: unfolded recursion writes many copies of the same rules,
+  // which determinise into many states that minimising merges again; llama.cpp's JSON grammar at
+  // depth 4 takes about 60000 on the way to 2669).
+  int32_t grammar_max_depth = 4;
+  int32_t grammar_max_dfa_states = 100000;
   int32_t cache_entries = 256;
   int64_t cache_bytes = int64_t{1} << 30;  // compiled grammars kept, all together
 };

@@ -11,6 +11,45 @@
 namespace kvrm::structured {
 namespace {
 
+void SplitUtf8(uint32_t lo, uint32_t hi, std::vector<std::vector<ByteRange>>* out) {
+  // First by encoded length: both ends must take the same number of bytes.
+  for (uint32_t boundary : {0x7Fu, 0x7FFu, 0xFFFFu}) {
+    if (lo <= boundary && hi > boundary) {
+      SplitUtf8(lo, boundary, out);
+      SplitUtf8(boundary + 1, hi, out);
+      return;
+    }
+  }
+  if (hi < 0x80) {
+    out->push_back({{static_cast<uint8_t>(lo), static_cast<uint8_t>(hi)}});
+    return;
+  }
+  // Then until every continuation byte below the first that differs spans its whole range.
+  for (int i = 1; i < 4; ++i) {
+    const uint32_t max = (1u << (6 * i)) - 1;
+    if ((lo & ~max) != (hi & ~max)) {
+      if ((lo & max) != 0) {
+        SplitUtf8(lo, lo | max, out);
+        SplitUtf8((lo | max) + 1, hi, out);
+        return;
+      }
+      if ((hi & max) != max) {
+        SplitUtf8(lo, (hi & ~max) - 1, out);
+        SplitUtf8(hi & ~max, hi, out);
+        return;
+      }
+    }
+  }
+  std::string a, b;
+  tok::AppendUtf8(lo, &a);
+  tok::AppendUtf8(hi, &b);  // as long as a: both ends take the same number of bytes
+  std::vector<ByteRange> seq(a.size());
+  for (size_t k = 0; k < a.size(); ++k) {
+    seq[k] = {static_cast<uint8_t>(a[k]), static_cast<uint8_t>(b[k])};
+  }
+  out->push_back(std::move(seq));
+}
+
 constexpr uint32_t kSurrogateLo = 0xD800;
 constexpr uint32_t kSurrogateHi = 0xDFFF;
 
@@ -194,10 +233,22 @@ Regex Literal(std::string_view utf8) {
                         .size = static_cast<int64_t>(utf8.size()) + 1});
 }
 
+std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi) {
+  std::vector<std::vector<ByteRange>> out;
+  if (lo <= hi) SplitUtf8(lo, std::min(hi, kMaxCodePoint), &out);
+  return out;
+}
+
 Regex Class(CodePointSet set) {
   if (set.empty()) return Nothing();
-  // A range lowers to at most 7 UTF-8 byte-range sequences of at most 4 bytes.
-  const int64_t size = SatMul(static_cast<int64_t>(set.ranges().size()), 28) + 1;
+  // What the automaton compiler builds: a state per byte range of each UTF-8 sequence, and one
+  // fork over the sequences.
+  int64_t size = 1;
+  for (const CodePointRange& range : set.ranges()) {
+    for (const std::vector<ByteRange>& seq : Utf8Sequences(range.lo, range.hi)) {
+      size += static_cast<int64_t>(seq.size());
+    }
+  }
   return Make(RegexNode{.kind = RegexNode::Kind::kClass, .set = std::move(set), .size = size});
 }
 

@@ -47,6 +47,15 @@ class CodePointSet {
   std::vector<CodePointRange> ranges_;
 };
 
+// The UTF-8 encodings of the code points in [lo, hi] (no surrogates inside) as sequences of
+// byte ranges: every byte string of the union, and no other, matches one sequence position by
+// position (what the automaton compiler lowers a class to, and what a class's size counts).
+struct ByteRange {
+  uint8_t lo = 0;
+  uint8_t hi = 0;
+};
+std::vector<std::vector<ByteRange>> Utf8Sequences(uint32_t lo, uint32_t hi);
+
 struct RegexNode;
 using Regex = std::shared_ptr<const RegexNode>;
 

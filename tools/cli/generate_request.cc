@@ -146,10 +146,10 @@ namespace {
 
 absl::Status SetStructuredOutput(const GenerateOptions& options, v1::StructuredOutput* out) {
   const int given = !options.regex.empty() + !options.json_schema.empty() + options.json_object +
-                    !options.choice.empty();
+                    !options.choice.empty() + !options.grammar.empty();
   if (given > 1) {
     return absl::InvalidArgumentError(
-        "give at most one of --regex, --json_schema, --json_object and --choice");
+        "give at most one of --regex, --json_schema, --json_object, --choice and --grammar");
   }
   if (!options.whitespace_pattern.empty() && options.json_schema.empty() &&
       !options.json_object) {
@@ -159,15 +159,10 @@ absl::Status SetStructuredOutput(const GenerateOptions& options, v1::StructuredO
   if (!options.regex.empty()) out->set_regex(options.regex);
   if (options.json_object) out->set_json_object(true);
   if (!options.json_schema.empty()) {
-    if (options.json_schema[0] == '@') {
-      absl::StatusOr<std::string> text = ReadFileToString(options.json_schema.substr(1));
-      if (!text.ok()) {
-        return absl::InvalidArgumentError(absl::StrCat("--json_schema: ", text.status().message()));
-      }
-      out->set_json_schema(*std::move(text));
-    } else {
-      out->set_json_schema(options.json_schema);
-    }
+    ASSIGN_OR_RETURN(*out->mutable_json_schema(), InlineOrFile(options.json_schema, "json_schema"));
+  }
+  if (!options.grammar.empty()) {
+    ASSIGN_OR_RETURN(*out->mutable_grammar(), InlineOrFile(options.grammar, "grammar"));
   }
   if (!options.choice.empty()) {
     absl::StatusOr<std::vector<std::string>> choices = ParseStopSequences(options.choice);
@@ -179,7 +174,8 @@ absl::Status SetStructuredOutput(const GenerateOptions& options, v1::StructuredO
   }
   if (options.include_thinking && given == 0) {
     return absl::InvalidArgumentError(
-        "--include_thinking goes with --regex, --json_schema, --json_object or --choice");
+        "--include_thinking goes with --regex, --json_schema, --json_object, --choice or "
+        "--grammar");
   }
   if (!options.whitespace_pattern.empty()) out->set_whitespace_pattern(options.whitespace_pattern);
   out->set_include_thinking(options.include_thinking);
@@ -262,8 +258,7 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
     request.mutable_response()->set_prompt_top_logprobs(options.prompt_logprobs);
   }
   RETURN_IF_ERROR(SetStructuredOutput(options, request.mutable_structured()));
-  if (!request.structured().has_regex() && !request.structured().has_json_schema() &&
-      !request.structured().has_json_object() && !request.structured().has_choice()) {
+  if (request.structured().constraint_case() == v1::StructuredOutput::CONSTRAINT_NOT_SET) {
     request.clear_structured();
   }
   return request;

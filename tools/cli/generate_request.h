@@ -57,10 +57,12 @@ struct GenerateOptions {
   std::string lora_adapter;  // GenerateRequest.lora_adapter ("": the base model)
   uint32_t time_limit_ms = 0;
   std::string request_id;
-  // Structured output: at most one of regex, json_schema (JSON text, or @FILE), json_object and
-  // choice (one entry per --choice given, each a comma-separated C-escaped list as --stop).
+  // Structured output: at most one of regex, json_schema (JSON text, or @FILE), json_object,
+  // choice (one entry per --choice given, each a comma-separated C-escaped list as --stop) and
+  // grammar (GBNF text, or @FILE).
   std::string regex;
   std::string json_schema;
+  std::string grammar;
   bool json_object = false;
   std::vector<std::string> choice;
   std::string whitespace_pattern;

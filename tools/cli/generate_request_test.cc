@@ -243,6 +243,31 @@ TEST(BuildGenerateRequestTest, StructuredOutputFlags) {
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(missing.status().message().find("--json_schema"), absl::string_view::npos);
 
+  const std::string gbnf = std::string(getenv("TEST_TMPDIR")) + "/list.gbnf";
+  {
+    std::ofstream f(gbnf);
+    f << "root ::= \"[\" [0-9]+ \"]\"\n";
+  }
+  options.json_schema.clear();
+  options.whitespace_pattern.clear();
+  options.grammar = "@" + gbnf;
+  absl::StatusOr<v1::GenerateRequest> grammar = BuildGenerateRequest(options);
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  EXPECT_EQ(grammar->structured().grammar(), "root ::= \"[\" [0-9]+ \"]\"\n");
+  options.grammar = "root ::= \"x\"";
+  grammar = BuildGenerateRequest(options);
+  ASSERT_TRUE(grammar.ok()) << grammar.status();
+  EXPECT_EQ(grammar->structured().grammar(), "root ::= \"x\"");
+  options.grammar = "@" + gbnf + ".missing";
+  EXPECT_NE(BuildGenerateRequest(options).status().message().find("--grammar: "),
+            absl::string_view::npos);
+  options.grammar = "root ::= \"x\"";
+  options.regex = "x";
+  EXPECT_NE(BuildGenerateRequest(options).status().message().find("at most one"),
+            absl::string_view::npos);
+  options.regex.clear();
+  options.grammar.clear();
+
   options.json_schema = R"({"type": "integer"})";
   options.json_object = true;
   absl::StatusOr<v1::GenerateRequest> two = BuildGenerateRequest(options);

@@ -90,6 +90,9 @@ ABSL_FLAG(std::string, json_schema, "",
           "structured output: a JSON Schema (inline JSON, or @FILE) the completion must be an "
           "instance of");
 ABSL_FLAG(bool, json_object, false, "structured output: the completion is a JSON object");
+ABSL_FLAG(std::string, grammar, "",
+          "structured output: a GBNF grammar (llama.cpp's syntax, from rule root; inline, or "
+          "@FILE) the completion must match");
 ABSL_FLAG(std::string, choice, "",
           "structured output: the completion is exactly one of these, comma-separated and "
           "C-escaped as --stop; repeatable");
@@ -220,6 +223,7 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.regex = absl::GetFlag(FLAGS_regex);
   options.json_schema = absl::GetFlag(FLAGS_json_schema);
   options.json_object = absl::GetFlag(FLAGS_json_object);
+  options.grammar = absl::GetFlag(FLAGS_grammar);
   if (auto it = flags.given.find("choice"); it != flags.given.end()) options.choice = it->second;
   options.whitespace_pattern = absl::GetFlag(FLAGS_whitespace_pattern);
   options.include_thinking = absl::GetFlag(FLAGS_include_thinking);
@@ -529,6 +533,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "regex",
                                                 "json_schema",
                                                 "json_object",
+                                                "grammar",
                                                 "choice",
                                                 "whitespace_pattern",
                                                 "include_thinking",
