@@ -89,6 +89,23 @@ std::vector<Case> Cases() {
   Case object{"json_object (any, depth 4)", {}};
   object.spec.kind = ConstraintSpec::Kind::kJsonObject;
   cases.push_back(object);
+  // GBNF: a JSON grammar in the shape of llama.cpp's grammars/json.gbnf (indentation up to 20
+  // columns after a newline), recursion unfolded 4 deep; and a small expression grammar.
+  add("grammar (JSON, llama.cpp's shape)", ConstraintSpec::Kind::kGrammar, R"(
+root   ::= object
+value  ::= object | array | string | number | ("true" | "false" | "null") ws
+object ::= "{" ws ( string ":" ws value ("," ws string ":" ws value)* )? "}" ws
+array  ::= "[" ws ( value ("," ws value)* )? "]" ws
+string ::= "\"" ( [^"\\\x7F\x00-\x1F] | "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) )* "\"" ws
+number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
+ws ::= | " " | "\n" [ \t]{0,20}
+)");
+  add("grammar (arithmetic)", ConstraintSpec::Kind::kGrammar, R"g(
+root ::= expr "=" ws term
+expr ::= term (ws [-+*/] ws term)*
+term ::= [0-9]+ | "(" ws expr ws ")"
+ws   ::= " "?
+)g");
   return cases;
 }
 

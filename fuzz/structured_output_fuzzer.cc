@@ -1,5 +1,5 @@
 // Fuzzes structured outputs (runtime/structured/) with what a client controls: a regex, a JSON
-// Schema, a list of choices or a whitespace pattern, compiled against a small vocabulary (every
+// Schema, a list of choices, a GBNF grammar or a whitespace pattern, compiled against a small vocabulary (every
 // byte, plus multi-byte pieces), alone or behind a thinking model's <think> block. Invariants, on every constraint that compiles:
 //   - the tree prints back (ToPattern) into a regex that parses and means the same: texts
 //     generated under the constraint match the reprinted one too;
@@ -19,6 +19,7 @@
 #include "fuzz/fuzz_util.h"
 #include "model/tokenizer_text.h"
 #include "runtime/structured/automaton.h"
+#include "runtime/structured/gbnf.h"
 #include "runtime/structured/grammar.h"
 #include "runtime/structured/json_schema.h"
 #include "runtime/structured/regex_builders.h"
@@ -58,7 +59,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2) return 0;
-  const uint8_t kind = data[0] % 4;
+  const uint8_t kind = data[0] % 5;
   const uint8_t walk_seed = data[1];
   const std::string text(reinterpret_cast<const char*>(data + 2), size - 2);
   kvrm::structured::JsonSchemaOptions json;
@@ -84,6 +85,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         from = nl + 1;
       }
       regex = kvrm::structured::Alt(std::move(options));
+      break;
+    }
+    case 4: {
+      // A GBNF grammar, unfolded 1 to 4 levels deep, at most 20000 nodes.
+      kvrm::structured::GbnfOptions gbnf;
+      gbnf.max_depth = 1 + walk_seed % 4;
+      gbnf.max_nodes = 20000;
+      regex = kvrm::structured::GbnfToRegex(text, gbnf);
       break;
     }
     default: {

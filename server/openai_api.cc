@@ -108,7 +108,7 @@ absl::StatusOr<std::optional<std::string>> GetString(const Json& o, const char* 
 // the body has none of them (or, which cannot happen after Json parsed it, does not parse).
 std::optional<OrderedJson> OrderedBody(absl::string_view body) {
   for (const char* key : {"\"schema\"", "\"guided_json\"", "\"structured_outputs\"",
-                          "\"parameters\"", "\"arguments\""}) {
+                          "\"grammar\"", "\"parameters\"", "\"arguments\""}) {
     if (!absl::StrContains(body, key)) continue;
     absl::StatusOr<OrderedJson> j =
         ParseOrderedJson(std::string_view(body.data(), body.size()), "request body");
@@ -351,13 +351,36 @@ class Builder {
       from = "guided_choice";
     }
     // vLLM's guided_grammar and llama.cpp server's grammar: GBNF.
-    for (const char* key : {"guided_grammar", "grammar"}) {
-      ASSIGN_OR_RETURN(std::optional<std::string> grammar, GetString(body_, key));
-      if (grammar) {
-        structured.set_grammar(*grammar);
-        ++set;
-        from = key;
+    ASSIGN_OR_RETURN(std::optional<std::string> guided_grammar, GetString(body_, "guided_grammar"));
+    if (guided_grammar) {
+      structured.set_grammar(*guided_grammar);
+      ++set;
+      from = "guided_grammar";
+    }
+    // `grammar`: llama.cpp's GBNF text, or TGI's {"type": "json" | "regex", "value": ...}.
+    if (const Json* grammar = Find(body_, "grammar")) {
+      if (grammar->is_string()) {
+        structured.set_grammar(grammar->get<std::string>());
+      } else if (grammar->is_object()) {
+        ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(*grammar, "type", "grammar"));
+        const Json* value = Find(*grammar, "value");
+        if (value == nullptr) return Bad("grammar.value", "is required");
+        if (type.value_or("") == "json" || type.value_or("") == "json_schema") {
+          ASSIGN_OR_RETURN(std::string text,
+                           JsonText(*value, At(At(ordered_, "grammar"), "value"), "grammar.value"));
+          structured.set_json_schema(std::move(text));
+        } else if (type.value_or("") == "regex") {
+          if (!value->is_string()) return WrongType("grammar.value", "a string", *value);
+          structured.set_regex(value->get<std::string>());
+        } else {
+          return Bad("grammar.type",
+                     absl::StrCat("\"", type.value_or(""), "\": use json, json_schema or regex"));
+        }
+      } else {
+        return WrongType("grammar", "a GBNF string or an object with type and value", *grammar);
       }
+      ++set;
+      from = "grammar";
     }
     ASSIGN_OR_RETURN(std::optional<std::string> ws, GetString(body_, "guided_whitespace_pattern"));
     std::string ws_from = "guided_whitespace_pattern";

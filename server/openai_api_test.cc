@@ -823,6 +823,23 @@ TEST(ChatRequestTest, GuidedParameters) {
     EXPECT_EQ(grammar->params.at("structured.grammar"), key);
   }
   ExpectRefused(kChat, ChatBody(R"("guided_grammar": ["root ::= \"a\""])"), "guided_grammar");
+  // TGI's grammar object: a JSON Schema or a regex.
+  absl::StatusOr<OpenAiRequest> tgi_json = Chat(ChatBody(
+      R"("grammar": {"type": "json", "value": {"properties": {"z": {}, "a": {}}}})"));
+  ASSERT_TRUE(tgi_json.ok()) << tgi_json.status();
+  ASSERT_EQ(tgi_json->generate.structured().constraint_case(), v1::StructuredOutput::kJsonSchema);
+  EXPECT_EQ(tgi_json->generate.structured().json_schema(), R"({"properties":{"z":{},"a":{}}})");
+  absl::StatusOr<OpenAiRequest> tgi_regex =
+      Chat(ChatBody(R"("grammar": {"type": "regex", "value": "[0-9]+"})"));
+  ASSERT_TRUE(tgi_regex.ok()) << tgi_regex.status();
+  EXPECT_EQ(tgi_regex->generate.structured().regex(), "[0-9]+");
+  EXPECT_EQ(tgi_regex->params.at("structured.regex"), "grammar");
+  ExpectRefused(kChat, ChatBody(R"("grammar": {"type": "ebnf", "value": "x"})"), "grammar.type",
+                "use json, json_schema or regex");
+  ExpectRefused(kChat, ChatBody(R"("grammar": {"type": "regex"})"), "grammar.value",
+                "is required");
+  ExpectRefused(kChat, ChatBody(R"("grammar": {"type": "regex", "value": 1})"), "grammar.value");
+  ExpectRefused(kChat, ChatBody(R"("grammar": 5)"), "grammar");
   ExpectRefused(kChat, ChatBody(R"("guided_regex": "a", "guided_choice": ["a"])"),
                 "guided_choice", "only one of");
   ExpectRefused(kChat, ChatBody(R"("guided_regex": "a", "grammar": "root ::= \"a\"")"), "grammar",

@@ -16,7 +16,7 @@ constexpr int32_t kMaxRules = 4096;
 constexpr int32_t kMaxGroupNesting = 200;
 // C++ frames of the unfolding (rules within rules, groups within groups), far above any real
 // grammar, well inside a thread's stack.
-constexpr int32_t kMaxUnfoldFrames = 4000;
+constexpr int32_t kMaxUnfoldFrames = 2000;
 constexpr int32_t kMaxDepthOption = 64;
 
 // The parsed grammar: one expression tree per rule, references by rule index.

@@ -321,6 +321,11 @@ TEST(GbnfTest, RefusalsNameTheLineAndColumn) {
   GbnfOptions small;
   small.max_nodes = 200;
   EXPECT_NE(Refusal(kJson, small).find("unfolds into more than 200 nodes"), std::string::npos);
+  // A chain of rules deeper than the unfolding's frames (each rule one more).
+  std::string chain = "root ::= r1\n";
+  for (int i = 1; i < 3000; ++i) chain += "r" + std::to_string(i) + " ::= r" + std::to_string(i + 1) + "\n";
+  chain += "r3000 ::= \"end\"\n";
+  EXPECT_NE(Refusal(chain).find("rules nest more than 2000 deep"), std::string::npos);
   // Groups nested past the limit.
   EXPECT_NE(Refusal("root ::= " + std::string(300, '(') + "\"a\"" + std::string(300, ')'))
                 .find("groups nest deeper than 200"),
