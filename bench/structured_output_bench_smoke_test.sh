@@ -11,7 +11,7 @@ import json, sys
 r = json.load(open(sys.argv[1]))
 assert r["vocab"] == 128256, r["vocab"]
 cs = r["constraints"]
-assert len(cs) == 6, [c["constraint"] for c in cs]
+assert len(cs) == 8, [c["constraint"] for c in cs]
 for c in cs:
     assert c["states"] > 0 and c["distinct_masks"] > 0, c
     assert c["distinct_masks"] <= c["states"], c
