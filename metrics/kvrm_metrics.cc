@@ -338,6 +338,8 @@ const char* HttpRouteName(HttpRoute route) {
       return "version";
     case HttpRoute::kLoraAdapters:
       return "lora_adapters";
+    case HttpRoute::kResponses:
+      return "responses";
     case HttpRoute::kOther:
       break;
   }

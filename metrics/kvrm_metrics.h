@@ -63,9 +63,10 @@ enum class HttpRoute {
   kMetrics,       // /metrics on the API port (when --http_metrics serves it)
   kVersion,       // /version
   kLoraAdapters,  // /v1/load_lora_adapter, /v1/unload_lora_adapter
+  kResponses,     // /v1/responses
   kOther,         // unknown paths
 };
-constexpr int kHttpRoutes = 10;
+constexpr int kHttpRoutes = 11;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
 
 class HttpApiMetrics {

@@ -14,7 +14,7 @@
 #include "common/status_macros.h"
 
 namespace kvrm {
-namespace {
+namespace openai_json {
 
 absl::Status Bad(absl::string_view param, absl::string_view why) {
   return absl::InvalidArgumentError(absl::StrCat(param, ": ", why));
@@ -26,6 +26,8 @@ const Json* Find(const Json& object, const char* key) {
   if (it == object.end() || it->is_null()) return nullptr;
   return &*it;
 }
+
+namespace {
 
 const char* TypeName(const Json& j) {
   switch (j.type()) {
@@ -40,9 +42,19 @@ const char* TypeName(const Json& j) {
   }
 }
 
+}  // namespace
+
 absl::Status WrongType(absl::string_view param, absl::string_view want, const Json& got) {
   return Bad(param, absl::StrCat("must be ", want, ", not ", TypeName(got)));
 }
+
+}  // namespace openai_json
+
+namespace {
+
+using openai_json::Bad;
+using openai_json::Find;
+using openai_json::WrongType;
 
 absl::StatusOr<std::optional<double>> GetNumber(const Json& o, const char* key) {
   const Json* j = Find(o, key);

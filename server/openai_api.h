@@ -116,8 +116,37 @@ struct OpenAiError {
 OpenAiError ToOpenAiError(const absl::Status& status, const OpenAiRequest* request,
                           int64_t retry_after_ms = 0);
 
+// JSON helpers of the HTTP API's parsers (this file's and server/responses_api.h's).
+namespace openai_json {
+// INVALID_ARGUMENT "param: why".
+absl::Status Bad(absl::string_view param, absl::string_view why);
+// The member `key` of an object, or null where it is absent or null (OpenAI clients send null
+// for what they leave unset).
+const Json* Find(const Json& object, const char* key);
+// Bad(param, "must be <want>, not <got's type>").
+absl::Status WrongType(absl::string_view param, absl::string_view want, const Json& got);
+}  // namespace openai_json
+
+// What the HTTP server builds a generation endpoint's reply with, from the service's stream:
+// OpenAiReply (completions, chat completions) or ResponsesReply (server/responses_api.h).
+class GenerationReply {
+ public:
+  virtual ~GenerationReply() = default;
+  // Streaming: the events that start the stream, those of one message of prompt `prompt`'s
+  // call, those that end it, and one for an error after the stream started.
+  virtual std::string StreamStart() = 0;
+  virtual std::string StreamMessage(const v1::GenerateResponse& message, int prompt) = 0;
+  virtual std::string StreamEnd() = 0;
+  virtual std::string ErrorEvent(const OpenAiError& error) = 0;
+  // Non-streaming: every message, then the whole body.
+  virtual void Add(const v1::GenerateResponse& message, int prompt) = 0;
+  virtual std::string Body() const = 0;
+  // A completion that ended with FINISH_REASON_ERROR (the engine's message), if any.
+  virtual const std::string& engine_error() const = 0;
+};
+
 // Builds the response from the service's stream. Not thread-safe: one per request.
-class OpenAiReply {
+class OpenAiReply final : public GenerationReply {
  public:
   // `id` is the response's id ("cmpl-..." / "chatcmpl-..."), `created` Unix seconds, `model` the
   // served model's name; `tokenizer` spells the tokens of logprobs. `prompt_texts` are what echo
@@ -132,17 +161,18 @@ class OpenAiReply {
   // Streaming: the server-sent events for the start of the stream (chat: each choice's role),
   // for one message of the service's stream, and for its end (the usage chunk when asked for,
   // then `data: [DONE]`). An error after the stream started is one event {"error": ...}.
-  std::string StreamStart();
-  std::string StreamMessage(const v1::GenerateResponse& message, int prompt = 0);
-  std::string StreamEnd();
+  std::string StreamStart() override;
+  std::string StreamMessage(const v1::GenerateResponse& message, int prompt = 0) override;
+  std::string StreamEnd() override;
   static std::string StreamError(const OpenAiError& error);
+  std::string ErrorEvent(const OpenAiError& error) override { return StreamError(error); }
 
   // Non-streaming: every message, then the whole object.
-  void Add(const v1::GenerateResponse& message, int prompt = 0);
-  std::string Body() const;
+  void Add(const v1::GenerateResponse& message, int prompt = 0) override;
+  std::string Body() const override;
 
   // A completion that ended with FINISH_REASON_ERROR (the engine's message), if any.
-  const std::string& engine_error() const { return engine_error_; }
+  const std::string& engine_error() const override { return engine_error_; }
 
  private:
   struct Choice {

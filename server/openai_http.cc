@@ -19,8 +19,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/clock.h"
 #include "common/logging.h"
@@ -28,6 +28,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/completion_queue.h"
 #include "metrics/http_server.h"
+#include "server/responses_api.h"
 
 namespace kvrm {
 
@@ -96,6 +97,7 @@ struct Upload {
 HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
   if (path == "/v1/chat/completions") return HttpRoute::kChatCompletions;
   if (path == "/v1/completions") return HttpRoute::kCompletions;
+  if (path == "/v1/responses") return HttpRoute::kResponses;
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) return HttpRoute::kModels;
   if (path == "/tokenize") return HttpRoute::kTokenize;
   if (path == "/detokenize") return HttpRoute::kDetokenize;
@@ -350,7 +352,7 @@ struct Stream {
       : calls(active, client_fd, disconnects) {}
   OpenAiRequest request;
   CallGroup calls;
-  std::unique_ptr<OpenAiReply> reply;
+  std::unique_ptr<GenerationReply> reply;
   std::string pending;  // events not yet handed to libmicrohttpd
   size_t sent = 0;      // bytes of `pending` handed over
   bool ended = false;   // every call finished and the last events are in `pending`
@@ -390,12 +392,12 @@ void NextEvents(Stream* s) {
     }
     if (s->calls.client_gone()) return;  // nobody to write to
     if (s->failed) {
-      s->pending = OpenAiReply::StreamError(s->error);
+      s->pending = s->reply->ErrorEvent(s->error);
     } else if (!s->reply->engine_error().empty()) {
       OpenAiError error;
       error.message = s->reply->engine_error();
       error.type = "server_error";
-      s->pending = OpenAiReply::StreamError(error);
+      s->pending = s->reply->ErrorEvent(error);
     }
     s->pending += s->reply->StreamEnd();
     s->ended = true;
@@ -567,13 +569,11 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
                                                    : Detokenize(connection, upload->body);
     case HttpRoute::kCompletions:
     case HttpRoute::kChatCompletions:
+    case HttpRoute::kResponses:
       if (!post) return use("POST");
       if (upload->too_large) return too_large();
       if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
-      return Generate(connection,
-                      upload->route == HttpRoute::kCompletions ? OpenAiEndpoint::kCompletions
-                                                               : OpenAiEndpoint::kChatCompletions,
-                      upload->body);
+      return Generate(connection, upload->route, upload->body);
     case HttpRoute::kLoraAdapters:
       if (!post) return use("POST");
       if (upload->too_large) return too_large();
@@ -582,11 +582,12 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
     case HttpRoute::kOther:
       break;
   }
-  return ReplyError(connection, 404, "not_found_error",
-                    absl::StrCat("no route ", path,
-                                 ": try /v1/chat/completions, "
-                                 "/v1/completions, /v1/models, /tokenize, /detokenize, "
-                                 "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
+  return ReplyError(
+      connection, 404, "not_found_error",
+      absl::StrCat("no route ", path,
+                   ": try /v1/chat/completions, "
+                   "/v1/completions, /v1/responses, /v1/models, /tokenize, /detokenize, "
+                   "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
 }
 
 int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path) {
@@ -765,9 +766,21 @@ int OpenAiHttpServer::Detokenize(MHD_Connection* connection, const std::string& 
                    parsed->request, &DetokenizeReplyJson);
 }
 
-int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoint,
+int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
                                const std::string& body) {
-  absl::StatusOr<OpenAiRequest> parsed = ParseOpenAiRequest(endpoint, body, options_.defaults);
+  // /v1/responses: the chat completion it means, and its own reply.
+  std::optional<ResponsesRequest> responses;
+  absl::StatusOr<OpenAiRequest> parsed;
+  if (route == HttpRoute::kResponses) {
+    absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(body, options_.defaults);
+    if (!r.ok()) return ReplyError(connection, ToOpenAiError(r.status(), nullptr));
+    responses = *std::move(r);
+    parsed = std::move(responses->chat);
+  } else {
+    parsed = ParseOpenAiRequest(route == HttpRoute::kCompletions ? OpenAiEndpoint::kCompletions
+                                                                 : OpenAiEndpoint::kChatCompletions,
+                                body, options_.defaults);
+  }
   if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
   const MHD_ConnectionInfo* fd_info =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
@@ -777,7 +790,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
   stream->request = std::move(*parsed);
   OpenAiRequest& request = stream->request;
   if (std::optional<OpenAiError> e = WrongModel(request.model)) return ReplyError(connection, *e);
-  const bool chat = endpoint == OpenAiEndpoint::kChatCompletions;
+  const bool chat = route != HttpRoute::kCompletions;
   v1::GenerateRequest& generate = request.generate;
   if (!request.model.empty() && request.model != options_.served_model_name) {
     generate.set_lora_adapter(request.model);  // WrongModel let it through: an adapter's name
@@ -786,7 +799,10 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
     if (const char* header = Header(connection, "X-Request-Id"); header != nullptr && *header) {
       generate.set_request_id(header);  // validated by the service like any request_id
     } else {
-      generate.set_request_id(absl::StrCat(chat ? "chatcmpl-" : "cmpl-", RandomHex()));
+      generate.set_request_id(absl::StrCat(responses ? "resp_"
+                                           : chat    ? "chatcmpl-"
+                                                     : "cmpl-",
+                                           RandomHex()));
     }
   }
   const std::string id = generate.request_id();
@@ -813,10 +829,15 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
                                  : call.text());
     }
   }
-  stream->reply = std::make_unique<OpenAiReply>(
-      request, options_.tokenizer, id, absl::ToUnixSeconds(absl::Now()),
-      request.model.empty() ? options_.served_model_name : request.model,
-      std::move(prompt_texts));
+  const std::string model = request.model.empty() ? options_.served_model_name : request.model;
+  if (responses) {
+    stream->reply =
+        std::make_unique<ResponsesReply>(*responses, id, absl::ToUnixSeconds(absl::Now()), model);
+  } else {
+    stream->reply = std::make_unique<OpenAiReply>(request, options_.tokenizer, id,
+                                                  absl::ToUnixSeconds(absl::Now()), model,
+                                                  std::move(prompt_texts));
+  }
   if (!stream->calls.Start(stub_.get(), calls,
                            Header(connection, MHD_HTTP_HEADER_AUTHORIZATION))) {
     return ReplyError(connection, 503, "service_unavailable", "the server is stopping");
@@ -850,7 +871,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, OpenAiEndpoint endpoi
   if (stream->calls.client_gone()) return MHD_NO;
 
   if (!request.stream) {
-    OpenAiReply& reply = *stream->reply;
+    GenerationReply& reply = *stream->reply;
     for (const CallGroup::Event& f : firsts) reply.Add(f.response, f.call);
     std::optional<OpenAiError> failed;
     while (stream->calls.Next(&e)) {

@@ -106,7 +106,8 @@ class OpenAiHttpServer {
   OpenAiHttpServer(std::shared_ptr<grpc::Channel> channel, OpenAiHttpOptions options);
 
   int Models(MHD_Connection* connection, const std::string& path);
-  int Generate(MHD_Connection* connection, OpenAiEndpoint endpoint, const std::string& body);
+  // POST /v1/completions, /v1/chat/completions and /v1/responses.
+  int Generate(MHD_Connection* connection, HttpRoute route, const std::string& body);
   int Tokenize(MHD_Connection* connection, const std::string& body);
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): the service's
   // LoadLoraAdapter / UnloadLoraAdapter; 200 with a line of text, as vLLM replies.

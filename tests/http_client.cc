@@ -139,7 +139,10 @@ std::string HttpConnection::Read(int timeout_ms) {
 std::vector<std::string> SseData(const std::string& body) {
   std::vector<std::string> data;
   for (absl::string_view event : absl::StrSplit(body, "\n\n", absl::SkipEmpty())) {
-    if (absl::ConsumePrefix(&event, "data: ")) data.emplace_back(event);
+    // An event's data line (after an `event:` line where the stream names its events).
+    for (absl::string_view line : absl::StrSplit(event, '\n')) {
+      if (absl::ConsumePrefix(&line, "data: ")) data.emplace_back(line);
+    }
   }
   return data;
 }

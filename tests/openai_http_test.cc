@@ -407,6 +407,83 @@ answer ::= "yes" | "no")g";
       << bad.body;
 }
 
+// The Responses API: the same greedy turn as a chat completion, as one `response` object and as
+// typed events whose text deltas join to it; a forced function call comes back as a
+// function_call item; a stored-conversation id is a 400 naming it.
+TEST(OpenAiHttpTest, ResponsesApiIsTheChatTurnInResponsesShape) {
+  Daemon d(Options(2));
+  HttpReply chat = d.Post("/v1/chat/completions", R"({"messages": [
+      {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+      "max_tokens": 12, "temperature": 0})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const std::string want = Body(chat)["choices"][0]["message"]["content"].get<std::string>();
+  const std::string body = R"({"model": "tiny", "instructions": "Be brief.", "input": "Hello",
+                               "max_output_tokens": 12, "temperature": 0)";
+  HttpReply r = d.Post("/v1/responses", body + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Body(r);
+  EXPECT_TRUE(absl::StartsWith(j["id"].get<std::string>(), "resp_")) << r.body;
+  EXPECT_EQ(j["object"], "response");
+  EXPECT_EQ(j["model"], "tiny");
+  EXPECT_EQ(j["instructions"], "Be brief.");
+  ASSERT_EQ(j["output"].size(), 1u) << r.body;
+  EXPECT_EQ(j["output"][0]["type"], "message");
+  EXPECT_EQ(j["output"][0]["content"][0]["text"], want);
+  EXPECT_EQ(j["usage"]["input_tokens"], Body(chat)["usage"]["prompt_tokens"]);
+  EXPECT_EQ(j["status"],
+            Body(chat)["choices"][0]["finish_reason"] == "length" ? "incomplete" : "completed");
+
+  HttpReply s = d.Post("/v1/responses", body + R"(, "stream": true})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  std::string joined;
+  std::vector<std::string> types;
+  for (const std::string& data : SseData(s.body)) {
+    absl::StatusOr<Json> e = ParseJson(data, "event");
+    ASSERT_TRUE(e.ok()) << data;
+    types.push_back((*e)["type"].get<std::string>());
+    if ((*e)["type"] == "response.output_text.delta") joined += (*e)["delta"].get<std::string>();
+  }
+  ASSERT_GE(types.size(), 4u);
+  EXPECT_EQ(types.front(), "response.created");
+  EXPECT_TRUE(types.back() == "response.completed" || types.back() == "response.incomplete")
+      << types.back();
+  EXPECT_EQ(joined, want);
+
+  HttpReply call = d.Post("/v1/responses", R"({"input": "Weather in Lima?",
+      "tools": [{"type": "function", "name": "get_weather",
+                 "parameters": {"type": "object", "properties": {"city": {"enum": ["Lima", "Oslo"]}},
+                                "required": ["city"], "additionalProperties": false}}],
+      "tool_choice": {"type": "function", "name": "get_weather"},
+      "max_output_tokens": 64, "temperature": 1, "seed": 3})");
+  ASSERT_EQ(call.status, 200) << call.body;
+  const Json c = Body(call);
+  ASSERT_EQ(c["output"].size(), 1u) << call.body;
+  const Json& item = c["output"][0];
+  EXPECT_EQ(item["type"], "function_call");
+  EXPECT_EQ(item["name"], "get_weather");
+  EXPECT_TRUE(absl::StartsWith(item["call_id"].get<std::string>(), "call_"));
+  absl::StatusOr<Json> args = ParseJson(item["arguments"].get<std::string>(), "arguments");
+  ASSERT_TRUE(args.ok()) << call.body;
+  EXPECT_TRUE((*args)["city"] == "Lima" || (*args)["city"] == "Oslo") << args->dump();
+
+  // The call and its result go back as input items; the reply is text.
+  HttpReply turn2 = d.Post("/v1/responses", absl::StrCat(R"({"input": [
+      {"role": "user", "content": "Weather in Lima?"}, )",
+                                                         item.dump(), R"(,
+      {"type": "function_call_output", "call_id": )",
+                                                         item["call_id"].dump(), R"(,
+       "output": "sunny"}], "max_output_tokens": 4, "temperature": 0})"));
+  ASSERT_EQ(turn2.status, 200) << turn2.body;
+  EXPECT_EQ(Body(turn2)["output"][0]["type"], "message") << turn2.body;
+
+  HttpReply bad = d.Post("/v1/responses", R"({"input": "x", "previous_response_id": "resp_1"})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(Body(bad)["error"]["param"], "previous_response_id") << bad.body;
+  HttpReply big = d.Post("/v1/responses", R"({"input": "x", "max_output_tokens": 0})");
+  EXPECT_EQ(big.status, 400);
+  EXPECT_EQ(Body(big)["error"]["param"], "max_output_tokens") << big.body;
+}
+
 TEST(OpenAiHttpTest, AListOfPromptsIsOneCallPerPromptInOneReply) {
   Daemon d(Options(4));
   const std::vector<std::string> prompts = {"The capital of", "Once upon a", "Rivers run"};
