@@ -4,7 +4,9 @@
 // endpoint's prompt kind, or fails with INVALID_ARGUMENT whose OpenAI error is a 400 with a JSON
 // body; a service error about any recorded field is written with that field's OpenAI name; the
 // replies built for a parsed request (whole and streamed, with logprobs and a tool call) are JSON
-// that parses, and the stream ends with [DONE].
+// that parses, and the stream ends with [DONE]. The same body as a /v1/responses request
+// (server/responses_api.h): parsed into a chat request, or refused with INVALID_ARGUMENT naming
+// a parameter; a parsed one's reply (whole and streamed, with text, reasoning and a call) is JSON.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -19,6 +21,7 @@
 #include "fuzz/fuzz_util.h"
 #include "kvrm/v1/kvrm.pb.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 
 namespace {
 kvrm::Tokenizer* tokenizer = nullptr;
@@ -47,6 +50,41 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                            absl::StrContains(st.message(), ": ")));
   }
   kvrm::OpenAiDefaults defaults;
+  {
+    absl::StatusOr<kvrm::ResponsesRequest> responses =
+        kvrm::ParseResponsesRequest(absl::string_view(body.data(), body.size()), defaults);
+    if (!responses.ok()) {
+      FUZZ_CHECK(responses.status().code() == absl::StatusCode::kInvalidArgument &&
+                 absl::StrContains(responses.status().message(), ": "));
+    } else {
+      FUZZ_CHECK(responses->chat.generate.has_chat());
+      for (bool stream : {false, true}) {
+        kvrm::ResponsesReply reply(*responses, "resp_f", 0, "m");
+        kvrm::v1::GenerateResponse m;
+        m.set_reasoning_text("r");
+        m.set_text("t\xff");  // not UTF-8: the JSON writer must not throw
+        kvrm::v1::GenerateResponse end;
+        end.mutable_finished()->set_reason(kvrm::v1::FINISH_REASON_TOOL_CALLS);
+        kvrm::v1::ToolCall* call = end.mutable_finished()->add_tool_calls();
+        call->set_id("call_1");
+        call->set_name("f");
+        call->set_arguments("{}");
+        if (stream) {
+          std::string sse = reply.StreamStart() + reply.StreamMessage(m, 0) +
+                            reply.StreamMessage(end, 0) + reply.StreamEnd();
+          for (absl::string_view block : absl::StrSplit(sse, "\n\n", absl::SkipEmpty())) {
+            const size_t at = block.find("\ndata: ");
+            FUZZ_CHECK(absl::StartsWith(block, "event: ") && at != absl::string_view::npos);
+            FUZZ_CHECK(IsJson(std::string_view(block.data() + at + 7, block.size() - at - 7)));
+          }
+        } else {
+          reply.Add(m, 0);
+          reply.Add(end, 0);
+          FUZZ_CHECK(IsJson(reply.Body()));
+        }
+      }
+    }
+  }
   absl::StatusOr<kvrm::OpenAiRequest> r =
       kvrm::ParseOpenAiRequest(endpoint, absl::string_view(body.data(), body.size()), defaults);
   if (!r.ok()) {

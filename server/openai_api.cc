@@ -48,11 +48,16 @@ absl::Status WrongType(absl::string_view param, absl::string_view want, const Js
   return Bad(param, absl::StrCat("must be ", want, ", not ", TypeName(got)));
 }
 
+std::string Dump(const OrderedJson& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
 }  // namespace openai_json
 
 namespace {
 
 using openai_json::Bad;
+using openai_json::Dump;
 using openai_json::Find;
 using openai_json::WrongType;
 
@@ -741,11 +746,6 @@ absl::Status CompletionOptions(const Json& body, OpenAiRequest* out) {
   ASSIGN_OR_RETURN(std::optional<bool> add_special, GetBool(body, "add_special_tokens"));
   if (add_special) out->generate.set_skip_bos(!*add_special);
   return absl::OkStatus();
-}
-
-// Invalid UTF-8 (a model's bytes, a client's) is written as U+FFFD rather than thrown on.
-std::string Dump(const OrderedJson& j) {
-  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
 // One server-sent event.

@@ -125,6 +125,9 @@ absl::Status Bad(absl::string_view param, absl::string_view why);
 const Json* Find(const Json& object, const char* key);
 // Bad(param, "must be <want>, not <got's type>").
 absl::Status WrongType(absl::string_view param, absl::string_view want, const Json& got);
+// Compact JSON text; invalid UTF-8 (a model's bytes, a client's) is written as U+FFFD rather
+// than thrown on.
+std::string Dump(const OrderedJson& j);
 }  // namespace openai_json
 
 // What the HTTP server builds a generation endpoint's reply with, from the service's stream:

@@ -14,6 +14,7 @@ namespace kvrm {
 namespace {
 
 using openai_json::Bad;
+using openai_json::Dump;
 using openai_json::Find;
 using openai_json::WrongType;
 
@@ -306,7 +307,7 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
   }
 
   absl::StatusOr<OpenAiRequest> parsed =
-      ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, chat.dump(), defaults);
+      ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, Dump(chat), defaults);
   if (!parsed.ok()) {
     // Named as the chat request spells it: say it as the Responses body does.
     const std::string message(parsed.status().message());
@@ -336,7 +337,7 @@ void ResponsesReply::Event(const char* type, OrderedJson data, std::string* even
   event["type"] = type;
   event["sequence_number"] = sequence_++;
   for (auto& [key, value] : data.items()) event[key] = std::move(value);
-  absl::StrAppend(events, "event: ", type, "\ndata: ", event.dump(), "\n\n");
+  absl::StrAppend(events, "event: ", type, "\ndata: ", Dump(event), "\n\n");
 }
 
 OrderedJson ResponsesReply::ItemJson(const Item& item) const {
@@ -637,6 +638,6 @@ void ResponsesReply::Add(const v1::GenerateResponse& message, int /*prompt*/) {
   Process(message, nullptr);
 }
 
-std::string ResponsesReply::Body() const { return ResponseJson().dump(); }
+std::string ResponsesReply::Body() const { return Dump(ResponseJson()); }
 
 }  // namespace kvrm

@@ -196,6 +196,15 @@ TEST(ResponsesReplyTest, BodyHoldsReasoningThenTheMessageAndUsage) {
   EXPECT_TRUE(b["error"].is_null());
 }
 
+TEST(ResponsesReplyTest, BytesThatAreNotUtf8AreWrittenAsReplacementCharacters) {
+  ResponsesReply reply(Parse(R"({"input": "x"})"), "resp_u", 0, "m");
+  reply.Add(Text("a\xff"), 0);
+  reply.Add(Finish(v1::FINISH_REASON_EOS, 1, 1), 0);
+  absl::StatusOr<Json> b = ParseJson(reply.Body(), "body");
+  ASSERT_TRUE(b.ok()) << reply.Body();
+  EXPECT_EQ((*b)["output"][0]["content"][0]["text"], "a\xEF\xBF\xBD");
+}
+
 TEST(ResponsesReplyTest, CutByTheLimitIsIncomplete) {
   ResponsesReply reply(Parse(R"({"input": "x"})"), "resp_1", 0, "m");
   reply.Add(Text("partial"), 0);
