@@ -535,8 +535,12 @@ absl::Status CompletionPrompt(const Json& body, const OpenAiDefaults& defaults,
   return absl::OkStatus();
 }
 
-// A message's content: a string, or OpenAI's list of parts of which only text is taken.
-absl::StatusOr<std::string> ContentText(const Json& content, const std::string& param) {
+}  // namespace
+
+namespace openai_json {
+
+absl::StatusOr<std::string> TextParts(const Json& content, const std::string& param,
+                                      std::initializer_list<const char*> types) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) return WrongType(param, "a string or an array of parts", content);
   std::string text;
@@ -545,17 +549,23 @@ absl::StatusOr<std::string> ContentText(const Json& content, const std::string& 
     const Json& part = content[i];
     if (!part.is_object()) return WrongType(at, "an object", part);
     ASSIGN_OR_RETURN(std::optional<std::string> type, GetString(part, "type", at));
-    if (type.value_or("") != "text") {
+    const std::string t = type.value_or("");
+    if (std::none_of(types.begin(), types.end(), [&](const char* k) { return t == k; })) {
       return Bad(absl::StrCat(at, ".type"),
-                 absl::StrCat("\"", type.value_or(""),
-                              "\" is not supported: this server's models take text only"));
+                 absl::StrCat("\"", t, "\" is not supported: this server's models take text only"));
     }
-    const Json* t = Find(part, "text");
-    if (t == nullptr || !t->is_string()) return Bad(absl::StrCat(at, ".text"), "is required");
-    text += t->get<std::string>();  // parts are joined as vLLM joins them: without a separator
+    const Json* value = Find(part, "text");
+    if (value == nullptr || !value->is_string()) {
+      return Bad(absl::StrCat(at, ".text"), "is required");
+    }
+    text += value->get<std::string>();  // parts are joined as vLLM joins them: without a separator
   }
   return text;
 }
+
+}  // namespace openai_json
+
+namespace {
 
 absl::Status ChatMessages(const Json& body, const OrderedJson* ordered, OpenAiRequest* out) {
   const Json* messages = Find(body, "messages");
@@ -571,7 +581,8 @@ absl::Status ChatMessages(const Json& body, const OrderedJson* ordered, OpenAiRe
     if (role == nullptr || !role->is_string()) return Bad(absl::StrCat(at, ".role"), "is required");
     msg->set_role(role->get<std::string>());
     if (const Json* content = Find(m, "content")) {
-      ASSIGN_OR_RETURN(std::string text, ContentText(*content, absl::StrCat(at, ".content")));
+      ASSIGN_OR_RETURN(std::string text,
+                       openai_json::TextParts(*content, absl::StrCat(at, ".content"), {"text"}));
       msg->set_content(std::move(text));
     }
     ASSIGN_OR_RETURN(std::optional<std::string> name, GetString(m, "name", at));

@@ -18,6 +18,7 @@
 #define KVRM_SERVER_OPENAI_API_H_
 
 #include <cstdint>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <string>
@@ -125,6 +126,11 @@ absl::Status Bad(absl::string_view param, absl::string_view why);
 const Json* Find(const Json& object, const char* key);
 // Bad(param, "must be <want>, not <got's type>").
 absl::Status WrongType(absl::string_view param, absl::string_view want, const Json& got);
+// A message's content: a string, or a list of parts whose `type` is one of `types` ("text" for
+// the chat API; the Responses API's "input_text", "output_text"), their text joined; another
+// part type (an image) is refused naming it.
+absl::StatusOr<std::string> TextParts(const Json& content, const std::string& param,
+                                      std::initializer_list<const char*> types);
 // Compact JSON text; invalid UTF-8 (a model's bytes, a client's) is written as U+FFFD rather
 // than thrown on.
 std::string Dump(const OrderedJson& j);

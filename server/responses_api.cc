@@ -67,25 +67,7 @@ absl::Status RefuseUnsupported(const Json& body) {
 
 // A content list's text: input_text / output_text / text parts, joined.
 absl::StatusOr<std::string> PartsText(const Json& content, const std::string& at) {
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) return WrongType(at, "a string or an array of parts", content);
-  std::string text;
-  for (size_t j = 0; j < content.size(); ++j) {
-    const std::string pat = absl::StrCat(at, "[", j, "]");
-    const Json& part = content[j];
-    if (!part.is_object()) return WrongType(pat, "an object", part);
-    const Json* type = Find(part, "type");
-    const std::string t = type != nullptr && type->is_string() ? type->get<std::string>() : "";
-    if (t != "input_text" && t != "output_text" && t != "text") {
-      return Bad(absl::StrCat(pat, ".type"),
-                 absl::StrCat("\"", t, "\" is not supported: this server's models take text only"));
-    }
-    const Json* value = Find(part, "text");
-    if (value == nullptr || !value->is_string())
-      return Bad(absl::StrCat(pat, ".text"), "is required");
-    text += value->get<std::string>();
-  }
-  return text;
+  return openai_json::TextParts(content, at, {"input_text", "output_text", "text"});
 }
 
 absl::StatusOr<std::string> RequiredString(const Json& o, const char* key, const std::string& at) {
