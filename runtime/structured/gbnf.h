@@ -42,9 +42,10 @@ inline constexpr int32_t kMaxGbnfRepeat = 2000;  // llama.cpp's MAX_REPETITION_T
 struct GbnfOptions {
   // Times a rule that can reach itself may be open on one derivation path (at least 1).
   int32_t max_depth = 4;
-  // Tree nodes the unfolding may build (a grammar whose recursion fans out widely is refused
-  // rather than built at any size).
-  int64_t max_nodes = 1 << 20;
+  // Tree nodes the unfolding may build, about 160 bytes each (a grammar whose recursion fans
+  // out widely is refused rather than built at any size; llama.cpp's JSON grammar at depth 4
+  // builds between 200 and 500).
+  int64_t max_nodes = 200000;
   // The start rule.
   std::string root = "root";
 };
