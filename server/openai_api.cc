@@ -1206,9 +1206,17 @@ OrderedJson ByteList(const std::string& s) {
 }
 
 // Chat's logprobs object: {"content": [{token, logprob, bytes, top_logprobs}, ...]}.
-// A token is spelled as text (partial UTF-8 repaired) and given as its exact bytes.
 OrderedJson ChatLogprobs(const std::vector<v1::TokenLogprob>& entries,
                          const std::function<std::string(int32_t, bool)>& text) {
+  OrderedJson out;
+  out["content"] = openai_json::LogprobEntries(entries, text);
+  return out;
+}
+
+}  // namespace
+
+OrderedJson openai_json::LogprobEntries(absl::Span<const v1::TokenLogprob> entries,
+                                        const std::function<std::string(int32_t, bool)>& text) {
   OrderedJson content = OrderedJson::array();
   for (const v1::TokenLogprob& e : entries) {
     OrderedJson top = OrderedJson::array();
@@ -1222,12 +1230,8 @@ OrderedJson ChatLogprobs(const std::vector<v1::TokenLogprob>& entries,
                        {"bytes", ByteList(text(e.token_id(), true))},
                        {"top_logprobs", std::move(top)}});
   }
-  OrderedJson out;
-  out["content"] = std::move(content);
-  return out;
+  return content;
 }
-
-}  // namespace
 
 OrderedJson OpenAiReply::Usage() const {
   int64_t prompt = 0;

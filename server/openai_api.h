@@ -18,6 +18,7 @@
 #define KVRM_SERVER_OPENAI_API_H_
 
 #include <cstdint>
+#include <functional>
 #include <initializer_list>
 #include <map>
 #include <set>
@@ -27,6 +28,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/json.h"
 #include "kvrm/v1/kvrm.pb.h"
 #include "model/tokenizer.h"
@@ -131,6 +133,11 @@ absl::Status WrongType(absl::string_view param, absl::string_view want, const Js
 // part type (an image) is refused naming it.
 absl::StatusOr<std::string> TextParts(const Json& content, const std::string& param,
                                       std::initializer_list<const char*> types);
+// Chat's (and the Responses API's) per-token logprobs: [{token, logprob, bytes, top_logprobs:
+// [{token, logprob, bytes}]}]; `text(id, bytes)` spells a token as text (partial UTF-8
+// repaired) or as its exact bytes.
+OrderedJson LogprobEntries(absl::Span<const v1::TokenLogprob> entries,
+                           const std::function<std::string(int32_t, bool)>& text);
 // Compact JSON text; invalid UTF-8 (a model's bytes, a client's) is written as U+FFFD rather
 // than thrown on.
 std::string Dump(const OrderedJson& j);

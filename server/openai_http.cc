@@ -831,8 +831,8 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
   }
   const std::string model = request.model.empty() ? options_.served_model_name : request.model;
   if (responses) {
-    stream->reply =
-        std::make_unique<ResponsesReply>(*responses, id, absl::ToUnixSeconds(absl::Now()), model);
+    stream->reply = std::make_unique<ResponsesReply>(
+        *responses, id, absl::ToUnixSeconds(absl::Now()), model, options_.tokenizer);
   } else {
     stream->reply = std::make_unique<OpenAiReply>(request, options_.tokenizer, id,
                                                   absl::ToUnixSeconds(absl::Now()), model,

@@ -311,8 +311,22 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
 }
 
 ResponsesReply::ResponsesReply(const ResponsesRequest& request, std::string id, int64_t created,
-                               std::string model)
-    : echo_(request.echo), id_(std::move(id)), created_(created), model_(std::move(model)) {}
+                               std::string model, const Tokenizer* tokenizer)
+    : echo_(request.echo),
+      tokenizer_(tokenizer),
+      logprobs_(request.chat.logprobs >= 0),
+      id_(std::move(id)),
+      created_(created),
+      model_(std::move(model)) {}
+
+OrderedJson ResponsesReply::Logprobs(absl::Span<const v1::TokenLogprob> entries) const {
+  if (!logprobs_) return OrderedJson::array();
+  return openai_json::LogprobEntries(entries, [this](int32_t id, bool bytes) -> std::string {
+    if (tokenizer_ == nullptr) return "";
+    return bytes ? tokenizer_->DecodeBytes({id}, /*skip_special_tokens=*/false)
+                 : tokenizer_->Decode({id}, /*skip_special_tokens=*/false);
+  });
+}
 
 void ResponsesReply::Event(const char* type, OrderedJson data, std::string* events) {
   OrderedJson event;
@@ -346,7 +360,7 @@ OrderedJson ResponsesReply::ItemJson(const Item& item) const {
         j["content"].push_back({{"type", "output_text"},
                                 {"text", item.text},
                                 {"annotations", OrderedJson::array()},
-                                {"logprobs", OrderedJson::array()}});
+                                {"logprobs", Logprobs(item.logprobs)}});
       }
       break;
     case Item::Kind::kFunctionCall:
@@ -485,7 +499,7 @@ void ResponsesReply::Close(std::string* events) {
              {"output_index", n},
              {"content_index", 0},
              {"text", item.text},
-             {"logprobs", OrderedJson::array()}},
+             {"logprobs", Logprobs(item.logprobs)}},
             events);
       Event(
           "response.content_part.done",
@@ -520,13 +534,16 @@ void ResponsesReply::Process(const v1::GenerateResponse& m, std::string* events)
   if (!m.text().empty()) {
     Item& item = Open(Item::Kind::kMessage, events);
     item.text += m.text();
+    if (logprobs_)
+      item.logprobs.insert(item.logprobs.end(), m.logprobs().begin(), m.logprobs().end());
     if (events != nullptr) {
       Event("response.output_text.delta",
             {{"item_id", item.id},
              {"output_index", open_},
              {"content_index", 0},
              {"delta", m.text()},
-             {"logprobs", OrderedJson::array()}},
+             {"logprobs",
+              Logprobs(std::vector<v1::TokenLogprob>(m.logprobs().begin(), m.logprobs().end()))}},
             events);
     }
   }

@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 #include "common/json.h"
 #include "kvrm/v1/kvrm.pb.h"
+#include "model/tokenizer.h"
 #include "server/openai_api.h"
 
 namespace kvrm {
@@ -41,9 +42,10 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
 
 class ResponsesReply final : public GenerationReply {
  public:
-  // `id` is the response's id ("resp_..."), `created` Unix seconds, `model` the name served.
+  // `id` is the response's id ("resp_..."), `created` Unix seconds, `model` the name served;
+  // `tokenizer` spells the tokens of logprobs (top_logprobs; null: empty strings).
   ResponsesReply(const ResponsesRequest& request, std::string id, int64_t created,
-                 std::string model);
+                 std::string model, const Tokenizer* tokenizer = nullptr);
 
   // Streaming: response.created and response.in_progress; then each message's events
   // (output_item.added, content_part.added, output_text.delta, reasoning_text.delta,
@@ -68,7 +70,11 @@ class ResponsesReply final : public GenerationReply {
     std::string call_id, name, arguments;
     int32_t tool_index = -1;  // the ToolCallDelta index that opened it
     bool done = false;
+    // A message's tokens' logprobs (with top_logprobs): those of the service's messages that
+    // carried its text.
+    std::vector<v1::TokenLogprob> logprobs;
   };
+  OrderedJson Logprobs(absl::Span<const v1::TokenLogprob> entries) const;
   // Applies one message; with `events`, appends the events it makes.
   void Process(const v1::GenerateResponse& message, std::string* events);
   // The open item of `kind` (a new function call always opens one), closing another first.
@@ -81,6 +87,8 @@ class ResponsesReply final : public GenerationReply {
   std::string Status() const;
 
   OrderedJson echo_;
+  const Tokenizer* tokenizer_;
+  bool logprobs_;
   std::string id_;
   int64_t created_;
   std::string model_;

@@ -235,6 +235,43 @@ std::vector<std::pair<std::string, Json>> Events(const std::string& sse) {
   return out;
 }
 
+TEST(ResponsesReplyTest, TopLogprobsComeWithTheMessagesText) {
+  ResponsesReply plain(Parse(R"({"input": "x"})"), "resp_p", 0, "m");
+  ResponsesReply scored(Parse(R"({"input": "x", "top_logprobs": 1})"), "resp_l", 0, "m");
+  v1::GenerateResponse m = Text("ab");
+  for (int t = 0; t < 2; ++t) {
+    v1::TokenLogprob* lp = m.add_logprobs();
+    lp->set_token_id(10 + t);
+    lp->set_logprob(-0.5f * (t + 1));
+    v1::TopLogprob* top = lp->add_top();
+    top->set_token_id(20 + t);
+    top->set_logprob(-0.25f);
+  }
+  ResponsesReply streamed(Parse(R"({"input": "x", "top_logprobs": 1})"), "resp_t", 0, "m");
+  std::string sse = streamed.StreamStart() + streamed.StreamMessage(m, 0);
+  for (ResponsesReply* r : {&plain, &scored}) {
+    r->Add(m, 0);
+    r->Add(Finish(v1::FINISH_REASON_EOS, 1, 2), 0);
+  }
+  absl::StatusOr<Json> without = ParseJson(plain.Body(), "body");
+  absl::StatusOr<Json> with = ParseJson(scored.Body(), "body");
+  ASSERT_TRUE(without.ok() && with.ok());
+  EXPECT_TRUE((*without)["output"][0]["content"][0]["logprobs"].empty());
+  const Json& lps = (*with)["output"][0]["content"][0]["logprobs"];
+  ASSERT_EQ(lps.size(), 2u);
+  EXPECT_FLOAT_EQ(lps[1]["logprob"].get<float>(), -1.0f);
+  ASSERT_EQ(lps[1]["top_logprobs"].size(), 1u);
+  EXPECT_FLOAT_EQ(lps[1]["top_logprobs"][0]["logprob"].get<float>(), -0.25f);
+  // The streamed delta carries its tokens' logprobs too.
+  bool delta = false;
+  for (const auto& [type, data] : Events(sse)) {
+    if (type != "response.output_text.delta") continue;
+    delta = true;
+    EXPECT_EQ(data["logprobs"].size(), 2u);
+  }
+  EXPECT_TRUE(delta);
+}
+
 TEST(ResponsesReplyTest, StreamEventsOpenDeltaAndCloseEachItem) {
   ResponsesReply reply(Parse(R"({"input": "x", "tools": [{"type": "function", "name": "f"}]})"),
                        "resp_s", 5, "m");

@@ -476,6 +476,20 @@ TEST(OpenAiHttpTest, ResponsesApiIsTheChatTurnInResponsesShape) {
   ASSERT_EQ(turn2.status, 200) << turn2.body;
   EXPECT_EQ(Body(turn2)["output"][0]["type"], "message") << turn2.body;
 
+  // top_logprobs: each output token's logprob and its alternatives, spelled by the tokenizer.
+  HttpReply scored = d.Post("/v1/responses", body + R"(, "top_logprobs": 2})");
+  ASSERT_EQ(scored.status, 200) << scored.body;
+  const Json sj = Body(scored);
+  const Json& lps = sj["output"][0]["content"][0]["logprobs"];
+  EXPECT_EQ(static_cast<int>(lps.size()), sj["usage"]["output_tokens"].get<int>()) << scored.body;
+  std::string spelled;
+  for (const Json& lp : lps) {
+    EXPECT_LE(lp["logprob"].get<double>(), 0.0);
+    EXPECT_EQ(lp["top_logprobs"].size(), 2u);
+    spelled += lp["token"].get<std::string>();
+  }
+  EXPECT_EQ(spelled, want);
+
   HttpReply bad = d.Post("/v1/responses", R"({"input": "x", "previous_response_id": "resp_1"})");
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(Body(bad)["error"]["param"], "previous_response_id") << bad.body;
