@@ -191,6 +191,12 @@ ABSL_FLAG(int32_t, http_idle_timeout_s, 120,
 ABSL_FLAG(int32_t, http_max_connections, 512,
           "HTTP API: connections served at once (a thread each, idle keep-alive ones included "
           "until --http_idle_timeout_s); beyond it new connections are refused");
+ABSL_FLAG(int32_t, responses_store, 0,
+          "HTTP API: keep this many /v1/responses responses (made with store, the default) in "
+          "memory for previous_response_id and GET / DELETE /v1/responses/{id}, least recently "
+          "used out, at most --responses_store_mib together; 0: keep none (stateless, as vLLM "
+          "without its store)");
+ABSL_FLAG(int32_t, responses_store_mib, 256, "HTTP API: memory of --responses_store, in MiB");
 ABSL_FLAG(bool, http_metrics, false,
           "HTTP API: also serve GET /metrics on --http_port (where vLLM serves its metrics); "
           "off by default so that metrics stay on the internal --metrics_port");
@@ -596,6 +602,13 @@ int Run() {
     ho.metrics = &metrics.http_api();
     if (absl::GetFlag(FLAGS_http_metrics)) ho.registry = &registry;
     ho.version = kVersion;
+    if (absl::GetFlag(FLAGS_responses_store) < 0 || absl::GetFlag(FLAGS_responses_store_mib) < 1) {
+      std::fprintf(stderr,
+                   "kvrmd: --responses_store must be >= 0 and --responses_store_mib >= 1\n");
+      return 2;
+    }
+    ho.responses_store_entries = absl::GetFlag(FLAGS_responses_store);
+    ho.responses_store_bytes = int64_t{absl::GetFlag(FLAGS_responses_store_mib)} << 20;
     if (!so.tls_cert.empty()) {
       if (!so.tls_client_ca.empty()) {
         std::fprintf(stderr,

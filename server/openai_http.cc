@@ -97,7 +97,9 @@ struct Upload {
 HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
   if (path == "/v1/chat/completions") return HttpRoute::kChatCompletions;
   if (path == "/v1/completions") return HttpRoute::kCompletions;
-  if (path == "/v1/responses") return HttpRoute::kResponses;
+  if (path == "/v1/responses" || absl::StartsWith(path, "/v1/responses/")) {
+    return HttpRoute::kResponses;
+  }
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) return HttpRoute::kModels;
   if (path == "/tokenize") return HttpRoute::kTokenize;
   if (path == "/detokenize") return HttpRoute::kDetokenize;
@@ -353,6 +355,21 @@ struct Stream {
   OpenAiRequest request;
   CallGroup calls;
   std::unique_ptr<GenerationReply> reply;
+  // /v1/responses with a store: where a completed response goes, with its conversation.
+  ResponseStore* store = nullptr;
+  OrderedJson conversation;
+  std::string response_id;
+  // Keeps a completed response (not a failed or cancelled one) with the conversation it ends.
+  void SaveResponse(const std::string& id, const std::string& body) {
+    if (store == nullptr || failed) return;
+    auto* r = dynamic_cast<ResponsesReply*>(reply.get());
+    if (r == nullptr || !r->engine_error().empty()) return;
+    ResponseStore::Entry entry;
+    entry.conversation = conversation;
+    for (OrderedJson& m : r->OutputMessages()) entry.conversation.push_back(std::move(m));
+    entry.response = body;
+    store->Put(id, std::move(entry));
+  }
   std::string pending;  // events not yet handed to libmicrohttpd
   size_t sent = 0;      // bytes of `pending` handed over
   bool ended = false;   // every call finished and the last events are in `pending`
@@ -401,6 +418,8 @@ void NextEvents(Stream* s) {
     }
     s->pending += s->reply->StreamEnd();
     s->ended = true;
+    if (s->store != nullptr && !s->calls.client_gone())
+      s->SaveResponse(s->response_id, s->reply->Body());
   }
 }
 
@@ -498,7 +517,11 @@ OpenAiHttpServer::OpenAiHttpServer(std::shared_ptr<grpc::Channel> channel,
       stub_(v1::Kvrm::NewStub(channel_)),
       options_(std::move(options)),
       created_(absl::ToUnixSeconds(absl::Now())),
-      calls_(std::make_unique<ActiveCalls>(options_.metrics)) {}
+      calls_(std::make_unique<ActiveCalls>(options_.metrics)),
+      store_(options_.responses_store_entries > 0
+                 ? std::make_unique<ResponseStore>(options_.responses_store_entries,
+                                                   options_.responses_store_bytes)
+                 : nullptr) {}
 
 int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const char* method,
                              const char* upload_data, size_t* upload_data_size, void** state) {
@@ -567,9 +590,18 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return upload->route == HttpRoute::kTokenize ? Tokenize(connection, upload->body)
                                                    : Detokenize(connection, upload->body);
+    case HttpRoute::kResponses:
+      if (path != "/v1/responses") {  // /v1/responses/{id}
+        const bool remove = std::strcmp(method, MHD_HTTP_METHOD_DELETE) == 0;
+        if (!get && !remove) return use("GET or DELETE");
+        if (std::optional<OpenAiError> e = BadHeaders(connection)) {
+          return ReplyError(connection, *e);
+        }
+        return StoredResponse(connection, path.substr(std::strlen("/v1/responses/")), remove);
+      }
+      [[fallthrough]];
     case HttpRoute::kCompletions:
     case HttpRoute::kChatCompletions:
-    case HttpRoute::kResponses:
       if (!post) return use("POST");
       if (upload->too_large) return too_large();
       if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
@@ -667,6 +699,40 @@ int UnaryCall(MHD_Connection* connection, v1::Kvrm::Stub* stub,
 }
 
 }  // namespace
+
+std::optional<OpenAiError> OpenAiHttpServer::TokenRefused(MHD_Connection* connection) {
+  grpc::ClientContext context;
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
+    context.AddMetadata("authorization", auth);
+  }
+  v1::ModelInfo info;
+  const grpc::Status status = stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
+  if (status.ok()) return std::nullopt;
+  return ToOpenAiError(FromGrpc(status), nullptr);
+}
+
+int OpenAiHttpServer::StoredResponse(MHD_Connection* connection, const std::string& id,
+                                     bool remove) {
+  if (std::optional<OpenAiError> e = TokenRefused(connection)) return ReplyError(connection, *e);
+  if (store_ == nullptr) {
+    return ReplyError(connection, 404, "not_found_error",
+                      "this server stores no responses (kvrmd --responses_store)");
+  }
+  if (remove) {
+    if (!store_->Erase(id)) {
+      return ReplyError(connection, 404, "not_found_error",
+                        absl::StrCat("no stored response '", id, "'"));
+    }
+    OrderedJson deleted = {{"id", id}, {"object", "response.deleted"}, {"deleted", true}};
+    return Queue(connection, MHD_HTTP_OK, Buffer(deleted.dump(), kJson));
+  }
+  std::optional<ResponseStore::Entry> entry = store_->Get(id);
+  if (!entry) {
+    return ReplyError(connection, 404, "not_found_error",
+                      absl::StrCat("no stored response '", id, "'"));
+  }
+  return Queue(connection, MHD_HTTP_OK, Buffer(entry->response, kJson));
+}
 
 int OpenAiHttpServer::Tokenize(MHD_Connection* connection, const std::string& body) {
   absl::StatusOr<OpenAiTokenize> parsed = ParseTokenizeRequest(body);
@@ -772,7 +838,8 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
   std::optional<ResponsesRequest> responses;
   absl::StatusOr<OpenAiRequest> parsed;
   if (route == HttpRoute::kResponses) {
-    absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(body, options_.defaults);
+    absl::StatusOr<ResponsesRequest> r =
+        ParseResponsesRequest(body, options_.defaults, store_.get());
     if (!r.ok()) return ReplyError(connection, ToOpenAiError(r.status(), nullptr));
     responses = *std::move(r);
     parsed = std::move(responses->chat);
@@ -830,6 +897,11 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
     }
   }
   const std::string model = request.model.empty() ? options_.served_model_name : request.model;
+  if (responses && responses->store) {
+    stream->store = store_.get();
+    stream->conversation = responses->conversation;
+    stream->response_id = id;
+  }
   if (responses) {
     stream->reply = std::make_unique<ResponsesReply>(
         *responses, id, absl::ToUnixSeconds(absl::Now()), model, options_.tokenizer);
@@ -889,7 +961,11 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
     if (!reply.engine_error().empty()) {
       return ReplyError(connection, 500, "server_error", reply.engine_error());
     }
-    MHD_Response* response = Buffer(reply.Body(), kJson);
+    const std::string reply_body = reply.Body();
+    if (responses && responses->store) {
+      stream->SaveResponse(id, reply_body);
+    }
+    MHD_Response* response = Buffer(reply_body, kJson);
     if (response != nullptr) MHD_add_response_header(response, "X-Request-Id", id.c_str());
     return Queue(connection, MHD_HTTP_OK, response);
   }

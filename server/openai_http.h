@@ -31,6 +31,7 @@
 #include "metrics/registry.h"
 #include "model/tokenizer.h"
 #include "server/openai_api.h"
+#include "server/responses_api.h"
 
 struct MHD_Daemon;
 struct MHD_Connection;
@@ -73,6 +74,11 @@ struct OpenAiHttpOptions {
   // GET /metrics on this port too (vLLM serves its metrics beside its API), when set.
   const MetricRegistry* registry = nullptr;
   std::string version;  // GET /version
+  // The Responses API's store (kvrmd --responses_store): responses kept for
+  // previous_response_id and GET / DELETE /v1/responses/{id}, at most this many and this many
+  // bytes together (least recently used out); 0: none kept, the API is stateless.
+  int32_t responses_store_entries = 0;
+  int64_t responses_store_bytes = int64_t{256} << 20;
   // PEM texts: HTTPS when both are set (kvrmd passes its --tls_cert / --tls_key).
   std::string tls_cert_pem;
   std::string tls_key_pem;
@@ -113,6 +119,11 @@ class OpenAiHttpServer {
   // LoadLoraAdapter / UnloadLoraAdapter; 200 with a line of text, as vLLM replies.
   int LoraAdapterUpdate(MHD_Connection* connection, bool load, const std::string& body);
   int Detokenize(MHD_Connection* connection, const std::string& body);
+  // GET and DELETE /v1/responses/{id}: the stored response, or its removal.
+  int StoredResponse(MHD_Connection* connection, const std::string& id, bool remove);
+  // The service's verdict on the request's Authorization header (a GetModelInfo call), for
+  // routes answered without a call of their own; nullopt when it may go on.
+  std::optional<OpenAiError> TokenRefused(MHD_Connection* connection);
   // A request naming a model other than the served one: the 404 to send (else nullopt).
   std::optional<OpenAiError> WrongModel(const std::string& model) const;
 
@@ -121,6 +132,7 @@ class OpenAiHttpServer {
   OpenAiHttpOptions options_;
   int64_t created_ = 0;  // /v1/models' "created": when the server started
   std::unique_ptr<ActiveCalls> calls_;
+  std::unique_ptr<ResponseStore> store_;  // null: no --responses_store
   std::atomic<bool> draining_{false};
   MHD_Daemon* daemon_ = nullptr;
   int port_ = 0;

@@ -42,11 +42,11 @@ constexpr const char* kPassThrough[] = {"temperature",
                                         "logit_bias"};
 
 // What is refused by name rather than ignored (a client relying on it learns at once).
-absl::Status RefuseUnsupported(const Json& body) {
-  if (Find(body, "previous_response_id") != nullptr) {
+absl::Status RefuseUnsupported(const Json& body, const ResponseStore* store) {
+  if (Find(body, "previous_response_id") != nullptr && store == nullptr) {
     return Bad("previous_response_id",
-               "is not supported: this server stores no responses; send the conversation as "
-               "input items");
+               "is not supported: this server stores no responses (kvrmd --responses_store); "
+               "send the conversation as input items");
   }
   if (const Json* b = Find(body, "background"); b != nullptr && !(b->is_boolean() && !*b)) {
     return Bad("background", "is not supported: a response is generated while the call waits");
@@ -77,13 +77,24 @@ absl::StatusOr<std::string> RequiredString(const Json& o, const char* key, const
   return v->get<std::string>();
 }
 
-// The chat messages `input` means (after `instructions`, a system message), and for each the
-// input item it came from (-1: instructions), to name input items in errors.
-absl::Status ChatMessages(const Json& body, OrderedJson* messages, std::vector<int>* from) {
+constexpr int kFromInstructions = -1;
+constexpr int kFromPreviousResponse = -2;
+
+// The chat messages `input` means (after `instructions`, a system message, and the stored
+// conversation `prior` continues, if any), and for each the input item it came from
+// (kFromInstructions, kFromPreviousResponse), to name input items in errors.
+absl::Status ChatMessages(const Json& body, const OrderedJson* prior, OrderedJson* messages,
+                          std::vector<int>* from) {
   if (const Json* instructions = Find(body, "instructions")) {
     if (!instructions->is_string()) return WrongType("instructions", "a string", *instructions);
     messages->push_back({{"role", "system"}, {"content", instructions->get<std::string>()}});
-    from->push_back(-1);
+    from->push_back(kFromInstructions);
+  }
+  if (prior != nullptr) {
+    for (const OrderedJson& m : *prior) {
+      messages->push_back(m);
+      from->push_back(kFromPreviousResponse);
+    }
   }
   const Json* input = Find(body, "input");
   if (input == nullptr) return Bad("input", "is required");
@@ -215,7 +226,8 @@ std::string ResponsesParam(const std::string& p, const std::vector<int>& from) {
     int index = -1;
     if (close != std::string::npos && absl::SimpleAtoi(rest.substr(0, close), &index) &&
         index >= 0 && index < static_cast<int>(from.size())) {
-      if (from[index] < 0) return "instructions";
+      if (from[index] == kFromInstructions) return "instructions";
+      if (from[index] == kFromPreviousResponse) return "previous_response_id";
       return absl::StrCat("input[", from[index], "]", rest.substr(close + 1));
     }
     return "input";
@@ -232,18 +244,39 @@ std::string Hex(absl::string_view id) {
 }  // namespace
 
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
-                                                       const OpenAiDefaults& defaults) {
+                                                       const OpenAiDefaults& defaults,
+                                                       ResponseStore* store) {
   const std::string_view text(body.data(), body.size());
   ASSIGN_OR_RETURN(Json j, ParseJson(text, "request body"));
   if (!j.is_object()) return Bad("request body", "must be a JSON object");
   ASSIGN_OR_RETURN(OrderedJson o, ParseOrderedJson(text, "request body"));
-  RETURN_IF_ERROR(RefuseUnsupported(j));
+  RETURN_IF_ERROR(RefuseUnsupported(j, store));
+  std::optional<ResponseStore::Entry> previous;
+  if (const Json* id = Find(j, "previous_response_id")) {
+    if (!id->is_string()) return WrongType("previous_response_id", "a string", *id);
+    previous = store->Get(id->get<std::string>());
+    if (!previous) {
+      return Bad("previous_response_id",
+                 absl::StrCat("no stored response '", id->get<std::string>(),
+                              "' (never stored, stored with store: false, deleted, or "
+                              "evicted: the store keeps the most recent)"));
+    }
+  }
+  bool keep = store != nullptr;
+  if (const Json* s = Find(j, "store")) {
+    if (!s->is_boolean()) return WrongType("store", "a boolean", *s);
+    keep = keep && s->get<bool>();
+  }
 
   OrderedJson chat = OrderedJson::object();
   if (Find(j, "model") != nullptr) chat["model"] = o["model"];
   OrderedJson messages = OrderedJson::array();
   std::vector<int> from;
-  RETURN_IF_ERROR(ChatMessages(j, &messages, &from));
+  RETURN_IF_ERROR(ChatMessages(j, previous ? &previous->conversation : nullptr, &messages, &from));
+  OrderedJson conversation = OrderedJson::array();
+  for (size_t k = 0; k < messages.size(); ++k) {
+    if (from[k] != kFromInstructions) conversation.push_back(messages[k]);
+  }
   chat["messages"] = std::move(messages);
   for (const char* key : kPassThrough) {
     if (Find(j, key) != nullptr) chat[key] = o[key];
@@ -301,10 +334,12 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
   }
   ResponsesRequest out;
   out.chat = *std::move(parsed);
+  out.store = keep;
+  out.conversation = std::move(conversation);
   for (auto& [field, param] : out.chat.params) param = ResponsesParam(param, from);
-  for (const char* key :
-       {"instructions", "max_output_tokens", "metadata", "temperature", "top_p", "tools",
-        "tool_choice", "parallel_tool_calls", "text", "reasoning", "user", "top_logprobs"}) {
+  for (const char* key : {"instructions", "max_output_tokens", "metadata", "temperature", "top_p",
+                          "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
+                          "user", "top_logprobs", "previous_response_id"}) {
     out.echo[key] = o.contains(key) ? o[key] : OrderedJson(nullptr);
   }
   return out;
@@ -315,6 +350,7 @@ ResponsesReply::ResponsesReply(const ResponsesRequest& request, std::string id, 
     : echo_(request.echo),
       tokenizer_(tokenizer),
       logprobs_(request.chat.logprobs >= 0),
+      store_(request.store),
       id_(std::move(id)),
       created_(created),
       model_(std::move(model)) {}
@@ -419,13 +455,13 @@ OrderedJson ResponsesReply::ResponseJson() const {
   for (const Item& item : items_) r["output"].push_back(ItemJson(item));
   r["parallel_tool_calls"] =
       echo_["parallel_tool_calls"].is_null() ? OrderedJson(true) : echo_["parallel_tool_calls"];
-  r["previous_response_id"] = nullptr;
+  r["previous_response_id"] = echo_["previous_response_id"];
   OrderedJson reasoning = {{"effort", nullptr}, {"summary", nullptr}};
   if (echo_["reasoning"].is_object() && echo_["reasoning"].contains("effort")) {
     reasoning["effort"] = echo_["reasoning"]["effort"];
   }
   r["reasoning"] = std::move(reasoning);
-  r["store"] = false;
+  r["store"] = store_;
   r["temperature"] = echo_["temperature"];
   r["text"] =
       echo_["text"].is_null() ? OrderedJson({{"format", {{"type", "text"}}}}) : echo_["text"];
@@ -638,5 +674,72 @@ void ResponsesReply::Add(const v1::GenerateResponse& message, int /*prompt*/) {
 }
 
 std::string ResponsesReply::Body() const { return Dump(ResponseJson()); }
+
+OrderedJson ResponsesReply::OutputMessages() const {
+  std::string text;
+  OrderedJson calls = OrderedJson::array();
+  for (const Item& item : items_) {
+    if (item.kind == Item::Kind::kMessage) text += item.text;
+    if (item.kind == Item::Kind::kFunctionCall) {
+      calls.push_back({{"id", item.call_id},
+                       {"type", "function"},
+                       {"function", {{"name", item.name}, {"arguments", item.arguments}}}});
+    }
+  }
+  OrderedJson m = {{"role", "assistant"}, {"content", text}};
+  if (!calls.empty()) m["tool_calls"] = std::move(calls);
+  return OrderedJson::array({std::move(m)});
+}
+
+ResponseStore::ResponseStore(int32_t max_entries, int64_t max_bytes)
+    : max_entries_(max_entries), max_bytes_(max_bytes) {}
+
+namespace {
+int64_t EntryBytes(const ResponseStore::Entry& e) {
+  return static_cast<int64_t>(Dump(e.conversation).size() + e.response.size());
+}
+}  // namespace
+
+void ResponseStore::Put(const std::string& id, Entry entry) {
+  const int64_t bytes = EntryBytes(entry);
+  if (max_entries_ <= 0 || bytes > max_bytes_) return;  // never fits: not kept
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = index_.find(id); it != index_.end()) {
+    bytes_ -= EntryBytes(it->second->second);
+    lru_.erase(it->second);
+    index_.erase(it);
+  }
+  lru_.emplace_front(id, std::move(entry));
+  index_[id] = lru_.begin();
+  bytes_ += bytes;
+  while (static_cast<int32_t>(lru_.size()) > max_entries_ || bytes_ > max_bytes_) {
+    bytes_ -= EntryBytes(lru_.back().second);
+    index_.erase(lru_.back().first);
+    lru_.pop_back();
+  }
+}
+
+std::optional<ResponseStore::Entry> ResponseStore::Get(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return std::nullopt;
+  lru_.splice(lru_.begin(), lru_, it->second);
+  return it->second->second;
+}
+
+bool ResponseStore::Erase(const std::string& id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = index_.find(id);
+  if (it == index_.end()) return false;
+  bytes_ -= EntryBytes(it->second->second);
+  lru_.erase(it->second);
+  index_.erase(it);
+  return true;
+}
+
+int32_t ResponseStore::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return static_cast<int32_t>(lru_.size());
+}
 
 }  // namespace kvrm

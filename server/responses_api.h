@@ -5,17 +5,25 @@
 // response.output_text.delta, ... response.completed). No I/O here: server/openai_http.h
 // serves it.
 //
-// Stateless, as vLLM is without its store: `store` is accepted and answered false, and
-// `previous_response_id` (a stored conversation) is refused by name; a client sends the
-// conversation as `input` items (messages, function_call, function_call_output; reasoning items
-// are dropped, as the chat templates drop past turns' thinking).
+// Stateless by default, as vLLM is without its store: `store` is answered false and
+// `previous_response_id` is refused by name; a client sends the conversation as `input` items
+// (messages, function_call, function_call_output; reasoning items are dropped, as the chat
+// templates drop past turns' thinking). With a ResponseStore (kvrmd --responses_store), a
+// response made with `store` (the default) keeps its conversation and object, so that a later
+// request continues it by `previous_response_id` and GET /v1/responses/{id} returns it.
 #ifndef KVRM_SERVER_RESPONSES_API_H_
 #define KVRM_SERVER_RESPONSES_API_H_
 
 #include <cstdint>
+#include <list>
+#include <mutex>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "common/json.h"
@@ -25,20 +33,52 @@
 
 namespace kvrm {
 
+// The responses kept for previous_response_id and GET /v1/responses/{id}: at most
+// `max_entries` of them and `max_bytes` together, the least recently stored or read first out.
+// In memory only (gone with the process), like vLLM's. Thread-safe.
+class ResponseStore {
+ public:
+  ResponseStore(int32_t max_entries, int64_t max_bytes);
+  struct Entry {
+    // The chat messages so far (the input of every turn and the replies, instructions left out:
+    // they are not carried over, as OpenAI's are not), and the response object's JSON.
+    OrderedJson conversation;
+    std::string response;
+  };
+  void Put(const std::string& id, Entry entry);
+  std::optional<Entry> Get(const std::string& id);
+  bool Erase(const std::string& id);
+  int32_t size() const;
+
+ private:
+  const int32_t max_entries_;
+  const int64_t max_bytes_;
+  mutable std::mutex mu_;
+  std::list<std::pair<std::string, Entry>> lru_ ABSL_GUARDED_BY(mu_);  // most recent first
+  absl::flat_hash_map<std::string, std::list<std::pair<std::string, Entry>>::iterator> index_
+      ABSL_GUARDED_BY(mu_);
+  int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 // A parsed /v1/responses body: the chat request it means, and what the reply echoes back.
 struct ResponsesRequest {
   OpenAiRequest chat;
+  // Whether the response is to be kept (`store`, default true, and a store to keep it in), and
+  // the conversation it continues: the chat messages the store keeps with it.
+  bool store = false;
+  OrderedJson conversation;
   // Echoed in the response object as sent (null where absent): instructions,
   // max_output_tokens, metadata, temperature, top_p, tools, tool_choice, parallel_tool_calls,
-  // text, reasoning, user.
+  // text, reasoning, user, previous_response_id.
   OrderedJson echo;
 };
 
 // INVALID_ARGUMENT naming the Responses parameter (`input[2].content[0].type: ...`) for a
-// malformed body, a wrong type, or what this server does not do (previous_response_id,
-// background, tools other than functions, images).
+// malformed body, a wrong type, or what this server does not do (background, tools other than
+// functions, images; previous_response_id without a store, or naming none it holds).
 absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
-                                                       const OpenAiDefaults& defaults);
+                                                       const OpenAiDefaults& defaults,
+                                                       ResponseStore* store = nullptr);
 
 class ResponsesReply final : public GenerationReply {
  public:
@@ -59,6 +99,9 @@ class ResponsesReply final : public GenerationReply {
 
   void Add(const v1::GenerateResponse& message, int prompt) override;
   std::string Body() const override;
+  // The reply as chat messages (one assistant message: its text and calls; thinking left out),
+  // for the store.
+  OrderedJson OutputMessages() const;
   const std::string& engine_error() const override { return engine_error_; }
 
  private:
@@ -89,6 +132,7 @@ class ResponsesReply final : public GenerationReply {
   OrderedJson echo_;
   const Tokenizer* tokenizer_;
   bool logprobs_;
+  bool store_;
   std::string id_;
   int64_t created_;
   std::string model_;

@@ -115,6 +115,7 @@ TEST(ResponsesRequestTest, TextFormatAndReasoning) {
 TEST(ResponsesRequestTest, RefusalsNameTheResponsesParameter) {
   ExpectRefused(R"({"input": "x", "previous_response_id": "resp_1"})", "previous_response_id",
                 "stores no responses");
+  ExpectRefused(R"({"input": "x", "store": "yes"})", "store");
   ExpectRefused(R"({"input": "x", "background": true})", "background");
   ExpectRefused(R"({"input": "x", "conversation": "c"})", "conversation");
   ExpectRefused(R"({"input": "x", "truncation": "auto"})", "truncation");
@@ -141,6 +142,66 @@ TEST(ResponsesRequestTest, RefusalsNameTheResponsesParameter) {
                 "input[1].role");
   ExpectRefused(R"({"input": "x", "temperature": "hot"})", "temperature");
   ExpectRefused("[1]", "request body");
+}
+
+TEST(ResponseStoreTest, KeepsTheMostRecentWithinItsBounds) {
+  ResponseStore store(/*max_entries=*/2, /*max_bytes=*/1 << 20);
+  auto entry = [](const std::string& text) {
+    ResponseStore::Entry e;
+    e.conversation = OrderedJson::array({{{"role", "user"}, {"content", text}}});
+    e.response = "{}";
+    return e;
+  };
+  store.Put("a", entry("1"));
+  store.Put("b", entry("2"));
+  ASSERT_TRUE(store.Get("a").has_value());  // read: now the most recent
+  store.Put("c", entry("3"));               // b goes
+  EXPECT_FALSE(store.Get("b").has_value());
+  EXPECT_EQ(store.Get("a")->conversation[0]["content"], "1");
+  EXPECT_EQ(store.size(), 2);
+  EXPECT_TRUE(store.Erase("a"));
+  EXPECT_FALSE(store.Erase("a"));
+  EXPECT_EQ(store.size(), 1);
+  // Bytes bound: an entry larger than the whole store is not kept; others make room.
+  ResponseStore small(/*max_entries=*/10, /*max_bytes=*/200);
+  small.Put("big", entry(std::string(300, 'x')));
+  EXPECT_FALSE(small.Get("big").has_value());
+  for (int i = 0; i < 5; ++i) small.Put(std::to_string(i), entry(std::string(60, 'y')));
+  EXPECT_LT(small.size(), 5);
+  EXPECT_TRUE(small.Get("4").has_value());
+}
+
+TEST(ResponsesRequestTest, PreviousResponseIdContinuesTheStoredConversation) {
+  ResponseStore store(8, 1 << 20);
+  ResponseStore::Entry e;
+  e.conversation = OrderedJson::array(
+      {{{"role", "user"}, {"content", "Hi"}}, {{"role", "assistant"}, {"content", "Hello!"}}});
+  e.response = "{}";
+  store.Put("resp_1", e);
+  absl::StatusOr<ResponsesRequest> r = ParseResponsesRequest(
+      R"({"instructions": "Be brief.", "previous_response_id": "resp_1", "input": "And you?"})",
+      OpenAiDefaults(), &store);
+  ASSERT_TRUE(r.ok()) << r.status();
+  const v1::ChatPrompt& chat = r->chat.generate.chat();
+  ASSERT_EQ(chat.messages_size(), 4);
+  EXPECT_EQ(chat.messages(0).role(), "system");
+  EXPECT_EQ(chat.messages(1).content(), "Hi");
+  EXPECT_EQ(chat.messages(2).content(), "Hello!");
+  EXPECT_EQ(chat.messages(3).content(), "And you?");
+  EXPECT_TRUE(r->store);
+  // The conversation kept with this response leaves the instructions out.
+  ASSERT_EQ(r->conversation.size(), 3u);
+  EXPECT_EQ(r->conversation[2]["content"], "And you?");
+  EXPECT_EQ(r->echo["previous_response_id"], "resp_1");
+  absl::StatusOr<ResponsesRequest> unstored =
+      ParseResponsesRequest(R"({"input": "x", "store": false})", OpenAiDefaults(), &store);
+  ASSERT_TRUE(unstored.ok());
+  EXPECT_FALSE(unstored->store);
+  absl::StatusOr<ResponsesRequest> missing = ParseResponsesRequest(
+      R"({"input": "x", "previous_response_id": "resp_9"})", OpenAiDefaults(), &store);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_THAT(std::string(missing.status().message()),
+              StartsWith("previous_response_id: no stored response 'resp_9'"));
 }
 
 // Messages as the service sends them.

@@ -493,9 +493,75 @@ TEST(OpenAiHttpTest, ResponsesApiIsTheChatTurnInResponsesShape) {
   HttpReply bad = d.Post("/v1/responses", R"({"input": "x", "previous_response_id": "resp_1"})");
   EXPECT_EQ(bad.status, 400);
   EXPECT_EQ(Body(bad)["error"]["param"], "previous_response_id") << bad.body;
+  // Without --responses_store nothing is kept to fetch.
+  EXPECT_EQ(
+      HttpCall(d.http_port(), "GET", "/v1/responses/" + j["id"].get<std::string>(), "", {}).status,
+      404);
+  EXPECT_EQ(HttpCall(d.http_port(), "PUT", "/v1/responses/x", "{}", {}).status, 405);
   HttpReply big = d.Post("/v1/responses", R"({"input": "x", "max_output_tokens": 0})");
   EXPECT_EQ(big.status, 400);
   EXPECT_EQ(Body(big)["error"]["param"], "max_output_tokens") << big.body;
+}
+
+// With a store (kvrmd --responses_store): a second turn by previous_response_id is the turn
+// sent with the whole conversation as input, streamed or not; the stored response comes back by
+// GET and goes by DELETE; store: false keeps nothing.
+TEST(OpenAiHttpTest, StoredResponsesContinueByPreviousResponseId) {
+  Daemon d(Options(2), {}, 8 << 20, nullptr, nullptr,
+           [](OpenAiHttpOptions& o) { o.responses_store_entries = 16; });
+  HttpReply first = d.Post("/v1/responses", R"({"input": "Hello", "max_output_tokens": 6,
+                                                "temperature": 0})");
+  ASSERT_EQ(first.status, 200) << first.body;
+  const Json f = Body(first);
+  EXPECT_EQ(f["store"], true);
+  const std::string id = f["id"].get<std::string>();
+  const std::string said = f["output"][0]["content"][0]["text"].get<std::string>();
+
+  // The same second turn, sent whole ...
+  HttpReply whole = d.Post(
+      "/v1/responses", absl::StrCat(R"({"input": [
+      {"role": "user", "content": "Hello"}, {"role": "assistant", "content": )",
+                                    Json(said).dump(), R"(}, {"role": "user", "content": "More"}],
+      "max_output_tokens": 6, "temperature": 0, "store": false})"));
+  ASSERT_EQ(whole.status, 200) << whole.body;
+  const std::string want = Body(whole)["output"][0]["content"][0]["text"].get<std::string>();
+  EXPECT_EQ(Body(whole)["store"], false);
+  // ... and by reference, whole and streamed.
+  const std::string next = absl::StrCat(R"({"previous_response_id": ")", id,
+                                        R"(", "input": "More", "max_output_tokens": 6,
+                                        "temperature": 0)");
+  HttpReply by_id = d.Post("/v1/responses", next + "}");
+  ASSERT_EQ(by_id.status, 200) << by_id.body;
+  EXPECT_EQ(Body(by_id)["output"][0]["content"][0]["text"], want);
+  EXPECT_EQ(Body(by_id)["previous_response_id"], id);
+  EXPECT_EQ(Body(by_id)["usage"]["input_tokens"], Body(whole)["usage"]["input_tokens"]);
+  HttpReply streamed = d.Post("/v1/responses", next + R"(, "stream": true})");
+  ASSERT_EQ(streamed.status, 200) << streamed.body;
+  std::string joined, streamed_id;
+  for (const std::string& data : SseData(streamed.body)) {
+    absl::StatusOr<Json> e = ParseJson(data, "event");
+    ASSERT_TRUE(e.ok()) << data;
+    if ((*e)["type"] == "response.output_text.delta") joined += (*e)["delta"].get<std::string>();
+    if ((*e)["type"] == "response.created") streamed_id = (*e)["response"]["id"].get<std::string>();
+  }
+  EXPECT_EQ(joined, want);
+
+  // GET returns what was sent; a streamed response is stored too; DELETE removes it.
+  HttpReply got = HttpCall(d.http_port(), "GET", "/v1/responses/" + id, "", {});
+  ASSERT_EQ(got.status, 200) << got.body;
+  EXPECT_EQ(Body(got), f);
+  HttpReply got_streamed = HttpCall(d.http_port(), "GET", "/v1/responses/" + streamed_id, "", {});
+  EXPECT_EQ(got_streamed.status, 200) << got_streamed.body;
+  HttpReply del = HttpCall(d.http_port(), "DELETE", "/v1/responses/" + id, "", {});
+  ASSERT_EQ(del.status, 200) << del.body;
+  EXPECT_EQ(Body(del)["deleted"], true);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/responses/" + id, "", {}).status, 404);
+  HttpReply gone = d.Post("/v1/responses", next + "}");
+  EXPECT_EQ(gone.status, 400);
+  EXPECT_EQ(Body(gone)["error"]["param"], "previous_response_id") << gone.body;
+  // store: false kept nothing.
+  const std::string unstored = Body(whole)["id"].get<std::string>();
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/responses/" + unstored, "", {}).status, 404);
 }
 
 TEST(OpenAiHttpTest, AListOfPromptsIsOneCallPerPromptInOneReply) {
