@@ -290,6 +290,17 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
     chat["logprobs"] = true;
     chat["top_logprobs"] = o["top_logprobs"];
   }
+  // `include`: "message.output_text.logprobs" asks for the output tokens' logprobs (with
+  // top_logprobs' alternatives, if given); the other values name what this server does not
+  // write (encrypted reasoning, tool outputs) and change nothing, as clients send them routinely.
+  if (const Json* include = Find(j, "include")) {
+    if (!include->is_array()) return WrongType("include", "an array of strings", *include);
+    for (size_t i = 0; i < include->size(); ++i) {
+      const Json& v = (*include)[i];
+      if (!v.is_string()) return WrongType(absl::StrCat("include[", i, "]"), "a string", v);
+      if (v.get<std::string>() == "message.output_text.logprobs") chat["logprobs"] = true;
+    }
+  }
   RETURN_IF_ERROR(ChatTools(j, o, &chat));
   if (const Json* t = Find(j, "text")) {
     if (!t->is_object()) return WrongType("text", "an object", *t);

@@ -107,6 +107,12 @@ TEST(ResponsesRequestTest, TextFormatAndReasoning) {
   const ResponsesRequest effort = Parse(R"({"input": "x", "reasoning": {"effort": "low"}})");
   EXPECT_THAT(effort.chat.generate.chat().template_kwargs(),
               HasSubstr("\"reasoning_effort\":\"low\""));
+  const ResponsesRequest included = Parse(
+      R"({"input": "x", "include": ["reasoning.encrypted_content", "message.output_text.logprobs"]})");
+  EXPECT_GE(included.chat.logprobs, 0);
+  EXPECT_EQ(included.chat.generate.response().top_logprobs(), 0);
+  EXPECT_LT(Parse(R"({"input": "x", "include": ["reasoning.encrypted_content"]})").chat.logprobs,
+            0);
   const ResponsesRequest logprobs = Parse(R"({"input": "x", "top_logprobs": 3, "stream": true})");
   EXPECT_TRUE(logprobs.chat.stream);
   EXPECT_EQ(logprobs.chat.generate.response().top_logprobs(), 3);
@@ -142,6 +148,8 @@ TEST(ResponsesRequestTest, RefusalsNameTheResponsesParameter) {
                 "input[1].role");
   ExpectRefused(R"({"input": "x", "temperature": "hot"})", "temperature");
   ExpectRefused("[1]", "request body");
+  ExpectRefused(R"({"input": "x", "include": "all"})", "include");
+  ExpectRefused(R"({"input": "x", "include": [3]})", "include[0]");
 }
 
 TEST(ResponseStoreTest, KeepsTheMostRecentWithinItsBounds) {
