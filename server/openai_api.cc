@@ -1133,10 +1133,14 @@ const std::string& OpenAiReply::PromptText(int prompt) const {
   return prompt_texts_[prompt];
 }
 
+std::string openai_json::TokenText(const Tokenizer* tokenizer, int32_t id, bool bytes) {
+  if (tokenizer == nullptr) return "";
+  return bytes ? tokenizer->DecodeBytes({id}, /*skip_special_tokens=*/false)
+               : tokenizer->Decode({id}, /*skip_special_tokens=*/false);
+}
+
 std::string OpenAiReply::TokenText(int32_t id, bool bytes) const {
-  if (tokenizer_ == nullptr) return "";
-  return bytes ? tokenizer_->DecodeBytes({id}, /*skip_special_tokens=*/false)
-               : tokenizer_->Decode({id}, /*skip_special_tokens=*/false);
+  return openai_json::TokenText(tokenizer_, id, bytes);
 }
 
 namespace {

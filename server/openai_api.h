@@ -133,6 +133,9 @@ absl::Status WrongType(absl::string_view param, absl::string_view want, const Js
 // part type (an image) is refused naming it.
 absl::StatusOr<std::string> TextParts(const Json& content, const std::string& param,
                                       std::initializer_list<const char*> types);
+// A token as text (`bytes` false: partial UTF-8 repaired) or as its exact bytes, special tokens
+// included; "" without a tokenizer.
+std::string TokenText(const Tokenizer* tokenizer, int32_t id, bool bytes);
 // Chat's (and the Responses API's) per-token logprobs: [{token, logprob, bytes, top_logprobs:
 // [{token, logprob, bytes}]}]; `text(id, bytes)` spells a token as text (partial UTF-8
 // repaired) or as its exact bytes.

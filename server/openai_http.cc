@@ -166,6 +166,16 @@ int64_t RetryAfterMs(const grpc::ClientContext& context) {
   return ms;
 }
 
+const char* Header(MHD_Connection* connection, const char* name);
+
+// The request's Authorization header, passed on to the service as the call's metadata (the
+// token check there applies to every route that calls it).
+void PassAuthorization(MHD_Connection* connection, grpc::ClientContext* context) {
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
+    context->AddMetadata("authorization", auth);
+  }
+}
+
 const char* Header(MHD_Connection* connection, const char* name) {
   return MHD_lookup_connection_value(connection, MHD_HEADER_KIND, name);
 }
@@ -355,20 +365,13 @@ struct Stream {
   OpenAiRequest request;
   CallGroup calls;
   std::unique_ptr<GenerationReply> reply;
-  // /v1/responses with a store: where a completed response goes, with its conversation.
+  // /v1/responses with a store: where a completed response goes (`reply` is a ResponsesReply).
   ResponseStore* store = nullptr;
-  OrderedJson conversation;
-  std::string response_id;
-  // Keeps a completed response (not a failed or cancelled one) with the conversation it ends.
-  void SaveResponse(const std::string& id, const std::string& body) {
-    if (store == nullptr || failed) return;
-    auto* r = dynamic_cast<ResponsesReply*>(reply.get());
-    if (r == nullptr || !r->engine_error().empty()) return;
-    ResponseStore::Entry entry;
-    entry.conversation = conversation;
-    for (OrderedJson& m : r->OutputMessages()) entry.conversation.push_back(std::move(m));
-    entry.response = body;
-    store->Put(id, std::move(entry));
+  // Keeps a completed response (not a failed or cancelled one), `body` its whole JSON.
+  void SaveResponse(std::string body) {
+    if (store == nullptr || failed || !reply->engine_error().empty()) return;
+    const auto& r = static_cast<const ResponsesReply&>(*reply);
+    store->Put(r.id(), r.StoreEntry(std::move(body)));
   }
   std::string pending;  // events not yet handed to libmicrohttpd
   size_t sent = 0;      // bytes of `pending` handed over
@@ -418,8 +421,7 @@ void NextEvents(Stream* s) {
     }
     s->pending += s->reply->StreamEnd();
     s->ended = true;
-    if (s->store != nullptr && !s->calls.client_gone())
-      s->SaveResponse(s->response_id, s->reply->Body());
+    if (s->store != nullptr) s->SaveResponse(s->reply->Body());
   }
 }
 
@@ -622,15 +624,20 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
                    "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
 }
 
-int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path) {
-  // Through the service, so that a token check applies here as to the rest of the API.
+absl::StatusOr<v1::ModelInfo> OpenAiHttpServer::ModelInfo(MHD_Connection* connection) {
   grpc::ClientContext context;
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
-    context.AddMetadata("authorization", auth);
-  }
+  PassAuthorization(connection, &context);
   v1::ModelInfo info;
   const grpc::Status status = stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
-  if (!status.ok()) return ReplyError(connection, ToOpenAiError(FromGrpc(status), nullptr));
+  if (!status.ok()) return FromGrpc(status);
+  return info;
+}
+
+int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path) {
+  // Through the service, so that a token check applies here as to the rest of the API.
+  absl::StatusOr<v1::ModelInfo> model_info = ModelInfo(connection);
+  if (!model_info.ok()) return ReplyError(connection, ToOpenAiError(model_info.status(), nullptr));
+  const v1::ModelInfo& info = *model_info;
   // The base model, then each LoRA adapter with the base as its parent (vLLM's listing).
   std::vector<OrderedJson> models;
   auto add = [&](const std::string& id, const std::string& root, const std::string& parent) {
@@ -689,9 +696,7 @@ int UnaryCall(MHD_Connection* connection, v1::Kvrm::Stub* stub,
               grpc::Status (v1::Kvrm::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
               const Request& request, const OpenAiRequest& names, ToJson json) {
   grpc::ClientContext context;
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
-    context.AddMetadata("authorization", auth);
-  }
+  PassAuthorization(connection, &context);
   Response response;
   const grpc::Status status = (stub->*rpc)(&context, request, &response);
   if (!status.ok()) return ReplyError(connection, ToOpenAiError(FromGrpc(status), &names));
@@ -700,20 +705,12 @@ int UnaryCall(MHD_Connection* connection, v1::Kvrm::Stub* stub,
 
 }  // namespace
 
-std::optional<OpenAiError> OpenAiHttpServer::TokenRefused(MHD_Connection* connection) {
-  grpc::ClientContext context;
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
-    context.AddMetadata("authorization", auth);
-  }
-  v1::ModelInfo info;
-  const grpc::Status status = stub_->GetModelInfo(&context, v1::GetModelInfoRequest(), &info);
-  if (status.ok()) return std::nullopt;
-  return ToOpenAiError(FromGrpc(status), nullptr);
-}
-
 int OpenAiHttpServer::StoredResponse(MHD_Connection* connection, const std::string& id,
                                      bool remove) {
-  if (std::optional<OpenAiError> e = TokenRefused(connection)) return ReplyError(connection, *e);
+  // Through the service, so that a token check applies here as to the rest of the API.
+  if (absl::StatusOr<v1::ModelInfo> info = ModelInfo(connection); !info.ok()) {
+    return ReplyError(connection, ToOpenAiError(info.status(), nullptr));
+  }
   if (store_ == nullptr) {
     return ReplyError(connection, 404, "not_found_error",
                       "this server stores no responses (kvrmd --responses_store)");
@@ -785,9 +782,7 @@ int OpenAiHttpServer::LoraAdapterUpdate(MHD_Connection* connection, bool load,
     return ReplyError(connection, e);
   }
   grpc::ClientContext context;
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
-    context.AddMetadata("authorization", auth);
-  }
+  PassAuthorization(connection, &context);
   grpc::Status status;
   std::string reply;
   if (load) {
@@ -897,12 +892,8 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
     }
   }
   const std::string model = request.model.empty() ? options_.served_model_name : request.model;
-  if (responses && responses->store) {
-    stream->store = store_.get();
-    stream->conversation = responses->conversation;
-    stream->response_id = id;
-  }
   if (responses) {
+    if (responses->store) stream->store = store_.get();
     stream->reply = std::make_unique<ResponsesReply>(
         *responses, id, absl::ToUnixSeconds(absl::Now()), model, options_.tokenizer);
   } else {
@@ -962,9 +953,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
       return ReplyError(connection, 500, "server_error", reply.engine_error());
     }
     const std::string reply_body = reply.Body();
-    if (responses && responses->store) {
-      stream->SaveResponse(id, reply_body);
-    }
+    stream->SaveResponse(reply_body);
     MHD_Response* response = Buffer(reply_body, kJson);
     if (response != nullptr) MHD_add_response_header(response, "X-Request-Id", id.c_str());
     return Queue(connection, MHD_HTTP_OK, response);

@@ -121,9 +121,9 @@ class OpenAiHttpServer {
   int Detokenize(MHD_Connection* connection, const std::string& body);
   // GET and DELETE /v1/responses/{id}: the stored response, or its removal.
   int StoredResponse(MHD_Connection* connection, const std::string& id, bool remove);
-  // The service's verdict on the request's Authorization header (a GetModelInfo call), for
-  // routes answered without a call of their own; nullopt when it may go on.
-  std::optional<OpenAiError> TokenRefused(MHD_Connection* connection);
+  // GetModelInfo with the request's Authorization header: the model, or the service's refusal
+  // (a bad token), for routes answered without a call of their own.
+  absl::StatusOr<v1::ModelInfo> ModelInfo(MHD_Connection* connection);
   // A request naming a model other than the served one: the 404 to send (else nullopt).
   std::optional<OpenAiError> WrongModel(const std::string& model) const;
 

@@ -175,9 +175,7 @@ absl::Status ChatTools(const Json& body, const OrderedJson& ordered, OrderedJson
       return Bad(absl::StrCat(at, ".type"),
                  absl::StrCat("\"", t, "\" is not supported: only function tools"));
     }
-    const Json* name = Find(tool, "name");
-    if (name == nullptr) return Bad(absl::StrCat(at, ".name"), "is required");
-    if (!name->is_string()) return WrongType(absl::StrCat(at, ".name"), "a string", *name);
+    RETURN_IF_ERROR(RequiredString(tool, "name", at).status());
     OrderedJson fn;
     for (const auto& [key, value] : ordered["tools"][i].items()) {
       if (key != "type") fn[key] = value;
@@ -359,6 +357,7 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
 ResponsesReply::ResponsesReply(const ResponsesRequest& request, std::string id, int64_t created,
                                std::string model, const Tokenizer* tokenizer)
     : echo_(request.echo),
+      conversation_(request.store ? request.conversation : OrderedJson::array()),
       tokenizer_(tokenizer),
       logprobs_(request.chat.logprobs >= 0),
       store_(request.store),
@@ -368,10 +367,8 @@ ResponsesReply::ResponsesReply(const ResponsesRequest& request, std::string id, 
 
 OrderedJson ResponsesReply::Logprobs(absl::Span<const v1::TokenLogprob> entries) const {
   if (!logprobs_) return OrderedJson::array();
-  return openai_json::LogprobEntries(entries, [this](int32_t id, bool bytes) -> std::string {
-    if (tokenizer_ == nullptr) return "";
-    return bytes ? tokenizer_->DecodeBytes({id}, /*skip_special_tokens=*/false)
-                 : tokenizer_->Decode({id}, /*skip_special_tokens=*/false);
+  return openai_json::LogprobEntries(entries, [this](int32_t id, bool bytes) {
+    return openai_json::TokenText(tokenizer_, id, bytes);
   });
 }
 
@@ -686,7 +683,7 @@ void ResponsesReply::Add(const v1::GenerateResponse& message, int /*prompt*/) {
 
 std::string ResponsesReply::Body() const { return Dump(ResponseJson()); }
 
-OrderedJson ResponsesReply::OutputMessages() const {
+ResponseStore::Entry ResponsesReply::StoreEntry(std::string body) const {
   std::string text;
   OrderedJson calls = OrderedJson::array();
   for (const Item& item : items_) {
@@ -699,7 +696,11 @@ OrderedJson ResponsesReply::OutputMessages() const {
   }
   OrderedJson m = {{"role", "assistant"}, {"content", text}};
   if (!calls.empty()) m["tool_calls"] = std::move(calls);
-  return OrderedJson::array({std::move(m)});
+  ResponseStore::Entry entry;
+  entry.conversation = conversation_;
+  entry.conversation.push_back(std::move(m));
+  entry.response = std::move(body);
+  return entry;
 }
 
 ResponseStore::ResponseStore(int32_t max_entries, int64_t max_bytes)

@@ -99,9 +99,10 @@ class ResponsesReply final : public GenerationReply {
 
   void Add(const v1::GenerateResponse& message, int prompt) override;
   std::string Body() const override;
-  // The reply as chat messages (one assistant message: its text and calls; thinking left out),
-  // for the store.
-  OrderedJson OutputMessages() const;
+  const std::string& id() const { return id_; }
+  // What the store keeps of this response: the conversation it continued and the reply as one
+  // assistant message (its text and calls; thinking left out), and `body` (its whole JSON).
+  ResponseStore::Entry StoreEntry(std::string body) const;
   const std::string& engine_error() const override { return engine_error_; }
 
  private:
@@ -130,6 +131,7 @@ class ResponsesReply final : public GenerationReply {
   std::string Status() const;
 
   OrderedJson echo_;
+  OrderedJson conversation_;  // ResponsesRequest::conversation
   const Tokenizer* tokenizer_;
   bool logprobs_;
   bool store_;
