@@ -2,6 +2,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <iterator>
 #include <optional>
 #include <utility>
 
@@ -706,28 +707,23 @@ ResponseStore::Entry ResponsesReply::StoreEntry(std::string body) const {
 ResponseStore::ResponseStore(int32_t max_entries, int64_t max_bytes)
     : max_entries_(max_entries), max_bytes_(max_bytes) {}
 
-namespace {
-int64_t EntryBytes(const ResponseStore::Entry& e) {
-  return static_cast<int64_t>(Dump(e.conversation).size() + e.response.size());
+void ResponseStore::Remove(std::list<Node>::iterator it) {
+  bytes_ -= it->bytes;
+  index_.erase(it->id);
+  lru_.erase(it);
 }
-}  // namespace
 
 void ResponseStore::Put(const std::string& id, Entry entry) {
-  const int64_t bytes = EntryBytes(entry);
+  const int64_t bytes =
+      static_cast<int64_t>(Dump(entry.conversation).size() + entry.response.size());
   if (max_entries_ <= 0 || bytes > max_bytes_) return;  // never fits: not kept
   std::lock_guard<std::mutex> lock(mu_);
-  if (auto it = index_.find(id); it != index_.end()) {
-    bytes_ -= EntryBytes(it->second->second);
-    lru_.erase(it->second);
-    index_.erase(it);
-  }
-  lru_.emplace_front(id, std::move(entry));
+  if (auto it = index_.find(id); it != index_.end()) Remove(it->second);
+  lru_.push_front(Node{id, std::move(entry), bytes});
   index_[id] = lru_.begin();
   bytes_ += bytes;
   while (static_cast<int32_t>(lru_.size()) > max_entries_ || bytes_ > max_bytes_) {
-    bytes_ -= EntryBytes(lru_.back().second);
-    index_.erase(lru_.back().first);
-    lru_.pop_back();
+    Remove(std::prev(lru_.end()));
   }
 }
 
@@ -736,16 +732,14 @@ std::optional<ResponseStore::Entry> ResponseStore::Get(const std::string& id) {
   auto it = index_.find(id);
   if (it == index_.end()) return std::nullopt;
   lru_.splice(lru_.begin(), lru_, it->second);
-  return it->second->second;
+  return it->second->entry;
 }
 
 bool ResponseStore::Erase(const std::string& id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = index_.find(id);
   if (it == index_.end()) return false;
-  bytes_ -= EntryBytes(it->second->second);
-  lru_.erase(it->second);
-  index_.erase(it);
+  Remove(it->second);
   return true;
 }
 

@@ -51,12 +51,19 @@ class ResponseStore {
   int32_t size() const;
 
  private:
+  struct Node {
+    std::string id;
+    Entry entry;
+    int64_t bytes = 0;  // the entry's, as counted against max_bytes (measured once, at Put)
+  };
+  // Takes a node out of the list, the index and the byte count.
+  void Remove(std::list<Node>::iterator it) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const int32_t max_entries_;
   const int64_t max_bytes_;
   mutable std::mutex mu_;
-  std::list<std::pair<std::string, Entry>> lru_ ABSL_GUARDED_BY(mu_);  // most recent first
-  absl::flat_hash_map<std::string, std::list<std::pair<std::string, Entry>>::iterator> index_
-      ABSL_GUARDED_BY(mu_);
+  std::list<Node> lru_ ABSL_GUARDED_BY(mu_);  // most recent first
+  absl::flat_hash_map<std::string, std::list<Node>::iterator> index_ ABSL_GUARDED_BY(mu_);
   int64_t bytes_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
