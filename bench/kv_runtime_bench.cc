@@ -397,7 +397,7 @@ PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& t
   r.pool_tokens = pool_blocks * kBlockTokens;
   r.host_tokens = host_blocks * kBlockTokens;
   std::vector<std::vector<int32_t>> history(live);
-  std::vector<int32_t> match, host_match;
+  std::vector<PrefixBlock> match;
   std::vector<BlockMove> moves;
   uint64_t fence = 0;
   auto copies_done = [&] {  // the transport runs the offloads, then the copies back
@@ -417,11 +417,10 @@ PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& t
     if (prompt <= 0) continue;
     pager.MatchPrefix(absl::MakeConstSpan(h).first(prompt),
                       static_cast<int32_t>((prompt - 1) / kBlockTokens), &match, 0,
-                      host_blocks > 0 ? &host_match : nullptr);
+                      host_blocks > 0);
     pager.ExpectTokens(s, static_cast<int64_t>(h.size()));  // as the engine: prompt + output
-    pager.AttachPrefix(s, match);
     const bool onboarded =
-        host_blocks == 0 || pager.OnboardPrefix(s, host_match, fence + 2, &moves).ok();
+        pager.AttachPrefix(s, match, fence + 2, &moves) == static_cast<int32_t>(match.size());
     if (!onboarded || !pager.Grow(s, prompt).ok() ||
         !pager.Grow(s, static_cast<int64_t>(h.size())).ok()) {
       pager.Release(s);
@@ -432,8 +431,9 @@ PrefixCacheResult SimulatePrefixCache(const std::vector<replay::TraceRequest>& t
     copies_done();
     pager.RegisterPrefix(s, absl::MakeConstSpan(h).first(prompt));
     r.prompt_tokens += prompt;
-    const int64_t from_host = host_blocks > 0 ? static_cast<int64_t>(host_match.size()) : 0;
-    r.hit_tokens += (static_cast<int64_t>(match.size()) + from_host) * kBlockTokens;
+    int64_t from_host = 0;
+    for (const PrefixBlock& b : match) from_host += b.tier == KvTier::kHost;
+    r.hit_tokens += static_cast<int64_t>(match.size()) * kBlockTokens;
     r.host_hit_tokens += from_host * kBlockTokens;
     history[s] = std::move(h);
   }

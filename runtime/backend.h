@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "kernels/cpu/attention.h"
 #include "runtime/far_history.h"
+#include "runtime/kv_allocator.h"  // BlocksBehindWindow
 #include "runtime/kv_pool.h"
 #include "runtime/transfer_plan.h"
 
@@ -106,14 +107,6 @@ struct StepDescriptor {
     return n;
   }
 };
-
-// Whole blocks before the first position a row at `position` attends to in a sliding-window
-// layer of `window` positions (it attends to [position + 1 - window, position]): the blocks a
-// model whose every layer slides reads no more from that row on.
-inline int32_t BlocksBehindWindow(int64_t position, int32_t window, int32_t block_tokens) {
-  const int64_t first = position + 1 - window;
-  return first <= 0 ? 0 : static_cast<int32_t>(first / block_tokens);
-}
 
 // Most tokens of a chunk whose every row's logits come back (PrefillChunk::all_logits).
 inline constexpr int32_t kMaxAllLogitsRows = 32;

@@ -369,6 +369,7 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     po.bytes_per_block = bytes_per_block;
     po.prefix_cache = o.prefix_caching;
     po.host_prefix_cache = o.prefix_cache_offload;
+    po.window = release_window_;
     auto pager = std::make_unique<KvPager>(po);
     pager_ = pager.get();
     kv_ = std::move(pager);
@@ -376,7 +377,6 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
     const int64_t capacity = o.kv_blocks + std::max<int64_t>(1, o.kv_host_blocks);
     moves_.reserve(capacity);
     prefix_match_.reserve(blocks_per_slot);
-    host_prefix_match_.reserve(blocks_per_slot);
     gated_moves_.reserve(capacity);
     groups_.reserve(capacity);
     // Each entry owns at least one planned or in-flight move: NoteTransfer, called while a step

@@ -263,9 +263,9 @@ const char* SlotStateName(SlotState state);
 
 struct CachedPrefix {
   int64_t blocks = 0;       // device blocks
-  int32_t runs = 0;         // ... in how many runs
+  int32_t runs = 0;         // ... in how many runs (and one per stretch of host blocks between)
   int64_t idle = 0;         // ... of them idle
-  int64_t host_blocks = 0;  // host blocks after them (brought back into new device blocks)
+  int64_t host_blocks = 0;  // host blocks (brought back into new device blocks)
 };
 
 class Engine {
@@ -464,12 +464,12 @@ class Engine {
   // in how many runs, and how many of them are idle (attaching them takes them out of the free
   // count). Nothing when prefix caching is off.
   // Only blocks registered under the same `salt` (GenerationRequest::cache_salt) match.
-  // With `host` (and offload on), the match goes on in the host tier (host_prefix_match_).
+  // With `host` (and offload on), blocks the device tier lacks may come from the host tier.
   CachedPrefix MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t max_runs,
                                  uint64_t salt, bool host = false);
   // Attaches the prefix the last MatchCachedPrefix left in prefix_match_ to empty `slot`
-  // (nothing may change the cache in between) and plans the copies of its host part into new
-  // blocks after it; returns the tokens it holds.
+  // (nothing may change the cache in between) and plans the copies of its host blocks into new
+  // device blocks; returns the tokens it holds.
   int32_t AttachCachedPrefix(int32_t slot);
   // The fence to plan moves with: the last of the three batches SubmitTransfers sends.
   uint64_t PlanFence() const { return transport_->next_fence() + 2; }
@@ -541,8 +541,7 @@ class Engine {
   int32_t chunk_slot_ = -1;
   bool chunk_last_ = false;
   std::vector<KvRun> prefill_runs_;       // a prefilling slot's runs when wider than a row
-  std::vector<int32_t> prefix_match_;     // capacity reserved at start-up
-  std::vector<int32_t> host_prefix_match_;  // ... its continuation in the host tier
+  std::vector<PrefixBlock> prefix_match_;  // capacity reserved at start-up
   uint64_t prefix_host_hits_ = 0;           // tokens brought back from the host tier
   uint64_t prefix_queries_ = 0;           // tokens looked up in the prefix cache
   uint64_t prefix_hits_ = 0;              // ... and found

@@ -710,48 +710,62 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
                                        uint64_t salt, bool host) {
   CachedPrefix m;
   prefix_match_.clear();
-  host_prefix_match_.clear();
   if (!pager_ || !options_.prefix_caching || tokens.empty() || max_runs <= 0) return m;
   // At most the blocks before the one holding the last token: that token is always prefilled
   // (it gives the first output's logits), and the slot never writes into a shared block.
+  // Under window release only the blocks within the window of the prefix's end are needed.
   pager_->MatchPrefix(tokens, static_cast<int32_t>((tokens.size() - 1) / options_.block_tokens),
-                      &prefix_match_, salt,
-                      host && options_.prefix_cache_offload ? &host_prefix_match_ : nullptr);
-  m.host_blocks = static_cast<int64_t>(host_prefix_match_.size());
+                      &prefix_match_, salt, host && options_.prefix_cache_offload, release_window_);
+  // Runs: each stretch of physically consecutive device blocks, and each stretch of host blocks
+  // with device blocks after it (its new blocks are placed apart; a stretch at the end joins the
+  // prompt's own growth). Cut where one more would pass max_runs. (Blocks behind the window,
+  // -1, come first and are attached as dropped.)
+  int32_t runs = 0;
   for (size_t i = 0; i < prefix_match_.size(); ++i) {
-    const bool new_run = i == 0 || prefix_match_[i] != prefix_match_[i - 1] + 1;
-    if (new_run && m.runs == max_runs) {
+    const PrefixBlock& b = prefix_match_[i];
+    if (b.tier == KvTier::kHost || b.block < 0) continue;
+    const bool first = i == 0 || prefix_match_[i - 1].block < 0;
+    const bool after_host = !first && prefix_match_[i - 1].tier == KvTier::kHost;
+    const bool new_run = first || after_host || b.block != prefix_match_[i - 1].block + 1;
+    const int32_t more = (after_host ? 1 : 0) + (new_run ? 1 : 0);
+    if (runs + more > max_runs) {
       prefix_match_.resize(i);
-      host_prefix_match_.clear();  // it goes on from the last device block
-      m.host_blocks = 0;
       break;
     }
-    m.runs += new_run;
-    m.idle += pager_->IdleCached(prefix_match_[i]);
+    runs += more;
   }
-  m.blocks = static_cast<int64_t>(prefix_match_.size());
+  m.runs = runs;
+  for (const PrefixBlock& b : prefix_match_) {
+    if (b.block < 0) continue;
+    if (b.tier == KvTier::kHost) {
+      ++m.host_blocks;
+    } else {
+      ++m.blocks;
+      m.idle += pager_->IdleCached(b.block);
+    }
+  }
   return m;
 }
 
 int32_t Engine::AttachCachedPrefix(int32_t slot) {
-  if (prefix_match_.empty() && host_prefix_match_.empty()) return 0;
-  pager_->AttachPrefix(slot, prefix_match_);
-  int64_t blocks = static_cast<int64_t>(prefix_match_.size());
-  if (!host_prefix_match_.empty()) {
-    // Copied back ahead of the step that prefills the rest (which waits for every batch).
-    uint64_t written_at = 0;
-    const absl::Status st =
-        pager_->OnboardPrefix(slot, host_prefix_match_, PlanFence(), &moves_, &written_at);
-    if (st.ok()) {
-      NoteTransfer(slot);
-      // A host block whose offload is still in flight: if that copy fails, so does this request
-      // (it would prefill on top of undefined KV).
-      if (written_at > 0) transfer_owners_.emplace_back(written_at, slots_[slot].request->handle);
-      blocks += static_cast<int64_t>(host_prefix_match_.size());
-      prefix_host_hits_ += host_prefix_match_.size() * options_.block_tokens;
-    }
+  if (prefix_match_.empty()) return 0;
+  // Host blocks are copied back ahead of the step that prefills the rest (which waits for every
+  // batch).
+  uint64_t written_at = 0;
+  const int32_t blocks =
+      pager_->AttachPrefix(slot, prefix_match_, PlanFence(), &moves_, &written_at);
+  int64_t from_host = 0;
+  for (int32_t i = 0; i < blocks; ++i) {
+    from_host += prefix_match_[i].tier == KvTier::kHost && prefix_match_[i].block >= 0;
   }
-  return static_cast<int32_t>(blocks) * options_.block_tokens;
+  if (from_host > 0) {
+    NoteTransfer(slot);
+    // A host block whose offload is still in flight: if that copy fails, so does this request
+    // (it would prefill on top of undefined KV).
+    if (written_at > 0) transfer_owners_.emplace_back(written_at, slots_[slot].request->handle);
+    prefix_host_hits_ += from_host * options_.block_tokens;
+  }
+  return blocks * options_.block_tokens;
 }
 
 void Engine::CountPrefixLookup(size_t tokens, int32_t cached_tokens) {

@@ -14,6 +14,14 @@
 
 namespace kvrm {
 
+// Whole blocks before the first position a row at `position` attends to in a sliding-window
+// layer of `window` positions (it attends to [position + 1 - window, position]): the blocks a
+// model whose every layer slides reads no more from that row on.
+inline int32_t BlocksBehindWindow(int64_t position, int32_t window, int32_t block_tokens) {
+  const int64_t first = position + 1 - window;
+  return first <= 0 ? 0 : static_cast<int32_t>(first / block_tokens);
+}
+
 struct KvStats {
   int32_t block_tokens = 0;
   int64_t blocks_total = 0;

@@ -16,7 +16,7 @@ KvPager::KvPager(const KvPagerOptions& options)
   for (SlotKv& s : slots_) {
     s.blocks.reserve(options.max_blocks_per_slot);
     s.runs.reserve(options.max_blocks_per_slot);
-    if (options.prefix_cache) s.links.reserve(options.max_blocks_per_slot);
+    if (options.prefix_cache) s.chain.reserve(options.max_blocks_per_slot);
   }
   // Sources held for copies and blocks retiring with a released slot's moves: a block at most
   // twice per tier, plus a shared block once per slot that moves it, plus the host blocks each
@@ -24,19 +24,21 @@ KvPager::KvPager(const KvPagerOptions& options)
   pending_.reserve(2 * (options.device_blocks + options.host_blocks) +
                    2 * int64_t{options.num_slots} * options.max_blocks_per_slot);
   refs_.assign(options.device_blocks, 0);
+  if (options.prefix_cache) {
+    const uint64_t seed = options.prefix_hash_seed;
+    hasher_ =
+        ChainHasher(seed == 0 ? RandomSipKey() : SipKey{seed, seed * 0x9e3779b97f4a7c15ull + 1});
+  }
   cache_.Init(options.device_blocks, options.block_tokens, options.prefix_cache);
-  const bool offload = options.prefix_cache && options.host_prefix_cache && options.host_blocks > 0;
-  host_cache_.Init(host_.size(), options.block_tokens, offload);
+  offload_ = options.prefix_cache && options.host_prefix_cache && options.host_blocks > 0;
+  host_cache_.Init(host_.size(), options.block_tokens, offload_);
   if (options.prefix_cache) window_ring_.assign(options.device_blocks, 0);
   claim_.assign(options.device_blocks, 0);
   claimed_at_.reserve(options.num_slots);
-  if (offload) {
+  if (offload_) {
     host_refs_.assign(options.host_blocks, 0);
     host_written_at_.assign(options.host_blocks, 0);
-    host_copy_.assign(options.device_blocks, -1);
-    host_copy_gen_.assign(options.device_blocks, 0);
     offload_moves_.reserve(options.device_blocks);
-    offload_chain_.assign(options.device_blocks, 0);
   }
 }
 
@@ -81,92 +83,54 @@ bool KvPager::EvictOldest() {
   return true;
 }
 
-int32_t KvPager::HostCopy(int32_t block) const {
-  if (host_copy_.empty()) return -1;
-  const int32_t h = host_copy_[block];
-  return h >= 0 && host_cache_.registered(h) && host_cache_.gen(h) == host_copy_gen_[block] &&
-                 host_cache_.ParentCurrent(h)
-             ? h
-             : -1;
-}
-
 void KvPager::Offload(int32_t block) {
-  if (host_copy_.empty()) return;
-  // The chain up from `block` to the first ancestor already on the host (or the root). A block
-  // whose parent was evicted since it was registered is unreachable: nothing to keep.
-  // (A copy planned in this submission window counts even if its host parent was evicted since:
-  // a batch must not read a block twice.)
-  auto copied = [&](int32_t x) {
-    if (HostCopy(x) >= 0) return true;
-    const int32_t h = host_copy_[x];
-    return h >= 0 && host_cache_.registered(h) && host_cache_.gen(h) == host_copy_gen_[x] &&
-           host_written_at_[h] == kUnsubmitted;
-  };
-  int32_t n = 0;
-  for (int32_t x = block; x >= 0 && !copied(x); x = cache_.parent(x)) {
-    if (!cache_.ParentCurrent(x)) return;
-    offload_chain_[n++] = x;
+  if (!offload_) return;
+  const Hash128& parent = cache_.parent_hash(block);
+  const Hash128& hash = cache_.hash(block);
+  if (host_cache_.Find(parent, hash, cache_.tokens(block)) >= 0) return;  // copied before
+  // A block after one cached nowhere is found by no lookup until those tokens are cached again:
+  // not worth a copy and the host block it would evict.
+  // (Under a window a prefix hit needs only the blocks near its end: every block is worth it.)
+  if (options_.window <= 0 && !cache_.first(block) && cache_.FindHash(parent) < 0 &&
+      host_cache_.FindHash(parent) < 0) {
+    return;
   }
-  if (n == 0) return;  // already there (its chain was copied when a block after it left)
   if (shed_offloads_) {
     ++shed_;
     return;
   }
-  // Host blocks this call places (idle stamps from first_stamp on) are not evicted for its own
-  // later blocks.
-  uint64_t first_stamp = ~uint64_t{0};
-  for (int32_t i = n - 1; i >= 0; --i) {
-    const int32_t x = offload_chain_[i];
-    const int32_t p = cache_.parent(x);
-    const int32_t hp = p < 0 ? -1 : copied(p) ? host_copy_[p] : -1;
-    if (p >= 0 && hp < 0) return;  // the parent's copy was evicted for a block of this chain
-    const uint64_t hp_gen = p < 0 ? cache_.parent_gen(x) : host_cache_.gen(hp);
-    int32_t h = host_cache_.Find(hp, hp_gen, cache_.tokens(x));
-    if (h < 0) {
-      h = TakeHostBlock(first_stamp);
-      if (h < 0) return;
-      host_cache_.Insert(h, hp, hp_gen, cache_.tokens(x));
-      host_cache_.IdlePush(h);
-      first_stamp = std::min(first_stamp, host_cache_.idle_stamp(h));
-      host_written_at_[h] = kUnsubmitted;
-      offload_moves_.push_back(BlockMove{KvTier::kDevice, x, KvTier::kHost, h});
-      last_offload_dst_ = h;
-      ++offloaded_;
-      // The parent's copy may have been the block just evicted to make room.
-      if (p >= 0 && (!copied(p) || host_copy_[p] != hp)) {
-        host_cache_.IdleRemove(h);
-        host_cache_.Remove(h);
-        host_.Give(h);
-        offload_moves_.pop_back();
-        --offloaded_;
-        return;
-      }
-    }
-    host_copy_[x] = h;
-    host_copy_gen_[x] = host_cache_.gen(h);
-  }
-  // Host eviction order: the chain's tail the oldest, its root the youngest (as a released
-  // history goes idle on the device), so the host evicts a chain from its end and never orphans
-  // its blocks by evicting their parents first. Ancestors already there are refreshed too.
-  for (int32_t x = block; x >= 0 && cache_.ParentCurrent(x); x = cache_.parent(x)) {
-    const int32_t h = HostCopy(x);
-    if (h < 0 || host_refs_[h] > 0) continue;
-    host_cache_.IdleRemove(h);
-    host_cache_.IdlePush(h);
+  const int32_t h = TakeHostBlock();
+  if (h < 0) return;
+  host_cache_.Insert(h, parent, hash, cache_.tokens(block), cache_.first(block));
+  host_cache_.IdlePush(h);
+  host_written_at_[h] = kUnsubmitted;
+  offload_moves_.push_back(BlockMove{KvTier::kDevice, block, KvTier::kHost, h});
+  last_offload_dst_ = h;
+  ++offloaded_;
+  // Host eviction order: the chain's blocks before this one (those already there, up to the
+  // first that is not) go idle after it, its first block last, so the host evicts a chain from
+  // its end and keeps what leads to the rest. (A released history goes idle on the device the
+  // same way, and is evicted and offloaded tail first.)
+  for (int32_t x = h, hops = 0; !host_cache_.first(x) && hops < options_.max_blocks_per_slot;
+       ++hops) {
+    x = host_cache_.FindHash(host_cache_.parent_hash(x));
+    if (x < 0) break;
+    if (host_refs_[x] > 0) continue;
+    host_cache_.IdleRemove(x);
+    host_cache_.IdlePush(x);
   }
 }
 
-int32_t KvPager::TakeHostBlock(uint64_t stamp_limit) {
-  if (host_.free_count() == 0) return EvictHostBlock(stamp_limit);
+int32_t KvPager::TakeHostBlock() {
+  if (host_.free_count() == 0) return EvictHostBlock();
   int64_t h = last_offload_dst_ + 1;
   if (last_offload_dst_ < 0 || h >= host_.size() || !host_.IsFree(h)) h = host_.LargestFree().start;
   host_.Take(h);
   return static_cast<int32_t>(h);
 }
 
-int32_t KvPager::EvictHostBlock(uint64_t stamp_limit) {
-  for (int32_t h = host_cache_.idle_head(); h >= 0 && host_cache_.idle_stamp(h) < stamp_limit;
-       h = host_cache_.idle_next(h)) {
+int32_t KvPager::EvictHostBlock() {
+  for (int32_t h = host_cache_.idle_head(); h >= 0; h = host_cache_.idle_next(h)) {
     if (host_written_at_[h] > retired_) continue;  // its offload copy may still be writing it
     host_cache_.IdleRemove(h);
     host_cache_.Remove(h);
@@ -185,7 +149,7 @@ bool KvPager::MakeHostRoom(int64_t n) {
   }
   if (room < n) return false;
   while (host_.free_count() < n) {
-    const int32_t h = EvictHostBlock(~uint64_t{0});
+    const int32_t h = EvictHostBlock();
     if (h < 0) return false;
     host_.Give(h);
   }
@@ -209,12 +173,9 @@ void KvPager::DiscardFailedOffloads(absl::Span<const uint64_t> failed) {
       host_cache_.Remove(h);
       host_.Give(h);
     } else {
-      // A move reading it gives it back when its fence retires; until then it stays registered
-      // under a key no lookup asks for (parent -2), and its children never match (new gen).
-      const std::vector<int32_t> key(host_cache_.tokens(h),
-                                     host_cache_.tokens(h) + options_.block_tokens);
-      host_cache_.Rekey(h, -2, 0, key.data());
-      host_cache_.BumpGen(h);
+      // A move reading it gives it back when its fence retires; until then it stays registered,
+      // found by no lookup.
+      host_cache_.Hide(h);
     }
   }
 }
@@ -288,152 +249,146 @@ bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {
 }
 
 int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
-                             std::vector<int32_t>* out, uint64_t salt,
-                             std::vector<int32_t>* host_out) const {
+                             std::vector<PrefixBlock>* out, uint64_t salt, bool host,
+                             int32_t window) const {
   out->clear();
-  if (host_out) host_out->clear();
   if (!options_.prefix_cache) return 0;
-  const int64_t bt = options_.block_tokens;
+  const int32_t bt = options_.block_tokens;
   const int64_t n = std::min<int64_t>(max_blocks, static_cast<int64_t>(tokens.size()) / bt);
-  int32_t parent = -1;
-  uint64_t parent_gen = salt;
-  int64_t j = 0;
-  for (; j < n; ++j) {
-    const int32_t b = cache_.Find(parent, parent_gen, tokens.data() + j * bt);
-    if (b < 0) break;
-    out->push_back(b);
-    parent = b;
-    parent_gen = cache_.gen(b);
+  const bool use_host = host && offload_;
+  // Each block from the device tier, else the host tier. Full attention needs them all, so the
+  // walk ends at the first missing; under a window it goes on, keeping the longest prefix whose
+  // blocks from the window of its end on are all there (`present`: the first of the blocks
+  // found in a row up to here).
+  Hash128 parent = hasher_.Root(salt);
+  int64_t best = 0, present = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t* key = tokens.data() + j * bt;
+    const Hash128 hash = hasher_.Next(parent, key, bt);
+    PrefixBlock found{KvTier::kDevice, cache_.Find(parent, hash, key)};
+    if (found.block < 0 && use_host) found = {KvTier::kHost, host_cache_.Find(parent, hash, key)};
+    parent = hash;
+    if (window <= 0 && found.block < 0) break;
+    out->push_back(found);
+    if (found.block < 0) {
+      present = j + 1;
+    } else if (present <= BlocksBehindWindow((j + 1) * bt, window, bt)) {
+      best = j + 1;
+    }
   }
-  if (host_out == nullptr || host_copy_.empty() || j == n) return static_cast<int32_t>(j);
-  // The host index goes on from the host copy of the last device block; when that has none
-  // (its content was prefilled again after the copy was evicted from the device), from the host
-  // chain of the same tokens, looked up from the root.
-  if (parent >= 0) {
-    const int32_t copy = HostCopy(parent);
-    parent = -1;
-    parent_gen = salt;
-    if (copy >= 0) {
-      parent = copy;
-      parent_gen = host_cache_.gen(copy);
+  if (window <= 0) return static_cast<int32_t>(out->size());
+  out->resize(best);
+  const int32_t behind = BlocksBehindWindow(best * bt, window, bt);
+  for (int32_t i = 0; i < behind; ++i) (*out)[i] = PrefixBlock{KvTier::kDevice, -1};
+  return static_cast<int32_t>(best);
+}
+
+int32_t KvPager::AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks, uint64_t fence,
+                              std::vector<BlockMove>* moves, uint64_t* written_at) {
+  if (written_at) *written_at = 0;
+  SlotKv& s = slots_[slot];
+  CHECK(s.blocks.empty() && s.tier == KvTier::kDevice && s.dropped == 0 && s.last_fence <= retired_)
+      << "slot " << slot << ": a prefix goes into an empty device-tier slot with no move in flight";
+  // Blocks behind the window (leading -1s) are dropped from the start. Host blocks need as many
+  // new device blocks; the idle device blocks attached stop counting as free. Without room, the
+  // device blocks before the first host block go alone (none after dropped ones: the window of
+  // a shorter prefix reaches back past them).
+  size_t skip = 0;
+  while (skip < blocks.size() && blocks[skip].block < 0) ++skip;
+  int64_t host_blocks = 0, idle = 0;
+  size_t first_host = blocks.size();
+  for (size_t i = skip; i < blocks.size(); ++i) {
+    const PrefixBlock& pb = blocks[i];
+    CHECK(pb.block >= 0) << "a prefix's blocks behind the window come first";
+    if (pb.tier == KvTier::kDevice) {
+      CHECK(cache_.registered(pb.block)) << "block " << pb.block << " is not in the prefix cache";
+      idle += refs_[pb.block] == 0;
     } else {
-      for (int64_t k = 0; k < j; ++k) {
-        const int32_t h = host_cache_.Find(parent, parent_gen, tokens.data() + k * bt);
-        if (h < 0) return static_cast<int32_t>(j);
-        parent = h;
-        parent_gen = host_cache_.gen(h);
+      CHECK(host_cache_.registered(pb.block))
+          << "host block " << pb.block << " is not in the prefix cache";
+      first_host = std::min(first_host, i);
+      ++host_blocks;
+    }
+  }
+  size_t take = blocks.size();
+  if (host_blocks > 0 && (moves == nullptr || free_device_blocks() - idle < host_blocks)) {
+    take = skip > 0 ? 0 : first_host;
+  }
+  if (take == 0) return 0;
+  // Every block held first, so that the growth below (which may evict idle device blocks, and
+  // offload them into the host tier) can take none of them.
+  for (size_t i = skip; i < take; ++i) {
+    const int32_t b = blocks[i].block;
+    if (blocks[i].tier == KvTier::kDevice) {
+      if (refs_[b] == 0) cache_.IdleRemove(b);
+      Ref(b);
+    } else if (host_refs_[b]++ == 0) {
+      host_cache_.IdleRemove(b);
+    }
+  }
+  const int32_t bt = options_.block_tokens;
+  s.dropped = static_cast<int32_t>(skip);
+  bool copies = false;
+  for (size_t i = skip; i < take;) {
+    if (blocks[i].tier == KvTier::kDevice) {
+      Append(s, blocks[i].block);
+      ++i;
+      continue;
+    }
+    size_t end = i;
+    while (end < take && blocks[end].tier == KvTier::kHost) ++end;
+    const size_t first = s.blocks.size();
+    CHECK_OK(Grow(slot, static_cast<int64_t>(skip + first + end - i) * bt));  // room counted
+    // Given back tail first (when the fence retires), so that they go idle in the host's
+    // eviction order: a chain's tail the oldest.
+    for (size_t k = end; k-- > i;) {
+      const int32_t h = blocks[k].block;
+      const int32_t dst = s.blocks[first + (k - i)];
+      moves->push_back(BlockMove{KvTier::kHost, h, KvTier::kDevice, dst});
+      pending_.push_back(Pending{fence, KvTier::kHost, h});  // takes the reference
+      // An offload not submitted yet goes out in the same submission as this move, ahead of
+      // it (offloads first), so the move's own fence covers it; its kUnsubmitted stamp must not
+      // be handed out as a fence (the engine would keep that owner entry forever).
+      if (written_at && host_written_at_[h] > retired_ && host_written_at_[h] != kUnsubmitted) {
+        *written_at = std::max(*written_at, host_written_at_[h]);
       }
     }
+    copies = true;
+    i = end;
   }
-  for (; j < n; ++j) {
-    const int32_t h = host_cache_.Find(parent, parent_gen, tokens.data() + j * bt);
-    if (h < 0) break;
-    host_out->push_back(h);
-    parent = h;
-    parent_gen = host_cache_.gen(h);
-  }
-  return static_cast<int32_t>(j);
-}
-
-void KvPager::AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks) {
-  SlotKv& s = slots_[slot];
-  CHECK(s.blocks.empty() && s.tier == KvTier::kDevice && s.dropped == 0)
-      << "slot " << slot << ": a prefix goes into an empty device-tier slot";
-  for (int32_t b : blocks) {
-    CHECK(cache_.registered(b)) << "block " << b << " is not in the prefix cache";
-    if (refs_[b] == 0) cache_.IdleRemove(b);
-    Ref(b);
-    Append(s, b);
-    // (A matched chain: each block is the link after itself.)
-    s.links.emplace_back(b, cache_.gen(b));
-  }
-  s.tokens = static_cast<int64_t>(blocks.size()) * options_.block_tokens;
-}
-
-absl::Status KvPager::OnboardPrefix(int32_t slot, absl::Span<const int32_t> host_blocks,
-                                    uint64_t fence, std::vector<BlockMove>* moves,
-                                    uint64_t* written_at) {
-  if (written_at) *written_at = 0;
-  if (host_blocks.empty()) return absl::OkStatus();
-  SlotKv& s = slots_[slot];
-  CHECK(s.tier == KvTier::kDevice && s.dropped == 0 && s.last_fence <= retired_)
-      << "slot " << slot << ": onboarding goes into a device-tier slot with no move in flight";
-  for (int32_t h : host_blocks) {
-    CHECK(host_cache_.registered(h)) << "host block " << h << " is not in the prefix cache";
-  }
-  // Held first, so that the growth below (which may offload evicted device blocks into the host
-  // tier) cannot evict them.
-  for (int32_t h : host_blocks) {
-    if (host_refs_[h]++ == 0) host_cache_.IdleRemove(h);
-  }
-  const size_t first = s.blocks.size();
-  const int64_t tokens = static_cast<int64_t>(first + host_blocks.size()) * options_.block_tokens;
-  // Given back tail first (here and when the fence retires), so that they go idle in the host's
-  // eviction order: a chain's tail the oldest.
-  if (absl::Status st = Grow(slot, tokens); !st.ok()) {
-    for (size_t i = host_blocks.size(); i-- > 0;) Drop(KvTier::kHost, host_blocks[i]);
-    return st;
-  }
-  for (size_t i = host_blocks.size(); i-- > 0;) {
-    const int32_t h = host_blocks[i];
-    const int32_t dst = s.blocks[first + i];
-    moves->push_back(BlockMove{KvTier::kHost, h, KvTier::kDevice, dst});
-    pending_.push_back(Pending{fence, KvTier::kHost, h});  // takes the reference
-    host_copy_[dst] = h;
-    host_copy_gen_[dst] = host_cache_.gen(h);
-    // An offload not submitted yet goes out in the same submission as this move, ahead of it
-    // (offloads first), so the move's own fence covers it; its kUnsubmitted stamp must not be
-    // handed out as a fence (the engine would keep that owner entry forever).
-    if (written_at && host_written_at_[h] > retired_ && host_written_at_[h] != kUnsubmitted) {
-      *written_at = std::max(*written_at, host_written_at_[h]);
-    }
-  }
-  s.last_fence = fence;
-  return absl::OkStatus();
+  s.tokens = static_cast<int64_t>(take) * bt;
+  if (copies) s.last_fence = fence;
+  return static_cast<int32_t>(take);
 }
 
 int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt) {
   if (!options_.prefix_cache) return 0;
   SlotKv& s = slots_[slot];
-  if (s.tier != KvTier::kDevice || s.last_fence > retired_) return 0;
-  // A history whose first blocks were released (window release) goes on from the chain's link
-  // after them, when it was walked that far before they went.
-  if (static_cast<int32_t>(s.links.size()) < s.dropped) return 0;
-  const size_t bt = static_cast<size_t>(options_.block_tokens);
+  if (s.tier != KvTier::kDevice || s.last_fence > retired_ || s.chain_cut) return 0;
+  const int32_t bt = options_.block_tokens;
   const size_t first = static_cast<size_t>(s.dropped);
   const size_t n = std::min(tokens.size() / bt, first + s.blocks.size());
-  if (n <= first) return 0;
-  int32_t parent = s.dropped > 0 ? s.links[first - 1].first : -1;
-  uint64_t parent_gen = s.dropped > 0 ? s.links[first - 1].second : salt;
+  if (s.chain.size() > n) s.chain.resize(n);  // (hashes past n may be of tokens since undone)
+  while (s.chain.size() < n) {
+    const size_t j = s.chain.size();
+    s.chain.push_back(
+        hasher_.Next(j == 0 ? hasher_.Root(salt) : s.chain[j - 1], tokens.data() + j * bt, bt));
+  }
   int32_t added = 0;
-  if (s.links.size() < n) s.links.resize(n);  // (within the capacity reserved)
   for (size_t j = first; j < n; ++j) {
     const int32_t b = s.blocks[j - first];
-    const int32_t* key = tokens.data() + j * bt;
-    if (cache_.registered(b) && cache_.parent(b) == parent && cache_.parent_gen(b) == parent_gen) {
-      // Attached, or registered before on this chain.
-    } else if (const int32_t twin = cache_.Find(parent, parent_gen, key); twin >= 0) {
-      // The same content is cached in another block (two histories prefilled the same prompt
-      // at once): this one stays private and the chain goes on through its twin, so that the
-      // blocks after it are found after the twin (their K/V follows the same tokens).
-      parent = twin;
-      parent_gen = cache_.gen(twin);
-      s.links[j] = {parent, parent_gen};
+    if (cache_.registered(b)) {
+      DCHECK(cache_.hash(b) == s.chain[j]);  // attached, or registered before
       continue;
-    } else if (cache_.registered(b)) {
-      // Registered under a chain that is gone (a twin it followed was evicted since, and the
-      // block before it is registered now in the twin's place): the same tokens lead to it, so
-      // it moves to this chain's key. Its own children stay keyed under it.
-      cache_.Rekey(b, parent, parent_gen, key);
-    } else {
-      cache_.Insert(b, parent, parent_gen, key);
-      ++added;
     }
-    parent = b;
-    parent_gen = cache_.gen(b);
-    s.links[j] = {parent, parent_gen};
+    const Hash128 parent = j == 0 ? hasher_.Root(salt) : s.chain[j - 1];
+    const int32_t* key = tokens.data() + j * bt;
+    // The same content cached in another block (two histories prefilled the same prompt at
+    // once) leaves this one private: the chain goes on through either.
+    if (cache_.Find(parent, s.chain[j], key) >= 0) continue;
+    cache_.Insert(b, parent, s.chain[j], key, j == 0);
+    ++added;
   }
-  if (s.links.size() > n) s.links.resize(n);  // (links past n may be stale)
   return added;
 }
 
@@ -629,11 +584,10 @@ void KvPager::Release(int32_t slot) {
   // back to the list's recent end, its first block last, as if released with the rest: the tail
   // is evicted first, as for any history. (Chain blocks held by others, or evicted since, are
   // left alone.)
-  if (!in_flight && s.tier == KvTier::kDevice && s.dropped > 0 &&
-      static_cast<int32_t>(s.links.size()) >= s.dropped) {
-    for (int32_t j = s.dropped - 1; j >= 0; --j) {
-      const auto [b, gen] = s.links[j];
-      if (b >= 0 && cache_.registered(b) && cache_.gen(b) == gen && refs_[b] == 0) {
+  if (!in_flight && s.tier == KvTier::kDevice && s.dropped > 0 && !s.chain_cut) {
+    for (int32_t j = std::min<int32_t>(s.dropped, static_cast<int32_t>(s.chain.size())); j-- > 0;) {
+      const int32_t b = cache_.FindHash(s.chain[j]);
+      if (b >= 0 && refs_[b] == 0) {
         cache_.IdleRemove(b);
         cache_.IdlePush(b);
       }
@@ -645,7 +599,8 @@ void KvPager::Release(int32_t slot) {
   s.dropped = 0;
   s.tier = KvTier::kDevice;
   s.last_fence = 0;
-  s.links.clear();
+  s.chain.clear();
+  s.chain_cut = false;
 }
 
 void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
@@ -666,9 +621,9 @@ void KvPager::DropBlocks(int32_t slot, int32_t sink_blocks, int32_t dropped) {
     }
   }
   s.blocks.erase(s.blocks.begin() + sink_blocks, s.blocks.begin() + sink_blocks + n);
-  // The prefix chain goes on after the dropped blocks only from the history's start (no sinks):
-  // links index logical blocks from there.
-  if (sink_blocks > 0) s.links.clear();
+  // After far history's summaries, the K/V is no longer what the tokens alone give: nothing more
+  // is registered. (Window release computes the same K/V as a full prefill would.)
+  if (sink_blocks > 0) s.chain_cut = true;
   s.dropped = dropped;
   RebuildRuns(s);
 }
@@ -950,9 +905,14 @@ absl::Status KvPager::CheckInvariants() const {
       if (index.registered(b)) {
         ++cached;
         if (space.IsFree(b)) return absl::InternalError(absl::StrCat("cached ", name, " block ", b, " is free"));
-        if (index.parent(b) != -2 &&
-            index.Find(index.parent(b), index.parent_gen(b), index.tokens(b)) != b) {
+        if (index.linked(b) &&
+            index.Find(index.parent_hash(b), index.hash(b), index.tokens(b)) != b) {
           return absl::InternalError(absl::StrCat("cached ", name, " block ", b, " is not found by its key"));
+        }
+        if (hasher_.Next(index.parent_hash(b), index.tokens(b), options_.block_tokens) !=
+            index.hash(b)) {
+          return absl::InternalError(absl::StrCat("cached ", name, " block ", b,
+                                                  ": chain hash is not its parent's and tokens'"));
         }
         idle += owners[b] == 0;
       } else if (owners[b] == 0 && !space.IsFree(b) && reserved_empty == 0) {

@@ -15,26 +15,29 @@
 // that move completes (RetireUpTo), so no one can be given a block still being copied.
 //
 // Prefix cache (KvPagerOptions::prefix_cache; what vLLM calls automatic prefix caching, on the
-// pager's blocks): a full device block whose K/V is final can be registered under its tokens and
-// its parent (the block before it in the history, itself registered), so that a later history
-// starting with the same tokens attaches the block instead of prefilling those tokens again.
-// Device blocks are reference counted (slots holding them, moves reading them); a registered
-// block that nobody holds stays in the cache, idle, until its space is wanted (least recently
-// released first), and counts as free to everyone asking for room. Registered blocks are never
-// written again: a history only writes past its attached blocks (the engine matches at most the
-// blocks before the one holding a prompt's last token), and a compaction or swap of a shared
-// block copies it out and leaves the original where it is.
+// pager's blocks): a full device block whose K/V is final can be registered under its chain
+// hash (runtime/prefix_index.h: a keyed hash of every token up to its end, and the cache salt),
+// so that a later history starting with the same tokens attaches the block instead of
+// prefilling those tokens again. Device blocks are reference counted (slots holding them, moves
+// reading them); a registered block that nobody holds stays in the cache, idle, until its space
+// is wanted (least recently released first), and counts as free to everyone asking for room.
+// Registered blocks are never written again: a history only writes past its attached blocks
+// (the engine matches at most the blocks before the one holding a prompt's last token), and a
+// compaction or swap of a shared block copies it out and leaves the original where it is.
 //
 // Offload to the host tier (KvPagerOptions::host_prefix_cache; what vLLM calls KV offloading
 // and TensorRT-LLM secondary offloading): a device block evicted from the cache is first copied
-// to a host block, with every ancestor in its chain that has no host copy yet (so the host keeps
-// whole chains), and registered there under the same tokens in a second index over the host
-// tier. MatchPrefix goes on in the host index where the device chain ends; OnboardPrefix gives
-// the slot new device blocks for those and copies them back. The host tier is shared with
-// paused requests, which evict cached host blocks (least recently used first) when they need
-// room. An offload copy reads a device block that is free again as soon as it is planned: the
-// engine submits offloads as their own batch ahead of everything planned after them, and every
-// step waits for every batch submitted before it, so no one can write the block first.
+// to a host block and registered there under the same key, in a second index over the host
+// tier, when its chain can still be found (it is a history's first block, or the block before
+// it is cached in either tier). MatchPrefix takes each block of a prompt from whichever tier
+// holds it, so a chain may go device, host, device: a history's early blocks released behind a
+// sliding window and evicted first, or a prefix prefilled again after its first blocks left,
+// still lead to the blocks after them. AttachPrefix gives the slot new device blocks for the
+// host ones and copies them back. The host tier is shared with paused requests, which evict
+// cached host blocks (least recently used first) when they need room. An offload copy reads a
+// device block that is free again as soon as it is planned: the engine submits offloads as
+// their own batch ahead of everything planned after them, and every step waits for every batch
+// submitted before it, so no one can write the block first.
 #ifndef KVRM_RUNTIME_KV_PAGER_H_
 #define KVRM_RUNTIME_KV_PAGER_H_
 
@@ -62,6 +65,21 @@ struct KvPagerOptions {
   // Offload evicted cache blocks to the host tier and bring them back on a hit (needs
   // prefix_cache and host_blocks > 0).
   bool host_prefix_cache = false;
+  // The chain-hash key (runtime/prefix_index.h); 0: one drawn from the OS at start-up, so that
+  // no client can aim a hash collision at another's prefix.
+  uint64_t prefix_hash_seed = 0;
+  // Window release (every layer attends within this many positions; 0: full attention): an
+  // evicted block is offloaded even when the blocks before it are cached nowhere, as a prefix
+  // hit needs only the blocks within the window of its end (MatchPrefix's `window`).
+  int32_t window = 0;
+};
+
+// One block of a cached prefix: a device block (attached as it is), a host block (brought back
+// into a new device block), or -1: behind the sliding window of the prefix's end (not needed).
+struct PrefixBlock {
+  KvTier tier = KvTier::kDevice;
+  int32_t block = -1;
+  bool operator==(const PrefixBlock& o) const { return tier == o.tier && block == o.block; }
 };
 
 class KvPager final : public KvAllocator {
@@ -102,34 +120,34 @@ class KvPager final : public KvAllocator {
   }
 
   // Prefix cache (all no-ops returning 0 when options.prefix_cache is off).
-  // The longest chain of registered blocks holding tokens[0, n * block_tokens), n <= max_blocks:
-  // writes their ids to `out` (cleared first) and returns n.
+  // The longest chain of cached blocks holding tokens[0, n * block_tokens), n <= max_blocks,
+  // each from the device tier's index or, with `host` (and host_prefix_cache on), the host
+  // tier's where the device has none: writes them to `out` (cleared first) and returns n.
   // `salt` namespaces the cache (requests share only under the same salt; 0: the default).
-  // With `host_out` (and host_prefix_cache on), the chain goes on in the host tier's index
-  // where the device one ends: the host blocks holding the next tokens go to `host_out`
-  // (cleared first; n counts them too).
+  // With `window` > 0 (every layer attends within that many positions, and the slot releases
+  // the blocks behind it), a prefix of n blocks needs only those from BlocksBehindWindow(n *
+  // block_tokens) on, as vLLM's sliding-window cache hits: the blocks before are -1 in `out`
+  // (cached or not), and n is the longest prefix whose needed blocks are all cached.
   int32_t MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
-                      std::vector<int32_t>* out, uint64_t salt = 0,
-                      std::vector<int32_t>* host_out = nullptr) const;
-  // Makes `blocks` (a MatchPrefix result) the first blocks of `slot`, which must hold none.
-  void AttachPrefix(int32_t slot, absl::Span<const int32_t> blocks);
-  // Brings the host blocks of a MatchPrefix back after the slot's attached prefix: the slot grows
-  // by as many new device blocks, each the destination of a move from its host block (appended
-  // to `moves`, with `fence`); the host blocks are held until the fence retires. `written_at`
-  // (optional) gets the latest fence of an offload still writing one of them (0: none; if that
-  // fence fails, the slot's KV is undefined). RESOURCE_EXHAUSTED (nothing changed) when the
-  // device tier has no room.
-  absl::Status OnboardPrefix(int32_t slot, absl::Span<const int32_t> host_blocks, uint64_t fence,
-                             std::vector<BlockMove>* moves, uint64_t* written_at = nullptr);
+                      std::vector<PrefixBlock>* out, uint64_t salt = 0, bool host = false,
+                      int32_t window = 0) const;
+  // Makes `blocks` (a MatchPrefix result, not changed since) the first blocks of `slot`, which
+  // must hold none and have no move in flight: device blocks are shared as they are; each host
+  // block gets a new device block, the destination of a move from it (appended to `moves`, with
+  // `fence`), and is held until the fence retires; leading -1 blocks (behind the window) count
+  // as dropped (DropBlocks). `written_at` (optional) gets the latest fence of an offload still
+  // writing one of them (0: none; if that fence fails, the slot's KV is undefined). When the
+  // device tier has no room for the host blocks, only the device blocks before the first of
+  // them are attached (none, with blocks behind a window). Returns the blocks the slot holds or
+  // dropped: its history's first n * block_tokens tokens are there.
+  int32_t AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks, uint64_t fence = 0,
+                       std::vector<BlockMove>* moves = nullptr, uint64_t* written_at = nullptr);
   // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
-  // block_tokens), whose K/V the caller has written. A block whose content is registered under
-  // another block already (its twin) stays private and the blocks after it are registered as the
-  // twin's children; a registered block whose chain is gone (its twin was evicted) moves to this
-  // chain's key. Registers nothing while a move into the slot's blocks is in flight, for a
-  // host-tier slot, or for one whose dropped blocks (far history; window release before a
-  // registration walked past them) hid the chain. With window release it goes on past the
-  // released blocks (tokens still start at the history's first). Returns the blocks newly
-  // registered.
+  // block_tokens) (tokens from the history's first, whatever window release dropped), whose
+  // K/V the caller has written. A block whose content is cached in another block already (its
+  // twin) stays private. Registers nothing while a move into the slot's blocks is in flight,
+  // for a host-tier slot, or once far history summarised blocks after its sinks (the K/V after
+  // them is not what the tokens alone give). Returns the blocks newly registered.
   int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
   // count).
@@ -205,13 +223,11 @@ class KvPager final : public KvAllocator {
     int64_t expected_tokens = 0;  // ExpectTokens
     int32_t dropped = 0;      // far history: logical blocks after the sinks no longer held
     uint64_t last_fence = 0;  // fence of the latest move into this slot's blocks
-    // Prefix cache: links[j] = the chain's (parent, parent_gen) after logical block j, as the
-    // last RegisterPrefix (or AttachPrefix) walked them; capacity reserved at start-up. Once
-    // blocks from the history's start are dropped (window release), registration goes on from
-    // links[dropped - 1], where the chain was walked that far (links.size() >= dropped); else
-    // the chain is not known there and nothing more is registered. Cleared when blocks after
-    // sinks are dropped (far history).
-    std::vector<std::pair<int32_t, uint64_t>> links;
+    // Prefix cache: chain[j] = the chain hash of logical block j, as far as RegisterPrefix (or
+    // AttachPrefix) has hashed; capacity reserved at start-up. chain_cut: far history dropped
+    // blocks after the sinks, so the K/V from there on is not the tokens' alone.
+    std::vector<Hash128> chain;
+    bool chain_cut = false;
   };
   struct Pending {
     uint64_t fence;
@@ -221,30 +237,24 @@ class KvPager final : public KvAllocator {
 
   // Device block references: a new block starts at 1 (NewRef); Unref frees it at 0, or leaves a
   // registered one idle in the cache.
-  void NewRef(int32_t block) {
-    refs_[block] = 1;
-    if (!host_copy_.empty()) host_copy_[block] = -1;
-  }
+  void NewRef(int32_t block) { refs_[block] = 1; }
   void Ref(int32_t block);
   void Unref(int32_t block);
   // Gives back a block of `tier` that was held (device: one reference).
   void Drop(KvTier tier, int32_t block);
   // Removes an idle cached block from the cache (offloading it first) and frees it.
   void Evict(int32_t block);
-  // The valid host copy of a registered device block, or -1: registered under the same
-  // generation, and a child of its host parent's current content (a copy whose parent was
-  // evicted from the host is copied again with a chain that leads to it).
-  int32_t HostCopy(int32_t block) const;
-  // Copies `block` and its ancestors without a host copy to the host tier (root first), as far
-  // as the host tier has room without evicting what this call placed.
+  // Copies an evicted registered `block` to the host tier, unless the host holds its key
+  // already or nothing could find it there (not a history's first block, and the block before
+  // it cached in neither tier).
   void Offload(int32_t block);
   // A host block for an offload: a free one (after the previous offload's destination when
   // that is free, so chains merge into long copies), else the least recently used idle cached
-  // one released before `stamp_limit` whose own offload write is done. -1: none.
-  int32_t TakeHostBlock(uint64_t stamp_limit);
-  // Takes the least recently used idle cached host block released before `stamp_limit` whose
-  // offload write is done out of the cache (it stays taken in host_). -1: none.
-  int32_t EvictHostBlock(uint64_t stamp_limit);
+  // one whose own offload write is done. -1: none.
+  int32_t TakeHostBlock();
+  // Takes the least recently used idle cached host block whose offload write is done out of the
+  // cache (it stays taken in host_). -1: none.
+  int32_t EvictHostBlock();
   // Frees host blocks (evicting idle cached ones) until `n` are free; false when it cannot.
   bool MakeHostRoom(int64_t n);
   bool EvictOldest();
@@ -287,19 +297,17 @@ class KvPager final : public KvAllocator {
   // Per device block: holders (slots and pending moves).
   std::vector<int32_t> refs_;
   int64_t shared_refs_ = 0;  // sum over blocks of refs - 1 where refs > 1
+  ChainHasher hasher_;
   PrefixIndex cache_;        // the device tier's prefix cache
   uint64_t evictions_ = 0;
-  // Host tier cache: its index, per host block the moves reading it and the fence of its
-  // offload write (kUnsubmitted until the engine submits it); per device block its host copy
-  // and that copy's generation (a copy evicted from the host since is not its copy any more).
+  // Host tier cache (offload_ on): its index, per host block the moves reading it and the fence
+  // of its offload write (kUnsubmitted until the engine submits it).
   static constexpr uint64_t kUnsubmitted = ~uint64_t{0};
+  bool offload_ = false;
   PrefixIndex host_cache_;
   std::vector<int32_t> host_refs_;
   std::vector<uint64_t> host_written_at_;
-  std::vector<int32_t> host_copy_;
-  std::vector<uint32_t> host_copy_gen_;
   std::vector<BlockMove> offload_moves_;  // capacity reserved at start-up
-  std::vector<int32_t> offload_chain_;    // Offload's scratch, sized at start-up
   int32_t last_offload_dst_ = -1;
   uint64_t offloaded_ = 0;
   bool shed_offloads_ = false;

@@ -6,10 +6,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <set>
 #include <deque>
 #include <memory>
 #include <random>
+#include <set>
+#include <string>
 
 #include "gtest/gtest.h"
 #include "runtime/block_space.h"
@@ -305,6 +306,10 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
     KvPagerOptions o = Options(10, 260, 120, 4);
     o.prefix_cache = true;
     o.host_prefix_cache = offload;
+    // Window release drops the blocks wholly behind the last 64 tokens: BlocksBehindWindow's
+    // window of 65 positions, under which a match needs only the blocks after those.
+    const int32_t window = release ? 65 : 0;
+    o.window = window;
     Sim sim(o);
     std::mt19937 rng(seed);
     auto pick = [&](int n) { return static_cast<int>(rng() % n); };
@@ -315,8 +320,8 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
       for (int32_t& t : sys) t = pick(50000);
     }
     std::vector<std::vector<int32_t>> finished;  // conversations to continue
-    int64_t hit_blocks = 0, host_hit_blocks = 0, registered = 0, released = 0;
-    std::vector<int32_t> match, host_match;
+    int64_t hit_blocks = 0, host_hit_blocks = 0, registered = 0, released = 0, window_hits = 0;
+    std::vector<PrefixBlock> match;
     for (int op = 0; op < 6000; ++op) {
       const int32_t s = pick(sim.options.num_slots);
       KvPager& p = *sim.pager;
@@ -334,27 +339,39 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
           const int64_t prompt = std::min<int64_t>(seq.size() + 1 + pick(120), max_tokens / 2);
           while (static_cast<int64_t>(seq.size()) < max_tokens) seq.push_back(pick(50000));
           // At most the blocks before the one that holds the prompt's last token.
-          const int32_t hits = p.MatchPrefix(absl::MakeConstSpan(seq).first(prompt),
-                                             static_cast<int32_t>((prompt - 1) / kBlockTokens),
-                                             &match, 0, offload ? &host_match : nullptr);
-          ASSERT_EQ(hits, static_cast<int32_t>(match.size() + (offload ? host_match.size() : 0)));
-          int64_t idle = 0;
-          for (int32_t b : match) idle += p.IdleCached(b);
-          const int64_t device_hits = static_cast<int64_t>(match.size());
-          if (p.BlocksFor(prompt) - device_hits > p.free_device_blocks() - idle) break;
+          int32_t hits = p.MatchPrefix(absl::MakeConstSpan(seq).first(prompt),
+                                       static_cast<int32_t>((prompt - 1) / kBlockTokens), &match, 0,
+                                       offload, window);
+          ASSERT_EQ(hits, static_cast<int32_t>(match.size()));
+          int64_t idle = 0, device_hits = 0, behind = 0;
+          for (const PrefixBlock& b : match) {
+            ASSERT_TRUE(offload || b.tier == KvTier::kDevice);
+            if (b.block < 0) {
+              ASSERT_EQ(&b - match.data(), behind) << "blocks behind the window come first";
+              ++behind;
+              continue;
+            }
+            if (b.tier == KvTier::kDevice) {
+              idle += p.IdleCached(b.block);
+              ++device_hits;
+            }
+          }
+          ASSERT_EQ(behind,
+                    window > 0 ? BlocksBehindWindow(hits * kBlockTokens, window, kBlockTokens) : 0);
+          window_hits += behind;
+          if (p.BlocksFor(prompt) - behind - device_hits > p.free_device_blocks() - idle) break;
           sim.request[s] = sim.next_request++;
           sim.seq[s] = std::move(seq);
-          p.AttachPrefix(s, match);
           // Offloads (fence f), then the copies back (f + 1), then the prompt's own blocks are
           // written once the offloads have read what the growth evicted.
           const uint64_t fence = sim.next_fence + 1;
           sim.next_fence += 2;
           std::vector<BlockMove> onboard;
-          if (offload) {
-            ASSERT_TRUE(p.OnboardPrefix(s, host_match, fence, &onboard).ok());
-          }
+          hits = p.AttachPrefix(s, match, fence, &onboard);
+          ASSERT_EQ(hits, static_cast<int32_t>(match.size())) << "room was counted";
           const int64_t before = p.NumBlocks(s);
-          ASSERT_EQ(before, hits);
+          ASSERT_EQ(p.Dropped(s), behind);
+          ASSERT_EQ(before + behind, hits);
           p.ExpectTokens(s, pick(2) == 0 ? 0 : prompt + pick(400));
           ASSERT_TRUE(p.Grow(s, prompt).ok());
           sim.SubmitOffloads(fence - 1);
@@ -362,8 +379,8 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
           sim.RunUpTo(fence - 1);
           sim.tokens[s] = prompt;
           hit_blocks += hits;
-          host_hit_blocks += hits - device_hits;
-          sim.Write(s, hits);
+          host_hit_blocks += hits - behind - device_hits;
+          sim.Write(s, before);
           break;
         }
         case 2:
@@ -429,6 +446,7 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
     EXPECT_TRUE(sim.pager->CheckInvariants().ok());
     // The run shared, registered and evicted plenty.
     EXPECT_EQ(released > 0, release);
+    EXPECT_EQ(window_hits > 0, release) << "hits with blocks behind the window not attached";
     EXPECT_GT(hit_blocks, 500) << "seed " << seed;
     EXPECT_GT(registered, 500) << "seed " << seed;
     EXPECT_GT(sim.pager->evictions(), 100u) << "seed " << seed;
@@ -472,6 +490,18 @@ KvPagerOptions CacheOptions(int32_t slots, int64_t device_blocks) {
   return o;
 }
 
+// A match's block ids, each with its tier's initial ('d' or 'h') when `tiers`.
+std::vector<int32_t> Ids(const std::vector<PrefixBlock>& m) {
+  std::vector<int32_t> ids;
+  for (const PrefixBlock& b : m) ids.push_back(b.block);
+  return ids;
+}
+std::string Tiers(const std::vector<PrefixBlock>& m) {
+  std::string s;
+  for (const PrefixBlock& b : m) s += b.tier == KvTier::kDevice ? 'd' : 'h';
+  return s;
+}
+
 // Slot 0 holds `tokens`' first block, registered; slot 1 holds both blocks of `tokens`: its first
 // is a twin of slot 0's (not registered), its second registered after slot 0's.
 void RegisterTwinChain(KvPager& p, const std::vector<int32_t>& tokens) {
@@ -484,14 +514,14 @@ void RegisterTwinChain(KvPager& p, const std::vector<int32_t>& tokens) {
 TEST(KvPagerTest, PrefixCacheSharesFullBlocksAndKeepsThemIdleAfterRelease) {
   KvPager p(CacheOptions(3, 64));
   const std::vector<int32_t> prompt = RandomTokens(100, 1);  // 6 full blocks + 4 tokens
-  std::vector<int32_t> match;
+  std::vector<PrefixBlock> match;
   EXPECT_EQ(p.MatchPrefix(prompt, 6, &match), 0);
   ASSERT_TRUE(p.Grow(0, 100).ok());
   EXPECT_EQ(p.RegisterPrefix(0, prompt), 6);
   EXPECT_EQ(p.RegisterPrefix(0, prompt), 0) << "registered once";
   // The same prompt: all six full blocks, the same physical ones; none past max_blocks.
   ASSERT_EQ(p.MatchPrefix(prompt, 6, &match), 6);
-  EXPECT_EQ(match, std::vector<int32_t>(p.Blocks(0).begin(), p.Blocks(0).begin() + 6));
+  EXPECT_EQ(Ids(match), std::vector<int32_t>(p.Blocks(0).begin(), p.Blocks(0).begin() + 6));
   EXPECT_EQ(p.MatchPrefix(prompt, 4, &match), 4);
   // A prompt that differs in its second block shares only the first; one that differs in its
   // first shares nothing, even where later blocks are equal (the chain decides).
@@ -531,7 +561,7 @@ TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
   const std::vector<int32_t> tokens = RandomTokens(2 * kBlockTokens, 8);
   RegisterTwinChain(p, tokens);
   if (HasFatalFailure()) return;
-  std::vector<int32_t> match;
+  std::vector<PrefixBlock> match;
   ASSERT_EQ(p.MatchPrefix(tokens, 2, &match), 2);
   p.Release(0);
   ASSERT_TRUE(p.Grow(2, 6 * kBlockTokens).ok());  // every free block and the idle twin
@@ -539,13 +569,13 @@ TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
   EXPECT_EQ(p.MatchPrefix(tokens, 2, &match), 0);
   EXPECT_EQ(p.RegisterPrefix(1, tokens), 1) << "the first block, in its twin's place";
   ASSERT_EQ(p.MatchPrefix(tokens, 2, &match), 2);
-  EXPECT_EQ(match, p.Blocks(1));
+  EXPECT_EQ(Ids(match), p.Blocks(1));
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
-// Offload, by hand: an evicted history goes to the host tier (one copy per block, ancestors
-// first), a matching prompt finds it there after its device part, onboarding reports the offload
-// still writing it, and a failed offload takes its blocks out of the host cache.
+// Offload, by hand: an evicted history goes to the host tier (one copy per block), a matching
+// prompt finds it there, attaching it reports the offload still writing it, and a failed
+// offload takes its blocks out of the host cache.
 // Shed offloads: evicted blocks are dropped as without offload (nothing copied, nothing on the
 // host to match), and counted; offloading resumes when shedding stops.
 TEST(KvPagerTest, ShedOffloadsDropsEvictedBlocksInsteadOfCopyingThem) {
@@ -605,17 +635,16 @@ TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
   p.Release(1);
 
   // The prompt again: nothing on the device, all six on the host; with max_blocks 4, four.
-  std::vector<int32_t> match, host;
-  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, &host), 6);
-  EXPECT_TRUE(match.empty());
-  ASSERT_EQ(host.size(), 6u);
-  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, nullptr), 0) << "host matches only when asked";
-  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 0, &host), 4);
-  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, /*salt=*/9, &host), 0) << "salts apply there too";
-  ASSERT_EQ(p.MatchPrefix(prompt, 6, &match, 0, &host), 6);
+  std::vector<PrefixBlock> match;
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, /*host=*/true), 6);
+  EXPECT_EQ(Tiers(match), "hhhhhh");
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, false), 0) << "host matches only when asked";
+  EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 0, true), 4);
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, /*salt=*/9, true), 0) << "salts apply there too";
+  ASSERT_EQ(p.MatchPrefix(prompt, 6, &match, 0, true), 6);
   std::vector<BlockMove> moves;
   uint64_t written_at = 0;
-  ASSERT_TRUE(p.OnboardPrefix(0, host, 9, &moves, &written_at).ok());
+  ASSERT_EQ(p.AttachPrefix(0, match, 9, &moves, &written_at), 6);
   EXPECT_EQ(written_at, 7u) << "the offload writing them has not retired";
   ASSERT_EQ(moves.size(), 6u);
   EXPECT_EQ(p.NumBlocks(0), 6);
@@ -626,7 +655,7 @@ TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
   // The offload failed: its host blocks leave the cache (the onboarding's reads still hold them
   // until their own fence), and nothing matches there any more.
   p.DiscardFailedOffloads({7});
-  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, &host), 0);
+  EXPECT_EQ(p.MatchPrefix(prompt, 6, &match, 0, true), 0);
   ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
   p.Release(0);
   p.RetireUpTo(9);
@@ -640,7 +669,7 @@ TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
   const std::vector<int32_t> prompt = RandomTokens(64, 7);
   ASSERT_TRUE(p.Grow(0, 64).ok());
   ASSERT_EQ(p.RegisterPrefix(0, prompt, /*salt=*/111), 4);
-  std::vector<int32_t> match;
+  std::vector<PrefixBlock> match;
   EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 111), 4);
   EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 222), 0) << "another tenant's salt";
   EXPECT_EQ(p.MatchPrefix(prompt, 4, &match), 0) << "the default namespace";
@@ -648,8 +677,119 @@ TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
   ASSERT_TRUE(p.Grow(1, 64).ok());
   EXPECT_EQ(p.RegisterPrefix(1, prompt, 222), 4);
   EXPECT_EQ(p.MatchPrefix(prompt, 4, &match, 222), 4);
-  EXPECT_EQ(match, p.Blocks(1));
+  EXPECT_EQ(Ids(match), p.Blocks(1));
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+// Content-keyed chains across tiers: a history's first two blocks, released behind its window
+// and evicted while it still runs, go to the host tier; the rest stay on the device. A prompt
+// with the same tokens takes each block from whichever tier holds it (host, host, then device),
+// and attaching it copies the host ones into new device blocks ahead of the shared device ones.
+// (Keyed by the block before, the device blocks were unreachable once their parent was evicted.)
+TEST(KvPagerTest, PrefixChainsGoOnAcrossTiers) {
+  KvPagerOptions o = CacheOptions(3, 12);
+  o.host_blocks = 16;
+  o.host_prefix_cache = true;
+  KvPager p(o);
+  const std::vector<int32_t> a = RandomTokens(6 * kBlockTokens + 3, 21);
+  ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens + 3).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, a), 6);
+  const std::vector<int32_t> first_two(p.Blocks(0).begin(), p.Blocks(0).begin() + 2);
+  p.DropBlocks(0, /*sink_blocks=*/0, 2);  // idle now, the oldest in the cache
+  const std::vector<int32_t> kept = p.Blocks(0);
+  ASSERT_EQ(kept.size(), 5u);
+  ASSERT_TRUE(p.Grow(1, 7 * kBlockTokens).ok());  // 5 free blocks and the 2 idle ones
+  ASSERT_EQ(p.evictions(), 2u);
+  ASSERT_EQ(p.offload_moves().size(), 2u);
+  EXPECT_EQ(p.offload_moves()[0].src, first_two[0]);
+  EXPECT_EQ(p.offload_moves()[1].src, first_two[1]);
+  p.OffloadSubmitted(1);
+  p.RetireUpTo(1);
+
+  std::vector<PrefixBlock> match;
+  EXPECT_EQ(p.MatchPrefix(a, 6, &match), 0) << "the device tier alone lacks the first block";
+  ASSERT_EQ(p.MatchPrefix(a, 6, &match, 0, /*host=*/true), 6);
+  EXPECT_EQ(Tiers(match), "hhdddd");
+  const std::vector<int32_t> ids = Ids(match);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin() + 2, ids.end()),
+            std::vector<int32_t>(kept.begin(), kept.begin() + 4));
+  EXPECT_EQ(p.MatchPrefix(a, 6, &match, /*salt=*/5, true), 0) << "salts still apart";
+
+  // Slot 2 attaches all six once slot 1 has given its blocks back.
+  p.Release(1);
+  ASSERT_EQ(p.MatchPrefix(a, 6, &match, 0, true), 6);
+  std::vector<BlockMove> moves;
+  ASSERT_EQ(p.AttachPrefix(2, match, /*fence=*/2, &moves), 6);
+  ASSERT_EQ(moves.size(), 2u);
+  ASSERT_EQ(p.NumBlocks(2), 6);
+  for (const BlockMove& m : moves) {
+    EXPECT_EQ(m.src_tier, KvTier::kHost);
+    EXPECT_EQ(m.dst_tier, KvTier::kDevice);
+    EXPECT_TRUE(m.dst == p.Blocks(2)[0] || m.dst == p.Blocks(2)[1]);
+  }
+  EXPECT_EQ(std::vector<int32_t>(p.Blocks(2).begin() + 2, p.Blocks(2).end()),
+            std::vector<int32_t>(kept.begin(), kept.begin() + 4))
+      << "the device blocks are shared";
+  EXPECT_EQ(p.RegisterPrefix(2, a), 0) << "nothing registered while the copies are in flight";
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  p.RetireUpTo(2);
+  EXPECT_EQ(p.RegisterPrefix(2, a), 2) << "the copied blocks join the device index";
+  EXPECT_EQ(p.MatchPrefix(a, 6, &match), 6);
+  EXPECT_EQ(Tiers(match), "dddddd");
+  p.Release(0);
+  p.Release(2);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  EXPECT_EQ(p.free_device_blocks(), 12);
+  EXPECT_EQ(p.free_host_blocks(), 16);
+}
+
+// Under a sliding window a prefix hit needs only the blocks within the window of its end (as
+// vLLM's sliding-window cache): blocks behind it come back as -1 whether cached or not, and
+// attaching counts them as dropped.
+TEST(KvPagerTest, AWindowedMatchNeedsOnlyTheBlocksNearItsEnd) {
+  KvPagerOptions o = CacheOptions(3, 64);
+  constexpr int32_t kWindow = 3 * kBlockTokens + 1;  // a row reads its own block and three more
+  o.window = kWindow;
+  KvPager p(o);
+  const std::vector<int32_t> a = RandomTokens(12 * kBlockTokens, 22);
+  // Slot 0 releases its first four blocks before registering anything: only blocks 4-9 are
+  // cached.
+  ASSERT_TRUE(p.Grow(0, 10 * kBlockTokens).ok());
+  p.DropBlocks(0, 0, 4);
+  ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(a).first(10 * kBlockTokens)), 6);
+  std::vector<PrefixBlock> match;
+  EXPECT_EQ(p.MatchPrefix(a, 10, &match), 0) << "full attention needs the first block";
+  // Ten blocks end at position 160; its window starts at 160 + 1 - 49 = 112: block 7.
+  ASSERT_EQ(p.MatchPrefix(a, 10, &match, 0, false, kWindow), 10);
+  ASSERT_EQ(match.size(), 10u);
+  for (int i = 0; i < 7; ++i) EXPECT_EQ(match[i].block, -1) << i;
+  const std::vector<int32_t> ids = Ids(match);
+  EXPECT_EQ(std::vector<int32_t>(ids.begin() + 7, ids.end()),
+            std::vector<int32_t>(p.Blocks(0).begin() + 3, p.Blocks(0).end()));
+  // Nine at most: blocks 6-8 (the window of position 144 starts at 96).
+  EXPECT_EQ(p.MatchPrefix(a, 9, &match, 0, false, kWindow), 9);
+  EXPECT_EQ(match[5].block, -1);
+  EXPECT_GE(match[6].block, 0);
+  // Other tokens after block 3: the window of any prefix past 4 blocks reaches back to a block
+  // that is not cached, and below that block 0-3 are not cached either.
+  std::vector<int32_t> b = a;
+  b[5 * kBlockTokens] ^= 1;
+  EXPECT_EQ(p.MatchPrefix(b, 10, &match, 0, false, kWindow), 0);
+
+  ASSERT_EQ(p.MatchPrefix(a, 10, &match, 0, false, kWindow), 10);
+  ASSERT_EQ(p.AttachPrefix(1, match), 10);
+  EXPECT_EQ(p.Dropped(1), 7);
+  EXPECT_EQ(p.NumBlocks(1), 3);
+  EXPECT_EQ(p.Capacity(1), 10 * kBlockTokens);
+  ASSERT_TRUE(p.Grow(1, 11 * kBlockTokens).ok());
+  EXPECT_EQ(p.NumBlocks(1), 4);
+  EXPECT_EQ(p.RegisterPrefix(1, absl::MakeConstSpan(a).first(11 * kBlockTokens)), 1);
+  EXPECT_EQ(p.MatchPrefix(a, 11, &match, 0, false, kWindow), 11);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  p.Release(0);
+  p.Release(1);
+  EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  EXPECT_EQ(p.free_device_blocks(), 64);
 }
 
 TEST(KvPagerTest, PrefixCacheEvictsLeastRecentlyReleasedTailFirst) {
@@ -662,7 +802,7 @@ TEST(KvPagerTest, PrefixCacheEvictsLeastRecentlyReleasedTailFirst) {
   // 12 blocks for another history: 8 free, so 4 cached ones go, the last of `a` first.
   ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());
   EXPECT_EQ(p.evictions(), 4u);
-  std::vector<int32_t> match;
+  std::vector<PrefixBlock> match;
   EXPECT_EQ(p.MatchPrefix(a, 8, &match), 4) << "the head of the chain survives";
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
   p.Release(1);
@@ -679,9 +819,9 @@ TEST(KvPagerTest, PrefixCacheNeverRevivesTheChildrenOfAnEvictedBlock) {
   RegisterTwinChain(p, old);
   if (HasFatalFailure()) return;
   const int32_t parent = p.Blocks(0)[0];
-  std::vector<int32_t> match;
+  std::vector<PrefixBlock> match;
   ASSERT_EQ(p.MatchPrefix(old, 2, &match), 2);
-  EXPECT_EQ(match, (std::vector<int32_t>{parent, p.Blocks(1)[1]}));
+  EXPECT_EQ(Ids(match), (std::vector<int32_t>{parent, p.Blocks(1)[1]}));
   p.Release(0);
   ASSERT_TRUE(p.IdleCached(parent));
   // Slot 2 takes every block: the free ones and the parent, evicted for them.
@@ -855,8 +995,9 @@ TEST(KvPagerTest, CompactionMergesTailRunsIntoOneAndHoldsSourcesUntilTheFence) {
 // Window release with the prefix cache: a prompt prefilled chunk by chunk, each chunk's blocks
 // registered and then the blocks behind the window dropped (as the engine does), leaves its
 // whole chain in the cache: a second history with the same tokens matches every full block,
-// the dropped (idle) ones included, as the same physical blocks. Dropped before any registration
-// walked past them, the chain is unknown there: nothing more is registered.
+// the dropped (idle) ones included, as the same physical blocks. Blocks dropped before they were
+// registered are lost, but the chain hashes come from the tokens: the blocks after them are
+// registered, and found once another history caches those first blocks again.
 TEST(KvPagerTest, WindowReleaseGoesOnRegisteringPastTheDroppedBlocks) {
   KvPager p(CacheOptions(3, 64));
   const std::vector<int32_t> prompt = RandomTokens(10 * kBlockTokens + 5, 3);
@@ -879,9 +1020,9 @@ TEST(KvPagerTest, WindowReleaseGoesOnRegisteringPastTheDroppedBlocks) {
   ASSERT_EQ(p.Dropped(0), 7);
   ASSERT_EQ(physical.size(), 11u);
   EXPECT_EQ(p.cached_blocks(), 10);
-  std::vector<int32_t> match;
+  std::vector<PrefixBlock> match;
   ASSERT_EQ(p.MatchPrefix(prompt, 10, &match), 10);
-  EXPECT_EQ(match, std::vector<int32_t>(physical.begin(), physical.begin() + 10));
+  EXPECT_EQ(Ids(match), std::vector<int32_t>(physical.begin(), physical.begin() + 10));
 
   // Slot 1 attaches all ten, drops seven at once (the engine's release after attaching) and goes
   // on: its eleventh block (new tokens) joins the chain after the tenth.
@@ -893,12 +1034,21 @@ TEST(KvPagerTest, WindowReleaseGoesOnRegisteringPastTheDroppedBlocks) {
   EXPECT_EQ(p.RegisterPrefix(1, absl::MakeConstSpan(longer).first(11 * kBlockTokens)), 1);
   EXPECT_EQ(p.MatchPrefix(longer, 11, &match), 11);
 
-  // Slot 2 drops before registering anything: its chain is unknown past the dropped blocks.
+  // Slot 2 drops two blocks before registering anything: the four after them are registered,
+  // but a lookup must first find the two.
   const std::vector<int32_t> other = RandomTokens(6 * kBlockTokens, 4);
   ASSERT_TRUE(p.Grow(2, 6 * kBlockTokens).ok());
   p.DropBlocks(2, 0, 2);
-  EXPECT_EQ(p.RegisterPrefix(2, other), 0);
+  EXPECT_EQ(p.RegisterPrefix(2, other), 4);
   EXPECT_EQ(p.MatchPrefix(other, 5, &match), 0);
+  // Slot 0 (ended) again, prefilling those two blocks: the chain goes on into slot 2's blocks.
+  p.Release(0);
+  ASSERT_TRUE(p.Grow(0, 2 * kBlockTokens).ok());
+  EXPECT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(other).first(2 * kBlockTokens)), 2);
+  ASSERT_EQ(p.MatchPrefix(other, 6, &match), 6);
+  std::vector<int32_t> expected = p.Blocks(0);
+  expected.insert(expected.end(), p.Blocks(2).begin(), p.Blocks(2).end());
+  EXPECT_EQ(Ids(match), expected);
   p.Release(0);
   p.Release(1);
   p.Release(2);
@@ -925,7 +1075,7 @@ TEST(KvPagerTest, AnEndedWindowReleasedHistoryIsEvictedTailFirst) {
   // 4 free blocks and 12 idle ones: 8 new blocks evict 4, which must be the history's last.
   ASSERT_TRUE(p.Grow(1, 8 * kBlockTokens).ok());
   EXPECT_EQ(p.evictions(), 4u);
-  std::vector<int32_t> match;
+  std::vector<PrefixBlock> match;
   EXPECT_EQ(p.MatchPrefix(history, 12, &match), 8);
   p.Release(1);
   EXPECT_TRUE(p.CheckInvariants().ok());

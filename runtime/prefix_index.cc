@@ -6,13 +6,39 @@
 
 namespace kvrm {
 
+Hash128 ChainHasher::Root(uint64_t salt) const {
+  SipHash128Stream s(key_);
+  s.UpdateU64(salt);  // 8 bytes: no block's input (16 + 4 n bytes) is that long
+  return s.Final();
+}
+
+Hash128 ChainHasher::Next(const Hash128& parent, const int32_t* tokens, int32_t n) const {
+  SipHash128Stream s(key_);
+  s.UpdateU64(parent.lo);
+  s.UpdateU64(parent.hi);
+  int32_t i = 0;
+  for (; i + 1 < n; i += 2) {
+    s.UpdateU64(static_cast<uint64_t>(static_cast<uint32_t>(tokens[i])) |
+                static_cast<uint64_t>(static_cast<uint32_t>(tokens[i + 1])) << 32);
+  }
+  if (i < n) {
+    const uint32_t t = static_cast<uint32_t>(tokens[i]);
+    const unsigned char b[4] = {static_cast<unsigned char>(t), static_cast<unsigned char>(t >> 8),
+                                static_cast<unsigned char>(t >> 16),
+                                static_cast<unsigned char>(t >> 24)};
+    s.Update(b, 4);
+  }
+  return s.Final();
+}
+
 void PrefixIndex::Init(int64_t blocks, int32_t block_tokens, bool enabled) {
   block_tokens_ = block_tokens;
   registered_.assign(blocks, 0);
   if (!enabled) return;
-  key_parent_.assign(blocks, -1);
-  key_parent_gen_.assign(blocks, 0);
-  gen_.assign(blocks, 0);
+  linked_.assign(blocks, 0);
+  first_.assign(blocks, 0);
+  parent_hash_.assign(blocks, Hash128{});
+  hash_.assign(blocks, Hash128{});
   key_tokens_.assign(blocks * block_tokens, 0);
   size_t n = 1;
   while (n < static_cast<size_t>(blocks)) n <<= 1;
@@ -23,65 +49,58 @@ void PrefixIndex::Init(int64_t blocks, int32_t block_tokens, bool enabled) {
   idle_stamp_.assign(blocks, 0);
 }
 
-size_t PrefixIndex::Bucket(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const {
-  // splitmix64 steps over the key's words.
-  auto mix = [](uint64_t x) {
-    x += 0x9e3779b97f4a7c15ull;
-    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-    return x ^ (x >> 31);
-  };
-  uint64_t h = mix(mix(static_cast<uint32_t>(parent)) ^ parent_gen);
-  for (int32_t i = 0; i < block_tokens_; ++i) h = mix(h ^ static_cast<uint32_t>(tokens[i]));
-  return h & (buckets_.size() - 1);
-}
-
-void PrefixIndex::Link(int32_t b, int32_t parent, uint64_t parent_gen, const int32_t* tokens) {
-  key_parent_[b] = parent;
-  key_parent_gen_[b] = parent_gen;
-  std::copy(tokens, tokens + block_tokens_, &key_tokens_[static_cast<size_t>(b) * block_tokens_]);
-  const size_t h = Bucket(parent, parent_gen, tokens);
-  bucket_next_[b] = buckets_[h];
-  buckets_[h] = b;
-}
-
 void PrefixIndex::Unlink(int32_t b) {
-  const size_t h = Bucket(key_parent_[b], key_parent_gen_[b], tokens(b));
-  for (int32_t* link = &buckets_[h]; *link >= 0; link = &bucket_next_[*link]) {
+  if (!linked_[b]) return;
+  for (int32_t* link = &buckets_[Bucket(hash_[b])]; *link >= 0; link = &bucket_next_[*link]) {
     if (*link == b) {
       *link = bucket_next_[b];
       break;
     }
   }
   bucket_next_[b] = -1;
+  linked_[b] = 0;
 }
 
-void PrefixIndex::Insert(int32_t b, int32_t parent, uint64_t parent_gen, const int32_t* tokens) {
+void PrefixIndex::Insert(int32_t b, const Hash128& parent, const Hash128& hash,
+                         const int32_t* tokens, bool first) {
   DCHECK(!registered_[b]);
   registered_[b] = 1;
-  Link(b, parent, parent_gen, tokens);
+  first_[b] = first;
+  linked_[b] = 1;
+  parent_hash_[b] = parent;
+  hash_[b] = hash;
+  std::copy(tokens, tokens + block_tokens_, &key_tokens_[static_cast<size_t>(b) * block_tokens_]);
+  const size_t h = Bucket(hash);
+  bucket_next_[b] = buckets_[h];
+  buckets_[h] = b;
   ++count_;
-}
-
-void PrefixIndex::Rekey(int32_t b, int32_t parent, uint64_t parent_gen, const int32_t* tokens) {
-  Unlink(b);
-  Link(b, parent, parent_gen, tokens);
 }
 
 void PrefixIndex::Remove(int32_t b) {
   DCHECK(registered_[b]);
   Unlink(b);
   registered_[b] = 0;
-  ++gen_[b];
   --count_;
 }
 
-int32_t PrefixIndex::Find(int32_t parent, uint64_t parent_gen, const int32_t* key) const {
-  for (int32_t b = buckets_[Bucket(parent, parent_gen, key)]; b >= 0; b = bucket_next_[b]) {
-    if (key_parent_[b] == parent && key_parent_gen_[b] == parent_gen &&
+void PrefixIndex::Hide(int32_t b) {
+  DCHECK(registered_[b]);
+  Unlink(b);
+}
+
+int32_t PrefixIndex::Find(const Hash128& parent, const Hash128& hash, const int32_t* key) const {
+  for (int32_t b = buckets_[Bucket(hash)]; b >= 0; b = bucket_next_[b]) {
+    if (hash_[b] == hash && parent_hash_[b] == parent &&
         std::equal(key, key + block_tokens_, tokens(b))) {
       return b;
     }
+  }
+  return -1;
+}
+
+int32_t PrefixIndex::FindHash(const Hash128& hash) const {
+  for (int32_t b = buckets_[Bucket(hash)]; b >= 0; b = bucket_next_[b]) {
+    if (hash_[b] == hash) return b;
   }
   return -1;
 }

@@ -1,11 +1,13 @@
 // The prefix cache's index over the blocks of one KV tier (the pager keeps one per tier).
 //
-// A registered block's key is (its parent block, the parent's generation, its block_tokens
-// tokens); the parent is the registered block before it in the history, or -1 with the cache
-// salt in place of a generation for a history's first block. So a block is found only after
-// exactly the same chain of tokens, and keys are compared in full: a hash collision can never
-// return another history's KV. A block's generation is bumped when it leaves the cache, so that
-// children registered under its old content never match whatever it holds next.
+// Content-keyed chains (as vLLM's block hashes): a full block's chain hash is a keyed 128-bit
+// SipHash of the chain hash before it (for a history's first block, of the cache salt) and the
+// block's own tokens, so it names everything the block's K/V was computed from. A registered
+// block is keyed by its parent's chain hash and its tokens, compared in full on a lookup (only
+// a collision of the keyed 128-bit parent hash could return another history's KV: with a key
+// drawn at start-up nobody can aim for one). Nothing in a key names another block: a block
+// whose parent was evicted stays findable, and is found again once the same tokens are cached
+// before it, in either tier (the pager's MatchPrefix walks both indexes a block at a time).
 //
 // Registered blocks nobody holds are idle: they sit on a list in release order (the oldest
 // first), each stamped with when it was released, and are what eviction takes.
@@ -18,7 +20,22 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/siphash.h"
+
 namespace kvrm {
+
+// Chain hashes of token blocks under one key.
+class ChainHasher {
+ public:
+  explicit ChainHasher(SipKey key = {}) : key_(key) {}
+  // What a history's first block chains from: its salt (namespaces never share a chain).
+  Hash128 Root(uint64_t salt) const;
+  // The chain hash of a block of `n` tokens after `parent`.
+  Hash128 Next(const Hash128& parent, const int32_t* tokens, int32_t n) const;
+
+ private:
+  SipKey key_;
+};
 
 class PrefixIndex {
  public:
@@ -26,29 +43,31 @@ class PrefixIndex {
   void Init(int64_t blocks, int32_t block_tokens, bool enabled);
 
   bool registered(int32_t b) const { return registered_[b] != 0; }
-  uint32_t gen(int32_t b) const { return gen_[b]; }
-  int32_t parent(int32_t b) const { return key_parent_[b]; }
-  uint64_t parent_gen(int32_t b) const { return key_parent_gen_[b]; }
+  // A registered block's chain hash and the one before it.
+  const Hash128& hash(int32_t b) const { return hash_[b]; }
+  const Hash128& parent_hash(int32_t b) const { return parent_hash_[b]; }
+  // Whether b is a history's first block (its parent hash is a salt's root).
+  bool first(int32_t b) const { return first_[b] != 0; }
+  // Registered and not hidden.
+  bool linked(int32_t b) const { return !linked_.empty() && linked_[b] != 0; }
   const int32_t* tokens(int32_t b) const {
     return &key_tokens_[static_cast<size_t>(b) * block_tokens_];
   }
-  // Whether b's key still leads to it: a root, or a child of its parent's current content.
-  bool ParentCurrent(int32_t b) const {
-    return key_parent_[b] < 0 ||
-           (registered_[key_parent_[b]] && gen_[key_parent_[b]] == key_parent_gen_[b]);
-  }
   int64_t count() const { return count_; }
 
-  // Registers b under a key (b must not be registered).
-  void Insert(int32_t b, int32_t parent, uint64_t parent_gen, const int32_t* tokens);
-  // Moves a registered b to another key.
-  void Rekey(int32_t b, int32_t parent, uint64_t parent_gen, const int32_t* tokens);
-  // Unregisters b (it must not be idle) and bumps its generation.
+  // Registers b (it must not be registered): `hash` is ChainHasher::Next(parent, tokens).
+  void Insert(int32_t b, const Hash128& parent, const Hash128& hash, const int32_t* tokens,
+              bool first);
+  // Unregisters b (it must not be idle).
   void Remove(int32_t b);
-  // Bumps b's generation (its children stop matching) without unregistering it.
-  void BumpGen(int32_t b) { ++gen_[b]; }
-  // The registered block with this key, or -1.
-  int32_t Find(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
+  // Keeps b registered (held, or idle until evicted) but found by no lookup: its content is
+  // not what its key says (a failed copy into it).
+  void Hide(int32_t b);
+  // The registered block with this key (`hash` as for Insert), or -1.
+  int32_t Find(const Hash128& parent, const Hash128& hash, const int32_t* tokens) const;
+  // A registered block with this chain hash, or -1 (tokens unchecked: for eviction order and
+  // whether a chain goes on in this tier, never to hand out KV).
+  int32_t FindHash(const Hash128& hash) const;
 
   // The idle list.
   void IdlePush(int32_t b);
@@ -59,17 +78,16 @@ class PrefixIndex {
   int64_t idle_count() const { return idle_count_; }
 
  private:
-  size_t Bucket(int32_t parent, uint64_t parent_gen, const int32_t* tokens) const;
-  void Link(int32_t b, int32_t parent, uint64_t parent_gen, const int32_t* tokens);
+  size_t Bucket(const Hash128& hash) const { return hash.lo & (buckets_.size() - 1); }
   void Unlink(int32_t b);
 
   int32_t block_tokens_ = 0;
   std::vector<uint8_t> registered_;
-  std::vector<int32_t> key_parent_;
-  std::vector<uint64_t> key_parent_gen_;  // a root's: the salt
-  std::vector<uint32_t> gen_;
+  std::vector<uint8_t> linked_;  // registered and findable (not hidden)
+  std::vector<uint8_t> first_;
+  std::vector<Hash128> parent_hash_, hash_;
   std::vector<int32_t> key_tokens_;  // [blocks][block_tokens]
-  std::vector<int32_t> buckets_;     // hash -> first block, -1: none
+  std::vector<int32_t> buckets_;     // chain hash -> first block, -1: none
   std::vector<int32_t> bucket_next_;
   std::vector<int32_t> idle_prev_, idle_next_;
   std::vector<uint64_t> idle_stamp_;  // when each idle block was released (idle_clock_)

@@ -296,6 +296,85 @@ TEST(WindowReleaseTest, AConversationsNextTurnFindsTheWholeHistoryCached) {
   EXPECT_EQ(released_hits, kept_hits);
 }
 
+// The same conversation on a pool of 12 blocks (the window's working set and three more), with
+// a host tier to offload to. Turn 1's released blocks are evicted while it still decodes, its
+// first ones long before its last; turn 2 needs only the blocks within the window of its cached
+// prefix's end (a sliding-window hit, as vLLM's), found on the device. With another request in
+// between, those are evicted too, and come back from the host tier. Either way turn 2 finds all
+// of turn 1's written blocks, and gives the tokens of a roomy pool that keeps every block.
+// (Chains keyed by the block before, as they were until 2026-12-07, found 8 of the 248 tokens
+// either way: the first blocks, evicted first, cut every chain after them, and a hit needed
+// every block from the first.)
+TEST(WindowReleaseTest, UnderPressureTheNextTurnFindsItsWindowInEitherTier) {
+  struct Turn2 {
+    std::vector<std::vector<int32_t>> outputs;
+    uint64_t hits = 0, host_hits = 0;
+  };
+  auto run = [](bool release, bool between) {
+    EngineOptions o = Roomy(release);
+    o.slots = 1;
+    o.threads = 2;
+    if (release) {
+      o.kv_blocks = 12;
+      o.kv_host_blocks = 64;
+    }
+    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&Mistral(), o);
+    CHECK_OK(engine.status());
+    EXPECT_EQ((*engine)->options().window_release, release);
+    (*engine)->Start();
+    Spec first = RandomWorkload(1, 1, 1, 78)[0];
+    first.prompt.resize(100);
+    for (size_t t = 0; t < 100; ++t) first.prompt[t] = static_cast<int32_t>(13 * t % 1000);
+    first.max_new_tokens = 150;
+    first.temperature = 0;
+    Spec other = first;
+    for (size_t t = 0; t < 100; ++t) other.prompt[t] = static_cast<int32_t>(17 * t % 1000 + 3);
+    other.max_new_tokens = 60;
+    Turn2 r;
+    auto submit = [&](const Spec& spec, int id) {
+      auto sink = std::make_shared<CollectingSink>();
+      CHECK_OK((*engine)->Submit(WorkloadRequest(spec, id, sink)).status());
+      FinishInfo info;
+      std::vector<int32_t> out = sink->Wait(&info);
+      EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
+      return out;
+    };
+    r.outputs.push_back(submit(first, 0));
+    if (between) submit(other, 1);
+    Spec next = first;
+    next.prompt.insert(next.prompt.end(), r.outputs[0].begin(), r.outputs[0].end());
+    for (int t = 0; t < 20; ++t) next.prompt.push_back(600 + t);
+    next.max_new_tokens = 40;
+    const uint64_t hits_before = (*engine)->Stats().prefix_cache_hits_total;
+    const uint64_t host_before = (*engine)->Stats().prefix_cache_host_hits_total;
+    r.outputs.push_back(submit(next, 2));
+    EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
+    r.hits = (*engine)->Stats().prefix_cache_hits_total - hits_before;
+    r.host_hits = (*engine)->Stats().prefix_cache_host_hits_total - host_before;
+    return r;
+  };
+  for (const bool between : {false, true}) {
+    SCOPED_TRACE(between ? "another request between the turns" : "turn after turn");
+    const Turn2 kept = run(false, between);
+    const Turn2 released = run(true, between);
+    EXPECT_EQ(released.outputs, kept.outputs);
+    // Turn 1 wrote K/V for 249 tokens (its last token is never an input): 31 full 8-token blocks.
+    EXPECT_EQ(kept.hits, 31u * 8);
+    EXPECT_EQ(kept.host_hits, 0u) << "a roomy pool evicts nothing";
+    EXPECT_EQ(released.hits, kept.hits);
+    if (between) {
+      EXPECT_GT(released.host_hits, 0u) << "the window's blocks came back from the host tier";
+    } else {
+      EXPECT_EQ(released.host_hits, 0u) << "the window's blocks were still on the device";
+    }
+    std::printf(
+        "[window release, 12-block pool%s] turn 2: %llu cached tokens, %llu of them "
+        "copied back from the host\n",
+        between ? ", a request between" : "", static_cast<unsigned long long>(released.hits),
+        static_cast<unsigned long long>(released.host_hits));
+  }
+}
+
 // Random shapes around the edges: windows of 1 to 100 positions (shorter than a block, not a
 // multiple of one, longer than a chunk), blocks of 4 to 16 tokens, chunks of 8 to 40, with and
 // without drafts, one tensor-parallel rank or two, on a roomy pool and a tight one (pauses):
