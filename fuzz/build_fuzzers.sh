@@ -18,7 +18,7 @@ out="${1:-${KVRM_FUZZ_OUT:-${TMPDIR:-/tmp}/kvrm-fuzz}}"
 CXX="${CXX:-clang++}"
 BUILTINS=()
 SOURCES=(
-  common/json.cc common/logging.cc common/mapped_file.cc
+  common/json.cc common/logging.cc common/mapped_file.cc common/siphash.cc
   kernels/cpu/q4_k.cc kernels/cpu/q8_0.cc
   model/safetensors.cc
   model/config.cc model/lora.cc model/weights.cc model/gpt_oss.cc model/quantized_checkpoint.cc

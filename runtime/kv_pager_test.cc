@@ -503,7 +503,7 @@ std::string Tiers(const std::vector<PrefixBlock>& m) {
 }
 
 // Slot 0 holds `tokens`' first block, registered; slot 1 holds both blocks of `tokens`: its first
-// is a twin of slot 0's (not registered), its second registered after slot 0's.
+// is a twin of slot 0's (not registered), its second registered.
 void RegisterTwinChain(KvPager& p, const std::vector<int32_t>& tokens) {
   ASSERT_TRUE(p.Grow(0, kBlockTokens).ok());
   ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(tokens).first(kBlockTokens)), 1);
@@ -552,11 +552,11 @@ TEST(KvPagerTest, PrefixCacheSharesFullBlocksAndKeepsThemIdleAfterRelease) {
   EXPECT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
-TEST(KvPagerTest, PrefixCacheReKeysABlockWhoseTwinWasEvicted) {
-  // Slot 1's first block is a twin of slot 0's, so its second block is registered after slot
-  // 0's first. Slot 0's block is evicted; slot 1 registers again (as it does after every chunk
-  // and when it ends): its first block takes the twin's place and its second moves under it, so
-  // its history is found whole again.
+TEST(KvPagerTest, PrefixCacheRegistersABlockWhoseTwinWasEvicted) {
+  // Slot 1's first block is a twin of slot 0's (private), its second registered. Slot 0's block
+  // is evicted: the chain is cut at its first block until slot 1 registers again (as it does
+  // after every chunk and when it ends), its first block taking the twin's place; its second
+  // block, keyed by content, was found after either all along.
   KvPager p(CacheOptions(3, 8));
   const std::vector<int32_t> tokens = RandomTokens(2 * kBlockTokens, 8);
   RegisterTwinChain(p, tokens);
@@ -810,10 +810,10 @@ TEST(KvPagerTest, PrefixCacheEvictsLeastRecentlyReleasedTailFirst) {
 }
 
 TEST(KvPagerTest, PrefixCacheNeverRevivesTheChildrenOfAnEvictedBlock) {
-  // A block evicted while a child registered under it stays cached (the child's history chained
-  // through it as a twin), then reused and registered with other content: a history that
-  // continues the new content with the old child's tokens must not match the old child (its K/V
-  // was computed after the old content).
+  // A block evicted while the block after it stays cached (registered by a history whose own
+  // first block was the evicted one's twin), then reused and registered with other content: a
+  // history that continues the new content with the old child's tokens must not match the old
+  // child (its K/V was computed after the old content; its key hashes every token before it).
   KvPager p(CacheOptions(3, 16));
   const std::vector<int32_t> old = RandomTokens(2 * kBlockTokens, 5);
   RegisterTwinChain(p, old);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "common/siphash.h"
 #include "runtime/sampler.h"
 #include "runtime/structured/grammar.h"
 
@@ -115,11 +116,13 @@ struct GenerationRequest {
   std::shared_ptr<RequestSink> sink;
 };
 
-// The prefix-cache key of a cache_salt string: 0 for "", else a 64-bit FNV-1a hash (never 0).
+// The prefix-cache key of a cache_salt string: 0 for "", else a 64-bit SipHash under a key drawn
+// at start-up (never 0), so that no client can choose a salt whose key is another tenant's (an
+// unkeyed hash such as FNV-1a, as this was, lets one compute such a salt).
 inline uint64_t CacheSaltKey(std::string_view salt) {
   if (salt.empty()) return 0;
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : salt) h = (h ^ c) * 1099511628211ull;
+  static const SipKey key = RandomSipKey();
+  const uint64_t h = SipHash128(key, salt.data(), salt.size()).lo;
   return h == 0 ? 1 : h;
 }
 

@@ -294,7 +294,8 @@ absl::Status LoadLoraModules(const std::string& flag, ModelBundle* model) {
       if (!std::filesystem::exists(dir + "/adapter_model.safetensors")) {
         modelgen::MakeLoraOptions o;
         o.out_dir = dir;
-        o.seed = CacheSaltKey(name);
+        o.seed = 1469598103934665603ull;  // FNV-1a of the name: the same weights every run
+        for (unsigned char c : name) o.seed = (o.seed ^ c) * 1099511628211ull;
         o.base_model = model->name;
         LOG(INFO) << "generating built-in LoRA adapter '" << name << "' into " << dir;
         RETURN_IF_ERROR(modelgen::MakeLoraAdapter(model->config, o));
