@@ -107,7 +107,14 @@ absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOption
                                     std::vector<std::unique_ptr<GenerationRequest>> requests,
                                     int32_t max_new_tokens, const BesideRun& beside) {
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&model, options));
+  return RunQueuedOn(engine.get(), std::move(requests), max_new_tokens, /*start=*/true, beside);
+}
+
+absl::StatusOr<EngineRun> RunQueuedOn(Engine* engine,
+                                      std::vector<std::unique_ptr<GenerationRequest>> requests,
+                                      int32_t max_new_tokens, bool start, const BesideRun& beside) {
   const int32_t n = static_cast<int32_t>(requests.size());
+  const uint64_t tokens_before = engine->Stats().tokens_generated_total;
   Progress progress;
   progress.want = n;
   std::vector<std::shared_ptr<TimingSink>> sinks;
@@ -119,10 +126,10 @@ absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOption
     r->sink = sinks.back();
     RETURN_IF_ERROR(engine->Submit(std::move(r)).status());
   }
-  engine->Start();
+  if (start) engine->Start();
   std::atomic<bool> done{false};
   std::thread beside_thread;
-  if (beside) beside_thread = std::thread([&] { beside(engine.get(), &done); });
+  if (beside) beside_thread = std::thread([&] { beside(engine, &done); });
   {
     absl::MutexLock lock(&progress.mu);
     progress.mu.Await(absl::Condition(&AllDone, &progress));
@@ -135,13 +142,12 @@ absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOption
   if (!engine->WaitIdle(absl::Seconds(30))) return absl::DeadlineExceededError("engine not idle");
   EngineRun run;
   run.stats = engine->Stats();
-  for (int i = 0;
-       i < 1000 && run.stats.tokens_generated_total < static_cast<uint64_t>(n) * max_new_tokens;
+  for (int i = 0; i < 1000 && run.stats.tokens_generated_total <
+                                  tokens_before + static_cast<uint64_t>(n) * max_new_tokens;
        ++i) {
     absl::SleepFor(absl::Milliseconds(1));
     run.stats = engine->Stats();
   }
-  engine.reset();
   double tpot_sum = 0, ttft_sum = 0;
   for (int32_t i = 0; i < n; ++i) {
     const TimingSink& s = *sinks[i];
@@ -162,7 +168,8 @@ absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOption
   run.tokens_per_s = run.wall_s > 0 ? run.tokens / run.wall_s : 0;
   run.steps = run.stats.steps_total;
   run.mixed_steps = run.stats.mixed_steps_total;
-  CHECK(run.stats.tokens_generated_total == run.tokens) << "every token reached its sink";
+  CHECK(run.stats.tokens_generated_total == tokens_before + run.tokens)
+      << "every token reached its sink";
   const double self_s = cpu1.self_s - cpu0.self_s;
   run.cpu_share = self_s / (window_s * std::max(1u, std::thread::hardware_concurrency()));
   run.others_cores = std::max(0.0, (cpu1.machine_s - cpu0.machine_s - self_s) / window_s);

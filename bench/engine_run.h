@@ -59,6 +59,12 @@ using BesideRun = std::function<void(Engine* engine, const std::atomic<bool>* do
 absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOptions& options,
                                     std::vector<std::unique_ptr<GenerationRequest>> requests,
                                     int32_t max_new_tokens, const BesideRun& beside = nullptr);
+// The same on an engine that lives on (a conversation's turns one after another): `engine` is
+// started first when `start`; the run's stats are the engine's totals after it.
+absl::StatusOr<EngineRun> RunQueuedOn(Engine* engine,
+                                      std::vector<std::unique_ptr<GenerationRequest>> requests,
+                                      int32_t max_new_tokens, bool start,
+                                      const BesideRun& beside = nullptr);
 
 double Median(std::vector<double> v);
 

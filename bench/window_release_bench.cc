@@ -35,6 +35,7 @@
 #include "bench/engine_run.h"
 #include "bench/generated_model.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "nlohmann/json.hpp"
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
@@ -51,6 +52,12 @@ ABSL_FLAG(int32_t, prefill_chunk, 256, "EngineOptions::prefill_chunk");
 ABSL_FLAG(int32_t, repeats, 2, "rounds of the three modes (their order rotates); medians shown");
 ABSL_FLAG(int32_t, threads, 2, "CPU backend threads");
 ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
+ABSL_FLAG(int32_t, turn2_tokens, 64,
+          "conversations: each request's next turn is its history and this many new tokens "
+          "(0: no conversation section)");
+ABSL_FLAG(int32_t, turn2_new_tokens, 32, "conversations: tokens the next turn generates");
+ABSL_FLAG(int32_t, between, 8,
+          "conversations: requests of other prompts served between the two turns");
 
 namespace kvrm {
 namespace {
@@ -65,6 +72,9 @@ struct ModeRun : bench::EngineRun {
   int64_t peak_blocks = 0;
 };
 
+absl::StatusOr<ModeRun> RunModeWith(const ModelBundle& model, const EngineOptions& o,
+                                    const std::vector<std::vector<int32_t>>& prompts);
+
 absl::StatusOr<ModeRun> RunMode(const ModelBundle& model, const Mode& mode,
                                 const std::vector<std::vector<int32_t>>& prompts) {
   EngineOptions o;
@@ -77,15 +87,27 @@ absl::StatusOr<ModeRun> RunMode(const ModelBundle& model, const Mode& mode,
   // the pool; release a window's worth).
   o.max_context = absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens);
   o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  return RunModeWith(model, o, prompts);
+}
+
+std::vector<std::unique_ptr<GenerationRequest>> Requests(
+    const std::vector<std::vector<int32_t>>& prompts, int32_t max_new_tokens, const char* tag) {
   std::vector<std::unique_ptr<GenerationRequest>> requests;
   for (size_t i = 0; i < prompts.size(); ++i) {
     auto r = std::make_unique<GenerationRequest>();
-    r->request_id = "w" + std::to_string(i);
+    r->request_id = tag + std::to_string(i);
     r->prompt = prompts[i];
-    r->max_new_tokens = o.max_new_tokens;
+    r->max_new_tokens = max_new_tokens;
     r->ignore_eos = true;
     requests.push_back(std::move(r));
   }
+  return requests;
+}
+
+absl::StatusOr<ModeRun> RunModeWith(const ModelBundle& model, const EngineOptions& o,
+                                    const std::vector<std::vector<int32_t>>& prompts) {
+  std::vector<std::unique_ptr<GenerationRequest>> requests =
+      Requests(prompts, o.max_new_tokens, "w");
   std::atomic<int64_t> peak{0};
   const bench::BesideRun sample = [&](Engine* engine, const std::atomic<bool>* done) {
     while (!*done) {
@@ -100,6 +122,59 @@ absl::StatusOr<ModeRun> RunMode(const ModelBundle& model, const Mode& mode,
   static_cast<bench::EngineRun&>(out) = std::move(*run);
   out.peak_blocks = peak;
   return out;
+}
+
+// Conversations: each request's next turn (its whole history and --turn2_tokens new tokens),
+// after --between requests of other prompts, on one engine. What the prefix cache finds of the
+// history decides the next turn's prefill: under window release only the blocks within the
+// window of the cached prefix's end are needed (the rest may be evicted long since), from the
+// device or copied back from the host tier.
+struct ConversationRun {
+  bench::EngineRun turn2;
+  uint64_t prompt_tokens = 0, cached = 0, from_host = 0, evictions = 0, offloaded = 0;
+};
+
+absl::StatusOr<ConversationRun> RunConversation(const ModelBundle& model, const Mode& mode,
+                                                int64_t host_blocks, int32_t max_context,
+                                                const std::vector<std::vector<int32_t>>& first,
+                                                const std::vector<std::vector<int32_t>>& others,
+                                                bench::IdSource ids) {
+  EngineOptions o;
+  o.slots = absl::GetFlag(FLAGS_slots);
+  o.threads = absl::GetFlag(FLAGS_threads);
+  o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+  o.window_release = mode.release;
+  o.kv_blocks = mode.kv_blocks;
+  o.kv_host_blocks = host_blocks;
+  o.max_context = max_context;
+  ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&model, o));
+  const int32_t new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
+  ASSIGN_OR_RETURN(bench::EngineRun turn1,
+                   bench::RunQueuedOn(engine.get(), Requests(first, new_tokens, "t1-"), new_tokens,
+                                      /*start=*/true));
+  const int32_t between_tokens = 128;
+  if (!others.empty()) {
+    RETURN_IF_ERROR(bench::RunQueuedOn(engine.get(), Requests(others, between_tokens, "o-"),
+                                       between_tokens, /*start=*/false)
+                        .status());
+  }
+  std::vector<std::vector<int32_t>> next = first;
+  ConversationRun r;
+  for (size_t i = 0; i < next.size(); ++i) {
+    next[i].insert(next[i].end(), turn1.outputs[i].begin(), turn1.outputs[i].end());
+    for (int32_t k = 0; k < absl::GetFlag(FLAGS_turn2_tokens); ++k) next[i].push_back(ids.Next());
+    r.prompt_tokens += next[i].size();
+  }
+  const EngineStats before = engine->Stats();
+  const int32_t turn2_new = absl::GetFlag(FLAGS_turn2_new_tokens);
+  ASSIGN_OR_RETURN(r.turn2, bench::RunQueuedOn(engine.get(), Requests(next, turn2_new, "t2-"),
+                                               turn2_new, /*start=*/false));
+  const EngineStats& after = r.turn2.stats;
+  r.cached = after.prefix_cache_hits_total - before.prefix_cache_hits_total;
+  r.from_host = after.prefix_cache_host_hits_total - before.prefix_cache_host_hits_total;
+  r.evictions = after.prefix_cache_evictions_total;
+  r.offloaded = after.prefix_cache_offloaded_blocks_total;
+  return r;
 }
 
 int Main() {
@@ -231,6 +306,76 @@ int Main() {
       vs_full, memory, peak_ratio);
   std::printf("outputs identical in every run: %s\n", identical ? "yes" : "NO");
 
+  // Conversations: release's pool against keeping every block on a pool that holds every turn-2
+  // history, both with a host tier of that size to offload the prefix cache to.
+  nlohmann::json conversation;
+  if (const int32_t turn2 = absl::GetFlag(FLAGS_turn2_tokens); turn2 > 0) {
+    const int32_t turn2_history = history + turn2 + absl::GetFlag(FLAGS_turn2_new_tokens);
+    const int64_t whole2 = (turn2_history + block_tokens - 1) / block_tokens;
+    const std::vector<Mode> turn_modes = {
+        {"release", true, peak * slots},
+        {"keep, full pool", false, whole2 * slots},
+    };
+    const int64_t host_blocks = whole2 * slots;
+    std::vector<std::vector<int32_t>> others(absl::GetFlag(FLAGS_between));
+    for (auto& p : others) {
+      for (int32_t i = 0; i < prompt_tokens; ++i) p.push_back(ids.Next());
+    }
+    std::vector<ConversationRun> conv;
+    for (const Mode& m : turn_modes) {
+      absl::StatusOr<ConversationRun> r = RunConversation(
+          model, m, host_blocks, turn2_history, prompts, others, bench::IdSource(model, 7));
+      if (!r.ok()) {
+        std::fprintf(stderr, "window_release_bench: conversation, %s: %s\n", m.name,
+                     r.status().ToString().c_str());
+        return 2;
+      }
+      conv.push_back(std::move(*r));
+    }
+    const bool same2 = conv[0].turn2.outputs == conv[1].turn2.outputs;
+    identical &= same2;
+    std::printf(
+        "\nconversations: turn 2 = each turn-1 history (%d tokens) + %d new tokens, generating "
+        "%d, after %zu requests of other prompts (%d + 128 tokens); host tier %lld blocks\n\n",
+        history, turn2, absl::GetFlag(FLAGS_turn2_new_tokens), others.size(), prompt_tokens,
+        static_cast<long long>(host_blocks));
+    std::printf("%-16s %9s %14s %13s %9s %10s %11s %10s %9s\n", "mode", "kv blocks",
+                "turn-2 prompt", "from cache", "from host", "turn-2 TTFT s", "evictions",
+                "offloaded", "identical");
+    nlohmann::json crow = nlohmann::json::array();
+    for (size_t m = 0; m < turn_modes.size(); ++m) {
+      const ConversationRun& r = conv[m];
+      std::printf("%-16s %9lld %14llu %12.1f%% %8.1f%% %13.3f %11llu %10llu %9s\n",
+                  turn_modes[m].name, static_cast<long long>(turn_modes[m].kv_blocks),
+                  static_cast<unsigned long long>(r.prompt_tokens),
+                  100.0 * r.cached / r.prompt_tokens, 100.0 * r.from_host / r.prompt_tokens,
+                  r.turn2.ttft_s, static_cast<unsigned long long>(r.evictions),
+                  static_cast<unsigned long long>(r.offloaded), same2 ? "yes" : "NO");
+      crow.push_back({{"mode", turn_modes[m].name},
+                      {"window_release", turn_modes[m].release},
+                      {"kv_blocks", turn_modes[m].kv_blocks},
+                      {"kv_host_blocks", host_blocks},
+                      {"turn2_prompt_tokens", r.prompt_tokens},
+                      {"turn2_cached_tokens", r.cached},
+                      {"turn2_host_tokens", r.from_host},
+                      {"turn2_ttft_s", r.turn2.ttft_s},
+                      {"turn2_tokens_per_s", r.turn2.tokens_per_s},
+                      {"evictions", r.evictions},
+                      {"offloaded_blocks", r.offloaded},
+                      {"identical", same2}});
+    }
+    std::printf(
+        "release vs keep at the full pool, turn 2: %.2fx the cached tokens, %.2fx TTFT, "
+        "on %.2fx less KV pool\n",
+        static_cast<double>(conv[0].cached) / std::max<uint64_t>(1, conv[1].cached),
+        conv[0].turn2.ttft_s / conv[1].turn2.ttft_s,
+        static_cast<double>(turn_modes[1].kv_blocks) / turn_modes[0].kv_blocks);
+    conversation = {{"turn2_tokens", turn2},
+                    {"turn2_new_tokens", absl::GetFlag(FLAGS_turn2_new_tokens)},
+                    {"between_requests", others.size()},
+                    {"rows", crow}};
+  }
+
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     nlohmann::json j = bench::MachineJson(model, size, absl::GetFlag(FLAGS_threads));
     j["sliding_window"] = c.sliding_window;
@@ -249,6 +394,7 @@ int Main() {
     j["keep_full_pool_over_release_pool"] = memory;
     j["keep_full_peak_over_release_peak"] = peak_ratio;
     j["all_identical"] = identical;
+    if (!conversation.is_null()) j["conversation"] = conversation;
     std::ofstream(path) << j.dump(2) << "\n";
   }
   return identical ? 0 : 1;

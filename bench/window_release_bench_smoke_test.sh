@@ -8,7 +8,7 @@ set -euo pipefail
 out="${TEST_TMPDIR}/window_release.json"
 bench/window_release_bench --size=tiny-mistral-sw --model_dir="${TEST_TMPDIR}/models" --slots=4 \
   --requests=4 --prompt_tokens=64 --max_new_tokens=96 --prefill_chunk=32 --repeats=2 \
-  --json="$out"
+  --between=4 --json="$out"
 python3 - "$out" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1]))
@@ -33,5 +33,19 @@ assert same["released_blocks"] == 0 and full["released_blocks"] == 0, d
 assert same["preemptions"] > 0 and same["moved_blocks"] > 0, same  # 4 histories of 10 on 24
 assert full["peak_blocks"] > release["peak_blocks"], d
 assert d["keep_full_pool_over_release_pool"] == 40 / 24, d
+# Conversations: turn 2 (each 160-token history + 64 new tokens) after 4 other requests finds the
+# whole written history under release (its last windows, 3 blocks each, from either tier), with
+# the tokens of keeping every block; keeping needs every block of it, and 64 + 64 blocks do not
+# hold the 40 of turn 1 beside the 96 of the requests between, so it finds at most as much.
+c = d["conversation"]
+assert c["turn2_tokens"] == 64 and c["between_requests"] == 4, c
+rel, keep = c["rows"]
+assert rel["mode"] == "release" and keep["mode"] == "keep, full pool", c
+assert rel["identical"] and keep["identical"], c
+assert rel["turn2_prompt_tokens"] == keep["turn2_prompt_tokens"] == 4 * (160 + 64), c
+# 159 tokens of K/V written per history: 9 full blocks of 16.
+assert rel["turn2_cached_tokens"] == 4 * 9 * 16 >= keep["turn2_cached_tokens"] > 0, c
+assert 0 <= rel["turn2_host_tokens"] <= rel["turn2_cached_tokens"], c
+assert rel["kv_blocks"] == 4 * 6 and keep["kv_blocks"] == 4 * 16, c
 print("ok")
 PY

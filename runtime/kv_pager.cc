@@ -110,8 +110,10 @@ void KvPager::Offload(int32_t block) {
   // Host eviction order: the chain's blocks before this one (those already there, up to the
   // first that is not) go idle after it, its first block last, so the host evicts a chain from
   // its end and keeps what leads to the rest. (A released history goes idle on the device the
-  // same way, and is evicted and offloaded tail first.)
-  for (int32_t x = h, hops = 0; !host_cache_.first(x) && hops < options_.max_blocks_per_slot;
+  // same way, and is evicted and offloaded tail first.) Under a window, blocks reach the host
+  // first block first and keep that order: the last window goes last.
+  for (int32_t x = h, hops = 0;
+       options_.window <= 0 && !host_cache_.first(x) && hops < options_.max_blocks_per_slot;
        ++hops) {
     x = host_cache_.FindHash(host_cache_.parent_hash(x));
     if (x < 0) break;
@@ -569,22 +571,28 @@ void KvPager::Release(int32_t slot) {
   // Blocks that are destinations of a move still in flight must not be handed to anyone else
   // before the copy lands: they retire with that move's fence instead of being freed now.
   // Last block first: cached blocks go idle in that order, so a history's tail is evicted before
-  // the prefix others are likelier to share.
+  // the prefix others are likelier to share. Under a window, first block first: a prefix hit
+  // needs only the blocks near its end (MatchPrefix), so the history's last window, what its
+  // next turn needs, goes last (and the blocks released behind the window while it ran stay the
+  // oldest of all).
   const bool in_flight = s.last_fence > retired_;
-  for (auto it = s.blocks.rbegin(); it != s.blocks.rend(); ++it) {
+  const bool window = options_.window > 0;
+  const size_t n = s.blocks.size();
+  for (size_t i = 0; i < n; ++i) {
+    const int32_t b = s.blocks[window ? i : n - 1 - i];
     if (in_flight) {
-      pending_.push_back(Pending{s.last_fence, s.tier, *it});
+      pending_.push_back(Pending{s.last_fence, s.tier, b});
     } else {
-      Drop(s.tier, *it);
+      Drop(s.tier, b);
     }
   }
-  // Window release: the cached blocks behind the window went idle long before the rest, so they
-  // are the oldest on the eviction list, and evicting the chain's start first would stop the
-  // whole history from matching (a conversation's next turn). Now that the history ends they go
-  // back to the list's recent end, its first block last, as if released with the rest: the tail
-  // is evicted first, as for any history. (Chain blocks held by others, or evicted since, are
-  // left alone.)
-  if (!in_flight && s.tier == KvTier::kDevice && s.dropped > 0 && !s.chain_cut) {
+  // Window release under full-attention matching (no `window` option): the cached blocks behind
+  // the window went idle long before the rest, so they are the oldest on the eviction list, and
+  // evicting the chain's start first would stop the whole history from matching (a
+  // conversation's next turn). Now that the history ends they go back to the list's recent end,
+  // its first block last, as if released with the rest: the tail is evicted first, as for any
+  // history. (Chain blocks held by others, or evicted since, are left alone.)
+  if (!window && !in_flight && s.tier == KvTier::kDevice && s.dropped > 0 && !s.chain_cut) {
     for (int32_t j = std::min<int32_t>(s.dropped, static_cast<int32_t>(s.chain.size())); j-- > 0;) {
       const int32_t b = cache_.FindHash(s.chain[j]);
       if (b >= 0 && refs_[b] == 0) {

@@ -1081,6 +1081,33 @@ TEST(KvPagerTest, AnEndedWindowReleasedHistoryIsEvictedTailFirst) {
   EXPECT_TRUE(p.CheckInvariants().ok());
 }
 
+// Under a window the order is the other way round: a later turn needs the blocks near the end
+// of its cached prefix (a windowed match), so an ended history is evicted first block first and
+// its last window goes last.
+TEST(KvPagerTest, UnderAWindowAnEndedHistoryKeepsItsLastWindowLongest) {
+  KvPagerOptions o = CacheOptions(2, 16);
+  constexpr int32_t kWindow = 3 * kBlockTokens + 1;
+  o.window = kWindow;
+  KvPager p(o);
+  const std::vector<int32_t> history = RandomTokens(12 * kBlockTokens, 7);
+  for (int32_t blocks = 1; blocks <= 12; ++blocks) {
+    ASSERT_TRUE(p.Grow(0, blocks * kBlockTokens).ok());
+    p.RegisterPrefix(0, absl::MakeConstSpan(history).first(blocks * kBlockTokens));
+    p.DropBlocks(0, 0, std::max(p.Dropped(0), blocks - 3));
+  }
+  p.Release(0);
+  ASSERT_EQ(p.idle_cached_blocks(), 12);
+  // 4 free blocks and 12 idle ones: 12 new blocks evict 8, the history's first eight.
+  ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());
+  EXPECT_EQ(p.evictions(), 8u);
+  std::vector<PrefixBlock> match;
+  EXPECT_EQ(p.MatchPrefix(history, 12, &match), 0) << "full attention needs the first block";
+  ASSERT_EQ(p.MatchPrefix(history, 12, &match, 0, false, kWindow), 12) << "blocks 9-11 suffice";
+  EXPECT_EQ(match[8].block, -1);
+  p.Release(1);
+  EXPECT_TRUE(p.CheckInvariants().ok());
+}
+
 // Far history: a slot that decodes far past its pool share keeps sinks + window blocks, its run
 // table lists the kept blocks in logical order, and every freed block is reusable at once (or,
 // the destination of a move in flight, once its fence retires).
