@@ -72,22 +72,14 @@ struct ModeRun : bench::EngineRun {
   int64_t peak_blocks = 0;
 };
 
-absl::StatusOr<ModeRun> RunModeWith(const ModelBundle& model, const EngineOptions& o,
-                                    const std::vector<std::vector<int32_t>>& prompts);
-
-absl::StatusOr<ModeRun> RunMode(const ModelBundle& model, const Mode& mode,
-                                const std::vector<std::vector<int32_t>>& prompts) {
+EngineOptions ModeOptions(const Mode& mode) {
   EngineOptions o;
   o.slots = absl::GetFlag(FLAGS_slots);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
   o.window_release = mode.release;
   o.kv_blocks = mode.kv_blocks;
-  // The served context is the workload's history (keeping needs a request's whole history in
-  // the pool; release a window's worth).
-  o.max_context = absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens);
-  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
-  return RunModeWith(model, o, prompts);
+  return o;
 }
 
 std::vector<std::unique_ptr<GenerationRequest>> Requests(
@@ -104,8 +96,13 @@ std::vector<std::unique_ptr<GenerationRequest>> Requests(
   return requests;
 }
 
-absl::StatusOr<ModeRun> RunModeWith(const ModelBundle& model, const EngineOptions& o,
-                                    const std::vector<std::vector<int32_t>>& prompts) {
+absl::StatusOr<ModeRun> RunMode(const ModelBundle& model, const Mode& mode,
+                                const std::vector<std::vector<int32_t>>& prompts) {
+  EngineOptions o = ModeOptions(mode);
+  // The served context is the workload's history (keeping needs a request's whole history in
+  // the pool; release a window's worth).
+  o.max_context = absl::GetFlag(FLAGS_prompt_tokens) + absl::GetFlag(FLAGS_max_new_tokens);
+  o.max_new_tokens = absl::GetFlag(FLAGS_max_new_tokens);
   std::vector<std::unique_ptr<GenerationRequest>> requests =
       Requests(prompts, o.max_new_tokens, "w");
   std::atomic<int64_t> peak{0};
@@ -139,12 +136,7 @@ absl::StatusOr<ConversationRun> RunConversation(const ModelBundle& model, const 
                                                 const std::vector<std::vector<int32_t>>& first,
                                                 const std::vector<std::vector<int32_t>>& others,
                                                 bench::IdSource ids) {
-  EngineOptions o;
-  o.slots = absl::GetFlag(FLAGS_slots);
-  o.threads = absl::GetFlag(FLAGS_threads);
-  o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
-  o.window_release = mode.release;
-  o.kv_blocks = mode.kv_blocks;
+  EngineOptions o = ModeOptions(mode);
   o.kv_host_blocks = host_blocks;
   o.max_context = max_context;
   ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine, Engine::Create(&model, o));

@@ -490,7 +490,15 @@ KvPagerOptions CacheOptions(int32_t slots, int64_t device_blocks) {
   return o;
 }
 
-// A match's block ids, each with its tier's initial ('d' or 'h') when `tiers`.
+// The prefix cache with offload to a host tier of `host_blocks`.
+KvPagerOptions OffloadOptions(int32_t slots, int64_t device_blocks, int64_t host_blocks) {
+  KvPagerOptions o = CacheOptions(slots, device_blocks);
+  o.host_blocks = host_blocks;
+  o.host_prefix_cache = true;
+  return o;
+}
+
+// A match's block ids; its tiers as a string of initials ('d' or 'h').
 std::vector<int32_t> Ids(const std::vector<PrefixBlock>& m) {
   std::vector<int32_t> ids;
   for (const PrefixBlock& b : m) ids.push_back(b.block);
@@ -579,10 +587,7 @@ TEST(KvPagerTest, PrefixCacheRegistersABlockWhoseTwinWasEvicted) {
 // Shed offloads: evicted blocks are dropped as without offload (nothing copied, nothing on the
 // host to match), and counted; offloading resumes when shedding stops.
 TEST(KvPagerTest, ShedOffloadsDropsEvictedBlocksInsteadOfCopyingThem) {
-  KvPagerOptions o = CacheOptions(3, 12);
-  o.host_blocks = 16;
-  o.host_prefix_cache = true;
-  KvPager p(o);
+  KvPager p(OffloadOptions(3, 12, 16));
   const std::vector<int32_t> first = RandomTokens(6 * kBlockTokens, 5);
   ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens).ok());
   ASSERT_EQ(p.RegisterPrefix(0, first), 6);
@@ -605,10 +610,7 @@ TEST(KvPagerTest, ShedOffloadsDropsEvictedBlocksInsteadOfCopyingThem) {
 }
 
 TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
-  KvPagerOptions o = CacheOptions(2, 12);
-  o.host_blocks = 16;
-  o.host_prefix_cache = true;
-  KvPager p(o);
+  KvPager p(OffloadOptions(2, 12, 16));
   const std::vector<int32_t> prompt = RandomTokens(100, 5);  // 6 full blocks + 4 tokens
   ASSERT_TRUE(p.Grow(0, 100).ok());
   ASSERT_EQ(p.RegisterPrefix(0, prompt), 6);
@@ -687,10 +689,7 @@ TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
 // and attaching it copies the host ones into new device blocks ahead of the shared device ones.
 // (Keyed by the block before, the device blocks were unreachable once their parent was evicted.)
 TEST(KvPagerTest, PrefixChainsGoOnAcrossTiers) {
-  KvPagerOptions o = CacheOptions(3, 12);
-  o.host_blocks = 16;
-  o.host_prefix_cache = true;
-  KvPager p(o);
+  KvPager p(OffloadOptions(3, 12, 16));
   const std::vector<int32_t> a = RandomTokens(6 * kBlockTokens + 3, 21);
   ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens + 3).ok());
   ASSERT_EQ(p.RegisterPrefix(0, a), 6);
