@@ -729,7 +729,9 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
     const bool new_run = first || after_host || b.block != prefix_match_[i - 1].block + 1;
     const int32_t more = (after_host ? 1 : 0) + (new_run ? 1 : 0);
     if (runs + more > max_runs) {
-      prefix_match_.resize(i);
+      // A shorter prefix's window reaches back past the blocks behind this one's (-1s, not
+      // looked for): under a window the match is all or nothing.
+      prefix_match_.resize(prefix_match_[0].block < 0 ? 0 : i);
       break;
     }
     runs += more;

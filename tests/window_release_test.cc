@@ -419,6 +419,80 @@ TEST(WindowReleaseTest, RandomShapesGiveTheTokensOfKeepingThem) {
   EXPECT_GT(paused_shapes, 0);
 }
 
+// Conversations at random shapes, windowed prefix hits under pressure: three conversations run
+// their first turns at once on a tight pool with a narrow run table (so their blocks interleave,
+// and a cached window may lie in more runs than a slot can take), then their second turns (each
+// history and a few new tokens) at once. Every second turn gives the tokens of keeping every
+// block on a roomy pool, and some of them start from the cache.
+TEST(WindowReleaseTest, RandomConversationsGiveTheTokensOfKeepingThem) {
+  absl::StatusOr<std::unique_ptr<ModelBundle>> loaded = ModelBundle::Load(Mistral().dir);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ModelBundle& model = **loaded;
+  std::mt19937 rng(41);
+  uint64_t hits = 0;
+  for (int shape = 0; shape < 8; ++shape) {
+    const int32_t window = std::vector<int32_t>{5, 16, 20, 37}[rng() % 4];
+    model.config.sliding_window = window;
+    EngineOptions o;
+    o.slots = 3;
+    o.threads = 2;
+    o.block_tokens = std::vector<int32_t>{4, 8}[rng() % 2];
+    o.prefill_chunk = std::vector<int32_t>{8, 24}[rng() % 2];
+    o.max_runs = 1 + static_cast<int32_t>(rng() % 2);
+    std::vector<Spec> first = RandomWorkload(3, 60, 60, 300 + shape);
+    for (Spec& s : first) s.temperature = 0;
+    std::vector<int32_t> extra(5);
+    for (int32_t& x : extra) x = static_cast<int32_t>(rng() % 900);
+    auto run = [&](const EngineOptions& options, uint64_t* turn2_hits) {
+      absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&model, options);
+      CHECK_OK(engine.status());
+      (*engine)->Start();
+      auto turn = [&](const std::vector<Spec>& specs, int base) {
+        std::vector<std::shared_ptr<CollectingSink>> sinks;
+        for (size_t i = 0; i < specs.size(); ++i) {
+          sinks.push_back(std::make_shared<CollectingSink>());
+          CHECK_OK((*engine)->Submit(WorkloadRequest(specs[i], base + i, sinks.back())).status());
+        }
+        std::vector<std::vector<int32_t>> out;
+        for (auto& sink : sinks) {
+          FinishInfo info;
+          out.push_back(sink->Wait(&info));
+          EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
+        }
+        return out;
+      };
+      std::vector<std::vector<int32_t>> out = turn(first, 0);
+      std::vector<Spec> second = first;
+      for (size_t i = 0; i < second.size(); ++i) {
+        second[i].prompt.insert(second[i].prompt.end(), out[i].begin(), out[i].end());
+        second[i].prompt.insert(second[i].prompt.end(), extra.begin(), extra.end());
+        second[i].max_new_tokens = 12;
+      }
+      const uint64_t before = (*engine)->Stats().prefix_cache_hits_total;
+      std::vector<std::vector<int32_t>> out2 = turn(second, 10);
+      EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
+      *turn2_hits = (*engine)->Stats().prefix_cache_hits_total - before;
+      out.insert(out.end(), out2.begin(), out2.end());
+      return out;
+    };
+    EngineOptions keep = o;
+    keep.window_release = false;
+    keep.max_runs = 8;
+    uint64_t keep_hits = 0, release_hits = 0;
+    const auto reference = run(keep, &keep_hits);
+    o.window_release = true;
+    o.kv_blocks = WindowPeakBlocks(window, o.block_tokens, o.prefill_chunk, 0) + 3;
+    const auto released = run(o, &release_hits);
+    EXPECT_EQ(released, reference) << "window " << window << ", blocks of " << o.block_tokens
+                                   << ", runs " << o.max_runs << ", pool " << o.kv_blocks;
+    hits += release_hits;
+  }
+  model.config.sliding_window = kWindow;
+  EXPECT_GT(hits, 0u);
+  std::printf("[window release, random conversations] turn 2: %llu tokens from the cache\n",
+              static_cast<unsigned long long>(hits));
+}
+
 // The server says so: GetServerInfo's KV usage names the window and counts the blocks released.
 TEST(WindowReleaseTest, ServerInfoReportsTheWindowAndTheReleasedBlocks) {
   EngineOptions o;
