@@ -95,9 +95,9 @@ struct EngineOptions {
   // histories stay in the pool until their blocks are wanted. Results are the same either way.
   bool prefix_caching = true;
   // Offload of the prefix cache to the host tier (with prefix_caching and a host tier): a cached
-  // block evicted from the device is copied to the host tier first (with the blocks before it
-  // in its history), and a later prompt that matches it there copies it back instead of
-  // prefilling it again, as vLLM's KV offloading and TensorRT-LLM's secondary offloading do.
+  // block evicted from the device is copied to the host tier first (when a lookup could still
+  // reach it), and a later prompt that matches it there copies it back instead of prefilling it
+  // again, as vLLM's KV offloading and TensorRT-LLM's secondary offloading do.
   // The host tier is shared with paused requests, which take its space first. Results are the
   // same either way.
   bool prefix_cache_offload = true;

@@ -201,11 +201,10 @@ void Engine::ResumePaused() {
     // livelock under KV pressure). It waits until the space that the others free makes room.
     // A cached prefix it attaches (recompute) brings its own runs: at most all but one.
     const int32_t runs = std::max(1, options_.max_runs - 1);
-    // (A prompt being scored is prefilled whole: its tokens need their logits.)
-    const CachedPrefix prefix =
-        s.swapped || ScoresPrompt(pick)
-            ? CachedPrefix{}
-            : MatchCachedPrefix(s.history, runs - 1, s.request->cache_salt);
+    // (A prompt being scored is prefilled whole: its tokens need their logits. Matching with
+    // no runs still clears what an earlier match left for AttachCachedPrefix below.)
+    const CachedPrefix prefix = MatchCachedPrefix(
+        s.history, s.swapped || ScoresPrompt(pick) ? 0 : runs - 1, s.request->cache_salt);
     need -= prefix.blocks;
     if (pager_->free_device_blocks() - prefix.idle < need + headroom) return;
     if (s.swapped) {
@@ -731,7 +730,12 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
     if (runs + more > max_runs) {
       // A shorter prefix's window reaches back past the blocks behind this one's (-1s, not
       // looked for): under a window the match is all or nothing.
-      prefix_match_.resize(prefix_match_[0].block < 0 ? 0 : i);
+      if (prefix_match_[0].block < 0) {
+        prefix_match_.clear();
+        runs = 0;
+      } else {
+        prefix_match_.resize(i);
+      }
       break;
     }
     runs += more;
@@ -767,6 +771,7 @@ int32_t Engine::AttachCachedPrefix(int32_t slot) {
     if (written_at > 0) transfer_owners_.emplace_back(written_at, slots_[slot].request->handle);
     prefix_host_hits_ += from_host * options_.block_tokens;
   }
+  prefix_match_.clear();  // attached once
   return blocks * options_.block_tokens;
 }
 
@@ -804,8 +809,8 @@ void Engine::ReleaseBehindWindow(int32_t slot, int64_t position) {
       std::min<int64_t>(BlocksBehindWindow(position, release_window_, options_.block_tokens),
                         before + pager_->NumBlocks(slot));
   if (target <= before) return;
-  // The prefix chain walked past the blocks about to go (their links kept), so that the history
-  // goes on registering after them: a conversation's next turn finds all of it.
+  // The blocks about to go are registered first (they stay cached, idle), so that a
+  // conversation's next turn finds all of the history.
   RegisterCachedPrefix(slot);
   pager_->DropBlocks(slot, /*sink_blocks=*/0, target);
   window_released_ += target - before;

@@ -341,9 +341,10 @@ int32_t KvPager::AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks
     while (end < take && blocks[end].tier == KvTier::kHost) ++end;
     const size_t first = s.blocks.size();
     CHECK_OK(Grow(slot, static_cast<int64_t>(skip + first + end - i) * bt));  // room counted
-    // Given back tail first (when the fence retires), so that they go idle in the host's
-    // eviction order: a chain's tail the oldest.
-    for (size_t k = end; k-- > i;) {
+    // Given back (when the fence retires) in the host's eviction order: a chain's tail the
+    // oldest, or under a window its first block.
+    for (size_t step = 0; step < end - i; ++step) {
+      const size_t k = options_.window > 0 ? i + step : end - 1 - step;
       const int32_t h = blocks[k].block;
       const int32_t dst = s.blocks[first + (k - i)];
       moves->push_back(BlockMove{KvTier::kHost, h, KvTier::kDevice, dst});
@@ -491,9 +492,8 @@ Extent KvPager::PlaceRun(int32_t slot, int64_t held, int64_t want) {
     // With the free space cut up, idle cached blocks make the room, evicted least recently
     // released first until an extent holds the rest (when evicting them all would make one):
     // under the prefix cache the pool fills with idle blocks, and growth that took its blocks
-    // where they were freed, one at a time, was scattered over as many runs. (In release order,
-    // a history's tail before its head: what stays cached of a chain is still reachable, and
-    // an offload keeps whole chains.)
+    // where they were freed, one at a time, was scattered over as many runs. (In release order:
+    // what stays cached of a history is what a later match needs most, Release.)
     // (At most twice the rest evicted for it: the expected end is an upper bound, and a
     // placement is not worth the cache.)
     if (fit.length == 0 && cache_.idle_count() > 0 && UnclaimedWithIdleEvicted(rest)) {
@@ -532,9 +532,9 @@ absl::Status KvPager::Grow(int32_t slot, int64_t num_tokens) {
   // The blocks growth must take from the cache (the least recently released ones, as many as
   // the free blocks fall short by) are evicted before any block is placed, so that they are
   // placed as the extents they form. Evicted one at a time as the placement went, each would
-  // start a run of its own: a released history goes idle last block first, so the next block
-  // evicted is the one before the block just placed, never the one after it (a prompt placed so
-  // took a run per block, past what compaction can merge, and paused).
+  // start a run of its own: a released history goes idle last block first (full attention), so
+  // the next block evicted is the one before the block just placed, never the one after it (a
+  // prompt placed so took a run per block, past what compaction can merge, and paused).
   while (device_.free_count() < need) CHECK(EvictOldest());  // free_device_blocks() >= need
   // Blocks scattered so thinly that the growth would take more runs than the run table has
   // left: evict idle cached blocks (least recently released first) until it fits, when that

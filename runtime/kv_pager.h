@@ -68,9 +68,10 @@ struct KvPagerOptions {
   // The chain-hash key (runtime/prefix_index.h); 0: one drawn from the OS at start-up, so that
   // no client can aim a hash collision at another's prefix.
   uint64_t prefix_hash_seed = 0;
-  // Window release (every layer attends within this many positions; 0: full attention): an
-  // evicted block is offloaded even when the blocks before it are cached nowhere, as a prefix
-  // hit needs only the blocks within the window of its end (MatchPrefix's `window`).
+  // Window release (every layer attends within this many positions; 0: full attention): a
+  // prefix hit needs only the blocks within the window of its end (MatchPrefix's `window`), so
+  // an evicted block is offloaded even when the blocks before it are cached nowhere, and an
+  // ended history goes idle first block first (its last window is evicted last).
   int32_t window = 0;
 };
 
@@ -223,8 +224,8 @@ class KvPager final : public KvAllocator {
     int64_t expected_tokens = 0;  // ExpectTokens
     int32_t dropped = 0;      // far history: logical blocks after the sinks no longer held
     uint64_t last_fence = 0;  // fence of the latest move into this slot's blocks
-    // Prefix cache: chain[j] = the chain hash of logical block j, as far as RegisterPrefix (or
-    // AttachPrefix) has hashed; capacity reserved at start-up. chain_cut: far history dropped
+    // Prefix cache: chain[j] = the chain hash of logical block j, as far as RegisterPrefix has
+    // hashed; capacity reserved at start-up. chain_cut: far history dropped
     // blocks after the sinks, so the K/V from there on is not the tokens' alone.
     std::vector<Hash128> chain;
     bool chain_cut = false;
@@ -246,7 +247,7 @@ class KvPager final : public KvAllocator {
   void Evict(int32_t block);
   // Copies an evicted registered `block` to the host tier, unless the host holds its key
   // already or nothing could find it there (not a history's first block, and the block before
-  // it cached in neither tier).
+  // it cached in neither tier; under a window every block may be found).
   void Offload(int32_t block);
   // A host block for an offload: a free one (after the previous offload's destination when
   // that is free, so chains merge into long copies), else the least recently used idle cached

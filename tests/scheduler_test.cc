@@ -81,8 +81,14 @@ class ScriptedBackend : public Backend {
   absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override {
     const int32_t n = static_cast<int32_t>(chunk.tokens.size());
     if (last_logits) {
-      std::fill(last_logits, last_logits + vocab_, 0.0f);
-      last_logits[NextToken(chunk.tokens.back(), chunk.start + n - 1)] = 10.0f;
+      // Every row's logits for a prompt being scored (all_logits), else the last row's.
+      const int32_t rows = chunk.all_logits ? n : 1;
+      for (int32_t r = 0; r < rows; ++r) {
+        float* l = last_logits + static_cast<size_t>(r) * vocab_;
+        const int32_t i = chunk.all_logits ? r : n - 1;
+        std::fill(l, l + vocab_, 0.0f);
+        l[NextToken(chunk.tokens[i], chunk.start + i)] = 10.0f;
+      }
     }
     clock_->Advance(prefill_fixed_cost_ + kPrefillCostPerToken * n);
     std::lock_guard<std::mutex> lock(mu_);
@@ -91,6 +97,7 @@ class ScriptedBackend : public Backend {
   }
   int32_t vocab_size() const override { return vocab_; }
   int32_t max_chunk_tokens() const override { return chunk_; }
+  bool computes_all_logits() const override { return !fused_; }
   // A cost every chunk pays whatever its size (a CPU chunk reads every weight once).
   void set_prefill_fixed_cost(absl::Duration d) { prefill_fixed_cost_ = d; }
   void set_fused(absl::Duration pass_fixed_cost) {
@@ -675,6 +682,52 @@ TEST_F(SchedulerTest, AHigherPriorityNewcomerPreemptsForItsKv) {
   for (const auto& s : {a, b, same, high}) EXPECT_EQ(s->info.reason, FinishReason::kLength);
   EXPECT_EQ(a->tokens, a_alone);
   EXPECT_EQ(b->tokens, b_alone) << "the paused request resumed with its history intact";
+  ExpectIdle();
+}
+
+// A prompt being scored is prefilled whole whenever it (re)starts: paused while prefilling (for
+// a higher-priority newcomer that found its own prompt in the prefix cache), it resumes without
+// attaching the cached blocks that newcomer's match left behind (it once did: another prompt's
+// KV under its tokens, and logprobs that were never computed).
+TEST_F(SchedulerTest, AScoredPromptResumesWithoutAnotherRequestsCachedPrefix) {
+  EngineOptions o = Options(4);
+  o.max_context = 320;
+  o.kv_blocks = 24;
+  Make(o);
+  auto warm = Submit("warm", 100, 4);  // its full blocks stay in the prefix cache
+  RunUntilDone({warm});
+  auto r = std::make_unique<GenerationRequest>();
+  r->request_id = "scored";
+  for (int32_t i = 0; i < 300; ++i) r->prompt.push_back(10 + (i * 17 + 5) % 800);
+  r->max_new_tokens = 4;
+  r->ignore_eos = true;
+  r->prompt_logprobs = 0;
+  r->arrival = clock_.Now();
+  auto scored = std::make_shared<RecordingSink>();
+  r->sink = scored;
+  const absl::StatusOr<uint64_t> submitted = engine_->Submit(std::move(r));
+  ASSERT_TRUE(submitted.ok()) << submitted.status();
+  engine_->StepForTest();
+  ASSERT_EQ(engine_->slot_state(0), SlotState::kPrefilling);
+  // warm's prompt again, at a higher priority: it finds its blocks cached but not the room for
+  // the rest, so the scored prompt (19 blocks) pauses.
+  auto high = Submit("warm", 100, 4, 10);
+  engine_->StepForTest();
+  ASSERT_EQ(engine_->slot_state(0), SlotState::kPaused);
+  RunUntilDone({high});
+  EXPECT_GT(high->info.cached_prompt_tokens, 0);
+  const uint64_t hits = engine_->Stats().prefix_cache_hits_total;
+  backend_->TakeLog();
+  RunUntilDone({scored});
+  int32_t prefilled = 0;
+  for (const ScriptedBackend::StepLog& s : backend_->TakeLog()) {
+    if (s.prefill_slot == 0) prefilled += s.prefill_tokens;
+  }
+  EXPECT_EQ(prefilled, 300) << "the scored prompt is prefilled whole after it resumes";
+  EXPECT_EQ(scored->info.reason, FinishReason::kLength) << scored->info.error;
+  EXPECT_EQ(scored->tokens.size(), 4u);
+  EXPECT_EQ(engine_->Stats().prefix_cache_hits_total, hits)
+      << "the scored prompt resumed on cached blocks";
   ExpectIdle();
 }
 
