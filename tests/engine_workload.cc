@@ -36,6 +36,25 @@ std::unique_ptr<GenerationRequest> WorkloadRequest(const WorkloadSpec& spec, int
   return r;
 }
 
+std::vector<std::vector<int32_t>> ServeWorkload(Engine& engine,
+                                                const std::vector<WorkloadSpec>& specs,
+                                                int first_id) {
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (size_t i = 0; i < specs.size(); ++i) {
+    sinks.push_back(std::make_shared<CollectingSink>());
+    CHECK_OK(engine.Submit(WorkloadRequest(specs[i], first_id + static_cast<int>(i), sinks.back()))
+                 .status());
+  }
+  std::vector<std::vector<int32_t>> tokens;
+  for (size_t i = 0; i < sinks.size(); ++i) {
+    FinishInfo info;
+    tokens.push_back(sinks[i]->Wait(&info));
+    EXPECT_EQ(info.reason, FinishReason::kLength) << "request " << i << ": " << info.error;
+    EXPECT_EQ(static_cast<int32_t>(tokens.back().size()), specs[i].max_new_tokens) << i;
+  }
+  return tokens;
+}
+
 WorkloadRun RunWorkload(const ModelBundle& model, EngineOptions options,
                         const std::vector<WorkloadSpec>& specs) {
   options.threads = 2;
@@ -43,20 +62,9 @@ WorkloadRun RunWorkload(const ModelBundle& model, EngineOptions options,
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&model, options);
   CHECK_OK(engine.status());
   (*engine)->Start();
-  std::vector<std::shared_ptr<CollectingSink>> sinks;
-  for (size_t i = 0; i < specs.size(); ++i) {
-    sinks.push_back(std::make_shared<CollectingSink>());
-    CHECK_OK(
-        (*engine)->Submit(WorkloadRequest(specs[i], static_cast<int>(i), sinks.back())).status());
-  }
   WorkloadRun out;
   out.resolved = (*engine)->options();
-  for (size_t i = 0; i < sinks.size(); ++i) {
-    FinishInfo info;
-    out.tokens.push_back(sinks[i]->Wait(&info));
-    EXPECT_EQ(info.reason, FinishReason::kLength) << "request " << i << ": " << info.error;
-    EXPECT_EQ(static_cast<int32_t>(out.tokens.back().size()), specs[i].max_new_tokens) << i;
-  }
+  out.tokens = ServeWorkload(**engine, specs);
   EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
   // Blocks held for in-flight copies retire on the next idle iterations (every 20 ms).
   for (int i = 0; i < 100; ++i) {

@@ -36,6 +36,13 @@ struct WorkloadRun {
   EngineOptions resolved;                    // the engine's options()
 };
 
+// Submits `specs` to a started engine (request i as WorkloadRequest(specs[i], first_id + i))
+// and waits for all of them: each must end by length with its max_new_tokens. Their tokens, in
+// order.
+std::vector<std::vector<int32_t>> ServeWorkload(Engine& engine,
+                                                const std::vector<WorkloadSpec>& specs,
+                                                int first_id = 0);
+
 // Creates an engine for `model` with `options` (2 threads, max_new_tokens 512), runs the
 // workload to the end (a request ending otherwise than by length fails the test), and waits
 // until the blocks held for copies in flight have retired.

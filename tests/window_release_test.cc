@@ -277,11 +277,7 @@ TEST(WindowReleaseTest, AConversationsNextTurnFindsTheWholeHistoryCached) {
         turns.push_back(next);
         hits_before = (*engine)->Stats().prefix_cache_hits_total;
       }
-      auto sink = std::make_shared<CollectingSink>();
-      CHECK_OK((*engine)->Submit(WorkloadRequest(turns[turn], turn, sink)).status());
-      FinishInfo info;
-      outputs.push_back(sink->Wait(&info));
-      EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
+      outputs.push_back(ServeWorkload(**engine, {turns[turn]}, turn)[0]);
     }
     EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
     *turn2_hits = (*engine)->Stats().prefix_cache_hits_total - hits_before;
@@ -331,23 +327,15 @@ TEST(WindowReleaseTest, UnderPressureTheNextTurnFindsItsWindowInEitherTier) {
     for (size_t t = 0; t < 100; ++t) other.prompt[t] = static_cast<int32_t>(17 * t % 1000 + 3);
     other.max_new_tokens = 60;
     Turn2 r;
-    auto submit = [&](const Spec& spec, int id) {
-      auto sink = std::make_shared<CollectingSink>();
-      CHECK_OK((*engine)->Submit(WorkloadRequest(spec, id, sink)).status());
-      FinishInfo info;
-      std::vector<int32_t> out = sink->Wait(&info);
-      EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
-      return out;
-    };
-    r.outputs.push_back(submit(first, 0));
-    if (between) submit(other, 1);
+    r.outputs.push_back(ServeWorkload(**engine, {first}, 0)[0]);
+    if (between) ServeWorkload(**engine, {other}, 1);
     Spec next = first;
     next.prompt.insert(next.prompt.end(), r.outputs[0].begin(), r.outputs[0].end());
     for (int t = 0; t < 20; ++t) next.prompt.push_back(600 + t);
     next.max_new_tokens = 40;
     const uint64_t hits_before = (*engine)->Stats().prefix_cache_hits_total;
     const uint64_t host_before = (*engine)->Stats().prefix_cache_host_hits_total;
-    r.outputs.push_back(submit(next, 2));
+    r.outputs.push_back(ServeWorkload(**engine, {next}, 2)[0]);
     EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
     r.hits = (*engine)->Stats().prefix_cache_hits_total - hits_before;
     r.host_hits = (*engine)->Stats().prefix_cache_host_hits_total - host_before;
@@ -447,21 +435,7 @@ TEST(WindowReleaseTest, RandomConversationsGiveTheTokensOfKeepingThem) {
       absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&model, options);
       CHECK_OK(engine.status());
       (*engine)->Start();
-      auto turn = [&](const std::vector<Spec>& specs, int base) {
-        std::vector<std::shared_ptr<CollectingSink>> sinks;
-        for (size_t i = 0; i < specs.size(); ++i) {
-          sinks.push_back(std::make_shared<CollectingSink>());
-          CHECK_OK((*engine)->Submit(WorkloadRequest(specs[i], base + i, sinks.back())).status());
-        }
-        std::vector<std::vector<int32_t>> out;
-        for (auto& sink : sinks) {
-          FinishInfo info;
-          out.push_back(sink->Wait(&info));
-          EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
-        }
-        return out;
-      };
-      std::vector<std::vector<int32_t>> out = turn(first, 0);
+      std::vector<std::vector<int32_t>> out = ServeWorkload(**engine, first, 0);
       std::vector<Spec> second = first;
       for (size_t i = 0; i < second.size(); ++i) {
         second[i].prompt.insert(second[i].prompt.end(), out[i].begin(), out[i].end());
@@ -469,7 +443,7 @@ TEST(WindowReleaseTest, RandomConversationsGiveTheTokensOfKeepingThem) {
         second[i].max_new_tokens = 12;
       }
       const uint64_t before = (*engine)->Stats().prefix_cache_hits_total;
-      std::vector<std::vector<int32_t>> out2 = turn(second, 10);
+      std::vector<std::vector<int32_t>> out2 = ServeWorkload(**engine, second, 10);
       EXPECT_TRUE((*engine)->WaitIdle(absl::Seconds(10)));
       *turn2_hits = (*engine)->Stats().prefix_cache_hits_total - before;
       out.insert(out.end(), out2.begin(), out2.end());
