@@ -265,7 +265,6 @@ struct CachedPrefix {
   int64_t blocks = 0;       // device blocks
   int32_t runs = 0;         // ... in how many runs (and one per stretch of host blocks between)
   int64_t idle = 0;         // ... of them idle
-  int64_t host_blocks = 0;  // host blocks (brought back into new device blocks)
 };
 
 class Engine {

@@ -741,11 +741,9 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
     runs += more;
   }
   m.runs = runs;
+  // (Host blocks need new device blocks: they count among the blocks a prompt still needs.)
   for (const PrefixBlock& b : prefix_match_) {
-    if (b.block < 0) continue;
-    if (b.tier == KvTier::kHost) {
-      ++m.host_blocks;
-    } else {
+    if (b.tier == KvTier::kDevice && b.block >= 0) {
       ++m.blocks;
       m.idle += pager_->IdleCached(b.block);
     }
