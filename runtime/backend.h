@@ -129,6 +129,12 @@ struct PrefillChunk {
   bool all_logits = false;
   // The LoRA adapter the chunk's rows run with (see StepDescriptor::adapter); -1: none.
   int32_t adapter = -1;
+  // Embeddings (Backend::returns_hidden): when non-null, the final norm's output (what lm_head
+  // multiplies) of each of the chunk's rows [hidden_begin, hidden_end) is added to
+  // hidden[0, hidden_size). Null: nothing is written.
+  float* hidden = nullptr;
+  int32_t hidden_begin = 0;
+  int32_t hidden_end = 0;
 };
 
 struct LoraAdapter;  // model/lora.h
@@ -161,6 +167,8 @@ class Backend {
                                        const StepDescriptor& step, float* logits);
   // Whether Prefill and DecodeWithChunk honour PrefillChunk::all_logits (prompt logprobs).
   virtual bool computes_all_logits() const { return false; }
+  // Whether Prefill and DecodeWithChunk honour PrefillChunk::hidden (embeddings).
+  virtual bool returns_hidden() const { return false; }
   // Whether this chunk can ride in the decode pass (a backend with fixed shapes may take only
   // chunks whose run table fits its graph); the engine runs the others apart.
   virtual bool CanFuse(const PrefillChunk& chunk) const { return fuses_prefill(); }

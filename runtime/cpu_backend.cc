@@ -354,6 +354,12 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
     return absl::InvalidArgumentError(absl::StrCat("prefill chunk of slot ", chunk.slot));
   }
   RETURN_IF_ERROR(CheckAdapter(chunk.adapter, "prefill chunk"));
+  if (chunk.hidden != nullptr &&
+      (chunk.hidden_begin < 0 || chunk.hidden_begin > chunk.hidden_end || chunk.hidden_end > n)) {
+    return absl::InvalidArgumentError(absl::StrCat("prefill chunk of ", n, " tokens: hidden rows [",
+                                                   chunk.hidden_begin, ", ", chunk.hidden_end,
+                                                   ")"));
+  }
   for (int32_t i = 0; i < n; ++i) {
     const int32_t summaries = chunk.far.SummariesAt(chunk.start + i, options_.kv_block_tokens);
     RETURN_IF_ERROR(CheckFarHistory(chunk.far, chunk.far_dropped, summaries, chunk.start));
@@ -361,6 +367,12 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
                      chunk.slot, chunk.far_dropped, summaries, chunk.adapter};
   }
   return n;
+}
+
+void CpuBackend::AddChunkHidden(const PrefillChunk& chunk) {
+  if (chunk.hidden != nullptr) {
+    ranks_[0]->AddFinalHidden(chunk.hidden_begin, chunk.hidden_end, chunk.hidden);
+  }
 }
 
 void CpuBackend::ScatterLogits(int32_t first, int32_t n, float* logits) const {
@@ -384,6 +396,7 @@ absl::Status CpuBackend::Prefill(const PrefillChunk& chunk, float* last_logits) 
   // The rows whose logits come back: the last, every one (all_logits), or none.
   const int32_t first = !last_logits ? n : chunk.all_logits ? 0 : n - 1;
   RETURN_IF_ERROR(Forward(n, first));
+  AddChunkHidden(chunk);
   if (last_logits) {
     std::memcpy(last_logits, logits_.data(),
                 static_cast<size_t>(n - first) * config_.vocab_size * sizeof(float));
@@ -408,6 +421,7 @@ absl::Status CpuBackend::DecodeWithChunk(const PrefillChunk& chunk, float* last_
   }
   const int32_t first = !last_logits ? c : chunk.all_logits ? 0 : c - 1;
   RETURN_IF_ERROR(Forward(c + d, first));
+  AddChunkHidden(chunk);  // (the chunk's rows come first)
   if (last_logits) {
     std::memcpy(last_logits, logits_.data(),
                 static_cast<size_t>(c - first) * config_.vocab_size * sizeof(float));

@@ -93,6 +93,7 @@ class CpuBackend : public Backend {
   absl::Status SetLoraAdapter(int32_t index,
                               std::shared_ptr<const PreparedLoraAdapter> adapter) override;
   bool computes_all_logits() const override { return true; }
+  bool returns_hidden() const override { return true; }
   // The panel kernels convert activation rows in L2-sized blocks of whole 16-row groups, one
   // group for the widest matrices (FFN down at 3072 columns and up; every matrix of a model of
   // 4096 hidden): up to 16 rows every weight is streamed once.
@@ -132,6 +133,9 @@ class CpuBackend : public Backend {
   absl::StatusOr<int32_t> DecodeRows(const StepDescriptor& step, CpuRow* rows,
                                      int32_t* logit_row) const;
   absl::StatusOr<int32_t> ChunkRows(const PrefillChunk& chunk, CpuRow* rows) const;
+  // After the pass over a chunk's rows: its PrefillChunk::hidden rows (rank 0's residual
+  // stream; every rank holds it whole).
+  void AddChunkHidden(const PrefillChunk& chunk);
   // Copies logits_ rows [first, first + n) to their rows (logit_row_[0, n)) of `logits`.
   void ScatterLogits(int32_t first, int32_t n, float* logits) const;
   // Runs every rank's forward over rows_[0, n) (logits for rows [first_logit_row, n)).

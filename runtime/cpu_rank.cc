@@ -553,6 +553,16 @@ absl::Status CpuRank::Experts(int32_t layer, int32_t n) {
   return absl::OkStatus();
 }
 
+void CpuRank::AddFinalHidden(int32_t begin, int32_t end, float* out) {
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const float offset = static_cast<float>(config_.norm_weight_offset);
+  for (int32_t i = begin; i < end; ++i) {
+    // h_ holds at least one row, free between passes.
+    RmsNorm(&x_[i * d_], w_.final_norm, d_, eps, h_.data(), offset);
+    for (int64_t c = 0; c < d_; ++c) out[c] += h_[c];
+  }
+}
+
 absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row,
                               float* logits) {
   const CpuIsa isa = ActiveCpuIsa();

@@ -66,6 +66,9 @@ class CpuRank {
   // vocabulary slice of the logits: logits[(i - first_logit_row) * vocab + v] for v in
   // [vocab_begin, vocab_begin + share). Ranks write disjoint slices of the same buffer.
   absl::Status Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row, float* logits);
+  // After a Forward over at least `end` rows: adds the final norm's output of each row in
+  // [begin, end) (the residual stream is whole on every rank) to out[0, hidden_size).
+  void AddFinalHidden(int32_t begin, int32_t end, float* out);
 
   KvPool* kv_pool() { return pool_.get(); }
   // Far history on: `summaries` is this rank's summary store, a pool whose "block" s is slot s's

@@ -29,6 +29,20 @@ const char* FinishReasonName(FinishReason reason) {
   return "unknown";
 }
 
+const char* PoolingName(Pooling pooling) {
+  switch (pooling) {
+    case Pooling::kNone:
+      return "none";
+    case Pooling::kLast:
+      return "last";
+    case Pooling::kMean:
+      return "mean";
+    case Pooling::kCls:
+      return "cls";
+  }
+  return "unknown";
+}
+
 const char* KvModeName(KvMode mode) { return mode == KvMode::kStatic ? "static" : "kvrm"; }
 
 const char* SlotStateName(SlotState state) {
@@ -463,6 +477,13 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
   if (request->prompt_logprobs >= 0 && !backend_->computes_all_logits()) {
     return absl::InvalidArgumentError(
         "prompt_logprobs: this device does not return a prompt's logits (the CPU device does)");
+  }
+  if (request->pooling != Pooling::kNone && !backend_->returns_hidden()) {
+    return absl::InvalidArgumentError(
+        "pooling: this device does not return hidden states for embeddings (the CPU device does)");
+  }
+  if (request->pooling != Pooling::kNone && request->prompt_logprobs >= 0) {
+    return absl::InvalidArgumentError("prompt_logprobs: not with an embedding (pooling)");
   }
   if (request->lora_adapter < -1 || request->lora_adapter >= max_loras()) {
     return absl::InvalidArgumentError(absl::StrCat("lora_adapter: slot ", request->lora_adapter,
@@ -927,7 +948,10 @@ bool Engine::Step() {
     // Logits only where a token is sampled: the end of a fresh prompt (a recomputed history
     // resumes with the token it had already sampled).
     // (And every row's, for a prompt being scored.)
-    work.chunk_logits = (chunk_last_ && slots_[chunk_slot_].generated == 0) || chunk_.all_logits
+    // (None for an embedding: it samples nothing.)
+    const Slot& s = slots_[chunk_slot_];
+    work.chunk_logits = (chunk_last_ && s.generated == 0 && s.request->pooling == Pooling::kNone) ||
+                                chunk_.all_logits
                             ? chunk_logits_.data()
                             : nullptr;
   }

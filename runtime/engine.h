@@ -367,6 +367,11 @@ class Engine {
     // GenerationRequest::prompt_logprobs: the prompt tokens scored so far (sent with the first
     // token).
     std::vector<TokenLogprobs> prompt_logprobs;
+    // Embeddings (GenerationRequest::pooling): the sum of the pooled rows' final hidden states
+    // ([hidden_size], allocated once), and how many prompt rows it holds (a chunk redone after
+    // a pause adds none twice).
+    std::vector<float> pooled;
+    int32_t pooled_rows = 0;
     bool swapped = false;    // paused with its KV in the host tier (else dropped: recompute)
     uint64_t resumed_step = 0;  // the step it was last resumed for
     int64_t reserve_blocks = 0;  // blocks admission set aside (kPromptAndOutput)
@@ -436,6 +441,12 @@ class Engine {
   // Whether the slot's request still needs its prompt's logits (prompt logprobs not yet sent):
   // its prompt is prefilled with every row's logits and never from the prefix cache.
   bool ScoresPrompt(int32_t slot) const;
+  // Whether `request` needs every prompt row's output (prompt logprobs; mean or first-token
+  // pooling): it is matched against the prefix cache with no runs, so prefilled whole.
+  static bool NeedsEveryPromptRow(const GenerationRequest& request) {
+    return request.prompt_logprobs >= 0 || request.pooling == Pooling::kMean ||
+           request.pooling == Pooling::kCls;
+  }
   // Speculative decoding: the acceptance probability above which one more draft row pays for
   // its share of a pass of `rows` decode rows (0 until the pass's cost was measured at
   // different sizes).

@@ -204,7 +204,11 @@ void Engine::ResumePaused() {
     // (A prompt being scored is prefilled whole: its tokens need their logits. Matching with
     // no runs still clears what an earlier match left for AttachCachedPrefix below.)
     const CachedPrefix prefix = MatchCachedPrefix(
-        s.history, s.swapped || ScoresPrompt(pick) ? 0 : runs - 1, s.request->cache_salt);
+        s.history,
+        s.swapped || ScoresPrompt(pick) || (s.generated == 0 && NeedsEveryPromptRow(*s.request))
+            ? 0
+            : runs - 1,
+        s.request->cache_salt);
     need -= prefix.blocks;
     if (pager_->free_device_blocks() - prefix.idle < need + headroom) return;
     if (s.swapped) {
@@ -259,7 +263,7 @@ void Engine::Admit(absl::Time now) {
     int64_t reserve_blocks = 0;
     // Leaves the match in prefix_match_ for AttachCachedPrefix below.
     // (A prompt to be scored matches nothing: max_runs 0.)
-    const int32_t match_runs = (*best)->prompt_logprobs >= 0 ? 0 : options_.max_runs;
+    const int32_t match_runs = NeedsEveryPromptRow(**best) ? 0 : options_.max_runs;
     CachedPrefix prefix =
         MatchCachedPrefix((*best)->prompt, match_runs, (*best)->cache_salt, /*host=*/true);
     if (pager_) {
@@ -367,6 +371,11 @@ void Engine::Admit(absl::Time now) {
     slot.grammar_state = req.grammar ? req.grammar->start() : 0;
     slot.drafts_verified = slot.drafts_accepted = 0;
     slot.prompt_logprobs.clear();
+    slot.pooled_rows = 0;
+    if (req.pooling != Pooling::kNone) {
+      slot.pooled.resize(model_->config.hidden_size);  // (allocated by the slot's first)
+      std::fill(slot.pooled.begin(), slot.pooled.end(), 0.0f);
+    }
     if (req.prompt_logprobs >= 0) {
       // Entry 0 (the first prompt token) has no score; the others come chunk by chunk.
       slot.prompt_logprobs.reserve(req.prompt.size());
@@ -905,6 +914,28 @@ bool Engine::PickPrefillChunk() {
   chunk_last_ = slot.prefilled + n == total;
   chunk_.all_logits = ScoresPrompt(pick);
   chunk_.adapter = slot.request->lora_adapter;
+  // Embeddings: the rows the pooling takes (kLast: the prompt's last; kMean: every row not yet
+  // summed; kCls: the first).
+  chunk_.hidden = nullptr;
+  chunk_.hidden_begin = chunk_.hidden_end = 0;
+  if (slot.request->pooling != Pooling::kNone) {
+    const int32_t start = slot.prefilled;
+    switch (slot.request->pooling) {
+      case Pooling::kLast:
+        if (chunk_last_) chunk_.hidden_begin = n - 1, chunk_.hidden_end = n;
+        break;
+      case Pooling::kMean:
+        chunk_.hidden_begin = std::clamp(slot.pooled_rows - start, 0, n);
+        chunk_.hidden_end = n;
+        break;
+      case Pooling::kCls:
+        chunk_.hidden_end = start == 0 && slot.pooled_rows == 0 ? 1 : 0;
+        break;
+      case Pooling::kNone:
+        break;
+    }
+    if (chunk_.hidden_end > chunk_.hidden_begin) chunk_.hidden = slot.pooled.data();
+  }
   if (bounded_slots()) chunk_.far_dropped = pager_->Dropped(pick);
   if (pager_ && pager_->NumRuns(pick) > d.max_runs) {
     // The run table is wider than the descriptor row: the CPU prefill reads runs through the
@@ -981,7 +1012,26 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
           slot.history[target], top)));
     }
   }
+  if (chunk_.hidden != nullptr) {
+    if (slot.request->pooling == Pooling::kLast) {
+      // (Only the last chunk's last row: nothing else was added.)
+      slot.pooled_rows = slot.prefilled;
+    } else {
+      slot.pooled_rows = std::max(slot.pooled_rows, chunk_.start + chunk_.hidden_end);
+    }
+  }
   if (!chunk_last_) return;
+  if (slot.request->pooling != Pooling::kNone) {
+    // An embedding ends here: its pooled state, nothing sampled.
+    StreamChunk last;
+    last.embedding = slot.pooled;
+    if (slot.request->pooling == Pooling::kMean) {
+      const float inv = 1.0f / static_cast<float>(slot.request->prompt.size());
+      for (float& v : last.embedding) v *= inv;
+    }
+    FinishSlot(pick, FinishReason::kStop, std::move(last), "", "");
+    return;
+  }
   SetState(pick, SlotState::kDecoding);
   if (slot.generated > 0) return;  // a recomputed history: decoding resumes with next_token
   // The last row's logits give the first token.

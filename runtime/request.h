@@ -51,6 +51,9 @@ struct StreamChunk {
   // distribution (no temperature or penalties). Entry 0 has no score (nothing precedes it):
   // logprob 0, no alternatives.
   std::vector<TokenLogprobs> prompt_logprobs;
+  // GenerationRequest::pooling (an embedding request; on its only chunk, the last): the pooled
+  // final hidden state, [hidden_size], as the model computed it (not normalized).
+  std::vector<float> embedding;
 };
 
 struct FinishInfo {
@@ -73,6 +76,14 @@ class RequestSink {
   virtual void OnChunk(StreamChunk chunk) = 0;
   virtual void OnFinished(StreamChunk last, const FinishInfo& info) = 0;
 };
+
+// How an embedding request pools the final norm's output over its prompt (sentence-transformers'
+// pooling modes, vLLM's PoolingType): kLast, the last token's (decoder embedding models:
+// e5-mistral, gte-Qwen2, Qwen3-Embedding); kMean, the mean over every token; kCls, the first
+// token's.
+enum class Pooling : uint8_t { kNone, kLast, kMean, kCls };
+
+const char* PoolingName(Pooling pooling);
 
 struct GenerationRequest {
   std::string request_id;
@@ -112,6 +123,12 @@ struct GenerationRequest {
   // end-of-sequence tokens are allowed only where the text is a whole match, and the completion
   // ends (kStop) as soon as no token can follow. Shared, immutable (runtime/structured).
   std::shared_ptr<const structured::Grammar> grammar;
+  // An embedding request (kNone: generation): the prompt is prefilled, no token is sampled, and
+  // the request ends (kStop, no completion tokens) with its pooled hidden state in the last
+  // chunk's `embedding` (Engine::returns_hidden; a device that does not is INVALID_ARGUMENT).
+  // kMean and kCls need every prompt row's state: such a prompt is prefilled whole, without the
+  // prefix cache; kLast takes cached blocks as a generation prompt does.
+  Pooling pooling = Pooling::kNone;
   absl::Time arrival;
   std::shared_ptr<RequestSink> sink;
 };

@@ -660,6 +660,22 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
 
 std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_t> tokens,
                                                          const FarHistory& far) const {
+  std::vector<std::vector<double>> logits = FinalHidden(tokens, far);
+  for (std::vector<double>& row : logits) {
+    row = Linear(lm_head_, row);
+    // Granite divides by logits_scaling; Gemma 2 soft-caps (no model does both).
+    for (double& v : row) v = SoftCap(v / config_.logits_scaling, config_.final_logit_softcapping);
+  }
+  return logits;
+}
+
+std::vector<std::vector<double>> ReferenceLlama::FinalHidden(
+    absl::Span<const int32_t> tokens) const {
+  return FinalHidden(tokens, FarHistory{});
+}
+
+std::vector<std::vector<double>> ReferenceLlama::FinalHidden(absl::Span<const int32_t> tokens,
+                                                             const FarHistory& far) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t d = config_.hidden_size, hd = config_.head_dim;
   const int64_t heads = config_.num_attention_heads, kv_heads = config_.num_key_value_heads;
@@ -821,15 +837,9 @@ std::vector<std::vector<double>> ReferenceLlama::Forward(absl::Span<const int32_
   while (min_margin < recorded &&
          !min_routing_margin_.compare_exchange_weak(recorded, min_margin)) {
   }
-  std::vector<std::vector<double>> logits(n);
-  for (int64_t t = 0; t < n; ++t) {
-    logits[t] = Linear(lm_head_, RmsNorm(x[t], final_norm_));
-    // Granite divides by logits_scaling; Gemma 2 soft-caps (no model does both).
-    for (double& v : logits[t]) {
-      v = SoftCap(v / config_.logits_scaling, config_.final_logit_softcapping);
-    }
-  }
-  return logits;
+  std::vector<std::vector<double>> hidden(n);
+  for (int64_t t = 0; t < n; ++t) hidden[t] = RmsNorm(x[t], final_norm_);
+  return hidden;
 }
 
 }  // namespace kvrm

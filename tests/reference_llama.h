@@ -115,6 +115,12 @@ class ReferenceLlama {
   std::vector<std::vector<double>> Forward(absl::Span<const int32_t> tokens,
                                            const FarHistory& far) const;
 
+  // The final norm's output after each token (what lm_head multiplies; the hidden states an
+  // embedding pools, as Hugging Face's base model returns them): [T][hidden].
+  std::vector<std::vector<double>> FinalHidden(absl::Span<const int32_t> tokens) const;
+  std::vector<std::vector<double>> FinalHidden(absl::Span<const int32_t> tokens,
+                                               const FarHistory& far) const;
+
   const LlamaConfig& config() const { return config_; }
 
   // The smallest gap, over every token and MoE layer of every Forward since construction, between

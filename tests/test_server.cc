@@ -86,6 +86,7 @@ void CollectingSink::Add(StreamChunk& c) {
   prompt_logprob_chunks_ += !c.prompt_logprobs.empty();
   stream_.prompt_logprobs.insert(stream_.prompt_logprobs.end(), c.prompt_logprobs.begin(),
                                  c.prompt_logprobs.end());
+  if (!c.embedding.empty()) stream_.embedding = c.embedding;
 }
 
 void CollectingSink::OnChunk(StreamChunk chunk) {

@@ -1,0 +1,189 @@
+// Embeddings (GenerationRequest::pooling): a prompt's final hidden states pooled (last token,
+// mean, first token) against the float64 reference Llama's final-norm output; prefilled in
+// chunks, beside decoding requests whose tokens they do not change; last-token pooling from the
+// prefix cache, mean pooling never; under tensor parallelism; and what is refused.
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "gtest/gtest.h"
+#include "runtime/engine.h"
+#include "runtime/model_bundle.h"
+#include "tests/reference_llama.h"
+#include "tests/test_server.h"
+
+namespace kvrm {
+namespace {
+
+struct Embedded {
+  std::vector<float> embedding;
+  std::vector<int32_t> tokens;
+  FinishInfo info;
+};
+
+std::shared_ptr<CollectingSink> Submit(Engine& engine, const std::vector<int32_t>& prompt,
+                                       Pooling pooling, int32_t max_new_tokens = 1) {
+  auto r = std::make_unique<GenerationRequest>();
+  r->request_id = "embed";
+  r->prompt = prompt;
+  r->max_new_tokens = max_new_tokens;
+  r->ignore_eos = true;
+  r->pooling = pooling;
+  r->arrival = absl::Now();
+  auto sink = std::make_shared<CollectingSink>();
+  r->sink = sink;
+  CHECK_OK(engine.Submit(std::move(r)).status());
+  return sink;
+}
+
+Embedded Read(CollectingSink& sink) {
+  Embedded out;
+  out.tokens = sink.Wait(&out.info);
+  out.embedding = sink.stream().embedding;
+  return out;
+}
+
+std::vector<double> Pool(const std::vector<std::vector<double>>& hidden, Pooling pooling) {
+  if (pooling == Pooling::kLast) return hidden.back();
+  if (pooling == Pooling::kCls) return hidden.front();
+  std::vector<double> mean(hidden[0].size(), 0.0);
+  for (const std::vector<double>& row : hidden) {
+    for (size_t c = 0; c < row.size(); ++c) mean[c] += row[c];
+  }
+  for (double& v : mean) v /= static_cast<double>(hidden.size());
+  return mean;
+}
+
+// |got - want| at most 1e-4 of want's largest magnitude, element by element (the final hidden
+// states agree to ~1e-6 of their scale on this model, as the logits do in forward_test); returns
+// that largest relative difference.
+double ExpectNear(const std::vector<float>& got, const std::vector<double>& want,
+                  const char* what) {
+  EXPECT_EQ(got.size(), want.size()) << what;
+  if (got.size() != want.size()) return 1;
+  double scale = 0, worst = 0;
+  for (double v : want) scale = std::max(scale, std::abs(v));
+  for (size_t c = 0; c < want.size(); ++c) worst = std::max(worst, std::abs(got[c] - want[c]));
+  EXPECT_GT(scale, 0.0) << what;
+  EXPECT_LE(worst, 1e-4 * scale) << what;
+  std::printf("%s: max |embedding - float64 reference| %.2e of scale %.3f\n", what, worst, scale);
+  return worst / scale;
+}
+
+class EmbeddingTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    model_ = LoadTinyModel();
+    absl::StatusOr<std::unique_ptr<ReferenceLlama>> ref =
+        ReferenceLlama::Create(model_->config, *model_->files);
+    CHECK_OK(ref.status());
+    ref_ = ref->release();
+  }
+  static void TearDownTestSuite() {
+    delete ref_;
+    delete model_;
+  }
+  static std::vector<int32_t> RandomPrompt(std::mt19937& rng, size_t n) {
+    std::vector<int32_t> p(n);
+    for (int32_t& t : p) t = static_cast<int32_t>(rng() % model_->config.vocab_size);
+    return p;
+  }
+  static ModelBundle* model_;
+  static ReferenceLlama* ref_;
+};
+ModelBundle* EmbeddingTest::model_ = nullptr;
+ReferenceLlama* EmbeddingTest::ref_ = nullptr;
+
+TEST_F(EmbeddingTest, EachPoolingIsTheFloat64ReferencesBesideDecodingRequests) {
+  std::mt19937 rng(31);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 87);  // three chunks of 32
+  const std::vector<std::vector<double>> hidden = ref_->FinalHidden(prompt);
+  ASSERT_EQ(hidden.size(), prompt.size());
+  ASSERT_EQ(static_cast<int32_t>(hidden[0].size()), model_->config.hidden_size);
+
+  EngineOptions o;
+  o.slots = 3;
+  o.threads = 2;
+  o.prefill_chunk = 32;
+  o.block_tokens = 16;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  (*engine)->Start();
+  const std::vector<int32_t> other = RandomPrompt(rng, 40);
+  const std::vector<int32_t> alone = Read(*Submit(**engine, other, Pooling::kNone, 30)).tokens;
+  ASSERT_EQ(alone.size(), 30u);
+  for (Pooling pooling : {Pooling::kLast, Pooling::kMean, Pooling::kCls}) {
+    // A request decoding alongside: the embedding's chunks ride in its decode passes.
+    auto beside_sink = Submit(**engine, other, Pooling::kNone, 30);
+    const Embedded e = Read(*Submit(**engine, prompt, pooling));
+    EXPECT_EQ(Read(*beside_sink).tokens, alone) << PoolingName(pooling);
+    EXPECT_TRUE(e.tokens.empty()) << PoolingName(pooling);
+    EXPECT_EQ(e.info.reason, FinishReason::kStop);
+    EXPECT_EQ(e.info.completion_tokens, 0);
+    EXPECT_EQ(e.info.prompt_tokens, static_cast<int32_t>(prompt.size()));
+    ExpectNear(e.embedding, Pool(hidden, pooling), PoolingName(pooling));
+  }
+  // Last-token pooling takes the cached prompt (the last block is prefilled) and gives the same
+  // vector; mean pooling needs every row, so never takes it.
+  const Embedded cached = Read(*Submit(**engine, prompt, Pooling::kLast));
+  EXPECT_GT(cached.info.cached_prompt_tokens, 0);
+  ExpectNear(cached.embedding, hidden.back(), "last, from the prefix cache");
+  const Embedded mean = Read(*Submit(**engine, prompt, Pooling::kMean));
+  EXPECT_EQ(mean.info.cached_prompt_tokens, 0);
+  ExpectNear(mean.embedding, Pool(hidden, Pooling::kMean), "mean, again");
+  // A one-token prompt: every pooling is that token's state.
+  const std::vector<std::vector<double>> one = ref_->FinalHidden({prompt[0]});
+  for (Pooling pooling : {Pooling::kLast, Pooling::kMean, Pooling::kCls}) {
+    ExpectNear(Read(*Submit(**engine, {prompt[0]}, pooling)).embedding, one[0], "one token");
+  }
+  ASSERT_TRUE((*engine)->WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ((*engine)->Stats().kv.blocks_used, 0);  // (every slot's blocks given back)
+}
+
+TEST_F(EmbeddingTest, ManyAtOnceUnderTensorParallelismEachGetsItsOwn) {
+  std::mt19937 rng(5);
+  EngineOptions o;
+  o.slots = 4;
+  o.threads = 2;
+  o.tensor_parallel = 2;
+  o.prefill_chunk = 48;
+  o.block_tokens = 16;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  (*engine)->Start();
+  std::vector<std::vector<int32_t>> prompts;
+  std::vector<std::shared_ptr<CollectingSink>> sinks;
+  for (int i = 0; i < 10; ++i) {
+    prompts.push_back(RandomPrompt(rng, 5 + rng() % 120));
+    sinks.push_back(Submit(**engine, prompts.back(), i % 2 ? Pooling::kMean : Pooling::kLast));
+  }
+  for (int i = 0; i < 10; ++i) {
+    const Embedded e = Read(*sinks[i]);
+    ExpectNear(e.embedding,
+               Pool(ref_->FinalHidden(prompts[i]), i % 2 ? Pooling::kMean : Pooling::kLast),
+               i % 2 ? "tp 2, mean" : "tp 2, last");
+  }
+}
+
+TEST_F(EmbeddingTest, WithPromptLogprobsIsRefused) {
+  EngineOptions o;
+  o.slots = 1;
+  o.threads = 2;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, o);
+  ASSERT_TRUE(engine.ok()) << engine.status();
+  auto r = std::make_unique<GenerationRequest>();
+  r->prompt = {1, 2, 3};
+  r->pooling = Pooling::kMean;
+  r->prompt_logprobs = 0;
+  r->sink = std::make_shared<CollectingSink>();
+  const absl::Status st = (*engine)->Submit(std::move(r)).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_NE(st.message().find("prompt_logprobs"), std::string::npos) << st;
+}
+
+}  // namespace
+}  // namespace kvrm
