@@ -340,6 +340,8 @@ const char* HttpRouteName(HttpRoute route) {
       return "lora_adapters";
     case HttpRoute::kResponses:
       return "responses";
+    case HttpRoute::kEmbeddings:
+      return "embeddings";
     case HttpRoute::kOther:
       break;
   }

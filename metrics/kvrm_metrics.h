@@ -64,9 +64,10 @@ enum class HttpRoute {
   kVersion,       // /version
   kLoraAdapters,  // /v1/load_lora_adapter, /v1/unload_lora_adapter
   kResponses,     // /v1/responses
+  kEmbeddings,    // /v1/embeddings
   kOther,         // unknown paths
 };
-constexpr int kHttpRoutes = 11;
+constexpr int kHttpRoutes = 12;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
 
 class HttpApiMetrics {

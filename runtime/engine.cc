@@ -43,6 +43,14 @@ const char* PoolingName(Pooling pooling) {
   return "unknown";
 }
 
+absl::StatusOr<Pooling> ParsePooling(std::string_view name) {
+  for (Pooling p : {Pooling::kLast, Pooling::kMean, Pooling::kCls}) {
+    if (name == PoolingName(p)) return p;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("pooling: ", std::string(name), " is not last, mean or cls"));
+}
+
 const char* KvModeName(KvMode mode) { return mode == KvMode::kStatic ? "static" : "kvrm"; }
 
 const char* SlotStateName(SlotState state) {

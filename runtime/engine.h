@@ -339,6 +339,8 @@ class Engine {
   // The block formats the backend multiplies linear weights in (Backend::weight_quantization).
   std::string weight_quantization() const { return backend_->weight_quantization(); }
   bool samples_on_device() const { return device_sampling_; }
+  // Whether embedding requests are served (GenerationRequest::pooling; Backend::returns_hidden).
+  bool returns_hidden() const { return backend_->returns_hidden(); }
   // The resolved far-history policy, in blocks (all zero: off).
   const FarHistoryShape& far_history() const { return far_; }
   const ModelBundle& model() const { return *model_; }

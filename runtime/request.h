@@ -9,6 +9,7 @@
 #include <string_view>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/siphash.h"
 #include "runtime/sampler.h"
@@ -84,6 +85,8 @@ class RequestSink {
 enum class Pooling : uint8_t { kNone, kLast, kMean, kCls };
 
 const char* PoolingName(Pooling pooling);
+// "last", "mean" or "cls" (PoolingName's); INVALID_ARGUMENT otherwise.
+absl::StatusOr<Pooling> ParsePooling(std::string_view name);
 
 struct GenerationRequest {
   std::string request_id;

@@ -438,6 +438,166 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finished_ = false;                     // guarded by mu_: Finish called or about to be
 };
 
+// Embed's call: one engine request per input, the reply sent when the last has ended. It holds
+// a reference for gRPC until OnDone, one per input until the engine ends that input's request,
+// and one for the thread that submits them while it does; the last one deletes it.
+class EmbedReactor final : public grpc::ServerUnaryReactor {
+ public:
+  EmbedReactor(Engine* engine, v1::EmbedResponse* response, const EmbedPlan& plan)
+      : engine_(engine),
+        response_(response),
+        dimensions_(plan.dimensions),
+        normalize_(plan.normalize),
+        handles_(plan.inputs.size(), 0),
+        pending_(static_cast<int32_t>(plan.inputs.size()) + 1) {
+    for (size_t i = 0; i < plan.inputs.size(); ++i) response_->add_embeddings();
+  }
+
+  class Sink final : public RequestSink {
+   public:
+    Sink(EmbedReactor* reactor, int32_t index) : reactor_(reactor), index_(index) {}
+    void OnChunk(StreamChunk) override {}
+    void OnFinished(StreamChunk last, const FinishInfo& info) override {
+      reactor_->Ended(index_, std::move(last), info);
+    }
+
+   private:
+    EmbedReactor* const reactor_;
+    const int32_t index_;
+  };
+
+  // Submits every input (on the gRPC thread). When the engine refuses one (a full queue, a
+  // drain, an adapter not served), those submitted are cancelled and the call ends with the
+  // refusal once they have.
+  void Start(grpc::CallbackServerContext* context, EmbedPlan plan, const std::string& id,
+             absl::Time arrival) {
+    const int32_t n = static_cast<int32_t>(plan.inputs.size());
+    int32_t submitted = 0;
+    for (; submitted < n; ++submitted) {
+      std::unique_ptr<GenerationRequest>& r = plan.inputs[submitted];
+      r->request_id = submitted == 0 ? id : absl::StrCat(id, "/", submitted);
+      r->arrival = arrival;
+      r->sink = std::make_shared<Sink>(this, submitted);
+      refs_.fetch_add(1);
+      // The call is admitted (or refused) as a whole: only its first input meets the queue
+      // bound and a drain, as Generate's n completions do.
+      absl::StatusOr<uint64_t> handle =
+          engine_->Submit(std::move(r), /*admitted_call=*/submitted > 0);
+      if (!handle.ok()) {
+        refs_.fetch_sub(1);  // (never submitted: no sink will end)
+        if (absl::IsResourceExhausted(handle.status())) {
+          context->AddTrailingMetadata("retry-after-ms", "1000");
+        }
+        std::lock_guard<std::mutex> lock(mu_);
+        status_ = ToGrpcStatus(handle.status());
+        cancelled_ = true;
+        break;
+      }
+      bool cancel;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        handles_[submitted] = *handle;
+        cancel = cancelled_;
+      }
+      if (cancel) engine_->Cancel(*handle);
+    }
+    if (submitted < n) CancelAll();
+    // The submitter's count, and the inputs never submitted.
+    Count(1 + n - submitted);
+    KVRM_GRPC_HANDOFF(this);
+  }
+
+  void OnCancel() override {
+    KVRM_GRPC_CALLBACK(this);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancelled_ = true;
+      if (status_.ok()) status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+    }
+    CancelAll();
+  }
+
+  void OnDone() override {
+    KVRM_GRPC_CALLBACK(this);
+    Unref();
+  }
+
+ private:
+  // On the engine thread: input `index` ended.
+  void Ended(int32_t index, StreamChunk last, const FinishInfo& info) {
+    bool cancel_rest = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (info.reason == FinishReason::kStop && !last.embedding.empty()) {
+        FinishEmbedding(dimensions_, normalize_, &last.embedding);
+        v1::Embedding* e = response_->mutable_embeddings(index);
+        e->mutable_values()->Assign(last.embedding.begin(), last.embedding.end());
+        e->set_prompt_tokens(info.prompt_tokens);
+        e->set_cached_prompt_tokens(info.cached_prompt_tokens);
+        response_->set_prompt_tokens(response_->prompt_tokens() + info.prompt_tokens);
+      } else if (status_.ok()) {
+        // The first input that failed decides the call's status; the rest are not needed.
+        const std::string which = absl::StrCat("inputs[", index, "]: ");
+        switch (info.reason) {
+          case FinishReason::kCancelled:
+            status_ = grpc::Status(grpc::StatusCode::CANCELLED, which + "cancelled");
+            break;
+          case FinishReason::kTimeLimit:
+            status_ = grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, which + "time limit");
+            break;
+          default:
+            status_ = grpc::Status(grpc::StatusCode::INTERNAL,
+                                   which + (info.error.empty() ? "no embedding" : info.error));
+        }
+        cancel_rest = !cancelled_;
+        cancelled_ = true;
+      }
+    }
+    if (cancel_rest) CancelAll();
+    Count(1);
+    Unref();
+  }
+
+  // `n` of the pending inputs (or the submitter) are done; the last one sends the reply.
+  void Count(int32_t n) {
+    grpc::Status status;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      pending_ -= n;
+      if (pending_ > 0) return;
+      status = status_;
+    }
+    if (!status.ok()) response_->Clear();
+    Finish(status);
+  }
+
+  void CancelAll() {
+    std::vector<uint64_t> handles;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      handles = handles_;
+    }
+    for (uint64_t h : handles) {
+      if (h != 0) engine_->Cancel(h);
+    }
+  }
+
+  void Unref() {
+    if (refs_.fetch_sub(1) == 1) delete this;
+  }
+
+  Engine* const engine_;
+  v1::EmbedResponse* const response_;  // gRPC's, until OnDone
+  const int32_t dimensions_;
+  const bool normalize_;
+  std::mutex mu_;
+  std::vector<uint64_t> handles_;  // guarded by mu_: [inputs], 0 until submitted
+  int32_t pending_;                // guarded by mu_: inputs not ended, + 1 while submitting
+  grpc::Status status_;            // guarded by mu_: the call's, OK until something failed
+  bool cancelled_ = false;         // guarded by mu_
+  std::atomic<int32_t> refs_{1};   // gRPC's (OnDone) and one per submitted input
+};
+
 namespace {
 
 grpc::ServerUnaryReactor* FinishUnary(grpc::CallbackServerContext* context,
@@ -669,6 +829,31 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   KVRM_GRPC_HANDOFF(reactor);
 }
 
+grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* context,
+                                             const v1::EmbedRequest* request,
+                                             v1::EmbedResponse* response) {
+  const absl::Time arrival = absl::Now();
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  if (!engine_->returns_hidden()) {
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                                             "Embed: this device does not return hidden states "
+                                             "(--device=cpu does)"));
+  }
+  absl::StatusOr<EmbedPlan> plan =
+      ValidateEmbedRequest(*request, *engine_->model().tokenizer, limits_, info_.pooling,
+                           info_.embedding_normalize, engine_->model().config.hidden_size);
+  if (!plan.ok()) return FinishUnary(context, ToGrpcStatus(plan.status()));
+  const std::string id = request->request_id().empty() ? absl::StrCat("emb-", next_id_.fetch_add(1))
+                                                       : request->request_id();
+  response->set_request_id(id);
+  response->set_pooling(plan->pooling == Pooling::kMean  ? v1::POOLING_MEAN
+                        : plan->pooling == Pooling::kCls ? v1::POOLING_CLS
+                                                         : v1::POOLING_LAST);
+  auto* reactor = new EmbedReactor(engine_, response, *plan);
+  reactor->Start(context, *std::move(plan), id, arrival);
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* KvrmService::Tokenize(grpc::CallbackServerContext* context,
                                                 const v1::TokenizeRequest* request,
                                                 v1::TokenizeResponse* response) {
@@ -742,6 +927,8 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_weight_quantization(engine_->weight_quantization());
   response->set_num_parameters(m.weights.num_parameters);
   response->set_num_active_parameters(m.weights.num_active_parameters);
+  if (engine_->returns_hidden()) response->set_pooling(PoolingName(info_.pooling));
+  response->set_embedding_normalize(info_.embedding_normalize);
   response->set_num_experts(c.num_experts);
   response->set_num_experts_per_tok(c.num_experts_per_tok);
   response->set_moe_intermediate_size(c.moe_intermediate_size);

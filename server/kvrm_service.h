@@ -29,6 +29,9 @@ struct ServiceInfo {
   int32_t tensor_parallel = 1;
   // The model's id in the HTTP API (kvrmd --served_model_name); a LoRA adapter may not take it.
   std::string served_model_name;
+  // Embed's defaults (kvrmd --pooling, --embedding_normalize; docs/api.md "Embeddings").
+  Pooling pooling = Pooling::kLast;
+  bool embedding_normalize = true;
 };
 
 class KvrmService final : public v1::Kvrm::CallbackService {
@@ -37,6 +40,9 @@ class KvrmService final : public v1::Kvrm::CallbackService {
 
   grpc::ServerWriteReactor<v1::GenerateResponse>* Generate(
       grpc::CallbackServerContext* context, const v1::GenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* context,
+                                  const v1::EmbedRequest* request,
+                                  v1::EmbedResponse* response) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
                                      const v1::TokenizeRequest* request,
                                      v1::TokenizeResponse* response) override;

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include "absl/flags/flag.h"
@@ -31,6 +32,7 @@
 #include "kernels/cpu/matmul.h"
 #include "metrics/http_server.h"
 #include "metrics/kvrm_metrics.h"
+#include "model/pooling_config.h"
 #include "runtime/engine.h"
 #include "runtime/kv_pool.h"
 #include "runtime/model_bundle.h"
@@ -203,6 +205,13 @@ ABSL_FLAG(bool, http_metrics, false,
 ABSL_FLAG(std::string, served_model_name, "",
           "the model's id in the HTTP API (requests' \"model\", /v1/models); default: the "
           "model directory's name");
+ABSL_FLAG(std::string, pooling, "",
+          "embeddings (Embed, POST /v1/embeddings): how a request without a pooling pools the "
+          "final hidden states: last, mean or cls; default: the model's sentence-transformers "
+          "files (modules.json), else last (decoder embedding models)");
+ABSL_FLAG(std::string, embedding_normalize, "",
+          "embeddings: true or false, whether vectors are scaled to unit length by default; "
+          "default: the model's (a Normalize module in modules.json), else true");
 ABSL_FLAG(std::string, log_level, "info", "info, warning or error");
 // Transport security and limits (docs/security.md).
 ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate chain: serve gRPC over TLS");
@@ -560,6 +569,41 @@ int Run() {
   so.info.served_model_name = absl::GetFlag(FLAGS_served_model_name).empty()
                                   ? (*model)->name
                                   : absl::GetFlag(FLAGS_served_model_name);
+  {
+    // Embed's defaults: the flags, else the model directory's sentence-transformers modules.
+    absl::StatusOr<std::optional<PoolingConfig>> st = LoadPoolingConfig(*dir);
+    const std::string pooling = absl::GetFlag(FLAGS_pooling);
+    const std::string normalize = absl::GetFlag(FLAGS_embedding_normalize);
+    if (!st.ok() && (pooling.empty() || normalize.empty())) {
+      std::fprintf(stderr, "kvrmd: %s (set --pooling and --embedding_normalize to serve it)\n",
+                   st.status().ToString().c_str());
+      return 1;
+    }
+    const std::optional<PoolingConfig> model_pooling = st.ok() ? *st : std::nullopt;
+    const std::string name = !pooling.empty() ? pooling
+                             : model_pooling  ? model_pooling->pooling
+                                              : "last";
+    absl::StatusOr<Pooling> parsed = ParsePooling(name);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "kvrmd: --pooling=%s: use last, mean or cls\n", name.c_str());
+      return 1;
+    }
+    so.info.pooling = *parsed;
+    if (normalize.empty()) {
+      so.info.embedding_normalize = model_pooling ? model_pooling->normalize : true;
+    } else if (normalize == "true" || normalize == "false") {
+      so.info.embedding_normalize = normalize == "true";
+    } else {
+      std::fprintf(stderr, "kvrmd: --embedding_normalize=%s: use true or false\n",
+                   normalize.c_str());
+      return 1;
+    }
+    if (model_pooling) {
+      LOG(INFO) << "embeddings: " << model_pooling->pooling << " pooling"
+                << (model_pooling->normalize ? ", normalized" : "") << " (" << model_pooling->source
+                << ")";
+    }
+  }
   absl::StatusOr<std::unique_ptr<KvrmServer>> server = KvrmServer::Start(engine->get(), so);
   if (!server.ok()) {
     std::fprintf(stderr, "kvrmd: %s\n", server.status().ToString().c_str());

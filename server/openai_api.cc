@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -910,6 +911,112 @@ std::string TokenizeReplyJson(const v1::TokenizeResponse& response, int32_t max_
   out["token_strs"] = token_strs ? OrderedJson(std::vector<std::string>(response.pieces().begin(),
                                                                         response.pieces().end()))
                                  : OrderedJson(nullptr);
+  return Dump(out);
+}
+
+absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
+  OpenAiEmbeddings out;
+  out.request.endpoint = OpenAiEndpoint::kCompletions;
+  ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(parsed, "model"));
+  if (model) out.request.model = *model;
+  const Json* input = Find(parsed, "input");
+  if (input == nullptr) return Bad("input", "is required");
+  // One input, or a list: strings, or token-id lists (a flat list of integers is one input).
+  auto add_text = [&](const Json& j) { out.embed.add_inputs()->set_text(j.get<std::string>()); };
+  auto add_ids = [&](const Json& j, const std::string& param) -> absl::Status {
+    v1::EmbedInput* in = out.embed.add_inputs();
+    for (size_t i = 0; i < j.size(); ++i) {
+      ASSIGN_OR_RETURN(std::optional<int64_t> id,
+                       IntegerOf(j[i], absl::StrCat(param, "[", i, "]")));
+      if (*id < INT32_MIN || *id > INT32_MAX) return Bad(param, "id out of range");
+      in->mutable_token_ids()->add_ids(static_cast<int32_t>(*id));
+    }
+    return absl::OkStatus();
+  };
+  if (input->is_string()) {
+    add_text(*input);
+  } else if (input->is_array() && !input->empty() && (*input)[0].is_number()) {
+    RETURN_IF_ERROR(add_ids(*input, "input"));
+  } else if (input->is_array()) {
+    if (input->empty()) return Bad("input", "is empty");
+    for (size_t i = 0; i < input->size(); ++i) {
+      const Json& item = (*input)[i];
+      const std::string param = absl::StrCat("input[", i, "]");
+      if (item.is_string()) {
+        add_text(item);
+      } else if (item.is_array()) {
+        RETURN_IF_ERROR(add_ids(item, param));
+      } else {
+        return WrongType(param, "a string or an array of token ids", item);
+      }
+    }
+  } else {
+    return WrongType("input", "a string, an array of strings or of token-id arrays", *input);
+  }
+  out.request.params["inputs"] = "input";
+  ASSIGN_OR_RETURN(std::optional<std::string> format, GetString(parsed, "encoding_format"));
+  if (format && *format != "float" && *format != "base64") {
+    return Bad("encoding_format", absl::StrCat("'", *format, "' is not float or base64"));
+  }
+  out.base64 = format && *format == "base64";
+  ASSIGN_OR_RETURN(std::optional<int32_t> dimensions, GetInt32(parsed, "dimensions"));
+  if (dimensions) {
+    if (*dimensions < 1) return Bad("dimensions", absl::StrCat(*dimensions, " is below 1"));
+    out.embed.set_dimensions(*dimensions);
+  }
+  out.request.params["dimensions"] = "dimensions";
+  ASSIGN_OR_RETURN(std::optional<bool> normalize, GetBool(parsed, "normalize"));
+  if (normalize) out.embed.set_normalize(*normalize);
+  ASSIGN_OR_RETURN(std::optional<bool> special, GetBool(parsed, "add_special_tokens"));
+  out.embed.set_skip_special_tokens(!special.value_or(true));
+  ASSIGN_OR_RETURN(std::optional<int32_t> truncate, GetInt32(parsed, "truncate_prompt_tokens"));
+  if (truncate) out.embed.set_truncate_prompt_tokens(*truncate);
+  out.request.params["truncate_prompt_tokens"] = "truncate_prompt_tokens";
+  ASSIGN_OR_RETURN(std::optional<int32_t> priority, GetInt32(parsed, "priority"));
+  if (priority) out.embed.set_priority(*priority);
+  out.request.params["priority"] = "priority";
+  ASSIGN_OR_RETURN(std::optional<std::string> salt, GetString(parsed, "cache_salt"));
+  if (salt) out.embed.set_cache_salt(*salt);
+  out.request.params["cache_salt"] = "cache_salt";
+  ASSIGN_OR_RETURN(std::optional<std::string> id, GetString(parsed, "request_id"));
+  if (id) out.embed.set_request_id(*id);
+  out.request.params["request_id"] = "request_id";
+  return out;
+}
+
+std::string EmbeddingsReplyJson(const v1::EmbedResponse& response, const std::string& model,
+                                int64_t created, bool base64) {
+  OrderedJson out;
+  out["id"] = response.request_id();
+  out["object"] = "list";
+  out["created"] = created;
+  out["model"] = model;
+  OrderedJson data = OrderedJson::array();
+  for (int i = 0; i < response.embeddings_size(); ++i) {
+    const auto& values = response.embeddings(i).values();
+    OrderedJson e;
+    e["object"] = "embedding";
+    e["index"] = i;
+    if (base64) {
+      // float32 little-endian, as numpy.frombuffer(base64.b64decode(s), dtype="float32") reads it.
+      std::string bytes(static_cast<size_t>(values.size()) * 4, '\0');
+      for (int j = 0; j < values.size(); ++j) {
+        uint32_t u;
+        std::memcpy(&u, &values[j], 4);
+        for (int b = 0; b < 4; ++b) bytes[4 * j + b] = static_cast<char>((u >> (8 * b)) & 0xff);
+      }
+      e["embedding"] = absl::Base64Escape(bytes);
+    } else {
+      OrderedJson v = OrderedJson::array();
+      for (float x : values) v.push_back(x);
+      e["embedding"] = std::move(v);
+    }
+    data.push_back(std::move(e));
+  }
+  out["data"] = std::move(data);
+  out["usage"] = {{"prompt_tokens", response.prompt_tokens()},
+                  {"total_tokens", response.prompt_tokens()}};
   return Dump(out);
 }
 

@@ -89,6 +89,22 @@ absl::StatusOr<OpenAiTokenize> ParseTokenizeRequest(absl::string_view body);
 std::string TokenizeReplyJson(const v1::TokenizeResponse& response, int32_t max_model_len,
                               bool token_strs);
 
+// OpenAI's POST /v1/embeddings: `input` (a string, an array of strings, an array of token ids,
+// or an array of those), `encoding_format` ("float" or "base64": each vector's float32 values,
+// little-endian, base64-encoded, as OpenAI's SDKs ask for by default), `dimensions`, `user`
+// (ignored); vLLM's `truncate_prompt_tokens`, `add_special_tokens` (default true) and
+// `normalize`; kvrm's `priority`, `cache_salt`, `request_id`.
+struct OpenAiEmbeddings {
+  v1::EmbedRequest embed;
+  bool base64 = false;
+  OpenAiRequest request;  // model, and the parameter names for errors
+};
+absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body);
+// {"id", "object": "list", "created", "model", "data": [{"object": "embedding", "index",
+// "embedding"}], "usage": {"prompt_tokens", "total_tokens"}}.
+std::string EmbeddingsReplyJson(const v1::EmbedResponse& response, const std::string& model,
+                                int64_t created, bool base64);
+
 // vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": "text"}.
 struct OpenAiDetokenize {
   v1::DetokenizeRequest detokenize;

@@ -101,6 +101,7 @@ HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
     return HttpRoute::kResponses;
   }
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) return HttpRoute::kModels;
+  if (path == "/v1/embeddings") return HttpRoute::kEmbeddings;
   if (path == "/tokenize") return HttpRoute::kTokenize;
   if (path == "/detokenize") return HttpRoute::kDetokenize;
   if (path == "/health" || path == "/ping") return HttpRoute::kHealth;
@@ -585,6 +586,11 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       if (!get) return use("GET");
       if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return Models(connection, path);
+    case HttpRoute::kEmbeddings:
+      if (!post) return use("POST");
+      if (upload->too_large) return too_large();
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
+      return Embeddings(connection, upload->body);
     case HttpRoute::kTokenize:
     case HttpRoute::kDetokenize:
       if (!post) return use("POST");
@@ -620,7 +626,8 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       connection, 404, "not_found_error",
       absl::StrCat("no route ", path,
                    ": try /v1/chat/completions, "
-                   "/v1/completions, /v1/responses, /v1/models, /tokenize, /detokenize, "
+                   "/v1/completions, /v1/responses, /v1/embeddings, /v1/models, /tokenize, "
+                   "/detokenize, "
                    "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
 }
 
@@ -741,6 +748,27 @@ int OpenAiHttpServer::Tokenize(MHD_Connection* connection, const std::string& bo
   return UnaryCall(connection, stub_.get(), &v1::Kvrm::Stub::Tokenize, parsed->tokenize,
                    parsed->request, [&](const v1::TokenizeResponse& r) {
                      return TokenizeReplyJson(r, options_.max_context, strs);
+                   });
+}
+
+int OpenAiHttpServer::Embeddings(MHD_Connection* connection, const std::string& body) {
+  absl::StatusOr<OpenAiEmbeddings> parsed = ParseEmbeddingsRequest(body);
+  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
+  const std::string& model = parsed->request.model;
+  if (std::optional<OpenAiError> e = WrongModel(model)) return ReplyError(connection, *e);
+  if (!model.empty() && model != options_.served_model_name) {
+    parsed->embed.set_lora_adapter(model);  // WrongModel let it through: an adapter's name
+  }
+  if (parsed->embed.request_id().empty()) {
+    if (const char* header = Header(connection, "X-Request-Id"); header != nullptr && *header) {
+      parsed->embed.set_request_id(header);
+    }
+  }
+  const std::string reply_model = model.empty() ? options_.served_model_name : model;
+  const int64_t created = absl::ToUnixSeconds(absl::Now());
+  return UnaryCall(connection, stub_.get(), &v1::Kvrm::Stub::Embed, parsed->embed, parsed->request,
+                   [&](const v1::EmbedResponse& r) {
+                     return EmbeddingsReplyJson(r, reply_model, created, parsed->base64);
                    });
 }
 

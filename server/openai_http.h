@@ -115,6 +115,8 @@ class OpenAiHttpServer {
   // POST /v1/completions, /v1/chat/completions and /v1/responses.
   int Generate(MHD_Connection* connection, HttpRoute route, const std::string& body);
   int Tokenize(MHD_Connection* connection, const std::string& body);
+  // POST /v1/embeddings: the service's Embed.
+  int Embeddings(MHD_Connection* connection, const std::string& body);
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): the service's
   // LoadLoraAdapter / UnloadLoraAdapter; 200 with a line of text, as vLLM replies.
   int LoraAdapterUpdate(MHD_Connection* connection, bool load, const std::string& body);

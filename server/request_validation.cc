@@ -618,5 +618,125 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   return r;
 }
 
-}  // namespace kvrm
+absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
+                                               const Tokenizer& tokenizer,
+                                               const RequestLimits& limits, Pooling default_pooling,
+                                               bool default_normalize, int32_t hidden_size) {
+  RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
+  EmbedPlan plan;
+  switch (proto.pooling()) {
+    case v1::POOLING_UNSPECIFIED:
+      plan.pooling = default_pooling;
+      break;
+    case v1::POOLING_LAST:
+      plan.pooling = Pooling::kLast;
+      break;
+    case v1::POOLING_MEAN:
+      plan.pooling = Pooling::kMean;
+      break;
+    case v1::POOLING_CLS:
+      plan.pooling = Pooling::kCls;
+      break;
+    default:
+      return Invalid("pooling", absl::StrCat("unknown value ", proto.pooling()));
+  }
+  plan.normalize = proto.has_normalize() ? proto.normalize() : default_normalize;
+  if (proto.dimensions() < 0 || proto.dimensions() > hidden_size) {
+    return Invalid("dimensions", absl::StrCat(proto.dimensions(), " is outside [1, hidden size = ",
+                                              hidden_size, "] (0: all)"));
+  }
+  plan.dimensions = proto.dimensions();
+  if (proto.inputs().empty()) return Invalid("inputs", "empty");
+  if (proto.inputs_size() > limits.max_embed_inputs) {
+    return Invalid("inputs",
+                   absl::StrCat(proto.inputs_size(), " inputs; at most ", limits.max_embed_inputs));
+  }
+  if (proto.priority() < -100 || proto.priority() > 100) {
+    return Invalid("priority", absl::StrCat(proto.priority(), " is outside [-100, 100]"));
+  }
+  if (proto.cache_salt().size() > 256) {
+    return Invalid("cache_salt", absl::StrCat(proto.cache_salt().size(), " bytes; at most 256"));
+  }
+  if (proto.lora_adapter().size() > 256) {
+    return Invalid("lora_adapter",
+                   absl::StrCat(proto.lora_adapter().size(), " bytes; at most 256"));
+  }
+  const int32_t k = proto.truncate_prompt_tokens();
+  if (k != 0 && k != -1 && (k < 1 || k >= limits.max_context)) {
+    return Invalid("truncate_prompt_tokens",
+                   absl::StrCat(k, " is outside [1, max context - 1 = ", limits.max_context - 1,
+                                "] (or -1: as many as the context holds)"));
+  }
+  const uint64_t salt = CacheSaltKey(proto.cache_salt());
+  int64_t bytes = 0;
+  for (int i = 0; i < proto.inputs_size(); ++i) {
+    const v1::EmbedInput& in = proto.inputs(i);
+    auto r = std::make_unique<GenerationRequest>();
+    std::string field;
+    switch (in.input_case()) {
+      case v1::EmbedInput::kText: {
+        field = absl::StrCat("inputs[", i, "].text");
+        if (in.text().empty()) return Invalid(field, "empty");
+        bytes += static_cast<int64_t>(in.text().size());
+        if (bytes > limits.max_prompt_bytes) {
+          return Invalid(field, absl::StrCat("the inputs' text exceeds the limit of ",
+                                             limits.max_prompt_bytes, " bytes"));
+        }
+        absl::StatusOr<std::vector<int32_t>> ids =
+            tokenizer.Encode(in.text(), !proto.skip_special_tokens());
+        if (!ids.ok()) return Invalid(field, std::string(ids.status().message()));
+        r->prompt = std::move(*ids);
+        if (r->prompt.empty()) return Invalid(field, "encodes to no tokens");
+        break;
+      }
+      case v1::EmbedInput::kTokenIds: {
+        field = absl::StrCat("inputs[", i, "].token_ids");
+        const auto& ids = in.token_ids().ids();
+        if (ids.empty()) return Invalid(field, "empty");
+        for (int j = 0; j < ids.size(); ++j) {
+          if (ids[j] < 0 || ids[j] >= limits.vocab_size) {
+            return Invalid(field,
+                           absl::StrCat("id ", ids[j], " at index ", j,
+                                        " is outside the vocabulary [0, ", limits.vocab_size, ")"));
+          }
+        }
+        r->prompt.assign(ids.begin(), ids.end());
+        break;
+      }
+      default:
+        return Invalid(absl::StrCat("inputs[", i, "]"), "set text or token_ids");
+    }
+    // The engine's context holds a prompt of max context - 1 tokens (room for the token it
+    // would sample; an embedding samples none, but takes its slot as a prompt does).
+    const int64_t fits = limits.max_context - 1;
+    const int64_t keep = k == -1 ? fits : k;
+    if (k != 0 && static_cast<int64_t>(r->prompt.size()) > keep) {
+      r->prompt.erase(r->prompt.begin(), r->prompt.end() - keep);
+    }
+    if (static_cast<int64_t>(r->prompt.size()) > fits) {
+      return Invalid(
+          field, absl::StrCat(r->prompt.size(), " tokens do not fit the max context of ",
+                              limits.max_context, " (truncate_prompt_tokens: -1 keeps the last ",
+                              fits, ")"));
+    }
+    r->pooling = plan.pooling;
+    r->max_new_tokens = 1;
+    r->priority = proto.priority();
+    r->cache_salt = salt;
+    r->lora_name = proto.lora_adapter();
+    plan.inputs.push_back(std::move(r));
+  }
+  return plan;
+}
 
+void FinishEmbedding(int32_t dimensions, bool normalize, std::vector<float>* v) {
+  if (dimensions > 0 && static_cast<size_t>(dimensions) < v->size()) v->resize(dimensions);
+  if (!normalize) return;
+  double sum = 0;
+  for (float x : *v) sum += static_cast<double>(x) * x;
+  if (sum <= 0) return;
+  const double inv = 1.0 / std::sqrt(sum);
+  for (float& x : *v) x = static_cast<float>(x * inv);
+}
+
+}  // namespace kvrm

@@ -30,6 +30,7 @@ struct RequestLimits {
   int32_t max_tools = 128;                 // chat.tools, and tool_calls per message
   int32_t max_tool_json_bytes = 64 << 10;  // one tool's parameters, one call's arguments,
                                            // template_kwargs
+  int32_t max_embed_inputs = 2048;         // EmbedRequest.inputs (OpenAI's bound)
 };
 
 // The prompt text of a chat prompt: its messages checked (INVALID_ARGUMENT naming
@@ -104,6 +105,25 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
     const ChatConfig* chat = nullptr, structured::ConstraintCompiler* structured = nullptr,
     structured::ConstraintSpec::Thinking* thinking = nullptr);
+
+// An EmbedRequest checked: one GenerationRequest per input (prompt, pooling, priority, salt,
+// adapter; request_id "<id>-<i>" once the caller sets `id`), and how the vectors are finished.
+struct EmbedPlan {
+  std::vector<std::unique_ptr<GenerationRequest>> inputs;
+  Pooling pooling = Pooling::kLast;
+  bool normalize = true;
+  int32_t dimensions = 0;  // 0: all
+};
+// INVALID_ARGUMENT naming the field ("inputs[2].token_ids", "dimensions"). The defaults are the
+// server's (ModelInfo.pooling, embedding_normalize); `hidden_size` bounds `dimensions`.
+absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
+                                               const Tokenizer& tokenizer,
+                                               const RequestLimits& limits, Pooling default_pooling,
+                                               bool default_normalize, int32_t hidden_size);
+
+// A pooled vector as the client gets it: its first `dimensions` components (0: all), then, with
+// `normalize`, divided by their L2 norm (computed in double; a zero vector stays zero).
+void FinishEmbedding(int32_t dimensions, bool normalize, std::vector<float>* v);
 
 }  // namespace kvrm
 

@@ -4,6 +4,7 @@
 // prefix cache, mean pooling never; under tensor parallelism; and what is refused.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -183,6 +184,174 @@ TEST_F(EmbeddingTest, WithPromptLogprobsIsRefused) {
   const absl::Status st = (*engine)->Submit(std::move(r)).status();
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find("prompt_logprobs"), std::string::npos) << st;
+}
+
+// The unit vector of `v`'s first `dims` components (0: all), in double.
+std::vector<double> Finished(std::vector<double> v, size_t dims = 0) {
+  if (dims > 0) v.resize(dims);
+  double sum = 0;
+  for (double x : v) sum += x * x;
+  for (double& x : v) x /= std::sqrt(sum);
+  return v;
+}
+
+std::vector<float> Values(const v1::Embedding& e) {
+  return std::vector<float>(e.values().begin(), e.values().end());
+}
+
+// Through the service: text inputs tokenized as Tokenize does (special tokens included), token
+// inputs as given, each vector the reference's pooled state, normalized unless asked otherwise,
+// cut to `dimensions` first; the reply in input order with its token counts.
+TEST_F(EmbeddingTest, EmbedRpcGivesTheReferencesVectorsInOrder) {
+  EngineOptions o;
+  o.slots = 2;
+  o.threads = 2;
+  o.prefill_chunk = 32;
+  TestServer server(o);
+  std::mt19937 rng(77);
+  const std::vector<int32_t> ids = RandomPrompt(rng, 70);
+  v1::EmbedRequest req;
+  req.add_inputs()->set_text("The quick brown fox jumps over the lazy dog");
+  v1::TokenIds* token_input = req.add_inputs()->mutable_token_ids();
+  for (int32_t t : ids) token_input->add_ids(t);
+  req.add_inputs()->set_text("Hello");
+
+  std::vector<std::vector<int32_t>> prompts;
+  for (const char* text : {"The quick brown fox jumps over the lazy dog", "Hello"}) {
+    v1::TokenizeRequest t;
+    t.set_text(text);
+    t.set_add_bos(true);
+    grpc::ClientContext ctx;
+    v1::TokenizeResponse tok;
+    ASSERT_TRUE(server.stub().Tokenize(&ctx, t, &tok).ok());
+    prompts.emplace_back(tok.token_ids().begin(), tok.token_ids().end());
+  }
+  prompts.insert(prompts.begin() + 1, ids);
+
+  grpc::ClientContext ctx;
+  v1::EmbedResponse resp;
+  const grpc::Status st = server.stub().Embed(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.pooling(), v1::POOLING_LAST);
+  ASSERT_EQ(resp.embeddings_size(), 3);
+  int32_t tokens = 0;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(resp.embeddings(i).prompt_tokens(), static_cast<int32_t>(prompts[i].size()));
+    tokens += resp.embeddings(i).prompt_tokens();
+    ExpectNear(Values(resp.embeddings(i)), Finished(ref_->FinalHidden(prompts[i]).back()),
+               "Embed, last, normalized");
+  }
+  EXPECT_EQ(resp.prompt_tokens(), tokens);
+
+  // Mean pooling, not normalized; and Matryoshka dimensions (cut, then normalized).
+  v1::EmbedRequest mean;
+  *mean.add_inputs() = req.inputs(1);
+  mean.set_pooling(v1::POOLING_MEAN);
+  mean.set_normalize(false);
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(server.stub().Embed(&ctx2, mean, &resp).ok());
+  ExpectNear(Values(resp.embeddings(0)), Pool(ref_->FinalHidden(ids), Pooling::kMean),
+             "Embed, mean, raw");
+  v1::EmbedRequest cut;
+  *cut.add_inputs() = req.inputs(1);
+  cut.set_dimensions(8);
+  grpc::ClientContext ctx3;
+  ASSERT_TRUE(server.stub().Embed(&ctx3, cut, &resp).ok());
+  ASSERT_EQ(resp.embeddings(0).values_size(), 8);
+  ExpectNear(Values(resp.embeddings(0)), Finished(ref_->FinalHidden(ids).back(), 8),
+             "Embed, 8 dimensions");
+  // truncate_prompt_tokens keeps the last k tokens.
+  v1::EmbedRequest trunc;
+  *trunc.add_inputs() = req.inputs(1);
+  trunc.set_truncate_prompt_tokens(20);
+  grpc::ClientContext ctx4;
+  ASSERT_TRUE(server.stub().Embed(&ctx4, trunc, &resp).ok());
+  EXPECT_EQ(resp.embeddings(0).prompt_tokens(), 20);
+  ExpectNear(Values(resp.embeddings(0)),
+             Finished(ref_->FinalHidden(std::vector<int32_t>(ids.end() - 20, ids.end())).back()),
+             "Embed, last 20 tokens");
+
+  grpc::ClientContext ictx;
+  v1::ModelInfo info;
+  ASSERT_TRUE(server.stub().GetModelInfo(&ictx, v1::GetModelInfoRequest(), &info).ok());
+  EXPECT_EQ(info.pooling(), "last");
+  EXPECT_TRUE(info.embedding_normalize());
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(server.engine().Stats().kv.blocks_used, 0);
+}
+
+TEST_F(EmbeddingTest, EmbedRpcRefusesBadRequestsNamingTheField) {
+  EngineOptions o;
+  o.slots = 1;
+  o.threads = 2;
+  TestServer server(o);
+  const int32_t hidden = model_->config.hidden_size;
+  const int32_t ctx_len = server.engine().options().max_context;
+  struct Case {
+    std::function<void(v1::EmbedRequest*)> make;
+    const char* field;
+  };
+  const std::vector<Case> cases = {
+      {[](v1::EmbedRequest*) {}, "inputs"},
+      {[](v1::EmbedRequest* r) { r->add_inputs()->set_text(""); }, "inputs[0].text"},
+      {[](v1::EmbedRequest* r) { r->add_inputs(); }, "inputs[0]"},
+      {[&](v1::EmbedRequest* r) {
+         r->add_inputs()->set_text("fine");
+         r->add_inputs()->mutable_token_ids()->add_ids(model_->config.vocab_size);
+       },
+       "inputs[1].token_ids"},
+      {[&](v1::EmbedRequest* r) {
+         r->add_inputs()->set_text("fine");
+         r->set_dimensions(hidden + 1);
+       },
+       "dimensions"},
+      {[&](v1::EmbedRequest* r) {  // a whole context: no room (truncate_prompt_tokens is)
+         v1::TokenIds* ids = r->add_inputs()->mutable_token_ids();
+         for (int32_t i = 0; i < ctx_len; ++i) ids->add_ids(1 + i % 50);
+       },
+       "inputs[0].token_ids"},
+      {[](v1::EmbedRequest* r) {
+         for (int i = 0; i < 2049; ++i) r->add_inputs()->set_text("x");
+       },
+       "inputs"},
+      {[](v1::EmbedRequest* r) {
+         r->add_inputs()->set_text("fine");
+         r->set_priority(101);
+       },
+       "priority"},
+      {[](v1::EmbedRequest* r) {
+         r->add_inputs()->set_text("fine");
+         r->set_truncate_prompt_tokens(-2);
+       },
+       "truncate_prompt_tokens"},
+      {[](v1::EmbedRequest* r) {
+         r->add_inputs()->set_text("fine");
+         r->set_lora_adapter("nope");
+       },
+       "lora_adapter"},
+  };
+  for (const Case& c : cases) {
+    v1::EmbedRequest req;
+    c.make(&req);
+    grpc::ClientContext ctx;
+    v1::EmbedResponse resp;
+    const grpc::Status st = server.stub().Embed(&ctx, req, &resp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
+    EXPECT_EQ(st.error_message().rfind(std::string(c.field) + ":", 0), 0u)
+        << c.field << ": " << st.error_message();
+  }
+  // A truncated input that fits is served.
+  v1::EmbedRequest fits;
+  auto* ids = fits.add_inputs()->mutable_token_ids();
+  for (int32_t i = 0; i < ctx_len + 10; ++i) ids->add_ids(1 + i % 50);
+  fits.set_truncate_prompt_tokens(-1);
+  grpc::ClientContext ctx;
+  v1::EmbedResponse resp;
+  const grpc::Status st = server.stub().Embed(&ctx, fits, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.embeddings(0).prompt_tokens(), ctx_len - 1);
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(server.engine().Stats().kv.blocks_used, 0);
 }
 
 }  // namespace
