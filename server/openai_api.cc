@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <optional>
@@ -936,8 +937,10 @@ absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) 
   };
   if (input->is_string()) {
     add_text(*input);
+    out.request.params["inputs[0]"] = "input";  // (one input, not a list)
   } else if (input->is_array() && !input->empty() && (*input)[0].is_number()) {
     RETURN_IF_ERROR(add_ids(*input, "input"));
+    out.request.params["inputs[0]"] = "input";
   } else if (input->is_array()) {
     if (input->empty()) return Bad("input", "is empty");
     for (size_t i = 0; i < input->size(); ++i) {
@@ -1127,6 +1130,12 @@ OpenAiError ToOpenAiError(const absl::Status& status, const OpenAiRequest* reque
         const size_t close = rest.find(']');
         if (close != std::string::npos && close + 1 < rest.size() && rest[close + 1] == '.') {
           rest.insert(close + 1, ".function");
+        }
+      }
+      // Embed's inputs[i].text / .token_ids are /v1/embeddings' input[i] (or input).
+      if (absl::StartsWith(best_param, "input")) {
+        for (const char* kind : {".text", ".token_ids"}) {
+          if (absl::EndsWith(rest, kind)) rest.resize(rest.size() - std::strlen(kind));
         }
       }
       e.param = best_param + rest;

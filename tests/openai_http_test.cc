@@ -2,7 +2,11 @@
 // on a free loopback port, driven by plain HTTP/1.1 requests. Checks that the HTTP API gives what
 // the gRPC API gives for the same request, the shapes OpenAI clients parse, the HTTP statuses of
 // refusals, and that a client hanging up frees its slot.
+#include "server/openai_http.h"
+
 #include <atomic>
+#include <cmath>
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <map>
@@ -12,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -20,7 +25,6 @@
 #include "gtest/gtest.h"
 #include "metrics/kvrm_metrics.h"
 #include "metrics/registry.h"
-#include "server/openai_http.h"
 #include "tests/http_client.h"
 #include "tests/test_server.h"
 
@@ -850,6 +854,87 @@ TEST(OpenAiHttpTest, DrainingAnswersHealthWith503AndWaitsForReplies) {
   EXPECT_TRUE(d.http().WaitIdle(absl::Milliseconds(1)));
 }
 
+// POST /v1/embeddings: what Embed gives for the same inputs, as floats or as OpenAI's base64
+// float32; dimensions cut; usage; refusals naming OpenAI's parameter.
+TEST(OpenAiHttpTest, EmbeddingsAreWhatEmbedGives) {
+  Daemon d(Options(2));
+  v1::EmbedRequest req;
+  req.add_inputs()->set_text("The capital of France");
+  v1::TokenIds* ids = req.add_inputs()->mutable_token_ids();
+  for (int32_t t : {5, 17, 3, 99, 42}) ids->add_ids(t);
+  grpc::ClientContext ctx;
+  v1::EmbedResponse want;
+  ASSERT_TRUE(d.grpc().stub().Embed(&ctx, req, &want).ok());
+  ASSERT_EQ(want.embeddings_size(), 2);
+
+  HttpReply r =
+      d.Post("/v1/embeddings",
+             R"({"model": "tiny", "input": ["The capital of France", [5, 17, 3, 99, 42]]})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json body = Body(r);
+  EXPECT_EQ(body["object"], "list");
+  EXPECT_EQ(body["model"], "tiny");
+  ASSERT_EQ(body["data"].size(), 2u);
+  for (int i = 0; i < 2; ++i) {
+    const Json& e = body["data"][i];
+    EXPECT_EQ(e["object"], "embedding");
+    EXPECT_EQ(e["index"], i);
+    ASSERT_EQ(e["embedding"].size(), static_cast<size_t>(want.embeddings(i).values_size()));
+    double norm = 0;
+    for (int j = 0; j < want.embeddings(i).values_size(); ++j) {
+      // (JSON numbers of 17 digits: the float itself comes back.)
+      EXPECT_EQ(e["embedding"][j].get<float>(), want.embeddings(i).values(j)) << i << " " << j;
+      norm += e["embedding"][j].get<double>() * e["embedding"][j].get<double>();
+    }
+    EXPECT_NEAR(norm, 1.0, 1e-5);
+  }
+  EXPECT_EQ(body["usage"]["prompt_tokens"], want.prompt_tokens());
+  EXPECT_EQ(body["usage"]["total_tokens"], want.prompt_tokens());
+
+  // base64: little-endian float32 bytes, what the OpenAI SDKs ask for and decode.
+  r = d.Post("/v1/embeddings",
+             R"({"input": [5, 17, 3, 99, 42], "encoding_format": "base64", "dimensions": 4})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  body = Body(r);
+  ASSERT_EQ(body["data"].size(), 1u);
+  std::string bytes;
+  ASSERT_TRUE(absl::Base64Unescape(body["data"][0]["embedding"].get<std::string>(), &bytes));
+  ASSERT_EQ(bytes.size(), 16u);
+  double norm = 0, dot = 0, first4 = 0;
+  for (int j = 0; j < 4; ++j) {
+    uint32_t u = 0;
+    for (int b = 0; b < 4; ++b)
+      u |= static_cast<uint32_t>(static_cast<uint8_t>(bytes[4 * j + b])) << (8 * b);
+    float v;
+    std::memcpy(&v, &u, 4);
+    norm += double{v} * v;
+    dot += double{v} * want.embeddings(1).values(j);
+    first4 += double{want.embeddings(1).values(j)} * want.embeddings(1).values(j);
+  }
+  EXPECT_NEAR(norm, 1.0, 1e-5);
+  // The cut vector points where the full one's first four components do.
+  EXPECT_NEAR(dot / std::sqrt(first4), 1.0, 1e-5);
+
+  struct Bad {
+    const char* body;
+    int status;
+    const char* param;
+  };
+  for (const Bad& b : {Bad{R"({"input": []})", 400, "input"}, Bad{R"({})", 400, "input"},
+                       Bad{R"({"input": [[1, 2], [1, 100000000]]})", 400, "input[1]"},
+                       Bad{R"({"input": [1, 100000000]})", 400, "input"},
+                       Bad{R"({"input": [true]})", 400, "input[0]"},
+                       Bad{R"({"input": "x", "dimensions": 100000})", 400, "dimensions"},
+                       Bad{R"({"input": "x", "encoding_format": "int8"})", 400, "encoding_format"},
+                       Bad{R"({"input": "x", "model": "gpt-4"})", 404, "model"}}) {
+    r = d.Post("/v1/embeddings", b.body);
+    EXPECT_EQ(r.status, b.status) << b.body << " " << r.body;
+    EXPECT_EQ(Body(r)["error"]["param"], b.param) << b.body << " " << r.body;
+  }
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/embeddings").status, 405);
+  EXPECT_TRUE(d.WaitIdle());
+}
+
 TEST(OpenAiHttpTest, TokenizeAndDetokenizeAreTheModelsTokenizer) {
   Daemon d(Options(2));
   const std::string text = "The capital of France is";
@@ -989,7 +1074,7 @@ TEST(OpenAiHttpTest, RefusalsHaveHttpStatusesAndNameTheParameter) {
     }
   }
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/completions").status, 405);
-  EXPECT_EQ(HttpCall(d.http_port(), "POST", "/v1/embeddings", "{}").status, 404);
+  EXPECT_EQ(HttpCall(d.http_port(), "POST", "/v1/audio/transcriptions", "{}").status, 404);
   // Nothing refused left anything behind.
   EXPECT_TRUE(d.WaitIdle());
 }
