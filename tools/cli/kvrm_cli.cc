@@ -16,6 +16,7 @@
 #include "absl/flags/flag.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -114,7 +115,11 @@ ABSL_FLAG(std::string, template_kwargs, "",
           "with --message: more chat-template variables, a JSON object (inline, or @FILE), e.g. "
           "{\"enable_thinking\": false}");
 
-ABSL_FLAG(std::string, text, "", "text to tokenize");
+ABSL_FLAG(std::string, text, "", "text to tokenize (embed: repeat for more inputs)");
+ABSL_FLAG(std::string, pooling, "",
+          "embed: last, mean or cls (default: the server's, ModelInfo.pooling)");
+ABSL_FLAG(int32_t, dimensions, 0, "embed: keep the first N components (then normalize)");
+ABSL_FLAG(std::string, normalize, "", "embed: true or false (default: the server's)");
 ABSL_FLAG(bool, add_bos, false, "prepend the BOS token as generate does");
 ABSL_FLAG(bool, pieces, false, "also print each token's text");
 ABSL_FLAG(std::string, tokens, "",
@@ -380,6 +385,51 @@ int RunTokenize(const ParsedFlags& flags) {
       });
 }
 
+int RunEmbed(const ParsedFlags& flags) {
+  v1::EmbedRequest request;
+  if (auto it = flags.given.find("text"); it != flags.given.end()) {
+    for (const std::string& text : it->second) request.add_inputs()->set_text(text);
+  }
+  if (flags.given.contains("tokens")) {
+    const std::string tokens = absl::GetFlag(FLAGS_tokens);  // (the pieces view it)
+    const std::vector<absl::string_view> pieces =
+        absl::StrSplit(tokens, absl::ByAnyChar(", \t\n"), absl::SkipEmpty());
+    absl::StatusOr<std::vector<int32_t>> ids = ParseIdList(absl::StrJoin(pieces, ","), "tokens");
+    if (!ids.ok()) return UsageError(ids.status().message());
+    request.add_inputs()->mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+  }
+  if (request.inputs().empty()) return UsageError("embed needs --text (repeatable) or --tokens");
+  const std::string pooling = absl::GetFlag(FLAGS_pooling);
+  if (pooling == "last") {
+    request.set_pooling(v1::POOLING_LAST);
+  } else if (pooling == "mean") {
+    request.set_pooling(v1::POOLING_MEAN);
+  } else if (pooling == "cls") {
+    request.set_pooling(v1::POOLING_CLS);
+  } else if (!pooling.empty()) {
+    return UsageError(absl::StrCat("--pooling=", pooling, ": use last, mean or cls"));
+  }
+  const std::string normalize = absl::GetFlag(FLAGS_normalize);
+  if (normalize == "true" || normalize == "false") {
+    request.set_normalize(normalize == "true");
+  } else if (!normalize.empty()) {
+    return UsageError(absl::StrCat("--normalize=", normalize, ": use true or false"));
+  }
+  request.set_dimensions(absl::GetFlag(FLAGS_dimensions));
+  request.set_truncate_prompt_tokens(absl::GetFlag(FLAGS_truncate_prompt_tokens));
+  return UnaryCommand<v1::EmbedRequest, v1::EmbedResponse>(
+      &v1::Kvrm::Stub::Embed, request, [](const v1::EmbedResponse& response) {
+        // One line per input: its token count, then its components.
+        std::string out;
+        for (const v1::Embedding& e : response.embeddings()) {
+          absl::StrAppend(&out, e.prompt_tokens(), " tokens:");
+          for (float v : e.values()) absl::StrAppend(&out, " ", absl::StrFormat("%.6g", v));
+          absl::StrAppend(&out, "\n");
+        }
+        return out;
+      });
+}
+
 int RunDetokenize(const ParsedFlags& flags) {
   if (!flags.given.contains("tokens")) return UsageError("detokenize needs --tokens");
   // Commas or whitespace between ids, so that tokenize's output can be passed back as it is.
@@ -549,6 +599,9 @@ constexpr absl::string_view kTokenizeFlags[] = {"text",   "message", "system",
                                                 "tool_choice", "template_kwargs",
                                                 "add_bos", "pieces", "json",
                                                 "server", "timeout_s"};
+constexpr absl::string_view kEmbedFlags[] = {"text",       "tokens",    "pooling",
+                                             "dimensions", "normalize", "truncate_prompt_tokens",
+                                             "json",       "server",    "timeout_s"};
 constexpr absl::string_view kDetokenizeFlags[] = {"tokens", "skip_special_tokens", "json",
                                                   "server", "timeout_s"};
 constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
@@ -566,6 +619,10 @@ constexpr Command kCommands[] = {
      kTokenizeFlags, RunTokenize},
     {"detokenize", "decode token ids to text with the served model's tokenizer", kDetokenizeFlags,
      RunDetokenize},
+    {"embed",
+     "embed texts (--text, repeatable) or token ids (--tokens): one line per input, its token "
+     "count and vector",
+     kEmbedFlags, RunEmbed},
     {"info", "describe the served model and the server's live state", kInfoFlags, RunInfo},
     {"health", "grpc.health.v1 check: prints SERVING or NOT_SERVING, exit 0 only if SERVING",
      kHealthFlags, RunHealth},

@@ -61,6 +61,18 @@ check "BOS skipped" "$TEXT" "$(run detokenize --tokens="$with_bos" --skip_specia
 json=$(run detokenize --tokens="$ids" --json)
 [[ "$json" == *"\"text\""*"$TEXT"* ]] || fail "detokenize --json: '$json'"
 
+# Embeddings: one line per input (token count, then the vector), unit length by default, the
+# text's token count what tokenize --add_bos gives, 8 components with --dimensions=8.
+emb=$(run embed --text="$TEXT" --text="Hello") || fail "embed: exit $?"
+check "embed lines" "2" "$(wc -l <<<"$emb")"
+check "embed token count" "$(wc -w <<<"$with_bos") tokens:" "$(head -1 <<<"$emb" | cut -d' ' -f1-2)"
+norm=$(head -1 <<<"$emb" | cut -d: -f2 | awk '{ s = 0; for (i = 1; i <= NF; i++) s += $i * $i; printf "%.3f", s }')
+check "embed unit length" "1.000" "$norm"
+cut8=$(run embed --tokens="$ids" --dimensions=8 --pooling=mean) || fail "embed --dimensions: exit $?"
+check "embed dimensions" "10" "$(wc -w <<<"$cut8")"
+json=$(run embed --tokens="$ids" --json)
+[[ "$json" == *"\"embeddings\""*"\"values\""* ]] || fail "embed --json: '${json:0:200}'"
+
 # Greedy: the same text twice, and the same from the prompt's ids (--token_ids adds no BOS, so
 # they are given with it; --prompt adds it).
 a=$(run generate --prompt="$TEXT" --max_new_tokens=12 --ignore_eos) || fail "generate: exit $?"
