@@ -165,6 +165,11 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
         FinishReason::kTimeLimit, FinishReason::kError}) {
     success_[static_cast<int>(f)] = &success.WithLabels(values({SuccessReason(f)}));
   }
+  embeddings_ = counter("kvrm:embedding_requests_total",
+                        "Embedding inputs finished (Embed, /v1/embeddings; each input one request, "
+                        "also counted in request_success_total).");
+  embedding_tokens_ = counter("kvrm:embedding_prompt_tokens_total",
+                              "Prompt tokens of the embedding inputs that finished.");
   device_sampled_ = counter("kvrm:device_sampled_tokens_total",
                             "Tokens sampled inside the decode step on the device "
                             "(--device_sampling); the rest were sampled on the host.");
@@ -405,6 +410,10 @@ void KvrmMetrics::OnFinished(const GenerationRequest& request, const FinishInfo&
     lora_tokens_[request.lora_adapter]->Add(info.completion_tokens);
   }
   e2e_->Observe(info.total_time_ms / 1e3);
+  if (request.pooling != Pooling::kNone && info.reason == FinishReason::kStop) {
+    embeddings_->Add();
+    embedding_tokens_->Add(info.prompt_tokens);
+  }
   if (info.completion_tokens > 0) {
     // Only requests that reached a first token were decoding (FinishQueued and slots ended in
     // prefill report none).

@@ -148,6 +148,8 @@ class KvrmMetrics : public EngineObserver {
   Gauge* lora_loaded_ = nullptr;            // kvrm:lora_adapters_loaded
   const std::string model_name_, kv_mode_;  // the labels every series carries
   Counter* lora_loads_ = nullptr;           // kvrm:lora_adapter_loads_total
+  Counter* embeddings_ = nullptr;           // kvrm:embedding_requests_total
+  Counter* embedding_tokens_ = nullptr;     // kvrm:embedding_prompt_tokens_total
   Counter* preemptions_;
   Counter* stream_chunks_merged_;
   StructuredOutputMetrics structured_;

@@ -81,6 +81,26 @@ TEST_F(KvrmMetricsTest, RequestLifecycleFillsTheVllmFamilies) {
   EXPECT_EQ(Get("kvrm:e2e_request_latency_seconds_bucket", "le=\"0.1\""), 1);
 }
 
+TEST_F(KvrmMetricsTest, EmbeddingsCountTheirInputsAndTokensOnlyWhenTheyFinishWithAVector) {
+  FinishInfo info;
+  info.reason = FinishReason::kEos;
+  info.prompt_tokens = 5;
+  info.completion_tokens = 2;
+  metrics_.OnFinished(request_, info);  // a generation: not an embedding
+  GenerationRequest embed = request_;
+  embed.pooling = Pooling::kMean;
+  info.reason = FinishReason::kStop;
+  info.completion_tokens = 0;
+  metrics_.OnFinished(embed, info);
+  info.prompt_tokens = 7;
+  metrics_.OnFinished(embed, info);
+  info.reason = FinishReason::kCancelled;  // no vector
+  metrics_.OnFinished(embed, info);
+  EXPECT_EQ(Get("kvrm:embedding_requests_total"), 2);
+  EXPECT_EQ(Get("kvrm:embedding_prompt_tokens_total"), 12);
+  EXPECT_EQ(Get("kvrm:request_success_total", "finished_reason=\"stop\""), 3);
+}
+
 TEST_F(KvrmMetricsTest, QueuedCancellationCountsAsAbortWithoutPrefillOrDecode) {
   FinishInfo info;
   info.reason = FinishReason::kCancelled;
