@@ -47,6 +47,8 @@ class TimingSink final : public RequestSink {
     }
   }
   void OnFinished(StreamChunk last, const FinishInfo& info) override {
+    end_s = std::chrono::duration<double>(Clock::now() - t0_).count();
+    embedding_size = static_cast<int32_t>(last.embedding.size());
     OnChunk(std::move(last));
     absl::MutexLock lock(&progress_->mu);
     reason = info.reason;
@@ -55,7 +57,8 @@ class TimingSink final : public RequestSink {
   }
 
   std::vector<int32_t> tokens;
-  double first_s = 0, last_s = 0;
+  double first_s = 0, last_s = 0, end_s = 0;
+  int32_t embedding_size = 0;
   FinishReason reason = FinishReason::kError;
   std::string error;
 
@@ -149,7 +152,18 @@ absl::StatusOr<EngineRun> RunQueuedOn(Engine* engine,
     run.stats = engine->Stats();
   }
   double tpot_sum = 0, ttft_sum = 0;
-  for (int32_t i = 0; i < n; ++i) {
+  for (int32_t i = 0; i < n && max_new_tokens == 0; ++i) {
+    // Embeddings: each ends with its vector, no token; its "first token" is its end.
+    const TimingSink& s = *sinks[i];
+    if (s.reason != FinishReason::kStop || !s.tokens.empty() || s.embedding_size == 0) {
+      return absl::InternalError(absl::StrCat("embedding ", i, " finished ",
+                                              FinishReasonName(s.reason), " with ",
+                                              s.embedding_size, " components: ", s.error));
+    }
+    run.wall_s = std::max(run.wall_s, s.end_s);
+    ttft_sum += s.end_s;
+  }
+  for (int32_t i = 0; i < n && max_new_tokens > 0; ++i) {
     const TimingSink& s = *sinks[i];
     if (s.reason != FinishReason::kLength ||
         static_cast<int32_t>(s.tokens.size()) != max_new_tokens) {
@@ -160,7 +174,7 @@ absl::StatusOr<EngineRun> RunQueuedOn(Engine* engine,
     run.wall_s = std::max(run.wall_s, s.last_s);
     run.tokens += s.tokens.size();
     ttft_sum += s.first_s;
-    tpot_sum += (s.last_s - s.first_s) / (max_new_tokens - 1);
+    if (max_new_tokens > 1) tpot_sum += (s.last_s - s.first_s) / (max_new_tokens - 1);
     run.outputs.push_back(s.tokens);
   }
   run.tpot_ms = 1e3 * tpot_sum / n;

@@ -56,6 +56,8 @@ using BesideRun = std::function<void(Engine* engine, const std::atomic<bool>* do
 // Creates an engine for `model` with `options`, queues `requests` (their sinks are replaced; each
 // must generate exactly `max_new_tokens`: ignore_eos), starts it and waits for all of them (with
 // `beside`, if given, running meanwhile). INTERNAL naming the request when one finished otherwise.
+// `max_new_tokens` 0: embedding requests (GenerationRequest::pooling), each ending with its vector
+// and no token (wall_s is the last one's end, ttft_s the mean end).
 absl::StatusOr<EngineRun> RunQueued(const ModelBundle& model, const EngineOptions& options,
                                     std::vector<std::unique_ptr<GenerationRequest>> requests,
                                     int32_t max_new_tokens, const BesideRun& beside = nullptr);
