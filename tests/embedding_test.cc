@@ -170,6 +170,54 @@ TEST_F(EmbeddingTest, ManyAtOnceUnderTensorParallelismEachGetsItsOwn) {
   }
 }
 
+// An embedding paused mid-prompt by a higher-priority request (a prompt's KV is dropped and
+// recomputed when it resumes, with a host tier or without) still pools every row once: the mean
+// is the reference's.
+TEST_F(EmbeddingTest, APausedEmbeddingPoolsEveryRowOnce) {
+  std::mt19937 rng(11);
+  const std::vector<int32_t> prompt = RandomPrompt(rng, 300);  // 19 blocks of 16
+  const std::vector<int32_t> other = RandomPrompt(rng, 100);
+  const std::vector<std::vector<double>> hidden = ref_->FinalHidden(prompt);
+  for (const int64_t host_blocks : {int64_t{64}, int64_t{0}}) {
+    SCOPED_TRACE(host_blocks > 0 ? "host tier" : "no host tier");
+    EngineOptions o;
+    o.slots = 2;
+    o.threads = 2;
+    o.prefill_chunk = 32;
+    o.block_tokens = 16;
+    o.kv_mode = KvMode::kKvrm;
+    o.max_context = 320;
+    o.kv_blocks = 24;
+    o.kv_host_blocks = host_blocks;
+    for (Pooling pooling : {Pooling::kMean, Pooling::kLast, Pooling::kCls}) {
+      SCOPED_TRACE(PoolingName(pooling));
+      // (A fresh engine: last-token pooling would find the prompt cached by the one before.)
+      absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, o);
+      ASSERT_TRUE(engine.ok()) << engine.status();
+      auto embed = Submit(**engine, prompt, pooling);
+      for (int i = 0; i < 3; ++i) (*engine)->StepForTest();
+      ASSERT_EQ((*engine)->slot_state(0), SlotState::kPrefilling);
+      const uint64_t preempted = (*engine)->Stats().preemptions_total;
+      // Higher priority, and no room for it beside the whole prompt: the embedding pauses.
+      auto r = std::make_unique<GenerationRequest>();
+      r->prompt = other;
+      r->max_new_tokens = 8;
+      r->ignore_eos = true;
+      r->priority = 10;
+      auto high = std::make_shared<CollectingSink>();
+      r->sink = high;
+      ASSERT_TRUE((*engine)->Submit(std::move(r)).ok());
+      for (int steps = 0; !embed->done() || !high->done(); ++steps) {
+        ASSERT_LT(steps, 2000);
+        (*engine)->StepForTest();
+      }
+      EXPECT_GT((*engine)->Stats().preemptions_total, preempted);
+      EXPECT_EQ(Read(*high).tokens.size(), 8u);
+      ExpectNear(Read(*embed).embedding, Pool(hidden, pooling), "paused mid-prompt");
+    }
+  }
+}
+
 TEST_F(EmbeddingTest, WithPromptLogprobsIsRefused) {
   EngineOptions o;
   o.slots = 1;
