@@ -49,6 +49,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(st.ok() || (st.code() == absl::StatusCode::kInvalidArgument &&
                            absl::StrContains(st.message(), ": ")));
   }
+  {
+    // /v1/embeddings: parsed or refused naming a parameter; a reply of what was asked is JSON.
+    absl::StatusOr<kvrm::OpenAiEmbeddings> e =
+        kvrm::ParseEmbeddingsRequest(absl::string_view(body.data(), body.size()));
+    if (!e.ok()) {
+      FUZZ_CHECK(e.status().code() == absl::StatusCode::kInvalidArgument &&
+                 absl::StrContains(e.status().message(), ": "));
+    } else {
+      FUZZ_CHECK(e->embed.inputs_size() > 0);
+      kvrm::v1::EmbedResponse r;
+      r.set_request_id(e->embed.request_id());
+      for (int i = 0; i < e->embed.inputs_size() && i < 4; ++i) {
+        kvrm::v1::Embedding* v = r.add_embeddings();
+        for (int j = 0; j < 3; ++j) v->add_values(0.25f * static_cast<float>(i - j));
+      }
+      FUZZ_CHECK(IsJson(kvrm::EmbeddingsReplyJson(r, "m", 0, e->base64)));
+    }
+  }
   kvrm::OpenAiDefaults defaults;
   {
     absl::StatusOr<kvrm::ResponsesRequest> responses =

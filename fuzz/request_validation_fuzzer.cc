@@ -53,7 +53,35 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   return 0;
 }
 
+// The same bytes as an EmbedRequest: on success every input fits the context, its ids are in
+// the vocabulary, and it carries the resolved pooling; refusals are INVALID_ARGUMENT.
+void CheckEmbed(const uint8_t* data, size_t size) {
+  kvrm::v1::EmbedRequest request;
+  if (!request.ParseFromArray(data, static_cast<int>(size))) return;
+  absl::StatusOr<kvrm::EmbedPlan> plan = kvrm::ValidateEmbedRequest(
+      request, *tokenizer, limits, kvrm::Pooling::kLast, /*default_normalize=*/true,
+      /*hidden_size=*/64);
+  if (!plan.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(plan.status()));
+    return;
+  }
+  FUZZ_CHECK(!plan->inputs.empty() &&
+             static_cast<int32_t>(plan->inputs.size()) <= limits.max_embed_inputs);
+  FUZZ_CHECK(plan->dimensions >= 0 && plan->dimensions <= 64);
+  FUZZ_CHECK(plan->pooling != kvrm::Pooling::kNone);
+  for (const auto& r : plan->inputs) {
+    FUZZ_CHECK(!r->prompt.empty());
+    FUZZ_CHECK(static_cast<int64_t>(r->prompt.size()) < limits.max_context);
+    for (int32_t id : r->prompt) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+    FUZZ_CHECK(r->pooling == plan->pooling);
+  }
+  std::vector<float> v = {3.0f, -4.0f, 0.0f};
+  kvrm::FinishEmbedding(plan->dimensions, plan->normalize, &v);
+  FUZZ_CHECK(!v.empty() && v.size() <= 3);
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  CheckEmbed(data, size);
   kvrm::v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   absl::StatusOr<std::unique_ptr<kvrm::GenerationRequest>> r =
