@@ -125,7 +125,11 @@ absl::Status ReadKvCacheScales(const SafetensorsSet& files, const std::string& p
 std::string LanguageModelPrefix(const LlamaConfig& config, const SafetensorsSet& files) {
   // Gemma 3's multimodal checkpoints keep the language model under language_model.model.
   // (Transformers before 4.52, as Google's own files) or model.language_model.; lm_head is tied.
-  if (!config.multimodal_wrapper) return "model.";
+  if (!config.multimodal_wrapper) {
+    return !files.Contains("model.embed_tokens.weight") && files.Contains("embed_tokens.weight")
+               ? ""
+               : "model.";
+  }
   return files.Contains("model.language_model.embed_tokens.weight") ? "model.language_model."
                                                                     : "language_model.model.";
 }
@@ -135,8 +139,13 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                               const QuantizedCheckpointLoad* quantized) {
   const std::string prefix = LanguageModelPrefix(config, files);
   const CheckpointQuantization& q = config.quantization;
+  // A base model's checkpoint (an embedding model's) has no LM head: bound as if tied, marked.
+  const bool no_lm_head =
+      !config.tie_word_embeddings && prefix.empty() && !files.Contains("lm_head.weight");
+  LlamaConfig bound = config;
+  if (no_lm_head) bound.tie_word_embeddings = true;
   absl::StatusOr<LlamaWeights> w = BindLlamaWeights(
-      config,
+      bound,
       [&](const std::string& hf_name,
           const std::vector<int64_t>& shape) -> absl::StatusOr<WeightMatrix> {
         const std::string name =
@@ -168,6 +177,7 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
         return Bind(files, name, shape);
       });
   if (w.ok()) {
+    w->has_lm_head = !no_lm_head;
     if (absl::Status s = ReadKvCacheScales(files, prefix, &*w); !s.ok()) {
       for (LayerWeights& l : w->layers) l.k_cache_scale = l.v_cache_scale = 1;
       w->kv_cache_scales.clear();

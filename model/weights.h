@@ -84,6 +84,10 @@ struct LlamaWeights {
   WeightMatrix embed;       // [vocab][hidden]
   WeightMatrix final_norm;  // [1][hidden]
   WeightMatrix lm_head;     // [vocab][hidden]; the embedding when tied
+  // False for a base model's checkpoint without lm_head.weight (MistralModel, Qwen3Model: what
+  // sentence-transformers saves of an embedding model): it serves embeddings only, and lm_head
+  // is the embedding, never multiplied (Engine::Submit refuses generation).
+  bool has_lm_head = true;
   std::vector<LayerWeights> layers;
   DType dtype = DType::kF32;  // of the embedding: what ModelInfo reports
   int64_t num_parameters = 0;
@@ -106,8 +110,9 @@ struct LlamaWeights {
 using LlamaTensorBinder = std::function<absl::StatusOr<WeightMatrix>(
     const std::string& hf_name, const std::vector<int64_t>& shape)>;
 
-// Where a checkpoint keeps the language model's tensors: "model." ("model.layers.N...."), or
-// under Gemma 3's multimodal wrappers "model.language_model." / "language_model.model.".
+// Where a checkpoint keeps the language model's tensors: "model." ("model.layers.N...."), under
+// Gemma 3's multimodal wrappers "model.language_model." / "language_model.model.", or "" for a
+// base model's checkpoint ("layers.N....", "embed_tokens.weight": MistralModel, Qwen3Model).
 std::string LanguageModelPrefix(const LlamaConfig& config, const SafetensorsSet& files);
 
 // Binds every tensor of `config` through `bind`, and counts parameters and bytes.

@@ -486,6 +486,11 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
     return absl::InvalidArgumentError(
         "prompt_logprobs: this device does not return a prompt's logits (the CPU device does)");
   }
+  if (request->pooling == Pooling::kNone && !model_->weights.has_lm_head) {
+    return absl::FailedPreconditionError(
+        "the served model has no LM head (its checkpoint has no lm_head.weight: an embedding "
+        "model's base weights), so it serves embeddings (Embed, /v1/embeddings) only");
+  }
   if (request->pooling != Pooling::kNone && !backend_->returns_hidden()) {
     return absl::InvalidArgumentError(
         "pooling: this device does not return hidden states for embeddings (the CPU device does)");

@@ -692,6 +692,10 @@ int Run() {
                                                             : "on")
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
+  if (!m.weights.has_lm_head) {
+    LOG(INFO) << "the checkpoint has no LM head (lm_head.weight): embeddings only (Embed, "
+                 "/v1/embeddings); Generate is refused";
+  }
   if ((*engine)->options().window_release) {
     LOG(INFO) << "window release: every layer attends within " << m.config.sliding_window
               << " positions; blocks behind a request's window go back to the pool ("

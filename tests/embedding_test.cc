@@ -4,16 +4,23 @@
 // prefix cache, mean pooling never; under tensor parallelism; and what is refused.
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "common/json.h"
 #include "common/logging.h"
+#include "common/subprocess.h"
 #include "gtest/gtest.h"
+#include "model/pooling_config.h"
+#include "model/safetensors_writer.h"
 #include "runtime/engine.h"
 #include "runtime/model_bundle.h"
+#include "server/request_validation.h"
 #include "tests/reference_llama.h"
 #include "tests/test_server.h"
 
@@ -73,6 +80,19 @@ double ExpectNear(const std::vector<float>& got, const std::vector<double>& want
   EXPECT_LE(worst, 1e-4 * scale) << what;
   std::printf("%s: max |embedding - float64 reference| %.2e of scale %.3f\n", what, worst, scale);
   return worst / scale;
+}
+
+// The unit vector of `v`'s first `dims` components (0: all), in double.
+std::vector<double> Finished(std::vector<double> v, size_t dims = 0) {
+  if (dims > 0) v.resize(dims);
+  double sum = 0;
+  for (double x : v) sum += x * x;
+  for (double& x : v) x /= std::sqrt(sum);
+  return v;
+}
+
+std::vector<float> Values(const v1::Embedding& e) {
+  return std::vector<float>(e.values().begin(), e.values().end());
 }
 
 class EmbeddingTest : public ::testing::Test {
@@ -218,6 +238,91 @@ TEST_F(EmbeddingTest, APausedEmbeddingPoolsEveryRowOnce) {
   }
 }
 
+// A base model's checkpoint, as sentence-transformers saves an embedding model (MistralModel,
+// Qwen3Model: tensors without the "model." prefix, no lm_head.weight) with its modules.json:
+// loaded, served with the pooling its files name, the same vectors as the causal-LM layout of
+// the same weights, and Generate refused.
+TEST_F(EmbeddingTest, ABaseModelCheckpointServesEmbeddingsOnly) {
+  namespace fs = std::filesystem;
+  const fs::path src = model_->files->dir();
+  const fs::path dir = fs::path(TestTmpDir()) / "base-model";
+  fs::remove_all(dir);
+  fs::create_directories(dir / "1_Pooling");
+  for (const fs::directory_entry& e : fs::directory_iterator(src)) {
+    const std::string name = e.path().filename().string();
+    if (name == "config.json" || absl::EndsWith(name, ".safetensors") ||
+        absl::EndsWith(name, ".index.json")) {
+      continue;
+    }
+    fs::copy(e.path(), dir / name, fs::copy_options::recursive);
+  }
+  absl::StatusOr<Json> config = ReadJsonFile((src / "config.json").string());
+  ASSERT_TRUE(config.ok()) << config.status();
+  (*config)["architectures"] = {"LlamaModel"};
+  (*config)["tie_word_embeddings"] = false;  // and no lm_head.weight: no LM head at all
+  ASSERT_TRUE(WriteFileAtomically((dir / "config.json").string(), config->dump()).ok());
+  std::vector<TensorToWrite> tensors;
+  for (const std::string& name : model_->files->TensorNames()) {
+    absl::StatusOr<TensorView> t = model_->files->Get(name);
+    ASSERT_TRUE(t.ok()) << t.status();
+    ASSERT_NE(name, "lm_head.weight");
+    ASSERT_TRUE(absl::StartsWith(name, "model.")) << name;
+    tensors.push_back(
+        TensorToWrite{name.substr(6), t->dtype, t->shape, absl::MakeConstSpan(t->data, t->nbytes)});
+  }
+  ASSERT_TRUE(WriteSafetensors((dir / "model.safetensors").string(), tensors).ok());
+  ASSERT_TRUE(
+      WriteFileAtomically((dir / "modules.json").string(),
+                          R"([{"path": "", "type": "sentence_transformers.models.Transformer"},
+                                      {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+                                      {"path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}])")
+          .ok());
+  ASSERT_TRUE(WriteFileAtomically((dir / "1_Pooling" / "config.json").string(),
+                                  R"({"pooling_mode_mean_tokens": true})")
+                  .ok());
+
+  absl::StatusOr<std::unique_ptr<ModelBundle>> base = ModelBundle::Load(dir.string());
+  ASSERT_TRUE(base.ok()) << base.status();
+  EXPECT_FALSE((*base)->weights.has_lm_head);
+  EXPECT_TRUE(model_->weights.has_lm_head);
+  absl::StatusOr<std::optional<PoolingConfig>> pooling = LoadPoolingConfig(dir.string());
+  ASSERT_TRUE(pooling.ok() && pooling->has_value()) << pooling.status();
+  ServerOptions so;
+  ASSERT_TRUE(ParsePooling((*pooling)->pooling).ok());
+  so.info.pooling = *ParsePooling((*pooling)->pooling);
+  so.info.embedding_normalize = (*pooling)->normalize;
+  EngineOptions o;
+  o.slots = 2;
+  o.threads = 2;
+  TestServer server(*std::move(base), o, so);
+
+  std::mt19937 rng(3);
+  const std::vector<int32_t> ids = RandomPrompt(rng, 50);
+  v1::EmbedRequest req;
+  v1::TokenIds* t = req.add_inputs()->mutable_token_ids();
+  for (int32_t id : ids) t->add_ids(id);
+  grpc::ClientContext ctx;
+  v1::EmbedResponse resp;
+  const grpc::Status st = server.stub().Embed(&ctx, req, &resp);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(resp.pooling(), v1::POOLING_MEAN);
+  std::vector<double> want = Finished(Pool(ref_->FinalHidden(ids), Pooling::kMean));
+  ExpectNear(Values(resp.embeddings(0)), want, "base checkpoint, mean, normalized");
+  // The same weights in the causal-LM layout give the same vector, bit for bit.
+  EngineOptions lo = o;
+  absl::StatusOr<std::unique_ptr<Engine>> lm = Engine::Create(model_, lo);
+  ASSERT_TRUE(lm.ok()) << lm.status();
+  (*lm)->Start();
+  std::vector<float> same = Read(*Submit(**lm, ids, Pooling::kMean)).embedding;
+  FinishEmbedding(0, true, &same);
+  EXPECT_EQ(Values(resp.embeddings(0)), same);
+
+  const StreamResult g = RunGenerate(server.stub(), TextRequest("Hello", 4));
+  EXPECT_EQ(g.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(g.status.error_message().find("no LM head"), std::string::npos)
+      << g.status.error_message();
+}
+
 TEST_F(EmbeddingTest, WithPromptLogprobsIsRefused) {
   EngineOptions o;
   o.slots = 1;
@@ -232,19 +337,6 @@ TEST_F(EmbeddingTest, WithPromptLogprobsIsRefused) {
   const absl::Status st = (*engine)->Submit(std::move(r)).status();
   EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
   EXPECT_NE(st.message().find("prompt_logprobs"), std::string::npos) << st;
-}
-
-// The unit vector of `v`'s first `dims` components (0: all), in double.
-std::vector<double> Finished(std::vector<double> v, size_t dims = 0) {
-  if (dims > 0) v.resize(dims);
-  double sum = 0;
-  for (double x : v) sum += x * x;
-  for (double& x : v) x /= std::sqrt(sum);
-  return v;
-}
-
-std::vector<float> Values(const v1::Embedding& e) {
-  return std::vector<float>(e.values().begin(), e.values().end());
 }
 
 // Through the service: text inputs tokenized as Tokenize does (special tokens included), token
