@@ -766,10 +766,50 @@ int OpenAiHttpServer::Embeddings(MHD_Connection* connection, const std::string& 
   }
   const std::string reply_model = model.empty() ? options_.served_model_name : model;
   const int64_t created = absl::ToUnixSeconds(absl::Now());
-  return UnaryCall(connection, stub_.get(), &v1::Kvrm::Stub::Embed, parsed->embed, parsed->request,
-                   [&](const v1::EmbedResponse& r) {
-                     return EmbeddingsReplyJson(r, reply_model, created, parsed->base64);
-                   });
+  // Asynchronously, the client's socket watched meanwhile: a client that hangs up cancels the
+  // call (and with it every input's prefill), as a completion's does.
+  grpc::ClientContext context;
+  PassAuthorization(connection, &context);
+  if (!calls_->Add(&context)) {
+    return ReplyError(connection, 503, "service_unavailable", "the server is shutting down");
+  }
+  const MHD_ConnectionInfo* fd_info =
+      MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
+  const int client_fd = fd_info != nullptr ? fd_info->connect_fd : -1;
+  grpc::CompletionQueue cq;
+  v1::EmbedResponse response;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::EmbedResponse>> call =
+      stub_->AsyncEmbed(&context, parsed->embed, &cq);
+  call->Finish(&response, &status, reinterpret_cast<void*>(1));
+  bool gone = false;
+  for (;;) {
+    void* tag = nullptr;
+    bool ok = false;
+    const grpc::CompletionQueue::NextStatus next =
+        cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + std::chrono::milliseconds(50));
+    if (next != grpc::CompletionQueue::TIMEOUT) break;  // the call ended (or was cancelled)
+    pollfd p{client_fd, POLLRDHUP, 0};
+    if (!gone && client_fd >= 0 && poll(&p, 1, 0) > 0 &&
+        (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+      gone = true;
+      if (options_.metrics != nullptr) options_.metrics->client_disconnects()->Add();
+      context.TryCancel();
+    }
+  }
+  calls_->Remove(&context);
+  cq.Shutdown();
+  void* tag;
+  bool ok;
+  while (cq.Next(&tag, &ok)) {
+  }
+  if (gone) return MHD_NO;  // nobody to reply to
+  if (!status.ok()) {
+    return ReplyError(connection,
+                      ToOpenAiError(FromGrpc(status), &parsed->request, RetryAfterMs(context)));
+  }
+  return Queue(connection, MHD_HTTP_OK,
+               Buffer(EmbeddingsReplyJson(response, reply_model, created, parsed->base64), kJson));
 }
 
 int OpenAiHttpServer::LoraAdapterUpdate(MHD_Connection* connection, bool load,

@@ -703,6 +703,21 @@ bool WaitUntilDecoding(Daemon& d) {
   return false;
 }
 
+// Waits until a slot is in use.
+bool WaitUntilBusy(Daemon& d) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    v1::ServerInfo info;
+    if (d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok() &&
+        info.slots_in_use() > 0) {
+      return true;
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return false;
+}
+
 // Makes every decode step last at least 2 ms, so that a 250-token request takes half a second
 // on any machine: long enough to hang up in the middle of it.
 class SlowSteps : public EngineObserver {
@@ -737,6 +752,51 @@ TEST(OpenAiHttpTest, AClientThatHangsUpBeforeAWholeReplyFreesItsSlot) {
   EXPECT_EQ(SeriesValue(registry, kDisconnects), "1");
   EXPECT_TRUE(WaitForSeries(registry, HttpRequests("completions", 499), "1"));
   EXPECT_EQ(d.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 3})").status, 200);
+}
+
+// Makes every prefill chunk last at least 10 ms and counts the embeddings that ended with a
+// vector.
+class SlowPrefill : public EngineObserver {
+ public:
+  void OnPrefillChunk(int32_t, absl::Duration) override { absl::SleepFor(absl::Milliseconds(10)); }
+  void OnMixedStep(int32_t, int32_t, absl::Duration) override {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  void OnFinished(const GenerationRequest& r, const FinishInfo& info) override {
+    if (r.pooling != Pooling::kNone && info.reason == FinishReason::kStop) embedded.fetch_add(1);
+  }
+  std::atomic<int> embedded{0};
+};
+
+// A client that hangs up on /v1/embeddings cancels the inputs not yet embedded.
+TEST(OpenAiHttpTest, AClientThatHangsUpOnEmbeddingsCancelsTheRest) {
+  MetricRegistry registry;
+  KvrmMetrics metrics(&registry, {"tiny", "kvrm"});
+  SlowPrefill slow;
+  EngineOptions options = Options(2);
+  options.observer = &slow;
+  Daemon d(options, {}, 8 << 20, &metrics.http_api());
+  std::string inputs;
+  for (int i = 0; i < 64; ++i) {
+    absl::StrAppend(&inputs, i ? ", " : "", "[");
+    for (int t = 0; t < 150; ++t) absl::StrAppend(&inputs, t ? ", " : "", 1 + (i * 7 + t) % 200);
+    absl::StrAppend(&inputs, "]");
+  }
+  {
+    // 64 inputs of 5 chunks at 10 ms or more a chunk: over three seconds of work.
+    HttpConnection c(d.http_port(), "POST", "/v1/embeddings",
+                     absl::StrCat(R"({"input": [)", inputs, "]}"));
+    ASSERT_TRUE(c.connected());
+    ASSERT_TRUE(WaitUntilBusy(d));
+  }
+  EXPECT_TRUE(d.WaitIdle()) << "the call was not cancelled";
+  EXPECT_LT(slow.embedded.load(), 32) << "it ran to the end for nobody";
+  EXPECT_EQ(SeriesValue(registry, kDisconnects), "1");
+  grpc::ClientContext context;
+  v1::ServerInfo info;
+  ASSERT_TRUE(d.grpc().stub().GetServerInfo(&context, v1::GetServerInfoRequest(), &info).ok());
+  EXPECT_EQ(info.kv().blocks_reserved(), 0) << info.DebugString();
+  EXPECT_EQ(d.Post("/v1/embeddings", R"({"input": "x"})").status, 200);
 }
 
 TEST(OpenAiHttpTest, HeadersGrpcCannotCarryAreRefusedAndTheServerGoesOn) {
