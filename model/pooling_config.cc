@@ -72,6 +72,12 @@ absl::StatusOr<std::optional<PoolingConfig>> LoadPoolingConfig(const std::string
     config.pooling = name;
   }
   if (config.pooling.empty()) return Invalid(pooling_path, "no pooling_mode_* is true");
+  // include_prompt false: an instruction's tokens are left out of the pool (INSTRUCTOR-style
+  // models); kvrm pools every input token.
+  if (p.contains("include_prompt") &&
+      (!p["include_prompt"].is_boolean() || !p["include_prompt"].get<bool>())) {
+    return Invalid(pooling_path, "include_prompt: only true (every token pooled) is computed");
+  }
   config.source = pooling_path;
   return config;
 }

@@ -93,6 +93,10 @@ TEST(PoolingConfigTest, WhatKvrmDoesNotComputeIsRefusedByName) {
           {"no sentence_transformers.models.Pooling",
            {{"modules.json", R"([{"type": "sentence_transformers.models.Transformer"}])"}}},
           {"not a list", {{"modules.json", R"({"type": "x"})"}}},
+          {"include_prompt",
+           {{"modules.json", kModules},
+            {"1_Pooling/config.json",
+             R"({"pooling_mode_mean_tokens": true, "include_prompt": false})"}}},
       };
   int i = 0;
   for (const auto& [want, files] : cases) {

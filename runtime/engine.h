@@ -341,6 +341,11 @@ class Engine {
   bool samples_on_device() const { return device_sampling_; }
   // Whether embedding requests are served (GenerationRequest::pooling; Backend::returns_hidden).
   bool returns_hidden() const { return backend_->returns_hidden(); }
+  // Requests submitted and not yet admitted (what options().max_queue bounds).
+  int32_t QueuedRequests() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return queued_;
+  }
   // The resolved far-history policy, in blocks (all zero: off).
   const FarHistoryShape& far_history() const { return far_; }
   const ModelBundle& model() const { return *model_; }

@@ -471,6 +471,7 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
   // refusal once they have.
   void Start(grpc::CallbackServerContext* context, EmbedPlan plan, const std::string& id,
              absl::Time arrival) {
+    refs_.fetch_add(1);  // the submitter's, until it has counted itself out
     const int32_t n = static_cast<int32_t>(plan.inputs.size());
     int32_t submitted = 0;
     for (; submitted < n; ++submitted) {
@@ -503,8 +504,9 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
     }
     if (submitted < n) CancelAll();
     // The submitter's count, and the inputs never submitted.
-    Count(1 + n - submitted);
     KVRM_GRPC_HANDOFF(this);
+    Count(1 + n - submitted);
+    Unref();
   }
 
   void OnCancel() override {
@@ -595,7 +597,7 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
   int32_t pending_;                // guarded by mu_: inputs not ended, + 1 while submitting
   grpc::Status status_;            // guarded by mu_: the call's, OK until something failed
   bool cancelled_ = false;         // guarded by mu_
-  std::atomic<int32_t> refs_{1};   // gRPC's (OnDone) and one per submitted input
+  std::atomic<int32_t> refs_{1};   // gRPC's (OnDone), the submitter's, one per submitted input
 };
 
 namespace {
@@ -839,10 +841,32 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
                                              "Embed: this device does not return hidden states "
                                              "(--device=cpu does)"));
   }
+  if (!info_.embed_refusal.empty()) {
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                             absl::StrCat("Embed: ", info_.embed_refusal)));
+  }
   absl::StatusOr<EmbedPlan> plan =
       ValidateEmbedRequest(*request, *engine_->model().tokenizer, limits_, info_.pooling,
                            info_.embedding_normalize, engine_->model().config.hidden_size);
   if (!plan.ok()) return FinishUnary(context, ToGrpcStatus(plan.status()));
+  // The call's inputs count against the queue bound together (its inputs after the first are
+  // submitted past the bound, as one call's): one that could never fit is refused, one that does
+  // not fit now is told to come back.
+  const int32_t inputs = static_cast<int32_t>(plan->inputs.size());
+  const int32_t max_queue = engine_->options().max_queue;
+  if (inputs > max_queue) {
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                             absl::StrCat("inputs: ", inputs,
+                                                          " inputs; this server queues at most ",
+                                                          max_queue, " (kvrmd --max_queue)")));
+  }
+  if (const int32_t queued = engine_->QueuedRequests(); queued + inputs > max_queue) {
+    context->AddTrailingMetadata("retry-after-ms", "1000");
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                             absl::StrCat("queue full (", queued,
+                                                          " waiting requests; this call has ",
+                                                          inputs, " inputs)")));
+  }
   const std::string id = request->request_id().empty() ? absl::StrCat("emb-", next_id_.fetch_add(1))
                                                        : request->request_id();
   response->set_request_id(id);

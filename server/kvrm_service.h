@@ -32,6 +32,9 @@ struct ServiceInfo {
   // Embed's defaults (kvrmd --pooling, --embedding_normalize; docs/api.md "Embeddings").
   Pooling pooling = Pooling::kLast;
   bool embedding_normalize = true;
+  // Non-empty: why Embed is refused (FAILED_PRECONDITION): the model's sentence-transformers
+  // files ask for what kvrm does not compute, and kvrmd was not told the pooling instead.
+  std::string embed_refusal;
 };
 
 class KvrmService final : public v1::Kvrm::CallbackService {

@@ -575,9 +575,11 @@ int Run() {
     const std::string pooling = absl::GetFlag(FLAGS_pooling);
     const std::string normalize = absl::GetFlag(FLAGS_embedding_normalize);
     if (!st.ok() && (pooling.empty() || normalize.empty())) {
-      std::fprintf(stderr, "kvrmd: %s (set --pooling and --embedding_normalize to serve it)\n",
-                   st.status().ToString().c_str());
-      return 1;
+      // Generation is unaffected; embeddings would come out other than the model's.
+      so.info.embed_refusal = absl::StrCat(
+          st.status().message(),
+          " (kvrmd --pooling and --embedding_normalize serve embeddings from it anyway)");
+      LOG(WARNING) << "embeddings refused: " << so.info.embed_refusal;
     }
     const std::optional<PoolingConfig> model_pooling = st.ok() ? *st : std::nullopt;
     const std::string name = !pooling.empty() ? pooling

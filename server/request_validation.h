@@ -107,7 +107,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     structured::ConstraintSpec::Thinking* thinking = nullptr);
 
 // An EmbedRequest checked: one GenerationRequest per input (prompt, pooling, priority, salt,
-// adapter; request_id "<id>-<i>" once the caller sets `id`), and how the vectors are finished.
+// adapter; the caller sets request ids), and how the vectors are finished.
 struct EmbedPlan {
   std::vector<std::unique_ptr<GenerationRequest>> inputs;
   Pooling pooling = Pooling::kLast;

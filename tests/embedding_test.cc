@@ -480,6 +480,37 @@ TEST_F(EmbeddingTest, EmbedRpcRefusesBadRequestsNamingTheField) {
     EXPECT_EQ(st.error_message().rfind(std::string(c.field) + ":", 0), 0u)
         << c.field << ": " << st.error_message();
   }
+  // More inputs than the server ever queues: refused by name, whatever the queue holds now.
+  {
+    EngineOptions small = o;
+    small.max_queue = 4;
+    TestServer bounded(small);
+    v1::EmbedRequest five;
+    for (int i = 0; i < 5; ++i) five.add_inputs()->set_text("x");
+    grpc::ClientContext ctx5;
+    v1::EmbedResponse resp5;
+    const grpc::Status st5 = bounded.stub().Embed(&ctx5, five, &resp5);
+    EXPECT_EQ(st5.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << st5.error_message();
+    EXPECT_EQ(st5.error_message().rfind("inputs:", 0), 0u) << st5.error_message();
+    five.mutable_inputs()->RemoveLast();
+    grpc::ClientContext ctx4;
+    EXPECT_TRUE(bounded.stub().Embed(&ctx4, five, &resp5).ok());
+    EXPECT_EQ(resp5.embeddings_size(), 4);
+  }
+  // A model whose sentence-transformers files kvrm cannot follow: Embed refused, saying why.
+  {
+    ServerOptions so;
+    so.info.embed_refusal = "modules.json: [2].type: sentence_transformers.models.Dense ...";
+    TestServer refusing(std::unique_ptr<ModelBundle>(LoadTinyModel()), o, so);
+    v1::EmbedRequest one;
+    one.add_inputs()->set_text("x");
+    grpc::ClientContext ctx1;
+    v1::EmbedResponse resp1;
+    const grpc::Status st1 = refusing.stub().Embed(&ctx1, one, &resp1);
+    EXPECT_EQ(st1.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st1.error_message();
+    EXPECT_NE(st1.error_message().find("Dense"), std::string::npos) << st1.error_message();
+    EXPECT_TRUE(RunGenerate(refusing.stub(), TextRequest("Hello", 2)).status.ok());
+  }
   // A truncated input that fits is served.
   v1::EmbedRequest fits;
   auto* ids = fits.add_inputs()->mutable_token_ids();
