@@ -47,6 +47,19 @@ bool ParsesToolCalls(FinishReason r) {
   return r == FinishReason::kEos || r == FinishReason::kStop || r == FinishReason::kLength;
 }
 
+// Cancels the engine requests of `handles` submitted so far (0: not yet), read under `mu`; the
+// engine's Cancel is called outside it.
+void CancelSubmitted(Engine* engine, std::mutex* mu, const std::vector<uint64_t>& handles) {
+  std::vector<uint64_t> copy;
+  {
+    std::lock_guard<std::mutex> lock(*mu);
+    copy = handles;
+  }
+  for (uint64_t h : copy) {
+    if (h != 0) engine->Cancel(h);
+  }
+}
+
 }  // namespace
 
 // One Generate call: n completions (GenerateRequest.n), each an engine request whose messages
@@ -218,16 +231,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
-  void CancelAll() {
-    std::vector<uint64_t> handles;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      handles = handles_;
-    }
-    for (uint64_t h : handles) {
-      if (h != 0) engine_->Cancel(h);
-    }
-  }
+  void CancelAll() { CancelSubmitted(engine_, &mu_, handles_); }
 
   // Called on the engine thread (inside the leader's sink) at the leader's first message:
   // submits completions 1 .. n-1. One the engine refuses ends at once with that error. A
@@ -573,16 +577,7 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
     Finish(status);
   }
 
-  void CancelAll() {
-    std::vector<uint64_t> handles;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      handles = handles_;
-    }
-    for (uint64_t h : handles) {
-      if (h != 0) engine_->Cancel(h);
-    }
-  }
+  void CancelAll() { CancelSubmitted(engine_, &mu_, handles_); }
 
   void Unref() {
     if (refs_.fetch_sub(1) == 1) delete this;
