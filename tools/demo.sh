@@ -71,6 +71,10 @@ echo "== demo request: tool calling, the model must call a function (sampled, se
   --max_new_tokens=64 --temperature=0.9 --seed=5 --tool_choice=required \
   --tools='[{"type":"function","function":{"name":"get_weather","description":"Forecast.","parameters":{"type":"object","properties":{"city":{"enum":["Lima","Oslo"]},"days":{"type":"integer","minimum":1,"maximum":7}},"required":["city"]}}}]'
 echo
+echo "== demo request: embeddings (last-token pooling, normalized; 8 of each vector's components) =="
+"$cli" embed --server="127.0.0.1:${port}" --text="A cat sits on the mat." \
+  --text="A dog sleeps on the rug." --dimensions=8
+echo
 echo "== demo request: the OpenAI-compatible HTTP API (POST /v1/chat/completions) =="
 curl -sS "http://127.0.0.1:${http_port}/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "kvrm", "messages": [{"role": "user", "content": "What does a KV cache hold?"}], "max_tokens": 24, "temperature": 0}'
@@ -82,4 +86,5 @@ echo "kvrmd is serving on 127.0.0.1:${port} (gRPC) and http://127.0.0.1:${http_p
 echo "(Ctrl-C to stop). Try:"
 echo "  $cli generate --server=127.0.0.1:${port} --prompt='Hello' --max_new_tokens=32"
 echo "  curl -N http://127.0.0.1:${http_port}/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 32, \"stream\": true}'"
+echo "  curl http://127.0.0.1:${http_port}/v1/embeddings -d '{\"input\": [\"Hello\", \"Bonjour\"]}'"
 wait $kvrmd_pid
