@@ -689,6 +689,25 @@ TEST_F(SchedulerTest, AHigherPriorityNewcomerPreemptsForItsKv) {
 // a higher-priority newcomer that found its own prompt in the prefix cache), it resumes without
 // attaching the cached blocks that newcomer's match left behind (it once did: another prompt's
 // KV under its tokens, and logprobs that were never computed).
+// A backend that returns no hidden states (the scripted one here, the CUDA backend) refuses an
+// embedding at submission, naming the field, and serves generation as before.
+TEST_F(SchedulerTest, AnEmbeddingOnADeviceWithoutHiddenStatesIsRefused) {
+  Make(Options(2));
+  ASSERT_FALSE(engine_->returns_hidden());
+  auto r = std::make_unique<GenerationRequest>();
+  r->request_id = "embed";
+  r->prompt = {5, 6, 7};
+  r->pooling = Pooling::kLast;
+  r->sink = std::make_shared<RecordingSink>();
+  const absl::Status st = engine_->Submit(std::move(r)).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+  EXPECT_EQ(st.message().rfind("pooling:", 0), 0u) << st;
+  auto plain = Submit("plain", 20, 4);
+  RunUntilDone({plain});
+  EXPECT_EQ(plain->tokens.size(), 4u);
+  ExpectIdle();
+}
+
 TEST_F(SchedulerTest, AScoredPromptResumesWithoutAnotherRequestsCachedPrefix) {
   EngineOptions o = Options(4);
   o.max_context = 320;
