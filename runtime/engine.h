@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -375,8 +376,8 @@ class Engine {
     // token).
     std::vector<TokenLogprobs> prompt_logprobs;
     // Embeddings (GenerationRequest::pooling): the sum of the pooled rows' final hidden states
-    // ([hidden_size], allocated once), and how many prompt rows it holds (a chunk redone after
-    // a pause adds none twice).
+    // ([hidden_size], allocated once), and the prompt position it holds every pooled row
+    // before (a chunk redone after a pause adds none twice).
     std::vector<float> pooled;
     int32_t pooled_rows = 0;
     bool swapped = false;    // paused with its KV in the host tier (else dropped: recompute)
@@ -448,6 +449,12 @@ class Engine {
   // Whether the slot's request still needs its prompt's logits (prompt logprobs not yet sent):
   // its prompt is prefilled with every row's logits and never from the prefix cache.
   bool ScoresPrompt(int32_t slot) const;
+  // The prompt rows [first, end) of `tokens` an embedding pools: the last; every one; the first.
+  static std::pair<int32_t, int32_t> PooledRows(Pooling pooling, int32_t tokens) {
+    return pooling == Pooling::kLast   ? std::pair{tokens - 1, tokens}
+           : pooling == Pooling::kMean ? std::pair{0, tokens}
+                                       : std::pair{0, 1};
+  }
   // Whether `request` needs every prompt row's output (prompt logprobs; mean or first-token
   // pooling): it is matched against the prefix cache with no runs, so prefilled whole.
   static bool NeedsEveryPromptRow(const GenerationRequest& request) {

@@ -205,9 +205,7 @@ void Engine::ResumePaused() {
     // no runs still clears what an earlier match left for AttachCachedPrefix below.)
     const CachedPrefix prefix = MatchCachedPrefix(
         s.history,
-        s.swapped || ScoresPrompt(pick) || (s.generated == 0 && NeedsEveryPromptRow(*s.request))
-            ? 0
-            : runs - 1,
+        s.swapped || (s.generated == 0 && NeedsEveryPromptRow(*s.request)) ? 0 : runs - 1,
         s.request->cache_salt);
     need -= prefix.blocks;
     if (pager_->free_device_blocks() - prefix.idle < need + headroom) return;
@@ -914,26 +912,14 @@ bool Engine::PickPrefillChunk() {
   chunk_last_ = slot.prefilled + n == total;
   chunk_.all_logits = ScoresPrompt(pick);
   chunk_.adapter = slot.request->lora_adapter;
-  // Embeddings: the rows the pooling takes (kLast: the prompt's last; kMean: every row not yet
-  // summed; kCls: the first).
+  // Embeddings: the chunk's rows among those the pooling takes and not summed yet.
   chunk_.hidden = nullptr;
   chunk_.hidden_begin = chunk_.hidden_end = 0;
   if (slot.request->pooling != Pooling::kNone) {
+    const auto [first, end] = PooledRows(slot.request->pooling, total);
     const int32_t start = slot.prefilled;
-    switch (slot.request->pooling) {
-      case Pooling::kLast:
-        if (chunk_last_) chunk_.hidden_begin = n - 1, chunk_.hidden_end = n;
-        break;
-      case Pooling::kMean:
-        chunk_.hidden_begin = std::clamp(slot.pooled_rows - start, 0, n);
-        chunk_.hidden_end = n;
-        break;
-      case Pooling::kCls:
-        chunk_.hidden_end = start == 0 && slot.pooled_rows == 0 ? 1 : 0;
-        break;
-      case Pooling::kNone:
-        break;
-    }
+    chunk_.hidden_begin = std::clamp(std::max(first, slot.pooled_rows) - start, 0, n);
+    chunk_.hidden_end = std::clamp(end - start, 0, n);
     if (chunk_.hidden_end > chunk_.hidden_begin) chunk_.hidden = slot.pooled.data();
   }
   if (bounded_slots()) chunk_.far_dropped = pager_->Dropped(pick);
@@ -1013,20 +999,17 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
     }
   }
   if (chunk_.hidden != nullptr) {
-    if (slot.request->pooling == Pooling::kLast) {
-      // (Only the last chunk's last row: nothing else was added.)
-      slot.pooled_rows = slot.prefilled;
-    } else {
-      slot.pooled_rows = std::max(slot.pooled_rows, chunk_.start + chunk_.hidden_end);
-    }
+    slot.pooled_rows = std::max(slot.pooled_rows, chunk_.start + chunk_.hidden_end);
   }
   if (!chunk_last_) return;
   if (slot.request->pooling != Pooling::kNone) {
-    // An embedding ends here: its pooled state, nothing sampled.
+    // An embedding ends here: the mean of its pooled rows, nothing sampled.
+    const auto [first, end] =
+        PooledRows(slot.request->pooling, static_cast<int32_t>(slot.history.size()));
     StreamChunk last;
     last.embedding = slot.pooled;
-    if (slot.request->pooling == Pooling::kMean) {
-      const float inv = 1.0f / static_cast<float>(slot.request->prompt.size());
+    if (end - first > 1) {
+      const float inv = 1.0f / static_cast<float>(end - first);
       for (float& v : last.embedding) v *= inv;
     }
     FinishSlot(pick, FinishReason::kStop, std::move(last), "", "");
