@@ -925,15 +925,8 @@ absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) 
   if (input == nullptr) return Bad("input", "is required");
   // One input, or a list: strings, or token-id lists (a flat list of integers is one input).
   auto add_text = [&](const Json& j) { out.embed.add_inputs()->set_text(j.get<std::string>()); };
-  auto add_ids = [&](const Json& j, const std::string& param) -> absl::Status {
-    v1::EmbedInput* in = out.embed.add_inputs();
-    for (size_t i = 0; i < j.size(); ++i) {
-      ASSIGN_OR_RETURN(std::optional<int64_t> id,
-                       IntegerOf(j[i], absl::StrCat(param, "[", i, "]")));
-      if (*id < INT32_MIN || *id > INT32_MAX) return Bad(param, "id out of range");
-      in->mutable_token_ids()->add_ids(static_cast<int32_t>(*id));
-    }
-    return absl::OkStatus();
+  auto add_ids = [&](const Json& j, const std::string& param) {
+    return TokenList(j, param, out.embed.add_inputs()->mutable_token_ids()->mutable_ids());
   };
   if (input->is_string()) {
     add_text(*input);

@@ -32,6 +32,16 @@
 
 namespace kvrm {
 
+// Whether the peer of `fd` closed or reset its end, or shut down its sending side (POLLRDHUP:
+// HTTP/1.1 clients do not after a request, so it is taken as gone, as nginx takes it). Bytes it
+// sent (a pipelined next request) are not a hang-up and are left to libmicrohttpd.
+namespace {
+bool ClientHungUp(int fd) {
+  pollfd p{fd, POLLRDHUP, 0};
+  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+}  // namespace
+
 class ActiveCalls {
  public:
   explicit ActiveCalls(const HttpApiMetrics* metrics) : metrics_(metrics) {}
@@ -330,17 +340,13 @@ class CallGroup {
 
   static void* Tag(size_t call) { return reinterpret_cast<void*>(call + 1); }
 
-  // A peer that closed or reset its end cancels the calls. Bytes the
-  // client sent (a pipelined next request) are not a hang-up and are left to libmicrohttpd.
-  // A client that only shut down its sending side after the request (POLLRDHUP; HTTP/1.1
-  // clients do not) is taken as gone too, as nginx takes it by default.
+  // A client that hung up (ClientHungUp) cancels the calls.
   void WatchClient() {
     if (client_fd_ < 0 || client_gone_) return;
     const absl::Time now = absl::Now();
     if (now - last_watch_ < absl::Milliseconds(kWatchMs)) return;
     last_watch_ = now;
-    pollfd p{client_fd_, POLLRDHUP, 0};
-    if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+    if (ClientHungUp(client_fd_)) {
       client_gone_ = true;
       if (disconnects_ != nullptr) disconnects_->Add();
       Cancel();
@@ -789,9 +795,7 @@ int OpenAiHttpServer::Embeddings(MHD_Connection* connection, const std::string& 
     const grpc::CompletionQueue::NextStatus next =
         cq.AsyncNext(&tag, &ok, std::chrono::system_clock::now() + std::chrono::milliseconds(50));
     if (next != grpc::CompletionQueue::TIMEOUT) break;  // the call ended (or was cancelled)
-    pollfd p{client_fd, POLLRDHUP, 0};
-    if (!gone && client_fd >= 0 && poll(&p, 1, 0) > 0 &&
-        (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+    if (!gone && client_fd >= 0 && ClientHungUp(client_fd)) {
       gone = true;
       if (options_.metrics != nullptr) options_.metrics->client_disconnects()->Add();
       context.TryCancel();

@@ -83,6 +83,35 @@ absl::Status ValidateRequestId(const std::string& id) {
   return absl::OkStatus();
 }
 
+// Each of `ids` in the vocabulary, or INVALID_ARGUMENT naming `field` and the first that is not.
+absl::Status CheckTokenIds(const std::string& field,
+                           const google::protobuf::RepeatedField<int32_t>& ids,
+                           int32_t vocab_size) {
+  for (int i = 0; i < ids.size(); ++i) {
+    if (ids[i] < 0 || ids[i] >= vocab_size) {
+      return Invalid(field, absl::StrCat("id ", ids[i], " at index ", i,
+                                         " is outside the vocabulary [0, ", vocab_size, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The fields Generate and Embed share: priority in [-100, 100], cache_salt and lora_adapter
+// (resolved by the engine, which knows the adapters served at that moment) at most 256 bytes.
+absl::Status CheckSharedFields(int32_t priority, const std::string& cache_salt,
+                               const std::string& lora_adapter) {
+  if (priority < -100 || priority > 100) {
+    return Invalid("priority", absl::StrCat(priority, " is outside [-100, 100]"));
+  }
+  if (cache_salt.size() > 256) {
+    return Invalid("cache_salt", absl::StrCat(cache_salt.size(), " bytes; at most 256"));
+  }
+  if (lora_adapter.size() > 256) {
+    return Invalid("lora_adapter", absl::StrCat(lora_adapter.size(), " bytes; at most 256"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
                               SamplingConfig* out) {
   if (!Finite(s.temperature()) || s.temperature() < 0 || s.temperature() > 100) {
@@ -133,14 +162,8 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
                      absl::StrCat(s.allowed_token_ids_size(), " ids; at most the vocabulary's ",
                                   vocab_size));
     }
-    for (int i = 0; i < s.allowed_token_ids_size(); ++i) {
-      const int32_t token = s.allowed_token_ids(i);
-      if (token < 0 || token >= vocab_size) {
-        return Invalid("sampling.allowed_token_ids",
-                       absl::StrCat("id ", token, " at index ", i,
-                                    " is outside the vocabulary [0, ", vocab_size, ")"));
-      }
-    }
+    RETURN_IF_ERROR(
+        CheckTokenIds("sampling.allowed_token_ids", s.allowed_token_ids(), vocab_size));
     // Sorted and without repeats: at most the vocabulary, which is what the sampler holds.
     std::vector<int32_t> ids(s.allowed_token_ids().begin(), s.allowed_token_ids().end());
     std::sort(ids.begin(), ids.end());
@@ -485,13 +508,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     case v1::GenerateRequest::kTokenIds: {
       const auto& ids = proto.token_ids().ids();
       if (ids.empty()) return Invalid("token_ids", "prompt is empty");
-      for (int i = 0; i < ids.size(); ++i) {
-        if (ids[i] < 0 || ids[i] >= limits.vocab_size) {
-          return Invalid("token_ids", absl::StrCat("id ", ids[i], " at index ", i,
-                                                   " is outside the vocabulary [0, ",
-                                                   limits.vocab_size, ")"));
-        }
-      }
+      RETURN_IF_ERROR(CheckTokenIds("token_ids", ids, limits.vocab_size));
       r->prompt.assign(ids.begin(), ids.end());
       break;
     }
@@ -590,19 +607,9 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   r->prompt_logprobs =
       ro.prompt_logprobs() || ro.prompt_top_logprobs() > 0 ? ro.prompt_top_logprobs() : -1;
 
-  if (proto.priority() < -100 || proto.priority() > 100) {
-    return Invalid("priority", absl::StrCat(proto.priority(), " is outside [-100, 100]"));
-  }
+  RETURN_IF_ERROR(CheckSharedFields(proto.priority(), proto.cache_salt(), proto.lora_adapter()));
   r->priority = proto.priority();
-  if (proto.cache_salt().size() > 256) {
-    return Invalid("cache_salt", absl::StrCat(proto.cache_salt().size(), " bytes; at most 256"));
-  }
   r->cache_salt = CacheSaltKey(proto.cache_salt());
-  // Resolved by the engine (Engine::Submit), which knows the adapters served at that moment.
-  if (proto.lora_adapter().size() > 256) {
-    return Invalid("lora_adapter",
-                   absl::StrCat(proto.lora_adapter().size(), " bytes; at most 256"));
-  }
   r->lora_name = proto.lora_adapter();
   if (proto.n() < 0 || proto.n() > limits.max_n) {
     return Invalid("n", absl::StrCat(proto.n(), " is outside [1, ", limits.max_n, "] (0: 1)"));
@@ -651,16 +658,7 @@ absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
     return Invalid("inputs",
                    absl::StrCat(proto.inputs_size(), " inputs; at most ", limits.max_embed_inputs));
   }
-  if (proto.priority() < -100 || proto.priority() > 100) {
-    return Invalid("priority", absl::StrCat(proto.priority(), " is outside [-100, 100]"));
-  }
-  if (proto.cache_salt().size() > 256) {
-    return Invalid("cache_salt", absl::StrCat(proto.cache_salt().size(), " bytes; at most 256"));
-  }
-  if (proto.lora_adapter().size() > 256) {
-    return Invalid("lora_adapter",
-                   absl::StrCat(proto.lora_adapter().size(), " bytes; at most 256"));
-  }
+  RETURN_IF_ERROR(CheckSharedFields(proto.priority(), proto.cache_salt(), proto.lora_adapter()));
   const int32_t k = proto.truncate_prompt_tokens();
   if (k != 0 && k != -1 && (k < 1 || k >= limits.max_context)) {
     return Invalid("truncate_prompt_tokens",
@@ -693,13 +691,7 @@ absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
         field = absl::StrCat("inputs[", i, "].token_ids");
         const auto& ids = in.token_ids().ids();
         if (ids.empty()) return Invalid(field, "empty");
-        for (int j = 0; j < ids.size(); ++j) {
-          if (ids[j] < 0 || ids[j] >= limits.vocab_size) {
-            return Invalid(field,
-                           absl::StrCat("id ", ids[j], " at index ", j,
-                                        " is outside the vocabulary [0, ", limits.vocab_size, ")"));
-          }
-        }
+        RETURN_IF_ERROR(CheckTokenIds(field, ids, limits.vocab_size));
         r->prompt.assign(ids.begin(), ids.end());
         break;
       }
