@@ -152,19 +152,19 @@ absl::StatusOr<EngineRun> RunQueuedOn(Engine* engine,
     run.stats = engine->Stats();
   }
   double tpot_sum = 0, ttft_sum = 0;
-  for (int32_t i = 0; i < n && max_new_tokens == 0; ++i) {
-    // Embeddings: each ends with its vector, no token; its "first token" is its end.
+  for (int32_t i = 0; i < n; ++i) {
     const TimingSink& s = *sinks[i];
-    if (s.reason != FinishReason::kStop || !s.tokens.empty() || s.embedding_size == 0) {
-      return absl::InternalError(absl::StrCat("embedding ", i, " finished ",
-                                              FinishReasonName(s.reason), " with ",
-                                              s.embedding_size, " components: ", s.error));
+    if (max_new_tokens == 0) {
+      // Embeddings: each ends with its vector, no token; its "first token" is its end.
+      if (s.reason != FinishReason::kStop || !s.tokens.empty() || s.embedding_size == 0) {
+        return absl::InternalError(absl::StrCat("embedding ", i, " finished ",
+                                                FinishReasonName(s.reason), " with ",
+                                                s.embedding_size, " components: ", s.error));
+      }
+      run.wall_s = std::max(run.wall_s, s.end_s);
+      ttft_sum += s.end_s;
+      continue;
     }
-    run.wall_s = std::max(run.wall_s, s.end_s);
-    ttft_sum += s.end_s;
-  }
-  for (int32_t i = 0; i < n && max_new_tokens > 0; ++i) {
-    const TimingSink& s = *sinks[i];
     if (s.reason != FinishReason::kLength ||
         static_cast<int32_t>(s.tokens.size()) != max_new_tokens) {
       return absl::InternalError(absl::StrCat("request ", i, " finished ",
