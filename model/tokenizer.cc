@@ -217,6 +217,15 @@ absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(std::string_view text,
   return ids;
 }
 
+std::vector<int32_t> Tokenizer::JoinPair(const std::vector<int32_t>& a,
+                                         const std::vector<int32_t>& b,
+                                         bool add_special_tokens) const {
+  if (add_special_tokens && post_processor_ != nullptr) return post_processor_->ProcessPair(a, b);
+  std::vector<int32_t> out = a;
+  out.insert(out.end(), b.begin(), b.end());
+  return out;
+}
+
 std::vector<std::string> Tokenizer::IdsToTokens(absl::Span<const int32_t> ids,
                                                 bool skip_special_tokens,
                                                 absl::Span<const int32_t> kept) const {

@@ -56,6 +56,11 @@ class Tokenizer {
   // HF `tokenizer.encode(text, add_special_tokens=...)` ids. Added/special tokens written in the
   // text are matched. INVALID_ARGUMENT naming "text" when `text` is not valid UTF-8.
   absl::StatusOr<std::vector<int32_t>> Encode(std::string_view text, bool add_special_tokens) const;
+  // HF `tokenizer(a, b)`'s joining of a pair (a cross-encoder's query and document), given each
+  // one's Encode(..., false) ids: with `add_special_tokens`, the post-processor's pair template
+  // (Llama 3's <|begin_of_text|> A <|begin_of_text|> B, Bert's [CLS] A [SEP] B [SEP]), else A B.
+  std::vector<int32_t> JoinPair(const std::vector<int32_t>& a, const std::vector<int32_t>& b,
+                                bool add_special_tokens) const;
 
   // HF `tokenizer.decode(ids, skip_special_tokens=...)`; always valid UTF-8. Ids that name no
   // token are skipped.

@@ -1,5 +1,6 @@
 // tokenizer.json "post_processor": the special tokens added around an encoded sequence when
-// add_special_tokens is set (HF `processors`). Only single sequences: kvrm never encodes pairs.
+// add_special_tokens is set (HF `processors`), around one sequence or a pair (a cross-encoder's
+// query and document: HF `tokenizer(text, text_pair)`).
 #ifndef KVRM_MODEL_TOKENIZER_POSTPROCESSOR_H_
 #define KVRM_MODEL_TOKENIZER_POSTPROCESSOR_H_
 
@@ -19,8 +20,15 @@ class PostProcessor {
  public:
   virtual ~PostProcessor() = default;
   virtual void Process(std::vector<int32_t>* ids) const = 0;
+  // The pair (A, B) joined with this processor's pair template: TemplateProcessing's "pair"
+  // (without one, its single template with B right after A), [CLS] A [SEP] B [SEP] (Bert),
+  // <s> A </s></s> B </s> (Roberta), A B (ByteLevel).
+  virtual std::vector<int32_t> ProcessPair(const std::vector<int32_t>& a,
+                                           const std::vector<int32_t>& b) const = 0;
   // The first id put before the sequence, if any (the BOS token).
   virtual std::optional<int32_t> bos_id() const = 0;
+  // Adds nothing to any sequence (ByteLevel): a pair stays two sequences through it.
+  virtual bool identity() const { return false; }
   // Appends every id this processor can insert (for the loader to check against the vocabulary:
   // an id beyond it would index past the embedding table).
   virtual void InsertedIds(std::vector<int32_t>* out) const = 0;

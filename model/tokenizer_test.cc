@@ -642,6 +642,65 @@ TEST(TokenizerTest, TinyTokenizerWorks) {
   EXPECT_EQ((*tok)->Decode({4, 5, 3}, true), "abc c");  // no decoder: tokens joined by spaces
 }
 
+// Pairs (a cross-encoder's query and document) as HF's tokenizer(a, b) joins them: each side
+// encoded without special tokens, then the post-processor's pair template.
+TEST(TokenizerTest, PairsAreJoinedByThePostProcessorsPairTemplate) {
+  auto with = [](const char* post_processor) {
+    Json j = *ParseJson(kTinyJson, "tiny");
+    if (post_processor != nullptr) j["post_processor"] = Json::parse(post_processor);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::FromJson(j.dump(), "tiny.json");
+    if (!tok.ok()) {
+      std::fprintf(stderr, "%s\n", tok.status().ToString().c_str());
+      std::abort();
+    }
+    return *std::move(tok);
+  };
+  const std::vector<int32_t> a = {4, 0}, b = {1, 3};  // "abca", "bc"
+  // No post-processor, or ByteLevel's (ids unchanged): A B.
+  EXPECT_EQ(with(nullptr)->JoinPair(a, b, true), (std::vector<int32_t>{4, 0, 1, 3}));
+  EXPECT_EQ(with(R"({"type": "ByteLevel"})")->JoinPair(a, b, true),
+            (std::vector<int32_t>{4, 0, 1, 3}));
+  // Bert: [CLS] A [SEP] B [SEP]; Roberta: <s> A </s> </s> B </s> (cls 5, sep 2 here).
+  EXPECT_EQ(with(R"({"type": "BertProcessing", "cls": ["<s>", 5], "sep": ["ab", 2]})")
+                ->JoinPair(a, b, true),
+            (std::vector<int32_t>{5, 4, 0, 2, 1, 3, 2}));
+  EXPECT_EQ(with(R"({"type": "RobertaProcessing", "cls": ["<s>", 5], "sep": ["ab", 2]})")
+                ->JoinPair(a, b, true),
+            (std::vector<int32_t>{5, 4, 0, 2, 2, 1, 3, 2}));
+  // A template's "pair", through a Sequence whose ByteLevel step keeps the two apart (Llama 3's
+  // <|begin_of_text|> A <|begin_of_text|> B); a template without one puts B right after A.
+  constexpr char kPair[] = R"({"type": "Sequence", "processors": [{"type": "ByteLevel"},
+      {"type": "TemplateProcessing",
+       "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}}],
+       "pair": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}},
+                {"SpecialToken": {"id": "c"}}, {"Sequence": {"id": "B"}},
+                {"SpecialToken": {"id": "<s>"}}],
+       "special_tokens": {"<s>": {"id": "<s>", "ids": [5]}, "c": {"id": "c", "ids": [3]}}}]})";
+  const std::unique_ptr<Tokenizer> paired = with(kPair);
+  EXPECT_EQ(paired->JoinPair(a, b, true), (std::vector<int32_t>{5, 4, 0, 3, 1, 3, 5}));
+  EXPECT_EQ(*paired->Encode("abca", true), (std::vector<int32_t>{5, 4, 0}));
+  EXPECT_EQ(paired->JoinPair(a, b, false), (std::vector<int32_t>{4, 0, 1, 3}));
+  EXPECT_EQ(with(R"({"type": "TemplateProcessing",
+                     "single": [{"SpecialToken": {"id": "<s>"}}, {"Sequence": {"id": "A"}},
+                                {"SpecialToken": {"id": "c"}}],
+                     "special_tokens": {"<s>": {"id": "<s>", "ids": [5]},
+                                        "c": {"id": "c", "ids": [3]}}})")
+                ->JoinPair(a, b, true),
+            (std::vector<int32_t>{5, 4, 0, 1, 3, 3}));
+  // Transformers' Llama tokenizers (add_bos_token / add_eos_token): bos A eos bos B eos.
+  std::unique_ptr<Tokenizer> llama = with(nullptr);
+  ASSERT_TRUE(llama->SetSpecialTokensTemplate("<s>", "c").ok());
+  EXPECT_EQ(llama->JoinPair(a, b, true), (std::vector<int32_t>{5, 4, 0, 3, 5, 1, 3, 3}));
+  // A template naming a sequence other than A or B is refused, naming it.
+  const absl::Status bad = LoadTiny([](Json& j) {
+    j["post_processor"] = Json::parse(R"({"type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A"}}], "pair": [{"Sequence": {"id": "C"}}],
+        "special_tokens": {}})");
+  });
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("post_processor.pair[0].Sequence.id")) << bad;
+}
+
 TEST(TokenizerTest, MalformedFilesNameTheKey) {
   struct Case {
     std::string name;
