@@ -347,6 +347,12 @@ const char* HttpRouteName(HttpRoute route) {
       return "responses";
     case HttpRoute::kEmbeddings:
       return "embeddings";
+    case HttpRoute::kClassify:
+      return "classify";
+    case HttpRoute::kScore:
+      return "score";
+    case HttpRoute::kRerank:
+      return "rerank";
     case HttpRoute::kOther:
       break;
   }

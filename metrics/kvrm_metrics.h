@@ -65,9 +65,12 @@ enum class HttpRoute {
   kLoraAdapters,  // /v1/load_lora_adapter, /v1/unload_lora_adapter
   kResponses,     // /v1/responses
   kEmbeddings,    // /v1/embeddings
+  kClassify,      // /classify, /v1/classify
+  kScore,         // /score, /v1/score
+  kRerank,        // /rerank, /v1/rerank, /v2/rerank
   kOther,         // unknown paths
 };
-constexpr int kHttpRoutes = 12;
+constexpr int kHttpRoutes = 15;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
 
 class HttpApiMetrics {

@@ -139,9 +139,10 @@ absl::StatusOr<LlamaWeights> BindLlamaWeights(const LlamaConfig& config,
                                               const QuantizedCheckpointLoad* quantized) {
   const std::string prefix = LanguageModelPrefix(config, files);
   const CheckpointQuantization& q = config.quantization;
-  // A base model's checkpoint (an embedding model's) has no LM head: bound as if tied, marked.
-  const bool no_lm_head =
-      !config.tie_word_embeddings && prefix.empty() && !files.Contains("lm_head.weight");
+  // A base model's checkpoint (an embedding model's) and a sequence classifier's (score.weight
+  // in its place) have no LM head: bound as if tied, marked.
+  const bool no_lm_head = !config.tie_word_embeddings && !files.Contains("lm_head.weight") &&
+                          (prefix.empty() || files.Contains("score.weight"));
   LlamaConfig bound = config;
   if (no_lm_head) bound.tie_word_embeddings = true;
   absl::StatusOr<LlamaWeights> w = BindLlamaWeights(

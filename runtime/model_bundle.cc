@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "model/classifier_head.h"
 #include "model/harmony.h"
 
 namespace kvrm {
@@ -86,6 +87,8 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   QuantizedLoadStats stats;
   quantized.stats = &stats;
   ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files, &quantized));
+  ASSIGN_OR_RETURN(bundle->classifier,
+                   LoadClassifierHead(dir, *bundle->files, bundle->config.hidden_size));
   if (const CheckpointQuantization& q = bundle->config.quantization; q.enabled()) {
     bundle->weights_format = q.Describe();
     // "awq 4-bit g128 checkpoint: 196 matrices as exactly their values (196 as 4-bit groups,

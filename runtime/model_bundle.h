@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "model/classifier_head.h"
 #include "model/chat_config.h"
 #include "model/config.h"
 #include "model/gguf_model.h"
@@ -32,6 +33,10 @@ struct ModelBundle {
   // or "gguf <type>" (GgufModel::file_type): ModelInfo.weights_format.
   std::string weights_format = "safetensors";
   std::unique_ptr<Tokenizer> tokenizer;
+  // A *ForSequenceClassification checkpoint's head (score.weight: a reranker's, a reward
+  // model's), or one kvrmd --classifier_from_tokens made from LM-head rows: Classify and
+  // cross-encoder Score read the last token's final hidden state through it. nullopt: none.
+  std::optional<ClassifierHead> classifier;
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
   // LoRA adapters served beside the base model (kvrmd --lora_modules), in the order requests
   // index them (GenerationRequest::lora_adapter). The CPU backend keeps each rank's share in its

@@ -1,7 +1,10 @@
 #include "server/kvrm_service.h"
 
+#include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <filesystem>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -442,44 +445,55 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   bool finished_ = false;                     // guarded by mu_: Finish called or about to be
 };
 
-// Embed's call: one engine request per input, the reply sent when the last has ended. It holds
-// a reference for gRPC until OnDone, one per input until the engine ends that input's request,
-// and one for the thread that submits them while it does; the last one deletes it.
-class EmbedReactor final : public grpc::ServerUnaryReactor {
+// A pooling call's (Embed, Classify, Score): one engine request per input, the reply built
+// from their pooled vectors when the last has ended. It holds a reference for gRPC until OnDone,
+// one per input until the engine ends that input's request, and one for the thread that submits
+// them while it does; the last one deletes it.
+class PoolingReactor final : public grpc::ServerUnaryReactor {
  public:
-  EmbedReactor(Engine* engine, v1::EmbedResponse* response, const EmbedPlan& plan)
+  struct Pooled {
+    std::vector<float> vector;  // the pooled final hidden state, as the engine gives it
+    int32_t prompt_tokens = 0;
+    int32_t cached_prompt_tokens = 0;
+  };
+  // Fills the response from every input's vector, in input order; called once, when all ended
+  // well (then the call ends with the status it returns).
+  using Reply = std::function<grpc::Status(std::vector<Pooled>)>;
+  // Names input i in errors ("inputs[2]", "documents[2]").
+  using Name = std::function<std::string(int32_t)>;
+
+  PoolingReactor(Engine* engine, int32_t inputs, Reply reply, Name name)
       : engine_(engine),
-        response_(response),
-        dimensions_(plan.dimensions),
-        normalize_(plan.normalize),
-        handles_(plan.inputs.size(), 0),
-        pending_(static_cast<int32_t>(plan.inputs.size()) + 1) {
-    for (size_t i = 0; i < plan.inputs.size(); ++i) response_->add_embeddings();
-  }
+        reply_(std::move(reply)),
+        name_(std::move(name)),
+        pooled_(inputs),
+        handles_(inputs, 0),
+        pending_(inputs + 1) {}
 
   class Sink final : public RequestSink {
    public:
-    Sink(EmbedReactor* reactor, int32_t index) : reactor_(reactor), index_(index) {}
+    Sink(PoolingReactor* reactor, int32_t index) : reactor_(reactor), index_(index) {}
     void OnChunk(StreamChunk) override {}
     void OnFinished(StreamChunk last, const FinishInfo& info) override {
       reactor_->Ended(index_, std::move(last), info);
     }
 
    private:
-    EmbedReactor* const reactor_;
+    PoolingReactor* const reactor_;
     const int32_t index_;
   };
 
   // Submits every input (on the gRPC thread). When the engine refuses one (a full queue, a
   // drain, an adapter not served), those submitted are cancelled and the call ends with the
   // refusal once they have.
-  void Start(grpc::CallbackServerContext* context, EmbedPlan plan, const std::string& id,
+  void Start(grpc::CallbackServerContext* context,
+             std::vector<std::unique_ptr<GenerationRequest>> inputs, const std::string& id,
              absl::Time arrival) {
     refs_.fetch_add(1);  // the submitter's, until it has counted itself out
-    const int32_t n = static_cast<int32_t>(plan.inputs.size());
+    const int32_t n = static_cast<int32_t>(inputs.size());
     int32_t submitted = 0;
     for (; submitted < n; ++submitted) {
-      std::unique_ptr<GenerationRequest>& r = plan.inputs[submitted];
+      std::unique_ptr<GenerationRequest>& r = inputs[submitted];
       r->request_id = submitted == 0 ? id : absl::StrCat(id, "/", submitted);
       r->arrival = arrival;
       r->sink = std::make_shared<Sink>(this, submitted);
@@ -535,15 +549,13 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (info.reason == FinishReason::kStop && !last.embedding.empty()) {
-        FinishEmbedding(dimensions_, normalize_, &last.embedding);
-        v1::Embedding* e = response_->mutable_embeddings(index);
-        e->mutable_values()->Assign(last.embedding.begin(), last.embedding.end());
-        e->set_prompt_tokens(info.prompt_tokens);
-        e->set_cached_prompt_tokens(info.cached_prompt_tokens);
-        response_->set_prompt_tokens(response_->prompt_tokens() + info.prompt_tokens);
+        Pooled& p = pooled_[index];
+        p.vector = std::move(last.embedding);
+        p.prompt_tokens = info.prompt_tokens;
+        p.cached_prompt_tokens = info.cached_prompt_tokens;
       } else if (status_.ok()) {
         // The first input that failed decides the call's status; the rest are not needed.
-        const std::string which = absl::StrCat("inputs[", index, "]: ");
+        const std::string which = name_(index) + ": ";
         switch (info.reason) {
           case FinishReason::kCancelled:
             status_ = grpc::Status(grpc::StatusCode::CANCELLED, which + "cancelled");
@@ -553,7 +565,7 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
             break;
           default:
             status_ = grpc::Status(grpc::StatusCode::INTERNAL,
-                                   which + (info.error.empty() ? "no embedding" : info.error));
+                                   which + (info.error.empty() ? "no hidden state" : info.error));
         }
         cancel_rest = !cancelled_;
         cancelled_ = true;
@@ -573,7 +585,8 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
       if (pending_ > 0) return;
       status = status_;
     }
-    if (!status.ok()) response_->Clear();
+    // Every input has ended: nothing writes pooled_ any more.
+    if (status.ok()) status = reply_(std::move(pooled_));
     Finish(status);
   }
 
@@ -584,10 +597,10 @@ class EmbedReactor final : public grpc::ServerUnaryReactor {
   }
 
   Engine* const engine_;
-  v1::EmbedResponse* const response_;  // gRPC's, until OnDone
-  const int32_t dimensions_;
-  const bool normalize_;
+  const Reply reply_;
+  const Name name_;
   std::mutex mu_;
+  std::vector<Pooled> pooled_;     // guarded by mu_: [inputs]
   std::vector<uint64_t> handles_;  // guarded by mu_: [inputs], 0 until submitted
   int32_t pending_;                // guarded by mu_: inputs not ended, + 1 while submitting
   grpc::Status status_;            // guarded by mu_: the call's, OK until something failed
@@ -826,16 +839,41 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   KVRM_GRPC_HANDOFF(reactor);
 }
 
+grpc::Status KvrmService::CheckQueueRoom(grpc::CallbackServerContext* context, int32_t inputs,
+                                          const char* field) const {
+  // A pooling call's inputs count against the queue bound together (its inputs after the first
+  // are submitted past the bound, as one call's): one that could never fit is refused, one that
+  // does not fit now is told to come back.
+  const int32_t max_queue = engine_->options().max_queue;
+  if (inputs > max_queue) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat(field, ": ", inputs, " prompts to prefill; this server queues at most ",
+                                     max_queue, " (kvrmd --max_queue)"));
+  }
+  if (const int32_t queued = engine_->QueuedRequests(); queued + inputs > max_queue) {
+    context->AddTrailingMetadata("retry-after-ms", "1000");
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("queue full (", queued, " waiting requests; this call has ",
+                                     inputs, ")"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status KvrmService::PoolingRefusal(const char* rpc) const {
+  if (!engine_->returns_hidden()) {
+    return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
+                        absl::StrCat(rpc, ": this device does not return hidden states "
+                                          "(--device=cpu does)"));
+  }
+  return grpc::Status::OK;
+}
+
 grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* context,
                                              const v1::EmbedRequest* request,
                                              v1::EmbedResponse* response) {
   const absl::Time arrival = absl::Now();
   if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
-  if (!engine_->returns_hidden()) {
-    return FinishUnary(context, grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                                             "Embed: this device does not return hidden states "
-                                             "(--device=cpu does)"));
-  }
+  if (grpc::Status s = PoolingRefusal("Embed"); !s.ok()) return FinishUnary(context, s);
   if (!info_.embed_refusal.empty()) {
     return FinishUnary(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                                              absl::StrCat("Embed: ", info_.embed_refusal)));
@@ -844,23 +882,9 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
       ValidateEmbedRequest(*request, *engine_->model().tokenizer, limits_, info_.pooling,
                            info_.embedding_normalize, engine_->model().config.hidden_size);
   if (!plan.ok()) return FinishUnary(context, ToGrpcStatus(plan.status()));
-  // The call's inputs count against the queue bound together (its inputs after the first are
-  // submitted past the bound, as one call's): one that could never fit is refused, one that does
-  // not fit now is told to come back.
   const int32_t inputs = static_cast<int32_t>(plan->inputs.size());
-  const int32_t max_queue = engine_->options().max_queue;
-  if (inputs > max_queue) {
-    return FinishUnary(context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                             absl::StrCat("inputs: ", inputs,
-                                                          " inputs; this server queues at most ",
-                                                          max_queue, " (kvrmd --max_queue)")));
-  }
-  if (const int32_t queued = engine_->QueuedRequests(); queued + inputs > max_queue) {
-    context->AddTrailingMetadata("retry-after-ms", "1000");
-    return FinishUnary(context, grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                                             absl::StrCat("queue full (", queued,
-                                                          " waiting requests; this call has ",
-                                                          inputs, " inputs)")));
+  if (grpc::Status s = CheckQueueRoom(context, inputs, "inputs"); !s.ok()) {
+    return FinishUnary(context, s);
   }
   const std::string id = request->request_id().empty() ? absl::StrCat("emb-", next_id_.fetch_add(1))
                                                        : request->request_id();
@@ -868,8 +892,144 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
   response->set_pooling(plan->pooling == Pooling::kMean  ? v1::POOLING_MEAN
                         : plan->pooling == Pooling::kCls ? v1::POOLING_CLS
                                                          : v1::POOLING_LAST);
-  auto* reactor = new EmbedReactor(engine_, response, *plan);
-  reactor->Start(context, *std::move(plan), id, arrival);
+  auto reply = [response, dimensions = plan->dimensions,
+                normalize = plan->normalize](std::vector<PoolingReactor::Pooled> pooled) {
+    for (PoolingReactor::Pooled& p : pooled) {
+      FinishEmbedding(dimensions, normalize, &p.vector);
+      v1::Embedding* e = response->add_embeddings();
+      e->mutable_values()->Assign(p.vector.begin(), p.vector.end());
+      e->set_prompt_tokens(p.prompt_tokens);
+      e->set_cached_prompt_tokens(p.cached_prompt_tokens);
+      response->set_prompt_tokens(response->prompt_tokens() + p.prompt_tokens);
+    }
+    return grpc::Status::OK;
+  };
+  auto* reactor = new PoolingReactor(engine_, inputs, std::move(reply), [](int32_t i) {
+    return absl::StrCat("inputs[", i, "]");
+  });
+  reactor->Start(context, std::move(plan->inputs), id, arrival);
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* context,
+                                                const v1::ClassifyRequest* request,
+                                                v1::ClassifyResponse* response) {
+  const absl::Time arrival = absl::Now();
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  const std::optional<ClassifierHead>& head = engine_->model().classifier;
+  if (!head) {
+    return FinishUnary(context,
+                       grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                    "Classify: the served model has no classification head (a "
+                                    "*ForSequenceClassification checkpoint's score.weight, or "
+                                    "kvrmd --classifier_from_tokens)"));
+  }
+  if (grpc::Status s = PoolingRefusal("Classify"); !s.ok()) return FinishUnary(context, s);
+  absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> inputs =
+      ValidateClassifyRequest(*request, *engine_->model().tokenizer, limits_);
+  if (!inputs.ok()) return FinishUnary(context, ToGrpcStatus(inputs.status()));
+  const int32_t n = static_cast<int32_t>(inputs->size());
+  if (grpc::Status s = CheckQueueRoom(context, n, "inputs"); !s.ok()) {
+    return FinishUnary(context, s);
+  }
+  const std::string id = request->request_id().empty() ? absl::StrCat("cls-", next_id_.fetch_add(1))
+                                                       : request->request_id();
+  response->set_request_id(id);
+  auto reply = [response, &head = *head](std::vector<PoolingReactor::Pooled> pooled) {
+    for (const PoolingReactor::Pooled& p : pooled) {
+      const std::vector<double> logits = head.Logits(p.vector);
+      const std::vector<double> probs = head.Probabilities(logits);
+      v1::Classification* c = response->add_classifications();
+      for (double v : logits) c->add_logits(static_cast<float>(v));
+      for (double v : probs) c->add_probs(static_cast<float>(v));
+      const int32_t label =
+          static_cast<int32_t>(std::max_element(probs.begin(), probs.end()) - probs.begin());
+      c->set_label(label);
+      c->set_label_name(head.labels[label]);
+      c->set_prompt_tokens(p.prompt_tokens);
+      c->set_cached_prompt_tokens(p.cached_prompt_tokens);
+      response->set_prompt_tokens(response->prompt_tokens() + p.prompt_tokens);
+    }
+    return grpc::Status::OK;
+  };
+  auto* reactor = new PoolingReactor(engine_, n, std::move(reply), [](int32_t i) {
+    return absl::StrCat("inputs[", i, "]");
+  });
+  reactor->Start(context, *std::move(inputs), id, arrival);
+  return reactor;
+}
+
+v1::ScoreMethod KvrmService::score_method() const {
+  const std::optional<ClassifierHead>& head = engine_->model().classifier;
+  if (!engine_->returns_hidden()) return v1::SCORE_METHOD_UNSPECIFIED;
+  if (head) return head->num_labels == 1 ? v1::SCORE_METHOD_CROSS_ENCODER : v1::SCORE_METHOD_UNSPECIFIED;
+  return info_.embed_refusal.empty() ? v1::SCORE_METHOD_EMBEDDING_SIMILARITY
+                                     : v1::SCORE_METHOD_UNSPECIFIED;
+}
+
+grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* context,
+                                             const v1::ScoreRequest* request,
+                                             v1::ScoreResponse* response) {
+  const absl::Time arrival = absl::Now();
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  if (grpc::Status s = PoolingRefusal("Score"); !s.ok()) return FinishUnary(context, s);
+  const std::optional<ClassifierHead>& head = engine_->model().classifier;
+  const v1::ScoreMethod method = score_method();
+  if (method == v1::SCORE_METHOD_UNSPECIFIED) {
+    return FinishUnary(
+        context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              head ? absl::StrCat("Score: the classification head has ",
+                                                  head->num_labels,
+                                                  " labels; a cross-encoder's has one (Classify "
+                                                  "gives each label's probability)")
+                                   : absl::StrCat("Score: ", info_.embed_refusal)));
+  }
+  const bool cross = method == v1::SCORE_METHOD_CROSS_ENCODER;
+  absl::StatusOr<ScorePlan> plan = ValidateScoreRequest(*request, *engine_->model().tokenizer,
+                                                        limits_, cross, info_.pooling);
+  if (!plan.ok()) return FinishUnary(context, ToGrpcStatus(plan.status()));
+  const int32_t n = static_cast<int32_t>(plan->inputs.size());
+  if (grpc::Status s = CheckQueueRoom(context, n, "documents"); !s.ok()) {
+    return FinishUnary(context, s);
+  }
+  const std::string id = request->request_id().empty()
+                             ? absl::StrCat("score-", next_id_.fetch_add(1))
+                             : request->request_id();
+  response->set_request_id(id);
+  response->set_method(method);
+  const int32_t queries = plan->queries, documents = plan->documents;
+  auto reply = [response, cross, head = cross ? &*head : nullptr, queries,
+                documents](std::vector<PoolingReactor::Pooled> pooled) {
+    for (const PoolingReactor::Pooled& p : pooled) {
+      response->set_prompt_tokens(response->prompt_tokens() + p.prompt_tokens);
+    }
+    for (int32_t d = 0; d < documents; ++d) {
+      double score;
+      if (cross) {
+        score = head->Score(head->Logits(pooled[d].vector)[0]);
+      } else {
+        // The cosine similarity, in double (0 where either vector is zero).
+        const std::vector<float>& a = pooled[queries == 1 ? 0 : d].vector;
+        const std::vector<float>& b = pooled[queries + d].vector;
+        double ab = 0, aa = 0, bb = 0;
+        for (size_t c = 0; c < a.size() && c < b.size(); ++c) {
+          ab += static_cast<double>(a[c]) * b[c];
+          aa += static_cast<double>(a[c]) * a[c];
+          bb += static_cast<double>(b[c]) * b[c];
+        }
+        score = aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
+      }
+      response->add_scores(static_cast<float>(score));
+    }
+    return grpc::Status::OK;
+  };
+  auto name = [cross, queries](int32_t i) {
+    if (cross) return absl::StrCat("documents[", i, "]");
+    return i < queries ? absl::StrCat("queries[", i, "]")
+                       : absl::StrCat("documents[", i - queries, "]");
+  };
+  auto* reactor = new PoolingReactor(engine_, n, std::move(reply), std::move(name));
+  reactor->Start(context, std::move(plan->inputs), id, arrival);
   return reactor;
 }
 
@@ -948,6 +1108,11 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
   response->set_num_active_parameters(m.weights.num_active_parameters);
   if (engine_->returns_hidden()) response->set_pooling(PoolingName(info_.pooling));
   response->set_embedding_normalize(info_.embedding_normalize);
+  if (const std::optional<ClassifierHead>& head = engine_->model().classifier) {
+    response->set_num_labels(head->num_labels);
+    for (const std::string& label : head->labels) response->add_labels(label);
+  }
+  response->set_score_method(score_method());
   response->set_num_experts(c.num_experts);
   response->set_num_experts_per_tok(c.num_experts_per_tok);
   response->set_moe_intermediate_size(c.moe_intermediate_size);

@@ -46,6 +46,12 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   grpc::ServerUnaryReactor* Embed(grpc::CallbackServerContext* context,
                                   const v1::EmbedRequest* request,
                                   v1::EmbedResponse* response) override;
+  grpc::ServerUnaryReactor* Classify(grpc::CallbackServerContext* context,
+                                     const v1::ClassifyRequest* request,
+                                     v1::ClassifyResponse* response) override;
+  grpc::ServerUnaryReactor* Score(grpc::CallbackServerContext* context,
+                                  const v1::ScoreRequest* request,
+                                  v1::ScoreResponse* response) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
                                      const v1::TokenizeRequest* request,
                                      v1::TokenizeResponse* response) override;
@@ -118,6 +124,15 @@ class KvrmService final : public v1::Kvrm::CallbackService {
 
   // OK, or UNAUTHENTICATED when an authenticator is set and the call's token is not valid.
   grpc::Status CheckAuth(const grpc::CallbackServerContext* context) const;
+
+  // The pooling calls (Embed, Classify, Score): UNIMPLEMENTED where the device returns no hidden
+  // states; whether `inputs` engine requests fit the queue bound (INVALID_ARGUMENT naming `field`
+  // beyond it, RESOURCE_EXHAUSTED with retry-after-ms when they do not fit now).
+  grpc::Status PoolingRefusal(const char* rpc) const;
+  grpc::Status CheckQueueRoom(grpc::CallbackServerContext* context, int32_t inputs,
+                              const char* field) const;
+  // What Score computes for the served model (ModelInfo.score_method).
+  v1::ScoreMethod score_method() const;
 
   Engine* engine_;
   const ServiceInfo info_;

@@ -209,6 +209,11 @@ ABSL_FLAG(std::string, pooling, "",
           "embeddings (Embed, POST /v1/embeddings): how a request without a pooling pools the "
           "final hidden states: last, mean or cls; default: the model's sentence-transformers "
           "files (modules.json), else last (decoder embedding models)");
+ABSL_FLAG(std::vector<std::string>, classifier_from_tokens, {},
+          "serve the model as a classifier (Classify, Score, /v1/rerank) whose head is the LM "
+          "head's rows of these tokens (vLLM's classifier_from_token): two tokens a,b give one "
+          "label, b's probability against a (Qwen3-Reranker: no,yes); one, its logit; more, one "
+          "label each. Default: a *ForSequenceClassification checkpoint's score.weight, if any");
 ABSL_FLAG(std::string, embedding_normalize, "",
           "embeddings: true or false, whether vectors are scaled to unit length by default; "
           "default: the model's (a Normalize module in modules.json), else true");
@@ -519,6 +524,27 @@ int Run() {
     return 2;
   }
   eo.backend_factory = device->factory;
+  if (const std::vector<std::string> tokens = absl::GetFlag(FLAGS_classifier_from_tokens);
+      !tokens.empty()) {
+    ModelBundle& m = **model;
+    if (!m.weights.has_lm_head) {
+      std::fprintf(stderr, "kvrmd: --classifier_from_tokens: the model has no LM head\n");
+      return 2;
+    }
+    absl::StatusOr<ClassifierHead> head = ClassifierFromTokens(m.weights.lm_head, *m.tokenizer, tokens);
+    if (!head.ok()) {
+      std::fprintf(stderr, "kvrmd: --classifier_from_tokens: %s\n",
+                   std::string(head.status().message()).c_str());
+      return 2;
+    }
+    if (m.classifier) LOG(INFO) << "--classifier_from_tokens replaces the checkpoint's score.weight";
+    m.classifier = *std::move(head);
+  }
+  if (const std::optional<ClassifierHead>& head = (*model)->classifier) {
+    LOG(INFO) << "classification head: " << head->num_labels << " label"
+              << (head->num_labels == 1 ? "" : "s") << " (" << head->source << ")"
+              << (head->num_labels == 1 ? ", a cross-encoder for Score" : "");
+  }
   // The registry and the observer outlive the engine and the HTTP server (declared first).
   MetricRegistry registry;
   KvrmMetricsOptions metrics_options{(*model)->name, absl::GetFlag(FLAGS_kv_mode),

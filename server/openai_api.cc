@@ -915,25 +915,24 @@ std::string TokenizeReplyJson(const v1::TokenizeResponse& response, int32_t max_
   return Dump(out);
 }
 
-absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) {
-  ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
-  OpenAiEmbeddings out;
-  out.request.endpoint = OpenAiEndpoint::kCompletions;
-  ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(parsed, "model"));
-  if (model) out.request.model = *model;
+namespace {
+
+// The pooling endpoints' `input` (/v1/embeddings, /classify): a string, an array of token ids, or
+// an array of those; each one input added by `add`.
+absl::Status PoolingInputs(const Json& parsed, const std::function<v1::EmbedInput*()>& add,
+                           OpenAiRequest* request) {
   const Json* input = Find(parsed, "input");
   if (input == nullptr) return Bad("input", "is required");
-  // One input, or a list: strings, or token-id lists (a flat list of integers is one input).
-  auto add_text = [&](const Json& j) { out.embed.add_inputs()->set_text(j.get<std::string>()); };
+  auto add_text = [&](const Json& j) { add()->set_text(j.get<std::string>()); };
   auto add_ids = [&](const Json& j, const std::string& param) {
-    return TokenList(j, param, out.embed.add_inputs()->mutable_token_ids()->mutable_ids());
+    return TokenList(j, param, add()->mutable_token_ids()->mutable_ids());
   };
   if (input->is_string()) {
     add_text(*input);
-    out.request.params["inputs[0]"] = "input";  // (one input, not a list)
+    request->params["inputs[0]"] = "input";  // (one input, not a list)
   } else if (input->is_array() && !input->empty() && (*input)[0].is_number()) {
     RETURN_IF_ERROR(add_ids(*input, "input"));
-    out.request.params["inputs[0]"] = "input";
+    request->params["inputs[0]"] = "input";
   } else if (input->is_array()) {
     if (input->empty()) return Bad("input", "is empty");
     for (size_t i = 0; i < input->size(); ++i) {
@@ -950,7 +949,40 @@ absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) 
   } else {
     return WrongType("input", "a string, an array of strings or of token-id arrays", *input);
   }
-  out.request.params["inputs"] = "input";
+  request->params["inputs"] = "input";
+  return absl::OkStatus();
+}
+
+// What the pooling endpoints share: `model`, vLLM's `truncate_prompt_tokens` and
+// `add_special_tokens` (default true), kvrm's `priority`, `cache_salt` and `request_id`.
+template <typename Proto>
+absl::Status PoolingFields(const Json& parsed, Proto* proto, OpenAiRequest* request) {
+  request->endpoint = OpenAiEndpoint::kCompletions;
+  ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(parsed, "model"));
+  if (model) request->model = *model;
+  ASSIGN_OR_RETURN(std::optional<bool> special, GetBool(parsed, "add_special_tokens"));
+  proto->set_skip_special_tokens(!special.value_or(true));
+  ASSIGN_OR_RETURN(std::optional<int32_t> truncate, GetInt32(parsed, "truncate_prompt_tokens"));
+  if (truncate) proto->set_truncate_prompt_tokens(*truncate);
+  ASSIGN_OR_RETURN(std::optional<int32_t> priority, GetInt32(parsed, "priority"));
+  if (priority) proto->set_priority(*priority);
+  ASSIGN_OR_RETURN(std::optional<std::string> salt, GetString(parsed, "cache_salt"));
+  if (salt) proto->set_cache_salt(*salt);
+  ASSIGN_OR_RETURN(std::optional<std::string> id, GetString(parsed, "request_id"));
+  if (id) proto->set_request_id(*id);
+  for (const char* name : {"truncate_prompt_tokens", "priority", "cache_salt", "request_id"}) {
+    request->params[name] = name;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
+  OpenAiEmbeddings out;
+  RETURN_IF_ERROR(PoolingInputs(parsed, [&] { return out.embed.add_inputs(); }, &out.request));
+  RETURN_IF_ERROR(PoolingFields(parsed, &out.embed, &out.request));
   ASSIGN_OR_RETURN(std::optional<std::string> format, GetString(parsed, "encoding_format"));
   if (format && *format != "float" && *format != "base64") {
     return Bad("encoding_format", absl::StrCat("'", *format, "' is not float or base64"));
@@ -964,21 +996,134 @@ absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) 
   out.request.params["dimensions"] = "dimensions";
   ASSIGN_OR_RETURN(std::optional<bool> normalize, GetBool(parsed, "normalize"));
   if (normalize) out.embed.set_normalize(*normalize);
-  ASSIGN_OR_RETURN(std::optional<bool> special, GetBool(parsed, "add_special_tokens"));
-  out.embed.set_skip_special_tokens(!special.value_or(true));
-  ASSIGN_OR_RETURN(std::optional<int32_t> truncate, GetInt32(parsed, "truncate_prompt_tokens"));
-  if (truncate) out.embed.set_truncate_prompt_tokens(*truncate);
-  out.request.params["truncate_prompt_tokens"] = "truncate_prompt_tokens";
-  ASSIGN_OR_RETURN(std::optional<int32_t> priority, GetInt32(parsed, "priority"));
-  if (priority) out.embed.set_priority(*priority);
-  out.request.params["priority"] = "priority";
-  ASSIGN_OR_RETURN(std::optional<std::string> salt, GetString(parsed, "cache_salt"));
-  if (salt) out.embed.set_cache_salt(*salt);
-  out.request.params["cache_salt"] = "cache_salt";
-  ASSIGN_OR_RETURN(std::optional<std::string> id, GetString(parsed, "request_id"));
-  if (id) out.embed.set_request_id(*id);
-  out.request.params["request_id"] = "request_id";
   return out;
+}
+
+absl::StatusOr<OpenAiClassify> ParseClassifyRequest(absl::string_view body) {
+  ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
+  OpenAiClassify out;
+  RETURN_IF_ERROR(PoolingInputs(parsed, [&] { return out.classify.add_inputs(); }, &out.request));
+  RETURN_IF_ERROR(PoolingFields(parsed, &out.classify, &out.request));
+  return out;
+}
+
+std::string ClassifyReplyJson(const v1::ClassifyResponse& response, const std::string& model,
+                              int64_t created) {
+  OrderedJson out;
+  out["id"] = response.request_id();
+  out["object"] = "list";
+  out["created"] = created;
+  out["model"] = model;
+  OrderedJson data = OrderedJson::array();
+  for (int i = 0; i < response.classifications_size(); ++i) {
+    const v1::Classification& c = response.classifications(i);
+    OrderedJson e;
+    e["index"] = i;
+    e["label"] = c.label_name();
+    OrderedJson probs = OrderedJson::array();
+    for (float p : c.probs()) probs.push_back(p);
+    e["probs"] = std::move(probs);
+    e["num_classes"] = c.probs_size();
+    data.push_back(std::move(e));
+  }
+  out["data"] = std::move(data);
+  out["usage"] = {{"prompt_tokens", response.prompt_tokens()},
+                  {"total_tokens", response.prompt_tokens()}};
+  return Dump(out);
+}
+
+absl::StatusOr<OpenAiScore> ParseScoreRequest(absl::string_view body, bool rerank) {
+  ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
+  OpenAiScore out;
+  out.rerank = rerank;
+  RETURN_IF_ERROR(PoolingFields(parsed, &out.score, &out.request));
+  // A string, or (lists_ok) an array of strings, or (rerank documents) of {"text": ...} objects.
+  auto texts = [&](const char* param, const char* field, bool lists_ok,
+                   std::string* (*add)(v1::ScoreRequest*)) -> absl::Status {
+    const Json* v = Find(parsed, param);
+    if (v == nullptr) return Bad(param, "is required");
+    out.request.params[field] = param;
+    if (v->is_string()) {
+      *add(&out.score) = v->get<std::string>();
+      out.request.params[absl::StrCat(field, "[0]")] = param;
+      return absl::OkStatus();
+    }
+    if (!lists_ok || !v->is_array()) {
+      return WrongType(param, lists_ok ? "a string or an array of strings" : "a string", *v);
+    }
+    if (v->empty()) return Bad(param, "is empty");
+    for (size_t i = 0; i < v->size(); ++i) {
+      const Json& item = (*v)[i];
+      const std::string at = absl::StrCat(param, "[", i, "]");
+      const Json* text = &item;
+      if (rerank && item.is_object()) text = Find(item, "text");  // Cohere's {"text": ...}
+      if (text == nullptr || !text->is_string()) {
+        return WrongType(at, rerank ? "a string or {\"text\": string}" : "a string", item);
+      }
+      *add(&out.score) = text->get<std::string>();
+    }
+    return absl::OkStatus();
+  };
+  auto add_query = [](v1::ScoreRequest* r) { return r->add_queries(); };
+  auto add_document = [](v1::ScoreRequest* r) { return r->add_documents(); };
+  if (rerank) {
+    RETURN_IF_ERROR(texts("query", "queries", false, add_query));
+    RETURN_IF_ERROR(texts("documents", "documents", true, add_document));
+    ASSIGN_OR_RETURN(std::optional<int32_t> top_n, GetInt32(parsed, "top_n"));
+    if (top_n && *top_n < 0) return Bad("top_n", absl::StrCat(*top_n, " is below 0"));
+    out.top_n = top_n.value_or(0);
+    ASSIGN_OR_RETURN(std::optional<bool> docs, GetBool(parsed, "return_documents"));
+    out.return_documents = docs.value_or(true);
+  } else {
+    RETURN_IF_ERROR(texts("text_1", "queries", true, add_query));
+    RETURN_IF_ERROR(texts("text_2", "documents", true, add_document));
+  }
+  return out;
+}
+
+std::string ScoreReplyJson(const v1::ScoreResponse& response, const OpenAiScore& request,
+                           const std::string& model, int64_t created) {
+  OrderedJson out;
+  out["id"] = response.request_id();
+  if (!request.rerank) {
+    out["object"] = "list";
+    out["created"] = created;
+    out["model"] = model;
+    OrderedJson data = OrderedJson::array();
+    for (int i = 0; i < response.scores_size(); ++i) {
+      OrderedJson e;
+      e["index"] = i;
+      e["object"] = "score";
+      e["score"] = response.scores(i);
+      data.push_back(std::move(e));
+    }
+    out["data"] = std::move(data);
+    out["usage"] = {{"prompt_tokens", response.prompt_tokens()},
+                    {"total_tokens", response.prompt_tokens()}};
+    return Dump(out);
+  }
+  // Most relevant first (ties in document order), the first top_n (0: all).
+  std::vector<int> order(response.scores_size());
+  for (int i = 0; i < response.scores_size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int a, int b) { return response.scores(a) > response.scores(b); });
+  if (request.top_n > 0 && static_cast<size_t>(request.top_n) < order.size()) {
+    order.resize(request.top_n);
+  }
+  out["model"] = model;
+  out["usage"] = {{"total_tokens", response.prompt_tokens()}};
+  OrderedJson results = OrderedJson::array();
+  for (int i : order) {
+    OrderedJson r;
+    r["index"] = i;
+    if (request.return_documents) {
+      r["document"] = {{"text", request.score.documents(i)}};
+    }
+    r["relevance_score"] = response.scores(i);
+    results.push_back(std::move(r));
+  }
+  out["results"] = std::move(results);
+  return Dump(out);
 }
 
 std::string EmbeddingsReplyJson(const v1::EmbedResponse& response, const std::string& model,
@@ -1125,7 +1270,7 @@ OpenAiError ToOpenAiError(const absl::Status& status, const OpenAiRequest* reque
           rest.insert(close + 1, ".function");
         }
       }
-      // Embed's inputs[i].text / .token_ids are /v1/embeddings' input[i] (or input).
+      // Embed's and Classify's inputs[i].text / .token_ids are input[i] (or input).
       if (absl::StartsWith(best_param, "input")) {
         for (const char* kind : {".text", ".token_ids"}) {
           if (absl::EndsWith(rest, kind)) rest.resize(rest.size() - std::strlen(kind));

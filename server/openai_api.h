@@ -105,6 +105,37 @@ absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body);
 std::string EmbeddingsReplyJson(const v1::EmbedResponse& response, const std::string& model,
                                 int64_t created, bool base64);
 
+// vLLM's POST /classify: `input` as /v1/embeddings' and the same `truncate_prompt_tokens`,
+// `add_special_tokens`, `priority`, `cache_salt`, `request_id`.
+struct OpenAiClassify {
+  v1::ClassifyRequest classify;
+  OpenAiRequest request;  // model, and the parameter names for errors
+};
+absl::StatusOr<OpenAiClassify> ParseClassifyRequest(absl::string_view body);
+// {"id", "object": "list", "created", "model", "data": [{"index", "label", "probs",
+// "num_classes"}], "usage": {"prompt_tokens", "total_tokens"}}, as vLLM's.
+std::string ClassifyReplyJson(const v1::ClassifyResponse& response, const std::string& model,
+                              int64_t created);
+
+// vLLM's POST /score: `text_1` (a string or an array: the queries) and `text_2` (the
+// documents); or (`rerank`) vLLM's / Jina's / Cohere's POST /rerank: `query`, `documents`
+// (strings, or Cohere's {"text": ...}), `top_n` (0 or absent: all), `return_documents` (default
+// true). Both take the pooling endpoints' `truncate_prompt_tokens`, `add_special_tokens`,
+// `priority`, `cache_salt`, `request_id`.
+struct OpenAiScore {
+  v1::ScoreRequest score;
+  bool rerank = false;
+  int32_t top_n = 0;
+  bool return_documents = true;
+  OpenAiRequest request;  // model, and the parameter names for errors
+};
+absl::StatusOr<OpenAiScore> ParseScoreRequest(absl::string_view body, bool rerank);
+// /score: {"id", "object": "list", "created", "model", "data": [{"index", "object": "score",
+// "score"}], "usage"}. /rerank: {"id", "model", "usage": {"total_tokens"}, "results": [{"index",
+// "document": {"text"}, "relevance_score"}]}, most relevant first, the first top_n.
+std::string ScoreReplyJson(const v1::ScoreResponse& response, const OpenAiScore& request,
+                           const std::string& model, int64_t created);
+
 // vLLM's POST /detokenize: {"tokens": [ids]} -> {"prompt": "text"}.
 struct OpenAiDetokenize {
   v1::DetokenizeRequest detokenize;

@@ -112,6 +112,9 @@ HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
   }
   if (path == "/v1/models" || absl::StartsWith(path, "/v1/models/")) return HttpRoute::kModels;
   if (path == "/v1/embeddings") return HttpRoute::kEmbeddings;
+  if (path == "/classify" || path == "/v1/classify") return HttpRoute::kClassify;
+  if (path == "/score" || path == "/v1/score") return HttpRoute::kScore;
+  if (path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank") return HttpRoute::kRerank;
   if (path == "/tokenize") return HttpRoute::kTokenize;
   if (path == "/detokenize") return HttpRoute::kDetokenize;
   if (path == "/health" || path == "/ping") return HttpRoute::kHealth;
@@ -597,6 +600,14 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       if (upload->too_large) return too_large();
       if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return Embeddings(connection, upload->body);
+    case HttpRoute::kClassify:
+    case HttpRoute::kScore:
+    case HttpRoute::kRerank:
+      if (!post) return use("POST");
+      if (upload->too_large) return too_large();
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
+      if (upload->route == HttpRoute::kClassify) return Classify(connection, upload->body);
+      return Score(connection, upload->body, upload->route == HttpRoute::kRerank);
     case HttpRoute::kTokenize:
     case HttpRoute::kDetokenize:
       if (!post) return use("POST");
@@ -632,7 +643,8 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       connection, 404, "not_found_error",
       absl::StrCat("no route ", path,
                    ": try /v1/chat/completions, "
-                   "/v1/completions, /v1/responses, /v1/embeddings, /v1/models, /tokenize, "
+                   "/v1/completions, /v1/responses, /v1/embeddings, /v1/models, /classify, "
+                   "/score, /rerank, /tokenize, "
                    "/detokenize, "
                    "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
 }
@@ -757,23 +769,24 @@ int OpenAiHttpServer::Tokenize(MHD_Connection* connection, const std::string& bo
                    });
 }
 
-int OpenAiHttpServer::Embeddings(MHD_Connection* connection, const std::string& body) {
-  absl::StatusOr<OpenAiEmbeddings> parsed = ParseEmbeddingsRequest(body);
-  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
-  const std::string& model = parsed->request.model;
+template <typename Request, typename Response>
+int OpenAiHttpServer::PoolingCall(
+    MHD_Connection* connection, Request* request, const OpenAiRequest& names,
+    std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> (v1::Kvrm::Stub::*start)(
+        grpc::ClientContext*, const Request&, grpc::CompletionQueue*),
+    const std::function<std::string(const Response&, const std::string&, int64_t)>& json) {
+  const std::string& model = names.model;
   if (std::optional<OpenAiError> e = WrongModel(model)) return ReplyError(connection, *e);
   if (!model.empty() && model != options_.served_model_name) {
-    parsed->embed.set_lora_adapter(model);  // WrongModel let it through: an adapter's name
+    request->set_lora_adapter(model);  // WrongModel let it through: an adapter's name
   }
-  if (parsed->embed.request_id().empty()) {
+  if (request->request_id().empty()) {
     if (const char* header = Header(connection, "X-Request-Id"); header != nullptr && *header) {
-      parsed->embed.set_request_id(header);
+      request->set_request_id(header);
     }
   }
   const std::string reply_model = model.empty() ? options_.served_model_name : model;
   const int64_t created = absl::ToUnixSeconds(absl::Now());
-  // Asynchronously, the client's socket watched meanwhile: a client that hangs up cancels the
-  // call (and with it every input's prefill), as a completion's does.
   grpc::ClientContext context;
   PassAuthorization(connection, &context);
   if (!calls_->Add(&context)) {
@@ -783,10 +796,10 @@ int OpenAiHttpServer::Embeddings(MHD_Connection* connection, const std::string& 
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
   const int client_fd = fd_info != nullptr ? fd_info->connect_fd : -1;
   grpc::CompletionQueue cq;
-  v1::EmbedResponse response;
+  Response response;
   grpc::Status status;
-  std::unique_ptr<grpc::ClientAsyncResponseReader<v1::EmbedResponse>> call =
-      stub_->AsyncEmbed(&context, parsed->embed, &cq);
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> call =
+      (stub_.get()->*start)(&context, *request, &cq);
   call->Finish(&response, &status, reinterpret_cast<void*>(1));
   bool gone = false;
   for (;;) {
@@ -809,11 +822,39 @@ int OpenAiHttpServer::Embeddings(MHD_Connection* connection, const std::string& 
   }
   if (gone) return MHD_NO;  // nobody to reply to
   if (!status.ok()) {
-    return ReplyError(connection,
-                      ToOpenAiError(FromGrpc(status), &parsed->request, RetryAfterMs(context)));
+    return ReplyError(connection, ToOpenAiError(FromGrpc(status), &names, RetryAfterMs(context)));
   }
-  return Queue(connection, MHD_HTTP_OK,
-               Buffer(EmbeddingsReplyJson(response, reply_model, created, parsed->base64), kJson));
+  return Queue(connection, MHD_HTTP_OK, Buffer(json(response, reply_model, created), kJson));
+}
+
+int OpenAiHttpServer::Embeddings(MHD_Connection* connection, const std::string& body) {
+  absl::StatusOr<OpenAiEmbeddings> parsed = ParseEmbeddingsRequest(body);
+  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
+  const bool base64 = parsed->base64;
+  return PoolingCall<v1::EmbedRequest, v1::EmbedResponse>(
+      connection, &parsed->embed, parsed->request, &v1::Kvrm::Stub::AsyncEmbed,
+      [base64](const v1::EmbedResponse& r, const std::string& model, int64_t created) {
+        return EmbeddingsReplyJson(r, model, created, base64);
+      });
+}
+
+int OpenAiHttpServer::Classify(MHD_Connection* connection, const std::string& body) {
+  absl::StatusOr<OpenAiClassify> parsed = ParseClassifyRequest(body);
+  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
+  return PoolingCall<v1::ClassifyRequest, v1::ClassifyResponse>(
+      connection, &parsed->classify, parsed->request, &v1::Kvrm::Stub::AsyncClassify,
+      &ClassifyReplyJson);
+}
+
+int OpenAiHttpServer::Score(MHD_Connection* connection, const std::string& body, bool rerank) {
+  absl::StatusOr<OpenAiScore> parsed = ParseScoreRequest(body, rerank);
+  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
+  const OpenAiScore& request = *parsed;
+  return PoolingCall<v1::ScoreRequest, v1::ScoreResponse>(
+      connection, &parsed->score, parsed->request, &v1::Kvrm::Stub::AsyncScore,
+      [&request](const v1::ScoreResponse& r, const std::string& model, int64_t created) {
+        return ScoreReplyJson(r, request, model, created);
+      });
 }
 
 int OpenAiHttpServer::LoraAdapterUpdate(MHD_Connection* connection, bool load,

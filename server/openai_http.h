@@ -115,8 +115,21 @@ class OpenAiHttpServer {
   // POST /v1/completions, /v1/chat/completions and /v1/responses.
   int Generate(MHD_Connection* connection, HttpRoute route, const std::string& body);
   int Tokenize(MHD_Connection* connection, const std::string& body);
-  // POST /v1/embeddings: the service's Embed.
+  // POST /v1/embeddings, /classify, /score and /rerank: the service's Embed, Classify and Score.
   int Embeddings(MHD_Connection* connection, const std::string& body);
+  int Classify(MHD_Connection* connection, const std::string& body);
+  int Score(MHD_Connection* connection, const std::string& body, bool rerank);
+  // A pooling call (`start`: the stub's AsyncEmbed, AsyncClassify or AsyncScore) made
+  // asynchronously, the client's socket watched meanwhile: a client that hangs up cancels the
+  // call (and with it every input's prefill), as a completion's does. `request` gets the
+  // adapter `names.model` names and the X-Request-Id header's id where it has none; the reply is
+  // `json(response, model, created)`.
+  template <typename Request, typename Response>
+  int PoolingCall(
+      MHD_Connection* connection, Request* request, const OpenAiRequest& names,
+      std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> (v1::Kvrm::Stub::*start)(
+          grpc::ClientContext*, const Request&, grpc::CompletionQueue*),
+      const std::function<std::string(const Response&, const std::string&, int64_t)>& json);
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): the service's
   // LoadLoraAdapter / UnloadLoraAdapter; 200 with a line of text, as vLLM replies.
   int LoraAdapterUpdate(MHD_Connection* connection, bool load, const std::string& body);

@@ -625,6 +625,118 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   return r;
 }
 
+namespace {
+
+// truncate_prompt_tokens of the pooling calls: 0 (off), -1 (as much as fits), or [1, context).
+absl::Status CheckTruncation(int32_t k, const RequestLimits& limits) {
+  if (k != 0 && k != -1 && (k < 1 || k >= limits.max_context)) {
+    return Invalid("truncate_prompt_tokens",
+                   absl::StrCat(k, " is outside [1, max context - 1 = ", limits.max_context - 1,
+                                "] (or -1: as many as the context holds)"));
+  }
+  return absl::OkStatus();
+}
+
+// A pooled prompt's last `k` tokens (0: all), which must fit the context: the engine's context
+// holds a prompt of max context - 1 tokens (room for the token it would sample; a pooled prompt
+// samples none, but takes its slot as a prompt does).
+absl::Status FitPooledPrompt(const std::string& field, int32_t k, const RequestLimits& limits,
+                             std::vector<int32_t>* prompt) {
+  const int64_t fits = limits.max_context - 1;
+  const int64_t keep = k == -1 ? fits : k;
+  if (k != 0 && static_cast<int64_t>(prompt->size()) > keep) {
+    prompt->erase(prompt->begin(), prompt->end() - keep);
+  }
+  if (static_cast<int64_t>(prompt->size()) > fits) {
+    return Invalid(field, absl::StrCat(prompt->size(), " tokens do not fit the max context of ",
+                                       limits.max_context, " (truncate_prompt_tokens: -1 keeps the last ",
+                                       fits, ")"));
+  }
+  return absl::OkStatus();
+}
+
+std::unique_ptr<GenerationRequest> PoolingRequest(std::vector<int32_t> prompt, Pooling pooling,
+                                                  int32_t priority, uint64_t salt,
+                                                  const std::string& lora) {
+  auto r = std::make_unique<GenerationRequest>();
+  r->prompt = std::move(prompt);
+  r->pooling = pooling;
+  r->max_new_tokens = 1;
+  r->priority = priority;
+  r->cache_salt = salt;
+  r->lora_name = lora;
+  return r;
+}
+
+// Adds `text`'s bytes to the call's count, bounded as one prompt's text is.
+absl::Status CountText(const std::string& field, const std::string& text,
+                       const RequestLimits& limits, int64_t* bytes) {
+  if (text.empty()) return Invalid(field, "empty");
+  *bytes += static_cast<int64_t>(text.size());
+  if (*bytes > limits.max_prompt_bytes) {
+    return Invalid(field, absl::StrCat("the call's text exceeds the limit of ",
+                                       limits.max_prompt_bytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int32_t>> EncodeField(const std::string& field, const std::string& text,
+                                                 const Tokenizer& tokenizer, bool special) {
+  absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, special);
+  if (!ids.ok()) return Invalid(field, std::string(ids.status().message()));
+  if (ids->empty()) return Invalid(field, "encodes to no tokens");
+  return ids;
+}
+
+// What Embed and Classify share: their inputs (EmbedInput), each one engine request pooled by
+// `pooling`, and the fields of the same names.
+template <typename Proto>
+absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> PooledInputs(
+    const Proto& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
+    Pooling pooling) {
+  RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
+  if (proto.inputs().empty()) return Invalid("inputs", "empty");
+  if (proto.inputs_size() > limits.max_embed_inputs) {
+    return Invalid("inputs",
+                   absl::StrCat(proto.inputs_size(), " inputs; at most ", limits.max_embed_inputs));
+  }
+  RETURN_IF_ERROR(CheckSharedFields(proto.priority(), proto.cache_salt(), proto.lora_adapter()));
+  RETURN_IF_ERROR(CheckTruncation(proto.truncate_prompt_tokens(), limits));
+  const uint64_t salt = CacheSaltKey(proto.cache_salt());
+  std::vector<std::unique_ptr<GenerationRequest>> out;
+  int64_t bytes = 0;
+  for (int i = 0; i < proto.inputs_size(); ++i) {
+    const v1::EmbedInput& in = proto.inputs(i);
+    std::vector<int32_t> prompt;
+    std::string field;
+    switch (in.input_case()) {
+      case v1::EmbedInput::kText: {
+        field = absl::StrCat("inputs[", i, "].text");
+        RETURN_IF_ERROR(CountText(field, in.text(), limits, &bytes));
+        ASSIGN_OR_RETURN(prompt,
+                         EncodeField(field, in.text(), tokenizer, !proto.skip_special_tokens()));
+        break;
+      }
+      case v1::EmbedInput::kTokenIds: {
+        field = absl::StrCat("inputs[", i, "].token_ids");
+        const auto& ids = in.token_ids().ids();
+        if (ids.empty()) return Invalid(field, "empty");
+        RETURN_IF_ERROR(CheckTokenIds(field, ids, limits.vocab_size));
+        prompt.assign(ids.begin(), ids.end());
+        break;
+      }
+      default:
+        return Invalid(absl::StrCat("inputs[", i, "]"), "set text or token_ids");
+    }
+    RETURN_IF_ERROR(FitPooledPrompt(field, proto.truncate_prompt_tokens(), limits, &prompt));
+    out.push_back(PoolingRequest(std::move(prompt), pooling, proto.priority(), salt,
+                                 proto.lora_adapter()));
+  }
+  return out;
+}
+
+}  // namespace
+
 absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
                                                const Tokenizer& tokenizer,
                                                const RequestLimits& limits, Pooling default_pooling,
@@ -653,70 +765,94 @@ absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
                                               hidden_size, "] (0: all)"));
   }
   plan.dimensions = proto.dimensions();
-  if (proto.inputs().empty()) return Invalid("inputs", "empty");
-  if (proto.inputs_size() > limits.max_embed_inputs) {
-    return Invalid("inputs",
-                   absl::StrCat(proto.inputs_size(), " inputs; at most ", limits.max_embed_inputs));
+  ASSIGN_OR_RETURN(plan.inputs, PooledInputs(proto, tokenizer, limits, plan.pooling));
+  return plan;
+}
+
+absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> ValidateClassifyRequest(
+    const v1::ClassifyRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits) {
+  // Transformers' *ForSequenceClassification reads the last token's hidden state.
+  return PooledInputs(proto, tokenizer, limits, Pooling::kLast);
+}
+
+absl::StatusOr<ScorePlan> ValidateScoreRequest(const v1::ScoreRequest& proto,
+                                               const Tokenizer& tokenizer,
+                                               const RequestLimits& limits, bool cross_encoder,
+                                               Pooling pooling) {
+  RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
+  const int32_t docs = proto.documents_size();
+  if (docs == 0) return Invalid("documents", "empty");
+  if (docs > limits.max_embed_inputs) {
+    return Invalid("documents",
+                   absl::StrCat(docs, " documents; at most ", limits.max_embed_inputs));
+  }
+  const int32_t queries = proto.queries_size();
+  if (queries != 1 && queries != docs) {
+    return Invalid("queries", absl::StrCat(queries, " queries for ", docs,
+                                           " documents: give one, or one per document"));
   }
   RETURN_IF_ERROR(CheckSharedFields(proto.priority(), proto.cache_salt(), proto.lora_adapter()));
   const int32_t k = proto.truncate_prompt_tokens();
-  if (k != 0 && k != -1 && (k < 1 || k >= limits.max_context)) {
-    return Invalid("truncate_prompt_tokens",
-                   absl::StrCat(k, " is outside [1, max context - 1 = ", limits.max_context - 1,
-                                "] (or -1: as many as the context holds)"));
-  }
+  RETURN_IF_ERROR(CheckTruncation(k, limits));
   const uint64_t salt = CacheSaltKey(proto.cache_salt());
+  const bool special = !proto.skip_special_tokens();
+  ScorePlan plan;
+  plan.cross_encoder = cross_encoder;
+  plan.queries = queries;
+  plan.documents = docs;
   int64_t bytes = 0;
-  for (int i = 0; i < proto.inputs_size(); ++i) {
-    const v1::EmbedInput& in = proto.inputs(i);
-    auto r = std::make_unique<GenerationRequest>();
-    std::string field;
-    switch (in.input_case()) {
-      case v1::EmbedInput::kText: {
-        field = absl::StrCat("inputs[", i, "].text");
-        if (in.text().empty()) return Invalid(field, "empty");
-        bytes += static_cast<int64_t>(in.text().size());
-        if (bytes > limits.max_prompt_bytes) {
-          return Invalid(field, absl::StrCat("the inputs' text exceeds the limit of ",
-                                             limits.max_prompt_bytes, " bytes"));
-        }
-        absl::StatusOr<std::vector<int32_t>> ids =
-            tokenizer.Encode(in.text(), !proto.skip_special_tokens());
-        if (!ids.ok()) return Invalid(field, std::string(ids.status().message()));
-        r->prompt = std::move(*ids);
-        if (r->prompt.empty()) return Invalid(field, "encodes to no tokens");
-        break;
+  auto add = [&](std::vector<int32_t> prompt) {
+    plan.inputs.push_back(PoolingRequest(std::move(prompt), cross_encoder ? Pooling::kLast : pooling,
+                                         proto.priority(), salt, proto.lora_adapter()));
+  };
+  if (!cross_encoder) {
+    // Each distinct text embedded as Embed would: the queries, then the documents.
+    for (int32_t i = 0; i < queries + docs; ++i) {
+      const bool query = i < queries;
+      const std::string field =
+          query ? absl::StrCat("queries[", i, "]") : absl::StrCat("documents[", i - queries, "]");
+      const std::string& text = query ? proto.queries(i) : proto.documents(i - queries);
+      RETURN_IF_ERROR(CountText(field, text, limits, &bytes));
+      ASSIGN_OR_RETURN(std::vector<int32_t> prompt, EncodeField(field, text, tokenizer, special));
+      RETURN_IF_ERROR(FitPooledPrompt(field, k, limits, &prompt));
+      add(std::move(prompt));
+    }
+    return plan;
+  }
+  // Each (query, document) pair joined as the tokenizer joins pairs; a pair too long for the
+  // cap loses the document's end (the query is what the document is scored against).
+  const int64_t fits = limits.max_context - 1;
+  const int64_t cap = k > 0 ? std::min<int64_t>(k, fits) : fits;
+  std::vector<std::vector<int32_t>> query_ids(queries);
+  for (int32_t q = 0; q < queries; ++q) {
+    const std::string field = absl::StrCat("queries[", q, "]");
+    RETURN_IF_ERROR(CountText(field, proto.queries(q), limits, &bytes));
+    ASSIGN_OR_RETURN(query_ids[q], EncodeField(field, proto.queries(q), tokenizer, false));
+  }
+  for (int32_t d = 0; d < docs; ++d) {
+    const std::string field = absl::StrCat("documents[", d, "]");
+    const int32_t q = queries == 1 ? 0 : d;
+    RETURN_IF_ERROR(CountText(field, proto.documents(d), limits, &bytes));
+    ASSIGN_OR_RETURN(std::vector<int32_t> doc,
+                     EncodeField(field, proto.documents(d), tokenizer, false));
+    std::vector<int32_t> pair = tokenizer.JoinPair(query_ids[q], doc, special);
+    if (static_cast<int64_t>(pair.size()) > cap) {
+      const int64_t excess = static_cast<int64_t>(pair.size()) - cap;
+      if (k == 0) {
+        return Invalid(field, absl::StrCat("with queries[", q, "], ", pair.size(),
+                                           " tokens do not fit the max context of ",
+                                           limits.max_context,
+                                           " (truncate_prompt_tokens: -1 cuts the document)"));
       }
-      case v1::EmbedInput::kTokenIds: {
-        field = absl::StrCat("inputs[", i, "].token_ids");
-        const auto& ids = in.token_ids().ids();
-        if (ids.empty()) return Invalid(field, "empty");
-        RETURN_IF_ERROR(CheckTokenIds(field, ids, limits.vocab_size));
-        r->prompt.assign(ids.begin(), ids.end());
-        break;
+      if (excess >= static_cast<int64_t>(doc.size())) {
+        return Invalid(absl::StrCat("queries[", q, "]"),
+                       absl::StrCat(query_ids[q].size(), " tokens leave no room for ", field,
+                                    " within ", cap, " tokens"));
       }
-      default:
-        return Invalid(absl::StrCat("inputs[", i, "]"), "set text or token_ids");
+      doc.resize(doc.size() - excess);
+      pair = tokenizer.JoinPair(query_ids[q], doc, special);
     }
-    // The engine's context holds a prompt of max context - 1 tokens (room for the token it
-    // would sample; an embedding samples none, but takes its slot as a prompt does).
-    const int64_t fits = limits.max_context - 1;
-    const int64_t keep = k == -1 ? fits : k;
-    if (k != 0 && static_cast<int64_t>(r->prompt.size()) > keep) {
-      r->prompt.erase(r->prompt.begin(), r->prompt.end() - keep);
-    }
-    if (static_cast<int64_t>(r->prompt.size()) > fits) {
-      return Invalid(
-          field, absl::StrCat(r->prompt.size(), " tokens do not fit the max context of ",
-                              limits.max_context, " (truncate_prompt_tokens: -1 keeps the last ",
-                              fits, ")"));
-    }
-    r->pooling = plan.pooling;
-    r->max_new_tokens = 1;
-    r->priority = proto.priority();
-    r->cache_salt = salt;
-    r->lora_name = proto.lora_adapter();
-    plan.inputs.push_back(std::move(r));
+    add(std::move(pair));
   }
   return plan;
 }

@@ -121,6 +121,25 @@ absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
                                                const RequestLimits& limits, Pooling default_pooling,
                                                bool default_normalize, int32_t hidden_size);
 
+// A ClassifyRequest checked: one last-token-pooled GenerationRequest per input, as Embed's are
+// (the same fields, the same errors).
+absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> ValidateClassifyRequest(
+    const v1::ClassifyRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits);
+
+// A ScoreRequest checked. Cross-encoder: inputs[d] is document d's pair with its query (joined by
+// Tokenizer::JoinPair, last-token pooled). Embedding similarity: inputs are the queries, then the
+// documents, each tokenized and pooled (`pooling`) as Embed's text inputs are.
+struct ScorePlan {
+  std::vector<std::unique_ptr<GenerationRequest>> inputs;
+  bool cross_encoder = false;
+  int32_t queries = 0;  // 1, or one per document
+  int32_t documents = 0;
+};
+absl::StatusOr<ScorePlan> ValidateScoreRequest(const v1::ScoreRequest& proto,
+                                               const Tokenizer& tokenizer,
+                                               const RequestLimits& limits, bool cross_encoder,
+                                               Pooling pooling);
+
 // A pooled vector as the client gets it: its first `dimensions` components (0: all), then, with
 // `normalize`, divided by their L2 norm (computed in double; a zero vector stays zero).
 void FinishEmbedding(int32_t dimensions, bool normalize, std::vector<float>* v);
