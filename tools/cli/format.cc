@@ -211,6 +211,19 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"max_new_tokens_limit", absl::StrCat(model.max_new_tokens_limit())},
       {"chat_template", model.chat_template() ? "yes" : "no (chat requests refused)"},
       {"tool_call_parser", model.tool_call_parser()},
+      {"embeddings", model.pooling().empty()
+                         ? std::string("refused (the device returns no hidden states)")
+                         : absl::StrCat(model.pooling(), " pooling",
+                                        model.embedding_normalize() ? ", normalized" : "")},
+      {"classifier",
+       model.num_labels() == 0
+           ? std::string("none")
+           : absl::StrCat(model.num_labels(), " label", model.num_labels() == 1 ? "" : "s", ": ",
+                          absl::StrJoin(model.labels(), ", "))},
+      {"score", model.score_method() == v1::SCORE_METHOD_CROSS_ENCODER ? "cross-encoder"
+                : model.score_method() == v1::SCORE_METHOD_EMBEDDING_SIMILARITY
+                    ? "embedding similarity"
+                    : "refused"},
       {"reasoning_parser", model.reasoning_parser()},
       {"lora_adapters", adapters.empty() ? "none" : absl::StrJoin(adapters, "; ")},
       {"lora_slots", model.max_loras() == 0

@@ -115,7 +115,9 @@ ABSL_FLAG(std::string, template_kwargs, "",
           "with --message: more chat-template variables, a JSON object (inline, or @FILE), e.g. "
           "{\"enable_thinking\": false}");
 
-ABSL_FLAG(std::string, text, "", "text to tokenize (embed: repeat for more inputs)");
+ABSL_FLAG(std::string, text, "", "text to tokenize (embed, classify: repeat for more inputs)");
+ABSL_FLAG(std::string, query, "", "score: the query the documents are scored against");
+ABSL_FLAG(std::string, document, "", "score: a document to score; repeat for more");
 ABSL_FLAG(std::string, pooling, "",
           "embed: last, mean or cls (default: the server's, ModelInfo.pooling)");
 ABSL_FLAG(int32_t, dimensions, 0, "embed: keep the first N components (then normalize)");
@@ -385,19 +387,30 @@ int RunTokenize(const ParsedFlags& flags) {
       });
 }
 
-int RunEmbed(const ParsedFlags& flags) {
-  v1::EmbedRequest request;
+// classify and embed: --text (repeatable) and --tokens, each one input.
+template <typename Request>
+bool AddPoolingInputs(const ParsedFlags& flags, Request* request, std::string* error) {
   if (auto it = flags.given.find("text"); it != flags.given.end()) {
-    for (const std::string& text : it->second) request.add_inputs()->set_text(text);
+    for (const std::string& text : it->second) request->add_inputs()->set_text(text);
   }
   if (flags.given.contains("tokens")) {
     const std::string tokens = absl::GetFlag(FLAGS_tokens);  // (the pieces view it)
     const std::vector<absl::string_view> pieces =
         absl::StrSplit(tokens, absl::ByAnyChar(", \t\n"), absl::SkipEmpty());
     absl::StatusOr<std::vector<int32_t>> ids = ParseIdList(absl::StrJoin(pieces, ","), "tokens");
-    if (!ids.ok()) return UsageError(ids.status().message());
-    request.add_inputs()->mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
+    if (!ids.ok()) {
+      *error = std::string(ids.status().message());
+      return false;
+    }
+    request->add_inputs()->mutable_token_ids()->mutable_ids()->Add(ids->begin(), ids->end());
   }
+  return true;
+}
+
+int RunEmbed(const ParsedFlags& flags) {
+  v1::EmbedRequest request;
+  std::string error;
+  if (!AddPoolingInputs(flags, &request, &error)) return UsageError(error);
   if (request.inputs().empty()) return UsageError("embed needs --text (repeatable) or --tokens");
   const std::string pooling = absl::GetFlag(FLAGS_pooling);
   if (pooling == "last") {
@@ -425,6 +438,52 @@ int RunEmbed(const ParsedFlags& flags) {
           absl::StrAppend(&out, e.prompt_tokens(), " tokens:");
           for (float v : e.values()) absl::StrAppend(&out, " ", absl::StrFormat("%.6g", v));
           absl::StrAppend(&out, "\n");
+        }
+        return out;
+      });
+}
+
+int RunClassify(const ParsedFlags& flags) {
+  v1::ClassifyRequest request;
+  std::string error;
+  if (!AddPoolingInputs(flags, &request, &error)) return UsageError(error);
+  if (request.inputs().empty()) return UsageError("classify needs --text (repeatable) or --tokens");
+  request.set_truncate_prompt_tokens(absl::GetFlag(FLAGS_truncate_prompt_tokens));
+  return UnaryCommand<v1::ClassifyRequest, v1::ClassifyResponse>(
+      &v1::Kvrm::Stub::Classify, request, [](const v1::ClassifyResponse& response) {
+        // One line per input: the label, then every label's probability.
+        std::string out;
+        for (const v1::Classification& c : response.classifications()) {
+          absl::StrAppend(&out, c.label_name(), "\t");
+          for (int i = 0; i < c.probs_size(); ++i) {
+            absl::StrAppend(&out, i > 0 ? " " : "", absl::StrFormat("%.6g", c.probs(i)));
+          }
+          absl::StrAppend(&out, "\n");
+        }
+        return out;
+      });
+}
+
+int RunScore(const ParsedFlags& flags) {
+  v1::ScoreRequest request;
+  if (!flags.given.contains("query")) return UsageError("score needs --query");
+  request.add_queries(absl::GetFlag(FLAGS_query));
+  if (auto it = flags.given.find("document"); it != flags.given.end()) {
+    for (const std::string& d : it->second) request.add_documents(d);
+  }
+  if (request.documents().empty()) return UsageError("score needs --document (repeatable)");
+  request.set_truncate_prompt_tokens(absl::GetFlag(FLAGS_truncate_prompt_tokens));
+  return UnaryCommand<v1::ScoreRequest, v1::ScoreResponse>(
+      &v1::Kvrm::Stub::Score, request, [request](const v1::ScoreResponse& response) {
+        // Most relevant first: score, the document's index, the document.
+        std::vector<int> order(response.scores_size());
+        for (int i = 0; i < response.scores_size(); ++i) order[i] = i;
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return response.scores(a) > response.scores(b); });
+        std::string out;
+        for (int i : order) {
+          absl::StrAppend(&out, absl::StrFormat("%.6f", response.scores(i)), "\t", i, "\t",
+                          request.documents(i), "\n");
         }
         return out;
       });
@@ -602,6 +661,10 @@ constexpr absl::string_view kTokenizeFlags[] = {"text",   "message", "system",
 constexpr absl::string_view kEmbedFlags[] = {"text",       "tokens",    "pooling",
                                              "dimensions", "normalize", "truncate_prompt_tokens",
                                              "json",       "server",    "timeout_s"};
+constexpr absl::string_view kClassifyFlags[] = {"text", "tokens", "truncate_prompt_tokens",
+                                                "json", "server", "timeout_s"};
+constexpr absl::string_view kScoreFlags[] = {"query", "document", "truncate_prompt_tokens",
+                                             "json",  "server",   "timeout_s"};
 constexpr absl::string_view kDetokenizeFlags[] = {"tokens", "skip_special_tokens", "json",
                                                   "server", "timeout_s"};
 constexpr absl::string_view kInfoFlags[] = {"json", "server", "timeout_s"};
@@ -623,6 +686,14 @@ constexpr Command kCommands[] = {
      "embed texts (--text, repeatable) or token ids (--tokens): one line per input, its token "
      "count and vector",
      kEmbedFlags, RunEmbed},
+    {"classify",
+     "classify texts (--text, repeatable) or token ids (--tokens) with the model's "
+     "classification head: one line per input, its label and every label's probability",
+     kClassifyFlags, RunClassify},
+    {"score",
+     "score documents (--document, repeatable) against --query (a reranker's relevance, or "
+     "embedding similarity): most relevant first, score, index, document",
+     kScoreFlags, RunScore},
     {"info", "describe the served model and the server's live state", kInfoFlags, RunInfo},
     {"health", "grpc.health.v1 check: prints SERVING or NOT_SERVING, exit 0 only if SERVING",
      kHealthFlags, RunHealth},

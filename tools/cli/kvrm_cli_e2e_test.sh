@@ -73,6 +73,14 @@ check "embed dimensions" "10" "$(wc -w <<<"$cut8")"
 json=$(run embed --tokens="$ids" --json)
 [[ "$json" == *"\"embeddings\""*"\"values\""* ]] || fail "embed --json: '${json:0:200}'"
 
+# Scoring on a model without a classification head: embedding similarity, most relevant first
+# (a text against itself scores 1); classify is refused, naming what is missing.
+sc=$(run score --query="$TEXT" --document="Hello" --document="$TEXT") || fail "score: exit $?"
+check "score lines" "2" "$(wc -l <<<"$sc")"
+check "score first" "1.000000	1" "$(head -1 <<<"$sc" | cut -f1-2)"
+if run classify --text="$TEXT" >/dev/null; then fail "classify without a head succeeded"; fi
+grep -q "classification head" "$TMP/err" || fail "classify refusal: '$(cat "$TMP/err")'"
+
 # Greedy: the same text twice, and the same from the prompt's ids (--token_ids adds no BOS, so
 # they are given with it; --prompt adds it).
 a=$(run generate --prompt="$TEXT" --max_new_tokens=12 --ignore_eos) || fail "generate: exit $?"
