@@ -85,9 +85,8 @@ absl::StatusOr<std::optional<ClassifierHead>> LoadClassifierHead(const std::stri
     for (const auto& [key, value] : id2label->items()) {
       int32_t id;
       if (!absl::SimpleAtoi(key, &id) || id < 0 || id >= head.num_labels || !value.is_string()) {
-        return Invalid(config_path,
-                       absl::StrCat("id2label.", key, ": expected \"<id below ", head.num_labels,
-                                    ">\": \"<label>\""));
+        return Invalid(config_path, absl::StrCat("id2label.", key, ": expected \"<id below ",
+                                                 head.num_labels, ">\": \"<label>\""));
       }
       head.labels[id] = value.get<std::string>();
     }
@@ -125,8 +124,8 @@ absl::StatusOr<ClassifierHead> ClassifierFromTokens(const WeightMatrix& lm_head,
   for (const std::string& token : tokens) {
     const std::optional<int32_t> id = tokenizer.TokenToId(token);
     if (!id || *id >= lm_head.rows) {
-      return absl::InvalidArgumentError(absl::StrCat("classifier tokens: \"", token,
-                                                     "\" is not a token of the vocabulary"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("classifier tokens: \"", token, "\" is not a token of the vocabulary"));
     }
     std::vector<float> row(lm_head.cols);
     WeightRowToFloat(lm_head, *id, row.data());
@@ -141,7 +140,8 @@ absl::StatusOr<ClassifierHead> ClassifierFromTokens(const WeightMatrix& lm_head,
     head.labels = tokens;
   }
   head.num_labels = static_cast<int32_t>(rows.size());
-  for (const std::vector<double>& r : rows) head.weight.insert(head.weight.end(), r.begin(), r.end());
+  for (const std::vector<double>& r : rows)
+    head.weight.insert(head.weight.end(), r.begin(), r.end());
   head.source = absl::StrCat("LM head rows ", absl::StrJoin(tokens, ", "));
   return head;
 }

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "model/classifier_head.h"
 #include "model/chat_config.h"
+#include "model/classifier_head.h"
 #include "model/config.h"
 #include "model/gguf_model.h"
 #include "model/lora.h"

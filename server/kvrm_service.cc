@@ -840,21 +840,22 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
 }
 
 grpc::Status KvrmService::CheckQueueRoom(grpc::CallbackServerContext* context, int32_t inputs,
-                                          const char* field) const {
+                                         const char* field) const {
   // A pooling call's inputs count against the queue bound together (its inputs after the first
   // are submitted past the bound, as one call's): one that could never fit is refused, one that
   // does not fit now is told to come back.
   const int32_t max_queue = engine_->options().max_queue;
   if (inputs > max_queue) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat(field, ": ", inputs, " prompts to prefill; this server queues at most ",
-                                     max_queue, " (kvrmd --max_queue)"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat(field, ": ", inputs, " prompts to prefill; this server queues at most ",
+                     max_queue, " (kvrmd --max_queue)"));
   }
   if (const int32_t queued = engine_->QueuedRequests(); queued + inputs > max_queue) {
     context->AddTrailingMetadata("retry-after-ms", "1000");
-    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
-                        absl::StrCat("queue full (", queued, " waiting requests; this call has ",
-                                     inputs, ")"));
+    return grpc::Status(
+        grpc::StatusCode::RESOURCE_EXHAUSTED,
+        absl::StrCat("queue full (", queued, " waiting requests; this call has ", inputs, ")"));
   }
   return grpc::Status::OK;
 }
@@ -862,8 +863,9 @@ grpc::Status KvrmService::CheckQueueRoom(grpc::CallbackServerContext* context, i
 grpc::Status KvrmService::PoolingRefusal(const char* rpc) const {
   if (!engine_->returns_hidden()) {
     return grpc::Status(grpc::StatusCode::UNIMPLEMENTED,
-                        absl::StrCat(rpc, ": this device does not return hidden states "
-                                          "(--device=cpu does)"));
+                        absl::StrCat(rpc,
+                                     ": this device does not return hidden states "
+                                     "(--device=cpu does)"));
   }
   return grpc::Status::OK;
 }
@@ -904,9 +906,8 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
     }
     return grpc::Status::OK;
   };
-  auto* reactor = new PoolingReactor(engine_, inputs, std::move(reply), [](int32_t i) {
-    return absl::StrCat("inputs[", i, "]");
-  });
+  auto* reactor = new PoolingReactor(engine_, inputs, std::move(reply),
+                                     [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
   reactor->Start(context, std::move(plan->inputs), id, arrival);
   return reactor;
 }
@@ -952,9 +953,8 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
     }
     return grpc::Status::OK;
   };
-  auto* reactor = new PoolingReactor(engine_, n, std::move(reply), [](int32_t i) {
-    return absl::StrCat("inputs[", i, "]");
-  });
+  auto* reactor = new PoolingReactor(engine_, n, std::move(reply),
+                                     [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
   reactor->Start(context, *std::move(inputs), id, arrival);
   return reactor;
 }
@@ -962,7 +962,8 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
 v1::ScoreMethod KvrmService::score_method() const {
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
   if (!engine_->returns_hidden()) return v1::SCORE_METHOD_UNSPECIFIED;
-  if (head) return head->num_labels == 1 ? v1::SCORE_METHOD_CROSS_ENCODER : v1::SCORE_METHOD_UNSPECIFIED;
+  if (head)
+    return head->num_labels == 1 ? v1::SCORE_METHOD_CROSS_ENCODER : v1::SCORE_METHOD_UNSPECIFIED;
   return info_.embed_refusal.empty() ? v1::SCORE_METHOD_EMBEDDING_SIMILARITY
                                      : v1::SCORE_METHOD_UNSPECIFIED;
 }
@@ -977,16 +978,16 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
   const v1::ScoreMethod method = score_method();
   if (method == v1::SCORE_METHOD_UNSPECIFIED) {
     return FinishUnary(
-        context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                              head ? absl::StrCat("Score: the classification head has ",
-                                                  head->num_labels,
-                                                  " labels; a cross-encoder's has one (Classify "
-                                                  "gives each label's probability)")
-                                   : absl::StrCat("Score: ", info_.embed_refusal)));
+        context,
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                     head ? absl::StrCat("Score: the classification head has ", head->num_labels,
+                                         " labels; a cross-encoder's has one (Classify "
+                                         "gives each label's probability)")
+                          : absl::StrCat("Score: ", info_.embed_refusal)));
   }
   const bool cross = method == v1::SCORE_METHOD_CROSS_ENCODER;
-  absl::StatusOr<ScorePlan> plan = ValidateScoreRequest(*request, *engine_->model().tokenizer,
-                                                        limits_, cross, info_.pooling);
+  absl::StatusOr<ScorePlan> plan =
+      ValidateScoreRequest(*request, *engine_->model().tokenizer, limits_, cross, info_.pooling);
   if (!plan.ok()) return FinishUnary(context, ToGrpcStatus(plan.status()));
   const int32_t n = static_cast<int32_t>(plan->inputs.size());
   if (grpc::Status s = CheckQueueRoom(context, n, "documents"); !s.ok()) {

@@ -531,13 +531,15 @@ int Run() {
       std::fprintf(stderr, "kvrmd: --classifier_from_tokens: the model has no LM head\n");
       return 2;
     }
-    absl::StatusOr<ClassifierHead> head = ClassifierFromTokens(m.weights.lm_head, *m.tokenizer, tokens);
+    absl::StatusOr<ClassifierHead> head =
+        ClassifierFromTokens(m.weights.lm_head, *m.tokenizer, tokens);
     if (!head.ok()) {
       std::fprintf(stderr, "kvrmd: --classifier_from_tokens: %s\n",
                    std::string(head.status().message()).c_str());
       return 2;
     }
-    if (m.classifier) LOG(INFO) << "--classifier_from_tokens replaces the checkpoint's score.weight";
+    if (m.classifier)
+      LOG(INFO) << "--classifier_from_tokens replaces the checkpoint's score.weight";
     m.classifier = *std::move(head);
   }
   if (const std::optional<ClassifierHead>& head = (*model)->classifier) {

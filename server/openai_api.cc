@@ -981,7 +981,8 @@ absl::Status PoolingFields(const Json& parsed, Proto* proto, OpenAiRequest* requ
 absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
   OpenAiEmbeddings out;
-  RETURN_IF_ERROR(PoolingInputs(parsed, [&] { return out.embed.add_inputs(); }, &out.request));
+  RETURN_IF_ERROR(PoolingInputs(
+      parsed, [&] { return out.embed.add_inputs(); }, &out.request));
   RETURN_IF_ERROR(PoolingFields(parsed, &out.embed, &out.request));
   ASSIGN_OR_RETURN(std::optional<std::string> format, GetString(parsed, "encoding_format"));
   if (format && *format != "float" && *format != "base64") {
@@ -1002,7 +1003,8 @@ absl::StatusOr<OpenAiEmbeddings> ParseEmbeddingsRequest(absl::string_view body) 
 absl::StatusOr<OpenAiClassify> ParseClassifyRequest(absl::string_view body) {
   ASSIGN_OR_RETURN(Json parsed, ParseBody(body));
   OpenAiClassify out;
-  RETURN_IF_ERROR(PoolingInputs(parsed, [&] { return out.classify.add_inputs(); }, &out.request));
+  RETURN_IF_ERROR(PoolingInputs(
+      parsed, [&] { return out.classify.add_inputs(); }, &out.request));
   RETURN_IF_ERROR(PoolingFields(parsed, &out.classify, &out.request));
   return out;
 }

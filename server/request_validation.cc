@@ -649,8 +649,8 @@ absl::Status FitPooledPrompt(const std::string& field, int32_t k, const RequestL
   }
   if (static_cast<int64_t>(prompt->size()) > fits) {
     return Invalid(field, absl::StrCat(prompt->size(), " tokens do not fit the max context of ",
-                                       limits.max_context, " (truncate_prompt_tokens: -1 keeps the last ",
-                                       fits, ")"));
+                                       limits.max_context,
+                                       " (truncate_prompt_tokens: -1 keeps the last ", fits, ")"));
   }
   return absl::OkStatus();
 }
@@ -692,8 +692,7 @@ absl::StatusOr<std::vector<int32_t>> EncodeField(const std::string& field, const
 // `pooling`, and the fields of the same names.
 template <typename Proto>
 absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> PooledInputs(
-    const Proto& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
-    Pooling pooling) {
+    const Proto& proto, const Tokenizer& tokenizer, const RequestLimits& limits, Pooling pooling) {
   RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
   if (proto.inputs().empty()) return Invalid("inputs", "empty");
   if (proto.inputs_size() > limits.max_embed_inputs) {
@@ -729,8 +728,8 @@ absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> PooledInputs(
         return Invalid(absl::StrCat("inputs[", i, "]"), "set text or token_ids");
     }
     RETURN_IF_ERROR(FitPooledPrompt(field, proto.truncate_prompt_tokens(), limits, &prompt));
-    out.push_back(PoolingRequest(std::move(prompt), pooling, proto.priority(), salt,
-                                 proto.lora_adapter()));
+    out.push_back(
+        PoolingRequest(std::move(prompt), pooling, proto.priority(), salt, proto.lora_adapter()));
   }
   return out;
 }
@@ -802,8 +801,9 @@ absl::StatusOr<ScorePlan> ValidateScoreRequest(const v1::ScoreRequest& proto,
   plan.documents = docs;
   int64_t bytes = 0;
   auto add = [&](std::vector<int32_t> prompt) {
-    plan.inputs.push_back(PoolingRequest(std::move(prompt), cross_encoder ? Pooling::kLast : pooling,
-                                         proto.priority(), salt, proto.lora_adapter()));
+    plan.inputs.push_back(PoolingRequest(std::move(prompt),
+                                         cross_encoder ? Pooling::kLast : pooling, proto.priority(),
+                                         salt, proto.lora_adapter()));
   };
   if (!cross_encoder) {
     // Each distinct text embedded as Embed would: the queries, then the documents.
@@ -839,10 +839,10 @@ absl::StatusOr<ScorePlan> ValidateScoreRequest(const v1::ScoreRequest& proto,
     if (static_cast<int64_t>(pair.size()) > cap) {
       const int64_t excess = static_cast<int64_t>(pair.size()) - cap;
       if (k == 0) {
-        return Invalid(field, absl::StrCat("with queries[", q, "], ", pair.size(),
-                                           " tokens do not fit the max context of ",
-                                           limits.max_context,
-                                           " (truncate_prompt_tokens: -1 cuts the document)"));
+        return Invalid(field,
+                       absl::StrCat("with queries[", q, "], ", pair.size(),
+                                    " tokens do not fit the max context of ", limits.max_context,
+                                    " (truncate_prompt_tokens: -1 cuts the document)"));
       }
       if (excess >= static_cast<int64_t>(doc.size())) {
         return Invalid(absl::StrCat("queries[", q, "]"),

@@ -67,10 +67,13 @@ std::string WriteClassifier(const ModelBundle& base, const std::string& name,
   for (const std::string& t : base.files->TensorNames()) {
     absl::StatusOr<TensorView> v = base.files->Get(t);
     CHECK_OK(v.status());
-    tensors.push_back(TensorToWrite{t, v->dtype, v->shape, absl::MakeConstSpan(v->data, v->nbytes)});
+    tensors.push_back(
+        TensorToWrite{t, v->dtype, v->shape, absl::MakeConstSpan(v->data, v->nbytes)});
   }
   tensors.push_back(TensorToWrite{
-      "score.weight", DType::kF32, {static_cast<int64_t>(labels.size()), hidden},
+      "score.weight",
+      DType::kF32,
+      {static_cast<int64_t>(labels.size()), hidden},
       absl::MakeConstSpan(reinterpret_cast<const std::byte*>(weight->data()), weight->size() * 4)});
   CHECK_OK(WriteSafetensors((dir / "model.safetensors").string(), tensors));
   return dir.string();
@@ -185,8 +188,8 @@ TEST_F(ClassifyTest, ClassifyIsTheHeadOnTheReferencesLastHiddenState) {
         "(tolerance %.1e)\n",
         i, c.logits(0), c.logits(1), c.logits(2), worst, tol);
     EXPECT_NEAR(psum, 1.0, 1e-5);
-    const int32_t best = static_cast<int32_t>(
-        std::max_element(c.probs().begin(), c.probs().end()) - c.probs().begin());
+    const int32_t best = static_cast<int32_t>(std::max_element(c.probs().begin(), c.probs().end()) -
+                                              c.probs().begin());
     EXPECT_EQ(c.label(), best);
     EXPECT_EQ(c.label_name(), (std::vector<std::string>{"neg", "neu", "pos"})[best]);
     EXPECT_EQ(c.prompt_tokens(), static_cast<int32_t>(prompts[i].size()));
@@ -338,7 +341,8 @@ TEST_F(ClassifyTest, CrossEncoderScoresEachPairThroughTheHead) {
     grpc::ClientContext cctx;
     v1::ScoreResponse out;
     const grpc::Status s = server.stub().Score(&cctx, r, &out);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field << " " << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.field << " " << s.error_message();
     EXPECT_EQ(s.error_message().rfind(std::string(c.field) + ":", 0), 0u)
         << c.field << ": " << s.error_message();
   }
@@ -347,12 +351,10 @@ TEST_F(ClassifyTest, CrossEncoderScoresEachPairThroughTheHead) {
 
   // sentence-transformers' Identity activation: the score is the logit itself.
   std::vector<float> w2;
-  const std::string raw_dir = WriteClassifier(*model_, "reranker-identity", {"LABEL_0"}, &w2,
-                                              [](Json& c) {
-                                                c["sentence_transformers"] = {
-                                                    {"activation_fn",
-                                                     "torch.nn.modules.linear.Identity"}};
-                                              });
+  const std::string raw_dir =
+      WriteClassifier(*model_, "reranker-identity", {"LABEL_0"}, &w2, [](Json& c) {
+        c["sentence_transformers"] = {{"activation_fn", "torch.nn.modules.linear.Identity"}};
+      });
   absl::StatusOr<std::unique_ptr<ModelBundle>> raw = ModelBundle::Load(raw_dir);
   ASSERT_TRUE(raw.ok()) << raw.status();
   EXPECT_EQ((*raw)->classifier->activation, ClassifierHead::Activation::kIdentity);
@@ -383,7 +385,8 @@ TEST_F(ClassifyTest, ClassifierFromTokensIsTheLmHeadsTwoWayProbability) {
     tokens.push_back(token);
     ids.push_back(id);
   }
-  absl::StatusOr<ClassifierHead> head = ClassifierFromTokens(m->weights.lm_head, *m->tokenizer, tokens);
+  absl::StatusOr<ClassifierHead> head =
+      ClassifierFromTokens(m->weights.lm_head, *m->tokenizer, tokens);
   ASSERT_TRUE(head.ok()) << head.status();
   EXPECT_EQ(head->num_labels, 1);
   EXPECT_FALSE(
@@ -414,8 +417,7 @@ TEST_F(ClassifyTest, ClassifierFromTokensIsTheLmHeadsTwoWayProbability) {
 TEST_F(ClassifyTest, WithoutAHeadScoreIsTheEmbeddingsCosine) {
   TestServer server(Options());
   const std::string query = "a small dog";
-  const std::vector<std::string> docs = {"a little puppy", "tax returns are due in April",
-                                         "dogs"};
+  const std::vector<std::string> docs = {"a little puppy", "tax returns are due in April", "dogs"};
   v1::ScoreRequest req;
   req.add_queries(query);
   for (const std::string& d : docs) req.add_documents(d);
@@ -469,8 +471,8 @@ TEST_F(ClassifyTest, HttpClassifyScoreAndRerankAreTheRpcs) {
     return j.ok() ? *j : Json();
   };
 
-  const std::vector<std::string> docs = {"green grass", "the capital of France is Paris",
-                                         "Paris", "bananas"};
+  const std::vector<std::string> docs = {"green grass", "the capital of France is Paris", "Paris",
+                                         "bananas"};
   v1::ScoreRequest req;
   req.add_queries("capital of France");
   for (const std::string& d : docs) req.add_documents(d);
@@ -478,9 +480,10 @@ TEST_F(ClassifyTest, HttpClassifyScoreAndRerankAreTheRpcs) {
   v1::ScoreResponse want;
   ASSERT_TRUE(server.stub().Score(&ctx, req, &want).ok());
 
-  HttpReply r = HttpCall(port, "POST", "/score",
-                         R"({"model": "reranker", "text_1": "capital of France", "text_2": )"
-                         R"(["green grass", "the capital of France is Paris", "Paris", "bananas"]})");
+  HttpReply r =
+      HttpCall(port, "POST", "/score",
+               R"({"model": "reranker", "text_1": "capital of France", "text_2": )"
+               R"(["green grass", "the capital of France is Paris", "Paris", "bananas"]})");
   ASSERT_EQ(r.status, 200) << r.body;
   Json j = body(r);
   EXPECT_EQ(j["object"], "list");
@@ -533,15 +536,14 @@ TEST_F(ClassifyTest, HttpClassifyScoreAndRerankAreTheRpcs) {
     const char* body;
     const char* param;
   };
-  for (const Bad& b : {Bad{"/score", R"({"text_1": "q"})", "text_2"},
-                       Bad{"/score", R"({"text_1": ["a", "b"], "text_2": ["x", "y", "z"]})",
-                           "text_1"},
-                       Bad{"/score", R"({"text_1": "q", "text_2": ["x", ""]})", "text_2[1]"},
-                       Bad{"/rerank", R"({"query": "q", "documents": ["x", 3]})", "documents[1]"},
-                       Bad{"/rerank", R"({"query": ["q"], "documents": ["x"]})", "query"},
-                       Bad{"/rerank", R"({"query": "q", "documents": ["x"], "top_n": -1})",
-                           "top_n"},
-                       Bad{"/classify", R"({"input": []})", "input"}}) {
+  for (const Bad& b :
+       {Bad{"/score", R"({"text_1": "q"})", "text_2"},
+        Bad{"/score", R"({"text_1": ["a", "b"], "text_2": ["x", "y", "z"]})", "text_1"},
+        Bad{"/score", R"({"text_1": "q", "text_2": ["x", ""]})", "text_2[1]"},
+        Bad{"/rerank", R"({"query": "q", "documents": ["x", 3]})", "documents[1]"},
+        Bad{"/rerank", R"({"query": ["q"], "documents": ["x"]})", "query"},
+        Bad{"/rerank", R"({"query": "q", "documents": ["x"], "top_n": -1})", "top_n"},
+        Bad{"/classify", R"({"input": []})", "input"}}) {
     r = HttpCall(port, "POST", b.path, b.body);
     EXPECT_EQ(r.status, 400) << b.body << " " << r.body;
     EXPECT_EQ(body(r)["error"]["param"], b.param) << b.body << " " << r.body;
