@@ -67,6 +67,35 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       FUZZ_CHECK(IsJson(kvrm::EmbeddingsReplyJson(r, "m", 0, e->base64)));
     }
   }
+  {
+    // /classify, /score and /rerank: parsed or refused naming a parameter; replies are JSON.
+    const absl::string_view b(body.data(), body.size());
+    absl::StatusOr<kvrm::OpenAiClassify> c = kvrm::ParseClassifyRequest(b);
+    if (!c.ok()) {
+      FUZZ_CHECK(c.status().code() == absl::StatusCode::kInvalidArgument &&
+                 absl::StrContains(c.status().message(), ": "));
+    } else {
+      FUZZ_CHECK(c->classify.inputs_size() > 0);
+      kvrm::v1::ClassifyResponse r;
+      kvrm::v1::Classification* k = r.add_classifications();
+      k->set_label_name("label \"0\"");
+      k->add_probs(0.75f);
+      FUZZ_CHECK(IsJson(kvrm::ClassifyReplyJson(r, "m", 0)));
+    }
+    for (bool rerank : {false, true}) {
+      absl::StatusOr<kvrm::OpenAiScore> s = kvrm::ParseScoreRequest(b, rerank);
+      if (!s.ok()) {
+        FUZZ_CHECK(s.status().code() == absl::StatusCode::kInvalidArgument &&
+                   absl::StrContains(s.status().message(), ": "));
+        continue;
+      }
+      FUZZ_CHECK(s->score.queries_size() > 0 && s->score.documents_size() > 0);
+      FUZZ_CHECK(s->top_n >= 0);
+      kvrm::v1::ScoreResponse r;
+      for (int i = 0; i < s->score.documents_size(); ++i) r.add_scores(0.5f - 0.125f * (i % 5));
+      FUZZ_CHECK(IsJson(kvrm::ScoreReplyJson(r, *s, "m", 0)));
+    }
+  }
   kvrm::OpenAiDefaults defaults;
   {
     absl::StatusOr<kvrm::ResponsesRequest> responses =

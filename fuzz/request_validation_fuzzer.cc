@@ -1,4 +1,4 @@
-// Fuzzes ValidateGenerateRequest on a kvrm.v1.GenerateRequest parsed from the input bytes
+// Fuzzes ValidateGenerateRequest (and the pooling calls' validation: Embed, Classify, Score) on a kvrm.v1.GenerateRequest parsed from the input bytes
 // (what a client controls), with the gpt2 tokenizer and kvrmd-like limits. Invariants on
 // success: the prompt fits the context with room for one token, its ids are in the vocabulary,
 // max_new_tokens and the stop conditions are within their limits, the time limit is not negative.
@@ -80,8 +80,55 @@ void CheckEmbed(const uint8_t* data, size_t size) {
   FUZZ_CHECK(!v.empty() && v.size() <= 3);
 }
 
+// The same bytes as a ClassifyRequest and as a ScoreRequest (cross-encoder pairs when the first
+// byte is odd, else embedding similarity): on success one engine request per input (per pair,
+// or per query and document), each fitting the context (a truncated pair within
+// truncate_prompt_tokens) with ids in the vocabulary; refusals are INVALID_ARGUMENT.
+void CheckClassifyAndScore(const uint8_t* data, size_t size) {
+  auto check_prompt = [](const kvrm::GenerationRequest& r) {
+    FUZZ_CHECK(!r.prompt.empty());
+    FUZZ_CHECK(static_cast<int64_t>(r.prompt.size()) < limits.max_context);
+    for (int32_t id : r.prompt) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+    FUZZ_CHECK(r.pooling != kvrm::Pooling::kNone);
+  };
+  kvrm::v1::ClassifyRequest classify;
+  if (classify.ParseFromArray(data, static_cast<int>(size))) {
+    absl::StatusOr<std::vector<std::unique_ptr<kvrm::GenerationRequest>>> inputs =
+        kvrm::ValidateClassifyRequest(classify, *tokenizer, limits);
+    if (!inputs.ok()) {
+      FUZZ_CHECK(absl::IsInvalidArgument(inputs.status()));
+    } else {
+      FUZZ_CHECK(static_cast<int32_t>(inputs->size()) == classify.inputs_size());
+      for (const auto& r : *inputs) {
+        check_prompt(*r);
+        FUZZ_CHECK(r->pooling == kvrm::Pooling::kLast);
+      }
+    }
+  }
+  kvrm::v1::ScoreRequest score;
+  if (size == 0 || !score.ParseFromArray(data, static_cast<int>(size))) return;
+  const bool cross = data[0] % 2 == 1;
+  absl::StatusOr<kvrm::ScorePlan> plan =
+      kvrm::ValidateScoreRequest(score, *tokenizer, limits, cross, kvrm::Pooling::kMean);
+  if (!plan.ok()) {
+    FUZZ_CHECK(absl::IsInvalidArgument(plan.status()));
+    return;
+  }
+  FUZZ_CHECK(plan->documents == score.documents_size() && plan->documents > 0);
+  FUZZ_CHECK(plan->queries == 1 || plan->queries == plan->documents);
+  FUZZ_CHECK(static_cast<int32_t>(plan->inputs.size()) ==
+             (cross ? plan->documents : plan->queries + plan->documents));
+  for (const auto& r : plan->inputs) {
+    check_prompt(*r);
+    if (cross && score.truncate_prompt_tokens() > 0) {
+      FUZZ_CHECK(static_cast<int64_t>(r->prompt.size()) <= score.truncate_prompt_tokens());
+    }
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckEmbed(data, size);
+  CheckClassifyAndScore(data, size);
   kvrm::v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   absl::StatusOr<std::unique_ptr<kvrm::GenerationRequest>> r =

@@ -166,10 +166,11 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
     success_[static_cast<int>(f)] = &success.WithLabels(values({SuccessReason(f)}));
   }
   embeddings_ = counter("kvrm:embedding_requests_total",
-                        "Embedding inputs finished (Embed, /v1/embeddings; each input one request, "
-                        "also counted in request_success_total).");
+                        "Pooled inputs finished: embeddings, classifications, scored pairs (Embed, "
+                        "Classify, Score; each input one request, also counted in "
+                        "request_success_total).");
   embedding_tokens_ = counter("kvrm:embedding_prompt_tokens_total",
-                              "Prompt tokens of the embedding inputs that finished.");
+                              "Prompt tokens of the pooled inputs that finished.");
   device_sampled_ = counter("kvrm:device_sampled_tokens_total",
                             "Tokens sampled inside the decode step on the device "
                             "(--device_sampling); the rest were sampled on the host.");
