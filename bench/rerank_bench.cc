@@ -12,8 +12,8 @@
 // Embed call (last-token pooling) embeds the same pairs given as token ids. The two alternate
 // their order across --repeats (the machine is shared and noisy); the table shows medians of each
 // call's documents per second and pair tokens per second, and of the pairs' ratios. Prefix
-// caching is off, so each call computes every token (a rerank's shared query would otherwise be
-// prefilled once).
+// caching is off unless --prefix_caching, so each call computes every token (with it, the pairs
+// share their query's whole KV blocks: a long instruction and query are prefilled once).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -43,6 +43,8 @@ ABSL_FLAG(int32_t, documents, 32, "documents a call");
 ABSL_FLAG(int32_t, slots, 4, "engine slots");
 ABSL_FLAG(int32_t, repeats, 3, "pairs of calls per row (their order alternates); medians shown");
 ABSL_FLAG(int32_t, threads, 2, "CPU backend threads");
+ABSL_FLAG(bool, prefix_caching, false,
+          "keep the engine's prefix cache on (kvrmd's default): pairs share their query's blocks");
 ABSL_FLAG(std::string, json, "", "also write the figures as JSON");
 
 namespace kvrm {
@@ -92,7 +94,7 @@ int Main(int argc, char** argv) {
   EngineOptions o;
   o.slots = absl::GetFlag(FLAGS_slots);
   o.threads = threads;
-  o.prefix_caching = false;  // every call computes every token
+  o.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);  // off: every call computes every token
   o.max_queue = std::max(256, documents);
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(&m, o);
   if (!engine.ok()) {
@@ -112,18 +114,20 @@ int Main(int argc, char** argv) {
 
   const LlamaConfig& config = m.config;
   std::printf("rerank (Score, cross-encoder) against Embed of the same pairs: model %s (hidden %d, "
-              "%d layers), %d documents a call, %d-token query, %d slots, %d threads, %s\n",
+              "%d layers), %d documents a call, %d-token query, %d slots, %d threads, prefix cache %s, "
+              "%s\n",
               size.c_str(), config.hidden_size, config.num_hidden_layers, documents,
               absl::GetFlag(FLAGS_query_tokens), o.slots, threads,
-              bench::CpuModelName().c_str());
-  std::printf("%9s %9s | %12s %12s %7s | %14s\n", "document", "pair tok", "score doc/s",
-              "embed doc/s", "ratio", "score pair tok/s");
+              o.prefix_caching ? "on" : "off", bench::CpuModelName().c_str());
+  std::printf("%9s %9s | %12s %12s %7s | %14s %7s\n", "document", "pair tok", "score doc/s",
+              "embed doc/s", "ratio", "score pair tok/s", "cached");
   nlohmann::json out = bench::MachineJson(m, size, threads);
   out["documents"] = documents;
   out["query_tokens"] = absl::GetFlag(FLAGS_query_tokens);
   out["slots"] = o.slots;
   out["repeats"] = repeats;
   out["head"] = m.classifier->source;
+  out["prefix_caching"] = o.prefix_caching;
   out["rows"] = nlohmann::json::array();
   for (int32_t length : lengths) {
     bench::IdSource ids(m, 29 + length);
@@ -143,6 +147,7 @@ int Main(int argc, char** argv) {
       embed.add_inputs()->mutable_token_ids()->mutable_ids()->Add(pair.begin(), pair.end());
     }
     std::vector<double> score_s, embed_s, ratios;
+    std::vector<double> cached[2];  // tokens from the prefix cache: Score's, Embed's
     int32_t pair_tokens = 0;
     for (int32_t rep = 0; rep < repeats; ++rep) {
       double wall[2] = {0, 0};
@@ -152,14 +157,23 @@ int Main(int argc, char** argv) {
         const auto start = std::chrono::steady_clock::now();
         grpc::Status st;
         int32_t tokens = 0;
+        // Each call its own cache salt: with the prefix cache on, a call shares blocks between
+        // its own pairs only, never with the other call of the same pairs.
+        const std::string salt = absl::StrCat(is_score ? "score-" : "embed-", length, "-", rep);
         if (is_score) {
           v1::ScoreResponse r;
+          score.set_cache_salt(salt);
           st = stub->Score(&ctx, score, &r);
           tokens = r.prompt_tokens();
+          cached[0].push_back(r.cached_prompt_tokens());
         } else {
           v1::EmbedResponse r;
+          embed.set_cache_salt(salt);
           st = stub->Embed(&ctx, embed, &r);
           tokens = r.prompt_tokens();
+          int32_t c = 0;
+          for (const v1::Embedding& e : r.embeddings()) c += e.cached_prompt_tokens();
+          cached[1].push_back(c);
         }
         const double s = Seconds(start);
         if (!st.ok()) {
@@ -189,13 +203,16 @@ int Main(int argc, char** argv) {
     row["score_pair_tokens_per_s"] = pair_tokens / score_wall;
     row["ratio_documents_per_s"] = bench::Median(ratios);
     row["ratio_runs"] = ratios;
-    std::printf("%9d %9d | %12.1f %12.1f %6.3fx | %14.0f\n", length, pair_tokens,
+    row["score_cached_tokens"] = bench::Median(cached[0]);
+    row["embed_cached_tokens"] = bench::Median(cached[1]);
+    std::printf("%9d %9d | %12.1f %12.1f %6.3fx | %14.0f %7.0f\n", length, pair_tokens,
                 documents / score_wall, documents / embed_wall, bench::Median(ratios),
-                pair_tokens / score_wall);
+                pair_tokens / score_wall, bench::Median(cached[0]));
     out["rows"].push_back(std::move(row));
   }
   std::printf("ratio: Score's documents per second over Embed's of the same pairs, median of the "
-              "pairs of calls; pair tok: the tokens a call prefilled\n");
+              "pairs of calls; pair tok: the tokens a call prefilled; cached: of those, Score's from the "
+              "prefix cache\n");
   stub.reset();
   server->reset();  // before the engine it serves
   engine->reset();

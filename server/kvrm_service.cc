@@ -1003,6 +1003,8 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
                 documents](std::vector<PoolingReactor::Pooled> pooled) {
     for (const PoolingReactor::Pooled& p : pooled) {
       response->set_prompt_tokens(response->prompt_tokens() + p.prompt_tokens);
+      response->set_cached_prompt_tokens(response->cached_prompt_tokens() +
+                                         p.cached_prompt_tokens);
     }
     for (int32_t d = 0; d < documents; ++d) {
       double score;

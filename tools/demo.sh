@@ -75,6 +75,11 @@ echo "== demo request: embeddings (last-token pooling, normalized; 8 of each vec
 "$cli" embed --server="127.0.0.1:${port}" --text="A cat sits on the mat." \
   --text="A dog sleeps on the rug." --dimensions=8
 echo
+echo "== demo request: reranking (this model has no classification head: embedding similarity) =="
+"$cli" score --server="127.0.0.1:${port}" --query="A cat sits on the mat." \
+  --document="Stock prices fell sharply." --document="A cat is sitting on a mat." \
+  --document="A dog sleeps on the rug."
+echo
 echo "== demo request: the OpenAI-compatible HTTP API (POST /v1/chat/completions) =="
 curl -sS "http://127.0.0.1:${http_port}/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model": "kvrm", "messages": [{"role": "user", "content": "What does a KV cache hold?"}], "max_tokens": 24, "temperature": 0}'
@@ -87,4 +92,5 @@ echo "(Ctrl-C to stop). Try:"
 echo "  $cli generate --server=127.0.0.1:${port} --prompt='Hello' --max_new_tokens=32"
 echo "  curl -N http://127.0.0.1:${http_port}/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 32, \"stream\": true}'"
 echo "  curl http://127.0.0.1:${http_port}/v1/embeddings -d '{\"input\": [\"Hello\", \"Bonjour\"]}'"
+echo "  curl http://127.0.0.1:${http_port}/v1/rerank -d '{\"query\": \"Hello\", \"documents\": [\"Hi\", \"Bye\"]}'"
 wait $kvrmd_pid
