@@ -33,7 +33,7 @@ std::vector<double> ClassifierHead::Logits(absl::Span<const float> hidden) const
   const size_t d = std::min(hidden.size(), static_cast<size_t>(hidden_size));
   for (int32_t l = 0; l < num_labels; ++l) {
     const double* w = weight.data() + static_cast<size_t>(l) * hidden_size;
-    double sum = 0;
+    double sum = bias.empty() ? 0.0 : bias[l];
     for (size_t c = 0; c < d; ++c) sum += w[c] * hidden[c];
     out[l] = sum;
   }
@@ -41,17 +41,26 @@ std::vector<double> ClassifierHead::Logits(absl::Span<const float> hidden) const
 }
 
 double ClassifierHead::Score(double logit) const {
-  return activation == Activation::kSigmoid ? Sigmoid(logit) : logit;
+  return score_activation == Activation::kIdentity ? logit : Sigmoid(logit);
 }
 
 std::vector<double> ClassifierHead::Probabilities(const std::vector<double>& logits) const {
-  if (logits.size() == 1) return {Score(logits[0])};
-  std::vector<double> p(logits.size());
-  if (logits.empty()) return p;
-  const double top = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (size_t i = 0; i < logits.size(); ++i) sum += p[i] = std::exp(logits[i] - top);
-  for (double& v : p) v /= sum;
+  std::vector<double> p = logits;
+  switch (classify_activation) {
+    case Activation::kIdentity:
+      break;
+    case Activation::kSigmoid:
+      for (double& v : p) v = Sigmoid(v);
+      break;
+    case Activation::kSoftmax: {
+      if (p.empty()) break;
+      const double top = *std::max_element(p.begin(), p.end());
+      double sum = 0;
+      for (double& v : p) sum += v = std::exp(v - top);
+      for (double& v : p) v /= sum;
+      break;
+    }
+  }
   return p;
 }
 
@@ -61,10 +70,11 @@ absl::StatusOr<std::optional<ClassifierHead>> LoadClassifierHead(const std::stri
   if (!files.Contains("score.weight")) return std::nullopt;
   ASSIGN_OR_RETURN(const TensorView t, files.GetAny("score.weight"));
   if (!t.is_float() || t.shape.size() != 2 || t.shape[1] != hidden_size || t.shape[0] < 1 ||
-      t.shape[0] > 65536) {
+      t.shape[0] > kMaxClassifierLabels) {
     return Invalid(t.file, absl::StrCat("score.weight: ", std::string(StorageTypeName(t.type)), " ",
                                         ShapeToString(t.shape), "; a classification head is ",
-                                        "float [labels][hidden_size = ", hidden_size, "]"));
+                                        "float [labels <= ", kMaxClassifierLabels,
+                                        "][hidden_size = ", hidden_size, "]"));
   }
   ClassifierHead head;
   head.num_labels = static_cast<int32_t>(t.shape[0]);
@@ -72,6 +82,15 @@ absl::StatusOr<std::optional<ClassifierHead>> LoadClassifierHead(const std::stri
   head.source = "score.weight";
   head.weight.resize(static_cast<size_t>(t.numel()));
   for (int64_t i = 0; i < t.numel(); ++i) head.weight[i] = FloatElement(t, i);
+  if (files.Contains("score.bias")) {
+    ASSIGN_OR_RETURN(const TensorView b, files.GetAny("score.bias"));
+    if (!b.is_float() || b.shape != std::vector<int64_t>{head.num_labels}) {
+      return Invalid(b.file, absl::StrCat("score.bias: ", std::string(StorageTypeName(b.type)), " ",
+                                          ShapeToString(b.shape), "; expected float [",
+                                          head.num_labels, "] as score.weight's rows"));
+    }
+    for (int64_t i = 0; i < b.numel(); ++i) head.bias.push_back(FloatElement(b, i));
+  }
   for (int32_t l = 0; l < head.num_labels; ++l) head.labels.push_back(absl::StrCat("LABEL_", l));
 
   const std::string config_path = (std::filesystem::path(dir) / "config.json").string();
@@ -106,10 +125,27 @@ absl::StatusOr<std::optional<ClassifierHead>> LoadClassifierHead(const std::stri
     activation_key = "sbert_ce_default_activation_function";
   }
   if (absl::EndsWith(activation, "Identity")) {
-    head.activation = ClassifierHead::Activation::kIdentity;
+    head.score_activation = ClassifierHead::Activation::kIdentity;
   } else if (!activation.empty() && !absl::EndsWith(activation, "Sigmoid")) {
     return Invalid(config_path, absl::StrCat(activation_key, ": ", activation,
                                              " is not applied by kvrm (Sigmoid and Identity are)"));
+  }
+  // Classify's activation follows the loss Transformers trains the head with.
+  std::string problem;
+  if (const Json* p = Member(config, "problem_type"); p != nullptr && p->is_string()) {
+    problem = p->get<std::string>();
+  }
+  if (problem == "regression") {
+    head.classify_activation = ClassifierHead::Activation::kIdentity;
+  } else if (problem == "multi_label_classification" || (problem.empty() && head.num_labels == 1)) {
+    head.classify_activation = ClassifierHead::Activation::kSigmoid;
+  } else if (problem.empty() || problem == "single_label_classification") {
+    head.classify_activation = head.num_labels == 1 ? ClassifierHead::Activation::kSigmoid
+                                                    : ClassifierHead::Activation::kSoftmax;
+  } else {
+    return Invalid(config_path, absl::StrCat("problem_type: \"", problem,
+                                             "\" is not regression, single_label_classification "
+                                             "or multi_label_classification"));
   }
   return head;
 }
@@ -118,6 +154,18 @@ absl::StatusOr<ClassifierHead> ClassifierFromTokens(const WeightMatrix& lm_head,
                                                     const Tokenizer& tokenizer,
                                                     const std::vector<std::string>& tokens) {
   if (tokens.empty()) return absl::InvalidArgumentError("classifier tokens: none given");
+  if (static_cast<int32_t>(tokens.size()) > kMaxClassifierLabels) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("classifier tokens: ", tokens.size(), "; at most ", kMaxClassifierLabels));
+  }
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (tokens[i] == tokens[j]) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("classifier tokens: \"", tokens[i], "\" is named twice"));
+      }
+    }
+  }
   ClassifierHead head;
   head.hidden_size = static_cast<int32_t>(lm_head.cols);
   std::vector<std::vector<double>> rows;
@@ -131,6 +179,10 @@ absl::StatusOr<ClassifierHead> ClassifierFromTokens(const WeightMatrix& lm_head,
     WeightRowToFloat(lm_head, *id, row.data());
     rows.emplace_back(row.begin(), row.end());
   }
+  // Probabilities as vLLM's for such heads: one label's sigmoid, several labels' softmax.
+  head.classify_activation = rows.size() == 2 || rows.size() == 1
+                                 ? ClassifierHead::Activation::kSigmoid
+                                 : ClassifierHead::Activation::kSoftmax;
   if (rows.size() == 2) {
     // sigmoid(l_b - l_a) = exp(l_b) / (exp(l_a) + exp(l_b)): b's probability of the two.
     for (size_t c = 0; c < rows[0].size(); ++c) rows[0][c] = rows[1][c] - rows[0][c];

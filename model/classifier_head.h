@@ -21,31 +21,40 @@
 namespace kvrm {
 
 struct ClassifierHead {
-  // What a one-label head's logit becomes as a score (a cross-encoder's relevance): sigmoid
-  // unless the model's sentence-transformers settings say Identity.
-  enum class Activation { kSigmoid, kIdentity };
+  enum class Activation { kSoftmax, kSigmoid, kIdentity };
 
   int32_t num_labels = 0;
   int32_t hidden_size = 0;
   std::vector<double> weight;       // [num_labels][hidden_size]
+  std::vector<double> bias;         // [num_labels], or empty (Transformers' heads have none)
   std::vector<std::string> labels;  // config.json's id2label, else "LABEL_<i>"
-  Activation activation = Activation::kSigmoid;
+  // What Classify's probabilities are, as vLLM derives them from config.json's problem_type
+  // (Transformers' loss): softmax over the labels (single_label_classification, or unset with
+  // several labels), a sigmoid per label (multi_label_classification, or unset with one label),
+  // the logits themselves (regression: a reward model's score).
+  Activation classify_activation = Activation::kSoftmax;
+  // What a one-label head's logit becomes as Score's relevance: sentence-transformers'
+  // CrossEncoder activation_fn (Sigmoid or Identity), else a sigmoid.
+  Activation score_activation = Activation::kSigmoid;
   std::string source;  // for logs and ModelInfo: "score.weight", "LM head rows no, yes"
 
-  // W h, in double. `hidden` has hidden_size values (the last token's final-norm output).
+  // W h + b, in double. `hidden` has hidden_size values (the last token's final-norm output).
   std::vector<double> Logits(absl::Span<const float> hidden) const;
-  // Each label's probability as vLLM's classify gives it: softmax over the labels, or for one
-  // label the activation (sigmoid: the probability of the positive class).
+  // Classify's probabilities of `logits` (classify_activation).
   std::vector<double> Probabilities(const std::vector<double>& logits) const;
-  // A one-label head's score: the activation of its logit.
+  // A one-label head's score (score_activation of its logit).
   double Score(double logit) const;
 };
 
+// At most this many labels (a head is held in double: 1024 x 16384 is 128 MiB).
+inline constexpr int32_t kMaxClassifierLabels = 1024;
+
 // The head of a *ForSequenceClassification checkpoint in `dir`: `score.weight` from `files`
-// (float, [labels][hidden_size]), labels from config.json's id2label, the score activation from
-// its `sentence_transformers.activation_fn` (or `sbert_ce_default_activation_function`).
-// nullopt when the checkpoint has no score.weight. INVALID_ARGUMENT naming the file and tensor
-// or key for a shape, type or setting kvrm does not follow.
+// (float, [labels][hidden_size]) and `score.bias` if there is one, labels from config.json's
+// id2label, the activations from its problem_type and `sentence_transformers.activation_fn` (or
+// `sbert_ce_default_activation_function`). nullopt when the checkpoint has no score.weight.
+// INVALID_ARGUMENT naming the file and tensor or key for a shape, type or setting kvrm does not
+// follow (the caller serves the model without a head then: Classify and Score refused).
 absl::StatusOr<std::optional<ClassifierHead>> LoadClassifierHead(const std::string& dir,
                                                                  const SafetensorsSet& files,
                                                                  int32_t hidden_size);

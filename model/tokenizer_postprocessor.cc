@@ -20,15 +20,11 @@ class TemplateProcessor : public PostProcessor {
     int sequence = 0;  // 0: `ids`; 1: A; 2: B
     std::vector<int32_t> ids;
   };
-  // `pair` empty: the single template with B right after A.
+  // `pair` empty: "$A $B", no special tokens (HF's TemplateProcessingBuilder default; its
+  // tokenizer.json files always write a pair template).
   TemplateProcessor(std::vector<Part> single, std::vector<Part> pair)
       : single_(std::move(single)), pair_(std::move(pair)) {
-    if (pair_.empty()) {
-      for (const Part& p : single_) {
-        pair_.push_back(p);
-        if (p.sequence == 1) pair_.push_back({2, {}});
-      }
-    }
+    if (pair_.empty()) pair_ = {{1, {}}, {2, {}}};
   }
 
   void Process(std::vector<int32_t>* ids) const override { *ids = Apply(single_, *ids, {}); }

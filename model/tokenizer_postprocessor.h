@@ -21,7 +21,7 @@ class PostProcessor {
   virtual ~PostProcessor() = default;
   virtual void Process(std::vector<int32_t>* ids) const = 0;
   // The pair (A, B) joined with this processor's pair template: TemplateProcessing's "pair"
-  // (without one, its single template with B right after A), [CLS] A [SEP] B [SEP] (Bert),
+  // (without one, A B as HF's template builder defaults to), [CLS] A [SEP] B [SEP] (Bert),
   // <s> A </s></s> B </s> (Roberta), A B (ByteLevel).
   virtual std::vector<int32_t> ProcessPair(const std::vector<int32_t>& a,
                                            const std::vector<int32_t>& b) const = 0;

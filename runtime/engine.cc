@@ -489,7 +489,8 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
   if (request->pooling == Pooling::kNone && !model_->weights.has_lm_head) {
     return absl::FailedPreconditionError(
         "the served model has no LM head (its checkpoint has no lm_head.weight: an embedding "
-        "model's base weights), so it serves embeddings (Embed, /v1/embeddings) only");
+        "model's base weights, or a sequence classifier's), so it serves embeddings, "
+        "classification and scoring (Embed, Classify, Score) only");
   }
   if (request->pooling != Pooling::kNone && !backend_->returns_hidden()) {
     return absl::InvalidArgumentError(

@@ -87,8 +87,15 @@ absl::StatusOr<std::unique_ptr<ModelBundle>> ModelBundle::Load(const std::string
   QuantizedLoadStats stats;
   quantized.stats = &stats;
   ASSIGN_OR_RETURN(bundle->weights, BindLlamaWeights(bundle->config, *bundle->files, &quantized));
-  ASSIGN_OR_RETURN(bundle->classifier,
-                   LoadClassifierHead(dir, *bundle->files, bundle->config.hidden_size));
+  // A head kvrm cannot follow leaves the rest served (Classify and Score say why).
+  if (absl::StatusOr<std::optional<ClassifierHead>> head =
+          LoadClassifierHead(dir, *bundle->files, bundle->config.hidden_size);
+      head.ok()) {
+    bundle->classifier = *std::move(head);
+  } else {
+    bundle->classifier_error = std::string(head.status().message());
+    LOG(WARNING) << "Classify and Score refused: " << bundle->classifier_error;
+  }
   if (const CheckpointQuantization& q = bundle->config.quantization; q.enabled()) {
     bundle->weights_format = q.Describe();
     // "awq 4-bit g128 checkpoint: 196 matrices as exactly their values (196 as 4-bit groups,

@@ -37,6 +37,9 @@ struct ModelBundle {
   // model's), or one kvrmd --classifier_from_tokens made from LM-head rows: Classify and
   // cross-encoder Score read the last token's final hidden state through it. nullopt: none.
   std::optional<ClassifierHead> classifier;
+  // Non-empty: the checkpoint's head could not be read (why; Classify and Score are refused with
+  // it, the rest is served).
+  std::string classifier_error;
   ChatConfig chat;  // tokenizer_config.json / chat_template.jinja; kvrmd's --chat_template
   // LoRA adapters served beside the base model (kvrmd --lora_modules), in the order requests
   // index them (GenerationRequest::lora_adapter). The CPU backend keeps each rank's share in its

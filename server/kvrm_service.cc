@@ -456,14 +456,19 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     int32_t prompt_tokens = 0;
     int32_t cached_prompt_tokens = 0;
   };
+  // Turns one input's pooled vector into what the reply needs of it (normalized, the head's
+  // logits), on the engine thread as that input ends: the work is spread over the call's inputs
+  // and what is held until the last is small.
+  using Each = std::function<void(std::vector<float>*)>;
   // Fills the response from every input's vector, in input order; called once, when all ended
   // well (then the call ends with the status it returns).
   using Reply = std::function<grpc::Status(std::vector<Pooled>)>;
   // Names input i in errors ("inputs[2]", "documents[2]").
   using Name = std::function<std::string(int32_t)>;
 
-  PoolingReactor(Engine* engine, int32_t inputs, Reply reply, Name name)
+  PoolingReactor(Engine* engine, int32_t inputs, Each each, Reply reply, Name name)
       : engine_(engine),
+        each_(std::move(each)),
         reply_(std::move(reply)),
         name_(std::move(name)),
         pooled_(inputs),
@@ -546,9 +551,11 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
   // On the engine thread: input `index` ended.
   void Ended(int32_t index, StreamChunk last, const FinishInfo& info) {
     bool cancel_rest = false;
+    const bool pooled = info.reason == FinishReason::kStop && !last.embedding.empty();
+    if (pooled && each_) each_(&last.embedding);  // this input's alone: no lock needed
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (info.reason == FinishReason::kStop && !last.embedding.empty()) {
+      if (pooled) {
         Pooled& p = pooled_[index];
         p.vector = std::move(last.embedding);
         p.prompt_tokens = info.prompt_tokens;
@@ -597,6 +604,7 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
   }
 
   Engine* const engine_;
+  const Each each_;
   const Reply reply_;
   const Name name_;
   std::mutex mu_;
@@ -853,9 +861,9 @@ grpc::Status KvrmService::CheckQueueRoom(grpc::CallbackServerContext* context, i
   }
   if (const int32_t queued = engine_->QueuedRequests(); queued + inputs > max_queue) {
     context->AddTrailingMetadata("retry-after-ms", "1000");
-    return grpc::Status(
-        grpc::StatusCode::RESOURCE_EXHAUSTED,
-        absl::StrCat("queue full (", queued, " waiting requests; this call has ", inputs, ")"));
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat("queue full (", queued, " waiting requests; this call has ",
+                                     inputs, " prompts)"));
   }
   return grpc::Status::OK;
 }
@@ -894,10 +902,11 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
   response->set_pooling(plan->pooling == Pooling::kMean  ? v1::POOLING_MEAN
                         : plan->pooling == Pooling::kCls ? v1::POOLING_CLS
                                                          : v1::POOLING_LAST);
-  auto reply = [response, dimensions = plan->dimensions,
-                normalize = plan->normalize](std::vector<PoolingReactor::Pooled> pooled) {
+  auto each = [dimensions = plan->dimensions, normalize = plan->normalize](std::vector<float>* v) {
+    FinishEmbedding(dimensions, normalize, v);
+  };
+  auto reply = [response](std::vector<PoolingReactor::Pooled> pooled) {
     for (PoolingReactor::Pooled& p : pooled) {
-      FinishEmbedding(dimensions, normalize, &p.vector);
       v1::Embedding* e = response->add_embeddings();
       e->mutable_values()->Assign(p.vector.begin(), p.vector.end());
       e->set_prompt_tokens(p.prompt_tokens);
@@ -906,7 +915,7 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
     }
     return grpc::Status::OK;
   };
-  auto* reactor = new PoolingReactor(engine_, inputs, std::move(reply),
+  auto* reactor = new PoolingReactor(engine_, inputs, std::move(each), std::move(reply),
                                      [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
   reactor->Start(context, std::move(plan->inputs), id, arrival);
   return reactor;
@@ -918,6 +927,10 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
   const absl::Time arrival = absl::Now();
   if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
+  if (const std::string& error = engine_->model().classifier_error; !error.empty()) {
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                             absl::StrCat("Classify: ", error)));
+  }
   if (!head) {
     return FinishUnary(context,
                        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -936,9 +949,14 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
   const std::string id = request->request_id().empty() ? absl::StrCat("cls-", next_id_.fetch_add(1))
                                                        : request->request_id();
   response->set_request_id(id);
+  // Each input's vector becomes the head's logits as it ends.
+  auto each = [&head = *head](std::vector<float>* v) {
+    const std::vector<double> logits = head.Logits(*v);
+    v->assign(logits.begin(), logits.end());
+  };
   auto reply = [response, &head = *head](std::vector<PoolingReactor::Pooled> pooled) {
     for (const PoolingReactor::Pooled& p : pooled) {
-      const std::vector<double> logits = head.Logits(p.vector);
+      const std::vector<double> logits(p.vector.begin(), p.vector.end());
       const std::vector<double> probs = head.Probabilities(logits);
       v1::Classification* c = response->add_classifications();
       for (double v : logits) c->add_logits(static_cast<float>(v));
@@ -953,7 +971,7 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
     }
     return grpc::Status::OK;
   };
-  auto* reactor = new PoolingReactor(engine_, n, std::move(reply),
+  auto* reactor = new PoolingReactor(engine_, n, std::move(each), std::move(reply),
                                      [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
   reactor->Start(context, *std::move(inputs), id, arrival);
   return reactor;
@@ -961,7 +979,9 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
 
 v1::ScoreMethod KvrmService::score_method() const {
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
-  if (!engine_->returns_hidden()) return v1::SCORE_METHOD_UNSPECIFIED;
+  if (!engine_->returns_hidden() || !engine_->model().classifier_error.empty()) {
+    return v1::SCORE_METHOD_UNSPECIFIED;
+  }
   if (head)
     return head->num_labels == 1 ? v1::SCORE_METHOD_CROSS_ENCODER : v1::SCORE_METHOD_UNSPECIFIED;
   return info_.embed_refusal.empty() ? v1::SCORE_METHOD_EMBEDDING_SIMILARITY
@@ -980,10 +1000,12 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
     return FinishUnary(
         context,
         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                     head ? absl::StrCat("Score: the classification head has ", head->num_labels,
-                                         " labels; a cross-encoder's has one (Classify "
-                                         "gives each label's probability)")
-                          : absl::StrCat("Score: ", info_.embed_refusal)));
+                     !engine_->model().classifier_error.empty()
+                         ? absl::StrCat("Score: ", engine_->model().classifier_error)
+                     : head ? absl::StrCat("Score: the classification head has ", head->num_labels,
+                                           " labels; a cross-encoder's has one (Classify "
+                                           "gives each label's probability)")
+                            : absl::StrCat("Score: ", info_.embed_refusal)));
   }
   const bool cross = method == v1::SCORE_METHOD_CROSS_ENCODER;
   absl::StatusOr<ScorePlan> plan =
@@ -999,28 +1021,24 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
   response->set_request_id(id);
   response->set_method(method);
   const int32_t queries = plan->queries, documents = plan->documents;
-  auto reply = [response, cross, head = cross ? &*head : nullptr, queries,
-                documents](std::vector<PoolingReactor::Pooled> pooled) {
+  auto reply = [response, cross, queries, documents](std::vector<PoolingReactor::Pooled> pooled) {
     for (const PoolingReactor::Pooled& p : pooled) {
       response->set_prompt_tokens(response->prompt_tokens() + p.prompt_tokens);
       response->set_cached_prompt_tokens(response->cached_prompt_tokens() +
                                          p.cached_prompt_tokens);
     }
     for (int32_t d = 0; d < documents; ++d) {
-      double score;
+      double score = 0;
       if (cross) {
-        score = head->Score(head->Logits(pooled[d].vector)[0]);
+        score = pooled[d].vector[0];  // (each made it the score)
       } else {
-        // The cosine similarity, in double (0 where either vector is zero).
+        // The cosine similarity: the dot product of the unit vectors, in double (0 where either
+        // vector was zero).
         const std::vector<float>& a = pooled[queries == 1 ? 0 : d].vector;
         const std::vector<float>& b = pooled[queries + d].vector;
-        double ab = 0, aa = 0, bb = 0;
         for (size_t c = 0; c < a.size() && c < b.size(); ++c) {
-          ab += static_cast<double>(a[c]) * b[c];
-          aa += static_cast<double>(a[c]) * a[c];
-          bb += static_cast<double>(b[c]) * b[c];
+          score += static_cast<double>(a[c]) * b[c];
         }
-        score = aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
       }
       response->add_scores(static_cast<float>(score));
     }
@@ -1031,7 +1049,16 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
     return i < queries ? absl::StrCat("queries[", i, "]")
                        : absl::StrCat("documents[", i - queries, "]");
   };
-  auto* reactor = new PoolingReactor(engine_, n, std::move(reply), std::move(name));
+  // As each input ends: a pair's vector becomes its score, a text's its unit vector.
+  auto each = [cross, head = cross ? &*head : nullptr](std::vector<float>* v) {
+    if (cross) {
+      *v = {static_cast<float>(head->Score(head->Logits(*v)[0]))};
+    } else {
+      FinishEmbedding(0, /*normalize=*/true, v);
+    }
+  };
+  auto* reactor =
+      new PoolingReactor(engine_, n, std::move(each), std::move(reply), std::move(name));
   reactor->Start(context, std::move(plan->inputs), id, arrival);
   return reactor;
 }

@@ -541,6 +541,7 @@ int Run() {
     if (m.classifier)
       LOG(INFO) << "--classifier_from_tokens replaces the checkpoint's score.weight";
     m.classifier = *std::move(head);
+    m.classifier_error.clear();
   }
   if (const std::optional<ClassifierHead>& head = (*model)->classifier) {
     LOG(INFO) << "classification head: " << head->num_labels << " label"
@@ -723,8 +724,9 @@ int Run() {
             << ", device " << device->device
             << (device->device == "cpu" ? ", " + std::string(CpuIsaName(ActiveCpuIsa())) : "");
   if (!m.weights.has_lm_head) {
-    LOG(INFO) << "the checkpoint has no LM head (lm_head.weight): embeddings only (Embed, "
-                 "/v1/embeddings); Generate is refused";
+    LOG(INFO) << "the checkpoint has no LM head (lm_head.weight): embeddings"
+              << (m.classifier ? ", classification and scoring" : "")
+              << " only; Generate is refused";
   }
   if ((*engine)->options().window_release) {
     LOG(INFO) << "window release: every layer attends within " << m.config.sliding_window

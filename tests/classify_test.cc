@@ -10,9 +10,11 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/json.h"
 #include "common/logging.h"
 #include "common/subprocess.h"
@@ -35,7 +37,8 @@ namespace fs = std::filesystem;
 // id2label; `more` edits config.json further.
 std::string WriteClassifier(const ModelBundle& base, const std::string& name,
                             const std::vector<std::string>& labels, std::vector<float>* weight,
-                            const std::function<void(Json&)>& more = nullptr) {
+                            const std::function<void(Json&)>& more = nullptr,
+                            std::vector<float>* bias = nullptr) {
   const fs::path src = base.files->dir();
   const fs::path dir = fs::path(TestTmpDir()) / name;
   fs::remove_all(dir);
@@ -75,6 +78,15 @@ std::string WriteClassifier(const ModelBundle& base, const std::string& name,
       DType::kF32,
       {static_cast<int64_t>(labels.size()), hidden},
       absl::MakeConstSpan(reinterpret_cast<const std::byte*>(weight->data()), weight->size() * 4)});
+  if (bias != nullptr) {  // score.bias, as a head written with one has
+    bias->resize(labels.size());
+    for (float& b : *bias) b = normal(rng) * 8;
+    tensors.push_back(TensorToWrite{
+        "score.bias",
+        DType::kF32,
+        {static_cast<int64_t>(labels.size())},
+        absl::MakeConstSpan(reinterpret_cast<const std::byte*>(bias->data()), bias->size() * 4)});
+  }
   CHECK_OK(WriteSafetensors((dir / "model.safetensors").string(), tensors));
   return dir.string();
 }
@@ -219,6 +231,94 @@ TEST_F(ClassifyTest, ClassifyIsTheHeadOnTheReferencesLastHiddenState) {
   EXPECT_EQ(server.engine().Stats().kv.blocks_used, 0);
 }
 
+// config.json's problem_type picks Classify's probabilities as Transformers' loss trained them
+// (vLLM's rule): multi_label_classification a sigmoid per label, regression the logits
+// themselves (a reward model's score); a score.bias is added to the logits.
+TEST_F(ClassifyTest, ProblemTypeAndBiasShapeTheProbabilities) {
+  std::mt19937 rng(8);
+  const std::vector<int32_t> ids = RandomPrompt(rng, 40);
+  struct Case {
+    const char* problem_type;
+    std::vector<std::string> labels;
+    ClassifierHead::Activation want;
+  };
+  for (const Case& c : {Case{"multi_label_classification",
+                             {"toxic", "spam", "off-topic"},
+                             ClassifierHead::Activation::kSigmoid},
+                        Case{"regression", {"reward"}, ClassifierHead::Activation::kIdentity}}) {
+    std::vector<float> weight, bias;
+    const std::string dir = WriteClassifier(
+        *model_, absl::StrCat("classifier-", c.problem_type), c.labels, &weight,
+        [&](Json& j) { j["problem_type"] = c.problem_type; }, &bias);
+    absl::StatusOr<std::unique_ptr<ModelBundle>> m = ModelBundle::Load(dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    ASSERT_TRUE((*m)->classifier.has_value()) << (*m)->classifier_error;
+    EXPECT_EQ((*m)->classifier->classify_activation, c.want) << c.problem_type;
+    EXPECT_EQ((*m)->classifier->bias.size(), c.labels.size());
+    TestServer server(*std::move(m), Options());
+    v1::ClassifyRequest req;
+    v1::TokenIds* t = req.add_inputs()->mutable_token_ids();
+    for (int32_t id : ids) t->add_ids(id);
+    grpc::ClientContext ctx;
+    v1::ClassifyResponse resp;
+    const grpc::Status st = server.stub().Classify(&ctx, req, &resp);
+    ASSERT_TRUE(st.ok()) << st.error_message();
+    double tol;
+    std::vector<double> want = RefLogits(ids, weight, &tol);
+    const v1::Classification& got = resp.classifications(0);
+    ASSERT_EQ(got.logits_size(), static_cast<int>(c.labels.size()));
+    for (size_t l = 0; l < c.labels.size(); ++l) {
+      want[l] += bias[l];
+      EXPECT_NEAR(got.logits(l), want[l], tol + 1e-6) << c.problem_type << " " << l;
+      const double p = c.want == ClassifierHead::Activation::kIdentity ? want[l] : Sigmoid(want[l]);
+      EXPECT_NEAR(got.probs(l), p, tol + 1e-6) << c.problem_type << " " << l;
+    }
+  }
+}
+
+// A head kvrm cannot follow (a problem_type it does not know, labels that do not match the
+// rows) leaves the model served: it loads, embeds, and Classify and Score are refused naming
+// the file and key (Score does not fall back to embedding similarity for a classifier).
+TEST_F(ClassifyTest, AHeadKvrmCannotFollowLeavesTheRestServed) {
+  std::vector<float> weight;
+  for (const auto& [name, edit, key] :
+       std::vector<std::tuple<std::string, std::function<void(Json&)>, std::string>>{
+           {"classifier-odd-problem", [](Json& j) { j["problem_type"] = "ranking"; },
+            "problem_type"},
+           {"classifier-odd-labels",
+            [](Json& j) {
+              j["id2label"] = {{"0", "a"}};
+            },
+            "id2label"}}) {
+    const std::string dir = WriteClassifier(*model_, name, {"x", "y"}, &weight, edit);
+    absl::StatusOr<std::unique_ptr<ModelBundle>> m = ModelBundle::Load(dir);
+    ASSERT_TRUE(m.ok()) << m.status();
+    EXPECT_FALSE((*m)->classifier.has_value());
+    EXPECT_NE((*m)->classifier_error.find(key), std::string::npos) << (*m)->classifier_error;
+    TestServer server(*std::move(m), Options());
+    v1::ClassifyRequest c;
+    c.add_inputs()->set_text("x");
+    grpc::ClientContext cctx;
+    v1::ClassifyResponse cresp;
+    grpc::Status st = server.stub().Classify(&cctx, c, &cresp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    EXPECT_NE(st.error_message().find(key), std::string::npos) << st.error_message();
+    v1::ScoreRequest sr;
+    sr.add_queries("q");
+    sr.add_documents("d");
+    grpc::ClientContext sctx;
+    v1::ScoreResponse sresp;
+    st = server.stub().Score(&sctx, sr, &sresp);
+    EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    v1::EmbedRequest e;
+    e.add_inputs()->set_text("still served");
+    grpc::ClientContext ectx;
+    v1::EmbedResponse eresp;
+    st = server.stub().Embed(&ectx, e, &eresp);
+    EXPECT_TRUE(st.ok()) << st.error_message();
+  }
+}
+
 // A one-label cross-encoder: each (query, document) pair is the tokenizer's JoinPair of the two
 // (special tokens as its pair template puts them), scored sigmoid(logit) against the reference;
 // one query for every document or one per document; truncation cuts the document's end, or the
@@ -357,7 +457,7 @@ TEST_F(ClassifyTest, CrossEncoderScoresEachPairThroughTheHead) {
       });
   absl::StatusOr<std::unique_ptr<ModelBundle>> raw = ModelBundle::Load(raw_dir);
   ASSERT_TRUE(raw.ok()) << raw.status();
-  EXPECT_EQ((*raw)->classifier->activation, ClassifierHead::Activation::kIdentity);
+  EXPECT_EQ((*raw)->classifier->score_activation, ClassifierHead::Activation::kIdentity);
   TestServer raw_server(*std::move(raw), o);
   v1::ScoreRequest one;
   one.add_queries(query);
@@ -392,6 +492,8 @@ TEST_F(ClassifyTest, ClassifierFromTokensIsTheLmHeadsTwoWayProbability) {
   EXPECT_FALSE(
       ClassifierFromTokens(m->weights.lm_head, *m->tokenizer, {tokens[0], "no-such-token\x01"})
           .ok());
+  EXPECT_FALSE(
+      ClassifierFromTokens(m->weights.lm_head, *m->tokenizer, {tokens[0], tokens[0]}).ok());
   m->classifier = *std::move(head);
   TestServer server(std::move(m), Options());
   const std::string query = "is the sky blue";
