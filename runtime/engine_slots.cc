@@ -653,8 +653,8 @@ int32_t Engine::RecountActiveRows() {
 
 bool Engine::SampledOnDevice(int32_t i) const {
   const SamplingConfig& c = slots_[i].request->sampling;
-  if (c.logprobs || c.num_logit_bias > 0 || c.allowed_tokens || c.repetition_penalty != 1.0f ||
-      c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
+  if (c.logprobs || c.num_logit_bias > 0 || c.allowed_tokens || c.bad_words ||
+      c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
     return false;
   }
   // A structured output's token mask is applied on the host.

@@ -74,6 +74,25 @@ absl::Status ValidateSamplingTokens(const SamplingConfig& c, int32_t vocab_size)
                                                      vocab_size, ")"));
     }
   }
+  if (c.bad_words) {
+    if (c.bad_words->size() > static_cast<size_t>(kMaxBadWords)) {
+      return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: ", c.bad_words->size(),
+                                                     " sequences; at most ", kMaxBadWords));
+    }
+    for (size_t w = 0; w < c.bad_words->size(); ++w) {
+      const std::vector<int32_t>& word = (*c.bad_words)[w];
+      if (word.empty() || word.size() > static_cast<size_t>(kMaxBadWordTokens)) {
+        return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words[", w, "]: ", word.size(),
+                                                       " tokens; 1 to ", kMaxBadWordTokens));
+      }
+      for (int32_t token : word) {
+        if (token < 0 || token >= vocab_size) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "sampling.bad_words[", w, "]: token ", token, " is not in [0, ", vocab_size, ")"));
+        }
+      }
+    }
+  }
   if (!c.allowed_tokens) return absl::OkStatus();
   if (c.allowed_tokens->empty() || c.allowed_tokens->size() > static_cast<size_t>(vocab_size)) {
     return absl::InvalidArgumentError(absl::StrCat("sampling.allowed_token_ids: ",
@@ -113,6 +132,7 @@ void Sampler::Reset(const SamplingConfig& config, absl::Span<const int32_t> prom
     gen_count_[token] = 0;
   }
   touched_.clear();  // Keeps capacity.
+  recent_count_ = 0;
   for (int32_t token : prompt_tokens) MarkSeen(token);
   const absl::Status tokens = ValidateSamplingTokens(config, vocab_size_);
   CHECK(tokens.ok()) << tokens;
@@ -135,6 +155,23 @@ float Sampler::DrawUniform() {
 void Sampler::Accept(int32_t token) {
   MarkSeen(token);
   if (tracks_penalties_) ++gen_count_[token];
+  recent_[recent_count_ % recent_.size()] = token;
+  ++recent_count_;
+}
+
+void Sampler::ApplyBadWords(absl::Span<float> logits) const {
+  if (!config_.bad_words) return;
+  const int64_t n = static_cast<int64_t>(recent_.size());
+  for (const std::vector<int32_t>& word : *config_.bad_words) {
+    const int64_t prefix = static_cast<int64_t>(word.size()) - 1;
+    if (prefix > recent_count_) continue;  // fewer tokens generated than the word's start
+    // The generated tokens' last `prefix` are word[0, prefix)?
+    bool match = true;
+    for (int64_t k = 0; k < prefix && match; ++k) {
+      match = recent_[(recent_count_ - prefix + k) % n] == word[k];
+    }
+    if (match) logits[word.back()] = kNegInf;
+  }
 }
 
 void Sampler::ApplyPenalties(absl::Span<float> logits) const {
@@ -181,6 +218,7 @@ SampleResult Sampler::Sample(absl::Span<float> logits, bool mask_support) {
   CHECK(static_cast<int32_t>(logits.size()) == vocab_size_)
       << "logits " << logits.size() << " vocab " << vocab_size_;
   ApplyAllowedTokens(logits);
+  ApplyBadWords(logits);
   ApplyLogitBias(logits);
   ApplyPenalties(logits);
   const float max = Normalize(logits);

@@ -4,13 +4,13 @@
 // start-up; `Reset` (admission) and `Sample` / `Accept` (every decode step) never allocate: all
 // buffers are sized to the vocabulary in the constructor and reused.
 //
-// Processing order: allowed-token mask, logit bias, repetition penalty, presence/frequency
-// penalties (vLLM's order); then, if temperature == 0, argmax (ties: lowest id); otherwise divide
-// by temperature, top-k, top-p, min-p, renormalise, and draw with the request's own RNG.
-// (min_tokens masks a request's stop tokens before all of this: the engine does it, it knows
-// the stop tokens.) The cuts run in the order of Hugging Face's generate() warpers and of vLLM
-// v0; vLLM v1 applies min-p before top-k/top-p, so with both min_p and top_p set its nucleus is
-// top_p of the mass min-p left, and the two can keep different tokens (e.g. probabilities
+// Processing order: allowed-token mask, bad words, logit bias, repetition penalty,
+// presence/frequency penalties (vLLM's order); then, if temperature == 0, argmax (ties: lowest id);
+// otherwise divide by temperature, top-k, top-p, min-p, renormalise, and draw with the request's
+// own RNG. (min_tokens masks a request's stop tokens before all of this: the engine does it, it
+// knows the stop tokens.) The cuts run in the order of Hugging Face's generate() warpers and of
+// vLLM v0; vLLM v1 applies min-p before top-k/top-p, so with both min_p and top_p set its nucleus
+// is top_p of the mass min-p left, and the two can keep different tokens (e.g. probabilities
 // 0.4/0.3/0.2/0.1, min_p 0.5, top_p 0.75: here {0, 1, 2}, vLLM v1 {0, 1}). The device sampler
 // (runtime/device_sampling.h) uses this same order. Top-k keeps exactly k tokens, the lowest
 // ids among ties at the k-th value; vLLM keeps every token tied with it.
@@ -30,6 +30,9 @@ namespace kvrm {
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
 inline constexpr int32_t kMaxLogitBias = 300;
+// vLLM's bad_words: at most this many token sequences a request, each at most this long.
+inline constexpr int32_t kMaxBadWords = 128;
+inline constexpr int32_t kMaxBadWordTokens = 32;
 
 struct LogitBias {
   int32_t token = 0;
@@ -55,6 +58,11 @@ struct SamplingConfig {
   // Ids in [0, vocab_size), at most vocab_size of them (request validation sorts them and drops
   // repeats); shared and immutable, so copying a config never allocates.
   std::shared_ptr<const std::vector<int32_t>> allowed_tokens;
+  // vLLM's bad_words, as token sequences (null: none): the last token of a sequence is -inf
+  // whenever the tokens generated last are the rest of it (a one-token sequence: always). At
+  // most kMaxBadWords sequences of 1 to kMaxBadWordTokens ids in [0, vocab_size); shared and
+  // immutable, so copying a config never allocates.
+  std::shared_ptr<const std::vector<std::vector<int32_t>>> bad_words;
   bool logprobs = false;
   int32_t top_logprobs = 0;  // 0..kMaxTopLogprobs
 };
@@ -123,6 +131,8 @@ class Sampler {
   void ApplyPenalties(absl::Span<float> logits) const;
   // The logit-bias stage of Sample alone (before the penalties): O(entries).
   void ApplyAllowedTokens(absl::Span<float> logits);
+  // The bad-words stage (after the allowed-token mask): O(the sequences' tokens).
+  void ApplyBadWords(absl::Span<float> logits) const;
   void ApplyLogitBias(absl::Span<float> logits) const;
 
   int32_t vocab_size() const { return vocab_size_; }
@@ -170,6 +180,10 @@ class Sampler {
   std::vector<int32_t> gen_count_;
   std::vector<int32_t> touched_;  // capacity vocab_size: never reallocates
   bool tracks_penalties_ = false;  // the config has a penalty: seen_ and gen_count_ are kept
+  // The last kMaxBadWordTokens - 1 generated tokens (a ring: recent_[(recent_count_ - 1 - k) %
+  // size] is the k-th latest), for the bad words; recent_count_ counts every token accepted.
+  std::array<int32_t, kMaxBadWordTokens - 1> recent_{};
+  int64_t recent_count_ = 0;
 
   // Step scratch, [vocab_size] each.
   std::vector<float> probs_;    // exp(processed logit), unnormalised (max entry is 1)

@@ -332,6 +332,56 @@ TEST(SamplerTest, AllowedTokensAreTheOnlySupport) {
   EXPECT_EQ(sampler.Sample(absl::MakeSpan(work)).token, 140);
 }
 
+// vLLM's bad_words: a one-token word is never drawn; a longer word's last token is -inf exactly
+// when the tokens accepted last are the rest of it (across the ring's wrap-around), checked
+// against a brute-force scan of the whole history; the prompt does not count.
+TEST(SamplerTest, BadWordsBanTheirLastTokenAfterTheirStart) {
+  constexpr int32_t kVocab = 64;
+  const std::vector<std::vector<int32_t>> words = {{5}, {7, 8, 9}, {3, 3}, {1, 2, 3, 4, 6}};
+  SamplingConfig c;
+  c.bad_words = std::make_shared<const std::vector<std::vector<int32_t>>>(words);
+  ASSERT_TRUE(ValidateSamplingTokens(c, kVocab).ok());
+  Sampler sampler(kVocab);
+  sampler.Reset(c, /*prompt_tokens=*/{7, 8});  // the prompt's 7 8 bans nothing
+  std::vector<int32_t> history;
+  std::mt19937 rng(4);
+  // A history that keeps running into the words' starts: tokens 1..9 mostly.
+  for (int step = 0; step < 400; ++step) {
+    std::vector<float> logits(kVocab, 0.0f);
+    sampler.ApplyBadWords(absl::MakeSpan(logits));
+    std::set<int32_t> banned;
+    for (const std::vector<int32_t>& w : words) {
+      const size_t prefix = w.size() - 1;
+      if (prefix > history.size()) continue;
+      if (std::equal(w.begin(), w.end() - 1, history.end() - prefix)) banned.insert(w.back());
+    }
+    for (int32_t t = 0; t < kVocab; ++t) {
+      EXPECT_EQ(std::isinf(logits[t]), banned.count(t) == 1) << "step " << step << " token " << t;
+    }
+    // Greedy with the banned token on top: never drawn.
+    for (int32_t t : banned) {
+      std::vector<float> top(kVocab, 0.0f);
+      top[t] = 10.0f;
+      EXPECT_NE(sampler.Sample(absl::MakeSpan(top)).token, t) << "step " << step;
+    }
+    const int32_t next =
+        step % 50 < 40 ? static_cast<int32_t>(1 + rng() % 9) : static_cast<int32_t>(rng() % kVocab);
+    sampler.Accept(next);
+    history.push_back(next);
+  }
+  // Bounds: too many words, an empty or over-long word, an id outside the vocabulary.
+  auto with = [](std::vector<std::vector<int32_t>> w) {
+    SamplingConfig bad;
+    bad.bad_words = std::make_shared<const std::vector<std::vector<int32_t>>>(std::move(w));
+    return ValidateSamplingTokens(bad, kVocab);
+  };
+  EXPECT_FALSE(with({{}}).ok());
+  EXPECT_FALSE(with({std::vector<int32_t>(kMaxBadWordTokens + 1, 1)}).ok());
+  EXPECT_TRUE(with({std::vector<int32_t>(kMaxBadWordTokens, 1)}).ok());
+  EXPECT_FALSE(with({{kVocab}}).ok());
+  EXPECT_FALSE(with(std::vector<std::vector<int32_t>>(kMaxBadWords + 1, {1})).ok());
+}
+
 TEST(SamplerTest, PenaltyFlipsGreedyChoiceAndResetForgetsOldTokens) {
   Sampler sampler(8);
   SamplingConfig c;

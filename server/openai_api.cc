@@ -229,6 +229,16 @@ class Builder {
     Param("sampling.logit_bias", "logit_bias");
     RETURN_IF_ERROR(TokenIds(body_, "allowed_token_ids", s->mutable_allowed_token_ids()));
     Param("sampling.allowed_token_ids", "allowed_token_ids");
+    if (const Json* bad = Find(body_, "bad_words")) {
+      if (!bad->is_array()) return WrongType("bad_words", "an array of strings", *bad);
+      for (size_t i = 0; i < bad->size(); ++i) {
+        if (!(*bad)[i].is_string()) {
+          return WrongType(absl::StrCat("bad_words[", i, "]"), "a string", (*bad)[i]);
+        }
+        s->add_bad_words((*bad)[i].get<std::string>());
+      }
+    }
+    Param("sampling.bad_words", "bad_words");
 
     v1::StoppingCriteria* st = g().mutable_stopping();
     if (const Json* stop = Find(body_, "stop")) {

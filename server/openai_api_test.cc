@@ -328,7 +328,7 @@ TEST(CompletionsRequestTest, EverySamplingParameterLandsInItsField) {
       "seed": 1234, "logit_bias": {"50": -100, "7": 2.5}, "stop": ["\n", "END"],
       "stop_token_ids": [11, 12], "ignore_eos": true, "min_tokens": 3, "n": 2,
       "include_stop_str_in_output": true, "truncate_prompt_tokens": 100,
-      "allowed_token_ids": [4, 9, 2],
+      "allowed_token_ids": [4, 9, 2], "bad_words": ["darn", " heck it"],
       "cache_salt": "tenant-a", "priority": -5, "request_id": "my-req",
       "stream": true, "stream_options": {"include_usage": true}, "user": "u1"})");
   ASSERT_TRUE(r.ok()) << r.status();
@@ -352,6 +352,7 @@ TEST(CompletionsRequestTest, EverySamplingParameterLandsInItsField) {
   EXPECT_TRUE(g.stopping().include_stop_str_in_output());
   EXPECT_EQ(g.truncate_prompt_tokens(), 100);
   EXPECT_THAT(g.sampling().allowed_token_ids(), ::testing::ElementsAre(4, 9, 2));
+  EXPECT_THAT(g.sampling().bad_words(), ::testing::ElementsAre("darn", " heck it"));
   EXPECT_EQ(g.n(), 2);
   EXPECT_EQ(g.cache_salt(), "tenant-a");
   EXPECT_EQ(g.priority(), -5);
@@ -946,6 +947,8 @@ TEST(RequestTypesTest, WrongTypesAreRefusedNamingTheParameter) {
       {R"("truncate_prompt_tokens": "8")", "truncate_prompt_tokens"},
       {R"("allowed_token_ids": 3)", "allowed_token_ids"},
       {R"("allowed_token_ids": [1, "2"])", "allowed_token_ids[1]"},
+      {R"("bad_words": "darn")", "bad_words"},
+      {R"("bad_words": ["darn", 3])", "bad_words[1]"},
       {R"("n": "2")", "n"},
       {R"("stream": "true")", "stream"},
       {R"("stream_options": true)", "stream_options"},

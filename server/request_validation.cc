@@ -183,6 +183,48 @@ absl::Status ValidateSampling(const v1::SamplingParams& s, int32_t vocab_size,
   return absl::OkStatus();
 }
 
+// vLLM's bad_words as token sequences (SamplingParams.update_from_tokenizer): each word with its
+// leading spaces dropped, and with one space before it where that gives another first token and
+// as many tokens (the word inside a text, where a tokenizer spells the space into the token).
+// Null for none.
+absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> BadWordSequences(
+    const v1::SamplingParams& s, const Tokenizer& tokenizer, const RequestLimits& limits) {
+  if (s.bad_words().empty()) return nullptr;
+  if (s.bad_words_size() > kMaxBadWords) {
+    return Invalid("sampling.bad_words",
+                   absl::StrCat(s.bad_words_size(), " words; at most ", kMaxBadWords));
+  }
+  auto words = std::make_shared<std::vector<std::vector<int32_t>>>();
+  for (int i = 0; i < s.bad_words_size(); ++i) {
+    const std::string field = absl::StrCat("sampling.bad_words[", i, "]");
+    const std::string& word = s.bad_words(i);
+    if (word.size() > 1024) return Invalid(field, "longer than 1024 bytes");
+    const std::string bare(absl::StripLeadingAsciiWhitespace(word));
+    if (bare.empty()) return Invalid(field, "empty");
+    std::vector<int32_t> first;
+    for (const std::string& text : {bare, " " + bare}) {
+      absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, false);
+      if (!ids.ok()) return Invalid(field, std::string(ids.status().message()));
+      if (ids->size() > static_cast<size_t>(kMaxBadWordTokens)) {
+        return Invalid(field, absl::StrCat(ids->size(), " tokens; at most ", kMaxBadWordTokens));
+      }
+      for (int32_t id : *ids) {
+        if (id < 0 || id >= limits.vocab_size) {
+          return Invalid(field, absl::StrCat("token ", id, " is outside the model's vocabulary"));
+        }
+      }
+      if (first.empty()) {
+        if (ids->empty()) return Invalid(field, "encodes to no tokens");
+        first = *ids;
+        words->push_back(*std::move(ids));
+      } else if (!ids->empty() && (*ids)[0] != first[0] && ids->size() == first.size()) {
+        words->push_back(*std::move(ids));
+      }
+    }
+  }
+  return std::shared_ptr<const std::vector<std::vector<int32_t>>>(std::move(words));
+}
+
 // A tool call's id as the chat template sees it. Mistral's templates refuse ids that are not 9
 // alphanumerics ("call_" and 24 hex digits, kvrm's and OpenAI's, among them): for a model in
 // the Mistral format a longer id is cut to its last 9 characters, as vLLM cuts them, the same
@@ -552,6 +594,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   }
 
   RETURN_IF_ERROR(ValidateSampling(proto.sampling(), limits.vocab_size, &r->sampling));
+  ASSIGN_OR_RETURN(r->sampling.bad_words, BadWordSequences(proto.sampling(), tokenizer, limits));
 
   const v1::StoppingCriteria& st = proto.stopping();
   if (st.max_new_tokens() < 1 || st.max_new_tokens() > limits.max_new_tokens) {

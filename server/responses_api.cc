@@ -40,7 +40,8 @@ constexpr const char* kPassThrough[] = {"temperature",
                                         "min_tokens",
                                         "ignore_eos",
                                         "stop_token_ids",
-                                        "logit_bias"};
+                                        "logit_bias",
+                                        "bad_words"};
 
 // What is refused by name rather than ignored (a client relying on it learns at once).
 absl::Status RefuseUnsupported(const Json& body, const ResponseStore* store) {

@@ -5,9 +5,11 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <random>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -256,6 +258,73 @@ TEST_F(E2eTest, LogitBiasBansAndForcesTokens) {
     ASSERT_TRUE(r.status.ok()) << temperature;
     EXPECT_EQ(r.tokens, std::vector<int32_t>(8, forced)) << temperature;
   }
+}
+
+// vLLM's bad_words: a word of one token is never generated; a word of two is cut at its second
+// token right after its first. Greedy, so the output is the unbanned one up to that point.
+TEST_F(E2eTest, BadWordsAreNeverGenerated) {
+  const Tokenizer& tok = *server_->model().tokenizer;
+  v1::GenerateRequest req = TextRequest("Numbers:", 24);
+  req.mutable_stopping()->set_ignore_eos(true);
+  const StreamResult full = RunGenerate(stub(), req);
+  ASSERT_TRUE(full.status.ok());
+  ASSERT_EQ(full.tokens.size(), 24u);
+  // A word whose own encoding (as bad_words tokenizes it: bare) is exactly these tokens.
+  auto word_of = [&](std::vector<int32_t> ids) -> std::optional<std::string> {
+    const std::string text(absl::StripLeadingAsciiWhitespace(tok.Decode(ids, true)));
+    absl::StatusOr<std::vector<int32_t>> again = tok.Encode(text, false);
+    if (text.empty() || !again.ok() || *again != ids) return std::nullopt;
+    return text;
+  };
+  bool single = false, pair = false;
+  for (size_t i = 0; i + 1 < full.tokens.size() && !(single && pair); ++i) {
+    if (!single) {
+      if (std::optional<std::string> w = word_of({full.tokens[i]})) {
+        single = true;
+        v1::GenerateRequest banned = req;
+        banned.mutable_sampling()->add_bad_words(*w);
+        const StreamResult b = RunGenerate(stub(), banned);
+        ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+        const size_t first =
+            std::find(full.tokens.begin(), full.tokens.end(), full.tokens[i]) - full.tokens.begin();
+        EXPECT_EQ(std::find(b.tokens.begin(), b.tokens.end(), full.tokens[i]), b.tokens.end())
+            << "'" << *w << "'";
+        EXPECT_EQ(std::vector<int32_t>(b.tokens.begin(), b.tokens.begin() + first),
+                  std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + first));
+      }
+    }
+    if (!pair && full.tokens[i] != full.tokens[i + 1]) {
+      if (std::optional<std::string> w = word_of({full.tokens[i], full.tokens[i + 1]})) {
+        pair = true;
+        v1::GenerateRequest banned = req;
+        banned.mutable_sampling()->add_bad_words(*w);
+        const StreamResult b = RunGenerate(stub(), banned);
+        ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+        // The first time the pair would come: its first token, then something else.
+        size_t at = 0;
+        while (at + 1 < full.tokens.size() &&
+               !(full.tokens[at] == full.tokens[i] && full.tokens[at + 1] == full.tokens[i + 1])) {
+          ++at;
+        }
+        ASSERT_GT(b.tokens.size(), at + 1);
+        EXPECT_EQ(std::vector<int32_t>(b.tokens.begin(), b.tokens.begin() + at + 1),
+                  std::vector<int32_t>(full.tokens.begin(), full.tokens.begin() + at + 1));
+        EXPECT_NE(b.tokens[at + 1], full.tokens[i + 1]) << "'" << *w << "'";
+        for (size_t k = 0; k + 1 < b.tokens.size(); ++k) {
+          EXPECT_FALSE(b.tokens[k] == full.tokens[i] && b.tokens[k + 1] == full.tokens[i + 1]) << k;
+        }
+      }
+    }
+  }
+  EXPECT_TRUE(single && pair) << "no word of the greedy output encodes back to its tokens";
+  // Refusals name the word.
+  v1::GenerateRequest bad = req;
+  bad.mutable_sampling()->add_bad_words("fine");
+  bad.mutable_sampling()->add_bad_words("   ");
+  const StreamResult r = RunGenerate(stub(), bad);
+  EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(r.status.error_message().rfind("sampling.bad_words[1]:", 0), 0u)
+      << r.status.error_message();
 }
 
 TEST_F(E2eTest, MinTokensHoldsOffEosStopTokensAndStopSequences) {

@@ -234,6 +234,7 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   ASSIGN_OR_RETURN(const std::vector<int32_t> allowed,
                    ParseIdList(options.allowed_token_ids, "allowed_token_ids"));
   sampling->mutable_allowed_token_ids()->Add(allowed.begin(), allowed.end());
+  for (const std::string& word : options.bad_words) sampling->add_bad_words(word);
 
   v1::StoppingCriteria* stopping = request.mutable_stopping();
   stopping->set_max_new_tokens(options.max_new_tokens);

@@ -47,6 +47,7 @@ struct GenerateOptions {
   int32_t truncate_prompt_tokens = 0;  // 0 keeps the whole prompt, -1 what leaves room
   std::string logit_bias;  // "id:bias,..." e.g. "13:-100,42:2.5"
   std::string allowed_token_ids;  // "1,2"
+  std::vector<std::string> bad_words;  // each as written (vLLM's bad_words)
   // < 0: off; 0: the sampled token's logprob; N > 0: also the top N alternatives.
   int32_t logprobs = -1;
   // < 0: off; N >= 0: score the prompt (ResponseOptions.prompt_logprobs) with N alternatives.

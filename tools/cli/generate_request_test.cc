@@ -56,6 +56,7 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   options.truncate_prompt_tokens = -1;
   options.logit_bias = "13:-100, 42:2.5";
   options.allowed_token_ids = "13,42,7";
+  options.bad_words = {"darn", "heck, no"};
   options.logprobs = 3;
   options.priority = -7;
   options.n = 3;
@@ -86,6 +87,8 @@ TEST(BuildGenerateRequestTest, TextPromptCarriesEveryOption) {
   ASSERT_EQ(s.logit_bias_size(), 2);
   EXPECT_FLOAT_EQ(s.logit_bias().at(13), -100.0f);
   EXPECT_FLOAT_EQ(s.logit_bias().at(42), 2.5f);
+  ASSERT_EQ(s.bad_words_size(), 2);
+  EXPECT_EQ(s.bad_words(1), "heck, no");
   EXPECT_THAT(s.allowed_token_ids(), ElementsAre(13, 42, 7));
   const v1::StoppingCriteria& stop = request->stopping();
   EXPECT_EQ(stop.max_new_tokens(), 17);

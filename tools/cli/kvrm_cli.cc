@@ -68,6 +68,7 @@ ABSL_FLAG(int32_t, truncate_prompt_tokens, 0,
           "keep only the prompt's last N tokens; -1: what leaves room for --max_new_tokens");
 ABSL_FLAG(std::string, allowed_token_ids, "",
           "only these token ids can be sampled, e.g. 13,42");
+ABSL_FLAG(std::string, bad_word, "", "a word never to generate (vLLM's bad_words); repeatable");
 ABSL_FLAG(std::string, logit_bias, "",
           "token_id:bias pairs added to the logits, e.g. 13:-100,42:2.5 (bias in [-100, 100])");
 ABSL_FLAG(int32_t, logprobs, -1,
@@ -219,6 +220,8 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   }
   options.logit_bias = absl::GetFlag(FLAGS_logit_bias);
   options.allowed_token_ids = absl::GetFlag(FLAGS_allowed_token_ids);
+  if (auto it = flags.given.find("bad_word"); it != flags.given.end())
+    options.bad_words = it->second;
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
   options.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
   options.n = absl::GetFlag(FLAGS_n);
@@ -631,6 +634,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "truncate_prompt_tokens",
                                                 "logit_bias",
                                                 "allowed_token_ids",
+                                                "bad_word",
                                                 "logprobs",
                                                 "prompt_logprobs",
                                                 "n",
