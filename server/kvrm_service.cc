@@ -594,6 +594,9 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     }
     // Every input has ended: nothing writes pooled_ any more.
     if (status.ok()) status = reply_(std::move(pooled_));
+    // The response was written on this thread (the engine's, or the submitter's): gRPC reads
+    // and frees it on its own after Finish (OnDone acquires this).
+    KVRM_GRPC_HANDOFF(this);
     Finish(status);
   }
 
