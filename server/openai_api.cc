@@ -927,6 +927,16 @@ std::string TokenizeReplyJson(const v1::TokenizeResponse& response, int32_t max_
 
 namespace {
 
+// The head of the pooling endpoints' replies: {"id", "object": "list", "created", "model"}.
+OrderedJson ListReply(const std::string& id, const std::string& model, int64_t created) {
+  OrderedJson out;
+  out["id"] = id;
+  out["object"] = "list";
+  out["created"] = created;
+  out["model"] = model;
+  return out;
+}
+
 // The pooling endpoints' `input` (/v1/embeddings, /classify): a string, an array of token ids, or
 // an array of those; each one input added by `add`.
 absl::Status PoolingInputs(const Json& parsed, const std::function<v1::EmbedInput*()>& add,
@@ -1021,11 +1031,7 @@ absl::StatusOr<OpenAiClassify> ParseClassifyRequest(absl::string_view body) {
 
 std::string ClassifyReplyJson(const v1::ClassifyResponse& response, const std::string& model,
                               int64_t created) {
-  OrderedJson out;
-  out["id"] = response.request_id();
-  out["object"] = "list";
-  out["created"] = created;
-  out["model"] = model;
+  OrderedJson out = ListReply(response.request_id(), model, created);
   OrderedJson data = OrderedJson::array();
   for (int i = 0; i < response.classifications_size(); ++i) {
     const v1::Classification& c = response.classifications(i);
@@ -1095,12 +1101,8 @@ absl::StatusOr<OpenAiScore> ParseScoreRequest(absl::string_view body, bool reran
 
 std::string ScoreReplyJson(const v1::ScoreResponse& response, const OpenAiScore& request,
                            const std::string& model, int64_t created) {
-  OrderedJson out;
-  out["id"] = response.request_id();
   if (!request.rerank) {
-    out["object"] = "list";
-    out["created"] = created;
-    out["model"] = model;
+    OrderedJson out = ListReply(response.request_id(), model, created);
     OrderedJson data = OrderedJson::array();
     for (int i = 0; i < response.scores_size(); ++i) {
       OrderedJson e;
@@ -1122,6 +1124,8 @@ std::string ScoreReplyJson(const v1::ScoreResponse& response, const OpenAiScore&
   if (request.top_n > 0 && static_cast<size_t>(request.top_n) < order.size()) {
     order.resize(request.top_n);
   }
+  OrderedJson out;
+  out["id"] = response.request_id();
   out["model"] = model;
   out["usage"] = {{"total_tokens", response.prompt_tokens()}};
   OrderedJson results = OrderedJson::array();
@@ -1140,11 +1144,7 @@ std::string ScoreReplyJson(const v1::ScoreResponse& response, const OpenAiScore&
 
 std::string EmbeddingsReplyJson(const v1::EmbedResponse& response, const std::string& model,
                                 int64_t created, bool base64) {
-  OrderedJson out;
-  out["id"] = response.request_id();
-  out["object"] = "list";
-  out["created"] = created;
-  out["model"] = model;
+  OrderedJson out = ListReply(response.request_id(), model, created);
   OrderedJson data = OrderedJson::array();
   for (int i = 0; i < response.embeddings_size(); ++i) {
     const auto& values = response.embeddings(i).values();

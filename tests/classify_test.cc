@@ -150,6 +150,13 @@ ReferenceLlama* ClassifyTest::ref_ = nullptr;
 
 double Sigmoid(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
+v1::ScoreRequest ScoreRequestOf(const std::string& query, const std::vector<std::string>& docs) {
+  v1::ScoreRequest req;
+  req.add_queries(query);
+  for (const std::string& d : docs) req.add_documents(d);
+  return req;
+}
+
 // A three-label classifier: loaded with its labels and no LM head; Classify's logits are the
 // reference's, its probabilities their softmax, its label the most probable, for text and token
 // inputs in order; Generate is refused; Score is refused (a cross-encoder has one label).
@@ -336,9 +343,7 @@ TEST_F(ClassifyTest, CrossEncoderScoresEachPairThroughTheHead) {
   const std::vector<std::string> docs = {"Paris is the capital of France.",
                                          "The quick brown fox jumps over the lazy dog.",
                                          "Berlin is in Germany", "capital"};
-  v1::ScoreRequest req;
-  req.add_queries(query);
-  for (const std::string& d : docs) req.add_documents(d);
+  const v1::ScoreRequest req = ScoreRequestOf(query, docs);
   grpc::ClientContext ctx;
   v1::ScoreResponse resp;
   grpc::Status st = server.stub().Score(&ctx, req, &resp);
@@ -498,9 +503,7 @@ TEST_F(ClassifyTest, ClassifierFromTokensIsTheLmHeadsTwoWayProbability) {
   TestServer server(std::move(m), Options());
   const std::string query = "is the sky blue";
   const std::vector<std::string> docs = {"yes the sky is blue", "grass is green"};
-  v1::ScoreRequest req;
-  req.add_queries(query);
-  for (const std::string& d : docs) req.add_documents(d);
+  const v1::ScoreRequest req = ScoreRequestOf(query, docs);
   grpc::ClientContext ctx;
   v1::ScoreResponse resp;
   ASSERT_TRUE(server.stub().Score(&ctx, req, &resp).ok());
@@ -520,9 +523,7 @@ TEST_F(ClassifyTest, WithoutAHeadScoreIsTheEmbeddingsCosine) {
   TestServer server(Options());
   const std::string query = "a small dog";
   const std::vector<std::string> docs = {"a little puppy", "tax returns are due in April", "dogs"};
-  v1::ScoreRequest req;
-  req.add_queries(query);
-  for (const std::string& d : docs) req.add_documents(d);
+  const v1::ScoreRequest req = ScoreRequestOf(query, docs);
   grpc::ClientContext ctx;
   v1::ScoreResponse resp;
   ASSERT_TRUE(server.stub().Score(&ctx, req, &resp).ok());
@@ -575,9 +576,7 @@ TEST_F(ClassifyTest, HttpClassifyScoreAndRerankAreTheRpcs) {
 
   const std::vector<std::string> docs = {"green grass", "the capital of France is Paris", "Paris",
                                          "bananas"};
-  v1::ScoreRequest req;
-  req.add_queries("capital of France");
-  for (const std::string& d : docs) req.add_documents(d);
+  const v1::ScoreRequest req = ScoreRequestOf("capital of France", docs);
   grpc::ClientContext ctx;
   v1::ScoreResponse want;
   ASSERT_TRUE(server.stub().Score(&ctx, req, &want).ok());
