@@ -139,13 +139,10 @@ absl::StatusOr<std::optional<ClassifierHead>> LoadClassifierHead(const std::stri
     head.classify_activation = ClassifierHead::Activation::kIdentity;
   } else if (problem == "multi_label_classification" || (problem.empty() && head.num_labels == 1)) {
     head.classify_activation = ClassifierHead::Activation::kSigmoid;
-  } else if (problem.empty() || problem == "single_label_classification") {
+  } else {
+    // single_label_classification, or (as vLLM) anything else: softmax, one label's sigmoid.
     head.classify_activation = head.num_labels == 1 ? ClassifierHead::Activation::kSigmoid
                                                     : ClassifierHead::Activation::kSoftmax;
-  } else {
-    return Invalid(config_path, absl::StrCat("problem_type: \"", problem,
-                                             "\" is not regression, single_label_classification "
-                                             "or multi_label_classification"));
   }
   return head;
 }

@@ -1138,8 +1138,8 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
     StreamChunk chunk;
     chunk.text = slot.text->Finish();
     FinishSlot(slot_index, FinishReason::kError, std::move(chunk), "",
-               "no token can be sampled: every logit is masked (allowed_token_ids, min_tokens, "
-               "stop_token_ids) or not a number");
+               "no token can be sampled: every logit is masked (allowed_token_ids, bad_words, "
+               "min_tokens, stop_token_ids) or not a number");
     return;
   }
   const int32_t token = sample.token;

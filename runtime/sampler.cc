@@ -75,9 +75,10 @@ absl::Status ValidateSamplingTokens(const SamplingConfig& c, int32_t vocab_size)
     }
   }
   if (c.bad_words) {
-    if (c.bad_words->size() > static_cast<size_t>(kMaxBadWords)) {
+    if (c.bad_words->size() > static_cast<size_t>(kMaxBadWordSequences)) {
       return absl::InvalidArgumentError(absl::StrCat("sampling.bad_words: ", c.bad_words->size(),
-                                                     " sequences; at most ", kMaxBadWords));
+                                                     " token sequences; at most ",
+                                                     kMaxBadWordSequences));
     }
     for (size_t w = 0; w < c.bad_words->size(); ++w) {
       const std::vector<int32_t>& word = (*c.bad_words)[w];

@@ -30,8 +30,10 @@ namespace kvrm {
 
 inline constexpr int32_t kMaxTopLogprobs = 20;
 inline constexpr int32_t kMaxLogitBias = 300;
-// vLLM's bad_words: at most this many token sequences a request, each at most this long.
+// vLLM's bad_words: at most this many words a request, each at most this many tokens; a word
+// is one or two token sequences (request validation: as written, and after a space).
 inline constexpr int32_t kMaxBadWords = 128;
+inline constexpr int32_t kMaxBadWordSequences = 2 * kMaxBadWords;
 inline constexpr int32_t kMaxBadWordTokens = 32;
 
 struct LogitBias {
@@ -60,8 +62,8 @@ struct SamplingConfig {
   std::shared_ptr<const std::vector<int32_t>> allowed_tokens;
   // vLLM's bad_words, as token sequences (null: none): the last token of a sequence is -inf
   // whenever the tokens generated last are the rest of it (a one-token sequence: always). At
-  // most kMaxBadWords sequences of 1 to kMaxBadWordTokens ids in [0, vocab_size); shared and
-  // immutable, so copying a config never allocates.
+  // most kMaxBadWordSequences sequences of 1 to kMaxBadWordTokens ids in [0, vocab_size); shared
+  // and immutable, so copying a config never allocates.
   std::shared_ptr<const std::vector<std::vector<int32_t>>> bad_words;
   bool logprobs = false;
   int32_t top_logprobs = 0;  // 0..kMaxTopLogprobs

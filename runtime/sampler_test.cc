@@ -379,7 +379,7 @@ TEST(SamplerTest, BadWordsBanTheirLastTokenAfterTheirStart) {
   EXPECT_FALSE(with({std::vector<int32_t>(kMaxBadWordTokens + 1, 1)}).ok());
   EXPECT_TRUE(with({std::vector<int32_t>(kMaxBadWordTokens, 1)}).ok());
   EXPECT_FALSE(with({{kVocab}}).ok());
-  EXPECT_FALSE(with(std::vector<std::vector<int32_t>>(kMaxBadWords + 1, {1})).ok());
+  EXPECT_FALSE(with(std::vector<std::vector<int32_t>>(kMaxBadWordSequences + 1, {1})).ok());
 }
 
 TEST(SamplerTest, PenaltyFlipsGreedyChoiceAndResetForgetsOldTokens) {

@@ -929,6 +929,7 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
                                                 v1::ClassifyResponse* response) {
   const absl::Time arrival = absl::Now();
   if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  if (grpc::Status s = PoolingRefusal("Classify"); !s.ok()) return FinishUnary(context, s);
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
   if (const std::string& error = engine_->model().classifier_error; !error.empty()) {
     return FinishUnary(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -941,7 +942,6 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
                                     "*ForSequenceClassification checkpoint's score.weight, or "
                                     "kvrmd --classifier_from_tokens)"));
   }
-  if (grpc::Status s = PoolingRefusal("Classify"); !s.ok()) return FinishUnary(context, s);
   absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> inputs =
       ValidateClassifyRequest(*request, *engine_->model().tokenizer, limits_);
   if (!inputs.ok()) return FinishUnary(context, ToGrpcStatus(inputs.status()));
@@ -1042,6 +1042,7 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
         for (size_t c = 0; c < a.size() && c < b.size(); ++c) {
           score += static_cast<double>(a[c]) * b[c];
         }
+        score = std::clamp(score, -1.0, 1.0);  // (rounding in the unit vectors)
       }
       response->add_scores(static_cast<float>(score));
     }

@@ -201,10 +201,17 @@ absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> BadWord
     if (word.size() > 1024) return Invalid(field, "longer than 1024 bytes");
     const std::string bare(absl::StripLeadingAsciiWhitespace(word));
     if (bare.empty()) return Invalid(field, "empty");
+    // vLLM's rule: the word as written; with a space before it, only where that is another
+    // first token and as many tokens. Only the sequences kept must fit the limits.
     std::vector<int32_t> first;
     for (const std::string& text : {bare, " " + bare}) {
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, false);
       if (!ids.ok()) return Invalid(field, std::string(ids.status().message()));
+      const bool spaced = !first.empty();
+      if (!spaced && ids->empty()) return Invalid(field, "encodes to no tokens");
+      if (spaced && (ids->empty() || (*ids)[0] == first[0] || ids->size() != first.size())) {
+        continue;
+      }
       if (ids->size() > static_cast<size_t>(kMaxBadWordTokens)) {
         return Invalid(field, absl::StrCat(ids->size(), " tokens; at most ", kMaxBadWordTokens));
       }
@@ -213,13 +220,8 @@ absl::StatusOr<std::shared_ptr<const std::vector<std::vector<int32_t>>>> BadWord
           return Invalid(field, absl::StrCat("token ", id, " is outside the model's vocabulary"));
         }
       }
-      if (first.empty()) {
-        if (ids->empty()) return Invalid(field, "encodes to no tokens");
-        first = *ids;
-        words->push_back(*std::move(ids));
-      } else if (!ids->empty() && (*ids)[0] != first[0] && ids->size() == first.size()) {
-        words->push_back(*std::move(ids));
-      }
+      if (!spaced) first = *ids;
+      words->push_back(*std::move(ids));
     }
   }
   return std::shared_ptr<const std::vector<std::vector<int32_t>>>(std::move(words));

@@ -283,15 +283,18 @@ TEST_F(ClassifyTest, ProblemTypeAndBiasShapeTheProbabilities) {
   }
 }
 
-// A head kvrm cannot follow (a problem_type it does not know, labels that do not match the
+// A head kvrm cannot follow (an activation it does not apply, labels that do not match the
 // rows) leaves the model served: it loads, embeds, and Classify and Score are refused naming
 // the file and key (Score does not fall back to embedding similarity for a classifier).
 TEST_F(ClassifyTest, AHeadKvrmCannotFollowLeavesTheRestServed) {
   std::vector<float> weight;
   for (const auto& [name, edit, key] :
        std::vector<std::tuple<std::string, std::function<void(Json&)>, std::string>>{
-           {"classifier-odd-problem", [](Json& j) { j["problem_type"] = "ranking"; },
-            "problem_type"},
+           {"classifier-odd-activation",
+            [](Json& j) {
+              j["sentence_transformers"] = {{"activation_fn", "torch.nn.modules.activation.Tanh"}};
+            },
+            "activation_fn"},
            {"classifier-odd-labels",
             [](Json& j) {
               j["id2label"] = {{"0", "a"}};

@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "runtime/sampler.h"
 #include "server/request_validation.h"
 #include "tests/test_server.h"
 
@@ -325,6 +326,45 @@ TEST_F(E2eTest, BadWordsAreNeverGenerated) {
   EXPECT_EQ(r.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_EQ(r.status.error_message().rfind("sampling.bad_words[1]:", 0), 0u)
       << r.status.error_message();
+}
+
+// bad_words are tokenized as vLLM's SamplingParams.update_from_tokenizer does: the word with its
+// leading spaces dropped, and with one space before it only where that starts with another
+// token and has as many tokens; 128 words are served even where each is two sequences, 129 are
+// refused naming the field.
+TEST_F(E2eTest, BadWordsAreTokenizedAsVllmDoes) {
+  const Tokenizer& tok = *server_->model().tokenizer;
+  RequestLimits limits;
+  limits.vocab_size = server_->model().config.vocab_size;
+  limits.max_context = 512;
+  limits.max_new_tokens = 64;
+  const std::vector<std::string> words = {"hello", "  world", "x y z", "the", "Numbers"};
+  v1::GenerateRequest req = TextRequest("Hi", 4);
+  std::vector<std::vector<int32_t>> want;
+  for (const std::string& w : words) {
+    req.mutable_sampling()->add_bad_words(w);
+    const std::string bare(absl::StripLeadingAsciiWhitespace(w));
+    const std::vector<int32_t> a = *tok.Encode(bare, false);
+    const std::vector<int32_t> b = *tok.Encode(" " + bare, false);
+    want.push_back(a);
+    if (b[0] != a[0] && b.size() == a.size()) want.push_back(b);
+  }
+  absl::StatusOr<std::unique_ptr<GenerationRequest>> r = ValidateGenerateRequest(req, tok, limits);
+  ASSERT_TRUE(r.ok()) << r.status();
+  ASSERT_NE((*r)->sampling.bad_words, nullptr);
+  EXPECT_EQ(*(*r)->sampling.bad_words, want);
+  EXPECT_GT(want.size(), words.size()) << "no word here has a spaced variant of its own";
+
+  v1::GenerateRequest many = TextRequest("Hi", 4);
+  for (int i = 0; i < kMaxBadWords; ++i)
+    many.mutable_sampling()->add_bad_words(absl::StrCat("w", i));
+  const StreamResult ok = RunGenerate(stub(), many);
+  EXPECT_TRUE(ok.status.ok()) << ok.status.error_message();
+  many.mutable_sampling()->add_bad_words("one more");
+  const StreamResult refused = RunGenerate(stub(), many);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(refused.status.error_message().rfind("sampling.bad_words:", 0), 0u)
+      << refused.status.error_message();
 }
 
 TEST_F(E2eTest, MinTokensHoldsOffEosStopTokensAndStopSequences) {
