@@ -532,6 +532,17 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     Unref();
   }
 
+  // Ends the call with `status` instead of starting it (an on-demand adapter that did not load):
+  // nothing was submitted.
+  void Fail(const grpc::Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status_.ok()) status_ = status;
+    }
+    KVRM_GRPC_HANDOFF(this);
+    Count(static_cast<int32_t>(handles_.size()) + 1);
+  }
+
   void OnCancel() override {
     KVRM_GRPC_CALLBACK(this);
     {
@@ -881,6 +892,34 @@ grpc::Status KvrmService::PoolingRefusal(const char* rpc) const {
   return grpc::Status::OK;
 }
 
+void KvrmService::StartPooling(grpc::CallbackServerContext* context, PoolingReactor* reactor,
+                               std::vector<std::unique_ptr<GenerationRequest>> inputs,
+                               const std::string& id, absl::Time arrival,
+                               const std::string& lora_adapter) {
+  if (lora_dir_.empty() || lora_adapter.empty() || engine_->ServesLoraAdapter(lora_adapter)) {
+    reactor->Start(context, std::move(inputs), id, arrival);
+    return;
+  }
+  // An adapter not served, loaded from --lora_dir first on the adapter thread, as Generate's.
+  auto held = std::make_shared<std::vector<std::unique_ptr<GenerationRequest>>>(std::move(inputs));
+  const bool posted =
+      lora_queue_->TryPost([this, context, reactor, held, id, arrival, lora_adapter] {
+        if (const absl::Status st = LoadOnDemand(lora_adapter); !st.ok()) {
+          if (absl::IsResourceExhausted(st)) {
+            context->AddTrailingMetadata("retry-after-ms", "1000");
+          }
+          reactor->Fail(ToGrpcStatus(st));
+          return;
+        }
+        reactor->Start(context, std::move(*held), id, arrival);
+      });
+  if (!posted) {
+    context->AddTrailingMetadata("retry-after-ms", "1000");
+    reactor->Fail(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                               "lora_adapter: too many adapter loads waiting"));
+  }
+}
+
 grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* context,
                                              const v1::EmbedRequest* request,
                                              v1::EmbedResponse* response) {
@@ -920,7 +959,7 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
   };
   auto* reactor = new PoolingReactor(engine_, inputs, std::move(each), std::move(reply),
                                      [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
-  reactor->Start(context, std::move(plan->inputs), id, arrival);
+  StartPooling(context, reactor, std::move(plan->inputs), id, arrival, request->lora_adapter());
   return reactor;
 }
 
@@ -976,7 +1015,7 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
   };
   auto* reactor = new PoolingReactor(engine_, n, std::move(each), std::move(reply),
                                      [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
-  reactor->Start(context, *std::move(inputs), id, arrival);
+  StartPooling(context, reactor, *std::move(inputs), id, arrival, request->lora_adapter());
   return reactor;
 }
 
@@ -1063,7 +1102,7 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
   };
   auto* reactor =
       new PoolingReactor(engine_, n, std::move(each), std::move(reply), std::move(name));
-  reactor->Start(context, std::move(plan->inputs), id, arrival);
+  StartPooling(context, reactor, std::move(plan->inputs), id, arrival, request->lora_adapter());
   return reactor;
 }
 

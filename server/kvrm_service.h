@@ -37,6 +37,8 @@ struct ServiceInfo {
   std::string embed_refusal;
 };
 
+class PoolingReactor;  // kvrm_service.cc: Embed's, Classify's and Score's calls
+
 class KvrmService final : public v1::Kvrm::CallbackService {
  public:
   KvrmService(Engine* engine, ServiceInfo info);
@@ -133,6 +135,11 @@ class KvrmService final : public v1::Kvrm::CallbackService {
                               const char* field) const;
   // What Score computes for the served model (ModelInfo.score_method).
   v1::ScoreMethod score_method() const;
+  // Starts a pooling call's inputs, after loading `lora_adapter` from --lora_dir on the adapter
+  // thread where it is not served yet (the call fails with the load's error otherwise).
+  void StartPooling(grpc::CallbackServerContext* context, PoolingReactor* reactor,
+                    std::vector<std::unique_ptr<GenerationRequest>> inputs, const std::string& id,
+                    absl::Time arrival, const std::string& lora_adapter);
 
   Engine* engine_;
   const ServiceInfo info_;

@@ -399,6 +399,44 @@ TEST(LoraRuntimeTest, OnDemandAdaptersTakeTheLeastRecentlyUsedSlot) {
   EXPECT_EQ(RunGenerate(server.stub(), Greedy("", 16)).tokens, Want().at(""));
 }
 
+// Embed (as Classify and Score) with --lora_dir: an adapter not served is loaded first, on the
+// adapter thread, as for Generate; the vector is the adapter's (what the same call gives once it
+// is served, and not the base model's), and a name the directory lacks is refused naming
+// lora_adapter.
+TEST(LoraRuntimeTest, EmbedLoadsItsAdapterOnDemand) {
+  TestServer server(Options(2), OnDemand());
+  auto embed = [&](const std::string& adapter, grpc::Status* status) {
+    v1::EmbedRequest req;
+    req.add_inputs()->set_text("The quick brown fox jumps over the lazy dog");
+    req.add_inputs()->set_text("Hello");
+    req.set_lora_adapter(adapter);
+    grpc::ClientContext ctx;
+    v1::EmbedResponse resp;
+    *status = server.stub().Embed(&ctx, req, &resp);
+    std::vector<std::vector<float>> out;
+    for (const v1::Embedding& e : resp.embeddings())
+      out.emplace_back(e.values().begin(), e.values().end());
+    return out;
+  };
+  grpc::Status st;
+  const std::vector<std::vector<float>> base = embed("", &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_TRUE(Served(server).empty());
+  const std::vector<std::vector<float>> loaded = embed("b", &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  EXPECT_EQ(Served(server), (std::vector<std::string>{"b"}));
+  const std::vector<std::vector<float>> again = embed("b", &st);
+  ASSERT_TRUE(st.ok()) << st.error_message();
+  ASSERT_EQ(loaded.size(), 2u);
+  EXPECT_EQ(loaded, again);
+  EXPECT_NE(loaded, base);
+  embed("zzz", &st);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(st.error_message().find("lora_adapter"), std::string::npos) << st.error_message();
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(30)));
+  EXPECT_EQ(server.engine().Stats().kv.blocks_used, 0);
+}
+
 // An on-demand adapter that a request runs with keeps its slot: with one slot, a request for
 // another adapter meanwhile is RESOURCE_EXHAUSTED (retry later), and loads once the slot is idle.
 // Adapters served from the start (or loaded by LoadLoraAdapter) are never evicted.
