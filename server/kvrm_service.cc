@@ -1186,6 +1186,8 @@ grpc::ServerUnaryReactor* KvrmService::GetModelInfo(grpc::CallbackServerContext*
     for (const std::string& label : head->labels) response->add_labels(label);
   }
   response->set_score_method(score_method());
+  response->set_embed_refusal(info_.embed_refusal);
+  response->set_classifier_refusal(engine_->model().classifier_error);
   response->set_num_experts(c.num_experts);
   response->set_num_experts_per_tok(c.num_experts_per_tok);
   response->set_moe_intermediate_size(c.moe_intermediate_size);

@@ -223,6 +223,7 @@ TEST_F(ClassifyTest, ClassifyIsTheHeadOnTheReferencesLastHiddenState) {
   EXPECT_EQ(info.labels_size(), 3);
   EXPECT_EQ(info.labels(2), "pos");
   EXPECT_EQ(info.score_method(), v1::SCORE_METHOD_UNSPECIFIED);
+  EXPECT_EQ(info.classifier_refusal(), "");
 
   v1::ScoreRequest score;
   score.add_queries("q");
@@ -320,6 +321,12 @@ TEST_F(ClassifyTest, AHeadKvrmCannotFollowLeavesTheRestServed) {
     v1::ScoreResponse sresp;
     st = server.stub().Score(&sctx, sr, &sresp);
     EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st.error_message();
+    grpc::ClientContext ictx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(server.stub().GetModelInfo(&ictx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_NE(info.classifier_refusal().find(key), std::string::npos) << info.classifier_refusal();
+    EXPECT_EQ(info.num_labels(), 0);
+    EXPECT_EQ(info.score_method(), v1::SCORE_METHOD_UNSPECIFIED);
     v1::EmbedRequest e;
     e.add_inputs()->set_text("still served");
     grpc::ClientContext ectx;

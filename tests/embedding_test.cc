@@ -509,6 +509,12 @@ TEST_F(EmbeddingTest, EmbedRpcRefusesBadRequestsNamingTheField) {
     const grpc::Status st1 = refusing.stub().Embed(&ctx1, one, &resp1);
     EXPECT_EQ(st1.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << st1.error_message();
     EXPECT_NE(st1.error_message().find("Dense"), std::string::npos) << st1.error_message();
+    // GetModelInfo says so too (kvrm_cli info's "embeddings" row), and Score has no similarity.
+    grpc::ClientContext ictx;
+    v1::ModelInfo info;
+    ASSERT_TRUE(refusing.stub().GetModelInfo(&ictx, v1::GetModelInfoRequest(), &info).ok());
+    EXPECT_NE(info.embed_refusal().find("Dense"), std::string::npos) << info.embed_refusal();
+    EXPECT_EQ(info.score_method(), v1::SCORE_METHOD_UNSPECIFIED);
     EXPECT_TRUE(RunGenerate(refusing.stub(), TextRequest("Hello", 2)).status.ok());
   }
   // A truncated input that fits is served.

@@ -213,10 +213,13 @@ std::string FormatInfo(const v1::ModelInfo& model, const v1::ServerInfo& server)
       {"tool_call_parser", model.tool_call_parser()},
       {"embeddings", model.pooling().empty()
                          ? std::string("refused (the device returns no hidden states)")
+                     : !model.embed_refusal().empty()
+                         ? absl::StrCat("refused: ", model.embed_refusal())
                          : absl::StrCat(model.pooling(), " pooling",
                                         model.embedding_normalize() ? ", normalized" : "")},
       {"classifier",
-       model.num_labels() == 0
+       !model.classifier_refusal().empty() ? absl::StrCat("refused: ", model.classifier_refusal())
+       : model.num_labels() == 0
            ? std::string("none")
            : absl::StrCat(model.num_labels(), " label", model.num_labels() == 1 ? "" : "s", ": ",
                           absl::StrJoin(model.labels(), ", "))},
