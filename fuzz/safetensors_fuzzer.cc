@@ -1,5 +1,6 @@
 // Fuzzes SafetensorsFile::Open on arbitrary file contents: every TensorView it returns must lie
-// inside the file and hold exactly numel * DTypeSize(dtype) bytes, which the loop below reads.
+// inside the file and hold exactly numel * its element type's size in bytes (DTypeSize(dtype) for
+// the float types), which the loop below reads.
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -22,7 +23,12 @@ int TestOneInput(const uint8_t* data, size_t size) {
     const kvrm::TensorView* t = (*file)->Find(name);
     FUZZ_CHECK(t != nullptr);
     FUZZ_CHECK(t->numel() >= 0);
-    FUZZ_CHECK(t->nbytes == static_cast<size_t>(t->numel()) * kvrm::DTypeSize(t->dtype));
+    // Its element type's size (a quantized checkpoint's I32 / I8 / F64 ... tensors too), and for
+    // the float types the dtype kernels read it as.
+    FUZZ_CHECK(t->nbytes == static_cast<size_t>(t->numel()) * kvrm::StorageTypeSize(t->type));
+    if (t->is_float()) {
+      FUZZ_CHECK(t->nbytes == static_cast<size_t>(t->numel()) * kvrm::DTypeSize(t->dtype));
+    }
     FUZZ_CHECK(t->nbytes <= size);
     // Touch every byte: a view outside the mapping faults here.
     for (size_t i = 0; i < t->nbytes; ++i) sum += static_cast<uint8_t>(t->data[i]);
