@@ -734,11 +734,10 @@ absl::StatusOr<std::vector<int32_t>> EncodeField(const std::string& field, const
 }
 
 // What Embed and Classify share: their inputs (EmbedInput), each one engine request pooled by
-// `pooling`, and the fields of the same names.
+// `pooling`, and the fields of the same names (the request id is the caller's to check first).
 template <typename Proto>
 absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> PooledInputs(
     const Proto& proto, const Tokenizer& tokenizer, const RequestLimits& limits, Pooling pooling) {
-  RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
   if (proto.inputs().empty()) return Invalid("inputs", "empty");
   if (proto.inputs_size() > limits.max_embed_inputs) {
     return Invalid("inputs",
@@ -815,6 +814,7 @@ absl::StatusOr<EmbedPlan> ValidateEmbedRequest(const v1::EmbedRequest& proto,
 
 absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> ValidateClassifyRequest(
     const v1::ClassifyRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits) {
+  RETURN_IF_ERROR(ValidateRequestId(proto.request_id()));
   // Transformers' *ForSequenceClassification reads the last token's hidden state.
   return PooledInputs(proto, tokenizer, limits, Pooling::kLast);
 }
