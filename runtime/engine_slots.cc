@@ -1158,6 +1158,10 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
 
   StreamChunk chunk;
   chunk.token_ids.push_back(token);
+  if (slot.generated == 1) {
+    chunk.prompt_tokens = static_cast<int32_t>(r.prompt.size());
+    chunk.cached_prompt_tokens = slot.cached_tokens;
+  }
   if (slot.generated == 1 && r.prompt_logprobs >= 0) {
     chunk.prompt_logprobs = std::move(slot.prompt_logprobs);
     slot.prompt_logprobs.clear();

@@ -52,6 +52,10 @@ struct StreamChunk {
   // distribution (no temperature or penalties). Entry 0 has no score (nothing precedes it):
   // logprob 0, no alternatives.
   std::vector<TokenLogprobs> prompt_logprobs;
+  // On the request's first chunk (its first token's): the prompt's length in tokens and how
+  // many of them came from the prefix cache, as FinishInfo will say; -1 on later chunks.
+  int32_t prompt_tokens = -1;
+  int32_t cached_prompt_tokens = -1;
   // GenerationRequest::pooling (an embedding request; on its only chunk, the last): the pooled
   // final hidden state, [hidden_size], as the model computed it (not normalized).
   std::vector<float> embedding;

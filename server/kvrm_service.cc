@@ -369,6 +369,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         t->set_text(tokenizer_->Decode({lp.top_ids[i]}, false));
       }
     };
+    if (chunk.prompt_tokens >= 0) {
+      msg.mutable_prompt_usage()->set_prompt_tokens(chunk.prompt_tokens);
+      msg.mutable_prompt_usage()->set_cached_prompt_tokens(chunk.cached_prompt_tokens);
+    }
     for (const TokenLogprobs& lp : chunk.logprobs) add(lp, top_logprobs_, msg.add_logprobs());
     // (The engine kept as many alternatives as the request asked for.)
     for (const TokenLogprobs& lp : chunk.prompt_logprobs) {

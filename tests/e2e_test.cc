@@ -988,6 +988,22 @@ TEST(E2eParallelSamplingTest, NCompletionsShareThePromptPrefill) {
   EXPECT_EQ(c.finished[1].usage().cached_prompt_tokens(), 64);
   EXPECT_EQ(c.finished[2].usage().cached_prompt_tokens(), 64);
   EXPECT_TRUE(c.tokens[0] != c.tokens[1] || c.tokens[1] != c.tokens[2]);
+  // Each completion's first message reports its prompt as its end will (prompt_usage), later
+  // messages do not.
+  std::vector<int> seen(3, 0);
+  for (const v1::GenerateResponse& m : r.messages) {
+    ASSERT_GE(m.index(), 0);
+    ASSERT_LT(m.index(), 3);
+    if (seen[m.index()]++ > 0) {
+      EXPECT_FALSE(m.has_prompt_usage()) << "completion " << m.index();
+      continue;
+    }
+    ASSERT_TRUE(m.has_prompt_usage()) << "completion " << m.index();
+    const v1::Usage& end = c.finished[m.index()].usage();
+    EXPECT_EQ(m.prompt_usage().prompt_tokens(), end.prompt_tokens());
+    EXPECT_EQ(m.prompt_usage().cached_prompt_tokens(), end.cached_prompt_tokens());
+    EXPECT_EQ(m.prompt_usage().completion_tokens(), 0);
+  }
   // Completion i is seed + i's.
   for (int i = 0; i < 3; ++i) {
     v1::GenerateRequest one = req;
