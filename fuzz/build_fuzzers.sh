@@ -32,7 +32,7 @@ SOURCES=(
   model/tokenizer_pretokenizer.cc model/tokenizer_text.cc model/tool_calls.cc
   model/tool_call_markup.cc model/pythonic_calls.cc model/reasoning.cc model/harmony.cc
   runtime/sampler.cc runtime/sampler_kernels.cc
-  server/openai_api.cc server/request_validation.cc server/responses_api.cc
+  server/openai_api.cc server/request_validation.cc server/responses_api.cc server/messages_api.cc
   tools/replay/trace.cc
 )
 # Structured outputs (request validation compiles constraints): every library source there.

@@ -7,6 +7,8 @@
 // that parses, and the stream ends with [DONE]. The same body as a /v1/responses request
 // (server/responses_api.h): parsed into a chat request, or refused with INVALID_ARGUMENT naming
 // a parameter; a parsed one's reply (whole and streamed, with text, reasoning and a call) is JSON.
+// And as a /v1/messages (server/messages_api.h) or count_tokens body: parsed or refused naming a
+// parameter; a parsed one's reply is JSON, its stream typed events whose data names its type.
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -21,6 +23,7 @@
 #include "fuzz/fuzz_util.h"
 #include "kvrm/v1/kvrm.pb.h"
 #include "server/openai_api.h"
+#include "server/messages_api.h"
 #include "server/responses_api.h"
 
 namespace {
@@ -128,6 +131,54 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           reply.Add(m, 0);
           reply.Add(end, 0);
           FUZZ_CHECK(IsJson(reply.Body()));
+        }
+      }
+    }
+  }
+  {
+    const absl::string_view b(body.data(), body.size());
+    const absl::Status counted = kvrm::ParseCountTokensRequest(b).status();
+    FUZZ_CHECK(counted.ok() || (counted.code() == absl::StatusCode::kInvalidArgument &&
+                                absl::StrContains(counted.message(), ": ")));
+    absl::StatusOr<kvrm::MessagesRequest> messages = kvrm::ParseMessagesRequest(b, defaults);
+    if (!messages.ok()) {
+      FUZZ_CHECK(messages.status().code() == absl::StatusCode::kInvalidArgument &&
+                 absl::StrContains(messages.status().message(), ": "));
+      kvrm::OpenAiError e = kvrm::ToOpenAiError(messages.status(), nullptr);
+      e.shape = kvrm::OpenAiError::Shape::kAnthropic;
+      FUZZ_CHECK(IsJson(e.Json()));
+    } else {
+      FUZZ_CHECK(messages->chat.generate.has_chat());
+      FUZZ_CHECK(messages->chat.generate.stopping().max_new_tokens() > 0);
+      for (bool stream : {false, true}) {
+        kvrm::MessagesReply reply(*messages, "msg_f", "m");
+        kvrm::v1::GenerateResponse m;
+        m.mutable_prompt_usage()->set_prompt_tokens(5);
+        m.set_reasoning_text("r");
+        m.set_text("t\xff");  // not UTF-8: the JSON writer must not throw
+        kvrm::v1::GenerateResponse end;
+        end.mutable_finished()->set_reason(kvrm::v1::FINISH_REASON_TOOL_CALLS);
+        kvrm::v1::ToolCall* call = end.mutable_finished()->add_tool_calls();
+        call->set_id("call_1");
+        call->set_name("f");
+        call->set_arguments(std::string(body.substr(0, 12)));  // any text: input stays an object
+        if (stream) {
+          std::string sse = reply.StreamStart();
+          sse += reply.StreamMessage(m, 0);
+          sse += reply.StreamMessage(end, 0);
+          sse += reply.StreamEnd();
+          for (absl::string_view block : absl::StrSplit(sse, "\n\n", absl::SkipEmpty())) {
+            const size_t at = block.find("\ndata: ");
+            FUZZ_CHECK(absl::StartsWith(block, "event: ") && at != absl::string_view::npos);
+            const std::string_view data(block.data() + at + 7, block.size() - at - 7);
+            absl::StatusOr<kvrm::Json> j = kvrm::ParseJson(data, "event");
+            FUZZ_CHECK(j.ok() && (*j)["type"] == std::string(block.substr(7, at - 7)));
+          }
+        } else {
+          reply.Add(m, 0);
+          reply.Add(end, 0);
+          absl::StatusOr<kvrm::Json> j = kvrm::ParseJson(reply.Body(), "body");
+          FUZZ_CHECK(j.ok() && (*j)["content"].back()["input"].is_object());
         }
       }
     }

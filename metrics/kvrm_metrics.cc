@@ -354,6 +354,8 @@ const char* HttpRouteName(HttpRoute route) {
       return "score";
     case HttpRoute::kRerank:
       return "rerank";
+    case HttpRoute::kMessages:
+      return "messages";
     case HttpRoute::kOther:
       break;
   }

@@ -68,9 +68,10 @@ enum class HttpRoute {
   kClassify,      // /classify, /v1/classify
   kScore,         // /score, /v1/score
   kRerank,        // /rerank, /v1/rerank, /v2/rerank
+  kMessages,      // /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API)
   kOther,         // unknown paths
 };
-constexpr int kHttpRoutes = 15;
+constexpr int kHttpRoutes = 16;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
 
 class HttpApiMetrics {

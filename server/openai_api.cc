@@ -1195,7 +1195,45 @@ std::string DetokenizeReplyJson(const v1::DetokenizeResponse& response) {
   return Dump(out);
 }
 
+namespace {
+
+// Anthropic's error type for an HTTP status.
+const char* AnthropicErrorType(int http_status) {
+  switch (http_status) {
+    case 400:
+    case 405:
+    case 409:
+    case 422:
+      return "invalid_request_error";
+    case 401:
+      return "authentication_error";
+    case 403:
+      return "permission_error";
+    case 404:
+      return "not_found_error";
+    case 413:
+      return "request_too_large";
+    case 429:
+      return "rate_limit_error";
+    case 503:
+    case 529:
+      return "overloaded_error";
+    case 504:
+      return "timeout_error";
+    default:
+      return "api_error";
+  }
+}
+
+}  // namespace
+
 std::string OpenAiError::Json() const {
+  if (shape == Shape::kAnthropic) {
+    OrderedJson body;
+    body["type"] = "error";
+    body["error"] = {{"type", AnthropicErrorType(http_status)}, {"message", message}};
+    return Dump(body);
+  }
   OrderedJson error;
   error["message"] = message;
   error["type"] = type;

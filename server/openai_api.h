@@ -156,6 +156,10 @@ struct OpenAiError {
   std::string type;   // invalid_request_error, authentication_error, not_found_error, ...
   std::string param;  // the OpenAI parameter at fault, when known
   int64_t retry_after_ms = 0;  // 429 / 503: when to try again (a Retry-After header)
+  // The body's shape: OpenAI's {"error": {...}}, or Anthropic's {"type": "error", "error":
+  // {"type", "message"}} (the Messages API, server/messages_api.h), its type from the status.
+  enum class Shape { kOpenAi, kAnthropic };
+  Shape shape = Shape::kOpenAi;
 
   std::string Json() const;  // the body
 };

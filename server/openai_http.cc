@@ -28,6 +28,7 @@
 #include "grpcpp/client_context.h"
 #include "grpcpp/completion_queue.h"
 #include "metrics/http_server.h"
+#include "server/messages_api.h"
 #include "server/responses_api.h"
 
 namespace kvrm {
@@ -115,6 +116,7 @@ HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
   if (path == "/classify" || path == "/v1/classify") return HttpRoute::kClassify;
   if (path == "/score" || path == "/v1/score") return HttpRoute::kScore;
   if (path == "/rerank" || path == "/v1/rerank" || path == "/v2/rerank") return HttpRoute::kRerank;
+  if (path == "/v1/messages" || path == "/v1/messages/count_tokens") return HttpRoute::kMessages;
   if (path == "/tokenize") return HttpRoute::kTokenize;
   if (path == "/detokenize") return HttpRoute::kDetokenize;
   if (path == "/health" || path == "/ping") return HttpRoute::kHealth;
@@ -157,12 +159,20 @@ MHD_Result ReplyError(MHD_Connection* connection, const OpenAiError& error) {
 }
 
 MHD_Result ReplyError(MHD_Connection* connection, int http_status, const std::string& type,
-                      const std::string& message) {
+                      const std::string& message,
+                      OpenAiError::Shape shape = OpenAiError::Shape::kOpenAi) {
   OpenAiError e;
   e.http_status = http_status;
   e.type = type;
   e.message = message;
+  e.shape = shape;
   return ReplyError(connection, e);
+}
+
+// The error shape of a route's replies: Anthropic's for the Messages API, else OpenAI's.
+OpenAiError::Shape ShapeOf(HttpRoute route) {
+  return route == HttpRoute::kMessages ? OpenAiError::Shape::kAnthropic
+                                       : OpenAiError::Shape::kOpenAi;
 }
 
 absl::Status FromGrpc(const grpc::Status& s) {
@@ -182,10 +192,21 @@ int64_t RetryAfterMs(const grpc::ClientContext& context) {
 
 const char* Header(MHD_Connection* connection, const char* name);
 
-// The request's Authorization header, passed on to the service as the call's metadata (the
-// token check there applies to every route that calls it).
+// The request's credentials as the service's authorization metadata: its Authorization
+// header, or else its x-api-key header (Anthropic's clients send the key there) as a bearer
+// token; empty when it has neither.
+std::string Authorization(MHD_Connection* connection) {
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) return auth;
+  if (const char* key = Header(connection, "x-api-key"); key != nullptr && *key != '\0') {
+    return absl::StrCat("Bearer ", key);
+  }
+  return "";
+}
+
+// The request's credentials, passed on to the service as the call's metadata (the token check
+// there applies to every route that calls it).
 void PassAuthorization(MHD_Connection* connection, grpc::ClientContext* context) {
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) {
+  if (std::string auth = Authorization(connection); !auth.empty()) {
     context->AddMetadata("authorization", auth);
   }
 }
@@ -240,12 +261,12 @@ class CallGroup {
 
   // Starts one call per request; false (nothing started) when the server is stopping.
   bool Start(v1::Kvrm::Stub* stub, const std::vector<v1::GenerateRequest>& requests,
-             const char* authorization) {
+             const std::string& authorization) {
     calls_.resize(requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
       Call& c = calls_[i];
       c.context = std::make_unique<grpc::ClientContext>();
-      if (authorization != nullptr) c.context->AddMetadata("authorization", authorization);
+      if (!authorization.empty()) c.context->AddMetadata("authorization", authorization);
       if (!active_->Add(c.context.get())) {
         for (size_t j = 0; j < i; ++j) active_->Remove(calls_[j].context.get());
         calls_.clear();
@@ -498,12 +519,13 @@ bool PrintableAscii(const char* s) {
 // The 400 / 401 for headers that are passed on to the service but cannot be.
 std::optional<OpenAiError> BadHeaders(MHD_Connection* connection) {
   OpenAiError e;
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION);
-      auth != nullptr && !PrintableAscii(auth)) {
-    e.http_status = 401;
-    e.type = "authentication_error";
-    e.message = "the Authorization header holds bytes outside printable ASCII";
-    return e;
+  for (const char* name : {MHD_HTTP_HEADER_AUTHORIZATION, "x-api-key"}) {
+    if (const char* auth = Header(connection, name); auth != nullptr && !PrintableAscii(auth)) {
+      e.http_status = 401;
+      e.type = "authentication_error";
+      e.message = absl::StrCat("the ", name, " header holds bytes outside printable ASCII");
+      return e;
+    }
   }
   if (const char* id = Header(connection, "X-Request-Id"); id != nullptr && !PrintableAscii(id)) {
     e.http_status = 400;
@@ -551,7 +573,8 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       upload->too_large = true;
       return ReplyError(connection, 413, "invalid_request_error",
                         absl::StrCat("request body of ", announced, " bytes is larger than ",
-                                     options_.max_body_bytes, " bytes"));
+                                     options_.max_body_bytes, " bytes"),
+                        ShapeOf(upload->route));
     }
     return MHD_YES;
   }
@@ -568,12 +591,15 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
   const std::string path = url;
   const bool get = std::strcmp(method, MHD_HTTP_METHOD_GET) == 0;
   const bool post = std::strcmp(method, MHD_HTTP_METHOD_POST) == 0;
+  const OpenAiError::Shape shape = ShapeOf(upload->route);
   auto use = [&](const char* method_name) {
-    return ReplyError(connection, 405, "invalid_request_error", absl::StrCat("use ", method_name));
+    return ReplyError(connection, 405, "invalid_request_error", absl::StrCat("use ", method_name),
+                      shape);
   };
   auto too_large = [&] {
     return ReplyError(connection, 413, "invalid_request_error",
-                      absl::StrCat("request body larger than ", options_.max_body_bytes, " bytes"));
+                      absl::StrCat("request body larger than ", options_.max_body_bytes, " bytes"),
+                      shape);
   };
   switch (upload->route) {
     case HttpRoute::kHealth:  // /ping is SageMaker's: GET or POST
@@ -631,6 +657,15 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       if (upload->too_large) return too_large();
       if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return Generate(connection, upload->route, upload->body);
+    case HttpRoute::kMessages:
+      if (!post) return use("POST");
+      if (upload->too_large) return too_large();
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) {
+        e->shape = shape;
+        return ReplyError(connection, *e);
+      }
+      if (path == "/v1/messages/count_tokens") return CountTokens(connection, upload->body);
+      return Generate(connection, upload->route, upload->body);
     case HttpRoute::kLoraAdapters:
       if (!post) return use("POST");
       if (upload->too_large) return too_large();
@@ -643,7 +678,8 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       connection, 404, "not_found_error",
       absl::StrCat("no route ", path,
                    ": try /v1/chat/completions, "
-                   "/v1/completions, /v1/responses, /v1/embeddings, /v1/models, /classify, "
+                   "/v1/completions, /v1/responses, /v1/messages, /v1/embeddings, /v1/models, "
+                   "/classify, "
                    "/score, /rerank, /tokenize, "
                    "/detokenize, "
                    "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
@@ -719,12 +755,17 @@ namespace {
 template <typename Request, typename Response, typename ToJson>
 int UnaryCall(MHD_Connection* connection, v1::Kvrm::Stub* stub,
               grpc::Status (v1::Kvrm::Stub::*rpc)(grpc::ClientContext*, const Request&, Response*),
-              const Request& request, const OpenAiRequest& names, ToJson json) {
+              const Request& request, const OpenAiRequest& names, ToJson json,
+              OpenAiError::Shape shape = OpenAiError::Shape::kOpenAi) {
   grpc::ClientContext context;
   PassAuthorization(connection, &context);
   Response response;
   const grpc::Status status = (stub->*rpc)(&context, request, &response);
-  if (!status.ok()) return ReplyError(connection, ToOpenAiError(FromGrpc(status), &names));
+  if (!status.ok()) {
+    OpenAiError e = ToOpenAiError(FromGrpc(status), &names);
+    e.shape = shape;
+    return ReplyError(connection, e);
+  }
   return Queue(connection, MHD_HTTP_OK, Buffer(json(response), kJson));
 }
 
@@ -940,23 +981,49 @@ int OpenAiHttpServer::Detokenize(MHD_Connection* connection, const std::string& 
                    parsed->request, &DetokenizeReplyJson);
 }
 
+int OpenAiHttpServer::CountTokens(MHD_Connection* connection, const std::string& body) {
+  auto fail = [&](OpenAiError e) {
+    e.shape = OpenAiError::Shape::kAnthropic;
+    return ReplyError(connection, e);
+  };
+  absl::StatusOr<OpenAiTokenize> parsed = ParseCountTokensRequest(body);
+  if (!parsed.ok()) return fail(ToOpenAiError(parsed.status(), nullptr));
+  if (std::optional<OpenAiError> e = WrongModel(parsed->request.model)) return fail(*e);
+  return UnaryCall(connection, stub_.get(), &v1::Kvrm::Stub::Tokenize, parsed->tokenize,
+                   parsed->request, &CountTokensReplyJson, OpenAiError::Shape::kAnthropic);
+}
+
 int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
                                const std::string& body) {
-  // /v1/responses: the chat completion it means, and its own reply.
+  // Errors in the route's shape (the Messages API's are Anthropic's).
+  auto fail = [&](OpenAiError e) {
+    e.shape = ShapeOf(route);
+    return ReplyError(connection, e);
+  };
+  auto fail_with = [&](int http_status, const char* type, const std::string& message) {
+    return ReplyError(connection, http_status, type, message, ShapeOf(route));
+  };
+  // /v1/responses and /v1/messages: the chat completion each means, and its own reply.
   std::optional<ResponsesRequest> responses;
+  std::optional<MessagesRequest> messages;
   absl::StatusOr<OpenAiRequest> parsed;
   if (route == HttpRoute::kResponses) {
     absl::StatusOr<ResponsesRequest> r =
         ParseResponsesRequest(body, options_.defaults, store_.get());
-    if (!r.ok()) return ReplyError(connection, ToOpenAiError(r.status(), nullptr));
+    if (!r.ok()) return fail(ToOpenAiError(r.status(), nullptr));
     responses = *std::move(r);
     parsed = std::move(responses->chat);
+  } else if (route == HttpRoute::kMessages) {
+    absl::StatusOr<MessagesRequest> r = ParseMessagesRequest(body, options_.defaults);
+    if (!r.ok()) return fail(ToOpenAiError(r.status(), nullptr));
+    messages = *std::move(r);
+    parsed = std::move(messages->chat);
   } else {
     parsed = ParseOpenAiRequest(route == HttpRoute::kCompletions ? OpenAiEndpoint::kCompletions
                                                                  : OpenAiEndpoint::kChatCompletions,
                                 body, options_.defaults);
   }
-  if (!parsed.ok()) return ReplyError(connection, ToOpenAiError(parsed.status(), nullptr));
+  if (!parsed.ok()) return fail(ToOpenAiError(parsed.status(), nullptr));
   const MHD_ConnectionInfo* fd_info =
       MHD_get_connection_info(connection, MHD_CONNECTION_INFO_CONNECTION_FD);
   auto stream = std::make_unique<Stream>(
@@ -964,7 +1031,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
       options_.metrics != nullptr ? options_.metrics->client_disconnects() : nullptr);
   stream->request = std::move(*parsed);
   OpenAiRequest& request = stream->request;
-  if (std::optional<OpenAiError> e = WrongModel(request.model)) return ReplyError(connection, *e);
+  if (std::optional<OpenAiError> e = WrongModel(request.model)) return fail(*e);
   const bool chat = route != HttpRoute::kCompletions;
   v1::GenerateRequest& generate = request.generate;
   if (!request.model.empty() && request.model != options_.served_model_name) {
@@ -975,8 +1042,9 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
       generate.set_request_id(header);  // validated by the service like any request_id
     } else {
       generate.set_request_id(absl::StrCat(responses ? "resp_"
-                                           : chat    ? "chatcmpl-"
-                                                     : "cmpl-",
+                                           : messages ? "msg_"
+                                           : chat     ? "chatcmpl-"
+                                                      : "cmpl-",
                                            RandomHex()));
     }
   }
@@ -988,7 +1056,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
     for (const v1::GenerateRequest& p : request.more_prompts) bytes += p.ByteSizeLong();
     bytes += generate.ByteSizeLong() * (1 + request.more_prompts.size());
     if (bytes > options_.max_fanout_bytes) {
-      return ReplyError(connection, 413, "invalid_request_error",
+      return fail_with(413, "invalid_request_error",
                         absl::StrCat("the ", 1 + request.more_prompts.size(),
                                      " prompts make calls of ", bytes, " bytes together (each "
                                      "repeats the parameters); at most ",
@@ -1005,7 +1073,9 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
     }
   }
   const std::string model = request.model.empty() ? options_.served_model_name : request.model;
-  if (responses) {
+  if (messages) {
+    stream->reply = std::make_unique<MessagesReply>(*messages, id, model);
+  } else if (responses) {
     if (responses->store) stream->store = store_.get();
     stream->reply = std::make_unique<ResponsesReply>(
         *responses, id, absl::ToUnixSeconds(absl::Now()), model, options_.tokenizer);
@@ -1014,9 +1084,8 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
                                                   absl::ToUnixSeconds(absl::Now()), model,
                                                   std::move(prompt_texts));
   }
-  if (!stream->calls.Start(stub_.get(), calls,
-                           Header(connection, MHD_HTTP_HEADER_AUTHORIZATION))) {
-    return ReplyError(connection, 503, "service_unavailable", "the server is stopping");
+  if (!stream->calls.Start(stub_.get(), calls, Authorization(connection))) {
+    return fail_with(503, "service_unavailable", "the server is stopping");
   }
 
   // Each call's first message decides the status: refusals (bad values, a full queue, a draining
@@ -1041,7 +1110,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
       const OpenAiError error =
           ToOpenAiError(st, &request, RetryAfterMs(stream->calls.context(e.call)));
       stream.reset();  // cancels the others and waits for them
-      return ReplyError(connection, error);
+      return fail(error);
     }
   }
   if (stream->calls.client_gone()) return MHD_NO;
@@ -1061,9 +1130,9 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
     }
     // A client that hung up gets nothing: closing the connection is the whole answer.
     if (stream->calls.client_gone()) return MHD_NO;
-    if (failed) return ReplyError(connection, *failed);
+    if (failed) return fail(*failed);
     if (!reply.engine_error().empty()) {
-      return ReplyError(connection, 500, "server_error", reply.engine_error());
+      return fail_with(500, "server_error", reply.engine_error());
     }
     const std::string reply_body = reply.Body();
     stream->SaveResponse(reply_body);

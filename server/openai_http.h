@@ -112,7 +112,7 @@ class OpenAiHttpServer {
   OpenAiHttpServer(std::shared_ptr<grpc::Channel> channel, OpenAiHttpOptions options);
 
   int Models(MHD_Connection* connection, const std::string& path);
-  // POST /v1/completions, /v1/chat/completions and /v1/responses.
+  // POST /v1/completions, /v1/chat/completions, /v1/responses and /v1/messages.
   int Generate(MHD_Connection* connection, HttpRoute route, const std::string& body);
   int Tokenize(MHD_Connection* connection, const std::string& body);
   // POST /v1/embeddings, /classify, /score and /rerank: the service's Embed, Classify and Score.
@@ -134,6 +134,9 @@ class OpenAiHttpServer {
   // LoadLoraAdapter / UnloadLoraAdapter; 200 with a line of text, as vLLM replies.
   int LoraAdapterUpdate(MHD_Connection* connection, bool load, const std::string& body);
   int Detokenize(MHD_Connection* connection, const std::string& body);
+  // POST /v1/messages/count_tokens (Anthropic's): the conversation's prompt tokens, counted by
+  // the service's Tokenize as a message's prompt is rendered.
+  int CountTokens(MHD_Connection* connection, const std::string& body);
   // GET and DELETE /v1/responses/{id}: the stored response, or its removal.
   int StoredResponse(MHD_Connection* connection, const std::string& id, bool remove);
   // GetModelInfo with the request's Authorization header: the model, or the service's refusal

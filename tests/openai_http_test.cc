@@ -507,6 +507,125 @@ TEST(OpenAiHttpTest, ResponsesApiIsTheChatTurnInResponsesShape) {
   EXPECT_EQ(Body(big)["error"]["param"], "max_output_tokens") << big.body;
 }
 
+// Anthropic's Messages API: the same greedy turn as a chat completion, as one `message` and as
+// typed events whose text deltas join to it (message_start carrying the prompt's usage); a
+// forced tool comes back as a tool_use block whose result goes back as a tool_result;
+// count_tokens counts the prompt a message is given; errors are in Anthropic's shape.
+TEST(OpenAiHttpTest, MessagesApiIsTheChatTurnInAnthropicsShape) {
+  Daemon d(Options(2));
+  HttpReply chat = d.Post("/v1/chat/completions", R"({"messages": [
+      {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
+      "max_tokens": 12, "temperature": 0})");
+  ASSERT_EQ(chat.status, 200) << chat.body;
+  const Json cj = Body(chat);
+  const std::string want = cj["choices"][0]["message"]["content"].get<std::string>();
+  ASSERT_FALSE(want.empty());
+  const int prompt_tokens = cj["usage"]["prompt_tokens"].get<int>();
+  const std::string body = R"({"model": "tiny", "system": "Be brief.",
+      "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 12, "temperature": 0)";
+  HttpReply r = d.Post("/v1/messages", body + "}", {{"anthropic-version", "2023-06-01"}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Body(r);
+  EXPECT_TRUE(absl::StartsWith(j["id"].get<std::string>(), "msg_")) << r.body;
+  EXPECT_EQ(j["type"], "message");
+  EXPECT_EQ(j["role"], "assistant");
+  EXPECT_EQ(j["model"], "tiny");
+  ASSERT_EQ(j["content"].size(), 1u) << r.body;
+  EXPECT_EQ(j["content"][0]["type"], "text");
+  EXPECT_EQ(j["content"][0]["text"], want);
+  EXPECT_EQ(j["stop_reason"],
+            cj["choices"][0]["finish_reason"] == "length" ? "max_tokens" : "end_turn");
+  // input_tokens leave out the prefix cache's (the chat's turn put this prompt there).
+  EXPECT_EQ(j["usage"]["input_tokens"].get<int>() + j["usage"]["cache_read_input_tokens"].get<int>(),
+            prompt_tokens);
+  EXPECT_EQ(j["usage"]["output_tokens"], cj["usage"]["completion_tokens"]);
+
+  HttpReply s = d.Post("/v1/messages", body + R"(, "stream": true})");
+  ASSERT_EQ(s.status, 200) << s.body;
+  EXPECT_EQ(s.headers.at("content-type"), "text/event-stream");
+  std::string joined;
+  std::vector<std::string> types;
+  Json start, end;
+  for (const std::string& data : SseData(s.body)) {
+    absl::StatusOr<Json> e = ParseJson(data, "event");
+    ASSERT_TRUE(e.ok()) << data;
+    types.push_back((*e)["type"].get<std::string>());
+    if (types.back() == "message_start") start = (*e)["message"];
+    if (types.back() == "message_delta") end = *e;
+    if (types.back() == "content_block_delta") joined += (*e)["delta"]["text"].get<std::string>();
+  }
+  ASSERT_GE(types.size(), 6u);
+  EXPECT_EQ(types.front(), "message_start");
+  EXPECT_EQ(types[1], "content_block_start");
+  EXPECT_EQ(types[types.size() - 2], "message_delta");
+  EXPECT_EQ(types.back(), "message_stop");
+  EXPECT_EQ(joined, want);
+  // The prompt's usage is known at the start (the first message's prompt_usage).
+  EXPECT_EQ(start["usage"]["input_tokens"].get<int>() +
+                start["usage"]["cache_read_input_tokens"].get<int>(),
+            prompt_tokens)
+      << s.body;
+  EXPECT_EQ(end["delta"]["stop_reason"], j["stop_reason"]);
+  EXPECT_EQ(end["usage"]["output_tokens"], j["usage"]["output_tokens"]);
+
+  HttpReply counted = d.Post("/v1/messages/count_tokens", body + "}");
+  ASSERT_EQ(counted.status, 200) << counted.body;
+  EXPECT_EQ(Body(counted)["input_tokens"], prompt_tokens);
+
+  const std::string tools = R"("tools": [{"name": "get_weather", "description": "Weather.",
+      "input_schema": {"type": "object", "properties": {"city": {"enum": ["Lima", "Oslo"]}},
+                       "required": ["city"], "additionalProperties": false}}])";
+  HttpReply call = d.Post("/v1/messages", absl::StrCat(R"({"messages": [
+      {"role": "user", "content": "Weather in Lima?"}], )", tools, R"(,
+      "tool_choice": {"type": "tool", "name": "get_weather"},
+      "max_tokens": 64, "temperature": 1, "seed": 3})"));
+  ASSERT_EQ(call.status, 200) << call.body;
+  const Json c = Body(call);
+  EXPECT_EQ(c["stop_reason"], "tool_use") << call.body;
+  ASSERT_EQ(c["content"].size(), 1u) << call.body;
+  const Json& use = c["content"][0];
+  EXPECT_EQ(use["type"], "tool_use");
+  EXPECT_EQ(use["name"], "get_weather");
+  EXPECT_TRUE(use["input"]["city"] == "Lima" || use["input"]["city"] == "Oslo") << call.body;
+  HttpReply counted_tools = d.Post("/v1/messages/count_tokens", absl::StrCat(R"({"messages": [
+      {"role": "user", "content": "Weather in Lima?"}], )", tools, "}"));
+  ASSERT_EQ(counted_tools.status, 200) << counted_tools.body;
+  EXPECT_EQ(Body(counted_tools)["input_tokens"].get<int>(),
+            c["usage"]["input_tokens"].get<int>() + c["usage"]["cache_read_input_tokens"].get<int>())
+      << "the tools are in the counted prompt";
+
+  // The call and its result go back as blocks; the reply is text.
+  HttpReply turn2 = d.Post("/v1/messages", absl::StrCat(R"({"messages": [
+      {"role": "user", "content": "Weather in Lima?"},
+      {"role": "assistant", "content": [)", use.dump(), R"(]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": )", use["id"].dump(),
+                                                         R"(, "content": "sunny"}]}], )",
+                                                         tools, R"(, "max_tokens": 4, "temperature": 0})"));
+  ASSERT_EQ(turn2.status, 200) << turn2.body;
+  EXPECT_EQ(Body(turn2)["type"], "message") << turn2.body;
+
+  // Errors: Anthropic's shape, the parameter named in the message.
+  HttpReply bad = d.Post("/v1/messages", R"({"messages": [{"role": "user", "content": "x"}]})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(Body(bad)["type"], "error") << bad.body;
+  EXPECT_EQ(Body(bad)["error"]["type"], "invalid_request_error") << bad.body;
+  EXPECT_TRUE(absl::StartsWith(Body(bad)["error"]["message"].get<std::string>(), "max_tokens: "))
+      << bad.body;
+  HttpReply zero = d.Post("/v1/messages", R"({"messages": [{"role": "user", "content": "x"}],
+                                              "max_tokens": 0})");
+  EXPECT_EQ(zero.status, 400);
+  EXPECT_TRUE(absl::StartsWith(Body(zero)["error"]["message"].get<std::string>(), "max_tokens"))
+      << zero.body;
+  HttpReply other = d.Post("/v1/messages", R"({"model": "claude-sonnet-4", "max_tokens": 5,
+                                               "messages": [{"role": "user", "content": "x"}]})");
+  EXPECT_EQ(other.status, 404);
+  EXPECT_EQ(Body(other)["error"]["type"], "not_found_error") << other.body;
+  HttpReply get = HttpCall(d.http_port(), "GET", "/v1/messages", "", {});
+  EXPECT_EQ(get.status, 405);
+  EXPECT_EQ(Body(get)["error"]["type"], "invalid_request_error") << get.body;
+  EXPECT_TRUE(d.WaitIdle());
+}
+
 // With a store (kvrmd --responses_store): a second turn by previous_response_id is the turn
 // sent with the whole conversation as input, streamed or not; the stored response comes back by
 // GET and goes by DELETE; store: false keeps nothing.
@@ -1152,6 +1271,17 @@ TEST(OpenAiHttpTest, BearerTokensGuardTheHttpApiToo) {
   EXPECT_EQ(Body(r)["error"]["type"], "authentication_error");
   EXPECT_EQ(d.Post("/v1/completions", body, {{"Authorization", "Bearer wrong"}}).status, 401);
   EXPECT_EQ(d.Post("/v1/completions", body, {{"Authorization", "Bearer sesame"}}).status, 200);
+  // Anthropic's clients send the key as x-api-key: on every route, as a bearer token.
+  const std::string message =
+      R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})";
+  HttpReply anon = d.Post("/v1/messages", message);
+  EXPECT_EQ(anon.status, 401) << anon.body;
+  EXPECT_EQ(Body(anon)["error"]["type"], "authentication_error") << anon.body;
+  EXPECT_EQ(d.Post("/v1/messages", message, {{"x-api-key", "wrong"}}).status, 401);
+  EXPECT_EQ(d.Post("/v1/messages", message, {{"x-api-key", "sesame"}}).status, 200);
+  EXPECT_EQ(d.Post("/v1/completions", body, {{"x-api-key", "sesame"}}).status, 200);
+  EXPECT_EQ(d.Post("/v1/messages/count_tokens", message, {{"x-api-key", "sesame"}}).status, 200);
+  EXPECT_EQ(d.Post("/v1/messages/count_tokens", message).status, 401);
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models").status, 401);
   EXPECT_EQ(
       HttpCall(d.http_port(), "GET", "/v1/models", "", {{"Authorization", "Bearer sesame"}}).status,
