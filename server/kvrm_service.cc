@@ -1299,7 +1299,9 @@ grpc::ServerUnaryReactor* KvrmService::LoadLoraAdapter(grpc::CallbackServerConte
     return FinishUnary(context,
                        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "lora_path: empty"));
   }
-  if (request->lora_name() == info_.served_model_name) {
+  if (request->lora_name() == info_.served_model_name ||
+      std::find(info_.served_model_aliases.begin(), info_.served_model_aliases.end(),
+                request->lora_name()) != info_.served_model_aliases.end()) {
     return FinishUnary(
         context, grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                               absl::StrCat("lora_name: `", request->lora_name(),

@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 #include "kvrm/v1/kvrm.grpc.pb.h"
@@ -27,8 +28,10 @@ struct ServiceInfo {
   std::string device = "cpu";
   std::string kv_mode = "static";
   int32_t tensor_parallel = 1;
-  // The model's id in the HTTP API (kvrmd --served_model_name); a LoRA adapter may not take it.
+  // The model's id in the HTTP API (kvrmd --served_model_name) and its other names there; a LoRA
+  // adapter may take none of them.
   std::string served_model_name;
+  std::vector<std::string> served_model_aliases;
   // Embed's defaults (kvrmd --pooling, --embedding_normalize; docs/api.md "Embeddings").
   Pooling pooling = Pooling::kLast;
   bool embedding_normalize = true;

@@ -204,7 +204,9 @@ ABSL_FLAG(bool, http_metrics, false,
           "off by default so that metrics stay on the internal --metrics_port");
 ABSL_FLAG(std::string, served_model_name, "",
           "the model's id in the HTTP API (requests' \"model\", /v1/models); default: the "
-          "model directory's name");
+          "model directory's name. A comma-separated list gives it more names (as vLLM's "
+          "--served-model-name takes several): the first is its id, every one is accepted in "
+          "requests and listed by /v1/models");
 ABSL_FLAG(std::string, pooling, "",
           "embeddings (Embed, POST /v1/embeddings): how a request without a pooling pools the "
           "final hidden states: last, mean or cls; default: the model's sentence-transformers "
@@ -595,9 +597,15 @@ int Run() {
   so.tool_call_metrics = &metrics.tool_calls();
   so.runtime_lora_updating = absl::GetFlag(FLAGS_allow_runtime_lora_updating);
   so.lora_dir = absl::GetFlag(FLAGS_lora_dir);
-  so.info.served_model_name = absl::GetFlag(FLAGS_served_model_name).empty()
-                                  ? (*model)->name
-                                  : absl::GetFlag(FLAGS_served_model_name);
+  // --served_model_name: the model's id, then its other names.
+  std::vector<std::string> served_names;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_served_model_name), ',', absl::SkipWhitespace())) {
+    served_names.emplace_back(absl::StripAsciiWhitespace(name));
+  }
+  if (served_names.empty()) served_names.push_back((*model)->name);
+  so.info.served_model_name = served_names[0];
+  so.info.served_model_aliases.assign(served_names.begin() + 1, served_names.end());
   {
     // Embed's defaults: the flags, else the model directory's sentence-transformers modules.
     absl::StatusOr<std::optional<PoolingConfig>> st = LoadPoolingConfig(*dir);
@@ -650,10 +658,10 @@ int Run() {
     ho.connection_limit = absl::GetFlag(FLAGS_http_max_connections);
     // A body within the gRPC message limit makes calls within it (JSON is the larger encoding).
     ho.max_body_bytes = static_cast<size_t>(so.max_message_bytes);
-    ho.served_model_name = absl::GetFlag(FLAGS_served_model_name);
-    if (ho.served_model_name.empty()) ho.served_model_name = m.name;
+    ho.served_model_name = so.info.served_model_name;
+    ho.served_model_aliases = so.info.served_model_aliases;
     for (const LoraAdapter& a : m.lora_adapters) {
-      if (a.name == ho.served_model_name) {
+      if (std::find(served_names.begin(), served_names.end(), a.name) != served_names.end()) {
         std::fprintf(stderr,
                      "kvrmd: --lora_modules: adapter `%s` has the served model's name; the HTTP "
                      "API's `model` could not tell them apart\n",

@@ -58,7 +58,8 @@ class Conversation {
   absl::Status Build(const Json& body, const OrderedJson& ordered) {
     if (const Json* system = Find(body, "system")) {
       ASSIGN_OR_RETURN(std::string text, TextBlocks(*system, "system"));
-      Append(kFromSystem, {{"role", "system"}, {"content", std::move(text)}});
+      // An empty system prompt is none (a template would write an empty system block).
+      if (!text.empty()) Append(kFromSystem, {{"role", "system"}, {"content", std::move(text)}});
     }
     const Json* messages = Find(body, "messages");
     if (messages == nullptr) return Bad("messages", "is required");

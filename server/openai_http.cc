@@ -712,6 +712,7 @@ int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path
     model["max_model_len"] = info.max_context();
   };
   add(options_.served_model_name, info.name(), "");
+  for (const std::string& alias : options_.served_model_aliases) add(alias, info.name(), "");
   for (const v1::LoraAdapterInfo& a : info.lora_adapters()) {
     add(a.name(), a.path(), options_.served_model_name);
   }
@@ -730,8 +731,14 @@ int OpenAiHttpServer::Models(MHD_Connection* connection, const std::string& path
   return Queue(connection, MHD_HTTP_OK, Buffer(list.dump(), kJson));
 }
 
+bool OpenAiHttpServer::ServedName(const std::string& model) const {
+  return model.empty() || model == options_.served_model_name ||
+         std::find(options_.served_model_aliases.begin(), options_.served_model_aliases.end(),
+                   model) != options_.served_model_aliases.end();
+}
+
 std::optional<OpenAiError> OpenAiHttpServer::WrongModel(const std::string& model) const {
-  if (model.empty() || model == options_.served_model_name) return std::nullopt;
+  if (ServedName(model)) return std::nullopt;
   const std::vector<std::string> adapters =
       options_.lora_adapters ? options_.lora_adapters() : std::vector<std::string>();
   if (std::find(adapters.begin(), adapters.end(), model) != adapters.end()) return std::nullopt;
@@ -818,7 +825,7 @@ int OpenAiHttpServer::PoolingCall(
     const std::function<std::string(const Response&, const std::string&, int64_t)>& json) {
   const std::string& model = names.model;
   if (std::optional<OpenAiError> e = WrongModel(model)) return ReplyError(connection, *e);
-  if (!model.empty() && model != options_.served_model_name) {
+  if (!ServedName(model)) {
     request->set_lora_adapter(model);  // WrongModel let it through: an adapter's name
   }
   if (request->request_id().empty()) {
@@ -1034,7 +1041,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
   if (std::optional<OpenAiError> e = WrongModel(request.model)) return fail(*e);
   const bool chat = route != HttpRoute::kCompletions;
   v1::GenerateRequest& generate = request.generate;
-  if (!request.model.empty() && request.model != options_.served_model_name) {
+  if (!ServedName(request.model)) {
     generate.set_lora_adapter(request.model);  // WrongModel let it through: an adapter's name
   }
   if (generate.request_id().empty()) {

@@ -1,5 +1,6 @@
 // kvrmd's OpenAI-compatible HTTP API (kvrmd --http_port, default 8000): POST /v1/completions and
-// /v1/chat/completions (JSON, or server-sent events with "stream": true), GET /v1/models, vLLM's
+// /v1/chat/completions (JSON, or server-sent events with "stream": true), the Responses API
+// (/v1/responses), Anthropic's Messages API (/v1/messages), GET /v1/models, vLLM's
 // POST /tokenize and /detokenize, GET /health, /ping, /version and /metrics, on libmicrohttpd
 // with a thread per connection (docs/api.md).
 //
@@ -10,8 +11,9 @@
 // UNAVAILABLE 503) before any byte of a reply is sent: the first message of the service's stream
 // is awaited before the response starts. A client that goes away mid-stream cancels its call
 // (its slot and KV blocks are freed at the next token); so does one that hangs up while waiting
-// for a whole (non-streamed) reply, noticed by watching its socket (every 10 ms while tokens come, 50 ms while queued). A completions
-// request with a list of prompts is one call per prompt, run at once, in one reply.
+// for a whole (non-streamed) reply, noticed by watching its socket (every 10 ms while tokens come,
+// 50 ms while queued). A completions request with a list of prompts is one call per prompt, run at
+// once, in one reply.
 #ifndef KVRM_SERVER_OPENAI_HTTP_H_
 #define KVRM_SERVER_OPENAI_HTTP_H_
 
@@ -58,6 +60,9 @@ struct OpenAiHttpOptions {
   absl::Duration sse_keepalive = absl::Seconds(15);
   // The model's id in requests and /v1/models; a request naming another model gets 404.
   std::string served_model_name;
+  // More names the model answers to (kvrmd --served_model_name's after the first, as vLLM's
+  // --served-model-name takes several): accepted in requests, listed by /v1/models.
+  std::vector<std::string> served_model_aliases;
   // The names of the LoRA adapters served now (kvrmd --lora_modules, and those loaded since):
   // a request whose `model` names one runs with it (GenerateRequest.lora_adapter), as vLLM
   // serves LoRA modules; /v1/models lists them (from GetModelInfo). Any thread; null: none.
@@ -142,6 +147,8 @@ class OpenAiHttpServer {
   // GetModelInfo with the request's Authorization header: the model, or the service's refusal
   // (a bad token), for routes answered without a call of their own.
   absl::StatusOr<v1::ModelInfo> ModelInfo(MHD_Connection* connection);
+  // Whether `model` names the served model (empty, its name or an alias), not an adapter.
+  bool ServedName(const std::string& model) const;
   // A request naming a model other than the served one: the 404 to send (else nullopt).
   std::optional<OpenAiError> WrongModel(const std::string& model) const;
 

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "common/json.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "metrics/kvrm_metrics.h"
 #include "metrics/registry.h"
@@ -30,6 +31,9 @@
 
 namespace kvrm {
 namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 
 EngineOptions Options(int slots, int max_queue = 64) {
   EngineOptions o;
@@ -156,6 +160,32 @@ TEST(OpenAiHttpTest, ModelsListsTheServedModel) {
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models/tiny").status, 200);
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models/gpt-4").status, 404);
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/health").status, 200);
+}
+
+// More names (kvrmd --served_model_name=a,b,...): each is accepted as the model, and listed.
+TEST(OpenAiHttpTest, AliasesOfTheServedModelAreAcceptedAndListed) {
+  Daemon d(Options(2), ServerOptions(), 8 << 20, nullptr, nullptr, [](OpenAiHttpOptions& o) {
+    o.served_model_aliases = {"claude-sonnet-4-5", "gpt-4o"};
+  });
+  const std::string message =
+      R"({"model": "claude-sonnet-4-5", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]})";
+  HttpReply r = d.Post("/v1/messages", message);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["model"], "claude-sonnet-4-5");
+  EXPECT_EQ(d.Post("/v1/chat/completions", R"({"model": "gpt-4o", "max_tokens": 2,
+                   "messages": [{"role": "user", "content": "x"}]})")
+                .status,
+            200);
+  EXPECT_EQ(
+      d.Post("/v1/completions", R"({"model": "gpt-5", "prompt": "x", "max_tokens": 2})").status,
+      404);
+  HttpReply models = HttpCall(d.http_port(), "GET", "/v1/models");
+  ASSERT_EQ(models.status, 200) << models.body;
+  std::vector<std::string> ids;
+  const Json listed = Body(models);
+  for (const Json& m : listed["data"]) ids.push_back(m["id"].get<std::string>());
+  EXPECT_THAT(ids, ElementsAre("tiny", "claude-sonnet-4-5", "gpt-4o"));
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/v1/models/gpt-4o").status, 200);
 }
 
 TEST(OpenAiHttpTest, CompletionIsWhatGrpcGivesForTheSameRequest) {
@@ -620,6 +650,7 @@ TEST(OpenAiHttpTest, MessagesApiIsTheChatTurnInAnthropicsShape) {
                                                "messages": [{"role": "user", "content": "x"}]})");
   EXPECT_EQ(other.status, 404);
   EXPECT_EQ(Body(other)["error"]["type"], "not_found_error") << other.body;
+  EXPECT_THAT(Body(other)["error"]["message"].get<std::string>(), HasSubstr("`tiny`"));
   HttpReply get = HttpCall(d.http_port(), "GET", "/v1/messages", "", {});
   EXPECT_EQ(get.status, 405);
   EXPECT_EQ(Body(get)["error"]["type"], "invalid_request_error") << get.body;

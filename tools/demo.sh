@@ -93,4 +93,5 @@ echo "  $cli generate --server=127.0.0.1:${port} --prompt='Hello' --max_new_toke
 echo "  curl -N http://127.0.0.1:${http_port}/v1/completions -d '{\"prompt\": \"Hello\", \"max_tokens\": 32, \"stream\": true}'"
 echo "  curl http://127.0.0.1:${http_port}/v1/embeddings -d '{\"input\": [\"Hello\", \"Bonjour\"]}'"
 echo "  curl http://127.0.0.1:${http_port}/v1/rerank -d '{\"query\": \"Hello\", \"documents\": [\"Hi\", \"Bye\"]}'"
+echo "  curl http://127.0.0.1:${http_port}/v1/messages -d '{\"max_tokens\": 32, \"messages\": [{\"role\": \"user\", \"content\": \"Hello\"}]}'   # Anthropic's API"
 wait $kvrmd_pid
