@@ -46,6 +46,9 @@ struct ServerOptions {
   bool runtime_lora_updating = false;
   // On-demand LoRA adapters' directory (kvrmd --lora_dir; KvrmService::SetLoraDirectory).
   std::string lora_dir;
+  // Spans of Generate calls (kvrmd --otlp_traces_endpoint); not owned, must outlive the server;
+  // null: none.
+  Tracer* tracer = nullptr;
 };
 
 class KvrmServer {

@@ -148,6 +148,21 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     reasoning_tokens_.assign(n_, ReasoningTokens{});
   }
 
+  // A traced call (server/tracing.h): its span's ids and the request's attributes, filled before
+  // anything is submitted; each completion's end and the call's status are added as they come,
+  // and the spans are recorded when the reactor goes (every completion ended, the call done).
+  struct Trace {
+    Tracer* tracer = nullptr;
+    absl::Time start;
+    otlp::Span root;                     // ids, name, kind, flags and the request's attributes
+    std::vector<v1::Finished> finished;  // per completion; reason unset until it ends
+    grpc::Status status;
+  };
+  void set_trace(std::unique_ptr<Trace> trace) {
+    trace->finished.resize(n_);
+    trace_ = std::move(trace);
+  }
+
   // The client cancelled (before anything was submitted, for a call that waited to compile).
   bool cancelled() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -181,6 +196,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     {
       std::lock_guard<std::mutex> lock(mu_);
       finished_ = true;
+      if (trace_) trace_->status = status;
     }
     Finish(status);
     // gRPC binds the reactor (and may run its callbacks) once Generate returns it.
@@ -199,6 +215,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         cancelled_ = true;
         queue_.DropQueued();
         queue_.WriteDone();
+        if (trace_) {
+          trace_->status = grpc::Status(grpc::StatusCode::CANCELLED, "client stopped reading");
+        }
       } else {
         next = queue_.WriteDone();
         if (!next && finals_queued_ == n_ && !finished_) finish = finished_ = true;
@@ -220,6 +239,9 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
+      if (trace_ && trace_->status.ok()) {
+        trace_->status = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled by the client");
+      }
     }
     CancelAll();
   }
@@ -230,11 +252,104 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
  private:
+  ~GenerateReactor() override {
+    if (trace_) RecordTrace();
+  }
+
   void Unref() {
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
   void CancelAll() { CancelSubmitted(engine_, &mu_, handles_); }
+
+  // The call's spans (the last reference is going: nothing else touches the reactor): the
+  // request's, with the outcome's attributes, and per completion its queue, prefill and decode.
+  void RecordTrace() {
+    Trace& t = *trace_;
+    const absl::Time end = absl::Now();
+    otlp::Span root = std::move(t.root);
+    SetTimes(&root, t.start, end);
+    std::vector<std::string> reasons;
+    int64_t output_tokens = 0;
+    std::string engine_error;
+    const v1::Finished* first = nullptr;
+    for (const v1::Finished& f : t.finished) {
+      if (f.reason() == v1::FINISH_REASON_UNSPECIFIED) continue;
+      if (first == nullptr) first = &f;
+      reasons.push_back(TraceFinishReason(f.reason()));
+      output_tokens += f.usage().completion_tokens();
+      if (f.reason() == v1::FINISH_REASON_ERROR && engine_error.empty()) engine_error = f.error();
+    }
+    if (first != nullptr) {
+      AddStrings(&root, "gen_ai.response.finish_reasons", reasons);
+      AddInt(&root, "gen_ai.usage.input_tokens", first->usage().prompt_tokens());
+      AddInt(&root, "gen_ai.usage.output_tokens", output_tokens);
+      AddInt(&root, "kvrm.usage.cached_input_tokens", first->usage().cached_prompt_tokens());
+      // vLLM's latency attributes, in seconds (the first completion's).
+      AddDouble(&root, "gen_ai.latency.time_in_queue", first->queue_time_ms() / 1e3);
+      AddDouble(&root, "gen_ai.latency.time_to_first_token", first->time_to_first_token_ms() / 1e3);
+      AddDouble(&root, "gen_ai.latency.e2e", first->total_time_ms() / 1e3);
+    }
+    AddInt(&root, "rpc.grpc.status_code", static_cast<int64_t>(t.status.error_code()));
+    if (!t.status.ok()) {
+      root.mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
+      root.mutable_status()->set_message(t.status.error_message());
+    } else if (!engine_error.empty()) {
+      root.mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
+      root.mutable_status()->set_message(engine_error);
+    }
+    std::vector<otlp::Span> spans;
+    spans.reserve(1 + 3 * t.finished.size());
+    spans.emplace_back();  // the root's place: first
+    for (size_t i = 0; i < t.finished.size(); ++i) {
+      const v1::Finished& f = t.finished[i];
+      if (f.reason() == v1::FINISH_REASON_UNSPECIFIED) continue;
+      auto phase = [&](const char* name, double from_ms, double to_ms) {
+        otlp::Span& s = spans.emplace_back();
+        s.set_trace_id(root.trace_id());
+        const SpanId id = Tracer::NewSpanId();
+        s.set_span_id(id.data(), id.size());
+        s.set_parent_span_id(root.span_id());
+        s.set_flags(root.flags());
+        s.set_name(name);
+        s.set_kind(otlp::Span::SPAN_KIND_INTERNAL);
+        SetTimes(&s, t.start + absl::Milliseconds(from_ms), t.start + absl::Milliseconds(to_ms));
+        if (n_ > 1) AddInt(&s, "kvrm.completion.index", static_cast<int64_t>(i));
+      };
+      // A request cancelled or refused while it waited has only its wait; one admitted has its
+      // prefill, and from its first token its decode.
+      const bool admitted = f.queue_time_ms() > 0 || f.time_to_first_token_ms() > 0;
+      phase("kvrm.queue", 0, admitted ? f.queue_time_ms() : f.total_time_ms());
+      if (f.time_to_first_token_ms() > 0) {
+        phase("kvrm.prefill", f.queue_time_ms(), f.time_to_first_token_ms());
+        phase("kvrm.decode", f.time_to_first_token_ms(), f.total_time_ms());
+      } else if (admitted) {
+        phase("kvrm.prefill", f.queue_time_ms(), f.total_time_ms());
+      }
+    }
+    spans[0] = std::move(root);
+    t.tracer->Record(std::move(spans));
+  }
+
+  static const char* TraceFinishReason(v1::FinishReason reason) {
+    switch (reason) {
+      case v1::FINISH_REASON_LENGTH:
+        return "length";
+      case v1::FINISH_REASON_EOS:
+      case v1::FINISH_REASON_STOP:
+        return "stop";
+      case v1::FINISH_REASON_TOOL_CALLS:
+        return "tool_calls";
+      case v1::FINISH_REASON_CANCELLED:
+        return "cancelled";
+      case v1::FINISH_REASON_TIME_LIMIT:
+        return "time_limit";
+      case v1::FINISH_REASON_ERROR:
+        return "error";
+      default:
+        return "unknown";
+    }
+  }
 
   // Called on the engine thread (inside the leader's sink) at the leader's first message:
   // submits completions 1 .. n-1. One the engine refuses ends at once with that error. A
@@ -408,6 +523,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       std::lock_guard<std::mutex> lock(mu_);
       if (finished_) return;
       if (info) ++finals_queued_;
+      if (info && trace_ && index >= 0 && index < n_) trace_->finished[index] = msg.finished();
       const uint64_t before = queue_.merged_chunks();
       start = queue_.Push(std::move(msg));
       merged = queue_.merged_chunks() != before;
@@ -443,6 +559,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's
   std::mutex mu_;
   std::vector<uint64_t> handles_;             // guarded by mu_; 0: not submitted
+  std::unique_ptr<Trace> trace_;  // set before anything is submitted; its fields under mu_
   ResponseQueue queue_;                       // guarded by mu_
   int32_t finals_queued_ = 0;                 // guarded by mu_: completions whose end is queued
   bool cancelled_ = false;                    // guarded by mu_: the client cancelled or left
@@ -725,6 +842,7 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
                                       // sized from it.
                                       std::clamp(request->n(), 1, limits_.max_n),
                                       merged_chunks_counter_, max_merged_bytes_);
+  if (tracer_ != nullptr) StartTrace(*context, *request, id, arrival, reactor);
   if (grpc::Status s = CheckAuth(context); !s.ok()) { reactor->Reject(s); return reactor; }
   if (!lora_dir_.empty() && !request->lora_adapter().empty() &&
       !engine_->ServesLoraAdapter(request->lora_adapter())) {
@@ -764,6 +882,57 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   }
   ValidateAndSubmit(context, *request, reactor, std::move(id), arrival);
   return reactor;
+}
+
+void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
+                             const v1::GenerateRequest& request, const std::string& id,
+                             absl::Time arrival, GenerateReactor* reactor) {
+  // The caller's trace context (W3C traceparent / tracestate metadata; the HTTP API passes its
+  // headers of those names on).
+  std::optional<TraceParent> parent;
+  const auto& metadata = context.client_metadata();
+  if (auto it = metadata.find("traceparent"); it != metadata.end()) {
+    absl::string_view state;
+    if (auto st = metadata.find("tracestate"); st != metadata.end()) {
+      state = absl::string_view(st->second.data(), st->second.size());
+    }
+    parent = ParseTraceParent(absl::string_view(it->second.data(), it->second.size()), state);
+  }
+  if (!tracer_->ShouldTrace(parent)) return;
+  auto trace = std::make_unique<GenerateReactor::Trace>();
+  trace->tracer = tracer_;
+  trace->start = arrival;
+  otlp::Span& root = trace->root;
+  const TraceId trace_id = parent ? parent->trace_id : Tracer::NewTraceId();
+  const SpanId span_id = Tracer::NewSpanId();
+  root.set_trace_id(trace_id.data(), trace_id.size());
+  root.set_span_id(span_id.data(), span_id.size());
+  if (parent) {
+    root.set_parent_span_id(parent->span_id.data(), parent->span_id.size());
+    root.set_trace_state(parent->trace_state);
+  }
+  root.set_flags(parent ? parent->flags : 1u);  // sampled
+  root.set_kind(otlp::Span::SPAN_KIND_SERVER);
+  // The GenAI semantic conventions' name and attributes: "{operation} {model}".
+  const char* operation = request.has_chat() ? "chat" : "text_completion";
+  const std::string& model =
+      request.lora_adapter().empty() ? info_.served_model_name : request.lora_adapter();
+  root.set_name(absl::StrCat(operation, " ", model));
+  AddString(&root, "gen_ai.operation.name", operation);
+  AddString(&root, "gen_ai.system", "kvrm");
+  AddString(&root, "gen_ai.request.model", model);
+  AddString(&root, "gen_ai.response.id", id);
+  AddInt(&root, "gen_ai.request.max_tokens", request.stopping().max_new_tokens());
+  const v1::SamplingParams& s = request.sampling();
+  AddDouble(&root, "gen_ai.request.temperature", s.temperature());
+  if (s.top_p() > 0) AddDouble(&root, "gen_ai.request.top_p", s.top_p());
+  if (s.top_k() > 0) AddInt(&root, "gen_ai.request.top_k", s.top_k());
+  if (request.n() > 1) AddInt(&root, "gen_ai.request.choice.count", request.n());
+  if (!request.lora_adapter().empty())
+    AddString(&root, "kvrm.lora_adapter", request.lora_adapter());
+  if (request.priority() != 0) AddInt(&root, "kvrm.priority", request.priority());
+  AddString(&root, "kvrm.kv_mode", info_.kv_mode);
+  reactor->set_trace(std::move(trace));
 }
 
 void KvrmService::SubmitOffThread(WorkQueue* queue, const char* when_full,

@@ -17,6 +17,7 @@
 #include "runtime/engine.h"
 #include "server/auth.h"
 #include "server/request_validation.h"
+#include "server/tracing.h"
 #include "server/work_queue.h"
 
 namespace kvrm {
@@ -105,6 +106,8 @@ class KvrmService final : public v1::Kvrm::CallbackService {
 
   // When set (before the server starts), records tool-calling requests, calls and parse failures.
   void SetToolCallMetrics(const ToolCallMetrics* metrics) { tool_metrics_ = metrics; }
+  // OpenTelemetry spans of Generate calls (server/tracing.h); not owned, null: none.
+  void SetTracer(Tracer* tracer) { tracer_ = tracer; }
 
   // Before the server starts: the most serialized bytes of output merged into one message
   // (kept under the server's send limit).
@@ -118,6 +121,10 @@ class KvrmService final : public v1::Kvrm::CallbackService {
 
   // Generate's rest on `queue`'s thread: `first` (if set; its error rejects the call), then
   // ValidateAndSubmit. RESOURCE_EXHAUSTED `when_full` (with retry-after-ms) when the queue is.
+  // A traced Generate call's span (when the tracer samples it): its ids from the caller's
+  // traceparent metadata or new ones, and the request's attributes.
+  void StartTrace(const grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
+                  const std::string& id, absl::Time arrival, GenerateReactor* reactor);
   void SubmitOffThread(WorkQueue* queue, const char* when_full, std::function<absl::Status()> first,
                        grpc::CallbackServerContext* context, const v1::GenerateRequest* request,
                        GenerateReactor* reactor, std::string id, absl::Time arrival);
@@ -155,6 +162,7 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   Counter* merged_chunks_counter_ = nullptr;  // not owned; null: not counted
   const StructuredOutputMetrics* structured_metrics_ = nullptr;  // not owned; null: not counted
   const ToolCallMetrics* tool_metrics_ = nullptr;                // not owned; null: not counted
+  Tracer* tracer_ = nullptr;                                     // not owned; null: no spans
   ToolCallSyntax tool_syntax_;  // the served model's call format (tool_choice AUTO)
   // <think> and </think> where they are special tokens (kept in a thinking model's chat replies).
   std::vector<int32_t> reasoning_marker_tokens_;

@@ -202,6 +202,15 @@ ABSL_FLAG(int32_t, responses_store_mib, 256, "HTTP API: memory of --responses_st
 ABSL_FLAG(bool, http_metrics, false,
           "HTTP API: also serve GET /metrics on --http_port (where vLLM serves its metrics); "
           "off by default so that metrics stay on the internal --metrics_port");
+ABSL_FLAG(std::string, otlp_traces_endpoint, "",
+          "OpenTelemetry tracing (vLLM's flag): an OTLP/gRPC receiver (host:4317, or "
+          "http:// / https:// host:port) that gets a span per Generate call (and per HTTP "
+          "generation request), joined to the caller's W3C traceparent; default: "
+          "$OTEL_EXPORTER_OTLP_TRACES_ENDPOINT, else $OTEL_EXPORTER_OTLP_ENDPOINT, else none. "
+          "The resource is $OTEL_SERVICE_NAME (default kvrmd) and $OTEL_RESOURCE_ATTRIBUTES");
+ABSL_FLAG(double, otlp_traces_sample_ratio, 1.0,
+          "tracing: the fraction of requests without a caller's trace that are traced (a "
+          "caller's sampled flag decides for its own)");
 ABSL_FLAG(std::string, served_model_name, "",
           "the model's id in the HTTP API (requests' \"model\", /v1/models); default: the "
           "model directory's name. A comma-separated list gives it more names (as vLLM's "
@@ -569,6 +578,60 @@ int Run() {
     http = std::move(*h);
     WritePortFile(absl::GetFlag(FLAGS_metrics_port_file), http->port());
   }
+  // Tracing: it outlives the server, whose service records into it (declared before it).
+  std::unique_ptr<Tracer> tracer;
+  {
+    std::string endpoint = absl::GetFlag(FLAGS_otlp_traces_endpoint);
+    for (const char* env : {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"}) {
+      if (const char* v = std::getenv(env); endpoint.empty() && v != nullptr) endpoint = v;
+    }
+    if (!endpoint.empty()) {
+      TracerOptions to;
+      to.endpoint = endpoint;
+      to.service_version = kVersion;
+      if (const char* v = std::getenv("OTEL_SERVICE_NAME"); v != nullptr && *v != '\0') {
+        to.service_name = v;
+      }
+      if (const char* v = std::getenv("OTEL_RESOURCE_ATTRIBUTES"); v != nullptr) {
+        absl::StatusOr<std::vector<std::pair<std::string, std::string>>> attributes =
+            ParseResourceAttributes(v);
+        if (!attributes.ok()) {
+          std::fprintf(stderr, "kvrmd: %s\n", attributes.status().ToString().c_str());
+          return 2;
+        }
+        to.resource_attributes = *std::move(attributes);
+        for (const auto& [key, value] : to.resource_attributes) {
+          if (key == "service.name" && std::getenv("OTEL_SERVICE_NAME") == nullptr) {
+            to.service_name = value;  // OTEL_SERVICE_NAME wins over it, as OpenTelemetry's SDKs
+          }
+        }
+      }
+      to.sample_ratio = absl::GetFlag(FLAGS_otlp_traces_sample_ratio);
+      to.exported = &registry
+                         .AddCounter("kvrm:otlp_spans_exported_total",
+                                     "spans sent to --otlp_traces_endpoint and accepted")
+                         .WithLabels({});
+      to.dropped = &registry
+                        .AddCounter("kvrm:otlp_spans_dropped_total",
+                                    "spans not sent: the queue was full, or the receiver refused "
+                                    "them or stayed unreachable through the retries")
+                        .WithLabels({});
+      to.export_failures = &registry
+                                .AddCounter("kvrm:otlp_export_failures_total",
+                                            "Export calls to --otlp_traces_endpoint that failed "
+                                            "(each retry counts)")
+                                .WithLabels({});
+      absl::StatusOr<std::unique_ptr<Tracer>> t = Tracer::Start(std::move(to));
+      if (!t.ok()) {
+        std::fprintf(stderr, "kvrmd: %s\n", t.status().ToString().c_str());
+        return 2;
+      }
+      tracer = std::move(*t);
+      LOG(INFO) << "tracing: OTLP spans to " << endpoint << ", "
+                << absl::GetFlag(FLAGS_otlp_traces_sample_ratio)
+                << " of the requests without a caller's trace";
+    }
+  }
   absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model->get(), eo);
   if (!engine.ok()) {
     std::fprintf(stderr, "kvrmd: %s\n", engine.status().ToString().c_str());
@@ -597,6 +660,7 @@ int Run() {
   so.tool_call_metrics = &metrics.tool_calls();
   so.runtime_lora_updating = absl::GetFlag(FLAGS_allow_runtime_lora_updating);
   so.lora_dir = absl::GetFlag(FLAGS_lora_dir);
+  so.tracer = tracer.get();
   // --served_model_name: the model's id, then its other names.
   std::vector<std::string> served_names;
   for (absl::string_view name :

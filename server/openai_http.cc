@@ -203,6 +203,24 @@ std::string Authorization(MHD_Connection* connection) {
   return "";
 }
 
+bool PrintableAscii(const char* s);
+
+// A generation call's metadata: the request's credentials and its W3C trace context
+// (traceparent, tracestate: the service's span joins the caller's trace), where they are
+// printable ASCII (gRPC metadata's alphabet; a credential that is not was refused before).
+std::vector<std::pair<std::string, std::string>> CallMetadata(MHD_Connection* connection) {
+  std::vector<std::pair<std::string, std::string>> metadata;
+  if (std::string auth = Authorization(connection); !auth.empty()) {
+    metadata.emplace_back("authorization", std::move(auth));
+  }
+  for (const char* name : {"traceparent", "tracestate"}) {
+    if (const char* value = Header(connection, name); value != nullptr && PrintableAscii(value)) {
+      metadata.emplace_back(name, value);
+    }
+  }
+  return metadata;
+}
+
 // The request's credentials, passed on to the service as the call's metadata (the token check
 // there applies to every route that calls it).
 void PassAuthorization(MHD_Connection* connection, grpc::ClientContext* context) {
@@ -261,12 +279,12 @@ class CallGroup {
 
   // Starts one call per request; false (nothing started) when the server is stopping.
   bool Start(v1::Kvrm::Stub* stub, const std::vector<v1::GenerateRequest>& requests,
-             const std::string& authorization) {
+             const std::vector<std::pair<std::string, std::string>>& metadata) {
     calls_.resize(requests.size());
     for (size_t i = 0; i < requests.size(); ++i) {
       Call& c = calls_[i];
       c.context = std::make_unique<grpc::ClientContext>();
-      if (!authorization.empty()) c.context->AddMetadata("authorization", authorization);
+      for (const auto& [key, value] : metadata) c.context->AddMetadata(key, value);
       if (!active_->Add(c.context.get())) {
         for (size_t j = 0; j < i; ++j) active_->Remove(calls_[j].context.get());
         calls_.clear();
@@ -1091,7 +1109,7 @@ int OpenAiHttpServer::Generate(MHD_Connection* connection, HttpRoute route,
                                                   absl::ToUnixSeconds(absl::Now()), model,
                                                   std::move(prompt_texts));
   }
-  if (!stream->calls.Start(stub_.get(), calls, Authorization(connection))) {
+  if (!stream->calls.Start(stub_.get(), calls, CallMetadata(connection))) {
     return fail_with(503, "service_unavailable", "the server is stopping");
   }
 
