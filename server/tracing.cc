@@ -350,8 +350,14 @@ bool Tracer::Export(const std::vector<otlp::Span>& batch) {
       stopping = stopping_;
     }
     if (!Retryable(status.error_code()) || attempt >= 3 || stopping) {
-      LOG(WARNING) << "tracing: " << batch.size() << " spans not exported to " << options_.endpoint
-                   << ": " << status.error_message();
+      // Once a minute at most: a receiver that stays down is one line, not one a batch.
+      const absl::Time now = absl::Now();
+      if (now - last_warning_ >= absl::Minutes(1)) {
+        LOG(WARNING) << "tracing: " << batch.size() << " spans not exported to "
+                     << options_.endpoint << ": " << status.error_message()
+                     << " (kvrm:otlp_spans_dropped_total counts them; said at most once a minute)";
+        last_warning_ = now;
+      }
       if (options_.dropped != nullptr) options_.dropped->Add(static_cast<double>(batch.size()));
       return false;
     }

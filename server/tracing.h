@@ -127,6 +127,7 @@ class Tracer {
   int64_t dropped_ = 0;               // guarded by mu_
   bool flush_ = false;                // guarded by mu_: send a partial batch now
   bool stopping_ = false;             // guarded by mu_
+  absl::Time last_warning_ = absl::InfinitePast();  // the export thread's
   std::thread thread_;
 };
 
