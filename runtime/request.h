@@ -68,6 +68,7 @@ struct FinishInfo {
   int32_t prompt_tokens = 0;
   int32_t completion_tokens = 0;
   int32_t cached_prompt_tokens = 0;  // prompt tokens whose KV came from the prefix cache
+  double cumulative_logprob = 0;     // a beam search's completion (server/beam_search.h)
   double queue_time_ms = 0;
   double time_to_first_token_ms = 0;
   double total_time_ms = 0;

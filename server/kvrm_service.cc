@@ -13,6 +13,7 @@
 #include "common/thread_priority.h"
 #include "model/harmony.h"
 #include "model/reasoning.h"
+#include "server/beam_search.h"
 #include "server/response_queue.h"
 
 // gRPC passes a reactor between threads (the handler, whoever calls StartWrite or Finish, the
@@ -163,6 +164,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     trace_ = std::move(trace);
   }
 
+  // Before anything is submitted: the completions come from a beam search (BeamSearchRun), not
+  // as a leader and its followers.
+  void set_beam_search() { followers_submitted_ = true; }
+
   // The client cancelled (before anything was submitted, for a call that waited to compile).
   bool cancelled() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -310,15 +315,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
         const SpanId id = Tracer::NewSpanId();
         s.set_span_id(id.data(), id.size());
         s.set_parent_span_id(root.span_id());
-        s.set_flags(root.flags());
+        s.set_flags((root.flags() & 0xff) | 0x100);  // its parent (the call's span) is local
         s.set_name(name);
         s.set_kind(otlp::Span::SPAN_KIND_INTERNAL);
         SetTimes(&s, t.start + absl::Milliseconds(from_ms), t.start + absl::Milliseconds(to_ms));
         if (n_ > 1) AddInt(&s, "kvrm.completion.index", static_cast<int64_t>(i));
       };
-      // A request cancelled or refused while it waited has only its wait; one admitted has its
-      // prefill, and from its first token its decode.
-      const bool admitted = f.queue_time_ms() > 0 || f.time_to_first_token_ms() > 0;
+      // A request cancelled or refused while it waited has only its wait (its queue time is its
+      // whole time); one admitted has its prefill, and from its first token its decode.
+      const bool admitted = f.time_to_first_token_ms() > 0 || f.queue_time_ms() < f.total_time_ms();
       phase("kvrm.queue", 0, admitted ? f.queue_time_ms() : f.total_time_ms());
       if (f.time_to_first_token_ms() > 0) {
         phase("kvrm.prefill", f.queue_time_ms(), f.time_to_first_token_ms());
@@ -507,6 +512,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       f->set_queue_time_ms(info->queue_time_ms);
       f->set_time_to_first_token_ms(info->time_to_first_token_ms);
       f->set_total_time_ms(info->total_time_ms);
+      f->set_cumulative_logprob(info->cumulative_logprob);
       if (!calls.empty()) {
         f->set_reason(v1::FINISH_REASON_TOOL_CALLS);
         for (ToolCall& c : calls) {
@@ -564,6 +570,157 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   int32_t finals_queued_ = 0;                 // guarded by mu_: completions whose end is queued
   bool cancelled_ = false;                    // guarded by mu_: the client cancelled or left
   bool finished_ = false;                     // guarded by mu_: Finish called or about to be
+};
+
+// A beam search (GenerateRequest.beam_search): each step scores every live beam by one engine
+// request (the call's prompt and the beam's tokens; one token; the top 2n logprobs), as vLLM's
+// beam search does, and server/beam_search.h picks the n that go on. The prefix cache holds what
+// the beams share, so a step prefills only each beam's last block. Steps after the first are
+// submitted from the engine thread as the previous one's last request ends; the call's n
+// completions (its reactor's sinks, held until then) get the best beams at the end.
+class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
+ public:
+  BeamSearchRun(Engine* engine, const Tokenizer* tokenizer, std::unique_ptr<GenerationRequest> base,
+                BeamSearchConfig config, std::vector<std::shared_ptr<RequestSink>> outputs,
+                std::function<bool()> cancelled)
+      : engine_(engine),
+        tokenizer_(tokenizer),
+        base_(std::move(base)),
+        config_(std::move(config)),
+        max_tokens_(base_->max_new_tokens),
+        cancelled_(std::move(cancelled)),
+        outputs_(std::move(outputs)),
+        beams_(1) {}
+
+  // Submits the first step (the prompt alone); its refusal (a full queue) is the call's.
+  absl::Status Start() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return SubmitStep(/*admitted=*/false);
+  }
+
+ private:
+  class StepSink final : public RequestSink {
+   public:
+    StepSink(std::shared_ptr<BeamSearchRun> run, size_t beam) : run_(std::move(run)), beam_(beam) {}
+    void OnChunk(StreamChunk) override {}  // one token: the end carries it
+    void OnFinished(StreamChunk last, const FinishInfo& info) override {
+      run_->Scored(beam_, last, info);
+    }
+
+   private:
+    std::shared_ptr<BeamSearchRun> run_;
+    const size_t beam_;
+  };
+
+  // One request per live beam. On a refusal nothing of the step is running.
+  absl::Status SubmitStep(bool admitted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    scored_.assign(beams_.size(), {});
+    pending_ = beams_.size();
+    for (size_t b = 0; b < beams_.size(); ++b) {
+      auto r = std::make_unique<GenerationRequest>(*base_);
+      r->prompt.insert(r->prompt.end(), beams_[b].tokens.begin(), beams_[b].tokens.end());
+      r->request_id = absl::StrCat(base_->request_id, "/beam", step_, ".", b);
+      r->max_new_tokens = 1;
+      r->ignore_eos = true;  // the EOS is a candidate like any other here; the search decides
+      r->sampling.logprobs = true;
+      r->sampling.top_logprobs = std::min(2 * config_.width, kMaxTopLogprobs);
+      r->arrival = absl::Now();  // the engine's latency metrics time this request, not the call
+      r->sink = std::make_shared<StepSink>(shared_from_this(), b);
+      absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(r), admitted);
+      if (!handle.ok()) {
+        if (b == 0) return handle.status();
+        // The rest of the step is submitted: it ends, then the search ends with this error.
+        pending_ -= beams_.size() - b;
+        error_ = std::string(handle.status().message());
+        return absl::OkStatus();
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Beam `beam`'s scoring request ended (the engine thread).
+  void Scored(size_t beam, const StreamChunk& last, const FinishInfo& info) {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (step_ == 0) {
+      queue_time_ms_ = info.queue_time_ms;
+      cached_prompt_tokens_ = info.cached_prompt_tokens;
+    }
+    if (info.reason == FinishReason::kCancelled) {
+      cancelled_by_engine_ = true;
+    } else if (info.reason == FinishReason::kError || last.logprobs.empty()) {
+      if (error_.empty()) error_ = info.error.empty() ? "a beam was not scored" : info.error;
+    } else if (beam < scored_.size()) {
+      const TokenLogprobs& lp = last.logprobs.front();
+      for (int32_t i = 0; i < lp.num_top; ++i) {
+        scored_[beam].emplace_back(lp.top_ids[i], lp.top_logprobs[i]);
+      }
+    }
+    if (--pending_ > 0) return;
+    if (!error_.empty()) return End(FinishReason::kError);
+    if (cancelled_by_engine_ || cancelled_()) return End(FinishReason::kCancelled);
+    beams_ = BeamStep(beams_, scored_, config_, &completed_);
+    ++step_;
+    if (step_ >= max_tokens_ || beams_.empty()) return End(FinishReason::kLength);
+    if (absl::Status s = SubmitStep(/*admitted=*/true); !s.ok()) {
+      error_ = std::string(s.message());
+      End(FinishReason::kError);
+    }
+  }
+
+  // The call's completions: the best beams, or every one ended with `reason` (cancelled, an
+  // error); kLength: the search is done.
+  void End(FinishReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    std::vector<std::shared_ptr<RequestSink>> outputs = std::move(outputs_);
+    outputs_.clear();
+    const double total_ms = absl::ToDoubleMilliseconds(absl::Now() - base_->arrival);
+    std::vector<Beam> best;
+    if (reason == FinishReason::kLength) best = BestBeams(completed_, beams_, config_);
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      FinishInfo info;
+      info.prompt_tokens = static_cast<int32_t>(base_->prompt.size());
+      info.cached_prompt_tokens = cached_prompt_tokens_;
+      info.queue_time_ms = std::max(0.0, queue_time_ms_);
+      info.total_time_ms = total_ms;
+      StreamChunk chunk;
+      if (reason != FinishReason::kLength) {
+        info.reason = reason;
+        info.error = reason == FinishReason::kError ? error_ : "";
+      } else if (i >= best.size()) {
+        info.reason = FinishReason::kError;
+        info.error = absl::StrCat("beam search kept ", best.size(), " beams of ", outputs.size(),
+                                  " (too few tokens could be scored)");
+      } else {
+        const Beam& beam = best[i];
+        info.reason = beam.ended ? FinishReason::kEos : FinishReason::kLength;
+        info.completion_tokens = static_cast<int32_t>(beam.tokens.size());
+        info.cumulative_logprob = beam.cum_logprob;
+        info.time_to_first_token_ms = total_ms;  // the whole beam comes at once
+        chunk.token_ids = beam.tokens;
+        const size_t text_tokens = beam.tokens.size() - (beam.ended ? 1 : 0);
+        chunk.text = tokenizer_->Decode(absl::MakeConstSpan(beam.tokens.data(), text_tokens),
+                                        /*skip_special_tokens=*/true);
+      }
+      outputs[i]->OnFinished(std::move(chunk), info);
+    }
+  }
+
+  Engine* const engine_;
+  const Tokenizer* const tokenizer_;
+  const std::unique_ptr<GenerationRequest> base_;  // the validated request each step copies
+  const BeamSearchConfig config_;
+  const int32_t max_tokens_;
+  std::function<bool()> cancelled_;  // the client left (checked between steps)
+  std::mutex mu_;  // Start (the caller's thread) against the first step's end (the engine's)
+  std::vector<std::shared_ptr<RequestSink>> outputs_ ABSL_GUARDED_BY(mu_);
+  std::vector<Beam> beams_ ABSL_GUARDED_BY(mu_);  // live; one empty beam: the prompt alone
+  std::vector<Beam> completed_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::vector<std::pair<int32_t, float>>> scored_ ABSL_GUARDED_BY(mu_);
+  size_t pending_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t step_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string error_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_by_engine_ ABSL_GUARDED_BY(mu_) = false;
+  double queue_time_ms_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t cached_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A pooling call's (Embed, Classify, Score): one engine request per input, the reply built
@@ -891,7 +1048,9 @@ void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
   // headers of those names on).
   std::optional<TraceParent> parent;
   const auto& metadata = context.client_metadata();
-  if (auto it = metadata.find("traceparent"); it != metadata.end()) {
+  // More than one traceparent is invalid (W3C): the call then starts a trace of its own.
+  if (auto it = metadata.find("traceparent");
+      it != metadata.end() && metadata.count("traceparent") == 1) {
     absl::string_view state;
     if (auto st = metadata.find("tracestate"); st != metadata.end()) {
       state = absl::string_view(st->second.data(), st->second.size());
@@ -911,7 +1070,9 @@ void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
     root.set_parent_span_id(parent->span_id.data(), parent->span_id.size());
     root.set_trace_state(parent->trace_state);
   }
-  root.set_flags(parent ? parent->flags : 1u);  // sampled
+  // W3C trace flags (sampled); with a caller's context, OTLP's "the parent is remote" bits.
+  constexpr uint32_t kHasIsRemote = 0x100, kIsRemote = 0x200;
+  root.set_flags(parent ? (parent->flags | kHasIsRemote | kIsRemote) : 1u);
   root.set_kind(otlp::Span::SPAN_KIND_SERVER);
   // The GenAI semantic conventions' name and attributes: "{operation} {model}".
   const char* operation = request.has_chat() ? "chat" : "text_completion";
@@ -1021,6 +1182,10 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   // From Submit on, the engine may finish the request and, off the gRPC thread (a compile
   // thread), gRPC end the call before set_handle: held until this function returns.
   GenerateReactor::Hold hold(reactor);
+  if (request.has_beam_search()) {
+    StartBeamSearch(context, request, std::move(*r), reactor);
+    return;
+  }
   absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(*r));
   if (!handle.ok()) {
     if (absl::IsResourceExhausted(handle.status())) {
@@ -1031,6 +1196,31 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   }
   // Cancelled before its handle was known: OnCancel could not cancel it.
   if (reactor->set_handle(0, *handle)) engine_->Cancel(*handle);
+  KVRM_GRPC_HANDOFF(reactor);
+}
+
+void KvrmService::StartBeamSearch(grpc::CallbackServerContext* context,
+                                  const v1::GenerateRequest& request,
+                                  std::unique_ptr<GenerationRequest> r, GenerateReactor* reactor) {
+  reactor->set_beam_search();
+  BeamSearchConfig config;
+  config.width = std::max(1, request.n());
+  config.length_penalty =
+      request.beam_search().length_penalty() == 0 ? 1.0 : request.beam_search().length_penalty();
+  config.prompt_tokens = static_cast<int32_t>(r->prompt.size());
+  config.eos_ids = engine_->model().config.eos_token_ids;  // the engine's end tokens
+  config.ignore_eos = r->ignore_eos;
+  std::vector<std::shared_ptr<RequestSink>> outputs;
+  for (int32_t i = 0; i < config.width; ++i) outputs.push_back(reactor->MakeSink(i));
+  r->sink.reset();
+  auto run = std::make_shared<BeamSearchRun>(engine_, engine_->model().tokenizer.get(),
+                                             std::move(r), std::move(config), std::move(outputs),
+                                             [reactor] { return reactor->cancelled(); });
+  if (absl::Status s = run->Start(); !s.ok()) {
+    if (absl::IsResourceExhausted(s)) context->AddTrailingMetadata("retry-after-ms", "1000");
+    reactor->Reject(ToGrpcStatus(s));
+    return;
+  }
   KVRM_GRPC_HANDOFF(reactor);
 }
 

@@ -119,12 +119,16 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   static constexpr int32_t kCompileThreads = 2;
   static constexpr int32_t kCompileQueue = 64;
 
-  // Generate's rest on `queue`'s thread: `first` (if set; its error rejects the call), then
-  // ValidateAndSubmit. RESOURCE_EXHAUSTED `when_full` (with retry-after-ms) when the queue is.
+  // A validated beam-search request (GenerateRequest.beam_search): its search started, or the
+  // call refused.
+  void StartBeamSearch(grpc::CallbackServerContext* context, const v1::GenerateRequest& request,
+                       std::unique_ptr<GenerationRequest> r, GenerateReactor* reactor);
   // A traced Generate call's span (when the tracer samples it): its ids from the caller's
   // traceparent metadata or new ones, and the request's attributes.
   void StartTrace(const grpc::CallbackServerContext& context, const v1::GenerateRequest& request,
                   const std::string& id, absl::Time arrival, GenerateReactor* reactor);
+  // Generate's rest on `queue`'s thread: `first` (if set; its error rejects the call), then
+  // ValidateAndSubmit. RESOURCE_EXHAUSTED `when_full` (with retry-after-ms) when the queue is.
   void SubmitOffThread(WorkQueue* queue, const char* when_full, std::function<absl::Status()> first,
                        grpc::CallbackServerContext* context, const v1::GenerateRequest* request,
                        GenerateReactor* reactor, std::string id, absl::Time arrival);

@@ -582,8 +582,33 @@ int Run() {
   std::unique_ptr<Tracer> tracer;
   {
     std::string endpoint = absl::GetFlag(FLAGS_otlp_traces_endpoint);
-    for (const char* env : {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"}) {
-      if (const char* v = std::getenv(env); endpoint.empty() && v != nullptr) endpoint = v;
+    if (endpoint.empty()) {
+      // OpenTelemetry's variables, as vLLM reads them: OTLP/gRPC unless a protocol says
+      // otherwise, and then tracing stays off (kvrmd speaks gRPC only), said once.
+      const char* from = nullptr;
+      for (const char* env :
+           {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"}) {
+        if (const char* v = std::getenv(env); from == nullptr && v != nullptr && *v != '\0') {
+          endpoint = v;
+          from = env;
+        }
+      }
+      std::string protocol = "grpc";
+      for (const char* env :
+           {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"}) {
+        if (const char* v = std::getenv(env); v != nullptr && *v != '\0') {
+          protocol = v;
+          break;
+        }
+      }
+      if (from != nullptr && protocol != "grpc") {
+        LOG(WARNING) << "tracing: off: $" << from << " is set with OTLP protocol \"" << protocol
+                     << "\", and kvrmd sends OTLP/gRPC only (--otlp_traces_endpoint names a "
+                        "gRPC receiver)";
+        endpoint.clear();
+      } else if (from != nullptr) {
+        LOG(INFO) << "tracing: on from $" << from;
+      }
     }
     if (!endpoint.empty()) {
       TracerOptions to;

@@ -36,7 +36,9 @@ absl::StatusOr<std::string> RequiredString(const Json& o, const char* key, const
 
 // What is refused by name rather than ignored (a client relying on it learns at once).
 absl::Status RefuseUnsupported(const Json& body) {
-  for (const char* key : {"mcp_servers", "container", "context_management"}) {
+  // (context_management, a beta's server-side clearing of old tool results, is ignored: the
+  // conversation is served as sent.)
+  for (const char* key : {"mcp_servers", "container"}) {
     if (Find(body, key) != nullptr) {
       return Bad(key, "is not supported: this server runs no server-side tools or containers");
     }
@@ -311,8 +313,11 @@ absl::StatusOr<MessagesRequest> ParseMessagesRequest(absl::string_view body,
   Conversation conversation;
   RETURN_IF_ERROR(conversation.Build(j, o));
   std::vector<int> from = conversation.from();
+  const bool prefill = conversation.last_role() == "assistant" &&
+                       !conversation.messages().empty() &&
+                       conversation.messages().back()["role"] == "assistant";
   chat["messages"] = std::move(conversation.messages());
-  if (conversation.last_role() == "assistant") {
+  if (prefill) {
     // Prefill: the reply continues the last assistant message.
     chat["add_generation_prompt"] = false;
     chat["continue_final_message"] = true;
@@ -533,14 +538,6 @@ void MessagesReply::Process(const v1::GenerateResponse& m, std::string* events) 
             events);
     }
   }
-  if (!m.text().empty()) {
-    Block& block = Open(Block::Kind::kText, events);
-    block.text += m.text();
-    if (events != nullptr) {
-      Event("content_block_delta",
-            {{"index", open_}, {"delta", {{"type", "text_delta"}, {"text", m.text()}}}}, events);
-    }
-  }
   auto open_call = [&](const std::string& id, const std::string& name, int32_t index) {
     Block& block = Open(Block::Kind::kToolUse, events);
     block.id = id;
@@ -560,15 +557,30 @@ void MessagesReply::Process(const v1::GenerateResponse& m, std::string* events) 
             events);
     }
   };
-  for (const v1::ToolCallDelta& d : m.tool_call_deltas()) {
-    int at = -1;
+  auto call_block = [&](int32_t index) {
     for (size_t k = 0; k < blocks_.size(); ++k) {
-      if (blocks_[k].kind == Block::Kind::kToolUse && blocks_[k].tool_index == d.index()) {
-        at = static_cast<int>(k);
+      if (blocks_[k].kind == Block::Kind::kToolUse && blocks_[k].tool_index == index) {
+        return static_cast<int>(k);
       }
     }
-    if (at < 0) at = open_call(d.id(), d.name(), d.index());
-    input_delta(at, d.arguments());
+    return -1;
+  };
+  // The pieces of a call already open come before the message's text (the end's message carries
+  // a streamed call's last piece and the text written after it), new calls after it.
+  for (const v1::ToolCallDelta& d : m.tool_call_deltas()) {
+    if (const int at = call_block(d.index()); at >= 0) input_delta(at, d.arguments());
+  }
+  if (!m.text().empty()) {
+    Block& block = Open(Block::Kind::kText, events);
+    block.text += m.text();
+    if (events != nullptr) {
+      Event("content_block_delta",
+            {{"index", open_}, {"delta", {{"type", "text_delta"}, {"text", m.text()}}}}, events);
+    }
+  }
+  for (const v1::ToolCallDelta& d : m.tool_call_deltas()) {
+    if (call_block(d.index()) >= 0) continue;
+    input_delta(open_call(d.id(), d.name(), d.index()), d.arguments());
   }
   if (!m.has_finished()) return;
   finish_ = m.finished();

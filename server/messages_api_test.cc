@@ -137,6 +137,16 @@ TEST(MessagesRequestTest, AFinalAssistantMessageIsContinued) {
   EXPECT_TRUE(chat.continue_final_message());
 }
 
+TEST(MessagesRequestTest, AFinalAssistantMessageWithNothingToContinueIsNoPrefill) {
+  const MessagesRequest r = Parse(R"({"max_tokens": 8, "messages": [
+      {"role": "user", "content": "Hi"},
+      {"role": "assistant", "content": [{"type": "redacted_thinking", "data": "x"}]}]})");
+  const v1::ChatPrompt& chat = r.chat.generate.chat();
+  ASSERT_EQ(chat.messages_size(), 1);
+  EXPECT_EQ(chat.messages(0).role(), "user");
+  EXPECT_FALSE(chat.continue_final_message());
+}
+
 TEST(MessagesRequestTest, ThinkingAndOutputFormat) {
   const MessagesRequest on = Parse(R"({"max_tokens": 2048, "messages": [{"role": "user",
       "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1024}})");
@@ -200,6 +210,11 @@ TEST(MessagesRequestTest, RefusalsNameTheMessagesParameter) {
   ExpectRefused(R"({"max_tokens": 5, "thinking": {"type": "maybe"}, )" + user + "}",
                 "thinking.type");
   ExpectRefused(R"({"max_tokens": 5, "mcp_servers": [], )" + user + "}", "mcp_servers");
+  // A beta's server-side context editing is ignored: the conversation is served as sent.
+  EXPECT_TRUE(ParseMessagesRequest(
+                  R"({"max_tokens": 5, "context_management": {"edits": []}, )" + user + "}",
+                  OpenAiDefaults())
+                  .ok());
   ExpectRefused(R"({"max_tokens": 5, "output_format": {"type": "json_schema"}, )" + user + "}",
                 "output_format.schema", "is required");
   // What the chat parser checks comes back under the Messages names.
@@ -257,7 +272,7 @@ TEST(MessagesReplyTest, BodyHoldsThinkingThenTextAndUsage) {
   reply.Add(Text("Hello", ""), 0);
   reply.Add(Text(" world", ""), 0);
   reply.Add(Finish(v1::FINISH_REASON_EOS, 12, 5), 0);
-  const Json b = ParsedBody(reply);
+  Json b = ParsedBody(reply);  // (not const: a missing key reads as null, not UB)
   EXPECT_EQ(b["id"], "msg_abc");
   EXPECT_EQ(b["type"], "message");
   EXPECT_EQ(b["role"], "assistant");
@@ -302,7 +317,7 @@ TEST(MessagesReplyTest, StopReasons) {
   v1::GenerateResponse end = Finish(v1::FINISH_REASON_STOP, 3, 2);
   end.mutable_finished()->set_matched_stop("END");
   reply.Add(end, 0);
-  const Json b = ParsedBody(reply);
+  Json b = ParsedBody(reply);  // (not const: a missing key reads as null, not UB)
   EXPECT_EQ(b["stop_reason"], "stop_sequence");
   EXPECT_EQ(b["stop_sequence"], "END");
 }
@@ -318,7 +333,7 @@ TEST(MessagesReplyTest, ToolUseBlocksHoldTheInputObject) {
   tc->set_name("g");
   tc->set_arguments(R"({"z":1,"a":[true]})");
   reply.Add(end, 0);
-  const Json b = ParsedBody(reply);
+  Json b = ParsedBody(reply);  // (not const: a missing key reads as null, not UB)
   ASSERT_EQ(b["content"].size(), 2u);
   EXPECT_EQ(b["content"][0]["text"], "Calling.");
   EXPECT_EQ(b["content"][1]["type"], "tool_use");
@@ -420,6 +435,40 @@ TEST(MessagesReplyTest, StreamEventsStartDeltaAndStopEachBlock) {
   EXPECT_TRUE(events[11].second["delta"]["stop_sequence"].is_null());
   EXPECT_EQ(events[11].second["usage"]["output_tokens"], 9);
   EXPECT_EQ(events[11].second["usage"]["input_tokens"], 3);
+}
+
+// The end's message carries a streamed call's last piece and the text written after it: the
+// piece goes to the call's block before it stops, then the text opens its own.
+TEST(MessagesReplyTest, AStreamedCallsLastPieceComesBeforeTheTextAfterIt) {
+  MessagesReply reply(Parse(R"({"max_tokens": 9, "messages": [{"role": "user", "content": "x"}],
+                                "tools": [{"name": "f", "input_schema": {}}], "stream": true})"),
+                      "msg_p", "m");
+  std::string sse = reply.StreamStart();
+  v1::GenerateResponse call;
+  v1::ToolCallDelta* d = call.add_tool_call_deltas();
+  d->set_index(0);
+  d->set_id("call_1");
+  d->set_name("f");
+  d->set_arguments("{\"a\":");
+  sse += reply.StreamMessage(call, 0);
+  v1::GenerateResponse end = Finish(v1::FINISH_REASON_TOOL_CALLS, 2, 4, 0);
+  end.set_text(" done");
+  end.add_tool_call_deltas()->set_index(0);
+  end.mutable_tool_call_deltas(0)->set_arguments("2}");
+  sse += reply.StreamMessage(end, 0);
+  sse += reply.StreamEnd();
+  const auto events = Events(sse);
+  std::vector<std::string> types;
+  for (const auto& [type, data] : events) types.push_back(type);
+  EXPECT_THAT(types, ElementsAre("message_start", "content_block_start", "content_block_delta",
+                                 "content_block_delta", "content_block_stop", "content_block_start",
+                                 "content_block_delta", "content_block_stop", "message_delta",
+                                 "message_stop"));
+  EXPECT_EQ(events[3].second["index"], 0);
+  EXPECT_EQ(events[3].second["delta"]["partial_json"], "2}");
+  EXPECT_EQ(events[4].second["index"], 0);
+  EXPECT_EQ(events[5].second["index"], 1);
+  EXPECT_EQ(events[6].second["delta"]["text"], " done");
 }
 
 TEST(MessagesReplyTest, CallsThatComeWholeWithTheEndAreStreamedAsOneDelta) {

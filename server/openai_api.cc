@@ -272,6 +272,15 @@ class Builder {
     ASSIGN_OR_RETURN(std::optional<int32_t> n, GetInt32(body_, "n"));
     if (n) g().set_n(*n);
     Param("n", "n");
+    // vLLM's beam search: n beams, best first; length_penalty divides by length^penalty.
+    ASSIGN_OR_RETURN(std::optional<bool> beam_search, GetBool(body_, "use_beam_search"));
+    ASSIGN_OR_RETURN(std::optional<double> length_penalty, GetNumber(body_, "length_penalty"));
+    if (beam_search.value_or(false)) {
+      v1::BeamSearch* b = g().mutable_beam_search();
+      if (length_penalty) b->set_length_penalty(static_cast<float>(*length_penalty));
+    }
+    Param("beam_search.length_penalty", "length_penalty");
+    Param("beam_search", "use_beam_search");
     ASSIGN_OR_RETURN(std::optional<bool> stream, GetBool(body_, "stream"));
     out_->stream = stream.value_or(false);
     if (const Json* options = Find(body_, "stream_options")) {
@@ -810,8 +819,6 @@ OrderedJson StopReason(const v1::Finished& f) {
 // than ignored, so that a client relying on one learns at once (unknown parameters are ignored,
 // since SDKs send some that change nothing).
 absl::Status RefuseUnsupported(const Json& body, bool chat) {
-  ASSIGN_OR_RETURN(std::optional<bool> beam_search, GetBool(body, "use_beam_search"));
-  if (beam_search.value_or(false)) return Bad("use_beam_search", "is not supported");
   ASSIGN_OR_RETURN(std::optional<bool> skip_special, GetBool(body, "skip_special_tokens"));
   if (!skip_special.value_or(true)) {
     return Bad("skip_special_tokens", "false is not supported: special tokens are left out of the text");

@@ -180,7 +180,19 @@ TEST(RequestTest, UnsupportedParametersAreRefusedByName) {
     const auto body = [&](const std::string& more) {
       return e == kChat ? ChatBody(more) : CompletionBody(more);
     };
-    ExpectRefused(e, body(R"("use_beam_search": true)"), "use_beam_search");
+    ExpectRefused(e, body(R"("use_beam_search": "yes")"), "use_beam_search");
+    // vLLM's beam search: the n beams; length_penalty only with it.
+    absl::StatusOr<OpenAiRequest> beams = ParseOpenAiRequest(
+        e, body(R"("use_beam_search": true, "n": 3, "length_penalty": 0.5)"), OpenAiDefaults());
+    ASSERT_TRUE(beams.ok()) << beams.status();
+    EXPECT_TRUE(beams->generate.has_beam_search());
+    EXPECT_FLOAT_EQ(beams->generate.beam_search().length_penalty(), 0.5f);
+    EXPECT_EQ(beams->generate.n(), 3);
+    EXPECT_EQ(beams->params.at("beam_search.length_penalty"), "length_penalty");
+    absl::StatusOr<OpenAiRequest> sampled =
+        ParseOpenAiRequest(e, body(R"("length_penalty": 2)"), OpenAiDefaults());
+    ASSERT_TRUE(sampled.ok());
+    EXPECT_FALSE(sampled->generate.has_beam_search());
     ExpectRefused(e, body(R"("skip_special_tokens": false)"), "skip_special_tokens");
     for (const char* neutral : {R"("prompt_logprobs": null)", R"("use_beam_search": false)",
                                 R"("skip_special_tokens": true)", R"("guided_grammar": null)",

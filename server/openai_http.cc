@@ -196,7 +196,10 @@ const char* Header(MHD_Connection* connection, const char* name);
 // header, or else its x-api-key header (Anthropic's clients send the key there) as a bearer
 // token; empty when it has neither.
 std::string Authorization(MHD_Connection* connection) {
-  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION)) return auth;
+  if (const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION);
+      auth != nullptr && *auth != '\0') {
+    return auth;
+  }
   if (const char* key = Header(connection, "x-api-key"); key != nullptr && *key != '\0') {
     return absl::StrCat("Bearer ", key);
   }
@@ -537,13 +540,18 @@ bool PrintableAscii(const char* s) {
 // The 400 / 401 for headers that are passed on to the service but cannot be.
 std::optional<OpenAiError> BadHeaders(MHD_Connection* connection) {
   OpenAiError e;
-  for (const char* name : {MHD_HTTP_HEADER_AUTHORIZATION, "x-api-key"}) {
-    if (const char* auth = Header(connection, name); auth != nullptr && !PrintableAscii(auth)) {
-      e.http_status = 401;
-      e.type = "authentication_error";
-      e.message = absl::StrCat("the ", name, " header holds bytes outside printable ASCII");
-      return e;
-    }
+  // The credential passed on (Authorization, else x-api-key) must be one gRPC can carry.
+  const char* auth = Header(connection, MHD_HTTP_HEADER_AUTHORIZATION);
+  const char* name = MHD_HTTP_HEADER_AUTHORIZATION;
+  if (auth == nullptr || *auth == '\0') {
+    auth = Header(connection, "x-api-key");
+    name = "x-api-key";
+  }
+  if (auth != nullptr && !PrintableAscii(auth)) {
+    e.http_status = 401;
+    e.type = "authentication_error";
+    e.message = absl::StrCat("the ", name, " header holds bytes outside printable ASCII");
+    return e;
   }
   if (const char* id = Header(connection, "X-Request-Id"); id != nullptr && !PrintableAscii(id)) {
     e.http_status = 400;

@@ -526,6 +526,52 @@ bool ConstraintFollowsThinking(const v1::GenerateRequest& proto, const ChatConfi
          !proto.structured().include_thinking();
 }
 
+namespace {
+
+// Beam search's own limits, and the fields it has no use for, refused by name rather than
+// ignored (a client relying on one learns at once).
+absl::Status CheckBeamSearch(const v1::GenerateRequest& proto) {
+  if (proto.n() > kMaxBeamWidth) {
+    return Invalid(
+        "n", absl::StrCat(proto.n(), " beams; beam search keeps at most ", kMaxBeamWidth,
+                          " (each step scores the top 2n tokens, at most ", kMaxTopLogprobs, ")"));
+  }
+  const float penalty = proto.beam_search().length_penalty();
+  if (!std::isfinite(penalty) || penalty < -10 || penalty > 10) {
+    return Invalid("beam_search.length_penalty", absl::StrCat(penalty, " is outside [-10, 10]"));
+  }
+  const char* why = "not with beam_search (it scores every token; it does not sample)";
+  const v1::SamplingParams& s = proto.sampling();
+  if (s.top_k() != 0) return Invalid("sampling.top_k", why);
+  if (s.top_p() != 0 && s.top_p() != 1) return Invalid("sampling.top_p", why);
+  if (s.min_p() != 0) return Invalid("sampling.min_p", why);
+  const char* history = "not with beam_search (each beam's tokens reach the model as its prompt)";
+  if (s.presence_penalty() != 0) return Invalid("sampling.presence_penalty", history);
+  if (s.frequency_penalty() != 0) return Invalid("sampling.frequency_penalty", history);
+  if (s.bad_words_size() > 0) return Invalid("sampling.bad_words", history);
+  const v1::StoppingCriteria& st = proto.stopping();
+  const char* stops = "not with beam_search (a beam ends at an end-of-sequence token or the limit)";
+  if (st.stop_sequences_size() > 0) return Invalid("stopping.stop_sequences", stops);
+  if (st.stop_token_ids_size() > 0) return Invalid("stopping.stop_token_ids", stops);
+  if (st.min_tokens() != 0) return Invalid("stopping.min_tokens", stops);
+  if (st.time_limit_ms() != 0) return Invalid("stopping.time_limit_ms", stops);
+  if (proto.has_structured()) return Invalid("structured", "not with beam_search");
+  if (proto.has_chat() && proto.chat().tools_size() > 0) {
+    return Invalid("chat.tools", "not with beam_search");
+  }
+  const v1::ResponseOptions& ro = proto.response();
+  if (ro.logprobs() || ro.top_logprobs() != 0) {
+    return Invalid("response.logprobs",
+                   "not with beam_search (Finished.cumulative_logprob scores each beam)");
+  }
+  if (ro.prompt_logprobs() || ro.prompt_top_logprobs() != 0) {
+    return Invalid("response.prompt_logprobs", "not with beam_search");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
     const v1::GenerateRequest& proto, const Tokenizer& tokenizer, const RequestLimits& limits,
     const ChatConfig* chat, structured::ConstraintCompiler* structured,
@@ -659,6 +705,7 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   if (proto.n() < 0 || proto.n() > limits.max_n) {
     return Invalid("n", absl::StrCat(proto.n(), " is outside [1, ", limits.max_n, "] (0: 1)"));
   }
+  if (proto.has_beam_search()) RETURN_IF_ERROR(CheckBeamSearch(proto));
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
   if (thinking_out != nullptr) *thinking_out = thinking;
   ASSIGN_OR_RETURN(std::optional<StructuredField> constraint,

@@ -13,9 +13,14 @@
 #include "model/tokenizer.h"
 #include "model/tool_calls.h"
 #include "runtime/request.h"
+#include "runtime/sampler.h"
 #include "runtime/structured/compiler.h"
 
 namespace kvrm {
+
+// Beam search's most beams (GenerateRequest.beam_search with n): each step scores every beam's
+// top 2n tokens, and a request's logprobs carry at most kMaxTopLogprobs alternatives.
+inline constexpr int32_t kMaxBeamWidth = kMaxTopLogprobs / 2;
 
 struct RequestLimits {
   int32_t vocab_size = 0;

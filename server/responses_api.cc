@@ -577,6 +577,38 @@ void ResponsesReply::Process(const v1::GenerateResponse& m, std::string* events)
             events);
     }
   }
+  auto open_call = [&](const std::string& call_id, const std::string& name, int32_t index) {
+    Item& item = Open(Item::Kind::kFunctionCall, events);
+    item.call_id = call_id;
+    item.name = name;
+    item.tool_index = index;
+    if (events != nullptr) {
+      Event("response.output_item.added", {{"output_index", open_}, {"item", ItemJson(item)}},
+            events);
+    }
+    return open_;
+  };
+  auto call_item = [&](int32_t index) {
+    for (size_t k = 0; k < items_.size(); ++k) {
+      if (items_[k].kind == Item::Kind::kFunctionCall && items_[k].tool_index == index) {
+        return static_cast<int>(k);
+      }
+    }
+    return -1;
+  };
+  auto arguments_delta = [&](int at, const std::string& piece) {
+    Item& item = items_[at];
+    item.arguments += piece;
+    if (events != nullptr && !piece.empty()) {
+      Event("response.function_call_arguments.delta",
+            {{"item_id", item.id}, {"output_index", at}, {"delta", piece}}, events);
+    }
+  };
+  // The pieces of a call already open come before the message's text (the end's message carries
+  // a streamed call's last piece and the text written after it), new calls after it.
+  for (const v1::ToolCallDelta& d : m.tool_call_deltas()) {
+    if (const int at = call_item(d.index()); at >= 0) arguments_delta(at, d.arguments());
+  }
   if (!m.text().empty()) {
     Item& item = Open(Item::Kind::kMessage, events);
     item.text += m.text();
@@ -593,31 +625,9 @@ void ResponsesReply::Process(const v1::GenerateResponse& m, std::string* events)
             events);
     }
   }
-  auto open_call = [&](const std::string& call_id, const std::string& name, int32_t index) {
-    Item& item = Open(Item::Kind::kFunctionCall, events);
-    item.call_id = call_id;
-    item.name = name;
-    item.tool_index = index;
-    if (events != nullptr) {
-      Event("response.output_item.added", {{"output_index", open_}, {"item", ItemJson(item)}},
-            events);
-    }
-    return open_;
-  };
   for (const v1::ToolCallDelta& d : m.tool_call_deltas()) {
-    int at = -1;
-    for (size_t k = 0; k < items_.size(); ++k) {
-      if (items_[k].kind == Item::Kind::kFunctionCall && items_[k].tool_index == d.index()) {
-        at = static_cast<int>(k);
-      }
-    }
-    if (at < 0) at = open_call(d.id(), d.name(), d.index());
-    Item& item = items_[at];
-    item.arguments += d.arguments();
-    if (events != nullptr && !d.arguments().empty()) {
-      Event("response.function_call_arguments.delta",
-            {{"item_id", item.id}, {"output_index", at}, {"delta", d.arguments()}}, events);
-    }
+    if (call_item(d.index()) >= 0) continue;
+    arguments_delta(open_call(d.id(), d.name(), d.index()), d.arguments());
   }
   if (!m.has_finished()) return;
   finish_ = m.finished();

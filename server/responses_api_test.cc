@@ -400,6 +400,39 @@ TEST(ResponsesReplyTest, StreamEventsOpenDeltaAndCloseEachItem) {
   EXPECT_EQ(events[13].second["item_id"], events[12].second["item"]["id"]);
 }
 
+// The end's message carries a streamed call's last piece and the text written after it: the
+// piece goes to the call's item before it is done, then the text opens a message item.
+TEST(ResponsesReplyTest, AStreamedCallsLastPieceComesBeforeTheTextAfterIt) {
+  ResponsesReply reply(Parse(R"({"input": "x", "tools": [{"type": "function", "name": "f"}]})"),
+                       "resp_p", 5, "m");
+  std::string sse = reply.StreamStart();
+  v1::GenerateResponse call;
+  v1::ToolCallDelta* d = call.add_tool_call_deltas();
+  d->set_index(0);
+  d->set_id("call_1");
+  d->set_name("f");
+  d->set_arguments("{\"a\":");
+  sse += reply.StreamMessage(call, 0);
+  v1::GenerateResponse end = Finish(v1::FINISH_REASON_TOOL_CALLS, 2, 4);
+  end.set_text(" done");
+  end.add_tool_call_deltas()->set_index(0);
+  end.mutable_tool_call_deltas(0)->set_arguments("2}");
+  sse += reply.StreamMessage(end, 0);
+  sse += reply.StreamEnd();
+  const auto events = Events(sse);
+  bool call_done = false;
+  for (const auto& [type, data] : events) {
+    if (type == "response.function_call_arguments.done") {
+      call_done = true;
+      EXPECT_EQ(data["arguments"], "{\"a\":2}");
+    }
+    if (type == "response.function_call_arguments.delta") {
+      EXPECT_FALSE(call_done) << "a delta after its item was done";
+    }
+  }
+  EXPECT_TRUE(call_done);
+}
+
 TEST(ResponsesReplyTest, CallsThatComeWholeWithTheEndAreItemsToo) {
   ResponsesReply reply(Parse(R"({"input": "x"})"), "resp_w", 0, "m");
   v1::GenerateResponse end = Finish(v1::FINISH_REASON_TOOL_CALLS, 1, 1);

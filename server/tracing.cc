@@ -82,8 +82,7 @@ bool Retryable(grpc::StatusCode code) {
     case grpc::StatusCode::OUT_OF_RANGE:
     case grpc::StatusCode::UNAVAILABLE:
     case grpc::StatusCode::DATA_LOSS:
-    case grpc::StatusCode::RESOURCE_EXHAUSTED:
-      return true;
+      return true;  // (RESOURCE_EXHAUSTED only with a RetryInfo delay, which is not read here)
     default:
       return false;
   }
@@ -220,7 +219,13 @@ Tracer::Tracer(TracerOptions options) : options_(std::move(options)) {
   } else {
     absl::ConsumePrefix(&target, "http://");
   }
-  absl::ConsumeSuffix(&target, "/");
+  // A URL's path (an OTLP/HTTP endpoint's /v1/traces) means nothing to gRPC: host:port only.
+  if (const size_t slash = target.find('/');
+      slash != absl::string_view::npos && !absl::StartsWith(target, "unix:")) {
+    LOG(WARNING) << "tracing: " << options_.endpoint << " has a path; kvrmd speaks OTLP/gRPC, to "
+                 << target.substr(0, slash);
+    target = target.substr(0, slash);
+  }
   stub_ = otlp::TraceService::NewStub(grpc::CreateChannel(std::string(target), credentials));
   thread_ = std::thread([this] { Run(); });
 }
@@ -229,6 +234,9 @@ Tracer::~Tracer() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;
+    // What is queued goes out within one export_timeout in all, not one per batch: a receiver
+    // that hangs must not hold the process past its termination grace period.
+    stop_deadline_ = absl::Now() + options_.export_timeout;
   }
   wake_.notify_all();
   thread_.join();
@@ -291,6 +299,13 @@ void Tracer::Run() {
       return stopping_ || flush_ || static_cast<int32_t>(queue_.size()) >= options_.max_batch_spans;
     };
     wake_.wait_for(lock, absl::ToChronoNanoseconds(options_.flush_interval), ready);
+    if (stopping_ && (give_up_ || absl::Now() >= stop_deadline_) && !queue_.empty()) {
+      const int64_t left = static_cast<int64_t>(queue_.size());
+      queue_.clear();
+      done_ += left;
+      dropped_ += left;
+      if (options_.dropped != nullptr) options_.dropped->Add(static_cast<double>(left));
+    }
     if (queue_.empty()) {
       flush_ = false;
       progress_.notify_all();
@@ -309,7 +324,10 @@ void Tracer::Run() {
     const bool sent = Export(batch);
     lock.lock();
     done_ += static_cast<int64_t>(batch.size());
-    if (!sent) dropped_ += static_cast<int64_t>(batch.size());
+    if (!sent) {
+      dropped_ += static_cast<int64_t>(batch.size());
+      if (stopping_) give_up_ = true;  // the receiver failed while stopping: drop the rest
+    }
     progress_.notify_all();
   }
 }
@@ -325,7 +343,12 @@ bool Tracer::Export(const std::vector<otlp::Span>& batch) {
   absl::Duration backoff = absl::Milliseconds(100);
   for (int attempt = 0;; ++attempt) {
     grpc::ClientContext context;
-    context.set_deadline(absl::ToChronoTime(absl::Now() + options_.export_timeout));
+    absl::Time deadline = absl::Now() + options_.export_timeout;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stopping_) deadline = std::min(deadline, stop_deadline_);
+    }
+    context.set_deadline(absl::ToChronoTime(deadline));
     otlp::ExportTraceServiceResponse response;
     const grpc::Status status = stub_->Export(&context, request, &response);
     if (status.ok()) {

@@ -86,7 +86,7 @@ class Tracer {
   // Checks the options and starts the export thread (the channel connects lazily: a receiver
   // that is not up yet is not an error).
   static absl::StatusOr<std::unique_ptr<Tracer>> Start(TracerOptions options);
-  // Sends what was recorded (within export_timeout), then stops.
+  // Sends what was recorded (within one export_timeout in all; the rest is dropped), then stops.
   ~Tracer();
   Tracer(const Tracer&) = delete;
   Tracer& operator=(const Tracer&) = delete;
@@ -127,6 +127,8 @@ class Tracer {
   int64_t dropped_ = 0;               // guarded by mu_
   bool flush_ = false;                // guarded by mu_: send a partial batch now
   bool stopping_ = false;             // guarded by mu_
+  absl::Time stop_deadline_;          // guarded by mu_: once stopping, the last export's end
+  bool give_up_ = false;              // guarded by mu_: an export failed while stopping
   absl::Time last_warning_ = absl::InfinitePast();  // the export thread's
   std::thread thread_;
 };

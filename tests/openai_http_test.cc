@@ -162,6 +162,28 @@ TEST(OpenAiHttpTest, ModelsListsTheServedModel) {
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/health").status, 200);
 }
 
+// vLLM's use_beam_search: n beams as n choices, best first, each a whole completion.
+TEST(OpenAiHttpTest, BeamSearchReturnsTheBeamsAsChoices) {
+  Daemon d(Options(2));
+  HttpReply r = d.Post("/v1/completions", R"({"prompt": "Once upon a time", "max_tokens": 5,
+      "n": 3, "use_beam_search": true, "length_penalty": 1.0, "ignore_eos": true,
+      "temperature": 0})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = Body(r);
+  ASSERT_EQ(j["choices"].size(), 3u) << r.body;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(j["choices"][i]["index"], i);
+    EXPECT_EQ(j["choices"][i]["finish_reason"], "length");
+  }
+  EXPECT_NE(j["choices"][0]["text"], j["choices"][1]["text"]);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 15);
+  HttpReply bad = d.Post("/v1/completions", R"({"prompt": "x", "max_tokens": 5, "n": 2,
+      "use_beam_search": true, "top_p": 0.5})");
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_EQ(Body(bad)["error"]["param"], "top_p") << bad.body;
+  EXPECT_TRUE(d.WaitIdle());
+}
+
 // More names (kvrmd --served_model_name=a,b,...): each is accepted as the model, and listed.
 TEST(OpenAiHttpTest, AliasesOfTheServedModelAreAcceptedAndListed) {
   Daemon d(Options(2), ServerOptions(), 8 << 20, nullptr, nullptr, [](OpenAiHttpOptions& o) {

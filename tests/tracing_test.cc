@@ -4,8 +4,11 @@
 // the request's attributes and its queue / prefill / decode phases.
 #include "server/tracing.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -29,9 +32,11 @@ using ::testing::ElementsAre;
 // An OTLP/gRPC receiver: keeps every span it is sent, with its resource's attributes.
 class Collector final : public otlp::TraceService::Service {
  public:
-  Collector() {
+  // On a free loopback port, or on `address` ("unix:/path").
+  explicit Collector(const std::string& address = "") : address_(address) {
     grpc::ServerBuilder builder;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.AddListeningPort(address.empty() ? "127.0.0.1:0" : address,
+                             grpc::InsecureServerCredentials(), &port_);
     builder.RegisterService(this);
     server_ = builder.BuildAndStart();
   }
@@ -53,10 +58,10 @@ class Collector final : public otlp::TraceService::Service {
     return grpc::Status::OK;
   }
 
-  // Waits until at least `n` spans came (at most 20 s); all of them.
-  std::vector<otlp::Span> WaitForSpans(size_t n) {
+  // Waits until at least `n` spans came (at most `timeout`); all of them.
+  std::vector<otlp::Span> WaitForSpans(size_t n, absl::Duration timeout = absl::Seconds(20)) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::seconds(20), [&] { return spans_.size() >= n; });
+    cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] { return spans_.size() >= n; });
     return spans_;
   }
   std::map<std::string, std::string> resource() {
@@ -71,9 +76,12 @@ class Collector final : public otlp::TraceService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     spans_.clear();
   }
-  std::string endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+  std::string endpoint() const {
+    return address_.empty() ? absl::StrCat("127.0.0.1:", port_) : address_;
+  }
 
  private:
+  std::string address_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::mutex mu_;
@@ -82,6 +90,14 @@ class Collector final : public otlp::TraceService::Service {
   std::map<std::string, std::string> resource_;
   int calls_ = 0;
 };
+
+// A receiver's address known before it starts: the server under test is started first, so
+// that gRPC's callback threads it runs calls on are created after it (ThreadSanitizer cannot
+// see the hand-off inside Debian's uninstrumented libgrpc when they already exist).
+std::string SocketAddress(const std::string& name) {
+  // (A socket path is at most 107 bytes: TEST_TMPDIR is too long for one.)
+  return absl::StrCat("unix:/tmp/kvrm-otlp-", getpid(), "-", name, ".sock");
+}
 
 std::string Bytes(absl::Span<const uint8_t> id) { return std::string(id.begin(), id.end()); }
 
@@ -173,17 +189,9 @@ TEST(TracerTest, BatchesGoToTheReceiverWithTheResource) {
 }
 
 TEST(TracerTest, AReceiverThatIsDownCostsTheCallerNothing) {
-  int port = 0;
-  {
-    // A port nothing listens on (bound once, then released).
-    grpc::ServerBuilder b;
-    b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    std::unique_ptr<grpc::Server> s = b.BuildAndStart();
-    s->Shutdown();
-  }
   Counter dropped, failures;
   TracerOptions o;
-  o.endpoint = absl::StrCat("http://127.0.0.1:", port);
+  o.endpoint = SocketAddress("nobody-listens-here");  // a socket that does not exist
   o.max_queue_spans = 8;
   o.max_batch_spans = 8;
   o.flush_interval = absl::Milliseconds(20);
@@ -200,6 +208,47 @@ TEST(TracerTest, AReceiverThatIsDownCostsTheCallerNothing) {
   EXPECT_EQ((*tracer)->dropped(), 100) << "past the queue, or not accepted";
   EXPECT_EQ(dropped.Value(), 100);
   EXPECT_GE(failures.Value(), 1);
+}
+
+// A receiver that hangs: what is queued at shutdown goes within one export_timeout in all (the
+// rest dropped), not one per batch, so a stuck collector cannot hold kvrmd past its grace period.
+class HangingCollector final : public otlp::TraceService::Service {
+ public:
+  explicit HangingCollector(const std::string& address) {
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+    builder.RegisterService(this);
+    server_ = builder.BuildAndStart();
+  }
+  ~HangingCollector() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+  grpc::Status Export(grpc::ServerContext* context, const otlp::ExportTraceServiceRequest*,
+                      otlp::ExportTraceServiceResponse*) override {
+    while (!context->IsCancelled()) absl::SleepFor(absl::Milliseconds(10));
+    return grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+  }
+
+ private:
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(TracerTest, ShutdownWithAHangingReceiverTakesOneExportTimeout) {
+  const std::string address = SocketAddress("hanging");
+  HangingCollector collector(address);
+  TracerOptions o;
+  o.endpoint = address;
+  o.max_batch_spans = 2;
+  o.flush_interval = absl::Hours(1);  // nothing goes before the shutdown
+  o.export_timeout = absl::Milliseconds(400);
+  absl::StatusOr<std::unique_ptr<Tracer>> tracer = Tracer::Start(o);
+  ASSERT_TRUE(tracer.ok());
+  (*tracer)->Record(std::vector<otlp::Span>(1));  // one batch: no wake-up yet
+  const absl::Time start = absl::Now();
+  for (int i = 0; i < 19; ++i) (*tracer)->Record(std::vector<otlp::Span>(1));
+  tracer->reset();  // 10 batches of 2 queued (some may be in flight)
+  const absl::Duration took = absl::Now() - start;
+  // 10 batches at 400 ms each would be 4 s (plus retries); one deadline in all is 400 ms, and
+  // a batch in flight when the shutdown began may have its own (plus its retries' backoff).
+  EXPECT_LT(took, absl::Milliseconds(2500)) << took;
 }
 
 TEST(TracerTest, OptionsAreChecked) {
@@ -238,9 +287,9 @@ const otlp::Span* Named(const std::vector<otlp::Span>& spans, const std::string&
 // A Generate call with a caller's traceparent: a SERVER span of that trace under the caller's
 // span, with the request's and the outcome's attributes, and its phases as children within it.
 TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
-  Collector collector;
+  const std::string address = SocketAddress("otlp-grpc");
   TracerOptions to;
-  to.endpoint = collector.endpoint();
+  to.endpoint = address;
   to.flush_interval = absl::Milliseconds(20);
   absl::StatusOr<std::unique_ptr<Tracer>> tracer = Tracer::Start(to);
   ASSERT_TRUE(tracer.ok());
@@ -248,6 +297,7 @@ TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
   so.tracer = tracer->get();
   so.info.served_model_name = "tiny";
   TestServer server(Options(), so);
+  Collector collector(address);
 
   const std::string traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
   v1::GenerateRequest req;
@@ -280,6 +330,7 @@ TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
   EXPECT_EQ(root->span_id().size(), 8u);
   EXPECT_EQ(root->trace_state(), "vendor=x");
   EXPECT_EQ(root->kind(), otlp::Span::SPAN_KIND_SERVER);
+  EXPECT_EQ(root->flags(), 0x301u) << "sampled, and OTLP's bits for a remote parent";
   EXPECT_EQ(root->status().code(), otlp::Status::STATUS_CODE_UNSET);
   auto attr = [&](const char* key) {
     const otlp::AnyValue* v = FindAttribute(*root, key);
@@ -309,6 +360,7 @@ TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
     EXPECT_EQ(child->parent_span_id(), root->span_id());
     EXPECT_NE(child->span_id(), root->span_id());
     EXPECT_EQ(child->kind(), otlp::Span::SPAN_KIND_INTERNAL);
+    EXPECT_EQ(child->flags(), 0x101u) << "sampled; its parent is local";
     EXPECT_GE(child->start_time_unix_nano(), root->start_time_unix_nano());
     EXPECT_LE(child->end_time_unix_nano(), root->end_time_unix_nano());
   }
@@ -337,7 +389,12 @@ TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
   ASSERT_TRUE(r3->Finish().ok());
   ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(10)));
   ASSERT_TRUE((*tracer)->Flush(absl::Seconds(20)));
-  const std::vector<otlp::Span> own = collector.WaitForSpans(4);
+  ASSERT_EQ(collector.WaitForSpans(4).size(), 4u);
+  // Spans are recorded as a call's reactor goes, which may be after its client saw the end:
+  // given time to come, the unsampled call's still do not.
+  absl::SleepFor(absl::Milliseconds(300));
+  ASSERT_TRUE((*tracer)->Flush(absl::Seconds(20)));
+  const std::vector<otlp::Span> own = collector.WaitForSpans(5, absl::Milliseconds(300));
   ASSERT_EQ(own.size(), 4u) << "the unsampled call made none";
   const otlp::Span* root2 = Named(own, "text_completion tiny");
   ASSERT_NE(root2, nullptr);
@@ -366,9 +423,9 @@ TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
 // The HTTP API passes its traceparent header on: a chat completion's span joins the caller's
 // trace; n completions give each its phases.
 TEST(TracingE2eTest, TheHttpApiPassesTheTraceContextOn) {
-  Collector collector;
+  const std::string address = SocketAddress("otlp-http");
   TracerOptions to;
-  to.endpoint = collector.endpoint();
+  to.endpoint = address;
   to.flush_interval = absl::Milliseconds(20);
   absl::StatusOr<std::unique_ptr<Tracer>> tracer = Tracer::Start(to);
   ASSERT_TRUE(tracer.ok());
@@ -384,6 +441,7 @@ TEST(TracingE2eTest, TheHttpApiPassesTheTraceContextOn) {
   absl::StatusOr<std::unique_ptr<OpenAiHttpServer>> http =
       OpenAiHttpServer::Start(server.server().InProcessChannel(), ho);
   ASSERT_TRUE(http.ok()) << http.status();
+  Collector collector(address);
   const std::string traceparent = "00-1af7651916cd43dd8448eb211c80319d-c7ad6b7169203332-01";
   HttpReply r = HttpCall((*http)->port(), "POST", "/v1/chat/completions",
                          R"({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3,
