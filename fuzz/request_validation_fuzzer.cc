@@ -6,7 +6,9 @@
 // tools and tool calls (so their JSON reaches the renderer); tool choices that force calls compile
 // their JSON Schema, as a request's own structured output does;
 // structured outputs are compiled for the gpt2 vocabulary, with small state limits so that one
-// input stays well inside the fuzzer's time limit.
+// input stays well inside the fuzzer's time limit. A validated beam search has at most
+// kMaxBeamWidth beams and none of the fields it refuses.
+#include <cmath>
 #include <cstdint>
 #include <memory>
 
@@ -150,6 +152,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FUZZ_CHECK(static_cast<int32_t>(g.stop_token_ids.size()) <= limits.max_stop_token_ids);
   for (int32_t id : g.stop_token_ids) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
   FUZZ_CHECK(g.time_limit >= absl::ZeroDuration());
+  if (request.has_beam_search()) {
+    // Beam search validated: its width fits the logprobs it reads, and nothing it cannot honour
+    // came through.
+    FUZZ_CHECK(request.n() <= kvrm::kMaxBeamWidth);
+    FUZZ_CHECK(g.stop_sequences.empty() && g.stop_token_ids.empty() && g.min_tokens == 0);
+    FUZZ_CHECK(!request.has_structured() && !g.sampling.logprobs && g.prompt_logprobs < 0);
+    FUZZ_CHECK(std::isfinite(request.beam_search().length_penalty()));
+  }
   const bool forced =
       request.has_chat() && request.chat().has_tool_choice() &&
       (request.chat().tool_choice().has_function() ||
