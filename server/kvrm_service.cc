@@ -660,7 +660,13 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
     if (cancelled_by_engine_ || cancelled_()) return End(FinishReason::kCancelled);
     beams_ = BeamStep(beams_, scored_, config_, &completed_);
     ++step_;
-    if (step_ >= max_tokens_ || beams_.empty()) return End(FinishReason::kLength);
+    // Done at the limit, with no beam left, or with the context full (a step's prompt is the
+    // call's and every beam token so far: the engine needs room for one more).
+    const int64_t context = engine_->options().max_context;
+    if (step_ >= max_tokens_ || beams_.empty() ||
+        static_cast<int64_t>(base_->prompt.size()) + step_ >= context) {
+      return End(FinishReason::kLength);
+    }
     if (absl::Status s = SubmitStep(/*admitted=*/true); !s.ok()) {
       error_ = std::string(s.message());
       End(FinishReason::kError);

@@ -178,6 +178,26 @@ TEST(BeamSearchE2eTest, EndedBeamsAndTheLengthPenalty) {
   EXPECT_GE(ended, 1) << "a strongly favoured end token ends some beam";
 }
 
+// At the context's end a beam stops as a sampled completion does (LENGTH), not with an error.
+TEST(BeamSearchE2eTest, TheContextsEndEndsTheBeamsAsItEndsGreedyDecoding) {
+  EngineOptions o = Options();
+  o.max_context = 64;
+  TestServer server(o);
+  v1::GenerateRequest beam = BeamRequest(1, 20);
+  beam.clear_token_ids();
+  for (int i = 0; i < 61; ++i) beam.mutable_token_ids()->add_ids(20 + (i * 37) % 400);
+  beam.mutable_stopping()->set_ignore_eos(true);
+  StreamResult b = RunGenerate(server.stub(), beam);
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  v1::GenerateRequest greedy = beam;
+  greedy.clear_beam_search();
+  StreamResult g = RunGenerate(server.stub(), greedy);
+  ASSERT_TRUE(g.status.ok());
+  EXPECT_EQ(b.finished.reason(), v1::FINISH_REASON_LENGTH) << b.finished.error();
+  EXPECT_EQ(b.tokens, g.tokens);
+  EXPECT_EQ(b.tokens.size(), 3u) << "61 prompt tokens in a context of 64";
+}
+
 TEST(BeamSearchE2eTest, WhatBeamSearchCannotHonourIsRefusedByName) {
   TestServer server(Options());
   auto refused = [&](const std::function<void(v1::GenerateRequest&)>& change,
