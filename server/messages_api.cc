@@ -16,6 +16,7 @@ namespace {
 using openai_json::Bad;
 using openai_json::Dump;
 using openai_json::Find;
+using openai_json::RequiredString;
 using openai_json::WrongType;
 
 // kvrm's and vLLM's own sampling parameters, which a Messages body may carry under the chat
@@ -26,13 +27,6 @@ constexpr const char* kPassThrough[] = {
     "min_tokens", "ignore_eos", "stop_token_ids",     "logit_bias",       "bad_words"};
 
 constexpr int kFromSystem = -1;
-
-absl::StatusOr<std::string> RequiredString(const Json& o, const char* key, const std::string& at) {
-  const Json* v = Find(o, key);
-  if (v == nullptr) return Bad(absl::StrCat(at, ".", key), "is required");
-  if (!v->is_string()) return WrongType(absl::StrCat(at, ".", key), "a string", *v);
-  return v->get<std::string>();
-}
 
 // What is refused by name rather than ignored (a client relying on it learns at once).
 absl::Status RefuseUnsupported(const Json& body) {
@@ -383,19 +377,9 @@ absl::StatusOr<MessagesRequest> ParseMessagesRequest(absl::string_view body,
         {"json_schema", {{"name", "output"}, {"schema", o["output_format"]["schema"]}}}};
   }
 
-  absl::StatusOr<OpenAiRequest> parsed =
-      ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, Dump(chat), defaults);
-  if (!parsed.ok()) {
-    // Named as the chat request spells it: say it as the Messages body does.
-    const std::string message(parsed.status().message());
-    const size_t colon = message.find(": ");
-    if (colon == std::string::npos) return parsed.status();
-    return absl::Status(
-        parsed.status().code(),
-        absl::StrCat(MessagesParam(message.substr(0, colon), from), message.substr(colon)));
-  }
-  out.chat = *std::move(parsed);
-  for (auto& [field, param] : out.chat.params) param = MessagesParam(param, from);
+  ASSIGN_OR_RETURN(
+      out.chat, openai_json::ParseTranslatedChat(
+                    chat, defaults, [&](const std::string& p) { return MessagesParam(p, from); }));
   return out;
 }
 

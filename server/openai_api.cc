@@ -584,6 +584,30 @@ absl::StatusOr<std::string> TextParts(const Json& content, const std::string& pa
   return text;
 }
 
+absl::StatusOr<std::string> RequiredString(const Json& o, const char* key, const std::string& at) {
+  const Json* v = Find(o, key);
+  if (v == nullptr) return Bad(absl::StrCat(at, ".", key), "is required");
+  if (!v->is_string()) return WrongType(absl::StrCat(at, ".", key), "a string", *v);
+  return v->get<std::string>();
+}
+
+absl::StatusOr<OpenAiRequest> ParseTranslatedChat(
+    const OrderedJson& chat, const OpenAiDefaults& defaults,
+    const std::function<std::string(const std::string&)>& rename) {
+  absl::StatusOr<OpenAiRequest> parsed =
+      ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, Dump(chat), defaults);
+  if (!parsed.ok()) {
+    // Named as the chat request spells it: say it as the caller's body does.
+    const std::string message(parsed.status().message());
+    const size_t colon = message.find(": ");
+    if (colon == std::string::npos) return parsed.status();
+    return absl::Status(parsed.status().code(),
+                        absl::StrCat(rename(message.substr(0, colon)), message.substr(colon)));
+  }
+  for (auto& [field, param] : parsed->params) param = rename(param);
+  return parsed;
+}
+
 }  // namespace openai_json
 
 namespace {

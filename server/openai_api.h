@@ -195,6 +195,15 @@ OrderedJson LogprobEntries(absl::Span<const v1::TokenLogprob> entries,
 // Compact JSON text; invalid UTF-8 (a model's bytes, a client's) is written as U+FFFD rather
 // than thrown on.
 std::string Dump(const OrderedJson& j);
+// The string member `key` of an object: Bad("<at>.<key>", "is required") when absent (or null),
+// WrongType when not a string.
+absl::StatusOr<std::string> RequiredString(const Json& o, const char* key, const std::string& at);
+// How the Responses and Messages APIs reuse the chat parser: the chat completions body `chat`
+// they translated a request into, parsed, with every parameter name (in an error's message and
+// in `params`) rewritten by `rename` into their own API's spelling.
+absl::StatusOr<OpenAiRequest> ParseTranslatedChat(
+    const OrderedJson& chat, const OpenAiDefaults& defaults,
+    const std::function<std::string(const std::string&)>& rename);
 }  // namespace openai_json
 
 // What the HTTP server builds a generation endpoint's reply with, from the service's stream:

@@ -17,6 +17,7 @@ namespace {
 using openai_json::Bad;
 using openai_json::Dump;
 using openai_json::Find;
+using openai_json::RequiredString;
 using openai_json::WrongType;
 
 // Sampling and vLLM parameters a Responses body may carry that mean the same in a chat
@@ -70,13 +71,6 @@ absl::Status RefuseUnsupported(const Json& body, const ResponseStore* store) {
 // A content list's text: input_text / output_text / text parts, joined.
 absl::StatusOr<std::string> PartsText(const Json& content, const std::string& at) {
   return openai_json::TextParts(content, at, {"input_text", "output_text", "text"});
-}
-
-absl::StatusOr<std::string> RequiredString(const Json& o, const char* key, const std::string& at) {
-  const Json* v = Find(o, key);
-  if (v == nullptr) return Bad(absl::StrCat(at, ".", key), "is required");
-  if (!v->is_string()) return WrongType(absl::StrCat(at, ".", key), "a string", *v);
-  return v->get<std::string>();
 }
 
 constexpr int kFromInstructions = -1;
@@ -332,22 +326,12 @@ absl::StatusOr<ResponsesRequest> ParseResponsesRequest(absl::string_view body,
     return WrongType("metadata", "an object", *metadata);
   }
 
-  absl::StatusOr<OpenAiRequest> parsed =
-      ParseOpenAiRequest(OpenAiEndpoint::kChatCompletions, Dump(chat), defaults);
-  if (!parsed.ok()) {
-    // Named as the chat request spells it: say it as the Responses body does.
-    const std::string message(parsed.status().message());
-    const size_t colon = message.find(": ");
-    if (colon == std::string::npos) return parsed.status();
-    return absl::Status(
-        parsed.status().code(),
-        absl::StrCat(ResponsesParam(message.substr(0, colon), from), message.substr(colon)));
-  }
   ResponsesRequest out;
-  out.chat = *std::move(parsed);
+  ASSIGN_OR_RETURN(
+      out.chat, openai_json::ParseTranslatedChat(
+                    chat, defaults, [&](const std::string& p) { return ResponsesParam(p, from); }));
   out.store = keep;
   out.conversation = std::move(conversation);
-  for (auto& [field, param] : out.chat.params) param = ResponsesParam(param, from);
   for (const char* key : {"instructions", "max_output_tokens", "metadata", "temperature", "top_p",
                           "tools", "tool_choice", "parallel_tool_calls", "text", "reasoning",
                           "user", "top_logprobs", "previous_response_id"}) {
