@@ -816,6 +816,14 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     Unref();
   }
 
+  // A traced call (server/tracing.h): its span, recorded with the inputs' usage and the call's
+  // status when the reactor goes. Set before Start or Fail.
+  void set_trace(Tracer* tracer, otlp::Span root, absl::Time start) {
+    tracer_ = tracer;
+    trace_root_ = std::move(root);
+    trace_start_ = start;
+  }
+
   // Ends the call with `status` instead of starting it (an on-demand adapter that did not load):
   // nothing was submitted.
   void Fail(const grpc::Status& status) {
@@ -855,6 +863,8 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
         p.vector = std::move(last.embedding);
         p.prompt_tokens = info.prompt_tokens;
         p.cached_prompt_tokens = info.cached_prompt_tokens;
+        traced_input_tokens_ += info.prompt_tokens;
+        traced_cached_tokens_ += info.cached_prompt_tokens;
       } else if (status_.ok()) {
         // The first input that failed decides the call's status; the rest are not needed.
         const std::string which = name_(index) + ": ";
@@ -889,6 +899,10 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     }
     // Every input has ended: nothing writes pooled_ any more.
     if (status.ok()) status = reply_(std::move(pooled_));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      final_status_ = status;
+    }
     // The response was written on this thread (the engine's, or the submitter's): gRPC reads
     // and frees it on its own after Finish (OnDone acquires this).
     KVRM_GRPC_HANDOFF(this);
@@ -896,6 +910,25 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
   }
 
   void CancelAll() { CancelSubmitted(engine_, &mu_, handles_); }
+
+  ~PoolingReactor() override {
+    if (tracer_ == nullptr) return;
+    // The last reference is going: nothing else touches the reactor.
+    otlp::Span root = std::move(trace_root_);
+    SetTimes(&root, trace_start_, absl::Now());
+    AddInt(&root, "gen_ai.usage.input_tokens", traced_input_tokens_);
+    AddInt(&root, "kvrm.usage.cached_input_tokens", traced_cached_tokens_);
+    AddInt(&root, "kvrm.inputs", static_cast<int64_t>(handles_.size()));
+    const grpc::Status& status = final_status_.ok() ? status_ : final_status_;
+    AddInt(&root, "rpc.grpc.status_code", static_cast<int64_t>(status.error_code()));
+    if (!status.ok()) {
+      root.mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
+      root.mutable_status()->set_message(status.error_message());
+    }
+    std::vector<otlp::Span> spans;
+    spans.push_back(std::move(root));
+    tracer_->Record(std::move(spans));
+  }
 
   void Unref() {
     if (refs_.fetch_sub(1) == 1) delete this;
@@ -912,6 +945,13 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
   grpc::Status status_;            // guarded by mu_: the call's, OK until something failed
   bool cancelled_ = false;         // guarded by mu_
   std::atomic<int32_t> refs_{1};   // gRPC's (OnDone), the submitter's, one per submitted input
+  grpc::Status final_status_;      // guarded by mu_: what the call ended with
+  // Tracing (null tracer: none); set before anything is submitted, the counts under mu_.
+  Tracer* tracer_ = nullptr;
+  otlp::Span trace_root_;
+  absl::Time trace_start_;
+  int64_t traced_input_tokens_ = 0;
+  int64_t traced_cached_tokens_ = 0;
 };
 
 namespace {
@@ -1047,9 +1087,9 @@ grpc::ServerWriteReactor<v1::GenerateResponse>* KvrmService::Generate(
   return reactor;
 }
 
-void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
-                             const v1::GenerateRequest& request, const std::string& id,
-                             absl::Time arrival, GenerateReactor* reactor) {
+std::optional<otlp::Span> KvrmService::TraceRoot(const grpc::CallbackServerContext& context,
+                                                 const char* operation,
+                                                 const std::string& lora_adapter) {
   // The caller's trace context (W3C traceparent / tracestate metadata; the HTTP API passes its
   // headers of those names on).
   std::optional<TraceParent> parent;
@@ -1063,11 +1103,8 @@ void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
     }
     parent = ParseTraceParent(absl::string_view(it->second.data(), it->second.size()), state);
   }
-  if (!tracer_->ShouldTrace(parent)) return;
-  auto trace = std::make_unique<GenerateReactor::Trace>();
-  trace->tracer = tracer_;
-  trace->start = arrival;
-  otlp::Span& root = trace->root;
+  if (!tracer_->ShouldTrace(parent)) return std::nullopt;
+  otlp::Span root;
   const TraceId trace_id = parent ? parent->trace_id : Tracer::NewTraceId();
   const SpanId span_id = Tracer::NewSpanId();
   root.set_trace_id(trace_id.data(), trace_id.size());
@@ -1081,13 +1118,27 @@ void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
   root.set_flags(parent ? (parent->flags | kHasIsRemote | kIsRemote) : 1u);
   root.set_kind(otlp::Span::SPAN_KIND_SERVER);
   // The GenAI semantic conventions' name and attributes: "{operation} {model}".
-  const char* operation = request.has_chat() ? "chat" : "text_completion";
-  const std::string& model =
-      request.lora_adapter().empty() ? info_.served_model_name : request.lora_adapter();
+  const std::string& model = lora_adapter.empty() ? info_.served_model_name : lora_adapter;
   root.set_name(absl::StrCat(operation, " ", model));
   AddString(&root, "gen_ai.operation.name", operation);
   AddString(&root, "gen_ai.system", "kvrm");
   AddString(&root, "gen_ai.request.model", model);
+  if (!lora_adapter.empty()) AddString(&root, "kvrm.lora_adapter", lora_adapter);
+  AddString(&root, "kvrm.kv_mode", info_.kv_mode);
+  return root;
+}
+
+void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
+                             const v1::GenerateRequest& request, const std::string& id,
+                             absl::Time arrival, GenerateReactor* reactor) {
+  std::optional<otlp::Span> traced =
+      TraceRoot(context, request.has_chat() ? "chat" : "text_completion", request.lora_adapter());
+  if (!traced) return;
+  auto trace = std::make_unique<GenerateReactor::Trace>();
+  trace->tracer = tracer_;
+  trace->start = arrival;
+  trace->root = *std::move(traced);
+  otlp::Span& root = trace->root;
   AddString(&root, "gen_ai.response.id", id);
   AddInt(&root, "gen_ai.request.max_tokens", request.stopping().max_new_tokens());
   const v1::SamplingParams& s = request.sampling();
@@ -1095,10 +1146,7 @@ void KvrmService::StartTrace(const grpc::CallbackServerContext& context,
   if (s.top_p() > 0) AddDouble(&root, "gen_ai.request.top_p", s.top_p());
   if (s.top_k() > 0) AddInt(&root, "gen_ai.request.top_k", s.top_k());
   if (request.n() > 1) AddInt(&root, "gen_ai.request.choice.count", request.n());
-  if (!request.lora_adapter().empty())
-    AddString(&root, "kvrm.lora_adapter", request.lora_adapter());
   if (request.priority() != 0) AddInt(&root, "kvrm.priority", request.priority());
-  AddString(&root, "kvrm.kv_mode", info_.kv_mode);
   reactor->set_trace(std::move(trace));
 }
 
@@ -1264,7 +1312,13 @@ grpc::Status KvrmService::PoolingRefusal(const char* rpc) const {
 void KvrmService::StartPooling(grpc::CallbackServerContext* context, PoolingReactor* reactor,
                                std::vector<std::unique_ptr<GenerationRequest>> inputs,
                                const std::string& id, absl::Time arrival,
-                               const std::string& lora_adapter) {
+                               const std::string& lora_adapter, const char* operation) {
+  if (tracer_ != nullptr) {
+    if (std::optional<otlp::Span> root = TraceRoot(*context, operation, lora_adapter)) {
+      AddString(&*root, "gen_ai.response.id", id);
+      reactor->set_trace(tracer_, *std::move(root), arrival);
+    }
+  }
   if (lora_dir_.empty() || lora_adapter.empty() || engine_->ServesLoraAdapter(lora_adapter)) {
     reactor->Start(context, std::move(inputs), id, arrival);
     return;
@@ -1328,7 +1382,8 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
   };
   auto* reactor = new PoolingReactor(engine_, inputs, std::move(each), std::move(reply),
                                      [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
-  StartPooling(context, reactor, std::move(plan->inputs), id, arrival, request->lora_adapter());
+  StartPooling(context, reactor, std::move(plan->inputs), id, arrival, request->lora_adapter(),
+               "embeddings");
   return reactor;
 }
 
@@ -1384,7 +1439,8 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
   };
   auto* reactor = new PoolingReactor(engine_, n, std::move(each), std::move(reply),
                                      [](int32_t i) { return absl::StrCat("inputs[", i, "]"); });
-  StartPooling(context, reactor, *std::move(inputs), id, arrival, request->lora_adapter());
+  StartPooling(context, reactor, *std::move(inputs), id, arrival, request->lora_adapter(),
+               "classify");
   return reactor;
 }
 
@@ -1471,7 +1527,8 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
   };
   auto* reactor =
       new PoolingReactor(engine_, n, std::move(each), std::move(reply), std::move(name));
-  StartPooling(context, reactor, std::move(plan->inputs), id, arrival, request->lora_adapter());
+  StartPooling(context, reactor, std::move(plan->inputs), id, arrival, request->lora_adapter(),
+               "score");
   return reactor;
 }
 

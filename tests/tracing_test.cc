@@ -418,6 +418,24 @@ TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
   EXPECT_THAT(refused[0].status().message(), ::testing::HasSubstr("top_p"));
   EXPECT_EQ(FindAttribute(refused[0], "rpc.grpc.status_code")->int_value(),
             static_cast<int64_t>(grpc::StatusCode::INVALID_ARGUMENT));
+
+  // A pooling call is a span too: "embeddings {model}", its inputs' prompt tokens.
+  collector.Clear();
+  v1::EmbedRequest embed;
+  embed.add_inputs()->set_text("The cat sat.");
+  embed.add_inputs()->set_text("A dog ran far away.");
+  grpc::ClientContext ctx5;
+  ctx5.AddMetadata("traceparent", traceparent);
+  v1::EmbedResponse embedded;
+  ASSERT_TRUE(server.stub().Embed(&ctx5, embed, &embedded).ok());
+  const std::vector<otlp::Span> pooled = collector.WaitForSpans(1);
+  ASSERT_EQ(pooled.size(), 1u);
+  EXPECT_EQ(pooled[0].name(), "embeddings tiny");
+  EXPECT_EQ(pooled[0].trace_id(), root->trace_id());
+  EXPECT_EQ(FindAttribute(pooled[0], "gen_ai.usage.input_tokens")->int_value(),
+            embedded.prompt_tokens());
+  EXPECT_EQ(FindAttribute(pooled[0], "kvrm.inputs")->int_value(), 2);
+  EXPECT_EQ(pooled[0].status().code(), otlp::Status::STATUS_CODE_UNSET);
 }
 
 // The HTTP API passes its traceparent header on: a chat completion's span joins the caller's
