@@ -91,6 +91,9 @@ std::string FormatSummary(const v1::Finished& finished) {
     absl::StrAppend(&line, " matched_stop=", Quoted(finished.matched_stop()));
   }
   if (!finished.error().empty()) absl::StrAppend(&line, " error=", Quoted(finished.error()));
+  if (finished.cumulative_logprob() != 0) {  // a beam's
+    absl::StrAppendFormat(&line, " cumulative_logprob=%.4f", finished.cumulative_logprob());
+  }
   return line;
 }
 

@@ -249,6 +249,11 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   request.set_truncate_prompt_tokens(options.truncate_prompt_tokens);
   stopping->set_time_limit_ms(options.time_limit_ms);
   if (options.n != 1) request.set_n(options.n);  // the server checks the range
+  if (options.beam_search) {
+    request.mutable_beam_search()->set_length_penalty(options.length_penalty);
+  } else if (options.length_penalty != 0) {
+    return absl::InvalidArgumentError("--length_penalty: only with --beam_search");
+  }
 
   if (options.logprobs >= 0) {
     request.mutable_response()->set_logprobs(true);

@@ -118,6 +118,23 @@ TEST(BuildGenerateRequestTest, DefaultsAreGreedyWithoutSeedOrLogprobs) {
   EXPECT_TRUE(request->stopping().stop_sequences().empty());
 }
 
+TEST(BuildGenerateRequestTest, BeamSearchCarriesItsLengthPenalty) {
+  GenerateOptions options;
+  options.token_ids = "1,2,3";
+  options.n = 4;
+  options.beam_search = true;
+  options.length_penalty = 0.5f;
+  absl::StatusOr<v1::GenerateRequest> request = BuildGenerateRequest(options);
+  ASSERT_TRUE(request.ok()) << request.status();
+  EXPECT_EQ(request->n(), 4);
+  ASSERT_TRUE(request->has_beam_search());
+  EXPECT_FLOAT_EQ(request->beam_search().length_penalty(), 0.5f);
+  options.beam_search = false;
+  EXPECT_FALSE(BuildGenerateRequest(options).ok()) << "a length penalty without beam search";
+  options.length_penalty = 0;
+  EXPECT_FALSE(BuildGenerateRequest(options)->has_beam_search());
+}
+
 TEST(BuildGenerateRequestTest, LogprobsZeroMeansSampledTokenOnly) {
   GenerateOptions options;
   options.prompt = "x";

@@ -79,6 +79,11 @@ ABSL_FLAG(int32_t, prompt_logprobs, -1,
 ABSL_FLAG(int32_t, n, 1,
           "completions of the prompt, in [1, 16] (prefilled once); with n > 1 each is printed "
           "after the call, under a header, with its own summary");
+ABSL_FLAG(bool, beam_search, false,
+          "beam search instead of sampling: the --n best beams (1-10), best first, each with its "
+          "cumulative logprob");
+ABSL_FLAG(double, length_penalty, 0,
+          "with --beam_search: score = cumulative logprob / length^length_penalty (0: 1)");
 ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs first");
 ABSL_FLAG(std::string, cache_salt, "",
           "prefix-cache namespace: cached KV is shared only with requests of the same salt");
@@ -225,6 +230,8 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.logprobs = absl::GetFlag(FLAGS_logprobs);
   options.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
   options.n = absl::GetFlag(FLAGS_n);
+  options.beam_search = absl::GetFlag(FLAGS_beam_search);
+  options.length_penalty = static_cast<float>(absl::GetFlag(FLAGS_length_penalty));
   options.priority = absl::GetFlag(FLAGS_priority);
   options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   options.lora_adapter = absl::GetFlag(FLAGS_lora_adapter);
