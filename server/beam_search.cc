@@ -37,22 +37,51 @@ double BeamScore(const Beam& beam, const BeamSearchConfig& config) {
 std::vector<Beam> BeamStep(const std::vector<Beam>& beams,
                            const std::vector<std::vector<std::pair<int32_t, float>>>& candidates,
                            const BeamSearchConfig& config, std::vector<Beam>* completed) {
-  std::vector<Beam> extended;
+  const size_t width = static_cast<size_t>(std::max(config.width, 0));
+  // Every extension ranked by score first (no token vector copied), the winners built after.
+  struct Extension {
+    double score;
+    size_t beam;
+    size_t candidate;
+  };
+  std::vector<Extension> extensions;
   for (size_t b = 0; b < beams.size() && b < candidates.size(); ++b) {
-    for (const auto& [token, logprob] : candidates[b]) {
+    const int64_t length = static_cast<int64_t>(beams[b].tokens.size()) + 1;
+    for (size_t c = 0; c < candidates[b].size(); ++c) {
+      const auto& [token, logprob] = candidates[b][c];
       if (!std::isfinite(logprob)) continue;  // a masked token is no candidate
-      Beam next = beams[b];
-      next.tokens.push_back(token);
-      next.cum_logprob += logprob;
-      if (IsEos(token, config)) {
+      Beam probe;
+      probe.cum_logprob = beams[b].cum_logprob + logprob;
+      probe.ended = IsEos(token, config);
+      // BeamScore of the extension, from its length alone.
+      const int64_t counted =
+          std::max<int64_t>(config.prompt_tokens + length - (probe.ended ? 1 : 0), 1);
+      const double score =
+          probe.cum_logprob / std::pow(static_cast<double>(counted), config.length_penalty);
+      if (probe.ended) {
+        Beam next = beams[b];
+        next.tokens.push_back(token);
+        next.cum_logprob = probe.cum_logprob;
         next.ended = true;
         completed->push_back(std::move(next));
       } else {
-        extended.push_back(std::move(next));
+        extensions.push_back({score, b, c});
       }
     }
   }
-  return Best(std::move(extended), static_cast<size_t>(std::max(config.width, 0)), config);
+  std::stable_sort(extensions.begin(), extensions.end(),
+                   [](const Extension& a, const Extension& b) { return a.score > b.score; });
+  std::vector<Beam> next;
+  for (size_t k = 0; k < extensions.size() && k < width; ++k) {
+    const Extension& e = extensions[k];
+    Beam& n = next.emplace_back(beams[e.beam]);
+    n.tokens.push_back(candidates[e.beam][e.candidate].first);
+    n.cum_logprob += candidates[e.beam][e.candidate].second;
+  }
+  // An ended beam's score never changes: only the best `width` of them can be in the answer, so
+  // the rest are dropped now (a search of thousands of steps keeps `width` of them, not all).
+  if (completed->size() > width) *completed = Best(std::move(*completed), width, config);
+  return next;
 }
 
 std::vector<Beam> BestBeams(std::vector<Beam> completed, std::vector<Beam> live,

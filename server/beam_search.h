@@ -31,8 +31,9 @@ double BeamScore(const Beam& beam, const BeamSearchConfig& config);
 
 // One step. `candidates[b]` are live beam b's scored next tokens (token, logprob), the most
 // likely first. Every beam extended by each of its candidates: those whose token is an EOS
-// (unless ignore_eos) end and join `completed`; of the others the best `width` by score are the
-// next live beams (ties: the earlier beam, then the earlier candidate).
+// (unless ignore_eos) end and join `completed`, which keeps only its best `width` (an ended
+// beam's score is final, so no other can be in the answer); of the others the best `width` by
+// score are the next live beams (ties: the earlier beam, then the earlier candidate).
 std::vector<Beam> BeamStep(const std::vector<Beam>& beams,
                            const std::vector<std::vector<std::pair<int32_t, float>>>& candidates,
                            const BeamSearchConfig& config, std::vector<Beam>* completed);

@@ -159,6 +159,13 @@ TEST(BeamSearchTest, StepKeepsTheBestWidthAndSetsAsideEndedBeams) {
   EXPECT_TRUE(completed[0].ended);
   // An ended beam's length leaves its EOS out: prompt 1 + 1 token.
   EXPECT_NEAR(BeamScore(completed[0], config), -1.1 / 2, 1e-6);
+  // Ended beams past the width are dropped as they come: only the best `width` can be answers.
+  std::vector<Beam> many;
+  for (int i = 0; i < 3; ++i) {
+    BeamStep(beams, {{{9, -0.1f * (i + 1)}, {3, -0.5f}}, {{9, -0.3f}, {5, -0.2f}}}, config, &many);
+    EXPECT_LE(many.size(), 2u) << "step " << i;
+  }
+  EXPECT_NEAR(many[0].cum_logprob, -1.1, 1e-6);  // [1, 9] at -1.0 - 0.1, the best ended
   // The answer mixes ended and live beams by score.
   const std::vector<Beam> best = BestBeams(completed, next, config);
   ASSERT_EQ(best.size(), 2u);

@@ -13,6 +13,7 @@
 #include "common/thread_priority.h"
 #include "model/harmony.h"
 #include "model/reasoning.h"
+#include "runtime/text_stream.h"
 #include "server/beam_search.h"
 #include "server/response_queue.h"
 
@@ -165,8 +166,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   // Before anything is submitted: the completions come from a beam search (BeamSearchRun), not
-  // as a leader and its followers.
-  void set_beam_search() { followers_submitted_ = true; }
+  // as a leader and its followers; `cancel` ends its running step when the client leaves.
+  void set_beam_search(std::function<void()> cancel) {
+    followers_submitted_ = true;
+    std::lock_guard<std::mutex> lock(mu_);
+    cancel_hook_ = std::move(cancel);
+  }
 
   // The client cancelled (before anything was submitted, for a call that waited to compile).
   bool cancelled() {
@@ -265,7 +270,15 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     if (refs_.fetch_sub(1) == 1) delete this;
   }
 
-  void CancelAll() { CancelSubmitted(engine_, &mu_, handles_); }
+  void CancelAll() {
+    CancelSubmitted(engine_, &mu_, handles_);
+    std::function<void()> hook;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      hook = cancel_hook_;
+    }
+    if (hook) hook();
+  }
 
   // The call's spans (the last reference is going: nothing else touches the reactor): the
   // request's, with the outcome's attributes, and per completion its queue, prefill and decode.
@@ -566,6 +579,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   std::mutex mu_;
   std::vector<uint64_t> handles_;             // guarded by mu_; 0: not submitted
   std::unique_ptr<Trace> trace_;  // set before anything is submitted; its fields under mu_
+  std::function<void()> cancel_hook_;         // guarded by mu_: a beam search's Cancel
   ResponseQueue queue_;                       // guarded by mu_
   int32_t finals_queued_ = 0;                 // guarded by mu_: completions whose end is queued
   bool cancelled_ = false;                    // guarded by mu_: the client cancelled or left
@@ -598,6 +612,18 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
     return SubmitStep(/*admitted=*/false);
   }
 
+  // The client left: the step's requests are cancelled now (their slots and KV freed at the
+  // engine's next step), and the search ends with them.
+  void Cancel() {
+    std::vector<uint64_t> handles;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      client_cancelled_ = true;
+      handles = handles_;
+    }
+    for (uint64_t h : handles) engine_->Cancel(h);
+  }
+
  private:
   class StepSink final : public RequestSink {
    public:
@@ -616,6 +642,7 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
   absl::Status SubmitStep(bool admitted) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     scored_.assign(beams_.size(), {});
     pending_ = beams_.size();
+    handles_.clear();
     for (size_t b = 0; b < beams_.size(); ++b) {
       auto r = std::make_unique<GenerationRequest>(*base_);
       r->prompt.insert(r->prompt.end(), beams_[b].tokens.begin(), beams_[b].tokens.end());
@@ -627,6 +654,10 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
       r->arrival = absl::Now();  // the engine's latency metrics time this request, not the call
       r->sink = std::make_shared<StepSink>(shared_from_this(), b);
       absl::StatusOr<uint64_t> handle = engine_->Submit(std::move(r), admitted);
+      if (handle.ok()) {
+        handles_.push_back(*handle);
+        if (client_cancelled_) engine_->Cancel(*handle);
+      }
       if (!handle.ok()) {
         if (b == 0) return handle.status();
         // The rest of the step is submitted: it ends, then the search ends with this error.
@@ -657,7 +688,9 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
     }
     if (--pending_ > 0) return;
     if (!error_.empty()) return End(FinishReason::kError);
-    if (cancelled_by_engine_ || cancelled_()) return End(FinishReason::kCancelled);
+    if (cancelled_by_engine_ || client_cancelled_ || cancelled_()) {
+      return End(FinishReason::kCancelled);
+    }
     beams_ = BeamStep(beams_, scored_, config_, &completed_);
     ++step_;
     // Done at the limit, with no beam left, or with the context full (a step's prompt is the
@@ -702,12 +735,26 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
         info.cumulative_logprob = beam.cum_logprob;
         info.time_to_first_token_ms = total_ms;  // the whole beam comes at once
         chunk.token_ids = beam.tokens;
-        const size_t text_tokens = beam.tokens.size() - (beam.ended ? 1 : 0);
-        chunk.text = tokenizer_->Decode(absl::MakeConstSpan(beam.tokens.data(), text_tokens),
-                                        /*skip_special_tokens=*/true);
+        chunk.text = BeamText(beam);
       }
       outputs[i]->OnFinished(std::move(chunk), info);
     }
+  }
+
+  // A beam's text as the engine writes a sampled completion's (TextStream): the request's kept
+  // special tokens (a thinking model's markers, gpt-oss's harmony) and the last prompt tokens as
+  // context for the first token's leading space; an ended beam's end token not written.
+  std::string BeamText(const Beam& beam) const {
+    const std::vector<int32_t>& prompt = base_->prompt;
+    const size_t context = std::min<size_t>(5, prompt.size());
+    const Tokenizer* tok = tokenizer_;
+    TextStream stream([tok, kept = base_->kept_special_tokens](
+                          absl::Span<const int32_t> ids) { return tok->DecodeKeeping(ids, kept); },
+                      {}, std::vector<int32_t>(prompt.end() - context, prompt.end()));
+    std::string text;
+    const size_t n = beam.tokens.size() - (beam.ended ? 1 : 0);
+    for (size_t i = 0; i < n; ++i) text += stream.Push(beam.tokens[i]).text;
+    return text + stream.Finish();
   }
 
   Engine* const engine_;
@@ -725,6 +772,8 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
   int32_t step_ ABSL_GUARDED_BY(mu_) = 0;
   std::string error_ ABSL_GUARDED_BY(mu_);
   bool cancelled_by_engine_ ABSL_GUARDED_BY(mu_) = false;
+  bool client_cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<uint64_t> handles_ ABSL_GUARDED_BY(mu_);  // the step's requests
   double queue_time_ms_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t cached_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
 };
@@ -902,6 +951,7 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     {
       std::lock_guard<std::mutex> lock(mu_);
       final_status_ = status;
+      ended_ = true;  // a cancel after this does not change what the call ended with
     }
     // The response was written on this thread (the engine's, or the submitter's): gRPC reads
     // and frees it on its own after Finish (OnDone acquires this).
@@ -919,7 +969,7 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     AddInt(&root, "gen_ai.usage.input_tokens", traced_input_tokens_);
     AddInt(&root, "kvrm.usage.cached_input_tokens", traced_cached_tokens_);
     AddInt(&root, "kvrm.inputs", static_cast<int64_t>(handles_.size()));
-    const grpc::Status& status = final_status_.ok() ? status_ : final_status_;
+    const grpc::Status& status = ended_ ? final_status_ : status_;
     AddInt(&root, "rpc.grpc.status_code", static_cast<int64_t>(status.error_code()));
     if (!status.ok()) {
       root.mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
@@ -946,6 +996,7 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
   bool cancelled_ = false;         // guarded by mu_
   std::atomic<int32_t> refs_{1};   // gRPC's (OnDone), the submitter's, one per submitted input
   grpc::Status final_status_;      // guarded by mu_: what the call ended with
+  bool ended_ = false;             // guarded by mu_: final_status_ is set
   // Tracing (null tracer: none); set before anything is submitted, the counts under mu_.
   Tracer* tracer_ = nullptr;
   otlp::Span trace_root_;
@@ -1256,11 +1307,10 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
 void KvrmService::StartBeamSearch(grpc::CallbackServerContext* context,
                                   const v1::GenerateRequest& request,
                                   std::unique_ptr<GenerationRequest> r, GenerateReactor* reactor) {
-  reactor->set_beam_search();
   BeamSearchConfig config;
   config.width = std::max(1, request.n());
   config.length_penalty =
-      request.beam_search().length_penalty() == 0 ? 1.0 : request.beam_search().length_penalty();
+      request.beam_search().has_length_penalty() ? request.beam_search().length_penalty() : 1.0;
   config.prompt_tokens = static_cast<int32_t>(r->prompt.size());
   config.eos_ids = engine_->model().config.eos_token_ids;  // the engine's end tokens
   config.ignore_eos = r->ignore_eos;
@@ -1270,6 +1320,9 @@ void KvrmService::StartBeamSearch(grpc::CallbackServerContext* context,
   auto run = std::make_shared<BeamSearchRun>(engine_, engine_->model().tokenizer.get(),
                                              std::move(r), std::move(config), std::move(outputs),
                                              [reactor] { return reactor->cancelled(); });
+  reactor->set_beam_search([weak = std::weak_ptr<BeamSearchRun>(run)] {
+    if (std::shared_ptr<BeamSearchRun> live = weak.lock()) live->Cancel();
+  });
   if (absl::Status s = run->Start(); !s.ok()) {
     if (absl::IsResourceExhausted(s)) context->AddTrailingMetadata("retry-after-ms", "1000");
     reactor->Reject(ToGrpcStatus(s));

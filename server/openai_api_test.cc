@@ -189,6 +189,13 @@ TEST(RequestTest, UnsupportedParametersAreRefusedByName) {
     EXPECT_FLOAT_EQ(beams->generate.beam_search().length_penalty(), 0.5f);
     EXPECT_EQ(beams->generate.n(), 3);
     EXPECT_EQ(beams->params.at("beam_search.length_penalty"), "length_penalty");
+    absl::StatusOr<OpenAiRequest> raw = ParseOpenAiRequest(
+        e, body(R"("use_beam_search": true, "n": 2, "length_penalty": 0)"), OpenAiDefaults());
+    ASSERT_TRUE(raw.ok());
+    EXPECT_TRUE(raw->generate.beam_search().has_length_penalty()) << "0: no normalisation";
+    EXPECT_FALSE(ParseOpenAiRequest(e, body(R"("use_beam_search": true, "n": 2)"), OpenAiDefaults())
+                     ->generate.beam_search()
+                     .has_length_penalty());
     absl::StatusOr<OpenAiRequest> sampled =
         ParseOpenAiRequest(e, body(R"("length_penalty": 2)"), OpenAiDefaults());
     ASSERT_TRUE(sampled.ok());

@@ -198,6 +198,30 @@ TEST(BeamSearchE2eTest, TheContextsEndEndsTheBeamsAsItEndsGreedyDecoding) {
   EXPECT_EQ(b.tokens.size(), 3u) << "61 prompt tokens in a context of 64";
 }
 
+// A client that leaves ends the search: its running step's requests are cancelled, nothing is
+// left running.
+TEST(BeamSearchE2eTest, AClientThatLeavesEndsTheSearch) {
+  EngineOptions o = Options();
+  o.slots = 1;  // the step's requests queue behind each other
+  TestServer server(o);
+  v1::GenerateRequest req = BeamRequest(4, 60);
+  req.mutable_stopping()->set_ignore_eos(true);
+  grpc::ClientContext ctx;
+  std::unique_ptr<grpc::ClientReader<v1::GenerateResponse>> reader =
+      server.stub().Generate(&ctx, req);
+  absl::SleepFor(absl::Milliseconds(150));
+  ctx.TryCancel();
+  v1::GenerateResponse msg;
+  while (reader->Read(&msg)) {
+  }
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  ASSERT_TRUE(server.engine().WaitIdle(absl::Seconds(10)));
+  EXPECT_EQ(server.engine().Stats().slots_in_use, 0);
+  // The server goes on serving.
+  StreamResult after = RunGenerate(server.stub(), BeamRequest(2, 3));
+  EXPECT_TRUE(after.status.ok()) << after.status.error_message();
+}
+
 TEST(BeamSearchE2eTest, WhatBeamSearchCannotHonourIsRefusedByName) {
   TestServer server(Options());
   auto refused = [&](const std::function<void(v1::GenerateRequest&)>& change,

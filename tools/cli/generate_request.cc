@@ -250,8 +250,9 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
   stopping->set_time_limit_ms(options.time_limit_ms);
   if (options.n != 1) request.set_n(options.n);  // the server checks the range
   if (options.beam_search) {
-    request.mutable_beam_search()->set_length_penalty(options.length_penalty);
-  } else if (options.length_penalty != 0) {
+    v1::BeamSearch* beam = request.mutable_beam_search();
+    if (options.length_penalty) beam->set_length_penalty(*options.length_penalty);
+  } else if (options.length_penalty) {
     return absl::InvalidArgumentError("--length_penalty: only with --beam_search");
   }
 

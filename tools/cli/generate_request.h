@@ -53,9 +53,9 @@ struct GenerateOptions {
   // < 0: off; N >= 0: score the prompt (ResponseOptions.prompt_logprobs) with N alternatives.
   int32_t prompt_logprobs = -1;
   int32_t n = 1;  // completions (GenerateRequest.n)
-  // Beam search with n beams (GenerateRequest.beam_search); length_penalty 0: the server's 1.
+  // Beam search with n beams (GenerateRequest.beam_search); no length_penalty: the server's 1.
   bool beam_search = false;
-  float length_penalty = 0;
+  std::optional<float> length_penalty;
   int32_t priority = 0;
   std::string cache_salt;
   std::string lora_adapter;  // GenerateRequest.lora_adapter ("": the base model)

@@ -131,8 +131,14 @@ TEST(BuildGenerateRequestTest, BeamSearchCarriesItsLengthPenalty) {
   EXPECT_FLOAT_EQ(request->beam_search().length_penalty(), 0.5f);
   options.beam_search = false;
   EXPECT_FALSE(BuildGenerateRequest(options).ok()) << "a length penalty without beam search";
-  options.length_penalty = 0;
+  options.length_penalty.reset();
   EXPECT_FALSE(BuildGenerateRequest(options)->has_beam_search());
+  options.beam_search = true;
+  EXPECT_FALSE(BuildGenerateRequest(options)->beam_search().has_length_penalty())
+      << "unset: the server's 1";
+  options.length_penalty = 0.0f;
+  EXPECT_TRUE(BuildGenerateRequest(options)->beam_search().has_length_penalty())
+      << "0 is a value: no length normalisation";
 }
 
 TEST(BuildGenerateRequestTest, LogprobsZeroMeansSampledTokenOnly) {

@@ -82,8 +82,9 @@ ABSL_FLAG(int32_t, n, 1,
 ABSL_FLAG(bool, beam_search, false,
           "beam search instead of sampling: the --n best beams (1-10), best first, each with its "
           "cumulative logprob");
-ABSL_FLAG(double, length_penalty, 0,
-          "with --beam_search: score = cumulative logprob / length^length_penalty (0: 1)");
+ABSL_FLAG(double, length_penalty, 1,
+          "with --beam_search: score = cumulative logprob / length^length_penalty (0: the "
+          "cumulative logprob alone)");
 ABSL_FLAG(int32_t, priority, 0, "scheduling priority in [-100, 100]; higher runs first");
 ABSL_FLAG(std::string, cache_salt, "",
           "prefix-cache namespace: cached KV is shared only with requests of the same salt");
@@ -231,7 +232,9 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.prompt_logprobs = absl::GetFlag(FLAGS_prompt_logprobs);
   options.n = absl::GetFlag(FLAGS_n);
   options.beam_search = absl::GetFlag(FLAGS_beam_search);
-  options.length_penalty = static_cast<float>(absl::GetFlag(FLAGS_length_penalty));
+  if (flags.given.contains("length_penalty")) {
+    options.length_penalty = static_cast<float>(absl::GetFlag(FLAGS_length_penalty));
+  }
   options.priority = absl::GetFlag(FLAGS_priority);
   options.cache_salt = absl::GetFlag(FLAGS_cache_salt);
   options.lora_adapter = absl::GetFlag(FLAGS_lora_adapter);
