@@ -6,6 +6,12 @@
 namespace kvrm {
 namespace {
 
+// vLLM's score of a beam of `tokens` generated tokens (an ended one's last its EOS).
+double Score(double cum_logprob, int64_t tokens, bool ended, const BeamSearchConfig& config) {
+  const int64_t length = std::max<int64_t>(config.prompt_tokens + tokens - (ended ? 1 : 0), 1);
+  return cum_logprob / std::pow(static_cast<double>(length), config.length_penalty);
+}
+
 bool IsEos(int32_t token, const BeamSearchConfig& config) {
   return !config.ignore_eos &&
          std::find(config.eos_ids.begin(), config.eos_ids.end(), token) != config.eos_ids.end();
@@ -28,10 +34,7 @@ std::vector<Beam> Best(std::vector<Beam> beams, size_t keep, const BeamSearchCon
 }  // namespace
 
 double BeamScore(const Beam& beam, const BeamSearchConfig& config) {
-  int64_t length = config.prompt_tokens + static_cast<int64_t>(beam.tokens.size());
-  if (beam.ended) --length;
-  length = std::max<int64_t>(length, 1);
-  return beam.cum_logprob / std::pow(static_cast<double>(length), config.length_penalty);
+  return Score(beam.cum_logprob, static_cast<int64_t>(beam.tokens.size()), beam.ended, config);
 }
 
 std::vector<Beam> BeamStep(const std::vector<Beam>& beams,
@@ -46,26 +49,18 @@ std::vector<Beam> BeamStep(const std::vector<Beam>& beams,
   };
   std::vector<Extension> extensions;
   for (size_t b = 0; b < beams.size() && b < candidates.size(); ++b) {
-    const int64_t length = static_cast<int64_t>(beams[b].tokens.size()) + 1;
+    const int64_t tokens = static_cast<int64_t>(beams[b].tokens.size()) + 1;
     for (size_t c = 0; c < candidates[b].size(); ++c) {
       const auto& [token, logprob] = candidates[b][c];
       if (!std::isfinite(logprob)) continue;  // a masked token is no candidate
-      Beam probe;
-      probe.cum_logprob = beams[b].cum_logprob + logprob;
-      probe.ended = IsEos(token, config);
-      // BeamScore of the extension, from its length alone.
-      const int64_t counted =
-          std::max<int64_t>(config.prompt_tokens + length - (probe.ended ? 1 : 0), 1);
-      const double score =
-          probe.cum_logprob / std::pow(static_cast<double>(counted), config.length_penalty);
-      if (probe.ended) {
-        Beam next = beams[b];
-        next.tokens.push_back(token);
-        next.cum_logprob = probe.cum_logprob;
-        next.ended = true;
-        completed->push_back(std::move(next));
+      const double cum_logprob = beams[b].cum_logprob + logprob;
+      if (IsEos(token, config)) {
+        Beam& ended = completed->emplace_back(beams[b]);
+        ended.tokens.push_back(token);
+        ended.cum_logprob = cum_logprob;
+        ended.ended = true;
       } else {
-        extensions.push_back({score, b, c});
+        extensions.push_back({Score(cum_logprob, tokens, false, config), b, c});
       }
     }
   }
@@ -74,9 +69,9 @@ std::vector<Beam> BeamStep(const std::vector<Beam>& beams,
   std::vector<Beam> next;
   for (size_t k = 0; k < extensions.size() && k < width; ++k) {
     const Extension& e = extensions[k];
-    Beam& n = next.emplace_back(beams[e.beam]);
-    n.tokens.push_back(candidates[e.beam][e.candidate].first);
-    n.cum_logprob += candidates[e.beam][e.candidate].second;
+    Beam& extended = next.emplace_back(beams[e.beam]);
+    extended.tokens.push_back(candidates[e.beam][e.candidate].first);
+    extended.cum_logprob += candidates[e.beam][e.candidate].second;
   }
   // An ended beam's score never changes: only the best `width` of them can be in the answer, so
   // the rest are dropped now (a search of thousands of steps keeps `width` of them, not all).
