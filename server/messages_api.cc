@@ -456,6 +456,21 @@ OrderedJson MessagesReply::BlockJson(const Block& block, bool whole) const {
   return OrderedJson::object();
 }
 
+OrderedJson MessagesReply::StopFields() const {
+  OrderedJson stop;
+  if (!finished_) {
+    // Not ended by the model or a limit: the server cut it (its calls ended without a finish).
+    stop["stop_reason"] = "pause_turn";
+    stop["stop_sequence"] = nullptr;
+    return stop;
+  }
+  stop["stop_reason"] = AnthropicStopReason(finish_, stop_sequences_);
+  stop["stop_sequence"] = stop["stop_reason"] == "stop_sequence"
+                              ? OrderedJson(finish_.matched_stop())
+                              : OrderedJson(nullptr);
+  return stop;
+}
+
 OrderedJson MessagesReply::MessageJson() const {
   OrderedJson m;
   m["id"] = id_;
@@ -465,9 +480,8 @@ OrderedJson MessagesReply::MessageJson() const {
   m["content"] = OrderedJson::array();
   for (const Block& block : blocks_) m["content"].push_back(BlockJson(block, true));
   if (finished_) {
-    m["stop_reason"] = AnthropicStopReason(finish_, stop_sequences_);
-    m["stop_sequence"] = m["stop_reason"] == "stop_sequence" ? OrderedJson(finish_.matched_stop())
-                                                             : OrderedJson(nullptr);
+    OrderedJson stop = StopFields();  // (held: items() iterates it in place)
+    for (auto& [key, value] : stop.items()) m[key] = std::move(value);
   } else {
     m["stop_reason"] = nullptr;
     m["stop_sequence"] = nullptr;
@@ -609,17 +623,7 @@ std::string MessagesReply::StreamEnd() {
   std::string events;
   MessageStart(&events);
   Close(&events);
-  OrderedJson delta;
-  if (finished_) {
-    delta["stop_reason"] = AnthropicStopReason(finish_, stop_sequences_);
-    delta["stop_sequence"] = delta["stop_reason"] == "stop_sequence"
-                                 ? OrderedJson(finish_.matched_stop())
-                                 : OrderedJson(nullptr);
-  } else {
-    delta["stop_reason"] = "pause_turn";
-    delta["stop_sequence"] = nullptr;
-  }
-  Event("message_delta", {{"delta", std::move(delta)}, {"usage", Usage()}}, &events);
+  Event("message_delta", {{"delta", StopFields()}, {"usage", Usage()}}, &events);
   Event("message_stop", OrderedJson::object(), &events);
   return events;
 }

@@ -90,6 +90,8 @@ class MessagesReply final : public GenerationReply {
   void MessageStart(std::string* events);
   OrderedJson BlockJson(const Block& block, bool whole) const;
   OrderedJson Usage() const;
+  // {"stop_reason", "stop_sequence"} of the end (pause_turn when the calls ended without one).
+  OrderedJson StopFields() const;
   OrderedJson MessageJson() const;
 
   std::vector<std::string> stop_sequences_;
