@@ -166,11 +166,17 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
   }
 
   // Before anything is submitted: the completions come from a beam search (BeamSearchRun), not
-  // as a leader and its followers; `cancel` ends its running step when the client leaves.
+  // as a leader and its followers; `cancel` ends its running step when the client leaves (at once
+  // when it already has).
   void set_beam_search(std::function<void()> cancel) {
     followers_submitted_ = true;
-    std::lock_guard<std::mutex> lock(mu_);
-    cancel_hook_ = std::move(cancel);
+    bool left;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cancel_hook_ = cancel;
+      left = cancelled_;
+    }
+    if (left) cancel();
   }
 
   // The client cancelled (before anything was submitted, for a call that waited to compile).
@@ -308,14 +314,7 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
       AddDouble(&root, "gen_ai.latency.time_to_first_token", first->time_to_first_token_ms() / 1e3);
       AddDouble(&root, "gen_ai.latency.e2e", first->total_time_ms() / 1e3);
     }
-    AddInt(&root, "rpc.grpc.status_code", static_cast<int64_t>(t.status.error_code()));
-    if (!t.status.ok()) {
-      root.mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
-      root.mutable_status()->set_message(t.status.error_message());
-    } else if (!engine_error.empty()) {
-      root.mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
-      root.mutable_status()->set_message(engine_error);
-    }
+    SetCallOutcome(&root, t.status, engine_error);
     std::vector<otlp::Span> spans;
     spans.reserve(1 + 3 * t.finished.size());
     spans.emplace_back();  // the root's place: first
@@ -595,14 +594,12 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
 class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
  public:
   BeamSearchRun(Engine* engine, const Tokenizer* tokenizer, std::unique_ptr<GenerationRequest> base,
-                BeamSearchConfig config, std::vector<std::shared_ptr<RequestSink>> outputs,
-                std::function<bool()> cancelled)
+                BeamSearchConfig config, std::vector<std::shared_ptr<RequestSink>> outputs)
       : engine_(engine),
         tokenizer_(tokenizer),
         base_(std::move(base)),
         config_(std::move(config)),
         max_tokens_(base_->max_new_tokens),
-        cancelled_(std::move(cancelled)),
         outputs_(std::move(outputs)),
         beams_(1) {}
 
@@ -612,8 +609,8 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
     return SubmitStep(/*admitted=*/false);
   }
 
-  // The client left: the step's requests are cancelled now (their slots and KV freed at the
-  // engine's next step), and the search ends with them.
+  // The client left (the reactor's cancel hook): the step's requests are cancelled now (their
+  // slots and KV freed at the engine's next step), and the search ends with them.
   void Cancel() {
     std::vector<uint64_t> handles;
     {
@@ -688,9 +685,7 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
     }
     if (--pending_ > 0) return;
     if (!error_.empty()) return End(FinishReason::kError);
-    if (cancelled_by_engine_ || client_cancelled_ || cancelled_()) {
-      return End(FinishReason::kCancelled);
-    }
+    if (cancelled_by_engine_ || client_cancelled_) return End(FinishReason::kCancelled);
     beams_ = BeamStep(beams_, scored_, config_, &completed_);
     ++step_;
     // Done at the limit, with no beam left, or with the context full (a step's prompt is the
@@ -762,7 +757,6 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
   const std::unique_ptr<GenerationRequest> base_;  // the validated request each step copies
   const BeamSearchConfig config_;
   const int32_t max_tokens_;
-  std::function<bool()> cancelled_;  // the client left (checked between steps)
   std::mutex mu_;  // Start (the caller's thread) against the first step's end (the engine's)
   std::vector<std::shared_ptr<RequestSink>> outputs_ ABSL_GUARDED_BY(mu_);
   std::vector<Beam> beams_ ABSL_GUARDED_BY(mu_);  // live; one empty beam: the prompt alone
@@ -889,7 +883,10 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     {
       std::lock_guard<std::mutex> lock(mu_);
       cancelled_ = true;
-      if (status_.ok()) status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      // (After the call ended, what it ended with stands.)
+      if (status_.ok() && !ended_) {
+        status_ = grpc::Status(grpc::StatusCode::CANCELLED, "cancelled");
+      }
     }
     CancelAll();
   }
@@ -950,8 +947,8 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     if (status.ok()) status = reply_(std::move(pooled_));
     {
       std::lock_guard<std::mutex> lock(mu_);
-      final_status_ = status;
-      ended_ = true;  // a cancel after this does not change what the call ended with
+      status_ = status;  // the reply's own failure included
+      ended_ = true;
     }
     // The response was written on this thread (the engine's, or the submitter's): gRPC reads
     // and frees it on its own after Finish (OnDone acquires this).
@@ -969,12 +966,7 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
     AddInt(&root, "gen_ai.usage.input_tokens", traced_input_tokens_);
     AddInt(&root, "kvrm.usage.cached_input_tokens", traced_cached_tokens_);
     AddInt(&root, "kvrm.inputs", static_cast<int64_t>(handles_.size()));
-    const grpc::Status& status = ended_ ? final_status_ : status_;
-    AddInt(&root, "rpc.grpc.status_code", static_cast<int64_t>(status.error_code()));
-    if (!status.ok()) {
-      root.mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
-      root.mutable_status()->set_message(status.error_message());
-    }
+    SetCallOutcome(&root, status_);
     std::vector<otlp::Span> spans;
     spans.push_back(std::move(root));
     tracer_->Record(std::move(spans));
@@ -992,11 +984,10 @@ class PoolingReactor final : public grpc::ServerUnaryReactor {
   std::vector<Pooled> pooled_;     // guarded by mu_: [inputs]
   std::vector<uint64_t> handles_;  // guarded by mu_: [inputs], 0 until submitted
   int32_t pending_;                // guarded by mu_: inputs not ended, + 1 while submitting
-  grpc::Status status_;            // guarded by mu_: the call's, OK until something failed
+  grpc::Status status_;  // guarded by mu_: the call's, OK until something failed; final once ended_
   bool cancelled_ = false;         // guarded by mu_
   std::atomic<int32_t> refs_{1};   // gRPC's (OnDone), the submitter's, one per submitted input
-  grpc::Status final_status_;      // guarded by mu_: what the call ended with
-  bool ended_ = false;             // guarded by mu_: final_status_ is set
+  bool ended_ = false;             // guarded by mu_: Count ended the call (status_ is final)
   // Tracing (null tracer: none); set before anything is submitted, the counts under mu_.
   Tracer* tracer_ = nullptr;
   otlp::Span trace_root_;
@@ -1318,8 +1309,7 @@ void KvrmService::StartBeamSearch(grpc::CallbackServerContext* context,
   for (int32_t i = 0; i < config.width; ++i) outputs.push_back(reactor->MakeSink(i));
   r->sink.reset();
   auto run = std::make_shared<BeamSearchRun>(engine_, engine_->model().tokenizer.get(),
-                                             std::move(r), std::move(config), std::move(outputs),
-                                             [reactor] { return reactor->cancelled(); });
+                                             std::move(r), std::move(config), std::move(outputs));
   reactor->set_beam_search([weak = std::weak_ptr<BeamSearchRun>(run)] {
     if (std::shared_ptr<BeamSearchRun> live = weak.lock()) live->Cancel();
   });

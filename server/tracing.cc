@@ -175,6 +175,17 @@ void SetTimes(otlp::Span* span, absl::Time start, absl::Time end) {
   span->set_end_time_unix_nano(static_cast<uint64_t>(absl::ToUnixNanos(std::max(start, end))));
 }
 
+void SetCallOutcome(otlp::Span* span, const grpc::Status& status, absl::string_view engine_error) {
+  AddInt(span, "rpc.grpc.status_code", static_cast<int64_t>(status.error_code()));
+  if (!status.ok()) {
+    span->mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
+    span->mutable_status()->set_message(status.error_message());
+  } else if (!engine_error.empty()) {
+    span->mutable_status()->set_code(otlp::Status::STATUS_CODE_ERROR);
+    span->mutable_status()->set_message(std::string(engine_error));
+  }
+}
+
 const otlp::AnyValue* FindAttribute(const otlp::Span& span, absl::string_view key) {
   for (const otlp::KeyValue& kv : span.attributes()) {
     if (kv.key() == key) return &kv.value();

@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
+#include "grpcpp/support/status.h"
 #include "metrics/registry.h"
 #include "otlp/trace_export.grpc.pb.h"
 
@@ -140,6 +141,10 @@ void AddDouble(otlp::Span* span, absl::string_view key, double value);
 void AddBool(otlp::Span* span, absl::string_view key, bool value);
 void AddStrings(otlp::Span* span, absl::string_view key, const std::vector<std::string>& values);
 void SetTimes(otlp::Span* span, absl::Time start, absl::Time end);
+// A call's outcome on its span: rpc.grpc.status_code, and status ERROR with the message when the
+// call failed, or else when `engine_error` (a completion's own failure) is not empty.
+void SetCallOutcome(otlp::Span* span, const grpc::Status& status,
+                    absl::string_view engine_error = "");
 // The attribute `key`'s value, or null (tests, and whoever reads spans back).
 const otlp::AnyValue* FindAttribute(const otlp::Span& span, absl::string_view key);
 
