@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/logging.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -95,8 +96,14 @@ class Collector final : public otlp::TraceService::Service {
 // that gRPC's callback threads it runs calls on are created after it (ThreadSanitizer cannot
 // see the hand-off inside Debian's uninstrumented libgrpc when they already exist).
 std::string SocketAddress(const std::string& name) {
-  // (A socket path is at most 107 bytes: TEST_TMPDIR is too long for one.)
-  return absl::StrCat("unix:/tmp/kvrm-otlp-", getpid(), "-", name, ".sock");
+  // (A socket path is at most 107 bytes: TEST_TMPDIR is too long for one.) A directory of this
+  // process's own, made once: sandboxed runs of the test at once may share /tmp and a pid.
+  static const std::string dir = [] {
+    char tmpl[] = "/tmp/kvrm-otlp-XXXXXX";
+    CHECK(mkdtemp(tmpl) != nullptr);
+    return std::string(tmpl);
+  }();
+  return absl::StrCat("unix:", dir, "/", name, ".sock");
 }
 
 std::string Bytes(absl::Span<const uint8_t> id) { return std::string(id.begin(), id.end()); }
