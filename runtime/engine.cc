@@ -503,6 +503,21 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
     return absl::InvalidArgumentError(absl::StrCat("lora_adapter: slot ", request->lora_adapter,
                                                    " is not in [-1, ", max_loras(), ")"));
   }
+  if (const ThinkingBudget& b = request->thinking_budget; b.max_tokens >= 0) {
+    if (b.end.empty() || b.forced.empty() || (b.start.empty() && !b.starts_inside)) {
+      return absl::InvalidArgumentError(
+          "thinking_budget: its end and forced tokens (and its start, unless the prompt opens "
+          "the block) must be given");
+    }
+    for (const std::vector<int32_t>* seq : {&b.start, &b.end, &b.forced}) {
+      for (int32_t id : *seq) {
+        if (id < 0 || id >= vocab) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("thinking_budget: token ", id, " is not in [0, ", vocab, ")"));
+        }
+      }
+    }
+  }
   RETURN_IF_ERROR(ValidateSamplingConfig(request->sampling));
   RETURN_IF_ERROR(ValidateSamplingTokens(request->sampling, vocab));
   if (request->sampling.seed == 0) {

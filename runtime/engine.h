@@ -365,6 +365,12 @@ class Engine {
     int32_t generated = 0;
     int32_t cached_tokens = 0;  // prompt tokens admission found in the prefix cache
     int32_t grammar_state = 0;  // the request's structured-output automaton state, if it has one
+    // GenerationRequest::thinking_budget: whether the reply is inside a thinking block, the
+    // tokens spent in blocks so far, and while the budget's end is being forced, how many of its
+    // `forced` tokens are written (-1: not forcing).
+    bool thinking = false;
+    int32_t thinking_tokens = 0;
+    int32_t thinking_forced = -1;
     // Speculative decoding: draft tokens verified and accepted, decayed per decode step (the
     // slot's acceptance rate, SlotAcceptance).
     double drafts_verified = 0;
@@ -446,6 +452,11 @@ class Engine {
   // Whether the slot's EOS ids (unless ignore_eos) and stop tokens are masked from sampling now:
   // it has any and fewer than min_tokens generated.
   bool MasksStopTokens(int32_t slot_index) const;
+  // The token the thinking budget forces next (GenerationRequest::thinking_budget), or -1.
+  int32_t ThinkingForcedToken(int32_t slot_index) const;
+  // Follows the slot's thinking blocks over its last token (`token` just emitted; -1: none yet,
+  // at admission) and starts forcing the end once the budget is spent.
+  void TrackThinking(int32_t slot_index, int32_t token);
   // Whether the slot's request still needs its prompt's logits (prompt logprobs not yet sent):
   // its prompt is prefilled with every row's logits and never from the prefix cache.
   bool ScoresPrompt(int32_t slot) const;

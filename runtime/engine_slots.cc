@@ -367,6 +367,7 @@ void Engine::Admit(absl::Time now) {
     slot.generated = 0;
     slot.swapped = false;
     slot.grammar_state = req.grammar ? req.grammar->start() : 0;
+    TrackThinking(i, /*token=*/-1);
     slot.drafts_verified = slot.drafts_accepted = 0;
     slot.prompt_logprobs.clear();
     slot.pooled_rows = 0;
@@ -602,7 +603,13 @@ int32_t Engine::StageDrafts(int32_t i, double threshold, int32_t* room, StepDesc
   slot.forced_drafts = 0;
   if (k <= 0) return 0;
   int32_t n = 0;
-  if (r.grammar) {
+  if (const int32_t forced = ThinkingForcedToken(i); forced >= 0) {
+    // The rest of the thinking budget's forced end: certain, so drafted in full.
+    const std::vector<int32_t>& end = r.thinking_budget.forced;
+    n = std::min<int32_t>(k, static_cast<int32_t>(end.size()) - slot.thinking_forced);
+    std::copy_n(end.begin() + slot.thinking_forced, n, draft);
+    slot.forced_drafts = n;
+  } else if (r.grammar) {
     // Jump-forward: text the constraint forces (a JSON schema's keys and punctuation) is
     // certain, and the longest tokens spelling it are likely the model's own: drafted whatever
     // the acceptance rate, as far as the constraint forces.
@@ -657,10 +664,74 @@ bool Engine::SampledOnDevice(int32_t i) const {
       c.repetition_penalty != 1.0f || c.presence_penalty != 0.0f || c.frequency_penalty != 0.0f) {
     return false;
   }
-  // A structured output's token mask is applied on the host.
-  if (slots_[i].request->grammar) return false;
+  // A structured output's token mask is applied on the host, and a forced token is no draw.
+  if (slots_[i].request->grammar || ThinkingForcedToken(i) >= 0) return false;
   // While min_tokens holds, EOS and the stop tokens are masked (SampleNext): on the host.
   return !MasksStopTokens(i);
+}
+
+int32_t Engine::ThinkingForcedToken(int32_t i) const {
+  const Slot& slot = slots_[i];
+  if (slot.thinking_forced < 0) return -1;
+  const int32_t token = slot.request->thinking_budget.forced[slot.thinking_forced];
+  // A structured output that does not allow the end here leads: the budget cannot be kept.
+  const structured::Grammar* grammar = slot.request->grammar.get();
+  if (grammar != nullptr &&
+      grammar->Next(slot.grammar_state, token) == structured::Grammar::kDead) {
+    return -1;
+  }
+  return token;
+}
+
+namespace {
+
+// Whether `history` followed by `token` ends with `seq` (not empty).
+bool EndsWith(const std::vector<int32_t>& history, int32_t token, absl::Span<const int32_t> seq) {
+  if (seq.empty() || seq.back() != token || history.size() + 1 < seq.size()) return false;
+  return std::equal(seq.begin(), seq.end() - 1, history.end() - (seq.size() - 1));
+}
+
+}  // namespace
+
+void Engine::TrackThinking(int32_t i, int32_t token) {
+  Slot& slot = slots_[i];
+  const ThinkingBudget& budget = slot.request->thinking_budget;
+  if (budget.max_tokens < 0) return;
+  if (token < 0) {  // admission
+    slot.thinking = budget.starts_inside;
+    slot.thinking_tokens = 0;
+    slot.thinking_forced = -1;
+  } else if (slot.thinking_forced >= 0) {
+    // A forced token (or, under a constraint that refused one, the constraint's): the block
+    // is closed once the whole end is written.
+    if (token != budget.forced[slot.thinking_forced]) {
+      slot.thinking_forced = -1;  // the constraint led; the natural end is watched again
+    } else if (++slot.thinking_forced == static_cast<int32_t>(budget.forced.size())) {
+      slot.thinking_forced = -1;
+      slot.thinking = false;
+    }
+    return;
+  } else if (slot.thinking) {
+    ++slot.thinking_tokens;
+    if (EndsWith(slot.history, token, budget.end)) {
+      slot.thinking = false;
+      return;
+    }
+  } else {
+    slot.thinking = EndsWith(slot.history, token, budget.start);
+  }
+  if (!slot.thinking || slot.thinking_tokens < budget.max_tokens) return;
+  // Spent: the end is forced from the next token on; a reply already writing it (its last
+  // tokens in the block a beginning of `forced`) goes on from where it is.
+  const int32_t n = static_cast<int32_t>(budget.forced.size());
+  slot.thinking_forced = 0;
+  for (int32_t k = std::min(n - 1, slot.thinking_tokens); k > 0; --k) {
+    if (budget.forced[k - 1] != token) continue;
+    if (EndsWith(slot.history, token, absl::MakeConstSpan(budget.forced.data(), k))) {
+      slot.thinking_forced = k;
+      break;
+    }
+  }
 }
 
 bool Engine::MasksStopTokens(int32_t i) const {
@@ -1110,6 +1181,17 @@ void Engine::FinishDecode(const StepResult& result) {
 
 SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
   const GenerationRequest& r = *slots_[slot_index].request;
+  if (const int32_t forced = ThinkingForcedToken(slot_index); forced >= 0) {
+    // The thinking budget is spent: its end is the only choice (the distribution's one token).
+    SampleResult sample;
+    sample.token = forced;
+    if (r.sampling.logprobs && r.sampling.top_logprobs > 0) {
+      sample.num_top = 1;
+      sample.top_ids[0] = forced;
+      sample.top_logprobs[0] = 0;
+    }
+    return sample;
+  }
   if (MasksStopTokens(slot_index)) {
     constexpr float kMasked = -std::numeric_limits<float>::infinity();
     const auto mask = [&](int32_t id) {
@@ -1186,6 +1268,7 @@ void Engine::EmitToken(int32_t slot_index, const SampleResult& sample) {
     slot.grammar_state = next;
     grammar_done = r.grammar->terminal(next);
   }
+  TrackThinking(slot_index, token);
   if (is_eos) {
     chunk.text = slot.text->Finish();
     FinishSlot(slot_index, FinishReason::kEos, std::move(chunk));

@@ -93,6 +93,19 @@ const char* PoolingName(Pooling pooling);
 // "last", "mean" or "cls" (PoolingName's); INVALID_ARGUMENT otherwise.
 absl::StatusOr<Pooling> ParsePooling(std::string_view name);
 
+// A thinking model's budget for its thinking (vLLM's thinking_token_budget, Anthropic's
+// thinking.budget_tokens): once the reply has written `max_tokens` tokens inside its thinking
+// blocks (counted from the end of `start` to the end of `end`, over every block), the next
+// tokens are `forced` (the block's end), sampled as the only choice; the model then answers.
+// Markers are matched as token sequences, as the tokenizer writes them.
+struct ThinkingBudget {
+  int32_t max_tokens = -1;      // -1: none
+  std::vector<int32_t> start;   // opens a block ("<think>")
+  std::vector<int32_t> end;     // closes one ("</think>")
+  std::vector<int32_t> forced;  // written when the budget is spent: `end`, or more (harmony)
+  bool starts_inside = false;   // the prompt opened the first block
+};
+
 struct GenerationRequest {
   std::string request_id;
   uint64_t handle = 0;  // assigned by Engine::Submit; used to cancel
@@ -131,6 +144,7 @@ struct GenerationRequest {
   // end-of-sequence tokens are allowed only where the text is a whole match, and the completion
   // ends (kStop) as soon as no token can follow. Shared, immutable (runtime/structured).
   std::shared_ptr<const structured::Grammar> grammar;
+  ThinkingBudget thinking_budget;
   // An embedding request (kNone: generation): the prompt is prefilled, no token is sampled, and
   // the request ends (kStop, no completion tokens) with its pooled hidden state in the last
   // chunk's `embedding` (Engine::returns_hidden; a device that does not is INVALID_ARGUMENT).
