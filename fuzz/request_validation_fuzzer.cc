@@ -1,13 +1,15 @@
-// Fuzzes ValidateGenerateRequest (and the pooling calls' validation: Embed, Classify, Score) on a kvrm.v1.GenerateRequest parsed from the input bytes
-// (what a client controls), with the gpt2 tokenizer and kvrmd-like limits. Invariants on
-// success: the prompt fits the context with room for one token, its ids are in the vocabulary,
-// max_new_tokens and the stop conditions are within their limits, the time limit is not negative.
-// Chat prompts are rendered with a Llama-3-style template that raises on unknown roles and writes
-// tools and tool calls (so their JSON reaches the renderer); tool choices that force calls compile
-// their JSON Schema, as a request's own structured output does;
-// structured outputs are compiled for the gpt2 vocabulary, with small state limits so that one
-// input stays well inside the fuzzer's time limit. A validated beam search has at most
-// kMaxBeamWidth beams and none of the fields it refuses.
+// Fuzzes ValidateGenerateRequest (and the pooling calls' validation: Embed, Classify, Score) on a
+// kvrm.v1.GenerateRequest parsed from the input bytes (what a client controls), with the gpt2
+// tokenizer and kvrmd-like limits. Invariants on success: the prompt fits the context with room for
+// one token, its ids are in the vocabulary, max_new_tokens and the stop conditions are within their
+// limits, the time limit is not negative. Chat prompts are rendered with a Llama-3-style template
+// that raises on unknown roles and writes tools and tool calls (so their JSON reaches the
+// renderer); tool choices that force calls compile their JSON Schema, as a request's own structured
+// output does; structured outputs are compiled for the gpt2 vocabulary, with small state limits so
+// that one input stays well inside the fuzzer's time limit. A validated beam search has at most
+// kMaxBeamWidth beams and none of the fields it refuses. The template is read as a thinking
+// model's or not by the input's last byte; a chat's thinking budget is kept only for one that
+// thinks, its markers in the vocabulary.
 #include <cmath>
 #include <cstdint>
 #include <memory>
@@ -133,6 +135,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   CheckClassifyAndScore(data, size);
   kvrm::v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  // The template read as a thinking model's (none, think, harmony) by the input's last byte.
+  chat->reasoning_format = static_cast<kvrm::ReasoningFormat>(size == 0 ? 0 : data[size - 1] % 3);
   absl::StatusOr<std::unique_ptr<kvrm::GenerationRequest>> r =
       kvrm::ValidateGenerateRequest(request, *tokenizer, limits, chat, structured);
   if (!r.ok()) {
@@ -177,6 +181,18 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (g.grammar != nullptr) {
     FUZZ_CHECK(g.grammar->vocab_size() == limits.vocab_size);
     FUZZ_CHECK(!g.grammar->terminal(g.grammar->start()));
+  }
+  // A thinking budget is kept for a chat to a model that thinks, with markers the engine takes.
+  const kvrm::ThinkingBudget& budget = g.thinking_budget;
+  const bool budgeted = request.has_chat() && request.chat().has_thinking_budget() &&
+                        chat->reasoning_format != kvrm::ReasoningFormat::kNone;
+  FUZZ_CHECK(budgeted == (budget.max_tokens >= 0));
+  if (budgeted) {
+    FUZZ_CHECK(budget.max_tokens == request.chat().thinking_budget() && !request.has_beam_search());
+    FUZZ_CHECK(!budget.start.empty() && !budget.end.empty() && !budget.forced.empty());
+    for (const std::vector<int32_t>* seq : {&budget.start, &budget.end, &budget.forced}) {
+      for (int32_t id : *seq) FUZZ_CHECK(id >= 0 && id < limits.vocab_size);
+    }
   }
   return 0;
 }

@@ -1183,6 +1183,8 @@ SampleResult Engine::SampleNext(int32_t slot_index, absl::Span<float> logits) {
   const GenerationRequest& r = *slots_[slot_index].request;
   if (const int32_t forced = ThinkingForcedToken(slot_index); forced >= 0) {
     // The thinking budget is spent: its end is the only choice (the distribution's one token).
+    // It takes a sampled token's draw, so that the tokens after it are drawn as they would be.
+    if (r.sampling.temperature > 0) samplers_[slot_index]->DrawUniform();
     SampleResult sample;
     sample.token = forced;
     if (r.sampling.logprobs && r.sampling.top_logprobs > 0) {

@@ -260,6 +260,7 @@ std::string MessagesParam(const std::string& p, const std::vector<int>& from) {
   if (p == "stop") return "stop_sequences";
   if (after("stop[", &rest)) return "stop_sequences[" + rest;
   if (p == "user") return "metadata.user_id";
+  if (p == "thinking_token_budget") return "thinking.budget_tokens";
   if (p == "parallel_tool_calls") return "tool_choice.disable_parallel_tool_use";
   if (p == "continue_final_message") return "messages";
   if (after("response_format.json_schema.schema", &rest)) return "output_format.schema" + rest;
@@ -353,9 +354,12 @@ absl::StatusOr<MessagesRequest> ParseMessagesRequest(absl::string_view body,
     if (type != "enabled" && type != "disabled") {
       return Bad("thinking.type", absl::StrCat("\"", type, "\": use enabled or disabled"));
     }
-    if (const Json* budget = Find(*thinking, "budget_tokens");
-        budget != nullptr && !budget->is_number_integer()) {
-      return WrongType("thinking.budget_tokens", "an integer", *budget);
+    if (const Json* budget = Find(*thinking, "budget_tokens")) {
+      if (!budget->is_number_integer()) {
+        return WrongType("thinking.budget_tokens", "an integer", *budget);
+      }
+      // Kept as vLLM's thinking_token_budget is (for a model that thinks).
+      if (type == "enabled") chat["thinking_token_budget"] = o["thinking"]["budget_tokens"];
     }
     // The chat templates' switch (Qwen3's, DeepSeek's); a chat_template_kwargs' own wins.
     if (!chat.contains("chat_template_kwargs"))

@@ -151,9 +151,13 @@ TEST(MessagesRequestTest, ThinkingAndOutputFormat) {
   const MessagesRequest on = Parse(R"({"max_tokens": 2048, "messages": [{"role": "user",
       "content": "x"}], "thinking": {"type": "enabled", "budget_tokens": 1024}})");
   EXPECT_THAT(on.chat.generate.chat().template_kwargs(), HasSubstr(R"("enable_thinking":true)"));
+  // The budget is kept (vLLM's thinking_token_budget), named as the Messages API names it.
+  EXPECT_EQ(on.chat.generate.chat().thinking_budget(), 1024);
+  EXPECT_EQ(on.chat.params.at("chat.thinking_budget"), "thinking.budget_tokens");
   const MessagesRequest off = Parse(R"({"max_tokens": 8, "messages": [{"role": "user",
-      "content": "x"}], "thinking": {"type": "disabled"}})");
+      "content": "x"}], "thinking": {"type": "disabled", "budget_tokens": 100}})");
   EXPECT_THAT(off.chat.generate.chat().template_kwargs(), HasSubstr(R"("enable_thinking":false)"));
+  EXPECT_FALSE(off.chat.generate.chat().has_thinking_budget());
   // A chat_template_kwargs' own switch wins.
   const MessagesRequest own = Parse(R"({"max_tokens": 8, "messages": [{"role": "user",
       "content": "x"}], "thinking": {"type": "enabled"},

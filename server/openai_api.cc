@@ -764,6 +764,9 @@ absl::Status ChatOptions(const Json& body, OpenAiRequest* out) {
   }
   if (!kwargs_object.empty()) chat->set_template_kwargs(kwargs_object.dump());
   out->params["chat.template_kwargs"] = "chat_template_kwargs";
+  ASSIGN_OR_RETURN(std::optional<int32_t> budget, GetInt32(body, "thinking_token_budget"));
+  if (budget) chat->set_thinking_budget(*budget);
+  out->params["chat.thinking_budget"] = "thinking_token_budget";
   ASSIGN_OR_RETURN(std::optional<bool> logprobs, GetBool(body, "logprobs"));
   ASSIGN_OR_RETURN(std::optional<int32_t> top, GetInt32(body, "top_logprobs"));
   if (top && !logprobs.value_or(false)) return Bad("top_logprobs", "needs logprobs: true");

@@ -775,6 +775,17 @@ TEST(ChatRequestTest, TemplateOptions) {
                 "use low, medium or high");
   ExpectRefused(kChat, ChatBody(R"("reasoning_effort": "minimal")"), "reasoning_effort");
   ExpectRefused(kChat, ChatBody(R"("reasoning_effort": 3)"), "reasoning_effort");
+
+  // vLLM's thinking_token_budget.
+  r = Chat(ChatBody(R"("thinking_token_budget": 256)"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->generate.chat().thinking_budget(), 256);
+  EXPECT_EQ(r->params.at("chat.thinking_budget"), "thinking_token_budget");
+  r = Chat(ChatBody(""));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->generate.chat().has_thinking_budget());
+  ExpectRefused(kChat, ChatBody(R"("thinking_token_budget": "many")"), "thinking_token_budget");
+  ExpectRefused(kChat, ChatBody(R"("thinking_token_budget": 1.5)"), "thinking_token_budget");
 }
 
 TEST(ChatRequestTest, ResponseFormat) {

@@ -559,6 +559,9 @@ absl::Status CheckBeamSearch(const v1::GenerateRequest& proto) {
   if (proto.has_chat() && proto.chat().tools_size() > 0) {
     return Invalid("chat.tools", "not with beam_search");
   }
+  if (proto.has_chat() && proto.chat().has_thinking_budget()) {
+    return Invalid("chat.thinking_budget", "not with beam_search");
+  }
   const v1::ResponseOptions& ro = proto.response();
   if (ro.logprobs() || ro.top_logprobs() != 0) {
     return Invalid("response.logprobs",
@@ -568,6 +571,42 @@ absl::Status CheckBeamSearch(const v1::GenerateRequest& proto) {
     return Invalid("response.prompt_logprobs", "not with beam_search");
   }
   return absl::OkStatus();
+}
+
+// chat.thinking_budget as the engine keeps it: the reasoning format's markers as the tokenizer
+// writes them (`thinking` says whether the reply starts inside the block). A model that does not
+// think has no budget to keep.
+absl::StatusOr<ThinkingBudget> ChatThinkingBudget(const v1::ChatPrompt& chat,
+                                                  structured::ConstraintSpec::Thinking thinking,
+                                                  const Tokenizer& tokenizer) {
+  using Thinking = structured::ConstraintSpec::Thinking;
+  ThinkingBudget budget;
+  if (!chat.has_thinking_budget()) return budget;
+  if (chat.thinking_budget() < 0) {
+    return Invalid("chat.thinking_budget", absl::StrCat(chat.thinking_budget(), " is negative"));
+  }
+  if (thinking == Thinking::kNone) return budget;
+  std::string_view start = kThinkStart, end = kThinkEnd, forced = kThinkEnd;
+  if (thinking == Thinking::kHarmony) {
+    // gpt-oss thinks in its analysis channel; the budget ends that message and opens the final
+    // one.
+    start = "<|channel|>analysis<|message|>";
+    end = "<|end|>";
+    forced = "<|end|><|start|>assistant<|channel|>final<|message|>";
+  }
+  for (auto [text, seq] : {std::pair{start, &budget.start}, std::pair{end, &budget.end},
+                           std::pair{forced, &budget.forced}}) {
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, /*add_bos=*/false);
+    if (!ids.ok() || ids->empty()) {
+      return Invalid("chat.thinking_budget",
+                     absl::StrCat("the tokenizer cannot write the thinking's marker \"",
+                                  std::string(text), "\""));
+    }
+    *seq = std::move(*ids);
+  }
+  budget.starts_inside = thinking == Thinking::kInside;
+  budget.max_tokens = chat.thinking_budget();
+  return budget;
 }
 
 }  // namespace
@@ -708,6 +747,9 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   if (proto.has_beam_search()) RETURN_IF_ERROR(CheckBeamSearch(proto));
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
   if (thinking_out != nullptr) *thinking_out = thinking;
+  if (proto.has_chat()) {
+    ASSIGN_OR_RETURN(r->thinking_budget, ChatThinkingBudget(proto.chat(), thinking, tokenizer));
+  }
   ASSIGN_OR_RETURN(std::optional<StructuredField> constraint,
                    RequestConstraint(proto, limits, IsHarmonyChat(proto, chat)));
   if (constraint) {

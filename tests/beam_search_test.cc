@@ -248,6 +248,14 @@ TEST(BeamSearchE2eTest, WhatBeamSearchCannotHonourIsRefusedByName) {
       "beam_search.length_penalty");
   refused([](v1::GenerateRequest& r) { r.mutable_structured()->set_json_object(true); },
           "structured");
+  refused(
+      [](v1::GenerateRequest& r) {
+        v1::ChatMessage* m = r.mutable_chat()->add_messages();
+        m->set_role("user");
+        m->set_content("Hi");
+        r.mutable_chat()->set_thinking_budget(8);
+      },
+      "chat.thinking_budget");
 }
 
 }  // namespace

@@ -668,6 +668,13 @@ TEST(OpenAiHttpTest, MessagesApiIsTheChatTurnInAnthropicsShape) {
   EXPECT_EQ(zero.status, 400);
   EXPECT_TRUE(absl::StartsWith(Body(zero)["error"]["message"].get<std::string>(), "max_tokens"))
       << zero.body;
+  // A service refusal names the Messages API's parameter too.
+  HttpReply budget = d.Post("/v1/messages", R"({"messages": [{"role": "user", "content": "x"}],
+      "max_tokens": 5, "thinking": {"type": "enabled", "budget_tokens": -3}})");
+  EXPECT_EQ(budget.status, 400);
+  EXPECT_TRUE(absl::StartsWith(Body(budget)["error"]["message"].get<std::string>(),
+                               "thinking.budget_tokens: -3 is negative"))
+      << budget.body;
   HttpReply other = d.Post("/v1/messages", R"({"model": "claude-sonnet-4", "max_tokens": 5,
                                                "messages": [{"role": "user", "content": "x"}]})");
   EXPECT_EQ(other.status, 404);

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "common/json.h"
 #include "gtest/gtest.h"
 #include "model/chat_config.h"
@@ -237,6 +238,85 @@ TEST(ReasoningE2eTest, ConstraintHoldsTheAnswerAfterTheThinking) {
       EXPECT_TRUE(s.text.empty() || s.text == "yes" || s.text == "no") << s.text;
     }
   }
+}
+
+// chat.thinking_budget: after a prompt that opened the block, the reply thinks for exactly the
+// budget (the same tokens as without one, for the same seed), then "</think>" is written for it
+// (its tokens as the tokenizer writes them, counted as reasoning) and the answer follows.
+TEST(ReasoningE2eTest, ThinkingBudgetEndsTheThinking) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kR1Like);
+  const Tokenizer& tok = *server->model().tokenizer;
+  absl::StatusOr<std::vector<int32_t>> end = tok.Encode("</think>", /*add_bos=*/false);
+  ASSERT_TRUE(end.ok());
+  const int32_t m = static_cast<int32_t>(end->size());
+  for (int32_t budget : {0, 6, 15}) {
+    v1::GenerateRequest r = ChatRequest("");
+    r.clear_structured();
+    r.mutable_stopping()->set_max_new_tokens(40);
+    const Split free = Joined(RunGenerate(server->stub(), r));
+    r.mutable_chat()->set_thinking_budget(budget);
+    const StreamResult got = RunGenerate(server->stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    ASSERT_EQ(s.tokens.size(), 40u);
+    EXPECT_EQ(std::vector<int32_t>(s.tokens.begin(), s.tokens.begin() + budget),
+              std::vector<int32_t>(free.tokens.begin(), free.tokens.begin() + budget));
+    EXPECT_EQ(std::vector<int32_t>(s.tokens.begin() + budget, s.tokens.begin() + budget + m), *end)
+        << budget;
+    EXPECT_EQ(s.finished.usage().reasoning_tokens(), budget + m) << budget;
+    EXPECT_EQ(s.reasoning.find("</think>"), std::string::npos) << s.reasoning;
+    EXPECT_FALSE(s.text.empty());
+    // Without the budget, the random model thinks to its length limit.
+    EXPECT_EQ(free.text, "");
+    EXPECT_EQ(free.finished.usage().reasoning_tokens(), 40);
+  }
+}
+
+// A budget with a structured output that holds the answer only: the forced end closes the
+// thinking the random model would never close, and the answer follows the constraint.
+TEST(ReasoningE2eTest, ThinkingBudgetLetsAConstrainedAnswerCome) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kR1Like);
+  for (uint64_t seed : {1, 2, 3}) {
+    v1::GenerateRequest r = ChatRequest("(yes|no)", seed);
+    r.mutable_structured()->set_include_thinking(false);
+    r.mutable_stopping()->set_max_new_tokens(40);
+    r.mutable_chat()->set_thinking_budget(8);
+    const StreamResult got = RunGenerate(server->stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    EXPECT_EQ(s.finished.reason(), v1::FINISH_REASON_STOP) << s.reasoning;
+    // (The constraint lets up to 4 whitespace characters follow the block; only newlines are
+    // dropped from the answer's start.)
+    const absl::string_view answer = absl::StripLeadingAsciiWhitespace(s.text);
+    EXPECT_TRUE(answer == "yes" || answer == "no") << s.text;
+    EXPECT_FALSE(s.reasoning.empty());
+  }
+}
+
+// Where no block opens (the model may open one and does not) or a constraint on the whole reply
+// does not allow the end at the budget, the reply is what it is without a budget.
+TEST(ReasoningE2eTest, ThinkingBudgetLeavesOtherRepliesAlone) {
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kQwen3Like);
+  for (const bool constrained : {false, true}) {
+    v1::GenerateRequest r = ChatRequest(R"(<think>\n[a-z]{30}\n</think>\n\nDone\.)", 5);
+    if (!constrained) r.clear_structured();
+    r.mutable_stopping()->set_max_new_tokens(50);
+    const Split free = Joined(RunGenerate(server->stub(), r));
+    r.mutable_chat()->set_thinking_budget(4);
+    const StreamResult got = RunGenerate(server->stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    EXPECT_EQ(s.tokens, free.tokens) << constrained;
+    EXPECT_EQ(s.reasoning, free.reasoning);
+    if (constrained) EXPECT_EQ(s.text, "Done.");
+  }
+  // A negative budget is refused by name.
+  v1::GenerateRequest bad = ChatRequest("");
+  bad.clear_structured();
+  bad.mutable_chat()->set_thinking_budget(-1);
+  const StreamResult refused = RunGenerate(server->stub(), bad);
+  EXPECT_EQ(refused.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(refused.status.error_message().find("chat.thinking_budget"), std::string::npos);
 }
 
 // Only chat replies are split, and only when the server parses reasoning.

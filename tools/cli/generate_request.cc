@@ -201,10 +201,14 @@ absl::StatusOr<v1::GenerateRequest> BuildGenerateRequest(const GenerateOptions& 
     if (options.parallel_tool_calls) {
       request.mutable_chat()->set_parallel_tool_calls(*options.parallel_tool_calls);
     }
+    if (options.thinking_budget)
+      request.mutable_chat()->set_thinking_budget(*options.thinking_budget);
   } else if (!options.tools.empty() || !options.tool_choice.empty() ||
-             !options.template_kwargs.empty() || options.parallel_tool_calls) {
+             !options.template_kwargs.empty() || options.parallel_tool_calls ||
+             options.thinking_budget) {
     return absl::InvalidArgumentError(
-        "--tools, --tool_choice, --parallel_tool_calls and --template_kwargs need --message");
+        "--tools, --tool_choice, --parallel_tool_calls, --template_kwargs and --thinking_budget "
+        "need --message");
   } else if (options.continue_final_message) {
     return absl::InvalidArgumentError("--continue_final_message needs --message");
   } else if (!options.prompt.empty()) {

@@ -80,6 +80,7 @@ struct GenerateOptions {
   std::string tool_choice;
   std::string template_kwargs;
   std::optional<bool> parallel_tool_calls;  // unset: the server's default (true)
+  std::optional<int32_t> thinking_budget;   // chat.thinking_budget; unset: none
 };
 
 // Parses "1, 2,3" into ids. `flag` names the flag in errors. Empty text gives no ids.

@@ -338,6 +338,13 @@ TEST(BuildGenerateRequestTest, ToolFlags) {
   EXPECT_EQ(r->chat().tool_choice().function(), "get_weather");
   EXPECT_EQ(r->chat().template_kwargs(), R"({"enable_thinking": false})");
   EXPECT_FALSE(r->chat().has_parallel_tool_calls());
+  EXPECT_FALSE(r->chat().has_thinking_budget());
+  options.thinking_budget = 0;
+  r = BuildGenerateRequest(options);
+  ASSERT_TRUE(r.ok());
+  ASSERT_TRUE(r->chat().has_thinking_budget());
+  EXPECT_EQ(r->chat().thinking_budget(), 0);
+  options.thinking_budget.reset();
   options.parallel_tool_calls = false;
   r = BuildGenerateRequest(options);
   ASSERT_TRUE(r.ok());
@@ -361,6 +368,9 @@ TEST(BuildGenerateRequestTest, ToolFlags) {
   GenerateOptions text;
   text.prompt = "x";
   text.tool_choice = "required";
+  EXPECT_THAT(BuildGenerateRequest(text).status().message(), HasSubstr("need --message"));
+  text.tool_choice.clear();
+  text.thinking_budget = 64;
   EXPECT_THAT(BuildGenerateRequest(text).status().message(), HasSubstr("need --message"));
 }
 

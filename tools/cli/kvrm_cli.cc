@@ -118,6 +118,9 @@ ABSL_FLAG(std::string, tool_choice, "",
           "with --tools: auto (default), none, required, or the name of the function to call");
 ABSL_FLAG(bool, parallel_tool_calls, true,
           "with --tools: false holds the reply to at most one call");
+ABSL_FLAG(int32_t, thinking_budget, 0,
+          "with --message: at most this many tokens of thinking (a model that thinks); then the "
+          "server writes the block's end and the model answers");
 ABSL_FLAG(std::string, template_kwargs, "",
           "with --message: more chat-template variables, a JSON object (inline, or @FILE), e.g. "
           "{\"enable_thinking\": false}");
@@ -221,6 +224,9 @@ GenerateOptions GenerateOptionsFromFlags(const ParsedFlags& flags) {
   options.min_tokens = absl::GetFlag(FLAGS_min_tokens);
   options.include_stop_str_in_output = absl::GetFlag(FLAGS_include_stop_str_in_output);
   options.truncate_prompt_tokens = absl::GetFlag(FLAGS_truncate_prompt_tokens);
+  if (flags.given.contains("thinking_budget")) {
+    options.thinking_budget = absl::GetFlag(FLAGS_thinking_budget);
+  }
   if (flags.given.contains("parallel_tool_calls")) {
     options.parallel_tool_calls = absl::GetFlag(FLAGS_parallel_tool_calls);
   }
@@ -664,6 +670,7 @@ constexpr absl::string_view kGenerateFlags[] = {"prompt",
                                                 "tool_choice",
                                                 "parallel_tool_calls",
                                                 "template_kwargs",
+                                                "thinking_budget",
                                                 "json",
                                                 "server",
                                                 "timeout_s"};
