@@ -17,6 +17,7 @@
 #include "model/chat_config.h"
 #include "model/harmony.h"
 #include "model/tokenizer.h"
+#include "server/request_validation.h"
 #include "tests/test_server.h"
 
 namespace kvrm {
@@ -605,6 +606,54 @@ TEST(ReasoningE2eTest, HarmonyMarkersAsSpecialTokens) {
   EXPECT_GT(answered, 0);
   EXPECT_GT(called, 0);
   EXPECT_GT(with_marker_tokens, 0);
+}
+
+// What the service gives the engine for a budget: the reasoning format's markers as the
+// tokenizer writes them, and whether the prompt opened the block; nothing for a model that does
+// not think. (The engine's side: //tests:thinking_budget_test.)
+TEST(ReasoningE2eTest, ThinkingBudgetMarkersFollowTheFormat) {
+  struct Case {
+    std::unique_ptr<TestServer> server;
+    std::string kwargs;
+    std::string start, end, forced;
+    bool inside = false;
+  };
+  std::vector<int32_t> marker_ids;
+  std::vector<Case> cases;
+  cases.push_back({ServeWithHarmonyTokens(&marker_ids), "", "<|channel|>analysis<|message|>",
+                   "<|end|>", "<|end|><|start|>assistant<|channel|>final<|message|>", false});
+  cases.push_back({ServeWithTemplate(kR1Like), "", "<think>", "</think>", "</think>", true});
+  cases.push_back({ServeWithTemplate(kQwen3Like), "", "<think>", "</think>", "</think>", false});
+  cases.push_back({ServeWithTemplate(kQwen3Like), R"({"enable_thinking": false})", "<think>",
+                   "</think>", "</think>", false});
+  cases.push_back(
+      {ServeWithTemplate(kQwen3Like, /*parse_reasoning=*/false), "", "", "", "", false});
+  for (const Case& c : cases) {
+    const ModelBundle& model = c.server->model();
+    RequestLimits limits;
+    limits.vocab_size = model.config.vocab_size;
+    limits.max_context = 256;
+    limits.max_new_tokens = 64;
+    v1::GenerateRequest r = ChatRequest("");
+    r.clear_structured();
+    r.mutable_stopping()->set_max_new_tokens(8);
+    r.mutable_chat()->set_template_kwargs(c.kwargs);
+    r.mutable_chat()->set_thinking_budget(5);
+    absl::StatusOr<std::unique_ptr<GenerationRequest>> g =
+        ValidateGenerateRequest(r, *model.tokenizer, limits, &model.chat);
+    ASSERT_TRUE(g.ok()) << g.status();
+    const ThinkingBudget& b = (*g)->thinking_budget;
+    if (c.end.empty()) {
+      EXPECT_EQ(b.max_tokens, -1);
+      continue;
+    }
+    EXPECT_EQ(b.max_tokens, 5);
+    const Tokenizer& tok = *model.tokenizer;
+    EXPECT_EQ(tok.Decode(b.start, /*skip_special_tokens=*/false), c.start);
+    EXPECT_EQ(tok.Decode(b.end, false), c.end);
+    EXPECT_EQ(tok.Decode(b.forced, false), c.forced);
+    EXPECT_EQ(b.starts_inside, c.inside) << c.start;
+  }
 }
 
 }  // namespace
