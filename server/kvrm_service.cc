@@ -129,6 +129,13 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     tool_metrics_ = metrics;
   }
 
+  // Before the leader is submitted: each completion's first message carries the prompt's token
+  // ids (response.prompt_token_ids).
+  void set_prompt_token_ids(const std::vector<int32_t>& prompt) {
+    prompt_ids_ = prompt;
+    prompt_ids_pending_.assign(n_, 1);
+  }
+
   // Before the leader is submitted: every completion's text is split into reasoning and answer
   // (a chat request to a model that thinks; `starts_inside`: the prompt opened the block).
   void set_reasoning(bool starts_inside) {
@@ -443,6 +450,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     if (!omit_token_ids_) {
       for (int32_t id : chunk.token_ids) msg.add_token_ids(id);
     }
+    if (!prompt_ids_pending_.empty() && prompt_ids_pending_[index]) {
+      prompt_ids_pending_[index] = 0;
+      msg.mutable_prompt_token_ids()->Add(prompt_ids_.begin(), prompt_ids_.end());
+    }
     std::vector<ToolCall> calls;
     if (!harmony_streams_.empty()) {
       // Harmony: a token counts as reasoning when it is not the answer's (headers, markers,
@@ -572,6 +583,10 @@ class GenerateReactor final : public grpc::ServerWriteReactor<v1::GenerateRespon
     int32_t held = 0;   // before the reply began: thinking if the block opens next
   };
   std::vector<ReasoningTokens> reasoning_tokens_;  // per completion, with reasoning_streams_
+  // response.prompt_token_ids (set before the leader is submitted): the prompt, and per
+  // completion whether its first message is still to come (then only its feeder touches it).
+  std::vector<int32_t> prompt_ids_;
+  std::vector<uint8_t> prompt_ids_pending_;
   const ToolCallMetrics* tool_metrics_ = nullptr;
   std::atomic<bool> followers_submitted_{false};
   std::atomic<int> refs_{1};  // gRPC's reference; MakeSink adds the engine's
@@ -1273,6 +1288,7 @@ void KvrmService::ValidateAndSubmit(grpc::CallbackServerContext* context,
   }
   (*r)->request_id = std::move(id);
   (*r)->arrival = arrival;
+  if (request.response().prompt_token_ids()) reactor->set_prompt_token_ids((*r)->prompt);
   if (request.n() > 1) reactor->set_follower_template(**r);
   (*r)->sink = reactor->MakeSink(0);
   // From Submit on, the engine may finish the request and, off the gRPC thread (a compile

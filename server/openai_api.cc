@@ -288,7 +288,15 @@ class Builder {
       ASSIGN_OR_RETURN(std::optional<bool> usage,
                        GetBool(*options, "include_usage", "stream_options"));
       out_->include_usage = usage.value_or(false);
+      ASSIGN_OR_RETURN(std::optional<bool> continuous,
+                       GetBool(*options, "continuous_usage_stats", "stream_options"));
+      out_->continuous_usage = continuous.value_or(false);
     }
+    ASSIGN_OR_RETURN(std::optional<bool> token_ids, GetBool(body_, "return_token_ids"));
+    out_->return_token_ids = token_ids.value_or(false);
+    if (out_->return_token_ids) g().mutable_response()->set_prompt_token_ids(true);
+    ASSIGN_OR_RETURN(std::optional<bool> as_ids, GetBool(body_, "return_tokens_as_token_ids"));
+    out_->tokens_as_ids = as_ids.value_or(false);
     ASSIGN_OR_RETURN(std::optional<std::string> model, GetString(body_, "model"));
     out_->model = model.value_or("");
     ASSIGN_OR_RETURN(std::optional<std::string> user, GetString(body_, "user"));  // not used
@@ -1417,16 +1425,28 @@ OpenAiReply::OpenAiReply(const OpenAiRequest& request, const Tokenizer* tokenize
       n_(std::max(1, request.generate.n())) {
   choices_.resize(static_cast<size_t>(prompts_) * n_);
   prompt_logprobs_.resize(prompts_);
+  prompt_ids_.resize(prompts_);
+  prompt_tokens_.resize(prompts_);
 }
 
 const std::vector<v1::TokenLogprob>& OpenAiReply::ScoredPrompt(int prompt) const {
   return prompt_logprobs_[std::clamp(prompt, 0, prompts_ - 1)];
 }
 
-void OpenAiReply::NotePromptLogprobs(int prompt, const v1::GenerateResponse& m) {
-  if (m.prompt_logprobs_size() == 0) return;
+void OpenAiReply::NotePrompt(int prompt, const v1::GenerateResponse& m) {
   prompt = std::clamp(prompt, 0, prompts_ - 1);
+  choices_[ChoiceIndex(prompt, m.index())].tokens += m.token_ids_size();
+  if (m.has_prompt_usage()) prompt_tokens_[prompt] = m.prompt_usage().prompt_tokens();
+  if (m.prompt_token_ids_size() > 0 && prompt_ids_[prompt].empty()) {
+    prompt_ids_[prompt].assign(m.prompt_token_ids().begin(), m.prompt_token_ids().end());
+  }
+  if (m.prompt_logprobs_size() == 0) return;
   prompt_logprobs_[prompt].assign(m.prompt_logprobs().begin(), m.prompt_logprobs().end());
+}
+
+OrderedJson OpenAiReply::PromptIdsJson(int prompt) const {
+  const std::vector<int32_t>& ids = prompt_ids_[std::clamp(prompt, 0, prompts_ - 1)];
+  return ids.empty() ? OrderedJson(nullptr) : OrderedJson(ids);
 }
 
 bool OpenAiReply::echo_scores_prompt() const {
@@ -1478,6 +1498,7 @@ std::string openai_json::TokenText(const Tokenizer* tokenizer, int32_t id, bool 
 }
 
 std::string OpenAiReply::TokenText(int32_t id, bool bytes) const {
+  if (request_.tokens_as_ids) return absl::StrCat("token_id:", id);
   return openai_json::TokenText(tokenizer_, id, bytes);
 }
 
@@ -1575,11 +1596,22 @@ OrderedJson openai_json::LogprobEntries(absl::Span<const v1::TokenLogprob> entri
   return content;
 }
 
-OrderedJson OpenAiReply::Usage() const {
+OrderedJson OpenAiReply::Usage(bool so_far) const {
   int64_t prompt = 0;
   int64_t completion = 0;
   int64_t cached = 0;
   int64_t reasoning = 0;
+  if (so_far) {
+    // While streaming (continuous_usage_stats): the prompts reported so far and the tokens
+    // generated so far, as vLLM counts them in each chunk.
+    for (int p = 0; p < prompts_; ++p) prompt += prompt_tokens_[p];
+    for (const Choice& c : choices_) completion += c.tokens;
+    OrderedJson usage;
+    usage["prompt_tokens"] = prompt;
+    usage["completion_tokens"] = completion;
+    usage["total_tokens"] = prompt + completion;
+    return usage;
+  }
   for (int p = 0; p < prompts_; ++p) {
     int64_t prompt_p = 0;  // one prompt for its n completions
     int64_t cached_p = 0;
@@ -1655,8 +1687,13 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
   const bool score_prompt = !c.prompt_scored &&
                             !ScoredPrompt(prompt).empty() &&
                             (request_.prompt_logprobs >= 0 || echo_scores_prompt());
+  // return_token_ids: the prompt's ids with the choice's first chunk after they arrived, and
+  // every chunk's generated ids (a message whose text is held back still sends its ids).
+  const bool send_prompt_ids = request_.return_token_ids && !c.prompt_ids_sent &&
+                               !prompt_ids_[std::clamp(prompt, 0, prompts_ - 1)].empty();
+  const bool send_ids = request_.return_token_ids && m.token_ids_size() > 0;
   if (delta_text.empty() && m.logprobs_size() == 0 && !finished && !call_deltas && !reasoning &&
-      !score_prompt) {
+      !score_prompt && !send_prompt_ids && !send_ids) {
     return "";
   }
   OrderedJson chunk = Head(/*chunk=*/true);
@@ -1714,6 +1751,14 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
     chunk["prompt_logprobs"] = PromptLogprobsJson(prompt);
   }
   c.prompt_scored = c.prompt_scored || score_prompt;
+  if (send_prompt_ids) {
+    // vLLM's places: the chat chunk's, a completion choice's.
+    (chat ? chunk : choice)["prompt_token_ids"] = PromptIdsJson(prompt);
+    c.prompt_ids_sent = true;
+  }
+  if (request_.return_token_ids) {
+    choice["token_ids"] = std::vector<int32_t>(m.token_ids().begin(), m.token_ids().end());
+  }
   c.text += delta_text;
   if (finished) {
     choice["finish_reason"] = OpenAiFinishReason(m.finished().reason());
@@ -1722,11 +1767,12 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
     choice["finish_reason"] = nullptr;
   }
   chunk["choices"] = OrderedJson::array({std::move(choice)});
+  if (request_.continuous_usage) chunk["usage"] = Usage(/*so_far=*/true);
   return Sse(Dump(chunk));
 }
 
 std::string OpenAiReply::StreamMessage(const v1::GenerateResponse& m, int prompt) {
-  NotePromptLogprobs(prompt, m);
+  NotePrompt(prompt, m);
   const int index = ChoiceIndex(prompt, m.index());
   NoteFinish(choices_[index], m);
   return Chunk(prompt, index, m);
@@ -1749,8 +1795,10 @@ std::string OpenAiReply::StreamError(const OpenAiError& error) {
 }
 
 void OpenAiReply::Add(const v1::GenerateResponse& m, int prompt) {
-  NotePromptLogprobs(prompt, m);
+  NotePrompt(prompt, m);
   Choice& c = choices_[ChoiceIndex(prompt, m.index())];
+  if (request_.return_token_ids)
+    c.token_ids.insert(c.token_ids.end(), m.token_ids().begin(), m.token_ids().end());
   c.text += m.text();
   c.reasoning += m.reasoning_text();
   c.logprobs.insert(c.logprobs.end(), m.logprobs().begin(), m.logprobs().end());
@@ -1784,7 +1832,9 @@ std::string OpenAiReply::Body() const {
                                ? CompletionLogprobs(c.logprobs, text, echo.size())
                                : nullptr;
       if (request_.prompt_logprobs >= 0) choice["prompt_logprobs"] = PromptLogprobsJson(prompt);
+      if (request_.return_token_ids) choice["prompt_token_ids"] = PromptIdsJson(prompt);
     }
+    if (request_.return_token_ids) choice["token_ids"] = c.token_ids;
     const std::string finish = OpenAiFinishReason(c.finished.reason());
     choice["finish_reason"] = finish.empty() ? OrderedJson(nullptr) : OrderedJson(finish);
     choice["stop_reason"] = StopReason(c.finished);
@@ -1793,6 +1843,7 @@ std::string OpenAiReply::Body() const {
   body["choices"] = std::move(choices);
   // Chat: vLLM puts the prompt's scores on the response.
   if (chat && request_.prompt_logprobs >= 0) body["prompt_logprobs"] = PromptLogprobsJson(0);
+  if (chat && request_.return_token_ids) body["prompt_token_ids"] = PromptIdsJson(0);
   body["usage"] = Usage();
   return Dump(body);
 }

@@ -58,7 +58,15 @@ struct OpenAiRequest {
   std::string model;  // as sent; empty when absent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
+  // stream_options.continuous_usage_stats (vLLM): every chunk carries the usage so far.
+  bool continuous_usage = false;
   bool echo = false;           // completions: the prompt's text before the completion
+  // vLLM's return_token_ids: the prompt's token ids (chat: on the response, or the first chunk
+  // after they arrive; completions: on each choice) and each choice's generated ids (streamed:
+  // each chunk's).
+  bool return_token_ids = false;
+  // vLLM's return_tokens_as_token_ids: logprobs spell each token "token_id:<id>".
+  bool tokens_as_ids = false;
   // Completions: `logprobs` = n (0..20) gives per-token logprobs and the top n; -1 none.
   // Chat: `logprobs: true` gives them, `top_logprobs` the alternatives.
   int32_t logprobs = -1;
@@ -262,6 +270,9 @@ class OpenAiReply final : public GenerationReply {
     bool done = false;
     bool echoed = false;  // streaming: the echo has been sent
     bool prompt_scored = false;  // streaming: the prompt's logprobs have been sent
+    bool prompt_ids_sent = false;    // streaming: return_token_ids' prompt ids have been sent
+    std::vector<int32_t> token_ids;  // return_token_ids, not streaming
+    int64_t tokens = 0;              // generated so far (continuous_usage_stats)
     // Streaming: the calls whose deltas were sent, by id, and the indices they used.
     std::set<std::string> streamed_ids;
     std::set<int32_t> streamed_indices;
@@ -275,13 +286,17 @@ class OpenAiReply final : public GenerationReply {
   void NoteFinish(Choice& c, const v1::GenerateResponse& m);
   std::string Chunk(int prompt, int index, const v1::GenerateResponse& message);
   const std::string& PromptText(int prompt) const;
-  OrderedJson Usage() const;
+  // The reply's usage; `so_far`: while streaming, what has been generated up to now.
+  OrderedJson Usage(bool so_far = false) const;
   // The token as text (bytes = false: partial UTF-8 repaired) or as its exact bytes.
   std::string TokenText(int32_t id, bool bytes) const;
   // The scores of prompt `prompt` (empty until completion 0's first message brought them).
   const std::vector<v1::TokenLogprob>& ScoredPrompt(int prompt) const;
-  // Keeps the prompt's scores when `m` carries them (completion 0's first message).
-  void NotePromptLogprobs(int prompt, const v1::GenerateResponse& m);
+  // Keeps the prompt's scores and token ids when `m` carries them (a completion's first
+  // message), and counts its tokens.
+  void NotePrompt(int prompt, const v1::GenerateResponse& m);
+  // return_token_ids: prompt `prompt`'s ids (null until a first message brought them).
+  OrderedJson PromptIdsJson(int prompt) const;
   // vLLM's prompt_logprobs list for prompt `prompt`: null, then per token a map of token id to
   // {logprob, rank, decoded_token} holding the prompt token and its top alternatives.
   OrderedJson PromptLogprobsJson(int prompt) const;
@@ -300,6 +315,8 @@ class OpenAiReply final : public GenerationReply {
   int n_ = 1;        // completions per prompt
   std::vector<Choice> choices_;  // P*n
   std::vector<std::vector<v1::TokenLogprob>> prompt_logprobs_;  // [P], as they arrive
+  std::vector<std::vector<int32_t>> prompt_ids_;                // [P], as they arrive
+  std::vector<int64_t> prompt_tokens_;                          // [P], as they arrive
   std::string engine_error_;
 };
 

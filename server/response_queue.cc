@@ -23,6 +23,7 @@ const v1::GenerateResponse* ResponseQueue::Push(v1::GenerateResponse msg) {
     e.msg.mutable_logprobs()->MergeFrom(msg.logprobs());
     e.msg.mutable_prompt_logprobs()->MergeFrom(msg.prompt_logprobs());
     if (msg.has_prompt_usage()) *e.msg.mutable_prompt_usage() = msg.prompt_usage();
+    e.msg.mutable_prompt_token_ids()->MergeFrom(msg.prompt_token_ids());
     for (v1::ToolCallDelta& d : *msg.mutable_tool_call_deltas()) {
       // A call's next piece joins its previous one; a call's first delta stays its own entry.
       const int n = e.msg.tool_call_deltas_size();

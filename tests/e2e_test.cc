@@ -965,6 +965,49 @@ Completions ByIndex(const StreamResult& r, int n) {
 // n completions: each streams under its index and finishes once; completion i is the one a
 // single request with seed + i gives; the prompt is prefilled once (the others attach its
 // cached blocks: every full block before the one holding the prompt's last token).
+// response.prompt_token_ids: each completion's first message (and only it) carries the prompt
+// as the model read it: a chat rendered and tokenized as Tokenize does it, truncated to
+// truncate_prompt_tokens.
+TEST(E2eParallelSamplingTest, PromptTokenIdsComeWithEachCompletionsFirstMessage) {
+  TestServer server(Options(4));
+  v1::GenerateRequest req;
+  v1::ChatMessage* m = req.mutable_chat()->add_messages();
+  m->set_role("user");
+  m->set_content("Tell me about the sea, the wind and the long grey ships.");
+  req.mutable_stopping()->set_max_new_tokens(6);
+  req.mutable_sampling()->set_temperature(0.9f);
+  req.mutable_sampling()->set_seed(5);
+  req.set_n(3);
+  req.mutable_response()->set_prompt_token_ids(true);
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest tokenize;
+  *tokenize.mutable_chat() = req.chat();
+  v1::TokenizeResponse tokenized;
+  ASSERT_TRUE(server.stub().Tokenize(&ctx, tokenize, &tokenized).ok());
+  const std::vector<int32_t> prompt(tokenized.token_ids().begin(), tokenized.token_ids().end());
+  ASSERT_GT(prompt.size(), 10u);
+  for (const int32_t truncate : {0, 7}) {
+    req.set_truncate_prompt_tokens(truncate);
+    const std::vector<int32_t> want =
+        truncate == 0 ? prompt : std::vector<int32_t>(prompt.end() - truncate, prompt.end());
+    StreamResult r = RunGenerate(server.stub(), req);
+    ASSERT_TRUE(r.status.ok()) << r.status.error_message();
+    std::vector<int> seen(3, 0);
+    for (const v1::GenerateResponse& msg : r.messages) {
+      ASSERT_LT(msg.index(), 3);
+      const std::vector<int32_t> got(msg.prompt_token_ids().begin(), msg.prompt_token_ids().end());
+      EXPECT_EQ(got, seen[msg.index()]++ == 0 ? want : std::vector<int32_t>())
+          << "completion " << msg.index();
+    }
+    for (int i = 0; i < 3; ++i) EXPECT_GT(seen[i], 0) << i;
+  }
+  // Not asked for: none.
+  req.mutable_response()->set_prompt_token_ids(false);
+  StreamResult r = RunGenerate(server.stub(), req);
+  ASSERT_TRUE(r.status.ok());
+  for (const v1::GenerateResponse& msg : r.messages) EXPECT_EQ(msg.prompt_token_ids_size(), 0);
+}
+
 TEST(E2eParallelSamplingTest, NCompletionsShareThePromptPrefill) {
   TestServer server(Options(4));
   std::mt19937 rng(4242);

@@ -275,6 +275,109 @@ TEST(OpenAiHttpTest, EchoWithLogprobsScoresThePromptAsGrpcDoes) {
                                      std::string("The capital of France is Paris").size()));
 }
 
+// vLLM's return_token_ids: the prompt's ids as gRPC's Tokenize gives them and each choice's
+// generated ids as gRPC's stream gives them, whole or streamed (chat: the prompt's on the
+// response or a chunk; completions: on each choice); return_tokens_as_token_ids spells logprob
+// tokens "token_id:N"; continuous_usage_stats puts the usage so far in every chunk.
+TEST(OpenAiHttpTest, ReturnTokenIdsAreThePromptAndTheCompletionsIds) {
+  Daemon d(Options(2));
+  const std::string prompt = "The capital of";
+  v1::GenerateRequest g = TextRequest(prompt, 8);
+  g.mutable_stopping()->set_ignore_eos(true);
+  const StreamResult want = RunGenerate(d.grpc().stub(), g);
+  ASSERT_TRUE(want.status.ok()) << want.status.error_message();
+  grpc::ClientContext ctx;
+  v1::TokenizeRequest tr;
+  tr.set_text(prompt);
+  tr.set_add_bos(true);
+  v1::TokenizeResponse tokenized;
+  ASSERT_TRUE(d.grpc().stub().Tokenize(&ctx, tr, &tokenized).ok());
+  const Json prompt_ids =
+      std::vector<int32_t>(tokenized.token_ids().begin(), tokenized.token_ids().end());
+  const Json ids = want.tokens;
+  ASSERT_EQ(want.tokens.size(), 8u);
+
+  // Completions, whole and streamed.
+  const std::string body = absl::StrCat(R"({"prompt": ")", prompt, R"(", "max_tokens": 8,
+      "temperature": 0, "ignore_eos": true, "return_token_ids": true, "n": 2)");
+  HttpReply r = d.Post("/v1/completions", body + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  for (const Json& c : Body(r)["choices"]) {
+    EXPECT_EQ(c["prompt_token_ids"], prompt_ids) << r.body;
+    EXPECT_EQ(c["token_ids"], ids) << r.body;
+  }
+  r = d.Post("/v1/completions",
+             body + R"(, "stream": true, "stream_options": {"continuous_usage_stats": true}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  std::map<int, Json> streamed_ids, streamed_prompt;
+  int64_t last_completion_tokens = -1;
+  for (const Json& e : Events(r)) {
+    ASSERT_EQ(e["choices"].size(), 1u) << e.dump();
+    const Json& c = e["choices"][0];
+    const int index = c["index"].get<int>();
+    if (!streamed_ids.contains(index)) streamed_ids[index] = Json::array();
+    for (const Json& id : c["token_ids"]) streamed_ids[index].push_back(id);
+    if (c.contains("prompt_token_ids")) {
+      EXPECT_FALSE(streamed_prompt.contains(index)) << "prompt ids sent twice: " << e.dump();
+      streamed_prompt[index] = c["prompt_token_ids"];
+    }
+    // The usage so far, growing with every chunk.
+    ASSERT_TRUE(e.contains("usage")) << e.dump();
+    const int64_t done = e["usage"]["completion_tokens"].get<int64_t>();
+    EXPECT_GE(done, last_completion_tokens);
+    last_completion_tokens = done;
+    EXPECT_EQ(e["usage"]["prompt_tokens"], prompt_ids.size());
+  }
+  EXPECT_EQ(last_completion_tokens, 16);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(streamed_ids[i], ids) << i;
+    EXPECT_EQ(streamed_prompt[i], prompt_ids) << i;
+  }
+
+  // Chat: the prompt's ids on the response (streamed: on one chunk), the choice's ids on it.
+  const std::string chat = R"({"messages": [{"role": "user", "content": "Hi"}],
+      "max_tokens": 6, "temperature": 0, "return_token_ids": true, "logprobs": true,
+      "top_logprobs": 1, "return_tokens_as_token_ids": true)";
+  r = d.Post("/v1/chat/completions", chat + "}");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json whole = Body(r);
+  ASSERT_TRUE(whole["prompt_token_ids"].is_array()) << r.body;
+  EXPECT_EQ(whole["prompt_token_ids"].size(), whole["usage"]["prompt_tokens"].get<size_t>());
+  const Json& choice = whole["choices"][0];
+  ASSERT_EQ(choice["token_ids"].size(), whole["usage"]["completion_tokens"].get<size_t>());
+  const Json& content = choice["logprobs"]["content"];
+  ASSERT_EQ(content.size(), choice["token_ids"].size());
+  for (size_t i = 0; i < content.size(); ++i) {
+    EXPECT_EQ(content[i]["token"], absl::StrCat("token_id:", choice["token_ids"][i].get<int>()));
+    EXPECT_EQ(content[i]["top_logprobs"][0]["token"].get<std::string>().rfind("token_id:", 0), 0u);
+  }
+  r = d.Post("/v1/chat/completions", chat + R"(, "stream": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  Json chat_ids = Json::array(), chat_prompt;
+  int with_prompt = 0;
+  for (const Json& e : Events(r)) {
+    if (e.contains("prompt_token_ids")) {
+      ++with_prompt;
+      chat_prompt = e["prompt_token_ids"];
+    }
+    for (const Json& c : e["choices"]) {
+      if (c.contains("token_ids")) {
+        for (const Json& id : c["token_ids"]) chat_ids.push_back(id);
+      }
+    }
+  }
+  EXPECT_EQ(with_prompt, 1);
+  EXPECT_EQ(chat_prompt, whole["prompt_token_ids"]);
+  EXPECT_EQ(chat_ids, choice["token_ids"]);
+
+  // Not asked for: no ids.
+  r = d.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi"}],
+      "max_tokens": 4})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_FALSE(Body(r).contains("prompt_token_ids"));
+  EXPECT_FALSE(Body(r)["choices"][0].contains("token_ids"));
+}
+
 TEST(OpenAiHttpTest, StreamedChatIsTheNonStreamedChatInPieces) {
   Daemon d(Options(2));
   const std::string request = R"("messages": [{"role": "system", "content": "Be brief."},
