@@ -369,7 +369,8 @@ class Engine {
     // tokens spent in blocks so far, and while the budget's end is being forced, how many of its
     // `forced` tokens are written (-1: not forcing).
     bool thinking = false;
-    int32_t thinking_tokens = 0;
+    int32_t thinking_tokens = 0;  // over every block
+    int32_t thinking_block = 0;   // in the open block
     int32_t thinking_forced = -1;
     // Speculative decoding: draft tokens verified and accepted, decayed per decode step (the
     // slot's acceptance rate, SlotAcceptance).

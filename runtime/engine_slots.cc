@@ -673,14 +673,7 @@ bool Engine::SampledOnDevice(int32_t i) const {
 int32_t Engine::ThinkingForcedToken(int32_t i) const {
   const Slot& slot = slots_[i];
   if (slot.thinking_forced < 0) return -1;
-  const int32_t token = slot.request->thinking_budget.forced[slot.thinking_forced];
-  // A structured output that does not allow the end here leads: the budget cannot be kept.
-  const structured::Grammar* grammar = slot.request->grammar.get();
-  if (grammar != nullptr &&
-      grammar->Next(slot.grammar_state, token) == structured::Grammar::kDead) {
-    return -1;
-  }
-  return token;
+  return slot.request->thinking_budget.forced[slot.thinking_forced];
 }
 
 namespace {
@@ -695,43 +688,57 @@ bool EndsWith(const std::vector<int32_t>& history, int32_t token, absl::Span<con
 
 void Engine::TrackThinking(int32_t i, int32_t token) {
   Slot& slot = slots_[i];
-  const ThinkingBudget& budget = slot.request->thinking_budget;
+  const GenerationRequest& r = *slot.request;
+  const ThinkingBudget& budget = r.thinking_budget;
   if (budget.max_tokens < 0) return;
+  const int32_t n = static_cast<int32_t>(budget.forced.size());
+  if (token >= 0 && slot.thinking_forced >= 0) {
+    // A forced token (the only choice): the block is closed once the whole end is written.
+    if (token == budget.forced[slot.thinking_forced]) {
+      if (++slot.thinking_forced == n) {
+        slot.thinking_forced = -1;
+        slot.thinking = false;
+      }
+      return;
+    }
+    slot.thinking_forced = -1;  // (not a forced token: followed as any other below)
+  }
   if (token < 0) {  // admission
     slot.thinking = budget.starts_inside;
     slot.thinking_tokens = 0;
+    slot.thinking_block = 0;
     slot.thinking_forced = -1;
-  } else if (slot.thinking_forced >= 0) {
-    // A forced token (or, under a constraint that refused one, the constraint's): the block
-    // is closed once the whole end is written.
-    if (token != budget.forced[slot.thinking_forced]) {
-      slot.thinking_forced = -1;  // the constraint led; the natural end is watched again
-    } else if (++slot.thinking_forced == static_cast<int32_t>(budget.forced.size())) {
-      slot.thinking_forced = -1;
-      slot.thinking = false;
-    }
-    return;
   } else if (slot.thinking) {
     ++slot.thinking_tokens;
+    ++slot.thinking_block;
     if (EndsWith(slot.history, token, budget.end)) {
       slot.thinking = false;
       return;
     }
-  } else {
-    slot.thinking = EndsWith(slot.history, token, budget.start);
+  } else if (EndsWith(slot.history, token, budget.start)) {
+    slot.thinking = true;
+    slot.thinking_block = 0;
   }
   if (!slot.thinking || slot.thinking_tokens < budget.max_tokens) return;
-  // Spent: the end is forced from the next token on; a reply already writing it (its last
-  // tokens in the block a beginning of `forced`) goes on from where it is.
-  const int32_t n = static_cast<int32_t>(budget.forced.size());
-  slot.thinking_forced = 0;
-  for (int32_t k = std::min(n - 1, slot.thinking_tokens); k > 0; --k) {
-    if (budget.forced[k - 1] != token) continue;
+  // Spent: the end is forced from the next token on; a reply already writing it (the block's
+  // last tokens a beginning of `forced`) goes on from where it is.
+  int32_t from = 0;
+  for (int32_t k = std::min(n - 1, slot.thinking_block); k > 0; --k) {
     if (EndsWith(slot.history, token, absl::MakeConstSpan(budget.forced.data(), k))) {
-      slot.thinking_forced = k;
+      from = k;
       break;
     }
   }
+  // Under a structured output, only where the constraint allows the whole rest of the end;
+  // elsewhere the constraint leads, and the budget is tried again after the next token.
+  if (r.grammar != nullptr) {
+    int32_t state = slot.grammar_state;
+    for (int32_t k = from; k < n; ++k) {
+      state = r.grammar->Next(state, budget.forced[k]);
+      if (state == structured::Grammar::kDead) return;
+    }
+  }
+  slot.thinking_forced = from;
 }
 
 bool Engine::MasksStopTokens(int32_t i) const {

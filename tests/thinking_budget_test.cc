@@ -251,6 +251,51 @@ TEST_F(ThinkingBudgetTest, ForcedTokensAreCertainInASampledReply) {
             std::vector<int32_t>(seen[1].begin(), seen[1].begin() + 6));
 }
 
+// A forced token takes a sampled token's random draw: when the forced end is what the sampled
+// reply writes there anyway, the whole reply is the one without a budget (every later token
+// drawn from the same place in the seed's stream), and only the forced tokens' logprobs say
+// they were forced.
+TEST_F(ThinkingBudgetTest, AForcedTokenTakesASampledTokensDraw) {
+  const auto sampled = [&](const ThinkingBudget& budget) {
+    std::unique_ptr<GenerationRequest> r = Request(kPrompt, 24);
+    r->sampling.temperature = 1.0f;
+    r->sampling.seed = 1234;
+    r->sampling.logprobs = true;
+    r->thinking_budget = budget;
+    return Run(*engine_, std::move(r));
+  };
+  const Output free = sampled(ThinkingBudget{});
+  ASSERT_EQ(free.tokens.size(), 24u);
+  // The budget runs out at the first place whose next two tokens appear nowhere before (so the
+  // block cannot end there on its own first).
+  int32_t at = -1;
+  for (int32_t p = 3; p + 2 < 24 && at < 0; ++p) {
+    bool earlier = false;
+    for (int32_t q = 0; q + 1 < p + 1; ++q) {
+      earlier =
+          earlier || (free.tokens[q] == free.tokens[p] && free.tokens[q + 1] == free.tokens[p + 1]);
+    }
+    if (!earlier) at = p;
+  }
+  ASSERT_GE(at, 0);
+  ThinkingBudget b;
+  b.max_tokens = at;
+  b.start = Absent(free.tokens, 1);
+  b.end = b.forced = {free.tokens[at], free.tokens[at + 1]};
+  b.starts_inside = true;
+  const Output out = sampled(b);
+  EXPECT_EQ(out.tokens, free.tokens);
+  ASSERT_EQ(out.logprobs.size(), 24u);
+  for (int32_t k = 0; k < 24; ++k) {
+    if (k == at || k == at + 1) {
+      EXPECT_EQ(out.logprobs[k].logprob, 0.0f) << k;
+    } else {
+      EXPECT_EQ(out.logprobs[k].logprob, free.logprobs[k].logprob) << k;
+      EXPECT_LT(out.logprobs[k].logprob, 0.0f) << k;
+    }
+  }
+}
+
 TEST_F(ThinkingBudgetTest, DraftsOfTheForcedEndChangeNothing) {
   // A prompt that repeats itself, so that prompt lookup drafts as well.
   std::vector<int32_t> prompt;
@@ -270,6 +315,20 @@ TEST_F(ThinkingBudgetTest, DraftsOfTheForcedEndChangeNothing) {
     EXPECT_EQ(plain.tokens, Reference(prompt, 40, b)) << spend;
   }
   EXPECT_GT(speculative->Stats().spec_decode_drafts_total, 0u);
+  // On a prompt prompt lookup finds nothing in, the end's last three tokens are one draft, all
+  // accepted: the budget's own drafting.
+  std::unique_ptr<Engine> fresh = MakeEngine(4);
+  ThinkingBudget b;
+  b.max_tokens = 0;
+  b.start = {markers[0]};
+  b.end = b.forced = {markers[1], markers[2], markers[3], markers[4]};
+  b.starts_inside = true;
+  const Output out = Generate(kPrompt, 6, b, fresh.get());
+  EXPECT_EQ(std::vector<int32_t>(out.tokens.begin(), out.tokens.begin() + 4), b.forced);
+  const EngineStats stats = fresh->Stats();
+  EXPECT_EQ(stats.spec_decode_drafts_total, 1u);
+  EXPECT_EQ(stats.spec_decode_draft_tokens_total, 3u);
+  EXPECT_EQ(stats.spec_decode_accepted_tokens_total, 3u);
 }
 
 TEST_F(ThinkingBudgetTest, MalformedBudgetsAreRefused) {
