@@ -1368,6 +1368,23 @@ grpc::Status KvrmService::PoolingRefusal(const char* rpc) const {
   return grpc::Status::OK;
 }
 
+grpc::ServerUnaryReactor* KvrmService::RefusePooling(grpc::CallbackServerContext* context,
+                                                     const grpc::Status& status,
+                                                     const char* operation,
+                                                     const std::string& lora_adapter,
+                                                     absl::Time arrival) {
+  if (tracer_ != nullptr) {
+    if (std::optional<otlp::Span> root = TraceRoot(*context, operation, lora_adapter)) {
+      SetTimes(&*root, arrival, absl::Now());
+      SetCallOutcome(&*root, status);
+      std::vector<otlp::Span> spans;
+      spans.push_back(*std::move(root));
+      tracer_->Record(std::move(spans));
+    }
+  }
+  return FinishUnary(context, status);
+}
+
 void KvrmService::StartPooling(grpc::CallbackServerContext* context, PoolingReactor* reactor,
                                std::vector<std::unique_ptr<GenerationRequest>> inputs,
                                const std::string& id, absl::Time arrival,
@@ -1406,19 +1423,25 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
                                              const v1::EmbedRequest* request,
                                              v1::EmbedResponse* response) {
   const absl::Time arrival = absl::Now();
-  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
-  if (grpc::Status s = PoolingRefusal("Embed"); !s.ok()) return FinishUnary(context, s);
+  if (grpc::Status s = CheckAuth(context); !s.ok())
+    return RefusePooling(context, s, "embeddings", request->lora_adapter(), arrival);
+  if (grpc::Status s = PoolingRefusal("Embed"); !s.ok())
+    return RefusePooling(context, s, "embeddings", request->lora_adapter(), arrival);
   if (!info_.embed_refusal.empty()) {
-    return FinishUnary(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                             absl::StrCat("Embed: ", info_.embed_refusal)));
+    return RefusePooling(context,
+                         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                      absl::StrCat("Embed: ", info_.embed_refusal)),
+                         "embeddings", request->lora_adapter(), arrival);
   }
   absl::StatusOr<EmbedPlan> plan =
       ValidateEmbedRequest(*request, *engine_->model().tokenizer, limits_, info_.pooling,
                            info_.embedding_normalize, engine_->model().config.hidden_size);
-  if (!plan.ok()) return FinishUnary(context, ToGrpcStatus(plan.status()));
+  if (!plan.ok())
+    return RefusePooling(context, ToGrpcStatus(plan.status()), "embeddings",
+                         request->lora_adapter(), arrival);
   const int32_t inputs = static_cast<int32_t>(plan->inputs.size());
   if (grpc::Status s = CheckQueueRoom(context, inputs, "inputs"); !s.ok()) {
-    return FinishUnary(context, s);
+    return RefusePooling(context, s, "embeddings", request->lora_adapter(), arrival);
   }
   const std::string id = request->request_id().empty() ? absl::StrCat("emb-", next_id_.fetch_add(1))
                                                        : request->request_id();
@@ -1450,26 +1473,33 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
                                                 const v1::ClassifyRequest* request,
                                                 v1::ClassifyResponse* response) {
   const absl::Time arrival = absl::Now();
-  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
-  if (grpc::Status s = PoolingRefusal("Classify"); !s.ok()) return FinishUnary(context, s);
+  if (grpc::Status s = CheckAuth(context); !s.ok())
+    return RefusePooling(context, s, "classify", request->lora_adapter(), arrival);
+  if (grpc::Status s = PoolingRefusal("Classify"); !s.ok())
+    return RefusePooling(context, s, "classify", request->lora_adapter(), arrival);
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
   if (const std::string& error = engine_->model().classifier_error; !error.empty()) {
-    return FinishUnary(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                             absl::StrCat("Classify: ", error)));
+    return RefusePooling(
+        context,
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, absl::StrCat("Classify: ", error)),
+        "classify", request->lora_adapter(), arrival);
   }
   if (!head) {
-    return FinishUnary(context,
-                       grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                    "Classify: the served model has no classification head (a "
-                                    "*ForSequenceClassification checkpoint's score.weight, or "
-                                    "kvrmd --classifier_from_tokens)"));
+    return RefusePooling(context,
+                         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                      "Classify: the served model has no classification head (a "
+                                      "*ForSequenceClassification checkpoint's score.weight, or "
+                                      "kvrmd --classifier_from_tokens)"),
+                         "classify", request->lora_adapter(), arrival);
   }
   absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> inputs =
       ValidateClassifyRequest(*request, *engine_->model().tokenizer, limits_);
-  if (!inputs.ok()) return FinishUnary(context, ToGrpcStatus(inputs.status()));
+  if (!inputs.ok())
+    return RefusePooling(context, ToGrpcStatus(inputs.status()), "classify",
+                         request->lora_adapter(), arrival);
   const int32_t n = static_cast<int32_t>(inputs->size());
   if (grpc::Status s = CheckQueueRoom(context, n, "inputs"); !s.ok()) {
-    return FinishUnary(context, s);
+    return RefusePooling(context, s, "classify", request->lora_adapter(), arrival);
   }
   const std::string id = request->request_id().empty() ? absl::StrCat("cls-", next_id_.fetch_add(1))
                                                        : request->request_id();
@@ -1518,8 +1548,10 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
                                              const v1::ScoreRequest* request,
                                              v1::ScoreResponse* response) {
   const absl::Time arrival = absl::Now();
-  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
-  if (grpc::Status s = PoolingRefusal("Score"); !s.ok()) return FinishUnary(context, s);
+  if (grpc::Status s = CheckAuth(context); !s.ok())
+    return RefusePooling(context, s, "score", request->lora_adapter(), arrival);
+  if (grpc::Status s = PoolingRefusal("Score"); !s.ok())
+    return RefusePooling(context, s, "score", request->lora_adapter(), arrival);
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
   const v1::ScoreMethod method = score_method();
   if (method == v1::SCORE_METHOD_UNSPECIFIED) {
@@ -1536,10 +1568,12 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
   const bool cross = method == v1::SCORE_METHOD_CROSS_ENCODER;
   absl::StatusOr<ScorePlan> plan =
       ValidateScoreRequest(*request, *engine_->model().tokenizer, limits_, cross, info_.pooling);
-  if (!plan.ok()) return FinishUnary(context, ToGrpcStatus(plan.status()));
+  if (!plan.ok())
+    return RefusePooling(context, ToGrpcStatus(plan.status()), "score", request->lora_adapter(),
+                         arrival);
   const int32_t n = static_cast<int32_t>(plan->inputs.size());
   if (grpc::Status s = CheckQueueRoom(context, n, "documents"); !s.ok()) {
-    return FinishUnary(context, s);
+    return RefusePooling(context, s, "score", request->lora_adapter(), arrival);
   }
   const std::string id = request->request_id().empty()
                              ? absl::StrCat("score-", next_id_.fetch_add(1))

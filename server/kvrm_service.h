@@ -149,13 +149,19 @@ class KvrmService final : public v1::Kvrm::CallbackService {
                               const char* field) const;
   // What Score computes for the served model (ModelInfo.score_method).
   v1::ScoreMethod score_method() const;
-  // Starts a pooling call's inputs, after loading `lora_adapter` from --lora_dir on the adapter
-  // thread where it is not served yet (the call fails with the load's error otherwise).
   // The span of a call the tracer samples (nullopt: not traced): ids from the caller's
   // traceparent metadata or new ones, named "{operation} {model}" with the common attributes.
   std::optional<otlp::Span> TraceRoot(const grpc::CallbackServerContext& context,
                                       const char* operation, const std::string& lora_adapter);
-  // `operation` names the call in its span (embeddings, classify, score).
+  // Ends a pooling call refused before its inputs were submitted (bad input, a full queue, a
+  // model that cannot serve it) with `status`; traced as a call that failed so, as a refused
+  // Generate is. `operation` names the call in its span (embeddings, classify, score).
+  grpc::ServerUnaryReactor* RefusePooling(grpc::CallbackServerContext* context,
+                                          const grpc::Status& status, const char* operation,
+                                          const std::string& lora_adapter, absl::Time arrival);
+  // Starts a pooling call's inputs, after loading `lora_adapter` from --lora_dir on the adapter
+  // thread where it is not served yet (the call fails with the load's error otherwise).
+  // `operation` names the call in its span.
   void StartPooling(grpc::CallbackServerContext* context, PoolingReactor* reactor,
                     std::vector<std::unique_ptr<GenerationRequest>> inputs, const std::string& id,
                     absl::Time arrival, const std::string& lora_adapter, const char* operation);

@@ -443,6 +443,26 @@ TEST(TracingE2eTest, AGenerateCallIsASpanOfTheCallersTrace) {
             embedded.prompt_tokens());
   EXPECT_EQ(FindAttribute(pooled[0], "kvrm.inputs")->int_value(), 2);
   EXPECT_EQ(pooled[0].status().code(), otlp::Status::STATUS_CODE_UNSET);
+
+  // A pooling call refused before it reached the engine is a span of the caller's trace, with
+  // the error, as a refused Generate is.
+  collector.Clear();
+  v1::ScoreRequest score;
+  score.add_queries("q");  // and no documents
+  grpc::ClientContext ctx6;
+  ctx6.AddMetadata("traceparent", traceparent);
+  v1::ScoreResponse scored;
+  EXPECT_EQ(server.stub().Score(&ctx6, score, &scored).error_code(),
+            grpc::StatusCode::INVALID_ARGUMENT);
+  const std::vector<otlp::Span> refused_pooling = collector.WaitForSpans(1);
+  ASSERT_EQ(refused_pooling.size(), 1u);
+  EXPECT_EQ(refused_pooling[0].name(), "score tiny");
+  EXPECT_EQ(refused_pooling[0].trace_id(), root->trace_id());
+  EXPECT_EQ(refused_pooling[0].status().code(), otlp::Status::STATUS_CODE_ERROR);
+  EXPECT_THAT(refused_pooling[0].status().message(), ::testing::HasSubstr("documents"));
+  EXPECT_EQ(FindAttribute(refused_pooling[0], "rpc.grpc.status_code")->int_value(),
+            static_cast<int64_t>(grpc::StatusCode::INVALID_ARGUMENT));
+  EXPECT_GE(refused_pooling[0].end_time_unix_nano(), refused_pooling[0].start_time_unix_nano());
 }
 
 // The HTTP API passes its traceparent header on: a chat completion's span joins the caller's
