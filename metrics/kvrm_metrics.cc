@@ -356,6 +356,8 @@ const char* HttpRouteName(HttpRoute route) {
       return "rerank";
     case HttpRoute::kMessages:
       return "messages";
+    case HttpRoute::kResetPrefixCache:
+      return "reset_prefix_cache";
     case HttpRoute::kOther:
       break;
   }

@@ -59,19 +59,20 @@ enum class HttpRoute {
   kModels,
   kTokenize,
   kDetokenize,
-  kHealth,        // /health, /ping
-  kMetrics,       // /metrics on the API port (when --http_metrics serves it)
-  kVersion,       // /version
-  kLoraAdapters,  // /v1/load_lora_adapter, /v1/unload_lora_adapter
-  kResponses,     // /v1/responses
-  kEmbeddings,    // /v1/embeddings
-  kClassify,      // /classify, /v1/classify
-  kScore,         // /score, /v1/score
-  kRerank,        // /rerank, /v1/rerank, /v2/rerank
-  kMessages,      // /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API)
-  kOther,         // unknown paths
+  kHealth,            // /health, /ping
+  kMetrics,           // /metrics on the API port (when --http_metrics serves it)
+  kVersion,           // /version
+  kLoraAdapters,      // /v1/load_lora_adapter, /v1/unload_lora_adapter
+  kResponses,         // /v1/responses
+  kEmbeddings,        // /v1/embeddings
+  kClassify,          // /classify, /v1/classify
+  kScore,             // /score, /v1/score
+  kRerank,            // /rerank, /v1/rerank, /v2/rerank
+  kMessages,          // /v1/messages, /v1/messages/count_tokens (Anthropic's Messages API)
+  kResetPrefixCache,  // /reset_prefix_cache (vLLM's)
+  kOther,             // unknown paths
 };
-constexpr int kHttpRoutes = 16;
+constexpr int kHttpRoutes = 17;
 const char* HttpRouteName(HttpRoute route);  // "chat_completions", ... (the `handler` label)
 
 class HttpApiMetrics {

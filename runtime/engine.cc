@@ -881,11 +881,13 @@ void Engine::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       // Wake for posts, or every 20 ms to enforce time limits and resume paused requests.
       cv_.wait_for(lock, std::chrono::milliseconds(20), [&] {
-        return stop_ || !posted_.empty() || !cancels_.empty() || cancel_all_ || lora_work_;
+        return stop_ || !posted_.empty() || !cancels_.empty() || cancel_all_ || lora_work_ ||
+               cache_resets_asked_ != cache_resets_done_;
       });
     }
   }
   lora_cv_.notify_all();  // a LoadLoraAdapter waiting for its install: stop_ is set
+  reset_cv_.notify_all();  // and a ResetPrefixCache waiting for its reset
   // Shutting down: everything still here ends CANCELLED so every sink sees OnFinished.
   TakePosted();
   for (int32_t i = 0; i < options_.slots; ++i) {
@@ -928,8 +930,51 @@ bool Engine::StepForTest() {
   return worked;
 }
 
+void Engine::ApplyCacheResets() {
+  uint64_t asked;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    asked = cache_resets_asked_;
+    if (asked == cache_resets_done_) return;
+  }
+  const KvPager::CacheReset freed = pager_->ResetPrefixCache();
+  PublishStats();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_cache_reset_ = freed;
+    cache_resets_done_ = asked;
+  }
+  reset_cv_.notify_all();
+}
+
+absl::StatusOr<KvPager::CacheReset> Engine::ResetPrefixCache(absl::Duration timeout) {
+  if (pager_ == nullptr || !options_.prefix_caching) {
+    return absl::FailedPreconditionError(
+        "there is no prefix cache to reset (it needs --kv_mode=kvrm and --prefix_caching, "
+        "without --far_history)");
+  }
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return absl::UnavailableError("the engine is stopping");
+  const uint64_t ticket = ++cache_resets_asked_;
+  if (!running_) {
+    // No engine thread: nothing else touches the pager.
+    lock.unlock();
+    ApplyCacheResets();
+    lock.lock();
+    return last_cache_reset_;
+  }
+  cv_.notify_one();
+  if (!reset_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
+                          [&] { return cache_resets_done_ >= ticket || stop_; })) {
+    return absl::DeadlineExceededError("the prefix cache reset did not run in time");
+  }
+  if (cache_resets_done_ < ticket) return absl::UnavailableError("the engine is stopping");
+  return last_cache_reset_;
+}
+
 bool Engine::Step() {
   ApplyLoraChanges();
+  ApplyCacheResets();
   TakePosted();
   const absl::Time now = clock_->Now();
   ExpireDeadlines(now);

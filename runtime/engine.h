@@ -322,6 +322,13 @@ class Engine {
   // weights) and may take another. Returns how many requests are still running with it.
   // NOT_FOUND when no adapter of that name is served.
   absl::StatusOr<int64_t> UnloadLoraAdapter(std::string_view name);
+  // Forgets every cached prefix (vLLM's reset_prefix_cache; KvPager::ResetPrefixCache), on the
+  // engine thread between two steps; returns the blocks it freed in each tier once done (or,
+  // before Start(), does it itself). Requests running keep their KV; their prompts' blocks are
+  // cached again when they end. FAILED_PRECONDITION without a prefix cache (the static KV mode,
+  // or prefix_caching off); UNAVAILABLE when the engine stops first; DEADLINE_EXCEEDED after
+  // `timeout`.
+  absl::StatusOr<KvPager::CacheReset> ResetPrefixCache(absl::Duration timeout);
   // EngineOptions::max_loras and max_lora_rank, resolved.
   int32_t max_loras() const { return static_cast<int32_t>(lora_.size()); }
   int32_t max_lora_rank() const { return options_.max_lora_rank; }
@@ -408,6 +415,8 @@ class Engine {
   // One iteration of the loop: one step of work; false when there was nothing to do.
   bool Step();
   void TakePosted();
+  // Does the prefix-cache resets asked for (the engine thread, between steps).
+  void ApplyCacheResets();
   void ExpireDeadlines(absl::Time now);
   void Admit(absl::Time now);
   // kvrm: retires finished transfers and resumes paused slots when room returns.
@@ -666,6 +675,12 @@ class Engine {
   };
   std::vector<LoraSlot> lora_;
   bool lora_work_ = false;           // guarded by mu_: ApplyLoraChanges has something to do
+  // ResetPrefixCache: resets asked for and done (guarded by mu_; reset_cv_ tells of each), and
+  // what the last one freed.
+  uint64_t cache_resets_asked_ = 0;
+  uint64_t cache_resets_done_ = 0;
+  KvPager::CacheReset last_cache_reset_;
+  std::condition_variable reset_cv_;
   uint64_t next_lora_serial_ = 1;    // guarded by mu_
   uint64_t lora_uses_ = 0;           // guarded by mu_: requests resolved to an adapter
   bool running_ = false;             // guarded by mu_: Start() was called

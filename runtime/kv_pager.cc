@@ -158,6 +158,33 @@ bool KvPager::MakeHostRoom(int64_t n) {
   return true;
 }
 
+KvPager::CacheReset KvPager::ResetPrefixCache() {
+  CacheReset freed;
+  for (int32_t b = 0; b < static_cast<int32_t>(refs_.size()) && cache_.count() > 0; ++b) {
+    if (!cache_.registered(b)) continue;
+    if (refs_[b] == 0) {
+      cache_.IdleRemove(b);
+      cache_.Remove(b);
+      device_.Give(b);
+      ++freed.device_blocks;
+    } else {
+      cache_.Remove(b);  // Unref gives it back once its last holder lets go
+    }
+  }
+  for (int32_t h = 0; h < static_cast<int32_t>(host_refs_.size()); ++h) {
+    if (!host_cache_.registered(h)) continue;
+    if (host_refs_[h] == 0 && host_written_at_[h] <= retired_) {
+      host_cache_.IdleRemove(h);
+      host_cache_.Remove(h);
+      host_.Give(h);
+      ++freed.host_blocks;
+    } else {
+      host_cache_.Hide(h);
+    }
+  }
+  return freed;
+}
+
 void KvPager::OffloadSubmitted(uint64_t fence) {
   for (const BlockMove& m : offload_moves_) host_written_at_[m.dst] = fence;
   offload_moves_.clear();

@@ -171,6 +171,17 @@ class KvPager final : public KvAllocator {
   uint64_t host_evictions() const { return host_evictions_; }
   bool HostRegistered(int32_t host_block) const { return host_cache_.registered(host_block); }
 
+  // Forgets every cached prefix (vLLM's reset_prefix_cache): no lookup finds any block cached
+  // before the call. Idle cached blocks go back to their tier's free pool at once (none is
+  // offloaded); a device block a history holds stays its own, unregistered, and is freed when
+  // released; a host block a copy still reads or writes stays registered, found by no lookup,
+  // until it is evicted. Blocks freed in each tier.
+  struct CacheReset {
+    int64_t device_blocks = 0;
+    int64_t host_blocks = 0;
+  };
+  CacheReset ResetPrefixCache();
+
   // Offload copies planned since the last OffloadSubmitted (device -> host). The engine submits
   // them as a batch of their own ahead of any other move planned after them, then calls
   // OffloadSubmitted with that batch's fence.

@@ -666,6 +666,62 @@ TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
   EXPECT_EQ(p.free_device_blocks(), 12);
 }
 
+// ResetPrefixCache: no lookup finds anything cached before it, in either tier. Idle blocks are
+// free at once (none offloaded); a block a history holds is its own until released, then free
+// (not cached); a host block an offload still writes stays out of the pool until evicted.
+TEST(KvPagerTest, ResetPrefixCacheForgetsEveryCachedBlock) {
+  KvPager p(OffloadOptions(3, 12, 16));
+  const std::vector<int32_t> a = RandomTokens(6 * kBlockTokens, 31);
+  const std::vector<int32_t> b = RandomTokens(3 * kBlockTokens, 32);
+  // a's six blocks offloaded to the host (and submitted, not retired); b's three cached on the
+  // device, two of them held by slot 2, which attached them.
+  ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, a), 6);
+  p.Release(0);
+  ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());
+  ASSERT_EQ(p.offload_moves().size(), 6u);
+  p.OffloadSubmitted(3);
+  p.Release(1);
+  ASSERT_TRUE(p.Grow(0, 3 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, b), 3);
+  p.Release(0);
+  std::vector<PrefixBlock> match;
+  ASSERT_EQ(p.MatchPrefix(b, 2, &match), 2);
+  p.AttachPrefix(2, match);
+  ASSERT_EQ(p.idle_cached_blocks(), 1);
+  ASSERT_EQ(p.MatchPrefix(a, 6, &match, 0, /*host=*/true), 6);
+  const uint64_t evictions = p.evictions();
+
+  KvPager::CacheReset freed = p.ResetPrefixCache();
+  EXPECT_EQ(freed.device_blocks, 1);
+  EXPECT_EQ(freed.host_blocks, 0) << "the offload writing them has not retired";
+  EXPECT_EQ(p.cached_blocks(), 0);
+  EXPECT_EQ(p.idle_cached_blocks(), 0);
+  EXPECT_TRUE(p.offload_moves().empty()) << "nothing offloaded";
+  EXPECT_EQ(p.evictions(), evictions);
+  EXPECT_EQ(p.MatchPrefix(b, 3, &match, 0, true), 0);
+  EXPECT_EQ(p.MatchPrefix(a, 6, &match, 0, true), 0);
+  EXPECT_EQ(p.NumBlocks(2), 2) << "a running history keeps its blocks";
+  EXPECT_EQ(p.free_device_blocks(), 12 - 2);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  p.Release(2);
+  EXPECT_EQ(p.free_device_blocks(), 12);
+  EXPECT_EQ(p.idle_cached_blocks(), 0) << "released, not cached again";
+  // Once the offload retired, a second reset frees the host blocks.
+  p.RetireUpTo(3);
+  freed = p.ResetPrefixCache();
+  EXPECT_EQ(freed.device_blocks, 0);
+  EXPECT_EQ(freed.host_blocks, 6);
+  EXPECT_EQ(p.host_cached_blocks(), 0);
+  EXPECT_EQ(p.free_host_blocks(), 16);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  // The cache works as before: a history registered again is found.
+  ASSERT_TRUE(p.Grow(0, 3 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, b), 3);
+  EXPECT_EQ(p.MatchPrefix(b, 3, &match), 3);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
 TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
   KvPager p(CacheOptions(3, 64));
   const std::vector<int32_t> prompt = RandomTokens(64, 7);

@@ -120,6 +120,7 @@ absl::StatusOr<std::unique_ptr<KvrmServer>> KvrmServer::Start(Engine* engine,
   server->service_->SetToolCallMetrics(options.tool_call_metrics);
   server->service_->SetTracer(options.tracer);
   server->service_->SetRuntimeLoraUpdating(options.runtime_lora_updating);
+  server->service_->SetPrefixCacheReset(options.prefix_cache_reset);
   server->service_->SetLoraDirectory(options.lora_dir);
   // Output merged for a slow reader stays far below the send limit.
   server->service_->SetMaxMergedMessageBytes(

@@ -44,6 +44,8 @@ struct ServerOptions {
   const ToolCallMetrics* tool_call_metrics = nullptr;
   // LoadLoraAdapter / UnloadLoraAdapter allowed (kvrmd --allow_runtime_lora_updating).
   bool runtime_lora_updating = false;
+  // ResetPrefixCache allowed (kvrmd --allow_prefix_cache_reset).
+  bool prefix_cache_reset = false;
   // On-demand LoRA adapters' directory (kvrmd --lora_dir; KvrmService::SetLoraDirectory).
   std::string lora_dir;
   // Spans of Generate calls (kvrmd --otlp_traces_endpoint); not owned, must outlive the server;

@@ -1803,6 +1803,36 @@ void LoraAdapterInfoOf(const ServedLoraAdapter& served, v1::LoraAdapterInfo* inf
   info->set_on_demand(served.evictable);
 }
 
+grpc::ServerUnaryReactor* KvrmService::ResetPrefixCache(grpc::CallbackServerContext* context,
+                                                        const v1::ResetPrefixCacheRequest*,
+                                                        v1::ResetPrefixCacheResponse* response) {
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return FinishUnary(context, s);
+  if (!prefix_cache_reset_) {
+    return FinishUnary(context, grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                             "ResetPrefixCache: kvrmd serves it only with "
+                                             "--allow_prefix_cache_reset"));
+  }
+  // Done between two engine steps: waited for on the adapter thread, not a gRPC one.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  const bool posted = lora_queue_->TryPost([this, reactor, response] {
+    absl::StatusOr<KvPager::CacheReset> freed = engine_->ResetPrefixCache(absl::Seconds(30));
+    if (!freed.ok()) {
+      reactor->Finish(ToGrpcStatus(freed.status()));
+      return;
+    }
+    LOG(INFO) << "prefix cache reset: " << freed->device_blocks << " device and "
+              << freed->host_blocks << " host blocks freed";
+    response->set_device_blocks_freed(freed->device_blocks);
+    response->set_host_blocks_freed(freed->host_blocks);
+    reactor->Finish(grpc::Status::OK);
+  });
+  if (!posted) {
+    reactor->Finish(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                                 "ResetPrefixCache: the adapter thread's queue is full; retry"));
+  }
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* KvrmService::LoadLoraAdapter(grpc::CallbackServerContext* context,
                                                        const v1::LoadLoraAdapterRequest* request,
                                                        v1::LoraAdapterInfo* response) {

@@ -78,10 +78,16 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   grpc::ServerUnaryReactor* UnloadLoraAdapter(grpc::CallbackServerContext* context,
                                               const v1::UnloadLoraAdapterRequest* request,
                                               v1::UnloadLoraAdapterResponse* response) override;
+  grpc::ServerUnaryReactor* ResetPrefixCache(grpc::CallbackServerContext* context,
+                                             const v1::ResetPrefixCacheRequest* request,
+                                             v1::ResetPrefixCacheResponse* response) override;
 
   // Before the server starts: whether LoadLoraAdapter / UnloadLoraAdapter are allowed (kvrmd
   // --allow_runtime_lora_updating; off: FAILED_PRECONDITION naming the flag).
   void SetRuntimeLoraUpdating(bool allowed) { runtime_lora_updating_ = allowed; }
+  // Before the server starts: whether ResetPrefixCache is allowed (kvrmd
+  // --allow_prefix_cache_reset; off: FAILED_PRECONDITION naming the flag).
+  void SetPrefixCacheReset(bool allowed) { prefix_cache_reset_ = allowed; }
 
   // Before the server starts: a request naming an adapter that is not served, whose name is a
   // directory of `dir` holding a PEFT adapter, has it loaded first (on the adapter thread) into
@@ -187,6 +193,7 @@ class KvrmService final : public v1::Kvrm::CallbackService {
   absl::Status LoadOnDemand(const std::string& name);
 
   bool runtime_lora_updating_ = false;
+  bool prefix_cache_reset_ = false;
   std::string lora_dir_;  // on-demand adapters; "": none
   // LoadLoraAdapter's and on-demand loads' thread (one load at a time; kLoraLoadQueue calls
   // waiting at most).

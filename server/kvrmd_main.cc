@@ -76,6 +76,10 @@ ABSL_FLAG(bool, allow_runtime_lora_updating, false,
           "allow LoadLoraAdapter / UnloadLoraAdapter (gRPC) and POST /v1/load_lora_adapter, "
           "/v1/unload_lora_adapter (HTTP): a client then has the server read a directory it "
           "names, so turn it on only with --auth_tokens_file or on a trusted network");
+ABSL_FLAG(bool, allow_prefix_cache_reset, false,
+          "allow ResetPrefixCache (gRPC) and POST /reset_prefix_cache (HTTP, vLLM's): a client "
+          "then can empty the prefix cache, so every later prompt is prefilled cold; for "
+          "benchmarks, or with --auth_tokens_file");
 ABSL_FLAG(std::string, model_cache, "",
           "where built-in models are generated (default $KVRM_HOME/models or "
           "~/.cache/kvrm/models)");
@@ -684,6 +688,7 @@ int Run() {
   so.structured_metrics = &metrics.structured_outputs();
   so.tool_call_metrics = &metrics.tool_calls();
   so.runtime_lora_updating = absl::GetFlag(FLAGS_allow_runtime_lora_updating);
+  so.prefix_cache_reset = absl::GetFlag(FLAGS_allow_prefix_cache_reset);
   so.lora_dir = absl::GetFlag(FLAGS_lora_dir);
   so.tracer = tracer.get();
   // --served_model_name: the model's id, then its other names.

@@ -1436,7 +1436,13 @@ const std::vector<v1::TokenLogprob>& OpenAiReply::ScoredPrompt(int prompt) const
 void OpenAiReply::NotePrompt(int prompt, const v1::GenerateResponse& m) {
   prompt = std::clamp(prompt, 0, prompts_ - 1);
   choices_[ChoiceIndex(prompt, m.index())].tokens += m.token_ids_size();
-  if (m.has_prompt_usage()) prompt_tokens_[prompt] = m.prompt_usage().prompt_tokens();
+  if (m.has_prompt_usage()) {
+    prompt_tokens_[prompt] = m.prompt_usage().prompt_tokens();
+  } else if (m.has_finished() && prompt_tokens_[prompt] == 0) {
+    // A completion whose only message is its end (a beam search's; one that ended before its
+    // first token).
+    prompt_tokens_[prompt] = m.finished().usage().prompt_tokens();
+  }
   if (m.prompt_token_ids_size() > 0 && prompt_ids_[prompt].empty()) {
     prompt_ids_[prompt].assign(m.prompt_token_ids().begin(), m.prompt_token_ids().end());
   }
@@ -1465,9 +1471,11 @@ OrderedJson OpenAiReply::PromptLogprobsJson(int prompt) const {
       continue;
     }
     OrderedJson m = OrderedJson::object();
-    m[std::to_string(e.token_id())] = {{"logprob", e.logprob()},
-                                       {"rank", e.rank()},
-                                       {"decoded_token", TokenText(e.token_id(), false)}};
+    m[std::to_string(e.token_id())] = {
+        {"logprob", e.logprob()},
+        {"rank", e.rank()},
+        // (return_tokens_as_token_ids spells logprobs only)
+        {"decoded_token", openai_json::TokenText(tokenizer_, e.token_id(), false)}};
     for (int j = 0; j < std::min(e.top_size(), request_.prompt_logprobs); ++j) {
       const v1::TopLogprob& a = e.top(j);
       const std::string key = std::to_string(a.token_id());
@@ -1596,22 +1604,23 @@ OrderedJson openai_json::LogprobEntries(absl::Span<const v1::TokenLogprob> entri
   return content;
 }
 
-OrderedJson OpenAiReply::Usage(bool so_far) const {
+OrderedJson OpenAiReply::UsageSoFar(int prompt, int index) const {
+  // As vLLM counts a chunk's (continuous_usage_stats): its prompt's tokens and its choice's
+  // tokens up to it.
+  const int64_t prompt_tokens = prompt_tokens_[std::clamp(prompt, 0, prompts_ - 1)];
+  const int64_t completion = choices_[index].tokens;
+  OrderedJson usage;
+  usage["prompt_tokens"] = prompt_tokens;
+  usage["completion_tokens"] = completion;
+  usage["total_tokens"] = prompt_tokens + completion;
+  return usage;
+}
+
+OrderedJson OpenAiReply::Usage() const {
   int64_t prompt = 0;
   int64_t completion = 0;
   int64_t cached = 0;
   int64_t reasoning = 0;
-  if (so_far) {
-    // While streaming (continuous_usage_stats): the prompts reported so far and the tokens
-    // generated so far, as vLLM counts them in each chunk.
-    for (int p = 0; p < prompts_; ++p) prompt += prompt_tokens_[p];
-    for (const Choice& c : choices_) completion += c.tokens;
-    OrderedJson usage;
-    usage["prompt_tokens"] = prompt;
-    usage["completion_tokens"] = completion;
-    usage["total_tokens"] = prompt + completion;
-    return usage;
-  }
   for (int p = 0; p < prompts_; ++p) {
     int64_t prompt_p = 0;  // one prompt for its n completions
     int64_t cached_p = 0;
@@ -1767,7 +1776,9 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
     choice["finish_reason"] = nullptr;
   }
   chunk["choices"] = OrderedJson::array({std::move(choice)});
-  if (request_.continuous_usage) chunk["usage"] = Usage(/*so_far=*/true);
+  if (request_.include_usage && request_.continuous_usage) {
+    chunk["usage"] = UsageSoFar(prompt, index);
+  }
   return Sse(Dump(chunk));
 }
 

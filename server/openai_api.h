@@ -58,12 +58,13 @@ struct OpenAiRequest {
   std::string model;  // as sent; empty when absent
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage: a last chunk with usage
-  // stream_options.continuous_usage_stats (vLLM): every chunk carries the usage so far.
+  // stream_options.continuous_usage_stats (vLLM; with include_usage): each chunk after the role
+  // chunks carries its prompt's and its choice's usage so far.
   bool continuous_usage = false;
   bool echo = false;           // completions: the prompt's text before the completion
-  // vLLM's return_token_ids: the prompt's token ids (chat: on the response, or the first chunk
-  // after they arrive; completions: on each choice) and each choice's generated ids (streamed:
-  // each chunk's).
+  // vLLM's return_token_ids: the prompt's token ids (chat: on the response, or streamed on each
+  // choice's first chunk after they arrive; completions: on each choice) and each choice's
+  // generated ids (streamed: each chunk's).
   bool return_token_ids = false;
   // vLLM's return_tokens_as_token_ids: logprobs spell each token "token_id:<id>".
   bool tokens_as_ids = false;
@@ -286,8 +287,9 @@ class OpenAiReply final : public GenerationReply {
   void NoteFinish(Choice& c, const v1::GenerateResponse& m);
   std::string Chunk(int prompt, int index, const v1::GenerateResponse& message);
   const std::string& PromptText(int prompt) const;
-  // The reply's usage; `so_far`: while streaming, what has been generated up to now.
-  OrderedJson Usage(bool so_far = false) const;
+  OrderedJson Usage() const;
+  // continuous_usage_stats: a chunk's usage, prompt `prompt`'s tokens and choice `index`'s so far.
+  OrderedJson UsageSoFar(int prompt, int index) const;
   // The token as text (bytes = false: partial UTF-8 repaired) or as its exact bytes.
   std::string TokenText(int32_t id, bool bytes) const;
   // The scores of prompt `prompt` (empty until completion 0's first message brought them).

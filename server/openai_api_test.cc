@@ -786,6 +786,25 @@ TEST(ChatRequestTest, TemplateOptions) {
   EXPECT_FALSE(r->generate.chat().has_thinking_budget());
   ExpectRefused(kChat, ChatBody(R"("thinking_token_budget": "many")"), "thinking_token_budget");
   ExpectRefused(kChat, ChatBody(R"("thinking_token_budget": 1.5)"), "thinking_token_budget");
+
+  // vLLM's return_token_ids (the service's response.prompt_token_ids), return_tokens_as_token_ids
+  // and stream_options.continuous_usage_stats.
+  r = Chat(ChatBody(R"("return_token_ids": true, "return_tokens_as_token_ids": true,
+      "stream": true, "stream_options": {"include_usage": true, "continuous_usage_stats": true})"));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->return_token_ids);
+  EXPECT_TRUE(r->generate.response().prompt_token_ids());
+  EXPECT_TRUE(r->tokens_as_ids);
+  EXPECT_TRUE(r->continuous_usage);
+  r = Chat(ChatBody(""));
+  ASSERT_TRUE(r.ok());
+  EXPECT_FALSE(r->return_token_ids || r->tokens_as_ids || r->continuous_usage);
+  EXPECT_FALSE(r->generate.response().prompt_token_ids());
+  ExpectRefused(kChat, ChatBody(R"("return_token_ids": 1)"), "return_token_ids");
+  ExpectRefused(kCompletions, CompletionBody(R"("return_tokens_as_token_ids": "yes")"),
+                "return_tokens_as_token_ids");
+  ExpectRefused(kChat, ChatBody(R"("stream_options": {"continuous_usage_stats": 1})"),
+                "stream_options.continuous_usage_stats");
 }
 
 TEST(ChatRequestTest, ResponseFormat) {

@@ -124,6 +124,7 @@ HttpRoute RouteOf(absl::string_view path, bool serves_metrics) {
   if (path == "/v1/load_lora_adapter" || path == "/v1/unload_lora_adapter") {
     return HttpRoute::kLoraAdapters;
   }
+  if (path == "/reset_prefix_cache") return HttpRoute::kResetPrefixCache;
   if (path == "/metrics" && serves_metrics) return HttpRoute::kMetrics;
   return HttpRoute::kOther;
 }
@@ -697,6 +698,10 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
       if (upload->too_large) return too_large();
       if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
       return LoraAdapterUpdate(connection, path == "/v1/load_lora_adapter", upload->body);
+    case HttpRoute::kResetPrefixCache:
+      if (!post) return use("POST");
+      if (std::optional<OpenAiError> e = BadHeaders(connection)) return ReplyError(connection, *e);
+      return ResetPrefixCache(connection);
     case HttpRoute::kOther:
       break;
   }
@@ -708,7 +713,20 @@ int OpenAiHttpServer::Handle(MHD_Connection* connection, const char* url, const 
                    "/classify, "
                    "/score, /rerank, /tokenize, "
                    "/detokenize, "
-                   "/v1/load_lora_adapter, /v1/unload_lora_adapter"));
+                   "/v1/load_lora_adapter, /v1/unload_lora_adapter, /reset_prefix_cache"));
+}
+
+int OpenAiHttpServer::ResetPrefixCache(MHD_Connection* connection) {
+  grpc::ClientContext context;
+  PassAuthorization(connection, &context);
+  v1::ResetPrefixCacheResponse response;
+  const grpc::Status status =
+      stub_->ResetPrefixCache(&context, v1::ResetPrefixCacheRequest(), &response);
+  if (!status.ok()) return ReplyError(connection, ToOpenAiError(FromGrpc(status), nullptr));
+  OrderedJson body;
+  body["device_blocks_freed"] = response.device_blocks_freed();
+  body["host_blocks_freed"] = response.host_blocks_freed();
+  return Queue(connection, MHD_HTTP_OK, Buffer(body.dump(), kJson));
 }
 
 absl::StatusOr<v1::ModelInfo> OpenAiHttpServer::ModelInfo(MHD_Connection* connection) {

@@ -135,6 +135,9 @@ class OpenAiHttpServer {
       std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> (v1::Kvrm::Stub::*start)(
           grpc::ClientContext*, const Request&, grpc::CompletionQueue*),
       const std::function<std::string(const Response&, const std::string&, int64_t)>& json);
+  // POST /reset_prefix_cache (vLLM's): the service's ResetPrefixCache; 200 with the blocks
+  // freed in each tier.
+  int ResetPrefixCache(MHD_Connection* connection);
   // POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's): the service's
   // LoadLoraAdapter / UnloadLoraAdapter; 200 with a line of text, as vLLM replies.
   int LoraAdapterUpdate(MHD_Connection* connection, bool load, const std::string& body);

@@ -123,6 +123,34 @@ TEST(ResponseQueueTest, ChunksArrivingDuringAWriteBecomeOneMessageInOrder) {
   EXPECT_EQ(got[0].completion_tokens, 1234);
 }
 
+// A completion's first message's prompt fields (prompt_usage, prompt_token_ids) survive a merge
+// into the message queued behind a write: once, as sent.
+TEST(ResponseQueueTest, PromptFieldsOfAMergedFirstMessageAreKeptOnce) {
+  ResponseQueue q(1 << 20);
+  v1::GenerateResponse busy;
+  busy.set_index(1);  // another completion's message, being written
+  busy.add_token_ids(9);
+  ASSERT_NE(q.Push(busy), nullptr);
+  v1::GenerateResponse first, second;
+  first.set_index(0);
+  first.add_token_ids(5);
+  first.mutable_prompt_usage()->set_prompt_tokens(3);
+  for (int32_t id : {101, 102, 103}) first.add_prompt_token_ids(id);
+  second.set_index(0);
+  second.add_token_ids(6);
+  EXPECT_EQ(q.Push(first), nullptr);
+  EXPECT_EQ(q.Push(second), nullptr);
+  const v1::GenerateResponse* merged = q.WriteDone();
+  ASSERT_NE(merged, nullptr);
+  EXPECT_EQ(std::vector<int32_t>(merged->token_ids().begin(), merged->token_ids().end()),
+            std::vector<int32_t>({5, 6}));
+  EXPECT_EQ(
+      std::vector<int32_t>(merged->prompt_token_ids().begin(), merged->prompt_token_ids().end()),
+      std::vector<int32_t>({101, 102, 103}));
+  EXPECT_EQ(merged->prompt_usage().prompt_tokens(), 3);
+  EXPECT_EQ(q.WriteDone(), nullptr);
+}
+
 // Tool-call deltas merged into a queued message: each call's arguments arrive whole and in
 // order, a call's first delta (its id and name) stays an entry of its own, and a call's later
 // pieces join the entry before them.

@@ -962,9 +962,6 @@ Completions ByIndex(const StreamResult& r, int n) {
   return c;
 }
 
-// n completions: each streams under its index and finishes once; completion i is the one a
-// single request with seed + i gives; the prompt is prefilled once (the others attach its
-// cached blocks: every full block before the one holding the prompt's last token).
 // response.prompt_token_ids: each completion's first message (and only it) carries the prompt
 // as the model read it: a chat rendered and tokenized as Tokenize does it, truncated to
 // truncate_prompt_tokens.
@@ -1008,6 +1005,9 @@ TEST(E2eParallelSamplingTest, PromptTokenIdsComeWithEachCompletionsFirstMessage)
   for (const v1::GenerateResponse& msg : r.messages) EXPECT_EQ(msg.prompt_token_ids_size(), 0);
 }
 
+// n completions: each streams under its index and finishes once; completion i is the one a
+// single request with seed + i gives; the prompt is prefilled once (the others attach its
+// cached blocks: every full block before the one holding the prompt's last token).
 TEST(E2eParallelSamplingTest, NCompletionsShareThePromptPrefill) {
   TestServer server(Options(4));
   std::mt19937 rng(4242);

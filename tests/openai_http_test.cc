@@ -11,6 +11,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <random>
 #include <string>
 #include <thread>
 #include <utility>
@@ -306,12 +307,14 @@ TEST(OpenAiHttpTest, ReturnTokenIdsAreThePromptAndTheCompletionsIds) {
     EXPECT_EQ(c["prompt_token_ids"], prompt_ids) << r.body;
     EXPECT_EQ(c["token_ids"], ids) << r.body;
   }
-  r = d.Post("/v1/completions",
-             body + R"(, "stream": true, "stream_options": {"continuous_usage_stats": true}})");
+  r = d.Post("/v1/completions", body + R"(, "stream": true,
+      "stream_options": {"include_usage": true, "continuous_usage_stats": true}})");
   ASSERT_EQ(r.status, 200) << r.body;
   std::map<int, Json> streamed_ids, streamed_prompt;
-  int64_t last_completion_tokens = -1;
-  for (const Json& e : Events(r)) {
+  const std::vector<Json> events = Events(r);
+  ASSERT_FALSE(events.empty());
+  for (size_t k = 0; k + 1 < events.size(); ++k) {  // (the last: include_usage's total)
+    const Json& e = events[k];
     ASSERT_EQ(e["choices"].size(), 1u) << e.dump();
     const Json& c = e["choices"][0];
     const int index = c["index"].get<int>();
@@ -321,14 +324,12 @@ TEST(OpenAiHttpTest, ReturnTokenIdsAreThePromptAndTheCompletionsIds) {
       EXPECT_FALSE(streamed_prompt.contains(index)) << "prompt ids sent twice: " << e.dump();
       streamed_prompt[index] = c["prompt_token_ids"];
     }
-    // The usage so far, growing with every chunk.
+    // The usage so far: its prompt's and its choice's tokens up to this chunk (vLLM's).
     ASSERT_TRUE(e.contains("usage")) << e.dump();
-    const int64_t done = e["usage"]["completion_tokens"].get<int64_t>();
-    EXPECT_GE(done, last_completion_tokens);
-    last_completion_tokens = done;
+    EXPECT_EQ(e["usage"]["completion_tokens"], streamed_ids[index].size()) << e.dump();
     EXPECT_EQ(e["usage"]["prompt_tokens"], prompt_ids.size());
   }
-  EXPECT_EQ(last_completion_tokens, 16);
+  EXPECT_EQ(events.back()["usage"]["completion_tokens"], 16);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(streamed_ids[i], ids) << i;
     EXPECT_EQ(streamed_prompt[i], prompt_ids) << i;
@@ -351,10 +352,14 @@ TEST(OpenAiHttpTest, ReturnTokenIdsAreThePromptAndTheCompletionsIds) {
     EXPECT_EQ(content[i]["token"], absl::StrCat("token_id:", choice["token_ids"][i].get<int>()));
     EXPECT_EQ(content[i]["top_logprobs"][0]["token"].get<std::string>().rfind("token_id:", 0), 0u);
   }
-  r = d.Post("/v1/chat/completions", chat + R"(, "stream": true})");
+  r = d.Post("/v1/chat/completions", chat + R"(, "stream": true,
+      "stream_options": {"continuous_usage_stats": true}})");
   ASSERT_EQ(r.status, 200) << r.body;
   Json chat_ids = Json::array(), chat_prompt;
   int with_prompt = 0;
+  for (const Json& e : Events(r)) {
+    EXPECT_FALSE(e.contains("usage")) << "continuous_usage_stats needs include_usage";
+  }
   for (const Json& e : Events(r)) {
     if (e.contains("prompt_token_ids")) {
       ++with_prompt;
@@ -370,12 +375,87 @@ TEST(OpenAiHttpTest, ReturnTokenIdsAreThePromptAndTheCompletionsIds) {
   EXPECT_EQ(chat_prompt, whole["prompt_token_ids"]);
   EXPECT_EQ(chat_ids, choice["token_ids"]);
 
-  // Not asked for: no ids.
+  // Not asked for: no ids, tokens spelled as text.
   r = d.Post("/v1/chat/completions", R"({"messages": [{"role": "user", "content": "Hi"}],
-      "max_tokens": 4})");
+      "max_tokens": 4, "logprobs": true})");
   ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_FALSE(Body(r).contains("prompt_token_ids"));
-  EXPECT_FALSE(Body(r)["choices"][0].contains("token_ids"));
+  const Json plain = Body(r);
+  EXPECT_FALSE(plain.contains("prompt_token_ids"));
+  EXPECT_FALSE(plain["choices"][0].contains("token_ids"));
+  for (const Json& t : plain["choices"][0]["logprobs"]["content"]) {
+    EXPECT_EQ(t["token"].get<std::string>().rfind("token_id:", 0), std::string::npos);
+  }
+  // prompt_logprobs' decoded_token stays text with return_tokens_as_token_ids (as vLLM's).
+  r = d.Post("/v1/completions", R"({"prompt": "The capital of", "max_tokens": 1,
+      "prompt_logprobs": 1, "logprobs": 0, "return_tokens_as_token_ids": true})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json scored = Body(r);
+  const Json& c0 = scored["choices"][0];
+  EXPECT_EQ(c0["logprobs"]["tokens"][0].get<std::string>().rfind("token_id:", 0), 0u) << r.body;
+  for (size_t i = 1; i < c0["prompt_logprobs"].size(); ++i) {
+    for (const auto& [id, entry] : c0["prompt_logprobs"][i].items()) {
+      EXPECT_EQ(entry["decoded_token"].get<std::string>().find("token_id:"), std::string::npos)
+          << r.body;
+    }
+  }
+  // A beam search's chunks (each choice whole at its end) count its prompt too.
+  r = d.Post("/v1/completions", R"({"prompt": "The capital of", "max_tokens": 3, "n": 2,
+      "use_beam_search": true, "stream": true,
+      "stream_options": {"include_usage": true, "continuous_usage_stats": true}})");
+  ASSERT_EQ(r.status, 200) << r.body;
+  for (const Json& e : Events(r)) {
+    ASSERT_TRUE(e.contains("usage")) << e.dump();
+    EXPECT_EQ(e["usage"]["prompt_tokens"], prompt_ids.size()) << e.dump();
+  }
+}
+
+// vLLM's POST /reset_prefix_cache (gRPC ResetPrefixCache), with --allow_prefix_cache_reset: a
+// prompt cached by one call is prefilled cold by the next after it; the reply says what was
+// freed. Without the flag, or without a prefix cache, it is refused.
+TEST(OpenAiHttpTest, ResetPrefixCacheMakesTheNextPromptCold) {
+  {
+    Daemon off(Options(2));
+    HttpReply r = off.Post("/reset_prefix_cache", "");
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_THAT(r.body, HasSubstr("--allow_prefix_cache_reset"));
+  }
+  ServerOptions so;
+  so.prefix_cache_reset = true;
+  {
+    EngineOptions static_kv = Options(2);
+    static_kv.kv_mode = KvMode::kStatic;
+    Daemon no_cache(static_kv, so);
+    HttpReply r = no_cache.Post("/reset_prefix_cache", "");
+    EXPECT_EQ(r.status, 400) << r.body;
+    EXPECT_THAT(r.body, HasSubstr("no prefix cache"));
+  }
+  Daemon d(Options(2), so);
+  v1::GenerateRequest g;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 70; ++i)
+    g.mutable_token_ids()->add_ids(20 + static_cast<int32_t>(rng() % 900));
+  g.mutable_stopping()->set_max_new_tokens(2);
+  const auto cached = [&] {
+    const StreamResult r = RunGenerate(d.grpc().stub(), g);
+    EXPECT_TRUE(r.status.ok()) << r.status.error_message();
+    return r.finished.usage().cached_prompt_tokens();
+  };
+  EXPECT_EQ(cached(), 0);
+  EXPECT_EQ(cached(), 64) << "the second is served from the cache";
+  ASSERT_TRUE(d.WaitIdle());
+  HttpReply r = d.Post("/reset_prefix_cache", "");
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(Body(r)["device_blocks_freed"], 4) << r.body;  // 70 tokens: 4 full blocks of 16
+  EXPECT_EQ(Body(r)["host_blocks_freed"], 0) << r.body;
+  EXPECT_EQ(cached(), 0) << "cold after the reset";
+  EXPECT_EQ(cached(), 64) << "and cached again";
+  ASSERT_TRUE(d.WaitIdle());
+  grpc::ClientContext ctx;
+  v1::ResetPrefixCacheResponse freed;
+  ASSERT_TRUE(d.grpc().stub().ResetPrefixCache(&ctx, v1::ResetPrefixCacheRequest(), &freed).ok());
+  EXPECT_EQ(freed.device_blocks_freed(), 4);
+  EXPECT_EQ(cached(), 0);
+  EXPECT_EQ(HttpCall(d.http_port(), "GET", "/reset_prefix_cache", "", {}).status, 405);
 }
 
 TEST(OpenAiHttpTest, StreamedChatIsTheNonStreamedChatInPieces) {

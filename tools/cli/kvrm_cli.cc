@@ -586,6 +586,15 @@ int RunUnloadLora(const ParsedFlags& flags) {
       });
 }
 
+int RunResetPrefixCache(const ParsedFlags&) {
+  return UnaryCommand<v1::ResetPrefixCacheRequest, v1::ResetPrefixCacheResponse>(
+      &v1::Kvrm::Stub::ResetPrefixCache, v1::ResetPrefixCacheRequest(),
+      [](const v1::ResetPrefixCacheResponse& r) {
+        return absl::StrCat("prefix cache reset: ", r.device_blocks_freed(), " device and ",
+                            r.host_blocks_freed(), " host blocks freed\n");
+      });
+}
+
 int RunHealth(const ParsedFlags&) {
   grpc::GenericStub stub(MakeChannel());
   grpc::ClientContext context;
@@ -693,6 +702,7 @@ constexpr absl::string_view kHealthFlags[] = {"service", "server", "timeout_s"};
 constexpr absl::string_view kLoadLoraFlags[] = {"lora_name", "lora_path", "json", "server",
                                                 "timeout_s"};
 constexpr absl::string_view kUnloadLoraFlags[] = {"lora_name", "json", "server", "timeout_s"};
+constexpr absl::string_view kResetPrefixCacheFlags[] = {"json", "server", "timeout_s"};
 
 constexpr Command kCommands[] = {
     {"generate", "stream a completion: text to stdout, a summary line to stderr", kGenerateFlags,
@@ -725,12 +735,16 @@ constexpr Command kCommands[] = {
     {"unload-lora",
      "stop serving a LoRA adapter (running requests finish with it, then its slot is free)",
      kUnloadLoraFlags, RunUnloadLora},
+    {"reset-prefix-cache",
+     "empty the server's prefix cache, so later prompts prefill cold (kvrmd "
+     "--allow_prefix_cache_reset)",
+     kResetPrefixCacheFlags, RunResetPrefixCache},
 };
 
 void PrintUsage(FILE* out) {
   fprintf(out, "usage: kvrm_cli <command> [flags]\n\ncommands:\n");
   for (const Command& command : kCommands) {
-    fprintf(out, "  %-12s %s\n", std::string(command.name).c_str(),
+    fprintf(out, "  %-18s %s\n", std::string(command.name).c_str(),
             std::string(command.summary).c_str());
   }
   fprintf(out, "\nkvrm_cli <command> --help lists the command's flags.\n");

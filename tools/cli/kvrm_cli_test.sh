@@ -32,7 +32,8 @@ expect() {
 CLOSED=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 
 expect 2 "usage: kvrm_cli <command>" --
-expect 0 "generate     stream a completion" -- help
+expect 0 "generate           stream a completion" -- help
+expect 0 "reset-prefix-cache empty the server's prefix cache" -- help
 expect 0 "--max_new_tokens=64" -- generate --help
 expect 0 "--service=" -- help health
 expect 2 "unknown command 'bogus'" -- bogus
@@ -54,7 +55,8 @@ expect 2 "'x' is not a token id" -- detokenize --tokens=1,x
 expect 2 "flag --text does not apply" -- detokenize --tokens=1 --text=a
 
 for cmd in "generate --prompt=hi" "generate --token_ids=1,2 --json" "tokenize --text=hi" \
-           "detokenize --tokens=1,2" "info" "info --json" "health" "health --service=kvrm.v1.Kvrm"; do
+           "detokenize --tokens=1,2" "info" "info --json" "health" "health --service=kvrm.v1.Kvrm" \
+           "reset-prefix-cache"; do
   # shellcheck disable=SC2086
   expect 1 "error: UNAVAILABLE: " -- $cmd --server=127.0.0.1:$CLOSED --timeout_s=10
 done
