@@ -324,8 +324,8 @@ class Engine {
   absl::StatusOr<int64_t> UnloadLoraAdapter(std::string_view name);
   // Forgets every cached prefix (vLLM's reset_prefix_cache; KvPager::ResetPrefixCache), on the
   // engine thread between two steps; returns the blocks it freed in each tier once done (or,
-  // before Start(), does it itself). Requests running keep their KV; their prompts' blocks are
-  // cached again when they end. FAILED_PRECONDITION without a prefix cache (the static KV mode,
+  // before Start(), does it itself). Requests running keep their KV; the blocks they wrote
+  // before it are not cached again. FAILED_PRECONDITION without a prefix cache (the static KV mode,
   // or prefix_caching off); UNAVAILABLE when the engine stops first; DEADLINE_EXCEEDED after
   // `timeout`.
   absl::StatusOr<KvPager::CacheReset> ResetPrefixCache(absl::Duration timeout);

@@ -84,7 +84,8 @@ bool KvPager::EvictOldest() {
 }
 
 void KvPager::Offload(int32_t block) {
-  if (!offload_) return;
+  // (A hidden block, cached before a ResetPrefixCache, is found by no lookup: nor is a copy.)
+  if (!offload_ || !cache_.linked(block)) return;
   const Hash128& parent = cache_.parent_hash(block);
   const Hash128& hash = cache_.hash(block);
   if (host_cache_.Find(parent, hash, cache_.tokens(block)) >= 0) return;  // copied before
@@ -168,7 +169,9 @@ KvPager::CacheReset KvPager::ResetPrefixCache() {
       device_.Give(b);
       ++freed.device_blocks;
     } else {
-      cache_.Remove(b);  // Unref gives it back once its last holder lets go
+      // Held (and maybe shared): kept registered, found by no lookup, so that its holders keep
+      // it and it is never registered again; evicted once idle, without an offload.
+      cache_.Hide(b);
     }
   }
   for (int32_t h = 0; h < static_cast<int32_t>(host_refs_.size()); ++h) {

@@ -173,9 +173,9 @@ class KvPager final : public KvAllocator {
 
   // Forgets every cached prefix (vLLM's reset_prefix_cache): no lookup finds any block cached
   // before the call. Idle cached blocks go back to their tier's free pool at once (none is
-  // offloaded); a device block a history holds stays its own, unregistered, and is freed when
-  // released; a host block a copy still reads or writes stays registered, found by no lookup,
-  // until it is evicted. Blocks freed in each tier.
+  // offloaded); a device block histories hold, and a host block a copy still reads or writes,
+  // stays registered but hidden (found by no lookup, never offloaded or registered again) until
+  // it is evicted. Blocks freed in each tier.
   struct CacheReset {
     int64_t device_blocks = 0;
     int64_t host_blocks = 0;

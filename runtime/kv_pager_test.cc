@@ -322,9 +322,23 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
     std::vector<std::vector<int32_t>> finished;  // conversations to continue
     int64_t hit_blocks = 0, host_hit_blocks = 0, registered = 0, released = 0, window_hits = 0;
     std::vector<PrefixBlock> match;
+    int64_t resets_freed = 0;
     for (int op = 0; op < 6000; ++op) {
       const int32_t s = pick(sim.options.num_slots);
       KvPager& p = *sim.pager;
+      if (op % 1000 == 999) {
+        // A prefix cache reset between two operations: nothing cached before it is found after
+        // it, in either tier, and every history keeps its blocks and contents (checked below).
+        const KvPager::CacheReset freed = p.ResetPrefixCache();
+        resets_freed += freed.device_blocks + freed.host_blocks;
+        ASSERT_EQ(p.idle_cached_blocks(), 0);
+        for (const std::vector<int32_t>& seq : finished) {
+          ASSERT_EQ(p.MatchPrefix(seq, static_cast<int32_t>(seq.size() / kBlockTokens), &match, 0,
+                                  offload, window),
+                    0);
+        }
+        ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+      }
       switch (pick(release ? 10 : 9)) {
         case 0:
         case 1: {  // admit: a system prompt or an earlier conversation, then new tokens
@@ -448,6 +462,7 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
     EXPECT_EQ(released > 0, release);
     EXPECT_EQ(window_hits > 0, release) << "hits with blocks behind the window not attached";
     EXPECT_GT(hit_blocks, 500) << "seed " << seed;
+    EXPECT_GT(resets_freed, 0) << "seed " << seed;
     EXPECT_GT(registered, 500) << "seed " << seed;
     EXPECT_GT(sim.pager->evictions(), 100u) << "seed " << seed;
     if (offload) {
@@ -695,7 +710,6 @@ TEST(KvPagerTest, ResetPrefixCacheForgetsEveryCachedBlock) {
   KvPager::CacheReset freed = p.ResetPrefixCache();
   EXPECT_EQ(freed.device_blocks, 1);
   EXPECT_EQ(freed.host_blocks, 0) << "the offload writing them has not retired";
-  EXPECT_EQ(p.cached_blocks(), 0);
   EXPECT_EQ(p.idle_cached_blocks(), 0);
   EXPECT_TRUE(p.offload_moves().empty()) << "nothing offloaded";
   EXPECT_EQ(p.evictions(), evictions);
@@ -704,9 +718,16 @@ TEST(KvPagerTest, ResetPrefixCacheForgetsEveryCachedBlock) {
   EXPECT_EQ(p.NumBlocks(2), 2) << "a running history keeps its blocks";
   EXPECT_EQ(p.free_device_blocks(), 12 - 2);
   ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  EXPECT_EQ(p.RegisterPrefix(2, absl::MakeConstSpan(b).first(2 * kBlockTokens)), 0)
+      << "not registered again";
   p.Release(2);
   EXPECT_EQ(p.free_device_blocks(), 12);
-  EXPECT_EQ(p.idle_cached_blocks(), 0) << "released, not cached again";
+  EXPECT_EQ(p.MatchPrefix(b, 3, &match, 0, true), 0) << "released, and still not found";
+  // Evicting them offloads nothing.
+  ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());
+  EXPECT_TRUE(p.offload_moves().empty());
+  EXPECT_EQ(p.idle_cached_blocks(), 0);
+  p.Release(1);
   // Once the offload retired, a second reset frees the host blocks.
   p.RetireUpTo(3);
   freed = p.ResetPrefixCache();
