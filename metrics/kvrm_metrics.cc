@@ -263,6 +263,12 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
                                "Draft tokens verified in decode passes.");
   spec_accepted_ = counter("kvrm:spec_decode_num_accepted_tokens_total",
                            "Draft tokens accepted: generated without a step of their own.");
+  thinking_budget_ends_ =
+      counter("kvrm:thinking_budget_ends_total",
+              "Thinking blocks whose end a request's thinking budget wrote (the model had not "
+              "closed them within the budget).");
+  prefix_resets_ = counter("kvrm:prefix_cache_resets_total",
+                           "Prefix-cache resets (ResetPrefixCache, POST /reset_prefix_cache).");
   stream_chunks_merged_ =
       counter("kvrm:stream_chunks_merged_total",
               "Output chunks merged into a queued response message because the client read "
@@ -503,6 +509,8 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
       Delta(s.spec_decode_draft_tokens_total, last_.spec_decode_draft_tokens_total));
   spec_accepted_->Add(
       Delta(s.spec_decode_accepted_tokens_total, last_.spec_decode_accepted_tokens_total));
+  thinking_budget_ends_->Add(Delta(s.thinking_budget_ends_total, last_.thinking_budget_ends_total));
+  prefix_resets_->Add(Delta(s.prefix_cache_resets_total, last_.prefix_cache_resets_total));
   if (s.steps_total > step_base_.steps_total) {
     const double steps = Delta(s.steps_total, step_base_.steps_total);
     steps_->Add(steps);

@@ -833,6 +833,7 @@ void Engine::PublishStats() {
   s.spec_decode_drafts_total = spec_drafts_;
   s.spec_decode_draft_tokens_total = spec_draft_tokens_;
   s.spec_decode_accepted_tokens_total = spec_accepted_;
+  s.thinking_budget_ends_total = thinking_budget_ends_;
   s.kv = kv_->Stats();
   if (pager_ && options_.reserve == ReservePolicy::kPromptAndOutput) {
     // What admission set aside for prompt + output beyond the blocks already allocated is
@@ -866,6 +867,7 @@ void Engine::PublishStats() {
     std::lock_guard<std::mutex> lock(mu_);
     s.queue_depth = queued_;
     s.requests_total = requests_total_;
+    s.prefix_cache_resets_total = cache_resets_done_;
     published_ = s;
   }
   observer_->OnStats(s);
@@ -938,12 +940,12 @@ void Engine::ApplyCacheResets() {
     if (asked == cache_resets_done_) return;
   }
   const KvPager::CacheReset freed = pager_->ResetPrefixCache();
-  PublishStats();
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_cache_reset_ = freed;
     cache_resets_done_ = asked;
   }
+  PublishStats();
   reset_cv_.notify_all();
 }
 

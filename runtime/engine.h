@@ -249,6 +249,10 @@ struct EngineStats {
   uint64_t spec_decode_drafts_total = 0;
   uint64_t spec_decode_draft_tokens_total = 0;
   uint64_t spec_decode_accepted_tokens_total = 0;
+  // Thinking blocks whose end a thinking budget forced (GenerationRequest::thinking_budget).
+  uint64_t thinking_budget_ends_total = 0;
+  // Prefix-cache resets done (ResetPrefixCache).
+  uint64_t prefix_cache_resets_total = 0;
 };
 
 // A slot's life (requests wait in the queue, "queued", before they have a slot):
@@ -608,6 +612,7 @@ class Engine {
   uint64_t mixed_steps_ = 0;
   uint64_t device_sampled_ = 0;
   uint64_t spec_drafts_ = 0;
+  uint64_t thinking_budget_ends_ = 0;
   uint64_t spec_draft_tokens_ = 0;
   uint64_t spec_accepted_ = 0;
   // Engine-wide draft acceptance (decayed sums), the prior of a slot with little record.

@@ -739,6 +739,7 @@ void Engine::TrackThinking(int32_t i, int32_t token) {
     }
   }
   slot.thinking_forced = from;
+  ++thinking_budget_ends_;
 }
 
 bool Engine::MasksStopTokens(int32_t i) const {

@@ -455,6 +455,7 @@ TEST(OpenAiHttpTest, ResetPrefixCacheMakesTheNextPromptCold) {
   ASSERT_TRUE(d.grpc().stub().ResetPrefixCache(&ctx, v1::ResetPrefixCacheRequest(), &freed).ok());
   EXPECT_EQ(freed.device_blocks_freed(), 4);
   EXPECT_EQ(cached(), 0);
+  EXPECT_EQ(d.grpc().engine().Stats().prefix_cache_resets_total, 2u);
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/reset_prefix_cache", "", {}).status, 405);
 }
 

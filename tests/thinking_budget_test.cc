@@ -167,6 +167,8 @@ TEST_F(ThinkingBudgetTest, ForcesTheEndWhenTheBudgetIsSpent) {
     EXPECT_EQ(out.tokens, Reference(kPrompt, 20, b)) << spend;
     EXPECT_EQ(out.info.reason, FinishReason::kLength);
   }
+  // Each budget ended one block (kvrm:thinking_budget_ends_total).
+  EXPECT_EQ(engine_->Stats().thinking_budget_ends_total, 4u);
 }
 
 TEST_F(ThinkingBudgetTest, CountsFromTheBlockTheReplyOpens) {
