@@ -1040,6 +1040,7 @@ KvrmService::KvrmService(Engine* engine, ServiceInfo info)
   limits_.vocab_size = engine->model().config.vocab_size;
   limits_.max_context = engine->options().max_context;
   limits_.max_new_tokens = engine->options().max_new_tokens;
+  limits_.default_thinking_budget = info_.default_thinking_budget;
   structured::CompilerOptions compile;
   // A quarter of the cores walk one constraint's states (results do not depend on it); the
   // rest stay with the engine, which on the CPU backend uses them all.

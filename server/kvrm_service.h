@@ -39,6 +39,8 @@ struct ServiceInfo {
   // Non-empty: why Embed is refused (FAILED_PRECONDITION): the model's sentence-transformers
   // files ask for what kvrm does not compute, and kvrmd was not told the pooling instead.
   std::string embed_refusal;
+  // chat.thinking_budget of chat requests that set none (kvrmd --thinking_budget); -1: none.
+  int32_t default_thinking_budget = -1;
 };
 
 class PoolingReactor;  // kvrm_service.cc: Embed's, Classify's and Score's calls

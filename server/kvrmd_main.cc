@@ -76,6 +76,11 @@ ABSL_FLAG(bool, allow_runtime_lora_updating, false,
           "allow LoadLoraAdapter / UnloadLoraAdapter (gRPC) and POST /v1/load_lora_adapter, "
           "/v1/unload_lora_adapter (HTTP): a client then has the server read a directory it "
           "names, so turn it on only with --auth_tokens_file or on a trusted network");
+ABSL_FLAG(int32_t, thinking_budget, -1,
+          "the thinking budget of chat requests that give none (chat.thinking_budget, "
+          "thinking_token_budget, as llama.cpp's --reasoning-budget): past this many tokens of "
+          "thinking a model that thinks has its block's end written for it and answers; -1: "
+          "none, 0: the thinking ends as soon as it begins");
 ABSL_FLAG(bool, allow_prefix_cache_reset, false,
           "allow ResetPrefixCache (gRPC) and POST /reset_prefix_cache (HTTP, vLLM's): a client "
           "then can empty the prefix cache, so every later prompt is prefilled cold; for "
@@ -373,6 +378,11 @@ int Run() {
   if (absl::GetFlag(FLAGS_kv_mode) != "static" && absl::GetFlag(FLAGS_kv_mode) != "kvrm") {
     std::fprintf(stderr, "kvrmd: --kv_mode=%s: use kvrm or static\n",
                  absl::GetFlag(FLAGS_kv_mode).c_str());
+    return 2;
+  }
+  if (absl::GetFlag(FLAGS_thinking_budget) < -1) {
+    std::fprintf(stderr, "kvrmd: --thinking_budget=%d: use -1 (none) or a number of tokens\n",
+                 absl::GetFlag(FLAGS_thinking_budget));
     return 2;
   }
   // Signals are taken synchronously by this thread only: block them before any thread starts.
@@ -683,6 +693,7 @@ int Run() {
   so.info.version = kVersion;
   so.info.device = device->device;
   so.info.kv_mode = absl::GetFlag(FLAGS_kv_mode);
+  so.info.default_thinking_budget = absl::GetFlag(FLAGS_thinking_budget);
   so.info.tensor_parallel = eo.tensor_parallel;
   so.merged_chunks_counter = metrics.stream_chunks_merged();
   so.structured_metrics = &metrics.structured_outputs();

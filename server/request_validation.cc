@@ -578,14 +578,15 @@ absl::Status CheckBeamSearch(const v1::GenerateRequest& proto) {
 // think has no budget to keep.
 absl::StatusOr<ThinkingBudget> ChatThinkingBudget(const v1::ChatPrompt& chat,
                                                   structured::ConstraintSpec::Thinking thinking,
-                                                  const Tokenizer& tokenizer) {
+                                                  const Tokenizer& tokenizer,
+                                                  int32_t default_budget) {
   using Thinking = structured::ConstraintSpec::Thinking;
   ThinkingBudget budget;
-  if (!chat.has_thinking_budget()) return budget;
-  if (chat.thinking_budget() < 0) {
+  if (chat.has_thinking_budget() && chat.thinking_budget() < 0) {
     return Invalid("chat.thinking_budget", absl::StrCat(chat.thinking_budget(), " is negative"));
   }
-  if (thinking == Thinking::kNone) return budget;
+  const int32_t max_tokens = chat.has_thinking_budget() ? chat.thinking_budget() : default_budget;
+  if (max_tokens < 0 || thinking == Thinking::kNone) return budget;
   std::string_view start = kThinkStart, end = kThinkEnd, forced = kThinkEnd;
   if (thinking == Thinking::kHarmony) {
     // gpt-oss thinks in its analysis channel; the budget ends that message and opens the final
@@ -605,7 +606,7 @@ absl::StatusOr<ThinkingBudget> ChatThinkingBudget(const v1::ChatPrompt& chat,
     *seq = std::move(*ids);
   }
   budget.starts_inside = thinking == Thinking::kInside;
-  budget.max_tokens = chat.thinking_budget();
+  budget.max_tokens = max_tokens;
   return budget;
 }
 
@@ -748,7 +749,11 @@ absl::StatusOr<std::unique_ptr<GenerationRequest>> ValidateGenerateRequest(
   RETURN_IF_ERROR(ValidateSamplingConfig(r->sampling));
   if (thinking_out != nullptr) *thinking_out = thinking;
   if (proto.has_chat()) {
-    ASSIGN_OR_RETURN(r->thinking_budget, ChatThinkingBudget(proto.chat(), thinking, tokenizer));
+    // (A beam search takes no budget: the server's default does not apply to one.)
+    ASSIGN_OR_RETURN(
+        r->thinking_budget,
+        ChatThinkingBudget(proto.chat(), thinking, tokenizer,
+                           proto.has_beam_search() ? -1 : limits.default_thinking_budget));
   }
   ASSIGN_OR_RETURN(std::optional<StructuredField> constraint,
                    RequestConstraint(proto, limits, IsHarmonyChat(proto, chat)));

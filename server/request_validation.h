@@ -36,6 +36,8 @@ struct RequestLimits {
   int32_t max_tool_json_bytes = 64 << 10;  // one tool's parameters, one call's arguments,
                                            // template_kwargs
   int32_t max_embed_inputs = 2048;         // EmbedRequest.inputs (OpenAI's bound)
+  // chat.thinking_budget of a chat request that sets none (kvrmd --thinking_budget); -1: none.
+  int32_t default_thinking_budget = -1;
 };
 
 // The prompt text of a chat prompt: its messages checked (INVALID_ARGUMENT naming

@@ -57,12 +57,13 @@ EngineOptions Options() {
   return o;
 }
 
-std::unique_ptr<TestServer> ServeWithTemplate(const char* source, bool parse_reasoning = true) {
+std::unique_ptr<TestServer> ServeWithTemplate(const char* source, bool parse_reasoning = true,
+                                              ServerOptions so = {}) {
   std::unique_ptr<ModelBundle> model(LoadTinyModel());
   SetChatTemplate(source, "test template", &model->chat);
   EXPECT_NE(model->chat.chat_template, nullptr) << model->chat.status;
   if (!parse_reasoning) model->chat.reasoning_format = ReasoningFormat::kNone;
-  return std::make_unique<TestServer>(std::move(model), Options());
+  return std::make_unique<TestServer>(std::move(model), Options(), std::move(so));
 }
 
 v1::GenerateRequest ChatRequest(const std::string& regex, uint64_t seed = 1) {
@@ -271,6 +272,35 @@ TEST(ReasoningE2eTest, ThinkingBudgetEndsTheThinking) {
     EXPECT_EQ(free.text, "");
     EXPECT_EQ(free.finished.usage().reasoning_tokens(), 40);
   }
+}
+
+// kvrmd --thinking_budget: the budget of chat requests that give none; one a request gives wins.
+TEST(ReasoningE2eTest, TheServersThinkingBudgetIsTheDefault) {
+  ServerOptions so;
+  so.info.default_thinking_budget = 6;
+  std::unique_ptr<TestServer> server = ServeWithTemplate(kR1Like, true, so);
+  const Tokenizer& tok = *server->model().tokenizer;
+  absl::StatusOr<std::vector<int32_t>> end = tok.Encode("</think>", /*add_bos=*/false);
+  ASSERT_TRUE(end.ok());
+  const int32_t m = static_cast<int32_t>(end->size());
+  for (const int32_t given : {-1, 15}) {
+    v1::GenerateRequest r = ChatRequest("");
+    r.clear_structured();
+    r.mutable_stopping()->set_max_new_tokens(40);
+    if (given >= 0) r.mutable_chat()->set_thinking_budget(given);
+    const StreamResult got = RunGenerate(server->stub(), r);
+    ASSERT_TRUE(got.status.ok()) << got.status.error_message();
+    const Split s = Joined(got);
+    const int32_t budget = given >= 0 ? given : 6;
+    ASSERT_GE(static_cast<int32_t>(s.tokens.size()), budget + m);
+    EXPECT_EQ(std::vector<int32_t>(s.tokens.begin() + budget, s.tokens.begin() + budget + m), *end)
+        << given;
+    EXPECT_EQ(s.finished.usage().reasoning_tokens(), budget + m) << given;
+  }
+  // A text prompt is not a chat: no budget.
+  const StreamResult text = RunGenerate(server->stub(), TextRequest("<think>\n", 12));
+  ASSERT_TRUE(text.status.ok());
+  EXPECT_EQ(server->engine().Stats().thinking_budget_ends_total, 2u);
 }
 
 // A budget with a structured output that holds the answer only: the forced end closes the
