@@ -111,6 +111,10 @@ TEST(KvrmdProcessTest, UnknownReasoningParserExitsTwoNamingTheFlagAndTheChoices)
                         "none, think, deepseek_r1, qwen3, harmony or openai_gptoss");
 }
 
+TEST(KvrmdProcessTest, ANegativeThinkingBudgetExitsTwoNamingTheFlag) {
+  ExpectBadFlagExitsTwo("--thinking_budget=-2", "-1 (none) or a number of tokens");
+}
+
 TEST(KvrmdProcessTest, AnOffloadShedShareOutsideItsRangeExitsTwoNamingTheFlag) {
   ExpectBadFlagExitsTwo("--prefix_cache_offload_shed=2", "[0, 1)");
 }
