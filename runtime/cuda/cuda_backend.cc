@@ -124,6 +124,7 @@ struct CudaBackend::Rank {
   };
   PassState passes[kPasses];
   PinnedPtr logits_host;  // [max rows][vocab share]
+  PinnedPtr hidden_host;  // rank 0: a chunk's final-norm rows, f32 [max chunk rows][hidden]
   // Device sampling (samples_on_device): probabilities scratch [slots][vocab], the sampled
   // tokens [slots] on the device and pinned on the host. With more than one rank also the
   // gathered shards [ranks][slots][share] and the whole rows [slots][vocab] they make (every
@@ -492,6 +493,10 @@ absl::Status CudaBackend::InitRank(int32_t r, const LlamaWeights& full) {
     host_bytes += RoundUp(bytes, 256);
   }
   ASSIGN_OR_RETURN(rank.logits_host, PinnedAlloc(rows * rank.vocab_share * 4, "logits"));
+  if (rank.index == 0) {
+    ASSIGN_OR_RETURN(rank.hidden_host,
+                     PinnedAlloc(int64_t{options_.max_chunk_tokens} * d * 4, "hidden states"));
+  }
   if (options_.max_lora_adapters > 0) {
     // Each slot's regions, sized for max_lora_rank (what the kernels take: [in, out] per target).
     const int64_t max_rank = options_.max_lora_rank;
@@ -893,6 +898,36 @@ absl::Status CudaBackend::DecodeRows(const PrefillChunk* chunk, float* last_logi
       if (step.active[s] && step.sampling[s].on_device) tokens[s] = got[s];
     }
   }
+  // (The mixed pass lays the chunk's rows after the decode rows.)
+  if (chunk != nullptr) RETURN_IF_ERROR(ReadHidden(*chunk, options_.max_slots));
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::ReadHidden(const PrefillChunk& chunk, int32_t first_row) {
+  if (chunk.hidden == nullptr) return absl::OkStatus();
+  const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+  if (chunk.hidden_begin < 0 || chunk.hidden_begin > chunk.hidden_end || chunk.hidden_end > n) {
+    return absl::InvalidArgumentError(absl::StrCat("hidden rows [", chunk.hidden_begin, ", ",
+                                                   chunk.hidden_end, ") of a chunk of ", n));
+  }
+  const int32_t rows = chunk.hidden_end - chunk.hidden_begin;
+  if (rows == 0) return absl::OkStatus();
+  Rank& rank = *ranks_[0];  // the residual stream is whole on every rank after its all-reduce
+  const int32_t d = config_.hidden_size;
+  KVRM_CUDA_RETURN_IF_ERROR(cudaSetDevice(rank.device));
+  cudaStream_t s = rank.stream.get();
+  // rank.gu ([rows][2 ffn] f32) is scratch once the pass is done, and holds [rows][hidden].
+  const float* x = rank.x + (int64_t{first_row} + chunk.hidden_begin) * d;
+  RETURN_IF_ERROR(LaunchRmsNorm<float>(x, rank.final_norm, rank.gu, rows, d,
+                                       static_cast<float>(config_.rms_norm_eps), nullptr, s));
+  KVRM_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(rank.hidden_host.get(), rank.gu, int64_t{rows} * d * 4,
+                                            cudaMemcpyDeviceToHost, s));
+  RETURN_IF_ERROR(Wait(rank));
+  const float* got = static_cast<const float*>(rank.hidden_host.get());
+  for (int32_t r = 0; r < rows; ++r) {
+    const float* row = got + int64_t{r} * d;
+    for (int32_t j = 0; j < d; ++j) chunk.hidden[j] += row[j];
+  }
   return absl::OkStatus();
 }
 
@@ -910,7 +945,7 @@ absl::Status CudaBackend::Prefill(const PrefillChunk& chunk, float* last_logits)
                   rank->vocab_share * sizeof(float));
     }
   }
-  return absl::OkStatus();
+  return ReadHidden(chunk, 0);
 }
 
 absl::StatusOr<double> CudaBackend::TimeDecodeReplays(int iterations, bool lora) {

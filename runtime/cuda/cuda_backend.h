@@ -110,6 +110,10 @@ class CudaBackend : public Backend {
   absl::Status DecodeAndSample(const StepDescriptor& step, float* logits,
                                int32_t* tokens) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
+  // Embeddings, classification and scoring (PrefillChunk::hidden): after a chunk's pass the
+  // final norm of the rows asked for is recomputed from rank 0's residual stream, in f32, into
+  // scratch the pass no longer reads, and copied back (ReadHidden).
+  bool returns_hidden() const override { return true; }
   int32_t max_chunk_tokens() const override { return options_.max_chunk_tokens; }
   int32_t num_kv_pools() const override { return static_cast<int32_t>(ranks_.size()); }
   // Views of device memory: shapes for the engine; pointers for this backend's kernels only.
@@ -169,6 +173,10 @@ class CudaBackend : public Backend {
   absl::Status DecodeRows(const PrefillChunk* chunk, float* last_logits,
                           const StepDescriptor& step, float* logits, int32_t* tokens);
   absl::Status Wait(Rank& rank);
+  // PrefillChunk::hidden after the chunk's pass: rows [hidden_begin, hidden_end) of the chunk,
+  // whose first row is residual row `first_row` (0 in the prefill pass; max_slots in the mixed
+  // one), normalized by the final norm and added to chunk.hidden. Nothing without one.
+  absl::Status ReadHidden(const PrefillChunk& chunk, int32_t first_row);
 
   const LlamaConfig config_;
   const CudaBackendOptions options_;

@@ -1115,8 +1115,15 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
   double worst = 0;
   int agree = 0, total = 0;
   const int decode_steps = 24;
+  // Embeddings (PrefillChunk::hidden): each prompt's final-norm rows summed over a few of every
+  // chunk's rows (mean pooling's sums; slot 0 every row), GPU against CPU.
+  const int32_t d = m.config.hidden_size;
+  std::vector<float> hg(d), hc(d);
+  double hidden_worst = 0;
   for (int32_t s = 0; s < slots; ++s) {
     const int32_t prompt = 40 + static_cast<int32_t>(rng() % 150);
+    std::fill(hg.begin(), hg.end(), 0.0f);
+    std::fill(hc.begin(), hc.end(), 0.0f);
     // Room for the decode steps and the mixed-graph check's three more.
     tables[s] = RandomRuns(free_blocks, prompt + decode_steps + 8, block_tokens, max_runs);
     std::vector<int32_t> tokens(prompt);
@@ -1129,10 +1136,17 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
       c.runs = tables[s].data();
       c.num_runs = static_cast<int32_t>(tables[s].size());
       c.adapter = step.adapter[s];
+      const int32_t n = static_cast<int32_t>(c.tokens.size());
+      c.hidden_begin = s == 0 ? 0 : n / 3;
+      c.hidden_end = s == 0 ? n : n - n / 4;
+      PrefillChunk cc = c;
+      c.hidden = hg.data();
+      cc.hidden = hc.data();
       CHECK_OK((*gpu)->Prefill(c, lg.data()));
-      CHECK_OK((*cpu)->Prefill(c, lc.data()));
+      CHECK_OK((*cpu)->Prefill(cc, lc.data()));
     }
     worst = std::max(worst, RelError(std::vector<double>(lc.begin(), lc.end()), lg));
+    hidden_worst = std::max(hidden_worst, RelError(std::vector<double>(hc.begin(), hc.end()), hg));
     step.active[s] = 1;
     step.position[s] = prompt;
     step.token[s] = static_cast<int32_t>(std::max_element(lc.begin(), lc.end()) - lc.begin());
@@ -1197,6 +1211,8 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
     for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % vocab);
     double mixed_worst = 0;
     int mixed_agree = 0, mixed_total = 0;
+    std::fill(hg.begin(), hg.end(), 0.0f);
+    std::fill(hc.begin(), hc.end(), 0.0f);
     for (int32_t start = 0; start < prompt; start += chunk) {
       PrefillChunk ch;
       ch.slot = s1;
@@ -1205,20 +1221,30 @@ Check CheckBackend(const RandomModel& m, int tp, DType kv_dtype, bool sampling, 
       ch.runs = table.data();
       ch.num_runs = static_cast<int32_t>(table.size());
       ch.adapter = lora ? 1 : -1;
+      ch.hidden_begin = 0;  // the mixed pass's chunk rows follow the decode rows
+      ch.hidden_end = static_cast<int32_t>(ch.tokens.size());
+      PrefillChunk cc = ch;
+      ch.hidden = hg.data();
+      cc.hidden = hc.data();
       CHECK((*gpu)->CanFuse(ch));
       CHECK_OK((*gpu)->DecodeWithChunk(ch, lg.data(), step, g.data()));
-      CHECK_OK((*cpu)->DecodeWithChunk(ch, lc.data(), step, c.data()));
+      CHECK_OK((*cpu)->DecodeWithChunk(cc, lc.data(), step, c.data()));
       mixed_worst =
           std::max(mixed_worst, RelError(std::vector<double>(lc.begin(), lc.end()), lg));
       // 9 rows in all: one near-tie must not fail the run.
       compare_rows(/*skip_ties=*/true, &mixed_worst, &mixed_agree, &mixed_total);
     }
+    hidden_worst = std::max(hidden_worst, RelError(std::vector<double>(hc.begin(), hc.end()), hg));
     also->push_back(
         {absl::StrFormat("%smixed graph tp=%d, %s KV%s vs CPU: logits (greedy agree %d/%d)",
                          model_name, tp, kv_name, lora_name, mixed_agree, mixed_total),
          mixed_worst, 3e-2,
          mixed_worst <= 3e-2 && mixed_total >= 1 && mixed_agree * 10 >= mixed_total * 9});
   }
+  also->push_back({absl::StrFormat("%shidden states tp=%d, %s KV%s vs CPU: pooled final-norm rows "
+                                   "(embeddings)",
+                                   model_name, tp, kv_name, lora_name),
+                   hidden_worst, 3e-2, hidden_worst <= 3e-2});
   if (sampling && (*gpu)->samples_on_device()) {
     also->push_back(CheckGraphSampling(**gpu, step, vocab));
   }
