@@ -933,6 +933,8 @@ bool Engine::StepForTest() {
 }
 
 void Engine::ApplyCacheResets() {
+  // (Serialized: before Start() the callers of ResetPrefixCache apply resets themselves.)
+  std::lock_guard<std::mutex> applying(reset_apply_mu_);
   uint64_t asked;
   {
     std::lock_guard<std::mutex> lock(mu_);

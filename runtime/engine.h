@@ -331,7 +331,8 @@ class Engine {
   // before Start(), does it itself). Requests running keep their KV; the blocks they wrote
   // before it are not cached again. FAILED_PRECONDITION without a prefix cache (the static KV mode,
   // or prefix_caching off); UNAVAILABLE when the engine stops first; DEADLINE_EXCEEDED after
-  // `timeout`.
+  // `timeout` (the reset is still done, at the engine's next step). Requests that come together
+  // may share one reset.
   absl::StatusOr<KvPager::CacheReset> ResetPrefixCache(absl::Duration timeout);
   // EngineOptions::max_loras and max_lora_rank, resolved.
   int32_t max_loras() const { return static_cast<int32_t>(lora_.size()); }
@@ -686,6 +687,7 @@ class Engine {
   uint64_t cache_resets_done_ = 0;
   KvPager::CacheReset last_cache_reset_;
   std::condition_variable reset_cv_;
+  std::mutex reset_apply_mu_;        // held while a reset is applied (taken before mu_)
   uint64_t next_lora_serial_ = 1;    // guarded by mu_
   uint64_t lora_uses_ = 0;           // guarded by mu_: requests resolved to an adapter
   bool running_ = false;             // guarded by mu_: Start() was called

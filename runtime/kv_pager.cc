@@ -161,6 +161,12 @@ bool KvPager::MakeHostRoom(int64_t n) {
 
 KvPager::CacheReset KvPager::ResetPrefixCache() {
   CacheReset freed;
+  // A history running now registers none of its blocks again (those copied by a compaction or
+  // swap-in, or written while it decoded, hold KV from before the reset too) until it is
+  // released: a recompute prefills anew.
+  for (SlotKv& s : slots_) {
+    if (!s.blocks.empty() || s.dropped > 0) s.chain_cut = true;
+  }
   for (int32_t b = 0; b < static_cast<int32_t>(refs_.size()) && cache_.count() > 0; ++b) {
     if (!cache_.registered(b)) continue;
     if (refs_[b] == 0) {

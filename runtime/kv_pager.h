@@ -175,7 +175,8 @@ class KvPager final : public KvAllocator {
   // before the call. Idle cached blocks go back to their tier's free pool at once (none is
   // offloaded); a device block histories hold, and a host block a copy still reads or writes,
   // stays registered but hidden (found by no lookup, never offloaded or registered again) until
-  // it is evicted. Blocks freed in each tier.
+  // it is evicted; and the histories running register nothing more until released (their KV
+  // is from before the reset). Blocks freed in each tier.
   struct CacheReset {
     int64_t device_blocks = 0;
     int64_t host_blocks = 0;
@@ -236,8 +237,9 @@ class KvPager final : public KvAllocator {
     int32_t dropped = 0;      // far history: logical blocks after the sinks no longer held
     uint64_t last_fence = 0;  // fence of the latest move into this slot's blocks
     // Prefix cache: chain[j] = the chain hash of logical block j, as far as RegisterPrefix has
-    // hashed; capacity reserved at start-up. chain_cut: far history dropped
-    // blocks after the sinks, so the K/V from there on is not the tokens' alone.
+    // hashed; capacity reserved at start-up. chain_cut: nothing more of this history is
+    // registered (far history dropped blocks after the sinks, so the K/V from there on is not
+    // the tokens' alone; or a ResetPrefixCache came while it ran).
     std::vector<Hash128> chain;
     bool chain_cut = false;
   };

@@ -743,6 +743,35 @@ TEST(KvPagerTest, ResetPrefixCacheForgetsEveryCachedBlock) {
   ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
+// A history running at a reset caches nothing it wrote before it: not its registered blocks
+// (hidden), not its copies of them after a swap-out and back, not the blocks it wrote while
+// decoding and had not registered yet. Released, its slot caches again.
+TEST(KvPagerTest, AHistoryRunningAtAResetRegistersNothingMore) {
+  KvPager p(OffloadOptions(2, 24, 16));
+  const std::vector<int32_t> a = RandomTokens(6 * kBlockTokens, 41);
+  ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, absl::MakeConstSpan(a).first(2 * kBlockTokens)), 2);
+  p.ResetPrefixCache();
+  // Its decode blocks (2 .. 5), and all of it after a swap-out and back (fresh copies).
+  EXPECT_EQ(p.RegisterPrefix(0, a), 0);
+  std::vector<BlockMove> moves;
+  ASSERT_TRUE(p.PlanSwapOut(0, 1, &moves).ok());
+  p.RetireUpTo(1);
+  moves.clear();
+  ASSERT_TRUE(p.PlanSwapIn(0, 2, &moves).ok());
+  p.RetireUpTo(2);
+  EXPECT_EQ(p.RegisterPrefix(0, a), 0);
+  std::vector<PrefixBlock> match;
+  EXPECT_EQ(p.MatchPrefix(a, 6, &match, 0, /*host=*/true), 0);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  // Released and used again: cached as before.
+  p.Release(0);
+  ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens).ok());
+  EXPECT_EQ(p.RegisterPrefix(0, a), 6);
+  EXPECT_EQ(p.MatchPrefix(a, 6, &match), 6);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
 TEST(KvPagerTest, PrefixCacheSaltsKeepNamespacesApart) {
   KvPager p(CacheOptions(3, 64));
   const std::vector<int32_t> prompt = RandomTokens(64, 7);

@@ -599,6 +599,8 @@ absl::StatusOr<ThinkingBudget> ChatThinkingBudget(const v1::ChatPrompt& chat,
                            std::pair{forced, &budget.forced}}) {
     absl::StatusOr<std::vector<int32_t>> ids = tokenizer.Encode(text, /*add_bos=*/false);
     if (!ids.ok() || ids->empty()) {
+      // The server's default is not the request's fault: it goes without.
+      if (!chat.has_thinking_budget()) return ThinkingBudget{};
       return Invalid("chat.thinking_budget",
                      absl::StrCat("the tokenizer cannot write the thinking's marker \"",
                                   std::string(text), "\""));
