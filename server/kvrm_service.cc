@@ -1424,25 +1424,23 @@ grpc::ServerUnaryReactor* KvrmService::Embed(grpc::CallbackServerContext* contex
                                              const v1::EmbedRequest* request,
                                              v1::EmbedResponse* response) {
   const absl::Time arrival = absl::Now();
-  if (grpc::Status s = CheckAuth(context); !s.ok())
-    return RefusePooling(context, s, "embeddings", request->lora_adapter(), arrival);
-  if (grpc::Status s = PoolingRefusal("Embed"); !s.ok())
-    return RefusePooling(context, s, "embeddings", request->lora_adapter(), arrival);
+  // A refusal before the inputs are submitted: traced as the call's end (RefusePooling).
+  const auto refuse = [&](const grpc::Status& status) {
+    return RefusePooling(context, status, "embeddings", request->lora_adapter(), arrival);
+  };
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return refuse(s);
+  if (grpc::Status s = PoolingRefusal("Embed"); !s.ok()) return refuse(s);
   if (!info_.embed_refusal.empty()) {
-    return RefusePooling(context,
-                         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                      absl::StrCat("Embed: ", info_.embed_refusal)),
-                         "embeddings", request->lora_adapter(), arrival);
+    return refuse(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               absl::StrCat("Embed: ", info_.embed_refusal)));
   }
   absl::StatusOr<EmbedPlan> plan =
       ValidateEmbedRequest(*request, *engine_->model().tokenizer, limits_, info_.pooling,
                            info_.embedding_normalize, engine_->model().config.hidden_size);
-  if (!plan.ok())
-    return RefusePooling(context, ToGrpcStatus(plan.status()), "embeddings",
-                         request->lora_adapter(), arrival);
+  if (!plan.ok()) return refuse(ToGrpcStatus(plan.status()));
   const int32_t inputs = static_cast<int32_t>(plan->inputs.size());
   if (grpc::Status s = CheckQueueRoom(context, inputs, "inputs"); !s.ok()) {
-    return RefusePooling(context, s, "embeddings", request->lora_adapter(), arrival);
+    return refuse(s);
   }
   const std::string id = request->request_id().empty() ? absl::StrCat("emb-", next_id_.fetch_add(1))
                                                        : request->request_id();
@@ -1474,33 +1472,29 @@ grpc::ServerUnaryReactor* KvrmService::Classify(grpc::CallbackServerContext* con
                                                 const v1::ClassifyRequest* request,
                                                 v1::ClassifyResponse* response) {
   const absl::Time arrival = absl::Now();
-  if (grpc::Status s = CheckAuth(context); !s.ok())
-    return RefusePooling(context, s, "classify", request->lora_adapter(), arrival);
-  if (grpc::Status s = PoolingRefusal("Classify"); !s.ok())
-    return RefusePooling(context, s, "classify", request->lora_adapter(), arrival);
+  // A refusal before the inputs are submitted: traced as the call's end (RefusePooling).
+  const auto refuse = [&](const grpc::Status& status) {
+    return RefusePooling(context, status, "classify", request->lora_adapter(), arrival);
+  };
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return refuse(s);
+  if (grpc::Status s = PoolingRefusal("Classify"); !s.ok()) return refuse(s);
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
   if (const std::string& error = engine_->model().classifier_error; !error.empty()) {
-    return RefusePooling(
-        context,
-        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, absl::StrCat("Classify: ", error)),
-        "classify", request->lora_adapter(), arrival);
+    return refuse(
+        grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, absl::StrCat("Classify: ", error)));
   }
   if (!head) {
-    return RefusePooling(context,
-                         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                                      "Classify: the served model has no classification head (a "
-                                      "*ForSequenceClassification checkpoint's score.weight, or "
-                                      "kvrmd --classifier_from_tokens)"),
-                         "classify", request->lora_adapter(), arrival);
+    return refuse(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                               "Classify: the served model has no classification head (a "
+                               "*ForSequenceClassification checkpoint's score.weight, or "
+                               "kvrmd --classifier_from_tokens)"));
   }
   absl::StatusOr<std::vector<std::unique_ptr<GenerationRequest>>> inputs =
       ValidateClassifyRequest(*request, *engine_->model().tokenizer, limits_);
-  if (!inputs.ok())
-    return RefusePooling(context, ToGrpcStatus(inputs.status()), "classify",
-                         request->lora_adapter(), arrival);
+  if (!inputs.ok()) return refuse(ToGrpcStatus(inputs.status()));
   const int32_t n = static_cast<int32_t>(inputs->size());
   if (grpc::Status s = CheckQueueRoom(context, n, "inputs"); !s.ok()) {
-    return RefusePooling(context, s, "classify", request->lora_adapter(), arrival);
+    return refuse(s);
   }
   const std::string id = request->request_id().empty() ? absl::StrCat("cls-", next_id_.fetch_add(1))
                                                        : request->request_id();
@@ -1549,15 +1543,16 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
                                              const v1::ScoreRequest* request,
                                              v1::ScoreResponse* response) {
   const absl::Time arrival = absl::Now();
-  if (grpc::Status s = CheckAuth(context); !s.ok())
-    return RefusePooling(context, s, "score", request->lora_adapter(), arrival);
-  if (grpc::Status s = PoolingRefusal("Score"); !s.ok())
-    return RefusePooling(context, s, "score", request->lora_adapter(), arrival);
+  // A refusal before the inputs are submitted: traced as the call's end (RefusePooling).
+  const auto refuse = [&](const grpc::Status& status) {
+    return RefusePooling(context, status, "score", request->lora_adapter(), arrival);
+  };
+  if (grpc::Status s = CheckAuth(context); !s.ok()) return refuse(s);
+  if (grpc::Status s = PoolingRefusal("Score"); !s.ok()) return refuse(s);
   const std::optional<ClassifierHead>& head = engine_->model().classifier;
   const v1::ScoreMethod method = score_method();
   if (method == v1::SCORE_METHOD_UNSPECIFIED) {
-    return FinishUnary(
-        context,
+    return refuse(
         grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
                      !engine_->model().classifier_error.empty()
                          ? absl::StrCat("Score: ", engine_->model().classifier_error)
@@ -1569,12 +1564,10 @@ grpc::ServerUnaryReactor* KvrmService::Score(grpc::CallbackServerContext* contex
   const bool cross = method == v1::SCORE_METHOD_CROSS_ENCODER;
   absl::StatusOr<ScorePlan> plan =
       ValidateScoreRequest(*request, *engine_->model().tokenizer, limits_, cross, info_.pooling);
-  if (!plan.ok())
-    return RefusePooling(context, ToGrpcStatus(plan.status()), "score", request->lora_adapter(),
-                         arrival);
+  if (!plan.ok()) return refuse(ToGrpcStatus(plan.status()));
   const int32_t n = static_cast<int32_t>(plan->inputs.size());
   if (grpc::Status s = CheckQueueRoom(context, n, "documents"); !s.ok()) {
-    return RefusePooling(context, s, "score", request->lora_adapter(), arrival);
+    return refuse(s);
   }
   const std::string id = request->request_id().empty()
                              ? absl::StrCat("score-", next_id_.fetch_add(1))
