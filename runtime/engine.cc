@@ -933,8 +933,6 @@ bool Engine::StepForTest() {
 }
 
 void Engine::ApplyCacheResets() {
-  // (Serialized: before Start() the callers of ResetPrefixCache apply resets themselves.)
-  std::lock_guard<std::mutex> applying(reset_apply_mu_);
   uint64_t asked;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -961,11 +959,14 @@ absl::StatusOr<KvPager::CacheReset> Engine::ResetPrefixCache(absl::Duration time
   if (stop_) return absl::UnavailableError("the engine is stopping");
   const uint64_t ticket = ++cache_resets_asked_;
   if (!running_) {
-    // No engine thread: nothing else touches the pager.
+    // No engine thread: the reset is done here, under mu_, so that callers before Start() take
+    // turns and Start() waits for it.
+    const KvPager::CacheReset freed = pager_->ResetPrefixCache();
+    last_cache_reset_ = freed;
+    cache_resets_done_ = ticket;
     lock.unlock();
-    ApplyCacheResets();
-    lock.lock();
-    return last_cache_reset_;
+    PublishStats();
+    return freed;
   }
   cv_.notify_one();
   if (!reset_cv_.wait_for(lock, absl::ToChronoNanoseconds(timeout),

@@ -420,7 +420,8 @@ class Engine {
   // One iteration of the loop: one step of work; false when there was nothing to do.
   bool Step();
   void TakePosted();
-  // Does the prefix-cache resets asked for (the engine thread, between steps).
+  // Does the prefix-cache resets asked for (the engine thread, between steps; before Start(),
+  // ResetPrefixCache does its own).
   void ApplyCacheResets();
   void ExpireDeadlines(absl::Time now);
   void Admit(absl::Time now);
@@ -613,9 +614,9 @@ class Engine {
   uint64_t mixed_steps_ = 0;
   uint64_t device_sampled_ = 0;
   uint64_t spec_drafts_ = 0;
-  uint64_t thinking_budget_ends_ = 0;
   uint64_t spec_draft_tokens_ = 0;
   uint64_t spec_accepted_ = 0;
+  uint64_t thinking_budget_ends_ = 0;  // EngineStats::thinking_budget_ends_total
   // Engine-wide draft acceptance (decayed sums), the prior of a slot with little record.
   double spec_verified_decayed_ = 0;
   double spec_accepted_decayed_ = 0;
@@ -687,7 +688,6 @@ class Engine {
   uint64_t cache_resets_done_ = 0;
   KvPager::CacheReset last_cache_reset_;
   std::condition_variable reset_cv_;
-  std::mutex reset_apply_mu_;        // held while a reset is applied (taken before mu_)
   uint64_t next_lora_serial_ = 1;    // guarded by mu_
   uint64_t lora_uses_ = 0;           // guarded by mu_: requests resolved to an adapter
   bool running_ = false;             // guarded by mu_: Start() was called
