@@ -1450,8 +1450,12 @@ void OpenAiReply::NotePrompt(int prompt, const v1::GenerateResponse& m) {
   prompt_logprobs_[prompt].assign(m.prompt_logprobs().begin(), m.prompt_logprobs().end());
 }
 
+const std::vector<int32_t>& OpenAiReply::PromptIds(int prompt) const {
+  return prompt_ids_[std::clamp(prompt, 0, prompts_ - 1)];
+}
+
 OrderedJson OpenAiReply::PromptIdsJson(int prompt) const {
-  const std::vector<int32_t>& ids = prompt_ids_[std::clamp(prompt, 0, prompts_ - 1)];
+  const std::vector<int32_t>& ids = PromptIds(prompt);
   return ids.empty() ? OrderedJson(nullptr) : OrderedJson(ids);
 }
 
@@ -1698,8 +1702,8 @@ std::string OpenAiReply::Chunk(int prompt, int index, const v1::GenerateResponse
                             (request_.prompt_logprobs >= 0 || echo_scores_prompt());
   // return_token_ids: the prompt's ids with the choice's first chunk after they arrived, and
   // every chunk's generated ids (a message whose text is held back still sends its ids).
-  const bool send_prompt_ids = request_.return_token_ids && !c.prompt_ids_sent &&
-                               !prompt_ids_[std::clamp(prompt, 0, prompts_ - 1)].empty();
+  const bool send_prompt_ids =
+      request_.return_token_ids && !c.prompt_ids_sent && !PromptIds(prompt).empty();
   const bool send_ids = request_.return_token_ids && m.token_ids_size() > 0;
   if (delta_text.empty() && m.logprobs_size() == 0 && !finished && !call_deltas && !reasoning &&
       !score_prompt && !send_prompt_ids && !send_ids) {

@@ -297,7 +297,9 @@ class OpenAiReply final : public GenerationReply {
   // Keeps the prompt's scores and token ids when `m` carries them (a completion's first
   // message), and counts its tokens.
   void NotePrompt(int prompt, const v1::GenerateResponse& m);
-  // return_token_ids: prompt `prompt`'s ids (null until a first message brought them).
+  // return_token_ids: prompt `prompt`'s ids (empty until a first message brought them), and as
+  // JSON (null until then).
+  const std::vector<int32_t>& PromptIds(int prompt) const;
   OrderedJson PromptIdsJson(int prompt) const;
   // vLLM's prompt_logprobs list for prompt `prompt`: null, then per token a map of token id to
   // {logprob, rank, decoded_token} holding the prompt token and its top alternatives.
