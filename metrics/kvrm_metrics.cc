@@ -216,7 +216,7 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
                 "Time one engine step waited on KV transport, in seconds.", TransportWaitBuckets());
   Family<Histogram>& step = r->AddHistogram(
       "kvrm:step_duration_seconds",
-      "Duration of one engine forward pass: a prefill chunk, a decode step, or both in one "
+      "Duration of one engine forward pass: prefill chunks, a decode step, or both in one "
       "pass (mixed), in seconds.",
       labels({"phase"}), StepDurationBuckets());
   prefill_step_ = &step.WithLabels(values({"prefill"}));
@@ -267,6 +267,11 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
       counter("kvrm:thinking_budget_ends_total",
               "Thinking blocks whose end a request's thinking budget wrote (the model had not "
               "closed them within the budget).");
+  prefill_chunks_ =
+      counter("kvrm:prefill_chunks_total",
+              "Prompt chunks prefilled; over the steps that prefilled (the counts of "
+              "kvrm:step_duration_seconds{phase=\"prefill\"} and {phase=\"mixed\"}), prompts "
+              "per step.");
   prefix_resets_ = counter("kvrm:prefix_cache_resets_total",
                            "Prefix-cache resets (ResetPrefixCache, POST /reset_prefix_cache).");
   stream_chunks_merged_ =
@@ -510,6 +515,7 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
   spec_accepted_->Add(
       Delta(s.spec_decode_accepted_tokens_total, last_.spec_decode_accepted_tokens_total));
   thinking_budget_ends_->Add(Delta(s.thinking_budget_ends_total, last_.thinking_budget_ends_total));
+  prefill_chunks_->Add(Delta(s.prefill_chunks_total, last_.prefill_chunks_total));
   prefix_resets_->Add(Delta(s.prefix_cache_resets_total, last_.prefix_cache_resets_total));
   if (s.steps_total > step_base_.steps_total) {
     const double steps = Delta(s.steps_total, step_base_.steps_total);

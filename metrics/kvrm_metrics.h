@@ -197,6 +197,7 @@ class KvrmMetrics : public EngineObserver {
   Counter* spec_draft_tokens_;
   Counter* spec_accepted_;
   Counter* thinking_budget_ends_;
+  Counter* prefill_chunks_;
   Counter* prefix_resets_;
   Counter* prefix_offloaded_;
   Gauge* prefix_host_cached_;

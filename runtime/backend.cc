@@ -12,6 +12,11 @@ absl::Status Backend::DecodeWithChunk(const PrefillChunk&, float*, const StepDes
   return absl::UnimplementedError("this backend runs a prefill chunk and a decode step apart");
 }
 
+absl::Status Backend::PrefillChunks(absl::Span<const PrefillChunk>, absl::Span<float* const>,
+                                    const StepDescriptor*, float*) {
+  return absl::UnimplementedError("this backend runs one prefill chunk a pass");
+}
+
 absl::Status Backend::DecodeAndSample(const StepDescriptor&, float*, int32_t*) {
   return absl::UnimplementedError("this backend does not sample on the device");
 }

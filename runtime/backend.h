@@ -165,6 +165,18 @@ class Backend {
   // (`chunk.slot` must not be active in `step`).
   virtual absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                        const StepDescriptor& step, float* logits);
+  // Most prefill chunks one pass takes (PrefillChunks); 1: one at a time (Prefill,
+  // DecodeWithChunk), and the engine gives each step one chunk.
+  virtual int32_t max_chunks_per_pass() const { return 1; }
+  // Several prompts' chunks in one pass (vLLM's steps that prefill several requests): `chunks`
+  // of distinct slots, max_chunk_tokens() tokens at most together, at most max_chunks_per_pass()
+  // of them; with `step` non-null its decode rows ride along (as in DecodeWithChunk: no chunk's
+  // slot active in it) and their logits go to `logits`. chunk_logits[i] (one per chunk): where
+  // chunk i's logits go (its last row's, or every row's with all_logits), or null for none. The
+  // results are those of each chunk's Prefill, then Decode. Default: UNIMPLEMENTED.
+  virtual absl::Status PrefillChunks(absl::Span<const PrefillChunk> chunks,
+                                     absl::Span<float* const> chunk_logits,
+                                     const StepDescriptor* step, float* logits);
   // Whether Prefill and DecodeWithChunk honour PrefillChunk::all_logits (prompt logprobs).
   virtual bool computes_all_logits() const { return false; }
   // Whether Prefill and DecodeWithChunk honour PrefillChunk::hidden (embeddings).

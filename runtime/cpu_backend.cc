@@ -165,7 +165,8 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
       rank_status_(options.tensor_parallel),
       rows_(options.max_slots * (1 + options.max_draft_tokens) + options.max_chunk_tokens),
       logit_row_(options.max_slots * (1 + options.max_draft_tokens)),
-      logits_(static_cast<size_t>(options.max_slots * (1 + options.max_draft_tokens) +
+      pass_logit_rows_(rows_.size()),
+      logits_(static_cast<size_t>(options.max_slots * (2 + options.max_draft_tokens) +
                                   kMaxAllLogitsRows) *
               config.vocab_size) {
   // RoPE table in double, rounded once: [position][cos(half) | sin(half)].
@@ -241,6 +242,15 @@ int64_t CpuBackend::panel_weight_bytes() const {
 absl::Status CpuBackend::Forward(int32_t n, int32_t first_logit_row) {
   rank_threads_.RunOnAll([&](int r) {
     rank_status_[r] = ranks_[r]->Forward(rows_.data(), n, first_logit_row, logits_.data());
+  });
+  for (const absl::Status& s : rank_status_) RETURN_IF_ERROR(s);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::ForwardListed(int32_t n, int32_t m) {
+  rank_threads_.RunOnAll([&](int r) {
+    rank_status_[r] =
+        ranks_[r]->Forward(rows_.data(), n, pass_logit_rows_.data(), m, logits_.data());
   });
   for (const absl::Status& s : rank_status_) RETURN_IF_ERROR(s);
   return absl::OkStatus();
@@ -427,6 +437,80 @@ absl::Status CpuBackend::DecodeWithChunk(const PrefillChunk& chunk, float* last_
                 static_cast<size_t>(c - first) * config_.vocab_size * sizeof(float));
   }
   ScatterLogits(c - first, d, logits);
+  return absl::OkStatus();
+}
+
+absl::Status CpuBackend::PrefillChunks(absl::Span<const PrefillChunk> chunks,
+                                       absl::Span<float* const> chunk_logits,
+                                       const StepDescriptor* step, float* logits) {
+  if (chunks.empty() || chunks.size() > static_cast<size_t>(max_chunks_per_pass()) ||
+      chunk_logits.size() != chunks.size()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        chunks.size(), " prefill chunks (", chunk_logits.size(), " logits buffers) in one pass; ",
+        "the backend takes 1 to ", max_chunks_per_pass()));
+  }
+  // Rows: the chunks' one after the other, then the decode rows; the logits wanted (each chunk's
+  // last row, or every row with all_logits, and every decode row) are gathered by the rank's
+  // pass in that order. Each row's result is its own pass's (DecodeWithChunk): the rows of a
+  // chunk write only its slot's blocks, which no other row reads.
+  const int64_t vocab = config_.vocab_size;
+  const int32_t logit_rows_max = options_.max_slots + kMaxAllLogitsRows;
+  int32_t c = 0, m = 0;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const PrefillChunk& chunk = chunks[k];
+    for (size_t j = 0; j < k; ++j) {
+      if (chunks[j].slot == chunk.slot) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("slot ", chunk.slot, " has two prefill chunks in one pass"));
+      }
+    }
+    if (c + static_cast<int64_t>(chunk.tokens.size()) > options_.max_chunk_tokens) {
+      return absl::InvalidArgumentError(absl::StrCat("prefill chunks of ", c + chunk.tokens.size(),
+                                                     "+ tokens in one pass; max ",
+                                                     options_.max_chunk_tokens));
+    }
+    ASSIGN_OR_RETURN(const int32_t n, ChunkRows(chunk, rows_.data() + c));
+    if (chunk_logits[k] != nullptr) {
+      const int32_t first = chunk.all_logits ? 0 : n - 1;
+      if (m + n - first > logit_rows_max) {
+        return absl::InvalidArgumentError(absl::StrCat("prefill chunks wanting ", m + n - first,
+                                                       "+ rows of logits in one pass; max ",
+                                                       logit_rows_max));
+      }
+      for (int32_t i = first; i < n; ++i) pass_logit_rows_[m++] = c + i;
+    }
+    c += n;
+  }
+  int32_t d = 0;
+  if (step != nullptr) {
+    ASSIGN_OR_RETURN(d, DecodeRows(*step, rows_.data() + c, logit_row_.data()));
+    for (int32_t i = 0; i < d; ++i) {
+      for (const PrefillChunk& chunk : chunks) {
+        if (rows_[c + i].slot == chunk.slot) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("slot ", chunk.slot, " both decodes and prefills in one step"));
+        }
+      }
+      pass_logit_rows_[m + i] = c + i;
+    }
+  }
+  RETURN_IF_ERROR(ForwardListed(c + d, m + d));
+  int32_t row = 0, logit = 0;
+  for (size_t k = 0; k < chunks.size(); ++k) {
+    const PrefillChunk& chunk = chunks[k];
+    const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+    if (chunk.hidden != nullptr) {
+      ranks_[0]->AddFinalHidden(row + chunk.hidden_begin, row + chunk.hidden_end, chunk.hidden);
+    }
+    if (chunk_logits[k] != nullptr) {
+      const int32_t rows = chunk.all_logits ? n : 1;
+      std::memcpy(chunk_logits[k], logits_.data() + logit * vocab,
+                  static_cast<size_t>(rows) * vocab * sizeof(float));
+      logit += rows;
+    }
+    row += n;
+  }
+  ScatterLogits(m, d, logits);
   return absl::OkStatus();
 }
 

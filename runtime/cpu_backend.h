@@ -84,6 +84,11 @@ class CpuBackend : public Backend {
   std::string weight_quantization() const override;
   absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                const StepDescriptor& step, float* logits) override;
+  // Every slot's chunk may share a pass (their tokens max_chunk_tokens together).
+  int32_t max_chunks_per_pass() const override { return options_.max_slots; }
+  absl::Status PrefillChunks(absl::Span<const PrefillChunk> chunks,
+                             absl::Span<float* const> chunk_logits, const StepDescriptor* step,
+                             float* logits) override;
   int32_t vocab_size() const override { return config_.vocab_size; }
   int32_t max_draft_tokens() const override { return options_.max_draft_tokens; }
   int32_t max_lora_adapters() const override { return static_cast<int32_t>(lora_.size()); }
@@ -138,8 +143,10 @@ class CpuBackend : public Backend {
   void AddChunkHidden(const PrefillChunk& chunk);
   // Copies logits_ rows [first, first + n) to their rows (logit_row_[0, n)) of `logits`.
   void ScatterLogits(int32_t first, int32_t n, float* logits) const;
-  // Runs every rank's forward over rows_[0, n) (logits for rows [first_logit_row, n)).
+  // Runs every rank's forward over rows_[0, n) (logits for rows [first_logit_row, n), or for
+  // rows pass_logit_rows_[0, m) with the second).
   absl::Status Forward(int32_t n, int32_t first_logit_row);
+  absl::Status ForwardListed(int32_t n, int32_t m);
 
   const LlamaConfig config_;
   const CpuBackendOptions options_;
@@ -150,10 +157,12 @@ class CpuBackend : public Backend {
   std::vector<std::unique_ptr<CpuRank>> ranks_;
   ThreadPool rank_threads_;            // thread r runs rank r
   std::vector<absl::Status> rank_status_;  // [ranks] of the last Forward
-  // [slots x (1 + drafts) + chunk]: a chunk's rows, then decode rows.
+  // [slots x (1 + drafts) + chunk]: a chunk's rows (or several chunks'), then decode rows.
   std::vector<CpuRow> rows_;
   std::vector<int32_t> logit_row_;  // [slots x (1 + drafts)]: each decode row's logits row
-  // [slots x (1 + drafts) + kMaxAllLogitsRows][vocab] before scattering.
+  std::vector<int32_t> pass_logit_rows_;  // [rows_]: PrefillChunks' rows whose logits it wants
+  // [slots x (1 + drafts) + kMaxAllLogitsRows + slots][vocab] before scattering (the last
+  // slots rows: the last rows of the other chunks of a PrefillChunks pass).
   std::vector<float> logits_;
   // The LoRA adapter slots (null: empty); the ranks point into these.
   std::vector<std::shared_ptr<const PreparedLoraAdapter>> lora_;

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "kernels/cpu/lora.h"
@@ -565,6 +566,22 @@ void CpuRank::AddFinalHidden(int32_t begin, int32_t end, float* out) {
 
 absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row,
                               float* logits) {
+  return Pass(rows, n, first_logit_row, nullptr, n - first_logit_row, logits);
+}
+
+absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, const int32_t* logit_rows, int32_t m,
+                              float* logits) {
+  for (int32_t j = 0; j < m; ++j) {
+    if (logit_rows[j] < 0 || logit_rows[j] >= n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("logits of row ", logit_rows[j], " of a pass of ", n));
+    }
+  }
+  return Pass(rows, n, 0, logit_rows, m, logits);
+}
+
+absl::Status CpuRank::Pass(const CpuRow* rows, int32_t n, int32_t first_logit_row,
+                           const int32_t* logit_rows, int32_t m, float* logits) {
   const CpuIsa isa = ActiveCpuIsa();
   // Whether any row runs with a LoRA adapter: without, the pass is exactly the base model's.
   bool lora = false;
@@ -616,12 +633,12 @@ absl::Status CpuRank::Forward(const CpuRow* rows, int32_t n, int32_t first_logit
     if (config_.sandwich_norms) NormRows(l.mlp_post_norm, n, /*in_place=*/true);
     AddRows(n);
   }
-  const int32_t m = n - first_logit_row;
   if (m <= 0) return absl::OkStatus();
   const float eps = static_cast<float>(config_.rms_norm_eps);
   const float offset = static_cast<float>(config_.norm_weight_offset);
-  for (int32_t i = first_logit_row; i < n; ++i) {
-    RmsNorm(&x_[i * d_], w_.final_norm, d_, eps, &h_[(i - first_logit_row) * d_], offset);
+  for (int32_t j = 0; j < m; ++j) {
+    const int64_t i = logit_rows != nullptr ? logit_rows[j] : first_logit_row + j;
+    RmsNorm(&x_[i * d_], w_.final_norm, d_, eps, &h_[j * d_], offset);
   }
   MatMul(threads_, h_.data(), m, d_, w_.lm_head, logits + w_.vocab_begin, config_.vocab_size,
          scratch_.data());

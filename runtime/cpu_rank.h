@@ -66,6 +66,11 @@ class CpuRank {
   // vocabulary slice of the logits: logits[(i - first_logit_row) * vocab + v] for v in
   // [vocab_begin, vocab_begin + share). Ranks write disjoint slices of the same buffer.
   absl::Status Forward(const CpuRow* rows, int32_t n, int32_t first_logit_row, float* logits);
+  // The same pass, with the logits of the rows listed instead (logit_rows[j] < n, m of them):
+  // row logit_rows[j]'s go to logits[j * vocab + v]. For a pass over several prefill chunks,
+  // whose last rows are not contiguous.
+  absl::Status Forward(const CpuRow* rows, int32_t n, const int32_t* logit_rows, int32_t m,
+                       float* logits);
   // After a Forward over at least `end` rows: adds the final norm's output of each row in
   // [begin, end) (the residual stream is whole on every rank) to out[0, hidden_size).
   void AddFinalHidden(int32_t begin, int32_t end, float* out);
@@ -90,6 +95,10 @@ class CpuRank {
   void SetLoraAdapter(int32_t index, const RankLora* adapter);
 
  private:
+  // Both Forwards: the logits of rows logit_rows[0, m) when given, else of rows
+  // [first_logit_row, first_logit_row + m).
+  absl::Status Pass(const CpuRow* rows, int32_t n, int32_t first_logit_row,
+                    const int32_t* logit_rows, int32_t m, float* logits);
   void Embed(const CpuRow* rows, int32_t n);
   // h_ = RmsNorm(x_), or RmsNorm(h_) in place (Gemma's norms of the attention and MLP outputs).
   void NormRows(const WeightMatrix& norm, int32_t n, bool in_place = false);

@@ -120,6 +120,11 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   if (o.block_tokens <= 0 || o.prefill_chunk <= 0 || o.max_runs <= 0) {
     return absl::InvalidArgumentError("block tokens, prefill chunk and max runs must be positive");
   }
+  if (o.max_prefills_per_step < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--max_prefills_per_step must be >= 0 (0: as many as fit; got ",
+                     o.max_prefills_per_step, ")"));
+  }
   if (o.max_queue < 1) {
     // It counts every request not yet in a slot, those that arrived since the last step
     // included: at 0 nothing could ever be admitted.
@@ -350,10 +355,8 @@ Engine::Engine(const ModelBundle* model, const EngineOptions& options)
     d.Resize(options.slots, options.max_runs, options.speculative_tokens);
     d.far = far_;
   }
-  chunk_.far = far_;
   logits_.resize(static_cast<size_t>(options.slots) * (1 + options.speculative_tokens) *
                  model->config.vocab_size);
-  chunk_logits_.resize(model->config.vocab_size);
   eos_ids_ = model->config.eos_token_ids;
 }
 
@@ -431,9 +434,18 @@ absl::Status Engine::Init(std::unique_ptr<Backend> backend) {
   fuse_prefill_ = o.fuse_prefill && backend_->fuses_prefill();
   device_sampling_ = o.device_sampling && backend_->samples_on_device();
   sampled_tokens_.assign(o.slots, 0);
-  if (backend_->computes_all_logits()) {
-    chunk_logits_.resize(static_cast<size_t>(kMaxAllLogitsRows) * model_->config.vocab_size);
+  chunk_capacity_ = std::clamp(backend_->max_chunks_per_pass(), 1, o.slots);
+  if (o.max_prefills_per_step > 0) {
+    chunk_capacity_ = std::min(chunk_capacity_, o.max_prefills_per_step);
   }
+  chunks_.assign(chunk_capacity_, PrefillChunk{});
+  for (PrefillChunk& c : chunks_) c.far = far_;
+  chunk_last_.assign(chunk_capacity_, 0);
+  chunk_logit_rows_.assign(chunk_capacity_, nullptr);
+  prefill_runs_.resize(o.slots);
+  const int32_t all_rows = backend_->computes_all_logits() ? kMaxAllLogitsRows : 1;
+  chunk_logits_.resize(static_cast<size_t>(chunk_capacity_ + all_rows - 1) *
+                       model_->config.vocab_size);
   return absl::OkStatus();
 }
 
@@ -829,6 +841,8 @@ void Engine::PublishStats() {
   s.tokens_generated_total = tokens_generated_;
   s.steps_total = steps_;
   s.mixed_steps_total = mixed_steps_;
+  s.prefill_steps_total = prefill_steps_;
+  s.prefill_chunks_total = prefill_chunks_;
   s.device_sampled_tokens_total = device_sampled_;
   s.spec_decode_drafts_total = spec_drafts_;
   s.spec_decode_draft_tokens_total = spec_draft_tokens_;
@@ -987,7 +1001,7 @@ bool Engine::Step() {
   ResumePaused();
   Admit(now);
   int32_t active = BuildDescriptor();
-  bool prefill = PickPrefillChunk();
+  bool prefill = PickPrefillChunks();
   // Far history grows a prompt chunk by chunk, which may have paused a slot built above.
   if (bounded_slots()) active = RecountActiveRows();
   if (active == 0 && !prefill) {
@@ -1008,10 +1022,10 @@ bool Engine::Step() {
     }
     // A copy this step reads may have failed since the top of the step (copies planned here, a
     // compaction gated on the last step): its requests end now, before the step reads their
-    // undefined KV, and their rows (or chunk) leave the step.
+    // undefined KV, and their rows (or chunks) leave the step.
     if (RetireTransfers()) {
       active = RecountActiveRows();
-      if (prefill && slots_[chunk_slot_].state != SlotState::kPrefilling) prefill = false;
+      if (prefill) prefill = KeepPrefillingChunks();
       if (active == 0 && !prefill) {
         PublishStats();
         return true;  // it did work: requests ended
@@ -1023,23 +1037,21 @@ bool Engine::Step() {
   ++commits_;
   StepWork work;
   if (prefill) {
-    work.chunk = &chunk_;
-    // Logits only where a token is sampled: the end of a fresh prompt (a recomputed history
-    // resumes with the token it had already sampled).
-    // (And every row's, for a prompt being scored.)
-    // (None for an embedding: it samples nothing.)
-    const Slot& s = slots_[chunk_slot_];
-    work.chunk_logits = (chunk_last_ && s.generated == 0 && s.request->pooling == Pooling::kNone) ||
-                                chunk_.all_logits
-                            ? chunk_logits_.data()
-                            : nullptr;
+    work.chunks = absl::MakeConstSpan(chunks_.data(), num_chunks_);
+    work.chunk_logits = absl::MakeConstSpan(chunk_logit_rows_.data(), num_chunks_);
   }
   if (active > 0) {
     work.step = &descriptors_[committed_];
     work.logits = logits_.data();
   }
-  work.fused = fuse_prefill_ && work.chunk && work.step && backend_->CanFuse(chunk_);
+  // (A pass of several chunks samples nothing on the device, Backend::PrefillChunks: with
+  // device sampling they run apart from the decode rows.)
+  work.fused = fuse_prefill_ && prefill && work.step && (num_chunks_ == 1 || !device_sampling_);
+  for (int32_t k = 0; work.fused && k < num_chunks_; ++k)
+    work.fused = backend_->CanFuse(chunks_[k]);
   mixed_steps_ += work.fused;
+  prefill_steps_ += prefill;
+  prefill_chunks_ += work.chunks.size();
   if (device_sampling_ && work.step != nullptr && MarkDeviceSampling()) {
     work.tokens = sampled_tokens_.data();
   }
@@ -1064,7 +1076,8 @@ bool Engine::Step() {
   // What a decode step and a prefill chunk cost, for max_prefill_stall (PrefillTokenBudget):
   // with chunks in the decode pass, every pass that decodes; apart, the two on their own.
   // Speculative decoding reads the fit too (DraftThreshold): a draft is a row like any other.
-  const int32_t chunk_tokens = prefill ? static_cast<int32_t>(chunk_.tokens.size()) : 0;
+  int32_t chunk_tokens = 0;
+  for (const PrefillChunk& c : work.chunks) chunk_tokens += static_cast<int32_t>(c.tokens.size());
   if (fuse_prefill_ || options_.speculative_tokens > 0) {
     if (active > 0 && result.decode_status.ok()) {
       const int32_t rows = active + descriptors_[committed_].draft_rows();
@@ -1089,7 +1102,7 @@ bool Engine::Step() {
     if (prefill) observer_->OnPrefillChunk(chunk_tokens, result.prefill_time);
     if (active > 0) observer_->OnDecodeStep(active, result.decode_time);
   }
-  if (prefill) FinishPrefillChunk(result);
+  if (prefill) FinishPrefillChunks(result);
   if (active > 0) FinishDecode(result);
   PublishStats();
   return true;

@@ -50,7 +50,9 @@ enum class ReservePolicy { kPrompt, kPromptAndOutput };
 struct EngineOptions {
   int32_t slots = 8;
   int32_t max_context = 0;        // 0: the model's max_position_embeddings
-  int32_t prefill_chunk = 256;    // tokens per prefill chunk (one chunk per engine step)
+  // Prompt tokens one engine step prefills: the most a chunk of one prompt takes, and all the
+  // step's chunks together (max_prefills_per_step).
+  int32_t prefill_chunk = 256;
   int32_t max_queue = 256;        // waiting requests beyond this get RESOURCE_EXHAUSTED
   int32_t max_new_tokens = 4096;  // upper bound a request may ask for
   int32_t block_tokens = 16;
@@ -77,6 +79,12 @@ struct EngineOptions {
   // at most half while prompts are being prefilled. 0: off (the chunk takes the token budget).
   // A chunk is never cut below one token, so every prompt progresses.
   double max_prefill_stall = 0;
+  // Prompts whose chunks one step may prefill together, first come first served, while the
+  // step's prefill tokens (PrefillTokenBudget) last and the backend takes them in one pass
+  // (Backend::max_chunks_per_pass: the CPU backend). vLLM's steps fill their token budget with
+  // several prompts likewise: a burst of short prompts gets its first tokens in one step instead
+  // of one step each. 0: as many as fit; 1: one prompt a step. Results are the same either way.
+  int32_t max_prefills_per_step = 0;
   // Run a step's prefill chunk in the same pass as its decode rows where the backend can
   // (Backend::fuses_prefill: the CPU backend): the weights are read once for both, so the chunk
   // costs the decode rows only its own arithmetic. Off, or on a backend without it: the chunk
@@ -214,6 +222,10 @@ struct EngineStats {
   uint64_t tokens_generated_total = 0;
   uint64_t steps_total = 0;
   uint64_t mixed_steps_total = 0;  // of those, a prefill chunk and decode rows in one pass
+  // Steps that prefilled, and the prompt chunks they prefilled (several a step where the
+  // backend takes them in one pass: EngineOptions::max_prefills_per_step).
+  uint64_t prefill_steps_total = 0;
+  uint64_t prefill_chunks_total = 0;
   uint64_t device_sampled_tokens_total = 0;  // tokens the backend sampled (device_sampling)
   KvStats kv;
   // KV-RM pager figures (cumulative; stay 0 under --kv_mode=static). Read by metrics/.
@@ -530,11 +542,17 @@ class Engine {
   void RegisterCachedPrefix(int32_t slot);
   // Far history: frees the slot's blocks whose summaries (entries below `summaries`) exist.
   void DropSummarized(int32_t slot, int32_t summaries);
-  // Chooses this step's prefill chunk (FCFS over prefilling slots); false if none.
-  // Tokens the next chunk may take beside `decoding` decode rows: the step token budget, cut to
-  // max_prefill_stall of a decode step when that is on.
+  // Chooses this step's prefill chunks (FCFS over prefilling slots, while the budget lasts and
+  // up to chunk_capacity_ of them); false if none.
+  // Tokens the step's chunks may take beside `decoding` decode rows: the step token budget, cut
+  // to max_prefill_stall of a decode step when that is on.
   int32_t PrefillTokenBudget(int32_t decoding) const;
-  bool PickPrefillChunk();
+  bool PickPrefillChunks();
+  // Chunk `k` of the step: `n` prompt tokens of slot `pick` from where its prefill stands.
+  void SetPrefillChunk(int32_t k, int32_t pick, int32_t n);
+  // Drops the step's chunks whose slot no longer prefills (a failed copy ended it); whether any
+  // is left.
+  bool KeepPrefillingChunks();
   // Turns the planned moves into transfer groups and queues them as three batches (the pager's
   // offloads, the ungated moves, the moves gated on `gate_step`); returns the last one's fence.
   uint64_t SubmitTransfers(uint64_t gate_step);
@@ -542,7 +560,9 @@ class Engine {
   bool MovesPlanned() const;
   // While the step runs: reserve KV for every active slot's next position.
   void PreStageNext(uint64_t running_step);
-  void FinishPrefillChunk(const StepResult& result);
+  // After the step: each of its chunks' slots.
+  void FinishPrefillChunks(const StepResult& result);
+  void FinishPrefillChunk(int32_t k, const StepResult& result);
   void FinishDecode(const StepResult& result);
   // Samples the slot's next token from its logits (in place), masking its stop tokens first
   // while it has fewer than min_tokens.
@@ -588,10 +608,15 @@ class Engine {
   // Double-buffered descriptor: `staged_` is built while the committed one runs; Commit flips.
   StepDescriptor descriptors_[2];
   int32_t committed_ = 0;
-  PrefillChunk chunk_;
-  int32_t chunk_slot_ = -1;
-  bool chunk_last_ = false;
-  std::vector<KvRun> prefill_runs_;       // a prefilling slot's runs when wider than a row
+  // The step's prefill chunks, [0, num_chunks_) of each: the chunk, whether it ends its
+  // prompt, and where its logits go (null: none wanted). Sized chunk_capacity_ at start-up.
+  std::vector<PrefillChunk> chunks_;
+  std::vector<uint8_t> chunk_last_;
+  std::vector<float*> chunk_logit_rows_;
+  int32_t num_chunks_ = 0;
+  int32_t chunk_capacity_ = 1;  // max_prefills_per_step, as far as the backend goes
+  // [slots]: a prefilling slot's runs when wider than a row.
+  std::vector<std::vector<KvRun>> prefill_runs_;
   std::vector<PrefixBlock> prefix_match_;  // capacity reserved at start-up
   uint64_t prefix_host_hits_ = 0;           // tokens brought back from the host tier
   uint64_t prefix_queries_ = 0;           // tokens looked up in the prefix cache
@@ -607,11 +632,14 @@ class Engine {
   // EngineOptions::offload_shed_wait_share.
   double transport_wait_share_ = 0;
   std::vector<float> logits_;             // [slots][vocab]
-  // [vocab], or [kMaxAllLogitsRows][vocab] where the backend returns every row of a chunk.
+  // The chunks' logits: [chunk_capacity_][vocab], and kMaxAllLogitsRows - 1 more rows where
+  // the backend returns every row of a chunk (a step takes one such chunk).
   std::vector<float> chunk_logits_;
   std::vector<int32_t> eos_ids_;
   uint64_t steps_ = 0;
   uint64_t mixed_steps_ = 0;
+  uint64_t prefill_steps_ = 0;
+  uint64_t prefill_chunks_ = 0;
   uint64_t device_sampled_ = 0;
   uint64_t spec_drafts_ = 0;
   uint64_t spec_draft_tokens_ = 0;

@@ -785,7 +785,7 @@ int64_t Engine::HistoryBlocksNeeded(int64_t tokens) const {
 }
 
 int64_t Engine::FirstGrowTokens(int64_t tokens) const {
-  // Far history, window release: the prompt grows chunk by chunk (PickPrefillChunk) and its
+  // Far history, window release: the prompt grows chunk by chunk (PickPrefillChunks) and its
   // distant blocks go back to the pool as it goes, so a long prompt never holds more than its
   // working set.
   return bounded_slots() ? std::min<int64_t>(tokens, options_.prefill_chunk) : tokens;
@@ -950,69 +950,111 @@ int32_t Engine::PrefillTokenBudget(int32_t decoding) const {
   return std::max(1, std::min(budget, static_cast<int32_t>(std::min(cap + 1e-6, 1e9))));
 }
 
-bool Engine::PickPrefillChunk() {
-  // The slot admitted first goes first, so prefill is FCFS across slots. Far history grows the
-  // prompt's KV here; a slot that cannot have it this step yields to the next one.
-  int32_t pick = -1;
-  int32_t n = 0;
-  for (uint64_t after = 0;;) {
-    pick = -1;
+bool Engine::PickPrefillChunks() {
+  // The slot admitted first goes first, so prefill is FCFS across slots; the step's prefill
+  // tokens left after a prompt's last chunk go to the next one (as many prompts as the backend
+  // takes in one pass). Far history grows the prompt's KV here; a slot that cannot have it this
+  // step yields to the next one.
+  num_chunks_ = 0;
+  // The step's token budget: decode rows first, the chunks get the rest (at least one block's
+  // worth, so a prompt always progresses). Decode rows: the decoding slots' and their drafts'.
+  int32_t decoding = staged_draft_rows_;
+  for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
+  int32_t budget = std::min(backend_->max_chunk_tokens(), PrefillTokenBudget(decoding));
+  bool all_logits = false;  // a chunk of the step returns every row's logits
+  for (uint64_t after = 0; budget > 0 && num_chunks_ < chunk_capacity_;) {
+    int32_t pick = -1;
     for (int32_t i = 0; i < options_.slots; ++i) {
       if (slots_[i].state == SlotState::kPrefilling && slots_[i].admit_seq > after &&
           (pick < 0 || slots_[i].admit_seq < slots_[pick].admit_seq)) {
         pick = i;
       }
     }
-    chunk_slot_ = pick;
-    if (pick < 0) return false;
+    if (pick < 0) break;
     const Slot& slot = slots_[pick];
-    const int32_t total = static_cast<int32_t>(slot.history.size());
-    // The step's token budget: decode rows first, the chunk gets the rest (at least one
-    // block's worth, so a prompt always progresses).
-    // Decode rows: the decoding slots' and their drafts'.
-    int32_t decoding = staged_draft_rows_;
-    for (const Slot& s : slots_) decoding += s.state == SlotState::kDecoding;
-    const int32_t budget = PrefillTokenBudget(decoding);
-    n = std::min({backend_->max_chunk_tokens(), budget, total - slot.prefilled});
-    if (ScoresPrompt(pick)) n = std::min(n, kMaxAllLogitsRows);
     after = slot.admit_seq;
-    // No compaction for a prompt: a chunk reads a run table of any width (below).
-    if (!bounded_slots() || GrowSlotKv(pick, slot.prefilled + n)) break;
+    int32_t n = std::min(budget, static_cast<int32_t>(slot.history.size()) - slot.prefilled);
+    if (ScoresPrompt(pick)) {
+      // One prompt being scored a step: the chunk logits hold one chunk's every row.
+      if (all_logits) continue;
+      n = std::min(n, kMaxAllLogitsRows);
+    }
+    // No compaction for a prompt: a chunk reads a run table of any width (SetPrefillChunk).
+    if (bounded_slots() && !GrowSlotKv(pick, slot.prefilled + n)) continue;
+    all_logits |= ScoresPrompt(pick);
+    SetPrefillChunk(num_chunks_++, pick, n);
+    budget -= n;
   }
+  // Growing a slot's KV may have paused (or, its copy failing, ended) a slot given a chunk
+  // before it.
+  if (bounded_slots()) KeepPrefillingChunks();
+  // Where each chunk's logits go: a row each, the one scoring its prompt every row.
+  float* next = chunk_logits_.data();
+  const int32_t vocab = backend_->vocab_size();
+  for (int32_t k = 0; k < num_chunks_; ++k) {
+    const Slot& s = slots_[chunks_[k].slot];
+    // Logits only where a token is sampled: the end of a fresh prompt (a recomputed history
+    // resumes with the token it had already sampled); every row's for a prompt being scored;
+    // none for an embedding (it samples nothing).
+    const bool wanted =
+        (chunk_last_[k] && s.generated == 0 && s.request->pooling == Pooling::kNone) ||
+        chunks_[k].all_logits;
+    chunk_logit_rows_[k] = wanted ? next : nullptr;
+    if (wanted) {
+      next += static_cast<size_t>(chunks_[k].all_logits ? chunks_[k].tokens.size() : 1) * vocab;
+    }
+  }
+  return num_chunks_ > 0;
+}
+
+void Engine::SetPrefillChunk(int32_t k, int32_t pick, int32_t n) {
   Slot& slot = slots_[pick];
+  PrefillChunk& chunk = chunks_[k];
   const int32_t total = static_cast<int32_t>(slot.history.size());
   StepDescriptor& d = descriptors_[committed_ ^ 1];  // its row is free: the slot is not decoding
-  chunk_.slot = pick;
-  chunk_.start = slot.prefilled;
-  chunk_.tokens = absl::MakeConstSpan(slot.history).subspan(slot.prefilled, n);
-  chunk_.num_runs = kv_->RunTable(pick, absl::MakeSpan(d.runs).subspan(
-                                            static_cast<size_t>(pick) * d.max_runs, d.max_runs));
-  chunk_.runs = d.SlotRunsData(pick);
-  chunk_last_ = slot.prefilled + n == total;
-  chunk_.all_logits = ScoresPrompt(pick);
-  chunk_.adapter = slot.request->lora_adapter;
+  chunk.slot = pick;
+  chunk.start = slot.prefilled;
+  chunk.tokens = absl::MakeConstSpan(slot.history).subspan(slot.prefilled, n);
+  chunk.num_runs = kv_->RunTable(
+      pick, absl::MakeSpan(d.runs).subspan(static_cast<size_t>(pick) * d.max_runs, d.max_runs));
+  chunk.runs = d.SlotRunsData(pick);
+  chunk_last_[k] = slot.prefilled + n == total;
+  chunk.all_logits = ScoresPrompt(pick);
+  chunk.adapter = slot.request->lora_adapter;
   // Embeddings: the chunk's rows among those the pooling takes and not summed yet.
-  chunk_.hidden = nullptr;
-  chunk_.hidden_begin = chunk_.hidden_end = 0;
+  chunk.hidden = nullptr;
+  chunk.hidden_begin = chunk.hidden_end = 0;
   if (slot.request->pooling != Pooling::kNone) {
     const auto [first, end] = PooledRows(slot.request->pooling, total);
     const int32_t start = slot.prefilled;
-    chunk_.hidden_begin = std::clamp(std::max(first, slot.pooled_rows) - start, 0, n);
-    chunk_.hidden_end = std::clamp(end - start, 0, n);
-    if (chunk_.hidden_end > chunk_.hidden_begin) chunk_.hidden = slot.pooled.data();
+    chunk.hidden_begin = std::clamp(std::max(first, slot.pooled_rows) - start, 0, n);
+    chunk.hidden_end = std::clamp(end - start, 0, n);
+    if (chunk.hidden_end > chunk.hidden_begin) chunk.hidden = slot.pooled.data();
   }
-  if (bounded_slots()) chunk_.far_dropped = pager_->Dropped(pick);
+  chunk.far_dropped = bounded_slots() ? pager_->Dropped(pick) : 0;
   if (pager_ && pager_->NumRuns(pick) > d.max_runs) {
     // The run table is wider than the descriptor row: the CPU prefill reads runs through the
     // pager's own table instead (same blocks, no width limit).
-    chunk_.runs = nullptr;
+    std::vector<KvRun>& runs = prefill_runs_[pick];
+    runs.resize(pager_->NumRuns(pick));
+    chunk.num_runs = kv_->RunTable(pick, absl::MakeSpan(runs));
+    chunk.runs = runs.data();
   }
-  if (chunk_.runs == nullptr) {
-    prefill_runs_.resize(pager_->NumRuns(pick));
-    chunk_.num_runs = kv_->RunTable(pick, absl::MakeSpan(prefill_runs_));
-    chunk_.runs = prefill_runs_.data();
+}
+
+bool Engine::KeepPrefillingChunks() {
+  int32_t kept = 0;
+  for (int32_t k = 0; k < num_chunks_; ++k) {
+    if (slots_[chunks_[k].slot].state != SlotState::kPrefilling) continue;
+    if (kept != k) {
+      std::swap(chunks_[kept], chunks_[k]);
+      std::swap(chunk_last_[kept], chunk_last_[k]);
+      std::swap(chunk_logit_rows_[kept], chunk_logit_rows_[k]);
+    }
+    ++kept;
   }
-  return true;
+  num_chunks_ = kept;
+  return kept > 0;
 }
 
 void Engine::PreStageNext(uint64_t running_step) {
@@ -1044,8 +1086,14 @@ void Engine::PreStageNext(uint64_t running_step) {
   if (MovesPlanned()) required_fence_ = std::max(required_fence_, SubmitTransfers(running_step));
 }
 
-void Engine::FinishPrefillChunk(const StepResult& result) {
-  const int32_t pick = chunk_slot_;
+void Engine::FinishPrefillChunks(const StepResult& result) {
+  for (int32_t k = 0; k < num_chunks_; ++k) FinishPrefillChunk(k, result);
+}
+
+void Engine::FinishPrefillChunk(int32_t k, const StepResult& result) {
+  const PrefillChunk& chunk = chunks_[k];
+  const float* logits = chunk_logit_rows_[k];
+  const int32_t pick = chunk.slot;
   Slot& slot = slots_[pick];
   if (!result.prefill_status.ok()) {
     LOG(ERROR) << "prefill failed for " << slot.request->request_id << ": "
@@ -1053,7 +1101,7 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
     FinishSlot(pick, FinishReason::kError, {}, "", std::string(result.prefill_status.message()));
     return;
   }
-  slot.prefilled += static_cast<int32_t>(chunk_.tokens.size());
+  slot.prefilled += static_cast<int32_t>(chunk.tokens.size());
   slot.position = slot.prefilled;
   // The prompt's full blocks are shareable from now on (by a request admitted next step).
   RegisterCachedPrefix(pick);
@@ -1064,23 +1112,23 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   // (After registering: the prompt's blocks behind the window stay in the prefix cache.)
   ReleaseBehindWindow(pick, slot.prefilled);
   const int32_t vocab = backend_->vocab_size();
-  const int32_t rows = static_cast<int32_t>(chunk_.tokens.size());
-  if (chunk_.all_logits) {
+  const int32_t rows = static_cast<int32_t>(chunk.tokens.size());
+  if (chunk.all_logits) {
     // Row r's logits score history token start + r + 1 (those not scored yet: a chunk redone
     // after a pause scores nothing twice).
     const int32_t top = slot.request->prompt_logprobs;
     for (int32_t r = 0; r < rows; ++r) {
-      const size_t target = static_cast<size_t>(chunk_.start) + r + 1;
+      const size_t target = static_cast<size_t>(chunk.start) + r + 1;
       if (target >= slot.request->prompt.size() || target != slot.prompt_logprobs.size()) continue;
-      slot.prompt_logprobs.push_back(ToTokenLogprobs(ScoreToken(
-          absl::MakeConstSpan(&chunk_logits_[static_cast<size_t>(r) * vocab], vocab),
-          slot.history[target], top)));
+      slot.prompt_logprobs.push_back(ToTokenLogprobs(
+          ScoreToken(absl::MakeConstSpan(logits + static_cast<size_t>(r) * vocab, vocab),
+                     slot.history[target], top)));
     }
   }
-  if (chunk_.hidden != nullptr) {
-    slot.pooled_rows = std::max(slot.pooled_rows, chunk_.start + chunk_.hidden_end);
+  if (chunk.hidden != nullptr) {
+    slot.pooled_rows = std::max(slot.pooled_rows, chunk.start + chunk.hidden_end);
   }
-  if (!chunk_last_) return;
+  if (!chunk_last_[k]) return;
   if (slot.request->pooling != Pooling::kNone) {
     // An embedding ends here: the mean of its pooled rows, nothing sampled.
     const auto [first, end] =
@@ -1097,8 +1145,8 @@ void Engine::FinishPrefillChunk(const StepResult& result) {
   SetState(pick, SlotState::kDecoding);
   if (slot.generated > 0) return;  // a recomputed history: decoding resumes with next_token
   // The last row's logits give the first token.
-  const size_t last = chunk_.all_logits ? static_cast<size_t>(rows - 1) * vocab : 0;
-  EmitToken(pick, SampleNext(pick, absl::MakeSpan(&chunk_logits_[last], vocab)));
+  const size_t last = chunk.all_logits ? static_cast<size_t>(rows - 1) * vocab : 0;
+  EmitToken(pick, SampleNext(pick, absl::MakeSpan(chunk_logit_rows_[k] + last, vocab)));
 }
 
 void Engine::FinishDecode(const StepResult& result) {

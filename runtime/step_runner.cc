@@ -72,19 +72,30 @@ void StepRunner::Loop() {
       pending_flag_.store(false, std::memory_order_relaxed);
     }
     StepResult r;
-    if (work.fused) {
+    if (work.chunks.size() > 1) {
       const absl::Time t0 = clock_->Now();
+      const absl::Status status = backend_->PrefillChunks(
+          work.chunks, work.chunk_logits, work.fused ? work.step : nullptr, work.logits);
+      r.prefill_time = clock_->Now() - t0;
+      r.prefill_status = status;
+      if (work.fused) {
+        r.decode_status = status;
+        r.decode_time = r.prefill_time;
+      }
+    } else if (work.fused) {
+      const absl::Time t0 = clock_->Now();
+      const PrefillChunk& chunk = work.chunks[0];
       r.decode_status =
           work.tokens != nullptr
-              ? backend_->DecodeWithChunkAndSample(*work.chunk, work.chunk_logits, *work.step,
+              ? backend_->DecodeWithChunkAndSample(chunk, work.chunk_logits[0], *work.step,
                                                    work.logits, work.tokens)
-              : backend_->DecodeWithChunk(*work.chunk, work.chunk_logits, *work.step, work.logits);
+              : backend_->DecodeWithChunk(chunk, work.chunk_logits[0], *work.step, work.logits);
       r.decode_time = clock_->Now() - t0;
       r.prefill_status = r.decode_status;
       r.prefill_time = r.decode_time;
-    } else if (work.chunk) {
+    } else if (!work.chunks.empty()) {
       const absl::Time t0 = clock_->Now();
-      r.prefill_status = backend_->Prefill(*work.chunk, work.chunk_logits);
+      r.prefill_status = backend_->Prefill(work.chunks[0], work.chunk_logits[0]);
       r.prefill_time = clock_->Now() - t0;
     }
     if (work.step && !work.fused) {

@@ -12,21 +12,26 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "runtime/backend.h"
 #include "runtime/clock.h"
 
 namespace kvrm {
 
 struct StepWork {
-  const PrefillChunk* chunk = nullptr;  // optional
-  float* chunk_logits = nullptr;        // logits after the chunk's last token, when wanted
+  // The step's prefill chunks: none, one, or several where the backend takes them in one pass
+  // (Backend::max_chunks_per_pass). chunk_logits[i]: where chunk i's logits go (after its last
+  // token; every token's with all_logits) when wanted, else null.
+  absl::Span<const PrefillChunk> chunks;
+  absl::Span<float* const> chunk_logits;
   const StepDescriptor* step = nullptr;  // optional; rows with active == 0 are skipped
   float* logits = nullptr;
   // Set when the step's descriptor marks rows for sampling on the device
   // (Backend::DecodeAndSample, or DecodeWithChunkAndSample when fused): their tokens land
   // here, [max_slots].
   int32_t* tokens = nullptr;
-  // Chunk and step in one pass (Backend::DecodeWithChunk); both must be set.
+  // Chunks and step in one pass (Backend::DecodeWithChunk, or PrefillChunks with several
+  // chunks, which never sample on the device); both must be set.
   bool fused = false;
 };
 
