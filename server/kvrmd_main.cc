@@ -160,7 +160,11 @@ ABSL_FLAG(int32_t, prompt_lookup_min, 2,
 ABSL_FLAG(int32_t, prompt_lookup_max, 4,
           "--speculative_tokens: longest n-gram looked up (the longest that matches wins)");
 ABSL_FLAG(int32_t, step_token_budget, 0,
-          "tokens per engine step, decode rows plus the prefill chunk (0: slots + prefill_chunk)");
+          "tokens per engine step, decode rows plus the prefill chunks (0: slots + prefill_chunk)");
+ABSL_FLAG(int32_t, max_prefills_per_step, 0,
+          "prompts one engine step may prefill together (the step's prefill tokens left after "
+          "a prompt's last chunk go to the next, in one pass; CPU device): 0 as many as fit, 1 "
+          "one prompt a step");
 ABSL_FLAG(double, max_prefill_stall, 0.5,
           "most a prefill chunk may lengthen a step that also decodes, as a fraction of a "
           "decode step (measured); 0: off, the chunk takes --step_token_budget");
@@ -474,6 +478,7 @@ int Run() {
   eo.max_runs = absl::GetFlag(FLAGS_kv_max_runs);
   eo.step_token_budget = absl::GetFlag(FLAGS_step_token_budget);
   eo.max_prefill_stall = absl::GetFlag(FLAGS_max_prefill_stall);
+  eo.max_prefills_per_step = absl::GetFlag(FLAGS_max_prefills_per_step);
   eo.fuse_prefill = absl::GetFlag(FLAGS_fuse_prefill);
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);

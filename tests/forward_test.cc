@@ -620,6 +620,180 @@ TEST_P(ForwardTest, MixedStepIsBitIdenticalToChunkThenStep) {
   }
 }
 
+// Several prompts' chunks in one pass (PrefillChunks, --max_prefills_per_step) give every bit
+// that each chunk's own Prefill, then the decode step, give apart: each chunk's logits (the last
+// row's; every row's for a prompt being scored), an embedding's summed final-norm rows, the
+// decode rows' logits, and the whole KV pool of every rank. Slots 0 and 1 decode while slots 2-4
+// prefill prompts of 37, 9 and 21 tokens in fragmented run tables (a 24-token budget a pass,
+// split first come first served), then the rest with no decode rows; one and two ranks.
+TEST_P(ForwardTest, SeveralChunksInOnePassAreBitIdenticalToEachApart) {
+  const TinyModel& model = GetTiny(dtype());
+  const int32_t vocab = model.bundle->config.vocab_size;
+  const int32_t hidden = model.bundle->config.hidden_size;
+  constexpr int32_t kBlockTokens = 8, kBudget = 24, kMaxRuns = 6, kSlots = 5;
+  const std::vector<SlotPlan> plans = {
+      {6, {{30, 2}}, false},
+      {12, {{9, 2}}, false},
+      {37, {{12, 3}, {26, 1}, {2, 2}}, false},
+      {9, {{15, 1}, {0, 1}}, false},
+      {21, {{17, 2}, {24, 2}}, false},
+  };
+  // Slot 3's prompt is scored (every row's logits), slot 4's is an embedding (rows 1..20 summed).
+  constexpr int32_t kScored = 3, kEmbedded = 4, kPooledFrom = 1;
+  for (int32_t tp : {1, 2}) {
+    SCOPED_TRACE(absl::StrCat(Name(), " tp=", tp));
+    Engine apart = MakeEngine(model, kBlockTokens, 40, kSlots, kBudget, tp);
+    Engine packed = MakeEngine(model, kBlockTokens, 40, kSlots, kBudget, tp);
+    std::mt19937 rng(11);
+    std::vector<std::vector<int32_t>> tokens(kSlots);
+    for (int32_t s = 0; s < kSlots; ++s) {
+      tokens[s] = RandomTokens(&rng, plans[s].prompt_len + 8, vocab);
+    }
+    auto chunk_of = [&](int32_t s, int32_t start, int32_t n) {
+      PrefillChunk pc{s, start, absl::MakeConstSpan(tokens[s]).subspan(start, n),
+                      plans[s].runs.data(), static_cast<int32_t>(plans[s].runs.size())};
+      pc.all_logits = s == kScored;
+      return pc;
+    };
+    // Slots 0 and 1 prefilled alike in both.
+    std::vector<int32_t> position(kSlots, 0);
+    for (int32_t s = 0; s < 2; ++s) {
+      ASSERT_TRUE(apart.backend->Prefill(chunk_of(s, 0, plans[s].prompt_len), nullptr).ok());
+      ASSERT_TRUE(packed.backend->Prefill(chunk_of(s, 0, plans[s].prompt_len), nullptr).ok());
+      position[s] = plans[s].prompt_len;
+    }
+    StepDescriptor step;
+    step.Resize(kSlots, kMaxRuns);
+    for (int32_t s = 0; s < kSlots; ++s) {
+      step.num_runs[s] = static_cast<int32_t>(plans[s].runs.size());
+      for (size_t i = 0; i < plans[s].runs.size(); ++i) step.SlotRuns(s)[i] = plans[s].runs[i];
+    }
+    std::vector<float> logits_a(kSlots * vocab), logits_b(kSlots * vocab);
+    // Per prefilling slot: its chunk's logits buffer in each backend, and the embedding sums.
+    std::vector<std::vector<float>> chunk_a(kSlots), chunk_b(kSlots);
+    std::vector<float> pooled_a(hidden, 0.0f), pooled_b(hidden, 0.0f);
+    int32_t passes = 0, chunks = 0, scored_rows = 0;
+    for (bool decode : {true, false}) {
+      // With decode rows while the first prompt lasts; then the rest with none.
+      while (
+          position[2] < plans[2].prompt_len ||
+          (!decode && (position[3] < plans[3].prompt_len || position[4] < plans[4].prompt_len))) {
+        std::vector<PrefillChunk> pass;
+        std::vector<float*> out_a, out_b;
+        int32_t budget = kBudget;
+        for (int32_t s = 2; s < kSlots && budget > 0; ++s) {
+          const int32_t n = std::min(budget, plans[s].prompt_len - position[s]);
+          if (n <= 0) continue;
+          PrefillChunk pc = chunk_of(s, position[s], n);
+          if (s == kEmbedded) {
+            pc.hidden_begin = std::clamp(kPooledFrom - position[s], 0, n);
+            pc.hidden_end = n;
+            if (pc.hidden_end > pc.hidden_begin) pc.hidden = pooled_a.data();
+          }
+          const bool last = position[s] + n == plans[s].prompt_len;
+          const size_t rows = pc.all_logits ? n : 1;
+          chunk_a[s].assign(rows * vocab, NAN);
+          chunk_b[s].assign(rows * vocab, -1.0f);
+          out_a.push_back(last || pc.all_logits ? chunk_a[s].data() : nullptr);
+          out_b.push_back(last || pc.all_logits ? chunk_b[s].data() : nullptr);
+          pass.push_back(pc);
+          budget -= n;
+        }
+        for (int32_t s = 0; s < 2; ++s) {
+          step.active[s] = decode;
+          step.position[s] = position[s];
+          step.token[s] = tokens[s][position[s]];
+        }
+        std::fill(logits_a.begin(), logits_a.end(), NAN);
+        std::fill(logits_b.begin(), logits_b.end(), NAN);
+        for (size_t k = 0; k < pass.size(); ++k) {
+          ASSERT_TRUE(apart.backend->Prefill(pass[k], out_a[k]).ok());
+        }
+        if (decode) ASSERT_TRUE(apart.backend->Decode(step, logits_a.data()).ok());
+        for (PrefillChunk& pc : pass) {
+          if (pc.hidden != nullptr) pc.hidden = pooled_b.data();
+        }
+        const absl::Status st =
+            packed.backend->PrefillChunks(pass, out_b, decode ? &step : nullptr, logits_b.data());
+        ASSERT_TRUE(st.ok()) << st;
+        ++passes;
+        for (size_t k = 0; k < pass.size(); ++k) {
+          const int32_t s = pass[k].slot;
+          if (out_a[k] != nullptr) {
+            EXPECT_TRUE(chunk_a[s] == chunk_b[s]) << "slot " << s << "'s logits, pass " << passes;
+            if (s == kScored) scored_rows += static_cast<int32_t>(pass[k].tokens.size());
+          }
+          position[s] += static_cast<int32_t>(pass[k].tokens.size());
+          ++chunks;
+        }
+        for (int32_t s = 0; decode && s < 2; ++s) {
+          const size_t at = static_cast<size_t>(s) * vocab;
+          EXPECT_TRUE(std::equal(logits_a.begin() + at, logits_a.begin() + at + vocab,
+                                 logits_b.begin() + at))
+              << "slot " << s << ", pass " << passes;
+          EXPECT_FALSE(std::isnan(logits_b[at]));
+          ++position[s];
+        }
+        // The prefilling slots' rows of the step's logits are left alone.
+        EXPECT_TRUE(std::isnan(logits_b[2 * vocab]));
+      }
+    }
+    // Passes of 24 tokens: slot 2's first 24 beside the decode rows; its last 13 with slot 3's
+    // 9 (scored: 9 rows of logits after slot 2's one) and slot 4's first 2 (pooled from row 1,
+    // at rows 22-23 of the pass); then slot 4's last 19 alone, with no decode rows.
+    EXPECT_EQ(passes, 3);
+    EXPECT_EQ(chunks, 5);
+    EXPECT_EQ(scored_rows, plans[kScored].prompt_len);
+    EXPECT_TRUE(pooled_a == pooled_b) << "embedding sums";
+    EXPECT_NE(pooled_b[0], 0.0f);
+    for (int32_t r = 0; r < tp; ++r) {
+      const KvPool* a = apart.backend->kv_pool(r);
+      const KvPool* b = packed.backend->kv_pool(r);
+      ASSERT_EQ(a->bytes(), b->bytes());
+      EXPECT_EQ(std::memcmp(a->Layer(0).k, b->Layer(0).k, a->bytes()), 0) << "rank " << r;
+    }
+  }
+}
+
+// What PrefillChunks refuses, naming it: two chunks of one slot, a chunk of a slot the step
+// decodes, more tokens together than a pass takes, and a logits list of another length.
+TEST(MixedStepTest, SeveralChunksRefuseWhatOnePassCannotHold) {
+  const TinyModel& model = GetTiny(DType::kF32);
+  const int32_t vocab = model.bundle->config.vocab_size;
+  Engine engine = MakeEngine(model, 16, 8, /*max_slots=*/3, /*max_chunk_tokens=*/16);
+  std::vector<int32_t> tokens = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10};
+  const KvRun runs0[] = {{0, 1}}, runs1[] = {{1, 1}}, runs2[] = {{2, 1}};
+  StepDescriptor step;
+  step.Resize(3, 1);
+  step.active[2] = 1;
+  step.position[2] = 4;
+  step.num_runs[2] = 1;
+  step.SlotRuns(2)[0] = KvRun{2, 1};
+  std::vector<float> logits(3 * vocab), last0(vocab), last1(vocab);
+  const auto span = [&](int32_t n) { return absl::MakeConstSpan(tokens).subspan(0, n); };
+  const std::vector<float*> outs = {last0.data(), last1.data()};
+  const auto run = [&](std::vector<PrefillChunk> chunks, const StepDescriptor* s) {
+    return engine.backend->PrefillChunks(chunks, outs, s, logits.data());
+  };
+  absl::Status st = run({{0, 0, span(4), runs0, 1}, {0, 4, span(4), runs0, 1}}, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), testing::HasSubstr("slot 0 has two prefill chunks"));
+  st = run({{0, 0, span(4), runs0, 1}, {2, 0, span(4), runs2, 1}}, &step);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), testing::HasSubstr("slot 2 both decodes and prefills"));
+  st = run({{0, 0, span(10), runs0, 1}, {1, 0, span(10), runs1, 1}}, nullptr);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), testing::HasSubstr("in one pass; max 16"));
+  const std::vector<PrefillChunk> one = {{0, 0, span(4), runs0, 1}};
+  st = engine.backend->PrefillChunks(one, outs, nullptr, logits.data());
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(st.message()), testing::HasSubstr("(2 logits buffers)"));
+  // Within bounds it runs, and each chunk's last logits are written.
+  std::fill(last1.begin(), last1.end(), NAN);
+  EXPECT_TRUE(run({{0, 0, span(6), runs0, 1}, {1, 0, span(10), runs1, 1}}, &step).ok());
+  EXPECT_FALSE(std::isnan(last1[0]));
+}
+
 // A slot cannot prefill and decode in one pass: refused, naming it.
 TEST(MixedStepTest, RefusesAChunkForASlotTheStepDecodes) {
   const TinyModel& model = GetTiny(DType::kF32);
@@ -1071,6 +1245,14 @@ TEST(StaticPlanTest, DecodePrefillAndMixedStepsDoNotAllocate) {
       // Slot 2 (idle in the step) prefills into its own blocks beside it.
       PrefillChunk mixed{2, 0, absl::MakeConstSpan(tokens).subspan(0, 5 + k), runs2, 2};
       ASSERT_TRUE(engine.backend->DecodeWithChunk(mixed, last.data(), step, logits.data()).ok());
+      // Slots 0 and 2 prefill together beside slots 1 and 3 (PrefillChunks), then alone.
+      step.active[0] = 0;
+      const PrefillChunk two[] = {{0, 0, absl::MakeConstSpan(tokens).subspan(0, 7 + k), runs, 2},
+                                  mixed};
+      float* const outs[] = {last.data(), nullptr};
+      ASSERT_TRUE(engine.backend->PrefillChunks(two, outs, &step, logits.data()).ok());
+      ASSERT_TRUE(engine.backend->PrefillChunks(two, outs, nullptr, logits.data()).ok());
+      step.active[0] = 1;
     }
     EXPECT_EQ(alloc_counter::AllocationCount() - before, 0)
         << "tp=" << tp << (quantization == WeightFormat::kQ8_0 ? " q8_0" : "");

@@ -111,31 +111,44 @@ class KvModesTest : public ::testing::Test {
 ModelBundle* KvModesTest::model_ = nullptr;
 
 // Static, kvrm, fragmented with swaps to the host tier, and recompute, all with KV of
-// `kv_dtype`, prefill chunks apart from or inside the decode pass: the same tokens.
+// `kv_dtype`, prefill chunks apart from or inside the decode pass, one prompt or several a step:
+// the same tokens.
 void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle& model, DType kv_dtype) {
   EngineOptions base;
   base.slots = 4;
   base.prefill_chunk = 64;
   base.kv_dtype = kv_dtype;
 
-  // The reference runs each prefill chunk apart from the decode step; every other run rides
-  // chunks with decode steps in one pass (the default).
+  // The reference runs one prompt's prefill chunk a step, apart from the decode step; every
+  // other run rides chunks with decode steps in one pass (the default), several prompts' chunks
+  // a step where one prompt ends before the step's prefill tokens do (the default).
   EngineOptions static_apart = base;
   static_apart.kv_mode = KvMode::kStatic;
   static_apart.fuse_prefill = false;
+  static_apart.max_prefills_per_step = 1;
   const RunResult reference = RunWorkload(model, static_apart);
   EXPECT_EQ(reference.stats.mixed_steps_total, 0u);
+  EXPECT_EQ(reference.stats.prefill_chunks_total, reference.stats.prefill_steps_total);
 
-  EngineOptions static_mode = static_apart;
+  EngineOptions static_packed = static_apart;
+  static_packed.max_prefills_per_step = 0;
+  const RunResult packed = RunWorkload(model, static_packed);
+  EXPECT_EQ(packed.tokens, reference.tokens) << "static, several prompts a step, apart";
+  EXPECT_GT(packed.stats.prefill_chunks_total, packed.stats.prefill_steps_total);
+  EXPECT_LT(packed.stats.prefill_steps_total, reference.stats.prefill_steps_total);
+
+  EngineOptions static_mode = static_packed;
   static_mode.fuse_prefill = true;
   const RunResult static_mixed = RunWorkload(model, static_mode);
   EXPECT_EQ(static_mixed.tokens, reference.tokens) << "static, chunks in the decode pass";
   EXPECT_GT(static_mixed.stats.mixed_steps_total, 0u);
+  EXPECT_GT(static_mixed.stats.prefill_chunks_total, static_mixed.stats.prefill_steps_total);
 
   EngineOptions kvrm = base;
   kvrm.kv_mode = KvMode::kKvrm;
   const RunResult plain = RunWorkload(model, kvrm);
   EXPECT_EQ(plain.tokens, reference.tokens) << "kvrm, no pressure";
+  EXPECT_GT(plain.stats.prefill_chunks_total, plain.stats.prefill_steps_total);
   EXPECT_EQ(plain.stats.kv.blocks_used, 0);
   EXPECT_EQ(plain.stats.kv.blocks_free, plain.stats.kv.blocks_total);
 
@@ -150,6 +163,7 @@ void ExpectIdenticalTokensUnderEveryKvPolicyAndLayout(const ModelBundle& model, 
   const RunResult frag = RunWorkload(model, fragmented);
   EXPECT_EQ(frag.tokens, reference.tokens) << "kvrm, fragmented + swapped";
   EXPECT_GT(frag.stats.mixed_steps_total, 0u);
+  EXPECT_GT(frag.stats.prefill_chunks_total, frag.stats.prefill_steps_total);
   EXPECT_GT(frag.stats.transfer_groups_total, 0u);
   EXPECT_GT(frag.stats.preemptions_total, 0u);
   EXPECT_LT(frag.stats.transfer_groups_total, frag.stats.transfer_blocks_total)

@@ -30,6 +30,9 @@ class ScriptedBackend : public Backend {
     int32_t prefill_slot = -1;
     int32_t prefill_tokens = 0;
     int32_t decode_rows = 0;
+    // The step's number (the chunks of a PrefillChunks pass share one; decode rows are logged
+    // on the step's last chunk, or on an entry of their own).
+    int32_t pass = 0;
   };
 
   ScriptedBackend(int32_t vocab, int64_t blocks, int32_t block_tokens, int32_t chunk,
@@ -57,7 +60,7 @@ class ScriptedBackend : public Backend {
     }
     clock_->Advance(fused_ ? pass_fixed_cost_ + kRowCost * rows : kDecodeCost);
     std::lock_guard<std::mutex> lock(mu_);
-    if (log_.empty() || log_.back().decode_rows != 0) log_.push_back({});
+    if (log_.empty() || log_.back().decode_rows != 0) log_.push_back({-1, 0, 0, ++passes_});
     log_.back().decode_rows = rows;
     return absl::OkStatus();
   }
@@ -74,11 +77,40 @@ class ScriptedBackend : public Backend {
     clock_->Advance(kRowCost * n);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      log_.push_back({chunk.slot, n, 0});
+      log_.push_back({chunk.slot, n, 0, ++passes_});
     }
     return Decode(step, logits);  // the fixed part and the decode rows' cost
   }
-  absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override {
+  // set_chunks_per_pass(k > 1): several chunks a pass, each logged with the pass's number (the
+  // decode rows, when the step has some, on the last); the pass costs one chunk of all their
+  // tokens (fused: their rows).
+  int32_t max_chunks_per_pass() const override { return chunks_per_pass_; }
+  absl::Status PrefillChunks(absl::Span<const PrefillChunk> chunks,
+                             absl::Span<float* const> chunk_logits, const StepDescriptor* step,
+                             float* logits) override {
+    if (chunks.size() > static_cast<size_t>(chunks_per_pass_)) {
+      return absl::InvalidArgumentError("more chunks than the pass takes");
+    }
+    int32_t tokens = 0;
+    int32_t pass = 0;
+    for (size_t k = 0; k < chunks.size(); ++k) {
+      const int32_t n = static_cast<int32_t>(chunks[k].tokens.size());
+      tokens += n;
+      WriteChunkLogits(chunks[k], chunk_logits[k]);
+      std::lock_guard<std::mutex> lock(mu_);
+      if (k == 0) pass = ++passes_;
+      log_.push_back({chunks[k].slot, n, 0, pass});
+    }
+    if (tokens > chunk_) return absl::InvalidArgumentError("more tokens than the pass takes");
+    if (step != nullptr) {
+      clock_->Advance(kRowCost * tokens);
+      return Decode(*step, logits);
+    }
+    clock_->Advance(prefill_fixed_cost_ + kPrefillCostPerToken * tokens);
+    return absl::OkStatus();
+  }
+  void set_chunks_per_pass(int32_t k) { chunks_per_pass_ = k; }
+  void WriteChunkLogits(const PrefillChunk& chunk, float* last_logits) {
     const int32_t n = static_cast<int32_t>(chunk.tokens.size());
     if (last_logits) {
       // Every row's logits for a prompt being scored (all_logits), else the last row's.
@@ -90,9 +122,13 @@ class ScriptedBackend : public Backend {
         l[NextToken(chunk.tokens[i], chunk.start + i)] = 10.0f;
       }
     }
+  }
+  absl::Status Prefill(const PrefillChunk& chunk, float* last_logits) override {
+    const int32_t n = static_cast<int32_t>(chunk.tokens.size());
+    WriteChunkLogits(chunk, last_logits);
     clock_->Advance(prefill_fixed_cost_ + kPrefillCostPerToken * n);
     std::lock_guard<std::mutex> lock(mu_);
-    log_.push_back({chunk.slot, n, 0});
+    log_.push_back({chunk.slot, n, 0, ++passes_});
     return absl::OkStatus();
   }
   int32_t vocab_size() const override { return vocab_; }
@@ -119,9 +155,11 @@ class ScriptedBackend : public Backend {
   absl::Duration prefill_fixed_cost_ = absl::ZeroDuration();
   bool fused_ = false;
   absl::Duration pass_fixed_cost_ = absl::ZeroDuration();
+  int32_t chunks_per_pass_ = 1;
   std::unique_ptr<KvPool> pool_;
   std::mutex mu_;
   std::vector<StepLog> log_;
+  int32_t passes_ = 0;
 };
 
 class RecordingSink : public RequestSink {
@@ -162,7 +200,9 @@ class SchedulerTest : public ::testing::Test {
   static void TearDownTestSuite() { delete model_; }
 
   // `fused_pass_cost` > 0: the backend fuses chunks into the decode pass (set_fused).
-  void Make(EngineOptions o, absl::Duration fused_pass_cost = absl::ZeroDuration()) {
+  // `chunks_per_pass` > 1: the backend takes that many prompts' chunks in one pass.
+  void Make(EngineOptions o, absl::Duration fused_pass_cost = absl::ZeroDuration(),
+            int32_t chunks_per_pass = 1) {
     o.clock = &clock_;
     o.observer = &admissions_;
     o.threads = 1;
@@ -173,6 +213,7 @@ class SchedulerTest : public ::testing::Test {
     auto backend = std::make_unique<ScriptedBackend>(1024, blocks, o.block_tokens,
                                                      o.prefill_chunk, &clock_);
     if (fused_pass_cost > absl::ZeroDuration()) backend->set_fused(fused_pass_cost);
+    backend->set_chunks_per_pass(chunks_per_pass);
     backend_ = backend.get();
     auto e = Engine::CreateWithBackend(model_, o, std::move(backend));
     CHECK_OK(e.status());
@@ -436,6 +477,132 @@ TEST_F(SchedulerTest, ChunkedPrefillNeverStallsDecodeByMoreThanOneChunk) {
   EXPECT_GE(static_cast<int32_t>(a->tokens.size()) - before[0], steps - 1);
   EXPECT_GE(static_cast<int32_t>(b->tokens.size()) - before[1], steps - 1);
   RunUntilDone({a, b, longp});
+  ExpectIdle();
+}
+
+// The step's prefill tokens go to the prompts first come first served, several a step where the
+// backend takes their chunks in one pass: four 20-token prompts arriving together in chunks of
+// 64 take one step for three of them and the first 4 tokens of the fourth, the next for its
+// other 16 (beside the three's first decode rows). One prompt a step (--max_prefills_per_step=1,
+// or a backend that takes one chunk a pass) takes four; a cap of 2, two. The tokens are the same.
+TEST_F(SchedulerTest, SeveralPromptsArePrefilledInOneStepFirstComeFirstServed) {
+  struct Case {
+    int32_t max_prefills;
+    int32_t chunks_per_pass;
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> steps;  // (slot, tokens) per step
+  };
+  const std::vector<Case> cases = {
+      {0, 8, {{{0, 20}, {1, 20}, {2, 20}, {3, 4}}, {{3, 16}}}},
+      {2, 8, {{{0, 20}, {1, 20}}, {{2, 20}, {3, 20}}}},
+      {1, 8, {{{0, 20}}, {{1, 20}}, {{2, 20}}, {{3, 20}}}},
+      {0, 1, {{{0, 20}}, {{1, 20}}, {{2, 20}}, {{3, 20}}}},
+  };
+  std::vector<std::vector<int32_t>> first_tokens;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(absl::StrCat("max_prefills_per_step ", c.max_prefills, ", ", c.chunks_per_pass,
+                              " chunks a pass"));
+    EngineOptions o = Options(4);  // chunks of up to 64 tokens; budget 4 + 64
+    o.max_prefills_per_step = c.max_prefills;
+    Make(o, absl::ZeroDuration(), c.chunks_per_pass);
+    std::vector<std::shared_ptr<RecordingSink>> sinks;
+    for (const char* id : {"a", "b", "c", "d"}) sinks.push_back(Submit(id, 20, 6));
+    std::vector<std::vector<std::pair<int32_t, int32_t>>> steps;
+    while (steps.size() < 8) {
+      engine_->StepForTest();
+      std::vector<std::pair<int32_t, int32_t>> chunks;
+      for (const ScriptedBackend::StepLog& l : backend_->TakeLog()) {
+        if (l.prefill_slot >= 0) chunks.emplace_back(l.prefill_slot, l.prefill_tokens);
+      }
+      if (chunks.empty()) break;
+      steps.push_back(chunks);
+    }
+    EXPECT_EQ(steps, c.steps);
+    const EngineStats stats = engine_->Stats();
+    EXPECT_EQ(stats.prefill_steps_total, c.steps.size());
+    size_t chunks = 0;
+    for (const auto& step : c.steps) chunks += step.size();
+    EXPECT_EQ(stats.prefill_chunks_total, chunks);
+    RunUntilDone(sinks);
+    std::vector<int32_t> tokens;
+    for (const auto& sink : sinks) {
+      EXPECT_EQ(sink->info.reason, FinishReason::kLength) << sink->info.error;
+      tokens.insert(tokens.end(), sink->tokens.begin(), sink->tokens.end());
+    }
+    first_tokens.push_back(tokens);
+    ExpectIdle();
+  }
+  for (size_t i = 1; i < first_tokens.size(); ++i) EXPECT_EQ(first_tokens[i], first_tokens[0]);
+}
+
+// The prompts' chunks ride in the decode pass together (fused), within the step's budget: two
+// requests decode while three 30-token prompts arrive; with a budget of 42 tokens
+// tokens a step takes what the decode rows leave, first come first served, beside them.
+TEST_F(SchedulerTest, SeveralChunksRideInTheDecodePassWithinTheBudget) {
+  EngineOptions o = Options(5);
+  o.step_token_budget = 42;
+  Make(o, /*fused_pass_cost=*/absl::Milliseconds(5), /*chunks_per_pass=*/8);
+  auto a = Submit("a", 8, 40);
+  auto b = Submit("b", 8, 40);
+  for (int i = 0; i < 3; ++i) engine_->StepForTest();
+  backend_->TakeLog();
+  auto c = Submit("c", 30, 4);
+  auto d = Submit("d", 30, 4);
+  auto e = Submit("e", 30, 4);
+  std::map<int32_t, std::vector<std::pair<int32_t, int32_t>>> steps;  // pass -> chunks
+  std::map<int32_t, int32_t> decode_rows;
+  for (int i = 0; i < 3; ++i) {
+    engine_->StepForTest();
+    for (const ScriptedBackend::StepLog& l : backend_->TakeLog()) {
+      if (l.prefill_slot >= 0) steps[l.pass].emplace_back(l.prefill_slot, l.prefill_tokens);
+      decode_rows[l.pass] += l.decode_rows;
+    }
+  }
+  std::vector<std::vector<std::pair<int32_t, int32_t>>> chunks;
+  std::vector<int32_t> rows;
+  for (const auto& [pass, step] : steps) {
+    chunks.push_back(step);
+    rows.push_back(decode_rows[pass]);
+  }
+  // Step 1: c's 30 and d's first 10; step 2 (c now decodes: 3 decode rows, 39 tokens): d's
+  // other 20 and e's first 19; step 3: e's last 11.
+  const std::vector<std::vector<std::pair<int32_t, int32_t>>> want = {
+      {{2, 30}, {3, 10}}, {{3, 20}, {4, 19}}, {{4, 11}}};
+  EXPECT_EQ(chunks, want);
+  EXPECT_EQ(rows, (std::vector<int32_t>{2, 3, 4}));
+  RunUntilDone({a, b, c, d, e});
+  ExpectIdle();
+}
+
+// A prompt being scored returns every row's logits: one such prompt a step (the others' chunks
+// still share it).
+TEST_F(SchedulerTest, OnePromptBeingScoredAStep) {
+  Make(Options(4), absl::ZeroDuration(), /*chunks_per_pass=*/8);
+  std::vector<std::shared_ptr<RecordingSink>> sinks;
+  for (const char* id : {"s1", "s2", "plain"}) {
+    auto r = std::make_unique<GenerationRequest>();
+    r->request_id = id;
+    for (int32_t i = 0; i < 10; ++i) r->prompt.push_back(10 + i);
+    r->max_new_tokens = 3;
+    r->ignore_eos = true;
+    if (id[0] == 's') r->prompt_logprobs = 0;
+    r->arrival = clock_.Now();
+    sinks.push_back(std::make_shared<RecordingSink>());
+    r->sink = sinks.back();
+    ASSERT_TRUE(engine_->Submit(std::move(r)).ok());
+  }
+  engine_->StepForTest();
+  std::vector<std::pair<int32_t, int32_t>> first, second;
+  for (const ScriptedBackend::StepLog& l : backend_->TakeLog()) {
+    if (l.prefill_slot >= 0) first.emplace_back(l.prefill_slot, l.prefill_tokens);
+  }
+  engine_->StepForTest();
+  for (const ScriptedBackend::StepLog& l : backend_->TakeLog()) {
+    if (l.prefill_slot >= 0) second.emplace_back(l.prefill_slot, l.prefill_tokens);
+  }
+  EXPECT_EQ(first, (std::vector<std::pair<int32_t, int32_t>>{{0, 10}, {2, 10}}));
+  EXPECT_EQ(second, (std::vector<std::pair<int32_t, int32_t>>{{1, 10}}));
+  RunUntilDone(sinks);
+  for (const auto& sink : sinks) EXPECT_EQ(sink->tokens.size(), 3u);
   ExpectIdle();
 }
 
