@@ -1,15 +1,16 @@
 // Beam search (GenerateRequest.beam_search) through the service, side by side in one process on
 // the CPU backend: the same search with the engine's prefix cache on (kvrmd's default: each
 // step's one-token scoring requests attach the blocks their beam shares with the prompt and the
-// step before) and off (each prefills its whole prompt and beam again), and n sampled
-// completions of the same length (n = the width) as what the search costs against plain
-// parallel sampling.
+// step before) and off (each prefills its whole prompt and beam again), the same search with
+// one scoring prompt prefilled a step (--max_prefills_per_step=1; by default a step prefills
+// every beam's together), and n sampled completions of the same length (n = the width) as what
+// the search costs against plain parallel sampling.
 //
 //   bazel build //bench:beam_search_bench
 //   bazel-bin/bench/beam_search_bench --json=/tmp/beam.json
 //
 // For each width (--widths) one prompt of --prompt_tokens random ids; each call generates
-// --tokens tokens a beam (ignore_eos). The three calls alternate their order across --repeats
+// --tokens tokens a beam (ignore_eos). The four calls rotate their order across --repeats
 // (the machine is shared and noisy); the table shows medians of beam tokens per second (width x
 // tokens / wall) and the ratios of each pair of runs, and the share of the cached engine's
 // scoring prompts' tokens that came from the cache.
@@ -62,8 +63,10 @@ struct Served {
   }
 };
 
-std::unique_ptr<Served> Serve(ModelBundle* m, bool prefix_caching) {
+// `max_prefills`: EngineOptions::max_prefills_per_step (0: the engine's default, several a step).
+std::unique_ptr<Served> Serve(ModelBundle* m, bool prefix_caching, int32_t max_prefills = 0) {
   EngineOptions o;
+  o.max_prefills_per_step = max_prefills;
   o.slots = absl::GetFlag(FLAGS_slots);
   o.threads = absl::GetFlag(FLAGS_threads);
   o.prefix_caching = prefix_caching;
@@ -120,15 +123,17 @@ int Main(int argc, char** argv) {
   const int32_t repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   std::unique_ptr<Served> cached = Serve(&m, true);
   std::unique_ptr<Served> uncached = Serve(&m, false);
+  std::unique_ptr<Served> one_a_step = Serve(&m, true, /*max_prefills=*/1);
 
   const LlamaConfig& config = m.config;
   std::printf(
-      "beam search, prefix cache on vs off, and n sampled completions: model %s (hidden %d, "
-      "%d layers), %d-token prompt, %d tokens a beam, %d slots, %d threads, %s\n",
+      "beam search, prefix cache on vs off, one scoring prompt a step, and n sampled completions: "
+      "model %s (hidden %d, %d layers), %d-token prompt, %d tokens a beam, %d slots, %d threads, "
+      "%s\n",
       size.c_str(), config.hidden_size, config.num_hidden_layers, prompt_tokens, tokens,
       absl::GetFlag(FLAGS_slots), threads, bench::CpuModelName().c_str());
-  std::printf("%5s | %11s %11s %11s | %8s %9s | %7s\n", "width", "beam tok/s", "no-cache",
-              "sampled", "cache x", "vs sample", "cached");
+  std::printf("%5s | %11s %11s %11s %11s | %8s %8s %9s | %7s\n", "width", "beam tok/s",
+              "no-cache", "one a step", "sampled", "cache x", "packed x", "vs sample", "cached");
   nlohmann::json out = bench::MachineJson(m, size, threads);
   out["prompt_tokens"] = prompt_tokens;
   out["tokens"] = tokens;
@@ -148,15 +153,17 @@ int Main(int argc, char** argv) {
     sampled.clear_beam_search();
     sampled.mutable_sampling()->set_temperature(1);
     sampled.mutable_sampling()->set_seed(7);
-    std::vector<double> rate[3], cache_ratio, sample_ratio, hit_share;
+    // Calls: 0 beam search, 1 the same without the prefix cache, 2 n sampled completions, 3 beam
+    // search with one scoring prompt prefilled a step.
+    std::vector<double> rate[4], cache_ratio, packed_ratio, sample_ratio, hit_share;
     for (int32_t rep = 0; rep < repeats; ++rep) {
-      double wall[3] = {0, 0, 0};
-      for (int32_t k = 0; k < 3; ++k) {
-        const int32_t which = (k + rep) % 3;  // the order rotates
+      double wall[4] = {0, 0, 0, 0};
+      for (int32_t k = 0; k < 4; ++k) {
+        const int32_t which = (k + rep) % 4;  // the order rotates
         // Each call its own cache salt: nothing is shared with the rounds before.
         v1::GenerateRequest req = which == 2 ? sampled : beam;
         req.set_cache_salt(absl::StrCat("w", width, "-r", rep, "-", which));
-        Served& s = which == 1 ? *uncached : *cached;
+        Served& s = which == 1 ? *uncached : which == 3 ? *one_a_step : *cached;
         v1::ServerInfo before, after;
         {
           grpc::ClientContext c;
@@ -185,6 +192,7 @@ int Main(int argc, char** argv) {
         rate[which].push_back(run->tokens / run->seconds);
       }
       cache_ratio.push_back(wall[1] / wall[0]);   // beam with the cache over without
+      packed_ratio.push_back(wall[3] / wall[0]);  // several scoring prompts a step over one
       sample_ratio.push_back(wall[2] / wall[0]);  // beam's rate over sampling's
     }
     nlohmann::json row;
@@ -192,25 +200,30 @@ int Main(int argc, char** argv) {
     row["beam_tokens_per_s"] = bench::Median(rate[0]);
     row["beam_no_cache_tokens_per_s"] = bench::Median(rate[1]);
     row["sampled_tokens_per_s"] = bench::Median(rate[2]);
+    row["beam_one_a_step_tokens_per_s"] = bench::Median(rate[3]);
+    row["packed_speedup"] = bench::Median(packed_ratio);
+    row["packed_speedup_runs"] = packed_ratio;
     row["cache_speedup"] = bench::Median(cache_ratio);
     row["cache_speedup_runs"] = cache_ratio;
     row["beam_over_sampled"] = bench::Median(sample_ratio);
     row["beam_over_sampled_runs"] = sample_ratio;
     row["cached_share"] = bench::Median(hit_share);
-    std::printf("%5d | %11.1f %11.1f %11.1f | %7.2fx %8.3fx | %6.1f%%\n", width,
-                bench::Median(rate[0]), bench::Median(rate[1]), bench::Median(rate[2]),
-                bench::Median(cache_ratio), bench::Median(sample_ratio),
-                100 * bench::Median(hit_share));
+    std::printf("%5d | %11.1f %11.1f %11.1f %11.1f | %7.2fx %7.2fx %8.3fx | %6.1f%%\n", width,
+                bench::Median(rate[0]), bench::Median(rate[1]), bench::Median(rate[3]),
+                bench::Median(rate[2]), bench::Median(cache_ratio), bench::Median(packed_ratio),
+                bench::Median(sample_ratio), 100 * bench::Median(hit_share));
     out["rows"].push_back(std::move(row));
   }
   std::printf(
       "tok/s: beam (or sampled) tokens a second, width x tokens over the call's wall time; "
-      "cache x: the search with the prefix cache over without it; vs sample: the search's "
-      "rate over n sampled completions'; cached: of the scoring prompts' tokens, those the "
-      "cache held (medians of %d rounds)\n",
+      "cache x: the search with the prefix cache over without it; packed x: with its beams' "
+      "scoring prompts prefilled together (the default) over one a step "
+      "(--max_prefills_per_step=1); vs sample: the search's rate over n sampled completions'; "
+      "cached: of the scoring prompts' tokens, those the cache held (medians of %d rounds)\n",
       repeats);
   cached.reset();
   uncached.reset();
+  one_a_step.reset();
   if (const std::string path = absl::GetFlag(FLAGS_json); !path.empty()) {
     std::ofstream(path) << out.dump(2) << "\n";
   }

@@ -16,9 +16,10 @@ assert d["model"] == "tiny" and d["tokens"] == 6 and d["repeats"] == 2, d
 assert [r["width"] for r in d["rows"]] == [1, 3], d["rows"]
 for r in d["rows"]:
     for k in ("beam_tokens_per_s", "beam_no_cache_tokens_per_s", "sampled_tokens_per_s",
-              "cache_speedup", "beam_over_sampled"):
+              "beam_one_a_step_tokens_per_s", "cache_speedup", "packed_speedup",
+              "beam_over_sampled"):
         assert r[k] > 0, (k, r)
-    assert len(r["cache_speedup_runs"]) == 2, r
+    assert len(r["cache_speedup_runs"]) == 2 and len(r["packed_speedup_runs"]) == 2, r
     # Every step after the first re-reads the 40-token prompt's two full blocks from the cache.
     assert 0 < r["cached_share"] < 1, r
 print("ok")
