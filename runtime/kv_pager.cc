@@ -52,9 +52,13 @@ void KvPager::Unref(int32_t block) {
     --shared_refs_;
     return;
   }
-  if (cache_.registered(block)) {
+  if (cache_.registered(block) && cache_.linked(block)) {
     cache_.IdlePush(block);
   } else {
+    // A hidden block (its key no longer says what it holds: a prefix-cache reset, a failed
+    // copy) is found by no lookup: freed now rather than kept idle, counted as cached, until
+    // evicted.
+    if (cache_.registered(block)) cache_.Remove(block);
     device_.Give(block);
   }
 }

@@ -683,7 +683,8 @@ TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
 
 // ResetPrefixCache: no lookup finds anything cached before it, in either tier. Idle blocks are
 // free at once (none offloaded); a block a history holds is its own until released, then free
-// (not cached); a host block an offload still writes stays out of the pool until evicted.
+// (not cached, nor counted as such); a host block an offload still writes stays out of the pool
+// until evicted.
 TEST(KvPagerTest, ResetPrefixCacheForgetsEveryCachedBlock) {
   KvPager p(OffloadOptions(3, 12, 16));
   const std::vector<int32_t> a = RandomTokens(6 * kBlockTokens, 31);
@@ -720,8 +721,11 @@ TEST(KvPagerTest, ResetPrefixCacheForgetsEveryCachedBlock) {
   ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
   EXPECT_EQ(p.RegisterPrefix(2, absl::MakeConstSpan(b).first(2 * kBlockTokens)), 0)
       << "not registered again";
+  EXPECT_EQ(p.cached_blocks(), 2) << "held: registered, hidden";
   p.Release(2);
   EXPECT_EQ(p.free_device_blocks(), 12);
+  EXPECT_EQ(p.cached_blocks(), 0) << "released: freed, not kept idle as cached";
+  EXPECT_EQ(p.idle_cached_blocks(), 0);
   EXPECT_EQ(p.MatchPrefix(b, 3, &match, 0, true), 0) << "released, and still not found";
   // Evicting them offloads nothing.
   ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());
