@@ -1,6 +1,7 @@
 // The KV policy never changes what is computed: the same requests decode to identical tokens
 // under the static baseline and under KV-RM, with and without fragmentation, compaction,
 // swapping to the host tier, and drop-and-recompute. And every block comes back at the end.
+#include <atomic>
 #include <condition_variable>
 #include <cstdio>
 #include <mutex>
@@ -395,6 +396,97 @@ TEST_F(KvModesTest, PrefixCacheOffloadBringsEvictedHistoriesBackFromTheHostTier)
   const RunResult tp2_kept = RunConversations(*model_, tp2, /*flush=*/true);
   EXPECT_EQ(tp2_kept.tokens, tp2_reference.tokens) << "offload, two ranks";
   EXPECT_GT(tp2_kept.stats.prefix_cache_host_hits_total, 0u);
+}
+
+// A step whose prompt chunks include one whose slot ends before the step runs (its cached
+// prefix's copy back from the host tier failed) runs the others' chunks without it: the failed
+// request ends with an error, the prompt beside it gets its first token from that step and its
+// tokens are those of a run without the fault, and every block comes back.
+TEST_F(KvModesTest, AChunkWhoseCopyFailedLeavesTheStepAndTheOthersRun) {
+  EngineOptions o;
+  o.slots = 2;
+  o.prefill_chunk = 64;
+  o.max_context = 256;
+  o.kv_blocks = 24;  // 384 tokens: the fillers below evict the first history to the host tier
+  o.kv_host_blocks = 256;
+  o.threads = 2;
+  o.max_new_tokens = 64;
+  std::atomic<bool> failing{false};
+  std::atomic<int> failed{0};
+  o.transfer_fault = [&](const TransferGroup& g) {
+    if (failing.load() && g.src_tier == KvTier::kHost) {
+      ++failed;
+      return absl::InternalError("injected copy failure");
+    }
+    return absl::OkStatus();
+  };
+  absl::StatusOr<std::unique_ptr<Engine>> created = Engine::Create(model_, o);
+  ASSERT_TRUE(created.ok()) << created.status();
+  Engine& engine = **created;
+  std::mt19937 rng(77);
+  const auto tokens = [&](int n) {
+    std::vector<int32_t> t(n);
+    for (int32_t& x : t) x = static_cast<int32_t>(rng() % 900) + 10;
+    return t;
+  };
+  const auto submit = [&](const std::string& id, std::vector<int32_t> prompt, int32_t n) {
+    auto r = std::make_unique<GenerationRequest>();
+    r->request_id = id;
+    r->prompt = std::move(prompt);
+    r->max_new_tokens = n;
+    r->ignore_eos = true;
+    r->arrival = absl::Now();
+    auto sink = std::make_shared<CollectingSink>();
+    r->sink = sink;
+    CHECK_OK(engine.Submit(std::move(r)).status());
+    return sink;
+  };
+  const auto run = [&](const std::vector<std::shared_ptr<CollectingSink>>& sinks) {
+    for (int i = 0; i < 5000; ++i) {
+      bool all = true;
+      for (const auto& s : sinks) all &= s->done();
+      if (all) return;
+      engine.StepForTest();
+    }
+    FAIL() << "requests did not finish";
+  };
+  const std::vector<int32_t> history = tokens(64);
+  run({submit("history", history, 1)});
+  for (int i = 0; i < 4; ++i) run({submit("filler", tokens(150), 1)});
+  ASSERT_GT(engine.Stats().prefix_cache_offloaded_blocks_total, 0u);
+
+  // P's first 64 tokens are the history's, cached on the host tier; Q's are new.
+  std::vector<int32_t> p_prompt = history;
+  for (int32_t t : tokens(10)) p_prompt.push_back(t);
+  const std::vector<int32_t> q_prompt = tokens(20);
+  failing = true;
+  const EngineStats before = engine.Stats();
+  auto p = submit("p", p_prompt, 4);
+  auto q = submit("q", q_prompt, 4);
+  engine.StepForTest();
+  const EngineStats after = engine.Stats();
+  EXPECT_GE(failed.load(), 1);
+  ASSERT_TRUE(p->done());
+  FinishInfo info;
+  EXPECT_TRUE(p->Wait(&info).empty());
+  EXPECT_EQ(info.reason, FinishReason::kError);
+  EXPECT_EQ(after.prefill_steps_total - before.prefill_steps_total, 1u);
+  EXPECT_EQ(after.prefill_chunks_total - before.prefill_chunks_total, 1u) << "Q's alone";
+  failing = false;
+  run({q});
+  const std::vector<int32_t> got = q->Wait(&info);
+  EXPECT_EQ(info.reason, FinishReason::kLength) << info.error;
+  // The same prompt again (its blocks now cached: the same tokens either way).
+  auto again = submit("q-again", q_prompt, 4);
+  run({again});
+  EXPECT_EQ(again->Wait(&info), got);
+  EXPECT_EQ(got.size(), 4u);
+  for (int i = 0; i < 5; ++i) engine.StepForTest();  // retire copies in flight
+  const EngineStats idle = engine.Stats();
+  EXPECT_EQ(idle.slots_in_use, 0);
+  EXPECT_EQ(idle.kv.blocks_used, 0);
+  EXPECT_EQ(idle.kv.blocks_reserved, 0);
+  EXPECT_EQ(idle.kv.host_blocks_used, 0);
 }
 
 }  // namespace

@@ -535,7 +535,7 @@ TEST_F(SchedulerTest, SeveralPromptsArePrefilledInOneStepFirstComeFirstServed) {
 }
 
 // The prompts' chunks ride in the decode pass together (fused), within the step's budget: two
-// requests decode while three 30-token prompts arrive; with a budget of 42 tokens
+// requests decode while three 30-token prompts arrive; with a budget of 42
 // tokens a step takes what the decode rows leave, first come first served, beside them.
 TEST_F(SchedulerTest, SeveralChunksRideInTheDecodePassWithinTheBudget) {
   EngineOptions o = Options(5);
