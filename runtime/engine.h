@@ -538,8 +538,10 @@ class Engine {
   uint64_t PlanFence() const { return transport_->next_fence() + 2; }
   // Counts a lookup of `tokens` tokens that found `cached_tokens` (when prefix caching is on).
   void CountPrefixLookup(size_t tokens, int32_t cached_tokens);
-  // Registers the full blocks of the slot's written KV in the prefix cache.
-  void RegisterCachedPrefix(int32_t slot);
+  // Registers the full blocks of the slot's written KV in the prefix cache; `ended` (the
+  // history ends here, its blocks released next): its partly filled last block too, as a tail
+  // (KvPager::RegisterTail).
+  void RegisterCachedPrefix(int32_t slot, bool ended = false);
   // Far history: frees the slot's blocks whose summaries (entries below `summaries`) exist.
   void DropSummarized(int32_t slot, int32_t summaries);
   // Chooses this step's prefill chunks (FCFS over prefilling slots, while the budget lasts and

@@ -799,16 +799,20 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
   // At most the blocks before the one holding the last token: that token is always prefilled
   // (it gives the first output's logits), and the slot never writes into a shared block.
   // Under window release only the blocks within the window of the prefix's end are needed.
+  // (And, after them, a cached tail of another history that went on from there: copied, not
+  // prefilled.)
   pager_->MatchPrefix(tokens, static_cast<int32_t>((tokens.size() - 1) / options_.block_tokens),
-                      &prefix_match_, salt, host && options_.prefix_cache_offload, release_window_);
+                      &prefix_match_, salt, host && options_.prefix_cache_offload, release_window_,
+                      /*tail=*/true);
   // Runs: each stretch of physically consecutive device blocks, and each stretch of host blocks
   // with device blocks after it (its new blocks are placed apart; a stretch at the end joins the
   // prompt's own growth). Cut where one more would pass max_runs. (Blocks behind the window,
   // -1, come first and are attached as dropped.)
   int32_t runs = 0;
+  // (A tail's copy is the first block of the prompt's own growth.)
   for (size_t i = 0; i < prefix_match_.size(); ++i) {
     const PrefixBlock& b = prefix_match_[i];
-    if (b.tier == KvTier::kHost || b.block < 0) continue;
+    if (b.tier == KvTier::kHost || b.block < 0 || b.tokens > 0) continue;
     const bool first = i == 0 || prefix_match_[i - 1].block < 0;
     const bool after_host = !first && prefix_match_[i - 1].tier == KvTier::kHost;
     const bool new_run = first || after_host || b.block != prefix_match_[i - 1].block + 1;
@@ -827,10 +831,11 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
     runs += more;
   }
   m.runs = runs;
-  // (Host blocks need new device blocks: they count among the blocks a prompt still needs.)
+  // (Host blocks need new device blocks: they count among the blocks a prompt still needs; so
+  // does a tail, which is held while its copy is made.)
   for (const PrefixBlock& b : prefix_match_) {
     if (b.tier == KvTier::kDevice && b.block >= 0) {
-      ++m.blocks;
+      m.blocks += b.tokens == 0;
       m.idle += pager_->IdleCached(b.block);
     }
   }
@@ -845,9 +850,17 @@ int32_t Engine::AttachCachedPrefix(int32_t slot) {
   const int32_t blocks =
       pager_->AttachPrefix(slot, prefix_match_, PlanFence(), &moves_, &written_at);
   int64_t from_host = 0;
+  int32_t tokens = 0;
+  bool tail = false;
   for (int32_t i = 0; i < blocks; ++i) {
-    from_host += prefix_match_[i].tier == KvTier::kHost && prefix_match_[i].block >= 0;
+    const PrefixBlock& b = prefix_match_[i];
+    from_host += b.tier == KvTier::kHost && b.block >= 0;
+    tokens += b.tokens > 0 ? b.tokens : options_.block_tokens;
+    tail |= b.tokens > 0;
   }
+  // (A tail is copied on the device, ahead of the step too; if that fails, so does this
+  // request.)
+  if (tail && from_host == 0) NoteTransfer(slot);
   if (from_host > 0) {
     NoteTransfer(slot);
     // A host block whose offload is still in flight: if that copy fails, so does this request
@@ -856,7 +869,7 @@ int32_t Engine::AttachCachedPrefix(int32_t slot) {
     prefix_host_hits_ += from_host * options_.block_tokens;
   }
   prefix_match_.clear();  // attached once
-  return blocks * options_.block_tokens;
+  return tokens;
 }
 
 void Engine::CountPrefixLookup(size_t tokens, int32_t cached_tokens) {
@@ -865,7 +878,7 @@ void Engine::CountPrefixLookup(size_t tokens, int32_t cached_tokens) {
   prefix_hits_ += cached_tokens;
 }
 
-void Engine::RegisterCachedPrefix(int32_t slot) {
+void Engine::RegisterCachedPrefix(int32_t slot, bool ended) {
   if (!pager_ || !options_.prefix_caching) return;
   const Slot& s = slots_[slot];
   // KV is written for the history's first `prefilled` tokens while prefilling, for all of it
@@ -874,8 +887,9 @@ void Engine::RegisterCachedPrefix(int32_t slot) {
       s.state == SlotState::kDecoding
           ? std::min<int32_t>(s.position, static_cast<int32_t>(s.history.size()))
           : s.state == SlotState::kPrefilling ? s.prefilled : 0;
-  pager_->RegisterPrefix(slot, absl::MakeConstSpan(s.history).first(written),
-                         s.request->cache_salt);
+  const absl::Span<const int32_t> tokens = absl::MakeConstSpan(s.history).first(written);
+  pager_->RegisterPrefix(slot, tokens, s.request->cache_salt);
+  if (ended) pager_->RegisterTail(slot, tokens, s.request->cache_salt);
 }
 
 void Engine::DropSummarized(int32_t slot, int32_t summaries) {
@@ -1377,7 +1391,7 @@ void Engine::FinishSlot(int32_t slot_index, FinishReason reason, StreamChunk las
   info.total_time_ms = Ms(now - r.arrival);
   // A history that ends well stays in the prefix cache (the next turn of a conversation starts
   // with it); after an error its KV is not trusted.
-  if (reason != FinishReason::kError) RegisterCachedPrefix(slot_index);
+  if (reason != FinishReason::kError) RegisterCachedPrefix(slot_index, /*ended=*/true);
   SetState(slot_index, SlotState::kFinishing);
   // Its adapter is let go of before the client hears of the end (the adapter is read by no step
   // after this one), so that a client that unloads it then finds its slot free.

@@ -33,6 +33,7 @@ KvPager::KvPager(const KvPagerOptions& options)
   offload_ = options.prefix_cache && options.host_prefix_cache && options.host_blocks > 0;
   host_cache_.Init(host_.size(), options.block_tokens, offload_);
   if (options.prefix_cache) window_ring_.assign(options.device_blocks, 0);
+  if (options.prefix_cache) tail_key_.assign(options.block_tokens, -1);
   claim_.assign(options.device_blocks, 0);
   claimed_at_.reserve(options.num_slots);
   if (offload_) {
@@ -88,8 +89,9 @@ bool KvPager::EvictOldest() {
 }
 
 void KvPager::Offload(int32_t block) {
-  // (A hidden block, cached before a ResetPrefixCache, is found by no lookup: nor is a copy.)
-  if (!offload_ || !cache_.linked(block)) return;
+  // (A hidden block, cached before a ResetPrefixCache, is found by no lookup: nor is a copy. A
+  // tail is matched on the device only: a recent history's, worth no host block.)
+  if (!offload_ || !cache_.linked(block) || IsTail(block)) return;
   const Hash128& parent = cache_.parent_hash(block);
   const Hash128& hash = cache_.hash(block);
   if (host_cache_.Find(parent, hash, cache_.tokens(block)) >= 0) return;  // copied before
@@ -292,7 +294,7 @@ bool KvPager::MakeRoomInRuns(int64_t blocks, int32_t runs) {
 
 int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
                              std::vector<PrefixBlock>* out, uint64_t salt, bool host,
-                             int32_t window) const {
+                             int32_t window, bool tail) const {
   out->clear();
   if (!options_.prefix_cache) return 0;
   const int32_t bt = options_.block_tokens;
@@ -303,6 +305,7 @@ int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_block
   // blocks from the window of its end on are all there (`present`: the first of the blocks
   // found in a row up to here).
   Hash128 parent = hasher_.Root(salt);
+  Hash128 matched = parent;  // the chain hash of the blocks in `out` (full attention)
   int64_t best = 0, present = 0;
   for (int64_t j = 0; j < n; ++j) {
     const int32_t* key = tokens.data() + j * bt;
@@ -311,6 +314,7 @@ int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_block
     if (found.block < 0 && use_host) found = {KvTier::kHost, host_cache_.Find(parent, hash, key)};
     parent = hash;
     if (window <= 0 && found.block < 0) break;
+    if (found.block >= 0) matched = hash;
     out->push_back(found);
     if (found.block < 0) {
       present = j + 1;
@@ -318,7 +322,26 @@ int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_block
       best = j + 1;
     }
   }
-  if (window <= 0) return static_cast<int32_t>(out->size());
+  if (window <= 0) {
+    const int32_t m = static_cast<int32_t>(out->size());
+    // The longest cached tail after the m blocks, leaving the prompt's last token.
+    const int64_t rest = static_cast<int64_t>(tokens.size()) - 1 - int64_t{m} * bt;
+    const int32_t most = static_cast<int32_t>(std::min<int64_t>(bt - 1, rest));
+    if (tail && most > 0 && cache_.count() > 0) {
+      int32_t* key = tail_key_.data();
+      std::fill(key, key + bt, -1);
+      std::copy_n(tokens.data() + int64_t{m} * bt, most, key);
+      for (int32_t k = most; k > 0; key[--k] = -1) {
+        const Hash128 hash = hasher_.Next(matched, key, bt);
+        const int32_t b = cache_.Find(matched, hash, key);
+        if (b >= 0) {
+          out->push_back(PrefixBlock{KvTier::kDevice, b, k});
+          break;
+        }
+      }
+    }
+    return m;
+  }
   out->resize(best);
   const int32_t behind = BlocksBehindWindow(best * bt, window, bt);
   for (int32_t i = 0; i < behind; ++i) (*out)[i] = PrefixBlock{KvTier::kDevice, -1};
@@ -335,11 +358,14 @@ int32_t KvPager::AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks
   // new device blocks; the idle device blocks attached stop counting as free. Without room, the
   // device blocks before the first host block go alone (none after dropped ones: the window of
   // a shorter prefix reaches back past them).
+  // A tail entry (last) is attached only with every block before it, and room for its copy.
+  const bool has_tail = !blocks.empty() && blocks.back().tokens > 0;
+  const size_t whole = blocks.size() - (has_tail ? 1 : 0);
   size_t skip = 0;
-  while (skip < blocks.size() && blocks[skip].block < 0) ++skip;
+  while (skip < whole && blocks[skip].block < 0) ++skip;
   int64_t host_blocks = 0, idle = 0;
-  size_t first_host = blocks.size();
-  for (size_t i = skip; i < blocks.size(); ++i) {
+  size_t first_host = whole;
+  for (size_t i = skip; i < whole; ++i) {
     const PrefixBlock& pb = blocks[i];
     CHECK(pb.block >= 0) << "a prefix's blocks behind the window come first";
     if (pb.tier == KvTier::kDevice) {
@@ -352,13 +378,26 @@ int32_t KvPager::AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks
       ++host_blocks;
     }
   }
-  size_t take = blocks.size();
+  size_t take = whole;
   if (host_blocks > 0 && (moves == nullptr || free_device_blocks() - idle < host_blocks)) {
     take = skip > 0 ? 0 : first_host;
   }
-  if (take == 0) return 0;
+  int32_t tail = -1;  // the tail block copied, if any
+  if (has_tail && take == whole && skip == 0 && moves != nullptr) {
+    const PrefixBlock& t = blocks.back();
+    CHECK(t.tier == KvTier::kDevice && cache_.registered(t.block) && IsTail(t.block))
+        << "block " << t.block << " is not a cached tail";
+    // Room for the host blocks' copies and the tail's, with the tail itself held.
+    const int64_t held_idle = idle + (refs_[t.block] == 0 ? 1 : 0);
+    if (free_device_blocks() - held_idle >= host_blocks + 1) tail = t.block;
+  }
+  if (take == 0 && tail < 0) return 0;
   // Every block held first, so that the growth below (which may evict idle device blocks, and
   // offload them into the host tier) can take none of them.
+  if (tail >= 0) {
+    if (refs_[tail] == 0) cache_.IdleRemove(tail);
+    Ref(tail);
+  }
   for (size_t i = skip; i < take; ++i) {
     const int32_t b = blocks[i].block;
     if (blocks[i].tier == KvTier::kDevice) {
@@ -400,8 +439,39 @@ int32_t KvPager::AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks
     i = end;
   }
   s.tokens = static_cast<int64_t>(take) * bt;
+  if (tail >= 0) {
+    // Its copy: the slot's next block, written from the tail's tokens on by the slot itself.
+    CHECK_OK(Grow(slot, static_cast<int64_t>(take + 1) * bt));  // room counted
+    moves->push_back(BlockMove{KvTier::kDevice, tail, KvTier::kDevice, s.blocks.back()});
+    pending_.push_back(Pending{fence, KvTier::kDevice, tail});  // takes the reference
+    s.tokens = static_cast<int64_t>(take) * bt + blocks.back().tokens;
+    copies = true;
+    ++take;
+  }
   if (copies) s.last_fence = fence;
   return static_cast<int32_t>(take);
+}
+
+bool KvPager::RegisterTail(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt) {
+  if (!options_.prefix_cache || options_.window > 0) return false;
+  SlotKv& s = slots_[slot];
+  const int32_t bt = options_.block_tokens;
+  const size_t j = tokens.size() / bt;  // the tail's logical block
+  const int32_t k = static_cast<int32_t>(tokens.size() % bt);
+  if (k == 0 || s.tier != KvTier::kDevice || s.last_fence > retired_ || s.chain_cut ||
+      s.dropped > 0 || j >= s.blocks.size() || s.chain.size() < j) {
+    return false;
+  }
+  const int32_t b = s.blocks[j];
+  if (cache_.registered(b) || refs_[b] != 1) return false;
+  const Hash128 parent = j == 0 ? hasher_.Root(salt) : s.chain[j - 1];
+  int32_t* key = tail_key_.data();
+  std::fill(key, key + bt, -1);
+  std::copy_n(tokens.data() + j * bt, k, key);
+  const Hash128 hash = hasher_.Next(parent, key, bt);
+  if (cache_.Find(parent, hash, key) >= 0) return false;  // cached already
+  cache_.Insert(b, parent, hash, key, j == 0);
+  return true;
 }
 
 int32_t KvPager::RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt) {

@@ -76,11 +76,17 @@ struct KvPagerOptions {
 };
 
 // One block of a cached prefix: a device block (attached as it is), a host block (brought back
-// into a new device block), or -1: behind the sliding window of the prefix's end (not needed).
+// into a new device block), -1: behind the sliding window of the prefix's end (not needed), or
+// (last, `tokens` > 0) a partly filled device block, an ended history's tail, whose first
+// `tokens` tokens are the prompt's next ones (copied into a new device block: the slot writes
+// the rest of it).
 struct PrefixBlock {
   KvTier tier = KvTier::kDevice;
   int32_t block = -1;
-  bool operator==(const PrefixBlock& o) const { return tier == o.tier && block == o.block; }
+  int32_t tokens = 0;  // a tail block's tokens; 0: a whole block
+  bool operator==(const PrefixBlock& o) const {
+    return tier == o.tier && block == o.block && tokens == o.tokens;
+  }
 };
 
 class KvPager final : public KvAllocator {
@@ -129,9 +135,13 @@ class KvPager final : public KvAllocator {
   // the blocks behind it), a prefix of n blocks needs only those from BlocksBehindWindow(n *
   // block_tokens) on, as vLLM's sliding-window cache hits: the blocks before are -1 in `out`
   // (cached or not), and n is the longest prefix whose needed blocks are all cached.
+  // With `tail` (and no window): after the n blocks, the cached tail (RegisterTail) whose
+  // tokens are the most of tokens[n * block_tokens, tokens.size() - 1) is appended to `out`
+  // as a tail entry (PrefixBlock::tokens; not counted in n): the prompt's last token is always
+  // left to prefill.
   int32_t MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
                       std::vector<PrefixBlock>* out, uint64_t salt = 0, bool host = false,
-                      int32_t window = 0) const;
+                      int32_t window = 0, bool tail = false) const;
   // Makes `blocks` (a MatchPrefix result, not changed since) the first blocks of `slot`, which
   // must hold none and have no move in flight: device blocks are shared as they are; each host
   // block gets a new device block, the destination of a move from it (appended to `moves`, with
@@ -139,8 +149,11 @@ class KvPager final : public KvAllocator {
   // as dropped (DropBlocks). `written_at` (optional) gets the latest fence of an offload still
   // writing one of them (0: none; if that fence fails, the slot's KV is undefined). When the
   // device tier has no room for the host blocks, only the device blocks before the first of
-  // them are attached (none, with blocks behind a window). Returns the blocks the slot holds or
-  // dropped: its history's first n * block_tokens tokens are there.
+  // them are attached (none, with blocks behind a window). A tail entry (last) gets a new device
+  // block too, the destination of a device-to-device move from it, held until the fence
+  // retires; it is left out when there is no room for that block (or no `moves`), or when a
+  // block before it is. Returns the entries the slot holds or dropped: its history's first
+  // n * block_tokens tokens are there, plus a tail entry's tokens when it is among them.
   int32_t AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks, uint64_t fence = 0,
                        std::vector<BlockMove>* moves = nullptr, uint64_t* written_at = nullptr);
   // Registers the slot's full blocks holding tokens[0, tokens.size() / block_tokens *
@@ -150,6 +163,16 @@ class KvPager final : public KvAllocator {
   // for a host-tier slot, or once far history summarised blocks after its sinks (the K/V after
   // them is not what the tokens alone give). Returns the blocks newly registered.
   int32_t RegisterPrefix(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
+  // A history that ends (called before Release, after RegisterPrefix of the same tokens): its
+  // last block, when partly filled (tokens.size() not a multiple of block_tokens), is
+  // registered as a tail, keyed by the chain before it and its tokens (the rest of the key -1,
+  // which no token is), so that a prompt that goes on from those tokens copies its K/V instead
+  // of prefilling them again (MatchPrefix's `tail`: beam search's scoring requests, each one
+  // token longer than the one before it). Once released it is idle like any cached block,
+  // evicted first of its history, never offloaded. Nothing under a window, after dropped
+  // blocks, with a move in flight, or when that tail is cached already. Returns whether it
+  // registered one.
+  bool RegisterTail(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
   // count).
   bool IdleCached(int32_t block) const { return cache_.registered(block) && refs_[block] == 0; }
@@ -312,6 +335,10 @@ class KvPager final : public KvAllocator {
   std::vector<int32_t> refs_;
   int64_t shared_refs_ = 0;  // sum over blocks of refs - 1 where refs > 1
   ChainHasher hasher_;
+  // A registered block that is a tail (RegisterTail): its key ends in -1.
+  bool IsTail(int32_t block) const { return cache_.tokens(block)[options_.block_tokens - 1] < 0; }
+  // MatchPrefix's and RegisterTail's key of a tail: [block_tokens] (written by a const lookup).
+  mutable std::vector<int32_t> tail_key_;
   PrefixIndex cache_;        // the device tier's prefix cache
   uint64_t evictions_ = 0;
   // Host tier cache (offload_ on): its index, per host block the moves reading it and the fence

@@ -681,6 +681,121 @@ TEST(KvPagerTest, HostPrefixCacheOffloadsOnEvictionAndOnboardsOnAMatch) {
   EXPECT_EQ(p.free_device_blocks(), 12);
 }
 
+// An ended history's partly filled last block (RegisterTail) is found after its full blocks by
+// a prompt that holds all of its tokens and one more at least (MatchPrefix's `tail`), and is
+// copied into a new block of the prompt's slot (a device-to-device move, the tail held until its
+// fence retires); a prompt that stops within it, or goes elsewhere, finds the full blocks only.
+// A tail is registered once, never offloaded, and evicted first of its history.
+TEST(KvPagerTest, AnEndedHistorysTailIsCopiedForAPromptThatGoesOnFromIt) {
+  KvPager p(OffloadOptions(3, 12, 16));
+  const std::vector<int32_t> a = RandomTokens(2 * kBlockTokens + 5, 51);
+  ASSERT_TRUE(p.Grow(0, static_cast<int64_t>(a.size()) + 1).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, a), 2);
+  EXPECT_TRUE(p.RegisterTail(0, a));
+  EXPECT_FALSE(p.RegisterTail(0, a)) << "registered already";
+  p.Release(0);
+  EXPECT_EQ(p.cached_blocks(), 3);
+  EXPECT_EQ(p.idle_cached_blocks(), 3);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+
+  // a and two more tokens: its full blocks, then the tail's 5 tokens.
+  std::vector<int32_t> b = a;
+  b.push_back(7);
+  b.push_back(8);
+  const int32_t max_blocks = static_cast<int32_t>((b.size() - 1) / kBlockTokens);
+  std::vector<PrefixBlock> match;
+  EXPECT_EQ(p.MatchPrefix(b, max_blocks, &match, 0, true, 0, /*tail=*/true), 2);
+  ASSERT_EQ(match.size(), 3u);
+  EXPECT_EQ(match[2].tokens, 5);
+  EXPECT_EQ(match[2].tier, KvTier::kDevice);
+  // Without `tail`, or for a prompt that is the history itself (its last token must be
+  // prefilled), or that leaves it within the tail, or under another salt: no tail.
+  std::vector<PrefixBlock> other;
+  EXPECT_EQ(p.MatchPrefix(b, max_blocks, &other, 0, true, 0, false), 2);
+  EXPECT_EQ(other.size(), 2u);
+  EXPECT_EQ(p.MatchPrefix(a, 2, &other, 0, true, 0, true), 2);
+  EXPECT_EQ(other.size(), 2u) << "a's own last token is left to prefill";
+  std::vector<int32_t> c = b;
+  c[2 * kBlockTokens + 3] += 1;
+  EXPECT_EQ(p.MatchPrefix(c, max_blocks, &other, 0, true, 0, true), 2);
+  EXPECT_EQ(other.size(), 2u);
+  EXPECT_EQ(p.MatchPrefix(b, max_blocks, &other, /*salt=*/9, true, 0, true), 0);
+  EXPECT_TRUE(other.empty());
+
+  // Attached: the full blocks shared, the tail copied into the slot's third block.
+  std::vector<BlockMove> moves;
+  EXPECT_EQ(p.AttachPrefix(1, match, /*fence=*/4, &moves), 3);
+  ASSERT_EQ(moves.size(), 1u);
+  EXPECT_EQ(moves[0].src_tier, KvTier::kDevice);
+  EXPECT_EQ(moves[0].dst_tier, KvTier::kDevice);
+  EXPECT_EQ(moves[0].src, match[2].block);
+  ASSERT_EQ(p.NumBlocks(1), 3);
+  std::vector<KvRun> runs(4);
+  const int32_t n = p.RunTable(1, absl::MakeSpan(runs));
+  int32_t last = -1;
+  for (int32_t r = 0; r < n; ++r) last = runs[r].first_block + runs[r].num_blocks - 1;
+  EXPECT_EQ(moves[0].dst, last);
+  EXPECT_NE(moves[0].dst, match[2].block);
+  EXPECT_EQ(p.idle_cached_blocks(), 0) << "the full blocks attached, the tail held for its copy";
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  EXPECT_EQ(p.RegisterPrefix(1, b), 0) << "a move into the slot is in flight";
+  p.RetireUpTo(4);
+  EXPECT_EQ(p.idle_cached_blocks(), 1) << "the tail, idle again once copied";
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+  // Without moves to plan it the tail is left out.
+  std::vector<PrefixBlock> again;
+  EXPECT_EQ(p.MatchPrefix(b, max_blocks, &again, 0, true, 0, true), 2);
+  ASSERT_EQ(again.size(), 3u);
+  EXPECT_EQ(p.AttachPrefix(2, again), 2);
+  EXPECT_EQ(p.NumBlocks(2), 2);
+  p.Release(2);
+  p.Release(1);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+
+  // Evicted (the pool taken whole by slot 0): the tail first, and only the full blocks reach
+  // the host tier.
+  ASSERT_TRUE(p.Grow(0, 12 * kBlockTokens).ok());
+  EXPECT_EQ(p.idle_cached_blocks(), 0);
+  for (const BlockMove& m : p.offload_moves()) EXPECT_NE(m.src, match[2].block);
+  EXPECT_EQ(p.offload_moves().size(), 2u) << "a's two full blocks (b's tail was never cached)";
+  p.Release(0);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+// A tail is registered only where it can be reused: not for a history that fills its last
+// block, nor after blocks it dropped (window release), nor with a move into it in flight.
+TEST(KvPagerTest, ATailIsRegisteredOnlyWhereItCanBeReused) {
+  KvPager p(CacheOptions(2, 12));
+  const std::vector<int32_t> full = RandomTokens(2 * kBlockTokens, 61);
+  ASSERT_TRUE(p.Grow(0, static_cast<int64_t>(full.size()) + 1).ok());
+  EXPECT_EQ(p.RegisterPrefix(0, full), 2);
+  EXPECT_FALSE(p.RegisterTail(0, full)) << "no partly filled block";
+  p.Release(0);
+  const std::vector<int32_t> a = RandomTokens(kBlockTokens + 3, 62);
+  ASSERT_TRUE(p.Grow(0, 4 * kBlockTokens).ok());
+  p.DropBlocks(0, 0, 1);
+  EXPECT_FALSE(p.RegisterTail(0, a)) << "blocks dropped";
+  p.Release(0);
+  // A short history: its only block is its tail, found for a prompt that goes on from it.
+  const std::vector<int32_t> s = RandomTokens(5, 63);
+  ASSERT_TRUE(p.Grow(0, 6).ok());
+  EXPECT_EQ(p.RegisterPrefix(0, s), 0);
+  EXPECT_TRUE(p.RegisterTail(0, s));
+  p.Release(0);
+  std::vector<int32_t> longer = s;
+  longer.push_back(1);
+  std::vector<PrefixBlock> match;
+  EXPECT_EQ(p.MatchPrefix(longer, 0, &match, 0, false, 0, true), 0);
+  ASSERT_EQ(match.size(), 1u);
+  EXPECT_EQ(match[0].tokens, 5);
+  std::vector<BlockMove> moves;
+  EXPECT_EQ(p.AttachPrefix(1, match, 2, &moves), 1);
+  EXPECT_EQ(moves.size(), 1u);
+  p.RetireUpTo(2);
+  p.Release(1);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
 // ResetPrefixCache: no lookup finds anything cached before it, in either tier. Idle blocks are
 // free at once (none offloaded); a block a history holds is its own until released, then free
 // (not cached, nor counted as such); a host block an offload still writes stays out of the pool

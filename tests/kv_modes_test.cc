@@ -7,6 +7,7 @@
 #include <mutex>
 #include <random>
 
+#include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "gtest/gtest.h"
 #include "runtime/engine.h"
@@ -273,11 +274,15 @@ RunResult RunConversations(const ModelBundle& model, const EngineOptions& option
   return out;
 }
 
-// The first turn's history with KV (its prompt and every output token but the last), in full
-// blocks: what a second turn finds when the cache kept all of it.
+// The first turn's history with KV (its prompt and every output token but the last): what a
+// second turn finds when the cache kept all of it (its full blocks and its tail,
+// KvPager::RegisterTail); in full blocks, what it finds after the tail was evicted (a tail is
+// never offloaded).
+int64_t FirstTurnHistoryTokens(const Spec& first) {
+  return static_cast<int64_t>(first.prompt.size()) + first.max_new_tokens - 1;
+}
 int64_t FirstTurnBlockTokens(const Spec& first, int32_t block_tokens) {
-  const int64_t history = static_cast<int64_t>(first.prompt.size()) + first.max_new_tokens - 1;
-  return history / block_tokens * block_tokens;
+  return FirstTurnHistoryTokens(first) / block_tokens * block_tokens;
 }
 
 TEST_F(KvModesTest, PrefixCachingServesSharedPromptsAndConversationsWithIdenticalTokens) {
@@ -292,18 +297,17 @@ TEST_F(KvModesTest, PrefixCachingServesSharedPromptsAndConversationsWithIdentica
   for (const FinishInfo& info : reference.infos) EXPECT_EQ(info.cached_prompt_tokens, 0);
 
   // Room for every history at once: nothing is evicted, so every second turn finds all of its
-  // first turn's full blocks.
+  // first turn's history: its full blocks, and the tail after them.
   EngineOptions roomy = base;
   roomy.kv_blocks = 512;
   const RunResult cached = RunConversations(*model_, roomy);
   EXPECT_EQ(cached.tokens, reference.tokens) << "prefix caching on";
   EXPECT_EQ(cached.stats.prefix_cache_evictions_total, 0u);
   const std::vector<Spec> first = FirstTurns();
-  const int32_t bt = base.block_tokens;
   int64_t got = 0;
   for (size_t i = 0; i < first.size(); ++i) {
     const int32_t c = cached.infos[first.size() + i].cached_prompt_tokens;
-    EXPECT_EQ(c, FirstTurnBlockTokens(first[i], bt)) << "conversation " << i;
+    EXPECT_EQ(c, FirstTurnHistoryTokens(first[i])) << "conversation " << i;
     got += c;
   }
   int64_t first_turn_hits = 0;
@@ -371,6 +375,7 @@ TEST_F(KvModesTest, PrefixCacheOffloadBringsEvictedHistoriesBackFromTheHostTier)
   int64_t found = 0, found_without = 0;
   for (size_t i = 0; i < first.size(); ++i) {
     const int32_t c = kept.infos[first.size() + i].cached_prompt_tokens;
+    // (The flush evicted the tails, which stay on the device: the full blocks come back.)
     EXPECT_EQ(c, FirstTurnBlockTokens(first[i], base.block_tokens)) << "conversation " << i;
     found += c;
     found_without += dropped.infos[first.size() + i].cached_prompt_tokens;
@@ -396,6 +401,63 @@ TEST_F(KvModesTest, PrefixCacheOffloadBringsEvictedHistoriesBackFromTheHostTier)
   const RunResult tp2_kept = RunConversations(*model_, tp2, /*flush=*/true);
   EXPECT_EQ(tp2_kept.tokens, tp2_reference.tokens) << "offload, two ranks";
   EXPECT_GT(tp2_kept.stats.prefix_cache_host_hits_total, 0u);
+}
+
+// Prompts each one token longer than the one before (beam search's scoring requests): each
+// finds the whole of the one before it cached, its full blocks and its tail (copied, not
+// prefilled: KvPager::RegisterTail), and samples the same token with the same logprob as with
+// the cache off; one and two ranks, f32 and bf16 KV.
+TEST_F(KvModesTest, APromptThatGoesOnFromAnEndedHistoryCopiesItsTail) {
+  for (const auto& [tp, kv_dtype] :
+       {std::pair{1, DType::kF32}, std::pair{2, DType::kF32}, std::pair{1, DType::kBF16}}) {
+    SCOPED_TRACE(absl::StrCat("tp ", tp, " ", std::string(DTypeName(kv_dtype))));
+    std::vector<std::vector<int32_t>> tokens[2];
+    std::vector<std::vector<float>> logprobs[2];
+    std::vector<int32_t> cached;
+    for (bool caching : {false, true}) {
+      EngineOptions o;
+      o.slots = 2;
+      o.prefill_chunk = 64;
+      o.tensor_parallel = tp;
+      o.kv_dtype = kv_dtype;
+      o.prefix_caching = caching;
+      std::unique_ptr<Engine> engine = StartEngine(*model_, o);
+      std::mt19937 rng(5);
+      std::vector<int32_t> prompt(29);
+      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 900) + 10;
+      for (int step = 0; step < 24; ++step) {
+        auto r = std::make_unique<GenerationRequest>();
+        r->request_id = absl::StrCat("score-", step);
+        r->prompt = prompt;
+        r->max_new_tokens = 1;
+        r->sampling.logprobs = true;
+        r->sampling.top_logprobs = 2;
+        r->arrival = absl::Now();
+        auto sink = std::make_shared<CollectingSink>();
+        r->sink = sink;
+        ASSERT_TRUE(engine->Submit(std::move(r)).ok());
+        FinishInfo info;
+        const std::vector<int32_t> got = sink->Wait(&info);
+        ASSERT_EQ(got.size(), 1u) << info.error;
+        tokens[caching].push_back(got);
+        std::vector<float> lp;
+        for (const TokenLogprobs& t : sink->stream().logprobs) {
+          lp.push_back(t.logprob);
+          for (int32_t k = 0; k < t.num_top; ++k) lp.push_back(t.top_logprobs[k]);
+        }
+        logprobs[caching].push_back(lp);
+        if (caching) cached.push_back(info.cached_prompt_tokens);
+        // The next prompt: this one and a token (not the one sampled: a beam's).
+        prompt.push_back(static_cast<int32_t>(rng() % 900) + 10);
+      }
+    }
+    EXPECT_EQ(tokens[1], tokens[0]);
+    EXPECT_EQ(logprobs[1], logprobs[0]) << "the copied tails' K/V is what a prefill writes";
+    // Each prompt after the first finds the one before it whole: 29, 30, ... tokens.
+    for (size_t i = 1; i < cached.size(); ++i) {
+      EXPECT_EQ(cached[i], 29 + static_cast<int32_t>(i) - 1) << "prompt " << i;
+    }
+  }
 }
 
 // A step whose prompt chunks include one whose slot ends before the step runs (its cached
