@@ -445,7 +445,8 @@ TEST(OpenAiHttpTest, ResetPrefixCacheMakesTheNextPromptCold) {
   ASSERT_TRUE(d.WaitIdle());
   HttpReply r = d.Post("/reset_prefix_cache", "");
   ASSERT_EQ(r.status, 200) << r.body;
-  EXPECT_EQ(Body(r)["device_blocks_freed"], 4) << r.body;  // 70 tokens: 4 full blocks of 16
+  // 71 tokens with K/V (the prompt and the first token): 4 full blocks of 16 and a tail of 7.
+  EXPECT_EQ(Body(r)["device_blocks_freed"], 5) << r.body;
   EXPECT_EQ(Body(r)["host_blocks_freed"], 0) << r.body;
   EXPECT_EQ(cached(), 0) << "cold after the reset";
   EXPECT_EQ(cached(), 64) << "and cached again";
@@ -453,7 +454,7 @@ TEST(OpenAiHttpTest, ResetPrefixCacheMakesTheNextPromptCold) {
   grpc::ClientContext ctx;
   v1::ResetPrefixCacheResponse freed;
   ASSERT_TRUE(d.grpc().stub().ResetPrefixCache(&ctx, v1::ResetPrefixCacheRequest(), &freed).ok());
-  EXPECT_EQ(freed.device_blocks_freed(), 4);
+  EXPECT_EQ(freed.device_blocks_freed(), 5);
   EXPECT_EQ(cached(), 0);
   EXPECT_EQ(d.grpc().engine().Stats().prefix_cache_resets_total, 2u);
   EXPECT_EQ(HttpCall(d.http_port(), "GET", "/reset_prefix_cache", "", {}).status, 405);
