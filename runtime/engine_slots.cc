@@ -218,10 +218,12 @@ void Engine::ResumePaused() {
       SetState(pick, SlotState::kDecoding);
       s.resumed_step = steps_ + 1;
     } else {
-      // (The cached prefix is attached first, so that making room cannot evict it.)
+      // (The cached prefix is attached first, so that making room cannot evict it. The new
+      // blocks it took, host blocks' and a tail's copies, are of those the history needed.)
       const int32_t cached_tokens = AttachCachedPrefix(pick);
+      const int64_t attached_new = pager_->NumBlocks(pick) - prefix.blocks;
       ReleaseBehindWindow(pick, cached_tokens);
-      if (!pager_->MakeRoomInRuns(need, runs - prefix.runs)) {
+      if (!pager_->MakeRoomInRuns(need - attached_new, runs - prefix.runs)) {
         kv_->Release(pick);
         return;
       }

@@ -302,6 +302,7 @@ TEST(KvPagerTest, RandomOperationsWithANarrowRunTableKeepEveryInvariant) { Rando
 // With `release`, histories also drop their blocks behind a 64-token window (window release),
 // attached ones included, and go on registering past them.
 void PrefixCacheRandomOperations(bool offload, bool release = false) {
+  int64_t tails_registered = 0, tails_attached = 0;
   for (uint32_t seed : {11u, 12u, 13u}) {
     KvPagerOptions o = Options(10, 260, 120, 4);
     o.prefix_cache = true;
@@ -334,8 +335,9 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
         ASSERT_EQ(p.idle_cached_blocks(), 0);
         for (const std::vector<int32_t>& seq : finished) {
           ASSERT_EQ(p.MatchPrefix(seq, static_cast<int32_t>(seq.size() / kBlockTokens), &match, 0,
-                                  offload, window),
+                                  offload, window, /*tail=*/true),
                     0);
+          ASSERT_TRUE(match.empty()) << "no tail after a reset";
         }
         ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
       }
@@ -355,8 +357,9 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
           // At most the blocks before the one that holds the prompt's last token.
           int32_t hits = p.MatchPrefix(absl::MakeConstSpan(seq).first(prompt),
                                        static_cast<int32_t>((prompt - 1) / kBlockTokens), &match, 0,
-                                       offload, window);
-          ASSERT_EQ(hits, static_cast<int32_t>(match.size()));
+                                       offload, window, /*tail=*/true);
+          const bool has_tail = !match.empty() && match.back().tokens > 0;
+          ASSERT_EQ(hits + (has_tail ? 1 : 0), static_cast<int32_t>(match.size()));
           int64_t idle = 0, device_hits = 0, behind = 0;
           for (const PrefixBlock& b : match) {
             ASSERT_TRUE(offload || b.tier == KvTier::kDevice);
@@ -367,7 +370,7 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
             }
             if (b.tier == KvTier::kDevice) {
               idle += p.IdleCached(b.block);
-              ++device_hits;
+              device_hits += b.tokens == 0;
             }
           }
           ASSERT_EQ(behind,
@@ -383,18 +386,41 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
           std::vector<BlockMove> onboard;
           hits = p.AttachPrefix(s, match, fence, &onboard);
           ASSERT_EQ(hits, static_cast<int32_t>(match.size())) << "room was counted";
+          // A tail (RegisterTail) is copied on the device into the slot's last block.
+          int32_t tail_dst = -1;
+          if (has_tail) {
+            ++tails_attached;
+            tail_dst = p.Blocks(s).back();
+            int copies = 0;
+            for (const BlockMove& m : onboard) {
+              if (m.dst_tier == KvTier::kDevice && m.dst == tail_dst) {
+                ASSERT_EQ(m.src, match.back().block);
+                ASSERT_EQ(m.src_tier, KvTier::kDevice);
+                ++copies;
+              }
+            }
+            ASSERT_EQ(copies, 1);
+            ASSERT_FALSE(p.Registered(tail_dst));
+          }
           const int64_t before = p.NumBlocks(s);
           ASSERT_EQ(p.Dropped(s), behind);
           ASSERT_EQ(before + behind, hits);
+          const int64_t tail_len =
+              (before - 1) * kBlockTokens + (has_tail ? match.back().tokens : 0);
           p.ExpectTokens(s, pick(2) == 0 ? 0 : prompt + pick(400));
           ASSERT_TRUE(p.Grow(s, prompt).ok());
           sim.SubmitOffloads(fence - 1);
           sim.Submit(std::move(onboard), fence);
-          sim.RunUpTo(fence - 1);
+          // The step that prefills the rest (and so writes the tail's copy) waits for it.
+          sim.RunUpTo(has_tail ? fence : fence - 1);
           sim.tokens[s] = prompt;
           hit_blocks += hits;
-          host_hit_blocks += hits - behind - device_hits;
-          sim.Write(s, before);
+          host_hit_blocks += hits - behind - device_hits - (has_tail ? 1 : 0);
+          if (has_tail) {
+            const std::vector<int32_t> head(sim.seq[s].begin(), sim.seq[s].begin() + tail_len);
+            ASSERT_EQ(sim.device[tail_dst], TokenValue(head, before - 1)) << "the tail's copy";
+          }
+          sim.Write(s, has_tail ? before - 1 : before);
           break;
         }
         case 2:
@@ -417,6 +443,17 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
           if (pick(4) != 0) {
             registered +=
                 p.RegisterPrefix(s, absl::MakeConstSpan(sim.seq[s]).first(sim.tokens[s]));
+            if (p.RegisterTail(s, absl::MakeConstSpan(sim.seq[s]).first(sim.tokens[s]))) {
+              // Its K/V written (the copies into it done), then keyed by its tokens alone.
+              ++tails_registered;
+              const int64_t j = sim.tokens[s] / kBlockTokens;
+              ASSERT_EQ(p.Dropped(s), 0);
+              const int32_t b = p.Blocks(s)[j];
+              ASSERT_EQ(sim.device[b], sim.ValueOf(s, j)) << "a tail registered before written";
+              const std::vector<int32_t> head(sim.seq[s].begin(),
+                                              sim.seq[s].begin() + sim.tokens[s]);
+              sim.device[b] = TokenValue(head, j);
+            }
             finished.emplace_back(sim.seq[s].begin(), sim.seq[s].begin() + sim.tokens[s]);
             if (finished.size() > 20) finished.erase(finished.begin());
           }
@@ -476,6 +513,14 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
     std::printf("seed %u: %lld blocks from the cache (%lld from the host tier), %llu offloaded\n",
                 seed, static_cast<long long>(hit_blocks), static_cast<long long>(host_hit_blocks),
                 static_cast<unsigned long long>(sim.pager->offloaded_blocks()));
+  }
+  // Tails: registered and copied back many times; none under a window.
+  std::printf("tails: %lld registered, %lld attached\n", static_cast<long long>(tails_registered),
+              static_cast<long long>(tails_attached));
+  if (release) {
+    EXPECT_EQ(tails_registered, 0);
+  } else {
+    EXPECT_GT(tails_attached, 20);
   }
 }
 
@@ -765,7 +810,7 @@ TEST(KvPagerTest, AnEndedHistorysTailIsCopiedForAPromptThatGoesOnFromIt) {
 // A tail is registered only where it can be reused: not for a history that fills its last
 // block, nor after blocks it dropped (window release), nor with a move into it in flight.
 TEST(KvPagerTest, ATailIsRegisteredOnlyWhereItCanBeReused) {
-  KvPager p(CacheOptions(2, 12));
+  KvPager p(OffloadOptions(2, 12, 16));
   const std::vector<int32_t> full = RandomTokens(2 * kBlockTokens, 61);
   ASSERT_TRUE(p.Grow(0, static_cast<int64_t>(full.size()) + 1).ok());
   EXPECT_EQ(p.RegisterPrefix(0, full), 2);
@@ -773,9 +818,23 @@ TEST(KvPagerTest, ATailIsRegisteredOnlyWhereItCanBeReused) {
   p.Release(0);
   const std::vector<int32_t> a = RandomTokens(kBlockTokens + 3, 62);
   ASSERT_TRUE(p.Grow(0, 4 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, a), 1);  // (its chain hashed: only the drop stops the tail)
   p.DropBlocks(0, 0, 1);
   EXPECT_FALSE(p.RegisterTail(0, a)) << "blocks dropped";
   p.Release(0);
+  // Swapped out and back in, the copy back not done yet: its blocks are not written.
+  const std::vector<int32_t> w = RandomTokens(2 * kBlockTokens + 7, 64);
+  ASSERT_TRUE(p.Grow(0, static_cast<int64_t>(w.size()) + 1).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, w), 2);
+  std::vector<BlockMove> swap;
+  ASSERT_TRUE(p.PlanSwapOut(0, 1, &swap).ok());
+  p.RetireUpTo(1);
+  ASSERT_TRUE(p.PlanSwapIn(0, 2, &swap).ok());
+  EXPECT_FALSE(p.RegisterTail(0, w)) << "a copy into its blocks in flight";
+  p.RetireUpTo(2);
+  EXPECT_TRUE(p.RegisterTail(0, w));
+  p.Release(0);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
   // A short history: its only block is its tail, found for a prompt that goes on from it.
   const std::vector<int32_t> s = RandomTokens(5, 63);
   ASSERT_TRUE(p.Grow(0, 6).ok());
