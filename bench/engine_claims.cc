@@ -80,6 +80,8 @@ ABSL_FLAG(double, load_factor, 1.2,
           "0: skip");
 ABSL_FLAG(int32_t, prefill_chunk, 256, "engine prefill chunk (both modes)");
 ABSL_FLAG(double, max_prefill_stall, 0.5, "engine max_prefill_stall (kvrmd's default)");
+ABSL_FLAG(int32_t, max_prefills_per_step, 0,
+          "engine max_prefills_per_step (both modes; 0, kvrmd's default: as many as fit)");
 ABSL_FLAG(bool, prefix_caching, true, "engine prefix_caching (kvrm mode; kvrmd's default)");
 ABSL_FLAG(double, offload_shed_wait_share, 0,
           "engine offload_shed_wait_share (kvrmd's --prefix_cache_offload_shed; 0: never)");
@@ -388,6 +390,7 @@ int Main(int argc, char** argv) {
         o.kv_blocks = kv_blocks;
         o.max_queue = n + 1;
         o.prefill_chunk = absl::GetFlag(FLAGS_prefill_chunk);
+        o.max_prefills_per_step = absl::GetFlag(FLAGS_max_prefills_per_step);
         // (Off on the null backend: the limit works from timed steps, and the null backend's
         // times are the engine's own, so the chunk sizes would follow the noise of this machine
         // and the schedule would change from run to run.)

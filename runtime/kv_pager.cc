@@ -106,13 +106,14 @@ void KvPager::Offload(int32_t block) {
     ++shed_;
     return;
   }
-  const int32_t h = TakeHostBlock();
+  const int32_t h = TakeHostBlock(block);
   if (h < 0) return;
   host_cache_.Insert(h, parent, hash, cache_.tokens(block), cache_.first(block));
   host_cache_.IdlePush(h);
   host_written_at_[h] = kUnsubmitted;
   offload_moves_.push_back(BlockMove{KvTier::kDevice, block, KvTier::kHost, h});
   last_offload_dst_ = h;
+  last_offload_src_ = block;
   ++offloaded_;
   // Host eviction order: the chain's blocks before this one (those already there, up to the
   // first that is not) go idle after it, its first block last, so the host evicts a chain from
@@ -130,10 +131,24 @@ void KvPager::Offload(int32_t block) {
   }
 }
 
-int32_t KvPager::TakeHostBlock() {
+int32_t KvPager::TakeHostBlock(int32_t src) {
   if (host_.free_count() == 0) return EvictHostBlock();
-  int64_t h = last_offload_dst_ + 1;
-  if (last_offload_dst_ < 0 || h >= host_.size() || !host_.IsFree(h)) h = host_.LargestFree().start;
+  // The copy of a block evicted right after its neighbour goes next to that one's copy, on the
+  // same side, so that the two merge into one transfer group (PlanTransferGroups merges moves
+  // whose sources and destinations both go up by one). Under full attention a history goes
+  // idle, and is evicted, last block first: a run of copies then goes down, and a new run
+  // starts at the end of the largest free extent; under a window, first block first, up from
+  // its start. (Onboarding copies back then merge too: the host holds a chain in the device's
+  // order.)
+  int64_t h = -1;
+  if (last_offload_dst_ >= 0 && (src == last_offload_src_ + 1 || src == last_offload_src_ - 1)) {
+    h = last_offload_dst_ + (src - last_offload_src_);
+    if (h < 0 || h >= host_.size() || !host_.IsFree(h)) h = -1;
+  }
+  if (h < 0) {
+    const Extent e = host_.LargestFree();
+    h = options_.window > 0 ? e.start : e.start + e.length - 1;
+  }
   host_.Take(h);
   return static_cast<int32_t>(h);
 }

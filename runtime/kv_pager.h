@@ -285,10 +285,11 @@ class KvPager final : public KvAllocator {
   // already or nothing could find it there (not a history's first block, and the block before
   // it cached in neither tier; under a window every block may be found).
   void Offload(int32_t block);
-  // A host block for an offload: a free one (after the previous offload's destination when
-  // that is free, so chains merge into long copies), else the least recently used idle cached
-  // one whose own offload write is done. -1: none.
-  int32_t TakeHostBlock();
+  // A host block for the offload of device block `src`: a free one (beside the previous
+  // offload's destination, on the side `src` is of its source, when that is free, so that runs
+  // merge into long copies), else the least recently used idle cached one whose own offload
+  // write is done. -1: none.
+  int32_t TakeHostBlock(int32_t src);
   // Takes the least recently used idle cached host block whose offload write is done out of the
   // cache (it stays taken in host_). -1: none.
   int32_t EvictHostBlock();
@@ -350,6 +351,7 @@ class KvPager final : public KvAllocator {
   std::vector<uint64_t> host_written_at_;
   std::vector<BlockMove> offload_moves_;  // capacity reserved at start-up
   int32_t last_offload_dst_ = -1;
+  int32_t last_offload_src_ = -1;
   uint64_t offloaded_ = 0;
   bool shed_offloads_ = false;
   uint64_t shed_ = 0;

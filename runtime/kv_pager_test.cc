@@ -855,6 +855,36 @@ TEST(KvPagerTest, ATailIsRegisteredOnlyWhereItCanBeReused) {
   ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
 }
 
+// An ended history's blocks, evicted last block first, are offloaded into a host run in the
+// device's order: their copies merge into one transfer group, and so do the copies back.
+TEST(KvPagerTest, AnEvictedHistoryIsOffloadedAndBroughtBackInOneGroup) {
+  KvPager p(OffloadOptions(2, 12, 16));
+  const std::vector<int32_t> a = RandomTokens(6 * kBlockTokens, 71);
+  ASSERT_TRUE(p.Grow(0, 6 * kBlockTokens).ok());
+  ASSERT_EQ(p.RegisterPrefix(0, a), 6);
+  p.Release(0);
+  ASSERT_TRUE(p.Grow(1, 12 * kBlockTokens).ok());  // evicts all six
+  std::vector<BlockMove> out(p.offload_moves().begin(), p.offload_moves().end());
+  ASSERT_EQ(out.size(), 6u);
+  std::vector<TransferGroup> groups;
+  PlanTransferGroups(absl::MakeSpan(out), &groups);
+  EXPECT_EQ(groups.size(), 1u) << "one copy of six blocks";
+  p.OffloadSubmitted(1);
+  p.RetireUpTo(1);
+  p.Release(1);
+  std::vector<PrefixBlock> match;
+  ASSERT_EQ(p.MatchPrefix(a, 5, &match, 0, /*host=*/true), 5);
+  std::vector<BlockMove> back;
+  ASSERT_EQ(p.AttachPrefix(0, match, 2, &back), 5);
+  ASSERT_EQ(back.size(), 5u);
+  groups.clear();
+  PlanTransferGroups(absl::MakeSpan(back), &groups);
+  EXPECT_EQ(groups.size(), 1u) << "one copy back";
+  p.RetireUpTo(2);
+  p.Release(0);
+  ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
 // ResetPrefixCache: no lookup finds anything cached before it, in either tier. Idle blocks are
 // free at once (none offloaded); a block a history holds is its own until released, then free
 // (not cached, nor counted as such); a host block an offload still writes stays out of the pool
