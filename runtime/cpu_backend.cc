@@ -166,8 +166,11 @@ CpuBackend::CpuBackend(const LlamaConfig& config, const CpuBackendOptions& optio
       rows_(options.max_slots * (1 + options.max_draft_tokens) + options.max_chunk_tokens),
       logit_row_(options.max_slots * (1 + options.max_draft_tokens)),
       pass_logit_rows_(rows_.size()),
-      logits_(static_cast<size_t>(options.max_slots * (2 + options.max_draft_tokens) +
-                                  kMaxAllLogitsRows) *
+      max_chunks_(options.max_chunks_per_pass > 0
+                      ? std::min(options.max_chunks_per_pass, options.max_slots)
+                      : options.max_slots),
+      logits_(static_cast<size_t>(options.max_slots * (1 + options.max_draft_tokens) +
+                                  kMaxAllLogitsRows + max_chunks_ - 1) *
               config.vocab_size) {
   // RoPE table in double, rounded once: [position][cos(half) | sin(half)].
   rope_ = RopeTable(config, options.max_context);
@@ -454,7 +457,7 @@ absl::Status CpuBackend::PrefillChunks(absl::Span<const PrefillChunk> chunks,
   // pass in that order. Each row's result is its own pass's (DecodeWithChunk): the rows of a
   // chunk write only its slot's blocks, which no other row reads.
   const int64_t vocab = config_.vocab_size;
-  const int32_t logit_rows_max = options_.max_slots + kMaxAllLogitsRows;
+  const int32_t logit_rows_max = max_chunks_ - 1 + kMaxAllLogitsRows;
   int32_t c = 0, m = 0;
   for (size_t k = 0; k < chunks.size(); ++k) {
     const PrefillChunk& chunk = chunks[k];

@@ -33,6 +33,9 @@ struct CpuBackendOptions {
   DType kv_dtype = DType::kF32;  // of the KV pool: f32, bf16 (half the bytes) or FP8 (a quarter)
   int32_t max_slots = 8;
   int32_t max_chunk_tokens = 256;
+  // Prefill chunks one pass takes (PrefillChunks; EngineOptions::max_prefills_per_step); 0:
+  // max_slots. Sizes the logits rows kept for them.
+  int32_t max_chunks_per_pass = 0;
   // Speculative decoding: most draft tokens a step may carry per slot (StepDescriptor::draft),
   // verified in the decode pass as extra rows; 0: none. Sizes the activations for
   // slots x (1 + this) decode rows beside a chunk.
@@ -84,8 +87,8 @@ class CpuBackend : public Backend {
   std::string weight_quantization() const override;
   absl::Status DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                const StepDescriptor& step, float* logits) override;
-  // Every slot's chunk may share a pass (their tokens max_chunk_tokens together).
-  int32_t max_chunks_per_pass() const override { return options_.max_slots; }
+  // Up to every slot's chunk may share a pass (their tokens max_chunk_tokens together).
+  int32_t max_chunks_per_pass() const override { return max_chunks_; }
   absl::Status PrefillChunks(absl::Span<const PrefillChunk> chunks,
                              absl::Span<float* const> chunk_logits, const StepDescriptor* step,
                              float* logits) override;
@@ -161,8 +164,9 @@ class CpuBackend : public Backend {
   std::vector<CpuRow> rows_;
   std::vector<int32_t> logit_row_;  // [slots x (1 + drafts)]: each decode row's logits row
   std::vector<int32_t> pass_logit_rows_;  // [rows_]: PrefillChunks' rows whose logits it wants
-  // [slots x (1 + drafts) + kMaxAllLogitsRows + slots][vocab] before scattering (the last
-  // slots rows: the last rows of the other chunks of a PrefillChunks pass).
+  const int32_t max_chunks_;              // options_.max_chunks_per_pass, or max_slots
+  // [slots x (1 + drafts) + kMaxAllLogitsRows + max_chunks_ - 1][vocab] before scattering (the
+  // last rows: the last rows of the other chunks of a PrefillChunks pass).
   std::vector<float> logits_;
   // The LoRA adapter slots (null: empty); the ranks point into these.
   std::vector<std::shared_ptr<const PreparedLoraAdapter>> lora_;

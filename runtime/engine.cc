@@ -254,6 +254,7 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeCpuBackend(const ModelBundle& model
   bo.kv_dtype = o.kv_dtype;
   bo.max_slots = o.slots;
   bo.max_chunk_tokens = o.prefill_chunk;
+  bo.max_chunks_per_pass = o.max_prefills_per_step;
   bo.max_draft_tokens = o.speculative_tokens;
   bo.max_context = o.max_context;
   bo.num_threads = o.threads;
