@@ -382,12 +382,6 @@ absl::StatusOr<int32_t> CpuBackend::ChunkRows(const PrefillChunk& chunk, CpuRow*
   return n;
 }
 
-void CpuBackend::AddChunkHidden(const PrefillChunk& chunk) {
-  if (chunk.hidden != nullptr) {
-    ranks_[0]->AddFinalHidden(chunk.hidden_begin, chunk.hidden_end, chunk.hidden);
-  }
-}
-
 void CpuBackend::ScatterLogits(int32_t first, int32_t n, float* logits) const {
   const int64_t vocab = config_.vocab_size;
   for (int32_t i = 0; i < n; ++i) {
@@ -405,42 +399,14 @@ absl::Status CpuBackend::Decode(const StepDescriptor& step, float* logits) {
 }
 
 absl::Status CpuBackend::Prefill(const PrefillChunk& chunk, float* last_logits) {
-  ASSIGN_OR_RETURN(const int32_t n, ChunkRows(chunk, rows_.data()));
-  // The rows whose logits come back: the last, every one (all_logits), or none.
-  const int32_t first = !last_logits ? n : chunk.all_logits ? 0 : n - 1;
-  RETURN_IF_ERROR(Forward(n, first));
-  AddChunkHidden(chunk);
-  if (last_logits) {
-    std::memcpy(last_logits, logits_.data(),
-                static_cast<size_t>(n - first) * config_.vocab_size * sizeof(float));
-  }
-  return absl::OkStatus();
+  return PrefillChunks(absl::MakeConstSpan(&chunk, 1), absl::MakeConstSpan(&last_logits, 1),
+                       nullptr, nullptr);
 }
 
 absl::Status CpuBackend::DecodeWithChunk(const PrefillChunk& chunk, float* last_logits,
                                          const StepDescriptor& step, float* logits) {
-  // Rows: the chunk's, then the decode rows, so that the logits wanted (the chunk's last row
-  // when asked for, every decode row) are one contiguous range. Every row's result is the same
-  // as in its own pass: the products compute a row alike whatever the batch
-  // (MatMulTest.RowResultDoesNotDependOnTheBatch), and attention and the norms are per row; the
-  // chunk writes only its own slot's blocks, which no decode row reads.
-  ASSIGN_OR_RETURN(const int32_t c, ChunkRows(chunk, rows_.data()));
-  ASSIGN_OR_RETURN(const int32_t d, DecodeRows(step, rows_.data() + c, logit_row_.data()));
-  for (int32_t i = 0; i < d; ++i) {
-    if (rows_[c + i].slot == chunk.slot) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("slot ", chunk.slot, " both decodes and prefills in one step"));
-    }
-  }
-  const int32_t first = !last_logits ? c : chunk.all_logits ? 0 : c - 1;
-  RETURN_IF_ERROR(Forward(c + d, first));
-  AddChunkHidden(chunk);  // (the chunk's rows come first)
-  if (last_logits) {
-    std::memcpy(last_logits, logits_.data(),
-                static_cast<size_t>(c - first) * config_.vocab_size * sizeof(float));
-  }
-  ScatterLogits(c - first, d, logits);
-  return absl::OkStatus();
+  return PrefillChunks(absl::MakeConstSpan(&chunk, 1), absl::MakeConstSpan(&last_logits, 1), &step,
+                       logits);
 }
 
 absl::Status CpuBackend::PrefillChunks(absl::Span<const PrefillChunk> chunks,
@@ -454,8 +420,10 @@ absl::Status CpuBackend::PrefillChunks(absl::Span<const PrefillChunk> chunks,
   }
   // Rows: the chunks' one after the other, then the decode rows; the logits wanted (each chunk's
   // last row, or every row with all_logits, and every decode row) are gathered by the rank's
-  // pass in that order. Each row's result is its own pass's (DecodeWithChunk): the rows of a
-  // chunk write only its slot's blocks, which no other row reads.
+  // pass in that order. Every row's result is the same as in its own pass: the products compute
+  // a row alike whatever the batch (MatMulTest.RowResultDoesNotDependOnTheBatch), attention and
+  // the norms are per row, and the rows of a chunk write only its slot's blocks, which no other
+  // row reads.
   const int64_t vocab = config_.vocab_size;
   const int32_t logit_rows_max = max_chunks_ - 1 + kMaxAllLogitsRows;
   int32_t c = 0, m = 0;
@@ -467,7 +435,8 @@ absl::Status CpuBackend::PrefillChunks(absl::Span<const PrefillChunk> chunks,
             absl::StrCat("slot ", chunk.slot, " has two prefill chunks in one pass"));
       }
     }
-    if (c + static_cast<int64_t>(chunk.tokens.size()) > options_.max_chunk_tokens) {
+    // (One chunk too long is ChunkRows' to name.)
+    if (c > 0 && c + static_cast<int64_t>(chunk.tokens.size()) > options_.max_chunk_tokens) {
       return absl::InvalidArgumentError(absl::StrCat("prefill chunks of ", c + chunk.tokens.size(),
                                                      "+ tokens in one pass; max ",
                                                      options_.max_chunk_tokens));

@@ -141,9 +141,6 @@ class CpuBackend : public Backend {
   absl::StatusOr<int32_t> DecodeRows(const StepDescriptor& step, CpuRow* rows,
                                      int32_t* logit_row) const;
   absl::StatusOr<int32_t> ChunkRows(const PrefillChunk& chunk, CpuRow* rows) const;
-  // After the pass over a chunk's rows: its PrefillChunk::hidden rows (rank 0's residual
-  // stream; every rank holds it whole).
-  void AddChunkHidden(const PrefillChunk& chunk);
   // Copies logits_ rows [first, first + n) to their rows (logit_row_[0, n)) of `logits`.
   void ScatterLogits(int32_t first, int32_t n, float* logits) const;
   // Runs every rank's forward over rows_[0, n) (logits for rows [first_logit_row, n), or for

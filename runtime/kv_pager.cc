@@ -53,7 +53,7 @@ void KvPager::Unref(int32_t block) {
     --shared_refs_;
     return;
   }
-  if (cache_.registered(block) && cache_.linked(block)) {
+  if (cache_.linked(block)) {
     cache_.IdlePush(block);
   } else {
     // A hidden block (its key no longer says what it holds: a prefix-cache reset, a failed
@@ -89,9 +89,9 @@ bool KvPager::EvictOldest() {
 }
 
 void KvPager::Offload(int32_t block) {
-  // (A hidden block, cached before a ResetPrefixCache, is found by no lookup: nor is a copy. A
-  // tail is matched on the device only: a recent history's, worth no host block.)
-  if (!offload_ || !cache_.linked(block) || IsTail(block)) return;
+  // (A tail is matched on the device only: a recent history's, worth no host block. A hidden
+  // block is never idle, so never evicted: Unref frees it.)
+  if (!offload_ || IsTail(block)) return;
   const Hash128& parent = cache_.parent_hash(block);
   const Hash128& hash = cache_.hash(block);
   if (host_cache_.Find(parent, hash, cache_.tokens(block)) >= 0) return;  // copied before
@@ -197,7 +197,7 @@ KvPager::CacheReset KvPager::ResetPrefixCache() {
       ++freed.device_blocks;
     } else {
       // Held (and maybe shared): kept registered, found by no lookup, so that its holders keep
-      // it and it is never registered again; evicted once idle, without an offload.
+      // it and it is never registered again; freed when they let go of it (Unref).
       cache_.Hide(b);
     }
   }
@@ -343,10 +343,8 @@ int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_block
     const int64_t rest = static_cast<int64_t>(tokens.size()) - 1 - int64_t{m} * bt;
     const int32_t most = static_cast<int32_t>(std::min<int64_t>(bt - 1, rest));
     if (tail && most > 0 && cache_.count() > 0) {
-      int32_t* key = tail_key_.data();
-      std::fill(key, key + bt, -1);
-      std::copy_n(tokens.data() + int64_t{m} * bt, most, key);
-      for (int32_t k = most; k > 0; key[--k] = -1) {
+      for (int32_t k = most; k > 0; --k) {
+        const int32_t* key = TailKey(tokens.data() + int64_t{m} * bt, k);
         const Hash128 hash = hasher_.Next(matched, key, bt);
         const int32_t b = cache_.Find(matched, hash, key);
         if (b >= 0) {
@@ -480,9 +478,7 @@ bool KvPager::RegisterTail(int32_t slot, absl::Span<const int32_t> tokens, uint6
   const int32_t b = s.blocks[j];
   if (cache_.registered(b) || refs_[b] != 1) return false;
   const Hash128 parent = j == 0 ? hasher_.Root(salt) : s.chain[j - 1];
-  int32_t* key = tail_key_.data();
-  std::fill(key, key + bt, -1);
-  std::copy_n(tokens.data() + j * bt, k, key);
+  const int32_t* key = TailKey(tokens.data() + j * bt, k);
   const Hash128 hash = hasher_.Next(parent, key, bt);
   if (cache_.Find(parent, hash, key) >= 0) return false;  // cached already
   cache_.Insert(b, parent, hash, key, j == 0);

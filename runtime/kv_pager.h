@@ -41,6 +41,7 @@
 #ifndef KVRM_RUNTIME_KV_PAGER_H_
 #define KVRM_RUNTIME_KV_PAGER_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -338,8 +339,13 @@ class KvPager final : public KvAllocator {
   ChainHasher hasher_;
   // A registered block that is a tail (RegisterTail): its key ends in -1.
   bool IsTail(int32_t block) const { return cache_.tokens(block)[options_.block_tokens - 1] < 0; }
-  // MatchPrefix's and RegisterTail's key of a tail: [block_tokens] (written by a const lookup).
-  mutable std::vector<int32_t> tail_key_;
+  // The key of a tail of `k` tokens from `tokens` on: those, then -1 to block_tokens (in
+  // tail_key_, valid until the next call).
+  const int32_t* TailKey(const int32_t* tokens, int32_t k) const {
+    std::fill(std::copy_n(tokens, k, tail_key_.begin()), tail_key_.end(), -1);
+    return tail_key_.data();
+  }
+  mutable std::vector<int32_t> tail_key_;  // [block_tokens], TailKey's (engine thread only)
   PrefixIndex cache_;        // the device tier's prefix cache
   uint64_t evictions_ = 0;
   // Host tier cache (offload_ on): its index, per host block the moves reading it and the fence
