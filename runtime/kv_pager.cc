@@ -339,19 +339,14 @@ int32_t KvPager::MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_block
   }
   if (window <= 0) {
     const int32_t m = static_cast<int32_t>(out->size());
-    // The longest cached tail after the m blocks, leaving the prompt's last token.
+    // After the m blocks, the cached block (a tail or a whole block) whose first tokens are the
+    // most of the prompt's next ones, leaving the prompt's last token.
     const int64_t rest = static_cast<int64_t>(tokens.size()) - 1 - int64_t{m} * bt;
     const int32_t most = static_cast<int32_t>(std::min<int64_t>(bt - 1, rest));
     if (tail && most > 0 && cache_.count() > 0) {
-      for (int32_t k = most; k > 0; --k) {
-        const int32_t* key = TailKey(tokens.data() + int64_t{m} * bt, k);
-        const Hash128 hash = hasher_.Next(matched, key, bt);
-        const int32_t b = cache_.Find(matched, hash, key);
-        if (b >= 0) {
-          out->push_back(PrefixBlock{KvTier::kDevice, b, k});
-          break;
-        }
-      }
+      int32_t b = -1;
+      const int32_t k = cache_.LongestChild(matched, tokens.data() + int64_t{m} * bt, most, &b);
+      if (k > 0) out->push_back(PrefixBlock{KvTier::kDevice, b, k});
     }
     return m;
   }
@@ -398,8 +393,8 @@ int32_t KvPager::AttachPrefix(int32_t slot, absl::Span<const PrefixBlock> blocks
   int32_t tail = -1;  // the tail block copied, if any
   if (has_tail && take == whole && skip == 0 && moves != nullptr) {
     const PrefixBlock& t = blocks.back();
-    CHECK(t.tier == KvTier::kDevice && cache_.registered(t.block) && IsTail(t.block))
-        << "block " << t.block << " is not a cached tail";
+    CHECK(t.tier == KvTier::kDevice && cache_.linked(t.block) && t.tokens < options_.block_tokens)
+        << "block " << t.block << " is not a cached block to copy " << t.tokens << " tokens of";
     // Room for the host blocks' copies and the tail's, with the tail itself held.
     const int64_t held_idle = idle + (refs_[t.block] == 0 ? 1 : 0);
     if (free_device_blocks() - held_idle >= host_blocks + 1) tail = t.block;
@@ -478,9 +473,13 @@ bool KvPager::RegisterTail(int32_t slot, absl::Span<const int32_t> tokens, uint6
   const int32_t b = s.blocks[j];
   if (cache_.registered(b) || refs_[b] != 1) return false;
   const Hash128 parent = j == 0 ? hasher_.Root(salt) : s.chain[j - 1];
+  // Cached already when a block after the same chain starts with the same k tokens (a tail, or
+  // the whole block of a history that went on: MatchPrefix copies either).
+  int32_t twin = -1;
+  if (cache_.LongestChild(parent, tokens.data() + j * bt, k, &twin) == k) return false;
   const int32_t* key = TailKey(tokens.data() + j * bt, k);
   const Hash128 hash = hasher_.Next(parent, key, bt);
-  if (cache_.Find(parent, hash, key) >= 0) return false;  // cached already
+  if (cache_.Find(parent, hash, key) >= 0) return false;  // (past LongestChild's scan)
   cache_.Insert(b, parent, hash, key, j == 0);
   return true;
 }

@@ -78,9 +78,9 @@ struct KvPagerOptions {
 
 // One block of a cached prefix: a device block (attached as it is), a host block (brought back
 // into a new device block), -1: behind the sliding window of the prefix's end (not needed), or
-// (last, `tokens` > 0) a partly filled device block, an ended history's tail, whose first
-// `tokens` tokens are the prompt's next ones (copied into a new device block: the slot writes
-// the rest of it).
+// (last, `tokens` > 0) a device block whose first `tokens` tokens are the prompt's next ones,
+// an ended history's tail or a whole block of another history (copied into a new device block:
+// the slot writes the rest of it).
 struct PrefixBlock {
   KvTier tier = KvTier::kDevice;
   int32_t block = -1;
@@ -136,10 +136,13 @@ class KvPager final : public KvAllocator {
   // the blocks behind it), a prefix of n blocks needs only those from BlocksBehindWindow(n *
   // block_tokens) on, as vLLM's sliding-window cache hits: the blocks before are -1 in `out`
   // (cached or not), and n is the longest prefix whose needed blocks are all cached.
-  // With `tail` (and no window): after the n blocks, the cached tail (RegisterTail) whose
-  // tokens are the most of tokens[n * block_tokens, tokens.size() - 1) is appended to `out`
-  // as a tail entry (PrefixBlock::tokens; not counted in n): the prompt's last token is always
-  // left to prefill.
+  // With `tail` (and no window): after the n blocks, the device block cached after them whose
+  // first tokens are the most of tokens[n * block_tokens, tokens.size() - 1), as SGLang's
+  // radix cache matches to the token: an ended history's tail (RegisterTail) or a whole block
+  // of a history that went on differently (a prompt sent again, a conversation's next turn
+  // rendered apart from what was generated, the block that holds the prompt's last token). It
+  // is appended to `out` as a tail entry (PrefixBlock::tokens, how many of its tokens are the
+  // prompt's; not counted in n): the prompt's last token is always left to prefill.
   int32_t MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
                       std::vector<PrefixBlock>* out, uint64_t salt = 0, bool host = false,
                       int32_t window = 0, bool tail = false) const;
@@ -151,7 +154,8 @@ class KvPager final : public KvAllocator {
   // writing one of them (0: none; if that fence fails, the slot's KV is undefined). When the
   // device tier has no room for the host blocks, only the device blocks before the first of
   // them are attached (none, with blocks behind a window). A tail entry (last) gets a new device
-  // block too, the destination of a device-to-device move from it, held until the fence
+  // block too, the destination of a device-to-device move from it (the slot writes the block
+  // from the entry's tokens on, over what the source holds there), held until the fence
   // retires; it is left out when there is no room for that block (or no `moves`), or when a
   // block before it is. Returns the entries the slot holds or dropped: its history's first
   // n * block_tokens tokens are there, plus a tail entry's tokens when it is among them.
@@ -171,13 +175,16 @@ class KvPager final : public KvAllocator {
   // of prefilling them again (MatchPrefix's `tail`: beam search's scoring requests, each one
   // token longer than the one before it). Once released it is idle like any cached block,
   // evicted first of its history, never offloaded. Nothing under a window, after dropped
-  // blocks, with a move in flight, or when that tail is cached already. Returns whether it
+  // blocks, with a move in flight, or when a block after the same chain starts with those
+  // tokens already (that tail, or a whole block MatchPrefix copies as well). Returns whether it
   // registered one.
   bool RegisterTail(int32_t slot, absl::Span<const int32_t> tokens, uint64_t salt = 0);
   // Whether a block is registered and held by no one (attaching it takes it out of the free
   // count).
   bool IdleCached(int32_t block) const { return cache_.registered(block) && refs_[block] == 0; }
   bool Registered(int32_t block) const { return cache_.registered(block); }
+  // A registered block that is a tail (RegisterTail): its key ends in -1.
+  bool IsTail(int32_t block) const { return cache_.tokens(block)[options_.block_tokens - 1] < 0; }
   int64_t idle_cached_blocks() const { return cache_.idle_count(); }
   int64_t cached_blocks() const { return cache_.count(); }
   uint64_t evictions() const { return evictions_; }
@@ -337,8 +344,6 @@ class KvPager final : public KvAllocator {
   std::vector<int32_t> refs_;
   int64_t shared_refs_ = 0;  // sum over blocks of refs - 1 where refs > 1
   ChainHasher hasher_;
-  // A registered block that is a tail (RegisterTail): its key ends in -1.
-  bool IsTail(int32_t block) const { return cache_.tokens(block)[options_.block_tokens - 1] < 0; }
   // The key of a tail of `k` tokens from `tokens` on: those, then -1 to block_tokens (in
   // tail_key_, valid until the next call).
   const int32_t* TailKey(const int32_t* tokens, int32_t k) const {

@@ -44,6 +44,9 @@ void PrefixIndex::Init(int64_t blocks, int32_t block_tokens, bool enabled) {
   while (n < static_cast<size_t>(blocks)) n <<= 1;
   buckets_.assign(n, -1);
   bucket_next_.assign(blocks, -1);
+  child_buckets_.assign(n, -1);
+  child_prev_.assign(blocks, -1);
+  child_next_.assign(blocks, -1);
   idle_prev_.assign(blocks, -1);
   idle_next_.assign(blocks, -1);
   idle_stamp_.assign(blocks, 0);
@@ -58,6 +61,10 @@ void PrefixIndex::Unlink(int32_t b) {
     }
   }
   bucket_next_[b] = -1;
+  const int32_t p = child_prev_[b], n = child_next_[b];
+  (p >= 0 ? child_next_[p] : child_buckets_[Bucket(parent_hash_[b])]) = n;
+  if (n >= 0) child_prev_[n] = p;
+  child_prev_[b] = child_next_[b] = -1;
   linked_[b] = 0;
 }
 
@@ -73,6 +80,11 @@ void PrefixIndex::Insert(int32_t b, const Hash128& parent, const Hash128& hash,
   const size_t h = Bucket(hash);
   bucket_next_[b] = buckets_[h];
   buckets_[h] = b;
+  int32_t& children = child_buckets_[Bucket(parent)];
+  child_prev_[b] = -1;
+  child_next_[b] = children;
+  if (children >= 0) child_prev_[children] = b;
+  children = b;
   ++count_;
 }
 
@@ -103,6 +115,30 @@ int32_t PrefixIndex::FindHash(const Hash128& hash) const {
     if (hash_[b] == hash) return b;
   }
   return -1;
+}
+
+int32_t PrefixIndex::LongestChild(const Hash128& parent, const int32_t* tokens, int32_t n,
+                                  int32_t* block) const {
+  *block = -1;
+  int32_t best = 0;
+  // (Another parent's blocks share the bucket now and then: a salt's root, with every first
+  // block after it, would make a long walk of it, so they count too, at a quarter each.)
+  int32_t scanned = 0;
+  for (int32_t b = child_buckets_[Bucket(parent)]; b >= 0 && scanned < 4 * kChildScan && best < n;
+       b = child_next_[b]) {
+    if (!(parent_hash_[b] == parent)) {
+      ++scanned;
+      continue;
+    }
+    scanned += 4;
+    const int32_t* key = this->tokens(b);
+    const int32_t k = static_cast<int32_t>(std::mismatch(tokens, tokens + n, key).first - tokens);
+    if (k > best) {
+      best = k;
+      *block = b;
+    }
+  }
+  return best;
 }
 
 void PrefixIndex::IdlePush(int32_t b) {

@@ -68,6 +68,15 @@ class PrefixIndex {
   // A registered block with this chain hash, or -1 (tokens unchecked: for eviction order and
   // whether a chain goes on in this tier, never to hand out KV).
   int32_t FindHash(const Hash128& hash) const;
+  // Of the linked blocks after `parent` (whole ones and tails), the one whose key shares the
+  // longest run of leading tokens with tokens[0, n) (n <= block_tokens; a tail's key ends in
+  // -1, which no token is): writes it to *block and returns that length, 0 (and -1) when none
+  // shares the first token. The most recently registered win ties, and at most kChildScan of
+  // the parent's blocks are compared (a salt's root has every history's first block after it;
+  // blocks of other parents in the same bucket count a quarter each).
+  int32_t LongestChild(const Hash128& parent, const int32_t* tokens, int32_t n,
+                       int32_t* block) const;
+  static constexpr int32_t kChildScan = 32;
 
   // The idle list.
   void IdlePush(int32_t b);
@@ -89,6 +98,9 @@ class PrefixIndex {
   std::vector<int32_t> key_tokens_;  // [blocks][block_tokens]
   std::vector<int32_t> buckets_;     // chain hash -> first block, -1: none
   std::vector<int32_t> bucket_next_;
+  // Linked blocks by parent hash, the most recently registered first (LongestChild).
+  std::vector<int32_t> child_buckets_;  // parent hash -> first block, -1: none
+  std::vector<int32_t> child_prev_, child_next_;
   std::vector<int32_t> idle_prev_, idle_next_;
   std::vector<uint64_t> idle_stamp_;  // when each idle block was released (idle_clock_)
   uint64_t idle_clock_ = 0;

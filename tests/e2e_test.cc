@@ -822,13 +822,15 @@ TEST(E2ePrefixCacheTest, CachedTokensAreReportedAndChangeNothing) {
   EXPECT_EQ(u1.cached_prompt_tokens(), 0);
   const std::vector<int32_t> with_cache = GreedyTokens(cached, second, &u2);
   EXPECT_EQ(u2.prompt_tokens(), 170);
-  EXPECT_EQ(u2.cached_prompt_tokens(), 144) << "the first request's 9 full blocks";
+  // The first history's 9 blocks shared, and its tenth (the system prompt's last 6 tokens, then
+  // what it generated) copied for those 6.
+  EXPECT_EQ(u2.cached_prompt_tokens(), 150) << "the first request's prompt";
   grpc::ClientContext c;
   v1::ServerInfo si;
   ASSERT_TRUE(cached.stub().GetServerInfo(&c, v1::GetServerInfoRequest(), &si).ok());
   EXPECT_TRUE(si.prefix_cache().enabled());
   EXPECT_EQ(si.prefix_cache().queried_tokens_total(), 320u);
-  EXPECT_EQ(si.prefix_cache().hit_tokens_total(), 144u);
+  EXPECT_EQ(si.prefix_cache().hit_tokens_total(), 150u);
   EXPECT_GT(si.prefix_cache().cached_blocks(), 0);
 
   // cache_salt: another tenant's identical prompt finds nothing; its own second request does.
@@ -836,7 +838,7 @@ TEST(E2ePrefixCacheTest, CachedTokensAreReportedAndChangeNothing) {
   EXPECT_EQ(GreedyTokens(cached, second, &u4, "tenant-b"), with_cache);
   EXPECT_EQ(u4.cached_prompt_tokens(), 0) << "another salt shares nothing";
   GreedyTokens(cached, second, &u5, "tenant-b");
-  EXPECT_EQ(u5.cached_prompt_tokens(), 160) << "its own history: the 10 full blocks of 170";
+  EXPECT_EQ(u5.cached_prompt_tokens(), 169) << "its own history: all of 170 but the last";
 
   o.prefix_caching = false;
   TestServer plain(o);
@@ -872,7 +874,7 @@ TEST(E2ePrefixCacheTest, OffloadedHistoryComesBackFromTheHostTier) {
   const std::vector<int32_t> reference = GreedyTokens(server, second, &u);  // cached nothing
   EXPECT_EQ(u.cached_prompt_tokens(), 0);
   GreedyTokens(server, first, &u);
-  EXPECT_EQ(u.cached_prompt_tokens(), 144) << "second's first 9 blocks";
+  EXPECT_EQ(u.cached_prompt_tokens(), 149) << "second's first 9 blocks, 5 tokens of its tenth";
   for (int i = 0; i < 6; ++i) {  // 6 x 15 blocks of other histories: more than the pool
     std::vector<int32_t> other(230);
     for (int32_t& t : other) t = static_cast<int32_t>(rng() % 500) + 10;
@@ -887,6 +889,8 @@ TEST(E2ePrefixCacheTest, OffloadedHistoryComesBackFromTheHostTier) {
   EXPECT_GT(before.prefix_cache().evicted_blocks_total(), 0u);
 
   EXPECT_EQ(GreedyTokens(server, second, &u), reference);
+  // (Its eleventh block went to the host tier too: a block is copied for part of its tokens
+  // from the device only.)
   EXPECT_EQ(u.cached_prompt_tokens(), 160) << "second's own 10 full blocks, from the host tier";
   v1::ServerInfo after;
   grpc::ClientContext c2;

@@ -460,6 +460,75 @@ TEST_F(KvModesTest, APromptThatGoesOnFromAnEndedHistoryCopiesItsTail) {
   }
 }
 
+// Matching to the token: a prompt sent again finds all of itself but its last token (its last
+// block is whole in the cache, the history having gone on past it), a prompt whose length is a
+// multiple of the block size finds all of its last block but that token, and a next turn that
+// leaves the history within a block finds the tokens before the difference; each copies its
+// partial block's K/V, and every request samples the same tokens with the same logprobs as
+// with the cache off. One and two ranks, f32 and bf16 KV.
+TEST_F(KvModesTest, APromptSentAgainPrefillsOneToken) {
+  for (const auto& [tp, kv_dtype] :
+       {std::pair{1, DType::kF32}, std::pair{2, DType::kF32}, std::pair{1, DType::kBF16}}) {
+    SCOPED_TRACE(absl::StrCat("tp ", tp, " ", std::string(DTypeName(kv_dtype))));
+    std::vector<std::vector<int32_t>> tokens[2];
+    std::vector<std::vector<float>> logprobs[2];
+    std::vector<int32_t> cached;
+    for (bool caching : {false, true}) {
+      EngineOptions o;
+      o.slots = 2;
+      o.prefill_chunk = 64;
+      o.tensor_parallel = tp;
+      o.kv_dtype = kv_dtype;
+      o.prefix_caching = caching;
+      std::unique_ptr<Engine> engine = StartEngine(*model_, o);
+      std::mt19937 rng(11);
+      auto run = [&](const std::vector<int32_t>& prompt, int32_t max_new) {
+        auto r = std::make_unique<GenerationRequest>();
+        r->request_id = absl::StrCat("r-", tokens[caching].size());
+        r->prompt = prompt;
+        r->max_new_tokens = max_new;
+        r->ignore_eos = true;
+        r->sampling.logprobs = true;
+        r->sampling.top_logprobs = 2;
+        r->arrival = absl::Now();
+        auto sink = std::make_shared<CollectingSink>();
+        r->sink = sink;
+        EXPECT_TRUE(engine->Submit(std::move(r)).ok());
+        FinishInfo info;
+        std::vector<int32_t> got = sink->Wait(&info);
+        EXPECT_EQ(got.size(), static_cast<size_t>(max_new)) << info.error;
+        tokens[caching].push_back(got);
+        std::vector<float> lp;
+        for (const TokenLogprobs& t : sink->stream().logprobs) {
+          lp.push_back(t.logprob);
+          for (int32_t k = 0; k < t.num_top; ++k) lp.push_back(t.top_logprobs[k]);
+        }
+        logprobs[caching].push_back(lp);
+        if (caching) cached.push_back(info.cached_prompt_tokens);
+        return got;
+      };
+      std::vector<int32_t> prompt(41);  // 2 blocks and 9 tokens
+      for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 900) + 10;
+      const std::vector<int32_t> first = run(prompt, 12);  // the history fills its third block
+      run(prompt, 12);                                     // sent again
+      std::vector<int32_t> aligned(prompt.begin(), prompt.begin() + 32);  // 2 blocks exactly
+      run(aligned, 4);
+      // The next turn: the prompt, 3 of the tokens generated, then others.
+      std::vector<int32_t> turn = prompt;
+      turn.insert(turn.end(), first.begin(), first.begin() + 3);
+      for (int i = 0; i < 20; ++i) turn.push_back(static_cast<int32_t>(rng() % 900) + 10);
+      run(turn, 4);
+    }
+    EXPECT_EQ(tokens[1], tokens[0]);
+    EXPECT_EQ(logprobs[1], logprobs[0]) << "the copied blocks' K/V is what a prefill writes";
+    ASSERT_EQ(cached.size(), 4u);
+    EXPECT_EQ(cached[0], 0);
+    EXPECT_EQ(cached[1], 40) << "all of the prompt but its last token";
+    EXPECT_EQ(cached[2], 31) << "a whole block, 15 tokens of the next";
+    EXPECT_EQ(cached[3], 44) << "up to where the turn leaves the history";
+  }
+}
+
 // A step whose prompt chunks include one whose slot ends before the step runs (its cached
 // prefix's copy back from the host tier failed) runs the others' chunks without it: the failed
 // request ends with an error, the prompt beside it gets its first token from that step and its
