@@ -251,6 +251,9 @@ KvrmMetrics::KvrmMetrics(MetricRegistry* r, const KvrmMetricsOptions& options)
   prefix_host_hits_ = counter("kvrm:prefix_cache_host_hits_total",
                               "Prompt tokens copied back from the host tier's prefix cache "
                               "(also counted in kvrm:prefix_cache_hits_total).");
+  prefix_copied_ = counter("kvrm:prefix_cache_copied_tokens_total",
+                           "Prompt tokens that came from a cached KV block copied for part of "
+                           "its tokens (also counted in kvrm:prefix_cache_hits_total).");
   prefix_offloaded_ = counter("kvrm:prefix_cache_offloaded_blocks_total",
                               "Prefix-cache KV blocks copied to the host tier on eviction.");
   prefix_host_cached_ = gauge("kvrm:prefix_cache_host_bytes",
@@ -506,6 +509,8 @@ void KvrmMetrics::OnStats(const EngineStats& s) {
   prefix_cached_->Set(block * kv.blocks_cached);
   prefix_host_hits_->Add(
       Delta(s.prefix_cache_host_hits_total, last_.prefix_cache_host_hits_total));
+  prefix_copied_->Add(
+      Delta(s.prefix_cache_copied_tokens_total, last_.prefix_cache_copied_tokens_total));
   prefix_offloaded_->Add(Delta(s.prefix_cache_offloaded_blocks_total,
                                last_.prefix_cache_offloaded_blocks_total));
   prefix_host_cached_->Set(block * kv.host_blocks_cached);

@@ -193,6 +193,7 @@ class KvrmMetrics : public EngineObserver {
   Counter* prefix_evictions_;
   Gauge* prefix_cached_;
   Counter* prefix_host_hits_;
+  Counter* prefix_copied_;
   Counter* spec_drafts_;
   Counter* spec_draft_tokens_;
   Counter* spec_accepted_;

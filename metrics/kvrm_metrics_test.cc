@@ -330,6 +330,7 @@ TEST(KvrmMetricsPrefixCacheTest, CountsQueriedAndHitTokensEvictionsAndCachedByte
   s.prefix_cache_queries_total = 450;
   s.prefix_cache_hits_total = 160;
   s.prefix_cache_evictions_total = 3;
+  s.prefix_cache_copied_tokens_total = 21;
   s.kv.blocks_cached = 5;
   metrics.OnStats(s);
   const std::string text = registry.Render();
@@ -338,6 +339,7 @@ TEST(KvrmMetricsPrefixCacheTest, CountsQueriedAndHitTokensEvictionsAndCachedByte
   EXPECT_EQ(Sample(text, "kvrm:prefix_cache_hits_total" + labels), 160);
   EXPECT_EQ(Sample(text, "kvrm:prefix_cache_evictions_total" + labels), 3);
   EXPECT_EQ(Sample(text, "kvrm:prefix_cache_bytes" + labels), 5000);
+  EXPECT_EQ(Sample(text, "kvrm:prefix_cache_copied_tokens_total" + labels), 21);
 }
 
 }  // namespace

@@ -205,6 +205,7 @@ absl::StatusOr<EngineOptions> Engine::Resolve(const ModelBundle* model,
   // distant blocks as it goes, so there is nothing to keep.
   if (o.kv_mode != KvMode::kKvrm || far.enabled()) o.prefix_caching = false;
   if (!o.prefix_caching || o.kv_host_blocks == 0) o.prefix_cache_offload = false;
+  if (!o.prefix_caching) o.prefix_cache_partial_blocks = false;
   if (o.step_token_budget <= 0) o.step_token_budget = o.slots + o.prefill_chunk;
   if (o.recompute_max_tokens <= 0) o.recompute_max_tokens = o.prefill_chunk;
   if (o.clock == nullptr) o.clock = Clock::Real();
@@ -347,6 +348,8 @@ Engine::Engine(const ModelBundle* model, const EngineOptions& options)
   // Resolve() validated the far-history options already.
   far_ = ResolveFarHistory(options.far_history, options.block_tokens).value_or(FarHistoryShape{});
   if (options.window_release) release_window_ = model->config.sliding_window;
+  // (Under window release a slot's blocks go as it grows: no tails kept, none copied.)
+  if (release_window_ > 0) options_.prefix_cache_partial_blocks = false;
   slot_peak_blocks_ =
       far_.enabled() ? FarHistoryPeakBlocks(far_, options.block_tokens, options.prefill_chunk)
       : release_window_ > 0 ? WindowPeakBlocks(release_window_, options.block_tokens,
@@ -866,6 +869,7 @@ void Engine::PublishStats() {
   if (pager_) {
     s.prefix_cache_evictions_total = pager_->evictions();
     s.prefix_cache_host_hits_total = prefix_host_hits_;
+    s.prefix_cache_copied_tokens_total = prefix_copied_;
     s.prefix_cache_offloaded_blocks_total = pager_->offloaded_blocks();
     s.prefix_cache_offload_shed_blocks_total = pager_->shed_offloads();
     s.prefix_cache_host_evictions_total = pager_->host_evictions();

@@ -110,6 +110,12 @@ struct EngineOptions {
   // The host tier is shared with paused requests, which take its space first. Results are the
   // same either way.
   bool prefix_cache_offload = true;
+  // Matching to the token (with prefix_caching): after a prompt's whole cached blocks, a cached
+  // block whose first tokens are the prompt's next ones (an ended history's partly filled last
+  // block, or a whole block of a history that went on differently) is copied for those tokens,
+  // as SGLang's radix cache matches to the token (KvPager::MatchPrefix's `tail`). Off: whole
+  // blocks only, as vLLM. Results are the same either way.
+  bool prefix_cache_partial_blocks = true;
   // Shed offloads (drop evicted blocks instead, as without offload) while the steps spend more
   // than this share of their time waiting on the transport (a moving average; back on below
   // 40 % of it): on a host link too slow for the offloads, the cache gives way to the copies
@@ -251,6 +257,9 @@ struct EngineStats {
   // Offload: prompt tokens brought back from the host tier (counted in hits too), blocks copied
   // there, and blocks evicted from there.
   uint64_t prefix_cache_host_hits_total = 0;
+  // Prompt tokens that came from a cached block copied for part of its tokens (counted in hits
+  // too; prefix_cache_partial_blocks).
+  uint64_t prefix_cache_copied_tokens_total = 0;
   uint64_t prefix_cache_offloaded_blocks_total = 0;
   // Evicted blocks not offloaded because the offloads already sent were a backlog on the
   // transport (a slow host link): the cache gives way to the copies steps wait on.
@@ -620,6 +629,7 @@ class Engine {
   // [slots]: a prefilling slot's runs when wider than a row.
   std::vector<std::vector<KvRun>> prefill_runs_;
   std::vector<PrefixBlock> prefix_match_;  // capacity reserved at start-up
+  uint64_t prefix_copied_ = 0;             // tokens from blocks copied for part of theirs
   uint64_t prefix_host_hits_ = 0;           // tokens brought back from the host tier
   uint64_t prefix_queries_ = 0;           // tokens looked up in the prefix cache
   uint64_t prefix_hits_ = 0;              // ... and found

@@ -805,7 +805,7 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
   // prefilled.)
   pager_->MatchPrefix(tokens, static_cast<int32_t>((tokens.size() - 1) / options_.block_tokens),
                       &prefix_match_, salt, host && options_.prefix_cache_offload, release_window_,
-                      /*tail=*/true);
+                      /*tail=*/options_.prefix_cache_partial_blocks);
   // Runs: each stretch of physically consecutive device blocks, and each stretch of host blocks
   // with device blocks after it (its new blocks are placed apart; a stretch at the end joins the
   // prompt's own growth). Cut where one more would pass max_runs. (Blocks behind the window,
@@ -862,6 +862,7 @@ int32_t Engine::AttachCachedPrefix(int32_t slot) {
   }
   // (A tail is copied on the device, ahead of the step too; if that fails, so does this
   // request.)
+  if (tail) prefix_copied_ += prefix_match_[blocks - 1].tokens;
   if (tail && from_host == 0) NoteTransfer(slot);
   if (from_host > 0) {
     NoteTransfer(slot);
@@ -891,7 +892,9 @@ void Engine::RegisterCachedPrefix(int32_t slot, bool ended) {
           : s.state == SlotState::kPrefilling ? s.prefilled : 0;
   const absl::Span<const int32_t> tokens = absl::MakeConstSpan(s.history).first(written);
   pager_->RegisterPrefix(slot, tokens, s.request->cache_salt);
-  if (ended) pager_->RegisterTail(slot, tokens, s.request->cache_salt);
+  if (ended && options_.prefix_cache_partial_blocks) {
+    pager_->RegisterTail(slot, tokens, s.request->cache_salt);
+  }
 }
 
 void Engine::DropSummarized(int32_t slot, int32_t summaries) {

@@ -1935,6 +1935,8 @@ grpc::ServerUnaryReactor* KvrmService::GetServerInfo(grpc::CallbackServerContext
   pc->set_host_hit_tokens_total(s.prefix_cache_host_hits_total);
   pc->set_host_cached_blocks(s.kv.host_blocks_cached);
   pc->set_offloaded_blocks_total(s.prefix_cache_offloaded_blocks_total);
+  pc->set_partial_blocks_enabled(engine_->options().prefix_cache_partial_blocks);
+  pc->set_copied_tokens_total(s.prefix_cache_copied_tokens_total);
   v1::SpeculativeDecodingInfo* sd = response->mutable_speculative_decoding();
   sd->set_num_speculative_tokens(engine_->options().speculative_tokens);
   sd->set_prompt_lookup_min(engine_->options().speculative_ngram.min_ngram);

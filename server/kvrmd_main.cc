@@ -181,6 +181,10 @@ ABSL_FLAG(bool, prefix_caching, true,
 ABSL_FLAG(bool, prefix_cache_offload, true,
           "copy prefix-cache blocks evicted from the device to the host tier "
           "(--kv_host_blocks, shared with paused requests) and back on a hit");
+ABSL_FLAG(bool, prefix_cache_partial_blocks, true,
+          "after a prompt's whole cached blocks, copy a cached block for the tokens the prompt "
+          "shares with its start (an ended history's last block, a whole block of another); "
+          "false: whole blocks only, as vLLM");
 ABSL_FLAG(double, prefix_cache_offload_shed, 0,
           "drop evicted blocks instead of offloading them while steps spend more than this "
           "share of their time waiting on copies (a slow host link); 0: never");
@@ -483,6 +487,7 @@ int Run() {
   eo.device_sampling = absl::GetFlag(FLAGS_device_sampling);
   eo.prefix_caching = absl::GetFlag(FLAGS_prefix_caching);
   eo.prefix_cache_offload = absl::GetFlag(FLAGS_prefix_cache_offload);
+  eo.prefix_cache_partial_blocks = absl::GetFlag(FLAGS_prefix_cache_partial_blocks);
   eo.offload_shed_wait_share = absl::GetFlag(FLAGS_prefix_cache_offload_shed);
   if (eo.offload_shed_wait_share < 0 || eo.offload_shed_wait_share >= 1) {
     std::fprintf(stderr, "kvrmd: --prefix_cache_offload_shed=%g must be in [0, 1)\n",

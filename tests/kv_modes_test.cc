@@ -465,21 +465,25 @@ TEST_F(KvModesTest, APromptThatGoesOnFromAnEndedHistoryCopiesItsTail) {
 // multiple of the block size finds all of its last block but that token, and a next turn that
 // leaves the history within a block finds the tokens before the difference; each copies its
 // partial block's K/V, and every request samples the same tokens with the same logprobs as
-// with the cache off. One and two ranks, f32 and bf16 KV.
+// with the cache off. With prefix_cache_partial_blocks off, whole blocks only. One and two
+// ranks, f32 and bf16 KV.
 TEST_F(KvModesTest, APromptSentAgainPrefillsOneToken) {
   for (const auto& [tp, kv_dtype] :
        {std::pair{1, DType::kF32}, std::pair{2, DType::kF32}, std::pair{1, DType::kBF16}}) {
     SCOPED_TRACE(absl::StrCat("tp ", tp, " ", std::string(DTypeName(kv_dtype))));
-    std::vector<std::vector<int32_t>> tokens[2];
-    std::vector<std::vector<float>> logprobs[2];
-    std::vector<int32_t> cached;
-    for (bool caching : {false, true}) {
+    // Modes: the cache off, whole blocks only (as vLLM), to the token.
+    std::vector<std::vector<int32_t>> tokens[3];
+    std::vector<std::vector<float>> logprobs[3];
+    std::vector<int32_t> cached[3];
+    uint64_t copied[3] = {0, 0, 0};
+    for (int caching : {0, 1, 2}) {
       EngineOptions o;
       o.slots = 2;
       o.prefill_chunk = 64;
       o.tensor_parallel = tp;
       o.kv_dtype = kv_dtype;
-      o.prefix_caching = caching;
+      o.prefix_caching = caching > 0;
+      o.prefix_cache_partial_blocks = caching == 2;
       std::unique_ptr<Engine> engine = StartEngine(*model_, o);
       std::mt19937 rng(11);
       auto run = [&](const std::vector<int32_t>& prompt, int32_t max_new) {
@@ -504,7 +508,7 @@ TEST_F(KvModesTest, APromptSentAgainPrefillsOneToken) {
           for (int32_t k = 0; k < t.num_top; ++k) lp.push_back(t.top_logprobs[k]);
         }
         logprobs[caching].push_back(lp);
-        if (caching) cached.push_back(info.cached_prompt_tokens);
+        cached[caching].push_back(info.cached_prompt_tokens);
         return got;
       };
       std::vector<int32_t> prompt(41);  // 2 blocks and 9 tokens
@@ -518,14 +522,19 @@ TEST_F(KvModesTest, APromptSentAgainPrefillsOneToken) {
       turn.insert(turn.end(), first.begin(), first.begin() + 3);
       for (int i = 0; i < 20; ++i) turn.push_back(static_cast<int32_t>(rng() % 900) + 10);
       run(turn, 4);
+      copied[caching] = engine->Stats().prefix_cache_copied_tokens_total;
     }
     EXPECT_EQ(tokens[1], tokens[0]);
-    EXPECT_EQ(logprobs[1], logprobs[0]) << "the copied blocks' K/V is what a prefill writes";
-    ASSERT_EQ(cached.size(), 4u);
-    EXPECT_EQ(cached[0], 0);
-    EXPECT_EQ(cached[1], 40) << "all of the prompt but its last token";
-    EXPECT_EQ(cached[2], 31) << "a whole block, 15 tokens of the next";
-    EXPECT_EQ(cached[3], 44) << "up to where the turn leaves the history";
+    EXPECT_EQ(tokens[2], tokens[0]);
+    EXPECT_EQ(logprobs[1], logprobs[0]);
+    EXPECT_EQ(logprobs[2], logprobs[0]) << "the copied blocks' K/V is what a prefill writes";
+    EXPECT_EQ(cached[0], (std::vector<int32_t>{0, 0, 0, 0}));
+    EXPECT_EQ(cached[1], (std::vector<int32_t>{0, 32, 16, 32})) << "whole blocks";
+    // All of the prompt but its last token; a whole block and 15 tokens of the next; up to where
+    // the turn leaves the history.
+    EXPECT_EQ(cached[2], (std::vector<int32_t>{0, 40, 31, 44})) << "to the token";
+    EXPECT_EQ(copied[1], 0u);
+    EXPECT_EQ(copied[2], 8u + 15 + 12);
   }
 }
 

@@ -67,6 +67,10 @@ std::string FormatPrefixCache(const v1::PrefixCacheInfo& pc) {
       absl::StrFormat("on, %d of %d prompt tokens hit (%.1f%%), %d blocks cached, %d evicted",
                       pc.hit_tokens_total(), q, q > 0 ? 100.0 * pc.hit_tokens_total() / q : 0.0,
                       pc.cached_blocks(), pc.evicted_blocks_total());
+  if (pc.partial_blocks_enabled()) {
+    absl::StrAppendFormat(&line, " (%d of the hits from blocks copied in part)",
+                          pc.copied_tokens_total());
+  }
   if (pc.offload_enabled()) {
     absl::StrAppendFormat(&line, "; host tier: %d tokens hit, %d blocks cached, %d offloaded",
                           pc.host_hit_tokens_total(), pc.host_cached_blocks(),

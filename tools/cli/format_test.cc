@@ -53,6 +53,11 @@ TEST(FormatTest, PrefixCacheLine) {
   pc.set_evicted_blocks_total(3);
   EXPECT_EQ(FormatPrefixCache(pc),
             "on, 100 of 400 prompt tokens hit (25.0%), 12 blocks cached, 3 evicted");
+  pc.set_partial_blocks_enabled(true);
+  pc.set_copied_tokens_total(9);
+  EXPECT_EQ(FormatPrefixCache(pc),
+            "on, 100 of 400 prompt tokens hit (25.0%), 12 blocks cached, 3 evicted (9 of the "
+            "hits from blocks copied in part)");
 }
 
 TEST(FormatTest, SpeculativeDecodingLine) {
