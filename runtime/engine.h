@@ -113,8 +113,8 @@ struct EngineOptions {
   // Matching to the token (with prefix_caching): after a prompt's whole cached blocks, a cached
   // block whose first tokens are the prompt's next ones (an ended history's partly filled last
   // block, or a whole block of a history that went on differently) is copied for those tokens,
-  // as SGLang's radix cache matches to the token (KvPager::MatchPrefix's `tail`). Off: whole
-  // blocks only, as vLLM. Results are the same either way.
+  // as TensorRT-LLM's partial reuse with copy_on_partial_reuse (KvPager::MatchPrefix's `tail`).
+  // Off: whole blocks only, as vLLM. Results are the same either way.
   bool prefix_cache_partial_blocks = true;
   // Shed offloads (drop evicted blocks instead, as without offload) while the steps spend more
   // than this share of their time waiting on the transport (a moving average; back on below

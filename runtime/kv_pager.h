@@ -137,12 +137,13 @@ class KvPager final : public KvAllocator {
   // block_tokens) on, as vLLM's sliding-window cache hits: the blocks before are -1 in `out`
   // (cached or not), and n is the longest prefix whose needed blocks are all cached.
   // With `tail` (and no window): after the n blocks, the device block cached after them whose
-  // first tokens are the most of tokens[n * block_tokens, tokens.size() - 1), as SGLang's
-  // radix cache matches to the token: an ended history's tail (RegisterTail) or a whole block
-  // of a history that went on differently (a prompt sent again, a conversation's next turn
-  // rendered apart from what was generated, the block that holds the prompt's last token). It
-  // is appended to `out` as a tail entry (PrefixBlock::tokens, how many of its tokens are the
-  // prompt's; not counted in n): the prompt's last token is always left to prefill.
+  // first tokens are the most of tokens[n * block_tokens, tokens.size() - 1), as
+  // TensorRT-LLM's partial reuse copies a block: an ended history's tail (RegisterTail) or a
+  // whole block of a history that went on differently (a prompt sent again, a conversation's
+  // next turn rendered apart from what was generated, the block that holds the prompt's last
+  // token). It is appended to `out` as a tail entry (PrefixBlock::tokens, how many of its
+  // tokens are the prompt's; not counted in n): the prompt's last token is always left to
+  // prefill.
   int32_t MatchPrefix(absl::Span<const int32_t> tokens, int32_t max_blocks,
                       std::vector<PrefixBlock>* out, uint64_t salt = 0, bool host = false,
                       int32_t window = 0, bool tail = false) const;
