@@ -557,29 +557,9 @@ absl::StatusOr<uint64_t> Engine::Submit(std::unique_ptr<GenerationRequest> reque
     // The adapter: resolved here, under the lock that posts the request, so that it stays in
     // its slot until the request ends (ReleaseLoraLocked).
     if (!request->lora_name.empty() || request->lora_adapter >= 0) {
-      const LoraSlot* found = nullptr;
-      for (const LoraSlot& slot : lora_) {
-        if (slot.state != LoraSlot::State::kServing) continue;
-        if (request->lora_name.empty() ? slot.served.slot == request->lora_adapter
-                                       : slot.served.adapter.name == request->lora_name) {
-          found = &slot;
-          break;
-        }
-      }
-      if (found == nullptr) {
-        std::vector<std::string> served;
-        for (const LoraSlot& slot : lora_) {
-          if (slot.state == LoraSlot::State::kServing) served.push_back(slot.served.adapter.name);
-        }
-        const std::string which = request->lora_name.empty()
-                                      ? absl::StrCat("slot ", request->lora_adapter)
-                                      : absl::StrCat("`", request->lora_name, "`");
-        return absl::InvalidArgumentError(
-            served.empty() ? absl::StrCat("lora_adapter: ", which,
-                                          " is not served (this server serves no LoRA adapters)")
-                           : absl::StrCat("lora_adapter: ", which, " is not served (served: `",
-                                          absl::StrJoin(served, "`, `"), "`)"));
-      }
+      absl::StatusOr<int32_t> slot = FindServedLoraLocked(*request);
+      if (!slot.ok()) return slot.status();
+      const LoraSlot* found = &lora_[*slot];
       request->lora_adapter = found->served.slot;
       request->lora_name = found->served.adapter.name;
       // The adapter's K/V are its own: its prompts share cached blocks only with its own (this
@@ -757,6 +737,53 @@ absl::StatusOr<int64_t> Engine::UnloadLoraAdapter(std::string_view name) {
   }
   return absl::NotFoundError(
       absl::StrCat("lora_name: no LoRA adapter named `", std::string(name), "` is served"));
+}
+
+absl::StatusOr<int32_t> Engine::FindServedLoraLocked(const GenerationRequest& request) const {
+  // (A pinned slot keeps its adapter through an unload until the pin is let go of.)
+  if (request.lora_pinned && request.lora_name.empty() && request.lora_adapter >= 0 &&
+      request.lora_adapter < max_loras()) {
+    const LoraSlot& slot = lora_[request.lora_adapter];
+    if (slot.state == LoraSlot::State::kUnloading && slot.served.requests > 0) {
+      return slot.served.slot;
+    }
+  }
+  for (const LoraSlot& slot : lora_) {
+    if (slot.state != LoraSlot::State::kServing) continue;
+    if (request.lora_name.empty() ? slot.served.slot == request.lora_adapter
+                                  : slot.served.adapter.name == request.lora_name) {
+      return slot.served.slot;
+    }
+  }
+  std::vector<std::string> served;
+  for (const LoraSlot& slot : lora_) {
+    if (slot.state == LoraSlot::State::kServing) served.push_back(slot.served.adapter.name);
+  }
+  const std::string which = request.lora_name.empty() ? absl::StrCat("slot ", request.lora_adapter)
+                                                      : absl::StrCat("`", request.lora_name, "`");
+  return absl::InvalidArgumentError(
+      served.empty() ? absl::StrCat("lora_adapter: ", which,
+                                    " is not served (this server serves no LoRA adapters)")
+                     : absl::StrCat("lora_adapter: ", which, " is not served (served: `",
+                                    absl::StrJoin(served, "`, `"), "`)"));
+}
+
+absl::StatusOr<int32_t> Engine::PinLoraAdapter(GenerationRequest* request) {
+  if (request->lora_name.empty() && request->lora_adapter < 0) return -1;
+  std::lock_guard<std::mutex> lock(mu_);
+  ASSIGN_OR_RETURN(const int32_t slot, FindServedLoraLocked(*request));
+  ++lora_[slot].served.requests;
+  lora_[slot].last_used = ++lora_uses_;
+  request->lora_adapter = slot;
+  request->lora_name.clear();
+  request->lora_pinned = true;
+  return slot;
+}
+
+void Engine::UnpinLoraAdapter(int32_t slot) {
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleaseLoraLocked(slot);
+  if (lora_work_) cv_.notify_one();
 }
 
 void Engine::ReleaseLoraLocked(int32_t slot) {

@@ -342,6 +342,15 @@ class Engine {
   absl::StatusOr<ServedLoraAdapter> LoadLoraAdapter(LoraAdapter adapter, bool evictable = false);
   // Whether an adapter of this name is served now (a request naming it would be taken).
   bool ServesLoraAdapter(std::string_view name) const;
+  // Holds the adapter `request` names (lora_name, else the lora_adapter slot) in its slot as a
+  // running request does, until UnpinLoraAdapter: no load evicts it, and an unload empties its
+  // slot only after. Rewrites `request` to name that slot alone, so that requests copied from
+  // it reach this load of the adapter and no later one of the same name (a beam search's
+  // steps, each its own requests), and run with it after an unload too, as requests submitted
+  // before it do (GenerationRequest::lora_pinned). Returns the slot, or -1 (nothing held) when
+  // the request names no adapter; INVALID_ARGUMENT as Submit when it is not served.
+  absl::StatusOr<int32_t> PinLoraAdapter(GenerationRequest* request);
+  void UnpinLoraAdapter(int32_t slot);
   // Stops serving `name`: a request naming it is refused from now on; those already submitted
   // with it finish with it, after which its slot is emptied (the engine thread lets go of its
   // weights) and may take another. Returns how many requests are still running with it.
@@ -589,6 +598,9 @@ class Engine {
   void ApplyLoraChanges();
   // A request with adapter `slot` ended (mu_ held).
   void ReleaseLoraLocked(int32_t slot);
+  // The adapter slot serving what `request` names (lora_name, else the lora_adapter slot), or
+  // INVALID_ARGUMENT naming lora_adapter and what is served (mu_ held).
+  absl::StatusOr<int32_t> FindServedLoraLocked(const GenerationRequest& request) const;
   // With `lock` (on mu_) held: lets the slots change once, then returns (lock held again) for
   // the caller to look again: before Start() by applying the changes on this thread (the owner
   // then), else by waiting for the owner thread's next ApplyLoraChanges (at most 50 ms).

@@ -139,6 +139,10 @@ struct GenerationRequest {
   // Its slot (StepDescriptor::adapter), set by Engine::Submit; -1: the base model. (A request
   // built with a slot and no name runs with the adapter in that slot.)
   int32_t lora_adapter = -1;
+  // Set by Engine::PinLoraAdapter on the request it rewrote (and so on its copies): the slot is
+  // held for them, so they run with its adapter after an unload too, as requests submitted
+  // before the unload do.
+  bool lora_pinned = false;
   // Structured output (null: none): the completion's text must be a whole match of this
   // constraint when it ends. Tokens that cannot continue a match are masked before sampling, the
   // end-of-sequence tokens are allowed only where the text is a whole match, and the completion

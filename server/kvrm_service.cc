@@ -7,9 +7,11 @@
 #include <functional>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 #include "common/thread_priority.h"
 #include "model/harmony.h"
 #include "model/reasoning.h"
@@ -618,9 +620,17 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
         outputs_(std::move(outputs)),
         beams_(1) {}
 
-  // Submits the first step (the prompt alone); its refusal (a full queue) is the call's.
+  ~BeamSearchRun() {
+    if (lora_pin_ >= 0) engine_->UnpinLoraAdapter(lora_pin_);
+  }
+
+  // Submits the first step (the prompt alone); its refusal (a full queue, an adapter not
+  // served) is the call's. The call's LoRA adapter is held in its slot until the search ends,
+  // as a running request holds it: no on-demand load evicts it between two steps, and every
+  // step runs with this load of it.
   absl::Status Start() {
     std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(lora_pin_, engine_->PinLoraAdapter(base_.get()));
     return SubmitStep(/*admitted=*/false);
   }
 
@@ -721,6 +731,7 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
   void End(FinishReason reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     std::vector<std::shared_ptr<RequestSink>> outputs = std::move(outputs_);
     outputs_.clear();
+    if (lora_pin_ >= 0) engine_->UnpinLoraAdapter(std::exchange(lora_pin_, -1));
     const double total_ms = absl::ToDoubleMilliseconds(absl::Now() - base_->arrival);
     std::vector<Beam> best;
     if (reason == FinishReason::kLength) best = BestBeams(completed_, beams_, config_);
@@ -785,6 +796,7 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
   std::vector<uint64_t> handles_ ABSL_GUARDED_BY(mu_);  // the step's requests
   double queue_time_ms_ ABSL_GUARDED_BY(mu_) = 0;
   int32_t cached_prompt_tokens_ ABSL_GUARDED_BY(mu_) = 0;
+  int32_t lora_pin_ ABSL_GUARDED_BY(mu_) = -1;  // the adapter slot held (-1: none)
 };
 
 // A pooling call's (Embed, Classify, Score): one engine request per input, the reply built

@@ -465,6 +465,118 @@ TEST(LoraRuntimeTest, OnDemandNeverEvictsARunningOrPinnedAdapter) {
   EXPECT_EQ(RunGenerate(pinned.stub(), Greedy("pinned", 16)).tokens, Want().at("c"));
 }
 
+// A beam search runs as one-token requests a step, so between two steps no request holds its
+// adapter: the search pins it (Engine::PinLoraAdapter) until it ends. A pinned on-demand adapter
+// is not evicted (with one slot, a request for another is RESOURCE_EXHAUSTED until the unpin),
+// an unload waits for the unpin to empty the slot, and a beam search with an adapter decodes as
+// greedy decoding with it does (width 1), through another adapter's requests knocking at the
+// one slot meanwhile, and lets go of it at the end. After an unload, requests naming the
+// adapter are refused, but those copied from the pinned one (the search's next steps) run.
+TEST(LoraRuntimeTest, ABeamSearchHoldsItsAdapterBetweenSteps) {
+  TestServer server(Options(1), OnDemand());
+  ASSERT_TRUE(RunGenerate(server.stub(), Greedy("a", 4)).status.ok());
+  Engine& engine = server.engine();
+  GenerationRequest none;
+  EXPECT_EQ(*engine.PinLoraAdapter(&none), -1) << "no adapter named: nothing held";
+  GenerationRequest bad;
+  bad.lora_name = "zzz";
+  const absl::StatusOr<int32_t> refused = engine.PinLoraAdapter(&bad);
+  EXPECT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_NE(refused.status().message().find("lora_adapter"), std::string::npos);
+
+  GenerationRequest pin;
+  pin.lora_name = "a";
+  const absl::StatusOr<int32_t> slot = engine.PinLoraAdapter(&pin);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_EQ(pin.lora_adapter, *slot);
+  EXPECT_TRUE(pin.lora_name.empty()) << "copies name the slot, not a later load of the name";
+  ASSERT_EQ(engine.LoraAdapters().size(), 1u);
+  EXPECT_EQ(engine.LoraAdapters()[0].requests, 1);
+  StreamResult b = RunGenerate(server.stub(), Greedy("b", 4));
+  EXPECT_EQ(b.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << b.status.error_message();
+  EXPECT_EQ(Served(server), (std::vector<std::string>{"a"}));
+  engine.UnpinLoraAdapter(*slot);
+  EXPECT_EQ(engine.LoraAdapters()[0].requests, 0);
+  b = RunGenerate(server.stub(), Greedy("b", 16));
+  ASSERT_TRUE(b.status.ok()) << b.status.error_message();
+  EXPECT_EQ(b.tokens, Want().at("b"));
+  EXPECT_EQ(Served(server), (std::vector<std::string>{"b"}));
+
+  // An unload while pinned: refused by name from then on, its slot emptied at the unpin.
+  pin = GenerationRequest();
+  pin.lora_name = "b";
+  ASSERT_TRUE(engine.PinLoraAdapter(&pin).ok());
+  EXPECT_EQ(engine.UnloadLoraAdapter("b").value_or(-1), 1) << "the pin counts as running";
+  EXPECT_FALSE(engine.ServesLoraAdapter("b"));
+  {
+    auto named = std::make_unique<GenerationRequest>();
+    named->lora_name = "b";
+    named->prompt = {17, 250};
+    named->sink = std::make_shared<CollectingSink>();
+    EXPECT_TRUE(absl::IsInvalidArgument(engine.Submit(std::move(named)).status()))
+        << "refused by name";
+  }
+  {
+    // A copy of the pinned request (a beam search's next step) still runs with it.
+    auto step = std::make_unique<GenerationRequest>(pin);
+    step->request_id = "step";
+    for (int32_t t : {17, 250, 31, 402}) step->prompt.push_back(t);
+    step->max_new_tokens = 3;
+    step->ignore_eos = true;
+    auto sink = std::make_shared<CollectingSink>();
+    step->sink = sink;
+    const absl::StatusOr<uint64_t> handle = engine.Submit(std::move(step));
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    FinishInfo info;
+    EXPECT_EQ(sink->Wait(&info).size(), 3u) << info.error;
+    EXPECT_EQ(info.reason, FinishReason::kLength);
+  }
+  StreamResult c = RunGenerate(server.stub(), Greedy("c", 4));
+  EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+      << "the slot is kept while pinned: " << c.status.error_message();
+  engine.UnpinLoraAdapter(pin.lora_adapter);
+  c = RunGenerate(server.stub(), Greedy("c", 16));
+  ASSERT_TRUE(c.status.ok()) << "the slot emptied once unpinned: " << c.status.error_message();
+  EXPECT_EQ(c.tokens, Want().at("c"));
+
+  // A beam search with adapter "b" (loaded on demand first), with requests for "c" knocking at
+  // the one slot from its first step to its end.
+  ASSERT_TRUE(RunGenerate(server.stub(), Greedy("b", 1)).status.ok());
+  v1::GenerateRequest beam = Greedy("b", 16);
+  beam.set_n(1);
+  beam.mutable_beam_search();
+  StreamResult searched;
+  std::atomic<bool> done{false};
+  std::thread t([&] {
+    searched = RunGenerate(server.stub(), beam);
+    done = true;
+  });
+  for (int i = 0; i < 4000 && !done && engine.LoraAdapters()[0].requests == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  int refused_c = 0, served_c = 0;
+  while (!done) {
+    c = RunGenerate(server.stub(), Greedy("c", 1));
+    if (c.status.ok()) {
+      ++served_c;  // (after the search ended)
+    } else {
+      EXPECT_EQ(c.status.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED)
+          << c.status.error_message();
+      ++refused_c;
+    }
+  }
+  t.join();
+  ASSERT_TRUE(searched.status.ok()) << searched.status.error_message();
+  EXPECT_EQ(searched.finished.reason(), v1::FINISH_REASON_LENGTH) << searched.finished.error();
+  EXPECT_EQ(searched.tokens, Want().at("b")) << "every step ran with adapter b";
+  std::printf("requests for c while the search ran: %d refused, %d served\n", refused_c, served_c);
+  ASSERT_TRUE(engine.WaitIdle(absl::Seconds(30)));
+  for (const ServedLoraAdapter& a : engine.LoraAdapters()) {
+    EXPECT_EQ(a.requests, 0) << a.adapter.name << " still held";
+  }
+}
+
 // The HTTP API with --lora_dir: `model` naming an adapter of the directory goes through and
 // loads it; a name that is none is 404.
 TEST(LoraRuntimeTest, HttpModelLoadsOnDemand) {
