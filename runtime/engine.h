@@ -550,7 +550,9 @@ class Engine {
                                  uint64_t salt, bool host = false);
   // Attaches the prefix the last MatchCachedPrefix left in prefix_match_ to empty `slot`
   // (nothing may change the cache in between) and plans the copies of its host blocks into new
-  // device blocks; returns the tokens it holds.
+  // device blocks; returns the tokens it holds. What of them came from the host tier or a block
+  // copied in part is counted by the CountPrefixLookup that follows (none when the attach is
+  // undone first).
   int32_t AttachCachedPrefix(int32_t slot);
   // The fence to plan moves with: the last of the three batches SubmitTransfers sends.
   uint64_t PlanFence() const { return transport_->next_fence() + 2; }
@@ -642,6 +644,8 @@ class Engine {
   std::vector<std::vector<KvRun>> prefill_runs_;
   std::vector<PrefixBlock> prefix_match_;  // capacity reserved at start-up
   uint64_t prefix_copied_ = 0;             // tokens from blocks copied for part of theirs
+  int32_t attached_copied_ = 0;            // the last attach's, until CountPrefixLookup
+  int64_t attached_from_host_ = 0;         // the last attach's, until CountPrefixLookup
   uint64_t prefix_host_hits_ = 0;           // tokens brought back from the host tier
   uint64_t prefix_queries_ = 0;           // tokens looked up in the prefix cache
   uint64_t prefix_hits_ = 0;              // ... and found

@@ -845,6 +845,7 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
 }
 
 int32_t Engine::AttachCachedPrefix(int32_t slot) {
+  attached_copied_ = attached_from_host_ = 0;
   if (prefix_match_.empty()) return 0;
   // Host blocks are copied back ahead of the step that prefills the rest (which waits for every
   // batch).
@@ -862,14 +863,14 @@ int32_t Engine::AttachCachedPrefix(int32_t slot) {
   }
   // (A tail is copied on the device, ahead of the step too; if that fails, so does this
   // request.)
-  if (tail) prefix_copied_ += prefix_match_[blocks - 1].tokens;
+  if (tail) attached_copied_ = prefix_match_[blocks - 1].tokens;
   if (tail && from_host == 0) NoteTransfer(slot);
   if (from_host > 0) {
     NoteTransfer(slot);
     // A host block whose offload is still in flight: if that copy fails, so does this request
     // (it would prefill on top of undefined KV).
     if (written_at > 0) transfer_owners_.emplace_back(written_at, slots_[slot].request->handle);
-    prefix_host_hits_ += from_host * options_.block_tokens;
+    attached_from_host_ = from_host * options_.block_tokens;
   }
   prefix_match_.clear();  // attached once
   return tokens;
@@ -879,6 +880,8 @@ void Engine::CountPrefixLookup(size_t tokens, int32_t cached_tokens) {
   if (!pager_ || !options_.prefix_caching) return;
   prefix_queries_ += tokens;
   prefix_hits_ += cached_tokens;
+  prefix_copied_ += std::exchange(attached_copied_, 0);
+  prefix_host_hits_ += std::exchange(attached_from_host_, 0);
 }
 
 void Engine::RegisterCachedPrefix(int32_t slot, bool ended) {

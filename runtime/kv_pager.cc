@@ -1047,6 +1047,9 @@ absl::Status KvPager::CheckInvariants() const {
         return absl::InternalError(absl::StrCat(name, " block ", b, " is held by no one and not free"));
       }
     }
+    if (const std::string bad = index.CheckChildLists(); !bad.empty()) {
+      return absl::InternalError(absl::StrCat(name, " prefix index: ", bad));
+    }
     int64_t listed = 0;
     for (int32_t b = index.idle_head(); b >= 0; b = index.idle_next(b)) {
       if (!index.registered(b) || owners[b] != 0) {

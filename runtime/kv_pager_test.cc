@@ -15,6 +15,7 @@
 
 #include "gtest/gtest.h"
 #include "runtime/block_space.h"
+#include "runtime/prefix_index.h"
 #include "runtime/transfer_plan.h"
 
 namespace kvrm {
@@ -431,6 +432,9 @@ void PrefixCacheRandomOperations(bool offload, bool release = false) {
           sim.tokens[s] = prompt;
           hit_blocks += hits;
           host_hit_blocks += hits - behind - device_hits - (has_tail ? 1 : 0);
+          // The prompt's last token is never among them (it gives the first output's logits).
+          ASSERT_LE((before - 1) * kBlockTokens + (has_tail ? match.back().tokens : kBlockTokens),
+                    prompt - 1);
           if (has_tail) {
             // Its first `tokens` positions hold what this history writes there.
             const BlockValue want = TokenValue(sim.seq[s], before - 1);
@@ -843,7 +847,6 @@ TEST(KvPagerTest, AWholeBlockIsCopiedForTheTokensAPromptSharesWithIt) {
   const std::vector<int32_t> h = RandomTokens(3 * kBlockTokens, 71);
   ASSERT_TRUE(p.Grow(0, static_cast<int64_t>(h.size()) + 1).ok());
   ASSERT_EQ(p.RegisterPrefix(0, h), 3);
-  EXPECT_FALSE(p.RegisterTail(0, h));
   const int32_t third = p.Blocks(0)[2];
   std::vector<PrefixBlock> match;
   // Sent again: two blocks, then 4 of the third's tokens (the prompt's last is prefilled).
@@ -890,6 +893,54 @@ TEST(KvPagerTest, AWholeBlockIsCopiedForTheTokensAPromptSharesWithIt) {
   p.Release(1);
   EXPECT_EQ(p.cached_blocks(), 3);
   ASSERT_TRUE(p.CheckInvariants().ok()) << p.CheckInvariants();
+}
+
+// The index's lists of the blocks after a parent: the longest shared run of leading tokens wins,
+// the most recently registered among equals, at most kChildScan of them are compared (the oldest
+// past that are not found), and hidden or removed blocks are never returned.
+TEST(PrefixIndexTest, LongestChildComparesTheMostRecentBlocksAfterTheParent) {
+  constexpr int32_t kBlocks = 64;
+  PrefixIndex index;
+  index.Init(kBlocks, kBlockTokens, /*enabled=*/true);
+  ChainHasher hasher(SipKey{1, 2});
+  const Hash128 parent = hasher.Root(0), other = hasher.Root(1);
+  auto insert = [&](int32_t b, const Hash128& p, std::vector<int32_t> key) {
+    key.resize(kBlockTokens, -1);
+    index.Insert(b, p, hasher.Next(p, key.data(), kBlockTokens), key.data(), true);
+  };
+  insert(0, parent, {5, 6, 7});
+  insert(1, parent, {5, 6, 8, 9});
+  insert(2, parent, {5, 6, 7, 1});  // the same first three as block 0, registered later
+  insert(3, other, {5, 6, 7, 1, 2});
+  const std::vector<int32_t> prompt = {5, 6, 7, 1, 2, 3};
+  int32_t b = -2;
+  EXPECT_EQ(index.LongestChild(parent, prompt.data(), 6, &b), 4);
+  EXPECT_EQ(b, 2);
+  EXPECT_EQ(index.LongestChild(parent, prompt.data(), 3, &b), 3);
+  EXPECT_EQ(b, 2) << "the most recent of those sharing three";
+  const std::vector<int32_t> eight = {5, 6, 8, 9, 9};
+  EXPECT_EQ(index.LongestChild(parent, eight.data(), 5, &b), 4);
+  EXPECT_EQ(b, 1);
+  const std::vector<int32_t> none = {4, 6};
+  EXPECT_EQ(index.LongestChild(parent, none.data(), 2, &b), 0);
+  EXPECT_EQ(b, -1);
+  EXPECT_EQ(index.LongestChild(other, prompt.data(), 6, &b), 5) << "by parent";
+  EXPECT_EQ(b, 3);
+  index.Hide(2);
+  EXPECT_EQ(index.LongestChild(parent, prompt.data(), 6, &b), 3);
+  EXPECT_EQ(b, 0) << "a hidden block is found by no lookup";
+  index.Remove(2);
+  index.Remove(0);
+  EXPECT_EQ(index.LongestChild(parent, prompt.data(), 6, &b), 2);
+  EXPECT_EQ(b, 1);
+  EXPECT_EQ(index.CheckChildLists(), "");
+  // kChildScan newer blocks after the parent hide the older ones from the scan.
+  for (int32_t i = 0; i < PrefixIndex::kChildScan; ++i) insert(10 + i, parent, {7, i});
+  EXPECT_EQ(index.LongestChild(parent, eight.data(), 5, &b), 0) << "block 1, past the scan";
+  index.Remove(10);
+  EXPECT_EQ(index.LongestChild(parent, eight.data(), 5, &b), 4) << "within it again";
+  EXPECT_EQ(b, 1);
+  EXPECT_EQ(index.CheckChildLists(), "");
 }
 
 // A tail is registered only where it can be reused: not for a history that fills its last

@@ -126,6 +126,7 @@ int32_t PrefixIndex::LongestChild(const Hash128& parent, const int32_t* tokens, 
   int32_t scanned = 0;
   for (int32_t b = child_buckets_[Bucket(parent)]; b >= 0 && scanned < 4 * kChildScan && best < n;
        b = child_next_[b]) {
+    DCHECK(linked_[b]);
     if (!(parent_hash_[b] == parent)) {
       ++scanned;
       continue;
@@ -139,6 +140,25 @@ int32_t PrefixIndex::LongestChild(const Hash128& parent, const int32_t* tokens, 
     }
   }
   return best;
+}
+
+std::string PrefixIndex::CheckChildLists() const {
+  if (linked_.empty()) return "";
+  int64_t listed = 0, linked = 0;
+  for (size_t h = 0; h < child_buckets_.size(); ++h) {
+    int32_t prev = -1;
+    for (int32_t b = child_buckets_[h]; b >= 0; prev = b, b = child_next_[b]) {
+      if (++listed > static_cast<int64_t>(linked_.size())) return "a child list loops";
+      if (!linked_[b]) return "block " + std::to_string(b) + " listed but not linked";
+      if (Bucket(parent_hash_[b]) != h) return "block " + std::to_string(b) + " in another bucket";
+      if (child_prev_[b] != prev) return "block " + std::to_string(b) + ": wrong prev link";
+    }
+  }
+  for (uint8_t l : linked_) linked += l;
+  if (listed != linked) {
+    return std::to_string(linked) + " linked blocks, " + std::to_string(listed) + " listed";
+  }
+  return "";
 }
 
 void PrefixIndex::IdlePush(int32_t b) {

@@ -18,6 +18,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/siphash.h"
@@ -77,6 +78,9 @@ class PrefixIndex {
   int32_t LongestChild(const Hash128& parent, const int32_t* tokens, int32_t n,
                        int32_t* block) const;
   static constexpr int32_t kChildScan = 32;
+  // The per-parent lists' consistency (for KvPager::CheckInvariants): every linked block in its
+  // parent's bucket once, no other, links both ways; "" when so, else what is wrong.
+  std::string CheckChildLists() const;
 
   // The idle list.
   void IdlePush(int32_t b);
