@@ -6,13 +6,23 @@
 namespace kvrm {
 namespace {
 
-constexpr std::string_view kStart = "<|start|>";
-constexpr std::string_view kChannel = "<|channel|>";
-constexpr std::string_view kMessage = "<|message|>";
-constexpr std::string_view kEnd = "<|end|>";
-constexpr std::string_view kCall = "<|call|>";
-constexpr std::string_view kReturn = "<|return|>";
+constexpr std::string_view kStart = kHarmonyStart;
+constexpr std::string_view kChannel = kHarmonyChannel;
+constexpr std::string_view kMessage = kHarmonyMessage;
+constexpr std::string_view kEnd = kHarmonyEnd;
+constexpr std::string_view kCall = kHarmonyCall;
+constexpr std::string_view kReturn = kHarmonyReturn;
 constexpr std::string_view kFunctions = "functions.";
+
+}  // namespace
+
+std::string HarmonyText(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
+
+namespace {
 
 // A header longer than this is not one (a model writing text where a header belongs): what is
 // held is given out as content.

@@ -25,15 +25,27 @@
 #ifndef KVRM_MODEL_HARMONY_H_
 #define KVRM_MODEL_HARMONY_H_
 
+#include <initializer_list>
 #include <string>
 #include <string_view>
 
 namespace kvrm {
 
-// The harmony markers HarmonyStream reads (gpt-oss's special tokens, which requests keep).
-inline constexpr std::string_view kHarmonyMarkers[] = {"<|start|>",    "<|channel|>", "<|message|>",
-                                                       "<|end|>",      "<|call|>",    "<|return|>",
-                                                       "<|constrain|>"};
+// The harmony markers (gpt-oss's special tokens, which requests keep): each by name, for what
+// writes or matches them (the thinking budget's markers, structured outputs' harmony prefix), and
+// all of them, as HarmonyStream reads them.
+inline constexpr std::string_view kHarmonyStart = "<|start|>";
+inline constexpr std::string_view kHarmonyChannel = "<|channel|>";
+inline constexpr std::string_view kHarmonyMessage = "<|message|>";
+inline constexpr std::string_view kHarmonyEnd = "<|end|>";
+inline constexpr std::string_view kHarmonyCall = "<|call|>";
+inline constexpr std::string_view kHarmonyReturn = "<|return|>";
+inline constexpr std::string_view kHarmonyConstrain = "<|constrain|>";
+inline constexpr std::string_view kHarmonyMarkers[] = {
+    kHarmonyStart, kHarmonyChannel, kHarmonyMessage,  kHarmonyEnd,
+    kHarmonyCall,  kHarmonyReturn,  kHarmonyConstrain};
+// `parts` joined (markers and text: "<|channel|>" "final" "<|message|>").
+std::string HarmonyText(std::initializer_list<std::string_view> parts);
 
 // Whether a chat template writes harmony messages (gpt-oss's: "<|channel|>" and "<|message|>").
 bool IsHarmonyTemplate(std::string_view template_source);

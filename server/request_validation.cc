@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "common/json.h"
 #include "common/status_macros.h"
+#include "model/harmony.h"
 #include "model/reasoning.h"
 
 namespace kvrm {
@@ -587,13 +588,14 @@ absl::StatusOr<ThinkingBudget> ChatThinkingBudget(const v1::ChatPrompt& chat,
   }
   const int32_t max_tokens = chat.has_thinking_budget() ? chat.thinking_budget() : default_budget;
   if (max_tokens < 0 || thinking == Thinking::kNone) return budget;
-  std::string_view start = kThinkStart, end = kThinkEnd, forced = kThinkEnd;
+  std::string start(kThinkStart), end(kThinkEnd), forced(kThinkEnd);
   if (thinking == Thinking::kHarmony) {
     // gpt-oss thinks in its analysis channel; the budget ends that message and opens the final
     // one.
-    start = "<|channel|>analysis<|message|>";
-    end = "<|end|>";
-    forced = "<|end|><|start|>assistant<|channel|>final<|message|>";
+    start = HarmonyText({kHarmonyChannel, "analysis", kHarmonyMessage});
+    end = std::string(kHarmonyEnd);
+    forced = HarmonyText(
+        {kHarmonyEnd, kHarmonyStart, "assistant", kHarmonyChannel, "final", kHarmonyMessage});
   }
   for (auto [text, seq] : {std::pair{start, &budget.start}, std::pair{end, &budget.end},
                            std::pair{forced, &budget.forced}}) {

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "model/harmony.h"
 
 namespace kvrm::structured {
 
@@ -77,19 +78,21 @@ Regex ThinkingPrefix(bool inside) {
 }
 
 Regex HarmonyMessages() {
-  const Regex message = Concat(
-      {Literal("<|channel|>"), Alt({Literal("analysis"), Literal("commentary")}),
-       Literal("<|message|>"), TextWithout("<|end|>"), Literal("<|end|><|start|>assistant")});
+  const Regex message =
+      Concat({Literal(kHarmonyChannel), Alt({Literal("analysis"), Literal("commentary")}),
+              Literal(kHarmonyMessage), TextWithout(kHarmonyEnd),
+              Literal(HarmonyText({kHarmonyEnd, kHarmonyStart, "assistant"}))});
   return Star(message);
 }
 
 Regex HarmonyPrefix() {
-  return Concat({HarmonyMessages(), Literal("<|channel|>final<|message|>")});
+  return Concat(
+      {HarmonyMessages(), Literal(HarmonyText({kHarmonyChannel, "final", kHarmonyMessage}))});
 }
 
 std::string HarmonyCallHeader(std::string_view function) {
-  return "<|channel|>commentary to=functions." + std::string(function) +
-         " <|constrain|>json<|message|>";
+  return HarmonyText({kHarmonyChannel, "commentary to=functions.", function, " ", kHarmonyConstrain,
+                      "json", kHarmonyMessage});
 }
 
 }  // namespace kvrm::structured
