@@ -613,6 +613,13 @@ std::string MessagesReply::StreamMessage(const v1::GenerateResponse& message, in
   return events;
 }
 
+std::string MessagesReply::KeepAliveEvent() {
+  if (!started_) return GenerationReply::KeepAliveEvent();
+  std::string events;
+  Event("ping", OrderedJson::object(), &events);
+  return events;
+}
+
 std::string MessagesReply::ErrorEvent(const OpenAiError& error) {
   failed_ = true;
   std::string events;

@@ -67,6 +67,9 @@ class MessagesReply final : public GenerationReply {
   std::string StreamMessage(const v1::GenerateResponse& message, int prompt) override;
   std::string StreamEnd() override;
   std::string ErrorEvent(const OpenAiError& error) override;
+  // Anthropic's `ping` event once message_start is out (its streams carry pings); before it, the
+  // SSE comment (a stream's first event is message_start).
+  std::string KeepAliveEvent() override;
 
   void Add(const v1::GenerateResponse& message, int prompt) override;
   std::string Body() const override;

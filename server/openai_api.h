@@ -226,6 +226,9 @@ class GenerationReply {
   virtual std::string StreamMessage(const v1::GenerateResponse& message, int prompt) = 0;
   virtual std::string StreamEnd() = 0;
   virtual std::string ErrorEvent(const OpenAiError& error) = 0;
+  // What a stream with nothing to send for a while gets (OpenAiHttpOptions::sse_keepalive): an
+  // SSE comment, which clients skip.
+  virtual std::string KeepAliveEvent() { return ": keep-alive\n\n"; }
   // Non-streaming: every message, then the whole body.
   virtual void Add(const v1::GenerateResponse& message, int prompt) = 0;
   virtual std::string Body() const = 0;

@@ -429,7 +429,8 @@ struct Stream {
   std::string pending;  // events not yet handed to libmicrohttpd
   size_t sent = 0;      // bytes of `pending` handed over
   bool ended = false;   // every call finished and the last events are in `pending`
-  absl::Duration keepalive = absl::InfiniteDuration();  // an SSE comment after this long idle
+  // GenerationReply::KeepAliveEvent after this long idle.
+  absl::Duration keepalive = absl::InfiniteDuration();
   OpenAiError error;    // the first call that failed after output began
   bool failed = false;
 };
@@ -452,7 +453,7 @@ void NextEvents(Stream* s) {
   while (s->pending.empty() && !s->ended) {
     if (s->calls.Next(&e, idle_at)) {
       if (e.idle) {
-        s->pending = ": keep-alive\n\n";  // an SSE comment: clients skip it
+        s->pending = s->reply->KeepAliveEvent();  // (clients skip it)
       } else if (e.message) {
         s->pending = s->reply->StreamMessage(e.response, e.call);
       } else if (std::optional<OpenAiError> error = EndError(s->calls, e, s->request);

@@ -1234,6 +1234,7 @@ TEST(OpenAiHttpTest, AListOfPromptsWhoseCallsAreTooLargeTogetherIs413) {
   EXPECT_EQ(r.status, 200) << r.body;
 }
 
+// (With the Messages API, Anthropic's ping events.)
 TEST(OpenAiHttpTest, AStreamWithNothingToSendGetsKeepAliveComments) {
   {
     SlowSteps slow(absl::Milliseconds(60));  // every token 60 ms after the last: 60 ms silences
@@ -1249,6 +1250,28 @@ TEST(OpenAiHttpTest, AStreamWithNothingToSendGetsKeepAliveComments) {
     const std::vector<Json> events = Events(r);
     ASSERT_FALSE(events.empty());
     EXPECT_FALSE(events.back()["choices"][0]["finish_reason"].is_null()) << r.body;
+
+    // The Messages API's stream gets Anthropic's ping events once message_start is out (a
+    // comment before it), each an event like the others.
+    HttpReply m = d.Post("/v1/messages", R"({"messages": [{"role": "user", "content": "Go on"}],
+                                            "max_tokens": 6, "ignore_eos": true,
+                                            "stream": true})");
+    ASSERT_EQ(m.status, 200) << m.body;
+    const size_t start = m.body.find("event: message_start\n");
+    const size_t ping = m.body.find("event: ping\ndata: {\"type\":\"ping\"}\n\n");
+    ASSERT_NE(start, std::string::npos) << m.body;
+    ASSERT_NE(ping, std::string::npos) << m.body;
+    EXPECT_LT(start, ping) << m.body;
+    EXPECT_EQ(m.body.find(": keep-alive", start), std::string::npos) << "pings after the start";
+    std::vector<std::string> types;
+    for (const std::string& data : SseData(m.body)) {
+      absl::StatusOr<Json> e = ParseJson(data, "event");
+      ASSERT_TRUE(e.ok()) << data;
+      types.push_back((*e)["type"].get<std::string>());
+    }
+    ASSERT_FALSE(types.empty());
+    EXPECT_EQ(types.front(), "message_start");
+    EXPECT_EQ(types.back(), "message_stop");
   }
   // Tokens arriving more often than that: none. (One server at a time: a second one started
   // while the first runs shares gRPC's callback threads with it, and ThreadSanitizer cannot see
