@@ -740,13 +740,19 @@ absl::StatusOr<int64_t> Engine::UnloadLoraAdapter(std::string_view name) {
 }
 
 absl::StatusOr<int32_t> Engine::FindServedLoraLocked(const GenerationRequest& request) const {
-  // (A pinned slot keeps its adapter through an unload until the pin is let go of.)
-  if (request.lora_pinned && request.lora_name.empty() && request.lora_adapter >= 0 &&
-      request.lora_adapter < max_loras()) {
-    const LoraSlot& slot = lora_[request.lora_adapter];
-    if (slot.state == LoraSlot::State::kUnloading && slot.served.requests > 0) {
-      return slot.served.slot;
+  // A pinned request's copies: the load pinned, in its slot (kept through an unload until the
+  // pin is let go of), or none.
+  if (request.lora_pinned_serial != 0) {
+    if (request.lora_adapter >= 0 && request.lora_adapter < max_loras()) {
+      const LoraSlot& slot = lora_[request.lora_adapter];
+      if ((slot.state == LoraSlot::State::kServing ||
+           (slot.state == LoraSlot::State::kUnloading && slot.served.requests > 0)) &&
+          slot.served.serial == request.lora_pinned_serial) {
+        return slot.served.slot;
+      }
     }
+    return absl::InvalidArgumentError(absl::StrCat("lora_adapter: slot ", request.lora_adapter,
+                                                   " no longer serves the adapter pinned"));
   }
   for (const LoraSlot& slot : lora_) {
     if (slot.state != LoraSlot::State::kServing) continue;
@@ -776,7 +782,7 @@ absl::StatusOr<int32_t> Engine::PinLoraAdapter(GenerationRequest* request) {
   lora_[slot].last_used = ++lora_uses_;
   request->lora_adapter = slot;
   request->lora_name.clear();
-  request->lora_pinned = true;
+  request->lora_pinned_serial = lora_[slot].served.serial;
   return slot;
 }
 

@@ -347,8 +347,8 @@ class Engine {
   // slot only after. Rewrites `request` to name that slot alone, so that requests copied from
   // it reach this load of the adapter and no later one of the same name (a beam search's
   // steps, each its own requests), and run with it after an unload too, as requests submitted
-  // before it do (GenerationRequest::lora_pinned). Returns the slot, or -1 (nothing held) when
-  // the request names no adapter; INVALID_ARGUMENT as Submit when it is not served.
+  // before it do (GenerationRequest::lora_pinned_serial). Returns the slot, or -1 (nothing held)
+  // when the request names no adapter; INVALID_ARGUMENT as Submit when it is not served.
   absl::StatusOr<int32_t> PinLoraAdapter(GenerationRequest* request);
   void UnpinLoraAdapter(int32_t slot);
   // Stops serving `name`: a request naming it is refused from now on; those already submitted

@@ -139,10 +139,11 @@ struct GenerationRequest {
   // Its slot (StepDescriptor::adapter), set by Engine::Submit; -1: the base model. (A request
   // built with a slot and no name runs with the adapter in that slot.)
   int32_t lora_adapter = -1;
-  // Set by Engine::PinLoraAdapter on the request it rewrote (and so on its copies): the slot is
-  // held for them, so they run with its adapter after an unload too, as requests submitted
-  // before the unload do.
-  bool lora_pinned = false;
+  // Set by Engine::PinLoraAdapter on the request it rewrote (and so on its copies): the load
+  // (ServedLoraAdapter::serial) held in the slot for them, which they run with after an unload
+  // too, as requests submitted before the unload do; once it is let go of they are refused, not
+  // run with another adapter in that slot. 0: not pinned.
+  uint64_t lora_pinned_serial = 0;
   // Structured output (null: none): the completion's text must be a whole match of this
   // constraint when it ends. Tokens that cannot continue a match are masked before sampling, the
   // end-of-sequence tokens are allowed only where the text is a whole match, and the completion

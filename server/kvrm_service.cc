@@ -631,7 +631,10 @@ class BeamSearchRun : public std::enable_shared_from_this<BeamSearchRun> {
   absl::Status Start() {
     std::lock_guard<std::mutex> lock(mu_);
     ASSIGN_OR_RETURN(lora_pin_, engine_->PinLoraAdapter(base_.get()));
-    return SubmitStep(/*admitted=*/false);
+    const absl::Status submitted = SubmitStep(/*admitted=*/false);
+    // Refused: let go of the adapter before the client hears of it, as a request's end does.
+    if (!submitted.ok() && lora_pin_ >= 0) engine_->UnpinLoraAdapter(std::exchange(lora_pin_, -1));
+    return submitted;
   }
 
   // The client left (the reactor's cancel hook): the step's requests are cancelled now (their

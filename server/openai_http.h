@@ -54,9 +54,10 @@ struct OpenAiHttpOptions {
   // A list of prompts is one call per prompt, each repeating the request's parameters: their
   // bytes together, beyond which the request gets 413 rather than being fanned out.
   size_t max_fanout_bytes = 64 << 20;
-  // A streamed reply with nothing to send for this long gets an SSE comment (": keep-alive"),
-  // so that neither the idle timeout nor a proxy closes it while text is held back (tool calls)
-  // or the request waits for a slot.
+  // A streamed reply with nothing to send for this long gets an SSE comment (": keep-alive"; the
+  // Messages API's, once started, Anthropic's ping event: GenerationReply::KeepAliveEvent), so
+  // that neither the idle timeout nor a proxy closes it while text is held back (tool calls) or
+  // the request waits for a slot.
   absl::Duration sse_keepalive = absl::Seconds(15);
   // The model's id in requests and /v1/models; a request naming another model gets 404.
   std::string served_model_name;

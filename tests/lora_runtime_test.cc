@@ -469,9 +469,10 @@ TEST(LoraRuntimeTest, OnDemandNeverEvictsARunningOrPinnedAdapter) {
 // adapter: the search pins it (Engine::PinLoraAdapter) until it ends. A pinned on-demand adapter
 // is not evicted (with one slot, a request for another is RESOURCE_EXHAUSTED until the unpin),
 // an unload waits for the unpin to empty the slot, and a beam search with an adapter decodes as
-// greedy decoding with it does (width 1), through another adapter's requests knocking at the
-// one slot meanwhile, and lets go of it at the end. After an unload, requests naming the
-// adapter are refused, but those copied from the pinned one (the search's next steps) run.
+// greedy decoding with it does (width 1), through an unload and another adapter's requests
+// knocking at the one slot meanwhile, and lets go of it at the end. After an unload, requests
+// naming the adapter are refused, but those copied from the pinned one (the search's next
+// steps) run, until the pin is let go of: then they are refused, whatever holds the slot.
 TEST(LoraRuntimeTest, ABeamSearchHoldsItsAdapterBetweenSteps) {
   TestServer server(Options(1), OnDemand());
   ASSERT_TRUE(RunGenerate(server.stub(), Greedy("a", 4)).status.ok());
@@ -539,8 +540,19 @@ TEST(LoraRuntimeTest, ABeamSearchHoldsItsAdapterBetweenSteps) {
   c = RunGenerate(server.stub(), Greedy("c", 16));
   ASSERT_TRUE(c.status.ok()) << "the slot emptied once unpinned: " << c.status.error_message();
   EXPECT_EQ(c.tokens, Want().at("c"));
+  {
+    // A copy of the request pinned to "b", once "b" is gone and "c" holds the slot: refused,
+    // not run with "c".
+    auto stale = std::make_unique<GenerationRequest>(pin);
+    stale->prompt = {17, 250};
+    stale->sink = std::make_shared<CollectingSink>();
+    const absl::Status st = engine.Submit(std::move(stale)).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(st)) << st;
+    EXPECT_NE(st.message().find("no longer serves"), std::string::npos) << st;
+  }
 
-  // A beam search with adapter "b" (loaded on demand first), with requests for "c" knocking at
+  // A beam search with adapter "b" (loaded on demand first), unloaded once the search began,
+  // with requests for "c" knocking at
   // the one slot from its first step to its end.
   ASSERT_TRUE(RunGenerate(server.stub(), Greedy("b", 1)).status.ok());
   v1::GenerateRequest beam = Greedy("b", 16);
@@ -555,6 +567,10 @@ TEST(LoraRuntimeTest, ABeamSearchHoldsItsAdapterBetweenSteps) {
   for (int i = 0; i < 4000 && !done && engine.LoraAdapters()[0].requests == 0; ++i) {
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+  // Its remaining steps run with "b" all the same (without the pin they would be refused by
+  // name), and its slot is emptied after the search ends.
+  EXPECT_EQ(engine.UnloadLoraAdapter("b").status(), absl::OkStatus());
+  EXPECT_FALSE(done) << "the search ended before the unload: make it longer";
   int refused_c = 0, served_c = 0;
   while (!done) {
     c = RunGenerate(server.stub(), Greedy("c", 1));
