@@ -403,6 +403,36 @@ TEST_F(KvModesTest, PrefixCacheOffloadBringsEvictedHistoriesBackFromTheHostTier)
   EXPECT_GT(tp2_kept.stats.prefix_cache_host_hits_total, 0u);
 }
 
+// One request on `engine` (greedy, ignore_eos, the top 2 logprobs of each token), waited for:
+// its tokens, each token's logprob and its top 2 flattened, and its finish.
+struct LoggedRun {
+  std::vector<int32_t> tokens;
+  std::vector<float> logprobs;
+  FinishInfo info;
+};
+LoggedRun RunLogged(Engine& engine, const std::string& id, const std::vector<int32_t>& prompt,
+                    int32_t max_new) {
+  auto r = std::make_unique<GenerationRequest>();
+  r->request_id = id;
+  r->prompt = prompt;
+  r->max_new_tokens = max_new;
+  r->ignore_eos = true;
+  r->sampling.logprobs = true;
+  r->sampling.top_logprobs = 2;
+  r->arrival = absl::Now();
+  auto sink = std::make_shared<CollectingSink>();
+  r->sink = sink;
+  LoggedRun out;
+  EXPECT_TRUE(engine.Submit(std::move(r)).ok());
+  out.tokens = sink->Wait(&out.info);
+  EXPECT_EQ(out.tokens.size(), static_cast<size_t>(max_new)) << out.info.error;
+  for (const TokenLogprobs& t : sink->stream().logprobs) {
+    out.logprobs.push_back(t.logprob);
+    for (int32_t k = 0; k < t.num_top; ++k) out.logprobs.push_back(t.top_logprobs[k]);
+  }
+  return out;
+}
+
 // Prompts each one token longer than the one before (beam search's scoring requests): each
 // finds the whole of the one before it cached, its full blocks and its tail (copied, not
 // prefilled: KvPager::RegisterTail), and samples the same token with the same logprob as with
@@ -426,27 +456,10 @@ TEST_F(KvModesTest, APromptThatGoesOnFromAnEndedHistoryCopiesItsTail) {
       std::vector<int32_t> prompt(29);
       for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 900) + 10;
       for (int step = 0; step < 24; ++step) {
-        auto r = std::make_unique<GenerationRequest>();
-        r->request_id = absl::StrCat("score-", step);
-        r->prompt = prompt;
-        r->max_new_tokens = 1;
-        r->sampling.logprobs = true;
-        r->sampling.top_logprobs = 2;
-        r->arrival = absl::Now();
-        auto sink = std::make_shared<CollectingSink>();
-        r->sink = sink;
-        ASSERT_TRUE(engine->Submit(std::move(r)).ok());
-        FinishInfo info;
-        const std::vector<int32_t> got = sink->Wait(&info);
-        ASSERT_EQ(got.size(), 1u) << info.error;
-        tokens[caching].push_back(got);
-        std::vector<float> lp;
-        for (const TokenLogprobs& t : sink->stream().logprobs) {
-          lp.push_back(t.logprob);
-          for (int32_t k = 0; k < t.num_top; ++k) lp.push_back(t.top_logprobs[k]);
-        }
-        logprobs[caching].push_back(lp);
-        if (caching) cached.push_back(info.cached_prompt_tokens);
+        const LoggedRun run = RunLogged(*engine, absl::StrCat("score-", step), prompt, 1);
+        tokens[caching].push_back(run.tokens);
+        logprobs[caching].push_back(run.logprobs);
+        if (caching) cached.push_back(run.info.cached_prompt_tokens);
         // The next prompt: this one and a token (not the one sampled: a beam's).
         prompt.push_back(static_cast<int32_t>(rng() % 900) + 10);
       }
@@ -487,29 +500,12 @@ TEST_F(KvModesTest, APromptSentAgainPrefillsOneToken) {
       std::unique_ptr<Engine> engine = StartEngine(*model_, o);
       std::mt19937 rng(11);
       auto run = [&](const std::vector<int32_t>& prompt, int32_t max_new) {
-        auto r = std::make_unique<GenerationRequest>();
-        r->request_id = absl::StrCat("r-", tokens[caching].size());
-        r->prompt = prompt;
-        r->max_new_tokens = max_new;
-        r->ignore_eos = true;
-        r->sampling.logprobs = true;
-        r->sampling.top_logprobs = 2;
-        r->arrival = absl::Now();
-        auto sink = std::make_shared<CollectingSink>();
-        r->sink = sink;
-        EXPECT_TRUE(engine->Submit(std::move(r)).ok());
-        FinishInfo info;
-        std::vector<int32_t> got = sink->Wait(&info);
-        EXPECT_EQ(got.size(), static_cast<size_t>(max_new)) << info.error;
-        tokens[caching].push_back(got);
-        std::vector<float> lp;
-        for (const TokenLogprobs& t : sink->stream().logprobs) {
-          lp.push_back(t.logprob);
-          for (int32_t k = 0; k < t.num_top; ++k) lp.push_back(t.top_logprobs[k]);
-        }
-        logprobs[caching].push_back(lp);
-        cached[caching].push_back(info.cached_prompt_tokens);
-        return got;
+        LoggedRun r =
+            RunLogged(*engine, absl::StrCat("r-", tokens[caching].size()), prompt, max_new);
+        tokens[caching].push_back(r.tokens);
+        logprobs[caching].push_back(r.logprobs);
+        cached[caching].push_back(r.info.cached_prompt_tokens);
+        return r.tokens;
       };
       std::vector<int32_t> prompt(41);  // 2 blocks and 9 tokens
       for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 900) + 10;
