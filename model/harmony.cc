@@ -6,23 +6,7 @@
 namespace kvrm {
 namespace {
 
-constexpr std::string_view kStart = kHarmonyStart;
-constexpr std::string_view kChannel = kHarmonyChannel;
-constexpr std::string_view kMessage = kHarmonyMessage;
-constexpr std::string_view kEnd = kHarmonyEnd;
-constexpr std::string_view kCall = kHarmonyCall;
-constexpr std::string_view kReturn = kHarmonyReturn;
 constexpr std::string_view kFunctions = "functions.";
-
-}  // namespace
-
-std::string HarmonyText(std::initializer_list<std::string_view> parts) {
-  std::string out;
-  for (std::string_view p : parts) out.append(p);
-  return out;
-}
-
-namespace {
 
 // A header longer than this is not one (a model writing text where a header belongs): what is
 // held is given out as content.
@@ -63,9 +47,15 @@ std::optional<std::string_view> WordAfter(std::string_view header, std::string_v
 
 }  // namespace
 
+std::string HarmonyText(std::initializer_list<std::string_view> parts) {
+  std::string out;
+  for (std::string_view p : parts) out.append(p);
+  return out;
+}
+
 bool IsHarmonyTemplate(std::string_view source) {
-  return source.find(kChannel) != std::string_view::npos &&
-         source.find(kMessage) != std::string_view::npos;
+  return source.find(kHarmonyChannel) != std::string_view::npos &&
+         source.find(kHarmonyMessage) != std::string_view::npos;
 }
 
 HarmonyStream::HarmonyStream(bool tool_calls) : tool_calls_(tool_calls) {}
@@ -84,7 +74,7 @@ HarmonyStream::Split HarmonyStream::Finish() {
 }
 
 void HarmonyStream::StartBody(std::string_view header, Split& out) {
-  const std::optional<std::string_view> channel = WordAfter(header, kChannel);
+  const std::optional<std::string_view> channel = WordAfter(header, kHarmonyChannel);
   const std::optional<std::string_view> recipient = WordAfter(header, "to=");
   kind_ = Kind::kContent;
   if (recipient.has_value()) {
@@ -139,7 +129,7 @@ void HarmonyStream::Run(Split& out, bool final) {
         const std::string_view p = pending_;
         bool may_be_header = false, known = false;
         for (std::string_view begin :
-             {kChannel, kStart, std::string_view(" to="), std::string_view("to=")}) {
+             {kHarmonyChannel, kHarmonyStart, std::string_view(" to="), std::string_view("to=")}) {
           const size_t n = std::min(p.size(), begin.size());
           if (p.substr(0, n) != begin.substr(0, n)) continue;
           may_be_header = true;
@@ -158,7 +148,7 @@ void HarmonyStream::Run(Split& out, bool final) {
         pending_.clear();
         return;
       case State::kHeader: {
-        const size_t at = pending_.find(kMessage);
+        const size_t at = pending_.find(kHarmonyMessage);
         if (at == std::string::npos) {
           if (pending_.size() > kMaxHeader) {  // not a header after all
             kind_ = Kind::kContent;
@@ -169,11 +159,12 @@ void HarmonyStream::Run(Split& out, bool final) {
           return;
         }
         StartBody(std::string_view(pending_).substr(0, at), out);
-        pending_.erase(0, at + kMessage.size());
+        pending_.erase(0, at + kHarmonyMessage.size());
         break;
       }
       case State::kBody: {
-        const auto [at, marker] = FindMarker(pending_, {kEnd, kCall, kReturn, kStart, kChannel});
+        const auto [at, marker] = FindMarker(
+            pending_, {kHarmonyEnd, kHarmonyCall, kHarmonyReturn, kHarmonyStart, kHarmonyChannel});
         if (at == std::string::npos) {
           const size_t keep = final ? 0 : MarkerPrefixSuffix(pending_);
           Append(std::string_view(pending_).substr(0, pending_.size() - keep), out);
@@ -184,7 +175,7 @@ void HarmonyStream::Run(Split& out, bool final) {
         Append(std::string_view(pending_).substr(0, at), out);
         EndBody(out);
         // <|start|> or <|channel|> without an end: the next message's header begins there.
-        const bool header_next = marker == kStart || marker == kChannel;
+        const bool header_next = marker == kHarmonyStart || marker == kHarmonyChannel;
         pending_.erase(0, header_next ? at : at + marker.size());
         if (header_next) state_ = State::kHeader;
         break;
@@ -192,8 +183,8 @@ void HarmonyStream::Run(Split& out, bool final) {
       case State::kBetween: {
         // After a body: <|start|> and the next header (anything else before it is dropped:
         // whitespace or stray markers).
-        const size_t at = pending_.find(kStart);
-        const size_t channel = pending_.find(kChannel);
+        const size_t at = pending_.find(kHarmonyStart);
+        const size_t channel = pending_.find(kHarmonyChannel);
         const size_t next = std::min(at, channel);
         if (next == std::string::npos) {
           const size_t keep = final ? 0 : MarkerPrefixSuffix(pending_);
