@@ -293,6 +293,14 @@ struct CachedPrefix {
   int64_t idle = 0;         // ... of them idle
 };
 
+// What Engine::AttachCachedPrefix attached: the tokens the slot holds, and of them those copied
+// back from the host tier and those of a block copied in part.
+struct AttachedPrefix {
+  int32_t tokens = 0;
+  int64_t from_host = 0;
+  int32_t copied = 0;
+};
+
 class Engine {
  public:
   // `model` must outlive the engine. Its LoRA adapters' values (lora_adapters[i].layers) are
@@ -550,14 +558,13 @@ class Engine {
                                  uint64_t salt, bool host = false);
   // Attaches the prefix the last MatchCachedPrefix left in prefix_match_ to empty `slot`
   // (nothing may change the cache in between) and plans the copies of its host blocks into new
-  // device blocks; returns the tokens it holds. What of them came from the host tier or a block
-  // copied in part is counted by the CountPrefixLookup that follows (none when the attach is
-  // undone first).
-  int32_t AttachCachedPrefix(int32_t slot);
+  // device blocks; returns what it attached (counted by CountPrefixLookup once the attach
+  // stands).
+  AttachedPrefix AttachCachedPrefix(int32_t slot);
   // The fence to plan moves with: the last of the three batches SubmitTransfers sends.
   uint64_t PlanFence() const { return transport_->next_fence() + 2; }
-  // Counts a lookup of `tokens` tokens that found `cached_tokens` (when prefix caching is on).
-  void CountPrefixLookup(size_t tokens, int32_t cached_tokens);
+  // Counts a lookup of `tokens` tokens that found `found` (when prefix caching is on).
+  void CountPrefixLookup(size_t tokens, const AttachedPrefix& found);
   // Registers the full blocks of the slot's written KV in the prefix cache; `ended` (the
   // history ends here, its blocks released next): its partly filled last block too, as a tail
   // (KvPager::RegisterTail).
@@ -644,8 +651,6 @@ class Engine {
   std::vector<std::vector<KvRun>> prefill_runs_;
   std::vector<PrefixBlock> prefix_match_;  // capacity reserved at start-up
   uint64_t prefix_copied_ = 0;             // tokens from blocks copied for part of theirs
-  int32_t attached_copied_ = 0;            // the last attach's, until CountPrefixLookup
-  int64_t attached_from_host_ = 0;         // the last attach's, until CountPrefixLookup
   uint64_t prefix_host_hits_ = 0;           // tokens brought back from the host tier
   uint64_t prefix_queries_ = 0;           // tokens looked up in the prefix cache
   uint64_t prefix_hits_ = 0;              // ... and found

@@ -220,16 +220,16 @@ void Engine::ResumePaused() {
     } else {
       // (The cached prefix is attached first, so that making room cannot evict it. The new
       // blocks it took, host blocks' and a tail's copies, are of those the history needed.)
-      const int32_t cached_tokens = AttachCachedPrefix(pick);
+      const AttachedPrefix attached = AttachCachedPrefix(pick);
       const int64_t attached_new = pager_->NumBlocks(pick) - prefix.blocks;
-      ReleaseBehindWindow(pick, cached_tokens);
+      ReleaseBehindWindow(pick, attached.tokens);
       if (!pager_->MakeRoomInRuns(need - attached_new, runs - prefix.runs)) {
         kv_->Release(pick);
         return;
       }
       CHECK_OK(pager_->Grow(pick, FirstGrowTokens(static_cast<int64_t>(s.history.size()))));
-      CountPrefixLookup(s.history.size(), cached_tokens);
-      s.prefilled = cached_tokens;
+      CountPrefixLookup(s.history.size(), attached);
+      s.prefilled = attached.tokens;
       SetState(pick, SlotState::kPrefilling);
       s.resumed_step = steps_ + 1;
     }
@@ -351,13 +351,14 @@ void Engine::Admit(absl::Time now) {
       pager_->ExpectTokens(
           i, std::min<int64_t>(prompt + slot.request->max_new_tokens, options_.max_context));
     }
-    slot.cached_tokens = AttachCachedPrefix(i);
+    const AttachedPrefix attached = AttachCachedPrefix(i);
+    slot.cached_tokens = attached.tokens;
     const absl::Status grown = kv_->Grow(i, FirstGrowTokens(prompt));
     if (!grown.ok()) {
       FinishSlot(i, FinishReason::kError, {}, "", std::string(grown.message()));
       continue;
     }
-    CountPrefixLookup(prompt, slot.cached_tokens);
+    CountPrefixLookup(prompt, attached);
     GenerationRequest& req = *slot.request;
     slot.history.clear();
     slot.history.reserve(options_.max_context);
@@ -844,44 +845,40 @@ CachedPrefix Engine::MatchCachedPrefix(absl::Span<const int32_t> tokens, int32_t
   return m;
 }
 
-int32_t Engine::AttachCachedPrefix(int32_t slot) {
-  attached_copied_ = attached_from_host_ = 0;
-  if (prefix_match_.empty()) return 0;
+AttachedPrefix Engine::AttachCachedPrefix(int32_t slot) {
+  AttachedPrefix a;
+  if (prefix_match_.empty()) return a;
   // Host blocks are copied back ahead of the step that prefills the rest (which waits for every
   // batch).
   uint64_t written_at = 0;
   const int32_t blocks =
       pager_->AttachPrefix(slot, prefix_match_, PlanFence(), &moves_, &written_at);
   int64_t from_host = 0;
-  int32_t tokens = 0;
-  bool tail = false;
   for (int32_t i = 0; i < blocks; ++i) {
     const PrefixBlock& b = prefix_match_[i];
     from_host += b.tier == KvTier::kHost && b.block >= 0;
-    tokens += b.tokens > 0 ? b.tokens : options_.block_tokens;
-    tail |= b.tokens > 0;
+    a.tokens += b.tokens > 0 ? b.tokens : options_.block_tokens;
+    if (b.tokens > 0) a.copied = b.tokens;  // (the last entry)
   }
-  // (A tail is copied on the device, ahead of the step too; if that fails, so does this
-  // request.)
-  if (tail) attached_copied_ = prefix_match_[blocks - 1].tokens;
-  if (tail && from_host == 0) NoteTransfer(slot);
-  if (from_host > 0) {
-    NoteTransfer(slot);
-    // A host block whose offload is still in flight: if that copy fails, so does this request
-    // (it would prefill on top of undefined KV).
-    if (written_at > 0) transfer_owners_.emplace_back(written_at, slots_[slot].request->handle);
-    attached_from_host_ = from_host * options_.block_tokens;
+  a.from_host = from_host * options_.block_tokens;
+  // (A block copied in part is copied on the device, ahead of the step too; if that fails, so
+  // does this request.)
+  if (a.copied > 0 || from_host > 0) NoteTransfer(slot);
+  // A host block whose offload is still in flight: if that copy fails, so does this request (it
+  // would prefill on top of undefined KV).
+  if (from_host > 0 && written_at > 0) {
+    transfer_owners_.emplace_back(written_at, slots_[slot].request->handle);
   }
   prefix_match_.clear();  // attached once
-  return tokens;
+  return a;
 }
 
-void Engine::CountPrefixLookup(size_t tokens, int32_t cached_tokens) {
+void Engine::CountPrefixLookup(size_t tokens, const AttachedPrefix& found) {
   if (!pager_ || !options_.prefix_caching) return;
   prefix_queries_ += tokens;
-  prefix_hits_ += cached_tokens;
-  prefix_copied_ += std::exchange(attached_copied_, 0);
-  prefix_host_hits_ += std::exchange(attached_from_host_, 0);
+  prefix_hits_ += found.tokens;
+  prefix_copied_ += found.copied;
+  prefix_host_hits_ += found.from_host;
 }
 
 void Engine::RegisterCachedPrefix(int32_t slot, bool ended) {
